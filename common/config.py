@@ -1,0 +1,213 @@
+"""Typed configuration: named keys with defaults, a TOML file, then env overrides.
+
+A key such as ``kv.snapshot.lease.failover-grace`` is overridden by the
+environment variable ``KVLEASE_KV_SNAPSHOT_LEASE_FAILOVER_GRACE`` (upper case,
+``.`` and ``-`` become ``_``). A TOML file may nest tables or use dotted keys
+quoted as strings; both flatten to the same key. A bad value raises
+:class:`ConfigError` naming the key.
+
+Durations are written ``500ms``, ``1s``, ``10m``, ``2h``, ``1d`` (or a bare
+integer of milliseconds) and read as integer milliseconds. Sizes are written
+``512``, ``64kb``, ``4mb``, ``1gb`` and read as bytes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from common.errors import KvLeaseError
+
+
+class ConfigError(KvLeaseError):
+    """A configuration value is missing or malformed; the message names the key."""
+
+
+_DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|min|h|d)?\s*$", re.IGNORECASE)
+_DURATION_MS = {None: 1, "ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
+_SIZE = re.compile(r"^\s*(\d+)\s*(b|kb|mb|gb)?\s*$", re.IGNORECASE)
+_SIZE_BYTES = {None: 1, "b": 1, "kb": 1024, "mb": 1024**2, "gb": 1024**3}
+
+
+def parse_duration_ms(value: Any) -> int:
+    """``'10m'`` -> 600000. Raises ValueError on anything else."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a duration: {value!r}")
+    if isinstance(value, int):
+        return value
+    m = _DURATION.match(str(value))
+    if not m:
+        raise ValueError(f"not a duration: {value!r} (use e.g. 500ms, 1s, 10m, 2h, 1d)")
+    unit = m.group(2).lower() if m.group(2) else None
+    return int(m.group(1)) * _DURATION_MS[unit]
+
+
+def parse_size(value: Any) -> int:
+    if isinstance(value, bool):
+        raise ValueError(f"not a size: {value!r}")
+    if isinstance(value, int):
+        return value
+    m = _SIZE.match(str(value))
+    if not m:
+        raise ValueError(f"not a size: {value!r} (use e.g. 512, 64kb, 4mb)")
+    unit = m.group(2).lower() if m.group(2) else None
+    return int(m.group(1)) * _SIZE_BYTES[unit]
+
+
+def _parse_int(value: Any) -> int:
+    if isinstance(value, bool):
+        raise ValueError(f"not an integer: {value!r}")
+    return int(value)
+
+
+def _parse_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes", "on"):
+        return True
+    if text in ("false", "0", "no", "off"):
+        return False
+    raise ValueError(f"not a boolean: {value!r}")
+
+
+@dataclass(frozen=True)
+class Key:
+    name: str
+    default: Any
+    parse: Callable[[Any], Any]
+    doc: str = ""
+
+    @property
+    def env_var(self) -> str:
+        return "KVLEASE_" + re.sub(r"[.\-]", "_", self.name).upper()
+
+
+KEYS: dict[str, Key] = {}
+
+
+def _key(name: str, default: Any, parse: Callable[[Any], Any], doc: str = "") -> Key:
+    key = Key(name, default, parse, doc)
+    KEYS[name] = key
+    return key
+
+
+# --- ZooKeeper ---------------------------------------------------------------
+ZK_ADDRESS = _key("zookeeper.address", "127.0.0.1:2181", str, "ZooKeeper connect string")
+ZK_ROOT = _key("zookeeper.path.root", "/kvlease", str, "chroot of all kvlease nodes")
+ZK_SESSION_TIMEOUT = _key("zookeeper.session-timeout", "6s", parse_duration_ms)
+
+# --- remote storage ------------------------------------------------------------
+REMOTE_DATA_DIR = _key("remote.data.dir", "file:///tmp/kvlease/remote", str, "file:///path or s3://bucket/prefix")
+S3_ENDPOINT = _key("remote.s3.endpoint", "", str, "S3 endpoint URL (empty: AWS default)")
+S3_REGION = _key("remote.s3.region", "us-east-1", str)
+S3_ACCESS_KEY = _key("remote.s3.access-key", "", str)
+S3_SECRET_KEY = _key("remote.s3.secret-key", "", str)
+REMOTE_FSYNC = _key("remote.file.fsync", True, _parse_bool, "fsync file:// writes before publishing them")
+
+# --- coordinator ---------------------------------------------------------------
+COORDINATOR_HOST = _key("coordinator.host", "127.0.0.1", str)
+COORDINATOR_PORT = _key("coordinator.port", 9123, _parse_int, "gRPC port (0: pick a free one)")
+COORDINATOR_ID = _key("coordinator.id", "", str, "defaults to host:port")
+COORDINATOR_RPC_THREADS = _key("coordinator.rpc.threads", 64, _parse_int)
+METRICS_PORT = _key("metrics.port", 0, _parse_int, "Prometheus port (0: pick a free one, -1: off)")
+LOOP_MAX_BATCH = _key("coordinator.event-loop.max-batch", 256, _parse_int)
+
+# --- snapshots and leases ------------------------------------------------------
+SNAPSHOT_NUM_RETAINED = _key("kv.snapshot.num-retained", 2, _parse_int)
+SNAPSHOT_INTERVAL = _key("kv.snapshot.interval", "30s", parse_duration_ms)
+LEASE_CHECK_INTERVAL = _key("kv.snapshot.lease.expiration-check-interval", "1s", parse_duration_ms)
+LEASE_FAILOVER_GRACE = _key("kv.snapshot.lease.failover-grace", "30s", parse_duration_ms)
+LEASE_MAX_DURATION = _key("kv.snapshot.lease.max-duration", "7d", parse_duration_ms)
+
+# --- live scans (tablet servers) -------------------------------------------------
+SCANNER_TTL = _key("kv.scanner.ttl", "10m", parse_duration_ms)
+SCANNER_EXPIRATION_INTERVAL = _key("kv.scanner.expiration-interval", "30s", parse_duration_ms)
+SCANNER_MAX_PER_BUCKET = _key("kv.scanner.max-per-bucket", 8, _parse_int)
+SCANNER_MAX_PER_SERVER = _key("kv.scanner.max-per-server", 200, _parse_int)
+SCANNER_MAX_BATCH_SIZE = _key("kv.scanner.max-batch-size", "10mb", parse_size)
+
+# --- clients ---------------------------------------------------------------------
+CLIENT_REQUEST_TIMEOUT = _key("client.request-timeout", "30s", parse_duration_ms)
+CLIENT_RETRY_MAX_WAIT = _key("client.retry.max-wait", "2s", parse_duration_ms)
+CLIENT_RETRY_TOTAL = _key("client.retry.total-timeout", "60s", parse_duration_ms)
+
+
+def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for name, value in data.items():
+        full = f"{prefix}{name}"
+        if isinstance(value, Mapping) and full not in KEYS:
+            flat.update(_flatten(value, full + "."))
+        else:
+            flat[full] = value
+    return flat
+
+
+class Config:
+    """An immutable set of parsed values; ``config[KEY]`` or ``config.get('name')``."""
+
+    def __init__(self, values: Mapping[str, Any] | None = None, *, env: Mapping[str, str] | None = None) -> None:
+        raw: dict[str, Any] = {}
+        for name, value in _flatten(values or {}).items():
+            if name not in KEYS:
+                raise ConfigError(f"unknown config key {name!r}", key=name)
+            raw[name] = value
+        environ = os.environ if env is None else env
+        for key in KEYS.values():
+            if key.env_var in environ:
+                raw[key.name] = environ[key.env_var]
+        self._values: dict[str, Any] = {}
+        for key in KEYS.values():
+            value = raw.get(key.name, key.default)
+            try:
+                self._values[key.name] = key.parse(value)
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(f"bad value for config key {key.name!r}: {exc}", key=key.name) from None
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str] | None = None, overrides: Mapping[str, Any] | None = None,
+             *, env: Mapping[str, str] | None = None) -> "Config":
+        """Values from the TOML file at ``path`` (if given), then ``overrides``, then env."""
+        values: dict[str, Any] = {}
+        if path is not None:
+            try:
+                with open(path, "rb") as fh:
+                    values.update(_flatten(tomllib.load(fh)))
+            except FileNotFoundError:
+                raise ConfigError(f"config file not found: {path}") from None
+            except tomllib.TOMLDecodeError as exc:
+                raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+        values.update(_flatten(overrides or {}))
+        return cls(values, env=env)
+
+    def __getitem__(self, key: Key | str) -> Any:
+        return self._values[key.name if isinstance(key, Key) else key]
+
+    def get(self, key: Key | str) -> Any:
+        return self[key]
+
+    def with_overrides(self, overrides: Mapping[str, Any]) -> "Config":
+        merged = dict(self._values)
+        merged.update(_flatten(overrides))
+        return Config(merged, env={})
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self._values)
+
+
+def to_toml(values: Mapping[str, Any]) -> str:
+    """Render flat ``{key: value}`` as TOML with quoted dotted keys (for generated configs)."""
+    lines = []
+    for name, value in values.items():
+        if isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, int):
+            text = str(value)
+        else:
+            text = '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+        lines.append(f'"{name}" = {text}')
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,210 @@
+"""The project's one exception root and the wire error-code registry.
+
+Error codes are a wire contract: numbers are append-only and never reused
+(``tests/test_errors.py`` pins every one). gRPC, ZooKeeper and S3 errors are
+mapped to these classes at the process boundaries only.
+
+Classes are grouped by what a caller does about them:
+
+- :class:`RetriableError`: try the same request again (after a backoff);
+- :class:`NotCoordinatorError` / :class:`NotLeaderError`: refresh where the
+  request goes, then retry there;
+- :class:`InvalidRequestError`: fix the request, retrying will not help;
+- :class:`NotFoundError` / :class:`AlreadyExistsError`: the named thing is
+  (not) there;
+- :class:`OutcomeUnknownError`: the request may or may not have taken effect.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ErrorCode(enum.IntEnum):
+    """Wire error codes. Append only; never renumber, never reuse."""
+
+    NONE = 0
+    UNKNOWN = 1
+    NETWORK_ERROR = 2
+    NOT_COORDINATOR = 3
+    INVALID_REQUEST = 4
+    TABLE_NOT_EXIST = 5
+    TABLE_ALREADY_EXIST = 6
+    INVALID_TABLE = 7
+    INVALID_LEASE_ID = 8
+    INVALID_LEASE_DURATION = 9
+    BUCKET_OUT_OF_RANGE = 10
+    LEASE_NOT_FOUND = 11
+    SNAPSHOT_NOT_FOUND = 12
+    STORAGE_ERROR = 13
+    COORDINATOR_FENCED = 14
+    REQUEST_TIMED_OUT = 15
+    NOT_LEADER = 16
+    LEADER_NOT_AVAILABLE = 17
+    INVALID_SCAN_REQUEST = 18
+    TOO_MANY_SCANNERS = 19
+    SCANNER_EXPIRED = 20
+    UNKNOWN_SCANNER_ID = 21
+    INVALID_ROW = 22
+    INVALID_SNAPSHOT = 23
+    COORDINATOR_NOT_READY = 24
+
+
+class KvLeaseError(Exception):
+    """Root of every error kvlease raises on purpose."""
+
+    code: ErrorCode = ErrorCode.UNKNOWN
+
+    def __init__(self, message: str = "", **details: object) -> None:
+        super().__init__(message or self.code.name)
+        self.message = message or self.code.name
+        self.details = details
+
+    def __reduce__(self):  # keep details across pickling (Spark, processes)
+        return (_rebuild, (type(self), self.message, self.details))
+
+
+def _rebuild(cls, message, details):
+    return cls(message, **details)
+
+
+class RetriableError(KvLeaseError):
+    """The same request may succeed if sent again after a backoff."""
+
+
+class NetworkError(RetriableError):
+    code = ErrorCode.NETWORK_ERROR
+
+
+class StorageError(RetriableError):
+    """A remote-storage or ZooKeeper write failed; nothing was changed."""
+
+    code = ErrorCode.STORAGE_ERROR
+
+
+class CoordinatorNotReadyError(RetriableError):
+    """The active coordinator is still reinitializing."""
+
+    code = ErrorCode.COORDINATOR_NOT_READY
+
+
+class LeaderNotAvailableError(RetriableError):
+    code = ErrorCode.LEADER_NOT_AVAILABLE
+
+
+class NotCoordinatorError(RetriableError):
+    """Sent to a standby; ``details['active_address']`` names the active one (may be '')."""
+
+    code = ErrorCode.NOT_COORDINATOR
+
+    @property
+    def active_address(self) -> str:
+        return str(self.details.get("active_address") or "")
+
+
+class CoordinatorFencedError(KvLeaseError):
+    """This coordinator was deposed: its epoch is no longer the current one."""
+
+    code = ErrorCode.COORDINATOR_FENCED
+
+
+class NotLeaderError(RetriableError):
+    code = ErrorCode.NOT_LEADER
+
+
+class InvalidRequestError(KvLeaseError):
+    code = ErrorCode.INVALID_REQUEST
+
+
+class InvalidTableError(InvalidRequestError):
+    code = ErrorCode.INVALID_TABLE
+
+
+class InvalidLeaseIdError(InvalidRequestError):
+    code = ErrorCode.INVALID_LEASE_ID
+
+
+class InvalidLeaseDurationError(InvalidRequestError):
+    code = ErrorCode.INVALID_LEASE_DURATION
+
+
+class BucketOutOfRangeError(InvalidRequestError):
+    code = ErrorCode.BUCKET_OUT_OF_RANGE
+
+
+class InvalidScanRequestError(InvalidRequestError):
+    code = ErrorCode.INVALID_SCAN_REQUEST
+
+
+class InvalidRowError(InvalidRequestError):
+    code = ErrorCode.INVALID_ROW
+
+
+class InvalidSnapshotError(InvalidRequestError):
+    code = ErrorCode.INVALID_SNAPSHOT
+
+
+class TooManyScannersError(RetriableError):
+    code = ErrorCode.TOO_MANY_SCANNERS
+
+
+class NotFoundError(KvLeaseError):
+    code = ErrorCode.UNKNOWN
+
+
+class TableNotExistError(NotFoundError):
+    code = ErrorCode.TABLE_NOT_EXIST
+
+
+class LeaseNotFoundError(NotFoundError):
+    code = ErrorCode.LEASE_NOT_FOUND
+
+
+class SnapshotNotFoundError(NotFoundError):
+    code = ErrorCode.SNAPSHOT_NOT_FOUND
+
+
+class ScannerExpiredError(NotFoundError):
+    code = ErrorCode.SCANNER_EXPIRED
+
+
+class UnknownScannerIdError(NotFoundError):
+    code = ErrorCode.UNKNOWN_SCANNER_ID
+
+
+class AlreadyExistsError(KvLeaseError):
+    code = ErrorCode.UNKNOWN
+
+
+class TableAlreadyExistError(AlreadyExistsError):
+    code = ErrorCode.TABLE_ALREADY_EXIST
+
+
+class OutcomeUnknownError(KvLeaseError):
+    """The request may or may not have taken effect (e.g. it timed out)."""
+
+    code = ErrorCode.REQUEST_TIMED_OUT
+
+
+class UnknownServerError(KvLeaseError):
+    code = ErrorCode.UNKNOWN
+
+
+#: Errors a client retries (with bounded backoff) without asking the user.
+RETRIABLE: tuple[type[KvLeaseError], ...] = (RetriableError,)
+
+_BY_CODE: dict[ErrorCode, type[KvLeaseError]] = {}
+for _cls in list(globals().values()):
+    if isinstance(_cls, type) and issubclass(_cls, KvLeaseError) and _cls.code != ErrorCode.UNKNOWN:
+        _BY_CODE.setdefault(_cls.code, _cls)
+_BY_CODE[ErrorCode.UNKNOWN] = UnknownServerError
+
+
+def error_for(code: int, message: str = "", **details: object) -> KvLeaseError:
+    """The exception for a wire error code (an unknown code gives UnknownServerError)."""
+    try:
+        cls = _BY_CODE[ErrorCode(code)]
+    except ValueError:
+        cls = UnknownServerError
+        message = f"[code {code}] {message}"
+    return cls(message, **details)

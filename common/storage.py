@@ -1,0 +1,309 @@
+"""Remote storage behind one small interface: ``file://`` and ``s3://``.
+
+Paths given to the methods are relative keys (``kv/12/0/shared/a.sst``) under
+the storage root (``remote.data.dir``). Every implementation pickles (cached
+clients are dropped in ``__getstate__``) so Spark executors can use it.
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+import threading
+import urllib.parse
+from typing import Any
+
+from common import config as cfg
+from common.errors import StorageError
+
+
+class StorageNotFound(StorageError):
+    """The object does not exist."""
+
+
+class StorageExists(StorageError):
+    """``write_new`` found an object already at the path."""
+
+
+class RemoteStorage(abc.ABC):
+    """The handful of operations kvlease needs from remote storage."""
+
+    uri: str
+
+    @abc.abstractmethod
+    def read(self, path: str) -> bytes:
+        """The object's bytes. Raises StorageNotFound, StorageError."""
+
+    @abc.abstractmethod
+    def write_new(self, path: str, data: bytes) -> None:
+        """Create the object; it must not exist. Raises StorageExists, StorageError."""
+
+    @abc.abstractmethod
+    def put(self, path: str, data: bytes) -> None:
+        """Create or replace the object. Raises StorageError."""
+
+    @abc.abstractmethod
+    def delete(self, path: str) -> None:
+        """Remove the object; a missing object is not an error. Raises StorageError."""
+
+    @abc.abstractmethod
+    def list(self, prefix: str) -> list[str]:
+        """All object paths under ``prefix`` (recursive, sorted). Raises StorageError."""
+
+    @abc.abstractmethod
+    def exists(self, path: str) -> bool:
+        """Whether the object exists. Raises StorageError."""
+
+    def delete_many(self, paths: list[str]) -> None:
+        for path in paths:
+            self.delete(path)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.uri!r})"
+
+
+def _clean(path: str) -> str:
+    path = path.lstrip("/")
+    if not path or any(part in ("..", ".") for part in path.split("/")):
+        raise ValueError(f"bad storage path {path!r}")
+    return path
+
+
+class FileStorage(RemoteStorage):
+    """A local directory. Writes go to a temp file, are fsync'd, then renamed."""
+
+    def __init__(self, uri: str, fsync: bool = True) -> None:
+        parsed = urllib.parse.urlparse(uri)
+        self.uri = uri
+        self.root = os.path.abspath(urllib.parse.unquote(parsed.netloc + parsed.path) if parsed.scheme else uri)
+        self.fsync = fsync
+        os.makedirs(self.root, exist_ok=True)
+
+    def _full(self, path: str) -> str:
+        return os.path.join(self.root, _clean(path))
+
+    def read(self, path: str) -> bytes:
+        try:
+            with open(self._full(path), "rb") as fh:
+                return fh.read()
+        except FileNotFoundError:
+            raise StorageNotFound(f"{self.uri}/{path} does not exist", path=path) from None
+        except OSError as exc:
+            raise StorageError(f"cannot read {self.uri}/{path}: {exc}", path=path) from None
+
+    def _write(self, path: str, data: bytes, exclusive: bool) -> None:
+        full = self._full(path)
+        tmp = f"{full}.tmp-{os.getpid()}-{threading.get_ident()}"
+        try:
+            os.makedirs(os.path.dirname(full), exist_ok=True)
+            with open(tmp, "wb") as fh:
+                fh.write(data)
+                if self.fsync:
+                    fh.flush()
+                    os.fsync(fh.fileno())
+            if exclusive:
+                try:
+                    os.link(tmp, full)  # atomic create-if-absent
+                except FileExistsError:
+                    raise StorageExists(f"{self.uri}/{path} already exists", path=path) from None
+                finally:
+                    os.unlink(tmp)
+            else:
+                os.replace(tmp, full)
+        except StorageError:
+            raise
+        except OSError as exc:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise StorageError(f"cannot write {self.uri}/{path}: {exc}", path=path) from None
+
+    def write_new(self, path: str, data: bytes) -> None:
+        self._write(path, data, exclusive=True)
+
+    def put(self, path: str, data: bytes) -> None:
+        self._write(path, data, exclusive=False)
+
+    def delete(self, path: str) -> None:
+        full = self._full(path)
+        try:
+            os.unlink(full)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise StorageError(f"cannot delete {self.uri}/{path}: {exc}", path=path) from None
+        # prune empty parent directories up to the root
+        parent = os.path.dirname(full)
+        while parent.startswith(self.root + os.sep):
+            try:
+                os.rmdir(parent)
+            except OSError:
+                break
+            parent = os.path.dirname(parent)
+
+    def list(self, prefix: str) -> list[str]:
+        base = os.path.join(self.root, prefix.strip("/")) if prefix.strip("/") else self.root
+        found = []
+        for dirpath, _dirs, files in os.walk(base):
+            for name in files:
+                if ".tmp-" in name:
+                    continue
+                found.append(os.path.relpath(os.path.join(dirpath, name), self.root).replace(os.sep, "/"))
+        return sorted(found)
+
+    def exists(self, path: str) -> bool:
+        return os.path.isfile(self._full(path))
+
+
+class S3Storage(RemoteStorage):
+    """``s3://bucket/prefix`` through boto3, with boto3's own retry config.
+
+    ``write_new`` uses a conditional put (``IfNoneMatch='*'``).
+    """
+
+    def __init__(self, uri: str, endpoint: str = "", region: str = "us-east-1",
+                 access_key: str = "", secret_key: str = "") -> None:
+        parsed = urllib.parse.urlparse(uri)
+        self.uri = uri
+        self.bucket = parsed.netloc
+        self.prefix = parsed.path.strip("/")
+        self.endpoint = endpoint
+        self.region = region
+        self.access_key = access_key
+        self.secret_key = secret_key
+        self._client: Any = None
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_client"] = None
+        state["_lock"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            with self._lock:
+                if self._client is None:
+                    import boto3
+                    from botocore.config import Config as BotoConfig
+
+                    kwargs: dict[str, Any] = {
+                        "region_name": self.region,
+                        "config": BotoConfig(retries={"max_attempts": 5, "mode": "standard"},
+                                             max_pool_connections=64),
+                    }
+                    if self.endpoint:
+                        kwargs["endpoint_url"] = self.endpoint
+                    if self.access_key:
+                        kwargs["aws_access_key_id"] = self.access_key
+                        kwargs["aws_secret_access_key"] = self.secret_key
+                    self._client = boto3.session.Session().client("s3", **kwargs)
+        return self._client
+
+    def _key(self, path: str) -> str:
+        path = _clean(path)
+        return f"{self.prefix}/{path}" if self.prefix else path
+
+    def _rel(self, key: str) -> str:
+        return key[len(self.prefix) + 1:] if self.prefix else key
+
+    def _fail(self, action: str, path: str, exc: Exception) -> StorageError:
+        return StorageError(f"cannot {action} {self.uri}/{path}: {exc}", path=path)
+
+    def read(self, path: str) -> bytes:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            return self.client.get_object(Bucket=self.bucket, Key=self._key(path))["Body"].read()
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                raise StorageNotFound(f"{self.uri}/{path} does not exist", path=path) from None
+            raise self._fail("read", path, exc) from None
+        except BotoCoreError as exc:
+            raise self._fail("read", path, exc) from None
+
+    def write_new(self, path: str, data: bytes) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=self._key(path), Body=data, IfNoneMatch="*")
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
+                raise StorageExists(f"{self.uri}/{path} already exists", path=path) from None
+            raise self._fail("write", path, exc) from None
+        except BotoCoreError as exc:
+            raise self._fail("write", path, exc) from None
+
+    def put(self, path: str, data: bytes) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=self._key(path), Body=data)
+        except (ClientError, BotoCoreError) as exc:
+            raise self._fail("write", path, exc) from None
+
+    def delete(self, path: str) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self.client.delete_object(Bucket=self.bucket, Key=self._key(path))
+        except (ClientError, BotoCoreError) as exc:
+            raise self._fail("delete", path, exc) from None
+
+    def delete_many(self, paths: list[str]) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        for start in range(0, len(paths), 1000):
+            chunk = paths[start:start + 1000]
+            try:
+                self.client.delete_objects(
+                    Bucket=self.bucket,
+                    Delete={"Objects": [{"Key": self._key(p)} for p in chunk], "Quiet": True})
+            except (ClientError, BotoCoreError) as exc:
+                raise self._fail("delete", chunk[0], exc) from None
+
+    def list(self, prefix: str) -> list[str]:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        clean = prefix.strip("/")
+        key_prefix = "/".join(p for p in (self.prefix, clean) if p)
+        if key_prefix:
+            key_prefix += "/"
+        found = []
+        try:
+            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=key_prefix):
+                found.extend(self._rel(obj["Key"]) for obj in page.get("Contents", []))
+        except (ClientError, BotoCoreError) as exc:
+            raise self._fail("list", prefix, exc) from None
+        return sorted(found)
+
+    def exists(self, path: str) -> bool:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=self._key(path))
+            return True
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+                return False
+            raise self._fail("stat", path, exc) from None
+        except BotoCoreError as exc:
+            raise self._fail("stat", path, exc) from None
+
+
+def open_storage(uri: str, config: cfg.Config | None = None) -> RemoteStorage:
+    """The storage for ``uri``; the scheme picks the implementation."""
+    config = config or cfg.Config(env={})
+    scheme = urllib.parse.urlparse(uri).scheme
+    if scheme in ("file", ""):
+        return FileStorage(uri, fsync=config[cfg.REMOTE_FSYNC])
+    if scheme == "s3":
+        return S3Storage(uri, endpoint=config[cfg.S3_ENDPOINT], region=config[cfg.S3_REGION],
+                         access_key=config[cfg.S3_ACCESS_KEY], secret_key=config[cfg.S3_SECRET_KEY])
+    raise ValueError(f"unsupported remote storage URI {uri!r} (use file:///path or s3://bucket/prefix)")

@@ -1,0 +1,72 @@
+"""ZooKeeper paths (relative to the configured chroot ``zookeeper.path.root``).
+
+See DESIGN.md "ZooKeeper layout".
+"""
+
+from __future__ import annotations
+
+COORDINATORS = "/coordinators"
+ELECTION = "/coordinators/election"
+ACTIVE = "/coordinators/active"
+EPOCH = "/coordinators/epoch"
+TABLET_SERVERS = "/tabletservers/ids"
+DATABASES = "/databases"
+TABLES = "/tables"
+TABLE_ID_COUNTER = "/tables/id_counter"
+SNAPSHOTS = "/snapshots"
+LEASES = "/leases/kv_snapshot"
+
+ROOTS = (COORDINATORS, ELECTION, TABLET_SERVERS, DATABASES, TABLES, SNAPSHOTS, LEASES)
+
+
+def tablet_server(server_id: int | str) -> str:
+    return f"{TABLET_SERVERS}/{server_id}"
+
+
+def database(db: str) -> str:
+    return f"{DATABASES}/{db}"
+
+
+def database_tables(db: str) -> str:
+    return f"{DATABASES}/{db}/tables"
+
+
+def table_name(db: str, name: str) -> str:
+    return f"{DATABASES}/{db}/tables/{name}"
+
+
+def table(table_id: int) -> str:
+    return f"{TABLES}/{table_id}"
+
+
+def table_assignment(table_id: int) -> str:
+    return f"{TABLES}/{table_id}/assignment"
+
+
+def table_snapshots(table_id: int) -> str:
+    return f"{SNAPSHOTS}/{table_id}"
+
+
+def bucket_snapshots(table_id: int, bucket: int, partition_id: int | None = None) -> str:
+    return f"{SNAPSHOTS}/{table_id}/{bucket_dir(bucket, partition_id)}"
+
+
+def snapshot(table_id: int, bucket: int, snapshot_id: int, partition_id: int | None = None) -> str:
+    return f"{bucket_snapshots(table_id, bucket, partition_id)}/{snapshot_id}"
+
+
+def lease(lease_id: str) -> str:
+    return f"{LEASES}/{lease_id}"
+
+
+def bucket_dir(bucket: int, partition_id: int | None = None) -> str:
+    """``3`` for a bucket of a non-partitioned table, ``p7-3`` for partition 7."""
+    return str(bucket) if partition_id is None else f"p{partition_id}-{bucket}"
+
+
+def parse_bucket_dir(name: str) -> tuple[int | None, int]:
+    """Inverse of :func:`bucket_dir`: ``(partition_id, bucket)``."""
+    if name.startswith("p"):
+        partition, bucket = name[1:].split("-", 1)
+        return int(partition), int(bucket)
+    return None, int(name)
