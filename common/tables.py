@@ -1,0 +1,131 @@
+"""Table metadata: columns, primary key, buckets; validation and (de)serialization."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from common.errors import InvalidRequestError, InvalidTableError
+
+TYPES = ("BOOLEAN", "INT", "BIGINT", "DOUBLE", "STRING", "BYTES", "TIMESTAMP")
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+MAX_BUCKETS = 1024
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: str
+
+
+@dataclass(frozen=True)
+class TableInfo:
+    table_id: int
+    database: str
+    name: str
+    columns: tuple[Column, ...]
+    primary_key: tuple[str, ...]
+    buckets: int
+    created_ms: int = 0
+
+    @property
+    def path(self) -> str:
+        return f"{self.database}.{self.name}"
+
+    def schema_string(self) -> str:
+        return ", ".join(f"{c.name} {c.type}" for c in self.columns)
+
+    def to_json(self) -> dict:
+        return {
+            "table_id": self.table_id,
+            "db": self.database,
+            "name": self.name,
+            "schema": [{"name": c.name, "type": c.type} for c in self.columns],
+            "primary_key": list(self.primary_key),
+            "buckets": self.buckets,
+            "created_ms": self.created_ms,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> "TableInfo":
+        return cls(
+            table_id=int(data["table_id"]),
+            database=data["db"],
+            name=data["name"],
+            columns=tuple(Column(c["name"], c["type"]) for c in data["schema"]),
+            primary_key=tuple(data["primary_key"]),
+            buckets=int(data["buckets"]),
+            created_ms=int(data.get("created_ms", 0)),
+        )
+
+    def to_pb(self, pb_class):
+        return pb_class(
+            table_id=self.table_id, database=self.database, name=self.name,
+            columns=[{"name": c.name, "type": c.type} for c in self.columns],
+            primary_key=list(self.primary_key), buckets=self.buckets, created_ms=self.created_ms)
+
+    @classmethod
+    def from_pb(cls, pb) -> "TableInfo":
+        return cls(pb.table_id, pb.database, pb.name, tuple(Column(c.name, c.type) for c in pb.columns),
+                   tuple(pb.primary_key), pb.buckets, pb.created_ms)
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """A table as a user asks for it (before it has an id)."""
+
+    database: str
+    name: str
+    columns: tuple[Column, ...]
+    primary_key: tuple[str, ...]
+    buckets: int = field(default=1)
+
+
+def parse_table_path(path: str) -> tuple[str, str]:
+    """``'db.name'`` -> ``('db', 'name')``; raises InvalidRequestError otherwise."""
+    parts = path.split(".")
+    if len(parts) != 2 or not all(_NAME.match(p) for p in parts):
+        raise InvalidRequestError(f"bad table name {path!r}: expected DB.NAME (letters, digits, _)")
+    return parts[0], parts[1]
+
+
+def parse_schema(text: str) -> tuple[Column, ...]:
+    """``'id BIGINT, name STRING'`` -> columns; raises InvalidTableError naming the bad part."""
+    columns = []
+    for part in text.split(","):
+        words = part.split()
+        if len(words) != 2:
+            raise InvalidTableError(f"bad column definition {part.strip()!r}: expected 'NAME TYPE'")
+        columns.append(Column(words[0], words[1].upper()))
+    return tuple(columns)
+
+
+def validate_spec(spec: TableSpec) -> TableSpec:
+    """The spec with normalized types; raises InvalidTableError naming the problem."""
+    for part, what in ((spec.database, "database"), (spec.name, "table")):
+        if not _NAME.match(part or ""):
+            raise InvalidTableError(f"bad {what} name {part!r}: letters, digits and _ only, not starting with a digit")
+    if not spec.columns:
+        raise InvalidTableError("a table needs at least one column")
+    seen: set[str] = set()
+    columns = []
+    for column in spec.columns:
+        if not _NAME.match(column.name or ""):
+            raise InvalidTableError(f"bad column name {column.name!r}")
+        if column.name in seen:
+            raise InvalidTableError(f"duplicate column {column.name!r}")
+        seen.add(column.name)
+        type_ = column.type.upper()
+        if type_ not in TYPES:
+            raise InvalidTableError(f"column {column.name!r} has unknown type {column.type!r} (one of {', '.join(TYPES)})")
+        columns.append(Column(column.name, type_))
+    if not spec.primary_key:
+        raise InvalidTableError("a table needs a primary key")
+    for key in spec.primary_key:
+        if key not in seen:
+            raise InvalidTableError(f"primary key column {key!r} is not a column of the table")
+    if len(set(spec.primary_key)) != len(spec.primary_key):
+        raise InvalidTableError("primary key names a column twice")
+    if not 1 <= spec.buckets <= MAX_BUCKETS:
+        raise InvalidTableError(f"bucket count must be between 1 and {MAX_BUCKETS}, got {spec.buckets}")
+    return TableSpec(spec.database, spec.name, tuple(columns), tuple(spec.primary_key), spec.buckets)

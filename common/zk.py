@@ -1,0 +1,49 @@
+"""ZooKeeper client factory: a started KazooClient on the configured chroot."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from kazoo.client import KazooClient
+from kazoo.retry import KazooRetry
+
+from common import config as cfg
+
+
+def connect_string(config: cfg.Config) -> str:
+    root = config[cfg.ZK_ROOT].rstrip("/")
+    address = config[cfg.ZK_ADDRESS]
+    return address + root if root and "/" not in address else address
+
+
+def make_client(config: cfg.Config, *, start: bool = True, timeout_s: float = 15.0) -> KazooClient:
+    """A KazooClient on ``zookeeper.address`` + ``zookeeper.path.root``.
+
+    The chroot node is created if missing (through a short-lived client on the
+    bare address), so callers can use absolute paths like ``/tables``.
+    """
+    address = config[cfg.ZK_ADDRESS]
+    root = config[cfg.ZK_ROOT].rstrip("/")
+    session_s = config[cfg.ZK_SESSION_TIMEOUT] / 1000.0
+    retry = KazooRetry(max_tries=-1, delay=0.05, max_delay=1.0, ignore_expire=False)
+    if start and root and "/" not in address:
+        bootstrap = KazooClient(hosts=address, timeout=session_s)
+        bootstrap.start(timeout=timeout_s)
+        try:
+            bootstrap.ensure_path(root)
+        finally:
+            bootstrap.stop()
+            bootstrap.close()
+    client = KazooClient(hosts=connect_string(config), timeout=session_s, connection_retry=retry)
+    if start:
+        client.start(timeout=timeout_s)
+    return client
+
+
+def dumps(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True).encode()
+
+
+def loads(data: bytes) -> Any:
+    return json.loads(data.decode()) if data else None

@@ -1,0 +1,282 @@
+"""The admin client: tables, snapshots and leases on the active coordinator.
+
+It finds the active coordinator from a bootstrap list, follows
+``NOT_COORDINATOR`` answers to the address they name, and retries retriable
+errors with bounded exponential backoff and jitter (tenacity). Every failure
+is raised as a :mod:`common.errors` exception.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Callable, Iterable, Mapping, Sequence
+
+import grpc
+import tenacity
+
+from common import config as cfg
+from common import errors
+from common.proto import coordinator_pb2 as pb
+from common.proto import coordinator_pb2_grpc as pb_grpc
+from common.tables import Column, TableInfo, parse_table_path
+from leases.model import Lease, SnapshotFile, SnapshotHandle, TableBucket
+
+
+@dataclass(frozen=True)
+class CoordinatorInfo:
+    address: str
+    active: bool
+    active_address: str
+    epoch: int
+
+
+@dataclass(frozen=True)
+class SnapshotInfo:
+    handle: SnapshotHandle
+    leased_by: tuple[str, ...] = ()
+    retained: bool = True
+
+    @property
+    def bucket(self) -> TableBucket:
+        return self.handle.bucket
+
+    @property
+    def snapshot_id(self) -> int:
+        return self.handle.snapshot_id
+
+    @property
+    def log_offset(self) -> int:
+        return self.handle.log_offset
+
+
+@dataclass(frozen=True)
+class AcquireResult:
+    lease_id: str
+    expiration_time: int
+    acquired: dict[TableBucket, int]
+    unavailable: dict[TableBucket, int]
+
+
+def handle_to_pb(handle: SnapshotHandle, leased_by: Iterable[str] = (), retained: bool = True) -> pb.KvSnapshotPb:
+    return pb.KvSnapshotPb(
+        bucket=handle.bucket.to_pb(pb.TableBucketPb), snapshot_id=handle.snapshot_id,
+        log_offset=handle.log_offset, metadata_path=handle.metadata_path,
+        files=[pb.SnapshotFilePb(path=f.path, size=f.size) for f in handle.files],
+        commit_time_ms=handle.commit_time_ms, leased_by=sorted(leased_by), retained=retained)
+
+
+def handle_from_pb(msg: pb.KvSnapshotPb) -> SnapshotHandle:
+    return SnapshotHandle(TableBucket.from_pb(msg.bucket), msg.snapshot_id, msg.log_offset, msg.metadata_path,
+                          tuple(SnapshotFile(f.path, f.size) for f in msg.files), msg.commit_time_ms)
+
+
+def lease_from_pb(msg: pb.KvSnapshotLeasePb) -> Lease:
+    return Lease(msg.lease_id, msg.expiration_time_ms,
+                 {TableBucket.from_pb(b.bucket): b.snapshot_id for b in msg.buckets})
+
+
+def bucket_snapshots_to_pb(snapshots: Mapping[TableBucket, int]) -> list[pb.BucketSnapshotPb]:
+    return [pb.BucketSnapshotPb(bucket=tb.to_pb(pb.TableBucketPb), snapshot_id=sid)
+            for tb, sid in sorted(snapshots.items(), key=lambda item: item[0].sort_key())]
+
+
+def raise_for(error: pb.ErrorPb) -> None:
+    """Raise the typed exception for a response's error, if any."""
+    if error.code:
+        raise errors.error_for(error.code, error.message, active_address=error.active_address)
+
+
+def parse_bootstrap(bootstrap: str | Sequence[str]) -> list[str]:
+    addresses = bootstrap.split(",") if isinstance(bootstrap, str) else list(bootstrap)
+    addresses = [a.strip() for a in addresses if a.strip()]
+    if not addresses:
+        raise errors.InvalidRequestError("no coordinator address given (use --bootstrap host:port or --cluster DIR)")
+    return addresses
+
+
+class AdminClient:
+    """Thread-safe; one gRPC channel per coordinator address."""
+
+    def __init__(self, bootstrap: str | Sequence[str], config: cfg.Config | None = None, *,
+                 request_timeout_s: float | None = None, retry_total_s: float | None = None) -> None:
+        config = config or cfg.Config(env={})
+        self._bootstrap = parse_bootstrap(bootstrap)
+        self._address = self._bootstrap[0]
+        self._next_bootstrap = 1
+        self._timeout_s = request_timeout_s or config[cfg.CLIENT_REQUEST_TIMEOUT] / 1000.0
+        self._retry_total_s = retry_total_s if retry_total_s is not None else config[cfg.CLIENT_RETRY_TOTAL] / 1000.0
+        self._retry_max_wait_s = config[cfg.CLIENT_RETRY_MAX_WAIT] / 1000.0
+        self._channels: dict[str, grpc.Channel] = {}
+        self._lock = threading.Lock()
+
+    # -- plumbing ---------------------------------------------------------------
+
+    def close(self) -> None:
+        with self._lock:
+            for channel in self._channels.values():
+                channel.close()
+            self._channels.clear()
+
+    def __enter__(self) -> "AdminClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _stub(self, address: str) -> pb_grpc.CoordinatorServiceStub:
+        with self._lock:
+            channel = self._channels.get(address)
+            if channel is None:
+                channel = grpc.insecure_channel(address, options=[("grpc.enable_retries", 0)])
+                self._channels[address] = channel
+            return pb_grpc.CoordinatorServiceStub(channel)
+
+    def _move_to(self, error: errors.KvLeaseError, tried: str) -> None:
+        with self._lock:
+            if self._address != tried:
+                return  # another thread already moved on
+            active = getattr(error, "active_address", "")
+            if active and active != tried:
+                self._address = active
+            else:
+                self._address = self._bootstrap[self._next_bootstrap % len(self._bootstrap)]
+                self._next_bootstrap += 1
+
+    def _call_once(self, method: str, request):
+        address = self._address
+        try:
+            response = getattr(self._stub(address), method)(request, timeout=self._timeout_s)
+        except grpc.RpcError as exc:
+            code = exc.code() if hasattr(exc, "code") else None
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise errors.OutcomeUnknownError(f"{method} to {address} timed out after {self._timeout_s:.0f}s") from None
+            err = errors.NetworkError(f"cannot reach coordinator {address}: {code.name if code else exc}")
+            self._move_to(err, address)
+            raise err from None
+        try:
+            raise_for(response.error)
+        except (errors.NotCoordinatorError, errors.CoordinatorFencedError) as exc:
+            self._move_to(exc, address)
+            raise errors.NotCoordinatorError(exc.message, active_address=getattr(exc, "active_address", "")) from None
+        return response
+
+    def _call(self, method: str, request):
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type(errors.RETRIABLE),
+            wait=tenacity.wait_random_exponential(multiplier=0.05, max=self._retry_max_wait_s),
+            stop=tenacity.stop_after_delay(self._retry_total_s),
+            reraise=True,
+        )
+        return retrying(self._call_once, method, request)
+
+    # -- coordinators ---------------------------------------------------------
+
+    def coordinator_info(self, address: str | None = None) -> CoordinatorInfo:
+        """What ``address`` (default: the current one) says about itself; never retried."""
+        target = address or self._address
+        try:
+            response = self._stub(target).CoordinatorInfo(pb.CoordinatorInfoRequest(), timeout=self._timeout_s)
+        except grpc.RpcError as exc:
+            raise errors.NetworkError(f"cannot reach coordinator {target}: {exc.code().name}") from None
+        raise_for(response.error)
+        return CoordinatorInfo(response.address, response.active, response.active_address, response.epoch)
+
+    @property
+    def address(self) -> str:
+        """The coordinator address requests currently go to."""
+        return self._address
+
+    # -- tables -----------------------------------------------------------------
+
+    def create_table(self, path: str, columns: Sequence[Column], primary_key: Sequence[str], buckets: int,
+                     ignore_if_exists: bool = False) -> TableInfo:
+        db, name = parse_table_path(path)
+        response = self._call("CreateTable", pb.CreateTableRequest(
+            database=db, name=name, columns=[pb.ColumnPb(name=c.name, type=c.type) for c in columns],
+            primary_key=list(primary_key), buckets=buckets, ignore_if_exists=ignore_if_exists))
+        return TableInfo.from_pb(response.table)
+
+    def drop_table(self, path: str, ignore_if_not_exists: bool = False) -> None:
+        db, name = parse_table_path(path)
+        self._call("DropTable", pb.DropTableRequest(database=db, name=name, ignore_if_not_exists=ignore_if_not_exists))
+
+    def list_tables(self, database: str = "") -> list[TableInfo]:
+        response = self._call("ListTables", pb.ListTablesRequest(database=database))
+        return [TableInfo.from_pb(t) for t in response.tables]
+
+    def get_table(self, path: str) -> TableInfo:
+        db, name = parse_table_path(path)
+        return TableInfo.from_pb(self._call("GetTable", pb.GetTableRequest(database=db, name=name)).table)
+
+    def get_table_by_id(self, table_id: int) -> TableInfo:
+        return TableInfo.from_pb(self._call("GetTable", pb.GetTableRequest(table_id=table_id)).table)
+
+    # -- snapshots ----------------------------------------------------------------
+
+    def commit_kv_snapshot(self, handle: SnapshotHandle) -> None:
+        self._call("CommitKvSnapshot", pb.CommitKvSnapshotRequest(snapshot=handle_to_pb(handle)))
+
+    def get_latest_kv_snapshots(self, table_id: int) -> dict[TableBucket, SnapshotInfo]:
+        response = self._call("GetLatestKvSnapshots", pb.GetLatestKvSnapshotsRequest(table_id=table_id))
+        infos = (SnapshotInfo(handle_from_pb(s), tuple(s.leased_by), s.retained) for s in response.snapshots)
+        return {info.bucket: info for info in infos}
+
+    def list_kv_snapshots(self, table_id: int) -> list[SnapshotInfo]:
+        response = self._call("ListKvSnapshots", pb.ListKvSnapshotsRequest(table_id=table_id))
+        return [SnapshotInfo(handle_from_pb(s), tuple(s.leased_by), s.retained) for s in response.snapshots]
+
+    # -- leases -------------------------------------------------------------------
+
+    def acquire_lease(self, lease_id: str, snapshots: Mapping[TableBucket, int], duration_ms: int) -> AcquireResult:
+        """Create or update the lease; ``unavailable`` lists snapshots that do not exist."""
+        response = self._call("AcquireKvSnapshotLease", pb.AcquireKvSnapshotLeaseRequest(
+            lease_id=lease_id, snapshots=bucket_snapshots_to_pb(snapshots), duration_ms=duration_ms))
+        return AcquireResult(
+            lease_id, response.expiration_time_ms,
+            {TableBucket.from_pb(b.bucket): b.snapshot_id for b in response.acquired},
+            {TableBucket.from_pb(b.bucket): b.snapshot_id for b in response.unavailable})
+
+    def renew_lease(self, lease_id: str, duration_ms: int) -> int:
+        """Move the lease's deadline to now + duration; returns it. LeaseNotFoundError if unknown."""
+        response = self._call("RenewKvSnapshotLease",
+                              pb.RenewKvSnapshotLeaseRequest(lease_id=lease_id, duration_ms=duration_ms))
+        return response.expiration_time_ms
+
+    def release_lease(self, lease_id: str, buckets: Iterable[TableBucket]) -> bool:
+        """Free these buckets; returns whether the lease still holds any."""
+        response = self._call("ReleaseKvSnapshotLease", pb.ReleaseKvSnapshotLeaseRequest(
+            lease_id=lease_id, buckets=[tb.to_pb(pb.TableBucketPb) for tb in buckets]))
+        return response.lease_remains
+
+    def drop_lease(self, lease_id: str) -> bool:
+        """Free every bucket of the lease; returns False if there was no such lease."""
+        return self._call("DropKvSnapshotLease", pb.DropKvSnapshotLeaseRequest(lease_id=lease_id)).dropped
+
+    def list_leases(self) -> list[Lease]:
+        response = self._call("ListKvSnapshotLeases", pb.ListKvSnapshotLeasesRequest())
+        return [lease_from_pb(lease) for lease in response.leases]
+
+    def describe_lease(self, lease_id: str) -> Lease:
+        response = self._call("DescribeKvSnapshotLease", pb.DescribeKvSnapshotLeaseRequest(lease_id=lease_id))
+        return lease_from_pb(response.lease)
+
+
+def wait_for_active(client: AdminClient, timeout_s: float, sleep: Callable[[float], None] | None = None) -> CoordinatorInfo:
+    """Block until some coordinator of the bootstrap list is active and serving."""
+    retrying = tenacity.Retrying(
+        retry=tenacity.retry_if_exception_type(errors.KvLeaseError),
+        wait=tenacity.wait_fixed(0.1), stop=tenacity.stop_after_delay(timeout_s), reraise=True,
+        sleep=sleep or tenacity.nap.sleep)
+
+    def probe() -> CoordinatorInfo:
+        for address in client._bootstrap:
+            try:
+                info = client.coordinator_info(address)
+            except errors.KvLeaseError:
+                continue
+            if info.active:
+                return info
+        raise errors.CoordinatorNotReadyError("no active coordinator yet")
+
+    return retrying(probe)

@@ -1,0 +1,102 @@
+"""The lease domain's values: table buckets, leases, snapshot handles."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Mapping
+
+LEASE_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+
+
+@dataclass(frozen=True, order=True)
+class TableBucket:
+    """``(table_id, partition_id or None, bucket)``; partitions come later."""
+
+    table_id: int
+    bucket: int
+    partition_id: int | None = None
+
+    def sort_key(self) -> tuple[int, int, int]:
+        return (self.table_id, -1 if self.partition_id is None else self.partition_id, self.bucket)
+
+    def to_json(self) -> dict:
+        return {"table_id": self.table_id, "partition_id": self.partition_id, "bucket": self.bucket}
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> "TableBucket":
+        return cls(int(data["table_id"]), int(data["bucket"]),
+                   None if data.get("partition_id") is None else int(data["partition_id"]))
+
+    def to_pb(self, pb_class):
+        pb = pb_class(table_id=self.table_id, bucket=self.bucket)
+        if self.partition_id is not None:
+            pb.partition_id = self.partition_id
+        return pb
+
+    @classmethod
+    def from_pb(cls, pb) -> "TableBucket":
+        return cls(pb.table_id, pb.bucket, pb.partition_id if pb.HasField("partition_id") else None)
+
+    def __str__(self) -> str:
+        part = "" if self.partition_id is None else f"p{self.partition_id}/"
+        return f"{self.table_id}/{part}{self.bucket}"
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A lease: its deadline and the snapshot it holds per bucket."""
+
+    lease_id: str
+    expiration_time: int  # ms since the epoch
+    buckets: Mapping[TableBucket, int] = field(default_factory=dict)
+
+    def tables(self) -> set[int]:
+        return {tb.table_id for tb in self.buckets}
+
+    def table_buckets(self, table_id: int) -> dict[TableBucket, int]:
+        return {tb: sid for tb, sid in self.buckets.items() if tb.table_id == table_id}
+
+    def sorted_buckets(self) -> list[tuple[TableBucket, int]]:
+        return sorted(self.buckets.items(), key=lambda item: item[0].sort_key())
+
+
+@dataclass(frozen=True)
+class SnapshotFile:
+    path: str  # relative to remote.data.dir
+    size: int
+
+
+@dataclass(frozen=True)
+class SnapshotHandle:
+    """A completed KV snapshot of one bucket, as committed by its tablet server."""
+
+    bucket: TableBucket
+    snapshot_id: int
+    log_offset: int
+    metadata_path: str
+    files: tuple[SnapshotFile, ...] = ()
+    commit_time_ms: int = 0
+
+    def file_paths(self) -> set[str]:
+        paths = {f.path for f in self.files}
+        if self.metadata_path:
+            paths.add(self.metadata_path)
+        return paths
+
+    def to_json(self) -> dict:
+        return {
+            "bucket": self.bucket.to_json(),
+            "snapshot_id": self.snapshot_id,
+            "log_offset": self.log_offset,
+            "metadata_path": self.metadata_path,
+            "files": [{"path": f.path, "size": f.size} for f in self.files],
+            "commit_time_ms": self.commit_time_ms,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> "SnapshotHandle":
+        return cls(TableBucket.from_json(data["bucket"]), int(data["snapshot_id"]), int(data["log_offset"]),
+                   data.get("metadata_path", ""),
+                   tuple(SnapshotFile(f["path"], int(f["size"])) for f in data.get("files", [])),
+                   int(data.get("commit_time_ms", 0)))
