@@ -1,0 +1,128 @@
+"""The completed-snapshot store (pure, in memory): retention and subsumption.
+
+Per bucket it keeps the ``num_retained`` newest snapshots plus every leased
+one; whatever is neither is *reclaimable* and the coordinator deletes it at
+once. A remote file is deleted only when no kept snapshot uses it (SST files
+are shared between a bucket's snapshots).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Callable, Iterable
+
+from common import errors
+from leases.model import SnapshotHandle, TableBucket
+
+IsLeased = Callable[[TableBucket, int], bool]
+
+
+class SnapshotStore:
+    def __init__(self, num_retained: int) -> None:
+        if num_retained < 1:
+            raise ValueError("kv.snapshot.num-retained must be at least 1")
+        self.num_retained = num_retained
+        self._by_bucket: dict[TableBucket, dict[int, SnapshotHandle]] = {}
+        self._file_refs: Counter[str] = Counter()
+
+    # -- queries -------------------------------------------------------------------
+
+    def has_snapshot(self, tb: TableBucket, snapshot_id: int) -> bool:
+        return snapshot_id in self._by_bucket.get(tb, {})
+
+    def get(self, tb: TableBucket, snapshot_id: int) -> SnapshotHandle | None:
+        return self._by_bucket.get(tb, {}).get(snapshot_id)
+
+    def bucket_snapshots(self, tb: TableBucket) -> list[SnapshotHandle]:
+        """Oldest first."""
+        return [h for _, h in sorted(self._by_bucket.get(tb, {}).items())]
+
+    def latest(self, tb: TableBucket) -> SnapshotHandle | None:
+        snaps = self._by_bucket.get(tb)
+        return snaps[max(snaps)] if snaps else None
+
+    def table_buckets(self, table_id: int) -> list[TableBucket]:
+        return sorted((tb for tb in self._by_bucket if tb.table_id == table_id), key=TableBucket.sort_key)
+
+    def all(self) -> Iterable[SnapshotHandle]:
+        for snaps in self._by_bucket.values():
+            yield from snaps.values()
+
+    def is_retained(self, tb: TableBucket, snapshot_id: int) -> bool:
+        """Among the bucket's ``num_retained`` newest snapshots."""
+        ids = sorted(self._by_bucket.get(tb, {}), reverse=True)[: self.num_retained]
+        return snapshot_id in ids
+
+    def file_refcount(self, path: str) -> int:
+        return self._file_refs.get(path, 0)
+
+    # -- changes ---------------------------------------------------------------------
+
+    def check_commit(self, handle: SnapshotHandle) -> bool:
+        """False if this exact snapshot is already stored (an idempotent retry).
+
+        Raises InvalidSnapshotError if it conflicts with what is stored.
+        """
+        existing = self.get(handle.bucket, handle.snapshot_id)
+        if existing is not None:
+            if (existing.log_offset, existing.metadata_path, existing.files) == (
+                    handle.log_offset, handle.metadata_path, handle.files):
+                return False
+            raise errors.InvalidSnapshotError(
+                f"snapshot {handle.snapshot_id} of bucket {handle.bucket} already committed with other content")
+        latest = self.latest(handle.bucket)
+        if latest is not None and handle.snapshot_id < latest.snapshot_id:
+            raise errors.InvalidSnapshotError(
+                f"snapshot {handle.snapshot_id} of bucket {handle.bucket} is older than the latest "
+                f"({latest.snapshot_id})")
+        if latest is not None and handle.log_offset < latest.log_offset:
+            raise errors.InvalidSnapshotError(
+                f"snapshot {handle.snapshot_id} of bucket {handle.bucket} has log offset {handle.log_offset} "
+                f"below the latest snapshot's ({latest.log_offset})")
+        if handle.snapshot_id < 0 or handle.log_offset < 0:
+            raise errors.InvalidSnapshotError("snapshot id and log offset must not be negative")
+        return True
+
+    def add(self, handle: SnapshotHandle) -> None:
+        self._by_bucket.setdefault(handle.bucket, {})[handle.snapshot_id] = handle
+        self._file_refs.update(handle.file_paths())
+
+    def reclaimable(self, tb: TableBucket, is_leased: IsLeased) -> list[SnapshotHandle]:
+        """Snapshots of ``tb`` neither among the newest ``num_retained`` nor leased."""
+        ids = sorted(self._by_bucket.get(tb, {}), reverse=True)
+        return [self._by_bucket[tb][sid] for sid in ids[self.num_retained:] if not is_leased(tb, sid)]
+
+    def remove(self, handle: SnapshotHandle) -> list[str]:
+        """Forget the snapshot; returns the files no kept snapshot uses any more."""
+        snaps = self._by_bucket.get(handle.bucket, {})
+        if snaps.pop(handle.snapshot_id, None) is None:
+            return []
+        if not snaps:
+            del self._by_bucket[handle.bucket]
+        unused = []
+        for path in handle.file_paths():
+            self._file_refs[path] -= 1
+            if self._file_refs[path] <= 0:
+                del self._file_refs[path]
+                unused.append(path)
+        return sorted(unused)
+
+    def remove_table(self, table_id: int) -> tuple[list[SnapshotHandle], list[str]]:
+        handles = [h for tb in self.table_buckets(table_id) for h in self.bucket_snapshots(tb)]
+        files: list[str] = []
+        for handle in handles:
+            files.extend(self.remove(handle))
+        return handles, sorted(files)
+
+    # -- invariants -------------------------------------------------------------------
+
+    def validate(self, is_leased: IsLeased | None = None, leased: Iterable[tuple[TableBucket, int]] = ()) -> None:
+        counts: Counter[str] = Counter()
+        for handle in self.all():
+            counts.update(handle.file_paths())
+        assert counts == self._file_refs, "file refcounts differ from the stored snapshots"
+        for tb, sid in leased:
+            assert self.has_snapshot(tb, sid), f"leased snapshot {sid} of {tb} is not stored"
+        if is_leased is not None:
+            for tb in list(self._by_bucket):
+                assert not self.reclaimable(tb, is_leased), f"bucket {tb} keeps a reclaimable snapshot"

@@ -1,0 +1,373 @@
+"""The pure lease state machine: ``LeaseState.handle(*events) -> list[Instruction]``.
+
+No ZooKeeper, storage, gRPC or clock inside: time arrives in the events.
+Persist, then apply: a request that changes a lease yields a
+:class:`PersistLease`; memory changes only when the shell feeds back
+:class:`WriteDone` for it (``WriteFailed`` changes nothing and answers the
+request with the error). One write per lease is in flight at a time; an event
+for a lease with a write in flight yields :class:`Deferred` and the shell
+hands it in again later.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Mapping, Protocol
+
+from common import errors
+from leases.model import LEASE_ID, Lease, TableBucket
+from leases.refcount import RefcountIndex
+
+
+class Catalog(Protocol):
+    """What the lease rules need to know of tables and snapshots (in memory)."""
+
+    def bucket_count(self, table_id: int) -> int | None: ...
+
+    def has_snapshot(self, tb: TableBucket, snapshot_id: int) -> bool: ...
+
+
+# --- events --------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Acquire:
+    event_id: int
+    lease_id: str
+    snapshots: Mapping[TableBucket, int]
+    duration_ms: int
+    now_ms: int
+
+
+@dataclass(frozen=True)
+class Renew:
+    event_id: int
+    lease_id: str
+    duration_ms: int
+    now_ms: int
+
+
+@dataclass(frozen=True)
+class Release:
+    event_id: int
+    lease_id: str
+    buckets: frozenset[TableBucket]
+
+
+@dataclass(frozen=True)
+class Drop:
+    event_id: int
+    lease_id: str
+
+
+@dataclass(frozen=True)
+class Expire:
+    event_id: int
+    now_ms: int
+
+
+@dataclass(frozen=True)
+class RemoveTable:
+    """A table is being dropped: take it out of every lease."""
+
+    event_id: int
+    table_id: int
+
+
+@dataclass(frozen=True)
+class Restore:
+    """Failover: the leases loaded from storage; expired ones get ``grace_ms``."""
+
+    event_id: int
+    leases: tuple[Lease, ...]
+    now_ms: int
+    grace_ms: int
+
+
+@dataclass(frozen=True)
+class WriteDone:
+    write_id: tuple[int, int]
+
+
+@dataclass(frozen=True)
+class WriteFailed:
+    write_id: tuple[int, int]
+    error: errors.KvLeaseError
+
+
+# --- instructions ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PersistLease:
+    """Write ``after`` (None: delete the lease); only ``changed_tables`` need new files."""
+
+    write_id: tuple[int, int]
+    reason: str
+    before: Lease | None
+    after: Lease | None
+    changed_tables: frozenset[int]
+
+    @property
+    def lease_id(self) -> str:
+        return (self.after or self.before).lease_id  # type: ignore[union-attr]
+
+
+@dataclass(frozen=True)
+class Reply:
+    event_id: int
+    result: object = None
+    error: errors.KvLeaseError | None = None
+
+
+@dataclass(frozen=True)
+class Deferred:
+    """The event touches a lease whose write is in flight: hand it in again later."""
+
+    event: object
+
+
+@dataclass(frozen=True)
+class SnapshotsFreed:
+    """These snapshots are no longer held by any lease."""
+
+    snapshots: tuple[tuple[TableBucket, int], ...]
+
+
+@dataclass(frozen=True)
+class LeasesExpired:
+    lease_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class AcquireOutcome:
+    expiration_time: int
+    acquired: dict[TableBucket, int]
+    unavailable: dict[TableBucket, int]
+
+
+@dataclass
+class _Parent:
+    remaining: int
+    result: object
+    error: errors.KvLeaseError | None = None
+
+
+@dataclass
+class LeaseState:
+    catalog: Catalog
+    max_duration_ms: int
+    leases: dict[str, Lease] = field(default_factory=dict)
+    refs: RefcountIndex = field(default_factory=RefcountIndex)
+    _pending: dict[tuple[int, int], PersistLease] = field(default_factory=dict)
+    _pending_leases: set[str] = field(default_factory=set)
+    _parents: dict[int, _Parent] = field(default_factory=dict)
+
+    # -- entry point ---------------------------------------------------------------
+
+    def handle(self, *events: object) -> list[object]:
+        out: list[object] = []
+        for event in events:
+            handler = getattr(self, f"_on_{type(event).__name__.lower()}")
+            out.extend(handler(event))
+        return out
+
+    def busy(self, lease_id: str) -> bool:
+        return lease_id in self._pending_leases
+
+    def get(self, lease_id: str) -> Lease | None:
+        return self.leases.get(lease_id)
+
+    # -- requests -----------------------------------------------------------------
+
+    def _check_id(self, lease_id: str) -> None:
+        if not isinstance(lease_id, str) or not LEASE_ID.match(lease_id):
+            raise errors.InvalidLeaseIdError(
+                f"bad lease id {lease_id!r}: 1-128 characters of letters, digits, '.', '_' or '-'")
+
+    def _check_duration(self, duration_ms: int) -> None:
+        if duration_ms <= 0:
+            raise errors.InvalidLeaseDurationError(f"lease duration must be positive, got {duration_ms} ms")
+        if duration_ms > self.max_duration_ms:
+            raise errors.InvalidLeaseDurationError(
+                f"lease duration {duration_ms} ms exceeds kv.snapshot.lease.max-duration ({self.max_duration_ms} ms)")
+
+    def _check_bucket(self, tb: TableBucket) -> None:
+        count = self.catalog.bucket_count(tb.table_id)
+        if count is None:
+            raise errors.TableNotExistError(f"table id {tb.table_id} does not exist", table_id=tb.table_id)
+        if tb.partition_id is not None:
+            raise errors.InvalidRequestError(f"table {tb.table_id} is not partitioned (got partition {tb.partition_id})")
+        if not 0 <= tb.bucket < count:
+            raise errors.BucketOutOfRangeError(
+                f"bucket {tb.bucket} out of range for table {tb.table_id} (buckets 0..{count - 1})")
+
+    def _on_acquire(self, ev: Acquire) -> list[object]:
+        try:
+            self._check_id(ev.lease_id)
+            if not ev.snapshots:
+                raise errors.InvalidRequestError("acquire needs at least one bucket snapshot")
+            self._check_duration(ev.duration_ms)
+            for tb, sid in ev.snapshots.items():
+                self._check_bucket(tb)
+                if sid < 0:
+                    raise errors.InvalidRequestError(f"bad snapshot id {sid} for bucket {tb}")
+        except errors.KvLeaseError as exc:
+            return [Reply(ev.event_id, error=exc)]
+        if self.busy(ev.lease_id):
+            return [Deferred(ev)]
+        acquired = {tb: sid for tb, sid in ev.snapshots.items() if self.catalog.has_snapshot(tb, sid)}
+        unavailable = {tb: sid for tb, sid in ev.snapshots.items() if tb not in acquired}
+        before = self.leases.get(ev.lease_id)
+        expiration = ev.now_ms + ev.duration_ms
+        outcome = AcquireOutcome(expiration, acquired, unavailable)
+        if before is None and not acquired:
+            return [Reply(ev.event_id, AcquireOutcome(0, {}, unavailable))]  # never an empty lease
+        buckets = dict(before.buckets) if before else {}
+        buckets.update(acquired)
+        after = Lease(ev.lease_id, expiration, buckets)
+        return self._persist(ev.event_id, "acquire", [(before, after)], outcome)
+
+    def _on_renew(self, ev: Renew) -> list[object]:
+        try:
+            self._check_id(ev.lease_id)
+            self._check_duration(ev.duration_ms)
+            if ev.lease_id not in self.leases:
+                raise errors.LeaseNotFoundError(f"lease {ev.lease_id!r} not found", lease_id=ev.lease_id)
+        except errors.KvLeaseError as exc:
+            return [Reply(ev.event_id, error=exc)]
+        if self.busy(ev.lease_id):
+            return [Deferred(ev)]
+        before = self.leases[ev.lease_id]
+        after = replace(before, expiration_time=ev.now_ms + ev.duration_ms)
+        return self._persist(ev.event_id, "renew", [(before, after)], after.expiration_time)
+
+    def _on_release(self, ev: Release) -> list[object]:
+        try:
+            self._check_id(ev.lease_id)
+            if not ev.buckets:
+                raise errors.InvalidRequestError("release needs at least one bucket")
+            if ev.lease_id not in self.leases:
+                raise errors.LeaseNotFoundError(f"lease {ev.lease_id!r} not found", lease_id=ev.lease_id)
+        except errors.KvLeaseError as exc:
+            return [Reply(ev.event_id, error=exc)]
+        if self.busy(ev.lease_id):
+            return [Deferred(ev)]
+        before = self.leases[ev.lease_id]
+        remaining = {tb: sid for tb, sid in before.buckets.items() if tb not in ev.buckets}
+        if len(remaining) == len(before.buckets):
+            return [Reply(ev.event_id, True)]  # nothing held of these buckets: nothing to write
+        after = replace(before, buckets=remaining) if remaining else None
+        return self._persist(ev.event_id, "release", [(before, after)], after is not None)
+
+    def _on_drop(self, ev: Drop) -> list[object]:
+        try:
+            self._check_id(ev.lease_id)
+        except errors.KvLeaseError as exc:
+            return [Reply(ev.event_id, error=exc)]
+        if self.busy(ev.lease_id):
+            return [Deferred(ev)]
+        before = self.leases.get(ev.lease_id)
+        if before is None:
+            return [Reply(ev.event_id, False)]
+        return self._persist(ev.event_id, "drop", [(before, None)], True)
+
+    def _on_expire(self, ev: Expire) -> list[object]:
+        expired = [lease for lease in self.leases.values()
+                   if lease.expiration_time <= ev.now_ms and not self.busy(lease.lease_id)]
+        return self._persist(ev.event_id, "expire", [(lease, None) for lease in expired], None)
+
+    def _on_removetable(self, ev: RemoveTable) -> list[object]:
+        holders = [lease for lease in self.leases.values() if ev.table_id in lease.tables()]
+        if any(self.busy(lease.lease_id) for lease in holders):
+            return [Deferred(ev)]
+        changes = []
+        for before in holders:
+            remaining = {tb: sid for tb, sid in before.buckets.items() if tb.table_id != ev.table_id}
+            changes.append((before, replace(before, buckets=remaining) if remaining else None))
+        return self._persist(ev.event_id, "drop-table", changes, None)
+
+    def _on_restore(self, ev: Restore) -> list[object]:
+        if self._pending:
+            raise RuntimeError("restore with writes in flight")
+        self.leases = {}
+        for lease in ev.leases:
+            if lease.expiration_time <= ev.now_ms:
+                lease = replace(lease, expiration_time=ev.now_ms + ev.grace_ms)
+            self.leases[lease.lease_id] = lease
+        self.refs = RefcountIndex.from_leases(self.leases.values())
+        return [Reply(ev.event_id, len(self.leases))]
+
+    # -- persistence results -----------------------------------------------------------
+
+    def _persist(self, event_id: int, reason: str, changes: list[tuple[Lease | None, Lease | None]],
+                 result: object) -> list[object]:
+        if not changes:
+            return [Reply(event_id, result)]
+        out: list[object] = []
+        self._parents[event_id] = _Parent(len(changes), result)
+        for index, (before, after) in enumerate(changes):
+            write = PersistLease((event_id, index), reason, before, after, _changed_tables(before, after))
+            self._pending[write.write_id] = write
+            self._pending_leases.add(write.lease_id)
+            out.append(write)
+        return out
+
+    def _finish(self, write: PersistLease, error: errors.KvLeaseError | None) -> list[object]:
+        self._pending_leases.discard(write.lease_id)
+        event_id = write.write_id[0]
+        parent = self._parents[event_id]
+        parent.remaining -= 1
+        parent.error = parent.error or error
+        if parent.remaining:
+            return []
+        del self._parents[event_id]
+        if parent.error is not None:
+            return [Reply(event_id, error=parent.error)]
+        return [Reply(event_id, parent.result)]
+
+    def _on_writedone(self, ev: WriteDone) -> list[object]:
+        write = self._pending.pop(ev.write_id)
+        before, after = write.before, write.after
+        old = dict(before.buckets) if before else {}
+        new = dict(after.buckets) if after else {}
+        freed = []
+        for tb, sid in old.items():
+            if new.get(tb) != sid and self.refs.remove(write.lease_id, tb, sid):
+                freed.append((tb, sid))
+        for tb, sid in new.items():
+            if old.get(tb) != sid:
+                self.refs.add(write.lease_id, tb, sid)
+        if after is None:
+            self.leases.pop(write.lease_id, None)
+        else:
+            self.leases[write.lease_id] = after
+        out: list[object] = []
+        if write.reason == "expire":
+            out.append(LeasesExpired((write.lease_id,)))
+        if freed:
+            out.append(SnapshotsFreed(tuple(freed)))
+        out.extend(self._finish(write, None))
+        return out
+
+    def _on_writefailed(self, ev: WriteFailed) -> list[object]:
+        write = self._pending.pop(ev.write_id)
+        return self._finish(write, ev.error)
+
+    # -- invariants ----------------------------------------------------------------
+
+    def validate(self) -> None:
+        """Raise AssertionError if an invariant does not hold."""
+        rebuilt = RefcountIndex.from_leases(self.leases.values())
+        assert rebuilt == self.refs, "refcount index differs from the leases' contents"
+        for lease_id, lease in self.leases.items():
+            assert lease.lease_id == lease_id, f"lease stored under {lease_id!r} names {lease.lease_id!r}"
+            assert lease.buckets, f"lease {lease_id!r} is empty"
+        assert self._pending_leases == {w.lease_id for w in self._pending.values()}, "pending lease set drifted"
+        assert len(self._pending_leases) == len(self._pending), "two writes in flight for one lease"
+
+
+def _changed_tables(before: Lease | None, after: Lease | None) -> frozenset[int]:
+    if after is None:
+        return frozenset(before.tables()) if before else frozenset()
+    tables = after.tables() | (before.tables() if before else set())
+    return frozenset(t for t in tables
+                     if before is None or before.table_buckets(t) != after.table_buckets(t))
