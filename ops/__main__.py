@@ -1,0 +1,5 @@
+"""``python -m ops …`` is the ``kvlease`` command."""
+
+from ops.cli import main
+
+main()

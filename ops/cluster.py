@@ -1,0 +1,346 @@
+"""The local-cluster launcher behind ``kvlease cluster start|stop|status``.
+
+A local cluster lives in one directory ``D``:
+
+```
+D/cluster.json               what runs where: pids, addresses, the remote dir
+D/zookeeper/...              ZooKeeper's data and logs (ops.zookeeper)
+D/coordinator-{i}/config.toml, coordinator.log, pid
+D/remote/                    remote.data.dir unless --remote names another
+```
+
+Every process is started detached (its own session) so it outlives the CLI;
+``cluster.json`` is written as soon as processes exist, so ``stop`` can clean
+up after a start that failed half-way or was interrupted. A pid counts as
+running only if it is not a zombie and its start time is the one recorded at
+launch (a recycled pid is never signalled).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from common import config as cfg
+from common.errors import KvLeaseError
+
+CLUSTER_FILE = "cluster.json"
+ZK_ROOT = "/kvlease"
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+Progress = Callable[[str], None]
+
+
+class ClusterError(KvLeaseError):
+    """The local cluster cannot be started, found or stopped; the message says why."""
+
+
+# -- processes ---------------------------------------------------------------------------
+
+
+def _proc_stat(pid: int) -> tuple[str, int] | None:
+    """``(state, start time in clock ticks)`` from /proc, or None where there is no /proc."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return ("X", -1)
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2:].split()
+    return fields[0], int(fields[19])
+
+
+def proc_start(pid: int) -> int | None:
+    stat = _proc_stat(pid)
+    return stat[1] if stat else None
+
+
+def pid_alive(pid: int | None, start: int | None = None) -> bool:
+    """Whether ``pid`` runs (not a zombie) and, if ``start`` is given, is the process started then."""
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    stat = _proc_stat(pid)
+    if stat is None:
+        return True
+    state, started = stat
+    if state in ("Z", "X"):
+        return False
+    return start is None or started == start
+
+
+def terminate(procs: Iterable[tuple[int, int | None]], timeout_s: float = 10.0) -> list[int]:
+    """Stop each running ``(pid, start)`` (SIGTERM, SIGKILL after ``timeout_s``) and wait until gone.
+
+    Only processes whose start time is the recorded one are signalled.
+    Returns the pids that were running.
+    """
+    from ops.zookeeper import stop_pids
+
+    running = [pid for pid, start in procs if pid_alive(pid, start)]
+    if running:
+        try:
+            stop_pids(running, timeout_s)
+        except KvLeaseError as exc:
+            raise ClusterError(f"cannot stop processes {running}: {exc.message}") from None
+    return running
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free loopback ports (held open together, so they differ)."""
+    with ExitStack() as stack:
+        ports = []
+        for _ in range(count):
+            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            sock.bind(("127.0.0.1", 0))
+            ports.append(sock.getsockname()[1])
+        return ports
+
+
+def log_tail(path: str | os.PathLike[str], lines: int = 20) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - 16_384))
+            text = fh.read().decode(errors="replace")
+    except OSError as exc:
+        return f"(no log: {exc.strerror})"
+    return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
+
+
+# -- cluster.json --------------------------------------------------------------------------
+
+
+def cluster_file(directory: str | os.PathLike[str]) -> Path:
+    return Path(directory) / CLUSTER_FILE
+
+
+def load(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    path = cluster_file(directory)
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ClusterError(f"no cluster in {directory}: {path} not found "
+                           f"(start one with: kvlease cluster start --dir {directory})") from None
+    except (OSError, ValueError) as exc:
+        raise ClusterError(f"cannot read {path}: {exc}") from None
+
+
+def save(directory: str | os.PathLike[str], doc: dict[str, Any]) -> None:
+    path = cluster_file(directory)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(doc, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def bootstrap(directory: str | os.PathLike[str]) -> list[str]:
+    """The coordinator addresses of the cluster in ``directory``."""
+    addresses = [c["address"] for c in load(directory).get("coordinators", [])]
+    if not addresses:
+        raise ClusterError(f"the cluster in {directory} has no coordinators")
+    return addresses
+
+
+def _all_procs(doc: dict[str, Any], *roles: str) -> list[tuple[int, int | None]]:
+    return [(p["pid"], p.get("proc_start")) for role in roles for p in doc.get(role, []) if p.get("pid")]
+
+
+def running_pids(doc: dict[str, Any]) -> list[int]:
+    return [pid for pid, start in _all_procs(doc, "coordinators", "tablets", "zookeeper") if pid_alive(pid, start)]
+
+
+# -- start ----------------------------------------------------------------------------------
+
+
+def _coordinator_env(overridden: Iterable[cfg.Key]) -> dict[str, str]:
+    """The environment minus overrides of the keys the launcher sets itself, plus this project on the path."""
+    env = dict(os.environ)
+    for key in overridden:
+        env.pop(key.env_var, None)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def _spawn_coordinator(directory: Path, index: int, zk_connect: str, remote: str, port: int,
+                       metrics_port: int) -> dict[str, Any]:
+    home = directory / f"coordinator-{index}"
+    home.mkdir(parents=True, exist_ok=True)
+    values = {
+        cfg.ZK_ADDRESS.name: zk_connect,
+        cfg.ZK_ROOT.name: ZK_ROOT,
+        cfg.COORDINATOR_HOST.name: "127.0.0.1",
+        cfg.COORDINATOR_PORT.name: port,
+        cfg.COORDINATOR_ID.name: str(index),
+        cfg.METRICS_PORT.name: metrics_port,
+        cfg.REMOTE_DATA_DIR.name: remote,
+    }
+    config_path = home / "config.toml"
+    config_path.write_text(cfg.to_toml(values))
+    log_path = home / "coordinator.log"
+    env = _coordinator_env(cfg.KEYS[name] for name in values)
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "coordinator", "--config", str(config_path)],
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True, cwd=str(home), env=env)
+    (home / "pid").write_text(f"{proc.pid}\n")
+    return {"id": str(index), "pid": proc.pid, "proc_start": proc_start(proc.pid),
+            "address": f"127.0.0.1:{port}", "metrics_address": f"127.0.0.1:{metrics_port}",
+            "log": str(log_path), "_popen": proc}
+
+
+def _tablets_supported(count: int) -> None:
+    if count <= 0:
+        return
+    if importlib.util.find_spec("tablet.__main__") is None:
+        raise ClusterError(f"cannot start {count} tablet server(s): tablet servers are not available yet "
+                           "(tablet/__main__.py does not exist); use --tablets 0")
+    raise ClusterError(f"cannot start {count} tablet server(s): the local launcher does not start tablet "
+                       "servers yet; use --tablets 0")
+
+
+def _default_remote(directory: Path) -> str:
+    return (directory / "remote").as_uri()
+
+
+def start(directory: str | os.PathLike[str], *, zk_nodes: int = 1, coordinators: int = 1, tablets: int = 0,
+          remote: str | None = None, ready_timeout_s: float = 60.0,
+          progress: Progress = lambda text: None) -> dict[str, Any]:
+    """Start ZooKeeper and the coordinators in ``directory``; returns the cluster.json document.
+
+    Returns once a coordinator is active and serving. On any failure everything
+    started here is stopped again and a ClusterError carries the log tails.
+    """
+    from coordinator.admin import AdminClient, wait_for_active
+    from ops.zookeeper import ZooKeeperCluster
+
+    if zk_nodes not in (1, 3):
+        raise ClusterError(f"--zk-nodes must be 1 or 3, got {zk_nodes}")
+    if coordinators < 1:
+        raise ClusterError(f"a cluster needs at least one coordinator, got {coordinators}")
+    _tablets_supported(tablets)
+    directory = Path(directory).resolve()
+    if cluster_file(directory).exists():
+        running = running_pids(load(directory))
+        if running:
+            raise ClusterError(f"a cluster is already running in {directory} (pids "
+                               f"{', '.join(map(str, running))}); stop it first: kvlease cluster stop --dir {directory}")
+    directory.mkdir(parents=True, exist_ok=True)
+    remote = remote or _default_remote(directory)
+    if remote.startswith("file://"):
+        Path(remote[len("file://"):]).mkdir(parents=True, exist_ok=True)
+
+    doc: dict[str, Any] = {"zookeeper": [], "coordinators": [], "tablets": [], "remote": remote,
+                           "zk_root": ZK_ROOT, "zookeeper_connect": ""}
+    zk = None
+    procs: list[subprocess.Popen] = []
+    try:
+        progress(f"starting ZooKeeper ({zk_nodes} node{'s' if zk_nodes > 1 else ''}) in {directory / 'zookeeper'}")
+        try:
+            zk = ZooKeeperCluster.start(directory / "zookeeper", nodes=zk_nodes, detached=True)
+        except KvLeaseError:
+            raise
+        except Exception as exc:  # the launcher boundary: any failure of the java process
+            raise ClusterError(f"ZooKeeper did not start: {exc}") from None
+        doc["zookeeper_connect"] = zk.connect_string
+        doc["zookeeper"] = [{"id": str(n.id), "pid": n.pid, "proc_start": proc_start(n.pid), "address": n.address,
+                             "log": str(n.log_path)} for n in zk.nodes]
+        save(directory, doc)
+
+        progress(f"starting {coordinators} coordinator{'s' if coordinators > 1 else ''}")
+        ports = free_ports(2 * coordinators)
+        for i in range(coordinators):
+            entry = _spawn_coordinator(directory, i + 1, zk.connect_string, remote, ports[2 * i], ports[2 * i + 1])
+            procs.append(entry.pop("_popen"))
+            doc["coordinators"].append(entry)
+            save(directory, doc)
+
+        progress("waiting for an active coordinator")
+        _wait_active(doc, procs, ready_timeout_s, AdminClient, wait_for_active)
+        return doc
+    except BaseException:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+        if zk is not None:
+            try:
+                zk.stop()
+            except Exception:
+                terminate(_all_procs(doc, "zookeeper"))
+        raise
+
+
+def _wait_active(doc: dict[str, Any], procs: list[subprocess.Popen], timeout_s: float, admin_client,
+                 wait_for_active) -> None:
+    addresses = [c["address"] for c in doc["coordinators"]]
+    deadline = time.monotonic() + timeout_s
+    with admin_client(addresses, request_timeout_s=1.0, retry_total_s=0) as client:
+        while True:
+            if all(proc.poll() is not None for proc in procs):
+                codes = ", ".join(str(proc.returncode) for proc in procs)
+                raise ClusterError(f"every coordinator exited (exit codes {codes})\n{_logs(doc)}")
+            try:
+                wait_for_active(client, min(1.0, max(0.1, deadline - time.monotonic())))
+                return
+            except KvLeaseError:
+                if time.monotonic() >= deadline:
+                    raise ClusterError(f"no coordinator became active within {timeout_s:.0f}s\n{_logs(doc)}") from None
+
+
+def _logs(doc: dict[str, Any]) -> str:
+    return "\n".join(f"--- coordinator {c['id']} ({c['log']}) ---\n{log_tail(c['log'])}" for c in doc["coordinators"])
+
+
+# -- stop and status ---------------------------------------------------------------------------
+
+
+def stop(directory: str | os.PathLike[str], timeout_s: float = 10.0) -> dict[str, Any]:
+    """Stop coordinators (and tablet servers), then ZooKeeper; fine if already stopped.
+
+    Returns ``{"stopped": [pids that were running], "pids": [every recorded pid]}``.
+    """
+    doc = load(directory)
+    stopped = terminate(_all_procs(doc, "tablets", "coordinators"), timeout_s)
+    stopped += terminate(_all_procs(doc, "zookeeper"), timeout_s)
+    return {"stopped": stopped, "pids": [pid for pid, _ in _all_procs(doc, "coordinators", "tablets", "zookeeper")]}
+
+
+def status(directory: str | os.PathLike[str], request_timeout_s: float = 2.0) -> dict[str, Any]:
+    """Every recorded process, whether it runs, and what each coordinator says about itself."""
+    from coordinator.admin import AdminClient
+
+    doc = load(directory)
+    result: dict[str, Any] = {"zookeeper": [], "coordinators": [], "tablets": []}
+    for node in doc.get("zookeeper", []):
+        result["zookeeper"].append({"id": node["id"], "pid": node["pid"], "address": node["address"],
+                                    "alive": pid_alive(node["pid"], node.get("proc_start"))})
+    addresses = [c["address"] for c in doc.get("coordinators", [])] or ["127.0.0.1:0"]
+    with AdminClient(addresses, request_timeout_s=request_timeout_s, retry_total_s=0) as client:
+        for c in doc.get("coordinators", []):
+            alive = pid_alive(c["pid"], c.get("proc_start"))
+            entry = {"id": c["id"], "pid": c["pid"], "address": c["address"], "active": False, "epoch": None,
+                     "alive": alive, "log": c.get("log")}
+            if alive:
+                try:
+                    info = client.coordinator_info(c["address"])
+                    entry.update(active=info.active, epoch=info.epoch)
+                except KvLeaseError as exc:
+                    entry["error"] = exc.message
+            result["coordinators"].append(entry)
+    for t in doc.get("tablets", []):
+        result["tablets"].append({"id": t["id"], "pid": t["pid"], "address": t["address"],
+                                  "buckets": t.get("buckets", 0), "alive": pid_alive(t["pid"], t.get("proc_start"))})
+    return result

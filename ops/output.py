@@ -1,0 +1,285 @@
+"""What the CLI prints: text tables (rich) or exactly one JSON document.
+
+The CLI turns every answer into the JSON document DESIGN.md's "CLI surface"
+specifies (the ``*_doc`` functions below, pure and unit-tested); an
+:class:`Output` then renders that document. :class:`JsonOutput` prints it as
+one JSON document on stdout and refuses a second one; :class:`TextOutput`
+renders the same document as rich tables, so both modes always show the same
+facts. Errors never go through an Output: the CLI writes them to stderr.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import time
+from abc import ABC, abstractmethod
+from datetime import datetime
+from typing import Any, Iterable, Iterator, Mapping, TextIO
+
+from rich.console import Console
+from rich.table import Table as RichTable
+
+from common.tables import TableInfo
+from leases.model import Lease, TableBucket
+
+# -- documents (the JSON contract) ---------------------------------------------------
+
+
+def table_name(names: Mapping[int, str], table_id: int) -> str:
+    """``DB.NAME`` of a table id; ``#<id>`` if the table is unknown (e.g. just dropped)."""
+    return names.get(table_id, f"#{table_id}")
+
+
+def bucket_docs(buckets: Mapping[TableBucket, int], names: Mapping[int, str]) -> list[dict]:
+    return [{"table": table_name(names, tb.table_id), "bucket": tb.bucket, "snapshot_id": sid}
+            for tb, sid in sorted(buckets.items(), key=lambda item: item[0].sort_key())]
+
+
+def table_doc(info: TableInfo) -> dict:
+    return {"table": info.path, **info.to_json()}
+
+
+def tables_doc(infos: Iterable[TableInfo]) -> dict:
+    return {"tables": [table_doc(info) for info in sorted(infos, key=lambda i: i.path)]}
+
+
+def lease_doc(lease: Lease, names: Mapping[int, str]) -> dict:
+    return {"lease_id": lease.lease_id, "expiration_time": lease.expiration_time,
+            "buckets": bucket_docs(lease.buckets, names)}
+
+
+def leases_doc(leases: Iterable[Lease], names: Mapping[int, str]) -> dict:
+    return {"leases": [lease_doc(lease, names) for lease in sorted(leases, key=lambda l: l.lease_id)]}
+
+
+def acquire_doc(lease_id: str, expiration_time: int, acquired: Mapping[TableBucket, int],
+                unavailable: Mapping[TableBucket, int], names: Mapping[int, str],
+                no_snapshot: Iterable[TableBucket] = ()) -> dict:
+    """``lease acquire``; ``no_snapshot`` (``--latest`` only) lists buckets that have no snapshot yet."""
+    doc = {"lease_id": lease_id, "expiration_time": expiration_time,
+           "acquired": bucket_docs(acquired, names), "unavailable": bucket_docs(unavailable, names)}
+    missing = sorted(no_snapshot, key=TableBucket.sort_key)
+    if missing:
+        doc["no_snapshot"] = [{"table": table_name(names, tb.table_id), "bucket": tb.bucket} for tb in missing]
+    return doc
+
+
+def snapshots_doc(table: str, snapshots: Iterable[Any]) -> dict:
+    """``snapshot list``; ``snapshots`` are :class:`coordinator.admin.SnapshotInfo`."""
+    rows = sorted(snapshots, key=lambda s: (s.bucket.sort_key(), s.snapshot_id))
+    return {"table": table, "snapshots": [
+        {"bucket": s.bucket.bucket, "snapshot_id": s.snapshot_id, "log_offset": s.log_offset,
+         "leased_by": sorted(s.leased_by), "retained": bool(s.retained)} for s in rows]}
+
+
+# -- rendering helpers ---------------------------------------------------------------------
+
+
+def format_time_ms(ms: int | None, now_ms: int | None = None) -> str:
+    """``2024-05-01 12:00:00 (in 9m59s)`` for a deadline in ms since the epoch."""
+    if not ms:
+        return "-"
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    stamp = datetime.fromtimestamp(ms / 1000).strftime("%Y-%m-%d %H:%M:%S")
+    delta_s = (ms - now_ms) // 1000
+    return f"{stamp} ({'in ' + format_span(delta_s) if delta_s >= 0 else format_span(-delta_s) + ' ago'})"
+
+
+def format_span(seconds: int) -> str:
+    seconds = int(seconds)
+    days, rest = divmod(seconds, 86_400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [f"{v}{u}" for v, u in ((days, "d"), (hours, "h"), (minutes, "m")) if v]
+    if secs or not parts:
+        parts.append(f"{secs}s")
+    return "".join(parts[:2])
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(str(v) for v in value) or "-"
+    return str(value)
+
+
+# -- outputs ---------------------------------------------------------------------------------
+
+
+class Output(ABC):
+    """Renders the CLI's documents; one instance per CLI invocation."""
+
+    @abstractmethod
+    def document(self, doc: Mapping[str, Any]) -> None:
+        """A document with no dedicated text rendering (key/value lines in text mode)."""
+
+    @abstractmethod
+    def message(self, text: str, doc: Mapping[str, Any] | None = None) -> None:
+        """The result of a write command: ``text`` for people, ``doc`` for ``--json``."""
+
+    @abstractmethod
+    def tables(self, doc: Mapping[str, Any]) -> None: ...
+
+    @abstractmethod
+    def table(self, doc: Mapping[str, Any]) -> None: ...
+
+    @abstractmethod
+    def snapshots(self, doc: Mapping[str, Any]) -> None: ...
+
+    @abstractmethod
+    def acquired(self, doc: Mapping[str, Any]) -> None: ...
+
+    @abstractmethod
+    def lease(self, doc: Mapping[str, Any]) -> None: ...
+
+    @abstractmethod
+    def leases(self, doc: Mapping[str, Any]) -> None: ...
+
+    @abstractmethod
+    def cluster_status(self, doc: Mapping[str, Any]) -> None: ...
+
+    @contextlib.contextmanager
+    def progress(self, text: str) -> Iterator[None]:
+        """Long work: say what is happening on stderr (never stdout, so JSON stays clean)."""
+        console = Console(stderr=True)
+        if console.is_terminal:
+            with console.status(text):
+                yield
+        else:
+            console.print(text, highlight=False)
+            yield
+
+
+class JsonOutput(Output):
+    """Prints exactly one JSON document on stdout; a second one is a bug."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self._stream = stream
+        self.printed = False
+
+    def _out(self, doc: Mapping[str, Any]) -> None:
+        if self.printed:
+            raise RuntimeError("JsonOutput prints exactly one document per command")
+        self.printed = True
+        stream = self._stream or sys.stdout
+        stream.write(json.dumps(doc, sort_keys=False) + "\n")
+        stream.flush()
+
+    def document(self, doc: Mapping[str, Any]) -> None:
+        self._out(doc)
+
+    def message(self, text: str, doc: Mapping[str, Any] | None = None) -> None:
+        self._out(doc if doc is not None else {"message": text})
+
+    tables = table = snapshots = acquired = lease = leases = cluster_status = document
+
+
+class TextOutput(Output):
+    """Rich tables and plain lines on stdout."""
+
+    def __init__(self, console: Console | None = None) -> None:
+        self.console = console or Console(highlight=False, soft_wrap=True)
+
+    def _grid(self, *columns: str, title: str | None = None) -> RichTable:
+        table = RichTable(title=title, title_justify="left", box=None, header_style="bold", pad_edge=False)
+        for column in columns:
+            table.add_column(column)
+        return table
+
+    def _print(self, *renderables: Any) -> None:
+        self.console.print(*renderables)
+
+    def document(self, doc: Mapping[str, Any]) -> None:
+        grid = self._grid("key", "value")
+        for key, value in doc.items():
+            grid.add_row(key, _cell(value))
+        self._print(grid)
+
+    def message(self, text: str, doc: Mapping[str, Any] | None = None) -> None:
+        self._print(text)
+
+    def tables(self, doc: Mapping[str, Any]) -> None:
+        if not doc["tables"]:
+            self._print("no tables")
+            return
+        grid = self._grid("table", "id", "buckets", "primary key", "schema")
+        for t in doc["tables"]:
+            grid.add_row(t["table"], str(t["table_id"]), str(t["buckets"]), ", ".join(t["primary_key"]),
+                         ", ".join(f"{c['name']} {c['type']}" for c in t["schema"]))
+        self._print(grid)
+
+    def table(self, doc: Mapping[str, Any]) -> None:
+        grid = self._grid("", "")
+        grid.show_header = False
+        grid.add_row("table", doc["table"])
+        grid.add_row("id", str(doc["table_id"]))
+        grid.add_row("buckets", str(doc["buckets"]))
+        grid.add_row("primary key", ", ".join(doc["primary_key"]))
+        if doc.get("created_ms"):
+            grid.add_row("created", datetime.fromtimestamp(doc["created_ms"] / 1000).strftime("%Y-%m-%d %H:%M:%S"))
+        columns = self._grid("column", "type", "key")
+        for c in doc["schema"]:
+            columns.add_row(c["name"], c["type"], "PK" if c["name"] in doc["primary_key"] else "")
+        self._print(grid)
+        self._print(columns)
+
+    def snapshots(self, doc: Mapping[str, Any]) -> None:
+        if not doc["snapshots"]:
+            self._print(f"{doc['table']}: no snapshots")
+            return
+        grid = self._grid("bucket", "snapshot", "log offset", "retained", "leased by", title=doc["table"])
+        for s in doc["snapshots"]:
+            grid.add_row(str(s["bucket"]), str(s["snapshot_id"]), str(s["log_offset"]), _cell(s["retained"]),
+                         _cell(s["leased_by"]))
+        self._print(grid)
+
+    def _buckets(self, rows: list[dict], title: str) -> RichTable:
+        grid = self._grid("table", "bucket", "snapshot", title=title)
+        for row in rows:
+            grid.add_row(row["table"], str(row["bucket"]), _cell(row.get("snapshot_id")))
+        return grid
+
+    def acquired(self, doc: Mapping[str, Any]) -> None:
+        self._print(f"lease {doc['lease_id']} expires {format_time_ms(doc['expiration_time'])}")
+        if doc["acquired"]:
+            self._print(self._buckets(doc["acquired"], "acquired"))
+        if doc["unavailable"]:
+            self._print(self._buckets(doc["unavailable"], "unavailable (snapshot does not exist)"))
+        if doc.get("no_snapshot"):
+            self._print(self._buckets(doc["no_snapshot"], "not leased (bucket has no snapshot yet)"))
+
+    def lease(self, doc: Mapping[str, Any]) -> None:
+        self._print(f"lease {doc['lease_id']} expires {format_time_ms(doc['expiration_time'])}")
+        self._print(self._buckets(doc["buckets"], "buckets") if doc["buckets"] else "holds no buckets")
+
+    def leases(self, doc: Mapping[str, Any]) -> None:
+        if not doc["leases"]:
+            self._print("no leases")
+            return
+        grid = self._grid("lease", "expires", "buckets")
+        for lease in doc["leases"]:
+            held = ", ".join(f"{b['table']}/{b['bucket']}={b['snapshot_id']}" for b in lease["buckets"])
+            grid.add_row(lease["lease_id"], format_time_ms(lease["expiration_time"]), held or "-")
+        self._print(grid)
+
+    def cluster_status(self, doc: Mapping[str, Any]) -> None:
+        grid = self._grid("process", "id", "pid", "address", "alive", "state")
+        for zk in doc.get("zookeeper", []):
+            grid.add_row("zookeeper", str(zk["id"]), _cell(zk.get("pid")), zk["address"], _cell(zk.get("alive")), "")
+        for c in doc.get("coordinators", []):
+            state = f"active (epoch {c['epoch']})" if c.get("active") else ("standby" if c.get("alive") else "")
+            grid.add_row("coordinator", str(c["id"]), _cell(c.get("pid")), c["address"], _cell(c.get("alive")),
+                          state)
+        for t in doc.get("tablets", []):
+            grid.add_row("tablet", str(t["id"]), _cell(t.get("pid")), t["address"], _cell(t.get("alive")),
+                         f"{t.get('buckets', 0)} buckets")
+        self._print(grid)
+
+
+def make_output(json_mode: bool) -> Output:
+    return JsonOutput() if json_mode else TextOutput()
