@@ -1,0 +1,98 @@
+"""Epoch fencing: every ZooKeeper write of the active coordinator is a multi-op
+that first checks the version of ``/coordinators/epoch``.
+
+A deposed coordinator (a newer one bumped the epoch) fails that check, so it
+cannot write, whatever it believes. Several multi-ops can be sent at once
+(pipelined) and each succeeds or fails on its own.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Sequence
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import BadVersionError, ConnectionLoss, KazooException, RolledBackError, SessionExpiredError
+
+from common import errors, zkpaths
+from common.zk import dumps, loads
+from leases.store import ZkOp
+
+log = logging.getLogger(__name__)
+
+
+class Fenced(errors.CoordinatorFencedError):
+    """Raised on the epoch check failing: this coordinator must step down."""
+
+
+def bump_epoch(zk: KazooClient) -> tuple[int, int]:
+    """Take a new epoch: returns ``(epoch, version)``; the version is the fencing token."""
+    zk.ensure_path(zkpaths.EPOCH)
+    data, stat = zk.get(zkpaths.EPOCH)
+    epoch = int((loads(data) or {}).get("epoch", 0)) + 1
+    stat = zk.set(zkpaths.EPOCH, dumps({"epoch": epoch}), version=stat.version)
+    return epoch, stat.version
+
+
+class FencedWriter:
+    def __init__(self, zk: KazooClient, epoch_version: int) -> None:
+        self.zk = zk
+        self.epoch_version = epoch_version
+
+    def _transaction(self, ops: Sequence[ZkOp]):
+        txn = self.zk.transaction()
+        txn.check(zkpaths.EPOCH, self.epoch_version)
+        for op in ops:
+            if op.kind == "create":
+                txn.create(op.path, op.data)
+            elif op.kind == "set":
+                txn.set_data(op.path, op.data)
+            elif op.kind == "delete":
+                txn.delete(op.path)
+            else:
+                raise ValueError(f"unknown op {op.kind}")
+        return txn
+
+    def commit_many(self, batches: Sequence[Sequence[ZkOp]]) -> list[Exception | None]:
+        """Send every batch as its own fenced multi-op, all at once; None per success.
+
+        Raises :class:`Fenced` if the epoch check failed (nothing of ours can be
+        written any more) and ``OutcomeUnknownError`` if the connection was lost
+        (a multi-op may or may not have been applied).
+        """
+        pending = [self._transaction(ops).commit_async() for ops in batches]
+        outcomes: list[Exception | None] = []
+        fenced = lost = False
+        for ops, result in zip(batches, pending):
+            try:
+                results = result.get()
+            except (ConnectionLoss, SessionExpiredError) as exc:
+                lost = True
+                outcomes.append(errors.OutcomeUnknownError(f"ZooKeeper connection lost: {type(exc).__name__}"))
+                continue
+            except KazooException as exc:
+                outcomes.append(errors.StorageError(f"ZooKeeper write failed: {type(exc).__name__}"))
+                continue
+            failures = [r for r in results if isinstance(r, Exception)]
+            if not failures:
+                outcomes.append(None)
+            elif isinstance(results[0], BadVersionError):
+                fenced = True
+                outcomes.append(Fenced("coordinator epoch changed: this coordinator was deposed"))
+            else:
+                real = [f for f in failures if not isinstance(f, RolledBackError)]
+                what = ", ".join(f"{type(f).__name__} on {op.kind} {op.path}" for f, op in zip(results[1:], ops)
+                                 if isinstance(f, Exception) and not isinstance(f, RolledBackError))
+                log.error("multi-op rejected: %s", what or real)
+                outcomes.append(errors.StorageError(f"ZooKeeper rejected the write: {what}"))
+        if fenced:
+            raise Fenced("coordinator epoch changed: this coordinator was deposed")
+        if lost:
+            raise errors.OutcomeUnknownError("ZooKeeper connection lost during a write")
+        return outcomes
+
+    def commit(self, ops: Sequence[ZkOp]) -> None:
+        """One fenced multi-op; raises its error."""
+        outcome = self.commit_many([ops])[0]
+        if outcome is not None:
+            raise outcome

@@ -1,0 +1,100 @@
+"""The coordinator's single-threaded event loop.
+
+gRPC handlers only enqueue a request and wait on its future; the loop thread
+takes everything queued (up to ``max_batch``) and hands it to the controller
+in one batch, so many lease writes share one ZooKeeper round trip. The lease
+expiry check is a timer event on the same thread.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from concurrent.futures import Future
+from typing import Callable
+
+from common import errors
+from coordinator import requests as rq
+
+log = logging.getLogger(__name__)
+
+
+class EventLoop:
+    def __init__(self, controller, *, max_batch: int, tick_interval_ms: int,
+                 on_fatal: Callable[[Exception], None], metrics=None,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.controller = controller
+        self.max_batch = max_batch
+        self.tick_s = tick_interval_ms / 1000.0
+        self.on_fatal = on_fatal
+        self.metrics = metrics
+        self.monotonic = monotonic
+        self._queue: collections.deque = collections.deque()
+        self._cv = threading.Condition()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="coordinator-loop", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, request) -> Future:
+        future: Future = Future()
+        with self._cv:
+            if self._stopped:
+                future.set_exception(errors.NotCoordinatorError("coordinator is stepping down"))
+                return future
+            self._queue.append((request, future))
+            self._cv.notify()
+        return future
+
+    def stop(self, error: Exception | None = None) -> None:
+        with self._cv:
+            self._stopped = True
+            queued = list(self._queue)
+            self._queue.clear()
+            self._cv.notify_all()
+        error = error or errors.NotCoordinatorError("coordinator is stepping down")
+        for _request, future in queued:
+            if future is not None and not future.done():
+                future.set_exception(error)
+        if threading.current_thread() is not self._thread and self._thread.is_alive():
+            self._thread.join(timeout=30)
+
+    def depth(self) -> int:
+        return len(self._queue)
+
+    def _run(self) -> None:
+        next_tick = self.monotonic() + self.tick_s
+        deferred: list = []
+        while True:
+            with self._cv:
+                while not self._stopped and not self._queue and not deferred:
+                    remaining = next_tick - self.monotonic()
+                    if remaining <= 0:
+                        break
+                    self._cv.wait(remaining)
+                if self._stopped:
+                    break
+                items = deferred
+                while self._queue and len(items) < self.max_batch:
+                    items.append(self._queue.popleft())
+                if self.metrics:
+                    self.metrics.queue_depth.set(len(self._queue))
+            if self.monotonic() >= next_tick:
+                items.append((rq.ExpireTick(), None))
+                next_tick = self.monotonic() + self.tick_s
+            try:
+                deferred = self.controller.process(items)
+            except Exception as exc:  # fenced, connection lost, or a bug: step down
+                if not isinstance(exc, errors.KvLeaseError):
+                    log.exception("event loop failed")
+                    exc = errors.NotCoordinatorError(f"coordinator failed: {exc}")
+                for _request, future in items:
+                    if future is not None and not future.done():
+                        future.set_exception(exc)
+                self.controller.fail_all(exc)
+                self.stop(exc)
+                self.on_fatal(exc)
+                return

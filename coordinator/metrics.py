@@ -1,0 +1,51 @@
+"""The coordinator's Prometheus metrics (one registry per coordinator process)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+
+class CoordinatorMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.leases = Gauge("kvlease_leases", "KV snapshot leases held", registry=r)
+        self.leased_snapshots = Gauge("kvlease_leased_snapshots", "snapshots protected by at least one lease",
+                                      registry=r)
+        self.table_leases = Gauge("kvlease_table_leases", "leases holding a bucket of the table", ["table_id"],
+                                  registry=r)
+        self.table_leased_snapshots = Gauge("kvlease_table_leased_snapshots", "leased snapshots of the table",
+                                            ["table_id"], registry=r)
+        self.leases_expired = Counter("kvlease_leases_expired", "leases dropped because they expired", registry=r)
+        self.failovers = Counter("kvlease_coordinator_failovers", "times this process became the active coordinator",
+                                 registry=r)
+        self.active = Gauge("kvlease_coordinator_active", "1 while this process is the active coordinator",
+                            registry=r)
+        self.epoch = Gauge("kvlease_coordinator_epoch", "epoch of the active coordinator", registry=r)
+        self.queue_depth = Gauge("kvlease_event_loop_queue_depth", "requests waiting for the event loop", registry=r)
+        self._tables: set[str] = set()
+        self._server = None
+
+    def set_lease_counts(self, leases: int, leased_snapshots: int, per_table_leases: dict[int, int],
+                         per_table_snapshots: dict[int, int]) -> None:
+        self.leases.set(leases)
+        self.leased_snapshots.set(leased_snapshots)
+        tables = {str(t) for t in per_table_leases} | {str(t) for t in per_table_snapshots}
+        for gone in self._tables - tables:
+            self.table_leases.remove(gone)
+            self.table_leased_snapshots.remove(gone)
+        for table_id in tables:
+            self.table_leases.labels(table_id).set(per_table_leases.get(int(table_id), 0))
+            self.table_leased_snapshots.labels(table_id).set(per_table_snapshots.get(int(table_id), 0))
+        self._tables = tables
+
+    def serve(self, host: str, port: int) -> int:
+        """Start the HTTP endpoint; returns its port."""
+        self._server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        return self._server.server_port
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None

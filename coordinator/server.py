@@ -1,0 +1,231 @@
+"""The coordinator process: gRPC endpoint, HA election, epoch, reinitialization.
+
+Every coordinator serves gRPC. All of them join kazoo's Election recipe; the
+winner bumps ``/coordinators/epoch`` (its version is the fencing token),
+publishes ``/coordinators/active``, reinitializes from ZooKeeper + remote
+storage, and only then serves. It steps down when its ZooKeeper session is
+lost or a write finds the epoch moved (another coordinator took over), and
+joins the election again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
+
+import grpc
+from kazoo.exceptions import NodeExistsError, NoNodeError
+from kazoo.protocol.states import KazooState
+
+from common import config as cfg
+from common import errors, zkpaths
+from common.proto import coordinator_pb2_grpc as pb_grpc
+from common.storage import open_storage
+from common.zk import dumps, loads, make_client
+from coordinator.controller import Controller
+from coordinator.fencing import FencedWriter, bump_epoch
+from coordinator.loop import EventLoop
+from coordinator.metrics import CoordinatorMetrics
+from coordinator.service import CoordinatorService
+
+log = logging.getLogger(__name__)
+
+
+def wall_clock_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class CoordinatorServer:
+    def __init__(self, config: cfg.Config, clock_ms: Callable[[], int] = wall_clock_ms) -> None:
+        self.config = config
+        self.clock_ms = clock_ms
+        self.metrics = CoordinatorMetrics()
+        self.metrics_port: int | None = None
+        self.address = ""
+        self.epoch = 0
+        self.active_address = ""
+        self._state = "standby"  # standby | initializing | active
+        self._loop: EventLoop | None = None
+        self._step_down = threading.Event()
+        self._stopping = threading.Event()
+        self._election = None
+        self._lock = threading.Lock()
+        self.zk = None
+        self._grpc = None
+        self._thread: threading.Thread | None = None
+        self.reinit_stats: dict = {}
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def start(self) -> "CoordinatorServer":
+        c = self.config
+        self._grpc = grpc.server(ThreadPoolExecutor(max_workers=c[cfg.COORDINATOR_RPC_THREADS],
+                                                    thread_name_prefix="coordinator-rpc"))
+        pb_grpc.add_CoordinatorServiceServicer_to_server(
+            CoordinatorService(self, timeout_s=c[cfg.CLIENT_REQUEST_TIMEOUT] / 1000.0), self._grpc)
+        host = c[cfg.COORDINATOR_HOST]
+        port = self._grpc.add_insecure_port(f"{host}:{c[cfg.COORDINATOR_PORT]}")
+        if port == 0:
+            raise errors.KvLeaseError(f"cannot bind coordinator to {host}:{c[cfg.COORDINATOR_PORT]}")
+        self.address = f"{host}:{port}"
+        if c[cfg.METRICS_PORT] >= 0:
+            self.metrics_port = self.metrics.serve(host, c[cfg.METRICS_PORT])
+        self.storage = open_storage(c[cfg.REMOTE_DATA_DIR], c)
+        self.zk = make_client(c)
+        self.zk.add_listener(self._on_zk_state)
+        for path in zkpaths.ROOTS:
+            self.zk.ensure_path(path)
+        self.zk.DataWatch(zkpaths.ACTIVE, self._on_active_changed)
+        self._grpc.start()
+        self._thread = threading.Thread(target=self._campaign, name="coordinator-election", daemon=True)
+        self._thread.start()
+        log.info("coordinator %s started (metrics port %s)", self.address, self.metrics_port)
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._step_down.set()
+        if self._election is not None:
+            self._election.cancel()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        if self._grpc is not None:
+            self._grpc.stop(grace=1).wait()
+        if self.zk is not None:
+            self.zk.stop()
+            self.zk.close()
+        self.metrics.close()
+
+    def wait_active(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._state == "active":
+                return True
+            time.sleep(0.02)
+        return False
+
+    @property
+    def is_active(self) -> bool:
+        return self._state == "active"
+
+    # -- what the service asks -----------------------------------------------------------
+
+    def serving_loop(self) -> EventLoop:
+        loop = self._loop
+        if self._state == "active" and loop is not None:
+            return loop
+        if self._state == "initializing":
+            raise errors.CoordinatorNotReadyError("the coordinator is reinitializing", active_address=self.address)
+        raise errors.NotCoordinatorError(f"{self.address} is a standby coordinator",
+                                         active_address=self.active_address)
+
+    def info(self) -> dict:
+        active = self._state == "active"
+        return {"active": active, "active_address": self.address if active else self.active_address,
+                "epoch": self.epoch, "address": self.address}
+
+    # -- ZooKeeper callbacks (kazoo's thread: never block) -------------------------------------
+
+    def _on_zk_state(self, state: str) -> None:
+        if state == KazooState.LOST:
+            log.warning("ZooKeeper session lost: stepping down")
+            self._step_down.set()
+
+    def _on_active_changed(self, data, _stat) -> None:
+        try:
+            node = loads(data) if data else None
+        except ValueError:
+            node = None
+        self.active_address = (node or {}).get("address", "")
+        if node and node.get("address") != self.address:
+            self.epoch = int(node.get("epoch", 0))
+
+    # -- the election ---------------------------------------------------------------
+
+    def _campaign(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                if not self.zk.connected:
+                    time.sleep(0.1)
+                    continue
+                self._step_down.clear()
+                self._election = self.zk.Election(zkpaths.ELECTION, self.address)
+                self._election.run(self._lead)
+            except Exception as exc:  # session lost while waiting or leading: try again
+                if not self._stopping.is_set():
+                    log.warning("election round ended: %s", exc)
+                    time.sleep(0.2)
+
+    def _lead(self) -> None:
+        if self._stopping.is_set():
+            return
+        self._state = "initializing"
+        controller = None
+        try:
+            epoch, version = bump_epoch(self.zk)
+            writer = FencedWriter(self.zk, version)
+            self._publish_active(epoch, version)
+            self.epoch = epoch
+            log.info("coordinator %s elected, epoch %d: reinitializing", self.address, epoch)
+            c = self.config
+            controller = Controller(self.zk, self.storage, num_retained=c[cfg.SNAPSHOT_NUM_RETAINED],
+                                    max_lease_ms=c[cfg.LEASE_MAX_DURATION], grace_ms=c[cfg.LEASE_FAILOVER_GRACE],
+                                    clock_ms=self.clock_ms, metrics=self.metrics)
+            self.reinit_stats = controller.reinitialize(writer)
+            loop = EventLoop(controller, max_batch=c[cfg.LOOP_MAX_BATCH],
+                             tick_interval_ms=c[cfg.LEASE_CHECK_INTERVAL], on_fatal=self._on_fatal,
+                             metrics=self.metrics)
+            loop.start()
+            self._loop = loop
+            self._state = "active"
+            self.metrics.active.set(1)
+            self.metrics.epoch.set(epoch)
+            if epoch > 1:
+                self.metrics.failovers.inc()
+            log.info("coordinator %s active (epoch %d)", self.address, epoch)
+            self._step_down.wait()
+        except Exception as exc:
+            log.exception("coordinator %s could not lead: %s", self.address, exc)
+        finally:
+            self._state = "standby"
+            self.metrics.active.set(0)
+            loop, self._loop = self._loop, None
+            if loop is not None:
+                loop.stop(errors.NotCoordinatorError("the coordinator stepped down"))
+            if controller is not None:
+                controller.close()
+            self._unpublish_active()
+            log.info("coordinator %s stepped down", self.address)
+
+    def _on_fatal(self, exc: Exception) -> None:
+        log.error("coordinator %s stepping down: %s", self.address, exc)
+        self._step_down.set()
+
+    def _publish_active(self, epoch: int, version: int) -> None:
+        data = dumps({"address": self.address, "epoch": epoch})
+        for _attempt in range(2):
+            txn = self.zk.transaction()
+            txn.check(zkpaths.EPOCH, version)
+            txn.create(zkpaths.ACTIVE, data, ephemeral=True)
+            results = txn.commit()
+            if not any(isinstance(r, Exception) for r in results):
+                return
+            if isinstance(results[1], NodeExistsError):  # ours from an earlier term of this session
+                try:
+                    self.zk.delete(zkpaths.ACTIVE)
+                except NoNodeError:
+                    pass
+                continue
+            raise errors.CoordinatorFencedError(f"could not publish the active coordinator: {results}")
+        raise errors.CoordinatorFencedError("could not publish the active coordinator")
+
+    def _unpublish_active(self) -> None:
+        try:
+            data, _ = self.zk.get(zkpaths.ACTIVE)
+            if (loads(data) or {}).get("address") == self.address:
+                self.zk.delete(zkpaths.ACTIVE)
+        except Exception:  # session gone: the ephemeral node goes with it
+            pass

@@ -1,0 +1,119 @@
+"""The coordinator's gRPC service: turns requests into loop events, results into responses.
+
+Thin by design: no state here. A standby answers every request with
+``NOT_COORDINATOR`` carrying the active coordinator's address.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import TimeoutError as FutureTimeout
+
+from common import errors
+from common.proto import coordinator_pb2 as pb
+from common.proto import coordinator_pb2_grpc as pb_grpc
+from common.tables import Column, TableSpec
+from coordinator import requests as rq
+from coordinator.admin import bucket_snapshots_to_pb, handle_from_pb, handle_to_pb
+from leases.model import TableBucket
+
+log = logging.getLogger(__name__)
+
+
+def error_pb(exc: errors.KvLeaseError) -> pb.ErrorPb:
+    return pb.ErrorPb(code=int(exc.code), message=exc.message,
+                      active_address=str(exc.details.get("active_address", "") or ""))
+
+
+def lease_pb(lease) -> pb.KvSnapshotLeasePb:
+    return pb.KvSnapshotLeasePb(lease_id=lease.lease_id, expiration_time_ms=lease.expiration_time,
+                                buckets=bucket_snapshots_to_pb(lease.buckets))
+
+
+class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
+    def __init__(self, server, timeout_s: float = 30.0) -> None:
+        self.server = server  # coordinator.server.CoordinatorServer
+        self.timeout_s = timeout_s
+
+    def _run(self, request, response_cls, build):
+        """Submit ``request`` to the loop; ``build(result)`` gives the response's fields."""
+        try:
+            loop = self.server.serving_loop()
+            result = loop.submit(request).result(timeout=self.timeout_s)
+            return response_cls(**build(result))
+        except errors.KvLeaseError as exc:
+            return response_cls(error=error_pb(exc))
+        except FutureTimeout:
+            return response_cls(error=error_pb(errors.OutcomeUnknownError(
+                f"the coordinator did not answer within {self.timeout_s:.0f}s")))
+        except Exception as exc:  # a bug: answer it, do not kill the call
+            log.exception("request %s failed", type(request).__name__)
+            return response_cls(error=error_pb(errors.UnknownServerError(f"internal error: {exc}")))
+
+    def CoordinatorInfo(self, request, context):
+        return pb.CoordinatorInfoResponse(**self.server.info())
+
+    def CreateTable(self, request, context):
+        spec = TableSpec(request.database, request.name, tuple(Column(c.name, c.type) for c in request.columns),
+                         tuple(request.primary_key), request.buckets)
+        return self._run(rq.CreateTable(spec, request.ignore_if_exists), pb.CreateTableResponse,
+                         lambda t: {"table": t.to_pb(pb.TableInfoPb)})
+
+    def DropTable(self, request, context):
+        return self._run(rq.DropTable(request.database, request.name, request.ignore_if_not_exists),
+                         pb.DropTableResponse, lambda _r: {})
+
+    def ListTables(self, request, context):
+        return self._run(rq.ListTables(request.database), pb.ListTablesResponse,
+                         lambda ts: {"tables": [t.to_pb(pb.TableInfoPb) for t in ts]})
+
+    def GetTable(self, request, context):
+        return self._run(rq.GetTable(request.database, request.name, request.table_id), pb.GetTableResponse,
+                         lambda t: {"table": t.to_pb(pb.TableInfoPb)})
+
+    def CommitKvSnapshot(self, request, context):
+        return self._run(rq.CommitSnapshot(handle_from_pb(request.snapshot)), pb.CommitKvSnapshotResponse,
+                         lambda _r: {})
+
+    def _snapshots(self, request, response_cls, latest_only):
+        return self._run(rq.ListSnapshots(request.table_id, latest_only), response_cls,
+                         lambda rows: {"table_id": request.table_id,
+                                       "snapshots": [handle_to_pb(h, leased, kept) for h, leased, kept in rows]})
+
+    def GetLatestKvSnapshots(self, request, context):
+        return self._snapshots(request, pb.GetLatestKvSnapshotsResponse, True)
+
+    def ListKvSnapshots(self, request, context):
+        return self._snapshots(request, pb.ListKvSnapshotsResponse, False)
+
+    def AcquireKvSnapshotLease(self, request, context):
+        snapshots = {TableBucket.from_pb(b.bucket): b.snapshot_id for b in request.snapshots}
+        if len(snapshots) != len(request.snapshots):
+            return pb.AcquireKvSnapshotLeaseResponse(error=error_pb(errors.InvalidRequestError(
+                "a bucket appears twice in the acquire request")))
+        return self._run(rq.AcquireLease(request.lease_id, snapshots, request.duration_ms),
+                         pb.AcquireKvSnapshotLeaseResponse,
+                         lambda o: {"expiration_time_ms": o.expiration_time,
+                                    "acquired": bucket_snapshots_to_pb(o.acquired),
+                                    "unavailable": bucket_snapshots_to_pb(o.unavailable)})
+
+    def RenewKvSnapshotLease(self, request, context):
+        return self._run(rq.RenewLease(request.lease_id, request.duration_ms), pb.RenewKvSnapshotLeaseResponse,
+                         lambda expiration: {"expiration_time_ms": expiration})
+
+    def ReleaseKvSnapshotLease(self, request, context):
+        buckets = frozenset(TableBucket.from_pb(b) for b in request.buckets)
+        return self._run(rq.ReleaseLease(request.lease_id, buckets), pb.ReleaseKvSnapshotLeaseResponse,
+                         lambda remains: {"lease_remains": remains})
+
+    def DropKvSnapshotLease(self, request, context):
+        return self._run(rq.DropLease(request.lease_id), pb.DropKvSnapshotLeaseResponse,
+                         lambda dropped: {"dropped": dropped})
+
+    def ListKvSnapshotLeases(self, request, context):
+        return self._run(rq.ListLeases(), pb.ListKvSnapshotLeasesResponse,
+                         lambda leases: {"leases": [lease_pb(lease) for lease in leases]})
+
+    def DescribeKvSnapshotLease(self, request, context):
+        return self._run(rq.DescribeLease(request.lease_id), pb.DescribeKvSnapshotLeaseResponse,
+                         lambda lease: {"lease": lease_pb(lease)})

@@ -1,0 +1,176 @@
+"""Lease persistence: a ZooKeeper pointer node + one metadata file per table.
+
+``/leases/kv_snapshot/{lease_id}`` holds ``{version, expiration_time,
+tables: [{table_id, metadata_path}]}``; each metadata file
+``lease/kv-snapshot/{lease_id}/{table_id}/{uuid}.metadata`` (on remote
+storage) holds that table's ``{bucket -> snapshot_id}``. A file is always
+written under a new name and only then pointed to; the old one is deleted
+after the pointer moved, so ZooKeeper never points at a missing file. Only
+the tables that changed get new files.
+
+The store only prepares and finishes writes; the coordinator's fenced writer
+sends the ZooKeeper operations (so several writes can share a round trip).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Iterable
+
+from common import zkpaths
+from common.errors import StorageError
+from common.storage import RemoteStorage
+from common.zk import dumps, loads
+from leases.model import Lease, TableBucket
+from leases.state import PersistLease
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+LEASE_FILES = "lease/kv-snapshot"
+
+
+@dataclass(frozen=True)
+class ZkOp:
+    """One operation of a multi-op: ``kind`` is create, set or delete."""
+
+    kind: str
+    path: str
+    data: bytes = b""
+
+
+@dataclass(frozen=True)
+class PreparedWrite:
+    write: PersistLease
+    op: ZkOp
+    new_paths: dict[int, str]  # table -> path written for this write
+    paths_after: dict[int, str]  # the lease's table -> path once the write is done
+    obsolete: tuple[str, ...]  # files to delete once the pointer moved
+
+
+def metadata_file(lease_id: str, table_id: int) -> str:
+    return f"{LEASE_FILES}/{lease_id}/{table_id}/{uuid.uuid4().hex}.metadata"
+
+
+def encode_table_file(lease_id: str, table_id: int, buckets: dict[TableBucket, int]) -> bytes:
+    rows = [{"partition_id": tb.partition_id, "bucket": tb.bucket, "snapshot_id": sid}
+            for tb, sid in sorted(buckets.items(), key=lambda item: item[0].sort_key())]
+    return json.dumps({"version": FORMAT_VERSION, "lease_id": lease_id, "table_id": table_id,
+                       "buckets": rows}, separators=(",", ":")).encode()
+
+
+def decode_table_file(data: bytes) -> dict[TableBucket, int]:
+    doc = json.loads(data)
+    table_id = int(doc["table_id"])
+    return {TableBucket(table_id, int(r["bucket"]), r.get("partition_id")): int(r["snapshot_id"])
+            for r in doc["buckets"]}
+
+
+class LeaseStore:
+    """Turns :class:`PersistLease` instructions into files + ZooKeeper ops; loads leases back."""
+
+    def __init__(self, storage: RemoteStorage, io_threads: int = 16) -> None:
+        self.storage = storage
+        self._paths: dict[str, dict[int, str]] = {}  # persisted layout: lease -> table -> file
+        self._pool = ThreadPoolExecutor(max_workers=io_threads, thread_name_prefix="lease-io")
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+    # -- writing ---------------------------------------------------------------------
+
+    def prepare(self, writes: list[PersistLease]) -> list[PreparedWrite | StorageError]:
+        """Write the new metadata files of every write (in parallel); the ZooKeeper op of each.
+
+        A write whose files could not be written comes back as its StorageError
+        (and leaves no file behind).
+        """
+        return list(self._pool.map(self._prepare_one, writes))
+
+    def _prepare_one(self, write: PersistLease) -> PreparedWrite | StorageError:
+        lease_id = write.lease_id
+        current = self._paths.get(lease_id, {})
+        if write.after is None:
+            return PreparedWrite(write, ZkOp("delete", zkpaths.lease(lease_id)), {}, {},
+                                 tuple(current.values()))
+        new_paths: dict[int, str] = {}
+        try:
+            for table_id in sorted(write.changed_tables):
+                buckets = write.after.table_buckets(table_id)
+                if not buckets:
+                    continue
+                path = metadata_file(lease_id, table_id)
+                self.storage.write_new(path, encode_table_file(lease_id, table_id, buckets))
+                new_paths[table_id] = path
+        except StorageError as exc:
+            self._delete_quietly(new_paths.values())
+            return exc
+        paths_after = {t: p for t, p in current.items() if t in write.after.tables()}
+        paths_after.update(new_paths)
+        obsolete = tuple(p for t, p in current.items() if paths_after.get(t) != p)
+        node = dumps({
+            "version": FORMAT_VERSION,
+            "expiration_time": write.after.expiration_time,
+            "tables": [{"table_id": t, "metadata_path": p} for t, p in sorted(paths_after.items())],
+        })
+        kind = "create" if write.before is None else "set"
+        return PreparedWrite(write, ZkOp(kind, zkpaths.lease(lease_id), node), new_paths, paths_after, obsolete)
+
+    def committed(self, prepared: PreparedWrite) -> None:
+        """The pointer moved: remember the layout, delete the files it no longer names."""
+        lease_id = prepared.write.lease_id
+        if prepared.write.after is None:
+            self._paths.pop(lease_id, None)
+        else:
+            self._paths[lease_id] = dict(prepared.paths_after)
+        self._delete_quietly(prepared.obsolete)
+
+    def failed(self, prepared: PreparedWrite) -> None:
+        """The pointer did not move: the new files are garbage."""
+        self._delete_quietly(prepared.new_paths.values())
+
+    def _delete_quietly(self, paths: Iterable[str]) -> None:
+        for path in paths:
+            try:
+                self.storage.delete(path)
+            except StorageError as exc:  # an orphan: removed at the next reinitialization
+                log.warning("could not delete lease file %s: %s", path, exc)
+
+    # -- loading ----------------------------------------------------------------------
+
+    def load_all(self, zk) -> list[Lease]:
+        """Every lease in ZooKeeper with its tables' files (pipelined reads)."""
+        try:
+            names = zk.get_children(zkpaths.LEASES)
+        except Exception:  # NoNodeError: no lease yet
+            names = []
+        pending = [(name, zk.get_async(zkpaths.lease(name))) for name in names]
+        nodes: list[tuple[str, dict]] = []
+        for name, result in pending:
+            try:
+                data, _stat = result.get()
+            except Exception as exc:  # deleted meanwhile
+                log.warning("lease node %s vanished while loading: %s", name, exc)
+                continue
+            nodes.append((name, loads(data)))
+        self._paths = {name: {int(t["table_id"]): t["metadata_path"] for t in node["tables"]} for name, node in nodes}
+        files = [(name, path) for name, node in nodes for path in self._paths[name].values()]
+        contents = dict(zip(files, self._pool.map(lambda item: self.storage.read(item[1]), files)))
+        leases = []
+        for name, node in nodes:
+            buckets: dict[TableBucket, int] = {}
+            for path in self._paths[name].values():
+                buckets.update(decode_table_file(contents[(name, path)]))
+            leases.append(Lease(name, int(node["expiration_time"]), buckets))
+        return leases
+
+    def remove_orphans(self) -> list[str]:
+        """Delete lease files no ZooKeeper node points at (call after :meth:`load_all`)."""
+        referenced = {p for tables in self._paths.values() for p in tables.values()}
+        orphans = [p for p in self.storage.list(LEASE_FILES) if p not in referenced]
+        self._delete_quietly(orphans)
+        return orphans
