@@ -23,7 +23,7 @@ from kazoo.protocol.states import KazooState
 from common import config as cfg
 from common import errors, zkpaths
 from common.proto import coordinator_pb2_grpc as pb_grpc
-from common.storage import open_storage
+from common.storage import RemoteStorage, open_storage
 from common.zk import dumps, loads, make_client
 from coordinator.controller import Controller
 from coordinator.fencing import FencedWriter, bump_epoch
@@ -39,8 +39,10 @@ def wall_clock_ms() -> int:
 
 
 class CoordinatorServer:
-    def __init__(self, config: cfg.Config, clock_ms: Callable[[], int] = wall_clock_ms) -> None:
+    def __init__(self, config: cfg.Config, clock_ms: Callable[[], int] = wall_clock_ms,
+                 storage: RemoteStorage | None = None) -> None:
         self.config = config
+        self.storage = storage
         self.clock_ms = clock_ms
         self.metrics = CoordinatorMetrics()
         self.metrics_port: int | None = None
@@ -73,7 +75,8 @@ class CoordinatorServer:
         self.address = f"{host}:{port}"
         if c[cfg.METRICS_PORT] >= 0:
             self.metrics_port = self.metrics.serve(host, c[cfg.METRICS_PORT])
-        self.storage = open_storage(c[cfg.REMOTE_DATA_DIR], c)
+        if self.storage is None:
+            self.storage = open_storage(c[cfg.REMOTE_DATA_DIR], c)
         self.zk = make_client(c)
         self.zk.add_listener(self._on_zk_state)
         for path in zkpaths.ROOTS:
