@@ -92,7 +92,7 @@ class Controller:
             log.warning("lease refers to snapshot %s of %s which is not stored", sid, tb)
         buckets = {h.bucket for h in self.snapshots.all()}
         self._reclaim(buckets)
-        self.snapshots.validate(self.leases.is_protected)
+        self.snapshots.validate(self.leases.refs.is_leased)
         stats = {"tables": len(self.catalog.by_id), "snapshots": sum(1 for _ in self.snapshots.all()),
                  "leases": len(loaded), "graced": graced, "orphan_files": len(orphans),
                  "dangling": len(dangling)}
@@ -220,8 +220,12 @@ class Controller:
     # -- snapshots -----------------------------------------------------------------------
 
     def _reclaim(self, buckets: Iterable[TableBucket]) -> None:
-        """Delete every snapshot of these buckets that is neither retained nor leased, now."""
-        doomed = [h for tb in buckets for h in self.snapshots.reclaimable(tb, self.leases.is_protected)]
+        """Delete every snapshot of these buckets that is neither retained nor leased, now.
+
+        Only called with no lease write in flight (after a flush, or before
+        serving), so the applied refcounts are the whole truth.
+        """
+        doomed = [h for tb in buckets for h in self.snapshots.reclaimable(tb, self.leases.refs.is_leased)]
         for start in range(0, len(doomed), MAX_OPS_PER_MULTI):
             chunk = doomed[start:start + MAX_OPS_PER_MULTI]
             ops = [ZkOp("delete", zkpaths.snapshot(h.bucket.table_id, h.bucket.bucket, h.snapshot_id,
