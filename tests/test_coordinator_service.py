@@ -1,0 +1,170 @@
+"""Coordinators in-process on a real ZooKeeper, spoken to over real gRPC on loopback."""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+
+import grpc
+import pytest
+
+from common import errors
+from common.proto import coordinator_pb2 as pb
+from common.proto import coordinator_pb2_grpc as pb_grpc
+from common.tables import Column
+from coordinator.admin import AdminClient
+from coordinator.server import CoordinatorServer
+from leases.model import SnapshotHandle, TableBucket
+
+pytestmark = pytest.mark.zk
+
+
+@pytest.fixture
+def pair(make_config):
+    config = make_config({"metrics.port": 0, "kv.snapshot.lease.expiration-check-interval": "100ms",
+                          "kv.snapshot.lease.max-duration": "1h", "client.retry.total-timeout": "10s"})
+    servers = [CoordinatorServer(config).start(), CoordinatorServer(config).start()]
+    try:
+        deadline = time.monotonic() + 15
+        while not any(s.is_active for s in servers) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        active = next(s for s in servers if s.is_active)
+        standby = next(s for s in servers if s is not active)
+        yield active, standby
+    finally:
+        for server in servers:
+            server.stop()
+
+
+@pytest.fixture
+def client(pair):
+    active, standby = pair
+    with AdminClient([standby.address, active.address], retry_total_s=10) as admin:
+        yield admin
+
+
+@pytest.fixture
+def table(client):
+    t = client.create_table("db.orders", [Column("id", "BIGINT"), Column("v", "STRING")], ["id"], 4)
+    for bucket in range(2):
+        client.commit_kv_snapshot(SnapshotHandle(TableBucket(t.table_id, bucket), 1, 10,
+                                                 f"kv/{t.table_id}/{bucket}/snap-1/_METADATA"))
+    return t
+
+
+def test_standby_answers_not_coordinator_with_the_active_address(pair):
+    active, standby = pair
+    with grpc.insecure_channel(standby.address) as channel:
+        stub = pb_grpc.CoordinatorServiceStub(channel)
+        response = stub.ListKvSnapshotLeases(pb.ListKvSnapshotLeasesRequest(), timeout=5)
+        assert response.error.code == errors.ErrorCode.NOT_COORDINATOR
+        assert response.error.active_address == active.address
+        info = stub.CoordinatorInfo(pb.CoordinatorInfoRequest(), timeout=5)
+        assert not info.active and info.active_address == active.address and info.epoch >= 1
+
+
+def test_client_follows_not_coordinator(client, pair, table):
+    active, _standby = pair
+    assert client.get_table("db.orders").table_id == table.table_id
+    assert client.address == active.address
+
+
+def test_lease_lifecycle_over_grpc(client, table):
+    tb0, tb1, tb2 = (TableBucket(table.table_id, b) for b in range(3))
+    result = client.acquire_lease("spark-1", {tb0: 1, tb1: 1, tb2: 5}, 60_000)
+    assert result.acquired == {tb0: 1, tb1: 1}
+    assert result.unavailable == {tb2: 5}
+    assert result.expiration_time > time.time() * 1000
+    assert client.describe_lease("spark-1").buckets == {tb0: 1, tb1: 1}
+    rows = {(s.bucket.bucket, s.snapshot_id): s.leased_by for s in client.list_kv_snapshots(table.table_id)}
+    assert rows == {(0, 1): ("spark-1",), (1, 1): ("spark-1",)}
+    latest = client.get_latest_kv_snapshots(table.table_id)
+    assert set(latest) == {tb0, tb1}  # buckets without a snapshot are absent
+    new_expiration = client.renew_lease("spark-1", 120_000)
+    assert new_expiration > result.expiration_time
+    assert client.release_lease("spark-1", [tb0]) is True
+    assert client.release_lease("spark-1", [tb1]) is False
+    with pytest.raises(errors.LeaseNotFoundError):
+        client.describe_lease("spark-1")
+    assert client.drop_lease("spark-1") is False
+
+
+@pytest.mark.parametrize("lease_id, snapshots, duration, error", [
+    ("", {0: 1}, 1000, errors.InvalidLeaseIdError),
+    ("has space", {0: 1}, 1000, errors.InvalidLeaseIdError),
+    ("x" * 129, {0: 1}, 1000, errors.InvalidLeaseIdError),
+    ("ok", {}, 1000, errors.InvalidRequestError),
+    ("ok", {0: 1}, 0, errors.InvalidLeaseDurationError),
+    ("ok", {0: 1}, -5, errors.InvalidLeaseDurationError),
+    ("ok", {0: 1}, 3_600_001, errors.InvalidLeaseDurationError),
+    ("ok", {4: 1}, 1000, errors.BucketOutOfRangeError),
+    ("ok", {-1: 1}, 1000, errors.BucketOutOfRangeError),
+])
+def test_bad_acquire_is_a_typed_error_and_changes_nothing(client, table, lease_id, snapshots, duration, error):
+    with pytest.raises(error) as info:
+        client.acquire_lease(lease_id, {TableBucket(table.table_id, b): s for b, s in snapshots.items()}, duration)
+    assert info.value.message  # names the problem
+    assert client.list_leases() == []
+
+
+def test_unknown_table_and_unknown_lease(client, table):
+    with pytest.raises(errors.TableNotExistError):
+        client.acquire_lease("x", {TableBucket(table.table_id + 100, 0): 1}, 1000)
+    with pytest.raises(errors.LeaseNotFoundError):
+        client.renew_lease("never-acquired", 1000)
+    assert client.list_leases() == []  # renew never creates an empty lease
+    with pytest.raises(errors.LeaseNotFoundError):
+        client.release_lease("never-acquired", [TableBucket(table.table_id, 0)])
+
+
+def test_tables(client, table):
+    with pytest.raises(errors.TableAlreadyExistError):
+        client.create_table("db.orders", [Column("id", "BIGINT")], ["id"], 1)
+    with pytest.raises(errors.InvalidTableError):
+        client.create_table("db.bad", [Column("id", "DECIMAL")], ["id"], 1)
+    with pytest.raises(errors.InvalidTableError):
+        client.create_table("db.bad", [Column("id", "BIGINT")], ["nope"], 1)
+    with pytest.raises(errors.InvalidTableError):
+        client.create_table("db.bad", [Column("id", "BIGINT")], ["id"], 0)
+    assert [t.path for t in client.list_tables()] == ["db.orders"]
+    client.drop_table("db.orders")
+    with pytest.raises(errors.TableNotExistError):
+        client.get_table("db.orders")
+    client.drop_table("db.orders", ignore_if_not_exists=True)
+
+
+def test_expiry_within_the_check_interval(client, table):
+    client.acquire_lease("short", {TableBucket(table.table_id, 0): 1}, 300)
+    deadline = time.monotonic() + 5
+    while client.list_leases() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert client.list_leases() == []
+    gone_after = time.monotonic()
+    assert gone_after < deadline
+
+
+def test_metrics_endpoint(client, pair, table):
+    active, _ = pair
+    client.acquire_lease("m1", {TableBucket(table.table_id, 0): 1}, 60_000)
+    client.acquire_lease("m2", {TableBucket(table.table_id, 0): 1, TableBucket(table.table_id, 1): 1}, 60_000)
+    time.sleep(0.3)  # gauges refresh on the expiry tick (100 ms here)
+    body = urllib.request.urlopen(f"http://127.0.0.1:{active.metrics_port}/metrics", timeout=5).read().decode()
+    values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in body.splitlines()
+              if line and not line.startswith("#")}
+    assert values["kvlease_leases"] == 2
+    assert values["kvlease_leased_snapshots"] == 2
+    assert values[f'kvlease_table_leases{{table_id="{table.table_id}"}}'] == 2
+    assert values[f'kvlease_table_leased_snapshots{{table_id="{table.table_id}"}}'] == 2
+    assert values["kvlease_coordinator_active"] == 1
+    assert "kvlease_event_loop_queue_depth" in values
+    assert "kvlease_leases_expired_total" in values
+    assert "kvlease_coordinator_failovers_total" in values
+
+
+def test_standby_takes_over_when_active_stops(pair, client, table):
+    active, standby = pair
+    client.acquire_lease("survivor", {TableBucket(table.table_id, 0): 1}, 60_000)
+    active.stop()
+    assert standby.wait_active(15)
+    assert client.describe_lease("survivor").buckets == {TableBucket(table.table_id, 0): 1}
+    assert standby.epoch > 1
