@@ -1,0 +1,288 @@
+"""Shared fixtures: real ZooKeeper, a local S3 endpoint, and their Docker variants.
+
+Tiers (markers declared in pyproject.toml):
+
+- ``unit``: pure tests; their modules set ``pytestmark = pytest.mark.unit``.
+- ``zk`` / ``s3`` / ``docker``: added automatically to every test whose
+  fixtures (directly or through other fixtures) include one of
+  :data:`ZK_FIXTURES`, :data:`S3_FIXTURES` or :data:`DOCKER_FIXTURES`.
+  A test marked ``unit`` that uses one of them is a usage error.
+
+ZooKeeper: one standalone server per session (``zk_server``) and a fresh chroot
+per test (``zk_root``); ``zk_ensemble`` is a 3-node ensemble of its own per
+test, for HA tests that kill nodes. A failing test that used them gets the
+servers' log tails as a report section.
+
+No test leaves a JVM, moto server, port or temp dir behind: fixtures stop
+what they start (pytest also runs finalizers on Ctrl-C), attached JVMs die
+with this process (``PR_SET_PDEATHSIG``), and a session guard fails loudly if
+any process started during the session outlives it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from typing import Any, Callable, Iterator, Mapping
+
+import pytest
+
+from common.config import Config
+from common.zk import make_client
+from ops.zookeeper import ZooKeeperCluster
+from tests.fixtures.docker import docker_unavailable_reason, minio_container, zookeeper_container
+from tests.fixtures.leaks import SESSION_ENV, session_processes
+from tests.fixtures.s3 import MotoS3Server, S3Endpoint
+
+ZK_FIXTURES = frozenset({"zk_server", "zk_root", "zk_config", "make_config", "zk_client", "zk_ensemble"})
+S3_FIXTURES = frozenset({"s3_endpoint", "s3_client", "s3_bucket", "s3_overrides", "s3_config", "make_s3_config"})
+DOCKER_FIXTURES = frozenset({"docker_engine", "docker_zk", "docker_s3"})
+
+#: Config values every test config starts from (no fixed ports, no fsync).
+TEST_DEFAULTS: dict[str, Any] = {
+    "zookeeper.session-timeout": "4s",
+    "remote.file.fsync": False,
+    "metrics.port": -1,
+    "coordinator.port": 0,
+}
+
+_LOG_TAIL_LINES = 150
+_SESSION_CLUSTERS: list[tuple[str, ZooKeeperCluster]] = []  # (fixture name, cluster)
+_ITEM_CLUSTERS = pytest.StashKey[list]()  # per-test clusters, same shape
+
+
+# --- hooks ------------------------------------------------------------------------
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Inherited by every process the session starts; the leak guard looks for it.
+    os.environ[SESSION_ENV] = uuid.uuid4().hex
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    misplaced = []
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        for fixtures, marker in ((ZK_FIXTURES, "zk"), (S3_FIXTURES, "s3"), (DOCKER_FIXTURES, "docker")):
+            if names & fixtures:
+                item.add_marker(marker)
+                if item.get_closest_marker("unit"):
+                    misplaced.append(f"{item.nodeid} uses {sorted(names & fixtures)}")
+    if misplaced:
+        raise pytest.UsageError("tests marked `unit` must not use server fixtures:\n  " + "\n  ".join(misplaced))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
+    report = yield
+    if report.failed:
+        clusters = list(item.stash.get(_ITEM_CLUSTERS, []))
+        if "zk_server" in getattr(item, "fixturenames", ()):
+            clusters += _SESSION_CLUSTERS
+        for name, cluster in clusters:
+            report.sections.append((f"ZooKeeper log tail ({name})", cluster.log_tail(_LOG_TAIL_LINES)))
+    return report
+
+
+# --- session plumbing ---------------------------------------------------------------
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_leaked_processes() -> Iterator[None]:
+    """Set up first, torn down last: fails loudly if a started process outlived its test."""
+    yield
+    marker = os.environ[SESSION_ENV]
+    deadline = time.monotonic() + 3.0
+    while (leaks := session_processes(marker)) and time.monotonic() < deadline:
+        time.sleep(0.1)  # give processes that are exiting right now a moment
+    if not leaks:
+        return
+    for leak in leaks:
+        try:
+            os.kill(leak.pid, 9)
+        except ProcessLookupError:
+            pass
+    lines = [f"  pid {leak.pid}{' (ZooKeeper)' if leak.is_zookeeper else ''}: {leak.cmdline[:300]}"
+             for leak in leaks]
+    pytest.fail("processes started by this test session were still running at its end "
+                "(now killed):\n" + "\n".join(lines), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def kvlease_tmp() -> Iterator[str]:
+    """A temp directory for the whole session, removed at its end (also at exit)."""
+    path = tempfile.mkdtemp(prefix="kvlease-tests-")
+    atexit.register(shutil.rmtree, path, True)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def remote_dir(kvlease_tmp: str) -> Iterator[str]:
+    """A fresh empty directory for ``file://`` remote storage, removed after the test."""
+    path = tempfile.mkdtemp(prefix="remote-", dir=kvlease_tmp)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+# --- ZooKeeper ------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def zk_server(kvlease_tmp: str) -> Iterator[ZooKeeperCluster]:
+    """One standalone ZooKeeper for the whole session. Do not kill it; use zk_ensemble."""
+    cluster = ZooKeeperCluster.start(os.path.join(kvlease_tmp, "zk-standalone"), 1)
+    _SESSION_CLUSTERS.append(("zk_server", cluster))
+    try:
+        yield cluster
+    finally:
+        _SESSION_CLUSTERS.remove(("zk_server", cluster))
+        cluster.stop()
+
+
+@pytest.fixture
+def zk_root() -> str:
+    """A fresh chroot path, e.g. ``/t-3f2a9c0d1e4b``."""
+    return f"/t-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def make_config(zk_server: ZooKeeperCluster, zk_root: str, remote_dir: str) -> Callable[..., Config]:
+    """``make_config(overrides=None, /, **more) -> Config`` on this test's chroot and remote dir.
+
+    Overrides are dotted keys: ``make_config({"kv.scanner.ttl": "1s"})`` or
+    ``make_config(**{"kv.scanner.ttl": "1s"})``. Every call shares the test's
+    ZooKeeper chroot and remote directory. The process environment is ignored.
+    """
+    base = {
+        **TEST_DEFAULTS,
+        "zookeeper.address": zk_server.connect_string,
+        "zookeeper.path.root": zk_root,
+        "remote.data.dir": f"file://{remote_dir}",
+    }
+
+    def make(overrides: Mapping[str, Any] | None = None, /, **more: Any) -> Config:
+        return Config({**base, **(overrides or {}), **more}, env={})
+
+    return make
+
+
+@pytest.fixture
+def zk_config(make_config: Callable[..., Config]) -> Config:
+    """The test's Config: session ZooKeeper, fresh chroot, fresh ``file://`` remote dir."""
+    return make_config()
+
+
+@pytest.fixture
+def zk_client(zk_config: Config) -> Iterator[Any]:
+    """A started KazooClient on the test's chroot (``common.zk.make_client``)."""
+    client = make_client(zk_config)
+    try:
+        yield client
+    finally:
+        client.stop()
+        client.close()
+
+
+@pytest.fixture
+def zk_ensemble(request: pytest.FixtureRequest, kvlease_tmp: str) -> Iterator[ZooKeeperCluster]:
+    """A 3-node ensemble of this test's own (kill/restart nodes freely); all nodes serve at start."""
+    base = tempfile.mkdtemp(prefix="zk-ensemble-", dir=kvlease_tmp)
+    try:
+        cluster = ZooKeeperCluster.start(base, 3)
+        request.node.stash.setdefault(_ITEM_CLUSTERS, []).append(("zk_ensemble", cluster))
+        try:
+            yield cluster
+        finally:
+            cluster.stop()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+# --- S3 ----------------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[S3Endpoint]:
+    """moto's S3 over real HTTP on 127.0.0.1 and a free port, for the whole session."""
+    with pytest.MonkeyPatch.context() as mp:
+        for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"):
+            mp.delenv(name, raising=False)
+        mp.setenv("AWS_ACCESS_KEY_ID", "testing")
+        mp.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+        mp.setenv("AWS_DEFAULT_REGION", "us-east-1")
+        mp.setenv("AWS_EC2_METADATA_DISABLED", "true")
+        with MotoS3Server() as endpoint:
+            yield endpoint
+
+
+@pytest.fixture
+def s3_client(s3_endpoint: S3Endpoint) -> Any:
+    """A boto3 S3 client on the local endpoint."""
+    return s3_endpoint.client()
+
+
+@pytest.fixture
+def s3_bucket(s3_endpoint: S3Endpoint, s3_client: Any) -> Iterator[str]:
+    """A fresh bucket, emptied and removed after the test."""
+    bucket = s3_endpoint.create_bucket()
+    yield bucket
+    try:
+        for page in s3_client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+            keys = [{"Key": obj["Key"]} for obj in page.get("Contents", [])]
+            if keys:
+                s3_client.delete_objects(Bucket=bucket, Delete={"Objects": keys, "Quiet": True})
+        s3_client.delete_bucket(Bucket=bucket)
+    except Exception:  # best effort: the server goes away at session end anyway
+        pass
+
+
+@pytest.fixture
+def s3_overrides(s3_endpoint: S3Endpoint, s3_bucket: str) -> dict[str, str]:
+    """Config overrides for ``s3://<fresh bucket>/<prefix>``; combine with ``make_config`` for ZK + S3."""
+    return s3_endpoint.overrides(s3_bucket, prefix=f"p-{uuid.uuid4().hex[:8]}")
+
+
+@pytest.fixture
+def make_s3_config(s3_overrides: dict[str, str]) -> Callable[..., Config]:
+    """``make_s3_config(overrides=None, /, **more) -> Config`` with S3 remote storage (no ZooKeeper)."""
+
+    def make(overrides: Mapping[str, Any] | None = None, /, **more: Any) -> Config:
+        return Config({**TEST_DEFAULTS, **s3_overrides, **(overrides or {}), **more}, env={})
+
+    return make
+
+
+@pytest.fixture
+def s3_config(make_s3_config: Callable[..., Config]) -> Config:
+    """A Config whose ``remote.data.dir`` is a fresh ``s3://`` bucket/prefix on the local endpoint."""
+    return make_s3_config()
+
+
+# --- Docker (testcontainers) ----------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def docker_engine() -> None:
+    """Skips the test when no Docker engine answers."""
+    reason = docker_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def docker_zk(docker_engine: None) -> Iterator[str]:
+    """The connect string of a ``zookeeper:3.8`` container."""
+    with zookeeper_container() as address:
+        yield address
+
+
+@pytest.fixture(scope="session")
+def docker_s3(docker_engine: None) -> Iterator[S3Endpoint]:
+    """A MinIO container as an :class:`S3Endpoint`."""
+    with minio_container() as endpoint:
+        yield endpoint

@@ -1,0 +1,170 @@
+"""Remote storage: the same contract for ``file://`` and ``s3://`` (moto over HTTP, or MinIO)."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from common import storage as st
+from common.config import Config
+from common.errors import StorageError
+from common.storage import FileStorage, S3Storage, StorageExists, StorageNotFound, open_storage
+
+
+@pytest.fixture(params=[pytest.param("file", marks=pytest.mark.unit),
+                        pytest.param("s3", marks=pytest.mark.s3)])
+def storage(request, tmp_path) -> st.RemoteStorage:
+    if request.param == "file":
+        config = Config({"remote.file.fsync": False}, env={})
+        return open_storage(f"file://{tmp_path}/remote", config)
+    config = request.getfixturevalue("s3_config")  # only the s3 case starts the endpoint
+    return open_storage(config["remote.data.dir"], config)
+
+
+def test_open_storage_picks_the_implementation_by_scheme(tmp_path, s3_config):
+    assert isinstance(open_storage(f"file://{tmp_path}"), FileStorage)
+    assert isinstance(open_storage(str(tmp_path)), FileStorage)  # a bare path is a local directory
+    s3 = open_storage(s3_config["remote.data.dir"], s3_config)
+    assert isinstance(s3, S3Storage) and s3.endpoint == s3_config["remote.s3.endpoint"]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("uri", ["hdfs://namenode/x", "gs://bucket/p", "http://example.com/x"])
+def test_an_unsupported_scheme_is_an_error(uri):
+    with pytest.raises(ValueError, match="unsupported remote storage URI"):
+        open_storage(uri)
+
+
+def test_write_new_then_read(storage):
+    storage.write_new("kv/1/0/shared/a.sst", b"sst-a")
+    assert storage.read("kv/1/0/shared/a.sst") == b"sst-a"
+    assert storage.exists("kv/1/0/shared/a.sst")
+
+
+def test_write_new_on_an_existing_path_raises_and_keeps_the_old_bytes(storage):
+    storage.write_new("lease/x.metadata", b"first")
+    with pytest.raises(StorageExists):
+        storage.write_new("lease/x.metadata", b"second")
+    assert storage.read("lease/x.metadata") == b"first"
+
+
+def test_read_of_a_missing_object_raises_not_found(storage):
+    with pytest.raises(StorageNotFound) as info:
+        storage.read("no/such/object")
+    assert isinstance(info.value, StorageError)  # callers may catch the broader class
+    assert info.value.details["path"] == "no/such/object"
+    assert not storage.exists("no/such/object")
+
+
+def test_put_creates_and_replaces(storage):
+    storage.put("a/b", b"1")
+    storage.put("a/b", b"22")
+    assert storage.read("a/b") == b"22"
+
+
+def test_empty_objects_round_trip(storage):
+    storage.write_new("empty", b"")
+    assert storage.read("empty") == b""
+    assert storage.exists("empty")
+
+
+def test_delete_is_idempotent(storage):
+    storage.put("x/y/z", b"data")
+    storage.delete("x/y/z")
+    assert not storage.exists("x/y/z")
+    storage.delete("x/y/z")  # already gone: not an error
+    storage.delete("never/existed")
+    assert storage.list("") == []
+
+
+def test_delete_many(storage):
+    paths = [f"kv/7/0/shared/{i}.sst" for i in range(5)]
+    for path in paths:
+        storage.write_new(path, b"x")
+    storage.delete_many(paths[:3] + ["kv/7/0/shared/missing.sst"])
+    assert storage.list("kv/7") == sorted(paths[3:])
+
+
+def test_list_is_recursive_sorted_and_respects_the_prefix(storage):
+    for path in ["kv/1/0/snap-2/_METADATA", "kv/1/0/shared/b.sst", "kv/1/0/shared/a.sst",
+                 "kv/10/0/shared/c.sst", "lease/kv-snapshot/l1/1/u.metadata"]:
+        storage.write_new(path, b".")
+    assert storage.list("kv/1") == ["kv/1/0/shared/a.sst", "kv/1/0/shared/b.sst", "kv/1/0/snap-2/_METADATA"]
+    assert storage.list("kv/1/") == storage.list("kv/1")
+    assert storage.list("kv") == storage.list("kv/1") + ["kv/10/0/shared/c.sst"]
+    assert storage.list("lease") == ["lease/kv-snapshot/l1/1/u.metadata"]
+    assert storage.list("") == sorted(storage.list("kv") + storage.list("lease"))
+    assert storage.list("nothing/here") == []
+
+
+def test_leading_slash_means_the_same_key(storage):
+    storage.write_new("/abs/key", b"v")
+    assert storage.read("abs/key") == b"v"
+
+
+@pytest.mark.parametrize("path", ["../escape", "a/../../b", "a/./b", "./a", "", "/", "a/.."])
+def test_bad_paths_are_rejected(storage, path):
+    for op in (storage.read, storage.exists, storage.delete, lambda p: storage.write_new(p, b"x"),
+               lambda p: storage.put(p, b"x")):
+        with pytest.raises(ValueError, match="bad storage path"):
+            op(path)
+
+
+def test_pickle_round_trip_works_on_the_same_data(storage):
+    storage.write_new("before", b"1")  # for S3 this creates and caches the client
+    clone = pickle.loads(pickle.dumps(storage))
+    assert type(clone) is type(storage) and clone.uri == storage.uri
+    if isinstance(clone, S3Storage):
+        assert storage._client is not None and clone._client is None  # the cached client was dropped
+    assert clone.read("before") == b"1"
+    clone.write_new("after", b"2")
+    assert storage.read("after") == b"2"
+    assert clone.list("") == storage.list("") == ["after", "before"]
+
+
+def test_storage_errors_survive_pickling(storage):
+    with pytest.raises(StorageNotFound) as info:
+        storage.read("missing")
+    clone = pickle.loads(pickle.dumps(info.value))
+    assert type(clone) is StorageNotFound
+    assert clone.message == info.value.message and clone.details == {"path": "missing"}
+
+
+@pytest.mark.unit
+def test_file_storage_leaves_no_temp_files_and_prunes_empty_dirs(tmp_path):
+    storage = FileStorage(f"file://{tmp_path}/r", fsync=True)
+    storage.write_new("a/b/c", b"x")
+    with pytest.raises(StorageExists):
+        storage.write_new("a/b/c", b"y")
+    assert [p.name for p in (tmp_path / "r" / "a" / "b").iterdir()] == ["c"]
+    storage.delete("a/b/c")
+    assert list((tmp_path / "r").iterdir()) == []
+
+
+@pytest.mark.unit
+def test_s3_storage_parses_bucket_and_prefix():
+    storage = S3Storage("s3://bucket/some/prefix/")
+    assert (storage.bucket, storage.prefix) == ("bucket", "some/prefix")
+    assert storage._key("kv/1") == "some/prefix/kv/1"
+    bare = S3Storage("s3://bucket")
+    assert (bare.bucket, bare.prefix, bare._key("kv/1")) == ("bucket", "", "kv/1")
+
+
+def test_s3_storage_without_a_prefix(s3_endpoint, s3_bucket):
+    config = Config({**s3_endpoint.overrides(s3_bucket, prefix="")}, env={})
+    storage = open_storage(config["remote.data.dir"], config)
+    storage.write_new("k/v", b"1")
+    assert storage.list("") == ["k/v"] and storage.read("k/v") == b"1"
+
+
+def test_docker_minio_round_trip(docker_s3):
+    bucket = docker_s3.create_bucket()
+    config = Config(docker_s3.overrides(bucket), env={})
+    storage = open_storage(config["remote.data.dir"], config)
+    storage.write_new("kv/1/0/shared/a.sst", b"sst")
+    with pytest.raises(StorageExists):
+        storage.write_new("kv/1/0/shared/a.sst", b"again")
+    assert pickle.loads(pickle.dumps(storage)).read("kv/1/0/shared/a.sst") == b"sst"
+    storage.delete("kv/1/0/shared/a.sst")
+    assert storage.list("") == []
