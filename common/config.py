@@ -123,6 +123,12 @@ LEASE_CHECK_INTERVAL = _key("kv.snapshot.lease.expiration-check-interval", "1s",
 LEASE_FAILOVER_GRACE = _key("kv.snapshot.lease.failover-grace", "30s", parse_duration_ms)
 LEASE_MAX_DURATION = _key("kv.snapshot.lease.max-duration", "7d", parse_duration_ms)
 
+# --- tablet servers: changelog ------------------------------------------------------
+LOG_FLUSH_FSYNC = _key("log.flush.fsync", True, _parse_bool, "fsync the changelog once per write batch")
+LOG_SEGMENT_BYTES = _key("log.segment.bytes", "64mb", parse_size, "roll a changelog segment past this size")
+LOG_RETENTION = _key("log.retention", "7d", parse_duration_ms,
+                     "keep changelog this long beyond what kept snapshots need")
+
 # --- live scans (tablet servers) -------------------------------------------------
 SCANNER_TTL = _key("kv.scanner.ttl", "10m", parse_duration_ms)
 SCANNER_EXPIRATION_INTERVAL = _key("kv.scanner.expiration-interval", "30s", parse_duration_ms)
