@@ -201,7 +201,12 @@ _BY_CODE[ErrorCode.UNKNOWN] = UnknownServerError
 
 
 def error_for(code: int, message: str = "", **details: object) -> KvLeaseError:
-    """The exception for a wire error code (an unknown code gives UnknownServerError)."""
+    """The exception for a wire error code (an unknown code gives UnknownServerError).
+
+    Raises ValueError for ``NONE`` (0): a successful response carries no error.
+    """
+    if code == ErrorCode.NONE:
+        raise ValueError("error code NONE (0) is not an error")
     try:
         cls = _BY_CODE[ErrorCode(code)]
     except ValueError:
