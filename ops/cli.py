@@ -273,6 +273,8 @@ def cluster_start(state: State, directory: str | None, zk_nodes: str, coordinato
                   remote: str | None, timeout_ms: int) -> None:
     """Start ZooKeeper and coordinators in the background; returns once one is active."""
     directory = _cluster_dir(state, directory)
+    if remote and not remote.startswith(("file:///", "s3://")):
+        raise click.BadParameter(f"{remote!r} is not file:///PATH or s3://BUCKET/PREFIX", param_hint="'--remote'")
     local_cluster.start(directory, zk_nodes=int(zk_nodes), coordinators=coordinators, tablets=tablets,
                         remote=remote, ready_timeout_s=timeout_ms / 1000.0,
                         progress=lambda text: click.echo(f"{text} …", err=True))

@@ -245,7 +245,10 @@ class TextOutput(Output):
         return grid
 
     def acquired(self, doc: Mapping[str, Any]) -> None:
-        self._print(f"lease {doc['lease_id']} expires {format_time_ms(doc['expiration_time'])}")
+        if doc["expiration_time"]:
+            self._print(f"lease {doc['lease_id']} expires {format_time_ms(doc['expiration_time'])}")
+        else:
+            self._print(f"lease {doc['lease_id']} holds nothing (no requested snapshot exists)")
         if doc["acquired"]:
             self._print(self._buckets(doc["acquired"], "acquired"))
         if doc["unavailable"]:
@@ -272,7 +275,12 @@ class TextOutput(Output):
         for zk in doc.get("zookeeper", []):
             grid.add_row("zookeeper", str(zk["id"]), _cell(zk.get("pid")), zk["address"], _cell(zk.get("alive")), "")
         for c in doc.get("coordinators", []):
-            state = f"active (epoch {c['epoch']})" if c.get("active") else ("standby" if c.get("alive") else "")
+            if c.get("active"):
+                state = f"active (epoch {c['epoch']})"
+            elif c.get("error"):
+                state = "unreachable"
+            else:
+                state = "standby" if c.get("alive") else ""
             grid.add_row("coordinator", str(c["id"]), _cell(c.get("pid")), c["address"], _cell(c.get("alive")),
                           state)
         for t in doc.get("tablets", []):

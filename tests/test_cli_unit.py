@@ -91,6 +91,8 @@ def test_bad_duration_is_a_usage_error(args):
     ("table", "create", "db.t", "--schema", "id BIGINT", "--primary-key", "id", "--buckets", "0"),
     ("table", "describe", "a.b.c"),
     ("bench", "Bad-Name"),
+    ("cluster", "start", "--dir", "/nonexistent/kv", "--remote", "hdfs://x"),
+    ("cluster", "start", "--dir", "/nonexistent/kv", "--zk-nodes", "2"),
 ])
 def test_usage_errors_exit_2(args):
     result = run("--bootstrap", "127.0.0.1:1", *args)
@@ -188,8 +190,9 @@ def test_text_output_renders_every_document():
     output.cluster_status({"zookeeper": [{"id": "1", "pid": 1, "address": "a", "alive": True}],
                            "coordinators": [{"id": "1", "pid": 2, "address": "b", "active": True, "epoch": 3,
                                              "alive": True}], "tablets": []})
+    output.acquired(out.acquire_doc("L2", 0, {}, {TableBucket(7, 1): 4}, {7: "db.t"}))
     text = buffer.getvalue()
-    for expected in ("db.t", "BIGINT", "L1", "unavailable", "no snapshot", "active (epoch 3)"):
+    for expected in ("db.t", "BIGINT", "L1", "unavailable", "no snapshot", "active (epoch 3)", "L2 holds nothing"):
         assert expected in text
 
 
