@@ -10,13 +10,12 @@ facts. Errors never go through an Output: the CLI writes them to stderr.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
 import time
 from abc import ABC, abstractmethod
 from datetime import datetime
-from typing import Any, Iterable, Iterator, Mapping, TextIO
+from typing import Any, Iterable, Mapping, TextIO
 
 from rich.console import Console
 from rich.table import Table as RichTable
@@ -142,17 +141,6 @@ class Output(ABC):
 
     @abstractmethod
     def cluster_status(self, doc: Mapping[str, Any]) -> None: ...
-
-    @contextlib.contextmanager
-    def progress(self, text: str) -> Iterator[None]:
-        """Long work: say what is happening on stderr (never stdout, so JSON stays clean)."""
-        console = Console(stderr=True)
-        if console.is_terminal:
-            with console.status(text):
-                yield
-        else:
-            console.print(text, highlight=False)
-            yield
 
 
 class JsonOutput(Output):
