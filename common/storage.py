@@ -306,4 +306,5 @@ def open_storage(uri: str, config: cfg.Config | None = None) -> RemoteStorage:
     if scheme == "s3":
         return S3Storage(uri, endpoint=config[cfg.S3_ENDPOINT], region=config[cfg.S3_REGION],
                          access_key=config[cfg.S3_ACCESS_KEY], secret_key=config[cfg.S3_SECRET_KEY])
-    raise ValueError(f"unsupported remote storage URI {uri!r} (use file:///path or s3://bucket/prefix)")
+    raise cfg.ConfigError(f"bad value for config key 'remote.data.dir': unsupported remote storage URI {uri!r} "
+                          "(use file:///path or s3://bucket/prefix)", key="remote.data.dir")

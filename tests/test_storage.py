@@ -7,7 +7,7 @@ import pickle
 import pytest
 
 from common import storage as st
-from common.config import Config
+from common.config import Config, ConfigError
 from common.errors import StorageError
 from common.storage import FileStorage, S3Storage, StorageExists, StorageNotFound, open_storage
 
@@ -32,7 +32,7 @@ def test_open_storage_picks_the_implementation_by_scheme(tmp_path, s3_config):
 @pytest.mark.unit
 @pytest.mark.parametrize("uri", ["hdfs://namenode/x", "gs://bucket/p", "http://example.com/x"])
 def test_an_unsupported_scheme_is_an_error(uri):
-    with pytest.raises(ValueError, match="unsupported remote storage URI"):
+    with pytest.raises(ConfigError, match="unsupported remote storage URI"):
         open_storage(uri)
 
 
