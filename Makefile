@@ -1,19 +1,33 @@
-# kvlease: `make test` and `make demo` install what is missing themselves.
+# kvlease: `make test` and `make demo` install what is missing themselves
+# (Java 17, the Debian `zookeeper` package, python3-venv, the venv) on a fresh
+# Debian machine; run them as root or with sudo available.
+#
+#   make test        every test (Docker-only tests skip without a Docker engine)
+#   make test-unit   tier 1: pure tests, no processes        (-m unit)
+#   make test-zk     tier 2: real ZooKeeper / local S3        (-m "zk or s3")
+#   make test-slow   tier 3: multi-process drills, long tests (-m slow)
+#   make test PYTEST_ARGS="-x -k lease"
+#
+# `make test` exits non-zero when pytest does; pytest's own exit code is left
+# in $(PYTEST_RC) (.ci/run reports and returns it). No tests collected
+# (pytest exit 5) fails `make test`; in a tier target it only says so.
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
-JAVA_HOME ?= /usr/lib/jvm/java-17-openjdk-amd64
+ARCH := $(shell dpkg --print-architecture 2>/dev/null || echo amd64)
+JAVA_HOME ?= /usr/lib/jvm/java-17-openjdk-$(ARCH)
 export JAVA_HOME
 export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON := $(abspath $(PY))
 PYTEST_ARGS ?=
+PYTEST_RC := .pytest_cache/kvlease-exit-code
 
 .PHONY: test test-unit test-zk test-slow demo deps system-deps proto clean
 
 system-deps:
 	@bash ops/install_system_deps.sh
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml | system-deps
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
@@ -21,17 +35,29 @@ $(VENV)/.installed: pyproject.toml
 
 deps: system-deps $(VENV)/.installed
 
+# $(1): marker expression (empty: every test); $(2): "tier" if selecting no test is fine.
+define run_pytest
+	@mkdir -p $(dir $(PYTEST_RC)); rm -f $(PYTEST_RC); \
+	$(PY) -m pytest -q $(if $(1),-m "$(1)") $(PYTEST_ARGS); rc=$$?; \
+	echo $$rc > $(PYTEST_RC); \
+	if [ $$rc -eq 5 ]; then \
+	  if [ "$(2)" = tier ]; then echo "make: no test selected by -m '$(1)' $(PYTEST_ARGS): nothing to run"; rc=0; \
+	  else echo "make: pytest collected no tests (exit code 5): that is a failure" >&2; fi; \
+	fi; \
+	exit $$rc
+endef
+
 test: deps
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(call run_pytest,,)
 
 test-unit: deps
-	$(PY) -m pytest -q -m unit $(PYTEST_ARGS)
+	$(call run_pytest,unit,tier)
 
 test-zk: deps
-	$(PY) -m pytest -q -m "zk or s3" $(PYTEST_ARGS)
+	$(call run_pytest,zk or s3,tier)
 
 test-slow: deps
-	$(PY) -m pytest -q -m slow $(PYTEST_ARGS)
+	$(call run_pytest,slow,tier)
 
 demo: deps
 	$(VENV)/bin/kvlease demo
