@@ -160,6 +160,7 @@ class ZooKeeperCluster:
         self.detached = detached
         self.ready_timeout_s = 30.0
         self._procs: list[subprocess.Popen | None] = [None] * count
+        self._log_starts = [0] * count  # where each node's current run begins in its log
         self._lock = threading.Lock()
         ports = free_ports(3 * count)
         self._quorum_ports = [(ports[3 * i + 1], ports[3 * i + 2]) for i in range(count)]
@@ -275,6 +276,7 @@ class ZooKeeperCluster:
         main = STANDALONE_MAIN if len(self.nodes) == 1 else QUORUM_MAIN
         cmd = [java_binary(), *_JVM_FLAGS, f"-Dkvlease.zk.node={node.id}", "-cp", classpath(), main, cfg_path]
         with open(node.log_path, "ab") as log:
+            self._log_starts[index] = log.tell()
             log.write(f"--- kvlease: starting node {node.id}: {' '.join(cmd)}\n".encode())
             log.flush()
             proc = subprocess.Popen(
@@ -307,7 +309,13 @@ class ZooKeeperCluster:
     def _fail(self, index: int, what: str) -> None:
         node = self.nodes[index]
         tail = _tail(node.log_path, 60)
-        error = _PortTaken if _BIND_FAILED in tail else ZooKeeperError
+        try:
+            with open(node.log_path, "rb") as fh:
+                fh.seek(self._log_starts[index])
+                this_run = fh.read().decode(errors="replace")
+        except OSError:
+            this_run = ""
+        error = _PortTaken if _BIND_FAILED in this_run else ZooKeeperError
         raise error(f"zookeeper node {node.id} ({node.address}) {what}; last log lines of {node.log_path}:\n{tail}",
                     node=node.id, log_path=node.log_path)
 

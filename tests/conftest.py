@@ -114,12 +114,23 @@ def _no_leaked_processes() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def kvlease_tmp() -> Iterator[str]:
     """A temp directory for the whole session, removed at its end (also at exit)."""
-    path = tempfile.mkdtemp(prefix="kvlease-tests-")
+    _remove_stale_session_dirs()
+    path = tempfile.mkdtemp(prefix=f"kvlease-tests-{os.getpid()}-")
     atexit.register(shutil.rmtree, path, True)
     try:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def _remove_stale_session_dirs() -> None:
+    """Remove session dirs of earlier runs that were killed (kill -9 skips every cleanup)."""
+    root = tempfile.gettempdir()
+    for name in os.listdir(root):
+        parts = name.split("-")
+        if name.startswith("kvlease-tests-") and len(parts) >= 4 and parts[2].isdigit():
+            if not os.path.exists(f"/proc/{parts[2]}"):
+                shutil.rmtree(os.path.join(root, name), ignore_errors=True)
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -121,6 +122,44 @@ def test_stop_leaves_no_process_and_is_idempotent(tmp_path):
     assert _gone(pid, 0.1)
     cluster.stop()
     assert not cluster.alive(0)
+
+
+def test_a_killed_standalone_node_restarts_with_its_data(tmp_path):
+    with ZooKeeperCluster.start(str(tmp_path), 1) as cluster:
+        client = _client(cluster.connect_string)
+        try:
+            client.create("/kept", b"yes")
+            old_pid = cluster.nodes[0].pid
+            cluster.kill(0)
+            assert not cluster.alive(0) and _gone(old_pid, 0.1)
+            cluster.restart(0)
+            assert cluster.serving(0) and cluster.nodes[0].pid != old_pid
+            assert client.retry(client.get, "/kept")[0] == b"yes"
+        finally:
+            client.stop()
+            client.close()
+
+
+def test_start_retries_on_new_ports_when_a_port_was_taken(tmp_path, monkeypatch):
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen()
+    real = zookeeper.free_ports
+    calls = []
+
+    def ports(count):
+        calls.append(count)
+        picked = real(count)
+        return [squatter.getsockname()[1], *picked[1:]] if len(calls) == 1 else picked
+
+    monkeypatch.setattr(zookeeper, "free_ports", ports)
+    try:
+        with ZooKeeperCluster.start(str(tmp_path), 1) as cluster:
+            assert len(calls) == 2
+            assert cluster.nodes[0].client_port != squatter.getsockname()[1]
+            assert cluster.serving(0)
+    finally:
+        squatter.close()
 
 
 @pytest.fixture
