@@ -79,7 +79,7 @@ def call(controller: Controller, request):
     return future.result(timeout=0)
 
 
-@pytest.fixture(params=["file", "s3"])
+@pytest.fixture(params=["file", pytest.param("s3", marks=pytest.mark.s3)])
 def storage_config(request, make_config):
     if request.param == "file":
         return make_config()
