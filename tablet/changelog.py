@@ -1,0 +1,617 @@
+"""A bucket's changelog: numbered change records in framed Arrow entries, one per write batch.
+
+Records are numbered 0, 1, 2, … (see "Offsets" in DESIGN.md). Each append
+writes ONE entry holding a whole batch, so building, writing and reading cost
+nothing per record in Python. The format (little-endian) is in
+``docs/changelog.md``::
+
+    magic b"\\xc7KL" | version u8 | base_offset u64 | count u32 | payload_len u32 | crc u32 | payload
+
+``crc`` is CRC-32 of the 20 header bytes before it followed by the payload; the
+payload is an Arrow IPC stream of one RecordBatch (change_type int8, key binary,
+value binary nullable). Entries live in segment files ``{base_offset:020d}.log``.
+
+Concurrency: one writer at a time (``append*`` and ``truncate_before`` take a
+lock); readers run concurrently and only see entries that were fully written
+(and fsynced, when ``fsync``). Recovery at open drops a torn tail of the last
+segment and raises :class:`CorruptLogError` for anything else that is damaged.
+"""
+
+from __future__ import annotations
+
+import bisect
+import enum
+import fcntl
+import logging
+import mmap
+import os
+import re
+import struct
+import threading
+import zlib
+from array import array
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from common import config as cfg
+from common.errors import InvalidRequestError, KvLeaseError
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"\xc7KL\x01"  # three magic bytes, then the format version
+_HEADER = struct.Struct("<4sQIII")  # magic+version, base_offset, count, payload_len, crc
+HEADER_SIZE = _HEADER.size  # 24
+_CRC_START = 20  # the crc covers header[:20] and the payload
+_SEGMENT_NAME = re.compile(r"^(\d{20})\.log$")
+_MAX_IOV = 512
+_SPLIT_READ_BYTES = 32 << 10  # read_raw: entries this big on average get a pread each (no copy)
+
+SCHEMA = pa.schema([
+    pa.field("change_type", pa.int8(), nullable=False),
+    pa.field("key", pa.binary(), nullable=False),
+    pa.field("value", pa.binary()),
+])
+
+
+class ChangeType(enum.IntEnum):
+    INSERT = 0
+    UPDATE_BEFORE = 1
+    UPDATE_AFTER = 2
+    DELETE = 3
+
+    @property
+    def short(self) -> str:
+        return _SHORT[self]
+
+    @classmethod
+    def from_short(cls, text: str) -> "ChangeType":
+        return _FROM_SHORT[text]
+
+    def __str__(self) -> str:
+        return self.short
+
+
+_SHORT = {ChangeType.INSERT: "+I", ChangeType.UPDATE_BEFORE: "-U",
+          ChangeType.UPDATE_AFTER: "+U", ChangeType.DELETE: "-D"}
+_FROM_SHORT = {short: ct for ct, short in _SHORT.items()}
+
+
+class ChangelogError(KvLeaseError):
+    """The changelog cannot serve: closed, locked by another instance, or failed on a local write."""
+
+
+class CorruptLogError(ChangelogError):
+    """Damage that is not a torn tail: data would be lost if it were dropped silently."""
+
+
+class LogOffsetOutOfRangeError(InvalidRequestError):
+    """The offset is below ``start_offset`` or above ``end_offset`` (both in ``details``)."""
+
+
+@dataclass(frozen=True)
+class LogEntry:
+    """Records ``base_offset`` … ``next_offset - 1`` (columns change_type, key, value)."""
+
+    base_offset: int
+    records: pa.RecordBatch
+
+    @property
+    def count(self) -> int:
+        return self.records.num_rows
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.records.num_rows
+
+    def offsets(self) -> pa.Array:
+        return pa.array(np.arange(self.base_offset, self.next_offset, dtype=np.int64))
+
+    @cached_property
+    def batch(self) -> pa.RecordBatch:
+        """The records with an ``offset`` int64 column first."""
+        return pa.RecordBatch.from_arrays([self.offsets(), *self.records.columns],
+                                          names=["offset", *self.records.schema.names])
+
+
+@dataclass(frozen=True)
+class SegmentInfo:
+    base_offset: int
+    end_offset: int  # next offset after the segment's last record
+    size: int
+    mtime: float  # seconds since the epoch
+    path: str
+
+
+class _Segment:
+    """Index of one segment file: entry i starts at ``positions[i]`` with offset ``bases[i]``."""
+
+    __slots__ = ("base_offset", "path", "bases", "positions", "end_offset", "size")
+
+    def __init__(self, base_offset: int, path: str) -> None:
+        self.base_offset = base_offset
+        self.path = path
+        self.bases = array("q")
+        self.positions = array("q")
+        self.end_offset = base_offset
+        self.size = 0
+
+    def entry(self, i: int) -> tuple[int, int, int, int]:
+        """(position, size, base_offset, count) of entry i."""
+        last = i + 1 == len(self.bases)
+        end_pos = self.size if last else self.positions[i + 1]
+        next_base = self.end_offset if last else self.bases[i + 1]
+        return self.positions[i], end_pos - self.positions[i], self.bases[i], next_base - self.bases[i]
+
+
+def record_batch(change_types: Any, keys: Any, values: Any) -> pa.RecordBatch:
+    """A batch in :data:`SCHEMA` from arrays or lists (values may hold None)."""
+    try:
+        return pa.RecordBatch.from_arrays(
+            [pa.array(change_types, pa.int8()), pa.array(keys, pa.binary()), pa.array(values, pa.binary())],
+            schema=SCHEMA)
+    except (pa.ArrowException, TypeError, ValueError) as exc:
+        raise InvalidRequestError(f"not a changelog batch: {exc}") from None
+
+
+def _conform(batch: pa.RecordBatch) -> pa.RecordBatch:
+    if not batch.schema.equals(SCHEMA):
+        try:
+            batch = pa.RecordBatch.from_arrays(
+                [batch.column(f.name).cast(f.type) for f in SCHEMA], schema=SCHEMA)
+        except (KeyError, pa.ArrowException) as exc:
+            raise InvalidRequestError(f"changelog batch does not fit {SCHEMA}: {exc}") from None
+    if batch.column(1).null_count:
+        raise InvalidRequestError("changelog keys must not be null")
+    lo, hi = pc.min_max(batch.column(0)).values()
+    if batch.column(0).null_count or lo.as_py() < 0 or hi.as_py() > 3:
+        raise InvalidRequestError("change_type must be 0..3 (+I, -U, +U, -D)")
+    return batch
+
+
+def _encode(batch: pa.RecordBatch) -> pa.Buffer:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, SCHEMA) as writer:
+        writer.write_batch(batch)
+    return sink.getvalue()
+
+
+def _header(base_offset: int, count: int, payload: Any) -> bytes:
+    head = _HEADER.pack(MAGIC, base_offset, count, len(payload), 0)[:_CRC_START]
+    return head + struct.pack("<I", zlib.crc32(payload, zlib.crc32(head)))
+
+
+def decode_entry(data: Any, *, from_offset: int | None = None) -> LogEntry:
+    """Decode one framed entry (bytes, memoryview or pa.Buffer), checking its CRC.
+
+    ``from_offset`` drops the records below it (for the first entry of a read).
+    Raises :class:`CorruptLogError` on a bad frame.
+    """
+    buf = data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
+    if buf.size < HEADER_SIZE:
+        raise CorruptLogError(f"changelog entry of {buf.size} bytes is shorter than its header")
+    magic, base, count, length, crc = _HEADER.unpack_from(buf)
+    if magic != MAGIC:
+        raise CorruptLogError(f"changelog entry has bad magic/version {magic!r}")
+    if buf.size != HEADER_SIZE + length:
+        raise CorruptLogError(f"changelog entry at offset {base}: {buf.size} bytes, header says "
+                              f"{HEADER_SIZE + length}")
+    payload = buf.slice(HEADER_SIZE)
+    if zlib.crc32(payload, zlib.crc32(buf.slice(0, _CRC_START))) != crc:
+        raise CorruptLogError(f"changelog entry at offset {base}: CRC mismatch")
+    try:
+        records = pa.ipc.open_stream(payload).read_next_batch()
+    except (pa.ArrowException, StopIteration) as exc:
+        raise CorruptLogError(f"changelog entry at offset {base}: bad Arrow payload: {exc}") from None
+    if records.num_rows != count or not records.schema.equals(SCHEMA):
+        raise CorruptLogError(f"changelog entry at offset {base}: {records.num_rows} records "
+                              f"of {records.schema}, header says {count}")
+    if from_offset is not None and from_offset > base:
+        records = records.slice(from_offset - base)
+        base = min(from_offset, base + count)
+    return LogEntry(base, records)
+
+
+def _check_entry(mm: mmap.mmap, pos: int, size: int, expected: int,
+                 verify: bool) -> tuple[str | None, bool, int, int]:
+    """(problem or None, whether a torn write explains it, count, payload length) at ``pos``."""
+    if size - pos < HEADER_SIZE:
+        return "incomplete header", True, 0, 0
+    magic, base, count, length, crc = _HEADER.unpack_from(mm, pos)
+    if magic != MAGIC:
+        return f"bad magic/version {magic!r}", True, 0, 0
+    end = pos + HEADER_SIZE + length
+    if end > size:
+        return f"entry of {HEADER_SIZE + length} bytes runs past the end of the file", True, 0, 0
+    if verify and zlib.crc32(mm[pos + HEADER_SIZE:end], zlib.crc32(mm[pos:pos + _CRC_START])) != crc:
+        return "CRC mismatch", True, 0, 0
+    if base != expected or not count:
+        # With a good CRC this was written so: a bug or a foreign file, never a torn write.
+        return f"entry says offset {base} with {count} records, expected offset {expected}", False, 0, 0
+    return None, False, count, length
+
+
+def _valid_entry_after(mm: mmap.mmap, start: int, size: int, expected: int) -> bool:
+    """Whether a whole entry with a good CRC and an offset >= expected starts at or after ``start``."""
+    while (i := mm.find(MAGIC, start)) != -1 and i + HEADER_SIZE <= size:
+        _, base, count, length, crc = _HEADER.unpack_from(mm, i)
+        end = i + HEADER_SIZE + length
+        if (base >= expected and count and end <= size
+                and zlib.crc32(mm[i + HEADER_SIZE:end], zlib.crc32(mm[i:i + _CRC_START])) == crc):
+            return True
+        start = i + 1
+    return False
+
+
+class Changelog:
+    """The changelog of one bucket in ``dir`` (created if missing); see the module docstring."""
+
+    def __init__(self, dir: str, *, segment_bytes: int, fsync: bool = True, verify_all: bool = False) -> None:
+        if segment_bytes <= 0:
+            raise ValueError(f"segment_bytes must be positive, got {segment_bytes}")
+        self.dir = dir
+        self.segment_bytes = segment_bytes
+        self.fsync = fsync
+        self._write_lock = threading.Lock()
+        self._index_lock = threading.Lock()
+        self._failed: BaseException | None = None
+        self._closed = False
+        os.makedirs(dir, exist_ok=True)
+        self._lock_fd = os.open(os.path.join(dir, ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            raise ChangelogError(f"changelog {dir} is open in another Changelog instance", dir=dir) from None
+        try:
+            self._segments = self._recover(verify_all)
+            self._segment_bases = [s.base_offset for s in self._segments]
+            active = self._segments[-1]
+            self._fd = os.open(active.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        except BaseException:
+            os.close(self._lock_fd)
+            raise
+        # Writer-side state, ahead of the published index during an append.
+        self._active = active
+        self._unpublished: list[_Segment] = []  # segments rolled to in the current append
+        self._write_size = active.size
+        self._write_offset = active.end_offset
+
+    decode_entry = staticmethod(decode_entry)  # for entries shipped by read_raw
+
+    @classmethod
+    def from_config(cls, dir: str, config: cfg.Config) -> "Changelog":
+        return cls(dir, segment_bytes=config[cfg.LOG_SEGMENT_BYTES], fsync=config[cfg.LOG_FLUSH_FSYNC])
+
+    # --- recovery at open ----------------------------------------------------------------
+
+    def _recover(self, verify_all: bool) -> list[_Segment]:
+        found = sorted((int(m.group(1)), name) for name in os.listdir(self.dir)
+                       if (m := _SEGMENT_NAME.match(name)))
+        if not found:
+            os.close(os.open(self._path(0), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644))
+            self._sync_dir()
+            return [_Segment(0, self._path(0))]
+        # An empty newest segment is a roll a crash interrupted: its predecessor is the tail.
+        while len(found) > 1 and os.path.getsize(self._path(found[-1][0])) == 0:
+            log.warning("changelog %s: removing empty newest segment %s", self.dir, found[-1][1])
+            os.unlink(self._path(found.pop()[0]))
+        segments: list[_Segment] = []
+        for i, (base, _) in enumerate(found):
+            if segments and segments[-1].end_offset != base:
+                raise CorruptLogError(f"changelog {self.dir}: segment {found[i - 1][1]} ends at offset "
+                                      f"{segments[-1].end_offset} but the next one starts at {base}",
+                                      dir=self.dir)
+            tail = i == len(found) - 1
+            segments.append(self._scan(base, tail=tail, verify=tail or verify_all))
+        return segments
+
+    def _scan(self, base: int, *, tail: bool, verify: bool) -> _Segment:
+        """Index one segment from its headers; in the tail segment, cut a torn tail away."""
+        seg = _Segment(base, self._path(base))
+        size = os.path.getsize(seg.path)
+        pos, expected, problem = 0, base, None
+        if size:
+            with open(seg.path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                while pos < size:
+                    problem, torn, count, length = _check_entry(mm, pos, size, expected, verify)
+                    if problem is None:
+                        seg.bases.append(expected)
+                        seg.positions.append(pos)
+                        expected += count
+                        pos += HEADER_SIZE + length
+                        continue
+                    where = f"changelog segment {seg.path}, byte {pos} (offset {expected})"
+                    if not tail or not torn:
+                        raise CorruptLogError(f"{where}: {problem}", path=seg.path, position=pos)
+                    if _valid_entry_after(mm, pos + 1, size, expected):
+                        raise CorruptLogError(f"{where}: {problem}, and valid entries follow it, so it "
+                                              f"is not a torn write", path=seg.path, position=pos)
+                    break
+        if pos < size:
+            log.warning("changelog %s: dropping a torn tail of %d bytes at byte %d (offset %d): %s",
+                        seg.path, size - pos, pos, expected, problem)
+            with open(seg.path, "r+b") as fh:
+                fh.truncate(pos)
+                os.fsync(fh.fileno())
+        seg.end_offset, seg.size = expected, pos
+        return seg
+
+    # --- offsets -------------------------------------------------------------------------
+
+    @property
+    def start_offset(self) -> int:
+        with self._index_lock:
+            return self._segments[0].base_offset
+
+    @property
+    def end_offset(self) -> int:
+        """The offset the next appended record gets."""
+        with self._index_lock:
+            return self._segments[-1].end_offset
+
+    # --- writing ---------------------------------------------------------------------------
+
+    def append(self, change_types: Any, keys: Any, values: Any) -> tuple[int, int]:
+        """Append one batch (arrays or lists); returns ``(base_offset, next_offset)``."""
+        return self.append_batches([record_batch(change_types, keys, values)])[0]
+
+    def append_batch(self, batch: pa.RecordBatch) -> tuple[int, int]:
+        return self.append_batches([batch])[0]
+
+    def append_batches(self, batches: Sequence[pa.RecordBatch]) -> list[tuple[int, int]]:
+        """Append each batch as one entry, with one fsync for all of them (group commit).
+
+        Returns ``(base_offset, next_offset)`` per batch; an empty batch writes
+        nothing and gets ``(n, n)``. Readers see the entries only once written
+        (and fsynced). Raises InvalidRequestError for a batch that does not fit
+        :data:`SCHEMA`; ChangelogError when the disk write fails (the changelog
+        then refuses appends until reopened, and whether the entries survive a
+        reopen is unknown).
+        """
+        encoded = [(b.num_rows, _encode(_conform(b)) if b.num_rows else None) for b in batches]
+        for _, payload in encoded:
+            if payload is not None and len(payload) > 0xFFFFFFFF:
+                raise InvalidRequestError(f"changelog batch of {len(payload)} bytes exceeds 4 GiB")
+        with self._write_lock:
+            self._check_open()
+            if self._failed is not None:
+                raise ChangelogError(f"changelog {self.dir} failed earlier ({self._failed}); reopen it")
+            ranges, entries, rolled, iov = [], [], [], []
+            try:
+                for count, payload in encoded:
+                    base = self._write_offset
+                    ranges.append((base, base + count))
+                    if not count:
+                        continue
+                    size = HEADER_SIZE + len(payload)
+                    if self._write_size and self._write_size + size > self.segment_bytes:
+                        self._write(iov)
+                        iov = []
+                        rolled.append((self._active, self._write_size, base))
+                        self._roll(base)
+                    iov += [_header(base, count, payload), payload]
+                    entries.append((self._active, base, self._write_size))
+                    self._write_size += size
+                    self._write_offset += count
+                self._write(iov)
+            except BaseException as exc:  # the file may now hold part of this append
+                self._failed = exc
+                self._undo_unpublished()
+                if isinstance(exc, OSError):
+                    raise ChangelogError(f"changelog {self.dir}: write failed: {exc}", dir=self.dir) from exc
+                raise
+            with self._index_lock:  # publish
+                for segment, base, position in entries:
+                    segment.bases.append(base)
+                    segment.positions.append(position)
+                for segment, size, end in rolled:
+                    segment.size, segment.end_offset = size, end
+                for segment in self._unpublished:
+                    self._segments.append(segment)
+                    self._segment_bases.append(segment.base_offset)
+                self._unpublished.clear()
+                self._active.size = self._write_size
+                self._active.end_offset = self._write_offset
+            return ranges
+
+    def _write(self, iov: list) -> None:
+        """Write all of ``iov`` to the active segment, then fsync if configured."""
+        while iov:
+            chunk = iov[:_MAX_IOV]
+            written = os.writev(self._fd, chunk)
+            if written == sum(len(b) for b in chunk):
+                iov = iov[_MAX_IOV:]
+                continue
+            rest = []  # a short write: resume at the first byte not written
+            for b in chunk:
+                if written >= len(b):
+                    written -= len(b)
+                else:
+                    rest.append(memoryview(b)[written:])
+                    written = 0
+            iov = rest + iov[_MAX_IOV:]
+        if self.fsync:
+            os.fdatasync(self._fd)
+
+    def _roll(self, base_offset: int) -> None:
+        """Start a new active segment at ``base_offset`` (the old one is written and synced)."""
+        segment = _Segment(base_offset, self._path(base_offset))
+        fd = os.open(segment.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        os.close(self._fd)
+        self._fd, self._active, self._write_size = fd, segment, 0
+        self._unpublished.append(segment)
+        if self.fsync:
+            self._sync_dir()
+
+    def _undo_unpublished(self) -> None:
+        """After a failed write: cut the active file back to what readers know (best effort)."""
+        try:
+            os.ftruncate(self._fd, 0 if self._unpublished else self._active.size)
+        except OSError:
+            pass
+
+    def flush(self) -> None:
+        """fsync the active segment (for ``fsync=False`` logs at a checkpoint or shutdown)."""
+        with self._write_lock:
+            self._check_open()
+            os.fdatasync(self._fd)
+
+    # --- reading -----------------------------------------------------------------------------
+
+    def read(self, from_offset: int, max_bytes: int) -> list[LogEntry]:
+        """Entries from ``from_offset`` on, the first one sliced to start exactly there.
+
+        Whole entries are added while their framed sizes fit in ``max_bytes``;
+        the first one always comes, whatever its size. ``from_offset ==
+        end_offset`` gives ``[]``; outside ``[start_offset, end_offset]`` raises
+        :class:`LogOffsetOutOfRangeError`; a damaged entry raises CorruptLogError.
+        The batches share one read buffer per segment (no copy per entry).
+        """
+        entries: list[LogEntry] = []
+        for path, run in self._runs(from_offset, max_bytes):
+            start = run[0][0]
+            data = memoryview(self._pread(path, [(start, run[-1][0] + run[-1][1] - start)], from_offset)[0])
+            for position, size, base, count in run:
+                entry = decode_entry(data[position - start:position - start + size],
+                                     from_offset=None if entries else from_offset)
+                if entry.next_offset != base + count:
+                    raise CorruptLogError(f"changelog {path}: entry at byte {position} holds offsets up "
+                                          f"to {entry.next_offset}, the index says {base + count}")
+                entries.append(entry)
+        return entries
+
+    def read_raw(self, from_offset: int, max_bytes: int) -> list[bytes]:
+        """Like :meth:`read` but each entry's framed bytes, whole and not checked.
+
+        The first one may start before ``from_offset``: the receiver decodes it
+        with ``decode_entry(data, from_offset=from_offset)``.
+        """
+        out: list[bytes] = []
+        for path, run in self._runs(from_offset, max_bytes):
+            start, total = run[0][0], run[-1][0] + run[-1][1] - run[0][0]
+            if total >= _SPLIT_READ_BYTES * len(run):  # big entries: read each into its own bytes
+                out += self._pread(path, [(position, size) for position, size, _, _ in run], from_offset)
+                continue
+            data = self._pread(path, [(start, total)], from_offset)[0]
+            out += [data[position - start:position - start + size] for position, size, _, _ in run]
+        return out
+
+    def _runs(self, from_offset: int, max_bytes: int) -> list[tuple[str, list[tuple[int, int, int, int]]]]:
+        """The entries to read as (segment path, [(position, size, base_offset, count)]) per segment."""
+        if max_bytes <= 0:
+            raise InvalidRequestError(f"max_bytes must be positive, got {max_bytes}")
+        runs: list[tuple[str, list]] = []
+        for path, entry in self._locate(from_offset, max_bytes):
+            if not runs or runs[-1][0] != path:
+                runs.append((path, []))
+            runs[-1][1].append(entry)
+        return runs
+
+    def _locate(self, from_offset: int, max_bytes: int) -> list[tuple[str, tuple[int, int, int, int]]]:
+        with self._index_lock:
+            self._check_open()
+            start, end = self._segments[0].base_offset, self._segments[-1].end_offset
+            if not start <= from_offset <= end:
+                raise LogOffsetOutOfRangeError(
+                    f"offset {from_offset} is outside the changelog [{start}, {end}]",
+                    offset=from_offset, start_offset=start, end_offset=end)
+            if from_offset == end:
+                return []
+            s = bisect.bisect_right(self._segment_bases, from_offset) - 1
+            located, budget = [], max_bytes
+            for seg in self._segments[s:]:
+                first = max(bisect.bisect_right(seg.bases, from_offset) - 1, 0)
+                for i in range(first, len(seg.bases)):
+                    entry = seg.entry(i)
+                    if located and entry[1] > budget:
+                        return located
+                    located.append((seg.path, entry))
+                    budget -= entry[1]
+            return located
+
+    def _pread(self, path: str, ranges: list[tuple[int, int]], from_offset: int) -> list[bytes]:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:  # truncate_before removed it since _locate
+            start = self.start_offset
+            raise LogOffsetOutOfRangeError(f"offset {from_offset} was removed from the changelog "
+                                           f"(start is now {start})", offset=from_offset,
+                                           start_offset=start, end_offset=self.end_offset) from None
+        try:
+            out = [os.pread(fd, size, position) for position, size in ranges]
+        finally:
+            os.close(fd)
+        for (position, size), data in zip(ranges, out):
+            if len(data) != size:
+                raise CorruptLogError(f"changelog {path}: short read of {len(data)}/{size} bytes at {position}")
+        return out
+
+    # --- retention -------------------------------------------------------------------------------
+
+    def segments(self) -> list[SegmentInfo]:
+        """The segments oldest first; the last one is the active segment."""
+        with self._index_lock:  # listed segments are never unlinked while the lock is held
+            self._check_open()
+            return [SegmentInfo(s.base_offset, s.end_offset, s.size, os.stat(s.path).st_mtime, s.path)
+                    for s in self._segments]
+
+    def truncate_before(self, offset: int) -> int:
+        """Delete the oldest whole segments whose records are all below ``offset``.
+
+        Never deletes the active segment. Returns how many segments were deleted.
+        """
+        with self._write_lock:
+            with self._index_lock:
+                self._check_open()
+                doomed = []
+                while len(self._segments) > 1 and self._segments[0].end_offset <= offset:
+                    doomed.append(self._segments.pop(0))
+                    self._segment_bases.pop(0)
+            for seg in doomed:
+                os.unlink(seg.path)
+            if doomed:
+                log.info("changelog %s: deleted %d segments below offset %d", self.dir, len(doomed),
+                         doomed[-1].end_offset)
+                if self.fsync:
+                    self._sync_dir()
+            return len(doomed)
+
+    # --- lifecycle ----------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        with self._write_lock:
+            if self._closed:
+                return
+            with self._index_lock:
+                self._closed = True
+            try:
+                if self._failed is None:
+                    os.fdatasync(self._fd)
+            finally:
+                os.close(self._fd)
+                os.close(self._lock_fd)  # releases the flock
+
+    def __enter__(self) -> "Changelog":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ChangelogError(f"changelog {self.dir} is closed")
+
+    def _path(self, base_offset: int) -> str:
+        return os.path.join(self.dir, f"{base_offset:020d}.log")
+
+    def _sync_dir(self) -> None:
+        fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
