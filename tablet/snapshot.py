@@ -1,0 +1,418 @@
+"""Remote KV snapshots of one bucket: incremental upload, manifest, download.
+
+Layout, naming, failure handling and figures: ``docs/snapshots.md``. In short,
+SSTs go to ``kv/{t}/{b}/shared/{stem}-{size}-{crc32 of the last 64 KiB}-s{id}.sst``
+(the tail holds RocksDB's db/session ids, so a re-created DB never matches;
+``-s{id}`` makes every upload a fresh name), the other checkpoint files to
+``kv/{t}/{b}/snap-{id}/``, the JSON manifest last to ``snap-{id}/_METADATA``.
+An SST counts as present only if the latest committed snapshot uses it, or
+this uploader put it there itself and it still exists.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import threading
+import time
+import zlib
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from common import errors
+from common.storage import RemoteStorage, S3Storage, StorageExists, StorageNotFound
+from leases.model import SnapshotFile, SnapshotHandle, TableBucket
+
+log = logging.getLogger(__name__)
+
+MANIFEST_NAME = "_METADATA"
+MANIFEST_VERSION = 1
+MULTIPART_BYTES = 16 << 20  # S3: files above this go up and down in parts of this size, 4 at a time
+TAIL_BYTES = 64 << 10  # fingerprinted end of an SST: holds its properties block
+_SKIPPED = re.compile(r"^(LOCK|LOG(\.old\..*)?)$")  # lock and info logs are not part of a checkpoint
+_SHARED_NAME = re.compile(r"^(?P<stem>[^/]+)-(?P<size>\d+)-(?P<crc>[0-9a-f]{8})-s(?P<sid>\d+)\.sst$")
+
+FileKey = tuple[str, int, int]  # (local name, size, crc32 of the tail)
+
+
+# --- layout -----------------------------------------------------------------------
+
+def bucket_dir(tb: TableBucket) -> str:
+    part = "" if tb.partition_id is None else f"p{tb.partition_id}/"
+    return f"kv/{tb.table_id}/{part}{tb.bucket}"
+
+
+def shared_dir(tb: TableBucket) -> str:
+    return f"{bucket_dir(tb)}/shared"
+
+
+def snapshot_dir(tb: TableBucket, snapshot_id: int) -> str:
+    return f"{bucket_dir(tb)}/snap-{snapshot_id}"
+
+
+def manifest_path(tb: TableBucket, snapshot_id: int) -> str:
+    return f"{snapshot_dir(tb, snapshot_id)}/{MANIFEST_NAME}"
+
+
+def shared_name(key: FileKey, snapshot_id: int) -> str:
+    name, size, crc = key
+    return f"{name.removesuffix('.sst')}-{size}-{crc:08x}-s{snapshot_id}.sst"
+
+
+def parse_shared(path: str) -> FileKey | None:
+    """The local-file key a shared object was uploaded for; None for any other path."""
+    match = _SHARED_NAME.match(path.rsplit("/", 1)[-1])
+    if match is None:
+        return None
+    return (f"{match['stem']}.sst", int(match["size"]), int(match["crc"], 16))
+
+
+def fingerprint(path: str, size: int) -> int:
+    """CRC-32 of the file's last ``TAIL_BYTES``."""
+    with open(path, "rb") as fh:
+        fh.seek(max(0, size - TAIL_BYTES))
+        return zlib.crc32(fh.read())
+
+
+# --- the manifest -----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ManifestFile:
+    path: str  # remote, relative to the storage root
+    local_name: str  # name inside the checkpoint directory
+    size: int
+
+
+@dataclass(frozen=True)
+class Manifest:
+    bucket: TableBucket
+    snapshot_id: int
+    log_offset: int
+    files: tuple[ManifestFile, ...]
+    created_ms: int
+
+    @property
+    def path(self) -> str:
+        return manifest_path(self.bucket, self.snapshot_id)
+
+    def to_bytes(self) -> bytes:
+        return json.dumps({
+            "version": MANIFEST_VERSION, **self.bucket.to_json(), "snapshot_id": self.snapshot_id,
+            "log_offset": self.log_offset, "created_ms": self.created_ms,
+            "files": [{"path": f.path, "local_name": f.local_name, "size": f.size} for f in self.files],
+        }, indent=1).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, where: str = "") -> "Manifest":
+        """Raises InvalidSnapshotError for anything but a well-formed version-1 manifest."""
+        try:
+            doc = json.loads(data)
+            if doc.get("version") != MANIFEST_VERSION:
+                raise ValueError(f"unsupported manifest version {doc.get('version')!r}")
+            files = tuple(ManifestFile(f["path"], f["local_name"], int(f["size"])) for f in doc["files"])
+            for f in files:
+                if not f.local_name or "/" in f.local_name or f.local_name.startswith("."):
+                    raise ValueError(f"bad local name {f.local_name!r}")
+            return cls(TableBucket.from_json(doc), int(doc["snapshot_id"]), int(doc["log_offset"]), files,
+                       int(doc["created_ms"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise errors.InvalidSnapshotError(f"bad snapshot manifest {where}: {exc}") from None
+
+    def to_handle(self) -> SnapshotHandle:
+        """The handle to commit: every remote file (shared and private) and the manifest."""
+        return SnapshotHandle(self.bucket, self.snapshot_id, self.log_offset, self.path,
+                              tuple(SnapshotFile(f.path, f.size) for f in self.files))
+
+
+def read_manifest(storage: RemoteStorage, path: str) -> Manifest:
+    """Raises StorageNotFound, StorageError, InvalidSnapshotError."""
+    return Manifest.from_bytes(storage.read(path), where=path)
+
+
+# --- upload -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class UploadStats:
+    snapshot_id: int
+    files: int  # files the snapshot uses (shared + private, not the manifest)
+    bytes: int
+    uploaded_files: int  # objects written, the manifest included
+    uploaded_bytes: int
+    new_shared_files: int
+    new_shared_bytes: int
+    reused_shared_files: int
+    reused_shared_bytes: int
+
+
+class SnapshotUploader:
+    """Uploads one bucket's checkpoints; one upload at a time, one uploader per bucket (its leader).
+
+    ``base`` is the bucket's latest committed snapshot (from the coordinator,
+    or ``read_manifest(...).to_handle()``): its shared SSTs are taken as
+    present. Call :meth:`mark_committed` after each successful commit, or use
+    :func:`upload_and_commit`.
+    """
+
+    def __init__(self, storage: RemoteStorage, table_bucket: TableBucket, *, io_threads: int = 8,
+                 base: SnapshotHandle | None = None, clock_ms: Callable[[], int] | None = None) -> None:
+        self.storage = storage
+        self.table_bucket = table_bucket
+        self.io_threads = io_threads
+        self.clock_ms = clock_ms or (lambda: int(time.time() * 1000))
+        self.base: SnapshotHandle | None = None
+        self._committed: dict[FileKey, SnapshotFile] = {}
+        self._pending: dict[FileKey, SnapshotFile] = {}  # uploaded by us, used by no committed snapshot we know
+        self._lock = threading.Lock()
+        self.last_stats: UploadStats | None = None
+        if base is not None:
+            self.mark_committed(base)
+
+    def mark_committed(self, handle: SnapshotHandle) -> None:
+        """The coordinator holds ``handle``: it is the base of the next upload."""
+        if handle.bucket != self.table_bucket:
+            raise errors.InvalidRequestError(f"snapshot of {handle.bucket} given to the uploader of {self.table_bucket}")
+        prefix = shared_dir(self.table_bucket) + "/"
+        self.base = handle
+        self._committed = {key: f for f in handle.files
+                           if f.path.startswith(prefix) and (key := parse_shared(f.path)) is not None}
+        for key in self._committed:
+            self._pending.pop(key, None)
+
+    def upload(self, checkpoint_dir: str, snapshot_id: int, log_offset: int) -> SnapshotHandle:
+        """Upload the checkpoint; returns the handle to commit (nothing is committed here).
+
+        New SSTs and the private files go up in parallel, the manifest last
+        (``write_new``). On failure the private files and the manifest this
+        call wrote are deleted; new shared SSTs stay for the next upload.
+        Raises StorageError, StorageExists (``snap-{id}`` is taken: use a new
+        id), InvalidSnapshotError.
+        """
+        with self._lock:
+            if self.base is not None and snapshot_id <= self.base.snapshot_id:
+                raise errors.InvalidSnapshotError(
+                    f"snapshot {snapshot_id} of {self.table_bucket} is not newer than the committed "
+                    f"{self.base.snapshot_id}")
+            local = _scan(checkpoint_dir)
+            shared: list[ManifestFile] = []
+            new_shared: list[tuple[FileKey, ManifestFile]] = []
+            private: list[ManifestFile] = []
+            keys = {name: self._key(checkpoint_dir, name, size) for name, size in local}
+            reuse = self._reusable({key for key in keys.values() if key is not None})
+            for name, size in local:
+                key = keys[name]
+                if key is None:
+                    private.append(ManifestFile(f"{snapshot_dir(self.table_bucket, snapshot_id)}/{name}", name, size))
+                elif key in reuse:
+                    shared.append(ManifestFile(reuse[key].path, name, size))
+                else:
+                    entry = ManifestFile(f"{shared_dir(self.table_bucket)}/{shared_name(key, snapshot_id)}", name, size)
+                    shared.append(entry)
+                    new_shared.append((key, entry))
+            manifest = Manifest(self.table_bucket, snapshot_id, log_offset,
+                                tuple(sorted(shared + private, key=lambda f: f.local_name)), self.clock_ms())
+            data = manifest.to_bytes()
+            self._write_all(checkpoint_dir, manifest, data, new_shared, private)
+            self.last_stats = UploadStats(
+                snapshot_id, len(manifest.files), sum(f.size for f in manifest.files),
+                len(new_shared) + len(private) + 1,
+                sum(f.size for _, f in new_shared) + sum(f.size for f in private) + len(data),
+                len(new_shared), sum(f.size for _, f in new_shared),
+                len(shared) - len(new_shared), sum(f.size for f in shared) - sum(f.size for _, f in new_shared))
+            log.info("uploaded snapshot %d of %s: %s", snapshot_id, self.table_bucket, self.last_stats)
+            return manifest.to_handle()
+
+    def discard(self, handle: SnapshotHandle) -> None:
+        """Delete the private files and manifest of an upload whose commit was definitely refused."""
+        prefix = snapshot_dir(self.table_bucket, handle.snapshot_id) + "/"
+        self.storage.delete_many(sorted(p for p in handle.file_paths() if p.startswith(prefix)))
+
+    # -- internals ------------------------------------------------------------------
+
+    def _key(self, checkpoint_dir: str, name: str, size: int) -> FileKey | None:
+        if not name.endswith(".sst"):
+            return None
+        return (name, size, fingerprint(os.path.join(checkpoint_dir, name), size))
+
+    def _reusable(self, keys: set[FileKey]) -> dict[FileKey, SnapshotFile]:
+        """Committed SSTs, plus our own earlier uploads that are still there (checked, not assumed)."""
+        self._pending = {k: f for k, f in self._pending.items() if k in keys}  # gone from the DB: never again
+        found = {k: f for k, f in self._committed.items() if k in keys}
+        for key, f in list(self._pending.items()):
+            if key not in found and self.storage.exists(f.path):
+                found[key] = f
+            elif key not in found:
+                del self._pending[key]
+        return found
+
+    def _write_all(self, checkpoint_dir: str, manifest: Manifest, data: bytes,
+                   new_shared: list[tuple[FileKey, ManifestFile]], private: list[ManifestFile]) -> None:
+        written: list[str] = []  # private paths this call may have created (deleted on failure)
+        guard = threading.Lock()
+
+        def put_shared(key: FileKey, f: ManifestFile) -> None:
+            _put_file(self.storage, f.path, os.path.join(checkpoint_dir, f.local_name))
+            with guard:
+                self._pending[key] = SnapshotFile(f.path, f.size)
+
+        def put_private(path: str, body: bytes | None, local: str = "") -> None:
+            if body is None:
+                with open(local, "rb") as fh:
+                    body = fh.read()
+            try:
+                self.storage.write_new(path, body)
+            except StorageExists:
+                raise  # someone else's object: never delete it
+            except BaseException:
+                with guard:
+                    written.append(path)  # may exist anyway (a lost reply)
+                raise
+            with guard:
+                written.append(path)
+
+        tasks = [lambda k=k, f=f: put_shared(k, f) for k, f in new_shared]
+        tasks += [lambda f=f: put_private(f.path, None, os.path.join(checkpoint_dir, f.local_name)) for f in private]
+        try:
+            _run_all(tasks, self.io_threads)
+            put_private(manifest.path, data)
+        except BaseException:
+            if written:
+                try:
+                    self.storage.delete_many(sorted(written))
+                except errors.StorageError as exc:
+                    log.warning("could not delete %d files of failed snapshot %d of %s: %s",
+                                len(written), manifest.snapshot_id, self.table_bucket, exc)
+            raise
+
+
+def upload_and_commit(uploader: SnapshotUploader, commit: Callable[[SnapshotHandle], None], checkpoint_dir: str,
+                      snapshot_id: int, log_offset: int) -> SnapshotHandle:
+    """Upload, then ``commit(handle)`` (e.g. ``AdminClient.commit_kv_snapshot``), then advance the base.
+
+    A refused commit (invalid request, not found) discards the upload; any
+    other error may have committed it, so its files stay (at worst orphans).
+    """
+    handle = uploader.upload(checkpoint_dir, snapshot_id, log_offset)
+    try:
+        commit(handle)
+    except (errors.InvalidRequestError, errors.NotFoundError):
+        uploader.discard(handle)
+        raise
+    uploader.mark_committed(handle)
+    return handle
+
+
+# --- download ---------------------------------------------------------------------------
+
+def download(storage: RemoteStorage, source: SnapshotHandle | str, target_dir: str, *,
+             io_threads: int = 8) -> Manifest:
+    """Restore a snapshot (a handle or a manifest path) as a checkpoint directory.
+
+    ``target_dir`` must be missing or empty. Each file is fetched to a temp
+    name, size-checked, then renamed. Raises StorageNotFound (a file or the
+    manifest is gone), StorageError, InvalidSnapshotError; on failure the
+    files written here are removed.
+    """
+    path = source.metadata_path if isinstance(source, SnapshotHandle) else source
+    manifest = read_manifest(storage, path)
+    os.makedirs(target_dir, exist_ok=True)
+    if os.listdir(target_dir):
+        raise errors.InvalidRequestError(f"download target {target_dir} is not empty")
+
+    def fetch(f: ManifestFile) -> None:
+        final = os.path.join(target_dir, f.local_name)
+        tmp = f"{final}.part"
+        _get_file(storage, f.path, tmp)
+        size = os.path.getsize(tmp)
+        if size != f.size:
+            raise errors.StorageError(f"{storage.uri}/{f.path} has {size} bytes, the manifest says {f.size}",
+                                      path=f.path)
+        os.replace(tmp, final)
+
+    try:
+        _run_all([lambda f=f: fetch(f) for f in manifest.files], io_threads)
+    except BaseException:
+        for name in os.listdir(target_dir):
+            os.unlink(os.path.join(target_dir, name))
+        raise
+    return manifest
+
+
+def open_read_only(checkpoint_dir: str):
+    """A read-only ``rocksdict.Rdict`` (raw bytes) on a downloaded snapshot."""
+    from rocksdict import AccessType, Options, Rdict
+
+    return Rdict(checkpoint_dir, Options(raw_mode=True), access_type=AccessType.read_only())
+
+
+# --- helpers ------------------------------------------------------------------------------
+
+def _scan(checkpoint_dir: str) -> list[tuple[str, int]]:
+    """``(name, size)`` of the checkpoint's files, sorted by name."""
+    found = []
+    with os.scandir(checkpoint_dir) as entries:
+        for entry in entries:
+            if _SKIPPED.match(entry.name):
+                continue
+            if not entry.is_file(follow_symlinks=False):
+                raise errors.InvalidRequestError(f"unexpected {entry.path} in a checkpoint (not a plain file)")
+            found.append((entry.name, entry.stat().st_size))
+    if not any(name.startswith("CURRENT") for name, _ in found):
+        raise errors.InvalidRequestError(f"{checkpoint_dir} is not a RocksDB checkpoint (no CURRENT)")
+    return sorted(found)
+
+
+def _run_all(tasks: Iterable[Callable[[], None]], threads: int) -> None:
+    """Run in parallel; on the first failure cancel what has not started, wait for the rest, re-raise."""
+    tasks = list(tasks)
+    if not tasks:
+        return
+    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(tasks))), thread_name_prefix="snapshot-io") as pool:
+        futures = [pool.submit(task) for task in tasks]
+        done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+        failed = next((f for f in done if f.exception() is not None), None)
+        if failed is not None:
+            for f in futures:
+                f.cancel()
+            wait(futures)
+            raise failed.exception()
+
+
+def _put_file(storage: RemoteStorage, path: str, local_path: str) -> None:
+    """Create or replace ``path`` with a local file: streamed (multipart) on S3, read whole otherwise."""
+    if isinstance(storage, S3Storage):
+        from boto3.exceptions import S3UploadFailedError
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        from boto3.s3.transfer import TransferConfig
+
+        try:  # S3Storage keeps its key mapping private; _key is the one place it lives
+            storage.client.upload_file(local_path, storage.bucket, storage._key(path), Config=TransferConfig(
+                multipart_threshold=MULTIPART_BYTES, multipart_chunksize=MULTIPART_BYTES, max_concurrency=4))
+        except (S3UploadFailedError, ClientError, BotoCoreError, OSError) as exc:
+            raise errors.StorageError(f"cannot write {storage.uri}/{path}: {exc}", path=path) from None
+        return
+    with open(local_path, "rb") as fh:
+        storage.put(path, fh.read())
+
+
+def _get_file(storage: RemoteStorage, path: str, local_path: str) -> None:
+    if isinstance(storage, S3Storage):
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        from boto3.s3.transfer import TransferConfig
+
+        try:
+            storage.client.download_file(storage.bucket, storage._key(path), local_path, Config=TransferConfig(
+                multipart_threshold=MULTIPART_BYTES, multipart_chunksize=MULTIPART_BYTES, max_concurrency=4))
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+                raise StorageNotFound(f"{storage.uri}/{path} does not exist", path=path) from None
+            raise errors.StorageError(f"cannot read {storage.uri}/{path}: {exc}", path=path) from None
+        except (BotoCoreError, OSError) as exc:
+            raise errors.StorageError(f"cannot read {storage.uri}/{path}: {exc}", path=path) from None
+        return
+    with open(local_path, "wb") as fh:
+        fh.write(storage.read(path))
