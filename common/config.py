@@ -123,6 +123,14 @@ LEASE_CHECK_INTERVAL = _key("kv.snapshot.lease.expiration-check-interval", "1s",
 LEASE_FAILOVER_GRACE = _key("kv.snapshot.lease.failover-grace", "30s", parse_duration_ms)
 LEASE_MAX_DURATION = _key("kv.snapshot.lease.max-duration", "7d", parse_duration_ms)
 
+# --- tablet servers --------------------------------------------------------------------
+TABLET_ID = _key("tablet.id", 0, _parse_int, "this tablet server's id (unique in the cluster)")
+TABLET_HOST = _key("tablet.host", "127.0.0.1", str)
+TABLET_PORT = _key("tablet.port", 9124, _parse_int, "gRPC port (0: pick a free one)")
+TABLET_DATA_DIR = _key("tablet.data-dir", "/tmp/kvlease/tablet", str, "local directory of the buckets' RocksDB + changelog")
+TABLET_RPC_THREADS = _key("tablet.rpc.threads", 32, _parse_int)
+SNAPSHOT_UPLOAD_THREADS = _key("kv.snapshot.upload-threads", 8, _parse_int)
+
 # --- tablet servers: changelog ------------------------------------------------------
 LOG_FLUSH_FSYNC = _key("log.flush.fsync", True, _parse_bool, "fsync the changelog once per write batch")
 LOG_SEGMENT_BYTES = _key("log.segment.bytes", "64mb", parse_size, "roll a changelog segment past this size")

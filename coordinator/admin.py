@@ -51,6 +51,21 @@ class SnapshotInfo:
 
 
 @dataclass(frozen=True)
+class BucketLeader:
+    bucket: int
+    leader_id: int  # -1: not assigned yet
+    leader_address: str  # "": the leader's tablet server is not live
+    leader_epoch: int
+
+
+@dataclass(frozen=True)
+class TabletServerInfo:
+    id: int
+    address: str
+    buckets: int
+
+
+@dataclass(frozen=True)
 class AcquireResult:
     lease_id: str
     expiration_time: int
@@ -211,6 +226,17 @@ class AdminClient:
 
     def get_table_by_id(self, table_id: int) -> TableInfo:
         return TableInfo.from_pb(self._call("GetTable", pb.GetTableRequest(table_id=table_id)).table)
+
+    def get_table_assignment(self, table_id: int) -> tuple[TableInfo, dict[int, BucketLeader]]:
+        """The table and each bucket's leader (address empty while its server is gone)."""
+        response = self._call("GetTableAssignment", pb.GetTableAssignmentRequest(table_id=table_id))
+        leaders = {b.bucket: BucketLeader(b.bucket, b.leader_id, b.leader_address, b.leader_epoch)
+                   for b in response.buckets}
+        return TableInfo.from_pb(response.table), leaders
+
+    def list_tablet_servers(self) -> list[TabletServerInfo]:
+        response = self._call("ListTabletServers", pb.ListTabletServersRequest())
+        return [TabletServerInfo(s.id, s.address, s.buckets) for s in response.servers]
 
     # -- snapshots ----------------------------------------------------------------
 

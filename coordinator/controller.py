@@ -24,6 +24,7 @@ from common.storage import RemoteStorage
 from common.tables import validate_spec
 from common.zk import dumps, loads
 from coordinator import requests as rq
+from coordinator.assignment import UNASSIGNED, Assignments
 from coordinator.catalog import TableCatalog
 from coordinator.fencing import FencedWriter
 from coordinator.snapshots import SnapshotStore
@@ -35,17 +36,22 @@ log = logging.getLogger(__name__)
 
 MAX_OPS_PER_MULTI = 500
 Item = tuple[object, "Future | None"]
+#: notify(server_id, address, [(table, bucket, leader_epoch)], dropped_table_ids): push leadership
+Notify = Callable[[int, str, list, list], None]
 
 
 class Controller:
     def __init__(self, zk: KazooClient, storage: RemoteStorage, *, num_retained: int, max_lease_ms: int,
-                 grace_ms: int, clock_ms: Callable[[], int], metrics=None) -> None:
+                 grace_ms: int, clock_ms: Callable[[], int], metrics=None, notify: Notify | None = None) -> None:
         self.zk = zk
         self.storage = storage
         self.clock_ms = clock_ms
         self.grace_ms = grace_ms
         self.metrics = metrics
         self.catalog = TableCatalog()
+        self.assignments = Assignments()
+        self.servers: dict[int, str] = {}  # live tablet servers
+        self.notify = notify
         self.snapshots = SnapshotStore(num_retained)
         self.leases = ls.LeaseState(self, max_lease_ms)
         self.lease_store = LeaseStore(storage)
@@ -77,6 +83,10 @@ class Controller:
         for path in zkpaths.ROOTS + (zkpaths.TABLES,):
             self.zk.ensure_path(path)
         self.catalog.load(self.zk)
+        for table_id in self.assignments.load(self.zk, sorted(self.catalog.by_id)):
+            plan = self.assignments.plan_new(self.catalog.by_id[table_id].buckets, [])
+            self.writer.commit([self.assignments.create_op(table_id, plan)])
+            self.assignments.set(table_id, plan)
         self.snapshots = SnapshotStore(self.snapshots.num_retained)
         for handle in self._load_snapshot_handles():
             self.snapshots.add(handle)
@@ -281,6 +291,9 @@ class Controller:
             return self._drop_table(request)
         if isinstance(request, rq.CommitSnapshot):
             return self._commit_snapshot(request.handle)
+        if isinstance(request, rq.TabletServersChanged):
+            servers = self._read_servers() if request.servers is None else dict(request.servers)
+            return self._servers_changed(servers)
         raise errors.InvalidRequestError(f"unknown request {type(request).__name__}")
 
     def _create_table(self, request: rq.CreateTable):
@@ -290,8 +303,11 @@ class Controller:
                 return self.catalog.get(spec.database, spec.name)
             raise errors.TableAlreadyExistError(f"table {spec.database}.{spec.name} already exists")
         table, ops = self.catalog.create_ops(spec, self.clock_ms())
-        self.writer.commit(ops)
+        plan = self.assignments.plan_new(table.buckets, sorted(self.servers))
+        self.writer.commit(ops + [self.assignments.create_op(table.table_id, plan)])
         self.catalog.add(table)
+        self.assignments.set(table.table_id, plan)
+        self._push_leadership(self.assignments.leaders_of(table.table_id))
         log.info("created table %s (id %d, %d buckets)", table.path, table.table_id, table.buckets)
         return table
 
@@ -315,13 +331,69 @@ class Controller:
         for start in range(0, len(handles), MAX_OPS_PER_MULTI):
             self.writer.commit([ZkOp("delete", zkpaths.snapshot(h.bucket.table_id, h.bucket.bucket, h.snapshot_id))
                                 for h in handles[start:start + MAX_OPS_PER_MULTI]])
-        self.writer.commit(self.catalog.drop_ops(table))
+        leaders = self.assignments.leaders_of(table.table_id)
+        assignment_op = [self.assignments.delete_op(table.table_id)] if table.table_id in self.assignments.by_table else []
+        self.writer.commit(assignment_op + self.catalog.drop_ops(table))
         self.catalog.remove(table)
+        self.assignments.remove(table.table_id)
+        self._push_leadership(leaders, dropped=[table.table_id])
         _handles, files = self.snapshots.remove_table(table.table_id)
         # 3. its files: whatever the handles named, and anything else under kv/{table_id}/
         self._file_pool.submit(_delete_table_files, self.storage, table.table_id, files)
         log.info("dropped table %s (id %d)", table.path, table.table_id)
         return None
+
+    # -- tablet servers and bucket leaders -----------------------------------------------
+
+    def _read_servers(self) -> dict[int, str]:
+        try:
+            ids = self.zk.get_children(zkpaths.TABLET_SERVERS)
+        except NoNodeError:
+            return {}
+        servers = {}
+        for name, result in [(n, self.zk.get_async(zkpaths.tablet_server(n))) for n in ids if n.isdigit()]:
+            try:
+                servers[int(name)] = loads(result.get()[0])["address"]
+            except NoNodeError:
+                continue
+        return servers
+
+    def _servers_changed(self, servers: dict[int, str]) -> None:
+        joined = {sid for sid, address in servers.items() if self.servers.get(sid) != address}
+        left = set(self.servers) - set(servers)
+        self.servers = servers
+        if left:
+            log.warning("tablet servers gone: %s (their buckets are unavailable until they return)", sorted(left))
+        changes = self.assignments.plan_servers_joined(joined, sorted(servers))
+        if changes:
+            self.writer.commit([self.assignments.set_op(t, plan) for t, plan in sorted(changes.items())])
+            for table_id, plan in changes.items():
+                self.assignments.set(table_id, plan)
+        touched = set(joined)
+        for plan in changes.values():
+            touched |= {a.leader for a in plan.values() if a.leader != UNASSIGNED}
+        self._push_leadership(touched)
+
+    def push_all(self) -> None:
+        """Tell every live tablet server what it leads (after becoming active)."""
+        self._push_leadership(set(self.servers))
+
+    def _push_leadership(self, server_ids: Iterable[int], dropped: list[int] | None = None) -> None:
+        if self.notify is None:
+            return
+        for server_id in sorted(server_ids):
+            address = self.servers.get(server_id)
+            if address is None:
+                continue
+            led = [(self.catalog.by_id[t], b, a.leader_epoch) for t, b, a in self.assignments.led_by(server_id)
+                   if t in self.catalog.by_id]
+            self.notify(server_id, address, led, list(dropped or []))
+
+    def assignment_rows(self, table_id: int) -> tuple[object, list[tuple[int, int, str, int]]]:
+        table = self.catalog.get_by_id(table_id)
+        rows = [(bucket, a.leader, self.servers.get(a.leader, ""), a.leader_epoch)
+                for bucket, a in sorted(self.assignments.table(table_id).items())]
+        return table, rows
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -341,6 +413,11 @@ class Controller:
             if lease is None:
                 raise errors.LeaseNotFoundError(f"lease {request.lease_id!r} not found", lease_id=request.lease_id)
             return lease
+        if isinstance(request, rq.GetTableAssignment):
+            return self.assignment_rows(request.table_id)
+        if isinstance(request, rq.ListTabletServers):
+            load = self.assignments.load_per_server()
+            return [(sid, address, load[sid]) for sid, address in sorted(self.servers.items())]
         raise errors.InvalidRequestError(f"unknown query {type(request).__name__}")
 
     # -- metrics ------------------------------------------------------------------------------

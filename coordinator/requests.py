@@ -80,9 +80,26 @@ class DescribeLease:
 
 
 @dataclass(frozen=True)
+class TabletServersChanged:
+    """The live tablet servers changed; None: read them from ``/tabletservers/ids``."""
+
+    servers: Mapping[int, str] | None = None
+
+
+@dataclass(frozen=True)
+class GetTableAssignment:
+    table_id: int
+
+
+@dataclass(frozen=True)
+class ListTabletServers:
+    pass
+
+
+@dataclass(frozen=True)
 class ExpireTick:
     """Timer event: drop the leases whose deadline passed."""
 
 
 LEASE_WRITES = (AcquireLease, RenewLease, ReleaseLease, DropLease, ExpireTick)
-QUERIES = (ListTables, GetTable, ListSnapshots, ListLeases, DescribeLease)
+QUERIES = (ListTables, GetTable, ListSnapshots, ListLeases, DescribeLease, GetTableAssignment, ListTabletServers)

@@ -29,6 +29,8 @@ from coordinator.controller import Controller
 from coordinator.fencing import FencedWriter, bump_epoch
 from coordinator.loop import EventLoop
 from coordinator.metrics import CoordinatorMetrics
+from coordinator.notifier import LeadershipNotifier
+from coordinator import requests as rq
 from coordinator.service import CoordinatorService
 
 log = logging.getLogger(__name__)
@@ -82,6 +84,7 @@ class CoordinatorServer:
         for path in zkpaths.ROOTS:
             self.zk.ensure_path(path)
         self.zk.DataWatch(zkpaths.ACTIVE, self._on_active_changed)
+        self.zk.ChildrenWatch(zkpaths.TABLET_SERVERS, self._on_tablets_changed)
         self._grpc.start()
         self._thread = threading.Thread(target=self._campaign, name="coordinator-election", daemon=True)
         self._thread.start()
@@ -137,6 +140,11 @@ class CoordinatorServer:
             log.warning("ZooKeeper session lost: stepping down")
             self._step_down.set()
 
+    def _on_tablets_changed(self, _children) -> None:
+        loop = self._loop
+        if loop is not None and self._state == "active":
+            loop.submit(rq.TabletServersChanged())
+
     def _on_active_changed(self, data, _stat) -> None:
         try:
             node = loads(data) if data else None
@@ -167,6 +175,7 @@ class CoordinatorServer:
             return
         self._state = "initializing"
         controller = None
+        notifier = None
         try:
             epoch, version = bump_epoch(self.zk)
             writer = FencedWriter(self.zk, version)
@@ -174,14 +183,16 @@ class CoordinatorServer:
             self.epoch = epoch
             log.info("coordinator %s elected, epoch %d: reinitializing", self.address, epoch)
             c = self.config
+            notifier = LeadershipNotifier(epoch)
             controller = Controller(self.zk, self.storage, num_retained=c[cfg.SNAPSHOT_NUM_RETAINED],
                                     max_lease_ms=c[cfg.LEASE_MAX_DURATION], grace_ms=c[cfg.LEASE_FAILOVER_GRACE],
-                                    clock_ms=self.clock_ms, metrics=self.metrics)
+                                    clock_ms=self.clock_ms, metrics=self.metrics, notify=notifier.push)
             self.reinit_stats = controller.reinitialize(writer)
             loop = EventLoop(controller, max_batch=c[cfg.LOOP_MAX_BATCH],
                              tick_interval_ms=c[cfg.LEASE_CHECK_INTERVAL], on_fatal=self._on_fatal,
                              metrics=self.metrics)
             loop.start()
+            loop.submit(rq.TabletServersChanged())  # learn the live servers and tell them what they lead
             self._loop = loop
             self._state = "active"
             self.metrics.active.set(1)
@@ -198,6 +209,8 @@ class CoordinatorServer:
             loop, self._loop = self._loop, None
             if loop is not None:
                 loop.stop(errors.NotCoordinatorError("the coordinator stepped down"))
+            if notifier is not None:
+                notifier.close()
             if controller is not None:
                 controller.close()
             self._unpublish_active()

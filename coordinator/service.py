@@ -114,6 +114,18 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
         return self._run(rq.ListLeases(), pb.ListKvSnapshotLeasesResponse,
                          lambda leases: {"leases": [lease_pb(lease) for lease in leases]})
 
+    def GetTableAssignment(self, request, context):
+        def build(result):
+            table, rows = result
+            return {"table": table.to_pb(pb.TableInfoPb),
+                    "buckets": [pb.BucketAssignmentPb(bucket=b, leader_id=leader, leader_address=address,
+                                                      leader_epoch=epoch) for b, leader, address, epoch in rows]}
+        return self._run(rq.GetTableAssignment(request.table_id), pb.GetTableAssignmentResponse, build)
+
+    def ListTabletServers(self, request, context):
+        return self._run(rq.ListTabletServers(), pb.ListTabletServersResponse,
+                         lambda rows: {"servers": [pb.TabletServerPb(id=i, address=a, buckets=n) for i, a, n in rows]})
+
     def DescribeKvSnapshotLease(self, request, context):
         return self._run(rq.DescribeLease(request.lease_id), pb.DescribeKvSnapshotLeaseResponse,
                          lambda lease: {"lease": lease_pb(lease)})

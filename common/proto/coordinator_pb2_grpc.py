@@ -104,6 +104,16 @@ class CoordinatorServiceStub:
                 request_serializer=common_dot_proto_dot_coordinator__pb2.DescribeKvSnapshotLeaseRequest.SerializeToString,
                 response_deserializer=common_dot_proto_dot_coordinator__pb2.DescribeKvSnapshotLeaseResponse.FromString,
                 _registered_method=True)
+        self.GetTableAssignment = channel.unary_unary(
+                '/kvlease.CoordinatorService/GetTableAssignment',
+                request_serializer=common_dot_proto_dot_coordinator__pb2.GetTableAssignmentRequest.SerializeToString,
+                response_deserializer=common_dot_proto_dot_coordinator__pb2.GetTableAssignmentResponse.FromString,
+                _registered_method=True)
+        self.ListTabletServers = channel.unary_unary(
+                '/kvlease.CoordinatorService/ListTabletServers',
+                request_serializer=common_dot_proto_dot_coordinator__pb2.ListTabletServersRequest.SerializeToString,
+                response_deserializer=common_dot_proto_dot_coordinator__pb2.ListTabletServersResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServiceServicer:
@@ -193,6 +203,18 @@ class CoordinatorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetTableAssignment(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListTabletServers(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -265,6 +287,16 @@ def add_CoordinatorServiceServicer_to_server(servicer, server):
                     servicer.DescribeKvSnapshotLease,
                     request_deserializer=common_dot_proto_dot_coordinator__pb2.DescribeKvSnapshotLeaseRequest.FromString,
                     response_serializer=common_dot_proto_dot_coordinator__pb2.DescribeKvSnapshotLeaseResponse.SerializeToString,
+            ),
+            'GetTableAssignment': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetTableAssignment,
+                    request_deserializer=common_dot_proto_dot_coordinator__pb2.GetTableAssignmentRequest.FromString,
+                    response_serializer=common_dot_proto_dot_coordinator__pb2.GetTableAssignmentResponse.SerializeToString,
+            ),
+            'ListTabletServers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTabletServers,
+                    request_deserializer=common_dot_proto_dot_coordinator__pb2.ListTabletServersRequest.FromString,
+                    response_serializer=common_dot_proto_dot_coordinator__pb2.ListTabletServersResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -645,6 +677,60 @@ class CoordinatorService:
             '/kvlease.CoordinatorService/DescribeKvSnapshotLease',
             common_dot_proto_dot_coordinator__pb2.DescribeKvSnapshotLeaseRequest.SerializeToString,
             common_dot_proto_dot_coordinator__pb2.DescribeKvSnapshotLeaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTableAssignment(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvlease.CoordinatorService/GetTableAssignment',
+            common_dot_proto_dot_coordinator__pb2.GetTableAssignmentRequest.SerializeToString,
+            common_dot_proto_dot_coordinator__pb2.GetTableAssignmentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTabletServers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvlease.CoordinatorService/ListTabletServers',
+            common_dot_proto_dot_coordinator__pb2.ListTabletServersRequest.SerializeToString,
+            common_dot_proto_dot_coordinator__pb2.ListTabletServersResponse.FromString,
             options,
             channel_credentials,
             insecure,

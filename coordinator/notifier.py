@@ -1,0 +1,76 @@
+"""Pushes bucket leadership to tablet servers, off the event loop.
+
+The controller calls :meth:`LeadershipNotifier.push` with a server's full set
+of led buckets; sending happens on a small thread pool with bounded retries.
+A newer push for the same server replaces an older one not sent yet (dropped
+tables accumulate), so a slow server never sees stale state after fresh.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import tenacity
+
+from common.proto import coordinator_pb2 as cpb
+from common.proto import tablet_pb2 as pb
+from common.proto import tablet_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+
+class LeadershipNotifier:
+    def __init__(self, coordinator_epoch: int, *, retry_total_s: float = 30.0, threads: int = 4) -> None:
+        self.epoch = coordinator_epoch
+        self.retry_total_s = retry_total_s
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="leadership-push")
+        self._lock = threading.Lock()
+        self._pending: dict[int, tuple[str, list, set[int]]] = {}
+        self._sending: set[int] = set()  # one sender per server keeps pushes in order
+        self._closed = threading.Event()
+
+    def push(self, server_id: int, address: str, led: list, dropped: list[int]) -> None:
+        with self._lock:
+            old = self._pending.get(server_id)
+            self._pending[server_id] = (address, led, (old[2] if old else set()) | set(dropped))
+            if server_id in self._sending:
+                return
+            self._sending.add(server_id)
+        self._pool.submit(self._drain, server_id)
+
+    def close(self) -> None:
+        self._closed.set()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _drain(self, server_id: int) -> None:
+        while not self._closed.is_set():
+            with self._lock:
+                item = self._pending.pop(server_id, None)
+                if item is None:
+                    self._sending.discard(server_id)
+                    return
+            self._send(server_id, *item)
+
+    def _send(self, server_id: int, address: str, led: list, dropped: set[int]) -> None:
+        request = pb.UpdateLeadershipRequest(
+            coordinator_epoch=self.epoch, server_id=server_id, dropped_tables=sorted(dropped),
+            buckets=[pb.BucketLeadershipPb(table=table.to_pb(cpb.TableInfoPb), bucket=bucket, leader_epoch=epoch)
+                     for table, bucket, epoch in led])
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type((grpc.RpcError, RuntimeError)),
+            wait=tenacity.wait_random_exponential(multiplier=0.05, max=2.0),
+            stop=tenacity.stop_after_delay(self.retry_total_s) | tenacity.stop_when_event_set(self._closed),
+            reraise=True)
+        try:
+            with grpc.insecure_channel(address) as channel:
+                stub = pb_grpc.TabletServiceStub(channel)
+                for attempt in retrying:
+                    with attempt:
+                        response = stub.UpdateLeadership(request, timeout=10)
+                        if response.error.code:
+                            raise RuntimeError(response.error.message)
+        except Exception as exc:  # the server re-registers when it comes back, and gets a new push
+            log.warning("could not tell tablet server %d (%s) its buckets: %s", server_id, address, exc)
