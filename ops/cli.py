@@ -20,26 +20,32 @@ its own result (one JSON document when ``json_output``) and raises
 
 from __future__ import annotations
 
+import base64
+import binascii
 import functools
 import importlib
+import json
 import os
 import pkgutil
 import re
 import sys
+import time
 import traceback
-from typing import Any, Callable, Iterable
+from datetime import datetime
+from typing import Any, Callable, Iterable, TextIO
 
 import click
 from click.core import ParameterSource
 
 from common import config as cfg
 from common import errors
-from common.tables import parse_schema, parse_table_path
+from common.tables import TableInfo, parse_schema, parse_table_path
 from leases.model import TableBucket
 from ops import cluster as local_cluster
 from ops import output as out
 
 DEFAULT_RETRY_TIMEOUT = "10s"
+PUT_BATCH_ROWS = 10_000
 PLUGIN_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
@@ -91,6 +97,140 @@ class BucketList(click.ParamType):
 DURATION = Duration()
 
 
+# -- column values from text and JSON (put, get, delete) -------------------------------------------
+
+_INT_RANGE = {"INT": (-(1 << 31), (1 << 31) - 1), "BIGINT": (-(1 << 63), (1 << 63) - 1)}
+_INTEGER = re.compile(r"^\s*[+-]?\d+\s*$")
+_TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
+#: Column types whose JSON form is not what the codec takes (text -> datetime / bytes).
+_JSON_CONVERTED = ("TIMESTAMP", "BYTES")
+
+
+def convert_value(value: Any, type_: str) -> Any:
+    """A column value from a JSON value or command-line text -> what ``RowCodec.to_batch`` takes.
+
+    BOOLEAN: true/false (or 1/0, yes/no as text); INT/BIGINT: an integer;
+    DOUBLE: a number (text also NaN, inf); STRING: text; BYTES: base64 text;
+    TIMESTAMP: ISO-8601 text (no zone = UTC) or integer microseconds since the epoch.
+    Raises ValueError saying what was expected.
+    """
+    if value is None:
+        return None
+    text = isinstance(value, str)
+    if type_ == "BOOLEAN":
+        if isinstance(value, bool):
+            return value
+        if text and value.strip().lower() in _TRUE + _FALSE:
+            return value.strip().lower() in _TRUE
+    elif type_ in _INT_RANGE:
+        number = int(value) if text and _INTEGER.match(value) else value
+        if isinstance(number, int) and not isinstance(number, bool):
+            lo, hi = _INT_RANGE[type_]
+            if not lo <= number <= hi:
+                raise ValueError(f"{number} is out of range for {type_}")
+            return number
+    elif type_ == "DOUBLE":
+        if text:
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif type_ == "STRING":
+        if text:
+            return value
+    elif type_ == "BYTES":
+        if text:
+            try:
+                return base64.b64decode(value, validate=True)
+            except (binascii.Error, ValueError):
+                raise ValueError(f"expected base64 text for BYTES, got {value!r}") from None
+    elif type_ == "TIMESTAMP":
+        if text and _INTEGER.match(value):
+            return int(value)
+        if text:
+            try:
+                return datetime.fromisoformat(value.strip())
+            except ValueError:
+                pass
+        elif isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ValueError(f"expected ISO-8601 text or integer microseconds for TIMESTAMP, got {value!r}")
+    raise ValueError(f"expected {type_}, got {value!r}")
+
+
+def parse_key(text: str, table: TableInfo) -> dict[str, Any]:
+    """A ``KEY`` argument -> ``{primary-key column: value}``, typed by the columns.
+
+    A one-column key is the text itself. A composite key is comma-separated
+    values in primary-key order (``7,abc``) or a JSON array (``'[7, "a,b"]'``,
+    for values that hold commas). Raises ValueError naming the column.
+    """
+    types = {c.name: c.type for c in table.columns}
+    pk = table.primary_key
+    if len(pk) == 1:
+        parts: list[Any] = [text]
+    elif text.lstrip().startswith("["):
+        try:
+            parts = json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"not a JSON array: {exc}") from None
+        if not isinstance(parts, list):
+            raise ValueError("not a JSON array")
+    else:
+        parts = text.split(",")
+    if len(parts) != len(pk):
+        raise ValueError(f"the primary key has {len(pk)} column(s) ({', '.join(pk)}), got {len(parts)} value(s) "
+                         "(give them comma-separated or as a JSON array)")
+    key = {}
+    for name, part in zip(pk, parts):
+        if part is None:
+            raise ValueError(f"column {name!r}: a primary key value cannot be null")
+        try:
+            key[name] = convert_value(part, types[name])
+        except ValueError as exc:
+            raise ValueError(f"column {name!r}: {exc}") from None
+    return key
+
+
+def parse_keys(texts: Iterable[str], table: TableInfo) -> list[dict[str, Any]]:
+    """Every KEY argument; a bad one is a usage error naming the key and the column."""
+    keys = []
+    for text in texts:
+        try:
+            keys.append(parse_key(text, table))
+        except ValueError as exc:
+            raise click.BadParameter(f"{text!r}: {exc}", param_hint="'KEY'") from None
+    return keys
+
+
+def parse_json_row(line: str, number: int, table: TableInfo) -> dict[str, Any]:
+    """One JSON line of ``put`` -> a row for ``RowCodec.to_batch``; InvalidRowError names the line."""
+    try:
+        row = json.loads(line)
+    except ValueError as exc:
+        raise errors.InvalidRowError(f"line {number}: not valid JSON ({exc})") from None
+    if not isinstance(row, dict):
+        raise errors.InvalidRowError(f"line {number}: expected a JSON object (column -> value), "
+                                     f"got {type(row).__name__}")
+    for column in table.columns:
+        if column.type in _JSON_CONVERTED and row.get(column.name) is not None:
+            try:
+                row[column.name] = convert_value(row[column.name], column.type)
+            except ValueError as exc:
+                raise errors.InvalidRowError(f"line {number}, column {column.name!r}: {exc}") from None
+    return row
+
+
+def _at_lines(message: str, lines: list[int]) -> str:
+    """A codec message about ``row i`` of a batch, told as the input line of that row."""
+    m = re.match(r"^row (\d+)(.*)$", message, re.S)
+    if m and int(m.group(1)) < len(lines):
+        return f"line {lines[int(m.group(1))]}{m.group(2)}"
+    return f"lines {lines[0]}-{lines[-1]}: {message}"
+
+
 # -- state shared by the commands ------------------------------------------------------------------
 
 
@@ -107,6 +247,7 @@ class State:
         self.retry_timeout_ms = retry_timeout_ms
         self.debug = debug
         self._client = None
+        self._table_clients: list = []
         self._output: out.Output | None = None
 
     @property
@@ -126,22 +267,34 @@ class State:
             "no cluster given: use --cluster DIR or --bootstrap HOST:PORT[,…] "
             "(or set KVLEASE_CLUSTER / KVLEASE_BOOTSTRAP)")
 
+    def retry_ms(self, config: cfg.Config) -> int:
+        if self.retry_timeout_ms is not None:
+            return self.retry_timeout_ms
+        if cfg.CLIENT_RETRY_TOTAL.env_var in os.environ:
+            return config[cfg.CLIENT_RETRY_TOTAL]
+        return cfg.parse_duration_ms(DEFAULT_RETRY_TIMEOUT)
+
     @property
     def client(self):
         if self._client is None:
             from coordinator.admin import AdminClient
 
             config = cfg.Config(env=os.environ)
-            if self.retry_timeout_ms is not None:
-                retry_ms = self.retry_timeout_ms
-            elif cfg.CLIENT_RETRY_TOTAL.env_var in os.environ:
-                retry_ms = config[cfg.CLIENT_RETRY_TOTAL]
-            else:
-                retry_ms = cfg.parse_duration_ms(DEFAULT_RETRY_TIMEOUT)
-            self._client = AdminClient(self.addresses(), config, retry_total_s=retry_ms / 1000.0)
+            self._client = AdminClient(self.addresses(), config, retry_total_s=self.retry_ms(config) / 1000.0)
         return self._client
 
+    def table_client(self, path: str):
+        """A :class:`tablet.client.TableClient` on ``path``, retrying as long as the admin client."""
+        from tablet.client import TableClient
+
+        config = cfg.Config(env=os.environ)
+        client = TableClient(self.client, path, config, retry_total_s=self.retry_ms(config) / 1000.0)
+        self._table_clients.append(client)
+        return client
+
     def close(self) -> None:
+        for table_client in self._table_clients:
+            table_client.close()
         if self._client is not None:
             self._client.close()
 
@@ -262,7 +415,7 @@ def _cluster_dir(state: State, directory: str | None) -> str:
               help="ZooKeeper ensemble size.")
 @click.option("--coordinators", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--tablets", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Tablet servers (not available yet: 0).")
+              help="Tablet servers (ids 1..N).")
 @click.option("--remote", metavar="URI", help="remote.data.dir (default: file://D/remote).")
 @click.option("--timeout", "timeout_ms", type=DURATION, default="60s", show_default=True,
               help="How long to wait for an active coordinator.")
@@ -271,7 +424,8 @@ def _cluster_dir(state: State, directory: str | None) -> str:
 @catch_errors
 def cluster_start(state: State, directory: str | None, zk_nodes: str, coordinators: int, tablets: int,
                   remote: str | None, timeout_ms: int) -> None:
-    """Start ZooKeeper and coordinators in the background; returns once one is active."""
+    """Start ZooKeeper, coordinators and tablet servers in the background; returns once a
+    coordinator is active and every tablet server is registered."""
     directory = _cluster_dir(state, directory)
     if remote and not remote.startswith(("file:///", "s3://")):
         raise click.BadParameter(f"{remote!r} is not file:///PATH or s3://BUCKET/PREFIX", param_hint="'--remote'")
@@ -289,7 +443,7 @@ def cluster_start(state: State, directory: str | None, zk_nodes: str, coordinato
 @pass_state
 @catch_errors
 def cluster_stop(state: State, directory: str | None) -> None:
-    """Stop every process of the cluster (coordinators first, then ZooKeeper)."""
+    """Stop every process of the cluster (tablet servers, coordinators, then ZooKeeper)."""
     directory = _cluster_dir(state, directory)
     result = local_cluster.stop(directory)
     text = (f"stopped {len(result['stopped'])} process(es) in {directory}" if result["stopped"]
@@ -303,7 +457,7 @@ def cluster_stop(state: State, directory: str | None) -> None:
 @pass_state
 @catch_errors
 def cluster_status(state: State, directory: str | None) -> None:
-    """Which processes run, and which coordinator is active."""
+    """Which processes run, which coordinator is active, how many buckets each tablet server leads."""
     state.output.cluster_status(local_cluster.status(_cluster_dir(state, directory)))
 
 
@@ -367,6 +521,156 @@ def table_drop(state: State, path: str, if_exists: bool) -> None:
     state.output.message(f"dropped table {path}", {"table": path, "dropped": True})
 
 
+# -- rows ------------------------------------------------------------------------------------------------
+
+
+@kvlease.command("put")
+@click.argument("path", metavar="DB.NAME", callback=table_path)
+@click.argument("source", metavar="[FILE|-]", type=click.File("r", encoding="utf-8"), default="-")
+@click.option("--batch-size", type=click.IntRange(min=1), default=PUT_BATCH_ROWS, show_default=True,
+              help="Rows per write (each write is one request per bucket).")
+@common_options
+@pass_state
+@catch_errors
+def put(state: State, path: str, source: TextIO, batch_size: int) -> None:
+    """Upsert rows from JSON lines (one object per line: column -> value) in FILE or stdin.
+
+    BYTES values are base64 text, TIMESTAMP values ISO-8601 text (UTC) or
+    integer microseconds. A bad line stops the command: nothing of its batch
+    is written (earlier batches are).
+    """
+    client = state.table_client(path)
+    table = client.table
+    written, rows, lines = 0, [], []
+    show_progress = not state.json_mode and sys.stderr.isatty()
+
+    def flush() -> int:
+        try:
+            batch = client.codec.to_batch(rows)
+        except errors.InvalidRowError as exc:
+            raise errors.InvalidRowError(f"{_at_lines(exc.message, lines)} (nothing of lines {lines[0]}-{lines[-1]} "
+                                         f"was written; {written} row(s) before them were)") from None
+        try:
+            client.upsert(batch)
+        except errors.KvLeaseError as exc:
+            exc.message = f"{exc.message} (writing lines {lines[0]}-{lines[-1]}; {written} row(s) before them " \
+                          "were written)"
+            raise
+        return len(rows)
+
+    for number, line in enumerate(source, 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(parse_json_row(line, number, table))
+        except errors.InvalidRowError as exc:
+            exc.message += f" ({written} row(s) before line {lines[0] if lines else number} were written)"
+            raise
+        lines.append(number)
+        if len(rows) >= batch_size:
+            written += flush()
+            rows, lines = [], []
+            if show_progress:
+                click.echo(f"{written} rows written …", err=True)
+    if rows:
+        written += flush()
+    state.output.message(f"wrote {written} row(s) to {table.path}", {"table": table.path, "rows": written})
+
+
+def _key_command(ctx_settings: dict | None = None):
+    """``DB.NAME KEY…`` commands; keys may start with '-' (negative numbers)."""
+    return kvlease.command(context_settings={"ignore_unknown_options": True, **(ctx_settings or {})})
+
+
+@_key_command()
+@click.argument("path", metavar="DB.NAME", callback=table_path)
+@click.argument("keys", metavar="KEY…", nargs=-1, required=True)
+@common_options
+@pass_state
+@catch_errors
+def get(state: State, path: str, keys: tuple[str, ...]) -> None:
+    """Look up rows by primary key.
+
+    KEY is the primary-key value; for a composite key, the values in
+    primary-key order comma-separated (7,abc) or as a JSON array ('[7,"a,b"]').
+    """
+    client = state.table_client(path)
+    rows = client.lookup(parse_keys(keys, client.table))
+    state.output.rows(out.rows_doc(client.table.path, keys, rows))
+
+
+@_key_command()
+@click.argument("path", metavar="DB.NAME", callback=table_path)
+@click.argument("keys", metavar="KEY…", nargs=-1, required=True)
+@common_options
+@pass_state
+@catch_errors
+def delete(state: State, path: str, keys: tuple[str, ...]) -> None:
+    """Delete rows by primary key (KEY as for `get`); missing keys are ignored."""
+    client = state.table_client(path)
+    offsets = client.delete(parse_keys(keys, client.table))
+    deleted = sum(end - base for base, end in offsets.values())  # one -D record per deleted row
+    text = f"deleted {deleted} row(s) from {client.table.path}"
+    if deleted < len(keys):
+        text += f" ({len(keys) - deleted} key(s) had no row)"
+    state.output.message(text, {"table": client.table.path, "keys": len(keys), "deleted": deleted})
+
+
+@kvlease.command("log")
+@click.argument("path", metavar="DB.NAME", callback=table_path)
+@click.option("--bucket", type=click.IntRange(min=0), required=True, help="The bucket whose changelog to read.")
+@click.option("--from", "from_offset", type=click.IntRange(min=0), metavar="N",
+              help="First offset (default: the earliest kept).")
+@click.option("--follow", is_flag=True, help="Keep polling for new records until Ctrl-C.")
+@click.option("--poll-interval", type=DURATION, default="500ms", show_default=True, metavar="DURATION",
+              help="How often --follow asks for new records.")
+@common_options
+@pass_state
+@catch_errors
+def log_command(state: State, path: str, bucket: int, from_offset: int | None, follow: bool,
+                poll_interval: int) -> None:
+    """Print a bucket's change records as JSON lines {offset, change_type, row}.
+
+    change_type is +I (insert), -U / +U (update: before / after image) or -D
+    (delete: the deleted row). Without --follow it stops at the end of the log;
+    with --json it prints one document instead (not with --follow).
+    """
+    if follow and state.json_mode:
+        raise click.UsageError("--json prints one document; it cannot be combined with --follow")
+    client = state.table_client(path)
+    if bucket >= client.table.buckets:
+        raise errors.BucketOutOfRangeError(f"table {client.table.path} has buckets 0..{client.table.buckets - 1}, "
+                                           f"not {bucket}")
+    offset = from_offset if from_offset is not None else client.list_offsets([bucket])[bucket][0]
+    start, stop_at, collected = offset, None, []
+    try:
+        while True:
+            records, end = client.fetch_log(bucket, offset)
+            if stop_at is None:
+                stop_at = end
+            for record in records:
+                doc = out.log_record_doc(record)
+                if state.json_mode:
+                    collected.append(doc)
+                else:
+                    click.echo(json.dumps(doc))
+            if records:
+                offset = records[-1]["offset"] + 1
+                sys.stdout.flush()
+            if not follow and (offset >= stop_at or not records):
+                break
+            if follow and not records:
+                time.sleep(poll_interval / 1000.0)
+    except KeyboardInterrupt:  # the way to end --follow
+        return
+    except BrokenPipeError:  # e.g. piped into head
+        sys.stderr.close()
+        return
+    if state.json_mode:
+        state.output.document({"table": client.table.path, "bucket": bucket, "from_offset": start,
+                               "log_end_offset": stop_at, "records": collected})
+
+
 # -- snapshots ---------------------------------------------------------------------------------------
 
 
@@ -384,6 +688,19 @@ def snapshot_list(state: State, path: str) -> None:
     """Every kept snapshot of every bucket, with the leases that hold it."""
     info = state.client.get_table(path)
     state.output.snapshots(out.snapshots_doc(info.path, state.client.list_kv_snapshots(info.table_id)))
+
+
+@snapshot_group.command("trigger")
+@click.argument("path", metavar="DB.NAME", callback=table_path)
+@click.option("--wait", is_flag=True, help="Wait until the snapshots are committed, and list them.")
+@common_options
+@pass_state
+@catch_errors
+def snapshot_trigger(state: State, path: str, wait: bool) -> None:
+    """Snapshot every bucket that changed since its last snapshot, now."""
+    client = state.table_client(path)
+    committed = client.trigger_snapshot(wait=wait)
+    state.output.committed(out.committed_doc(client.table.path, committed, wait))
 
 
 # -- leases --------------------------------------------------------------------------------------------

@@ -6,8 +6,13 @@ A local cluster lives in one directory ``D``:
 D/cluster.json               what runs where: pids, addresses, the remote dir
 D/zookeeper/...              ZooKeeper's data and logs (ops.zookeeper)
 D/coordinator-{i}/config.toml, coordinator.log, pid
+D/tablet-{i}/config.toml, tablet.log, pid, data/   (tablet.id = i)
 D/remote/                    remote.data.dir unless --remote names another
 ```
+
+Start order: ZooKeeper, the coordinators (until one is active), then the
+tablet servers (until every one is registered with the active coordinator).
+Stop order is the reverse: tablet servers, coordinators, ZooKeeper.
 
 Every process is started detached (its own session) so it outlives the CLI;
 ``cluster.json`` is written as soon as processes exist, so ``stop`` can clean
@@ -27,7 +32,7 @@ import sys
 import time
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 from common import config as cfg
 from common.errors import KvLeaseError
@@ -165,7 +170,7 @@ def running_pids(doc: dict[str, Any]) -> list[int]:
 # -- start ----------------------------------------------------------------------------------
 
 
-def _coordinator_env(overridden: Iterable[cfg.Key]) -> dict[str, str]:
+def _child_env(overridden: Iterable[cfg.Key]) -> dict[str, str]:
     """The environment minus overrides of the keys the launcher sets itself, plus this project on the path."""
     env = dict(os.environ)
     for key in overridden:
@@ -175,10 +180,11 @@ def _coordinator_env(overridden: Iterable[cfg.Key]) -> dict[str, str]:
 
 
 def _spawn_coordinator(directory: Path, index: int, zk_connect: str, remote: str, port: int,
-                       metrics_port: int) -> dict[str, Any]:
+                       metrics_port: int, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
     home = directory / f"coordinator-{index}"
     home.mkdir(parents=True, exist_ok=True)
     values = {
+        **(overrides or {}),
         cfg.ZK_ADDRESS.name: zk_connect,
         cfg.ZK_ROOT.name: ZK_ROOT,
         cfg.COORDINATOR_HOST.name: "127.0.0.1",
@@ -190,7 +196,7 @@ def _spawn_coordinator(directory: Path, index: int, zk_connect: str, remote: str
     config_path = home / "config.toml"
     config_path.write_text(cfg.to_toml(values))
     log_path = home / "coordinator.log"
-    env = _coordinator_env(cfg.KEYS[name] for name in values)
+    env = _child_env(cfg.KEYS[name] for name in values)
     with open(log_path, "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "coordinator", "--config", str(config_path)],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
@@ -201,14 +207,37 @@ def _spawn_coordinator(directory: Path, index: int, zk_connect: str, remote: str
             "log": str(log_path), "_popen": proc}
 
 
+def _spawn_tablet(directory: Path, index: int, zk_connect: str, remote: str, port: int,
+                  overrides: Mapping[str, Any]) -> dict[str, Any]:
+    home = directory / f"tablet-{index}"
+    home.mkdir(parents=True, exist_ok=True)
+    values = {
+        **overrides,
+        cfg.ZK_ADDRESS.name: zk_connect,
+        cfg.ZK_ROOT.name: ZK_ROOT,
+        cfg.TABLET_ID.name: index,
+        cfg.TABLET_HOST.name: "127.0.0.1",
+        cfg.TABLET_PORT.name: port,
+        cfg.TABLET_DATA_DIR.name: str(home / "data"),
+        cfg.REMOTE_DATA_DIR.name: remote,
+    }
+    config_path = home / "config.toml"
+    config_path.write_text(cfg.to_toml(values))
+    log_path = home / "tablet.log"
+    env = _child_env(cfg.KEYS[name] for name in values)
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "tablet", "--config", str(config_path)],
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True, cwd=str(home), env=env)
+    (home / "pid").write_text(f"{proc.pid}\n")
+    return {"id": str(index), "pid": proc.pid, "proc_start": proc_start(proc.pid),
+            "address": f"127.0.0.1:{port}", "log": str(log_path), "_popen": proc}
+
+
 def _tablets_supported(count: int) -> None:
-    if count <= 0:
-        return
-    if importlib.util.find_spec("tablet.__main__") is None:
+    if count > 0 and importlib.util.find_spec("tablet.__main__") is None:
         raise ClusterError(f"cannot start {count} tablet server(s): tablet servers are not available yet "
                            "(tablet/__main__.py does not exist); use --tablets 0")
-    raise ClusterError(f"cannot start {count} tablet server(s): the local launcher does not start tablet "
-                       "servers yet; use --tablets 0")
 
 
 def _default_remote(directory: Path) -> str:
@@ -217,10 +246,14 @@ def _default_remote(directory: Path) -> str:
 
 def start(directory: str | os.PathLike[str], *, zk_nodes: int = 1, coordinators: int = 1, tablets: int = 0,
           remote: str | None = None, ready_timeout_s: float = 60.0,
-          progress: Progress = lambda text: None) -> dict[str, Any]:
-    """Start ZooKeeper and the coordinators in ``directory``; returns the cluster.json document.
+          progress: Progress = lambda text: None,
+          config_overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Start ZooKeeper, the coordinators and the tablet servers in ``directory``; returns the
+    cluster.json document.
 
-    Returns once a coordinator is active and serving. On any failure everything
+    Returns once a coordinator is active and serving and every tablet server
+    is registered with it. ``config_overrides`` (dotted keys) go into every
+    coordinator's and tablet server's config file. On any failure everything
     started here is stopped again and a ClusterError carries the log tails.
     """
     from coordinator.admin import AdminClient, wait_for_active
@@ -230,7 +263,13 @@ def start(directory: str | os.PathLike[str], *, zk_nodes: int = 1, coordinators:
         raise ClusterError(f"--zk-nodes must be 1 or 3, got {zk_nodes}")
     if coordinators < 1:
         raise ClusterError(f"a cluster needs at least one coordinator, got {coordinators}")
+    if tablets < 0:
+        raise ClusterError(f"--tablets must be 0 or more, got {tablets}")
     _tablets_supported(tablets)
+    overrides = dict(config_overrides or {})
+    unknown = sorted(set(overrides) - set(cfg.KEYS))
+    if unknown:
+        raise ClusterError(f"unknown config key(s): {', '.join(unknown)}")
     directory = Path(directory).resolve()
     if cluster_file(directory).exists():
         running = running_pids(load(directory))
@@ -262,13 +301,26 @@ def start(directory: str | os.PathLike[str], *, zk_nodes: int = 1, coordinators:
         progress(f"starting {coordinators} coordinator{'s' if coordinators > 1 else ''}")
         ports = free_ports(2 * coordinators)
         for i in range(coordinators):
-            entry = _spawn_coordinator(directory, i + 1, zk.connect_string, remote, ports[2 * i], ports[2 * i + 1])
+            entry = _spawn_coordinator(directory, i + 1, zk.connect_string, remote, ports[2 * i], ports[2 * i + 1],
+                                       overrides)
             procs.append(entry.pop("_popen"))
             doc["coordinators"].append(entry)
             save(directory, doc)
 
         progress("waiting for an active coordinator")
         _wait_active(doc, procs, ready_timeout_s, AdminClient, wait_for_active)
+
+        if tablets:
+            progress(f"starting {tablets} tablet server{'s' if tablets > 1 else ''}")
+            tablet_procs = []
+            for i, port in enumerate(free_ports(tablets)):
+                entry = _spawn_tablet(directory, i + 1, zk.connect_string, remote, port, overrides)
+                tablet_procs.append(entry.pop("_popen"))
+                procs.append(tablet_procs[-1])
+                doc["tablets"].append(entry)
+                save(directory, doc)
+            progress("waiting for the tablet servers to register")
+            _wait_tablets(doc, tablet_procs, ready_timeout_s, AdminClient)
         return doc
     except BaseException:
         for proc in procs:
@@ -300,26 +352,54 @@ def _wait_active(doc: dict[str, Any], procs: list[subprocess.Popen], timeout_s: 
                     raise ClusterError(f"no coordinator became active within {timeout_s:.0f}s\n{_logs(doc)}") from None
 
 
-def _logs(doc: dict[str, Any]) -> str:
-    return "\n".join(f"--- coordinator {c['id']} ({c['log']}) ---\n{log_tail(c['log'])}" for c in doc["coordinators"])
+def _wait_tablets(doc: dict[str, Any], procs: list[subprocess.Popen], timeout_s: float, admin_client) -> None:
+    """Until every tablet server of ``doc`` is registered (ListTabletServers of the active coordinator)."""
+    wanted = {int(t["id"]) for t in doc["tablets"]}
+    addresses = [c["address"] for c in doc["coordinators"]]
+    deadline = time.monotonic() + timeout_s
+    registered: set[int] = set()
+    with admin_client(addresses, request_timeout_s=2.0, retry_total_s=0) as client:
+        while True:
+            dead = [(t, proc.returncode) for t, proc in zip(doc["tablets"], procs) if proc.poll() is not None]
+            if dead:
+                which = ", ".join(f"{t['id']} (exit code {code})" for t, code in dead)
+                raise ClusterError(f"tablet server(s) {which} exited\n{_logs(doc, 'tablets')}")
+            try:
+                registered = {s.id for s in client.list_tablet_servers()}
+            except KvLeaseError:
+                pass
+            if wanted <= registered:
+                return
+            if time.monotonic() >= deadline:
+                missing = ", ".join(map(str, sorted(wanted - registered)))
+                raise ClusterError(f"tablet server(s) {missing} did not register within {timeout_s:.0f}s\n"
+                                   f"{_logs(doc, 'tablets')}")
+            time.sleep(0.2)
+
+
+def _logs(doc: dict[str, Any], role: str = "coordinators") -> str:
+    what = "coordinator" if role == "coordinators" else "tablet server"
+    return "\n".join(f"--- {what} {c['id']} ({c['log']}) ---\n{log_tail(c['log'])}" for c in doc[role])
 
 
 # -- stop and status ---------------------------------------------------------------------------
 
 
 def stop(directory: str | os.PathLike[str], timeout_s: float = 10.0) -> dict[str, Any]:
-    """Stop coordinators (and tablet servers), then ZooKeeper; fine if already stopped.
+    """Stop the tablet servers, then the coordinators, then ZooKeeper; fine if already stopped.
 
     Returns ``{"stopped": [pids that were running], "pids": [every recorded pid]}``.
     """
     doc = load(directory)
-    stopped = terminate(_all_procs(doc, "tablets", "coordinators"), timeout_s)
+    stopped = terminate(_all_procs(doc, "tablets"), timeout_s)
+    stopped += terminate(_all_procs(doc, "coordinators"), timeout_s)
     stopped += terminate(_all_procs(doc, "zookeeper"), timeout_s)
     return {"stopped": stopped, "pids": [pid for pid, _ in _all_procs(doc, "coordinators", "tablets", "zookeeper")]}
 
 
 def status(directory: str | os.PathLike[str], request_timeout_s: float = 2.0) -> dict[str, Any]:
-    """Every recorded process, whether it runs, and what each coordinator says about itself."""
+    """Every recorded process, whether it runs, what each coordinator says about itself, and
+    how many buckets each tablet server leads (from the active coordinator)."""
     from coordinator.admin import AdminClient
 
     doc = load(directory)
@@ -340,7 +420,15 @@ def status(directory: str | os.PathLike[str], request_timeout_s: float = 2.0) ->
                 except KvLeaseError as exc:
                     entry["error"] = exc.message
             result["coordinators"].append(entry)
+        servers = {}
+        if doc.get("tablets") and any(c.get("active") for c in result["coordinators"]):
+            try:
+                servers = {str(s.id): s for s in client.list_tablet_servers()}
+            except KvLeaseError:
+                pass
     for t in doc.get("tablets", []):
+        server = servers.get(str(t["id"]))
         result["tablets"].append({"id": t["id"], "pid": t["pid"], "address": t["address"],
-                                  "buckets": t.get("buckets", 0), "alive": pid_alive(t["pid"], t.get("proc_start"))})
+                                  "buckets": server.buckets if server else 0, "registered": server is not None,
+                                  "alive": pid_alive(t["pid"], t.get("proc_start")), "log": t.get("log")})
     return result

@@ -10,14 +10,17 @@ facts. Errors never go through an Output: the CLI writes them to stderr.
 
 from __future__ import annotations
 
+import base64
 import json
+import math
 import sys
 import time
 from abc import ABC, abstractmethod
-from datetime import datetime
+from datetime import date, datetime
 from typing import Any, Iterable, Mapping, TextIO
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table as RichTable
 
 from common.tables import TableInfo
@@ -71,6 +74,39 @@ def snapshots_doc(table: str, snapshots: Iterable[Any]) -> dict:
     return {"table": table, "snapshots": [
         {"bucket": s.bucket.bucket, "snapshot_id": s.snapshot_id, "log_offset": s.log_offset,
          "leased_by": sorted(s.leased_by), "retained": bool(s.retained)} for s in rows]}
+
+
+def json_value(value: Any) -> Any:
+    """A column value as JSON: TIMESTAMP -> ISO-8601 text (UTC, no zone), BYTES -> base64 text,
+    a NaN or infinite DOUBLE -> the text ``"NaN"``, ``"Infinity"``, ``"-Infinity"``."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return base64.b64encode(bytes(value)).decode("ascii")
+    if isinstance(value, (datetime, date)):
+        return value.isoformat()
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    return value
+
+
+def row_doc(row: Mapping[str, Any] | None) -> dict | None:
+    return None if row is None else {name: json_value(value) for name, value in row.items()}
+
+
+def rows_doc(table: str, keys: Iterable[str], rows: Iterable[Mapping[str, Any] | None]) -> dict:
+    """``get``: ``rows[i]`` is the row of ``keys[i]`` or null."""
+    keys, rows = list(keys), [row_doc(r) for r in rows]
+    return {"table": table, "keys": keys, "rows": rows, "found": sum(r is not None for r in rows)}
+
+
+def log_record_doc(record: Mapping[str, Any]) -> dict:
+    """One change record of ``log``: ``{"offset", "change_type", "row"}``."""
+    return {"offset": record["offset"], "change_type": record["change_type"], "row": row_doc(record["row"])}
+
+
+def committed_doc(table: str, snapshots: Iterable[Any], waited: bool) -> dict:
+    """``snapshot trigger``; ``snapshots`` are ``(bucket, snapshot_id, log_offset)``."""
+    return {"table": table, "waited": waited, "snapshots": [
+        {"bucket": b, "snapshot_id": sid, "log_offset": offset} for b, sid, offset in sorted(snapshots)]}
 
 
 # -- rendering helpers ---------------------------------------------------------------------
@@ -142,6 +178,12 @@ class Output(ABC):
     @abstractmethod
     def cluster_status(self, doc: Mapping[str, Any]) -> None: ...
 
+    @abstractmethod
+    def rows(self, doc: Mapping[str, Any]) -> None: ...
+
+    @abstractmethod
+    def committed(self, doc: Mapping[str, Any]) -> None: ...
+
 
 class JsonOutput(Output):
     """Prints exactly one JSON document on stdout; a second one is a bug."""
@@ -164,7 +206,7 @@ class JsonOutput(Output):
     def message(self, text: str, doc: Mapping[str, Any] | None = None) -> None:
         self._out(doc if doc is not None else {"message": text})
 
-    tables = table = snapshots = acquired = lease = leases = cluster_status = document
+    tables = table = snapshots = acquired = lease = leases = cluster_status = rows = committed = document
 
 
 class TextOutput(Output):
@@ -272,9 +314,31 @@ class TextOutput(Output):
             grid.add_row("coordinator", str(c["id"]), _cell(c.get("pid")), c["address"], _cell(c.get("alive")),
                           state)
         for t in doc.get("tablets", []):
-            grid.add_row("tablet", str(t["id"]), _cell(t.get("pid")), t["address"], _cell(t.get("alive")),
-                         f"{t.get('buckets', 0)} buckets")
+            state = f"{t.get('buckets', 0)} buckets" if t.get("registered", True) else "not registered"
+            grid.add_row("tablet", str(t["id"]), _cell(t.get("pid")), t["address"], _cell(t.get("alive")), state)
         self._print(grid)
+
+    def rows(self, doc: Mapping[str, Any]) -> None:
+        found = [row for row in doc["rows"] if row is not None]
+        if found:
+            grid = self._grid(*found[0].keys())
+            for row in found:
+                grid.add_row(*(escape(_cell(v)) for v in row.values()))
+            self._print(grid)
+        missing = [key for key, row in zip(doc["keys"], doc["rows"]) if row is None]
+        if missing:
+            self._print(escape(f"not found: {', '.join(missing)}"))
+
+    def committed(self, doc: Mapping[str, Any]) -> None:
+        if not doc["waited"]:
+            self._print(f"{doc['table']}: snapshot triggered on every bucket's leader")
+        elif not doc["snapshots"]:
+            self._print(f"{doc['table']}: no bucket changed since its last snapshot; nothing committed")
+        else:
+            grid = self._grid("bucket", "snapshot", "log offset", title=f"{doc['table']}: committed")
+            for snap in doc["snapshots"]:
+                grid.add_row(str(snap["bucket"]), str(snap["snapshot_id"]), str(snap["log_offset"]))
+            self._print(grid)
 
 
 def make_output(json_mode: bool) -> Output:
