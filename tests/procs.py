@@ -1,0 +1,279 @@
+"""Coordinator processes for tests: ``python -m coordinator --config FILE`` on loopback.
+
+:class:`CoordinatorProcs` starts coordinators from one flat config (each gets
+its own directory with ``config.toml`` and ``coordinator.log``, and a free
+port), and kills (``kill -9``), pauses (``SIGSTOP``) and resumes them. Every
+process dies with the thread that started it (``PR_SET_PDEATHSIG``), and
+:meth:`CoordinatorProcs.close` kills and reaps whatever is left.
+
+The ``coordinator_procs`` fixture (import it into a test module) closes the
+set at teardown whatever happened, and prints every coordinator's log tail
+when the test failed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping
+
+import pytest
+
+from common import config as cfg
+from common import errors, zkpaths
+from coordinator.admin import AdminClient, CoordinatorInfo
+from leases.model import Lease, TableBucket
+from leases.store import LeaseStore
+from ops.cluster import free_ports, log_tail
+from ops.zookeeper import _die_with_parent
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+class CoordinatorProc:
+    """One coordinator process."""
+
+    def __init__(self, name: str, home: Path, address: str, popen: subprocess.Popen) -> None:
+        self.name = name
+        self.home = home
+        self.address = address
+        self.popen = popen
+        self.log_path = home / "coordinator.log"
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def kill(self) -> None:
+        """``kill -9`` and reap (also works on a paused process)."""
+        if self.popen.poll() is None:
+            self.popen.kill()
+        self.popen.wait(timeout=30)
+
+    def pause(self) -> None:
+        os.kill(self.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.alive():
+            os.kill(self.pid, signal.SIGCONT)
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def log_tail(self, lines: int = 150) -> str:
+        return log_tail(self.log_path, lines)
+
+    def __repr__(self) -> str:
+        return f"CoordinatorProc({self.name}, {self.address}, pid={self.pid})"
+
+
+class CoordinatorProcs:
+    """Coordinator processes sharing one config; a context manager that kills them all on exit."""
+
+    def __init__(self, base_dir: str | os.PathLike[str], values: Mapping[str, Any]) -> None:
+        self.base_dir = Path(base_dir)
+        self.values = dict(values)
+        self.procs: list[CoordinatorProc] = []
+        self._clients: list[AdminClient] = []
+
+    @classmethod
+    def from_config(cls, base_dir: str | os.PathLike[str], config: cfg.Config,
+                    overrides: Mapping[str, Any] | None = None) -> "CoordinatorProcs":
+        """From a parsed Config (e.g. the ``zk_config`` fixture) plus overrides."""
+        values = {name: _render(value) for name, value in config.as_dict().items()}
+        values.update(overrides or {})
+        return cls(base_dir, values)
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def spawn(self, count: int = 1, **overrides: Any) -> list[CoordinatorProc]:
+        """Start ``count`` coordinators (``overrides`` are dotted keys passed as a dict's items)."""
+        started = []
+        for port in free_ports(count):
+            name = f"coordinator-{len(self.procs) + 1}"
+            home = self.base_dir / name
+            home.mkdir(parents=True, exist_ok=True)
+            values = {**self.values, **overrides, cfg.COORDINATOR_PORT.name: port,
+                      cfg.COORDINATOR_HOST.name: "127.0.0.1", cfg.COORDINATOR_ID.name: name}
+            config_path = home / "config.toml"
+            config_path.write_text(cfg.to_toml(values))
+            env = {k: v for k, v in os.environ.items() if not k.startswith("KVLEASE_") or k == "KVLEASE_TEST_SESSION"}
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
+            with open(home / "coordinator.log", "ab") as log:
+                popen = subprocess.Popen([sys.executable, "-m", "coordinator", "--config", str(config_path)],
+                                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                         cwd=str(home), env=env, preexec_fn=_die_with_parent(os.getpid()))
+            proc = CoordinatorProc(name, home, f"127.0.0.1:{port}", popen)
+            self.procs.append(proc)
+            started.append(proc)
+        return started
+
+    def close(self) -> None:
+        """Kill and reap every coordinator; close the clients handed out. Idempotent."""
+        for client in self._clients:
+            client.close()
+        self._clients.clear()
+        for proc in self.procs:
+            try:
+                proc.kill()
+            except Exception:  # reaping must not stop the others from being killed
+                pass
+
+    def __enter__(self) -> "CoordinatorProcs":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- asking them ----------------------------------------------------------------------
+
+    @property
+    def addresses(self) -> list[str]:
+        return [p.address for p in self.procs]
+
+    def client(self, addresses: list[str] | None = None, **kwargs: Any) -> AdminClient:
+        """An AdminClient on ``addresses`` (default: every coordinator); closed by :meth:`close`."""
+        client = AdminClient(addresses or self.addresses, **kwargs)
+        self._clients.append(client)
+        return client
+
+    def info(self, proc: CoordinatorProc, timeout_s: float = 1.0) -> CoordinatorInfo | None:
+        """What ``proc`` says about itself, or None if it does not answer."""
+        with AdminClient([proc.address], request_timeout_s=timeout_s, retry_total_s=0) as client:
+            try:
+                return client.coordinator_info(proc.address)
+            except errors.KvLeaseError:
+                return None
+
+    def wait_active(self, timeout_s: float = 30.0, *, among: list[CoordinatorProc] | None = None,
+                    min_epoch: int = 0) -> tuple[CoordinatorProc, CoordinatorInfo]:
+        """The first coordinator (of ``among``) that says it is active with an epoch >= ``min_epoch``."""
+        candidates = among or self.procs
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for proc in candidates:
+                if not proc.alive():
+                    continue
+                info = self.info(proc)
+                if info is not None and info.active and info.epoch >= min_epoch:
+                    return proc, info
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no coordinator of {candidates} active (epoch >= {min_epoch}) "
+                                     f"within {timeout_s}s")
+            if all(not p.alive() for p in candidates):
+                raise AssertionError(f"every coordinator of {candidates} exited")
+            time.sleep(0.05)
+
+    def logs(self, lines: int = 150) -> str:
+        return "\n".join(f"==> {p.name} {p.address} pid {p.pid} "
+                         f"({'running' if p.alive() else f'exited {p.popen.returncode}'}) {p.log_path} <==\n"
+                         f"{p.log_tail(lines)}" for p in self.procs)
+
+
+#: What a deposed coordinator may still change in ZooKeeper: the election recipe's
+#: nodes and the active pointer (its own ephemeral node, removed when it steps down).
+UNFENCED = (zkpaths.ELECTION, zkpaths.ACTIVE)
+
+
+def zk_tree(zk, root: str = "/") -> dict[str, tuple[bytes, int]]:
+    """Every node under ``root`` (but the unfenced ones) -> (data, mzxid)."""
+    tree: dict[str, tuple[bytes, int]] = {}
+    pending = [root]
+    while pending:
+        path = pending.pop()
+        if any(path == p or path.startswith(p + "/") for p in UNFENCED):
+            continue
+        data, stat = zk.get(path)
+        tree[path] = (data, stat.mzxid)
+        pending.extend(f"{path.rstrip('/')}/{child}" for child in zk.get_children(path))
+    return tree
+
+
+def persisted_leases(zk, storage) -> dict[str, Lease]:
+    """Every lease as ZooKeeper + its metadata files say (what a new coordinator would load)."""
+    store = LeaseStore(storage)
+    try:
+        return {lease.lease_id: lease for lease in store.load_all(zk)}
+    finally:
+        store.close()
+
+
+def lease_view(lease: Lease) -> tuple[int, dict[TableBucket, int]]:
+    return lease.expiration_time, dict(lease.buckets)
+
+
+def assert_served_as_persisted(served: list[Lease], zk, storage, graced: set[str] = frozenset()) -> None:
+    """The leases a coordinator serves are exactly those in ZooKeeper + their files.
+
+    ``graced`` leases expired while no coordinator was active: the new one serves
+    them with the failover grace, which lives in its memory only (ZooKeeper keeps
+    the old deadline, so a later failover grants the grace again), so for them
+    the served deadline is only required to be later.
+    """
+    persisted = persisted_leases(zk, storage)
+    by_id = {lease.lease_id: lease for lease in served}
+    assert set(by_id) == set(persisted), "served and persisted lease ids differ"
+    for lease_id, lease in by_id.items():
+        stored = persisted[lease_id]
+        assert dict(lease.buckets) == dict(stored.buckets), f"lease {lease_id}: buckets differ"
+        if lease_id in graced:
+            assert lease.expiration_time >= stored.expiration_time, f"lease {lease_id}: grace shortened it"
+        else:
+            assert lease.expiration_time == stored.expiration_time, f"lease {lease_id}: deadline differs"
+
+
+def _render(value: Any) -> Any:
+    """A parsed config value back into something :func:`common.config.to_toml` writes and Config reads."""
+    return value if isinstance(value, (bool, int, str)) else str(value)
+
+
+def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.05) -> Any:
+    """Poll ``predicate`` until it returns something truthy; AssertionError naming ``what`` otherwise."""
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while True:
+        last = predicate()
+        if last:
+            return last
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not reached within {timeout_s}s (last: {last!r})")
+        time.sleep(interval_s)
+
+
+@pytest.fixture
+def coordinator_procs(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[..., CoordinatorProcs]]:
+    """``coordinator_procs(config, overrides=None) -> CoordinatorProcs``; all killed at teardown.
+
+    When the test failed, every coordinator's log tail is printed.
+    """
+    made: list[CoordinatorProcs] = []
+    failed_before = request.session.testsfailed
+
+    def make(config: cfg.Config, overrides: Mapping[str, Any] | None = None) -> CoordinatorProcs:
+        procs = CoordinatorProcs.from_config(tmp_path / f"coordinators-{len(made) + 1}", config, overrides)
+        made.append(procs)
+        return procs
+
+    try:
+        yield make
+    finally:
+        for procs in made:
+            procs.close()
+        if request.session.testsfailed > failed_before:
+            text = "\n".join(procs.logs() for procs in made)
+            capman = request.config.pluginmanager.getplugin("capturemanager")
+            if capman is not None:
+                with capman.global_and_fixture_disabled():
+                    print(f"\n---- coordinator logs of {request.node.nodeid} ----\n{text}", file=sys.stderr)
+            else:
+                print(text, file=sys.stderr)

@@ -1,0 +1,350 @@
+"""Coordinator failover with real processes on a real ZooKeeper (``file://`` remote).
+
+- clients acquire/renew/release/drop leases through both coordinators while the
+  active one is killed with ``kill -9``: every acknowledged lease state survives,
+  ZooKeeper points only at existing lease files, expiry keeps working;
+- leases that expired while no coordinator was active get the failover grace;
+- orphan lease files are removed by the new active coordinator;
+- a 3-node ZooKeeper ensemble loses its leader and the coordinator keeps serving.
+
+Coordinator processes are killed at teardown whatever happens (the
+``coordinator_procs`` fixture) and their logs are printed when a test fails.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import pytest
+
+from common import errors, zkpaths
+from common.storage import open_storage
+from common.tables import Column
+from common.zk import loads, make_client
+from coordinator.admin import AdminClient
+from leases.model import SnapshotHandle, TableBucket
+from leases.store import LEASE_FILES
+from ops.zookeeper import four_letter
+from tests.procs import (  # noqa: F401 - coordinator_procs is a fixture
+    assert_served_as_persisted, coordinator_procs, persisted_leases, wait_until)
+
+pytestmark = [pytest.mark.slow, pytest.mark.zk, pytest.mark.timeout(180)]
+
+CHECK_INTERVAL_MS = 200
+GRACE_MS = 3_000
+EXPIRY_SLACK_S = 1.5  # scheduling on a loaded 2-core box, on top of the check interval
+
+
+@pytest.fixture
+def config(make_config):
+    return make_config({"zookeeper.session-timeout": "3s",
+                        "kv.snapshot.lease.expiration-check-interval": f"{CHECK_INTERVAL_MS}ms",
+                        "kv.snapshot.lease.failover-grace": f"{GRACE_MS}ms"})
+
+
+def make_table(client: AdminClient, buckets: int) -> list[TableBucket]:
+    table = client.create_table("db.t", [Column("id", "BIGINT")], ["id"], buckets)
+    tbs = [TableBucket(table.table_id, b) for b in range(buckets)]
+    for tb in tbs:
+        client.commit_kv_snapshot(SnapshotHandle(tb, 1, 10, f"kv/{table.table_id}/{tb.bucket}/snap-1/_METADATA"))
+    return tbs
+
+
+# -- the client workload --------------------------------------------------------------------------------
+
+UNKNOWN = "unknown"  # the last operation on the lease may or may not have been applied
+
+
+@dataclass
+class Workload:
+    """``threads`` clients, each owning a few lease ids, acquiring (all buckets), renewing,
+    releasing one bucket and dropping them in a loop.
+
+    Per lease it keeps the state the last *acknowledged* operation implies:
+    ``None`` (no lease), ``(expiration, buckets)``, or UNKNOWN after an operation
+    that failed in a way that may have applied (it stays UNKNOWN until an
+    acknowledged operation determines the whole state again).
+    """
+
+    addresses: list[str]
+    buckets: list[TableBucket]
+    threads: int = 8
+    leases_per_thread: int = 3
+    duration_ms: int = 60_000
+    state: dict[str, object] = field(default_factory=dict)
+    violations: list[str] = field(default_factory=list)
+    acks: Counter = field(default_factory=Counter)
+    failures: Counter = field(default_factory=Counter)
+    ack_times: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._run, args=(i,), name=f"workload-{i}", daemon=True)
+                         for i in range(self.threads)]
+
+    def start(self) -> None:
+        for t in self._threads:
+            t.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=60)
+        assert not any(t.is_alive() for t in self._threads), "a client thread did not stop"
+
+    def acks_since(self, t: float) -> int:
+        with self._lock:
+            return sum(1 for x in self.ack_times if x >= t)
+
+    def _run(self, index: int) -> None:
+        rng = random.Random(index)
+        ids = [f"w{index}-{k}" for k in range(self.leases_per_thread)]
+        with AdminClient(self.addresses, request_timeout_s=5, retry_total_s=20) as client:
+            while not self._stop.is_set():
+                lease_id = rng.choice(ids)
+                self._step(client, rng, lease_id)
+
+    def _step(self, client: AdminClient, rng: random.Random, lease_id: str) -> None:
+        current = self.state.get(lease_id)
+        full = {tb: 1 for tb in self.buckets}
+        if current is None or current == UNKNOWN:
+            op = "acquire"
+        else:
+            op = rng.choice(["acquire", "renew", "renew", "release", "drop"])
+        try:
+            if op == "acquire":
+                result = client.acquire_lease(lease_id, full, self.duration_ms)
+                if result.unavailable or result.acquired != full:
+                    self._violation(f"{lease_id}: acquire answered {result}")
+                new = (result.expiration_time, dict(result.acquired))
+            elif op == "renew":
+                expiration = client.renew_lease(lease_id, self.duration_ms)
+                new = (expiration, current[1])
+            elif op == "release":
+                bucket = rng.choice(sorted(current[1], key=TableBucket.sort_key))
+                remains = client.release_lease(lease_id, [bucket])
+                left = {tb: sid for tb, sid in current[1].items() if tb != bucket}
+                if remains != bool(left):
+                    self._violation(f"{lease_id}: release of {bucket} from {current} answered remains={remains}")
+                new = (current[0], left) if left else None
+            else:
+                client.drop_lease(lease_id)
+                new = None
+        except errors.LeaseNotFoundError:
+            # renew/release of a lease the last acknowledged operation left in place; except a
+            # release of its last bucket that the client retried after a first attempt applied
+            known = current not in (None, UNKNOWN)
+            if known and not (op == "release" and len(current[1]) == 1):
+                self._violation(f"{lease_id}: {op} found no lease, but {current} was acknowledged")
+            new = None
+            self._count(self.failures, "LeaseNotFound")
+        except errors.KvLeaseError as exc:
+            self._count(self.failures, type(exc).__name__)
+            new = UNKNOWN
+        else:
+            self._count(self.acks, op)
+        self.state[lease_id] = new
+
+    def _count(self, counter: Counter, key: str) -> None:
+        with self._lock:
+            counter[key] += 1
+            if counter is self.acks:
+                self.ack_times.append(time.monotonic())
+
+    def _violation(self, text: str) -> None:
+        with self._lock:
+            self.violations.append(text)
+
+    def check(self, client: AdminClient) -> int:
+        """Every lease whose state is known is served exactly so; returns how many were checked."""
+        checked = 0
+        for lease_id, expected in sorted(self.state.items()):
+            if expected == UNKNOWN:
+                continue
+            checked += 1
+            if expected is None:
+                with pytest.raises(errors.LeaseNotFoundError):
+                    client.describe_lease(lease_id)
+                continue
+            lease = client.describe_lease(lease_id)
+            assert (lease.expiration_time, dict(lease.buckets)) == expected, f"lease {lease_id}"
+        return checked
+
+
+def assert_lease_files_consistent(zk, storage) -> None:
+    """ZooKeeper points only at existing files, and no other lease file is left."""
+    referenced = set()
+    for name in zk.get_children(zkpaths.LEASES):
+        node = loads(zk.get(zkpaths.lease(name))[0])
+        for table in node["tables"]:
+            assert storage.exists(table["metadata_path"]), f"lease {name} points at a missing file"
+            referenced.add(table["metadata_path"])
+    assert set(storage.list(LEASE_FILES)) == referenced
+
+
+def wait_gone(client: AdminClient, lease_id: str, timeout_s: float) -> float:
+    """Poll until the lease is gone; returns the wall-clock time (s) it was first seen gone."""
+    def gone():
+        try:
+            client.describe_lease(lease_id)
+        except errors.LeaseNotFoundError:
+            return time.time()
+        return None
+    return wait_until(gone, timeout_s, f"lease {lease_id} expires", interval_s=0.02)
+
+
+# -- the tests --------------------------------------------------------------------------------------------
+
+
+def test_acknowledged_leases_survive_kill_9_of_the_active(config, coordinator_procs):
+    procs = coordinator_procs(config)
+    procs.spawn(2)
+    active, info = procs.wait_active(30)
+    standby = next(p for p in procs.procs if p is not active)
+    client = procs.client(request_timeout_s=5, retry_total_s=20)
+    storage = open_storage(config["remote.data.dir"], config)
+    zk = make_client(config)
+    try:
+        buckets = make_table(client, 4)
+        workload = Workload(procs.addresses, buckets)
+        workload.start()
+        try:
+            wait_until(lambda: sum(workload.acks.values()) >= 100, 30, "acknowledged operations before the kill")
+            active.kill()
+            killed_at = time.monotonic()
+            new_active, new_info = procs.wait_active(30, among=[standby], min_epoch=info.epoch + 1)
+            wait_until(lambda: workload.acks_since(killed_at) >= 100, 30, "clients continue after the failover")
+        finally:
+            workload.stop()
+        assert not workload.violations, workload.violations
+        assert workload.acks_since(killed_at) >= 100
+
+        checked = workload.check(client)
+        print(f"acknowledged {dict(workload.acks)}, failed {dict(workload.failures)}, "
+              f"{checked} of {len(workload.state)} leases checked")
+        assert checked >= len(workload.state) // 2, (checked, workload.state)
+        assert_served_as_persisted(client.list_leases(), zk, storage)
+        assert_lease_files_consistent(zk, storage)
+        assert procs.info(new_active).epoch == new_info.epoch  # no further failover happened meanwhile
+
+        # expiry keeps working on the new active coordinator
+        short = client.acquire_lease("short-after", {buckets[0]: 1}, 1_000)
+        gone_at = wait_gone(client, "short-after", 10)
+        assert gone_at - short.expiration_time / 1000 <= CHECK_INTERVAL_MS / 1000 + EXPIRY_SLACK_S
+        assert_lease_files_consistent(zk, storage)
+    finally:
+        zk.stop()
+        zk.close()
+
+
+def test_leases_expired_during_the_gap_get_the_failover_grace(config, coordinator_procs):
+    procs = coordinator_procs(config)
+    procs.spawn(2)
+    active, info = procs.wait_active(30)
+    standby = next(p for p in procs.procs if p is not active)
+    client = procs.client(request_timeout_s=5, retry_total_s=20)
+    buckets = make_table(client, 2)
+    gap = client.acquire_lease("gap", {buckets[0]: 1}, 1_000)
+    long = client.acquire_lease("long", {buckets[1]: 1}, 60_000)
+
+    killed_at = time.time()
+    active.kill()
+    direct = procs.client([standby.address], request_timeout_s=2, retry_total_s=0)
+
+    def served():
+        try:
+            return direct.describe_lease("gap"), time.time()
+        except (errors.NotCoordinatorError, errors.CoordinatorNotReadyError, errors.NetworkError):
+            return None
+    lease, served_at = wait_until(served, 30, "the standby serves")
+    assert procs.info(standby).epoch > info.epoch
+    # its deadline passed while no coordinator was active: reinit time (between the kill
+    # and the first answer) + the grace
+    assert served_at * 1000 > gap.expiration_time, "the failover was faster than the lease"
+    assert killed_at * 1000 + GRACE_MS <= lease.expiration_time <= served_at * 1000 + GRACE_MS
+    assert lease.buckets == {buckets[0]: 1}
+    assert direct.describe_lease("long").expiration_time == long.expiration_time  # not expired: no grace
+
+    gone_at = wait_gone(direct, "gap", GRACE_MS / 1000 + 10)
+    assert gone_at - lease.expiration_time / 1000 <= CHECK_INTERVAL_MS / 1000 + EXPIRY_SLACK_S
+    assert gone_at >= lease.expiration_time / 1000 - 0.05
+    assert {lease.lease_id for lease in direct.list_leases()} == {"long"}
+
+
+def test_orphan_lease_files_are_removed_on_failover(config, coordinator_procs):
+    procs = coordinator_procs(config)
+    procs.spawn(2)
+    active, info = procs.wait_active(30)
+    standby = next(p for p in procs.procs if p is not active)
+    client = procs.client(request_timeout_s=5, retry_total_s=20)
+    storage = open_storage(config["remote.data.dir"], config)
+    zk = make_client(config)
+    try:
+        buckets = make_table(client, 2)
+        client.acquire_lease("keep", {buckets[0]: 1, buckets[1]: 1}, 60_000)
+        node = loads(zk.get(zkpaths.lease("keep"))[0])
+        referenced = [t["metadata_path"] for t in node["tables"]]
+        table_id = buckets[0].table_id
+        strays = [f"{LEASE_FILES}/stray/{table_id}/{'ab' * 16}.metadata",  # no such lease
+                  f"{LEASE_FILES}/keep/{table_id}/{'cd' * 16}.metadata"]  # an old version of a live lease
+        for path in strays:
+            storage.write_new(path, b'{"version":1,"lease_id":"stray","table_id":1,"buckets":[]}')
+
+        active.kill()
+        procs.wait_active(30, among=[standby], min_epoch=info.epoch + 1)
+        assert not any(storage.exists(p) for p in strays)
+        assert all(storage.exists(p) for p in referenced)
+        assert client.describe_lease("keep").buckets == {buckets[0]: 1, buckets[1]: 1}
+        assert_lease_files_consistent(zk, storage)
+        assert set(persisted_leases(zk, storage)) == {"keep"}
+    finally:
+        zk.stop()
+        zk.close()
+
+
+def zk_leader(ensemble) -> int:
+    for index, node in enumerate(ensemble.nodes):
+        answer = four_letter(node.client_port) or ""
+        if "Mode: leader" in answer:
+            return index
+    raise AssertionError("the ensemble has no leader")
+
+
+def test_coordinator_keeps_serving_when_a_zookeeper_node_dies(make_config, zk_ensemble, coordinator_procs):
+    config = make_config({"zookeeper.address": zk_ensemble.connect_string,
+                          "zookeeper.session-timeout": "6s",
+                          "kv.snapshot.lease.expiration-check-interval": f"{CHECK_INTERVAL_MS}ms"})
+    procs = coordinator_procs(config)
+    (coordinator,) = procs.spawn(1)
+    procs.wait_active(30)
+    client = procs.client(request_timeout_s=5, retry_total_s=30)
+    storage = open_storage(config["remote.data.dir"], config)
+    buckets = make_table(client, 2)
+    workload = Workload(procs.addresses, buckets, threads=4)
+    workload.start()
+    try:
+        wait_until(lambda: sum(workload.acks.values()) >= 50, 30, "acknowledged operations before the kill")
+        leader = zk_leader(zk_ensemble)
+        zk_ensemble.kill(leader)
+        killed_at = time.monotonic()
+        wait_until(lambda: workload.acks_since(killed_at) >= 50, 45, "clients served after a ZooKeeper node died")
+    finally:
+        workload.stop()
+    assert coordinator.alive()
+    assert not workload.violations, workload.violations
+    procs.wait_active(30)
+    checked = workload.check(client)
+    print(f"acknowledged {dict(workload.acks)}, failed {dict(workload.failures)}, "
+          f"{checked} of {len(workload.state)} leases checked")
+    zk = make_client(config)
+    try:
+        assert_served_as_persisted(client.list_leases(), zk, storage)
+        assert_lease_files_consistent(zk, storage)
+    finally:
+        zk.stop()
+        zk.close()
