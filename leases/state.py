@@ -176,12 +176,26 @@ class LeaseState:
     def get(self, lease_id: str) -> Lease | None:
         return self.leases.get(lease_id)
 
+    def is_protected(self, tb: TableBucket, snapshot_id: int) -> bool:
+        """Leased, or about to be: held by a lease or by the ``after`` of a write in flight.
+
+        Pass this (not ``refs.is_leased``) to ``SnapshotStore.reclaimable``: an
+        acquire in flight has not reached ``refs`` yet, but its snapshot must not
+        be deleted before its WriteDone arrives.
+        """
+        if self.refs.is_leased(tb, snapshot_id):
+            return True
+        return any(w.after is not None and w.after.buckets.get(tb) == snapshot_id
+                   for w in self._pending.values())
+
     # -- requests -----------------------------------------------------------------
 
     def _check_id(self, lease_id: str) -> None:
-        if not isinstance(lease_id, str) or not LEASE_ID.match(lease_id):
+        # fullmatch: LEASE_ID ends in '$', which also matches before a trailing newline;
+        # '.' and '..' are not usable as a ZooKeeper node or a directory name.
+        if not isinstance(lease_id, str) or not LEASE_ID.fullmatch(lease_id) or lease_id in (".", ".."):
             raise errors.InvalidLeaseIdError(
-                f"bad lease id {lease_id!r}: 1-128 characters of letters, digits, '.', '_' or '-'")
+                f"bad lease id {lease_id!r}: 1-128 characters of letters, digits, '.', '_' or '-' (not '.' or '..')")
 
     def _check_duration(self, duration_ms: int) -> None:
         if duration_ms <= 0:
@@ -277,8 +291,9 @@ class LeaseState:
 
     def _on_removetable(self, ev: RemoveTable) -> list[object]:
         holders = [lease for lease in self.leases.values() if ev.table_id in lease.tables()]
-        if any(self.busy(lease.lease_id) for lease in holders):
-            return [Deferred(ev)]
+        if any(self.busy(lease.lease_id) for lease in holders) or any(
+                w.after is not None and ev.table_id in w.after.tables() for w in self._pending.values()):
+            return [Deferred(ev)]  # also wait for an acquire in flight that adds the table
         changes = []
         for before in holders:
             remaining = {tb: sid for tb, sid in before.buckets.items() if tb.table_id != ev.table_id}
@@ -350,7 +365,13 @@ class LeaseState:
 
     def _on_writefailed(self, ev: WriteFailed) -> list[object]:
         write = self._pending.pop(ev.write_id)
-        return self._finish(write, ev.error)
+        # snapshots only this write's ``after`` protected (see is_protected) are reclaimable now
+        old = write.before.buckets if write.before else {}
+        new = write.after.buckets if write.after else {}
+        unpinned = tuple((tb, sid) for tb, sid in new.items()
+                         if old.get(tb) != sid and not self.is_protected(tb, sid))
+        out: list[object] = [SnapshotsFreed(unpinned)] if unpinned else []
+        return out + self._finish(write, ev.error)
 
     # -- invariants ----------------------------------------------------------------
 
