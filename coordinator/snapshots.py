@@ -95,12 +95,13 @@ class SnapshotStore:
     def remove(self, handle: SnapshotHandle) -> list[str]:
         """Forget the snapshot; returns the files no kept snapshot uses any more."""
         snaps = self._by_bucket.get(handle.bucket, {})
-        if snaps.pop(handle.snapshot_id, None) is None:
+        stored = snaps.pop(handle.snapshot_id, None)
+        if stored is None:
             return []
         if not snaps:
             del self._by_bucket[handle.bucket]
         unused = []
-        for path in handle.file_paths():
+        for path in stored.file_paths():  # the files the store counted, not the caller's copy's
             self._file_refs[path] -= 1
             if self._file_refs[path] <= 0:
                 del self._file_refs[path]
