@@ -114,8 +114,12 @@ class AdminClient:
     """Thread-safe; one gRPC channel per coordinator address."""
 
     def __init__(self, bootstrap: str | Sequence[str], config: cfg.Config | None = None, *,
-                 request_timeout_s: float | None = None, retry_total_s: float | None = None) -> None:
+                 request_timeout_s: float | None = None, retry_total_s: float | None = None,
+                 locate: Callable[[], str] | None = None) -> None:
+        """``locate`` (optional) names the active coordinator's address now (e.g. from
+        ZooKeeper); it is asked whenever the current address is unreachable."""
         config = config or cfg.Config(env={})
+        self._locate = locate
         self._bootstrap = parse_bootstrap(bootstrap)
         self._address = self._bootstrap[0]
         self._next_bootstrap = 1
@@ -151,7 +155,7 @@ class AdminClient:
         with self._lock:
             if self._address != tried:
                 return  # another thread already moved on
-            active = getattr(error, "active_address", "")
+            active = getattr(error, "active_address", "") or (self._locate() if self._locate else "")
             if active and active != tried:
                 self._address = active
             else:

@@ -51,7 +51,8 @@ class Controller:
         self.metrics = metrics
         self.catalog = TableCatalog()
         self.assignments = Assignments()
-        self.servers: dict[int, str] = {}  # live tablet servers
+        self.servers: dict[int, str] = {}  # live tablet servers: id -> address
+        self._incarnations: dict[int, tuple[str, str]] = {}
         self.notify = notify
         self.snapshots = SnapshotStore(num_retained)
         self.leases = ls.LeaseState(self, max_lease_ms)
@@ -103,7 +104,7 @@ class Controller:
             log.warning("lease refers to snapshot %s of %s which is not stored", sid, tb)
         buckets = {h.bucket for h in self.snapshots.all()}
         self._reclaim(buckets)
-        self.snapshots.validate(self.leases.refs.is_leased)
+        self.snapshots.validate(self.leases.is_protected)
         stats = {"tables": len(self.catalog.by_id), "snapshots": sum(1 for _ in self.snapshots.all()),
                  "leases": len(loaded), "graced": graced, "orphan_files": len(orphans),
                  "dangling": len(dangling)}
@@ -254,10 +255,10 @@ class Controller:
     def _reclaim(self, buckets: Iterable[TableBucket]) -> None:
         """Delete every snapshot of these buckets that is neither retained nor leased, now.
 
-        Only called with no lease write in flight (after a flush, or before
-        serving), so the applied refcounts are the whole truth.
+        Snapshots named by a lease write in flight count as leased
+        (``LeaseState.is_protected``), though reclaim runs after flushes anyway.
         """
-        doomed = [h for tb in buckets for h in self.snapshots.reclaimable(tb, self.leases.refs.is_leased)]
+        doomed = [h for tb in buckets for h in self.snapshots.reclaimable(tb, self.leases.is_protected)]
         for start in range(0, len(doomed), MAX_OPS_PER_MULTI):
             chunk = doomed[start:start + MAX_OPS_PER_MULTI]
             ops = [ZkOp("delete", zkpaths.snapshot(h.bucket.table_id, h.bucket.bucket, h.snapshot_id,
@@ -367,7 +368,8 @@ class Controller:
 
     # -- tablet servers and bucket leaders -----------------------------------------------
 
-    def _read_servers(self) -> dict[int, str]:
+    def _read_servers(self) -> dict[int, tuple[str, str]]:
+        """Live servers: id -> (address, incarnation); a restarted server has a new incarnation."""
         try:
             ids = self.zk.get_children(zkpaths.TABLET_SERVERS)
         except NoNodeError:
@@ -375,15 +377,18 @@ class Controller:
         servers = {}
         for name, result in [(n, self.zk.get_async(zkpaths.tablet_server(n))) for n in ids if n.isdigit()]:
             try:
-                servers[int(name)] = loads(result.get()[0])["address"]
+                node = loads(result.get()[0])
             except NoNodeError:
                 continue
+            servers[int(name)] = (node["address"], str(node.get("incarnation", "")))
         return servers
 
-    def _servers_changed(self, servers: dict[int, str]) -> None:
-        joined = {sid for sid, address in servers.items() if self.servers.get(sid) != address}
-        left = set(self.servers) - set(servers)
-        self.servers = servers
+    def _servers_changed(self, servers: dict[int, str | tuple[str, str]]) -> None:
+        seen = {sid: v if isinstance(v, tuple) else (v, "") for sid, v in servers.items()}
+        joined = {sid for sid, v in seen.items() if self._incarnations.get(sid) != v}
+        left = set(self.servers) - set(seen)
+        self._incarnations = seen
+        self.servers = {sid: v[0] for sid, v in seen.items()}
         if left:
             log.warning("tablet servers gone: %s (their buckets are unavailable until they return)", sorted(left))
         changes = self.assignments.plan_servers_joined(joined, sorted(servers))
