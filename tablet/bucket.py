@@ -1,0 +1,376 @@
+"""One bucket's storage: a RocksDB of the current rows and the changelog of every change.
+
+``{dir}/kv`` is the bucket's RocksDB (:class:`~tablet.kvstore.KvStore`: rows,
+and the *applied offset*, the first changelog record it does not contain);
+``{dir}/log`` is its :class:`~tablet.changelog.Changelog`. See
+``docs/bucket-store.md``.
+
+A write, under the bucket's write lock: validate and encode the batch, read
+the current values of all touched keys in one multi-get, build the change
+records (+I, -U/+U, -D with before-images), append them to the changelog as
+one entry, then apply them to RocksDB in one WriteBatch that also sets the
+applied offset. RocksDB writes skip its WAL: the changelog is the log.
+
+Invariant: the persisted KV rows are the fold of the changelog's records
+``[0, a')`` for some ``a' >= a``, where ``a`` is the persisted applied offset,
+and ``start <= a <= end`` of the changelog. Replaying ``[a, end)`` (put for
++I/+U, delete for -D) is idempotent on such a state (the last record of a key
+decides its value), so :meth:`BucketStore.open` always ends with KV ==
+fold(changelog[0, end)) and applied offset == end.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from common import config as cfg
+from common.errors import InvalidRequestError
+from common.tables import TableInfo
+from tablet.changelog import SCHEMA, ChangeType, Changelog, LogEntry, SegmentInfo
+from tablet.codec import RowCodec
+from tablet.kvstore import APPLIED_KEY, META_CF, BucketStoreError, KvSnapshot, KvStore, checkpoint_log_offset
+
+__all__ = ["APPLIED_KEY", "META_CF", "BucketStore", "BucketStoreError", "KvSnapshot", "checkpoint_log_offset"]
+
+log = logging.getLogger(__name__)
+
+_INSERT, _UPDATE_BEFORE, _UPDATE_AFTER, _DELETE = (int(ct) for ct in ChangeType)
+_REPLAY_BYTES = 16 << 20  # changelog bytes replayed per WriteBatch at open
+
+
+class BucketStore:
+    """The KV store and changelog of one bucket in ``dir``; see the module docstring.
+
+    Thread-safe: writes, checkpoints and snapshots serialize on
+    :attr:`write_lock` (re-entrant, so a caller holding it may call them);
+    lookups and log reads run concurrently with them. Create it with
+    :meth:`open`.
+    """
+
+    def __init__(self, dir: str, table: TableInfo, changelog: Changelog, kv: KvStore) -> None:
+        self.dir = dir
+        self.table = table
+        self.codec = RowCodec(table)
+        self._log = changelog
+        self._kv = kv
+        #: Serializes writes; hold it to take a snapshot and read ``log_end_offset`` together.
+        self.write_lock = threading.RLock()
+        #: ``(from, to)``: the changelog records replayed into RocksDB at open (``from == to``: none).
+        self.replayed = (kv.applied_offset, kv.applied_offset)
+        self._failed: BaseException | None = None
+        self._closed = False
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, dir: str, table: TableInfo, *, segment_bytes: int, fsync: bool = True,
+             memtable_bytes: int | None = None) -> "BucketStore":
+        """Open (creating if missing) the bucket in ``dir`` and replay the changelog into RocksDB.
+
+        ``segment_bytes`` and ``fsync`` configure the changelog
+        (``log.segment.bytes``, ``log.flush.fsync``). ``memtable_bytes`` sets
+        RocksDB's write buffer size (default 64 MiB): after a crash, open
+        replays at most about that much changelog. Raises ChangelogError if
+        the bucket is open elsewhere (the changelog's lock), CorruptLogError
+        for a damaged changelog, BucketStoreError if RocksDB cannot open or
+        its applied offset lies outside the changelog.
+        """
+        os.makedirs(dir, exist_ok=True)
+        changelog = Changelog(os.path.join(dir, "log"), segment_bytes=segment_bytes, fsync=fsync)
+        try:
+            kv = KvStore(os.path.join(dir, "kv"), memtable_bytes=memtable_bytes)
+        except BaseException:
+            changelog.close()
+            raise
+        store = cls(dir, table, changelog, kv)
+        try:
+            store._recover()
+        except BaseException:
+            store.close()
+            raise
+        return store
+
+    @classmethod
+    def from_config(cls, dir: str, table: TableInfo, config: cfg.Config) -> "BucketStore":
+        return cls.open(dir, table, segment_bytes=config[cfg.LOG_SEGMENT_BYTES], fsync=config[cfg.LOG_FLUSH_FSYNC])
+
+    def close(self) -> None:
+        """Close the open snapshots, RocksDB (flushing it) and the changelog. Idempotent."""
+        with self.write_lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                self._kv.close()
+            finally:
+                self._log.close()
+
+    def __enter__(self) -> "BucketStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _recover(self) -> None:
+        """Replay the changelog from the applied offset to its end (see the module docstring)."""
+        applied = self._kv.applied_offset
+        start, end = self._log.start_offset, self._log.end_offset
+        if applied > end:
+            raise BucketStoreError(f"bucket {self.dir}: RocksDB has applied changelog records up to offset "
+                                   f"{applied} but the changelog ends at {end} (changelog lost records "
+                                   f"written without fsync?)", dir=self.dir, applied=applied, end_offset=end)
+        if applied < start:
+            raise BucketStoreError(f"bucket {self.dir}: RocksDB has applied records up to offset {applied} "
+                                   f"but the changelog starts at {start}", dir=self.dir, applied=applied,
+                                   start_offset=start)
+        offset = applied
+        while offset < end:
+            entries: list[LogEntry] = self._log.read(offset, _REPLAY_BYTES)
+            offset = entries[-1].next_offset
+            self._kv.apply_records([e.records for e in entries], offset)
+        self.replayed = (applied, end)
+        if end > applied:
+            log.info("bucket %s: replayed changelog records %d..%d into RocksDB", self.dir, applied, end)
+
+    # --- offsets ---------------------------------------------------------------------------
+
+    @property
+    def log_end_offset(self) -> int:
+        """The offset the next changelog record gets (== the applied offset between writes)."""
+        return self._log.end_offset
+
+    @property
+    def applied_offset(self) -> int:
+        """The first changelog record not yet in RocksDB."""
+        return self._kv.applied_offset
+
+    def list_offsets(self) -> tuple[int, int]:
+        """``(earliest, latest)``: the changelog's start offset and end offset."""
+        return self._log.start_offset, self._log.end_offset
+
+    # --- writes ----------------------------------------------------------------------------
+
+    def write(self, upserts: pa.RecordBatch | None = None, deletes: pa.RecordBatch | None = None) -> tuple[int, int]:
+        """Upsert then delete rows; returns the changelog ``(base_offset, next_offset)`` written.
+
+        ``upserts`` are full rows (missing non-key columns are null),
+        ``deletes`` the primary-key columns of the rows to delete (other
+        columns are ignored). The upserts apply in row order, then the
+        deletes; a key written twice ends with its last write and gets the
+        change records of each step. A write that changes nothing (no rows,
+        only deletes of missing keys) appends nothing and returns ``(end,
+        end)``. A rejected batch (InvalidRowError) changes nothing.
+
+        Raises ChangelogError if the changelog append failed (the store then
+        refuses writes: reopen it); BucketStoreError if applying to RocksDB
+        failed after the append (the write is in the changelog and is applied
+        when the store is reopened), or if the store is closed or failed.
+        """
+        up_keys: list[bytes] = []
+        up_values: list[bytes] = []
+        del_keys: list[bytes] = []
+        if upserts is not None:
+            up_keys, up_values = self.codec.encode(upserts)
+        if deletes is not None:
+            del_keys = self.codec.encode_keys(deletes)
+        keys = up_keys + del_keys if del_keys else up_keys
+        with self.write_lock:
+            self._check_writable()
+            if not keys:
+                end = self._log.end_offset
+                return end, end
+            olds = self._kv.get(keys)
+            if len(set(keys)) == len(keys):
+                records, put_keys, put_values, gone = _changes_unique(keys, up_values, olds)
+            else:
+                records, put_keys, put_values, gone = _changes_in_order(keys, up_values, olds)
+            if not records.num_rows:
+                end = self._log.end_offset
+                return end, end
+            try:
+                base, nxt = self._log.append_batch(records)
+            except BaseException as exc:
+                self._failed = exc
+                raise
+            try:
+                self._apply(put_keys, put_values, gone, nxt)
+            except BaseException as exc:
+                self._failed = exc
+                raise BucketStoreError(f"bucket {self.dir}: changelog records {base}..{nxt} were appended but "
+                                       f"RocksDB failed to apply them ({exc!r}); reopen the bucket to replay "
+                                       f"them", dir=self.dir) from exc
+            return base, nxt
+
+    def _apply(self, put_keys: list[bytes], put_values: list[bytes], gone: list[bytes], next_offset: int) -> None:
+        self._kv.write(put_keys, put_values, gone, next_offset)
+
+    def _check_writable(self) -> None:
+        self._check_open()
+        if self._failed is not None:
+            raise BucketStoreError(f"bucket {self.dir} failed earlier ({self._failed!r}); reopen it", dir=self.dir)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise BucketStoreError(f"bucket {self.dir} is closed", dir=self.dir)
+
+    # --- reads -----------------------------------------------------------------------------
+
+    def lookup(self, keys: pa.RecordBatch) -> tuple[np.ndarray, pa.RecordBatch]:
+        """``(found, rows)``: ``found[i]`` (numpy bool) tells whether key row ``i`` exists;
+        ``rows`` holds the full rows of the found keys in input order (``found.sum()`` rows).
+
+        ``keys`` holds the primary-key columns (full rows are accepted).
+        Raises InvalidRowError for a bad key batch.
+        """
+        encoded = self.codec.encode_keys(keys)
+        self._check_open()
+        values = pa.array(self._kv.get(encoded), pa.binary())
+        found = values.is_valid().to_numpy(zero_copy_only=False)
+        return found, self.codec.decode_values(pc.drop_null(values) if values.null_count else values)
+
+    def fetch_log(self, from_offset: int, max_bytes: int) -> tuple[list[bytes], int]:
+        """``(entries, end_offset)``: framed changelog entries from ``from_offset`` on (see
+        :meth:`Changelog.read_raw`: the first may start before it) and the end offset
+        read after them. Raises LogOffsetOutOfRangeError outside the changelog."""
+        entries = self._log.read_raw(from_offset, max_bytes)
+        return entries, self._log.end_offset
+
+    def read_log(self, from_offset: int, max_bytes: int) -> list[LogEntry]:
+        """Decoded changelog entries (:meth:`Changelog.read`)."""
+        return self._log.read(from_offset, max_bytes)
+
+    def log_segments(self) -> list[SegmentInfo]:
+        """The changelog's segments, oldest first (for time-based retention)."""
+        return self._log.segments()
+
+    # --- snapshots -------------------------------------------------------------------------
+
+    def snapshot(self) -> KvSnapshot:
+        """A consistent view of the rows and its ``log_offset``, taken together under the write lock."""
+        with self.write_lock:
+            self._check_open()
+            return self._kv.snapshot(self._kv.applied_offset)
+
+    def iter_rows(self, snapshot: KvSnapshot, from_key: bytes | None = None,
+                  upper: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        """The ``(key, value)`` pairs of ``snapshot`` with ``from_key <= key < upper`` in key
+        order (:meth:`KvSnapshot.rows`); resume after key ``k`` with ``from_key=k + b"\\x00"``."""
+        return snapshot.rows(from_key, upper)
+
+    def checkpoint(self, target_dir: str) -> int:
+        """Create a RocksDB checkpoint in ``target_dir``; returns its log offset.
+
+        ``target_dir`` must not exist and must be on the same filesystem (SST
+        files are hard-linked). The checkpoint holds exactly the changelog
+        records below the returned offset: it is taken under the write lock,
+        and its own applied offset (:func:`checkpoint_log_offset`) says the
+        same. Reading it, then the changelog from the offset, gives every later
+        change exactly once. A changelog that does not fsync each write is
+        flushed first, so the records the checkpoint holds are on disk.
+        """
+        if os.path.lexists(target_dir):
+            raise InvalidRequestError(f"checkpoint target {target_dir} already exists")
+        self._check_open()
+        self._kv.flush_rows()  # most of the memtable, outside the lock: less to flush while writes wait
+        with self.write_lock:
+            self._check_open()
+            if not self._log.fsync:
+                self._log.flush()
+            self._kv.checkpoint(target_dir)
+            return self._kv.applied_offset
+
+    # --- retention -------------------------------------------------------------------------
+
+    def truncate_log_before(self, offset: int) -> int:
+        """Delete the changelog segments whose records are all below ``offset``.
+
+        Never beyond what RocksDB holds on disk: RocksDB is flushed first and
+        the offset is capped at the applied offset flushed. Returns how many
+        segments were deleted.
+        """
+        self._check_open()
+        self._kv.flush_rows()  # the bulk, while writes go on
+        with self.write_lock:
+            self._check_open()
+            self._kv.flush()
+            durable = self._kv.applied_offset
+        return self._log.truncate_before(min(offset, durable))
+
+
+# --- change records -------------------------------------------------------------------------
+
+def _changes_unique(keys: list[bytes], up_values: list[bytes], olds: list[bytes | None]):
+    """Records and KV effects of a write whose keys are all distinct, vectorized.
+
+    ``keys`` = upsert keys then delete keys; ``olds`` their current values.
+    Returns (records, put_keys, put_values, deleted_keys).
+    """
+    n, n_up = len(keys), len(up_values)
+    key_array = pa.array(keys, pa.binary())
+    new_values = pa.array(up_values, pa.binary())
+    old_values = pa.array(olds, pa.binary())
+    if old_values.null_count == n:  # nothing exists yet: all inserts, deletes find nothing
+        records = pa.RecordBatch.from_arrays(
+            [pa.array(np.full(n_up, _INSERT, np.int8)), key_array.slice(0, n_up), new_values], schema=SCHEMA)
+        return records, keys[:n_up], up_values, []
+    exists = old_values.is_valid().to_numpy(zero_copy_only=False)
+    existed_up = exists[:n_up]
+    rows = np.repeat(np.arange(n_up), 1 + existed_up)  # an update emits two records
+    first = np.ones(len(rows), bool)
+    first[1:] = rows[1:] != rows[:-1]
+    update = existed_up[rows]
+    up_types = np.where(update, np.where(first, _UPDATE_BEFORE, _UPDATE_AFTER), _INSERT)
+    up_sources = np.where(update & first, rows, n + rows)  # index into old_values ++ new_values
+    deleted = np.flatnonzero(exists[n_up:]) + n_up
+    types = np.concatenate([up_types, np.full(len(deleted), _DELETE)]).astype(np.int8)
+    key_index = np.concatenate([rows, deleted])
+    sources = np.concatenate([up_sources, deleted])
+    values = pa.concat_arrays([old_values, new_values]).take(pa.array(sources))
+    records = pa.RecordBatch.from_arrays([pa.array(types), key_array.take(pa.array(key_index)), values],
+                                         schema=SCHEMA)
+    gone = [keys[i] for i in deleted.tolist()]
+    return records, keys[:n_up], up_values, gone
+
+
+def _changes_in_order(keys: list[bytes], up_values: list[bytes], olds: list[bytes | None]):
+    """Like :func:`_changes_unique` for a write naming some key more than once: step by step."""
+    n_up = len(up_values)
+    original: dict[bytes, bytes | None] = {}
+    for key, old in zip(keys, olds):
+        original.setdefault(key, old)
+    current = dict(original)
+    types: list[int] = []
+    out_keys: list[bytes] = []
+    out_values: list[bytes] = []
+    for i, key in enumerate(keys):
+        old = current[key]
+        if i < n_up:
+            new = up_values[i]
+            if old is None:
+                types.append(_INSERT)
+            else:
+                types += (_UPDATE_BEFORE, _UPDATE_AFTER)
+                out_keys.append(key)
+                out_values.append(old)
+            out_keys.append(key)
+            out_values.append(new)
+            current[key] = new
+        elif old is not None:
+            types.append(_DELETE)
+            out_keys.append(key)
+            out_values.append(old)
+            current[key] = None
+    records = pa.RecordBatch.from_arrays(
+        [pa.array(types, pa.int8()), pa.array(out_keys, pa.binary()), pa.array(out_values, pa.binary())],
+        schema=SCHEMA)
+    put_keys = [k for k, v in current.items() if v is not None]
+    put_values = [current[k] for k in put_keys]
+    gone = [k for k, v in current.items() if v is None and original[k] is not None]
+    return records, put_keys, put_values, gone

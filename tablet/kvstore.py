@@ -1,0 +1,241 @@
+"""The RocksDB half of a bucket: current rows, the applied changelog offset, snapshots.
+
+A bucket's RocksDB (rocksdict, raw mode) holds each live row as ``key ->
+value`` (the bytes of :mod:`tablet.codec`) in its ``default`` column family,
+and in the ``kvlease-meta`` column family :data:`APPLIED_KEY` -> the offset of
+the first changelog record it does not contain (u64 big-endian). Every
+:meth:`KvStore.write` sets both in one WriteBatch. A checkpoint's ``default``
+column family is therefore exactly the table's rows, nothing to filter.
+
+Writes skip RocksDB's WAL: the changelog is the log, so RocksDB persists only
+by flushing memtables. The persisted rows must never be behind the persisted
+applied offset (they may be ahead: replay is idempotent, see
+``tablet/bucket.py``): automatic flushes are atomic across both column
+families (``atomic_flush``), a checkpoint flushes both atomically, and a
+manual flush covers one column family, so :meth:`KvStore.flush` does rows
+first, then the offset, with writes held off.
+"""
+
+from __future__ import annotations
+
+import collections
+import weakref
+from typing import Iterator
+
+import pyarrow as pa
+from rocksdict import AccessType, BlockBasedOptions, Checkpoint, Options, Rdict, WriteBatch, WriteOptions
+
+from common.errors import KvLeaseError
+from tablet.changelog import ChangeType
+
+META_CF = "kvlease-meta"
+APPLIED_KEY = b"applied_offset"
+_PUT_TYPES = (int(ChangeType.INSERT), int(ChangeType.UPDATE_AFTER))
+_DELETE = int(ChangeType.DELETE)
+_CHUNK_ROWS = 1024  # rows read from an iterator per step of KvSnapshot.rows
+
+
+class BucketStoreError(KvLeaseError):
+    """The store cannot serve: closed, failed on a local write (reopen it), or its files disagree."""
+
+
+class KvSnapshot:
+    """A consistent view of a bucket's rows and the changelog offset it corresponds to.
+
+    ``log_offset`` is the first changelog record the view does not contain
+    (DESIGN.md "Offsets"). Read it with :meth:`rows` (or
+    ``BucketStore.iter_rows``), one reader at a time: a new ``rows`` call
+    re-positions it and ends the previous one. :meth:`close` releases it
+    (RocksDB keeps the files and memtables it sees until then); closing the
+    store closes every open snapshot.
+
+    It holds a RocksDB iterator created under the write lock: a RocksDB
+    iterator reads the state as of its creation for its whole life, also after
+    seeks. (rocksdict 0.3.29's ``Snapshot.items()`` does not apply its snapshot
+    to the iterator and reads the latest state; only its point reads are
+    consistent, so it is not used here.)
+    """
+
+    def __init__(self, iterator, log_offset: int) -> None:
+        self._iter = iterator
+        self.log_offset = log_offset
+        self._generation = 0
+
+    @property
+    def closed(self) -> bool:
+        return self._iter is None
+
+    def close(self) -> None:
+        self._iter = None  # the last reference: RocksDB releases the iterator
+
+    def __enter__(self) -> "KvSnapshot":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def rows(self, from_key: bytes | None = None, upper: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        """``(key, value)`` with ``from_key <= key < upper`` in key order (None: unbounded).
+
+        To resume after a key ``k``, pass ``from_key=k + b"\\x00"`` (the next
+        possible key). Raises BucketStoreError once the snapshot is closed or
+        a newer ``rows`` call re-positioned it.
+        """
+        self._generation += 1
+        generation = self._generation
+        it = self._live()
+        it.seek(from_key) if from_key is not None else it.seek_to_first()
+        del it  # hold no iterator reference while suspended: close() must be able to free it
+        while True:
+            if generation != self._generation:
+                raise BucketStoreError("snapshot was re-positioned by a newer iter_rows call")
+            chunk = _next_rows(self._live(), upper, _CHUNK_ROWS)
+            yield from chunk
+            if len(chunk) < _CHUNK_ROWS:
+                return
+
+    def _live(self):
+        if self._iter is None:
+            raise BucketStoreError("snapshot is closed")
+        return self._iter
+
+
+def _next_rows(it, upper: bytes | None, limit: int) -> list[tuple[bytes, bytes]]:
+    out: list[tuple[bytes, bytes]] = []
+    valid, key, value, step, append = it.valid, it.key, it.value, it.next, out.append
+    while valid() and len(out) < limit:
+        k = key()
+        if upper is not None and k >= upper:
+            break
+        append((k, value()))
+        step()
+    return out
+
+
+class KvStore:
+    """The RocksDB of one bucket at ``path`` (created if missing); see the module docstring.
+
+    Not locked itself: the bucket store calls :meth:`write`, :meth:`flush`,
+    :meth:`snapshot` and :meth:`checkpoint` under its write lock; :meth:`get`
+    and :meth:`flush_rows` may run concurrently with them.
+    """
+
+    def __init__(self, path: str, *, memtable_bytes: int | None = None) -> None:
+        self.path = path
+        try:
+            self._db = Rdict(path, _options(memtable_bytes), column_families={META_CF: Options(raw_mode=True)})
+        except Exception as exc:  # rocksdict raises a bare Exception
+            raise BucketStoreError(f"cannot open RocksDB {path}: {exc}", path=path) from exc
+        self._meta_handle = self._meta = None
+        try:
+            write_options = WriteOptions()
+            write_options.disable_wal = True  # the changelog is the write-ahead log
+            self._db.set_write_options(write_options)
+            self._meta_handle = self._db.get_column_family_handle(META_CF)
+            self._meta = self._db.get_column_family(META_CF)
+            raw = self._meta.get(APPLIED_KEY)
+        except BaseException:
+            self._meta_handle = self._meta = None
+            self._db.close()
+            raise
+        #: The first changelog record not in RocksDB (as of the last write, persisted or not).
+        self.applied_offset = int.from_bytes(raw, "big") if raw is not None else 0
+        self._snapshots: weakref.WeakSet[KvSnapshot] = weakref.WeakSet()
+        self._closed = False
+
+    def get(self, keys: list[bytes]) -> list[bytes | None]:
+        """The values of ``keys`` (None where missing), in one multi-get."""
+        return self._db.get(keys) if keys else []
+
+    def write(self, put_keys: list[bytes], put_values: list[bytes], delete_keys: list[bytes],
+              next_offset: int) -> None:
+        """Put and delete rows and set the applied offset to ``next_offset``, atomically."""
+        batch = WriteBatch(raw_mode=True)
+        collections.deque(map(batch.put, put_keys, put_values), maxlen=0)  # the loop runs in C
+        if delete_keys:
+            collections.deque(map(batch.delete, delete_keys), maxlen=0)
+        self._commit(batch, next_offset)
+
+    def apply_records(self, records: list[pa.RecordBatch], next_offset: int) -> None:
+        """Apply changelog records (+I/+U put, -D delete, -U nothing) and set the applied offset."""
+        batch = WriteBatch(raw_mode=True)
+        for entry in records:
+            types = entry.column(0).to_numpy().tolist()
+            for change_type, key, value in zip(types, entry.column(1).to_pylist(), entry.column(2).to_pylist()):
+                if change_type in _PUT_TYPES:
+                    if value is None:
+                        raise BucketStoreError(f"{self.path}: changelog record {ChangeType(change_type)} of key "
+                                               f"{key!r} has no value")
+                    batch.put(key, value)
+                elif change_type == _DELETE:
+                    batch.delete(key)
+        self._commit(batch, next_offset)
+
+    def _commit(self, batch: WriteBatch, next_offset: int) -> None:
+        batch.put(APPLIED_KEY, next_offset.to_bytes(8, "big"), self._meta_handle)
+        self._db.write(batch)
+        self.applied_offset = next_offset
+
+    def flush_rows(self) -> None:
+        """Flush the rows' memtable (any time: persisted rows may run ahead of the offset)."""
+        self._db.flush()
+
+    def flush(self) -> None:
+        """Persist everything: rows, then the applied offset. No write may run meanwhile."""
+        self._db.flush()
+        self._meta.flush()
+
+    def snapshot(self, log_offset: int) -> KvSnapshot:
+        """A consistent view of the rows as of now, labelled ``log_offset``."""
+        snapshot = KvSnapshot(self._db.iter(), log_offset)
+        self._snapshots.add(snapshot)
+        return snapshot
+
+    def checkpoint(self, target_dir: str) -> None:
+        """A RocksDB checkpoint (both column families flushed atomically, SST files hard-linked)."""
+        try:
+            Checkpoint(self._db).create_checkpoint(target_dir)
+        except Exception as exc:
+            raise BucketStoreError(f"{self.path}: checkpoint to {target_dir} failed: {exc}",
+                                   path=self.path) from exc
+
+    def close(self) -> None:
+        """Close the open snapshots, flush (:meth:`flush`), close RocksDB (releasing its lock)."""
+        if self._closed:
+            return
+        self._closed = True
+        for snapshot in list(self._snapshots):
+            snapshot.close()
+        try:
+            self.flush()
+        finally:
+            self._meta_handle = self._meta = None  # they keep RocksDB open too
+            self._db.close()
+
+
+def checkpoint_log_offset(checkpoint_dir: str) -> int:
+    """The applied offset stored in a checkpoint made by ``BucketStore.checkpoint``."""
+    db = Rdict(checkpoint_dir, Options(raw_mode=True), access_type=AccessType.read_only(),
+               column_families={META_CF: Options(raw_mode=True)})
+    try:
+        raw = db.get_column_family(META_CF).get(APPLIED_KEY)
+    finally:
+        db.close()
+    return int.from_bytes(raw, "big") if raw is not None else 0
+
+
+def _options(memtable_bytes: int | None) -> Options:
+    options = Options(raw_mode=True)
+    options.create_if_missing(True)
+    options.create_missing_column_families(True)
+    options.set_atomic_flush(True)  # see the module docstring
+    # Bloom filters, in memtables and SST files: the multi-get of every write mostly looks
+    # for keys that do not exist yet (inserts), and a filter answers those without a search.
+    options.set_memtable_prefix_bloom_ratio(0.1)
+    options.set_memtable_whole_key_filtering(True)
+    table_options = BlockBasedOptions()
+    table_options.set_bloom_filter(10, False)
+    options.set_block_based_table_factory(table_options)
+    if memtable_bytes is not None:
+        options.set_write_buffer_size(memtable_bytes)
+    return options
