@@ -1,0 +1,186 @@
+"""The buckets a tablet server leads: their stores, snapshots and changelog retention.
+
+The coordinator pushes the full set of led buckets (:meth:`ReplicaManager.
+update_leadership`); buckets no longer led are closed (their data stays on
+disk: with one replica per bucket they come back here), dropped tables'
+data is deleted. A snapshot is: RocksDB checkpoint -> upload of the SST files
+the last committed snapshot does not have + a manifest -> CommitKvSnapshot.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from common import config as cfg
+from common import errors
+from common.storage import RemoteStorage
+from common.tables import TableInfo
+from leases.model import SnapshotHandle, TableBucket
+from tablet.bucket import BucketStore
+from tablet.snapshot import SnapshotUploader, upload_and_commit
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Replica:
+    table: TableInfo
+    bucket: int
+    leader_epoch: int
+    store: BucketStore
+    uploader: SnapshotUploader
+    next_snapshot_id: int = 1
+    snapshot_offset: int = -1  # log offset of the last committed snapshot (-1: none)
+    snapshot_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def tb(self) -> TableBucket:
+        return TableBucket(self.table.table_id, self.bucket)
+
+    def changed(self) -> bool:
+        return self.store.log_end_offset > max(self.snapshot_offset, 0)
+
+
+class ReplicaManager:
+    def __init__(self, data_dir: str, config: cfg.Config, storage: RemoteStorage, admin,
+                 clock_ms: Callable[[], int] = lambda: int(time.time() * 1000)) -> None:
+        self.data_dir = data_dir
+        self.config = config
+        self.storage = storage
+        self.admin = admin  # coordinator.admin.AdminClient: snapshot commits and listings
+        self.clock_ms = clock_ms
+        self.coordinator_epoch = 0
+        self._replicas: dict[tuple[int, int], Replica] = {}
+        self._lock = threading.Lock()
+        os.makedirs(data_dir, exist_ok=True)
+
+    # -- leadership -----------------------------------------------------------------------
+
+    def bucket_dir(self, table_id: int, bucket: int) -> str:
+        return os.path.join(self.data_dir, str(table_id), str(bucket))
+
+    def update_leadership(self, coordinator_epoch: int, led: list[tuple[TableInfo, int, int]],
+                          dropped_tables: list[int]) -> None:
+        """Lead exactly ``led`` ``(table, bucket, leader_epoch)``; delete dropped tables' data."""
+        with self._lock:
+            if coordinator_epoch < self.coordinator_epoch:
+                raise errors.CoordinatorFencedError(
+                    f"leadership from coordinator epoch {coordinator_epoch} < {self.coordinator_epoch}")
+            self.coordinator_epoch = coordinator_epoch
+            wanted = {(t.table_id, b): (t, epoch) for t, b, epoch in led}
+            for key in [k for k in self._replicas if k not in wanted]:
+                self._close(key)
+            for key, (table, epoch) in wanted.items():
+                replica = self._replicas.get(key)
+                if replica is not None:
+                    replica.leader_epoch = epoch
+                    continue
+                self._replicas[key] = self._open(table, key[1], epoch)
+            for table_id in dropped_tables:
+                for key in [k for k in self._replicas if k[0] == table_id]:
+                    self._close(key)
+                shutil.rmtree(os.path.join(self.data_dir, str(table_id)), ignore_errors=True)
+        log.info("leading %d buckets (coordinator epoch %d)", len(wanted), coordinator_epoch)
+
+    def _open(self, table: TableInfo, bucket: int, epoch: int) -> Replica:
+        store = BucketStore.from_config(self.bucket_dir(table.table_id, bucket), table, self.config)
+        tb = TableBucket(table.table_id, bucket)
+        base = self._latest_snapshot(tb)
+        uploader = SnapshotUploader(self.storage, tb, io_threads=self.config[cfg.SNAPSHOT_UPLOAD_THREADS],
+                                    base=base, clock_ms=self.clock_ms)
+        replica = Replica(table, bucket, epoch, store, uploader)
+        if base is not None:
+            replica.next_snapshot_id = base.snapshot_id + 1
+            replica.snapshot_offset = base.log_offset
+        return replica
+
+    def _latest_snapshot(self, tb: TableBucket) -> SnapshotHandle | None:
+        try:
+            latest = self.admin.get_latest_kv_snapshots(tb.table_id)
+        except errors.KvLeaseError as exc:
+            log.warning("cannot learn the latest snapshot of %s: %s", tb, exc)
+            return None
+        info = latest.get(tb)
+        return info.handle if info else None
+
+    def _close(self, key: tuple[int, int]) -> None:
+        replica = self._replicas.pop(key)
+        with replica.snapshot_lock:
+            replica.store.close()
+
+    def get(self, table_id: int, bucket: int) -> Replica:
+        replica = self._replicas.get((table_id, bucket))
+        if replica is None:
+            raise errors.NotLeaderError(f"this tablet server does not lead bucket {bucket} of table {table_id}",
+                                        table_id=table_id, bucket=bucket)
+        return replica
+
+    def replicas(self, table_id: int | None = None) -> list[Replica]:
+        return sorted((r for r in list(self._replicas.values()) if table_id is None or r.table.table_id == table_id),
+                      key=lambda r: (r.table.table_id, r.bucket))
+
+    def close(self) -> None:
+        with self._lock:
+            for key in list(self._replicas):
+                self._close(key)
+
+    # -- snapshots ---------------------------------------------------------------------------
+
+    def snapshot(self, replica: Replica, force: bool = False) -> SnapshotHandle | None:
+        """Checkpoint, upload and commit one bucket; None when it has not changed."""
+        with replica.snapshot_lock:
+            if not force and not replica.changed():
+                return None
+            snapshot_id = replica.next_snapshot_id
+            work = os.path.join(self.bucket_dir(replica.table.table_id, replica.bucket), "checkpoints")
+            os.makedirs(work, exist_ok=True)
+            target = os.path.join(work, f"snap-{snapshot_id}")
+            shutil.rmtree(target, ignore_errors=True)
+            replica.next_snapshot_id = snapshot_id + 1  # never reused, even if this attempt fails
+            try:
+                log_offset = replica.store.checkpoint(target)
+                handle = upload_and_commit(replica.uploader, self.admin.commit_kv_snapshot, target,
+                                           snapshot_id, log_offset)
+            finally:
+                shutil.rmtree(target, ignore_errors=True)
+            replica.snapshot_offset = log_offset
+            log.info("snapshot %d of %s committed at log offset %d", snapshot_id, replica.tb, log_offset)
+        self.apply_retention(replica)
+        return handle
+
+    def snapshot_changed(self) -> int:
+        """Snapshot every led bucket that changed since its last snapshot; returns how many."""
+        done = 0
+        for replica in self.replicas():
+            try:
+                if self.snapshot(replica) is not None:
+                    done += 1
+            except Exception as exc:  # retried at the next interval
+                log.warning("snapshot of %s failed: %s", replica.tb, exc)
+        return done
+
+    # -- changelog retention ------------------------------------------------------------------
+
+    def apply_retention(self, replica: Replica) -> int:
+        """Delete changelog segments below the lowest log offset of the bucket's kept
+        snapshots (leased ones included) that are also older than ``log.retention``."""
+        try:
+            kept = [s for s in self.admin.list_kv_snapshots(replica.table.table_id) if s.bucket == replica.tb]
+        except errors.KvLeaseError as exc:
+            log.warning("cannot learn the kept snapshots of %s: %s", replica.tb, exc)
+            return 0
+        if not kept:
+            return 0  # no snapshot: the changelog is the only copy
+        keep_from = min(s.log_offset for s in kept)
+        cutoff_s = time.time() - self.config[cfg.LOG_RETENTION] / 1000.0
+        segments = replica.store.log_segments()
+        old_enough = [s for s in segments if s.end_offset <= keep_from and s.mtime <= cutoff_s]
+        if not old_enough:
+            return 0
+        return replica.store.truncate_log_before(max(s.end_offset for s in old_enough))

@@ -1,0 +1,155 @@
+"""The tablet server process: gRPC endpoint, ZooKeeper registration, snapshot timer.
+
+It registers the ephemeral ``/tabletservers/ids/{tablet.id}`` with its
+address (again after a lost session); the coordinator then pushes the
+buckets it leads. Every ``kv.snapshot.interval`` each changed bucket is
+snapshotted to remote storage and committed to the coordinator.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+from kazoo.exceptions import NodeExistsError, NoNodeError
+from kazoo.protocol.states import KazooState
+
+from common import config as cfg
+from common import errors, zkpaths
+from common.proto import tablet_pb2_grpc as pb_grpc
+from common.storage import RemoteStorage, open_storage
+from common.zk import dumps, loads, make_client
+from coordinator.admin import AdminClient
+from tablet.replicas import ReplicaManager
+from tablet.service import TabletService
+
+log = logging.getLogger(__name__)
+
+GRPC_OPTIONS = [("grpc.max_receive_message_length", 256 * 1024 * 1024),
+                ("grpc.max_send_message_length", 256 * 1024 * 1024)]
+
+
+class TabletServer:
+    def __init__(self, config: cfg.Config, storage: RemoteStorage | None = None) -> None:
+        self.config = config
+        self.server_id = config[cfg.TABLET_ID]
+        self.storage = storage
+        self.address = ""
+        self.incarnation = uuid.uuid4().hex
+        self.zk = None
+        self.admin: AdminClient | None = None
+        self.replicas: ReplicaManager | None = None
+        self._grpc = None
+        self._stopping = threading.Event()
+        self._register_needed = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> "TabletServer":
+        c = self.config
+        if self.storage is None:
+            self.storage = open_storage(c[cfg.REMOTE_DATA_DIR], c)
+        self.zk = make_client(c)
+        self.admin = AdminClient([self._active_coordinator() or "127.0.0.1:0"], c, locate=self._active_coordinator)
+        self.replicas = ReplicaManager(c[cfg.TABLET_DATA_DIR], c, self.storage, self.admin)
+        self._grpc = grpc.server(ThreadPoolExecutor(max_workers=c[cfg.TABLET_RPC_THREADS],
+                                                    thread_name_prefix="tablet-rpc"), options=GRPC_OPTIONS)
+        pb_grpc.add_TabletServiceServicer_to_server(TabletService(self.replicas), self._grpc)
+        host = c[cfg.TABLET_HOST]
+        port = self._grpc.add_insecure_port(f"{host}:{c[cfg.TABLET_PORT]}")
+        if port == 0:
+            raise errors.KvLeaseError(f"cannot bind tablet server to {host}:{c[cfg.TABLET_PORT]}")
+        self.address = f"{host}:{port}"
+        self._grpc.start()
+        self.zk.add_listener(self._on_zk_state)
+        self._register_at_start()
+        for target, name in ((self._snapshot_timer, "snapshot-timer"), (self._registrar, "zk-register")):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        log.info("tablet server %d serving on %s", self.server_id, self.address)
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._register_needed.set()
+        for thread in self._threads:
+            thread.join(timeout=30)
+        if self._grpc is not None:
+            self._grpc.stop(grace=1).wait()
+        if self.zk is not None:
+            try:
+                self.zk.delete(zkpaths.tablet_server(self.server_id))
+            except Exception:
+                pass
+            self.zk.stop()
+            self.zk.close()
+        if self.replicas is not None:
+            self.replicas.close()
+        if self.admin is not None:
+            self.admin.close()
+
+    # -- ZooKeeper -------------------------------------------------------------------------
+
+    def _active_coordinator(self) -> str:
+        try:
+            data, _ = self.zk.get(zkpaths.ACTIVE)
+            return (loads(data) or {}).get("address", "")
+        except Exception:  # no active coordinator right now
+            return ""
+
+    def _register_at_start(self) -> None:
+        """Register; a node left by this server's previous life (kill -9) goes away when
+        its session expires, so wait up to twice the session timeout for that."""
+        deadline = time.monotonic() + 2 * self.config[cfg.ZK_SESSION_TIMEOUT] / 1000.0 + 1.0
+        while True:
+            try:
+                self._register()
+                return
+            except errors.KvLeaseError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+    def _register(self) -> None:
+        path = zkpaths.tablet_server(self.server_id)
+        self.zk.ensure_path(zkpaths.TABLET_SERVERS)
+        data = dumps({"address": self.address, "incarnation": self.incarnation})
+        try:
+            self.zk.create(path, data, ephemeral=True)
+        except NodeExistsError:
+            current, stat = self.zk.get(path)
+            if stat.ephemeralOwner == self.zk.client_id[0]:
+                return  # ours already
+            raise errors.KvLeaseError(
+                f"tablet server id {self.server_id} is already registered by another live process "
+                f"({(loads(current) or {}).get('address')})")
+
+    def _on_zk_state(self, state: str) -> None:
+        if state == KazooState.LOST:
+            log.warning("ZooKeeper session lost: registering again once reconnected")
+            self._register_needed.set()
+
+    def _registrar(self) -> None:
+        while not self._stopping.is_set():
+            self._register_needed.wait()
+            if self._stopping.is_set():
+                return
+            try:
+                if self.zk.connected:
+                    self._register()
+                    self._register_needed.clear()
+                    continue
+            except (errors.KvLeaseError, NoNodeError, Exception) as exc:  # retried below
+                log.warning("registration failed: %s", exc)
+            self._stopping.wait(0.5)
+
+    # -- snapshots ---------------------------------------------------------------------------
+
+    def _snapshot_timer(self) -> None:
+        interval_s = self.config[cfg.SNAPSHOT_INTERVAL] / 1000.0
+        while not self._stopping.wait(interval_s):
+            self.replicas.snapshot_changed()

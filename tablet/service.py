@@ -1,0 +1,109 @@
+"""The tablet server's gRPC service: thin, every answer carries a typed error code."""
+
+from __future__ import annotations
+
+import logging
+
+import pyarrow as pa
+
+from common import errors
+from common.proto import coordinator_pb2 as cpb
+from common.proto import tablet_pb2 as pb
+from common.proto import tablet_pb2_grpc as pb_grpc
+from common.tables import TableInfo
+from coordinator.admin import handle_to_pb
+from tablet.codec import batch_to_ipc, ipc_to_batch
+from tablet.replicas import ReplicaManager
+
+log = logging.getLogger(__name__)
+
+
+def error_pb(exc: errors.KvLeaseError) -> cpb.ErrorPb:
+    return cpb.ErrorPb(code=int(exc.code), message=exc.message)
+
+
+def _answer(response_cls, work):
+    try:
+        return response_cls(**work())
+    except errors.KvLeaseError as exc:
+        return response_cls(error=error_pb(exc))
+    except Exception as exc:  # a bug: answer it, keep serving
+        log.exception("%s failed", response_cls.__name__)
+        return response_cls(error=error_pb(errors.UnknownServerError(f"internal error: {exc}")))
+
+
+def _batch(data: bytes) -> pa.RecordBatch | None:
+    if not data:
+        return None
+    try:
+        return ipc_to_batch(data)
+    except (pa.ArrowInvalid, OSError, ValueError) as exc:
+        raise errors.InvalidRowError(f"the request's rows are not a valid Arrow IPC stream: {exc}") from None
+
+
+class TabletService(pb_grpc.TabletServiceServicer):
+    def __init__(self, replicas: ReplicaManager) -> None:
+        self.replicas = replicas
+
+    def UpdateLeadership(self, request, context):
+        def work():
+            led = [(TableInfo.from_pb(b.table), b.bucket, b.leader_epoch) for b in request.buckets]
+            self.replicas.update_leadership(request.coordinator_epoch, led, list(request.dropped_tables))
+            return {}
+        return _answer(pb.UpdateLeadershipResponse, work)
+
+    def PutKv(self, request, context):
+        def work():
+            replica = self.replicas.get(request.table_id, request.bucket)
+            upserts, deletes = _batch(request.upserts), _batch(request.deletes)
+            if upserts is None and deletes is None:
+                raise errors.InvalidRequestError("PutKv needs rows to upsert or keys to delete")
+            base, next_ = replica.store.write(upserts, deletes)
+            return {"base_offset": base, "next_offset": next_}
+        return _answer(pb.PutKvResponse, work)
+
+    def Lookup(self, request, context):
+        def work():
+            replica = self.replicas.get(request.table_id, request.bucket)
+            keys = _batch(request.keys)
+            if keys is None:
+                return {}
+            found, rows = replica.store.lookup(keys)
+            return {"rows": batch_to_ipc(rows), "found": found.tolist()}
+        return _answer(pb.LookupResponse, work)
+
+    def FetchLog(self, request, context):
+        def work():
+            replica = self.replicas.get(request.table_id, request.bucket)
+            if request.max_bytes <= 0:
+                raise errors.InvalidRequestError("max_bytes must be positive")
+            entries, end = replica.store.fetch_log(request.from_offset, request.max_bytes)
+            start, _latest = replica.store.list_offsets()
+            return {"entries": entries, "log_start_offset": start, "log_end_offset": end}
+        return _answer(pb.FetchLogResponse, work)
+
+    def ListOffsets(self, request, context):
+        def work():
+            offsets = []
+            for bucket in request.buckets:
+                try:
+                    earliest, latest = self.replicas.get(request.table_id, bucket).store.list_offsets()
+                    offsets.append(pb.BucketOffsetsPb(bucket=bucket, earliest=earliest, latest=latest))
+                except errors.KvLeaseError as exc:
+                    offsets.append(pb.BucketOffsetsPb(bucket=bucket, error=error_pb(exc)))
+            return {"offsets": offsets}
+        return _answer(pb.ListOffsetsResponse, work)
+
+    def TriggerSnapshot(self, request, context):
+        def work():
+            if request.buckets:
+                targets = [self.replicas.get(request.table_id, b) for b in request.buckets]
+            else:
+                targets = self.replicas.replicas(request.table_id)
+            handles = []
+            for replica in targets:
+                handle = self.replicas.snapshot(replica)
+                if handle is not None:
+                    handles.append(handle_to_pb(handle))
+            return {"snapshots": handles if request.wait else []}
+        return _answer(pb.TriggerSnapshotResponse, work)
