@@ -21,6 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Iterable
 
+from kazoo.exceptions import NoNodeError
+
 from common import zkpaths
 from common.errors import StorageError
 from common.storage import RemoteStorage
@@ -146,14 +148,14 @@ class LeaseStore:
         """Every lease in ZooKeeper with its tables' files (pipelined reads)."""
         try:
             names = zk.get_children(zkpaths.LEASES)
-        except Exception:  # NoNodeError: no lease yet
+        except NoNodeError:  # no lease yet
             names = []
         pending = [(name, zk.get_async(zkpaths.lease(name))) for name in names]
         nodes: list[tuple[str, dict]] = []
         for name, result in pending:
             try:
                 data, _stat = result.get()
-            except Exception as exc:  # deleted meanwhile
+            except NoNodeError as exc:  # deleted meanwhile
                 log.warning("lease node %s vanished while loading: %s", name, exc)
                 continue
             nodes.append((name, loads(data)))
