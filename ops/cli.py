@@ -11,11 +11,12 @@ given on the command line (before or after the command name), then
 ``KVLEASE_BOOTSTRAP``, then ``KVLEASE_CLUSTER``.
 
 Plug-ins: ``kvlease bench NAME`` imports ``ops.bench_<NAME>`` and calls its
-``main(json_output: bool) -> int | None``; ``kvlease drill NAME`` imports
-``ops.drill_<NAME>`` and calls ``main(cluster_dir: str, json_output: bool) ->
-int | None``. The return value is the exit code (None means 0); a module prints
-its own result (one JSON document when ``json_output``) and raises
-:class:`common.errors.KvLeaseError` for failures the CLI should report.
+``main(json_output: bool)``; ``kvlease drill NAME`` imports
+``ops.drill_<NAME>`` and calls ``main(cluster_dir: str, json_output: bool)``.
+An int returned is the exit code (anything else, None or e.g. a dict of
+figures, means 0); a module prints its own result (one JSON document when
+``json_output``) and raises :class:`common.errors.KvLeaseError` for failures
+the CLI should report.
 """
 
 from __future__ import annotations
@@ -850,7 +851,7 @@ def _load_plugin(kind: str, prefix: str, name: str):
 def bench(state: State, name: str) -> None:
     """Run the benchmark ops/bench_NAME.py."""
     code = _load_plugin("benchmark", "bench_", name).main(json_output=state.json_mode)
-    if code:
+    if isinstance(code, int) and code:
         click.get_current_context().exit(code)
 
 
@@ -864,7 +865,7 @@ def drill(state: State, name: str, directory: str | None) -> None:
     """Run the failure drill ops/drill_NAME.py against a local cluster."""
     module = _load_plugin("drill", "drill_", name)
     code = module.main(_cluster_dir(state, directory), json_output=state.json_mode)
-    if code:
+    if isinstance(code, int) and code:
         click.get_current_context().exit(code)
 
 

@@ -47,7 +47,9 @@ from tablet.codec import RowCodec, batch_to_ipc, bucket_of_keys, ipc_to_batch
 
 MAX_MESSAGE_BYTES = 64 << 20
 #: A bucket's part of a write or lookup bigger than this (Arrow bytes) is sent as several requests.
-MAX_REQUEST_BYTES = 32 << 20
+#: An update writes the before- and after-image, so one write's changelog entry stays well under
+#: MAX_MESSAGE_BYTES and FetchLog can always return it.
+MAX_REQUEST_BYTES = 16 << 20
 DEFAULT_RETRY_TOTAL_S = 30.0
 DEFAULT_FETCH_BYTES = 1 << 20
 GRPC_OPTIONS = [
@@ -237,9 +239,8 @@ class TableClient:
         """Primary-key columns from dicts, tuples (primary-key order), scalars (one-column key), or a batch."""
         if isinstance(keys, pa.Table):
             keys = _table_to_batch(keys)
-        if isinstance(keys, pa.RecordBatch):
-            self.codec.encode_keys(keys)  # checks the key columns (names, types, no nulls)
-            return keys.select(list(self.table.primary_key))
+        if isinstance(keys, pa.RecordBatch):  # checked like rows: names, types, no null key
+            return self.codec.validate(keys).select(list(self.table.primary_key))
         pk = self.table.primary_key
         rows = []
         for i, key in enumerate(keys):

@@ -131,6 +131,10 @@ def test_bench_dispatch(monkeypatch):
     assert run("bench", "fake", "--json").exit_code == 0
     assert run("bench", "fake").exit_code == 0
     assert calls == [True, False]
+    module.main = lambda json_output: {"rows_per_s": 5}  # figures, not an exit code
+    assert run("bench", "fake").exit_code == 0
+    module.main = lambda json_output: 3
+    assert run("bench", "fake").exit_code == 3
 
 
 def test_cluster_start_rejects_tablets_it_cannot_start(tmp_path, monkeypatch):

@@ -1,0 +1,226 @@
+"""``python -m ops.bench_writes [--rows N] [--threads T] [--json]``: the write and read path end to end.
+
+Starts its own local cluster (ZooKeeper, one coordinator, one tablet server;
+processes in a temp directory, stopped at the end whatever happens) and a
+one-bucket table ``(id BIGINT primary key, v STRING of ~100 bytes)``, then
+measures in one run:
+
+- ``upsert``: rows/s of ``TableClient.upsert`` (PutKv) loading N rows
+  (default 1,000,000) in batches of ``--batch`` rows (10,000) from T client
+  threads (default 4), against ``rocksdb``: rows/s of raw rocksdict
+  ``WriteBatch`` writes (default options, WAL on, no fsync) of the same
+  encoded rows in this process, the floor of what storing them costs
+  (encoding not timed; best of 2, measured before the cluster starts so no
+  compaction of it competes). Target: ratio >= 0.3.
+- ``lookup``: p50/p99 latency of single-key lookups and rows/s of 10,000-key
+  batch lookups;
+- ``snapshot``: the bytes uploaded by a snapshot after changing 1% of the
+  rows, against the first (full) snapshot: the sizes of the files that are
+  new in snapshot 2 (not in snapshot 1) vs all files of snapshot 1.
+
+The tablet server runs with its defaults (changelog fsync per write), except
+``kv.snapshot.interval`` = 1h so that only the two snapshots this benchmark
+triggers exist. ``main`` prints a report (one JSON document with
+``json_output``) and returns the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import shutil
+import tempfile
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from common.tables import Column, TableInfo
+from ops import cluster as local_cluster
+from tablet.codec import RowCodec
+
+TABLE = "bench.writes"
+COLUMNS = [Column("id", "BIGINT"), Column("v", "STRING")]
+TARGET_RATIO = 0.3
+
+
+def make_batch(ids: np.ndarray, salt: int = 0) -> pa.RecordBatch:
+    """Rows ``(id, v)``; ``v`` is 100 random hex digits, a function of ``(id, salt)``
+    (incompressible like real data, so snapshot sizes are not flattered by compression)."""
+    rng = np.random.default_rng([salt, int(ids[0]) if len(ids) else 0, len(ids)])
+    digits = rng.integers(0, 16, size=(len(ids), 100), dtype=np.uint8)
+    text = np.frombuffer(b"0123456789abcdef", np.uint8)[digits].tobytes()
+    offsets = pa.py_buffer(np.arange(0, 100 * (len(ids) + 1), 100, dtype=np.int32))
+    values = pa.Array.from_buffers(pa.string(), len(ids), [None, offsets, pa.py_buffer(text)])
+    return pa.record_batch({"id": pa.array(ids, pa.int64()), "v": values})
+
+
+def load(client, rows: int, batch_rows: int, threads: int) -> float:
+    """Upsert ids 0..rows-1 from ``threads`` threads; returns rows/s (batch building not timed)."""
+    batches = [make_batch(np.arange(start, min(start + batch_rows, rows)))
+               for start in range(0, rows, batch_rows)]
+    queue = collections.deque(batches)
+    lock, failures = threading.Lock(), []
+
+    def worker() -> None:
+        while True:
+            with lock:
+                if not queue or failures:
+                    return
+                batch = queue.popleft()
+            try:
+                client.upsert(batch)
+            except BaseException as exc:  # reported by the caller
+                failures.append(exc)
+                return
+
+    workers = [threading.Thread(target=worker, name=f"bench-writer-{i}") for i in range(threads)]
+    start = time.perf_counter()
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    elapsed = time.perf_counter() - start
+    if failures:
+        raise failures[0]
+    return rows / elapsed
+
+
+def rocksdb_baseline(codec, rows: int, batch_rows: int, directory: str) -> float:
+    """rows/s of rocksdict WriteBatch writes of the encoded rows (encoding not timed)."""
+    from rocksdict import Options, Rdict, WriteBatch
+
+    db = Rdict(directory, Options(raw_mode=True))
+    elapsed = 0.0
+    try:
+        for start in range(0, rows, batch_rows):
+            keys, values = codec.encode(make_batch(np.arange(start, min(start + batch_rows, rows))))
+            t0 = time.perf_counter()
+            batch = WriteBatch(raw_mode=True)
+            collections.deque(map(batch.put, keys, values), maxlen=0)
+            db.write(batch)
+            elapsed += time.perf_counter() - t0
+    finally:
+        db.close()
+    return rows / elapsed
+
+
+def lookups(client, rows: int, singles: int, batches: int, batch_keys: int, rng) -> dict[str, float]:
+    latencies = []
+    for key in rng.integers(0, rows, singles).tolist():
+        t0 = time.perf_counter()
+        found = client.lookup([key])
+        latencies.append(time.perf_counter() - t0)
+        assert found[0] is not None and found[0]["id"] == key
+    keys = [pa.record_batch({"id": pa.array(rng.integers(0, rows, batch_keys), pa.int64())})
+            for _ in range(batches)]
+    t0 = time.perf_counter()
+    for key_batch in keys:
+        result = client.lookup_batch(key_batch)
+        assert result.num_rows == batch_keys and result.column("id").null_count == 0
+    batch_rate = batches * batch_keys / (time.perf_counter() - t0)
+    ms = np.array(latencies) * 1000
+    return {"single_count": singles, "single_p50_ms": float(np.percentile(ms, 50)),
+            "single_p99_ms": float(np.percentile(ms, 99)), "batch_keys": batch_keys,
+            "batch_rows_per_s": batch_rate}
+
+
+def snapshot_sizes(admin, client, rows: int, changed: int, rng) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    first = client.trigger_snapshot(wait=True)
+    full_s = time.perf_counter() - t0
+    ids = np.sort(rng.choice(rows, changed, replace=False))
+    client.upsert(make_batch(ids, salt=1))
+    t0 = time.perf_counter()
+    second = client.trigger_snapshot(wait=True)
+    incremental_s = time.perf_counter() - t0
+    if len(first) != 1 or len(second) != 1:
+        raise RuntimeError(f"expected one committed snapshot each time, got {first} and {second}")
+    by_id = {s.snapshot_id: s for s in admin.list_kv_snapshots(client.table.table_id)}
+    files_1 = {f.path: f.size for f in by_id[first[0].snapshot_id].handle.files}
+    files_2 = {f.path: f.size for f in by_id[second[0].snapshot_id].handle.files}
+    full = sum(files_1.values())
+    new = sum(size for path, size in files_2.items() if path not in files_1)
+    return {"changed_rows": changed, "full_bytes": full, "incremental_bytes": new,
+            "incremental_ratio": new / full if full else None, "snapshot_2_total_bytes": sum(files_2.values()),
+            "full_files": len(files_1), "new_files": sum(1 for p in files_2 if p not in files_1),
+            "full_s": full_s, "incremental_s": incremental_s}
+
+
+def run(rows: int = 1_000_000, batch_rows: int = 10_000, threads: int = 4, singles: int = 2000,
+        seed: int = 7) -> dict[str, Any]:
+    from coordinator.admin import AdminClient
+    from tablet.client import TableClient
+
+    rng = np.random.default_rng(seed)
+    base = tempfile.mkdtemp(prefix="kvlease-bench-writes-")
+    directory = f"{base}/cluster"
+    try:
+        # the baseline first, best of 2, while no cluster process competes for the cores
+        codec = RowCodec(TableInfo(0, *TABLE.split("."), tuple(COLUMNS), ("id",), 1))
+        baseline = max(rocksdb_baseline(codec, rows, batch_rows, f"{base}/rocksdb-{i}") for i in range(2))
+        shutil.rmtree(f"{base}/rocksdb-0", ignore_errors=True)
+        shutil.rmtree(f"{base}/rocksdb-1", ignore_errors=True)
+        local_cluster.start(directory, tablets=1, config_overrides={"kv.snapshot.interval": "1h"})
+        with AdminClient(local_cluster.bootstrap(directory), retry_total_s=30) as admin:
+            admin.create_table(TABLE, COLUMNS, ["id"], 1)
+            with TableClient(admin, TABLE, parallelism=threads) as client:
+                upsert_rate = load(client, rows, batch_rows, threads)
+                read = lookups(client, rows, singles, batches=20, batch_keys=10_000, rng=rng)
+                snapshots = snapshot_sizes(admin, client, rows, max(1, rows // 100), rng)
+        return {"rows": rows, "batch_rows": batch_rows, "client_threads": threads,
+                "upsert_rows_per_s": upsert_rate, "rocksdb_writebatch_rows_per_s": baseline,
+                "upsert_vs_rocksdb": upsert_rate / baseline, "target_ratio": TARGET_RATIO,
+                "lookup": read, "snapshot": snapshots}
+    finally:
+        try:
+            local_cluster.stop(directory)
+        except local_cluster.ClusterError:
+            pass  # nothing was started
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def report(result: dict[str, Any]) -> str:
+    r, lk, snap = result, result["lookup"], result["snapshot"]
+    ok = "ok" if r["upsert_vs_rocksdb"] >= r["target_ratio"] else "BELOW TARGET"
+    lines = [
+        f"{r['rows']:,} rows (id BIGINT, v STRING 100 B), 1 bucket, batches of {r['batch_rows']:,}, "
+        f"{r['client_threads']} client thread(s)",
+        f"  upsert (PutKv via TableClient)   {r['upsert_rows_per_s']:>12,.0f} rows/s",
+        f"  rocksdict WriteBatch in-process  {r['rocksdb_writebatch_rows_per_s']:>12,.0f} rows/s",
+        f"  ratio                            {r['upsert_vs_rocksdb']:>12.2f}   (target >= {r['target_ratio']}: {ok})",
+        f"  lookup, one key                  p50 {lk['single_p50_ms']:.2f} ms, p99 {lk['single_p99_ms']:.2f} ms "
+        f"({lk['single_count']} lookups)",
+        f"  lookup, {lk['batch_keys']:,} keys per call      {lk['batch_rows_per_s']:>12,.0f} rows/s",
+        f"  snapshot 1 (full)                {snap['full_bytes']:>12,} bytes in {snap['full_files']} files "
+        f"({snap['full_s']:.1f} s)",
+        f"  snapshot 2 after {snap['changed_rows']:,} changed rows: {snap['incremental_bytes']:,} bytes new in "
+        f"{snap['new_files']} files = {snap['incremental_ratio']:.1%} of the full one ({snap['incremental_s']:.1f} s)",
+    ]
+    return "\n".join(lines)
+
+
+def main(json_output: bool = False, argv: list[str] | None = None) -> dict[str, Any]:
+    """Run the benchmark (options from ``argv``), print the report, return the figures."""
+    parser = argparse.ArgumentParser(prog="python -m ops.bench_writes", description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--batch", type=int, default=10_000, help="rows per upsert call")
+    parser.add_argument("--threads", type=int, default=4, help="client threads loading the rows")
+    parser.add_argument("--lookups", type=int, default=2000, help="single-key lookups timed")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv if argv is not None else [])
+    result = run(args.rows, args.batch, args.threads, args.lookups)
+    if json_output or args.json:
+        print(json.dumps(result))
+    else:
+        print(report(result))
+    return result
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(argv=sys.argv[1:])
