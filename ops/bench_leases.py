@@ -1,0 +1,404 @@
+"""``kvlease bench leases`` (or ``python -m ops.bench_leases [--json]``): what leases cost.
+
+One run starts its own ZooKeeper (``ops.zookeeper``, in a temp dir) and two
+coordinator processes (``file://`` remote storage in the temp dir, fsync on as
+in the default config) and measures:
+
+a. lease acquire throughput and p50/p99 latency: 16 client threads, each
+   acquiring its own new lease ids (one bucket of a committed snapshot each)
+   for a fixed time or until 10,000 leases exist;
+b. raw pipelined ZooKeeper writes/s on the same server (kazoo ``create_async``
+   then ``set_async`` with a window, in a separate process), and the ratio
+   acquire/raw (target >= 0.5);
+c. failover: with 10,000 leases held, ``kill -9`` the active coordinator and
+   time the first request the standby serves (``describe_lease`` of a known
+   lease), against session timeout + 2 s (target <=). The standby's log gives
+   the split: ZooKeeper session expiry, then reinitialization.
+
+Everything it starts is stopped in ``finally`` (and dies with it on kill -9).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from common import config as cfg
+from common import errors
+from common.tables import Column
+from coordinator.admin import AdminClient, wait_for_active
+from leases.model import SnapshotHandle, TableBucket
+from ops.cluster import free_ports, log_tail
+from ops.zookeeper import ZooKeeperCluster, _die_with_parent
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+ZK_ROOT = "/kvlease-bench"
+HOUR_MS = 3_600_000
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    seconds: float = 8.0  # acquire phase: at most this long ...
+    held_leases: int = 10_000  # ... or until this many leases exist; also the failover's lease count
+    threads: int = 16
+    buckets: int = 16
+    raw_writes: int = 20_000
+    raw_window: int = 1_000
+    session_timeout_ms: int = 6_000  # the default zookeeper.session-timeout
+    fsync: bool = True  # the default remote.file.fsync
+
+
+# -- processes ---------------------------------------------------------------------------------------
+
+
+class _Coordinator:
+    def __init__(self, home: Path, values: dict[str, Any]) -> None:
+        home.mkdir(parents=True, exist_ok=True)
+        self.home = home
+        self.address = f"127.0.0.1:{values[cfg.COORDINATOR_PORT.name]}"
+        self.log_path = home / "coordinator.log"
+        config_path = home / "config.toml"
+        config_path.write_text(cfg.to_toml(values))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KVLEASE_") or k == "KVLEASE_TEST_SESSION"}
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
+        with open(self.log_path, "ab") as log:
+            self.popen = subprocess.Popen([sys.executable, "-m", "coordinator", "--config", str(config_path)],
+                                          stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                          cwd=str(home), env=env, preexec_fn=_die_with_parent(os.getpid()))
+
+    def kill(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.kill()
+        self.popen.wait(timeout=30)
+
+
+def _percentile_ms(sorted_values: list[float], q: float) -> float | None:
+    if not sorted_values:
+        return None
+    index = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
+    return round(sorted_values[index] * 1000, 2)
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (0 if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# -- a. acquire ---------------------------------------------------------------------------------------
+
+
+def _acquire_many(addresses: list[str], table_id: int, buckets: int, threads: int, prefix: str,
+                  stop_after_s: float | None, max_total: int) -> dict[str, Any]:
+    """``threads`` threads acquire new leases ``{prefix}-{thread}-{n}`` until time or count runs out."""
+    latencies: list[list[float]] = [[] for _ in range(threads)]
+    failures: list[str] = []
+    issued = [0]
+    lock = threading.Lock()
+    clock = {"start": 0.0, "deadline": 0.0}
+
+    def start_clock() -> None:  # run by the barrier before any thread passes it
+        clock["start"] = time.perf_counter()
+        clock["deadline"] = clock["start"] + (stop_after_s or 0.0)
+
+    start_gate = threading.Barrier(threads + 1, action=start_clock)
+
+    def take() -> bool:
+        with lock:
+            if issued[0] >= max_total:
+                return False
+            issued[0] += 1
+            return True
+
+    def worker(index: int) -> None:
+        tb = TableBucket(table_id, index % buckets)
+        with AdminClient(addresses, request_timeout_s=30.0, retry_total_s=30.0) as client:
+            try:  # connect before the clock starts
+                client.list_tables()
+            except errors.KvLeaseError:
+                pass
+            start_gate.wait()
+            n = 0
+            mine = latencies[index]
+            while (stop_after_s is None or time.perf_counter() < clock["deadline"]) and take():
+                t0 = time.perf_counter()
+                try:
+                    result = client.acquire_lease(f"{prefix}-{index}-{n}", {tb: 1}, HOUR_MS)
+                except errors.KvLeaseError as exc:
+                    with lock:
+                        failures.append(f"{type(exc).__name__}: {exc}")
+                    continue
+                finally:
+                    n += 1
+                mine.append(time.perf_counter() - t0)
+                if result.unavailable:
+                    with lock:
+                        failures.append(f"unavailable: {result.unavailable}")
+
+    pool = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(threads)]
+    for t in pool:
+        t.start()
+    start_gate.wait()
+    for t in pool:
+        t.join()
+    elapsed = time.perf_counter() - clock["start"]
+    lat = sorted(x for per in latencies for x in per)
+    return {
+        "acquires": len(lat), "errors": len(failures), "first_errors": failures[:5], "seconds": round(elapsed, 3),
+        "per_s": round(len(lat) / elapsed, 1) if elapsed > 0 else 0.0,
+        "p50_ms": _percentile_ms(lat, 0.50), "p99_ms": _percentile_ms(lat, 0.99),
+        "mean_ms": round(statistics.fmean(lat) * 1000, 2) if lat else None,
+    }
+
+
+# -- b. raw ZooKeeper ----------------------------------------------------------------------------------
+
+
+def raw_zk_writes(connect: str, count: int, window: int, session_timeout_s: float) -> dict[str, float]:
+    """Pipelined creates, then sets, of ``count`` small nodes (run in its own process)."""
+    from kazoo.client import KazooClient
+
+    zk = KazooClient(hosts=connect, timeout=session_timeout_s)
+    zk.start(timeout=30)
+    try:
+        base = "/kvlease-bench-raw"
+        zk.ensure_path(base)
+        # about the size of a lease node: {version, expiration_time, tables: [{table_id, metadata_path}]}
+        data = json.dumps({"version": 1, "expiration_time": 1_900_000_000_000, "tables": [
+            {"table_id": 1, "metadata_path": "lease/kv-snapshot/bench-0-0/1/" + "0" * 32 + ".metadata"}]}).encode()
+        rates = {}
+        for kind in ("create", "set"):
+            pending: deque = deque()
+            t0 = time.perf_counter()
+            for i in range(count):
+                path = f"{base}/n{i}"
+                pending.append(zk.create_async(path, data) if kind == "create" else zk.set_async(path, data))
+                if len(pending) >= window:
+                    pending.popleft().get()
+            while pending:
+                pending.popleft().get()
+            rates[kind] = count / (time.perf_counter() - t0)
+        return rates
+    finally:
+        zk.stop()
+        zk.close()
+
+
+def _raw_phase(connect: str, s: BenchSettings) -> dict[str, Any]:
+    """:func:`raw_zk_writes` in a process of its own (its own GIL), through ``--raw-zk``."""
+    cmd = [sys.executable, "-m", "ops.bench_leases", "--raw-zk", connect, str(s.raw_writes), str(s.raw_window),
+           str(s.session_timeout_ms)]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env,
+                          preexec_fn=_die_with_parent(os.getpid()))
+    if proc.returncode != 0:
+        raise errors.KvLeaseError(f"raw ZooKeeper write phase failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
+    result = json.loads(proc.stdout)
+    return {"writes": s.raw_writes, "window": s.raw_window, "create_per_s": round(result["create"], 1),
+            "set_per_s": round(result["set"], 1)}
+
+
+# -- c. failover -------------------------------------------------------------------------------------------
+
+
+_LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*?(elected, epoch \d+|reinitialized: .*|"
+                       r"active \(epoch \d+\))", re.MULTILINE)
+
+
+def _log_events(log_path: Path) -> dict[str, float]:
+    """Wall-clock times (s since the epoch) of the standby's election, reinit done, and serving."""
+    found: dict[str, float] = {}
+    try:
+        text = log_path.read_text(errors="replace")
+    except OSError:
+        return found
+    for stamp, what in _LOG_TIME.findall(text):
+        t = datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        key = "elected" if what.startswith("elected") else "reinitialized" if what.startswith("reinit") else "active"
+        found[key] = t  # the last occurrence wins: the failover, not the start
+        if key == "reinitialized":
+            found["stats"] = what  # type: ignore[assignment]
+    return found
+
+
+def _failover_phase(coordinators: list[_Coordinator], known_lease: str, held: int,
+                    s: BenchSettings) -> dict[str, Any]:
+    with AdminClient([c.address for c in coordinators], request_timeout_s=2.0, retry_total_s=0) as probe:
+        states = {c.address: probe.coordinator_info(c.address) for c in coordinators}
+    active = next(c for c in coordinators if states[c.address].active)
+    standby = next(c for c in coordinators if c is not active)
+    old_epoch = states[active.address].epoch
+    with AdminClient([standby.address], request_timeout_s=1.0, retry_total_s=0) as client:
+        wall_kill = time.time()
+        t_kill = time.perf_counter()
+        active.kill()
+        attempts = 0
+        while True:
+            attempts += 1
+            try:
+                client.describe_lease(known_lease)
+                break
+            except errors.KvLeaseError as exc:
+                if time.perf_counter() - t_kill > 120:
+                    raise errors.KvLeaseError(f"the standby did not serve within 120 s of the kill: {exc}") from None
+                time.sleep(0.01)
+        failover_s = time.perf_counter() - t_kill
+        info = client.coordinator_info(standby.address)
+        served = len(client.list_leases())
+    events = _log_events(standby.log_path)
+    target_s = s.session_timeout_ms / 1000.0 + 2.0
+    result = {
+        "leases_held": held, "leases_served_after": served, "failover_s": round(failover_s, 3),
+        "target_s": target_s, "met": failover_s <= target_s, "epoch_before": old_epoch, "epoch_after": info.epoch,
+        "probes": attempts, "session_timeout_s": s.session_timeout_ms / 1000.0,
+    }
+    if "elected" in events:
+        result["kill_to_elected_s"] = round(events["elected"] - wall_kill, 3)
+    if "elected" in events and "active" in events:
+        result["reinit_s"] = round(events["active"] - events["elected"], 3)
+    if "stats" in events:
+        result["reinit_stats"] = str(events["stats"])
+    return result
+
+
+# -- the run -------------------------------------------------------------------------------------------------
+
+
+def run(settings: BenchSettings | None = None, progress=lambda text: None) -> dict[str, Any]:
+    """Run all three measurements; returns the figures (see the module docstring)."""
+    s = settings or BenchSettings()
+    with tempfile.TemporaryDirectory(prefix="kvlease-bench-") as tmp:
+        base = Path(tmp)
+        remote = base / "remote"
+        remote.mkdir()
+        zk = None
+        coordinators: list[_Coordinator] = []
+        try:
+            progress("starting ZooKeeper")
+            zk = ZooKeeperCluster.start(str(base / "zookeeper"), 1)
+            values = {
+                cfg.ZK_ADDRESS.name: zk.connect_string, cfg.ZK_ROOT.name: ZK_ROOT,
+                cfg.ZK_SESSION_TIMEOUT.name: s.session_timeout_ms, cfg.REMOTE_DATA_DIR.name: remote.as_uri(),
+                cfg.REMOTE_FSYNC.name: s.fsync, cfg.METRICS_PORT.name: -1, cfg.COORDINATOR_HOST.name: "127.0.0.1",
+            }
+            progress("starting 2 coordinators")
+            for i, port in enumerate(free_ports(2)):
+                coordinators.append(_Coordinator(base / f"coordinator-{i + 1}",
+                                                 {**values, cfg.COORDINATOR_PORT.name: port,
+                                                  cfg.COORDINATOR_ID.name: str(i + 1)}))
+            addresses = [c.address for c in coordinators]
+            with AdminClient(addresses, request_timeout_s=5.0, retry_total_s=30.0) as client:
+                wait_for_active(client, 60.0)
+                table = client.create_table("bench.leases", [Column("id", "BIGINT")], ["id"], s.buckets)
+                for b in range(s.buckets):
+                    client.commit_kv_snapshot(SnapshotHandle(TableBucket(table.table_id, b), 1, 0,
+                                                             f"kv/{table.table_id}/{b}/snap-1/_METADATA"))
+            progress(f"a. acquiring leases: {s.threads} threads, {s.seconds:g} s or {s.held_leases} leases")
+            pids = {"coordinator": [c.popen.pid for c in coordinators], "zookeeper": [zk.nodes[0].pid],
+                    "client": [os.getpid()]}
+            cpu_before = {role: sum(map(_cpu_s, ps)) for role, ps in pids.items()}
+            acquire = _acquire_many(addresses, table.table_id, s.buckets, s.threads, "a", s.seconds, s.held_leases)
+            acquire["cpu_ms_per_acquire"] = {
+                role: round((sum(map(_cpu_s, ps)) - cpu_before[role]) * 1000 / max(1, acquire["acquires"]), 3)
+                for role, ps in pids.items()}
+            progress(f"b. raw ZooKeeper writes: {s.raw_writes} pipelined, window {s.raw_window}")
+            raw = _raw_phase(zk.connect_string, s)
+            missing = s.held_leases - acquire["acquires"]
+            fill = None
+            if missing > 0:
+                progress(f"c. filling up to {s.held_leases} leases")
+                fill = _acquire_many(addresses, table.table_id, s.buckets, s.threads, "f", None, missing)
+            held = acquire["acquires"] + (fill["acquires"] if fill else 0)
+            progress(f"c. failover with {held} leases held")
+            failover = _failover_phase(coordinators, "a-0-0", held, s)
+        except BaseException:
+            for c in coordinators:
+                sys.stderr.write(f"--- {c.log_path} ---\n{log_tail(c.log_path, 40)}\n")
+            raise
+        finally:
+            for c in coordinators:
+                c.kill()
+            if zk is not None:
+                zk.stop()
+    ratio = acquire["per_s"] / raw["create_per_s"] if raw["create_per_s"] else 0.0
+    return {
+        "settings": asdict(s),
+        "acquire": acquire,
+        "fill": fill,
+        "raw_zookeeper": raw,
+        "acquire_to_raw": {"ratio": round(ratio, 3), "target": 0.5, "met": ratio >= 0.5},
+        "failover": failover,
+        "host": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
+    }
+
+
+def report(figures: dict[str, Any]) -> str:
+    a, r, f, s = figures["acquire"], figures["raw_zookeeper"], figures["failover"], figures["settings"]
+    ratio = figures["acquire_to_raw"]
+    lines = [
+        f"kvlease bench leases ({figures['host']['cpus']} CPUs; file:// remote, fsync {'on' if s['fsync'] else 'off'};"
+        f" ZooKeeper session timeout {s['session_timeout_ms'] / 1000:g} s; 2 coordinator processes)",
+        f"a. acquire        {a['per_s']:>9.1f} /s   p50 {a['p50_ms']} ms   p99 {a['p99_ms']} ms   "
+        f"({a['acquires']} new leases by {s['threads']} threads in {a['seconds']:.1f} s, {a['errors']} errors)",
+        f"b. raw ZooKeeper  {r['create_per_s']:>9.1f} creates/s   {r['set_per_s']:.1f} sets/s   "
+        f"({r['writes']} pipelined, window {r['window']}, one kazoo client)",
+        f"   acquire/raw    {ratio['ratio']:>9.3f}      target >= {ratio['target']}: "
+        f"{'met' if ratio['met'] else 'NOT met'}",
+        f"c. failover       {f['failover_s']:>9.3f} s    target <= {f['target_s']:g} s (session timeout + 2 s): "
+        f"{'met' if f['met'] else 'NOT met'}",
+        f"   {f['leases_held']} leases held, {f['leases_served_after']} served after; epoch "
+        f"{f['epoch_before']} -> {f['epoch_after']}"
+        + (f"; kill -> elected {f['kill_to_elected_s']:.3f} s" if "kill_to_elected_s" in f else "")
+        + (f", reinitialization {f['reinit_s']:.3f} s" if "reinit_s" in f else ""),
+    ]
+    cpu = a.get("cpu_ms_per_acquire", {})
+    if cpu:
+        lines.insert(2, "   CPU per acquire: " + ", ".join(f"{role} {ms:.2f} ms" for role, ms in cpu.items()))
+    if a["errors"]:
+        lines.append(f"   acquire errors (first): {a['first_errors']}")
+    return "\n".join(lines)
+
+
+def main(json_output: bool = False) -> int | None:
+    """The ``kvlease bench leases`` entry point: prints the report (one JSON document with ``json_output``).
+
+    Returns the exit code (None: 0) as the CLI's plug-in contract asks; :func:`run` returns the figures.
+    """
+    progress = (lambda text: print(text, file=sys.stderr, flush=True))
+    figures = run(progress=progress)
+    if json_output:
+        print(json.dumps(figures, indent=2))
+    else:
+        print(report(figures))
+    return None
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(prog="python -m ops.bench_leases", description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.add_argument("--raw-zk", nargs=4, metavar=("CONNECT", "COUNT", "WINDOW", "SESSION_MS"),
+                        help=argparse.SUPPRESS)  # phase b's child process
+    args = parser.parse_args()
+    if args.raw_zk:
+        connect, count, window, session_ms = args.raw_zk
+        print(json.dumps(raw_zk_writes(connect, int(count), int(window), int(session_ms) / 1000.0)))
+        sys.exit(0)
+    sys.exit(main(json_output=args.json))
