@@ -20,6 +20,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import pytest
+from kazoo.exceptions import ConnectionLoss
 
 from common import errors, zkpaths
 from common.storage import open_storage
@@ -27,7 +28,7 @@ from common.tables import Column
 from common.zk import loads, make_client
 from coordinator.admin import AdminClient
 from leases.model import SnapshotHandle, TableBucket
-from leases.store import LEASE_FILES
+from leases.store import LEASE_FILES, LeaseStore
 from ops.zookeeper import four_letter
 from tests.procs import (  # noqa: F401 - coordinator_procs is a fixture
     assert_served_as_persisted, coordinator_procs, persisted_leases, wait_until)
@@ -345,6 +346,59 @@ def test_coordinator_keeps_serving_when_a_zookeeper_node_dies(make_config, zk_en
     try:
         assert_served_as_persisted(client.list_leases(), zk, storage)
         assert_lease_files_consistent(zk, storage)
+    finally:
+        zk.stop()
+        zk.close()
+
+
+class _FailingZk:
+    """A KazooClient whose read of ``fail_path`` (children or data) fails with a connection loss."""
+
+    def __init__(self, zk, fail_path: str) -> None:
+        self.zk = zk
+        self.fail_path = fail_path
+
+    def get_children(self, path, *args, **kwargs):
+        if path == self.fail_path:
+            raise ConnectionLoss()
+        return self.zk.get_children(path, *args, **kwargs)
+
+    def get_async(self, path, *args, **kwargs):
+        result = self.zk.get_async(path, *args, **kwargs)
+        if path == self.fail_path:
+            result.get()
+            failed = self.zk.handler.async_result()
+            failed.set_exception(ConnectionLoss())
+            return failed
+        return result
+
+
+@pytest.mark.parametrize("fail", ["children", "node"])
+def test_zookeeper_errors_while_loading_leases_are_not_taken_for_missing_leases(config, coordinator_procs, fail):
+    """A new active coordinator that cannot read a lease must not load the others and
+    then delete the unread lease's files as orphans (it fails and tries again instead)."""
+    procs = coordinator_procs(config)
+    (coordinator,) = procs.spawn(1)
+    procs.wait_active(30)
+    client = procs.client(request_timeout_s=5, retry_total_s=20)
+    buckets = make_table(client, 2)
+    for name in ("a", "b", "c"):
+        client.acquire_lease(name, {buckets[0]: 1}, 60_000)
+    coordinator.kill()
+    storage = open_storage(config["remote.data.dir"], config)
+    files = storage.list(LEASE_FILES)
+    zk = make_client(config)
+    try:
+        failing = _FailingZk(zk, zkpaths.LEASES if fail == "children" else zkpaths.lease("b"))
+        store = LeaseStore(storage)
+        try:
+            with pytest.raises(ConnectionLoss):
+                store.load_all(failing)
+                store.remove_orphans()  # what reinitialization does next
+        finally:
+            store.close()
+        assert storage.list(LEASE_FILES) == files
+        assert set(persisted_leases(zk, storage)) == {"a", "b", "c"}
     finally:
         zk.stop()
         zk.close()
