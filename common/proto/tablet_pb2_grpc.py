@@ -64,6 +64,16 @@ class TabletServiceStub:
                 request_serializer=common_dot_proto_dot_tablet__pb2.TriggerSnapshotRequest.SerializeToString,
                 response_deserializer=common_dot_proto_dot_tablet__pb2.TriggerSnapshotResponse.FromString,
                 _registered_method=True)
+        self.ScanKv = channel.unary_unary(
+                '/kvlease.TabletService/ScanKv',
+                request_serializer=common_dot_proto_dot_tablet__pb2.ScanKvRequest.SerializeToString,
+                response_deserializer=common_dot_proto_dot_tablet__pb2.ScanKvResponse.FromString,
+                _registered_method=True)
+        self.ScanKvStream = channel.unary_stream(
+                '/kvlease.TabletService/ScanKvStream',
+                request_serializer=common_dot_proto_dot_tablet__pb2.ScanKvStreamRequest.SerializeToString,
+                response_deserializer=common_dot_proto_dot_tablet__pb2.ScanKvResponse.FromString,
+                _registered_method=True)
 
 
 class TabletServiceServicer:
@@ -105,6 +115,18 @@ class TabletServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ScanKv(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ScanKvStream(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TabletServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -137,6 +159,16 @@ def add_TabletServiceServicer_to_server(servicer, server):
                     servicer.TriggerSnapshot,
                     request_deserializer=common_dot_proto_dot_tablet__pb2.TriggerSnapshotRequest.FromString,
                     response_serializer=common_dot_proto_dot_tablet__pb2.TriggerSnapshotResponse.SerializeToString,
+            ),
+            'ScanKv': grpc.unary_unary_rpc_method_handler(
+                    servicer.ScanKv,
+                    request_deserializer=common_dot_proto_dot_tablet__pb2.ScanKvRequest.FromString,
+                    response_serializer=common_dot_proto_dot_tablet__pb2.ScanKvResponse.SerializeToString,
+            ),
+            'ScanKvStream': grpc.unary_stream_rpc_method_handler(
+                    servicer.ScanKvStream,
+                    request_deserializer=common_dot_proto_dot_tablet__pb2.ScanKvStreamRequest.FromString,
+                    response_serializer=common_dot_proto_dot_tablet__pb2.ScanKvResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -301,6 +333,60 @@ class TabletService:
             '/kvlease.TabletService/TriggerSnapshot',
             common_dot_proto_dot_tablet__pb2.TriggerSnapshotRequest.SerializeToString,
             common_dot_proto_dot_tablet__pb2.TriggerSnapshotResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ScanKv(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvlease.TabletService/ScanKv',
+            common_dot_proto_dot_tablet__pb2.ScanKvRequest.SerializeToString,
+            common_dot_proto_dot_tablet__pb2.ScanKvResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ScanKvStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/kvlease.TabletService/ScanKvStream',
+            common_dot_proto_dot_tablet__pb2.ScanKvStreamRequest.SerializeToString,
+            common_dot_proto_dot_tablet__pb2.ScanKvResponse.FromString,
             options,
             channel_credentials,
             insecure,
