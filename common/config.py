@@ -147,6 +147,8 @@ SCANNER_MAX_BATCH_SIZE = _key("kv.scanner.max-batch-size", "10mb", parse_size)
 # --- clients ---------------------------------------------------------------------
 CLIENT_REQUEST_TIMEOUT = _key("client.request-timeout", "30s", parse_duration_ms)
 CLIENT_RETRY_MAX_WAIT = _key("client.retry.max-wait", "2s", parse_duration_ms)
+CLIENT_SCANNER_FETCH_MAX_BYTES = _key("client.scanner.kv.fetch.max-bytes", "4mb", parse_size,
+                                      "batch size a KV scanner asks for per ScanKv call")
 CLIENT_RETRY_TOTAL = _key("client.retry.total-timeout", "60s", parse_duration_ms)
 
 
