@@ -377,18 +377,12 @@ def report(figures: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(json_output: bool = False) -> int | None:
-    """The ``kvlease bench leases`` entry point: prints the report (one JSON document with ``json_output``).
-
-    Returns the exit code (None: 0) as the CLI's plug-in contract asks; :func:`run` returns the figures.
-    """
-    progress = (lambda text: print(text, file=sys.stderr, flush=True))
-    figures = run(progress=progress)
-    if json_output:
-        print(json.dumps(figures, indent=2))
-    else:
-        print(report(figures))
-    return None
+def main(json_output: bool = False) -> dict[str, Any]:
+    """The ``kvlease bench leases`` entry point: prints the report (one JSON document with
+    ``json_output``; progress goes to stderr) and returns the figures."""
+    figures = run(progress=lambda text: print(text, file=sys.stderr, flush=True))
+    print(json.dumps(figures, indent=2) if json_output else report(figures), flush=True)
+    return figures
 
 
 if __name__ == "__main__":
@@ -401,4 +395,4 @@ if __name__ == "__main__":
         connect, count, window, session_ms = args.raw_zk
         print(json.dumps(raw_zk_writes(connect, int(count), int(window), int(session_ms) / 1000.0)))
         sys.exit(0)
-    sys.exit(main(json_output=args.json))
+    main(json_output=args.json)
