@@ -93,6 +93,7 @@ class TableClient:
         self._retry_max_wait_s = config[cfg.CLIENT_RETRY_MAX_WAIT] / 1000.0
         self._timeout_s = request_timeout_s or config[cfg.CLIENT_REQUEST_TIMEOUT] / 1000.0
         self._snapshot_timeout_s = snapshot_timeout_s
+        self.scan_batch_bytes = config[cfg.CLIENT_SCANNER_FETCH_MAX_BYTES]
         self._sleep = sleep or tenacity.nap.sleep
         self._parallelism = max(1, parallelism)
         self._lock = threading.Lock()
@@ -483,6 +484,31 @@ class TableClient:
             return committed
 
         return sorted(self._retrying()(attempt).values())
+
+
+    # -- live scans (tablet/scanner.py) ------------------------------------------------------------
+
+    def scanner(self, bucket: int, *, streaming: bool = False, **options):
+        """A scanner of one bucket: :class:`tablet.scanner.KvBatchScanner` (ScanKv sessions, one request
+        in flight) or, with ``streaming``, :class:`tablet.scanner.KvStreamScanner` (ScanKvStream).
+        ``options``: ``limit``, ``batch_size_bytes``, ``start_after_key``, ``resume``, ``decode``.
+        Nothing is sent before the first poll; use it with ``with`` or read it to the end."""
+        from tablet.scanner import KvBatchScanner, KvStreamScanner
+
+        if not 0 <= bucket < self.table.buckets:
+            raise errors.BucketOutOfRangeError(f"table {self.table.path} has buckets 0..{self.table.buckets - 1}, "
+                                               f"not {bucket}")
+        return (KvStreamScanner if streaming else KvBatchScanner)(self, self.table, bucket, **options)
+
+    def scan(self, limit: int | None = None, buckets: Iterable[int] | None = None, streaming: bool = False,
+             **options):
+        """Every live row of the table (or of ``buckets``): a :class:`tablet.scanner.ScanResult` with
+        ``batches`` and ``log_offsets`` ``{bucket: first changelog offset not in the scan}``. See
+        :func:`tablet.scanner.scan_table` (parallel buckets; ``limit`` over the whole table)."""
+        from tablet.scanner import scan_table
+
+        return scan_table(self, limit=limit, buckets=None if buckets is None else list(buckets),
+                          streaming=streaming, **options)
 
 
 # -- helpers ------------------------------------------------------------------------------------
