@@ -14,6 +14,7 @@ import base64
 import json
 import math
 import sys
+import threading
 import time
 from abc import ABC, abstractmethod
 from datetime import date, datetime
@@ -103,6 +104,12 @@ def log_record_doc(record: Mapping[str, Any]) -> dict:
     return {"offset": record["offset"], "change_type": record["change_type"], "row": row_doc(record["row"])}
 
 
+def scan_doc(table: str, rows: Iterable[Mapping[str, Any]], log_offsets: Mapping[int, int]) -> dict:
+    """``scan``: the rows read and, per bucket read, the first changelog offset not in them."""
+    return {"table": table, "rows": [row_doc(r) for r in rows],
+            "log_offsets": {str(b): offset for b, offset in sorted(log_offsets.items())}}
+
+
 def committed_doc(table: str, snapshots: Iterable[Any], waited: bool) -> dict:
     """``snapshot trigger``; ``snapshots`` are ``(bucket, snapshot_id, log_offset)``."""
     return {"table": table, "waited": waited, "snapshots": [
@@ -184,6 +191,9 @@ class Output(ABC):
     @abstractmethod
     def committed(self, doc: Mapping[str, Any]) -> None: ...
 
+    @abstractmethod
+    def scan(self, doc: Mapping[str, Any]) -> None: ...
+
 
 class JsonOutput(Output):
     """Prints exactly one JSON document on stdout; a second one is a bug."""
@@ -206,7 +216,7 @@ class JsonOutput(Output):
     def message(self, text: str, doc: Mapping[str, Any] | None = None) -> None:
         self._out(doc if doc is not None else {"message": text})
 
-    tables = table = snapshots = acquired = lease = leases = cluster_status = rows = committed = document
+    tables = table = snapshots = acquired = lease = leases = cluster_status = rows = committed = scan = document
 
 
 class TextOutput(Output):
@@ -339,6 +349,52 @@ class TextOutput(Output):
             for snap in doc["snapshots"]:
                 grid.add_row(str(snap["bucket"]), str(snap["snapshot_id"]), str(snap["log_offset"]))
             self._print(grid)
+
+    def scan(self, doc: Mapping[str, Any]) -> None:
+        if doc["rows"]:
+            grid = self._grid(*doc["rows"][0].keys())
+            for row in doc["rows"]:
+                grid.add_row(*(escape(_cell(v)) for v in row.values()))
+            self._print(grid)
+        offsets = ", ".join(f"bucket {b}: {o}" for b, o in doc["log_offsets"].items()) or "-"
+        count = f"{len(doc['rows'])} row(s)" if doc["rows"] else "no rows"
+        self._print(f"{doc['table']}: {count}; log offsets {offsets}")
+
+
+class ScanProgress:
+    """``on_batch`` callback of a scan: a progress bar on stderr, shown from the second batch on
+    (a scan of one batch stays silent). Thread-safe (buckets are read in parallel)."""
+
+    def __init__(self, buckets: int, console: Console | None = None) -> None:
+        self.console = console or Console(stderr=True)
+        self.buckets = buckets
+        self.rows = 0
+        self.batches = 0
+        self.progress = None
+        self._task = None
+        self._seen: set[int] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, bucket: int, batch: Any) -> None:
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        with self._lock:
+            self.rows += batch.num_rows
+            self.batches += 1
+            self._seen.add(bucket)
+            if self.progress is None and self.batches > 1:
+                self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                                         console=self.console, transient=True)
+                self.progress.start()
+                self._task = self.progress.add_task("")
+            if self.progress is not None:
+                self.progress.update(self._task, description=f"scanning: {self.rows:,} rows, "
+                                     f"{len(self._seen)}/{self.buckets} bucket(s) started")
+
+    def close(self) -> None:
+        with self._lock:
+            if self.progress is not None:
+                self.progress.stop()
 
 
 def make_output(json_mode: bool) -> Output:
