@@ -132,6 +132,14 @@ def _response_error(response) -> errors.KvLeaseError | None:
     return errors.error_for(response.error.code, response.error.message) if response.error.code else None
 
 
+class _CallInProgress(Exception):
+    """A replay met the first attempt of the same call still running on the server."""
+
+    def __init__(self, response) -> None:
+        super().__init__(response.error.message)
+        self.response = response
+
+
 # -- one bucket ------------------------------------------------------------------------------------
 
 
@@ -192,6 +200,8 @@ class _Scanner:
     def poll(self) -> pa.RecordBatch | None:
         """The next batch (at least one row), or None when the scan is complete (it is then closed)."""
         self._check_usable()
+        if self.limit == 0:
+            self._finished = True  # nothing to ask for (the server refuses limit 0)
         while not self._finished:
             if not self._opened:
                 self.open()
@@ -415,7 +425,13 @@ class KvBatchScanner(_Scanner):
         raise self._lost(error)
 
     def _replay(self, request: pb.ScanKvRequest) -> Any:
-        """``request`` again, unchanged (same call_seq_id), until it gets an answer or the budget ends."""
+        """``request`` again, unchanged (same call_seq_id), until it gets an answer or the budget ends.
+
+        The first attempt may still be running on the server: it then answers
+        INVALID_SCAN_REQUEST ("still in progress"), which during a replay can
+        mean nothing else (the server either served this call, and replays
+        it, or did not, and serves it), so that is retried too.
+        """
         log.info("ScanKv continuation %d of bucket %d failed in transport; sending it again",
                  request.call_seq_id, self.bucket)
 
@@ -423,11 +439,17 @@ class KvBatchScanner(_Scanner):
             future = self._stub.ScanKv.future(request, timeout=self._timeout_s)
             self._pending = (future, request)
             try:
-                return future.result()
+                response = future.result()
             except grpc.RpcError as exc:
                 raise _rpc_error(exc, "ScanKv", self._address, self._timeout_s) from None
+            if response.error.code == errors.ErrorCode.INVALID_SCAN_REQUEST:
+                raise _CallInProgress(response)
+            return response
 
-        return self._retrying((errors.NetworkError,))(attempt)
+        try:
+            return self._retrying((errors.NetworkError, _CallInProgress))(attempt)
+        except _CallInProgress as busy:
+            return busy.response
 
     def _forget_session(self) -> None:
         self._scanner_id = b""

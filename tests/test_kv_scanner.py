@@ -205,6 +205,8 @@ class FakeTablet:
         if isinstance(fault, int):
             self.sessions.pop(request.scanner_id, None)
             return self._error(fault)
+        if fault == "busy":  # the first attempt of this call is still running here
+            return self._error(ErrorCode.INVALID_SCAN_REQUEST)
         session = self.sessions.get(request.scanner_id)
         if session is None:
             return self._error(ErrorCode.UNKNOWN_SCANNER_ID)
@@ -276,6 +278,14 @@ def test_transport_failure_of_a_continuation_replays_the_same_call_seq_id(fault,
     assert rows == list(range(40))  # no row lost, none twice
     assert tablet.continuations() == [0, 1, 1, 1, 2]
     assert len(sleeps) == 1 and tablet.max_in_flight == 1  # first replay at once, then backoff
+
+
+@pytest.mark.unit
+def test_a_replay_that_meets_the_first_attempt_still_running_is_sent_again():
+    tablet = FakeTablet(rows_of(40), rows_per_batch=10)
+    tablet.continuation_faults[1] = [("lost-request", grpc.StatusCode.DEADLINE_EXCEEDED), "busy", "busy"]
+    assert ids(scanner(tablet)) == list(range(40))
+    assert tablet.continuations() == [0, 1, 1, 1, 1, 2]
 
 
 @pytest.mark.unit
