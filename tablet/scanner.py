@@ -81,6 +81,8 @@ SESSION_LOST: tuple[type[errors.KvLeaseError], ...] = (
 #: gRPC status codes of a continuation that is sent again unchanged (the server replays it).
 TRANSPORT_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 CLOSE_TIMEOUT_S = 5.0
+#: Close calls sent without waiting (from ``__del__``), kept alive until answered.
+_CLOSING: set = set()
 DEFAULT_MAX_RESUMES = 8
 _DEFAULT_BATCH_BYTES = cfg.CLIENT_SCANNER_FETCH_MAX_BYTES.parse(cfg.CLIENT_SCANNER_FETCH_MAX_BYTES.default)
 
@@ -466,7 +468,10 @@ class KvBatchScanner(_Scanner):
         request = pb.ScanKvRequest(scanner_id=scanner_id, close_scanner=True)
         try:
             future = self._stub.ScanKv.future(request, timeout=CLOSE_TIMEOUT_S)
-            if wait:
+            if not wait:  # gRPC cancels a call whose future is garbage: keep it until it is done
+                _CLOSING.add(future)
+                future.add_done_callback(_CLOSING.discard)
+            else:
                 response = future.result()
                 if response.error.code:
                     log.warning("closing scanner of bucket %d: %s", self.bucket, response.error.message)
