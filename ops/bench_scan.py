@@ -1,0 +1,352 @@
+"""``python -m ops.bench_scan [--rows N] [--json]``: live KV scans (ScanKv) against raw RocksDB iteration.
+
+Starts its own local cluster (ZooKeeper, one coordinator, one tablet server;
+processes in a temp directory, stopped at the end whatever happens), loads a
+one-bucket table ``(id STRING of 16 chars primary key, v STRING of 100 random
+hex digits)`` with N rows (default 1,000,000) through ``TableClient.upsert``
+(changelog fsync off), snapshots it (memtables flushed) and waits until the
+tablet server is idle (its compactions done), then measures in one run, each
+full scan ``--rounds`` times (3), interleaved, the best of each counting:
+
+- ``unary``: rows/s of :class:`tablet.scanner.KvBatchScanner` (ScanKv
+  sessions, one request in flight: prefetch) reading the whole bucket;
+- ``stream``: rows/s of :class:`tablet.scanner.KvStreamScanner` (ScanKvStream);
+- ``raw``: rows/s of iterating a rocksdict (raw mode) holding the same
+  encoded rows, in this process: the floor of what reading them costs.
+
+Each scanner is measured in two modes: ``decoded`` (rows handed out as Arrow
+batches of the table's schema, the client decoding the values: what a
+reader gets) and ``records`` (the ``value`` column as received, no decoding:
+what the wire and the server deliver). Both ratios to ``raw`` are reported;
+the targets (unary >= 0.5, stream >= 0.7) are judged on ``decoded``, the
+honest one (raw iteration hands out bytes, not decoded rows, so ``decoded``
+is the stricter comparison).
+
+Server memory: before each scan the tablet server's peak RSS is reset
+(``/proc/PID/clear_refs`` 5) and read afterwards (``VmHWM``); reported as the
+peak above the RSS before the scan, next to ``batch size x open scanners``.
+A last phase opens 8 scanners at once (``kv.scanner.max-per-bucket``) and
+reads them round-robin, each with one request in flight.
+
+``main`` prints a report (one JSON document with ``json_output``) and returns
+the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pyarrow as pa
+
+from common.tables import Column, TableInfo
+from ops import cluster as local_cluster
+from tablet.codec import RowCodec
+
+TABLE = "bench.scan"
+COLUMNS = [Column("id", "STRING"), Column("v", "STRING")]
+TARGETS = {"unary": 0.5, "stream": 0.7}
+LOAD_BATCH_ROWS = 20_000
+CONCURRENT_SCANNERS = 8
+
+
+def make_batch(start: int, count: int) -> pa.RecordBatch:
+    """Rows ``start..start+count-1``: ``id`` 16 hex digits, ``v`` 100 random hex digits."""
+    ids = np.arange(start, start + count, dtype=np.uint64)
+    hexdigits = np.frombuffer(b"0123456789abcdef", np.uint8)
+    shifts = np.arange(60, -4, -4, dtype=np.uint64)
+    id_bytes = hexdigits[((ids[:, None] >> shifts) & np.uint64(15)).astype(np.uint8)].tobytes()
+    rng = np.random.default_rng([start, count])
+    v_bytes = hexdigits[rng.integers(0, 16, size=(count, 100), dtype=np.uint8)].tobytes()
+
+    def strings(data: bytes, width: int) -> pa.Array:
+        offsets = pa.py_buffer(np.arange(0, width * (count + 1), width, dtype=np.int32))
+        return pa.Array.from_buffers(pa.string(), count, [None, offsets, pa.py_buffer(data)])
+
+    return pa.record_batch({"id": strings(id_bytes, 16), "v": strings(v_bytes, 100)})
+
+
+def load(client, rows: int, threads: int = 2) -> float:
+    """Upsert rows 0..rows-1 in batches from ``threads`` threads; returns rows/s."""
+    queue = collections.deque(range(0, rows, LOAD_BATCH_ROWS))
+    lock, failures = threading.Lock(), []
+
+    def worker() -> None:
+        while True:
+            with lock:
+                if not queue or failures:
+                    return
+                start = queue.popleft()
+            try:
+                client.upsert(make_batch(start, min(LOAD_BATCH_ROWS, rows - start)))
+            except BaseException as exc:  # reported by the caller
+                failures.append(exc)
+                return
+
+    workers = [threading.Thread(target=worker, name=f"bench-load-{i}") for i in range(threads)]
+    t0 = time.perf_counter()
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    if failures:
+        raise failures[0]
+    return rows / (time.perf_counter() - t0)
+
+
+def build_raw(codec: RowCodec, rows: int, directory: str):
+    """A rocksdict (raw mode) with the same encoded rows, flushed to SST files like a served bucket."""
+    from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+
+    db = Rdict(directory, Options(raw_mode=True))
+    no_wal = WriteOptions()
+    no_wal.disable_wal = True  # like the tablet server: the changelog is its log
+    for start in range(0, rows, LOAD_BATCH_ROWS):
+        keys, values = codec.encode(make_batch(start, min(LOAD_BATCH_ROWS, rows - start)))
+        batch = WriteBatch(raw_mode=True)
+        collections.deque(map(batch.put, keys, values), maxlen=0)
+        db.write(batch, no_wal)
+    db.flush()
+    return db
+
+
+def raw_scan(db) -> tuple[int, int]:
+    """(rows, value bytes) of one full forward iteration."""
+    n = size = 0
+    for _key, value in db.items():
+        n += 1
+        size += len(value)
+    return n, size
+
+
+# -- the tablet server's memory --------------------------------------------------------------------
+
+
+class PeakRss:
+    """The tablet server's RSS: reset the peak (clear_refs 5) where allowed, else sample every 20 ms."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._stop = threading.Event()
+        self._sampled = 0
+        self._thread: threading.Thread | None = None
+
+    def _status(self, field: str) -> int:
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+        raise RuntimeError(f"no {field} in /proc/{self.pid}/status")
+
+    def rss(self) -> int:
+        return self._status("VmRSS")
+
+    def __enter__(self) -> "PeakRss":
+        self.before = self.rss()
+        try:
+            Path(f"/proc/{self.pid}/clear_refs").write_text("5")
+            self.method = "VmHWM after clear_refs"
+        except OSError:
+            self.method = "VmRSS sampled every 20 ms"
+        self._sampled = self.before
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.02):
+            try:
+                self._sampled = max(self._sampled, self.rss())
+            except (OSError, RuntimeError):
+                return
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self._sampled, self._status("VmHWM")) if self.method.startswith("VmHWM") else self._sampled
+
+    def doc(self) -> dict[str, Any]:
+        return {"rss_before": self.before, "peak": self.peak, "peak_above_before": self.peak - self.before,
+                "method": self.method}
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (all its threads: RocksDB's compactions too)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_idle(pid: int, busy_below: float = 0.05, timeout_s: float = 90.0) -> float:
+    """Wait until ``pid`` uses less than ``busy_below`` of a core over 1 s (e.g. the compactions
+    after the load are done); returns the seconds waited."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        before = cpu_seconds(pid)
+        time.sleep(1.0)
+        if cpu_seconds(pid) - before < busy_below:
+            break
+    return time.monotonic() - t0
+
+
+# -- measurements ----------------------------------------------------------------------------------
+
+
+def timed(scan: Callable[[], int], rows: int) -> tuple[float, float]:
+    t0 = time.perf_counter()
+    got = scan()
+    elapsed = time.perf_counter() - t0
+    if got != rows:
+        raise RuntimeError(f"a full scan returned {got} rows, expected {rows}")
+    return rows / elapsed, elapsed
+
+
+def scanner_scan(client, streaming: bool, decode: bool) -> Callable[[], int]:
+    def scan() -> int:
+        n = 0
+        with client.scanner(0, streaming=streaming, decode=decode) as scanner:
+            for batch in scanner:
+                n += batch.num_rows
+        return n
+    return scan
+
+
+def concurrent_scanners(client, count: int, limit: int) -> dict[str, Any]:
+    """``count`` scanners open at once, read round-robin (each with one request in flight)."""
+    scanners = [client.scanner(0, limit=limit, decode=False) for _ in range(count)]
+    rows = 0
+    t0 = time.perf_counter()
+    try:
+        for s in scanners:
+            s.open()
+        live = list(scanners)
+        while live:
+            for s in list(live):
+                batch = s.poll()
+                if batch is None:
+                    live.remove(s)
+                else:
+                    rows += batch.num_rows
+    finally:
+        for s in scanners:
+            s.close()
+    return {"scanners": count, "rows": rows, "rows_per_s": rows / (time.perf_counter() - t0)}
+
+
+def run(rows: int = 1_000_000, rounds: int = 3) -> dict[str, Any]:
+    from coordinator.admin import AdminClient
+    from tablet.client import TableClient
+
+    base = tempfile.mkdtemp(prefix="kvlease-bench-scan-")
+    directory = f"{base}/cluster"
+    raw_db = None
+    try:
+        codec = RowCodec(TableInfo(0, *TABLE.split("."), tuple(COLUMNS), ("id",), 1))
+        raw_db = build_raw(codec, rows, f"{base}/rocksdb")
+        local_cluster.start(directory, tablets=1, config_overrides={
+            "kv.snapshot.interval": "1h", "log.flush.fsync": False})
+        tablet_pid = local_cluster.load(directory)["tablets"][0]["pid"]
+        with AdminClient(local_cluster.bootstrap(directory), retry_total_s=30) as admin:
+            admin.create_table(TABLE, COLUMNS, ["id"], 1)
+            with TableClient(admin, TABLE) as client:
+                load_rate = load(client, rows)
+                client.trigger_snapshot(wait=True)  # memtables flushed, like the raw copy
+                settle_s = wait_idle(tablet_pid)
+                batch_bytes = client.scan_batch_bytes
+                scans = {
+                    "raw": lambda: raw_scan(raw_db)[0],
+                    "unary_decoded": scanner_scan(client, streaming=False, decode=True),
+                    "stream_decoded": scanner_scan(client, streaming=True, decode=True),
+                    "unary_records": scanner_scan(client, streaming=False, decode=False),
+                    "stream_records": scanner_scan(client, streaming=True, decode=False),
+                }
+                best: dict[str, float] = {}
+                memory: dict[str, dict] = {}
+                for _ in range(rounds):
+                    for name, scan in scans.items():
+                        if name == "raw":
+                            rate, _ = timed(scan, rows)
+                        else:
+                            with PeakRss(tablet_pid) as peak:
+                                rate, _ = timed(scan, rows)
+                            if name not in memory or peak.peak - peak.before > memory[name]["peak_above_before"]:
+                                memory[name] = peak.doc()
+                        best[name] = max(best.get(name, 0.0), rate)
+                with PeakRss(tablet_pid) as peak:
+                    concurrent = concurrent_scanners(client, CONCURRENT_SCANNERS, max(1, rows // 5))
+                concurrent["memory"] = peak.doc()
+        raw = best["raw"]
+        ratios = {name: best[name] / raw for name in best if name != "raw"}
+        return {
+            "rows": rows, "key_bytes": 16, "value_bytes": 100, "load_rows_per_s": load_rate,
+            "settle_s": settle_s, "rounds": rounds,
+            "batch_size_bytes": batch_bytes, "rows_per_s": best, "ratio_to_raw": ratios,
+            "targets": {f"{k}_decoded": v for k, v in TARGETS.items()},
+            "ratio_used_for_targets": "decoded",
+            "server_memory": {name: {**doc, "batch_x_scanners": batch_bytes} for name, doc in memory.items()},
+            "concurrent": {**concurrent, "batch_x_scanners": batch_bytes * CONCURRENT_SCANNERS},
+        }
+    finally:
+        if raw_db is not None:
+            raw_db.close()
+        try:
+            local_cluster.stop(directory)
+        except local_cluster.ClusterError:
+            pass  # nothing was started
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def report(r: dict[str, Any]) -> str:
+    mb = 1 << 20
+    rate, ratio = r["rows_per_s"], r["ratio_to_raw"]
+
+    def verdict(name: str) -> str:
+        target = r["targets"].get(name)
+        if target is None:
+            return ""
+        return f"(target >= {target}: {'ok' if ratio[name] >= target else 'BELOW TARGET'})"
+
+    lines = [f"{r['rows']:,} rows (id STRING 16 chars, v STRING 100 B), 1 bucket, batches of "
+             f"{r['batch_size_bytes'] / mb:g} MB; loaded at {r['load_rows_per_s']:,.0f} rows/s; best of {r['rounds']} "
+             "interleaved runs",
+             f"  raw rocksdict iteration in-process    {rate['raw']:>12,.0f} rows/s"]
+    for name, label in (("unary_decoded", "KvBatchScanner, decoded rows"), ("stream_decoded", "KvStreamScanner, decoded rows"),
+                        ("unary_records", "KvBatchScanner, records only"), ("stream_records", "KvStreamScanner, records only")):
+        lines.append(f"  {label:<37} {rate[name]:>12,.0f} rows/s  = {ratio[name]:.2f} of raw {verdict(name)}")
+    lines.append("  tablet server peak RSS above its RSS before the scan (1 scanner, batch "
+                 f"{r['batch_size_bytes'] / mb:g} MB):")
+    for name, doc in r["server_memory"].items():
+        lines.append(f"    {name:<16} +{doc['peak_above_before'] / mb:6.1f} MB (RSS before {doc['rss_before'] / mb:.0f} MB)")
+    c = r["concurrent"]
+    lines.append(f"  {c['scanners']} scanners open at once, {c['rows']:,} rows round-robin: {c['rows_per_s']:,.0f} rows/s, "
+                 f"peak +{c['memory']['peak_above_before'] / mb:.1f} MB vs batch x scanners "
+                 f"{c['batch_x_scanners'] / mb:g} MB ({c['memory']['method']})")
+    return "\n".join(lines)
+
+
+def main(json_output: bool = False, argv: list[str] | None = None) -> dict[str, Any]:
+    """Run the benchmark (options from ``argv``), print the report, return the figures."""
+    parser = argparse.ArgumentParser(prog="python -m ops.bench_scan", description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--rounds", type=int, default=3, help="full scans of each kind (best one counts)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv if argv is not None else [])
+    result = run(args.rows, args.rounds)
+    if json_output or args.json:
+        print(json.dumps(result))
+    else:
+        print(report(result))
+    return result
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(argv=sys.argv[1:])
