@@ -148,8 +148,6 @@ class _CallInProgress(Exception):
 class _Scanner:
     """What both scanners share: lazy open, decoding, limit, resume, close; see the module docstring."""
 
-    method = "ScanKv"
-
     def __init__(self, client, table: TableInfo | None, bucket: int, *, limit: int | None = None,
                  batch_size_bytes: int | None = None, start_after_key: bytes | None = None,
                  resume: bool = False, max_resumes: int = DEFAULT_MAX_RESUMES, decode: bool = True,
@@ -185,6 +183,7 @@ class _Scanner:
         self.rows_delivered = 0
         self.batches_delivered = 0
         self.resumed = 0
+        self._pending_first = None  # the open's answer, until the first poll takes it
         self._opened = False
         self._finished = False
         self._closed = False
@@ -303,9 +302,18 @@ class _Scanner:
         error.args = (error.message,)
         return error
 
+    def _fail(self, error: errors.KvLeaseError) -> Any:
+        """Any other error: the scan ends here (the session closed), the error says where it stopped."""
+        self._finished = True
+        self._end(server_closed=False)
+        raise self._lost(error)
+
     def _session_lost(self, error: errors.KvLeaseError) -> Any:
-        """The session is gone: reopen after ``resume_key`` (``resume=True``), else raise the error."""
-        self._forget_session()
+        """The session is gone: reopen after ``resume_key`` (``resume=True``), else raise the error.
+
+        After a transport failure the server may still hold it: a close is sent without waiting.
+        """
+        self._end(server_closed=not isinstance(error, errors.NetworkError), wait=False)
         if isinstance(error, (errors.NotLeaderError, errors.NetworkError)):
             self._route.stale()
         if not self.resume or self.resumed >= self.max_resumes:
@@ -329,9 +337,6 @@ class _Scanner:
     def _request_next(self) -> None:
         raise NotImplementedError
 
-    def _forget_session(self) -> None:
-        raise NotImplementedError
-
     def _end(self, server_closed: bool, wait: bool = True) -> None:
         raise NotImplementedError
 
@@ -353,7 +358,6 @@ class KvBatchScanner(_Scanner):
         self._address = ""
         self._seq = 0
         self._pending: tuple[Any, pb.ScanKvRequest] | None = None
-        self._pending_first = None
         super().__init__(client, table, bucket, **options)
 
     @property
@@ -404,27 +408,21 @@ class KvBatchScanner(_Scanner):
             return response
         future, request = self._pending
         try:
+            response = future.result()
+        except grpc.RpcError as exc:
+            if exc.code() not in TRANSPORT_CODES:
+                return self._fail(_rpc_error(exc, "ScanKv", self._address, self._timeout_s))
             try:
-                response = future.result()
-            except grpc.RpcError as exc:
-                if exc.code() not in TRANSPORT_CODES:
-                    raise _rpc_error(exc, "ScanKv", self._address, self._timeout_s) from None
                 response = self._replay(request)
-        except errors.NetworkError as error:  # replays exhausted
-            self._pending = None
-            return self._session_lost(error)
-        except errors.KvLeaseError:
-            self._pending = None
-            self._finished = True
-            raise
+            except errors.NetworkError as error:  # replays exhausted
+                return self._session_lost(error)
         self._pending = None
         error = _response_error(response)
         if error is None:
             return response
         if isinstance(error, SESSION_LOST):
             return self._session_lost(error)
-        self._finished = True
-        raise self._lost(error)
+        return self._fail(error)
 
     def _replay(self, request: pb.ScanKvRequest) -> Any:
         """``request`` again, unchanged (same call_seq_id), until it gets an answer or the budget ends.
@@ -452,10 +450,6 @@ class KvBatchScanner(_Scanner):
             return self._retrying((errors.NetworkError, _CallInProgress))(attempt)
         except _CallInProgress as busy:
             return busy.response
-
-    def _forget_session(self) -> None:
-        self._scanner_id = b""
-        self._pending = None
 
     def _end(self, server_closed: bool, wait: bool = True) -> None:
         pending, self._pending = self._pending, None
@@ -489,12 +483,9 @@ class KvStreamScanner(_Scanner):
     ``resume_key`` with ``resume=True``). The call has no deadline.
     """
 
-    method = "ScanKvStream"
-
     def __init__(self, client, table: TableInfo | None = None, bucket: int = 0, **options: Any) -> None:
         self._call = None
         self._address = ""
-        self._pending_first = None
         super().__init__(client, table, bucket, **options)
 
     def _open_scan(self, start_after_key: bytes | None, limit: int | None) -> Any:
@@ -547,16 +538,7 @@ class KvStreamScanner(_Scanner):
         return self._session_lost_or_raise(error)
 
     def _session_lost_or_raise(self, error: errors.KvLeaseError) -> Any:
-        if isinstance(error, SESSION_LOST):
-            return self._session_lost(error)
-        self._finished = True
-        self._end(server_closed=False)
-        raise self._lost(error)
-
-    def _forget_session(self) -> None:
-        call, self._call = self._call, None
-        if call is not None:
-            call.cancel()
+        return self._session_lost(error) if isinstance(error, SESSION_LOST) else self._fail(error)
 
     def _end(self, server_closed: bool, wait: bool = True) -> None:
         self._pending_first = None
