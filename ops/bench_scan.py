@@ -22,6 +22,11 @@ the targets (unary >= 0.5, stream >= 0.7) are judged on ``decoded``, the
 honest one (raw iteration hands out bytes, not decoded rows, so ``decoded``
 is the stricter comparison).
 
+CPU: the seconds of CPU this process (client) and the tablet server (all
+its threads) used during the best run of each kind, next to its elapsed time:
+a server CPU close to the elapsed time means the server's one thread per
+scan is the limit.
+
 Server memory: before each scan the tablet server's peak RSS is reset
 (``/proc/PID/clear_refs`` 5) and read afterwards (``VmHWM``); reported as the
 peak above the RSS before the scan, next to ``batch size x open scanners``.
@@ -268,17 +273,22 @@ def run(rows: int = 1_000_000, rounds: int = 3) -> dict[str, Any]:
                     "stream_records": scanner_scan(client, streaming=True, decode=False),
                 }
                 best: dict[str, float] = {}
+                cpu: dict[str, dict] = {}  # of the best run: seconds of CPU per full scan
                 memory: dict[str, dict] = {}
                 for _ in range(rounds):
                     for name, scan in scans.items():
+                        client_cpu, server_cpu = time.process_time(), cpu_seconds(tablet_pid)
                         if name == "raw":
-                            rate, _ = timed(scan, rows)
+                            rate, elapsed = timed(scan, rows)
                         else:
                             with PeakRss(tablet_pid) as peak:
-                                rate, _ = timed(scan, rows)
+                                rate, elapsed = timed(scan, rows)
                             if name not in memory or peak.peak - peak.before > memory[name]["peak_above_before"]:
                                 memory[name] = peak.doc()
-                        best[name] = max(best.get(name, 0.0), rate)
+                        if rate > best.get(name, 0.0):
+                            best[name] = rate
+                            cpu[name] = {"elapsed_s": elapsed, "client_cpu_s": time.process_time() - client_cpu,
+                                         "server_cpu_s": cpu_seconds(tablet_pid) - server_cpu}
                 with PeakRss(tablet_pid) as peak:
                     concurrent = concurrent_scanners(client, CONCURRENT_SCANNERS, max(1, rows // 5))
                 concurrent["memory"] = peak.doc()
@@ -287,7 +297,7 @@ def run(rows: int = 1_000_000, rounds: int = 3) -> dict[str, Any]:
         return {
             "rows": rows, "key_bytes": 16, "value_bytes": 100, "load_rows_per_s": load_rate,
             "settle_s": settle_s, "rounds": rounds,
-            "batch_size_bytes": batch_bytes, "rows_per_s": best, "ratio_to_raw": ratios,
+            "batch_size_bytes": batch_bytes, "rows_per_s": best, "ratio_to_raw": ratios, "cpu": cpu,
             "targets": {f"{k}_decoded": v for k, v in TARGETS.items()},
             "ratio_used_for_targets": "decoded",
             "server_memory": {name: {**doc, "batch_x_scanners": batch_bytes} for name, doc in memory.items()},
@@ -320,6 +330,10 @@ def report(r: dict[str, Any]) -> str:
     for name, label in (("unary_decoded", "KvBatchScanner, decoded rows"), ("stream_decoded", "KvStreamScanner, decoded rows"),
                         ("unary_records", "KvBatchScanner, records only"), ("stream_records", "KvStreamScanner, records only")):
         lines.append(f"  {label:<37} {rate[name]:>12,.0f} rows/s  = {ratio[name]:.2f} of raw {verdict(name)}")
+    lines.append("  CPU per full scan (best run): elapsed / client CPU / tablet server CPU")
+    for name, c in r["cpu"].items():
+        if name != "raw":
+            lines.append(f"    {name:<16} {c['elapsed_s']:.2f} s / {c['client_cpu_s']:.2f} s / {c['server_cpu_s']:.2f} s")
     lines.append("  tablet server peak RSS above its RSS before the scan (1 scanner, batch "
                  f"{r['batch_size_bytes'] / mb:g} MB):")
     for name, doc in r["server_memory"].items():
