@@ -58,6 +58,9 @@ class ReplicaManager:
         self.coordinator_epoch = 0
         self._replicas: dict[tuple[int, int], Replica] = {}
         self._lock = threading.Lock()
+        #: ``(table_id, bucket)`` callbacks run as a bucket stops being led, after it left the map and
+        #: before its store closes (live scans end their sessions there).
+        self.close_listeners: list[Callable[[int, int], None]] = []
         os.makedirs(data_dir, exist_ok=True)
 
     # -- leadership -----------------------------------------------------------------------
@@ -111,6 +114,11 @@ class ReplicaManager:
 
     def _close(self, key: tuple[int, int]) -> None:
         replica = self._replicas.pop(key)
+        for listener in self.close_listeners:
+            try:
+                listener(*key)
+            except Exception:  # the store closes anyway
+                log.exception("close listener of bucket %s failed", key)
         with replica.snapshot_lock:
             replica.store.close()
 

@@ -25,6 +25,7 @@ from common.storage import RemoteStorage, open_storage
 from common.zk import dumps, loads, make_client
 from coordinator.admin import AdminClient
 from tablet.replicas import ReplicaManager
+from tablet.scan_service import ScanService
 from tablet.service import TabletService
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,8 @@ class TabletServer:
         self.zk = None
         self.admin: AdminClient | None = None
         self.replicas: ReplicaManager | None = None
+        self.scans: ScanService | None = None
+        self.metrics_port: int | None = None
         self._grpc = None
         self._stopping = threading.Event()
         self._register_needed = threading.Event()
@@ -55,14 +58,20 @@ class TabletServer:
         self.zk = make_client(c)
         self.admin = AdminClient([self._active_coordinator() or "127.0.0.1:0"], c, locate=self._active_coordinator)
         self.replicas = ReplicaManager(c[cfg.TABLET_DATA_DIR], c, self.storage, self.admin)
+        self.scans = ScanService(self.replicas, c).start()
         self._grpc = grpc.server(ThreadPoolExecutor(max_workers=c[cfg.TABLET_RPC_THREADS],
                                                     thread_name_prefix="tablet-rpc"), options=GRPC_OPTIONS)
-        pb_grpc.add_TabletServiceServicer_to_server(TabletService(self.replicas), self._grpc)
+        pb_grpc.add_TabletServiceServicer_to_server(TabletService(self.replicas, self.scans), self._grpc)
         host = c[cfg.TABLET_HOST]
         port = self._grpc.add_insecure_port(f"{host}:{c[cfg.TABLET_PORT]}")
         if port == 0:
             raise errors.KvLeaseError(f"cannot bind tablet server to {host}:{c[cfg.TABLET_PORT]}")
         self.address = f"{host}:{port}"
+        if c[cfg.METRICS_PORT] >= 0:
+            try:
+                self.metrics_port = self.scans.metrics.serve(host, c[cfg.METRICS_PORT])
+            except OSError as exc:  # metrics are not worth failing the server for
+                log.warning("no metrics endpoint on %s:%s: %s", host, c[cfg.METRICS_PORT], exc)
         self._grpc.start()
         self.zk.add_listener(self._on_zk_state)
         self._register_at_start()
@@ -88,7 +97,9 @@ class TabletServer:
             self.zk.stop()
             self.zk.close()
         if self.replicas is not None:
-            self.replicas.close()
+            self.replicas.close()  # ends every bucket's scan sessions first
+        if self.scans is not None:
+            self.scans.close()
         if self.admin is not None:
             self.admin.close()
 

@@ -14,6 +14,7 @@ from common.tables import TableInfo
 from coordinator.admin import handle_to_pb
 from tablet.codec import batch_to_ipc, ipc_to_batch
 from tablet.replicas import ReplicaManager
+from tablet.scan_service import ScanService
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +25,8 @@ def error_pb(exc: errors.KvLeaseError) -> cpb.ErrorPb:
 
 def _answer(response_cls, work):
     try:
-        return response_cls(**work())
+        result = work()
+        return result if isinstance(result, response_cls) else response_cls(**result)
     except errors.KvLeaseError as exc:
         return response_cls(error=error_pb(exc))
     except Exception as exc:  # a bug: answer it, keep serving
@@ -42,8 +44,9 @@ def _batch(data: bytes) -> pa.RecordBatch | None:
 
 
 class TabletService(pb_grpc.TabletServiceServicer):
-    def __init__(self, replicas: ReplicaManager) -> None:
+    def __init__(self, replicas: ReplicaManager, scans: ScanService | None = None) -> None:
         self.replicas = replicas
+        self.scans = scans if scans is not None else ScanService(replicas, replicas.config)
 
     def UpdateLeadership(self, request, context):
         def work():
@@ -107,3 +110,11 @@ class TabletService(pb_grpc.TabletServiceServicer):
                     handles.append(handle_to_pb(handle))
             return {"snapshots": handles if request.wait else []}
         return _answer(pb.TriggerSnapshotResponse, work)
+
+    # -- live KV scans (tablet/scan_service.py) ------------------------------------------------
+
+    def ScanKv(self, request, context):
+        return _answer(pb.ScanKvResponse, lambda: self.scans.scan(request))
+
+    def ScanKvStream(self, request, context):
+        return self.scans.stream(request, context)  # errors travel as the stream's last response

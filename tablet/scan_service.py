@@ -1,0 +1,448 @@
+"""The shell of live KV scans: session resources, read-ahead, the reaper, metrics.
+
+:class:`ScanService` carries out what the pure :class:`~tablet.scan.ScannerManager`
+decides. It owns each session's RocksDB snapshot (``BucketStore.snapshot()``:
+an iterator and the log offset, taken together under the bucket's write
+lock) and its last answer (kept for a replay), builds batches
+(:mod:`tablet.scan_batch`), runs the reaper every
+``kv.scanner.expiration-interval`` and ends a bucket's sessions before its
+store closes (it listens to the ReplicaManager). See docs/live-scans.md.
+
+Read-ahead: once a unary call is answered with more rows to come, the next
+batch is built in the background with the same batch size, so the client's
+next call finds it ready (streams need none: gRPC's flow control keeps the
+stream's own thread ahead). A call with another size or row cap drops it and
+steps the iterator back after the last key served. At most two batches per
+session are held: the last answer and the one read ahead.
+
+Locks: ``_lock`` guards the manager and the session map; nothing waits
+while holding it. A session's ``lock`` is held while a batch is built (a
+call or its read-ahead); its snapshot is closed only under it. A session
+whose call is in flight is released by that call as it ends, which sets
+``released``: :meth:`close_bucket` waits for that, so a bucket's store never
+closes under a batch being read.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+
+from common import config as cfg
+from common import errors
+from common.proto import coordinator_pb2 as cpb
+from common.proto import tablet_pb2 as pb
+from leases.model import TableBucket
+from tablet import scan, scan_batch
+from tablet.bucket import BucketStoreError, KvSnapshot
+from tablet.replicas import ReplicaManager
+
+log = logging.getLogger(__name__)
+
+FINISHED_CACHE_BYTES = 32 << 20  # last batches of finished sessions kept for a replay (oldest go first)
+READ_AHEAD_THREADS = 2
+RELEASE_WAIT_S = 60.0  # close_bucket's patience with a call in flight (one batch)
+
+
+def _monotonic_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+# --- metrics -----------------------------------------------------------------------------
+
+class ScanMetrics:
+    """The tablet server's Prometheus registry: live-scan counters and open-scanner gauges."""
+
+    def __init__(self, service: "ScanService") -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.opened = Counter("kvlease_scanners_opened", "scan sessions opened", registry=r)
+        self.released = Counter("kvlease_scanners_released", "scan sessions ended, by reason", ["reason"],
+                                registry=r)
+        self.expired = Counter("kvlease_scanners_expired", "scan sessions ended idle past kv.scanner.ttl",
+                               registry=r)
+        self.refused = Counter("kvlease_scan_requests_refused", "scan requests answered with an error, by code",
+                               ["code"], registry=r)
+        self.read_ahead = Counter("kvlease_scan_read_ahead", "batches read ahead, by outcome: used or dropped "
+                                  "(the next call asked for another size)", ["outcome"], registry=r)
+        self.rows = Counter("kvlease_scan_rows", "rows served by live scans", registry=r)
+        self.bytes = Counter("kvlease_scan_bytes", "record bytes served by live scans (replays included)",
+                             registry=r)
+        self._service = service
+        r.register(self)
+        self._server = None
+
+    def describe(self):  # registering must not call collect(): the service is not built yet
+        return [GaugeMetricFamily("kvlease_scanners_open", ""), GaugeMetricFamily("kvlease_bucket_scanners_open", ""),
+                GaugeMetricFamily("kvlease_scan_snapshots_open", "")]
+
+    def collect(self):  # the gauges, read from the manager at scrape time (no stale labels)
+        total, per_bucket, snapshots = self._service.counts()
+        yield GaugeMetricFamily("kvlease_scanners_open", "open scan sessions on this server", value=total)
+        by_bucket = GaugeMetricFamily("kvlease_bucket_scanners_open", "open scan sessions per bucket",
+                                      labels=["table_id", "bucket"])
+        for tb, n in sorted(per_bucket.items(), key=lambda kv: kv[0].sort_key()):
+            by_bucket.add_metric([str(tb.table_id), str(tb.bucket)], n)
+        yield by_bucket
+        yield GaugeMetricFamily("kvlease_scan_snapshots_open", "RocksDB snapshots held by scan sessions",
+                                value=snapshots)
+
+    def serve(self, host: str, port: int) -> int:
+        """Start the HTTP endpoint; returns its port."""
+        self._server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        return self._server.server_port
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+
+# --- the service ----------------------------------------------------------------------------
+
+@dataclass(eq=False)
+class _Session:
+    """What a session holds besides the manager's books."""
+
+    bucket: TableBucket
+    limit: int | None
+    stream: bool
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    released: threading.Event = field(default_factory=threading.Event)
+    snapshot: KvSnapshot | None = None
+    last: tuple[int, pb.ScanKvResponse] | None = None  # (call, answer): for a replay
+    rows: int = 0  # rows answered
+    resume_key: bytes = b""  # the last key answered
+    ahead_token: object | None = None  # the read-ahead scheduled (None: none, or it is cancelled)
+    ahead: tuple[tuple, pb.ScanKvResponse | None] | None = None  # ((call, budget, max_rows), batch or failed)
+
+
+class ScanService:
+    """Live KV scans on one tablet server: :meth:`scan` (ScanKv) and :meth:`stream` (ScanKvStream)."""
+
+    def __init__(self, replicas: ReplicaManager, config: cfg.Config, *,
+                 clock_ms: Callable[[], int] = _monotonic_ms,
+                 new_id: Callable[[], bytes] = lambda: os.urandom(16), read_ahead: bool = True) -> None:
+        self.replicas = replicas
+        self.config = config
+        self.clock_ms = clock_ms
+        self.new_id = new_id
+        self.read_ahead = read_ahead
+        self.max_batch_bytes = config[cfg.SCANNER_MAX_BATCH_SIZE]
+        self.manager = scan.ScannerManager(config[cfg.SCANNER_MAX_PER_BUCKET], config[cfg.SCANNER_MAX_PER_SERVER],
+                                           config[cfg.SCANNER_TTL])
+        self.snapshots_open = 0  # RocksDB snapshots (iterators) held by sessions, for tests and metrics
+        self._lock = threading.Lock()
+        self._sessions: dict[bytes, _Session] = {}
+        self._finished: OrderedDict[bytes, pb.ScanKvResponse] = OrderedDict()  # sid -> last batch
+        self._finished_bytes = 0
+        self._pool = ThreadPoolExecutor(READ_AHEAD_THREADS, thread_name_prefix="scan-ahead")
+        self._stop = threading.Event()
+        self._reaper: threading.Thread | None = None
+        self.metrics = ScanMetrics(self)
+        replicas.close_listeners.append(self.close_bucket)
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> "ScanService":
+        self._reaper = threading.Thread(target=self._reap_loop, name="scan-reaper", daemon=True)
+        self._reaper.start()
+        return self
+
+    def close(self) -> None:
+        """Stop the reaper and end every session (waiting for calls in flight)."""
+        self._stop.set()
+        if self._reaper is not None:
+            self._reaper.join(timeout=10)
+        self._end(scan.CloseAll(self.clock_ms()), None)
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self.metrics.close()
+
+    def _reap_loop(self) -> None:
+        interval_s = self.config[cfg.SCANNER_EXPIRATION_INTERVAL] / 1000.0
+        while not self._stop.wait(interval_s):
+            try:
+                self.reap()
+            except Exception:  # keep reaping
+                log.exception("scanner reaper failed")
+
+    def reap(self) -> int:
+        """Free the sessions idle longer than kv.scanner.ttl; returns how many."""
+        with self._lock:
+            released = self._take_releases(self.manager.handle(scan.Tick(self.clock_ms())))
+            for sid in [s for s in self._finished if s not in self.manager.gone]:
+                self._finished_bytes -= len(self._finished.pop(sid).records)
+        self._free(released)
+        return len(released)
+
+    def close_bucket(self, table_id: int, bucket: int) -> None:
+        """End the bucket's sessions (it is no longer led here); returns once none reads its store."""
+        tb = TableBucket(table_id, bucket)
+        self._end(scan.CloseBucket(tb, self.clock_ms()), tb)
+
+    def _end(self, event: object, bucket: TableBucket | None) -> None:
+        with self._lock:
+            released = self._take_releases(self.manager.handle(event))
+            busy = [s for s in self._sessions.values() if bucket is None or s.bucket == bucket]
+        self._free(released)
+        for session in busy:  # a call in flight releases its session as it ends
+            if not session.released.wait(RELEASE_WAIT_S):
+                log.warning("a scan call on %s did not end within %.0f s", session.bucket, RELEASE_WAIT_S)
+
+    def counts(self) -> tuple[int, dict[TableBucket, int], int]:
+        """``(open sessions, open sessions per bucket, snapshots held)``."""
+        with self._lock:
+            return self.manager.open_count(), dict(self.manager.per_bucket), self.snapshots_open
+
+    # -- releases -----------------------------------------------------------------------------
+
+    def _take_releases(self, instructions: list[object]) -> list[tuple[scan.Release, _Session]]:
+        """Under ``_lock``: drop the released sessions from the map (free them after, unlocked)."""
+        out = []
+        for ins in instructions:
+            if isinstance(ins, scan.Release):
+                session = self._sessions.pop(ins.scanner_id)
+                out.append((ins, session))
+                if ins.reason == scan.FINISHED and session.last is not None and session.last[0] != scan.OPEN_CALL:
+                    self._keep_finished(ins.scanner_id, session.last[1])
+        return out
+
+    def _keep_finished(self, sid: bytes, response: pb.ScanKvResponse) -> None:
+        """Keep a finished session's last batch for a retry of its call (the manager knows for how long)."""
+        self._finished[sid] = response
+        self._finished_bytes += len(response.records)
+        while self._finished_bytes > FINISHED_CACHE_BYTES:
+            _sid, old = self._finished.popitem(last=False)
+            self._finished_bytes -= len(old.records)
+
+    def _free(self, released: list[tuple[scan.Release, _Session]]) -> None:
+        for ins, session in released:
+            with session.lock:  # waits for a read-ahead in progress
+                snapshot, session.snapshot = session.snapshot, None
+                session.ahead_token = session.ahead = None
+                if snapshot is not None:
+                    snapshot.close()
+                    with self._lock:
+                        self.snapshots_open -= 1
+                session.released.set()
+            self.metrics.released.labels(ins.reason).inc()
+            if ins.reason == scan.EXPIRED:
+                self.metrics.expired.inc()
+            log.debug("scanner %s of %s released (%s)", ins.scanner_id.hex(), ins.bucket, ins.reason)
+
+    def _handle(self, event: object) -> tuple[list[object], _Session | None]:
+        """Feed ``event``, free what it releases, raise its refusal; returns the instructions
+        and the event's session."""
+        with self._lock:
+            out = self.manager.handle(event)
+            session = self._sessions.get(event.scanner_id)  # type: ignore[attr-defined]
+            released = self._take_releases(out)
+        self._free(released)
+        for ins in out:
+            if isinstance(ins, scan.Refuse):
+                self.metrics.refused.labels(ins.error.code.name).inc()
+                raise ins.error
+        return out, session
+
+    # -- calls ------------------------------------------------------------------------------------
+
+    def scan(self, request: pb.ScanKvRequest) -> pb.ScanKvResponse:
+        """Answer one ScanKv request; raises the typed error to answer instead."""
+        has_open = request.HasField("bucket_scan_req")
+        limit = request.bucket_scan_req.limit if has_open and request.bucket_scan_req.HasField("limit") else None
+        kind = scan.request_kind(has_open, request.HasField("scanner_id"), request.close_scanner,
+                                 request.batch_size_bytes, limit)
+        if kind == scan.OPEN:
+            return self._open(request.bucket_scan_req, request.batch_size_bytes, stream=False)[1]
+        if kind == scan.CLOSE:
+            self._handle(scan.Close(request.scanner_id, self.clock_ms()))
+            return pb.ScanKvResponse(scanner_id=request.scanner_id, has_more_results=False)
+        return self._continue(request.scanner_id, request.call_seq_id, request.batch_size_bytes)
+
+    def stream(self, request: pb.ScanKvStreamRequest, context) -> Iterator[pb.ScanKvResponse]:
+        """Answer one ScanKvStream call: every batch of one snapshot, then the end of the stream.
+
+        A session like a unary scan's (limits, TTL, leadership), not addressable
+        by id; an error is the stream's last response. Ends (and frees the
+        session) when the call is cancelled or its client goes away.
+        """
+        sid = None
+        try:
+            req = request.bucket_scan_req
+            scan.request_kind(request.HasField("bucket_scan_req"), False, False, request.batch_size_bytes,
+                              req.limit if req.HasField("limit") else None)
+            sid, response = self._open(req, request.batch_size_bytes, stream=True)
+            if response.has_more_results:
+                context.add_callback(lambda: self._close_quietly(sid))
+            yield response
+            call = 0
+            while response.has_more_results and context.is_active():
+                response = self._continue(sid, call, request.batch_size_bytes)
+                call += 1
+                yield response
+        except errors.KvLeaseError as exc:
+            yield pb.ScanKvResponse(error=_error_pb(exc))
+        except Exception as exc:  # a bug: answer it, keep serving
+            log.exception("ScanKvStream failed")
+            yield pb.ScanKvResponse(error=_error_pb(errors.UnknownServerError(f"internal error: {exc}")))
+        finally:
+            if sid is not None:
+                self._close_quietly(sid)
+
+    def _close_quietly(self, sid: bytes) -> None:
+        try:
+            self._handle(scan.Close(sid, self.clock_ms()))
+        except Exception:  # closing never refuses; nothing to answer anyway
+            log.exception("closing scanner %s failed", sid.hex())
+
+    def _budget(self, batch_size_bytes: int) -> int:
+        """Bytes of rows in a batch: the records then stay within the (capped) batch size."""
+        return max(min(batch_size_bytes, self.max_batch_bytes) - scan_batch.IPC_OVERHEAD, 0)
+
+    def _open(self, req: pb.BucketScanReqPb, batch_size_bytes: int, stream: bool) -> tuple[bytes, pb.ScanKvResponse]:
+        sid = self.new_id()
+        tb = TableBucket(req.table_id, req.bucket)
+        limit = req.limit if req.HasField("limit") else None
+        session = _Session(tb, limit, stream)
+        with self._lock:
+            out = self.manager.handle(scan.Open(sid, tb, limit, self.clock_ms()))
+            if isinstance(out[0], scan.Serve):
+                self._sessions[sid] = session
+        if isinstance(out[0], scan.Refuse):
+            self.metrics.refused.labels(out[0].error.code.name).inc()
+            raise out[0].error
+        self.metrics.opened.inc()
+        budget = self._budget(batch_size_bytes)
+        with session.lock:
+            try:
+                replica = self.replicas.get(tb.table_id, tb.bucket)
+                with replica.store.write_lock:
+                    # Leader check and snapshot under the lock a bucket's store closes under. A bucket
+                    # leaves the replica map before close_bucket ends its sessions (this one included,
+                    # at the end of this call), and only then closes its store.
+                    if self.replicas.get(tb.table_id, tb.bucket) is not replica:
+                        raise errors.NotLeaderError(f"bucket {tb.bucket} of table {tb.table_id} changed leader")
+                    snapshot = replica.store.snapshot()
+                with self._lock:
+                    self.snapshots_open += 1
+                session.snapshot = snapshot
+                it = snapshot._live()  # KvSnapshot's own iterator: this session is its only reader
+                if req.HasField("start_after_key"):
+                    it.seek(req.start_after_key + b"\x00")
+                else:
+                    it.seek_to_first()
+                del it
+                response = self._build(session, budget, limit)
+            except BaseException as exc:
+                self._handle(scan.Failed(sid, scan.OPEN_CALL, self.clock_ms()))
+                self._raise_as(exc, tb)
+            response.log_offset = snapshot.log_offset
+            if response.has_more_results and not stream:
+                response.scanner_id = sid
+            self._served(sid, session, scan.OPEN_CALL, budget, response)
+        return sid, response
+
+    def _continue(self, sid: bytes, call: int, batch_size_bytes: int) -> pb.ScanKvResponse:
+        out, session = self._handle(scan.Continue(sid, call, self.clock_ms()))
+        ins = out[0]
+        if isinstance(ins, scan.Replay):
+            if session is not None:
+                response = session.last[1] if session.last is not None and session.last[0] == ins.call else None
+            else:  # the session ended with this batch
+                with self._lock:
+                    response = self._finished.get(sid)
+            if response is None:
+                raise errors.UnknownScannerIdError(f"scanner {sid.hex()} finished; its last batch is not kept")
+            self.metrics.bytes.inc(len(response.records))
+            return response
+        budget = self._budget(batch_size_bytes)
+        with session.lock:  # the call is in flight: the session stays until it ends
+            try:
+                response = self._ahead_or_build(session, ins.call, budget, ins.max_rows)
+            except BaseException as exc:
+                self._handle(scan.Failed(sid, ins.call, self.clock_ms()))
+                self._raise_as(exc, session.bucket)
+            if response.has_more_results:
+                response.scanner_id = sid
+            self._served(sid, session, ins.call, budget, response)
+        return response
+
+    # -- batches ----------------------------------------------------------------------------------
+
+    def _build(self, session: _Session, budget: int, max_rows: int | None) -> pb.ScanKvResponse:
+        """The next batch from the session's iterator (hold the session's lock)."""
+        it = session.snapshot._live()
+        values, last_key, has_more = scan_batch.read_batch(it, budget, max_rows)
+        del it  # no iterator reference outlives the batch: closing the snapshot frees it
+        count, records = len(values), scan_batch.records_ipc(values)
+        del values  # the rows' bytes objects go before the answer is copied into its message
+        return pb.ScanKvResponse(records=records, record_count=count, has_more_results=has_more,
+                                 resume_key=last_key)
+
+    def _ahead_or_build(self, session: _Session, call: int, budget: int, max_rows: int | None) -> pb.ScanKvResponse:
+        ahead, session.ahead, session.ahead_token = session.ahead, None, None  # a queued read-ahead stays idle
+        if ahead is not None:
+            key, response = ahead
+            if key == (call, budget, max_rows) and response is not None:
+                self.metrics.read_ahead.labels("used").inc()
+                return response
+            self.metrics.read_ahead.labels("dropped").inc()
+            it = session.snapshot._live()  # read ahead for another size: back after the last key answered
+            it.seek(session.resume_key + b"\x00")
+            del it
+        return self._build(session, budget, max_rows)
+
+    def _read_ahead(self, session: _Session, token: object, call: int, budget: int, max_rows: int | None) -> None:
+        with session.lock:
+            if session.ahead_token is not token or session.snapshot is None:
+                return  # the call came first, or the session ended
+            session.ahead_token = None
+            try:
+                response = self._build(session, budget, max_rows)
+            except Exception:  # the call builds it again (and answers the error)
+                log.debug("read-ahead of %s failed", session.bucket, exc_info=True)
+                response = None
+            session.ahead = ((call, budget, max_rows), response)
+
+    def _served(self, sid: bytes, session: _Session, call: int, budget: int, response: pb.ScanKvResponse) -> None:
+        """Keep the answer, tell the manager (hold the session's lock), read ahead."""
+        session.last = (call, response)
+        session.rows += response.record_count
+        if response.record_count:
+            session.resume_key = response.resume_key
+        self.metrics.rows.inc(response.record_count)
+        self.metrics.bytes.inc(len(response.records))
+        self._handle(scan.Served(sid, call, response.record_count, response.has_more_results, self.clock_ms()))
+        if self.read_ahead and not session.stream and response.has_more_results and not session.released.is_set():
+            token = session.ahead_token = object()
+            max_rows = None if session.limit is None else session.limit - session.rows
+            try:
+                self._pool.submit(self._read_ahead, session, token, call + 1, budget, max_rows)
+            except RuntimeError:  # shutting down
+                session.ahead_token = None
+
+    def _raise_as(self, exc: BaseException, tb: TableBucket) -> None:
+        """Re-raise a failure while reading; NOT_LEADER if the bucket's store closed meanwhile."""
+        if not isinstance(exc, Exception) or (isinstance(exc, errors.KvLeaseError)
+                                              and not isinstance(exc, BucketStoreError)):
+            raise exc
+        try:
+            self.replicas.get(tb.table_id, tb.bucket)
+        except errors.NotLeaderError as not_leader:
+            raise not_leader from exc
+        log.error("scan of %s failed", tb, exc_info=exc)
+        raise errors.UnknownServerError(f"scan of bucket {tb.bucket} of table {tb.table_id} failed: {exc}") from exc
+
+
+def _error_pb(exc: errors.KvLeaseError) -> cpb.ErrorPb:
+    return cpb.ErrorPb(code=int(exc.code), message=exc.message)
