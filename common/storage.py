@@ -144,12 +144,11 @@ class FileStorage(RemoteStorage):
 
     def list(self, prefix: str) -> list[str]:
         base = os.path.join(self.root, prefix.strip("/")) if prefix.strip("/") else self.root
+        cut = len(self.root) + 1
         found = []
         for dirpath, _dirs, files in os.walk(base):
-            for name in files:
-                if ".tmp-" in name:
-                    continue
-                found.append(os.path.relpath(os.path.join(dirpath, name), self.root).replace(os.sep, "/"))
+            rel_dir = dirpath[cut:].replace(os.sep, "/")
+            found.extend(f"{rel_dir}/{name}" if rel_dir else name for name in files if ".tmp-" not in name)
         return sorted(found)
 
     def exists(self, path: str) -> bool:

@@ -25,7 +25,7 @@ from kazoo.exceptions import NoNodeError
 
 from common import zkpaths
 from common.errors import StorageError
-from common.storage import RemoteStorage
+from common.storage import FileStorage, RemoteStorage
 from common.zk import dumps, loads
 from leases.model import Lease, TableBucket
 from leases.state import PersistLease
@@ -161,7 +161,10 @@ class LeaseStore:
             nodes.append((name, loads(data)))
         self._paths = {name: {int(t["table_id"]): t["metadata_path"] for t in node["tables"]} for name, node in nodes}
         files = [(name, path) for name, node in nodes for path in self._paths[name].values()]
-        contents = dict(zip(files, self._pool.map(lambda item: self.storage.read(item[1]), files)))
+        read = lambda item: self.storage.read(item[1])  # noqa: E731
+        # local files read faster in a plain loop than through a pool; remote ones in parallel
+        reads = map(read, files) if isinstance(self.storage, FileStorage) else self._pool.map(read, files)
+        contents = dict(zip(files, reads))
         leases = []
         for name, node in nodes:
             buckets: dict[TableBucket, int] = {}
