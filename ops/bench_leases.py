@@ -42,7 +42,7 @@ from common.tables import Column
 from coordinator.admin import AdminClient, wait_for_active
 from leases.model import SnapshotHandle, TableBucket
 from ops.cluster import free_ports, log_tail
-from ops.zookeeper import ZooKeeperCluster, _die_with_parent
+from ops.zookeeper import ZooKeeperCluster, dying_with_parent
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 ZK_ROOT = "/kvlease-bench"
@@ -75,9 +75,9 @@ class _Coordinator:
         env = {k: v for k, v in os.environ.items() if not k.startswith("KVLEASE_") or k == "KVLEASE_TEST_SESSION"}
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
         with open(self.log_path, "ab") as log:
-            self.popen = subprocess.Popen([sys.executable, "-m", "coordinator", "--config", str(config_path)],
-                                          stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                          cwd=str(home), env=env, preexec_fn=_die_with_parent(os.getpid()))
+            self.popen = subprocess.Popen(
+                dying_with_parent([sys.executable, "-m", "coordinator", "--config", str(config_path)]),
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=str(home), env=env)
 
     def kill(self) -> None:
         if self.popen.poll() is None:
@@ -207,8 +207,7 @@ def _raw_phase(connect: str, s: BenchSettings) -> dict[str, Any]:
            str(s.session_timeout_ms)]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env,
-                          preexec_fn=_die_with_parent(os.getpid()))
+    proc = subprocess.run(dying_with_parent(cmd), capture_output=True, text=True, timeout=600, env=env)
     if proc.returncode != 0:
         raise errors.KvLeaseError(f"raw ZooKeeper write phase failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
     result = json.loads(proc.stdout)

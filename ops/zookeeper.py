@@ -19,7 +19,6 @@ Two lifetimes:
 from __future__ import annotations
 
 import atexit
-import ctypes
 import os
 import shutil
 import signal
@@ -28,7 +27,7 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Iterable
 
 from common.errors import KvLeaseError
 
@@ -58,7 +57,6 @@ _JVM_FLAGS = (
 )
 
 _BIND_FAILED = "Address already in use"
-_PR_SET_PDEATHSIG = 1
 
 
 class ZooKeeperError(KvLeaseError):
@@ -130,15 +128,18 @@ def is_serving(port: int) -> bool:
     return answer is not None and "Mode: " in answer
 
 
-def _die_with_parent(parent_pid: int) -> Callable[[], None]:
-    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before fork
+def dying_with_parent(cmd: list[str]) -> list[str]:
+    """``cmd`` made to get SIGKILL when the thread that starts it dies (PR_SET_PDEATHSIG).
 
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent_pid:  # the parent died before prctl took effect
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    return preexec
+    Done with util-linux's ``setpriv --pdeathsig`` (it execs ``cmd``, so the pid
+    is the command's) rather than a ``preexec_fn``: a preexec_fn makes
+    subprocess fork() and run fork handlers in the child, and in a process that
+    runs gRPC those abort the child now and then (seen: a JVM dying with
+    SIGABRT during start-up). Without setpriv the command runs as is and the
+    atexit cleanup still stops it.
+    """
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "KILL", "--", *cmd] if setpriv else list(cmd)
 
 
 def _tail(path: str, lines: int) -> str:
@@ -280,9 +281,9 @@ class ZooKeeperCluster:
             log.write(f"--- kvlease: starting node {node.id}: {' '.join(cmd)}\n".encode())
             log.flush()
             proc = subprocess.Popen(
-                cmd, cwd=os.path.dirname(node.log_path), stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, close_fds=True, start_new_session=self.detached,
-                preexec_fn=None if self.detached else _die_with_parent(os.getpid()))
+                cmd if self.detached else dying_with_parent(cmd), cwd=os.path.dirname(node.log_path),
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, close_fds=True,
+                start_new_session=self.detached)
         with self._lock:
             self._procs[index] = proc
             node.pid = proc.pid

@@ -29,7 +29,7 @@ from coordinator.admin import AdminClient, CoordinatorInfo
 from leases.model import Lease, TableBucket
 from leases.store import LeaseStore
 from ops.cluster import free_ports, log_tail
-from ops.zookeeper import _die_with_parent
+from ops.zookeeper import dying_with_parent
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -110,9 +110,9 @@ class CoordinatorProcs:
             env = {k: v for k, v in os.environ.items() if not k.startswith("KVLEASE_") or k == "KVLEASE_TEST_SESSION"}
             env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
             with open(home / "coordinator.log", "ab") as log:
-                popen = subprocess.Popen([sys.executable, "-m", "coordinator", "--config", str(config_path)],
-                                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                         cwd=str(home), env=env, preexec_fn=_die_with_parent(os.getpid()))
+                popen = subprocess.Popen(
+                    dying_with_parent([sys.executable, "-m", "coordinator", "--config", str(config_path)]),
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=str(home), env=env)
             proc = CoordinatorProc(name, home, f"127.0.0.1:{port}", popen)
             self.procs.append(proc)
             started.append(proc)

@@ -21,7 +21,7 @@ from rocksdict import AccessType, Options, Rdict
 
 from common.errors import InvalidRequestError, InvalidRowError
 from common.tables import Column, TableInfo
-from ops.zookeeper import _die_with_parent
+from ops.zookeeper import dying_with_parent
 from tablet.bucket import APPLIED_KEY, META_CF, BucketStore, BucketStoreError, checkpoint_log_offset
 from tablet.changelog import ChangeType, Changelog, ChangelogError, decode_entry
 from tests import bucket_writer
@@ -526,9 +526,9 @@ def test_every_acknowledged_write_survives_sigkill(bucket_dir, writers):
     last_end = replays = 0
     for round_ in range(5):
         round_seed = seed + round_
-        proc = subprocess.Popen([sys.executable, "-m", "tests.bucket_writer", bucket_dir, str(round_seed)],
-                                cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                preexec_fn=_die_with_parent(os.getpid()))
+        proc = subprocess.Popen(
+            dying_with_parent([sys.executable, "-m", "tests.bucket_writer", bucket_dir, str(round_seed)]),
+            cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         writers.append(proc)
         opened = proc.stdout.readline().split()
         assert opened[:1] == [b"open"], proc.stderr.read().decode()

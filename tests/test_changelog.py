@@ -20,7 +20,7 @@ import pytest
 
 from common.config import Config
 from common.errors import InvalidRequestError
-from ops.zookeeper import _die_with_parent
+from ops.zookeeper import dying_with_parent
 from tablet.changelog import (HEADER_SIZE, SCHEMA, ChangeType, Changelog, ChangelogError, CorruptLogError,
                               LogOffsetOutOfRangeError, decode_entry, record_batch)
 from tests.changelog_writer import expected_records
@@ -463,10 +463,9 @@ def test_every_acknowledged_batch_survives_sigkill(log_dir, writers):
     acked: list[tuple[int, int]] = []
     for round_ in range(4):
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.changelog_writer", log_dir, str(rng.choice([20_000, 300_000])),
-             str(seed + round_)],
-            cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            preexec_fn=_die_with_parent(os.getpid()))
+            dying_with_parent([sys.executable, "-m", "tests.changelog_writer", log_dir,
+                               str(rng.choice([20_000, 300_000])), str(seed + round_)]),
+            cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         writers.append(proc)
         opened = proc.stdout.readline().split()
         assert opened[:1] == [b"open"], proc.stderr.read().decode()

@@ -22,7 +22,7 @@ from coordinator.admin import AdminClient
 from coordinator.server import CoordinatorServer
 from leases.model import TableBucket
 from ops.cluster import free_ports
-from ops.zookeeper import _die_with_parent
+from ops.zookeeper import dying_with_parent
 from tablet.changelog import decode_entry
 from tablet.codec import RowCodec, batch_to_ipc, ipc_to_batch
 from tablet.server import TabletServer
@@ -157,9 +157,8 @@ def _spawn_tablet(home: Path, values: dict) -> subprocess.Popen:
     (home / "config.toml").write_text(to_toml(values))
     log = open(home / "tablet.log", "ab")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.Popen([sys.executable, "-m", "tablet", "--config", str(home / "config.toml")],
-                            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(ROOT),
-                            preexec_fn=_die_with_parent(os.getpid()))
+    return subprocess.Popen(dying_with_parent([sys.executable, "-m", "tablet", "--config", str(home / "config.toml")]),
+                            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(ROOT))
 
 
 @pytest.mark.slow

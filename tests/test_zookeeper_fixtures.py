@@ -273,3 +273,31 @@ def test_docker_zookeeper_round_trip(docker_zk):
     finally:
         client.stop()
         client.close()
+
+
+@pytest.mark.slow
+def test_attached_zookeeper_dies_with_a_kill_9_parent(tmp_path):
+    """The JVM of an attached cluster goes when the process that started it is killed -9."""
+    script = (
+        "import sys, time\n"
+        "from ops.zookeeper import ZooKeeperCluster\n"
+        f"c = ZooKeeperCluster.start({str(tmp_path)!r}, 1)\n"
+        "print(c.nodes[0].pid, flush=True)\n"
+        "time.sleep(120)\n")
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                              cwd=str(zookeeper.__file__).rsplit("/ops/", 1)[0])
+    try:
+        jvm = int(parent.stdout.readline())
+        parent.kill()
+        parent.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and os.path.exists(f"/proc/{jvm}"):
+            with open(f"/proc/{jvm}/stat") as fh:
+                if fh.read().split(")")[-1].split()[0] == "Z":
+                    break  # a zombie waiting for init to reap it: dead
+            time.sleep(0.05)
+        alive = os.path.exists(f"/proc/{jvm}") and open(f"/proc/{jvm}/stat").read().split(")")[-1].split()[0] != "Z"
+        assert not alive, "the JVM outlived its kill -9'd parent"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
