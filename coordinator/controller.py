@@ -79,8 +79,14 @@ class Controller:
 
     # -- reinitialization ------------------------------------------------------------
 
-    def reinitialize(self, writer: FencedWriter) -> dict:
-        """Load tables, snapshot handles and leases; rebuild refcounts; clean up. Before serving."""
+    def reinitialize(self, writer: FencedWriter, mirror=None, defer_orphans: bool = False) -> dict:
+        """Load tables, snapshot handles and leases; rebuild refcounts; clean up. Before serving.
+
+        ``mirror``: a standby's :class:`~leases.mirror.LeaseMirror`, asked for the
+        exact persisted leases instead of reading them all again. ``defer_orphans``:
+        leave orphan lease files for :class:`~coordinator.requests.RemoveOrphanLeaseFiles`
+        (listed in the background once serving) instead of listing them now.
+        """
         self.writer = writer
         for path in zkpaths.ROOTS + (zkpaths.TABLES,):
             self.zk.ensure_path(path)
@@ -92,8 +98,12 @@ class Controller:
         self.snapshots = SnapshotStore(self.snapshots.num_retained)
         for handle in self._load_snapshot_handles():
             self.snapshots.add(handle)
-        loaded = self.lease_store.load_all(self.zk)
-        orphans = self.lease_store.remove_orphans()
+        if mirror is not None:
+            loaded, layout = mirror.exact()
+            self.lease_store.adopt(layout)
+        else:
+            loaded = self.lease_store.load_all(self.zk)
+        orphans = [] if defer_orphans else self.lease_store.remove_orphans()
         now = self.clock_ms()
         graced = sum(1 for lease in loaded if lease.expiration_time <= now)
         self.leases = ls.LeaseState(self, self.leases.max_duration_ms)
@@ -106,7 +116,8 @@ class Controller:
         self._reclaim(buckets)
         self.snapshots.validate(self.leases.is_protected)
         stats = {"tables": len(self.catalog.by_id), "snapshots": sum(1 for _ in self.snapshots.all()),
-                 "leases": len(loaded), "graced": graced, "orphan_files": len(orphans),
+                 "leases": len(loaded), "graced": graced,
+                 "orphan_files": "deferred" if defer_orphans else len(orphans),
                  "dangling": len(dangling)}
         log.info("reinitialized: %s", stats)
         self.refresh_metrics()
@@ -314,10 +325,25 @@ class Controller:
             return self._drop_table(request)
         if isinstance(request, rq.CommitSnapshot):
             return self._commit_snapshot(request.handle)
+        if isinstance(request, rq.RemoveOrphanLeaseFiles):
+            return self._remove_orphans(request.listed)
         if isinstance(request, rq.TabletServersChanged):
             servers = self._read_servers() if request.servers is None else dict(request.servers)
             return self._servers_changed(servers)
         raise errors.InvalidRequestError(f"unknown request {type(request).__name__}")
+
+    def _remove_orphans(self, listed: Iterable[str]) -> list[str]:
+        """Delete the listed lease files that no lease points at.
+
+        A barrier (lease writes flushed before): no lease write is in flight, and
+        a file is only ever pointed at by the write that created it, so a listed
+        file no persisted lease names now is an orphan for good.
+        """
+        orphans = self.lease_store.unreferenced(listed)
+        if orphans:
+            log.info("removing %d orphan lease files", len(orphans))
+            self._delete_files(orphans)
+        return orphans
 
     def _create_table(self, request: rq.CreateTable):
         spec = validate_spec(request.spec)

@@ -87,6 +87,13 @@ class TabletServersChanged:
 
 
 @dataclass(frozen=True)
+class RemoveOrphanLeaseFiles:
+    """After a failover: the lease files listed in the background; delete those no lease names."""
+
+    listed: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class GetTableAssignment:
     table_id: int
 

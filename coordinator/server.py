@@ -32,6 +32,8 @@ from coordinator.metrics import CoordinatorMetrics
 from coordinator.notifier import LeadershipNotifier
 from coordinator import requests as rq
 from coordinator.service import CoordinatorService
+from leases.mirror import LeaseMirror
+from leases.store import LEASE_FILES
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +63,7 @@ class CoordinatorServer:
         self._grpc = None
         self._thread: threading.Thread | None = None
         self.reinit_stats: dict = {}
+        self._mirror: LeaseMirror | None = None  # a standby's warm copy of the leases
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -85,6 +88,7 @@ class CoordinatorServer:
             self.zk.ensure_path(path)
         self.zk.DataWatch(zkpaths.ACTIVE, self._on_active_changed)
         self.zk.ChildrenWatch(zkpaths.TABLET_SERVERS, self._on_tablets_changed)
+        self._start_mirror()
         self._grpc.start()
         self._thread = threading.Thread(target=self._campaign, name="coordinator-election", daemon=True)
         self._thread.start()
@@ -98,6 +102,7 @@ class CoordinatorServer:
             self._election.cancel()
         if self._thread is not None:
             self._thread.join(timeout=30)
+        self._stop_mirror()
         if self._grpc is not None:
             self._grpc.stop(grace=1).wait()
         if self.zk is not None:
@@ -187,12 +192,21 @@ class CoordinatorServer:
             controller = Controller(self.zk, self.storage, num_retained=c[cfg.SNAPSHOT_NUM_RETAINED],
                                     max_lease_ms=c[cfg.LEASE_MAX_DURATION], grace_ms=c[cfg.LEASE_FAILOVER_GRACE],
                                     clock_ms=self.clock_ms, metrics=self.metrics, notify=notifier.push)
-            self.reinit_stats = controller.reinitialize(writer)
+            with self._lock:
+                mirror, self._mirror = self._mirror, None
+            try:  # the mirror is exact once the epoch is bumped (no lease write can commit any more)
+                self.reinit_stats = controller.reinitialize(writer, mirror=mirror, defer_orphans=True)
+            finally:
+                if mirror is not None:
+                    log.info("lease mirror at election: %s", mirror.stats)
+                    mirror.stop()  # the controller owns the leases now
             loop = EventLoop(controller, max_batch=c[cfg.LOOP_MAX_BATCH],
                              tick_interval_ms=c[cfg.LEASE_CHECK_INTERVAL], on_fatal=self._on_fatal,
                              metrics=self.metrics)
             loop.start()
             loop.submit(rq.TabletServersChanged())  # learn the live servers and tell them what they lead
+            threading.Thread(target=self._list_orphans, args=(loop,), name="orphan-lease-files",
+                             daemon=True).start()
             self._loop = loop
             self._state = "active"
             self.metrics.active.set(1)
@@ -214,7 +228,33 @@ class CoordinatorServer:
             if controller is not None:
                 controller.close()
             self._unpublish_active()
+            if not self._stopping.is_set():
+                self._start_mirror()
             log.info("coordinator %s stepped down", self.address)
+
+    # -- the standby's lease mirror -------------------------------------------------------
+
+    def _start_mirror(self) -> None:
+        with self._lock:
+            if self._mirror is None:
+                self._mirror = LeaseMirror(self.zk, self.storage).start()
+
+    def _stop_mirror(self) -> None:
+        with self._lock:
+            mirror, self._mirror = self._mirror, None
+        if mirror is not None:
+            mirror.stop()
+
+    def _list_orphans(self, loop: EventLoop) -> None:
+        """List the lease files off the loop; the loop deletes those no lease names (a barrier)."""
+        try:
+            listed = self.storage.list(LEASE_FILES)
+        except errors.StorageError as exc:  # retried at the next failover
+            log.warning("could not list lease files for orphans: %s", exc)
+            return
+        future = loop.submit(rq.RemoveOrphanLeaseFiles(tuple(listed)))
+        future.add_done_callback(lambda f: f.exception() is None and log.info(
+            "orphan lease files: %d of %d listed", len(f.result()), len(listed)))
 
     def _on_fatal(self, exc: Exception) -> None:
         log.error("coordinator %s stepping down: %s", self.address, exc)

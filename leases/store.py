@@ -173,6 +173,15 @@ class LeaseStore:
             leases.append(Lease(name, int(node["expiration_time"]), buckets))
         return leases
 
+    def adopt(self, layout: dict[str, dict[int, str]]) -> None:
+        """Take the persisted layout (lease -> table -> file) loaded elsewhere (a LeaseMirror)."""
+        self._paths = {name: dict(tables) for name, tables in layout.items()}
+
+    def unreferenced(self, listed) -> list[str]:
+        """The files of ``listed`` no lease points at (to be called with no write in flight)."""
+        referenced = {p for tables in self._paths.values() for p in tables.values()}
+        return [p for p in listed if p not in referenced]
+
     def remove_orphans(self) -> list[str]:
         """Delete lease files no ZooKeeper node points at (call after :meth:`load_all`)."""
         referenced = {p for tables in self._paths.values() for p in tables.values()}

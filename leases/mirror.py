@@ -1,0 +1,299 @@
+"""A standby coordinator's warm copy of every persisted lease (ZooKeeper nodes + their files).
+
+A standby runs a :class:`LeaseMirror` from start-up. It reads every node under
+``/leases/kv_snapshot`` with a one-shot data watch, plus the metadata files the
+node names, and a one-shot children watch on ``/leases/kv_snapshot``. Watch
+callbacks (kazoo's callback thread) only *mark* what changed; a background
+refresher thread re-reads what is marked (re-arming the watch with the read)
+and the files of the tables whose path changed (files are immutable: written
+under a new name, then pointed to). On winning the election the coordinator
+calls :meth:`LeaseMirror.exact` (after ``bump_epoch``) and gets exactly the
+persisted leases, and the layout ``LeaseStore`` keeps in ``_paths``, without
+reading 10,000 nodes.
+
+Why :meth:`exact` is exact
+--------------------------
+1. After ``bump_epoch`` (zxid E) no lease write can commit: every lease write
+   is a multi-op that checks the epoch node's version, so all lease changes
+   have zxids < E and the persisted leases are the state at E.
+2. ``exact`` first stops the refresher (no read in flight), then issues
+   ``sync`` and ``get_children`` (response R, zxid >= E) on the same session.
+   ZooKeeper delivers a session's watch events and responses in zxid order,
+   and a client sees a watch event before it sees any data newer than the
+   watched read: for every node read with a watch at zxid r, a change at
+   r < z < E was notified *before* R. kazoo's reader thread queues that event
+   on its (FIFO, single-threaded) callback queue before completing R.
+3. A barrier callback queued after R returns therefore runs after every such
+   event's callback: once it ran, every loaded node that is not marked dirty
+   is unchanged since its read (a node with a pending change is marked).
+4. The children list of R is the exact set of lease nodes at E. Names not in
+   it are dropped; names in it that are dirty or never loaded are re-read now
+   (a plain read after E is the final state). So the result equals what
+   ``LeaseStore.load_all`` would read at this point.
+If the ZooKeeper session was lost (watches gone) while mirroring, everything
+is re-read; reconnections within the session keep the watches (kazoo re-sends
+them with the last zxid seen, and the server fires what was missed before
+answering anything else).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from kazoo.exceptions import NoNodeError
+from kazoo.protocol.states import Callback, KazooState
+
+from common import zkpaths
+from common.errors import StorageError
+from common.storage import FileStorage, RemoteStorage
+from common.zk import loads
+from leases.model import Lease, TableBucket
+from leases.store import decode_table_file
+
+log = logging.getLogger(__name__)
+
+CHUNK = 1_000  # nodes read per round of the refresher (it checks for stop between rounds)
+
+
+@dataclass
+class _Entry:
+    expiration_time: int
+    paths: dict[int, str]  # table -> metadata file
+    tables: dict[int, dict[TableBucket, int]]  # table -> its buckets (from the file)
+    mzxid: int
+
+
+class LeaseMirror:
+    def __init__(self, zk, storage: RemoteStorage, *, debounce_s: float = 0.25, io_threads: int = 8) -> None:
+        self.zk = zk
+        self.storage = storage
+        self.debounce_s = debounce_s
+        self._entries: dict[str, _Entry] = {}
+        self._names: set[str] | None = None  # the last children list read (None: not read yet)
+        self._lock = threading.Lock()  # guards the marks below (taken by the watch callbacks)
+        self._dirty: set[str] = set()
+        self._children_dirty = True
+        self._invalid = False  # the session was lost: watches are gone, reload everything
+        self._wake = threading.Event()
+        self._wake.set()  # the initial load
+        self._stop = threading.Event()
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+        self._pool = None if isinstance(storage, FileStorage) else ThreadPoolExecutor(
+            max_workers=io_threads, thread_name_prefix="lease-mirror-io")
+        self.stats = {"node_reads": 0, "file_reads": 0, "rounds": 0}
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> "LeaseMirror":
+        self.zk.add_listener(self._on_state)
+        self._thread = threading.Thread(target=self._run, name="lease-mirror", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop refreshing (idempotent); the watches still armed fire into nothing."""
+        self._stopped = True
+        self._halt()
+        try:
+            self.zk.remove_listener(self._on_state)
+        except Exception:  # noqa: BLE001 - not registered
+            pass
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+            self._pool = None
+
+    def _halt(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=60)
+            if self._thread.is_alive():
+                raise RuntimeError("the lease mirror's refresher did not stop")
+
+    # -- watch callbacks (kazoo's callback thread: only mark) ----------------------------------
+
+    def _on_data(self, event) -> None:
+        if self._stopped:
+            return
+        name = event.path.rsplit("/", 1)[-1]
+        with self._lock:
+            self._dirty.add(name)
+        self._wake.set()
+
+    def _on_children(self, _event) -> None:
+        if self._stopped:
+            return
+        with self._lock:
+            self._children_dirty = True
+        self._wake.set()
+
+    def _on_state(self, state) -> None:
+        if state == KazooState.LOST:
+            with self._lock:
+                self._invalid = True
+                self._children_dirty = True
+            self._wake.set()
+
+    # -- the refresher ---------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait()
+            if self._stop.is_set():
+                return
+            if self._stop.wait(self.debounce_s):  # let a burst of changes gather
+                return
+            self._wake.clear()
+            try:
+                self._round()
+            except Exception as exc:  # noqa: BLE001 - connection trouble: marks stay, try again
+                log.warning("lease mirror refresh failed (retrying): %s", exc)
+                self._wake.set()
+                self._stop.wait(0.5)
+
+    def _round(self) -> None:
+        self.stats["rounds"] += 1
+        with self._lock:
+            invalid, self._invalid = self._invalid, False
+            children, self._children_dirty = self._children_dirty, False
+        if invalid:
+            self._entries.clear()
+            self._names = None
+        if children:
+            try:
+                names = set(self.zk.get_children(zkpaths.LEASES, watch=self._on_children))
+            except Exception:
+                with self._lock:
+                    self._children_dirty = True
+                raise
+            self._apply_names(names)
+        while not self._stop.is_set():
+            with self._lock:
+                todo = list(self._dirty)[:CHUNK]
+                self._dirty.difference_update(todo)  # cleared before the read: a later change marks again
+            missing = [] if self._names is None else [n for n in self._names if n not in self._entries]
+            seen = set(todo)
+            todo += [n for n in missing[:CHUNK] if n not in seen]
+            if not todo:
+                return
+            try:
+                self._read(todo, strict=False)
+            except Exception:
+                with self._lock:
+                    self._dirty.update(todo)
+                raise
+
+    def _apply_names(self, names: set[str]) -> None:
+        self._names = names
+        for gone in [n for n in self._entries if n not in names]:
+            del self._entries[gone]
+
+    def _read(self, names: list[str], *, strict: bool) -> None:
+        """Read these nodes (with a watch) and the files they point at; update the entries.
+
+        ``strict`` (at election): any failure raises. Otherwise a node whose file
+        is missing (it moved on meanwhile: its watch fired) is marked again.
+        """
+        pending = [(n, self.zk.get_async(zkpaths.lease(n), watch=self._on_data)) for n in names]
+        nodes = []
+        for name, result in pending:
+            try:
+                data, stat = result.get()
+            except NoNodeError:
+                self._entries.pop(name, None)
+                if self._names is not None:
+                    self._names.discard(name)
+                continue
+            self.stats["node_reads"] += 1
+            node = loads(data)
+            paths = {int(t["table_id"]): t["metadata_path"] for t in node["tables"]}
+            nodes.append((name, int(node["expiration_time"]), paths, stat.mzxid))
+        to_read = []
+        for name, _exp, paths, _z in nodes:
+            old = self._entries.get(name)
+            for table_id, path in paths.items():
+                if old is None or old.paths.get(table_id) != path:
+                    to_read.append((name, table_id, path))
+        contents = self._read_files([path for _n, _t, path in to_read], strict)
+        fresh: dict[tuple[str, int], dict[TableBucket, int] | None] = {
+            (name, table_id): contents[path] for name, table_id, path in to_read}
+        retry = []
+        for name, expiration, paths, mzxid in nodes:
+            old = self._entries.get(name)
+            tables = {}
+            ok = True
+            for table_id, path in paths.items():
+                if (name, table_id) in fresh:
+                    buckets = fresh[(name, table_id)]
+                    if buckets is None:
+                        ok = False
+                        break
+                    tables[table_id] = buckets
+                else:
+                    tables[table_id] = old.tables[table_id]
+            if not ok:
+                self._entries.pop(name, None)
+                retry.append(name)
+                continue
+            self._entries[name] = _Entry(expiration, paths, tables, mzxid)
+        if retry:
+            with self._lock:
+                self._dirty.update(retry)
+            self._wake.set()
+
+    def _read_files(self, paths: list[str], strict: bool) -> dict[str, dict[TableBucket, int] | None]:
+        def read(path: str):
+            try:
+                return decode_table_file(self.storage.read(path))
+            except StorageError:
+                if strict:
+                    raise
+                return None
+        reads = map(read, paths) if self._pool is None else self._pool.map(read, paths)
+        result = dict(zip(paths, reads))
+        self.stats["file_reads"] += len(paths)
+        return result
+
+    # -- at election -------------------------------------------------------------------------
+
+    def exact(self) -> tuple[list[Lease], dict[str, dict[int, str]]]:
+        """The persisted leases and their file layout, exactly (call after ``bump_epoch``).
+
+        Stops the refresher for good. Raises on ZooKeeper or storage errors, like
+        ``LeaseStore.load_all``: a lease that cannot be read is never taken for a
+        missing one.
+        """
+        self._halt()
+        self.zk.sync(zkpaths.LEASES)
+        names = set(self.zk.get_children(zkpaths.LEASES, watch=self._on_children))
+        barrier = threading.Event()
+        self.zk.handler.dispatch_callback(Callback("watch", barrier.set, ()))
+        if not barrier.wait(60):
+            raise RuntimeError("kazoo's callback queue did not reach the barrier")
+        with self._lock:
+            dirty, self._dirty = self._dirty, set()
+            invalid, self._invalid = self._invalid, False
+        if invalid:
+            self._entries.clear()
+        self._apply_names(names)
+        todo = sorted(n for n in names if n in dirty or n not in self._entries)
+        self.stats["reread_at_election"] = len(todo)
+        for start in range(0, len(todo), CHUNK):
+            self._read(todo[start:start + CHUNK], strict=True)
+        missing = [n for n in names if n not in self._entries]
+        if missing:  # vanished after the epoch bump: cannot be (fenced), so do not guess
+            raise RuntimeError(f"lease nodes vanished while loading: {missing[:5]}")
+        leases = []
+        layout = {}
+        for name in sorted(self._entries):
+            entry = self._entries[name]
+            buckets: dict[TableBucket, int] = {}
+            for table_id in entry.paths:
+                buckets.update(entry.tables[table_id])
+            leases.append(Lease(name, entry.expiration_time, buckets))
+            layout[name] = dict(entry.paths)
+        return leases, layout

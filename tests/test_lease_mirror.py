@@ -1,0 +1,177 @@
+"""The standby's LeaseMirror on a real ZooKeeper and remote storage (``file://`` and s3://).
+
+- it tracks the creates, updates and deletes an active coordinator makes;
+- ``exact()`` sees changes written just before it (a raw kazoo client, no waiting);
+- a controller reinitialized from the mirror holds what one reinitialized by
+  reading everything holds, and orphan lease files are removed by the barrier.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from common import zkpaths
+from common.storage import open_storage
+from common.zk import dumps, loads, make_client
+from coordinator import requests as rq
+from coordinator.controller import Controller
+from coordinator.fencing import FencedWriter, bump_epoch
+from leases.mirror import LeaseMirror
+from leases.model import TableBucket
+from leases.store import LEASE_FILES, encode_table_file
+from tests.procs import persisted_leases, wait_until
+from tests.test_lease_persistence import (  # noqa: F401 - storage_config is a fixture (file and s3)
+    Clock, call, commit, make_table, new_controller, storage_config)
+
+pytestmark = [pytest.mark.zk, pytest.mark.timeout(120)]
+
+
+def view(leases) -> dict:
+    return {lease.lease_id: (lease.expiration_time, dict(lease.buckets)) for lease in leases}
+
+
+@pytest.fixture
+def env(storage_config):
+    config = storage_config
+    storage = open_storage(config["remote.data.dir"], config)
+    clock = Clock()
+    active = new_controller(config, storage, clock)
+    zk = make_client(config)
+    mirrors: list[LeaseMirror] = []
+
+    def mirror() -> LeaseMirror:
+        m = LeaseMirror(zk, storage, debounce_s=0.01).start()
+        mirrors.append(m)
+        return m
+
+    yield active, mirror, zk, storage, clock
+    for m in mirrors:
+        m.stop()
+    active.close()
+    for client in (active.zk, zk):
+        client.stop()
+        client.close()
+
+
+def mirrored(m: LeaseMirror) -> dict:
+    """What the mirror holds now (no exactness: for polling)."""
+    return {name: (e.expiration_time, {tb: sid for t in e.paths for tb, sid in e.tables[t].items()})
+            for name, e in list(m._entries.items())}
+
+
+def test_mirror_tracks_creates_updates_and_deletes(env):
+    active, mirror, zk, storage, clock = env
+    t = make_table(active, buckets=4)
+    for sid in (1, 2):
+        for b in range(4):
+            commit(active, t.table_id, b, sid)
+    tbs = [TableBucket(t.table_id, b) for b in range(4)]
+    for i in range(20):
+        call(active, rq.AcquireLease(f"pre-{i}", {tbs[i % 4]: 1}, 60_000))
+    m = mirror()
+    wait_until(lambda: mirrored(m) == view(persisted_leases(zk, storage).values()), 10, "initial load")
+    for i in range(30):
+        call(active, rq.AcquireLease(f"new-{i}", {tbs[i % 4]: 2, tbs[(i + 1) % 4]: 1}, 30_000))
+    for i in range(0, 20, 2):
+        call(active, rq.AcquireLease(f"pre-{i}", {tbs[(i + 2) % 4]: 2}, 90_000))  # a new table file
+        call(active, rq.RenewLease(f"pre-{i + 1}", 120_000))  # the node only
+    for i in range(0, 30, 3):
+        call(active, rq.DropLease(f"new-{i}"))
+    call(active, rq.ReleaseLease("new-1", frozenset({tbs[2]})))
+    clock.now += 40_000
+    call(active, rq.ExpireTick())  # the remaining new-* expire
+    expected = view(persisted_leases(zk, storage).values())
+    assert "new-1" not in expected and "pre-0" in expected
+    wait_until(lambda: mirrored(m) == expected, 10, "the mirror follows the active coordinator")
+    leases, layout = m.exact()
+    assert view(leases) == expected
+    assert m.stats["reread_at_election"] == 0  # warm: nothing left to read
+    assert layout == {name: {int(x["table_id"]): x["metadata_path"]
+                             for x in loads(zk.get(zkpaths.lease(name))[0])["tables"]} for name in expected}
+
+
+def _raw_lease(storage, lease_id: str, table_id: int, buckets: dict, expiration: int) -> bytes:
+    path = f"{LEASE_FILES}/{lease_id}/{table_id}/{uuid.uuid4().hex}.metadata"
+    storage.write_new(path, encode_table_file(lease_id, table_id, buckets))
+    return dumps({"version": 1, "expiration_time": expiration,
+                  "tables": [{"table_id": table_id, "metadata_path": path}]})
+
+
+@pytest.mark.parametrize("round_", range(5))
+def test_exact_sees_changes_made_right_before_it(env, make_config, round_):
+    """Writes acknowledged to another client just before ``exact()`` (no time for the
+    refresher) are in its result: the sync + callback-queue barrier + re-read."""
+    active, mirror, zk, storage, _clock = env
+    t = make_table(active, buckets=2)
+    commit(active, t.table_id, 0, 1)
+    tb = TableBucket(t.table_id, 0)
+    for i in range(10):
+        call(active, rq.AcquireLease(f"L{i}", {tb: 1}, 60_000))
+    m = LeaseMirror(zk, storage, debounce_s=5.0).start()  # a slow refresher: exact() must do the work
+    try:
+        wait_until(lambda: len(m._entries) == 10, 10, "initial load")
+        raw = make_client(make_config())
+        try:
+            raw.set(zkpaths.lease("L1"), _raw_lease(storage, "L1", t.table_id, {tb: 7}, 5_000_000 + round_))
+            raw.set(zkpaths.lease("L2"), _raw_lease(storage, "L2", t.table_id, {tb: 8}, 6_000_000))
+            raw.delete(zkpaths.lease("L3"))
+            raw.create(zkpaths.lease("N1"), _raw_lease(storage, "N1", t.table_id, {tb: 9}, 7_000_000))
+        finally:
+            raw.stop()
+            raw.close()
+        leases, layout = m.exact()
+    finally:
+        m.stop()
+    persisted = persisted_leases(zk, storage)
+    assert view(leases) == view(persisted.values())
+    got = view(leases)
+    assert got["L1"] == (5_000_000 + round_, {tb: 7}) and got["N1"] == (7_000_000, {tb: 9}) and "L3" not in got
+    assert set(layout) == set(persisted)
+    assert m.stats["reread_at_election"] >= 3  # L1, L2, N1: read by exact(), not the refresher
+
+
+def test_exact_before_the_initial_load_finished(env):
+    active, mirror, zk, storage, _clock = env
+    t = make_table(active, buckets=2)
+    commit(active, t.table_id, 1, 1)
+    for i in range(50):
+        call(active, rq.AcquireLease(f"L{i}", {TableBucket(t.table_id, 1): 1}, 60_000))
+    m = mirror()
+    leases, _layout = m.exact()  # at once
+    assert view(leases) == view(persisted_leases(zk, storage).values())
+
+
+def test_controller_reinitialized_from_the_mirror(env):
+    active, mirror, zk, storage, clock = env
+    t = make_table(active, buckets=2)
+    commit(active, t.table_id, 0, 1)
+    commit(active, t.table_id, 1, 1)
+    for i in range(10):
+        call(active, rq.AcquireLease(f"L{i}", {TableBucket(t.table_id, i % 2): 1}, 60_000 + i))
+    stray = f"{LEASE_FILES}/L0/{t.table_id}/{'ab' * 16}.metadata"
+    storage.write_new(stray, b'{"version":1,"lease_id":"L0","table_id":1,"buckets":[]}')
+    m = mirror()
+    wait_until(lambda: len(m._entries) == 10, 10, "initial load")
+    call(active, rq.DropLease("L4"))
+    b = Controller(zk, storage, num_retained=2, max_lease_ms=86_400_000, grace_ms=30_000, clock_ms=clock)
+    try:
+        _epoch, version = bump_epoch(zk)
+        stats = b.reinitialize(FencedWriter(zk, version), mirror=m, defer_orphans=True)
+        m.stop()
+        assert stats["leases"] == 9
+        assert view(b.leases.leases.values()) == view(persisted_leases(zk, storage).values())
+        assert storage.exists(stray)  # deferred
+        listed = storage.list(LEASE_FILES)
+        assert call(b, rq.RemoveOrphanLeaseFiles(tuple(listed))) == [stray]
+        # the new active writes on the adopted layout: the old file goes when the pointer moves
+        old = b.lease_store._paths["L0"][t.table_id]
+        call(b, rq.AcquireLease("L0", {TableBucket(t.table_id, 1): 1}, 60_000))
+        assert not storage.exists(old)
+        b.close()  # waits for the background deletions
+        assert not storage.exists(stray)
+        assert storage.list(LEASE_FILES) == sorted(
+            p for tables in b.lease_store._paths.values() for p in tables.values())
+    finally:
+        b.close()
