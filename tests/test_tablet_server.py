@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import grpc
@@ -26,19 +25,10 @@ from ops.zookeeper import dying_with_parent
 from tablet.changelog import decode_entry
 from tablet.codec import RowCodec, batch_to_ipc, ipc_to_batch
 from tablet.server import TabletServer
+from tests.procs import wait_until
 
 pytestmark = pytest.mark.zk
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def wait_until(predicate, timeout_s, what):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 class Cluster:
