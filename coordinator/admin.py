@@ -19,6 +19,7 @@ from common import config as cfg
 from common import errors
 from common.proto import coordinator_pb2 as pb
 from common.proto import coordinator_pb2_grpc as pb_grpc
+from common.wire import raise_for
 from common.tables import Column, TableInfo, parse_table_path
 from leases.model import Lease, SnapshotFile, SnapshotHandle, TableBucket
 
@@ -94,12 +95,6 @@ def lease_from_pb(msg: pb.KvSnapshotLeasePb) -> Lease:
 def bucket_snapshots_to_pb(snapshots: Mapping[TableBucket, int]) -> list[pb.BucketSnapshotPb]:
     return [pb.BucketSnapshotPb(bucket=tb.to_pb(pb.TableBucketPb), snapshot_id=sid)
             for tb, sid in sorted(snapshots.items(), key=lambda item: item[0].sort_key())]
-
-
-def raise_for(error: pb.ErrorPb) -> None:
-    """Raise the typed exception for a response's error, if any."""
-    if error.code:
-        raise errors.error_for(error.code, error.message, active_address=error.active_address)
 
 
 def parse_bootstrap(bootstrap: str | Sequence[str]) -> list[str]:

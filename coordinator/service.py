@@ -12,17 +12,13 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from common import errors
 from common.proto import coordinator_pb2 as pb
 from common.proto import coordinator_pb2_grpc as pb_grpc
+from common.wire import error_pb
 from common.tables import Column, TableSpec
 from coordinator import requests as rq
 from coordinator.admin import bucket_snapshots_to_pb, handle_from_pb, handle_to_pb
 from leases.model import TableBucket
 
 log = logging.getLogger(__name__)
-
-
-def error_pb(exc: errors.KvLeaseError) -> pb.ErrorPb:
-    return pb.ErrorPb(code=int(exc.code), message=exc.message,
-                      active_address=str(exc.details.get("active_address", "") or ""))
 
 
 def lease_pb(lease) -> pb.KvSnapshotLeasePb:

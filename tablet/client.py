@@ -42,6 +42,7 @@ from common import errors
 from common.proto import tablet_pb2 as pb
 from common.proto import tablet_pb2_grpc as pb_grpc
 from common.tables import TableInfo
+from common.wire import error_from_pb
 from tablet.changelog import ChangeType, decode_entry
 from tablet.codec import RowCodec, batch_to_ipc, bucket_of_keys, ipc_to_batch
 
@@ -190,8 +191,8 @@ class TableClient:
             if isinstance(error, _REROUTE):
                 self._invalidate(routing)
             raise error from None
-        if response.error.code:
-            error = errors.error_for(response.error.code, response.error.message)
+        error = error_from_pb(response.error)
+        if error is not None:
             if isinstance(error, _REROUTE):
                 self._invalidate(routing)
             raise error
@@ -436,7 +437,7 @@ class TableClient:
                 first_error = None
                 for o in response.offsets:
                     if o.error.code:
-                        first_error = first_error or errors.error_for(o.error.code, o.error.message)
+                        first_error = first_error or error_from_pb(o.error)
                     elif o.bucket in pending:
                         result[o.bucket] = (o.earliest, o.latest)
                         pending.discard(o.bucket)

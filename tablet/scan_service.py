@@ -39,8 +39,8 @@ from prometheus_client.core import GaugeMetricFamily
 
 from common import config as cfg
 from common import errors
-from common.proto import coordinator_pb2 as cpb
 from common.proto import tablet_pb2 as pb
+from common.wire import error_pb
 from leases.model import TableBucket
 from tablet import scan, scan_batch
 from tablet.bucket import BucketStoreError, KvSnapshot
@@ -291,10 +291,10 @@ class ScanService:
                 call += 1
                 yield response
         except errors.KvLeaseError as exc:
-            yield pb.ScanKvResponse(error=_error_pb(exc))
+            yield pb.ScanKvResponse(error=error_pb(exc))
         except Exception as exc:  # a bug: answer it, keep serving
             log.exception("ScanKvStream failed")
-            yield pb.ScanKvResponse(error=_error_pb(errors.UnknownServerError(f"internal error: {exc}")))
+            yield pb.ScanKvResponse(error=error_pb(errors.UnknownServerError(f"internal error: {exc}")))
         finally:
             if sid is not None:
                 self._close_quietly(sid)
@@ -444,5 +444,4 @@ class ScanService:
         raise errors.UnknownServerError(f"scan of bucket {tb.bucket} of table {tb.table_id} failed: {exc}") from exc
 
 
-def _error_pb(exc: errors.KvLeaseError) -> cpb.ErrorPb:
-    return cpb.ErrorPb(code=int(exc.code), message=exc.message)
+

@@ -71,6 +71,7 @@ from common import config as cfg
 from common import errors
 from common.proto import tablet_pb2 as pb
 from common.tables import TableInfo
+from common.wire import error_from_pb
 from tablet.codec import RowCodec, ipc_to_batch
 
 log = logging.getLogger(__name__)
@@ -131,7 +132,7 @@ def _rpc_error(exc: grpc.RpcError, method: str, address: str, timeout_s: float |
 
 
 def _response_error(response) -> errors.KvLeaseError | None:
-    return errors.error_for(response.error.code, response.error.message) if response.error.code else None
+    return error_from_pb(response.error)
 
 
 class _CallInProgress(Exception):

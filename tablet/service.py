@@ -7,9 +7,9 @@ import logging
 import pyarrow as pa
 
 from common import errors
-from common.proto import coordinator_pb2 as cpb
 from common.proto import tablet_pb2 as pb
 from common.proto import tablet_pb2_grpc as pb_grpc
+from common.wire import error_pb
 from common.tables import TableInfo
 from coordinator.admin import handle_to_pb
 from tablet.codec import batch_to_ipc, ipc_to_batch
@@ -17,10 +17,6 @@ from tablet.replicas import ReplicaManager
 from tablet.scan_service import ScanService
 
 log = logging.getLogger(__name__)
-
-
-def error_pb(exc: errors.KvLeaseError) -> cpb.ErrorPb:
-    return cpb.ErrorPb(code=int(exc.code), message=exc.message)
 
 
 def _answer(response_cls, work):
