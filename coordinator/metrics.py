@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import Counter, Gauge
+
+from common.metrics import MetricsRegistry
 
 
-class CoordinatorMetrics:
+class CoordinatorMetrics(MetricsRegistry):
     def __init__(self) -> None:
-        self.registry = CollectorRegistry()
+        super().__init__()
         r = self.registry
         self.leases = Gauge("kvlease_leases", "KV snapshot leases held", registry=r)
         self.leased_snapshots = Gauge("kvlease_leased_snapshots", "snapshots protected by at least one lease",
@@ -24,7 +26,6 @@ class CoordinatorMetrics:
         self.epoch = Gauge("kvlease_coordinator_epoch", "epoch of the active coordinator", registry=r)
         self.queue_depth = Gauge("kvlease_event_loop_queue_depth", "requests waiting for the event loop", registry=r)
         self._tables: set[str] = set()
-        self._server = None
 
     def set_lease_counts(self, leases: int, leased_snapshots: int, per_table_leases: dict[int, int],
                          per_table_snapshots: dict[int, int]) -> None:
@@ -38,14 +39,3 @@ class CoordinatorMetrics:
             self.table_leases.labels(table_id).set(per_table_leases.get(int(table_id), 0))
             self.table_leased_snapshots.labels(table_id).set(per_table_snapshots.get(int(table_id), 0))
         self._tables = tables
-
-    def serve(self, host: str, port: int) -> int:
-        """Start the HTTP endpoint; returns its port."""
-        self._server, _thread = start_http_server(port, addr=host, registry=self.registry)
-        return self._server.server_port
-
-    def close(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None

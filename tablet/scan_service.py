@@ -34,12 +34,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, start_http_server
+from prometheus_client import Counter
 from prometheus_client.core import GaugeMetricFamily
 
 from common import config as cfg
 from common import errors
 from common.proto import tablet_pb2 as pb
+from common.metrics import MetricsRegistry
 from common.wire import error_pb
 from leases.model import TableBucket
 from tablet import scan, scan_batch
@@ -59,11 +60,11 @@ def _monotonic_ms() -> int:
 
 # --- metrics -----------------------------------------------------------------------------
 
-class ScanMetrics:
+class ScanMetrics(MetricsRegistry):
     """The tablet server's Prometheus registry: live-scan counters and open-scanner gauges."""
 
     def __init__(self, service: "ScanService") -> None:
-        self.registry = CollectorRegistry()
+        super().__init__()
         r = self.registry
         self.opened = Counter("kvlease_scanners_opened", "scan sessions opened", registry=r)
         self.released = Counter("kvlease_scanners_released", "scan sessions ended, by reason", ["reason"],
@@ -79,7 +80,6 @@ class ScanMetrics:
                              registry=r)
         self._service = service
         r.register(self)
-        self._server = None
 
     def describe(self):  # registering must not call collect(): the service is not built yet
         return [GaugeMetricFamily("kvlease_scanners_open", ""), GaugeMetricFamily("kvlease_bucket_scanners_open", ""),
@@ -95,17 +95,6 @@ class ScanMetrics:
         yield by_bucket
         yield GaugeMetricFamily("kvlease_scan_snapshots_open", "RocksDB snapshots held by scan sessions",
                                 value=snapshots)
-
-    def serve(self, host: str, port: int) -> int:
-        """Start the HTTP endpoint; returns its port."""
-        self._server, _thread = start_http_server(port, addr=host, registry=self.registry)
-        return self._server.server_port
-
-    def close(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
 
 
 # --- the service ----------------------------------------------------------------------------
