@@ -11,7 +11,6 @@ fails.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import time
@@ -20,29 +19,10 @@ from pathlib import Path
 import pytest
 
 from ops import cluster as local_cluster
-from tests.test_cli_e2e import CLI_ENV, KVLEASE, kvlease, kvlease_json, recorded_pids, wait_for
+from tests.test_cli_e2e import (  # noqa: F401 (cluster_dir is a fixture)
+    CLI_ENV, KVLEASE, cluster_dir, kvlease, kvlease_json, print_logs, recorded_pids, wait_for)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
-
-
-def print_logs(directory: Path) -> None:
-    logs = (sorted(directory.glob("coordinator-*/coordinator.log")) + sorted(directory.glob("tablet-*/tablet.log"))
-            + sorted(directory.glob("zookeeper/*/*.log")))
-    for log in logs:
-        print(f"==> {log} <==\n{local_cluster.log_tail(log, 200)}")
-
-
-@pytest.fixture
-def cluster_dir(tmp_path):
-    """A cluster directory; whatever the test leaves running there is stopped afterwards."""
-    directory = tmp_path / "cluster"
-    yield directory
-    pids = recorded_pids(directory)
-    if pids:
-        kvlease("cluster", "stop", "--dir", str(directory), check=False)
-    for pid in pids:  # last resort: the CLI's stop itself may be what failed
-        if local_cluster.pid_alive(pid):
-            os.kill(pid, signal.SIGKILL)
 
 
 def test_cli_data_end_to_end(cluster_dir, tmp_path):

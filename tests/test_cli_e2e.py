@@ -51,7 +51,9 @@ def recorded_pids(directory: Path) -> list[int]:
 
 
 def print_logs(directory: Path) -> None:
-    for log in sorted(directory.glob("coordinator-*/coordinator.log")) + sorted(directory.glob("zookeeper/*/*.log")):
+    logs = (sorted(directory.glob("coordinator-*/coordinator.log")) + sorted(directory.glob("tablet-*/tablet.log"))
+            + sorted(directory.glob("zookeeper/*/*.log")))
+    for log in logs:
         print(f"==> {log} <==\n{local_cluster.log_tail(log, 200)}")
 
 

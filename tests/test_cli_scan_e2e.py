@@ -9,30 +9,14 @@ running; the logs are printed when the test fails.
 from __future__ import annotations
 
 import json
-import os
-import signal
 from pathlib import Path
 
 import pytest
 
 from ops import cluster as local_cluster
-from tests.test_cli_data_e2e import print_logs
-from tests.test_cli_e2e import kvlease, kvlease_json, recorded_pids
+from tests.test_cli_e2e import cluster_dir, kvlease, kvlease_json, print_logs, recorded_pids  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
-
-
-@pytest.fixture
-def cluster_dir(tmp_path):
-    """A cluster directory; whatever the test leaves running there is stopped afterwards."""
-    directory = tmp_path / "cluster"
-    yield directory
-    pids = recorded_pids(directory)
-    if pids:
-        kvlease("cluster", "stop", "--dir", str(directory), check=False)
-    for pid in pids:  # last resort: the CLI's stop itself may be what failed
-        if local_cluster.pid_alive(pid):
-            os.kill(pid, signal.SIGKILL)
 
 
 def test_cli_scan_end_to_end(cluster_dir, tmp_path):
