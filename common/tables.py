@@ -58,17 +58,6 @@ class TableInfo:
             created_ms=int(data.get("created_ms", 0)),
         )
 
-    def to_pb(self, pb_class):
-        return pb_class(
-            table_id=self.table_id, database=self.database, name=self.name,
-            columns=[{"name": c.name, "type": c.type} for c in self.columns],
-            primary_key=list(self.primary_key), buckets=self.buckets, created_ms=self.created_ms)
-
-    @classmethod
-    def from_pb(cls, pb) -> "TableInfo":
-        return cls(pb.table_id, pb.database, pb.name, tuple(Column(c.name, c.type) for c in pb.columns),
-                   tuple(pb.primary_key), pb.buckets, pb.created_ms)
-
 
 @dataclass(frozen=True)
 class TableSpec:

@@ -1,14 +1,19 @@
-"""Error codes on the wire: one place turns exceptions into ``ErrorPb`` and back.
+"""The wire form of kvlease's values: one place turns model objects and errors into protobufs and back.
 
 Every response of every service carries an ``ErrorPb`` (code 0 = success);
 servers build it with :func:`error_pb`, clients read it with
-:func:`error_from_pb` / :func:`raise_for`.
+:func:`error_from_pb` / :func:`raise_for`. The other converters map the
+shared vocabulary (:mod:`common.model`, :mod:`common.tables`) to messages.
 """
 
 from __future__ import annotations
 
+from typing import Iterable, Mapping
+
 from common import errors
+from common.model import Lease, SnapshotFile, SnapshotHandle, TableBucket
 from common.proto import coordinator_pb2 as pb
+from common.tables import Column, TableInfo
 
 
 def error_pb(exc: errors.KvLeaseError) -> pb.ErrorPb:
@@ -31,3 +36,57 @@ def raise_for(error: pb.ErrorPb) -> None:
     exc = error_from_pb(error)
     if exc is not None:
         raise exc
+
+
+def bucket_to_pb(tb: TableBucket) -> pb.TableBucketPb:
+    msg = pb.TableBucketPb(table_id=tb.table_id, bucket=tb.bucket)
+    if tb.partition_id is not None:
+        msg.partition_id = tb.partition_id
+    return msg
+
+
+def bucket_from_pb(msg: pb.TableBucketPb) -> TableBucket:
+    return TableBucket(msg.table_id, msg.bucket, msg.partition_id if msg.HasField("partition_id") else None)
+
+
+def table_to_pb(table: TableInfo) -> pb.TableInfoPb:
+    return pb.TableInfoPb(
+        table_id=table.table_id, database=table.database, name=table.name,
+        columns=[{"name": c.name, "type": c.type} for c in table.columns],
+        primary_key=list(table.primary_key), buckets=table.buckets, created_ms=table.created_ms)
+
+
+def table_from_pb(msg: pb.TableInfoPb) -> TableInfo:
+    return TableInfo(msg.table_id, msg.database, msg.name, tuple(Column(c.name, c.type) for c in msg.columns),
+                     tuple(msg.primary_key), msg.buckets, msg.created_ms)
+
+
+def handle_to_pb(handle: SnapshotHandle, leased_by: Iterable[str] = (), retained: bool = True) -> pb.KvSnapshotPb:
+    return pb.KvSnapshotPb(
+        bucket=bucket_to_pb(handle.bucket), snapshot_id=handle.snapshot_id,
+        log_offset=handle.log_offset, metadata_path=handle.metadata_path,
+        files=[pb.SnapshotFilePb(path=f.path, size=f.size) for f in handle.files],
+        commit_time_ms=handle.commit_time_ms, leased_by=sorted(leased_by), retained=retained)
+
+
+def handle_from_pb(msg: pb.KvSnapshotPb) -> SnapshotHandle:
+    return SnapshotHandle(bucket_from_pb(msg.bucket), msg.snapshot_id, msg.log_offset, msg.metadata_path,
+                          tuple(SnapshotFile(f.path, f.size) for f in msg.files), msg.commit_time_ms)
+
+
+def bucket_snapshots_to_pb(snapshots: Mapping[TableBucket, int]) -> list[pb.BucketSnapshotPb]:
+    return [pb.BucketSnapshotPb(bucket=bucket_to_pb(tb), snapshot_id=sid)
+            for tb, sid in sorted(snapshots.items(), key=lambda item: item[0].sort_key())]
+
+
+def bucket_snapshots_from_pb(msgs: Iterable[pb.BucketSnapshotPb]) -> dict[TableBucket, int]:
+    return {bucket_from_pb(b.bucket): b.snapshot_id for b in msgs}
+
+
+def lease_to_pb(lease: Lease) -> pb.KvSnapshotLeasePb:
+    return pb.KvSnapshotLeasePb(lease_id=lease.lease_id, expiration_time_ms=lease.expiration_time,
+                                buckets=bucket_snapshots_to_pb(lease.buckets))
+
+
+def lease_from_pb(msg: pb.KvSnapshotLeasePb) -> Lease:
+    return Lease(msg.lease_id, msg.expiration_time_ms, bucket_snapshots_from_pb(msg.buckets))

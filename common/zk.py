@@ -1,14 +1,24 @@
-"""ZooKeeper client factory: a started KazooClient on the configured chroot."""
+"""ZooKeeper client factory (a started KazooClient on the configured chroot), node codec and multi-op items."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.retry import KazooRetry
 
 from common import config as cfg
+
+
+@dataclass(frozen=True)
+class ZkOp:
+    """One operation of a multi-op: ``kind`` is create, set or delete."""
+
+    kind: str
+    path: str
+    data: bytes = b""
 
 
 def connect_string(config: cfg.Config) -> str:

@@ -20,7 +20,7 @@ from kazoo.exceptions import NoNodeError
 
 from common import zkpaths
 from common.zk import dumps, loads
-from leases.store import ZkOp
+from common.zk import ZkOp
 
 UNASSIGNED = -1
 

@@ -12,7 +12,7 @@ from kazoo.exceptions import NoNodeError
 from common import errors, zkpaths
 from common.tables import TableInfo, TableSpec
 from common.zk import dumps, loads
-from leases.store import ZkOp
+from common.zk import ZkOp
 
 
 class TableCatalog:

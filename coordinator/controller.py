@@ -22,15 +22,15 @@ from kazoo.exceptions import NoNodeError
 from common import errors, zkpaths
 from common.storage import RemoteStorage
 from common.tables import validate_spec
-from common.zk import dumps, loads
+from common.zk import ZkOp, dumps, loads
 from coordinator import requests as rq
 from coordinator.assignment import UNASSIGNED, Assignments
 from coordinator.catalog import TableCatalog
 from coordinator.fencing import FencedWriter
 from coordinator.snapshots import SnapshotStore
 from leases import state as ls
-from leases.model import Lease, SnapshotHandle, TableBucket
-from leases.store import LeaseStore, PreparedWrite, ZkOp
+from common.model import Lease, SnapshotHandle, TableBucket
+from leases.store import LeaseStore, PreparedWrite
 
 log = logging.getLogger(__name__)
 

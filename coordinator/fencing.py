@@ -16,7 +16,7 @@ from kazoo.exceptions import BadVersionError, ConnectionLoss, KazooException, Ro
 
 from common import errors, zkpaths
 from common.zk import dumps, loads
-from leases.store import ZkOp
+from common.zk import ZkOp
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import tenacity
 
-from common.proto import coordinator_pb2 as cpb
+from common.wire import table_to_pb
 from common.proto import tablet_pb2 as pb
 from common.proto import tablet_pb2_grpc as pb_grpc
 
@@ -57,7 +57,7 @@ class LeadershipNotifier:
     def _send(self, server_id: int, address: str, led: list, dropped: set[int]) -> None:
         request = pb.UpdateLeadershipRequest(
             coordinator_epoch=self.epoch, server_id=server_id, dropped_tables=sorted(dropped),
-            buckets=[pb.BucketLeadershipPb(table=table.to_pb(cpb.TableInfoPb), bucket=bucket, leader_epoch=epoch)
+            buckets=[pb.BucketLeadershipPb(table=table_to_pb(table), bucket=bucket, leader_epoch=epoch)
                      for table, bucket, epoch in led])
         retrying = tenacity.Retrying(
             retry=tenacity.retry_if_exception_type((grpc.RpcError, RuntimeError)),

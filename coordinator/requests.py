@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from common.tables import TableSpec
-from leases.model import SnapshotHandle, TableBucket
+from common.model import SnapshotHandle, TableBucket
 
 
 @dataclass(frozen=True)

@@ -12,18 +12,12 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from common import errors
 from common.proto import coordinator_pb2 as pb
 from common.proto import coordinator_pb2_grpc as pb_grpc
-from common.wire import error_pb
+from common.wire import (bucket_from_pb, bucket_snapshots_from_pb, bucket_snapshots_to_pb, error_pb, handle_from_pb,
+                         handle_to_pb, lease_to_pb, table_to_pb)
 from common.tables import Column, TableSpec
 from coordinator import requests as rq
-from coordinator.admin import bucket_snapshots_to_pb, handle_from_pb, handle_to_pb
-from leases.model import TableBucket
 
 log = logging.getLogger(__name__)
-
-
-def lease_pb(lease) -> pb.KvSnapshotLeasePb:
-    return pb.KvSnapshotLeasePb(lease_id=lease.lease_id, expiration_time_ms=lease.expiration_time,
-                                buckets=bucket_snapshots_to_pb(lease.buckets))
 
 
 class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
@@ -53,7 +47,7 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
         spec = TableSpec(request.database, request.name, tuple(Column(c.name, c.type) for c in request.columns),
                          tuple(request.primary_key), request.buckets)
         return self._run(rq.CreateTable(spec, request.ignore_if_exists), pb.CreateTableResponse,
-                         lambda t: {"table": t.to_pb(pb.TableInfoPb)})
+                         lambda t: {"table": table_to_pb(t)})
 
     def DropTable(self, request, context):
         return self._run(rq.DropTable(request.database, request.name, request.ignore_if_not_exists),
@@ -61,11 +55,11 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
 
     def ListTables(self, request, context):
         return self._run(rq.ListTables(request.database), pb.ListTablesResponse,
-                         lambda ts: {"tables": [t.to_pb(pb.TableInfoPb) for t in ts]})
+                         lambda ts: {"tables": [table_to_pb(t) for t in ts]})
 
     def GetTable(self, request, context):
         return self._run(rq.GetTable(request.database, request.name, request.table_id), pb.GetTableResponse,
-                         lambda t: {"table": t.to_pb(pb.TableInfoPb)})
+                         lambda t: {"table": table_to_pb(t)})
 
     def CommitKvSnapshot(self, request, context):
         return self._run(rq.CommitSnapshot(handle_from_pb(request.snapshot)), pb.CommitKvSnapshotResponse,
@@ -83,7 +77,7 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
         return self._snapshots(request, pb.ListKvSnapshotsResponse, False)
 
     def AcquireKvSnapshotLease(self, request, context):
-        snapshots = {TableBucket.from_pb(b.bucket): b.snapshot_id for b in request.snapshots}
+        snapshots = bucket_snapshots_from_pb(request.snapshots)
         if len(snapshots) != len(request.snapshots):
             return pb.AcquireKvSnapshotLeaseResponse(error=error_pb(errors.InvalidRequestError(
                 "a bucket appears twice in the acquire request")))
@@ -98,7 +92,7 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
                          lambda expiration: {"expiration_time_ms": expiration})
 
     def ReleaseKvSnapshotLease(self, request, context):
-        buckets = frozenset(TableBucket.from_pb(b) for b in request.buckets)
+        buckets = frozenset(bucket_from_pb(b) for b in request.buckets)
         return self._run(rq.ReleaseLease(request.lease_id, buckets), pb.ReleaseKvSnapshotLeaseResponse,
                          lambda remains: {"lease_remains": remains})
 
@@ -108,12 +102,12 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
 
     def ListKvSnapshotLeases(self, request, context):
         return self._run(rq.ListLeases(), pb.ListKvSnapshotLeasesResponse,
-                         lambda leases: {"leases": [lease_pb(lease) for lease in leases]})
+                         lambda leases: {"leases": [lease_to_pb(lease) for lease in leases]})
 
     def GetTableAssignment(self, request, context):
         def build(result):
             table, rows = result
-            return {"table": table.to_pb(pb.TableInfoPb),
+            return {"table": table_to_pb(table),
                     "buckets": [pb.BucketAssignmentPb(bucket=b, leader_id=leader, leader_address=address,
                                                       leader_epoch=epoch) for b, leader, address, epoch in rows]}
         return self._run(rq.GetTableAssignment(request.table_id), pb.GetTableAssignmentResponse, build)
@@ -124,4 +118,4 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
 
     def DescribeKvSnapshotLease(self, request, context):
         return self._run(rq.DescribeLease(request.lease_id), pb.DescribeKvSnapshotLeaseResponse,
-                         lambda lease: {"lease": lease_pb(lease)})
+                         lambda lease: {"lease": lease_to_pb(lease)})

@@ -12,7 +12,7 @@ from collections import Counter
 from typing import Callable, Iterable
 
 from common import errors
-from leases.model import SnapshotHandle, TableBucket
+from common.model import SnapshotHandle, TableBucket
 
 IsLeased = Callable[[TableBucket, int], bool]
 

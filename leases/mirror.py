@@ -50,7 +50,7 @@ from common import zkpaths
 from common.errors import StorageError
 from common.storage import FileStorage, RemoteStorage
 from common.zk import loads
-from leases.model import Lease, TableBucket
+from common.model import Lease, TableBucket
 from leases.store import decode_table_file
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Iterable, Iterator
 
-from leases.model import Lease, TableBucket
+from common.model import Lease, TableBucket
 
 
 class RefcountIndex:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Mapping, Protocol
 
 from common import errors
-from leases.model import LEASE_ID, Lease, TableBucket
+from common.model import LEASE_ID, Lease, TableBucket
 from leases.refcount import RefcountIndex
 
 

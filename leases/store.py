@@ -26,23 +26,14 @@ from kazoo.exceptions import NoNodeError
 from common import zkpaths
 from common.errors import StorageError
 from common.storage import FileStorage, RemoteStorage
-from common.zk import dumps, loads
-from leases.model import Lease, TableBucket
+from common.zk import ZkOp, dumps, loads
+from common.model import Lease, TableBucket
 from leases.state import PersistLease
 
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 LEASE_FILES = "lease/kv-snapshot"
-
-
-@dataclass(frozen=True)
-class ZkOp:
-    """One operation of a multi-op: ``kind`` is create, set or delete."""
-
-    kind: str
-    path: str
-    data: bytes = b""
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from typing import Callable
 import pyarrow as pa
 
 from common.tables import Column, TableInfo
-from tablet.codec import RowCodec, bucket_of_keys
+from common.codec import RowCodec, bucket_of_keys
 
 TABLE = TableInfo(1, "bench", "codec", (Column("id", "BIGINT"), Column("value", "STRING")), ("id",), 16)
 

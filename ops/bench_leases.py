@@ -39,8 +39,8 @@ from typing import Any
 from common import config as cfg
 from common import errors
 from common.tables import Column
-from coordinator.admin import AdminClient, wait_for_active
-from leases.model import SnapshotHandle, TableBucket
+from client.admin import AdminClient, wait_for_active
+from common.model import SnapshotHandle, TableBucket
 from ops.cluster import free_ports, log_tail
 from ops.zookeeper import ZooKeeperCluster, dying_with_parent
 

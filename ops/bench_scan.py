@@ -8,9 +8,9 @@ hex digits)`` with N rows (default 1,000,000) through ``TableClient.upsert``
 tablet server is idle (its compactions done), then measures in one run, each
 full scan ``--rounds`` times (3), interleaved, the best of each counting:
 
-- ``unary``: rows/s of :class:`tablet.scanner.KvBatchScanner` (ScanKv
+- ``unary``: rows/s of :class:`client.scanner.KvBatchScanner` (ScanKv
   sessions, one request in flight: prefetch) reading the whole bucket;
-- ``stream``: rows/s of :class:`tablet.scanner.KvStreamScanner` (ScanKvStream);
+- ``stream``: rows/s of :class:`client.scanner.KvStreamScanner` (ScanKvStream);
 - ``raw``: rows/s of iterating a rocksdict (raw mode) holding the same
   encoded rows, in this process: the floor of what reading them costs.
 
@@ -55,7 +55,7 @@ import pyarrow as pa
 
 from common.tables import Column, TableInfo
 from ops import cluster as local_cluster
-from tablet.codec import RowCodec
+from common.codec import RowCodec
 
 TABLE = "bench.scan"
 COLUMNS = [Column("id", "STRING"), Column("v", "STRING")]
@@ -246,8 +246,8 @@ def concurrent_scanners(client, count: int, limit: int) -> dict[str, Any]:
 
 
 def run(rows: int = 1_000_000, rounds: int = 3) -> dict[str, Any]:
-    from coordinator.admin import AdminClient
-    from tablet.client import TableClient
+    from client.admin import AdminClient
+    from client.table import TableClient
 
     base = tempfile.mkdtemp(prefix="kvlease-bench-scan-")
     directory = f"{base}/cluster"

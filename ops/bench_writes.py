@@ -40,7 +40,7 @@ import pyarrow as pa
 
 from common.tables import Column, TableInfo
 from ops import cluster as local_cluster
-from tablet.codec import RowCodec
+from common.codec import RowCodec
 
 TABLE = "bench.writes"
 COLUMNS = [Column("id", "BIGINT"), Column("v", "STRING")]
@@ -152,8 +152,8 @@ def snapshot_sizes(admin, client, rows: int, changed: int, rng) -> dict[str, Any
 
 def run(rows: int = 1_000_000, batch_rows: int = 10_000, threads: int = 4, singles: int = 2000,
         seed: int = 7) -> dict[str, Any]:
-    from coordinator.admin import AdminClient
-    from tablet.client import TableClient
+    from client.admin import AdminClient
+    from client.table import TableClient
 
     rng = np.random.default_rng(seed)
     base = tempfile.mkdtemp(prefix="kvlease-bench-writes-")

@@ -41,7 +41,7 @@ from click.core import ParameterSource
 from common import config as cfg
 from common import errors
 from common.tables import TableInfo, parse_schema, parse_table_path
-from leases.model import TableBucket
+from common.model import TableBucket
 from ops import cluster as local_cluster
 from ops import output as out
 
@@ -258,7 +258,7 @@ class State:
         return self._output
 
     def addresses(self) -> list[str]:
-        from coordinator.admin import parse_bootstrap
+        from client.admin import parse_bootstrap
 
         if self.bootstrap and (self.bootstrap_cmdline or not self.cluster_cmdline):
             return parse_bootstrap(self.bootstrap)
@@ -278,15 +278,15 @@ class State:
     @property
     def client(self):
         if self._client is None:
-            from coordinator.admin import AdminClient
+            from client.admin import AdminClient
 
             config = cfg.Config(env=os.environ)
             self._client = AdminClient(self.addresses(), config, retry_total_s=self.retry_ms(config) / 1000.0)
         return self._client
 
     def table_client(self, path: str):
-        """A :class:`tablet.client.TableClient` on ``path``, retrying as long as the admin client."""
-        from tablet.client import TableClient
+        """A :class:`client.table.TableClient` on ``path``, retrying as long as the admin client."""
+        from client.table import TableClient
 
         config = cfg.Config(env=os.environ)
         client = TableClient(self.client, path, config, retry_total_s=self.retry_ms(config) / 1000.0)

@@ -256,7 +256,7 @@ def start(directory: str | os.PathLike[str], *, zk_nodes: int = 1, coordinators:
     coordinator's and tablet server's config file. On any failure everything
     started here is stopped again and a ClusterError carries the log tails.
     """
-    from coordinator.admin import AdminClient, wait_for_active
+    from client.admin import AdminClient, wait_for_active
     from ops.zookeeper import ZooKeeperCluster
 
     if zk_nodes not in (1, 3):
@@ -400,7 +400,7 @@ def stop(directory: str | os.PathLike[str], timeout_s: float = 10.0) -> dict[str
 def status(directory: str | os.PathLike[str], request_timeout_s: float = 2.0) -> dict[str, Any]:
     """Every recorded process, whether it runs, what each coordinator says about itself, and
     how many buckets each tablet server leads (from the active coordinator)."""
-    from coordinator.admin import AdminClient
+    from client.admin import AdminClient
 
     doc = load(directory)
     result: dict[str, Any] = {"zookeeper": [], "coordinators": [], "tablets": []}

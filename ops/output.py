@@ -25,7 +25,7 @@ from rich.markup import escape
 from rich.table import Table as RichTable
 
 from common.tables import TableInfo
-from leases.model import Lease, TableBucket
+from common.model import Lease, TableBucket
 
 # -- documents (the JSON contract) ---------------------------------------------------
 
@@ -70,7 +70,7 @@ def acquire_doc(lease_id: str, expiration_time: int, acquired: Mapping[TableBuck
 
 
 def snapshots_doc(table: str, snapshots: Iterable[Any]) -> dict:
-    """``snapshot list``; ``snapshots`` are :class:`coordinator.admin.SnapshotInfo`."""
+    """``snapshot list``; ``snapshots`` are :class:`client.admin.SnapshotInfo`."""
     rows = sorted(snapshots, key=lambda s: (s.bucket.sort_key(), s.snapshot_id))
     return {"table": table, "snapshots": [
         {"bucket": s.bucket.bucket, "snapshot_id": s.snapshot_id, "log_offset": s.log_offset,

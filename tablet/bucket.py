@@ -33,8 +33,9 @@ import pyarrow.compute as pc
 from common import config as cfg
 from common.errors import InvalidRequestError
 from common.tables import TableInfo
-from tablet.changelog import SCHEMA, ChangeType, Changelog, LogEntry, SegmentInfo
-from tablet.codec import RowCodec
+from common.logentry import SCHEMA, ChangeType, LogEntry
+from tablet.changelog import Changelog, SegmentInfo
+from common.codec import RowCodec
 from tablet.kvstore import APPLIED_KEY, META_CF, BucketStoreError, KvSnapshot, KvStore, checkpoint_log_offset
 
 __all__ = ["APPLIED_KEY", "META_CF", "BucketStore", "BucketStoreError", "KvSnapshot", "checkpoint_log_offset"]

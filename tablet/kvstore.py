@@ -1,7 +1,7 @@
 """The RocksDB half of a bucket: current rows, the applied changelog offset, snapshots.
 
 A bucket's RocksDB (rocksdict, raw mode) holds each live row as ``key ->
-value`` (the bytes of :mod:`tablet.codec`) in its ``default`` column family,
+value`` (the bytes of :mod:`common.codec`) in its ``default`` column family,
 and in the ``kvlease-meta`` column family :data:`APPLIED_KEY` -> the offset of
 the first changelog record it does not contain (u64 big-endian). Every
 :meth:`KvStore.write` sets both in one WriteBatch. A checkpoint's ``default``
@@ -26,7 +26,7 @@ import pyarrow as pa
 from rocksdict import AccessType, BlockBasedOptions, Checkpoint, Options, Rdict, WriteBatch, WriteOptions
 
 from common.errors import KvLeaseError
-from tablet.changelog import ChangeType
+from common.logentry import ChangeType
 
 META_CF = "kvlease-meta"
 APPLIED_KEY = b"applied_offset"

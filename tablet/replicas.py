@@ -21,7 +21,7 @@ from common import config as cfg
 from common import errors
 from common.storage import RemoteStorage
 from common.tables import TableInfo
-from leases.model import SnapshotHandle, TableBucket
+from common.model import SnapshotHandle, TableBucket
 from tablet.bucket import BucketStore
 from tablet.snapshot import SnapshotUploader, upload_and_commit
 
@@ -53,7 +53,7 @@ class ReplicaManager:
         self.data_dir = data_dir
         self.config = config
         self.storage = storage
-        self.admin = admin  # coordinator.admin.AdminClient: snapshot commits and listings
+        self.admin = admin  # client.admin.AdminClient: snapshot commits and listings
         self.clock_ms = clock_ms
         self.coordinator_epoch = 0
         self._replicas: dict[tuple[int, int], Replica] = {}

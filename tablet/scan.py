@@ -24,7 +24,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from common import errors
-from leases.model import TableBucket
+from common.model import TableBucket
 
 #: The call number of the batch answered with the open.
 OPEN_CALL = -1

@@ -15,7 +15,7 @@ from itertools import accumulate, islice, repeat
 import pyarrow as pa
 from rocksdict import RdictIter
 
-from tablet.codec import batch_to_ipc
+from common.codec import batch_to_ipc
 
 #: The schema of a response's ``records``: the rows' encoded values (docs/row-encoding.md).
 VALUE_SCHEMA = pa.schema([("value", pa.binary())])

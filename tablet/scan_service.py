@@ -42,7 +42,7 @@ from common import errors
 from common.proto import tablet_pb2 as pb
 from common.metrics import MetricsRegistry
 from common.wire import error_pb
-from leases.model import TableBucket
+from common.model import TableBucket
 from tablet import scan, scan_batch
 from tablet.bucket import BucketStoreError, KvSnapshot
 from tablet.replicas import ReplicaManager

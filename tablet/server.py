@@ -23,7 +23,7 @@ from common import errors, zkpaths
 from common.proto import tablet_pb2_grpc as pb_grpc
 from common.storage import RemoteStorage, open_storage
 from common.zk import dumps, loads, make_client
-from coordinator.admin import AdminClient
+from client.admin import AdminClient
 from tablet.replicas import ReplicaManager
 from tablet.scan_service import ScanService
 from tablet.service import TabletService

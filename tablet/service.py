@@ -9,10 +9,8 @@ import pyarrow as pa
 from common import errors
 from common.proto import tablet_pb2 as pb
 from common.proto import tablet_pb2_grpc as pb_grpc
-from common.wire import error_pb
-from common.tables import TableInfo
-from coordinator.admin import handle_to_pb
-from tablet.codec import batch_to_ipc, ipc_to_batch
+from common.wire import error_pb, handle_to_pb, table_from_pb
+from common.codec import batch_to_ipc, ipc_to_batch
 from tablet.replicas import ReplicaManager
 from tablet.scan_service import ScanService
 
@@ -46,7 +44,7 @@ class TabletService(pb_grpc.TabletServiceServicer):
 
     def UpdateLeadership(self, request, context):
         def work():
-            led = [(TableInfo.from_pb(b.table), b.bucket, b.leader_epoch) for b in request.buckets]
+            led = [(table_from_pb(b.table), b.bucket, b.leader_epoch) for b in request.buckets]
             self.replicas.update_leadership(request.coordinator_epoch, led, list(request.dropped_tables))
             return {}
         return _answer(pb.UpdateLeadershipResponse, work)

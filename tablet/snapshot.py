@@ -24,7 +24,7 @@ from typing import Callable, Iterable
 
 from common import errors
 from common.storage import RemoteStorage, S3Storage, StorageExists, StorageNotFound
-from leases.model import SnapshotFile, SnapshotHandle, TableBucket
+from common.model import SnapshotFile, SnapshotHandle, TableBucket
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
 from common.tables import Column, TableInfo
 from tablet.bucket import BucketStore
-from tablet.codec import RowCodec
+from common.codec import RowCodec
 
 TABLE = TableInfo(7, "crash", "rows", (Column("id", "BIGINT"), Column("v", "STRING")), ("id",), 1)
 KEY_SPACE = 3000

@@ -21,7 +21,8 @@ import time
 
 import numpy as np
 
-from tablet.changelog import Changelog, record_batch
+from common.logentry import record_batch
+from tablet.changelog import Changelog
 
 
 def expected_records(base: int, count: int) -> tuple[list[int], list[bytes], list[bytes | None]]:

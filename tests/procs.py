@@ -25,8 +25,8 @@ import pytest
 
 from common import config as cfg
 from common import errors, zkpaths
-from coordinator.admin import AdminClient, CoordinatorInfo
-from leases.model import Lease, TableBucket
+from client.admin import AdminClient, CoordinatorInfo
+from common.model import Lease, TableBucket
 from leases.store import LeaseStore
 from ops.cluster import free_ports, log_tail
 from ops.zookeeper import dying_with_parent

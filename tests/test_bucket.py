@@ -23,7 +23,8 @@ from common.errors import InvalidRequestError, InvalidRowError
 from common.tables import Column, TableInfo
 from ops.zookeeper import dying_with_parent
 from tablet.bucket import APPLIED_KEY, META_CF, BucketStore, BucketStoreError, checkpoint_log_offset
-from tablet.changelog import ChangeType, Changelog, ChangelogError, decode_entry
+from common.logentry import ChangeType, ChangelogError, decode_entry
+from tablet.changelog import Changelog
 from tests import bucket_writer
 
 pytestmark = pytest.mark.unit

@@ -21,8 +21,9 @@ import pytest
 from common.config import Config
 from common.errors import InvalidRequestError
 from ops.zookeeper import dying_with_parent
-from tablet.changelog import (HEADER_SIZE, SCHEMA, ChangeType, Changelog, ChangelogError, CorruptLogError,
-                              LogOffsetOutOfRangeError, decode_entry, record_batch)
+from common.logentry import (HEADER_SIZE, SCHEMA, ChangeType, ChangelogError, CorruptLogError, decode_entry,
+                             record_batch)
+from tablet.changelog import Changelog, LogOffsetOutOfRangeError
 from tests.changelog_writer import expected_records
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.admin import AdminClient
-from leases.model import SnapshotHandle, TableBucket
+from client.admin import AdminClient
+from common.model import SnapshotHandle, TableBucket
 from ops import cluster as local_cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]

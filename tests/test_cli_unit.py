@@ -1,7 +1,7 @@
 """The kvlease CLI without a cluster: usage errors, error messages, JSON documents.
 
 Commands that need a coordinator run against a fake AdminClient (same method
-names and return types as coordinator.admin.AdminClient).
+names and return types as client.admin.AdminClient).
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
-import coordinator.admin as admin
+import client.admin as admin
 from common import errors
 from common.tables import Column, TableInfo
-from leases.model import Lease, SnapshotHandle, TableBucket
+from common.model import Lease, SnapshotHandle, TableBucket
 from ops import cli
 from ops import output as out
 from ops.cli import State, kvlease
-from tablet.codec import RowCodec
+from common.codec import RowCodec
 
 pytestmark = pytest.mark.unit
 

@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from common.errors import InvalidRowError
 from common.tables import TYPES, Column, TableInfo
-from tablet import codec
-from tablet.codec import RowCodec, arrow_schema, batch_to_ipc, bucket_of, bucket_of_keys, ipc_to_batch, key_schema
+from common import codec
+from common.codec import RowCodec, arrow_schema, batch_to_ipc, bucket_of, bucket_of_keys, ipc_to_batch, key_schema
 
 pytestmark = pytest.mark.unit
 

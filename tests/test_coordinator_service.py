@@ -12,9 +12,9 @@ from common import errors
 from common.proto import coordinator_pb2 as pb
 from common.proto import coordinator_pb2_grpc as pb_grpc
 from common.tables import Column
-from coordinator.admin import AdminClient
+from client.admin import AdminClient
 from coordinator.server import CoordinatorServer
-from leases.model import SnapshotHandle, TableBucket
+from common.model import SnapshotHandle, TableBucket
 
 pytestmark = pytest.mark.zk
 

@@ -26,8 +26,8 @@ from common import errors, zkpaths
 from common.storage import open_storage
 from common.tables import Column
 from common.zk import loads, make_client
-from coordinator.admin import AdminClient
-from leases.model import SnapshotHandle, TableBucket
+from client.admin import AdminClient
+from common.model import SnapshotHandle, TableBucket
 from leases.store import LEASE_FILES, LeaseStore
 from ops.zookeeper import four_letter
 from tests.procs import (  # noqa: F401 - coordinator_procs is a fixture

@@ -22,10 +22,10 @@ from common import errors, zkpaths
 from common.storage import open_storage
 from common.tables import Column
 from common.zk import make_client
-from coordinator.admin import AdminClient
+from client.admin import AdminClient
 from coordinator.fencing import bump_epoch
 from coordinator.server import CoordinatorServer
-from leases.model import SnapshotHandle, TableBucket
+from common.model import SnapshotHandle, TableBucket
 from leases.store import LEASE_FILES
 from tests.procs import (  # noqa: F401 - coordinator_procs is a fixture
     assert_served_as_persisted, coordinator_procs, lease_view, wait_until, zk_tree)

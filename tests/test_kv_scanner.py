@@ -27,8 +27,8 @@ from common.proto import tablet_pb2 as pb
 from common.tables import Column, TableInfo
 from ops import cli
 from ops import output as out
-from tablet.codec import RowCodec, batch_to_ipc
-from tablet.scanner import KvBatchScanner, KvStreamScanner, ScanResult
+from common.codec import RowCodec, batch_to_ipc
+from client.scanner import KvBatchScanner, KvStreamScanner, ScanResult
 
 TABLE = TableInfo(7, "db", "t", (Column("id", "BIGINT"), Column("v", "STRING")), ("id",), 1)
 CODEC = RowCodec(TABLE)
@@ -643,7 +643,7 @@ def cluster(make_config, tmp_path):  # tmp_path first: the servers stop before i
 
 
 def table_client(c, name: str, buckets: int, retry_total_s: float = 20):
-    from tablet.client import TableClient
+    from client.table import TableClient
 
     c.create_table(name, SCHEMA, ["id"], buckets)  # waits until every bucket has a live leader
     return TableClient(c.admin, name, retry_total_s=retry_total_s)
@@ -702,7 +702,7 @@ def test_limit_over_the_table_and_per_bucket(cluster):
 
 
 def test_log_offsets_plus_changelog_reach_the_current_state_under_concurrent_writes(cluster):
-    from tablet.client import TableClient
+    from client.table import TableClient
 
     c = cluster()
     with table_client(c, "db.live", 3) as client, TableClient(c.admin, "db.live") as writer:

@@ -19,7 +19,7 @@ from coordinator import requests as rq
 from coordinator.controller import Controller
 from coordinator.fencing import FencedWriter, bump_epoch
 from leases.mirror import LeaseMirror
-from leases.model import TableBucket
+from common.model import TableBucket
 from leases.store import LEASE_FILES, encode_table_file
 from tests.procs import persisted_leases, wait_until
 from tests.test_lease_persistence import (  # noqa: F401 - storage_config is a fixture (file and s3)

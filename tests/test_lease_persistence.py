@@ -18,7 +18,7 @@ from common.zk import loads, make_client
 from coordinator import requests as rq
 from coordinator.controller import Controller
 from coordinator.fencing import FencedWriter, bump_epoch
-from leases.model import SnapshotFile, SnapshotHandle, TableBucket
+from common.model import SnapshotFile, SnapshotHandle, TableBucket
 from leases.store import LEASE_FILES
 
 pytestmark = pytest.mark.zk

@@ -13,7 +13,7 @@ import pytest
 
 from common import errors
 from coordinator.snapshots import SnapshotStore
-from leases.model import Lease, SnapshotFile, SnapshotHandle, TableBucket
+from common.model import Lease, SnapshotFile, SnapshotHandle, TableBucket
 from leases.refcount import RefcountIndex
 from leases.state import (
     Acquire, AcquireOutcome, Deferred, Drop, Expire, LeasesExpired, LeaseState, PersistLease, Release,

@@ -18,7 +18,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from common import errors
 from coordinator.snapshots import SnapshotStore
-from leases.model import Lease, SnapshotFile, SnapshotHandle, TableBucket
+from common.model import Lease, SnapshotFile, SnapshotHandle, TableBucket
 from leases.state import (
     Acquire, AcquireOutcome, Deferred, Drop, Expire, LeasesExpired, LeaseState, PersistLease, Release,
     RemoveTable, Renew, Reply, Restore, SnapshotsFreed, WriteDone, WriteFailed,

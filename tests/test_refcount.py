@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from leases.model import Lease, TableBucket
+from common.model import Lease, TableBucket
 from leases.refcount import RefcountIndex
 
 pytestmark = pytest.mark.unit

@@ -19,9 +19,9 @@ from prometheus_client import generate_latest
 from common.errors import ErrorCode
 from common.proto import tablet_pb2 as pb
 from common.proto import tablet_pb2_grpc as pbg
-from leases.model import TableBucket
+from common.model import TableBucket
 from tablet import scan_batch
-from tablet.codec import RowCodec, ipc_to_batch
+from common.codec import RowCodec, ipc_to_batch
 from tests.test_tablet_server import SCHEMA, Cluster, fetch_all, lookup, put, wait_until
 from tests.test_tablet_server import cluster  # noqa: F401  (the fixture)
 

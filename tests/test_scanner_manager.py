@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from common import errors
-from leases.model import TableBucket
+from common.model import TableBucket
 from tablet import scan
 from tablet.scan import (OPEN_CALL, Close, CloseAll, CloseBucket, Continue, Failed, Open, Refuse, Release, Replay,
                          ScannerManager, Serve, Served, Tick)

@@ -6,7 +6,7 @@ import pytest
 
 from common import errors
 from coordinator.snapshots import SnapshotStore
-from leases.model import SnapshotFile, SnapshotHandle, TableBucket
+from common.model import SnapshotFile, SnapshotHandle, TableBucket
 
 pytestmark = pytest.mark.unit
 

@@ -25,7 +25,7 @@ from common.zk import make_client
 from coordinator import requests as rq
 from coordinator.controller import Controller
 from coordinator.fencing import FencedWriter, bump_epoch
-from leases.model import TableBucket
+from common.model import TableBucket
 from tablet import snapshot as sn
 from tablet.snapshot import SnapshotUploader, download, open_read_only, read_manifest, upload_and_commit
 

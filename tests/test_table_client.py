@@ -22,9 +22,9 @@ from common.proto import coordinator_pb2 as cpb
 from common.proto import tablet_pb2 as pb
 from common.proto import tablet_pb2_grpc as pb_grpc
 from common.tables import Column, TableInfo
-from coordinator.admin import BucketLeader
-from tablet.client import CommittedSnapshot, TableClient
-from tablet.codec import RowCodec, batch_to_ipc, bucket_of, ipc_to_batch
+from client.admin import BucketLeader
+from client.table import CommittedSnapshot, TableClient
+from common.codec import RowCodec, batch_to_ipc, bucket_of, ipc_to_batch
 
 TABLE = TableInfo(7, "db", "t", (Column("id", "BIGINT"), Column("v", "STRING")), ("id",), 4)
 COMPOSITE = TableInfo(8, "db", "c", (Column("a", "INT"), Column("b", "STRING"), Column("x", "DOUBLE")), ("a", "b"), 3)
@@ -188,7 +188,7 @@ def test_upsert_lookup_delete_on_fakes(two_tablets):
 
 @pytest.mark.unit
 def test_composite_keys_and_big_batches_are_chunked(monkeypatch):
-    import tablet.client as tc
+    import client.table as tc
 
     tablet = FakeTablet("a:1", COMPOSITE, {0, 1, 2})
     client, _, _ = fake_client(COMPOSITE, [tablet], {0: "a:1", 1: "a:1", 2: "a:1"})
@@ -324,7 +324,7 @@ class LocalCluster:
     """One coordinator and tablet servers (ids 1..N) in this process; tablets can stop and restart."""
 
     def __init__(self, make_config, base_dir, tablets: int) -> None:
-        from coordinator.admin import AdminClient
+        from client.admin import AdminClient
         from coordinator.server import CoordinatorServer
 
         self.make_config = make_config

@@ -17,13 +17,13 @@ from common.proto import tablet_pb2 as pb
 from common.proto import tablet_pb2_grpc as pbg
 from common.storage import open_storage
 from common.tables import Column
-from coordinator.admin import AdminClient
+from client.admin import AdminClient
 from coordinator.server import CoordinatorServer
-from leases.model import TableBucket
+from common.model import TableBucket
 from ops.cluster import free_ports
 from ops.zookeeper import dying_with_parent
-from tablet.changelog import decode_entry
-from tablet.codec import RowCodec, batch_to_ipc, ipc_to_batch
+from common.logentry import decode_entry
+from common.codec import RowCodec, batch_to_ipc, ipc_to_batch
 from tablet.server import TabletServer
 from tests.procs import wait_until
 

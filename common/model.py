@@ -28,16 +28,6 @@ class TableBucket:
         return cls(int(data["table_id"]), int(data["bucket"]),
                    None if data.get("partition_id") is None else int(data["partition_id"]))
 
-    def to_pb(self, pb_class):
-        pb = pb_class(table_id=self.table_id, bucket=self.bucket)
-        if self.partition_id is not None:
-            pb.partition_id = self.partition_id
-        return pb
-
-    @classmethod
-    def from_pb(cls, pb) -> "TableBucket":
-        return cls(pb.table_id, pb.bucket, pb.partition_id if pb.HasField("partition_id") else None)
-
     def __str__(self) -> str:
         part = "" if self.partition_id is None else f"p{self.partition_id}/"
         return f"{self.table_id}/{part}{self.bucket}"

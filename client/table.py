@@ -43,8 +43,8 @@ from common.proto import tablet_pb2 as pb
 from common.proto import tablet_pb2_grpc as pb_grpc
 from common.tables import TableInfo
 from common.wire import error_from_pb
-from tablet.changelog import ChangeType, decode_entry
-from tablet.codec import RowCodec, batch_to_ipc, bucket_of_keys, ipc_to_batch
+from common.logentry import ChangeType, decode_entry
+from common.codec import RowCodec, batch_to_ipc, bucket_of_keys, ipc_to_batch
 
 MAX_MESSAGE_BYTES = 64 << 20
 #: A bucket's part of a write or lookup bigger than this (Arrow bytes) is sent as several requests.
@@ -77,7 +77,7 @@ class CommittedSnapshot(NamedTuple):
 class _Routing:
     generation: int
     table: TableInfo
-    leaders: dict  # bucket -> coordinator.admin.BucketLeader
+    leaders: dict  # bucket -> client.admin.BucketLeader
 
 
 class TableClient:
@@ -87,7 +87,7 @@ class TableClient:
                  retry_total_s: float | None = None, request_timeout_s: float | None = None,
                  snapshot_timeout_s: float = 600.0, parallelism: int = 8,
                  sleep: Callable[[float], None] | None = None) -> None:
-        """``admin`` is a :class:`coordinator.admin.AdminClient`; ``table`` a ``DB.NAME`` or a table id."""
+        """``admin`` is a :class:`client.admin.AdminClient`; ``table`` a ``DB.NAME`` or a table id."""
         config = config or cfg.Config(env={})
         self.admin = admin
         self._retry_total_s = DEFAULT_RETRY_TOTAL_S if retry_total_s is None else retry_total_s
@@ -490,11 +490,11 @@ class TableClient:
     # -- live scans (tablet/scanner.py) ------------------------------------------------------------
 
     def scanner(self, bucket: int, *, streaming: bool = False, **options):
-        """A scanner of one bucket: :class:`tablet.scanner.KvBatchScanner` (ScanKv sessions, one request
-        in flight) or, with ``streaming``, :class:`tablet.scanner.KvStreamScanner` (ScanKvStream).
+        """A scanner of one bucket: :class:`client.scanner.KvBatchScanner` (ScanKv sessions, one request
+        in flight) or, with ``streaming``, :class:`client.scanner.KvStreamScanner` (ScanKvStream).
         ``options``: ``limit``, ``batch_size_bytes``, ``start_after_key``, ``resume``, ``decode``.
         Nothing is sent before the first poll; use it with ``with`` or read it to the end."""
-        from tablet.scanner import KvBatchScanner, KvStreamScanner
+        from client.scanner import KvBatchScanner, KvStreamScanner
 
         if not 0 <= bucket < self.table.buckets:
             raise errors.BucketOutOfRangeError(f"table {self.table.path} has buckets 0..{self.table.buckets - 1}, "
@@ -503,10 +503,10 @@ class TableClient:
 
     def scan(self, limit: int | None = None, buckets: Iterable[int] | None = None, streaming: bool = False,
              **options):
-        """Every live row of the table (or of ``buckets``): a :class:`tablet.scanner.ScanResult` with
+        """Every live row of the table (or of ``buckets``): a :class:`client.scanner.ScanResult` with
         ``batches`` and ``log_offsets`` ``{bucket: first changelog offset not in the scan}``. See
-        :func:`tablet.scanner.scan_table` (parallel buckets; ``limit`` over the whole table)."""
-        from tablet.scanner import scan_table
+        :func:`client.scanner.scan_table` (parallel buckets; ``limit`` over the whole table)."""
+        from client.scanner import scan_table
 
         return scan_table(self, limit=limit, buckets=None if buckets is None else list(buckets),
                           streaming=streaming, **options)

@@ -19,9 +19,10 @@ from common import config as cfg
 from common import errors
 from common.proto import coordinator_pb2 as pb
 from common.proto import coordinator_pb2_grpc as pb_grpc
-from common.wire import raise_for
+from common.wire import (bucket_snapshots_from_pb, bucket_snapshots_to_pb, bucket_to_pb, handle_from_pb, handle_to_pb,
+                         lease_from_pb, raise_for, table_from_pb)
 from common.tables import Column, TableInfo, parse_table_path
-from leases.model import Lease, SnapshotFile, SnapshotHandle, TableBucket
+from common.model import Lease, SnapshotHandle, TableBucket
 
 
 @dataclass(frozen=True)
@@ -72,29 +73,6 @@ class AcquireResult:
     expiration_time: int
     acquired: dict[TableBucket, int]
     unavailable: dict[TableBucket, int]
-
-
-def handle_to_pb(handle: SnapshotHandle, leased_by: Iterable[str] = (), retained: bool = True) -> pb.KvSnapshotPb:
-    return pb.KvSnapshotPb(
-        bucket=handle.bucket.to_pb(pb.TableBucketPb), snapshot_id=handle.snapshot_id,
-        log_offset=handle.log_offset, metadata_path=handle.metadata_path,
-        files=[pb.SnapshotFilePb(path=f.path, size=f.size) for f in handle.files],
-        commit_time_ms=handle.commit_time_ms, leased_by=sorted(leased_by), retained=retained)
-
-
-def handle_from_pb(msg: pb.KvSnapshotPb) -> SnapshotHandle:
-    return SnapshotHandle(TableBucket.from_pb(msg.bucket), msg.snapshot_id, msg.log_offset, msg.metadata_path,
-                          tuple(SnapshotFile(f.path, f.size) for f in msg.files), msg.commit_time_ms)
-
-
-def lease_from_pb(msg: pb.KvSnapshotLeasePb) -> Lease:
-    return Lease(msg.lease_id, msg.expiration_time_ms,
-                 {TableBucket.from_pb(b.bucket): b.snapshot_id for b in msg.buckets})
-
-
-def bucket_snapshots_to_pb(snapshots: Mapping[TableBucket, int]) -> list[pb.BucketSnapshotPb]:
-    return [pb.BucketSnapshotPb(bucket=tb.to_pb(pb.TableBucketPb), snapshot_id=sid)
-            for tb, sid in sorted(snapshots.items(), key=lambda item: item[0].sort_key())]
 
 
 def parse_bootstrap(bootstrap: str | Sequence[str]) -> list[str]:
@@ -209,7 +187,7 @@ class AdminClient:
         response = self._call("CreateTable", pb.CreateTableRequest(
             database=db, name=name, columns=[pb.ColumnPb(name=c.name, type=c.type) for c in columns],
             primary_key=list(primary_key), buckets=buckets, ignore_if_exists=ignore_if_exists))
-        return TableInfo.from_pb(response.table)
+        return table_from_pb(response.table)
 
     def drop_table(self, path: str, ignore_if_not_exists: bool = False) -> None:
         db, name = parse_table_path(path)
@@ -217,21 +195,21 @@ class AdminClient:
 
     def list_tables(self, database: str = "") -> list[TableInfo]:
         response = self._call("ListTables", pb.ListTablesRequest(database=database))
-        return [TableInfo.from_pb(t) for t in response.tables]
+        return [table_from_pb(t) for t in response.tables]
 
     def get_table(self, path: str) -> TableInfo:
         db, name = parse_table_path(path)
-        return TableInfo.from_pb(self._call("GetTable", pb.GetTableRequest(database=db, name=name)).table)
+        return table_from_pb(self._call("GetTable", pb.GetTableRequest(database=db, name=name)).table)
 
     def get_table_by_id(self, table_id: int) -> TableInfo:
-        return TableInfo.from_pb(self._call("GetTable", pb.GetTableRequest(table_id=table_id)).table)
+        return table_from_pb(self._call("GetTable", pb.GetTableRequest(table_id=table_id)).table)
 
     def get_table_assignment(self, table_id: int) -> tuple[TableInfo, dict[int, BucketLeader]]:
         """The table and each bucket's leader (address empty while its server is gone)."""
         response = self._call("GetTableAssignment", pb.GetTableAssignmentRequest(table_id=table_id))
         leaders = {b.bucket: BucketLeader(b.bucket, b.leader_id, b.leader_address, b.leader_epoch)
                    for b in response.buckets}
-        return TableInfo.from_pb(response.table), leaders
+        return table_from_pb(response.table), leaders
 
     def list_tablet_servers(self) -> list[TabletServerInfo]:
         response = self._call("ListTabletServers", pb.ListTabletServersRequest())
@@ -259,8 +237,8 @@ class AdminClient:
             lease_id=lease_id, snapshots=bucket_snapshots_to_pb(snapshots), duration_ms=duration_ms))
         return AcquireResult(
             lease_id, response.expiration_time_ms,
-            {TableBucket.from_pb(b.bucket): b.snapshot_id for b in response.acquired},
-            {TableBucket.from_pb(b.bucket): b.snapshot_id for b in response.unavailable})
+            bucket_snapshots_from_pb(response.acquired),
+            bucket_snapshots_from_pb(response.unavailable))
 
     def renew_lease(self, lease_id: str, duration_ms: int) -> int:
         """Move the lease's deadline to now + duration; returns it. LeaseNotFoundError if unknown."""
@@ -271,7 +249,7 @@ class AdminClient:
     def release_lease(self, lease_id: str, buckets: Iterable[TableBucket]) -> bool:
         """Free these buckets; returns whether the lease still holds any."""
         response = self._call("ReleaseKvSnapshotLease", pb.ReleaseKvSnapshotLeaseRequest(
-            lease_id=lease_id, buckets=[tb.to_pb(pb.TableBucketPb) for tb in buckets]))
+            lease_id=lease_id, buckets=[bucket_to_pb(tb) for tb in buckets]))
         return response.lease_remains
 
     def drop_lease(self, lease_id: str) -> bool:

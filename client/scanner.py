@@ -21,7 +21,7 @@ Contract of a scanner:
   batch) on the server's side. The stream variant relies on gRPC's flow
   control for the same overlap.
 - **Opening** is routed to the bucket's leader and retried like any
-  idempotent read of :class:`tablet.client.TableClient` (routing refreshed on
+  idempotent read of :class:`client.table.TableClient` (routing refreshed on
   ``NOT_LEADER`` / ``LEADER_NOT_AVAILABLE`` / an unreachable server;
   ``TOO_MANY_SCANNERS`` retried with backoff).
 - **Transport failure of a continuation** (gRPC UNAVAILABLE or
@@ -72,7 +72,7 @@ from common import errors
 from common.proto import tablet_pb2 as pb
 from common.tables import TableInfo
 from common.wire import error_from_pb
-from tablet.codec import RowCodec, ipc_to_batch
+from common.codec import RowCodec, ipc_to_batch
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ _DEFAULT_BATCH_BYTES = cfg.CLIENT_SCANNER_FETCH_MAX_BYTES.parse(cfg.CLIENT_SCANN
 
 
 class _ClientRoute:
-    """The leader of one bucket, as a :class:`tablet.client.TableClient` knows it (refreshed on demand)."""
+    """The leader of one bucket, as a :class:`client.table.TableClient` knows it (refreshed on demand)."""
 
     def __init__(self, client, bucket: int) -> None:
         self.client = client
@@ -126,7 +126,7 @@ class FixedRoute:
 
 
 def _rpc_error(exc: grpc.RpcError, method: str, address: str, timeout_s: float | None) -> errors.KvLeaseError:
-    from tablet.client import rpc_error
+    from client.table import rpc_error
 
     return rpc_error(exc, method, address, timeout_s or 0.0, idempotent=True)
 
