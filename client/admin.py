@@ -2,8 +2,8 @@
 
 It finds the active coordinator from a bootstrap list, follows
 ``NOT_COORDINATOR`` answers to the address they name, and retries retriable
-errors with bounded exponential backoff and jitter (tenacity). Every failure
-is raised as a :mod:`common.errors` exception.
+errors with :class:`client.transport.RetryPolicy` (bounded exponential backoff
+with jitter). Every failure is raised as a :mod:`common.errors` exception.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from common import config as cfg
 from common import errors
 from common.proto import coordinator_pb2 as pb
 from common.proto import coordinator_pb2_grpc as pb_grpc
+from client.transport import Channels, RetryPolicy, rpc_error
 from common.wire import (bucket_snapshots_from_pb, bucket_snapshots_to_pb, bucket_to_pb, handle_from_pb, handle_to_pb,
                          lease_from_pb, raise_for, table_from_pb)
 from common.tables import Column, TableInfo, parse_table_path
@@ -97,18 +98,15 @@ class AdminClient:
         self._address = self._bootstrap[0]
         self._next_bootstrap = 1
         self._timeout_s = request_timeout_s or config[cfg.CLIENT_REQUEST_TIMEOUT] / 1000.0
-        self._retry_total_s = retry_total_s if retry_total_s is not None else config[cfg.CLIENT_RETRY_TOTAL] / 1000.0
-        self._retry_max_wait_s = config[cfg.CLIENT_RETRY_MAX_WAIT] / 1000.0
-        self._channels: dict[str, grpc.Channel] = {}
+        self.retry = RetryPolicy(retry_total_s if retry_total_s is not None else config[cfg.CLIENT_RETRY_TOTAL] / 1000.0,
+                                 config[cfg.CLIENT_RETRY_MAX_WAIT] / 1000.0)
+        self._channels = Channels()
         self._lock = threading.Lock()
 
     # -- plumbing ---------------------------------------------------------------
 
     def close(self) -> None:
-        with self._lock:
-            for channel in self._channels.values():
-                channel.close()
-            self._channels.clear()
+        self._channels.close()
 
     def __enter__(self) -> "AdminClient":
         return self
@@ -117,12 +115,7 @@ class AdminClient:
         self.close()
 
     def _stub(self, address: str) -> pb_grpc.CoordinatorServiceStub:
-        with self._lock:
-            channel = self._channels.get(address)
-            if channel is None:
-                channel = grpc.insecure_channel(address, options=[("grpc.enable_retries", 0)])
-                self._channels[address] = channel
-            return pb_grpc.CoordinatorServiceStub(channel)
+        return self._channels.stub(address, pb_grpc.CoordinatorServiceStub)
 
     def _move_to(self, error: errors.KvLeaseError, tried: str) -> None:
         with self._lock:
@@ -140,11 +133,10 @@ class AdminClient:
         try:
             response = getattr(self._stub(address), method)(request, timeout=self._timeout_s)
         except grpc.RpcError as exc:
-            code = exc.code() if hasattr(exc, "code") else None
-            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-                raise errors.OutcomeUnknownError(f"{method} to {address} timed out after {self._timeout_s:.0f}s") from None
-            err = errors.NetworkError(f"cannot reach coordinator {address}: {code.name if code else exc}")
-            self._move_to(err, address)
+            # a request that timed out may have been applied: not retried (the caller decides)
+            err = rpc_error(exc, method, address, timeout_s=self._timeout_s, idempotent=False, peer="coordinator")
+            if isinstance(err, errors.NetworkError):
+                self._move_to(err, address)
             raise err from None
         try:
             raise_for(response.error)
@@ -154,13 +146,7 @@ class AdminClient:
         return response
 
     def _call(self, method: str, request):
-        retrying = tenacity.Retrying(
-            retry=tenacity.retry_if_exception_type(errors.RETRIABLE),
-            wait=tenacity.wait_random_exponential(multiplier=0.05, max=self._retry_max_wait_s),
-            stop=tenacity.stop_after_delay(self._retry_total_s),
-            reraise=True,
-        )
-        return retrying(self._call_once, method, request)
+        return self.retry.call(self._call_once, method, request)
 
     # -- coordinators ---------------------------------------------------------
 
@@ -170,9 +156,15 @@ class AdminClient:
         try:
             response = self._stub(target).CoordinatorInfo(pb.CoordinatorInfoRequest(), timeout=self._timeout_s)
         except grpc.RpcError as exc:
-            raise errors.NetworkError(f"cannot reach coordinator {target}: {exc.code().name}") from None
+            raise rpc_error(exc, "CoordinatorInfo", target, timeout_s=self._timeout_s, idempotent=True,
+                            peer="coordinator") from None
         raise_for(response.error)
         return CoordinatorInfo(response.address, response.active, response.active_address, response.epoch)
+
+    @property
+    def bootstrap(self) -> list[str]:
+        """The coordinator addresses this client was given."""
+        return list(self._bootstrap)
 
     @property
     def address(self) -> str:
@@ -267,13 +259,8 @@ class AdminClient:
 
 def wait_for_active(client: AdminClient, timeout_s: float, sleep: Callable[[float], None] | None = None) -> CoordinatorInfo:
     """Block until some coordinator of the bootstrap list is active and serving."""
-    retrying = tenacity.Retrying(
-        retry=tenacity.retry_if_exception_type(errors.KvLeaseError),
-        wait=tenacity.wait_fixed(0.1), stop=tenacity.stop_after_delay(timeout_s), reraise=True,
-        sleep=sleep or tenacity.nap.sleep)
-
     def probe() -> CoordinatorInfo:
-        for address in client._bootstrap:
+        for address in client.bootstrap:
             try:
                 info = client.coordinator_info(address)
             except errors.KvLeaseError:
@@ -282,4 +269,5 @@ def wait_for_active(client: AdminClient, timeout_s: float, sleep: Callable[[floa
                 return info
         raise errors.CoordinatorNotReadyError("no active coordinator yet")
 
-    return retrying(probe)
+    policy = RetryPolicy(timeout_s, max_wait_s=0.1, sleep=sleep or tenacity.nap.sleep)
+    return policy.call(probe, retry_on=(errors.KvLeaseError,))

@@ -52,20 +52,18 @@ Contract of a scanner:
   whose answer was lost in transport: it never learned the scanner id, and
   the server's reaper frees that session after ``kv.scanner.ttl``.
 
-A scanner is for one consumer thread. :func:`scan_table` reads every bucket
-of a table and returns a :class:`ScanResult`.
+A scanner is for one consumer thread. :class:`client.stream_scanner.KvStreamScanner`
+is the streaming variant; :func:`client.table_scan.scan_table` reads every
+bucket of a table and returns a :class:`~client.table_scan.ScanResult`.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator
 
 import grpc
 import pyarrow as pa
-import tenacity
 
 from common import config as cfg
 from common import errors
@@ -73,6 +71,7 @@ from common.proto import tablet_pb2 as pb
 from common.tables import TableInfo
 from common.wire import error_from_pb
 from common.codec import RowCodec, ipc_to_batch
+from client.transport import RetryPolicy, rpc_error
 
 log = logging.getLogger(__name__)
 
@@ -88,47 +87,8 @@ DEFAULT_MAX_RESUMES = 8
 _DEFAULT_BATCH_BYTES = cfg.CLIENT_SCANNER_FETCH_MAX_BYTES.parse(cfg.CLIENT_SCANNER_FETCH_MAX_BYTES.default)
 
 
-# -- where the calls go --------------------------------------------------------------------------
-
-
-class _ClientRoute:
-    """The leader of one bucket, as a :class:`client.table.TableClient` knows it (refreshed on demand)."""
-
-    def __init__(self, client, bucket: int) -> None:
-        self.client = client
-        self.bucket = bucket
-        self._routing = None
-
-    def leader(self) -> tuple[str, Any]:
-        """``(address, stub)`` of the bucket's leader; raises LeaderNotAvailableError when it has none."""
-        self._routing = self.client._routing()
-        address = self.client._leader(self._routing, self.bucket)
-        return address, self.client._stub(address)
-
-    def stale(self) -> None:
-        """The leader answered NOT_LEADER or could not be reached: fetch the assignment again next time."""
-        if self._routing is not None:
-            self.client._invalidate(self._routing)
-
-
-class FixedRoute:
-    """One stub for every call (tests, tools that already know the leader)."""
-
-    def __init__(self, stub, address: str = "stub") -> None:
-        self.stub = stub
-        self.address = address
-
-    def leader(self) -> tuple[str, Any]:
-        return self.address, self.stub
-
-    def stale(self) -> None:
-        pass
-
-
 def _rpc_error(exc: grpc.RpcError, method: str, address: str, timeout_s: float | None) -> errors.KvLeaseError:
-    from client.table import rpc_error
-
-    return rpc_error(exc, method, address, timeout_s or 0.0, idempotent=True)
+    return rpc_error(exc, method, address, timeout_s=timeout_s, idempotent=True)
 
 
 def _response_error(response) -> errors.KvLeaseError | None:
@@ -149,36 +109,35 @@ class _CallInProgress(Exception):
 class _Scanner:
     """What both scanners share: lazy open, decoding, limit, resume, close; see the module docstring."""
 
-    def __init__(self, client, table: TableInfo | None, bucket: int, *, limit: int | None = None,
+    def __init__(self, route, table: TableInfo, bucket: int, *, limit: int | None = None,
                  batch_size_bytes: int | None = None, start_after_key: bytes | None = None,
                  resume: bool = False, max_resumes: int = DEFAULT_MAX_RESUMES, decode: bool = True,
-                 request_timeout_s: float | None = None, retry_total_s: float | None = None,
+                 codec: RowCodec | None = None, request_timeout_s: float | None = None,
+                 retry: RetryPolicy | None = None, retry_total_s: float | None = None,
                  retry_max_wait_s: float | None = None, sleep: Callable[[float], None] | None = None) -> None:
-        """``client`` is a TableClient (routing to the leader) or a TabletService stub (fixed)."""
+        """``route`` finds the bucket's leader: a :class:`client.routing.BucketRoute` (what
+        :meth:`client.table.TableClient.scanner` passes) or a :class:`client.routing.FixedRoute`.
+        ``retry`` is the policy for opens and replays; ``retry_total_s``, ``retry_max_wait_s`` and
+        ``sleep`` change single fields of it."""
         if limit is not None and limit < 0:
             raise errors.InvalidScanRequestError(f"limit must be >= 0, got {limit}")
         if batch_size_bytes is not None and batch_size_bytes <= 0:
             raise errors.InvalidScanRequestError(f"batch_size_bytes must be > 0, got {batch_size_bytes}")
-        is_client = hasattr(client, "_routing")
         self._closed = True  # until __init__ is through: __del__ then has nothing to do
-        self.table = table if table is not None else client.table
+        self.table = table
         self.bucket = bucket
         self.limit = limit
-        self.batch_size_bytes = batch_size_bytes or (
-            getattr(client, "scan_batch_bytes", None) if is_client else None) or _DEFAULT_BATCH_BYTES
+        self.batch_size_bytes = batch_size_bytes or _DEFAULT_BATCH_BYTES
         self.start_after_key = start_after_key
         self.resume = resume
         self.max_resumes = max_resumes
         self.decode = decode
-        self._route = _ClientRoute(client, bucket) if is_client else FixedRoute(client)
-        self._codec = (client.codec if is_client and client.table is self.table else RowCodec(self.table)) \
-            if decode else None
-        self._timeout_s = request_timeout_s or (client._timeout_s if is_client else 30.0)
-        self._retry_total_s = retry_total_s if retry_total_s is not None else \
-            (client._retry_total_s if is_client else 30.0)
-        self._retry_max_wait_s = retry_max_wait_s if retry_max_wait_s is not None else \
-            (client._retry_max_wait_s if is_client else 2.0)
-        self._sleep = sleep or (client._sleep if is_client else tenacity.nap.sleep)
+        self._route = route
+        self._codec = (codec if codec is not None and codec.table is table else RowCodec(table)) if decode else None
+        self._timeout_s = request_timeout_s or 30.0
+        changes = {name: value for name, value in (("total_s", retry_total_s), ("max_wait_s", retry_max_wait_s),
+                                                    ("sleep", sleep)) if value is not None}
+        self._retry = (retry or RetryPolicy()).but(**changes)
         self.log_offset: int | None = None
         self.resume_key: bytes | None = None
         self.rows_delivered = 0
@@ -277,13 +236,6 @@ class _Scanner:
     def _schema(self) -> pa.Schema:
         return self._codec.schema if self.decode else pa.schema([pa.field("value", pa.binary())])
 
-    def _retrying(self, retry_on: tuple[type[BaseException], ...]) -> tenacity.Retrying:
-        return tenacity.Retrying(
-            retry=tenacity.retry_if_exception_type(retry_on),
-            wait=tenacity.wait_random_exponential(multiplier=0.05, max=self._retry_max_wait_s),
-            stop=tenacity.stop_before_delay(self._retry_total_s),
-            sleep=self._sleep, reraise=True)
-
     def _scan_req(self, start_after_key: bytes | None, limit: int | None) -> pb.BucketScanReqPb:
         req = pb.BucketScanReqPb(table_id=self.table.table_id, bucket=self.bucket)
         if limit is not None:
@@ -345,21 +297,21 @@ class _Scanner:
 class KvBatchScanner(_Scanner):
     """One bucket through unary ScanKv calls, one request in flight (see the module docstring).
 
-    ``KvBatchScanner(table_client, None, bucket)`` routes to the bucket's
-    leader; ``KvBatchScanner(stub, table_info, bucket)`` talks to that stub.
+    ``KvBatchScanner(route, table_info, bucket)``: ``route`` finds the leader
+    (:meth:`client.table.TableClient.scanner` builds one for you).
     ``limit``: at most this many rows in all. ``batch_size_bytes``: per call
     (default ``client.scanner.kv.fetch.max-bytes``; the server caps it).
     ``start_after_key``: only keys after this encoded key (a new snapshot).
     Use it as a context manager or iterate it to the end (or ``close()``).
     """
 
-    def __init__(self, client, table: TableInfo | None = None, bucket: int = 0, **options: Any) -> None:
+    def __init__(self, route, table: TableInfo, bucket: int = 0, **options: Any) -> None:
         self._scanner_id = b""
         self._stub = None
         self._address = ""
         self._seq = 0
         self._pending: tuple[Any, pb.ScanKvRequest] | None = None
-        super().__init__(client, table, bucket, **options)
+        super().__init__(route, table, bucket, **options)
 
     @property
     def scanner_id(self) -> bytes:
@@ -390,7 +342,7 @@ class KvBatchScanner(_Scanner):
                 raise error
             return address, stub, response
 
-        self._address, self._stub, response = self._retrying(errors.RETRIABLE)(attempt)
+        self._address, self._stub, response = self._retry.retrying(errors.RETRIABLE)(attempt)
         self._scanner_id = response.scanner_id if response.has_more_results else b""
         self._seq = 0
         if self.log_offset is None and response.HasField("log_offset"):
@@ -448,7 +400,7 @@ class KvBatchScanner(_Scanner):
             return response
 
         try:
-            return self._retrying((errors.NetworkError, _CallInProgress))(attempt)
+            return self._retry.retrying((errors.NetworkError, _CallInProgress))(attempt)
         except _CallInProgress as busy:
             return busy.response
 
@@ -473,169 +425,3 @@ class KvBatchScanner(_Scanner):
         except Exception as exc:  # noqa: BLE001 - best effort; the server's reaper is the backstop
             log.warning("closing scanner of bucket %d on %s failed: %s (the server frees it after "
                         "kv.scanner.ttl)", self.bucket, self._address, exc)
-
-
-class KvStreamScanner(_Scanner):
-    """One bucket through one server-streaming ScanKvStream call (same options as KvBatchScanner).
-
-    The server pushes batches as gRPC flow control allows; closing early
-    cancels the call, which ends the session. A stream has no replay: a
-    transport failure mid-stream is a lost session (resumable after
-    ``resume_key`` with ``resume=True``). The call has no deadline.
-    """
-
-    def __init__(self, client, table: TableInfo | None = None, bucket: int = 0, **options: Any) -> None:
-        self._call = None
-        self._address = ""
-        super().__init__(client, table, bucket, **options)
-
-    def _open_scan(self, start_after_key: bytes | None, limit: int | None) -> Any:
-        request = pb.ScanKvStreamRequest(bucket_scan_req=self._scan_req(start_after_key, limit),
-                                         batch_size_bytes=self.batch_size_bytes)
-
-        def attempt():
-            address, stub = self._route.leader()
-            call = stub.ScanKvStream(request)
-            try:
-                response = next(call)
-            except StopIteration:
-                raise errors.UnknownServerError(f"ScanKvStream to {address} ended without a response") from None
-            except grpc.RpcError as exc:
-                call.cancel()
-                error = _rpc_error(exc, "ScanKvStream", address, None)
-                if isinstance(error, errors.NetworkError):
-                    self._route.stale()
-                raise error from None
-            error = _response_error(response)
-            if error is not None:
-                call.cancel()
-                if isinstance(error, (errors.NotLeaderError, errors.LeaderNotAvailableError)):
-                    self._route.stale()
-                raise error
-            return address, call, response
-
-        self._address, self._call, response = self._retrying(errors.RETRIABLE)(attempt)
-        if self.log_offset is None and response.HasField("log_offset"):
-            self.log_offset = response.log_offset
-        return response
-
-    def _request_next(self) -> None:
-        pass  # the server keeps sending
-
-    def _next_response(self) -> Any:
-        if self._pending_first is not None:
-            response, self._pending_first = self._pending_first, None
-            return response
-        try:
-            response = next(self._call)
-        except StopIteration:
-            error = errors.UnknownServerError(f"ScanKvStream from {self._address} ended before the last batch")
-            return self._session_lost_or_raise(error)
-        except grpc.RpcError as exc:
-            return self._session_lost_or_raise(_rpc_error(exc, "ScanKvStream", self._address, None))
-        error = _response_error(response)
-        if error is None:
-            return response
-        return self._session_lost_or_raise(error)
-
-    def _session_lost_or_raise(self, error: errors.KvLeaseError) -> Any:
-        return self._session_lost(error) if isinstance(error, SESSION_LOST) else self._fail(error)
-
-    def _end(self, server_closed: bool, wait: bool = True) -> None:
-        self._pending_first = None
-        call, self._call = self._call, None
-        if call is not None and not server_closed:
-            call.cancel()
-
-
-# -- a whole table -----------------------------------------------------------------------------------
-
-
-@dataclass
-class ScanResult:
-    """What :func:`scan_table` read: ``batches`` (bucket order, the table's schema) and per bucket
-    ``log_offsets`` (replay the changelog from there to reach the present) and ``resumed`` counts."""
-
-    table: TableInfo
-    batches: list[pa.RecordBatch]
-    log_offsets: dict[int, int]
-    resumed: dict[int, int] = field(default_factory=dict)
-
-    @property
-    def num_rows(self) -> int:
-        return sum(b.num_rows for b in self.batches)
-
-    def to_table(self) -> pa.Table:
-        schema = self.batches[0].schema if self.batches else RowCodec(self.table).schema
-        return pa.Table.from_batches(self.batches, schema=schema)
-
-    @property
-    def rows(self) -> list[dict]:
-        return [row for batch in self.batches for row in batch.to_pylist()]
-
-    @property
-    def one_snapshot(self) -> bool:
-        """Every bucket was read from one snapshot (no resumed scan)."""
-        return not any(self.resumed.values())
-
-
-def scan_table(client, *, limit: int | None = None, buckets: Sequence[int] | None = None,
-               streaming: bool = False, resume: bool = False, decode: bool = True,
-               batch_size_bytes: int | None = None,
-               on_batch: Callable[[int, pa.RecordBatch], None] | None = None) -> ScanResult:
-    """Every row of the table (or of ``buckets``) through ``client`` (a TableClient).
-
-    Without a limit the buckets are read in parallel on the client's thread
-    pool (``parallelism`` buckets at a time, each its own scanner with one
-    request in flight): buckets live on different servers, so the scan takes
-    about as long as the slowest bucket rather than the sum, and the server
-    side of each stays bounded by one batch. With a limit they are read one
-    after another, each asked for what is still missing, so no more than
-    ``limit`` rows are ever fetched; buckets not reached then have no
-    ``log_offsets`` entry. ``on_batch(bucket, batch)`` is called for every
-    batch (from worker threads when parallel). The first error stops the
-    other buckets (their sessions are closed) and is raised.
-    """
-    table = client.table
-    wanted = list(range(table.buckets)) if buckets is None else sorted(set(buckets))
-    for bucket in wanted:
-        if not 0 <= bucket < table.buckets:
-            raise errors.BucketOutOfRangeError(f"table {table.path} has buckets 0..{table.buckets - 1}, "
-                                               f"not {bucket}")
-    scanner_cls = KvStreamScanner if streaming else KvBatchScanner
-    stop = threading.Event()
-
-    def scan_bucket(bucket: int, bucket_limit: int | None = None) -> tuple[list[pa.RecordBatch], int, int]:
-        batches = []
-        with scanner_cls(client, table, bucket, limit=bucket_limit, resume=resume, decode=decode,
-                         batch_size_bytes=batch_size_bytes) as scanner:
-            while not stop.is_set() and (batch := scanner.poll()) is not None:
-                batches.append(batch)
-                if on_batch is not None:
-                    on_batch(bucket, batch)
-            return batches, scanner.log_offset, scanner.resumed
-
-    per_bucket: dict[int, tuple[list[pa.RecordBatch], int, int]] = {}
-    if limit is not None:
-        remaining = limit
-        for bucket in wanted:
-            if remaining <= 0:
-                break
-            per_bucket[bucket] = scan_bucket(bucket, remaining)
-            remaining -= sum(b.num_rows for b in per_bucket[bucket][0])
-    else:
-        def guarded(bucket: int):
-            try:
-                return scan_bucket(bucket)
-            except BaseException:
-                stop.set()
-                raise
-
-        for bucket, (result, error) in zip(wanted, client._map(guarded, wanted)):
-            if error is not None:
-                raise error
-            per_bucket[bucket] = result
-    return ScanResult(table=table,
-                      batches=[b for bucket in sorted(per_bucket) for b in per_bucket[bucket][0]],
-                      log_offsets={bucket: per_bucket[bucket][1] for bucket in sorted(per_bucket)},
-                      resumed={bucket: per_bucket[bucket][2] for bucket in sorted(per_bucket)})

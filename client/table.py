@@ -28,56 +28,35 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
 import grpc
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import tenacity
 
 from common import config as cfg
 from common import errors
 from common.proto import tablet_pb2 as pb
-from common.proto import tablet_pb2_grpc as pb_grpc
 from common.tables import TableInfo
 from common.wire import error_from_pb
 from common.logentry import ChangeType, decode_entry
 from common.codec import RowCodec, batch_to_ipc, bucket_of_keys, ipc_to_batch
+from client.log_records import decode_records, log_schema
+from client.routing import REROUTE, BucketRouter, Routing
+from client.transport import RetryPolicy, rpc_error
 
-MAX_MESSAGE_BYTES = 64 << 20
 #: A bucket's part of a write or lookup bigger than this (Arrow bytes) is sent as several requests.
 #: An update writes the before- and after-image, so one write's changelog entry stays well under
-#: MAX_MESSAGE_BYTES and FetchLog can always return it.
+#: transport.MAX_MESSAGE_BYTES and FetchLog can always return it.
 MAX_REQUEST_BYTES = 16 << 20
 DEFAULT_RETRY_TOTAL_S = 30.0
 DEFAULT_FETCH_BYTES = 1 << 20
-GRPC_OPTIONS = [
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.enable_retries", 0),  # tenacity retries, after refreshing the routing
-    # a restarted server is found again within a second, not after gRPC's default backoff (up to 2 min)
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-]
 _SHORT = {int(ct): ct.short for ct in ChangeType}
-#: Errors after which the cached assignment is fetched again before the next attempt.
-_REROUTE = (errors.NotLeaderError, errors.LeaderNotAvailableError, errors.NetworkError)
-
-
 class CommittedSnapshot(NamedTuple):
     bucket: int
     snapshot_id: int
     log_offset: int
-
-
-@dataclass(frozen=True)
-class _Routing:
-    generation: int
-    table: TableInfo
-    leaders: dict  # bucket -> client.admin.BucketLeader
 
 
 class TableClient:
@@ -90,37 +69,30 @@ class TableClient:
         """``admin`` is a :class:`client.admin.AdminClient`; ``table`` a ``DB.NAME`` or a table id."""
         config = config or cfg.Config(env={})
         self.admin = admin
-        self._retry_total_s = DEFAULT_RETRY_TOTAL_S if retry_total_s is None else retry_total_s
-        self._retry_max_wait_s = config[cfg.CLIENT_RETRY_MAX_WAIT] / 1000.0
-        self._timeout_s = request_timeout_s or config[cfg.CLIENT_REQUEST_TIMEOUT] / 1000.0
+        self.retry = RetryPolicy(DEFAULT_RETRY_TOTAL_S if retry_total_s is None else retry_total_s,
+                                 config[cfg.CLIENT_RETRY_MAX_WAIT] / 1000.0, sleep or tenacity.nap.sleep)
+        self.timeout_s = request_timeout_s or config[cfg.CLIENT_REQUEST_TIMEOUT] / 1000.0
         self._snapshot_timeout_s = snapshot_timeout_s
         self.scan_batch_bytes = config[cfg.CLIENT_SCANNER_FETCH_MAX_BYTES]
-        self._sleep = sleep or tenacity.nap.sleep
         self._parallelism = max(1, parallelism)
         self._lock = threading.Lock()
-        self._channels: dict[str, grpc.Channel] = {}
         self._pool: ThreadPoolExecutor | None = None
-        self._generation = 0
-        self._stale = True
-        self._routing_now: _Routing | None = None
         table_id = table if isinstance(table, int) else admin.get_table(table).table_id
-        self._fetch_routing(table_id)
+        self.router = BucketRouter(admin, table_id)
         self.codec = RowCodec(self.table)
 
     # -- plumbing ------------------------------------------------------------------------
 
     @property
     def table(self) -> TableInfo:
-        return self._routing_now.table
+        return self.router.table
 
     def close(self) -> None:
         with self._lock:
             pool, self._pool = self._pool, None
-            channels, self._channels = list(self._channels.values()), {}
         if pool is not None:
             pool.shutdown(wait=True)
-        for channel in channels:
-            channel.close()
+        self.router.channels.close()
 
     def __enter__(self) -> "TableClient":
         return self
@@ -128,73 +100,29 @@ class TableClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _fetch_routing(self, table_id: int) -> _Routing:
-        table, leaders = self.admin.get_table_assignment(table_id)
-        with self._lock:
-            self._generation += 1
-            self._stale = False
-            self._routing_now = _Routing(self._generation, table, leaders)
-            return self._routing_now
-
-    def _routing(self) -> _Routing:
-        """The cached assignment, fetched again first if an attempt marked it stale."""
-        with self._lock:
-            routing, stale = self._routing_now, self._stale
-        return self._fetch_routing(routing.table.table_id) if stale else routing
-
-    def _invalidate(self, routing: _Routing) -> None:
-        with self._lock:
-            if self._routing_now.generation == routing.generation:
-                self._stale = True
-
     def refresh(self) -> None:
         """Fetch the bucket assignment again now (it is also refreshed on routing errors)."""
-        self._fetch_routing(self.table.table_id)
+        self.router.refresh()
 
     def leaders(self) -> dict[int, str]:
         """``bucket -> leader address`` as cached ('' while a leader is not live)."""
-        return {b: leader.leader_address for b, leader in sorted(self._routing_now.leaders.items())}
+        return self.router.leaders()
 
-    def _stub(self, address: str) -> pb_grpc.TabletServiceStub:
-        with self._lock:
-            channel = self._channels.get(address)
-            if channel is None:
-                channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
-                self._channels[address] = channel
-        return pb_grpc.TabletServiceStub(channel)
-
-    def _leader(self, routing: _Routing, bucket: int) -> str:
-        leader = routing.leaders.get(bucket)
-        if leader is None or not leader.leader_address:
-            self._invalidate(routing)
-            who = "no leader assigned" if leader is None or leader.leader_id < 0 else \
-                f"its leader, tablet server {leader.leader_id}, is not live"
-            raise errors.LeaderNotAvailableError(f"bucket {bucket} of table {routing.table.path}: {who}",
-                                                 bucket=bucket)
-        return leader.leader_address
-
-    def _retrying(self) -> tenacity.Retrying:
-        return tenacity.Retrying(
-            retry=tenacity.retry_if_exception_type(errors.RETRIABLE),
-            wait=tenacity.wait_random_exponential(multiplier=0.05, max=self._retry_max_wait_s),
-            stop=tenacity.stop_before_delay(self._retry_total_s),  # never sleeps past the budget
-            sleep=self._sleep, reraise=True)
-
-    def _send(self, routing: _Routing, address: str, method: str, request, *, idempotent: bool,
+    def _send(self, routing: Routing, address: str, method: str, request, *, idempotent: bool,
               timeout_s: float | None = None):
         """One RPC to ``address``; gRPC failures and response errors become typed exceptions."""
-        timeout_s = timeout_s or self._timeout_s
+        timeout_s = timeout_s or self.timeout_s
         try:
-            response = getattr(self._stub(address), method)(request, timeout=timeout_s)
+            response = getattr(self.router.stub(address), method)(request, timeout=timeout_s)
         except grpc.RpcError as exc:
-            error = rpc_error(exc, method, address, timeout_s, idempotent)
-            if isinstance(error, _REROUTE):
-                self._invalidate(routing)
+            error = rpc_error(exc, method, address, timeout_s=timeout_s, idempotent=idempotent)
+            if isinstance(error, REROUTE):
+                self.router.stale(routing)
             raise error from None
         error = error_from_pb(response.error)
         if error is not None:
-            if isinstance(error, _REROUTE):
-                self._invalidate(routing)
+            if isinstance(error, REROUTE):
+                self.router.stale(routing)
             raise error
         return response
 
@@ -202,13 +130,14 @@ class TableClient:
                      timeout_s: float | None = None):
         """``method`` on the leader of ``bucket``, re-routed and retried as the module docstring says."""
         def attempt():
-            routing = self._routing()
-            return self._send(routing, self._leader(routing, bucket), method, request,
+            routing = self.router.routing()
+            return self._send(routing, self.router.leader(routing, bucket), method, request,
                               idempotent=idempotent, timeout_s=timeout_s)
-        return self._retrying()(attempt)
+        return self.retry.call(attempt)
 
-    def _map(self, func: Callable[[Any], Any], items: list) -> list[tuple[Any, BaseException | None]]:
-        """``func`` of every item (in parallel when there are several): ``[(result, error)]`` in order."""
+    def map_parallel(self, func: Callable[[Any], Any], items: list) -> list[tuple[Any, BaseException | None]]:
+        """``func`` of every item, in parallel on the client's pool when there are several (at most
+        ``parallelism`` at a time): ``[(result, error)]`` in the order of ``items``."""
         if len(items) <= 1:
             results = []
             for item in items:
@@ -305,7 +234,7 @@ class TableClient:
                 offsets.append((response.base_offset, response.next_offset))
             return offsets[0][0], offsets[-1][1]
 
-        results = self._map(write_bucket, parts)
+        results = self.map_parallel(write_bucket, parts)
         written = {part[0]: result for part, (result, error) in zip(parts, results) if error is None}
         failed = [(part[0], error) for part, (_, error) in zip(parts, results) if error is not None]
         if failed:
@@ -336,7 +265,7 @@ class TableClient:
                     batches.append(ipc_to_batch(response.rows))
             return np.concatenate(found), _concat(batches, self.codec.schema)
 
-        results = self._map(lookup_bucket, parts)
+        results = self.map_parallel(lookup_bucket, parts)
         for (result, error) in results:
             if error is not None:
                 raise error
@@ -369,7 +298,7 @@ class TableClient:
         """``(records, log_end_offset)`` from ``from_offset`` on (at least one entry when there are any).
 
         ``records`` has ``offset`` (int64), ``change_type`` (int8, see
-        :class:`tablet.changelog.ChangeType`) and the table's columns: the row
+        :class:`common.logentry.ChangeType`) and the table's columns: the row
         of +I/+U, the before-image of -U/-D (the key columns only if a record
         carries no value).
         """
@@ -379,10 +308,10 @@ class TableClient:
         entries = [decode_entry(data, from_offset=from_offset).batch for data in response.entries]
         entries = [e for e in entries if e.num_rows]
         if not entries:
-            empty = pa.RecordBatch.from_pylist([], schema=self._log_schema())
+            empty = pa.RecordBatch.from_pylist([], schema=log_schema(self.codec))
             return empty, response.log_end_offset
         records = entries[0] if len(entries) == 1 else pa.concat_batches(entries)
-        return self._decode_records(records), response.log_end_offset
+        return decode_records(self.codec, records), response.log_end_offset
 
     def fetch_log(self, bucket: int, from_offset: int,
                   max_bytes: int = DEFAULT_FETCH_BYTES) -> tuple[list[dict], int]:
@@ -397,41 +326,16 @@ class TableClient:
         return [{"offset": offset, "change_type": _SHORT[change_type], "row": row}
                 for offset, change_type, row in zip(offsets, types, rows)], end
 
-    def _log_schema(self) -> pa.Schema:
-        return pa.schema([pa.field("offset", pa.int64()), pa.field("change_type", pa.int8()),
-                          *self.codec.schema])
-
-    def _decode_records(self, records: pa.RecordBatch) -> pa.RecordBatch:
-        values = records.column("value")
-        if values.null_count == 0:
-            rows = self.codec.decode_values(values)
-        else:  # records without a value: their key columns, the rest null
-            valid = values.is_valid()
-            full = self.codec.decode_values(pc.drop_null(values))
-            keys = self.codec.decode_keys(pc.filter(records.column("key"), pc.invert(valid)))
-            key_rows = pa.RecordBatch.from_arrays(
-                [keys.column(f.name) if f.name in keys.schema.names else pa.nulls(keys.num_rows, f.type)
-                 for f in self.codec.schema], schema=self.codec.schema)
-            mask = valid.to_numpy(zero_copy_only=False)
-            index = np.empty(len(mask), dtype=np.int64)
-            index[mask] = np.arange(full.num_rows)
-            index[~mask] = full.num_rows + np.arange(key_rows.num_rows)
-            rows = pa.concat_batches([full, key_rows]).take(pa.array(index))
-        return pa.RecordBatch.from_arrays(
-            [records.column("offset"), records.column("change_type"), *rows.columns], schema=self._log_schema())
-
     def list_offsets(self, buckets: Iterable[int] | None = None) -> dict[int, tuple[int, int]]:
         """``{bucket: (earliest, latest)}`` changelog offsets, one request per tablet server."""
         pending = set(range(self.table.buckets) if buckets is None else buckets)
         for bucket in pending:
-            if not 0 <= bucket < self.table.buckets:
-                raise errors.BucketOutOfRangeError(f"table {self.table.path} has buckets 0..{self.table.buckets - 1}, "
-                                                   f"not {bucket}")
+            self.router.check_bucket(bucket)
         result: dict[int, tuple[int, int]] = {}
 
         def attempt():
-            routing = self._routing()
-            for address, group in self._by_leader(routing, pending).items():
+            routing = self.router.routing()
+            for address, group in self.router.by_leader(routing, pending).items():
                 request = pb.ListOffsetsRequest(table_id=self.table.table_id, buckets=group)
                 response = self._send(routing, address, "ListOffsets", request, idempotent=True)
                 first_error = None
@@ -442,18 +346,12 @@ class TableClient:
                         result[o.bucket] = (o.earliest, o.latest)
                         pending.discard(o.bucket)
                 if first_error is not None:
-                    if isinstance(first_error, _REROUTE):
-                        self._invalidate(routing)
+                    if isinstance(first_error, REROUTE):
+                        self.router.stale(routing)
                     raise first_error
             return result
 
-        return dict(sorted(self._retrying()(attempt).items()))
-
-    def _by_leader(self, routing: _Routing, buckets: Iterable[int]) -> dict[str, list[int]]:
-        groups: dict[str, list[int]] = {}
-        for bucket in sorted(buckets):
-            groups.setdefault(self._leader(routing, bucket), []).append(bucket)
-        return groups
+        return dict(sorted(self.retry.call(attempt).items()))
 
     def trigger_snapshot(self, wait: bool = True) -> list[CommittedSnapshot]:
         """Snapshot every changed bucket of the table now, on every leader; with ``wait``, returns
@@ -462,8 +360,8 @@ class TableClient:
         committed: dict[int, CommittedSnapshot] = {}
 
         def attempt():
-            routing = self._routing()
-            groups = list(self._by_leader(routing, pending).items())
+            routing = self.router.routing()
+            groups = list(self.router.by_leader(routing, pending).items())
 
             def trigger(item):
                 address, group = item
@@ -472,7 +370,7 @@ class TableClient:
                                          timeout_s=self._snapshot_timeout_s)
 
             first_error = None
-            for result, error in self._map(trigger, groups):
+            for result, error in self.map_parallel(trigger, groups):
                 if error is not None:
                     first_error = first_error or error
                     continue
@@ -484,56 +382,37 @@ class TableClient:
                 raise first_error
             return committed
 
-        return sorted(self._retrying()(attempt).values())
+        return sorted(self.retry.call(attempt).values())
 
 
-    # -- live scans (tablet/scanner.py) ------------------------------------------------------------
+    # -- live scans (client/scanner.py) ------------------------------------------------------------
 
     def scanner(self, bucket: int, *, streaming: bool = False, **options):
         """A scanner of one bucket: :class:`client.scanner.KvBatchScanner` (ScanKv sessions, one request
-        in flight) or, with ``streaming``, :class:`client.scanner.KvStreamScanner` (ScanKvStream).
+        in flight) or, with ``streaming``, :class:`client.stream_scanner.KvStreamScanner` (ScanKvStream).
         ``options``: ``limit``, ``batch_size_bytes``, ``start_after_key``, ``resume``, ``decode``.
         Nothing is sent before the first poll; use it with ``with`` or read it to the end."""
-        from client.scanner import KvBatchScanner, KvStreamScanner
+        from client.scanner import KvBatchScanner
+        from client.stream_scanner import KvStreamScanner
 
-        if not 0 <= bucket < self.table.buckets:
-            raise errors.BucketOutOfRangeError(f"table {self.table.path} has buckets 0..{self.table.buckets - 1}, "
-                                               f"not {bucket}")
-        return (KvStreamScanner if streaming else KvBatchScanner)(self, self.table, bucket, **options)
+        self.router.check_bucket(bucket)
+        options.setdefault("batch_size_bytes", self.scan_batch_bytes)
+        options.setdefault("request_timeout_s", self.timeout_s)
+        return (KvStreamScanner if streaming else KvBatchScanner)(
+            self.router.route(bucket), self.table, bucket, codec=self.codec, retry=self.retry, **options)
 
     def scan(self, limit: int | None = None, buckets: Iterable[int] | None = None, streaming: bool = False,
              **options):
-        """Every live row of the table (or of ``buckets``): a :class:`client.scanner.ScanResult` with
+        """Every live row of the table (or of ``buckets``): a :class:`client.table_scan.ScanResult` with
         ``batches`` and ``log_offsets`` ``{bucket: first changelog offset not in the scan}``. See
-        :func:`client.scanner.scan_table` (parallel buckets; ``limit`` over the whole table)."""
-        from client.scanner import scan_table
+        :func:`client.table_scan.scan_table` (parallel buckets; ``limit`` over the whole table)."""
+        from client.table_scan import scan_table
 
         return scan_table(self, limit=limit, buckets=None if buckets is None else list(buckets),
                           streaming=streaming, **options)
 
 
 # -- helpers ------------------------------------------------------------------------------------
-
-
-def rpc_error(exc: grpc.RpcError, method: str, address: str, timeout_s: float,
-              idempotent: bool) -> errors.KvLeaseError:
-    """The typed error for a failed gRPC call to a tablet server."""
-    code = exc.code() if hasattr(exc, "code") else None
-    details = exc.details() if hasattr(exc, "details") else str(exc)
-    if code == grpc.StatusCode.UNAVAILABLE:
-        return errors.NetworkError(f"cannot reach tablet server {address}: UNAVAILABLE", address=address)
-    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        if idempotent:
-            return errors.NetworkError(f"{method} to tablet server {address} timed out after {timeout_s:g}s",
-                                       address=address)
-        return errors.OutcomeUnknownError(f"{method} to tablet server {address} timed out after {timeout_s:g}s; "
-                                          "it may or may not have been applied", address=address)
-    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        return errors.InvalidRequestError(f"{method} to {address}: message too large ({details}); "
-                                          "send smaller batches")
-    name = code.name if code is not None else "?"
-    return errors.UnknownServerError(f"{method} to tablet server {address} failed: {name}: {details}",
-                                     address=address)
 
 
 def _chunks(batch: pa.RecordBatch) -> list[pa.RecordBatch]:

@@ -16,6 +16,8 @@ from typing import Any
 from common import config as cfg
 from common.errors import StorageError
 
+MULTIPART_BYTES = 16 << 20  # S3: files above this go up and down in parts of this size, 4 at a time
+
 
 class StorageNotFound(StorageError):
     """The object does not exist."""
@@ -29,6 +31,9 @@ class RemoteStorage(abc.ABC):
     """The handful of operations kvlease needs from remote storage."""
 
     uri: str
+    #: Whether many small calls gain from running in parallel (network round trips) rather than
+    #: in a plain loop (local files, where a thread pool only adds overhead).
+    parallel_io: bool = False
 
     @abc.abstractmethod
     def read(self, path: str) -> bytes:
@@ -57,6 +62,17 @@ class RemoteStorage(abc.ABC):
     def delete_many(self, paths: list[str]) -> None:
         for path in paths:
             self.delete(path)
+
+    def upload_file(self, path: str, local_path: str) -> None:
+        """Create or replace ``path`` with the contents of a local file. Raises StorageError."""
+        with open(local_path, "rb") as fh:
+            self.put(path, fh.read())
+
+    def download_file(self, path: str, local_path: str) -> None:
+        """Write the object to a local file. Raises StorageNotFound, StorageError."""
+        data = self.read(path)
+        with open(local_path, "wb") as fh:
+            fh.write(data)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.uri!r})"
@@ -158,8 +174,11 @@ class FileStorage(RemoteStorage):
 class S3Storage(RemoteStorage):
     """``s3://bucket/prefix`` through boto3, with boto3's own retry config.
 
-    ``write_new`` uses a conditional put (``IfNoneMatch='*'``).
+    ``write_new`` uses a conditional put (``IfNoneMatch='*'``); big files go up
+    and down in parts (:data:`MULTIPART_BYTES`).
     """
+
+    parallel_io = True
 
     def __init__(self, uri: str, endpoint: str = "", region: str = "us-east-1",
                  access_key: str = "", secret_key: str = "") -> None:
@@ -266,6 +285,33 @@ class S3Storage(RemoteStorage):
                     Delete={"Objects": [{"Key": self._key(p)} for p in chunk], "Quiet": True})
             except (ClientError, BotoCoreError) as exc:
                 raise self._fail("delete", chunk[0], exc) from None
+
+    def _transfer_config(self) -> Any:
+        from boto3.s3.transfer import TransferConfig
+
+        return TransferConfig(multipart_threshold=MULTIPART_BYTES, multipart_chunksize=MULTIPART_BYTES,
+                              max_concurrency=4)
+
+    def upload_file(self, path: str, local_path: str) -> None:
+        from boto3.exceptions import S3UploadFailedError
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self.client.upload_file(local_path, self.bucket, self._key(path), Config=self._transfer_config())
+        except (S3UploadFailedError, ClientError, BotoCoreError, OSError) as exc:
+            raise StorageError(f"cannot write {self.uri}/{path}: {exc}", path=path) from None
+
+    def download_file(self, path: str, local_path: str) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self.client.download_file(self.bucket, self._key(path), local_path, Config=self._transfer_config())
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+                raise StorageNotFound(f"{self.uri}/{path} does not exist", path=path) from None
+            raise StorageError(f"cannot read {self.uri}/{path}: {exc}", path=path) from None
+        except (BotoCoreError, OSError) as exc:
+            raise StorageError(f"cannot read {self.uri}/{path}: {exc}", path=path) from None
 
     def list(self, prefix: str) -> list[str]:
         from botocore.exceptions import BotoCoreError, ClientError

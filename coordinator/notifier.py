@@ -13,9 +13,10 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
-import tenacity
 
-from common.wire import table_to_pb
+from client.transport import Channels, RetryPolicy, rpc_error
+from common import errors
+from common.wire import raise_for, table_to_pb
 from common.proto import tablet_pb2 as pb
 from common.proto import tablet_pb2_grpc as pb_grpc
 
@@ -31,6 +32,7 @@ class LeadershipNotifier:
         self._pending: dict[int, tuple[str, list, set[int]]] = {}
         self._sending: set[int] = set()  # one sender per server keeps pushes in order
         self._closed = threading.Event()
+        self._channels = Channels()
 
     def push(self, server_id: int, address: str, led: list, dropped: list[int]) -> None:
         with self._lock:
@@ -44,6 +46,7 @@ class LeadershipNotifier:
     def close(self) -> None:
         self._closed.set()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._channels.close()
 
     def _drain(self, server_id: int) -> None:
         while not self._closed.is_set():
@@ -59,18 +62,15 @@ class LeadershipNotifier:
             coordinator_epoch=self.epoch, server_id=server_id, dropped_tables=sorted(dropped),
             buckets=[pb.BucketLeadershipPb(table=table_to_pb(table), bucket=bucket, leader_epoch=epoch)
                      for table, bucket, epoch in led])
-        retrying = tenacity.Retrying(
-            retry=tenacity.retry_if_exception_type((grpc.RpcError, RuntimeError)),
-            wait=tenacity.wait_random_exponential(multiplier=0.05, max=2.0),
-            stop=tenacity.stop_after_delay(self.retry_total_s) | tenacity.stop_when_event_set(self._closed),
-            reraise=True)
+        retry = RetryPolicy(self.retry_total_s).retrying((errors.KvLeaseError,), stop_event=self._closed)
         try:
-            with grpc.insecure_channel(address) as channel:
-                stub = pb_grpc.TabletServiceStub(channel)
-                for attempt in retrying:
-                    with attempt:
-                        response = stub.UpdateLeadership(request, timeout=10)
-                        if response.error.code:
-                            raise RuntimeError(response.error.message)
+            for attempt in retry:
+                with attempt:
+                    try:
+                        response = self._channels.stub(address, pb_grpc.TabletServiceStub).UpdateLeadership(
+                            request, timeout=10)
+                    except grpc.RpcError as exc:
+                        raise rpc_error(exc, "UpdateLeadership", address, timeout_s=10, idempotent=True) from None
+                    raise_for(response.error)
         except Exception as exc:  # the server re-registers when it comes back, and gets a new push
             log.warning("could not tell tablet server %d (%s) its buckets: %s", server_id, address, exc)

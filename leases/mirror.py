@@ -48,7 +48,7 @@ from kazoo.protocol.states import Callback, KazooState
 
 from common import zkpaths
 from common.errors import StorageError
-from common.storage import FileStorage, RemoteStorage
+from common.storage import RemoteStorage
 from common.zk import loads
 from common.model import Lease, TableBucket
 from leases.store import decode_table_file
@@ -82,7 +82,7 @@ class LeaseMirror:
         self._stop = threading.Event()
         self._stopped = False
         self._thread: threading.Thread | None = None
-        self._pool = None if isinstance(storage, FileStorage) else ThreadPoolExecutor(
+        self._pool = None if not storage.parallel_io else ThreadPoolExecutor(
             max_workers=io_threads, thread_name_prefix="lease-mirror-io")
         self.stats = {"node_reads": 0, "file_reads": 0, "rounds": 0}
 

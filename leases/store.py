@@ -25,7 +25,7 @@ from kazoo.exceptions import NoNodeError
 
 from common import zkpaths
 from common.errors import StorageError
-from common.storage import FileStorage, RemoteStorage
+from common.storage import RemoteStorage
 from common.zk import ZkOp, dumps, loads
 from common.model import Lease, TableBucket
 from leases.state import PersistLease
@@ -154,7 +154,7 @@ class LeaseStore:
         files = [(name, path) for name, node in nodes for path in self._paths[name].values()]
         read = lambda item: self.storage.read(item[1])  # noqa: E731
         # local files read faster in a plain loop than through a pool; remote ones in parallel
-        reads = map(read, files) if isinstance(self.storage, FileStorage) else self._pool.map(read, files)
+        reads = self._pool.map(read, files) if self.storage.parallel_io else map(read, files)
         contents = dict(zip(files, reads))
         leases = []
         for name, node in nodes:

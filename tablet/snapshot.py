@@ -23,14 +23,13 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from common import errors
-from common.storage import RemoteStorage, S3Storage, StorageExists, StorageNotFound
+from common.storage import RemoteStorage, StorageExists, StorageNotFound
 from common.model import SnapshotFile, SnapshotHandle, TableBucket
 
 log = logging.getLogger(__name__)
 
 MANIFEST_NAME = "_METADATA"
 MANIFEST_VERSION = 1
-MULTIPART_BYTES = 16 << 20  # S3: files above this go up and down in parts of this size, 4 at a time
 TAIL_BYTES = 64 << 10  # fingerprinted end of an SST: holds its properties block
 _SKIPPED = re.compile(r"^(LOCK|LOG(\.old\..*)?)$")  # lock and info logs are not part of a checkpoint
 _SHARED_NAME = re.compile(r"^(?P<stem>[^/]+)-(?P<size>\d+)-(?P<crc>[0-9a-f]{8})-s(?P<sid>\d+)\.sst$")
@@ -253,7 +252,7 @@ class SnapshotUploader:
         guard = threading.Lock()
 
         def put_shared(key: FileKey, f: ManifestFile) -> None:
-            _put_file(self.storage, f.path, os.path.join(checkpoint_dir, f.local_name))
+            self.storage.upload_file(f.path, os.path.join(checkpoint_dir, f.local_name))
             with guard:
                 self._pending[key] = SnapshotFile(f.path, f.size)
 
@@ -324,7 +323,7 @@ def download(storage: RemoteStorage, source: SnapshotHandle | str, target_dir: s
     def fetch(f: ManifestFile) -> None:
         final = os.path.join(target_dir, f.local_name)
         tmp = f"{final}.part"
-        _get_file(storage, f.path, tmp)
+        storage.download_file(f.path, tmp)
         size = os.path.getsize(tmp)
         if size != f.size:
             raise errors.StorageError(f"{storage.uri}/{f.path} has {size} bytes, the manifest says {f.size}",
@@ -378,41 +377,3 @@ def _run_all(tasks: Iterable[Callable[[], None]], threads: int) -> None:
                 f.cancel()
             wait(futures)
             raise failed.exception()
-
-
-def _put_file(storage: RemoteStorage, path: str, local_path: str) -> None:
-    """Create or replace ``path`` with a local file: streamed (multipart) on S3, read whole otherwise."""
-    if isinstance(storage, S3Storage):
-        from boto3.exceptions import S3UploadFailedError
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        from boto3.s3.transfer import TransferConfig
-
-        try:  # S3Storage keeps its key mapping private; _key is the one place it lives
-            storage.client.upload_file(local_path, storage.bucket, storage._key(path), Config=TransferConfig(
-                multipart_threshold=MULTIPART_BYTES, multipart_chunksize=MULTIPART_BYTES, max_concurrency=4))
-        except (S3UploadFailedError, ClientError, BotoCoreError, OSError) as exc:
-            raise errors.StorageError(f"cannot write {storage.uri}/{path}: {exc}", path=path) from None
-        return
-    with open(local_path, "rb") as fh:
-        storage.put(path, fh.read())
-
-
-def _get_file(storage: RemoteStorage, path: str, local_path: str) -> None:
-    if isinstance(storage, S3Storage):
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        from boto3.s3.transfer import TransferConfig
-
-        try:
-            storage.client.download_file(storage.bucket, storage._key(path), local_path, Config=TransferConfig(
-                multipart_threshold=MULTIPART_BYTES, multipart_chunksize=MULTIPART_BYTES, max_concurrency=4))
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
-                raise StorageNotFound(f"{storage.uri}/{path} does not exist", path=path) from None
-            raise errors.StorageError(f"cannot read {storage.uri}/{path}: {exc}", path=path) from None
-        except (BotoCoreError, OSError) as exc:
-            raise errors.StorageError(f"cannot read {storage.uri}/{path}: {exc}", path=path) from None
-        return
-    with open(local_path, "wb") as fh:
-        fh.write(storage.read(path))

@@ -28,7 +28,10 @@ from common.tables import Column, TableInfo
 from ops import cli
 from ops import output as out
 from common.codec import RowCodec, batch_to_ipc
-from client.scanner import KvBatchScanner, KvStreamScanner, ScanResult
+from client.routing import FixedRoute
+from client.scanner import KvBatchScanner
+from client.stream_scanner import KvStreamScanner
+from client.table_scan import ScanResult
 
 TABLE = TableInfo(7, "db", "t", (Column("id", "BIGINT"), Column("v", "STRING")), ("id",), 1)
 CODEC = RowCodec(TABLE)
@@ -238,7 +241,7 @@ class FakeTablet:
 def scanner(tablet: FakeTablet, cls=KvBatchScanner, **options) -> KvBatchScanner:
     options.setdefault("retry_total_s", 2.0)
     options.setdefault("sleep", lambda s: None)
-    return cls(tablet, TABLE, 0, **options)
+    return cls(FixedRoute(tablet), TABLE, 0, **options)
 
 
 def ids(batches) -> list[int]:

@@ -19,7 +19,7 @@ from rocksdict import Checkpoint, Options, Rdict, WriteBatch
 
 from common import errors
 from common.config import Config
-from common.storage import FileStorage, RemoteStorage, StorageError, StorageExists, open_storage
+from common.storage import MULTIPART_BYTES, FileStorage, RemoteStorage, StorageError, StorageExists, open_storage
 from common.tables import Column, TableSpec
 from common.zk import make_client
 from coordinator import requests as rq
@@ -440,13 +440,13 @@ def test_measure_one_percent_change_of_a_million_rows(file_storage, tmp_path):
 def test_big_files_go_up_and_down_in_parts_on_s3(s3_config, tmp_path):
     storage = open_storage(s3_config["remote.data.dir"], s3_config)
     big = tmp_path / "big.sst"
-    data = os.urandom(sn.MULTIPART_BYTES + 12345)
+    data = os.urandom(MULTIPART_BYTES + 12345)
     big.write_bytes(data)
-    sn._put_file(storage, "kv/1/0/shared/big.sst", str(big))
+    storage.upload_file("kv/1/0/shared/big.sst", str(big))
     assert storage.read("kv/1/0/shared/big.sst") == data
     etag = storage.client.head_object(Bucket=storage.bucket, Key=storage._key("kv/1/0/shared/big.sst"))["ETag"]
     assert etag.endswith('-2"')  # a multipart upload of two parts
-    sn._get_file(storage, "kv/1/0/shared/big.sst", str(tmp_path / "back"))
+    storage.download_file("kv/1/0/shared/big.sst", str(tmp_path / "back"))
     assert (tmp_path / "back").read_bytes() == data
     with pytest.raises(errors.StorageError, match="does not exist"):
-        sn._get_file(storage, "kv/1/0/shared/missing.sst", str(tmp_path / "missing"))
+        storage.download_file("kv/1/0/shared/missing.sst", str(tmp_path / "missing"))

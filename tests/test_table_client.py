@@ -137,7 +137,7 @@ def fake_client(table: TableInfo, tablets: list[FakeTablet], leaders: dict[int, 
     sleeps: list[float] = []
     client = TableClient(admin, table.path, sleep=sleeps.append, **kwargs)
     by_address = {t.address: t for t in tablets}
-    client._stub = lambda address: by_address[address]
+    client.router.stub = lambda address: by_address[address]
     return client, admin, sleeps
 
 
@@ -238,7 +238,7 @@ def test_leader_not_available_is_retried_then_raised_typed():
     tablet = FakeTablet("a:1", TABLE, {0, 1, 2, 3})
     client, admin, _ = fake_client(TABLE, [tablet], {0: "", 1: "a:1", 2: "a:1", 3: "a:1"}, retry_total_s=0.5)
     sleeps = []
-    client._sleep = lambda s: (sleeps.append(s), time.sleep(s))
+    client.retry = client.retry.but(sleep=lambda s: (sleeps.append(s), time.sleep(s)))
     key = next(i for i in range(100) if client.split(client.key_batch([i]))[0][0] == 0)
     with pytest.raises(errors.LeaderNotAvailableError, match="bucket 0 of table db.t"):
         client.lookup([key])
@@ -255,7 +255,7 @@ def test_leader_not_available_is_retried_then_raised_typed():
 def test_the_retry_budget_is_bounded():
     tablet = FakeTablet("a:1", TABLE, {0, 1, 2, 3})
     client, admin, _ = fake_client(TABLE, [tablet], {b: "" for b in range(4)}, retry_total_s=0.3)
-    client._sleep = time.sleep
+    client.retry = client.retry.but(sleep=time.sleep)
     start = time.monotonic()
     with pytest.raises(errors.LeaderNotAvailableError):
         client.upsert([{"id": 1}])

@@ -1,0 +1,36 @@
+"""Changelog records as table rows: what the table client makes of a FetchLog answer."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from common.codec import RowCodec
+
+
+def log_schema(codec: RowCodec) -> pa.Schema:
+    """``offset`` (int64), ``change_type`` (int8), then the table's columns."""
+    return pa.schema([pa.field("offset", pa.int64()), pa.field("change_type", pa.int8()), *codec.schema])
+
+
+def decode_records(codec: RowCodec, records: pa.RecordBatch) -> pa.RecordBatch:
+    """Records (``offset``, ``change_type``, ``key``, ``value``) in :func:`log_schema`: the row of
+    +I/+U, the before-image of -U/-D, and only the key columns for a record without a value."""
+    values = records.column("value")
+    if values.null_count == 0:
+        rows = codec.decode_values(values)
+    else:  # records without a value: their key columns, the rest null
+        valid = values.is_valid()
+        full = codec.decode_values(pc.drop_null(values))
+        keys = codec.decode_keys(pc.filter(records.column("key"), pc.invert(valid)))
+        key_rows = pa.RecordBatch.from_arrays(
+            [keys.column(f.name) if f.name in keys.schema.names else pa.nulls(keys.num_rows, f.type)
+             for f in codec.schema], schema=codec.schema)
+        mask = valid.to_numpy(zero_copy_only=False)
+        index = np.empty(len(mask), dtype=np.int64)
+        index[mask] = np.arange(full.num_rows)
+        index[~mask] = full.num_rows + np.arange(key_rows.num_rows)
+        rows = pa.concat_batches([full, key_rows]).take(pa.array(index))
+    return pa.RecordBatch.from_arrays(
+        [records.column("offset"), records.column("change_type"), *rows.columns], schema=log_schema(codec))

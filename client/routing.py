@@ -1,0 +1,144 @@
+"""Where each bucket of a table is led: the bucket router the table client and the scanners share.
+
+:class:`BucketRouter` caches the table and the leader of every bucket, as the
+coordinator's admin client reports them, and hands out stubs of the leaders'
+tablet servers. A call that meets ``NOT_LEADER``, ``LEADER_NOT_AVAILABLE`` or
+an unreachable server marks the routing it used stale (:meth:`BucketRouter.stale`);
+the next :meth:`~BucketRouter.routing` fetches it again. A routing is
+versioned, so a caller that read an old one cannot mark a newer one stale.
+
+:class:`BucketRoute` is one bucket's view of a router (what a scanner
+needs); :class:`FixedRoute` sends every call to one stub (tests, tools that
+already know the leader).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from common import errors
+from common.proto import tablet_pb2_grpc as pb_grpc
+from common.tables import TableInfo
+from client.transport import Channels
+
+#: Errors after which the cached assignment is fetched again before the next attempt.
+REROUTE = (errors.NotLeaderError, errors.LeaderNotAvailableError, errors.NetworkError)
+
+
+@dataclass(frozen=True)
+class Routing:
+    """One fetched assignment: the table and ``bucket -> client.admin.BucketLeader``."""
+
+    generation: int
+    table: TableInfo
+    leaders: dict
+
+
+class BucketRouter:
+    """The leaders of one table's buckets; thread-safe."""
+
+    def __init__(self, admin, table_id: int, channels: Channels | None = None) -> None:
+        """``admin`` is a :class:`client.admin.AdminClient` (anything with ``get_table_assignment``)."""
+        self.admin = admin
+        self.channels = channels or Channels()
+        self._lock = threading.Lock()
+        self._generation = 0
+        self._current = self._fetch(table_id)
+
+    @property
+    def table(self) -> TableInfo:
+        return self._current.table
+
+    def _fetch(self, table_id: int) -> Routing:
+        table, leaders = self.admin.get_table_assignment(table_id)
+        with self._lock:
+            self._generation += 1
+            self._stale = False
+            self._current = Routing(self._generation, table, leaders)
+            return self._current
+
+    def refresh(self) -> Routing:
+        """Fetch the assignment again now."""
+        return self._fetch(self.table.table_id)
+
+    def routing(self) -> Routing:
+        """The cached assignment, fetched again first if a call marked it stale."""
+        with self._lock:
+            current, stale = self._current, self._stale
+        return self._fetch(current.table.table_id) if stale else current
+
+    def stale(self, routing: Routing) -> None:
+        """A call routed by ``routing`` found it out of date: fetch again before the next call."""
+        with self._lock:
+            if self._current.generation == routing.generation:
+                self._stale = True
+
+    def leader(self, routing: Routing, bucket: int) -> str:
+        """The address of ``bucket``'s leader; LeaderNotAvailableError (and stale) when it has none."""
+        leader = routing.leaders.get(bucket)
+        if leader is None or not leader.leader_address:
+            self.stale(routing)
+            who = "no leader assigned" if leader is None or leader.leader_id < 0 else \
+                f"its leader, tablet server {leader.leader_id}, is not live"
+            raise errors.LeaderNotAvailableError(f"bucket {bucket} of table {routing.table.path}: {who}",
+                                                 bucket=bucket)
+        return leader.leader_address
+
+    def by_leader(self, routing: Routing, buckets: Iterable[int]) -> dict[str, list[int]]:
+        """``{leader address: [buckets]}`` for ``buckets``, each list sorted."""
+        groups: dict[str, list[int]] = {}
+        for bucket in sorted(buckets):
+            groups.setdefault(self.leader(routing, bucket), []).append(bucket)
+        return groups
+
+    def stub(self, address: str) -> pb_grpc.TabletServiceStub:
+        return self.channels.stub(address, pb_grpc.TabletServiceStub)
+
+    def leaders(self) -> dict[int, str]:
+        """``bucket -> leader address`` as cached ('' while a leader is not live)."""
+        return {b: leader.leader_address for b, leader in sorted(self._current.leaders.items())}
+
+    def check_bucket(self, bucket: int) -> None:
+        table = self.table
+        if not 0 <= bucket < table.buckets:
+            raise errors.BucketOutOfRangeError(f"table {table.path} has buckets 0..{table.buckets - 1}, "
+                                               f"not {bucket}")
+
+    def route(self, bucket: int) -> "BucketRoute":
+        return BucketRoute(self, bucket)
+
+
+class BucketRoute:
+    """One bucket's leader, through a :class:`BucketRouter` (refreshed on demand)."""
+
+    def __init__(self, router: BucketRouter, bucket: int) -> None:
+        self.router = router
+        self.bucket = bucket
+        self._routing: Routing | None = None
+
+    def leader(self) -> tuple[str, Any]:
+        """``(address, stub)`` of the bucket's leader; raises LeaderNotAvailableError when it has none."""
+        self._routing = self.router.routing()
+        address = self.router.leader(self._routing, self.bucket)
+        return address, self.router.stub(address)
+
+    def stale(self) -> None:
+        """The leader answered NOT_LEADER or could not be reached: fetch the assignment again next time."""
+        if self._routing is not None:
+            self.router.stale(self._routing)
+
+
+class FixedRoute:
+    """One stub for every call (tests, tools that already know the leader)."""
+
+    def __init__(self, stub, address: str = "stub") -> None:
+        self.stub = stub
+        self.address = address
+
+    def leader(self) -> tuple[str, Any]:
+        return self.address, self.stub
+
+    def stale(self) -> None:
+        pass

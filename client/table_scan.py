@@ -1,0 +1,103 @@
+"""A live scan of a whole table: every bucket's scanner, in parallel, into one :class:`ScanResult`."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import pyarrow as pa
+
+from common import errors
+from common.codec import RowCodec
+from common.tables import TableInfo
+
+
+@dataclass
+class ScanResult:
+    """What :func:`scan_table` read: ``batches`` (bucket order, the table's schema) and per bucket
+    ``log_offsets`` (replay the changelog from there to reach the present) and ``resumed`` counts."""
+
+    table: TableInfo
+    batches: list[pa.RecordBatch]
+    log_offsets: dict[int, int]
+    resumed: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def num_rows(self) -> int:
+        return sum(b.num_rows for b in self.batches)
+
+    def to_table(self) -> pa.Table:
+        schema = self.batches[0].schema if self.batches else RowCodec(self.table).schema
+        return pa.Table.from_batches(self.batches, schema=schema)
+
+    @property
+    def rows(self) -> list[dict]:
+        return [row for batch in self.batches for row in batch.to_pylist()]
+
+    @property
+    def one_snapshot(self) -> bool:
+        """Every bucket was read from one snapshot (no resumed scan)."""
+        return not any(self.resumed.values())
+
+
+def scan_table(client, *, limit: int | None = None, buckets: Sequence[int] | None = None,
+               streaming: bool = False, resume: bool = False, decode: bool = True,
+               batch_size_bytes: int | None = None,
+               on_batch: Callable[[int, pa.RecordBatch], None] | None = None) -> ScanResult:
+    """Every row of the table (or of ``buckets``) through ``client`` (a TableClient).
+
+    Without a limit the buckets are read in parallel on the client's thread
+    pool (``parallelism`` buckets at a time, each its own scanner with one
+    request in flight): buckets live on different servers, so the scan takes
+    about as long as the slowest bucket rather than the sum, and the server
+    side of each stays bounded by one batch. With a limit they are read one
+    after another, each asked for what is still missing, so no more than
+    ``limit`` rows are ever fetched; buckets not reached then have no
+    ``log_offsets`` entry. ``on_batch(bucket, batch)`` is called for every
+    batch (from worker threads when parallel). The first error stops the
+    other buckets (their sessions are closed) and is raised.
+    """
+    table = client.table
+    wanted = list(range(table.buckets)) if buckets is None else sorted(set(buckets))
+    for bucket in wanted:
+        if not 0 <= bucket < table.buckets:
+            raise errors.BucketOutOfRangeError(f"table {table.path} has buckets 0..{table.buckets - 1}, "
+                                               f"not {bucket}")
+    stop = threading.Event()
+
+    def scan_bucket(bucket: int, bucket_limit: int | None = None) -> tuple[list[pa.RecordBatch], int, int]:
+        batches = []
+        options = {} if batch_size_bytes is None else {"batch_size_bytes": batch_size_bytes}
+        with client.scanner(bucket, streaming=streaming, limit=bucket_limit, resume=resume, decode=decode,
+                            **options) as scanner:
+            while not stop.is_set() and (batch := scanner.poll()) is not None:
+                batches.append(batch)
+                if on_batch is not None:
+                    on_batch(bucket, batch)
+            return batches, scanner.log_offset, scanner.resumed
+
+    per_bucket: dict[int, tuple[list[pa.RecordBatch], int, int]] = {}
+    if limit is not None:
+        remaining = limit
+        for bucket in wanted:
+            if remaining <= 0:
+                break
+            per_bucket[bucket] = scan_bucket(bucket, remaining)
+            remaining -= sum(b.num_rows for b in per_bucket[bucket][0])
+    else:
+        def guarded(bucket: int):
+            try:
+                return scan_bucket(bucket)
+            except BaseException:
+                stop.set()
+                raise
+
+        for bucket, (result, error) in zip(wanted, client.map_parallel(guarded, wanted)):
+            if error is not None:
+                raise error
+            per_bucket[bucket] = result
+    return ScanResult(table=table,
+                      batches=[b for bucket in sorted(per_bucket) for b in per_bucket[bucket][0]],
+                      log_offsets={bucket: per_bucket[bucket][1] for bucket in sorted(per_bucket)},
+                      resumed={bucket: per_bucket[bucket][2] for bucket in sorted(per_bucket)})

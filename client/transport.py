@@ -1,0 +1,117 @@
+"""How every client talks to a server: channels, the one retry policy, gRPC failures as kvlease errors.
+
+- :class:`Channels` keeps one gRPC channel per server address (thread-safe).
+- :class:`RetryPolicy` is the one retry object (model: kazoo's ``KazooRetry``):
+  bounded exponential backoff with full jitter that never sleeps past its
+  budget; the errors it retries are one tuple, :data:`RETRIABLE`; the sleep is
+  injected so tests move no real clock.
+- :func:`rpc_error` maps a failed gRPC call to the project's typed error, at
+  this boundary only.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+import grpc
+import tenacity
+
+from common import errors
+
+MAX_MESSAGE_BYTES = 64 << 20
+GRPC_OPTIONS = (
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.enable_retries", 0),  # RetryPolicy retries, after refreshing the routing
+    # a restarted server is found again within a second, not after gRPC's default backoff (up to 2 min)
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+)
+#: What a client retries: every error a later attempt may not meet (see common.errors).
+RETRIABLE: tuple[type[BaseException], ...] = errors.RETRIABLE
+
+
+class Channels:
+    """One gRPC channel per address, created on first use; ``close`` closes them all."""
+
+    def __init__(self, options: tuple = GRPC_OPTIONS) -> None:
+        self._options = list(options)
+        self._channels: dict[str, grpc.Channel] = {}
+        self._lock = threading.Lock()
+
+    def get(self, address: str) -> grpc.Channel:
+        with self._lock:
+            channel = self._channels.get(address)
+            if channel is None:
+                channel = grpc.insecure_channel(address, options=self._options)
+                self._channels[address] = channel
+            return channel
+
+    def stub(self, address: str, stub_class: Callable[[grpc.Channel], Any]) -> Any:
+        return stub_class(self.get(address))
+
+    def close(self) -> None:
+        with self._lock:
+            channels, self._channels = list(self._channels.values()), {}
+        for channel in channels:
+            channel.close()
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Retry for ``total_s`` in all, waiting ``0.05 * 2**n`` s with full jitter, at most ``max_wait_s``.
+
+    It never sleeps past the budget: an attempt that would only start after
+    ``total_s`` is not made, and the last error is raised as it was.
+    """
+
+    total_s: float = 30.0
+    max_wait_s: float = 2.0
+    sleep: Callable[[float], None] = tenacity.nap.sleep
+
+    def retrying(self, retry_on: tuple[type[BaseException], ...] = RETRIABLE,
+                 stop_event: threading.Event | None = None) -> tenacity.Retrying:
+        """A tenacity ``Retrying`` for one operation (call it with the function and its arguments)."""
+        stop = tenacity.stop_before_delay(self.total_s)
+        if stop_event is not None:
+            stop = stop | tenacity.stop_when_event_set(stop_event)
+        return tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type(retry_on),
+            wait=tenacity.wait_random_exponential(multiplier=0.05, max=self.max_wait_s),
+            stop=stop, sleep=self.sleep, reraise=True)
+
+    def call(self, func: Callable[..., Any], *args: Any, retry_on: tuple[type[BaseException], ...] = RETRIABLE) -> Any:
+        return self.retrying(retry_on)(func, *args)
+
+    def but(self, **changes: Any) -> "RetryPolicy":
+        """A copy with some fields changed (``policy.but(total_s=0)``)."""
+        return replace(self, **changes)
+
+
+def rpc_error(exc: grpc.RpcError, method: str, address: str, *, timeout_s: float | None,
+              idempotent: bool, peer: str = "tablet server") -> errors.KvLeaseError:
+    """The typed error for a gRPC call to ``peer`` at ``address`` that failed in transport.
+
+    UNAVAILABLE is a retriable :class:`~common.errors.NetworkError`; a deadline
+    is one too for an ``idempotent`` call and :class:`~common.errors.OutcomeUnknownError`
+    otherwise (it may have been applied); a message over the size limit is an
+    invalid request; anything else an unknown server error.
+    """
+    code = exc.code() if hasattr(exc, "code") else None
+    details = exc.details() if hasattr(exc, "details") else str(exc)
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return errors.NetworkError(f"cannot reach {peer} {address}: UNAVAILABLE", address=address)
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        after = f" after {timeout_s:g}s" if timeout_s else ""
+        if idempotent:
+            return errors.NetworkError(f"{method} to {peer} {address} timed out{after}", address=address)
+        return errors.OutcomeUnknownError(f"{method} to {peer} {address} timed out{after}; "
+                                          "it may or may not have been applied", address=address)
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return errors.InvalidRequestError(f"{method} to {address}: message too large ({details}); "
+                                          "send smaller batches")
+    name = code.name if code is not None else "?"
+    return errors.UnknownServerError(f"{method} to {peer} {address} failed: {name}: {details}", address=address)
