@@ -131,6 +131,21 @@ def test_storage_errors_survive_pickling(storage):
     assert clone.message == info.value.message and clone.details == {"path": "missing"}
 
 
+def test_upload_and_download_files_round_trip(storage, tmp_path):
+    local = tmp_path / "local.sst"
+    local.write_bytes(b"x" * 1000 + b"\x00end")
+    storage.upload_file("kv/1/0/shared/up.sst", str(local))
+    assert storage.read("kv/1/0/shared/up.sst") == local.read_bytes()
+    storage.download_file("kv/1/0/shared/up.sst", str(tmp_path / "back.sst"))
+    assert (tmp_path / "back.sst").read_bytes() == local.read_bytes()
+    with pytest.raises(StorageNotFound):
+        storage.download_file("kv/1/0/shared/missing.sst", str(tmp_path / "missing.sst"))
+
+
+def test_parallel_io_says_whether_calls_gain_from_a_pool(storage):
+    assert storage.parallel_io is isinstance(storage, S3Storage)
+
+
 @pytest.mark.unit
 def test_file_storage_leaves_no_temp_files_and_prunes_empty_dirs(tmp_path):
     storage = FileStorage(f"file://{tmp_path}/r", fsync=True)
