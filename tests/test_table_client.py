@@ -1,14 +1,12 @@
-"""The table client: bucket splitting, routing and error mapping (fake tablet servers), then
-round trips against a real coordinator and real tablet servers in-process on ZooKeeper.
+"""The table client: bucket splitting, routing and error mapping, on fake tablet servers.
 
-The unit tests replace the client's gRPC stubs with :class:`FakeTablet` objects
-that answer like a tablet server (a dict per bucket); the ``zk`` tests run
-CoordinatorServer + TabletServers in this process over real gRPC on loopback.
+The tests replace the router's gRPC stubs with :class:`FakeTablet` objects
+that answer like a tablet server (a dict per bucket). The same client
+against real servers: ``test_table_client_cluster.py``.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass, field
 
@@ -20,7 +18,6 @@ import pytest
 from common import errors
 from common.proto import coordinator_pb2 as cpb
 from common.proto import tablet_pb2 as pb
-from common.proto import tablet_pb2_grpc as pb_grpc
 from common.tables import Column, TableInfo
 from client.admin import BucketLeader
 from client.table import CommittedSnapshot, TableClient
@@ -315,205 +312,3 @@ def test_list_offsets_checks_bucket_numbers(two_tablets):
     with pytest.raises(errors.BucketOutOfRangeError):
         client.list_offsets([4])
     assert client.list_offsets([1]) == {1: (0, 0)}
-
-
-# -- zk: a real coordinator and real tablet servers in-process -------------------------------------------
-
-
-class LocalCluster:
-    """One coordinator and tablet servers (ids 1..N) in this process; tablets can stop and restart."""
-
-    def __init__(self, make_config, base_dir, tablets: int) -> None:
-        from client.admin import AdminClient
-        from coordinator.server import CoordinatorServer
-
-        self.make_config = make_config
-        self.base_dir = base_dir
-        self.coordinator = CoordinatorServer(make_config()).start()
-        self.tablets = {}
-        assert self.coordinator.wait_active(30), "no active coordinator"
-        self.admin = AdminClient([self.coordinator.address], retry_total_s=10)
-        for i in range(1, tablets + 1):
-            self.start_tablet(i)
-
-    def tablet_config(self, i: int):
-        return self.make_config({"tablet.id": i, "tablet.port": 0, "tablet.data-dir": str(self.base_dir / f"t{i}"),
-                                 "log.flush.fsync": False, "kv.snapshot.interval": "1h"})
-
-    def start_tablet(self, i: int):
-        from tablet.server import TabletServer
-
-        self.tablets[i] = TabletServer(self.tablet_config(i)).start()
-        self.wait_for(lambda: i in {s.id for s in self.admin.list_tablet_servers()}, f"tablet {i} registered")
-        return self.tablets[i]
-
-    def stop_tablet(self, i: int) -> None:
-        self.tablets.pop(i).stop()
-        self.wait_for(lambda: i not in {s.id for s in self.admin.list_tablet_servers()}, f"tablet {i} gone")
-
-    @staticmethod
-    def wait_for(predicate, what: str, timeout_s: float = 30.0):
-        deadline = time.monotonic() + timeout_s
-        while not (value := predicate()):
-            assert time.monotonic() < deadline, f"{what}: not within {timeout_s}s"
-            time.sleep(0.05)
-        return value
-
-    def create_table(self, path: str, columns, primary_key, buckets: int) -> TableInfo:
-        info = self.admin.create_table(path, columns, primary_key, buckets)
-
-        def led():  # every bucket has a live leader
-            _, leaders = self.admin.get_table_assignment(info.table_id)
-            return len(leaders) == buckets and all(b.leader_address for b in leaders.values())
-        self.wait_for(led, f"{path}: every bucket led")
-        return info
-
-    def close(self) -> None:
-        for server in self.tablets.values():
-            server.stop()
-        self.admin.close()
-        self.coordinator.stop()
-
-
-@pytest.fixture
-def local_cluster(make_config, tmp_path):
-    clusters = []
-
-    def make(tablets: int = 2) -> LocalCluster:
-        clusters.append(LocalCluster(make_config, tmp_path, tablets))
-        return clusters[-1]
-
-    yield make
-    for cluster in clusters:
-        cluster.close()
-
-
-ROWS_COLUMNS = [Column("id", "BIGINT"), Column("v", "STRING")]
-
-
-def test_round_trip_over_several_buckets(local_cluster):
-    cluster = local_cluster(2)
-    cluster.create_table("db.t", ROWS_COLUMNS, ["id"], 6)
-    with TableClient(cluster.admin, "db.t") as client:
-        assert len(set(client.leaders().values())) == 2
-        written = client.upsert([{"id": i, "v": f"v{i}"} for i in range(2000)])
-        assert sorted(written) == list(range(6))
-        assert sum(end - base for base, end in written.values()) == 2000  # one +I each
-        rows = client.lookup(list(range(-5, 2005)))
-        assert rows[:5] == [None] * 5 and rows[-5:] == [None] * 5
-        assert rows[5:2005] == [{"id": i, "v": f"v{i}"} for i in range(2000)]
-        client.upsert(pa.record_batch({"v": pa.array(["new"] * 10), "id": pa.array(range(10), pa.int64())}))
-        deleted = client.delete(list(range(5, 15)) + [99999])
-        assert sum(end - base for base, end in deleted.values()) == 10
-        assert client.lookup([0, 4, 5, 14, 15]) == [{"id": 0, "v": "new"}, {"id": 4, "v": "new"}, None, None,
-                                                    {"id": 15, "v": "v15"}]
-        offsets = client.list_offsets()
-        assert sorted(offsets) == list(range(6)) and all(earliest == 0 for earliest, _ in offsets.values())
-        assert sum(latest for _, latest in offsets.values()) == 2000 + 2 * 10 + 10
-        committed = client.trigger_snapshot(wait=True)
-        assert [s.bucket for s in committed] == list(range(6))
-        assert all(s.log_offset == offsets[s.bucket][1] for s in committed)
-        listed = {(s.bucket.bucket, s.snapshot_id) for s in cluster.admin.list_kv_snapshots(client.table.table_id)}
-        assert {(s.bucket, s.snapshot_id) for s in committed} <= listed
-        assert client.trigger_snapshot(wait=True) == []  # nothing changed since
-
-
-def test_bad_rows_are_rejected_by_the_client_and_by_the_server(local_cluster):
-    cluster = local_cluster(1)
-    cluster.create_table("db.t", ROWS_COLUMNS, ["id"], 2)
-    with TableClient(cluster.admin, "db.t") as client:
-        client.upsert([{"id": 1, "v": "one"}])
-        before = client.list_offsets()
-        with pytest.raises(errors.InvalidRowError, match=r"row 1, column 'id': expected BIGINT"):
-            client.upsert([{"id": 2, "v": "two"}, {"id": "3", "v": "three"}])
-        # the same kinds of bad batch, sent straight to the server
-        address = client.leaders()[0]
-        bad_batches = [
-            pa.record_batch({"id": pa.array([2, 3], pa.int32()), "v": pa.array(["a", "b"])}),  # wrong type
-            pa.record_batch({"id": pa.array([2, None], pa.int64()), "v": pa.array(["a", "b"])}),  # null key
-            pa.record_batch({"id": pa.array([2], pa.int64()), "zzz": pa.array(["a"])}),  # unknown column
-        ]
-        with grpc.insecure_channel(address) as channel:
-            stub = pb_grpc.TabletServiceStub(channel)
-            for batch in bad_batches:
-                response = stub.PutKv(pb.PutKvRequest(table_id=client.table.table_id, bucket=0,
-                                                      upserts=batch_to_ipc(batch)), timeout=10)
-                assert response.error.code == errors.ErrorCode.INVALID_ROW, response
-            response = stub.PutKv(pb.PutKvRequest(table_id=client.table.table_id, bucket=0, upserts=b"not arrow"),
-                                  timeout=10)
-            assert response.error.code == errors.ErrorCode.INVALID_ROW
-        assert client.list_offsets() == before
-        assert client.lookup([1, 2, 3]) == [{"id": 1, "v": "one"}, None, None]
-
-
-def test_fetch_log_shows_every_change_with_before_images(local_cluster):
-    cluster = local_cluster(1)
-    cluster.create_table("db.t", ROWS_COLUMNS, ["id"], 1)
-    with TableClient(cluster.admin, "db.t") as client:
-        assert client.fetch_log(0, 0) == ([], 0)
-        client.upsert([{"id": 1, "v": "a"}, {"id": 2, "v": "b"}])
-        client.upsert([{"id": 1, "v": "A"}])
-        client.delete([2, 3])
-        records, end = client.fetch_log(0, 0)
-        assert end == 5
-        assert records == [
-            {"offset": 0, "change_type": "+I", "row": {"id": 1, "v": "a"}},
-            {"offset": 1, "change_type": "+I", "row": {"id": 2, "v": "b"}},
-            {"offset": 2, "change_type": "-U", "row": {"id": 1, "v": "a"}},
-            {"offset": 3, "change_type": "+U", "row": {"id": 1, "v": "A"}},
-            {"offset": 4, "change_type": "-D", "row": {"id": 2, "v": "b"}},
-        ]
-        assert client.fetch_log(0, 3)[0] == records[3:]  # from the middle of an entry
-        first, _ = client.fetch_log(0, 0, max_bytes=1)  # at least one entry, however small max_bytes
-        assert first and first[0]["offset"] == 0
-        assert client.fetch_log(0, 5) == ([], 5)
-        batch, _ = client.fetch_log_batch(0, 2)
-        assert batch.schema.names == ["offset", "change_type", "id", "v"]
-        assert client.list_offsets() == {0: (0, 5)}
-        with pytest.raises(errors.InvalidRequestError):
-            client.fetch_log(0, 99)
-
-
-def test_a_stopped_leader_is_a_typed_error_and_a_restarted_one_serves_again(local_cluster):
-    cluster = local_cluster(2)
-    cluster.create_table("db.t", ROWS_COLUMNS, ["id"], 4)
-    with TableClient(cluster.admin, "db.t", retry_total_s=1.5) as client:
-        client.upsert([{"id": i, "v": f"v{i}"} for i in range(400)])
-        _, leaders = cluster.admin.get_table_assignment(client.table.table_id)
-        on_1 = {b for b, leader in leaders.items() if leader.leader_id == 1}
-        assert on_1 and len(on_1) < 4
-        keys_on_1 = [i for i in range(400) if client.split(client.key_batch([i]))[0][0] in on_1]
-        keys_elsewhere = [i for i in range(400) if i not in set(keys_on_1)]
-        old_address = cluster.tablets[1].address
-
-        cluster.stop_tablet(1)
-        start = time.monotonic()
-        with pytest.raises(errors.LeaderNotAvailableError):
-            client.lookup(keys_on_1[:3])
-        assert time.monotonic() - start < 10
-        with pytest.raises(errors.LeaderNotAvailableError):
-            client.upsert([{"id": keys_on_1[0], "v": "lost?"}])
-        assert client.lookup(keys_elsewhere[:3]) == [{"id": i, "v": f"v{i}"} for i in keys_elsewhere[:3]]
-
-        cluster.start_tablet(1)  # same data dir, a new port: the client finds it by refreshing
-        assert cluster.tablets[1].address != old_address
-        rows = client.lookup(list(range(400)))
-        assert rows == [{"id": i, "v": f"v{i}"} for i in range(400)]
-        client.upsert([{"id": keys_on_1[0], "v": "back"}])
-        assert client.lookup([keys_on_1[0]]) == [{"id": keys_on_1[0], "v": "back"}]
-
-
-def test_a_request_waits_out_a_restart_within_its_budget(local_cluster):
-    cluster = local_cluster(1)
-    cluster.create_table("db.t", ROWS_COLUMNS, ["id"], 2)
-    with TableClient(cluster.admin, "db.t", retry_total_s=30) as client:
-        client.upsert([{"id": 1, "v": "x"}])
-        cluster.stop_tablet(1)
-        result = {}
-        thread = threading.Thread(target=lambda: result.update(rows=client.lookup([1, 2])))
-        thread.start()
-        time.sleep(1.0)
-        assert thread.is_alive()  # still retrying
-        cluster.start_tablet(1)
-        thread.join(30)
-        assert result["rows"] == [{"id": 1, "v": "x"}, None]
