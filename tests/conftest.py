@@ -24,6 +24,7 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import subprocess
 import tempfile
 import time
 import uuid
@@ -297,3 +298,19 @@ def docker_s3(docker_engine: None) -> Iterator[S3Endpoint]:
     """A MinIO container as an :class:`S3Endpoint`."""
     with minio_container() as endpoint:
         yield endpoint
+
+
+@pytest.fixture
+def writers() -> Iterator[list[subprocess.Popen]]:
+    """Writer subprocesses a crash test starts (append them); killed and reaped when the test ends."""
+    procs: list[subprocess.Popen] = []
+    try:
+        yield procs
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=30)
+            for stream in (proc.stdout, proc.stderr):
+                if stream:
+                    stream.close()

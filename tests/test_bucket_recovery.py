@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Iterator
 
 import pytest
 from rocksdict import Options, Rdict
@@ -142,21 +141,6 @@ def test_truncate_log_before_never_passes_the_applied_offset(bucket_dir):
 
 
 # --- crash test: SIGKILL a writer that acknowledges each write ------------------------------------
-
-@pytest.fixture
-def writers() -> Iterator[list[subprocess.Popen]]:
-    procs: list[subprocess.Popen] = []
-    try:
-        yield procs
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(timeout=30)
-            for stream in (proc.stdout, proc.stderr):
-                if stream:
-                    stream.close()
-
 
 @pytest.mark.slow
 def test_every_acknowledged_write_survives_sigkill(bucket_dir, writers):

@@ -11,7 +11,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -164,21 +163,6 @@ class TestRetention:
 
 
 # --- crash test: SIGKILL a writer that acknowledges each fsynced append ------------------------------
-
-@pytest.fixture
-def writers() -> Iterator[list[subprocess.Popen]]:
-    procs: list[subprocess.Popen] = []
-    try:
-        yield procs
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(timeout=30)
-            for stream in (proc.stdout, proc.stderr):
-                if stream:
-                    stream.close()
-
 
 @pytest.mark.slow
 def test_every_acknowledged_batch_survives_sigkill(log_dir, writers):
