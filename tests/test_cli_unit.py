@@ -21,9 +21,9 @@ import client.admin as admin
 from common import errors
 from common.tables import Column, TableInfo
 from common.model import Lease, SnapshotHandle, TableBucket
-from ops import cli
+from ops.cli import data, kvlease, values
 from ops import output as out
-from ops.cli import State, kvlease
+from ops.cli.app import State
 from common.codec import RowCodec
 
 pytestmark = pytest.mark.unit
@@ -306,7 +306,7 @@ PAIR = TableInfo(10, "db", "p", (Column("a", "INT"), Column("s", "STRING"), Colu
     ("7,", PAIR, {"a": 7, "s": ""}),
 ])
 def test_parse_key(text, table, expected):
-    assert cli.parse_key(text, table) == expected
+    assert values.parse_key(text, table) == expected
 
 
 @pytest.mark.parametrize("text, table, message", [
@@ -321,20 +321,20 @@ def test_parse_key(text, table, expected):
 ])
 def test_parse_key_errors_name_the_column(text, table, message):
     with pytest.raises(ValueError) as info:
-        cli.parse_key(text, table)
+        values.parse_key(text, table)
     assert message in str(info.value)
 
 
 def test_convert_value_by_type():
-    assert cli.convert_value("true", "BOOLEAN") is True and cli.convert_value(False, "BOOLEAN") is False
-    assert cli.convert_value("2024-01-02T03:04:05", "TIMESTAMP") == datetime(2024, 1, 2, 3, 4, 5)
-    assert cli.convert_value("1700000000000000", "TIMESTAMP") == 1_700_000_000_000_000
-    assert cli.convert_value("aGk=", "BYTES") == b"hi"
-    assert cli.convert_value(3, "DOUBLE") == 3.0 and math.isnan(cli.convert_value("nan", "DOUBLE"))
+    assert values.convert_value("true", "BOOLEAN") is True and values.convert_value(False, "BOOLEAN") is False
+    assert values.convert_value("2024-01-02T03:04:05", "TIMESTAMP") == datetime(2024, 1, 2, 3, 4, 5)
+    assert values.convert_value("1700000000000000", "TIMESTAMP") == 1_700_000_000_000_000
+    assert values.convert_value("aGk=", "BYTES") == b"hi"
+    assert values.convert_value(3, "DOUBLE") == 3.0 and math.isnan(values.convert_value("nan", "DOUBLE"))
     for value, type_ in (("maybe", "BOOLEAN"), (True, "BIGINT"), ("x", "DOUBLE"), (5, "STRING"),
                          ("not base64!", "BYTES"), ("yesterday", "TIMESTAMP")):
         with pytest.raises(ValueError):
-            cli.convert_value(value, type_)
+            values.convert_value(value, type_)
 
 
 def test_json_values_of_rows():
@@ -485,7 +485,7 @@ def test_log_follow_stops_quietly_on_ctrl_c(fake_table, monkeypatch):
         if len(polls) == 3:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli.time, "sleep", sleep)
+    monkeypatch.setattr(data.time, "sleep", sleep)
     result = run_in("log", "db.w", "--bucket", "0", "--from", "0", "--follow", "--poll-interval", "50ms")
     assert result.exit_code == 0, result.output
     assert [json.loads(line)["offset"] for line in result.stdout.splitlines()] == [0, 1, 2, 3, 4]
