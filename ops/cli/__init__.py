@@ -1,0 +1,12 @@
+"""The ``kvlease`` command line (console script ``ops.cli:main``).
+
+:mod:`ops.cli.app` holds the root group, the state the commands share and
+:func:`main`; :mod:`ops.cli.values` parses values from text; every other
+module is one command group and adds its commands to the root group when it
+is imported, which this package does below.
+"""
+
+from ops.cli import cluster, data, lease, plugins, scan, snapshot, table  # noqa: F401  (they add the commands)
+from ops.cli.app import State, kvlease, main
+
+__all__ = ["State", "kvlease", "main"]

@@ -1,0 +1,190 @@
+"""The ``kvlease`` root group, the state the commands share, and ``main``.
+
+One click group, :func:`kvlease`, keeps the global options in a :class:`State`
+that builds the admin client (lazily: only commands that talk to a coordinator
+pay for it) and the :class:`ops.output.Output` (text or ``--json``) once.
+:func:`catch_errors` turns every kvlease error into one line on stderr and exit
+code 1; usage errors (bad option syntax) are click's and exit 2.
+
+Finding the cluster, first match wins: ``--bootstrap``, then ``--cluster``
+given on the command line (before or after the command name), then
+``KVLEASE_BOOTSTRAP``, then ``KVLEASE_CLUSTER``.
+
+The commands are in the sibling modules, one per command group; they add
+themselves to :func:`kvlease` when :mod:`ops.cli` imports them.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import traceback
+from typing import Callable, Iterable
+
+import click
+from click.core import ParameterSource
+
+from common import config as cfg
+from common import errors
+from ops import cluster as local_cluster
+from ops import output as out
+from ops.cli.values import DURATION
+
+DEFAULT_RETRY_TIMEOUT = "10s"
+
+
+# -- state shared by the commands ------------------------------------------------------------------
+
+
+class State:
+    """The global options; builds the admin client and the output once, on first use."""
+
+    def __init__(self, cluster: str | None = None, bootstrap: str | None = None, json_mode: bool = False,
+                 retry_timeout_ms: int | None = None, debug: bool = False) -> None:
+        self.cluster = cluster
+        self.bootstrap = bootstrap
+        self.cluster_cmdline = False  # given on the command line (not through the environment)
+        self.bootstrap_cmdline = False
+        self.json_mode = json_mode
+        self.retry_timeout_ms = retry_timeout_ms
+        self.debug = debug
+        self._client = None
+        self._table_clients: list = []
+        self._output: out.Output | None = None
+
+    @property
+    def output(self) -> out.Output:
+        if self._output is None:
+            self._output = out.make_output(self.json_mode)
+        return self._output
+
+    def addresses(self) -> list[str]:
+        from client.admin import parse_bootstrap
+
+        if self.bootstrap and (self.bootstrap_cmdline or not self.cluster_cmdline):
+            return parse_bootstrap(self.bootstrap)
+        if self.cluster:
+            return local_cluster.bootstrap(self.cluster)
+        raise errors.InvalidRequestError(
+            "no cluster given: use --cluster DIR or --bootstrap HOST:PORT[,…] "
+            "(or set KVLEASE_CLUSTER / KVLEASE_BOOTSTRAP)")
+
+    def retry_ms(self, config: cfg.Config) -> int:
+        if self.retry_timeout_ms is not None:
+            return self.retry_timeout_ms
+        if cfg.CLIENT_RETRY_TOTAL.env_var in os.environ:
+            return config[cfg.CLIENT_RETRY_TOTAL]
+        return cfg.parse_duration_ms(DEFAULT_RETRY_TIMEOUT)
+
+    @property
+    def client(self):
+        if self._client is None:
+            from client.admin import AdminClient
+
+            config = cfg.Config(env=os.environ)
+            self._client = AdminClient(self.addresses(), config, retry_total_s=self.retry_ms(config) / 1000.0)
+        return self._client
+
+    def table_client(self, path: str):
+        """A :class:`client.table.TableClient` on ``path``, retrying as long as the admin client."""
+        from client.table import TableClient
+
+        config = cfg.Config(env=os.environ)
+        client = TableClient(self.client, path, config, retry_total_s=self.retry_ms(config) / 1000.0)
+        self._table_clients.append(client)
+        return client
+
+    def close(self) -> None:
+        for table_client in self._table_clients:
+            table_client.close()
+        if self._client is not None:
+            self._client.close()
+
+    def table_names(self) -> dict[int, str]:
+        return {info.table_id: info.path for info in self.client.list_tables()}
+
+
+def _message(exc: BaseException, state: State | None) -> str:
+    if isinstance(exc, errors.NetworkError):
+        retry = state.retry_timeout_ms if state and state.retry_timeout_ms is not None else None
+        waited = f"{retry / 1000:g}s" if retry is not None else DEFAULT_RETRY_TIMEOUT
+        return f"{exc.message} (gave up after retrying for {waited}; is the cluster running?)"
+    if isinstance(exc, errors.KvLeaseError):
+        return exc.message
+    return f"internal error: {type(exc).__name__}: {exc} (set KVLEASE_DEBUG=1 for a traceback)"
+
+
+def catch_errors(func: Callable) -> Callable:
+    """kvlease errors -> ``error: <message>`` on stderr and exit 1; never a traceback for them."""
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        ctx = click.get_current_context()
+        state = ctx.find_object(State)
+        try:
+            return func(*args, **kwargs)
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            raise
+        except KeyboardInterrupt:
+            click.echo("error: interrupted", err=True)
+            ctx.exit(130)
+        except Exception as exc:
+            if state is not None and state.debug:
+                traceback.print_exc()
+            click.echo(f"error: {_message(exc, state)}", err=True)
+            ctx.exit(1)
+
+    return wrapper
+
+
+def common_options(func: Callable) -> Callable:
+    """``--json``, ``--cluster`` and ``--bootstrap`` on a command too, e.g. ``kvlease lease list --json``."""
+
+    def setter(attr: str, flag: str | None = None):
+        def callback(ctx: click.Context, param, value) -> None:
+            if value:
+                state = ctx.ensure_object(State)
+                setattr(state, attr, value)
+                if flag:
+                    setattr(state, flag, True)
+        return callback
+
+    func = click.option("--json", "json_flag", is_flag=True, expose_value=False, callback=setter("json_mode"),
+                        help="Print exactly one JSON document on stdout.")(func)
+    func = click.option("--bootstrap", "bootstrap_opt", expose_value=False, metavar="HOST:PORT[,…]",
+                        callback=setter("bootstrap", "bootstrap_cmdline"), help="Coordinator addresses.")(func)
+    func = click.option("--cluster", "cluster_opt", expose_value=False, metavar="DIR",
+                        callback=setter("cluster", "cluster_cmdline"), help="A local cluster directory.")(func)
+    return func
+
+
+# -- the group -----------------------------------------------------------------------------------
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option("--cluster", "cluster_dir", envvar="KVLEASE_CLUSTER", metavar="DIR",
+              help="A local cluster directory (made by `kvlease cluster start`). Env: KVLEASE_CLUSTER.")
+@click.option("--bootstrap", envvar="KVLEASE_BOOTSTRAP", metavar="HOST:PORT[,…]",
+              help="Coordinator addresses. Env: KVLEASE_BOOTSTRAP.")
+@click.option("--json", "json_mode", is_flag=True, help="Print exactly one JSON document on stdout.")
+@click.option("--retry-timeout", type=DURATION, envvar="KVLEASE_RETRY_TIMEOUT", metavar="DURATION",
+              help=f"How long to retry an unreachable cluster (default {DEFAULT_RETRY_TIMEOUT}). "
+                   "Env: KVLEASE_RETRY_TIMEOUT.")
+@click.option("--debug", is_flag=True, envvar="KVLEASE_DEBUG", help="Show tracebacks of unexpected errors.")
+@click.pass_context
+def kvlease(ctx: click.Context, cluster_dir: str | None, bootstrap: str | None, json_mode: bool,
+            retry_timeout: int | None, debug: bool) -> None:
+    """kvlease: tables, KV snapshots and snapshot leases on a kvlease cluster."""
+    state = State(cluster_dir, bootstrap, json_mode, retry_timeout, debug)
+    state.cluster_cmdline = ctx.get_parameter_source("cluster_dir") == ParameterSource.COMMANDLINE
+    state.bootstrap_cmdline = ctx.get_parameter_source("bootstrap") == ParameterSource.COMMANDLINE
+    ctx.obj = state
+    ctx.call_on_close(state.close)
+
+
+pass_state = click.make_pass_decorator(State)
+
+
+def main(argv: Iterable[str] | None = None) -> None:
+    """Console-script entry point."""
+    kvlease.main(args=list(argv) if argv is not None else None, prog_name="kvlease")

@@ -1,0 +1,75 @@
+"""``kvlease cluster start|stop|status``: a local cluster in a directory."""
+
+from __future__ import annotations
+
+import click
+
+from common import errors
+from ops import cluster as local_cluster
+from ops.cli.app import State, catch_errors, common_options, kvlease, pass_state
+from ops.cli.values import DURATION
+
+
+@kvlease.group("cluster")
+def cluster_group() -> None:
+    """Start, stop and inspect a local cluster in a directory."""
+
+
+def cluster_dir(state: State, directory: str | None) -> str:
+    """The directory of a cluster command: ``--dir``, else ``--cluster`` / ``KVLEASE_CLUSTER``."""
+    directory = directory or state.cluster
+    if not directory:
+        raise errors.InvalidRequestError("no cluster directory given: use --dir DIR (or --cluster DIR / KVLEASE_CLUSTER)")
+    return directory
+
+
+@cluster_group.command("start")
+@click.option("--dir", "directory", metavar="D", help="Cluster directory (created if missing).")
+@click.option("--zk-nodes", type=click.Choice(["1", "3"]), default="1", show_default=True,
+              help="ZooKeeper ensemble size.")
+@click.option("--coordinators", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--tablets", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Tablet servers (ids 1..N).")
+@click.option("--remote", metavar="URI", help="remote.data.dir (default: file://D/remote).")
+@click.option("--timeout", "timeout_ms", type=DURATION, default="60s", show_default=True,
+              help="How long to wait for an active coordinator.")
+@common_options
+@pass_state
+@catch_errors
+def cluster_start(state: State, directory: str | None, zk_nodes: str, coordinators: int, tablets: int,
+                  remote: str | None, timeout_ms: int) -> None:
+    """Start ZooKeeper, coordinators and tablet servers in the background; returns once a
+    coordinator is active and every tablet server is registered."""
+    directory = cluster_dir(state, directory)
+    if remote and not remote.startswith(("file:///", "s3://")):
+        raise click.BadParameter(f"{remote!r} is not file:///PATH or s3://BUCKET/PREFIX", param_hint="'--remote'")
+    local_cluster.start(directory, zk_nodes=int(zk_nodes), coordinators=coordinators, tablets=tablets,
+                        remote=remote, ready_timeout_s=timeout_ms / 1000.0,
+                        progress=lambda text: click.echo(f"{text} …", err=True))
+    state.output.cluster_status(local_cluster.status(directory))
+    if not state.json_mode:
+        click.echo(f"cluster running; use it with: kvlease --cluster {directory} …", err=True)
+
+
+@cluster_group.command("stop")
+@click.option("--dir", "directory", metavar="D", help="Cluster directory.")
+@common_options
+@pass_state
+@catch_errors
+def cluster_stop(state: State, directory: str | None) -> None:
+    """Stop every process of the cluster (tablet servers, coordinators, then ZooKeeper)."""
+    directory = cluster_dir(state, directory)
+    result = local_cluster.stop(directory)
+    text = (f"stopped {len(result['stopped'])} process(es) in {directory}" if result["stopped"]
+            else f"the cluster in {directory} was already stopped")
+    state.output.message(text, result)
+
+
+@cluster_group.command("status")
+@click.option("--dir", "directory", metavar="D", help="Cluster directory.")
+@common_options
+@pass_state
+@catch_errors
+def cluster_status(state: State, directory: str | None) -> None:
+    """Which processes run, which coordinator is active, how many buckets each tablet server leads."""
+    state.output.cluster_status(local_cluster.status(cluster_dir(state, directory)))

@@ -1,0 +1,173 @@
+"""The row commands: ``kvlease put``, ``get``, ``delete`` and ``log``."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from typing import TextIO
+
+import click
+
+from common import errors
+from ops import output as out
+from ops.cli.app import State, catch_errors, common_options, kvlease, pass_state
+from ops.cli.values import DURATION, parse_json_row, parse_keys, table_path
+
+PUT_BATCH_ROWS = 10_000
+
+
+@kvlease.command("put")
+@click.argument("path", metavar="DB.NAME", callback=table_path)
+@click.argument("source", metavar="[FILE|-]", type=click.File("r", encoding="utf-8"), default="-")
+@click.option("--batch-size", type=click.IntRange(min=1), default=PUT_BATCH_ROWS, show_default=True,
+              help="Rows per write (each write is one request per bucket).")
+@common_options
+@pass_state
+@catch_errors
+def put(state: State, path: str, source: TextIO, batch_size: int) -> None:
+    """Upsert rows from JSON lines (one object per line: column -> value) in FILE or stdin.
+
+    BYTES values are base64 text, TIMESTAMP values ISO-8601 text (UTC) or
+    integer microseconds. A bad line stops the command: nothing of its batch
+    is written (earlier batches are).
+    """
+    client = state.table_client(path)
+    table = client.table
+    written, rows, lines = 0, [], []
+    show_progress = not state.json_mode and sys.stderr.isatty()
+
+    def flush() -> int:
+        try:
+            batch = client.codec.to_batch(rows)
+        except errors.InvalidRowError as exc:
+            raise errors.InvalidRowError(f"{_at_lines(exc.message, lines)} (nothing of lines {lines[0]}-{lines[-1]} "
+                                         f"was written; {written} row(s) before them were)") from None
+        try:
+            client.upsert(batch)
+        except errors.KvLeaseError as exc:
+            exc.message = f"{exc.message} (writing lines {lines[0]}-{lines[-1]}; {written} row(s) before them " \
+                          "were written)"
+            raise
+        return len(rows)
+
+    for number, line in enumerate(source, 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(parse_json_row(line, number, table))
+        except errors.InvalidRowError as exc:
+            exc.message += f" ({written} row(s) before line {lines[0] if lines else number} were written)"
+            raise
+        lines.append(number)
+        if len(rows) >= batch_size:
+            written += flush()
+            rows, lines = [], []
+            if show_progress:
+                click.echo(f"{written} rows written …", err=True)
+    if rows:
+        written += flush()
+    state.output.message(f"wrote {written} row(s) to {table.path}", {"table": table.path, "rows": written})
+
+
+def _at_lines(message: str, lines: list[int]) -> str:
+    """A codec message about ``row i`` of a batch, told as the input line of that row."""
+    m = re.match(r"^row (\d+)(.*)$", message, re.S)
+    if m and int(m.group(1)) < len(lines):
+        return f"line {lines[int(m.group(1))]}{m.group(2)}"
+    return f"lines {lines[0]}-{lines[-1]}: {message}"
+
+
+def _key_command(ctx_settings: dict | None = None):
+    """``DB.NAME KEY…`` commands; keys may start with '-' (negative numbers)."""
+    return kvlease.command(context_settings={"ignore_unknown_options": True, **(ctx_settings or {})})
+
+
+@_key_command()
+@click.argument("path", metavar="DB.NAME", callback=table_path)
+@click.argument("keys", metavar="KEY…", nargs=-1, required=True)
+@common_options
+@pass_state
+@catch_errors
+def get(state: State, path: str, keys: tuple[str, ...]) -> None:
+    """Look up rows by primary key.
+
+    KEY is the primary-key value; for a composite key, the values in
+    primary-key order comma-separated (7,abc) or as a JSON array ('[7,"a,b"]').
+    """
+    client = state.table_client(path)
+    rows = client.lookup(parse_keys(keys, client.table))
+    state.output.rows(out.rows_doc(client.table.path, keys, rows))
+
+
+@_key_command()
+@click.argument("path", metavar="DB.NAME", callback=table_path)
+@click.argument("keys", metavar="KEY…", nargs=-1, required=True)
+@common_options
+@pass_state
+@catch_errors
+def delete(state: State, path: str, keys: tuple[str, ...]) -> None:
+    """Delete rows by primary key (KEY as for `get`); missing keys are ignored."""
+    client = state.table_client(path)
+    offsets = client.delete(parse_keys(keys, client.table))
+    deleted = sum(end - base for base, end in offsets.values())  # one -D record per deleted row
+    text = f"deleted {deleted} row(s) from {client.table.path}"
+    if deleted < len(keys):
+        text += f" ({len(keys) - deleted} key(s) had no row)"
+    state.output.message(text, {"table": client.table.path, "keys": len(keys), "deleted": deleted})
+
+
+@kvlease.command("log")
+@click.argument("path", metavar="DB.NAME", callback=table_path)
+@click.option("--bucket", type=click.IntRange(min=0), required=True, help="The bucket whose changelog to read.")
+@click.option("--from", "from_offset", type=click.IntRange(min=0), metavar="N",
+              help="First offset (default: the earliest kept).")
+@click.option("--follow", is_flag=True, help="Keep polling for new records until Ctrl-C.")
+@click.option("--poll-interval", type=DURATION, default="500ms", show_default=True, metavar="DURATION",
+              help="How often --follow asks for new records.")
+@common_options
+@pass_state
+@catch_errors
+def log_command(state: State, path: str, bucket: int, from_offset: int | None, follow: bool,
+                poll_interval: int) -> None:
+    """Print a bucket's change records as JSON lines {offset, change_type, row}.
+
+    change_type is +I (insert), -U / +U (update: before / after image) or -D
+    (delete: the deleted row). Without --follow it stops at the end of the log;
+    with --json it prints one document instead (not with --follow).
+    """
+    if follow and state.json_mode:
+        raise click.UsageError("--json prints one document; it cannot be combined with --follow")
+    client = state.table_client(path)
+    if bucket >= client.table.buckets:
+        raise errors.BucketOutOfRangeError(f"table {client.table.path} has buckets 0..{client.table.buckets - 1}, "
+                                           f"not {bucket}")
+    offset = from_offset if from_offset is not None else client.list_offsets([bucket])[bucket][0]
+    start, stop_at, collected = offset, None, []
+    try:
+        while True:
+            records, end = client.fetch_log(bucket, offset)
+            if stop_at is None:
+                stop_at = end
+            for record in records:
+                doc = out.log_record_doc(record)
+                if state.json_mode:
+                    collected.append(doc)
+                else:
+                    click.echo(json.dumps(doc))
+            if records:
+                offset = records[-1]["offset"] + 1
+                sys.stdout.flush()
+            if not follow and (offset >= stop_at or not records):
+                break
+            if follow and not records:
+                time.sleep(poll_interval / 1000.0)
+    except KeyboardInterrupt:  # the way to end --follow
+        return
+    except BrokenPipeError:  # e.g. piped into head
+        sys.stderr.close()
+        return
+    if state.json_mode:
+        state.output.document({"table": client.table.path, "bucket": bucket, "from_offset": start,
+                               "log_end_offset": stop_at, "records": collected})

@@ -1,0 +1,117 @@
+"""``kvlease lease acquire|renew|release|drop|list|describe``: KV snapshot leases."""
+
+from __future__ import annotations
+
+import click
+
+from common import errors
+from common.model import TableBucket
+from ops import output as out
+from ops.cli.app import State, catch_errors, common_options, kvlease, pass_state
+from ops.cli.values import DURATION, BucketList, BucketSnapshot, table_path
+
+
+@kvlease.group("lease")
+def lease_group() -> None:
+    """KV snapshot leases: keep snapshots from being deleted while they are read."""
+
+
+@lease_group.command("acquire")
+@click.argument("lease_id")
+@click.option("--table", "path", required=True, metavar="DB.NAME", callback=table_path)
+@click.option("--snapshot", "snapshots", type=BucketSnapshot(), multiple=True,
+              help="Bucket and snapshot to hold, B=ID; repeat for more buckets.")
+@click.option("--latest", is_flag=True, help="Hold the latest snapshot of every bucket.")
+@click.option("--duration", type=DURATION, required=True, help="Lease duration from now, e.g. 10m.")
+@common_options
+@pass_state
+@catch_errors
+def lease_acquire(state: State, lease_id: str, path: str, snapshots: tuple[tuple[int, int], ...], latest: bool,
+                  duration: int) -> None:
+    """Create or update a lease on snapshots of a table."""
+    if bool(snapshots) == latest:
+        raise click.UsageError("give either --snapshot B=ID (one or more) or --latest")
+    buckets_seen = [b for b, _ in snapshots]
+    if len(set(buckets_seen)) != len(buckets_seen):
+        raise click.BadParameter("a bucket is named twice", param_hint="'--snapshot'")
+    info = state.client.get_table(path)
+    no_snapshot: list[TableBucket] = []
+    if latest:
+        latest_snapshots = state.client.get_latest_kv_snapshots(info.table_id)
+        wanted = {tb: s.snapshot_id for tb, s in latest_snapshots.items()}
+        no_snapshot = [TableBucket(info.table_id, b) for b in range(info.buckets)
+                       if TableBucket(info.table_id, b) not in wanted]
+        if not wanted:
+            raise errors.SnapshotNotFoundError(f"table {info.path} has no snapshot in any bucket yet; nothing to lease")
+    else:
+        wanted = {TableBucket(info.table_id, b): sid for b, sid in snapshots}
+    result = state.client.acquire_lease(lease_id, wanted, duration)
+    names = {info.table_id: info.path}
+    state.output.acquired(out.acquire_doc(result.lease_id, result.expiration_time, result.acquired,
+                                          result.unavailable, names, no_snapshot))
+
+
+@lease_group.command("renew")
+@click.argument("lease_id")
+@click.option("--duration", type=DURATION, required=True, help="New duration from now, e.g. 10m.")
+@common_options
+@pass_state
+@catch_errors
+def lease_renew(state: State, lease_id: str, duration: int) -> None:
+    """Move a lease's expiration to now + duration (never creates a lease)."""
+    expiration = state.client.renew_lease(lease_id, duration)
+    state.output.message(f"lease {lease_id} expires {out.format_time_ms(expiration)}",
+                         {"lease_id": lease_id, "expiration_time": expiration})
+
+
+@lease_group.command("release")
+@click.argument("lease_id")
+@click.option("--table", "path", required=True, metavar="DB.NAME", callback=table_path)
+@click.option("--bucket", "buckets", type=BucketList(), multiple=True, required=True,
+              help="Bucket(s) to free: repeat, or B,B,….")
+@common_options
+@pass_state
+@catch_errors
+def lease_release(state: State, lease_id: str, path: str, buckets: tuple[list[int], ...]) -> None:
+    """Free some buckets of a lease; a lease left empty disappears."""
+    info = state.client.get_table(path)
+    numbers = sorted({b for group in buckets for b in group})
+    remains = state.client.release_lease(lease_id, [TableBucket(info.table_id, b) for b in numbers])
+    text = f"released {info.path} bucket(s) {', '.join(map(str, numbers))} from lease {lease_id}"
+    text += "" if remains else f"; lease {lease_id} holds nothing more and is gone"
+    state.output.message(text, {"lease_id": lease_id, "table": info.path, "released": numbers,
+                                "lease_remains": remains})
+
+
+@lease_group.command("drop")
+@click.argument("lease_id")
+@common_options
+@pass_state
+@catch_errors
+def lease_drop(state: State, lease_id: str) -> None:
+    """Free every bucket of a lease (release all)."""
+    dropped = state.client.drop_lease(lease_id)
+    text = f"dropped lease {lease_id}" if dropped else f"no lease {lease_id} (nothing to drop)"
+    state.output.message(text, {"lease_id": lease_id, "dropped": dropped})
+
+
+@lease_group.command("list")
+@common_options
+@pass_state
+@catch_errors
+def lease_list(state: State) -> None:
+    """Every lease, with its deadline and buckets."""
+    leases = state.client.list_leases()
+    names = state.table_names() if leases else {}
+    state.output.leases(out.leases_doc(leases, names))
+
+
+@lease_group.command("describe")
+@click.argument("lease_id")
+@common_options
+@pass_state
+@catch_errors
+def lease_describe(state: State, lease_id: str) -> None:
+    """One lease: its deadline and the snapshot it holds per bucket."""
+    lease = state.client.describe_lease(lease_id)
+    state.output.lease(out.lease_doc(lease, state.table_names()))

@@ -1,0 +1,41 @@
+"""``kvlease scan``: the live rows of a table."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from common import errors
+from ops import output as out
+from ops.cli.app import State, catch_errors, common_options, kvlease, pass_state
+from ops.cli.values import table_path
+
+
+@kvlease.command("scan")
+@click.argument("path", metavar="DB.NAME", callback=table_path)
+@click.option("--bucket", type=click.IntRange(min=0), metavar="B", help="Scan only this bucket.")
+@click.option("--limit", type=click.IntRange(min=1), metavar="N", help="At most N rows in all.")
+@common_options
+@pass_state
+@catch_errors
+def scan_command(state: State, path: str, bucket: int | None, limit: int | None) -> None:
+    """Read the live rows of a table (every bucket, or --bucket B) from its leaders.
+
+    Each bucket is read from one consistent snapshot, taken when its scan
+    opens; the output names per bucket the first changelog offset that is not
+    in the rows (`kvlease log --from N` continues from there). Buckets are
+    read in parallel; with --limit one after another until N rows.
+    """
+    client = state.table_client(path)
+    table = client.table
+    if bucket is not None and bucket >= table.buckets:
+        raise errors.BucketOutOfRangeError(f"table {table.path} has buckets 0..{table.buckets - 1}, not {bucket}")
+    buckets = None if bucket is None else [bucket]
+    progress = out.ScanProgress(1 if bucket is not None else table.buckets) if sys.stderr.isatty() else None
+    try:
+        result = client.scan(limit=limit, buckets=buckets, on_batch=progress)
+    finally:
+        if progress is not None:
+            progress.close()
+    state.output.scan(out.scan_doc(table.path, result.rows, result.log_offsets))

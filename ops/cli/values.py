@@ -1,0 +1,210 @@
+"""Values of the ``kvlease`` command line, from text: click parameter types
+(durations, ``B=ID`` snapshots, bucket lists), the ``DB.NAME`` check, and
+column values, keys and JSON rows for ``put``, ``get`` and ``delete``.
+
+A bad value on the command line is a usage error (exit 2); a bad JSON line of
+``put`` is :class:`common.errors.InvalidRowError` naming the line.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import re
+from datetime import datetime
+from typing import Any, Iterable
+
+import click
+
+from common import config as cfg
+from common import errors
+from common.tables import TableInfo, parse_table_path
+
+
+# -- parameter types (client-side syntax checks: usage errors, exit 2) -------------------------
+
+
+class Duration(click.ParamType):
+    """``10m``, ``30s``, ``500ms`` -> milliseconds."""
+
+    name = "duration"
+
+    def convert(self, value: Any, param, ctx) -> int:
+        if isinstance(value, int):
+            return value
+        try:
+            return cfg.parse_duration_ms(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class BucketSnapshot(click.ParamType):
+    """``B=ID`` (bucket number = snapshot id) -> ``(B, ID)``."""
+
+    name = "B=ID"
+
+    def convert(self, value: Any, param, ctx) -> tuple[int, int]:
+        if isinstance(value, tuple):
+            return value
+        m = re.fullmatch(r"\s*(\d+)\s*=\s*(\d+)\s*", str(value))
+        if not m:
+            self.fail(f"{value!r} is not BUCKET=SNAPSHOT_ID (e.g. 0=12)", param, ctx)
+        return int(m.group(1)), int(m.group(2))
+
+
+class BucketList(click.ParamType):
+    """``3`` or ``0,1,2`` -> a list of bucket numbers."""
+
+    name = "B[,B…]"
+
+    def convert(self, value: Any, param, ctx) -> list[int]:
+        if isinstance(value, list):
+            return value
+        parts = [p.strip() for p in str(value).split(",")]
+        if not parts or not all(p.isdigit() for p in parts):
+            self.fail(f"{value!r} is not a bucket number or a comma-separated list of them", param, ctx)
+        return [int(p) for p in parts]
+
+
+DURATION = Duration()
+
+
+# -- column values from text and JSON (put, get, delete) -------------------------------------------
+
+_INT_RANGE = {"INT": (-(1 << 31), (1 << 31) - 1), "BIGINT": (-(1 << 63), (1 << 63) - 1)}
+_INTEGER = re.compile(r"^\s*[+-]?\d+\s*$")
+_TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
+#: Column types whose JSON form is not what the codec takes (text -> datetime / bytes).
+_JSON_CONVERTED = ("TIMESTAMP", "BYTES")
+
+
+def convert_value(value: Any, type_: str) -> Any:
+    """A column value from a JSON value or command-line text -> what ``RowCodec.to_batch`` takes.
+
+    BOOLEAN: true/false (or 1/0, yes/no as text); INT/BIGINT: an integer;
+    DOUBLE: a number (text also NaN, inf); STRING: text; BYTES: base64 text;
+    TIMESTAMP: ISO-8601 text (no zone = UTC) or integer microseconds since the epoch.
+    Raises ValueError saying what was expected.
+    """
+    if value is None:
+        return None
+    text = isinstance(value, str)
+    if type_ == "BOOLEAN":
+        if isinstance(value, bool):
+            return value
+        if text and value.strip().lower() in _TRUE + _FALSE:
+            return value.strip().lower() in _TRUE
+    elif type_ in _INT_RANGE:
+        number = int(value) if text and _INTEGER.match(value) else value
+        if isinstance(number, int) and not isinstance(number, bool):
+            lo, hi = _INT_RANGE[type_]
+            if not lo <= number <= hi:
+                raise ValueError(f"{number} is out of range for {type_}")
+            return number
+    elif type_ == "DOUBLE":
+        if text:
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif type_ == "STRING":
+        if text:
+            return value
+    elif type_ == "BYTES":
+        if text:
+            try:
+                return base64.b64decode(value, validate=True)
+            except (binascii.Error, ValueError):
+                raise ValueError(f"expected base64 text for BYTES, got {value!r}") from None
+    elif type_ == "TIMESTAMP":
+        if text and _INTEGER.match(value):
+            return int(value)
+        if text:
+            try:
+                return datetime.fromisoformat(value.strip())
+            except ValueError:
+                pass
+        elif isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ValueError(f"expected ISO-8601 text or integer microseconds for TIMESTAMP, got {value!r}")
+    raise ValueError(f"expected {type_}, got {value!r}")
+
+
+def parse_key(text: str, table: TableInfo) -> dict[str, Any]:
+    """A ``KEY`` argument -> ``{primary-key column: value}``, typed by the columns.
+
+    A one-column key is the text itself. A composite key is comma-separated
+    values in primary-key order (``7,abc``) or a JSON array (``'[7, "a,b"]'``,
+    for values that hold commas). Raises ValueError naming the column.
+    """
+    types = {c.name: c.type for c in table.columns}
+    pk = table.primary_key
+    if len(pk) == 1:
+        parts: list[Any] = [text]
+    elif text.lstrip().startswith("["):
+        try:
+            parts = json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"not a JSON array: {exc}") from None
+        if not isinstance(parts, list):
+            raise ValueError("not a JSON array")
+    else:
+        parts = text.split(",")
+    if len(parts) != len(pk):
+        raise ValueError(f"the primary key has {len(pk)} column(s) ({', '.join(pk)}), got {len(parts)} value(s) "
+                         "(give them comma-separated or as a JSON array)")
+    key = {}
+    for name, part in zip(pk, parts):
+        if part is None:
+            raise ValueError(f"column {name!r}: a primary key value cannot be null")
+        try:
+            key[name] = convert_value(part, types[name])
+        except ValueError as exc:
+            raise ValueError(f"column {name!r}: {exc}") from None
+    return key
+
+
+def parse_keys(texts: Iterable[str], table: TableInfo) -> list[dict[str, Any]]:
+    """Every KEY argument; a bad one is a usage error naming the key and the column."""
+    keys = []
+    for text in texts:
+        try:
+            keys.append(parse_key(text, table))
+        except ValueError as exc:
+            raise click.BadParameter(f"{text!r}: {exc}", param_hint="'KEY'") from None
+    return keys
+
+
+def parse_json_row(line: str, number: int, table: TableInfo) -> dict[str, Any]:
+    """One JSON line of ``put`` -> a row for ``RowCodec.to_batch``; InvalidRowError names the line."""
+    try:
+        row = json.loads(line)
+    except ValueError as exc:
+        raise errors.InvalidRowError(f"line {number}: not valid JSON ({exc})") from None
+    if not isinstance(row, dict):
+        raise errors.InvalidRowError(f"line {number}: expected a JSON object (column -> value), "
+                                     f"got {type(row).__name__}")
+    for column in table.columns:
+        if column.type in _JSON_CONVERTED and row.get(column.name) is not None:
+            try:
+                row[column.name] = convert_value(row[column.name], column.type)
+            except ValueError as exc:
+                raise errors.InvalidRowError(f"line {number}, column {column.name!r}: {exc}") from None
+    return row
+
+
+# -- table paths ---------------------------------------------------------------------------------------
+
+
+def table_path(ctx, param, value: str | None) -> str | None:
+    """``DB.NAME`` syntax check (usage error, exit 2)."""
+    if value is None:
+        return None
+    try:
+        parse_table_path(value)
+    except errors.KvLeaseError as exc:
+        raise click.BadParameter(exc.message, ctx, param) from None
+    return value

@@ -1,0 +1,233 @@
+"""The kvlease data commands (put/get/delete/log, snapshot trigger) against a fake
+TableClient, and the parsing of keys and column values, without a cluster."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from datetime import datetime
+
+import pytest
+from click.testing import CliRunner
+from rich.console import Console
+
+from common import errors
+from common.codec import RowCodec
+from common.tables import Column, TableInfo
+from ops import output as out
+from ops.cli import data, kvlease, values
+from ops.cli.app import State
+from tests.cli_runner import NO_ENV, assert_one_line_error
+
+pytestmark = pytest.mark.unit
+
+
+WIDE = TableInfo(9, "db", "w", (Column("id", "BIGINT"), Column("name", "STRING"), Column("ts", "TIMESTAMP"),
+                                Column("b", "BYTES"), Column("ok", "BOOLEAN"), Column("d", "DOUBLE")), ("id",), 2)
+PAIR = TableInfo(10, "db", "p", (Column("a", "INT"), Column("s", "STRING"), Column("v", "STRING")), ("a", "s"), 2)
+
+
+@pytest.mark.parametrize("text, table, expected", [
+    ("-5", WIDE, {"id": -5}),
+    (" 12 ", WIDE, {"id": 12}),
+    ("7,abc", PAIR, {"a": 7, "s": "abc"}),
+    ('[7, "a,b"]', PAIR, {"a": 7, "s": "a,b"}),
+    ('["7", "x"]', PAIR, {"a": 7, "s": "x"}),
+    ("7,", PAIR, {"a": 7, "s": ""}),
+])
+def test_parse_key(text, table, expected):
+    assert values.parse_key(text, table) == expected
+
+
+@pytest.mark.parametrize("text, table, message", [
+    ("abc", WIDE, "column 'id': expected BIGINT, got 'abc'"),
+    ("1.5", WIDE, "column 'id': expected BIGINT"),
+    ("9223372036854775808", WIDE, "out of range for BIGINT"),
+    ("7", PAIR, "2 column(s) (a, s), got 1"),
+    ("1,2,3", PAIR, "got 3 value(s)"),
+    ("2147483648,x", PAIR, "column 'a': 2147483648 is out of range for INT"),
+    ("[7, null]", PAIR, "column 's': a primary key value cannot be null"),
+    ("[7, x", PAIR, "not a JSON array"),
+])
+def test_parse_key_errors_name_the_column(text, table, message):
+    with pytest.raises(ValueError) as info:
+        values.parse_key(text, table)
+    assert message in str(info.value)
+
+
+def test_convert_value_by_type():
+    assert values.convert_value("true", "BOOLEAN") is True and values.convert_value(False, "BOOLEAN") is False
+    assert values.convert_value("2024-01-02T03:04:05", "TIMESTAMP") == datetime(2024, 1, 2, 3, 4, 5)
+    assert values.convert_value("1700000000000000", "TIMESTAMP") == 1_700_000_000_000_000
+    assert values.convert_value("aGk=", "BYTES") == b"hi"
+    assert values.convert_value(3, "DOUBLE") == 3.0 and math.isnan(values.convert_value("nan", "DOUBLE"))
+    for value, type_ in (("maybe", "BOOLEAN"), (True, "BIGINT"), ("x", "DOUBLE"), (5, "STRING"),
+                         ("not base64!", "BYTES"), ("yesterday", "TIMESTAMP")):
+        with pytest.raises(ValueError):
+            values.convert_value(value, type_)
+
+
+def test_json_values_of_rows():
+    doc = out.rows_doc("db.w", ["1", "2"], [
+        {"id": 1, "ts": datetime(2024, 1, 2, 3, 4, 5), "b": b"hi", "d": float("nan"), "e": float("-inf")}, None])
+    assert doc == {"table": "db.w", "keys": ["1", "2"], "found": 1, "rows": [
+        {"id": 1, "ts": "2024-01-02T03:04:05", "b": "aGk=", "d": "NaN", "e": "-Infinity"}, None]}
+    json.dumps(doc, allow_nan=False)
+
+
+class FakeTableClient:
+    """Records writes; lookups answer from what was written."""
+
+    def __init__(self, table: TableInfo) -> None:
+        self.table = table
+        self.codec = RowCodec(table)
+        self.upserts: list[list[dict]] = []
+        self.rows: dict[tuple, dict] = {}
+        self.records = [{"offset": i, "change_type": "+I", "row": {"id": i, "name": f"n{i}"}} for i in range(5)]
+        self.fetches: list[int] = []
+
+    def _key(self, row):
+        return tuple(row[k] for k in self.table.primary_key)
+
+    def upsert(self, rows):
+        batch = rows if isinstance(rows, list) else rows.to_pylist()
+        self.upserts.append(batch)
+        for row in batch:
+            self.rows[self._key(row)] = row
+        return {0: (0, len(batch))}
+
+    def lookup(self, keys):
+        return [self.rows.get(self._key(k)) for k in keys]
+
+    def delete(self, keys):
+        gone = [self.rows.pop(self._key(k), None) for k in keys]
+        return {0: (10, 10 + sum(g is not None for g in gone))}
+
+    def list_offsets(self, buckets=None):
+        return {b: (2, 5) for b in buckets}
+
+    def fetch_log(self, bucket, from_offset, max_bytes=0):
+        self.fetches.append(from_offset)
+        return self.records[from_offset:from_offset + 2], 5
+
+    def trigger_snapshot(self, wait=True):
+        return [(1, 4, 5), (0, 3, 7)] if wait else []
+
+    def close(self):
+        pass
+
+
+@pytest.fixture
+def fake_table(monkeypatch):
+    clients = {}
+
+    def table_client(self, path):
+        table = {"db.w": WIDE, "db.p": PAIR}.get(path)
+        if table is None:
+            raise errors.TableNotExistError(f"table {path} does not exist")
+        return clients.setdefault(path, FakeTableClient(table))
+
+    monkeypatch.setattr(State, "table_client", table_client)
+    return clients
+
+
+def run_in(*args: str, input: str | None = None):
+    return CliRunner().invoke(kvlease, ["--bootstrap", "127.0.0.1:1", *args], input=input, env=NO_ENV,
+                              prog_name="kvlease")
+
+
+def test_put_reads_json_lines_in_batches(fake_table, tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"id": 1, "name": "a", "ts": "2024-01-02T03:04:05", "b": "aGk="}\n\n{"id": 2}\n'
+                    '{"id": 3, "ok": true, "d": 1}\n')
+    result = run_in("put", "db.w", str(path), "--batch-size", "2", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == {"table": "db.w", "rows": 3}
+    client = fake_table["db.w"]
+    assert [len(b) for b in client.upserts] == [2, 1]
+    assert client.rows[(1,)]["ts"] == datetime(2024, 1, 2, 3, 4, 5) and client.rows[(1,)]["b"] == b"hi"
+    result = run_in("put", "db.w", input='{"id": 4}\n')  # stdin
+    assert result.exit_code == 0 and "wrote 1 row(s) to db.w" in result.stdout
+
+
+@pytest.mark.parametrize("lines, message, written", [
+    (['{"id": 1}', '{"id": 2}', '{"id": "x"}'], "line 3, column 'id': expected BIGINT, got 'x'", [1, 2]),
+    (['{"id": 1}', '{"id": 2}', "", '{"id": 3', '{"id": 5}'], "line 4: not valid JSON", [1, 2]),
+    (['{"id": 1}', '[1, 2]'], "line 2: expected a JSON object", []),
+    (['{"id": 1}', '{"id": 2, "zzz": 1}'], "line 2, column 'zzz': unknown column", []),
+    (['{"id": 1}', '{"name": "no key"}'], "line 2, column 'id': primary key is missing", []),
+    (['{"id": 1}', '{"id": 2, "ts": "soon"}'], "line 2, column 'ts': expected ISO-8601", []),
+    (['{"id": 1}', '{"id": 2}', '{"id": 3}', '{"id": 9999999999999999999}'], "line 4, column 'id'", [1, 2]),
+])
+def test_put_names_the_bad_line_and_writes_nothing_of_its_batch(fake_table, lines, message, written):
+    result = run_in("put", "db.w", "--batch-size", "2", input="\n".join(lines) + "\n")
+    error = assert_one_line_error(result)
+    assert message in error
+    assert f"{len(written)} row(s) before" in error
+    client = fake_table["db.w"]
+    assert [row["id"] for batch in client.upserts for row in batch] == written  # the bad line's batch: nothing
+
+
+def test_get_and_delete(fake_table):
+    fake_table.setdefault("db.p", FakeTableClient(PAIR)).rows[(7, "a,b")] = {"a": 7, "s": "a,b", "v": "x"}
+    result = run_in("get", "db.p", '[7, "a,b"]', "8,z", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == {"table": "db.p", "keys": ['[7, "a,b"]', "8,z"], "found": 1,
+                                         "rows": [{"a": 7, "s": "a,b", "v": "x"}, None]}
+    text = run_in("get", "db.p", '[7, "a,b"]', "8,z").stdout
+    assert "a,b" in text and "not found: 8,z" in text
+    result = run_in("delete", "db.p", '[7, "a,b"]', "8,z", "--json")
+    assert json.loads(result.stdout) == {"table": "db.p", "keys": 2, "deleted": 1}
+    assert "-5" in run_in("get", "db.w", "-5").stdout  # negative keys are not options
+
+
+@pytest.mark.parametrize("args, message", [
+    (("get", "db.w", "abc"), "'abc': column 'id': expected BIGINT"),
+    (("delete", "db.p", "1"), "the primary key has 2 column(s)"),
+    (("get", "db.w"), "Missing argument"),
+])
+def test_bad_keys_are_usage_errors(fake_table, args, message):
+    result = run_in(*args)
+    assert result.exit_code == 2 and message in result.stderr, result.output
+
+
+def test_get_unknown_table_is_one_line(fake_table):
+    assert "table db.nope does not exist" in assert_one_line_error(run_in("get", "db.nope", "1"))
+
+
+def test_log_prints_json_lines_up_to_the_end(fake_table):
+    result = run_in("log", "db.w", "--bucket", "1")
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [r["offset"] for r in lines] == [2, 3, 4]  # from the earliest kept offset
+    assert lines[0] == {"offset": 2, "change_type": "+I", "row": {"id": 2, "name": "n2"}}
+    doc = json.loads(run_in("log", "db.w", "--bucket", "0", "--from", "3", "--json").stdout)
+    assert doc["from_offset"] == 3 and doc["log_end_offset"] == 5 and [r["offset"] for r in doc["records"]] == [3, 4]
+    assert run_in("log", "db.w", "--bucket", "0", "--follow", "--json").exit_code == 2
+    assert "buckets 0..1, not 2" in assert_one_line_error(run_in("log", "db.w", "--bucket", "2"))
+
+
+def test_log_follow_stops_quietly_on_ctrl_c(fake_table, monkeypatch):
+    polls = []
+
+    def sleep(seconds):
+        polls.append(seconds)
+        if len(polls) == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(data.time, "sleep", sleep)
+    result = run_in("log", "db.w", "--bucket", "0", "--from", "0", "--follow", "--poll-interval", "50ms")
+    assert result.exit_code == 0, result.output
+    assert [json.loads(line)["offset"] for line in result.stdout.splitlines()] == [0, 1, 2, 3, 4]
+    assert polls == [0.05] * 3
+
+
+def test_snapshot_trigger(fake_table):
+    doc = json.loads(run_in("snapshot", "trigger", "db.w", "--wait", "--json").stdout)
+    assert doc == {"table": "db.w", "waited": True, "snapshots": [
+        {"bucket": 0, "snapshot_id": 3, "log_offset": 7}, {"bucket": 1, "snapshot_id": 4, "log_offset": 5}]}
+    assert "triggered" in run_in("snapshot", "trigger", "db.w").stdout
+    buffer = io.StringIO()
+    out.TextOutput(Console(file=buffer, width=100)).committed(out.committed_doc("db.w", [], True))
+    assert "nothing committed" in buffer.getvalue()

@@ -1,0 +1,93 @@
+"""The kvlease lease commands against a fake AdminClient (same method names and
+return types as client.admin.AdminClient), without a cluster."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import client.admin as admin
+from common import errors
+from common.tables import Column, TableInfo
+from common.model import Lease, SnapshotHandle, TableBucket
+from tests.cli_runner import assert_one_line_error, run
+
+pytestmark = pytest.mark.unit
+
+
+class FakeAdmin:
+    """Just enough of AdminClient: one table db.t (id 7, 3 buckets)."""
+
+    info = TableInfo(7, "db", "t", (Column("id", "BIGINT"),), ("id",), 3)
+
+    def __init__(self, bootstrap, config=None, **kwargs):
+        self.bootstrap = admin.parse_bootstrap(bootstrap)
+        self.leases: dict[str, Lease] = {}
+
+    def close(self):
+        pass
+
+    def get_table(self, path):
+        if path != "db.t":
+            raise errors.TableNotExistError(f"table {path} does not exist")
+        return self.info
+
+    def list_tables(self, database=""):
+        return [self.info]
+
+    def get_latest_kv_snapshots(self, table_id):
+        handle = SnapshotHandle(TableBucket(7, 0), 5, 10, "m")
+        return {handle.bucket: admin.SnapshotInfo(handle)}
+
+    def acquire_lease(self, lease_id, snapshots, duration_ms):
+        acquired = {tb: sid for tb, sid in snapshots.items() if tb.bucket == 0}
+        unavailable = {tb: sid for tb, sid in snapshots.items() if tb.bucket != 0}
+        self.leases[lease_id] = Lease(lease_id, 1000 + duration_ms, acquired)
+        return admin.AcquireResult(lease_id, 1000 + duration_ms, acquired, unavailable)
+
+    def renew_lease(self, lease_id, duration_ms):
+        raise errors.LeaseNotFoundError(f"lease {lease_id} not found")
+
+    def release_lease(self, lease_id, buckets):
+        self.released = list(buckets)
+        return False
+
+
+@pytest.fixture
+def fake_admin(monkeypatch):
+    monkeypatch.setattr(admin, "AdminClient", FakeAdmin)
+
+
+def test_acquire_json(fake_admin):
+    result = run("--bootstrap", "127.0.0.1:1", "lease", "acquire", "L1", "--table", "db.t",
+                 "--snapshot", "0=5", "--snapshot", "1=9", "--duration", "10m", "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc == {"lease_id": "L1", "expiration_time": 601_000,
+                   "acquired": [{"table": "db.t", "bucket": 0, "snapshot_id": 5}],
+                   "unavailable": [{"table": "db.t", "bucket": 1, "snapshot_id": 9}]}
+
+
+def test_acquire_latest_reports_buckets_without_snapshot(fake_admin):
+    result = run("--bootstrap", "127.0.0.1:1", "--json", "lease", "acquire", "L1", "--table", "db.t",
+                 "--latest", "--duration", "1m")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["acquired"] == [{"table": "db.t", "bucket": 0, "snapshot_id": 5}]
+    assert doc["no_snapshot"] == [{"table": "db.t", "bucket": 1}, {"table": "db.t", "bucket": 2}]
+
+
+def test_server_errors_are_one_line(fake_admin):
+    assert "lease L9 not found" in assert_one_line_error(
+        run("--bootstrap", "127.0.0.1:1", "lease", "renew", "L9", "--duration", "1m"))
+    assert "table db.nope does not exist" in assert_one_line_error(
+        run("--bootstrap", "127.0.0.1:1", "lease", "release", "L9", "--table", "db.nope", "--bucket", "0"))
+
+
+def test_release_accepts_repeated_and_comma_separated_buckets(fake_admin):
+    result = run("--bootstrap", "127.0.0.1:1", "lease", "release", "L1", "--table", "db.t",
+                 "--bucket", "2", "--bucket", "0,1", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == {"lease_id": "L1", "table": "db.t", "released": [0, 1, 2],
+                                         "lease_remains": False}
