@@ -67,16 +67,16 @@ class Harness:
 
     # event builders (time = the harness clock)
     def acquire(self, lease_id: str, snaps: dict, duration: int = 10_000) -> Acquire:
-        return Acquire(self.next_id(), lease_id, dict(snaps), duration, self.now)
+        return Acquire(lease_id, dict(snaps), duration, self.now, event_id=self.next_id())
 
     def renew(self, lease_id: str, duration: int = 10_000) -> Renew:
-        return Renew(self.next_id(), lease_id, duration, self.now)
+        return Renew(lease_id, duration, self.now, event_id=self.next_id())
 
     def release(self, lease_id: str, *buckets: TableBucket) -> Release:
-        return Release(self.next_id(), lease_id, frozenset(buckets))
+        return Release(lease_id, frozenset(buckets), event_id=self.next_id())
 
     def drop(self, lease_id: str) -> Drop:
-        return Drop(self.next_id(), lease_id)
+        return Drop(lease_id, event_id=self.next_id())
 
     def run(self, event: object) -> list[object]:
         """Handle the event and complete every write it asks for; all instructions in order."""
@@ -473,7 +473,7 @@ def test_expire_drops_exactly_the_expired_leases(h: Harness) -> None:
     h.lease("C", {tb(T2, 0): 1}, 3_001)
     shared = h.lease("D", {tb(T1, 1): 6}, 10_000)
 
-    ev = Expire(h.next_id(), 3_000)
+    ev = Expire(3_000, event_id=h.next_id())
     out = h.handle(ev)
     writes = _of(out, PersistLease)
     assert len(out) == len(writes) == 2
@@ -489,7 +489,7 @@ def test_expire_drops_exactly_the_expired_leases(h: Harness) -> None:
     assert h.state.leases.keys() == {"C", "D"}
     assert h.state.get("D") == shared
 
-    ev = Expire(h.next_id(), 3_000)
+    ev = Expire(3_000, event_id=h.next_id())
     assert h.handle(ev) == [Reply(ev.event_id, None)]  # nothing more to expire
 
 
@@ -501,7 +501,7 @@ def test_expire_skips_a_lease_with_a_write_in_flight(h: Harness) -> None:
     h.lease("B", {tb(T1, 1): 6}, 1_000)
     h.now = 2_000
     (renew,) = _of(h.handle(h.renew("B", 5_000)), PersistLease)
-    out = h.handle(Expire(h.next_id(), 2_000))
+    out = h.handle(Expire(2_000, event_id=h.next_id()))
     assert [w.lease_id for w in _of(out, PersistLease)] == ["A"]
     for write in _of(out, PersistLease):
         h.handle(WriteDone(write.write_id))
@@ -514,7 +514,7 @@ def test_a_failed_expire_write_keeps_that_lease(h: Harness) -> None:
     h.commit(tb(T1, 0), 5)
     h.now = 0
     lease = h.lease("A", {tb(T1, 0): 5}, 1_000)
-    ev = Expire(h.next_id(), 1_000)
+    ev = Expire(1_000, event_id=h.next_id())
     (write,) = _of(h.handle(ev), PersistLease)
     failure = errors.StorageError("nope")
     assert h.handle(WriteFailed(write.write_id, failure)) == [Reply(ev.event_id, error=failure)]
@@ -532,7 +532,7 @@ def test_remove_table_takes_the_table_out_of_every_lease(h: Harness) -> None:
     both = h.lease("B", {tb(T1, 0): 5, tb(T2, 0): 1})
     only_t2 = h.lease("C", {tb(T2, 0): 1})
 
-    ev = RemoveTable(h.next_id(), T1)
+    ev = RemoveTable(T1, event_id=h.next_id())
     out = h.handle(ev)
     writes = {w.lease_id: w for w in _of(out, PersistLease)}
     assert len(out) == 2 and writes.keys() == {"A", "B"}
@@ -554,7 +554,7 @@ def test_remove_table_is_deferred_while_a_holder_has_a_write_in_flight(h: Harnes
     h.commit(tb(T1, 0), 5)
     h.lease("A", {tb(T1, 0): 5})
     (write,) = _of(h.handle(h.renew("A")), PersistLease)
-    ev = RemoveTable(h.next_id(), T1)
+    ev = RemoveTable(T1, event_id=h.next_id())
     assert h.handle(ev) == [Deferred(ev)]
     h.handle(WriteDone(write.write_id))
     assert _reply(h.run(ev)) == Reply(ev.event_id, None)
@@ -570,7 +570,7 @@ def test_remove_table_waits_for_an_acquire_in_flight_that_adds_the_table(h: Harn
     if existing:
         h.lease("A", {tb(T2, 0): 1})
     (write,) = _of(h.handle(h.acquire("A", {tb(T1, 0): 5})), PersistLease)
-    ev = RemoveTable(h.next_id(), T1)
+    ev = RemoveTable(T1, event_id=h.next_id())
     assert h.handle(ev) == [Deferred(ev)]
     h.handle(WriteDone(write.write_id))
     assert _reply(h.run(ev)).error is None
@@ -584,7 +584,7 @@ def test_a_partly_failed_remove_table_replies_the_error_and_keeps_the_failed_lea
     h.commit(tb(T1, 1), 6)
     h.lease("A", {tb(T1, 0): 5})
     h.lease("B", {tb(T1, 1): 6})
-    ev = RemoveTable(h.next_id(), T1)
+    ev = RemoveTable(T1, event_id=h.next_id())
     writes = _of(h.handle(ev), PersistLease)
     assert len(writes) == 2
     failure = errors.StorageError("one of two")
@@ -599,14 +599,14 @@ def test_a_partly_failed_remove_table_replies_the_error_and_keeps_the_failed_lea
     assert h.state.leases.keys() == {kept}  # the other one was written, so it is applied
     assert not h.state.busy(kept)
     # the shell retries the drop; now it completes
-    assert _reply(h.run(RemoveTable(h.next_id(), T1))).error is None
+    assert _reply(h.run(RemoveTable(T1, event_id=h.next_id()))).error is None
     assert h.state.leases == {}
 
 
 def test_remove_table_nobody_holds_replies_at_once(h: Harness) -> None:
     h.commit(tb(T2, 0), 1)
     h.lease("C", {tb(T2, 0): 1})
-    ev = RemoveTable(h.next_id(), T1)
+    ev = RemoveTable(T1, event_id=h.next_id())
     assert h.handle(ev) == [Reply(ev.event_id, None)]
 
 
@@ -620,7 +620,7 @@ def test_restore_grants_grace_to_expired_leases_and_rebuilds_refs(h: Harness) ->
         Lease("now", 1_000, {tb(T1, 0): 5}),
         Lease("future", 2_000, {tb(T1, 1): 7}),
     )
-    ev = Restore(h.next_id(), loaded, now_ms=1_000, grace_ms=300)
+    ev = Restore(loaded, now_ms=1_000, grace_ms=300, event_id=h.next_id())
     assert h.handle(ev) == [Reply(ev.event_id, 3)]
     assert h.state.leases == {
         "past": replace(loaded[0], expiration_time=1_300),
@@ -632,7 +632,7 @@ def test_restore_grants_grace_to_expired_leases_and_rebuilds_refs(h: Harness) ->
     assert h.state.refs.holders(tb(T1, 1), 7) == {"future"}
     assert h.state.refs == RefcountIndex.from_leases(loaded)
     # nothing expires before the grace is over
-    ev = Expire(h.next_id(), 1_299)
+    ev = Expire(1_299, event_id=h.next_id())
     assert h.handle(ev) == [Reply(ev.event_id, None)]
 
 
