@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import logging
 from concurrent.futures import Future
-from typing import Callable, Iterable
+from typing import Callable
 
 from kazoo.client import KazooClient
 
@@ -28,6 +28,7 @@ from common.model import Lease, TableBucket
 from common.statemachine import Dispatcher, on
 from common.storage import RemoteStorage
 from coordinator import requests as rq
+from coordinator.assignment import Assignments
 from coordinator.catalog import TableCatalog
 from coordinator.fencing import FencedWriter
 from coordinator.file_gc import FileCollector
@@ -73,13 +74,13 @@ class Controller(Dispatcher):
         catalog = TableCatalog()
         self.members = Membership(zk, catalog, notify)
         self.lease_shell = LeaseShell(ls.LeaseState(self, max_lease_ms), LeaseStore(storage), clock_ms=clock_ms,
-                                      on_freed=self._reclaim, metrics=metrics)
+                                      on_freed=lambda buckets: self.snapshot_commits.reclaim(buckets),
+                                      metrics=metrics)
         self.snapshot_commits = SnapshotCommits(
             zk, self.files, num_retained=num_retained, clock_ms=clock_ms,
             is_protected=lambda tb, sid: self.leases.is_protected(tb, sid),
             holders=lambda tb, sid: self.leases.refs.holders(tb, sid))
         self.tables = Tables(catalog, self.members, self.lease_shell, self.snapshot_commits, clock_ms)
-        self.writer: FencedWriter | None = None
 
     def close(self) -> None:
         self.files.close()
@@ -104,7 +105,7 @@ class Controller(Dispatcher):
         return self.tables.catalog
 
     @property
-    def assignments(self):
+    def assignments(self) -> Assignments:
         return self.members.assignments
 
     @property
@@ -129,7 +130,6 @@ class Controller(Dispatcher):
         leave orphan lease files for :class:`~coordinator.requests.RemoveOrphanLeaseFiles`
         (listed in the background once serving) instead of listing them now.
         """
-        self.writer = writer
         for part in (self.lease_shell, self.snapshot_commits, self.members, self.tables):
             part.writer = writer
         for path in zkpaths.ROOTS + (zkpaths.TABLES,):
@@ -149,7 +149,7 @@ class Controller(Dispatcher):
         dangling = [(tb, sid) for tb, sid in self.leases.refs.leased() if not self.snapshots.has_snapshot(tb, sid)]
         for tb, sid in dangling:
             log.warning("lease refers to snapshot %s of %s which is not stored", sid, tb)
-        self._reclaim({h.bucket for h in self.snapshots.all()})
+        self.snapshot_commits.reclaim({h.bucket for h in self.snapshots.all()})
         self.snapshots.validate(self.leases.is_protected)
         stats = {"tables": len(self.catalog.by_id), "snapshots": sum(1 for _ in self.snapshots.all()),
                  "leases": len(loaded), "graced": graced,
@@ -158,9 +158,6 @@ class Controller(Dispatcher):
         log.info("reinitialized: %s", stats)
         self.refresh_metrics()
         return stats
-
-    def _reclaim(self, buckets: Iterable[TableBucket]) -> None:
-        self.snapshot_commits.reclaim(buckets)
 
     # -- the batch entry point ---------------------------------------------------------
 

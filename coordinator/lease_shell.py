@@ -20,13 +20,12 @@ from common import errors
 from common.model import Lease, TableBucket
 from common.statemachine import Event, Shell, on
 from common.zk import ZkOp
-from coordinator.fencing import FencedWriter
+from coordinator.fencing import MAX_OPS_PER_MULTI, FencedWriter
 from leases import state as ls
 from leases.store import LeaseStore, PreparedWrite
 
 log = logging.getLogger(__name__)
 
-MAX_OPS_PER_MULTI = 500
 MAX_BYTES_PER_MULTI = 256 * 1024  # well under ZooKeeper's default request limit (jute.maxbuffer, 1 MiB)
 #: A loop item: (request, future); the future is None for the loop's own timer events.
 Item = tuple[object, "Future | None"]

@@ -20,9 +20,8 @@ from common import errors, zkpaths
 from common.model import SnapshotHandle, TableBucket
 from common.tables import TableInfo
 from common.zk import ZkOp, dumps, loads
-from coordinator.fencing import FencedWriter
+from coordinator.fencing import MAX_OPS_PER_MULTI, FencedWriter
 from coordinator.file_gc import FileCollector
-from coordinator.lease_shell import MAX_OPS_PER_MULTI
 from coordinator.snapshots import IsLeased, SnapshotStore
 
 log = logging.getLogger(__name__)
