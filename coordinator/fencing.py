@@ -20,6 +20,9 @@ from common.zk import ZkOp
 
 log = logging.getLogger(__name__)
 
+#: Ops per multi-op the coordinator sends (lease writes, snapshot deletes).
+MAX_OPS_PER_MULTI = 500
+
 
 class Fenced(errors.CoordinatorFencedError):
     """Raised on the epoch check failing: this coordinator must step down."""

@@ -16,7 +16,7 @@ from concurrent.futures import Future
 from typing import Callable
 
 from common import errors
-from coordinator import requests as rq
+from leases import state as ls
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class EventLoop:
                 if self.metrics:
                     self.metrics.queue_depth.set(len(self._queue))
             if self.monotonic() >= next_tick:
-                items.append((rq.ExpireTick(), None))
+                items.append((ls.Expire(), None))  # now_ms: stamped by the lease shell
                 next_tick = self.monotonic() + self.tick_s
             try:
                 deferred = self.controller.process(items)

@@ -1,12 +1,28 @@
-"""Requests the gRPC service hands to the event loop (one small frozen dataclass each)."""
+"""Requests the gRPC service hands to the event loop (one small frozen dataclass each).
+
+Lease changes are not here: their requests are the lease state machine's own
+events (:class:`leases.state.Acquire`, ``Renew``, ``Release``, ``Drop``, and the
+timer's ``Expire``), handed to the loop as they are. The names below are those
+events under the names of the requests they replaced, for callers that still
+use them.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Mapping
 
+from common.model import SnapshotHandle
 from common.tables import TableSpec
-from common.model import SnapshotHandle, TableBucket
+from leases.state import Acquire as AcquireLease
+from leases.state import Drop as DropLease
+from leases.state import Expire as ExpireTick
+from leases.state import Release as ReleaseLease
+from leases.state import Renew as RenewLease
+
+__all__ = ["AcquireLease", "CommitSnapshot", "CreateTable", "DescribeLease", "DropLease", "DropTable", "ExpireTick",
+           "GetTable", "GetTableAssignment", "ListLeases", "ListSnapshots", "ListTables", "ListTabletServers",
+           "ReleaseLease", "RemoveOrphanLeaseFiles", "RenewLease", "TabletServersChanged"]
 
 
 @dataclass(frozen=True)
@@ -46,30 +62,6 @@ class ListSnapshots:
 
 
 @dataclass(frozen=True)
-class AcquireLease:
-    lease_id: str
-    snapshots: Mapping[TableBucket, int]
-    duration_ms: int
-
-
-@dataclass(frozen=True)
-class RenewLease:
-    lease_id: str
-    duration_ms: int
-
-
-@dataclass(frozen=True)
-class ReleaseLease:
-    lease_id: str
-    buckets: frozenset[TableBucket]
-
-
-@dataclass(frozen=True)
-class DropLease:
-    lease_id: str
-
-
-@dataclass(frozen=True)
 class ListLeases:
     pass
 
@@ -101,12 +93,3 @@ class GetTableAssignment:
 @dataclass(frozen=True)
 class ListTabletServers:
     pass
-
-
-@dataclass(frozen=True)
-class ExpireTick:
-    """Timer event: drop the leases whose deadline passed."""
-
-
-LEASE_WRITES = (AcquireLease, RenewLease, ReleaseLease, DropLease, ExpireTick)
-QUERIES = (ListTables, GetTable, ListSnapshots, ListLeases, DescribeLease, GetTableAssignment, ListTabletServers)

@@ -1,6 +1,8 @@
 """The coordinator's gRPC service: turns requests into loop events, results into responses.
 
-Thin by design: no state here. A standby answers every request with
+Thin by design: no state here. Lease requests become the lease state
+machine's own events (:mod:`leases.state`; the lease shell stamps their time),
+the others :mod:`coordinator.requests`. A standby answers every request with
 ``NOT_COORDINATOR`` carrying the active coordinator's address.
 """
 
@@ -16,6 +18,7 @@ from common.wire import (bucket_from_pb, bucket_snapshots_from_pb, bucket_snapsh
                          handle_to_pb, lease_to_pb, table_to_pb)
 from common.tables import Column, TableSpec
 from coordinator import requests as rq
+from leases import state as ls
 
 log = logging.getLogger(__name__)
 
@@ -81,23 +84,23 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
         if len(snapshots) != len(request.snapshots):
             return pb.AcquireKvSnapshotLeaseResponse(error=error_pb(errors.InvalidRequestError(
                 "a bucket appears twice in the acquire request")))
-        return self._run(rq.AcquireLease(request.lease_id, snapshots, request.duration_ms),
+        return self._run(ls.Acquire(request.lease_id, snapshots, request.duration_ms),
                          pb.AcquireKvSnapshotLeaseResponse,
                          lambda o: {"expiration_time_ms": o.expiration_time,
                                     "acquired": bucket_snapshots_to_pb(o.acquired),
                                     "unavailable": bucket_snapshots_to_pb(o.unavailable)})
 
     def RenewKvSnapshotLease(self, request, context):
-        return self._run(rq.RenewLease(request.lease_id, request.duration_ms), pb.RenewKvSnapshotLeaseResponse,
+        return self._run(ls.Renew(request.lease_id, request.duration_ms), pb.RenewKvSnapshotLeaseResponse,
                          lambda expiration: {"expiration_time_ms": expiration})
 
     def ReleaseKvSnapshotLease(self, request, context):
         buckets = frozenset(bucket_from_pb(b) for b in request.buckets)
-        return self._run(rq.ReleaseLease(request.lease_id, buckets), pb.ReleaseKvSnapshotLeaseResponse,
+        return self._run(ls.Release(request.lease_id, buckets), pb.ReleaseKvSnapshotLeaseResponse,
                          lambda remains: {"lease_remains": remains})
 
     def DropKvSnapshotLease(self, request, context):
-        return self._run(rq.DropLease(request.lease_id), pb.DropKvSnapshotLeaseResponse,
+        return self._run(ls.Drop(request.lease_id), pb.DropKvSnapshotLeaseResponse,
                          lambda dropped: {"dropped": dropped})
 
     def ListKvSnapshotLeases(self, request, context):

@@ -7,6 +7,11 @@ Persist, then apply: a request that changes a lease yields a
 request with the error). One write per lease is in flight at a time; an event
 for a lease with a write in flight yields :class:`Deferred` and the shell
 hands it in again later.
+
+Built on :mod:`common.statemachine`: each event carries an ``event_id`` (the
+replies it causes name it) and has one registered handler. The lease requests
+callers send (acquire, renew, release, drop) are these events themselves; a
+caller may leave ``now_ms`` unset and the shell stamps its clock on hand-in.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from typing import Mapping, Protocol
 
 from common import errors
 from common.model import LEASE_ID, Lease, TableBucket
+from common.statemachine import Event, Instruction, StateMachine, on
 from leases.refcount import RefcountIndex
 
 
@@ -30,66 +36,61 @@ class Catalog(Protocol):
 # --- events --------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class Acquire:
-    event_id: int
+class Acquire(Event):
     lease_id: str
     snapshots: Mapping[TableBucket, int]
     duration_ms: int
-    now_ms: int
+    now_ms: int | None = None  # None: the shell stamps its clock before handing it in
 
 
 @dataclass(frozen=True)
-class Renew:
-    event_id: int
+class Renew(Event):
     lease_id: str
     duration_ms: int
-    now_ms: int
+    now_ms: int | None = None  # None: the shell stamps its clock before handing it in
 
 
 @dataclass(frozen=True)
-class Release:
-    event_id: int
+class Release(Event):
     lease_id: str
     buckets: frozenset[TableBucket]
 
 
 @dataclass(frozen=True)
-class Drop:
-    event_id: int
+class Drop(Event):
     lease_id: str
 
 
 @dataclass(frozen=True)
-class Expire:
-    event_id: int
-    now_ms: int
+class Expire(Event):
+    """Drop the leases whose deadline passed (the shell's timer)."""
+
+    now_ms: int | None = None
 
 
 @dataclass(frozen=True)
-class RemoveTable:
+class RemoveTable(Event):
     """A table is being dropped: take it out of every lease."""
 
-    event_id: int
     table_id: int
 
 
 @dataclass(frozen=True)
-class Restore:
+class Restore(Event):
     """Failover: the leases loaded from storage; expired ones get ``grace_ms``."""
 
-    event_id: int
     leases: tuple[Lease, ...]
     now_ms: int
     grace_ms: int
 
 
 @dataclass(frozen=True)
-class WriteDone:
+class WriteDone(Event):
     write_id: tuple[int, int]
 
 
 @dataclass(frozen=True)
-class WriteFailed:
+class WriteFailed(Event):
     write_id: tuple[int, int]
     error: errors.KvLeaseError
 
@@ -97,7 +98,7 @@ class WriteFailed:
 # --- instructions ------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class PersistLease:
+class PersistLease(Instruction):
     """Write ``after`` (None: delete the lease); only ``changed_tables`` need new files."""
 
     write_id: tuple[int, int]
@@ -112,28 +113,28 @@ class PersistLease:
 
 
 @dataclass(frozen=True)
-class Reply:
+class Reply(Instruction):
     event_id: int
     result: object = None
     error: errors.KvLeaseError | None = None
 
 
 @dataclass(frozen=True)
-class Deferred:
+class Deferred(Instruction):
     """The event touches a lease whose write is in flight: hand it in again later."""
 
-    event: object
+    event: Event
 
 
 @dataclass(frozen=True)
-class SnapshotsFreed:
+class SnapshotsFreed(Instruction):
     """These snapshots are no longer held by any lease."""
 
     snapshots: tuple[tuple[TableBucket, int], ...]
 
 
 @dataclass(frozen=True)
-class LeasesExpired:
+class LeasesExpired(Instruction):
     lease_ids: tuple[str, ...]
 
 
@@ -152,7 +153,7 @@ class _Parent:
 
 
 @dataclass
-class LeaseState:
+class LeaseState(StateMachine):
     catalog: Catalog
     max_duration_ms: int
     leases: dict[str, Lease] = field(default_factory=dict)
@@ -161,14 +162,7 @@ class LeaseState:
     _pending_leases: set[str] = field(default_factory=set)
     _parents: dict[int, _Parent] = field(default_factory=dict)
 
-    # -- entry point ---------------------------------------------------------------
-
-    def handle(self, *events: object) -> list[object]:
-        out: list[object] = []
-        for event in events:
-            handler = getattr(self, f"_on_{type(event).__name__.lower()}")
-            out.extend(handler(event))
-        return out
+    # -- queries (the entry point is StateMachine.handle) ------------------------
 
     def busy(self, lease_id: str) -> bool:
         return lease_id in self._pending_leases
@@ -214,6 +208,7 @@ class LeaseState:
             raise errors.BucketOutOfRangeError(
                 f"bucket {tb.bucket} out of range for table {tb.table_id} (buckets 0..{count - 1})")
 
+    @on(Acquire)
     def _on_acquire(self, ev: Acquire) -> list[object]:
         try:
             self._check_id(ev.lease_id)
@@ -240,6 +235,7 @@ class LeaseState:
         after = Lease(ev.lease_id, expiration, buckets)
         return self._persist(ev.event_id, "acquire", [(before, after)], outcome)
 
+    @on(Renew)
     def _on_renew(self, ev: Renew) -> list[object]:
         try:
             self._check_id(ev.lease_id)
@@ -254,6 +250,7 @@ class LeaseState:
         after = replace(before, expiration_time=ev.now_ms + ev.duration_ms)
         return self._persist(ev.event_id, "renew", [(before, after)], after.expiration_time)
 
+    @on(Release)
     def _on_release(self, ev: Release) -> list[object]:
         try:
             self._check_id(ev.lease_id)
@@ -272,6 +269,7 @@ class LeaseState:
         after = replace(before, buckets=remaining) if remaining else None
         return self._persist(ev.event_id, "release", [(before, after)], after is not None)
 
+    @on(Drop)
     def _on_drop(self, ev: Drop) -> list[object]:
         try:
             self._check_id(ev.lease_id)
@@ -284,11 +282,13 @@ class LeaseState:
             return [Reply(ev.event_id, False)]
         return self._persist(ev.event_id, "drop", [(before, None)], True)
 
+    @on(Expire)
     def _on_expire(self, ev: Expire) -> list[object]:
         expired = [lease for lease in self.leases.values()
                    if lease.expiration_time <= ev.now_ms and not self.busy(lease.lease_id)]
         return self._persist(ev.event_id, "expire", [(lease, None) for lease in expired], None)
 
+    @on(RemoveTable)
     def _on_removetable(self, ev: RemoveTable) -> list[object]:
         holders = [lease for lease in self.leases.values() if ev.table_id in lease.tables()]
         if any(self.busy(lease.lease_id) for lease in holders) or any(
@@ -300,6 +300,7 @@ class LeaseState:
             changes.append((before, replace(before, buckets=remaining) if remaining else None))
         return self._persist(ev.event_id, "drop-table", changes, None)
 
+    @on(Restore)
     def _on_restore(self, ev: Restore) -> list[object]:
         if self._pending:
             raise RuntimeError("restore with writes in flight")
@@ -339,6 +340,7 @@ class LeaseState:
             return [Reply(event_id, error=parent.error)]
         return [Reply(event_id, parent.result)]
 
+    @on(WriteDone)
     def _on_writedone(self, ev: WriteDone) -> list[object]:
         write = self._pending.pop(ev.write_id)
         before, after = write.before, write.after
@@ -363,6 +365,7 @@ class LeaseState:
         out.extend(self._finish(write, None))
         return out
 
+    @on(WriteFailed)
     def _on_writefailed(self, ev: WriteFailed) -> list[object]:
         write = self._pending.pop(ev.write_id)
         # snapshots only this write's ``after`` protected (see is_protected) are reclaimable now

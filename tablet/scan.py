@@ -5,7 +5,8 @@ leader: a RocksDB snapshot read batch by batch. This module only keeps the
 books — which sessions exist, which call each may serve next, limits, idle
 time, why a session went away. No RocksDB, gRPC or clock inside: time comes
 in the events (``now_ms``, monotonic), the shell (``tablet/scan_service.py``)
-owns the snapshots and carries out the instructions.
+owns the snapshots and carries out the instructions. Events, instructions and
+the registered dispatch come from :mod:`common.statemachine`.
 
 Calls of a session: the open's batch is call :data:`OPEN_CALL` (-1);
 continuations are ``call_seq_id`` 0, 1, 2, ... Re-sending the last one
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 
 from common import errors
 from common.model import TableBucket
+from common.statemachine import Event, Instruction, StateMachine, on
 
 #: The call number of the batch answered with the open.
 OPEN_CALL = -1
@@ -72,7 +74,7 @@ def request_kind(has_open: bool, has_scanner_id: bool, close: bool, batch_size_b
 # --- events ------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class Open:
+class Open(Event):
     """Open a session (the shell then takes the snapshot and serves call OPEN_CALL)."""
 
     scanner_id: bytes
@@ -82,20 +84,20 @@ class Open:
 
 
 @dataclass(frozen=True)
-class Continue:
+class Continue(Event):
     scanner_id: bytes
     call_seq_id: int
     now_ms: int
 
 
 @dataclass(frozen=True)
-class Close:
+class Close(Event):
     scanner_id: bytes
     now_ms: int
 
 
 @dataclass(frozen=True)
-class Served:
+class Served(Event):
     """The shell answered ``call`` with ``rows`` rows; ``has_more``: rows remain in the snapshot."""
 
     scanner_id: bytes
@@ -106,7 +108,7 @@ class Served:
 
 
 @dataclass(frozen=True)
-class Failed:
+class Failed(Event):
     """Serving ``call`` failed (the shell answers the error): the session ends."""
 
     scanner_id: bytes
@@ -115,14 +117,14 @@ class Failed:
 
 
 @dataclass(frozen=True)
-class Tick:
+class Tick(Event):
     """The reaper's beat: expire idle sessions, forget old expiries."""
 
     now_ms: int
 
 
 @dataclass(frozen=True)
-class CloseBucket:
+class CloseBucket(Event):
     """The bucket is no longer led here (or its table was dropped)."""
 
     bucket: TableBucket
@@ -130,14 +132,14 @@ class CloseBucket:
 
 
 @dataclass(frozen=True)
-class CloseAll:
+class CloseAll(Event):
     now_ms: int
 
 
 # --- instructions ----------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class Serve:
+class Serve(Instruction):
     """Build call ``call``'s batch from the session's cursor; at most ``max_rows`` rows (None: no cap)."""
 
     scanner_id: bytes
@@ -146,7 +148,7 @@ class Serve:
 
 
 @dataclass(frozen=True)
-class Replay:
+class Replay(Instruction):
     """Answer the kept batch of ``call`` again."""
 
     scanner_id: bytes
@@ -154,7 +156,7 @@ class Replay:
 
 
 @dataclass(frozen=True)
-class Release:
+class Release(Instruction):
     """Free the session's snapshot and kept batch."""
 
     scanner_id: bytes
@@ -163,7 +165,7 @@ class Release:
 
 
 @dataclass(frozen=True)
-class Refuse:
+class Refuse(Instruction):
     """Answer the request with ``error``."""
 
     scanner_id: bytes
@@ -187,7 +189,7 @@ class Session:
 
 
 @dataclass
-class ScannerManager:
+class ScannerManager(StateMachine):
     """The scanner sessions of one tablet server; see the module docstring.
 
     ``gone`` remembers for ``2 * ttl_ms`` why recent sessions ended: expiry
@@ -202,17 +204,12 @@ class ScannerManager:
     per_bucket: dict[TableBucket, int] = field(default_factory=dict)
     gone: dict[bytes, tuple[str, int, int | None]] = field(default_factory=dict)  # id -> (why, at ms, last call)
 
-    def handle(self, *events: object) -> list[object]:
-        out: list[object] = []
-        for event in events:
-            out.extend(getattr(self, f"_on_{type(event).__name__.lower()}")(event))
-        return out
-
     def open_count(self, bucket: TableBucket | None = None) -> int:
         return len(self.sessions) if bucket is None else self.per_bucket.get(bucket, 0)
 
     # -- requests -------------------------------------------------------------------------
 
+    @on(Open)
     def _on_open(self, ev: Open) -> list[object]:
         if ev.scanner_id in self.sessions or ev.scanner_id in self.gone:
             return [Refuse(ev.scanner_id, errors.InvalidScanRequestError("scanner id already in use"))]
@@ -227,6 +224,7 @@ class ScannerManager:
         self.per_bucket[ev.bucket] = self.per_bucket.get(ev.bucket, 0) + 1
         return [Serve(ev.scanner_id, OPEN_CALL, ev.limit)]
 
+    @on(Continue)
     def _on_continue(self, ev: Continue) -> list[object]:
         sid = ev.scanner_id
         session = self.sessions.get(sid)
@@ -254,6 +252,7 @@ class ScannerManager:
             f"call_seq_id {ev.call_seq_id} out of order: expected {expected}"
             + (f" (or {session.last_call} to replay the last batch)" if session.last_call != OPEN_CALL else "")))]
 
+    @on(Close)
     def _on_close(self, ev: Close) -> list[object]:
         session = self.sessions.get(ev.scanner_id)
         if session is None:
@@ -272,6 +271,7 @@ class ScannerManager:
         session.in_flight = None
         return session
 
+    @on(Served)
     def _on_served(self, ev: Served) -> list[object]:
         session = self._end_call(ev.scanner_id, ev.call)
         session.last_call = ev.call
@@ -287,12 +287,14 @@ class ScannerManager:
             return [self._release(ev.scanner_id, FINISHED)]
         return []
 
+    @on(Failed)
     def _on_failed(self, ev: Failed) -> list[object]:
         session = self._end_call(ev.scanner_id, ev.call)
         return [self._release(ev.scanner_id, session.ending or FAILED)]
 
     # -- housekeeping -------------------------------------------------------------------------
 
+    @on(Tick)
     def _on_tick(self, ev: Tick) -> list[object]:
         horizon = ev.now_ms - 2 * self.ttl_ms
         for sid in [s for s, (_why, at, _call) in self.gone.items() if at < horizon]:
@@ -304,10 +306,12 @@ class ScannerManager:
                 out.append(self._release(sid, EXPIRED))
         return out
 
+    @on(CloseBucket)
     def _on_closebucket(self, ev: CloseBucket) -> list[object]:
         return self._end_all([s for s, session in self.sessions.items() if session.bucket == ev.bucket],
                              NOT_LEADER, ev.now_ms)
 
+    @on(CloseAll)
     def _on_closeall(self, ev: CloseAll) -> list[object]:
         return self._end_all(list(self.sessions), SHUTDOWN, ev.now_ms)
 

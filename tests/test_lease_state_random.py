@@ -143,7 +143,7 @@ class LeaseMachine(RuleBasedStateMachine):
         if reply.error is not None:
             assert any(reply.error is e for e in self.injected), reply.error  # only failed writes fail requests
             if exp.get("table") is not None:  # the shell retries a table drop
-                self.deferred.append(RemoveTable(self.event_id(), exp["table"]))
+                self.deferred.append(RemoveTable(exp["table"], event_id=self.event_id()))
             return
         assert reply.result == exp["result"], (reply, exp["result"])
         for lease_id, after in exp.get("apply", {}).items():
@@ -192,7 +192,7 @@ class LeaseMachine(RuleBasedStateMachine):
             latest = max(stored, default=-1)
             # mostly a stored snapshot; sometimes one never committed or already deleted
             snaps[tb] = data.draw(st.sampled_from(stored * 3 + [latest + 1, 0]))
-        event = Acquire(self.event_id(), lease_id, snaps, duration, self.now)
+        event = Acquire(lease_id, snaps, duration, self.now, event_id=self.event_id())
         self.send(event, self.expect_acquire(lease_id, snaps, duration, self.now))
         if data.draw(st.integers(0, 2)) == 0:  # a quick write: it succeeds before anything else happens
             for write_id in [w for w in self.inflight if w[0] == event.event_id]:
@@ -229,7 +229,8 @@ class LeaseMachine(RuleBasedStateMachine):
     @rule(data=st.data(), duration=DURATIONS)
     def renew(self, data, duration: int) -> None:
         lease_id = self.some_lease(data)
-        self.send(Renew(self.event_id(), lease_id, duration, self.now), self.expect_renew(lease_id, duration, self.now))
+        self.send(Renew(lease_id, duration, self.now, event_id=self.event_id()),
+                  self.expect_renew(lease_id, duration, self.now))
 
     def expect_renew(self, lease_id: str, duration: int, now: int) -> dict:
         if lease_id not in self.model:
@@ -245,7 +246,7 @@ class LeaseMachine(RuleBasedStateMachine):
         held = sorted(self.model[lease_id].buckets, key=TableBucket.sort_key) if lease_id in self.model else []
         pool = held + [TableBucket(t, b) for t in sorted(self.known_tables) for b in range(2)]
         buckets = frozenset(data.draw(st.lists(st.sampled_from(pool), min_size=1, max_size=3)))
-        self.send(Release(self.event_id(), lease_id, buckets), self.expect_release(lease_id, buckets))
+        self.send(Release(lease_id, buckets, event_id=self.event_id()), self.expect_release(lease_id, buckets))
 
     def expect_release(self, lease_id: str, buckets: frozenset) -> dict:
         if lease_id not in self.model:
@@ -262,7 +263,7 @@ class LeaseMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def drop(self, data) -> None:
         lease_id = self.some_lease(data)
-        self.send(Drop(self.event_id(), lease_id), self.expect_drop(lease_id))
+        self.send(Drop(lease_id, event_id=self.event_id()), self.expect_drop(lease_id))
 
     def expect_drop(self, lease_id: str) -> dict:
         if self.busy(lease_id):
@@ -282,7 +283,8 @@ class LeaseMachine(RuleBasedStateMachine):
         expired = {lid: None for lid, lease in self.model.items()
                    if lease.expiration_time <= self.now and not self.busy(lid)}
         # expiry is system-initiated: each lease's removal is acknowledged by its own WriteDone
-        self.send(Expire(self.event_id(), self.now), {"result": None, "writes": dict(expired), "per_write": True})
+        self.send(Expire(self.now, event_id=self.event_id()),
+                  {"result": None, "writes": dict(expired), "per_write": True})
 
     @rule(data=st.data())
     def commit_snapshot(self, data) -> None:
@@ -325,7 +327,7 @@ class LeaseMachine(RuleBasedStateMachine):
         table = data.draw(st.sampled_from(racing if racing and data.draw(st.booleans()) else live))
         del self.catalog.tables[table]  # no new acquires from now on; then take it out of the leases
         self.dropping.add(table)
-        self.send(RemoveTable(self.event_id(), table), self.expect_remove_table(table))
+        self.send(RemoveTable(table, event_id=self.event_id()), self.expect_remove_table(table))
 
     def expect_remove_table(self, table: int) -> dict:
         holders = [lease for lease in self.model.values() if table in lease.tables()]
@@ -397,7 +399,7 @@ class LeaseMachine(RuleBasedStateMachine):
         loaded = tuple(self.model.values())
         self.state = LeaseState(self.catalog, max_duration_ms=MAX_MS)
         eid = self.event_id()
-        out = self.state.handle(Restore(eid, loaded, self.now, grace))
+        out = self.state.handle(Restore(loaded, self.now, grace, event_id=eid))
         self.state.validate()
         assert out == [Reply(eid, len(loaded))]
         self.model = {lid: (replace(lease, expiration_time=self.now + grace)

@@ -1,0 +1,50 @@
+"""Deleting remote files off the event loop: snapshot files, orphan lease files, dropped tables.
+
+A delete that fails is logged and left: whatever is left over is found again
+(snapshot files at the next change or failover, lease files as orphans at
+the next failover, a dropped table's files by listing ``kv/{table_id}/``).
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+
+from common import errors
+from common.storage import RemoteStorage
+
+log = logging.getLogger(__name__)
+
+
+class FileCollector:
+    def __init__(self, storage: RemoteStorage, workers: int = 4) -> None:
+        self.storage = storage
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="file-gc")
+
+    def delete(self, paths: list[str]) -> None:
+        if paths:
+            self._pool.submit(_delete_quietly, self.storage, paths)
+
+    def delete_table(self, table_id: int, files: list[str]) -> None:
+        """``files`` (what the table's snapshot handles named) and anything else under ``kv/{table_id}/``."""
+        self._pool.submit(_delete_table_files, self.storage, table_id, files)
+
+    def close(self) -> None:
+        """Wait for the deletes under way."""
+        self._pool.shutdown(wait=True)
+
+
+def _delete_quietly(storage: RemoteStorage, paths: list[str]) -> None:
+    try:
+        storage.delete_many(paths)
+    except errors.StorageError as exc:
+        log.warning("could not delete %d files: %s", len(paths), exc)
+
+
+def _delete_table_files(storage: RemoteStorage, table_id: int, files: list[str]) -> None:
+    try:
+        leftovers = storage.list(f"kv/{table_id}")
+    except errors.StorageError as exc:
+        log.warning("could not list files of dropped table %d: %s", table_id, exc)
+        leftovers = []
+    _delete_quietly(storage, sorted(set(files) | set(leftovers)))

@@ -1,0 +1,207 @@
+"""The shell of the lease state machine: it hands events in and carries out what comes out.
+
+Runs on the event loop's thread. Lease events are gathered over a batch: the
+writes they ask for (:class:`~leases.state.PersistLease`) wait for
+:meth:`LeaseShell.flush`, which writes their metadata files in parallel, sends
+their ZooKeeper operations together (epoch-fenced multi-ops, each write
+succeeding or failing alone), and only then feeds the outcomes back
+(``WriteDone`` / ``WriteFailed``): persist, then apply. Callers are answered
+by the :class:`~leases.state.Reply` their event causes.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import Future
+from dataclasses import dataclass, replace
+from typing import Callable, Iterable
+
+from common import errors
+from common.model import Lease, TableBucket
+from common.statemachine import Event, Shell, on
+from common.zk import ZkOp
+from coordinator.fencing import MAX_OPS_PER_MULTI, FencedWriter
+from leases import state as ls
+from leases.store import LeaseStore, PreparedWrite
+
+log = logging.getLogger(__name__)
+
+MAX_BYTES_PER_MULTI = 256 * 1024  # well under ZooKeeper's default request limit (jute.maxbuffer, 1 MiB)
+#: A loop item: (request, future); the future is None for the loop's own timer events.
+Item = tuple[object, "Future | None"]
+
+
+@dataclass
+class _Waiter:
+    answer: Callable[[ls.Reply], None]
+    requeue: Item | None  # handed back to the loop if the event is deferred (None: it must not be)
+
+
+class LeaseShell(Shell):
+    def __init__(self, state: ls.LeaseState, store: LeaseStore, *, clock_ms: Callable[[], int],
+                 on_freed: Callable[[set[TableBucket]], None], metrics=None) -> None:
+        self.state = state
+        self.store = store
+        self.clock_ms = clock_ms
+        self.on_freed = on_freed  # reclaim: these buckets' snapshots may have lost their last lease
+        self.metrics = metrics
+        self.writer: FencedWriter | None = None
+        self.deferred: list[Item] = []  # to hand in again with the next batch
+        self._waiting: dict[int, _Waiter] = {}  # event id -> who waits for its reply
+        self._batch: list[ls.PersistLease] = []
+        self._freed: list[tuple[TableBucket, int]] = []
+
+    def restore(self, loaded: Iterable[Lease], now_ms: int, grace_ms: int) -> None:
+        """Failover: a new state machine holding the persisted leases (expired ones get a grace)."""
+        self.state = ls.LeaseState(self.state.catalog, self.state.max_duration_ms)
+        self.state.handle(ls.Restore(tuple(loaded), now_ms, grace_ms))
+        self.state.validate()
+
+    # -- handing events in ------------------------------------------------------------
+
+    def submit(self, request: Event, future: Future | None) -> None:
+        """A lease request of the loop; ``future`` is answered once its writes are persisted."""
+        self._hand_in(request, _Waiter(lambda reply: _settle(future, reply), (request, future)))
+
+    def call(self, event: Event) -> object:
+        """At a barrier (no write in flight): hand ``event`` in, persist what it asks, return its result.
+
+        Raises the error its reply carries.
+        """
+        replies: list[ls.Reply] = []
+        self._hand_in(event, _Waiter(replies.append, None))
+        self.flush()
+        (reply,) = replies
+        if reply.error is not None:
+            raise reply.error
+        return reply.result
+
+    def _hand_in(self, request: Event, waiter: _Waiter) -> None:
+        event = self._stamped(request)
+        if event.event_id in self._waiting:
+            raise errors.InvalidRequestError(f"event {event.event_id} is already being handled")
+        log.debug("lease event %s", event)
+        self._waiting[event.event_id] = waiter
+        self.execute(self.state.handle(event))
+
+    def _stamped(self, event: Event) -> Event:
+        """The event with this shell's clock as ``now_ms``, if its sender left that to the shell."""
+        if getattr(event, "now_ms", 0) is None:
+            return replace(event, now_ms=self.clock_ms())
+        return event
+
+    def fail_all(self, error: Exception) -> None:
+        """The coordinator steps down: answer every request still waiting."""
+        for event_id, waiter in self._waiting.items():
+            waiter.answer(ls.Reply(event_id, error=error))
+        for request, future in self.deferred:
+            _settle(future, ls.Reply(request.event_id, error=error))
+        self._waiting.clear()
+        self.deferred = []
+        self._batch = []
+
+    # -- carrying out instructions ---------------------------------------------------
+
+    @on(ls.Reply)
+    def _reply(self, ins: ls.Reply) -> None:
+        self._waiting.pop(ins.event_id).answer(ins)
+
+    @on(ls.PersistLease)
+    def _persist(self, ins: ls.PersistLease) -> None:
+        self._batch.append(ins)  # written by the next flush
+
+    @on(ls.Deferred)
+    def _defer(self, ins: ls.Deferred) -> None:
+        waiter = self._waiting.pop(ins.event.event_id)
+        if waiter.requeue is None:
+            raise RuntimeError(f"{ins.event} was deferred at a barrier, where no write is in flight")
+        self.deferred.append(waiter.requeue)
+
+    @on(ls.SnapshotsFreed)
+    def _freed_snapshots(self, ins: ls.SnapshotsFreed) -> None:
+        self._freed.extend(ins.snapshots)  # reclaimed after the flush
+
+    @on(ls.LeasesExpired)
+    def _expired(self, ins: ls.LeasesExpired) -> None:
+        log.info("leases expired: %s", ", ".join(ins.lease_ids))
+        if self.metrics:
+            self.metrics.leases_expired.inc(len(ins.lease_ids))
+
+    # -- persisting ------------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Persist every gathered lease write, then apply the results; then reclaim what they freed."""
+        batch, self._batch = self._batch, []
+        if batch:
+            prepared: list[PreparedWrite] = []
+            for write, result in zip(batch, self.store.prepare(batch)):
+                if isinstance(result, errors.StorageError):
+                    self.execute(self.state.handle(ls.WriteFailed(write.write_id, result)))
+                else:
+                    prepared.append(result)
+            try:
+                outcomes = self._commit_lease_ops([p.op for p in prepared])
+            except errors.CoordinatorFencedError as exc:
+                for p in prepared:
+                    self.store.failed(p)  # the epoch check failed: nothing points at them
+                for p in prepared:
+                    self.execute(self.state.handle(ls.WriteFailed(p.write.write_id, exc)))
+                raise
+            except errors.OutcomeUnknownError as exc:  # keep the files: ZooKeeper may point at them
+                for p in prepared:
+                    self.execute(self.state.handle(ls.WriteFailed(p.write.write_id, exc)))
+                raise
+            for p, outcome in zip(prepared, outcomes):
+                if outcome is None:
+                    self.store.committed(p)
+                    self.execute(self.state.handle(ls.WriteDone(p.write.write_id)))
+                else:
+                    self.store.failed(p)
+                    self.execute(self.state.handle(ls.WriteFailed(p.write.write_id, outcome)))
+        if self._freed:
+            freed, self._freed = self._freed, []
+            self.on_freed({tb for tb, _sid in freed})
+
+    def _commit_lease_ops(self, ops: list[ZkOp]) -> list[Exception | None]:
+        """Commit lease writes (one op each, distinct leases); None per success.
+
+        Several writes share one fenced multi-op (chunks pipelined): one request,
+        one epoch check and one ZooKeeper transaction instead of one per write,
+        which more than halves the ZooKeeper client's and server's work per
+        lease write. A chunk ZooKeeper rejects (one bad op rolls back all of it)
+        is sent again one write per multi-op, so each write still succeeds or
+        fails on its own. Raises what :meth:`FencedWriter.commit_many` raises.
+        """
+        chunks = _chunks(ops)
+        outcomes: list[Exception | None] = []
+        for chunk, outcome in zip(chunks, self.writer.commit_many(chunks)):
+            if outcome is None:
+                outcomes.extend([None] * len(chunk))
+            elif len(chunk) == 1:
+                outcomes.append(outcome)
+            else:
+                outcomes.extend(self.writer.commit_many([[op] for op in chunk]))
+        return outcomes
+
+
+def _chunks(ops: list[ZkOp], max_bytes: int = MAX_BYTES_PER_MULTI) -> list[list[ZkOp]]:
+    """``ops`` in order, cut into multi-ops of at most MAX_OPS_PER_MULTI ops and about ``max_bytes``."""
+    chunks: list[list[ZkOp]] = []
+    size = 0
+    for op in ops:
+        cost = len(op.path) + len(op.data) + 64
+        if not chunks or len(chunks[-1]) >= MAX_OPS_PER_MULTI or size + cost > max_bytes:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(op)
+        size += cost
+    return chunks
+
+
+def _settle(future: Future | None, reply: ls.Reply) -> None:
+    if future is None or future.done():
+        return
+    if reply.error is not None:
+        future.set_exception(reply.error)
+    else:
+        future.set_result(reply.result)

@@ -1,0 +1,124 @@
+"""Tablet servers and bucket leaders: who is live, who leads what, and telling them.
+
+The live servers come from ``/tabletservers/ids`` (ephemeral nodes; a
+restarted server has a new incarnation). Leadership plans are the pure
+:class:`~coordinator.assignment.Assignments`'; they are written to ZooKeeper
+(epoch-fenced) before they are applied, then pushed to the servers concerned.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable, Iterable, Mapping
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
+
+from common import zkpaths
+from common.tables import TableInfo
+from common.zk import ZkOp, loads
+from coordinator.assignment import UNASSIGNED, Assignments, BucketAssignment
+from coordinator.catalog import TableCatalog
+from coordinator.fencing import FencedWriter
+
+log = logging.getLogger(__name__)
+
+#: notify(server_id, address, [(table, bucket, leader_epoch)], dropped_table_ids): push leadership
+Notify = Callable[[int, str, list, list], None]
+
+
+class Membership:
+    def __init__(self, zk: KazooClient, catalog: TableCatalog, notify: Notify | None = None) -> None:
+        self.zk = zk
+        self.catalog = catalog
+        self.notify = notify
+        self.assignments = Assignments()
+        self.servers: dict[int, str] = {}  # live tablet servers: id -> address
+        self._incarnations: dict[int, tuple[str, str]] = {}
+        self.writer: FencedWriter | None = None
+
+    def load(self) -> None:
+        """Failover: load the assignments of the catalog's tables; plan those that have none."""
+        for table_id in self.assignments.load(self.zk, sorted(self.catalog.by_id)):
+            plan = self.assignments.plan_new(self.catalog.by_id[table_id].buckets, [])
+            self.writer.commit([self.assignments.create_op(table_id, plan)])
+            self.assignments.set(table_id, plan)
+
+    # -- tables coming and going (their catalog writes carry these ops) ------------------------
+
+    def plan_table(self, table: TableInfo) -> tuple[dict[int, BucketAssignment], ZkOp]:
+        """Leaders for a new table's buckets, and the op that stores them."""
+        plan = self.assignments.plan_new(table.buckets, sorted(self.servers))
+        return plan, self.assignments.create_op(table.table_id, plan)
+
+    def table_created(self, table: TableInfo, plan: dict[int, BucketAssignment]) -> None:
+        self.assignments.set(table.table_id, plan)
+        self.push(self.assignments.leaders_of(table.table_id))
+
+    def drop_ops(self, table_id: int) -> list[ZkOp]:
+        return [self.assignments.delete_op(table_id)] if table_id in self.assignments.by_table else []
+
+    def table_dropped(self, table_id: int, leaders: set[int]) -> None:
+        self.assignments.remove(table_id)
+        self.push(leaders, dropped=[table_id])
+
+    # -- tablet servers -------------------------------------------------------------------
+
+    def read_servers(self) -> dict[int, tuple[str, str]]:
+        """Live servers: id -> (address, incarnation); a restarted server has a new incarnation."""
+        try:
+            ids = self.zk.get_children(zkpaths.TABLET_SERVERS)
+        except NoNodeError:
+            return {}
+        servers = {}
+        for name, result in [(n, self.zk.get_async(zkpaths.tablet_server(n))) for n in ids if n.isdigit()]:
+            try:
+                node = loads(result.get()[0])
+            except NoNodeError:
+                continue
+            servers[int(name)] = (node["address"], str(node.get("incarnation", "")))
+        return servers
+
+    def servers_changed(self, servers: Mapping[int, str | tuple[str, str]]) -> None:
+        seen = {sid: v if isinstance(v, tuple) else (v, "") for sid, v in servers.items()}
+        joined = {sid for sid, v in seen.items() if self._incarnations.get(sid) != v}
+        left = set(self.servers) - set(seen)
+        self._incarnations = seen
+        self.servers = {sid: v[0] for sid, v in seen.items()}
+        if left:
+            log.warning("tablet servers gone: %s (their buckets are unavailable until they return)", sorted(left))
+        changes = self.assignments.plan_servers_joined(joined, sorted(servers))
+        if changes:
+            self.writer.commit([self.assignments.set_op(t, plan) for t, plan in sorted(changes.items())])
+            for table_id, plan in changes.items():
+                self.assignments.set(table_id, plan)
+        touched = set(joined)
+        for plan in changes.values():
+            touched |= {a.leader for a in plan.values() if a.leader != UNASSIGNED}
+        self.push(touched)
+
+    def push_all(self) -> None:
+        """Tell every live tablet server what it leads (after becoming active)."""
+        self.push(set(self.servers))
+
+    def push(self, server_ids: Iterable[int], dropped: list[int] | None = None) -> None:
+        if self.notify is None:
+            return
+        for server_id in sorted(server_ids):
+            address = self.servers.get(server_id)
+            if address is None:
+                continue
+            led = [(self.catalog.by_id[t], b, a.leader_epoch) for t, b, a in self.assignments.led_by(server_id)
+                   if t in self.catalog.by_id]
+            self.notify(server_id, address, led, list(dropped or []))
+
+    # -- queries --------------------------------------------------------------------------
+
+    def assignment_rows(self, table: TableInfo) -> tuple[TableInfo, list[tuple[int, int, str, int]]]:
+        rows = [(bucket, a.leader, self.servers.get(a.leader, ""), a.leader_epoch)
+                for bucket, a in sorted(self.assignments.table(table.table_id).items())]
+        return table, rows
+
+    def server_rows(self) -> list[tuple[int, str, int]]:
+        load = self.assignments.load_per_server()
+        return [(sid, address, load[sid]) for sid, address in sorted(self.servers.items())]

@@ -1,0 +1,119 @@
+"""Completed snapshots on ZooKeeper: commits, listing, and eager reclaim.
+
+The rules (retention, subsumption, shared files) are the pure
+:class:`~coordinator.snapshots.SnapshotStore`'s; this module writes its
+decisions to ``/snapshots/...`` (epoch-fenced) and hands the files no kept
+snapshot uses to the :class:`~coordinator.file_gc.FileCollector`. A snapshot
+that is neither retained nor leased is deleted as soon as that becomes true:
+on commit, and whenever leases free snapshots.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable, Iterable
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
+
+from common import errors, zkpaths
+from common.model import SnapshotHandle, TableBucket
+from common.tables import TableInfo
+from common.zk import ZkOp, dumps, loads
+from coordinator.fencing import MAX_OPS_PER_MULTI, FencedWriter
+from coordinator.file_gc import FileCollector
+from coordinator.snapshots import IsLeased, SnapshotStore
+
+log = logging.getLogger(__name__)
+
+#: (handle, ids of the leases holding it, retained) per listed snapshot
+SnapshotRow = tuple[SnapshotHandle, tuple[str, ...], bool]
+
+
+class SnapshotCommits:
+    def __init__(self, zk: KazooClient, files: FileCollector, *, num_retained: int, clock_ms: Callable[[], int],
+                 is_protected: IsLeased, holders: Callable[[TableBucket, int], Iterable[str]]) -> None:
+        self.zk = zk
+        self.files = files
+        self.clock_ms = clock_ms
+        self.is_protected = is_protected  # leased, or about to be (a lease write in flight names it)
+        self.holders = holders
+        self.store = SnapshotStore(num_retained)
+        self.writer: FencedWriter | None = None
+
+    def load(self, tables: Iterable[TableInfo]) -> None:
+        """Failover: a new store holding every handle stored under ``/snapshots``."""
+        self.store = SnapshotStore(self.store.num_retained)
+        bucket_nodes = [zkpaths.bucket_snapshots(t.table_id, bucket) for t in tables for bucket in range(t.buckets)]
+        listings = [(p, self.zk.get_children_async(p)) for p in bucket_nodes]
+        gets = []
+        for parent, result in listings:
+            try:
+                gets.extend(self.zk.get_async(f"{parent}/{sid}") for sid in result.get())
+            except NoNodeError:
+                continue
+        for result in gets:
+            self.store.add(SnapshotHandle.from_json(loads(result.get()[0])))
+
+    # -- commits and listing ---------------------------------------------------------
+
+    def commit(self, table: TableInfo, handle: SnapshotHandle) -> None:
+        if handle.bucket.partition_id is not None or not 0 <= handle.bucket.bucket < table.buckets:
+            raise errors.BucketOutOfRangeError(f"bucket {handle.bucket} does not exist in table {table.path}")
+        if not self.store.check_commit(handle):
+            return  # the same snapshot again: an idempotent retry
+        if not handle.commit_time_ms:
+            handle = SnapshotHandle(handle.bucket, handle.snapshot_id, handle.log_offset, handle.metadata_path,
+                                    handle.files, self.clock_ms())
+        path = zkpaths.snapshot(table.table_id, handle.bucket.bucket, handle.snapshot_id)
+        self.writer.commit([ZkOp("create", path, dumps(handle.to_json()))])
+        self.store.add(handle)
+        self.reclaim([handle.bucket])
+
+    def rows(self, table: TableInfo, latest_only: bool) -> list[SnapshotRow]:
+        rows = []
+        for bucket in range(table.buckets):
+            tb = TableBucket(table.table_id, bucket)
+            handles = self.store.bucket_snapshots(tb)
+            if latest_only:
+                handles = handles[-1:]
+            for h in handles:
+                rows.append((h, tuple(sorted(self.holders(tb, h.snapshot_id))),
+                             self.store.is_retained(tb, h.snapshot_id)))
+        return rows
+
+    # -- deletes ------------------------------------------------------------------------
+
+    def reclaim(self, buckets: Iterable[TableBucket]) -> None:
+        """Delete every snapshot of these buckets that is neither retained nor leased, now.
+
+        Snapshots named by a lease write in flight count as leased
+        (``LeaseState.is_protected``), though reclaim runs after flushes anyway.
+        """
+        doomed = [h for tb in buckets for h in self.store.reclaimable(tb, self.is_protected)]
+        for start in range(0, len(doomed), MAX_OPS_PER_MULTI):
+            chunk = doomed[start:start + MAX_OPS_PER_MULTI]
+            ops = [ZkOp("delete", zkpaths.snapshot(h.bucket.table_id, h.bucket.bucket, h.snapshot_id,
+                                                   h.bucket.partition_id)) for h in chunk]
+            try:
+                self.writer.commit(ops)
+            except errors.StorageError as exc:  # stays stored; retried at the next change or failover
+                log.warning("could not delete %d snapshot handles: %s", len(chunk), exc)
+                continue
+            files: list[str] = []
+            for handle in chunk:
+                files.extend(self.store.remove(handle))
+            log.info("reclaimed %d snapshots (%d files)", len(chunk), len(files))
+            self.files.delete(files)
+
+    def delete_handles(self, table_id: int) -> None:
+        """A table is being dropped: delete its snapshot handles from ZooKeeper (memory: :meth:`forget_table`)."""
+        handles = [h for tb in self.store.table_buckets(table_id) for h in self.store.bucket_snapshots(tb)]
+        for start in range(0, len(handles), MAX_OPS_PER_MULTI):
+            self.writer.commit([ZkOp("delete", zkpaths.snapshot(h.bucket.table_id, h.bucket.bucket, h.snapshot_id))
+                                for h in handles[start:start + MAX_OPS_PER_MULTI]])
+
+    def forget_table(self, table_id: int) -> None:
+        """The table is dropped: forget its snapshots and delete all its files."""
+        _handles, files = self.store.remove_table(table_id)
+        self.files.delete_table(table_id, files)

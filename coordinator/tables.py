@@ -1,0 +1,81 @@
+"""Tables: create, drop, get, list.
+
+The metadata and its ZooKeeper layout are the
+:class:`~coordinator.catalog.TableCatalog`'s; this module orders a table's
+changes across the other concepts. Create: the table's nodes and its
+leadership plan in one fenced multi-op, then memory, then the new leaders are
+told. Drop: first no lease may point at the table (the lease machine's
+:class:`~leases.state.RemoveTable`, persisted like a release), then its
+snapshot handles, then its own nodes, then its files.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+from common import errors
+from common.tables import TableInfo, validate_spec
+from coordinator import requests as rq
+from coordinator.catalog import TableCatalog
+from coordinator.fencing import FencedWriter
+from coordinator.lease_shell import LeaseShell
+from coordinator.membership import Membership
+from coordinator.snapshot_commits import SnapshotCommits
+from leases import state as ls
+
+log = logging.getLogger(__name__)
+
+
+class Tables:
+    def __init__(self, catalog: TableCatalog, members: Membership, leases: LeaseShell, snapshots: SnapshotCommits,
+                 clock_ms: Callable[[], int]) -> None:
+        self.catalog = catalog
+        self.members = members
+        self.leases = leases
+        self.snapshots = snapshots
+        self.clock_ms = clock_ms
+        self.writer: FencedWriter | None = None
+
+    def get(self, request: rq.GetTable) -> TableInfo:
+        if request.database or request.name:
+            return self.catalog.get(request.database, request.name)
+        return self.catalog.get_by_id(request.table_id)
+
+    def list(self, request: rq.ListTables) -> list[TableInfo]:
+        return self.catalog.list(request.database)
+
+    def create(self, request: rq.CreateTable) -> TableInfo:
+        spec = validate_spec(request.spec)
+        if (spec.database, spec.name) in self.catalog.by_name:
+            if request.ignore_if_exists:
+                return self.catalog.get(spec.database, spec.name)
+            raise errors.TableAlreadyExistError(f"table {spec.database}.{spec.name} already exists")
+        table, ops = self.catalog.create_ops(spec, self.clock_ms())
+        plan, assignment_op = self.members.plan_table(table)
+        self.writer.commit(ops + [assignment_op])
+        self.catalog.add(table)
+        self.members.table_created(table, plan)
+        log.info("created table %s (id %d, %d buckets)", table.path, table.table_id, table.buckets)
+        return table
+
+    def drop(self, request: rq.DropTable) -> None:
+        """A barrier: no lease write is in flight when it starts."""
+        try:
+            table = self.catalog.get(request.database, request.name)
+        except errors.TableNotExistError:
+            if request.ignore_if_not_exists:
+                return None
+            raise
+        # 1. no lease may point at the table any more (raises the lease write's error, if any)
+        self.leases.call(ls.RemoveTable(table.table_id))
+        # 2. snapshot handles, then the table's own nodes
+        self.snapshots.delete_handles(table.table_id)
+        leaders = self.members.assignments.leaders_of(table.table_id)
+        self.writer.commit(self.members.drop_ops(table.table_id) + self.catalog.drop_ops(table))
+        self.catalog.remove(table)
+        self.members.table_dropped(table.table_id, leaders)
+        # 3. its files: whatever the handles named, and anything else under kv/{table_id}/
+        self.snapshots.forget_table(table.table_id)
+        log.info("dropped table %s (id %d)", table.path, table.table_id)
+        return None

@@ -1,0 +1,107 @@
+"""The harness of the tier-1 lease state machine tests (test_lease_state*.py).
+
+A fake catalog answers table questions from a dict and snapshot questions from
+a real SnapshotStore. Every step calls ``state.validate()``. Time is an int.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from common import errors
+from common.model import Lease, SnapshotFile, SnapshotHandle, TableBucket
+from coordinator.snapshots import SnapshotStore
+from leases.state import Acquire, Drop, LeaseState, PersistLease, Release, Renew, Reply, SnapshotsFreed, WriteDone
+
+MAX_MS = 60_000
+T1, T2, T3 = 1, 2, 3  # T1 has 4 buckets, T2 has 2, T3 has 1
+
+
+def tb(table_id: int, bucket: int, partition_id: int | None = None) -> TableBucket:
+    return TableBucket(table_id, bucket, partition_id)
+
+
+class FakeCatalog:
+    def __init__(self, store: SnapshotStore, tables: dict[int, int]) -> None:
+        self.store = store
+        self.tables = tables
+
+    def bucket_count(self, table_id: int) -> int | None:
+        return self.tables.get(table_id)
+
+    def has_snapshot(self, bucket: TableBucket, snapshot_id: int) -> bool:
+        return self.store.has_snapshot(bucket, snapshot_id)
+
+
+class Harness:
+    def __init__(self, num_retained: int = 2) -> None:
+        self.store = SnapshotStore(num_retained)
+        self.catalog = FakeCatalog(self.store, {T1: 4, T2: 2, T3: 1})
+        self.state = LeaseState(self.catalog, max_duration_ms=MAX_MS)
+        self._ids = itertools.count(1)
+        self.now = 1_000
+
+    def next_id(self) -> int:
+        return next(self._ids)
+
+    def commit(self, bucket: TableBucket, sid: int) -> SnapshotHandle:
+        handle = SnapshotHandle(bucket, sid, log_offset=sid * 10, metadata_path=f"{bucket}/{sid}.meta",
+                                files=(SnapshotFile(f"{bucket}/shared.sst", 1), SnapshotFile(f"{bucket}/{sid}.sst", 1)))
+        assert self.store.check_commit(handle)
+        self.store.add(handle)
+        return handle
+
+    def handle(self, *events: object) -> list[object]:
+        out = self.state.handle(*events)
+        self.state.validate()
+        return out
+
+    # event builders (time = the harness clock)
+    def acquire(self, lease_id: str, snaps: dict, duration: int = 10_000) -> Acquire:
+        return Acquire(lease_id, dict(snaps), duration, self.now, event_id=self.next_id())
+
+    def renew(self, lease_id: str, duration: int = 10_000) -> Renew:
+        return Renew(lease_id, duration, self.now, event_id=self.next_id())
+
+    def release(self, lease_id: str, *buckets: TableBucket) -> Release:
+        return Release(lease_id, frozenset(buckets), event_id=self.next_id())
+
+    def drop(self, lease_id: str) -> Drop:
+        return Drop(lease_id, event_id=self.next_id())
+
+    def run(self, event: object) -> list[object]:
+        """Handle the event and complete every write it asks for; all instructions in order."""
+        out = self.handle(event)
+        result = list(out)
+        for write in [i for i in out if isinstance(i, PersistLease)]:
+            result.extend(self.handle(WriteDone(write.write_id)))
+        return result
+
+    def lease(self, lease_id: str, snaps: dict, duration: int = 10_000) -> Lease:
+        """Acquire and complete; the lease as stored."""
+        out = self.run(self.acquire(lease_id, snaps, duration))
+        assert reply_of(out).error is None, out
+        return self.state.get(lease_id)
+
+    def snapshot(self) -> tuple[dict, dict]:
+        return dict(self.state.leases), self.state.refs.as_dict()
+
+
+def of_type(out: list[object], cls: type) -> list:
+    return [i for i in out if isinstance(i, cls)]
+
+
+def reply_of(out: list[object]) -> Reply:
+    replies = of_type(out, Reply)
+    assert len(replies) == 1, out
+    return replies[0]
+
+
+def freed_by(out: list[object]) -> set[tuple[TableBucket, int]]:
+    return {snap for i in of_type(out, SnapshotsFreed) for snap in i.snapshots}
+
+
+def only_error(out: list[object], cls: type) -> errors.KvLeaseError:
+    assert len(out) == 1 and isinstance(out[0], Reply), out
+    assert isinstance(out[0].error, cls), out[0].error
+    return out[0].error

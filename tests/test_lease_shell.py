@@ -1,0 +1,128 @@
+"""Tier 1: the coordinator's lease shell without ZooKeeper (file storage, a fake fenced writer)."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+import pytest
+
+from common import errors
+from common.model import TableBucket
+from common.statemachine import Instruction, UnhandledError
+from common.storage import open_storage
+from coordinator.lease_shell import LeaseShell
+from leases import state as ls
+from leases.store import LeaseStore
+
+pytestmark = pytest.mark.unit
+
+TB = TableBucket(1, 0)
+
+
+class Catalog:
+    def bucket_count(self, table_id: int) -> int | None:
+        return 2 if table_id == 1 else None
+
+    def has_snapshot(self, tb: TableBucket, snapshot_id: int) -> bool:
+        return snapshot_id == 1
+
+
+class Writer:
+    """Commits every multi-op; ``fail``: the error each one fails with instead."""
+
+    def __init__(self) -> None:
+        self.chunks: list[list] = []
+        self.fail: Exception | None = None
+
+    def commit_many(self, chunks):
+        self.chunks.extend(chunks)
+        return [self.fail] * len(chunks)
+
+
+@pytest.fixture
+def shell(tmp_path):
+    clock = {"now": 5_000}
+    store = LeaseStore(open_storage(f"file://{tmp_path}"))
+    shell = LeaseShell(ls.LeaseState(Catalog(), 60_000), store, clock_ms=lambda: clock["now"],
+                       on_freed=lambda buckets: shell.freed.append(buckets))
+    shell.freed = []
+    shell.clock = clock
+    shell.writer = Writer()
+    yield shell
+    store.close()
+
+
+def submit(shell: LeaseShell, event) -> Future:
+    future: Future = Future()
+    future.set_running_or_notify_cancel()
+    shell.submit(event, future)
+    return future
+
+
+def test_an_instruction_without_an_executor_raises(shell):
+    @dataclass(frozen=True)
+    class Unknown(Instruction):
+        pass
+
+    with pytest.raises(UnhandledError):
+        shell.execute([Unknown()])
+
+
+def test_a_request_is_answered_only_once_its_write_is_persisted_at_the_shells_time(shell):
+    acquired = submit(shell, ls.Acquire("L", {TB: 1}, 1_000))  # no now_ms: the shell's clock
+    assert not acquired.done() and shell.state.get("L") is None
+    shell.clock["now"] = 9_999  # the flush's time does not count
+    shell.flush()
+    assert acquired.result(timeout=0).expiration_time == 6_000
+    assert shell.state.get("L").expiration_time == 6_000
+    assert len(shell.writer.chunks) == 1
+
+
+def test_writes_of_a_batch_share_one_multi_op(shell):
+    futures = [submit(shell, ls.Acquire(f"L{i}", {TB: 1}, 1_000)) for i in range(5)]
+    shell.flush()
+    assert [f.result(timeout=0).acquired for f in futures] == [{TB: 1}] * 5
+    assert [len(chunk) for chunk in shell.writer.chunks] == [5]
+
+
+def test_a_failed_write_answers_the_error_and_changes_nothing(shell):
+    shell.writer.fail = errors.StorageError("no")
+    acquired = submit(shell, ls.Acquire("L", {TB: 1}, 1_000))
+    shell.flush()
+    with pytest.raises(errors.StorageError):
+        acquired.result(timeout=0)
+    assert shell.state.get("L") is None
+
+
+def test_an_event_for_a_lease_with_a_write_in_flight_is_handed_back_unstamped(shell):
+    first = submit(shell, ls.Acquire("L", {TB: 1}, 1_000))
+    again = ls.Acquire("L", {TB: 1}, 2_000)
+    second = submit(shell, again)
+    assert shell.deferred == [(again, second)]  # stamped again when handed in again
+    shell.flush()
+    assert first.done() and not second.done()
+    shell.deferred = []
+    shell.clock["now"] = 7_000
+    shell.submit(again, second)
+    shell.flush()
+    assert second.result(timeout=0).expiration_time == 9_000
+
+
+def test_call_persists_and_returns_the_reply_or_raises_its_error(shell):
+    submit(shell, ls.Acquire("L", {TB: 1, TableBucket(1, 1): 1}, 1_000))
+    shell.flush()
+    assert shell.call(ls.RemoveTable(1)) is None
+    assert shell.state.get("L") is None and shell.freed == [{TB, TableBucket(1, 1)}]
+    with pytest.raises(errors.LeaseNotFoundError):
+        shell.call(ls.Renew("L", 1_000))
+
+
+def test_fail_all_answers_everything_waiting(shell):
+    waiting = submit(shell, ls.Acquire("L", {TB: 1}, 1_000))
+    deferred = submit(shell, ls.Drop("L"))
+    shell.fail_all(errors.NotCoordinatorError("bye"))
+    for future in (waiting, deferred):
+        with pytest.raises(errors.NotCoordinatorError):
+            future.result(timeout=0)
+    assert shell.deferred == []
