@@ -2,9 +2,7 @@
 
 Lease changes are not here: their requests are the lease state machine's own
 events (:class:`leases.state.Acquire`, ``Renew``, ``Release``, ``Drop``, and the
-timer's ``Expire``), handed to the loop as they are. The names below are those
-events under the names of the requests they replaced, for callers that still
-use them.
+timer's ``Expire``), handed to the loop as they are.
 """
 
 from __future__ import annotations
@@ -14,15 +12,10 @@ from typing import Mapping
 
 from common.model import SnapshotHandle
 from common.tables import TableSpec
-from leases.state import Acquire as AcquireLease
-from leases.state import Drop as DropLease
-from leases.state import Expire as ExpireTick
-from leases.state import Release as ReleaseLease
-from leases.state import Renew as RenewLease
 
-__all__ = ["AcquireLease", "CommitSnapshot", "CreateTable", "DescribeLease", "DropLease", "DropTable", "ExpireTick",
-           "GetTable", "GetTableAssignment", "ListLeases", "ListSnapshots", "ListTables", "ListTabletServers",
-           "ReleaseLease", "RemoveOrphanLeaseFiles", "RenewLease", "TabletServersChanged"]
+__all__ = ["CommitSnapshot", "CreateTable", "DescribeLease", "DropTable", "GetTable", "GetTableAssignment",
+           "ListLeases", "ListSnapshots", "ListTables", "ListTabletServers", "RemoveOrphanLeaseFiles",
+           "TabletServersChanged"]
 
 
 @dataclass(frozen=True)

@@ -43,11 +43,15 @@ from common.proto import tablet_pb2 as pb
 from common.metrics import MetricsRegistry
 from common.wire import error_pb
 from common.model import TableBucket
+from common.statemachine import UnhandledError
 from tablet import scan, scan_batch
 from tablet.bucket import BucketStoreError, KvSnapshot
 from tablet.replicas import ReplicaManager
 
 log = logging.getLogger(__name__)
+
+#: The scanner manager's instructions, each carried out inline by the call it answers.
+_CARRIED_OUT = (scan.Serve, scan.Replay, scan.Release, scan.Refuse)
 
 FINISHED_CACHE_BYTES = 32 << 20  # last batches of finished sessions kept for a replay (oldest go first)
 READ_AHEAD_THREADS = 2
@@ -168,7 +172,7 @@ class ScanService:
     def reap(self) -> int:
         """Free the sessions idle longer than kv.scanner.ttl; returns how many."""
         with self._lock:
-            released = self._take_releases(self.manager.handle(scan.Tick(self.clock_ms())))
+            released = self._take_releases(self._run(scan.Tick(self.clock_ms())))
             for sid in [s for s in self._finished if s not in self.manager.gone]:
                 self._finished_bytes -= len(self._finished.pop(sid).records)
         self._free(released)
@@ -181,7 +185,7 @@ class ScanService:
 
     def _end(self, event: object, bucket: TableBucket | None) -> None:
         with self._lock:
-            released = self._take_releases(self.manager.handle(event))
+            released = self._take_releases(self._run(event))
             busy = [s for s in self._sessions.values() if bucket is None or s.bucket == bucket]
         self._free(released)
         for session in busy:  # a call in flight releases its session as it ends
@@ -194,6 +198,15 @@ class ScanService:
             return self.manager.open_count(), dict(self.manager.per_bucket), self.snapshots_open
 
     # -- releases -----------------------------------------------------------------------------
+
+    def _run(self, event: object) -> list[object]:
+        """The manager's instructions for ``event``; one of a type this service does not carry out
+        raises (a new instruction must get its executor here, never be skipped)."""
+        out = self.manager.handle(event)
+        for ins in out:
+            if not isinstance(ins, _CARRIED_OUT):
+                raise UnhandledError(f"ScanService does not carry out {type(ins).__name__}")
+        return out
 
     def _take_releases(self, instructions: list[object]) -> list[tuple[scan.Release, _Session]]:
         """Under ``_lock``: drop the released sessions from the map (free them after, unlocked)."""
@@ -233,7 +246,7 @@ class ScanService:
         """Feed ``event``, free what it releases, raise its refusal; returns the instructions
         and the event's session."""
         with self._lock:
-            out = self.manager.handle(event)
+            out = self._run(event)
             session = self._sessions.get(event.scanner_id)  # type: ignore[attr-defined]
             released = self._take_releases(out)
         self._free(released)
@@ -304,7 +317,7 @@ class ScanService:
         limit = req.limit if req.HasField("limit") else None
         session = _Session(tb, limit, stream)
         with self._lock:
-            out = self.manager.handle(scan.Open(sid, tb, limit, self.clock_ms()))
+            out = self._run(scan.Open(sid, tb, limit, self.clock_ms()))
             if isinstance(out[0], scan.Serve):
                 self._sessions[sid] = session
         if isinstance(out[0], scan.Refuse):

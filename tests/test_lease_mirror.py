@@ -16,6 +16,7 @@ from common import zkpaths
 from common.storage import open_storage
 from common.zk import dumps, loads, make_client
 from coordinator import requests as rq
+from leases import state as ls
 from coordinator.controller import Controller
 from coordinator.fencing import FencedWriter, bump_epoch
 from leases.mirror import LeaseMirror
@@ -69,19 +70,19 @@ def test_mirror_tracks_creates_updates_and_deletes(env):
             commit(active, t.table_id, b, sid)
     tbs = [TableBucket(t.table_id, b) for b in range(4)]
     for i in range(20):
-        call(active, rq.AcquireLease(f"pre-{i}", {tbs[i % 4]: 1}, 60_000))
+        call(active, ls.Acquire(f"pre-{i}", {tbs[i % 4]: 1}, 60_000))
     m = mirror()
     wait_until(lambda: mirrored(m) == view(persisted_leases(zk, storage).values()), 10, "initial load")
     for i in range(30):
-        call(active, rq.AcquireLease(f"new-{i}", {tbs[i % 4]: 2, tbs[(i + 1) % 4]: 1}, 30_000))
+        call(active, ls.Acquire(f"new-{i}", {tbs[i % 4]: 2, tbs[(i + 1) % 4]: 1}, 30_000))
     for i in range(0, 20, 2):
-        call(active, rq.AcquireLease(f"pre-{i}", {tbs[(i + 2) % 4]: 2}, 90_000))  # a new table file
-        call(active, rq.RenewLease(f"pre-{i + 1}", 120_000))  # the node only
+        call(active, ls.Acquire(f"pre-{i}", {tbs[(i + 2) % 4]: 2}, 90_000))  # a new table file
+        call(active, ls.Renew(f"pre-{i + 1}", 120_000))  # the node only
     for i in range(0, 30, 3):
-        call(active, rq.DropLease(f"new-{i}"))
-    call(active, rq.ReleaseLease("new-1", frozenset({tbs[2]})))
+        call(active, ls.Drop(f"new-{i}"))
+    call(active, ls.Release("new-1", frozenset({tbs[2]})))
     clock.now += 40_000
-    call(active, rq.ExpireTick())  # the remaining new-* expire
+    call(active, ls.Expire())  # the remaining new-* expire
     expected = view(persisted_leases(zk, storage).values())
     assert "new-1" not in expected and "pre-0" in expected
     wait_until(lambda: mirrored(m) == expected, 10, "the mirror follows the active coordinator")
@@ -108,7 +109,7 @@ def test_exact_sees_changes_made_right_before_it(env, make_config, round_):
     commit(active, t.table_id, 0, 1)
     tb = TableBucket(t.table_id, 0)
     for i in range(10):
-        call(active, rq.AcquireLease(f"L{i}", {tb: 1}, 60_000))
+        call(active, ls.Acquire(f"L{i}", {tb: 1}, 60_000))
     m = LeaseMirror(zk, storage, debounce_s=5.0).start()  # a slow refresher: exact() must do the work
     try:
         wait_until(lambda: len(m._entries) == 10, 10, "initial load")
@@ -137,7 +138,7 @@ def test_exact_before_the_initial_load_finished(env):
     t = make_table(active, buckets=2)
     commit(active, t.table_id, 1, 1)
     for i in range(50):
-        call(active, rq.AcquireLease(f"L{i}", {TableBucket(t.table_id, 1): 1}, 60_000))
+        call(active, ls.Acquire(f"L{i}", {TableBucket(t.table_id, 1): 1}, 60_000))
     m = mirror()
     leases, _layout = m.exact()  # at once
     assert view(leases) == view(persisted_leases(zk, storage).values())
@@ -149,12 +150,12 @@ def test_controller_reinitialized_from_the_mirror(env):
     commit(active, t.table_id, 0, 1)
     commit(active, t.table_id, 1, 1)
     for i in range(10):
-        call(active, rq.AcquireLease(f"L{i}", {TableBucket(t.table_id, i % 2): 1}, 60_000 + i))
+        call(active, ls.Acquire(f"L{i}", {TableBucket(t.table_id, i % 2): 1}, 60_000 + i))
     stray = f"{LEASE_FILES}/L0/{t.table_id}/{'ab' * 16}.metadata"
     storage.write_new(stray, b'{"version":1,"lease_id":"L0","table_id":1,"buckets":[]}')
     m = mirror()
     wait_until(lambda: len(m._entries) == 10, 10, "initial load")
-    call(active, rq.DropLease("L4"))
+    call(active, ls.Drop("L4"))
     b = Controller(zk, storage, num_retained=2, max_lease_ms=86_400_000, grace_ms=30_000, clock_ms=clock)
     try:
         _epoch, version = bump_epoch(zk)
@@ -167,7 +168,7 @@ def test_controller_reinitialized_from_the_mirror(env):
         assert call(b, rq.RemoveOrphanLeaseFiles(tuple(listed))) == [stray]
         # the new active writes on the adopted layout: the old file goes when the pointer moves
         old = b.lease_store._paths["L0"][t.table_id]
-        call(b, rq.AcquireLease("L0", {TableBucket(t.table_id, 1): 1}, 60_000))
+        call(b, ls.Acquire("L0", {TableBucket(t.table_id, 1): 1}, 60_000))
         assert not storage.exists(old)
         b.close()  # waits for the background deletions
         assert not storage.exists(stray)

@@ -16,6 +16,7 @@ from common.storage import RemoteStorage, StorageError, open_storage
 from common.tables import Column, TableSpec
 from common.zk import loads, make_client
 from coordinator import requests as rq
+from leases import state as ls
 from coordinator.controller import Controller
 from coordinator.fencing import FencedWriter, bump_epoch
 from common.model import SnapshotFile, SnapshotHandle, TableBucket
@@ -138,14 +139,14 @@ def test_round_trip_through_reinitialization(env):
         commit(a, t1.table_id, tb, 1)
     commit(a, t2.table_id, 0, 1)
     commit(a, t2.table_id, 1, 7)
-    out = call(a, rq.AcquireLease("job-1", {TableBucket(t1.table_id, 0): 1, TableBucket(t1.table_id, 1): 1,
+    out = call(a, ls.Acquire("job-1", {TableBucket(t1.table_id, 0): 1, TableBucket(t1.table_id, 1): 1,
                                             TableBucket(t2.table_id, 1): 7}, 60_000))
     assert out.unavailable == {}
-    out = call(a, rq.AcquireLease("job-2", {TableBucket(t1.table_id, 0): 1, TableBucket(t2.table_id, 0): 99}, 60_000))
+    out = call(a, ls.Acquire("job-2", {TableBucket(t1.table_id, 0): 1, TableBucket(t2.table_id, 0): 99}, 60_000))
     assert out.unavailable == {TableBucket(t2.table_id, 0): 99}
-    assert call(a, rq.ReleaseLease("job-1", frozenset({TableBucket(t1.table_id, 1)}))) is True
+    assert call(a, ls.Release("job-1", frozenset({TableBucket(t1.table_id, 1)}))) is True
     clock.now += 5_000
-    renewed = call(a, rq.RenewLease("job-2", 120_000))
+    renewed = call(a, ls.Renew("job-2", 120_000))
     assert renewed == clock.now + 120_000
 
     before = {lease.lease_id: lease for lease in call(a, rq.ListLeases())}
@@ -168,14 +169,14 @@ def test_only_changed_tables_get_new_files(env):
     commit(a, t1.table_id, 0, 1)
     commit(a, t1.table_id, 0, 2)
     commit(a, t2.table_id, 0, 1)
-    call(a, rq.AcquireLease("L", {TableBucket(t1.table_id, 0): 1, TableBucket(t2.table_id, 0): 1}, 60_000))
+    call(a, ls.Acquire("L", {TableBucket(t1.table_id, 0): 1, TableBucket(t2.table_id, 0): 1}, 60_000))
     first = {t["table_id"]: t["metadata_path"] for t in zk_lease_node(a, "L")["tables"]}
-    call(a, rq.AcquireLease("L", {TableBucket(t1.table_id, 0): 2}, 60_000))
+    call(a, ls.Acquire("L", {TableBucket(t1.table_id, 0): 2}, 60_000))
     second = {t["table_id"]: t["metadata_path"] for t in zk_lease_node(a, "L")["tables"]}
     assert second[t2.table_id] == first[t2.table_id]
     assert second[t1.table_id] != first[t1.table_id]
     assert lease_files(storage) == sorted(second.values())  # the old t1 file is gone
-    call(a, rq.RenewLease("L", 30_000))  # renew rewrites no file
+    call(a, ls.Renew("L", 30_000))  # renew rewrites no file
     assert {t["table_id"]: t["metadata_path"] for t in zk_lease_node(a, "L")["tables"]} == second
 
 
@@ -184,7 +185,7 @@ def test_orphan_lease_files_removed_on_reinitialization(env):
     a = make()
     t = make_table(a)
     commit(a, t.table_id, 0, 1)
-    call(a, rq.AcquireLease("keep", {TableBucket(t.table_id, 0): 1}, 60_000))
+    call(a, ls.Acquire("keep", {TableBucket(t.table_id, 0): 1}, 60_000))
     kept = lease_files(storage)
     storage.put(f"{LEASE_FILES}/keep/{t.table_id}/stray.metadata", b"{}")
     storage.put(f"{LEASE_FILES}/gone-lease/{t.table_id}/abc.metadata", b"{}")
@@ -199,15 +200,15 @@ def test_failed_remote_write_changes_nothing(env):
     t = make_table(a)
     commit(a, t.table_id, 0, 1)
     commit(a, t.table_id, 0, 2)
-    call(a, rq.AcquireLease("L", {TableBucket(t.table_id, 0): 1}, 60_000))
+    call(a, ls.Acquire("L", {TableBucket(t.table_id, 0): 1}, 60_000))
     node_before, files_before = zk_lease_node(a, "L"), lease_files(storage)
     refs_before = a.leases.refs.as_dict()
 
     storage.fail_writes = True
     with pytest.raises(StorageError):
-        call(a, rq.AcquireLease("L", {TableBucket(t.table_id, 0): 2}, 60_000))
+        call(a, ls.Acquire("L", {TableBucket(t.table_id, 0): 2}, 60_000))
     with pytest.raises(StorageError):
-        call(a, rq.AcquireLease("new", {TableBucket(t.table_id, 0): 2}, 60_000))
+        call(a, ls.Acquire("new", {TableBucket(t.table_id, 0): 2}, 60_000))
     storage.fail_writes = False
 
     assert a.leases.get("L").buckets == {TableBucket(t.table_id, 0): 1}
@@ -218,7 +219,7 @@ def test_failed_remote_write_changes_nothing(env):
     assert lease_files(storage) == files_before
     a.leases.validate()
     # and it works again once storage does
-    assert call(a, rq.AcquireLease("new", {TableBucket(t.table_id, 0): 2}, 60_000)).acquired
+    assert call(a, ls.Acquire("new", {TableBucket(t.table_id, 0): 2}, 60_000)).acquired
 
 
 def test_failed_zookeeper_write_changes_nothing(env):
@@ -226,15 +227,15 @@ def test_failed_zookeeper_write_changes_nothing(env):
     a = make()
     t = make_table(a)
     commit(a, t.table_id, 0, 1)
-    call(a, rq.AcquireLease("L", {TableBucket(t.table_id, 0): 1}, 60_000))
+    call(a, ls.Acquire("L", {TableBucket(t.table_id, 0): 1}, 60_000))
     # someone removed the node behind the coordinator's back: the update's multi-op fails
     a.zk.delete(zkpaths.lease("L"))
     files_before = lease_files(storage)
     with pytest.raises(errors.StorageError):
-        call(a, rq.RenewLease("L", 90_000))
+        call(a, ls.Renew("L", 90_000))
     assert a.leases.get("L").expiration_time == 1_000_000 + 60_000
     with pytest.raises(errors.StorageError):
-        call(a, rq.AcquireLease("L", {TableBucket(t.table_id, 1): 1}, 60_000))
+        call(a, ls.Acquire("L", {TableBucket(t.table_id, 1): 1}, 60_000))
     assert lease_files(storage) == files_before  # the new file of the failed write was removed
     a.leases.validate()
 
@@ -244,14 +245,14 @@ def test_expiry_frees_snapshots_and_reclaims_them(env):
     a = make()
     t = make_table(a)
     h1 = commit(a, t.table_id, 0, 1, shared=("shared/a.sst", "shared/old.sst"), storage=storage)
-    call(a, rq.AcquireLease("L", {TableBucket(t.table_id, 0): 1}, 10_000))
+    call(a, ls.Acquire("L", {TableBucket(t.table_id, 0): 1}, 10_000))
     commit(a, t.table_id, 0, 2, storage=storage)
     commit(a, t.table_id, 0, 3, storage=storage)
     # snapshot 1 is past retention but leased: kept, with its files
     assert a.snapshots.has_snapshot(TableBucket(t.table_id, 0), 1)
     assert all(storage.exists(p) for p in h1.file_paths())
     clock.now += 10_000
-    call(a, rq.ExpireTick())
+    call(a, ls.Expire())
     a.close()  # waits for the background file deletions
     assert a.leases.get("L") is None
     assert not a.snapshots.has_snapshot(TableBucket(t.table_id, 0), 1)
@@ -268,13 +269,13 @@ def test_release_reclaims_at_once(env):
     a = make()
     t = make_table(a)
     h1 = commit(a, t.table_id, 1, 1, shared=("shared/x.sst",), storage=storage)
-    call(a, rq.AcquireLease("L1", {TableBucket(t.table_id, 1): 1}, 60_000))
-    call(a, rq.AcquireLease("L2", {TableBucket(t.table_id, 1): 1}, 60_000))
+    call(a, ls.Acquire("L1", {TableBucket(t.table_id, 1): 1}, 60_000))
+    call(a, ls.Acquire("L2", {TableBucket(t.table_id, 1): 1}, 60_000))
     commit(a, t.table_id, 1, 2, shared=("shared/y.sst",), storage=storage)
     commit(a, t.table_id, 1, 3, shared=("shared/y.sst",), storage=storage)
-    assert call(a, rq.DropLease("L1")) is True
+    assert call(a, ls.Drop("L1")) is True
     assert a.snapshots.has_snapshot(TableBucket(t.table_id, 1), 1)  # L2 still holds it
-    assert call(a, rq.ReleaseLease("L2", frozenset({TableBucket(t.table_id, 1)}))) is False
+    assert call(a, ls.Release("L2", frozenset({TableBucket(t.table_id, 1)}))) is False
     a.close()
     assert not a.snapshots.has_snapshot(TableBucket(t.table_id, 1), 1)
     assert not storage.exists(f"kv/{t.table_id}/1/shared/x.sst")
@@ -286,14 +287,14 @@ def test_leases_expired_during_the_gap_get_the_grace(env):
     a = make()
     t = make_table(a)
     commit(a, t.table_id, 0, 1)
-    call(a, rq.AcquireLease("short", {TableBucket(t.table_id, 0): 1}, 1_000))
-    call(a, rq.AcquireLease("long", {TableBucket(t.table_id, 0): 1}, 600_000))
+    call(a, ls.Acquire("short", {TableBucket(t.table_id, 0): 1}, 1_000))
+    call(a, ls.Acquire("long", {TableBucket(t.table_id, 0): 1}, 600_000))
     clock.now += 5_000  # "a" died; nobody expired "short"
     b = make(grace_ms=20_000)
     assert b.leases.get("short").expiration_time == clock.now + 20_000
     assert b.leases.get("long").expiration_time == 1_000_000 + 600_000
     clock.now += 20_000
-    call(b, rq.ExpireTick())
+    call(b, ls.Expire())
     assert b.leases.get("short") is None and b.leases.get("long") is not None
 
 
@@ -303,8 +304,8 @@ def test_drop_table_removes_it_from_every_lease(env):
     t1, t2 = make_table(a, "t1"), make_table(a, "t2")
     h = commit(a, t1.table_id, 0, 1, storage=storage)
     commit(a, t2.table_id, 0, 1, storage=storage)
-    call(a, rq.AcquireLease("both", {TableBucket(t1.table_id, 0): 1, TableBucket(t2.table_id, 0): 1}, 60_000))
-    call(a, rq.AcquireLease("only", {TableBucket(t1.table_id, 0): 1}, 60_000))
+    call(a, ls.Acquire("both", {TableBucket(t1.table_id, 0): 1, TableBucket(t2.table_id, 0): 1}, 60_000))
+    call(a, ls.Acquire("only", {TableBucket(t1.table_id, 0): 1}, 60_000))
     call(a, rq.DropTable("db", "t1"))
     a.close()
     assert a.leases.get("only") is None
@@ -315,7 +316,7 @@ def test_drop_table_removes_it_from_every_lease(env):
     assert storage.list(f"kv/{t1.table_id}") == []
     assert all(f"/{t1.table_id}/" not in p for p in lease_files(storage))
     with pytest.raises(errors.TableNotExistError):
-        call(a, rq.AcquireLease("x", {TableBucket(t1.table_id, 0): 1}, 60_000))
+        call(a, ls.Acquire("x", {TableBucket(t1.table_id, 0): 1}, 60_000))
     # table ids are never reused, also after a failover
     b = make()
     t3 = make_table(b, "t1")

@@ -344,3 +344,26 @@ def test_random_sequences_keep_the_invariants(steps):
                 else:
                     assert m.gone[ins.scanner_id][::2] == (scan.FINISHED, ins.call)
         assert set(in_flight) == {sid for sid, s in m.sessions.items() if s.in_flight is not None}
+
+
+@pytest.mark.unit
+def test_the_scan_service_refuses_an_instruction_it_does_not_carry_out():
+    from common.config import Config
+    from common.statemachine import Instruction, UnhandledError
+    from tablet.scan_service import ScanService
+
+    class Unknown(Instruction):
+        pass
+
+    class NoReplicas:
+        close_listeners: list = []
+
+    service = ScanService(NoReplicas(), Config(env={}))
+    try:
+        assert service._run(scan.Tick(0)) == []  # the known path still works
+        service.manager.handle = lambda event: [Unknown()]
+        with pytest.raises(UnhandledError, match="Unknown"):
+            service._run(scan.Tick(0))
+        del service.manager.handle  # the manager's own handle again, for close()
+    finally:
+        service.close()

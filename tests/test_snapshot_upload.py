@@ -23,6 +23,7 @@ from common.storage import MULTIPART_BYTES, FileStorage, RemoteStorage, StorageE
 from common.tables import Column, TableSpec
 from common.zk import make_client
 from coordinator import requests as rq
+from leases import state as ls
 from coordinator.controller import Controller
 from coordinator.fencing import FencedWriter, bump_epoch
 from common.model import TableBucket
@@ -368,7 +369,7 @@ def test_a_leased_snapshot_keeps_its_files_until_released(coordinator, tmp_path)
     bucket.write(range(2000), prefix=b"a")  # SST A: kept by every snapshot
     bucket.write(range(2000), prefix=b"b")  # SST B: compacted away before snapshot 2
     h1 = snapshot(1)
-    assert call(ctrl, rq.AcquireLease("L", {tb: 1}, 60_000)).unavailable == {}
+    assert call(ctrl, ls.Acquire("L", {tb: 1}, 60_000)).unavailable == {}
     bucket.write(range(0, 2000, 10), version=1, prefix=b"b")
     bucket.db.compact_range(b"b", b"c")  # B + the update -> C
     h2 = snapshot(2)
@@ -386,7 +387,7 @@ def test_a_leased_snapshot_keeps_its_files_until_released(coordinator, tmp_path)
         assert storage.exists(path), path
     assert len(storage.read(h1.metadata_path)) > 0
 
-    assert call(ctrl, rq.ReleaseLease("L", frozenset({tb}))) is False
+    assert call(ctrl, ls.Release("L", frozenset({tb}))) is False
     assert not ctrl.snapshots.has_snapshot(tb, 1)
     wait_until(lambda: not storage.exists(h1.metadata_path) and not any(map(storage.exists, only_1)))
     assert storage.list(sn.snapshot_dir(tb, 1)) == []
