@@ -12,8 +12,8 @@ once opened and ``resume_key`` (the last key of the last batch handed out).
 
 Contract of a scanner:
 
-- **Lazy**: nothing is sent before the first :meth:`~_Scanner.poll` (or
-  iteration, or :meth:`~_Scanner.open`).
+- **Lazy**: nothing is sent before the first :meth:`~BucketScanner.poll` (or
+  iteration, or :meth:`~BucketScanner.open`).
 - **Prefetch, one request in flight**: as soon as batch N arrives, the
   request for N+1 is sent (``stub.ScanKv.future``) and only then is batch N
   decoded and handed out. So the server reads N+1 while the caller decodes
@@ -43,7 +43,7 @@ Contract of a scanner:
   exactly-once); ``resumed`` counts the reopenings.
 - **Every other error code** raises its typed exception; the session is
   closed first.
-- **Never leaks a server session**: :meth:`~_Scanner.close` (also the
+- **Never leaks a server session**: :meth:`~BucketScanner.close` (also the
   context manager, the end of iteration, an error, ``break`` out of a
   ``for`` loop through the generator's ``finally``, and ``__del__`` as a
   last resort) cancels the request in flight and sends ``close_scanner``.
@@ -87,14 +87,6 @@ DEFAULT_MAX_RESUMES = 8
 _DEFAULT_BATCH_BYTES = cfg.CLIENT_SCANNER_FETCH_MAX_BYTES.parse(cfg.CLIENT_SCANNER_FETCH_MAX_BYTES.default)
 
 
-def _rpc_error(exc: grpc.RpcError, method: str, address: str, timeout_s: float | None) -> errors.KvLeaseError:
-    return rpc_error(exc, method, address, timeout_s=timeout_s, idempotent=True)
-
-
-def _response_error(response) -> errors.KvLeaseError | None:
-    return error_from_pb(response.error)
-
-
 class _CallInProgress(Exception):
     """A replay met the first attempt of the same call still running on the server."""
 
@@ -106,7 +98,7 @@ class _CallInProgress(Exception):
 # -- one bucket ------------------------------------------------------------------------------------
 
 
-class _Scanner:
+class BucketScanner:
     """What both scanners share: lazy open, decoding, limit, resume, close; see the module docstring."""
 
     def __init__(self, route, table: TableInfo, bucket: int, *, limit: int | None = None,
@@ -150,7 +142,7 @@ class _Scanner:
 
     # -- the caller's side -------------------------------------------------------------------------
 
-    def open(self) -> "_Scanner":
+    def open(self) -> "BucketScanner":
         """Open the scan now (it otherwise opens on the first poll); ``log_offset`` is then known."""
         self._check_usable()
         if not self._opened:
@@ -294,7 +286,7 @@ class _Scanner:
         raise NotImplementedError
 
 
-class KvBatchScanner(_Scanner):
+class KvBatchScanner(BucketScanner):
     """One bucket through unary ScanKv calls, one request in flight (see the module docstring).
 
     ``KvBatchScanner(route, table_info, bucket)``: ``route`` finds the leader
@@ -331,11 +323,11 @@ class KvBatchScanner(_Scanner):
             try:
                 response = stub.ScanKv.future(request, timeout=self._timeout_s).result()
             except grpc.RpcError as exc:
-                error = _rpc_error(exc, "ScanKv", address, self._timeout_s)
+                error = rpc_error(exc, "ScanKv", address, timeout_s=self._timeout_s, idempotent=True)
                 if isinstance(error, errors.NetworkError):
                     self._route.stale()
                 raise error from None
-            error = _response_error(response)
+            error = error_from_pb(response.error)
             if error is not None:
                 if isinstance(error, (errors.NotLeaderError, errors.LeaderNotAvailableError)):
                     self._route.stale()
@@ -364,13 +356,13 @@ class KvBatchScanner(_Scanner):
             response = future.result()
         except grpc.RpcError as exc:
             if exc.code() not in TRANSPORT_CODES:
-                return self._fail(_rpc_error(exc, "ScanKv", self._address, self._timeout_s))
+                return self._fail(rpc_error(exc, "ScanKv", self._address, timeout_s=self._timeout_s, idempotent=True))
             try:
                 response = self._replay(request)
             except errors.NetworkError as error:  # replays exhausted
                 return self._session_lost(error)
         self._pending = None
-        error = _response_error(response)
+        error = error_from_pb(response.error)
         if error is None:
             return response
         if isinstance(error, SESSION_LOST):
@@ -394,7 +386,7 @@ class KvBatchScanner(_Scanner):
             try:
                 response = future.result()
             except grpc.RpcError as exc:
-                raise _rpc_error(exc, "ScanKv", self._address, self._timeout_s) from None
+                raise rpc_error(exc, "ScanKv", self._address, timeout_s=self._timeout_s, idempotent=True) from None
             if response.error.code == errors.ErrorCode.INVALID_SCAN_REQUEST:
                 raise _CallInProgress(response)
             return response

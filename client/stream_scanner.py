@@ -9,10 +9,12 @@ import grpc
 from common import errors
 from common.proto import tablet_pb2 as pb
 from common.tables import TableInfo
-from client.scanner import SESSION_LOST, _rpc_error, _response_error, _Scanner
+from common.wire import error_from_pb
+from client.scanner import SESSION_LOST, BucketScanner
+from client.transport import rpc_error
 
 
-class KvStreamScanner(_Scanner):
+class KvStreamScanner(BucketScanner):
     """One bucket through one server-streaming ScanKvStream call (same options as KvBatchScanner).
 
     The server pushes batches as gRPC flow control allows; closing early
@@ -39,11 +41,11 @@ class KvStreamScanner(_Scanner):
                 raise errors.UnknownServerError(f"ScanKvStream to {address} ended without a response") from None
             except grpc.RpcError as exc:
                 call.cancel()
-                error = _rpc_error(exc, "ScanKvStream", address, None)
+                error = rpc_error(exc, "ScanKvStream", address, timeout_s=None, idempotent=True)
                 if isinstance(error, errors.NetworkError):
                     self._route.stale()
                 raise error from None
-            error = _response_error(response)
+            error = error_from_pb(response.error)
             if error is not None:
                 call.cancel()
                 if isinstance(error, (errors.NotLeaderError, errors.LeaderNotAvailableError)):
@@ -69,8 +71,8 @@ class KvStreamScanner(_Scanner):
             error = errors.UnknownServerError(f"ScanKvStream from {self._address} ended before the last batch")
             return self._session_lost_or_raise(error)
         except grpc.RpcError as exc:
-            return self._session_lost_or_raise(_rpc_error(exc, "ScanKvStream", self._address, None))
-        error = _response_error(response)
+            return self._session_lost_or_raise(rpc_error(exc, "ScanKvStream", self._address, timeout_s=None, idempotent=True))
+        error = error_from_pb(response.error)
         if error is None:
             return response
         return self._session_lost_or_raise(error)

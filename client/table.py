@@ -44,6 +44,9 @@ from common.logentry import ChangeType, decode_entry
 from common.codec import RowCodec, batch_to_ipc, bucket_of_keys, ipc_to_batch
 from client.log_records import decode_records, log_schema
 from client.routing import REROUTE, BucketRouter, Routing
+from client.scanner import KvBatchScanner
+from client.stream_scanner import KvStreamScanner
+from client.table_scan import scan_table
 from client.transport import RetryPolicy, rpc_error
 
 #: A bucket's part of a write or lookup bigger than this (Arrow bytes) is sent as several requests.
@@ -392,9 +395,6 @@ class TableClient:
         in flight) or, with ``streaming``, :class:`client.stream_scanner.KvStreamScanner` (ScanKvStream).
         ``options``: ``limit``, ``batch_size_bytes``, ``start_after_key``, ``resume``, ``decode``.
         Nothing is sent before the first poll; use it with ``with`` or read it to the end."""
-        from client.scanner import KvBatchScanner
-        from client.stream_scanner import KvStreamScanner
-
         self.router.check_bucket(bucket)
         options.setdefault("batch_size_bytes", self.scan_batch_bytes)
         options.setdefault("request_timeout_s", self.timeout_s)
@@ -406,8 +406,6 @@ class TableClient:
         """Every live row of the table (or of ``buckets``): a :class:`client.table_scan.ScanResult` with
         ``batches`` and ``log_offsets`` ``{bucket: first changelog offset not in the scan}``. See
         :func:`client.table_scan.scan_table` (parallel buckets; ``limit`` over the whole table)."""
-        from client.table_scan import scan_table
-
         return scan_table(self, limit=limit, buckets=None if buckets is None else list(buckets),
                           streaming=streaming, **options)
 

@@ -19,8 +19,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 from common import zkpaths
-from common.zk import dumps, loads
-from common.zk import ZkOp
+from common.zk import ZkOp, dumps, loads
 
 UNASSIGNED = -1
 

@@ -11,8 +11,7 @@ from kazoo.exceptions import NoNodeError
 
 from common import errors, zkpaths
 from common.tables import TableInfo, TableSpec
-from common.zk import dumps, loads
-from common.zk import ZkOp
+from common.zk import ZkOp, dumps, loads
 
 
 class TableCatalog:

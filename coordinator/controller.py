@@ -32,7 +32,8 @@ from coordinator.assignment import Assignments
 from coordinator.catalog import TableCatalog
 from coordinator.fencing import FencedWriter
 from coordinator.file_gc import FileCollector
-from coordinator.lease_shell import Item, LeaseShell
+from coordinator.lease_shell import LeaseShell
+from coordinator.loop import Item, settle
 from coordinator.membership import Membership, Notify
 from coordinator.snapshot_commits import SnapshotCommits
 from coordinator.snapshots import SnapshotStore
@@ -49,7 +50,7 @@ def _query(method):
     """A query: answered from memory at once."""
     @functools.wraps(method)
     def answer(self: "Controller", request, future: Future | None) -> None:
-        _resolve(future, method(self, request))
+        settle(future, method(self, request))
     return answer
 
 
@@ -58,7 +59,7 @@ def _barrier(method):
     @functools.wraps(method)
     def run(self: "Controller", request, future: Future | None) -> None:
         self.lease_shell.flush()
-        _resolve(future, method(self, request))
+        settle(future, method(self, request))
     return run
 
 
@@ -169,7 +170,7 @@ class Controller(Dispatcher):
             try:
                 self.dispatch(request, future)
             except errors.KvLeaseError as exc:
-                _fail(future, exc)
+                settle(future, error=exc)
                 if isinstance(exc, _FATAL):
                     raise
         self.lease_shell.flush()
@@ -289,13 +290,3 @@ class Controller(Dispatcher):
                 per_table[table_id] = per_table.get(table_id, 0) + 1
         self.metrics.set_lease_counts(len(self.leases.leases), self.leases.refs.leased_count(), per_table,
                                       dict(self.leases.refs.leased_count_by_table()))
-
-
-def _resolve(future: Future | None, value) -> None:
-    if future is not None and not future.done():
-        future.set_result(value)
-
-
-def _fail(future: Future | None, error: Exception) -> None:
-    if future is not None and not future.done():
-        future.set_exception(error)

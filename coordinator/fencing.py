@@ -15,8 +15,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, ConnectionLoss, KazooException, RolledBackError, SessionExpiredError
 
 from common import errors, zkpaths
-from common.zk import dumps, loads
-from common.zk import ZkOp
+from common.zk import ZkOp, dumps, loads
 
 log = logging.getLogger(__name__)
 

@@ -21,14 +21,13 @@ from common.model import Lease, TableBucket
 from common.statemachine import Event, Shell, on
 from common.zk import ZkOp
 from coordinator.fencing import MAX_OPS_PER_MULTI, FencedWriter
+from coordinator.loop import Item, settle
 from leases import state as ls
 from leases.store import LeaseStore, PreparedWrite
 
 log = logging.getLogger(__name__)
 
 MAX_BYTES_PER_MULTI = 256 * 1024  # well under ZooKeeper's default request limit (jute.maxbuffer, 1 MiB)
-#: A loop item: (request, future); the future is None for the loop's own timer events.
-Item = tuple[object, "Future | None"]
 
 
 @dataclass
@@ -61,7 +60,7 @@ class LeaseShell(Shell):
 
     def submit(self, request: Event, future: Future | None) -> None:
         """A lease request of the loop; ``future`` is answered once its writes are persisted."""
-        self._hand_in(request, _Waiter(lambda reply: _settle(future, reply), (request, future)))
+        self._hand_in(request, _Waiter(lambda reply: settle(future, reply.result, reply.error), (request, future)))
 
     def call(self, event: Event) -> object:
         """At a barrier (no write in flight): hand ``event`` in, persist what it asks, return its result.
@@ -95,7 +94,7 @@ class LeaseShell(Shell):
         for event_id, waiter in self._waiting.items():
             waiter.answer(ls.Reply(event_id, error=error))
         for request, future in self.deferred:
-            _settle(future, ls.Reply(request.event_id, error=error))
+            settle(future, error=error)
         self._waiting.clear()
         self.deferred = []
         self._batch = []
@@ -196,12 +195,3 @@ def _chunks(ops: list[ZkOp], max_bytes: int = MAX_BYTES_PER_MULTI) -> list[list[
         chunks[-1].append(op)
         size += cost
     return chunks
-
-
-def _settle(future: Future | None, reply: ls.Reply) -> None:
-    if future is None or future.done():
-        return
-    if reply.error is not None:
-        future.set_exception(reply.error)
-    else:
-        future.set_result(reply.result)

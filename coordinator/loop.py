@@ -20,6 +20,19 @@ from leases import state as ls
 
 log = logging.getLogger(__name__)
 
+#: A loop item: (request, future); the future is None for the loop's own timer events.
+Item = tuple[object, "Future | None"]
+
+
+def settle(future: Future | None, result: object = None, error: Exception | None = None) -> None:
+    """Answer a caller's future, unless there is none or it was answered (or cancelled) already."""
+    if future is None or future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
 
 class EventLoop:
     def __init__(self, controller, *, max_batch: int, tick_interval_ms: int,
@@ -57,8 +70,7 @@ class EventLoop:
             self._cv.notify_all()
         error = error or errors.NotCoordinatorError("coordinator is stepping down")
         for _request, future in queued:
-            if future is not None and not future.done():
-                future.set_exception(error)
+            settle(future, error=error)
         if threading.current_thread() is not self._thread and self._thread.is_alive():
             self._thread.join(timeout=30)
 
@@ -92,8 +104,7 @@ class EventLoop:
                     log.exception("event loop failed")
                     exc = errors.NotCoordinatorError(f"coordinator failed: {exc}")
                 for _request, future in items:
-                    if future is not None and not future.done():
-                        future.set_exception(exc)
+                    settle(future, error=exc)
                 self.controller.fail_all(exc)
                 self.stop(exc)
                 self.on_fatal(exc)

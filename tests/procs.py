@@ -277,3 +277,18 @@ def coordinator_procs(request: pytest.FixtureRequest, tmp_path: Path) -> Iterato
                     print(f"\n---- coordinator logs of {request.node.nodeid} ----\n{text}", file=sys.stderr)
             else:
                 print(text, file=sys.stderr)
+
+
+def kill_after_reading(proc: subprocess.Popen, seconds: float) -> list[bytes]:
+    """Read ``proc``'s stdout lines for ``seconds``, SIGKILL it, and return every complete line
+    (those still in the pipe too). A line cut by the kill has no newline: it was never acknowledged."""
+    deadline = time.monotonic() + seconds
+    lines = []
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        assert line.endswith(b"\n"), f"writer died: {proc.stderr.read().decode()}"
+        lines.append(line)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    lines += proc.stdout.read().splitlines(keepends=True)  # acks still in the pipe
+    return [line for line in lines if line.endswith(b"\n")]

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import os
 import random
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 from rocksdict import Options, Rdict
@@ -18,6 +16,7 @@ from tablet.bucket import APPLIED_KEY, META_CF, BucketStore, BucketStoreError
 from common.logentry import ChangelogError
 from tablet.changelog import Changelog
 from tests import bucket_writer
+from tests.procs import kill_after_reading
 from tests.test_bucket import (  # noqa: F401 - the fixtures bucket_dir and store, and shared helpers
     D, I, PROJECT_ROOT, TABLE, TABLE2, UA, UB, bucket_dir, changes, entry_changes, expected_changes, fold, keys,
     kv_rows, log_records, rows, state, store)
@@ -162,16 +161,8 @@ def test_every_acknowledged_write_survives_sigkill(bucket_dir, writers):
         replayed_from, end = int(opened[1]), int(opened[2])
         assert replayed_from <= end and end >= last_end  # nothing acknowledged was lost
         replays += replayed_from < end
-        deadline = time.monotonic() + rng.uniform(0.1, 1.5)
-        lines = []
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            assert line.endswith(b"\n"), f"writer died: {proc.stderr.read().decode()}"
-            lines.append(line)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-        lines += proc.stdout.read().splitlines(keepends=True)  # acks still in the pipe
-        acked = [tuple(map(int, line.split())) for line in lines if line.endswith(b"\n")]
+        lines = kill_after_reading(proc, rng.uniform(0.1, 1.5))
+        acked = [tuple(map(int, line.split())) for line in lines]
         for i, (n, base, nxt) in enumerate(acked):
             assert n == i and base == (acked[i - 1][2] if i else end)
             writes.append((round_seed, n, (base, nxt)))

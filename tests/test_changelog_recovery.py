@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import os
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -15,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from ops.zookeeper import dying_with_parent
-from common.logentry import (HEADER_SIZE, CorruptLogError)
+from common.logentry import HEADER_SIZE, CorruptLogError
 from tablet.changelog import Changelog, LogOffsetOutOfRangeError
+from tests.procs import kill_after_reading
 from tests.test_changelog import (  # noqa: F401 - the fixture log_dir and shared helpers
     PROJECT_ROOT, entry_positions, expected_rows, fill, flip_byte, log_dir, read_all, segment_files)
 
@@ -181,21 +181,11 @@ def test_every_acknowledged_batch_survives_sigkill(log_dir, writers):
         assert opened[:1] == [b"open"], proc.stderr.read().decode()
         expected_base = int(opened[2])
         assert expected_base >= (acked[-1][1] if acked else 0)  # the reopen lost no acknowledged record
-        deadline = time.monotonic() + rng.uniform(0.05, 1.0)
-        lines = []
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            assert line.endswith(b"\n"), f"writer died: {proc.stderr.read().decode()}"
-            lines.append(line)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-        lines += proc.stdout.read().splitlines(keepends=True)  # acks still in the pipe
-        for line in lines:
-            if line.endswith(b"\n"):  # a line cut by the kill was never acknowledged
-                base, nxt = map(int, line.split())
-                assert base == expected_base
-                acked.append((base, nxt))
-                expected_base = nxt
+        for line in kill_after_reading(proc, rng.uniform(0.05, 1.0)):  # only acknowledged lines
+            base, nxt = map(int, line.split())
+            assert base == expected_base
+            acked.append((base, nxt))
+            expected_base = nxt
 
         with Changelog(log_dir, segment_bytes=1 << 20) as log:
             assert log.start_offset == 0
