@@ -79,17 +79,17 @@ def _at_lines(message: str, lines: list[int]) -> str:
     return f"lines {lines[0]}-{lines[-1]}: {message}"
 
 
-def _key_command(ctx_settings: dict | None = None):
-    """``DB.NAME KEY…`` commands; keys may start with '-' (negative numbers)."""
-    return kvlease.command(context_settings={"ignore_unknown_options": True, **(ctx_settings or {})})
+def _key_command(func):
+    """A ``DB.NAME KEY…`` command taking ``(state, path, keys)``; keys may start with '-' (negative numbers)."""
+    for decorate in (catch_errors, pass_state, common_options,
+                     click.argument("keys", metavar="KEY…", nargs=-1, required=True),
+                     click.argument("path", metavar="DB.NAME", callback=table_path),
+                     kvlease.command(context_settings={"ignore_unknown_options": True})):
+        func = decorate(func)
+    return func
 
 
-@_key_command()
-@click.argument("path", metavar="DB.NAME", callback=table_path)
-@click.argument("keys", metavar="KEY…", nargs=-1, required=True)
-@common_options
-@pass_state
-@catch_errors
+@_key_command
 def get(state: State, path: str, keys: tuple[str, ...]) -> None:
     """Look up rows by primary key.
 
@@ -101,12 +101,7 @@ def get(state: State, path: str, keys: tuple[str, ...]) -> None:
     state.output.rows(out.rows_doc(client.table.path, keys, rows))
 
 
-@_key_command()
-@click.argument("path", metavar="DB.NAME", callback=table_path)
-@click.argument("keys", metavar="KEY…", nargs=-1, required=True)
-@common_options
-@pass_state
-@catch_errors
+@_key_command
 def delete(state: State, path: str, keys: tuple[str, ...]) -> None:
     """Delete rows by primary key (KEY as for `get`); missing keys are ignored."""
     client = state.table_client(path)
