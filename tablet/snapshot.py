@@ -1,4 +1,4 @@
-"""Remote KV snapshots of one bucket: incremental upload, manifest, download.
+"""Remote KV snapshots of one bucket: incremental upload (the format and download: common/kvsnapshot.py).
 
 Layout, naming, failure handling and figures: ``docs/snapshots.md``. In short,
 SSTs go to ``kv/{t}/{b}/shared/{stem}-{size}-{crc32 of the last 64 KiB}-s{id}.sst``
@@ -11,25 +11,22 @@ this uploader put it there itself and it still exists.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
 import threading
 import time
 import zlib
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable
 
 from common import errors
-from common.storage import RemoteStorage, StorageExists, StorageNotFound
+from common.storage import RemoteStorage, StorageExists
 from common.model import SnapshotFile, SnapshotHandle, TableBucket
+from common.kvsnapshot import Manifest, ManifestFile, run_all, shared_dir, snapshot_dir
 
 log = logging.getLogger(__name__)
 
-MANIFEST_NAME = "_METADATA"
-MANIFEST_VERSION = 1
 TAIL_BYTES = 64 << 10  # fingerprinted end of an SST: holds its properties block
 _SKIPPED = re.compile(r"^(LOCK|LOG(\.old\..*)?)$")  # lock and info logs are not part of a checkpoint
 _SHARED_NAME = re.compile(r"^(?P<stem>[^/]+)-(?P<size>\d+)-(?P<crc>[0-9a-f]{8})-s(?P<sid>\d+)\.sst$")
@@ -38,23 +35,6 @@ FileKey = tuple[str, int, int]  # (local name, size, crc32 of the tail)
 
 
 # --- layout -----------------------------------------------------------------------
-
-def bucket_dir(tb: TableBucket) -> str:
-    part = "" if tb.partition_id is None else f"p{tb.partition_id}/"
-    return f"kv/{tb.table_id}/{part}{tb.bucket}"
-
-
-def shared_dir(tb: TableBucket) -> str:
-    return f"{bucket_dir(tb)}/shared"
-
-
-def snapshot_dir(tb: TableBucket, snapshot_id: int) -> str:
-    return f"{bucket_dir(tb)}/snap-{snapshot_id}"
-
-
-def manifest_path(tb: TableBucket, snapshot_id: int) -> str:
-    return f"{snapshot_dir(tb, snapshot_id)}/{MANIFEST_NAME}"
-
 
 def shared_name(key: FileKey, snapshot_id: int) -> str:
     name, size, crc = key
@@ -74,61 +54,6 @@ def fingerprint(path: str, size: int) -> int:
     with open(path, "rb") as fh:
         fh.seek(max(0, size - TAIL_BYTES))
         return zlib.crc32(fh.read())
-
-
-# --- the manifest -----------------------------------------------------------------
-
-@dataclass(frozen=True)
-class ManifestFile:
-    path: str  # remote, relative to the storage root
-    local_name: str  # name inside the checkpoint directory
-    size: int
-
-
-@dataclass(frozen=True)
-class Manifest:
-    bucket: TableBucket
-    snapshot_id: int
-    log_offset: int
-    files: tuple[ManifestFile, ...]
-    created_ms: int
-
-    @property
-    def path(self) -> str:
-        return manifest_path(self.bucket, self.snapshot_id)
-
-    def to_bytes(self) -> bytes:
-        return json.dumps({
-            "version": MANIFEST_VERSION, **self.bucket.to_json(), "snapshot_id": self.snapshot_id,
-            "log_offset": self.log_offset, "created_ms": self.created_ms,
-            "files": [{"path": f.path, "local_name": f.local_name, "size": f.size} for f in self.files],
-        }, indent=1).encode()
-
-    @classmethod
-    def from_bytes(cls, data: bytes, where: str = "") -> "Manifest":
-        """Raises InvalidSnapshotError for anything but a well-formed version-1 manifest."""
-        try:
-            doc = json.loads(data)
-            if doc.get("version") != MANIFEST_VERSION:
-                raise ValueError(f"unsupported manifest version {doc.get('version')!r}")
-            files = tuple(ManifestFile(f["path"], f["local_name"], int(f["size"])) for f in doc["files"])
-            for f in files:
-                if not f.local_name or "/" in f.local_name or f.local_name.startswith("."):
-                    raise ValueError(f"bad local name {f.local_name!r}")
-            return cls(TableBucket.from_json(doc), int(doc["snapshot_id"]), int(doc["log_offset"]), files,
-                       int(doc["created_ms"]))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise errors.InvalidSnapshotError(f"bad snapshot manifest {where}: {exc}") from None
-
-    def to_handle(self) -> SnapshotHandle:
-        """The handle to commit: every remote file (shared and private) and the manifest."""
-        return SnapshotHandle(self.bucket, self.snapshot_id, self.log_offset, self.path,
-                              tuple(SnapshotFile(f.path, f.size) for f in self.files))
-
-
-def read_manifest(storage: RemoteStorage, path: str) -> Manifest:
-    """Raises StorageNotFound, StorageError, InvalidSnapshotError."""
-    return Manifest.from_bytes(storage.read(path), where=path)
 
 
 # --- upload -------------------------------------------------------------------------
@@ -274,7 +199,7 @@ class SnapshotUploader:
         tasks = [lambda k=k, f=f: put_shared(k, f) for k, f in new_shared]
         tasks += [lambda f=f: put_private(f.path, None, os.path.join(checkpoint_dir, f.local_name)) for f in private]
         try:
-            _run_all(tasks, self.io_threads)
+            run_all(tasks, self.io_threads)
             put_private(manifest.path, data)
         except BaseException:
             if written:
@@ -303,49 +228,6 @@ def upload_and_commit(uploader: SnapshotUploader, commit: Callable[[SnapshotHand
     return handle
 
 
-# --- download ---------------------------------------------------------------------------
-
-def download(storage: RemoteStorage, source: SnapshotHandle | str, target_dir: str, *,
-             io_threads: int = 8) -> Manifest:
-    """Restore a snapshot (a handle or a manifest path) as a checkpoint directory.
-
-    ``target_dir`` must be missing or empty. Each file is fetched to a temp
-    name, size-checked, then renamed. Raises StorageNotFound (a file or the
-    manifest is gone), StorageError, InvalidSnapshotError; on failure the
-    files written here are removed.
-    """
-    path = source.metadata_path if isinstance(source, SnapshotHandle) else source
-    manifest = read_manifest(storage, path)
-    os.makedirs(target_dir, exist_ok=True)
-    if os.listdir(target_dir):
-        raise errors.InvalidRequestError(f"download target {target_dir} is not empty")
-
-    def fetch(f: ManifestFile) -> None:
-        final = os.path.join(target_dir, f.local_name)
-        tmp = f"{final}.part"
-        storage.download_file(f.path, tmp)
-        size = os.path.getsize(tmp)
-        if size != f.size:
-            raise errors.StorageError(f"{storage.uri}/{f.path} has {size} bytes, the manifest says {f.size}",
-                                      path=f.path)
-        os.replace(tmp, final)
-
-    try:
-        _run_all([lambda f=f: fetch(f) for f in manifest.files], io_threads)
-    except BaseException:
-        for name in os.listdir(target_dir):
-            os.unlink(os.path.join(target_dir, name))
-        raise
-    return manifest
-
-
-def open_read_only(checkpoint_dir: str):
-    """A read-only ``rocksdict.Rdict`` (raw bytes) on a downloaded snapshot."""
-    from rocksdict import AccessType, Options, Rdict
-
-    return Rdict(checkpoint_dir, Options(raw_mode=True), access_type=AccessType.read_only())
-
-
 # --- helpers ------------------------------------------------------------------------------
 
 def _scan(checkpoint_dir: str) -> list[tuple[str, int]]:
@@ -363,17 +245,3 @@ def _scan(checkpoint_dir: str) -> list[tuple[str, int]]:
     return sorted(found)
 
 
-def _run_all(tasks: Iterable[Callable[[], None]], threads: int) -> None:
-    """Run in parallel; on the first failure cancel what has not started, wait for the rest, re-raise."""
-    tasks = list(tasks)
-    if not tasks:
-        return
-    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(tasks))), thread_name_prefix="snapshot-io") as pool:
-        futures = [pool.submit(task) for task in tasks]
-        done, _ = wait(futures, return_when=FIRST_EXCEPTION)
-        failed = next((f for f in done if f.exception() is not None), None)
-        if failed is not None:
-            for f in futures:
-                f.cancel()
-            wait(futures)
-            raise failed.exception()

@@ -28,7 +28,9 @@ from coordinator.controller import Controller
 from coordinator.fencing import FencedWriter, bump_epoch
 from common.model import TableBucket
 from tablet import snapshot as sn
-from tablet.snapshot import SnapshotUploader, download, open_read_only, read_manifest, upload_and_commit
+from common import kvsnapshot as ks
+from common.kvsnapshot import download, open_read_only, read_manifest
+from tablet.snapshot import SnapshotUploader, upload_and_commit
 
 TB = TableBucket(7, 3)
 _CHECKPOINTS = itertools.count(1)
@@ -86,9 +88,9 @@ def assert_handle_matches_storage(storage: RemoteStorage, handle, checkpoint_dir
         assert os.path.getsize(os.path.join(checkpoint_dir, f.local_name)) == f.size
         assert len(storage.read(f.path)) == f.size
         if f.local_name.endswith(".sst"):
-            assert f.path.startswith(sn.shared_dir(TB) + "/")
+            assert f.path.startswith(ks.shared_dir(TB) + "/")
         else:
-            assert f.path == f"{sn.snapshot_dir(TB, manifest.snapshot_id)}/{f.local_name}"
+            assert f.path == f"{ks.snapshot_dir(TB, manifest.snapshot_id)}/{f.local_name}"
 
 
 class FailingStorage(RemoteStorage):
@@ -144,7 +146,7 @@ def two_snapshots(storage, tmp_path, rows=100_000, changed=0.01):
     h1 = uploader.upload(cp1, 1, bucket.offset)
     s1 = uploader.last_stats
     uploader.mark_committed(h1)
-    shared1 = storage.list(sn.shared_dir(TB))
+    shared1 = storage.list(ks.shared_dir(TB))
     bucket.write(random.Random(1).sample(range(rows), int(rows * changed)), version=1)
     cp2 = bucket.checkpoint()
     h2 = uploader.upload(cp2, 2, bucket.offset)
@@ -167,14 +169,14 @@ def test_second_snapshot_uploads_only_the_new_ssts(storage, tmp_path):
     assert s2.new_shared_files == len(new) >= 1
     assert s2.reused_shared_files == len(ssts(cp1) & ssts(cp2))
     assert s2.uploaded_bytes < 0.05 * s1.uploaded_bytes, (s1, s2)
-    shared2 = storage.list(sn.shared_dir(TB))
+    shared2 = storage.list(ks.shared_dir(TB))
     assert set(shared1) < set(shared2) and len(shared2) == len(shared1) + len(new)
     by_name_1 = {f.local_name: f.path for f in read_manifest(storage, h1.metadata_path).files}
     by_name_2 = {f.local_name: f.path for f in read_manifest(storage, h2.metadata_path).files}
     assert all(by_name_2[n] == by_name_1[n] for n in ssts(cp1) & ssts(cp2))
     assert_handle_matches_storage(storage, h2, cp2)
     # the handle lists every remote file the snapshot uses: nothing else under snap-2/
-    assert set(storage.list(sn.snapshot_dir(TB, 2))) == {p for p in h2.file_paths() if "/snap-2/" in p}
+    assert set(storage.list(ks.snapshot_dir(TB, 2))) == {p for p in h2.file_paths() if "/snap-2/" in p}
 
 
 def test_download_restores_exactly_the_rows(storage, tmp_path):
@@ -203,10 +205,10 @@ def test_a_failed_upload_leaves_no_private_files_and_no_manifest(storage, tmp_pa
     uploader = SnapshotUploader(FailingStorage(storage, fail_on), TB)
     with pytest.raises(StorageError, match="injected"):
         uploader.upload(cp, 1, bucket.offset)
-    assert storage.list(sn.snapshot_dir(TB, 1)) == []
-    assert not storage.exists(sn.manifest_path(TB, 1))
+    assert storage.list(ks.snapshot_dir(TB, 1)) == []
+    assert not storage.exists(ks.manifest_path(TB, 1))
     # the same id works once storage does; SSTs that made it up are reused, not sent again
-    uploaded = len(storage.list(sn.shared_dir(TB)))
+    uploaded = len(storage.list(ks.shared_dir(TB)))
     uploader.storage.fail_on = ""
     handle = uploader.upload(cp, 1, bucket.offset)
     assert uploader.last_stats.reused_shared_files == uploaded
@@ -240,12 +242,12 @@ def test_an_sst_no_committed_snapshot_uses_is_not_assumed_present(file_storage, 
     uploader = SnapshotUploader(file_storage, TB)
     h1 = uploader.upload(cp1, 1, 10_000)
     uploader.discard(h1)  # say the commit was refused: snapshot 1 was never committed
-    file_storage.delete_many(file_storage.list(sn.shared_dir(TB)))  # and its SSTs were cleaned up
+    file_storage.delete_many(file_storage.list(ks.shared_dir(TB)))  # and its SSTs were cleaned up
     h2 = uploader.upload(cp2, 2, 10_100)
     assert uploader.last_stats.reused_shared_files == 0
     assert uploader.last_stats.new_shared_files == len(ssts(cp2))
     assert all(file_storage.exists(p) for p in h2.file_paths())
-    assert file_storage.list(sn.snapshot_dir(TB, 1)) == []
+    assert file_storage.list(ks.snapshot_dir(TB, 1)) == []
 
 
 @pytest.mark.unit
@@ -260,7 +262,7 @@ def test_a_recreated_db_never_matches_the_old_ssts(file_storage, tmp_path):
     second.write(range(1000), version=5)
     cp = second.checkpoint()
     second.close()
-    old = {p.rsplit("/", 1)[-1].split("-")[0] for p in file_storage.list(sn.shared_dir(TB))}
+    old = {p.rsplit("/", 1)[-1].split("-")[0] for p in file_storage.list(ks.shared_dir(TB))}
     assert {n.removesuffix(".sst") for n in ssts(cp)} == old  # the names collide...
     uploader.upload(cp, 2, 2000)
     assert uploader.last_stats.reused_shared_files == 0  # ...the fingerprints do not
@@ -272,12 +274,12 @@ def test_snapshot_ids_must_be_new(file_storage, tmp_path):
     bucket.write(range(100))
     cp = bucket.checkpoint()
     bucket.close()
-    file_storage.put(sn.manifest_path(TB, 1), b"someone else's")
+    file_storage.put(ks.manifest_path(TB, 1), b"someone else's")
     uploader = SnapshotUploader(file_storage, TB)
     with pytest.raises(StorageExists):
         uploader.upload(cp, 1, 100)
-    assert file_storage.read(sn.manifest_path(TB, 1)) == b"someone else's"
-    assert file_storage.list(sn.snapshot_dir(TB, 1)) == [sn.manifest_path(TB, 1)]
+    assert file_storage.read(ks.manifest_path(TB, 1)) == b"someone else's"
+    assert file_storage.list(ks.snapshot_dir(TB, 1)) == [ks.manifest_path(TB, 1)]
     uploader.mark_committed(uploader.upload(cp, 2, 100))
     with pytest.raises(errors.InvalidSnapshotError, match="not newer"):
         uploader.upload(cp, 2, 100)
@@ -299,10 +301,10 @@ def test_upload_and_commit_discards_only_a_refused_snapshot(file_storage, tmp_pa
 
     with pytest.raises(errors.InvalidSnapshotError):
         upload_and_commit(uploader, refuse, cp, 1, 100)
-    assert file_storage.list(sn.snapshot_dir(TB, 1)) == [] and uploader.base is None
+    assert file_storage.list(ks.snapshot_dir(TB, 1)) == [] and uploader.base is None
     with pytest.raises(errors.OutcomeUnknownError):
         upload_and_commit(uploader, lose, cp, 2, 100)
-    assert file_storage.exists(sn.manifest_path(TB, 2)) and uploader.base is None  # may be committed
+    assert file_storage.exists(ks.manifest_path(TB, 2)) and uploader.base is None  # may be committed
     committed = []
     handle = upload_and_commit(uploader, committed.append, cp, 3, 100)
     assert committed == [handle] and uploader.base == handle
@@ -310,14 +312,14 @@ def test_upload_and_commit_discards_only_a_refused_snapshot(file_storage, tmp_pa
 
 @pytest.mark.unit
 def test_manifest_round_trip_and_bad_manifests():
-    m = sn.Manifest(TableBucket(1, 2, partition_id=4), 9, 77,
-                    (sn.ManifestFile("kv/1/p4/2/snap-9/CURRENT", "CURRENT", 16),), 5)
-    assert sn.Manifest.from_bytes(m.to_bytes()) == m
+    m = ks.Manifest(TableBucket(1, 2, partition_id=4), 9, 77,
+                    (ks.ManifestFile("kv/1/p4/2/snap-9/CURRENT", "CURRENT", 16),), 5)
+    assert ks.Manifest.from_bytes(m.to_bytes()) == m
     assert m.path == "kv/1/p4/2/snap-9/_METADATA"
     for bad in (b"{", b'{"version": 2}', m.to_bytes().replace(b'"CURRENT"', b'"../x"')):
         with pytest.raises(errors.InvalidSnapshotError):
-            sn.Manifest.from_bytes(bad)
-    assert sn.parse_shared(sn.shared_dir(TB) + "/" + sn.shared_name(("000012.sst", 345, 0xAB), 6)) == (
+            ks.Manifest.from_bytes(bad)
+    assert sn.parse_shared(ks.shared_dir(TB) + "/" + sn.shared_name(("000012.sst", 345, 0xAB), 6)) == (
         "000012.sst", 345, 0xAB)
     assert sn.parse_shared("kv/7/3/snap-1/CURRENT") is None
 
@@ -390,10 +392,10 @@ def test_a_leased_snapshot_keeps_its_files_until_released(coordinator, tmp_path)
     assert call(ctrl, ls.Release("L", frozenset({tb}))) is False
     assert not ctrl.snapshots.has_snapshot(tb, 1)
     wait_until(lambda: not storage.exists(h1.metadata_path) and not any(map(storage.exists, only_1)))
-    assert storage.list(sn.snapshot_dir(tb, 1)) == []
+    assert storage.list(ks.snapshot_dir(tb, 1)) == []
     # exactly the files of the kept snapshots remain, shared ones included
-    assert set(storage.list(sn.bucket_dir(tb))) == h2.file_paths() | h3.file_paths()
-    assert in_all <= set(storage.list(sn.shared_dir(tb)))
+    assert set(storage.list(ks.bucket_dir(tb))) == h2.file_paths() | h3.file_paths()
+    assert in_all <= set(storage.list(ks.shared_dir(tb)))
     target = tmp_path / "restored"
     download(storage, h3, str(target))
     db = open_read_only(str(target))
