@@ -24,6 +24,7 @@ from common.wire import (bucket_snapshots_from_pb, bucket_snapshots_to_pb, bucke
                          lease_from_pb, raise_for, table_from_pb)
 from common.tables import Column, TableInfo, parse_table_path
 from common.model import Lease, SnapshotHandle, TableBucket
+from common.storage import RemoteStorage, open_storage
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,15 @@ class CoordinatorInfo:
     active: bool
     active_address: str
     epoch: int
+    remote_data_dir: str = ""
+    s3_endpoint: str = ""
+    s3_region: str = ""
+
+    def remote_storage(self) -> RemoteStorage:
+        """The cluster's remote storage as a reader opens it: URI, endpoint and region from the
+        coordinator; credentials (if any) from this process's environment, never from the cluster."""
+        overrides = {cfg.S3_ENDPOINT.name: self.s3_endpoint, cfg.S3_REGION.name: self.s3_region or "us-east-1"}
+        return open_storage(self.remote_data_dir, cfg.Config(overrides))
 
 
 @dataclass(frozen=True)
@@ -159,7 +169,8 @@ class AdminClient:
             raise rpc_error(exc, "CoordinatorInfo", target, timeout_s=self._timeout_s, idempotent=True,
                             peer="coordinator") from None
         raise_for(response.error)
-        return CoordinatorInfo(response.address, response.active, response.active_address, response.epoch)
+        return CoordinatorInfo(response.address, response.active, response.active_address, response.epoch,
+                               response.remote_data_dir, response.s3_endpoint, response.s3_region)
 
     @property
     def bootstrap(self) -> list[str]:

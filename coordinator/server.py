@@ -136,7 +136,8 @@ class CoordinatorServer:
     def info(self) -> dict:
         active = self._state == "active"
         return {"active": active, "active_address": self.address if active else self.active_address,
-                "epoch": self.epoch, "address": self.address}
+                "epoch": self.epoch, "address": self.address, "remote_data_dir": self.config[cfg.REMOTE_DATA_DIR],
+                "s3_endpoint": self.config[cfg.S3_ENDPOINT], "s3_region": self.config[cfg.S3_REGION]}
 
     # -- ZooKeeper callbacks (kazoo's thread: never block) -------------------------------------
 
