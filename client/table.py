@@ -40,7 +40,7 @@ from common import errors
 from common.proto import tablet_pb2 as pb
 from common.tables import TableInfo
 from common.wire import error_from_pb
-from common.logentry import ChangeType, decode_entry
+from common.logentry import ChangeType, LogEntry, decode_entry
 from common.codec import RowCodec, batch_to_ipc, bucket_of_keys, ipc_to_batch
 from client.log_records import decode_records, log_schema
 from client.routing import REROUTE, BucketRouter, Routing
@@ -328,6 +328,15 @@ class TableClient:
         rows = batch.select(self.codec.schema.names).to_pylist()
         return [{"offset": offset, "change_type": _SHORT[change_type], "row": row}
                 for offset, change_type, row in zip(offsets, types, rows)], end
+
+    def fetch_log_entries(self, bucket: int, from_offset: int,
+                          max_bytes: int = DEFAULT_FETCH_BYTES) -> tuple[list[LogEntry], int]:
+        """``(entries, log_end_offset)``: the changelog entries from ``from_offset`` on as they are stored
+        (raw keys and values; records below ``from_offset`` dropped), at least one when there are any."""
+        request = pb.FetchLogRequest(table_id=self.table.table_id, bucket=bucket, from_offset=from_offset,
+                                     max_bytes=max_bytes)
+        response = self._call_bucket(bucket, "FetchLog", request, idempotent=True)
+        return [decode_entry(data, from_offset=from_offset) for data in response.entries], response.log_end_offset
 
     def list_offsets(self, buckets: Iterable[int] | None = None) -> dict[int, tuple[int, int]]:
         """``{bucket: (earliest, latest)}`` changelog offsets, one request per tablet server."""

@@ -1,0 +1,20 @@
+"""The ``kvlease`` PySpark Data Source: bootstrap-then-tail reads and upsert writes (README "Spark").
+
+    from spark_source import register
+    register(spark)
+    spark.read.format("kvlease").option("cluster", d).option("table", "shop.orders").load()
+"""
+
+from __future__ import annotations
+
+from spark_source.source import KvLeaseDataSource
+
+__all__ = ["KvLeaseDataSource", "register"]
+
+
+def register(spark) -> None:
+    """Register the source as ``kvlease`` on ``spark``, and turn on Python filter pushdown (the source
+    answers primary-key equality filters by lookups; Spark refuses a source that could push filters
+    while that setting is off)."""
+    spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
+    spark.dataSource.register(KvLeaseDataSource)

@@ -28,6 +28,7 @@ import subprocess
 import tempfile
 import time
 import uuid
+from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 import pytest
@@ -38,10 +39,12 @@ from ops.zookeeper import ZooKeeperCluster
 from tests.fixtures.docker import docker_unavailable_reason, minio_container, zookeeper_container
 from tests.fixtures.leaks import SESSION_ENV, session_processes
 from tests.fixtures.s3 import MotoS3Server, S3Endpoint
+from tests.fixtures.spark import start_spark, stop_spark
 
 ZK_FIXTURES = frozenset({"zk_server", "zk_root", "zk_config", "make_config", "zk_client", "zk_ensemble"})
 S3_FIXTURES = frozenset({"s3_endpoint", "s3_client", "s3_bucket", "s3_overrides", "s3_config", "make_s3_config"})
 DOCKER_FIXTURES = frozenset({"docker_engine", "docker_zk", "docker_s3"})
+SPARK_FIXTURES = frozenset({"spark"})
 
 #: Config values every test config starts from (no fixed ports, no fsync).
 TEST_DEFAULTS: dict[str, Any] = {
@@ -68,7 +71,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     misplaced = []
     for item in items:
         names = set(getattr(item, "fixturenames", ()))
-        for fixtures, marker in ((ZK_FIXTURES, "zk"), (S3_FIXTURES, "s3"), (DOCKER_FIXTURES, "docker")):
+        for fixtures, marker in ((ZK_FIXTURES, "zk"), (S3_FIXTURES, "s3"), (DOCKER_FIXTURES, "docker"),
+                                (SPARK_FIXTURES, "spark")):
             if names & fixtures:
                 item.add_marker(marker)
                 if item.get_closest_marker("unit"):
@@ -298,6 +302,18 @@ def docker_s3(docker_engine: None) -> Iterator[S3Endpoint]:
     """A MinIO container as an :class:`S3Endpoint`."""
     with minio_container() as endpoint:
         yield endpoint
+
+
+@pytest.fixture(scope="session")
+def spark(kvlease_tmp: str) -> Iterator[Any]:
+    """A real SparkSession (local[2]) with the kvlease source registered; one per test session."""
+    work_dir = Path(tempfile.mkdtemp(prefix="spark-", dir=kvlease_tmp))
+    session = start_spark(work_dir)
+    try:
+        yield session
+    finally:
+        stop_spark(session)
+        shutil.rmtree(work_dir, ignore_errors=True)
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ SCHEMA = [Column("id", "BIGINT"), Column("v", "STRING")]
 
 @pytest.fixture
 def cluster(make_config, tmp_path):  # tmp_path first: the servers stop before it is removed
-    from tests.test_table_client_cluster import LocalCluster
+    from tests.local_cluster import LocalCluster
 
     made = []
 
@@ -50,7 +50,7 @@ def open_scanners(server) -> int:
 
 
 def wait_until(predicate, timeout_s: float, what: str):
-    from tests.test_table_client_cluster import LocalCluster
+    from tests.local_cluster import LocalCluster
 
     return LocalCluster.wait_for(predicate, what, timeout_s)
 

@@ -1,0 +1,63 @@
+"""Reading a bucket's changelog range ``[start, end)`` on an executor: as change rows, or as final key states.
+
+The range is fetched through the table client (``FetchLog`` on the bucket's
+leader, re-routed and retried there), entry by entry, cut at ``end``. A range
+that the changelog no longer holds, or that it does not reach yet, is an
+error naming the bucket and the offsets: a split never returns fewer rows
+than it was planned for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterator
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from client.table import TableClient
+from common import errors
+from common.logentry import ChangeType, LogEntry
+
+FETCH_BYTES = 4 << 20
+_KEEP = pa.array([int(ChangeType.INSERT), int(ChangeType.UPDATE_AFTER), int(ChangeType.DELETE)], pa.int8())
+
+
+class ChangelogRangeError(errors.NotFoundError):
+    """The changelog does not hold the range a split needs (truncated, or not written yet)."""
+
+
+def read_entries(table: TableClient, bucket: int, start: int, end: int) -> Iterator[LogEntry]:
+    """The entries of ``[start, end)``, the last one cut at ``end``."""
+    offset = start
+    while offset < end:
+        try:
+            entries, log_end = table.fetch_log_entries(bucket, offset, FETCH_BYTES)
+        except errors.InvalidRequestError as exc:  # the offset fell off the log's start
+            raise ChangelogRangeError(f"table {table.table.path} bucket {bucket}: changelog records "
+                                      f"{offset}..{end - 1} are no longer kept ({exc})") from None
+        if not entries:
+            raise ChangelogRangeError(f"table {table.table.path} bucket {bucket}: the changelog ends at "
+                                      f"{log_end}, the split needs records up to {end - 1}")
+        for entry in entries:
+            if entry.base_offset >= end:
+                return
+            if entry.next_offset > end:
+                entry = dataclasses.replace(entry, records=entry.records.slice(0, end - entry.base_offset))
+            if entry.count:
+                yield entry
+            offset = entry.next_offset
+
+
+def final_states(entries: Iterator[LogEntry]) -> dict[bytes, bytes | None]:
+    """``encoded key -> value`` after the entries (None: deleted); before-images are skipped."""
+    states: dict[bytes, bytes | None] = {}
+    for entry in entries:
+        records = entry.records
+        types = records.column("change_type")
+        kept = pc.is_in(types, value_set=_KEEP)
+        records = records.filter(kept) if not pc.all(kept).as_py() else records
+        deleted = pc.equal(records.column("change_type"), int(ChangeType.DELETE))
+        values = pc.if_else(deleted, pa.scalar(None, pa.binary()), records.column("value"))
+        states.update(zip(records.column("key").to_pylist(), values.to_pylist()))  # later records win
+    return states

@@ -1,0 +1,129 @@
+"""Driver side: lease the latest snapshots, read end offsets, plan splits.
+
+``acquire_latest`` reads the latest snapshot of every bucket and leases them
+under one lease id. A snapshot can be subsumed between "get" and "acquire";
+the coordinator then reports it ``unavailable`` and those buckets are tried
+again with the snapshots that are latest by then, with exponential backoff and
+jitter (tenacity), at most ``lease.acquire.max-attempts`` times and for at most
+``lease.acquire.max-wait``; past that a :class:`SnapshotUnavailableError`
+names the table and the buckets. Buckets that have no snapshot yet are read
+from the changelog alone.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Mapping
+
+import tenacity
+
+from client.admin import AdminClient, SnapshotInfo
+from client.table import TableClient
+from common import errors
+from common.model import TableBucket
+from common.tables import TableInfo
+from spark_source.options import Options, OptionError
+from spark_source.splits import HybridSplit, LiveSplit, LogSplit
+
+
+class SnapshotUnavailableError(errors.SnapshotNotFoundError):
+    """No snapshot of some buckets could be leased within the configured bound."""
+
+
+def acquire_latest(admin: AdminClient, table: TableInfo, lease_id: str, options: Options, *,
+                   sleep: Callable[[float], None] = tenacity.nap.sleep) -> dict[int, SnapshotInfo]:
+    """``bucket -> snapshot`` now held by ``lease_id`` for every bucket that has a snapshot."""
+    held: dict[int, SnapshotInfo] = {}
+    pending = set(range(table.buckets))
+    started = time.monotonic()
+
+    def attempt() -> set[int]:
+        latest = {tb.bucket: info for tb, info in admin.get_latest_kv_snapshots(table.table_id).items()}
+        wanted = {b: latest[b] for b in pending if b in latest}
+        pending.difference_update(b for b in list(pending) if b not in latest)  # no snapshot: changelog only
+        if not wanted:
+            return set()
+        result = admin.acquire_lease(lease_id, {TableBucket(table.table_id, b): info.snapshot_id
+                                                for b, info in wanted.items()}, options.lease_duration_ms)
+        missing = {tb.bucket for tb in result.unavailable}
+        for b, info in wanted.items():
+            if b not in missing:
+                held[b] = info
+                pending.discard(b)
+        return missing
+
+    retrying = tenacity.Retrying(
+        stop=tenacity.stop_after_attempt(options.acquire_max_attempts)
+        | tenacity.stop_after_delay(options.acquire_max_wait_s),
+        wait=tenacity.wait_exponential_jitter(initial=0.05, max=max(0.05, options.acquire_max_wait_s / 4)),
+        retry=tenacity.retry_if_result(bool), sleep=sleep, reraise=True,
+        retry_error_callback=lambda state: state.outcome.result())
+    missing = retrying(attempt)
+    if missing:
+        raise SnapshotUnavailableError(
+            f"table {table.path}: no snapshot of bucket(s) {', '.join(map(str, sorted(missing)))} could be leased "
+            f"(lease {lease_id}) after {retrying.statistics.get('attempt_number', 1)} attempt(s) in "
+            f"{time.monotonic() - started:.1f}s: each was subsumed before the lease reached it; raise "
+            "lease.acquire.max-attempts / lease.acquire.max-wait, or snapshot less often",
+            table=table.path, buckets=sorted(missing), lease_id=lease_id)
+    return held
+
+
+def plan_bootstrap(admin: AdminClient, table: TableClient, options: Options, lease_id: str, *,
+                   release: bool, sleep: Callable[[float], None] = tenacity.nap.sleep) -> list:
+    """A full read: one split per bucket (hybrid, changelog-only for a bucket without a snapshot,
+    or a live scan with ``bootstrap.mode=live``)."""
+    info = table.table
+    if options.bootstrap_mode == "live":
+        return [LiveSplit(b) for b in range(info.buckets)]
+    held = acquire_latest(admin, info, lease_id, options, sleep=sleep)
+    ends = {b: latest for b, (_, latest) in table.list_offsets().items()}
+    return [HybridSplit(b, held[b].snapshot_id, ends[b], lease_id, release) if b in held
+            else LogSplit(b, 0, ends[b], as_state=True) for b in range(info.buckets)]
+
+
+def start_offsets(table: TableClient, options: Options) -> dict[int, int]:
+    """Where a change feed starts in every bucket (``startup.mode`` earliest, latest or timestamp)."""
+    if options.startup_mode == "timestamp":
+        return dict(table.list_offsets(timestamp=options.startup_timestamp_ms))
+    column = 0 if options.startup_mode == "earliest" else 1
+    return {b: pair[column] for b, pair in table.list_offsets().items()}
+
+
+def end_offsets(table: TableClient, options: Options) -> dict[int, int]:
+    """Where a batch change feed ends (exclusive): ``ending.offsets``, ``ending.timestamp`` (inclusive
+    time), else the latest offsets at planning."""
+    latest = {b: pair[1] for b, pair in table.list_offsets().items()}
+    if options.ending_timestamp_ms is not None:
+        return dict(table.list_offsets(timestamp=options.ending_timestamp_ms + 1))
+    if options.ending_offsets is not None:
+        return _explicit_ends(table.table, options.ending_offsets, latest)
+    return latest
+
+
+def _explicit_ends(info: TableInfo, given: Mapping[int, int], latest: Mapping[int, int]) -> dict[int, int]:
+    out = dict(latest)
+    for bucket, offset in given.items():
+        if bucket >= info.buckets:
+            raise OptionError(f"option 'ending.offsets': table {info.path} has buckets 0..{info.buckets - 1}, "
+                              f"not {bucket}")
+        if offset > latest[bucket]:
+            raise OptionError(f"option 'ending.offsets': bucket {bucket} ends at offset {latest[bucket]} "
+                              f"so far, not {offset}")
+        out[bucket] = offset
+    return out
+
+
+def log_splits(bucket: int, start: int, end: int, max_rows: int | None) -> list[LogSplit]:
+    """``[start, end)`` as one split, or as pieces of at most ``max_rows`` records."""
+    if end <= start:
+        return []
+    step = max_rows or end - start
+    return [LogSplit(bucket, s, min(s + step, end)) for s in range(start, end, step)]
+
+
+def plan_changes(table: TableClient, options: Options) -> list[LogSplit]:
+    """A batch change-feed read: the changelog records between the start and end offsets."""
+    starts, ends = start_offsets(table, options), end_offsets(table, options)
+    return [split for b in range(table.table.buckets)
+            for split in log_splits(b, starts[b], ends[b], options.split_max_rows)]

@@ -1,0 +1,203 @@
+"""The source's options, parsed and checked once, before any job runs.
+
+Option names are case-insensitive (Spark passes them so). An unknown option or
+a bad value raises :class:`OptionError` naming the option; the list of options
+is DESIGN.md "Spark source — semantics" and the README's "Spark" section.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from client.admin import parse_bootstrap
+from client.cluster_dir import cluster_dir_bootstrap
+from common.config import parse_duration_ms
+from common.errors import InvalidRequestError
+from common.tables import parse_table_path
+
+STARTUP_MODES = ("full", "earliest", "latest", "timestamp")
+BOOTSTRAP_MODES = ("snapshot", "live")
+CONNECTION = ("bootstrap", "cluster", "table")
+READ_ONLY = ("startup.mode", "startup.timestamp", "ending.timestamp", "ending.offsets", "bootstrap.mode",
+             "lease.id", "lease.duration", "lease.acquire.max-attempts", "lease.acquire.max-wait",
+             "maxrowspertrigger", "split.max-rows")
+#: Options Spark itself sets on a source or sink; they mean nothing here and are ignored.
+SPARK_OWN = ("checkpointlocation", "path")
+_LEASE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+class OptionError(InvalidRequestError):
+    """An option is unknown, missing or malformed; the message names it."""
+
+
+@dataclass(frozen=True)
+class Options:
+    """Everything the options say, typed; picklable (it travels to Spark's Python workers)."""
+
+    bootstrap: tuple[str, ...]
+    table: str  # DB.NAME
+    startup_mode: str = "full"
+    startup_timestamp_ms: int | None = None
+    ending_timestamp_ms: int | None = None
+    ending_offsets: Mapping[int, int] | None = None
+    bootstrap_mode: str = "snapshot"
+    lease_id: str | None = None
+    lease_duration_ms: int = 3_600_000
+    acquire_max_attempts: int = 8
+    acquire_max_wait_s: float = 30.0
+    max_rows_per_trigger: int | None = None
+    split_max_rows: int | None = None
+    given: frozenset[str] = field(default=frozenset(), compare=False)
+
+    @property
+    def change_feed(self) -> bool:
+        """A batch read of change rows (``startup.mode`` other than ``full``) rather than of the table."""
+        return self.startup_mode != "full"
+
+
+def parse(options: Mapping[str, Any], *, reading: bool = True) -> Options:
+    """Check and type ``options``; raises :class:`OptionError` naming the first bad one."""
+    given = {str(k).lower(): str(v) for k, v in options.items()}
+    allowed = {*CONNECTION, *(READ_ONLY if reading else ())}
+    for name in sorted(given):
+        if name in SPARK_OWN:
+            continue
+        if name not in allowed:
+            if name in READ_ONLY:
+                raise OptionError(f"option '{name}' applies to reads only, not to writes")
+            raise OptionError(f"unknown option '{name}' (known: {', '.join(sorted(allowed))})")
+    values: dict[str, Any] = {"bootstrap": _bootstrap(given), "table": _table(given)}
+    if reading:
+        values.update(_read_options(given))
+    return Options(**values, given=frozenset(given))
+
+
+def _bootstrap(given: Mapping[str, str]) -> tuple[str, ...]:
+    if "bootstrap" in given and "cluster" in given:
+        raise OptionError("options 'bootstrap' and 'cluster' exclude each other: give one")
+    if "bootstrap" in given:
+        addresses = [a.strip() for a in parse_bootstrap(given["bootstrap"]) if a.strip()]
+        if not addresses or any(":" not in a for a in addresses):
+            raise OptionError(f"option 'bootstrap': expected host:port[,host:port…], got {given['bootstrap']!r}")
+        return tuple(addresses)
+    if "cluster" in given:
+        try:
+            return tuple(cluster_dir_bootstrap(given["cluster"]))
+        except InvalidRequestError as exc:
+            raise OptionError(f"option 'cluster': {exc}") from None
+    raise OptionError("option 'bootstrap' (coordinator addresses) or 'cluster' (a local cluster directory) "
+                      "is required")
+
+
+def _table(given: Mapping[str, str]) -> str:
+    if "table" not in given:
+        raise OptionError("option 'table' (DB.NAME) is required")
+    try:
+        database, name = parse_table_path(given["table"])
+    except InvalidRequestError as exc:
+        raise OptionError(f"option 'table': {exc}") from None
+    return f"{database}.{name}"
+
+
+def _read_options(given: Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    out["startup_mode"] = _choice(given, "startup.mode", STARTUP_MODES, "full")
+    out["bootstrap_mode"] = _choice(given, "bootstrap.mode", BOOTSTRAP_MODES, "snapshot")
+    if "startup.timestamp" in given:
+        if out["startup_mode"] != "timestamp":
+            raise OptionError("option 'startup.timestamp' needs startup.mode=timestamp")
+        out["startup_timestamp_ms"] = parse_timestamp_ms("startup.timestamp", given["startup.timestamp"])
+    elif out["startup_mode"] == "timestamp":
+        raise OptionError("startup.mode=timestamp needs option 'startup.timestamp' (ms since the epoch or ISO-8601)")
+    if "ending.timestamp" in given and "ending.offsets" in given:
+        raise OptionError("options 'ending.timestamp' and 'ending.offsets' exclude each other: give one")
+    if "ending.timestamp" in given:
+        out["ending_timestamp_ms"] = parse_timestamp_ms("ending.timestamp", given["ending.timestamp"])
+    if "ending.offsets" in given:
+        out["ending_offsets"] = _ending_offsets(given["ending.offsets"])
+    if out["startup_mode"] == "full" and ("ending.timestamp" in given or "ending.offsets" in given):
+        raise OptionError("options 'ending.timestamp' / 'ending.offsets' end a change feed: they need "
+                          "startup.mode earliest, latest or timestamp")
+    if out["bootstrap_mode"] == "live" and out["startup_mode"] != "full":
+        raise OptionError("option 'bootstrap.mode'=live bootstraps a full read: it needs startup.mode=full")
+    if "lease.id" in given:
+        if not _LEASE_ID.match(given["lease.id"]):
+            raise OptionError(f"option 'lease.id': {given['lease.id']!r} is not a lease id "
+                              "(1-128 characters of A-Z a-z 0-9 . _ : -)")
+        out["lease_id"] = given["lease.id"]
+    if "lease.duration" in given:
+        out["lease_duration_ms"] = _positive_duration(given, "lease.duration")
+    if "lease.acquire.max-wait" in given:
+        out["acquire_max_wait_s"] = _positive_duration(given, "lease.acquire.max-wait") / 1000.0
+    for name, key in (("lease.acquire.max-attempts", "acquire_max_attempts"),
+                      ("maxrowspertrigger", "max_rows_per_trigger"), ("split.max-rows", "split_max_rows")):
+        if name in given:
+            out[key] = _positive_int(given, name)
+    return out
+
+
+def _choice(given: Mapping[str, str], name: str, choices: tuple[str, ...], default: str) -> str:
+    value = given.get(name, default).strip().lower()
+    if value not in choices:
+        raise OptionError(f"option '{name}': {given[name]!r} is not one of {', '.join(choices)}")
+    return value
+
+
+def _positive_int(given: Mapping[str, str], name: str) -> int:
+    shown = "maxRowsPerTrigger" if name == "maxrowspertrigger" else name
+    try:
+        value = int(given[name].strip())
+    except ValueError:
+        raise OptionError(f"option '{shown}': expected a positive integer, got {given[name]!r}") from None
+    if value <= 0:
+        raise OptionError(f"option '{shown}': expected a positive integer, got {value}")
+    return value
+
+
+def _positive_duration(given: Mapping[str, str], name: str) -> int:
+    try:
+        value = parse_duration_ms(given[name])
+    except ValueError as exc:
+        raise OptionError(f"option '{name}': {exc}") from None
+    if value <= 0:
+        raise OptionError(f"option '{name}': the duration must be positive, got {given[name]!r}")
+    return value
+
+
+def parse_timestamp_ms(name: str, text: str) -> int:
+    """Milliseconds since the epoch from an integer or ISO-8601 (no zone: UTC)."""
+    text = text.strip()
+    if re.fullmatch(r"\d+", text):
+        return int(text)
+    try:
+        when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise OptionError(f"option '{name}': expected ms since the epoch or an ISO-8601 time, "
+                          f"got {text!r}") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.timezone.utc)
+    millis = int(when.timestamp() * 1000)
+    if millis < 0:
+        raise OptionError(f"option '{name}': {text!r} is before 1970")
+    return millis
+
+
+def _ending_offsets(text: str) -> dict[int, int]:
+    try:
+        doc = json.loads(text)
+        if not isinstance(doc, dict) or not doc:
+            raise ValueError("expected a JSON object")
+        offsets = {int(k): int(v) for k, v in doc.items()}
+        if any(isinstance(v, bool) or not isinstance(v, int) for v in doc.values()):
+            raise ValueError("offsets must be integers")
+    except (ValueError, TypeError) as exc:
+        raise OptionError(f"option 'ending.offsets': expected JSON like {{\"0\": 120, \"1\": 80}} "
+                          f"(bucket -> end offset), got {text!r}: {exc}") from None
+    bad = {b: o for b, o in offsets.items() if b < 0 or o < 0}
+    if bad:
+        raise OptionError(f"option 'ending.offsets': buckets and offsets must be >= 0, got {bad}")
+    return offsets

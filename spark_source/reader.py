@@ -1,0 +1,119 @@
+"""Executor side: read one split into Arrow RecordBatches of the source's schema.
+
+Each task opens its own admin and table clients (they are not picklable and
+live no longer than the task). A hybrid split of a batch read releases its
+bucket from the lease once every row was handed to Spark; a failure to
+release is logged, not raised (the rows are read; the lease's expiry frees
+the snapshot anyway).
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import ExitStack
+from typing import Iterator
+
+import pyarrow as pa
+
+from client.admin import AdminClient
+from client.table import TableClient
+from common import errors
+from common.codec import RowCodec
+from common.model import TableBucket
+from spark_source.bootstrap import CHUNK_ROWS, merge, open_snapshot
+from spark_source.changelog import final_states, read_entries
+from spark_source.schema import changes_for_spark, rows_for_spark, spark_arrow_schema, state_rows_as_changes
+from spark_source.splits import HybridSplit, LiveSplit, LogSplit, LookupSplit, ReadContext
+
+log = logging.getLogger(__name__)
+BATCH_ROWS = CHUNK_ROWS
+
+
+def read_split(ctx: ReadContext, split) -> Iterator[pa.RecordBatch]:
+    schema = spark_arrow_schema(ctx.table, with_changes=ctx.with_changes)
+    with ExitStack() as stack:
+        admin = stack.enter_context(AdminClient(list(ctx.bootstrap)))
+        table = stack.enter_context(TableClient(admin, ctx.table.table_id))
+        if isinstance(split, HybridSplit):
+            yield from _hybrid(ctx, table, split, schema)
+            if split.release:
+                _release(admin, ctx, split)
+        elif isinstance(split, LogSplit):
+            yield from (_log_state if split.as_state else _log_changes)(ctx, table, split, schema)
+        elif isinstance(split, LiveSplit):
+            yield from _live(table, split, schema)
+        elif isinstance(split, LookupSplit):
+            yield from _lookup(table, split, schema)
+        else:
+            raise errors.InvalidRequestError(f"not a kvlease split: {split!r}")
+
+
+def _what(ctx: ReadContext, bucket: int) -> str:
+    return f"table {ctx.table.path} bucket {bucket}"
+
+
+def _state_batches(ctx: ReadContext, codec: RowCodec, values: Iterator[pa.Array], bucket: int, end: int,
+                   schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    for chunk in values:
+        if not len(chunk):
+            continue
+        rows = codec.decode_values(chunk)
+        if ctx.with_changes:
+            yield state_rows_as_changes(rows, bucket, end, schema)
+        else:
+            yield rows_for_spark(rows, schema)
+
+
+def _hybrid(ctx: ReadContext, table: TableClient, split: HybridSplit, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    tb = TableBucket(ctx.table.table_id, split.bucket)
+    what = f"{_what(ctx, split.bucket)} (lease {split.lease_id})"
+    with open_snapshot(ctx.storage, tb, split.snapshot_id, what=what) as (log_offset, chunks):
+        if log_offset > split.end:
+            raise errors.InvalidSnapshotError(f"{what}: snapshot {split.snapshot_id} starts at changelog offset "
+                                              f"{log_offset}, after the planned end {split.end}")
+        changes = final_states(read_entries(table, split.bucket, log_offset, split.end))
+        yield from _state_batches(ctx, table.codec, merge(chunks, changes), split.bucket, split.end,
+                                  schema)
+
+
+def _log_state(ctx: ReadContext, table: TableClient, split: LogSplit, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    changes = final_states(read_entries(table, split.bucket, split.start, split.end))
+    yield from _state_batches(ctx, table.codec, merge(iter(()), changes), split.bucket, split.end, schema)
+
+
+def _log_changes(ctx: ReadContext, table: TableClient, split: LogSplit,
+                 schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    from client.log_records import decode_records  # the records' Arrow layout is the table client's
+
+    for entry in read_entries(table, split.bucket, split.start, split.end):
+        records = entry.batch
+        timestamp = entry.timestamp_ms
+        records = records.append_column("timestamp", pa.array([timestamp] * records.num_rows, pa.int64()))
+        decoded = decode_records(table.codec, records.select(["offset", "change_type", "key", "value"]))
+        decoded = decoded.append_column("timestamp", records.column("timestamp"))
+        yield changes_for_spark(decoded, split.bucket, schema)
+
+
+def _live(table: TableClient, split: LiveSplit, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    with table.scanner(split.bucket, streaming=True) as scanner:
+        for batch in scanner:
+            if batch.num_rows:
+                yield rows_for_spark(batch, schema)
+
+
+def _lookup(table: TableClient, split: LookupSplit, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    if not split.keys:
+        return
+    rows = table.lookup_batch([dict(key) for key in split.keys])
+    found = rows.column(table.table.primary_key[0]).is_valid()
+    rows = rows.filter(found)
+    if rows.num_rows:
+        yield rows_for_spark(rows, schema)
+
+
+def _release(admin: AdminClient, ctx: ReadContext, split: HybridSplit) -> None:
+    try:
+        admin.release_lease(split.lease_id, [TableBucket(ctx.table.table_id, split.bucket)])
+    except errors.KvLeaseError as exc:
+        log.warning("%s: could not release lease %s (its expiry frees the snapshot): %s",
+                    _what(ctx, split.bucket), split.lease_id, exc)

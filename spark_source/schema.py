@@ -1,0 +1,81 @@
+"""Spark's view of a table: its columns, the change-feed metadata columns, and Arrow batches as Spark takes them.
+
+A kvlease TIMESTAMP is int64 microseconds since the epoch (UTC); Spark's
+TIMESTAMP is the same with a time zone, so timestamp columns travel as Arrow
+``timestamp[us, tz=UTC]``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql.types import (BinaryType, BooleanType, DataType, DoubleType, IntegerType, LongType, StringType,
+                               StructField, StructType, TimestampType)
+
+from common.codec_arrays import ARROW_TYPES
+from common.logentry import ChangeType
+from common.tables import TableInfo
+
+SPARK_TYPES: dict[str, DataType] = {
+    "BOOLEAN": BooleanType(), "INT": IntegerType(), "BIGINT": LongType(), "DOUBLE": DoubleType(),
+    "STRING": StringType(), "BYTES": BinaryType(), "TIMESTAMP": TimestampType(),
+}
+CHANGE_TYPE, BUCKET, LOG_OFFSET, COMMIT_TIMESTAMP = "_change_type", "_bucket", "_log_offset", "_commit_timestamp"
+METADATA = (CHANGE_TYPE, BUCKET, LOG_OFFSET, COMMIT_TIMESTAMP)
+#: ``_change_type`` of each changelog record type, as in Delta's change data feed.
+CHANGE_NAMES = {ChangeType.INSERT: "insert", ChangeType.UPDATE_BEFORE: "update_preimage",
+                ChangeType.UPDATE_AFTER: "update_postimage", ChangeType.DELETE: "delete"}
+UTC_MICROS = pa.timestamp("us", tz="UTC")
+_NAMES = pa.array([CHANGE_NAMES[ct] for ct in sorted(CHANGE_NAMES)], pa.string())
+
+
+def table_schema(table: TableInfo, *, with_changes: bool) -> StructType:
+    """The table's columns; with ``with_changes``, then the four metadata columns."""
+    fields = [StructField(c.name, SPARK_TYPES[c.type], True) for c in table.columns]
+    if with_changes:
+        fields += [StructField(CHANGE_TYPE, StringType(), False), StructField(BUCKET, IntegerType(), False),
+                   StructField(LOG_OFFSET, LongType(), False), StructField(COMMIT_TIMESTAMP, TimestampType(), True)]
+    return StructType(fields)
+
+
+def spark_arrow_schema(table: TableInfo, *, with_changes: bool) -> pa.Schema:
+    """The Arrow schema of the batches a reader yields (matches :func:`table_schema`)."""
+    fields = [pa.field(c.name, UTC_MICROS if c.type == "TIMESTAMP" else ARROW_TYPES[c.type]) for c in table.columns]
+    if with_changes:
+        fields += [pa.field(CHANGE_TYPE, pa.string(), False), pa.field(BUCKET, pa.int32(), False),
+                   pa.field(LOG_OFFSET, pa.int64(), False), pa.field(COMMIT_TIMESTAMP, UTC_MICROS)]
+    return pa.schema(fields)
+
+
+def rows_for_spark(rows: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """Table rows (the codec's schema) as Spark takes them: timestamps with a zone (no copy)."""
+    columns = [rows.column(i) if rows.column(i).type == field.type else rows.column(i).cast(field.type)
+               for i, field in enumerate(schema.field(n) for n in rows.schema.names)]
+    return pa.RecordBatch.from_arrays(columns, schema=pa.schema([schema.field(n) for n in rows.schema.names]))
+
+
+def changes_for_spark(records: pa.RecordBatch, bucket: int, schema: pa.Schema) -> pa.RecordBatch:
+    """Decoded changelog records (``offset``, ``change_type``, ``timestamp``, the table's columns) as
+    change rows: the table's columns, then ``_change_type``, ``_bucket``, ``_log_offset``,
+    ``_commit_timestamp``."""
+    n = records.num_rows
+    names = schema.names[:-len(METADATA)]
+    columns = [records.column(name) for name in names]
+    columns = [c if c.type == schema.field(i).type else c.cast(schema.field(i).type)
+               for i, c in enumerate(columns)]
+    change_type = pc.take(_NAMES, records.column("change_type").cast(pa.int32()))
+    millis = records.column("timestamp").cast(pa.int64())
+    committed = pc.multiply(millis, pa.scalar(1000, pa.int64())).cast(UTC_MICROS)
+    metadata = [change_type, pa.array(np.full(n, bucket, dtype=np.int32)), records.column("offset"), committed]
+    return pa.RecordBatch.from_arrays(columns + metadata, schema=schema)
+
+
+def state_rows_as_changes(rows: pa.RecordBatch, bucket: int, log_offset: int, schema: pa.Schema) -> pa.RecordBatch:
+    """Bootstrap rows (the state of a bucket up to ``log_offset``, exclusive) as change rows: ``insert``,
+    ``_log_offset`` = ``log_offset - 1`` (the last record they contain), no commit timestamp."""
+    n = rows.num_rows
+    table = rows_for_spark(rows, schema)
+    metadata = [pa.array(["insert"] * n, pa.string()), pa.array(np.full(n, bucket, dtype=np.int32)),
+                pa.array(np.full(n, log_offset - 1, dtype=np.int64)), pa.nulls(n, UTC_MICROS)]
+    return pa.RecordBatch.from_arrays(list(table.columns) + metadata, schema=schema)

@@ -1,0 +1,72 @@
+"""The ``kvlease`` Python Data Source: schema, readers and writers from the options.
+
+Spark instantiates it in its Python workers; every method checks the options
+first, so an unknown option or a bad value fails the query at planning with
+a message naming it.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+from pyspark.sql.datasource import DataSource
+from pyspark.sql.types import StructType
+
+from client.admin import AdminClient
+from common.tables import TableInfo
+import spark_source.options as opts
+from spark_source.batch import BatchReader
+from spark_source.schema import table_schema
+from spark_source.splits import ReadContext
+from spark_source.stream import StreamReader
+from spark_source.writer import BatchWriter, StreamWriter, check_schema
+
+
+class KvLeaseDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "kvlease"
+
+    @cached_property
+    def _cluster(self) -> tuple[TableInfo, object]:
+        """The table and the remote storage, from the coordinator."""
+        parsed = opts.parse(self.options, reading=False)
+        with AdminClient(list(parsed.bootstrap)) as admin:
+            return admin.get_table(parsed.table), admin.coordinator_info(admin.address).remote_storage()
+
+    def schema(self) -> StructType:
+        parsed = opts.parse(self.options)
+        return table_schema(self._cluster[0], with_changes=parsed.change_feed)
+
+    def _context(self, parsed: opts.Options, *, streaming: bool) -> ReadContext:
+        table, storage = self._cluster
+        return ReadContext(parsed.bootstrap, table, storage, with_changes=streaming or parsed.change_feed)
+
+    def reader(self, schema: StructType) -> BatchReader:
+        parsed = opts.parse(self.options)
+        return BatchReader(parsed, self._context(parsed, streaming=False))
+
+    def streamReader(self, schema: StructType) -> StreamReader:
+        parsed = opts.parse(self.options)
+        if parsed.bootstrap_mode == "live":
+            raise opts.OptionError("option 'bootstrap.mode'=live is for batch reads only: a live scan cannot be "
+                                   "replayed, so a streaming query could not be exactly-once; use "
+                                   "bootstrap.mode=snapshot")
+        for name in ("ending.timestamp", "ending.offsets"):
+            if name in parsed.given:
+                raise opts.OptionError(f"option '{name}' ends a batch change feed; a streaming query has no end")
+        return StreamReader(parsed, self._context(parsed, streaming=True))
+
+    def writer(self, schema: StructType, overwrite: bool) -> BatchWriter:
+        return BatchWriter(*self._write_setup(schema, overwrite))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> StreamWriter:
+        return StreamWriter(*self._write_setup(schema, overwrite))
+
+    def _write_setup(self, schema: StructType, overwrite: bool) -> tuple:
+        parsed = opts.parse(self.options, reading=False)
+        if overwrite:
+            raise opts.OptionError("mode 'overwrite' is not supported: kvlease upserts by primary key; use "
+                                   "mode('append')")
+        table = self._cluster[0]
+        return parsed.bootstrap, table, check_schema(table, schema)

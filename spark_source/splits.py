@@ -1,0 +1,64 @@
+"""Splits: what one Spark task reads. Small, frozen and picklable; planned on the driver, read on executors.
+
+Everything an executor needs besides the split travels in :class:`ReadContext`
+(held by the reader Spark pickles to every task): the coordinator addresses,
+the table, and the remote storage (URI, endpoint, region; credentials come
+from the executor's environment). Nothing refers to the driver's local disk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyspark.sql.datasource import InputPartition
+
+from common.storage import RemoteStorage
+from common.tables import TableInfo
+
+
+@dataclass(frozen=True)
+class ReadContext:
+    bootstrap: tuple[str, ...]
+    table: TableInfo
+    storage: RemoteStorage | None
+    with_changes: bool  # rows carry _change_type, _bucket, _log_offset, _commit_timestamp
+
+
+@dataclass(frozen=True)
+class HybridSplit(InputPartition):
+    """A bucket's snapshot with its changelog from the snapshot's ``log_offset`` to ``end`` merged on top.
+
+    ``release``: the lease to release the bucket from once read (batch reads); streaming
+    reads leave that to the query's commit.
+    """
+
+    bucket: int
+    snapshot_id: int
+    end: int
+    lease_id: str
+    release: bool
+
+
+@dataclass(frozen=True)
+class LogSplit(InputPartition):
+    """Changelog records ``[start, end)`` of a bucket: as change rows, or (``as_state``) as the rows
+    they leave behind (a full read of a bucket that has no snapshot yet)."""
+
+    bucket: int
+    start: int
+    end: int
+    as_state: bool = False
+
+
+@dataclass(frozen=True)
+class LiveSplit(InputPartition):
+    """A live scan (ScanKv) of a bucket: its rows as of the scan."""
+
+    bucket: int
+
+
+@dataclass(frozen=True)
+class LookupSplit(InputPartition):
+    """Point lookups of whole primary keys (``{column: value}`` each), found by a filter."""
+
+    keys: tuple[tuple[tuple[str, object], ...], ...]

@@ -1,0 +1,262 @@
+"""Streaming reads: bootstrap, then tail the changelog.
+
+Offsets are JSON: ``{"lease": id, "buckets": {"<b>": {"snapshot": id or -1,
+"offset": n}}}``. ``offset`` is the first changelog record of the bucket not
+yet read; ``-1`` means the bucket is not bootstrapped yet. ``snapshot`` is the
+snapshot the bucket was bootstrapped from in the micro-batch that ends at
+this offset (-1 in every later offset).
+
+- ``initialOffset`` (full mode) only names the lease: every bucket at -1.
+  The first ``latestOffset`` leases the latest snapshots and returns the end
+  of the bootstrap (the snapshot ids and the offsets read at that moment).
+  Spark logs that offset before it runs the batch, so a restarted query
+  re-plans the very same bootstrap from its checkpoint, under the same lease,
+  whatever ``initialOffset`` would say.
+- ``partitions(start, end)``: a bucket at -1 in ``start`` reads its hybrid
+  split (snapshot + changelog to ``end``); any other reads ``[start, end)``.
+  Planning a bootstrap makes sure the lease still holds its snapshots (renew,
+  or re-acquire the same snapshots under the same id after an expiry) and
+  starts the renewal thread: every third of ``lease.duration`` until the
+  bootstrap is committed. If a snapshot is gone, the query fails naming the lease.
+- ``commit(end)`` releases the buckets ``end`` bootstrapped (idempotent: a late
+  or repeated commit releases nothing more) and stops renewing when none is left.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from typing import Iterator
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceStreamReader
+from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadMaxRows,
+                                              SupportsTriggerAvailableNow)
+
+from client.admin import AdminClient
+from client.table import TableClient
+from common import errors
+from common.model import TableBucket
+from spark_source.enumerator import acquire_latest, log_splits, start_offsets
+from spark_source.options import Options
+from spark_source.reader import read_split
+from spark_source.splits import HybridSplit, ReadContext
+
+log = logging.getLogger(__name__)
+NOT_STARTED = -1
+
+
+class LeaseLostError(errors.SnapshotNotFoundError):
+    """A streaming query's lease expired and the snapshots it was bootstrapping from were reclaimed."""
+
+
+class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, options: Options, ctx: ReadContext) -> None:
+        self.options = options
+        self.ctx = ctx
+        self._clients: tuple[AdminClient, TableClient] | None = None
+        self._target: dict[int, int] | None = None  # Trigger.AvailableNow: offsets not to read past
+        self._renewer: Renewer | None = None
+
+    def __getstate__(self) -> dict:  # Spark pickles the reader for read(); clients and threads stay here
+        return {"options": self.options, "ctx": self.ctx, "_clients": None, "_target": None, "_renewer": None}
+
+    # -- clients ---------------------------------------------------------------------------------
+
+    def _connect(self) -> tuple[AdminClient, TableClient]:
+        if self._clients is None:
+            admin = AdminClient(list(self.ctx.bootstrap))
+            self._clients = admin, TableClient(admin, self.ctx.table.table_id)
+        return self._clients
+
+    def stop(self) -> None:
+        if self._renewer is not None:
+            self._renewer.stop()
+        if self._clients is not None:
+            admin, table = self._clients
+            self._clients = None
+            table.close()
+            admin.close()
+
+    # -- offsets ---------------------------------------------------------------------------------
+
+    def initialOffset(self) -> dict:
+        buckets = range(self.ctx.table.buckets)
+        if self.options.startup_mode == "full":
+            lease = self.options.lease_id or f"spark-stream-{uuid.uuid4().hex}"
+            return _offset(lease, {b: (-1, NOT_STARTED) for b in buckets})
+        _, table = self._connect()
+        starts = start_offsets(table, self.options)
+        return _offset(None, {b: (-1, starts[b]) for b in buckets})
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.options.max_rows_per_trigger:
+            return ReadMaxRows(self.options.max_rows_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        _, table = self._connect()
+        self._target = {b: latest for b, (_, latest) in table.list_offsets().items()}
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        admin, table = self._connect()
+        lease, starts = _parse(start)
+        latest = {b: latest for b, (_, latest) in table.list_offsets().items()}
+        if self._target is not None:
+            latest = {b: min(latest[b], self._target.get(b, latest[b])) for b in latest}
+        if any(offset == NOT_STARTED for _, offset in starts.values()):
+            return self._bootstrap_end(admin, table, lease, starts, latest)
+        ends = {b: max(starts[b][1], latest[b]) for b in starts}
+        if isinstance(limit, ReadMaxRows):
+            ends = _limited({b: o for b, (_, o) in starts.items()}, ends, limit.max_rows)
+        return _offset(lease, {b: (-1, ends[b]) for b in starts})
+
+    def _bootstrap_end(self, admin: AdminClient, table: TableClient, lease: str, starts: dict,
+                       latest: dict[int, int]) -> dict:
+        """The end of the bootstrap micro-batch: lease the latest snapshots (the whole bootstrap is one
+        micro-batch, whatever the read limit)."""
+        held = acquire_latest(admin, table.table, lease, self.options)
+        ends = {}
+        for b, (_, offset) in starts.items():
+            if offset != NOT_STARTED:
+                ends[b] = (-1, max(offset, latest[b]))
+            elif b in held:
+                ends[b] = (held[b].snapshot_id, max(held[b].log_offset, latest[b]))
+            else:
+                ends[b] = (-1, latest[b])
+        if held:
+            self._renew(lease, {b: held[b].snapshot_id for b in held})
+        return _offset(lease, ends)
+
+    def reportLatestOffset(self) -> dict | None:
+        return None
+
+    # -- planning --------------------------------------------------------------------------------
+
+    def partitions(self, start: dict, end: dict) -> list:
+        _, starts = _parse(start)
+        lease, ends = _parse(end)
+        splits: list = []
+        bootstrapping: dict[int, int] = {}
+        for b, (snapshot, end_offset) in ends.items():
+            begin = starts.get(b, (-1, NOT_STARTED))[1]
+            if begin == NOT_STARTED and snapshot != -1:
+                bootstrapping[b] = snapshot
+                splits.append(HybridSplit(b, snapshot, end_offset, lease, release=False))
+            else:
+                splits.extend(log_splits(b, max(begin, 0), end_offset, self.options.split_max_rows))
+        if bootstrapping:
+            self._renew(lease, bootstrapping)
+        return splits
+
+    def read(self, partition) -> Iterator[pa.RecordBatch]:
+        return read_split(self.ctx, partition)
+
+    def commit(self, end: dict) -> None:
+        lease, ends = _parse(end)
+        done = [TableBucket(self.ctx.table.table_id, b) for b, (snapshot, _) in ends.items() if snapshot != -1]
+        if not done or lease is None:
+            return
+        admin, _ = self._connect()
+        admin.release_lease(lease, done)  # idempotent: a late or second commit finds nothing held
+        if self._renewer is not None and self._renewer.lease_id == lease:
+            self._renewer.stop()
+            self._renewer = None
+
+    # -- the lease -------------------------------------------------------------------------------
+
+    def _renew(self, lease: str, snapshots: dict[int, int]) -> None:
+        """Make sure ``lease`` holds ``snapshots`` now, and keep renewing it until the bootstrap commits."""
+        admin, _ = self._connect()
+        if self._renewer is None or self._renewer.lease_id != lease or not self._renewer.alive:
+            ensure_lease(admin, self.ctx.table, lease, snapshots, self.options.lease_duration_ms)
+            if self._renewer is not None:
+                self._renewer.stop()
+            self._renewer = Renewer(admin, lease, self.options.lease_duration_ms)
+        elif self._renewer.lost is not None:
+            raise self._renewer.lost
+
+
+def ensure_lease(admin: AdminClient, table, lease: str, snapshots: dict[int, int], duration_ms: int) -> None:
+    """Renew ``lease``; if it expired, acquire the same snapshots under the same id again. Raises
+    :class:`LeaseLostError` naming the lease if any of them is gone."""
+    wanted = {TableBucket(table.table_id, b): s for b, s in snapshots.items()}
+    try:
+        admin.renew_lease(lease, duration_ms)
+        return
+    except errors.LeaseNotFoundError:
+        pass
+    result = admin.acquire_lease(lease, wanted, duration_ms)
+    if result.unavailable:
+        admin.release_lease(lease, list(result.acquired))
+        gone = ", ".join(f"bucket {tb.bucket} snapshot {s}" for tb, s in sorted(result.unavailable.items()))
+        raise LeaseLostError(
+            f"table {table.path}: lease {lease} of this streaming query expired and its snapshots were reclaimed "
+            f"({gone}); the bootstrap cannot resume: start the query again with a new checkpoint location",
+            lease_id=lease, table=table.path)
+
+
+class Renewer:
+    """A daemon thread renewing a lease every third of its duration until stopped."""
+
+    def __init__(self, admin: AdminClient, lease_id: str, duration_ms: int) -> None:
+        self.lease_id = lease_id
+        self.lost: errors.KvLeaseError | None = None
+        self._admin = admin
+        self._duration_ms = duration_ms
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"kvlease-renew-{lease_id}", daemon=True)
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self._duration_ms / 3000.0):
+            try:
+                self._admin.renew_lease(self.lease_id, self._duration_ms)
+            except errors.LeaseNotFoundError as exc:
+                self.lost = exc
+                log.error("lease %s expired before its bootstrap was committed: %s", self.lease_id, exc)
+                return
+            except errors.KvLeaseError as exc:  # transient: try again next period
+                log.warning("renewing lease %s failed, trying again: %s", self.lease_id, exc)
+
+
+# -- offsets as JSON ---------------------------------------------------------------------------------
+
+
+def _offset(lease: str | None, buckets: dict[int, tuple[int, int]]) -> dict:
+    return {"lease": lease, "buckets": {str(b): {"snapshot": s, "offset": o} for b, (s, o) in sorted(buckets.items())}}
+
+
+def _parse(offset: dict) -> tuple[str | None, dict[int, tuple[int, int]]]:
+    try:
+        return offset.get("lease"), {int(b): (int(v["snapshot"]), int(v["offset"]))
+                                     for b, v in offset["buckets"].items()}
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise errors.InvalidRequestError(f"not a kvlease streaming offset: {offset!r} ({exc})") from None
+
+
+def _limited(starts: dict[int, int], ends: dict[int, int], max_rows: int) -> dict[int, int]:
+    """Ends that read at most ``max_rows`` records in all, shared fairly between the buckets."""
+    out = dict(starts)
+    pending = {b: ends[b] - starts[b] for b in sorted(starts) if ends[b] > starts[b]}
+    budget = max_rows
+    while budget > 0 and pending:
+        share = max(1, budget // len(pending))
+        for b in list(pending):
+            take = min(share, pending[b], budget)
+            out[b] += take
+            pending[b] -= take
+            budget -= take
+            if not pending[b]:
+                del pending[b]
+            if not budget:
+                break
+    return out

@@ -1,0 +1,150 @@
+"""Writes: Spark's Arrow batches upserted (or deleted) straight through the table client, no per-row Python.
+
+A ``_change_type`` column makes a change feed replayable into another table:
+``insert`` / ``update_postimage`` (or null) upsert, ``delete`` deletes the key,
+``update_preimage`` is skipped. Rows are applied in their order within a task:
+each run of rows of the same kind is one write. The other change-feed columns
+(``_bucket``, ``_log_offset``, ``_commit_timestamp``) are ignored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
+from pyspark.sql.types import StringType, StructType
+
+from client.admin import AdminClient
+from client.table import TableClient
+from common import errors
+from common.codec import arrow_schema
+from common.tables import TableInfo
+from spark_source.options import OptionError
+from spark_source.schema import CHANGE_TYPE, METADATA, SPARK_TYPES
+
+UPSERT, DELETE, SKIP = 0, 1, 2
+_KINDS = {"insert": UPSERT, "update_postimage": UPSERT, "delete": DELETE, "update_preimage": SKIP}
+
+
+@dataclass(frozen=True)
+class WriteStats(WriterCommitMessage):
+    upserted: int
+    deleted: int
+
+
+def check_schema(table: TableInfo, schema: StructType) -> dict[str, str]:
+    """``table column -> DataFrame column``; raises OptionError naming the first column that does not fit."""
+    given = {f.name.lower(): f for f in schema.fields}
+    columns = {}
+    for column in table.columns:
+        field = given.pop(column.name.lower(), None)
+        if field is None:
+            raise OptionError(f"column '{column.name}' of table {table.path} is missing from the DataFrame "
+                              "(writes upsert whole rows)")
+        expected = SPARK_TYPES[column.type]
+        if field.dataType != expected:
+            raise OptionError(f"column '{field.name}': table {table.path} stores {column.type} "
+                              f"({expected.simpleString()}), the DataFrame has {field.dataType.simpleString()}: "
+                              "cast it first")
+        columns[column.name] = field.name
+    change = given.pop(CHANGE_TYPE, None)
+    if change is not None and change.dataType != StringType():
+        raise OptionError(f"column '{change.name}' must be a string (insert, update_preimage, update_postimage, "
+                          f"delete), not {change.dataType.simpleString()}")
+    extra = [f.name for name, f in given.items() if name not in METADATA]
+    if extra:
+        raise OptionError(f"column '{extra[0]}' is not a column of table {table.path} "
+                          f"(it has {', '.join(c.name for c in table.columns)})")
+    if change is not None:
+        columns[CHANGE_TYPE] = change.name
+    return columns
+
+
+class _Writes:
+    def __init__(self, bootstrap: tuple[str, ...], table: TableInfo, columns: dict[str, str]) -> None:
+        self.bootstrap = bootstrap
+        self.table = table
+        self.columns = columns
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteStats:
+        target = arrow_schema(self.table)
+        upserted = deleted = seen = 0
+        with AdminClient(list(self.bootstrap)) as admin, TableClient(admin, self.table.table_id) as client:
+            for batch in iterator:
+                rows = pa.RecordBatch.from_arrays(
+                    [batch.column(self.columns[f.name]).cast(f.type) for f in target], schema=target)
+                self._check_keys(rows, seen)
+                kinds = self._kinds(batch, seen)
+                for start, stop, kind in _runs(kinds):
+                    part = rows.slice(start, stop - start)
+                    if kind == UPSERT:
+                        client.upsert(part)
+                        upserted += part.num_rows
+                    elif kind == DELETE:
+                        client.delete(part.select(list(self.table.primary_key)))
+                        deleted += part.num_rows
+                seen += batch.num_rows
+        return WriteStats(upserted, deleted)
+
+    def _check_keys(self, rows: pa.RecordBatch, seen: int) -> None:
+        for name in self.table.primary_key:
+            column = rows.column(name)
+            if column.null_count:
+                first = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
+                raise errors.InvalidRowError(f"table {self.table.path}: row {seen + first} of {_task()} has a null "
+                                             f"primary key column '{name}'")
+
+    def _kinds(self, batch: pa.RecordBatch, seen: int) -> np.ndarray:
+        if CHANGE_TYPE not in self.columns:
+            return np.zeros(batch.num_rows, dtype=np.int8)
+        names = batch.column(self.columns[CHANGE_TYPE])
+        known = pa.array(list(_KINDS), pa.string())
+        index = pc.index_in(names, value_set=known)
+        bad = pc.and_(pc.is_null(index), pc.is_valid(names))
+        if pc.any(bad).as_py():
+            first = int(np.flatnonzero(bad.to_numpy(zero_copy_only=False))[0])
+            raise errors.InvalidRowError(f"row {seen + first} of {_task()}: _change_type {names[first].as_py()!r} "
+                                         f"is not one of {', '.join(_KINDS)}")
+        lookup = np.array(list(_KINDS.values()), dtype=np.int8)
+        return lookup[index.fill_null(0).to_numpy(zero_copy_only=False)]
+
+
+def _runs(kinds: np.ndarray) -> Iterator[tuple[int, int, int]]:
+    """``(start, stop, kind)`` of each run of equal kinds."""
+    if not len(kinds):
+        return
+    cuts = [0, *(np.flatnonzero(np.diff(kinds)) + 1).tolist(), len(kinds)]
+    for start, stop in zip(cuts, cuts[1:]):
+        yield start, stop, int(kinds[start])
+
+
+def _task() -> str:
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    return f"partition {context.partitionId()}" if context is not None else "this task"
+
+
+class BatchWriter(_Writes, DataSourceArrowWriter):
+    """``df.write.format("kvlease")…mode("append").save()``: upserts, no transaction across tasks."""
+
+    def commit(self, messages) -> None:
+        pass
+
+    def abort(self, messages) -> None:
+        pass
+
+
+class StreamWriter(_Writes, DataSourceStreamArrowWriter):
+    """``writeStream.format("kvlease")``: each micro-batch upserted; a replayed micro-batch writes the same rows
+    again, which upserts make harmless."""
+
+    def commit(self, messages, batchId: int) -> None:
+        pass
+
+    def abort(self, messages, batchId: int) -> None:
+        pass
