@@ -55,7 +55,7 @@ def acquire_latest(admin: AdminClient, table: TableInfo, lease_id: str, options:
     retrying = tenacity.Retrying(
         stop=tenacity.stop_after_attempt(options.acquire_max_attempts)
         | tenacity.stop_after_delay(options.acquire_max_wait_s),
-        wait=tenacity.wait_exponential_jitter(initial=0.05, max=max(0.05, options.acquire_max_wait_s / 4)),
+        wait=tenacity.wait_random_exponential(multiplier=0.05, max=max(0.05, options.acquire_max_wait_s / 4)),
         retry=tenacity.retry_if_result(bool), sleep=sleep, reraise=True,
         retry_error_callback=lambda state: state.outcome.result())
     missing = retrying(attempt)

@@ -76,6 +76,12 @@ def parse(options: Mapping[str, Any], *, reading: bool = True) -> Options:
     return Options(**values, given=frozenset(given))
 
 
+def connection(options: Mapping[str, Any]) -> tuple[tuple[str, ...], str]:
+    """``(coordinator addresses, DB.NAME)`` alone; :func:`parse` checks the rest."""
+    given = {str(k).lower(): str(v) for k, v in options.items()}
+    return _bootstrap(given), _table(given)
+
+
 def _bootstrap(given: Mapping[str, str]) -> tuple[str, ...]:
     if "bootstrap" in given and "cluster" in given:
         raise OptionError("options 'bootstrap' and 'cluster' exclude each other: give one")

@@ -30,9 +30,9 @@ class KvLeaseDataSource(DataSource):
     @cached_property
     def _cluster(self) -> tuple[TableInfo, object]:
         """The table and the remote storage, from the coordinator."""
-        parsed = opts.parse(self.options, reading=False)
-        with AdminClient(list(parsed.bootstrap)) as admin:
-            return admin.get_table(parsed.table), admin.coordinator_info(admin.address).remote_storage()
+        bootstrap, table = opts.connection(self.options)
+        with AdminClient(list(bootstrap)) as admin:
+            return admin.get_table(table), admin.coordinator_info(admin.address).remote_storage()
 
     def schema(self) -> StructType:
         parsed = opts.parse(self.options)

@@ -1,0 +1,138 @@
+"""The Spark source's pure parts: options, filter pushdown, offsets and read limits, write runs (no Spark job)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from pyspark.sql.datasource import EqualTo, GreaterThan, In
+
+from common.tables import Column, TableInfo
+from spark_source import options as opts
+from spark_source.batch import BatchReader
+from spark_source.splits import LookupSplit, ReadContext
+from spark_source.stream import _limited, _offset, _parse
+from spark_source.writer import DELETE, SKIP, UPSERT, _runs
+
+pytestmark = pytest.mark.unit
+BASE = {"bootstrap": "127.0.0.1:1", "table": "shop.orders"}
+TABLE = TableInfo(7, "shop", "orders", (Column("id", "BIGINT"), Column("v", "STRING")), ("id",), 4)
+TABLE2 = TableInfo(8, "shop", "pairs", (Column("a", "INT"), Column("b", "STRING"), Column("v", "DOUBLE")),
+                   ("a", "b"), 4)
+
+
+def parse(**more):
+    return opts.parse({**BASE, **{k.replace("_", "."): v for k, v in more.items()}})
+
+
+def test_defaults():
+    o = opts.parse(BASE)
+    assert (o.bootstrap, o.table, o.startup_mode, o.bootstrap_mode) == (("127.0.0.1:1",), "shop.orders", "full",
+                                                                        "snapshot")
+    assert (o.lease_duration_ms, o.acquire_max_attempts, o.acquire_max_wait_s) == (3_600_000, 8, 30.0)
+    assert not o.change_feed
+
+
+def test_names_are_case_insensitive_and_values_typed():
+    o = opts.parse({**BASE, "Startup.Mode": "TIMESTAMP", "startup.timestamp": "2026-01-01T00:00:01Z",
+                    "maxRowsPerTrigger": "500", "LEASE.DURATION": "10m", "lease.acquire.max-wait": "2s",
+                    "split.max-rows": "1000", "ending.offsets": '{"0": 5, "3": 9}'})
+    assert o.startup_mode == "timestamp" and o.startup_timestamp_ms == 1767225601000
+    assert (o.max_rows_per_trigger, o.lease_duration_ms, o.acquire_max_wait_s, o.split_max_rows) == (
+        500, 600_000, 2.0, 1000)
+    assert o.ending_offsets == {0: 5, 3: 9} and o.change_feed
+
+
+@pytest.mark.parametrize("given, named", [
+    ({"colour": "red"}, "'colour'"),
+    ({"startup.mode": "sometimes"}, "'startup.mode'"),
+    ({"bootstrap.mode": "psychic"}, "'bootstrap.mode'"),
+    ({"lease.duration": "forever"}, "'lease.duration'"),
+    ({"lease.duration": "0s"}, "'lease.duration'"),
+    ({"lease.acquire.max-attempts": "-1"}, "'lease.acquire.max-attempts'"),
+    ({"maxRowsPerTrigger": "lots"}, "'maxRowsPerTrigger'"),
+    ({"split.max-rows": "0"}, "'split.max-rows'"),
+    ({"startup.mode": "timestamp"}, "'startup.timestamp'"),
+    ({"startup.mode": "timestamp", "startup.timestamp": "yesterday"}, "'startup.timestamp'"),
+    ({"startup.timestamp": "5"}, "'startup.timestamp'"),
+    ({"startup.mode": "earliest", "ending.offsets": "[1]"}, "'ending.offsets'"),
+    ({"startup.mode": "earliest", "ending.offsets": '{"0": -2}'}, "'ending.offsets'"),
+    ({"startup.mode": "earliest", "ending.offsets": '{"0": 1}', "ending.timestamp": "5"}, "'ending.timestamp'"),
+    ({"ending.timestamp": "5"}, "'ending.timestamp'"),
+    ({"bootstrap.mode": "live", "startup.mode": "earliest"}, "'bootstrap.mode'"),
+    ({"lease.id": "no spaces please"}, "'lease.id'"),
+    ({"table": "orders"}, "'table'"),
+    ({"cluster": "/nowhere"}, "'bootstrap' and 'cluster'"),
+])
+def test_bad_options_name_the_option(given, named):
+    with pytest.raises(opts.OptionError) as info:
+        opts.parse({**BASE, **given})
+    assert named in str(info.value)
+
+
+def test_connection_options():
+    with pytest.raises(opts.OptionError, match="'bootstrap'.*or 'cluster'.*required"):
+        opts.parse({"table": "a.b"})
+    with pytest.raises(opts.OptionError, match="'table'"):
+        opts.parse({"bootstrap": "h:1"})
+    with pytest.raises(opts.OptionError, match="option 'cluster': no cluster in /nowhere"):
+        opts.parse({"cluster": "/nowhere", "table": "a.b"})
+    with pytest.raises(opts.OptionError, match="'startup.mode' applies to reads only"):
+        opts.parse({**BASE, "startup.mode": "full"}, reading=False)
+
+
+def test_cluster_directory_names_the_coordinators(tmp_path):
+    (tmp_path / "cluster.json").write_text('{"coordinators": [{"address": "127.0.0.1:9"}, {"address": "127.0.0.1:8"}]}')
+    assert opts.parse({"cluster": str(tmp_path), "table": "a.b"}).bootstrap == ("127.0.0.1:9", "127.0.0.1:8")
+
+
+def reader(table: TableInfo = TABLE, **more) -> BatchReader:
+    return BatchReader(parse(**more), ReadContext(("h:1",), table, None, with_changes=False))
+
+
+def test_equality_on_the_whole_key_becomes_one_lookup():
+    r = reader()
+    eq, other = EqualTo(("id",), 5), GreaterThan(("v",), "a")
+    assert list(r.pushFilters([eq, other])) == [other]
+    assert r.partitions() == [LookupSplit(((("id", 5),),))]
+
+
+def test_in_on_a_one_column_key_becomes_lookups():
+    r = reader()
+    assert list(r.pushFilters([In(("id",), (3, 4, 3, None))])) == []
+    assert r.partitions() == [LookupSplit(((("id", 3),), (("id", 4),)))]
+
+
+def test_a_partial_key_or_a_change_feed_pushes_nothing():
+    r = reader(TABLE2)
+    only_a = [EqualTo(("a",), 1)]
+    assert list(r.pushFilters(only_a)) == only_a and r.keys is None
+    both = [EqualTo(("a",), 1), EqualTo(("b",), "x")]
+    assert list(r.pushFilters(both)) == []
+    assert r.keys == ((("a", 1), ("b", "x")),)
+    feed = reader(startup_mode="earliest")
+    assert list(feed.pushFilters([EqualTo(("id",), 5)])) == [EqualTo(("id",), 5)] and feed.keys is None
+
+
+def test_offsets_round_trip_and_bad_offsets_are_refused():
+    offset = _offset("L", {1: (4, 10), 0: (-1, -1)})
+    assert offset == {"lease": "L", "buckets": {"0": {"snapshot": -1, "offset": -1},
+                                                "1": {"snapshot": 4, "offset": 10}}}
+    assert _parse(offset) == ("L", {0: (-1, -1), 1: (4, 10)})
+    with pytest.raises(opts.InvalidRequestError, match="not a kvlease streaming offset"):
+        _parse({"lease": "L", "buckets": {"0": {"offset": 3}}})
+
+
+def test_read_limit_is_shared_between_buckets_and_never_exceeded():
+    starts = {0: 0, 1: 10, 2: 5}
+    ends = {0: 100, 1: 12, 2: 5}
+    limited = _limited(starts, ends, 50)
+    assert sum(limited[b] - starts[b] for b in starts) == 50
+    assert limited == {0: 48, 1: 12, 2: 5}
+    assert _limited(starts, ends, 10_000) == ends
+    assert _limited(starts, {0: 3, 1: 13, 2: 8}, 2) in ({0: 1, 1: 11, 2: 5}, {0: 1, 1: 10, 2: 6})
+
+
+def test_write_runs_keep_the_row_order():
+    kinds = np.array([UPSERT, UPSERT, DELETE, SKIP, UPSERT, DELETE, DELETE], dtype=np.int8)
+    assert list(_runs(kinds)) == [(0, 2, UPSERT), (2, 3, DELETE), (3, 4, SKIP), (4, 5, UPSERT), (5, 7, DELETE)]
+    assert list(_runs(np.array([], dtype=np.int8))) == []
