@@ -16,6 +16,7 @@ from pyspark.sql.datasource import DataSourceReader, EqualTo, Filter, In
 
 from client.admin import AdminClient
 from client.table import TableClient
+from common.codec import RowCodec, bucket_of_keys
 from spark_source.enumerator import plan_bootstrap, plan_changes
 from spark_source.options import Options
 from spark_source.reader import read_split
@@ -62,12 +63,24 @@ class BatchReader(DataSourceReader):
 
     def partitions(self) -> list:
         if self.keys is not None:
-            return [LookupSplit(self.keys)]
+            return self._lookups()
         with AdminClient(list(self.ctx.bootstrap)) as admin, TableClient(admin, self.ctx.table.table_id) as table:
             if self.options.change_feed:
                 return plan_changes(table, self.options)
             lease_id = self.options.lease_id or f"spark-batch-{uuid.uuid4().hex}"
             return plan_bootstrap(admin, table, self.options, lease_id, release=True)
+
+    def _lookups(self) -> list[LookupSplit]:
+        """One lookup split per bucket that holds some of the keys."""
+        codec = RowCodec(self.ctx.table)
+        rows = [dict(key) for key in self.keys]
+        if not rows:
+            return []
+        buckets = bucket_of_keys(codec.encode_keys(codec.to_batch(rows)), self.ctx.table.buckets)
+        by_bucket: dict[int, list] = {}
+        for bucket, key in zip(buckets, self.keys):
+            by_bucket.setdefault(bucket, []).append(key)
+        return [LookupSplit(b, tuple(keys)) for b, keys in sorted(by_bucket.items())]
 
     def read(self, partition) -> Iterator[pa.RecordBatch]:
         return read_split(self.ctx, partition)

@@ -22,7 +22,7 @@ from common.codec import RowCodec
 from common.model import TableBucket
 from spark_source.bootstrap import CHUNK_ROWS, merge, open_snapshot
 from spark_source.changelog import final_states, read_entries
-from spark_source.schema import changes_for_spark, rows_for_spark, spark_arrow_schema, state_rows_as_changes
+from spark_source.schema import changes_for_spark, spark_arrow_schema, state_rows_as_changes
 from spark_source.splits import HybridSplit, LiveSplit, LogSplit, LookupSplit, ReadContext
 
 log = logging.getLogger(__name__)
@@ -30,7 +30,13 @@ BATCH_ROWS = CHUNK_ROWS
 
 
 def read_split(ctx: ReadContext, split) -> Iterator[pa.RecordBatch]:
-    schema = spark_arrow_schema(ctx.table, with_changes=ctx.with_changes)
+    """The split's rows with every table and metadata column, cut down to the requested ones."""
+    schema = spark_arrow_schema(ctx.table, with_changes=True)
+    for batch in _read(ctx, split, schema):
+        yield batch if tuple(batch.schema.names) == ctx.columns else batch.select(list(ctx.columns))
+
+
+def _read(ctx: ReadContext, split, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     with ExitStack() as stack:
         admin = stack.enter_context(AdminClient(list(ctx.bootstrap)))
         table = stack.enter_context(TableClient(admin, ctx.table.table_id))
@@ -52,16 +58,11 @@ def _what(ctx: ReadContext, bucket: int) -> str:
     return f"table {ctx.table.path} bucket {bucket}"
 
 
-def _state_batches(ctx: ReadContext, codec: RowCodec, values: Iterator[pa.Array], bucket: int, end: int,
+def _state_batches(codec: RowCodec, values: Iterator[pa.Array], bucket: int, end: int,
                    schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     for chunk in values:
-        if not len(chunk):
-            continue
-        rows = codec.decode_values(chunk)
-        if ctx.with_changes:
-            yield state_rows_as_changes(rows, bucket, end, schema)
-        else:
-            yield rows_for_spark(rows, schema)
+        if len(chunk):
+            yield state_rows_as_changes(codec.decode_values(chunk), bucket, end, schema)
 
 
 def _hybrid(ctx: ReadContext, table: TableClient, split: HybridSplit, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
@@ -72,13 +73,12 @@ def _hybrid(ctx: ReadContext, table: TableClient, split: HybridSplit, schema: pa
             raise errors.InvalidSnapshotError(f"{what}: snapshot {split.snapshot_id} starts at changelog offset "
                                               f"{log_offset}, after the planned end {split.end}")
         changes = final_states(read_entries(table, split.bucket, log_offset, split.end))
-        yield from _state_batches(ctx, table.codec, merge(chunks, changes), split.bucket, split.end,
-                                  schema)
+        yield from _state_batches(table.codec, merge(chunks, changes), split.bucket, split.end, schema)
 
 
 def _log_state(ctx: ReadContext, table: TableClient, split: LogSplit, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     changes = final_states(read_entries(table, split.bucket, split.start, split.end))
-    yield from _state_batches(ctx, table.codec, merge(iter(()), changes), split.bucket, split.end, schema)
+    yield from _state_batches(table.codec, merge(iter(()), changes), split.bucket, split.end, schema)
 
 
 def _log_changes(ctx: ReadContext, table: TableClient, split: LogSplit,
@@ -95,10 +95,11 @@ def _log_changes(ctx: ReadContext, table: TableClient, split: LogSplit,
 
 
 def _live(table: TableClient, split: LiveSplit, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """The scan's rows as of its ``log_offset``."""
     with table.scanner(split.bucket, streaming=True) as scanner:
         for batch in scanner:
             if batch.num_rows:
-                yield rows_for_spark(batch, schema)
+                yield state_rows_as_changes(batch, split.bucket, scanner.log_offset, schema)
 
 
 def _lookup(table: TableClient, split: LookupSplit, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
@@ -107,8 +108,8 @@ def _lookup(table: TableClient, split: LookupSplit, schema: pa.Schema) -> Iterat
     rows = table.lookup_batch([dict(key) for key in split.keys])
     found = rows.column(table.table.primary_key[0]).is_valid()
     rows = rows.filter(found)
-    if rows.num_rows:
-        yield rows_for_spark(rows, schema)
+    if rows.num_rows:  # the current rows; a lookup learns no changelog offset: _log_offset is -1
+        yield state_rows_as_changes(rows, split.bucket, 0, schema)
 
 
 def _release(admin: AdminClient, ctx: ReadContext, split: HybridSplit) -> None:

@@ -39,6 +39,22 @@ def table_schema(table: TableInfo, *, with_changes: bool) -> StructType:
     return StructType(fields)
 
 
+def read_columns(table: TableInfo, requested: StructType) -> tuple[str, ...]:
+    """The columns of a schema the user gave (``.schema(...)``): any of the table's and the metadata
+    columns, with their types. Raises ValueError naming the first column that is not one."""
+    known = {f.name.lower(): f for f in table_schema(table, with_changes=True).fields}
+    names = []
+    for f in requested.fields:
+        ours = known.get(f.name.lower())
+        if ours is None:
+            raise ValueError(f"column '{f.name}' is not a column of table {table.path} nor one of {', '.join(METADATA)}")
+        if f.dataType != ours.dataType:
+            raise ValueError(f"column '{f.name}' is {ours.dataType.simpleString()} in table {table.path}, "
+                             f"not {f.dataType.simpleString()}")
+        names.append(ours.name)
+    return tuple(names)
+
+
 def spark_arrow_schema(table: TableInfo, *, with_changes: bool) -> pa.Schema:
     """The Arrow schema of the batches a reader yields (matches :func:`table_schema`)."""
     fields = [pa.field(c.name, UTC_MICROS if c.type == "TIMESTAMP" else ARROW_TYPES[c.type]) for c in table.columns]
@@ -76,6 +92,6 @@ def state_rows_as_changes(rows: pa.RecordBatch, bucket: int, log_offset: int, sc
     ``_log_offset`` = ``log_offset - 1`` (the last record they contain), no commit timestamp."""
     n = rows.num_rows
     table = rows_for_spark(rows, schema)
-    metadata = [pa.array(["insert"] * n, pa.string()), pa.array(np.full(n, bucket, dtype=np.int32)),
+    metadata = [pa.repeat(pa.scalar("insert"), n), pa.array(np.full(n, bucket, dtype=np.int32)),
                 pa.array(np.full(n, log_offset - 1, dtype=np.int64)), pa.nulls(n, UTC_MICROS)]
     return pa.RecordBatch.from_arrays(list(table.columns) + metadata, schema=schema)

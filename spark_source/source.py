@@ -16,7 +16,7 @@ from client.admin import AdminClient
 from common.tables import TableInfo
 import spark_source.options as opts
 from spark_source.batch import BatchReader
-from spark_source.schema import table_schema
+from spark_source.schema import read_columns, table_schema
 from spark_source.splits import ReadContext
 from spark_source.stream import StreamReader
 from spark_source.writer import BatchWriter, StreamWriter, check_schema
@@ -35,16 +35,22 @@ class KvLeaseDataSource(DataSource):
             return admin.get_table(table), admin.coordinator_info(admin.address).remote_storage()
 
     def schema(self) -> StructType:
-        parsed = opts.parse(self.options)
-        return table_schema(self._cluster[0], with_changes=parsed.change_feed)
+        """The table's columns and the four metadata columns. Spark asks one schema for batch and
+        streaming reads alike, so a full batch read carries them too (see README "Spark")."""
+        opts.parse(self.options)
+        return table_schema(self._cluster[0], with_changes=True)
 
-    def _context(self, parsed: opts.Options, *, streaming: bool) -> ReadContext:
+    def _context(self, parsed: opts.Options, schema: StructType) -> ReadContext:
         table, storage = self._cluster
-        return ReadContext(parsed.bootstrap, table, storage, with_changes=streaming or parsed.change_feed)
+        try:
+            columns = read_columns(table, schema)
+        except ValueError as exc:
+            raise opts.OptionError(f"the schema given to the reader does not fit: {exc}") from None
+        return ReadContext(parsed.bootstrap, table, storage, columns)
 
     def reader(self, schema: StructType) -> BatchReader:
         parsed = opts.parse(self.options)
-        return BatchReader(parsed, self._context(parsed, streaming=False))
+        return BatchReader(parsed, self._context(parsed, schema))
 
     def streamReader(self, schema: StructType) -> StreamReader:
         parsed = opts.parse(self.options)
@@ -55,7 +61,7 @@ class KvLeaseDataSource(DataSource):
         for name in ("ending.timestamp", "ending.offsets"):
             if name in parsed.given:
                 raise opts.OptionError(f"option '{name}' ends a batch change feed; a streaming query has no end")
-        return StreamReader(parsed, self._context(parsed, streaming=True))
+        return StreamReader(parsed, self._context(parsed, schema))
 
     def writer(self, schema: StructType, overwrite: bool) -> BatchWriter:
         return BatchWriter(*self._write_setup(schema, overwrite))

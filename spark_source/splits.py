@@ -21,7 +21,7 @@ class ReadContext:
     bootstrap: tuple[str, ...]
     table: TableInfo
     storage: RemoteStorage | None
-    with_changes: bool  # rows carry _change_type, _bucket, _log_offset, _commit_timestamp
+    columns: tuple[str, ...]  # the requested schema's columns: table columns and metadata columns, any subset
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,7 @@ class LiveSplit(InputPartition):
 
 @dataclass(frozen=True)
 class LookupSplit(InputPartition):
-    """Point lookups of whole primary keys (``{column: value}`` each), found by a filter."""
+    """Point lookups of whole primary keys (``{column: value}`` each) of one bucket, found by a filter."""
 
+    bucket: int
     keys: tuple[tuple[tuple[str, object], ...], ...]

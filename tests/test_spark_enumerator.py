@@ -101,7 +101,7 @@ def test_a_split_read_after_its_snapshot_was_released_and_reclaimed_fails_clearl
         client.upsert([row(i) for i in range(30)])
         client.trigger_snapshot()
         storage = cluster.admin.coordinator_info().remote_storage()
-        ctx = ReadContext((cluster.coordinator.address,), client.table, storage, with_changes=False)
+        ctx = ReadContext((cluster.coordinator.address,), client.table, storage, ("id",))
         (split,) = plan_bootstrap(cluster.admin, client, options(), "L4", release=True)
         assert isinstance(split, HybridSplit)
         first = sum(b.num_rows for b in read_split(ctx, split))

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from pyspark.sql.datasource import EqualTo, GreaterThan, In
 
+from common.codec import RowCodec, bucket_of_keys
 from common.tables import Column, TableInfo
 from spark_source import options as opts
 from spark_source.batch import BatchReader
@@ -86,20 +87,28 @@ def test_cluster_directory_names_the_coordinators(tmp_path):
 
 
 def reader(table: TableInfo = TABLE, **more) -> BatchReader:
-    return BatchReader(parse(**more), ReadContext(("h:1",), table, None, with_changes=False))
+    return BatchReader(parse(**more), ReadContext(("h:1",), table, None, tuple(c.name for c in table.columns)))
+
+
+def bucket(table: TableInfo, **key) -> int:
+    codec = RowCodec(table)
+    return bucket_of_keys(codec.encode_keys(codec.to_batch([key])), table.buckets)[0]
 
 
 def test_equality_on_the_whole_key_becomes_one_lookup():
     r = reader()
     eq, other = EqualTo(("id",), 5), GreaterThan(("v",), "a")
     assert list(r.pushFilters([eq, other])) == [other]
-    assert r.partitions() == [LookupSplit(((("id", 5),),))]
+    assert r.partitions() == [LookupSplit(bucket(TABLE, id=5), ((("id", 5),),))]
 
 
 def test_in_on_a_one_column_key_becomes_lookups():
     r = reader()
     assert list(r.pushFilters([In(("id",), (3, 4, 3, None))])) == []
-    assert r.partitions() == [LookupSplit(((("id", 3),), (("id", 4),)))]
+    splits = r.partitions()
+    assert sorted(k for s in splits for k in s.keys) == [(("id", 3),), (("id", 4),)]
+    assert all(s.bucket == bucket(TABLE, **dict(k)) for s in splits for k in s.keys)
+    assert len({s.bucket for s in splits}) == len(splits)
 
 
 def test_a_partial_key_or_a_change_feed_pushes_nothing():
