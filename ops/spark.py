@@ -1,0 +1,59 @@
+"""A local SparkSession (``local[N]``) with the kvlease source registered, for the demo, the benchmarks and
+the tests; and stopping it for good.
+
+``SparkSession.stop()`` leaves py4j's JVM running until the Python process
+exits, so :func:`stop_local_session` shuts the gateway down and kills the JVM
+(and with it Spark's Python daemon and workers).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+JAVA_HOME = "/usr/lib/jvm/java-17-openjdk-amd64"
+
+
+def local_session(work_dir: str | os.PathLike[str], *, cores: int | str = "*", app: str = "kvlease",
+                  shuffle_partitions: int = 2):
+    """A SparkSession on this machine: loopback only, no UI, scratch space under ``work_dir``."""
+    work_dir = Path(work_dir)
+    os.environ.setdefault("JAVA_HOME", JAVA_HOME)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    from spark_source import register
+
+    spark = (SparkSession.builder.master(f"local[{cores}]").appName(app)
+             .config("spark.ui.enabled", "false")
+             .config("spark.driver.host", "127.0.0.1")
+             .config("spark.driver.bindAddress", "127.0.0.1")
+             .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+             .config("spark.local.dir", str(work_dir / "local"))
+             .config("spark.sql.warehouse.dir", str(work_dir / "warehouse"))
+             .config("spark.sql.session.timeZone", "UTC")
+             .config("spark.driver.extraJavaOptions", f"-Djava.io.tmpdir={work_dir}")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    return spark
+
+
+def stop_local_session(spark) -> None:
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    proc = getattr(gateway, "proc", None)
+    try:
+        spark.stop()
+    finally:
+        if gateway is not None:
+            gateway.shutdown()
+        if proc is not None:
+            proc.kill()
+            proc.wait(30)
+        SparkContext._gateway = None
+        SparkContext._jvm = None
