@@ -6,6 +6,7 @@
 #   make test-unit   tier 1: pure tests, no processes        (-m unit)
 #   make test-zk     tier 2: real ZooKeeper / local S3        (-m "zk or s3")
 #   make test-slow   tier 3: multi-process drills, long tests (-m slow)
+#   make test-spark  the Spark source on real Spark, local[2] (-m spark)
 #   make test PYTEST_ARGS="-x -k lease"
 #
 # `make test` exits non-zero when pytest does; pytest's own exit code is left
@@ -22,7 +23,7 @@ export PYSPARK_PYTHON := $(abspath $(PY))
 PYTEST_ARGS ?=
 PYTEST_RC := .pytest_cache/kvlease-exit-code
 
-.PHONY: test test-unit test-zk test-slow demo deps system-deps proto clean
+.PHONY: test test-unit test-zk test-slow test-spark demo deps system-deps proto clean
 
 system-deps:
 	@bash ops/install_system_deps.sh
@@ -58,6 +59,9 @@ test-zk: deps
 
 test-slow: deps
 	$(call run_pytest,slow,tier)
+
+test-spark: deps
+	$(call run_pytest,spark,tier)
 
 demo: deps
 	$(VENV)/bin/kvlease demo

@@ -29,6 +29,7 @@ def local_session(work_dir: str | os.PathLike[str], *, cores: int | str = "*", a
 
     spark = (SparkSession.builder.master(f"local[{cores}]").appName(app)
              .config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false")
              .config("spark.driver.host", "127.0.0.1")
              .config("spark.driver.bindAddress", "127.0.0.1")
              .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
