@@ -221,12 +221,13 @@ class Controller(Dispatcher):
     @on(rq.ListLeases)
     @_query
     def _list_leases(self, _request: rq.ListLeases) -> list[Lease]:
-        return sorted(self.leases.leases.values(), key=lambda lease: lease.lease_id)
+        """The live leases: one past its deadline is hidden before the expiry timer drops it."""
+        return self.leases.live_leases(self.clock_ms())
 
     @on(rq.DescribeLease)
     @_query
     def _describe_lease(self, request: rq.DescribeLease) -> Lease:
-        lease = self.leases.get(request.lease_id)
+        lease = self.leases.live(request.lease_id, self.clock_ms())
         if lease is None:
             raise errors.LeaseNotFoundError(f"lease {request.lease_id!r} not found", lease_id=request.lease_id)
         return lease

@@ -126,3 +126,18 @@ def test_fail_all_answers_everything_waiting(shell):
         with pytest.raises(errors.NotCoordinatorError):
             future.result(timeout=0)
     assert shell.deferred == []
+
+
+def test_release_and_drop_are_stamped_with_the_shells_time(shell):
+    submit(shell, ls.Acquire("L", {TB: 1}, 1_000))
+    submit(shell, ls.Acquire("M", {TB: 1}, 1_000))
+    shell.flush()
+    shell.clock["now"] = 6_000  # both deadlines (6_000) reached: expired, though no timer ran
+    released = submit(shell, ls.Release("L", frozenset({TB})))
+    dropped = submit(shell, ls.Drop("M"))
+    shell.flush()
+    assert released.result(timeout=0) == ls.ReleaseOutcome(released=False, lease_remains=False)
+    assert dropped.result(timeout=0) is False
+    assert shell.state.leases == {}
+    assert shell.freed == [{TB}]
+
