@@ -144,16 +144,14 @@ class Controller(Dispatcher):
         else:
             loaded = self.lease_store.load_all(self.zk)
         orphans = [] if defer_orphans else self.lease_store.remove_orphans()
-        now = self.clock_ms()
-        graced = sum(1 for lease in loaded if lease.expiration_time <= now)
-        self.lease_shell.restore(loaded, now, self.grace_ms)
+        restored = self.lease_shell.restore(loaded, self.clock_ms(), self.grace_ms)
         dangling = [(tb, sid) for tb, sid in self.leases.refs.leased() if not self.snapshots.has_snapshot(tb, sid)]
         for tb, sid in dangling:
             log.warning("lease refers to snapshot %s of %s which is not stored", sid, tb)
         self.snapshot_commits.reclaim({h.bucket for h in self.snapshots.all()})
         self.snapshots.validate(self.leases.is_protected)
         stats = {"tables": len(self.catalog.by_id), "snapshots": sum(1 for _ in self.snapshots.all()),
-                 "leases": len(loaded), "graced": graced,
+                 "leases": len(loaded), "graced": len(restored.graced), "expired": len(restored.expired),
                  "orphan_files": "deferred" if defer_orphans else len(orphans),
                  "dangling": len(dangling)}
         log.info("reinitialized: %s", stats)

@@ -24,6 +24,9 @@ Retry-safe rules (DESIGN.md "Leases — semantics"):
 - Release of buckets the lease does not hold, or of an unknown lease,
   succeeds and answers ``released=False``: a retried release finds nothing
   to do and says so. Buckets are still checked (unknown table, out of range).
+- Failover (:class:`Restore`): a lease that expired while no coordinator was
+  active gets the grace once; the new deadline is written back, marked
+  ``graced``, so a later failover drops it instead of granting it again.
 """
 
 from __future__ import annotations
@@ -91,7 +94,11 @@ class RemoveTable(Event):
 
 @dataclass(frozen=True)
 class Restore(Event):
-    """Failover: the leases loaded from storage; expired ones get ``grace_ms``."""
+    """Failover: the leases loaded from storage.
+
+    An expired lease gets ``grace_ms`` once (written back, marked ``graced``);
+    an expired lease that already had its grace is dropped.
+    """
 
     leases: tuple[Lease, ...]
     now_ms: int
@@ -116,7 +123,7 @@ class PersistLease(Instruction):
     """Write ``after`` (None: delete the lease); only ``changed_tables`` need new files.
 
     ``reason``: acquire, reacquire (a new lease replaces an expired one), renew,
-    release, drop, expire (the deadline passed), drop-table.
+    release, drop, expire (the deadline passed), drop-table, grace (failover).
     """
 
     write_id: tuple[int, int]
@@ -167,6 +174,13 @@ class AcquireOutcome:
 class ReleaseOutcome:
     released: bool  # the lease held at least one of the buckets, and now does not
     lease_remains: bool  # the lease still holds buckets (False: it is gone, or never was)
+
+
+@dataclass(frozen=True)
+class RestoreOutcome:
+    leases: int  # how many were loaded
+    graced: tuple[str, ...]  # expired during the gap: granted the grace (written back)
+    expired: tuple[str, ...]  # expired during the gap after their grace: dropped
 
 
 #: the reasons of writes that remove a lease because its deadline passed
@@ -309,7 +323,7 @@ class LeaseState(StateMachine):
             return [Reply(ev.event_id, error=_not_found(ev.lease_id))]
         if _expired(before, now):  # not found, whether or not dropping it is written
             return self._persist(ev.event_id, [("expire", before, None)], None, _not_found(ev.lease_id, before))
-        after = replace(before, expiration_time=now + ev.duration_ms)
+        after = replace(before, expiration_time=now + ev.duration_ms, graced=False)
         return self._persist(ev.event_id, [("renew", before, after)], after.expiration_time)
 
     @on(Release)
@@ -372,15 +386,29 @@ class LeaseState(StateMachine):
 
     @on(Restore)
     def _on_restore(self, ev: Restore) -> list[object]:
+        """Load the persisted leases as they are; write back what the gap changed.
+
+        A lease expired during the gap gets the grace once: the new deadline is
+        persisted (and only then applied) with ``graced`` set. One that already
+        had its grace is dropped. Until those writes are done the leases hold
+        their stored deadlines and are busy, so nothing else touches them.
+        """
         if self._pending:
             raise RuntimeError("restore with writes in flight")
-        self.leases = {}
-        for lease in ev.leases:
-            if _expired(lease, ev.now_ms):
-                lease = replace(lease, expiration_time=ev.now_ms + ev.grace_ms)
-            self.leases[lease.lease_id] = lease
+        self.leases = {lease.lease_id: lease for lease in ev.leases}
         self.refs = RefcountIndex.from_leases(self.leases.values())
-        return [Reply(ev.event_id, len(self.leases))]
+        changes: list[tuple[str, Lease | None, Lease | None]] = []
+        for lease_id in sorted(self.leases):
+            lease = self.leases[lease_id]
+            if not _expired(lease, ev.now_ms):
+                continue
+            if lease.graced:
+                changes.append(("expire", lease, None))
+            else:
+                changes.append(("grace", lease, replace(lease, expiration_time=ev.now_ms + ev.grace_ms, graced=True)))
+        outcome = RestoreOutcome(len(self.leases), tuple(b.lease_id for r, b, _a in changes if r == "grace"),
+                                 tuple(b.lease_id for r, b, _a in changes if r == "expire"))
+        return self._persist(ev.event_id, changes, outcome)
 
     # -- persistence results -----------------------------------------------------------
 

@@ -264,6 +264,13 @@ def test_leases_expired_during_the_gap_get_the_failover_grace(config, coordinato
             return None
     lease, served_at = wait_until(served, 30, "the standby serves")
     assert procs.info(standby).epoch > info.epoch
+    zk = make_client(config)
+    try:  # the grace was written back before serving: what a later failover loads
+        stored = persisted_leases(zk, open_storage(config["remote.data.dir"], config))["gap"]
+    finally:
+        zk.stop()
+        zk.close()
+    assert (stored.expiration_time, stored.graced) == (lease.expiration_time, True)
     # its deadline passed while no coordinator was active: reinit time (between the kill
     # and the first answer) + the grace
     assert served_at * 1000 > gap.expiration_time, "the failover was faster than the lease"

@@ -323,6 +323,34 @@ def test_drop_table_removes_it_from_every_lease(env):
     assert t3.table_id > t2.table_id
 
 
+def test_the_failover_grace_is_written_back_and_granted_once(env):
+    make, storage, clock, _ = env
+    a = make()
+    t = make_table(a)
+    commit(a, t.table_id, 0, 1)
+    commit(a, t.table_id, 1, 1)
+    tb0, tb1 = TableBucket(t.table_id, 0), TableBucket(t.table_id, 1)
+    call(a, ls.Acquire("gap", {tb0: 1, tb1: 1}, 1_000))
+    files = lease_files(storage)
+    clock.now += 5_000  # "a" died; nobody expired "gap"
+    b = make(grace_ms=20_000)
+    graced_until = clock.now + 20_000
+    node = zk_lease_node(b, "gap")
+    assert (node["expiration_time"], node["graced"]) == (graced_until, True)  # the grace is persisted
+    assert lease_files(storage) == files  # it changes no bucket: no new file
+    assert call(b, rq.DescribeLease("gap")).expiration_time == graced_until
+    assert [lease.lease_id for lease in call(b, rq.ListLeases())] == ["gap"]
+
+    clock.now = graced_until + 1  # "b" died before its timer dropped "gap"
+    c = make(grace_ms=20_000)
+    assert c.leases.get("gap") is None  # no second grace: dropped as it loads
+    assert not c.zk.exists(zkpaths.lease("gap"))
+    assert lease_files(storage) == []
+    assert not c.leases.refs.is_leased(tb0, 1) and not c.leases.refs.is_leased(tb1, 1)
+    with pytest.raises(errors.LeaseNotFoundError):
+        call(c, rq.DescribeLease("gap"))
+
+
 def test_a_lease_past_its_deadline_is_gone_for_every_request_before_the_timer(env):
     make, storage, clock, _ = env
     a = make()
@@ -353,4 +381,5 @@ def test_a_lease_past_its_deadline_is_gone_for_every_request_before_the_timer(en
     assert a.leases.refs.holders(tb0, 1) == {"listed"}
     b = make()  # what was persisted is what a new coordinator loads
     assert b.leases.get("acquired") == a.leases.get("acquired")
+    assert b.leases.get("listed").graced  # expired, never dropped: it gets the failover grace
     assert set(b.leases.leases) == {"acquired", "listed"}

@@ -21,7 +21,7 @@ from coordinator.snapshots import SnapshotStore
 from common.model import Lease, SnapshotFile, SnapshotHandle, TableBucket
 from leases.state import (
     Acquire, AcquireOutcome, Deferred, Drop, Expire, LeasesExpired, LeaseState, PersistLease, Release, ReleaseOutcome,
-    RemoveTable, Renew, Reply, Restore, SnapshotsFreed, WriteDone, WriteFailed,
+    RemoveTable, Renew, Reply, Restore, RestoreOutcome, SnapshotsFreed, WriteDone, WriteFailed,
 )
 
 pytestmark = pytest.mark.unit
@@ -251,7 +251,7 @@ class LeaseMachine(RuleBasedStateMachine):
             return {"error": errors.LeaseNotFoundError}
         if self.model[lease_id].expiration_time <= now:  # not found; dropped if that write succeeds
             return {"error": errors.LeaseNotFoundError, "writes": {lease_id: None}, "per_write": True}
-        after = replace(self.model[lease_id], expiration_time=now + duration)
+        after = replace(self.model[lease_id], expiration_time=now + duration, graced=False)
         return {"result": now + duration, "writes": {lease_id: after}, "apply": {lease_id: after}}
 
     @rule(data=st.data())
@@ -416,18 +416,29 @@ class LeaseMachine(RuleBasedStateMachine):
     @precondition(lambda self: not self.inflight)
     @rule(grace=st.integers(0, 3).map(lambda n: n * TICK))
     def failover(self, grace: int) -> None:
-        """A new coordinator loads the acknowledged leases; deferred requests die with the old one."""
+        """A new coordinator loads the acknowledged leases; deferred requests die with the old one.
+
+        Expired leases get the grace once (written back), or are dropped if they
+        had it; the shell persists those writes before it serves.
+        """
         self.deferred = [e for e in self.deferred if isinstance(e, RemoveTable)]  # table drops resume
         self.expect = {}
         loaded = tuple(self.model.values())
         self.state = LeaseState(self.catalog, max_duration_ms=MAX_MS)
+        writes: dict[str, Lease | None] = {}
+        for lid, lease in sorted(self.model.items()):
+            if lease.expiration_time <= self.now:
+                writes[lid] = None if lease.graced else replace(lease, expiration_time=self.now + grace, graced=True)
+        outcome = RestoreOutcome(len(loaded), tuple(lid for lid, w in writes.items() if w is not None),
+                                 tuple(lid for lid, w in writes.items() if w is None))
         eid = self.event_id()
-        out = self.state.handle(Restore(loaded, self.now, grace, event_id=eid))
-        self.state.validate()
-        assert out == [Reply(eid, len(loaded))]
-        self.model = {lid: (replace(lease, expiration_time=self.now + grace)
-                            if lease.expiration_time <= self.now else lease)
-                      for lid, lease in self.model.items()}
+        self.send(Restore(loaded, self.now, grace, event_id=eid),
+                  {"result": outcome, "writes": dict(writes), "per_write": True})
+        for write_id in sorted(self.inflight):
+            write = self.inflight.pop(write_id)
+            self.set_model(write.lease_id, write.after)
+            self.done(write)
+        assert eid not in self.expect, "restore did not reply once its writes were done"
 
     # -- invariants --------------------------------------------------------------------------------
 
