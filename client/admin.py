@@ -86,6 +86,13 @@ class AcquireResult:
     unavailable: dict[TableBucket, int]
 
 
+@dataclass(frozen=True)
+class ReleaseResult:
+    lease_id: str
+    released: bool  # False: the lease held none of the buckets, or there was no (live) lease
+    lease_remains: bool  # False: the lease is gone (emptied by this release) or never was
+
+
 def parse_bootstrap(bootstrap: str | Sequence[str]) -> list[str]:
     addresses = bootstrap.split(",") if isinstance(bootstrap, str) else list(bootstrap)
     addresses = [a.strip() for a in addresses if a.strip()]
@@ -235,7 +242,11 @@ class AdminClient:
     # -- leases -------------------------------------------------------------------
 
     def acquire_lease(self, lease_id: str, snapshots: Mapping[TableBucket, int], duration_ms: int) -> AcquireResult:
-        """Create or update the lease; ``unavailable`` lists snapshots that do not exist."""
+        """Create or update the lease; ``unavailable`` lists snapshots that do not exist.
+
+        A lease past its deadline is not updated but replaced: the new one holds
+        only these snapshots.
+        """
         response = self._call("AcquireKvSnapshotLease", pb.AcquireKvSnapshotLeaseRequest(
             lease_id=lease_id, snapshots=bucket_snapshots_to_pb(snapshots), duration_ms=duration_ms))
         return AcquireResult(
@@ -244,19 +255,27 @@ class AdminClient:
             bucket_snapshots_from_pb(response.unavailable))
 
     def renew_lease(self, lease_id: str, duration_ms: int) -> int:
-        """Move the lease's deadline to now + duration; returns it. LeaseNotFoundError if unknown."""
+        """Move the lease's deadline to now + duration; returns it.
+
+        LeaseNotFoundError if unknown or already past its deadline (never revived).
+        """
         response = self._call("RenewKvSnapshotLease",
                               pb.RenewKvSnapshotLeaseRequest(lease_id=lease_id, duration_ms=duration_ms))
         return response.expiration_time_ms
 
-    def release_lease(self, lease_id: str, buckets: Iterable[TableBucket]) -> bool:
-        """Free these buckets; returns whether the lease still holds any."""
+    def release_lease(self, lease_id: str, buckets: Iterable[TableBucket]) -> ReleaseResult:
+        """Free these buckets; safe to retry.
+
+        Buckets the lease does not hold, or an unknown (or expired) lease, are no
+        error: ``released`` is False then. A bucket of an unknown table or out of
+        range is (TableNotExistError, BucketOutOfRangeError).
+        """
         response = self._call("ReleaseKvSnapshotLease", pb.ReleaseKvSnapshotLeaseRequest(
             lease_id=lease_id, buckets=[bucket_to_pb(tb) for tb in buckets]))
-        return response.lease_remains
+        return ReleaseResult(lease_id, response.released, response.lease_remains)
 
     def drop_lease(self, lease_id: str) -> bool:
-        """Free every bucket of the lease; returns False if there was no such lease."""
+        """Free every bucket of the lease; returns False if there was no such (live) lease."""
         return self._call("DropKvSnapshotLease", pb.DropKvSnapshotLeaseRequest(lease_id=lease_id)).dropped
 
     def list_leases(self) -> list[Lease]:

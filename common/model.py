@@ -35,11 +35,17 @@ class TableBucket:
 
 @dataclass(frozen=True)
 class Lease:
-    """A lease: its deadline and the snapshot it holds per bucket."""
+    """A lease: its deadline and the snapshot it holds per bucket.
+
+    ``graced``: the deadline is a failover grace the coordinator granted (the
+    lease expired while no coordinator was active), not one a client asked
+    for; a later failover does not grant it again. Acquire and renew clear it.
+    """
 
     lease_id: str
     expiration_time: int  # ms since the epoch
     buckets: Mapping[TableBucket, int] = field(default_factory=dict)
+    graced: bool = False
 
     def tables(self) -> set[int]:
         return {tb.table_id for tb in self.buckets}

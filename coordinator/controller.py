@@ -144,16 +144,14 @@ class Controller(Dispatcher):
         else:
             loaded = self.lease_store.load_all(self.zk)
         orphans = [] if defer_orphans else self.lease_store.remove_orphans()
-        now = self.clock_ms()
-        graced = sum(1 for lease in loaded if lease.expiration_time <= now)
-        self.lease_shell.restore(loaded, now, self.grace_ms)
+        restored = self.lease_shell.restore(loaded, self.clock_ms(), self.grace_ms)
         dangling = [(tb, sid) for tb, sid in self.leases.refs.leased() if not self.snapshots.has_snapshot(tb, sid)]
         for tb, sid in dangling:
             log.warning("lease refers to snapshot %s of %s which is not stored", sid, tb)
         self.snapshot_commits.reclaim({h.bucket for h in self.snapshots.all()})
         self.snapshots.validate(self.leases.is_protected)
         stats = {"tables": len(self.catalog.by_id), "snapshots": sum(1 for _ in self.snapshots.all()),
-                 "leases": len(loaded), "graced": graced,
+                 "leases": len(loaded), "graced": len(restored.graced), "expired": len(restored.expired),
                  "orphan_files": "deferred" if defer_orphans else len(orphans),
                  "dangling": len(dangling)}
         log.info("reinitialized: %s", stats)
@@ -221,12 +219,13 @@ class Controller(Dispatcher):
     @on(rq.ListLeases)
     @_query
     def _list_leases(self, _request: rq.ListLeases) -> list[Lease]:
-        return sorted(self.leases.leases.values(), key=lambda lease: lease.lease_id)
+        """The live leases: one past its deadline is hidden before the expiry timer drops it."""
+        return self.leases.live_leases(self.clock_ms())
 
     @on(rq.DescribeLease)
     @_query
     def _describe_lease(self, request: rq.DescribeLease) -> Lease:
-        lease = self.leases.get(request.lease_id)
+        lease = self.leases.live(request.lease_id, self.clock_ms())
         if lease is None:
             raise errors.LeaseNotFoundError(f"lease {request.lease_id!r} not found", lease_id=request.lease_id)
         return lease

@@ -50,11 +50,17 @@ class LeaseShell(Shell):
         self._batch: list[ls.PersistLease] = []
         self._freed: list[tuple[TableBucket, int]] = []
 
-    def restore(self, loaded: Iterable[Lease], now_ms: int, grace_ms: int) -> None:
-        """Failover: a new state machine holding the persisted leases (expired ones get a grace)."""
+    def restore(self, loaded: Iterable[Lease], now_ms: int, grace_ms: int) -> ls.RestoreOutcome:
+        """Failover: a new state machine holding the persisted leases.
+
+        Expired ones get the grace once, or are dropped if they had it: those
+        writes are persisted (and applied) before this returns. Raises what a
+        failed write raises: the coordinator must not serve then.
+        """
         self.state = ls.LeaseState(self.state.catalog, self.state.max_duration_ms)
-        self.state.handle(ls.Restore(tuple(loaded), now_ms, grace_ms))
+        outcome = self.call(ls.Restore(tuple(loaded), now_ms, grace_ms))
         self.state.validate()
+        return outcome
 
     # -- handing events in ------------------------------------------------------------
 

@@ -97,7 +97,7 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
     def ReleaseKvSnapshotLease(self, request, context):
         buckets = frozenset(bucket_from_pb(b) for b in request.buckets)
         return self._run(ls.Release(request.lease_id, buckets), pb.ReleaseKvSnapshotLeaseResponse,
-                         lambda remains: {"lease_remains": remains})
+                         lambda outcome: {"released": outcome.released, "lease_remains": outcome.lease_remains})
 
     def DropKvSnapshotLease(self, request, context):
         return self._run(ls.Drop(request.lease_id), pb.DropKvSnapshotLeaseResponse,

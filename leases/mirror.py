@@ -64,6 +64,7 @@ class _Entry:
     paths: dict[int, str]  # table -> metadata file
     tables: dict[int, dict[TableBucket, int]]  # table -> its buckets (from the file)
     mzxid: int
+    graced: bool = False
 
 
 class LeaseMirror:
@@ -211,9 +212,9 @@ class LeaseMirror:
             self.stats["node_reads"] += 1
             node = loads(data)
             paths = {int(t["table_id"]): t["metadata_path"] for t in node["tables"]}
-            nodes.append((name, int(node["expiration_time"]), paths, stat.mzxid))
+            nodes.append((name, int(node["expiration_time"]), paths, stat.mzxid, bool(node.get("graced", False))))
         to_read = []
-        for name, _exp, paths, _z in nodes:
+        for name, _exp, paths, _z, _g in nodes:
             old = self._entries.get(name)
             for table_id, path in paths.items():
                 if old is None or old.paths.get(table_id) != path:
@@ -222,7 +223,7 @@ class LeaseMirror:
         fresh: dict[tuple[str, int], dict[TableBucket, int] | None] = {
             (name, table_id): contents[path] for name, table_id, path in to_read}
         retry = []
-        for name, expiration, paths, mzxid in nodes:
+        for name, expiration, paths, mzxid, graced in nodes:
             old = self._entries.get(name)
             tables = {}
             ok = True
@@ -239,7 +240,7 @@ class LeaseMirror:
                 self._entries.pop(name, None)
                 retry.append(name)
                 continue
-            self._entries[name] = _Entry(expiration, paths, tables, mzxid)
+            self._entries[name] = _Entry(expiration, paths, tables, mzxid, graced)
         if retry:
             with self._lock:
                 self._dirty.update(retry)
@@ -294,6 +295,6 @@ class LeaseMirror:
             buckets: dict[TableBucket, int] = {}
             for table_id in entry.paths:
                 buckets.update(entry.tables[table_id])
-            leases.append(Lease(name, entry.expiration_time, buckets))
+            leases.append(Lease(name, entry.expiration_time, buckets, entry.graced))
             layout[name] = dict(entry.paths)
         return leases, layout

@@ -12,6 +12,21 @@ Built on :mod:`common.statemachine`: each event carries an ``event_id`` (the
 replies it causes name it) and has one registered handler. The lease requests
 callers send (acquire, renew, release, drop) are these events themselves; a
 caller may leave ``now_ms`` unset and the shell stamps its clock on hand-in.
+
+Retry-safe rules (DESIGN.md "Leases — semantics"):
+
+- A lease whose deadline has passed (``expiration_time <= now_ms``) is expired
+  for every request, also before the expiry timer dropped it. A request that
+  meets one drops it (persisted like an expiry) and then answers as for an
+  unknown lease: renew is ``LEASE_NOT_FOUND``, release and drop answer
+  false, and acquire starts a new lease (only its own buckets, a new
+  deadline; one write replaces the expired lease).
+- Release of buckets the lease does not hold, or of an unknown lease,
+  succeeds and answers ``released=False``: a retried release finds nothing
+  to do and says so. Buckets are still checked (unknown table, out of range).
+- Failover (:class:`Restore`): a lease that expired while no coordinator was
+  active gets the grace once; the new deadline is written back, marked
+  ``graced``, so a later failover drops it instead of granting it again.
 """
 
 from __future__ import annotations
@@ -54,11 +69,13 @@ class Renew(Event):
 class Release(Event):
     lease_id: str
     buckets: frozenset[TableBucket]
+    now_ms: int | None = None  # None: the shell stamps its clock before handing it in
 
 
 @dataclass(frozen=True)
 class Drop(Event):
     lease_id: str
+    now_ms: int | None = None  # None: the shell stamps its clock before handing it in
 
 
 @dataclass(frozen=True)
@@ -77,7 +94,11 @@ class RemoveTable(Event):
 
 @dataclass(frozen=True)
 class Restore(Event):
-    """Failover: the leases loaded from storage; expired ones get ``grace_ms``."""
+    """Failover: the leases loaded from storage.
+
+    An expired lease gets ``grace_ms`` once (written back, marked ``graced``);
+    an expired lease that already had its grace is dropped.
+    """
 
     leases: tuple[Lease, ...]
     now_ms: int
@@ -99,7 +120,11 @@ class WriteFailed(Event):
 
 @dataclass(frozen=True)
 class PersistLease(Instruction):
-    """Write ``after`` (None: delete the lease); only ``changed_tables`` need new files."""
+    """Write ``after`` (None: delete the lease); only ``changed_tables`` need new files.
+
+    ``reason``: acquire, reacquire (a new lease replaces an expired one), renew,
+    release, drop, expire (the deadline passed), drop-table, grace (failover).
+    """
 
     write_id: tuple[int, int]
     reason: str
@@ -145,6 +170,32 @@ class AcquireOutcome:
     unavailable: dict[TableBucket, int]
 
 
+@dataclass(frozen=True)
+class ReleaseOutcome:
+    released: bool  # the lease held at least one of the buckets, and now does not
+    lease_remains: bool  # the lease still holds buckets (False: it is gone, or never was)
+
+
+@dataclass(frozen=True)
+class RestoreOutcome:
+    leases: int  # how many were loaded
+    graced: tuple[str, ...]  # expired during the gap: granted the grace (written back)
+    expired: tuple[str, ...]  # expired during the gap after their grace: dropped
+
+
+#: the reasons of writes that remove a lease because its deadline passed
+_EXPIRING = ("expire", "reacquire")
+
+
+def _expired(lease: Lease, now_ms: int) -> bool:
+    return lease.expiration_time <= now_ms
+
+
+def _not_found(lease_id: str, expired: Lease | None = None) -> errors.LeaseNotFoundError:
+    why = f" (it expired at {expired.expiration_time} ms)" if expired is not None else ""
+    return errors.LeaseNotFoundError(f"lease {lease_id!r} not found{why}", lease_id=lease_id)
+
+
 @dataclass
 class _Parent:
     remaining: int
@@ -168,7 +219,18 @@ class LeaseState(StateMachine):
         return lease_id in self._pending_leases
 
     def get(self, lease_id: str) -> Lease | None:
+        """The lease as applied, also if its deadline passed (the expiry timer has not run yet)."""
         return self.leases.get(lease_id)
+
+    def live(self, lease_id: str, now_ms: int) -> Lease | None:
+        """The lease if it exists and its deadline has not passed at ``now_ms``."""
+        lease = self.leases.get(lease_id)
+        return None if lease is None or _expired(lease, now_ms) else lease
+
+    def live_leases(self, now_ms: int) -> list[Lease]:
+        """Every lease whose deadline has not passed at ``now_ms``, by id."""
+        return sorted((lease for lease in self.leases.values() if not _expired(lease, now_ms)),
+                      key=lambda lease: lease.lease_id)
 
     def is_protected(self, tb: TableBucket, snapshot_id: int) -> bool:
         """Leased, or about to be: held by a lease or by the ``after`` of a write in flight.
@@ -208,6 +270,12 @@ class LeaseState(StateMachine):
             raise errors.BucketOutOfRangeError(
                 f"bucket {tb.bucket} out of range for table {tb.table_id} (buckets 0..{count - 1})")
 
+    def _now(self, ev: Event) -> int:
+        now_ms = getattr(ev, "now_ms", None)
+        if now_ms is None:
+            raise ValueError(f"{type(ev).__name__} {ev.event_id} has no now_ms: the shell stamps it")
+        return now_ms
+
     @on(Acquire)
     def _on_acquire(self, ev: Acquire) -> list[object]:
         try:
@@ -223,32 +291,40 @@ class LeaseState(StateMachine):
             return [Reply(ev.event_id, error=exc)]
         if self.busy(ev.lease_id):
             return [Deferred(ev)]
+        now = self._now(ev)
         acquired = {tb: sid for tb, sid in ev.snapshots.items() if self.catalog.has_snapshot(tb, sid)}
         unavailable = {tb: sid for tb, sid in ev.snapshots.items() if tb not in acquired}
         before = self.leases.get(ev.lease_id)
-        expiration = ev.now_ms + ev.duration_ms
-        outcome = AcquireOutcome(expiration, acquired, unavailable)
-        if before is None and not acquired:
-            return [Reply(ev.event_id, AcquireOutcome(0, {}, unavailable))]  # never an empty lease
-        buckets = dict(before.buckets) if before else {}
-        buckets.update(acquired)
-        after = Lease(ev.lease_id, expiration, buckets)
-        return self._persist(ev.event_id, "acquire", [(before, after)], outcome)
+        reason = "acquire"
+        held = dict(before.buckets) if before else {}
+        if before is not None and _expired(before, now):  # a new lease replaces the expired one
+            reason, held = "reacquire", {}
+        if not held and not acquired:  # never an empty lease
+            nothing = AcquireOutcome(0, {}, unavailable)
+            if before is None:
+                return [Reply(ev.event_id, nothing)]
+            return self._persist(ev.event_id, [("expire", before, None)], nothing)
+        expiration = now + ev.duration_ms
+        after = Lease(ev.lease_id, expiration, {**held, **acquired})
+        return self._persist(ev.event_id, [(reason, before, after)], AcquireOutcome(expiration, acquired, unavailable))
 
     @on(Renew)
     def _on_renew(self, ev: Renew) -> list[object]:
         try:
             self._check_id(ev.lease_id)
             self._check_duration(ev.duration_ms)
-            if ev.lease_id not in self.leases:
-                raise errors.LeaseNotFoundError(f"lease {ev.lease_id!r} not found", lease_id=ev.lease_id)
         except errors.KvLeaseError as exc:
             return [Reply(ev.event_id, error=exc)]
         if self.busy(ev.lease_id):
             return [Deferred(ev)]
-        before = self.leases[ev.lease_id]
-        after = replace(before, expiration_time=ev.now_ms + ev.duration_ms)
-        return self._persist(ev.event_id, "renew", [(before, after)], after.expiration_time)
+        now = self._now(ev)
+        before = self.leases.get(ev.lease_id)
+        if before is None:
+            return [Reply(ev.event_id, error=_not_found(ev.lease_id))]
+        if _expired(before, now):  # not found, whether or not dropping it is written
+            return self._persist(ev.event_id, [("expire", before, None)], None, _not_found(ev.lease_id, before))
+        after = replace(before, expiration_time=now + ev.duration_ms, graced=False)
+        return self._persist(ev.event_id, [("renew", before, after)], after.expiration_time)
 
     @on(Release)
     def _on_release(self, ev: Release) -> list[object]:
@@ -256,18 +332,23 @@ class LeaseState(StateMachine):
             self._check_id(ev.lease_id)
             if not ev.buckets:
                 raise errors.InvalidRequestError("release needs at least one bucket")
-            if ev.lease_id not in self.leases:
-                raise errors.LeaseNotFoundError(f"lease {ev.lease_id!r} not found", lease_id=ev.lease_id)
+            for tb in sorted(ev.buckets, key=TableBucket.sort_key):
+                self._check_bucket(tb)
         except errors.KvLeaseError as exc:
             return [Reply(ev.event_id, error=exc)]
         if self.busy(ev.lease_id):
             return [Deferred(ev)]
-        before = self.leases[ev.lease_id]
+        now = self._now(ev)
+        before = self.leases.get(ev.lease_id)
+        if before is None:
+            return [Reply(ev.event_id, ReleaseOutcome(False, False))]  # a retry after the lease went
+        if _expired(before, now):
+            return self._persist(ev.event_id, [("expire", before, None)], ReleaseOutcome(False, False))
         remaining = {tb: sid for tb, sid in before.buckets.items() if tb not in ev.buckets}
         if len(remaining) == len(before.buckets):
-            return [Reply(ev.event_id, True)]  # nothing held of these buckets: nothing to write
+            return [Reply(ev.event_id, ReleaseOutcome(False, True))]  # none of them held: nothing to write
         after = replace(before, buckets=remaining) if remaining else None
-        return self._persist(ev.event_id, "release", [(before, after)], after is not None)
+        return self._persist(ev.event_id, [("release", before, after)], ReleaseOutcome(True, after is not None))
 
     @on(Drop)
     def _on_drop(self, ev: Drop) -> list[object]:
@@ -280,13 +361,16 @@ class LeaseState(StateMachine):
         before = self.leases.get(ev.lease_id)
         if before is None:
             return [Reply(ev.event_id, False)]
-        return self._persist(ev.event_id, "drop", [(before, None)], True)
+        if _expired(before, self._now(ev)):
+            return self._persist(ev.event_id, [("expire", before, None)], False)
+        return self._persist(ev.event_id, [("drop", before, None)], True)
 
     @on(Expire)
     def _on_expire(self, ev: Expire) -> list[object]:
+        now = self._now(ev)
         expired = [lease for lease in self.leases.values()
-                   if lease.expiration_time <= ev.now_ms and not self.busy(lease.lease_id)]
-        return self._persist(ev.event_id, "expire", [(lease, None) for lease in expired], None)
+                   if _expired(lease, now) and not self.busy(lease.lease_id)]
+        return self._persist(ev.event_id, [("expire", lease, None) for lease in expired], None)
 
     @on(RemoveTable)
     def _on_removetable(self, ev: RemoveTable) -> list[object]:
@@ -297,30 +381,49 @@ class LeaseState(StateMachine):
         changes = []
         for before in holders:
             remaining = {tb: sid for tb, sid in before.buckets.items() if tb.table_id != ev.table_id}
-            changes.append((before, replace(before, buckets=remaining) if remaining else None))
-        return self._persist(ev.event_id, "drop-table", changes, None)
+            changes.append(("drop-table", before, replace(before, buckets=remaining) if remaining else None))
+        return self._persist(ev.event_id, changes, None)
 
     @on(Restore)
     def _on_restore(self, ev: Restore) -> list[object]:
+        """Load the persisted leases as they are; write back what the gap changed.
+
+        A lease expired during the gap gets the grace once: the new deadline is
+        persisted (and only then applied) with ``graced`` set. One that already
+        had its grace is dropped. Until those writes are done the leases hold
+        their stored deadlines and are busy, so nothing else touches them.
+        """
         if self._pending:
             raise RuntimeError("restore with writes in flight")
-        self.leases = {}
-        for lease in ev.leases:
-            if lease.expiration_time <= ev.now_ms:
-                lease = replace(lease, expiration_time=ev.now_ms + ev.grace_ms)
-            self.leases[lease.lease_id] = lease
+        self.leases = {lease.lease_id: lease for lease in ev.leases}
         self.refs = RefcountIndex.from_leases(self.leases.values())
-        return [Reply(ev.event_id, len(self.leases))]
+        changes: list[tuple[str, Lease | None, Lease | None]] = []
+        for lease_id in sorted(self.leases):
+            lease = self.leases[lease_id]
+            if not _expired(lease, ev.now_ms):
+                continue
+            if lease.graced:
+                changes.append(("expire", lease, None))
+            else:
+                changes.append(("grace", lease, replace(lease, expiration_time=ev.now_ms + ev.grace_ms, graced=True)))
+        outcome = RestoreOutcome(len(self.leases), tuple(b.lease_id for r, b, _a in changes if r == "grace"),
+                                 tuple(b.lease_id for r, b, _a in changes if r == "expire"))
+        return self._persist(ev.event_id, changes, outcome)
 
     # -- persistence results -----------------------------------------------------------
 
-    def _persist(self, event_id: int, reason: str, changes: list[tuple[Lease | None, Lease | None]],
-                 result: object) -> list[object]:
+    def _persist(self, event_id: int, changes: list[tuple[str, Lease | None, Lease | None]],
+                 result: object, error: errors.KvLeaseError | None = None) -> list[object]:
+        """Ask for one write per ``(reason, before, after)``; the reply waits for all of them.
+
+        ``error``: the reply's error whatever the writes' outcome (else the first
+        failed write's error, or ``result``).
+        """
         if not changes:
-            return [Reply(event_id, result)]
+            return [Reply(event_id, result, error)]
         out: list[object] = []
-        self._parents[event_id] = _Parent(len(changes), result)
-        for index, (before, after) in enumerate(changes):
+        self._parents[event_id] = _Parent(len(changes), result, error)
+        for index, (reason, before, after) in enumerate(changes):
             write = PersistLease((event_id, index), reason, before, after, _changed_tables(before, after))
             self._pending[write.write_id] = write
             self._pending_leases.add(write.lease_id)
@@ -358,7 +461,7 @@ class LeaseState(StateMachine):
         else:
             self.leases[write.lease_id] = after
         out: list[object] = []
-        if write.reason == "expire":
+        if write.reason in _EXPIRING:
             out.append(LeasesExpired((write.lease_id,)))
         if freed:
             out.append(SnapshotsFreed(tuple(freed)))

@@ -1,7 +1,8 @@
 """Lease persistence: a ZooKeeper pointer node + one metadata file per table.
 
 ``/leases/kv_snapshot/{lease_id}`` holds ``{version, expiration_time,
-tables: [{table_id, metadata_path}]}``; each metadata file
+tables: [{table_id, metadata_path}]}``, plus ``graced: true`` when the
+deadline is a failover grace (absent: false); each metadata file
 ``lease/kv-snapshot/{lease_id}/{table_id}/{uuid}.metadata`` (on remote
 storage) holds that table's ``{bucket -> snapshot_id}``. A file is always
 written under a new name and only then pointed to; the old one is deleted
@@ -105,13 +106,15 @@ class LeaseStore:
         paths_after = {t: p for t, p in current.items() if t in write.after.tables()}
         paths_after.update(new_paths)
         obsolete = tuple(p for t, p in current.items() if paths_after.get(t) != p)
-        node = dumps({
+        node = {
             "version": FORMAT_VERSION,
             "expiration_time": write.after.expiration_time,
             "tables": [{"table_id": t, "metadata_path": p} for t, p in sorted(paths_after.items())],
-        })
+        }
+        if write.after.graced:
+            node["graced"] = True
         kind = "create" if write.before is None else "set"
-        return PreparedWrite(write, ZkOp(kind, zkpaths.lease(lease_id), node), new_paths, paths_after, obsolete)
+        return PreparedWrite(write, ZkOp(kind, zkpaths.lease(lease_id), dumps(node)), new_paths, paths_after, obsolete)
 
     def committed(self, prepared: PreparedWrite) -> None:
         """The pointer moved: remember the layout, delete the files it no longer names."""
@@ -161,7 +164,7 @@ class LeaseStore:
             buckets: dict[TableBucket, int] = {}
             for path in self._paths[name].values():
                 buckets.update(decode_table_file(contents[(name, path)]))
-            leases.append(Lease(name, int(node["expiration_time"]), buckets))
+            leases.append(Lease(name, int(node["expiration_time"]), buckets, bool(node.get("graced", False))))
         return leases
 
     def adopt(self, layout: dict[str, dict[int, str]]) -> None:

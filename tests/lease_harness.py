@@ -64,10 +64,10 @@ class Harness:
         return Renew(lease_id, duration, self.now, event_id=self.next_id())
 
     def release(self, lease_id: str, *buckets: TableBucket) -> Release:
-        return Release(lease_id, frozenset(buckets), event_id=self.next_id())
+        return Release(lease_id, frozenset(buckets), self.now, event_id=self.next_id())
 
     def drop(self, lease_id: str) -> Drop:
-        return Drop(lease_id, event_id=self.next_id())
+        return Drop(lease_id, self.now, event_id=self.next_id())
 
     def run(self, event: object) -> list[object]:
         """Handle the event and complete every write it asks for; all instructions in order."""

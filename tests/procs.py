@@ -212,13 +212,11 @@ def lease_view(lease: Lease) -> tuple[int, dict[TableBucket, int]]:
     return lease.expiration_time, dict(lease.buckets)
 
 
-def assert_served_as_persisted(served: list[Lease], zk, storage, graced: set[str] = frozenset()) -> None:
+def assert_served_as_persisted(served: list[Lease], zk, storage) -> None:
     """The leases a coordinator serves are exactly those in ZooKeeper + their files.
 
-    ``graced`` leases expired while no coordinator was active: the new one serves
-    them with the failover grace, which lives in its memory only (ZooKeeper keeps
-    the old deadline, so a later failover grants the grace again), so for them
-    the served deadline is only required to be later.
+    Also the deadline of a lease that got the failover grace: the grace is
+    written back before the new active coordinator serves.
     """
     persisted = persisted_leases(zk, storage)
     by_id = {lease.lease_id: lease for lease in served}
@@ -226,10 +224,7 @@ def assert_served_as_persisted(served: list[Lease], zk, storage, graced: set[str
     for lease_id, lease in by_id.items():
         stored = persisted[lease_id]
         assert dict(lease.buckets) == dict(stored.buckets), f"lease {lease_id}: buckets differ"
-        if lease_id in graced:
-            assert lease.expiration_time >= stored.expiration_time, f"lease {lease_id}: grace shortened it"
-        else:
-            assert lease.expiration_time == stored.expiration_time, f"lease {lease_id}: deadline differs"
+        assert lease.expiration_time == stored.expiration_time, f"lease {lease_id}: deadline differs"
 
 
 def _render(value: Any) -> Any:

@@ -144,7 +144,13 @@ def walk_the_cli(cluster_dir: Path) -> None:
     assert renewed["expiration_time"] > acquired["expiration_time"]
 
     released = kvlease_json(*c, "lease", "release", "L2", "--table", "db.t", "--bucket", "0", "--json")
-    assert released["lease_remains"] is False
+    assert (released["released"], released["lease_remains"]) == (True, False)
+    # releasing is safe to repeat: L2 is gone, and L1 never held bucket 1 (exit 0 both, nothing released)
+    again = kvlease(*c, "lease", "release", "L2", "--table", "db.t", "--bucket", "0")
+    assert again.stdout.strip() == "no lease L2 (nothing to release)" and again.stderr == ""
+    not_held = kvlease(*c, "lease", "release", "L1", "--table", "db.t", "--bucket", "1")
+    assert not_held.stdout.strip() == "lease L1 holds none of db.t bucket(s) 1: nothing released"
+    assert kvlease_json(*c, "lease", "describe", "L1", "--json")["buckets"] == renewed["buckets"]
     assert kvlease_json(*c, "lease", "drop", "L1", "--json")["dropped"] is True
     assert kvlease_json(*c, "lease", "list", "--json") == {"leases": []}
 

@@ -21,9 +21,12 @@ class FakeAdmin:
 
     info = TableInfo(7, "db", "t", (Column("id", "BIGINT"),), ("id",), 3)
 
+    last: "FakeAdmin | None" = None
+
     def __init__(self, bootstrap, config=None, **kwargs):
         self.bootstrap = admin.parse_bootstrap(bootstrap)
         self.leases: dict[str, Lease] = {}
+        FakeAdmin.last = self
 
     def close(self):
         pass
@@ -50,8 +53,13 @@ class FakeAdmin:
         raise errors.LeaseNotFoundError(f"lease {lease_id} not found")
 
     def release_lease(self, lease_id, buckets):
-        self.released = list(buckets)
-        return False
+        """L1 holds buckets 0 and 1 of db.t; any other lease is unknown."""
+        buckets = list(buckets)
+        self.released = buckets
+        if lease_id != "L1":
+            return admin.ReleaseResult(lease_id, False, False)
+        held = {TableBucket(7, 0), TableBucket(7, 1)}
+        return admin.ReleaseResult(lease_id, bool(held & set(buckets)), bool(held - set(buckets)))
 
 
 @pytest.fixture
@@ -89,5 +97,22 @@ def test_release_accepts_repeated_and_comma_separated_buckets(fake_admin):
     result = run("--bootstrap", "127.0.0.1:1", "lease", "release", "L1", "--table", "db.t",
                  "--bucket", "2", "--bucket", "0,1", "--json")
     assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout) == {"lease_id": "L1", "table": "db.t", "released": [0, 1, 2],
-                                         "lease_remains": False}
+    assert json.loads(result.stdout) == {"lease_id": "L1", "table": "db.t", "buckets": [0, 1, 2],
+                                         "released": True, "lease_remains": False}
+    assert FakeAdmin.last.released == [TableBucket(7, 0), TableBucket(7, 1), TableBucket(7, 2)]
+
+
+@pytest.mark.parametrize("lease_id, bucket, text, released, remains", [
+    ("L1", "0", "released db.t bucket(s) 0 from lease L1", True, True),
+    ("L1", "0,1", "released db.t bucket(s) 0, 1 from lease L1; lease L1 holds nothing more and is gone", True, False),
+    ("L1", "2", "lease L1 holds none of db.t bucket(s) 2: nothing released", False, True),
+    ("gone", "0", "no lease gone (nothing to release)", False, False),
+])
+def test_release_says_what_it_released_and_exits_0_when_nothing_was_held(fake_admin, lease_id, bucket, text,
+                                                                         released, remains):
+    args = ("--bootstrap", "127.0.0.1:1", "lease", "release", lease_id, "--table", "db.t", "--bucket", bucket)
+    result = run(*args)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == text and result.stderr == ""
+    doc = json.loads(run(*args, "--json").stdout)
+    assert (doc["released"], doc["lease_remains"]) == (released, remains)

@@ -12,7 +12,7 @@ from common import errors
 from common.proto import coordinator_pb2 as pb
 from common.proto import coordinator_pb2_grpc as pb_grpc
 from common.tables import Column
-from client.admin import AdminClient
+from client.admin import AdminClient, ReleaseResult
 from coordinator.server import CoordinatorServer
 from common.model import SnapshotHandle, TableBucket
 
@@ -82,8 +82,8 @@ def test_lease_lifecycle_over_grpc(client, table):
     assert set(latest) == {tb0, tb1}  # buckets without a snapshot are absent
     new_expiration = client.renew_lease("spark-1", 120_000)
     assert new_expiration > result.expiration_time
-    assert client.release_lease("spark-1", [tb0]) is True
-    assert client.release_lease("spark-1", [tb1]) is False
+    assert client.release_lease("spark-1", [tb0]) == ReleaseResult("spark-1", released=True, lease_remains=True)
+    assert client.release_lease("spark-1", [tb1]) == ReleaseResult("spark-1", released=True, lease_remains=False)
     with pytest.raises(errors.LeaseNotFoundError):
         client.describe_lease("spark-1")
     assert client.drop_lease("spark-1") is False
@@ -113,8 +113,8 @@ def test_unknown_table_and_unknown_lease(client, table):
     with pytest.raises(errors.LeaseNotFoundError):
         client.renew_lease("never-acquired", 1000)
     assert client.list_leases() == []  # renew never creates an empty lease
-    with pytest.raises(errors.LeaseNotFoundError):
-        client.release_lease("never-acquired", [TableBucket(table.table_id, 0)])
+    released = client.release_lease("never-acquired", [TableBucket(table.table_id, 0)])  # no error
+    assert (released.released, released.lease_remains) == (False, False)
 
 
 def test_tables(client, table):

@@ -227,7 +227,7 @@ def test_frozen_coordinator_resumes_without_writing(make_config, coordinator_pro
         assert storage.list("") == files
         # every lease in ZooKeeper (+ files) is what the active coordinator serves
         served = {lease.lease_id: lease_view(lease) for lease in client.list_leases()}
-        assert_served_as_persisted(client.list_leases(), zk, storage, graced={"short"})
+        assert_served_as_persisted(client.list_leases(), zk, storage)  # the grace of "short" included
         assert set(served) == {"kept", "short"}
         assert served["kept"] == (kept.expiration_time, {tb0: 1, tb1: 2})
         assert procs.info(other).active and procs.info(other).epoch == new_info.epoch

@@ -176,3 +176,41 @@ def test_controller_reinitialized_from_the_mirror(env):
             p for tables in b.lease_store._paths.values() for p in tables.values())
     finally:
         b.close()
+
+
+def test_a_grace_written_back_is_mirrored_and_not_granted_again(env):
+    """A standby's mirror carries the grace mark: the failover after next drops the lease."""
+    active, mirror, zk, storage, clock = env
+    t = make_table(active, buckets=1)
+    commit(active, t.table_id, 0, 1)
+    tb = TableBucket(t.table_id, 0)
+    call(active, ls.Acquire("gap", {tb: 1}, 1_000))
+    call(active, ls.Acquire("long", {tb: 1}, 600_000))
+    m = mirror()
+    wait_until(lambda: set(mirrored(m)) == {"gap", "long"}, 10, "initial load")
+    clock.now += 5_000  # "active" died before its timer dropped "gap"
+    controllers = []
+
+    def take_over(mirror_=None) -> Controller:
+        ctrl = Controller(zk, storage, num_retained=2, max_lease_ms=86_400_000, grace_ms=20_000, clock_ms=clock)
+        controllers.append(ctrl)
+        _epoch, version = bump_epoch(zk)
+        ctrl.stats = ctrl.reinitialize(FencedWriter(zk, version), mirror=mirror_)
+        return ctrl
+
+    try:
+        b = take_over()
+        assert (b.stats["graced"], b.stats["expired"]) == (1, 0)
+        graced_until = clock.now + 20_000
+        assert b.leases.get("gap").expiration_time == graced_until
+        wait_until(lambda: mirrored(m).get("gap", (0,))[0] == graced_until, 10, "the mirror sees the grace")
+        clock.now = graced_until  # b died too, before its timer ran
+        c = take_over(m)
+        m.stop()
+        assert (c.stats["graced"], c.stats["expired"]) == (0, 1)
+        assert c.leases.get("gap") is None and not zk.exists(zkpaths.lease("gap"))
+        assert set(persisted_leases(zk, storage)) == {"long"}
+        assert c.leases.refs.holders(tb, 1) == {"long"}
+    finally:
+        for ctrl in controllers:
+            ctrl.close()

@@ -144,7 +144,7 @@ def test_round_trip_through_reinitialization(env):
     assert out.unavailable == {}
     out = call(a, ls.Acquire("job-2", {TableBucket(t1.table_id, 0): 1, TableBucket(t2.table_id, 0): 99}, 60_000))
     assert out.unavailable == {TableBucket(t2.table_id, 0): 99}
-    assert call(a, ls.Release("job-1", frozenset({TableBucket(t1.table_id, 1)}))) is True
+    assert call(a, ls.Release("job-1", frozenset({TableBucket(t1.table_id, 1)}))) == ls.ReleaseOutcome(True, True)
     clock.now += 5_000
     renewed = call(a, ls.Renew("job-2", 120_000))
     assert renewed == clock.now + 120_000
@@ -275,7 +275,7 @@ def test_release_reclaims_at_once(env):
     commit(a, t.table_id, 1, 3, shared=("shared/y.sst",), storage=storage)
     assert call(a, ls.Drop("L1")) is True
     assert a.snapshots.has_snapshot(TableBucket(t.table_id, 1), 1)  # L2 still holds it
-    assert call(a, ls.Release("L2", frozenset({TableBucket(t.table_id, 1)}))) is False
+    assert call(a, ls.Release("L2", frozenset({TableBucket(t.table_id, 1)}))) == ls.ReleaseOutcome(True, False)
     a.close()
     assert not a.snapshots.has_snapshot(TableBucket(t.table_id, 1), 1)
     assert not storage.exists(f"kv/{t.table_id}/1/shared/x.sst")
@@ -321,3 +321,65 @@ def test_drop_table_removes_it_from_every_lease(env):
     b = make()
     t3 = make_table(b, "t1")
     assert t3.table_id > t2.table_id
+
+
+def test_the_failover_grace_is_written_back_and_granted_once(env):
+    make, storage, clock, _ = env
+    a = make()
+    t = make_table(a)
+    commit(a, t.table_id, 0, 1)
+    commit(a, t.table_id, 1, 1)
+    tb0, tb1 = TableBucket(t.table_id, 0), TableBucket(t.table_id, 1)
+    call(a, ls.Acquire("gap", {tb0: 1, tb1: 1}, 1_000))
+    files = lease_files(storage)
+    clock.now += 5_000  # "a" died; nobody expired "gap"
+    b = make(grace_ms=20_000)
+    graced_until = clock.now + 20_000
+    node = zk_lease_node(b, "gap")
+    assert (node["expiration_time"], node["graced"]) == (graced_until, True)  # the grace is persisted
+    assert lease_files(storage) == files  # it changes no bucket: no new file
+    assert call(b, rq.DescribeLease("gap")).expiration_time == graced_until
+    assert [lease.lease_id for lease in call(b, rq.ListLeases())] == ["gap"]
+
+    clock.now = graced_until + 1  # "b" died before its timer dropped "gap"
+    c = make(grace_ms=20_000)
+    assert c.leases.get("gap") is None  # no second grace: dropped as it loads
+    assert not c.zk.exists(zkpaths.lease("gap"))
+    assert lease_files(storage) == []
+    assert not c.leases.refs.is_leased(tb0, 1) and not c.leases.refs.is_leased(tb1, 1)
+    with pytest.raises(errors.LeaseNotFoundError):
+        call(c, rq.DescribeLease("gap"))
+
+
+def test_a_lease_past_its_deadline_is_gone_for_every_request_before_the_timer(env):
+    make, storage, clock, _ = env
+    a = make()
+    t = make_table(a)
+    for bucket in range(3):
+        commit(a, t.table_id, bucket, 1)
+    tb0, tb1, tb2 = (TableBucket(t.table_id, b) for b in range(3))
+    for name in ("renewed", "released", "dropped", "acquired", "listed"):
+        call(a, ls.Acquire(name, {tb0: 1, tb1: 1}, 10_000))
+    clock.now += 10_000  # every deadline reached; no Expire handed in
+
+    assert call(a, rq.ListLeases()) == []  # hidden at once
+    with pytest.raises(errors.LeaseNotFoundError):
+        call(a, rq.DescribeLease("listed"))
+    with pytest.raises(errors.LeaseNotFoundError, match="expired"):
+        call(a, ls.Renew("renewed", 10_000))
+    assert call(a, ls.Release("released", frozenset({tb0}))) == ls.ReleaseOutcome(False, False)
+    assert call(a, ls.Drop("dropped")) is False
+    fresh = call(a, ls.Acquire("acquired", {tb2: 1}, 30_000))
+    assert (fresh.expiration_time, fresh.acquired) == (clock.now + 30_000, {tb2: 1})
+    # each request dropped the lease it met (persisted); the acquire replaced it by a new one
+    assert set(a.leases.leases) == {"acquired", "listed"}
+    assert a.leases.get("acquired").buckets == {tb2: 1}
+    for name in ("renewed", "released", "dropped"):
+        assert not a.zk.exists(zkpaths.lease(name))
+    node = zk_lease_node(a, "acquired")
+    assert node["expiration_time"] == clock.now + 30_000 and len(node["tables"]) == 1
+    assert a.leases.refs.holders(tb0, 1) == {"listed"}
+    b = make()  # what was persisted is what a new coordinator loads
+    assert b.leases.get("acquired") == a.leases.get("acquired")
+    assert b.leases.get("listed").graced  # expired, never dropped: it gets the failover grace
+    assert set(b.leases.leases) == {"acquired", "listed"}

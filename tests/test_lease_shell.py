@@ -8,9 +8,10 @@ from dataclasses import dataclass
 import pytest
 
 from common import errors
-from common.model import TableBucket
+from common.model import Lease, TableBucket
 from common.statemachine import Instruction, UnhandledError
 from common.storage import open_storage
+from common.zk import loads
 from coordinator.lease_shell import LeaseShell
 from leases import state as ls
 from leases.store import LeaseStore
@@ -126,3 +127,34 @@ def test_fail_all_answers_everything_waiting(shell):
         with pytest.raises(errors.NotCoordinatorError):
             future.result(timeout=0)
     assert shell.deferred == []
+
+
+def test_release_and_drop_are_stamped_with_the_shells_time(shell):
+    submit(shell, ls.Acquire("L", {TB: 1}, 1_000))
+    submit(shell, ls.Acquire("M", {TB: 1}, 1_000))
+    shell.flush()
+    shell.clock["now"] = 6_000  # both deadlines (6_000) reached: expired, though no timer ran
+    released = submit(shell, ls.Release("L", frozenset({TB})))
+    dropped = submit(shell, ls.Drop("M"))
+    shell.flush()
+    assert released.result(timeout=0) == ls.ReleaseOutcome(released=False, lease_remains=False)
+    assert dropped.result(timeout=0) is False
+    assert shell.state.leases == {}
+    assert shell.freed == [{TB}]
+
+
+def test_restore_persists_the_grace_before_it_returns(shell):
+    loaded = [Lease("gap", 1_000, {TB: 1}), Lease("live", 9_000, {TB: 1})]
+    outcome = shell.restore(loaded, 5_000, 300)
+    assert outcome == ls.RestoreOutcome(2, ("gap",), ())
+    (chunk,) = shell.writer.chunks
+    (op,) = chunk
+    assert op.path.endswith("/gap") and loads(op.data)["expiration_time"] == 5_300 and loads(op.data)["graced"]
+    assert shell.state.get("gap") == Lease("gap", 5_300, {TB: 1}, graced=True)
+    assert shell.state.get("live") == loaded[1]
+
+
+def test_a_restore_whose_grace_write_fails_raises(shell):
+    shell.writer.fail = errors.StorageError("no")
+    with pytest.raises(errors.StorageError):
+        shell.restore([Lease("gap", 1_000, {TB: 1})], 5_000, 300)

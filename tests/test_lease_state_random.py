@@ -20,8 +20,8 @@ from common import errors
 from coordinator.snapshots import SnapshotStore
 from common.model import Lease, SnapshotFile, SnapshotHandle, TableBucket
 from leases.state import (
-    Acquire, AcquireOutcome, Deferred, Drop, Expire, LeasesExpired, LeaseState, PersistLease, Release,
-    RemoveTable, Renew, Reply, Restore, SnapshotsFreed, WriteDone, WriteFailed,
+    Acquire, AcquireOutcome, Deferred, Drop, Expire, LeasesExpired, LeaseState, PersistLease, Release, ReleaseOutcome,
+    RemoveTable, Renew, Reply, Restore, RestoreOutcome, SnapshotsFreed, WriteDone, WriteFailed,
 )
 
 pytestmark = pytest.mark.unit
@@ -72,6 +72,7 @@ class LeaseMachine(RuleBasedStateMachine):
         # per event in progress: what the model expects once it is acknowledged
         self.expect: dict[int, dict] = {}
         self.injected: list[errors.KvLeaseError] = []  # the errors we made writes fail with
+        self.settling: PersistLease | None = None  # the write whose WriteDone is being handled
         for table, count in FIRST_TABLES.items():
             for bucket in range(count):
                 for sid in (0, 1):
@@ -102,6 +103,12 @@ class LeaseMachine(RuleBasedStateMachine):
             assert not self.state.refs.is_leased(tb, handle.snapshot_id)
             self.store.remove(handle)
 
+    def done(self, write: PersistLease) -> None:
+        """``write`` succeeded (already taken out of ``inflight``)."""
+        self.settling = write
+        self.feed(WriteDone(write.write_id))
+        self.settling = None
+
     def feed(self, *events: object) -> None:
         out = self.state.handle(*events)
         self.state.validate()
@@ -126,8 +133,10 @@ class LeaseMachine(RuleBasedStateMachine):
                 assert not any(lease.buckets.get(tb) == sid for lease in self.state.leases.values())
             for tb in {tb for tb, _ in ins.snapshots}:
                 self.reclaim(tb)
-        elif isinstance(ins, LeasesExpired):
-            assert all(lid not in self.state.leases for lid in ins.lease_ids)
+        elif isinstance(ins, LeasesExpired):  # the write just done removed an expired lease (or replaced it)
+            assert self.settling is not None and self.settling.reason in ("expire", "reacquire"), ins
+            assert ins.lease_ids == (self.settling.lease_id,)
+            assert self.state.leases.get(self.settling.lease_id) == self.settling.after
         elif isinstance(ins, Reply):
             self.on_reply(ins)
         else:
@@ -196,8 +205,7 @@ class LeaseMachine(RuleBasedStateMachine):
         self.send(event, self.expect_acquire(lease_id, snaps, duration, self.now))
         if data.draw(st.integers(0, 2)) == 0:  # a quick write: it succeeds before anything else happens
             for write_id in [w for w in self.inflight if w[0] == event.event_id]:
-                self.inflight.pop(write_id)
-                self.feed(WriteDone(write_id))
+                self.done(self.inflight.pop(write_id))
 
     @rule(data=st.data(), lease_id=st.sampled_from(LEASE_IDS), duration=DURATIONS)
     def acquire_again(self, data, lease_id: str, duration: int) -> None:
@@ -220,9 +228,13 @@ class LeaseMachine(RuleBasedStateMachine):
         acquired = {tb: sid for tb, sid in snaps.items() if self.store.has_snapshot(tb, sid)}
         unavailable = {tb: sid for tb, sid in snaps.items() if tb not in acquired}
         before = self.model.get(lease_id)
-        if before is None and not acquired:
-            return {"result": AcquireOutcome(0, {}, unavailable)}
-        after = Lease(lease_id, now + duration, {**(before.buckets if before else {}), **acquired})
+        held = {} if before is None or before.expiration_time <= now else dict(before.buckets)  # expired: anew
+        if not held and not acquired:
+            if before is None:
+                return {"result": AcquireOutcome(0, {}, unavailable)}
+            return {"result": AcquireOutcome(0, {}, unavailable), "writes": {lease_id: None},
+                    "apply": {lease_id: None}}
+        after = Lease(lease_id, now + duration, {**held, **acquired})
         return {"result": AcquireOutcome(now + duration, acquired, unavailable),
                 "writes": {lease_id: after}, "apply": {lease_id: after}}
 
@@ -233,11 +245,13 @@ class LeaseMachine(RuleBasedStateMachine):
                   self.expect_renew(lease_id, duration, self.now))
 
     def expect_renew(self, lease_id: str, duration: int, now: int) -> dict:
-        if lease_id not in self.model:
-            return {"error": errors.LeaseNotFoundError}
         if self.busy(lease_id):
             return {"deferred": True}
-        after = replace(self.model[lease_id], expiration_time=now + duration)
+        if lease_id not in self.model:
+            return {"error": errors.LeaseNotFoundError}
+        if self.model[lease_id].expiration_time <= now:  # not found; dropped if that write succeeds
+            return {"error": errors.LeaseNotFoundError, "writes": {lease_id: None}, "per_write": True}
+        after = replace(self.model[lease_id], expiration_time=now + duration, graced=False)
         return {"result": now + duration, "writes": {lease_id: after}, "apply": {lease_id: after}}
 
     @rule(data=st.data())
@@ -246,31 +260,40 @@ class LeaseMachine(RuleBasedStateMachine):
         held = sorted(self.model[lease_id].buckets, key=TableBucket.sort_key) if lease_id in self.model else []
         pool = held + [TableBucket(t, b) for t in sorted(self.known_tables) for b in range(2)]
         buckets = frozenset(data.draw(st.lists(st.sampled_from(pool), min_size=1, max_size=3)))
-        self.send(Release(lease_id, buckets, event_id=self.event_id()), self.expect_release(lease_id, buckets))
+        self.send(Release(lease_id, buckets, self.now, event_id=self.event_id()),
+                  self.expect_release(lease_id, buckets, self.now))
 
-    def expect_release(self, lease_id: str, buckets: frozenset) -> dict:
-        if lease_id not in self.model:
-            return {"error": errors.LeaseNotFoundError}
+    def expect_release(self, lease_id: str, buckets: frozenset, now: int) -> dict:
+        for tb in sorted(buckets, key=TableBucket.sort_key):
+            error = self.bucket_error(tb)
+            if error:
+                return {"error": error}
         if self.busy(lease_id):
             return {"deferred": True}
+        if lease_id not in self.model:
+            return {"result": ReleaseOutcome(False, False)}
         before = self.model[lease_id]
+        if before.expiration_time <= now:
+            return {"result": ReleaseOutcome(False, False), "writes": {lease_id: None}, "apply": {lease_id: None}}
         remaining = {tb: sid for tb, sid in before.buckets.items() if tb not in buckets}
         if len(remaining) == len(before.buckets):
-            return {"result": True}
+            return {"result": ReleaseOutcome(False, True)}
         after = replace(before, buckets=remaining) if remaining else None
-        return {"result": after is not None, "writes": {lease_id: after}, "apply": {lease_id: after}}
+        return {"result": ReleaseOutcome(True, after is not None), "writes": {lease_id: after},
+                "apply": {lease_id: after}}
 
     @rule(data=st.data())
     def drop(self, data) -> None:
         lease_id = self.some_lease(data)
-        self.send(Drop(lease_id, event_id=self.event_id()), self.expect_drop(lease_id))
+        self.send(Drop(lease_id, self.now, event_id=self.event_id()), self.expect_drop(lease_id, self.now))
 
-    def expect_drop(self, lease_id: str) -> dict:
+    def expect_drop(self, lease_id: str, now: int) -> dict:
         if self.busy(lease_id):
             return {"deferred": True}
         if lease_id not in self.model:
             return {"result": False}
-        return {"result": True, "writes": {lease_id: None}, "apply": {lease_id: None}}
+        live = self.model[lease_id].expiration_time > now
+        return {"result": live, "writes": {lease_id: None}, "apply": {lease_id: None}}
 
     # -- timer, tables, snapshots ------------------------------------------------------------
 
@@ -352,7 +375,7 @@ class LeaseMachine(RuleBasedStateMachine):
         if ok:
             if exp.get("per_write"):
                 self.set_model(write.lease_id, write.after)
-            self.feed(WriteDone(write_id))
+            self.done(write)
         else:
             error = errors.StorageError("injected")
             self.injected.append(error)
@@ -372,7 +395,7 @@ class LeaseMachine(RuleBasedStateMachine):
             write = self.inflight.pop(write_id)
             if self.expect[write_id[0]].get("per_write"):
                 self.set_model(write.lease_id, write.after)
-            self.feed(WriteDone(write_id))
+            self.done(write)
 
     @precondition(lambda self: self.deferred)
     @rule(data=st.data())
@@ -383,9 +406,9 @@ class LeaseMachine(RuleBasedStateMachine):
         elif isinstance(event, Renew):
             exp = self.expect_renew(event.lease_id, event.duration_ms, event.now_ms)
         elif isinstance(event, Release):
-            exp = self.expect_release(event.lease_id, event.buckets)
+            exp = self.expect_release(event.lease_id, event.buckets, event.now_ms)
         elif isinstance(event, Drop):
-            exp = self.expect_drop(event.lease_id)
+            exp = self.expect_drop(event.lease_id, event.now_ms)
         else:
             exp = self.expect_remove_table(event.table_id)
         self.send(event, exp)
@@ -393,18 +416,29 @@ class LeaseMachine(RuleBasedStateMachine):
     @precondition(lambda self: not self.inflight)
     @rule(grace=st.integers(0, 3).map(lambda n: n * TICK))
     def failover(self, grace: int) -> None:
-        """A new coordinator loads the acknowledged leases; deferred requests die with the old one."""
+        """A new coordinator loads the acknowledged leases; deferred requests die with the old one.
+
+        Expired leases get the grace once (written back), or are dropped if they
+        had it; the shell persists those writes before it serves.
+        """
         self.deferred = [e for e in self.deferred if isinstance(e, RemoveTable)]  # table drops resume
         self.expect = {}
         loaded = tuple(self.model.values())
         self.state = LeaseState(self.catalog, max_duration_ms=MAX_MS)
+        writes: dict[str, Lease | None] = {}
+        for lid, lease in sorted(self.model.items()):
+            if lease.expiration_time <= self.now:
+                writes[lid] = None if lease.graced else replace(lease, expiration_time=self.now + grace, graced=True)
+        outcome = RestoreOutcome(len(loaded), tuple(lid for lid, w in writes.items() if w is not None),
+                                 tuple(lid for lid, w in writes.items() if w is None))
         eid = self.event_id()
-        out = self.state.handle(Restore(loaded, self.now, grace, event_id=eid))
-        self.state.validate()
-        assert out == [Reply(eid, len(loaded))]
-        self.model = {lid: (replace(lease, expiration_time=self.now + grace)
-                            if lease.expiration_time <= self.now else lease)
-                      for lid, lease in self.model.items()}
+        self.send(Restore(loaded, self.now, grace, event_id=eid),
+                  {"result": outcome, "writes": dict(writes), "per_write": True})
+        for write_id in sorted(self.inflight):
+            write = self.inflight.pop(write_id)
+            self.set_model(write.lease_id, write.after)
+            self.done(write)
+        assert eid not in self.expect, "restore did not reply once its writes were done"
 
     # -- invariants --------------------------------------------------------------------------------
 

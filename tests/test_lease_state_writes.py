@@ -14,9 +14,9 @@ import pytest
 from common import errors
 from common.model import Lease
 from leases.refcount import RefcountIndex
-from leases.state import (AcquireOutcome, Deferred, Expire, LeasesExpired, PersistLease, RemoveTable, Reply, Restore,
-                          SnapshotsFreed, WriteDone, WriteFailed)
-from tests.lease_harness import T1, T2, T3, Harness, freed_by, of_type, only_error, reply_of, tb
+from leases.state import (AcquireOutcome, Deferred, Expire, LeasesExpired, LeaseState, PersistLease, ReleaseOutcome,
+                          RemoveTable, Reply, Restore, RestoreOutcome, SnapshotsFreed, WriteDone, WriteFailed)
+from tests.lease_harness import MAX_MS, T1, T2, T3, Harness, freed_by, of_type, only_error, reply_of, tb
 
 pytestmark = pytest.mark.unit
 
@@ -63,7 +63,7 @@ def test_renew_and_release_deferred_behind_an_acquire_apply_after_it(h: Harness)
     h.handle(WriteDone(write.write_id))
     assert reply_of(h.run(renew)).result == renew.now_ms + 40_000
     out = h.run(release)
-    assert reply_of(out).result is True
+    assert reply_of(out).result == ReleaseOutcome(released=True, lease_remains=True)
     assert freed_by(out) == {(tb(T1, 0), 5)}
     assert h.state.get("L") == Lease("L", renew.now_ms + 40_000, {tb(T1, 1): 6})
 
@@ -113,7 +113,7 @@ def test_expire_skips_a_lease_with_a_write_in_flight(h: Harness) -> None:
     h.now = 0
     h.lease("A", {tb(T1, 0): 5}, 1_000)
     h.lease("B", {tb(T1, 1): 6}, 1_000)
-    h.now = 2_000
+    h.now = 900  # B is renewed before its deadline; the write is still in flight at 2_000
     (renew,) = of_type(h.handle(h.renew("B", 5_000)), PersistLease)
     out = h.handle(Expire(2_000, event_id=h.next_id()))
     assert [w.lease_id for w in of_type(out, PersistLease)] == ["A"]
@@ -121,7 +121,7 @@ def test_expire_skips_a_lease_with_a_write_in_flight(h: Harness) -> None:
         h.handle(WriteDone(write.write_id))
     h.handle(WriteDone(renew.write_id))
     assert h.state.leases.keys() == {"B"}
-    assert h.state.get("B").expiration_time == 7_000
+    assert h.state.get("B").expiration_time == 5_900
 
 
 def test_a_failed_expire_write_keeps_that_lease(h: Harness) -> None:
@@ -226,7 +226,7 @@ def test_remove_table_nobody_holds_replies_at_once(h: Harness) -> None:
 
 # --- failover ----------------------------------------------------------------------------------
 
-def test_restore_grants_grace_to_expired_leases_and_rebuilds_refs(h: Harness) -> None:
+def test_restore_grants_grace_to_expired_leases_writes_it_back_and_rebuilds_refs(h: Harness) -> None:
     h.commit(tb(T1, 0), 5)  # some state that restore must replace
     h.lease("old", {tb(T1, 0): 5})
     loaded = (
@@ -235,12 +235,18 @@ def test_restore_grants_grace_to_expired_leases_and_rebuilds_refs(h: Harness) ->
         Lease("future", 2_000, {tb(T1, 1): 7}),
     )
     ev = Restore(loaded, now_ms=1_000, grace_ms=300, event_id=h.next_id())
-    assert h.handle(ev) == [Reply(ev.event_id, 3)]
-    assert h.state.leases == {
-        "past": replace(loaded[0], expiration_time=1_300),
-        "now": replace(loaded[1], expiration_time=1_300),
-        "future": loaded[2],
-    }
+    out = h.handle(ev)
+    graced = {lease.lease_id: replace(lease, expiration_time=1_300, graced=True) for lease in loaded[:2]}
+    assert out == [PersistLease((ev.event_id, 0), "grace", loaded[1], graced["now"], frozenset()),
+                   PersistLease((ev.event_id, 1), "grace", loaded[0], graced["past"], frozenset())]
+    # persist, then apply: until written they hold their stored deadline, and nothing else touches them
+    assert h.state.leases == {lease.lease_id: lease for lease in loaded}
+    assert h.state.busy("past") and h.state.busy("now") and not h.state.busy("future")
+    early = Expire(1_000, event_id=h.next_id())
+    assert h.handle(early) == [Reply(early.event_id, None)]
+    assert h.handle(WriteDone((ev.event_id, 0))) == []
+    assert h.handle(WriteDone((ev.event_id, 1))) == [Reply(ev.event_id, RestoreOutcome(3, ("now", "past"), ()))]
+    assert h.state.leases == {**graced, "future": loaded[2]}
     assert h.state.refs.holders(tb(T1, 0), 5) == {"past", "now"}
     assert h.state.refs.holders(tb(T2, 1), 3) == {"past"}
     assert h.state.refs.holders(tb(T1, 1), 7) == {"future"}
@@ -248,6 +254,56 @@ def test_restore_grants_grace_to_expired_leases_and_rebuilds_refs(h: Harness) ->
     # nothing expires before the grace is over
     ev = Expire(1_299, event_id=h.next_id())
     assert h.handle(ev) == [Reply(ev.event_id, None)]
+
+
+def test_a_second_restore_does_not_grant_the_grace_again(h: Harness) -> None:
+    h.commit(tb(T1, 0), 5)
+    h.commit(tb(T1, 1), 7)
+    stored = (Lease("gap", 500, {tb(T1, 0): 5}), Lease("live", 9_000, {tb(T1, 1): 7}))
+    first = Restore(stored, now_ms=1_000, grace_ms=300, event_id=h.next_id())
+    (write,) = of_type(h.handle(first), PersistLease)
+    assert write.after == Lease("gap", 1_300, {tb(T1, 0): 5}, graced=True)
+    h.handle(WriteDone(write.write_id))
+    # what the first restore wrote back is what a second failover loads, after the grace ran out
+    h.state = LeaseState(h.catalog, MAX_MS)
+    second = Restore((write.after, stored[1]), now_ms=1_300, grace_ms=300, event_id=h.next_id())
+    out = h.handle(second)
+    assert out == [PersistLease((second.event_id, 0), "expire", write.after, None, frozenset({T1}))]
+    out = h.handle(WriteDone((second.event_id, 0)))
+    assert out == [LeasesExpired(("gap",)), SnapshotsFreed(((tb(T1, 0), 5),)),
+                   Reply(second.event_id, RestoreOutcome(2, (), ("gap",)))]
+    assert h.state.leases == {"live": stored[1]}
+    # still within the grace: kept, with the grace it has
+    h.state = LeaseState(h.catalog, MAX_MS)
+    third = Restore((write.after,), now_ms=1_299, grace_ms=300, event_id=h.next_id())
+    assert h.handle(third) == [Reply(third.event_id, RestoreOutcome(1, (), ()))]
+    assert h.state.get("gap") == write.after
+
+
+def test_renew_and_acquire_clear_the_grace_mark(h: Harness) -> None:
+    h.commit(tb(T1, 0), 5)
+    loaded = (Lease("A", 500, {tb(T1, 0): 5}), Lease("B", 500, {tb(T1, 0): 5}))
+    ev = Restore(loaded, now_ms=1_000, grace_ms=300, event_id=h.next_id())
+    for write in of_type(h.handle(ev), PersistLease):
+        h.handle(WriteDone(write.write_id))
+    assert h.state.get("A").graced and h.state.get("B").graced
+    h.now = 1_100
+    out = h.run(h.release("A", tb(T1, 3)))  # release keeps the deadline, and so the mark
+    assert h.state.get("A").graced
+    h.run(h.renew("A"))
+    h.run(h.acquire("B", {tb(T1, 0): 5}))
+    assert not h.state.get("A").graced and not h.state.get("B").graced
+    assert reply_of(out).error is None
+
+
+def test_a_failed_grace_write_fails_the_restore_and_keeps_the_stored_deadline(h: Harness) -> None:
+    h.commit(tb(T1, 0), 5)
+    stored = Lease("gap", 500, {tb(T1, 0): 5})
+    ev = Restore((stored,), now_ms=1_000, grace_ms=300, event_id=h.next_id())
+    (write,) = of_type(h.handle(ev), PersistLease)
+    failure = errors.StorageError("zookeeper said no")
+    assert h.handle(WriteFailed(write.write_id, failure)) == [Reply(ev.event_id, error=failure)]
+    assert h.state.get("gap") == stored
 
 
 # --- changed tables ------------------------------------------------------------------------------

@@ -389,7 +389,7 @@ def test_a_leased_snapshot_keeps_its_files_until_released(coordinator, tmp_path)
         assert storage.exists(path), path
     assert len(storage.read(h1.metadata_path)) > 0
 
-    assert call(ctrl, ls.Release("L", frozenset({tb}))) is False
+    assert call(ctrl, ls.Release("L", frozenset({tb}))) == ls.ReleaseOutcome(released=True, lease_remains=False)
     assert not ctrl.snapshots.has_snapshot(tb, 1)
     wait_until(lambda: not storage.exists(h1.metadata_path) and not any(map(storage.exists, only_1)))
     assert storage.list(ks.snapshot_dir(tb, 1)) == []

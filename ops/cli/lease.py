@@ -73,14 +73,24 @@ def lease_renew(state: State, lease_id: str, duration: int) -> None:
 @pass_state
 @catch_errors
 def lease_release(state: State, lease_id: str, path: str, buckets: tuple[list[int], ...]) -> None:
-    """Free some buckets of a lease; a lease left empty disappears."""
+    """Free some buckets of a lease; a lease left empty disappears.
+
+    Safe to repeat: buckets the lease does not hold, or no such lease, are not
+    an error (nothing is released, and it says so).
+    """
     info = state.client.get_table(path)
     numbers = sorted({b for group in buckets for b in group})
-    remains = state.client.release_lease(lease_id, [TableBucket(info.table_id, b) for b in numbers])
-    text = f"released {info.path} bucket(s) {', '.join(map(str, numbers))} from lease {lease_id}"
-    text += "" if remains else f"; lease {lease_id} holds nothing more and is gone"
-    state.output.message(text, {"lease_id": lease_id, "table": info.path, "released": numbers,
-                                "lease_remains": remains})
+    result = state.client.release_lease(lease_id, [TableBucket(info.table_id, b) for b in numbers])
+    named = f"{info.path} bucket(s) {', '.join(map(str, numbers))}"
+    if result.released:
+        text = f"released {named} from lease {lease_id}"
+        text += "" if result.lease_remains else f"; lease {lease_id} holds nothing more and is gone"
+    elif result.lease_remains:
+        text = f"lease {lease_id} holds none of {named}: nothing released"
+    else:
+        text = f"no lease {lease_id} (nothing to release)"
+    state.output.message(text, {"lease_id": lease_id, "table": info.path, "buckets": numbers,
+                                "released": result.released, "lease_remains": result.lease_remains})
 
 
 @lease_group.command("drop")
