@@ -93,6 +93,16 @@ class ReleaseResult:
     lease_remains: bool  # False: the lease is gone (emptied by this release) or never was
 
 
+#: Coordinator calls whose retry after a lost answer has the same outcome: reads, and the lease
+#: calls (acquire and renew set the same snapshots and a deadline from now; release and drop of
+#: what is already gone answer false). Table DDL and snapshot commits are not resent blindly.
+IDEMPOTENT = frozenset({
+    "GetTable", "GetTableAssignment", "ListTables", "ListTabletServers", "GetLatestKvSnapshots", "ListKvSnapshots",
+    "ListKvSnapshotLeases", "DescribeKvSnapshotLease", "AcquireKvSnapshotLease", "RenewKvSnapshotLease",
+    "ReleaseKvSnapshotLease", "DropKvSnapshotLease",
+})
+
+
 def parse_bootstrap(bootstrap: str | Sequence[str]) -> list[str]:
     addresses = bootstrap.split(",") if isinstance(bootstrap, str) else list(bootstrap)
     addresses = [a.strip() for a in addresses if a.strip()]
@@ -150,8 +160,10 @@ class AdminClient:
         try:
             response = getattr(self._stub(address), method)(request, timeout=self._timeout_s)
         except grpc.RpcError as exc:
-            # a request that timed out may have been applied: not retried (the caller decides)
-            err = rpc_error(exc, method, address, timeout_s=self._timeout_s, idempotent=False, peer="coordinator")
+            # a request that timed out may have been applied: retried only if applying it twice
+            # gives the same outcome (IDEMPOTENT); otherwise the caller decides
+            err = rpc_error(exc, method, address, timeout_s=self._timeout_s, idempotent=method in IDEMPOTENT,
+                            peer="coordinator")
             if isinstance(err, errors.NetworkError):
                 self._move_to(err, address)
             raise err from None

@@ -1,0 +1,90 @@
+"""The admin client resends a lease call whose answer was lost (it is idempotent) and does not resend
+table DDL: real gRPC on loopback to a coordinator stand-in that answers its first call too late."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+
+from client.admin import IDEMPOTENT, AdminClient
+from common import errors
+from common.model import TableBucket
+from common.proto import coordinator_pb2 as pb
+from common.proto import coordinator_pb2_grpc as pb_grpc
+from common.tables import Column
+
+pytestmark = pytest.mark.unit
+TIMEOUT_S = 0.3
+
+
+class LateFirstAnswer(pb_grpc.CoordinatorServiceServicer):
+    """Every method's first call answers after the client's deadline (its answer is lost)."""
+
+    def __init__(self) -> None:
+        self.calls: dict[str, int] = {}
+        self.lock = threading.Lock()
+
+    def _count(self, method: str) -> int:
+        with self.lock:
+            self.calls[method] = self.calls.get(method, 0) + 1
+            n = self.calls[method]
+        if n == 1:
+            time.sleep(TIMEOUT_S * 3)
+        return n
+
+    def ReleaseKvSnapshotLease(self, request, context):
+        n = self._count("ReleaseKvSnapshotLease")
+        return pb.ReleaseKvSnapshotLeaseResponse(released=n == 1, lease_remains=False)
+
+    def DropKvSnapshotLease(self, request, context):
+        n = self._count("DropKvSnapshotLease")
+        return pb.DropKvSnapshotLeaseResponse(dropped=n == 1)
+
+    def CreateTable(self, request, context):
+        self._count("CreateTable")
+        return pb.CreateTableResponse()
+
+
+@pytest.fixture
+def late():
+    servicer = LateFirstAnswer()
+    server = grpc.server(ThreadPoolExecutor(4))
+    pb_grpc.add_CoordinatorServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    client = AdminClient([f"127.0.0.1:{port}"], request_timeout_s=TIMEOUT_S, retry_total_s=10)
+    try:
+        yield servicer, client
+    finally:
+        client.close()
+        server.stop(0).wait()
+
+
+def test_a_release_whose_answer_was_lost_is_sent_again_and_answers_like_a_retry(late):
+    servicer, client = late
+    result = client.release_lease("L", [TableBucket(1, 0)])
+    assert servicer.calls["ReleaseKvSnapshotLease"] == 2
+    assert (result.released, result.lease_remains) == (False, False)  # what a retried release answers
+
+
+def test_a_drop_whose_answer_was_lost_is_sent_again(late):
+    servicer, client = late
+    assert client.drop_lease("L") is False
+    assert servicer.calls["DropKvSnapshotLease"] == 2
+
+
+def test_table_ddl_whose_answer_was_lost_is_not_resent(late):
+    servicer, client = late
+    with pytest.raises(errors.OutcomeUnknownError, match="may or may not have been applied"):
+        client.create_table("db.t", [Column("id", "BIGINT")], ["id"], 1)
+    assert servicer.calls["CreateTable"] == 1
+
+
+def test_every_lease_call_is_idempotent_and_ddl_is_not():
+    assert {"AcquireKvSnapshotLease", "RenewKvSnapshotLease", "ReleaseKvSnapshotLease",
+            "DropKvSnapshotLease"} <= IDEMPOTENT
+    assert not {"CreateTable", "DropTable", "CommitKvSnapshot"} & IDEMPOTENT
