@@ -9,6 +9,7 @@ import time
 import zlib
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 from common.errors import InvalidRequestError
@@ -24,11 +25,16 @@ pytestmark = pytest.mark.unit
 V1_HEADER = struct.Struct("<4sQIII")
 
 
-def v1_frame(base: int, count: int) -> bytes:
-    """A version-1 entry of ``expected_records(base, count)``, framed by hand."""
-    payload = encode_payload(record_batch(*expected_records(base, count))).to_pybytes()
-    head = V1_HEADER.pack(b"\xc7KL\x01", base, count, len(payload), 0)[:20]
+def frame_v1(base: int, records: pa.RecordBatch) -> bytes:
+    """A version-1 entry of ``records`` (change_type, key, value) from offset ``base``, framed by hand."""
+    payload = encode_payload(records).to_pybytes()
+    head = V1_HEADER.pack(b"\xc7KL\x01", base, records.num_rows, len(payload), 0)[:20]
     return head + struct.pack("<I", zlib.crc32(payload, zlib.crc32(head))) + payload
+
+
+def v1_frame(base: int, count: int) -> bytes:
+    """A version-1 entry of ``expected_records(base, count)``."""
+    return frame_v1(base, record_batch(*expected_records(base, count)))
 
 
 def write_v1_segment(directory: str, base: int, counts: list[int]) -> int:
