@@ -84,7 +84,8 @@ class FakeTableClient:
         self.codec = RowCodec(table)
         self.upserts: list[list[dict]] = []
         self.rows: dict[tuple, dict] = {}
-        self.records = [{"offset": i, "change_type": "+I", "row": {"id": i, "name": f"n{i}"}} for i in range(5)]
+        self.records = [{"offset": i, "change_type": "+I", "timestamp": 1_700_000_000_000 + i if i else None,
+                         "row": {"id": i, "name": f"n{i}"}} for i in range(5)]  # offset 0: a v1 entry
         self.fetches: list[int] = []
 
     def _key(self, row):
@@ -201,9 +202,12 @@ def test_log_prints_json_lines_up_to_the_end(fake_table):
     assert result.exit_code == 0, result.output
     lines = [json.loads(line) for line in result.stdout.splitlines()]
     assert [r["offset"] for r in lines] == [2, 3, 4]  # from the earliest kept offset
-    assert lines[0] == {"offset": 2, "change_type": "+I", "row": {"id": 2, "name": "n2"}}
+    assert lines[0] == {"offset": 2, "change_type": "+I", "timestamp": "2023-11-14T22:13:20.002Z",
+                        "row": {"id": 2, "name": "n2"}}
     doc = json.loads(run_in("log", "db.w", "--bucket", "0", "--from", "3", "--json").stdout)
     assert doc["from_offset"] == 3 and doc["log_end_offset"] == 5 and [r["offset"] for r in doc["records"]] == [3, 4]
+    assert doc["records"][0] == {"offset": 3, "change_type": "+I", "timestamp": 1_700_000_000_003,
+                                 "row": {"id": 3, "name": "n3"}}
     assert run_in("log", "db.w", "--bucket", "0", "--follow", "--json").exit_code == 2
     assert "buckets 0..1, not 2" in assert_one_line_error(run_in("log", "db.w", "--bucket", "2"))
 
@@ -219,8 +223,17 @@ def test_log_follow_stops_quietly_on_ctrl_c(fake_table, monkeypatch):
     monkeypatch.setattr(data.time, "sleep", sleep)
     result = run_in("log", "db.w", "--bucket", "0", "--from", "0", "--follow", "--poll-interval", "50ms")
     assert result.exit_code == 0, result.output
-    assert [json.loads(line)["offset"] for line in result.stdout.splitlines()] == [0, 1, 2, 3, 4]
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [line["offset"] for line in lines] == [0, 1, 2, 3, 4]
+    assert lines[0]["timestamp"] is None and lines[1]["timestamp"] == "2023-11-14T22:13:20.001Z"  # v1: no time
     assert polls == [0.05] * 3
+
+
+def test_iso_time_ms_is_utc_with_milliseconds():
+    assert out.iso_time_ms(0) == "1970-01-01T00:00:00.000Z"
+    assert out.iso_time_ms(1_700_000_000_123) == "2023-11-14T22:13:20.123Z"
+    assert out.iso_time_ms(253_402_300_799_999) == "9999-12-31T23:59:59.999Z"  # exact, no float rounding
+    assert out.iso_time_ms(None) is None
 
 
 def test_snapshot_trigger(fake_table):

@@ -126,11 +126,14 @@ def delete(state: State, path: str, keys: tuple[str, ...]) -> None:
 @catch_errors
 def log_command(state: State, path: str, bucket: int, from_offset: int | None, follow: bool,
                 poll_interval: int) -> None:
-    """Print a bucket's change records as JSON lines {offset, change_type, row}.
+    """Print a bucket's change records as JSON lines {offset, change_type, timestamp, row}.
 
     change_type is +I (insert), -U / +U (update: before / after image) or -D
-    (delete: the deleted row). Without --follow it stops at the end of the log;
-    with --json it prints one document instead (not with --follow).
+    (delete: the deleted row). timestamp is when the record was appended:
+    ISO-8601 UTC with milliseconds (ms since the epoch with --json), null for
+    records written before the changelog kept times. Without --follow it
+    stops at the end of the log; with --json it prints one document instead
+    (not with --follow).
     """
     if follow and state.json_mode:
         raise click.UsageError("--json prints one document; it cannot be combined with --follow")
@@ -150,7 +153,7 @@ def log_command(state: State, path: str, bucket: int, from_offset: int | None, f
                 if state.json_mode:
                     collected.append(doc)
                 else:
-                    click.echo(json.dumps(doc))
+                    click.echo(json.dumps(out.log_record_line(doc)))
             if records:
                 offset = records[-1]["offset"] + 1
                 sys.stdout.flush()
