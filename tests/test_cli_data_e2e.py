@@ -86,6 +86,10 @@ def walk_the_data_commands(cluster_dir: Path, tmp_path: Path) -> None:
     assert all(isinstance(t, int) for t in stamps) and stamps == sorted(stamps)
     assert [r["timestamp"] for r in log_lines(*c, "log", "db.t", "--bucket", str(bucket_7))] == [
         iso_time_ms(t) for t in stamps]  # lines: the same times as ISO-8601 UTC text
+    middle = stamps[len(stamps) // 2]
+    since = kvlease_json(*c, "log", "db.t", "--bucket", str(bucket_7), "--from-timestamp", iso_time_ms(middle),
+                         "--json")
+    assert since["from_offset"] == stamps.index(middle) and since["records"] == doc["records"][stamps.index(middle):]
 
     follow_log_until_ctrl_c(c, bucket_7, doc["log_end_offset"])
 

@@ -105,7 +105,10 @@ class FakeTableClient:
         gone = [self.rows.pop(self._key(k), None) for k in keys]
         return {0: (10, 10 + sum(g is not None for g in gone))}
 
-    def list_offsets(self, buckets=None):
+    def list_offsets(self, buckets=None, timestamp=None):
+        if timestamp is not None:  # the first record at or after it; the end (5) if none
+            return {b: next((r["offset"] for r in self.records if (r["timestamp"] or -1) >= timestamp), 5)
+                    for b in buckets}
         return {b: (2, 5) for b in buckets}
 
     def fetch_log(self, bucket, from_offset, max_bytes=0):
@@ -210,6 +213,26 @@ def test_log_prints_json_lines_up_to_the_end(fake_table):
                                  "row": {"id": 3, "name": "n3"}}
     assert run_in("log", "db.w", "--bucket", "0", "--follow", "--json").exit_code == 2
     assert "buckets 0..1, not 2" in assert_one_line_error(run_in("log", "db.w", "--bucket", "2"))
+
+
+@pytest.mark.parametrize("when, first", [
+    ("1700000000003", 3), ("2023-11-14T22:13:20.002Z", 2), ("2023-11-14T22:13:20.0025", 3),
+    ("2023-11-14T23:13:20.001+01:00", 1), ("2030-01-01", None), ("0", 1)])
+def test_log_from_timestamp_starts_at_the_first_record_at_or_after_it(fake_table, when, first):
+    result = run_in("log", "db.w", "--bucket", "0", "--from-timestamp", when, "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert [r["offset"] for r in doc["records"]] == ([] if first is None else list(range(first, 5)))
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--from-timestamp", "yesterday"), "neither ms since the epoch nor an ISO-8601 time"),
+    (("--from-timestamp", "1969-12-31T23:59:59Z"), "before 1970"),
+    (("--from-timestamp", "5", "--from", "1"), "not both"),
+])
+def test_log_from_timestamp_usage_errors(fake_table, args, message):
+    result = run_in("log", "db.w", "--bucket", "0", *args)
+    assert result.exit_code == 2 and message in result.stderr, result.output
 
 
 def test_log_follow_stops_quietly_on_ctrl_c(fake_table, monkeypatch):
