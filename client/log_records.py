@@ -7,16 +7,33 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from common.codec import RowCodec
+from common.logentry import LogEntry
+
+#: The record's own columns, first in :func:`log_schema`; the table's columns follow. A table
+#: column may have one of these names too: select the table's part by position (``LOG_COLUMNS``
+#: onwards), as :meth:`client.table.TableClient.fetch_log` does.
+LOG_COLUMNS = ("offset", "change_type", "timestamp")
 
 
 def log_schema(codec: RowCodec) -> pa.Schema:
-    """``offset`` (int64), ``change_type`` (int8), then the table's columns."""
-    return pa.schema([pa.field("offset", pa.int64()), pa.field("change_type", pa.int8()), *codec.schema])
+    """``offset`` (int64), ``change_type`` (int8), ``timestamp`` (int64, ms since the epoch: the
+    append time of the record's entry; null for an entry written before format version 2), then
+    the table's columns."""
+    return pa.schema([pa.field("offset", pa.int64()), pa.field("change_type", pa.int8()),
+                      pa.field("timestamp", pa.int64()), *codec.schema])
+
+
+def entry_records(entry: LogEntry) -> pa.RecordBatch:
+    """An entry's records as ``offset``, ``change_type``, ``timestamp``, ``key``, ``value``."""
+    records = entry.records
+    return pa.RecordBatch.from_arrays(
+        [entry.offsets(), records.column("change_type"), entry.timestamps(), records.column("key"),
+         records.column("value")], names=["offset", "change_type", "timestamp", "key", "value"])
 
 
 def decode_records(codec: RowCodec, records: pa.RecordBatch) -> pa.RecordBatch:
-    """Records (``offset``, ``change_type``, ``key``, ``value``) in :func:`log_schema`: the row of
-    +I/+U, the before-image of -U/-D, and only the key columns for a record without a value."""
+    """Records (:func:`entry_records`) in :func:`log_schema`: the row of +I/+U, the before-image of
+    -U/-D, and only the key columns for a record without a value."""
     values = records.column("value")
     if values.null_count == 0:
         rows = codec.decode_values(values)
@@ -33,4 +50,5 @@ def decode_records(codec: RowCodec, records: pa.RecordBatch) -> pa.RecordBatch:
         index[~mask] = full.num_rows + np.arange(key_rows.num_rows)
         rows = pa.concat_batches([full, key_rows]).take(pa.array(index))
     return pa.RecordBatch.from_arrays(
-        [records.column("offset"), records.column("change_type"), *rows.columns], schema=log_schema(codec))
+        [records.column("offset"), records.column("change_type"), records.column("timestamp"), *rows.columns],
+        schema=log_schema(codec))

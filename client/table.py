@@ -42,7 +42,7 @@ from common.tables import TableInfo
 from common.wire import error_from_pb
 from common.logentry import ChangeType, LogEntry, decode_entry
 from common.codec import RowCodec, batch_to_ipc, bucket_of_keys, ipc_to_batch
-from client.log_records import decode_records, log_schema
+from client.log_records import LOG_COLUMNS, decode_records, entry_records, log_schema
 from client.routing import REROUTE, BucketRouter, Routing
 from client.scanner import KvBatchScanner
 from client.stream_scanner import KvStreamScanner
@@ -300,15 +300,17 @@ class TableClient:
                         max_bytes: int = DEFAULT_FETCH_BYTES) -> tuple[pa.RecordBatch, int]:
         """``(records, log_end_offset)`` from ``from_offset`` on (at least one entry when there are any).
 
-        ``records`` has ``offset`` (int64), ``change_type`` (int8, see
-        :class:`common.logentry.ChangeType`) and the table's columns: the row
-        of +I/+U, the before-image of -U/-D (the key columns only if a record
-        carries no value).
+        ``records`` is in :func:`client.log_records.log_schema`: ``offset``
+        (int64), ``change_type`` (int8, see :class:`common.logentry.ChangeType`),
+        ``timestamp`` (int64 ms since the epoch, the append time of the
+        record's changelog entry; null for entries older than format version
+        2), then the table's columns: the row of +I/+U, the before-image of
+        -U/-D (the key columns only if a record carries no value).
         """
         request = pb.FetchLogRequest(table_id=self.table.table_id, bucket=bucket, from_offset=from_offset,
                                      max_bytes=max_bytes)
         response = self._call_bucket(bucket, "FetchLog", request, idempotent=True)
-        entries = [decode_entry(data, from_offset=from_offset).batch for data in response.entries]
+        entries = [entry_records(decode_entry(data, from_offset=from_offset)) for data in response.entries]
         entries = [e for e in entries if e.num_rows]
         if not entries:
             empty = pa.RecordBatch.from_pylist([], schema=log_schema(self.codec))
@@ -319,15 +321,16 @@ class TableClient:
     def fetch_log(self, bucket: int, from_offset: int,
                   max_bytes: int = DEFAULT_FETCH_BYTES) -> tuple[list[dict], int]:
         """``(records, log_end_offset)``; each record ``{"offset", "change_type" ("+I", "-U", "+U",
-        "-D"), "row"}`` (see :meth:`fetch_log_batch` for what ``row`` holds)."""
+        "-D"), "timestamp" (int ms since the epoch, or None for an entry older than format version
+        2), "row"}`` (see :meth:`fetch_log_batch` for what ``row`` holds)."""
         batch, end = self.fetch_log_batch(bucket, from_offset, max_bytes)
         if not batch.num_rows:
             return [], end
-        offsets = batch.column("offset").to_pylist()
-        types = batch.column("change_type").to_pylist()
-        rows = batch.select(self.codec.schema.names).to_pylist()
-        return [{"offset": offset, "change_type": _SHORT[change_type], "row": row}
-                for offset, change_type, row in zip(offsets, types, rows)], end
+        # by position: a table column may share a name with a record column
+        offsets, types, stamps = (batch.column(i).to_pylist() for i in range(len(LOG_COLUMNS)))
+        rows = batch.select(range(len(LOG_COLUMNS), batch.num_columns)).to_pylist()
+        return [{"offset": offset, "change_type": _SHORT[change_type], "timestamp": stamp, "row": row}
+                for offset, change_type, stamp, row in zip(offsets, types, stamps, rows)], end
 
     def fetch_log_entries(self, bucket: int, from_offset: int,
                           max_bytes: int = DEFAULT_FETCH_BYTES) -> tuple[list[LogEntry], int]:
@@ -338,25 +341,50 @@ class TableClient:
         response = self._call_bucket(bucket, "FetchLog", request, idempotent=True)
         return [decode_entry(data, from_offset=from_offset) for data in response.entries], response.log_end_offset
 
-    def list_offsets(self, buckets: Iterable[int] | None = None) -> dict[int, tuple[int, int]]:
-        """``{bucket: (earliest, latest)}`` changelog offsets, one request per tablet server."""
+    def list_offsets(self, buckets: Iterable[int] | None = None,
+                     timestamp: int | None = None) -> dict[int, tuple[int, int]] | dict[int, int]:
+        """Changelog offsets per bucket, one request per tablet server.
+
+        Without ``timestamp``: ``{bucket: (earliest, latest)}``, the first
+        offset kept and the next offset to be assigned. With ``timestamp``
+        (int ms since the epoch, >= 0): ``{bucket: offset}``, the first offset
+        whose changelog entry was appended at or after it; the earliest kept
+        offset if the time is before everything kept, the end offset (latest)
+        if nothing is that new. Entries written before format version 2 have
+        no time and count as older than any. Raises InvalidRequestError for a
+        timestamp that is not a non-negative int.
+        """
+        if timestamp is not None and (not isinstance(timestamp, (int, np.integer)) or isinstance(timestamp, bool)
+                                      or timestamp < 0):
+            raise errors.InvalidRequestError(f"timestamp must be an int of ms since the epoch (>= 0), "
+                                             f"got {timestamp!r}")
         pending = set(range(self.table.buckets) if buckets is None else buckets)
         for bucket in pending:
             self.router.check_bucket(bucket)
-        result: dict[int, tuple[int, int]] = {}
+        result: dict = {}
 
         def attempt():
             routing = self.router.routing()
             for address, group in self.router.by_leader(routing, pending).items():
-                request = pb.ListOffsetsRequest(table_id=self.table.table_id, buckets=group)
+                request = pb.ListOffsetsRequest(table_id=self.table.table_id, buckets=group,
+                                                timestamp=None if timestamp is None else int(timestamp))
                 response = self._send(routing, address, "ListOffsets", request, idempotent=True)
                 first_error = None
                 for o in response.offsets:
                     if o.error.code:
                         first_error = first_error or error_from_pb(o.error)
-                    elif o.bucket in pending:
+                    elif o.bucket not in pending:
+                        continue
+                    elif timestamp is None:
                         result[o.bucket] = (o.earliest, o.latest)
                         pending.discard(o.bucket)
+                    elif o.HasField("timestamp_offset"):
+                        result[o.bucket] = o.timestamp_offset
+                        pending.discard(o.bucket)
+                    else:  # a server from before ListOffsets took a timestamp
+                        raise errors.UnknownServerError(
+                            f"tablet server {address} does not support ListOffsets by timestamp (bucket "
+                            f"{o.bucket}); upgrade it", bucket=o.bucket)
                 if first_error is not None:
                     if isinstance(first_error, REROUTE):
                         self.router.stale(routing)

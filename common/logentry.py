@@ -1,14 +1,17 @@
 """The changelog entry format, which the tablet server writes and every client decodes.
 
 Records are numbered 0, 1, 2, … (see "Offsets" in DESIGN.md). One entry holds
-a whole write batch. The format (little-endian) is in ``docs/changelog.md``::
+a whole write batch and the time it was appended. The format (little-endian)
+is in ``docs/changelog.md``; version 2 is written, versions 1 and 2 are read::
 
-    magic b"\\xc7KL" | version u8 | base_offset u64 | count u32 | payload_len u32 | crc u32 | payload
+    magic b"\\xc7KL" | version u8 | base_offset u64 | count u32 | payload_len u32
+        | timestamp_ms i64 (v2 only) | crc u32 | payload
 
-``crc`` is CRC-32 of the 20 header bytes before it followed by the payload; the
-payload is an Arrow IPC stream of one RecordBatch (change_type int8, key binary,
-value binary nullable). The segment files that hold entries are
-``tablet/changelog.py``'s business.
+``crc`` is CRC-32 of the header bytes before it followed by the payload;
+``timestamp_ms`` is the append time in ms since the epoch (a v1 entry has
+none). The payload is an Arrow IPC stream of one RecordBatch (change_type
+int8, key binary, value binary nullable). The segment files that hold
+entries are ``tablet/changelog.py``'s business.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import struct
 import zlib
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -27,10 +30,18 @@ import pyarrow.compute as pc
 
 from common.errors import InvalidRequestError, KvLeaseError
 
-MAGIC = b"\xc7KL\x01"  # three magic bytes, then the format version
-HEADER = struct.Struct("<4sQIII")  # magic+version, base_offset, count, payload_len, crc
-HEADER_SIZE = HEADER.size  # 24
-CRC_START = 20  # the crc covers header[:20] and the payload
+MAGIC_PREFIX = b"\xc7KL"  # three magic bytes, then the format version
+VERSION = 2  # the version written
+MAGIC = MAGIC_PREFIX + bytes([VERSION])
+#: magic+version, base_offset, count, payload_len, timestamp_ms, crc
+HEADER = struct.Struct("<4sQIIqI")
+HEADER_SIZE = HEADER.size  # 32
+CRC_START = HEADER_SIZE - 4  # the crc covers the header bytes before it and the payload
+#: version 1 (read only): magic+version, base_offset, count, payload_len, crc
+HEADER_V1 = struct.Struct("<4sQIII")
+HEADER_V1_SIZE = HEADER_V1.size  # 24
+_MAGIC = struct.Struct("<4s")
+_HEADERS = {MAGIC_PREFIX + b"\x01": HEADER_V1, MAGIC: HEADER}
 
 SCHEMA = pa.schema([
     pa.field("change_type", pa.int8(), nullable=False),
@@ -70,12 +81,60 @@ class CorruptLogError(ChangelogError):
     """Damage that is not a torn tail: data would be lost if it were dropped silently."""
 
 
+class FrameHeader(NamedTuple):
+    """The header of a framed entry; ``size`` is the header's own length (24 in v1, 32 in v2)."""
+
+    version: int
+    base_offset: int
+    count: int
+    payload_len: int
+    timestamp_ms: int | None  # None in a v1 entry
+    crc: int
+    size: int
+
+
+def read_header(buf: Any, pos: int, size: int) -> FrameHeader:
+    """The header at ``pos`` of ``buf`` (bytes, memoryview, mmap or pa.Buffer) holding ``size`` bytes.
+
+    Reads only the header. Raises :class:`CorruptLogError` when fewer bytes
+    than a header remain or the magic/version is not one this code reads.
+    """
+    header = _header(buf, pos, size)
+    if isinstance(header, str):
+        raise CorruptLogError(f"changelog entry at byte {pos}: {header}")
+    return header
+
+
+def _header(buf: Any, pos: int, size: int) -> FrameHeader | str:
+    """The header at ``pos``, or what is wrong with it (too short, or an unknown magic/version)."""
+    if size - pos < _MAGIC.size:
+        return "incomplete header"
+    magic = _MAGIC.unpack_from(buf, pos)[0]
+    header = _HEADERS.get(magic)
+    if header is None:
+        return f"bad magic/version {magic!r}"
+    if size - pos < header.size:
+        return "incomplete header"
+    if header is HEADER:
+        _, base, count, length, timestamp, crc = HEADER.unpack_from(buf, pos)
+        return FrameHeader(VERSION, base, count, length, timestamp, crc, HEADER_SIZE)
+    _, base, count, length, crc = HEADER_V1.unpack_from(buf, pos)
+    return FrameHeader(1, base, count, length, None, crc, HEADER_V1_SIZE)
+
+
+def _crc_ok(buf: Any, pos: int, header: FrameHeader) -> bool:
+    start = pos + header.size
+    return zlib.crc32(buf[start:start + header.payload_len], zlib.crc32(buf[pos:start - 4])) == header.crc
+
+
 @dataclass(frozen=True)
 class LogEntry:
-    """Records ``base_offset`` … ``next_offset - 1`` (columns change_type, key, value)."""
+    """Records ``base_offset`` … ``next_offset - 1`` (columns change_type, key, value), appended at
+    ``timestamp_ms`` (ms since the epoch; None for an entry written before format version 2)."""
 
     base_offset: int
     records: pa.RecordBatch
+    timestamp_ms: int | None = None
 
     @property
     def count(self) -> int:
@@ -87,6 +146,12 @@ class LogEntry:
 
     def offsets(self) -> pa.Array:
         return pa.array(np.arange(self.base_offset, self.next_offset, dtype=np.int64))
+
+    def timestamps(self) -> pa.Array:
+        """The entry's timestamp once per record (int64; null for a v1 entry)."""
+        if self.timestamp_ms is None:
+            return pa.nulls(self.count, pa.int64())
+        return pa.array(np.full(self.count, self.timestamp_ms, dtype=np.int64))
 
     @cached_property
     def batch(self) -> pa.RecordBatch:
@@ -127,28 +192,26 @@ def encode_payload(batch: pa.RecordBatch) -> pa.Buffer:
     return sink.getvalue()
 
 
-def frame_header(base_offset: int, count: int, payload: Any) -> bytes:
-    head = HEADER.pack(MAGIC, base_offset, count, len(payload), 0)[:CRC_START]
+def frame_header(base_offset: int, count: int, payload: Any, timestamp_ms: int) -> bytes:
+    """The version-2 header of an entry appended at ``timestamp_ms``."""
+    head = HEADER.pack(MAGIC, base_offset, count, len(payload), timestamp_ms, 0)[:CRC_START]
     return head + struct.pack("<I", zlib.crc32(payload, zlib.crc32(head)))
 
 
 def decode_entry(data: Any, *, from_offset: int | None = None) -> LogEntry:
-    """Decode one framed entry (bytes, memoryview or pa.Buffer), checking its CRC.
+    """Decode one framed entry (bytes, memoryview or pa.Buffer) of either version, checking its CRC.
 
     ``from_offset`` drops the records below it (for the first entry of a read).
     Raises :class:`CorruptLogError` on a bad frame.
     """
     buf = data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
-    if buf.size < HEADER_SIZE:
-        raise CorruptLogError(f"changelog entry of {buf.size} bytes is shorter than its header")
-    magic, base, count, length, crc = HEADER.unpack_from(buf)
-    if magic != MAGIC:
-        raise CorruptLogError(f"changelog entry has bad magic/version {magic!r}")
-    if buf.size != HEADER_SIZE + length:
+    header = read_header(buf, 0, buf.size)
+    base, count = header.base_offset, header.count
+    if buf.size != header.size + header.payload_len:
         raise CorruptLogError(f"changelog entry at offset {base}: {buf.size} bytes, header says "
-                              f"{HEADER_SIZE + length}")
-    payload = buf.slice(HEADER_SIZE)
-    if zlib.crc32(payload, zlib.crc32(buf.slice(0, CRC_START))) != crc:
+                              f"{header.size + header.payload_len}")
+    payload = buf.slice(header.size)
+    if zlib.crc32(payload, zlib.crc32(buf.slice(0, header.size - 4))) != header.crc:
         raise CorruptLogError(f"changelog entry at offset {base}: CRC mismatch")
     try:
         records = pa.ipc.open_stream(payload).read_next_batch()
@@ -160,35 +223,33 @@ def decode_entry(data: Any, *, from_offset: int | None = None) -> LogEntry:
     if from_offset is not None and from_offset > base:
         records = records.slice(from_offset - base)
         base = min(from_offset, base + count)
-    return LogEntry(base, records)
+    return LogEntry(base, records, header.timestamp_ms)
 
 
 def check_frame(mm: mmap.mmap, pos: int, size: int, expected: int,
-                 verify: bool) -> tuple[str | None, bool, int, int]:
-    """(problem or None, whether a torn write explains it, count, payload length) at ``pos``."""
-    if size - pos < HEADER_SIZE:
-        return "incomplete header", True, 0, 0
-    magic, base, count, length, crc = HEADER.unpack_from(mm, pos)
-    if magic != MAGIC:
-        return f"bad magic/version {magic!r}", True, 0, 0
-    end = pos + HEADER_SIZE + length
-    if end > size:
-        return f"entry of {HEADER_SIZE + length} bytes runs past the end of the file", True, 0, 0
-    if verify and zlib.crc32(mm[pos + HEADER_SIZE:end], zlib.crc32(mm[pos:pos + CRC_START])) != crc:
-        return "CRC mismatch", True, 0, 0
-    if base != expected or not count:
+                verify: bool) -> tuple[str | None, bool, FrameHeader | None]:
+    """(problem or None, whether a torn write explains it, the header) of the entry at ``pos``."""
+    header = _header(mm, pos, size)
+    if isinstance(header, str):
+        return header, True, None
+    if pos + header.size + header.payload_len > size:
+        return f"entry of {header.size + header.payload_len} bytes runs past the end of the file", True, None
+    if verify and not _crc_ok(mm, pos, header):
+        return "CRC mismatch", True, None
+    if header.base_offset != expected or not header.count:
         # With a good CRC this was written so: a bug or a foreign file, never a torn write.
-        return f"entry says offset {base} with {count} records, expected offset {expected}", False, 0, 0
-    return None, False, count, length
+        return (f"entry says offset {header.base_offset} with {header.count} records, expected offset "
+                f"{expected}"), False, None
+    return None, False, header
 
 
 def valid_frame_after(mm: mmap.mmap, start: int, size: int, expected: int) -> bool:
-    """Whether a whole entry with a good CRC and an offset >= expected starts at or after ``start``."""
-    while (i := mm.find(MAGIC, start)) != -1 and i + HEADER_SIZE <= size:
-        _, base, count, length, crc = HEADER.unpack_from(mm, i)
-        end = i + HEADER_SIZE + length
-        if (base >= expected and count and end <= size
-                and zlib.crc32(mm[i + HEADER_SIZE:end], zlib.crc32(mm[i:i + CRC_START])) == crc):
+    """Whether a whole entry (either version) with a good CRC and an offset >= expected starts at or
+    after ``start``."""
+    while (i := mm.find(MAGIC_PREFIX, start)) != -1:
+        header = _header(mm, i, size)
+        if (not isinstance(header, str) and header.base_offset >= expected and header.count
+                and i + header.size + header.payload_len <= size and _crc_ok(mm, i, header)):
             return True
         start = i + 1
     return False

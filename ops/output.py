@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from abc import ABC, abstractmethod
-from datetime import date, datetime
+from datetime import date, datetime, timedelta, timezone
 from typing import Any, Iterable, Mapping, TextIO
 
 from rich.console import Console
@@ -100,8 +100,15 @@ def rows_doc(table: str, keys: Iterable[str], rows: Iterable[Mapping[str, Any] |
 
 
 def log_record_doc(record: Mapping[str, Any]) -> dict:
-    """One change record of ``log``: ``{"offset", "change_type", "row"}``."""
-    return {"offset": record["offset"], "change_type": record["change_type"], "row": row_doc(record["row"])}
+    """One change record of ``log``: ``{"offset", "change_type", "timestamp", "row"}``; ``timestamp`` is
+    the append time in ms since the epoch (null for a record written before changelog format v2)."""
+    return {"offset": record["offset"], "change_type": record["change_type"], "timestamp": record["timestamp"],
+            "row": row_doc(record["row"])}
+
+
+def log_record_line(doc: Mapping[str, Any]) -> dict:
+    """A :func:`log_record_doc` for people reading ``log`` lines: the timestamp as ISO-8601 UTC text."""
+    return {**doc, "timestamp": iso_time_ms(doc["timestamp"])}
 
 
 def scan_doc(table: str, rows: Iterable[Mapping[str, Any]], log_offsets: Mapping[int, int]) -> dict:
@@ -117,6 +124,14 @@ def committed_doc(table: str, snapshots: Iterable[Any], waited: bool) -> dict:
 
 
 # -- rendering helpers ---------------------------------------------------------------------
+
+
+def iso_time_ms(ms: int | None) -> str | None:
+    """``2024-05-01T12:00:00.123Z`` for ms since the epoch (exact: integer arithmetic); None stays None."""
+    if ms is None:
+        return None
+    stamp = datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(milliseconds=ms)
+    return stamp.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def format_time_ms(ms: int | None, now_ms: int | None = None) -> str:

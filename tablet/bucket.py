@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -72,11 +72,12 @@ class BucketStore:
 
     @classmethod
     def open(cls, dir: str, table: TableInfo, *, segment_bytes: int, fsync: bool = True,
-             memtable_bytes: int | None = None) -> "BucketStore":
+             memtable_bytes: int | None = None, clock_ms: Callable[[], int] | None = None) -> "BucketStore":
         """Open (creating if missing) the bucket in ``dir`` and replay the changelog into RocksDB.
 
         ``segment_bytes`` and ``fsync`` configure the changelog
-        (``log.segment.bytes``, ``log.flush.fsync``). ``memtable_bytes`` sets
+        (``log.segment.bytes``, ``log.flush.fsync``), ``clock_ms`` its append
+        times (ms since the epoch; default the wall clock). ``memtable_bytes`` sets
         RocksDB's write buffer size (default 64 MiB): after a crash, open
         replays at most about that much changelog. Raises ChangelogError if
         the bucket is open elsewhere (the changelog's lock), CorruptLogError
@@ -84,7 +85,7 @@ class BucketStore:
         its applied offset lies outside the changelog.
         """
         os.makedirs(dir, exist_ok=True)
-        changelog = Changelog(os.path.join(dir, "log"), segment_bytes=segment_bytes, fsync=fsync)
+        changelog = Changelog(os.path.join(dir, "log"), segment_bytes=segment_bytes, fsync=fsync, clock_ms=clock_ms)
         try:
             kv = KvStore(os.path.join(dir, "kv"), memtable_bytes=memtable_bytes)
         except BaseException:
@@ -99,8 +100,10 @@ class BucketStore:
         return store
 
     @classmethod
-    def from_config(cls, dir: str, table: TableInfo, config: cfg.Config) -> "BucketStore":
-        return cls.open(dir, table, segment_bytes=config[cfg.LOG_SEGMENT_BYTES], fsync=config[cfg.LOG_FLUSH_FSYNC])
+    def from_config(cls, dir: str, table: TableInfo, config: cfg.Config,
+                    clock_ms: Callable[[], int] | None = None) -> "BucketStore":
+        return cls.open(dir, table, segment_bytes=config[cfg.LOG_SEGMENT_BYTES], fsync=config[cfg.LOG_FLUSH_FSYNC],
+                        clock_ms=clock_ms)
 
     def close(self) -> None:
         """Close the open snapshots, RocksDB (flushing it) and the changelog. Idempotent."""
@@ -155,6 +158,11 @@ class BucketStore:
     def list_offsets(self) -> tuple[int, int]:
         """``(earliest, latest)``: the changelog's start offset and end offset."""
         return self._log.start_offset, self._log.end_offset
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> int:
+        """The first changelog offset appended at or after ``timestamp_ms``
+        (:meth:`Changelog.offset_for_timestamp`)."""
+        return self._log.offset_for_timestamp(timestamp_ms)
 
     # --- writes ----------------------------------------------------------------------------
 

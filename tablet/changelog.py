@@ -1,9 +1,11 @@
 """A bucket's changelog: numbered change records in framed entries, one per write batch, in segment files.
 
 Records are numbered 0, 1, 2, … (see "Offsets" in DESIGN.md). Each append
-writes ONE entry holding a whole batch, so building, writing and reading cost
-nothing per record in Python. The entry format is ``common/logentry.py``
-(clients decode it too); entries live in segment files ``{base_offset:020d}.log``.
+writes ONE entry holding a whole batch and its append time, so building,
+writing and reading cost nothing per record in Python. The entry format is
+``common/logentry.py`` (clients decode it too); entries live in segment files
+``{base_offset:020d}.log``, indexed in memory by ``tablet/log_index.py``.
+Append times never decrease: an entry gets ``max(previous entry's, clock)``.
 
 Concurrency: one writer at a time (``append*`` and ``truncate_before`` take a
 lock); readers run concurrently and only see entries that were fully written
@@ -20,9 +22,9 @@ import mmap
 import os
 import re
 import threading
-from array import array
+import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import pyarrow as pa
 
@@ -30,6 +32,7 @@ from common import config as cfg
 from common.errors import InvalidRequestError
 from common.logentry import (HEADER_SIZE, ChangelogError, CorruptLogError, LogEntry, check_frame, conform,
                              decode_entry, encode_payload, frame_header, record_batch, valid_frame_after)
+from tablet.log_index import NO_TIMESTAMP, SegmentIndex, first_offset_at_or_after, time_key
 
 log = logging.getLogger(__name__)
 
@@ -51,36 +54,22 @@ class SegmentInfo:
     path: str
 
 
-class _Segment:
-    """Index of one segment file: entry i starts at ``positions[i]`` with offset ``bases[i]``."""
-
-    __slots__ = ("base_offset", "path", "bases", "positions", "end_offset", "size")
-
-    def __init__(self, base_offset: int, path: str) -> None:
-        self.base_offset = base_offset
-        self.path = path
-        self.bases = array("q")
-        self.positions = array("q")
-        self.end_offset = base_offset
-        self.size = 0
-
-    def entry(self, i: int) -> tuple[int, int, int, int]:
-        """(position, size, base_offset, count) of entry i."""
-        last = i + 1 == len(self.bases)
-        end_pos = self.size if last else self.positions[i + 1]
-        next_base = self.end_offset if last else self.bases[i + 1]
-        return self.positions[i], end_pos - self.positions[i], self.bases[i], next_base - self.bases[i]
+def _wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
 class Changelog:
     """The changelog of one bucket in ``dir`` (created if missing); see the module docstring."""
 
-    def __init__(self, dir: str, *, segment_bytes: int, fsync: bool = True, verify_all: bool = False) -> None:
+    def __init__(self, dir: str, *, segment_bytes: int, fsync: bool = True, verify_all: bool = False,
+                 clock_ms: Callable[[], int] | None = None) -> None:
+        """``clock_ms``: the append time source, ms since the epoch (default: the wall clock)."""
         if segment_bytes <= 0:
             raise ValueError(f"segment_bytes must be positive, got {segment_bytes}")
         self.dir = dir
         self.segment_bytes = segment_bytes
         self.fsync = fsync
+        self.clock_ms = clock_ms or _wall_clock_ms
         self._write_lock = threading.Lock()
         self._index_lock = threading.Lock()
         self._failed: BaseException | None = None
@@ -102,53 +91,56 @@ class Changelog:
             raise
         # Writer-side state, ahead of the published index during an append.
         self._active = active
-        self._unpublished: list[_Segment] = []  # segments rolled to in the current append
+        self._unpublished: list[SegmentIndex] = []  # segments rolled to in the current append
         self._write_size = active.size
         self._write_offset = active.end_offset
+        self._write_time = active.last_time  # the newest entry's time key: appends never go below it
 
     decode_entry = staticmethod(decode_entry)  # for entries shipped by read_raw
 
     @classmethod
-    def from_config(cls, dir: str, config: cfg.Config) -> "Changelog":
-        return cls(dir, segment_bytes=config[cfg.LOG_SEGMENT_BYTES], fsync=config[cfg.LOG_FLUSH_FSYNC])
+    def from_config(cls, dir: str, config: cfg.Config, clock_ms: Callable[[], int] | None = None) -> "Changelog":
+        return cls(dir, segment_bytes=config[cfg.LOG_SEGMENT_BYTES], fsync=config[cfg.LOG_FLUSH_FSYNC],
+                   clock_ms=clock_ms)
 
     # --- recovery at open ----------------------------------------------------------------
 
-    def _recover(self, verify_all: bool) -> list[_Segment]:
+    def _recover(self, verify_all: bool) -> list[SegmentIndex]:
         found = sorted((int(m.group(1)), name) for name in os.listdir(self.dir)
                        if (m := _SEGMENT_NAME.match(name)))
         if not found:
             os.close(os.open(self._path(0), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644))
             self._sync_dir()
-            return [_Segment(0, self._path(0))]
+            return [SegmentIndex(0, self._path(0))]
         # An empty newest segment is a roll a crash interrupted: its predecessor is the tail.
         while len(found) > 1 and os.path.getsize(self._path(found[-1][0])) == 0:
             log.warning("changelog %s: removing empty newest segment %s", self.dir, found[-1][1])
             os.unlink(self._path(found.pop()[0]))
-        segments: list[_Segment] = []
+        segments: list[SegmentIndex] = []
         for i, (base, _) in enumerate(found):
             if segments and segments[-1].end_offset != base:
                 raise CorruptLogError(f"changelog {self.dir}: segment {found[i - 1][1]} ends at offset "
                                       f"{segments[-1].end_offset} but the next one starts at {base}",
                                       dir=self.dir)
             tail = i == len(found) - 1
-            segments.append(self._scan(base, tail=tail, verify=tail or verify_all))
+            floor = segments[-1].last_time if segments else NO_TIMESTAMP
+            segments.append(self._scan(base, floor, tail=tail, verify=tail or verify_all))
         return segments
 
-    def _scan(self, base: int, *, tail: bool, verify: bool) -> _Segment:
-        """Index one segment from its headers; in the tail segment, cut a torn tail away."""
-        seg = _Segment(base, self._path(base))
+    def _scan(self, base: int, floor: int, *, tail: bool, verify: bool) -> SegmentIndex:
+        """Index one segment from its headers (either format version); in the tail segment, cut a
+        torn tail away. ``floor``: the time key of the entry before this segment."""
+        seg = SegmentIndex(base, self._path(base), floor)
         size = os.path.getsize(seg.path)
         pos, expected, problem = 0, base, None
         if size:
             with open(seg.path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
                 while pos < size:
-                    problem, torn, count, length = check_frame(mm, pos, size, expected, verify)
-                    if problem is None:
-                        seg.bases.append(expected)
-                        seg.positions.append(pos)
-                        expected += count
-                        pos += HEADER_SIZE + length
+                    problem, torn, header = check_frame(mm, pos, size, expected, verify)
+                    if header is not None:
+                        seg.add(expected, pos, time_key(header.timestamp_ms, seg.last_time))
+                        expected += header.count
+                        pos += header.size + header.payload_len
                         continue
                     where = f"changelog segment {seg.path}, byte {pos} (offset {expected})"
                     if not tail or not torn:
@@ -179,6 +171,21 @@ class Changelog:
         with self._index_lock:
             return self._segments[-1].end_offset
 
+    def offset_for_timestamp(self, timestamp_ms: int) -> int:
+        """The first offset whose entry was appended at or after ``timestamp_ms`` (ms since the epoch).
+
+        ``start_offset`` if every kept entry is that new, ``end_offset`` if none
+        is; entries without a timestamp (format version 1) count as older than
+        any. A binary search of the in-memory index: no file is read. Raises
+        InvalidRequestError for a negative timestamp.
+        """
+        if timestamp_ms < 0:
+            raise InvalidRequestError(f"timestamp must be ms since the epoch (>= 0), got {timestamp_ms}",
+                                      timestamp=timestamp_ms)
+        with self._index_lock:
+            self._check_open()
+            return first_offset_at_or_after(self._segments, timestamp_ms)
+
     # --- writing ---------------------------------------------------------------------------
 
     def append(self, change_types: Any, keys: Any, values: Any) -> tuple[int, int]:
@@ -207,6 +214,7 @@ class Changelog:
             if self._failed is not None:
                 raise ChangelogError(f"changelog {self.dir} failed earlier ({self._failed}); reopen it")
             ranges, entries, rolled, iov = [], [], [], []
+            timestamp = max(self._write_time, int(self.clock_ms()), 0)  # one append time for this group
             try:
                 for count, payload in encoded:
                     base = self._write_offset
@@ -218,8 +226,8 @@ class Changelog:
                         self._write(iov)
                         iov = []
                         rolled.append((self._active, self._write_size, base))
-                        self._roll(base)
-                    iov += [frame_header(base, count, payload), payload]
+                        self._roll(base, timestamp)
+                    iov += [frame_header(base, count, payload, timestamp), payload]
                     entries.append((self._active, base, self._write_size))
                     self._write_size += size
                     self._write_offset += count
@@ -232,8 +240,7 @@ class Changelog:
                 raise
             with self._index_lock:  # publish
                 for segment, base, position in entries:
-                    segment.bases.append(base)
-                    segment.positions.append(position)
+                    segment.add(base, position, timestamp)
                 for segment, size, end in rolled:
                     segment.size, segment.end_offset = size, end
                 for segment in self._unpublished:
@@ -242,6 +249,8 @@ class Changelog:
                 self._unpublished.clear()
                 self._active.size = self._write_size
                 self._active.end_offset = self._write_offset
+            if entries:
+                self._write_time = timestamp
             return ranges
 
     def _write(self, iov: list) -> None:
@@ -263,9 +272,9 @@ class Changelog:
         if self.fsync:
             os.fdatasync(self._fd)
 
-    def _roll(self, base_offset: int) -> None:
+    def _roll(self, base_offset: int, floor: int) -> None:
         """Start a new active segment at ``base_offset`` (the old one is written and synced)."""
-        segment = _Segment(base_offset, self._path(base_offset))
+        segment = SegmentIndex(base_offset, self._path(base_offset), floor)
         fd = os.open(segment.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o644)
         os.close(self._fd)
         self._fd, self._active, self._write_size = fd, segment, 0

@@ -92,7 +92,8 @@ class ReplicaManager:
         log.info("leading %d buckets (coordinator epoch %d)", len(wanted), coordinator_epoch)
 
     def _open(self, table: TableInfo, bucket: int, epoch: int) -> Replica:
-        store = BucketStore.from_config(self.bucket_dir(table.table_id, bucket), table, self.config)
+        store = BucketStore.from_config(self.bucket_dir(table.table_id, bucket), table, self.config,
+                                        clock_ms=self.clock_ms)
         tb = TableBucket(table.table_id, bucket)
         base = self._latest_snapshot(tb)
         uploader = SnapshotUploader(self.storage, tb, io_threads=self.config[cfg.SNAPSHOT_UPLOAD_THREADS],

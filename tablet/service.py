@@ -81,11 +81,19 @@ class TabletService(pb_grpc.TabletServiceServicer):
 
     def ListOffsets(self, request, context):
         def work():
+            timestamp = request.timestamp if request.HasField("timestamp") else None
+            if timestamp is not None and timestamp < 0:
+                raise errors.InvalidRequestError(f"timestamp must be ms since the epoch (>= 0), got {timestamp}")
             offsets = []
             for bucket in request.buckets:
                 try:
-                    earliest, latest = self.replicas.get(request.table_id, bucket).store.list_offsets()
-                    offsets.append(pb.BucketOffsetsPb(bucket=bucket, earliest=earliest, latest=latest))
+                    store = self.replicas.get(request.table_id, bucket).store
+                    found = None if timestamp is None else store.offset_for_timestamp(timestamp)
+                    earliest, latest = store.list_offsets()
+                    if found is not None:  # retention may have moved the start since the search
+                        found = max(found, earliest)
+                    offsets.append(pb.BucketOffsetsPb(bucket=bucket, earliest=earliest, latest=latest,
+                                                      timestamp_offset=found))
                 except errors.KvLeaseError as exc:
                     offsets.append(pb.BucketOffsetsPb(bucket=bucket, error=error_pb(exc)))
             return {"offsets": offsets}

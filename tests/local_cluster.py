@@ -11,12 +11,13 @@ from common.tables import TableInfo
 class LocalCluster:
     """One coordinator and tablet servers (ids 1..N) in this process; tablets can stop and restart."""
 
-    def __init__(self, make_config, base_dir, tablets: int) -> None:
+    def __init__(self, make_config, base_dir, tablets: int, tablet_overrides: dict | None = None) -> None:
         from client.admin import AdminClient
         from coordinator.server import CoordinatorServer
 
         self.make_config = make_config
         self.base_dir = base_dir
+        self.tablet_overrides = dict(tablet_overrides or {})
         self.coordinator = CoordinatorServer(make_config()).start()
         self.tablets = {}
         assert self.coordinator.wait_active(30), "no active coordinator"
@@ -26,7 +27,7 @@ class LocalCluster:
 
     def tablet_config(self, i: int):
         return self.make_config({"tablet.id": i, "tablet.port": 0, "tablet.data-dir": str(self.base_dir / f"t{i}"),
-                                 "log.flush.fsync": False, "kv.snapshot.interval": "1h"})
+                                 "log.flush.fsync": False, "kv.snapshot.interval": "1h", **self.tablet_overrides})
 
     def start_tablet(self, i: int):
         from tablet.server import TabletServer

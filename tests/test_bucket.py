@@ -247,6 +247,20 @@ def test_fetch_log_gives_raw_entries_and_the_end_offset(store):
     assert store.fetch_log(4, 1 << 20) == ([], 4)
 
 
+def test_each_write_is_stamped_by_the_stores_clock_and_found_by_time(bucket_dir):
+    times = iter([1_000, 2_000, 3_000])
+    with BucketStore.open(bucket_dir, TABLE, segment_bytes=1 << 20, fsync=False, clock_ms=lambda: next(times)) as s:
+        s.write(rows((1, "a", 1.0)))  # offset 0
+        s.write(deletes=keys(7))  # changes nothing: no entry, no time taken
+        s.write(rows((1, "b", 1.0)))  # offsets 1, 2
+        s.write(deletes=keys(1))  # offset 3
+        assert [(e.base_offset, e.timestamp_ms) for e in s.read_log(0, 1 << 20)] == [(0, 1_000), (1, 2_000),
+                                                                                     (3, 3_000)]
+        assert [s.offset_for_timestamp(t) for t in (0, 1_000, 1_001, 2_000, 3_000, 3_001)] == [0, 0, 1, 1, 3, 4]
+        entries, _ = s.fetch_log(2, 1 << 20)  # the raw entries carry it to clients
+        assert [decode_entry(e, from_offset=2).timestamp_ms for e in entries] == [2_000, 3_000]
+
+
 # --- snapshots ---------------------------------------------------------------------------------
 
 def test_snapshot_is_consistent_and_carries_the_log_offset(store):

@@ -11,14 +11,17 @@ fails.
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import time
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 
 from ops import cluster as local_cluster
+from ops.output import iso_time_ms
 from tests.test_cli_e2e import (  # noqa: F401 (cluster_dir is a fixture)
     CLI_ENV, KVLEASE, cluster_dir, kvlease, kvlease_json, print_logs, recorded_pids, wait_for)
 
@@ -79,6 +82,14 @@ def walk_the_data_commands(cluster_dir: Path, tmp_path: Path) -> None:
     doc = kvlease_json(*c, "log", "db.t", "--bucket", str(bucket_7), "--json")
     changes_7 = [r["change_type"] for r in doc["records"] if r["row"]["id"] == 7]
     assert changes_7 == ["+I", "-U", "+U"] and doc["log_end_offset"] == len(doc["records"])
+    stamps = [r["timestamp"] for r in doc["records"]]  # --json: ms since the epoch, never going backwards
+    assert all(isinstance(t, int) for t in stamps) and stamps == sorted(stamps)
+    assert [r["timestamp"] for r in log_lines(*c, "log", "db.t", "--bucket", str(bucket_7))] == [
+        iso_time_ms(t) for t in stamps]  # lines: the same times as ISO-8601 UTC text
+    middle = stamps[len(stamps) // 2]
+    since = kvlease_json(*c, "log", "db.t", "--bucket", str(bucket_7), "--from-timestamp", iso_time_ms(middle),
+                         "--json")
+    assert since["from_offset"] == stamps.index(middle) and since["records"] == doc["records"][stamps.index(middle):]
 
     follow_log_until_ctrl_c(c, bucket_7, doc["log_end_offset"])
 
@@ -117,11 +128,15 @@ def follow_log_until_ctrl_c(c: tuple[str, ...], bucket: int, end: int) -> None:
                             env=CLI_ENV)
     try:
         time.sleep(1.0)
+        before = datetime.now(timezone.utc)
         subprocess.run([KVLEASE, *c, "put", "db.t", "-"], input='{"id": 7, "name": "again"}\n', text=True,
                        capture_output=True, env=CLI_ENV, timeout=60, check=True)
-        line = proc.stdout.readline()
-        assert json.loads(line) == {"offset": end, "change_type": "-U",
-                                    "row": {"id": 7, "name": "seven", "score": None}}
+        line = json.loads(proc.stdout.readline())
+        stamp = line.pop("timestamp")  # ISO-8601 UTC with milliseconds
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", stamp), stamp
+        assert before - timedelta(seconds=1) <= datetime.fromisoformat(stamp.replace("Z", "+00:00")) <= \
+            datetime.now(timezone.utc)
+        assert line == {"offset": end, "change_type": "-U", "row": {"id": 7, "name": "seven", "score": None}}
         assert json.loads(proc.stdout.readline())["change_type"] == "+U"
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=30)

@@ -84,7 +84,8 @@ class FakeTableClient:
         self.codec = RowCodec(table)
         self.upserts: list[list[dict]] = []
         self.rows: dict[tuple, dict] = {}
-        self.records = [{"offset": i, "change_type": "+I", "row": {"id": i, "name": f"n{i}"}} for i in range(5)]
+        self.records = [{"offset": i, "change_type": "+I", "timestamp": 1_700_000_000_000 + i if i else None,
+                         "row": {"id": i, "name": f"n{i}"}} for i in range(5)]  # offset 0: a v1 entry
         self.fetches: list[int] = []
 
     def _key(self, row):
@@ -104,7 +105,10 @@ class FakeTableClient:
         gone = [self.rows.pop(self._key(k), None) for k in keys]
         return {0: (10, 10 + sum(g is not None for g in gone))}
 
-    def list_offsets(self, buckets=None):
+    def list_offsets(self, buckets=None, timestamp=None):
+        if timestamp is not None:  # the first record at or after it; the end (5) if none
+            return {b: next((r["offset"] for r in self.records if (r["timestamp"] or -1) >= timestamp), 5)
+                    for b in buckets}
         return {b: (2, 5) for b in buckets}
 
     def fetch_log(self, bucket, from_offset, max_bytes=0):
@@ -201,11 +205,34 @@ def test_log_prints_json_lines_up_to_the_end(fake_table):
     assert result.exit_code == 0, result.output
     lines = [json.loads(line) for line in result.stdout.splitlines()]
     assert [r["offset"] for r in lines] == [2, 3, 4]  # from the earliest kept offset
-    assert lines[0] == {"offset": 2, "change_type": "+I", "row": {"id": 2, "name": "n2"}}
+    assert lines[0] == {"offset": 2, "change_type": "+I", "timestamp": "2023-11-14T22:13:20.002Z",
+                        "row": {"id": 2, "name": "n2"}}
     doc = json.loads(run_in("log", "db.w", "--bucket", "0", "--from", "3", "--json").stdout)
     assert doc["from_offset"] == 3 and doc["log_end_offset"] == 5 and [r["offset"] for r in doc["records"]] == [3, 4]
+    assert doc["records"][0] == {"offset": 3, "change_type": "+I", "timestamp": 1_700_000_000_003,
+                                 "row": {"id": 3, "name": "n3"}}
     assert run_in("log", "db.w", "--bucket", "0", "--follow", "--json").exit_code == 2
     assert "buckets 0..1, not 2" in assert_one_line_error(run_in("log", "db.w", "--bucket", "2"))
+
+
+@pytest.mark.parametrize("when, first", [
+    ("1700000000003", 3), ("2023-11-14T22:13:20.002Z", 2), ("2023-11-14T22:13:20.0025", 3),
+    ("2023-11-14T23:13:20.001+01:00", 1), ("2030-01-01", None), ("0", 1)])
+def test_log_from_timestamp_starts_at_the_first_record_at_or_after_it(fake_table, when, first):
+    result = run_in("log", "db.w", "--bucket", "0", "--from-timestamp", when, "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert [r["offset"] for r in doc["records"]] == ([] if first is None else list(range(first, 5)))
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--from-timestamp", "yesterday"), "neither ms since the epoch nor an ISO-8601 time"),
+    (("--from-timestamp", "1969-12-31T23:59:59Z"), "before 1970"),
+    (("--from-timestamp", "5", "--from", "1"), "not both"),
+])
+def test_log_from_timestamp_usage_errors(fake_table, args, message):
+    result = run_in("log", "db.w", "--bucket", "0", *args)
+    assert result.exit_code == 2 and message in result.stderr, result.output
 
 
 def test_log_follow_stops_quietly_on_ctrl_c(fake_table, monkeypatch):
@@ -219,8 +246,17 @@ def test_log_follow_stops_quietly_on_ctrl_c(fake_table, monkeypatch):
     monkeypatch.setattr(data.time, "sleep", sleep)
     result = run_in("log", "db.w", "--bucket", "0", "--from", "0", "--follow", "--poll-interval", "50ms")
     assert result.exit_code == 0, result.output
-    assert [json.loads(line)["offset"] for line in result.stdout.splitlines()] == [0, 1, 2, 3, 4]
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [line["offset"] for line in lines] == [0, 1, 2, 3, 4]
+    assert lines[0]["timestamp"] is None and lines[1]["timestamp"] == "2023-11-14T22:13:20.001Z"  # v1: no time
     assert polls == [0.05] * 3
+
+
+def test_iso_time_ms_is_utc_with_milliseconds():
+    assert out.iso_time_ms(0) == "1970-01-01T00:00:00.000Z"
+    assert out.iso_time_ms(1_700_000_000_123) == "2023-11-14T22:13:20.123Z"
+    assert out.iso_time_ms(253_402_300_799_999) == "9999-12-31T23:59:59.999Z"  # exact, no float rounding
+    assert out.iso_time_ms(None) is None
 
 
 def test_snapshot_trigger(fake_table):

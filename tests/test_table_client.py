@@ -22,6 +22,8 @@ from common.tables import Column, TableInfo
 from client.admin import BucketLeader
 from client.table import CommittedSnapshot, TableClient
 from common.codec import RowCodec, batch_to_ipc, bucket_of, ipc_to_batch
+from common.logentry import ChangeType, decode_entry, encode_payload, frame_header, record_batch
+from tests.test_changelog_timestamps import frame_v1
 
 TABLE = TableInfo(7, "db", "t", (Column("id", "BIGINT"), Column("v", "STRING")), ("id",), 4)
 COMPOSITE = TableInfo(8, "db", "c", (Column("a", "INT"), Column("b", "STRING"), Column("x", "DOUBLE")), ("a", "b"), 3)
@@ -51,6 +53,8 @@ class FakeTablet:
     rows: dict[int, dict[bytes, dict]] = field(default_factory=dict)
     calls: list[tuple[str, int]] = field(default_factory=list)
     fail: list = field(default_factory=list)
+    log: dict[int, list[bytes]] = field(default_factory=dict)  # framed changelog entries per bucket
+    timestamps: bool = True  # answers ListOffsets by timestamp (False: a server from before it)
 
     def _check(self, method: str, bucket: int):
         self.calls.append((method, bucket))
@@ -97,10 +101,20 @@ class FakeTablet:
         error = self._check("ListOffsets", -1)
         if error:
             return pb.ListOffsetsResponse(error=error)
+        found = request.timestamp + 1000 if request.HasField("timestamp") and self.timestamps else None
         return pb.ListOffsetsResponse(offsets=[
-            pb.BucketOffsetsPb(bucket=b, earliest=0, latest=len(self.rows.get(b, {}))) if b in self.buckets else
+            pb.BucketOffsetsPb(bucket=b, earliest=0, latest=len(self.rows.get(b, {})), timestamp_offset=found)
+            if b in self.buckets else
             pb.BucketOffsetsPb(bucket=b, error=cpb.ErrorPb(code=int(errors.ErrorCode.NOT_LEADER)))
             for b in request.buckets])
+
+    def FetchLog(self, request, timeout=None):
+        error = self._check("FetchLog", request.bucket)
+        if error:
+            return pb.FetchLogResponse(error=error)
+        entries = self.log.get(request.bucket, [])
+        return pb.FetchLogResponse(entries=entries, log_start_offset=0,
+                                   log_end_offset=sum(decode_entry(e).count for e in entries))
 
     def TriggerSnapshot(self, request, timeout=None):
         error = self._check("TriggerSnapshot", -1)
@@ -312,3 +326,65 @@ def test_list_offsets_checks_bucket_numbers(two_tablets):
     with pytest.raises(errors.BucketOutOfRangeError):
         client.list_offsets([4])
     assert client.list_offsets([1]) == {1: (0, 0)}
+
+
+# -- changelog append times --------------------------------------------------------------------------
+
+
+def changelog_records(codec: RowCodec, rows: list[dict]) -> pa.RecordBatch:
+    batch = codec.to_batch(rows)
+    keys, values = codec.encode(batch)
+    return record_batch([ChangeType.INSERT] * len(rows), keys, values)
+
+
+@pytest.mark.unit
+def test_fetch_log_gives_each_record_its_entry_time_and_none_for_v1_entries():
+    # a table with a column named like a record column: the client picks the table's columns by position
+    table = TableInfo(11, "db", "ts", (Column("id", "BIGINT"), Column("timestamp", "STRING")), ("id",), 1)
+    tablet = FakeTablet("a:1", table, {0})
+    codec = RowCodec(table)
+    old = changelog_records(codec, [{"id": 1, "timestamp": "one"}, {"id": 2, "timestamp": "two"}])
+    new = changelog_records(codec, [{"id": 3, "timestamp": "three"}])
+    payload = encode_payload(new)
+    tablet.log[0] = [frame_v1(0, old), frame_header(2, 1, payload, 1_700_000_000_007) + payload.to_pybytes()]
+    client, _, _ = fake_client(table, [tablet], {0: "a:1"})
+    with client:
+        batch, end = client.fetch_log_batch(0, 0)
+        assert end == 3
+        assert batch.schema.names == ["offset", "change_type", "timestamp", "id", "timestamp"]
+        assert batch.schema.field(2).type == pa.int64() and batch.schema.field(2).nullable
+        assert batch.column(2).to_pylist() == [None, None, 1_700_000_000_007]
+        records, _ = client.fetch_log(0, 1)
+        assert records == [
+            {"offset": 1, "change_type": "+I", "timestamp": None, "row": {"id": 2, "timestamp": "two"}},
+            {"offset": 2, "change_type": "+I", "timestamp": 1_700_000_000_007, "row": {"id": 3, "timestamp": "three"}}]
+        tablet.log[0] = []
+        empty, _ = client.fetch_log_batch(0, 0)
+        assert empty.num_rows == 0 and empty.schema.names == batch.schema.names
+
+
+@pytest.mark.unit
+def test_list_offsets_by_timestamp(two_tablets):
+    client, _, a, b, _ = two_tablets
+    assert client.list_offsets(timestamp=5) == {0: 1005, 1: 1005, 2: 1005, 3: 1005}
+    assert client.list_offsets([2], timestamp=np.int64(7)) == {2: 1007}
+    assert client.list_offsets([1]) == {1: (0, 0)}  # without a timestamp: unchanged
+    assert {m for m, _ in a.calls + b.calls} == {"ListOffsets"}
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("bad", [-1, "5", 1.5, True])
+def test_list_offsets_refuses_a_bad_timestamp_before_sending(two_tablets, bad):
+    client, _, a, b, _ = two_tablets
+    with pytest.raises(errors.InvalidRequestError, match="timestamp"):
+        client.list_offsets(timestamp=bad)
+    assert a.calls == b.calls == []
+
+
+@pytest.mark.unit
+def test_list_offsets_by_timestamp_on_a_server_without_it_is_a_clear_error(two_tablets):
+    client, _, a, _, sleeps = two_tablets
+    a.timestamps = False
+    with pytest.raises(errors.UnknownServerError, match="does not support ListOffsets by timestamp"):
+        client.list_offsets([0], timestamp=5)
+    assert sleeps == []  # not retried

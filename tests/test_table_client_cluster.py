@@ -27,8 +27,8 @@ from tests.local_cluster import LocalCluster
 def local_cluster(make_config, tmp_path):
     clusters = []
 
-    def make(tablets: int = 2) -> LocalCluster:
-        clusters.append(LocalCluster(make_config, tmp_path, tablets))
+    def make(tablets: int = 2, tablet_overrides: dict | None = None) -> LocalCluster:
+        clusters.append(LocalCluster(make_config, tmp_path, tablets, tablet_overrides))
         return clusters[-1]
 
     yield make
@@ -99,24 +99,31 @@ def test_fetch_log_shows_every_change_with_before_images(local_cluster):
     cluster.create_table("db.t", ROWS_COLUMNS, ["id"], 1)
     with TableClient(cluster.admin, "db.t") as client:
         assert client.fetch_log(0, 0) == ([], 0)
+        before = time.time_ns() // 1_000_000
         client.upsert([{"id": 1, "v": "a"}, {"id": 2, "v": "b"}])
         client.upsert([{"id": 1, "v": "A"}])
         client.delete([2, 3])
+        after = time.time_ns() // 1_000_000
         records, end = client.fetch_log(0, 0)
         assert end == 5
-        assert records == [
+        assert [{k: v for k, v in r.items() if k != "timestamp"} for r in records] == [
             {"offset": 0, "change_type": "+I", "row": {"id": 1, "v": "a"}},
             {"offset": 1, "change_type": "+I", "row": {"id": 2, "v": "b"}},
             {"offset": 2, "change_type": "-U", "row": {"id": 1, "v": "a"}},
             {"offset": 3, "change_type": "+U", "row": {"id": 1, "v": "A"}},
             {"offset": 4, "change_type": "-D", "row": {"id": 2, "v": "b"}},
         ]
+        # every record has its entry's append time (one entry per write), never going backwards
+        stamps = [r["timestamp"] for r in records]
+        assert before <= stamps[0] == stamps[1] <= stamps[2] == stamps[3] <= stamps[4] <= after
         assert client.fetch_log(0, 3)[0] == records[3:]  # from the middle of an entry
         first, _ = client.fetch_log(0, 0, max_bytes=1)  # at least one entry, however small max_bytes
         assert first and first[0]["offset"] == 0
         assert client.fetch_log(0, 5) == ([], 5)
         batch, _ = client.fetch_log_batch(0, 2)
-        assert batch.schema.names == ["offset", "change_type", "id", "v"]
+        assert batch.schema.names == ["offset", "change_type", "timestamp", "id", "v"]
+        assert batch.schema.field("timestamp").type == pa.int64()
+        assert batch.column("timestamp").to_pylist() == stamps[2:]
         assert client.list_offsets() == {0: (0, 5)}
         with pytest.raises(errors.InvalidRequestError):
             client.fetch_log(0, 99)
@@ -165,3 +172,63 @@ def test_a_request_waits_out_a_restart_within_its_budget(local_cluster):
         cluster.start_tablet(1)
         thread.join(30)
         assert result["rows"] == [{"id": 1, "v": "x"}, None]
+
+
+def first_at_or_after(records: list[dict], timestamp: int, end: int) -> int:
+    """By brute force: the offset of the first record appended at or after ``timestamp``, else ``end``."""
+    return next((r["offset"] for r in records if r["timestamp"] >= timestamp), end)
+
+
+def test_list_offsets_by_timestamp_over_segments_and_after_retention(local_cluster):
+    cluster = local_cluster(1, {"log.segment.bytes": "4kb", "log.retention": "0ms"})
+    table = cluster.create_table("db.t", ROWS_COLUMNS, ["id"], 2)
+    with TableClient(cluster.admin, "db.t") as client:
+        assert client.list_offsets(timestamp=0) == {0: 0, 1: 0}  # empty buckets: their end
+        for i in range(40):
+            client.upsert([{"id": i * 10 + j, "v": "x" * 40} for j in range(10)])  # an entry in each bucket
+            time.sleep(0.003)  # most entries get a time of their own; equal times are checked too
+        stores = {b: cluster.tablets[1].replicas.get(table.table_id, b).store for b in (0, 1)}
+        assert all(len(store.log_segments()) >= 3 for store in stores.values())
+        records, ends = {}, {}
+        for b in (0, 1):
+            records[b], ends[b] = client.fetch_log(b, 0, max_bytes=1 << 30)
+            assert len(records[b]) == ends[b] > 0
+
+        def check(kept):
+            times = sorted({r["timestamp"] for b in (0, 1) for r in records[b]})
+            probes = sorted({0, times[-1] + 1, *times, *(t - 1 for t in times), *(t + 1 for t in times)})
+            for t in probes:
+                expected = {b: first_at_or_after([r for r in records[b] if r["offset"] >= kept[b]], t, ends[b])
+                            for b in (0, 1)}
+                assert client.list_offsets(timestamp=t) == expected, t
+            assert client.list_offsets([1], timestamp=times[-1] + 1) == {1: ends[1]}  # after all: the end
+
+        check({0: 0, 1: 0})
+        middle = records[0][len(records[0]) // 2]  # exactly an entry's time: the first record of that time
+        assert client.list_offsets([0], timestamp=middle["timestamp"]) == {
+            0: next(r["offset"] for r in records[0] if r["timestamp"] == middle["timestamp"])}
+
+        client.trigger_snapshot(wait=True)  # retention (log.retention 0ms) then deletes all but the active segment
+        kept = {b: earliest for b, (earliest, _) in client.list_offsets().items()}
+        assert all(kept[b] > 0 for b in (0, 1))
+        assert client.list_offsets(timestamp=0) == kept  # before everything kept: the earliest kept offset
+        assert client.list_offsets([0], timestamp=records[0][0]["timestamp"]) == {0: kept[0]}
+        check(kept)
+
+
+def test_list_offsets_refuses_a_negative_timestamp_on_the_server_too(local_cluster):
+    cluster = local_cluster(1)
+    table = cluster.create_table("db.t", ROWS_COLUMNS, ["id"], 1)
+    with TableClient(cluster.admin, "db.t") as client:
+        with pytest.raises(errors.InvalidRequestError, match="timestamp"):
+            client.list_offsets(timestamp=-1)
+    channel = grpc.insecure_channel(cluster.tablets[1].address)
+    try:
+        stub = pb_grpc.TabletServiceStub(channel)
+        response = stub.ListOffsets(pb.ListOffsetsRequest(table_id=table.table_id, buckets=[0], timestamp=-5),
+                                    timeout=10)
+        assert response.error.code == errors.ErrorCode.INVALID_REQUEST and "timestamp" in response.error.message
+        response = stub.ListOffsets(pb.ListOffsetsRequest(table_id=table.table_id, buckets=[0]), timeout=10)
+        assert not response.offsets[0].HasField("timestamp_offset")  # only asked for with a timestamp
+    finally:
+        channel.close()

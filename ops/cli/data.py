@@ -13,7 +13,7 @@ import click
 from common import errors
 from ops import output as out
 from ops.cli.app import State, catch_errors, common_options, kvlease, pass_state
-from ops.cli.values import DURATION, parse_json_row, parse_keys, table_path
+from ops.cli.values import DURATION, EPOCH_MS, parse_json_row, parse_keys, table_path
 
 PUT_BATCH_ROWS = 10_000
 
@@ -118,27 +118,40 @@ def delete(state: State, path: str, keys: tuple[str, ...]) -> None:
 @click.option("--bucket", type=click.IntRange(min=0), required=True, help="The bucket whose changelog to read.")
 @click.option("--from", "from_offset", type=click.IntRange(min=0), metavar="N",
               help="First offset (default: the earliest kept).")
+@click.option("--from-timestamp", "from_timestamp", type=EPOCH_MS, metavar="TIME",
+              help="Start at the first record appended at or after TIME (ms since the epoch or ISO-8601, "
+                   "UTC unless it names a zone).")
 @click.option("--follow", is_flag=True, help="Keep polling for new records until Ctrl-C.")
 @click.option("--poll-interval", type=DURATION, default="500ms", show_default=True, metavar="DURATION",
               help="How often --follow asks for new records.")
 @common_options
 @pass_state
 @catch_errors
-def log_command(state: State, path: str, bucket: int, from_offset: int | None, follow: bool,
-                poll_interval: int) -> None:
-    """Print a bucket's change records as JSON lines {offset, change_type, row}.
+def log_command(state: State, path: str, bucket: int, from_offset: int | None, from_timestamp: int | None,
+                follow: bool, poll_interval: int) -> None:
+    """Print a bucket's change records as JSON lines {offset, change_type, timestamp, row}.
 
     change_type is +I (insert), -U / +U (update: before / after image) or -D
-    (delete: the deleted row). Without --follow it stops at the end of the log;
-    with --json it prints one document instead (not with --follow).
+    (delete: the deleted row). timestamp is when the record was appended:
+    ISO-8601 UTC with milliseconds (ms since the epoch with --json), null for
+    records written before the changelog kept times. Without --follow it
+    stops at the end of the log; with --json it prints one document instead
+    (not with --follow).
     """
     if follow and state.json_mode:
         raise click.UsageError("--json prints one document; it cannot be combined with --follow")
+    if from_offset is not None and from_timestamp is not None:
+        raise click.UsageError("give --from or --from-timestamp, not both")
     client = state.table_client(path)
     if bucket >= client.table.buckets:
         raise errors.BucketOutOfRangeError(f"table {client.table.path} has buckets 0..{client.table.buckets - 1}, "
                                            f"not {bucket}")
-    offset = from_offset if from_offset is not None else client.list_offsets([bucket])[bucket][0]
+    if from_offset is not None:
+        offset = from_offset
+    elif from_timestamp is not None:
+        offset = client.list_offsets([bucket], timestamp=from_timestamp)[bucket]
+    else:
+        offset = client.list_offsets([bucket])[bucket][0]
     start, stop_at, collected = offset, None, []
     try:
         while True:
@@ -150,7 +163,7 @@ def log_command(state: State, path: str, bucket: int, from_offset: int | None, f
                 if state.json_mode:
                     collected.append(doc)
                 else:
-                    click.echo(json.dumps(doc))
+                    click.echo(json.dumps(out.log_record_line(doc)))
             if records:
                 offset = records[-1]["offset"] + 1
                 sys.stdout.flush()

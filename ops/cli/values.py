@@ -12,7 +12,7 @@ import base64
 import binascii
 import json
 import re
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 from typing import Any, Iterable
 
 import click
@@ -67,7 +67,33 @@ class BucketList(click.ParamType):
         return [int(p) for p in parts]
 
 
+class EpochMs(click.ParamType):
+    """A point in time: ms since the epoch (``1714564800000``) or ISO-8601 (``2024-05-01T12:00:00.5Z``,
+    UTC when it names no zone) -> ms since the epoch."""
+
+    name = "time"
+
+    def convert(self, value: Any, param, ctx) -> int:
+        if isinstance(value, int):
+            return value
+        text = str(value).strip()
+        if text.isdigit():
+            return int(text)
+        try:
+            stamp = datetime.fromisoformat(text)
+        except ValueError:
+            self.fail(f"{value!r} is neither ms since the epoch nor an ISO-8601 time", param, ctx)
+        if stamp.tzinfo is None:
+            stamp = stamp.replace(tzinfo=timezone.utc)
+        # rounded up: the records stamped at or after a time between two ms are those of the later one
+        ms = -((datetime(1970, 1, 1, tzinfo=timezone.utc) - stamp) // timedelta(milliseconds=1))
+        if ms < 0:
+            self.fail(f"{value!r} is before 1970-01-01", param, ctx)
+        return ms
+
+
 DURATION = Duration()
+EPOCH_MS = EpochMs()
 
 
 # -- column values from text and JSON (put, get, delete) -------------------------------------------
