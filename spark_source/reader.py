@@ -16,6 +16,7 @@ from typing import Iterator
 import pyarrow as pa
 
 from client.admin import AdminClient
+from client.log_records import decode_records, entry_records
 from client.table import TableClient
 from common import errors
 from common.codec import RowCodec
@@ -83,15 +84,8 @@ def _log_state(ctx: ReadContext, table: TableClient, split: LogSplit, schema: pa
 
 def _log_changes(ctx: ReadContext, table: TableClient, split: LogSplit,
                  schema: pa.Schema) -> Iterator[pa.RecordBatch]:
-    from client.log_records import decode_records  # the records' Arrow layout is the table client's
-
     for entry in read_entries(table, split.bucket, split.start, split.end):
-        records = entry.batch
-        timestamp = entry.timestamp_ms
-        records = records.append_column("timestamp", pa.array([timestamp] * records.num_rows, pa.int64()))
-        decoded = decode_records(table.codec, records.select(["offset", "change_type", "key", "value"]))
-        decoded = decoded.append_column("timestamp", records.column("timestamp"))
-        yield changes_for_spark(decoded, split.bucket, schema)
+        yield changes_for_spark(decode_records(table.codec, entry_records(entry)), split.bucket, schema)
 
 
 def _live(table: TableClient, split: LiveSplit, schema: pa.Schema) -> Iterator[pa.RecordBatch]:

@@ -13,6 +13,7 @@ import pyarrow.compute as pc
 from pyspark.sql.types import (BinaryType, BooleanType, DataType, DoubleType, IntegerType, LongType, StringType,
                                StructField, StructType, TimestampType)
 
+from client.log_records import LOG_COLUMNS
 from common.codec_arrays import ARROW_TYPES
 from common.logentry import ChangeType
 from common.tables import TableInfo
@@ -72,18 +73,18 @@ def rows_for_spark(rows: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
 
 
 def changes_for_spark(records: pa.RecordBatch, bucket: int, schema: pa.Schema) -> pa.RecordBatch:
-    """Decoded changelog records (``offset``, ``change_type``, ``timestamp``, the table's columns) as
-    change rows: the table's columns, then ``_change_type``, ``_bucket``, ``_log_offset``,
-    ``_commit_timestamp``."""
+    """Decoded changelog records (:func:`client.log_records.log_schema`: ``offset``, ``change_type``,
+    ``timestamp``, then the table's columns) as change rows: the table's columns, then ``_change_type``,
+    ``_bucket``, ``_log_offset``, ``_commit_timestamp``. Columns are taken by position: a table
+    column may be named like a record column."""
     n = records.num_rows
-    names = schema.names[:-len(METADATA)]
-    columns = [records.column(name) for name in names]
+    width = len(LOG_COLUMNS)
+    columns = [records.column(width + i) for i in range(len(schema) - len(METADATA))]
     columns = [c if c.type == schema.field(i).type else c.cast(schema.field(i).type)
                for i, c in enumerate(columns)]
-    change_type = pc.take(_NAMES, records.column("change_type").cast(pa.int32()))
-    millis = records.column("timestamp").cast(pa.int64())
-    committed = pc.multiply(millis, pa.scalar(1000, pa.int64())).cast(UTC_MICROS)
-    metadata = [change_type, pa.array(np.full(n, bucket, dtype=np.int32)), records.column("offset"), committed]
+    change_type = pc.take(_NAMES, records.column(1).cast(pa.int32()))
+    committed = pc.multiply(records.column(2), pa.scalar(1000, pa.int64())).cast(UTC_MICROS)
+    metadata = [change_type, pa.array(np.full(n, bucket, dtype=np.int32)), records.column(0), committed]
     return pa.RecordBatch.from_arrays(columns + metadata, schema=schema)
 
 

@@ -20,6 +20,9 @@ this offset (-1 in every later offset).
   bootstrap is committed. If a snapshot is gone, the query fails naming the lease.
 - ``commit(end)`` releases the buckets ``end`` bootstrapped (idempotent: a late
   or repeated commit releases nothing more) and stops renewing when none is left.
+  Spark commits a micro-batch's end only when it plans the next one, so the
+  offset after a bootstrap differs from it (snapshot ids cleared) even when no
+  change came in: one micro-batch, possibly empty, follows every bootstrap.
 """
 
 from __future__ import annotations
@@ -110,6 +113,10 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         ends = {b: max(starts[b][1], latest[b]) for b in starts}
         if isinstance(limit, ReadMaxRows):
             ends = _limited({b: o for b, (_, o) in starts.items()}, ends, limit.max_rows)
+        if all(ends[b] == starts[b][1] and snapshot == -1 for b, (snapshot, _) in starts.items()):
+            return start  # nothing new: no micro-batch
+        # Right after a bootstrap this is a new offset even with no new data: Spark commits a batch's
+        # end to the source only when it plans the next one, and that commit releases the lease.
         return _offset(lease, {b: (-1, ends[b]) for b in starts})
 
     def _bootstrap_end(self, admin: AdminClient, table: TableClient, lease: str, starts: dict,
@@ -189,7 +196,8 @@ def ensure_lease(admin: AdminClient, table, lease: str, snapshots: dict[int, int
         pass
     result = admin.acquire_lease(lease, wanted, duration_ms)
     if result.unavailable:
-        admin.release_lease(lease, list(result.acquired))
+        if result.acquired:  # a bootstrap missing some snapshots cannot resume: hold nothing
+            admin.release_lease(lease, list(result.acquired))
         gone = ", ".join(f"bucket {tb.bucket} snapshot {s}" for tb, s in sorted(result.unavailable.items()))
         raise LeaseLostError(
             f"table {table.path}: lease {lease} of this streaming query expired and its snapshots were reclaimed "
