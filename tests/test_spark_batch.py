@@ -3,6 +3,9 @@ the DataFrame equals the table read by lookups, from snapshots plus changelog, o
 
 from __future__ import annotations
 
+import json
+import time
+
 import pytest
 
 from client.table import TableClient
@@ -115,3 +118,74 @@ def test_primary_key_equality_reads_by_lookup(spark, kv):
     assert sorted(r["id"] for r in df.where("id IN (3, 4, 1000)").collect()) == [3, 4]
     assert df.where("id = 1000").collect() == []
     assert kv.admin.list_leases() == []
+
+
+def change_feed(spark, kv, table="shop.orders", **options):
+    return [r.asDict() for r in read(spark, kv, table, **options).collect()]
+
+
+def test_change_feed_from_earliest_with_ending_offsets_and_by_time(spark, kv):
+    kv.create_table("shop.orders", ALL_TYPES, ["id"], 2)
+    with TableClient(kv.admin, "shop.orders") as client:
+        first = client.upsert([row(i) for i in range(20)])
+        time.sleep(0.05)
+        middle = int(time.time() * 1000)
+        time.sleep(0.05)
+        client.upsert([row(i, 1) for i in range(5)])
+        client.delete([10])
+        records = {b: client.fetch_log(b, 0, 1 << 20)[0] for b in range(2)}
+
+    everything = change_feed(spark, kv, startup_mode="earliest")
+    assert sorted((r["_bucket"], r["_log_offset"]) for r in everything) == sorted(
+        (b, rec["offset"]) for b, recs in records.items() for rec in recs)
+    short = {"+I": "insert", "-U": "update_preimage", "+U": "update_postimage", "-D": "delete"}
+    by_offset = {(b, rec["offset"]): rec for b, recs in records.items() for rec in recs}
+    for r in everything:
+        rec = by_offset[(r["_bucket"], r["_log_offset"])]
+        assert r["_change_type"] == short[rec["change_type"]] and r["id"] == rec["row"]["id"]
+        assert int(r["_commit_timestamp"].timestamp() * 1000) == rec["timestamp"]
+
+    ends = {b: hi for b, (_, hi) in first.items()}
+    upto = change_feed(spark, kv, startup_mode="earliest", ending_offsets=json.dumps(ends))
+    assert sorted(r["id"] for r in upto) == list(range(20)) and {r["_change_type"] for r in upto} == {"insert"}
+
+    later = change_feed(spark, kv, startup_mode="timestamp", startup_timestamp=str(middle))
+    assert sorted((r["id"], r["_change_type"]) for r in later) == sorted(
+        [(i, t) for i in range(5) for t in ("update_preimage", "update_postimage")] + [(10, "delete")])
+    before = change_feed(spark, kv, startup_mode="earliest", ending_timestamp=str(middle))
+    assert sorted(r["id"] for r in before) == list(range(20))
+
+
+def test_change_feed_split_into_partitions_of_at_most_n_records(spark, kv):
+    kv.create_table("shop.orders", ALL_TYPES, ["id"], 1)
+    with TableClient(kv.admin, "shop.orders") as client:
+        for i in range(0, 100, 10):
+            client.upsert([row(j) for j in range(i, i + 10)])
+    df = read(spark, kv, startup_mode="earliest", **{"split.max-rows": "15"})
+    assert df.rdd.getNumPartitions() == 7
+    assert sorted(r["_log_offset"] for r in df.collect()) == list(range(100))
+
+
+def test_a_full_batch_read_carries_the_metadata_of_its_bootstrap(spark, kv):
+    kv.create_table("shop.orders", ALL_TYPES, ["id"], 2)
+    with TableClient(kv.admin, "shop.orders") as client:
+        client.upsert([row(i) for i in range(30)])
+        client.trigger_snapshot()
+        client.upsert([row(i, 1) for i in range(5)])
+        ends = {b: hi for b, (_, hi) in client.list_offsets().items()}
+        buckets = {i: b for b, rows, _ in client.split(client.key_batch(list(range(30)))) for i in
+                   rows.column("id").to_pylist()}
+    rows = read(spark, kv).collect()
+    assert {r["_change_type"] for r in rows} == {"insert"}
+    assert all(r["_bucket"] == buckets[r["id"]] and r["_log_offset"] == ends[r["_bucket"]] - 1 for r in rows)
+    assert all(r["_commit_timestamp"] is None for r in rows)
+
+
+def test_bad_options_fail_the_query_before_any_job_naming_the_option(spark, kv):
+    kv.create_table("shop.orders", ALL_TYPES, ["id"], 2)
+    with pytest.raises(Exception, match="unknown option 'colour'"):
+        read(spark, kv, colour="red")
+    with pytest.raises(Exception, match="option 'lease.duration'"):
+        read(spark, kv, lease_duration="forever").collect()
+    with pytest.raises(Exception, match="bad table name 'orders'|option 'table'"):
+        spark.read.format("kvlease").option("bootstrap", kv.coordinator.address).option("table", "orders").load()

@@ -81,3 +81,50 @@ def test_a_null_primary_key_fails_the_task_naming_the_row(spark, kv):
     df = frame(spark, kv, rows).coalesce(1)
     with pytest.raises(Exception, match=r"row 5 of partition 0 has a null primary key column 'id'"):
         source(df.write, kv, "shop.copy").mode("append").save()
+
+
+def churn(kv, table: str = "shop.orders") -> None:
+    """Inserts, updates and deletes, some after a snapshot."""
+    with TableClient(kv.admin, table) as client:
+        client.upsert([row(i) for i in range(150)])
+        client.trigger_snapshot()
+        client.upsert([row(i, 1) for i in range(0, 150, 3)])
+        client.delete(list(range(0, 150, 7)))
+        client.upsert([row(i, 2) for i in range(140, 170)])
+
+
+def test_a_change_feed_replayed_into_a_second_table_reproduces_the_first(spark, kv):
+    kv.create_table("shop.orders", ALL_TYPES, ["id"], 3)
+    kv.create_table("shop.copy", ALL_TYPES, ["id"], 2)
+    churn(kv)
+    feed = source(spark.read, kv, "shop.orders").option("startup.mode", "earliest").load()
+    feed.repartition(1).sortWithinPartitions("_bucket", "_log_offset").write.format("kvlease") \
+        .option("bootstrap", kv.coordinator.address).option("table", "shop.copy").mode("append").save()
+
+    original = rows_of(source(spark.read, kv, "shop.orders").load())
+    assert rows_of(source(spark.read, kv, "shop.copy").load()) == original
+    assert len(original) == 170 - len(range(0, 140, 7))
+
+
+def test_a_streaming_copy_upserts_each_micro_batch_into_a_second_table(spark, kv, tmp_path):
+    kv.create_table("shop.orders", ALL_TYPES, ["id"], 3)
+    kv.create_table("shop.copy", ALL_TYPES, ["id"], 3)
+    churn(kv)
+
+    def copy():
+        query = source(spark.readStream, kv, "shop.orders").load().writeStream.format("kvlease") \
+            .option("bootstrap", kv.coordinator.address).option("table", "shop.copy") \
+            .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start()
+        try:
+            assert query.awaitTermination(120)
+        finally:
+            query.stop()
+        assert query.exception() is None
+
+    copy()
+    assert rows_of(source(spark.read, kv, "shop.copy").load()) == rows_of(source(spark.read, kv, "shop.orders").load())
+    with TableClient(kv.admin, "shop.orders") as client:
+        client.upsert([row(i, 5) for i in range(100, 200)])
+        client.delete([1, 2, 4])
+    copy()
+    assert rows_of(source(spark.read, kv, "shop.copy").load()) == rows_of(source(spark.read, kv, "shop.orders").load())
