@@ -113,3 +113,33 @@ def test_a_split_read_after_its_snapshot_was_released_and_reclaimed_fails_clearl
 
         with pytest.raises(SnapshotGoneError, match=r"lease L4.*snapshot \d+ is gone.*run the read again"):
             list(read_split(ctx, split))
+
+
+def test_a_split_leaves_no_temp_dir_after_success_failure_or_an_early_stop(cluster, tmp_path, monkeypatch):
+    local = tmp_path / "spark-local"
+    local.mkdir()
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(local))
+    cluster.create_table("shop.orders", ALL_TYPES, ["id"], 1)
+    with TableClient(cluster.admin, "shop.orders") as client:
+        client.upsert([row(i) for i in range(70_000)])  # more than one chunk of snapshot rows
+        client.trigger_snapshot()
+        client.upsert([row(i, 1) for i in range(10)])
+        storage = cluster.admin.coordinator_info().remote_storage()
+        ctx = ReadContext((cluster.coordinator.address,), client.table, storage, ("id", "_log_offset"))
+        (split,) = plan_bootstrap(cluster.admin, client, options(), "L5", release=False)
+
+        seen_dirs = []
+        batches = read_split(ctx, split)
+        first = next(batches)
+        seen_dirs.append([p.name for p in local.iterdir()])
+        batches.close()  # Spark stopped reading early (a LIMIT)
+        assert first.schema.names == ["id", "_log_offset"] and first.num_rows
+        assert seen_dirs[0] and seen_dirs[0][0].startswith("kvlease-split-") and list(local.iterdir()) == []
+
+        assert sum(b.num_rows for b in read_split(ctx, split)) == 70_000
+        assert list(local.iterdir()) == []
+
+        beyond = HybridSplit(split.bucket, split.snapshot_id, split.end + 100, "L5", release=False)
+        with pytest.raises(Exception, match="changelog ends at"):
+            list(read_split(ctx, beyond))
+        assert list(local.iterdir()) == []
