@@ -58,18 +58,19 @@ def open_snapshot(storage: RemoteStorage, tb: TableBucket, snapshot_id: int, *, 
                                     "was released or expired and the snapshot reclaimed: run the read again"
                                     ) from None
         db = open_read_only(os.path.join(target, "db"))
-        items = iter(db.items())
-        yield manifest.log_offset, _chunks(items)
+        yield manifest.log_offset, _chunks(db)
     finally:
         if db is not None:
             db.close()
         shutil.rmtree(target, ignore_errors=True)
 
 
-def _chunks(items) -> Iterator[tuple[list[bytes], list[bytes]]]:
-    while chunk := list(itertools.islice(items, CHUNK_ROWS)):
-        keys, values = zip(*chunk)
-        yield list(keys), list(values)
+def _chunks(db) -> Iterator[tuple[list[bytes], list[bytes]]]:
+    """Keys and values in chunks, from two iterators in lockstep (the snapshot is read-only, so both
+    see the same rows in the same order): about twice as fast as ``items()`` and its tuples."""
+    keys, values = iter(db.keys()), iter(db.values())
+    while chunk := list(itertools.islice(keys, CHUNK_ROWS)):
+        yield chunk, list(itertools.islice(values, len(chunk)))
 
 
 def merge(chunks: Iterator[tuple[list[bytes], list[bytes]]], changes: dict[bytes, bytes | None]) -> Iterator[pa.Array]:

@@ -10,6 +10,7 @@ the snapshot anyway).
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from typing import Iterator
 
@@ -42,9 +43,8 @@ def _read(ctx: ReadContext, split, schema: pa.Schema) -> Iterator[pa.RecordBatch
         admin = stack.enter_context(AdminClient(list(ctx.bootstrap)))
         table = stack.enter_context(TableClient(admin, ctx.table.table_id))
         if isinstance(split, HybridSplit):
-            yield from _hybrid(ctx, table, split, schema)
-            if split.release:
-                _release(admin, ctx, split)
+            batches = _hybrid(ctx, table, split, schema)
+            yield from (_releasing(admin, ctx, split, batches) if split.release else batches)
         elif isinstance(split, LogSplit):
             yield from (_log_state if split.as_state else _log_changes)(ctx, table, split, schema)
         elif isinstance(split, LiveSplit):
@@ -104,6 +104,21 @@ def _lookup(table: TableClient, split: LookupSplit, schema: pa.Schema) -> Iterat
     rows = rows.filter(found)
     if rows.num_rows:  # the current rows; a lookup learns no changelog offset: _log_offset is -1
         yield state_rows_as_changes(rows, split.bucket, 0, schema)
+
+
+def _releasing(admin: AdminClient, ctx: ReadContext, split: HybridSplit,
+               batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The batches; the bucket's release is sent while the last one goes to Spark (every row has been
+    read from the snapshot and its temp dir removed by then) and waited for at the end."""
+    last = next(batches, None)
+    for batch in batches:
+        yield last
+        last = batch
+    with ThreadPoolExecutor(1, thread_name_prefix="kvlease-release") as pool:
+        release = pool.submit(_release, admin, ctx, split)
+        if last is not None:
+            yield last
+        release.result()
 
 
 def _release(admin: AdminClient, ctx: ReadContext, split: HybridSplit) -> None:
