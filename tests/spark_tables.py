@@ -39,6 +39,16 @@ def rows_of(df) -> dict:
     return {r["id"]: spark_row({n: r[n] for n in names}) for r in df.collect()}
 
 
+def seed(cluster: LocalCluster, buckets: int, rows: int, table: str = "shop.orders") -> None:
+    """Create ``table`` (every type) with rows ``0..rows-1`` and snapshot it."""
+    from client.table import TableClient
+
+    cluster.create_table(table, ALL_TYPES, ["id"], buckets)
+    with TableClient(cluster.admin, table) as client:
+        client.upsert([row(i) for i in range(rows)])
+        client.trigger_snapshot()
+
+
 @pytest.fixture
 def kv(make_config, tmp_path):
     """An in-process cluster (coordinator + 2 tablet servers) on this test's ZooKeeper chroot."""

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from client.table import TableClient
-from tests.spark_tables import ALL_TYPES, kv, row, rows_of  # noqa: F401  (kv is a fixture)
+from tests.spark_tables import ALL_TYPES, kv, row, rows_of, seed  # noqa: F401  (kv is a fixture)
 
 
 def read(spark, kv, table: str = "shop.orders", **options):
@@ -24,10 +24,8 @@ def lookups(client: TableClient, ids) -> dict:
 
 
 def test_batch_read_equals_lookups_after_writes_updates_deletes_and_snapshots(spark, kv):
-    kv.create_table("shop.orders", ALL_TYPES, ["id"], 4)
+    seed(kv, 4, 400)
     with TableClient(kv.admin, "shop.orders") as client:
-        client.upsert([row(i) for i in range(400)])
-        client.trigger_snapshot()
         client.upsert([row(i, 1) for i in range(0, 400, 3)])  # updates after the snapshot
         client.delete(list(range(1, 400, 10)))
         client.upsert([row(i) for i in range(400, 450)])  # inserts after the snapshot
@@ -62,10 +60,8 @@ def test_batch_read_of_snapshots_on_s3(spark, make_config, s3_overrides, tmp_pat
 
 
 def test_live_bootstrap_reads_scans_and_takes_no_lease(spark, kv):
-    kv.create_table("shop.orders", ALL_TYPES, ["id"], 4)
+    seed(kv, 4, 200)
     with TableClient(kv.admin, "shop.orders") as client:
-        client.upsert([row(i) for i in range(200)])
-        client.trigger_snapshot()
         client.upsert([row(i, 1) for i in range(50)])
         client.delete([60, 61])
         expected = lookups(client, range(200))
@@ -91,10 +87,8 @@ def test_buckets_without_a_snapshot_are_read_from_the_changelog(spark, kv):
 
 
 def test_projection_and_filters_on_other_columns(spark, kv):
-    kv.create_table("shop.orders", ALL_TYPES, ["id"], 2)
+    seed(kv, 2, 100)
     with TableClient(kv.admin, "shop.orders") as client:
-        client.upsert([row(i) for i in range(100)])
-        client.trigger_snapshot()
         client.upsert([row(i, 1) for i in range(10)])
 
     df = read(spark, kv).where("qty > 500").select("id", "name")
@@ -106,10 +100,8 @@ def test_projection_and_filters_on_other_columns(spark, kv):
 
 
 def test_primary_key_equality_reads_by_lookup(spark, kv):
-    kv.create_table("shop.orders", ALL_TYPES, ["id"], 4)
+    seed(kv, 4, 100)
     with TableClient(kv.admin, "shop.orders") as client:
-        client.upsert([row(i) for i in range(100)])
-        client.trigger_snapshot()
         client.upsert([row(42, 5)])
 
     df = read(spark, kv)
@@ -167,10 +159,8 @@ def test_change_feed_split_into_partitions_of_at_most_n_records(spark, kv):
 
 
 def test_a_full_batch_read_carries_the_metadata_of_its_bootstrap(spark, kv):
-    kv.create_table("shop.orders", ALL_TYPES, ["id"], 2)
+    seed(kv, 2, 30)
     with TableClient(kv.admin, "shop.orders") as client:
-        client.upsert([row(i) for i in range(30)])
-        client.trigger_snapshot()
         client.upsert([row(i, 1) for i in range(5)])
         ends = {b: hi for b, (_, hi) in client.list_offsets().items()}
         buckets = {i: b for b, rows, _ in client.split(client.key_batch(list(range(30)))) for i in

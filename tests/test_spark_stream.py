@@ -11,7 +11,7 @@ import pytest
 
 from client.table import TableClient
 from tests.procs import wait_until
-from tests.spark_tables import ALL_TYPES, row, spark_row
+from tests.spark_tables import ALL_TYPES, row, seed, spark_row
 from tests.local_cluster import LocalCluster
 
 NAMES = [c.name for c in ALL_TYPES]
@@ -84,10 +84,8 @@ def lease_in_checkpoint(checkpoint) -> str:
 
 
 def test_bootstrap_then_tail_reproduces_the_table_and_leaves_no_lease(spark, kv, tmp_path):
-    kv.create_table("shop.orders", ALL_TYPES, ["id"], 4)
+    seed(kv, 4, 300)
     with TableClient(kv.admin, "shop.orders") as client:
-        client.upsert([row(i) for i in range(300)])
-        client.trigger_snapshot()
         client.upsert([row(i, 1) for i in range(0, 300, 4)])
         client.delete([7, 8])
     sink = Collector()
@@ -114,10 +112,7 @@ def test_bootstrap_then_tail_reproduces_the_table_and_leaves_no_lease(spark, kv,
 
 
 def test_a_slow_bootstrap_keeps_its_lease_and_snapshot(spark, kv, tmp_path):
-    kv.create_table("shop.orders", ALL_TYPES, ["id"], 2)
-    with TableClient(kv.admin, "shop.orders") as client:
-        client.upsert([row(i) for i in range(100)])
-        client.trigger_snapshot()
+    seed(kv, 2, 100)
     seen = {}
 
     def slow(batch_id):
@@ -144,10 +139,8 @@ class Crash(Exception):
 
 
 def test_a_query_killed_mid_bootstrap_restarts_on_the_same_lease_without_duplicates_or_gaps(spark, kv, tmp_path):
-    kv.create_table("shop.orders", ALL_TYPES, ["id"], 3)
+    seed(kv, 3, 200)
     with TableClient(kv.admin, "shop.orders") as client:
-        client.upsert([row(i) for i in range(200)])
-        client.trigger_snapshot()
         client.upsert([row(i, 1) for i in range(0, 200, 5)])
     checkpoint = tmp_path / "ck"
 
@@ -174,10 +167,7 @@ def test_a_query_killed_mid_bootstrap_restarts_on_the_same_lease_without_duplica
 
 
 def test_a_restart_after_the_lease_expired_and_the_snapshot_was_reclaimed_fails_naming_the_lease(spark, kv, tmp_path):
-    kv.create_table("shop.orders", ALL_TYPES, ["id"], 2)
-    with TableClient(kv.admin, "shop.orders") as client:
-        client.upsert([row(i) for i in range(50)])
-        client.trigger_snapshot()
+    seed(kv, 2, 50)
     checkpoint = tmp_path / "ck"
 
     def crash(batch_id):
@@ -198,10 +188,7 @@ def test_a_restart_after_the_lease_expired_and_the_snapshot_was_reclaimed_fails_
 
 
 def test_max_rows_per_trigger_bounds_every_tail_batch(spark, kv, tmp_path):
-    kv.create_table("shop.orders", ALL_TYPES, ["id"], 2)
-    with TableClient(kv.admin, "shop.orders") as client:
-        client.upsert([row(i) for i in range(20)])
-        client.trigger_snapshot()
+    seed(kv, 2, 20)
     sink = Collector()
     checkpoint = tmp_path / "ck"
     run(spark, kv, checkpoint, sink, maxRowsPerTrigger=30)
