@@ -166,7 +166,11 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if not done or lease is None:
             return
         admin, _ = self._connect()
-        admin.release_lease(lease, done)  # idempotent: a late or second commit finds nothing held
+        try:
+            admin.release_lease(lease, done)  # idempotent: a late or second commit finds nothing held
+        except errors.KvLeaseError as exc:  # the data is committed; unrenewed, the lease expires by itself
+            log.warning("could not release lease %s after its bootstrap committed (it expires within "
+                        "lease.duration): %s", lease, exc)
         if self._renewer is not None and self._renewer.lease_id == lease:
             self._renewer.stop()
             self._renewer = None
