@@ -22,13 +22,12 @@ from client.table import TableClient
 from common import errors
 from common.codec import RowCodec
 from common.model import TableBucket
-from spark_source.bootstrap import CHUNK_ROWS, merge, open_snapshot
+from spark_source.bootstrap import merge, open_snapshot
 from spark_source.changelog import final_states, read_entries
 from spark_source.schema import changes_for_spark, spark_arrow_schema, state_rows_as_changes
 from spark_source.splits import HybridSplit, LiveSplit, LogSplit, LookupSplit, ReadContext
 
 log = logging.getLogger(__name__)
-BATCH_ROWS = CHUNK_ROWS
 
 
 def read_split(ctx: ReadContext, split) -> Iterator[pa.RecordBatch]:
@@ -46,7 +45,7 @@ def _read(ctx: ReadContext, split, schema: pa.Schema) -> Iterator[pa.RecordBatch
             batches = _hybrid(ctx, table, split, schema)
             yield from (_releasing(admin, ctx, split, batches) if split.release else batches)
         elif isinstance(split, LogSplit):
-            yield from (_log_state if split.as_state else _log_changes)(ctx, table, split, schema)
+            yield from (_log_state if split.as_state else _log_changes)(table, split, schema)
         elif isinstance(split, LiveSplit):
             yield from _live(table, split, schema)
         elif isinstance(split, LookupSplit):
@@ -77,13 +76,12 @@ def _hybrid(ctx: ReadContext, table: TableClient, split: HybridSplit, schema: pa
         yield from _state_batches(table.codec, merge(chunks, changes), split.bucket, split.end, schema)
 
 
-def _log_state(ctx: ReadContext, table: TableClient, split: LogSplit, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+def _log_state(table: TableClient, split: LogSplit, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     changes = final_states(read_entries(table, split.bucket, split.start, split.end))
     yield from _state_batches(table.codec, merge(iter(()), changes), split.bucket, split.end, schema)
 
 
-def _log_changes(ctx: ReadContext, table: TableClient, split: LogSplit,
-                 schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+def _log_changes(table: TableClient, split: LogSplit, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     for entry in read_entries(table, split.bucket, split.start, split.end):
         yield changes_for_spark(decode_records(table.codec, entry_records(entry)), split.bucket, schema)
 

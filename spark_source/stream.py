@@ -136,9 +136,6 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._renew(lease, {b: held[b].snapshot_id for b in held})
         return _offset(lease, ends)
 
-    def reportLatestOffset(self) -> dict | None:
-        return None
-
     # -- planning --------------------------------------------------------------------------------
 
     def partitions(self, start: dict, end: dict) -> list:
