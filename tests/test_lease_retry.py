@@ -106,6 +106,11 @@ def leased_by(client: AdminClient, tb: TableBucket) -> tuple[str, ...]:
     return {s.bucket: s.leased_by for s in client.list_kv_snapshots(tb.table_id)}[tb]
 
 
+def now_ms() -> int:
+    """The wall clock as the coordinator reads it: whole milliseconds (a float can be ahead of it)."""
+    return int(time.time() * 1000)
+
+
 def past_deadline(expiration_time_ms: int) -> None:
     """Wait until the wall clock (the coordinator's clock) is past ``expiration_time_ms``."""
     wait_until(lambda: time.time() * 1000 > expiration_time_ms + 20, 10, "the lease's deadline passes",
@@ -174,7 +179,7 @@ def test_a_lease_past_its_deadline_is_hidden_and_renew_is_lease_not_found(client
 
 def test_acquire_past_the_deadline_starts_a_new_lease(client, tbs, persisted):
     expired_lease(client, persisted, "L", {tbs[0]: 1, tbs[1]: 1})
-    before_ms = time.time() * 1000
+    before_ms = now_ms()
     result = client.acquire_lease("L", {tbs[1]: 1, tbs[2]: 1}, 60_000)
     assert result.acquired == {tbs[1]: 1, tbs[2]: 1} and result.unavailable == {}
     assert before_ms + 60_000 <= result.expiration_time <= time.time() * 1000 + 60_000
@@ -209,7 +214,7 @@ def test_the_failover_grace_is_persisted_and_not_granted_again(coordinators, per
         expired_lease(client, persisted, "gap", {tb: 1})
         client.acquire_lease("long", {tb: 1}, 600_000)
 
-    stopping_at = time.time() * 1000
+    stopping_at = now_ms()
     first.stop()  # the lease expired while it was active; no timer ran
     assert coordinators.active() is second
     served_at = time.time() * 1000
