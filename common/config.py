@@ -188,15 +188,7 @@ class Config:
     def load(cls, path: str | os.PathLike[str] | None = None, overrides: Mapping[str, Any] | None = None,
              *, env: Mapping[str, str] | None = None) -> "Config":
         """Values from the TOML file at ``path`` (if given), then ``overrides``, then env."""
-        values: dict[str, Any] = {}
-        if path is not None:
-            try:
-                with open(path, "rb") as fh:
-                    values.update(_flatten(tomllib.load(fh)))
-            except FileNotFoundError:
-                raise ConfigError(f"config file not found: {path}") from None
-            except tomllib.TOMLDecodeError as exc:
-                raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+        values = read_file(path) if path is not None else {}
         values.update(_flatten(overrides or {}))
         return cls(values, env=env)
 
@@ -213,6 +205,17 @@ class Config:
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self._values)
+
+
+def read_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The flat ``{dotted key: raw value}`` a TOML config file sets (not parsed, not checked)."""
+    try:
+        with open(path, "rb") as fh:
+            return _flatten(tomllib.load(fh))
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
 
 
 def to_toml(values: Mapping[str, Any]) -> str:

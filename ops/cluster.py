@@ -26,6 +26,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -179,6 +180,18 @@ def _child_env(overridden: Iterable[cfg.Key]) -> dict[str, str]:
     return env
 
 
+def _launch(home: Path, module: str, log_name: str) -> subprocess.Popen:
+    """``python -m module --config home/config.toml``, detached, logging to ``home/log_name``."""
+    config_path = home / "config.toml"
+    env = _child_env(cfg.KEYS[name] for name in cfg.read_file(config_path) if name in cfg.KEYS)
+    with open(home / log_name, "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", module, "--config", str(config_path)],
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True, cwd=str(home), env=env)
+    (home / "pid").write_text(f"{proc.pid}\n")
+    return proc
+
+
 def _spawn_coordinator(directory: Path, index: int, zk_connect: str, remote: str, port: int,
                        metrics_port: int, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
     home = directory / f"coordinator-{index}"
@@ -193,18 +206,11 @@ def _spawn_coordinator(directory: Path, index: int, zk_connect: str, remote: str
         cfg.METRICS_PORT.name: metrics_port,
         cfg.REMOTE_DATA_DIR.name: remote,
     }
-    config_path = home / "config.toml"
-    config_path.write_text(cfg.to_toml(values))
-    log_path = home / "coordinator.log"
-    env = _child_env(cfg.KEYS[name] for name in values)
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "coordinator", "--config", str(config_path)],
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True, cwd=str(home), env=env)
-    (home / "pid").write_text(f"{proc.pid}\n")
+    (home / "config.toml").write_text(cfg.to_toml(values))
+    proc = _launch(home, "coordinator", "coordinator.log")
     return {"id": str(index), "pid": proc.pid, "proc_start": proc_start(proc.pid),
             "address": f"127.0.0.1:{port}", "metrics_address": f"127.0.0.1:{metrics_port}",
-            "log": str(log_path), "_popen": proc}
+            "log": str(home / "coordinator.log"), "_popen": proc}
 
 
 def _spawn_tablet(directory: Path, index: int, zk_connect: str, remote: str, port: int,
@@ -221,17 +227,10 @@ def _spawn_tablet(directory: Path, index: int, zk_connect: str, remote: str, por
         cfg.TABLET_DATA_DIR.name: str(home / "data"),
         cfg.REMOTE_DATA_DIR.name: remote,
     }
-    config_path = home / "config.toml"
-    config_path.write_text(cfg.to_toml(values))
-    log_path = home / "tablet.log"
-    env = _child_env(cfg.KEYS[name] for name in values)
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "tablet", "--config", str(config_path)],
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True, cwd=str(home), env=env)
-    (home / "pid").write_text(f"{proc.pid}\n")
+    (home / "config.toml").write_text(cfg.to_toml(values))
+    proc = _launch(home, "tablet", "tablet.log")
     return {"id": str(index), "pid": proc.pid, "proc_start": proc_start(proc.pid),
-            "address": f"127.0.0.1:{port}", "log": str(log_path), "_popen": proc}
+            "address": f"127.0.0.1:{port}", "log": str(home / "tablet.log"), "_popen": proc}
 
 
 def _tablets_supported(count: int) -> None:
@@ -321,6 +320,8 @@ def start(directory: str | os.PathLike[str], *, zk_nodes: int = 1, coordinators:
                 save(directory, doc)
             progress("waiting for the tablet servers to register")
             _wait_tablets(doc, tablet_procs, ready_timeout_s, AdminClient)
+            progress("waiting until every bucket has a serving leader")
+            _wait_served(doc, tablet_procs, ready_timeout_s)
         return doc
     except BaseException:
         for proc in procs:
@@ -377,6 +378,29 @@ def _wait_tablets(doc: dict[str, Any], procs: list[subprocess.Popen], timeout_s:
             time.sleep(0.2)
 
 
+def _wait_served(doc: dict[str, Any], procs: list[subprocess.Popen], timeout_s: float) -> None:
+    """Until the leader of every bucket of every table answers for it (a restarted cluster's
+    tablet servers register well before they have recovered their buckets)."""
+    deadline = time.monotonic() + timeout_s
+    unserved: list[str] = ["(no answer from a coordinator)"]
+    while True:
+        dead = [(t, proc.returncode) for t, proc in zip(doc["tablets"], procs) if proc.poll() is not None]
+        if dead:
+            which = ", ".join(f"{t['id']} (exit code {code})" for t, code in dead)
+            raise ClusterError(f"tablet server(s) {which} exited\n{_logs(doc, 'tablets')}")
+        try:
+            unserved = served_buckets(doc)["unserved"]
+        except KvLeaseError as exc:
+            unserved = [exc.message]
+        if not unserved:
+            return
+        if time.monotonic() >= deadline:
+            shown = "; ".join(unserved[:5]) + (f"; and {len(unserved) - 5} more" if len(unserved) > 5 else "")
+            raise ClusterError(f"not every bucket had a serving leader within {timeout_s:.0f}s: {shown}\n"
+                               f"{_logs(doc, 'tablets')}")
+        time.sleep(0.2)
+
+
 def _logs(doc: dict[str, Any], role: str = "coordinators") -> str:
     what = "coordinator" if role == "coordinators" else "tablet server"
     return "\n".join(f"--- {what} {c['id']} ({c['log']}) ---\n{log_tail(c['log'])}" for c in doc[role])
@@ -399,7 +423,8 @@ def stop(directory: str | os.PathLike[str], timeout_s: float = 10.0) -> dict[str
 
 def status(directory: str | os.PathLike[str], request_timeout_s: float = 2.0) -> dict[str, Any]:
     """Every recorded process, whether it runs, what each coordinator says about itself, and
-    how many buckets each tablet server leads (from the active coordinator)."""
+    how many buckets each tablet server leads (asked of the active coordinator, wherever it
+    is in the list). A question that failed is reported under ``error``, never taken as "no"."""
     from client.admin import AdminClient
 
     doc = load(directory)
@@ -420,15 +445,184 @@ def status(directory: str | os.PathLike[str], request_timeout_s: float = 2.0) ->
                 except KvLeaseError as exc:
                     entry["error"] = exc.message
             result["coordinators"].append(entry)
-        servers = {}
-        if doc.get("tablets") and any(c.get("active") for c in result["coordinators"]):
+    servers: dict[str, Any] | None = None
+    tablets_error = None
+    if doc.get("tablets"):
+        active = next((c for c in result["coordinators"] if c["active"]), None)
+        if active is None:
+            tablets_error = "no active coordinator to ask which tablet servers are registered"
+        else:
             try:
-                servers = {str(s.id): s for s in client.list_tablet_servers()}
-            except KvLeaseError:
-                pass
+                with AdminClient([active["address"]], request_timeout_s=request_timeout_s, retry_total_s=0) as client:
+                    servers = {str(s.id): s for s in client.list_tablet_servers()}
+            except KvLeaseError as exc:
+                tablets_error = f"coordinator {active['id']} ({active['address']}): {exc.message}"
     for t in doc.get("tablets", []):
-        server = servers.get(str(t["id"]))
-        result["tablets"].append({"id": t["id"], "pid": t["pid"], "address": t["address"],
-                                  "buckets": server.buckets if server else 0, "registered": server is not None,
-                                  "alive": pid_alive(t["pid"], t.get("proc_start")), "log": t.get("log")})
+        entry = {"id": t["id"], "pid": t["pid"], "address": t["address"],
+                 "alive": pid_alive(t["pid"], t.get("proc_start")), "log": t.get("log")}
+        if servers is None:
+            entry.update(buckets=None, registered=None, error=tablets_error)
+        else:
+            server = servers.get(str(t["id"]))
+            entry.update(buckets=server.buckets if server else 0, registered=server is not None)
+        result["tablets"].append(entry)
     return result
+
+
+# -- one process at a time (drills, the demo) ---------------------------------------------------------
+
+ROLES = {"zookeeper": "ZooKeeper node", "coordinators": "coordinator", "tablets": "tablet server"}
+
+
+def member(doc: Mapping[str, Any], role: str, node_id: str | int) -> dict[str, Any]:
+    """The cluster.json entry of ``role`` (``zookeeper``, ``coordinators``, ``tablets``) ``node_id``."""
+    if role not in ROLES:
+        raise ClusterError(f"unknown role {role!r} (one of {', '.join(ROLES)})")
+    for entry in doc.get(role, []):
+        if str(entry["id"]) == str(node_id):
+            return entry
+    raise ClusterError(f"the cluster has no {ROLES[role]} {node_id}")
+
+
+def kill(directory: str | os.PathLike[str], role: str, node_id: str | int, sig: int = signal.SIGKILL,
+         timeout_s: float = 10.0) -> int | None:
+    """Send ``sig`` (default: ``kill -9``) to one process and wait until it is gone.
+
+    Returns its pid, or None if it was not running.
+    """
+    entry = member(load(directory), role, node_id)
+    pid, started = entry.get("pid"), entry.get("proc_start")
+    if not pid_alive(pid, started):
+        return None
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        return pid
+    deadline = time.monotonic() + timeout_s
+    while pid_alive(pid, started):
+        if time.monotonic() > deadline:
+            raise ClusterError(f"{ROLES[role]} {node_id} (pid {pid}) still runs {timeout_s:g}s after signal {sig}")
+        time.sleep(0.01)
+    return pid
+
+
+def restart(directory: str | os.PathLike[str], role: str, node_id: str | int,
+            ready_timeout_s: float = 60.0) -> dict[str, Any]:
+    """Start one process again with its own config, port and data (killed first if it runs).
+
+    Returns once it serves: a ZooKeeper node answers (an ensemble node needs
+    a quorum), a coordinator answers CoordinatorInfo, a tablet server is
+    registered and every bucket it leads answers. Updates cluster.json.
+    """
+    from ops.zookeeper import is_serving, node_command
+
+    directory = Path(directory).resolve()
+    kill(directory, role, node_id)
+    doc = load(directory)
+    entry = member(doc, role, node_id)
+    if role == "zookeeper":
+        node_dir = Path(entry["log"]).parent
+        cmd = node_command(str(node_dir / "zoo.cfg"), int(entry["id"]), ensemble=len(doc["zookeeper"]) > 1)
+        with open(entry["log"], "ab") as log:
+            proc = subprocess.Popen(cmd, cwd=str(node_dir), stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT, close_fds=True, start_new_session=True)
+    else:
+        module, log_name = ("coordinator", "coordinator.log") if role == "coordinators" else ("tablet", "tablet.log")
+        proc = _launch(directory / f"{module}-{entry['id']}", module, log_name)
+    entry.update(pid=proc.pid, proc_start=proc_start(proc.pid))
+    save(directory, doc)
+
+    port = int(entry["address"].rsplit(":", 1)[1])
+    what = f"{ROLES[role]} {node_id}"
+    deadline = time.monotonic() + ready_timeout_s
+    while True:
+        if proc.poll() is not None:
+            raise ClusterError(f"{what} exited with code {proc.returncode} after a restart\n"
+                               f"--- {entry['log']} ---\n{log_tail(entry['log'])}")
+        if role == "zookeeper":
+            ready = is_serving(port)
+        elif role == "coordinators":
+            ready = _answers(entry["address"])
+        else:
+            ready = _tablet_serving(doc, str(entry["id"]))
+        if ready:
+            return entry
+        if time.monotonic() > deadline:
+            raise ClusterError(f"{what} did not serve within {ready_timeout_s:g}s of a restart\n"
+                               f"--- {entry['log']} ---\n{log_tail(entry['log'])}")
+        time.sleep(0.1)
+
+
+def _answers(address: str) -> bool:
+    from client.admin import AdminClient
+
+    with AdminClient([address], request_timeout_s=1.0, retry_total_s=0) as client:
+        try:
+            client.coordinator_info(address)
+            return True
+        except KvLeaseError:
+            return False
+
+
+def _tablet_serving(doc: Mapping[str, Any], tablet_id: str) -> bool:
+    try:
+        served = served_buckets(doc)
+    except KvLeaseError:
+        return False
+    return served.get("registered", set()) >= {tablet_id} and not served["unserved"]
+
+
+def active_coordinator(directory: str | os.PathLike[str], timeout_s: float = 30.0) -> dict[str, Any]:
+    """The cluster.json entry of the active coordinator, waiting up to ``timeout_s`` for one."""
+    from client.admin import AdminClient
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        doc = load(directory)
+        for entry in doc.get("coordinators", []):
+            if not pid_alive(entry["pid"], entry.get("proc_start")):
+                continue
+            with AdminClient([entry["address"]], request_timeout_s=1.0, retry_total_s=0) as client:
+                try:
+                    if client.coordinator_info(entry["address"]).active:
+                        return entry
+                except KvLeaseError:
+                    pass
+        if time.monotonic() > deadline:
+            raise ClusterError(f"no coordinator of the cluster in {directory} became active within {timeout_s:g}s")
+        time.sleep(0.1)
+
+
+def zk_leader(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The ZooKeeper node that says it leads the ensemble (None for a standalone node or no leader)."""
+    from ops.zookeeper import server_mode
+
+    for node in load(directory).get("zookeeper", []):
+        if server_mode(int(node["address"].rsplit(":", 1)[1])) == "leader":
+            return node
+    return None
+
+
+def served_buckets(doc: Mapping[str, Any], request_timeout_s: float = 2.0) -> dict[str, Any]:
+    """``{"registered": {tablet ids}, "buckets": n, "unserved": ["db.t/3: why", …]}``.
+
+    A bucket is served when the tablet server its leader is answers for it
+    (ListOffsets); that is what "ready" means. Raises a KvLeaseError when no
+    coordinator answers.
+    """
+    from client.admin import AdminClient
+    from client.table import TableClient
+
+    addresses = [c["address"] for c in doc["coordinators"]]
+    with AdminClient(addresses, request_timeout_s=request_timeout_s, retry_total_s=request_timeout_s) as admin:
+        registered = {str(s.id) for s in admin.list_tablet_servers()}
+        unserved, count = [], 0
+        for table in admin.list_tables():
+            count += table.buckets
+            with TableClient(admin, table.table_id, retry_total_s=0, request_timeout_s=request_timeout_s) as client:
+                for bucket in range(table.buckets):
+                    try:
+                        client.list_offsets([bucket])
+                    except KvLeaseError as exc:
+                        unserved.append(f"{table.path}/{bucket}: {exc.message}")
+    return {"registered": registered, "buckets": count, "unserved": unserved}

@@ -333,13 +333,18 @@ class TextOutput(Output):
             if c.get("active"):
                 state = f"active (epoch {c['epoch']})"
             elif c.get("error"):
-                state = "unreachable"
+                state = f"error: {c['error']}"
             else:
                 state = "standby" if c.get("alive") else ""
             grid.add_row("coordinator", str(c["id"]), _cell(c.get("pid")), c["address"], _cell(c.get("alive")),
                           state)
         for t in doc.get("tablets", []):
-            state = f"{t.get('buckets', 0)} buckets" if t.get("registered", True) else "not registered"
+            if t.get("error"):
+                state = f"error: {t['error']}"
+            elif t.get("registered", True):
+                state = f"{t.get('buckets', 0)} buckets"
+            else:
+                state = "not registered"
             grid.add_row("tablet", str(t["id"]), _cell(t.get("pid")), t["address"], _cell(t.get("alive")), state)
         self._print(grid)
 

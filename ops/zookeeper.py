@@ -128,6 +128,21 @@ def is_serving(port: int) -> bool:
     return answer is not None and "Mode: " in answer
 
 
+def node_command(cfg_path: str, node_id: int, *, ensemble: bool) -> list[str]:
+    """The java command line of ZooKeeper node ``node_id`` with the config file ``cfg_path``."""
+    main = QUORUM_MAIN if ensemble else STANDALONE_MAIN
+    return [java_binary(), *_JVM_FLAGS, f"-Dkvlease.zk.node={node_id}", "-cp", classpath(), main, cfg_path]
+
+
+def server_mode(port: int) -> str | None:
+    """``leader``, ``follower`` or ``standalone`` as the node on ``port`` reports it; None if it does not answer."""
+    text = four_letter(port, "srvr")
+    for line in (text or "").splitlines():
+        if line.startswith("Mode:"):
+            return line.split(":", 1)[1].strip()
+    return None
+
+
 def dying_with_parent(cmd: list[str]) -> list[str]:
     """``cmd`` made to get SIGKILL when the thread that starts it dies (PR_SET_PDEATHSIG).
 
@@ -274,8 +289,7 @@ class ZooKeeperCluster:
     def _launch(self, index: int) -> None:
         node = self.nodes[index]
         cfg_path = self._write_config(index)
-        main = STANDALONE_MAIN if len(self.nodes) == 1 else QUORUM_MAIN
-        cmd = [java_binary(), *_JVM_FLAGS, f"-Dkvlease.zk.node={node.id}", "-cp", classpath(), main, cfg_path]
+        cmd = node_command(cfg_path, node.id, ensemble=len(self.nodes) > 1)
         with open(node.log_path, "ab") as log:
             self._log_starts[index] = log.tell()
             log.write(f"--- kvlease: starting node {node.id}: {' '.join(cmd)}\n".encode())
