@@ -194,3 +194,15 @@ def test_cluster_status_text_shows_tablets():
         {"id": "1", "pid": 5, "address": "a:1", "buckets": 3, "alive": True, "registered": True},
         {"id": "2", "pid": 6, "address": "a:2", "buckets": 0, "alive": False, "registered": False}]})
     assert "3 buckets" in buffer.getvalue() and "not registered" in buffer.getvalue()
+
+
+def test_cluster_status_text_shows_a_failed_question_as_an_error():
+    buffer = io.StringIO()
+    out.TextOutput(Console(file=buffer, width=160)).cluster_status({"zookeeper": [], "coordinators": [
+        {"id": "1", "pid": 4, "address": "a:0", "active": False, "epoch": None, "alive": True,
+         "error": "deadline exceeded"}], "tablets": [
+        {"id": "1", "pid": 5, "address": "a:1", "buckets": None, "alive": True, "registered": None,
+         "error": "no active coordinator to ask which tablet servers are registered"}]})
+    text = buffer.getvalue()
+    assert "error: deadline exceeded" in text and "error: no active coordinator" in text
+    assert "not registered" not in text and "buckets" not in text
