@@ -98,38 +98,44 @@ def _key(name: str, default: Any, parse: Callable[[Any], Any], doc: str = "") ->
 # --- ZooKeeper ---------------------------------------------------------------
 ZK_ADDRESS = _key("zookeeper.address", "127.0.0.1:2181", str, "ZooKeeper connect string")
 ZK_ROOT = _key("zookeeper.path.root", "/kvlease", str, "chroot of all kvlease nodes")
-ZK_SESSION_TIMEOUT = _key("zookeeper.session-timeout", "6s", parse_duration_ms)
+ZK_SESSION_TIMEOUT = _key("zookeeper.session-timeout", "6s", parse_duration_ms,
+                         "ZooKeeper session timeout; also bounds how long a failover takes")
 
 # --- remote storage ------------------------------------------------------------
 REMOTE_DATA_DIR = _key("remote.data.dir", "file:///tmp/kvlease/remote", str, "file:///path or s3://bucket/prefix")
 S3_ENDPOINT = _key("remote.s3.endpoint", "", str, "S3 endpoint URL (empty: AWS default)")
-S3_REGION = _key("remote.s3.region", "us-east-1", str)
-S3_ACCESS_KEY = _key("remote.s3.access-key", "", str)
-S3_SECRET_KEY = _key("remote.s3.secret-key", "", str)
+S3_REGION = _key("remote.s3.region", "us-east-1", str, "S3 region")
+S3_ACCESS_KEY = _key("remote.s3.access-key", "", str, "S3 access key (empty: boto3's default credential chain)")
+S3_SECRET_KEY = _key("remote.s3.secret-key", "", str, "S3 secret key (empty: boto3's default credential chain)")
 REMOTE_FSYNC = _key("remote.file.fsync", True, _parse_bool, "fsync file:// writes before publishing them")
 
 # --- coordinator ---------------------------------------------------------------
-COORDINATOR_HOST = _key("coordinator.host", "127.0.0.1", str)
+COORDINATOR_HOST = _key("coordinator.host", "127.0.0.1", str, "address the coordinator's gRPC server binds and advertises")
 COORDINATOR_PORT = _key("coordinator.port", 9123, _parse_int, "gRPC port (0: pick a free one)")
 COORDINATOR_ID = _key("coordinator.id", "", str, "defaults to host:port")
-COORDINATOR_RPC_THREADS = _key("coordinator.rpc.threads", 64, _parse_int)
+COORDINATOR_RPC_THREADS = _key("coordinator.rpc.threads", 64, _parse_int, "gRPC handler threads (they only enqueue work for the event loop)")
 METRICS_PORT = _key("metrics.port", 0, _parse_int, "Prometheus port (0: pick a free one, -1: off)")
-LOOP_MAX_BATCH = _key("coordinator.event-loop.max-batch", 256, _parse_int)
+LOOP_MAX_BATCH = _key("coordinator.event-loop.max-batch", 256, _parse_int, "requests the event loop takes as one batch")
 
 # --- snapshots and leases ------------------------------------------------------
-SNAPSHOT_NUM_RETAINED = _key("kv.snapshot.num-retained", 2, _parse_int)
-SNAPSHOT_INTERVAL = _key("kv.snapshot.interval", "30s", parse_duration_ms)
-LEASE_CHECK_INTERVAL = _key("kv.snapshot.lease.expiration-check-interval", "1s", parse_duration_ms)
-LEASE_FAILOVER_GRACE = _key("kv.snapshot.lease.failover-grace", "30s", parse_duration_ms)
-LEASE_MAX_DURATION = _key("kv.snapshot.lease.max-duration", "7d", parse_duration_ms)
+SNAPSHOT_NUM_RETAINED = _key("kv.snapshot.num-retained", 2, _parse_int,
+                            "newest snapshots kept per bucket (leased ones are kept besides)")
+SNAPSHOT_INTERVAL = _key("kv.snapshot.interval", "30s", parse_duration_ms,
+                        "how often a tablet server snapshots its changed buckets")
+LEASE_CHECK_INTERVAL = _key("kv.snapshot.lease.expiration-check-interval", "1s", parse_duration_ms,
+                           "how often the coordinator drops expired leases")
+LEASE_FAILOVER_GRACE = _key("kv.snapshot.lease.failover-grace", "30s", parse_duration_ms,
+                           "extra time for leases that expired while no coordinator was active (granted once)")
+LEASE_MAX_DURATION = _key("kv.snapshot.lease.max-duration", "7d", parse_duration_ms,
+                         "longest lease duration an acquire or renew may ask for")
 
 # --- tablet servers --------------------------------------------------------------------
 TABLET_ID = _key("tablet.id", 0, _parse_int, "this tablet server's id (unique in the cluster)")
-TABLET_HOST = _key("tablet.host", "127.0.0.1", str)
+TABLET_HOST = _key("tablet.host", "127.0.0.1", str, "address the tablet server's gRPC server binds and advertises")
 TABLET_PORT = _key("tablet.port", 9124, _parse_int, "gRPC port (0: pick a free one)")
 TABLET_DATA_DIR = _key("tablet.data-dir", "/tmp/kvlease/tablet", str, "local directory of the buckets' RocksDB + changelog")
-TABLET_RPC_THREADS = _key("tablet.rpc.threads", 32, _parse_int)
-SNAPSHOT_UPLOAD_THREADS = _key("kv.snapshot.upload-threads", 8, _parse_int)
+TABLET_RPC_THREADS = _key("tablet.rpc.threads", 32, _parse_int, "gRPC handler threads of a tablet server")
+SNAPSHOT_UPLOAD_THREADS = _key("kv.snapshot.upload-threads", 8, _parse_int, "parallel file uploads per snapshot")
 
 # --- tablet servers: changelog ------------------------------------------------------
 LOG_FLUSH_FSYNC = _key("log.flush.fsync", True, _parse_bool, "fsync the changelog once per write batch")
@@ -138,18 +144,21 @@ LOG_RETENTION = _key("log.retention", "7d", parse_duration_ms,
                      "keep changelog this long beyond what kept snapshots need")
 
 # --- live scans (tablet servers) -------------------------------------------------
-SCANNER_TTL = _key("kv.scanner.ttl", "10m", parse_duration_ms)
-SCANNER_EXPIRATION_INTERVAL = _key("kv.scanner.expiration-interval", "30s", parse_duration_ms)
-SCANNER_MAX_PER_BUCKET = _key("kv.scanner.max-per-bucket", 8, _parse_int)
-SCANNER_MAX_PER_SERVER = _key("kv.scanner.max-per-server", 200, _parse_int)
-SCANNER_MAX_BATCH_SIZE = _key("kv.scanner.max-batch-size", "10mb", parse_size)
+SCANNER_TTL = _key("kv.scanner.ttl", "10m", parse_duration_ms, "an idle scanner session is closed after this long")
+SCANNER_EXPIRATION_INTERVAL = _key("kv.scanner.expiration-interval", "30s", parse_duration_ms,
+                                  "how often idle scanner sessions are looked for")
+SCANNER_MAX_PER_BUCKET = _key("kv.scanner.max-per-bucket", 8, _parse_int, "open scanner sessions per bucket")
+SCANNER_MAX_PER_SERVER = _key("kv.scanner.max-per-server", 200, _parse_int, "open scanner sessions per tablet server")
+SCANNER_MAX_BATCH_SIZE = _key("kv.scanner.max-batch-size", "10mb", parse_size,
+                             "largest scan batch a server returns, whatever the client asks for")
 
 # --- clients ---------------------------------------------------------------------
-CLIENT_REQUEST_TIMEOUT = _key("client.request-timeout", "30s", parse_duration_ms)
-CLIENT_RETRY_MAX_WAIT = _key("client.retry.max-wait", "2s", parse_duration_ms)
+CLIENT_REQUEST_TIMEOUT = _key("client.request-timeout", "30s", parse_duration_ms, "deadline of one client request")
+CLIENT_RETRY_MAX_WAIT = _key("client.retry.max-wait", "2s", parse_duration_ms, "longest backoff between client retries")
 CLIENT_SCANNER_FETCH_MAX_BYTES = _key("client.scanner.kv.fetch.max-bytes", "4mb", parse_size,
                                       "batch size a KV scanner asks for per ScanKv call")
-CLIENT_RETRY_TOTAL = _key("client.retry.total-timeout", "60s", parse_duration_ms)
+CLIENT_RETRY_TOTAL = _key("client.retry.total-timeout", "60s", parse_duration_ms,
+                         "how long a client retries a failing call before raising its error")
 
 
 def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
