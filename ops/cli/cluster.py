@@ -32,14 +32,16 @@ def cluster_dir(state: State, directory: str | None) -> str:
               help="Tablet servers (ids 1..N).")
 @click.option("--remote", metavar="URI", help="remote.data.dir (default: file://D/remote).")
 @click.option("--timeout", "timeout_ms", type=DURATION, default="60s", show_default=True,
-              help="How long to wait for an active coordinator.")
+              help="How long to wait for an active coordinator, then for every tablet server to "
+                   "register and every bucket to be served.")
 @common_options
 @pass_state
 @catch_errors
 def cluster_start(state: State, directory: str | None, zk_nodes: str, coordinators: int, tablets: int,
                   remote: str | None, timeout_ms: int) -> None:
     """Start ZooKeeper, coordinators and tablet servers in the background; returns once a
-    coordinator is active and every tablet server is registered."""
+    coordinator is active, every tablet server is registered and every bucket of every table
+    answers on its leader (ready)."""
     directory = cluster_dir(state, directory)
     if remote and not remote.startswith(("file:///", "s3://")):
         raise click.BadParameter(f"{remote!r} is not file:///PATH or s3://BUCKET/PREFIX", param_hint="'--remote'")
