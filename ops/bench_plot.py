@@ -63,8 +63,9 @@ def draw(doc: dict[str, Any]):
         xs = list(range(len(items)))
         rows = [row for _, row in items]
         ax.bar(xs, [r["value"] for r in rows], width=0.6, color=[MET if r["met"] else NOT_MET for r in rows])
+        ax.hlines([r["target"] for r in rows], [x - 0.42 for x in xs], [x + 0.42 for x in xs], colors=TARGET,
+                  linewidth=2.5)
         for x, r in zip(xs, rows):
-            ax.hlines(r["target"], x - 0.42, x + 0.42, colors=TARGET, linewidth=2.5)
             ax.annotate(f"{r['value']:.3g}", (x, r["value"]), ha="center", va="bottom", fontsize=9,
                         xytext=(0, 2), textcoords="offset points")
         ax.set_xticks(xs, [f"{textwrap.fill(label, 20)}\ntarget {target_text(r)}" for label, r in items], fontsize=8)
