@@ -4,9 +4,9 @@ reading Parquet, in one run.
 Starts its own local cluster (ZooKeeper, one coordinator, two tablet servers,
 ``file://`` remote storage; stopped at the end whatever happens) and a
 4-bucket table ``(id BIGINT primary key, v STRING of 100 hex digits)`` with
-``--rows`` rows (default 1,000,000), snapshots it, then updates 5% of the rows (a
-changelog tail the hybrid splits merge on top). Then, in one local Spark
-session (``local[*]``):
+``--rows`` rows (default 1,000,000), snapshots it, then updates 5% of the
+rows (a changelog tail the hybrid splits merge on top). Then, in one local
+Spark session (``local[*]``):
 
 - ``kvlease``: a batch read of the table into Spark's ``noop`` sink;
 - ``parquet``: the same rows (the table's state, written once with pyarrow)

@@ -23,10 +23,13 @@ PANEL_TITLES = {"": "ratio to the anchor", "s": "seconds", "MB": "MB"}
 
 def title(doc: dict[str, Any]) -> str:
     m = doc["machine"]
-    load = " ".join(f"{x:.2f}" for x in m["load_average"])
-    end = m.get("load_average_end")
-    load_text = f"load average {load} at the start" + (f", {' '.join(f'{x:.2f}' for x in end)} at the end"
-                                                       if end else "")
+
+    def load(averages: list[float]) -> str:
+        return " ".join(f"{x:.2f}" for x in averages)
+
+    load_text = f"load average {load(m['load_average'])} at the start"
+    if "load_average_end" in m:
+        load_text += f", {load(m['load_average_end'])} at the end"
     failed = [name for name, entry in doc["benchmarks"].items() if "error" in entry]
     return "\n".join([
         f"kvlease bench {', '.join(doc['benchmarks'])}, {m['date']}"

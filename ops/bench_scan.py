@@ -3,10 +3,11 @@
 Starts its own local cluster (ZooKeeper, one coordinator, one tablet server;
 processes in a temp directory, stopped at the end whatever happens), loads a
 one-bucket table ``(id STRING of 16 chars primary key, v STRING of 100 random
-hex digits)`` with ``--rows`` rows (default 1,000,000) through ``TableClient.upsert``
-(changelog fsync off), snapshots it (memtables flushed) and waits until the
-tablet server is idle (its compactions done), then measures in one run, each
-full scan ``--rounds`` times (3), interleaved, the best of each counting:
+hex digits)`` with ``--rows`` rows (default 1,000,000) through
+``TableClient.upsert`` (changelog fsync off), snapshots it (memtables
+flushed) and waits until the tablet server is idle (its compactions done),
+then measures in one run, each full scan ``--rounds`` times (3),
+interleaved, the best of each counting:
 
 - ``unary``: rows/s of :class:`client.scanner.KvBatchScanner` (ScanKv
   sessions, one request in flight: prefetch) reading the whole bucket;
@@ -18,9 +19,9 @@ Each scanner is measured in two modes: ``decoded`` (rows handed out as Arrow
 batches of the table's schema, the client decoding the values: what a
 reader gets) and ``records`` (the ``value`` column as received, no decoding:
 what the wire and the server deliver). Both ratios to ``raw`` are reported;
-the targets (unary >= 0.65, stream >= 0.75: issue 12) are judged on ``decoded``, the
-honest one (raw iteration hands out bytes, not decoded rows, so ``decoded``
-is the stricter comparison).
+the targets (unary >= 0.65, stream >= 0.75: issue 12) are judged on
+``decoded``, the honest one (raw iteration hands out bytes, not decoded
+rows, so ``decoded`` is the stricter comparison).
 
 CPU: the seconds of CPU this process (client) and the tablet server (all
 its threads) used during the best run of each kind, next to its elapsed time:

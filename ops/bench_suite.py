@@ -15,9 +15,9 @@ process). A benchmark module provides:
 - ``report(figures) -> str``: the detailed text report.
 
 Output: the text report of each benchmark, then one table of its rows (for
-``all``, one combined table); with ``--json`` exactly one JSON document
-(:func:`document` shape: ``{"machine": {...}, "benchmarks": {NAME: {"options",
-"figures", "rows"} or {"options", "error"}}}``). ``--plot`` draws the rows
+``all``, one combined table); with ``--json`` exactly one JSON document,
+``{"machine": {...}, "benchmarks": {NAME: {"options", "figures", "rows"} or
+{"options", "error"}}}`` (rows as :meth:`Row.doc` writes them). ``--plot`` draws the rows
 (:mod:`ops.bench_plot`). Progress goes to stderr. Bad options raise
 :class:`UsageError` before anything runs. A benchmark that fails under
 ``all`` is recorded as an error and the others still run; the exit code is
@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import math
 import os
 import platform
 import sys
@@ -61,7 +62,7 @@ class UsageError(errors.InvalidRequestError):
 
 def positive_int(text: str) -> int:
     try:
-        value = int(text.replace("_", ""))
+        value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if value <= 0:
@@ -74,7 +75,7 @@ def positive_float(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0 or value == float("inf"):
+    if not (value > 0 and math.isfinite(value)):
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
     return value
 
@@ -129,7 +130,7 @@ def parser(name: str, prog: str | None = None) -> argparse.ArgumentParser:
         description = "Every benchmark, one after another in one process, then one combined table:\n" + "\n".join(
             f"  {n:<10} {SUITE[n]}" for n in names)
         epilog = ("An option goes to every benchmark that has it; the others keep their defaults.\n"
-                  f"`kvlease bench NAME --help` says what each measures.")
+                  "`kvlease bench NAME --help` says what each measures.")
     else:
         module = _module(name)
         description = f"{SUITE[name]}.\n" + (module.__doc__ or "").split("\n", 1)[-1]
@@ -290,14 +291,16 @@ def run_benchmarks(names: Sequence[str], given: dict[str, Any], progress: Progre
         yield Result(name, {"options": options, "figures": figures, "rows": rows}, module.report(figures))
 
 
-def main(name: str, argv: Sequence[str] = (), prog: str | None = None, json_output: bool = False,
-         progress: Progress | None = None) -> int:
+def main(name: str, argv: Sequence[str] = (), prog: str | None = None, json_output: bool = False) -> int:
     """Parse ``argv`` for benchmark ``name`` (or ``all``), run, print, plot; returns the exit code."""
     names = benchmark_names(name)
     args = vars(parser(name, prog).parse_args(list(argv)))
     json_mode = json_output or args.pop("json", False)
     plot_file = args.pop("plot", None)
-    progress = progress or (lambda text: print(text, file=sys.stderr, flush=True))
+
+    def progress(text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
     doc: dict[str, Any] = {"machine": machine(), "benchmarks": {}}
     for result in run_benchmarks(names, args, progress, keep_going=len(names) > 1):
         doc["benchmarks"][result.name] = result.entry

@@ -236,7 +236,7 @@ def test_bars_are_coloured_by_the_verdict_with_a_target_line_each():
     labels = [t.get_text() for t in panels["ratio to the anchor"].get_xticklabels()]
     assert labels == ["writes: upsert\ntarget >= 0.4", "scan: stream\ntarget >= 0.75"]
     assert [t.get_text() for t in panels["seconds"].get_xticklabels()] == ["leases: failover\ntarget <= 8 s"]
-    title = fig._suptitle.get_text()
+    title = fig.get_suptitle()
     assert "2 CPUs, Test CPU 9000" in title and "1.50 1.00 0.50" in title and "2026-11-23" in title
 
 
