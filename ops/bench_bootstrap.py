@@ -1,12 +1,12 @@
-"""``kvlease bench bootstrap [--json]`` (``python -m ops.bench_bootstrap [--rows N] [--json]``): Spark reading
-kvlease against Spark reading Parquet, in one run.
+"""``kvlease bench bootstrap`` (or ``python -m ops.bench_bootstrap``): Spark reading kvlease against Spark
+reading Parquet, in one run.
 
 Starts its own local cluster (ZooKeeper, one coordinator, two tablet servers,
 ``file://`` remote storage; stopped at the end whatever happens) and a
 4-bucket table ``(id BIGINT primary key, v STRING of 100 hex digits)`` with
-N rows (default 1,000,000), snapshots it, then updates 5% of the rows (a
-changelog tail the hybrid splits merge on top). Then, in one local Spark
-session (``local[*]``):
+``--rows`` rows (default 1,000,000), snapshots it, then updates 5% of the
+rows (a changelog tail the hybrid splits merge on top). Then, in one local
+Spark session (``local[*]``):
 
 - ``kvlease``: a batch read of the table into Spark's ``noop`` sink;
 - ``parquet``: the same rows (the table's state, written once with pyarrow)
@@ -18,12 +18,13 @@ ratio (target >= 0.4). Then the streaming tail: a query bootstraps
 before- and after-images), and a second AvailableNow run of the same query
 reads them through ``foreachBatch`` into ``noop``: changes/s, query start
 included.
+
+The suite interface (``OPTIONS``, ``run``, ``target_rows``, ``report``) is
+:mod:`ops.bench_suite`'s.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import shutil
 import statistics
 import tempfile
@@ -35,7 +36,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from common.tables import Column
+from ops import bench_suite
 from ops import cluster as local_cluster
+from ops.bench_suite import Option, Row, positive_int
 from ops.bench_writes import make_batch
 
 TABLE = "bench.bootstrap"
@@ -43,6 +46,11 @@ COLUMNS = [Column("id", "BIGINT"), Column("v", "STRING")]
 BUCKETS = 4
 TARGET_RATIO = 0.4
 LOAD_BATCH = 50_000
+
+OPTIONS = (
+    Option("--rows", positive_int, 1_000_000, "rows in the table (and in the Parquet file); N/2 updates for the "
+                                              "streaming tail"),
+)
 
 
 def _median_seconds(action, runs: int = 3) -> float:
@@ -60,7 +68,8 @@ def _load(client, ids: np.ndarray, salt: int) -> None:
         client.upsert(make_batch(ids[start:start + LOAD_BATCH], salt=salt))
 
 
-def run(rows: int = 1_000_000, seed: int = 11) -> dict[str, Any]:
+def run(*, rows: int, seed: int = 11, progress: bench_suite.Progress = lambda text: None) -> dict[str, Any]:
+    """The figures (see the module docstring); options as in ``OPTIONS``."""
     from client.admin import AdminClient
     from client.table import TableClient
     from ops.spark import local_session, stop_local_session
@@ -70,11 +79,13 @@ def run(rows: int = 1_000_000, seed: int = 11) -> dict[str, Any]:
     directory = f"{base}/cluster"
     spark = None
     try:
-        local_cluster.start(directory, tablets=2, config_overrides={"kv.snapshot.interval": "1h"})
+        local_cluster.start(directory, tablets=2, config_overrides={"kv.snapshot.interval": "1h"},
+                            progress=progress)
         bootstrap = ",".join(local_cluster.bootstrap(directory))
         with AdminClient(local_cluster.bootstrap(directory), retry_total_s=30) as admin:
             admin.create_table(TABLE, COLUMNS, ["id"], BUCKETS)
             with TableClient(admin, TABLE) as client:
+                progress(f"loading {rows:,} rows, snapshot, updating 5% of them, writing the Parquet copy")
                 _load(client, np.arange(rows), salt=0)
                 client.trigger_snapshot(wait=True)
                 updated = np.sort(rng.choice(rows, max(1, rows // 20), replace=False))
@@ -86,6 +97,7 @@ def run(rows: int = 1_000_000, seed: int = 11) -> dict[str, Any]:
                 parquet = f"{base}/state.parquet"
                 pq.write_table(state, parquet)
 
+                progress("starting Spark; batch reads of kvlease and Parquet, warm-up + 3 each")
                 spark = local_session(f"{base}/spark", app="kvlease-bench-bootstrap")
                 source = spark.read.format("kvlease").option("bootstrap", bootstrap).option("table", TABLE)
                 counted = source.load().count()
@@ -94,6 +106,7 @@ def run(rows: int = 1_000_000, seed: int = 11) -> dict[str, Any]:
                 kv_s = _median_seconds(lambda: source.load().write.format("noop").mode("overwrite").save())
                 pq_s = _median_seconds(lambda: spark.read.parquet(parquet).write.format("noop")
                                        .mode("overwrite").save())
+                progress("streaming: bootstrap, then the changelog tail")
                 tail = _tail_rate(spark, client, bootstrap, rows, f"{base}/checkpoint")
         return {"rows": rows, "buckets": BUCKETS, "updated_after_snapshot": int(len(updated)),
                 "kvlease_s": kv_s, "parquet_s": pq_s, "kvlease_rows_per_s": rows / kv_s,
@@ -145,15 +158,10 @@ def report(result: dict[str, Any]) -> str:
     ])
 
 
-def main(json_output: bool = False, rows: int = 1_000_000) -> int:
-    result = run(rows=rows)
-    print(json.dumps(result, indent=2) if json_output else report(result))
-    return 0
+def target_rows(figures: dict[str, Any]) -> list[Row]:
+    return [Row.ratio("Spark read, kvlease / Parquet", figures["kvlease_rows_per_s"], figures["parquet_rows_per_s"],
+                      "rows/s", TARGET_RATIO)]
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
-    raise SystemExit(main(args.json, args.rows))
+    bench_suite.module_main("bootstrap")

@@ -1,26 +1,29 @@
-"""``kvlease bench leases`` (or ``python -m ops.bench_leases [--json]``): what leases cost.
+"""``kvlease bench leases`` (or ``python -m ops.bench_leases``): what leases cost.
 
 One run starts its own ZooKeeper (``ops.zookeeper``, in a temp dir) and two
 coordinator processes (``file://`` remote storage in the temp dir, fsync on as
 in the default config) and measures:
 
-a. lease acquire throughput and p50/p99 latency: 16 client threads, each
-   acquiring its own new lease ids (one bucket of a committed snapshot each)
-   for a fixed time or until 10,000 leases exist;
-b. raw pipelined ZooKeeper writes/s on the same server (kazoo ``create_async``
-   then ``set_async`` with a window, in a separate process), and the ratio
-   acquire/raw (target >= 0.5);
-c. failover: with 10,000 leases held, ``kill -9`` the active coordinator and
+a. lease acquire throughput and p50/p99 latency: ``--threads`` client
+   threads (16), each acquiring its own new lease ids (one bucket of a
+   committed snapshot each) for ``--seconds`` (8) or until ``--leases``
+   leases (10,000) exist;
+b. raw pipelined ZooKeeper writes/s on the same server (``--raw-writes``
+   kazoo ``create_async`` (20,000), then as many ``set_async``, with a window,
+   in a separate process), and the ratio acquire/raw creates (target >= 0.5);
+c. failover: with ``--leases`` leases held (acquired up to that count if
+   phase a stopped short), ``kill -9`` the active coordinator and
    time the first request the standby serves (``describe_lease`` of a known
    lease), against session timeout + 2 s (target <=). The standby's log gives
    the split: ZooKeeper session expiry, then reinitialization.
 
 Everything it starts is stopped in ``finally`` (and dies with it on kill -9).
+The suite interface (``OPTIONS``, ``run``, ``target_rows``, ``report``) is
+:mod:`ops.bench_suite`'s.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -41,12 +44,16 @@ from common import errors
 from common.tables import Column
 from client.admin import AdminClient, wait_for_active
 from common.model import SnapshotHandle, TableBucket
+from ops import bench_suite
+from ops.bench_suite import Option, Row, positive_float, positive_int
 from ops.cluster import free_ports, log_tail
 from ops.zookeeper import ZooKeeperCluster, dying_with_parent
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 ZK_ROOT = "/kvlease-bench"
 HOUR_MS = 3_600_000
+TARGET_RATIO = 0.5  # acquires/s over raw ZooKeeper creates/s, at least
+FAILOVER_SLACK_S = 2.0  # failover at most the session timeout + this
 
 
 @dataclass(frozen=True)
@@ -59,6 +66,17 @@ class BenchSettings:
     raw_window: int = 1_000
     session_timeout_ms: int = 6_000  # the default zookeeper.session-timeout
     fsync: bool = True  # the default remote.file.fsync
+
+
+OPTIONS = (
+    Option("--leases", positive_int, BenchSettings.held_leases,
+           "leases held at the failover; the acquire phase also stops at this count"),
+    Option("--seconds", positive_float, BenchSettings.seconds, "the acquire phase runs at most this long",
+           metavar="S"),
+    Option("--threads", positive_int, BenchSettings.threads, "client threads acquiring leases"),
+    Option("--raw-writes", positive_int, BenchSettings.raw_writes,
+           "pipelined ZooKeeper creates (then sets) timed for the anchor"),
+)
 
 
 # -- processes ---------------------------------------------------------------------------------------
@@ -263,7 +281,7 @@ def _failover_phase(coordinators: list[_Coordinator], known_lease: str, held: in
         info = client.coordinator_info(standby.address)
         served = len(client.list_leases())
     events = _log_events(standby.log_path)
-    target_s = s.session_timeout_ms / 1000.0 + 2.0
+    target_s = s.session_timeout_ms / 1000.0 + FAILOVER_SLACK_S
     result = {
         "leases_held": held, "leases_served_after": served, "failover_s": round(failover_s, 3),
         "target_s": target_s, "met": failover_s <= target_s, "epoch_before": old_epoch, "epoch_after": info.epoch,
@@ -281,9 +299,15 @@ def _failover_phase(coordinators: list[_Coordinator], known_lease: str, held: in
 # -- the run -------------------------------------------------------------------------------------------------
 
 
-def run(settings: BenchSettings | None = None, progress=lambda text: None) -> dict[str, Any]:
-    """Run all three measurements; returns the figures (see the module docstring)."""
-    s = settings or BenchSettings()
+def run(*, leases: int, seconds: float, threads: int, raw_writes: int,
+        progress: bench_suite.Progress = lambda text: None) -> dict[str, Any]:
+    """The figures (see the module docstring); options as in ``OPTIONS``."""
+    return measure(BenchSettings(held_leases=leases, seconds=seconds, threads=threads, raw_writes=raw_writes),
+                   progress)
+
+
+def measure(s: BenchSettings, progress: bench_suite.Progress) -> dict[str, Any]:
+    """Run all three measurements with settings ``s``; returns the figures."""
     with tempfile.TemporaryDirectory(prefix="kvlease-bench-") as tmp:
         base = Path(tmp)
         remote = base / "remote"
@@ -343,7 +367,7 @@ def run(settings: BenchSettings | None = None, progress=lambda text: None) -> di
         "acquire": acquire,
         "fill": fill,
         "raw_zookeeper": raw,
-        "acquire_to_raw": {"ratio": round(ratio, 3), "target": 0.5, "met": ratio >= 0.5},
+        "acquire_to_raw": {"ratio": round(ratio, 3), "target": TARGET_RATIO, "met": ratio >= TARGET_RATIO},
         "failover": failover,
         "host": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
     }
@@ -376,22 +400,19 @@ def report(figures: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(json_output: bool = False) -> dict[str, Any]:
-    """The ``kvlease bench leases`` entry point: prints the report (one JSON document with
-    ``json_output``; progress goes to stderr) and returns the figures."""
-    figures = run(progress=lambda text: print(text, file=sys.stderr, flush=True))
-    print(json.dumps(figures, indent=2) if json_output else report(figures), flush=True)
-    return figures
+def target_rows(figures: dict[str, Any]) -> list[Row]:
+    f = figures["failover"]
+    return [
+        Row.ratio("acquire / raw ZooKeeper creates", figures["acquire"]["per_s"],
+                  figures["raw_zookeeper"]["create_per_s"], "/s", TARGET_RATIO),
+        Row.limit(f"failover, {f['leases_held']:,} leases held", f["failover_s"],
+                  f["session_timeout_s"], "s", f["session_timeout_s"] + FAILOVER_SLACK_S),
+    ]
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(prog="python -m ops.bench_leases", description=__doc__.splitlines()[0])
-    parser.add_argument("--json", action="store_true", help="print one JSON document")
-    parser.add_argument("--raw-zk", nargs=4, metavar=("CONNECT", "COUNT", "WINDOW", "SESSION_MS"),
-                        help=argparse.SUPPRESS)  # phase b's child process
-    args = parser.parse_args()
-    if args.raw_zk:
-        connect, count, window, session_ms = args.raw_zk
+    if sys.argv[1:2] == ["--raw-zk"]:  # phase b's child process: --raw-zk CONNECT COUNT WINDOW SESSION_MS
+        connect, count, window, session_ms = sys.argv[2:6]
         print(json.dumps(raw_zk_writes(connect, int(count), int(window), int(session_ms) / 1000.0)))
         sys.exit(0)
-    main(json_output=args.json)
+    bench_suite.module_main("leases")

@@ -1,12 +1,15 @@
-"""``kvlease demo``, and ``kvlease bench NAME`` / ``kvlease drill NAME``, which run plug-ins.
+"""``kvlease demo``, ``kvlease bench NAME`` (the benchmark suite) and ``kvlease drill NAME`` (plug-ins).
 
-Plug-ins: ``kvlease bench NAME`` imports ``ops.bench_<NAME>`` and calls its
-``main(json_output: bool)``; ``kvlease drill NAME`` imports
-``ops.drill_<NAME>`` and calls ``main(cluster_dir: str, json_output: bool)``.
-An int returned is the exit code (anything else, None or e.g. a dict of
-figures, means 0); a module prints its own result (one JSON document when
-``json_output``) and raises :class:`common.errors.KvLeaseError` for failures
-the CLI should report.
+``kvlease bench NAME [ARGS…]`` hands NAME and everything after it to
+:func:`ops.bench_suite.main`, which parses the benchmark's own options, runs
+it and prints (and plots) the figures; a bad name or option is one line
+``error: …`` and exit code 2, before anything runs.
+
+Plug-ins: ``kvlease drill NAME`` imports ``ops.drill_<NAME>`` and calls
+``main(cluster_dir: str, json_output: bool)``. An int returned is the exit
+code (anything else means 0); a module prints its own result (one JSON
+document when ``json_output``) and raises :class:`common.errors.KvLeaseError`
+for failures the CLI should report.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import re
 import click
 
 from common import errors
+from ops import bench_suite
 from ops.cli.app import State, catch_errors, common_options, kvlease, pass_state
 from ops.cli.cluster import cluster_dir
 
@@ -51,15 +55,36 @@ def _load_plugin(kind: str, prefix: str, name: str):
         raise errors.InvalidRequestError(f"unknown {kind} {name!r} (available: {known})") from None
 
 
-@kvlease.command("bench")
-@click.argument("name")
-@common_options
+BENCH_HELP = "\n".join([
+    "Run a benchmark: kvlease bench NAME [--json] [--plot FILE.png] [OPTIONS…].",
+    "",
+    "Each starts what it needs in a temp directory, measures kvlease and its anchor in the same run, "
+    "and prints the ratios, their targets and whether each is met (--json: one JSON document). "
+    "`kvlease bench NAME --help` lists NAME's options and says what it measures.",
+    "",
+    "\b",
+    "NAME:",
+    *(f"  {name:<10} {text}" for name, text in bench_suite.SUITE.items()),
+    f"  {bench_suite.ALL:<10} every one above, one after another, then one combined table",
+])
+
+
+@kvlease.command("bench", help=BENCH_HELP, short_help="Run a benchmark (leases, writes, scan, bootstrap, all).",
+                 context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.argument("name", required=False)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @pass_state
 @catch_errors
-def bench(state: State, name: str) -> None:
-    """Run the benchmark ops/bench_NAME.py."""
-    code = _load_plugin("benchmark", "bench_", name).main(json_output=state.json_mode)
-    if isinstance(code, int) and code:
+def bench(state: State, name: str | None, args: tuple[str, ...]) -> None:
+    try:
+        if name is None:
+            raise bench_suite.UsageError("which benchmark? kvlease bench NAME, NAME one of "
+                                         f"{', '.join([*bench_suite.SUITE, bench_suite.ALL])} (see --help)")
+        code = bench_suite.main(name, args, json_output=state.json_mode)
+    except bench_suite.UsageError as exc:
+        click.echo(f"error: {exc.message}", err=True)
+        code = 2
+    if code:
         click.get_current_context().exit(code)
 
 

@@ -1,0 +1,48 @@
+"""A real benchmark through the real command line, at small sizes (about 10 s).
+
+``kvlease bench writes --rows 20000 --lookups 200 --json --plot FILE.png``
+in a child process (``python -m ops.cli``) whose ``TMPDIR`` is a directory of
+this test: the benchmark starts its own ZooKeeper, coordinator and tablet
+server there and must leave nothing behind (the session's leak guard checks
+the processes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_bench_writes_measures_plots_and_cleans_up(tmp_path):
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    png = tmp_path / "writes.png"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVLEASE_") or k == "KVLEASE_TEST_SESSION"}
+    env.update(PYTHONPATH=str(ROOT), TMPDIR=str(scratch))
+    proc = subprocess.run([sys.executable, "-m", "ops.cli", "bench", "writes", "--rows", "20000", "--lookups", "200",
+                           "--json", "--plot", str(png)],
+                          capture_output=True, text=True, timeout=200, cwd=str(ROOT), env=env)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)  # exactly one JSON document on stdout
+    entry = doc["benchmarks"]["writes"]
+    assert entry["options"] == {"rows": 20_000, "batch": 10_000, "threads": 4, "lookups": 200}
+    figures = entry["figures"]
+    assert figures["rows"] == 20_000 and figures["lookup"]["single_count"] == 200
+    assert figures["upsert_rows_per_s"] > 0 and figures["rocksdb_writebatch_rows_per_s"] > 0
+    assert 0 < figures["snapshot"]["incremental_bytes"] < figures["snapshot"]["full_bytes"]
+    (row,) = entry["rows"]
+    assert row["value"] == pytest.approx(figures["upsert_rows_per_s"] / figures["rocksdb_writebatch_rows_per_s"])
+    assert row["target"] == 0.4 and row["met"] is (row["value"] >= 0.4)
+    assert doc["machine"]["cpus"] == os.cpu_count()
+    data = png.read_bytes()
+    assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 10_000
+    assert list(scratch.iterdir()) == []  # the benchmark's temp directory is gone
