@@ -1,4 +1,4 @@
-"""``kvlease demo``, and ``kvlease bench NAME`` / ``kvlease drill NAME``, which run plug-ins.
+"""``kvlease bench NAME`` / ``kvlease drill NAME``, which run plug-ins.
 
 Plug-ins: ``kvlease bench NAME`` imports ``ops.bench_<NAME>`` and calls its
 ``main(json_output: bool)``; ``kvlease drill NAME`` imports
@@ -22,13 +22,6 @@ from ops.cli.app import State, catch_errors, common_options, kvlease, pass_state
 from ops.cli.cluster import cluster_dir
 
 PLUGIN_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
-
-
-@kvlease.command("demo")
-@catch_errors
-def demo() -> None:
-    """Run the end-to-end demo."""
-    click.echo("kvlease demo: not yet implemented (comes with the operations issue)")
 
 
 def _plugins(prefix: str) -> list[str]:

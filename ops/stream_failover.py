@@ -1,0 +1,399 @@
+"""A Spark bootstrap-then-tail query across a coordinator failover: the scenario ``kvlease demo`` shows and
+the ``spark-failover`` drill checks.
+
+:func:`run` works on a running local cluster (``ops.cluster``, at least two
+coordinators and one tablet server) and a SparkSession with the kvlease
+source registered:
+
+1. creates the table (:mod:`ops.change_writer`), loads ``rows`` rows and
+   snapshots every bucket: the bootstrap leases these snapshots;
+2. starts a streaming query (kvlease source, ``lease.id`` chosen here ->
+   ``foreachBatch`` -> one Parquet directory per micro-batch, with a
+   ``_batch`` column) on a processing-time trigger;
+3. a writer thread makes ``rows`` more changes (inserts, updates, deletes) in
+   rounds and asks for new snapshots now and then, which would subsume the
+   bootstrap's snapshots if the lease did not hold them;
+4. inside the bootstrap micro-batch, once the writer has done a few rounds, kills the
+   active coordinator with SIGKILL and waits until the standby serves (the
+   query holds its lease and renews it meanwhile); only then does the
+   bootstrap read its snapshots; the writer keeps writing throughout;
+5. when the writer is done, waits until the query has read up to the
+   table's end offsets, stops it and reads the output back with pyarrow;
+6. checks (:mod:`ops.feed_check`): the output applied in offset order equals
+   the table, no change record is missing or doubled, the table holds every
+   acknowledged write, and the lease held every bucket's snapshot, survived the
+   failover and was released once the bootstrap was committed.
+
+Everything it starts (the query, the writer, the lease watcher) is stopped
+when it returns or raises; the table stays (the caller drops it).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+
+from client.admin import AdminClient
+from client.table import TableClient
+from common import errors
+from ops import cluster as local_cluster
+from ops import feed_check
+from ops.change_writer import COLUMNS, KEY, VALUES, ChangeWriter
+from ops.drill import Check
+
+Progress = Callable[[str], None]
+
+
+class Aborted(errors.KvLeaseError):
+    """The scenario was asked to stop (Ctrl-C) while the query was running."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What :func:`run` does; the defaults make a run of about a minute."""
+
+    table: str = "demo.orders"
+    rows: int = 100_000  # loaded before the snapshot; the writer then makes as many changes
+    buckets: int = 4
+    rounds: int = 30
+    round_interval_s: float = 0.5
+    kill_after_round: int = 8  # the bootstrap waits for it, then the coordinator is killed
+    tail_rounds: int = 6  # the last rounds wait until the bootstrap is in Parquet: the query tails them
+    snapshot_every: int = 5  # writer rounds between snapshot requests
+    lease_duration: str = "15s"  # renewed every third of it while the bootstrap runs
+    trigger: str = "1 second"
+    catch_up_timeout_s: float = 180.0
+    failover_timeout_s: float = 60.0
+
+
+@dataclass
+class Outcome:
+    """What a run observed: its checks and figures, and what the failover did."""
+
+    plan: Plan
+    lease_id: str
+    checks: list[Check] = field(default_factory=list)
+    figures: dict[str, Any] = field(default_factory=dict)
+    failover: dict[str, Any] = field(default_factory=dict)  # killed, killed_pid, active, seconds
+
+    @property
+    def ok(self) -> bool:
+        return all(check.ok for check in self.checks)
+
+
+# -- the query's output and checkpoint --------------------------------------------------------------
+
+
+def read_output(output_dir: str | Path) -> pa.Table:
+    """Every micro-batch's Parquet files under ``output_dir`` as one table."""
+    dataset = ds.dataset(str(output_dir), format="parquet")
+    if not dataset.files:
+        raise errors.KvLeaseError(f"the streaming query wrote no Parquet file under {output_dir}")
+    return dataset.to_table()
+
+
+def checkpoint_offsets(checkpoint: str | Path, batch: int) -> dict[int, tuple[int, int]]:
+    """``bucket -> (snapshot id or -1, end offset)`` of micro-batch ``batch``, from the query's checkpoint."""
+    lines = (Path(checkpoint) / "offsets" / str(batch)).read_text().splitlines()
+    doc = json.loads(lines[-1])
+    return {int(b): (int(v["snapshot"]), int(v["offset"])) for b, v in doc["buckets"].items()}
+
+
+class ParquetSink:
+    """The ``foreachBatch`` function: micro-batch N goes to ``output/batch-N`` (overwritten if Spark runs N
+    again); ``on_bootstrap`` runs inside micro-batch 0 before it reads anything."""
+
+    def __init__(self, output_dir: Path, on_bootstrap: Callable[[], None], progress: Progress) -> None:
+        self.output_dir = output_dir
+        self.on_bootstrap = on_bootstrap
+        self.progress = progress
+        self.rows: dict[int, int] = {}  # batch id -> rows written
+        self.lock = threading.Lock()
+
+    def __call__(self, df, batch_id: int) -> None:
+        from pyspark.sql.functions import lit
+
+        if batch_id == 0:
+            self.on_bootstrap()
+        path = self.output_dir / f"batch-{batch_id:06d}"
+        df.withColumn("_batch", lit(batch_id)).write.mode("overwrite").parquet(str(path))
+        count = ds.dataset(str(path), format="parquet").count_rows()
+        with self.lock:
+            self.rows[batch_id] = count
+            changes = sum(n for b, n in self.rows.items() if b > 0)
+        if batch_id == 0:
+            self.progress(f"micro-batch 0 (the bootstrap): {count:,} rows -> Parquet")
+        else:
+            self.progress(f"micro-batch {batch_id}: {count:,} change rows -> Parquet ({changes:,} so far)")
+
+    @property
+    def last_batch(self) -> int | None:
+        with self.lock:
+            return max(self.rows) if self.rows else None
+
+
+# -- the lease, seen from outside ----------------------------------------------------------------------
+
+
+class LeaseWatch:
+    """Polls the active coordinator's lease list for one lease: its snapshots, every deadline it was given
+    (acquire, renewals, a failover grace), and when it disappeared."""
+
+    def __init__(self, addresses: list[str], lease_id: str, interval_s: float = 0.25) -> None:
+        self.lease_id = lease_id
+        self.snapshots: dict[int, int] = {}  # bucket -> snapshot id, as first seen
+        self.deadlines: list[int] = []  # ms since the epoch, each new one once
+        self.gone_at_ms: int | None = None
+        self._admin = AdminClient(addresses, request_timeout_s=1.0, retry_total_s=0)
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kvlease-lease-watch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            try:
+                leases = self._admin.list_leases()
+            except errors.KvLeaseError:
+                continue  # no active coordinator right now
+            now_ms = int(time.time() * 1000)
+            lease = next((lease for lease in leases if lease.lease_id == self.lease_id), None)
+            if lease is not None:
+                self.snapshots = self.snapshots or {tb.bucket: s for tb, s in lease.buckets.items()}
+                if not self.deadlines or lease.expiration_time != self.deadlines[-1]:
+                    self.deadlines.append(lease.expiration_time)
+                self.gone_at_ms = None
+            elif self.deadlines and self.gone_at_ms is None:
+                self.gone_at_ms = now_ms
+
+    @property
+    def released(self) -> bool:
+        """Gone before its last deadline: released, not expired."""
+        return self.gone_at_ms is not None and self.gone_at_ms < self.deadlines[-1]
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._admin.close()
+
+
+# -- the failover ------------------------------------------------------------------------------------
+
+
+def fail_over(cluster_dir: str, admin: AdminClient, abort: threading.Event, timeout_s: float,
+              progress: Progress) -> dict[str, Any]:
+    """``kill -9`` the active coordinator; returns once another one is active and answers a lease listing."""
+    old = local_cluster.active_coordinator(cluster_dir)
+    started = time.monotonic()
+    pid = local_cluster.kill(cluster_dir, "coordinators", old["id"])
+    progress(f"killed the active coordinator {old['id']} (pid {pid}) with SIGKILL; waiting for the standby")
+    deadline = started + timeout_s
+    while True:
+        if abort.is_set():
+            raise Aborted("stopped while waiting for the standby coordinator")
+        try:
+            new = local_cluster.active_coordinator(cluster_dir, timeout_s=0.2)
+            admin.list_leases()
+            break
+        except errors.KvLeaseError:
+            if time.monotonic() > deadline:
+                raise local_cluster.ClusterError(f"no coordinator took over within {timeout_s:g}s of killing "
+                                                 f"coordinator {old['id']}") from None
+    seconds = time.monotonic() - started
+    progress(f"coordinator {new['id']} is active and serving, {seconds:.1f}s after the kill")
+    return {"killed": old["id"], "killed_pid": pid, "active": new["id"], "seconds": seconds}
+
+
+# -- the run -------------------------------------------------------------------------------------------
+
+
+def run(cluster_dir: str, spark, work_dir: str | Path, plan: Plan = Plan(), *,
+        progress: Progress = lambda text: None, abort: threading.Event | None = None) -> Outcome:
+    """Run the scenario (module docstring) on the cluster in ``cluster_dir``; see :class:`Outcome`."""
+    abort = abort or threading.Event()
+    work = Path(work_dir)
+    output_dir, checkpoint = work / "output", work / "checkpoint"
+    addresses = local_cluster.bootstrap(cluster_dir)
+    outcome = Outcome(plan, lease_id=f"demo-{uuid.uuid4().hex[:12]}")
+    query = watch = writer_thread = None
+    stop_writer = threading.Event()
+    with AdminClient(addresses, retry_total_s=60) as admin:
+        try:
+            admin.create_table(plan.table, COLUMNS, KEY, plan.buckets)
+            with TableClient(admin, plan.table) as client:
+                writer = ChangeWriter(client)
+                _load(writer, plan, progress, client)
+
+                failed: list[BaseException] = []
+                kill_now = threading.Event()
+
+                def write() -> None:
+                    try:
+                        writer.run(plan.rounds, max(4, plan.rows // plan.rounds), plan.round_interval_s, stop_writer,
+                                   snapshot_every=plan.snapshot_every, on_round=on_round)
+                    except BaseException as exc:  # reported by the main thread
+                        failed.append(exc)
+                    finally:
+                        kill_now.set()
+
+                def on_round(w: ChangeWriter) -> None:
+                    if w.rounds_done >= plan.kill_after_round:
+                        kill_now.set()
+                    if w.rounds_done % 5 == 0 or w.rounds_done == plan.rounds:
+                        progress(f"writer: round {w.rounds_done}/{plan.rounds}, {w.changes:,} changes so far")
+                    if w.rounds_done == plan.rounds - plan.tail_rounds and sink.last_batch is None:
+                        progress("writer: waiting for the bootstrap to reach Parquet before the last "
+                                 f"{plan.tail_rounds} rounds")
+                        while sink.last_batch is None:
+                            if stop_writer.wait(0.1):
+                                return
+
+                def on_bootstrap() -> None:
+                    while not kill_now.wait(0.1):
+                        if abort.is_set():
+                            raise Aborted("stopped before the failover")
+                    outcome.failover = fail_over(cluster_dir, admin, abort, plan.failover_timeout_s, progress)
+                    held = admin.describe_lease(outcome.lease_id)
+                    outcome.failover["lease_snapshots"] = {tb.bucket: s for tb, s in held.buckets.items()}
+                    progress(f"lease {outcome.lease_id} still holds {len(held.buckets)} snapshot(s) on the new "
+                             "active coordinator; the bootstrap reads them now")
+
+                watch = LeaseWatch(addresses, outcome.lease_id)
+                sink = ParquetSink(output_dir, on_bootstrap, progress)
+                progress(f"starting the streaming query (bootstrap from leased snapshots, then the changelog; "
+                         f"lease {outcome.lease_id}) -> Parquet in {output_dir}")
+                started = time.monotonic()
+                query = _start_query(spark, addresses, plan, outcome.lease_id, sink, checkpoint)
+                writer_thread = threading.Thread(target=write, name="kvlease-demo-writer", daemon=True)
+                writer_thread.start()
+                while writer_thread.is_alive():
+                    writer_thread.join(0.2)
+                    if not query.isActive:
+                        raise errors.KvLeaseError(f"the streaming query stopped: {query.exception()}")
+                if failed:
+                    raise failed[0]
+                final_ends = {b: latest for b, (_, latest) in client.list_offsets().items()}
+                progress(f"writer done: {writer.changes:,} changes after the snapshot; waiting for the query to "
+                         "read up to the end of every bucket")
+                _catch_up(query, sink, checkpoint, final_ends, plan.catch_up_timeout_s, abort)
+                query.stop()
+                query_s = time.monotonic() - started
+                progress(f"the query caught up after {sink.last_batch + 1} micro-batches; stopped it; checking")
+
+                scan = client.scan()
+                table = scan.to_table()
+                leases_now = {lease.lease_id for lease in admin.list_leases()}
+            watch.stop()
+            output = read_output(output_dir)
+            bootstrap = checkpoint_offsets(checkpoint, 0)
+            outcome.checks = _checks(outcome, output, table, writer, bootstrap, final_ends, scan.log_offsets,
+                                     watch, leases_now)
+            outcome.figures.update(_figures(outcome, output, writer, bootstrap, watch, query_s))
+            return outcome
+        finally:
+            abort.set()
+            stop_writer.set()
+            if query is not None and query.isActive:
+                query.stop()
+            if writer_thread is not None:
+                writer_thread.join(60)
+            if watch is not None:
+                watch.stop()
+
+
+def _load(writer: ChangeWriter, plan: Plan, progress: Progress, client: TableClient) -> None:
+    progress(f"created table {plan.table} ({plan.buckets} buckets); loading {plan.rows:,} rows")
+    reported = [0]
+
+    def loaded(done: int) -> None:
+        if done - reported[0] >= plan.rows / 4 or done == plan.rows:
+            reported[0] = done
+            progress(f"loaded {done:,} rows")
+
+    writer.load(plan.rows, loaded)
+    committed = client.trigger_snapshot(wait=True)
+    progress(f"snapshot of every bucket committed (snapshot ids "
+             f"{', '.join(f'{s.bucket}={s.snapshot_id}' for s in committed)}); the bootstrap will lease them")
+
+
+def _start_query(spark, addresses: list[str], plan: Plan, lease_id: str, sink: ParquetSink, checkpoint: Path):
+    return (spark.readStream.format("kvlease").option("bootstrap", ",".join(addresses))
+            .option("table", plan.table).option("lease.id", lease_id).option("lease.duration", plan.lease_duration)
+            .load().writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint))
+            .trigger(processingTime=plan.trigger).start())
+
+
+def _catch_up(query, sink: ParquetSink, checkpoint: Path, final_ends: dict[int, int], timeout_s: float,
+              abort: threading.Event) -> None:
+    """Until a finished micro-batch ends at (or past) ``final_ends`` in every bucket."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        last = sink.last_batch
+        if last is not None:
+            ends = checkpoint_offsets(checkpoint, last)
+            if all(ends[b][1] >= end for b, end in final_ends.items()):
+                return
+        if not query.isActive:
+            raise errors.KvLeaseError(f"the streaming query stopped: {query.exception()}")
+        if abort.is_set():
+            raise Aborted("stopped while the query was catching up")
+        if time.monotonic() > deadline:
+            raise errors.KvLeaseError(f"the streaming query did not catch up within {timeout_s:g}s "
+                                      f"(last finished micro-batch: {last})")
+        time.sleep(0.2)
+
+
+def _checks(outcome: Outcome, output: pa.Table, table: pa.Table, writer: ChangeWriter,
+            bootstrap: dict[int, tuple[int, int]], final_ends: dict[int, int], scanned_at: dict[int, int],
+            watch: LeaseWatch, leases_now: set[str]) -> list[Check]:
+    plan = outcome.plan
+    bootstrap_ends = {b: offset for b, (_, offset) in bootstrap.items()}
+    leased = {b: s for b, (s, _) in bootstrap.items() if s != -1}
+    after = outcome.failover.get("lease_snapshots", {})
+    moved = [f"bucket {b}: scanned at offset {scanned_at.get(b)}, the query read to {end}"
+             for b, end in final_ends.items() if scanned_at.get(b) != end]
+    return [
+        feed_check.check_bootstrap(output, KEY, bootstrap_ends),
+        feed_check.check_tail(output, bootstrap_ends, final_ends),
+        Check.of("the table was read at the offsets the query reached", moved, len(final_ends)),
+        feed_check.check_state(output, table, KEY, VALUES),
+        feed_check.check_written(writer.expected, table, KEY, VALUES),
+        Check.of("the bootstrap leased a snapshot of every bucket",
+                 [f"bucket {b}: bootstrapped without a snapshot" for b in range(plan.buckets) if b not in leased],
+                 plan.buckets),
+        Check.of("the lease held the same snapshots on the new active coordinator",
+                 [f"bucket {b}: snapshot {s} leased, {after.get(b)} after the failover"
+                  for b, s in leased.items() if after.get(b) != s], len(leased)),
+        Check.of("the lease was released (not expired) once the bootstrap was committed",
+                 ([f"lease {outcome.lease_id} is still listed"] if outcome.lease_id in leases_now else [])
+                 + ([] if watch.released else [f"lease {outcome.lease_id} was not seen released before its "
+                                               "deadline"]), 1),
+    ]
+
+
+def _figures(outcome: Outcome, output: pa.Table, writer: ChangeWriter, bootstrap: dict[int, tuple[int, int]],
+             watch: LeaseWatch, query_s: float) -> dict[str, Any]:
+    batches = output.column("_batch").to_numpy()
+    bootstrap_rows = int((batches == 0).sum())
+    leased = sum(1 for s, _ in bootstrap.values() if s != -1)
+    return {
+        "rows_loaded": writer.loaded,
+        "changes_written": writer.changes,
+        "table_rows": len(writer.expected),
+        "bootstrap_rows": bootstrap_rows,
+        "change_rows": output.num_rows - bootstrap_rows,
+        "micro_batches": int(batches.max()) + 1 if len(batches) else 0,
+        "snapshots_leased": leased,
+        "snapshots_released": leased if watch.released else 0,
+        "lease_renewals_seen": max(0, len(watch.deadlines) - 1),
+        "failover_s": outcome.failover.get("seconds"),
+        "query_s": query_s,
+    }
