@@ -73,11 +73,11 @@ def diff_states(got: Mapping[Key, Row], want: Mapping[Key, Row], columns: Sequen
             continue
         name = _key_text(key, k)
         if a is None:
-            lines.append(f"{name}: missing from {got_name}; {want_name} has {_row_text(columns, b)}")
+            lines.append(f"{name}: not in {got_name}; in {want_name}: {_row_text(columns, b)}")
         elif b is None:
-            lines.append(f"{name}: {got_name} has {_row_text(columns, a)}; not in {want_name}")
+            lines.append(f"{name}: in {got_name}: {_row_text(columns, a)}; not in {want_name}")
         else:
-            lines.append(f"{name}: {got_name} has {_row_text(columns, a)}; {want_name} has {_row_text(columns, b)}")
+            lines.append(f"{name}: {got_name} {_row_text(columns, a)}, {want_name} {_row_text(columns, b)}")
     return lines
 
 
@@ -136,7 +136,7 @@ def check_written(expected: Mapping[Key, Row], table: pa.Table, key: Sequence[st
                   columns: Sequence[str]) -> Check:
     """The table holds exactly what the writer was acknowledged (``expected``: key -> row)."""
     lines = diff_states(rows_by_key(table, key, columns), expected, columns, got_name="the table",
-                        want_name="the writer's acknowledged writes", key=key)
+                        want_name="the acknowledged writes", key=key)
     return Check.of("the table holds every acknowledged write", _capped(lines), len(expected))
 
 

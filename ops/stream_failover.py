@@ -68,7 +68,7 @@ class Plan:
     kill_after_round: int = 8  # the bootstrap waits for it, then the coordinator is killed
     tail_rounds: int = 6  # the last rounds wait until the bootstrap is in Parquet: the query tails them
     snapshot_every: int = 5  # writer rounds between snapshot requests
-    lease_duration: str = "15s"  # renewed every third of it while the bootstrap runs
+    lease_duration: str = "30s"  # renewed every third of it while the bootstrap runs; well above a failover
     trigger: str = "1 second"
     catch_up_timeout_s: float = 180.0
     failover_timeout_s: float = 60.0
