@@ -7,16 +7,18 @@ source registered:
 
 1. creates the table (:mod:`ops.change_writer`), loads ``rows`` rows and
    snapshots every bucket: the bootstrap leases these snapshots;
-2. starts a streaming query (kvlease source, ``lease.id`` chosen here ->
-   ``foreachBatch`` -> one Parquet directory per micro-batch, with a
-   ``_batch`` column) on a processing-time trigger;
+2. starts the streaming query of :mod:`ops.stream_query` (``lease.id``
+   chosen here; Parquet, one directory per micro-batch) on a
+   processing-time trigger;
 3. a writer thread makes ``rows`` more changes (inserts, updates, deletes) in
    rounds and asks for new snapshots now and then, which would subsume the
    bootstrap's snapshots if the lease did not hold them;
-4. inside the bootstrap micro-batch, once the writer has done a few rounds, kills the
-   active coordinator with SIGKILL and waits until the standby serves (the
-   query holds its lease and renews it meanwhile); only then does the
-   bootstrap read its snapshots; the writer keeps writing throughout;
+4. inside the bootstrap micro-batch, once the writer has done a few rounds,
+   kills the active coordinator with SIGKILL and waits until the standby
+   serves (the query holds its lease and renews it meanwhile); only then
+   does the bootstrap read its snapshots; the writer keeps writing
+   throughout, its last rounds only once the bootstrap is written, so that
+   the query tails them;
 5. when the writer is done, waits until the query has read up to the
    table's end offsets, stops it and reads the output back with pyarrow;
 6. checks (:mod:`ops.feed_check`): the output applied in offset order equals
@@ -30,7 +32,6 @@ when it returns or raises; the table stays (the caller drops it).
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 import uuid
@@ -39,13 +40,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pyarrow as pa
-import pyarrow.dataset as ds
 
 from client.admin import AdminClient
 from client.table import TableClient
 from common import errors
 from ops import cluster as local_cluster
-from ops import feed_check
+from ops import feed_check, stream_query
 from ops.change_writer import COLUMNS, KEY, VALUES, ChangeWriter
 from ops.drill import Check
 
@@ -89,67 +89,15 @@ class Outcome:
         return all(check.ok for check in self.checks)
 
 
-# -- the query's output and checkpoint --------------------------------------------------------------
-
-
-def read_output(output_dir: str | Path) -> pa.Table:
-    """Every micro-batch's Parquet files under ``output_dir`` as one table."""
-    dataset = ds.dataset(str(output_dir), format="parquet")
-    if not dataset.files:
-        raise errors.KvLeaseError(f"the streaming query wrote no Parquet file under {output_dir}")
-    return dataset.to_table()
-
-
-def checkpoint_offsets(checkpoint: str | Path, batch: int) -> dict[int, tuple[int, int]]:
-    """``bucket -> (snapshot id or -1, end offset)`` of micro-batch ``batch``, from the query's checkpoint."""
-    lines = (Path(checkpoint) / "offsets" / str(batch)).read_text().splitlines()
-    doc = json.loads(lines[-1])
-    return {int(b): (int(v["snapshot"]), int(v["offset"])) for b, v in doc["buckets"].items()}
-
-
-class ParquetSink:
-    """The ``foreachBatch`` function: micro-batch N goes to ``output/batch-N`` (overwritten if Spark runs N
-    again); ``on_bootstrap`` runs inside micro-batch 0 before it reads anything."""
-
-    def __init__(self, output_dir: Path, on_bootstrap: Callable[[], None], progress: Progress) -> None:
-        self.output_dir = output_dir
-        self.on_bootstrap = on_bootstrap
-        self.progress = progress
-        self.rows: dict[int, int] = {}  # batch id -> rows written
-        self.lock = threading.Lock()
-
-    def __call__(self, df, batch_id: int) -> None:
-        from pyspark.sql.functions import lit
-
-        if batch_id == 0:
-            self.on_bootstrap()
-        path = self.output_dir / f"batch-{batch_id:06d}"
-        df.withColumn("_batch", lit(batch_id)).write.mode("overwrite").parquet(str(path))
-        count = ds.dataset(str(path), format="parquet").count_rows()
-        with self.lock:
-            self.rows[batch_id] = count
-            changes = sum(n for b, n in self.rows.items() if b > 0)
-        if batch_id == 0:
-            self.progress(f"micro-batch 0 (the bootstrap): {count:,} rows -> Parquet")
-        else:
-            self.progress(f"micro-batch {batch_id}: {count:,} change rows -> Parquet ({changes:,} so far)")
-
-    @property
-    def last_batch(self) -> int | None:
-        with self.lock:
-            return max(self.rows) if self.rows else None
-
-
 # -- the lease, seen from outside ----------------------------------------------------------------------
 
 
 class LeaseWatch:
-    """Polls the active coordinator's lease list for one lease: its snapshots, every deadline it was given
-    (acquire, renewals, a failover grace), and when it disappeared."""
+    """Polls the active coordinator's lease list for one lease: every deadline it was given (acquire,
+    renewals, a failover grace), and when it disappeared."""
 
     def __init__(self, addresses: list[str], lease_id: str, interval_s: float = 0.25) -> None:
         self.lease_id = lease_id
-        self.snapshots: dict[int, int] = {}  # bucket -> snapshot id, as first seen
         self.deadlines: list[int] = []  # ms since the epoch, each new one once
         self.gone_at_ms: int | None = None
         self._admin = AdminClient(addresses, request_timeout_s=1.0, retry_total_s=0)
@@ -167,7 +115,6 @@ class LeaseWatch:
             now_ms = int(time.time() * 1000)
             lease = next((lease for lease in leases if lease.lease_id == self.lease_id), None)
             if lease is not None:
-                self.snapshots = self.snapshots or {tb.bucket: s for tb, s in lease.buckets.items()}
                 if not self.deadlines or lease.expiration_time != self.deadlines[-1]:
                     self.deadlines.append(lease.expiration_time)
                 self.gone_at_ms = None
@@ -217,138 +164,131 @@ def fail_over(cluster_dir: str, admin: AdminClient, abort: threading.Event, time
 
 def run(cluster_dir: str, spark, work_dir: str | Path, plan: Plan = Plan(), *,
         progress: Progress = lambda text: None, abort: threading.Event | None = None) -> Outcome:
-    """Run the scenario (module docstring) on the cluster in ``cluster_dir``; see :class:`Outcome`."""
-    abort = abort or threading.Event()
-    work = Path(work_dir)
-    output_dir, checkpoint = work / "output", work / "checkpoint"
-    addresses = local_cluster.bootstrap(cluster_dir)
-    outcome = Outcome(plan, lease_id=f"demo-{uuid.uuid4().hex[:12]}")
-    query = watch = writer_thread = None
-    stop_writer = threading.Event()
-    with AdminClient(addresses, retry_total_s=60) as admin:
-        try:
-            admin.create_table(plan.table, COLUMNS, KEY, plan.buckets)
-            with TableClient(admin, plan.table) as client:
-                writer = ChangeWriter(client)
-                _load(writer, plan, progress, client)
+    """Run the scenario (module docstring) on the cluster in ``cluster_dir``; see :class:`Outcome`.
+    ``abort`` (set it from another thread, e.g. on Ctrl-C) stops the failover and the writer's waits."""
+    return _Scenario(cluster_dir, Path(work_dir), plan, progress, abort or threading.Event()).run(spark)
 
-                failed: list[BaseException] = []
-                kill_now = threading.Event()
 
-                def write() -> None:
-                    try:
-                        writer.run(plan.rounds, max(4, plan.rows // plan.rounds), plan.round_interval_s, stop_writer,
-                                   snapshot_every=plan.snapshot_every, on_round=on_round)
-                    except BaseException as exc:  # reported by the main thread
-                        failed.append(exc)
-                    finally:
-                        kill_now.set()
+class _Scenario:
+    """One run: the writer thread and the query's bootstrap hook meet here."""
 
-                def on_round(w: ChangeWriter) -> None:
-                    if w.rounds_done >= plan.kill_after_round:
-                        kill_now.set()
-                    if w.rounds_done % 5 == 0 or w.rounds_done == plan.rounds:
-                        progress(f"writer: round {w.rounds_done}/{plan.rounds}, {w.changes:,} changes so far")
-                    if w.rounds_done == plan.rounds - plan.tail_rounds and sink.last_batch is None:
-                        progress("writer: waiting for the bootstrap to reach Parquet before the last "
-                                 f"{plan.tail_rounds} rounds")
-                        while sink.last_batch is None:
-                            if stop_writer.wait(0.1):
-                                return
+    def __init__(self, cluster_dir: str, work: Path, plan: Plan, progress: Progress, abort: threading.Event) -> None:
+        self.cluster_dir = cluster_dir
+        self.plan = plan
+        self.progress = progress
+        self.abort = abort
+        self.output_dir, self.checkpoint = work / "output", work / "checkpoint"
+        self.addresses = local_cluster.bootstrap(cluster_dir)
+        self.outcome = Outcome(plan, lease_id=f"demo-{uuid.uuid4().hex[:12]}")
+        self.kill_now = threading.Event()  # the writer has done plan.kill_after_round rounds (or stopped)
+        self.stop_writer = threading.Event()
+        self.writer_failed: list[BaseException] = []
+        self.sink = stream_query.ParquetSink(self.output_dir, self._on_bootstrap, progress)
+        self.admin: AdminClient | None = None
+        self.writer: ChangeWriter | None = None
 
-                def on_bootstrap() -> None:
-                    while not kill_now.wait(0.1):
-                        if abort.is_set():
-                            raise Aborted("stopped before the failover")
-                    outcome.failover = fail_over(cluster_dir, admin, abort, plan.failover_timeout_s, progress)
-                    held = admin.describe_lease(outcome.lease_id)
-                    outcome.failover["lease_snapshots"] = {tb.bucket: s for tb, s in held.buckets.items()}
-                    progress(f"lease {outcome.lease_id} still holds {len(held.buckets)} snapshot(s) on the new "
-                             "active coordinator; the bootstrap reads them now")
-
-                watch = LeaseWatch(addresses, outcome.lease_id)
-                sink = ParquetSink(output_dir, on_bootstrap, progress)
-                progress(f"starting the streaming query (bootstrap from leased snapshots, then the changelog; "
-                         f"lease {outcome.lease_id}) -> Parquet in {output_dir}")
-                started = time.monotonic()
-                query = _start_query(spark, addresses, plan, outcome.lease_id, sink, checkpoint)
-                writer_thread = threading.Thread(target=write, name="kvlease-demo-writer", daemon=True)
-                writer_thread.start()
-                while writer_thread.is_alive():
-                    writer_thread.join(0.2)
-                    if not query.isActive:
-                        raise errors.KvLeaseError(f"the streaming query stopped: {query.exception()}")
-                if failed:
-                    raise failed[0]
-                final_ends = {b: latest for b, (_, latest) in client.list_offsets().items()}
-                progress(f"writer done: {writer.changes:,} changes after the snapshot; waiting for the query to "
-                         "read up to the end of every bucket")
-                _catch_up(query, sink, checkpoint, final_ends, plan.catch_up_timeout_s, abort)
-                query.stop()
-                query_s = time.monotonic() - started
-                progress(f"the query caught up after {sink.last_batch + 1} micro-batches; stopped it; checking")
-
-                scan = client.scan()
-                table = scan.to_table()
-                leases_now = {lease.lease_id for lease in admin.list_leases()}
-            watch.stop()
-            output = read_output(output_dir)
-            bootstrap = checkpoint_offsets(checkpoint, 0)
-            outcome.checks = _checks(outcome, output, table, writer, bootstrap, final_ends, scan.log_offsets,
-                                     watch, leases_now)
-            outcome.figures.update(_figures(outcome, output, writer, bootstrap, watch, query_s))
-            return outcome
-        finally:
-            abort.set()
-            stop_writer.set()
-            if query is not None and query.isActive:
-                query.stop()
-            if writer_thread is not None:
-                writer_thread.join(60)
-            if watch is not None:
+    def run(self, spark) -> Outcome:
+        plan, progress = self.plan, self.progress
+        query = watch = writer_thread = None
+        with AdminClient(self.addresses, retry_total_s=60) as self.admin:
+            try:
+                self.admin.create_table(plan.table, COLUMNS, KEY, plan.buckets)
+                with TableClient(self.admin, plan.table) as client:
+                    self.writer = ChangeWriter(client)
+                    self._load(client)
+                    watch = LeaseWatch(self.addresses, self.outcome.lease_id)
+                    progress(f"starting the streaming query (bootstrap from leased snapshots, then the changelog; "
+                             f"lease {self.outcome.lease_id}) -> Parquet in {self.output_dir}")
+                    started = time.monotonic()
+                    query = stream_query.start(spark, self.addresses, plan.table, self.outcome.lease_id,
+                                               plan.lease_duration, plan.trigger, self.sink, self.checkpoint)
+                    writer_thread = threading.Thread(target=self._write, name="kvlease-demo-writer", daemon=True)
+                    writer_thread.start()
+                    while writer_thread.is_alive():
+                        writer_thread.join(0.2)
+                        if not query.isActive:
+                            raise errors.KvLeaseError(f"the streaming query stopped: {query.exception()}")
+                    if self.writer_failed:
+                        raise self.writer_failed[0]
+                    final_ends = {b: latest for b, (_, latest) in client.list_offsets().items()}
+                    progress(f"writer done: {self.writer.changes:,} changes after the snapshot; waiting for the "
+                             "query to read up to the end of every bucket")
+                    stream_query.catch_up(query, self.sink, self.checkpoint, final_ends, plan.catch_up_timeout_s,
+                                          self.abort.is_set)
+                    query.stop()
+                    query_s = time.monotonic() - started
+                    progress(f"the query caught up after {self.sink.last_batch + 1} micro-batches; stopped it; "
+                             "checking")
+                    scan = client.scan()
+                    leases_now = {lease.lease_id for lease in self.admin.list_leases()}
                 watch.stop()
+                output = stream_query.read_output(self.output_dir)
+                bootstrap = stream_query.checkpoint_offsets(self.checkpoint, 0)
+                self.outcome.checks = _checks(self.outcome, output, scan.to_table(), self.writer, bootstrap,
+                                              final_ends, scan.log_offsets, watch, leases_now)
+                self.outcome.figures.update(_figures(self.outcome, output, self.writer, bootstrap, watch, query_s))
+                return self.outcome
+            finally:
+                self.abort.set()
+                self.stop_writer.set()
+                if query is not None and query.isActive:
+                    query.stop()
+                if writer_thread is not None:
+                    writer_thread.join(60)
+                if watch is not None:
+                    watch.stop()
 
+    def _load(self, client: TableClient) -> None:
+        plan, reported = self.plan, [0]
 
-def _load(writer: ChangeWriter, plan: Plan, progress: Progress, client: TableClient) -> None:
-    progress(f"created table {plan.table} ({plan.buckets} buckets); loading {plan.rows:,} rows")
-    reported = [0]
+        def loaded(done: int) -> None:
+            if done - reported[0] >= plan.rows / 4 or done == plan.rows:
+                reported[0] = done
+                self.progress(f"loaded {done:,} rows")
 
-    def loaded(done: int) -> None:
-        if done - reported[0] >= plan.rows / 4 or done == plan.rows:
-            reported[0] = done
-            progress(f"loaded {done:,} rows")
+        self.progress(f"created table {plan.table} ({plan.buckets} buckets); loading {plan.rows:,} rows")
+        self.writer.load(plan.rows, loaded)
+        committed = client.trigger_snapshot(wait=True)
+        self.progress(f"snapshot of every bucket committed (snapshot ids "
+                      f"{', '.join(f'{s.bucket}={s.snapshot_id}' for s in committed)}); the bootstrap will lease them")
 
-    writer.load(plan.rows, loaded)
-    committed = client.trigger_snapshot(wait=True)
-    progress(f"snapshot of every bucket committed (snapshot ids "
-             f"{', '.join(f'{s.bucket}={s.snapshot_id}' for s in committed)}); the bootstrap will lease them")
+    # -- the writer thread ---------------------------------------------------------------------------
 
+    def _write(self) -> None:
+        plan = self.plan
+        try:
+            self.writer.run(plan.rounds, max(4, plan.rows // plan.rounds), plan.round_interval_s, self.stop_writer,
+                            snapshot_every=plan.snapshot_every, on_round=self._on_round)
+        except BaseException as exc:  # raised again by the main thread
+            self.writer_failed.append(exc)
+        finally:
+            self.kill_now.set()
 
-def _start_query(spark, addresses: list[str], plan: Plan, lease_id: str, sink: ParquetSink, checkpoint: Path):
-    return (spark.readStream.format("kvlease").option("bootstrap", ",".join(addresses))
-            .option("table", plan.table).option("lease.id", lease_id).option("lease.duration", plan.lease_duration)
-            .load().writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint))
-            .trigger(processingTime=plan.trigger).start())
+    def _on_round(self, writer: ChangeWriter) -> None:
+        plan, done = self.plan, writer.rounds_done
+        if done >= plan.kill_after_round:
+            self.kill_now.set()
+        if done % 5 == 0 or done == plan.rounds:
+            self.progress(f"writer: round {done}/{plan.rounds}, {writer.changes:,} changes so far")
+        if done == plan.rounds - plan.tail_rounds and self.sink.last_batch is None:
+            self.progress(f"writer: waiting for the bootstrap to reach Parquet before the last {plan.tail_rounds} "
+                          "rounds")
+            while self.sink.last_batch is None and not self.stop_writer.wait(0.1):
+                pass
 
+    # -- inside the bootstrap micro-batch (a py4j callback thread) -------------------------------------
 
-def _catch_up(query, sink: ParquetSink, checkpoint: Path, final_ends: dict[int, int], timeout_s: float,
-              abort: threading.Event) -> None:
-    """Until a finished micro-batch ends at (or past) ``final_ends`` in every bucket."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        last = sink.last_batch
-        if last is not None:
-            ends = checkpoint_offsets(checkpoint, last)
-            if all(ends[b][1] >= end for b, end in final_ends.items()):
-                return
-        if not query.isActive:
-            raise errors.KvLeaseError(f"the streaming query stopped: {query.exception()}")
-        if abort.is_set():
-            raise Aborted("stopped while the query was catching up")
-        if time.monotonic() > deadline:
-            raise errors.KvLeaseError(f"the streaming query did not catch up within {timeout_s:g}s "
-                                      f"(last finished micro-batch: {last})")
-        time.sleep(0.2)
+    def _on_bootstrap(self) -> None:
+        while not self.kill_now.wait(0.1):
+            if self.abort.is_set():
+                raise Aborted("stopped before the failover")
+        outcome = self.outcome
+        outcome.failover = fail_over(self.cluster_dir, self.admin, self.abort, self.plan.failover_timeout_s,
+                                     self.progress)
+        held = self.admin.describe_lease(outcome.lease_id)
+        outcome.failover["lease_snapshots"] = {tb.bucket: s for tb, s in held.buckets.items()}
+        self.progress(f"lease {outcome.lease_id} still holds {len(held.buckets)} snapshot(s) on the new active "
+                      "coordinator; the bootstrap reads them now")
 
 
 def _checks(outcome: Outcome, output: pa.Table, table: pa.Table, writer: ChangeWriter,

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from ops import cluster as local_cluster
-from ops import demo, feed_check, stream_failover
+from ops import demo, feed_check, stream_failover, stream_query
 from ops.change_writer import KEY, VALUES
 
 #: A quick run: small table, short writer, the tests' ZooKeeper session timeout (failover ~4 s).
@@ -28,9 +28,9 @@ def test_the_demo_passes_cleans_up_and_its_checks_catch_a_lost_change_row(spark,
         outcome = run(cluster_dir, spark_, work, plan, **kwargs)
         offsets = Path(work) / "checkpoint" / "offsets"
         last = max(int(name) for name in os.listdir(offsets) if name.isdigit())
-        seen.update(work=Path(work), cluster=local_cluster.load(cluster_dir), output=stream_failover.read_output(
-            Path(work) / "output"), boot=stream_failover.checkpoint_offsets(offsets.parent, 0),
-            final=stream_failover.checkpoint_offsets(offsets.parent, last))
+        seen.update(work=Path(work), cluster=local_cluster.load(cluster_dir), output=stream_query.read_output(
+            Path(work) / "output"), boot=stream_query.checkpoint_offsets(offsets.parent, 0),
+            final=stream_query.checkpoint_offsets(offsets.parent, last))
         return outcome
 
     monkeypatch.setattr(stream_failover, "run", spy)
@@ -67,7 +67,7 @@ def test_the_demo_passes_cleans_up_and_its_checks_catch_a_lost_change_row(spark,
     planted_dir = tmp_path / "planted"
     planted_dir.mkdir()
     pq.write_table(output.take([i for i in range(output.num_rows) if i != victim]), planted_dir / "part.parquet")
-    planted = stream_failover.read_output(planted_dir)
+    planted = stream_query.read_output(planted_dir)
     tail = feed_check.check_tail(planted, boot, final)
     assert not tail.ok and "missing" in tail.violations[0]
     victim_id = output["id"][victim].as_py()
