@@ -180,7 +180,7 @@ def render(doc: Mapping[str, Any]) -> str:
         f"  Spark query -> Parquet: {doc['bootstrap_rows']:,} bootstrap rows + {doc['change_rows']:,} change rows "
         f"in {doc['micro_batches']} micro-batches",
         f"  lease {doc['lease_id']}: {doc['snapshots_leased']} snapshots leased, {doc['snapshots_released']} "
-        f"released after the bootstrap committed ({doc['lease_renewals_seen']} renewals seen)",
+        f"released after the bootstrap committed (renewals seen: {doc['lease_renewals_seen']})",
         f"  failover: coordinator {f['killed_coordinator']} killed with -9, coordinator "
         f"{f['active_coordinator']} serving after {f['seconds']:.1f}s",
     ]

@@ -32,7 +32,7 @@ NAME = "spark-failover"
 DEFAULT_ROWS = 20_000
 #: A shorter writer than the demo's: the drill is a check, not a show.
 PLAN = stream_failover.Plan(rows=DEFAULT_ROWS, rounds=16, round_interval_s=0.3, snapshot_every=4,
-                            kill_after_round=4, tail_rounds=4)
+                            kill_after_round=4, tail_rounds=6)
 
 
 def main(cluster_dir: str, json_output: bool = False, *, rows: int = DEFAULT_ROWS, spark=None,

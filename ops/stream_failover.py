@@ -13,12 +13,13 @@ source registered:
 3. a writer thread makes ``rows`` more changes (inserts, updates, deletes) in
    rounds and asks for new snapshots now and then, which would subsume the
    bootstrap's snapshots if the lease did not hold them;
-4. inside the bootstrap micro-batch, once the writer has done a few rounds,
-   kills the active coordinator with SIGKILL and waits until the standby
-   serves (the query holds its lease and renews it meanwhile); only then
-   does the bootstrap read its snapshots; the writer keeps writing
-   throughout, its last rounds only once the bootstrap is written, so that
-   the query tails them;
+4. inside the bootstrap micro-batch, once the writer has done
+   ``kill_after_round`` rounds (it pauses there until then), kills the
+   active coordinator with SIGKILL and waits until the standby serves (the
+   query holds its lease and renews it meanwhile); only then does the
+   bootstrap read its snapshots. The writer goes on during the failover;
+   its last ``tail_rounds`` rounds wait until the bootstrap is written, so
+   that the query tails them;
 5. when the writer is done, waits until the query has read up to the
    table's end offsets, stops it and reads the output back with pyarrow;
 6. checks (:mod:`ops.feed_check`): the output applied in offset order equals
@@ -65,8 +66,8 @@ class Plan:
     buckets: int = 4
     rounds: int = 30
     round_interval_s: float = 0.5
-    kill_after_round: int = 8  # the bootstrap waits for it, then the coordinator is killed
-    tail_rounds: int = 6  # the last rounds wait until the bootstrap is in Parquet: the query tails them
+    kill_after_round: int = 8  # the writer pauses after it until the bootstrap has killed the coordinator
+    tail_rounds: int = 10  # the last rounds wait until the bootstrap is in Parquet: the query tails them
     snapshot_every: int = 5  # writer rounds between snapshot requests
     lease_duration: str = "30s"  # renewed every third of it while the bootstrap runs; well above a failover
     trigger: str = "1 second"
@@ -136,12 +137,14 @@ class LeaseWatch:
 
 
 def fail_over(cluster_dir: str, admin: AdminClient, abort: threading.Event, timeout_s: float,
-              progress: Progress) -> dict[str, Any]:
-    """``kill -9`` the active coordinator; returns once another one is active and answers a lease listing."""
+              progress: Progress, on_kill: Callable[[], None] = lambda: None) -> dict[str, Any]:
+    """``kill -9`` the active coordinator (then calls ``on_kill``); returns once another one is active and
+    answers a lease listing."""
     old = local_cluster.active_coordinator(cluster_dir)
     started = time.monotonic()
     pid = local_cluster.kill(cluster_dir, "coordinators", old["id"])
     progress(f"killed the active coordinator {old['id']} (pid {pid}) with SIGKILL; waiting for the standby")
+    on_kill()
     deadline = started + timeout_s
     while True:
         if abort.is_set():
@@ -181,9 +184,12 @@ class _Scenario:
         self.addresses = local_cluster.bootstrap(cluster_dir)
         self.outcome = Outcome(plan, lease_id=f"demo-{uuid.uuid4().hex[:12]}")
         self.kill_now = threading.Event()  # the writer has done plan.kill_after_round rounds (or stopped)
+        self.killed = threading.Event()  # the active coordinator was killed
+        self.bootstrapped = threading.Event()  # the bootstrap micro-batch is in Parquet
         self.stop_writer = threading.Event()
         self.writer_failed: list[BaseException] = []
-        self.sink = stream_query.ParquetSink(self.output_dir, self._on_bootstrap, progress)
+        self.sink = stream_query.ParquetSink(self.output_dir, self._on_bootstrap, progress,
+                                             on_written=lambda batch: self.bootstrapped.set())
         self.admin: AdminClient | None = None
         self.writer: ChangeWriter | None = None
 
@@ -262,19 +268,26 @@ class _Scenario:
         except BaseException as exc:  # raised again by the main thread
             self.writer_failed.append(exc)
         finally:
-            self.kill_now.set()
+            self.kill_now.set()  # the bootstrap kills the coordinator anyway
 
     def _on_round(self, writer: ChangeWriter) -> None:
         plan, done = self.plan, writer.rounds_done
-        if done >= plan.kill_after_round:
-            self.kill_now.set()
         if done % 5 == 0 or done == plan.rounds:
             self.progress(f"writer: round {done}/{plan.rounds}, {writer.changes:,} changes so far")
+        if done == plan.kill_after_round:
+            self.kill_now.set()
+            if not self.killed.is_set():
+                self.progress(f"writer: round {done} done; pausing until the query's bootstrap has started and "
+                              "the coordinator is killed")
+                self._wait_for(self.killed)
         if done == plan.rounds - plan.tail_rounds and self.sink.last_batch is None:
-            self.progress(f"writer: waiting for the bootstrap to reach Parquet before the last {plan.tail_rounds} "
-                          "rounds")
-            while self.sink.last_batch is None and not self.stop_writer.wait(0.1):
-                pass
+            self.progress(f"writer: pausing until the bootstrap is in Parquet, then the last {plan.tail_rounds} "
+                          "rounds (the query tails them)")
+            self._wait_for(self.bootstrapped)
+
+    def _wait_for(self, event: threading.Event) -> None:
+        while not event.is_set() and not self.stop_writer.wait(0.1):
+            pass
 
     # -- inside the bootstrap micro-batch (a py4j callback thread) -------------------------------------
 
@@ -284,7 +297,7 @@ class _Scenario:
                 raise Aborted("stopped before the failover")
         outcome = self.outcome
         outcome.failover = fail_over(self.cluster_dir, self.admin, self.abort, self.plan.failover_timeout_s,
-                                     self.progress)
+                                     self.progress, on_kill=self.killed.set)
         held = self.admin.describe_lease(outcome.lease_id)
         outcome.failover["lease_snapshots"] = {tb.bucket: s for tb, s in held.buckets.items()}
         self.progress(f"lease {outcome.lease_id} still holds {len(held.buckets)} snapshot(s) on the new active "

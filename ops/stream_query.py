@@ -26,11 +26,14 @@ Progress = Callable[[str], None]
 
 
 class ParquetSink:
-    """The ``foreachBatch`` function; ``on_bootstrap`` runs inside micro-batch 0 before it reads anything."""
+    """The ``foreachBatch`` function; ``on_bootstrap`` runs inside micro-batch 0 before it reads anything,
+    ``on_written(batch id)`` after each micro-batch is written."""
 
-    def __init__(self, output_dir: Path, on_bootstrap: Callable[[], None], progress: Progress) -> None:
+    def __init__(self, output_dir: Path, on_bootstrap: Callable[[], None], progress: Progress,
+                 on_written: Callable[[int], None] = lambda batch_id: None) -> None:
         self.output_dir = output_dir
         self.on_bootstrap = on_bootstrap
+        self.on_written = on_written
         self.progress = progress
         self.rows: dict[int, int] = {}  # micro-batch id -> rows written
         self._lock = threading.Lock()
@@ -50,6 +53,7 @@ class ParquetSink:
             self.progress(f"micro-batch 0 (the bootstrap): {count:,} rows -> Parquet")
         else:
             self.progress(f"micro-batch {batch_id}: {count:,} change rows -> Parquet ({changes:,} so far)")
+        self.on_written(batch_id)
 
     @property
     def last_batch(self) -> int | None:
