@@ -7,9 +7,9 @@ settings) and a local SparkSession, runs :func:`ops.stream_failover.run`
 (the writer, the query, the failover, the checks) and returns a summary
 (:func:`render` prints it). Whatever happens (a failure, Ctrl-C) it stops
 the query, Spark and every process of the cluster, and removes the directory
-if it made it, unless ``keep``: then the cluster stays up (the killed
-coordinator started again, as a standby) and :func:`keep_hint` says how to
-use it.
+if it made it (unless the run failed: then its logs and output stay), unless
+``keep``: then the cluster stays up (the killed coordinator started again,
+as a standby) and :func:`keep_hint` says how to use it.
 """
 
 from __future__ import annotations
@@ -47,9 +47,10 @@ def run_demo(directory: str | None = None, *, rows: int = DEFAULT_ROWS, keep: bo
              progress: Progress = lambda text: None, config_overrides: Mapping[str, Any] | None = None,
              plan: stream_failover.Plan | None = None) -> dict[str, Any]:
     """Run the demo; returns the summary (``ok`` says PASS). ``directory``: where everything lives (must be
-    empty or new; kept afterwards); default a fresh temp dir, removed at the end unless ``keep``.
-    ``spark``: a SparkSession to use (left running) instead of starting one. ``config_overrides`` go into
-    every server's config (tests shorten timeouts with them)."""
+    empty or new; kept afterwards); default a fresh temp dir, removed at the end unless ``keep`` or the run
+    did not pass (then its logs and output stay for a look). ``spark``: a SparkSession to use (left
+    running) instead of starting one. ``config_overrides`` go into every server's config and ``plan``
+    replaces the scenario's parameters, ``rows`` included (tests shorten the run with them)."""
     started = time.monotonic()
     if rows < MIN_ROWS:
         raise errors.InvalidRequestError(f"--rows must be at least {MIN_ROWS:,}, got {rows:,}")
@@ -58,6 +59,7 @@ def run_demo(directory: str | None = None, *, rows: int = DEFAULT_ROWS, keep: bo
     plan = plan or stream_failover.Plan(rows=rows)
     own_spark = spark is None
     outcome = None
+    interrupted = False
     abort = threading.Event()
     try:
         progress(f"starting a local cluster in {cluster_dir}: {ZK_NODES} ZooKeeper node, {COORDINATORS} "
@@ -71,8 +73,10 @@ def run_demo(directory: str | None = None, *, rows: int = DEFAULT_ROWS, keep: bo
             spark = local_session(base / "spark", app="kvlease-demo", log_file=base / "spark.log")
         with _plain_interrupts():
             outcome = stream_failover.run(str(cluster_dir), spark, base, plan, progress=progress, abort=abort)
-        return summary(outcome, base if (keep or not made) else None, time.monotonic() - started, keep)
+        kept = keep or not made or not outcome.ok
+        return summary(outcome, base if kept else None, time.monotonic() - started, keep)
     except KeyboardInterrupt:
+        interrupted = True
         if keep:
             done = f"stopped the query and Spark; the cluster keeps running (kvlease cluster stop --dir {cluster_dir})"
         else:
@@ -80,8 +84,10 @@ def run_demo(directory: str | None = None, *, rows: int = DEFAULT_ROWS, keep: bo
         raise Interrupted(done) from None
     finally:
         abort.set()
+        passed = outcome is not None and outcome.ok
         with _no_interrupts():
-            _clean_up(base, made, cluster_dir, spark if own_spark else None, keep, outcome, progress)
+            _clean_up(base, cluster_dir, spark if own_spark else None, keep, outcome, progress,
+                      remove=made and not keep and (passed or interrupted))
 
 
 def _work_dir(directory: str | None) -> tuple[Path, bool]:
@@ -95,28 +101,31 @@ def _work_dir(directory: str | None) -> tuple[Path, bool]:
     return base, False
 
 
-def _clean_up(base: Path, made: bool, cluster_dir: Path, spark, keep: bool, outcome, progress: Progress) -> None:
+def _clean_up(base: Path, cluster_dir: Path, spark, keep: bool, outcome, progress: Progress, remove: bool) -> None:
+    """Stop Spark (``spark``: one the demo started) and the cluster (unless ``keep``), remove ``base`` if
+    ``remove``; never raises."""
     if spark is not None:
         from ops.spark import stop_local_session
 
         try:
-            stop_local_session(spark)
+            stop_local_session(spark, log_file=base / "spark.log")
         except Exception as exc:  # the JVM may be gone already (Ctrl-C)
             progress(f"stopping Spark: {exc}")
-    started = local_cluster.cluster_file(cluster_dir).exists()
-    if started and keep:
-        killed = outcome.failover.get("killed") if outcome is not None else None
-        if killed is not None:
+    has_cluster = local_cluster.cluster_file(cluster_dir).exists()
+    killed = outcome.failover.get("killed") if outcome is not None else None
+    try:
+        if has_cluster and keep and killed is not None:
             progress(f"--keep: starting coordinator {killed} again (as a standby)")
             local_cluster.restart(cluster_dir, "coordinators", killed)
-    elif started:
-        progress("stopping the cluster")
-        try:
+        elif has_cluster and not keep:
+            progress("stopping the cluster")
             local_cluster.stop(cluster_dir)
-        except errors.KvLeaseError as exc:
-            progress(f"stopping the cluster: {exc.message}")
-    if made and not keep:
+    except errors.KvLeaseError as exc:
+        progress(f"{'restarting the coordinator' if keep else 'stopping the cluster'}: {exc.message}")
+    if remove:
         shutil.rmtree(base, ignore_errors=True)
+    elif not keep:
+        progress(f"kept {base} (the servers' and Spark's logs, the Parquet output); remove it when done")
 
 
 @contextmanager
@@ -181,8 +190,9 @@ def render(doc: Mapping[str, Any]) -> str:
         f"in {doc['micro_batches']} micro-batches",
         f"  lease {doc['lease_id']}: {doc['snapshots_leased']} snapshots leased, {doc['snapshots_released']} "
         f"released after the bootstrap committed (renewals seen: {doc['lease_renewals_seen']})",
-        f"  failover: coordinator {f['killed_coordinator']} killed with -9, coordinator "
-        f"{f['active_coordinator']} serving after {f['seconds']:.1f}s",
+        (f"  failover: coordinator {f['killed_coordinator']} killed with -9, coordinator "
+         f"{f['active_coordinator']} serving after {f['seconds']:.1f}s" if f.get("seconds") is not None
+         else "  failover: none happened"),
     ]
     for check in doc["checks"]:
         lines.append(f"  [{'ok' if check['ok'] else 'FAIL'}] {check['name']} ({check['checked']:,} checked)")

@@ -73,7 +73,12 @@ def _output_to(path: str | os.PathLike[str]) -> Iterator[None]:
             os.close(fd)
 
 
-def stop_local_session(spark) -> None:
+def stop_local_session(spark, log_file: str | os.PathLike[str] | None = None) -> None:
+    """Stop ``spark`` and kill its JVM. ``log_file``: what is printed meanwhile (PySpark's accumulator server
+    prints a traceback when the JVM hangs up on it first, which an interrupted job makes likely) goes there."""
+    if log_file is not None:
+        with _output_to(log_file):
+            return stop_local_session(spark)
     from pyspark import SparkContext
 
     gateway = SparkContext._gateway

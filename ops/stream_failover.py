@@ -213,7 +213,7 @@ class _Scenario:
                     while writer_thread.is_alive():
                         writer_thread.join(0.2)
                         if not query.isActive:
-                            raise errors.KvLeaseError(f"the streaming query stopped: {query.exception()}")
+                            raise stream_query.failed(query)
                     if self.writer_failed:
                         raise self.writer_failed[0]
                     final_ends = {b: latest for b, (_, latest) in client.list_offsets().items()}

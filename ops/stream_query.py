@@ -12,6 +12,7 @@ micro-batch Spark runs again replaces its own files) with one more column,
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from pathlib import Path
@@ -65,10 +66,30 @@ class ParquetSink:
 def start(spark, bootstrap: list[str], table: str, lease_id: str, lease_duration: str, trigger: str,
           sink: ParquetSink, checkpoint: Path):
     """Start the query: ``table`` from its leased snapshots, then its changelog, into ``sink``."""
-    return (spark.readStream.format("kvlease").option("bootstrap", ",".join(bootstrap)).option("table", table)
-            .option("lease.id", lease_id).option("lease.duration", lease_duration).load()
-            .writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint))
-            .trigger(processingTime=trigger).start())
+    try:
+        return (spark.readStream.format("kvlease").option("bootstrap", ",".join(bootstrap)).option("table", table)
+                .option("lease.id", lease_id).option("lease.duration", lease_duration).load()
+                .writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint))
+                .trigger(processingTime=trigger).start())
+    except Exception as exc:  # Spark's errors: a Python traceback and a query plan in one message
+        raise errors.KvLeaseError(f"the streaming query did not start: {error_line(exc)}") from None
+
+
+def failed(query) -> errors.KvLeaseError:
+    """The error of a query that stopped by itself, in one line."""
+    return errors.KvLeaseError(f"the streaming query failed: {error_line(query.exception())}")
+
+
+_RAISED = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?([A-Za-z_]\w*(?:Error|Exception|Interrupt)): (.*)$")
+
+
+def error_line(exc: BaseException | None) -> str:
+    """One line of a Spark error: the last ``SomeError: message`` line of the Python traceback it carries
+    (the exception the query died of), else its first line."""
+    text = str(exc).split("=== Streaming Query ===")[0]
+    raised = [m for m in map(_RAISED.match, (line.strip() for line in text.splitlines())) if m]
+    line = f"{raised[-1].group(1)}: {raised[-1].group(2)}" if raised else (text.strip().splitlines() or [""])[0]
+    return line if len(line) <= 500 else line[:497] + "..."
 
 
 def read_output(output_dir: str | Path) -> pa.Table:
@@ -98,7 +119,7 @@ def catch_up(query, sink: ParquetSink, checkpoint: Path, ends: dict[int, int], t
             if all(reached[b][1] >= end for b, end in ends.items()):
                 return
         if not query.isActive:
-            raise errors.KvLeaseError(f"the streaming query stopped: {query.exception()}")
+            raise failed(query)
         if stopped():
             raise errors.KvLeaseError("stopped while the query was catching up")
         if time.monotonic() > deadline:

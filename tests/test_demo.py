@@ -4,15 +4,20 @@ process or directory behind, and its checkers catch a change row taken out of it
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+import types
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from common import errors
 from ops import cluster as local_cluster
 from ops import demo, feed_check, stream_failover, stream_query
 from ops.change_writer import KEY, VALUES
+from ops.drill import Check
 
 #: A quick run: small table, short writer, the tests' ZooKeeper session timeout (failover ~4 s).
 SMALL = stream_failover.Plan(rows=2_000, rounds=10, round_interval_s=0.2, snapshot_every=3, kill_after_round=3,
@@ -74,6 +79,7 @@ def test_the_demo_passes_cleans_up_and_its_checks_catch_a_lost_change_row(spark,
     assert feed_check.check_state(planted, table, KEY, VALUES).violations[0].startswith(f"id={victim_id}: ")
 
 
+@pytest.mark.unit
 def test_a_directory_in_use_is_refused_before_anything_starts(tmp_path):
     (tmp_path / "something").write_text("x")
     with pytest.raises(Exception, match="not an empty directory"):
@@ -81,3 +87,60 @@ def test_a_directory_in_use_is_refused_before_anything_starts(tmp_path):
     with pytest.raises(Exception, match="--rows must be at least"):
         demo.run_demo(str(tmp_path / "new"), rows=10)
     assert not (tmp_path / "new").exists()
+
+
+# -- what the demo leaves behind, without processes (the cluster start and the scenario faked) --------------
+
+
+@pytest.fixture
+def fake_run(monkeypatch, tmp_path):
+    """run_demo with a temp dir under tmp_path, no cluster, and a scenario that does ``fake_run.what``."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(local_cluster, "start", lambda *args, **kwargs: None)
+    state = types.SimpleNamespace(what=None)
+
+    def scenario(cluster_dir, spark, work, plan, **kwargs):
+        if isinstance(state.what, BaseException):
+            raise state.what
+        outcome = stream_failover.Outcome(plan, "demo-1", checks=[Check.of("c", state.what)])
+        outcome.figures.update(rows_loaded=1, changes_written=1, table_rows=1, bootstrap_rows=1, change_rows=1,
+                               micro_batches=1, snapshots_leased=4, snapshots_released=4, lease_renewals_seen=0)
+        return outcome
+
+    monkeypatch.setattr(stream_failover, "run", scenario)
+    return state
+
+
+def _work_dirs(tmp_path):
+    return [p for p in tmp_path.iterdir() if p.name.startswith("kvlease-demo-")]
+
+
+@pytest.mark.unit
+def test_a_passing_run_removes_its_temp_dir(fake_run, tmp_path):
+    fake_run.what = []
+    assert demo.run_demo(spark=object())["ok"] and _work_dirs(tmp_path) == []
+
+
+@pytest.mark.unit
+def test_a_failing_run_keeps_its_temp_dir_and_says_so(fake_run, tmp_path):
+    fake_run.what = ["id=1: differs"]
+    lines = []
+    doc = demo.run_demo(spark=object(), progress=lines.append)
+    assert not doc["ok"] and doc["result"] == "FAIL" and "      - id=1: differs" in demo.render(doc)
+    (kept,) = _work_dirs(tmp_path)
+    assert doc["directory"] == str(kept) and lines[-1] == (f"kept {kept} (the servers' and Spark's logs, the "
+                                                           "Parquet output); remove it when done")
+
+
+@pytest.mark.unit
+def test_an_error_keeps_the_temp_dir_and_ctrl_c_removes_it(fake_run, tmp_path):
+    fake_run.what = errors.KvLeaseError("the streaming query failed: RuntimeError: boom")
+    with pytest.raises(errors.KvLeaseError, match="boom"):
+        demo.run_demo(spark=object())
+    (kept,) = _work_dirs(tmp_path)
+    shutil.rmtree(kept)
+    fake_run.what = KeyboardInterrupt()
+    with pytest.raises(demo.Interrupted) as info:
+        demo.run_demo(spark=object())
+    assert info.value.message.startswith("stopped every process it started; removed ")
+    assert _work_dirs(tmp_path) == []
