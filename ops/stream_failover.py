@@ -182,7 +182,7 @@ class _Scenario:
         self.abort = abort
         self.output_dir, self.checkpoint = work / "output", work / "checkpoint"
         self.addresses = local_cluster.bootstrap(cluster_dir)
-        self.outcome = Outcome(plan, lease_id=f"demo-{uuid.uuid4().hex[:12]}")
+        self.outcome = Outcome(plan, lease_id=f"{plan.table}-{uuid.uuid4().hex[:12]}")
         self.kill_now = threading.Event()  # the writer has done plan.kill_after_round rounds (or stopped)
         self.killed = threading.Event()  # the active coordinator was killed
         self.bootstrapped = threading.Event()  # the bootstrap micro-batch is in Parquet

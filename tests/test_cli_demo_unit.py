@@ -17,7 +17,7 @@ def summary(ok: bool) -> dict:
     checks = [Check.of("the change rows applied in (bucket, offset) order equal the table",
                        [] if ok else ["id=7: not in the output; in the table: {v: 'x'}"], 10)]
     return {"ok": ok, "result": "PASS" if ok else "FAIL", "seconds": 42.0, "directory": None, "kept": False,
-            "table": "demo.orders", "lease_id": "demo-1", "rows_loaded": 10, "changes_written": 10, "table_rows": 10,
+            "table": "demo.orders", "lease_id": "demo.orders-1", "rows_loaded": 10, "changes_written": 10, "table_rows": 10,
             "bootstrap_rows": 10, "change_rows": 12, "micro_batches": 3, "snapshots_leased": 4,
             "snapshots_released": 4, "lease_renewals_seen": 1, "query_s": 20.0,
             "failover": {"killed_coordinator": "1", "killed_pid": 5, "active_coordinator": "2", "seconds": 6.1},
