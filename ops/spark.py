@@ -10,15 +10,25 @@ from __future__ import annotations
 
 import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 JAVA_HOME = "/usr/lib/jvm/java-17-openjdk-amd64"
 
 
 def local_session(work_dir: str | os.PathLike[str], *, cores: int | str = "*", app: str = "kvlease",
-                  shuffle_partitions: int = 2):
-    """A SparkSession on this machine: loopback only, no UI, scratch space under ``work_dir``."""
+                  shuffle_partitions: int = 2, log_file: str | os.PathLike[str] | None = None):
+    """A SparkSession on this machine: loopback only, no UI, scratch space under ``work_dir``.
+
+    ``log_file``: the JVM's stdout and stderr (its start-up notes, Spark's
+    log, and those of the Python workers it starts) go there instead of this
+    process's terminal.
+    """
     work_dir = Path(work_dir)
+    if log_file is not None:
+        with _output_to(log_file):
+            return local_session(work_dir, cores=cores, app=app, shuffle_partitions=shuffle_partitions)
     os.environ.setdefault("JAVA_HOME", JAVA_HOME)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ["PYSPARK_PYTHON"] = sys.executable
@@ -43,7 +53,32 @@ def local_session(work_dir: str | os.PathLike[str], *, cores: int | str = "*", a
     return spark
 
 
-def stop_local_session(spark) -> None:
+@contextmanager
+def _output_to(path: str | os.PathLike[str]) -> Iterator[None]:
+    """File descriptors 1 and 2 point at ``path`` while inside (children started then keep it)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    try:
+        with open(path, "ab") as log:
+            os.dup2(log.fileno(), 1)
+            os.dup2(log.fileno(), 2)
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in saved:
+            os.close(fd)
+
+
+def stop_local_session(spark, log_file: str | os.PathLike[str] | None = None) -> None:
+    """Stop ``spark`` and kill its JVM. ``log_file``: what is printed meanwhile (PySpark's accumulator server
+    prints a traceback when the JVM hangs up on it first, which an interrupted job makes likely) goes there."""
+    if log_file is not None:
+        with _output_to(log_file):
+            return stop_local_session(spark)
     from pyspark import SparkContext
 
     gateway = SparkContext._gateway

@@ -93,9 +93,7 @@ def test_retry_timeout_from_env_and_options_after_the_command():
     assert f"cannot reach coordinator {address}" in assert_one_line_error(result)
 
 
-def test_demo_and_unknown_bench():
-    result = run("demo")
-    assert result.exit_code == 0 and "not yet implemented" in result.stdout
+def test_unknown_bench_and_drill():
     assert "unknown benchmark 'nosuch'" in assert_one_line_error(run("bench", "nosuch"), code=2)
     assert "unknown drill 'nosuch'" in assert_one_line_error(run("drill", "nosuch", "--cluster", "/tmp"))
 

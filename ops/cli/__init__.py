@@ -6,7 +6,7 @@ module is one command group and adds its commands to the root group when it
 is imported, which this package does below.
 """
 
-from ops.cli import cluster, data, lease, plugins, scan, snapshot, table  # noqa: F401  (they add the commands)
+from ops.cli import cluster, data, demo, lease, plugins, scan, snapshot, table  # noqa: F401  (they add the commands)
 from ops.cli.app import State, kvlease, main
 
 __all__ = ["State", "kvlease", "main"]

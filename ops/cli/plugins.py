@@ -1,4 +1,4 @@
-"""``kvlease demo``, ``kvlease bench NAME`` (the benchmark suite) and ``kvlease drill NAME`` (plug-ins).
+"""``kvlease bench NAME`` (the benchmark suite) and ``kvlease drill NAME`` (plug-ins).
 
 ``kvlease bench NAME [ARGS…]`` hands NAME and everything after it to
 :func:`ops.bench_suite.main`, which parses the benchmark's own options, runs
@@ -26,13 +26,6 @@ from ops.cli.app import State, catch_errors, common_options, kvlease, pass_state
 from ops.cli.cluster import cluster_dir
 
 PLUGIN_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
-
-
-@kvlease.command("demo")
-@catch_errors
-def demo() -> None:
-    """Run the end-to-end demo."""
-    click.echo("kvlease demo: not yet implemented (comes with the operations issue)")
 
 
 def _plugins(prefix: str) -> list[str]:

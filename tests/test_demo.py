@@ -1,0 +1,146 @@
+"""``kvlease demo``'s code path on a small table, on the tests' shared SparkSession: it passes, leaves no
+process or directory behind, and its checkers catch a change row taken out of its Parquet output."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import types
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from common import errors
+from ops import cluster as local_cluster
+from ops import demo, feed_check, stream_failover, stream_query
+from ops.change_writer import KEY, VALUES
+from ops.drill import Check
+
+#: A quick run: small table, short writer, the tests' ZooKeeper session timeout (failover ~4 s).
+SMALL = stream_failover.Plan(rows=2_000, rounds=10, round_interval_s=0.2, snapshot_every=3, kill_after_round=3,
+                             tail_rounds=3, lease_duration="15s")
+FAST = {"zookeeper.session-timeout": "4s"}
+
+
+def test_the_demo_passes_cleans_up_and_its_checks_catch_a_lost_change_row(spark, monkeypatch, tmp_path):
+    seen = {}
+    run = stream_failover.run
+
+    def spy(cluster_dir, spark_, work, plan, **kwargs):  # what the demo removes at its end, kept for the test
+        outcome = run(cluster_dir, spark_, work, plan, **kwargs)
+        offsets = Path(work) / "checkpoint" / "offsets"
+        last = max(int(name) for name in os.listdir(offsets) if name.isdigit())
+        seen.update(work=Path(work), cluster=local_cluster.load(cluster_dir), output=stream_query.read_output(
+            Path(work) / "output"), boot=stream_query.checkpoint_offsets(offsets.parent, 0),
+            final=stream_query.checkpoint_offsets(offsets.parent, last))
+        return outcome
+
+    monkeypatch.setattr(stream_failover, "run", spy)
+    lines = []
+    doc = demo.run_demo(spark=spark, plan=SMALL, config_overrides=FAST, progress=lines.append)
+
+    assert doc["ok"] and doc["result"] == "PASS", demo.render(doc)
+    assert doc["rows_loaded"] == 2_000 and doc["changes_written"] >= 2_000 and doc["change_rows"] > 0
+    assert doc["snapshots_leased"] == doc["snapshots_released"] == 4
+    assert doc["failover"]["killed_coordinator"] != doc["failover"]["active_coordinator"]
+    assert 0 < doc["failover"]["seconds"] < 30
+    text = demo.render(doc)
+    assert text.startswith("kvlease demo: PASS") and "[FAIL]" not in text
+    assert any("killed the active coordinator" in line for line in lines)
+    # everything stopped, the temp dir gone, Spark (the caller's) still usable
+    assert not seen["work"].exists() and doc["directory"] is None
+    procs = [p for role in ("zookeeper", "coordinators", "tablets") for p in seen["cluster"][role]]
+    assert not [p["pid"] for p in procs if local_cluster.pid_alive(p["pid"], p.get("proc_start"))]
+    assert spark.range(3).count() == 3
+
+    # the planted failure: the after-image of a key's last change taken out of the Parquet output
+    output = seen["output"]
+    boot = {b: o for b, (_, o) in seen["boot"].items()}
+    final = {b: o for b, (_, o) in seen["final"].items()}
+    state = feed_check.apply_changes(output, KEY, VALUES)
+    table = pa.Table.from_pylist([dict(zip(KEY + VALUES, k + v)) for k, v in state.items()],
+                                 schema=output.select(list(KEY + VALUES)).schema)
+    assert feed_check.check_tail(output, boot, final).ok and feed_check.check_state(output, table, KEY, VALUES).ok
+    last = {}  # id -> index of its last change row
+    for i, row in enumerate(output.select(["id", "_log_offset"]).to_pylist()):
+        if row["id"] not in last or row["_log_offset"] > output["_log_offset"][last[row["id"]]].as_py():
+            last[row["id"]] = i
+    victim = next(i for i in last.values() if output["_change_type"][i].as_py() == "update_postimage")
+    planted_dir = tmp_path / "planted"
+    planted_dir.mkdir()
+    pq.write_table(output.take([i for i in range(output.num_rows) if i != victim]), planted_dir / "part.parquet")
+    planted = stream_query.read_output(planted_dir)
+    tail = feed_check.check_tail(planted, boot, final)
+    assert not tail.ok and "missing" in tail.violations[0]
+    victim_id = output["id"][victim].as_py()
+    assert feed_check.check_state(planted, table, KEY, VALUES).violations[0].startswith(f"id={victim_id}: ")
+
+
+@pytest.mark.unit
+def test_a_directory_in_use_is_refused_before_anything_starts(tmp_path):
+    (tmp_path / "something").write_text("x")
+    with pytest.raises(Exception, match="not an empty directory"):
+        demo.run_demo(str(tmp_path))
+    with pytest.raises(Exception, match="--rows must be at least"):
+        demo.run_demo(str(tmp_path / "new"), rows=10)
+    assert not (tmp_path / "new").exists()
+
+
+# -- what the demo leaves behind, without processes (the cluster start and the scenario faked) --------------
+
+
+@pytest.fixture
+def fake_run(monkeypatch, tmp_path):
+    """run_demo with a temp dir under tmp_path, no cluster, and a scenario that does ``fake_run.what``."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(local_cluster, "start", lambda *args, **kwargs: None)
+    state = types.SimpleNamespace(what=None)
+
+    def scenario(cluster_dir, spark, work, plan, **kwargs):
+        if isinstance(state.what, BaseException):
+            raise state.what
+        outcome = stream_failover.Outcome(plan, "demo-1", checks=[Check.of("c", state.what)])
+        outcome.figures.update(rows_loaded=1, changes_written=1, table_rows=1, bootstrap_rows=1, change_rows=1,
+                               micro_batches=1, snapshots_leased=4, snapshots_released=4, lease_renewals_seen=0)
+        return outcome
+
+    monkeypatch.setattr(stream_failover, "run", scenario)
+    return state
+
+
+def _work_dirs(tmp_path):
+    return [p for p in tmp_path.iterdir() if p.name.startswith("kvlease-demo-")]
+
+
+@pytest.mark.unit
+def test_a_passing_run_removes_its_temp_dir(fake_run, tmp_path):
+    fake_run.what = []
+    assert demo.run_demo(spark=object())["ok"] and _work_dirs(tmp_path) == []
+
+
+@pytest.mark.unit
+def test_a_failing_run_keeps_its_temp_dir_and_says_so(fake_run, tmp_path):
+    fake_run.what = ["id=1: differs"]
+    lines = []
+    doc = demo.run_demo(spark=object(), progress=lines.append)
+    assert not doc["ok"] and doc["result"] == "FAIL" and "      - id=1: differs" in demo.render(doc)
+    (kept,) = _work_dirs(tmp_path)
+    assert doc["directory"] == str(kept) and lines[-1] == (f"kept {kept} (the servers' and Spark's logs, the "
+                                                           "Parquet output); remove it when done")
+
+
+@pytest.mark.unit
+def test_an_error_keeps_the_temp_dir_and_ctrl_c_removes_it(fake_run, tmp_path):
+    fake_run.what = errors.KvLeaseError("the streaming query failed: RuntimeError: boom")
+    with pytest.raises(errors.KvLeaseError, match="boom"):
+        demo.run_demo(spark=object())
+    (kept,) = _work_dirs(tmp_path)
+    shutil.rmtree(kept)
+    fake_run.what = KeyboardInterrupt()
+    with pytest.raises(demo.Interrupted) as info:
+        demo.run_demo(spark=object())
+    assert info.value.message.startswith("stopped every process it started; removed ")
+    assert _work_dirs(tmp_path) == []
