@@ -1,7 +1,7 @@
 """Lease traffic and what the lease drills read back (coordinator-failover, zk-leader-loss, remote-outage).
 
 :class:`LeaseDrill` gives a drill its own table with real snapshots, a
-*snapshotter* (writes rows and triggers a snapshot every half second, so old
+*snapshotter* (writes rows and triggers a snapshot every 0.2 s, so old
 snapshots are subsumed while leases hold some), and *clients*: threads, each
 with its own :class:`~client.admin.AdminClient`, that acquire (random
 snapshots of random buckets), renew, release and drop their own leases and
@@ -24,6 +24,7 @@ from typing import Any, Callable, Mapping
 
 from kazoo.exceptions import NoNodeError
 
+from common import config as cfg
 from common import errors, zkpaths
 from common.kvsnapshot import manifest_path, read_manifest
 from common.model import TableBucket
@@ -41,8 +42,11 @@ LEASE_FILES = "lease/kv-snapshot"  # DESIGN.md "Remote storage layout"
 DURATION_MS = 10 * 60_000  # nothing expires during a drill
 THINK_S = 0.05  # between two calls of one client
 LEASES_PER_CLIENT = 2
-SNAPSHOT_EVERY_S = 0.5
+SNAPSHOT_EVERY_S = 0.2
 RECENT_SNAPSHOTS = 4  # a client picks among the newest few (the oldest may be gone: "unavailable")
+#: Clients back off at most half a second between retries: they find a new active coordinator soon
+#: after it serves, so the recovery time measured is the cluster's, not the clients' backoff.
+CLIENT_CONFIG = cfg.Config({cfg.CLIENT_RETRY_MAX_WAIT.name: "500ms"}, env={})
 
 
 def error_name(exc: BaseException) -> str:
@@ -75,6 +79,19 @@ class Snapshotter:
                 self.committed.add((s.bucket, s.snapshot_id))
                 self.recent[s.bucket] = (self.recent[s.bucket] + [s.snapshot_id])[-RECENT_SNAPSHOTS:]
 
+    def wait_new(self, count: int, timeout_s: float) -> bool:
+        """Wait until ``count`` more snapshots than now are committed (so some get subsumed)."""
+        with self._lock:
+            target = len(self.committed) + count
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._lock:
+                if len(self.committed) >= target:
+                    return True
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                return False
+            time.sleep(0.02)
+
     def choices(self) -> dict[int, list[int]]:
         with self._lock:
             return {bucket: list(ids) for bucket, ids in self.recent.items() if ids}
@@ -86,8 +103,8 @@ class Snapshotter:
         while not self._stop.wait(self.every_s):
             try:
                 self.snapshot_once()
-            except errors.KvLeaseError as exc:
-                self.failures[type(exc).__name__] += 1
+            except Exception as exc:  # counted in the figures; the snapshotter goes on
+                self.failures[error_name(exc)] += 1
 
     def stop(self) -> None:
         self._stop.set()
@@ -111,6 +128,7 @@ class LeaseClients:
         self.history: dict[str, list[LeaseOp]] = {f"{prefix}{i}-{k}": [] for i in range(count)
                                                   for k in range(LEASES_PER_CLIENT)}
         self.ops: list[LeaseOp] = []
+        self._last_ok_start = [0.0] * count  # per client: when its last acknowledged call started
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._run, args=(i, random.Random(seed * 1000 + i)),
@@ -153,6 +171,16 @@ class LeaseClients:
         now = time.time()
         return self.wait_for(lambda op: op.outcome == OK and op.t1 > now, timeout_s, count) is not None
 
+    def settled(self, after: float, timeout_s: float) -> bool:
+        """Wait until every client had a call acknowledged that it sent after ``after`` (no call
+        left from before a fault: the next fault then meets only new calls)."""
+        deadline = time.monotonic() + timeout_s
+        while min(self._last_ok_start) <= after:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
     def outcomes(self) -> dict[str, int]:
         counts = Counter(f"{op.kind} {op.outcome if op.outcome != UNKNOWN else op.error}" for op in self.snapshot())
         return dict(sorted(counts.items()))
@@ -162,7 +190,7 @@ class LeaseClients:
     def _run(self, index: int, rng: random.Random) -> None:
         ids = [f"{self.prefix}{index}-{k}" for k in range(LEASES_PER_CLIENT)]
         held: dict[str, dict[TableBucket, int]] = {}  # as last acknowledged, to pick what to release
-        with AdminClient(self.addresses, request_timeout_s=self.request_timeout_s,
+        with AdminClient(self.addresses, CLIENT_CONFIG, request_timeout_s=self.request_timeout_s,
                          retry_total_s=self.retry_total_s) as client:
             while not self._stop.wait(rng.uniform(0, 2 * THINK_S)):
                 lease_id = rng.choice(ids)
@@ -178,6 +206,8 @@ class LeaseClients:
                 self.history[lease_id].append(op)
                 with self._lock:
                     self.ops.append(op)
+                if op.outcome == OK:
+                    self._last_ok_start[index] = op.t0
 
     def _call(self, client: AdminClient, rng: random.Random, lease_id: str,
               held: Mapping[TableBucket, int] | None) -> LeaseOp | None:
@@ -289,6 +319,12 @@ class LeaseDrill:
         self.clients.start()
         self._running = True
 
+    def before_fault(self, acks: int = 100, timeout_s: float = 30.0) -> None:
+        """Let traffic run: ``acks`` more acknowledged calls and a new snapshot of every bucket (older,
+        unleased ones are subsumed meanwhile)."""
+        self.clients.more_acks(acks, timeout_s)
+        self.snapshotter.wait_new(len(self.snapshotter.choices()) or 1, timeout_s)
+
     def stop(self) -> None:
         if self._running:
             self._running = False
@@ -342,8 +378,11 @@ class LeaseDrill:
     def figures(self) -> dict[str, Any]:
         ops = self.clients.snapshot()
         listed = {(s.bucket.bucket, s.snapshot_id) for s in self.cluster.admin.list_kv_snapshots(self.table_id)}
+        start = min((op.t0 for op in ops), default=0.0)
+        failed = [f"{op.kind} {op.lease_id}: {op.error} at +{op.t0 - start:.1f}s after {op.t1 - op.t0:.1f}s"
+                  for op in ops if op.outcome != OK]
         return {"calls": len(ops), "acknowledged": sum(op.outcome == OK for op in ops),
-                "outcomes": self.clients.outcomes(),
+                "outcomes": self.clients.outcomes(), "failed_calls": failed[:10],
                 "snapshots_committed": len(self.snapshotter.committed),
                 "snapshots_deleted": len(self.snapshotter.committed - listed),
                 "snapshot_failures": dict(self.snapshotter.failures)}

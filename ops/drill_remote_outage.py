@@ -106,7 +106,7 @@ def run(cluster_dir: str, clients: int = 16, seed: int = 0, outage: float = 4.0)
     with DrillCluster(cluster_dir, NAME) as cluster, LeaseDrill(
             cluster, clients, seed, request_timeout_s=REQUEST_TIMEOUT_S, retry_total_s=RETRY_TOTAL_S) as drill:
         drill.start()
-        drill.clients.more_acks(ACKS, 30)
+        drill.before_fault(ACKS)
         samples = [pointer_sample(cluster.zk, remote.lease_files, "before the outage")]
         remote.begin()
         try:

@@ -34,7 +34,7 @@ def run(cluster_dir: str, rounds: int = 3, clients: int = 16, seed: int = 0) -> 
         recovery: list[float | None] = []
         killed_nodes = []
         for _ in range(rounds):
-            drill.clients.more_acks(ACKS_BEFORE_KILL, 30)
+            drill.before_fault(ACKS_BEFORE_KILL)
             leader = cluster.zk_leader()
             killed_at = cluster.kill("zookeeper", leader["id"])
             killed_nodes.append(leader["id"])
@@ -42,6 +42,7 @@ def run(cluster_dir: str, rounds: int = 3, clients: int = 16, seed: int = 0) -> 
                                            and op.t0 > killed_at, RECOVERY_BOUND_S)
             recovery.append(None if first is None else round(first.t1 - killed_at, 3))
             cluster.restart("zookeeper", leader["id"])
+            drill.clients.settled(killed_at, RECOVERY_BOUND_S)
         drill.clients.more_acks(ACKS_BEFORE_KILL, 30)
         report.add(recovered(recovery, RECOVERY_BOUND_S, "an acquire sent after the kill succeeds"))
         for check in drill.checks():
