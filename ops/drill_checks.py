@@ -174,7 +174,8 @@ def step(state: Possible, op: LeaseOp) -> tuple[Possible, str | None]:
         left = {**p.buckets, op.bucket: frozenset({None})}
         if op.remains:
             if not any(s - {None} for s in left.values()):
-                return ABSENT, f"release of {bucket_name(op.bucket)} says the lease remains, but it was {state.describe()}"
+                return ABSENT, (f"release of {bucket_name(op.bucket)} says the lease remains, "
+                                f"but it was {state.describe()}")
             return Possible(False, replace(p, buckets=left)), None
         if state.may_be_absent or all(None in s for s in left.values()):
             return ABSENT, None

@@ -7,7 +7,7 @@ with its own :class:`~client.admin.AdminClient`, that acquire (random
 snapshots of random buckets), renew, release and drop their own leases and
 record every call (:class:`~ops.drill_checks.LeaseOp`). Once stopped it reads
 the leases back from the active coordinator (describe and list) and from
-ZooKeeper + the lease files (read here from the documented layout, not with
+ZooKeeper + the lease files (:mod:`ops.lease_layout`: the documented layout, not
 the coordinator's code), and the files of every leased snapshot; then
 :meth:`LeaseDrill.checks` runs the checkers. Closing drops the drill's leases
 and its table.
@@ -15,30 +15,26 @@ and its table.
 
 from __future__ import annotations
 
-import json
 import random
 import threading
 import time
 from collections import Counter, defaultdict
 from typing import Any, Callable, Mapping
 
-from kazoo.exceptions import NoNodeError
-
 from common import config as cfg
-from common import errors, zkpaths
+from common import errors
 from common.kvsnapshot import manifest_path, read_manifest
 from common.model import TableBucket
 from common.storage import StorageNotFound
-from common.zk import loads
 from client.admin import AdminClient
 from client.table import TableClient
 from ops.drill import Check
-from ops.drill_checks import (NOT_FOUND, OK, UNKNOWN, LeaseOp, LeaseView, PointerSample, leased_files_exist,
+from ops.drill_checks import (NOT_FOUND, OK, UNKNOWN, LeaseOp, LeaseView, leased_files_exist,
                               leases_as_acknowledged, no_deposed_writes)
 from ops.drill_cluster import DrillCluster
+from ops.lease_layout import lease_nodes, persisted_views, view_of
 from ops.zk_txnlog import read_txns
 
-LEASE_FILES = "lease/kv-snapshot"  # DESIGN.md "Remote storage layout"
 DURATION_MS = 10 * 60_000  # nothing expires during a drill
 THINK_S = 0.05  # between two calls of one client
 LEASES_PER_CLIENT = 2
@@ -241,60 +237,6 @@ class LeaseClients:
             return LeaseOp(**base, t0=t0, t1=time.time(), outcome=outcome, error=error_name(exc))
         except Exception as exc:  # the drill records every failure; the checkers judge it
             return LeaseOp(**base, t0=t0, t1=time.time(), outcome=UNKNOWN, error=error_name(exc))
-
-
-# -- reading leases back -----------------------------------------------------------------------------------
-
-
-def lease_nodes(zk, prefix: str = "") -> dict[str, tuple[int, dict]]:
-    """``lease id -> (node version, node)`` of the lease nodes whose id starts with ``prefix``."""
-    try:
-        names = [n for n in zk.get_children(zkpaths.LEASES) if n.startswith(prefix)]
-    except NoNodeError:
-        return {}
-    nodes = {}
-    for name in names:
-        try:
-            data, stat = zk.get(zkpaths.lease(name))
-        except NoNodeError:
-            continue
-        nodes[name] = (stat.version, loads(data))
-    return nodes
-
-
-def pointers(nodes: Mapping[str, tuple[int, dict]]) -> dict[str, list[str]]:
-    return {name: [t["metadata_path"] for t in node["tables"]] for name, (_v, node) in nodes.items()}
-
-
-def persisted_views(nodes: Mapping[str, tuple[int, dict]], read: Callable[[str], bytes]) -> dict[str, LeaseView]:
-    """Each lease as its node and files say (a missing file adds nothing: pointers_resolve reports it)."""
-    views = {}
-    for name, (_version, node) in nodes.items():
-        buckets: dict[TableBucket, int] = {}
-        for table in node["tables"]:
-            try:
-                doc = json.loads(read(table["metadata_path"]))
-            except StorageNotFound:
-                continue
-            for row in doc["buckets"]:
-                buckets[TableBucket(int(doc["table_id"]), int(row["bucket"]), row.get("partition_id"))] = \
-                    int(row["snapshot_id"])
-        views[name] = (int(node["expiration_time"]), buckets)
-    return views
-
-
-def pointer_sample(zk, list_files: Callable[[], list[str]], when: str, prefix: str = "") -> PointerSample:
-    """Lease pointers and files read so that they fit: the nodes, the files, the nodes again; a lease
-    whose node changed meanwhile is left out (its old file may have gone with the change)."""
-    before = lease_nodes(zk, prefix)
-    existing = frozenset(list_files())
-    after = lease_nodes(zk, prefix)
-    stable = {name: entry for name, entry in before.items() if after.get(name, (None,))[0] == entry[0]}
-    return PointerSample(when, pointers(stable), existing)
-
-
-def view_of(lease) -> LeaseView:
-    return lease.expiration_time, dict(lease.buckets)
 
 
 class LeaseDrill:

@@ -29,7 +29,8 @@ from ops import cluster as local_cluster
 from ops.drill import Report, finish
 from ops.drill_checks import OK, failures_clean, no_orphan_files, pointers_resolve, recovered
 from ops.drill_cluster import ClusterShapeError, DrillCluster, require
-from ops.drill_leases import LEASE_FILES, LeaseDrill, lease_nodes, pointer_sample, pointers
+from ops.drill_leases import LeaseDrill
+from ops.lease_layout import LEASE_FILES, lease_nodes, pointer_sample, pointers
 
 NAME = "remote-outage"
 OPTIONS = ("clients", "seed", "outage")
