@@ -246,10 +246,14 @@ class LeaseDrill:
                  retry_total_s: float = 20.0) -> None:
         self.cluster = cluster
         self.prefix = f"drill-{cluster.drill}-{cluster.run_id}-"
-        self.table = cluster.create_table()
-        self.table_id = cluster.admin.get_table(self.table).table_id
         self.since_zxid = cluster.zxid()
-        self.snapshotter = Snapshotter(cluster, self.table)
+        self.table = cluster.create_table()
+        try:
+            self.table_id = cluster.admin.get_table(self.table).table_id
+            self.snapshotter = Snapshotter(cluster, self.table)
+        except BaseException:
+            cluster.drop_table(self.table)
+            raise
         self.clients = LeaseClients(cluster.addresses, self.table_id, self.snapshotter.choices, self.prefix,
                                     clients, seed, request_timeout_s=request_timeout_s, retry_total_s=retry_total_s)
         self._running = False
@@ -291,12 +295,14 @@ class LeaseDrill:
         persisted = persisted_views(lease_nodes(self.cluster.zk, self.prefix), self.cluster.storage.read)
         return {"describe": described, "list": listed, "zookeeper+files": persisted}
 
-    def leased_files(self, views: Mapping[str, LeaseView | None]) -> Check:
+    def leased_files(self, readbacks: Mapping[str, Mapping[str, LeaseView | None]]) -> Check:
+        """Every snapshot a lease holds as any source reads it: its manifest and files exist."""
         storage = self.cluster.storage
         leased: dict[tuple[TableBucket, int], set[str]] = defaultdict(set)
-        for lease_id, view in views.items():
-            for tb, sid in (view[1].items() if view else ()):
-                leased[(tb, sid)].add(lease_id)
+        for views in readbacks.values():
+            for lease_id, view in views.items():
+                for tb, sid in (view[1].items() if view else ()):
+                    leased[(tb, sid)].add(lease_id)
         manifests: dict[tuple[TableBucket, int], list[str] | None] = {}
         existing = set()
         for tb, sid in leased:
@@ -314,7 +320,7 @@ class LeaseDrill:
         readbacks = self.read_back()
         txns = read_txns(self.cluster.zk_data_dirs())
         return [leases_as_acknowledged(self.clients.history, readbacks),
-                self.leased_files(readbacks["list"]),
+                self.leased_files(readbacks),
                 no_deposed_writes(txns, self.cluster.root, self.since_zxid)]
 
     def figures(self) -> dict[str, Any]:
