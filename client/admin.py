@@ -19,7 +19,7 @@ from common import config as cfg
 from common import errors
 from common.proto import coordinator_pb2 as pb
 from common.proto import coordinator_pb2_grpc as pb_grpc
-from client.transport import Channels, RetryPolicy, rpc_error
+from client.transport import RETRIABLE, Channels, RetryPolicy, rpc_error
 from common.wire import (bucket_snapshots_from_pb, bucket_snapshots_to_pb, bucket_to_pb, handle_from_pb, handle_to_pb,
                          lease_from_pb, raise_for, table_from_pb)
 from common.tables import Column, TableInfo, parse_table_path
@@ -103,6 +103,12 @@ IDEMPOTENT = frozenset({
 })
 
 
+#: What an idempotent call also retries: the coordinator's own "outcome unknown" (its ZooKeeper
+#: connection dropped during the write, or it did not answer in time); it steps down, and the call
+#: is sent again to whoever is active then.
+RETRIABLE_IF_IDEMPOTENT = RETRIABLE + (errors.OutcomeUnknownError,)
+
+
 def parse_bootstrap(bootstrap: str | Sequence[str]) -> list[str]:
     addresses = bootstrap.split(",") if isinstance(bootstrap, str) else list(bootstrap)
     addresses = [a.strip() for a in addresses if a.strip()]
@@ -175,7 +181,8 @@ class AdminClient:
         return response
 
     def _call(self, method: str, request):
-        return self.retry.call(self._call_once, method, request)
+        retry_on = RETRIABLE_IF_IDEMPOTENT if method in IDEMPOTENT else RETRIABLE
+        return self.retry.call(self._call_once, method, request, retry_on=retry_on)
 
     # -- coordinators ---------------------------------------------------------
 

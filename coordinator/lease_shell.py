@@ -28,6 +28,7 @@ from leases.store import LeaseStore, PreparedWrite
 log = logging.getLogger(__name__)
 
 MAX_BYTES_PER_MULTI = 256 * 1024  # well under ZooKeeper's default request limit (jute.maxbuffer, 1 MiB)
+DELETE_RETRY_MS = 1_000  # lease files whose delete failed are tried again at most this often
 
 
 @dataclass
@@ -49,6 +50,7 @@ class LeaseShell(Shell):
         self._waiting: dict[int, _Waiter] = {}  # event id -> who waits for its reply
         self._batch: list[ls.PersistLease] = []
         self._freed: list[tuple[TableBucket, int]] = []
+        self._next_delete_retry_ms = 0
 
     def restore(self, loaded: Iterable[Lease], now_ms: int, grace_ms: int) -> ls.RestoreOutcome:
         """Failover: a new state machine holding the persisted leases.
@@ -135,7 +137,10 @@ class LeaseShell(Shell):
     # -- persisting ------------------------------------------------------------------
 
     def flush(self) -> None:
-        """Persist every gathered lease write, then apply the results; then reclaim what they freed."""
+        """Persist every gathered lease write, then apply the results; then reclaim what they freed.
+
+        Also (at most every DELETE_RETRY_MS) delete again the lease files whose delete failed.
+        """
         batch, self._batch = self._batch, []
         if batch:
             prepared: list[PreparedWrite] = []
@@ -166,6 +171,9 @@ class LeaseShell(Shell):
         if self._freed:
             freed, self._freed = self._freed, []
             self.on_freed({tb for tb, _sid in freed})
+        if self.store.undeleted and self.clock_ms() >= self._next_delete_retry_ms:
+            self._next_delete_retry_ms = self.clock_ms() + DELETE_RETRY_MS
+            self.store.retry_deletes()  # remote storage was down: no orphans wait for the next failover
 
     def _commit_lease_ops(self, ops: list[ZkOp]) -> list[Exception | None]:
         """Commit lease writes (one op each, distinct leases); None per success.

@@ -70,6 +70,7 @@ class LeaseStore:
     def __init__(self, storage: RemoteStorage, io_threads: int = 16) -> None:
         self.storage = storage
         self._paths: dict[str, dict[int, str]] = {}  # persisted layout: lease -> table -> file
+        self.undeleted: set[str] = set()  # files no lease points at whose delete failed
         self._pool = ThreadPoolExecutor(max_workers=io_threads, thread_name_prefix="lease-io")
 
     def close(self) -> None:
@@ -133,8 +134,25 @@ class LeaseStore:
         for path in paths:
             try:
                 self.storage.delete(path)
-            except StorageError as exc:  # an orphan: removed at the next reinitialization
+                self.undeleted.discard(path)
+            except StorageError as exc:  # kept for retry_deletes (and an orphan at the next reinitialization)
                 log.warning("could not delete lease file %s: %s", path, exc)
+                self.undeleted.add(path)
+
+    def retry_deletes(self) -> int:
+        """Delete again the files whose delete failed (remote storage was down); stops at the first
+        failure (it still is). Returns how many are left. No lease points at any of them: a file is
+        pointed at only by the write that created it, and these are obsolete or never committed."""
+        for path in sorted(self.undeleted):
+            try:
+                self.storage.delete(path)
+            except StorageError as exc:
+                log.debug("lease file %s still cannot be deleted: %s", path, exc)
+                break
+            self.undeleted.discard(path)
+        if not self.undeleted:
+            log.info("lease files left by failed deletes are deleted now")
+        return len(self.undeleted)
 
     # -- loading ----------------------------------------------------------------------
 

@@ -8,13 +8,17 @@ vs the leases the cluster reads back), so a checker can be fed a planted
 violation in a test. The drill's :class:`Report` collects the checks and the
 figures (recovery times, counts); :func:`finish` prints it (text, or one
 JSON document) and gives the exit code: 0 when every check held, 1 otherwise.
+:func:`drill_modules` finds the drills (modules with a ``main``), reading
+their source rather than importing them.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Iterable, TextIO
 
 EXIT_OK = 0
@@ -49,6 +53,7 @@ class Report:
     drill: str
     checks: list[Check] = field(default_factory=list)
     figures: dict[str, Any] = field(default_factory=dict)
+    skipped: str = ""  # why the drill did not run (e.g. "needs --zk-nodes 3"); it then counts as ok
 
     @property
     def ok(self) -> bool:
@@ -59,12 +64,26 @@ class Report:
         return check
 
     def as_dict(self) -> dict[str, Any]:
-        return {"drill": self.drill, "ok": self.ok, "checks": [c.as_dict() for c in self.checks],
-                "figures": self.figures}
+        doc = {"drill": self.drill, "ok": self.ok, "checks": [c.as_dict() for c in self.checks],
+               "figures": self.figures}
+        if self.skipped:
+            doc["skipped"] = self.skipped
+        return doc
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> "Report":
+        """The report :meth:`as_dict` made (e.g. read back from a drill's ``--json`` output)."""
+        checks = [Check(c["name"], tuple(c.get("violations", ())), int(c.get("checked", 0)))
+                  for c in doc.get("checks", [])]
+        if not doc.get("ok", True) and all(c.ok for c in checks):  # a failure the checks do not carry
+            checks.append(Check.of("the drill's own verdict", ["it reported a failure"]))
+        return cls(str(doc["drill"]), checks, dict(doc.get("figures", {})), str(doc.get("skipped", "")))
 
 
 def render(report: Report) -> str:
     """The text report: one line per check (and its first violations), then the figures."""
+    if report.skipped:
+        return f"drill {report.drill}: SKIPPED ({report.skipped})"
     lines = [f"drill {report.drill}: {'PASS' if report.ok else 'FAIL'}"]
     for check in report.checks:
         counted = f" ({check.checked} checked)" if check.checked else ""
@@ -98,3 +117,27 @@ def finish(reports: Report | list[Report], json_output: bool, stream: TextIO | N
         stream.write("\n\n".join(render(r) for r in items) + "\n")
     stream.flush()
     return EXIT_OK if all(r.ok for r in items) else EXIT_VIOLATED
+
+
+def drill_modules() -> dict[str, Path]:
+    """``drill name -> module file`` of every ``ops/drill_*.py`` that defines ``main`` (the name with
+    hyphens: ``ops/drill_coordinator_failover.py`` is ``coordinator-failover``), by name."""
+    found = {}
+    for path in sorted(Path(__file__).resolve().parent.glob("drill_*.py")):
+        try:
+            tree = ast.parse(path.read_text())
+        except (OSError, SyntaxError):
+            continue
+        if any(isinstance(node, ast.FunctionDef) and node.name == "main" for node in tree.body):
+            found[path.stem[len("drill_"):].replace("_", "-")] = path
+    return found
+
+
+def drill_summary(path: Path) -> list[str]:
+    """The first two paragraphs of a drill module's docstring (what it does, what it checks), each
+    on one line."""
+    try:
+        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+    except (OSError, SyntaxError):
+        return []
+    return [" ".join(p.split()) for p in doc.split("\n\n")[:2] if p.strip()]

@@ -1,5 +1,6 @@
 """The admin client resends a lease call whose answer was lost (it is idempotent) and does not resend
-table DDL: real gRPC on loopback to a coordinator stand-in that answers its first call too late."""
+table DDL: real gRPC on loopback to a coordinator stand-in that answers its first call too late, or
+answers it REQUEST_TIMED_OUT (outcome unknown: its ZooKeeper connection dropped during the write)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 from client.admin import IDEMPOTENT, AdminClient
 from common import errors
-from common.model import TableBucket
+from common.model import SnapshotHandle, TableBucket
 from common.proto import coordinator_pb2 as pb
 from common.proto import coordinator_pb2_grpc as pb_grpc
 from common.tables import Column
@@ -47,6 +48,30 @@ class LateFirstAnswer(pb_grpc.CoordinatorServiceServicer):
     def CreateTable(self, request, context):
         self._count("CreateTable")
         return pb.CreateTableResponse()
+
+
+class UnknownFirstOutcome(pb_grpc.CoordinatorServiceServicer):
+    """Every method's first call answers REQUEST_TIMED_OUT (outcome unknown), as a coordinator whose
+    ZooKeeper write lost its connection does (it then steps down)."""
+
+    def __init__(self) -> None:
+        self.calls: dict[str, int] = {}
+
+    def _first(self, method: str) -> bool:
+        self.calls[method] = self.calls.get(method, 0) + 1
+        return self.calls[method] == 1
+
+    def _unknown(self) -> pb.ErrorPb:
+        return pb.ErrorPb(code=errors.ErrorCode.REQUEST_TIMED_OUT, message="ZooKeeper connection lost during a write")
+
+    def RenewKvSnapshotLease(self, request, context):
+        if self._first("RenewKvSnapshotLease"):
+            return pb.RenewKvSnapshotLeaseResponse(error=self._unknown())
+        return pb.RenewKvSnapshotLeaseResponse(expiration_time_ms=1234)
+
+    def CommitKvSnapshot(self, request, context):
+        self._first("CommitKvSnapshot")
+        return pb.CommitKvSnapshotResponse(error=self._unknown())
 
 
 @pytest.fixture
@@ -88,3 +113,21 @@ def test_every_lease_call_is_idempotent_and_ddl_is_not():
     assert {"AcquireKvSnapshotLease", "RenewKvSnapshotLease", "ReleaseKvSnapshotLease",
             "DropKvSnapshotLease"} <= IDEMPOTENT
     assert not {"CreateTable", "DropTable", "CommitKvSnapshot"} & IDEMPOTENT
+
+
+def test_a_lease_call_the_coordinator_answers_outcome_unknown_is_sent_again_and_ddl_is_not():
+    servicer = UnknownFirstOutcome()
+    server = grpc.server(ThreadPoolExecutor(4))
+    pb_grpc.add_CoordinatorServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    client = AdminClient([f"127.0.0.1:{port}"], request_timeout_s=2, retry_total_s=10)
+    try:
+        assert client.renew_lease("L", 60_000) == 1234
+        assert servicer.calls["RenewKvSnapshotLease"] == 2
+        with pytest.raises(errors.OutcomeUnknownError):
+            client.commit_kv_snapshot(SnapshotHandle(TableBucket(1, 0), 1, 0, "kv/1/0/snap-1/_METADATA"))
+        assert servicer.calls["CommitKvSnapshot"] == 1
+    finally:
+        client.close()
+        server.stop(0).wait()

@@ -34,3 +34,19 @@ def test_json_is_one_document_and_many_reports_fail_together():
 def test_long_violation_lists_are_cut_in_text():
     text = render(Report("x", [Check.of("c", [f"v{i}" for i in range(25)])]))
     assert "v9" in text and "v10" not in text and "and 15 more" in text
+
+
+def test_a_skipped_drill_counts_as_ok_and_says_why():
+    skipped = Report("zk-leader-loss", skipped="needs --zk-nodes 3")
+    assert skipped.ok and render(skipped) == "drill zk-leader-loss: SKIPPED (needs --zk-nodes 3)"
+    out = io.StringIO()
+    assert finish([skipped, Report("a")], True, out) == EXIT_OK
+    assert json.loads(out.getvalue())["drills"][0]["skipped"] == "needs --zk-nodes 3"
+
+
+def test_a_report_reads_back_from_its_json():
+    report = Report("x", [Check.of("c", ["v"], checked=3), Check.of("d", [], 2)], {"recovery_s": [1.5]})
+    again = Report.from_dict(json.loads(json.dumps(report.as_dict())))
+    assert again == report and not again.ok
+    # a document that says it failed without a failed check still fails
+    assert not Report.from_dict({"drill": "y", "ok": False, "checks": []}).ok

@@ -10,11 +10,11 @@ import pytest
 from common import errors
 from common.model import Lease, TableBucket
 from common.statemachine import Instruction, UnhandledError
-from common.storage import open_storage
+from common.storage import FileStorage, open_storage
 from common.zk import loads
 from coordinator.lease_shell import LeaseShell
 from leases import state as ls
-from leases.store import LeaseStore
+from leases.store import LEASE_FILES, LeaseStore
 
 pytestmark = pytest.mark.unit
 
@@ -158,3 +158,43 @@ def test_a_restore_whose_grace_write_fails_raises(shell):
     shell.writer.fail = errors.StorageError("no")
     with pytest.raises(errors.StorageError):
         shell.restore([Lease("gap", 1_000, {TB: 1})], 5_000, 300)
+
+
+class DeletesFail(FileStorage):
+    """File storage whose deletes fail while ``down`` (remote storage unreachable)."""
+
+    down = False
+
+    def delete(self, path: str) -> None:
+        if self.down:
+            raise errors.StorageError(f"cannot delete {path}: storage is down", path=path)
+        super().delete(path)
+
+
+def test_lease_files_whose_delete_failed_are_deleted_once_storage_is_back(tmp_path):
+    storage = DeletesFail(f"file://{tmp_path}", fsync=False)
+    store = LeaseStore(storage)
+    clock = {"now": 5_000}
+    shell = LeaseShell(ls.LeaseState(Catalog(), 60_000), store, clock_ms=lambda: clock["now"],
+                       on_freed=lambda buckets: None)
+    shell.writer = Writer()
+    try:
+        submit(shell, ls.Acquire("L", {TB: 1}, 10_000))
+        shell.flush()
+        (written,) = storage.list(LEASE_FILES)
+        storage.down = True
+        dropped = submit(shell, ls.Drop("L"))
+        shell.flush()  # the pointer is gone; its file cannot be deleted
+        assert dropped.result(timeout=0) is True and shell.state.get("L") is None
+        assert storage.list(LEASE_FILES) == [written] and store.undeleted == {written}
+        clock["now"] += 100
+        shell.flush()  # still down: tried again, kept
+        storage.down = False
+        clock["now"] += 100
+        shell.flush()  # not again within DELETE_RETRY_MS
+        assert storage.list(LEASE_FILES) == [written]
+        clock["now"] += 1_000
+        shell.flush()  # a batch with no lease write at all (e.g. the expiry tick) retries it
+        assert storage.list(LEASE_FILES) == [] and store.undeleted == set()
+    finally:
+        store.close()

@@ -1,0 +1,94 @@
+"""Every drill the cluster's shape allows, one after another, in one combined report.
+
+Checks: what each drill checks. A drill that needs more than the cluster has
+is skipped and the report says what it needs; --skip NAME leaves one out;
+spark-failover runs too when ops/drill_spark_failover.py exists. Options
+(--rounds, --clients, --seed, --outage) go to the drills that take them.
+
+A drill module may define ``check_shape(doc)`` (raising
+:class:`~ops.drill_cluster.ClusterShapeError`) and ``run(cluster_dir,
+**options) -> Report``; without ``run``, its ``main(cluster_dir,
+json_output=True, **options)`` is called and the JSON document it prints is
+read back. A drill that fails to run is a failed check in its report; the
+next drill runs anyway.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import io
+import json
+
+from common import errors
+from ops import cluster as local_cluster
+from ops.drill import Check, Report, drill_modules, finish
+from ops.drill_cluster import ClusterShapeError
+
+NAME = "all"
+OPTIONS = ("rounds", "clients", "seed", "outage", "skip")
+ORDER = ("coordinator-failover", "zk-leader-loss", "tablet-restart", "remote-outage", "spark-failover")
+
+
+def drill_names() -> list[str]:
+    """The drills but ``all``: those of ORDER first, then the others by name."""
+    found = set(drill_modules()) - {NAME}
+    return [n for n in ORDER if n in found] + sorted(found - set(ORDER))
+
+
+def _options_for(module, options: dict) -> dict:
+    accepted = getattr(module, "OPTIONS", None)
+    return {k: v for k, v in options.items() if k != "skip" and (accepted is None or k in accepted)}
+
+
+def _run_captured(module, name: str, cluster_dir: str, options: dict) -> list[Report]:
+    """A drill without ``run``: its ``main`` with --json, the document it printed read back."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = module.main(cluster_dir, json_output=True, **options)
+    try:
+        doc = json.loads(out.getvalue())
+        reports = [Report.from_dict(d) for d in doc["drills"]] if "drills" in doc else [Report.from_dict(doc)]
+    except (ValueError, KeyError, TypeError) as exc:
+        return [Report(name, [Check.of("the drill printed its report", [
+            f"no JSON report (exit code {code}, {exc}): {out.getvalue()[:300]!r}"])])]
+    if isinstance(code, int) and code and all(r.ok for r in reports):
+        reports[-1].checks.append(Check.of("the drill's exit code", [f"it exited {code}"]))
+    return reports
+
+
+def run_drill(name: str, cluster_dir: str, options: dict) -> list[Report]:
+    """One drill's report(s); a shape it cannot run on is a skip, a failure to run a failed check."""
+    module = importlib.import_module(f"ops.drill_{name.replace('-', '_')}")
+    try:
+        if hasattr(module, "check_shape"):
+            module.check_shape(local_cluster.load(cluster_dir))
+        if callable(getattr(module, "run", None)):
+            return [module.run(cluster_dir, **_options_for(module, options))]
+        return _run_captured(module, name, cluster_dir, _options_for(module, options))
+    except ClusterShapeError as exc:
+        return [Report(name, skipped=exc.message)]
+    except errors.KvLeaseError as exc:
+        return [Report(name, [Check.of("the drill ran", [exc.message])])]
+    except Exception as exc:  # one drill's bug must not hide the others' results
+        return [Report(name, [Check.of("the drill ran", [f"internal error: {type(exc).__name__}: {exc}"])])]
+
+
+def run(cluster_dir: str, **options) -> list[Report]:
+    local_cluster.load(cluster_dir)  # a missing cluster is an error, not a report
+    skip = set(options.get("skip", ()))
+    unknown = skip - set(drill_names()) - set(ORDER)  # a drill of ORDER may not exist (yet) in this install
+    if unknown:
+        raise errors.InvalidRequestError(f"--skip {', '.join(sorted(unknown))}: no such drill "
+                                         f"(drills: {', '.join(drill_names())})")
+    reports: list[Report] = []
+    for name in drill_names():
+        if name in skip:
+            reports.append(Report(name, skipped="--skip"))
+        else:
+            reports += run_drill(name, cluster_dir, options)
+    return reports
+
+
+def main(cluster_dir: str, json_output: bool = False, **options) -> int:
+    return finish(run(cluster_dir, **options), json_output)
