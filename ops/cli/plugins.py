@@ -22,7 +22,6 @@ each module's docstring (read, not imported).
 from __future__ import annotations
 
 import importlib
-import pkgutil
 import re
 
 import click
