@@ -48,6 +48,7 @@ class ErrorCode(enum.IntEnum):
     INVALID_ROW = 22
     INVALID_SNAPSHOT = 23
     COORDINATOR_NOT_READY = 24
+    PARTITION_NOT_EXISTS = 26
 
 
 class KvLeaseError(Exception):
@@ -170,6 +171,12 @@ class ScannerExpiredError(NotFoundError):
 
 class UnknownScannerIdError(NotFoundError):
     code = ErrorCode.UNKNOWN_SCANNER_ID
+
+
+class PartitionNotExistsError(NotFoundError):
+    """A request named a partition: there are no partitioned tables yet, so none exists."""
+
+    code = ErrorCode.PARTITION_NOT_EXISTS
 
 
 class AlreadyExistsError(KvLeaseError):

@@ -4,11 +4,18 @@ Every response of every service carries an ``ErrorPb`` (code 0 = success);
 servers build it with :func:`error_pb`, clients read it with
 :func:`error_from_pb` / :func:`raise_for`. The other converters map the
 shared vocabulary (:mod:`common.model`, :mod:`common.tables`) to messages.
+:func:`refusing_partition_ids` makes both services refuse a request naming a
+partition (there are no partitioned tables yet).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Iterable, Mapping
+
+from google.protobuf import message_factory
+from google.protobuf.descriptor import MethodDescriptor, ServiceDescriptor
+from google.protobuf.message import Message
 
 from common import errors
 from common.model import Lease, SnapshotFile, SnapshotHandle, TableBucket
@@ -90,3 +97,70 @@ def lease_to_pb(lease: Lease) -> pb.KvSnapshotLeasePb:
 
 def lease_from_pb(msg: pb.KvSnapshotLeasePb) -> Lease:
     return Lease(msg.lease_id, msg.expiration_time_ms, bucket_snapshots_from_pb(msg.buckets))
+
+
+def refuse_partition_ids(request: Message) -> None:
+    """Raise PartitionNotExistsError if ``request`` sets a ``partition_id`` anywhere (nested messages included).
+
+    There are no partitioned tables yet, so every partition a request names is
+    one that does not exist; an unset ``partition_id`` is the unpartitioned
+    bucket. The error names the table, the bucket(s) and the partition.
+    """
+    found = _set_partition(request, None)
+    if found is None:
+        return
+    table_id, buckets, partition_id = found
+    where = f"bucket {buckets}" if isinstance(buckets, int) else \
+        "every bucket" if not buckets else f"buckets {sorted(buckets)}"
+    raise errors.PartitionNotExistsError(
+        f"partition {partition_id} of table {table_id} ({where}) does not exist: kvlease has no partitioned "
+        f"tables yet, leave partition_id unset", table_id=table_id, bucket=buckets, partition_id=partition_id)
+
+
+def _set_partition(msg: Message, table_id: int | None) -> tuple[int | None, int | list[int], int] | None:
+    """``(table_id, bucket or buckets, partition_id)`` of the first set ``partition_id`` under ``msg``."""
+    fields = msg.DESCRIPTOR.fields_by_name
+    if "table_id" in fields:
+        table_id = msg.table_id
+    elif "table" in fields and msg.HasField("table"):
+        table_id = msg.table.table_id
+    if "partition_id" in fields and msg.HasField("partition_id"):
+        buckets = msg.bucket if "bucket" in fields and isinstance(msg.bucket, int) else \
+            list(msg.buckets) if "buckets" in fields else []
+        return table_id, buckets, msg.partition_id
+    for field, value in msg.ListFields():
+        if field.message_type is None:
+            continue
+        for child in (value if field.is_repeated else [value]):
+            found = _set_partition(child, table_id)
+            if found is not None:
+                return found
+    return None
+
+
+def refusing_partition_ids(service: ServiceDescriptor):
+    """Class decorator for a gRPC servicer: each RPC of ``service`` first refuses a set partition id.
+
+    The one place a service checks ``partition_id``: a request that sets one
+    anywhere is answered ``PARTITION_NOT_EXISTS`` (a streaming RPC: a stream of
+    that one response) before its handler runs, so it changes nothing.
+    """
+    def decorate(cls):
+        for method in service.methods:
+            setattr(cls, method.name, _refusing_partition_ids(getattr(cls, method.name), method))
+        return cls
+    return decorate
+
+
+def _refusing_partition_ids(handler, method: MethodDescriptor):
+    response_cls = message_factory.GetMessageClass(method.output_type)
+
+    @functools.wraps(handler)
+    def guarded(self, request, context):
+        try:
+            refuse_partition_ids(request)
+        except errors.PartitionNotExistsError as exc:
+            response = response_cls(error=error_pb(exc))
+            return iter([response]) if method.server_streaming else response
+        return handler(self, request, context)
+    return guarded

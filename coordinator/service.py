@@ -3,7 +3,8 @@
 Thin by design: no state here. Lease requests become the lease state
 machine's own events (:mod:`leases.state`; the lease shell stamps their time),
 the others :mod:`coordinator.requests`. A standby answers every request with
-``NOT_COORDINATOR`` carrying the active coordinator's address.
+``NOT_COORDINATOR`` carrying the active coordinator's address. A request that
+sets a ``partition_id`` anywhere is answered ``PARTITION_NOT_EXISTS`` first.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from common import errors
 from common.proto import coordinator_pb2 as pb
 from common.proto import coordinator_pb2_grpc as pb_grpc
 from common.wire import (bucket_from_pb, bucket_snapshots_from_pb, bucket_snapshots_to_pb, error_pb, handle_from_pb,
-                         handle_to_pb, lease_to_pb, table_to_pb)
+                         handle_to_pb, lease_to_pb, refusing_partition_ids, table_to_pb)
 from common.tables import Column, TableSpec
 from coordinator import requests as rq
 from leases import state as ls
@@ -23,6 +24,7 @@ from leases import state as ls
 log = logging.getLogger(__name__)
 
 
+@refusing_partition_ids(pb.DESCRIPTOR.services_by_name["CoordinatorService"])
 class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
     def __init__(self, server, timeout_s: float = 30.0) -> None:
         self.server = server  # coordinator.server.CoordinatorServer

@@ -1,4 +1,8 @@
-"""The tablet server's gRPC service: thin, every answer carries a typed error code."""
+"""The tablet server's gRPC service: thin, every answer carries a typed error code.
+
+A request that sets a ``partition_id`` anywhere is answered ``PARTITION_NOT_EXISTS``
+before its handler runs (:func:`common.wire.refusing_partition_ids`).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ import pyarrow as pa
 from common import errors
 from common.proto import tablet_pb2 as pb
 from common.proto import tablet_pb2_grpc as pb_grpc
-from common.wire import error_pb, handle_to_pb, table_from_pb
+from common.wire import error_pb, handle_to_pb, refusing_partition_ids, table_from_pb
 from common.codec import batch_to_ipc, ipc_to_batch
 from tablet.replicas import ReplicaManager
 from tablet.scan_service import ScanService
@@ -37,6 +41,7 @@ def _batch(data: bytes) -> pa.RecordBatch | None:
         raise errors.InvalidRowError(f"the request's rows are not a valid Arrow IPC stream: {exc}") from None
 
 
+@refusing_partition_ids(pb.DESCRIPTOR.services_by_name["TabletService"])
 class TabletService(pb_grpc.TabletServiceServicer):
     def __init__(self, replicas: ReplicaManager, scans: ScanService | None = None) -> None:
         self.replicas = replicas
