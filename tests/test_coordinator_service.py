@@ -133,6 +133,37 @@ def test_tables(client, table):
     client.drop_table("db.orders", ignore_if_not_exists=True)
 
 
+@pytest.mark.parametrize("database, name, column, key", [
+    ("db", "nl\n", "id", "id"), ("db\n", "t", "id", "id"), ("db", "t", "id\n", "id\n"), ("db", "t", "id", "id\n"),
+])
+def test_a_trailing_newline_is_not_a_name(pair, database, name, column, key):
+    """``$`` matches before a final newline: names are checked with full matches, at once, not retried."""
+    active, _ = pair
+    request = pb.CreateTableRequest(database=database, name=name, columns=[pb.ColumnPb(name=column, type="BIGINT")],
+                                    primary_key=[key], buckets=1)
+    with grpc.insecure_channel(active.address) as channel:
+        started = time.monotonic()
+        response = pb_grpc.CoordinatorServiceStub(channel).CreateTable(request, timeout=5)
+        assert time.monotonic() - started < 2
+        listed = pb_grpc.CoordinatorServiceStub(channel).ListTables(pb.ListTablesRequest(), timeout=5)
+    assert response.error.code in (errors.ErrorCode.INVALID_TABLE, errors.ErrorCode.INVALID_REQUEST)
+    assert "\\n" in response.error.message  # names the bad name
+    assert list(listed.tables) == []
+
+
+def test_a_zookeeper_bad_argument_is_an_invalid_request_not_retriable(zk_client):
+    from coordinator.fencing import FencedWriter, bump_epoch
+    from common.zk import ZkOp
+
+    _, version = bump_epoch(zk_client)
+    writer = FencedWriter(zk_client, version)
+    with pytest.raises(errors.InvalidRequestError) as info:
+        writer.commit([ZkOp("create", "/bad\u0001name", b"")])
+    assert not isinstance(info.value, errors.RetriableError)
+    assert "BadArgumentsError" in info.value.message
+    assert zk_client.exists("/bad\u0001name") is None
+
+
 def test_expiry_within_the_check_interval(client, table):
     started = time.monotonic()
     result = client.acquire_lease("short", {TableBucket(table.table_id, 0): 1}, 600)

@@ -99,7 +99,7 @@ EPOCH_MS = EpochMs()
 # -- column values from text and JSON (put, get, delete) -------------------------------------------
 
 _INT_RANGE = {"INT": (-(1 << 31), (1 << 31) - 1), "BIGINT": (-(1 << 63), (1 << 63) - 1)}
-_INTEGER = re.compile(r"^\s*[+-]?\d+\s*$")
+_INTEGER = re.compile(r"\s*[+-]?[0-9]+\s*")  # fullmatch; [0-9], not \d: int() rejects some Unicode digits
 _TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
 #: Column types whose JSON form is not what the codec takes (text -> datetime / bytes).
 _JSON_CONVERTED = ("TIMESTAMP", "BYTES")
@@ -122,7 +122,7 @@ def convert_value(value: Any, type_: str) -> Any:
         if text and value.strip().lower() in _TRUE + _FALSE:
             return value.strip().lower() in _TRUE
     elif type_ in _INT_RANGE:
-        number = int(value) if text and _INTEGER.match(value) else value
+        number = int(value) if text and _INTEGER.fullmatch(value) else value
         if isinstance(number, int) and not isinstance(number, bool):
             lo, hi = _INT_RANGE[type_]
             if not lo <= number <= hi:
@@ -146,7 +146,7 @@ def convert_value(value: Any, type_: str) -> Any:
             except (binascii.Error, ValueError):
                 raise ValueError(f"expected base64 text for BYTES, got {value!r}") from None
     elif type_ == "TIMESTAMP":
-        if text and _INTEGER.match(value):
+        if text and _INTEGER.fullmatch(value):
             return int(value)
         if text:
             try:
