@@ -8,7 +8,7 @@ from common import errors
 from common.tables import parse_schema
 from ops import output as out
 from ops.cli.app import State, catch_errors, common_options, kvlease, pass_state
-from ops.cli.values import table_path
+from ops.cli.values import bucket_number, table_path
 
 
 @kvlease.group("table")
@@ -20,7 +20,7 @@ def table_group() -> None:
 @click.argument("path", metavar="DB.NAME", callback=table_path)
 @click.option("--schema", required=True, help='Columns, e.g. "id BIGINT, name STRING".')
 @click.option("--primary-key", required=True, metavar="COL[,COL…]", help="Primary key column(s).")
-@click.option("--buckets", type=click.IntRange(min=1), required=True, help="Number of buckets.")
+@click.option("--buckets", type=bucket_number(1), required=True, help="Number of buckets.")
 @click.option("--if-not-exists", is_flag=True, help="Succeed if the table exists already.")
 @common_options
 @pass_state
