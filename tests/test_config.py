@@ -153,7 +153,8 @@ def test_a_duration_without_a_unit_is_an_error_not_milliseconds(value):
 
 def test_a_duration_beyond_int64_milliseconds_is_an_error():
     assert parse_duration_ms(f"{(1 << 63) - 1}ms") == (1 << 63) - 1
-    with pytest.raises(ValueError, match="'99999999999999999999d' is out of range: a duration is at most 106751991167d"):
+    with pytest.raises(ValueError, match="'99999999999999999999d' is out of range: a duration is at most 106751991167d"
+                       ):
         parse_duration_ms("99999999999999999999d")
 
 

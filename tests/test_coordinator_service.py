@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 import urllib.request
 
@@ -162,6 +163,26 @@ def test_a_zookeeper_bad_argument_is_an_invalid_request_not_retriable(zk_client)
     assert not isinstance(info.value, errors.RetriableError)
     assert "BadArgumentsError" in info.value.message
     assert zk_client.exists("/bad\u0001name") is None
+
+
+def test_create_if_not_exists_is_idempotent_only_for_the_same_definition(client, table):
+    same = [Column("id", "BIGINT"), Column("v", "string")]
+    assert client.create_table("db.orders", same, ["id"], 4, ignore_if_exists=True) == table  # a retry
+    for columns, key, buckets, difference in [
+        (same, ["id"], 2, "buckets 4 there, 2 asked"),
+        ([Column("id", "BIGINT")], ["id"], 4, "columns (id BIGINT, v STRING) there, (id BIGINT) asked"),
+        (same, ["v"], 4, "primary key (id) there, (v) asked"),
+    ]:
+        with pytest.raises(errors.TableAlreadyExistError, match=re.escape(difference)):
+            client.create_table("db.orders", columns, key, buckets, ignore_if_exists=True)
+    assert client.list_tables() == [table]
+
+
+def test_drop_if_exists_says_whether_it_dropped(client, table):
+    assert client.drop_table("db.orders", ignore_if_not_exists=True) is True
+    assert client.drop_table("db.orders", ignore_if_not_exists=True) is False
+    with pytest.raises(errors.TableNotExistError):
+        client.drop_table("db.orders")
 
 
 def test_expiry_within_the_check_interval(client, table):
