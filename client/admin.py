@@ -218,9 +218,17 @@ class AdminClient:
             primary_key=list(primary_key), buckets=buckets, ignore_if_exists=ignore_if_exists))
         return table_from_pb(response.table)
 
-    def drop_table(self, path: str, ignore_if_not_exists: bool = False) -> None:
+    def drop_table(self, path: str, ignore_if_not_exists: bool = False) -> bool:
+        """True if it dropped the table; False if there was none (with ``ignore_if_not_exists``, else
+        TableNotExistError). The coordinator is asked without its own ignore flag, so it says which."""
         db, name = parse_table_path(path)
-        self._call("DropTable", pb.DropTableRequest(database=db, name=name, ignore_if_not_exists=ignore_if_not_exists))
+        try:
+            self._call("DropTable", pb.DropTableRequest(database=db, name=name))
+        except errors.TableNotExistError:
+            if ignore_if_not_exists:
+                return False
+            raise
+        return True
 
     def list_tables(self, database: str = "") -> list[TableInfo]:
         response = self._call("ListTables", pb.ListTablesRequest(database=database))

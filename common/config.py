@@ -6,8 +6,9 @@ environment variable ``KVLEASE_KV_SNAPSHOT_LEASE_FAILOVER_GRACE`` (upper case,
 quoted as strings; both flatten to the same key. A bad value raises
 :class:`ConfigError` naming the key.
 
-Durations are written ``500ms``, ``1s``, ``10m``, ``2h``, ``1d`` (or a bare
-integer of milliseconds) and read as integer milliseconds. Sizes are written
+Durations are written ``500ms``, ``1s``, ``10m``, ``2h``, ``1d`` and read as
+integer milliseconds; a number without a unit (``"5"`` or a TOML integer) is
+rejected, never taken as milliseconds. Sizes are written
 ``512``, ``64kb``, ``4mb``, ``1gb`` and read as bytes.
 """
 
@@ -26,23 +27,29 @@ class ConfigError(KvLeaseError):
     """A configuration value is missing or malformed; the message names the key."""
 
 
-_DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|min|h|d)?\s*$", re.IGNORECASE)
-_DURATION_MS = {None: 1, "ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
-_SIZE = re.compile(r"^\s*(\d+)\s*(b|kb|mb|gb)?\s*$", re.IGNORECASE)
+_DURATION = re.compile(r"\s*(\d+)\s*(ms|s|m|min|h|d)?\s*", re.IGNORECASE)
+#: The longest duration: what an int64 of milliseconds (the wire type) holds.
+MAX_DURATION_MS = (1 << 63) - 1
+_DURATION_MS = {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
+_SIZE = re.compile(r"\s*(\d+)\s*(b|kb|mb|gb)?\s*", re.IGNORECASE)
 _SIZE_BYTES = {None: 1, "b": 1, "kb": 1024, "mb": 1024**2, "gb": 1024**3}
 
 
 def parse_duration_ms(value: Any) -> int:
-    """``'10m'`` -> 600000. Raises ValueError on anything else."""
-    if isinstance(value, bool):
-        raise ValueError(f"not a duration: {value!r}")
-    if isinstance(value, int):
-        return value
-    m = _DURATION.match(str(value))
+    """``'10m'`` -> 600000. Raises ValueError on anything else, a number without a unit included."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ValueError(f"not a duration: {value!r} (use e.g. 500ms, 1s, 10m, 2h, 1d)")
+    m = _DURATION.fullmatch(str(value))
     if not m:
         raise ValueError(f"not a duration: {value!r} (use e.g. 500ms, 1s, 10m, 2h, 1d)")
-    unit = m.group(2).lower() if m.group(2) else None
-    return int(m.group(1)) * _DURATION_MS[unit]
+    if m.group(2) is None:
+        n = m.group(1)
+        raise ValueError(f"{str(value).strip()!r} has no unit: write {n}ms, {n}s, {n}m, {n}h or {n}d")
+    ms = int(m.group(1)) * _DURATION_MS[m.group(2).lower()]
+    if ms > MAX_DURATION_MS:
+        raise ValueError(f"{str(value).strip()!r} is out of range: a duration is at most "
+                         f"{MAX_DURATION_MS // _DURATION_MS['d']}d ({MAX_DURATION_MS}ms)")
+    return ms
 
 
 def parse_size(value: Any) -> int:
@@ -50,7 +57,7 @@ def parse_size(value: Any) -> int:
         raise ValueError(f"not a size: {value!r}")
     if isinstance(value, int):
         return value
-    m = _SIZE.match(str(value))
+    m = _SIZE.fullmatch(str(value))
     if not m:
         raise ValueError(f"not a size: {value!r} (use e.g. 512, 64kb, 4mb)")
     unit = m.group(2).lower() if m.group(2) else None
@@ -185,6 +192,7 @@ class Config:
         for key in KEYS.values():
             if key.env_var in environ:
                 raw[key.name] = environ[key.env_var]
+        self._raw = raw
         self._values: dict[str, Any] = {}
         for key in KEYS.values():
             value = raw.get(key.name, key.default)
@@ -208,7 +216,7 @@ class Config:
         return self[key]
 
     def with_overrides(self, overrides: Mapping[str, Any]) -> "Config":
-        merged = dict(self._values)
+        merged = dict(self._raw)  # the written values: a parsed duration (ms) has no unit any more
         merged.update(_flatten(overrides))
         return Config(merged, env={})
 
@@ -228,11 +236,16 @@ def read_file(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def to_toml(values: Mapping[str, Any]) -> str:
-    """Render flat ``{key: value}`` as TOML with quoted dotted keys (for generated configs)."""
+    """Render flat ``{key: value}`` as TOML with quoted dotted keys (for generated configs).
+
+    An integer value of a duration key is milliseconds (what :class:`Config` holds): it is written ``"Nms"``.
+    """
     lines = []
     for name, value in values.items():
         if isinstance(value, bool):
             text = "true" if value else "false"
+        elif isinstance(value, int) and name in KEYS and KEYS[name].parse is parse_duration_ms:
+            text = f'"{value}ms"'  # a parsed duration; a bare number would be rejected
         elif isinstance(value, int):
             text = str(value)
         else:

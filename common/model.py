@@ -6,7 +6,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Mapping
 
-LEASE_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+#: A lease id; use with fullmatch (``$`` would let a trailing newline through).
+LEASE_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
 
 @dataclass(frozen=True, order=True)

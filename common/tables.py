@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from common.errors import InvalidRequestError, InvalidTableError
 
 TYPES = ("BOOLEAN", "INT", "BIGINT", "DOUBLE", "STRING", "BYTES", "TIMESTAMP")
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+#: A database, table or column name; always used with fullmatch (``$`` also matches before a final newline).
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 MAX_BUCKETS = 1024
 
 
@@ -73,7 +74,7 @@ class TableSpec:
 def parse_table_path(path: str) -> tuple[str, str]:
     """``'db.name'`` -> ``('db', 'name')``; raises InvalidRequestError otherwise."""
     parts = path.split(".")
-    if len(parts) != 2 or not all(_NAME.match(p) for p in parts):
+    if len(parts) != 2 or not all(_NAME.fullmatch(p) for p in parts):
         raise InvalidRequestError(f"bad table name {path!r}: expected DB.NAME (letters, digits, _)")
     return parts[0], parts[1]
 
@@ -92,14 +93,14 @@ def parse_schema(text: str) -> tuple[Column, ...]:
 def validate_spec(spec: TableSpec) -> TableSpec:
     """The spec with normalized types; raises InvalidTableError naming the problem."""
     for part, what in ((spec.database, "database"), (spec.name, "table")):
-        if not _NAME.match(part or ""):
+        if not _NAME.fullmatch(part or ""):
             raise InvalidTableError(f"bad {what} name {part!r}: letters, digits and _ only, not starting with a digit")
     if not spec.columns:
         raise InvalidTableError("a table needs at least one column")
     seen: set[str] = set()
     columns = []
     for column in spec.columns:
-        if not _NAME.match(column.name or ""):
+        if not _NAME.fullmatch(column.name or ""):
             raise InvalidTableError(f"bad column name {column.name!r}")
         if column.name in seen:
             raise InvalidTableError(f"duplicate column {column.name!r}")

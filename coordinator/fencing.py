@@ -12,7 +12,8 @@ import logging
 from typing import Sequence
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import BadVersionError, ConnectionLoss, KazooException, RolledBackError, SessionExpiredError
+from kazoo.exceptions import (BadArgumentsError, BadVersionError, ConnectionLoss, InvalidACLError, KazooException,
+                              NoChildrenForEphemeralsError, RolledBackError, SessionExpiredError)
 
 from common import errors, zkpaths
 from common.zk import ZkOp, dumps, loads
@@ -21,6 +22,11 @@ log = logging.getLogger(__name__)
 
 #: Ops per multi-op the coordinator sends (lease writes, snapshot deletes).
 MAX_OPS_PER_MULTI = 500
+
+
+#: ZooKeeper errors that are the request's fault (e.g. a path with a control character): sending it again
+#: fails the same way, so they are an invalid request, not a retriable StorageError.
+REQUEST_FAULTS: tuple[type[KazooException], ...] = (BadArgumentsError, InvalidACLError, NoChildrenForEphemeralsError)
 
 
 class Fenced(errors.CoordinatorFencedError):
@@ -72,6 +78,9 @@ class FencedWriter:
                 lost = True
                 outcomes.append(errors.OutcomeUnknownError(f"ZooKeeper connection lost: {type(exc).__name__}"))
                 continue
+            except REQUEST_FAULTS as exc:
+                outcomes.append(errors.InvalidRequestError(f"ZooKeeper rejected the request: {type(exc).__name__}"))
+                continue
             except KazooException as exc:
                 outcomes.append(errors.StorageError(f"ZooKeeper write failed: {type(exc).__name__}"))
                 continue
@@ -86,7 +95,10 @@ class FencedWriter:
                 what = ", ".join(f"{type(f).__name__} on {op.kind} {op.path}" for f, op in zip(results[1:], ops)
                                  if isinstance(f, Exception) and not isinstance(f, RolledBackError))
                 log.error("multi-op rejected: %s", what or real)
-                outcomes.append(errors.StorageError(f"ZooKeeper rejected the write: {what}"))
+                if real and all(isinstance(f, REQUEST_FAULTS) for f in real):
+                    outcomes.append(errors.InvalidRequestError(f"ZooKeeper rejected the request: {what}"))
+                else:
+                    outcomes.append(errors.StorageError(f"ZooKeeper rejected the write: {what}"))
         if fenced:
             raise Fenced("coordinator epoch changed: this coordinator was deposed")
         if lost:

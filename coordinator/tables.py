@@ -15,7 +15,7 @@ import logging
 from typing import Callable
 
 from common import errors
-from common.tables import TableInfo, validate_spec
+from common.tables import TableInfo, TableSpec, validate_spec
 from coordinator import requests as rq
 from coordinator.catalog import TableCatalog
 from coordinator.fencing import FencedWriter
@@ -25,6 +25,20 @@ from coordinator.snapshot_commits import SnapshotCommits
 from leases import state as ls
 
 log = logging.getLogger(__name__)
+
+
+def definition_differences(existing: TableInfo, spec: TableSpec) -> list[str]:
+    """How a (validated) create request differs from the table there is: columns, primary key, buckets."""
+    differences = []
+    if tuple(existing.columns) != tuple(spec.columns):
+        asked = ", ".join(f"{c.name} {c.type}" for c in spec.columns)
+        differences.append(f"columns ({existing.schema_string()}) there, ({asked}) asked")
+    if tuple(existing.primary_key) != tuple(spec.primary_key):
+        there, asked = ", ".join(existing.primary_key), ", ".join(spec.primary_key)
+        differences.append(f"primary key ({there}) there, ({asked}) asked")
+    if existing.buckets != spec.buckets:
+        differences.append(f"buckets {existing.buckets} there, {spec.buckets} asked")
+    return differences
 
 
 class Tables:
@@ -48,9 +62,14 @@ class Tables:
     def create(self, request: rq.CreateTable) -> TableInfo:
         spec = validate_spec(request.spec)
         if (spec.database, spec.name) in self.catalog.by_name:
-            if request.ignore_if_exists:
-                return self.catalog.get(spec.database, spec.name)
-            raise errors.TableAlreadyExistError(f"table {spec.database}.{spec.name} already exists")
+            existing = self.catalog.get(spec.database, spec.name)
+            if not request.ignore_if_exists:
+                raise errors.TableAlreadyExistError(f"table {existing.path} already exists")
+            differences = definition_differences(existing, spec)
+            if differences:  # "if not exists" is for retries of the same create, not for another table
+                raise errors.TableAlreadyExistError(f"table {existing.path} already exists with another definition: "
+                                                    f"{'; '.join(differences)}")
+            return existing
         table, ops = self.catalog.create_ops(spec, self.clock_ms())
         plan, assignment_op = self.members.plan_table(table)
         self.writer.commit(ops + [assignment_op])

@@ -319,7 +319,7 @@ def measure(s: BenchSettings, progress: bench_suite.Progress) -> dict[str, Any]:
             zk = ZooKeeperCluster.start(str(base / "zookeeper"), 1)
             values = {
                 cfg.ZK_ADDRESS.name: zk.connect_string, cfg.ZK_ROOT.name: ZK_ROOT,
-                cfg.ZK_SESSION_TIMEOUT.name: s.session_timeout_ms, cfg.REMOTE_DATA_DIR.name: remote.as_uri(),
+                cfg.ZK_SESSION_TIMEOUT.name: f"{s.session_timeout_ms}ms", cfg.REMOTE_DATA_DIR.name: remote.as_uri(),
                 cfg.REMOTE_FSYNC.name: s.fsync, cfg.METRICS_PORT.name: -1, cfg.COORDINATOR_HOST.name: "127.0.0.1",
             }
             progress("starting 2 coordinators")

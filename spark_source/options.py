@@ -27,7 +27,7 @@ READ_ONLY = ("startup.mode", "startup.timestamp", "ending.timestamp", "ending.of
              "maxrowspertrigger", "split.max-rows")
 #: Options Spark itself sets on a source or sink; they mean nothing here and are ignored.
 SPARK_OWN = ("checkpointlocation", "path")
-_LEASE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+_LEASE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")  # fullmatch: "$" matches before a final newline
 
 
 class OptionError(InvalidRequestError):
@@ -131,7 +131,7 @@ def _read_options(given: Mapping[str, str]) -> dict[str, Any]:
     if out["bootstrap_mode"] == "live" and out["startup_mode"] != "full":
         raise OptionError("option 'bootstrap.mode'=live bootstraps a full read: it needs startup.mode=full")
     if "lease.id" in given:
-        if not _LEASE_ID.match(given["lease.id"]):
+        if not _LEASE_ID.fullmatch(given["lease.id"]):
             raise OptionError(f"option 'lease.id': {given['lease.id']!r} is not a lease id "
                               "(1-128 characters of A-Z a-z 0-9 . _ : -)")
         out["lease_id"] = given["lease.id"]

@@ -267,3 +267,39 @@ def test_snapshot_trigger(fake_table):
     buffer = io.StringIO()
     out.TextOutput(Console(file=buffer, width=100)).committed(out.committed_doc("db.w", [], True))
     assert "nothing committed" in buffer.getvalue()
+
+
+# -- numbers beyond the wire types, bytes that are not UTF-8 ---------------------------------
+
+
+@pytest.mark.parametrize("args, message", [
+    (("lease", "renew", "L1", "--duration", "99999999999999999999d"), "out of range"),
+    (("lease", "acquire", "L1", "--table", "db.w", "--snapshot", "99999999999=1", "--duration", "1m"),
+     "bucket 99999999999 is out of range (0..2147483647)"),
+    (("lease", "acquire", "L1", "--table", "db.w", "--snapshot", "0=99999999999999999999", "--duration", "1m"),
+     "snapshot id 99999999999999999999 is out of range (0..9223372036854775807)"),
+    (("lease", "release", "L1", "--table", "db.w", "--bucket", str(2**40)), "out of range (0..2147483647)"),
+    (("log", "db.w", "--bucket", "0", "--from", str(10**23)), "0<=x<=9223372036854775807"),
+    (("log", "db.w", "--bucket", str(2**40)), "0<=x<=2147483647"),
+    (("log", "db.w", "--bucket", "0", "--from-timestamp", str(10**23)), "out of range"),
+    (("scan", "db.w", "--limit", str(10**20)), "1<=x<=9223372036854775807"),
+    (("scan", "db.w", "--bucket", str(2**40)), "0<=x<=2147483647"),
+    (("table", "create", "db.x", "--schema", "id BIGINT", "--primary-key", "id", "--buckets", str(2**40)),
+     "1<=x<=2147483647"),
+])
+def test_numbers_beyond_the_wire_types_are_usage_errors(fake_table, args, message):
+    result = run_in(*args)
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr and "internal error" not in result.output
+
+
+@pytest.mark.parametrize("data, line", [
+    (b'{"id": 1}\n{"id": 2}\n\xff\xfe garbage\n', 3),
+    (b"\xc3\x28" + bytes(range(256)) * 4, 1),  # like head -c 1000 /dev/urandom
+])
+def test_put_of_bytes_that_are_not_utf8_names_the_line_and_writes_nothing_of_its_batch(fake_table, data, line):
+    result = CliRunner().invoke(kvlease, ["--bootstrap", "127.0.0.1:1", "put", "db.w", "-"], input=data,
+                                env=NO_ENV, prog_name="kvlease")
+    error = assert_one_line_error(result)
+    assert error.startswith(f"error: line {line}: not UTF-8"), error
+    assert fake_table.get("db.w") is None or fake_table["db.w"].upserts == []

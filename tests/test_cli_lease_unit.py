@@ -39,6 +39,14 @@ class FakeAdmin:
     def list_tables(self, database=""):
         return [self.info]
 
+    def drop_table(self, path, ignore_if_not_exists=False):
+        """Like AdminClient.drop_table: True if it dropped db.t, False if there was none."""
+        if path == "db.t":
+            return True
+        if ignore_if_not_exists:
+            return False
+        raise errors.TableNotExistError(f"table {path} does not exist")
+
     def get_latest_kv_snapshots(self, table_id):
         handle = SnapshotHandle(TableBucket(7, 0), 5, 10, "m")
         return {handle.bucket: admin.SnapshotInfo(handle)}
@@ -116,3 +124,14 @@ def test_release_says_what_it_released_and_exits_0_when_nothing_was_held(fake_ad
     assert result.stdout.strip() == text and result.stderr == ""
     doc = json.loads(run(*args, "--json").stdout)
     assert (doc["released"], doc["lease_remains"]) == (released, remains)
+
+
+@pytest.mark.parametrize("path, text, dropped", [
+    ("db.t", "dropped table db.t", True), ("db.gone", "no table db.gone (nothing to drop)", False)])
+def test_table_drop_if_exists_says_whether_there_was_a_table(fake_admin, path, text, dropped):
+    result = run("--bootstrap", "127.0.0.1:1", "table", "drop", path, "--if-exists")
+    assert result.exit_code == 0 and text in result.stdout, result.output
+    doc = json.loads(run("--bootstrap", "127.0.0.1:1", "table", "drop", path, "--if-exists", "--json").stdout)
+    assert doc == {"table": path, "dropped": dropped}
+    if not dropped:
+        assert "does not exist" in assert_one_line_error(run("--bootstrap", "127.0.0.1:1", "table", "drop", path))

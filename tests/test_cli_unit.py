@@ -62,6 +62,23 @@ def test_bad_duration_is_a_usage_error(args):
 
 
 @pytest.mark.parametrize("args", [
+    ("lease", "acquire", "L1", "--table", "db.t", "--snapshot", "0=1", "--duration", "5"),
+    ("lease", "renew", "L1", "--duration", "5"),
+    ("--retry-timeout", "5", "table", "list"),
+    ("log", "db.t", "--bucket", "0", "--poll-interval", "5"),
+])
+def test_a_duration_without_a_unit_is_a_usage_error(args):
+    result = run("--bootstrap", "127.0.0.1:1", *args)
+    assert result.exit_code == 2, result.output
+    assert "'5' has no unit: write 5ms, 5s, 5m, 5h or 5d" in result.stderr
+
+
+def test_a_duration_without_a_unit_from_the_environment_is_a_usage_error():
+    result = run("--bootstrap", "127.0.0.1:1", "table", "list", env={"KVLEASE_RETRY_TIMEOUT": "300"})
+    assert result.exit_code == 2 and "'300' has no unit" in result.stderr
+
+
+@pytest.mark.parametrize("args", [
     ("lease", "acquire", "L1", "--table", "db.t", "--duration", "1m"),  # neither --snapshot nor --latest
     ("lease", "acquire", "L1", "--table", "db.t", "--latest", "--snapshot", "0=1", "--duration", "1m"),
     ("lease", "acquire", "L1", "--table", "db.t", "--snapshot", "0=1", "--snapshot", "0=2", "--duration", "1m"),

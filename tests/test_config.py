@@ -132,16 +132,48 @@ def test_unreadable_files_are_config_errors(tmp_path):
 
 @pytest.mark.parametrize("text, ms", [
     ("500ms", 500), ("1s", 1_000), ("10m", 600_000), ("3min", 180_000), ("2h", 7_200_000),
-    ("1d", 86_400_000), ("250", 250), (250, 250), (" 5 s ", 5_000), ("1S", 1_000), ("0s", 0),
+    ("1d", 86_400_000), ("250ms", 250), (" 5 s ", 5_000), ("1S", 1_000), ("0s", 0),
 ])
 def test_durations(text, ms):
     assert parse_duration_ms(text) == ms
 
 
-@pytest.mark.parametrize("text", ["", "1.5s", "-1s", "1w", "s", "1 s s", True, None])
+@pytest.mark.parametrize("text", ["", "1.5s", "-1s", "1w", "s", "1 s s", True, None, "1s\nx"])
 def test_bad_durations(text):
     with pytest.raises(ValueError, match="not a duration"):
         parse_duration_ms(text)
+
+
+@pytest.mark.parametrize("value", ["5", " 5 ", 5, "0"])
+def test_a_duration_without_a_unit_is_an_error_not_milliseconds(value):
+    n = str(value).strip()
+    with pytest.raises(ValueError, match=f"'{n}' has no unit: write {n}ms, {n}s, {n}m, {n}h or {n}d"):
+        parse_duration_ms(value)
+
+
+def test_a_duration_beyond_int64_milliseconds_is_an_error():
+    assert parse_duration_ms(f"{(1 << 63) - 1}ms") == (1 << 63) - 1
+    with pytest.raises(ValueError, match="'99999999999999999999d' is out of range: a duration is at most 106751991167d"
+                       ):
+        parse_duration_ms("99999999999999999999d")
+
+
+def test_a_config_file_or_env_duration_without_a_unit_names_the_key(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('"kv.snapshot.interval" = 100\n')
+    with pytest.raises(ConfigError, match="'kv.snapshot.interval'.*'100' has no unit"):
+        Config.load(path, env={})
+    with pytest.raises(ConfigError, match="'kv.scanner.ttl'.*'5' has no unit"):
+        Config(env={"KVLEASE_KV_SCANNER_TTL": "5"})
+
+
+def test_to_toml_writes_parsed_durations_with_their_unit(tmp_path):
+    config = Config({"kv.snapshot.interval": "2s", "log.retention": "1d"}, env={})
+    text = to_toml({"kv.snapshot.interval": config[cfg.SNAPSHOT_INTERVAL], "log.segment.bytes": 1024})
+    assert '"kv.snapshot.interval" = "2000ms"' in text and '"log.segment.bytes" = 1024' in text
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    assert Config.load(path, env={})[cfg.SNAPSHOT_INTERVAL] == 2_000
 
 
 @pytest.mark.parametrize("text, size", [
@@ -165,6 +197,7 @@ def test_with_overrides_keeps_the_rest_and_validates():
     assert base[cfg.SCANNER_MAX_PER_BUCKET] == 8  # the original is unchanged
     with pytest.raises(ConfigError, match="'kv.scanner.ttl'"):
         base.with_overrides({"kv.scanner.ttl": "never"})
+    assert base.with_overrides({})[cfg.SCANNER_TTL] == 60_000  # parsed ms are not re-read as unitless
 
 
 def test_to_toml_round_trips(tmp_path):

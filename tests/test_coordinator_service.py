@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 import urllib.request
 
@@ -131,6 +132,57 @@ def test_tables(client, table):
     with pytest.raises(errors.TableNotExistError):
         client.get_table("db.orders")
     client.drop_table("db.orders", ignore_if_not_exists=True)
+
+
+@pytest.mark.parametrize("database, name, column, key", [
+    ("db", "nl\n", "id", "id"), ("db\n", "t", "id", "id"), ("db", "t", "id\n", "id\n"), ("db", "t", "id", "id\n"),
+])
+def test_a_trailing_newline_is_not_a_name(pair, database, name, column, key):
+    """``$`` matches before a final newline: names are checked with full matches, at once, not retried."""
+    active, _ = pair
+    request = pb.CreateTableRequest(database=database, name=name, columns=[pb.ColumnPb(name=column, type="BIGINT")],
+                                    primary_key=[key], buckets=1)
+    with grpc.insecure_channel(active.address) as channel:
+        started = time.monotonic()
+        response = pb_grpc.CoordinatorServiceStub(channel).CreateTable(request, timeout=5)
+        assert time.monotonic() - started < 2
+        listed = pb_grpc.CoordinatorServiceStub(channel).ListTables(pb.ListTablesRequest(), timeout=5)
+    assert response.error.code in (errors.ErrorCode.INVALID_TABLE, errors.ErrorCode.INVALID_REQUEST)
+    assert "\\n" in response.error.message  # names the bad name
+    assert list(listed.tables) == []
+
+
+def test_a_zookeeper_bad_argument_is_an_invalid_request_not_retriable(zk_client):
+    from coordinator.fencing import FencedWriter, bump_epoch
+    from common.zk import ZkOp
+
+    _, version = bump_epoch(zk_client)
+    writer = FencedWriter(zk_client, version)
+    with pytest.raises(errors.InvalidRequestError) as info:
+        writer.commit([ZkOp("create", "/bad\u0001name", b"")])
+    assert not isinstance(info.value, errors.RetriableError)
+    assert "BadArgumentsError" in info.value.message
+    assert zk_client.exists("/bad\u0001name") is None
+
+
+def test_create_if_not_exists_is_idempotent_only_for_the_same_definition(client, table):
+    same = [Column("id", "BIGINT"), Column("v", "string")]
+    assert client.create_table("db.orders", same, ["id"], 4, ignore_if_exists=True) == table  # a retry
+    for columns, key, buckets, difference in [
+        (same, ["id"], 2, "buckets 4 there, 2 asked"),
+        ([Column("id", "BIGINT")], ["id"], 4, "columns (id BIGINT, v STRING) there, (id BIGINT) asked"),
+        (same, ["v"], 4, "primary key (id) there, (v) asked"),
+    ]:
+        with pytest.raises(errors.TableAlreadyExistError, match=re.escape(difference)):
+            client.create_table("db.orders", columns, key, buckets, ignore_if_exists=True)
+    assert client.list_tables() == [table]
+
+
+def test_drop_if_exists_says_whether_it_dropped(client, table):
+    assert client.drop_table("db.orders", ignore_if_not_exists=True) is True
+    assert client.drop_table("db.orders", ignore_if_not_exists=True) is False
+    with pytest.raises(errors.TableNotExistError):
+        client.drop_table("db.orders")
 
 
 def test_expiry_within_the_check_interval(client, table):

@@ -70,6 +70,12 @@ def test_bad_options_name_the_option(given, named):
     assert named in str(info.value)
 
 
+@pytest.mark.parametrize("name", ["lease.duration", "lease.acquire.max-wait"])
+def test_a_lease_duration_without_a_unit_is_an_error_not_milliseconds(name):
+    with pytest.raises(opts.OptionError, match=f"option '{name}': '5' has no unit: write 5ms, 5s"):
+        opts.parse({**BASE, name: "5"})
+
+
 def test_connection_options():
     with pytest.raises(opts.OptionError, match="'bootstrap'.*or 'cluster'.*required"):
         opts.parse({"table": "a.b"})

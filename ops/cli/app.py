@@ -161,7 +161,19 @@ def common_options(func: Callable) -> Callable:
 # -- the group -----------------------------------------------------------------------------------
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class KvleaseGroup(click.Group):
+    """The root group: an argument that is not valid text is a usage error before anything runs."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        for arg in args:
+            try:
+                arg.encode("utf-8")
+            except UnicodeEncodeError:  # bytes that are not UTF-8 arrive as lone surrogates
+                raise click.UsageError(f"argument {ascii(arg)} is not valid UTF-8", ctx) from None
+        return super().parse_args(ctx, args)
+
+
+@click.group(cls=KvleaseGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option("--cluster", "cluster_dir", envvar="KVLEASE_CLUSTER", metavar="DIR",
               help="A local cluster directory (made by `kvlease cluster start`). Env: KVLEASE_CLUSTER.")
 @click.option("--bootstrap", envvar="KVLEASE_BOOTSTRAP", metavar="HOST:PORT[,…]",

@@ -6,27 +6,27 @@ import json
 import re
 import sys
 import time
-from typing import TextIO
+from typing import BinaryIO
 
 import click
 
 from common import errors
 from ops import output as out
 from ops.cli.app import State, catch_errors, common_options, kvlease, pass_state
-from ops.cli.values import DURATION, EPOCH_MS, parse_json_row, parse_keys, table_path
+from ops.cli.values import DURATION, EPOCH_MS, bucket_number, int64, parse_json_row, parse_keys, table_path
 
 PUT_BATCH_ROWS = 10_000
 
 
 @kvlease.command("put")
 @click.argument("path", metavar="DB.NAME", callback=table_path)
-@click.argument("source", metavar="[FILE|-]", type=click.File("r", encoding="utf-8"), default="-")
+@click.argument("source", metavar="[FILE|-]", type=click.File("rb"), default="-")
 @click.option("--batch-size", type=click.IntRange(min=1), default=PUT_BATCH_ROWS, show_default=True,
               help="Rows per write (each write is one request per bucket).")
 @common_options
 @pass_state
 @catch_errors
-def put(state: State, path: str, source: TextIO, batch_size: int) -> None:
+def put(state: State, path: str, source: BinaryIO, batch_size: int) -> None:
     """Upsert rows from JSON lines (one object per line: column -> value) in FILE or stdin.
 
     BYTES values are base64 text, TIMESTAMP values ISO-8601 text (UTC) or
@@ -52,10 +52,11 @@ def put(state: State, path: str, source: TextIO, batch_size: int) -> None:
             raise
         return len(rows)
 
-    for number, line in enumerate(source, 1):
-        if not line.strip():
-            continue
+    for number, raw in enumerate(source, 1):
         try:
+            line = decode_line(raw, number)
+            if not line.strip():
+                continue
             rows.append(parse_json_row(line, number, table))
         except errors.InvalidRowError as exc:
             exc.message += f" ({written} row(s) before line {lines[0] if lines else number} were written)"
@@ -69,6 +70,15 @@ def put(state: State, path: str, source: TextIO, batch_size: int) -> None:
     if rows:
         written += flush()
     state.output.message(f"wrote {written} row(s) to {table.path}", {"table": table.path, "rows": written})
+
+
+def decode_line(raw: bytes, number: int) -> str:
+    """One input line of ``put`` as text; InvalidRowError naming the line if it is not UTF-8."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise errors.InvalidRowError(f"line {number}: not UTF-8 (byte {exc.start + 1} of the line: "
+                                     f"{exc.reason})") from None
 
 
 def _at_lines(message: str, lines: list[int]) -> str:
@@ -115,8 +125,8 @@ def delete(state: State, path: str, keys: tuple[str, ...]) -> None:
 
 @kvlease.command("log")
 @click.argument("path", metavar="DB.NAME", callback=table_path)
-@click.option("--bucket", type=click.IntRange(min=0), required=True, help="The bucket whose changelog to read.")
-@click.option("--from", "from_offset", type=click.IntRange(min=0), metavar="N",
+@click.option("--bucket", type=bucket_number(), required=True, help="The bucket whose changelog to read.")
+@click.option("--from", "from_offset", type=int64(), metavar="N",
               help="First offset (default: the earliest kept).")
 @click.option("--from-timestamp", "from_timestamp", type=EPOCH_MS, metavar="TIME",
               help="Start at the first record appended at or after TIME (ms since the epoch or ISO-8601, "

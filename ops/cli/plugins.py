@@ -32,7 +32,7 @@ from ops.cli.app import State, catch_errors, common_options, kvlease, pass_state
 from ops.cli.cluster import cluster_dir
 from ops.drill import drill_modules, drill_summary
 
-DRILL_NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
+DRILL_NAME = re.compile(r"[a-z][a-z0-9_-]*")  # fullmatch: "$" matches before a final newline
 #: Drill options of the command line -> the keyword a drill's main() gets (given ones only).
 DRILL_OPTIONS = ("rounds", "clients", "seed", "outage", "skip")
 
@@ -91,7 +91,7 @@ class DrillCommand(click.Command):
 
 def load_drill(name: str):
     """The module of drill ``name`` (``coordinator-failover`` or ``coordinator_failover``)."""
-    if not DRILL_NAME.match(name):
+    if not DRILL_NAME.fullmatch(name):
         raise click.BadParameter(f"{name!r} is not a drill name (lower-case letters, digits, -)", param_hint="'NAME'")
     module = _load_plugin_module("drill_", name.replace("-", "_"))
     if module is None or not callable(getattr(module, "main", None)):

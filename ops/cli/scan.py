@@ -9,13 +9,13 @@ import click
 from common import errors
 from ops import output as out
 from ops.cli.app import State, catch_errors, common_options, kvlease, pass_state
-from ops.cli.values import table_path
+from ops.cli.values import bucket_number, int64, table_path
 
 
 @kvlease.command("scan")
 @click.argument("path", metavar="DB.NAME", callback=table_path)
-@click.option("--bucket", type=click.IntRange(min=0), metavar="B", help="Scan only this bucket.")
-@click.option("--limit", type=click.IntRange(min=1), metavar="N", help="At most N rows in all.")
+@click.option("--bucket", type=bucket_number(), metavar="B", help="Scan only this bucket.")
+@click.option("--limit", type=int64(1), metavar="N", help="At most N rows in all.")
 @common_options
 @pass_state
 @catch_errors

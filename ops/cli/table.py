@@ -8,7 +8,7 @@ from common import errors
 from common.tables import parse_schema
 from ops import output as out
 from ops.cli.app import State, catch_errors, common_options, kvlease, pass_state
-from ops.cli.values import table_path
+from ops.cli.values import bucket_number, table_path
 
 
 @kvlease.group("table")
@@ -20,8 +20,9 @@ def table_group() -> None:
 @click.argument("path", metavar="DB.NAME", callback=table_path)
 @click.option("--schema", required=True, help='Columns, e.g. "id BIGINT, name STRING".')
 @click.option("--primary-key", required=True, metavar="COL[,COL…]", help="Primary key column(s).")
-@click.option("--buckets", type=click.IntRange(min=1), required=True, help="Number of buckets.")
-@click.option("--if-not-exists", is_flag=True, help="Succeed if the table exists already.")
+@click.option("--buckets", type=bucket_number(1), required=True, help="Number of buckets.")
+@click.option("--if-not-exists", is_flag=True,
+              help="Succeed if the table exists already with this definition (an error if it differs).")
 @common_options
 @pass_state
 @catch_errors
@@ -58,11 +59,12 @@ def table_describe(state: State, path: str) -> None:
 
 @table_group.command("drop")
 @click.argument("path", metavar="DB.NAME", callback=table_path)
-@click.option("--if-exists", is_flag=True, help="Succeed if there is no such table.")
+@click.option("--if-exists", is_flag=True, help="Succeed if there is no such table (and say it did not exist).")
 @common_options
 @pass_state
 @catch_errors
 def table_drop(state: State, path: str, if_exists: bool) -> None:
     """Drop a table, its snapshots, and its buckets in every lease."""
-    state.client.drop_table(path, ignore_if_not_exists=if_exists)
-    state.output.message(f"dropped table {path}", {"table": path, "dropped": True})
+    dropped = state.client.drop_table(path, ignore_if_not_exists=if_exists)
+    text = f"dropped table {path}" if dropped else f"no table {path} (nothing to drop)"
+    state.output.message(text, {"table": path, "dropped": dropped})

@@ -24,6 +24,27 @@ from common.tables import TableInfo, parse_table_path
 
 # -- parameter types (client-side syntax checks: usage errors, exit 2) -------------------------
 
+#: The largest values of the wire types: buckets are int32, offsets, ids, limits and times int64.
+INT32_MAX = (1 << 31) - 1
+INT64_MAX = (1 << 63) - 1
+
+
+def in_range(value: int, low: int, high: int, what: str) -> int:
+    """``value`` if ``low <= value <= high``; else ValueError naming the value and the range."""
+    if not low <= value <= high:
+        raise ValueError(f"{what} {value} is out of range ({low}..{high})")
+    return value
+
+
+def bucket_number(low: int = 0) -> click.IntRange:
+    """A bucket number option (int32 on the wire)."""
+    return click.IntRange(min=low, max=INT32_MAX)
+
+
+def int64(low: int = 0) -> click.IntRange:
+    """An offset, limit or id option (int64 on the wire)."""
+    return click.IntRange(min=low, max=INT64_MAX)
+
 
 class Duration(click.ParamType):
     """``10m``, ``30s``, ``500ms`` -> milliseconds."""
@@ -47,10 +68,14 @@ class BucketSnapshot(click.ParamType):
     def convert(self, value: Any, param, ctx) -> tuple[int, int]:
         if isinstance(value, tuple):
             return value
-        m = re.fullmatch(r"\s*(\d+)\s*=\s*(\d+)\s*", str(value))
+        m = re.fullmatch(r"\s*([0-9]+)\s*=\s*([0-9]+)\s*", str(value))
         if not m:
             self.fail(f"{value!r} is not BUCKET=SNAPSHOT_ID (e.g. 0=12)", param, ctx)
-        return int(m.group(1)), int(m.group(2))
+        try:
+            return (in_range(int(m.group(1)), 0, INT32_MAX, "bucket"),
+                    in_range(int(m.group(2)), 0, INT64_MAX, "snapshot id"))
+        except ValueError as exc:
+            self.fail(f"{value!r}: {exc}", param, ctx)
 
 
 class BucketList(click.ParamType):
@@ -62,9 +87,12 @@ class BucketList(click.ParamType):
         if isinstance(value, list):
             return value
         parts = [p.strip() for p in str(value).split(",")]
-        if not parts or not all(p.isdigit() for p in parts):
+        if not parts or not all(re.fullmatch(r"[0-9]+", p) for p in parts):
             self.fail(f"{value!r} is not a bucket number or a comma-separated list of them", param, ctx)
-        return [int(p) for p in parts]
+        try:
+            return [in_range(int(p), 0, INT32_MAX, "bucket") for p in parts]
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
 
 
 class EpochMs(click.ParamType):
@@ -77,11 +105,13 @@ class EpochMs(click.ParamType):
         if isinstance(value, int):
             return value
         text = str(value).strip()
-        if text.isdigit():
+        if re.fullmatch(r"[0-9]+", text):
+            if int(text) > INT64_MAX:
+                self.fail(f"{value!r} is out of range (0..{INT64_MAX} ms since the epoch)", param, ctx)
             return int(text)
         try:
             stamp = datetime.fromisoformat(text)
-        except ValueError:
+        except (ValueError, OverflowError):
             self.fail(f"{value!r} is neither ms since the epoch nor an ISO-8601 time", param, ctx)
         if stamp.tzinfo is None:
             stamp = stamp.replace(tzinfo=timezone.utc)
@@ -99,7 +129,7 @@ EPOCH_MS = EpochMs()
 # -- column values from text and JSON (put, get, delete) -------------------------------------------
 
 _INT_RANGE = {"INT": (-(1 << 31), (1 << 31) - 1), "BIGINT": (-(1 << 63), (1 << 63) - 1)}
-_INTEGER = re.compile(r"^\s*[+-]?\d+\s*$")
+_INTEGER = re.compile(r"\s*[+-]?[0-9]+\s*")  # fullmatch; [0-9], not \d: int() rejects some Unicode digits
 _TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
 #: Column types whose JSON form is not what the codec takes (text -> datetime / bytes).
 _JSON_CONVERTED = ("TIMESTAMP", "BYTES")
@@ -122,7 +152,7 @@ def convert_value(value: Any, type_: str) -> Any:
         if text and value.strip().lower() in _TRUE + _FALSE:
             return value.strip().lower() in _TRUE
     elif type_ in _INT_RANGE:
-        number = int(value) if text and _INTEGER.match(value) else value
+        number = int(value) if text and _INTEGER.fullmatch(value) else value
         if isinstance(number, int) and not isinstance(number, bool):
             lo, hi = _INT_RANGE[type_]
             if not lo <= number <= hi:
@@ -146,7 +176,7 @@ def convert_value(value: Any, type_: str) -> Any:
             except (binascii.Error, ValueError):
                 raise ValueError(f"expected base64 text for BYTES, got {value!r}") from None
     elif type_ == "TIMESTAMP":
-        if text and _INTEGER.match(value):
+        if text and _INTEGER.fullmatch(value):
             return int(value)
         if text:
             try:
