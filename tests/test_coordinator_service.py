@@ -14,7 +14,8 @@ from common.proto import coordinator_pb2_grpc as pb_grpc
 from common.tables import Column
 from client.admin import AdminClient, ReleaseResult
 from coordinator.server import CoordinatorServer
-from common.model import SnapshotHandle, TableBucket
+from common.model import SnapshotFile, SnapshotHandle, TableBucket
+from tests.snapshot_manifests import snapshot, write_manifest
 
 pytestmark = pytest.mark.zk
 
@@ -44,11 +45,10 @@ def client(pair):
 
 
 @pytest.fixture
-def table(client):
+def table(client, pair):
     t = client.create_table("db.orders", [Column("id", "BIGINT"), Column("v", "STRING")], ["id"], 4)
     for bucket in range(2):
-        client.commit_kv_snapshot(SnapshotHandle(TableBucket(t.table_id, bucket), 1, 10,
-                                                 f"kv/{t.table_id}/{bucket}/snap-1/_METADATA"))
+        client.commit_kv_snapshot(snapshot(pair[0].storage, TableBucket(t.table_id, bucket), 1, 10))
     return t
 
 
@@ -174,3 +174,48 @@ def test_standby_takes_over_when_active_stops(pair, client, table):
     assert standby.wait_active(15)
     assert client.describe_lease("survivor").buckets == {TableBucket(table.table_id, 0): 1}
     assert standby.epoch > 1
+
+
+# -- forged commits: refused, nothing changed, the coordinator serves on ---------------------------------
+
+def test_commit_naming_a_file_outside_its_bucket_is_refused(client, pair, table):
+    active, _ = pair
+    lease = client.acquire_lease("victim", {TableBucket(table.table_id, 0): 1}, 600_000)
+    assert lease.acquired
+    victim = active.storage.list("lease/kv-snapshot")[0]
+    tb = TableBucket(table.table_id, 1)
+    for path in (victim, f"kv/{table.table_id}/1/../../../{victim}", f"/{victim}",
+                 f"kv/{table.table_id}/0/snap-1/_METADATA"):  # another bucket's file
+        forged = SnapshotHandle(tb, 2, 20, f"kv/{table.table_id}/1/snap-2/_METADATA", (SnapshotFile(path, 1),))
+        write_manifest(active.storage, forged)
+        with pytest.raises(errors.InvalidSnapshotError, match="must lie under its bucket's directory"):
+            client.commit_kv_snapshot(forged)
+    forged = SnapshotHandle(tb, 2, 20, victim)  # the manifest path itself
+    with pytest.raises(errors.InvalidSnapshotError, match=victim):
+        client.commit_kv_snapshot(forged)
+    # nothing changed: the lease file is there, bucket 1 still has only snapshot 1, new commits work
+    assert active.storage.exists(victim)
+    assert [s.handle.snapshot_id for s in client.list_kv_snapshots(table.table_id) if s.bucket == tb] == [1]
+    client.commit_kv_snapshot(snapshot(active.storage, tb, 2, 20))
+    assert active.is_active
+
+
+def test_commit_without_a_matching_manifest_is_refused(client, pair, table):
+    active, _ = pair
+    tb = TableBucket(table.table_id, 0)
+    huge = 10 ** 15
+    with pytest.raises(errors.InvalidSnapshotError, match="does not exist"):  # no manifest at all
+        client.commit_kv_snapshot(SnapshotHandle(tb, huge, 10, f"kv/{table.table_id}/0/snap-{huge}/_METADATA"))
+    with pytest.raises(errors.InvalidSnapshotError, match="not its own"):  # another snapshot's manifest
+        client.commit_kv_snapshot(SnapshotHandle(tb, huge, 10, f"kv/{table.table_id}/0/snap-1/_METADATA"))
+    snapshot(active.storage, tb, 5, 50)
+    with pytest.raises(errors.InvalidSnapshotError, match="log offset 10000 differs"):
+        client.commit_kv_snapshot(SnapshotHandle(tb, 5, 10_000, f"kv/{table.table_id}/0/snap-5/_METADATA"))
+    with pytest.raises(errors.InvalidSnapshotError, match="files differ"):
+        client.commit_kv_snapshot(SnapshotHandle(tb, 5, 50, f"kv/{table.table_id}/0/snap-5/_METADATA",
+                                                 (SnapshotFile(f"kv/{table.table_id}/0/shared/x.sst", 3),)))
+    assert client.get_latest_kv_snapshots(table.table_id)[tb].snapshot_id == 1
+    client.commit_kv_snapshot(SnapshotHandle(tb, 5, 50, f"kv/{table.table_id}/0/snap-5/_METADATA"))
+    client.commit_kv_snapshot(snapshot(active.storage, tb, 6, 60))  # later real snapshots are not "older"
+    assert client.get_latest_kv_snapshots(table.table_id)[tb].handle.snapshot_id == 6
+
