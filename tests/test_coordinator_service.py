@@ -8,7 +8,7 @@ import urllib.request
 import grpc
 import pytest
 
-from common import errors
+from common import errors, zkpaths
 from common.proto import coordinator_pb2 as pb
 from common.proto import coordinator_pb2_grpc as pb_grpc
 from common.tables import Column
@@ -218,4 +218,39 @@ def test_commit_without_a_matching_manifest_is_refused(client, pair, table):
     client.commit_kv_snapshot(SnapshotHandle(tb, 5, 50, f"kv/{table.table_id}/0/snap-5/_METADATA"))
     client.commit_kv_snapshot(snapshot(active.storage, tb, 6, 60))  # later real snapshots are not "older"
     assert client.get_latest_kv_snapshots(table.table_id)[tb].handle.snapshot_id == 6
+
+
+def test_a_coordinator_starts_and_serves_with_a_lease_file_deleted(make_config):
+    """Reinitialization through the standby's lease mirror: the lease whose file is gone is left
+    out (logged, kvlease_lease_files_unreadable), its node is kept, the other leases serve."""
+    config = make_config({"metrics.port": 0, "client.retry.total-timeout": "10s"})
+    first = CoordinatorServer(config).start()
+    try:
+        assert first.wait_active(15)
+        with AdminClient([first.address], retry_total_s=10) as admin:
+            t = admin.create_table("db.t", [Column("id", "BIGINT")], ["id"], 1)
+            tb = TableBucket(t.table_id, 0)
+            admin.commit_kv_snapshot(snapshot(first.storage, tb, 1, 10))
+            admin.acquire_lease("lost", {tb: 1}, 600_000)
+            admin.acquire_lease("kept", {tb: 1}, 600_000)
+            lost_file = next(p for p in first.storage.list("lease/kv-snapshot") if "/lost/" in p)
+    finally:
+        first.stop()
+    first.storage.delete(lost_file)
+    second = CoordinatorServer(config).start()
+    try:
+        assert second.wait_active(15), "the coordinator must not crash-loop on a missing lease file"
+        assert second.reinit_stats["unreadable_leases"] == ["lost"]
+        with AdminClient([second.address], retry_total_s=10) as admin:
+            assert [lease.lease_id for lease in admin.list_leases()] == ["kept"]
+            assert admin.describe_lease("kept").buckets == {tb: 1}
+            admin.acquire_lease("new", {tb: 1}, 60_000)
+        with urllib.request.urlopen(f"http://127.0.0.1:{second.metrics_port}/metrics", timeout=5) as response:
+            assert "kvlease_lease_files_unreadable 1.0" in response.read().decode()
+        assert second.zk.exists(zkpaths.lease("lost"))
+        epoch = second.epoch
+        time.sleep(0.5)
+        assert second.is_active and second.epoch == epoch  # no step-down, no election loop
+    finally:
+        second.stop()
 
