@@ -20,7 +20,7 @@ from common import errors, zkpaths
 from common.model import SnapshotHandle, TableBucket
 from common.tables import TableInfo
 from common.zk import ZkOp, dumps, loads
-from coordinator.fencing import MAX_OPS_PER_MULTI, FencedWriter
+from coordinator.fencing import MAX_OPS_PER_MULTI, FencedWriter, check_write_size
 from coordinator.file_gc import FileCollector
 from coordinator.snapshot_checks import check_paths
 from coordinator.snapshots import IsLeased, SnapshotStore
@@ -69,6 +69,8 @@ class SnapshotCommits:
                                     handle.files, self.clock_ms())
         path = zkpaths.snapshot(table.table_id, handle.bucket.bucket, handle.snapshot_id)
         data = dumps(handle.to_json())
+        check_write_size(f"the handle of snapshot {handle.snapshot_id} of bucket {handle.bucket} "
+                         f"({len(handle.files)} files)", len(data))
         self.writer.commit([ZkOp("create", path, data)])
         self.store.add(handle)
         self.reclaim([handle.bucket])

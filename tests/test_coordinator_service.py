@@ -254,3 +254,30 @@ def test_a_coordinator_starts_and_serves_with_a_lease_file_deleted(make_config):
     finally:
         second.stop()
 
+
+def test_a_table_definition_over_the_zookeeper_limit_is_refused_and_the_coordinator_stays(client, pair, table):
+    active, _ = pair
+    epoch = active.epoch
+    columns = [Column(f"c{i:05d}_" + "x" * 110, "STRING") for i in range(9_000)]  # ~1.3 MB of schema
+    with pytest.raises(errors.InvalidRequestError, match=r"table definition is [\d,]+ bytes, over the "
+                                                         r"1,000,000-byte limit of a ZooKeeper write") as raised:
+        client.create_table("db.huge", [Column("id", "BIGINT"), *columns], ["id"], 1)
+    assert raised.value.code == errors.ErrorCode.INVALID_REQUEST
+    time.sleep(0.5)  # a dropped ZooKeeper connection would show as a step-down by now
+    assert active.is_active and active.epoch == epoch
+    assert [t.name for t in client.list_tables("db")] == ["orders"]
+    client.create_table("db.small", [Column("id", "BIGINT")], ["id"], 1)  # it serves on
+    assert active.is_active and active.epoch == epoch
+
+
+def test_a_snapshot_handle_over_the_zookeeper_limit_is_refused_and_the_coordinator_stays(client, pair, table):
+    active, _ = pair
+    epoch = active.epoch
+    tb = TableBucket(table.table_id, 0)
+    files = [SnapshotFile(f"kv/{table.table_id}/0/shared/{i:06d}-" + "y" * 100 + ".sst", 1) for i in range(9_000)]
+    with pytest.raises(errors.InvalidRequestError, match="over the 1,000,000-byte limit of a ZooKeeper write"):
+        client.commit_kv_snapshot(snapshot(active.storage, tb, 2, 20, files))
+    time.sleep(0.5)
+    assert active.is_active and active.epoch == epoch
+    client.commit_kv_snapshot(snapshot(active.storage, tb, 3, 30))
+    assert client.get_latest_kv_snapshots(table.table_id)[tb].snapshot_id == 3
