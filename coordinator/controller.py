@@ -140,7 +140,7 @@ class Controller(Dispatcher):
         self.snapshot_commits.load(self.catalog.by_id.values())
         if mirror is not None:
             loaded, layout = mirror.exact()
-            self.lease_store.adopt(layout)
+            self.lease_store.adopt(layout, mirror.unreadable)
         else:
             loaded = self.lease_store.load_all(self.zk)
         orphans = [] if defer_orphans else self.lease_store.remove_orphans()
@@ -153,7 +153,7 @@ class Controller(Dispatcher):
         stats = {"tables": len(self.catalog.by_id), "snapshots": sum(1 for _ in self.snapshots.all()),
                  "leases": len(loaded), "graced": len(restored.graced), "expired": len(restored.expired),
                  "orphan_files": "deferred" if defer_orphans else len(orphans),
-                 "dangling": len(dangling)}
+                 "dangling": len(dangling), "unreadable_leases": sorted(self.lease_store.unreadable)}
         log.info("reinitialized: %s", stats)
         self.refresh_metrics()
         return stats
@@ -289,3 +289,4 @@ class Controller(Dispatcher):
                 per_table[table_id] = per_table.get(table_id, 0) + 1
         self.metrics.set_lease_counts(len(self.leases.leases), self.leases.refs.leased_count(), per_table,
                                       dict(self.leases.refs.leased_count_by_table()))
+        self.metrics.lease_files_unreadable.set(sum(map(len, self.lease_store.unreadable.values())))

@@ -23,6 +23,23 @@ log = logging.getLogger(__name__)
 #: Ops per multi-op the coordinator sends (lease writes, snapshot deletes).
 MAX_OPS_PER_MULTI = 500
 
+#: Bytes (data + paths) one fenced multi-op may carry. ZooKeeper drops the connection on a
+#: request over its ``jute.maxbuffer`` (1 MiB by default): the write's outcome would be
+#: unknown and the coordinator would step down, for a request that was merely too big.
+ZK_MAX_WRITE_BYTES = 1_000_000
+
+
+def write_size(ops: Sequence[ZkOp]) -> int:
+    """About what the ops weigh in a multi-op request (a little over: headers counted generously)."""
+    return sum(len(op.path.encode()) + len(op.data) + 64 for op in ops) + len(zkpaths.EPOCH) + 64
+
+
+def check_write_size(what: str, size: int) -> None:
+    """Raises InvalidRequestError naming ``what`` and the limit if ``size`` bytes cannot be written."""
+    if size > ZK_MAX_WRITE_BYTES:
+        raise errors.InvalidRequestError(
+            f"{what} is {size:,} bytes, over the {ZK_MAX_WRITE_BYTES:,}-byte limit of a ZooKeeper write")
+
 
 #: ZooKeeper errors that are the request's fault (e.g. a path with a control character): sending it again
 #: fails the same way, so they are an invalid request, not a retriable StorageError.
@@ -66,12 +83,23 @@ class FencedWriter:
 
         Raises :class:`Fenced` if the epoch check failed (nothing of ours can be
         written any more) and ``OutcomeUnknownError`` if the connection was lost
-        (a multi-op may or may not have been applied).
+        (a multi-op may or may not have been applied). A batch over
+        :data:`ZK_MAX_WRITE_BYTES` is not sent: its outcome is an InvalidRequestError.
         """
-        pending = [self._transaction(ops).commit_async() for ops in batches]
+        pending = []
+        for ops in batches:
+            try:
+                check_write_size(f"a ZooKeeper multi-op of {len(ops)} operations", write_size(ops))
+                pending.append(self._transaction(ops).commit_async())
+            except errors.InvalidRequestError as exc:
+                log.error("write not sent: %s", exc)
+                pending.append(exc)
         outcomes: list[Exception | None] = []
         fenced = lost = False
         for ops, result in zip(batches, pending):
+            if isinstance(result, errors.InvalidRequestError):
+                outcomes.append(result)
+                continue
             try:
                 results = result.get()
             except (ConnectionLoss, SessionExpiredError) as exc:

@@ -24,6 +24,10 @@ class CoordinatorMetrics(MetricsRegistry):
         self.active = Gauge("kvlease_coordinator_active", "1 while this process is the active coordinator",
                             registry=r)
         self.epoch = Gauge("kvlease_coordinator_epoch", "epoch of the active coordinator", registry=r)
+        self.lease_files_unreadable = Gauge(
+            "kvlease_lease_files_unreadable",
+            "lease files found missing or corrupt at reinitialization (their leases are not loaded; "
+            "their ZooKeeper nodes are kept for an operator)", registry=r)
         self.queue_depth = Gauge("kvlease_event_loop_queue_depth", "requests waiting for the event loop", registry=r)
         self._tables: set[str] = set()
 

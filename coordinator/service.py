@@ -19,6 +19,7 @@ from common.wire import (bucket_from_pb, bucket_snapshots_from_pb, bucket_snapsh
                          handle_to_pb, lease_to_pb, refusing_partition_ids, table_to_pb)
 from common.tables import Column, TableSpec
 from coordinator import requests as rq
+from coordinator.snapshot_checks import check_manifest
 from leases import state as ls
 
 log = logging.getLogger(__name__)
@@ -30,10 +31,16 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
         self.server = server  # coordinator.server.CoordinatorServer
         self.timeout_s = timeout_s
 
-    def _run(self, request, response_cls, build):
-        """Submit ``request`` to the loop; ``build(result)`` gives the response's fields."""
+    def _run(self, request, response_cls, build, check=None):
+        """Submit ``request`` to the loop; ``build(result)`` gives the response's fields.
+
+        ``check()``: run in this (the gRPC handler's) thread once this coordinator is
+        known to serve, before the request enters the loop (remote reads, never on the loop).
+        """
         try:
             loop = self.server.serving_loop()
+            if check is not None:
+                check()
             result = loop.submit(request).result(timeout=self.timeout_s)
             return response_cls(**build(result))
         except errors.KvLeaseError as exc:
@@ -67,8 +74,9 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
                          lambda t: {"table": table_to_pb(t)})
 
     def CommitKvSnapshot(self, request, context):
-        return self._run(rq.CommitSnapshot(handle_from_pb(request.snapshot)), pb.CommitKvSnapshotResponse,
-                         lambda _r: {})
+        handle = handle_from_pb(request.snapshot)
+        return self._run(rq.CommitSnapshot(handle), pb.CommitKvSnapshotResponse, lambda _r: {},
+                         check=lambda: check_manifest(self.server.storage, handle))
 
     def _snapshots(self, request, response_cls, latest_only):
         return self._run(rq.ListSnapshots(request.table_id, latest_only), response_cls,

@@ -20,8 +20,9 @@ from common import errors, zkpaths
 from common.model import SnapshotHandle, TableBucket
 from common.tables import TableInfo
 from common.zk import ZkOp, dumps, loads
-from coordinator.fencing import MAX_OPS_PER_MULTI, FencedWriter
+from coordinator.fencing import MAX_OPS_PER_MULTI, FencedWriter, check_write_size
 from coordinator.file_gc import FileCollector
+from coordinator.snapshot_checks import check_paths
 from coordinator.snapshots import IsLeased, SnapshotStore
 
 log = logging.getLogger(__name__)
@@ -60,13 +61,17 @@ class SnapshotCommits:
     def commit(self, table: TableInfo, handle: SnapshotHandle) -> None:
         if handle.bucket.partition_id is not None or not 0 <= handle.bucket.bucket < table.buckets:
             raise errors.BucketOutOfRangeError(f"bucket {handle.bucket} does not exist in table {table.path}")
+        check_paths(handle)  # its files are deleted when it is reclaimed: never any outside its bucket
         if not self.store.check_commit(handle):
             return  # the same snapshot again: an idempotent retry
         if not handle.commit_time_ms:
             handle = SnapshotHandle(handle.bucket, handle.snapshot_id, handle.log_offset, handle.metadata_path,
                                     handle.files, self.clock_ms())
         path = zkpaths.snapshot(table.table_id, handle.bucket.bucket, handle.snapshot_id)
-        self.writer.commit([ZkOp("create", path, dumps(handle.to_json()))])
+        data = dumps(handle.to_json())
+        check_write_size(f"the handle of snapshot {handle.snapshot_id} of bucket {handle.bucket} "
+                         f"({len(handle.files)} files)", len(data))
+        self.writer.commit([ZkOp("create", path, data)])
         self.store.add(handle)
         self.reclaim([handle.bucket])
 

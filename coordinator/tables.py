@@ -16,9 +16,10 @@ from typing import Callable
 
 from common import errors
 from common.tables import TableInfo, TableSpec, validate_spec
+from common.zk import dumps
 from coordinator import requests as rq
 from coordinator.catalog import TableCatalog
-from coordinator.fencing import FencedWriter
+from coordinator.fencing import FencedWriter, check_write_size
 from coordinator.lease_shell import LeaseShell
 from coordinator.membership import Membership
 from coordinator.snapshot_commits import SnapshotCommits
@@ -71,6 +72,7 @@ class Tables:
                                                     f"{'; '.join(differences)}")
             return existing
         table, ops = self.catalog.create_ops(spec, self.clock_ms())
+        check_write_size("the table definition", len(dumps(table.to_json())))
         plan, assignment_op = self.members.plan_table(table)
         self.writer.commit(ops + [assignment_op])
         self.catalog.add(table)

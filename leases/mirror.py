@@ -51,7 +51,7 @@ from common.errors import StorageError
 from common.storage import RemoteStorage
 from common.zk import loads
 from common.model import Lease, TableBucket
-from leases.store import decode_table_file
+from leases.store import log_unreadable, read_table_file
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +86,9 @@ class LeaseMirror:
         self._pool = None if not storage.parallel_io else ThreadPoolExecutor(
             max_workers=io_threads, thread_name_prefix="lease-mirror-io")
         self.stats = {"node_reads": 0, "file_reads": 0, "rounds": 0}
+        #: at election: leases not loaded because a file is missing or corrupt -> those files
+        self.unreadable: dict[str, tuple[str, ...]] = {}
+        self._unreadable_layout: dict[str, dict[int, str]] = {}
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -196,8 +199,10 @@ class LeaseMirror:
     def _read(self, names: list[str], *, strict: bool) -> None:
         """Read these nodes (with a watch) and the files they point at; update the entries.
 
-        ``strict`` (at election): any failure raises. Otherwise a node whose file
-        is missing (it moved on meanwhile: its watch fired) is marked again.
+        ``strict`` (at election): a remote storage failure raises, and a node whose
+        file is missing or corrupt is recorded in :attr:`unreadable` (the pointer
+        cannot move any more after the epoch bump: the file is gone for good).
+        Otherwise such a node (it moved on meanwhile: its watch fired) is marked again.
         """
         pending = [(n, self.zk.get_async(zkpaths.lease(n), watch=self._on_data)) for n in names]
         nodes = []
@@ -226,19 +231,25 @@ class LeaseMirror:
         for name, expiration, paths, mzxid, graced in nodes:
             old = self._entries.get(name)
             tables = {}
-            ok = True
+            bad = []
             for table_id, path in paths.items():
                 if (name, table_id) in fresh:
                     buckets = fresh[(name, table_id)]
-                    if buckets is None:
-                        ok = False
-                        break
+                    if isinstance(buckets, str):
+                        bad.append((path, buckets))
+                        continue
                     tables[table_id] = buckets
                 else:
                     tables[table_id] = old.tables[table_id]
-            if not ok:
+            if bad:
                 self._entries.pop(name, None)
-                retry.append(name)
+                if strict:
+                    for path, why in bad:
+                        log_unreadable(name, path, why)
+                    self.unreadable[name] = tuple(path for path, _why in bad)
+                    self._unreadable_layout[name] = dict(paths)
+                else:
+                    retry.append(name)
                 continue
             self._entries[name] = _Entry(expiration, paths, tables, mzxid, graced)
         if retry:
@@ -246,14 +257,15 @@ class LeaseMirror:
                 self._dirty.update(retry)
             self._wake.set()
 
-    def _read_files(self, paths: list[str], strict: bool) -> dict[str, dict[TableBucket, int] | None]:
+    def _read_files(self, paths: list[str], strict: bool) -> dict[str, dict[TableBucket, int] | str]:
+        """Per path its buckets, or why it cannot be read (see ``read_table_file``)."""
         def read(path: str):
             try:
-                return decode_table_file(self.storage.read(path))
-            except StorageError:
+                return read_table_file(self.storage, path)
+            except StorageError as exc:
                 if strict:
                     raise
-                return None
+                return str(exc)
         reads = map(read, paths) if self._pool is None else self._pool.map(read, paths)
         result = dict(zip(paths, reads))
         self.stats["file_reads"] += len(paths)
@@ -266,7 +278,8 @@ class LeaseMirror:
 
         Stops the refresher for good. Raises on ZooKeeper or storage errors, like
         ``LeaseStore.load_all``: a lease that cannot be read is never taken for a
-        missing one.
+        missing one. A lease whose file is missing or corrupt is left out, listed
+        in :attr:`unreadable` (its files are in the layout).
         """
         self._halt()
         self.zk.sync(zkpaths.LEASES)
@@ -281,11 +294,12 @@ class LeaseMirror:
         if invalid:
             self._entries.clear()
         self._apply_names(names)
+        self.unreadable, self._unreadable_layout = {}, {}
         todo = sorted(n for n in names if n in dirty or n not in self._entries)
         self.stats["reread_at_election"] = len(todo)
         for start in range(0, len(todo), CHUNK):
             self._read(todo[start:start + CHUNK], strict=True)
-        missing = [n for n in names if n not in self._entries]
+        missing = [n for n in names if n not in self._entries and n not in self.unreadable]
         if missing:  # vanished after the epoch bump: cannot be (fenced), so do not guess
             raise RuntimeError(f"lease nodes vanished while loading: {missing[:5]}")
         leases = []
@@ -297,4 +311,5 @@ class LeaseMirror:
                 buckets.update(entry.tables[table_id])
             leases.append(Lease(name, entry.expiration_time, buckets, entry.graced))
             layout[name] = dict(entry.paths)
+        layout.update(self._unreadable_layout)  # their files are no orphans: kept for an operator
         return leases, layout

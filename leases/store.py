@@ -26,7 +26,7 @@ from kazoo.exceptions import NoNodeError
 
 from common import zkpaths
 from common.errors import StorageError
-from common.storage import RemoteStorage
+from common.storage import RemoteStorage, StorageNotFound
 from common.zk import ZkOp, dumps, loads
 from common.model import Lease, TableBucket
 from leases.state import PersistLease
@@ -58,10 +58,32 @@ def encode_table_file(lease_id: str, table_id: int, buckets: dict[TableBucket, i
 
 
 def decode_table_file(data: bytes) -> dict[TableBucket, int]:
-    doc = json.loads(data)
-    table_id = int(doc["table_id"])
-    return {TableBucket(table_id, int(r["bucket"]), r.get("partition_id")): int(r["snapshot_id"])
-            for r in doc["buckets"]}
+    """Raises ValueError for anything but a well-formed table file."""
+    try:
+        doc = json.loads(data)
+        table_id = int(doc["table_id"])
+        return {TableBucket(table_id, int(r["bucket"]), r.get("partition_id")): int(r["snapshot_id"])
+                for r in doc["buckets"]}
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"not a lease table file: {exc!r}") from None
+
+
+def read_table_file(storage: RemoteStorage, path: str) -> dict[TableBucket, int] | str:
+    """The file's buckets, or why it is unreadable for good (missing, or not a lease table file).
+
+    Raises StorageError when remote storage could not be read (that may pass).
+    """
+    try:
+        return decode_table_file(storage.read(path))
+    except StorageNotFound:
+        return "missing"
+    except ValueError as exc:
+        return str(exc)
+
+
+def log_unreadable(lease_id: str, path: str, why: str) -> None:
+    log.error("lease %s is not loaded: its file %s is unreadable (%s); its ZooKeeper node %s is kept for an "
+              "operator (acquiring the lease again replaces it)", lease_id, path, why, zkpaths.lease(lease_id))
 
 
 class LeaseStore:
@@ -71,6 +93,9 @@ class LeaseStore:
         self.storage = storage
         self._paths: dict[str, dict[int, str]] = {}  # persisted layout: lease -> table -> file
         self.undeleted: set[str] = set()  # files no lease points at whose delete failed
+        #: leases not loaded (a file missing or corrupt): lease -> its unreadable files. Their nodes and
+        #: files stay (in ``_paths``, so never orphans) until the lease is acquired again (replaced)
+        self.unreadable: dict[str, tuple[str, ...]] = {}
         self._pool = ThreadPoolExecutor(max_workers=io_threads, thread_name_prefix="lease-io")
 
     def close(self) -> None:
@@ -114,12 +139,13 @@ class LeaseStore:
         }
         if write.after.graced:
             node["graced"] = True
-        kind = "create" if write.before is None else "set"
+        kind = "create" if write.before is None and lease_id not in self.unreadable else "set"
         return PreparedWrite(write, ZkOp(kind, zkpaths.lease(lease_id), dumps(node)), new_paths, paths_after, obsolete)
 
     def committed(self, prepared: PreparedWrite) -> None:
         """The pointer moved: remember the layout, delete the files it no longer names."""
         lease_id = prepared.write.lease_id
+        self.unreadable.pop(lease_id, None)  # replaced (its node was set)
         if prepared.write.after is None:
             self._paths.pop(lease_id, None)
         else:
@@ -157,7 +183,12 @@ class LeaseStore:
     # -- loading ----------------------------------------------------------------------
 
     def load_all(self, zk) -> list[Lease]:
-        """Every lease in ZooKeeper with its tables' files (pipelined reads)."""
+        """Every lease in ZooKeeper with its tables' files (pipelined reads).
+
+        A lease with a missing or corrupt file is left out (see :attr:`unreadable`);
+        remote storage failing raises StorageError (a lease that cannot be read now is
+        never taken for a missing one).
+        """
         try:
             names = zk.get_children(zkpaths.LEASES)
         except NoNodeError:  # no lease yet
@@ -173,21 +204,33 @@ class LeaseStore:
             nodes.append((name, loads(data)))
         self._paths = {name: {int(t["table_id"]): t["metadata_path"] for t in node["tables"]} for name, node in nodes}
         files = [(name, path) for name, node in nodes for path in self._paths[name].values()]
-        read = lambda item: self.storage.read(item[1])  # noqa: E731
+        read = lambda item: read_table_file(self.storage, item[1])  # noqa: E731
         # local files read faster in a plain loop than through a pool; remote ones in parallel
         reads = self._pool.map(read, files) if self.storage.parallel_io else map(read, files)
         contents = dict(zip(files, reads))
         leases = []
+        self.unreadable = {}
         for name, node in nodes:
             buckets: dict[TableBucket, int] = {}
+            bad = []
             for path in self._paths[name].values():
-                buckets.update(decode_table_file(contents[(name, path)]))
+                content = contents[(name, path)]
+                if isinstance(content, str):
+                    log_unreadable(name, path, content)
+                    bad.append(path)
+                else:
+                    buckets.update(content)
+            if bad:
+                self.unreadable[name] = tuple(bad)
+                continue
             leases.append(Lease(name, int(node["expiration_time"]), buckets, bool(node.get("graced", False))))
         return leases
 
-    def adopt(self, layout: dict[str, dict[int, str]]) -> None:
-        """Take the persisted layout (lease -> table -> file) loaded elsewhere (a LeaseMirror)."""
+    def adopt(self, layout: dict[str, dict[int, str]], unreadable: dict[str, tuple[str, ...]] | None = None) -> None:
+        """Take the persisted layout (lease -> table -> file) loaded elsewhere (a LeaseMirror),
+        and the leases it could not load (their files are in the layout)."""
         self._paths = {name: dict(tables) for name, tables in layout.items()}
+        self.unreadable = dict(unreadable or {})
 
     def unreferenced(self, listed) -> list[str]:
         """The files of ``listed`` no lease points at (to be called with no write in flight)."""

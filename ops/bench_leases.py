@@ -43,7 +43,9 @@ from common import config as cfg
 from common import errors
 from common.tables import Column
 from client.admin import AdminClient, wait_for_active
-from common.model import SnapshotHandle, TableBucket
+from common.kvsnapshot import Manifest
+from common.model import TableBucket
+from common.storage import open_storage
 from ops import bench_suite
 from ops.bench_suite import Option, Row, positive_float, positive_int
 from ops.cluster import free_ports, log_tail
@@ -331,9 +333,11 @@ def measure(s: BenchSettings, progress: bench_suite.Progress) -> dict[str, Any]:
             with AdminClient(addresses, request_timeout_s=5.0, retry_total_s=30.0) as client:
                 wait_for_active(client, 60.0)
                 table = client.create_table("bench.leases", [Column("id", "BIGINT")], ["id"], s.buckets)
-                for b in range(s.buckets):
-                    client.commit_kv_snapshot(SnapshotHandle(TableBucket(table.table_id, b), 1, 0,
-                                                             f"kv/{table.table_id}/{b}/snap-1/_METADATA"))
+                storage = open_storage(remote.as_uri())
+                for b in range(s.buckets):  # a commit is accepted only with its manifest in place
+                    manifest = Manifest(TableBucket(table.table_id, b), 1, 0, (), 0)
+                    storage.put(manifest.path, manifest.to_bytes())
+                    client.commit_kv_snapshot(manifest.to_handle())
             progress(f"a. acquiring leases: {s.threads} threads, {s.seconds:g} s or {s.held_leases} leases")
             pids = {"coordinator": [c.popen.pid for c in coordinators], "zookeeper": [zk.nodes[0].pid],
                     "client": [os.getpid()]}

@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 
 from client.admin import AdminClient
-from common.model import SnapshotHandle, TableBucket
+from common.model import TableBucket
 from ops import cluster as local_cluster
+from tests.snapshot_manifests import commit_snapshot
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -114,8 +115,7 @@ def walk_the_cli(cluster_dir: Path) -> None:
 
     addresses = [co["address"] for co in status["coordinators"]]
     with AdminClient(addresses, retry_total_s=20) as client:
-        client.commit_kv_snapshot(SnapshotHandle(TableBucket(table_id, 0), 1, 10,
-                                                 f"kv/{table_id}/0/snap-1/_METADATA", ()))
+        commit_snapshot(client, TableBucket(table_id, 0), 1, 10)
     snapshots = kvlease_json(*c, "snapshot", "list", "db.t", "--json")
     assert snapshots["table"] == "db.t"
     assert [(s["bucket"], s["snapshot_id"], s["log_offset"]) for s in snapshots["snapshots"]] == [(0, 1, 10)]

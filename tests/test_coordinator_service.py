@@ -9,13 +9,14 @@ import urllib.request
 import grpc
 import pytest
 
-from common import errors
+from common import errors, zkpaths
 from common.proto import coordinator_pb2 as pb
 from common.proto import coordinator_pb2_grpc as pb_grpc
 from common.tables import Column
 from client.admin import AdminClient, ReleaseResult
 from coordinator.server import CoordinatorServer
-from common.model import SnapshotHandle, TableBucket
+from common.model import SnapshotFile, SnapshotHandle, TableBucket
+from tests.snapshot_manifests import snapshot, write_manifest
 
 pytestmark = pytest.mark.zk
 
@@ -45,11 +46,10 @@ def client(pair):
 
 
 @pytest.fixture
-def table(client):
+def table(client, pair):
     t = client.create_table("db.orders", [Column("id", "BIGINT"), Column("v", "STRING")], ["id"], 4)
     for bucket in range(2):
-        client.commit_kv_snapshot(SnapshotHandle(TableBucket(t.table_id, bucket), 1, 10,
-                                                 f"kv/{t.table_id}/{bucket}/snap-1/_METADATA"))
+        client.commit_kv_snapshot(snapshot(pair[0].storage, TableBucket(t.table_id, bucket), 1, 10))
     return t
 
 
@@ -226,3 +226,110 @@ def test_standby_takes_over_when_active_stops(pair, client, table):
     assert standby.wait_active(15)
     assert client.describe_lease("survivor").buckets == {TableBucket(table.table_id, 0): 1}
     assert standby.epoch > 1
+
+
+# -- forged commits: refused, nothing changed, the coordinator serves on ---------------------------------
+
+def test_commit_naming_a_file_outside_its_bucket_is_refused(client, pair, table):
+    active, _ = pair
+    lease = client.acquire_lease("victim", {TableBucket(table.table_id, 0): 1}, 600_000)
+    assert lease.acquired
+    victim = active.storage.list("lease/kv-snapshot")[0]
+    tb = TableBucket(table.table_id, 1)
+    for path in (victim, f"kv/{table.table_id}/1/../../../{victim}", f"/{victim}",
+                 f"kv/{table.table_id}/0/snap-1/_METADATA"):  # another bucket's file
+        forged = SnapshotHandle(tb, 2, 20, f"kv/{table.table_id}/1/snap-2/_METADATA", (SnapshotFile(path, 1),))
+        write_manifest(active.storage, forged)
+        with pytest.raises(errors.InvalidSnapshotError, match="must lie under its bucket's directory"):
+            client.commit_kv_snapshot(forged)
+    forged = SnapshotHandle(tb, 2, 20, victim)  # the manifest path itself
+    with pytest.raises(errors.InvalidSnapshotError, match=victim):
+        client.commit_kv_snapshot(forged)
+    # nothing changed: the lease file is there, bucket 1 still has only snapshot 1, new commits work
+    assert active.storage.exists(victim)
+    assert [s.handle.snapshot_id for s in client.list_kv_snapshots(table.table_id) if s.bucket == tb] == [1]
+    client.commit_kv_snapshot(snapshot(active.storage, tb, 2, 20))
+    assert active.is_active
+
+
+def test_commit_without_a_matching_manifest_is_refused(client, pair, table):
+    active, _ = pair
+    tb = TableBucket(table.table_id, 0)
+    huge = 10 ** 15
+    with pytest.raises(errors.InvalidSnapshotError, match="does not exist"):  # no manifest at all
+        client.commit_kv_snapshot(SnapshotHandle(tb, huge, 10, f"kv/{table.table_id}/0/snap-{huge}/_METADATA"))
+    with pytest.raises(errors.InvalidSnapshotError, match="not its own"):  # another snapshot's manifest
+        client.commit_kv_snapshot(SnapshotHandle(tb, huge, 10, f"kv/{table.table_id}/0/snap-1/_METADATA"))
+    snapshot(active.storage, tb, 5, 50)
+    with pytest.raises(errors.InvalidSnapshotError, match="log offset 10000 differs"):
+        client.commit_kv_snapshot(SnapshotHandle(tb, 5, 10_000, f"kv/{table.table_id}/0/snap-5/_METADATA"))
+    with pytest.raises(errors.InvalidSnapshotError, match="files differ"):
+        client.commit_kv_snapshot(SnapshotHandle(tb, 5, 50, f"kv/{table.table_id}/0/snap-5/_METADATA",
+                                                 (SnapshotFile(f"kv/{table.table_id}/0/shared/x.sst", 3),)))
+    assert client.get_latest_kv_snapshots(table.table_id)[tb].snapshot_id == 1
+    client.commit_kv_snapshot(SnapshotHandle(tb, 5, 50, f"kv/{table.table_id}/0/snap-5/_METADATA"))
+    client.commit_kv_snapshot(snapshot(active.storage, tb, 6, 60))  # later real snapshots are not "older"
+    assert client.get_latest_kv_snapshots(table.table_id)[tb].handle.snapshot_id == 6
+
+
+def test_a_coordinator_starts_and_serves_with_a_lease_file_deleted(make_config):
+    """Reinitialization through the standby's lease mirror: the lease whose file is gone is left
+    out (logged, kvlease_lease_files_unreadable), its node is kept, the other leases serve."""
+    config = make_config({"metrics.port": 0, "client.retry.total-timeout": "10s"})
+    first = CoordinatorServer(config).start()
+    try:
+        assert first.wait_active(15)
+        with AdminClient([first.address], retry_total_s=10) as admin:
+            t = admin.create_table("db.t", [Column("id", "BIGINT")], ["id"], 1)
+            tb = TableBucket(t.table_id, 0)
+            admin.commit_kv_snapshot(snapshot(first.storage, tb, 1, 10))
+            admin.acquire_lease("lost", {tb: 1}, 600_000)
+            admin.acquire_lease("kept", {tb: 1}, 600_000)
+            lost_file = next(p for p in first.storage.list("lease/kv-snapshot") if "/lost/" in p)
+    finally:
+        first.stop()
+    first.storage.delete(lost_file)
+    second = CoordinatorServer(config).start()
+    try:
+        assert second.wait_active(15), "the coordinator must not crash-loop on a missing lease file"
+        assert second.reinit_stats["unreadable_leases"] == ["lost"]
+        with AdminClient([second.address], retry_total_s=10) as admin:
+            assert [lease.lease_id for lease in admin.list_leases()] == ["kept"]
+            assert admin.describe_lease("kept").buckets == {tb: 1}
+            admin.acquire_lease("new", {tb: 1}, 60_000)
+        with urllib.request.urlopen(f"http://127.0.0.1:{second.metrics_port}/metrics", timeout=5) as response:
+            assert "kvlease_lease_files_unreadable 1.0" in response.read().decode()
+        assert second.zk.exists(zkpaths.lease("lost"))
+        epoch = second.epoch
+        time.sleep(0.5)
+        assert second.is_active and second.epoch == epoch  # no step-down, no election loop
+    finally:
+        second.stop()
+
+
+def test_a_table_definition_over_the_zookeeper_limit_is_refused_and_the_coordinator_stays(client, pair, table):
+    active, _ = pair
+    epoch = active.epoch
+    columns = [Column(f"c{i:05d}_" + "x" * 110, "STRING") for i in range(9_000)]  # ~1.3 MB of schema
+    with pytest.raises(errors.InvalidRequestError, match=r"table definition is [\d,]+ bytes, over the "
+                                                         r"1,000,000-byte limit of a ZooKeeper write") as raised:
+        client.create_table("db.huge", [Column("id", "BIGINT"), *columns], ["id"], 1)
+    assert raised.value.code == errors.ErrorCode.INVALID_REQUEST
+    time.sleep(0.5)  # a dropped ZooKeeper connection would show as a step-down by now
+    assert active.is_active and active.epoch == epoch
+    assert [t.name for t in client.list_tables("db")] == ["orders"]
+    client.create_table("db.small", [Column("id", "BIGINT")], ["id"], 1)  # it serves on
+    assert active.is_active and active.epoch == epoch
+
+
+def test_a_snapshot_handle_over_the_zookeeper_limit_is_refused_and_the_coordinator_stays(client, pair, table):
+    active, _ = pair
+    epoch = active.epoch
+    tb = TableBucket(table.table_id, 0)
+    files = [SnapshotFile(f"kv/{table.table_id}/0/shared/{i:06d}-" + "y" * 100 + ".sst", 1) for i in range(9_000)]
+    with pytest.raises(errors.InvalidRequestError, match="over the 1,000,000-byte limit of a ZooKeeper write"):
+        client.commit_kv_snapshot(snapshot(active.storage, tb, 2, 20, files))
+    time.sleep(0.5)
+    assert active.is_active and active.epoch == epoch
+    client.commit_kv_snapshot(snapshot(active.storage, tb, 3, 30))
+    assert client.get_latest_kv_snapshots(table.table_id)[tb].snapshot_id == 3

@@ -27,9 +27,10 @@ from common.storage import open_storage
 from common.tables import Column
 from common.zk import loads, make_client
 from client.admin import AdminClient
-from common.model import SnapshotHandle, TableBucket
+from common.model import TableBucket
 from leases.store import LEASE_FILES, LeaseStore
 from ops.zookeeper import four_letter
+from tests.snapshot_manifests import commit_snapshot
 from tests.procs import (  # noqa: F401 - coordinator_procs is a fixture
     assert_served_as_persisted, coordinator_procs, persisted_leases, wait_until)
 
@@ -51,7 +52,7 @@ def make_table(client: AdminClient, buckets: int) -> list[TableBucket]:
     table = client.create_table("db.t", [Column("id", "BIGINT")], ["id"], buckets)
     tbs = [TableBucket(table.table_id, b) for b in range(buckets)]
     for tb in tbs:
-        client.commit_kv_snapshot(SnapshotHandle(tb, 1, 10, f"kv/{table.table_id}/{tb.bucket}/snap-1/_METADATA"))
+        commit_snapshot(client, tb, 1, 10)
     return tbs
 
 

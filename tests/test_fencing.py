@@ -25,8 +25,9 @@ from common.zk import make_client
 from client.admin import AdminClient
 from coordinator.fencing import bump_epoch
 from coordinator.server import CoordinatorServer
-from common.model import SnapshotHandle, TableBucket
+from common.model import TableBucket
 from leases.store import LEASE_FILES
+from tests.snapshot_manifests import commit_snapshot, snapshot
 from tests.procs import (  # noqa: F401 - coordinator_procs is a fixture
     assert_served_as_persisted, coordinator_procs, lease_view, wait_until, zk_tree)
 
@@ -36,8 +37,7 @@ def make_table(client: AdminClient, buckets: int = 2, snapshots: int = 1):
     table = client.create_table("db.t", [Column("id", "BIGINT")], ["id"], buckets)
     for bucket in range(buckets):
         for sid in range(1, snapshots + 1):
-            client.commit_kv_snapshot(SnapshotHandle(TableBucket(table.table_id, bucket), sid, 10 * sid,
-                                                     f"kv/{table.table_id}/{bucket}/snap-{sid}/_METADATA"))
+            commit_snapshot(client, TableBucket(table.table_id, bucket), sid, 10 * sid)
     return table
 
 
@@ -94,6 +94,7 @@ def test_deposed_coordinator_cannot_write(server, zk_client, zk_config, write):
         short = client.acquire_lease("short", {tb0: 1}, 1_500 if write == "expire" else 60_000)
         before_view = client.list_leases()
         old_epoch = server.epoch
+        new_snapshot = snapshot(storage, tb0, 7, 70)  # its manifest is written before the bump
 
         intruder = Intruder(zk_client)
         try:
@@ -110,8 +111,7 @@ def test_deposed_coordinator_cannot_write(server, zk_client, zk_config, write):
                 "renew": lambda: client.renew_lease("held", 120_000),
                 "release": lambda: client.release_lease("held", [tb1]),
                 "drop": lambda: client.drop_lease("held"),
-                "commit-snapshot": lambda: client.commit_kv_snapshot(
-                    SnapshotHandle(tb0, 7, 70, f"kv/{table.table_id}/0/snap-7/_METADATA")),
+                "commit-snapshot": lambda: client.commit_kv_snapshot(new_snapshot),
                 "create-table": lambda: client.create_table("db.other", [Column("id", "BIGINT")], ["id"], 1),
                 "drop-table": lambda: client.drop_table("db.t"),
             }
@@ -173,6 +173,7 @@ def test_frozen_coordinator_resumes_without_writing(make_config, coordinator_pro
         client.acquire_lease("short", {tb0: 2}, 1_000)  # expires while the frozen one sleeps
         assert direct.coordinator_info(frozen.address).active  # the direct channel is connected
 
+        zombie_snapshot = snapshot(storage, tb1, 9, 90)
         frozen.pause()
         try:
             # writes queued on the frozen coordinator's socket: it handles them when it wakes up
@@ -188,7 +189,7 @@ def test_frozen_coordinator_resumes_without_writing(make_config, coordinator_pro
                 ("acquire", lambda: direct.acquire_lease("zombie", {tb1: 1}, 60_000)),
                 ("renew", lambda: direct.renew_lease("kept", 600_000)),
                 ("drop", lambda: direct.drop_lease("short")),
-                ("commit", lambda: direct.commit_kv_snapshot(SnapshotHandle(tb1, 9, 90, "kv/x/snap-9/_METADATA"))),
+                ("commit", lambda: direct.commit_kv_snapshot(zombie_snapshot)),
             )]
             for thread in zombies:
                 thread.start()

@@ -383,3 +383,33 @@ def test_a_lease_past_its_deadline_is_gone_for_every_request_before_the_timer(en
     assert b.leases.get("acquired") == a.leases.get("acquired")
     assert b.leases.get("listed").graced  # expired, never dropped: it gets the failover grace
     assert set(b.leases.leases) == {"acquired", "listed"}
+
+
+def test_a_lease_whose_file_is_missing_or_corrupt_is_left_out_and_kept(env):
+    """Reinitialization survives a lease file deleted (e.g. by a forged snapshot's reclaim) or
+    corrupt: that lease is not loaded, its node and files are kept, everything else serves."""
+    make, storage, _clock, _ = env
+    a = make()
+    t = make_table(a)
+    tb = TableBucket(t.table_id, 0)
+    commit(a, t.table_id, 0, 1)
+    for lease_id in ("gone", "corrupt", "fine"):
+        call(a, ls.Acquire(lease_id, {tb: 1}, 60_000))
+    gone_file = zk_lease_node(a, "gone")["tables"][0]["metadata_path"]
+    corrupt_file = zk_lease_node(a, "corrupt")["tables"][0]["metadata_path"]
+    storage.delete(gone_file)
+    storage.inner.delete(corrupt_file)
+    storage.put(corrupt_file, b"not json")
+
+    b = make()  # reinitializes (no mirror: LeaseStore.load_all)
+    assert sorted(b.lease_store.unreadable) == ["corrupt", "gone"]
+    assert [lease.lease_id for lease in call(b, rq.ListLeases())] == ["fine"]
+    assert b.leases.refs.holders(tb, 1) == {"fine"}
+    assert zk_lease_node(b, "gone") and zk_lease_node(b, "corrupt")  # kept for an operator
+    assert storage.exists(corrupt_file)  # not taken for an orphan
+    assert call(b, rq.RemoveOrphanLeaseFiles(tuple(lease_files(storage)))) == []
+    # acquiring the lease again replaces it: its node is set, the unreadable file goes
+    call(b, ls.Acquire("corrupt", {tb: 1}, 60_000))
+    assert not storage.exists(corrupt_file)
+    assert sorted(b.lease_store.unreadable) == ["gone"]
+    assert sorted(lease.lease_id for lease in make().leases.leases.values()) == ["corrupt", "fine"]

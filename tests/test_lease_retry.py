@@ -16,13 +16,14 @@ import pytest
 
 from client.admin import AdminClient, ReleaseResult
 from common import errors
-from common.model import SnapshotHandle, TableBucket
+from common.model import TableBucket
 from common.storage import open_storage
 from common.tables import Column
 from common.zk import make_client
 from coordinator.server import CoordinatorServer
 from tests.cli_runner import assert_one_line_error, run
 from tests.procs import persisted_leases, wait_until
+from tests.snapshot_manifests import commit_snapshot
 
 pytestmark = [pytest.mark.zk, pytest.mark.timeout(120)]
 
@@ -98,7 +99,7 @@ def tbs(client) -> list[TableBucket]:
     table = client.create_table("db.t", [Column("id", "BIGINT")], ["id"], 4)
     buckets = [TableBucket(table.table_id, b) for b in range(4)]
     for tb in buckets[:3]:
-        client.commit_kv_snapshot(SnapshotHandle(tb, 1, 10, f"kv/{tb.table_id}/{tb.bucket}/snap-1/_METADATA"))
+        commit_snapshot(client, tb, 1, 10)
     return buckets
 
 
@@ -210,7 +211,7 @@ def test_the_failover_grace_is_persisted_and_not_granted_again(coordinators, per
     with AdminClient([first.address], retry_total_s=10) as client:
         table = client.create_table("db.t", [Column("id", "BIGINT")], ["id"], 1)
         tb = TableBucket(table.table_id, 0)
-        client.commit_kv_snapshot(SnapshotHandle(tb, 1, 10, f"kv/{tb.table_id}/0/snap-1/_METADATA"))
+        commit_snapshot(client, tb, 1, 10)
         expired_lease(client, persisted, "gap", {tb: 1})
         client.acquire_lease("long", {tb: 1}, 600_000)
 

@@ -1,0 +1,67 @@
+"""What a ``CommitKvSnapshot`` must show before the coordinator stores it.
+
+A committed snapshot's files are deleted when it is reclaimed, and its id and
+log offset decide what "latest" is, so a commit is taken at its word only
+when:
+
+- every path it names (its files and its manifest) lies under its own
+  bucket's ``kv/{table_id}/{bucket}/`` directory: relative, no ``..``, ``.``
+  or empty segment (:func:`check_paths`, pure; the store runs it again);
+- its manifest is at the snapshot's own path (``.../snap-{id}/_METADATA``),
+  exists on remote storage and agrees with the commit: bucket, snapshot id,
+  ``log_offset`` and files with their sizes (:func:`check_manifest`, a remote
+  read: run in the gRPC handler's thread, never on the event loop).
+
+The log offset is checked against the manifest the tablet server wrote, not
+against the bucket's log end (that would need a ListOffsets round trip to the
+leader inside every commit): a commit cannot claim more than its manifest.
+"""
+
+from __future__ import annotations
+
+from common import errors
+from common.kvsnapshot import bucket_dir, manifest_path, read_manifest
+from common.model import SnapshotHandle
+from common.storage import RemoteStorage, StorageNotFound
+
+
+def check_paths(handle: SnapshotHandle) -> None:
+    """Raises InvalidSnapshotError naming the first path outside the bucket's own directory."""
+    prefix = bucket_dir(handle.bucket) + "/"
+    for path in [handle.metadata_path, *(f.path for f in handle.files)]:
+        segments = path.split("/")
+        if (not path.startswith(prefix) or "\\" in path
+                or any(s in ("", ".", "..") for s in segments)):
+            raise errors.InvalidSnapshotError(
+                f"snapshot {handle.snapshot_id} of bucket {handle.bucket} names the file {path!r}: "
+                f"every file of a snapshot must lie under its bucket's directory {prefix}", path=path)
+
+
+def check_manifest(storage: RemoteStorage, handle: SnapshotHandle) -> None:
+    """Raises InvalidSnapshotError unless the snapshot's manifest exists and agrees with the commit;
+    StorageError if remote storage could not be read (retriable)."""
+    check_paths(handle)
+    what = f"snapshot {handle.snapshot_id} of bucket {handle.bucket}"
+    expected = manifest_path(handle.bucket, handle.snapshot_id)
+    if handle.metadata_path != expected:
+        raise errors.InvalidSnapshotError(
+            f"{what} names the manifest {handle.metadata_path!r}, not its own {expected!r}", path=handle.metadata_path)
+    try:
+        manifest = read_manifest(storage, expected)
+    except StorageNotFound:
+        raise errors.InvalidSnapshotError(f"{what}: its manifest {expected} does not exist on remote storage",
+                                          path=expected) from None
+    if (manifest.bucket, manifest.snapshot_id) != (handle.bucket, handle.snapshot_id):
+        raise errors.InvalidSnapshotError(
+            f"{what}: the manifest {expected} is of snapshot {manifest.snapshot_id} of bucket {manifest.bucket}")
+    if handle.log_offset != manifest.log_offset:
+        raise errors.InvalidSnapshotError(
+            f"{what}: log offset {handle.log_offset} differs from its manifest's ({manifest.log_offset})")
+    committed = sorted((f.path, f.size) for f in handle.files)
+    listed = sorted((f.path, f.size) for f in manifest.files)
+    if committed != listed:
+        extra = sorted(set(committed) - set(listed))
+        missing = sorted(set(listed) - set(committed))
+        raise errors.InvalidSnapshotError(
+            f"{what}: its files differ from its manifest's (not in the manifest: {extra[:3]}, "
+            f"missing: {missing[:3]})")
