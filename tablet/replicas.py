@@ -93,7 +93,7 @@ class ReplicaManager:
 
     def _open(self, table: TableInfo, bucket: int, epoch: int) -> Replica:
         store = BucketStore.from_config(self.bucket_dir(table.table_id, bucket), table, self.config,
-                                        clock_ms=self.clock_ms)
+                                        clock_ms=self.clock_ms, bucket=bucket)
         tb = TableBucket(table.table_id, bucket)
         base = self._latest_snapshot(tb)
         uploader = SnapshotUploader(self.storage, tb, io_threads=self.config[cfg.SNAPSHOT_UPLOAD_THREADS],

@@ -1,0 +1,48 @@
+"""Tablet servers refuse what would break a bucket, and keep serving: raw gRPC against real servers."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from common import errors
+from common.codec import RowCodec, batch_to_ipc, bucket_of
+from common.proto import tablet_pb2 as pb
+from common.tables import Column
+from tests.test_tablet_server import cluster, fetch_all, lookup, put  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.zk
+
+SCHEMA = [Column("id", "BIGINT"), Column("v", "STRING")]
+
+
+def _ids_of_bucket(table, bucket, count):
+    codec = RowCodec(table)
+    out, i = [], 0
+    while len(out) < count:
+        key = codec.encode_keys(codec.to_batch([{"id": i}]).select(["id"]))[0]
+        if bucket_of(key, table.buckets) == bucket:
+            out.append(i)
+        i += 1
+    return out
+
+
+def test_keys_of_another_bucket_are_refused(cluster, tmp_path):
+    c = cluster()
+    c.tablet(1, tmp_path / "t1")
+    table = c.admin.create_table("db.wrong_bucket", SCHEMA, ["id"], 2)
+    stub0, stub1 = c.stub(table.table_id, 0), c.stub(table.table_id, 1)
+    mine, other = _ids_of_bucket(table, 0, 3), _ids_of_bucket(table, 1, 1)[0]
+    put(stub0, table, [{"id": i, "v": "a"} for i in mine])
+    end = fetch_all(stub0, table)[1].log_end_offset
+    with pytest.raises(errors.InvalidRowError, match=rf"upsert row 2 \(key .*{other}.*\) belongs to bucket 1"):
+        put(stub0, table, [{"id": mine[0], "v": "b"}, {"id": mine[1], "v": "b"}, {"id": other, "v": "x"}])
+    with pytest.raises(errors.InvalidRowError, match="delete row 0 .* belongs to bucket 1"):
+        put(stub0, table, delete_keys=[{"id": other}])
+    with pytest.raises(errors.InvalidRowError, match="lookup row 1 .* belongs to bucket 1"):
+        lookup(stub0, table, [mine[0], other])
+    # nothing changed, and both buckets keep serving
+    assert fetch_all(stub0, table)[1].log_end_offset == end
+    assert lookup(stub0, table, mine) == [{"id": i, "v": "a"} for i in mine]
+    put(stub1, table, [{"id": other, "v": "x"}], bucket=1)
+    assert lookup(stub1, table, [other], bucket=1) == [{"id": other, "v": "x"}]
