@@ -20,6 +20,7 @@ from kazoo.protocol.states import KazooState
 
 from common import config as cfg
 from common import errors, zkpaths
+from common.limits import GRPC_MESSAGE_OPTIONS
 from common.proto import tablet_pb2_grpc as pb_grpc
 from common.storage import RemoteStorage, open_storage
 from common.zk import dumps, loads, make_client
@@ -30,8 +31,7 @@ from tablet.service import TabletService
 
 log = logging.getLogger(__name__)
 
-GRPC_OPTIONS = [("grpc.max_receive_message_length", 256 * 1024 * 1024),
-                ("grpc.max_send_message_length", 256 * 1024 * 1024)]
+GRPC_OPTIONS = list(GRPC_MESSAGE_OPTIONS)  # the same message sizes as every client's
 
 
 class TabletServer:

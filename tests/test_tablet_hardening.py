@@ -9,6 +9,7 @@ from common import errors
 from common.codec import RowCodec, batch_to_ipc, bucket_of
 from common.proto import tablet_pb2 as pb
 from common.tables import Column
+from client.table import TableClient
 from tests.test_tablet_server import cluster, fetch_all, lookup, put  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.zk
@@ -46,3 +47,37 @@ def test_keys_of_another_bucket_are_refused(cluster, tmp_path):
     assert lookup(stub0, table, mine) == [{"id": i, "v": "a"} for i in mine]
     put(stub1, table, [{"id": other, "v": "x"}], bucket=1)
     assert lookup(stub1, table, [other], bucket=1) == [{"id": other, "v": "x"}]
+
+
+def test_row_over_max_row_size_is_refused_and_any_entry_can_be_fetched(cluster, tmp_path):
+    c = cluster({"table.max-row-size": "40mb"})
+    c.tablet(1, tmp_path / "t1")
+    table = c.admin.create_table("db.big_rows", SCHEMA, ["id"], 1)
+    c.stub(table.table_id, 0)
+    big = "x" * (40 << 20)
+    with TableClient(c.admin, table.table_id) as client:
+        client.upsert([{"id": 1, "v": "small"}])
+        with pytest.raises(errors.RecordTooLargeError, match=r"upsert row 0 \(key \{'id': 3\}\) is \d+ bytes"):
+            client.upsert([{"id": 3, "v": big}])
+        assert client.list_offsets([0])[0] == (0, 1)  # nothing written
+        client.upsert([{"id": 1, "v": big[:39 << 20]}])
+        client.upsert([{"id": 1, "v": big[:38 << 20]}])  # an update: an entry of ~77 MB, before + after
+        # every entry can be read, also with a small max_bytes: one entry per answer at least
+        offset, kinds = 0, []
+        while offset < 5:
+            entries, end = client.fetch_log_entries(0, offset, max_bytes=1 << 20)
+            assert entries and end == 5
+            kinds += [t for e in entries for t in e.records.column(0).to_pylist()]
+            offset = entries[-1].next_offset
+        assert kinds == [0, 1, 2, 1, 2]  # +I, then two updates (-U +U)
+        assert len(client.lookup([1])[0]["v"]) == 38 << 20
+
+
+def test_max_row_size_is_bounded_by_the_message_size():
+    from common.config import Config, ConfigError
+    from common.limits import MAX_MESSAGE_BYTES, MAX_ROW_SIZE_BOUND
+
+    assert Config()["table.max-row-size"] == 8 << 20
+    assert 2 * MAX_ROW_SIZE_BOUND < MAX_MESSAGE_BYTES
+    with pytest.raises(ConfigError, match="table.max-row-size"):
+        Config({"table.max-row-size": "200mb"})
