@@ -8,6 +8,7 @@ import pytest
 from common import errors
 from common.codec import RowCodec, batch_to_ipc, bucket_of
 from common.proto import tablet_pb2 as pb
+from common.model import TableBucket
 from common.tables import Column
 from client.table import TableClient
 from tests.test_tablet_server import cluster, fetch_all, lookup, put  # noqa: F401 (fixture)
@@ -81,3 +82,24 @@ def test_max_row_size_is_bounded_by_the_message_size():
     assert 2 * MAX_ROW_SIZE_BOUND < MAX_MESSAGE_BYTES
     with pytest.raises(ConfigError, match="table.max-row-size"):
         Config({"table.max-row-size": "200mb"})
+
+
+def test_an_empty_open_at_the_scanner_limits_gets_its_empty_answer(cluster, tmp_path):
+    from tests.test_scan_server import Scan
+
+    s = Scan(cluster({"kv.scanner.max-per-server": 1}), tmp_path, buckets=2)
+    put(s.stubs[0], s.table, [{"id": i, "v": "x"} for i in _ids_of_bucket(s.table, 0, 5)], bucket=0)
+    ids1 = _ids_of_bucket(s.table, 1, 2)
+    put(s.stubs[1], s.table, [{"id": i, "v": "x"} for i in ids1], bucket=1)
+    put(s.stubs[1], s.table, delete_keys=[{"id": i} for i in ids1], bucket=1)  # empty again, log offset 4
+    held = s.open(bucket=0, size=1)
+    assert held.error.code == 0 and held.has_more_results  # the one session this server allows
+    assert s.open(bucket=0, size=1).error.code == errors.ErrorCode.TOO_MANY_SCANNERS  # rows to read: refused
+    for answer in (s.open(bucket=1, size=1), s.open(bucket=0, size=1, limit=0),
+                   s.open(bucket=0, size=1, after=b"\xff" * 16)):
+        assert answer.error.code == 0, answer.error.message
+        assert not answer.has_more_results and answer.scanner_id == b"" and answer.record_count == 0
+        assert answer.HasField("log_offset")
+    assert s.open(bucket=1, size=1).log_offset == 4
+    assert s.counts()[:2] == (1, {TableBucket(s.table.table_id, 0): 1})
+    assert s.close(held.scanner_id).error.code == 0
