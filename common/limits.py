@@ -23,3 +23,8 @@ GRPC_MESSAGE_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
 )
+
+#: Options of every kvlease gRPC server: the message sizes, and no SO_REUSEPORT (gRPC's default on
+#: Linux), so a second server on a port in use fails to start instead of silently taking half of
+#: the first one's connections.
+GRPC_SERVER_OPTIONS: tuple[tuple[str, int], ...] = (*GRPC_MESSAGE_OPTIONS, ("grpc.so_reuseport", 0))
