@@ -178,10 +178,11 @@ class ScanService:
         self._free(released)
         return len(released)
 
-    def close_bucket(self, table_id: int, bucket: int) -> None:
-        """End the bucket's sessions (it is no longer led here); returns once none reads its store."""
+    def close_bucket(self, table_id: int, bucket: int, dropped: bool = False) -> None:
+        """End the bucket's sessions (it is no longer led here, or its table was ``dropped``);
+        returns once none reads its store."""
         tb = TableBucket(table_id, bucket)
-        self._end(scan.CloseBucket(tb, self.clock_ms()), tb)
+        self._end(scan.CloseBucket(tb, self.clock_ms(), dropped), tb)
 
     def _end(self, event: object, bucket: TableBucket | None) -> None:
         with self._lock:

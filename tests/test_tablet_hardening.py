@@ -11,6 +11,7 @@ from common.proto import tablet_pb2 as pb
 from common.model import TableBucket
 from common.tables import Column
 from client.table import TableClient
+from tests.procs import wait_until
 from tests.test_tablet_server import cluster, fetch_all, lookup, put  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.zk
@@ -103,3 +104,74 @@ def test_an_empty_open_at_the_scanner_limits_gets_its_empty_answer(cluster, tmp_
     assert s.open(bucket=1, size=1).log_offset == 4
     assert s.counts()[:2] == (1, {TableBucket(s.table.table_id, 0): 1})
     assert s.close(held.scanner_id).error.code == 0
+
+
+def test_a_forged_update_leadership_is_refused_and_the_real_coordinator_still_leads(cluster, tmp_path):
+    c = cluster()
+    tablet = c.tablet(1, tmp_path / "t1")
+    table = c.admin.create_table("db.forged", SCHEMA, ["id"], 1)
+    stub = c.stub(table.table_id, 0)
+    put(stub, table, [{"id": 1, "v": "a"}])
+    table_dir = tmp_path / "t1" / str(table.table_id)
+    for epoch in (c.coordinator.epoch + 1, 1 << 40):  # an epoch ZooKeeper does not have: refused
+        forged = pb.UpdateLeadershipRequest(coordinator_epoch=epoch, server_id=1, dropped_tables=[table.table_id])
+        answer = stub.UpdateLeadership(forged, timeout=10)
+        assert answer.error.code == errors.ErrorCode.INVALID_REQUEST, answer
+        assert "not sent by the active coordinator" in answer.error.message
+    stale = pb.UpdateLeadershipRequest(coordinator_epoch=c.coordinator.epoch - 1, server_id=1)
+    assert stub.UpdateLeadership(stale, timeout=10).error.code == errors.ErrorCode.COORDINATOR_FENCED
+    assert table_dir.is_dir() and lookup(stub, table, [1]) == [{"id": 1, "v": "a"}]
+    assert tablet.replicas.coordinator_epoch == c.coordinator.epoch
+    # the real coordinator's next push is taken
+    other = c.admin.create_table("db.after_forgery", SCHEMA, ["id"], 1)
+    put(c.stub(other.table_id, 0), other, [{"id": 2, "v": "b"}])
+    assert lookup(stub, table, [1]) == [{"id": 1, "v": "a"}]
+
+
+def test_a_drop_push_for_a_live_table_keeps_its_data(cluster, tmp_path):
+    c = cluster()
+    tablet = c.tablet(1, tmp_path / "t1")
+    table = c.admin.create_table("db.kept", SCHEMA, ["id"], 1)
+    stub = c.stub(table.table_id, 0)
+    put(stub, table, [{"id": 1, "v": "a"}])
+    current = tablet.replicas.coordinator_epoch
+    forged = pb.UpdateLeadershipRequest(coordinator_epoch=current, server_id=1, dropped_tables=[table.table_id])
+    assert stub.UpdateLeadership(forged, timeout=10).error.code == 0  # same epoch: cannot be told apart
+    assert (tmp_path / "t1" / str(table.table_id)).is_dir()  # but ZooKeeper has the table: data kept
+    other = c.admin.create_table("db.kept2", SCHEMA, ["id"], 1)  # the coordinator pushes the full set again
+    c.stub(other.table_id, 0)
+    assert lookup(c.stub(table.table_id, 0), table, [1]) == [{"id": 1, "v": "a"}]
+
+
+def test_data_of_a_table_dropped_while_the_server_was_down_is_removed_at_registration(cluster, tmp_path):
+    c = cluster()
+    tablet = c.tablet(1, tmp_path / "t1")
+    dropped = c.admin.create_table("db.dropped_while_down", SCHEMA, ["id"], 1)
+    kept = c.admin.create_table("db.kept_while_down", SCHEMA, ["id"], 1)
+    for t in (dropped, kept):
+        put(c.stub(t.table_id, 0), t, [{"id": 1, "v": "a"}])
+    tablet.stop()
+    c.tablets.remove(tablet)
+    c.admin.drop_table("db.dropped_while_down")
+    assert (tmp_path / "t1" / str(dropped.table_id)).is_dir()
+    c.tablet(1, tmp_path / "t1")
+    assert not (tmp_path / "t1" / str(dropped.table_id)).exists()
+    assert lookup(c.stub(kept.table_id, 0), kept, [1]) == [{"id": 1, "v": "a"}]
+
+
+def test_trigger_snapshot_of_an_unknown_table_and_a_scan_of_a_dropped_table_say_so(cluster, tmp_path):
+    from tests.test_scan_server import Scan
+
+    s = Scan(cluster(), tmp_path)
+    put(s.stub, s.table, [{"id": i, "v": "x"} for i in range(10)])
+    answer = s.stub.TriggerSnapshot(pb.TriggerSnapshotRequest(table_id=12345, wait=True), timeout=30)
+    assert answer.error.code == errors.ErrorCode.TABLE_NOT_EXIST, answer
+    answer = s.stub.TriggerSnapshot(pb.TriggerSnapshotRequest(table_id=12345, buckets=[0], wait=True), timeout=30)
+    assert answer.error.code == errors.ErrorCode.TABLE_NOT_EXIST, answer
+    first = s.open(size=1)
+    assert first.has_more_results
+    s.c.admin.drop_table(f"{s.table.database}.{s.table.name}")
+    wait_until(lambda: s.counts()[0] == 0, 10, "the dropped table's scan sessions to end")
+    answer = s.next(first.scanner_id, 0, size=1)
+    assert answer.error.code == errors.ErrorCode.TABLE_NOT_EXIST, answer
+    assert "dropped" in answer.error.message
