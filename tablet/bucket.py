@@ -242,8 +242,8 @@ class BucketStore:
 
     def _check_bucket(self, keys: list[bytes], what: str) -> None:
         """InvalidRowError naming the first key that does not hash to this store's bucket."""
-        if self.bucket is None or not keys:
-            return
+        if self.bucket is None or not keys or self.table.buckets == 1:
+            return  # one bucket: every key is its
         n = self.table.buckets
         buckets = bucket_array(keys, n)
         wrong = np.flatnonzero(buckets != self.bucket)
@@ -258,8 +258,8 @@ class BucketStore:
 
     def _check_row_sizes(self, keys: list[bytes], values: list[bytes]) -> None:
         """RecordTooLargeError naming the first row whose encoded key + value exceeds ``max_row_bytes``."""
-        if not keys:
-            return
+        if not keys or max(map(len, keys)) + max(map(len, values)) <= self.max_row_bytes:
+            return  # the usual case, at half the cost of the exact sizes
         sizes = (np.fromiter(map(len, keys), np.int64, len(keys))
                  + np.fromiter(map(len, values), np.int64, len(values)))
         big = np.flatnonzero(sizes > self.max_row_bytes)
