@@ -51,7 +51,7 @@ from client.transport import RetryPolicy, rpc_error
 
 #: A bucket's part of a write or lookup bigger than this (Arrow bytes) is sent as several requests.
 #: An update writes the before- and after-image, so one write's changelog entry stays well under
-#: transport.MAX_MESSAGE_BYTES and FetchLog can always return it.
+#: common.limits.MAX_ENTRY_BYTES and FetchLog can always return it.
 MAX_REQUEST_BYTES = 16 << 20
 DEFAULT_RETRY_TOTAL_S = 30.0
 DEFAULT_FETCH_BYTES = 1 << 20

@@ -20,10 +20,10 @@ import tenacity
 
 from common import errors
 
-MAX_MESSAGE_BYTES = 64 << 20
+from common.limits import GRPC_MESSAGE_OPTIONS, MAX_MESSAGE_BYTES  # noqa: F401 (MAX_MESSAGE_BYTES: re-exported)
+
 GRPC_OPTIONS = (
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    *GRPC_MESSAGE_OPTIONS,  # the same sizes as every server's
     ("grpc.enable_retries", 0),  # RetryPolicy retries, after refreshing the routing
     # a restarted server is found again within a second, not after gRPC's default backoff (up to 2 min)
     ("grpc.initial_reconnect_backoff_ms", 100),

@@ -79,10 +79,15 @@ def bucket_of(key: bytes, num_buckets: int) -> int:
 
 def bucket_of_keys(keys: Iterable[bytes], num_buckets: int) -> list[int]:
     """:func:`bucket_of` of every key."""
+    return bucket_array(keys, num_buckets).tolist()
+
+
+def bucket_array(keys: Iterable[bytes], num_buckets: int) -> np.ndarray:
+    """:func:`bucket_of` of every key as a numpy ``uint64`` array."""
     if num_buckets < 1:
         raise ValueError(f"num_buckets must be at least 1, got {num_buckets}")
     crcs = np.fromiter(map(zlib.crc32, keys), dtype=np.uint64)
-    return (crcs % np.uint64(num_buckets)).tolist()
+    return crcs % np.uint64(num_buckets)
 
 
 def batch_to_ipc(batch: pa.RecordBatch) -> bytes:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from common.errors import KvLeaseError
+from common.limits import MAX_ROW_SIZE_BOUND
 
 
 class ConfigError(KvLeaseError):
@@ -62,6 +63,14 @@ def parse_size(value: Any) -> int:
         raise ValueError(f"not a size: {value!r} (use e.g. 512, 64kb, 4mb)")
     unit = m.group(2).lower() if m.group(2) else None
     return int(m.group(1)) * _SIZE_BYTES[unit]
+
+
+def _parse_row_size(value: Any) -> int:
+    size = parse_size(value)
+    if not 1 <= size <= MAX_ROW_SIZE_BOUND:
+        raise ValueError(f"{size} bytes is not between 1 and {MAX_ROW_SIZE_BOUND} (an update's changelog entry "
+                         "holds the row twice and must fit one gRPC message)")
+    return size
 
 
 def _parse_int(value: Any) -> int:
@@ -147,6 +156,9 @@ SNAPSHOT_UPLOAD_THREADS = _key("kv.snapshot.upload-threads", 8, _parse_int, "par
 # --- tablet servers: changelog ------------------------------------------------------
 LOG_FLUSH_FSYNC = _key("log.flush.fsync", True, _parse_bool, "fsync the changelog once per write batch")
 LOG_SEGMENT_BYTES = _key("log.segment.bytes", "64mb", parse_size, "roll a changelog segment past this size")
+MAX_ROW_SIZE = _key("table.max-row-size", "8mb", _parse_row_size,
+                    "largest row (encoded key + value) a write may carry; a bigger one is refused with "
+                    "RECORD_TOO_LARGE (at most 127mb: an update's changelog entry holds the row twice)")
 LOG_RETENTION = _key("log.retention", "7d", parse_duration_ms,
                      "keep changelog this long beyond what kept snapshots need")
 

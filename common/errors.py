@@ -48,6 +48,7 @@ class ErrorCode(enum.IntEnum):
     INVALID_ROW = 22
     INVALID_SNAPSHOT = 23
     COORDINATOR_NOT_READY = 24
+    RECORD_TOO_LARGE = 25
     PARTITION_NOT_EXISTS = 26
 
 
@@ -139,6 +140,12 @@ class InvalidScanRequestError(InvalidRequestError):
 
 class InvalidRowError(InvalidRequestError):
     code = ErrorCode.INVALID_ROW
+
+
+class RecordTooLargeError(InvalidRequestError):
+    """A row (or one write's changelog entry) is over its size limit (``table.max-row-size``)."""
+
+    code = ErrorCode.RECORD_TOO_LARGE
 
 
 class InvalidSnapshotError(InvalidRequestError):

@@ -22,6 +22,7 @@ from kazoo.protocol.states import KazooState
 
 from common import config as cfg
 from common import errors, zkpaths
+from common.limits import GRPC_SERVER_OPTIONS
 from common.proto import coordinator_pb2_grpc as pb_grpc
 from common.storage import RemoteStorage, open_storage
 from common.zk import dumps, loads, make_client
@@ -70,7 +71,8 @@ class CoordinatorServer:
     def start(self) -> "CoordinatorServer":
         c = self.config
         self._grpc = grpc.server(ThreadPoolExecutor(max_workers=c[cfg.COORDINATOR_RPC_THREADS],
-                                                    thread_name_prefix="coordinator-rpc"))
+                                                    thread_name_prefix="coordinator-rpc"),
+                                 options=list(GRPC_SERVER_OPTIONS))  # the same message sizes as every client's
         pb_grpc.add_CoordinatorServiceServicer_to_server(
             CoordinatorService(self, timeout_s=c[cfg.CLIENT_REQUEST_TIMEOUT] / 1000.0), self._grpc)
         host = c[cfg.COORDINATOR_HOST]

@@ -31,11 +31,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from common import config as cfg
-from common.errors import InvalidRequestError
+from common.errors import InvalidRequestError, InvalidRowError, RecordTooLargeError
+from common.limits import MAX_ENTRY_BYTES, MAX_ROW_SIZE_BOUND
 from common.tables import TableInfo
 from common.logentry import SCHEMA, ChangeType, LogEntry
 from tablet.changelog import Changelog, SegmentInfo
-from common.codec import RowCodec
+from common.codec import RowCodec, bucket_array
 from tablet.kvstore import APPLIED_KEY, META_CF, BucketStoreError, KvSnapshot, KvStore, checkpoint_log_offset
 
 __all__ = ["APPLIED_KEY", "META_CF", "BucketStore", "BucketStoreError", "KvSnapshot", "checkpoint_log_offset"]
@@ -55,9 +56,14 @@ class BucketStore:
     :meth:`open`.
     """
 
-    def __init__(self, dir: str, table: TableInfo, changelog: Changelog, kv: KvStore) -> None:
+    def __init__(self, dir: str, table: TableInfo, changelog: Changelog, kv: KvStore,
+                 bucket: int | None = None, max_row_bytes: int = MAX_ROW_SIZE_BOUND) -> None:
         self.dir = dir
         self.table = table
+        #: The bucket this store holds: every key written or looked up must hash to it (None: not checked).
+        self.bucket = bucket
+        #: The largest row (encoded key + value) a write may carry (``table.max-row-size``).
+        self.max_row_bytes = max_row_bytes
         self.codec = RowCodec(table)
         self._log = changelog
         self._kv = kv
@@ -72,7 +78,8 @@ class BucketStore:
 
     @classmethod
     def open(cls, dir: str, table: TableInfo, *, segment_bytes: int, fsync: bool = True,
-             memtable_bytes: int | None = None, clock_ms: Callable[[], int] | None = None) -> "BucketStore":
+             memtable_bytes: int | None = None, clock_ms: Callable[[], int] | None = None,
+             bucket: int | None = None, max_row_bytes: int = MAX_ROW_SIZE_BOUND) -> "BucketStore":
         """Open (creating if missing) the bucket in ``dir`` and replay the changelog into RocksDB.
 
         ``segment_bytes`` and ``fsync`` configure the changelog
@@ -82,7 +89,10 @@ class BucketStore:
         replays at most about that much changelog. Raises ChangelogError if
         the bucket is open elsewhere (the changelog's lock), CorruptLogError
         for a damaged changelog, BucketStoreError if RocksDB cannot open or
-        its applied offset lies outside the changelog.
+        its applied offset lies outside the changelog. ``bucket``: the bucket of
+        ``table`` it holds; writes and lookups of keys of another bucket are then
+        refused (InvalidRowError). ``max_row_bytes``: a row whose encoded key +
+        value is bigger is refused (RecordTooLargeError, ``table.max-row-size``).
         """
         os.makedirs(dir, exist_ok=True)
         changelog = Changelog(os.path.join(dir, "log"), segment_bytes=segment_bytes, fsync=fsync, clock_ms=clock_ms)
@@ -91,7 +101,7 @@ class BucketStore:
         except BaseException:
             changelog.close()
             raise
-        store = cls(dir, table, changelog, kv)
+        store = cls(dir, table, changelog, kv, bucket, max_row_bytes)
         try:
             store._recover()
         except BaseException:
@@ -101,9 +111,9 @@ class BucketStore:
 
     @classmethod
     def from_config(cls, dir: str, table: TableInfo, config: cfg.Config,
-                    clock_ms: Callable[[], int] | None = None) -> "BucketStore":
+                    clock_ms: Callable[[], int] | None = None, bucket: int | None = None) -> "BucketStore":
         return cls.open(dir, table, segment_bytes=config[cfg.LOG_SEGMENT_BYTES], fsync=config[cfg.LOG_FLUSH_FSYNC],
-                        clock_ms=clock_ms)
+                        clock_ms=clock_ms, bucket=bucket, max_row_bytes=config[cfg.MAX_ROW_SIZE])
 
     def close(self) -> None:
         """Close the open snapshots, RocksDB (flushing it) and the changelog. Idempotent."""
@@ -175,7 +185,9 @@ class BucketStore:
         deletes; a key written twice ends with its last write and gets the
         change records of each step. A write that changes nothing (no rows,
         only deletes of missing keys) appends nothing and returns ``(end,
-        end)``. A rejected batch (InvalidRowError) changes nothing.
+        end)``. A rejected batch (InvalidRowError: also a key of another
+        bucket; RecordTooLargeError: a row over ``max_row_bytes``, or a write
+        whose changelog entry would not fit one gRPC message) changes nothing.
 
         Raises ChangelogError if the changelog append failed (the store then
         refuses writes: reopen it); BucketStoreError if applying to RocksDB
@@ -187,8 +199,11 @@ class BucketStore:
         del_keys: list[bytes] = []
         if upserts is not None:
             up_keys, up_values = self.codec.encode(upserts)
+            self._check_bucket(up_keys, "upsert")
+            self._check_row_sizes(up_keys, up_values)
         if deletes is not None:
             del_keys = self.codec.encode_keys(deletes)
+            self._check_bucket(del_keys, "delete")
         keys = up_keys + del_keys if del_keys else up_keys
         with self.write_lock:
             self._check_writable()
@@ -203,6 +218,11 @@ class BucketStore:
             if not records.num_rows:
                 end = self._log.end_offset
                 return end, end
+            if records.nbytes > MAX_ENTRY_BYTES:
+                raise RecordTooLargeError(
+                    f"this write's changelog entry would be {records.nbytes} bytes, over {MAX_ENTRY_BYTES} "
+                    f"(one gRPC message; an update holds the row twice): send fewer rows per write",
+                    size=records.nbytes)
             try:
                 base, nxt = self._log.append_batch(records)
             except BaseException as exc:
@@ -219,6 +239,37 @@ class BucketStore:
 
     def _apply(self, put_keys: list[bytes], put_values: list[bytes], gone: list[bytes], next_offset: int) -> None:
         self._kv.write(put_keys, put_values, gone, next_offset)
+
+    def _check_bucket(self, keys: list[bytes], what: str) -> None:
+        """InvalidRowError naming the first key that does not hash to this store's bucket."""
+        if self.bucket is None or not keys or self.table.buckets == 1:
+            return  # one bucket: every key is its
+        n = self.table.buckets
+        buckets = bucket_array(keys, n)
+        wrong = np.flatnonzero(buckets != self.bucket)
+        if not wrong.size:
+            return
+        i = int(wrong[0])
+        key = self.codec.decode_keys([keys[i]]).to_pylist()[0]
+        raise InvalidRowError(f"{what} row {i} (key {key}) belongs to bucket {int(buckets[i])} of table "
+                              f"{self.table.table_id}, not to bucket {self.bucket}; {len(wrong)} of {len(keys)} "
+                              f"rows are of another bucket (bucket = crc32(encoded key) % {n})",
+                              row=i, bucket=int(buckets[i]))
+
+    def _check_row_sizes(self, keys: list[bytes], values: list[bytes]) -> None:
+        """RecordTooLargeError naming the first row whose encoded key + value exceeds ``max_row_bytes``."""
+        if not keys or max(map(len, keys)) + max(map(len, values)) <= self.max_row_bytes:
+            return  # the usual case, at half the cost of the exact sizes
+        sizes = (np.fromiter(map(len, keys), np.int64, len(keys))
+                 + np.fromiter(map(len, values), np.int64, len(values)))
+        big = np.flatnonzero(sizes > self.max_row_bytes)
+        if not big.size:
+            return
+        i = int(big[0])
+        key = self.codec.decode_keys([keys[i]]).to_pylist()[0]
+        raise RecordTooLargeError(f"upsert row {i} (key {key}) is {int(sizes[i])} bytes, over the limit of "
+                                  f"{self.max_row_bytes} bytes (table.max-row-size); {big.size} of {len(keys)} "
+                                  f"rows are too large", row=i, size=int(sizes[i]))
 
     def _check_writable(self) -> None:
         self._check_open()
@@ -239,6 +290,7 @@ class BucketStore:
         Raises InvalidRowError for a bad key batch.
         """
         encoded = self.codec.encode_keys(keys)
+        self._check_bucket(encoded, "lookup")
         self._check_open()
         values = pa.array(self._kv.get(encoded), pa.binary())
         found = values.is_valid().to_numpy(zero_copy_only=False)

@@ -3,7 +3,12 @@
 The coordinator pushes the full set of led buckets (:meth:`ReplicaManager.
 update_leadership`); buckets no longer led are closed (their data stays on
 disk: with one replica per bucket they come back here), dropped tables'
-data is deleted. A snapshot is: RocksDB checkpoint -> upload of the SST files
+data is deleted. ZooKeeper has the last word (``current_epoch`` and
+``table_gone``, read through the tablet's own session): a push from a
+coordinator epoch newer than the last one confirmed is taken only if it is
+ZooKeeper's current epoch, and a table's data is deleted only once its
+``/tables/{id}`` node is gone (also for tables dropped while this server was
+down: :meth:`ReplicaManager.remove_dropped_tables`). A snapshot is: RocksDB checkpoint -> upload of the SST files
 the last committed snapshot does not have + a manifest -> CommitKvSnapshot.
 """
 
@@ -49,8 +54,15 @@ class Replica:
 
 class ReplicaManager:
     def __init__(self, data_dir: str, config: cfg.Config, storage: RemoteStorage, admin,
-                 clock_ms: Callable[[], int] = lambda: int(time.time() * 1000)) -> None:
+                 clock_ms: Callable[[], int] = lambda: int(time.time() * 1000), *,
+                 current_epoch: Callable[[], int] | None = None,
+                 table_gone: Callable[[int], bool] | None = None) -> None:
+        """``current_epoch()``: the active coordinator's epoch as ZooKeeper has it now;
+        ``table_gone(table_id)``: ZooKeeper has no ``/tables/{id}``. Both may raise
+        RetriableError; None trusts the pushes (no ZooKeeper: unit tests)."""
         self.data_dir = data_dir
+        self.current_epoch = current_epoch
+        self.table_gone = table_gone
         self.config = config
         self.storage = storage
         self.admin = admin  # client.admin.AdminClient: snapshot commits and listings
@@ -58,9 +70,10 @@ class ReplicaManager:
         self.coordinator_epoch = 0
         self._replicas: dict[tuple[int, int], Replica] = {}
         self._lock = threading.Lock()
-        #: ``(table_id, bucket)`` callbacks run as a bucket stops being led, after it left the map and
-        #: before its store closes (live scans end their sessions there).
-        self.close_listeners: list[Callable[[int, int], None]] = []
+        #: ``(table_id, bucket, dropped)`` callbacks run as a bucket stops being led (``dropped``: its
+        #: table was dropped), after it left the map and before its store closes (live scans end their
+        #: sessions there).
+        self.close_listeners: list[Callable[[int, int, bool], None]] = []
         os.makedirs(data_dir, exist_ok=True)
 
     # -- leadership -----------------------------------------------------------------------
@@ -70,30 +83,81 @@ class ReplicaManager:
 
     def update_leadership(self, coordinator_epoch: int, led: list[tuple[TableInfo, int, int]],
                           dropped_tables: list[int]) -> None:
-        """Lead exactly ``led`` ``(table, bucket, leader_epoch)``; delete dropped tables' data."""
+        """Lead exactly ``led`` ``(table, bucket, leader_epoch)``; delete dropped tables' data.
+
+        Raises CoordinatorFencedError for an epoch older than the last one taken
+        or than ZooKeeper's, InvalidRequestError for one newer than ZooKeeper's
+        (not a coordinator's): nothing changes then. A dropped table whose node
+        ZooKeeper still has keeps its data.
+        """
         with self._lock:
             if coordinator_epoch < self.coordinator_epoch:
                 raise errors.CoordinatorFencedError(
                     f"leadership from coordinator epoch {coordinator_epoch} < {self.coordinator_epoch}")
-            self.coordinator_epoch = coordinator_epoch
+            if coordinator_epoch > self.coordinator_epoch:
+                self._confirm_epoch(coordinator_epoch)
             wanted = {(t.table_id, b): (t, epoch) for t, b, epoch in led}
+            gone = set()
+            for table_id in set(dropped_tables) - {k[0] for k in wanted}:
+                if self._gone(table_id):
+                    gone.add(table_id)
+                else:
+                    log.warning("push of coordinator epoch %d drops table %d, which ZooKeeper still has: "
+                                "its data stays", coordinator_epoch, table_id)
+            self.coordinator_epoch = coordinator_epoch
             for key in [k for k in self._replicas if k not in wanted]:
-                self._close(key)
+                self._close(key, dropped=key[0] in gone)
             for key, (table, epoch) in wanted.items():
                 replica = self._replicas.get(key)
                 if replica is not None:
                     replica.leader_epoch = epoch
                     continue
                 self._replicas[key] = self._open(table, key[1], epoch)
-            for table_id in dropped_tables:
-                for key in [k for k in self._replicas if k[0] == table_id]:
-                    self._close(key)
+            for table_id in sorted(gone):
                 shutil.rmtree(os.path.join(self.data_dir, str(table_id)), ignore_errors=True)
         log.info("leading %d buckets (coordinator epoch %d)", len(wanted), coordinator_epoch)
 
+    def _confirm_epoch(self, coordinator_epoch: int) -> None:
+        """Take a newer coordinator epoch only if it is ZooKeeper's current one. A confirmed
+        epoch is kept (``self.coordinator_epoch``): pushes of the same epoch read nothing."""
+        if self.current_epoch is None:
+            return
+        current = self.current_epoch()
+        if coordinator_epoch < current:
+            raise errors.CoordinatorFencedError(
+                f"leadership from coordinator epoch {coordinator_epoch}, but ZooKeeper's current coordinator "
+                f"epoch is {current}: that coordinator was deposed")
+        if coordinator_epoch > current:
+            raise errors.InvalidRequestError(
+                f"leadership from coordinator epoch {coordinator_epoch}, but ZooKeeper's current coordinator "
+                f"epoch is {current}: not sent by the active coordinator, refused")
+
+    def _gone(self, table_id: int) -> bool:
+        return True if self.table_gone is None else self.table_gone(table_id)
+
+    def remove_dropped_tables(self) -> list[int]:
+        """Delete the local data of tables ZooKeeper no longer has (dropped while this server was
+        down, or a drop push that did not arrive); returns their ids. Table ids are never reused."""
+        removed = []
+        with self._lock:
+            led = {table_id for table_id, _bucket in self._replicas}
+            try:
+                names = os.listdir(self.data_dir)
+            except FileNotFoundError:
+                return []
+            for name in sorted(names):
+                if not name.isdigit() or int(name) in led:
+                    continue
+                if self._gone(int(name)):
+                    shutil.rmtree(os.path.join(self.data_dir, name), ignore_errors=True)
+                    removed.append(int(name))
+        if removed:
+            log.info("removed the local data of dropped tables %s", removed)
+        return removed
+
     def _open(self, table: TableInfo, bucket: int, epoch: int) -> Replica:
         store = BucketStore.from_config(self.bucket_dir(table.table_id, bucket), table, self.config,
-                                        clock_ms=self.clock_ms)
+                                        clock_ms=self.clock_ms, bucket=bucket)
         tb = TableBucket(table.table_id, bucket)
         base = self._latest_snapshot(tb)
         uploader = SnapshotUploader(self.storage, tb, io_threads=self.config[cfg.SNAPSHOT_UPLOAD_THREADS],
@@ -113,11 +177,11 @@ class ReplicaManager:
         info = latest.get(tb)
         return info.handle if info else None
 
-    def _close(self, key: tuple[int, int]) -> None:
+    def _close(self, key: tuple[int, int], dropped: bool = False) -> None:
         replica = self._replicas.pop(key)
         for listener in self.close_listeners:
             try:
-                listener(*key)
+                listener(*key, dropped)
             except Exception:  # the store closes anyway
                 log.exception("close listener of bucket %s failed", key)
         with replica.snapshot_lock:
@@ -129,6 +193,14 @@ class ReplicaManager:
             raise errors.NotLeaderError(f"this tablet server does not lead bucket {bucket} of table {table_id}",
                                         table_id=table_id, bucket=bucket)
         return replica
+
+    def check_table(self, table_id: int) -> None:
+        """TableNotExistError if no bucket of ``table_id`` is led here and ZooKeeper has no such table."""
+        if any(key[0] == table_id for key in list(self._replicas)):
+            return
+        if self._gone(table_id):
+            raise errors.TableNotExistError(f"table id {table_id} does not exist (never created, or dropped)",
+                                            table_id=table_id)
 
     def replicas(self, table_id: int | None = None) -> list[Replica]:
         return sorted((r for r in list(self._replicas.values()) if table_id is None or r.table.table_id == table_id),

@@ -35,7 +35,8 @@ OPEN_CALL = -1
 CLOSED = "closed"          # the client closed it
 FINISHED = "finished"      # its last batch was served
 EXPIRED = "expired"        # idle longer than kv.scanner.ttl
-NOT_LEADER = "not-leader"  # its bucket is no longer led here (or its table was dropped)
+NOT_LEADER = "not-leader"  # its bucket is no longer led here
+DROPPED = "dropped"        # its table was dropped
 FAILED = "failed"          # building a batch failed: its cursor is unknown
 SHUTDOWN = "shutdown"      # the server stops
 
@@ -125,10 +126,11 @@ class Tick(Event):
 
 @dataclass(frozen=True)
 class CloseBucket(Event):
-    """The bucket is no longer led here (or its table was dropped)."""
+    """The bucket is no longer led here, or (``dropped``) its table was dropped."""
 
     bucket: TableBucket
     now_ms: int
+    dropped: bool = False
 
 
 @dataclass(frozen=True)
@@ -309,7 +311,7 @@ class ScannerManager(StateMachine):
     @on(CloseBucket)
     def _on_closebucket(self, ev: CloseBucket) -> list[object]:
         return self._end_all([s for s, session in self.sessions.items() if session.bucket == ev.bucket],
-                             NOT_LEADER, ev.now_ms)
+                             DROPPED if ev.dropped else NOT_LEADER, ev.now_ms)
 
     @on(CloseAll)
     def _on_closeall(self, ev: CloseAll) -> list[object]:
@@ -319,7 +321,8 @@ class ScannerManager(StateMachine):
         out: list[object] = []
         for sid in sids:
             session = self.sessions[sid]
-            self.gone[sid] = (NOT_LEADER, now_ms, session.last_call)  # later calls: find the new leader
+            # later calls: find the new leader, or learn that the table is gone
+            self.gone[sid] = (DROPPED if reason == DROPPED else NOT_LEADER, now_ms, session.last_call)
             if session.in_flight is not None:
                 session.ending = reason if session.ending in (None, CLOSED) else session.ending
             else:
@@ -337,11 +340,13 @@ class ScannerManager(StateMachine):
 
     def _gone_error(self, sid: bytes, now_ms: int) -> errors.KvLeaseError:
         why, at, _call = self.gone.get(sid, (None, 0, 0))
-        if why in (EXPIRED, NOT_LEADER) and now_ms - at <= 2 * self.ttl_ms:
+        if why in (EXPIRED, NOT_LEADER, DROPPED) and now_ms - at <= 2 * self.ttl_ms:
             if why == EXPIRED:
                 return errors.ScannerExpiredError(
                     f"scanner {sid.hex()} expired after more than {self.ttl_ms} ms idle (kv.scanner.ttl); "
                     "open a new scan (after the last resume_key to continue)")
+            if why == DROPPED:
+                return errors.TableNotExistError(f"scanner {sid.hex()} was closed: its table was dropped")
             return errors.NotLeaderError(f"scanner {sid.hex()} was closed: its bucket is no longer led here; "
                                          "open a new scan on the new leader")
         return errors.UnknownScannerIdError(f"unknown scanner id {sid.hex()} (finished, closed, or never opened)")
@@ -360,4 +365,4 @@ class ScannerManager(StateMachine):
             assert s.limit is None or s.rows <= s.limit, (sid, s)
             assert s.last_call is not None or s.in_flight == OPEN_CALL, (sid, s)
             if sid in self.gone:
-                assert s.ending is not None and self.gone[sid][0] == NOT_LEADER, (sid, s)
+                assert s.ending is not None and self.gone[sid][0] in (NOT_LEADER, DROPPED), (sid, s)

@@ -178,10 +178,11 @@ class ScanService:
         self._free(released)
         return len(released)
 
-    def close_bucket(self, table_id: int, bucket: int) -> None:
-        """End the bucket's sessions (it is no longer led here); returns once none reads its store."""
+    def close_bucket(self, table_id: int, bucket: int, dropped: bool = False) -> None:
+        """End the bucket's sessions (it is no longer led here, or its table was ``dropped``);
+        returns once none reads its store."""
         tb = TableBucket(table_id, bucket)
-        self._end(scan.CloseBucket(tb, self.clock_ms()), tb)
+        self._end(scan.CloseBucket(tb, self.clock_ms(), dropped), tb)
 
     def _end(self, event: object, bucket: TableBucket | None) -> None:
         with self._lock:
@@ -321,6 +322,10 @@ class ScanService:
             if isinstance(out[0], scan.Serve):
                 self._sessions[sid] = session
         if isinstance(out[0], scan.Refuse):
+            if isinstance(out[0].error, errors.TooManyScannersError):
+                empty = self._empty_answer(req, tb, limit)
+                if empty is not None:  # nothing to read: no session needed, so no limit applies
+                    return sid, empty
             self.metrics.refused.labels(out[0].error.code.name).inc()
             raise out[0].error
         self.metrics.opened.inc()
@@ -353,6 +358,30 @@ class ScanService:
                 response.scanner_id = sid
             self._served(sid, session, scan.OPEN_CALL, budget, response)
         return sid, response
+
+    def _empty_answer(self, req: pb.BucketScanReqPb, tb: TableBucket, limit: int | None) -> pb.ScanKvResponse | None:
+        """The whole answer of an open that reads no row (an empty bucket or range, or limit 0):
+        no rows and the snapshot's ``log_offset``; None if there are rows to read."""
+        replica = self.replicas.get(tb.table_id, tb.bucket)
+        with replica.store.write_lock:
+            if self.replicas.get(tb.table_id, tb.bucket) is not replica:
+                raise errors.NotLeaderError(f"bucket {tb.bucket} of table {tb.table_id} changed leader")
+            snapshot = replica.store.snapshot()
+        try:
+            if limit != 0:
+                it = snapshot._live()
+                if req.HasField("start_after_key"):
+                    it.seek(req.start_after_key + b"\x00")
+                else:
+                    it.seek_to_first()
+                has_rows = it.valid()
+                del it
+                if has_rows:
+                    return None
+            return pb.ScanKvResponse(records=scan_batch.records_ipc([]), record_count=0, has_more_results=False,
+                                     log_offset=snapshot.log_offset)
+        finally:
+            snapshot.close()
 
     def _continue(self, sid: bytes, call: int, batch_size_bytes: int) -> pb.ScanKvResponse:
         out, session = self._handle(scan.Continue(sid, call, self.clock_ms()))

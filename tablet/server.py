@@ -20,6 +20,7 @@ from kazoo.protocol.states import KazooState
 
 from common import config as cfg
 from common import errors, zkpaths
+from common.limits import GRPC_SERVER_OPTIONS
 from common.proto import tablet_pb2_grpc as pb_grpc
 from common.storage import RemoteStorage, open_storage
 from common.zk import dumps, loads, make_client
@@ -30,8 +31,7 @@ from tablet.service import TabletService
 
 log = logging.getLogger(__name__)
 
-GRPC_OPTIONS = [("grpc.max_receive_message_length", 256 * 1024 * 1024),
-                ("grpc.max_send_message_length", 256 * 1024 * 1024)]
+GRPC_OPTIONS = list(GRPC_SERVER_OPTIONS)  # the same message sizes as every client's
 
 
 class TabletServer:
@@ -57,7 +57,8 @@ class TabletServer:
             self.storage = open_storage(c[cfg.REMOTE_DATA_DIR], c)
         self.zk = make_client(c)
         self.admin = AdminClient([self._active_coordinator() or "127.0.0.1:0"], c, locate=self._active_coordinator)
-        self.replicas = ReplicaManager(c[cfg.TABLET_DATA_DIR], c, self.storage, self.admin)
+        self.replicas = ReplicaManager(c[cfg.TABLET_DATA_DIR], c, self.storage, self.admin,
+                                       current_epoch=self._zk_coordinator_epoch, table_gone=self._zk_table_gone)
         self.scans = ScanService(self.replicas, c).start()
         self._grpc = grpc.server(ThreadPoolExecutor(max_workers=c[cfg.TABLET_RPC_THREADS],
                                                     thread_name_prefix="tablet-rpc"), options=GRPC_OPTIONS)
@@ -112,6 +113,37 @@ class TabletServer:
         except Exception:  # no active coordinator right now
             return ""
 
+    def _zk_coordinator_epoch(self) -> int:
+        """The active coordinator's epoch as ZooKeeper has it now (``/coordinators/epoch``; its data
+        names the epoch its version fences; 0: no coordinator was ever elected)."""
+        try:
+            self.zk.sync(zkpaths.EPOCH)  # read what the quorum has, not a lagging server's view
+            data, stat = self.zk.get(zkpaths.EPOCH)
+        except NoNodeError:
+            return 0
+        except Exception as exc:  # connection loss and the like: the coordinator retries its push
+            raise errors.NetworkError(f"cannot read the coordinator epoch from ZooKeeper: {exc!r}") from None
+        try:
+            return int((loads(data) or {}).get("epoch", stat.version))
+        except (ValueError, TypeError, AttributeError):
+            return stat.version
+
+    def _zk_table_gone(self, table_id: int) -> bool:
+        """ZooKeeper has no ``/tables/{table_id}``: the table was dropped (ids are never reused)."""
+        path = zkpaths.table(table_id)
+        try:
+            self.zk.sync(path)
+            return self.zk.exists(path) is None
+        except Exception as exc:
+            raise errors.NetworkError(f"cannot learn from ZooKeeper whether table {table_id} exists: "
+                                      f"{exc!r}") from None
+
+    def _remove_dropped_tables(self) -> None:
+        try:
+            self.replicas.remove_dropped_tables()
+        except errors.KvLeaseError as exc:  # tried again at the next registration
+            log.warning("cannot remove the data of dropped tables: %s", exc)
+
     def _register_at_start(self) -> None:
         """Register; a node left by this server's previous life (kill -9) goes away when
         its session expires, so wait up to twice the session timeout for that."""
@@ -119,6 +151,7 @@ class TabletServer:
         while True:
             try:
                 self._register()
+                self._remove_dropped_tables()
                 return
             except errors.KvLeaseError:
                 if time.monotonic() > deadline:
@@ -153,6 +186,7 @@ class TabletServer:
                 if self.zk.connected:
                     self._register()
                     self._register_needed.clear()
+                    self._remove_dropped_tables()
                     continue
             except (errors.KvLeaseError, NoNodeError, Exception) as exc:  # retried below
                 log.warning("registration failed: %s", exc)

@@ -106,6 +106,7 @@ class TabletService(pb_grpc.TabletServiceServicer):
 
     def TriggerSnapshot(self, request, context):
         def work():
+            self.replicas.check_table(request.table_id)
             if request.buckets:
                 targets = [self.replicas.get(request.table_id, b) for b in request.buckets]
             else:

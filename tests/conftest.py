@@ -52,6 +52,7 @@ TEST_DEFAULTS: dict[str, Any] = {
     "remote.file.fsync": False,
     "metrics.port": -1,
     "coordinator.port": 0,
+    "tablet.port": 0,
 }
 
 _LOG_TAIL_LINES = 150

@@ -39,6 +39,7 @@ PINNED = {
     "INVALID_ROW": 22,
     "INVALID_SNAPSHOT": 23,
     "COORDINATOR_NOT_READY": 24,
+    "RECORD_TOO_LARGE": 25,
     "PARTITION_NOT_EXISTS": 26,
 }
 
@@ -68,6 +69,7 @@ CLASSES = {
     ErrorCode.INVALID_ROW: errors.InvalidRowError,
     ErrorCode.INVALID_SNAPSHOT: errors.InvalidSnapshotError,
     ErrorCode.COORDINATOR_NOT_READY: errors.CoordinatorNotReadyError,
+    ErrorCode.RECORD_TOO_LARGE: errors.RecordTooLargeError,
     ErrorCode.PARTITION_NOT_EXISTS: errors.PartitionNotExistsError,
 }
 

@@ -17,7 +17,7 @@ from common.errors import ErrorCode
 from common.proto import tablet_pb2 as pb
 from common.model import TableBucket
 from tablet import scan_batch
-from common.codec import RowCodec, ipc_to_batch
+from common.codec import RowCodec, bucket_of, ipc_to_batch
 from tests.test_tablet_server import SCHEMA, Cluster, put, wait_until
 from tests.test_tablet_server import cluster  # noqa: F401  (the fixture)
 
@@ -281,8 +281,10 @@ def _fd_count() -> int:
 
 def test_limits_hold_under_1000_concurrent_opens_and_everything_is_freed(scans):
     s = scans({"kv.scanner.max-per-bucket": 8, "kv.scanner.max-per-server": 20}, buckets=4)
-    for b in range(4):
-        put(s.stubs[b], s.table, ids_rows(5, start=b * 1000), bucket=b)
+    keys = s.codec.encode_keys(s.codec.to_batch([{"id": i} for i in range(200)]).select(["id"]))
+    for b in range(4):  # five rows of each bucket, written to their bucket
+        ids = [i for i, key in enumerate(keys) if bucket_of(key, 4) == b][:5]
+        put(s.stubs[b], s.table, [{"id": i, "v": f"v{i}"} for i in ids], bucket=b)
 
     def storm(n, buckets):  # n opens at once from 200 client threads
         with ThreadPoolExecutor(max_workers=200) as pool:
