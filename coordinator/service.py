@@ -19,7 +19,7 @@ from common.wire import (bucket_from_pb, bucket_snapshots_from_pb, bucket_snapsh
                          handle_to_pb, lease_to_pb, refusing_partition_ids, table_to_pb)
 from common.tables import Column, TableSpec
 from coordinator import requests as rq
-from coordinator.snapshot_checks import check_manifest
+from coordinator.snapshot_checks import check_log_end, check_manifest
 from leases import state as ls
 
 log = logging.getLogger(__name__)
@@ -75,8 +75,15 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
 
     def CommitKvSnapshot(self, request, context):
         handle = handle_from_pb(request.snapshot)
-        return self._run(rq.CommitSnapshot(handle), pb.CommitKvSnapshotResponse, lambda _r: {},
-                         check=lambda: check_manifest(self.server.storage, handle))
+        def check():
+            check_manifest(self.server.storage, handle)
+            _table, rows = self.server.serving_loop().submit(
+                rq.GetTableAssignment(handle.bucket.table_id)).result(timeout=self.timeout_s)
+            leader = next((address for bucket, _id, address, _epoch in rows if bucket == handle.bucket.bucket), "")
+            if leader:
+                check_log_end(handle, leader, self.timeout_s)
+
+        return self._run(rq.CommitSnapshot(handle), pb.CommitKvSnapshotResponse, lambda _r: {}, check=check)
 
     def _snapshots(self, request, response_cls, latest_only):
         return self._run(rq.ListSnapshots(request.table_id, latest_only), response_cls,

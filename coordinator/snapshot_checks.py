@@ -12,14 +12,20 @@ when:
   ``log_offset`` and files with their sizes (:func:`check_manifest`, a remote
   read: run in the gRPC handler's thread, never on the event loop).
 
-The log offset is checked against the manifest the tablet server wrote, not
-against the bucket's log end (that would need a ListOffsets round trip to the
-leader inside every commit): a commit cannot claim more than its manifest.
+- its ``log_offset`` is not beyond the bucket's changelog end, as the bucket's
+  leader answers ListOffsets (:func:`check_log_end`, one round trip per
+  commit, also in the handler's thread). A bucket with no live leader has no
+  end to compare with; its commit is judged by its manifest alone.
 """
 
 from __future__ import annotations
 
+import grpc
+
 from common import errors
+from common.limits import GRPC_MESSAGE_OPTIONS
+from common.proto import tablet_pb2, tablet_pb2_grpc
+from common.wire import error_from_pb
 from common.kvsnapshot import bucket_dir, manifest_path, read_manifest
 from common.model import SnapshotHandle
 from common.storage import RemoteStorage, StorageNotFound
@@ -65,3 +71,23 @@ def check_manifest(storage: RemoteStorage, handle: SnapshotHandle) -> None:
         raise errors.InvalidSnapshotError(
             f"{what}: its files differ from its manifest's (not in the manifest: {extra[:3]}, "
             f"missing: {missing[:3]})")
+
+
+def check_log_end(handle: SnapshotHandle, leader_address: str, timeout_s: float = 10.0) -> None:
+    """Raises InvalidSnapshotError when ``handle.log_offset`` is beyond the changelog end the bucket's
+    leader (at ``leader_address``) reports; the leader's own error (e.g. NOT_LEADER) if it has one."""
+    request = tablet_pb2.ListOffsetsRequest(table_id=handle.bucket.table_id, buckets=[handle.bucket.bucket])
+    try:
+        with grpc.insecure_channel(leader_address, options=GRPC_MESSAGE_OPTIONS) as channel:
+            response = tablet_pb2_grpc.TabletServiceStub(channel).ListOffsets(request, timeout=timeout_s)
+    except grpc.RpcError as exc:
+        raise errors.LeaderNotAvailableError(
+            f"cannot ask the leader of bucket {handle.bucket} ({leader_address}) for its log end: "
+            f"{exc.code().name}") from None
+    (offsets,) = response.offsets
+    if offsets.error.code:
+        raise error_from_pb(offsets.error)
+    if handle.log_offset > offsets.latest:
+        raise errors.InvalidSnapshotError(
+            f"snapshot {handle.snapshot_id} of bucket {handle.bucket}: log offset {handle.log_offset} is beyond "
+            f"the bucket's changelog end {offsets.latest}")

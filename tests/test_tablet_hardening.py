@@ -175,3 +175,21 @@ def test_trigger_snapshot_of_an_unknown_table_and_a_scan_of_a_dropped_table_say_
     answer = s.next(first.scanner_id, 0, size=1)
     assert answer.error.code == errors.ErrorCode.TABLE_NOT_EXIST, answer
     assert "dropped" in answer.error.message
+
+
+def test_a_commit_beyond_the_buckets_log_end_is_refused(cluster, tmp_path):
+    from tests.snapshot_manifests import commit_snapshot
+
+    c = cluster()
+    c.tablet(1, tmp_path / "t1")
+    table = c.admin.create_table("db.log_end", SCHEMA, ["id"], 1)
+    stub = c.stub(table.table_id, 0)
+    put(stub, table, [{"id": i, "v": "a"} for i in range(5)])
+    end = fetch_all(stub, table)[1].log_end_offset
+    tb = TableBucket(table.table_id, 0)
+    with pytest.raises(errors.InvalidSnapshotError, match=f"log offset {end + 1} is beyond the bucket's changelog "
+                                                          f"end {end}"):
+        commit_snapshot(c.admin, tb, 10**15, end + 1)
+    assert c.admin.get_latest_kv_snapshots(table.table_id) == {}  # nothing stored
+    commit_snapshot(c.admin, tb, 7, end)  # at the end: fine (a real snapshot's manifest agrees too)
+    assert c.admin.get_latest_kv_snapshots(table.table_id)[tb].snapshot_id == 7
