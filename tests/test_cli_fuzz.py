@@ -93,6 +93,7 @@ def stubbed_side_effects(monkeypatch, tmp_path):
     monkeypatch.setattr(local_cluster, "stop", lambda *a, **k: {"stopped": []})
     monkeypatch.setattr(demo_run, "run_demo", lambda *a, **k: {"ok": True})
     monkeypatch.setattr(demo_run, "render", lambda doc: "demo")
+    monkeypatch.setattr(demo_run, "keep_hint", lambda doc: "kept")
     monkeypatch.setattr(bench_suite, "main", lambda name, args, json_output=False: 0)
     real_load = plugins.load_drill
 
