@@ -9,13 +9,14 @@ import pytest
 
 from common import errors
 from common.codec import RowCodec, batch_to_ipc
-from common.model import SnapshotHandle, TableBucket
+from common.model import TableBucket
 from common.proto import coordinator_pb2 as cpb
 from common.proto import coordinator_pb2_grpc as cpb_grpc
 from common.proto import tablet_pb2 as tpb
 from common.wire import refuse_partition_ids, table_to_pb
 from coordinator.server import CoordinatorServer
 from client.admin import AdminClient
+from tests.snapshot_manifests import commit_snapshot, snapshot
 from tests.test_tablet_server import SCHEMA, Cluster, lookup, put
 
 #: Every RPC whose request names a table bucket (or a table's buckets), per service.
@@ -85,8 +86,9 @@ def coordinator(make_config):
         with AdminClient([server.address], retry_total_s=10) as admin, \
                 grpc.insecure_channel(server.address) as channel:
             table = admin.create_table("db.t", SCHEMA, ["id"], 2)
-            admin.commit_kv_snapshot(SnapshotHandle(TableBucket(table.table_id, 0), 1, 10,
-                                                    f"kv/{table.table_id}/0/snap-1/_METADATA"))
+            commit_snapshot(admin, TableBucket(table.table_id, 0), 1, 10)
+            # the manifest of the snapshot the CommitKvSnapshot requests below name
+            snapshot(admin.coordinator_info().remote_storage(), TableBucket(table.table_id, 1), 1, 5)
             admin.acquire_lease("held", {TableBucket(table.table_id, 0): 1}, 600_000)
             yield admin, cpb_grpc.CoordinatorServiceStub(channel), table
     finally:
