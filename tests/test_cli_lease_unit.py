@@ -39,6 +39,15 @@ class FakeAdmin:
     def list_tables(self, database=""):
         return [self.info]
 
+    def create_table(self, path, columns, primary_key, buckets, ignore_if_exists=False):
+        """Like the coordinator: db.t exists; another table is created (id 8)."""
+        if path == "db.t":
+            if not ignore_if_exists:
+                raise errors.TableAlreadyExistError("table db.t already exists")
+            return self.info
+        db, name = path.split(".")
+        return TableInfo(8, db, name, tuple(columns), tuple(primary_key), buckets)
+
     def drop_table(self, path, ignore_if_not_exists=False):
         """Like AdminClient.drop_table: True if it dropped db.t, False if there was none."""
         if path == "db.t":
@@ -135,3 +144,15 @@ def test_table_drop_if_exists_says_whether_there_was_a_table(fake_admin, path, t
     assert doc == {"table": path, "dropped": dropped}
     if not dropped:
         assert "does not exist" in assert_one_line_error(run("--bootstrap", "127.0.0.1:1", "table", "drop", path))
+
+
+def test_create_if_not_exists_says_whether_it_created(fake_admin):
+    created = run("table", "create", "db.new", "--schema", "id BIGINT", "--primary-key", "id", "--buckets", "2",
+                  "--if-not-exists", "--json", "--bootstrap", "h:1")
+    assert created.exit_code == 0 and json.loads(created.stdout)["created"] is True
+    again = run("table", "create", "db.t", "--schema", "id BIGINT", "--primary-key", "id", "--buckets", "3",
+                "--if-not-exists", "--bootstrap", "h:1")
+    assert again.exit_code == 0 and "already exists with this definition (id 7): nothing created" in again.stdout
+    doc = json.loads(run("table", "create", "db.t", "--schema", "id BIGINT", "--primary-key", "id", "--buckets", "3",
+                         "--if-not-exists", "--json", "--bootstrap", "h:1").stdout)
+    assert (doc["created"], doc["table_id"]) == (False, 7)

@@ -33,8 +33,21 @@ def table_create(state: State, path: str, schema: str, primary_key: str, buckets
     except errors.KvLeaseError as exc:
         raise click.BadParameter(exc.message, param_hint="'--schema'") from None
     keys = [k.strip() for k in primary_key.split(",") if k.strip()]
+    existed = if_not_exists and _exists(state, path)
     info = state.client.create_table(path, columns, keys, buckets, ignore_if_exists=if_not_exists)
-    state.output.message(f"created table {info.path} (id {info.table_id}, {info.buckets} buckets)", out.table_doc(info))
+    if existed:  # the coordinator checked that its definition is the one asked for
+        text = f"table {info.path} already exists with this definition (id {info.table_id}): nothing created"
+    else:
+        text = f"created table {info.path} (id {info.table_id}, {info.buckets} buckets)"
+    state.output.message(text, {**out.table_doc(info), "created": not existed})
+
+
+def _exists(state: State, path: str) -> bool:
+    try:
+        state.client.get_table(path)
+        return True
+    except errors.TableNotExistError:
+        return False
 
 
 @table_group.command("list")
