@@ -353,6 +353,13 @@ def _wait_active(doc: dict[str, Any], procs: list[subprocess.Popen], timeout_s: 
                     raise ClusterError(f"no coordinator became active within {timeout_s:.0f}s\n{_logs(doc)}") from None
 
 
+def _fail_if_tablets_exited(doc: dict[str, Any], procs: list[subprocess.Popen]) -> None:
+    dead = [(t, proc.returncode) for t, proc in zip(doc["tablets"], procs) if proc.poll() is not None]
+    if dead:
+        which = ", ".join(f"{t['id']} (exit code {code})" for t, code in dead)
+        raise ClusterError(f"tablet server(s) {which} exited\n{_logs(doc, 'tablets')}")
+
+
 def _wait_tablets(doc: dict[str, Any], procs: list[subprocess.Popen], timeout_s: float, admin_client) -> None:
     """Until every tablet server of ``doc`` is registered (ListTabletServers of the active coordinator)."""
     wanted = {int(t["id"]) for t in doc["tablets"]}
@@ -361,10 +368,7 @@ def _wait_tablets(doc: dict[str, Any], procs: list[subprocess.Popen], timeout_s:
     registered: set[int] = set()
     with admin_client(addresses, request_timeout_s=2.0, retry_total_s=0) as client:
         while True:
-            dead = [(t, proc.returncode) for t, proc in zip(doc["tablets"], procs) if proc.poll() is not None]
-            if dead:
-                which = ", ".join(f"{t['id']} (exit code {code})" for t, code in dead)
-                raise ClusterError(f"tablet server(s) {which} exited\n{_logs(doc, 'tablets')}")
+            _fail_if_tablets_exited(doc, procs)
             try:
                 registered = {s.id for s in client.list_tablet_servers()}
             except KvLeaseError:
@@ -384,10 +388,7 @@ def _wait_served(doc: dict[str, Any], procs: list[subprocess.Popen], timeout_s: 
     deadline = time.monotonic() + timeout_s
     unserved: list[str] = ["(no answer from a coordinator)"]
     while True:
-        dead = [(t, proc.returncode) for t, proc in zip(doc["tablets"], procs) if proc.poll() is not None]
-        if dead:
-            which = ", ".join(f"{t['id']} (exit code {code})" for t, code in dead)
-            raise ClusterError(f"tablet server(s) {which} exited\n{_logs(doc, 'tablets')}")
+        _fail_if_tablets_exited(doc, procs)
         try:
             unserved = served_buckets(doc)["unserved"]
         except KvLeaseError as exc:
