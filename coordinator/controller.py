@@ -79,9 +79,15 @@ class Controller(Dispatcher):
                                       metrics=metrics)
         self.snapshot_commits = SnapshotCommits(
             zk, self.files, num_retained=num_retained, clock_ms=clock_ms,
-            is_protected=lambda tb, sid: self.leases.is_protected(tb, sid),
+            is_protected=self._is_protected,
             holders=lambda tb, sid: self.leases.refs.holders(tb, sid))
         self.tables = Tables(catalog, self.members, self.lease_shell, self.snapshot_commits, clock_ms)
+
+    def _is_protected(self, tb: TableBucket, snapshot_id: int) -> bool:
+        """Leased (or about to be), or of a table an unreadable lease names (it may hold any of them)."""
+        store = self.lease_shell.store
+        return (self.leases.is_protected(tb, snapshot_id)
+                or bool(store.unreadable) and tb.table_id in store.unreadable_tables())
 
     def close(self) -> None:
         self.files.close()
@@ -149,7 +155,7 @@ class Controller(Dispatcher):
         for tb, sid in dangling:
             log.warning("lease refers to snapshot %s of %s which is not stored", sid, tb)
         self.snapshot_commits.reclaim({h.bucket for h in self.snapshots.all()})
-        self.snapshots.validate(self.leases.is_protected)
+        self.snapshots.validate(self._is_protected)
         stats = {"tables": len(self.catalog.by_id), "snapshots": sum(1 for _ in self.snapshots.all()),
                  "leases": len(loaded), "graced": len(restored.graced), "expired": len(restored.expired),
                  "orphan_files": "deferred" if defer_orphans else len(orphans),

@@ -232,6 +232,11 @@ class LeaseStore:
         self._paths = {name: dict(tables) for name, tables in layout.items()}
         self.unreadable = dict(unreadable or {})
 
+    def unreadable_tables(self) -> set[int]:
+        """Tables an unreadable lease names: which of their snapshots it holds is unknown, so
+        none of them may be reclaimed until the lease is replaced or its node deleted."""
+        return {table_id for name in self.unreadable for table_id in self._paths.get(name, {})}
+
     def unreferenced(self, listed) -> list[str]:
         """The files of ``listed`` no lease points at (to be called with no write in flight)."""
         referenced = {p for tables in self._paths.values() for p in tables.values()}

@@ -307,6 +307,39 @@ def test_a_coordinator_starts_and_serves_with_a_lease_file_deleted(make_config):
         second.stop()
 
 
+def test_snapshots_an_unreadable_lease_may_hold_are_not_reclaimed(make_config):
+    """Which snapshots a lease with a missing file holds is unknown: none of its tables' snapshots
+    are reclaimed (at takeover or on later commits) until the lease is acquired again."""
+    config = make_config({"client.retry.total-timeout": "10s"})  # 2 snapshots retained per bucket
+    first = CoordinatorServer(config).start()
+    try:
+        assert first.wait_active(15)
+        with AdminClient([first.address], retry_total_s=10) as admin:
+            t = admin.create_table("db.t", [Column("id", "BIGINT")], ["id"], 1)
+            tb = TableBucket(t.table_id, 0)
+            admin.commit_kv_snapshot(snapshot(first.storage, tb, 1, 10))
+            admin.acquire_lease("lost", {tb: 1}, 600_000)
+            for sid in (2, 3):
+                admin.commit_kv_snapshot(snapshot(first.storage, tb, sid, 10 * sid))
+            lost_file = next(p for p in first.storage.list("lease/kv-snapshot") if "/lost/" in p)
+    finally:
+        first.stop()
+    first.storage.delete(lost_file)
+    second = CoordinatorServer(config).start()
+    try:
+        assert second.wait_active(15)
+        with AdminClient([second.address], retry_total_s=10) as admin:
+            stored = lambda: sorted(s.snapshot_id for s in admin.list_kv_snapshots(tb.table_id))  # noqa: E731
+            assert stored() == [1, 2, 3]  # snapshot 1 is neither retained nor (known to be) leased
+            admin.commit_kv_snapshot(snapshot(second.storage, tb, 4, 40))
+            assert stored() == [1, 2, 3, 4]
+            admin.acquire_lease("lost", {tb: 4}, 600_000)  # replaces it: its holdings are known again
+            admin.commit_kv_snapshot(snapshot(second.storage, tb, 5, 50))
+            assert stored() == [4, 5]
+    finally:
+        second.stop()
+
+
 def test_a_table_definition_over_the_zookeeper_limit_is_refused_and_the_coordinator_stays(client, pair, table):
     active, _ = pair
     epoch = active.epoch
