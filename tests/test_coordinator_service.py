@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import re
 import time
 import urllib.request
@@ -272,10 +274,11 @@ def test_commit_without_a_matching_manifest_is_refused(client, pair, table):
     assert client.get_latest_kv_snapshots(table.table_id)[tb].handle.snapshot_id == 6
 
 
-def test_a_coordinator_starts_and_serves_with_a_lease_file_deleted(make_config):
-    """Reinitialization through the standby's lease mirror: the lease whose file is gone is left
-    out (logged, kvlease_lease_files_unreadable), its node is kept, the other leases serve."""
-    config = make_config({"metrics.port": 0, "client.retry.total-timeout": "10s"})
+@contextlib.contextmanager
+def restarted_without_lease_file(config, setup):
+    """A coordinator runs ``setup(admin, storage, tb)`` on table db.t (1 bucket, snapshot 1 committed,
+    lease "lost" holding it) and stops; the "lost" lease's file is deleted; yields a second
+    coordinator started on the same cluster, and ``tb``."""
     first = CoordinatorServer(config).start()
     try:
         assert first.wait_active(15)
@@ -284,13 +287,24 @@ def test_a_coordinator_starts_and_serves_with_a_lease_file_deleted(make_config):
             tb = TableBucket(t.table_id, 0)
             admin.commit_kv_snapshot(snapshot(first.storage, tb, 1, 10))
             admin.acquire_lease("lost", {tb: 1}, 600_000)
-            admin.acquire_lease("kept", {tb: 1}, 600_000)
+            setup(admin, first.storage, tb)
             lost_file = next(p for p in first.storage.list("lease/kv-snapshot") if "/lost/" in p)
     finally:
         first.stop()
     first.storage.delete(lost_file)
     second = CoordinatorServer(config).start()
     try:
+        yield second, tb
+    finally:
+        second.stop()
+
+
+def test_a_coordinator_starts_and_serves_with_a_lease_file_deleted(make_config):
+    """Reinitialization through the standby's lease mirror: the lease whose file is gone is left
+    out (logged, kvlease_lease_files_unreadable), its node is kept, the other leases serve."""
+    config = make_config({"metrics.port": 0, "client.retry.total-timeout": "10s"})
+    keep = lambda admin, storage, tb: admin.acquire_lease("kept", {tb: 1}, 600_000)  # noqa: E731
+    with restarted_without_lease_file(config, keep) as (second, tb):
         assert second.wait_active(15), "the coordinator must not crash-loop on a missing lease file"
         assert second.reinit_stats["unreadable_leases"] == ["lost"]
         with AdminClient([second.address], retry_total_s=10) as admin:
@@ -303,41 +317,27 @@ def test_a_coordinator_starts_and_serves_with_a_lease_file_deleted(make_config):
         epoch = second.epoch
         time.sleep(0.5)
         assert second.is_active and second.epoch == epoch  # no step-down, no election loop
-    finally:
-        second.stop()
 
 
 def test_snapshots_an_unreadable_lease_may_hold_are_not_reclaimed(make_config):
     """Which snapshots a lease with a missing file holds is unknown: none of its tables' snapshots
     are reclaimed (at takeover or on later commits) until the lease is acquired again."""
     config = make_config({"client.retry.total-timeout": "10s"})  # 2 snapshots retained per bucket
-    first = CoordinatorServer(config).start()
-    try:
-        assert first.wait_active(15)
-        with AdminClient([first.address], retry_total_s=10) as admin:
-            t = admin.create_table("db.t", [Column("id", "BIGINT")], ["id"], 1)
-            tb = TableBucket(t.table_id, 0)
-            admin.commit_kv_snapshot(snapshot(first.storage, tb, 1, 10))
-            admin.acquire_lease("lost", {tb: 1}, 600_000)
-            for sid in (2, 3):
-                admin.commit_kv_snapshot(snapshot(first.storage, tb, sid, 10 * sid))
-            lost_file = next(p for p in first.storage.list("lease/kv-snapshot") if "/lost/" in p)
-    finally:
-        first.stop()
-    first.storage.delete(lost_file)
-    second = CoordinatorServer(config).start()
-    try:
+
+    def newer_snapshots(admin, storage, tb):  # snapshot 1 is now neither retained nor (known to be) leased
+        for sid in (2, 3):
+            admin.commit_kv_snapshot(snapshot(storage, tb, sid, 10 * sid))
+
+    with restarted_without_lease_file(config, newer_snapshots) as (second, tb):
         assert second.wait_active(15)
         with AdminClient([second.address], retry_total_s=10) as admin:
             stored = lambda: sorted(s.snapshot_id for s in admin.list_kv_snapshots(tb.table_id))  # noqa: E731
-            assert stored() == [1, 2, 3]  # snapshot 1 is neither retained nor (known to be) leased
+            assert stored() == [1, 2, 3]
             admin.commit_kv_snapshot(snapshot(second.storage, tb, 4, 40))
             assert stored() == [1, 2, 3, 4]
             admin.acquire_lease("lost", {tb: 4}, 600_000)  # replaces it: its holdings are known again
             admin.commit_kv_snapshot(snapshot(second.storage, tb, 5, 50))
             assert stored() == [4, 5]
-    finally:
-        second.stop()
 
 
 def test_a_table_definition_over_the_zookeeper_limit_is_refused_and_the_coordinator_stays(client, pair, table):
