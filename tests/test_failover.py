@@ -240,6 +240,11 @@ def test_acknowledged_leases_survive_kill_9_of_the_active(config, coordinator_pr
         short = client.acquire_lease("short-after", {buckets[0]: 1}, 1_000)
         gone_at = wait_gone(client, "short-after", 10)
         assert gone_at - short.expiration_time / 1000 <= CHECK_INTERVAL_MS / 1000 + EXPIRY_SLACK_S
+        # describe hides a lease once its deadline passed; the expiry timer then drops its node, and
+        # its file is deleted after the node: wait for both (bounded), then nothing else may be left
+        wait_until(lambda: not zk.exists(zkpaths.lease("short-after"))
+                   and not [p for p in storage.list(LEASE_FILES) if "/short-after/" in p],
+                   CHECK_INTERVAL_MS / 1000 + EXPIRY_SLACK_S + 5, "the expired lease's node and file are deleted")
         assert_lease_files_consistent(zk, storage)
     finally:
         zk.stop()
