@@ -110,3 +110,32 @@ def test_a_plaintext_client_against_tls_gets_a_clear_error_quickly(make_config, 
         assert "TLS" in info.value.message, info.value.message
     finally:
         server.stop()
+
+
+def test_cli_tls_options_turn_tls_on_and_a_missing_file_is_named(tmp_path):
+    from tests.cli_runner import assert_one_line_error, run
+
+    missing = str(tmp_path / "nope.pem")
+    line = assert_one_line_error(run("--bootstrap", "127.0.0.1:1", "--ca-file", missing, "table", "list"))
+    assert "security.tls.ca-file" in line and missing in line
+    line = assert_one_line_error(run("--bootstrap", "127.0.0.1:1", "table", "list", env={"KVLEASE_CA_FILE": missing}))
+    assert missing in line
+
+
+def test_a_cluster_dir_names_its_client_certificate(tmp_path):
+    import json
+
+    from client.cluster_dir import cluster_dir_security
+    from ops.cli.app import State
+
+    paths = certs.generate(tmp_path / "certs")
+    (tmp_path / "cluster.json").write_text(json.dumps({
+        "coordinators": [{"address": "127.0.0.1:1"}],
+        "security": {"ca_file": str(paths.ca), "cert_file": str(paths.client_cert),
+                     "key_file": str(paths.client_key), "client_auth": True}}))
+    settings = cluster_dir_security(tmp_path)
+    assert settings["security.enabled"] and settings["security.tls.cert-file"] == str(paths.client_cert)
+    tls = TlsFiles.from_config(State(cluster=str(tmp_path)).config())
+    assert tls.client_auth and tls.cert == paths.client_cert.read_bytes()
+    (tmp_path / "cluster.json").write_text(json.dumps({"coordinators": [{"address": "127.0.0.1:1"}]}))
+    assert cluster_dir_security(tmp_path) == {}
