@@ -42,6 +42,7 @@ def test_secure_cluster_and_cli(cluster_dir, tmp_path):
         assert "db.t" in kvlease("--bootstrap", address, *tls, "table", "list").stdout
         plain = kvlease("--bootstrap", address, "--retry-timeout", "0s", "table", "list", check=False)
         assert plain.returncode == 1 and "TLS" in plain.stderr, plain.stderr
+        assert len(plain.stderr.strip().splitlines()) == 1, plain.stderr  # gRPC logs nothing of its own
         kvlease("cluster", "stop", "--dir", d)
     except BaseException:
         print_logs(cluster_dir)
