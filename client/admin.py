@@ -20,6 +20,7 @@ from common import errors
 from common.proto import coordinator_pb2 as pb
 from common.proto import coordinator_pb2_grpc as pb_grpc
 from client.transport import RETRIABLE, Channels, RetryPolicy, rpc_error
+from common.tls import TlsFiles
 from common.wire import (bucket_snapshots_from_pb, bucket_snapshots_to_pb, bucket_to_pb, handle_from_pb, handle_to_pb,
                          lease_from_pb, raise_for, table_from_pb)
 from common.tables import Column, TableInfo, parse_table_path
@@ -133,7 +134,8 @@ class AdminClient:
         self._timeout_s = request_timeout_s or config[cfg.CLIENT_REQUEST_TIMEOUT] / 1000.0
         self.retry = RetryPolicy(retry_total_s if retry_total_s is not None else config[cfg.CLIENT_RETRY_TOTAL] / 1000.0,
                                  config[cfg.CLIENT_RETRY_MAX_WAIT] / 1000.0)
-        self._channels = Channels()
+        self.tls = TlsFiles.from_config(config)  # None: plaintext
+        self._channels = Channels(tls=self.tls)
         self._lock = threading.Lock()
 
     # -- plumbing ---------------------------------------------------------------

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 from dataclasses import dataclass, replace
 from typing import Any, Callable
@@ -19,6 +20,7 @@ import grpc
 import tenacity
 
 from common import errors
+from common.tls import TlsFiles
 
 from common.limits import GRPC_MESSAGE_OPTIONS, MAX_MESSAGE_BYTES  # noqa: F401 (MAX_MESSAGE_BYTES: re-exported)
 
@@ -30,15 +32,25 @@ GRPC_OPTIONS = (
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
 )
+#: What gRPC reports when TLS does not match: a TLS server closes a plaintext connection (and, under mutual
+#: TLS, one without a client certificate) right away; a TLS client fails its handshake with a plaintext server.
+_TLS_HINTS = re.compile(r"socket closed|handshake|ssl", re.IGNORECASE)
 #: What a client retries: every error a later attempt may not meet (see common.errors).
 RETRIABLE: tuple[type[BaseException], ...] = errors.RETRIABLE
 
 
 class Channels:
-    """One gRPC channel per address, created on first use; ``close`` closes them all."""
+    """One gRPC channel per address, created on first use; ``close`` closes them all.
 
-    def __init__(self, options: tuple = GRPC_OPTIONS) -> None:
+    With ``tls`` (see :meth:`common.tls.TlsFiles.from_config`) every channel is
+    a TLS channel verifying the server against the CA; this is the one place
+    kvlease makes a channel to a coordinator or tablet server.
+    """
+
+    def __init__(self, options: tuple = GRPC_OPTIONS, *, tls: TlsFiles | None = None) -> None:
         self._options = list(options)
+        self.tls = tls
+        self._credentials = tls.channel_credentials() if tls is not None else None
         self._channels: dict[str, grpc.Channel] = {}
         self._lock = threading.Lock()
 
@@ -46,7 +58,10 @@ class Channels:
         with self._lock:
             channel = self._channels.get(address)
             if channel is None:
-                channel = grpc.insecure_channel(address, options=self._options)
+                if self._credentials is None:
+                    channel = grpc.insecure_channel(address, options=self._options)
+                else:
+                    channel = grpc.secure_channel(address, self._credentials, options=self._options)
                 self._channels[address] = channel
             return channel
 
@@ -102,6 +117,11 @@ def rpc_error(exc: grpc.RpcError, method: str, address: str, *, timeout_s: float
     """
     code = exc.code() if hasattr(exc, "code") else None
     details = exc.details() if hasattr(exc, "details") else str(exc)
+    if code == grpc.StatusCode.UNAVAILABLE and _TLS_HINTS.search(details or ""):
+        return errors.NetworkError(
+            f"cannot reach {peer} {address}: UNAVAILABLE ({details.split('last error: ')[-1]}); is it a TLS "
+            "mismatch? (a TLS server closes plaintext connections and, under mutual TLS, those without a client "
+            "certificate: check security.enabled and security.tls.* on both sides)", address=address)
     if code == grpc.StatusCode.UNAVAILABLE:
         return errors.NetworkError(f"cannot reach {peer} {address}: UNAVAILABLE", address=address)
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:

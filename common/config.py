@@ -171,6 +171,18 @@ SCANNER_MAX_PER_SERVER = _key("kv.scanner.max-per-server", 200, _parse_int, "ope
 SCANNER_MAX_BATCH_SIZE = _key("kv.scanner.max-batch-size", "10mb", parse_size,
                              "largest scan batch a server returns, whatever the client asks for")
 
+# --- security: TLS ----------------------------------------------------------------
+SECURITY_ENABLED = _key("security.enabled", False, _parse_bool,
+                        "TLS on every gRPC port of coordinators and tablet servers, and in every client "
+                        "(the security.tls.* files must then be set)")
+TLS_CERT_FILE = _key("security.tls.cert-file", "", str,
+                     "PEM certificate this process presents (a server's; a client's under mutual TLS)")
+TLS_KEY_FILE = _key("security.tls.key-file", "", str, "PEM private key of security.tls.cert-file")
+TLS_CA_FILE = _key("security.tls.ca-file", "", str,
+                   "PEM CA certificates a server's (and, under mutual TLS, a client's) certificate is verified against")
+TLS_CLIENT_AUTH = _key("security.tls.client-auth", False, _parse_bool,
+                       "mutual TLS: servers require a client certificate signed by security.tls.ca-file")
+
 # --- clients ---------------------------------------------------------------------
 CLIENT_REQUEST_TIMEOUT = _key("client.request-timeout", "30s", parse_duration_ms, "deadline of one client request")
 CLIENT_RETRY_MAX_WAIT = _key("client.retry.max-wait", "2s", parse_duration_ms, "longest backoff between client retries")

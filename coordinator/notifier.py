@@ -16,6 +16,7 @@ import grpc
 
 from client.transport import Channels, RetryPolicy, rpc_error
 from common import errors
+from common.tls import TlsFiles
 from common.wire import raise_for, table_to_pb
 from common.proto import tablet_pb2 as pb
 from common.proto import tablet_pb2_grpc as pb_grpc
@@ -24,7 +25,8 @@ log = logging.getLogger(__name__)
 
 
 class LeadershipNotifier:
-    def __init__(self, coordinator_epoch: int, *, retry_total_s: float = 30.0, threads: int = 4) -> None:
+    def __init__(self, coordinator_epoch: int, *, retry_total_s: float = 30.0, threads: int = 4,
+                 tls: TlsFiles | None = None) -> None:
         self.epoch = coordinator_epoch
         self.retry_total_s = retry_total_s
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="leadership-push")
@@ -32,7 +34,7 @@ class LeadershipNotifier:
         self._pending: dict[int, tuple[str, list, set[int]]] = {}
         self._sending: set[int] = set()  # one sender per server keeps pushes in order
         self._closed = threading.Event()
-        self._channels = Channels()
+        self._channels = Channels(tls=tls)
 
     def push(self, server_id: int, address: str, led: list, dropped: list[int]) -> None:
         with self._lock:

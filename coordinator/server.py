@@ -25,6 +25,7 @@ from common import errors, zkpaths
 from common.limits import GRPC_SERVER_OPTIONS
 from common.proto import coordinator_pb2_grpc as pb_grpc
 from common.storage import RemoteStorage, open_storage
+from common.tls import TlsFiles, add_port
 from common.zk import dumps, loads, make_client
 from coordinator.controller import Controller
 from coordinator.fencing import FencedWriter, bump_epoch
@@ -70,13 +71,14 @@ class CoordinatorServer:
 
     def start(self) -> "CoordinatorServer":
         c = self.config
+        self.tls = TlsFiles.from_config(c, server=True)  # a bad file is refused before anything starts
         self._grpc = grpc.server(ThreadPoolExecutor(max_workers=c[cfg.COORDINATOR_RPC_THREADS],
                                                     thread_name_prefix="coordinator-rpc"),
                                  options=list(GRPC_SERVER_OPTIONS))  # the same message sizes as every client's
         pb_grpc.add_CoordinatorServiceServicer_to_server(
-            CoordinatorService(self, timeout_s=c[cfg.CLIENT_REQUEST_TIMEOUT] / 1000.0), self._grpc)
+            CoordinatorService(self, timeout_s=c[cfg.CLIENT_REQUEST_TIMEOUT] / 1000.0, tls=self.tls), self._grpc)
         host = c[cfg.COORDINATOR_HOST]
-        port = self._grpc.add_insecure_port(f"{host}:{c[cfg.COORDINATOR_PORT]}")
+        port = add_port(self._grpc, f"{host}:{c[cfg.COORDINATOR_PORT]}", self.tls)
         if port == 0:
             raise errors.KvLeaseError(f"cannot bind coordinator to {host}:{c[cfg.COORDINATOR_PORT]}")
         self.address = f"{host}:{port}"
@@ -191,7 +193,7 @@ class CoordinatorServer:
             self.epoch = epoch
             log.info("coordinator %s elected, epoch %d: reinitializing", self.address, epoch)
             c = self.config
-            notifier = LeadershipNotifier(epoch)
+            notifier = LeadershipNotifier(epoch, tls=self.tls)
             controller = Controller(self.zk, self.storage, num_retained=c[cfg.SNAPSHOT_NUM_RETAINED],
                                     max_lease_ms=c[cfg.LEASE_MAX_DURATION], grace_ms=c[cfg.LEASE_FAILOVER_GRACE],
                                     clock_ms=self.clock_ms, metrics=self.metrics, notify=notifier.push)

@@ -27,7 +27,8 @@ log = logging.getLogger(__name__)
 
 @refusing_partition_ids(pb.DESCRIPTOR.services_by_name["CoordinatorService"])
 class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
-    def __init__(self, server, timeout_s: float = 30.0) -> None:
+    def __init__(self, server, timeout_s: float = 30.0, tls=None) -> None:
+        self.tls = tls  # common.tls.TlsFiles: how to reach a bucket's leader
         self.server = server  # coordinator.server.CoordinatorServer
         self.timeout_s = timeout_s
 
@@ -81,7 +82,7 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
                 rq.GetTableAssignment(handle.bucket.table_id)).result(timeout=self.timeout_s)
             leader = next((address for bucket, _id, address, _epoch in rows if bucket == handle.bucket.bucket), "")
             if leader:
-                check_log_end(handle, leader, self.timeout_s)
+                check_log_end(handle, leader, self.timeout_s, tls=self.tls)
 
         return self._run(rq.CommitSnapshot(handle), pb.CommitKvSnapshotResponse, lambda _r: {}, check=check)
 

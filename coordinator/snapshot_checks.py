@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import grpc
 
+from client.transport import Channels
 from common import errors
+from common.tls import TlsFiles
 from common.limits import GRPC_MESSAGE_OPTIONS
 from common.proto import tablet_pb2, tablet_pb2_grpc
 from common.wire import error_from_pb
@@ -73,17 +75,21 @@ def check_manifest(storage: RemoteStorage, handle: SnapshotHandle) -> None:
             f"missing: {missing[:3]})")
 
 
-def check_log_end(handle: SnapshotHandle, leader_address: str, timeout_s: float = 10.0) -> None:
+def check_log_end(handle: SnapshotHandle, leader_address: str, timeout_s: float = 10.0,
+                  tls: TlsFiles | None = None) -> None:
     """Raises InvalidSnapshotError when ``handle.log_offset`` is beyond the changelog end the bucket's
     leader (at ``leader_address``) reports; the leader's own error (e.g. NOT_LEADER) if it has one."""
     request = tablet_pb2.ListOffsetsRequest(table_id=handle.bucket.table_id, buckets=[handle.bucket.bucket])
+    channels = Channels(GRPC_MESSAGE_OPTIONS, tls=tls)
     try:
-        with grpc.insecure_channel(leader_address, options=GRPC_MESSAGE_OPTIONS) as channel:
-            response = tablet_pb2_grpc.TabletServiceStub(channel).ListOffsets(request, timeout=timeout_s)
+        stub = channels.stub(leader_address, tablet_pb2_grpc.TabletServiceStub)
+        response = stub.ListOffsets(request, timeout=timeout_s)
     except grpc.RpcError as exc:
         raise errors.LeaderNotAvailableError(
             f"cannot ask the leader of bucket {handle.bucket} ({leader_address}) for its log end: "
             f"{exc.code().name}") from None
+    finally:
+        channels.close()
     (offsets,) = response.offsets
     if offsets.error.code:
         raise error_from_pb(offsets.error)

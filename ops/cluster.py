@@ -8,7 +8,13 @@ D/zookeeper/...              ZooKeeper's data and logs (ops.zookeeper)
 D/coordinator-{i}/config.toml, coordinator.log, pid
 D/tablet-{i}/config.toml, tablet.log, pid, data/   (tablet.id = i)
 D/remote/                    remote.data.dir unless --remote names another
+D/certs/                     with --secure: a throwaway CA, the nodes' and the clients' certificates
 ```
+
+With ``secure=True`` every process gets ``security.enabled`` and mutual TLS
+(the node certificate) in its config; cluster.json's ``security`` names the CA
+and the client certificate, so clients of the directory use TLS on their own
+(:func:`client_config`).
 
 Start order: ZooKeeper, the coordinators (until one is active), then the
 tablet servers (until every one is registered with the active coordinator).
@@ -23,6 +29,7 @@ launch (a recycled pid is never signalled).
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -35,6 +42,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
+from client.cluster_dir import security_settings
 from common import config as cfg
 from common.errors import KvLeaseError
 
@@ -160,6 +168,11 @@ def bootstrap(directory: str | os.PathLike[str]) -> list[str]:
     return addresses
 
 
+def client_config(doc: Mapping[str, Any]) -> cfg.Config:
+    """The config a client of this cluster needs: its TLS settings, if it has any (the environment ignored)."""
+    return cfg.Config(security_settings(doc), env={})
+
+
 def _all_procs(doc: dict[str, Any], *roles: str) -> list[tuple[int, int | None]]:
     return [(p["pid"], p.get("proc_start")) for role in roles for p in doc.get(role, []) if p.get("pid")]
 
@@ -246,7 +259,7 @@ def _default_remote(directory: Path) -> str:
 def start(directory: str | os.PathLike[str], *, zk_nodes: int = 1, coordinators: int = 1, tablets: int = 0,
           remote: str | None = None, ready_timeout_s: float = 60.0,
           progress: Progress = lambda text: None,
-          config_overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+          config_overrides: Mapping[str, Any] | None = None, secure: bool = False) -> dict[str, Any]:
     """Start ZooKeeper, the coordinators and the tablet servers in ``directory``; returns the
     cluster.json document.
 
@@ -254,6 +267,7 @@ def start(directory: str | os.PathLike[str], *, zk_nodes: int = 1, coordinators:
     is registered with it. ``config_overrides`` (dotted keys) go into every
     coordinator's and tablet server's config file. On any failure everything
     started here is stopped again and a ClusterError carries the log tails.
+    ``secure`` generates certificates in ``directory/certs`` and turns on mutual TLS.
     """
     from client.admin import AdminClient, wait_for_active
     from ops.zookeeper import ZooKeeperCluster
@@ -282,6 +296,16 @@ def start(directory: str | os.PathLike[str], *, zk_nodes: int = 1, coordinators:
 
     doc: dict[str, Any] = {"zookeeper": [], "coordinators": [], "tablets": [], "remote": remote,
                            "zk_root": ZK_ROOT, "zookeeper_connect": ""}
+    if secure:
+        from ops import certs
+
+        paths = certs.generate(directory / "certs")
+        overrides.update({cfg.SECURITY_ENABLED.name: True, cfg.TLS_CA_FILE.name: str(paths.ca),
+                          cfg.TLS_CERT_FILE.name: str(paths.node_cert), cfg.TLS_KEY_FILE.name: str(paths.node_key),
+                          cfg.TLS_CLIENT_AUTH.name: True})
+        doc["security"] = {"ca_file": str(paths.ca), "cert_file": str(paths.client_cert),
+                           "key_file": str(paths.client_key), "client_auth": True}
+    admin_client = functools.partial(AdminClient, config=client_config(doc))
     zk = None
     procs: list[subprocess.Popen] = []
     try:
@@ -307,7 +331,7 @@ def start(directory: str | os.PathLike[str], *, zk_nodes: int = 1, coordinators:
             save(directory, doc)
 
         progress("waiting for an active coordinator")
-        _wait_active(doc, procs, ready_timeout_s, AdminClient, wait_for_active)
+        _wait_active(doc, procs, ready_timeout_s, admin_client, wait_for_active)
 
         if tablets:
             progress(f"starting {tablets} tablet server{'s' if tablets > 1 else ''}")
@@ -319,7 +343,7 @@ def start(directory: str | os.PathLike[str], *, zk_nodes: int = 1, coordinators:
                 doc["tablets"].append(entry)
                 save(directory, doc)
             progress("waiting for the tablet servers to register")
-            _wait_tablets(doc, tablet_procs, ready_timeout_s, AdminClient)
+            _wait_tablets(doc, tablet_procs, ready_timeout_s, admin_client)
             progress("waiting until every bucket has a serving leader")
             _wait_served(doc, tablet_procs, ready_timeout_s)
         return doc
@@ -434,7 +458,7 @@ def status(directory: str | os.PathLike[str], request_timeout_s: float = 2.0) ->
         result["zookeeper"].append({"id": node["id"], "pid": node["pid"], "address": node["address"],
                                     "alive": pid_alive(node["pid"], node.get("proc_start"))})
     addresses = [c["address"] for c in doc.get("coordinators", [])] or ["127.0.0.1:0"]
-    with AdminClient(addresses, request_timeout_s=request_timeout_s, retry_total_s=0) as client:
+    with AdminClient(addresses, client_config(doc), request_timeout_s=request_timeout_s, retry_total_s=0) as client:
         for c in doc.get("coordinators", []):
             alive = pid_alive(c["pid"], c.get("proc_start"))
             entry = {"id": c["id"], "pid": c["pid"], "address": c["address"], "active": False, "epoch": None,
@@ -454,7 +478,8 @@ def status(directory: str | os.PathLike[str], request_timeout_s: float = 2.0) ->
             tablets_error = "no active coordinator to ask which tablet servers are registered"
         else:
             try:
-                with AdminClient([active["address"]], request_timeout_s=request_timeout_s, retry_total_s=0) as client:
+                with AdminClient([active["address"]], client_config(doc), request_timeout_s=request_timeout_s,
+                                 retry_total_s=0) as client:
                     servers = {str(s.id): s for s in client.list_tablet_servers()}
             except KvLeaseError as exc:
                 tablets_error = f"coordinator {active['id']} ({active['address']}): {exc.message}"
@@ -543,7 +568,7 @@ def restart(directory: str | os.PathLike[str], role: str, node_id: str | int,
         if role == "zookeeper":
             ready = is_serving(port)
         elif role == "coordinators":
-            ready = _answers(entry["address"])
+            ready = _answers(doc, entry["address"])
         else:
             ready = _tablet_serving(doc, str(entry["id"]))
         if ready:
@@ -554,10 +579,10 @@ def restart(directory: str | os.PathLike[str], role: str, node_id: str | int,
         time.sleep(0.1)
 
 
-def _answers(address: str) -> bool:
+def _answers(doc: Mapping[str, Any], address: str) -> bool:
     from client.admin import AdminClient
 
-    with AdminClient([address], request_timeout_s=1.0, retry_total_s=0) as client:
+    with AdminClient([address], client_config(doc), request_timeout_s=1.0, retry_total_s=0) as client:
         try:
             client.coordinator_info(address)
             return True
@@ -583,7 +608,7 @@ def active_coordinator(directory: str | os.PathLike[str], timeout_s: float = 30.
         for entry in doc.get("coordinators", []):
             if not pid_alive(entry["pid"], entry.get("proc_start")):
                 continue
-            with AdminClient([entry["address"]], request_timeout_s=1.0, retry_total_s=0) as client:
+            with AdminClient([entry["address"]], client_config(doc), request_timeout_s=1.0, retry_total_s=0) as client:
                 try:
                     if client.coordinator_info(entry["address"]).active:
                         return entry
@@ -615,7 +640,8 @@ def served_buckets(doc: Mapping[str, Any], request_timeout_s: float = 2.0) -> di
     from client.table import TableClient
 
     addresses = [c["address"] for c in doc["coordinators"]]
-    with AdminClient(addresses, request_timeout_s=request_timeout_s, retry_total_s=request_timeout_s) as admin:
+    with AdminClient(addresses, client_config(doc), request_timeout_s=request_timeout_s,
+                     retry_total_s=request_timeout_s) as admin:
         registered = {str(s.id) for s in admin.list_tablet_servers()}
         unserved, count = [], 0
         for table in admin.list_tables():

@@ -14,11 +14,10 @@ from typing import Iterable, Iterator
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, EqualTo, Filter, In
 
-from client.admin import AdminClient
 from client.table import TableClient
 from common.codec import RowCodec, bucket_of_keys
 from spark_source.enumerator import plan_bootstrap, plan_changes
-from spark_source.options import Options
+from spark_source.options import Options, connect
 from spark_source.reader import read_split
 from spark_source.splits import LookupSplit, ReadContext
 
@@ -64,7 +63,7 @@ class BatchReader(DataSourceReader):
     def partitions(self) -> list:
         if self.keys is not None:
             return self._lookups()
-        with AdminClient(list(self.ctx.bootstrap)) as admin, TableClient(admin, self.ctx.table.table_id) as table:
+        with connect(self.ctx.bootstrap, self.ctx.security) as admin, TableClient(admin, self.ctx.table.table_id) as table:
             if self.options.change_feed:
                 return plan_changes(table, self.options)
             lease_id = self.options.lease_id or f"spark-batch-{uuid.uuid4().hex}"

@@ -14,14 +14,20 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from client.admin import parse_bootstrap
-from client.cluster_dir import cluster_dir_bootstrap
+from client.admin import AdminClient
+from client.cluster_dir import cluster_dir_bootstrap, cluster_dir_security
+from common import config as cfg
 from common.config import parse_duration_ms
 from common.errors import InvalidRequestError
 from common.tables import parse_table_path
 
 STARTUP_MODES = ("full", "earliest", "latest", "timestamp")
 BOOTSTRAP_MODES = ("snapshot", "live")
-CONNECTION = ("bootstrap", "cluster", "table")
+CONNECTION = ("bootstrap", "cluster", "table", "ca-file", "cert-file", "key-file")
+#: The TLS options and the config keys they set (``ca-file`` turns TLS on).
+TLS_OPTIONS = {"ca-file": cfg.TLS_CA_FILE.name, "cert-file": cfg.TLS_CERT_FILE.name, "key-file": cfg.TLS_KEY_FILE.name}
+#: Client security settings: ``((dotted config key, value), …)``, picklable.
+Security = tuple[tuple[str, Any], ...]
 READ_ONLY = ("startup.mode", "startup.timestamp", "ending.timestamp", "ending.offsets", "bootstrap.mode",
              "lease.id", "lease.duration", "lease.acquire.max-attempts", "lease.acquire.max-wait",
              "maxrowspertrigger", "split.max-rows")
@@ -51,6 +57,7 @@ class Options:
     acquire_max_wait_s: float = 30.0
     max_rows_per_trigger: int | None = None
     split_max_rows: int | None = None
+    security: Security = ()  # TLS settings (a --secure cluster directory's, or the ca/cert/key-file options)
     given: frozenset[str] = field(default=frozenset(), compare=False)
 
     @property
@@ -70,16 +77,37 @@ def parse(options: Mapping[str, Any], *, reading: bool = True) -> Options:
             if name in READ_ONLY:
                 raise OptionError(f"option '{name}' applies to reads only, not to writes")
             raise OptionError(f"unknown option '{name}' (known: {', '.join(sorted(allowed))})")
-    values: dict[str, Any] = {"bootstrap": _bootstrap(given), "table": _table(given)}
+    values: dict[str, Any] = {"bootstrap": _bootstrap(given), "table": _table(given), "security": _security(given)}
     if reading:
         values.update(_read_options(given))
     return Options(**values, given=frozenset(given))
 
 
-def connection(options: Mapping[str, Any]) -> tuple[tuple[str, ...], str]:
-    """``(coordinator addresses, DB.NAME)`` alone; :func:`parse` checks the rest."""
+def connection(options: Mapping[str, Any]) -> tuple[tuple[str, ...], str, Security]:
+    """``(coordinator addresses, DB.NAME, security settings)`` alone; :func:`parse` checks the rest."""
     given = {str(k).lower(): str(v) for k, v in options.items()}
-    return _bootstrap(given), _table(given)
+    return _bootstrap(given), _table(given), _security(given)
+
+
+def connect(bootstrap: tuple[str, ...], security: Security = ()) -> AdminClient:
+    """An admin client of the cluster at ``bootstrap``, with TLS when ``security`` says so (the driver's and
+    every executor's: the certificate files must be readable at the same paths there)."""
+    return AdminClient(list(bootstrap), cfg.Config(dict(security), env={}))
+
+
+def _security(given: Mapping[str, str]) -> Security:
+    settings: dict[str, Any] = {}
+    if "cluster" in given:
+        try:
+            settings.update(cluster_dir_security(given["cluster"]))
+        except InvalidRequestError as exc:
+            raise OptionError(f"option 'cluster': {exc}") from None
+    files = {key: given[name] for name, key in TLS_OPTIONS.items() if given.get(name)}
+    if files:
+        settings.update({cfg.SECURITY_ENABLED.name: True, **files})
+    if settings and not settings.get(cfg.TLS_CA_FILE.name):
+        raise OptionError("options 'cert-file'/'key-file' need option 'ca-file' (the CA to verify the servers)")
+    return tuple(sorted(settings.items()))
 
 
 def _bootstrap(given: Mapping[str, str]) -> tuple[str, ...]:

@@ -24,6 +24,7 @@ from common.codec import RowCodec
 from common.model import TableBucket
 from spark_source.bootstrap import merge, open_snapshot
 from spark_source.changelog import final_states, read_entries
+from spark_source.options import connect
 from spark_source.schema import changes_for_spark, spark_arrow_schema, state_rows_as_changes
 from spark_source.splits import HybridSplit, LiveSplit, LogSplit, LookupSplit, ReadContext
 
@@ -39,7 +40,7 @@ def read_split(ctx: ReadContext, split) -> Iterator[pa.RecordBatch]:
 
 def _read(ctx: ReadContext, split, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     with ExitStack() as stack:
-        admin = stack.enter_context(AdminClient(list(ctx.bootstrap)))
+        admin = stack.enter_context(connect(ctx.bootstrap, ctx.security))
         table = stack.enter_context(TableClient(admin, ctx.table.table_id))
         if isinstance(split, HybridSplit):
             batches = _hybrid(ctx, table, split, schema)

@@ -12,7 +12,6 @@ from functools import cached_property
 from pyspark.sql.datasource import DataSource
 from pyspark.sql.types import StructType
 
-from client.admin import AdminClient
 from common.tables import TableInfo
 import spark_source.options as opts
 from spark_source.batch import BatchReader
@@ -30,8 +29,8 @@ class KvLeaseDataSource(DataSource):
     @cached_property
     def _cluster(self) -> tuple[TableInfo, object]:
         """The table and the remote storage, from the coordinator."""
-        bootstrap, table = opts.connection(self.options)
-        with AdminClient(list(bootstrap)) as admin:
+        bootstrap, table, security = opts.connection(self.options)
+        with opts.connect(bootstrap, security) as admin:
             return admin.get_table(table), admin.coordinator_info(admin.address).remote_storage()
 
     def schema(self) -> StructType:
@@ -46,7 +45,7 @@ class KvLeaseDataSource(DataSource):
             columns = read_columns(table, schema)
         except ValueError as exc:
             raise opts.OptionError(f"the schema given to the reader does not fit: {exc}") from None
-        return ReadContext(parsed.bootstrap, table, storage, columns)
+        return ReadContext(parsed.bootstrap, table, storage, columns, parsed.security)
 
     def reader(self, schema: StructType) -> BatchReader:
         parsed = opts.parse(self.options)
@@ -75,4 +74,4 @@ class KvLeaseDataSource(DataSource):
             raise opts.OptionError("mode 'overwrite' is not supported: kvlease upserts by primary key; use "
                                    "mode('append')")
         table = self._cluster[0]
-        return parsed.bootstrap, table, check_schema(table, schema)
+        return parsed.bootstrap, table, check_schema(table, schema), parsed.security

@@ -22,6 +22,7 @@ class ReadContext:
     table: TableInfo
     storage: RemoteStorage | None
     columns: tuple[str, ...]  # the requested schema's columns: table columns and metadata columns, any subset
+    security: tuple = ()  # spark_source.options.Security: TLS settings of the cluster
 
 
 @dataclass(frozen=True)

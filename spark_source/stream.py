@@ -42,7 +42,7 @@ from client.table import TableClient
 from common import errors
 from common.model import TableBucket
 from spark_source.enumerator import acquire_latest, log_splits, start_offsets
-from spark_source.options import Options
+from spark_source.options import Options, connect
 from spark_source.reader import read_split
 from spark_source.splits import HybridSplit, ReadContext
 
@@ -69,7 +69,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _connect(self) -> tuple[AdminClient, TableClient]:
         if self._clients is None:
-            admin = AdminClient(list(self.ctx.bootstrap))
+            admin = connect(self.ctx.bootstrap, self.ctx.security)
             self._clients = admin, TableClient(admin, self.ctx.table.table_id)
         return self._clients
 

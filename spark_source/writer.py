@@ -18,12 +18,11 @@ import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StringType, StructType
 
-from client.admin import AdminClient
 from client.table import TableClient
 from common import errors
 from common.codec import arrow_schema
 from common.tables import TableInfo
-from spark_source.options import OptionError
+from spark_source.options import OptionError, connect
 from spark_source.schema import CHANGE_TYPE, METADATA, SPARK_TYPES
 
 UPSERT, DELETE, SKIP = 0, 1, 2
@@ -65,15 +64,17 @@ def check_schema(table: TableInfo, schema: StructType) -> dict[str, str]:
 
 
 class _Writes:
-    def __init__(self, bootstrap: tuple[str, ...], table: TableInfo, columns: dict[str, str]) -> None:
+    def __init__(self, bootstrap: tuple[str, ...], table: TableInfo, columns: dict[str, str],
+                 security: tuple = ()) -> None:
         self.bootstrap = bootstrap
+        self.security = security  # spark_source.options.Security
         self.table = table
         self.columns = columns
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteStats:
         target = arrow_schema(self.table)
         upserted = deleted = seen = 0
-        with AdminClient(list(self.bootstrap)) as admin, TableClient(admin, self.table.table_id) as client:
+        with connect(self.bootstrap, self.security) as admin, TableClient(admin, self.table.table_id) as client:
             for batch in iterator:
                 rows = pa.RecordBatch.from_arrays(
                     [batch.column(self.columns[f.name]).cast(f.type) for f in target], schema=target)

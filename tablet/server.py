@@ -23,6 +23,7 @@ from common import errors, zkpaths
 from common.limits import GRPC_SERVER_OPTIONS
 from common.proto import tablet_pb2_grpc as pb_grpc
 from common.storage import RemoteStorage, open_storage
+from common.tls import TlsFiles, add_port
 from common.zk import dumps, loads, make_client
 from client.admin import AdminClient
 from tablet.replicas import ReplicaManager
@@ -53,6 +54,7 @@ class TabletServer:
 
     def start(self) -> "TabletServer":
         c = self.config
+        self.tls = TlsFiles.from_config(c, server=True)  # a bad file is refused before anything starts
         if self.storage is None:
             self.storage = open_storage(c[cfg.REMOTE_DATA_DIR], c)
         self.zk = make_client(c)
@@ -64,7 +66,7 @@ class TabletServer:
                                                     thread_name_prefix="tablet-rpc"), options=GRPC_OPTIONS)
         pb_grpc.add_TabletServiceServicer_to_server(TabletService(self.replicas, self.scans), self._grpc)
         host = c[cfg.TABLET_HOST]
-        port = self._grpc.add_insecure_port(f"{host}:{c[cfg.TABLET_PORT]}")
+        port = add_port(self._grpc, f"{host}:{c[cfg.TABLET_PORT]}", self.tls)
         if port == 0:
             raise errors.KvLeaseError(f"cannot bind tablet server to {host}:{c[cfg.TABLET_PORT]}")
         self.address = f"{host}:{port}"

@@ -7,7 +7,8 @@ from click.testing import CliRunner
 from ops.cli import kvlease
 
 NO_ENV = {"KVLEASE_CLUSTER": None, "KVLEASE_BOOTSTRAP": None, "KVLEASE_RETRY_TIMEOUT": None,
-          "KVLEASE_DEBUG": None, "KVLEASE_CLIENT_RETRY_TOTAL_TIMEOUT": None}
+          "KVLEASE_DEBUG": None, "KVLEASE_CLIENT_RETRY_TOTAL_TIMEOUT": None,
+          "KVLEASE_CA_FILE": None, "KVLEASE_CERT_FILE": None, "KVLEASE_KEY_FILE": None}
 
 
 def run(*args: str, env: dict | None = None):

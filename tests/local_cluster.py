@@ -11,7 +11,9 @@ from common.tables import TableInfo
 class LocalCluster:
     """One coordinator and tablet servers (ids 1..N) in this process; tablets can stop and restart."""
 
-    def __init__(self, make_config, base_dir, tablets: int, tablet_overrides: dict | None = None) -> None:
+    def __init__(self, make_config, base_dir, tablets: int, tablet_overrides: dict | None = None,
+                 client_config=None) -> None:
+        """``client_config`` (a Config) is the admin client's, e.g. with TLS settings; default: none."""
         from client.admin import AdminClient
         from coordinator.server import CoordinatorServer
 
@@ -21,7 +23,7 @@ class LocalCluster:
         self.coordinator = CoordinatorServer(make_config()).start()
         self.tablets = {}
         assert self.coordinator.wait_active(30), "no active coordinator"
-        self.admin = AdminClient([self.coordinator.address], retry_total_s=10)
+        self.admin = AdminClient([self.coordinator.address], client_config, retry_total_s=10)
         for i in range(1, tablets + 1):
             self.start_tablet(i)
 

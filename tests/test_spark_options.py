@@ -151,3 +151,22 @@ def test_write_runs_keep_the_row_order():
     kinds = np.array([UPSERT, UPSERT, DELETE, SKIP, UPSERT, DELETE, DELETE], dtype=np.int8)
     assert list(_runs(kinds)) == [(0, 2, UPSERT), (2, 3, DELETE), (3, 4, SKIP), (4, 5, UPSERT), (5, 7, DELETE)]
     assert list(_runs(np.array([], dtype=np.int8))) == []
+
+
+def test_tls_options_and_a_secure_cluster_directory(tmp_path):
+    import json
+
+    cluster = tmp_path / "cluster"
+    cluster.mkdir()
+    doc = {"coordinators": [{"address": "127.0.0.1:1"}]}
+    (cluster / "cluster.json").write_text(json.dumps(doc))
+    assert opts.parse({"cluster": str(cluster), "table": "db.t"}).security == ()
+    doc["security"] = {"ca_file": "/c/ca.pem", "cert_file": "/c/client.pem", "key_file": "/c/client-key.pem",
+                       "client_auth": True}
+    (cluster / "cluster.json").write_text(json.dumps(doc))
+    security = dict(opts.parse({"cluster": str(cluster), "table": "db.t"}).security)
+    assert security["security.enabled"] is True and security["security.tls.cert-file"] == "/c/client.pem"
+    security = dict(opts.parse({"bootstrap": "h:1", "table": "db.t", "CA-File": "/x/ca.pem"}, reading=False).security)
+    assert security == {"security.enabled": True, "security.tls.ca-file": "/x/ca.pem"}
+    with pytest.raises(opts.OptionError, match="ca-file"):
+        opts.parse({"bootstrap": "h:1", "table": "db.t", "cert-file": "/x/c.pem", "key-file": "/x/k.pem"})

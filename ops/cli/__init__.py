@@ -6,7 +6,13 @@ module is one command group and adds its commands to the root group when it
 is imported, which this package does below.
 """
 
-from ops.cli import cluster, data, demo, lease, plugins, scan, snapshot, table  # noqa: F401  (they add the commands)
-from ops.cli.app import State, kvlease, main
+import os
+
+# gRPC core logs each failed TLS handshake on stderr at INFO; the CLI's one-line error already says so.
+# It reads this when grpc is first imported, which the imports below do.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
+from ops.cli import cluster, data, demo, lease, plugins, scan, snapshot, table  # noqa: E402,F401  (they add the commands)
+from ops.cli.app import State, kvlease, main  # noqa: E402
 
 __all__ = ["State", "kvlease", "main"]

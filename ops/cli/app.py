@@ -40,7 +40,8 @@ class State:
     """The global options; builds the admin client and the output once, on first use."""
 
     def __init__(self, cluster: str | None = None, bootstrap: str | None = None, json_mode: bool = False,
-                 retry_timeout_ms: int | None = None, debug: bool = False) -> None:
+                 retry_timeout_ms: int | None = None, debug: bool = False,
+                 tls_files: dict[str, str | None] | None = None) -> None:
         self.cluster = cluster
         self.bootstrap = bootstrap
         self.cluster_cmdline = False  # given on the command line (not through the environment)
@@ -48,6 +49,7 @@ class State:
         self.json_mode = json_mode
         self.retry_timeout_ms = retry_timeout_ms
         self.debug = debug
+        self.tls_files = {k: v for k, v in (tls_files or {}).items() if v}  # --ca-file etc. as config keys
         self._client = None
         self._table_clients: list = []
         self._output: out.Output | None = None
@@ -58,16 +60,29 @@ class State:
             self._output = out.make_output(self.json_mode)
         return self._output
 
+    def _uses_bootstrap(self) -> bool:
+        return bool(self.bootstrap and (self.bootstrap_cmdline or not self.cluster_cmdline))
+
     def addresses(self) -> list[str]:
         from client.admin import parse_bootstrap
 
-        if self.bootstrap and (self.bootstrap_cmdline or not self.cluster_cmdline):
+        if self._uses_bootstrap():
             return parse_bootstrap(self.bootstrap)
         if self.cluster:
             return local_cluster.bootstrap(self.cluster)
         raise errors.InvalidRequestError(
             "no cluster given: use --cluster DIR or --bootstrap HOST:PORT[,…] "
             "(or set KVLEASE_CLUSTER / KVLEASE_BOOTSTRAP)")
+
+    def config(self) -> cfg.Config:
+        """The client config: the environment, then a cluster directory's TLS settings (``--cluster``),
+        then ``--ca-file``/``--cert-file``/``--key-file`` (which turn TLS on)."""
+        config = cfg.Config(env=os.environ)
+        if self.cluster and not self._uses_bootstrap():
+            config = config.with_overrides(local_cluster.security_settings(local_cluster.load(self.cluster)))
+        if self.tls_files:
+            config = config.with_overrides({cfg.SECURITY_ENABLED.name: True, **self.tls_files})
+        return config
 
     def retry_ms(self, config: cfg.Config) -> int:
         if self.retry_timeout_ms is not None:
@@ -81,7 +96,7 @@ class State:
         if self._client is None:
             from client.admin import AdminClient
 
-            config = cfg.Config(env=os.environ)
+            config = self.config()
             self._client = AdminClient(self.addresses(), config, retry_total_s=self.retry_ms(config) / 1000.0)
         return self._client
 
@@ -89,7 +104,7 @@ class State:
         """A :class:`client.table.TableClient` on ``path``, retrying as long as the admin client."""
         from client.table import TableClient
 
-        config = cfg.Config(env=os.environ)
+        config = self.config()
         client = TableClient(self.client, path, config, retry_total_s=self.retry_ms(config) / 1000.0)
         self._table_clients.append(client)
         return client
@@ -183,11 +198,20 @@ class KvleaseGroup(click.Group):
               help=f"How long to retry an unreachable cluster (default {DEFAULT_RETRY_TIMEOUT}). "
                    "Env: KVLEASE_RETRY_TIMEOUT.")
 @click.option("--debug", is_flag=True, envvar="KVLEASE_DEBUG", help="Show tracebacks of unexpected errors.")
+@click.option("--ca-file", envvar="KVLEASE_CA_FILE", metavar="PEM",
+              help="Connect with TLS, verifying the servers against this CA (security.tls.ca-file). "
+                   "Env: KVLEASE_CA_FILE.")
+@click.option("--cert-file", envvar="KVLEASE_CERT_FILE", metavar="PEM",
+              help="Client certificate for mutual TLS (security.tls.cert-file). Env: KVLEASE_CERT_FILE.")
+@click.option("--key-file", envvar="KVLEASE_KEY_FILE", metavar="PEM",
+              help="Key of --cert-file (security.tls.key-file). Env: KVLEASE_KEY_FILE.")
 @click.pass_context
 def kvlease(ctx: click.Context, cluster_dir: str | None, bootstrap: str | None, json_mode: bool,
-            retry_timeout: int | None, debug: bool) -> None:
+            retry_timeout: int | None, debug: bool, ca_file: str | None, cert_file: str | None,
+            key_file: str | None) -> None:
     """kvlease: tables, KV snapshots and snapshot leases on a kvlease cluster."""
-    state = State(cluster_dir, bootstrap, json_mode, retry_timeout, debug)
+    tls_files = {cfg.TLS_CA_FILE.name: ca_file, cfg.TLS_CERT_FILE.name: cert_file, cfg.TLS_KEY_FILE.name: key_file}
+    state = State(cluster_dir, bootstrap, json_mode, retry_timeout, debug, tls_files)
     state.cluster_cmdline = ctx.get_parameter_source("cluster_dir") == ParameterSource.COMMANDLINE
     state.bootstrap_cmdline = ctx.get_parameter_source("bootstrap") == ParameterSource.COMMANDLINE
     ctx.obj = state

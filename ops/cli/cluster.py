@@ -34,11 +34,14 @@ def cluster_dir(state: State, directory: str | None) -> str:
 @click.option("--timeout", "timeout_ms", type=DURATION, default="60s", show_default=True,
               help="How long to wait for an active coordinator, then for every tablet server to "
                    "register and every bucket to be served.")
+@click.option("--secure", is_flag=True,
+              help="Mutual TLS on every port, with a throwaway CA and certificates made in D/certs; "
+                   "`kvlease --cluster D …` then connects with TLS on its own.")
 @common_options
 @pass_state
 @catch_errors
 def cluster_start(state: State, directory: str | None, zk_nodes: str, coordinators: int, tablets: int,
-                  remote: str | None, timeout_ms: int) -> None:
+                  remote: str | None, timeout_ms: int, secure: bool) -> None:
     """Start ZooKeeper, coordinators and tablet servers in the background; returns once a
     coordinator is active, every tablet server is registered and every bucket of every table
     answers on its leader (ready)."""
@@ -47,7 +50,7 @@ def cluster_start(state: State, directory: str | None, zk_nodes: str, coordinato
         raise click.BadParameter(f"{remote!r} is not file:///PATH or s3://BUCKET/PREFIX", param_hint="'--remote'")
     local_cluster.start(directory, zk_nodes=int(zk_nodes), coordinators=coordinators, tablets=tablets,
                         remote=remote, ready_timeout_s=timeout_ms / 1000.0,
-                        progress=lambda text: click.echo(f"{text} …", err=True))
+                        progress=lambda text: click.echo(f"{text} …", err=True), secure=secure)
     state.output.cluster_status(local_cluster.status(directory))
     if not state.json_mode:
         click.echo(f"cluster running; use it with: kvlease --cluster {directory} …", err=True)
