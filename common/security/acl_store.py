@@ -112,7 +112,8 @@ class AclCache:
                         try:
                             acls[Resource(rtype, name)] = decode(data)
                         except (ValueError, KeyError, TypeError, InvalidRequestError) as exc:
-                            log.warning("unreadable ACL node %s/%s ignored (grants nothing): %s", rtype.value, name, exc)
+                            log.warning("unreadable ACL node %s/%s ignored (grants nothing): %s",
+                                        rtype.value, name, exc)
                 self.authorizer = Authorizer(acls, self._super_users)
         return changed
 
