@@ -12,7 +12,9 @@ Classes are grouped by what a caller does about them:
 - :class:`InvalidRequestError`: fix the request, retrying will not help;
 - :class:`NotFoundError` / :class:`AlreadyExistsError`: the named thing is
   (not) there;
-- :class:`OutcomeUnknownError`: the request may or may not have taken effect.
+- :class:`OutcomeUnknownError`: the request may or may not have taken effect;
+- :class:`AuthenticationFailedError` / :class:`AuthorizationFailedError`: the
+  caller's credentials or rights must change; retrying will not help.
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ class ErrorCode(enum.IntEnum):
     COORDINATOR_NOT_READY = 24
     RECORD_TOO_LARGE = 25
     PARTITION_NOT_EXISTS = 26
+    AUTHORIZATION_FAILED = 27
+    AUTHENTICATION_FAILED = 28
 
 
 class KvLeaseError(Exception):
@@ -198,6 +202,21 @@ class OutcomeUnknownError(KvLeaseError):
     """The request may or may not have taken effect (e.g. it timed out)."""
 
     code = ErrorCode.REQUEST_TIMED_OUT
+
+
+class AuthorizationFailedError(KvLeaseError):
+    """The authenticated principal may not do this operation on this resource; nothing was changed.
+
+    ``details`` carry ``principal``, ``operation`` and ``resource``.
+    """
+
+    code = ErrorCode.AUTHORIZATION_FAILED
+
+
+class AuthenticationFailedError(KvLeaseError):
+    """The call carried no credentials, or ones that do not match a user (which of the two is not said)."""
+
+    code = ErrorCode.AUTHENTICATION_FAILED
 
 
 class UnknownServerError(KvLeaseError):

@@ -16,6 +16,12 @@ TABLE_ID_COUNTER = "/tables/id_counter"
 SNAPSHOTS = "/snapshots"
 LEASES = "/leases/kv_snapshot"
 
+SECURITY = "/security"
+USERS = "/security/users"
+ACLS = "/security/acls"
+#: Created by the security stores themselves (not at bootstrap), so a cluster without security has none.
+SECURITY_ROOTS = (SECURITY, USERS, ACLS)
+
 ROOTS = (COORDINATORS, ELECTION, TABLET_SERVERS, DATABASES, TABLES, SNAPSHOTS, LEASES)
 
 
@@ -70,3 +76,18 @@ def parse_bucket_dir(name: str) -> tuple[int | None, int]:
         partition, bucket = name[1:].split("-", 1)
         return int(partition), int(bucket)
     return None, int(name)
+
+
+def user(name: str) -> str:
+    """A user's node; its data is the password-hash record (``common.security.passwords``)."""
+    return f"{USERS}/{name}"
+
+
+def acl_type(resource_type: str) -> str:
+    """The parent of every ACL node of one resource type (``cluster``, ``database``, ``table``)."""
+    return f"{ACLS}/{resource_type}"
+
+
+def acl(resource_type: str, name: str) -> str:
+    """The ACL entries (a JSON list) of one resource, e.g. ``/security/acls/table/db.t``."""
+    return f"{ACLS}/{resource_type}/{name}"

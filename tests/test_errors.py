@@ -41,6 +41,8 @@ PINNED = {
     "COORDINATOR_NOT_READY": 24,
     "RECORD_TOO_LARGE": 25,
     "PARTITION_NOT_EXISTS": 26,
+    "AUTHORIZATION_FAILED": 27,
+    "AUTHENTICATION_FAILED": 28,
 }
 
 #: The exception class each code decodes to.
@@ -71,6 +73,8 @@ CLASSES = {
     ErrorCode.COORDINATOR_NOT_READY: errors.CoordinatorNotReadyError,
     ErrorCode.RECORD_TOO_LARGE: errors.RecordTooLargeError,
     ErrorCode.PARTITION_NOT_EXISTS: errors.PartitionNotExistsError,
+    ErrorCode.AUTHORIZATION_FAILED: errors.AuthorizationFailedError,
+    ErrorCode.AUTHENTICATION_FAILED: errors.AuthenticationFailedError,
 }
 
 
