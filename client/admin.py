@@ -20,6 +20,7 @@ from common import errors
 from common.proto import coordinator_pb2 as pb
 from common.proto import coordinator_pb2_grpc as pb_grpc
 from client.transport import RETRIABLE, Channels, RetryPolicy, rpc_error
+from common.security.client import credentials
 from common.tls import TlsFiles
 from common.wire import (bucket_snapshots_from_pb, bucket_snapshots_to_pb, bucket_to_pb, handle_from_pb, handle_to_pb,
                          lease_from_pb, raise_for, table_from_pb)
@@ -135,7 +136,8 @@ class AdminClient:
         self.retry = RetryPolicy(retry_total_s if retry_total_s is not None else config[cfg.CLIENT_RETRY_TOTAL] / 1000.0,
                                  config[cfg.CLIENT_RETRY_MAX_WAIT] / 1000.0)
         self.tls = TlsFiles.from_config(config)  # None: plaintext
-        self._channels = Channels(tls=self.tls)
+        self.credentials = credentials(config)  # None: security off, or the mutual-TLS certificate identifies us
+        self._channels = Channels(tls=self.tls, credentials=self.credentials)
         self._lock = threading.Lock()
 
     # -- plumbing ---------------------------------------------------------------

@@ -42,7 +42,8 @@ class BucketRouter:
     def __init__(self, admin, table_id: int, channels: Channels | None = None) -> None:
         """``admin`` is a :class:`client.admin.AdminClient` (anything with ``get_table_assignment``)."""
         self.admin = admin
-        self.channels = channels or Channels(tls=getattr(admin, "tls", None))  # as secure as the admin's
+        self.channels = channels or Channels(tls=getattr(admin, "tls", None),  # as secure as the admin's
+                                             credentials=getattr(admin, "credentials", None))
         self._lock = threading.Lock()
         self._generation = 0
         self._current = self._fetch(table_id)

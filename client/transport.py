@@ -20,6 +20,7 @@ import grpc
 import tenacity
 
 from common import errors
+from common.security.grpc_auth import with_credentials
 from common.tls import TlsFiles
 
 from common.limits import GRPC_MESSAGE_OPTIONS, MAX_MESSAGE_BYTES  # noqa: F401 (MAX_MESSAGE_BYTES: re-exported)
@@ -47,23 +48,26 @@ class Channels:
     kvlease makes a channel to a coordinator or tablet server.
     """
 
-    def __init__(self, options: tuple = GRPC_OPTIONS, *, tls: TlsFiles | None = None) -> None:
+    def __init__(self, options: tuple = GRPC_OPTIONS, *, tls: TlsFiles | None = None,
+                 credentials: tuple[str, str] | None = None) -> None:
         self._options = list(options)
         self.tls = tls
+        self.credentials = credentials  # (username, password) sent on every call
         self._credentials = tls.channel_credentials() if tls is not None else None
-        self._channels: dict[str, grpc.Channel] = {}
+        self._channels: dict[str, tuple[grpc.Channel, grpc.Channel]] = {}  # address -> (raw, with credentials)
         self._lock = threading.Lock()
 
     def get(self, address: str) -> grpc.Channel:
         with self._lock:
-            channel = self._channels.get(address)
-            if channel is None:
+            pair = self._channels.get(address)
+            if pair is None:
                 if self._credentials is None:
-                    channel = grpc.insecure_channel(address, options=self._options)
+                    raw = grpc.insecure_channel(address, options=self._options)
                 else:
-                    channel = grpc.secure_channel(address, self._credentials, options=self._options)
-                self._channels[address] = channel
-            return channel
+                    raw = grpc.secure_channel(address, self._credentials, options=self._options)
+                channel = raw if self.credentials is None else with_credentials(raw, *self.credentials)
+                pair = self._channels[address] = (raw, channel)
+            return pair[1]
 
     def stub(self, address: str, stub_class: Callable[[grpc.Channel], Any]) -> Any:
         return stub_class(self.get(address))
@@ -71,8 +75,8 @@ class Channels:
     def close(self) -> None:
         with self._lock:
             channels, self._channels = list(self._channels.values()), {}
-        for channel in channels:
-            channel.close()
+        for raw, _channel in channels:
+            raw.close()
 
 
 @dataclass(frozen=True)

@@ -183,6 +183,23 @@ TLS_CA_FILE = _key("security.tls.ca-file", "", str,
 TLS_CLIENT_AUTH = _key("security.tls.client-auth", False, _parse_bool,
                        "mutual TLS: servers require a client certificate signed by security.tls.ca-file")
 
+# --- security: users, the cluster principal, ACLs, ZooKeeper ------------------------
+SECURITY_USERNAME = _key("security.username", "", str,
+                         "user a client authenticates as (with security.password) when security.enabled; empty: "
+                         "the mutual-TLS client certificate's common name")
+SECURITY_PASSWORD = _key("security.password", "", str, "password of security.username (never logged)")
+INTERNAL_USERNAME = _key("security.internal.username", "kvlease", str,
+                         "the cluster's own principal (User:<name>): coordinators and tablet servers authenticate "
+                         "their calls to each other as it; only it may make internal calls")
+INTERNAL_PASSWORD = _key("security.internal.password", "", str,
+                         "password of security.internal.username, the same in every cluster process (under mutual "
+                         "TLS it may be empty: a node certificate whose common name is that user then authenticates)")
+SUPER_USERS = _key("security.super-users", "", str,
+                   "comma-separated principals (User:admin) or user names allowed every operation without ACLs")
+ZK_DIGEST = _key("security.zookeeper.digest", "", str,
+                 "user:password of a ZooKeeper digest identity; when set, kvlease's nodes carry an ACL that lets "
+                 "only this identity change them (the same in every cluster process and admin tool)")
+
 # --- clients ---------------------------------------------------------------------
 CLIENT_REQUEST_TIMEOUT = _key("client.request-timeout", "30s", parse_duration_ms, "deadline of one client request")
 CLIENT_RETRY_MAX_WAIT = _key("client.retry.max-wait", "2s", parse_duration_ms, "longest backoff between client retries")

@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 class LeadershipNotifier:
     def __init__(self, coordinator_epoch: int, *, retry_total_s: float = 30.0, threads: int = 4,
-                 tls: TlsFiles | None = None) -> None:
+                 tls: TlsFiles | None = None, credentials: tuple[str, str] | None = None) -> None:
         self.epoch = coordinator_epoch
         self.retry_total_s = retry_total_s
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="leadership-push")
@@ -34,7 +34,7 @@ class LeadershipNotifier:
         self._pending: dict[int, tuple[str, list, set[int]]] = {}
         self._sending: set[int] = set()  # one sender per server keeps pushes in order
         self._closed = threading.Event()
-        self._channels = Channels(tls=tls)
+        self._channels = Channels(tls=tls, credentials=credentials)  # as the cluster's own principal
 
     def push(self, server_id: int, address: str, led: list, dropped: list[int]) -> None:
         with self._lock:

@@ -24,6 +24,8 @@ from common import config as cfg
 from common import errors, zkpaths
 from common.limits import GRPC_SERVER_OPTIONS
 from common.proto import coordinator_pb2_grpc as pb_grpc
+from common.security.client import internal_credentials
+from common.security.server import server_security
 from common.storage import RemoteStorage, open_storage
 from common.tls import TlsFiles, add_port
 from common.zk import dumps, loads, make_client
@@ -33,7 +35,7 @@ from coordinator.loop import EventLoop
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.notifier import LeadershipNotifier
 from coordinator import requests as rq
-from coordinator.service import CoordinatorService
+from coordinator.service import INTERNAL_METHODS, CoordinatorService
 from leases.mirror import LeaseMirror
 from leases.store import LEASE_FILES
 
@@ -72,11 +74,15 @@ class CoordinatorServer:
     def start(self) -> "CoordinatorServer":
         c = self.config
         self.tls = TlsFiles.from_config(c, server=True)  # a bad file is refused before anything starts
+        self.security = server_security(c)
+        self.internal_credentials = internal_credentials(c)  # how this coordinator calls tablet servers
         self._grpc = grpc.server(ThreadPoolExecutor(max_workers=c[cfg.COORDINATOR_RPC_THREADS],
                                                     thread_name_prefix="coordinator-rpc"),
-                                 options=list(GRPC_SERVER_OPTIONS))  # the same message sizes as every client's
+                                 options=list(GRPC_SERVER_OPTIONS),  # the same message sizes as every client's
+                                 interceptors=self.security.interceptors(INTERNAL_METHODS))
         pb_grpc.add_CoordinatorServiceServicer_to_server(
-            CoordinatorService(self, timeout_s=c[cfg.CLIENT_REQUEST_TIMEOUT] / 1000.0, tls=self.tls), self._grpc)
+            CoordinatorService(self, timeout_s=c[cfg.CLIENT_REQUEST_TIMEOUT] / 1000.0, tls=self.tls,
+                               credentials=self.internal_credentials, security=self.security), self._grpc)
         host = c[cfg.COORDINATOR_HOST]
         port = add_port(self._grpc, f"{host}:{c[cfg.COORDINATOR_PORT]}", self.tls)
         if port == 0:
@@ -88,6 +94,7 @@ class CoordinatorServer:
             self.storage = open_storage(c[cfg.REMOTE_DATA_DIR], c)
         self.zk = make_client(c)
         self.zk.add_listener(self._on_zk_state)
+        self.security.start(self.zk)  # users and ACLs mirrored before the first call is served
         for path in zkpaths.ROOTS:
             self.zk.ensure_path(path)
         self.zk.DataWatch(zkpaths.ACTIVE, self._on_active_changed)
@@ -112,6 +119,8 @@ class CoordinatorServer:
         if self.zk is not None:
             self.zk.stop()
             self.zk.close()
+        if getattr(self, "security", None) is not None:
+            self.security.stop()
         self.metrics.close()
 
     def wait_active(self, timeout_s: float) -> bool:
@@ -193,7 +202,7 @@ class CoordinatorServer:
             self.epoch = epoch
             log.info("coordinator %s elected, epoch %d: reinitializing", self.address, epoch)
             c = self.config
-            notifier = LeadershipNotifier(epoch, tls=self.tls)
+            notifier = LeadershipNotifier(epoch, tls=self.tls, credentials=self.internal_credentials)
             controller = Controller(self.zk, self.storage, num_retained=c[cfg.SNAPSHOT_NUM_RETAINED],
                                     max_lease_ms=c[cfg.LEASE_MAX_DURATION], grace_ms=c[cfg.LEASE_FAILOVER_GRACE],
                                     clock_ms=self.clock_ms, metrics=self.metrics, notify=notifier.push)

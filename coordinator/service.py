@@ -18,17 +18,23 @@ from common.proto import coordinator_pb2_grpc as pb_grpc
 from common.wire import (bucket_from_pb, bucket_snapshots_from_pb, bucket_snapshots_to_pb, error_pb, handle_from_pb,
                          handle_to_pb, lease_to_pb, refusing_partition_ids, table_to_pb)
 from common.tables import Column, TableSpec
+from common.security.server import OPEN
 from coordinator import requests as rq
 from coordinator.snapshot_checks import check_log_end, check_manifest
 from leases import state as ls
 
 log = logging.getLogger(__name__)
 
+#: Methods only the cluster's own principal may call (a tablet server committing a snapshot).
+INTERNAL_METHODS = ("/kvlease.CoordinatorService/CommitKvSnapshot",)
+
 
 @refusing_partition_ids(pb.DESCRIPTOR.services_by_name["CoordinatorService"])
 class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
-    def __init__(self, server, timeout_s: float = 30.0, tls=None) -> None:
+    def __init__(self, server, timeout_s: float = 30.0, tls=None, credentials=None, security=OPEN) -> None:
         self.tls = tls  # common.tls.TlsFiles: how to reach a bucket's leader
+        self.credentials = credentials  # the cluster's own, for that call
+        self.security = security  # common.security.server: OPEN or ServerSecurity
         self.server = server  # coordinator.server.CoordinatorServer
         self.timeout_s = timeout_s
 
@@ -82,7 +88,7 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
                 rq.GetTableAssignment(handle.bucket.table_id)).result(timeout=self.timeout_s)
             leader = next((address for bucket, _id, address, _epoch in rows if bucket == handle.bucket.bucket), "")
             if leader:
-                check_log_end(handle, leader, self.timeout_s, tls=self.tls)
+                check_log_end(handle, leader, self.timeout_s, tls=self.tls, credentials=self.credentials)
 
         return self._run(rq.CommitSnapshot(handle), pb.CommitKvSnapshotResponse, lambda _r: {}, check=check)
 

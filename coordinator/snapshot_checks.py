@@ -76,11 +76,11 @@ def check_manifest(storage: RemoteStorage, handle: SnapshotHandle) -> None:
 
 
 def check_log_end(handle: SnapshotHandle, leader_address: str, timeout_s: float = 10.0,
-                  tls: TlsFiles | None = None) -> None:
+                  tls: TlsFiles | None = None, credentials: tuple[str, str] | None = None) -> None:
     """Raises InvalidSnapshotError when ``handle.log_offset`` is beyond the changelog end the bucket's
     leader (at ``leader_address``) reports; the leader's own error (e.g. NOT_LEADER) if it has one."""
     request = tablet_pb2.ListOffsetsRequest(table_id=handle.bucket.table_id, buckets=[handle.bucket.bucket])
-    channels = Channels(GRPC_MESSAGE_OPTIONS, tls=tls)
+    channels = Channels(GRPC_MESSAGE_OPTIONS, tls=tls, credentials=credentials)
     try:
         stub = channels.stub(leader_address, tablet_pb2_grpc.TabletServiceStub)
         response = stub.ListOffsets(request, timeout=timeout_s)

@@ -34,8 +34,12 @@ class CertPaths:
 
 
 def generate(directory: str | os.PathLike[str], *, hosts: tuple[str, ...] = HOSTS, days: int = 365,
-             now: dt.datetime | None = None) -> CertPaths:
-    """Write a fresh CA and node and client certificates signed by it into ``directory``."""
+             now: dt.datetime | None = None, node_name: str = "kvlease", client_name: str = "kvlease-client") -> CertPaths:
+    """Write a fresh CA and node and client certificates signed by it into ``directory``.
+
+    The node certificate's common name is ``node_name``: under mutual TLS it
+    authenticates as that user, so it is the cluster's own principal
+    (``security.internal.username``, default ``kvlease``)."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     now = now or dt.datetime.now(dt.timezone.utc)
@@ -51,8 +55,8 @@ def generate(directory: str | os.PathLike[str], *, hosts: tuple[str, ...] = HOST
     paths = CertPaths(out / "ca.pem", out / "node.pem", out / "node-key.pem", out / "client.pem", out / "client-key.pem")
     _write(paths.ca, ca_cert.public_bytes(serialization.Encoding.PEM))
     _write(out / "ca-key.pem", _key_pem(ca_key), private=True)
-    for cn, cert_path, key_path in (("kvlease-node", paths.node_cert, paths.node_key),
-                                    ("kvlease-client", paths.client_cert, paths.client_key)):
+    for cn, cert_path, key_path in ((node_name, paths.node_cert, paths.node_key),
+                                    (client_name, paths.client_cert, paths.client_key)):
         key = ec.generate_private_key(ec.SECP256R1())
         cert = (_builder(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)]), ca_name, key.public_key(), now, days)
                 .add_extension(x509.SubjectAlternativeName(_san(hosts)), critical=False)

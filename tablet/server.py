@@ -26,9 +26,11 @@ from common.storage import RemoteStorage, open_storage
 from common.tls import TlsFiles, add_port
 from common.zk import dumps, loads, make_client
 from client.admin import AdminClient
+from common.security.client import internal_client_config
+from common.security.server import server_security
 from tablet.replicas import ReplicaManager
 from tablet.scan_service import ScanService
-from tablet.service import TabletService
+from tablet.service import INTERNAL_METHODS, TabletService
 
 log = logging.getLogger(__name__)
 
@@ -57,14 +59,19 @@ class TabletServer:
         self.tls = TlsFiles.from_config(c, server=True)  # a bad file is refused before anything starts
         if self.storage is None:
             self.storage = open_storage(c[cfg.REMOTE_DATA_DIR], c)
+        self.security = server_security(c)  # a bad setting is refused before anything starts
         self.zk = make_client(c)
-        self.admin = AdminClient([self._active_coordinator() or "127.0.0.1:0"], c, locate=self._active_coordinator)
+        self.security.start(self.zk)  # users and ACLs mirrored before the first call is served
+        self.admin = AdminClient([self._active_coordinator() or "127.0.0.1:0"], internal_client_config(c),
+                                 locate=self._active_coordinator)  # as the cluster's own principal
         self.replicas = ReplicaManager(c[cfg.TABLET_DATA_DIR], c, self.storage, self.admin,
                                        current_epoch=self._zk_coordinator_epoch, table_gone=self._zk_table_gone)
         self.scans = ScanService(self.replicas, c).start()
         self._grpc = grpc.server(ThreadPoolExecutor(max_workers=c[cfg.TABLET_RPC_THREADS],
-                                                    thread_name_prefix="tablet-rpc"), options=GRPC_OPTIONS)
-        pb_grpc.add_TabletServiceServicer_to_server(TabletService(self.replicas, self.scans), self._grpc)
+                                                    thread_name_prefix="tablet-rpc"), options=GRPC_OPTIONS,
+                                 interceptors=self.security.interceptors(INTERNAL_METHODS))
+        pb_grpc.add_TabletServiceServicer_to_server(TabletService(self.replicas, self.scans, self.security),
+                                                    self._grpc)
         host = c[cfg.TABLET_HOST]
         port = add_port(self._grpc, f"{host}:{c[cfg.TABLET_PORT]}", self.tls)
         if port == 0:
@@ -105,6 +112,8 @@ class TabletServer:
             self.scans.close()
         if self.admin is not None:
             self.admin.close()
+        if getattr(self, "security", None) is not None:
+            self.security.stop()
 
     # -- ZooKeeper -------------------------------------------------------------------------
 

@@ -15,10 +15,14 @@ from common.proto import tablet_pb2 as pb
 from common.proto import tablet_pb2_grpc as pb_grpc
 from common.wire import error_pb, handle_to_pb, refusing_partition_ids, table_from_pb
 from common.codec import batch_to_ipc, ipc_to_batch
+from common.security.server import OPEN
 from tablet.replicas import ReplicaManager
 from tablet.scan_service import ScanService
 
 log = logging.getLogger(__name__)
+
+#: Methods only the cluster's own principal may call (the coordinator telling this server what it leads).
+INTERNAL_METHODS = ("/kvlease.TabletService/UpdateLeadership",)
 
 
 def _answer(response_cls, work):
@@ -43,8 +47,9 @@ def _batch(data: bytes) -> pa.RecordBatch | None:
 
 @refusing_partition_ids(pb.DESCRIPTOR.services_by_name["TabletService"])
 class TabletService(pb_grpc.TabletServiceServicer):
-    def __init__(self, replicas: ReplicaManager, scans: ScanService | None = None) -> None:
+    def __init__(self, replicas: ReplicaManager, scans: ScanService | None = None, security=OPEN) -> None:
         self.replicas = replicas
+        self.security = security  # common.security.server: OPEN or ServerSecurity
         self.scans = scans if scans is not None else ScanService(replicas, replicas.config)
 
     def UpdateLeadership(self, request, context):

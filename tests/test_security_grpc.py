@@ -36,8 +36,9 @@ class Tablet(tpb_grpc.TabletServiceServicer):
 
 @pytest.fixture
 def address():
+    authenticator = Authenticator(USERS.get)
     server = grpc.server(ThreadPoolExecutor(4), interceptors=[
-        AuthenticatingInterceptor(Authenticator(USERS.get).authenticate,
+        AuthenticatingInterceptor(lambda user, password, _cert: authenticator.authenticate(user, password),
                                   exempt=["/kvlease.CoordinatorService/ListTables"])])
     pb_grpc.add_CoordinatorServiceServicer_to_server(Coordinator(), server)
     tpb_grpc.add_TabletServiceServicer_to_server(Tablet(), server)

@@ -20,8 +20,11 @@ from tests.local_cluster import LocalCluster
 
 def security(paths: certs.CertPaths, *, client_auth: bool = False, client: bool = False) -> dict:
     cert, key = (paths.client_cert, paths.client_key) if client else (paths.node_cert, paths.node_key)
+    # the client authenticates as the cluster's own principal (a super user): these tests are about TLS
+    credentials = {"security.username": "kvlease", "security.password": "node-secret"} if client else {}
     return {"security.enabled": True, "security.tls.ca-file": str(paths.ca), "security.tls.cert-file": str(cert),
-            "security.tls.key-file": str(key), "security.tls.client-auth": client_auth}
+            "security.tls.key-file": str(key), "security.tls.client-auth": client_auth,
+            "security.internal.password": "node-secret", **credentials}
 
 
 def test_generate_writes_a_ca_and_certificates_for_loopback(tmp_path):

@@ -17,7 +17,7 @@ from typing import Callable, Iterable
 import grpc
 from google.protobuf import descriptor_pool, message_factory
 
-from common.errors import AuthenticationFailedError
+from common.errors import AuthenticationFailedError, AuthorizationFailedError
 from common.wire import error_pb
 
 USERNAME_KEY = "username"
@@ -31,7 +31,7 @@ def current_principal() -> str | None:
     return _PRINCIPAL.get()
 
 
-def _rejection(method: str, exc: AuthenticationFailedError, streaming: bool) -> Callable:
+def _rejection(method: str, exc: AuthenticationFailedError | AuthorizationFailedError, streaming: bool) -> Callable:
     """A behavior that answers ``exc`` in band (or aborts UNAUTHENTICATED if the response cannot carry it)."""
     response_cls = None
     try:
@@ -76,14 +76,21 @@ def _iterate_in(ctx: contextvars.Context, iterator: Iterable):
 
 
 class AuthenticatingInterceptor(grpc.ServerInterceptor):
-    """``authenticate(user, password) -> principal`` (or AuthenticationFailedError) on every call.
+    """``authenticate(user, password, certificate_name) -> principal`` (or AuthenticationFailedError) on every call.
 
-    ``exempt``: full method names served without credentials (e.g. a health check).
+    ``certificate_name``: the common name of the client's verified certificate
+    under mutual TLS, else None. ``exempt``: full method names served without
+    credentials (e.g. a health check). ``internal``: full method names only
+    ``is_internal(principal)`` may call; anyone else is answered
+    ``AUTHORIZATION_FAILED`` and the handler never runs.
     """
 
-    def __init__(self, authenticate: Callable[[str | None, str | None], str], exempt: Iterable[str] = ()) -> None:
+    def __init__(self, authenticate: Callable[[str | None, str | None, str | None], str], exempt: Iterable[str] = (),
+                 *, internal: Iterable[str] = (), is_internal: Callable[[str], bool] = lambda _principal: False) -> None:
         self._authenticate = authenticate
         self._exempt = frozenset(exempt)
+        self._internal = frozenset(internal)
+        self._is_internal = is_internal
 
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
@@ -91,12 +98,33 @@ class AuthenticatingInterceptor(grpc.ServerInterceptor):
         if handler is None or method in self._exempt:
             return handler
         metadata = {key: value for key, value in (handler_call_details.invocation_metadata or ())}
+        user, password = metadata.get(USERNAME_KEY), metadata.get(PASSWORD_KEY)
         streaming = handler.response_streaming
-        try:
-            principal = self._authenticate(metadata.get(USERNAME_KEY), metadata.get(PASSWORD_KEY))
-        except AuthenticationFailedError as exc:
-            return _replace(handler, lambda behavior: _rejection(method, exc, streaming))
-        return _replace(handler, lambda behavior: _in_context(behavior, principal, streaming))
+        internal_only = method in self._internal
+
+        def wrap(behavior: Callable) -> Callable:
+            def run(request_or_iterator, context):
+                try:
+                    principal = self._authenticate(user, password, certificate_name(context))
+                    if internal_only and not self._is_internal(principal):
+                        name = method.rsplit("/", 1)[-1]
+                        raise AuthorizationFailedError(
+                            f"{principal} may not call {name}: only the cluster's own principal may",
+                            principal=principal, operation=name, resource="cluster")
+                except (AuthenticationFailedError, AuthorizationFailedError) as exc:
+                    return _rejection(method, exc, streaming)(request_or_iterator, context)
+                return _in_context(behavior, principal, streaming)(request_or_iterator, context)
+            return run
+        return _replace(handler, wrap)
+
+
+def certificate_name(context) -> str | None:
+    """The common name of the peer's verified client certificate (mutual TLS), else None."""
+    try:
+        names = context.auth_context().get("x509_common_name")
+    except (AttributeError, ValueError):
+        return None
+    return names[0].decode() if names else None
 
 
 def _replace(handler: grpc.RpcMethodHandler, wrap: Callable[[Callable], Callable]) -> grpc.RpcMethodHandler:
