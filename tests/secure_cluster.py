@@ -1,0 +1,105 @@
+"""A LocalCluster with security on, for the security tests.
+
+TLS on every port (optionally mutual), the cluster's own principal
+(``User:kvlease`` with a password from config), one super user ``admin``;
+users and ACLs are written straight into ZooKeeper through the stores (cheap
+scrypt parameters, so adding users is fast), and clients are made for any
+user. Use as a context manager or call ``close``.
+"""
+
+from __future__ import annotations
+
+from client.admin import AdminClient
+from common.config import Config
+from common.security.acl import Operation, Resource
+from common.security.acl_store import AclStore
+from common.security.users import UserStore
+from common.zk import make_client
+from ops import certs
+from tests.local_cluster import LocalCluster
+
+INTERNAL_PASSWORD = "cluster-secret"
+ADMIN, ADMIN_PASSWORD = "admin", "admin-secret"
+CHEAP_HASH = {"n": 2 ** 4, "r": 8, "p": 1}  # scrypt parameters for test users: verifying costs microseconds
+
+
+class SecureCluster:
+    def __init__(self, make_config, tmp_path, tablets: int = 1, *, client_auth: bool = False,
+                 overrides: dict | None = None) -> None:
+        self.paths = certs.generate(tmp_path / "certs")
+        self.client_auth = client_auth
+        self.settings = {
+            "security.enabled": True, "security.tls.ca-file": str(self.paths.ca),
+            "security.tls.cert-file": str(self.paths.node_cert), "security.tls.key-file": str(self.paths.node_key),
+            "security.tls.client-auth": client_auth, "security.internal.password": INTERNAL_PASSWORD,
+            "security.super-users": f"User:{ADMIN}", **(overrides or {})}
+        self.make_config = make_config
+        self.zk = make_client(make_config(self.settings))
+        self.users = UserStore(self.zk, **CHEAP_HASH)
+        self.acls = AclStore(self.zk)
+        self.users.add(ADMIN, ADMIN_PASSWORD)
+        self._admins: list[AdminClient] = []
+        try:
+            self.cluster = LocalCluster(lambda o=None, /, **more: make_config({**self.settings, **(o or {})}, **more),
+                                        tmp_path, tablets, client_config=self.client_config(ADMIN, ADMIN_PASSWORD))
+        except BaseException:
+            self.zk.stop()
+            self.zk.close()
+            raise
+
+    @property
+    def admin(self) -> AdminClient:
+        """The super user's admin client."""
+        return self.cluster.admin
+
+    def client_config(self, user: str | None = None, password: str | None = None, *, tls: bool = True,
+                      certificate: bool | None = None) -> Config:
+        """A client's Config: TLS (with the client certificate under mutual TLS, or when ``certificate``)
+        and ``user``/``password`` if given. ``tls=False``: a plaintext client."""
+        settings: dict = {"client.retry.total-timeout": "2s"}
+        if tls:
+            settings.update({"security.enabled": True, "security.tls.ca-file": str(self.paths.ca)})
+            if certificate if certificate is not None else self.client_auth:
+                settings.update({"security.tls.cert-file": str(self.paths.client_cert),
+                                 "security.tls.key-file": str(self.paths.client_key)})
+            if user is not None:
+                settings.update({"security.username": user, "security.password": password or ""})
+        return Config(settings, env={})
+
+    def admin_as(self, user: str | None, password: str | None = None, **kwargs) -> AdminClient:
+        """An admin client of ``user`` (closed with the cluster)."""
+        admin = AdminClient([self.cluster.coordinator.address], self.client_config(user, password, **kwargs),
+                            retry_total_s=2)
+        self._admins.append(admin)
+        return admin
+
+    def add_user(self, name: str, password: str) -> None:
+        self.users.add(name, password)
+
+    def grant(self, principal: str, operation: str, resource: Resource | str) -> None:
+        """``grant("User:bob", "READ", "db.t")``: a table path, a database name, or a Resource."""
+        self.acls.add(_resource(resource), principal, Operation.parse(operation))
+
+    def revoke(self, principal: str, operation: str, resource: Resource | str) -> None:
+        self.acls.remove(_resource(resource), principal, Operation.parse(operation))
+
+    def close(self) -> None:
+        for admin in self._admins:
+            admin.close()
+        self.cluster.close()
+        self.zk.stop()
+        self.zk.close()
+
+    def __enter__(self) -> "SecureCluster":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _resource(resource: Resource | str) -> Resource:
+    if isinstance(resource, Resource):
+        return resource
+    if resource == "cluster":
+        return Resource.cluster()
+    return Resource.table(resource) if "." in resource else Resource.database(resource)
