@@ -172,6 +172,9 @@ class Controller(Dispatcher):
             if future is not None and not future.running() and not future.set_running_or_notify_cancel():
                 continue  # cancelled by its caller before it ran
             try:
+                if type(request) is rq.Guarded:
+                    request.guard(self)
+                    request = request.request
                 self.dispatch(request, future)
             except errors.KvLeaseError as exc:
                 settle(future, error=exc)

@@ -8,12 +8,12 @@ timer's ``Expire``), handed to the loop as they are.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Callable, Mapping
 
 from common.model import SnapshotHandle
 from common.tables import TableSpec
 
-__all__ = ["CommitSnapshot", "CreateTable", "DescribeLease", "DropTable", "GetTable", "GetTableAssignment",
+__all__ = ["CommitSnapshot", "CreateTable", "DescribeLease", "DropTable", "GetTable", "GetTableAssignment", "Guarded",
            "ListLeases", "ListSnapshots", "ListTables", "ListTabletServers", "RemoveOrphanLeaseFiles",
            "TabletServersChanged"]
 
@@ -86,3 +86,13 @@ class GetTableAssignment:
 @dataclass(frozen=True)
 class ListTabletServers:
     pass
+
+
+@dataclass(frozen=True)
+class Guarded:
+    """``request``, handled only once ``guard(controller)`` returned: a check that must see the loop's state
+    as the request will (a table id's path, the tables a lease holds). The guard raises to refuse (e.g.
+    AuthorizationFailedError) and then nothing is handled."""
+
+    request: Any
+    guard: Callable[[Any], None]

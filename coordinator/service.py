@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Callable, Iterable
 
 from common import errors
 from common.proto import coordinator_pb2 as pb
@@ -18,6 +19,7 @@ from common.proto import coordinator_pb2_grpc as pb_grpc
 from common.wire import (bucket_from_pb, bucket_snapshots_from_pb, bucket_snapshots_to_pb, error_pb, handle_from_pb,
                          handle_to_pb, lease_to_pb, refusing_partition_ids, table_to_pb)
 from common.tables import Column, TableSpec
+from common.security.acl import Operation, Resource
 from common.security.server import OPEN
 from coordinator import requests as rq
 from coordinator.snapshot_checks import check_log_end, check_manifest
@@ -59,6 +61,30 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
             log.exception("request %s failed", type(request).__name__)
             return response_cls(error=error_pb(errors.UnknownServerError(f"internal error: {exc}")))
 
+    # -- authorization (DESIGN.md "Security"; every check passes when security is off) ------------
+
+    def _check(self, operation: Operation, resource: Callable[[], Resource]) -> Callable[[], None] | None:
+        """A ``check`` for :meth:`_run`: the caller may do ``operation`` on ``resource()``."""
+        if not self.security.enabled:
+            return None
+        return lambda: self.security.check(operation, resource())
+
+    def _guarded(self, request, operation: Operation, table_ids: Iterable[int] = (), lease_id: str | None = None):
+        """``request`` guarded on the loop: the caller may do ``operation`` on each of ``table_ids`` and on every
+        table the lease ``lease_id`` holds at that moment. An unknown table id is left to the request's own
+        handler (TABLE_NOT_EXIST); an unknown lease holds no table."""
+        if not self.security.enabled:
+            return request
+        security, principal, ids = self.security, self.security.principal(), frozenset(table_ids)
+
+        def guard(controller) -> None:
+            lease = controller.leases.live(lease_id, controller.clock_ms()) if lease_id is not None else None
+            for table_id in sorted(ids | (lease.tables() if lease is not None else set())):
+                table = controller.catalog.by_id.get(table_id)
+                if table is not None:
+                    security.check(operation, Resource.table(table.path), principal)
+        return rq.Guarded(request, guard)
+
     def CoordinatorInfo(self, request, context):
         return pb.CoordinatorInfoResponse(**self.server.info())
 
@@ -66,18 +92,28 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
         spec = TableSpec(request.database, request.name, tuple(Column(c.name, c.type) for c in request.columns),
                          tuple(request.primary_key), request.buckets)
         return self._run(rq.CreateTable(spec, request.ignore_if_exists), pb.CreateTableResponse,
-                         lambda t: {"table": table_to_pb(t)})
+                         lambda t: {"table": table_to_pb(t)},
+                         check=self._check(Operation.CREATE, lambda: Resource.database(request.database)))
 
     def DropTable(self, request, context):
         return self._run(rq.DropTable(request.database, request.name, request.ignore_if_not_exists),
-                         pb.DropTableResponse, lambda _r: {})
+                         pb.DropTableResponse, lambda _r: {},
+                         check=self._check(Operation.DROP,
+                                           lambda: Resource.table(f"{request.database}.{request.name}")))
 
     def ListTables(self, request, context):
+        visible = self.security.allowed  # the tables the caller may DESCRIBE (all when security is off)
         return self._run(rq.ListTables(request.database), pb.ListTablesResponse,
-                         lambda ts: {"tables": [table_to_pb(t) for t in ts]})
+                         lambda ts: {"tables": [table_to_pb(t) for t in ts
+                                                if visible(Operation.DESCRIBE, Resource.table(t.path))]})
 
     def GetTable(self, request, context):
-        return self._run(rq.GetTable(request.database, request.name, request.table_id), pb.GetTableResponse,
+        get = rq.GetTable(request.database, request.name, request.table_id)
+        if request.database or request.name:
+            return self._run(get, pb.GetTableResponse, lambda t: {"table": table_to_pb(t)},
+                             check=self._check(Operation.DESCRIBE,
+                                               lambda: Resource.table(f"{request.database}.{request.name}")))
+        return self._run(self._guarded(get, Operation.DESCRIBE, [request.table_id]), pb.GetTableResponse,
                          lambda t: {"table": table_to_pb(t)})
 
     def CommitKvSnapshot(self, request, context):
@@ -93,7 +129,8 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
         return self._run(rq.CommitSnapshot(handle), pb.CommitKvSnapshotResponse, lambda _r: {}, check=check)
 
     def _snapshots(self, request, response_cls, latest_only):
-        return self._run(rq.ListSnapshots(request.table_id, latest_only), response_cls,
+        return self._run(self._guarded(rq.ListSnapshots(request.table_id, latest_only), Operation.READ,
+                                         [request.table_id]), response_cls,
                          lambda rows: {"table_id": request.table_id,
                                        "snapshots": [handle_to_pb(h, leased, kept) for h, leased, kept in rows]})
 
@@ -108,28 +145,43 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
         if len(snapshots) != len(request.snapshots):
             return pb.AcquireKvSnapshotLeaseResponse(error=error_pb(errors.InvalidRequestError(
                 "a bucket appears twice in the acquire request")))
-        return self._run(ls.Acquire(request.lease_id, snapshots, request.duration_ms),
+        return self._run(self._guarded(ls.Acquire(request.lease_id, snapshots, request.duration_ms),
+                                       Operation.READ, {tb.table_id for tb in snapshots}, request.lease_id),
                          pb.AcquireKvSnapshotLeaseResponse,
                          lambda o: {"expiration_time_ms": o.expiration_time,
                                     "acquired": bucket_snapshots_to_pb(o.acquired),
                                     "unavailable": bucket_snapshots_to_pb(o.unavailable)})
 
     def RenewKvSnapshotLease(self, request, context):
-        return self._run(ls.Renew(request.lease_id, request.duration_ms), pb.RenewKvSnapshotLeaseResponse,
+        return self._run(self._guarded(ls.Renew(request.lease_id, request.duration_ms), Operation.READ,
+                                       lease_id=request.lease_id),
+                         pb.RenewKvSnapshotLeaseResponse,
                          lambda expiration: {"expiration_time_ms": expiration})
 
     def ReleaseKvSnapshotLease(self, request, context):
         buckets = frozenset(bucket_from_pb(b) for b in request.buckets)
-        return self._run(ls.Release(request.lease_id, buckets), pb.ReleaseKvSnapshotLeaseResponse,
+        return self._run(self._guarded(ls.Release(request.lease_id, buckets), Operation.READ,
+                                         {tb.table_id for tb in buckets}), pb.ReleaseKvSnapshotLeaseResponse,
                          lambda outcome: {"released": outcome.released, "lease_remains": outcome.lease_remains})
 
     def DropKvSnapshotLease(self, request, context):
-        return self._run(ls.Drop(request.lease_id), pb.DropKvSnapshotLeaseResponse,
+        return self._run(self._guarded(ls.Drop(request.lease_id), Operation.READ, lease_id=request.lease_id),
+                         pb.DropKvSnapshotLeaseResponse,
                          lambda dropped: {"dropped": dropped})
 
     def ListKvSnapshotLeases(self, request, context):
-        return self._run(rq.ListLeases(), pb.ListKvSnapshotLeasesResponse,
-                         lambda leases: {"leases": [lease_to_pb(lease) for lease in leases]})
+        if not self.security.enabled:
+            return self._run(rq.ListLeases(), pb.ListKvSnapshotLeasesResponse,
+                             lambda leases: {"leases": [lease_to_pb(lease) for lease in leases]})
+        paths: dict[int, str] = {}  # table id -> path, read on the loop just before the leases
+
+        def readable(lease) -> bool:  # the caller may READ every table the lease holds
+            return all(table_id in paths and self.security.allowed(Operation.READ, Resource.table(paths[table_id]))
+                       for table_id in lease.tables())
+        return self._run(rq.Guarded(rq.ListLeases(), lambda controller: paths.update(
+                             (table_id, table.path) for table_id, table in controller.catalog.by_id.items())),
+                         pb.ListKvSnapshotLeasesResponse,
+                         lambda leases: {"leases": [lease_to_pb(lease) for lease in leases if readable(lease)]})
 
     def GetTableAssignment(self, request, context):
         def build(result):
@@ -137,12 +189,15 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
             return {"table": table_to_pb(table),
                     "buckets": [pb.BucketAssignmentPb(bucket=b, leader_id=leader, leader_address=address,
                                                       leader_epoch=epoch) for b, leader, address, epoch in rows]}
-        return self._run(rq.GetTableAssignment(request.table_id), pb.GetTableAssignmentResponse, build)
+        return self._run(self._guarded(rq.GetTableAssignment(request.table_id), Operation.DESCRIBE,
+                                         [request.table_id]), pb.GetTableAssignmentResponse, build)
 
     def ListTabletServers(self, request, context):
         return self._run(rq.ListTabletServers(), pb.ListTabletServersResponse,
                          lambda rows: {"servers": [pb.TabletServerPb(id=i, address=a, buckets=n) for i, a, n in rows]})
 
     def DescribeKvSnapshotLease(self, request, context):
-        return self._run(rq.DescribeLease(request.lease_id), pb.DescribeKvSnapshotLeaseResponse,
+        return self._run(self._guarded(rq.DescribeLease(request.lease_id), Operation.READ,
+                                       lease_id=request.lease_id),
+                         pb.DescribeKvSnapshotLeaseResponse,
                          lambda lease: {"lease": lease_to_pb(lease)})

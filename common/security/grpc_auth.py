@@ -85,8 +85,9 @@ class AuthenticatingInterceptor(grpc.ServerInterceptor):
     ``AUTHORIZATION_FAILED`` and the handler never runs.
     """
 
-    def __init__(self, authenticate: Callable[[str | None, str | None, str | None], str], exempt: Iterable[str] = (),
-                 *, internal: Iterable[str] = (), is_internal: Callable[[str], bool] = lambda _principal: False) -> None:
+    def __init__(self, authenticate: Callable[[str | None, str | None, str | None], str],
+                 exempt: Iterable[str] = (), *, internal: Iterable[str] = (),
+                 is_internal: Callable[[str], bool] = lambda _principal: False) -> None:
         self._authenticate = authenticate
         self._exempt = frozenset(exempt)
         self._internal = frozenset(internal)
