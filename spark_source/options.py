@@ -23,7 +23,8 @@ from common.tables import parse_table_path
 
 STARTUP_MODES = ("full", "earliest", "latest", "timestamp")
 BOOTSTRAP_MODES = ("snapshot", "live")
-CONNECTION = ("bootstrap", "cluster", "table", "ca-file", "cert-file", "key-file")
+CONNECTION = ("bootstrap", "cluster", "table", "ca-file", "cert-file", "key-file", "user", "password",
+              "password-file")
 #: The TLS options and the config keys they set (``ca-file`` turns TLS on).
 TLS_OPTIONS = {"ca-file": cfg.TLS_CA_FILE.name, "cert-file": cfg.TLS_CERT_FILE.name, "key-file": cfg.TLS_KEY_FILE.name}
 #: Client security settings: ``((dotted config key, value), …)``, picklable.
@@ -107,7 +108,33 @@ def _security(given: Mapping[str, str]) -> Security:
         settings.update({cfg.SECURITY_ENABLED.name: True, **files})
     if settings and not settings.get(cfg.TLS_CA_FILE.name):
         raise OptionError("options 'cert-file'/'key-file' need option 'ca-file' (the CA to verify the servers)")
+    settings.update(_credentials(given))
+    if settings.get(cfg.SECURITY_USERNAME.name) and not settings.get(cfg.TLS_CA_FILE.name):
+        raise OptionError("option 'user' needs option 'ca-file' (or a --secure 'cluster'): a password is only "
+                          "sent over TLS")
     return tuple(sorted(settings.items()))
+
+
+def _credentials(given: Mapping[str, str]) -> dict[str, str]:
+    """``user`` with ``password`` or ``password-file`` (read here, once: executors get the value)."""
+    if "password" in given and "password-file" in given:
+        raise OptionError("options 'password' and 'password-file' exclude each other: give one")
+    if not given.get("user"):
+        if "password" in given or "password-file" in given:
+            raise OptionError("option 'password'/'password-file' needs option 'user'")
+        return {}
+    if "password-file" in given:
+        try:
+            with open(given["password-file"], encoding="utf-8") as fh:
+                password = fh.read().rstrip("\r\n")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise OptionError(f"option 'password-file': cannot read {given['password-file']}: "
+                              f"{getattr(exc, 'strerror', None) or exc}") from None
+    else:
+        password = given.get("password", "")
+    if not password:
+        raise OptionError("option 'user' needs option 'password' or 'password-file'")
+    return {cfg.SECURITY_USERNAME.name: given["user"], cfg.SECURITY_PASSWORD.name: password}
 
 
 def _bootstrap(given: Mapping[str, str]) -> tuple[str, ...]:

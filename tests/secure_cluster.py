@@ -76,12 +76,24 @@ class SecureCluster:
     def add_user(self, name: str, password: str) -> None:
         self.users.add(name, password)
 
-    def grant(self, principal: str, operation: str, resource: Resource | str) -> None:
-        """``grant("User:bob", "READ", "db.t")``: a table path, a database name, or a Resource."""
-        self.acls.add(_resource(resource), principal, Operation.parse(operation))
+    def grant(self, principal: str, operation: str, resource: Resource | str, *, wait: bool = True) -> None:
+        """``grant("User:bob", "READ", "db.t")``: a table path, a database name, or a Resource. ``wait``: until
+        every server's ACL cache (kept by a ZooKeeper watch) allows it."""
+        resource, operation = _resource(resource), Operation.parse(operation)
+        self.acls.add(resource, principal, operation)
+        if wait:
+            self._until_servers(lambda security: security.allowed(operation, resource, principal), "granted")
 
-    def revoke(self, principal: str, operation: str, resource: Resource | str) -> None:
-        self.acls.remove(_resource(resource), principal, Operation.parse(operation))
+    def revoke(self, principal: str, operation: str, resource: Resource | str, *, wait: bool = True) -> None:
+        resource, operation = _resource(resource), Operation.parse(operation)
+        self.acls.remove(resource, principal, operation)
+        if wait:
+            self._until_servers(lambda security: not security.allowed(operation, resource, principal), "revoked")
+
+    def _until_servers(self, predicate, what: str) -> None:
+        servers = [self.cluster.coordinator, *self.cluster.tablets.values()]
+        self.cluster.wait_for(lambda: all(predicate(server.security) for server in servers),
+                              f"{what} on every server", timeout_s=10)
 
     def close(self) -> None:
         for admin in self._admins:
