@@ -78,7 +78,10 @@ OPTIONS = (
     Option("--threads", positive_int, BenchSettings.threads, "client threads acquiring leases"),
     Option("--raw-writes", positive_int, BenchSettings.raw_writes,
            "pipelined ZooKeeper creates (then sets) timed for the anchor"),
+    Option("--secure", bool, False, "instead: acquires/s with TLS + password + ACL checks on vs off, one "
+           "coordinator each, in the same run (target secure >= 0.8 of plain)"),
 )
+SECURE_TARGET = 0.8  # secure acquires/s over plain, at least
 
 
 # -- processes ---------------------------------------------------------------------------------------
@@ -126,7 +129,7 @@ def _cpu_s(pid: int) -> float:
 
 
 def _acquire_many(addresses: list[str], table_id: int, buckets: int, threads: int, prefix: str,
-                  stop_after_s: float | None, max_total: int) -> dict[str, Any]:
+                  stop_after_s: float | None, max_total: int, config: cfg.Config | None = None) -> dict[str, Any]:
     """``threads`` threads acquire new leases ``{prefix}-{thread}-{n}`` until time or count runs out."""
     latencies: list[list[float]] = [[] for _ in range(threads)]
     failures: list[str] = []
@@ -149,7 +152,7 @@ def _acquire_many(addresses: list[str], table_id: int, buckets: int, threads: in
 
     def worker(index: int) -> None:
         tb = TableBucket(table_id, index % buckets)
-        with AdminClient(addresses, request_timeout_s=30.0, retry_total_s=30.0) as client:
+        with AdminClient(addresses, config, request_timeout_s=30.0, retry_total_s=30.0) as client:
             try:  # connect before the clock starts
                 client.list_tables()
             except errors.KvLeaseError:
@@ -301,11 +304,74 @@ def _failover_phase(coordinators: list[_Coordinator], known_lease: str, held: in
 # -- the run -------------------------------------------------------------------------------------------------
 
 
-def run(*, leases: int, seconds: float, threads: int, raw_writes: int,
+def run(*, leases: int, seconds: float, threads: int, raw_writes: int, secure: bool = False,
         progress: bench_suite.Progress = lambda text: None) -> dict[str, Any]:
     """The figures (see the module docstring); options as in ``OPTIONS``."""
-    return measure(BenchSettings(held_leases=leases, seconds=seconds, threads=threads, raw_writes=raw_writes),
-                   progress)
+    settings = BenchSettings(held_leases=leases, seconds=seconds, threads=threads, raw_writes=raw_writes)
+    return measure_secure(settings, progress) if secure else measure(settings, progress)
+
+
+def _leasable_table(addresses: list[str], remote: Path, buckets: int, config: cfg.Config | None) -> int:
+    """Create the table and commit snapshot 1 of every bucket (as ``config``'s principal); the table id."""
+    with AdminClient(addresses, config, request_timeout_s=5.0, retry_total_s=30.0) as client:
+        wait_for_active(client, 60.0)
+        table = client.create_table("bench.leases", [Column("id", "BIGINT")], ["id"], buckets)
+        storage = open_storage(remote.as_uri())
+        for b in range(buckets):  # a commit is accepted only with its manifest in place
+            manifest = Manifest(TableBucket(table.table_id, b), 1, 0, (), 0)
+            storage.put(manifest.path, manifest.to_bytes())
+            client.commit_kv_snapshot(manifest.to_handle())
+    return table.table_id
+
+
+def measure_secure(s: BenchSettings, progress: bench_suite.Progress) -> dict[str, Any]:
+    """Phase a twice on one ZooKeeper: a plain coordinator, then a secure one (TLS, user ``bench`` with a
+    password and a READ grant, not a super user); each on its own chroot and remote directory."""
+    from common.security.acl import Operation, Resource
+    from ops.bench_secure import secure_setup
+
+    with tempfile.TemporaryDirectory(prefix="kvlease-bench-") as tmp:
+        base = Path(tmp)
+        zk = None
+        results: dict[str, Any] = {}
+        try:
+            progress("starting ZooKeeper")
+            zk = ZooKeeperCluster.start(str(base / "zookeeper"), 1)
+            for mode in ("plain", "secure"):
+                remote = base / f"remote-{mode}"
+                remote.mkdir()
+                values = {
+                    cfg.ZK_ADDRESS.name: zk.connect_string, cfg.ZK_ROOT.name: f"{ZK_ROOT}-{mode}",
+                    cfg.ZK_SESSION_TIMEOUT.name: f"{s.session_timeout_ms}ms", cfg.REMOTE_DATA_DIR.name: remote.as_uri(),
+                    cfg.REMOTE_FSYNC.name: s.fsync, cfg.METRICS_PORT.name: -1, cfg.COORDINATOR_HOST.name: "127.0.0.1",
+                }
+                client_config = setup_config = None
+                if mode == "secure":
+                    setup = secure_setup(base / "secure", values, [(Operation.READ, Resource.table("bench.leases"))])
+                    values.update(setup.server)
+                    client_config, setup_config = setup.client, setup.setup_client
+                progress(f"{mode}: starting a coordinator")
+                coordinator = _Coordinator(base / f"coordinator-{mode}",
+                                           {**values, cfg.COORDINATOR_PORT.name: free_ports(1)[0],
+                                            cfg.COORDINATOR_ID.name: "1"})
+                try:
+                    table_id = _leasable_table([coordinator.address], remote, s.buckets, setup_config)
+                    progress(f"{mode}: acquiring leases: {s.threads} threads, {s.seconds:g} s or {s.held_leases}")
+                    results[mode] = _acquire_many([coordinator.address], table_id, s.buckets, s.threads, mode,
+                                                  s.seconds, s.held_leases, client_config)
+                except BaseException:
+                    sys.stderr.write(f"--- {coordinator.log_path} ---\n{log_tail(coordinator.log_path, 40)}\n")
+                    raise
+                finally:
+                    coordinator.kill()
+        finally:
+            if zk is not None:
+                zk.stop()
+    plain, secure = results["plain"]["per_s"], results["secure"]["per_s"]
+    ratio = secure / plain if plain else 0.0
+    return {"settings": asdict(s), "secure": True, "plain": results["plain"], "secured": results["secure"],
+            "secure_to_plain": {"ratio": round(ratio, 3), "target": SECURE_TARGET, "met": ratio >= SECURE_TARGET},
+            "host": {"cpus": os.cpu_count(), "python": sys.version.split()[0]}}
 
 
 def measure(s: BenchSettings, progress: bench_suite.Progress) -> dict[str, Any]:
@@ -330,19 +396,12 @@ def measure(s: BenchSettings, progress: bench_suite.Progress) -> dict[str, Any]:
                                                  {**values, cfg.COORDINATOR_PORT.name: port,
                                                   cfg.COORDINATOR_ID.name: str(i + 1)}))
             addresses = [c.address for c in coordinators]
-            with AdminClient(addresses, request_timeout_s=5.0, retry_total_s=30.0) as client:
-                wait_for_active(client, 60.0)
-                table = client.create_table("bench.leases", [Column("id", "BIGINT")], ["id"], s.buckets)
-                storage = open_storage(remote.as_uri())
-                for b in range(s.buckets):  # a commit is accepted only with its manifest in place
-                    manifest = Manifest(TableBucket(table.table_id, b), 1, 0, (), 0)
-                    storage.put(manifest.path, manifest.to_bytes())
-                    client.commit_kv_snapshot(manifest.to_handle())
+            table_id = _leasable_table(addresses, remote, s.buckets, None)
             progress(f"a. acquiring leases: {s.threads} threads, {s.seconds:g} s or {s.held_leases} leases")
             pids = {"coordinator": [c.popen.pid for c in coordinators], "zookeeper": [zk.nodes[0].pid],
                     "client": [os.getpid()]}
             cpu_before = {role: sum(map(_cpu_s, ps)) for role, ps in pids.items()}
-            acquire = _acquire_many(addresses, table.table_id, s.buckets, s.threads, "a", s.seconds, s.held_leases)
+            acquire = _acquire_many(addresses, table_id, s.buckets, s.threads, "a", s.seconds, s.held_leases)
             acquire["cpu_ms_per_acquire"] = {
                 role: round((sum(map(_cpu_s, ps)) - cpu_before[role]) * 1000 / max(1, acquire["acquires"]), 3)
                 for role, ps in pids.items()}
@@ -352,7 +411,7 @@ def measure(s: BenchSettings, progress: bench_suite.Progress) -> dict[str, Any]:
             fill = None
             if missing > 0:
                 progress(f"c. filling up to {s.held_leases} leases")
-                fill = _acquire_many(addresses, table.table_id, s.buckets, s.threads, "f", None, missing)
+                fill = _acquire_many(addresses, table_id, s.buckets, s.threads, "f", None, missing)
             held = acquire["acquires"] + (fill["acquires"] if fill else 0)
             progress(f"c. failover with {held} leases held")
             failover = _failover_phase(coordinators, "a-0-0", held, s)
@@ -377,7 +436,24 @@ def measure(s: BenchSettings, progress: bench_suite.Progress) -> dict[str, Any]:
     }
 
 
+def _secure_report(figures: dict[str, Any]) -> str:
+    s, ratio = figures["settings"], figures["secure_to_plain"]
+    lines = [f"kvlease bench leases --secure ({figures['host']['cpus']} CPUs; one coordinator each; "
+             f"{s['threads']} threads; TLS + password + ACL checks vs none)"]
+    for label, key in (("plain ", "plain"), ("secure", "secured")):
+        a = figures[key]
+        lines.append(f"{label}  acquire {a['per_s']:>9.1f} /s   p50 {a['p50_ms']} ms   p99 {a['p99_ms']} ms   "
+                     f"({a['acquires']} leases in {a['seconds']:.1f} s, {a['errors']} errors)")
+        if a["errors"]:
+            lines.append(f"        errors (first): {a['first_errors']}")
+    lines.append(f"secure/plain    {ratio['ratio']:>6.3f}      target >= {ratio['target']}: "
+                 f"{'met' if ratio['met'] else 'NOT met'}")
+    return "\n".join(lines)
+
+
 def report(figures: dict[str, Any]) -> str:
+    if figures.get("secure"):
+        return _secure_report(figures)
     a, r, f, s = figures["acquire"], figures["raw_zookeeper"], figures["failover"], figures["settings"]
     ratio = figures["acquire_to_raw"]
     lines = [
@@ -405,6 +481,9 @@ def report(figures: dict[str, Any]) -> str:
 
 
 def target_rows(figures: dict[str, Any]) -> list[Row]:
+    if figures.get("secure"):
+        return [Row.ratio("secure / plain lease acquires", figures["secured"]["per_s"], figures["plain"]["per_s"],
+                          "/s", SECURE_TARGET)]
     f = figures["failover"]
     return [
         Row.ratio("acquire / raw ZooKeeper creates", figures["acquire"]["per_s"],

@@ -97,7 +97,7 @@ def plot_path(text: str) -> str:
 
 @dataclass(frozen=True)
 class Option:
-    """A benchmark's knob: ``--rows N``, passed to its ``run`` as ``rows=``."""
+    """A benchmark's knob: ``--rows N``, passed to its ``run`` as ``rows=``; ``type=bool``: a switch (``--secure``)."""
 
     flag: str
     type: Callable[[str], Any]
@@ -150,7 +150,10 @@ def parser(name: str, prog: str | None = None) -> argparse.ArgumentParser:
             text = f"{option.help} (default: {_default_text(option.default)})"
         else:
             text = "; ".join(f"{n}: {o.help} (default {_default_text(o.default)})" for n, o in owners)
-        p.add_argument(flag, type=owners[0][1].type, metavar=owners[0][1].metavar, help=text)
+        if owners[0][1].type is bool:  # a switch: --secure
+            p.add_argument(flag, action="store_true", help=text)
+        else:
+            p.add_argument(flag, type=owners[0][1].type, metavar=owners[0][1].metavar, help=text)
     return p
 
 
