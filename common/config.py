@@ -173,8 +173,8 @@ SCANNER_MAX_BATCH_SIZE = _key("kv.scanner.max-batch-size", "10mb", parse_size,
 
 # --- security: TLS ----------------------------------------------------------------
 SECURITY_ENABLED = _key("security.enabled", False, _parse_bool,
-                        "TLS on every gRPC port of coordinators and tablet servers, and in every client "
-                        "(the security.tls.* files must then be set)")
+                        "TLS, authentication and ACL checks on every gRPC port of coordinators and tablet "
+                        "servers, and TLS and credentials in every client (the security.tls.* files must then be set)")
 TLS_CERT_FILE = _key("security.tls.cert-file", "", str,
                      "PEM certificate this process presents (a server's; a client's under mutual TLS)")
 TLS_KEY_FILE = _key("security.tls.key-file", "", str, "PEM private key of security.tls.cert-file")
