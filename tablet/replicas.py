@@ -69,6 +69,7 @@ class ReplicaManager:
         self.clock_ms = clock_ms
         self.coordinator_epoch = 0
         self._replicas: dict[tuple[int, int], Replica] = {}
+        self._tables: dict[int, TableInfo] = {}  # the tables of the led buckets; replaced whole, read unlocked
         self._lock = threading.Lock()
         #: ``(table_id, bucket, dropped)`` callbacks run as a bucket stops being led (``dropped``: its
         #: table was dropped), after it left the map and before its store closes (live scans end their
@@ -105,14 +106,19 @@ class ReplicaManager:
                     log.warning("push of coordinator epoch %d drops table %d, which ZooKeeper still has: "
                                 "its data stays", coordinator_epoch, table_id)
             self.coordinator_epoch = coordinator_epoch
-            for key in [k for k in self._replicas if k not in wanted]:
-                self._close(key, dropped=key[0] in gone)
-            for key, (table, epoch) in wanted.items():
-                replica = self._replicas.get(key)
-                if replica is not None:
-                    replica.leader_epoch = epoch
-                    continue
-                self._replicas[key] = self._open(table, key[1], epoch)
+            try:
+                for key in [k for k in self._replicas if k not in wanted]:
+                    self._close(key, dropped=key[0] in gone)
+                for key, (table, epoch) in wanted.items():
+                    replica = self._replicas.get(key)
+                    if replica is not None:
+                        replica.leader_epoch = epoch
+                        continue
+                    replica = self._open(table, key[1], epoch)
+                    self._tables = {**self._tables, table.table_id: table}  # known before it serves a call
+                    self._replicas[key] = replica
+            finally:  # forget the tables no longer led (also when opening a bucket failed)
+                self._tables = {r.table.table_id: r.table for r in self._replicas.values()}
             for table_id in sorted(gone):
                 shutil.rmtree(os.path.join(self.data_dir, str(table_id)), ignore_errors=True)
         log.info("leading %d buckets (coordinator epoch %d)", len(wanted), coordinator_epoch)
@@ -194,6 +200,10 @@ class ReplicaManager:
                                         table_id=table_id, bucket=bucket)
         return replica
 
+    def table(self, table_id: int) -> TableInfo | None:
+        """The table ``table_id`` if this server leads a bucket of it, else None (no ZooKeeper read)."""
+        return self._tables.get(table_id)
+
     def check_table(self, table_id: int) -> None:
         """TableNotExistError if no bucket of ``table_id`` is led here and ZooKeeper has no such table."""
         if any(key[0] == table_id for key in list(self._replicas)):
@@ -210,6 +220,7 @@ class ReplicaManager:
         with self._lock:
             for key in list(self._replicas):
                 self._close(key)
+            self._tables = {}
 
     # -- snapshots ---------------------------------------------------------------------------
 

@@ -21,6 +21,13 @@ call or its read-ahead); its snapshot is closed only under it. A session
 whose call is in flight is released by that call as it ends, which sets
 ``released``: :meth:`close_bucket` waits for that, so a bucket's store never
 closes under a batch being read.
+
+Authorization (:mod:`tablet.authz`): opening a scan needs READ on the table.
+A session belongs to the principal that opened it: a continuation or close
+from another principal is ``AUTHORIZATION_FAILED`` and changes nothing (also
+for the replay of a finished session's last batch), and every continuation
+checks READ again, so an ACL revoked mid-scan stops the scan (the session
+stays for its owner's close, or until it expires).
 """
 
 from __future__ import annotations
@@ -44,7 +51,9 @@ from common.metrics import MetricsRegistry
 from common.wire import error_pb
 from common.model import TableBucket
 from common.statemachine import UnhandledError
+from common.security.server import OPEN
 from tablet import scan, scan_batch
+from tablet.authz import READ, TableAccess
 from tablet.bucket import BucketStoreError, KvSnapshot
 from tablet.replicas import ReplicaManager
 
@@ -110,6 +119,7 @@ class _Session:
     bucket: TableBucket
     limit: int | None
     stream: bool
+    owner: str | None = None  # the principal that opened it (None: security off)
     lock: threading.RLock = field(default_factory=threading.RLock)
     released: threading.Event = field(default_factory=threading.Event)
     snapshot: KvSnapshot | None = None
@@ -125,8 +135,10 @@ class ScanService:
 
     def __init__(self, replicas: ReplicaManager, config: cfg.Config, *,
                  clock_ms: Callable[[], int] = _monotonic_ms,
-                 new_id: Callable[[], bytes] = lambda: os.urandom(16), read_ahead: bool = True) -> None:
+                 new_id: Callable[[], bytes] = lambda: os.urandom(16), read_ahead: bool = True,
+                 security=OPEN) -> None:
         self.replicas = replicas
+        self.access = TableAccess(replicas, security)
         self.config = config
         self.clock_ms = clock_ms
         self.new_id = new_id
@@ -137,7 +149,7 @@ class ScanService:
         self.snapshots_open = 0  # RocksDB snapshots (iterators) held by sessions, for tests and metrics
         self._lock = threading.Lock()
         self._sessions: dict[bytes, _Session] = {}
-        self._finished: OrderedDict[bytes, pb.ScanKvResponse] = OrderedDict()  # sid -> last batch
+        self._finished: OrderedDict[bytes, _Session] = OrderedDict()  # sid -> finished session (its last batch)
         self._finished_bytes = 0
         self._pool = ThreadPoolExecutor(READ_AHEAD_THREADS, thread_name_prefix="scan-ahead")
         self._stop = threading.Event()
@@ -174,7 +186,7 @@ class ScanService:
         with self._lock:
             released = self._take_releases(self._run(scan.Tick(self.clock_ms())))
             for sid in [s for s in self._finished if s not in self.manager.gone]:
-                self._finished_bytes -= len(self._finished.pop(sid).records)
+                self._finished_bytes -= len(self._finished.pop(sid).last[1].records)
         self._free(released)
         return len(released)
 
@@ -217,16 +229,17 @@ class ScanService:
                 session = self._sessions.pop(ins.scanner_id)
                 out.append((ins, session))
                 if ins.reason == scan.FINISHED and session.last is not None and session.last[0] != scan.OPEN_CALL:
-                    self._keep_finished(ins.scanner_id, session.last[1])
+                    self._keep_finished(ins.scanner_id, session)
         return out
 
-    def _keep_finished(self, sid: bytes, response: pb.ScanKvResponse) -> None:
-        """Keep a finished session's last batch for a retry of its call (the manager knows for how long)."""
-        self._finished[sid] = response
-        self._finished_bytes += len(response.records)
+    def _keep_finished(self, sid: bytes, session: _Session) -> None:
+        """Keep a finished session (its last batch and owner; its snapshot is freed) for a retry of its
+        last call (the manager knows for how long)."""
+        self._finished[sid] = session
+        self._finished_bytes += len(session.last[1].records)
         while self._finished_bytes > FINISHED_CACHE_BYTES:
             _sid, old = self._finished.popitem(last=False)
-            self._finished_bytes -= len(old.records)
+            self._finished_bytes -= len(old.last[1].records)
 
     def _free(self, released: list[tuple[scan.Release, _Session]]) -> None:
         for ins, session in released:
@@ -257,6 +270,40 @@ class ScanService:
                 raise ins.error
         return out, session
 
+    # -- authorization ----------------------------------------------------------------------------
+
+    def _authorize_open(self, table_id: int) -> None:
+        """READ on the table, or AuthorizationFailedError (nothing opened)."""
+        try:
+            self.access.check(READ, table_id)
+        except errors.AuthorizationFailedError as exc:
+            self.metrics.refused.labels(exc.code.name).inc()
+            raise
+
+    def _authorize_call(self, sid: bytes, *, read: bool) -> None:
+        """Before a continuation (``read``) or close of ``sid``: AuthorizationFailedError unless the caller
+        opened the session and (``read``) may still READ its table. Nothing changes either way. An id
+        not open here (nor kept finished) is left to the manager's answer (unknown, expired, not leader)."""
+        if not self.access.enabled:
+            return
+        with self._lock:
+            session = self._sessions.get(sid) or self._finished.get(sid)
+        if session is None:
+            return
+        try:
+            principal = self.access.principal()
+            if session.owner != principal:
+                resource = self.access.resource(session.bucket.table_id)
+                what = str(resource) if resource is not None else f"table id {session.bucket.table_id}"
+                raise errors.AuthorizationFailedError(
+                    f"{principal} may not {'continue' if read else 'close'} scanner {sid.hex()} of {what}: "
+                    "another principal opened it", principal=principal, operation=READ.value, resource=what)
+            if read:
+                self.access.check(READ, session.bucket.table_id)
+        except errors.AuthorizationFailedError as exc:
+            self.metrics.refused.labels(exc.code.name).inc()
+            raise
+
     # -- calls ------------------------------------------------------------------------------------
 
     def scan(self, request: pb.ScanKvRequest) -> pb.ScanKvResponse:
@@ -266,10 +313,13 @@ class ScanService:
         kind = scan.request_kind(has_open, request.HasField("scanner_id"), request.close_scanner,
                                  request.batch_size_bytes, limit)
         if kind == scan.OPEN:
+            self._authorize_open(request.bucket_scan_req.table_id)
             return self._open(request.bucket_scan_req, request.batch_size_bytes, stream=False)[1]
         if kind == scan.CLOSE:
+            self._authorize_call(request.scanner_id, read=False)
             self._handle(scan.Close(request.scanner_id, self.clock_ms()))
             return pb.ScanKvResponse(scanner_id=request.scanner_id, has_more_results=False)
+        self._authorize_call(request.scanner_id, read=True)
         return self._continue(request.scanner_id, request.call_seq_id, request.batch_size_bytes)
 
     def stream(self, request: pb.ScanKvStreamRequest, context) -> Iterator[pb.ScanKvResponse]:
@@ -284,12 +334,14 @@ class ScanService:
             req = request.bucket_scan_req
             scan.request_kind(request.HasField("bucket_scan_req"), False, False, request.batch_size_bytes,
                               req.limit if req.HasField("limit") else None)
+            self._authorize_open(req.table_id)
             sid, response = self._open(req, request.batch_size_bytes, stream=True)
             if response.has_more_results:
                 context.add_callback(lambda: self._close_quietly(sid))
             yield response
             call = 0
             while response.has_more_results and context.is_active():
+                self._authorize_call(sid, read=True)  # READ revoked mid-stream: the stream ends with the error
                 response = self._continue(sid, call, request.batch_size_bytes)
                 call += 1
                 yield response
@@ -316,7 +368,7 @@ class ScanService:
         sid = self.new_id()
         tb = TableBucket(req.table_id, req.bucket)
         limit = req.limit if req.HasField("limit") else None
-        session = _Session(tb, limit, stream)
+        session = _Session(tb, limit, stream, owner=self.access.principal())
         with self._lock:
             out = self._run(scan.Open(sid, tb, limit, self.clock_ms()))
             if isinstance(out[0], scan.Serve):
@@ -391,7 +443,8 @@ class ScanService:
                 response = session.last[1] if session.last is not None and session.last[0] == ins.call else None
             else:  # the session ended with this batch
                 with self._lock:
-                    response = self._finished.get(sid)
+                    finished = self._finished.get(sid)
+                response = finished.last[1] if finished is not None else None
             if response is None:
                 raise errors.UnknownScannerIdError(f"scanner {sid.hex()} finished; its last batch is not kept")
             self.metrics.bytes.inc(len(response.records))

@@ -66,7 +66,7 @@ class TabletServer:
                                  locate=self._active_coordinator)  # as the cluster's own principal
         self.replicas = ReplicaManager(c[cfg.TABLET_DATA_DIR], c, self.storage, self.admin,
                                        current_epoch=self._zk_coordinator_epoch, table_gone=self._zk_table_gone)
-        self.scans = ScanService(self.replicas, c).start()
+        self.scans = ScanService(self.replicas, c, security=self.security).start()
         self._grpc = grpc.server(ThreadPoolExecutor(max_workers=c[cfg.TABLET_RPC_THREADS],
                                                     thread_name_prefix="tablet-rpc"), options=GRPC_OPTIONS,
                                  interceptors=self.security.interceptors(INTERNAL_METHODS))

@@ -1,7 +1,11 @@
 """The tablet server's gRPC service: thin, every answer carries a typed error code.
 
 A request that sets a ``partition_id`` anywhere is answered ``PARTITION_NOT_EXISTS``
-before its handler runs (:func:`common.wire.refusing_partition_ids`).
+before its handler runs (:func:`common.wire.refusing_partition_ids`). Every call
+is authorized before it acts (:mod:`tablet.authz`): WRITE on the table for
+PutKv and TriggerSnapshot, READ for Lookup, FetchLog, ListOffsets and scans;
+a denied call is answered ``AUTHORIZATION_FAILED`` and changes nothing.
+UpdateLeadership is the cluster's own (:data:`INTERNAL_METHODS`).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from common.proto import tablet_pb2_grpc as pb_grpc
 from common.wire import error_pb, handle_to_pb, refusing_partition_ids, table_from_pb
 from common.codec import batch_to_ipc, ipc_to_batch
 from common.security.server import OPEN
+from tablet.authz import READ, WRITE, TableAccess
 from tablet.replicas import ReplicaManager
 from tablet.scan_service import ScanService
 
@@ -50,7 +55,8 @@ class TabletService(pb_grpc.TabletServiceServicer):
     def __init__(self, replicas: ReplicaManager, scans: ScanService | None = None, security=OPEN) -> None:
         self.replicas = replicas
         self.security = security  # common.security.server: OPEN or ServerSecurity
-        self.scans = scans if scans is not None else ScanService(replicas, replicas.config)
+        self.access = TableAccess(replicas, security)
+        self.scans = scans if scans is not None else ScanService(replicas, replicas.config, security=security)
 
     def UpdateLeadership(self, request, context):
         def work():
@@ -61,6 +67,7 @@ class TabletService(pb_grpc.TabletServiceServicer):
 
     def PutKv(self, request, context):
         def work():
+            self.access.check(WRITE, request.table_id)
             replica = self.replicas.get(request.table_id, request.bucket)
             upserts, deletes = _batch(request.upserts), _batch(request.deletes)
             if upserts is None and deletes is None:
@@ -71,6 +78,7 @@ class TabletService(pb_grpc.TabletServiceServicer):
 
     def Lookup(self, request, context):
         def work():
+            self.access.check(READ, request.table_id)
             replica = self.replicas.get(request.table_id, request.bucket)
             keys = _batch(request.keys)
             if keys is None:
@@ -81,6 +89,7 @@ class TabletService(pb_grpc.TabletServiceServicer):
 
     def FetchLog(self, request, context):
         def work():
+            self.access.check(READ, request.table_id)
             replica = self.replicas.get(request.table_id, request.bucket)
             if request.max_bytes <= 0:
                 raise errors.InvalidRequestError("max_bytes must be positive")
@@ -91,6 +100,7 @@ class TabletService(pb_grpc.TabletServiceServicer):
 
     def ListOffsets(self, request, context):
         def work():
+            self.access.check(READ, request.table_id)
             timestamp = request.timestamp if request.HasField("timestamp") else None
             if timestamp is not None and timestamp < 0:
                 raise errors.InvalidRequestError(f"timestamp must be ms since the epoch (>= 0), got {timestamp}")
@@ -111,6 +121,7 @@ class TabletService(pb_grpc.TabletServiceServicer):
 
     def TriggerSnapshot(self, request, context):
         def work():
+            self.access.check(WRITE, request.table_id)
             self.replicas.check_table(request.table_id)
             if request.buckets:
                 targets = [self.replicas.get(request.table_id, b) for b in request.buckets]

@@ -112,6 +112,15 @@ def test_a_table_is_covered_by_its_database_and_the_cluster():
     assert Resource.cluster().covering() == (Resource.cluster(),)
 
 
+def test_entries_of_one_principal_sort_and_encode_whatever_their_operations():
+    from common.security.acl_store import decode, encode
+    entries = {AclEntry("User:a", Operation.WRITE), AclEntry("User:a", Operation.READ),
+               AclEntry("User:*", Operation.ALL)}
+    assert [(e.principal, e.operation) for e in sorted(entries)] == [
+        ("User:*", Operation.ALL), ("User:a", Operation.READ), ("User:a", Operation.WRITE)]
+    assert decode(encode(entries)) == entries
+
+
 def test_principals_and_operations_are_validated():
     assert check_principal("User:*") == "User:*"
     for bad in ("alice", "User:", "Group:x", "User:a\n", "user:alice"):

@@ -33,6 +33,11 @@ class Operation(enum.Enum):
     DESCRIBE = "DESCRIBE"
     ALL = "ALL"
 
+    def __lt__(self, other: object) -> bool:  # AclEntry sorts by (principal, operation)
+        if not isinstance(other, Operation):
+            return NotImplemented
+        return self.value < other.value
+
     @classmethod
     def parse(cls, text: str) -> "Operation":
         try:
