@@ -11,6 +11,7 @@ from kazoo.retry import KazooRetry
 
 from common import config as cfg
 from common import zkacl
+from common.redaction import protect
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ def make_client(config: cfg.Config, *, start: bool = True, timeout_s: float = 15
     session_s = config[cfg.ZK_SESSION_TIMEOUT] / 1000.0
     retry = KazooRetry(max_tries=-1, delay=0.05, max_delay=1.0, ignore_expire=False)
     auth, acl = zkacl.auth_data(config), zkacl.node_acl(config)
+    protect(config.secrets())  # kazoo's lowest log level shows the auth packet
     chrooted = bool(root) and "/" not in address
     if start and chrooted:
         bootstrap = KazooClient(hosts=address, timeout=session_s, auth_data=auth)
