@@ -308,6 +308,15 @@ def read_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
 
 
+def write_file(path: str | os.PathLike[str], values: Mapping[str, Any]) -> None:
+    """Write flat ``{key: value}`` as a TOML config file (:func:`to_toml`) only its owner may read (mode 0600):
+    a config may hold credentials (:data:`SECRET_KEYS`)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # an existing file keeps its mode through O_CREAT
+    with os.fdopen(fd, "w") as fh:
+        fh.write(to_toml(values))
+
+
 def to_toml(values: Mapping[str, Any]) -> str:
     """Render flat ``{key: value}`` as TOML with quoted dotted keys (for generated configs).
 
