@@ -20,6 +20,7 @@ import grpc
 import tenacity
 
 from common import errors
+from common.redaction import protect
 from common.security.grpc_auth import with_credentials
 from common.tls import TlsFiles
 
@@ -53,6 +54,7 @@ class Channels:
         self._options = list(options)
         self.tls = tls
         self.credentials = credentials  # (username, password) sent on every call
+        protect([credentials[1]] if credentials else [])
         self._credentials = tls.channel_credentials() if tls is not None else None
         self._channels: dict[str, tuple[grpc.Channel, grpc.Channel]] = {}  # address -> (raw, with credentials)
         self._lock = threading.Lock()

@@ -79,6 +79,15 @@ def _parse_int(value: Any) -> int:
     return int(value)
 
 
+def _parse_digest(value: Any) -> str:
+    """``user:password`` or empty; the message of a bad value does not show it (it is a credential)."""
+    text = str(value)
+    user, colon, _password = text.partition(":")
+    if text and (not colon or not user):
+        raise ValueError("expected user:password (a user name, a colon, then the password); the value is not shown")
+    return text
+
+
 def _parse_bool(value: Any) -> bool:
     if isinstance(value, bool):
         return value
@@ -96,6 +105,7 @@ class Key:
     default: Any
     parse: Callable[[Any], Any]
     doc: str = ""
+    secret: bool = False  # a credential: its parser's errors must not show it; Config.redacted() hides it
 
     @property
     def env_var(self) -> str:
@@ -105,8 +115,8 @@ class Key:
 KEYS: dict[str, Key] = {}
 
 
-def _key(name: str, default: Any, parse: Callable[[Any], Any], doc: str = "") -> Key:
-    key = Key(name, default, parse, doc)
+def _key(name: str, default: Any, parse: Callable[[Any], Any], doc: str = "", *, secret: bool = False) -> Key:
+    key = Key(name, default, parse, doc, secret)
     KEYS[name] = key
     return key
 
@@ -121,8 +131,10 @@ ZK_SESSION_TIMEOUT = _key("zookeeper.session-timeout", "6s", parse_duration_ms,
 REMOTE_DATA_DIR = _key("remote.data.dir", "file:///tmp/kvlease/remote", str, "file:///path or s3://bucket/prefix")
 S3_ENDPOINT = _key("remote.s3.endpoint", "", str, "S3 endpoint URL (empty: AWS default)")
 S3_REGION = _key("remote.s3.region", "us-east-1", str, "S3 region")
-S3_ACCESS_KEY = _key("remote.s3.access-key", "", str, "S3 access key (empty: boto3's default credential chain)")
-S3_SECRET_KEY = _key("remote.s3.secret-key", "", str, "S3 secret key (empty: boto3's default credential chain)")
+S3_ACCESS_KEY = _key("remote.s3.access-key", "", str, "S3 access key (empty: boto3's default credential chain)",
+                     secret=True)
+S3_SECRET_KEY = _key("remote.s3.secret-key", "", str, "S3 secret key (empty: boto3's default credential chain)",
+                     secret=True)
 REMOTE_FSYNC = _key("remote.file.fsync", True, _parse_bool, "fsync file:// writes before publishing them")
 
 # --- coordinator ---------------------------------------------------------------
@@ -187,18 +199,23 @@ TLS_CLIENT_AUTH = _key("security.tls.client-auth", False, _parse_bool,
 SECURITY_USERNAME = _key("security.username", "", str,
                          "user a client authenticates as (with security.password) when security.enabled; empty: "
                          "the mutual-TLS client certificate's common name")
-SECURITY_PASSWORD = _key("security.password", "", str, "password of security.username (never logged)")
+SECURITY_PASSWORD = _key("security.password", "", str, "password of security.username (never logged)",
+                         secret=True)
 INTERNAL_USERNAME = _key("security.internal.username", "kvlease", str,
                          "the cluster's own principal (User:<name>): coordinators and tablet servers authenticate "
                          "their calls to each other as it; only it may make internal calls")
 INTERNAL_PASSWORD = _key("security.internal.password", "", str,
                          "password of security.internal.username, the same in every cluster process (under mutual "
-                         "TLS it may be empty: a node certificate whose common name is that user then authenticates)")
+                         "TLS it may be empty: a node certificate whose common name is that user then authenticates)",
+                         secret=True)
 SUPER_USERS = _key("security.super-users", "", str,
                    "comma-separated principals (User:admin) or user names allowed every operation without ACLs")
-ZK_DIGEST = _key("security.zookeeper.digest", "", str,
+ZK_DIGEST = _key("security.zookeeper.digest", "", _parse_digest,
                  "user:password of a ZooKeeper digest identity; when set, kvlease's nodes carry an ACL that lets "
-                 "only this identity change them (the same in every cluster process and admin tool)")
+                 "only this identity change them (the same in every cluster process and admin tool)", secret=True)
+#: Keys whose values are credentials.
+SECRET_KEYS: frozenset[str] = frozenset(name for name, key in KEYS.items() if key.secret)
+REDACTED = "<redacted>"
 
 # --- clients ---------------------------------------------------------------------
 CLIENT_REQUEST_TIMEOUT = _key("client.request-timeout", "30s", parse_duration_ms, "deadline of one client request")
@@ -262,7 +279,22 @@ class Config:
         return Config(merged, env={})
 
     def as_dict(self) -> dict[str, Any]:
+        """Every value, credentials included: for building processes, never for printing (see :meth:`redacted`)."""
         return dict(self._values)
+
+    def redacted(self) -> dict[str, Any]:
+        """Every value, with each set credential (:data:`SECRET_KEYS`) replaced by :data:`REDACTED`: safe to log."""
+        return {name: REDACTED if name in SECRET_KEYS and value else value for name, value in self._values.items()}
+
+    def secrets(self) -> list[str]:
+        """The set credential values (for :mod:`common.redaction`), the digest's password on its own too."""
+        values = [self._values[name] for name in sorted(SECRET_KEYS) if self._values[name]]
+        digest = self._values[ZK_DIGEST.name]
+        return values + ([digest.partition(":")[2]] if digest.partition(":")[2] else [])
+
+    def __repr__(self) -> str:
+        changed = {k: v for k, v in self.redacted().items() if v != KEYS[k].parse(KEYS[k].default)}
+        return f"Config({changed!r})"
 
 
 def read_file(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -274,6 +306,15 @@ def read_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise ConfigError(f"config file not found: {path}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+
+
+def write_file(path: str | os.PathLike[str], values: Mapping[str, Any]) -> None:
+    """Write flat ``{key: value}`` as a TOML config file (:func:`to_toml`) only its owner may read (mode 0600):
+    a config may hold credentials (:data:`SECRET_KEYS`)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # an existing file keeps its mode through O_CREAT
+    with os.fdopen(fd, "w") as fh:
+        fh.write(to_toml(values))
 
 
 def to_toml(values: Mapping[str, Any]) -> str:

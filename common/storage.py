@@ -15,6 +15,7 @@ from typing import Any
 
 from common import config as cfg
 from common.errors import StorageError
+from common.redaction import protect, scrub
 
 MULTIPART_BYTES = 16 << 20  # S3: files above this go up and down in parts of this size, 4 at a time
 
@@ -133,7 +134,7 @@ class FileStorage(RemoteStorage):
                 os.unlink(tmp)
             except OSError:
                 pass
-            raise StorageError(f"cannot write {self.uri}/{path}: {exc}", path=path) from None
+            raise self._fail("write", path, exc) from None
 
     def write_new(self, path: str, data: bytes) -> None:
         self._write(path, data, exclusive=True)
@@ -190,6 +191,7 @@ class S3Storage(RemoteStorage):
         self.region = region
         self.access_key = access_key
         self.secret_key = secret_key
+        protect([access_key, secret_key])  # botocore's debug log shows the key id; an error may quote either
         self._client: Any = None
         self._lock = threading.Lock()
 
@@ -232,7 +234,7 @@ class S3Storage(RemoteStorage):
         return key[len(self.prefix) + 1:] if self.prefix else key
 
     def _fail(self, action: str, path: str, exc: Exception) -> StorageError:
-        return StorageError(f"cannot {action} {self.uri}/{path}: {exc}", path=path)
+        return StorageError(scrub(f"cannot {action} {self.uri}/{path}: {exc}"), path=path)
 
     def read(self, path: str) -> bytes:
         from botocore.exceptions import BotoCoreError, ClientError
@@ -309,9 +311,9 @@ class S3Storage(RemoteStorage):
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
                 raise StorageNotFound(f"{self.uri}/{path} does not exist", path=path) from None
-            raise StorageError(f"cannot read {self.uri}/{path}: {exc}", path=path) from None
+            raise self._fail("read", path, exc) from None
         except (BotoCoreError, OSError) as exc:
-            raise StorageError(f"cannot read {self.uri}/{path}: {exc}", path=path) from None
+            raise self._fail("read", path, exc) from None
 
     def list(self, prefix: str) -> list[str]:
         from botocore.exceptions import BotoCoreError, ClientError

@@ -18,14 +18,16 @@ from google.protobuf.descriptor import MethodDescriptor, ServiceDescriptor
 from google.protobuf.message import Message
 
 from common import errors
+from common.redaction import scrub
 from common.model import Lease, SnapshotFile, SnapshotHandle, TableBucket
 from common.proto import coordinator_pb2 as pb
 from common.tables import Column, TableInfo
 
 
 def error_pb(exc: errors.KvLeaseError) -> pb.ErrorPb:
-    """The wire form of ``exc`` (with the active coordinator's address, if it names one)."""
-    return pb.ErrorPb(code=int(exc.code), message=exc.message,
+    """The wire form of ``exc`` (with the active coordinator's address, if it names one); a credential the
+    process holds never leaves in the message (:func:`common.redaction.scrub`)."""
+    return pb.ErrorPb(code=int(exc.code), message=scrub(exc.message),
                       active_address=str(exc.details.get("active_address", "") or ""))
 
 

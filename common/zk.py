@@ -10,6 +10,8 @@ from kazoo.client import KazooClient
 from kazoo.retry import KazooRetry
 
 from common import config as cfg
+from common import zkacl
+from common.redaction import protect
 
 
 @dataclass(frozen=True)
@@ -32,22 +34,39 @@ def make_client(config: cfg.Config, *, start: bool = True, timeout_s: float = 15
 
     The chroot node is created if missing (through a short-lived client on the
     bare address), so callers can use absolute paths like ``/tables``.
+
+    With ``security.zookeeper.digest`` set the client authenticates as that
+    digest identity and every node it creates (the chroot too) carries the
+    digest-only ACL of :mod:`common.zkacl`. A started client has checked that
+    it may change the tree (securing a tree made before the digest was set);
+    raises ConfigError naming the key if ZooKeeper refuses it.
     """
     address = config[cfg.ZK_ADDRESS]
     root = config[cfg.ZK_ROOT].rstrip("/")
     session_s = config[cfg.ZK_SESSION_TIMEOUT] / 1000.0
     retry = KazooRetry(max_tries=-1, delay=0.05, max_delay=1.0, ignore_expire=False)
-    if start and root and "/" not in address:
-        bootstrap = KazooClient(hosts=address, timeout=session_s)
+    auth, acl = zkacl.auth_data(config), zkacl.node_acl(config)
+    protect(config.secrets())  # kazoo's lowest log level shows the auth packet
+    chrooted = bool(root) and "/" not in address
+    if start and chrooted:
+        bootstrap = KazooClient(hosts=address, timeout=session_s, auth_data=auth)
         bootstrap.start(timeout=timeout_s)
         try:
-            bootstrap.ensure_path(root)
+            zkacl.ensure_chroot(bootstrap, root, acl)
         finally:
             bootstrap.stop()
             bootstrap.close()
-    client = KazooClient(hosts=connect_string(config), timeout=session_s, connection_retry=retry)
+    client = KazooClient(hosts=connect_string(config), timeout=session_s, connection_retry=retry,
+                         auth_data=auth, default_acl=acl)
     if start:
         client.start(timeout=timeout_s)
+        try:
+            zkacl.check_access(client, config, root if chrooted else "/" + address.split("/", 1)[1] if "/" in address
+                               else "")
+        except BaseException:
+            client.stop()
+            client.close()
+            raise
     return client
 
 

@@ -23,6 +23,7 @@ from kazoo.protocol.states import KazooState
 from common import config as cfg
 from common import errors, zkpaths
 from common.limits import GRPC_SERVER_OPTIONS
+from common.redaction import protect
 from common.proto import coordinator_pb2_grpc as pb_grpc
 from common.security.client import internal_credentials
 from common.security.server import server_security
@@ -50,6 +51,7 @@ class CoordinatorServer:
     def __init__(self, config: cfg.Config, clock_ms: Callable[[], int] = wall_clock_ms,
                  storage: RemoteStorage | None = None) -> None:
         self.config = config
+        protect(config.secrets())  # out of every log line and error message of this process
         self.storage = storage
         self.clock_ms = clock_ms
         self.metrics = CoordinatorMetrics()

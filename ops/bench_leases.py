@@ -94,7 +94,7 @@ class _Coordinator:
         self.address = f"127.0.0.1:{values[cfg.COORDINATOR_PORT.name]}"
         self.log_path = home / "coordinator.log"
         config_path = home / "config.toml"
-        config_path.write_text(cfg.to_toml(values))
+        cfg.write_file(config_path, values)
         env = {k: v for k, v in os.environ.items() if not k.startswith("KVLEASE_") or k == "KVLEASE_TEST_SESSION"}
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
         with open(self.log_path, "ab") as log:

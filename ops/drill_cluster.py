@@ -13,6 +13,7 @@ a drill leaves the cluster in the shape it found it, also when it fails.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import time
 import uuid
@@ -29,6 +30,20 @@ from ops.drill import Check
 from ops.zookeeper import four_letter
 
 DRILL_DB = "drill"
+
+
+def zk_config(doc: dict[str, Any], root: str) -> cfg.Config:
+    """A Config for a ZooKeeper client on the cluster's chroot, with the digest its processes use
+    (``security.zookeeper.digest`` of a coordinator's config file, else of the environment)."""
+    values = {cfg.ZK_ADDRESS.name: doc["zookeeper_connect"], cfg.ZK_ROOT.name: root}
+    for coordinator in doc.get("coordinators", []):
+        path = Path(coordinator["log"]).parent / "config.toml"
+        digest = cfg.read_file(path).get(cfg.ZK_DIGEST.name) if path.exists() else None
+        if digest:
+            values[cfg.ZK_DIGEST.name] = digest
+            break
+    env = {cfg.ZK_DIGEST.env_var: v} if (v := os.environ.get(cfg.ZK_DIGEST.env_var)) else {}
+    return cfg.Config(values, env={} if cfg.ZK_DIGEST.name in values else env)
 
 
 class ClusterShapeError(errors.InvalidRequestError):
@@ -78,8 +93,7 @@ class DrillCluster:
         try:
             wait_for_active(self.admin, 30.0)
             self.storage = self.admin.coordinator_info().remote_storage()
-            self.zk = make_client(cfg.Config({cfg.ZK_ADDRESS.name: self.doc["zookeeper_connect"],
-                                              cfg.ZK_ROOT.name: self.root}, env={}))
+            self.zk = make_client(zk_config(self.doc, self.root))
         except BaseException:
             self.close()
             raise

@@ -21,6 +21,7 @@ from kazoo.protocol.states import KazooState
 from common import config as cfg
 from common import errors, zkpaths
 from common.limits import GRPC_SERVER_OPTIONS
+from common.redaction import protect
 from common.proto import tablet_pb2_grpc as pb_grpc
 from common.storage import RemoteStorage, open_storage
 from common.tls import TlsFiles, add_port
@@ -40,6 +41,7 @@ GRPC_OPTIONS = list(GRPC_SERVER_OPTIONS)  # the same message sizes as every clie
 class TabletServer:
     def __init__(self, config: cfg.Config, storage: RemoteStorage | None = None) -> None:
         self.config = config
+        protect(config.secrets())  # out of every log line and error message of this process
         self.server_id = config[cfg.TABLET_ID]
         self.storage = storage
         self.address = ""

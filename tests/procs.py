@@ -106,7 +106,7 @@ class CoordinatorProcs:
             values = {**self.values, **overrides, cfg.COORDINATOR_PORT.name: port,
                       cfg.COORDINATOR_HOST.name: "127.0.0.1", cfg.COORDINATOR_ID.name: name}
             config_path = home / "config.toml"
-            config_path.write_text(cfg.to_toml(values))
+            cfg.write_file(config_path, values)
             env = {k: v for k, v in os.environ.items() if not k.startswith("KVLEASE_") or k == "KVLEASE_TEST_SESSION"}
             env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
             with open(home / "coordinator.log", "ab") as log:
