@@ -24,7 +24,23 @@ WILDCARD_PRINCIPAL = USER_PREFIX + "*"
 CLUSTER_NAME = "kvlease-cluster"
 
 
-class Operation(enum.Enum):
+class _OrderedByValue:
+    """Enum members ordered by their value, so resources and entries (ordered dataclasses) sort."""
+
+    def __lt__(self, other):
+        return self.value < other.value if type(other) is type(self) else NotImplemented
+
+    def __le__(self, other):
+        return self.value <= other.value if type(other) is type(self) else NotImplemented
+
+    def __gt__(self, other):
+        return self.value > other.value if type(other) is type(self) else NotImplemented
+
+    def __ge__(self, other):
+        return self.value >= other.value if type(other) is type(self) else NotImplemented
+
+
+class Operation(_OrderedByValue, enum.Enum):
     READ = "READ"
     WRITE = "WRITE"
     CREATE = "CREATE"
@@ -42,7 +58,7 @@ class Operation(enum.Enum):
                                       operation=str(text)) from None
 
 
-class ResourceType(enum.Enum):
+class ResourceType(_OrderedByValue, enum.Enum):
     CLUSTER = "cluster"
     DATABASE = "database"
     TABLE = "table"
