@@ -139,6 +139,27 @@ class AclEntry:
         return operation is Operation.DESCRIBE or self.operation in (operation, Operation.ALL)
 
 
+@dataclass(frozen=True, order=True)
+class AclBinding:
+    """One ACL entry with its resource, as the SecurityService adds, removes and lists them."""
+
+    resource: Resource
+    principal: str
+    operation: Operation
+
+    def __post_init__(self) -> None:
+        check_principal(self.principal)
+
+    @property
+    def entry(self) -> AclEntry:
+        return AclEntry(self.principal, self.operation)
+
+    def to_json(self) -> dict:
+        return {"resource_type": self.resource.type.value,
+                "resource": "" if self.resource.type is ResourceType.CLUSTER else self.resource.name,
+                "principal": self.principal, "operation": self.operation.value}
+
+
 class Authorizer:
     """``check(principal, operation, resource)``: None if allowed, else AuthorizationFailedError. No I/O."""
 
