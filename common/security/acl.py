@@ -50,7 +50,9 @@ class Operation(_OrderedByValue, enum.Enum):
     ALL = "ALL"
 
     @classmethod
-    def parse(cls, text: str) -> "Operation":
+    def parse(cls, text: "str | Operation") -> "Operation":
+        if isinstance(text, cls):
+            return text
         try:
             return cls(str(text).upper())
         except ValueError:

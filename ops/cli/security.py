@@ -65,7 +65,7 @@ def _new_password(name: str, from_stdin: bool, given: str | None) -> str:
     if from_stdin and given is not None:
         raise OneLineUsageError("give --password-stdin or --password, not both", ctx)
     if from_stdin:
-        line = click.get_text_stream("stdin").readline()
+        line = sys.stdin.readline()
         password = line[:-1] if line.endswith("\n") else line
         password = password[:-1] if password.endswith("\r") else password
     elif given is not None:
