@@ -14,7 +14,6 @@ import time
 
 import pytest
 
-from client.admin import AdminClient
 from client.transport import Channels
 from common import errors
 from common.proto import security_pb2 as pb
