@@ -1,4 +1,4 @@
-"""The admin client: tables, snapshots and leases on the active coordinator.
+"""The admin client: tables, snapshots, leases, users and ACLs on the active coordinator.
 
 It finds the active coordinator from a bootstrap list, follows
 ``NOT_COORDINATOR`` answers to the address they name, and retries retriable
@@ -19,8 +19,12 @@ from common import config as cfg
 from common import errors
 from common.proto import coordinator_pb2 as pb
 from common.proto import coordinator_pb2_grpc as pb_grpc
+from common.proto import security_pb2 as security_pb
+from common.proto import security_pb2_grpc as security_pb_grpc
 from client.transport import RETRIABLE, Channels, RetryPolicy, rpc_error
+from common.security.acl import AclBinding, Operation, Resource
 from common.security.client import credentials
+from common.security.wire import binding_from_pb, binding_to_pb, resource_fields
 from common.tls import TlsFiles
 from common.wire import (bucket_snapshots_from_pb, bucket_snapshots_to_pb, bucket_to_pb, handle_from_pb, handle_to_pb,
                          lease_from_pb, raise_for, table_from_pb)
@@ -102,6 +106,9 @@ IDEMPOTENT = frozenset({
     "GetTable", "GetTableAssignment", "ListTables", "ListTabletServers", "GetLatestKvSnapshots", "ListKvSnapshots",
     "ListKvSnapshotLeases", "DescribeKvSnapshotLease", "AcquireKvSnapshotLease", "RenewKvSnapshotLease",
     "ReleaseKvSnapshotLease", "DropKvSnapshotLease",
+    # SecurityService: AddUser of a user that exists with the same password answers created=false,
+    # the others answer false when nothing changed (see coordinator/security_service.py)
+    "AddUser", "RemoveUser", "ListUsers", "AddAcl", "RemoveAcl", "ListAcls",
 })
 
 
@@ -151,8 +158,8 @@ class AdminClient:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _stub(self, address: str) -> pb_grpc.CoordinatorServiceStub:
-        return self._channels.stub(address, pb_grpc.CoordinatorServiceStub)
+    def _stub(self, address: str, stub_class: type = pb_grpc.CoordinatorServiceStub):
+        return self._channels.stub(address, stub_class)
 
     def _move_to(self, error: errors.KvLeaseError, tried: str) -> None:
         with self._lock:
@@ -165,10 +172,10 @@ class AdminClient:
                 self._address = self._bootstrap[self._next_bootstrap % len(self._bootstrap)]
                 self._next_bootstrap += 1
 
-    def _call_once(self, method: str, request):
+    def _call_once(self, method: str, request, stub_class: type = pb_grpc.CoordinatorServiceStub):
         address = self._address
         try:
-            response = getattr(self._stub(address), method)(request, timeout=self._timeout_s)
+            response = getattr(self._stub(address, stub_class), method)(request, timeout=self._timeout_s)
         except grpc.RpcError as exc:
             # a request that timed out may have been applied: retried only if applying it twice
             # gives the same outcome (IDEMPOTENT); otherwise the caller decides
@@ -184,9 +191,13 @@ class AdminClient:
             raise errors.NotCoordinatorError(exc.message, active_address=getattr(exc, "active_address", "")) from None
         return response
 
-    def _call(self, method: str, request):
+    def _call(self, method: str, request, stub_class: type = pb_grpc.CoordinatorServiceStub):
+        """``method`` of the active coordinator's service ``stub_class`` (default CoordinatorService)."""
         retry_on = RETRIABLE_IF_IDEMPOTENT if method in IDEMPOTENT else RETRIABLE
-        return self.retry.call(self._call_once, method, request, retry_on=retry_on)
+        return self.retry.call(self._call_once, method, request, stub_class, retry_on=retry_on)
+
+    def _security(self, method: str, request):
+        return self._call(method, request, security_pb_grpc.SecurityServiceStub)
 
     # -- coordinators ---------------------------------------------------------
 
@@ -316,6 +327,36 @@ class AdminClient:
     def describe_lease(self, lease_id: str) -> Lease:
         response = self._call("DescribeKvSnapshotLease", pb.DescribeKvSnapshotLeaseRequest(lease_id=lease_id))
         return lease_from_pb(response.lease)
+
+    # -- users and ACLs (the SecurityService; with security on, they need ALTER) --------------
+
+    def add_user(self, name: str, password: str) -> bool:
+        """Add a user; False if it exists already with this password (a resent call).
+        UserAlreadyExistsError if it exists with another one."""
+        return self._security("AddUser", security_pb.AddUserRequest(name=name, password=password)).created
+
+    def remove_user(self, name: str) -> bool:
+        """Remove a user; False if there was none."""
+        return self._security("RemoveUser", security_pb.RemoveUserRequest(name=name)).removed
+
+    def list_users(self) -> list[str]:
+        return list(self._security("ListUsers", security_pb.ListUsersRequest()).names)
+
+    def add_acl(self, resource: Resource, principal: str, operation: Operation | str) -> bool:
+        """Grant ``principal`` (``User:bob``, ``User:*``) ``operation`` on ``resource``; False if it had it."""
+        entry = binding_to_pb(AclBinding(resource, principal, Operation.parse(operation)))
+        return self._security("AddAcl", security_pb.AddAclRequest(entry=entry)).added
+
+    def remove_acl(self, resource: Resource, principal: str, operation: Operation | str) -> bool:
+        """Revoke the entry; False if there was no such entry."""
+        entry = binding_to_pb(AclBinding(resource, principal, Operation.parse(operation)))
+        return self._security("RemoveAcl", security_pb.RemoveAclRequest(entry=entry)).removed
+
+    def list_acls(self, resource: Resource | None = None) -> list[AclBinding]:
+        """The entries this caller may see (of ``resource`` only, if given): those of the resources it
+        may ALTER, and those naming itself or ``User:*``."""
+        request = security_pb.ListAclsRequest(**(resource_fields(resource) if resource is not None else {}))
+        return [binding_from_pb(entry) for entry in self._security("ListAcls", request).entries]
 
 
 def wait_for_active(client: AdminClient, timeout_s: float, sleep: Callable[[float], None] | None = None) -> CoordinatorInfo:

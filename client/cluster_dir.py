@@ -16,7 +16,9 @@ def security_settings(doc: Mapping[str, Any]) -> dict[str, Any]:
     """The client's security config keys (dotted) for a cluster.json document; empty if it has no TLS.
 
     ``kvlease cluster start --secure`` records ``"security": {"ca_file", "cert_file", "key_file",
-    "client_auth"}`` (the client certificate, not the nodes').
+    "client_auth", "username", "password_file"}`` (the client certificate, not the nodes'; the
+    super user's credentials, its password in a file readable by the owner only). An unreadable
+    password file is InvalidRequestError naming it.
     """
     sec = doc.get("security") or {}
     if not sec:
@@ -25,7 +27,25 @@ def security_settings(doc: Mapping[str, Any]) -> dict[str, Any]:
                 "security.tls.client-auth": bool(sec.get("client_auth", False))}
     if sec.get("cert_file"):
         settings.update({"security.tls.cert-file": sec["cert_file"], "security.tls.key-file": sec["key_file"]})
+    if sec.get("username") and sec.get("password_file"):
+        settings.update({"security.username": sec["username"],
+                         "security.password": read_password_file(sec["password_file"])})
     return settings
+
+
+def read_password_file(path: str | os.PathLike[str]) -> str:
+    """The password in ``path`` (its first line, without the line end); InvalidRequestError naming the file if
+    it cannot be read or is empty (the message never holds the password)."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise InvalidRequestError(f"cannot read the password file {path}: {exc.strerror}", path=str(path)) from None
+    except UnicodeDecodeError:
+        raise InvalidRequestError(f"the password file {path} is not UTF-8 text", path=str(path)) from None
+    password = text.splitlines()[0] if text else ""
+    if not password:
+        raise InvalidRequestError(f"the password file {path} is empty", path=str(path))
+    return password
 
 
 def cluster_dir_security(directory: str | os.PathLike[str]) -> dict[str, Any]:

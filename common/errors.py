@@ -54,6 +54,7 @@ class ErrorCode(enum.IntEnum):
     PARTITION_NOT_EXISTS = 26
     AUTHORIZATION_FAILED = 27
     AUTHENTICATION_FAILED = 28
+    USER_ALREADY_EXISTS = 29
 
 
 class KvLeaseError(Exception):
@@ -196,6 +197,12 @@ class AlreadyExistsError(KvLeaseError):
 
 class TableAlreadyExistError(AlreadyExistsError):
     code = ErrorCode.TABLE_ALREADY_EXIST
+
+
+class UserAlreadyExistsError(AlreadyExistsError):
+    """AddUser of a user that exists with another password (the same password is a resent request: no error)."""
+
+    code = ErrorCode.USER_ALREADY_EXISTS
 
 
 class OutcomeUnknownError(KvLeaseError):

@@ -25,6 +25,7 @@ from common import errors, zkpaths
 from common.limits import GRPC_SERVER_OPTIONS
 from common.redaction import protect
 from common.proto import coordinator_pb2_grpc as pb_grpc
+from common.proto import security_pb2_grpc as security_pb_grpc
 from common.security.client import internal_credentials
 from common.security.server import server_security
 from common.storage import RemoteStorage, open_storage
@@ -36,6 +37,7 @@ from coordinator.loop import EventLoop
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.notifier import LeadershipNotifier
 from coordinator import requests as rq
+from coordinator.security_service import SecurityService
 from coordinator.service import INTERNAL_METHODS, CoordinatorService
 from leases.mirror import LeaseMirror
 from leases.store import LEASE_FILES
@@ -85,6 +87,8 @@ class CoordinatorServer:
         pb_grpc.add_CoordinatorServiceServicer_to_server(
             CoordinatorService(self, timeout_s=c[cfg.CLIENT_REQUEST_TIMEOUT] / 1000.0, tls=self.tls,
                                credentials=self.internal_credentials, security=self.security), self._grpc)
+        security_pb_grpc.add_SecurityServiceServicer_to_server(
+            SecurityService(self, self.security, internal_user=c[cfg.INTERNAL_USERNAME]), self._grpc)
         host = c[cfg.COORDINATOR_HOST]
         port = add_port(self._grpc, f"{host}:{c[cfg.COORDINATOR_PORT]}", self.tls)
         if port == 0:

@@ -9,12 +9,17 @@ D/coordinator-{i}/config.toml, coordinator.log, pid
 D/tablet-{i}/config.toml, tablet.log, pid, data/   (tablet.id = i)
 D/remote/                    remote.data.dir unless --remote names another
 D/certs/                     with --secure: a throwaway CA, the nodes' and the clients' certificates
+D/secrets.json, D/admin.password   with --secure (0600): the cluster's secrets, the admin's password
 ```
 
-With ``secure=True`` every process gets ``security.enabled`` and mutual TLS
-(the node certificate) in its config; cluster.json's ``security`` names the CA
-and the client certificate, so clients of the directory use TLS on their own
-(:func:`client_config`).
+With ``secure=True`` (:mod:`ops.cluster_security`) every process gets
+``security.enabled``, mutual TLS (the node certificate), the cluster's own
+password and ZooKeeper digest, and the super user ``admin`` in its config;
+the ``admin`` user (its password in ``D/admin.password``) is created before the
+processes start; cluster.json's ``security`` names the CA, the client
+certificate and the admin's credentials, so clients of the directory use TLS
+and authenticate as ``admin`` on their own (:func:`client_config`). Config
+files are readable by their owner only (they hold those secrets).
 
 Start order: ZooKeeper, the coordinators (until one is active), then the
 tablet servers (until every one is registered with the active coordinator).
@@ -205,6 +210,13 @@ def _launch(home: Path, module: str, log_name: str) -> subprocess.Popen:
     return proc
 
 
+def _write_config(path: Path, values: Mapping[str, Any]) -> None:
+    """A process's config file, readable by the owner only (a secure cluster's holds its secrets)."""
+    from ops.cluster_security import write_private
+
+    write_private(path, cfg.to_toml(values))
+
+
 def _spawn_coordinator(directory: Path, index: int, zk_connect: str, remote: str, port: int,
                        metrics_port: int, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
     home = directory / f"coordinator-{index}"
@@ -219,7 +231,7 @@ def _spawn_coordinator(directory: Path, index: int, zk_connect: str, remote: str
         cfg.METRICS_PORT.name: metrics_port,
         cfg.REMOTE_DATA_DIR.name: remote,
     }
-    (home / "config.toml").write_text(cfg.to_toml(values))
+    _write_config(home / "config.toml", values)
     proc = _launch(home, "coordinator", "coordinator.log")
     return {"id": str(index), "pid": proc.pid, "proc_start": proc_start(proc.pid),
             "address": f"127.0.0.1:{port}", "metrics_address": f"127.0.0.1:{metrics_port}",
@@ -240,7 +252,7 @@ def _spawn_tablet(directory: Path, index: int, zk_connect: str, remote: str, por
         cfg.TABLET_DATA_DIR.name: str(home / "data"),
         cfg.REMOTE_DATA_DIR.name: remote,
     }
-    (home / "config.toml").write_text(cfg.to_toml(values))
+    _write_config(home / "config.toml", values)
     proc = _launch(home, "tablet", "tablet.log")
     return {"id": str(index), "pid": proc.pid, "proc_start": proc_start(proc.pid),
             "address": f"127.0.0.1:{port}", "log": str(home / "tablet.log"), "_popen": proc}
@@ -297,14 +309,10 @@ def start(directory: str | os.PathLike[str], *, zk_nodes: int = 1, coordinators:
     doc: dict[str, Any] = {"zookeeper": [], "coordinators": [], "tablets": [], "remote": remote,
                            "zk_root": ZK_ROOT, "zookeeper_connect": ""}
     if secure:
-        from ops import certs
+        from ops import cluster_security
 
-        paths = certs.generate(directory / "certs")
-        overrides.update({cfg.SECURITY_ENABLED.name: True, cfg.TLS_CA_FILE.name: str(paths.ca),
-                          cfg.TLS_CERT_FILE.name: str(paths.node_cert), cfg.TLS_KEY_FILE.name: str(paths.node_key),
-                          cfg.TLS_CLIENT_AUTH.name: True})
-        doc["security"] = {"ca_file": str(paths.ca), "cert_file": str(paths.client_cert),
-                           "key_file": str(paths.client_key), "client_auth": True}
+        secure_overrides, doc["security"] = cluster_security.prepare(directory)
+        overrides.update(secure_overrides)
     admin_client = functools.partial(AdminClient, config=client_config(doc))
     zk = None
     procs: list[subprocess.Popen] = []
@@ -320,6 +328,9 @@ def start(directory: str | os.PathLike[str], *, zk_nodes: int = 1, coordinators:
         doc["zookeeper"] = [{"id": str(n.id), "pid": n.pid, "proc_start": proc_start(n.pid), "address": n.address,
                              "log": str(n.log_path)} for n in zk.nodes]
         save(directory, doc)
+        if secure:
+            progress(f"creating the super user {cluster_security.ADMIN}")
+            cluster_security.create_admin(directory, zk.connect_string, ZK_ROOT, overrides)
 
         progress(f"starting {coordinators} coordinator{'s' if coordinators > 1 else ''}")
         ports = free_ports(2 * coordinators)

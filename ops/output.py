@@ -209,6 +209,12 @@ class Output(ABC):
     @abstractmethod
     def scan(self, doc: Mapping[str, Any]) -> None: ...
 
+    @abstractmethod
+    def users(self, doc: Mapping[str, Any]) -> None: ...
+
+    @abstractmethod
+    def acls(self, doc: Mapping[str, Any]) -> None: ...
+
 
 class JsonOutput(Output):
     """Prints exactly one JSON document on stdout; a second one is a bug."""
@@ -232,6 +238,7 @@ class JsonOutput(Output):
         self._out(doc if doc is not None else {"message": text})
 
     tables = table = snapshots = acquired = lease = leases = cluster_status = rows = committed = scan = document
+    users = acls = document
 
 
 class TextOutput(Output):
@@ -323,6 +330,19 @@ class TextOutput(Output):
         for lease in doc["leases"]:
             held = ", ".join(f"{b['table']}/{b['bucket']}={b['snapshot_id']}" for b in lease["buckets"])
             grid.add_row(lease["lease_id"], format_time_ms(lease["expiration_time"]), held or "-")
+        self._print(grid)
+
+    def users(self, doc: Mapping[str, Any]) -> None:
+        self._print("\n".join(doc["users"]) if doc["users"] else "no users")
+
+    def acls(self, doc: Mapping[str, Any]) -> None:
+        if not doc["acls"]:
+            self._print("no ACL entries (that you may see)")
+            return
+        grid = self._grid("resource", "principal", "operation")
+        for acl in doc["acls"]:
+            resource = "cluster" if acl["resource_type"] == "cluster" else f"{acl['resource_type']} {acl['resource']}"
+            grid.add_row(resource, acl["principal"], acl["operation"])
         self._print(grid)
 
     def cluster_status(self, doc: Mapping[str, Any]) -> None:

@@ -8,7 +8,9 @@ from ops.cli import kvlease
 
 NO_ENV = {"KVLEASE_CLUSTER": None, "KVLEASE_BOOTSTRAP": None, "KVLEASE_RETRY_TIMEOUT": None,
           "KVLEASE_DEBUG": None, "KVLEASE_CLIENT_RETRY_TOTAL_TIMEOUT": None,
-          "KVLEASE_CA_FILE": None, "KVLEASE_CERT_FILE": None, "KVLEASE_KEY_FILE": None}
+          "KVLEASE_CA_FILE": None, "KVLEASE_CERT_FILE": None, "KVLEASE_KEY_FILE": None,
+          "KVLEASE_SECURITY_USERNAME": None, "KVLEASE_SECURITY_PASSWORD": None, "KVLEASE_PASSWORD_FILE": None,
+          "KVLEASE_NEW_USER_PASSWORD": None}
 
 
 def run(*args: str, env: dict | None = None):

@@ -30,8 +30,9 @@ KVLEASE = str(Path(sys.executable).parent / "kvlease")
 CLI_ENV = {k: v for k, v in os.environ.items() if k not in ("KVLEASE_CLUSTER", "KVLEASE_BOOTSTRAP")}
 
 
-def kvlease(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
-    proc = subprocess.run([KVLEASE, *args], capture_output=True, text=True, timeout=timeout, env=CLI_ENV)
+def kvlease(*args: str, check: bool = True, timeout: float = 120, input: str | None = None) -> subprocess.CompletedProcess:
+    proc = subprocess.run([KVLEASE, *args], capture_output=True, text=True, timeout=timeout, env=CLI_ENV,
+                          input=input, stdin=None if input is not None else subprocess.DEVNULL)
     if check and proc.returncode != 0:
         raise AssertionError(f"kvlease {' '.join(args)} exited {proc.returncode}\n"
                              f"stdout: {proc.stdout}\nstderr: {proc.stderr}")

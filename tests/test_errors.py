@@ -43,6 +43,7 @@ PINNED = {
     "PARTITION_NOT_EXISTS": 26,
     "AUTHORIZATION_FAILED": 27,
     "AUTHENTICATION_FAILED": 28,
+    "USER_ALREADY_EXISTS": 29,
 }
 
 #: The exception class each code decodes to.
@@ -75,6 +76,7 @@ CLASSES = {
     ErrorCode.PARTITION_NOT_EXISTS: errors.PartitionNotExistsError,
     ErrorCode.AUTHORIZATION_FAILED: errors.AuthorizationFailedError,
     ErrorCode.AUTHENTICATION_FAILED: errors.AuthenticationFailedError,
+    ErrorCode.USER_ALREADY_EXISTS: errors.UserAlreadyExistsError,
 }
 
 

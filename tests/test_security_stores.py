@@ -141,6 +141,8 @@ def test_acl_entries_are_added_listed_and_removed(zk_client):
     assert store.add(T, "User:alice", Operation.READ) is True
     assert store.add(T, "User:alice", Operation.READ) is False  # already there
     assert store.add(T, "User:*", Operation.DESCRIBE) is True
+    assert store.add(T, "User:alice", Operation.WRITE) is True  # a second operation of one principal
+    assert store.remove(T, "User:alice", Operation.WRITE) is True
     assert store.add(CLUSTER, "User:ops", Operation.ALL) is True
     assert store.list() == {
         T: {AclEntry("User:alice", Operation.READ), AclEntry("User:*", Operation.DESCRIBE)},

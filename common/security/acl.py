@@ -24,7 +24,23 @@ WILDCARD_PRINCIPAL = USER_PREFIX + "*"
 CLUSTER_NAME = "kvlease-cluster"
 
 
-class Operation(enum.Enum):
+class _OrderedByValue:
+    """Enum members ordered by their value, so resources and entries (ordered dataclasses) sort."""
+
+    def __lt__(self, other):
+        return self.value < other.value if type(other) is type(self) else NotImplemented
+
+    def __le__(self, other):
+        return self.value <= other.value if type(other) is type(self) else NotImplemented
+
+    def __gt__(self, other):
+        return self.value > other.value if type(other) is type(self) else NotImplemented
+
+    def __ge__(self, other):
+        return self.value >= other.value if type(other) is type(self) else NotImplemented
+
+
+class Operation(_OrderedByValue, enum.Enum):
     READ = "READ"
     WRITE = "WRITE"
     CREATE = "CREATE"
@@ -39,7 +55,9 @@ class Operation(enum.Enum):
         return self.value < other.value
 
     @classmethod
-    def parse(cls, text: str) -> "Operation":
+    def parse(cls, text: "str | Operation") -> "Operation":
+        if isinstance(text, cls):
+            return text
         try:
             return cls(str(text).upper())
         except ValueError:
@@ -47,7 +65,7 @@ class Operation(enum.Enum):
                                       operation=str(text)) from None
 
 
-class ResourceType(enum.Enum):
+class ResourceType(_OrderedByValue, enum.Enum):
     CLUSTER = "cluster"
     DATABASE = "database"
     TABLE = "table"
@@ -126,6 +144,27 @@ class AclEntry:
         if self.principal not in (principal, WILDCARD_PRINCIPAL):
             return False
         return operation is Operation.DESCRIBE or self.operation in (operation, Operation.ALL)
+
+
+@dataclass(frozen=True, order=True)
+class AclBinding:
+    """One ACL entry with its resource, as the SecurityService adds, removes and lists them."""
+
+    resource: Resource
+    principal: str
+    operation: Operation
+
+    def __post_init__(self) -> None:
+        check_principal(self.principal)
+
+    @property
+    def entry(self) -> AclEntry:
+        return AclEntry(self.principal, self.operation)
+
+    def to_json(self) -> dict:
+        return {"resource_type": self.resource.type.value,
+                "resource": "" if self.resource.type is ResourceType.CLUSTER else self.resource.name,
+                "principal": self.principal, "operation": self.operation.value}
 
 
 class Authorizer:

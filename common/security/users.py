@@ -52,6 +52,15 @@ class UserStore:
     def list(self) -> list[str]:
         return sorted(self._zk.get_children(zkpaths.USERS))
 
+    def record(self, name: str) -> PasswordHash | None:
+        """The user's stored password record; None if there is no such user (or it is unreadable)."""
+        check_user_name(name)
+        try:
+            data, _ = self._zk.get(zkpaths.user(name))
+        except NoNodeError:
+            return None
+        return parse_record(data)
+
 
 def parse_record(data: bytes) -> PasswordHash | None:
     """A user node's record; None (logged) if it is unreadable, so that user cannot log in."""

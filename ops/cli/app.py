@@ -10,6 +10,14 @@ Finding the cluster, first match wins: ``--bootstrap``, then ``--cluster``
 given on the command line (before or after the command name), then
 ``KVLEASE_BOOTSTRAP``, then ``KVLEASE_CLUSTER``.
 
+Who the CLI authenticates as (security on), first match wins: ``--user`` (its
+password from ``--password-file``, else ``KVLEASE_SECURITY_PASSWORD``, else a
+prompt when stdin is a terminal); ``KVLEASE_SECURITY_USERNAME`` and
+``KVLEASE_SECURITY_PASSWORD``; the credentials a ``--cluster`` directory names
+(``cluster start --secure``: the super user ``admin``); else the mutual-TLS
+client certificate, if any. A password is never taken from the command line
+and never sent without TLS.
+
 The commands are in the sibling modules, one per command group; they add
 themselves to :func:`kvlease` when :mod:`ops.cli` imports them.
 """
@@ -17,7 +25,9 @@ themselves to :func:`kvlease` when :mod:`ops.cli` imports them.
 from __future__ import annotations
 
 import functools
+import getpass
 import os
+import sys
 import traceback
 from typing import Callable, Iterable
 
@@ -41,7 +51,8 @@ class State:
 
     def __init__(self, cluster: str | None = None, bootstrap: str | None = None, json_mode: bool = False,
                  retry_timeout_ms: int | None = None, debug: bool = False,
-                 tls_files: dict[str, str | None] | None = None) -> None:
+                 tls_files: dict[str, str | None] | None = None, user: str | None = None,
+                 password_file: str | None = None) -> None:
         self.cluster = cluster
         self.bootstrap = bootstrap
         self.cluster_cmdline = False  # given on the command line (not through the environment)
@@ -50,6 +61,9 @@ class State:
         self.retry_timeout_ms = retry_timeout_ms
         self.debug = debug
         self.tls_files = {k: v for k, v in (tls_files or {}).items() if v}  # --ca-file etc. as config keys
+        self.user = user  # --user
+        self.password_file = password_file  # --password-file
+        self._password: str | None = None  # asked at most once
         self._client = None
         self._table_clients: list = []
         self._output: out.Output | None = None
@@ -75,14 +89,45 @@ class State:
             "(or set KVLEASE_CLUSTER / KVLEASE_BOOTSTRAP)")
 
     def config(self) -> cfg.Config:
-        """The client config: the environment, then a cluster directory's TLS settings (``--cluster``),
-        then ``--ca-file``/``--cert-file``/``--key-file`` (which turn TLS on)."""
+        """The client config: the environment, then a cluster directory's security settings (``--cluster``;
+        its credentials only if neither ``--user`` nor ``KVLEASE_SECURITY_USERNAME`` names a user), then
+        ``--ca-file``/``--cert-file``/``--key-file`` (which turn TLS on), then ``--user``/``--password-file``."""
         config = cfg.Config(env=os.environ)
         if self.cluster and not self._uses_bootstrap():
-            config = config.with_overrides(local_cluster.security_settings(local_cluster.load(self.cluster)))
+            settings = local_cluster.security_settings(local_cluster.load(self.cluster))
+            if self.user or config[cfg.SECURITY_USERNAME]:
+                settings = {k: v for k, v in settings.items()
+                            if k not in (cfg.SECURITY_USERNAME.name, cfg.SECURITY_PASSWORD.name)}
+            config = config.with_overrides(settings)
         if self.tls_files:
             config = config.with_overrides({cfg.SECURITY_ENABLED.name: True, **self.tls_files})
+        if self.user or self.password_file:
+            config = config.with_overrides(self._credentials(config))
         return config
+
+    def _credentials(self, config: cfg.Config) -> dict[str, str]:
+        """``--user`` and its password as config keys (see the module doc)."""
+        if not config[cfg.SECURITY_ENABLED]:
+            raise errors.InvalidRequestError(
+                "--user/--password-file need TLS (--ca-file, or --cluster of a secure cluster): "
+                "a password is never sent in the clear")
+        user = self.user or config[cfg.SECURITY_USERNAME]
+        if not user:
+            raise errors.InvalidRequestError("--password-file needs --user NAME (or KVLEASE_SECURITY_USERNAME)")
+        if self._password is None:
+            if self.password_file:
+                from client.cluster_dir import read_password_file
+
+                self._password = read_password_file(self.password_file)
+            elif os.environ.get(cfg.SECURITY_PASSWORD.env_var):
+                self._password = os.environ[cfg.SECURITY_PASSWORD.env_var]
+            elif sys.stdin is not None and sys.stdin.isatty():
+                self._password = getpass.getpass(f"password of {user}: ")
+            else:
+                raise errors.InvalidRequestError(
+                    f"no password for --user {user}: use --password-file FILE or {cfg.SECURITY_PASSWORD.env_var}, "
+                    "or run interactively to be asked")
+        return {cfg.SECURITY_USERNAME.name: user, cfg.SECURITY_PASSWORD.name: self._password}
 
     def retry_ms(self, config: cfg.Config) -> int:
         if self.retry_timeout_ms is not None:
@@ -205,13 +250,19 @@ class KvleaseGroup(click.Group):
               help="Client certificate for mutual TLS (security.tls.cert-file). Env: KVLEASE_CERT_FILE.")
 @click.option("--key-file", envvar="KVLEASE_KEY_FILE", metavar="PEM",
               help="Key of --cert-file (security.tls.key-file). Env: KVLEASE_KEY_FILE.")
+@click.option("--user", metavar="NAME",
+              help="Authenticate as this user (security.username); its password from --password-file, "
+                   "KVLEASE_SECURITY_PASSWORD, or a prompt. Env: KVLEASE_SECURITY_USERNAME.")
+@click.option("--password-file", envvar="KVLEASE_PASSWORD_FILE", metavar="FILE",
+              help="Read the password of --user from the first line of FILE (keep it 0600). "
+                   "Env: KVLEASE_PASSWORD_FILE.")
 @click.pass_context
 def kvlease(ctx: click.Context, cluster_dir: str | None, bootstrap: str | None, json_mode: bool,
             retry_timeout: int | None, debug: bool, ca_file: str | None, cert_file: str | None,
-            key_file: str | None) -> None:
+            key_file: str | None, user: str | None, password_file: str | None) -> None:
     """kvlease: tables, KV snapshots and snapshot leases on a kvlease cluster."""
     tls_files = {cfg.TLS_CA_FILE.name: ca_file, cfg.TLS_CERT_FILE.name: cert_file, cfg.TLS_KEY_FILE.name: key_file}
-    state = State(cluster_dir, bootstrap, json_mode, retry_timeout, debug, tls_files)
+    state = State(cluster_dir, bootstrap, json_mode, retry_timeout, debug, tls_files, user, password_file)
     state.cluster_cmdline = ctx.get_parameter_source("cluster_dir") == ParameterSource.COMMANDLINE
     state.bootstrap_cmdline = ctx.get_parameter_source("bootstrap") == ParameterSource.COMMANDLINE
     ctx.obj = state

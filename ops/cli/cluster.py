@@ -35,8 +35,9 @@ def cluster_dir(state: State, directory: str | None) -> str:
               help="How long to wait for an active coordinator, then for every tablet server to "
                    "register and every bucket to be served.")
 @click.option("--secure", is_flag=True,
-              help="Mutual TLS on every port, with a throwaway CA and certificates made in D/certs; "
-                   "`kvlease --cluster D …` then connects with TLS on its own.")
+              help="Mutual TLS on every port (a throwaway CA and certificates in D/certs), authentication and "
+                   "ACLs, with the super user admin (password in D/admin.password); `kvlease --cluster D …` "
+                   "then connects with TLS as admin on its own.")
 @common_options
 @pass_state
 @catch_errors
@@ -51,9 +52,19 @@ def cluster_start(state: State, directory: str | None, zk_nodes: str, coordinato
     local_cluster.start(directory, zk_nodes=int(zk_nodes), coordinators=coordinators, tablets=tablets,
                         remote=remote, ready_timeout_s=timeout_ms / 1000.0,
                         progress=lambda text: click.echo(f"{text} …", err=True), secure=secure)
-    state.output.cluster_status(local_cluster.status(directory))
+    doc = local_cluster.status(directory)
+    state.output.cluster_status(doc)
     if not state.json_mode:
         click.echo(f"cluster running; use it with: kvlease --cluster {directory} …", err=True)
+        if secure:
+            sec = local_cluster.load(directory)["security"]
+            address = local_cluster.bootstrap(directory)[0]
+            click.echo(f"security is on: `--cluster {directory}` logs in as {sec['username']} (a super user); "
+                       f"its password is in {sec['password_file']}. From elsewhere: kvlease --bootstrap {address} "
+                       f"--ca-file {sec['ca_file']} --cert-file {sec['cert_file']} --key-file {sec['key_file']} "
+                       f"--user {sec['username']} --password-file {sec['password_file']} …; add users with "
+                       f"`kvlease --cluster {directory} user add NAME` and grant them with `kvlease acl add`.",
+                       err=True)
 
 
 @cluster_group.command("stop")
