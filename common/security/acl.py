@@ -49,11 +49,6 @@ class Operation(_OrderedByValue, enum.Enum):
     DESCRIBE = "DESCRIBE"
     ALL = "ALL"
 
-    def __lt__(self, other: object) -> bool:  # AclEntry sorts by (principal, operation)
-        if not isinstance(other, Operation):
-            return NotImplemented
-        return self.value < other.value
-
     @classmethod
     def parse(cls, text: "str | Operation") -> "Operation":
         if isinstance(text, cls):
