@@ -71,7 +71,12 @@ CONCURRENT_SCANNERS = 8
 OPTIONS = (
     Option("--rows", positive_int, 1_000_000, "rows loaded and scanned"),
     Option("--rounds", positive_int, 3, "full scans of each kind, interleaved (the best one counts)"),
+    Option("--secure", bool, False, "instead: decoded rows/s of both scanners on a secure cluster (mutual TLS, "
+           "a user with a password and READ/WRITE grants) vs a plain one, both up in the same run, rounds "
+           "interleaved (target secure >= 0.8 of plain)"),
 )
+SECURE_TARGET = 0.8  # secure rows/s over plain, at least
+SECURE_KINDS = {"unary": False, "stream": True}  # kind -> streaming
 
 
 def make_batch(start: int, count: int) -> pa.RecordBatch:
@@ -255,8 +260,90 @@ def concurrent_scanners(client, count: int, limit: int) -> dict[str, Any]:
     return {"scanners": count, "rows": rows, "rows_per_s": rows / (time.perf_counter() - t0)}
 
 
-def run(*, rows: int, rounds: int, progress: bench_suite.Progress = lambda text: None) -> dict[str, Any]:
+def _until_allowed(call: Callable[[], Any], timeout_s: float = 15.0) -> Any:
+    """``call()`` once a fresh grant has reached the servers' ACL caches (a ZooKeeper watch away)."""
+    from common.errors import AuthorizationFailedError
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return call()
+        except AuthorizationFailedError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def run_secure(rows: int, rounds: int, progress: bench_suite.Progress) -> dict[str, Any]:
+    """Two local clusters up at once, one plain and one ``--secure`` (where user ``bench``, not a super user,
+    is granted CREATE on the database and READ and WRITE on the table); the same rows loaded into each; then
+    ``rounds`` rounds, each a full decoded scan per scanner kind on one cluster then the other."""
+    import secrets
+
+    from client.admin import AdminClient
+    from client.table import TableClient
+    from common import config as cfg
+    from common.security.acl import Operation, Resource
+
+    base = tempfile.mkdtemp(prefix="kvlease-bench-scan-")
+    started: list[str] = []
+    admins: list = []
+    clients: dict[str, Any] = {}
+    try:
+        for mode in ("plain", "secure"):
+            directory = f"{base}/{mode}"
+            started.append(directory)
+            local_cluster.start(directory, tablets=1, secure=mode == "secure", progress=progress, config_overrides={
+                "kv.snapshot.interval": "1h", "log.flush.fsync": False})
+            doc = local_cluster.load(directory)
+            config = local_cluster.client_config(doc)
+            if mode == "secure":
+                password = secrets.token_urlsafe(16)
+                with AdminClient(local_cluster.bootstrap(directory), config, retry_total_s=30) as admin:
+                    admin.add_user("bench", password)
+                    admin.add_acl(Resource.database("bench"), "User:bench", Operation.CREATE)
+                    for operation in (Operation.READ, Operation.WRITE):
+                        admin.add_acl(Resource.table(TABLE), "User:bench", operation)
+                config = config.with_overrides({cfg.SECURITY_USERNAME.name: "bench",
+                                                cfg.SECURITY_PASSWORD.name: password})
+            admin = AdminClient(local_cluster.bootstrap(directory), config, retry_total_s=30)
+            admins.append(admin)
+            _until_allowed(lambda: admin.create_table(TABLE, COLUMNS, ["id"], 1))
+            client = clients[mode] = TableClient(admin, TABLE)
+            progress(f"{mode}: upserting {rows:,} rows, snapshot")
+            _until_allowed(lambda: client.upsert(make_batch(0, 1)))  # WRITE has reached the tablet server
+            load(client, rows)
+            client.trigger_snapshot(wait=True)
+        for directory in started:
+            wait_idle(local_cluster.load(directory)["tablets"][0]["pid"])
+        best: dict[str, dict[str, float]] = {mode: {} for mode in clients}
+        for round_ in range(rounds):
+            progress(f"full scans, round {round_ + 1} of {rounds}")
+            for kind, streaming in SECURE_KINDS.items():
+                for mode, client in clients.items():
+                    rate, _elapsed = timed(scanner_scan(client, streaming=streaming, decode=True), rows)
+                    best[mode][kind] = max(best[mode].get(kind, 0.0), rate)
+        ratios = {kind: best["secure"][kind] / best["plain"][kind] for kind in SECURE_KINDS}
+        return {"secure": True, "rows": rows, "rounds": rounds, "rows_per_s": best, "secure_to_plain": ratios,
+                "target": SECURE_TARGET}
+    finally:
+        for client in clients.values():
+            client.close()
+        for admin in admins:
+            admin.close()
+        for directory in started:
+            try:
+                local_cluster.stop(directory)
+            except local_cluster.ClusterError:
+                pass
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def run(*, rows: int, rounds: int, secure: bool = False,
+        progress: bench_suite.Progress = lambda text: None) -> dict[str, Any]:
     """The figures (see the module docstring); options as in ``OPTIONS``."""
+    if secure:
+        return run_secure(rows, rounds, progress)
     from client.admin import AdminClient
     from client.table import TableClient
 
@@ -328,7 +415,20 @@ def run(*, rows: int, rounds: int, progress: bench_suite.Progress = lambda text:
         shutil.rmtree(base, ignore_errors=True)
 
 
+def _secure_report(r: dict[str, Any]) -> str:
+    lines = [f"kvlease bench scan --secure: {r['rows']:,} rows, 1 bucket, decoded rows, best of {r['rounds']} "
+             "interleaved runs; mutual TLS + password + ACL checks vs none"]
+    for kind in SECURE_KINDS:
+        plain, secure = r["rows_per_s"]["plain"][kind], r["rows_per_s"]["secure"][kind]
+        ratio = r["secure_to_plain"][kind]
+        lines.append(f"  {kind:<6} plain {plain:>12,.0f} rows/s   secure {secure:>12,.0f} rows/s   = {ratio:.2f} "
+                     f"(target >= {r['target']}: {'ok' if ratio >= r['target'] else 'BELOW TARGET'})")
+    return "\n".join(lines)
+
+
 def report(r: dict[str, Any]) -> str:
+    if r.get("secure"):
+        return _secure_report(r)
     mb = 1 << 20
     rate, ratio = r["rows_per_s"], r["ratio_to_raw"]
 
@@ -365,6 +465,10 @@ def memory_target(scanners: int, batch_bytes: int) -> int:
 
 
 def target_rows(figures: dict[str, Any]) -> list[Row]:
+    if figures.get("secure"):
+        rate = figures["rows_per_s"]
+        return [Row.ratio(f"{kind}, secure / plain", rate["secure"][kind], rate["plain"][kind], "rows/s",
+                          SECURE_TARGET) for kind in SECURE_KINDS]
     rate, raw, batch = figures["rows_per_s"], figures["rows_per_s"]["raw"], figures["batch_size_bytes"]
     one = max(doc["peak_above_before"] for doc in figures["server_memory"].values())
     concurrent = figures["concurrent"]
