@@ -104,6 +104,7 @@ class SecurityService(pb_grpc.SecurityServiceServicer):
                 raise errors.InvalidRequestError("a password must not be empty", user=name)
             self.security.check(Operation.ALTER, Resource.cluster())
             created = self._add_user(name, request.password)
+            self.security.await_user(name)  # it can log in here once this call returns
             if created:
                 log.info("user %s added by %s", name, self._caller())
             return {"created": created}
@@ -133,6 +134,7 @@ class SecurityService(pb_grpc.SecurityServiceServicer):
                 self.users.remove(name)
             except errors.NotFoundError:
                 return {"removed": False}
+            self.security.await_user(name, present=False)  # refused here once this call returns
             log.info("user %s removed by %s", name, self._caller())
             return {"removed": True}
         return self._answer("RemoveUser", pb.RemoveUserResponse, run)

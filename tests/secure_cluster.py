@@ -74,7 +74,9 @@ class SecureCluster:
         return admin
 
     def add_user(self, name: str, password: str) -> None:
+        """Add the user in ZooKeeper and wait until every server's user cache (a watch away) knows it."""
         self.users.add(name, password)
+        self._until_servers(lambda security: security.await_user(name, timeout_s=0), f"user {name} known")
 
     def grant(self, principal: str, operation: str, resource: Resource | str, *, wait: bool = True) -> None:
         """``grant("User:bob", "READ", "db.t")``: a table path, a database name, or a Resource. ``wait``: until

@@ -19,6 +19,7 @@ and it is a super user.
 from __future__ import annotations
 
 import hmac
+import time
 from typing import Iterable
 
 from kazoo.client import KazooClient
@@ -62,6 +63,9 @@ class OpenSecurity:
 
     def principal(self) -> str | None:
         return None
+
+    def await_user(self, name: str, present: bool = True, timeout_s: float = 5.0) -> bool:
+        return True
 
     def allowed(self, operation: Operation, resource: Resource, principal: str | None = None) -> bool:
         return True
@@ -128,6 +132,15 @@ class ServerSecurity:
         raise AuthenticationFailedError("authentication failed: the call carries no username/password"
                                         + ("" if self._certificates else " (set security.username and "
                                                                           "security.password, or --user)"))
+
+    def await_user(self, name: str, present: bool = True, timeout_s: float = 5.0) -> bool:
+        """Wait (bounded) until this process's user cache has (or no longer has) ``name``: a user added
+        through this server can log in here as soon as the call that added it returns."""
+        deadline = time.monotonic() + timeout_s
+        while (self._users is not None and (name in self._users.users()) != present
+               and time.monotonic() < deadline):
+            time.sleep(0.01)
+        return self._users is None or (name in self._users.users()) == present
 
     # -- authorization -------------------------------------------------------------------
 
