@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import enum
+import functools
 import re
 from dataclasses import dataclass
 from typing import Iterable, Mapping
@@ -22,6 +23,7 @@ from common.security.authn import USER_NAME, USER_PREFIX
 _DB_OR_TABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")  # common.tables' name rule
 WILDCARD_PRINCIPAL = USER_PREFIX + "*"
 CLUSTER_NAME = "kvlease-cluster"
+_MAX_ANSWERS = 65_536  # an Authorizer's remembered answers
 
 
 class _OrderedByValue:
@@ -85,6 +87,7 @@ class Resource:
         return cls(ResourceType.DATABASE, db)
 
     @classmethod
+    @functools.lru_cache(maxsize=4096)  # a resource per request: validate each path once
     def table(cls, path: str) -> "Resource":
         parts = (path or "").split(".")
         if len(parts) != 2 or not all(_DB_OR_TABLE.fullmatch(p) for p in parts):
@@ -169,16 +172,25 @@ class Authorizer:
                  super_users: Iterable[str] = ()) -> None:
         self._acls = {resource: frozenset(entries) for resource, entries in (acls or {}).items()}
         self._super = frozenset(check_principal(p, wildcard=False) for p in super_users)
+        # answers so far: the ACLs never change under this object (a change builds a new one), so a
+        # request's check is one dict lookup after the first; bounded, cleared when full
+        self._answers: dict[tuple[str, Operation, Resource], bool] = {}
 
     @property
     def acls(self) -> Mapping[Resource, frozenset[AclEntry]]:
         return dict(self._acls)
 
     def allowed(self, principal: str, operation: Operation, resource: Resource) -> bool:
-        if principal in self._super:
-            return True
-        return any(entry.allows(principal, operation)
-                   for covering in resource.covering() for entry in self._acls.get(covering, ()))
+        key = (principal, operation, resource)
+        answer = self._answers.get(key)
+        if answer is None:
+            answer = principal in self._super or any(
+                entry.allows(principal, operation)
+                for covering in resource.covering() for entry in self._acls.get(covering, ()))
+            if len(self._answers) >= _MAX_ANSWERS:
+                self._answers.clear()
+            self._answers[key] = answer
+        return answer
 
     def check(self, principal: str, operation: Operation, resource: Resource) -> None:
         if operation is Operation.ALL:
