@@ -166,7 +166,7 @@ def test_an_option_of_all_goes_to_every_benchmark_that_has_it():
     assert options["writes"]["rows"] == options["scan"]["rows"] == options["bootstrap"]["rows"] == 20_000
     assert options["writes"]["threads"] == options["leases"]["threads"] == 2
     assert options["leases"]["leases"] == 500 and "rows" not in options["leases"]
-    assert options["scan"] == {"rows": 20_000, "rounds": 3}
+    assert options["scan"] == {"rows": 20_000, "rounds": 3, "secure": False}
 
 
 def test_every_option_is_a_keyword_of_its_run():

@@ -3,7 +3,8 @@
 ``--cluster D`` takes the client certificate and the super user admin's credentials (D/admin.password) from
 cluster.json; ``--bootstrap`` needs ``--ca-file``/``--cert-file``/``--key-file`` and ``--user``/``--password-file``;
 without TLS the CLI gets an error naming TLS. The whole CLI flow runs as admin, then a user bob is added and
-granted, and works within his grants (a change outside them is denied).
+granted, and works within his grants (a write, snapshot trigger, drop or create outside them is denied); Spark
+reads with the directory's credentials and with bob's.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from tests.test_cli_e2e import (  # noqa: F401 (cluster_dir is a fixture)
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
-def test_secure_cluster_and_cli(cluster_dir, tmp_path):
+def test_secure_cluster_and_cli(cluster_dir, tmp_path, spark):
     try:
         d = str(cluster_dir)
         started = kvlease("cluster", "start", "--dir", d, "--tablets", "1", "--secure")
@@ -77,6 +78,28 @@ def test_secure_cluster_and_cli(cluster_dir, tmp_path):
         assert len(denied.stderr.strip().splitlines()) == 1, denied.stderr
         denied = kvlease(*bob, "user", "add", "mallory", "--password-stdin", input="x\n", check=False)
         assert denied.returncode == 1 and "may not ALTER cluster" in denied.stderr, denied.stderr
+        assert len(kvlease_json(*bob, "scan", "db.t", "--json")["rows"]) == 10
+        kvlease(*bob, "lease", "acquire", "B1", "--table", "db.t", "--latest", "--duration", "10m")
+        assert kvlease_json(*bob, "lease", "drop", "B1", "--json")["dropped"] is True
+        for command, operation, resource in (
+                (("put", "db.t", str(rows)), "WRITE", "table db.t"),
+                (("snapshot", "trigger", "db.t"), "WRITE", "table db.t"),
+                (("table", "drop", "db.t"), "DROP", "table db.t"),
+                (("table", "create", "db.u", "--schema", "id BIGINT", "--primary-key", "id", "--buckets", "1"),
+                 "CREATE", "database db")):
+            denied = kvlease(*bob, *command, check=False)
+            assert denied.returncode == 1 and f"User:bob may not {operation} {resource}" in denied.stderr, \
+                denied.stderr
+        assert [t["table"] for t in kvlease_json(*c, "table", "list", "--json")["tables"]] == ["db.t"]
+
+        # a Spark read with credentials: the cluster directory's (admin), and bob's over --bootstrap
+        read = spark.read.format("kvlease").option("cluster", d).option("table", "db.t").load()
+        assert sorted(r.id for r in read.select("id").collect()) == list(range(1, 11))
+        bob_options = {"bootstrap": address, "table": "db.t", "ca-file": sec["ca_file"],
+                       "cert-file": sec["cert_file"], "key-file": sec["key_file"], "user": "bob",
+                       "password-file": str(bob_file)}
+        assert spark.read.format("kvlease").options(**bob_options).load().count() == 10
+
         wrong = tmp_path / "wrong.password"
         wrong.write_text("not-it\n")
         failed = kvlease("--bootstrap", address, *tls, "--user", "bob", "--password-file", str(wrong),
