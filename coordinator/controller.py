@@ -290,12 +290,10 @@ class Controller(Dispatcher):
     # -- metrics ------------------------------------------------------------------------------
 
     def refresh_metrics(self) -> None:
+        """Publish the lease counts (run every expiry tick): O(tables), from counts the state keeps."""
         if self.metrics is None:
             return
-        per_table: dict[int, int] = {}
-        for lease in self.leases.leases.values():
-            for table_id in lease.tables():
-                per_table[table_id] = per_table.get(table_id, 0) + 1
-        self.metrics.set_lease_counts(len(self.leases.leases), self.leases.refs.leased_count(), per_table,
+        leases, per_table = self.leases.lease_counts()
+        self.metrics.set_lease_counts(leases, self.leases.refs.leased_count(), per_table,
                                       dict(self.leases.refs.leased_count_by_table()))
         self.metrics.lease_files_unreadable.set(sum(map(len, self.lease_store.unreadable.values())))

@@ -29,6 +29,9 @@ class CoordinatorMetrics(MetricsRegistry):
             "lease files found missing or corrupt at reinitialization (their leases are not loaded; "
             "their ZooKeeper nodes are kept for an operator)", registry=r)
         self.queue_depth = Gauge("kvlease_event_loop_queue_depth", "requests waiting for the event loop", registry=r)
+        self.loop_cpu = Counter("kvlease_coordinator_loop_cpu_seconds",
+                                "CPU time of the event loop's thread (requests, lease writes, expiry ticks)",
+                                registry=r)
         self._tables: set[str] = set()
 
     def set_lease_counts(self, leases: int, leased_snapshots: int, per_table_leases: dict[int, int],

@@ -1,6 +1,8 @@
 """The refcount index: ``TableBucket -> snapshot_id -> set(lease_id)``.
 
-A snapshot is protected while its set is non-empty.
+A snapshot is protected while its set is non-empty. The number of leased
+snapshots, in all and per table, is kept as references come and go (the
+metrics read it every tick: it must not cost a walk over the index).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from common.model import Lease, TableBucket
 class RefcountIndex:
     def __init__(self) -> None:
         self._refs: dict[TableBucket, dict[int, set[str]]] = {}
+        self._leased = 0  # (bucket, snapshot) pairs with at least one holder
+        self._leased_by_table: Counter[int] = Counter()
 
     @classmethod
     def from_leases(cls, leases: Iterable[Lease]) -> "RefcountIndex":
@@ -24,7 +28,13 @@ class RefcountIndex:
         return index
 
     def add(self, lease_id: str, tb: TableBucket, snapshot_id: int) -> None:
-        self._refs.setdefault(tb, {}).setdefault(snapshot_id, set()).add(lease_id)
+        by_snapshot = self._refs.setdefault(tb, {})
+        holders = by_snapshot.get(snapshot_id)
+        if holders is None:
+            holders = by_snapshot[snapshot_id] = set()
+            self._leased += 1
+            self._leased_by_table[tb.table_id] += 1
+        holders.add(lease_id)
 
     def remove(self, lease_id: str, tb: TableBucket, snapshot_id: int) -> bool:
         """Drop one reference; True if the snapshot is no longer leased by anyone."""
@@ -38,6 +48,10 @@ class RefcountIndex:
         del by_snapshot[snapshot_id]
         if not by_snapshot:
             del self._refs[tb]
+        self._leased -= 1
+        self._leased_by_table[tb.table_id] -= 1
+        if not self._leased_by_table[tb.table_id]:
+            del self._leased_by_table[tb.table_id]
         return True
 
     def holders(self, tb: TableBucket, snapshot_id: int) -> frozenset[str]:
@@ -51,14 +65,25 @@ class RefcountIndex:
             for sid in by_snapshot:
                 yield tb, sid
 
+    def holders_of_table(self, table_id: int) -> set[str]:
+        """Every lease holding a bucket of the table (a walk over the leased buckets, not the leases)."""
+        return {lease_id for tb, by_snapshot in self._refs.items() if tb.table_id == table_id
+                for holders in by_snapshot.values() for lease_id in holders}
+
     def leased_count(self) -> int:
-        return sum(len(by_snapshot) for by_snapshot in self._refs.values())
+        """Snapshots held by at least one lease (kept up to date: O(1))."""
+        return self._leased
 
     def leased_count_by_table(self) -> Counter[int]:
+        """:meth:`leased_count` per table (kept up to date: O(tables))."""
+        return Counter(self._leased_by_table)
+
+    def recount(self) -> tuple[int, Counter[int]]:
+        """:meth:`leased_count` and :meth:`leased_count_by_table` counted again from the index."""
         counts: Counter[int] = Counter()
         for tb, by_snapshot in self._refs.items():
             counts[tb.table_id] += len(by_snapshot)
-        return counts
+        return sum(counts.values()), +counts
 
     def as_dict(self) -> dict[TableBucket, dict[int, frozenset[str]]]:
         return {tb: {sid: frozenset(h) for sid, h in s.items()} for tb, s in self._refs.items()}

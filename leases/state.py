@@ -27,16 +27,25 @@ Retry-safe rules (DESIGN.md "Leases — semantics"):
 - Failover (:class:`Restore`): a lease that expired while no coordinator was
   active gets the grace once; the new deadline is written back, marked
   ``graced``, so a later failover drops it instead of granting it again.
+
+Cost does not grow with idle leases: the deadlines are a heap
+(:mod:`leases.deadlines`), so an expiry tick with nothing due is a peek, and
+the counts the metrics read (leases per table, leased snapshots) are kept up
+to date as leases change (:meth:`LeaseState.lease_counts`). Every change of
+``leases`` goes through ``_put`` / ``_pop``, which keep both.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import Mapping, Protocol
+from typing import Iterable, Mapping, Protocol
 
 from common import errors
 from common.model import LEASE_ID, Lease, TableBucket
 from common.statemachine import Event, Instruction, StateMachine, on
+from leases import deadlines
+from leases.deadlines import Deadlines
 from leases.refcount import RefcountIndex
 
 
@@ -212,6 +221,8 @@ class LeaseState(StateMachine):
     _pending: dict[tuple[int, int], PersistLease] = field(default_factory=dict)
     _pending_leases: set[str] = field(default_factory=set)
     _parents: dict[int, _Parent] = field(default_factory=dict)
+    _deadlines: Deadlines = field(default_factory=Deadlines)
+    _table_leases: Counter[int] = field(default_factory=Counter)  # table -> leases holding a bucket of it
 
     # -- queries (the entry point is StateMachine.handle) ------------------------
 
@@ -226,6 +237,10 @@ class LeaseState(StateMachine):
         """The lease if it exists and its deadline has not passed at ``now_ms``."""
         lease = self.leases.get(lease_id)
         return None if lease is None or _expired(lease, now_ms) else lease
+
+    def lease_counts(self) -> tuple[int, dict[int, int]]:
+        """How many leases there are, and per table how many hold a bucket of it (O(tables))."""
+        return len(self.leases), dict(self._table_leases)
 
     def live_leases(self, now_ms: int) -> list[Lease]:
         """Every lease whose deadline has not passed at ``now_ms``, by id."""
@@ -367,14 +382,24 @@ class LeaseState(StateMachine):
 
     @on(Expire)
     def _on_expire(self, ev: Expire) -> list[object]:
+        """Drop the leases whose deadline passed, earliest first: O(what is due), not O(leases).
+
+        A due lease with a write in flight is left for a later tick (its deadline goes
+        back on the heap; the write may renew or remove it).
+        """
         now = self._now(ev)
-        expired = [lease for lease in self.leases.values()
-                   if _expired(lease, now) and not self.busy(lease.lease_id)]
+        expired = []
+        for lease_id in self._deadlines.pop_due(now, self._deadline_of):
+            lease = self.leases[lease_id]
+            if self.busy(lease_id):
+                self._push_deadline(lease)
+            else:
+                expired.append(lease)
         return self._persist(ev.event_id, [("expire", lease, None) for lease in expired], None)
 
     @on(RemoveTable)
     def _on_removetable(self, ev: RemoveTable) -> list[object]:
-        holders = [lease for lease in self.leases.values() if ev.table_id in lease.tables()]
+        holders = [self.leases[lease_id] for lease_id in sorted(self.refs.holders_of_table(ev.table_id))]
         if any(self.busy(lease.lease_id) for lease in holders) or any(
                 w.after is not None and ev.table_id in w.after.tables() for w in self._pending.values()):
             return [Deferred(ev)]  # also wait for an acquire in flight that adds the table
@@ -395,8 +420,7 @@ class LeaseState(StateMachine):
         """
         if self._pending:
             raise RuntimeError("restore with writes in flight")
-        self.leases = {lease.lease_id: lease for lease in ev.leases}
-        self.refs = RefcountIndex.from_leases(self.leases.values())
+        self._load(ev.leases)
         changes: list[tuple[str, Lease | None, Lease | None]] = []
         for lease_id in sorted(self.leases):
             lease = self.leases[lease_id]
@@ -457,9 +481,9 @@ class LeaseState(StateMachine):
             if old.get(tb) != sid:
                 self.refs.add(write.lease_id, tb, sid)
         if after is None:
-            self.leases.pop(write.lease_id, None)
+            self._pop(write.lease_id)
         else:
-            self.leases[write.lease_id] = after
+            self._put(after)
         out: list[object] = []
         if write.reason in _EXPIRING:
             out.append(LeasesExpired((write.lease_id,)))
@@ -476,8 +500,54 @@ class LeaseState(StateMachine):
         new = write.after.buckets if write.after else {}
         unpinned = tuple((tb, sid) for tb, sid in new.items()
                          if old.get(tb) != sid and not self.is_protected(tb, sid))
+        lease = self.leases.get(write.lease_id)
+        if lease is not None:  # an expiry tick took its deadline off the heap: it is still due
+            self._push_deadline(lease)
         out: list[object] = [SnapshotsFreed(unpinned)] if unpinned else []
         return out + self._finish(write, ev.error)
+
+    # -- the leases, with their deadlines and counts -------------------------------------
+
+    def _deadline_of(self, lease_id: str) -> int | None:
+        lease = self.leases.get(lease_id)
+        return None if lease is None else lease.expiration_time
+
+    def _load(self, leases: Iterable[Lease]) -> None:
+        """Replace every lease (failover): index, heap and counts built in one pass each."""
+        self.leases = {lease.lease_id: lease for lease in leases}
+        self.refs = RefcountIndex.from_leases(self.leases.values())
+        self._deadlines = Deadlines((lease.expiration_time, lease_id) for lease_id, lease in self.leases.items())
+        self._table_leases = Counter(t for lease in self.leases.values() for t in lease.tables())
+
+    def _put(self, lease: Lease) -> None:
+        before = self.leases.get(lease.lease_id)
+        self.leases[lease.lease_id] = lease
+        if before is None or before.expiration_time != lease.expiration_time:
+            self._push_deadline(lease)  # the old entry goes stale
+        self._count_tables(before, lease)
+
+    def _pop(self, lease_id: str) -> None:
+        before = self.leases.pop(lease_id, None)
+        if before is not None:
+            self._count_tables(before, None)
+            self._deadlines.maybe_compact(len(self.leases), self._heap_entries)  # its entry went stale
+
+    def _push_deadline(self, lease: Lease) -> None:
+        self._deadlines.push(lease.expiration_time, lease.lease_id)
+        self._deadlines.maybe_compact(len(self.leases), self._heap_entries)
+
+    def _count_tables(self, before: Lease | None, after: Lease | None) -> None:
+        old = before.tables() if before is not None else set()
+        new = after.tables() if after is not None else set()
+        for table_id in new - old:
+            self._table_leases[table_id] += 1
+        for table_id in old - new:
+            self._table_leases[table_id] -= 1
+            if not self._table_leases[table_id]:
+                del self._table_leases[table_id]
+
+    def _heap_entries(self) -> Iterable[tuple[int, str]]:
+        return ((lease.expiration_time, lease_id) for lease_id, lease in self.leases.items())
 
     # -- invariants ----------------------------------------------------------------
 
@@ -488,6 +558,17 @@ class LeaseState(StateMachine):
         for lease_id, lease in self.leases.items():
             assert lease.lease_id == lease_id, f"lease stored under {lease_id!r} names {lease.lease_id!r}"
             assert lease.buckets, f"lease {lease_id!r} is empty"
+        # an expiry tick takes a deadline off the heap when it asks to drop the lease: until that
+        # write is done the lease has none (a failed write puts it back)
+        removing = {w.lease_id for w in self._pending.values() if w.after is None}
+        missing = set(self.leases) - self._deadlines.live_ids(self._deadline_of)
+        assert missing <= removing, f"leases {sorted(missing)[:5]} have no deadline on the heap (never to expire)"
+        assert len(self._deadlines) <= deadlines.SLACK * len(self.leases) + deadlines.FLOOR, \
+            "stale deadlines were not compacted"
+        tables = Counter(t for lease in self.leases.values() for t in lease.tables())
+        assert tables == self._table_leases, "leases-per-table counts differ from the leases"
+        assert self.refs.recount() == (self.refs.leased_count(), self.refs.leased_count_by_table()), \
+            "leased-snapshot counts differ from the refcount index"
         assert self._pending_leases == {w.lease_id for w in self._pending.values()}, "pending lease set drifted"
         assert len(self._pending_leases) == len(self._pending), "two writes in flight for one lease"
 
