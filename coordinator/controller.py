@@ -90,6 +90,7 @@ class Controller(Dispatcher):
                 or bool(store.unreadable) and tb.table_id in store.unreadable_tables())
 
     def close(self) -> None:
+        self.lease_shell.close()
         self.files.close()
         self.lease_shell.store.close()
 

@@ -7,12 +7,16 @@ their ZooKeeper operations together (epoch-fenced multi-ops, each write
 succeeding or failing alone), and only then feeds the outcomes back
 (``WriteDone`` / ``WriteFailed``): persist, then apply. Callers are answered
 by the :class:`~leases.state.Reply` their event causes.
+
+Lease files whose delete failed (remote storage down) are deleted again on a
+worker thread, one attempt in flight at a time: a slow or unreachable remote
+storage never stalls the loop.
 """
 
 from __future__ import annotations
 
 import logging
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Callable, Iterable
 
@@ -51,6 +55,12 @@ class LeaseShell(Shell):
         self._batch: list[ls.PersistLease] = []
         self._freed: list[tuple[TableBucket, int]] = []
         self._next_delete_retry_ms = 0
+        self._delete_retry: Future | None = None  # store.retry_deletes on the worker: the paths it deleted
+        self._deleter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lease-delete-retry")
+
+    def close(self) -> None:
+        """Stop the delete-retry worker (an attempt under way finishes on its own)."""
+        self._deleter.shutdown(wait=False, cancel_futures=True)
 
     def restore(self, loaded: Iterable[Lease], now_ms: int, grace_ms: int) -> ls.RestoreOutcome:
         """Failover: a new state machine holding the persisted leases.
@@ -171,9 +181,35 @@ class LeaseShell(Shell):
         if self._freed:
             freed, self._freed = self._freed, []
             self.on_freed({tb for tb, _sid in freed})
+        self._retry_deletes()
+
+    def _retry_deletes(self) -> None:
+        """Take in the last delete retry's outcome; start the next (at most every DELETE_RETRY_MS).
+
+        Remote storage was down: the files no lease points at are deleted now, not left as orphans
+        for the next failover. The worker gets a copy of the paths and returns those it deleted;
+        ``store.undeleted`` is only changed here, on the loop's thread.
+        """
+        retry = self._delete_retry
+        if retry is not None:
+            if not retry.done():
+                return
+            self._delete_retry = None
+            if retry.exception() is not None:  # not a storage error (those stop the attempt): a bug
+                log.error("retrying lease file deletes failed", exc_info=retry.exception())
+            deleted = [] if retry.exception() is not None else retry.result()
+            self.store.undeleted.difference_update(deleted)
+            if deleted and not self.store.undeleted:
+                log.info("lease files left by failed deletes are deleted now")
         if self.store.undeleted and self.clock_ms() >= self._next_delete_retry_ms:
             self._next_delete_retry_ms = self.clock_ms() + DELETE_RETRY_MS
-            self.store.retry_deletes()  # remote storage was down: no orphans wait for the next failover
+            self._delete_retry = self._deleter.submit(self.store.retry_deletes, sorted(self.store.undeleted))
+
+    def settle_deletes(self, timeout_s: float) -> None:
+        """Wait for the delete retry under way and take in its outcome (tests, shutdown)."""
+        if self._delete_retry is not None:
+            self._delete_retry.result(timeout=timeout_s)
+            self._retry_deletes()
 
     def _commit_lease_ops(self, ops: list[ZkOp]) -> list[Exception | None]:
         """Commit lease writes (one op each, distinct leases); None per success.

@@ -165,20 +165,21 @@ class LeaseStore:
                 log.warning("could not delete lease file %s: %s", path, exc)
                 self.undeleted.add(path)
 
-    def retry_deletes(self) -> int:
-        """Delete again the files whose delete failed (remote storage was down); stops at the first
-        failure (it still is). Returns how many are left. No lease points at any of them: a file is
-        pointed at only by the write that created it, and these are obsolete or never committed."""
-        for path in sorted(self.undeleted):
+    def retry_deletes(self, paths: list[str]) -> list[str]:
+        """Delete again ``paths`` (a copy of :attr:`undeleted`: remote storage was down); stops at the
+        first failure (it still is). Returns the paths deleted; the caller discards them from
+        :attr:`undeleted` (this runs off the event loop and touches no state of the store). No lease
+        points at any of them: a file is pointed at only by the write that created it, and these are
+        obsolete or never committed."""
+        deleted = []
+        for path in paths:
             try:
                 self.storage.delete(path)
             except StorageError as exc:
                 log.debug("lease file %s still cannot be deleted: %s", path, exc)
                 break
-            self.undeleted.discard(path)
-        if not self.undeleted:
-            log.info("lease files left by failed deletes are deleted now")
-        return len(self.undeleted)
+            deleted.append(path)
+        return deleted
 
     # -- loading ----------------------------------------------------------------------
 

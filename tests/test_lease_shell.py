@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -15,6 +17,7 @@ from common.zk import loads
 from coordinator.lease_shell import LeaseShell
 from leases import state as ls
 from leases.store import LEASE_FILES, LeaseStore
+from tests.procs import wait_until
 
 pytestmark = pytest.mark.unit
 
@@ -188,13 +191,78 @@ def test_lease_files_whose_delete_failed_are_deleted_once_storage_is_back(tmp_pa
         assert dropped.result(timeout=0) is True and shell.state.get("L") is None
         assert storage.list(LEASE_FILES) == [written] and store.undeleted == {written}
         clock["now"] += 100
-        shell.flush()  # still down: tried again, kept
+        shell.flush()  # still down: tried again (off the loop), kept
+        shell.settle_deletes(10)
+        assert store.undeleted == {written}
         storage.down = False
         clock["now"] += 100
         shell.flush()  # not again within DELETE_RETRY_MS
+        shell.settle_deletes(10)
         assert storage.list(LEASE_FILES) == [written]
         clock["now"] += 1_000
         shell.flush()  # a batch with no lease write at all (e.g. the expiry tick) retries it
+        shell.settle_deletes(10)
         assert storage.list(LEASE_FILES) == [] and store.undeleted == set()
     finally:
+        shell.close()
+        store.close()
+
+
+class DeletesHang(FileStorage):
+    """File storage whose deletes block until ``release`` is set (a remote storage that stopped answering)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.hang = threading.Event()
+        self.release = threading.Event()
+        self.calls = 0
+
+    def delete(self, path: str) -> None:
+        if self.hang.is_set():
+            self.calls += 1
+            if not self.release.wait(30):
+                raise errors.StorageError(f"cannot delete {path}: timed out", path=path)
+            raise errors.StorageError(f"cannot delete {path}: storage is down", path=path)
+        super().delete(path)
+
+
+def test_a_hanging_remote_storage_does_not_stall_the_loop_while_deletes_are_retried(tmp_path):
+    storage = DeletesHang(f"file://{tmp_path}", fsync=False)
+    store = LeaseStore(storage)
+    clock = {"now": 5_000}
+    shell = LeaseShell(ls.LeaseState(Catalog(), 60_000), store, clock_ms=lambda: clock["now"],
+                       on_freed=lambda buckets: None)
+    shell.writer = Writer()
+    try:
+        submit(shell, ls.Acquire("L", {TB: 1}, 10_000))
+        shell.flush()
+        (written,) = storage.list(LEASE_FILES)
+        storage.release.set()  # the first failure answers at once ...
+        storage.hang.set()
+        submit(shell, ls.Drop("L"))
+        shell.flush()
+        assert store.undeleted == {written}
+        storage.release.clear()  # ... the retry hangs
+        clock["now"] += 1_000
+        t0 = time.monotonic()
+        shell.flush()  # starts the retry on the worker
+        wait_until(lambda: storage.calls == 3, 10, "the retry started")  # drop, its first retry, this one
+        for _ in range(5):  # later batches (lease writes, ticks) go on while it hangs
+            clock["now"] += 1_000
+            renewed = submit(shell, ls.Acquire(f"M{_}", {TB: 1}, 10_000))
+            shell.flush()
+            assert renewed.result(timeout=0).acquired == {TB: 1}
+        assert time.monotonic() - t0 < 5, "a flush waited for the hanging delete"
+        assert storage.calls == 3  # one retry in flight at a time: not one per flush
+        storage.release.set()
+        shell.settle_deletes(30)
+        assert store.undeleted == {written}  # it failed: kept for the next attempt
+        storage.hang.clear()
+        clock["now"] += 1_000
+        shell.flush()
+        shell.settle_deletes(30)
+        assert store.undeleted == set() and written not in storage.list(LEASE_FILES)
+    finally:
+        storage.release.set()
+        shell.close()
         store.close()
