@@ -65,6 +65,7 @@ class _Entry:
     tables: dict[int, dict[TableBucket, int]]  # table -> its buckets (from the file)
     mzxid: int
     graced: bool = False
+    lease: Lease | None = None  # built when read, so that exact() only collects (100,000 at failover)
 
 
 class LeaseMirror:
@@ -251,7 +252,8 @@ class LeaseMirror:
                 else:
                     retry.append(name)
                 continue
-            self._entries[name] = _Entry(expiration, paths, tables, mzxid, graced)
+            self._entries[name] = _Entry(expiration, paths, tables, mzxid, graced,
+                                         Lease(name, expiration, _merged(tables), graced))
         if retry:
             with self._lock:
                 self._dirty.update(retry)
@@ -302,14 +304,20 @@ class LeaseMirror:
         missing = [n for n in names if n not in self._entries and n not in self.unreadable]
         if missing:  # vanished after the epoch bump: cannot be (fenced), so do not guess
             raise RuntimeError(f"lease nodes vanished while loading: {missing[:5]}")
-        leases = []
-        layout = {}
-        for name in sorted(self._entries):
-            entry = self._entries[name]
-            buckets: dict[TableBucket, int] = {}
-            for table_id in entry.paths:
-                buckets.update(entry.tables[table_id])
-            leases.append(Lease(name, entry.expiration_time, buckets, entry.graced))
-            layout[name] = dict(entry.paths)
+        # built as they were read: collecting them is all that is left to do here (the refresher
+        # is stopped for good, so the entries are not touched again)
+        leases = [entry.lease for entry in self._entries.values()]
+        layout = {name: entry.paths for name, entry in self._entries.items()}
         layout.update(self._unreadable_layout)  # their files are no orphans: kept for an operator
         return leases, layout
+
+
+def _merged(tables: dict[int, dict[TableBucket, int]]) -> dict[TableBucket, int]:
+    """A lease's buckets from its tables' files (one table, the usual case: that file's own dict,
+    never changed after it was read)."""
+    if len(tables) == 1:
+        return next(iter(tables.values()))
+    buckets: dict[TableBucket, int] = {}
+    for table_buckets in tables.values():
+        buckets.update(table_buckets)
+    return buckets

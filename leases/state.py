@@ -422,10 +422,9 @@ class LeaseState(StateMachine):
             raise RuntimeError("restore with writes in flight")
         self._load(ev.leases)
         changes: list[tuple[str, Lease | None, Lease | None]] = []
-        for lease_id in sorted(self.leases):
-            lease = self.leases[lease_id]
-            if not _expired(lease, ev.now_ms):
-                continue
+        now = ev.now_ms
+        for lease in sorted((lease for lease in self.leases.values() if lease.expiration_time <= now),
+                            key=lambda lease: lease.lease_id):
             if lease.graced:
                 changes.append(("expire", lease, None))
             else:
@@ -516,8 +515,8 @@ class LeaseState(StateMachine):
         """Replace every lease (failover): index, heap and counts built in one pass each."""
         self.leases = {lease.lease_id: lease for lease in leases}
         self.refs = RefcountIndex.from_leases(self.leases.values())
-        self._deadlines = Deadlines((lease.expiration_time, lease_id) for lease_id, lease in self.leases.items())
-        self._table_leases = Counter(t for lease in self.leases.values() for t in lease.tables())
+        self._deadlines = Deadlines([(lease.expiration_time, lease_id) for lease_id, lease in self.leases.items()])
+        self._table_leases = self.refs.holder_counts_by_table()
 
     def _put(self, lease: Lease) -> None:
         before = self.leases.get(lease.lease_id)

@@ -1,0 +1,70 @@
+"""Many leases written straight into their persisted layout, for benchmarks that need 100,000 of them.
+
+Acquiring a lease goes through the coordinator's loop (~1-2 ms of its CPU
+each): 100,000 take minutes. A benchmark that only needs them *held* (idle
+cost, failover) writes them here instead, in exactly the form the coordinator
+writes: each lease's table file through :meth:`LeaseStore.prepare` (new name,
+then pointed to), then its ZooKeeper node, a thousand creates per multi-op,
+pipelined. Coordinators must not be running while this writes: an active one
+would not know the leases (it learns them at its next reinitialization).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Callable
+
+from common import config as cfg
+from common.model import Lease, TableBucket
+from common.storage import open_storage
+from common.zk import make_client
+from leases.state import PersistLease
+from leases.store import LeaseStore
+
+CHUNK = 1_000  # leases per multi-op (~250 bytes each: well under ZooKeeper's 1 MiB request limit)
+WINDOW = 8  # multi-ops in flight
+
+
+def seed_leases(config: cfg.Config, table_id: int, buckets: int, lease_ids: list[str], expiration_time: int,
+                snapshot_id: int = 1, progress: Callable[[int], None] = lambda done: None) -> int:
+    """Persist a lease per id, holding snapshot ``snapshot_id`` of bucket ``i % buckets``; how many.
+
+    Files are written without fsync (a benchmark's setup; the coordinator reads them back
+    the same either way). Raises what a failed multi-op raises (ids must be new).
+    """
+    storage = open_storage(config[cfg.REMOTE_DATA_DIR], cfg.Config({cfg.REMOTE_FSYNC.name: False}, env={}))
+    store = LeaseStore(storage, io_threads=8)
+    zk = make_client(config)
+    pending: deque = deque()
+    done = 0
+    try:
+        for start in range(0, len(lease_ids), CHUNK):
+            writes = [PersistLease((0, i), "acquire", None,
+                                   Lease(lease_id, expiration_time, {TableBucket(table_id, i % buckets): snapshot_id}),
+                                   frozenset({table_id}))
+                      for i, lease_id in enumerate(lease_ids[start:start + CHUNK], start)]
+            txn = zk.transaction()
+            for prepared in store.prepare(writes):
+                if isinstance(prepared, Exception):
+                    raise prepared
+                txn.create(prepared.op.path, prepared.op.data)
+            pending.append((len(writes), txn.commit_async()))
+            while len(pending) >= WINDOW:
+                done += _finish(*pending.popleft())
+                progress(done)
+        while pending:
+            done += _finish(*pending.popleft())
+            progress(done)
+        return done
+    finally:
+        zk.stop()
+        zk.close()
+        store.close()
+
+
+def _finish(count: int, result) -> int:
+    outcomes = result.get()
+    failed = [r for r in outcomes if isinstance(r, Exception)]
+    if failed:
+        raise RuntimeError(f"seeding leases failed: {failed[0]!r}")
+    return count
