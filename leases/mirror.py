@@ -79,6 +79,7 @@ class LeaseMirror:
         self._dirty: set[str] = set()
         self._children_dirty = True
         self._invalid = False  # the session was lost: watches are gone, reload everything
+        self._loaded = False  # every listed node read once (since start, or since the session was lost)
         self._wake = threading.Event()
         self._wake.set()  # the initial load
         self._stop = threading.Event()
@@ -168,6 +169,7 @@ class LeaseMirror:
         if invalid:
             self._entries.clear()
             self._names = None
+            self._loaded = False
         if children:
             try:
                 names = set(self.zk.get_children(zkpaths.LEASES, watch=self._on_children))
@@ -184,6 +186,9 @@ class LeaseMirror:
             seen = set(todo)
             todo += [n for n in missing[:CHUNK] if n not in seen]
             if not todo:
+                if not self._loaded and self._names is not None:
+                    self._loaded = True
+                    log.info("lease mirror loaded: %d leases (%s)", len(self._entries), self.stats)
                 return
             try:
                 self._read(todo, strict=False)

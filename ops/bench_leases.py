@@ -11,11 +11,21 @@ a. lease acquire throughput and p50/p99 latency: ``--threads`` client
 b. raw pipelined ZooKeeper writes/s on the same server (``--raw-writes``
    kazoo ``create_async`` (20,000), then as many ``set_async``, with a window,
    in a separate process), and the ratio acquire/raw creates (target >= 0.5);
-c. failover: with ``--leases`` leases held (acquired up to that count if
-   phase a stopped short), ``kill -9`` the active coordinator and
-   time the first request the standby serves (``describe_lease`` of a known
-   lease), against session timeout + 2 s (target <=). The standby's log gives
-   the split: ZooKeeper session expiry, then reinitialization.
+c. failover: with ``--leases`` leases held, ``kill -9`` the active
+   coordinator and time the first request the standby serves
+   (``describe_lease`` of a known lease), against session timeout + 2 s
+   (target <=). The standby's log gives the split: ZooKeeper session expiry,
+   then reinitialization. Then every lease must be intact: the new active
+   lists exactly the leases (deadlines, buckets) the old one listed.
+   If phases a stopped short of ``--leases``, the rest are written straight
+   into their persisted layout (:mod:`ops.lease_seed`; acquiring 100,000
+   through the coordinator takes minutes) with both coordinators stopped,
+   then both are started again (the active loads them all: "cold start"),
+   and the standby's lease mirror is waited for;
+d. idle loop CPU (:mod:`ops.bench_scale`): with 1,000 leases held (before
+   phase a) and with ``--leases`` (before the failover), the active
+   coordinator's event-loop CPU per second over ``--idle-seconds`` with no
+   request; target: the same within noise (at most 1.5 x + 1 ms/s).
 
 Everything it starts is stopped in ``finally`` (and dies with it on kill -9).
 The suite interface (``OPTIONS``, ``run``, ``target_rows``, ``report``) is
@@ -46,9 +56,10 @@ from client.admin import AdminClient, wait_for_active
 from common.kvsnapshot import Manifest
 from common.model import TableBucket
 from common.storage import open_storage
-from ops import bench_suite
+from ops import bench_scale, bench_suite
 from ops.bench_suite import Option, Row, positive_float, positive_int
 from ops.cluster import free_ports, log_tail
+from ops.lease_seed import seed_leases
 from ops.zookeeper import ZooKeeperCluster, dying_with_parent
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -67,6 +78,7 @@ class BenchSettings:
     raw_writes: int = 20_000
     raw_window: int = 1_000
     session_timeout_ms: int = 6_000  # the default zookeeper.session-timeout
+    idle_seconds: float = 5.0  # phase d: loop CPU sampled this long
     fsync: bool = True  # the default remote.file.fsync
 
 
@@ -78,6 +90,8 @@ OPTIONS = (
     Option("--threads", positive_int, BenchSettings.threads, "client threads acquiring leases"),
     Option("--raw-writes", positive_int, BenchSettings.raw_writes,
            "pipelined ZooKeeper creates (then sets) timed for the anchor"),
+    Option("--idle-seconds", positive_float, BenchSettings.idle_seconds,
+           "idle loop CPU is sampled this long, at 1,000 leases and at --leases", metavar="S"),
     Option("--secure", bool, False, "instead: acquires/s with TLS + password + ACL checks on vs off, one "
            "coordinator each, in the same run (target secure >= 0.8 of plain)"),
 )
@@ -91,7 +105,9 @@ class _Coordinator:
     def __init__(self, home: Path, values: dict[str, Any]) -> None:
         home.mkdir(parents=True, exist_ok=True)
         self.home = home
+        self.values = values
         self.address = f"127.0.0.1:{values[cfg.COORDINATOR_PORT.name]}"
+        self.metrics_port = values.get(cfg.METRICS_PORT.name, -1)
         self.log_path = home / "coordinator.log"
         config_path = home / "config.toml"
         cfg.write_file(config_path, values)
@@ -106,6 +122,24 @@ class _Coordinator:
         if self.popen.poll() is None:
             self.popen.kill()
         self.popen.wait(timeout=30)
+
+    def stop(self) -> None:
+        """SIGTERM: it closes its ZooKeeper session (no wait for its expiry); kill -9 after 30 s."""
+        if self.popen.poll() is None:
+            self.popen.terminate()
+            try:
+                self.popen.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def cpu_s(self) -> float:
+        return _cpu_s(self.popen.pid)
+
+    def log_size(self) -> int:
+        try:
+            return self.log_path.stat().st_size
+        except OSError:
+            return 0
 
 
 def _percentile_ms(sorted_values: list[float], q: float) -> float | None:
@@ -261,13 +295,18 @@ def _log_events(log_path: Path) -> dict[str, float]:
     return found
 
 
-def _failover_phase(coordinators: list[_Coordinator], known_lease: str, held: int,
-                    s: BenchSettings) -> dict[str, Any]:
+def _active(coordinators: list[_Coordinator]) -> tuple[_Coordinator, _Coordinator, int]:
+    """(the active coordinator, the standby, the epoch)."""
     with AdminClient([c.address for c in coordinators], request_timeout_s=2.0, retry_total_s=0) as probe:
         states = {c.address: probe.coordinator_info(c.address) for c in coordinators}
     active = next(c for c in coordinators if states[c.address].active)
-    standby = next(c for c in coordinators if c is not active)
-    old_epoch = states[active.address].epoch
+    return active, next(c for c in coordinators if c is not active), states[active.address].epoch
+
+
+def _failover_phase(coordinators: list[_Coordinator], known_lease: str, held: int,
+                    s: BenchSettings) -> dict[str, Any]:
+    active, standby, old_epoch = _active(coordinators)
+    before = bench_scale.lease_view(active.address)
     with AdminClient([standby.address], request_timeout_s=1.0, retry_total_s=0) as client:
         wall_kill = time.time()
         t_kill = time.perf_counter()
@@ -284,13 +323,14 @@ def _failover_phase(coordinators: list[_Coordinator], known_lease: str, held: in
                 time.sleep(0.01)
         failover_s = time.perf_counter() - t_kill
         info = client.coordinator_info(standby.address)
-        served = len(client.list_leases())
+    intact = bench_scale.compare(before, bench_scale.lease_view(standby.address))
+    served = intact["after"]
     events = _log_events(standby.log_path)
     target_s = s.session_timeout_ms / 1000.0 + FAILOVER_SLACK_S
     result = {
         "leases_held": held, "leases_served_after": served, "failover_s": round(failover_s, 3),
         "target_s": target_s, "met": failover_s <= target_s, "epoch_before": old_epoch, "epoch_after": info.epoch,
-        "probes": attempts, "session_timeout_s": s.session_timeout_ms / 1000.0,
+        "probes": attempts, "session_timeout_s": s.session_timeout_ms / 1000.0, "leases": intact,
     }
     if "elected" in events:
         result["kill_to_elected_s"] = round(events["elected"] - wall_kill, 3)
@@ -305,9 +345,11 @@ def _failover_phase(coordinators: list[_Coordinator], known_lease: str, held: in
 
 
 def run(*, leases: int, seconds: float, threads: int, raw_writes: int, secure: bool = False,
+        idle_seconds: float = BenchSettings.idle_seconds,
         progress: bench_suite.Progress = lambda text: None) -> dict[str, Any]:
     """The figures (see the module docstring); options as in ``OPTIONS``."""
-    settings = BenchSettings(held_leases=leases, seconds=seconds, threads=threads, raw_writes=raw_writes)
+    settings = BenchSettings(held_leases=leases, seconds=seconds, threads=threads, raw_writes=raw_writes,
+                             idle_seconds=idle_seconds)
     return measure_secure(settings, progress) if secure else measure(settings, progress)
 
 
@@ -375,7 +417,8 @@ def measure_secure(s: BenchSettings, progress: bench_suite.Progress) -> dict[str
 
 
 def measure(s: BenchSettings, progress: bench_suite.Progress) -> dict[str, Any]:
-    """Run all three measurements with settings ``s``; returns the figures."""
+    """Run the measurements with settings ``s``; returns the figures."""
+    t_run = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="kvlease-bench-") as tmp:
         base = Path(tmp)
         remote = base / "remote"
@@ -388,33 +431,41 @@ def measure(s: BenchSettings, progress: bench_suite.Progress) -> dict[str, Any]:
             values = {
                 cfg.ZK_ADDRESS.name: zk.connect_string, cfg.ZK_ROOT.name: ZK_ROOT,
                 cfg.ZK_SESSION_TIMEOUT.name: f"{s.session_timeout_ms}ms", cfg.REMOTE_DATA_DIR.name: remote.as_uri(),
-                cfg.REMOTE_FSYNC.name: s.fsync, cfg.METRICS_PORT.name: -1, cfg.COORDINATOR_HOST.name: "127.0.0.1",
+                cfg.REMOTE_FSYNC.name: s.fsync, cfg.COORDINATOR_HOST.name: "127.0.0.1",
             }
             progress("starting 2 coordinators")
-            for i, port in enumerate(free_ports(2)):
+            ports = free_ports(4)
+            for i in range(2):  # a gRPC port and a metrics port (phase d reads the loop's CPU there) each
                 coordinators.append(_Coordinator(base / f"coordinator-{i + 1}",
-                                                 {**values, cfg.COORDINATOR_PORT.name: port,
+                                                 {**values, cfg.COORDINATOR_PORT.name: ports[2 * i],
+                                                  cfg.METRICS_PORT.name: ports[2 * i + 1],
                                                   cfg.COORDINATOR_ID.name: str(i + 1)}))
             addresses = [c.address for c in coordinators]
             table_id = _leasable_table(addresses, remote, s.buckets, None)
+            base_leases = min(bench_scale.IDLE_BASE_LEASES, s.held_leases)
+            progress(f"d. idle loop CPU with {base_leases} leases")
+            setup = _acquire_many(addresses, table_id, s.buckets, s.threads, "i", None, base_leases)
+            idle_base = _idle_phase(coordinators, setup["acquires"], s)
             progress(f"a. acquiring leases: {s.threads} threads, {s.seconds:g} s or {s.held_leases} leases")
             pids = {"coordinator": [c.popen.pid for c in coordinators], "zookeeper": [zk.nodes[0].pid],
                     "client": [os.getpid()]}
             cpu_before = {role: sum(map(_cpu_s, ps)) for role, ps in pids.items()}
-            acquire = _acquire_many(addresses, table_id, s.buckets, s.threads, "a", s.seconds, s.held_leases)
+            acquire = _acquire_many(addresses, table_id, s.buckets, s.threads, "a", s.seconds,
+                                    max(1, s.held_leases - setup["acquires"]))
             acquire["cpu_ms_per_acquire"] = {
                 role: round((sum(map(_cpu_s, ps)) - cpu_before[role]) * 1000 / max(1, acquire["acquires"]), 3)
                 for role, ps in pids.items()}
             progress(f"b. raw ZooKeeper writes: {s.raw_writes} pipelined, window {s.raw_window}")
             raw = _raw_phase(zk.connect_string, s)
-            missing = s.held_leases - acquire["acquires"]
+            held = setup["acquires"] + acquire["acquires"]
             fill = None
-            if missing > 0:
-                progress(f"c. filling up to {s.held_leases} leases")
-                fill = _acquire_many(addresses, table_id, s.buckets, s.threads, "f", None, missing)
-            held = acquire["acquires"] + (fill["acquires"] if fill else 0)
+            if s.held_leases > held:
+                fill = _fill_phase(coordinators, values, table_id, held, s, progress)
+                held += fill["seeded"]
+            progress(f"d. idle loop CPU with {held} leases")
+            idle_held = _idle_phase(coordinators, held, s)
             progress(f"c. failover with {held} leases held")
-            failover = _failover_phase(coordinators, "a-0-0", held, s)
+            failover = _failover_phase(coordinators, "i-0-0", held, s)
         except BaseException:
             for c in coordinators:
                 sys.stderr.write(f"--- {c.log_path} ---\n{log_tail(c.log_path, 40)}\n")
@@ -425,15 +476,53 @@ def measure(s: BenchSettings, progress: bench_suite.Progress) -> dict[str, Any]:
             if zk is not None:
                 zk.stop()
     ratio = acquire["per_s"] / raw["create_per_s"] if raw["create_per_s"] else 0.0
+    limit = bench_scale.idle_limit_ms(idle_base["loop_cpu_ms_per_s"])
     return {
         "settings": asdict(s),
         "acquire": acquire,
         "fill": fill,
         "raw_zookeeper": raw,
         "acquire_to_raw": {"ratio": round(ratio, 3), "target": TARGET_RATIO, "met": ratio >= TARGET_RATIO},
+        "idle": {"base": idle_base, "held": idle_held, "limit_ms_per_s": round(limit, 3),
+                 "met": idle_held["loop_cpu_ms_per_s"] <= limit},
         "failover": failover,
+        "run_s": round(time.perf_counter() - t_run, 1),
         "host": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
     }
+
+
+def _idle_phase(coordinators: list[_Coordinator], held: int, s: BenchSettings) -> dict[str, Any]:
+    """Phase d at the lease count now held: the active coordinator's loop CPU per second, no request."""
+    active, _standby, _epoch = _active(coordinators)
+    return bench_scale.idle_loop_cpu(active.metrics_port, active.cpu_s, held, s.idle_seconds)
+
+
+def _fill_phase(coordinators: list[_Coordinator], values: dict[str, Any], table_id: int, held: int,
+                s: BenchSettings, progress: bench_suite.Progress) -> dict[str, Any]:
+    """Up to ``--leases``: seed the rest with both coordinators stopped, start them, wait for the mirror."""
+    missing = s.held_leases - held
+    progress(f"c. seeding {missing} leases (coordinators stopped)")
+    for c in coordinators:
+        c.stop()
+    t0 = time.perf_counter()
+    seeded = seed_leases(cfg.Config(values, env={}), table_id, s.buckets, [f"f-{i}" for i in range(missing)],
+                         int(time.time() * 1000) + HOUR_MS,
+                         progress=lambda done: done % 20_000 == 0 and progress(f"c. seeded {done} of {missing}"))
+    seed_s = time.perf_counter() - t0
+    progress(f"c. starting both coordinators with {held + seeded} leases")
+    offsets = [c.log_size() for c in coordinators]
+    t0 = time.perf_counter()
+    for i, c in enumerate(coordinators):
+        coordinators[i] = _Coordinator(c.home, c.values)
+    with AdminClient([c.address for c in coordinators], request_timeout_s=5.0, retry_total_s=30.0) as client:
+        wait_for_active(client, 300.0)
+    cold_start_s = time.perf_counter() - t0
+    active, standby, _epoch = _active(coordinators)
+    progress("c. waiting for the standby's lease mirror")
+    offset = offsets[coordinators.index(standby)]
+    mirror_s = bench_scale.wait_mirror_loaded(standby.log_path, offset, held + seeded, 900.0)
+    return {"seeded": seeded, "seed_s": round(seed_s, 3), "cold_start_s": round(cold_start_s, 3),
+            "mirror_loaded_s": round(cold_start_s + mirror_s, 3)}
 
 
 def _secure_report(figures: dict[str, Any]) -> str:
@@ -472,6 +561,26 @@ def report(figures: dict[str, Any]) -> str:
         + (f"; kill -> elected {f['kill_to_elected_s']:.3f} s" if "kill_to_elected_s" in f else "")
         + (f", reinitialization {f['reinit_s']:.3f} s" if "reinit_s" in f else ""),
     ]
+    leases = f.get("leases")
+    if leases:
+        lines.append(f"   leases after the failover: {'intact' if leases['intact'] else 'NOT intact'} "
+                     f"({leases['after']} of {leases['before']}; missing {leases['missing']}, extra {leases['extra']}, "
+                     f"changed {leases['changed']})")
+    fill = figures.get("fill")
+    if fill and "seeded" in fill:  # (a run before seeding acquired the rest instead)
+        lines.append(f"   setup: {fill['seeded']} leases seeded in {fill['seed_s']:.1f} s; cold start (both "
+                     f"coordinators, the active loads every lease) {fill['cold_start_s']:.1f} s; standby's mirror "
+                     f"loaded after {fill['mirror_loaded_s']:.1f} s")
+    idle = figures.get("idle")
+    if idle:
+        b, h = idle["base"], idle["held"]
+        lines.append(f"d. idle loop CPU   {h['loop_cpu_ms_per_s']:.3f} ms/s at {h['leases']} leases vs "
+                     f"{b['loop_cpu_ms_per_s']:.3f} ms/s at {b['leases']}   target <= {idle['limit_ms_per_s']:.3f} "
+                     f"(1.5 x + 1 ms/s): {'met' if idle['met'] else 'NOT met'}")
+        lines.append(f"   whole coordinator process: {h['process_cpu_ms_per_s']:.3f} vs "
+                     f"{b['process_cpu_ms_per_s']:.3f} ms/s (sampled {h['seconds']:.1f} s each)")
+    if "run_s" in figures:
+        lines.append(f"   run: {figures['run_s']:.0f} s end to end")
     cpu = a.get("cpu_ms_per_acquire", {})
     if cpu:
         lines.insert(2, "   CPU per acquire: " + ", ".join(f"{role} {ms:.2f} ms" for role, ms in cpu.items()))
@@ -485,12 +594,22 @@ def target_rows(figures: dict[str, Any]) -> list[Row]:
         return [Row.ratio("secure / plain lease acquires", figures["secured"]["per_s"], figures["plain"]["per_s"],
                           "/s", SECURE_TARGET)]
     f = figures["failover"]
-    return [
+    rows = [
         Row.ratio("acquire / raw ZooKeeper creates", figures["acquire"]["per_s"],
                   figures["raw_zookeeper"]["create_per_s"], "/s", TARGET_RATIO),
         Row.limit(f"failover, {f['leases_held']:,} leases held", f["failover_s"],
                   f["session_timeout_s"], "s", f["session_timeout_s"] + FAILOVER_SLACK_S),
     ]
+    if "leases" in f:
+        leases = f["leases"]
+        rows.append(Row.limit("leases lost or changed by the failover",
+                              leases["missing"] + leases["extra"] + leases["changed"], leases["before"], "", 0))
+    idle = figures.get("idle")
+    if idle:
+        b, h = idle["base"], idle["held"]
+        rows.append(Row.limit(f"idle loop CPU, {h['leases']:,} vs {b['leases']:,} leases", h["loop_cpu_ms_per_s"],
+                              b["loop_cpu_ms_per_s"], "ms/s", idle["limit_ms_per_s"]))
+    return rows
 
 
 if __name__ == "__main__":
