@@ -8,9 +8,12 @@
 
 from __future__ import annotations
 
+import threading
 import uuid
 
 import pytest
+from kazoo.client import KazooClient
+from kazoo.protocol.states import KazooState
 
 from common import zkpaths
 from common.storage import open_storage
@@ -214,3 +217,50 @@ def test_a_grace_written_back_is_mirrored_and_not_granted_again(env):
     finally:
         for ctrl in controllers:
             ctrl.close()
+
+
+def test_the_mirror_is_right_after_its_zookeeper_session_expired(env, storage_config):
+    """Session expiry drops every watch: the mirror reloads everything on the new session,
+    so changes made while it had none are seen, and later changes are tracked again."""
+    active, _mirror, zk, storage, _clock = env
+    t = make_table(active, buckets=2)
+    commit(active, t.table_id, 0, 1)
+    commit(active, t.table_id, 1, 1)
+    tbs = [TableBucket(t.table_id, b) for b in range(2)]
+    for i in range(20):
+        call(active, ls.Acquire(f"L{i}", {tbs[i % 2]: 1}, 60_000))
+    mzk = make_client(storage_config)
+    lost = threading.Event()
+    mzk.add_listener(lambda state: state == KazooState.LOST and lost.set())
+    m = LeaseMirror(mzk, storage, debounce_s=0.01).start()
+    try:
+        wait_until(lambda: mirrored(m) == view(persisted_leases(zk, storage).values()), 10, "initial load")
+        # expire the mirror's session: another client on the same session id closes it
+        twin = KazooClient(hosts=storage_config.get("zookeeper.address"), client_id=mzk.client_id, timeout=10)
+        twin.start(timeout=10)
+        twin.stop()
+        twin.close()
+        for i in range(0, 20, 4):  # meanwhile: the watches these would fire are gone with the session
+            call(active, ls.Renew(f"L{i}", 90_000 + i))
+            call(active, ls.Drop(f"L{i + 1}"))
+            call(active, ls.Acquire(f"L{i + 2}", {tbs[1 - (i + 2) % 2]: 1}, 70_000))  # a second table file
+            call(active, ls.Acquire(f"N{i}", {tbs[0]: 1}, 50_000))
+        assert lost.wait(10), "the mirror's session did not expire"
+        wait_until(lambda: mzk.connected, 10, "a new session")
+        wait_until(lambda: mirrored(m) == view(persisted_leases(zk, storage).values()), 10,
+                   "the mirror reloaded after the session expired")
+        for i in range(3, 20, 4):  # the new session's watches are armed: later changes are tracked
+            call(active, ls.Renew(f"L{i}", 120_000 + i))
+        call(active, ls.Drop("N0"))
+        wait_until(lambda: mirrored(m) == view(persisted_leases(zk, storage).values()), 10,
+                   "changes after the new session")
+        assert m.stats["rounds"] >= 2 and m._loaded
+        call(active, ls.Renew("L7", 150_000))  # right before the election: exact() sees it
+        leases, layout = m.exact()
+        persisted = persisted_leases(zk, storage)
+        assert view(leases) == view(persisted.values()) and set(layout) == set(persisted)
+        assert leases and persisted["L7"].expiration_time == _clock() + 150_000
+    finally:
+        m.stop()
+        mzk.stop()
+        mzk.close()
