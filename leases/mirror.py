@@ -38,6 +38,7 @@ answering anything else).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -77,6 +78,7 @@ class LeaseMirror:
         self._names: set[str] | None = None  # the last children list read (None: not read yet)
         self._lock = threading.Lock()  # guards the marks below (taken by the watch callbacks)
         self._dirty: set[str] = set()
+        self._retry_later: set[str] = set()  # refresher only: read again next round
         self._children_dirty = True
         self._invalid = False  # the session was lost: watches are gone, reload everything
         self._loaded = False  # every listed node read once (since start, or since the session was lost)
@@ -178,24 +180,34 @@ class LeaseMirror:
                     self._children_dirty = True
                 raise
             self._apply_names(names)
-        while not self._stop.is_set():
-            with self._lock:
-                todo = list(self._dirty)[:CHUNK]
-                self._dirty.difference_update(todo)  # cleared before the read: a later change marks again
-            missing = [] if self._names is None else [n for n in self._names if n not in self._entries]
-            seen = set(todo)
-            todo += [n for n in missing[:CHUNK] if n not in seen]
-            if not todo:
-                if not self._loaded and self._names is not None:
-                    self._loaded = True
-                    log.info("lease mirror loaded: %d leases (%s)", len(self._entries), self.stats)
-                return
-            try:
-                self._read(todo, strict=False)
-            except Exception:
+        # the names never read, listed once per round (not once per chunk: 100,000 at start-up)
+        missing = [] if self._names is None else [n for n in self._names if n not in self._entries]
+        start = 0
+        try:
+            while not self._stop.is_set():
                 with self._lock:
-                    self._dirty.update(todo)
-                raise
+                    todo = list(itertools.islice(self._dirty, CHUNK))
+                    self._dirty.difference_update(todo)  # cleared before the read: a later change marks again
+                if not todo and start >= len(missing):
+                    if not self._loaded and self._names is not None:
+                        self._loaded = True
+                        log.info("lease mirror loaded: %d leases (%s)", len(self._entries), self.stats)
+                    return
+                seen = set(todo)
+                todo += [n for n in missing[start:start + CHUNK] if n not in seen and n not in self._entries]
+                start += CHUNK
+                try:
+                    self._read(todo, strict=False)
+                except Exception:
+                    with self._lock:
+                        self._dirty.update(todo)
+                    raise
+        finally:
+            if self._retry_later:  # unreadable now (a file replaced meanwhile): the next round, not this one
+                with self._lock:
+                    self._dirty.update(self._retry_later)
+                self._retry_later.clear()
+                self._wake.set()
 
     def _apply_names(self, names: set[str]) -> None:
         self._names = names
@@ -259,10 +271,7 @@ class LeaseMirror:
                 continue
             self._entries[name] = _Entry(expiration, paths, tables, mzxid, graced,
                                          Lease(name, expiration, _merged(tables), graced))
-        if retry:
-            with self._lock:
-                self._dirty.update(retry)
-            self._wake.set()
+        self._retry_later.update(retry)
 
     def _read_files(self, paths: list[str], strict: bool) -> dict[str, dict[TableBucket, int] | str]:
         """Per path its buckets, or why it cannot be read (see ``read_table_file``)."""

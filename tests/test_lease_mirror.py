@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 
 import pytest
@@ -264,3 +265,27 @@ def test_the_mirror_is_right_after_its_zookeeper_session_expired(env, storage_co
         m.stop()
         mzk.stop()
         mzk.close()
+
+
+def test_a_lease_whose_file_is_missing_is_retried_once_a_round_not_in_a_spin(env):
+    """A node whose file cannot be read is read again next round (after the debounce), and
+    ``exact()`` reports it unreadable; meanwhile the other leases load."""
+    active, mirror, zk, storage, _clock = env
+    t = make_table(active, buckets=1)
+    commit(active, t.table_id, 0, 1)
+    tb = TableBucket(t.table_id, 0)
+    call(active, ls.Acquire("fine", {tb: 1}, 60_000))
+    zk.create(zkpaths.lease("broken"), dumps({"version": 1, "expiration_time": 9_000_000, "tables": [
+        {"table_id": t.table_id, "metadata_path": f"{LEASE_FILES}/broken/{t.table_id}/{'cd' * 16}.metadata"}]}))
+    m = LeaseMirror(zk, storage, debounce_s=0.1).start()
+    try:
+        wait_until(lambda: "fine" in mirrored(m), 10, "the readable lease")
+        reads = m.stats["node_reads"]
+        time.sleep(1.0)
+        assert m.stats["node_reads"] - reads <= 15  # ~one read per 0.1 s round, not thousands
+        assert "broken" not in mirrored(m)
+        leases, layout = m.exact()
+        assert [lease.lease_id for lease in leases] == ["fine"] and set(m.unreadable) == {"broken"}
+        assert set(layout) == {"fine", "broken"}
+    finally:
+        m.stop()
