@@ -502,6 +502,9 @@ def _fill_phase(coordinators: list[_Coordinator], values: dict[str, Any], table_
     """Up to ``--leases``: seed the rest with both coordinators stopped, start them, wait for the mirror."""
     missing = s.held_leases - held
     progress(f"c. seeding {missing} leases (coordinators stopped)")
+    for c in coordinators:  # both at once: the standby must not take over (and reinitialize) meanwhile
+        if c.popen.poll() is None:
+            c.popen.terminate()
     for c in coordinators:
         c.stop()
     t0 = time.perf_counter()
