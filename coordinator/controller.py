@@ -145,13 +145,15 @@ class Controller(Dispatcher):
         self.catalog.load(self.zk)
         self.members.load()
         self.snapshot_commits.load(self.catalog.by_id.values())
+        refs = None
         if mirror is not None:
             loaded, layout = mirror.exact()
+            refs = mirror.refs  # the index of exactly those leases: not built again
             self.lease_store.adopt(layout, mirror.unreadable)
         else:
             loaded = self.lease_store.load_all(self.zk)
         orphans = [] if defer_orphans else self.lease_store.remove_orphans()
-        restored = self.lease_shell.restore(loaded, self.clock_ms(), self.grace_ms)
+        restored = self.lease_shell.restore(loaded, self.clock_ms(), self.grace_ms, refs)
         dangling = [(tb, sid) for tb, sid in self.leases.refs.leased() if not self.snapshots.has_snapshot(tb, sid)]
         for tb, sid in dangling:
             log.warning("lease refers to snapshot %s of %s which is not stored", sid, tb)

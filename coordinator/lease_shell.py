@@ -27,6 +27,7 @@ from common.zk import ZkOp
 from coordinator.fencing import MAX_OPS_PER_MULTI, FencedWriter
 from coordinator.loop import Item, settle
 from leases import state as ls
+from leases.refcount import RefcountIndex
 from leases.store import LeaseStore, PreparedWrite
 
 log = logging.getLogger(__name__)
@@ -62,7 +63,8 @@ class LeaseShell(Shell):
         """Stop the delete-retry worker (an attempt under way finishes on its own)."""
         self._deleter.shutdown(wait=False, cancel_futures=True)
 
-    def restore(self, loaded: Iterable[Lease], now_ms: int, grace_ms: int) -> ls.RestoreOutcome:
+    def restore(self, loaded: Iterable[Lease], now_ms: int, grace_ms: int,
+                refs: RefcountIndex | None = None) -> ls.RestoreOutcome:
         """Failover: a new state machine holding the persisted leases.
 
         Expired ones get the grace once, or are dropped if they had it: those
@@ -70,7 +72,7 @@ class LeaseShell(Shell):
         failed write raises: the coordinator must not serve then.
         """
         self.state = ls.LeaseState(self.state.catalog, self.state.max_duration_ms)
-        return self.call(ls.Restore(tuple(loaded), now_ms, grace_ms))  # validate(): in tests, O(n) x a lot
+        return self.call(ls.Restore(tuple(loaded), now_ms, grace_ms, refs))  # validate(): in tests, O(n) x a lot
 
     # -- handing events in ------------------------------------------------------------
 

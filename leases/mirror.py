@@ -52,6 +52,7 @@ from common.errors import StorageError
 from common.storage import RemoteStorage
 from common.zk import loads
 from common.model import Lease, TableBucket
+from leases.refcount import RefcountIndex
 from leases.store import log_unreadable, read_table_file
 
 log = logging.getLogger(__name__)
@@ -90,6 +91,9 @@ class LeaseMirror:
         self._pool = None if not storage.parallel_io else ThreadPoolExecutor(
             max_workers=io_threads, thread_name_prefix="lease-mirror-io")
         self.stats = {"node_reads": 0, "file_reads": 0, "rounds": 0}
+        #: the refcount index of the mirrored leases, kept as they are read: at election it is that of
+        #: exactly the leases exact() returns, so the new active need not build it (100,000 at failover)
+        self.refs = RefcountIndex()
         #: at election: leases not loaded because a file is missing or corrupt -> those files
         self.unreadable: dict[str, tuple[str, ...]] = {}
         self._unreadable_layout: dict[str, dict[int, str]] = {}
@@ -169,7 +173,7 @@ class LeaseMirror:
             invalid, self._invalid = self._invalid, False
             children, self._children_dirty = self._children_dirty, False
         if invalid:
-            self._entries.clear()
+            self._clear()
             self._names = None
             self._loaded = False
         if children:
@@ -211,8 +215,34 @@ class LeaseMirror:
 
     def _apply_names(self, names: set[str]) -> None:
         self._names = names
-        for gone in [n for n in self._entries if n not in names]:
-            del self._entries[gone]
+        for gone in self._entries.keys() - names:
+            self._drop(gone)
+
+    # -- the entries and the refcount index of their leases (changed together, by one thread) ---------
+
+    def _set(self, name: str, entry: _Entry) -> None:
+        old = self._entries.get(name)
+        self._entries[name] = entry
+        before = old.lease.buckets if old is not None else {}
+        after = entry.lease.buckets
+        if before is after:  # the node moved, the files did not (a renew): same buckets
+            return
+        for tb, sid in before.items():
+            if after.get(tb) != sid:
+                self.refs.remove(name, tb, sid)
+        for tb, sid in after.items():
+            if before.get(tb) != sid:
+                self.refs.add(name, tb, sid)
+
+    def _drop(self, name: str) -> None:
+        entry = self._entries.pop(name, None)
+        if entry is not None:
+            for tb, sid in entry.lease.buckets.items():
+                self.refs.remove(name, tb, sid)
+
+    def _clear(self) -> None:
+        self._entries.clear()
+        self.refs = RefcountIndex()
 
     def _read(self, names: list[str], *, strict: bool) -> None:
         """Read these nodes (with a watch) and the files they point at; update the entries.
@@ -228,7 +258,7 @@ class LeaseMirror:
             try:
                 data, stat = result.get()
             except NoNodeError:
-                self._entries.pop(name, None)
+                self._drop(name)
                 if self._names is not None:
                     self._names.discard(name)
                 continue
@@ -260,7 +290,7 @@ class LeaseMirror:
                 else:
                     tables[table_id] = old.tables[table_id]
             if bad:
-                self._entries.pop(name, None)
+                self._drop(name)
                 if strict:
                     for path, why in bad:
                         log_unreadable(name, path, why)
@@ -269,8 +299,8 @@ class LeaseMirror:
                 else:
                     retry.append(name)
                 continue
-            self._entries[name] = _Entry(expiration, paths, tables, mzxid, graced,
-                                         Lease(name, expiration, _merged(tables), graced))
+            self._set(name, _Entry(expiration, paths, tables, mzxid, graced,
+                                   Lease(name, expiration, _merged(tables, old), graced)))
         self._retry_later.update(retry)
 
     def _read_files(self, paths: list[str], strict: bool) -> dict[str, dict[TableBucket, int] | str]:
@@ -308,16 +338,17 @@ class LeaseMirror:
             dirty, self._dirty = self._dirty, set()
             invalid, self._invalid = self._invalid, False
         if invalid:
-            self._entries.clear()
+            self._clear()
         self._apply_names(names)
         self.unreadable, self._unreadable_layout = {}, {}
-        todo = sorted(n for n in names if n in dirty or n not in self._entries)
+        # set operations (in C), not loops over 100,000 names
+        todo = sorted((names - self._entries.keys()) | (dirty & names))
         self.stats["reread_at_election"] = len(todo)
         for start in range(0, len(todo), CHUNK):
             self._read(todo[start:start + CHUNK], strict=True)
-        missing = [n for n in names if n not in self._entries and n not in self.unreadable]
+        missing = names - self._entries.keys() - self.unreadable.keys()
         if missing:  # vanished after the epoch bump: cannot be (fenced), so do not guess
-            raise RuntimeError(f"lease nodes vanished while loading: {missing[:5]}")
+            raise RuntimeError(f"lease nodes vanished while loading: {sorted(missing)[:5]}")
         # built as they were read: collecting them is all that is left to do here (the refresher
         # is stopped for good, so the entries are not touched again)
         leases = [entry.lease for entry in self._entries.values()]
@@ -326,9 +357,12 @@ class LeaseMirror:
         return leases, layout
 
 
-def _merged(tables: dict[int, dict[TableBucket, int]]) -> dict[TableBucket, int]:
-    """A lease's buckets from its tables' files (one table, the usual case: that file's own dict,
-    never changed after it was read)."""
+def _merged(tables: dict[int, dict[TableBucket, int]], old: _Entry | None) -> dict[TableBucket, int]:
+    """A lease's buckets from its tables' files: the old entry's if no file changed; with one
+    table (the usual case) that file's own dict (never changed after it was read)."""
+    if old is not None and old.tables.keys() == tables.keys() and all(
+            old.tables[t] is buckets for t, buckets in tables.items()):
+        return old.lease.buckets
     if len(tables) == 1:
         return next(iter(tables.values()))
     buckets: dict[TableBucket, int] = {}

@@ -112,6 +112,9 @@ class Restore(Event):
     leases: tuple[Lease, ...]
     now_ms: int
     grace_ms: int
+    #: the refcount index of exactly these leases, if the caller has it (a standby's mirror keeps
+    #: one as it reads them); None: built here. Taken over, not copied.
+    refs: RefcountIndex | None = None
 
 
 @dataclass(frozen=True)
@@ -420,7 +423,7 @@ class LeaseState(StateMachine):
         """
         if self._pending:
             raise RuntimeError("restore with writes in flight")
-        self._load(ev.leases)
+        self._load(ev.leases, ev.refs)
         changes: list[tuple[str, Lease | None, Lease | None]] = []
         now = ev.now_ms
         for lease in sorted((lease for lease in self.leases.values() if lease.expiration_time <= now),
@@ -511,10 +514,10 @@ class LeaseState(StateMachine):
         lease = self.leases.get(lease_id)
         return None if lease is None else lease.expiration_time
 
-    def _load(self, leases: Iterable[Lease]) -> None:
-        """Replace every lease (failover): index, heap and counts built in one pass each."""
+    def _load(self, leases: Iterable[Lease], refs: RefcountIndex | None = None) -> None:
+        """Replace every lease (failover): index (unless given), heap and counts built in one pass each."""
         self.leases = {lease.lease_id: lease for lease in leases}
-        self.refs = RefcountIndex.from_leases(self.leases.values())
+        self.refs = refs if refs is not None else RefcountIndex.from_leases(self.leases.values())
         self._deadlines = Deadlines([(lease.expiration_time, lease_id) for lease_id, lease in self.leases.items()])
         self._table_leases = self.refs.holder_counts_by_table()
 

@@ -24,6 +24,7 @@ from leases import state as ls
 from coordinator.controller import Controller
 from coordinator.fencing import FencedWriter, bump_epoch
 from leases.mirror import LeaseMirror
+from leases.refcount import RefcountIndex
 from common.model import TableBucket
 from leases.store import LEASE_FILES, encode_table_file
 from tests.procs import persisted_leases, wait_until
@@ -93,6 +94,7 @@ def test_mirror_tracks_creates_updates_and_deletes(env):
     leases, layout = m.exact()
     assert view(leases) == expected
     assert m.stats["reread_at_election"] == 0  # warm: nothing left to read
+    assert m.refs == RefcountIndex.from_leases(leases)  # kept through creates, new files, renews, deletes
     assert layout == {name: {int(x["table_id"]): x["metadata_path"]
                              for x in loads(zk.get(zkpaths.lease(name))[0])["tables"]} for name in expected}
 
@@ -131,6 +133,7 @@ def test_exact_sees_changes_made_right_before_it(env, make_config, round_):
         m.stop()
     persisted = persisted_leases(zk, storage)
     assert view(leases) == view(persisted.values())
+    assert m.refs == RefcountIndex.from_leases(leases)  # kept as read, handed to the new active
     got = view(leases)
     assert got["L1"] == (5_000_000 + round_, {tb: 7}) and got["N1"] == (7_000_000, {tb: 9}) and "L3" not in got
     assert set(layout) == set(persisted)
@@ -166,6 +169,7 @@ def test_controller_reinitialized_from_the_mirror(env):
         stats = b.reinitialize(FencedWriter(zk, version), mirror=m, defer_orphans=True)
         m.stop()
         assert stats["leases"] == 9
+        b.leases.validate()  # the refcount index it took over from the mirror is that of its leases
         assert view(b.leases.leases.values()) == view(persisted_leases(zk, storage).values())
         assert storage.exists(stray)  # deferred
         listed = storage.list(LEASE_FILES)
@@ -260,6 +264,7 @@ def test_the_mirror_is_right_after_its_zookeeper_session_expired(env, storage_co
         leases, layout = m.exact()
         persisted = persisted_leases(zk, storage)
         assert view(leases) == view(persisted.values()) and set(layout) == set(persisted)
+        assert m.refs == RefcountIndex.from_leases(leases)
         assert leases and persisted["L7"].expiration_time == _clock() + 150_000
     finally:
         m.stop()
