@@ -521,9 +521,10 @@ def _fill_phase(coordinators: list[_Coordinator], values: dict[str, Any], table_
         wait_for_active(client, 300.0)
     cold_start_s = time.perf_counter() - t0
     active, standby, _epoch = _active(coordinators)
-    progress("c. waiting for the standby's lease mirror")
-    offset = offsets[coordinators.index(standby)]
-    mirror_s = bench_scale.wait_mirror_loaded(standby.log_path, offset, held + seeded, 900.0)
+    progress("c. waiting for the standby's lease mirror and the active's orphan-file listing")
+    mirror_s = bench_scale.wait_mirror_loaded(standby.log_path, offsets[coordinators.index(standby)],
+                                              held + seeded, 900.0)
+    bench_scale.wait_orphans_listed(active.log_path, offsets[coordinators.index(active)], 900.0)
     return {"seeded": seeded, "seed_s": round(seed_s, 3), "cold_start_s": round(cold_start_s, 3),
             "mirror_loaded_s": round(cold_start_s + mirror_s, 3)}
 

@@ -30,6 +30,7 @@ IDLE_SETTLE_S = 1.0  # after the last request, before sampling (writes and repli
 
 _LOOP_CPU = re.compile(r"^kvlease_coordinator_loop_cpu_seconds_total\s+(\S+)$", re.MULTILINE)
 _MIRROR_LOADED = re.compile(r"lease mirror loaded: (\d+) leases")
+_ORPHANS_LISTED = re.compile(r"orphan lease files: \d+ of \d+ listed|could not list lease files")
 
 
 def loop_cpu_s(metrics_port: int) -> float:
@@ -62,6 +63,18 @@ def idle_limit_ms(base_ms_per_s: float) -> float:
 
 def wait_mirror_loaded(log_path: Path, offset: int, leases: int, timeout_s: float) -> float:
     """Wait until the log (from byte ``offset``) says the lease mirror loaded at least ``leases``; seconds waited."""
+    return _wait_log(log_path, offset, lambda text: any(int(n) >= leases for n in _MIRROR_LOADED.findall(text)),
+                     timeout_s, f"the standby's lease mirror did not load {leases} leases")
+
+
+def wait_orphans_listed(log_path: Path, offset: int, timeout_s: float) -> float:
+    """Wait until a new active coordinator's background orphan-file listing is over (a one-off
+    cost at start-up: listing 100,000 lease files is not what an idle coordinator costs)."""
+    return _wait_log(log_path, offset, lambda text: _ORPHANS_LISTED.search(text) is not None, timeout_s,
+                     "the active coordinator did not finish listing orphan lease files")
+
+
+def _wait_log(log_path: Path, offset: int, found: Callable[[str], bool], timeout_s: float, what: str) -> float:
     t0 = time.perf_counter()
     while True:
         try:
@@ -70,10 +83,10 @@ def wait_mirror_loaded(log_path: Path, offset: int, leases: int, timeout_s: floa
                 text = fh.read().decode(errors="replace")
         except OSError:
             text = ""
-        if any(int(n) >= leases for n in _MIRROR_LOADED.findall(text)):
+        if found(text):
             return time.perf_counter() - t0
         if time.perf_counter() - t0 > timeout_s:
-            raise RuntimeError(f"the standby's lease mirror did not load {leases} leases within {timeout_s:g} s")
+            raise RuntimeError(f"{what} within {timeout_s:g} s")
         time.sleep(0.2)
 
 
