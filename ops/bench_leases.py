@@ -18,7 +18,7 @@ c. failover: with ``--leases`` leases held, ``kill -9`` the active
    then reinitialization. Then every lease must be intact: the new active
    lists exactly the leases (deadlines, buckets) the old one listed.
    If phases a stopped short of ``--leases``, the rest are written straight
-   into their persisted layout (:mod:`ops.lease_seed`; acquiring 100,000
+   into their persisted layout (:mod:`leases.seed`; acquiring 100,000
    through the coordinator takes minutes) with both coordinators stopped,
    then both are started again (the active loads them all: "cold start"),
    and the standby's lease mirror is waited for;
@@ -59,7 +59,6 @@ from common.storage import open_storage
 from ops import bench_scale, bench_suite
 from ops.bench_suite import Option, Row, positive_float, positive_int
 from ops.cluster import free_ports, log_tail
-from ops.lease_seed import seed_leases
 from ops.zookeeper import ZooKeeperCluster, dying_with_parent
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -497,6 +496,19 @@ def _idle_phase(coordinators: list[_Coordinator], held: int, s: BenchSettings) -
     return bench_scale.idle_loop_cpu(active.metrics_port, active.cpu_s, held, s.idle_seconds)
 
 
+def _seed(config_path: Path, table_id: int, buckets: int, count: int, prefix: str, expiration_time: int) -> int:
+    """``python -m leases.seed`` (a process of its own: ``ops`` does not import the lease domain)."""
+    cmd = [sys.executable, "-m", "leases.seed", "--config", str(config_path), "--table-id", str(table_id),
+           "--buckets", str(buckets), "--count", str(count), "--prefix", prefix,
+           "--expiration-time", str(expiration_time)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVLEASE_") or k == "KVLEASE_TEST_SESSION"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
+    proc = subprocess.run(dying_with_parent(cmd), capture_output=True, text=True, timeout=3600, env=env)
+    if proc.returncode != 0:
+        raise errors.KvLeaseError(f"seeding leases failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
+    return int(proc.stdout.split()[-1])
+
+
 def _fill_phase(coordinators: list[_Coordinator], values: dict[str, Any], table_id: int, held: int,
                 s: BenchSettings, progress: bench_suite.Progress) -> dict[str, Any]:
     """Up to ``--leases``: seed the rest with both coordinators stopped, start them, wait for the mirror."""
@@ -508,9 +520,8 @@ def _fill_phase(coordinators: list[_Coordinator], values: dict[str, Any], table_
     for c in coordinators:
         c.stop()
     t0 = time.perf_counter()
-    seeded = seed_leases(cfg.Config(values, env={}), table_id, s.buckets, [f"f-{i}" for i in range(missing)],
-                         int(time.time() * 1000) + HOUR_MS,
-                         progress=lambda done: done % 20_000 == 0 and progress(f"c. seeded {done} of {missing}"))
+    seeded = _seed(coordinators[0].home / "config.toml", table_id, s.buckets, missing, "f",
+                   int(time.time() * 1000) + HOUR_MS)
     seed_s = time.perf_counter() - t0
     progress(f"c. starting both coordinators with {held + seeded} leases")
     offsets = [c.log_size() for c in coordinators]

@@ -66,3 +66,27 @@ def test_the_mirror_loaded_line_is_waited_for_after_the_offset(tmp_path):
     with open(log, "a") as fh:
         fh.write("... lease mirror loaded: 5001 leases ({})\n")
     assert bench_scale.wait_mirror_loaded(log, offset, 5_000, 5.0) < 5.0
+
+
+@pytest.mark.zk
+@pytest.mark.timeout(120)
+def test_seeded_leases_are_exactly_what_a_coordinator_loads(make_config):
+    """``leases.seed`` writes the persisted layout the coordinator's own store writes and reads."""
+    from common.storage import open_storage
+    from common.zk import make_client
+    from leases.seed import CHUNK, seed_leases
+    from tests.procs import persisted_leases
+
+    config = make_config()
+    ids = [f"s-{i}" for i in range(CHUNK + 7)]  # more than one multi-op
+    deadline = int(time.time() * 1000) + 3_600_000
+    assert seed_leases(config, 3, 4, ids, deadline, snapshot_id=2) == len(ids)
+    zk = make_client(config)
+    try:
+        loaded = persisted_leases(zk, open_storage(config["remote.data.dir"], config))
+        with pytest.raises(RuntimeError, match="seeding leases failed"):
+            seed_leases(config, 3, 4, ids[:1], deadline)  # ids must be new: nothing is overwritten
+    finally:
+        zk.stop()
+        zk.close()
+    assert loaded == {lease_id: Lease(lease_id, deadline, {TableBucket(3, i % 4): 2}) for i, lease_id in enumerate(ids)}

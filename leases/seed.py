@@ -7,14 +7,21 @@ writes: each lease's table file through :meth:`LeaseStore.prepare` (new name,
 then pointed to), then its ZooKeeper node, a thousand creates per multi-op,
 pipelined. Coordinators must not be running while this writes: an active one
 would not know the leases (it learns them at its next reinitialization).
+
+``python -m leases.seed --config FILE --table-id T --buckets B --count N
+--prefix P --expiration-time MS`` (the benchmark runs it as a process of its
+own: ``ops`` does not import the lease domain); prints how many it wrote.
 """
 
 from __future__ import annotations
 
+import argparse
+import sys
 from collections import deque
 from typing import Callable
 
 from common import config as cfg
+from common import zkpaths
 from common.model import Lease, TableBucket
 from common.storage import open_storage
 from common.zk import make_client
@@ -38,6 +45,7 @@ def seed_leases(config: cfg.Config, table_id: int, buckets: int, lease_ids: list
     pending: deque = deque()
     done = 0
     try:
+        zk.ensure_path(zkpaths.LEASES)
         for start in range(0, len(lease_ids), CHUNK):
             writes = [PersistLease((0, i), "acquire", None,
                                    Lease(lease_id, expiration_time, {TableBucket(table_id, i % buckets): snapshot_id}),
@@ -62,9 +70,29 @@ def seed_leases(config: cfg.Config, table_id: int, buckets: int, lease_ids: list
         store.close()
 
 
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m leases.seed", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", required=True, help="the coordinators' TOML config file")
+    parser.add_argument("--table-id", type=int, required=True)
+    parser.add_argument("--buckets", type=int, required=True)
+    parser.add_argument("--count", type=int, required=True)
+    parser.add_argument("--prefix", required=True, help="lease ids are PREFIX-0 … PREFIX-(N-1)")
+    parser.add_argument("--expiration-time", type=int, required=True, help="ms since the epoch")
+    args = parser.parse_args(argv)
+    done = seed_leases(cfg.Config.load(args.config), args.table_id, args.buckets,
+                       [f"{args.prefix}-{i}" for i in range(args.count)], args.expiration_time,
+                       progress=lambda n: n % 20_000 == 0 and print(f"seeded {n}", file=sys.stderr, flush=True))
+    print(done)
+    return 0
+
+
 def _finish(count: int, result) -> int:
     outcomes = result.get()
     failed = [r for r in outcomes if isinstance(r, Exception)]
     if failed:
         raise RuntimeError(f"seeding leases failed: {failed[0]!r}")
     return count
+
+
+if __name__ == "__main__":
+    sys.exit(main())
