@@ -17,7 +17,7 @@ c. failover: with ``--leases`` leases held, ``kill -9`` the active
    (target <=). The standby's log gives the split: ZooKeeper session expiry,
    then reinitialization. Then every lease must be intact: the new active
    lists exactly the leases (deadlines, buckets) the old one listed.
-   If phases a stopped short of ``--leases``, the rest are written straight
+   If phase a stopped short of ``--leases``, the rest are written straight
    into their persisted layout (:mod:`leases.seed`; acquiring 100,000
    through the coordinator takes minutes) with both coordinators stopped,
    then both are started again (the active loads them all: "cold start"),
