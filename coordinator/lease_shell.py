@@ -72,7 +72,9 @@ class LeaseShell(Shell):
         failed write raises: the coordinator must not serve then.
         """
         self.state = ls.LeaseState(self.state.catalog, self.state.max_duration_ms)
-        return self.call(ls.Restore(tuple(loaded), now_ms, grace_ms, refs))  # validate(): in tests, O(n) x a lot
+        # no validate() here: it re-derives every index from the leases (over a second at 100,000,
+        # inside the failover's budget); the tests call it after restoring
+        return self.call(ls.Restore(tuple(loaded), now_ms, grace_ms, refs))
 
     # -- handing events in ------------------------------------------------------------
 
