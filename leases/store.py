@@ -15,6 +15,7 @@ sends the ZooKeeper operations (so several writes can share a round trip).
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import uuid
@@ -46,8 +47,15 @@ class PreparedWrite:
     obsolete: tuple[str, ...]  # files to delete once the pointer moved
 
 
+#: A new file's name: 32 hex digits, 16 random for this process and 16 counting (a uuid4 per file
+#: costs a getrandom call, and on the loop's thread every system call waits to get the GIL back).
+#: Unique across processes and restarts by the random half; ``write_new`` refuses a name taken anyway.
+_NAME_PREFIX = uuid.uuid4().hex[:16]
+_name_counter = itertools.count()
+
+
 def metadata_file(lease_id: str, table_id: int) -> str:
-    return f"{LEASE_FILES}/{lease_id}/{table_id}/{uuid.uuid4().hex}.metadata"
+    return f"{LEASE_FILES}/{lease_id}/{table_id}/{_NAME_PREFIX}{next(_name_counter):016x}.metadata"
 
 
 def encode_table_file(lease_id: str, table_id: int, buckets: dict[TableBucket, int]) -> bytes:

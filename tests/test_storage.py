@@ -222,3 +222,13 @@ def test_file_storage_batch_whose_sync_fails_fails_every_item_and_leaves_nothing
     outcomes = storage.write_new_many([("a/1", b"1"), ("b/2", b"2")])
     assert all(isinstance(o, StorageError) and "cannot sync" in str(o) for o in outcomes)
     assert storage.list("") == []
+
+
+@pytest.mark.unit
+def test_file_storage_write_under_a_file_is_a_storage_error(tmp_path):
+    storage = FileStorage(f"file://{tmp_path}", fsync=False)
+    storage.put("a/b", b"a file where a directory would go")
+    with pytest.raises(StorageError):
+        storage.write_new("a/b/c/d", b"x")
+    storage.write_new("a/c/d/e", b"y")  # new directories under an existing one
+    assert storage.list("a") == ["a/b", "a/c/d/e"]
