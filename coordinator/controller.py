@@ -6,8 +6,7 @@ the part that owns its concept:
 
 - lease events (:mod:`leases.state`) -> :class:`~coordinator.lease_shell.LeaseShell`:
   gathered over the batch, their writes persisted together at the end of it
-  (their multi-ops may stay in flight while the next batch writes its files;
-  a barrier waits for them), and only then answered;
+  (or at the next barrier), and only then answered;
 - queries: answered from memory at once;
 - barriers (tables, snapshot commits, tablet servers, orphan lease files):
   pending lease writes are flushed first, then
@@ -83,9 +82,6 @@ class Controller(Dispatcher):
             is_protected=self._is_protected,
             holders=lambda tb, sid: self.leases.refs.holders(tb, sid))
         self.tables = Tables(catalog, self.members, self.lease_shell, self.snapshot_commits, clock_ms)
-        #: whether requests are queued for the next batch: then a batch's lease multi-ops stay in
-        #: flight while the next one writes its files (the event loop sets it; default: never)
-        self.more_waiting: Callable[[], bool] = lambda: False
 
     def _is_protected(self, tb: TableBucket, snapshot_id: int) -> bool:
         """Leased (or about to be), or of a table an unreadable lease names (it may hold any of them)."""
@@ -94,8 +90,6 @@ class Controller(Dispatcher):
                 or bool(store.unreadable) and tb.table_id in store.unreadable_tables())
 
     def close(self) -> None:
-        """Stepped down (the loop has stopped): answer the lease requests still waiting, then close."""
-        self.lease_shell.fail_all(errors.NotCoordinatorError("the coordinator stepped down"))
         self.files.close()
         self.lease_shell.store.close()
 
@@ -186,7 +180,7 @@ class Controller(Dispatcher):
                 settle(future, error=exc)
                 if isinstance(exc, _FATAL):
                     raise
-        self.lease_shell.advance(more_waiting=self.more_waiting())
+        self.lease_shell.flush()
         deferred, self.lease_shell.deferred = self.lease_shell.deferred, []
         return deferred
 

@@ -78,68 +78,58 @@ class FencedWriter:
                 raise ValueError(f"unknown op {op.kind}")
         return txn
 
-    def send(self, ops: Sequence[ZkOp]):
-        """Send ``ops`` as one fenced multi-op without waiting: a pending result for :meth:`outcome`
-        (kazoo's ``IAsyncResult``: ``rawlink(callback)`` is called once it is in), or the
-        InvalidRequestError that kept it from being sent (over :data:`ZK_MAX_WRITE_BYTES`)."""
-        try:
-            check_write_size(f"a ZooKeeper multi-op of {len(ops)} operations", write_size(ops))
-        except errors.InvalidRequestError as exc:
-            log.error("write not sent: %s", exc)
-            return exc
-        return self._transaction(ops).commit_async()
-
-    def outcome(self, ops: Sequence[ZkOp], pending) -> Exception | None:
-        """What :meth:`send` gave, once in: None on success, else the multi-op's error.
-
-        Raises :class:`Fenced` if the epoch check failed (nothing of ours can be
-        written any more) and ``OutcomeUnknownError`` if the connection was lost
-        (the multi-op may or may not have been applied).
-        """
-        if isinstance(pending, errors.InvalidRequestError):
-            return pending
-        try:
-            results = pending.get()
-        except (ConnectionLoss, SessionExpiredError) as exc:
-            raise errors.OutcomeUnknownError(f"ZooKeeper connection lost during a write: {type(exc).__name__}") \
-                from None
-        except REQUEST_FAULTS as exc:
-            return errors.InvalidRequestError(f"ZooKeeper rejected the request: {type(exc).__name__}")
-        except KazooException as exc:
-            return errors.StorageError(f"ZooKeeper write failed: {type(exc).__name__}")
-        failures = [r for r in results if isinstance(r, Exception)]
-        if not failures:
-            return None
-        if isinstance(results[0], BadVersionError):
-            raise Fenced("coordinator epoch changed: this coordinator was deposed")
-        real = [f for f in failures if not isinstance(f, RolledBackError)]
-        what = ", ".join(f"{type(f).__name__} on {op.kind} {op.path}" for f, op in zip(results[1:], ops)
-                         if isinstance(f, Exception) and not isinstance(f, RolledBackError))
-        log.error("multi-op rejected: %s", what or real)
-        if real and all(isinstance(f, REQUEST_FAULTS) for f in real):
-            return errors.InvalidRequestError(f"ZooKeeper rejected the request: {what}")
-        return errors.StorageError(f"ZooKeeper rejected the write: {what}")
-
     def commit_many(self, batches: Sequence[Sequence[ZkOp]]) -> list[Exception | None]:
         """Send every batch as its own fenced multi-op, all at once; None per success.
 
-        Raises :class:`Fenced` if an epoch check failed and ``OutcomeUnknownError``
-        if the connection was lost, once every batch's outcome is in. A batch over
+        Raises :class:`Fenced` if the epoch check failed (nothing of ours can be
+        written any more) and ``OutcomeUnknownError`` if the connection was lost
+        (a multi-op may or may not have been applied). A batch over
         :data:`ZK_MAX_WRITE_BYTES` is not sent: its outcome is an InvalidRequestError.
         """
-        pending = [self.send(ops) for ops in batches]
-        outcomes: list[Exception | None] = []
-        fatal: list[errors.KvLeaseError] = []
-        for ops, result in zip(batches, pending):
+        pending = []
+        for ops in batches:
             try:
-                outcomes.append(self.outcome(ops, result))
-            except (Fenced, errors.OutcomeUnknownError) as exc:
-                fatal.append(exc)
-                outcomes.append(exc)
-        fenced = [exc for exc in fatal if isinstance(exc, Fenced)]
+                check_write_size(f"a ZooKeeper multi-op of {len(ops)} operations", write_size(ops))
+                pending.append(self._transaction(ops).commit_async())
+            except errors.InvalidRequestError as exc:
+                log.error("write not sent: %s", exc)
+                pending.append(exc)
+        outcomes: list[Exception | None] = []
+        fenced = lost = False
+        for ops, result in zip(batches, pending):
+            if isinstance(result, errors.InvalidRequestError):
+                outcomes.append(result)
+                continue
+            try:
+                results = result.get()
+            except (ConnectionLoss, SessionExpiredError) as exc:
+                lost = True
+                outcomes.append(errors.OutcomeUnknownError(f"ZooKeeper connection lost: {type(exc).__name__}"))
+                continue
+            except REQUEST_FAULTS as exc:
+                outcomes.append(errors.InvalidRequestError(f"ZooKeeper rejected the request: {type(exc).__name__}"))
+                continue
+            except KazooException as exc:
+                outcomes.append(errors.StorageError(f"ZooKeeper write failed: {type(exc).__name__}"))
+                continue
+            failures = [r for r in results if isinstance(r, Exception)]
+            if not failures:
+                outcomes.append(None)
+            elif isinstance(results[0], BadVersionError):
+                fenced = True
+                outcomes.append(Fenced("coordinator epoch changed: this coordinator was deposed"))
+            else:
+                real = [f for f in failures if not isinstance(f, RolledBackError)]
+                what = ", ".join(f"{type(f).__name__} on {op.kind} {op.path}" for f, op in zip(results[1:], ops)
+                                 if isinstance(f, Exception) and not isinstance(f, RolledBackError))
+                log.error("multi-op rejected: %s", what or real)
+                if real and all(isinstance(f, REQUEST_FAULTS) for f in real):
+                    outcomes.append(errors.InvalidRequestError(f"ZooKeeper rejected the request: {what}"))
+                else:
+                    outcomes.append(errors.StorageError(f"ZooKeeper rejected the write: {what}"))
         if fenced:
-            raise fenced[0]
-        if fatal:
+            raise Fenced("coordinator epoch changed: this coordinator was deposed")
+        if lost:
             raise errors.OutcomeUnknownError("ZooKeeper connection lost during a write")
         return outcomes
 

@@ -1,19 +1,12 @@
 """The shell of the lease state machine: it hands events in and carries out what comes out.
 
 Runs on the event loop's thread. Lease events are gathered over a batch: the
-writes they ask for (:class:`~leases.state.PersistLease`) wait for the end of
-it, which writes their metadata files, sends their ZooKeeper operations
-together (epoch-fenced multi-ops, each write succeeding or failing alone), and
-only then feeds the outcomes back (``WriteDone`` / ``WriteFailed``): persist,
-then apply. Callers are answered by the :class:`~leases.state.Reply` their
-event causes.
-
-Overlap (:meth:`LeaseShell.advance`): when more requests are queued, a batch
-returns with its multi-ops in flight; the next batch writes its files
-meanwhile and only then applies them. One write per lease stays in flight (the
-state machine defers an event for a busy lease; the next batch applies the
-write and the event is handed in again). :meth:`LeaseShell.flush` (barriers,
-:meth:`LeaseShell.call`) leaves nothing in flight.
+writes they ask for (:class:`~leases.state.PersistLease`) wait for
+:meth:`LeaseShell.flush`, which writes their metadata files in parallel, sends
+their ZooKeeper operations together (epoch-fenced multi-ops, each write
+succeeding or failing alone), and only then feeds the outcomes back
+(``WriteDone`` / ``WriteFailed``): persist, then apply. Callers are answered
+by the :class:`~leases.state.Reply` their event causes.
 """
 
 from __future__ import annotations
@@ -26,6 +19,7 @@ from typing import Callable, Iterable
 from common import errors
 from common.model import Lease, TableBucket
 from common.statemachine import Event, Shell, on
+from common.zk import ZkOp
 from coordinator.fencing import MAX_OPS_PER_MULTI, FencedWriter
 from coordinator.loop import Item, settle
 from leases import state as ls
@@ -57,7 +51,6 @@ class LeaseShell(Shell):
         self._batch: list[ls.PersistLease] = []
         self._freed: list[tuple[TableBucket, int]] = []
         self._next_delete_retry_ms = 0
-        self._sent: list[tuple[list[PreparedWrite], object]] = []  # multi-ops in flight, in order sent
 
     def restore(self, loaded: Iterable[Lease], now_ms: int, grace_ms: int) -> ls.RestoreOutcome:
         """Failover: a new state machine holding the persisted leases.
@@ -113,7 +106,6 @@ class LeaseShell(Shell):
         self._waiting.clear()
         self.deferred = []
         self._batch = []
-        self._sent = []  # in flight: their files stay (ZooKeeper may point at them; orphan cleanup)
 
     # -- carrying out instructions ---------------------------------------------------
 
@@ -145,43 +137,37 @@ class LeaseShell(Shell):
     # -- persisting ------------------------------------------------------------------
 
     def flush(self) -> None:
-        """Persist every gathered lease write and every one in flight, then apply the results; then
-        reclaim what they freed.
+        """Persist every gathered lease write, then apply the results; then reclaim what they freed.
 
         Also (at most every DELETE_RETRY_MS) delete again the lease files whose delete failed.
         """
-        self._write_batch(overlap=False)
-
-    def advance(self, more_waiting: bool) -> None:
-        """End of a loop batch: like :meth:`flush`, but if ``more_waiting`` (requests are queued
-        for the next batch) return with this batch's multi-ops in flight: the next batch's files
-        are written meanwhile, and its :meth:`advance` applies them."""
-        self._write_batch(overlap=more_waiting)
-
-    def _write_batch(self, overlap: bool) -> None:
-        """Files of the gathered writes (while the multi-ops sent before are in flight), then the
-        multi-ops sent before applied, then these writes' multi-ops sent (and applied, unless
-        ``overlap``). Raises Fenced / OutcomeUnknownError after failing every write it held."""
-        self._apply_sent(only_answered=True)  # answers already in: reply before writing files
         batch, self._batch = self._batch, []
-        prepared: list[PreparedWrite] = []
-        for write, result in zip(batch, self.store.prepare(batch) if batch else []):
-            if isinstance(result, errors.StorageError):
-                self.execute(self.state.handle(ls.WriteFailed(write.write_id, result)))
-            else:
-                prepared.append(result)
-        try:
-            self._apply_sent()
-        except _STEP_DOWN as exc:
-            for p in prepared:
-                self.store.failed(p)  # never sent: nothing points at them
-            for p in prepared:
-                self.execute(self.state.handle(ls.WriteFailed(p.write.write_id, exc)))
-            raise
-        for chunk in _chunks(prepared):
-            self._sent.append((chunk, self.writer.send([p.op for p in chunk])))
-        if not overlap:
-            self._apply_sent()
+        if batch:
+            prepared: list[PreparedWrite] = []
+            for write, result in zip(batch, self.store.prepare(batch)):
+                if isinstance(result, errors.StorageError):
+                    self.execute(self.state.handle(ls.WriteFailed(write.write_id, result)))
+                else:
+                    prepared.append(result)
+            try:
+                outcomes = self._commit_lease_ops([p.op for p in prepared])
+            except errors.CoordinatorFencedError as exc:
+                for p in prepared:
+                    self.store.failed(p)  # the epoch check failed: nothing points at them
+                for p in prepared:
+                    self.execute(self.state.handle(ls.WriteFailed(p.write.write_id, exc)))
+                raise
+            except errors.OutcomeUnknownError as exc:  # keep the files: ZooKeeper may point at them
+                for p in prepared:
+                    self.execute(self.state.handle(ls.WriteFailed(p.write.write_id, exc)))
+                raise
+            for p, outcome in zip(prepared, outcomes):
+                if outcome is None:
+                    self.store.committed(p)
+                    self.execute(self.state.handle(ls.WriteDone(p.write.write_id)))
+                else:
+                    self.store.failed(p)
+                    self.execute(self.state.handle(ls.WriteFailed(p.write.write_id, outcome)))
         if self._freed:
             freed, self._freed = self._freed, []
             self.on_freed({tb for tb, _sid in freed})
@@ -189,79 +175,37 @@ class LeaseShell(Shell):
             self._next_delete_retry_ms = self.clock_ms() + DELETE_RETRY_MS
             self.store.retry_deletes()  # remote storage was down: no orphans wait for the next failover
 
-    def _apply_sent(self, only_answered: bool = False) -> None:
-        """Apply the multi-ops in flight, in the order sent (``only_answered``: those answered
-        already). After a fatal one, the others are applied too (each as its outcome says) before
-        its error is raised."""
-        while self._sent:
-            chunk, pending = self._sent[0]
-            if only_answered and not _answered(pending):
-                return
-            del self._sent[0]
-            try:
-                self._committed(chunk, pending)
-            except _STEP_DOWN:
-                rest, self._sent = self._sent, []
-                for chunk, pending in rest:
-                    try:
-                        self._committed(chunk, pending)
-                    except _STEP_DOWN:
-                        pass
-                raise
+    def _commit_lease_ops(self, ops: list[ZkOp]) -> list[Exception | None]:
+        """Commit lease writes (one op each, distinct leases); None per success.
 
-    def _committed(self, chunk: list[PreparedWrite], pending) -> None:
-        """Apply a multi-op's outcome to its writes. A chunk ZooKeeper rejects (one bad op rolls
-        back all of it) is sent again one write per multi-op, so each write succeeds or fails on
-        its own. Raises Fenced / OutcomeUnknownError after failing the chunk's writes."""
-        try:
-            outcome = self.writer.outcome([p.op for p in chunk], pending)
+        Several writes share one fenced multi-op (chunks pipelined): one request,
+        one epoch check and one ZooKeeper transaction instead of one per write,
+        which more than halves the ZooKeeper client's and server's work per
+        lease write. A chunk ZooKeeper rejects (one bad op rolls back all of it)
+        is sent again one write per multi-op, so each write still succeeds or
+        fails on its own. Raises what :meth:`FencedWriter.commit_many` raises.
+        """
+        chunks = _chunks(ops)
+        outcomes: list[Exception | None] = []
+        for chunk, outcome in zip(chunks, self.writer.commit_many(chunks)):
             if outcome is None:
-                outcomes: list[Exception | None] = [None] * len(chunk)
+                outcomes.extend([None] * len(chunk))
             elif len(chunk) == 1:
-                outcomes = [outcome]
+                outcomes.append(outcome)
             else:
-                outcomes = self.writer.commit_many([[p.op] for p in chunk])
-        except errors.CoordinatorFencedError as exc:
-            for p in chunk:
-                self.store.failed(p)  # the epoch check failed: nothing points at them
-            for p in chunk:
-                self.execute(self.state.handle(ls.WriteFailed(p.write.write_id, exc)))
-            raise
-        except errors.OutcomeUnknownError as exc:  # keep the files: ZooKeeper may point at them
-            for p in chunk:
-                self.execute(self.state.handle(ls.WriteFailed(p.write.write_id, exc)))
-            raise
-        for p, outcome in zip(chunk, outcomes):
-            if outcome is None:
-                self.store.committed(p)
-                self.execute(self.state.handle(ls.WriteDone(p.write.write_id)))
-            else:
-                self.store.failed(p)
-                self.execute(self.state.handle(ls.WriteFailed(p.write.write_id, outcome)))
+                outcomes.extend(self.writer.commit_many([[op] for op in chunk]))
+        return outcomes
 
 
-_STEP_DOWN = (errors.CoordinatorFencedError, errors.OutcomeUnknownError)
-
-
-def _answered(pending) -> bool:
-    """Whether what FencedWriter.send gave is in (an error it did not send, or ZooKeeper's answer)."""
-    return isinstance(pending, Exception) or pending.ready()
-
-
-def _chunks(writes: list[PreparedWrite], max_bytes: int = MAX_BYTES_PER_MULTI) -> list[list[PreparedWrite]]:
-    """``writes`` in order, cut into multi-ops of at most MAX_OPS_PER_MULTI ops and about ``max_bytes``.
-
-    Several writes share one fenced multi-op: one request, one epoch check and
-    one ZooKeeper transaction instead of one per write, which more than halves
-    the ZooKeeper client's and server's work per lease write.
-    """
-    chunks: list[list[PreparedWrite]] = []
+def _chunks(ops: list[ZkOp], max_bytes: int = MAX_BYTES_PER_MULTI) -> list[list[ZkOp]]:
+    """``ops`` in order, cut into multi-ops of at most MAX_OPS_PER_MULTI ops and about ``max_bytes``."""
+    chunks: list[list[ZkOp]] = []
     size = 0
-    for write in writes:
-        cost = len(write.op.path) + len(write.op.data) + 64
+    for op in ops:
+        cost = len(op.path) + len(op.data) + 64
         if not chunks or len(chunks[-1]) >= MAX_OPS_PER_MULTI or size + cost > max_bytes:
             chunks.append([])
             size = 0
-        chunks[-1].append(write)
+        chunks[-1].append(op)
         size += cost
     return chunks

@@ -223,7 +223,6 @@ class CoordinatorServer:
             loop = EventLoop(controller, max_batch=c[cfg.LOOP_MAX_BATCH],
                              tick_interval_ms=c[cfg.LEASE_CHECK_INTERVAL], on_fatal=self._on_fatal,
                              metrics=self.metrics)
-            controller.more_waiting = lambda: loop.depth() > 0  # overlap lease writes with the next batch
             loop.start()
             loop.submit(rq.TabletServersChanged())  # learn the live servers and tell them what they lead
             threading.Thread(target=self._list_orphans, args=(loop,), name="orphan-lease-files",

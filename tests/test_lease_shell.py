@@ -29,36 +29,12 @@ class Catalog:
         return snapshot_id == 1
 
 
-class Pending:
-    """A multi-op sent (what ``FencedWriter.send`` gives): answered once ``answer`` is set."""
-
-    def __init__(self, answered: bool = True) -> None:
-        self.answered = answered
-        self.arrives_when_waited = False  # not in when first looked at, in once waited for
-
-    def ready(self) -> bool:
-        return self.answered
-
-
 class Writer:
     """Commits every multi-op; ``fail``: the error each one fails with instead."""
 
     def __init__(self) -> None:
         self.chunks: list[list] = []
         self.fail: Exception | None = None
-        self.sent: list[Pending] = []
-        self.answer_at_once = True  # False: a multi-op waits until the test sets its ``answered``
-
-    def send(self, ops):
-        self.chunks.append(list(ops))
-        self.sent.append(Pending(self.answer_at_once))
-        return self.sent[-1]
-
-    def outcome(self, _ops, pending):
-        assert pending.answered or pending.arrives_when_waited, "waited for a multi-op that was never answered"
-        if isinstance(self.fail, (errors.CoordinatorFencedError, errors.OutcomeUnknownError)):
-            raise self.fail
-        return self.fail
 
     def commit_many(self, chunks):
         self.chunks.extend(chunks)
@@ -256,66 +232,3 @@ def test_a_batch_of_lease_files_is_synced_once_and_a_write_whose_file_fails_fail
             assert node["tables"] == [{"table_id": 1, "metadata_path": path}]
     finally:
         store.close()
-
-
-def test_with_more_requests_queued_a_batch_returns_with_its_multi_op_in_flight(shell, tmp_path):
-    shell.writer.answer_at_once = False
-    first = submit(shell, ls.Acquire("A", {TB: 1}, 1_000))
-    shell.advance(more_waiting=True)  # files written and durable, multi-op sent, not waited for
-    assert len(shell.writer.chunks) == 1 and not first.done() and shell.state.get("A") is None
-    assert len(LeaseStore(FileStorage(f"file://{tmp_path}")).storage.list(LEASE_FILES)) == 1
-    again = submit(shell, ls.Renew("A", 2_000))  # A's write is in flight: deferred
-    second = submit(shell, ls.Acquire("B", {TB: 1}, 1_000))
-    assert [item[1] for item in shell.deferred] == [again]
-    shell.writer.sent[0].answered = True
-    shell.writer.answer_at_once = True
-    shell.advance(more_waiting=False)  # A's multi-op applied, B's files written, sent and applied
-    assert first.result(timeout=0).expiration_time == 6_000 and second.result(timeout=0).acquired == {TB: 1}
-    assert [len(chunk) for chunk in shell.writer.chunks] == [1, 1]
-    assert not again.done() and shell.state.get("A") is not None and shell.state.get("B") is not None
-    shell.state.validate()
-
-
-def test_a_fenced_multi_op_in_flight_fails_the_next_batch_too_and_deletes_its_files(shell, tmp_path):
-    shell.writer.answer_at_once = False
-    first = submit(shell, ls.Acquire("A", {TB: 1}, 1_000))
-    shell.advance(more_waiting=True)
-    second = submit(shell, ls.Acquire("B", {TB: 1}, 1_000))
-    shell.writer.sent[0].answered = True
-    shell.writer.fail = errors.CoordinatorFencedError("deposed")
-    with pytest.raises(errors.CoordinatorFencedError) as fenced:
-        shell.advance(more_waiting=True)
-    assert first.done() and not second.done()
-    shell.fail_all(fenced.value)  # what the event loop does when a batch raises
-    for future in (first, second):
-        with pytest.raises(errors.CoordinatorFencedError):
-            future.result(timeout=0)
-    assert len(shell.writer.chunks) == 1  # B's multi-op was never sent
-    assert FileStorage(f"file://{tmp_path}").list(LEASE_FILES) == []  # A's deleted (fenced), B's never written
-    assert shell.state.get("A") is None and shell.state.get("B") is None
-
-
-def test_stepping_down_with_a_multi_op_in_flight_answers_its_callers(shell):
-    shell.writer.answer_at_once = False
-    waiting = submit(shell, ls.Acquire("A", {TB: 1}, 1_000))
-    shell.advance(more_waiting=True)
-    shell.fail_all(errors.NotCoordinatorError("stepped down"))
-    with pytest.raises(errors.NotCoordinatorError):
-        waiting.result(timeout=0)
-    shell.flush()  # nothing left in flight: the unanswered multi-op is not waited for
-
-
-def test_a_batch_whose_files_are_written_while_a_fenced_multi_op_is_in_flight_deletes_them(shell, tmp_path):
-    shell.writer.answer_at_once = False
-    first = submit(shell, ls.Acquire("A", {TB: 1}, 1_000))
-    shell.advance(more_waiting=True)
-    shell.writer.sent[0].arrives_when_waited = True  # answered while B's files are being written
-    shell.writer.fail = errors.CoordinatorFencedError("deposed")
-    second = submit(shell, ls.Acquire("B", {TB: 1}, 1_000))
-    with pytest.raises(errors.CoordinatorFencedError):
-        shell.advance(more_waiting=True)
-    for future in (first, second):  # both answered by the shell itself
-        with pytest.raises(errors.CoordinatorFencedError):
-            future.result(timeout=0)
-    assert len(shell.writer.chunks) == 1  # B's multi-op was never sent ...
-    assert FileStorage(f"file://{tmp_path}").list(LEASE_FILES) == []  # ... and its written file is gone
