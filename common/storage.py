@@ -8,10 +8,11 @@ clients are dropped in ``__getstate__``) so Spark executors can use it.
 from __future__ import annotations
 
 import abc
+import ctypes
 import os
 import threading
 import urllib.parse
-from typing import Any
+from typing import Any, Callable, Sequence
 
 from common import config as cfg
 from common.errors import StorageError
@@ -60,6 +61,21 @@ class RemoteStorage(abc.ABC):
     def exists(self, path: str) -> bool:
         """Whether the object exists. Raises StorageError."""
 
+    def write_new_many(self, items: Sequence[tuple[str, bytes]]) -> list[StorageError | None]:
+        """Create each ``(path, data)`` (none may exist): per item None, or the StorageError
+        (StorageExists, ...) it failed with. Those that succeeded are durable when this returns;
+        a crash before then may leave any of them behind, also partly written, under its own
+        name: for objects nobody reads before the caller names them elsewhere (a lease file
+        before its ZooKeeper node points at it)."""
+        outcomes: list[StorageError | None] = []
+        for path, data in items:
+            try:
+                self.write_new(path, data)
+                outcomes.append(None)
+            except StorageError as exc:
+                outcomes.append(exc)
+        return outcomes
+
     def delete_many(self, paths: list[str]) -> None:
         for path in paths:
             self.delete(path)
@@ -77,6 +93,48 @@ class RemoteStorage(abc.ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.uri!r})"
+
+
+def _load_syncfs() -> Callable[[str], None] | None:
+    """``syncfs(2)`` of the file system holding a path (Linux), or None where there is none."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        syncfs = libc.syncfs
+    except (OSError, AttributeError):
+        return None
+    syncfs.argtypes = [ctypes.c_int]
+
+    def sync(path: str) -> None:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            if syncfs(fd) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, os.strerror(err))
+        finally:
+            os.close(fd)
+    return sync
+
+
+_syncfs = _load_syncfs()
+
+
+def _make_dirs(path: str) -> None:
+    """``os.makedirs(path, exist_ok=True)`` in fewer system calls: mkdir first, the parents only if
+    missing (an existing directory costs one call, a new one under an existing parent three). A
+    non-directory in the way is left for the caller's next call to report."""
+    try:
+        os.mkdir(path)
+    except FileExistsError:
+        pass
+    except FileNotFoundError:
+        parent = os.path.dirname(path)
+        if parent == path:
+            raise
+        _make_dirs(parent)
+        try:
+            os.mkdir(path)
+        except FileExistsError:  # made meanwhile by another thread
+            pass
 
 
 def _clean(path: str) -> str:
@@ -108,14 +166,15 @@ class FileStorage(RemoteStorage):
         except OSError as exc:
             raise StorageError(f"cannot read {self.uri}/{path}: {exc}", path=path) from None
 
-    def _write(self, path: str, data: bytes, exclusive: bool) -> None:
+    def _write(self, path: str, data: bytes, exclusive: bool, sync: bool = True) -> None:
+        """Write ``data`` to a temp file (fsync'd if ``self.fsync and sync``), then move it into place."""
         full = self._full(path)
         tmp = f"{full}.tmp-{os.getpid()}-{threading.get_ident()}"
         try:
-            os.makedirs(os.path.dirname(full), exist_ok=True)
+            _make_dirs(os.path.dirname(full))
             with open(tmp, "wb") as fh:
                 fh.write(data)
-                if self.fsync:
+                if self.fsync and sync:
                     fh.flush()
                     os.fsync(fh.fileno())
             if exclusive:
@@ -138,6 +197,40 @@ class FileStorage(RemoteStorage):
 
     def write_new(self, path: str, data: bytes) -> None:
         self._write(path, data, exclusive=True)
+
+    def write_new_many(self, items: Sequence[tuple[str, bytes]]) -> list[StorageError | None]:
+        """All of them written, then made durable together by one ``syncfs`` of the root's file
+        system (with fsync on, where the platform has it): one flush for the lot instead of an
+        fsync per file, which on a small file costs more than writing it. A failed sync fails
+        every item and removes what was written."""
+        if not self.fsync or _syncfs is None or len(items) < 2:
+            return super().write_new_many(items)
+        outcomes: list[StorageError | None] = []
+        for path, data in items:
+            try:
+                self._write(path, data, exclusive=True, sync=False)
+                outcomes.append(None)
+            except StorageError as exc:
+                outcomes.append(exc)
+        if any(outcome is None for outcome in outcomes):
+            try:
+                _syncfs(self.root)
+            except OSError as exc:
+                error = self._fail_sync(exc)
+                for (path, _data), outcome in zip(items, outcomes):
+                    if outcome is None:
+                        try:
+                            self.delete(path)
+                        except StorageError:
+                            pass  # an orphan: nothing names it
+                return [outcome or error for outcome in outcomes]
+        return outcomes
+
+    def _fail_sync(self, exc: OSError) -> StorageError:
+        return StorageError(f"cannot sync {self.uri}: {exc}")
+
+    def _fail(self, action: str, path: str, exc: OSError) -> StorageError:
+        return StorageError(f"cannot {action} {self.uri}/{path}: {exc}", path=path)
 
     def put(self, path: str, data: bytes) -> None:
         self._write(path, data, exclusive=False)

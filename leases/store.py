@@ -15,6 +15,7 @@ sends the ZooKeeper operations (so several writes can share a round trip).
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import uuid
@@ -46,8 +47,15 @@ class PreparedWrite:
     obsolete: tuple[str, ...]  # files to delete once the pointer moved
 
 
+#: A new file's name: 32 hex digits, 16 random for this process and 16 counting (a uuid4 per file
+#: costs a getrandom call, and on the loop's thread every system call waits to get the GIL back).
+#: Unique across processes and restarts by the random half; ``write_new`` refuses a name taken anyway.
+_NAME_PREFIX = uuid.uuid4().hex[:16]
+_name_counter = itertools.count()
+
+
 def metadata_file(lease_id: str, table_id: int) -> str:
-    return f"{LEASE_FILES}/{lease_id}/{table_id}/{uuid.uuid4().hex}.metadata"
+    return f"{LEASE_FILES}/{lease_id}/{table_id}/{_NAME_PREFIX}{next(_name_counter):016x}.metadata"
 
 
 def encode_table_file(lease_id: str, table_id: int, buckets: dict[TableBucket, int]) -> bytes:
@@ -104,31 +112,60 @@ class LeaseStore:
     # -- writing ---------------------------------------------------------------------
 
     def prepare(self, writes: list[PersistLease]) -> list[PreparedWrite | StorageError]:
-        """Write the new metadata files of every write (in parallel); the ZooKeeper op of each.
+        """Write the new metadata files of every write; the ZooKeeper op of each.
 
         A write whose files could not be written comes back as its StorageError
-        (and leaves no file behind).
+        (and leaves no file behind). Remote storage that gains from parallel calls
+        (S3) gets each write's files from a pool thread; otherwise (local files) all
+        the batch's files go in one :meth:`~common.storage.RemoteStorage.write_new_many`,
+        made durable together.
         """
-        return list(self._pool.map(self._prepare_one, writes))
+        if self.storage.parallel_io:
+            return list(self._pool.map(self._prepare_one, writes))
+        files = {write.write_id: self._new_files(write) for write in writes}
+        items = [(path, data) for new in files.values() for path, data in new.values()]
+        outcomes = dict(zip((path for path, _data in items), self.storage.write_new_many(items)))
+        results: list[PreparedWrite | StorageError] = []
+        for write in writes:
+            new = files[write.write_id]
+            error = next((outcomes[path] for path, _data in new.values() if outcomes[path] is not None), None)
+            if error is not None:
+                self._delete_quietly(path for path, _data in new.values() if outcomes[path] is None)
+                results.append(error)
+            else:
+                results.append(self._prepared(write, {table_id: path for table_id, (path, _data) in new.items()}))
+        return results
+
+    def _new_files(self, write: PersistLease) -> dict[int, tuple[str, bytes]]:
+        """The files ``write`` needs: table -> (new path, contents); none for a lease that goes."""
+        if write.after is None:
+            return {}
+        files = {}
+        for table_id in sorted(write.changed_tables):
+            buckets = write.after.table_buckets(table_id)
+            if buckets:
+                files[table_id] = (metadata_file(write.lease_id, table_id),
+                                   encode_table_file(write.lease_id, table_id, buckets))
+        return files
 
     def _prepare_one(self, write: PersistLease) -> PreparedWrite | StorageError:
+        new_paths: dict[int, str] = {}
+        try:
+            for table_id, (path, data) in self._new_files(write).items():
+                self.storage.write_new(path, data)
+                new_paths[table_id] = path
+        except StorageError as exc:
+            self._delete_quietly(new_paths.values())
+            return exc
+        return self._prepared(write, new_paths)
+
+    def _prepared(self, write: PersistLease, new_paths: dict[int, str]) -> PreparedWrite:
+        """``write`` with its new files written: its ZooKeeper op and the files it makes obsolete."""
         lease_id = write.lease_id
         current = self._paths.get(lease_id, {})
         if write.after is None:
             return PreparedWrite(write, ZkOp("delete", zkpaths.lease(lease_id)), {}, {},
                                  tuple(current.values()))
-        new_paths: dict[int, str] = {}
-        try:
-            for table_id in sorted(write.changed_tables):
-                buckets = write.after.table_buckets(table_id)
-                if not buckets:
-                    continue
-                path = metadata_file(lease_id, table_id)
-                self.storage.write_new(path, encode_table_file(lease_id, table_id, buckets))
-                new_paths[table_id] = path
-        except StorageError as exc:
-            self._delete_quietly(new_paths.values())
-            return exc
         paths_after = {t: p for t, p in current.items() if t in write.after.tables()}
         paths_after.update(new_paths)
         obsolete = tuple(p for t, p in current.items() if paths_after.get(t) != p)

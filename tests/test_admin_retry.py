@@ -131,3 +131,37 @@ def test_a_lease_call_the_coordinator_answers_outcome_unknown_is_sent_again_and_
     finally:
         client.close()
         server.stop(0).wait()
+
+
+def test_retry_policy_runs_the_first_attempt_bare_and_retries_with_the_usual_waits():
+    from client.transport import RetryPolicy
+
+    sleeps: list[float] = []
+    calls: list[int] = []
+
+    def flaky(x: int) -> int:
+        calls.append(x)
+        if len(calls) < 3:
+            raise errors.NetworkError("down")
+        return x * 2
+
+    assert RetryPolicy(10.0, sleep=sleeps.append).call(flaky, 21) == 42
+    assert calls == [21, 21, 21] and len(sleeps) == 2
+    assert 0 <= sleeps[0] <= 0.1 and 0 <= sleeps[1] <= 0.2  # full jitter, 0.05 * 2**n
+
+
+def test_retry_policy_does_not_retry_past_its_budget_or_a_non_retriable_error():
+    from client.transport import RetryPolicy
+
+    sleeps: list[float] = []
+    calls: list[str] = []
+
+    def failing(error: Exception) -> None:
+        calls.append(type(error).__name__)
+        raise error
+
+    with pytest.raises(errors.NetworkError):
+        RetryPolicy(0.0, sleep=sleeps.append).call(failing, errors.NetworkError("down"))
+    with pytest.raises(errors.InvalidRequestError):
+        RetryPolicy(10.0, sleep=sleeps.append).call(failing, errors.InvalidRequestError("bad"))
+    assert calls == ["NetworkError", "InvalidRequestError"] and sleeps == []

@@ -267,3 +267,37 @@ def test_a_hanging_remote_storage_does_not_stall_the_loop_while_deletes_are_retr
         storage.release.set()
         shell.close()
         store.close()
+
+
+def test_a_batch_of_lease_files_is_synced_once_and_a_write_whose_file_fails_fails_alone(tmp_path, monkeypatch):
+    from common import storage as st
+    from leases import store as store_module
+
+    storage = FileStorage(f"file://{tmp_path}", fsync=True)
+    store = LeaseStore(storage)
+    synced = []
+    real_syncfs = st._syncfs
+    monkeypatch.setattr(st, "_syncfs", lambda path: (synced.append(path), real_syncfs(path)))
+    taken = f"{LEASE_FILES}/B/1/taken.metadata"
+    storage.write_new(taken, b"already there")
+    real_name = store_module.metadata_file
+    monkeypatch.setattr(store_module, "metadata_file",
+                        lambda lease_id, table_id: taken if lease_id == "B" else real_name(lease_id, table_id))
+    shell = LeaseShell(ls.LeaseState(Catalog(), 60_000), store, clock_ms=lambda: 5_000, on_freed=lambda _b: None)
+    shell.writer = Writer()
+    try:
+        futures = {name: submit(shell, ls.Acquire(name, {TB: 1}, 1_000)) for name in ("A", "B", "C")}
+        shell.flush()
+        assert synced == [storage.root]  # one sync for the batch's files
+        with pytest.raises(errors.StorageError):
+            futures["B"].result(timeout=0)
+        assert futures["A"].result(timeout=0).acquired == futures["C"].result(timeout=0).acquired == {TB: 1}
+        assert shell.state.get("B") is None and [len(chunk) for chunk in shell.writer.chunks] == [2]
+        files = storage.list(LEASE_FILES)
+        assert len(files) == 3 and taken in files  # A's, C's, and the file that was there (not B's)
+        for name in ("A", "C"):
+            (path,) = [p for p in files if p.startswith(f"{LEASE_FILES}/{name}/")]
+            node = loads(shell.writer.chunks[0][0 if name == "A" else 1].data)
+            assert node["tables"] == [{"table_id": 1, "metadata_path": path}]
+    finally:
+        store.close()

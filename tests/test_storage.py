@@ -183,3 +183,52 @@ def test_docker_minio_round_trip(docker_s3):
     assert pickle.loads(pickle.dumps(storage)).read("kv/1/0/shared/a.sst") == b"sst"
     storage.delete("kv/1/0/shared/a.sst")
     assert storage.list("") == []
+
+
+def test_write_new_many_writes_each_and_answers_each_failure(storage):
+    storage.write_new("lease/b.metadata", b"old")
+    outcomes = storage.write_new_many([("lease/a.metadata", b"a"), ("lease/b.metadata", b"new"),
+                                       ("lease/c/d.metadata", b"d")])
+    assert outcomes[0] is None and outcomes[2] is None
+    assert isinstance(outcomes[1], StorageExists)
+    assert [storage.read(p) for p in ("lease/a.metadata", "lease/b.metadata", "lease/c/d.metadata")] == \
+        [b"a", b"old", b"d"]
+
+
+@pytest.mark.unit
+def test_file_storage_makes_a_batch_durable_with_one_sync_instead_of_an_fsync_each(tmp_path, monkeypatch):
+    storage = FileStorage(f"file://{tmp_path}", fsync=True)
+    assert st._syncfs is not None  # Linux: the real syncfs(2)
+    synced, fsynced = [], []
+    real_syncfs, real_fsync = st._syncfs, st.os.fsync
+    monkeypatch.setattr(st, "_syncfs", lambda path: (synced.append(path), real_syncfs(path)))
+    monkeypatch.setattr(st.os, "fsync", lambda fd: (fsynced.append(fd), real_fsync(fd)))
+    items = [(f"lease/kv-snapshot/L{i}/1/f.metadata", b"x" * i) for i in range(5)]
+    assert storage.write_new_many(items) == [None] * 5
+    assert synced == [storage.root] and fsynced == []
+    assert [storage.read(p) for p, _ in items] == [d for _, d in items]
+    assert storage.list("") == sorted(p for p, _ in items)  # no temp file left
+    storage.write_new("one/alone", b"1")  # a single file is fsync'd as before
+    assert len(fsynced) == 1 and synced == [storage.root]
+
+
+@pytest.mark.unit
+def test_file_storage_batch_whose_sync_fails_fails_every_item_and_leaves_nothing(tmp_path, monkeypatch):
+    storage = FileStorage(f"file://{tmp_path}", fsync=True)
+
+    def broken(_path):
+        raise OSError(5, "Input/output error")
+    monkeypatch.setattr(st, "_syncfs", broken)
+    outcomes = storage.write_new_many([("a/1", b"1"), ("b/2", b"2")])
+    assert all(isinstance(o, StorageError) and "cannot sync" in str(o) for o in outcomes)
+    assert storage.list("") == []
+
+
+@pytest.mark.unit
+def test_file_storage_write_under_a_file_is_a_storage_error(tmp_path):
+    storage = FileStorage(f"file://{tmp_path}", fsync=False)
+    storage.put("a/b", b"a file where a directory would go")
+    with pytest.raises(StorageError):
+        storage.write_new("a/b/c/d", b"x")
+    storage.write_new("a/c/d/e", b"y")  # new directories under an existing one
+    assert storage.list("a") == ["a/b", "a/c/d/e"]
