@@ -6,7 +6,8 @@ and the *applied offset*, the first changelog record it does not contain);
 ``docs/bucket-store.md``.
 
 A write, under the bucket's write lock: validate and encode the batch, read
-the current values of all touched keys in one multi-get, build the change
+the current values of the touched keys that may exist (``tablet/key_ranges.py``)
+in one multi-get, build the change
 records (+I, -U/+U, -D with before-images), append them to the changelog as
 one entry, then apply them to RocksDB in one WriteBatch that also sets the
 applied offset. RocksDB writes skip its WAL: the changelog is the log.
@@ -37,6 +38,7 @@ from common.tables import TableInfo
 from common.logentry import SCHEMA, ChangeType, LogEntry
 from tablet.changelog import Changelog, SegmentInfo
 from common.codec import RowCodec, bucket_array
+from common.codec_arrays import value_offsets
 from tablet.kvstore import APPLIED_KEY, META_CF, BucketStoreError, KvSnapshot, KvStore, checkpoint_log_offset
 
 __all__ = ["APPLIED_KEY", "META_CF", "BucketStore", "BucketStoreError", "KvSnapshot", "checkpoint_log_offset"]
@@ -45,6 +47,7 @@ log = logging.getLogger(__name__)
 
 _INSERT, _UPDATE_BEFORE, _UPDATE_AFTER, _DELETE = (int(ct) for ct in ChangeType)
 _REPLAY_BYTES = 16 << 20  # changelog bytes replayed per WriteBatch at open
+_EMPTY = pa.array([], pa.binary())
 
 
 class BucketStore:
@@ -97,7 +100,8 @@ class BucketStore:
         os.makedirs(dir, exist_ok=True)
         changelog = Changelog(os.path.join(dir, "log"), segment_bytes=segment_bytes, fsync=fsync, clock_ms=clock_ms)
         try:
-            kv = KvStore(os.path.join(dir, "kv"), memtable_bytes=memtable_bytes)
+            kv = KvStore(os.path.join(dir, "kv"), memtable_bytes=memtable_bytes,
+                         key_width=RowCodec(table).key_width)
         except BaseException:
             changelog.close()
             raise
@@ -194,27 +198,30 @@ class BucketStore:
         failed after the append (the write is in the changelog and is applied
         when the store is reopened), or if the store is closed or failed.
         """
-        up_keys: list[bytes] = []
-        up_values: list[bytes] = []
-        del_keys: list[bytes] = []
+        keys, up_values, key_list = _EMPTY, _EMPTY, []
         if upserts is not None:
-            up_keys, up_values = self.codec.encode(upserts)
-            self._check_bucket(up_keys, "upsert")
-            self._check_row_sizes(up_keys, up_values)
+            keys, up_values = self.codec.encode_arrays(upserts)
+            key_list = keys.to_pylist()
+            self._check_bucket(key_list, "upsert")
+            self._check_row_sizes(keys, up_values)
         if deletes is not None:
-            del_keys = self.codec.encode_keys(deletes)
-            self._check_bucket(del_keys, "delete")
-        keys = up_keys + del_keys if del_keys else up_keys
+            del_keys = self.codec.encode_key_array(deletes)
+            del_list = del_keys.to_pylist()
+            self._check_bucket(del_list, "delete")
+            if del_list:
+                keys = pa.concat_arrays([keys, del_keys]) if key_list else del_keys
+                key_list = key_list + del_list
         with self.write_lock:
             self._check_writable()
-            if not keys:
+            if not key_list:
                 end = self._log.end_offset
                 return end, end
-            olds = self._kv.get(keys)
-            if len(set(keys)) == len(keys):
-                records, put_keys, put_values, gone = _changes_unique(keys, up_values, olds)
+            olds = self._kv.get_existing(keys, key_list)
+            if _distinct(keys, key_list):
+                records, put_keys, put_values, gone = _changes_unique(keys, key_list, up_values, olds)
             else:
-                records, put_keys, put_values, gone = _changes_in_order(keys, up_values, olds)
+                records, put_keys, put_values, gone = _changes_in_order(key_list, up_values.to_pylist(),
+                                                                        olds.to_pylist())
             if not records.num_rows:
                 end = self._log.end_offset
                 return end, end
@@ -256,17 +263,16 @@ class BucketStore:
                               f"rows are of another bucket (bucket = crc32(encoded key) % {n})",
                               row=i, bucket=int(buckets[i]))
 
-    def _check_row_sizes(self, keys: list[bytes], values: list[bytes]) -> None:
+    def _check_row_sizes(self, keys: pa.Array, values: pa.Array) -> None:
         """RecordTooLargeError naming the first row whose encoded key + value exceeds ``max_row_bytes``."""
-        if not keys or max(map(len, keys)) + max(map(len, values)) <= self.max_row_bytes:
-            return  # the usual case, at half the cost of the exact sizes
-        sizes = (np.fromiter(map(len, keys), np.int64, len(keys))
-                 + np.fromiter(map(len, values), np.int64, len(values)))
+        if not len(keys):
+            return
+        sizes = np.diff(value_offsets(keys)).astype(np.int64) + np.diff(value_offsets(values))
         big = np.flatnonzero(sizes > self.max_row_bytes)
         if not big.size:
             return
         i = int(big[0])
-        key = self.codec.decode_keys([keys[i]]).to_pylist()[0]
+        key = self.codec.decode_keys(keys.slice(i, 1)).to_pylist()[0]
         raise RecordTooLargeError(f"upsert row {i} (key {key}) is {int(sizes[i])} bytes, over the limit of "
                                   f"{self.max_row_bytes} bytes (table.max-row-size); {big.size} of {len(keys)} "
                                   f"rows are too large", row=i, size=int(sizes[i]))
@@ -367,37 +373,44 @@ class BucketStore:
 
 # --- change records -------------------------------------------------------------------------
 
-def _changes_unique(keys: list[bytes], up_values: list[bytes], olds: list[bytes | None]):
+def _distinct(keys: pa.Array, key_list: list[bytes]) -> bool:
+    """Whether no key appears twice (strictly increasing keys, the usual batch, need no hashing)."""
+    n = len(key_list)
+    if n < 2 or pc.all(pc.less(keys.slice(0, n - 1), keys.slice(1))).as_py():
+        return True
+    return len(set(key_list)) == n
+
+
+def _changes_unique(keys: pa.Array, key_list: list[bytes], up_values: pa.Array, olds: pa.Array):
     """Records and KV effects of a write whose keys are all distinct, vectorized.
 
-    ``keys`` = upsert keys then delete keys; ``olds`` their current values.
-    Returns (records, put_keys, put_values, deleted_keys).
+    ``keys`` = upsert keys then delete keys (``key_list``: the same as bytes);
+    ``olds`` their current values (null where missing). Returns (records,
+    put_keys, put_values, deleted_keys), the last three lists of bytes.
     """
     n, n_up = len(keys), len(up_values)
-    key_array = pa.array(keys, pa.binary())
-    new_values = pa.array(up_values, pa.binary())
-    old_values = pa.array(olds, pa.binary())
-    if old_values.null_count == n:  # nothing exists yet: all inserts, deletes find nothing
+    put_keys, put_values = key_list[:n_up], up_values.to_pylist()
+    if olds.null_count == n:  # nothing exists yet: all inserts, deletes find nothing
         records = pa.RecordBatch.from_arrays(
-            [pa.array(np.full(n_up, _INSERT, np.int8)), key_array.slice(0, n_up), new_values], schema=SCHEMA)
-        return records, keys[:n_up], up_values, []
-    exists = old_values.is_valid().to_numpy(zero_copy_only=False)
+            [pa.array(np.full(n_up, _INSERT, np.int8)), keys.slice(0, n_up), up_values], schema=SCHEMA)
+        return records, put_keys, put_values, []
+    exists = olds.is_valid().to_numpy(zero_copy_only=False)
     existed_up = exists[:n_up]
     rows = np.repeat(np.arange(n_up), 1 + existed_up)  # an update emits two records
     first = np.ones(len(rows), bool)
     first[1:] = rows[1:] != rows[:-1]
     update = existed_up[rows]
     up_types = np.where(update, np.where(first, _UPDATE_BEFORE, _UPDATE_AFTER), _INSERT)
-    up_sources = np.where(update & first, rows, n + rows)  # index into old_values ++ new_values
+    up_sources = np.where(update & first, rows, n + rows)  # index into olds ++ up_values
     deleted = np.flatnonzero(exists[n_up:]) + n_up
     types = np.concatenate([up_types, np.full(len(deleted), _DELETE)]).astype(np.int8)
     key_index = np.concatenate([rows, deleted])
     sources = np.concatenate([up_sources, deleted])
-    values = pa.concat_arrays([old_values, new_values]).take(pa.array(sources))
-    records = pa.RecordBatch.from_arrays([pa.array(types), key_array.take(pa.array(key_index)), values],
+    values = pa.concat_arrays([olds, up_values]).take(pa.array(sources))
+    records = pa.RecordBatch.from_arrays([pa.array(types), keys.take(pa.array(key_index)), values],
                                          schema=SCHEMA)
-    gone = [keys[i] for i in deleted.tolist()]
-    return records, keys[:n_up], up_values, gone
+    gone = [key_list[i] for i in deleted.tolist()]
+    return records, put_keys, put_values, gone
 
 
 def _changes_in_order(keys: list[bytes], up_values: list[bytes], olds: list[bytes | None]):

@@ -195,6 +195,52 @@ def test_random_writes_match_a_model(bucket_dir):
         assert {row["id"]: row["v"] for row in decoded} == model
 
 
+class CountingDb:
+    """A RocksDB handle that counts the keys its point lookups asked for."""
+
+    def __init__(self, db) -> None:
+        self.db, self.looked_up = db, 0
+
+    def get(self, keys, *args, **kwargs):
+        self.looked_up += len(keys) if isinstance(keys, list) else 1
+        return self.db.get(keys, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.db, name)
+
+
+def test_new_key_ranges_are_not_looked_up_and_before_images_stay_exact(bucket_dir):
+    def counted(s: BucketStore) -> CountingDb:
+        s._kv._db = CountingDb(s._kv._db)
+        return s._kv._db
+
+    def ids(a: int, b: int) -> pa.RecordBatch:
+        return rows(*((i, f"n{i}", float(i)) for i in range(a, b)))
+
+    with BucketStore.open(bucket_dir, TABLE, segment_bytes=1 << 20, fsync=False) as s:
+        db = counted(s)
+        s.write(ids(100, 200))
+        s.write(ids(0, 50))  # below everything stored: new keys, no lookup
+        s.write(ids(50, 100))  # fills the gap exactly (fixed-width keys): still no lookup
+        assert db.looked_up == 0
+        base, _ = s.write(rows((150, "u", 1.0), (250, "new", 2.0), (7, "v", 3.0)), keys(60, 999))
+        assert db.looked_up == 3  # 150, 7 and 60 lie inside [0, 199]; 250 and 999 do not
+        assert changes(s, base) == [
+            (base, UB, 150, (150, "n150", 150.0)), (base + 1, UA, 150, (150, "u", 1.0)),
+            (base + 2, I, 250, (250, "new", 2.0)),
+            (base + 3, UB, 7, (7, "n7", 7.0)), (base + 4, UA, 7, (7, "v", 3.0)),
+            (base + 5, D, 60, (60, "n60", 60.0)),
+        ]
+    # reopened: the range is the first and last key stored
+    with BucketStore.open(bucket_dir, TABLE, segment_bytes=1 << 20, fsync=False) as s:
+        db = counted(s)
+        base, _ = s.write(rows((300, "x", 0.0), (1, "y", 0.0)))
+        assert db.looked_up == 1
+        assert changes(s, base) == [(base, I, 300, (300, "x", 0.0)), (base + 1, UB, 1, (1, "n1", 1.0)),
+                                    (base + 2, UA, 1, (1, "y", 0.0))]
+        assert fold(log_records(s)) == kv_rows(s)
+
+
 # --- rejected batches ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("upserts, deletes", [
