@@ -260,3 +260,53 @@ def test_leased_snapshot_survives_retention_and_goes_at_release(cluster, tmp_pat
     offsets = stub.ListOffsets(pb.ListOffsetsRequest(table_id=table.table_id, buckets=[0]), timeout=5).offsets[0]
     assert offsets.earliest > s1.log_offset
     assert last.snapshot_id > s1.snapshot_id
+
+
+class CountingAdmin:
+    """The tablet's admin client, counting its ListKvSnapshots calls per table."""
+
+    def __init__(self, admin) -> None:
+        self.admin, self.listed = admin, []
+
+    def list_kv_snapshots(self, table_id, *args, **kwargs):
+        self.listed.append(table_id)
+        return self.admin.list_kv_snapshots(table_id, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.admin, name)
+
+
+def test_a_snapshot_round_asks_for_kept_snapshots_once_per_table(cluster, tmp_path):
+    from client.table import TableClient
+
+    c = cluster({"kv.snapshot.interval": "1h", "log.segment.bytes": "4kb", "log.retention": "0ms"})
+    tablet = c.tablet(1, tmp_path / "t1")
+    tables = [c.admin.create_table("db.a", SCHEMA, ["id"], 3), c.admin.create_table("db.b", SCHEMA, ["id"], 2)]
+    counting = CountingAdmin(tablet.replicas.admin)
+    tablet.replicas.admin = counting
+
+    def fill(round_):
+        for table in tables:
+            c.stub(table.table_id, 0)  # led
+            with TableClient(c.admin, table.table_id) as client:
+                for start in range(0, 600, 100):  # several 4 kB segments per bucket
+                    client.upsert([{"id": i, "v": f"r{round_}-{i}" * 5} for i in range(start, start + 100)])
+
+    def earliest(table):
+        with TableClient(c.admin, table.table_id) as client:
+            return {b: e for b, (e, _) in client.list_offsets().items()}
+
+    fill(0)
+    assert tablet.replicas.snapshot_changed() == 5  # every bucket of both tables
+    assert sorted(counting.listed) == sorted(t.table_id for t in tables)
+    # retention still applies to every bucket: each changelog lost its old segments
+    assert all(offset > 0 for t in tables for offset in earliest(t).values())
+
+    counting.listed.clear()
+    assert tablet.replicas.snapshot_changed() == 0  # nothing changed: no snapshot, no listing
+    assert counting.listed == []
+
+    fill(1)
+    with TableClient(c.admin, tables[0].table_id) as client:  # TriggerSnapshot of one table's 3 buckets
+        assert len(client.trigger_snapshot(wait=True)) == 3
+    assert counting.listed == [tables[0].table_id]
