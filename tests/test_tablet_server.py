@@ -19,7 +19,7 @@ from common.storage import open_storage
 from common.tables import Column
 from client.admin import AdminClient
 from coordinator.server import CoordinatorServer
-from common.model import TableBucket
+from common.model import SnapshotHandle, TableBucket
 from ops.cluster import free_ports
 from ops.zookeeper import dying_with_parent
 from common.logentry import decode_entry
@@ -310,3 +310,53 @@ def test_a_snapshot_round_asks_for_kept_snapshots_once_per_table(cluster, tmp_pa
     with TableClient(c.admin, tables[0].table_id) as client:  # TriggerSnapshot of one table's 3 buckets
         assert len(client.trigger_snapshot(wait=True)) == 3
     assert counting.listed == [tables[0].table_id]
+
+
+def test_snapshot_commits_check_the_log_end_over_one_kept_channel_closed_at_step_down(
+        cluster, tmp_path, monkeypatch):
+    from client.transport import Channels
+    from coordinator import snapshot_checks
+
+    made = []
+
+    class SpyChannels(Channels):  # the checker's channels: every channel handed out, every close
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.handed, self.closed = [], 0
+            made.append(self)
+
+        def get(self, address):
+            channel = super().get(address)
+            self.handed.append((address, channel))
+            return channel
+
+        def close(self):
+            self.closed += 1
+            super().close()
+
+    monkeypatch.setattr(snapshot_checks, "Channels", SpyChannels)
+    c = cluster()
+    tablet = c.tablet(1, tmp_path / "t1")
+    table = c.admin.create_table("db.ch", SCHEMA, ["id"], 1)
+    stub = c.stub(table.table_id, 0)
+    log_ends = c.coordinator.serving_loop().controller.log_ends
+    [spy] = made  # the active term's
+    for round_ in range(3):
+        put(stub, table, [{"id": round_, "v": "x"}])
+        r = stub.TriggerSnapshot(pb.TriggerSnapshotRequest(table_id=table.table_id, wait=True), timeout=60)
+        assert not r.error.code, r.error.message
+    assert [address for address, _ in spy.handed] == [tablet.address] * 3  # every commit was checked...
+    assert len({id(channel) for _, channel in spy.handed}) == 1  # ...over the same channel
+    assert log_ends.addresses == [tablet.address] and spy.closed == 0
+
+    c.coordinator.stop()  # steps down: the term's channels go
+    c.tablets.remove(tablet)
+    tablet.stop()
+    assert spy.closed == 1 and log_ends.addresses == []
+    _, channel = spy.handed[0]
+    with pytest.raises(ValueError):  # closed: no RPC can use it any more
+        pbg.TabletServiceStub(channel).ListOffsets(pb.ListOffsetsRequest(table_id=table.table_id, buckets=[0]))
+    handle = SnapshotHandle(TableBucket(table.table_id, 0), 9, 0, "")
+    with pytest.raises(errors.NotCoordinatorError):
+        log_ends.check(handle, tablet.address)
+    assert log_ends.addresses == []  # and opened none again
