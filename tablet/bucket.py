@@ -39,7 +39,8 @@ from common.logentry import SCHEMA, ChangeType, LogEntry
 from tablet.changelog import Changelog, SegmentInfo
 from common.codec import RowCodec, bucket_array
 from common.codec_arrays import value_offsets
-from tablet.kvstore import APPLIED_KEY, META_CF, BucketStoreError, KvSnapshot, KvStore, checkpoint_log_offset
+from tablet.kvstore import (APPLIED_KEY, META_CF, BucketStoreError, KvSnapshot, KvStore, PreparedWrite,
+                            checkpoint_log_offset)
 
 __all__ = ["APPLIED_KEY", "META_CF", "BucketStore", "BucketStoreError", "KvSnapshot", "checkpoint_log_offset"]
 
@@ -211,17 +212,23 @@ class BucketStore:
             if del_list:
                 keys = pa.concat_arrays([keys, del_keys]) if key_list else del_keys
                 key_list = key_list + del_list
+        n_up, prepared = len(up_values), None
+        if key_list and _distinct(keys, key_list):
+            # Each key's final state is its upsert or its delete whatever it held before: the RocksDB
+            # batch is built here, while another write may hold the lock (deleting a missing key is a no-op).
+            prepared = self._kv.prepare(key_list[:n_up], up_values.to_pylist(), key_list[n_up:])
         with self.write_lock:
             self._check_writable()
             if not key_list:
                 end = self._log.end_offset
                 return end, end
             olds = self._kv.get_existing(keys, key_list)
-            if _distinct(keys, key_list):
-                records, put_keys, put_values, gone = _changes_unique(keys, key_list, up_values, olds)
+            if prepared is not None:
+                records = _records_unique(keys, up_values, olds)
             else:
                 records, put_keys, put_values, gone = _changes_in_order(key_list, up_values.to_pylist(),
                                                                         olds.to_pylist())
+                prepared = self._kv.prepare(put_keys, put_values, gone)
             if not records.num_rows:
                 end = self._log.end_offset
                 return end, end
@@ -236,7 +243,7 @@ class BucketStore:
                 self._failed = exc
                 raise
             try:
-                self._apply(put_keys, put_values, gone, nxt)
+                self._apply(prepared, nxt)
             except BaseException as exc:
                 self._failed = exc
                 raise BucketStoreError(f"bucket {self.dir}: changelog records {base}..{nxt} were appended but "
@@ -244,8 +251,8 @@ class BucketStore:
                                        f"them", dir=self.dir) from exc
             return base, nxt
 
-    def _apply(self, put_keys: list[bytes], put_values: list[bytes], gone: list[bytes], next_offset: int) -> None:
-        self._kv.write(put_keys, put_values, gone, next_offset)
+    def _apply(self, prepared: PreparedWrite, next_offset: int) -> None:
+        self._kv.commit(prepared, next_offset)
 
     def _check_bucket(self, keys: list[bytes], what: str) -> None:
         """InvalidRowError naming the first key that does not hash to this store's bucket."""
@@ -381,19 +388,16 @@ def _distinct(keys: pa.Array, key_list: list[bytes]) -> bool:
     return len(set(key_list)) == n
 
 
-def _changes_unique(keys: pa.Array, key_list: list[bytes], up_values: pa.Array, olds: pa.Array):
-    """Records and KV effects of a write whose keys are all distinct, vectorized.
+def _records_unique(keys: pa.Array, up_values: pa.Array, olds: pa.Array) -> pa.RecordBatch:
+    """The change records of a write whose keys are all distinct, vectorized.
 
-    ``keys`` = upsert keys then delete keys (``key_list``: the same as bytes);
-    ``olds`` their current values (null where missing). Returns (records,
-    put_keys, put_values, deleted_keys), the last three lists of bytes.
+    ``keys`` = upsert keys then delete keys; ``olds`` their current values
+    (null where missing).
     """
     n, n_up = len(keys), len(up_values)
-    put_keys, put_values = key_list[:n_up], up_values.to_pylist()
     if olds.null_count == n:  # nothing exists yet: all inserts, deletes find nothing
-        records = pa.RecordBatch.from_arrays(
+        return pa.RecordBatch.from_arrays(
             [pa.array(np.full(n_up, _INSERT, np.int8)), keys.slice(0, n_up), up_values], schema=SCHEMA)
-        return records, put_keys, put_values, []
     exists = olds.is_valid().to_numpy(zero_copy_only=False)
     existed_up = exists[:n_up]
     rows = np.repeat(np.arange(n_up), 1 + existed_up)  # an update emits two records
@@ -407,14 +411,12 @@ def _changes_unique(keys: pa.Array, key_list: list[bytes], up_values: pa.Array, 
     key_index = np.concatenate([rows, deleted])
     sources = np.concatenate([up_sources, deleted])
     values = pa.concat_arrays([olds, up_values]).take(pa.array(sources))
-    records = pa.RecordBatch.from_arrays([pa.array(types), keys.take(pa.array(key_index)), values],
-                                         schema=SCHEMA)
-    gone = [key_list[i] for i in deleted.tolist()]
-    return records, put_keys, put_values, gone
+    return pa.RecordBatch.from_arrays([pa.array(types), keys.take(pa.array(key_index)), values], schema=SCHEMA)
 
 
 def _changes_in_order(keys: list[bytes], up_values: list[bytes], olds: list[bytes | None]):
-    """Like :func:`_changes_unique` for a write naming some key more than once: step by step."""
+    """Records and KV effects (put keys, put values, deleted keys) of a write naming some key more
+    than once: step by step, so each step gets the right before-image."""
     n_up = len(up_values)
     original: dict[bytes, bytes | None] = {}
     for key, old in zip(keys, olds):

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import collections
 import weakref
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -39,6 +39,13 @@ _CHUNK_ROWS = 1024  # rows read from an iterator per step of KvSnapshot.rows
 
 class BucketStoreError(KvLeaseError):
     """The store cannot serve: closed, failed on a local write (reopen it), or its files disagree."""
+
+
+class PreparedWrite(NamedTuple):
+    """Puts and deletes ready to commit (:meth:`KvStore.prepare`)."""
+
+    batch: WriteBatch
+    key_range: tuple[bytes, bytes] | None  # the lowest and highest key put (None: no put)
 
 
 class KvSnapshot:
@@ -183,13 +190,23 @@ class KvStore:
     def write(self, put_keys: list[bytes], put_values: list[bytes], delete_keys: list[bytes],
               next_offset: int) -> None:
         """Put and delete rows and set the applied offset to ``next_offset``, atomically."""
-        if put_keys:
-            self._ranges.add(min(put_keys), max(put_keys))
+        self.commit(self.prepare(put_keys, put_values, delete_keys), next_offset)
+
+    @staticmethod
+    def prepare(put_keys: list[bytes], put_values: list[bytes], delete_keys: list[bytes]) -> PreparedWrite:
+        """The puts and deletes as one WriteBatch, not applied: any thread may build it, also while
+        another write commits (it reads nothing of the store). Apply it with :meth:`commit`."""
         batch = WriteBatch(raw_mode=True)
         collections.deque(map(batch.put, put_keys, put_values), maxlen=0)  # the loop runs in C
         if delete_keys:
             collections.deque(map(batch.delete, delete_keys), maxlen=0)
-        self._commit(batch, next_offset)
+        return PreparedWrite(batch, (min(put_keys), max(put_keys)) if put_keys else None)
+
+    def commit(self, prepared: PreparedWrite, next_offset: int) -> None:
+        """Apply a prepared write and set the applied offset to ``next_offset``, atomically (once)."""
+        if prepared.key_range is not None:
+            self._ranges.add(*prepared.key_range)
+        self._commit(prepared.batch, next_offset)
 
     def apply_records(self, records: list[pa.RecordBatch], next_offset: int) -> None:
         """Apply changelog records (+I/+U put, -D delete, -U nothing) and set the applied offset."""
