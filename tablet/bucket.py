@@ -37,6 +37,7 @@ from common.limits import MAX_ENTRY_BYTES, MAX_ROW_SIZE_BOUND
 from common.tables import TableInfo
 from common.logentry import SCHEMA, ChangeType, LogEntry
 from tablet.changelog import Changelog, SegmentInfo
+from tablet.key_ranges import key_range
 from common.codec import RowCodec, bucket_array
 from common.codec_arrays import value_offsets
 from tablet.kvstore import (APPLIED_KEY, META_CF, BucketStoreError, KvSnapshot, KvStore, PreparedWrite,
@@ -73,6 +74,10 @@ class BucketStore:
         self._kv = kv
         #: Serializes writes; hold it to take a snapshot and read ``log_end_offset`` together.
         self.write_lock = threading.RLock()
+        #: Writes whose changelog entry is written but not yet synced and applied: base offset -> the
+        #: lowest and highest key they touch. A write waits for those whose keys may be its own.
+        self._in_flight: dict[int, tuple[bytes, bytes]] = {}
+        self._settled = threading.Condition(self.write_lock)  # notified as in-flight writes finish
         #: ``(from, to)``: the changelog records replayed into RocksDB at open (``from == to``: none).
         self.replayed = (kv.applied_offset, kv.applied_offset)
         self._failed: BaseException | None = None
@@ -125,6 +130,8 @@ class BucketStore:
         with self.write_lock:
             if self._closed:
                 return
+            while self._in_flight:
+                self._settled.wait()  # writes already in the changelog finish first
             self._closed = True
             try:
                 self._kv.close()
@@ -212,17 +219,22 @@ class BucketStore:
             if del_list:
                 keys = pa.concat_arrays([keys, del_keys]) if key_list else del_keys
                 key_list = key_list + del_list
-        n_up, prepared = len(up_values), None
-        if key_list and _distinct(keys, key_list):
+        if not key_list:
+            with self.write_lock:
+                self._check_writable()
+                end = self._log.end_offset
+                return end, end
+        n_up, prepared, bounds = len(up_values), None, key_range(keys)
+        if _distinct(keys, key_list):
             # Each key's final state is its upsert or its delete whatever it held before: the RocksDB
             # batch is built here, while another write may hold the lock (deleting a missing key is a no-op).
             prepared = self._kv.prepare(key_list[:n_up], up_values.to_pylist(), key_list[n_up:])
         with self.write_lock:
             self._check_writable()
-            if not key_list:
-                end = self._log.end_offset
-                return end, end
-            olds = self._kv.get_existing(keys, key_list)
+            while any(lo <= bounds[1] and bounds[0] <= hi for lo, hi in self._in_flight.values()):
+                self._settled.wait()  # an earlier write not yet applied may hold keys of this one
+                self._check_writable()
+            olds = self._kv.get_existing(keys, key_list, bounds)
             if prepared is not None:
                 records = _records_unique(keys, up_values, olds)
             else:
@@ -238,18 +250,48 @@ class BucketStore:
                     f"(one gRPC message; an update holds the row twice): send fewer rows per write",
                     size=records.nbytes)
             try:
-                base, nxt = self._log.append_batch(records)
+                pending = self._log.write([records])
             except BaseException as exc:
-                self._failed = exc
+                self._fail(exc)
                 raise
+            (base, nxt), = pending.ranges
+            self._in_flight[base] = bounds
+        try:
+            self._log.sync(pending)  # unlocked: the next write reads and writes meanwhile; one fsync may cover both
+        except BaseException as exc:
+            with self.write_lock:
+                del self._in_flight[base]
+                self._fail(exc)
+            raise
+        with self.write_lock:
             try:
-                self._apply(prepared, nxt)
-            except BaseException as exc:
-                self._failed = exc
-                raise BucketStoreError(f"bucket {self.dir}: changelog records {base}..{nxt} were appended but "
-                                       f"RocksDB failed to apply them ({exc!r}); reopen the bucket to replay "
-                                       f"them", dir=self.dir) from exc
+                while self._kv.applied_offset != base and self._failed is None:
+                    self._settled.wait()  # applied in changelog order
+                if self._failed is not None:
+                    raise BucketStoreError(f"bucket {self.dir} failed before changelog records {base}..{nxt} "
+                                           f"were applied ({self._failed!r}); reopen it", dir=self.dir)
+                try:
+                    self._log.publish(pending)
+                except BaseException as exc:
+                    self._fail(exc)
+                    raise
+                try:
+                    self._apply(prepared, nxt)
+                except BaseException as exc:
+                    self._fail(exc)
+                    raise BucketStoreError(f"bucket {self.dir}: changelog records {base}..{nxt} were appended "
+                                           f"but RocksDB failed to apply them ({exc!r}); reopen the bucket to "
+                                           f"replay them", dir=self.dir) from exc
+            finally:
+                del self._in_flight[base]
+                self._settled.notify_all()
             return base, nxt
+
+    def _fail(self, exc: BaseException) -> None:
+        """The store refuses writes from now on (reopen it); writes waiting their turn give up. Hold the lock."""
+        if self._failed is None:
+            self._failed = exc
+        self._settled.notify_all()
 
     def _apply(self, prepared: PreparedWrite, next_offset: int) -> None:
         self._kv.commit(prepared, next_offset)

@@ -69,14 +69,14 @@ class KeyRanges:
     def add_keys(self, keys: pa.Array) -> None:
         """Cover every key of a binary array."""
         if len(keys):
-            low, high = _min_max(keys)
-            self.add(low, high)
+            self.add(*key_range(keys))
 
-    def maybe_stored(self, keys: pa.Array) -> np.ndarray | None:
-        """A bool mask of the keys (binary array) that lie in a range, None when none does."""
+    def maybe_stored(self, keys: pa.Array, bounds: tuple[bytes, bytes] | None = None) -> np.ndarray | None:
+        """A bool mask of the keys (binary array) that lie in a range, None when none does.
+        ``bounds``: the keys' :func:`key_range` if the caller has it."""
         if not len(keys) or not self._lows:
             return None
-        low, high = _min_max(keys)
+        low, high = bounds or key_range(keys)
         i = bisect.bisect_left(self._highs, low)
         j = bisect.bisect_right(self._lows, high)
         if i >= j:
@@ -98,6 +98,7 @@ class KeyRanges:
                 and int.from_bytes(high, "big") + 1 == int.from_bytes(low, "big"))
 
 
-def _min_max(keys: pa.Array) -> tuple[bytes, bytes]:
+def key_range(keys: pa.Array) -> tuple[bytes, bytes]:
+    """The lowest and highest key of a non-empty binary array."""
     result = pc.min_max(keys)
     return result["min"].as_py(), result["max"].as_py()

@@ -174,10 +174,12 @@ class KvStore:
         """The values of ``keys`` (None where missing), in one multi-get."""
         return self._db.get(keys) if keys else []
 
-    def get_existing(self, keys: pa.Array, key_list: list[bytes]) -> pa.Array:
-        """The values of ``keys`` (a binary array; ``key_list``: the same keys as bytes) as a binary
-        array, null where missing. Only keys inside the key ranges are looked up (one multi-get)."""
-        maybe = self._ranges.maybe_stored(keys)
+    def get_existing(self, keys: pa.Array, key_list: list[bytes],
+                     bounds: tuple[bytes, bytes] | None = None) -> pa.Array:
+        """The values of ``keys`` (a binary array; ``key_list``: the same keys as bytes; ``bounds``:
+        their lowest and highest if known) as a binary array, null where missing. Only keys inside
+        the key ranges are looked up (one multi-get)."""
+        maybe = self._ranges.maybe_stored(keys, bounds)
         if maybe is None:
             return pa.nulls(len(key_list), pa.binary())
         if maybe.all():
