@@ -5,12 +5,17 @@ and the *applied offset*, the first changelog record it does not contain);
 ``{dir}/log`` is its :class:`~tablet.changelog.Changelog`. See
 ``docs/bucket-store.md``.
 
-A write, under the bucket's write lock: validate and encode the batch, read
-the current values of the touched keys that may exist (``tablet/key_ranges.py``)
-in one multi-get, build the change
-records (+I, -U/+U, -D with before-images), append them to the changelog as
-one entry, then apply them to RocksDB in one WriteBatch that also sets the
-applied offset. RocksDB writes skip its WAL: the changelog is the log.
+A write: validate and encode the batch (and, when its keys are distinct,
+build its RocksDB WriteBatch) unlocked; under the bucket's write lock read the
+current values of the touched keys that may exist (``tablet/key_ranges.py``)
+in one multi-get, build the change records (+I, -U/+U, -D with
+before-images) and write them to the changelog as one entry; fsync it
+*unlocked* (the next write proceeds meanwhile, one fsync may cover several);
+then, under the lock again and in offset order, publish the entry and apply
+it to RocksDB in one WriteBatch that also sets the applied offset. A write
+whose keys may overlap an in-flight one's waits for it first. Nothing is
+visible to readers or acknowledged before its entry is durable. RocksDB
+writes skip its WAL: the changelog is the log.
 
 Invariant: the persisted KV rows are the fold of the changelog's records
 ``[0, a')`` for some ``a' >= a``, where ``a`` is the persisted applied offset,

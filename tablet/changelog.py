@@ -7,9 +7,11 @@ writing and reading cost nothing per record in Python. The entry format is
 ``{base_offset:020d}.log``, indexed in memory by ``tablet/log_index.py``.
 Append times never decrease: an entry gets ``max(previous entry's, clock)``.
 
-Concurrency: one writer at a time (``append*`` and ``truncate_before`` take a
-lock); readers run concurrently and only see entries that were fully written
-(and fsynced, when ``fsync``). Recovery at open drops a torn tail of the last
+Concurrency: one writer at a time (``append*``, ``write`` and
+``truncate_before`` take a lock); an append is write -> sync -> publish
+(``append_batches`` does all three), and the sync runs outside the lock, so
+several written appends may wait on one fsync. Readers run concurrently and
+only see published entries: fully written (and fsynced, when ``fsync``). Recovery at open drops a torn tail of the last
 segment and raises :class:`CorruptLogError` for anything else that is damaged.
 """
 
