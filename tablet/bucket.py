@@ -233,7 +233,8 @@ class BucketStore:
         if _distinct(keys, key_list):
             # Each key's final state is its upsert or its delete whatever it held before: the RocksDB
             # batch is built here, while another write may hold the lock (deleting a missing key is a no-op).
-            prepared = self._kv.prepare(key_list[:n_up], up_values.to_pylist(), key_list[n_up:])
+            prepared = self._kv.prepare(key_list[:n_up], up_values.to_pylist(), key_list[n_up:],
+                                        bounds if n_up == len(key_list) else None)
         with self.write_lock:
             self._check_writable()
             while any(lo <= bounds[1] and bounds[0] <= hi for lo, hi in self._in_flight.values()):

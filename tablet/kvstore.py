@@ -195,14 +195,18 @@ class KvStore:
         self.commit(self.prepare(put_keys, put_values, delete_keys), next_offset)
 
     @staticmethod
-    def prepare(put_keys: list[bytes], put_values: list[bytes], delete_keys: list[bytes]) -> PreparedWrite:
+    def prepare(put_keys: list[bytes], put_values: list[bytes], delete_keys: list[bytes],
+                put_range: tuple[bytes, bytes] | None = None) -> PreparedWrite:
         """The puts and deletes as one WriteBatch, not applied: any thread may build it, also while
-        another write commits (it reads nothing of the store). Apply it with :meth:`commit`."""
+        another write commits (it reads nothing of the store). Apply it with :meth:`commit`.
+        ``put_range``: the lowest and highest of ``put_keys`` if the caller knows them."""
         batch = WriteBatch(raw_mode=True)
         collections.deque(map(batch.put, put_keys, put_values), maxlen=0)  # the loop runs in C
         if delete_keys:
             collections.deque(map(batch.delete, delete_keys), maxlen=0)
-        return PreparedWrite(batch, (min(put_keys), max(put_keys)) if put_keys else None)
+        if put_keys and put_range is None:
+            put_range = min(put_keys), max(put_keys)
+        return PreparedWrite(batch, put_range if put_keys else None)
 
     def commit(self, prepared: PreparedWrite, next_offset: int) -> None:
         """Apply a prepared write and set the applied offset to ``next_offset``, atomically (once)."""
