@@ -75,6 +75,11 @@ class Channels:
     def stub(self, address: str, stub_class: Callable[[grpc.Channel], Any]) -> Any:
         return stub_class(self.get(address))
 
+    def addresses(self) -> list[str]:
+        """The addresses a channel is open to."""
+        with self._lock:
+            return sorted(self._channels)
+
     def close(self) -> None:
         with self._lock:
             channels, self._channels = list(self._channels.values()), {}

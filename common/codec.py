@@ -126,6 +126,9 @@ class RowCodec:
         self._names = [c.name for c in table.columns]
         self._name_set = frozenset(self._names)
         self._key_set = frozenset(table.primary_key)
+        #: The length of every encoded key when all primary-key columns are fixed-width, else None.
+        self.key_width = (sum(np.dtype(ca.KEY_DTYPE[self._types[k]]).itemsize for k in table.primary_key)
+                          if all(self._types[k] in ca.KEY_DTYPE for k in table.primary_key) else None)
 
     # ---- client side -------------------------------------------------------
 
@@ -189,6 +192,16 @@ class RowCodec:
         batch = self.validate(batch)
         keys = batch.select(list(self.table.primary_key))
         return _chunked(self._encode_keys, keys), _chunked(self._encode_values, batch)
+
+    def encode_arrays(self, batch: pa.RecordBatch) -> tuple[pa.Array, pa.Array]:
+        """Like :meth:`encode` but as two Arrow binary arrays: no Python object per row."""
+        batch = self.validate(batch)
+        keys = batch.select(list(self.table.primary_key))
+        return _chunked_array(self._encode_key_array, keys), _chunked_array(self._encode_value_array, batch)
+
+    def encode_key_array(self, batch: pa.RecordBatch) -> pa.Array:
+        """Like :meth:`encode_keys` but as an Arrow binary array."""
+        return _chunked_array(self._encode_key_array, self._key_batch(batch))
 
     def encode_keys(self, batch: pa.RecordBatch) -> list[bytes]:
         """The order-preserving keys of a full-row or key-only batch."""
@@ -310,6 +323,20 @@ class RowCodec:
         return pa.RecordBatch.from_arrays(self._columns(batch, keys, self._key_set), schema=self.key_schema)
 
     def _encode_keys(self, keys: pa.RecordBatch) -> list[bytes]:
+        fixed, pieces = self._key_pieces(keys)
+        if fixed is not None:  # only fixed-width columns: every key has the same length
+            return fixed.view(f"V{fixed.shape[1]}").ravel().tolist()
+        return ca.to_list(pc.binary_join_element_wise(*pieces, ca.EMPTY_JOIN))
+
+    def _encode_key_array(self, keys: pa.RecordBatch) -> pa.Array:
+        fixed, pieces = self._key_pieces(keys)
+        if fixed is not None:
+            return ca.fixed_binary(fixed, None)
+        return pc.binary_join_element_wise(*pieces, ca.EMPTY_JOIN)
+
+    def _key_pieces(self, keys: pa.RecordBatch) -> tuple[np.ndarray | None, list]:
+        """``(rows, [])``: a (rows, width) uint8 array when every key column is fixed-width;
+        else ``(None, pieces)`` whose element-wise join is the keys."""
         fixed, pieces = [], []  # runs of fixed-width columns become one (rows, width) array
         for name, array in zip(keys.schema.names, keys.columns):
             type_ = self._types[name]
@@ -323,14 +350,16 @@ class RowCodec:
             if ca.has_zero_byte(raw):
                 raw = pc.replace_substring(raw, ca.ESCAPE, ca.ESCAPED)
             pieces += [raw, pa.scalar(ca.TERMINATOR, pa.binary())]
-        if not pieces:  # only fixed-width columns: every key has the same length
-            rows = np.ascontiguousarray(np.hstack(fixed)) if len(fixed) > 1 else fixed[0]
-            return rows.view(f"V{rows.shape[1]}").ravel().tolist()
+        if not pieces:
+            return (np.ascontiguousarray(np.hstack(fixed)) if len(fixed) > 1 else fixed[0]), []
         if fixed:
             pieces.append(ca.fixed_binary(np.hstack(fixed), None))
-        return ca.to_list(pc.binary_join_element_wise(*pieces, ca.EMPTY_JOIN))
+        return None, pieces
 
     def _encode_values(self, batch: pa.RecordBatch) -> list[bytes]:
+        return ca.to_list(self._encode_value_array(batch))
+
+    def _encode_value_array(self, batch: pa.RecordBatch) -> pa.Array:
         n, columns = batch.num_rows, self.table.columns
         valids = [np.asarray(a.is_valid()) if a.null_count else None for a in batch.columns]
         header = np.zeros((n, 1 + (len(columns) + 7) // 8), np.uint8)
@@ -352,7 +381,7 @@ class RowCodec:
                 lengths = pc.binary_length(raw).fill_null(0).to_numpy().astype("<u4")
                 pieces += [ca.fixed_binary(lengths.view(np.uint8).reshape(n, 4), validity), raw]
         # a null piece is skipped: a null column contributes no bytes
-        return ca.to_list(pc.binary_join_element_wise(*pieces, ca.EMPTY_JOIN, null_handling="skip"))
+        return pc.binary_join_element_wise(*pieces, ca.EMPTY_JOIN, null_handling="skip")
 
 
 # ---- helpers: Python values ------------------------------------------------
@@ -366,6 +395,14 @@ def _chunked(encode: Callable[[pa.RecordBatch], list[bytes]], batch: pa.RecordBa
     for start in range(0, batch.num_rows, CHUNK_ROWS):
         out += encode(batch.slice(start, CHUNK_ROWS))
     return out
+
+
+def _chunked_array(encode: Callable[[pa.RecordBatch], pa.Array], batch: pa.RecordBatch) -> pa.Array:
+    """Like :func:`_chunked` for encoders that return a binary array (the pieces concatenated)."""
+    if batch.num_rows <= CHUNK_ROWS:
+        return encode(batch) if batch.num_rows else pa.array([], pa.binary())
+    return pa.concat_arrays([encode(batch.slice(start, CHUNK_ROWS))
+                             for start in range(0, batch.num_rows, CHUNK_ROWS)])
 
 
 def _decode_chunked(decode: Callable[[pa.Array, int], pa.RecordBatch], array: pa.Array,

@@ -27,6 +27,7 @@ from common import errors, zkpaths
 from common.model import Lease, TableBucket
 from common.statemachine import Dispatcher, on
 from common.storage import RemoteStorage
+from common.tls import TlsFiles
 from coordinator import requests as rq
 from coordinator.assignment import Assignments
 from coordinator.catalog import TableCatalog
@@ -35,6 +36,7 @@ from coordinator.file_gc import FileCollector
 from coordinator.lease_shell import LeaseShell
 from coordinator.loop import Item, settle
 from coordinator.membership import Membership, Notify
+from coordinator.snapshot_checks import LeaderLogEnds
 from coordinator.snapshot_commits import SnapshotCommits
 from coordinator.snapshots import SnapshotStore
 from coordinator.tables import Tables
@@ -65,7 +67,9 @@ def _barrier(method):
 
 class Controller(Dispatcher):
     def __init__(self, zk: KazooClient, storage: RemoteStorage, *, num_retained: int, max_lease_ms: int,
-                 grace_ms: int, clock_ms: Callable[[], int], metrics=None, notify: Notify | None = None) -> None:
+                 grace_ms: int, clock_ms: Callable[[], int], metrics=None, notify: Notify | None = None,
+                 tls: TlsFiles | None = None, credentials: tuple[str, str] | None = None) -> None:
+        """``tls`` and ``credentials`` (the cluster's own): how commits' log ends are asked of leaders."""
         self.zk = zk
         self.storage = storage
         self.clock_ms = clock_ms
@@ -82,6 +86,8 @@ class Controller(Dispatcher):
             is_protected=self._is_protected,
             holders=lambda tb, sid: self.leases.refs.holders(tb, sid))
         self.tables = Tables(catalog, self.members, self.lease_shell, self.snapshot_commits, clock_ms)
+        #: Commits' log-end checks (gRPC handler threads, never the loop), over channels kept while active.
+        self.log_ends = LeaderLogEnds(tls=tls, credentials=credentials)
 
     def _is_protected(self, tb: TableBucket, snapshot_id: int) -> bool:
         """Leased (or about to be), or of a table an unreadable lease names (it may hold any of them)."""
@@ -90,6 +96,7 @@ class Controller(Dispatcher):
                 or bool(store.unreadable) and tb.table_id in store.unreadable_tables())
 
     def close(self) -> None:
+        self.log_ends.close()
         self.lease_shell.close()
         self.files.close()
         self.lease_shell.store.close()

@@ -85,8 +85,8 @@ class CoordinatorServer:
                                  options=list(GRPC_SERVER_OPTIONS),  # the same message sizes as every client's
                                  interceptors=self.security.interceptors(INTERNAL_METHODS))
         pb_grpc.add_CoordinatorServiceServicer_to_server(
-            CoordinatorService(self, timeout_s=c[cfg.CLIENT_REQUEST_TIMEOUT] / 1000.0, tls=self.tls,
-                               credentials=self.internal_credentials, security=self.security), self._grpc)
+            CoordinatorService(self, timeout_s=c[cfg.CLIENT_REQUEST_TIMEOUT] / 1000.0, security=self.security),
+            self._grpc)
         security_pb_grpc.add_SecurityServiceServicer_to_server(
             SecurityService(self, self.security, internal_user=c[cfg.INTERNAL_USERNAME]), self._grpc)
         host = c[cfg.COORDINATOR_HOST]
@@ -211,7 +211,8 @@ class CoordinatorServer:
             notifier = LeadershipNotifier(epoch, tls=self.tls, credentials=self.internal_credentials)
             controller = Controller(self.zk, self.storage, num_retained=c[cfg.SNAPSHOT_NUM_RETAINED],
                                     max_lease_ms=c[cfg.LEASE_MAX_DURATION], grace_ms=c[cfg.LEASE_FAILOVER_GRACE],
-                                    clock_ms=self.clock_ms, metrics=self.metrics, notify=notifier.push)
+                                    clock_ms=self.clock_ms, metrics=self.metrics, notify=notifier.push,
+                                    tls=self.tls, credentials=self.internal_credentials)
             with self._lock:
                 mirror, self._mirror = self._mirror, None
             try:  # the mirror is exact once the epoch is bumped (no lease write can commit any more)

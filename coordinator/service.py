@@ -22,7 +22,7 @@ from common.tables import Column, TableSpec
 from common.security.acl import Operation, Resource
 from common.security.server import OPEN
 from coordinator import requests as rq
-from coordinator.snapshot_checks import check_log_end, check_manifest
+from coordinator.snapshot_checks import check_manifest
 from leases import state as ls
 
 log = logging.getLogger(__name__)
@@ -33,9 +33,7 @@ INTERNAL_METHODS = ("/kvlease.CoordinatorService/CommitKvSnapshot",)
 
 @refusing_partition_ids(pb.DESCRIPTOR.services_by_name["CoordinatorService"])
 class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
-    def __init__(self, server, timeout_s: float = 30.0, tls=None, credentials=None, security=OPEN) -> None:
-        self.tls = tls  # common.tls.TlsFiles: how to reach a bucket's leader
-        self.credentials = credentials  # the cluster's own, for that call
+    def __init__(self, server, timeout_s: float = 30.0, security=OPEN) -> None:
         self.security = security  # common.security.server: OPEN or ServerSecurity
         self.server = server  # coordinator.server.CoordinatorServer
         self.timeout_s = timeout_s
@@ -120,11 +118,11 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
         handle = handle_from_pb(request.snapshot)
         def check():
             check_manifest(self.server.storage, handle)
-            _table, rows = self.server.serving_loop().submit(
-                rq.GetTableAssignment(handle.bucket.table_id)).result(timeout=self.timeout_s)
+            loop = self.server.serving_loop()
+            _table, rows = loop.submit(rq.GetTableAssignment(handle.bucket.table_id)).result(timeout=self.timeout_s)
             leader = next((address for bucket, _id, address, _epoch in rows if bucket == handle.bucket.bucket), "")
-            if leader:
-                check_log_end(handle, leader, self.timeout_s, tls=self.tls, credentials=self.credentials)
+            if leader:  # over the channel the active term keeps for this leader (closed at step-down)
+                loop.controller.log_ends.check(handle, leader, self.timeout_s)
 
         return self._run(rq.CommitSnapshot(handle), pb.CommitKvSnapshotResponse, lambda _r: {}, check=check)
 

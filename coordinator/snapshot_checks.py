@@ -13,12 +13,14 @@ when:
   read: run in the gRPC handler's thread, never on the event loop).
 
 - its ``log_offset`` is not beyond the bucket's changelog end, as the bucket's
-  leader answers ListOffsets (:func:`check_log_end`, one round trip per
-  commit, also in the handler's thread). A bucket with no live leader has no
+  leader answers ListOffsets (:class:`LeaderLogEnds`, one round trip per
+  commit over a channel kept per leader, also in the handler's thread). A bucket with no live leader has no
   end to compare with; its commit is judged by its manifest alone.
 """
 
 from __future__ import annotations
+
+import threading
 
 import grpc
 
@@ -75,25 +77,50 @@ def check_manifest(storage: RemoteStorage, handle: SnapshotHandle) -> None:
             f"missing: {missing[:3]})")
 
 
-def check_log_end(handle: SnapshotHandle, leader_address: str, timeout_s: float = 10.0,
-                  tls: TlsFiles | None = None, credentials: tuple[str, str] | None = None) -> None:
-    """Raises InvalidSnapshotError when ``handle.log_offset`` is beyond the changelog end the bucket's
-    leader (at ``leader_address``) reports; the leader's own error (e.g. NOT_LEADER) if it has one."""
-    request = tablet_pb2.ListOffsetsRequest(table_id=handle.bucket.table_id, buckets=[handle.bucket.bucket])
-    channels = Channels(GRPC_MESSAGE_OPTIONS, tls=tls, credentials=credentials)
-    try:
-        stub = channels.stub(leader_address, tablet_pb2_grpc.TabletServiceStub)
-        response = stub.ListOffsets(request, timeout=timeout_s)
-    except grpc.RpcError as exc:
-        raise errors.LeaderNotAvailableError(
-            f"cannot ask the leader of bucket {handle.bucket} ({leader_address}) for its log end: "
-            f"{exc.code().name}") from None
-    finally:
-        channels.close()
-    (offsets,) = response.offsets
-    if offsets.error.code:
-        raise error_from_pb(offsets.error)
-    if handle.log_offset > offsets.latest:
-        raise errors.InvalidSnapshotError(
-            f"snapshot {handle.snapshot_id} of bucket {handle.bucket}: log offset {handle.log_offset} is beyond "
-            f"the bucket's changelog end {offsets.latest}")
+class LeaderLogEnds:
+    """Asks buckets' leaders for their changelog end (:meth:`check`) over kept gRPC channels, one per
+    leader address, with TLS and the cluster's own credentials as configured.
+
+    The active coordinator's :class:`~coordinator.controller.Controller` owns it
+    and closes it when the coordinator steps down or stops; a check after that
+    raises NotCoordinatorError and opens no channel.
+    """
+
+    def __init__(self, tls: TlsFiles | None = None, credentials: tuple[str, str] | None = None) -> None:
+        self._channels = Channels(GRPC_MESSAGE_OPTIONS, tls=tls, credentials=credentials)
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def check(self, handle: SnapshotHandle, leader_address: str, timeout_s: float = 10.0) -> None:
+        """Raises InvalidSnapshotError when ``handle.log_offset`` is beyond the changelog end the bucket's
+        leader (at ``leader_address``) reports; the leader's own error (e.g. NOT_LEADER) if it has one;
+        LeaderNotAvailableError when the leader cannot be reached."""
+        request = tablet_pb2.ListOffsetsRequest(table_id=handle.bucket.table_id, buckets=[handle.bucket.bucket])
+        with self._lock:
+            if self._closed:
+                raise errors.NotCoordinatorError("the coordinator stepped down")
+            stub = self._channels.stub(leader_address, tablet_pb2_grpc.TabletServiceStub)
+        try:
+            response = stub.ListOffsets(request, timeout=timeout_s)
+        except (grpc.RpcError, ValueError) as exc:  # ValueError: the channel was closed meanwhile
+            reason = exc.code().name if isinstance(exc, grpc.RpcError) else "the coordinator stepped down"
+            raise errors.LeaderNotAvailableError(
+                f"cannot ask the leader of bucket {handle.bucket} ({leader_address}) for its log end: "
+                f"{reason}") from None
+        (offsets,) = response.offsets
+        if offsets.error.code:
+            raise error_from_pb(offsets.error)
+        if handle.log_offset > offsets.latest:
+            raise errors.InvalidSnapshotError(
+                f"snapshot {handle.snapshot_id} of bucket {handle.bucket}: log offset {handle.log_offset} is "
+                f"beyond the bucket's changelog end {offsets.latest}")
+
+    @property
+    def addresses(self) -> list[str]:
+        """The leader addresses a channel is open to."""
+        return self._channels.addresses()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+        self._channels.close()

@@ -5,11 +5,17 @@ and the *applied offset*, the first changelog record it does not contain);
 ``{dir}/log`` is its :class:`~tablet.changelog.Changelog`. See
 ``docs/bucket-store.md``.
 
-A write, under the bucket's write lock: validate and encode the batch, read
-the current values of all touched keys in one multi-get, build the change
-records (+I, -U/+U, -D with before-images), append them to the changelog as
-one entry, then apply them to RocksDB in one WriteBatch that also sets the
-applied offset. RocksDB writes skip its WAL: the changelog is the log.
+A write: validate and encode the batch (and, when its keys are distinct,
+build its RocksDB WriteBatch) unlocked; under the bucket's write lock read the
+current values of the touched keys that may exist (``tablet/key_ranges.py``)
+in one multi-get, build the change records (+I, -U/+U, -D with
+before-images) and write them to the changelog as one entry; fsync it
+*unlocked* (the next write proceeds meanwhile, one fsync may cover several);
+then, under the lock again and in offset order, publish the entry and apply
+it to RocksDB in one WriteBatch that also sets the applied offset. A write
+whose keys may overlap an in-flight one's waits for it first. Nothing is
+visible to readers or acknowledged before its entry is durable. RocksDB
+writes skip its WAL: the changelog is the log.
 
 Invariant: the persisted KV rows are the fold of the changelog's records
 ``[0, a')`` for some ``a' >= a``, where ``a`` is the persisted applied offset,
@@ -36,8 +42,11 @@ from common.limits import MAX_ENTRY_BYTES, MAX_ROW_SIZE_BOUND
 from common.tables import TableInfo
 from common.logentry import SCHEMA, ChangeType, LogEntry
 from tablet.changelog import Changelog, SegmentInfo
+from tablet.key_ranges import key_range
 from common.codec import RowCodec, bucket_array
-from tablet.kvstore import APPLIED_KEY, META_CF, BucketStoreError, KvSnapshot, KvStore, checkpoint_log_offset
+from common.codec_arrays import value_offsets
+from tablet.kvstore import (APPLIED_KEY, META_CF, BucketStoreError, KvSnapshot, KvStore, PreparedWrite,
+                            checkpoint_log_offset)
 
 __all__ = ["APPLIED_KEY", "META_CF", "BucketStore", "BucketStoreError", "KvSnapshot", "checkpoint_log_offset"]
 
@@ -45,6 +54,7 @@ log = logging.getLogger(__name__)
 
 _INSERT, _UPDATE_BEFORE, _UPDATE_AFTER, _DELETE = (int(ct) for ct in ChangeType)
 _REPLAY_BYTES = 16 << 20  # changelog bytes replayed per WriteBatch at open
+_EMPTY = pa.array([], pa.binary())
 
 
 class BucketStore:
@@ -69,6 +79,10 @@ class BucketStore:
         self._kv = kv
         #: Serializes writes; hold it to take a snapshot and read ``log_end_offset`` together.
         self.write_lock = threading.RLock()
+        #: Writes whose changelog entry is written but not yet synced and applied: base offset -> the
+        #: lowest and highest key they touch. A write waits for those whose keys may be its own.
+        self._in_flight: dict[int, tuple[bytes, bytes]] = {}
+        self._settled = threading.Condition(self.write_lock)  # notified as in-flight writes finish
         #: ``(from, to)``: the changelog records replayed into RocksDB at open (``from == to``: none).
         self.replayed = (kv.applied_offset, kv.applied_offset)
         self._failed: BaseException | None = None
@@ -97,7 +111,8 @@ class BucketStore:
         os.makedirs(dir, exist_ok=True)
         changelog = Changelog(os.path.join(dir, "log"), segment_bytes=segment_bytes, fsync=fsync, clock_ms=clock_ms)
         try:
-            kv = KvStore(os.path.join(dir, "kv"), memtable_bytes=memtable_bytes)
+            kv = KvStore(os.path.join(dir, "kv"), memtable_bytes=memtable_bytes,
+                         key_width=RowCodec(table).key_width)
         except BaseException:
             changelog.close()
             raise
@@ -120,6 +135,8 @@ class BucketStore:
         with self.write_lock:
             if self._closed:
                 return
+            while self._in_flight:
+                self._settled.wait()  # writes already in the changelog finish first
             self._closed = True
             try:
                 self._kv.close()
@@ -194,27 +211,42 @@ class BucketStore:
         failed after the append (the write is in the changelog and is applied
         when the store is reopened), or if the store is closed or failed.
         """
-        up_keys: list[bytes] = []
-        up_values: list[bytes] = []
-        del_keys: list[bytes] = []
+        keys, up_values, key_list = _EMPTY, _EMPTY, []
         if upserts is not None:
-            up_keys, up_values = self.codec.encode(upserts)
-            self._check_bucket(up_keys, "upsert")
-            self._check_row_sizes(up_keys, up_values)
+            keys, up_values = self.codec.encode_arrays(upserts)
+            key_list = keys.to_pylist()
+            self._check_bucket(key_list, "upsert")
+            self._check_row_sizes(keys, up_values)
         if deletes is not None:
-            del_keys = self.codec.encode_keys(deletes)
-            self._check_bucket(del_keys, "delete")
-        keys = up_keys + del_keys if del_keys else up_keys
-        with self.write_lock:
-            self._check_writable()
-            if not keys:
+            del_keys = self.codec.encode_key_array(deletes)
+            del_list = del_keys.to_pylist()
+            self._check_bucket(del_list, "delete")
+            if del_list:
+                keys = pa.concat_arrays([keys, del_keys]) if key_list else del_keys
+                key_list = key_list + del_list
+        if not key_list:
+            with self.write_lock:
+                self._check_writable()
                 end = self._log.end_offset
                 return end, end
-            olds = self._kv.get(keys)
-            if len(set(keys)) == len(keys):
-                records, put_keys, put_values, gone = _changes_unique(keys, up_values, olds)
+        n_up, prepared, bounds = len(up_values), None, key_range(keys)
+        if _distinct(keys, key_list):
+            # Each key's final state is its upsert or its delete whatever it held before: the RocksDB
+            # batch is built here, while another write may hold the lock (deleting a missing key is a no-op).
+            prepared = self._kv.prepare(key_list[:n_up], up_values.to_pylist(), key_list[n_up:],
+                                        bounds if n_up == len(key_list) else None)
+        with self.write_lock:
+            self._check_writable()
+            while any(lo <= bounds[1] and bounds[0] <= hi for lo, hi in self._in_flight.values()):
+                self._settled.wait()  # an earlier write not yet applied may hold keys of this one
+                self._check_writable()
+            olds = self._kv.get_existing(keys, key_list, bounds)
+            if prepared is not None:
+                records = _records_unique(keys, up_values, olds)
             else:
-                records, put_keys, put_values, gone = _changes_in_order(keys, up_values, olds)
+                records, put_keys, put_values, gone = _changes_in_order(key_list, up_values.to_pylist(),
+                                                                        olds.to_pylist())
+                prepared = self._kv.prepare(put_keys, put_values, gone)
             if not records.num_rows:
                 end = self._log.end_offset
                 return end, end
@@ -224,21 +256,51 @@ class BucketStore:
                     f"(one gRPC message; an update holds the row twice): send fewer rows per write",
                     size=records.nbytes)
             try:
-                base, nxt = self._log.append_batch(records)
+                pending = self._log.write([records])
             except BaseException as exc:
-                self._failed = exc
+                self._fail(exc)
                 raise
+            (base, nxt), = pending.ranges
+            self._in_flight[base] = bounds
+        try:
+            self._log.sync(pending)  # unlocked: the next write reads and writes meanwhile; one fsync may cover both
+        except BaseException as exc:
+            with self.write_lock:
+                del self._in_flight[base]
+                self._fail(exc)
+            raise
+        with self.write_lock:
             try:
-                self._apply(put_keys, put_values, gone, nxt)
-            except BaseException as exc:
-                self._failed = exc
-                raise BucketStoreError(f"bucket {self.dir}: changelog records {base}..{nxt} were appended but "
-                                       f"RocksDB failed to apply them ({exc!r}); reopen the bucket to replay "
-                                       f"them", dir=self.dir) from exc
+                while self._kv.applied_offset != base and self._failed is None:
+                    self._settled.wait()  # applied in changelog order
+                if self._failed is not None:
+                    raise BucketStoreError(f"bucket {self.dir} failed before changelog records {base}..{nxt} "
+                                           f"were applied ({self._failed!r}); reopen it", dir=self.dir)
+                try:
+                    self._log.publish(pending)
+                except BaseException as exc:
+                    self._fail(exc)
+                    raise
+                try:
+                    self._apply(prepared, nxt)
+                except BaseException as exc:
+                    self._fail(exc)
+                    raise BucketStoreError(f"bucket {self.dir}: changelog records {base}..{nxt} were appended "
+                                           f"but RocksDB failed to apply them ({exc!r}); reopen the bucket to "
+                                           f"replay them", dir=self.dir) from exc
+            finally:
+                del self._in_flight[base]
+                self._settled.notify_all()
             return base, nxt
 
-    def _apply(self, put_keys: list[bytes], put_values: list[bytes], gone: list[bytes], next_offset: int) -> None:
-        self._kv.write(put_keys, put_values, gone, next_offset)
+    def _fail(self, exc: BaseException) -> None:
+        """The store refuses writes from now on (reopen it); writes waiting their turn give up. Hold the lock."""
+        if self._failed is None:
+            self._failed = exc
+        self._settled.notify_all()
+
+    def _apply(self, prepared: PreparedWrite, next_offset: int) -> None:
+        self._kv.commit(prepared, next_offset)
 
     def _check_bucket(self, keys: list[bytes], what: str) -> None:
         """InvalidRowError naming the first key that does not hash to this store's bucket."""
@@ -256,17 +318,16 @@ class BucketStore:
                               f"rows are of another bucket (bucket = crc32(encoded key) % {n})",
                               row=i, bucket=int(buckets[i]))
 
-    def _check_row_sizes(self, keys: list[bytes], values: list[bytes]) -> None:
+    def _check_row_sizes(self, keys: pa.Array, values: pa.Array) -> None:
         """RecordTooLargeError naming the first row whose encoded key + value exceeds ``max_row_bytes``."""
-        if not keys or max(map(len, keys)) + max(map(len, values)) <= self.max_row_bytes:
-            return  # the usual case, at half the cost of the exact sizes
-        sizes = (np.fromiter(map(len, keys), np.int64, len(keys))
-                 + np.fromiter(map(len, values), np.int64, len(values)))
+        if not len(keys):
+            return
+        sizes = np.diff(value_offsets(keys)).astype(np.int64) + np.diff(value_offsets(values))
         big = np.flatnonzero(sizes > self.max_row_bytes)
         if not big.size:
             return
         i = int(big[0])
-        key = self.codec.decode_keys([keys[i]]).to_pylist()[0]
+        key = self.codec.decode_keys(keys.slice(i, 1)).to_pylist()[0]
         raise RecordTooLargeError(f"upsert row {i} (key {key}) is {int(sizes[i])} bytes, over the limit of "
                                   f"{self.max_row_bytes} bytes (table.max-row-size); {big.size} of {len(keys)} "
                                   f"rows are too large", row=i, size=int(sizes[i]))
@@ -367,41 +428,43 @@ class BucketStore:
 
 # --- change records -------------------------------------------------------------------------
 
-def _changes_unique(keys: list[bytes], up_values: list[bytes], olds: list[bytes | None]):
-    """Records and KV effects of a write whose keys are all distinct, vectorized.
+def _distinct(keys: pa.Array, key_list: list[bytes]) -> bool:
+    """Whether no key appears twice (strictly increasing keys, the usual batch, need no hashing)."""
+    n = len(key_list)
+    if n < 2 or pc.all(pc.less(keys.slice(0, n - 1), keys.slice(1))).as_py():
+        return True
+    return len(set(key_list)) == n
 
-    ``keys`` = upsert keys then delete keys; ``olds`` their current values.
-    Returns (records, put_keys, put_values, deleted_keys).
+
+def _records_unique(keys: pa.Array, up_values: pa.Array, olds: pa.Array) -> pa.RecordBatch:
+    """The change records of a write whose keys are all distinct, vectorized.
+
+    ``keys`` = upsert keys then delete keys; ``olds`` their current values
+    (null where missing).
     """
     n, n_up = len(keys), len(up_values)
-    key_array = pa.array(keys, pa.binary())
-    new_values = pa.array(up_values, pa.binary())
-    old_values = pa.array(olds, pa.binary())
-    if old_values.null_count == n:  # nothing exists yet: all inserts, deletes find nothing
-        records = pa.RecordBatch.from_arrays(
-            [pa.array(np.full(n_up, _INSERT, np.int8)), key_array.slice(0, n_up), new_values], schema=SCHEMA)
-        return records, keys[:n_up], up_values, []
-    exists = old_values.is_valid().to_numpy(zero_copy_only=False)
+    if olds.null_count == n:  # nothing exists yet: all inserts, deletes find nothing
+        return pa.RecordBatch.from_arrays(
+            [pa.array(np.full(n_up, _INSERT, np.int8)), keys.slice(0, n_up), up_values], schema=SCHEMA)
+    exists = olds.is_valid().to_numpy(zero_copy_only=False)
     existed_up = exists[:n_up]
     rows = np.repeat(np.arange(n_up), 1 + existed_up)  # an update emits two records
     first = np.ones(len(rows), bool)
     first[1:] = rows[1:] != rows[:-1]
     update = existed_up[rows]
     up_types = np.where(update, np.where(first, _UPDATE_BEFORE, _UPDATE_AFTER), _INSERT)
-    up_sources = np.where(update & first, rows, n + rows)  # index into old_values ++ new_values
+    up_sources = np.where(update & first, rows, n + rows)  # index into olds ++ up_values
     deleted = np.flatnonzero(exists[n_up:]) + n_up
     types = np.concatenate([up_types, np.full(len(deleted), _DELETE)]).astype(np.int8)
     key_index = np.concatenate([rows, deleted])
     sources = np.concatenate([up_sources, deleted])
-    values = pa.concat_arrays([old_values, new_values]).take(pa.array(sources))
-    records = pa.RecordBatch.from_arrays([pa.array(types), key_array.take(pa.array(key_index)), values],
-                                         schema=SCHEMA)
-    gone = [keys[i] for i in deleted.tolist()]
-    return records, keys[:n_up], up_values, gone
+    values = pa.concat_arrays([olds, up_values]).take(pa.array(sources))
+    return pa.RecordBatch.from_arrays([pa.array(types), keys.take(pa.array(key_index)), values], schema=SCHEMA)
 
 
 def _changes_in_order(keys: list[bytes], up_values: list[bytes], olds: list[bytes | None]):
-    """Like :func:`_changes_unique` for a write naming some key more than once: step by step."""
+    """Records and KV effects (put keys, put values, deleted keys) of a write naming some key more
+    than once: step by step, so each step gets the right before-image."""
     n_up = len(up_values)
     original: dict[bytes, bytes | None] = {}
     for key, old in zip(keys, olds):

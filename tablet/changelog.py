@@ -7,9 +7,11 @@ writing and reading cost nothing per record in Python. The entry format is
 ``{base_offset:020d}.log``, indexed in memory by ``tablet/log_index.py``.
 Append times never decrease: an entry gets ``max(previous entry's, clock)``.
 
-Concurrency: one writer at a time (``append*`` and ``truncate_before`` take a
-lock); readers run concurrently and only see entries that were fully written
-(and fsynced, when ``fsync``). Recovery at open drops a torn tail of the last
+Concurrency: one writer at a time (``append*``, ``write`` and
+``truncate_before`` take a lock); an append is write -> sync -> publish
+(``append_batches`` does all three), and the sync runs outside the lock, so
+several written appends may wait on one fsync. Readers run concurrently and
+only see published entries: fully written (and fsynced, when ``fsync``). Recovery at open drops a torn tail of the last
 segment and raises :class:`CorruptLogError` for anything else that is damaged.
 """
 
@@ -23,7 +25,7 @@ import os
 import re
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import pyarrow as pa
@@ -43,6 +45,20 @@ _SPLIT_READ_BYTES = 32 << 10  # read_raw: entries this big on average get a prea
 
 class LogOffsetOutOfRangeError(InvalidRequestError):
     """The offset is below ``start_offset`` or above ``end_offset`` (both in ``details``)."""
+
+
+@dataclass(eq=False)
+class PendingAppend:
+    """An append written to the file but not yet published (:meth:`Changelog.write`)."""
+
+    timestamp: int
+    ranges: list[tuple[int, int]] = field(default_factory=list)  # (base_offset, next_offset) per batch
+    entries: list[tuple[SegmentIndex, int, int]] = field(default_factory=list)  # (segment, base, position)
+    rolled: list[tuple[SegmentIndex, int, int]] = field(default_factory=list)  # (segment, final size, end)
+    new_segments: list[SegmentIndex] = field(default_factory=list)
+    active: SegmentIndex | None = None  # the active segment after it, its size and end offset
+    size: int = 0
+    end: int = 0
 
 
 @dataclass(frozen=True)
@@ -89,12 +105,13 @@ class Changelog:
         except BaseException:
             os.close(self._lock_fd)
             raise
-        # Writer-side state, ahead of the published index during an append.
+        # Writer-side state, ahead of the published index while appends are written but not published.
         self._active = active
-        self._unpublished: list[SegmentIndex] = []  # segments rolled to in the current append
         self._write_size = active.size
         self._write_offset = active.end_offset
         self._write_time = active.last_time  # the newest entry's time key: appends never go below it
+        self._sync_lock = threading.Lock()  # one fsync at a time: the callers it covers need none
+        self._synced_offset = active.end_offset  # every record below it is durable (or was found on disk)
 
     decode_entry = staticmethod(decode_entry)  # for entries shipped by read_raw
 
@@ -203,58 +220,101 @@ class Changelog:
         (and fsynced). Raises InvalidRequestError for a batch that does not fit
         :data:`SCHEMA`; ChangelogError when the disk write fails (the changelog
         then refuses appends until reopened, and whether the entries survive a
-        reopen is unknown).
+        reopen is unknown). The same as :meth:`write`, :meth:`sync`, :meth:`publish`.
         """
+        pending = self.write(batches)
+        self.sync(pending)
+        self.publish(pending)
+        return pending.ranges
+
+    def write(self, batches: Sequence[pa.RecordBatch]) -> "PendingAppend":
+        """The first step of an append: write the entries to the file (offsets are taken), not yet
+        durable nor visible. Then :meth:`sync` (any thread; several writes may wait on one fsync),
+        then :meth:`publish` in the order of the writes. Raises like :meth:`append_batches`; a
+        failure fails every write not yet published."""
         encoded = [(b.num_rows, encode_payload(conform(b)) if b.num_rows else None) for b in batches]
         for _, payload in encoded:
             if payload is not None and len(payload) > 0xFFFFFFFF:
                 raise InvalidRequestError(f"changelog batch of {len(payload)} bytes exceeds 4 GiB")
         with self._write_lock:
-            self._check_open()
-            if self._failed is not None:
-                raise ChangelogError(f"changelog {self.dir} failed earlier ({self._failed}); reopen it")
-            ranges, entries, rolled, iov = [], [], [], []
-            timestamp = max(self._write_time, int(self.clock_ms()), 0)  # one append time for this group
+            self._check_writable()
+            pending = PendingAppend(timestamp=max(self._write_time, int(self.clock_ms()), 0))  # one time per group
+            iov: list = []
             try:
                 for count, payload in encoded:
                     base = self._write_offset
-                    ranges.append((base, base + count))
+                    pending.ranges.append((base, base + count))
                     if not count:
                         continue
                     size = HEADER_SIZE + len(payload)
                     if self._write_size and self._write_size + size > self.segment_bytes:
                         self._write(iov)
                         iov = []
-                        rolled.append((self._active, self._write_size, base))
-                        self._roll(base, timestamp)
-                    iov += [frame_header(base, count, payload, timestamp), payload]
-                    entries.append((self._active, base, self._write_size))
+                        pending.rolled.append((self._active, self._write_size, base))
+                        self._roll(base, pending.timestamp)
+                        pending.new_segments.append(self._active)
+                    iov += [frame_header(base, count, payload, pending.timestamp), payload]
+                    pending.entries.append((self._active, base, self._write_size))
                     self._write_size += size
                     self._write_offset += count
-                self._write(iov)
+                self._write(iov, sync=False)
             except BaseException as exc:  # the file may now hold part of this append
                 self._failed = exc
                 self._undo_unpublished()
                 if isinstance(exc, OSError):
                     raise ChangelogError(f"changelog {self.dir}: write failed: {exc}", dir=self.dir) from exc
                 raise
-            with self._index_lock:  # publish
-                for segment, base, position in entries:
-                    segment.add(base, position, timestamp)
-                for segment, size, end in rolled:
-                    segment.size, segment.end_offset = size, end
-                for segment in self._unpublished:
-                    self._segments.append(segment)
-                    self._segment_bases.append(segment.base_offset)
-                self._unpublished.clear()
-                self._active.size = self._write_size
-                self._active.end_offset = self._write_offset
-            if entries:
-                self._write_time = timestamp
-            return ranges
+            pending.active, pending.size, pending.end = self._active, self._write_size, self._write_offset
+            if pending.entries:
+                self._write_time = pending.timestamp
+            return pending
 
-    def _write(self, iov: list) -> None:
-        """Write all of ``iov`` to the active segment, then fsync if configured."""
+    def sync(self, pending: "PendingAppend") -> None:
+        """Make a written append durable (fdatasync when ``fsync``): one fsync covers every append
+        written before it, so concurrent callers share it. Raises ChangelogError if it failed."""
+        if not self.fsync:
+            return
+        with self._sync_lock:
+            if self._synced_offset >= pending.end:
+                return  # another caller's fsync covered it
+            with self._write_lock:
+                self._check_writable()
+                target, fd = self._write_offset, os.dup(self._fd)  # a roll may close self._fd meanwhile
+            try:
+                os.fdatasync(fd)
+            except OSError as exc:
+                self._failed = exc
+                raise ChangelogError(f"changelog {self.dir}: fsync failed: {exc}", dir=self.dir) from exc
+            finally:
+                os.close(fd)
+            self._synced_offset = target
+
+    def publish(self, pending: "PendingAppend") -> None:
+        """Show a synced append to readers; appends are published in the order they were written.
+        Raises ChangelogError if the changelog failed since (the append is then lost or unknown)."""
+        if not pending.entries:
+            return  # wrote nothing
+        with self._index_lock:
+            if self._failed is not None:
+                raise ChangelogError(f"changelog {self.dir} failed before this append was published "
+                                     f"({self._failed})", dir=self.dir)
+            for segment, base, position in pending.entries:
+                segment.add(base, position, pending.timestamp)
+            for segment, size, end in pending.rolled:
+                segment.size, segment.end_offset = size, end
+            for segment in pending.new_segments:
+                self._segments.append(segment)
+                self._segment_bases.append(segment.base_offset)
+            pending.active.size = pending.size
+            pending.active.end_offset = pending.end
+
+    def _check_writable(self) -> None:
+        self._check_open()
+        if self._failed is not None:
+            raise ChangelogError(f"changelog {self.dir} failed earlier ({self._failed}); reopen it")
+
+    def _write(self, iov: list, sync: bool = True) -> None:
+        """Write all of ``iov`` to the active segment, then fsync if configured and ``sync``."""
         while iov:
             chunk = iov[:_MAX_IOV]
             written = os.writev(self._fd, chunk)
@@ -269,8 +329,8 @@ class Changelog:
                     rest.append(memoryview(b)[written:])
                     written = 0
             iov = rest + iov[_MAX_IOV:]
-        if self.fsync:
-            os.fdatasync(self._fd)
+        if self.fsync and sync:
+            os.fdatasync(self._fd)  # before a roll: what the old segment holds is durable
 
     def _roll(self, base_offset: int, floor: int) -> None:
         """Start a new active segment at ``base_offset`` (the old one is written and synced)."""
@@ -278,14 +338,16 @@ class Changelog:
         fd = os.open(segment.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o644)
         os.close(self._fd)
         self._fd, self._active, self._write_size = fd, segment, 0
-        self._unpublished.append(segment)
         if self.fsync:
             self._sync_dir()
 
     def _undo_unpublished(self) -> None:
-        """After a failed write: cut the active file back to what readers know (best effort)."""
+        """After a failed write: cut the active file back to what readers know (best effort); the
+        appends written but not published fail at :meth:`publish`."""
+        with self._index_lock:
+            published = self._active.size if self._active is self._segments[-1] else 0
         try:
-            os.ftruncate(self._fd, 0 if self._unpublished else self._active.size)
+            os.ftruncate(self._fd, published)
         except OSError:
             pass
 

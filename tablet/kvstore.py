@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import collections
 import weakref
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
+import numpy as np
 import pyarrow as pa
 from rocksdict import AccessType, BlockBasedOptions, Checkpoint, Options, Rdict, WriteBatch, WriteOptions
 
 from common.errors import KvLeaseError
 from common.logentry import ChangeType
+from tablet.key_ranges import KeyRanges
 
 META_CF = "kvlease-meta"
 APPLIED_KEY = b"applied_offset"
@@ -37,6 +39,13 @@ _CHUNK_ROWS = 1024  # rows read from an iterator per step of KvSnapshot.rows
 
 class BucketStoreError(KvLeaseError):
     """The store cannot serve: closed, failed on a local write (reopen it), or its files disagree."""
+
+
+class PreparedWrite(NamedTuple):
+    """Puts and deletes ready to commit (:meth:`KvStore.prepare`)."""
+
+    batch: WriteBatch
+    key_range: tuple[bytes, bytes] | None  # the lowest and highest key put (None: no put)
 
 
 class KvSnapshot:
@@ -115,12 +124,17 @@ def _next_rows(it, upper: bytes | None, limit: int) -> list[tuple[bytes, bytes]]
 class KvStore:
     """The RocksDB of one bucket at ``path`` (created if missing); see the module docstring.
 
-    Not locked itself: the bucket store calls :meth:`write`, :meth:`flush`,
-    :meth:`snapshot` and :meth:`checkpoint` under its write lock; :meth:`get`
-    and :meth:`flush_rows` may run concurrently with them.
+    Not locked itself: the bucket store calls :meth:`write`, :meth:`get_existing`,
+    :meth:`flush`, :meth:`snapshot` and :meth:`checkpoint` under its write lock;
+    :meth:`get` and :meth:`flush_rows` may run concurrently with them.
+
+    It keeps :class:`~tablet.key_ranges.KeyRanges` covering every row key it
+    holds (from its first and last key at open, then every key written), so
+    :meth:`get_existing` looks up only keys that may exist. ``key_width``: the
+    length of every key when the table's primary key is fixed-width.
     """
 
-    def __init__(self, path: str, *, memtable_bytes: int | None = None) -> None:
+    def __init__(self, path: str, *, memtable_bytes: int | None = None, key_width: int | None = None) -> None:
         self.path = path
         try:
             self._db = Rdict(path, _options(memtable_bytes), column_families={META_CF: Options(raw_mode=True)})
@@ -140,26 +154,71 @@ class KvStore:
             raise
         #: The first changelog record not in RocksDB (as of the last write, persisted or not).
         self.applied_offset = int.from_bytes(raw, "big") if raw is not None else 0
+        self._ranges = KeyRanges(key_width)
+        first_last = self._first_last_keys()
+        if first_last is not None:
+            self._ranges.add(*first_last)
         self._snapshots: weakref.WeakSet[KvSnapshot] = weakref.WeakSet()
         self._closed = False
+
+    def _first_last_keys(self) -> tuple[bytes, bytes] | None:
+        it = self._db.iter()
+        it.seek_to_first()
+        if not it.valid():
+            return None
+        first = it.key()
+        it.seek_to_last()
+        return first, it.key()
 
     def get(self, keys: list[bytes]) -> list[bytes | None]:
         """The values of ``keys`` (None where missing), in one multi-get."""
         return self._db.get(keys) if keys else []
 
+    def get_existing(self, keys: pa.Array, key_list: list[bytes],
+                     bounds: tuple[bytes, bytes] | None = None) -> pa.Array:
+        """The values of ``keys`` (a binary array; ``key_list``: the same keys as bytes; ``bounds``:
+        their lowest and highest if known) as a binary array, null where missing. Only keys inside
+        the key ranges are looked up (one multi-get)."""
+        maybe = self._ranges.maybe_stored(keys, bounds)
+        if maybe is None:
+            return pa.nulls(len(key_list), pa.binary())
+        if maybe.all():
+            return pa.array(self._db.get(key_list), pa.binary())
+        where = np.flatnonzero(maybe)
+        found = pa.array(self._db.get([key_list[i] for i in where.tolist()]), pa.binary())
+        position = np.cumsum(maybe) - 1  # row i of the answer is found[position[i]] where maybe[i]
+        return found.take(pa.array(position, mask=~maybe))
+
     def write(self, put_keys: list[bytes], put_values: list[bytes], delete_keys: list[bytes],
               next_offset: int) -> None:
         """Put and delete rows and set the applied offset to ``next_offset``, atomically."""
+        self.commit(self.prepare(put_keys, put_values, delete_keys), next_offset)
+
+    @staticmethod
+    def prepare(put_keys: list[bytes], put_values: list[bytes], delete_keys: list[bytes],
+                put_range: tuple[bytes, bytes] | None = None) -> PreparedWrite:
+        """The puts and deletes as one WriteBatch, not applied: any thread may build it, also while
+        another write commits (it reads nothing of the store). Apply it with :meth:`commit`.
+        ``put_range``: the lowest and highest of ``put_keys`` if the caller knows them."""
         batch = WriteBatch(raw_mode=True)
         collections.deque(map(batch.put, put_keys, put_values), maxlen=0)  # the loop runs in C
         if delete_keys:
             collections.deque(map(batch.delete, delete_keys), maxlen=0)
-        self._commit(batch, next_offset)
+        if put_keys and put_range is None:
+            put_range = min(put_keys), max(put_keys)
+        return PreparedWrite(batch, put_range if put_keys else None)
+
+    def commit(self, prepared: PreparedWrite, next_offset: int) -> None:
+        """Apply a prepared write and set the applied offset to ``next_offset``, atomically (once)."""
+        if prepared.key_range is not None:
+            self._ranges.add(*prepared.key_range)
+        self._commit(prepared.batch, next_offset)
 
     def apply_records(self, records: list[pa.RecordBatch], next_offset: int) -> None:
         """Apply changelog records (+I/+U put, -D delete, -U nothing) and set the applied offset."""
         batch = WriteBatch(raw_mode=True)
         for entry in records:
+            self._ranges.add_keys(entry.column(1))
             types = entry.column(0).to_numpy().tolist()
             for change_type, key, value in zip(types, entry.column(1).to_pylist(), entry.column(2).to_pylist()):
                 if change_type in _PUT_TYPES:

@@ -225,7 +225,23 @@ class ReplicaManager:
     # -- snapshots ---------------------------------------------------------------------------
 
     def snapshot(self, replica: Replica, force: bool = False) -> SnapshotHandle | None:
-        """Checkpoint, upload and commit one bucket; None when it has not changed."""
+        """Checkpoint, upload and commit one bucket, then apply its changelog retention; None when
+        it has not changed."""
+        return self.snapshot_buckets([replica], force)[0]
+
+    def snapshot_buckets(self, replicas: list[Replica], force: bool = False) -> list[SnapshotHandle | None]:
+        """:meth:`snapshot` of each bucket in turn, then the changelog retention of those that
+        committed, asking the coordinator for the kept snapshots once per table. The first failure
+        stops the round and is raised, after the retention of the buckets committed before it."""
+        handles: list[SnapshotHandle | None] = []
+        try:
+            for replica in replicas:
+                handles.append(self._snapshot(replica, force))
+        finally:
+            self.apply_retention([r for r, h in zip(replicas, handles) if h is not None])
+        return handles
+
+    def _snapshot(self, replica: Replica, force: bool) -> SnapshotHandle | None:
         with replica.snapshot_lock:
             if not force and not replica.changed():
                 return None
@@ -243,30 +259,42 @@ class ReplicaManager:
                 shutil.rmtree(target, ignore_errors=True)
             replica.snapshot_offset = log_offset
             log.info("snapshot %d of %s committed at log offset %d", snapshot_id, replica.tb, log_offset)
-        self.apply_retention(replica)
         return handle
 
     def snapshot_changed(self) -> int:
-        """Snapshot every led bucket that changed since its last snapshot; returns how many."""
-        done = 0
+        """Snapshot every led bucket that changed since its last snapshot, then apply the changelog
+        retention of those committed (one listing of kept snapshots per table); returns how many."""
+        committed = []
         for replica in self.replicas():
             try:
-                if self.snapshot(replica) is not None:
-                    done += 1
+                if self._snapshot(replica, force=False) is not None:
+                    committed.append(replica)
             except Exception as exc:  # retried at the next interval
                 log.warning("snapshot of %s failed: %s", replica.tb, exc)
-        return done
+        self.apply_retention(committed)
+        return len(committed)
 
     # -- changelog retention ------------------------------------------------------------------
 
-    def apply_retention(self, replica: Replica) -> int:
-        """Delete changelog segments below the lowest log offset of the bucket's kept
-        snapshots (leased ones included) that are also older than ``log.retention``."""
-        try:
-            kept = [s for s in self.admin.list_kv_snapshots(replica.table.table_id) if s.bucket == replica.tb]
-        except errors.KvLeaseError as exc:
-            log.warning("cannot learn the kept snapshots of %s: %s", replica.tb, exc)
-            return 0
+    def apply_retention(self, replicas: list[Replica]) -> int:
+        """Delete changelog segments of each bucket below the lowest log offset of its kept
+        snapshots (leased ones included) that are also older than ``log.retention``. Asks the
+        coordinator for the kept snapshots once per table; returns how many segments went."""
+        by_table: dict[int, list[Replica]] = {}
+        for replica in replicas:
+            by_table.setdefault(replica.table.table_id, []).append(replica)
+        deleted = 0
+        for table_id, group in sorted(by_table.items()):
+            try:
+                kept = self.admin.list_kv_snapshots(table_id)
+            except errors.KvLeaseError as exc:
+                log.warning("cannot learn the kept snapshots of table %d: %s", table_id, exc)
+                continue
+            for replica in group:
+                deleted += self._truncate_log(replica, [s for s in kept if s.bucket == replica.tb])
+        return deleted
+
+    def _truncate_log(self, replica: Replica, kept: list) -> int:
         if not kept:
             return 0  # no snapshot: the changelog is the only copy
         keep_from = min(s.log_offset for s in kept)

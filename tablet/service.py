@@ -127,11 +127,7 @@ class TabletService(pb_grpc.TabletServiceServicer):
                 targets = [self.replicas.get(request.table_id, b) for b in request.buckets]
             else:
                 targets = self.replicas.replicas(request.table_id)
-            handles = []
-            for replica in targets:
-                handle = self.replicas.snapshot(replica)
-                if handle is not None:
-                    handles.append(handle_to_pb(handle))
+            handles = [handle_to_pb(h) for h in self.replicas.snapshot_buckets(targets) if h is not None]
             return {"snapshots": handles if request.wait else []}
         return _answer(pb.TriggerSnapshotResponse, work)
 

@@ -19,7 +19,7 @@ from rocksdict import AccessType, Options, Rdict
 from common.errors import InvalidRequestError, InvalidRowError
 from common.tables import Column, TableInfo
 from tablet.bucket import BucketStore, BucketStoreError, checkpoint_log_offset
-from common.logentry import ChangeType, decode_entry
+from common.logentry import ChangeType, ChangelogError, decode_entry
 from tests import bucket_writer
 
 pytestmark = pytest.mark.unit
@@ -193,6 +193,52 @@ def test_random_writes_match_a_model(bucket_dir):
                 assert entry_changes(s.codec, entry.records) == expected
         decoded = s.codec.decode_values(list(kv_rows(s).values())).to_pylist()
         assert {row["id"]: row["v"] for row in decoded} == model
+
+
+class CountingDb:
+    """A RocksDB handle that counts the keys its point lookups asked for."""
+
+    def __init__(self, db) -> None:
+        self.db, self.looked_up = db, 0
+
+    def get(self, keys, *args, **kwargs):
+        self.looked_up += len(keys) if isinstance(keys, list) else 1
+        return self.db.get(keys, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.db, name)
+
+
+def test_new_key_ranges_are_not_looked_up_and_before_images_stay_exact(bucket_dir):
+    def counted(s: BucketStore) -> CountingDb:
+        s._kv._db = CountingDb(s._kv._db)
+        return s._kv._db
+
+    def ids(a: int, b: int) -> pa.RecordBatch:
+        return rows(*((i, f"n{i}", float(i)) for i in range(a, b)))
+
+    with BucketStore.open(bucket_dir, TABLE, segment_bytes=1 << 20, fsync=False) as s:
+        db = counted(s)
+        s.write(ids(100, 200))
+        s.write(ids(0, 50))  # below everything stored: new keys, no lookup
+        s.write(ids(50, 100))  # fills the gap exactly (fixed-width keys): still no lookup
+        assert db.looked_up == 0
+        base, _ = s.write(rows((150, "u", 1.0), (250, "new", 2.0), (7, "v", 3.0)), keys(60, 999))
+        assert db.looked_up == 3  # 150, 7 and 60 lie inside [0, 199]; 250 and 999 do not
+        assert changes(s, base) == [
+            (base, UB, 150, (150, "n150", 150.0)), (base + 1, UA, 150, (150, "u", 1.0)),
+            (base + 2, I, 250, (250, "new", 2.0)),
+            (base + 3, UB, 7, (7, "n7", 7.0)), (base + 4, UA, 7, (7, "v", 3.0)),
+            (base + 5, D, 60, (60, "n60", 60.0)),
+        ]
+    # reopened: the range is the first and last key stored
+    with BucketStore.open(bucket_dir, TABLE, segment_bytes=1 << 20, fsync=False) as s:
+        db = counted(s)
+        base, _ = s.write(rows((300, "x", 0.0), (1, "y", 0.0)))
+        assert db.looked_up == 1
+        assert changes(s, base) == [(base, I, 300, (300, "x", 0.0)), (base + 1, UB, 1, (1, "n1", 1.0)),
+                                    (base + 2, UA, 1, (1, "y", 0.0))]
+        assert fold(log_records(s)) == kv_rows(s)
 
 
 # --- rejected batches ------------------------------------------------------------------------
@@ -391,3 +437,95 @@ def entry_changes(codec, records: pa.RecordBatch) -> list[tuple]:
     decoded = codec.decode_values(records.column(2)).to_pylist()
     return [(ChangeType(ct).short, k, row["v"]) for ct, k, row in zip(records.column(0).to_pylist(), ids, decoded)
             if row["id"] == k]
+
+
+# --- pipelined writes: the changelog fsync runs unlocked -----------------------------------------
+
+def check_before_images(records: list[pa.RecordBatch]) -> dict[bytes, bytes]:
+    """Replays the log in offset order, asserting every record fits the state before it; the end state."""
+    model: dict[bytes, bytes] = {}
+    for batch in records:
+        for ct, key, value in zip(*(c.to_pylist() for c in batch.columns)):
+            if ct == ChangeType.INSERT:
+                assert key not in model, key
+                model[key] = value
+            elif ct in (ChangeType.UPDATE_BEFORE, ChangeType.DELETE):
+                assert model.get(key) == value, key
+                if ct == ChangeType.DELETE:
+                    del model[key]
+            else:
+                assert key in model, key
+                model[key] = value
+    return model
+
+
+@pytest.fixture
+def slow_fsync(monkeypatch):
+    """``os.fdatasync`` taking 20 ms (writes pile up behind one), counted; ``fail`` arms one OSError."""
+    real = os.fdatasync
+    state = {"calls": 0, "fail": False, "seen_in_flight": 0, "store": None}
+
+    def fdatasync(fd):
+        state["calls"] += 1
+        if state["store"] is not None:
+            state["seen_in_flight"] = max(state["seen_in_flight"], len(state["store"]._in_flight))
+        if state["fail"]:
+            state["fail"] = False
+            raise OSError(5, "simulated EIO")
+        time.sleep(0.02)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    return state
+
+
+def test_concurrent_writes_overlap_their_fsyncs_and_keep_exact_before_images(bucket_dir, slow_fsync):
+    with BucketStore.open(bucket_dir, TABLE, segment_bytes=16 << 10, fsync=True) as store:
+        slow_fsync["store"] = store
+        acked: list[tuple[int, int]] = []
+        errors: list[BaseException] = []
+
+        def writer(seed: int) -> None:
+            rng = random.Random(seed)
+            try:
+                for i in range(25):
+                    if seed % 2:  # overlapping random keys, with deletes
+                        ids = rng.sample(range(200), rng.randint(1, 30))
+                        dels = keys(*rng.sample(range(200), rng.randint(0, 5)))
+                    else:  # a range of new keys of its own
+                        ids, dels = list(range(1000 * (seed + 1) + 30 * i, 1000 * (seed + 1) + 30 * i + 30)), None
+                    acked.append(store.write(rows(*[(k, f"{seed}-{i}", None) for k in ids]), dels))
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=writer, args=(seed,)) for seed in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors
+        assert slow_fsync["seen_in_flight"] >= 2  # a write was written while another one synced...
+        assert slow_fsync["calls"] < len(acked)  # ...and one fsync covered several writes
+        spans = sorted((b, n) for b, n in acked if n > b)
+        assert [b for b, _ in spans] == [0] + [n for _, n in spans[:-1]]  # contiguous offsets, no overlap
+        assert store.applied_offset == store.log_end_offset == spans[-1][1]
+        assert check_before_images(log_records(store)) == kv_rows(store)
+
+
+def test_a_failed_fsync_fails_the_write_and_the_store_and_a_reopen_is_consistent(bucket_dir, slow_fsync):
+    store = BucketStore.open(bucket_dir, TABLE, segment_bytes=1 << 20, fsync=True)
+    try:
+        assert store.write(rows((1, "a", 1.0))) == (0, 1)
+        slow_fsync["fail"] = True
+        with pytest.raises(ChangelogError, match="fsync failed"):
+            store.write(rows((2, "b", 2.0)))
+        with pytest.raises(BucketStoreError, match="failed earlier"):
+            store.write(rows((3, "c", 3.0)))
+        assert store.lookup(keys(1, 2))[0].tolist() == [True, False]  # the failed write was never applied
+    finally:
+        store.close()
+    with BucketStore.open(bucket_dir, TABLE, segment_bytes=1 << 20, fsync=True) as store:
+        # the entry reached the file, so it may come back (the write's outcome was an error, not a "no")
+        assert set(state(store)) in ({1}, {1, 2})
+        assert check_before_images(log_records(store)) == kv_rows(store)
+        assert store.write(rows((3, "c", 3.0)))[1] == store.log_end_offset

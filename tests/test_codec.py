@@ -180,6 +180,25 @@ def test_chunked_encode_and_decode_match_one_pass(monkeypatch):
         c.decode_values(broken)
 
 
+@pytest.mark.parametrize("chunk_rows", [codec.CHUNK_ROWS, 7])
+def test_encode_arrays_hold_the_same_bytes_as_encode(monkeypatch, chunk_rows):
+    monkeypatch.setattr(codec, "CHUNK_ROWS", chunk_rows)
+    fixed = make_table([("a", "INT"), ("b", "BIGINT"), ("v", "STRING")], ("b", "a"))
+    mixed = make_table([("a", "STRING"), ("b", "INT"), ("v", "BYTES")], ("a", "b"))
+    cases = [(RowCodec(ALL_TYPES), [{"k": k, "s": "é\x00" * (k % 5), "i": None if k % 4 else k} for k in range(50)]),
+             (RowCodec(fixed), [{"a": -k, "b": k * 7, "v": "x" * k} for k in range(30)]),
+             (RowCodec(mixed), [{"a": "a\x00" * (k % 3), "b": k, "v": None if k % 2 else b"\x00"} for k in range(30)])]
+    for c, rows in cases:
+        batch = c.to_batch(rows)
+        keys, values = c.encode_arrays(batch)
+        assert keys.type == values.type == pa.binary()
+        assert (keys.to_pylist(), values.to_pylist()) == c.encode(batch)
+        assert c.encode_key_array(batch.select(list(c.table.primary_key))).to_pylist() == c.encode_keys(batch)
+        assert [len(k) for k in keys.to_pylist()] == [c.key_width] * len(rows) or c.key_width is None
+        assert [len(a) for a in c.encode_arrays(batch.slice(0, 0))] == [0, 0]
+    assert (RowCodec(ALL_TYPES).key_width, RowCodec(fixed).key_width, RowCodec(mixed).key_width) == (8, 12, None)
+
+
 # ---- key order --------------------------------------------------------------
 
 def cmp(a, b) -> int:

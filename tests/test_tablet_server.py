@@ -19,7 +19,7 @@ from common.storage import open_storage
 from common.tables import Column
 from client.admin import AdminClient
 from coordinator.server import CoordinatorServer
-from common.model import TableBucket
+from common.model import SnapshotHandle, TableBucket
 from ops.cluster import free_ports
 from ops.zookeeper import dying_with_parent
 from common.logentry import decode_entry
@@ -260,3 +260,103 @@ def test_leased_snapshot_survives_retention_and_goes_at_release(cluster, tmp_pat
     offsets = stub.ListOffsets(pb.ListOffsetsRequest(table_id=table.table_id, buckets=[0]), timeout=5).offsets[0]
     assert offsets.earliest > s1.log_offset
     assert last.snapshot_id > s1.snapshot_id
+
+
+class CountingAdmin:
+    """The tablet's admin client, counting its ListKvSnapshots calls per table."""
+
+    def __init__(self, admin) -> None:
+        self.admin, self.listed = admin, []
+
+    def list_kv_snapshots(self, table_id, *args, **kwargs):
+        self.listed.append(table_id)
+        return self.admin.list_kv_snapshots(table_id, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.admin, name)
+
+
+def test_a_snapshot_round_asks_for_kept_snapshots_once_per_table(cluster, tmp_path):
+    from client.table import TableClient
+
+    c = cluster({"kv.snapshot.interval": "1h", "log.segment.bytes": "4kb", "log.retention": "0ms"})
+    tablet = c.tablet(1, tmp_path / "t1")
+    tables = [c.admin.create_table("db.a", SCHEMA, ["id"], 3), c.admin.create_table("db.b", SCHEMA, ["id"], 2)]
+    counting = CountingAdmin(tablet.replicas.admin)
+    tablet.replicas.admin = counting
+
+    def fill(round_):
+        for table in tables:
+            c.stub(table.table_id, 0)  # led
+            with TableClient(c.admin, table.table_id) as client:
+                for start in range(0, 600, 100):  # several 4 kB segments per bucket
+                    client.upsert([{"id": i, "v": f"r{round_}-{i}" * 5} for i in range(start, start + 100)])
+
+    def earliest(table):
+        with TableClient(c.admin, table.table_id) as client:
+            return {b: e for b, (e, _) in client.list_offsets().items()}
+
+    fill(0)
+    assert tablet.replicas.snapshot_changed() == 5  # every bucket of both tables
+    assert sorted(counting.listed) == sorted(t.table_id for t in tables)
+    # retention still applies to every bucket: each changelog lost its old segments
+    assert all(offset > 0 for t in tables for offset in earliest(t).values())
+
+    counting.listed.clear()
+    assert tablet.replicas.snapshot_changed() == 0  # nothing changed: no snapshot, no listing
+    assert counting.listed == []
+
+    fill(1)
+    with TableClient(c.admin, tables[0].table_id) as client:  # TriggerSnapshot of one table's 3 buckets
+        assert len(client.trigger_snapshot(wait=True)) == 3
+    assert counting.listed == [tables[0].table_id]
+
+
+def test_snapshot_commits_check_the_log_end_over_one_kept_channel_closed_at_step_down(
+        cluster, tmp_path, monkeypatch):
+    from client.transport import Channels
+    from coordinator import snapshot_checks
+
+    made = []
+
+    class SpyChannels(Channels):  # the checker's channels: every channel handed out, every close
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.handed, self.closed = [], 0
+            made.append(self)
+
+        def get(self, address):
+            channel = super().get(address)
+            self.handed.append((address, channel))
+            return channel
+
+        def close(self):
+            self.closed += 1
+            super().close()
+
+    monkeypatch.setattr(snapshot_checks, "Channels", SpyChannels)
+    c = cluster()
+    tablet = c.tablet(1, tmp_path / "t1")
+    table = c.admin.create_table("db.ch", SCHEMA, ["id"], 1)
+    stub = c.stub(table.table_id, 0)
+    log_ends = c.coordinator.serving_loop().controller.log_ends
+    [spy] = made  # the active term's
+    for round_ in range(3):
+        put(stub, table, [{"id": round_, "v": "x"}])
+        r = stub.TriggerSnapshot(pb.TriggerSnapshotRequest(table_id=table.table_id, wait=True), timeout=60)
+        assert not r.error.code, r.error.message
+    assert [address for address, _ in spy.handed] == [tablet.address] * 3  # every commit was checked...
+    assert len({id(channel) for _, channel in spy.handed}) == 1  # ...over the same channel
+    assert log_ends.addresses == [tablet.address] and spy.closed == 0
+
+    c.coordinator.stop()  # steps down: the term's channels go
+    c.tablets.remove(tablet)
+    tablet.stop()
+    assert spy.closed == 1 and log_ends.addresses == []
+    _, channel = spy.handed[0]
+    with pytest.raises(ValueError):  # closed: no RPC can use it any more
+        pbg.TabletServiceStub(channel).ListOffsets(pb.ListOffsetsRequest(table_id=table.table_id, buckets=[0]))
+    handle = SnapshotHandle(TableBucket(table.table_id, 0), 9, 0, "")
+    with pytest.raises(errors.NotCoordinatorError):
+        log_ends.check(handle, tablet.address)
+    assert log_ends.addresses == []  # and opened none again
