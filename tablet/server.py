@@ -30,6 +30,7 @@ from client.admin import AdminClient
 from common.security.client import internal_client_config
 from common.security.server import server_security
 from tablet.replicas import ReplicaManager
+from tablet import scan_wire
 from tablet.scan_service import ScanService
 from tablet.service import INTERNAL_METHODS, TabletService
 
@@ -71,7 +72,8 @@ class TabletServer:
         self.scans = ScanService(self.replicas, c, security=self.security).start()
         self._grpc = grpc.server(ThreadPoolExecutor(max_workers=c[cfg.TABLET_RPC_THREADS],
                                                     thread_name_prefix="tablet-rpc"), options=GRPC_OPTIONS,
-                                 interceptors=self.security.interceptors(INTERNAL_METHODS))
+                                 interceptors=[*self.security.interceptors(INTERNAL_METHODS),
+                                               scan_wire.SerializedScans()])
         pb_grpc.add_TabletServiceServicer_to_server(TabletService(self.replicas, self.scans, self.security),
                                                     self._grpc)
         host = c[cfg.TABLET_HOST]
