@@ -16,7 +16,8 @@ import operator
 import sys
 from bisect import bisect_right
 from dataclasses import dataclass
-from itertools import accumulate, islice, repeat
+from array import array
+from itertools import accumulate, compress, islice, repeat
 
 import numpy as np
 import pyarrow as pa
@@ -30,7 +31,7 @@ ROW_OVERHEAD = 4  # bytes counted per row on top of its value: its Arrow offset
 IPC_OVERHEAD = 320  # bytes of an IPC stream of VALUE_SCHEMA besides the rows: schema, header, padding
 _FIRST_CHUNK, _MAX_CHUNK = 64, 4096  # rows pulled from RocksDB per step of a batch
 _NEXT = RdictIter.next
-_FIRST = operator.itemgetter(0)
+_MAX_DATA = np.iinfo(np.int32).max  # bytes of values in a batch: Arrow binary offsets are int32
 
 
 @dataclass(frozen=True, eq=False)
@@ -77,9 +78,10 @@ def read_batch(it: RdictIter, budget_bytes: int, max_rows: int | None = None) ->
     rebuilt this way).
 
     The rows are pulled in chunks by C-level iteration (no Python bytecode
-    per row): ``zip`` calls ``value()`` then ``next()``, and stops at the first
-    ``None`` value, i.e. past the end — so ``next()`` never runs on an invalid
-    iterator (RocksDB's ``Next()`` there crashes the process). Chunks start
+    per row): ``compress`` calls ``value()``, then ``next()`` (whose ``None``,
+    negated, selects the value), and stops at the first ``None`` value, i.e.
+    past the end — so ``next()`` never runs on an invalid iterator (RocksDB's
+    ``Next()`` there crashes the process). Chunks start
     small and grow with the room left, so a batch overshoots by at most one
     chunk (<= 4096 rows), stepped back with ``prev()``. Each chunk's values
     are joined at once and dropped: a batch holds its data about once, not as
@@ -87,13 +89,13 @@ def read_batch(it: RdictIter, budget_bytes: int, max_rows: int | None = None) ->
     """
     first_key = it.key() if it.valid() else b""
     chunks: list[bytes] = []
-    lengths: list[int] = []
+    lengths = array("i")
     used = 0
     rows_left = sys.maxsize if max_rows is None else max_rows
     step = _FIRST_CHUNK
-    pull = zip(iter(it.value, None), map(_NEXT, repeat(it)))
+    pull = compress(iter(it.value, None), map(operator.not_, map(_NEXT, repeat(it))))
     while rows_left > 0:
-        chunk = list(map(_FIRST, islice(pull, min(step, rows_left))))
+        chunk = list(islice(pull, min(step, rows_left)))
         if not chunk:
             break
         sizes = list(map(len, chunk))
@@ -101,7 +103,7 @@ def read_batch(it: RdictIter, budget_bytes: int, max_rows: int | None = None) ->
         room = budget_bytes - used
         if size <= room:
             chunks.append(b"".join(chunk))
-            lengths += sizes
+            lengths += array("i", sizes)
             used += size
             rows_left -= len(chunk)
             step = max(1, min(_MAX_CHUNK, 2 * step, int((budget_bytes - used) * len(lengths) / used)))
@@ -110,15 +112,16 @@ def read_batch(it: RdictIter, budget_bytes: int, max_rows: int | None = None) ->
         fit = bisect_right(cost, room) or (0 if lengths else 1)  # at least one row per batch
         if fit:
             chunks.append(b"".join(chunk[:fit]))
-            lengths += sizes[:fit]
+            lengths += array("i", sizes[:fit])
+            used += cost[fit - 1]
         rows_left -= fit
         del chunk
         _step_back(it, len(sizes) - fit)
         break
-    offsets = np.zeros(len(lengths) + 1, np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    if offsets[-1] > np.iinfo(np.int32).max:
-        raise ValueError(f"a scan batch of {offsets[-1]} bytes does not fit an Arrow binary column")
+    if used - ROW_OVERHEAD * len(lengths) > _MAX_DATA:  # one value can be larger than the budget
+        raise ValueError(f"a scan batch of {used} bytes does not fit an Arrow binary column")
+    offsets = np.zeros(len(lengths) + 1, np.int32)
+    np.cumsum(np.frombuffer(lengths, np.int32), out=offsets[1:])
     last_key = b""
     if lengths:  # the key of the last value: one step back and forth
         if it.valid():
@@ -131,7 +134,7 @@ def read_batch(it: RdictIter, budget_bytes: int, max_rows: int | None = None) ->
             it.next()
     else:
         first_key = b""
-    return Batch(chunks, offsets.astype(np.int32), first_key, last_key, rows_left > 0 and it.valid())
+    return Batch(chunks, offsets, first_key, last_key, rows_left > 0 and it.valid())
 
 
 def _step_back(it: RdictIter, rows: int) -> None:
