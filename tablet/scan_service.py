@@ -63,7 +63,7 @@ log = logging.getLogger(__name__)
 #: The scanner manager's instructions, each carried out inline by the call it answers.
 _CARRIED_OUT = (scan.Serve, scan.Replay, scan.Release, scan.Refuse)
 
-FINISHED_CACHE_BYTES = 32 << 20  # last batches of finished sessions kept for a replay (oldest go first)
+FINISHED_CACHE_BYTES = 16 << 20  # last batches of finished unary sessions kept for a replay (oldest go first)
 READ_AHEAD_THREADS = 2
 RELEASE_WAIT_S = 60.0  # close_bucket's patience with a call in flight (one batch)
 

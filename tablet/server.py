@@ -21,6 +21,7 @@ from kazoo.protocol.states import KazooState
 from common import config as cfg
 from common import errors, zkpaths
 from common.limits import GRPC_SERVER_OPTIONS
+from common.malloc import limit_arenas
 from common.redaction import protect
 from common.proto import tablet_pb2_grpc as pb_grpc
 from common.storage import RemoteStorage, open_storage
@@ -59,6 +60,7 @@ class TabletServer:
 
     def start(self) -> "TabletServer":
         c = self.config
+        limit_arenas(c[cfg.TABLET_MALLOC_ARENA_MAX])  # before this server's threads start (common/malloc.py)
         self.tls = TlsFiles.from_config(c, server=True)  # a bad file is refused before anything starts
         if self.storage is None:
             self.storage = open_storage(c[cfg.REMOTE_DATA_DIR], c)
