@@ -461,7 +461,13 @@ def report(r: dict[str, Any]) -> str:
 
 
 def memory_target(scanners: int, batch_bytes: int) -> int:
+    """Bytes the tablet server's peak RSS may grow by while ``scanners`` read batches of ``batch_bytes``."""
     return MEMORY_TARGET_FACTOR * scanners * batch_bytes + MEMORY_TARGET_SLACK
+
+
+def memory_formula(scanners: int, batch_bytes: int) -> str:
+    """:func:`memory_target` spelled out, e.g. ``2 x (8 x 4 MB) + 32 MB``."""
+    return (f"{MEMORY_TARGET_FACTOR} x ({scanners} x {batch_bytes / MB:g} MB) + {MEMORY_TARGET_SLACK / MB:g} MB")
 
 
 def target_rows(figures: dict[str, Any]) -> list[Row]:
@@ -476,10 +482,11 @@ def target_rows(figures: dict[str, Any]) -> list[Row]:
     return [
         Row.ratio("stream, decoded / raw iteration", rate["stream_decoded"], raw, "rows/s", TARGETS["stream"]),
         Row.ratio("unary, decoded / raw iteration", rate["unary_decoded"], raw, "rows/s", TARGETS["unary"]),
-        Row.limit("server peak RSS, 1 scanner (worst kind)", one / MB, batch / MB, "MB",
-                  memory_target(1, batch) / MB),
-        Row.limit(f"server peak RSS, {scanners} scanners", concurrent["memory"]["peak_above_before"] / MB,
-                  scanners * batch / MB, "MB", memory_target(scanners, batch) / MB),
+        Row.limit(f"server peak RSS above before, 1 scanner (worst kind); <= {memory_formula(1, batch)}",
+                  one / MB, batch / MB, "MB", memory_target(1, batch) / MB),
+        Row.limit(f"server peak RSS above before, {scanners} scanners; <= {memory_formula(scanners, batch)}",
+                  concurrent["memory"]["peak_above_before"] / MB, scanners * batch / MB, "MB",
+                  memory_target(scanners, batch) / MB),
     ]
 
 

@@ -89,7 +89,7 @@ def read_batch(it: RdictIter, budget_bytes: int, max_rows: int | None = None) ->
     """
     first_key = it.key() if it.valid() else b""
     chunks: list[bytes] = []
-    lengths = array("i")
+    lengths = array("I")  # unsigned: its items convert without PyArg_Parse
     used = 0
     rows_left = sys.maxsize if max_rows is None else max_rows
     step = _FIRST_CHUNK
@@ -98,25 +98,25 @@ def read_batch(it: RdictIter, budget_bytes: int, max_rows: int | None = None) ->
         chunk = list(islice(pull, min(step, rows_left)))
         if not chunk:
             break
-        sizes = list(map(len, chunk))
-        size = sum(sizes) + ROW_OVERHEAD * len(chunk)
+        joined = b"".join(chunk)
+        size = len(joined) + ROW_OVERHEAD * len(chunk)
         room = budget_bytes - used
         if size <= room:
-            chunks.append(b"".join(chunk))
-            lengths += array("i", sizes)
+            chunks.append(joined)
+            lengths.extend(map(len, chunk))
             used += size
             rows_left -= len(chunk)
             step = max(1, min(_MAX_CHUNK, 2 * step, int((budget_bytes - used) * len(lengths) / used)))
             continue
-        cost = list(accumulate(map(operator.add, sizes, repeat(ROW_OVERHEAD))))  # the last chunk only
+        del joined
+        cost = list(accumulate(map(operator.add, map(len, chunk), repeat(ROW_OVERHEAD))))  # the last chunk only
         fit = bisect_right(cost, room) or (0 if lengths else 1)  # at least one row per batch
         if fit:
             chunks.append(b"".join(chunk[:fit]))
-            lengths += array("i", sizes[:fit])
+            lengths.extend(map(len, chunk[:fit]))
             used += cost[fit - 1]
         rows_left -= fit
-        del chunk
-        _step_back(it, len(sizes) - fit)
+        _step_back(it, len(chunk) - fit)
         break
     if used - ROW_OVERHEAD * len(lengths) > _MAX_DATA:  # one value can be larger than the budget
         raise ValueError(f"a scan batch of {used} bytes does not fit an Arrow binary column")
