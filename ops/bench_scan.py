@@ -34,7 +34,12 @@ peak above the RSS before the scan, next to ``batch size x open scanners``.
 A last phase opens 8 scanners at once (``kv.scanner.max-per-bucket``) and
 reads them round-robin, each with one request in flight. Target: the peak
 above the RSS before <= 2 x (scanners x batch size) + 32 MB, judged for one
-scanner (the worst of the four kinds) and for the 8 at once.
+scanner (the worst of the four kinds, over the rounds) and for the 8 at once;
+the judged rows print the formula. The 2 batches per scanner are the one read
+ahead and the one in flight (gRPC's copy being sent, or one being built); the
+32 MB covers the finished sessions' replay cache (16 MB) and allocator slack.
+The RSS before each scan is the server's after the load and the earlier
+scans (what it keeps between scans is in it, what a scan adds is not).
 
 The suite interface (``OPTIONS``, ``run``, ``target_rows``, ``report``) is
 :mod:`ops.bench_suite`'s.

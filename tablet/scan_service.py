@@ -3,8 +3,8 @@
 :class:`ScanService` carries out what the pure :class:`~tablet.scan.ScannerManager`
 decides. It owns each session's RocksDB snapshot (``BucketStore.snapshot()``:
 an iterator and the log offset, taken together under the bucket's write
-lock) and its last answer (kept for a replay), builds batches
-(:mod:`tablet.scan_batch`), runs the reaper every
+lock) and how to answer its last call again, builds batches
+(:mod:`tablet.scan_batch`) and their answers' bytes (:mod:`tablet.scan_wire`), runs the reaper every
 ``kv.scanner.expiration-interval`` and ends a bucket's sessions before its
 store closes (it listens to the ReplicaManager). See docs/live-scans.md.
 
@@ -12,8 +12,13 @@ Read-ahead: once a unary call is answered with more rows to come, the next
 batch is built in the background with the same batch size, so the client's
 next call finds it ready (streams need none: gRPC's flow control keeps the
 stream's own thread ahead). A call with another size or row cap drops it and
-steps the iterator back after the last key served. At most two batches per
-session are held: the last answer and the one read ahead.
+steps the iterator back after the last key served.
+
+Replays and memory: a replay of the last call reads its batch again from the
+snapshot (same start key, budget and row cap: the same rows, the same bytes),
+so a session holds at most one batch of its own, the one read ahead. Only a
+batch a unary session ends with is kept (its snapshot is gone), in a cache of
+:data:`FINISHED_CACHE_BYTES` shared by finished sessions.
 
 Locks: ``_lock`` guards the manager and the session map; nothing waits
 while holding it. A session's ``lock`` is held while a batch is built (a
