@@ -21,6 +21,7 @@ from typing import Any, Iterable
 from common import errors
 from common.proto import tablet_pb2_grpc as pb_grpc
 from common.tables import TableInfo
+from client.scan_wire import TabletStub
 from client.transport import Channels
 
 #: Errors after which the cached assignment is fetched again before the next attempt.
@@ -95,7 +96,7 @@ class BucketRouter:
         return groups
 
     def stub(self, address: str) -> pb_grpc.TabletServiceStub:
-        return self.channels.stub(address, pb_grpc.TabletServiceStub)
+        return self.channels.stub(address, TabletStub)  # scans answer their records uncopied (client/scan_wire.py)
 
     def leaders(self) -> dict[int, str]:
         """``bucket -> leader address`` as cached ('' while a leader is not live)."""

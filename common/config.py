@@ -163,6 +163,9 @@ TABLET_HOST = _key("tablet.host", "127.0.0.1", str, "address the tablet server's
 TABLET_PORT = _key("tablet.port", 9124, _parse_int, "gRPC port (0: pick a free one)")
 TABLET_DATA_DIR = _key("tablet.data-dir", "/tmp/kvlease/tablet", str, "local directory of the buckets' RocksDB + changelog")
 TABLET_RPC_THREADS = _key("tablet.rpc.threads", 32, _parse_int, "gRPC handler threads of a tablet server")
+TABLET_MALLOC_ARENA_MAX = _key("tablet.malloc.arena-max", 2, _parse_int,
+                               "glibc malloc arenas the tablet server's threads share (0: glibc's default, 8 per "
+                               "core): few, so freed scan batches are reused by every thread, not parked per thread")
 SNAPSHOT_UPLOAD_THREADS = _key("kv.snapshot.upload-threads", 8, _parse_int, "parallel file uploads per snapshot")
 
 # --- tablet servers: changelog ------------------------------------------------------

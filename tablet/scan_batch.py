@@ -1,8 +1,13 @@
-"""Batches of a live KV scan: values read from a RocksDB iterator, as an Arrow IPC stream.
+"""Batches of a live KV scan: values read from a RocksDB iterator into the buffers of an Arrow binary column.
 
 :func:`read_batch` reads at about the speed of rocksdict's own ``items()``
 (no Python bytecode per row, see its docstring) but from the session's
-snapshot iterator; :func:`records_ipc` makes a response's ``records``.
+snapshot iterator, and keeps no Python object per row beyond the step it is
+read in: each step's values are joined into one ``bytes`` (a piece of the
+column's data buffer) and their lengths go into one numpy array (its
+offsets). :mod:`tablet.scan_wire` puts those buffers on the wire;
+:func:`records_ipc` makes the ``records`` of a list of values (empty answers,
+tests).
 """
 
 from __future__ import annotations
@@ -10,8 +15,11 @@ from __future__ import annotations
 import operator
 import sys
 from bisect import bisect_right
-from itertools import accumulate, islice, repeat
+from dataclasses import dataclass
+from array import array
+from itertools import accumulate, compress, islice, repeat
 
+import numpy as np
 import pyarrow as pa
 from rocksdict import RdictIter
 
@@ -23,50 +31,99 @@ ROW_OVERHEAD = 4  # bytes counted per row on top of its value: its Arrow offset
 IPC_OVERHEAD = 320  # bytes of an IPC stream of VALUE_SCHEMA besides the rows: schema, header, padding
 _FIRST_CHUNK, _MAX_CHUNK = 64, 4096  # rows pulled from RocksDB per step of a batch
 _NEXT = RdictIter.next
-_FIRST = operator.itemgetter(0)
+_MAX_DATA = np.iinfo(np.int32).max  # bytes of values in a batch: Arrow binary offsets are int32
 
 
-def read_batch(it: RdictIter, budget_bytes: int, max_rows: int | None = None) -> tuple[list[bytes], bytes, bool]:
-    """``(values, last_key, has_more)``: the values from ``it``'s position on, in key order.
+@dataclass(frozen=True, eq=False)
+class Batch:
+    """The rows of one call, as the buffers of a binary Arrow column ``value``.
+
+    ``chunks`` concatenated are the values in key order (the column's data
+    buffer); ``offsets`` (int32, ``count + 1``) where each value starts in it.
+    ``first_key``/``last_key``: the keys of the first and last value (``b""``
+    for none). ``has_more``: rows remain (and the row cap was not reached).
+    """
+
+    chunks: list[bytes]
+    offsets: np.ndarray
+    first_key: bytes
+    last_key: bytes
+    has_more: bool
+
+    @property
+    def count(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def data_size(self) -> int:
+        return int(self.offsets[-1])
+
+    def values(self) -> list[bytes]:
+        """The values as Python bytes (tests and small batches only: one object per row)."""
+        data = b"".join(self.chunks)
+        return [data[a:b] for a, b in zip(self.offsets[:-1].tolist(), self.offsets[1:].tolist())]
+
+
+#: A batch of no rows.
+EMPTY = Batch([], np.zeros(1, np.int32), b"", b"", False)
+
+
+def read_batch(it: RdictIter, budget_bytes: int, max_rows: int | None = None) -> Batch:
+    """The rows from ``it``'s position on, in key order, as a :class:`Batch`.
 
     Takes rows while their values plus :data:`ROW_OVERHEAD` each fit in
     ``budget_bytes`` — at least one row if any remain — and at most
     ``max_rows`` (None: no cap); leaves ``it`` on the first row not taken.
-    ``last_key`` is the key of the last value (``b""`` for none); ``has_more``
-    tells whether rows remain (and ``max_rows`` was not reached).
+    The same position, budget and cap give the same batch (a replay is
+    rebuilt this way).
 
     The rows are pulled in chunks by C-level iteration (no Python bytecode
-    per row): ``zip`` calls ``value()`` then ``next()``, and stops at the first
-    ``None`` value, i.e. past the end — so ``next()`` never runs on an invalid
-    iterator (RocksDB's ``Next()`` there crashes the process). Chunks start
+    per row): ``compress`` calls ``value()``, then ``next()`` (whose ``None``,
+    negated, selects the value), and stops at the first ``None`` value, i.e.
+    past the end — so ``next()`` never runs on an invalid iterator (RocksDB's
+    ``Next()`` there crashes the process). Chunks start
     small and grow with the room left, so a batch overshoots by at most one
-    chunk (<= 4096 rows), stepped back with ``prev()``.
+    chunk (<= 4096 rows), stepped back with ``prev()``. Each chunk's values
+    are joined at once and dropped: a batch holds its data about once, not as
+    one object per row.
     """
-    values: list[bytes] = []
+    first_key = it.key() if it.valid() else b""
+    chunks: list[bytes] = []
+    lengths = array("I")  # unsigned: its items convert without PyArg_Parse
     used = 0
     rows_left = sys.maxsize if max_rows is None else max_rows
     step = _FIRST_CHUNK
-    pull = zip(iter(it.value, None), map(_NEXT, repeat(it)))
+    pull = compress(iter(it.value, None), map(operator.not_, map(_NEXT, repeat(it))))
     while rows_left > 0:
-        chunk = list(map(_FIRST, islice(pull, min(step, rows_left))))
+        chunk = list(islice(pull, min(step, rows_left)))
         if not chunk:
             break
-        size = sum(map(len, chunk)) + ROW_OVERHEAD * len(chunk)
+        joined = b"".join(chunk)
+        size = len(joined) + ROW_OVERHEAD * len(chunk)
         room = budget_bytes - used
         if size <= room:
-            values += chunk
+            chunks.append(joined)
+            lengths.extend(map(len, chunk))
             used += size
             rows_left -= len(chunk)
-            step = max(1, min(_MAX_CHUNK, 2 * step, int((budget_bytes - used) * len(values) / used)))
+            step = max(1, min(_MAX_CHUNK, 2 * step, int((budget_bytes - used) * len(lengths) / used)))
             continue
+        del joined
         cost = list(accumulate(map(operator.add, map(len, chunk), repeat(ROW_OVERHEAD))))  # the last chunk only
-        fit = bisect_right(cost, room) or (0 if values else 1)  # at least one row per batch
-        values += chunk[:fit]
+        fit = bisect_right(cost, room) or (0 if lengths else 1)  # at least one row per batch
+        if fit:
+            chunks.append(b"".join(chunk[:fit]))
+            lengths.extend(map(len, chunk[:fit]))
+            used += cost[fit - 1]
         rows_left -= fit
         _step_back(it, len(chunk) - fit)
         break
+    if used - ROW_OVERHEAD * len(lengths) > _MAX_DATA:  # one value can be larger than the budget
+        raise ValueError(f"a scan batch of {used} bytes does not fit an Arrow binary column")
+    offsets = np.zeros(len(lengths) + 1, np.int32)
+    np.cumsum(np.frombuffer(lengths, np.int32), out=offsets[1:])
     last_key = b""
-    if values:  # the key of the last value: one step back and forth
+    if lengths:  # the key of the last value: one step back and forth
         if it.valid():
             it.prev()
             last_key = it.key()
@@ -75,7 +132,9 @@ def read_batch(it: RdictIter, budget_bytes: int, max_rows: int | None = None) ->
             it.seek_to_last()
             last_key = it.key()
             it.next()
-    return values, last_key, rows_left > 0 and it.valid()
+    else:
+        first_key = b""
+    return Batch(chunks, offsets, first_key, last_key, rows_left > 0 and it.valid())
 
 
 def _step_back(it: RdictIter, rows: int) -> None:

@@ -3,8 +3,8 @@
 :class:`ScanService` carries out what the pure :class:`~tablet.scan.ScannerManager`
 decides. It owns each session's RocksDB snapshot (``BucketStore.snapshot()``:
 an iterator and the log offset, taken together under the bucket's write
-lock) and its last answer (kept for a replay), builds batches
-(:mod:`tablet.scan_batch`), runs the reaper every
+lock) and how to answer its last call again, builds batches
+(:mod:`tablet.scan_batch`) and their answers' bytes (:mod:`tablet.scan_wire`), runs the reaper every
 ``kv.scanner.expiration-interval`` and ends a bucket's sessions before its
 store closes (it listens to the ReplicaManager). See docs/live-scans.md.
 
@@ -12,8 +12,13 @@ Read-ahead: once a unary call is answered with more rows to come, the next
 batch is built in the background with the same batch size, so the client's
 next call finds it ready (streams need none: gRPC's flow control keeps the
 stream's own thread ahead). A call with another size or row cap drops it and
-steps the iterator back after the last key served. At most two batches per
-session are held: the last answer and the one read ahead.
+steps the iterator back after the last key served.
+
+Replays and memory: a replay of the last call reads its batch again from the
+snapshot (same start key, budget and row cap: the same rows, the same bytes),
+so a session holds at most one batch of its own, the one read ahead. Only a
+batch a unary session ends with is kept (its snapshot is gone), in a cache of
+:data:`FINISHED_CACHE_BYTES` shared by finished sessions.
 
 Locks: ``_lock`` guards the manager and the session map; nothing waits
 while holding it. A session's ``lock`` is held while a batch is built (a
@@ -32,6 +37,7 @@ stays for its owner's close, or until it expires).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -52,7 +58,7 @@ from common.wire import error_pb
 from common.model import TableBucket
 from common.statemachine import UnhandledError
 from common.security.server import OPEN
-from tablet import scan, scan_batch
+from tablet import scan, scan_batch, scan_wire
 from tablet.authz import READ, TableAccess
 from tablet.bucket import BucketStoreError, KvSnapshot
 from tablet.replicas import ReplicaManager
@@ -62,7 +68,7 @@ log = logging.getLogger(__name__)
 #: The scanner manager's instructions, each carried out inline by the call it answers.
 _CARRIED_OUT = (scan.Serve, scan.Replay, scan.Release, scan.Refuse)
 
-FINISHED_CACHE_BYTES = 32 << 20  # last batches of finished sessions kept for a replay (oldest go first)
+FINISHED_CACHE_BYTES = 16 << 20  # last batches of finished unary sessions kept for a replay (oldest go first)
 READ_AHEAD_THREADS = 2
 RELEASE_WAIT_S = 60.0  # close_bucket's patience with a call in flight (one batch)
 
@@ -112,6 +118,19 @@ class ScanMetrics(MetricsRegistry):
 
 # --- the service ----------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class _Served:
+    """A call answered, and how to answer it again: its batch starts after key ``after`` and was read
+    with ``budget`` and ``max_rows``. ``answer`` is kept only for the batch a session ends with (its
+    snapshot is then gone)."""
+
+    call: int
+    after: bytes
+    budget: int
+    max_rows: int | None
+    answer: scan_wire.Answer | None
+
+
 @dataclass(eq=False)
 class _Session:
     """What a session holds besides the manager's books."""
@@ -123,11 +142,12 @@ class _Session:
     lock: threading.RLock = field(default_factory=threading.RLock)
     released: threading.Event = field(default_factory=threading.Event)
     snapshot: KvSnapshot | None = None
-    last: tuple[int, pb.ScanKvResponse] | None = None  # (call, answer): for a replay
+    last: _Served | None = None  # the last call answered: for a replay
     rows: int = 0  # rows answered
     resume_key: bytes = b""  # the last key answered
+    read_to: bytes = b""  # the last key read from the snapshot (answered or read ahead)
     ahead_token: object | None = None  # the read-ahead scheduled (None: none, or it is cancelled)
-    ahead: tuple[tuple, pb.ScanKvResponse | None] | None = None  # ((call, budget, max_rows), batch or failed)
+    ahead: tuple[tuple, scan_wire.Answer | None] | None = None  # ((call, budget, max_rows), batch or failed)
 
 
 class ScanService:
@@ -186,7 +206,7 @@ class ScanService:
         with self._lock:
             released = self._take_releases(self._run(scan.Tick(self.clock_ms())))
             for sid in [s for s in self._finished if s not in self.manager.gone]:
-                self._finished_bytes -= len(self._finished.pop(sid).last[1].records)
+                self._finished_bytes -= len(self._finished.pop(sid).last.answer.data)
         self._free(released)
         return len(released)
 
@@ -228,7 +248,8 @@ class ScanService:
             if isinstance(ins, scan.Release):
                 session = self._sessions.pop(ins.scanner_id)
                 out.append((ins, session))
-                if ins.reason == scan.FINISHED and session.last is not None and session.last[0] != scan.OPEN_CALL:
+                if (ins.reason == scan.FINISHED and not session.stream and session.last is not None
+                        and session.last.call != scan.OPEN_CALL and session.last.answer is not None):
                     self._keep_finished(ins.scanner_id, session)
         return out
 
@@ -236,10 +257,10 @@ class ScanService:
         """Keep a finished session (its last batch and owner; its snapshot is freed) for a retry of its
         last call (the manager knows for how long)."""
         self._finished[sid] = session
-        self._finished_bytes += len(session.last[1].records)
+        self._finished_bytes += len(session.last.answer.data)
         while self._finished_bytes > FINISHED_CACHE_BYTES:
             _sid, old = self._finished.popitem(last=False)
-            self._finished_bytes -= len(old.last[1].records)
+            self._finished_bytes -= len(old.last.answer.data)
 
     def _free(self, released: list[tuple[scan.Release, _Session]]) -> None:
         for ins, session in released:
@@ -306,23 +327,24 @@ class ScanService:
 
     # -- calls ------------------------------------------------------------------------------------
 
-    def scan(self, request: pb.ScanKvRequest) -> pb.ScanKvResponse:
-        """Answer one ScanKv request; raises the typed error to answer instead."""
+    def scan(self, request: pb.ScanKvRequest) -> bytes | pb.ScanKvResponse:
+        """Answer one ScanKv request (a batch as the bytes of its ScanKvResponse, see :mod:`tablet.scan_wire`);
+        raises the typed error to answer instead."""
         has_open = request.HasField("bucket_scan_req")
         limit = request.bucket_scan_req.limit if has_open and request.bucket_scan_req.HasField("limit") else None
         kind = scan.request_kind(has_open, request.HasField("scanner_id"), request.close_scanner,
                                  request.batch_size_bytes, limit)
         if kind == scan.OPEN:
             self._authorize_open(request.bucket_scan_req.table_id)
-            return self._open(request.bucket_scan_req, request.batch_size_bytes, stream=False)[1]
+            return self._open(request.bucket_scan_req, request.batch_size_bytes, stream=False)[1].data
         if kind == scan.CLOSE:
             self._authorize_call(request.scanner_id, read=False)
             self._handle(scan.Close(request.scanner_id, self.clock_ms()))
             return pb.ScanKvResponse(scanner_id=request.scanner_id, has_more_results=False)
         self._authorize_call(request.scanner_id, read=True)
-        return self._continue(request.scanner_id, request.call_seq_id, request.batch_size_bytes)
+        return self._continue(request.scanner_id, request.call_seq_id, request.batch_size_bytes).data
 
-    def stream(self, request: pb.ScanKvStreamRequest, context) -> Iterator[pb.ScanKvResponse]:
+    def stream(self, request: pb.ScanKvStreamRequest, context) -> Iterator[bytes | pb.ScanKvResponse]:
         """Answer one ScanKvStream call: every batch of one snapshot, then the end of the stream.
 
         A session like a unary scan's (limits, TTL, leadership), not addressable
@@ -335,16 +357,21 @@ class ScanService:
             scan.request_kind(request.HasField("bucket_scan_req"), False, False, request.batch_size_bytes,
                               req.limit if req.HasField("limit") else None)
             self._authorize_open(req.table_id)
-            sid, response = self._open(req, request.batch_size_bytes, stream=True)
-            if response.has_more_results:
+            sid, answer = self._open(req, request.batch_size_bytes, stream=True)
+            more, data = answer.has_more_results, answer.data
+            del answer  # only gRPC holds a batch sent (until the next one is built)
+            if more:
                 context.add_callback(lambda: self._close_quietly(sid))
-            yield response
+            yield data
             call = 0
-            while response.has_more_results and context.is_active():
+            while more and context.is_active():
+                del data
                 self._authorize_call(sid, read=True)  # READ revoked mid-stream: the stream ends with the error
-                response = self._continue(sid, call, request.batch_size_bytes)
+                answer = self._continue(sid, call, request.batch_size_bytes)
+                more, data = answer.has_more_results, answer.data
+                del answer
                 call += 1
-                yield response
+                yield data
         except errors.KvLeaseError as exc:
             yield pb.ScanKvResponse(error=error_pb(exc))
         except Exception as exc:  # a bug: answer it, keep serving
@@ -364,7 +391,7 @@ class ScanService:
         """Bytes of rows in a batch: the records then stay within the (capped) batch size."""
         return max(min(batch_size_bytes, self.max_batch_bytes) - scan_batch.IPC_OVERHEAD, 0)
 
-    def _open(self, req: pb.BucketScanReqPb, batch_size_bytes: int, stream: bool) -> tuple[bytes, pb.ScanKvResponse]:
+    def _open(self, req: pb.BucketScanReqPb, batch_size_bytes: int, stream: bool) -> tuple[bytes, scan_wire.Answer]:
         sid = self.new_id()
         tb = TableBucket(req.table_id, req.bucket)
         limit = req.limit if req.HasField("limit") else None
@@ -401,17 +428,14 @@ class ScanService:
                 else:
                     it.seek_to_first()
                 del it
-                response = self._build(session, budget, limit)
+                answer = self._build(sid, session, budget, limit, log_offset=snapshot.log_offset)
             except BaseException as exc:
                 self._handle(scan.Failed(sid, scan.OPEN_CALL, self.clock_ms()))
                 self._raise_as(exc, tb)
-            response.log_offset = snapshot.log_offset
-            if response.has_more_results and not stream:
-                response.scanner_id = sid
-            self._served(sid, session, scan.OPEN_CALL, budget, response)
-        return sid, response
+            self._served(sid, session, scan.OPEN_CALL, budget, limit, answer)
+        return sid, answer
 
-    def _empty_answer(self, req: pb.BucketScanReqPb, tb: TableBucket, limit: int | None) -> pb.ScanKvResponse | None:
+    def _empty_answer(self, req: pb.BucketScanReqPb, tb: TableBucket, limit: int | None) -> scan_wire.Answer | None:
         """The whole answer of an open that reads no row (an empty bucket or range, or limit 0):
         no rows and the snapshot's ``log_offset``; None if there are rows to read."""
         replica = self.replicas.get(tb.table_id, tb.bucket)
@@ -430,88 +454,117 @@ class ScanService:
                 del it
                 if has_rows:
                     return None
-            return pb.ScanKvResponse(records=scan_batch.records_ipc([]), record_count=0, has_more_results=False,
-                                     log_offset=snapshot.log_offset)
+            return scan_wire.answer(scan_batch.EMPTY, log_offset=snapshot.log_offset)
         finally:
             snapshot.close()
 
-    def _continue(self, sid: bytes, call: int, batch_size_bytes: int) -> pb.ScanKvResponse:
+    def _continue(self, sid: bytes, call: int, batch_size_bytes: int) -> scan_wire.Answer:
         out, session = self._handle(scan.Continue(sid, call, self.clock_ms()))
         ins = out[0]
         if isinstance(ins, scan.Replay):
-            if session is not None:
-                response = session.last[1] if session.last is not None and session.last[0] == ins.call else None
-            else:  # the session ended with this batch
-                with self._lock:
-                    finished = self._finished.get(sid)
-                response = finished.last[1] if finished is not None else None
-            if response is None:
-                raise errors.UnknownScannerIdError(f"scanner {sid.hex()} finished; its last batch is not kept")
-            self.metrics.bytes.inc(len(response.records))
-            return response
+            return self._replay(sid, session, ins.call)
         budget = self._budget(batch_size_bytes)
         with session.lock:  # the call is in flight: the session stays until it ends
             try:
-                response = self._ahead_or_build(session, ins.call, budget, ins.max_rows)
+                answer = self._ahead_or_build(sid, session, ins.call, budget, ins.max_rows)
             except BaseException as exc:
                 self._handle(scan.Failed(sid, ins.call, self.clock_ms()))
                 self._raise_as(exc, session.bucket)
-            if response.has_more_results:
-                response.scanner_id = sid
-            self._served(sid, session, ins.call, budget, response)
-        return response
+            self._served(sid, session, ins.call, budget, ins.max_rows, answer)
+        return answer
+
+    def _replay(self, sid: bytes, session: _Session | None, call: int) -> scan_wire.Answer:
+        """Call ``call`` answered again, byte for byte: read again from the snapshot (the same rows from
+        the same place with the same budget and cap), or, for a session that ended with it, kept."""
+        if session is None:  # the session ended with this batch
+            with self._lock:
+                finished = self._finished.get(sid)
+            answer = finished.last.answer if finished is not None and finished.last.call == call else None
+        else:
+            with session.lock:
+                last = session.last
+                answer = None
+                if last is not None and last.call == call and session.snapshot is not None:
+                    try:
+                        answer = last.answer or self._read_again(sid, session, last)
+                    except BaseException as exc:
+                        self._raise_as(exc, session.bucket)
+        if answer is None:
+            raise errors.UnknownScannerIdError(f"scanner {sid.hex()} finished; its last batch is not kept")
+        self.metrics.bytes.inc(answer.records_size)
+        return answer
+
+    def _read_again(self, sid: bytes, session: _Session, last: _Served) -> scan_wire.Answer:
+        """``last``'s batch built again; the iterator then goes back to where it was (hold the lock)."""
+        it = session.snapshot._live()
+        it.seek(last.after + b"\x00")
+        batch = scan_batch.read_batch(it, last.budget, last.max_rows)
+        it.seek(session.read_to + b"\x00")
+        del it
+        return scan_wire.answer(batch, scanner_id=sid if batch.has_more else b"")
 
     # -- batches ----------------------------------------------------------------------------------
 
-    def _build(self, session: _Session, budget: int, max_rows: int | None) -> pb.ScanKvResponse:
-        """The next batch from the session's iterator (hold the session's lock)."""
+    def _build(self, sid: bytes, session: _Session, budget: int, max_rows: int | None,
+               log_offset: int | None = None) -> scan_wire.Answer:
+        """The next batch from the session's iterator, serialized (hold the session's lock)."""
         it = session.snapshot._live()
-        values, last_key, has_more = scan_batch.read_batch(it, budget, max_rows)
+        batch = scan_batch.read_batch(it, budget, max_rows)
         del it  # no iterator reference outlives the batch: closing the snapshot frees it
-        count, records = len(values), scan_batch.records_ipc(values)
-        del values  # the rows' bytes objects go before the answer is copied into its message
-        return pb.ScanKvResponse(records=records, record_count=count, has_more_results=has_more,
-                                 resume_key=last_key)
+        if batch.count:
+            session.read_to = batch.last_key
+        return scan_wire.answer(batch, scanner_id=sid if batch.has_more and not session.stream else b"",
+                                log_offset=log_offset)
 
-    def _ahead_or_build(self, session: _Session, call: int, budget: int, max_rows: int | None) -> pb.ScanKvResponse:
+    def _ahead_or_build(self, sid: bytes, session: _Session, call: int, budget: int,
+                        max_rows: int | None) -> scan_wire.Answer:
         ahead, session.ahead, session.ahead_token = session.ahead, None, None  # a queued read-ahead stays idle
         if ahead is not None:
-            key, response = ahead
-            if key == (call, budget, max_rows) and response is not None:
+            key, answer = ahead
+            if key == (call, budget, max_rows) and answer is not None:
                 self.metrics.read_ahead.labels("used").inc()
-                return response
+                return answer
             self.metrics.read_ahead.labels("dropped").inc()
             it = session.snapshot._live()  # read ahead for another size: back after the last key answered
             it.seek(session.resume_key + b"\x00")
             del it
-        return self._build(session, budget, max_rows)
+            session.read_to = session.resume_key
+        return self._build(sid, session, budget, max_rows)
 
-    def _read_ahead(self, session: _Session, token: object, call: int, budget: int, max_rows: int | None) -> None:
+    def _read_ahead(self, sid: bytes, session: _Session, token: object, call: int, budget: int,
+                    max_rows: int | None) -> None:
         with session.lock:
             if session.ahead_token is not token or session.snapshot is None:
                 return  # the call came first, or the session ended
             session.ahead_token = None
             try:
-                response = self._build(session, budget, max_rows)
+                answer = self._build(sid, session, budget, max_rows)
             except Exception:  # the call builds it again (and answers the error)
                 log.debug("read-ahead of %s failed", session.bucket, exc_info=True)
-                response = None
-            session.ahead = ((call, budget, max_rows), response)
+                answer = None
+            session.ahead = ((call, budget, max_rows), answer)
 
-    def _served(self, sid: bytes, session: _Session, call: int, budget: int, response: pb.ScanKvResponse) -> None:
-        """Keep the answer, tell the manager (hold the session's lock), read ahead."""
-        session.last = (call, response)
-        session.rows += response.record_count
-        if response.record_count:
-            session.resume_key = response.resume_key
-        self.metrics.rows.inc(response.record_count)
-        self.metrics.bytes.inc(len(response.records))
-        self._handle(scan.Served(sid, call, response.record_count, response.has_more_results, self.clock_ms()))
-        if self.read_ahead and not session.stream and response.has_more_results and not session.released.is_set():
+    def _served(self, sid: bytes, session: _Session, call: int, budget: int, max_rows: int | None,
+                answer: scan_wire.Answer) -> None:
+        """Book the answer, tell the manager (hold the session's lock), read ahead.
+
+        The answer itself is kept only if the session ends with it (a replay of an earlier call reads
+        the batch again), so a session holds at most one batch of its own: the one read ahead.
+        """
+        session.last = _Served(call, session.resume_key, budget, max_rows, answer)
+        session.rows += answer.record_count
+        if answer.record_count:
+            session.resume_key = answer.resume_key
+        self.metrics.rows.inc(answer.record_count)
+        self.metrics.bytes.inc(answer.records_size)
+        out, _ = self._handle(scan.Served(sid, call, answer.record_count, answer.has_more_results, self.clock_ms()))
+        if not any(isinstance(ins, scan.Release) for ins in out):
+            session.last = dataclasses.replace(session.last, answer=None)
+        if self.read_ahead and not session.stream and answer.has_more_results and not session.released.is_set():
             token = session.ahead_token = object()
             max_rows = None if session.limit is None else session.limit - session.rows
             try:
-                self._pool.submit(self._read_ahead, session, token, call + 1, budget, max_rows)
+                self._pool.submit(self._read_ahead, sid, session, token, call + 1, budget, max_rows)
             except RuntimeError:  # shutting down
                 session.ahead_token = None
 

@@ -21,6 +21,7 @@ from kazoo.protocol.states import KazooState
 from common import config as cfg
 from common import errors, zkpaths
 from common.limits import GRPC_SERVER_OPTIONS
+from common.malloc import limit_arenas
 from common.redaction import protect
 from common.proto import tablet_pb2_grpc as pb_grpc
 from common.storage import RemoteStorage, open_storage
@@ -30,6 +31,7 @@ from client.admin import AdminClient
 from common.security.client import internal_client_config
 from common.security.server import server_security
 from tablet.replicas import ReplicaManager
+from tablet import scan_wire
 from tablet.scan_service import ScanService
 from tablet.service import INTERNAL_METHODS, TabletService
 
@@ -58,6 +60,7 @@ class TabletServer:
 
     def start(self) -> "TabletServer":
         c = self.config
+        limit_arenas(c[cfg.TABLET_MALLOC_ARENA_MAX])  # before this server's threads start (common/malloc.py)
         self.tls = TlsFiles.from_config(c, server=True)  # a bad file is refused before anything starts
         if self.storage is None:
             self.storage = open_storage(c[cfg.REMOTE_DATA_DIR], c)
@@ -71,7 +74,8 @@ class TabletServer:
         self.scans = ScanService(self.replicas, c, security=self.security).start()
         self._grpc = grpc.server(ThreadPoolExecutor(max_workers=c[cfg.TABLET_RPC_THREADS],
                                                     thread_name_prefix="tablet-rpc"), options=GRPC_OPTIONS,
-                                 interceptors=self.security.interceptors(INTERNAL_METHODS))
+                                 interceptors=[*self.security.interceptors(INTERNAL_METHODS),
+                                               scan_wire.SerializedScans()])
         pb_grpc.add_TabletServiceServicer_to_server(TabletService(self.replicas, self.scans, self.security),
                                                     self._grpc)
         host = c[cfg.TABLET_HOST]

@@ -33,7 +33,7 @@ INTERNAL_METHODS = ("/kvlease.TabletService/UpdateLeadership",)
 def _answer(response_cls, work):
     try:
         result = work()
-        return result if isinstance(result, response_cls) else response_cls(**result)
+        return result if isinstance(result, (response_cls, bytes)) else response_cls(**result)  # bytes: serialized
     except errors.KvLeaseError as exc:
         return response_cls(error=error_pb(exc))
     except Exception as exc:  # a bug: answer it, keep serving

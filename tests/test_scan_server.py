@@ -181,6 +181,37 @@ def test_full_scan_in_small_batches_resume_keys_and_replay(scans):
         [k for k in keys if k > after]
 
 
+def test_a_replay_is_read_again_from_the_snapshot_and_only_a_last_batch_is_kept(scans):
+    s = scans()
+    put(s.stub, s.table, ids_rows(3000))
+    size = 8 << 10
+    first = s.open(size=size)
+    sid = first.scanner_id
+    put(s.stub, s.table, [{"id": i, "v": "changed"} for i in range(3000)])  # after the snapshot: not seen
+    session = s.service._sessions[sid]
+    values, seq, response = s.values(first), 0, first
+    while response.has_more_results:
+        response = s.next(sid, seq, size)
+        assert response.error.code == 0, response.error.message
+        if response.has_more_results:  # a live session keeps how to read the batch again, not the batch
+            wait_until(lambda: session.ahead is not None, 10, "the read-ahead")  # the iterator is past it
+            assert session.last.call == seq and session.last.answer is None
+        again = s.next(sid, seq, 1)  # another size on the retry: still the same batch, byte for byte
+        assert again.SerializeToString() == response.SerializeToString()
+        values += s.values(response)
+        seq += 1
+    rows = s.rows(values)
+    assert sorted(r["id"] for r in rows) == list(range(3000)) and {r["v"] for r in rows} != {"changed"}
+    assert s.counts() == (0, {}, 0)  # the last batch ended the session; its answer is kept for a retry
+    assert pb.ScanKvResponse.FromString(s.service._finished[sid].last.answer.data) == response
+    assert s.next(sid, seq - 1, size).SerializeToString() == response.SerializeToString()
+    kept = s.service._finished_bytes
+    stream = list(s.stub.ScanKvStream(pb.ScanKvStreamRequest(
+        bucket_scan_req=pb.BucketScanReqPb(table_id=s.table.table_id, bucket=0), batch_size_bytes=size), timeout=30))
+    assert sum(r.record_count for r in stream) == 3000 and not any(r.scanner_id for r in stream)
+    assert s.service._finished_bytes == kept  # a stream has no replay: nothing kept of it
+
+
 def test_read_ahead_is_used_or_dropped_when_the_size_changes(scans):
     s = scans()
     put(s.stub, s.table, ids_rows(2000))
