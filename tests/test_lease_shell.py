@@ -164,6 +164,24 @@ def test_a_restore_whose_grace_write_fails_raises(shell):
         shell.restore([Lease("gap", 1_000, {TB: 1})], 5_000, 300)
 
 
+def _shell_on(storage):
+    """A lease shell on ``storage`` with a clock the test moves: (store, clock, shell)."""
+    store = LeaseStore(storage)
+    clock = {"now": 5_000}
+    shell = LeaseShell(ls.LeaseState(Catalog(), 60_000), store, clock_ms=lambda: clock["now"],
+                       on_freed=lambda buckets: None)
+    shell.writer = Writer()
+    return store, clock, shell
+
+
+def _one_lease_written(shell, storage) -> str:
+    """Acquire lease L and persist it; its one lease file."""
+    submit(shell, ls.Acquire("L", {TB: 1}, 10_000))
+    shell.flush()
+    (written,) = storage.list(LEASE_FILES)
+    return written
+
+
 class DeletesFail(FileStorage):
     """File storage whose deletes fail while ``down`` (remote storage unreachable)."""
 
@@ -177,15 +195,9 @@ class DeletesFail(FileStorage):
 
 def test_lease_files_whose_delete_failed_are_deleted_once_storage_is_back(tmp_path):
     storage = DeletesFail(f"file://{tmp_path}", fsync=False)
-    store = LeaseStore(storage)
-    clock = {"now": 5_000}
-    shell = LeaseShell(ls.LeaseState(Catalog(), 60_000), store, clock_ms=lambda: clock["now"],
-                       on_freed=lambda buckets: None)
-    shell.writer = Writer()
+    store, clock, shell = _shell_on(storage)
     try:
-        submit(shell, ls.Acquire("L", {TB: 1}, 10_000))
-        shell.flush()
-        (written,) = storage.list(LEASE_FILES)
+        written = _one_lease_written(shell, storage)
         storage.down = True
         dropped = submit(shell, ls.Drop("L"))
         shell.flush()  # the pointer is gone; its file cannot be deleted
@@ -229,15 +241,9 @@ class DeletesHang(FileStorage):
 
 def test_a_hanging_remote_storage_does_not_stall_the_loop_while_deletes_are_retried(tmp_path):
     storage = DeletesHang(f"file://{tmp_path}", fsync=False)
-    store = LeaseStore(storage)
-    clock = {"now": 5_000}
-    shell = LeaseShell(ls.LeaseState(Catalog(), 60_000), store, clock_ms=lambda: clock["now"],
-                       on_freed=lambda buckets: None)
-    shell.writer = Writer()
+    store, clock, shell = _shell_on(storage)
     try:
-        submit(shell, ls.Acquire("L", {TB: 1}, 10_000))
-        shell.flush()
-        (written,) = storage.list(LEASE_FILES)
+        written = _one_lease_written(shell, storage)
         storage.release.set()  # the first failure answers at once ...
         storage.hang.set()
         submit(shell, ls.Drop("L"))
