@@ -9,7 +9,10 @@ user. Use as a context manager or call ``close``.
 
 from __future__ import annotations
 
+import time
+
 from client.admin import AdminClient
+from common import errors
 from common.config import Config
 from common.security.acl import Operation, Resource
 from common.security.acl_store import AclStore
@@ -21,6 +24,20 @@ from tests.local_cluster import LocalCluster
 INTERNAL_PASSWORD = "cluster-secret"
 ADMIN, ADMIN_PASSWORD = "admin", "admin-secret"
 CHEAP_HASH = {"n": 2 ** 4, "r": 8, "p": 1}  # scrypt parameters for test users: verifying costs microseconds
+ACL_WAIT_S = 10.0  # the ACL caches follow ZooKeeper watches: a grant or revoke lands within this
+
+
+def eventually(call, timeout_s: float = ACL_WAIT_S):
+    """``call()``'s result once it stops being refused (a grant reaches the servers' caches by a watch);
+    retried on AuthorizationFailedError, bounded."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return call()
+        except errors.AuthorizationFailedError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 class SecureCluster:

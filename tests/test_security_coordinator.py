@@ -11,7 +11,7 @@ from client.table import TableClient
 from common import errors
 from common.model import TableBucket
 from common.tables import Column
-from tests.secure_cluster import INTERNAL_PASSWORD, SecureCluster
+from tests.secure_cluster import INTERNAL_PASSWORD, SecureCluster, eventually
 from tests.snapshot_manifests import snapshot
 
 COLUMNS = [Column("id", "BIGINT"), Column("v", "STRING")]
@@ -23,18 +23,6 @@ def secure(make_config, tmp_path):
     with SecureCluster(make_config, tmp_path) as cluster:
         cluster.add_user("bob", "bob-pw")
         yield cluster
-
-
-def eventually(call, timeout_s: float = 10.0):
-    """``call()``'s result once it stops being refused (a grant reaches the servers' caches by a watch)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return call()
-        except errors.AuthorizationFailedError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
 
 
 def until_refused(call, timeout_s: float = 10.0) -> None:

@@ -33,13 +33,12 @@ from common.codec import batch_to_ipc
 from common.tls import TlsFiles
 from common.wire import error_from_pb
 from tests.conftest import TEST_DEFAULTS
-from tests.secure_cluster import ADMIN, ADMIN_PASSWORD, SecureCluster
+from tests.secure_cluster import ACL_WAIT_S, ADMIN, ADMIN_PASSWORD, SecureCluster, eventually
 
 pytestmark = pytest.mark.timeout(120)
 
 COLUMNS = [Column("id", "BIGINT"), Column("v", "STRING")]
 ROWS = [{"id": i, "v": f"v{i}"} for i in range(1, 21)]
-ACL_WAIT_S = 10.0  # the ACL cache follows ZooKeeper watches: a grant or revoke lands within this
 AUTHZ = errors.ErrorCode.AUTHORIZATION_FAILED
 AUTHN = errors.ErrorCode.AUTHENTICATION_FAILED
 
@@ -129,18 +128,6 @@ def stubs(sc):
     yield make
     for channels in made:
         channels.close()
-
-
-def eventually(call, timeout_s: float = ACL_WAIT_S):
-    """``call()`` once the ACL cache allows it (retried on AuthorizationFailedError, bounded)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return call()
-        except errors.AuthorizationFailedError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
 
 
 def denied(call, operation: str, path: str) -> errors.AuthorizationFailedError:
