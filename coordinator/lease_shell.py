@@ -2,7 +2,8 @@
 
 Runs on the event loop's thread. Lease events are gathered over a batch: the
 writes they ask for (:class:`~leases.state.PersistLease`) wait for
-:meth:`LeaseShell.flush`, which writes their metadata files in parallel, sends
+:meth:`LeaseShell.flush`, which writes their metadata files (one per table the batch
+changes, shared by its writes), sends
 their ZooKeeper operations together (epoch-fenced multi-ops, each write
 succeeding or failing alone), and only then feeds the outcomes back
 (``WriteDone`` / ``WriteFailed``): persist, then apply. Callers are answered
@@ -166,19 +167,28 @@ class LeaseShell(Shell):
             except errors.CoordinatorFencedError as exc:
                 for p in prepared:
                     self.store.failed(p)  # the epoch check failed: nothing points at them
+                self.store.settle()
                 for p in prepared:
                     self.execute(self.state.handle(ls.WriteFailed(p.write.write_id, exc)))
                 raise
             except errors.OutcomeUnknownError as exc:  # keep the files: ZooKeeper may point at them
+                self.store.settle(keep_fresh=True)
                 for p in prepared:
                     self.execute(self.state.handle(ls.WriteFailed(p.write.write_id, exc)))
+                raise
+            except BaseException:
+                self.store.settle(keep_fresh=True)  # not known what ZooKeeper did: as above
                 raise
             for p, outcome in zip(prepared, outcomes):
                 if outcome is None:
                     self.store.committed(p)
-                    self.execute(self.state.handle(ls.WriteDone(p.write.write_id)))
                 else:
                     self.store.failed(p)
+            self.store.settle()  # before the replies: a file no write took is gone when they arrive
+            for p, outcome in zip(prepared, outcomes):
+                if outcome is None:
+                    self.execute(self.state.handle(ls.WriteDone(p.write.write_id)))
+                else:
                     self.execute(self.state.handle(ls.WriteFailed(p.write.write_id, outcome)))
         if self._freed:
             freed, self._freed = self._freed, []

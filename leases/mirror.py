@@ -53,7 +53,7 @@ from common.storage import RemoteStorage
 from common.zk import loads
 from common.model import Lease, TableBucket
 from leases.refcount import RefcountIndex
-from leases.store import log_unreadable, read_table_file
+from leases.store import TableFile, lease_entry, log_unreadable, read_table_file
 
 log = logging.getLogger(__name__)
 
@@ -272,9 +272,9 @@ class LeaseMirror:
             for table_id, path in paths.items():
                 if old is None or old.paths.get(table_id) != path:
                     to_read.append((name, table_id, path))
-        contents = self._read_files([path for _n, _t, path in to_read], strict)
-        fresh: dict[tuple[str, int], dict[TableBucket, int] | None] = {
-            (name, table_id): contents[path] for name, table_id, path in to_read}
+        contents = self._read_files(list(dict.fromkeys(path for _n, _t, path in to_read)), strict)
+        fresh: dict[tuple[str, int], dict[TableBucket, int] | str] = {
+            (name, table_id): lease_entry(contents[path], name) for name, table_id, path in to_read}
         retry = []
         for name, expiration, paths, mzxid, graced in nodes:
             old = self._entries.get(name)
@@ -303,8 +303,8 @@ class LeaseMirror:
                                    Lease(name, expiration, _merged(tables, old), graced)))
         self._retry_later.update(retry)
 
-    def _read_files(self, paths: list[str], strict: bool) -> dict[str, dict[TableBucket, int] | str]:
-        """Per path its buckets, or why it cannot be read (see ``read_table_file``)."""
+    def _read_files(self, paths: list[str], strict: bool) -> dict[str, TableFile | str]:
+        """Per path its leases' buckets, or why it cannot be read (see ``read_table_file``)."""
         def read(path: str):
             try:
                 return read_table_file(self.storage, path)

@@ -1,13 +1,19 @@
-"""Lease persistence: a ZooKeeper pointer node + one metadata file per table.
+"""Lease persistence: a ZooKeeper pointer node + metadata files on remote storage.
 
 ``/leases/kv_snapshot/{lease_id}`` holds ``{version, expiration_time,
 tables: [{table_id, metadata_path}]}``, plus ``graced: true`` when the
-deadline is a failover grace (absent: false); each metadata file
-``lease/kv-snapshot/{lease_id}/{table_id}/{uuid}.metadata`` (on remote
-storage) holds that table's ``{bucket -> snapshot_id}``. A file is always
-written under a new name and only then pointed to; the old one is deleted
-after the pointer moved, so ZooKeeper never points at a missing file. Only
-the tables that changed get new files.
+deadline is a failover grace (absent: false). A metadata file
+``lease/kv-snapshot/{table_id}/{name}.metadata`` (on remote storage) holds,
+for one table, ``{bucket -> snapshot_id}`` of each lease written by one batch
+of the coordinator's loop that changed that table: a batch writes one file per
+table it touches, not one per lease (each new file costs a create, an inode and
+its share of a sync; on S3, a PUT). Leases therefore share files: a file is
+deleted once no lease points at it any more (counted in :class:`LeaseStore`).
+
+A file is always written under a new name and only then pointed to, so
+ZooKeeper never points at a missing file. Only the tables that changed get new
+files. Files of format 1 (``{version, lease_id, table_id, buckets}``: one lease
+each, written by earlier versions) are read as well.
 
 The store only prepares and finishes writes; the coordinator's fenced writer
 sends the ZooKeeper operations (so several writes can share a round trip).
@@ -15,6 +21,7 @@ sends the ZooKeeper operations (so several writes can share a round trip).
 
 from __future__ import annotations
 
+import collections
 import itertools
 import json
 import logging
@@ -34,7 +41,8 @@ from leases.state import PersistLease
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 1  # of the ZooKeeper node
+FILE_FORMAT = 2  # of a table file: several leases (format 1: one lease per file)
 LEASE_FILES = "lease/kv-snapshot"
 
 
@@ -42,9 +50,8 @@ LEASE_FILES = "lease/kv-snapshot"
 class PreparedWrite:
     write: PersistLease
     op: ZkOp
-    new_paths: dict[int, str]  # table -> path written for this write
+    new_paths: dict[int, str]  # table -> path written for this write (shared with the batch's other writes)
     paths_after: dict[int, str]  # the lease's table -> path once the write is done
-    obsolete: tuple[str, ...]  # files to delete once the pointer moved
 
 
 #: A new file's name: 32 hex digits, 16 random for this process and 16 counting (a uuid4 per file
@@ -54,30 +61,46 @@ _NAME_PREFIX = uuid.uuid4().hex[:16]
 _name_counter = itertools.count()
 
 
-def metadata_file(lease_id: str, table_id: int) -> str:
-    return f"{LEASE_FILES}/{lease_id}/{table_id}/{_NAME_PREFIX}{next(_name_counter):016x}.metadata"
+def metadata_file(table_id: int) -> str:
+    """A new file name for table ``table_id``'s entries of one batch of lease writes."""
+    return f"{LEASE_FILES}/{table_id}/{_NAME_PREFIX}{next(_name_counter):016x}.metadata"
 
 
-def encode_table_file(lease_id: str, table_id: int, buckets: dict[TableBucket, int]) -> bytes:
-    rows = [{"partition_id": tb.partition_id, "bucket": tb.bucket, "snapshot_id": sid}
+#: A table file's contents: lease id -> that lease's buckets of the table.
+TableFile = dict[str, dict[TableBucket, int]]
+
+
+def _rows(buckets: dict[TableBucket, int]) -> list[dict]:
+    return [{"partition_id": tb.partition_id, "bucket": tb.bucket, "snapshot_id": sid}
             for tb, sid in sorted(buckets.items(), key=lambda item: item[0].sort_key())]
-    return json.dumps({"version": FORMAT_VERSION, "lease_id": lease_id, "table_id": table_id,
-                       "buckets": rows}, separators=(",", ":")).encode()
 
 
-def decode_table_file(data: bytes) -> dict[TableBucket, int]:
-    """Raises ValueError for anything but a well-formed table file."""
+def encode_table_file(table_id: int, leases: dict[str, dict[TableBucket, int]]) -> bytes:
+    """The file of ``table_id`` holding each lease's buckets of it (format 2)."""
+    return json.dumps({"version": FILE_FORMAT, "table_id": table_id,
+                       "leases": {lease_id: _rows(buckets) for lease_id, buckets in leases.items()}},
+                      separators=(",", ":")).encode()
+
+
+def decode_table_file(data: bytes) -> TableFile:
+    """Raises ValueError for anything but a well-formed table file (format 1 or 2)."""
     try:
         doc = json.loads(data)
         table_id = int(doc["table_id"])
-        return {TableBucket(table_id, int(r["bucket"]), r.get("partition_id")): int(r["snapshot_id"])
-                for r in doc["buckets"]}
+        if doc.get("version") == 1:
+            entries = {str(doc["lease_id"]): doc["buckets"]}
+        else:
+            entries = doc["leases"]
+        return {str(lease_id): {TableBucket(table_id, int(r["bucket"]), r.get("partition_id")): int(r["snapshot_id"])
+                                for r in rows}
+                for lease_id, rows in entries.items()}
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"not a lease table file: {exc!r}") from None
 
 
-def read_table_file(storage: RemoteStorage, path: str) -> dict[TableBucket, int] | str:
-    """The file's buckets, or why it is unreadable for good (missing, or not a lease table file).
+def read_table_file(storage: RemoteStorage, path: str) -> TableFile | str:
+    """The file's leases and their buckets, or why it is unreadable for good (missing, or not a lease
+    table file).
 
     Raises StorageError when remote storage could not be read (that may pass).
     """
@@ -87,6 +110,14 @@ def read_table_file(storage: RemoteStorage, path: str) -> dict[TableBucket, int]
         return "missing"
     except ValueError as exc:
         return str(exc)
+
+
+def lease_entry(content: TableFile | str, lease_id: str) -> dict[TableBucket, int] | str:
+    """``lease_id``'s buckets in a file read by :func:`read_table_file`, or why there are none."""
+    if isinstance(content, str):
+        return content
+    buckets = content.get(lease_id)
+    return f"the file has no entry for lease {lease_id}" if buckets is None else buckets
 
 
 def log_unreadable(lease_id: str, path: str, why: str) -> None:
@@ -100,6 +131,10 @@ class LeaseStore:
     def __init__(self, storage: RemoteStorage, io_threads: int = 16) -> None:
         self.storage = storage
         self._paths: dict[str, dict[int, str]] = {}  # persisted layout: lease -> table -> file
+        #: how many (lease, table) entries of :attr:`_paths` point at each file; a file is deleted at 0
+        self._refs: collections.Counter[str] = collections.Counter()
+        #: files written by the batch under way: deleted by :meth:`settle` if no lease took them
+        self._fresh: set[str] = set()
         self.undeleted: set[str] = set()  # files no lease points at whose delete failed
         #: leases not loaded (a file missing or corrupt): lease -> its unreadable files. Their nodes and
         #: files stay (in ``_paths``, so never orphans) until the lease is acquired again (replaced)
@@ -112,63 +147,58 @@ class LeaseStore:
     # -- writing ---------------------------------------------------------------------
 
     def prepare(self, writes: list[PersistLease]) -> list[PreparedWrite | StorageError]:
-        """Write the new metadata files of every write; the ZooKeeper op of each.
+        """Write the new metadata files of a batch of writes (distinct leases); the ZooKeeper op of each.
 
-        A write whose files could not be written comes back as its StorageError
-        (and leaves no file behind). Remote storage that gains from parallel calls
-        (S3) gets each write's files from a pool thread; otherwise (local files) all
-        the batch's files go in one :meth:`~common.storage.RemoteStorage.write_new_many`,
-        made durable together.
+        The batch writes one file per table it changes, holding the entries of
+        every write that changes that table. A write whose files could not all
+        be written comes back as the StorageError of one. Then report each
+        write's outcome (:meth:`committed`, :meth:`failed`) and call
+        :meth:`settle`, which deletes the batch's files no lease took. Files go
+        in one :meth:`~common.storage.RemoteStorage.write_new_many` (local
+        files: made durable together), or from pool threads where remote
+        storage gains from parallel calls (S3).
         """
-        if self.storage.parallel_io:
-            return list(self._pool.map(self._prepare_one, writes))
-        files = {write.write_id: self._new_files(write) for write in writes}
-        items = [(path, data) for new in files.values() for path, data in new.values()]
-        outcomes = dict(zip((path for path, _data in items), self.storage.write_new_many(items)))
+        entries: dict[int, dict[str, dict[TableBucket, int]]] = {}
+        for write in writes:
+            if write.after is not None:
+                for table_id in sorted(write.changed_tables):
+                    buckets = write.after.table_buckets(table_id)
+                    if buckets:
+                        entries.setdefault(table_id, {})[write.lease_id] = buckets
+        files = {table_id: (metadata_file(table_id), encode_table_file(table_id, leases))
+                 for table_id, leases in entries.items()}
+        items = list(files.values())
+        if self.storage.parallel_io and len(items) > 1:
+            outcomes = list(self._pool.map(self._write_new, items))
+        else:
+            outcomes = self.storage.write_new_many(items)
+        errors = {table_id: outcome for table_id, outcome in zip(files, outcomes)}
+        self._fresh.update(path for (path, _data), outcome in zip(items, outcomes) if outcome is None)
         results: list[PreparedWrite | StorageError] = []
         for write in writes:
-            new = files[write.write_id]
-            error = next((outcomes[path] for path, _data in new.values() if outcomes[path] is not None), None)
+            tables = [table_id for table_id in sorted(write.changed_tables) if write.lease_id in entries.get(table_id, {})]
+            error = next((errors[t] for t in tables if errors[t] is not None), None)
             if error is not None:
-                self._delete_quietly(path for path, _data in new.values() if outcomes[path] is None)
                 results.append(error)
             else:
-                results.append(self._prepared(write, {table_id: path for table_id, (path, _data) in new.items()}))
+                results.append(self._prepared(write, {t: files[t][0] for t in tables}))
         return results
 
-    def _new_files(self, write: PersistLease) -> dict[int, tuple[str, bytes]]:
-        """The files ``write`` needs: table -> (new path, contents); none for a lease that goes."""
-        if write.after is None:
-            return {}
-        files = {}
-        for table_id in sorted(write.changed_tables):
-            buckets = write.after.table_buckets(table_id)
-            if buckets:
-                files[table_id] = (metadata_file(write.lease_id, table_id),
-                                   encode_table_file(write.lease_id, table_id, buckets))
-        return files
-
-    def _prepare_one(self, write: PersistLease) -> PreparedWrite | StorageError:
-        new_paths: dict[int, str] = {}
+    def _write_new(self, item: tuple[str, bytes]) -> StorageError | None:
         try:
-            for table_id, (path, data) in self._new_files(write).items():
-                self.storage.write_new(path, data)
-                new_paths[table_id] = path
+            self.storage.write_new(*item)
         except StorageError as exc:
-            self._delete_quietly(new_paths.values())
             return exc
-        return self._prepared(write, new_paths)
+        return None
 
     def _prepared(self, write: PersistLease, new_paths: dict[int, str]) -> PreparedWrite:
-        """``write`` with its new files written: its ZooKeeper op and the files it makes obsolete."""
+        """``write`` with its new files written: its ZooKeeper op."""
         lease_id = write.lease_id
         current = self._paths.get(lease_id, {})
         if write.after is None:
-            return PreparedWrite(write, ZkOp("delete", zkpaths.lease(lease_id)), {}, {},
-                                 tuple(current.values()))
+            return PreparedWrite(write, ZkOp("delete", zkpaths.lease(lease_id)), {}, {})
         paths_after = {t: p for t, p in current.items() if t in write.after.tables()}
         paths_after.update(new_paths)
-        obsolete = tuple(p for t, p in current.items() if paths_after.get(t) != p)
         node = {
             "version": FORMAT_VERSION,
             "expiration_time": write.after.expiration_time,
@@ -177,21 +207,42 @@ class LeaseStore:
         if write.after.graced:
             node["graced"] = True
         kind = "create" if write.before is None and lease_id not in self.unreadable else "set"
-        return PreparedWrite(write, ZkOp(kind, zkpaths.lease(lease_id), dumps(node)), new_paths, paths_after, obsolete)
+        return PreparedWrite(write, ZkOp(kind, zkpaths.lease(lease_id), dumps(node)), new_paths, paths_after)
 
     def committed(self, prepared: PreparedWrite) -> None:
-        """The pointer moved: remember the layout, delete the files it no longer names."""
+        """The pointer moved: remember the layout, delete the files no lease points at any more."""
         lease_id = prepared.write.lease_id
         self.unreadable.pop(lease_id, None)  # replaced (its node was set)
-        if prepared.write.after is None:
-            self._paths.pop(lease_id, None)
-        else:
+        before = self._paths.pop(lease_id, {})
+        if prepared.write.after is not None:
             self._paths[lease_id] = dict(prepared.paths_after)
-        self._delete_quietly(prepared.obsolete)
+            self._refs.update(prepared.paths_after.values())
+        self._unref(before.values())
 
     def failed(self, prepared: PreparedWrite) -> None:
-        """The pointer did not move: the new files are garbage."""
-        self._delete_quietly(prepared.new_paths.values())
+        """The pointer did not move: the write's new files are garbage unless another write of the
+        batch took them (:meth:`settle` decides)."""
+
+    def settle(self, *, keep_fresh: bool = False) -> None:
+        """The batch's outcomes are all in: delete its files no lease took. ``keep_fresh``: keep them
+        (a ZooKeeper outcome is unknown: a node may point at them; the next reinitialization
+        removes those that are orphans)."""
+        fresh, self._fresh = self._fresh, set()
+        if not keep_fresh:
+            self._delete_quietly(sorted(p for p in fresh if not self._refs.get(p)))
+
+    def _unref(self, paths: Iterable[str]) -> None:
+        gone = []
+        for path in paths:
+            self._refs[path] -= 1
+            if self._refs[path] <= 0:
+                del self._refs[path]
+                gone.append(path)
+        self._delete_quietly(gone)
+
+    def _set_layout(self, layout: dict[str, dict[int, str]]) -> None:
+        self._paths = layout
+        self._refs = collections.Counter(p for tables in layout.values() for p in tables.values())
 
     def _delete_quietly(self, paths: Iterable[str]) -> None:
         for path in paths:
@@ -206,8 +257,8 @@ class LeaseStore:
         """Delete again ``paths`` (a copy of :attr:`undeleted`: remote storage was down); stops at the
         first failure (it still is). Returns the paths deleted; the caller discards them from
         :attr:`undeleted` (this runs off the event loop and touches no state of the store). No lease
-        points at any of them: a file is pointed at only by the write that created it, and these are
-        obsolete or never committed."""
+        points at any of them, nor will: a file is only pointed at by writes of the batch that created
+        it, and these files lost their last lease or were taken by none."""
         deleted = []
         for path in paths:
             try:
@@ -240,9 +291,10 @@ class LeaseStore:
                 log.warning("lease node %s vanished while loading: %s", name, exc)
                 continue
             nodes.append((name, loads(data)))
-        self._paths = {name: {int(t["table_id"]): t["metadata_path"] for t in node["tables"]} for name, node in nodes}
-        files = [(name, path) for name, node in nodes for path in self._paths[name].values()]
-        read = lambda item: read_table_file(self.storage, item[1])  # noqa: E731
+        self._set_layout({name: {int(t["table_id"]): t["metadata_path"] for t in node["tables"]}
+                          for name, node in nodes})
+        files = list(self._refs)  # each once: leases share them
+        read = lambda path: read_table_file(self.storage, path)  # noqa: E731
         # local files read faster in a plain loop than through a pool; remote ones in parallel
         reads = self._pool.map(read, files) if self.storage.parallel_io else map(read, files)
         contents = dict(zip(files, reads))
@@ -252,7 +304,7 @@ class LeaseStore:
             buckets: dict[TableBucket, int] = {}
             bad = []
             for path in self._paths[name].values():
-                content = contents[(name, path)]
+                content = lease_entry(contents[path], name)
                 if isinstance(content, str):
                     log_unreadable(name, path, content)
                     bad.append(path)
@@ -267,7 +319,7 @@ class LeaseStore:
     def adopt(self, layout: dict[str, dict[int, str]], unreadable: dict[str, tuple[str, ...]] | None = None) -> None:
         """Take the persisted layout (lease -> table -> file) loaded elsewhere (a LeaseMirror),
         and the leases it could not load (their files are in the layout)."""
-        self._paths = {name: dict(tables) for name, tables in layout.items()}
+        self._set_layout({name: dict(tables) for name, tables in layout.items()})
         self.unreadable = dict(unreadable or {})
 
     def unreadable_tables(self) -> set[int]:
@@ -277,12 +329,10 @@ class LeaseStore:
 
     def unreferenced(self, listed) -> list[str]:
         """The files of ``listed`` no lease points at (to be called with no write in flight)."""
-        referenced = {p for tables in self._paths.values() for p in tables.values()}
-        return [p for p in listed if p not in referenced]
+        return [p for p in listed if not self._refs.get(p)]
 
     def remove_orphans(self) -> list[str]:
         """Delete lease files no ZooKeeper node points at (call after :meth:`load_all`)."""
-        referenced = {p for tables in self._paths.values() for p in tables.values()}
-        orphans = [p for p in self.storage.list(LEASE_FILES) if p not in referenced]
+        orphans = [p for p in self.storage.list(LEASE_FILES) if not self._refs.get(p)]
         self._delete_quietly(orphans)
         return orphans

@@ -2,8 +2,9 @@
 
 ``/leases/kv_snapshot/{lease_id}`` holds ``{version, expiration_time, tables:
 [{table_id, metadata_path}]}``; each metadata file (on remote storage, under
-``lease/kv-snapshot/``) holds ``{version, lease_id, table_id, buckets:
-[{partition_id, bucket, snapshot_id}]}``. The drills read them here so that
+``lease/kv-snapshot/``) holds ``{version: 2, table_id, leases: {lease_id:
+[{partition_id, bucket, snapshot_id}]}}`` for the leases a batch wrote (format 1,
+one lease per file: ``{version: 1, lease_id, table_id, buckets: [...]}``). The drills read them here so that
 what they check does not depend on the loader they check (``ops`` does not
 import ``leases``).
 """
@@ -54,7 +55,8 @@ def persisted_views(nodes: Mapping[str, tuple[int, dict]], read: Callable[[str],
                 doc = json.loads(read(table["metadata_path"]))
             except StorageNotFound:
                 continue
-            for row in doc["buckets"]:
+            rows = doc["buckets"] if doc.get("version") == 1 else doc["leases"].get(name, [])
+            for row in rows:
                 buckets[TableBucket(int(doc["table_id"]), int(row["bucket"]), row.get("partition_id"))] = \
                     int(row["snapshot_id"])
         views[name] = (int(node["expiration_time"]), buckets)

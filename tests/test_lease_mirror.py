@@ -100,8 +100,8 @@ def test_mirror_tracks_creates_updates_and_deletes(env):
 
 
 def _raw_lease(storage, lease_id: str, table_id: int, buckets: dict, expiration: int) -> bytes:
-    path = f"{LEASE_FILES}/{lease_id}/{table_id}/{uuid.uuid4().hex}.metadata"
-    storage.write_new(path, encode_table_file(lease_id, table_id, buckets))
+    path = f"{LEASE_FILES}/{table_id}/{uuid.uuid4().hex}.metadata"
+    storage.write_new(path, encode_table_file(table_id, {lease_id: buckets}))
     return dumps({"version": 1, "expiration_time": expiration,
                   "tables": [{"table_id": table_id, "metadata_path": path}]})
 

@@ -7,6 +7,7 @@ reinitialized from the same ZooKeeper + storage must see the same state.
 
 from __future__ import annotations
 
+import json
 from concurrent.futures import Future
 
 import pytest
@@ -14,7 +15,7 @@ import pytest
 from common import errors, zkpaths
 from common.storage import RemoteStorage, StorageError, open_storage
 from common.tables import Column, TableSpec
-from common.zk import loads, make_client
+from common.zk import dumps, loads, make_client
 from coordinator import requests as rq
 from leases import state as ls
 from coordinator.controller import Controller
@@ -413,3 +414,25 @@ def test_a_lease_whose_file_is_missing_or_corrupt_is_left_out_and_kept(env):
     assert not storage.exists(corrupt_file)
     assert sorted(b.lease_store.unreadable) == ["gone"]
     assert sorted(lease.lease_id for lease in make().leases.leases.values()) == ["corrupt", "fine"]
+
+
+def test_a_lease_in_a_format_1_file_loads_and_its_next_change_moves_it_to_a_shared_file(env):
+    make, storage, clock, _ = env
+    a = make()
+    t = make_table(a)
+    commit(a, t.table_id, 0, 1)
+    commit(a, t.table_id, 1, 1)
+    tb0, tb1 = TableBucket(t.table_id, 0), TableBucket(t.table_id, 1)
+    old = f"{LEASE_FILES}/old/{t.table_id}/{'ab' * 16}.metadata"  # an earlier version's layout: a file per lease
+    storage.put(old, json.dumps({"version": 1, "lease_id": "old", "table_id": t.table_id, "buckets": [
+        {"partition_id": None, "bucket": 0, "snapshot_id": 1}]}).encode())
+    a.zk.create(zkpaths.lease("old"), dumps({"version": 1, "expiration_time": clock.now + 60_000,
+                                              "tables": [{"table_id": t.table_id, "metadata_path": old}]}))
+    b = make()
+    assert b.leases.get("old").buckets == {tb0: 1}
+    assert lease_files(storage) == [old]
+    call(b, ls.Acquire("old", {tb1: 1}, 60_000))
+    (new,) = lease_files(storage)  # the old file went once the pointer moved
+    assert new.startswith(f"{LEASE_FILES}/{t.table_id}/")
+    assert zk_lease_node(b, "old")["tables"] == [{"table_id": t.table_id, "metadata_path": new}]
+    assert make().leases.get("old").buckets == {tb0: 1, tb1: 1}

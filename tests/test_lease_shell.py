@@ -26,7 +26,7 @@ TB = TableBucket(1, 0)
 
 class Catalog:
     def bucket_count(self, table_id: int) -> int | None:
-        return 2 if table_id == 1 else None
+        return 2 if table_id in (1, 2) else None
 
     def has_snapshot(self, tb: TableBucket, snapshot_id: int) -> bool:
         return snapshot_id == 1
@@ -275,35 +275,90 @@ def test_a_hanging_remote_storage_does_not_stall_the_loop_while_deletes_are_retr
         store.close()
 
 
-def test_a_batch_of_lease_files_is_synced_once_and_a_write_whose_file_fails_fails_alone(tmp_path, monkeypatch):
+def test_a_batch_writes_one_synced_file_per_table_and_a_failed_file_fails_only_its_writes(tmp_path, monkeypatch):
     from common import storage as st
     from leases import store as store_module
+    from leases.store import read_table_file
 
     storage = FileStorage(f"file://{tmp_path}", fsync=True)
     store = LeaseStore(storage)
     synced = []
     real_syncfs = st._syncfs
     monkeypatch.setattr(st, "_syncfs", lambda path: (synced.append(path), real_syncfs(path)))
-    taken = f"{LEASE_FILES}/B/1/taken.metadata"
+    taken = f"{LEASE_FILES}/2/taken.metadata"
     storage.write_new(taken, b"already there")
     real_name = store_module.metadata_file
     monkeypatch.setattr(store_module, "metadata_file",
-                        lambda lease_id, table_id: taken if lease_id == "B" else real_name(lease_id, table_id))
+                        lambda table_id: taken if table_id == 2 else real_name(table_id))
     shell = LeaseShell(ls.LeaseState(Catalog(), 60_000), store, clock_ms=lambda: 5_000, on_freed=lambda _b: None)
     shell.writer = Writer()
+    other = TableBucket(2, 1)
     try:
-        futures = {name: submit(shell, ls.Acquire(name, {TB: 1}, 1_000)) for name in ("A", "B", "C")}
+        futures = {"A": submit(shell, ls.Acquire("A", {TB: 1}, 1_000)),
+                   "B": submit(shell, ls.Acquire("B", {TB: 1, other: 1}, 1_000)),  # needs table 2's file
+                   "C": submit(shell, ls.Acquire("C", {TableBucket(1, 1): 1}, 1_000))}
         shell.flush()
         assert synced == [storage.root]  # one sync for the batch's files
         with pytest.raises(errors.StorageError):
             futures["B"].result(timeout=0)
-        assert futures["A"].result(timeout=0).acquired == futures["C"].result(timeout=0).acquired == {TB: 1}
+        assert futures["A"].result(timeout=0).acquired == {TB: 1}
+        assert futures["C"].result(timeout=0).acquired == {TableBucket(1, 1): 1}
         assert shell.state.get("B") is None and [len(chunk) for chunk in shell.writer.chunks] == [2]
         files = storage.list(LEASE_FILES)
-        assert len(files) == 3 and taken in files  # A's, C's, and the file that was there (not B's)
-        for name in ("A", "C"):
-            (path,) = [p for p in files if p.startswith(f"{LEASE_FILES}/{name}/")]
-            node = loads(shell.writer.chunks[0][0 if name == "A" else 1].data)
-            assert node["tables"] == [{"table_id": 1, "metadata_path": path}]
+        (shared,) = [p for p in files if p != taken]  # A's and C's entries share table 1's file
+        assert len(files) == 2 and shared.startswith(f"{LEASE_FILES}/1/")
+        for i, name in enumerate(("A", "C")):
+            node = loads(shell.writer.chunks[0][i].data)
+            assert node["tables"] == [{"table_id": 1, "metadata_path": shared}]
+        content = read_table_file(storage, shared)
+        # B's entry is there too (the file was written before B failed): no node points at it for B
+        assert content == {"A": {TB: 1}, "B": {TB: 1}, "C": {TableBucket(1, 1): 1}}
     finally:
+        store.close()
+
+
+def test_a_shared_lease_file_is_deleted_only_when_its_last_lease_moved_off_it(tmp_path):
+    storage = FileStorage(f"file://{tmp_path}", fsync=False)
+    store, clock, shell = _shell_on(storage)
+    try:
+        for name in ("A", "B", "C"):
+            submit(shell, ls.Acquire(name, {TB: 1}, 10_000))
+        shell.flush()
+        (first,) = storage.list(LEASE_FILES)
+        submit(shell, ls.Release("A", frozenset({TB})))  # A goes: the file still holds B and C
+        submit(shell, ls.Acquire("B", {TableBucket(1, 1): 1}, 10_000))  # B's table 1 moves to a new file
+        shell.flush()
+        files = storage.list(LEASE_FILES)
+        assert first in files and len(files) == 2
+        assert shell.state.get("C").buckets == {TB: 1}
+        submit(shell, ls.Drop("C"))  # the last lease on the first file
+        shell.flush()
+        (second,) = storage.list(LEASE_FILES)
+        assert second != first and shell.state.get("B").buckets == {TB: 1, TableBucket(1, 1): 1}
+        submit(shell, ls.Drop("B"))
+        shell.flush()
+        assert storage.list(LEASE_FILES) == []
+    finally:
+        shell.close()
+        store.close()
+
+
+def test_a_batch_file_no_write_took_is_deleted_and_one_with_an_unknown_outcome_is_kept(tmp_path):
+    storage = FileStorage(f"file://{tmp_path}", fsync=False)
+    store, clock, shell = _shell_on(storage)
+    try:
+        shell.writer.fail = errors.InvalidRequestError("rejected")  # ZooKeeper refuses every write of the batch
+        refused = [submit(shell, ls.Acquire(name, {TB: 1}, 10_000)) for name in ("A", "B")]
+        shell.flush()
+        assert all(f.exception(timeout=0) is not None for f in refused)
+        assert storage.list(LEASE_FILES) == []  # written, taken by none: deleted
+        shell.writer.fail = None
+        shell.writer.commit_many = lambda chunks: (_ for _ in ()).throw(errors.OutcomeUnknownError("lost"))
+        unknown = submit(shell, ls.Acquire("C", {TB: 1}, 10_000))
+        with pytest.raises(errors.OutcomeUnknownError):
+            shell.flush()
+        assert unknown.exception(timeout=0) is not None
+        assert len(storage.list(LEASE_FILES)) == 1  # a node may point at it: kept for reinitialization
+    finally:
+        shell.close()
         store.close()

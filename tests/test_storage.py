@@ -232,3 +232,25 @@ def test_file_storage_write_under_a_file_is_a_storage_error(tmp_path):
         storage.write_new("a/b/c/d", b"x")
     storage.write_new("a/c/d/e", b"y")  # new directories under an existing one
     assert storage.list("a") == ["a/b", "a/c/d/e"]
+
+
+@pytest.mark.unit
+def test_file_storage_batch_creates_in_place_and_a_failed_item_leaves_nothing_of_itself(tmp_path, monkeypatch):
+    storage = FileStorage(f"file://{tmp_path}", fsync=True)
+    storage.write_new("t/taken", b"old")
+    storage.put("file", b"a file where a directory would go")
+    real_write = st.os.write
+
+    def write(fd, data):  # the write of the item holding b"bad" fails (a full disk)
+        if bytes(data) == b"bad":
+            raise OSError(28, "No space left on device")
+        return real_write(fd, data)
+    monkeypatch.setattr(st.os, "write", write)
+    outcomes = storage.write_new_many([("t/a", b"a"), ("t/taken", b"new"), ("file/x", b"x"), ("t/b", b"bad"),
+                                       ("u/v/c", b"c")])
+    assert outcomes[0] is None and outcomes[4] is None
+    assert isinstance(outcomes[1], StorageExists)
+    assert isinstance(outcomes[2], StorageError) and isinstance(outcomes[3], StorageError)
+    assert "No space left" in str(outcomes[3])
+    assert storage.list("") == ["file", "t/a", "t/taken", "u/v/c"]
+    assert [storage.read(p) for p in ("t/a", "t/taken", "u/v/c")] == [b"a", b"old", b"c"]
