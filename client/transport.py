@@ -58,6 +58,8 @@ class Channels:
         protect([credentials[1]] if credentials else [])
         self._credentials = tls.channel_credentials() if tls is not None else None
         self._channels: dict[str, tuple[grpc.Channel, grpc.Channel]] = {}  # address -> (raw, with credentials)
+        #: (address, stub class) -> stub: a stub builds a callable per method, too dear to make per call
+        self._stubs: dict[tuple[str, Any], Any] = {}
         self._lock = threading.Lock()
 
     def get(self, address: str) -> grpc.Channel:
@@ -73,7 +75,14 @@ class Channels:
             return pair[1]
 
     def stub(self, address: str, stub_class: Callable[[grpc.Channel], Any]) -> Any:
-        return stub_class(self.get(address))
+        stub = self._stubs.get((address, stub_class))
+        if stub is None:
+            channel = self.get(address)
+            with self._lock:
+                if self._channels.get(address, (None, None))[1] is not channel:
+                    return stub_class(channel)  # closed meanwhile: not kept
+                stub = self._stubs.setdefault((address, stub_class), stub_class(channel))
+        return stub
 
     def addresses(self) -> list[str]:
         """The addresses a channel is open to."""
@@ -83,6 +92,7 @@ class Channels:
     def close(self) -> None:
         with self._lock:
             channels, self._channels = list(self._channels.values()), {}
+            self._stubs = {}
         for raw, _channel in channels:
             raw.close()
 

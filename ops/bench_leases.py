@@ -238,7 +238,7 @@ def raw_zk_writes(connect: str, count: int, window: int, session_timeout_s: floa
         zk.ensure_path(base)
         # about the size of a lease node: {version, expiration_time, tables: [{table_id, metadata_path}]}
         data = json.dumps({"version": 1, "expiration_time": 1_900_000_000_000, "tables": [
-            {"table_id": 1, "metadata_path": "lease/kv-snapshot/bench-0-0/1/" + "0" * 32 + ".metadata"}]}).encode()
+            {"table_id": 1, "metadata_path": "lease/kv-snapshot/1/" + "0" * 32 + ".metadata"}]}).encode()
         rates = {}
         for kind in ("create", "set"):
             pending: deque = deque()

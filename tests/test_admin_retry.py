@@ -165,3 +165,21 @@ def test_retry_policy_does_not_retry_past_its_budget_or_a_non_retriable_error():
     with pytest.raises(errors.InvalidRequestError):
         RetryPolicy(10.0, sleep=sleeps.append).call(failing, errors.InvalidRequestError("bad"))
     assert calls == ["NetworkError", "InvalidRequestError"] and sleeps == []
+
+
+def test_channels_keep_one_stub_per_address_and_service_until_closed():
+    from client.transport import Channels
+    from common.proto import security_pb2_grpc
+
+    channels = Channels()
+    try:
+        stub = channels.stub("127.0.0.1:1", pb_grpc.CoordinatorServiceStub)
+        assert channels.stub("127.0.0.1:1", pb_grpc.CoordinatorServiceStub) is stub  # not rebuilt per call
+        assert channels.stub("127.0.0.1:2", pb_grpc.CoordinatorServiceStub) is not stub
+        assert not isinstance(channels.stub("127.0.0.1:1", security_pb2_grpc.SecurityServiceStub),
+                              pb_grpc.CoordinatorServiceStub)
+        channels.close()
+        assert channels.addresses() == []
+        assert channels.stub("127.0.0.1:1", pb_grpc.CoordinatorServiceStub) is not stub  # a new channel's
+    finally:
+        channels.close()

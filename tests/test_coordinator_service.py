@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 
 import re
 import time
@@ -288,7 +289,8 @@ def restarted_without_lease_file(config, setup):
             admin.commit_kv_snapshot(snapshot(first.storage, tb, 1, 10))
             admin.acquire_lease("lost", {tb: 1}, 600_000)
             setup(admin, first.storage, tb)
-            lost_file = next(p for p in first.storage.list("lease/kv-snapshot") if "/lost/" in p)
+            (lost,) = json.loads(first.zk.get(zkpaths.lease("lost"))[0])["tables"]  # its own file: alone in its batch
+            lost_file = lost["metadata_path"]
     finally:
         first.stop()
     first.storage.delete(lost_file)
