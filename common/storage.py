@@ -201,10 +201,11 @@ class FileStorage(RemoteStorage):
     def write_new_many(self, items: Sequence[tuple[str, bytes]]) -> list[StorageError | None]:
         """All of them written, then made durable together by one ``syncfs`` of the root's file
         system (with fsync on, where the platform has it): one flush for the lot instead of an
-        fsync per file, which on a small file costs more than writing it. A failed sync fails
+        fsync per file, which on a small file costs more than writing it (a single file: its
+        own fsync). Each is created in place, not through a temp file. A failed sync fails
         every item and removes what was written."""
-        if not self.fsync or _syncfs is None or len(items) < 2:
-            return super().write_new_many(items)
+        if not self.fsync or _syncfs is None or len(items) < 2:  # each made durable alone (fsync on)
+            return [self._create(path, data, sync=self.fsync) for path, data in items]
         outcomes = [self._create(path, data) for path, data in items]
         if any(outcome is None for outcome in outcomes):
             try:
@@ -220,10 +221,11 @@ class FileStorage(RemoteStorage):
                 return [outcome or error for outcome in outcomes]
         return outcomes
 
-    def _create(self, path: str, data: bytes) -> StorageError | None:
-        """Create ``path`` holding ``data`` in place, not synced (no temp file: the contract of
+    def _create(self, path: str, data: bytes, sync: bool = False) -> StorageError | None:
+        """Create ``path`` holding ``data`` in place (no temp file: the contract of
         :meth:`write_new_many` lets a crash leave it partly written): one new inode and one
-        directory entry, where a temp file moved into place costs three directory changes."""
+        directory entry, where a temp file moved into place costs three directory changes.
+        ``sync``: fsync it (on Linux that also makes its new name durable)."""
         full = self._full(path)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
         try:
@@ -239,6 +241,8 @@ class FileStorage(RemoteStorage):
                 view = memoryview(data)
                 while view:
                     view = view[os.write(fd, view):]
+                if sync:
+                    os.fsync(fd)
             except OSError:
                 os.unlink(full)
                 raise
