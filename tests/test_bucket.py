@@ -529,3 +529,25 @@ def test_a_failed_fsync_fails_the_write_and_the_store_and_a_reopen_is_consistent
         assert set(state(store)) in ({1}, {1, 2})
         assert check_before_images(log_records(store)) == kv_rows(store)
         assert store.write(rows((3, "c", 3.0)))[1] == store.log_end_offset
+
+
+def test_flushed_rows_are_stored_uncompressed_and_compacted_ones_lz4(tmp_path):
+    """Level 0 (flushes) is uncompressed, the levels below LZ4 (tablet/kvstore.py _options)."""
+    from tablet.kvstore import KvStore
+
+    store = KvStore(str(tmp_path / "kv"))
+    try:
+        keys = [i.to_bytes(8, "big") for i in range(20_000)]
+        store.write(keys, [b"a" * 200] * len(keys), [], 1)  # very compressible: 4 MB of rows
+        store.flush()
+
+        def sst_bytes() -> int:
+            return sum(f.stat().st_size for f in (tmp_path / "kv").glob("*.sst"))
+        flushed = sst_bytes()
+        assert flushed > 20_000 * 200  # as written
+        store._db.compact_range(None, None)  # into the last level
+        compacted = sst_bytes()
+        assert compacted < flushed / 5, (flushed, compacted)
+        assert store.get(keys[:2]) == [b"a" * 200] * 2
+    finally:
+        store.close()
