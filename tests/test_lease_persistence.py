@@ -123,6 +123,14 @@ def commit(ctrl, table_id, bucket, sid, shared=("shared/a.sst",), storage=None):
     return handle
 
 
+def table_with_snapshot_1_of_two_buckets(ctrl):
+    """A new table with snapshot 1 of buckets 0 and 1 committed; the table and the two buckets."""
+    t = make_table(ctrl)
+    commit(ctrl, t.table_id, 0, 1)
+    commit(ctrl, t.table_id, 1, 1)
+    return t, TableBucket(t.table_id, 0), TableBucket(t.table_id, 1)
+
+
 def lease_files(storage) -> list[str]:
     return storage.list(LEASE_FILES)
 
@@ -327,10 +335,7 @@ def test_drop_table_removes_it_from_every_lease(env):
 def test_the_failover_grace_is_written_back_and_granted_once(env):
     make, storage, clock, _ = env
     a = make()
-    t = make_table(a)
-    commit(a, t.table_id, 0, 1)
-    commit(a, t.table_id, 1, 1)
-    tb0, tb1 = TableBucket(t.table_id, 0), TableBucket(t.table_id, 1)
+    t, tb0, tb1 = table_with_snapshot_1_of_two_buckets(a)
     call(a, ls.Acquire("gap", {tb0: 1, tb1: 1}, 1_000))
     files = lease_files(storage)
     clock.now += 5_000  # "a" died; nobody expired "gap"
@@ -419,10 +424,7 @@ def test_a_lease_whose_file_is_missing_or_corrupt_is_left_out_and_kept(env):
 def test_a_lease_in_a_format_1_file_loads_and_its_next_change_moves_it_to_a_shared_file(env):
     make, storage, clock, _ = env
     a = make()
-    t = make_table(a)
-    commit(a, t.table_id, 0, 1)
-    commit(a, t.table_id, 1, 1)
-    tb0, tb1 = TableBucket(t.table_id, 0), TableBucket(t.table_id, 1)
+    t, tb0, tb1 = table_with_snapshot_1_of_two_buckets(a)
     old = f"{LEASE_FILES}/old/{t.table_id}/{'ab' * 16}.metadata"  # an earlier version's layout: a file per lease
     storage.put(old, json.dumps({"version": 1, "lease_id": "old", "table_id": t.table_id, "buckets": [
         {"partition_id": None, "bucket": 0, "snapshot_id": 1}]}).encode())
