@@ -319,16 +319,16 @@ def test_snapshot_commits_check_the_log_end_over_one_kept_channel_closed_at_step
 
     made = []
 
-    class SpyChannels(Channels):  # the checker's channels: every channel handed out, every close
+    class SpyChannels(Channels):  # the checker's channels: every stub handed out (with its channel), every close
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             self.handed, self.closed = [], 0
             made.append(self)
 
-        def get(self, address):
-            channel = super().get(address)
-            self.handed.append((address, channel))
-            return channel
+        def stub(self, address, stub_class):
+            stub = super().stub(address, stub_class)
+            self.handed.append((address, self.get(address)))
+            return stub
 
         def close(self):
             self.closed += 1
