@@ -91,6 +91,9 @@ class LeaseMirror:
         self._pool = None if not storage.parallel_io else ThreadPoolExecutor(
             max_workers=io_threads, thread_name_prefix="lease-mirror-io")
         self.stats = {"node_reads": 0, "file_reads": 0, "rounds": 0}
+        #: files read this round (they are immutable): leases share a file (one per table and batch of
+        #: the active's loop), and a round reads names in chunks of CHUNK in no particular order
+        self._files_read: dict[str, TableFile] = {}
         #: the refcount index of the mirrored leases, kept as they are read: at election it is that of
         #: exactly the leases exact() returns, so the new active need not build it (100,000 at failover)
         self.refs = RefcountIndex()
@@ -207,6 +210,7 @@ class LeaseMirror:
                         self._dirty.update(todo)
                     raise
         finally:
+            self._files_read = {}
             if self._retry_later:  # unreadable now (a file replaced meanwhile): the next round, not this one
                 with self._lock:
                     self._dirty.update(self._retry_later)
@@ -312,10 +316,13 @@ class LeaseMirror:
                 if strict:
                     raise
                 return str(exc)
-        reads = map(read, paths) if self._pool is None else self._pool.map(read, paths)
-        result = dict(zip(paths, reads))
-        self.stats["file_reads"] += len(paths)
-        return result
+        known = self._files_read
+        todo = [path for path in paths if path not in known]
+        reads = map(read, todo) if self._pool is None else self._pool.map(read, todo)
+        fresh = dict(zip(todo, reads))
+        self.stats["file_reads"] += len(todo)
+        known.update((path, content) for path, content in fresh.items() if not isinstance(content, str))
+        return {path: known[path] if path in known else fresh[path] for path in paths}
 
     # -- at election -------------------------------------------------------------------------
 
@@ -346,6 +353,7 @@ class LeaseMirror:
         self.stats["reread_at_election"] = len(todo)
         for start in range(0, len(todo), CHUNK):
             self._read(todo[start:start + CHUNK], strict=True)
+        self._files_read = {}
         missing = names - self._entries.keys() - self.unreadable.keys()
         if missing:  # vanished after the epoch bump: cannot be (fenced), so do not guess
             raise RuntimeError(f"lease nodes vanished while loading: {sorted(missing)[:5]}")

@@ -39,7 +39,7 @@ def seed_leases(config: cfg.Config, table_id: int, buckets: int, lease_ids: list
     Files are written without fsync (a benchmark's setup; the coordinator reads them back
     the same either way). Raises what a failed multi-op raises (ids must be new).
     """
-    storage = open_storage(config[cfg.REMOTE_DATA_DIR], cfg.Config({cfg.REMOTE_FSYNC.name: False}, env={}))
+    storage = open_storage(config[cfg.REMOTE_DATA_DIR], config.with_overrides({cfg.REMOTE_FSYNC.name: False}))
     store = LeaseStore(storage, io_threads=8)
     zk = make_client(config)
     pending: deque = deque()

@@ -294,3 +294,22 @@ def test_a_lease_whose_file_is_missing_is_retried_once_a_round_not_in_a_spin(env
         assert set(layout) == {"fine", "broken"}
     finally:
         m.stop()
+
+
+def test_leases_sharing_a_file_read_in_many_chunks_read_it_once(env, storage_config, monkeypatch):
+    from leases import mirror as mirror_module
+    from leases.seed import seed_leases
+
+    active, mirror, zk, storage, clock = env
+    t = make_table(active, buckets=4)
+    for b in range(4):
+        commit(active, t.table_id, b, 1)
+    ids = [f"s-{i}" for i in range(2_500)]
+    assert seed_leases(storage_config, t.table_id, 4, ids, clock.now + 600_000) == 2_500  # 1,000 per file
+    files = storage.list(LEASE_FILES)
+    assert len(files) == 3
+    monkeypatch.setattr(mirror_module, "CHUNK", 100)  # each file's leases spread over many chunks
+    m = mirror()
+    wait_until(lambda: len(mirrored(m)) == 2_500, 60, "initial load")
+    assert mirrored(m) == view(persisted_leases(zk, storage).values())
+    assert m.stats["file_reads"] == 3  # not once per chunk naming it (~25 each)
