@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import common  # noqa: F401  (first: it settles gRPC's fork setting before anything imports grpc)
 from spark_source.source import KvLeaseDataSource
 
 __all__ = ["KvLeaseDataSource", "register"]
