@@ -32,7 +32,10 @@ import json
 import math
 import os
 import platform
+import signal
 import sys
+import threading
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime
 from pathlib import Path
@@ -305,10 +308,11 @@ def main(name: str, argv: Sequence[str] = (), prog: str | None = None, json_outp
         print(text, file=sys.stderr, flush=True)
 
     doc: dict[str, Any] = {"machine": machine(), "benchmarks": {}}
-    for result in run_benchmarks(names, args, progress, keep_going=len(names) > 1):
-        doc["benchmarks"][result.name] = result.entry
-        if not json_mode and result.report:
-            print(f"== {result.name} ==\n{result.report}\n", flush=True)
+    with _terminate_as_exit():
+        for result in run_benchmarks(names, args, progress, keep_going=len(names) > 1):
+            doc["benchmarks"][result.name] = result.entry
+            if not json_mode and result.report:
+                print(f"== {result.name} ==\n{result.report}\n", flush=True)
     doc["machine"]["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
     print(json.dumps(doc, indent=2) if json_mode else "\n".join(table_lines(doc)), flush=True)
     if plot_file:
@@ -317,6 +321,26 @@ def main(name: str, argv: Sequence[str] = (), prog: str | None = None, json_outp
         plot(doc, plot_file)
         progress(f"plot written to {plot_file}")
     return 1 if any("error" in entry for entry in doc["benchmarks"].values()) else 0
+
+
+@contextmanager
+def _terminate_as_exit() -> Iterator[None]:
+    """SIGTERM ends a run as Ctrl-C does: the benchmark stops what it started and removes its temp
+    directory on the way out (``SystemExit(143)``); a second SIGTERM during that clean-up is ignored."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum, _frame) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        print("bench: terminated; stopping what it started", file=sys.stderr, flush=True)
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def module_main(name: str) -> None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -46,3 +48,34 @@ def test_bench_writes_measures_plots_and_cleans_up(tmp_path):
     data = png.read_bytes()
     assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 10_000
     assert list(scratch.iterdir()) == []  # the benchmark's temp directory is gone
+
+
+def test_a_terminated_benchmark_stops_what_it_started_and_removes_its_temp_directory(tmp_path):
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVLEASE_") or k == "KVLEASE_TEST_SESSION"}
+    env.update(PYTHONPATH=str(ROOT), TMPDIR=str(scratch))
+    proc = subprocess.Popen([sys.executable, "-m", "ops.cli", "bench", "writes", "--rows", "5000000", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(ROOT), env=env,
+                            start_new_session=True)  # its group: what it started goes with it if this test fails
+    try:
+        seen = []
+        for line in proc.stderr:  # progress: wait until its cluster runs and it is upserting
+            seen.append(line)
+            if line.startswith("upserting"):
+                break
+        assert any(line.startswith("upserting") for line in seen), "".join(seen)
+        assert list(scratch.iterdir())  # its temp directory, with ZooKeeper and servers running from it
+        proc.terminate()
+        _, rest = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None or proc.returncode != 143:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.communicate()
+            shutil.rmtree(scratch, ignore_errors=True)
+    assert proc.returncode == 143, "".join(seen) + rest
+    assert "terminated" in rest and "Traceback" not in rest
+    assert list(scratch.iterdir()) == []
