@@ -12,12 +12,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.fixtures.leaks import kill_group
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -70,11 +71,7 @@ def test_a_terminated_benchmark_stops_what_it_started_and_removes_its_temp_direc
         _, rest = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None or proc.returncode != 143:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.communicate()
+            kill_group(proc)
             shutil.rmtree(scratch, ignore_errors=True)
     assert proc.returncode == 143, "".join(seen) + rest
     assert "terminated" in rest and "Traceback" not in rest

@@ -10,12 +10,13 @@ real gRPC server and channel busy on loopback, and forks 500 children that way: 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.fixtures.leaks import kill_group
 
 pytestmark = pytest.mark.unit
 
@@ -68,11 +69,7 @@ def test_children_forked_with_handlers_while_grpc_is_busy_all_reach_exec():
         out, err = proc.communicate(timeout=90)
     finally:
         if proc.poll() is None or proc.returncode != 0:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.communicate()
+            kill_group(proc)
     assert proc.returncode == 0, err
     setting, died = out.split()
     assert setting == "false"
