@@ -165,9 +165,7 @@ class LeaseShell(Shell):
             try:
                 outcomes = self._commit_lease_ops([p.op for p in prepared])
             except errors.CoordinatorFencedError as exc:
-                for p in prepared:
-                    self.store.failed(p)  # the epoch check failed: nothing points at them
-                self.store.settle()
+                self.store.settle()  # the epoch check failed: nothing points at the batch's files
                 for p in prepared:
                     self.execute(self.state.handle(ls.WriteFailed(p.write.write_id, exc)))
                 raise
@@ -182,8 +180,6 @@ class LeaseShell(Shell):
             for p, outcome in zip(prepared, outcomes):
                 if outcome is None:
                     self.store.committed(p)
-                else:
-                    self.store.failed(p)
             self.store.settle()  # before the replies: a file no write took is gone when they arrive
             for p, outcome in zip(prepared, outcomes):
                 if outcome is None:

@@ -152,7 +152,7 @@ class LeaseStore:
         The batch writes one file per table it changes, holding the entries of
         every write that changes that table. A write whose files could not all
         be written comes back as the StorageError of one. Then report each
-        write's outcome (:meth:`committed`, :meth:`failed`) and call
+        committed write (:meth:`committed`; a failed one needs nothing) and call
         :meth:`settle`, which deletes the batch's files no lease took. Files go
         in one :meth:`~common.storage.RemoteStorage.write_new_many` (local
         files: made durable together), or from pool threads where remote
@@ -218,10 +218,6 @@ class LeaseStore:
             self._paths[lease_id] = dict(prepared.paths_after)
             self._refs.update(prepared.paths_after.values())
         self._unref(before.values())
-
-    def failed(self, prepared: PreparedWrite) -> None:
-        """The pointer did not move: the write's new files are garbage unless another write of the
-        batch took them (:meth:`settle` decides)."""
 
     def settle(self, *, keep_fresh: bool = False) -> None:
         """The batch's outcomes are all in: delete its files no lease took. ``keep_fresh``: keep them

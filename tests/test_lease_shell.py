@@ -362,3 +362,35 @@ def test_a_batch_file_no_write_took_is_deleted_and_one_with_an_unknown_outcome_i
     finally:
         shell.close()
         store.close()
+
+
+class RefusingWriter(Writer):
+    """ZooKeeper refuses every multi-op holding a write to ``refused`` (a lease node path suffix)."""
+
+    def __init__(self, refused: str) -> None:
+        super().__init__()
+        self.refused = refused
+
+    def commit_many(self, chunks):
+        self.chunks.extend(chunks)
+        return [errors.InvalidRequestError("rejected") if any(op.path.endswith(self.refused) for op in chunk)
+                else None for chunk in chunks]
+
+
+def test_a_batch_file_shared_by_a_committed_and_a_refused_write_is_kept_for_the_committed_one(tmp_path):
+    storage = FileStorage(f"file://{tmp_path}", fsync=False)
+    store, clock, shell = _shell_on(storage)
+    try:
+        shell.writer = RefusingWriter("/B")
+        done, refused = (submit(shell, ls.Acquire(name, {TB: 1}, 10_000)) for name in ("A", "B"))
+        shell.flush()
+        assert done.result(timeout=0).acquired == {TB: 1}
+        assert isinstance(refused.exception(timeout=0), errors.InvalidRequestError)
+        (shared,) = storage.list(LEASE_FILES)  # one file for the batch; A points at it
+        assert store.unreferenced([shared]) == []
+        submit(shell, ls.Release("A", frozenset({TB})))
+        shell.flush()
+        assert storage.list(LEASE_FILES) == []  # its last lease moved off it
+    finally:
+        shell.close()
+        store.close()
