@@ -5,8 +5,9 @@ each): 100,000 take minutes. A benchmark that only needs them *held* (idle
 cost, failover) writes them here instead, in exactly the form the coordinator
 writes: the table files through :meth:`LeaseStore.prepare` (one per thousand
 leases, as one batch of the loop would write them; new names, then pointed
-to), then the ZooKeeper nodes, a thousand creates per multi-op, pipelined. Coordinators must not be running while this writes: an active one
-would not know the leases (it learns them at its next reinitialization).
+to), then the ZooKeeper nodes, a thousand creates per multi-op, pipelined.
+Coordinators must not be running while this writes: an active one would not
+know the leases (it learns them at its next reinitialization).
 
 ``python -m leases.seed --config FILE --table-id T --buckets B --count N
 --prefix P --expiration-time MS`` (the benchmark runs it as a process of its
