@@ -11,6 +11,7 @@ partition (there are no partitioned tables yet).
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 from google.protobuf import message_factory
@@ -121,23 +122,58 @@ def refuse_partition_ids(request: Message) -> None:
 
 def _set_partition(msg: Message, table_id: int | None) -> tuple[int | None, int | list[int], int] | None:
     """``(table_id, bucket or buckets, partition_id)`` of the first set ``partition_id`` under ``msg``."""
-    fields = msg.DESCRIPTOR.fields_by_name
-    if "table_id" in fields:
+    plan = _partition_plan(msg.DESCRIPTOR)
+    if plan.table_id:
         table_id = msg.table_id
-    elif "table" in fields and msg.HasField("table"):
+    elif plan.table and msg.HasField("table"):
         table_id = msg.table.table_id
-    if "partition_id" in fields and msg.HasField("partition_id"):
-        buckets = msg.bucket if "bucket" in fields and isinstance(msg.bucket, int) else \
-            list(msg.buckets) if "buckets" in fields else []
+    if plan.partition_id and msg.HasField("partition_id"):
+        buckets = msg.bucket if plan.bucket and isinstance(msg.bucket, int) else \
+            list(msg.buckets) if plan.buckets else []
         return table_id, buckets, msg.partition_id
-    for field, value in msg.ListFields():
-        if field.message_type is None:
+    for name, repeated in plan.nested:
+        if repeated:
+            children = getattr(msg, name)
+        elif msg.HasField(name):
+            children = (getattr(msg, name),)
+        else:
             continue
-        for child in (value if field.is_repeated else [value]):
+        for child in children:
             found = _set_partition(child, table_id)
             if found is not None:
                 return found
     return None
+
+
+@dataclass(frozen=True)
+class _PartitionPlan:
+    """What :func:`_set_partition` looks at in a message type: its own fields, and the message fields
+    (in field-number order) whose type can hold a ``partition_id`` somewhere (no others are walked)."""
+    table_id: bool
+    table: bool
+    partition_id: bool
+    bucket: bool
+    buckets: bool
+    nested: tuple[tuple[str, bool], ...]  # (field name, repeated)
+
+
+@functools.cache
+def _partition_plan(descriptor) -> _PartitionPlan:
+    names = descriptor.fields_by_name
+    nested = tuple((field.name, field.is_repeated) for field in sorted(descriptor.fields, key=lambda f: f.number)
+                   if field.message_type is not None and _holds_partition_id(field.message_type))
+    return _PartitionPlan("table_id" in names, "table" in names, "partition_id" in names, "bucket" in names,
+                          "buckets" in names, nested)
+
+
+@functools.cache
+def _holds_partition_id(descriptor, _seen: frozenset = frozenset()) -> bool:
+    """A message of this type can set a ``partition_id`` (its own, or a nested message's)."""
+    if "partition_id" in descriptor.fields_by_name:
+        return True
+    seen = _seen | {descriptor.full_name}
+    return any(field.message_type is not None and field.message_type.full_name not in seen
+               and _holds_partition_id(field.message_type, seen) for field in descriptor.fields)
 
 
 def refusing_partition_ids(service: ServiceDescriptor):

@@ -76,6 +76,16 @@ def test_an_unset_partition_id_passes():
     refuse_partition_ids(cpb.ListTablesRequest())
 
 
+@pytest.mark.unit
+def test_a_partition_id_set_only_in_the_last_of_many_buckets_is_found_and_named():
+    snapshots = [cpb.BucketSnapshotPb(bucket=cpb.TableBucketPb(table_id=3, bucket=b), snapshot_id=1) for b in range(15)]
+    snapshots.append(cpb.BucketSnapshotPb(bucket=cpb.TableBucketPb(table_id=4, bucket=15, partition_id=7), snapshot_id=1))
+    with pytest.raises(errors.PartitionNotExistsError) as info:
+        refuse_partition_ids(cpb.AcquireKvSnapshotLeaseRequest(lease_id="l", snapshots=snapshots))
+    assert "partition 7 of table 4 (bucket 15)" in info.value.message
+    refuse_partition_ids(cpb.AcquireKvSnapshotLeaseRequest(lease_id="l", snapshots=snapshots[:15]))
+
+
 # -- tier 2: the coordinator over gRPC ------------------------------------------------------------
 
 @pytest.fixture
