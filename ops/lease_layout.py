@@ -3,10 +3,10 @@
 ``/leases/kv_snapshot/{lease_id}`` holds ``{version, expiration_time, tables:
 [{table_id, metadata_path}]}``; each metadata file (on remote storage, under
 ``lease/kv-snapshot/``) holds ``{version: 2, table_id, leases: {lease_id:
-[{partition_id, bucket, snapshot_id}]}}`` for the leases a batch wrote (format 1,
-one lease per file: ``{version: 1, lease_id, table_id, buckets: [...]}``). The drills read them here so that
-what they check does not depend on the loader they check (``ops`` does not
-import ``leases``).
+[{partition_id, bucket, snapshot_id}]}}`` for the leases a batch wrote (format
+1, one lease per file: ``{version: 1, lease_id, table_id, buckets: [...]}``).
+The drills read them here so that what they check does not depend on the
+loader they check (``ops`` does not import ``leases``).
 """
 
 from __future__ import annotations
