@@ -3,9 +3,10 @@
 Runs on the event loop's thread. Lease events are gathered over a batch: the
 writes they ask for (:class:`~leases.state.PersistLease`) wait for
 :meth:`LeaseShell.flush`, which writes their metadata files (one per table the
-batch changes, shared by its writes), sends their ZooKeeper operations together (epoch-fenced multi-ops, each write
-succeeding or failing alone), and only then feeds the outcomes back
-(``WriteDone`` / ``WriteFailed``): persist, then apply. Callers are answered
+batch changes, shared by its writes), sends their ZooKeeper operations
+together (epoch-fenced multi-ops, each write succeeding or failing alone), and
+only then feeds the outcomes back (``WriteDone`` / ``WriteFailed``): persist,
+then apply. Callers are answered
 by the :class:`~leases.state.Reply` their event causes.
 
 Lease files whose delete failed (remote storage down) are deleted again on a
