@@ -179,10 +179,15 @@ class TabletServer:
         path = zkpaths.tablet_server(self.server_id)
         self.zk.ensure_path(zkpaths.TABLET_SERVERS)
         data = dumps({"address": self.address, "incarnation": self.incarnation})
-        try:
-            self.zk.create(path, data, ephemeral=True)
-        except NodeExistsError:
-            current, stat = self.zk.get(path)
+        while True:
+            try:
+                self.zk.create(path, data, ephemeral=True)
+                return
+            except NodeExistsError:
+                try:
+                    current, stat = self.zk.get(path)
+                except NoNodeError:  # a previous life's node expired between the two calls: create again
+                    continue
             if stat.ephemeralOwner == self.zk.client_id[0]:
                 return  # ours already
             raise errors.KvLeaseError(

@@ -151,6 +151,43 @@ def _spawn_tablet(home: Path, values: dict) -> subprocess.Popen:
                             stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(ROOT))
 
 
+def test_a_previous_lifes_node_expiring_while_it_registers_does_not_stop_the_start(cluster, make_config, tmp_path,
+                                                                                  monkeypatch):
+    """Restart after kill -9: the old session's ephemeral node makes the create fail, then expires
+    before the tablet server reads it (NoNodeError). It must register, not crash (a CI failure)."""
+    from kazoo.client import KazooClient
+
+    from common import zkpaths
+    from common.zk import make_client
+
+    c = cluster()
+    config = make_config({"tablet.id": 7, "tablet.data-dir": str(tmp_path / "t7")})
+    path = zkpaths.tablet_server(7)
+    previous_life = make_client(config)
+    previous_life.create(path, b'{"address": "127.0.0.1:1"}', ephemeral=True, makepath=True)
+    real_get = KazooClient.get
+    raced = []
+
+    def get(self, node, *args, **kwargs):
+        if node == path and not raced and self is not previous_life:
+            raced.append(node)
+            previous_life.stop()  # its node goes now: between the server's create and this read
+            previous_life.close()
+        return real_get(self, node, *args, **kwargs)
+
+    monkeypatch.setattr(KazooClient, "get", get)
+    try:
+        server = TabletServer(config).start()
+        c.tablets.append(server)
+    finally:
+        if previous_life.connected:
+            previous_life.stop()
+            previous_life.close()
+    assert raced == [path]
+    data, stat = real_get(c.coordinator.zk, path)
+    assert stat.ephemeralOwner == server.zk.client_id[0] and server.address in data.decode()
+
+
 @pytest.mark.slow
 def test_kill_9_during_acknowledged_writes_loses_nothing(cluster, make_config, tmp_path):
     c = cluster({"log.flush.fsync": True})
