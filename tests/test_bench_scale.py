@@ -90,3 +90,18 @@ def test_seeded_leases_are_exactly_what_a_coordinator_loads(make_config):
         zk.stop()
         zk.close()
     assert loaded == {lease_id: Lease(lease_id, deadline, {TableBucket(3, i % 4): 2}) for i, lease_id in enumerate(ids)}
+
+
+def test_the_raw_phase_measures_both_kazoo_handlers_and_anchors_on_the_faster(zk_client, zk_config):
+    from common.zk import connect_string
+
+    settings = bench_leases.BenchSettings(raw_writes=300, raw_window=50, session_timeout_ms=6000)
+    raw = bench_leases._raw_phase(connect_string(zk_config), settings)
+    by = raw["by_handler"]
+    assert set(by) == {"stock", "poll"}
+    assert all(rates["create"] > 0 and rates["set"] > 0 for rates in by.values())
+    best = max(by.values(), key=lambda rates: rates["create"])
+    assert (raw["create_per_s"], raw["set_per_s"]) == (best["create"], best["set"])
+    for handler in by:  # every write landed, through each client
+        assert len(zk_client.get_children(f"/kvlease-bench-raw-{handler}")) == 300
+    assert "PollHandler" in bench_leases._raw_clients(raw)
