@@ -41,26 +41,23 @@ class PollHandler(SequentialThreadingHandler):
     def select(self, rlist, wlist, xlist, timeout=None):
         if timeout is not None and timeout < 0:
             raise ValueError("timeout must be non-negative")
-        poller, masks = select.poll(), {}
-        for objects, mask in ((rlist, select.POLLIN), (wlist, select.POLLOUT)):
-            for obj in objects:
-                fd = _fd(obj)
-                if fd < 0:
-                    raise TypeError(f"Invalid file descriptor: {fd}")
-                masks[fd] = masks.get(fd, 0) | mask
-        for fd, mask in masks.items():
-            poller.register(fd, mask)
+        rfds, wfds = [_fd(obj) for obj in rlist], [_fd(obj) for obj in wlist]
+        poller = select.poll()
+        for fd in set(rfds) | set(wfds):
+            poller.register(fd, (select.POLLIN if fd in rfds else 0) | (select.POLLOUT if fd in wfds else 0))
         ready = dict(poller.poll(None if timeout is None else timeout * 1000))
         if any(events & select.POLLNVAL for events in ready.values()):
             raise ValueError("Invalid event mask or fd")
         trouble = select.POLLERR | select.POLLHUP  # reported as readable/writable: the read or write fails
-        readable = [obj for obj in rlist if ready.get(_fd(obj), 0) & (select.POLLIN | trouble)]
-        writable = [obj for obj in wlist if ready.get(_fd(obj), 0) & (select.POLLOUT | trouble)]
-        return readable, writable, []
+        return ([obj for obj, fd in zip(rlist, rfds) if ready.get(fd, 0) & (select.POLLIN | trouble)],
+                [obj for obj, fd in zip(wlist, wfds) if ready.get(fd, 0) & (select.POLLOUT | trouble)], [])
 
 
 def _fd(obj) -> int:
-    return obj if isinstance(obj, int) else obj.fileno()
+    fd = obj if isinstance(obj, int) else obj.fileno()
+    if fd < 0:
+        raise TypeError(f"Invalid file descriptor: {fd}")
+    return fd
 
 
 def connect_string(config: cfg.Config) -> str:

@@ -568,14 +568,6 @@ def _secure_report(figures: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _raw_clients(raw: dict[str, Any]) -> str:
-    by = raw.get("by_handler")
-    if by is None:  # recorded before both handlers were measured
-        return "one kazoo client"
-    return (f"the faster of kazoo's stock handler {by['stock']['create']:.1f} and "
-            f"PollHandler {by['poll']['create']:.1f} creates/s")
-
-
 def report(figures: dict[str, Any]) -> str:
     if figures.get("secure"):
         return _secure_report(figures)
@@ -587,7 +579,8 @@ def report(figures: dict[str, Any]) -> str:
         f"a. acquire        {a['per_s']:>9.1f} /s   p50 {a['p50_ms']} ms   p99 {a['p99_ms']} ms   "
         f"({a['acquires']} new leases by {s['threads']} threads in {a['seconds']:.1f} s, {a['errors']} errors)",
         f"b. raw ZooKeeper  {r['create_per_s']:>9.1f} creates/s   {r['set_per_s']:.1f} sets/s   "
-        f"({r['writes']} pipelined, window {r['window']}, {_raw_clients(r)})",
+        f"({r['writes']} pipelined, window {r['window']}; the faster of kazoo's stock handler "
+        f"{r['by_handler']['stock']['create']:.1f} and PollHandler {r['by_handler']['poll']['create']:.1f} creates/s)",
         f"   acquire/raw    {ratio['ratio']:>9.3f}      target >= {ratio['target']}: "
         f"{'met' if ratio['met'] else 'NOT met'}",
         f"c. failover       {f['failover_s']:>9.3f} s    target <= {f['target_s']:g} s (session timeout + 2 s): "

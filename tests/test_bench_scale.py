@@ -104,4 +104,5 @@ def test_the_raw_phase_measures_both_kazoo_handlers_and_anchors_on_the_faster(zk
     assert (raw["create_per_s"], raw["set_per_s"]) == (best["create"], best["set"])
     for handler in by:  # every write landed, through each client
         assert len(zk_client.get_children(f"/kvlease-bench-raw-{handler}")) == 300
-    assert "PollHandler" in bench_leases._raw_clients(raw)
+    report = bench_leases.report({**copy.deepcopy(RECORDED["benchmarks"]["leases"]["figures"]), "raw_zookeeper": raw})
+    assert f"stock handler {by['stock']['create']:.1f} and PollHandler {by['poll']['create']:.1f}" in report
