@@ -19,6 +19,7 @@ first, then the offset, with writes held off.
 from __future__ import annotations
 
 import collections
+import logging
 import weakref
 from typing import Iterator, NamedTuple
 
@@ -30,12 +31,17 @@ from rocksdict import (AccessType, BlockBasedOptions, Checkpoint, DBCompressionT
 from common.errors import KvLeaseError
 from common.logentry import ChangeType
 from tablet.key_ranges import KeyRanges
+from tablet.memtable_filter import MemtableFilterPolicy
+
+log = logging.getLogger(__name__)
 
 META_CF = "kvlease-meta"
 APPLIED_KEY = b"applied_offset"
 _PUT_TYPES = (int(ChangeType.INSERT), int(ChangeType.UPDATE_AFTER))
 _DELETE = int(ChangeType.DELETE)
 _CHUNK_ROWS = 1024  # rows read from an iterator per step of KvSnapshot.rows
+_MEMTABLE_FILTER = {True: {"memtable_prefix_bloom_size_ratio": "0.1", "memtable_whole_key_filtering": "true"},
+                    False: {"memtable_prefix_bloom_size_ratio": "0", "memtable_whole_key_filtering": "false"}}
 
 
 class BucketStoreError(KvLeaseError):
@@ -131,8 +137,10 @@ class KvStore:
 
     It keeps :class:`~tablet.key_ranges.KeyRanges` covering every row key it
     holds (from its first and last key at open, then every key written), so
-    :meth:`get_existing` looks up only keys that may exist. ``key_width``: the
-    length of every key when the table's primary key is fixed-width.
+    :meth:`get_existing` looks up only keys that may exist, and a
+    :class:`~tablet.memtable_filter.MemtableFilterPolicy` that gives new
+    memtables a Bloom filter only while writes do look keys up. ``key_width``:
+    the length of every key when the table's primary key is fixed-width.
     """
 
     def __init__(self, path: str, *, memtable_bytes: int | None = None, key_width: int | None = None) -> None:
@@ -156,6 +164,7 @@ class KvStore:
         #: The first changelog record not in RocksDB (as of the last write, persisted or not).
         self.applied_offset = int.from_bytes(raw, "big") if raw is not None else 0
         self._ranges = KeyRanges(key_width)
+        self._filter = MemtableFilterPolicy()
         first_last = self._first_last_keys()
         if first_last is not None:
             self._ranges.add(*first_last)
@@ -182,13 +191,35 @@ class KvStore:
         the key ranges are looked up (one multi-get)."""
         maybe = self._ranges.maybe_stored(keys, bounds)
         if maybe is None:
+            self._observe_lookups(len(key_list), 0)
             return pa.nulls(len(key_list), pa.binary())
         if maybe.all():
+            self._observe_lookups(len(key_list), len(key_list))
             return pa.array(self._db.get(key_list), pa.binary())
         where = np.flatnonzero(maybe)
+        self._observe_lookups(len(key_list), len(where))
         found = pa.array(self._db.get([key_list[i] for i in where.tolist()]), pa.binary())
         position = np.cumsum(maybe) - 1  # row i of the answer is found[position[i]] where maybe[i]
         return found.take(pa.array(position, mask=~maybe))
+
+    @property
+    def memtable_filter(self) -> bool:
+        """Whether memtables created from now on have a Bloom filter."""
+        return self._filter.enabled
+
+    def _observe_lookups(self, rows: int, looked_up: int) -> None:
+        wanted = self._filter.observe(rows, looked_up)
+        if wanted is None:
+            return
+        try:
+            self._db.set_options(_MEMTABLE_FILTER[wanted])
+            if wanted:  # lookups are slow until then: start a new memtable now (the flush runs in the background)
+                self._db.flush(False)
+        except Exception as exc:  # rocksdict raises a bare Exception; only speed depends on it
+            log.warning("%s: cannot turn the memtable Bloom filter %s: %s", self.path, "on" if wanted else "off", exc)
+            return
+        self._filter.enabled = wanted
+        log.info("%s: memtable Bloom filter %s for new memtables", self.path, "on" if wanted else "off")
 
     def write(self, put_keys: list[bytes], put_values: list[bytes], delete_keys: list[bytes],
               next_offset: int) -> None:
@@ -289,10 +320,9 @@ def _options(memtable_bytes: int | None) -> Options:
     options.create_if_missing(True)
     options.create_missing_column_families(True)
     options.set_atomic_flush(True)  # see the module docstring
-    # Bloom filters, in memtables and SST files: the multi-get of every write mostly looks
-    # for keys that do not exist yet (inserts), and a filter answers those without a search.
-    options.set_memtable_prefix_bloom_ratio(0.1)
-    options.set_memtable_whole_key_filtering(True)
+    # Bloom filters in SST files: the multi-get of a write mostly looks for keys that do not exist
+    # yet (inserts), and a filter answers those without a search. Memtables get one only while
+    # writes look keys up (KvStore._observe_lookups): it starts off, see tablet/memtable_filter.py.
     table_options = BlockBasedOptions()
     table_options.set_bloom_filter(10, False)
     options.set_block_based_table_factory(table_options)
