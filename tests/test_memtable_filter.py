@@ -44,7 +44,6 @@ def test_hysteresis_between_the_two_shares():
     policy.enabled = True
     assert policy.observe(WINDOW, just_under_on) is None  # on stays on above OFF_SHARE
     assert policy.observe(WINDOW, int(OFF_SHARE * WINDOW)) is False
-    policy.enabled = False
 
 
 def test_each_window_starts_afresh():
@@ -126,3 +125,33 @@ def test_a_bucket_turns_its_memtable_filter_on_and_off_with_its_lookups(tmp_path
         ids = [0, 5, top, top + WINDOW_ROWS, 123_456_789]
         found, got = s.lookup(batch(ids).select(["id"]))
         assert found.tolist() == [True] * 4 + [False] and got.column(0).to_pylist() == ids[:4]
+
+
+def test_a_refused_option_change_leaves_writes_working_and_is_tried_again(tmp_path, caplog):
+    from tablet.memtable_filter import WINDOW_ROWS
+
+    class Refusing:
+        """The bucket's RocksDB, except that changing options fails (as rocksdict raises: bare Exception)."""
+
+        def __init__(self, db) -> None:
+            self.db, self.refusals = db, 0
+
+        def set_options(self, options):
+            self.refusals += 1
+            raise Exception("Invalid argument: refused")
+
+        def __getattr__(self, name):
+            return getattr(self.db, name)
+
+    rows = 10_000
+    with BucketStore.open(str(tmp_path), bucket_writer.TABLE, segment_bytes=64 << 20, fsync=False) as s:
+        s.write(batch(range(WINDOW_ROWS)))
+        refusing = s._kv._db = Refusing(s._kv._db)
+        for i in range(2 * (WINDOW_ROWS // rows + 1)):  # updates: every key looked up, two windows
+            s.write(batch(range(i * rows % WINDOW_ROWS, i * rows % WINDOW_ROWS + rows)))
+        assert refusing.refusals == 2 and s._kv.memtable_filter is False
+        assert "cannot turn the memtable Bloom filter on" in caplog.text
+        s._kv._db = refusing.db
+        assert memtable_filter_options(tmp_path / "kv") == ("0.000000", "false")
+        found, _ = s.lookup(batch([0, WINDOW_ROWS - 1, 10**9]).select(["id"]))
+        assert found.tolist() == [True, True, False]
