@@ -81,9 +81,10 @@ def memtable_filter_options(kv_dir: Path) -> tuple[str, str]:
     return default["memtable_prefix_bloom_size_ratio"], default["memtable_whole_key_filtering"]
 
 
-def batch(ids) -> pa.RecordBatch:
+def batch(ids, tag: str = "v") -> pa.RecordBatch:
+    """Rows (id, "{tag}{id}")."""
     ids = np.asarray(ids, dtype=np.int64)
-    return pa.record_batch({"id": pa.array(ids), "v": pa.array([f"v{i}" for i in ids.tolist()], pa.string())})
+    return pa.record_batch({"id": pa.array(ids), "v": pa.array([f"{tag}{i}" for i in ids.tolist()], pa.string())})
 
 
 def active_memtable_entries(store: BucketStore) -> int:
@@ -100,11 +101,14 @@ def test_a_bucket_turns_its_memtable_filter_on_and_off_with_its_lookups(tmp_path
         assert memtable_filter_options(tmp_path / "kv") == ("0.000000", "false")
 
         # updates of random stored ids: every key looked up
+        model = {i: f"v{i}" for i in range(WINDOW_ROWS + rows)}
         rng = np.random.default_rng(3)
         turned_on_at = None
         for i in range(WINDOW_ROWS // rows + 2):
-            ids = rng.choice(WINDOW_ROWS, rows, replace=False)
-            base, _ = s.write(batch(ids))
+            ids = rng.choice(WINDOW_ROWS, rows, replace=False).tolist()
+            before = [model[k] for k in ids]
+            base, _ = s.write(batch(ids, f"u{i}-"))
+            model.update((k, f"u{i}-{k}") for k in ids)
             if turned_on_at is None and s._kv.memtable_filter:
                 turned_on_at = i
                 # the memtable was switched before this write went in: it holds this write alone
@@ -113,9 +117,10 @@ def test_a_bucket_turns_its_memtable_filter_on_and_off_with_its_lookups(tmp_path
         assert memtable_filter_options(tmp_path / "kv") == ("0.100000", "true")
         # the last write found every row it updated: its before-images are the values they held
         [entry] = s.read_log(base, 1 << 30)[:1]
-        types, values = entry.records.column(0).to_pylist(), entry.records.column(2)
+        types = entry.records.column(0).to_pylist()
+        written = s.codec.decode_values(entry.records.column(2)).column("v").to_pylist()
         assert types == [int(ChangeType.UPDATE_BEFORE), int(ChangeType.UPDATE_AFTER)] * rows
-        assert values.to_pylist()[0::2] == s.codec.encode_arrays(batch(ids))[1].to_pylist()
+        assert written[0::2] == before and written[1::2] == [model[k] for k in ids]
 
         top = WINDOW_ROWS + rows
         for start in range(top, top + 2 * WINDOW_ROWS, rows):  # appending again: two windows at most
