@@ -30,10 +30,10 @@ OFF_SHARE = 1 / 64
 class MemtableFilterPolicy:
     """Whether memtables should have a Bloom filter; see the module docstring."""
 
-    def __init__(self, *, enabled: bool = False, window_rows: int = WINDOW_ROWS) -> None:
+    def __init__(self, *, window_rows: int = WINDOW_ROWS) -> None:
         if window_rows <= 0:
             raise ValueError(f"window_rows must be positive, got {window_rows}")
-        self.enabled = enabled
+        self.enabled = False
         self.window_rows = window_rows
         self._rows = 0
         self._looked_up = 0
