@@ -13,7 +13,7 @@ import pytest
 
 from common.logentry import ChangeType
 from tablet.bucket import BucketStore
-from tablet.memtable_filter import OFF_SHARE, ON_SHARE, MemtableFilterPolicy
+from tablet.memtable_filter import OFF_SHARE, ON_SHARE, WINDOW_ROWS, MemtableFilterPolicy
 from tests import bucket_writer
 
 pytestmark = pytest.mark.unit
@@ -92,7 +92,6 @@ def active_memtable_entries(store: BucketStore) -> int:
 
 
 def test_a_bucket_turns_its_memtable_filter_on_and_off_with_its_lookups(tmp_path):
-    from tablet.memtable_filter import WINDOW_ROWS
     rows = 10_000
     with BucketStore.open(str(tmp_path), bucket_writer.TABLE, segment_bytes=64 << 20, fsync=False) as s:
         for start in range(0, WINDOW_ROWS + rows, rows):  # appending ids: nothing looked up
@@ -133,8 +132,6 @@ def test_a_bucket_turns_its_memtable_filter_on_and_off_with_its_lookups(tmp_path
 
 
 def test_a_refused_option_change_leaves_writes_working_and_is_tried_again(tmp_path, caplog):
-    from tablet.memtable_filter import WINDOW_ROWS
-
     class Refusing:
         """The bucket's RocksDB, except that changing options fails (as rocksdict raises: bare Exception)."""
 
