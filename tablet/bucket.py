@@ -374,11 +374,17 @@ class BucketStore:
 
     # --- snapshots -------------------------------------------------------------------------
 
-    def snapshot(self) -> KvSnapshot:
-        """A consistent view of the rows and its ``log_offset``, taken together under the write lock."""
+    def snapshot(self, values_from: bytes | None = None) -> KvSnapshot:
+        """A consistent view of the rows and its ``log_offset``, taken together under the write lock
+        (``values_from``: see :meth:`KvStore.snapshot`)."""
         with self.write_lock:
             self._check_open()
-            return self._kv.snapshot(self._kv.applied_offset)
+            return self._kv.snapshot(self._kv.applied_offset, values_from)
+
+    def key_of_value(self, value: bytes) -> bytes:
+        """The key a stored value is kept under: the value holds the whole row, primary key included
+        (docs/row-encoding.md); InvalidRowError if it is malformed."""
+        return self.codec.encode_keys(self.codec.decode_values([value]))[0]
 
     def iter_rows(self, snapshot: KvSnapshot, from_key: bytes | None = None,
                   upper: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:

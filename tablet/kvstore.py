@@ -72,8 +72,9 @@ class KvSnapshot:
     consistent, so it is not used here.)
     """
 
-    def __init__(self, iterator, log_offset: int) -> None:
+    def __init__(self, iterator, log_offset: int, values=None) -> None:
         self._iter = iterator
+        self._values = values
         self.log_offset = log_offset
         self._generation = 0
 
@@ -82,7 +83,7 @@ class KvSnapshot:
         return self._iter is None
 
     def close(self) -> None:
-        self._iter = None  # the last reference: RocksDB releases the iterator
+        self._iter = self._values = None  # the last references: RocksDB releases the iterators
 
     def __enter__(self) -> "KvSnapshot":
         return self
@@ -114,6 +115,15 @@ class KvSnapshot:
         if self._iter is None:
             raise BucketStoreError("snapshot is closed")
         return self._iter
+
+    def values(self) -> Iterator[bytes]:
+        """The forward-only values iterator taken with this snapshot (``KvStore.snapshot(values_from=)``),
+        at the row after the last one it gave (:class:`tablet.scan_batch.ValueReader` reads it)."""
+        if self._iter is None:
+            raise BucketStoreError("snapshot is closed")
+        if self._values is None:
+            raise BucketStoreError("snapshot was taken without a values iterator")
+        return self._values
 
 
 def _next_rows(it, upper: bytes | None, limit: int) -> list[tuple[bytes, bytes]]:
@@ -276,9 +286,12 @@ class KvStore:
         self._db.flush()
         self._meta.flush()
 
-    def snapshot(self, log_offset: int) -> KvSnapshot:
-        """A consistent view of the rows as of now, labelled ``log_offset``."""
-        snapshot = KvSnapshot(self._db.iter(), log_offset)
+    def snapshot(self, log_offset: int, values_from: bytes | None = None) -> KvSnapshot:
+        """A consistent view of the rows as of now, labelled ``log_offset``; with ``values_from``
+        also a forward-only values iterator from that key on (:meth:`KvSnapshot.values`): both
+        iterators are made here, with no write between them, so they read the same state."""
+        values = None if values_from is None else self._db.values(from_key=values_from)
+        snapshot = KvSnapshot(self._db.iter(), log_offset, values)
         self._snapshots.add(snapshot)
         return snapshot
 

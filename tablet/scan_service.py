@@ -2,8 +2,9 @@
 
 :class:`ScanService` carries out what the pure :class:`~tablet.scan.ScannerManager`
 decides. It owns each session's RocksDB snapshot (``BucketStore.snapshot()``:
-an iterator and the log offset, taken together under the bucket's write
-lock) and how to answer its last call again, builds batches
+a seekable iterator, a forward-only values iterator and the log offset, taken
+together under the bucket's write lock) and how to answer its last call
+again, builds batches
 (:mod:`tablet.scan_batch`) and their answers' bytes (:mod:`tablet.scan_wire`), runs the reaper every
 ``kv.scanner.expiration-interval`` and ends a bucket's sessions before its
 store closes (it listens to the ReplicaManager). See docs/live-scans.md.
@@ -12,11 +13,15 @@ Read-ahead: once a unary call is answered with more rows to come, the next
 batch is built in the background with the same batch size, so the client's
 next call finds it ready (streams need none: gRPC's flow control keeps the
 stream's own thread ahead). A call with another size or row cap drops it and
-steps the iterator back after the last key served.
+seeks the iterator back after the last key served; the session then reads
+with :func:`~tablet.scan_batch.read_batch` on that iterator, because the
+values iterator (:class:`~tablet.scan_batch.ValueReader`, the faster one,
+used until then) cannot go back.
 
 Replays and memory: a replay of the last call reads its batch again from the
-snapshot (same start key, budget and row cap: the same rows, the same bytes),
-so a session holds at most one batch of its own, the one read ahead. Only a
+snapshot's seekable iterator (same start key, budget and row cap: the same
+rows, the same bytes), so a session holds at most one batch of its own, the
+one read ahead, plus at most one chunk of values read past it. Only a
 batch a unary session ends with is kept (its snapshot is gone), in a cache of
 :data:`FINISHED_CACHE_BYTES` shared by finished sessions.
 
@@ -142,6 +147,7 @@ class _Session:
     lock: threading.RLock = field(default_factory=threading.RLock)
     released: threading.Event = field(default_factory=threading.Event)
     snapshot: KvSnapshot | None = None
+    reader: scan_batch.ValueReader | None = None  # forward reads (None: read_batch on the snapshot's iterator)
     last: _Served | None = None  # the last call answered: for a replay
     rows: int = 0  # rows answered
     resume_key: bytes = b""  # the last key answered
@@ -418,15 +424,14 @@ class ScanService:
                     # at the end of this call), and only then closes its store.
                     if self.replicas.get(tb.table_id, tb.bucket) is not replica:
                         raise errors.NotLeaderError(f"bucket {tb.bucket} of table {tb.table_id} changed leader")
-                    snapshot = replica.store.snapshot()
+                    start = req.start_after_key + b"\x00" if req.HasField("start_after_key") else b""
+                    snapshot = replica.store.snapshot(values_from=start)
                 with self._lock:
                     self.snapshots_open += 1
                 session.snapshot = snapshot
+                session.reader = scan_batch.ValueReader(replica.store.key_of_value, start)
                 it = snapshot._live()  # KvSnapshot's own iterator: this session is its only reader
-                if req.HasField("start_after_key"):
-                    it.seek(req.start_after_key + b"\x00")
-                else:
-                    it.seek_to_first()
+                it.seek(start)
                 del it
                 answer = self._build(sid, session, budget, limit, log_offset=snapshot.log_offset)
             except BaseException as exc:
@@ -509,7 +514,10 @@ class ScanService:
                log_offset: int | None = None) -> scan_wire.Answer:
         """The next batch from the session's iterator, serialized (hold the session's lock)."""
         it = session.snapshot._live()
-        batch = scan_batch.read_batch(it, budget, max_rows)
+        if session.reader is not None:
+            batch = session.reader.read(session.snapshot.values(), it, budget, max_rows)
+        else:
+            batch = scan_batch.read_batch(it, budget, max_rows)
         del it  # no iterator reference outlives the batch: closing the snapshot frees it
         if batch.count:
             session.read_to = batch.last_key
@@ -525,6 +533,7 @@ class ScanService:
                 self.metrics.read_ahead.labels("used").inc()
                 return answer
             self.metrics.read_ahead.labels("dropped").inc()
+            session.reader = None  # its values iterator cannot go back: read_batch from here on
             it = session.snapshot._live()  # read ahead for another size: back after the last key answered
             it.seek(session.resume_key + b"\x00")
             del it

@@ -18,6 +18,7 @@ from rocksdict import AccessType, Options, Rdict
 
 from common.errors import InvalidRequestError, InvalidRowError
 from common.tables import Column, TableInfo
+from tablet import scan_batch
 from tablet.bucket import BucketStore, BucketStoreError, checkpoint_log_offset
 from common.logentry import ChangeType, ChangelogError, decode_entry
 from tests import bucket_writer
@@ -327,6 +328,37 @@ def test_snapshot_is_consistent_and_carries_the_log_offset(store):
         list(store.iter_rows(snapshot))
 
 
+def read_values(store, snapshot, start, budget):
+    """Every value after ``start`` through a ValueReader on ``snapshot``'s values iterator."""
+    reader = scan_batch.ValueReader(store.key_of_value, start)
+    values = []
+    while True:
+        batch = reader.read(snapshot.values(), snapshot._live(), budget)
+        values.extend(batch.values())
+        if batch.count:
+            assert batch.last_key == store.key_of_value(batch.values()[-1])
+        if not batch.has_more:
+            assert reader.key_misses == 0  # the codec gave every last key
+            return values
+
+
+def test_a_snapshots_values_iterator_reads_the_state_of_its_snapshot(store):
+    store.write(rows(*[(i, f"n{i}", float(i)) for i in range(2000)]))
+    expected = kv_rows(store)
+    ordered = sorted(expected)
+    assert all(store.key_of_value(expected[k]) == k for k in ordered)  # a value tells its key
+    start = ordered[10] + b"\x00"
+    snapshot = store.snapshot(values_from=start)
+    store.write(rows((11, "changed", 0.0), (5000, "new", 0.0)), keys(12, 1999))
+    store._kv.flush_rows()  # also after a flush
+    assert read_values(store, snapshot, start, 3000) == [expected[k] for k in ordered[11:]]
+    snapshot.close()
+    with pytest.raises(BucketStoreError, match="closed"):
+        snapshot.values()
+    with store.snapshot() as plain, pytest.raises(BucketStoreError, match="without a values iterator"):
+        plain.values()
+
+
 def test_snapshot_reads_many_rows_and_a_new_iter_rows_ends_the_old_one(store):
     store.write(rows(*[(i, "x" * 10, None) for i in range(3000)]))
     with store.snapshot() as snapshot:
@@ -365,9 +397,10 @@ def test_snapshots_under_concurrent_writes_match_the_log_prefix(store):
         checked = 0
         deadline = time.monotonic() + 2
         while time.monotonic() < deadline or checked < 5:
-            with store.snapshot() as snapshot:
+            with store.snapshot(values_from=b"") as snapshot:
                 seen = dict(store.iter_rows(snapshot))
                 offset = snapshot.log_offset
+                assert read_values(store, snapshot, b"", 5000) == list(seen.values())  # the same state
             records = log_records(store)
             prefix, total = [], 0
             for r in records:

@@ -92,15 +92,17 @@ def blocking(monkeypatch):
     """Make batch building wait on ``gate`` while ``armed`` is set (a call stays in progress);
     turn the service's read-ahead off in the test, or the next batch is already built."""
     armed, gate, entered = threading.Event(), threading.Event(), threading.Event()
-    original = scan_batch.read_batch
 
-    def read_batch(*args, **kwargs):
-        if armed.is_set():
-            entered.set()
-            assert gate.wait(30)
-        return original(*args, **kwargs)
+    def waiting(original):
+        def read(*args, **kwargs):
+            if armed.is_set():
+                entered.set()
+                assert gate.wait(30)
+            return original(*args, **kwargs)
+        return read
 
-    monkeypatch.setattr(scan_batch, "read_batch", read_batch)
+    monkeypatch.setattr(scan_batch, "read_batch", waiting(scan_batch.read_batch))  # replays, fallbacks
+    monkeypatch.setattr(scan_batch.ValueReader, "read", waiting(scan_batch.ValueReader.read))  # forward reads
     return armed, gate, entered
 
 
