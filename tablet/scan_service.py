@@ -272,7 +272,7 @@ class ScanService:
         for ins, session in released:
             with session.lock:  # waits for a read-ahead in progress
                 snapshot, session.snapshot = session.snapshot, None
-                session.ahead_token = session.ahead = None
+                session.ahead_token = session.ahead = session.reader = None  # the reader holds the store
                 if snapshot is not None:
                     snapshot.close()
                     with self._lock:
