@@ -147,7 +147,8 @@ class _Session:
     lock: threading.RLock = field(default_factory=threading.RLock)
     released: threading.Event = field(default_factory=threading.Event)
     snapshot: KvSnapshot | None = None
-    reader: scan_batch.ValueReader | None = None  # forward reads (None: read_batch on the snapshot's iterator)
+    reader: scan_batch.ValueReader | None = None  # forward reads (None: read_batch on the snapshot's
+    # iterator, which is then kept positioned after read_to)
     last: _Served | None = None  # the last call answered: for a replay
     rows: int = 0  # rows answered
     resume_key: bytes = b""  # the last key answered
@@ -429,10 +430,9 @@ class ScanService:
                 with self._lock:
                     self.snapshots_open += 1
                 session.snapshot = snapshot
+                # the reader seeks the snapshot's iterator itself; read_batch, after a dropped read-ahead,
+                # is given it positioned
                 session.reader = scan_batch.ValueReader(replica.store.key_of_value, start)
-                it = snapshot._live()  # KvSnapshot's own iterator: this session is its only reader
-                it.seek(start)
-                del it
                 answer = self._build(sid, session, budget, limit, log_offset=snapshot.log_offset)
             except BaseException as exc:
                 self._handle(scan.Failed(sid, scan.OPEN_CALL, self.clock_ms()))
