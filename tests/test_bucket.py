@@ -3,6 +3,7 @@ checkpoints, replay after a lost RocksDB write, retention, and SIGKILL crashes (
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import shutil
@@ -328,18 +329,18 @@ def test_snapshot_is_consistent_and_carries_the_log_offset(store):
         list(store.iter_rows(snapshot))
 
 
-def read_values(store, snapshot, start, budget):
-    """Every value after ``start`` through a ValueReader on ``snapshot``'s values iterator."""
+def assert_values_read_are(store, snapshot, start, budget, rows: dict[bytes, bytes]) -> None:
+    """A ValueReader on ``snapshot``'s values iterator, from ``start`` to the end, reads ``rows``
+    (key -> value, in key order): their values, and each batch's last key is the key of its last row."""
     reader = scan_batch.ValueReader(store.key_of_value, start)
-    values = []
-    while True:
-        batch = reader.read(snapshot.values(), snapshot._live(), budget)
-        values.extend(batch.values())
-        if batch.count:
-            assert batch.last_key == store.key_of_value(batch.values()[-1])
-        if not batch.has_more:
-            assert reader.key_misses == 0  # the codec gave every last key
-            return values
+    batches = []
+    while not batches or batches[-1].has_more:
+        batches.append(reader.read(snapshot.values(), snapshot._live(), budget))
+    keys = list(rows)
+    assert [v for b in batches for v in b.values()] == list(rows.values())
+    ends = itertools.accumulate(b.count for b in batches)
+    assert [b.last_key for b in batches if b.count] == [keys[end - 1] for end, b in zip(ends, batches) if b.count]
+    assert reader.key_misses == 0  # the codec gave every last key
 
 
 def test_a_snapshots_values_iterator_reads_the_state_of_its_snapshot(store):
@@ -351,7 +352,7 @@ def test_a_snapshots_values_iterator_reads_the_state_of_its_snapshot(store):
     snapshot = store.snapshot(values_from=start)
     store.write(rows((11, "changed", 0.0), (5000, "new", 0.0)), keys(12, 1999))
     store._kv.flush_rows()  # also after a flush
-    assert read_values(store, snapshot, start, 3000) == [expected[k] for k in ordered[11:]]
+    assert_values_read_are(store, snapshot, start, 3000, {k: expected[k] for k in ordered[11:]})
     snapshot.close()
     with pytest.raises(BucketStoreError, match="closed"):
         snapshot.values()
@@ -400,7 +401,7 @@ def test_snapshots_under_concurrent_writes_match_the_log_prefix(store):
             with store.snapshot(values_from=b"") as snapshot:
                 seen = dict(store.iter_rows(snapshot))
                 offset = snapshot.log_offset
-                assert read_values(store, snapshot, b"", 5000) == list(seen.values())  # the same state
+                assert_values_read_are(store, snapshot, b"", 5000, seen)  # the same state
             records = log_records(store)
             prefix, total = [], 0
             for r in records:
