@@ -8,6 +8,7 @@ with jitter). Every failure is raised as a :mod:`common.errors` exception.
 
 from __future__ import annotations
 
+import re
 import threading
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Sequence
@@ -118,11 +119,22 @@ IDEMPOTENT = frozenset({
 RETRIABLE_IF_IDEMPOTENT = RETRIABLE + (errors.OutcomeUnknownError,)
 
 
+#: HOST:PORT with a host name, an IPv4 address or a bracketed IPv6 address.
+_ADDRESS = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):([0-9]{1,5})")
+
+
 def parse_bootstrap(bootstrap: str | Sequence[str]) -> list[str]:
+    """``host:port[,host:port…]`` (or a list of them) -> the addresses; InvalidRequestError naming a
+    malformed one (port 0 is a placeholder some callers use with ``locate``)."""
     addresses = bootstrap.split(",") if isinstance(bootstrap, str) else list(bootstrap)
     addresses = [a.strip() for a in addresses if a.strip()]
     if not addresses:
         raise errors.InvalidRequestError("no coordinator address given (use --bootstrap host:port or --cluster DIR)")
+    for address in addresses:
+        m = _ADDRESS.fullmatch(address)
+        if m is None or int(m.group(2)) > 65535:
+            raise errors.InvalidRequestError(f"bad coordinator address {address!r}: expected HOST:PORT "
+                                             "(port 1-65535), several separated by commas")
     return addresses
 
 

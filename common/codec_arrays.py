@@ -37,6 +37,8 @@ EMPTY_JOIN = pa.scalar(b"", pa.binary())
 
 
 CONVERSION_ERRORS = (pa.ArrowException, TypeError, ValueError, OverflowError)
+#: The values an INT or BIGINT column holds.
+INT_RANGE = {"INT": (-(1 << 31), (1 << 31) - 1), "BIGINT": (-(1 << 63), (1 << 63) - 1)}
 ALLOWED = {
     "BOOLEAN": (bool, np.bool_),
     "INT": (int, np.integer),
@@ -65,6 +67,10 @@ def first_bad_type(values: list, type_: str, nullable: bool) -> int | None:
 def first_unconvertible(values: list, name: str, type_: str) -> tuple[int, str] | None:
     """(row, message) of the first value Arrow cannot convert to ``type_`` (e.g. out of range)."""
     for i, value in enumerate(values):
+        if type_ in INT_RANGE and isinstance(value, int) and not isinstance(value, bool):
+            low, high = INT_RANGE[type_]
+            if not low <= value <= high:
+                return i, f"row {i}, column {name!r}: {show(value)} is out of range for {type_} ({low}..{high})"
         try:
             pa.array([value], type=ARROW_TYPES[type_])
         except CONVERSION_ERRORS as e:

@@ -6,8 +6,18 @@ import re
 from dataclasses import dataclass, field
 from typing import Mapping
 
-#: A lease id; use with fullmatch (``$`` would let a trailing newline through).
+#: A lease id; use with fullmatch (``$`` would let a trailing newline through). See :func:`lease_id_problem`.
 LEASE_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
+LEASE_ID_RULE = "1-128 characters of letters, digits, '.', '_' or '-' (not '.' or '..')"
+
+
+def lease_id_problem(lease_id: object) -> str | None:
+    """Why ``lease_id`` is not a lease id (a message naming it), or None if it is one. The coordinator
+    checks every request with it; clients check with it too, to refuse a bad id before sending it.
+    ``.`` and ``..`` are not usable as a ZooKeeper node or a directory name."""
+    if isinstance(lease_id, str) and LEASE_ID.fullmatch(lease_id) and lease_id not in (".", ".."):
+        return None
+    return f"bad lease id {lease_id!r}: {LEASE_ID_RULE}"
 
 
 @dataclass(frozen=True, order=True)

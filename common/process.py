@@ -16,6 +16,8 @@ from typing import Callable
 from common.config import Config, ConfigError
 from common.errors import KvLeaseError
 
+log = logging.getLogger(__name__)
+
 
 def run_server(prog: str, description: str, build: Callable[[Config], object],
                banner: Callable[[object], str], argv: list[str] | None = None) -> int:
@@ -38,9 +40,17 @@ def run_server(prog: str, description: str, build: Callable[[Config], object],
     signal.signal(signal.SIGINT, lambda *_: done.set())
     try:
         server.start()
-    except KvLeaseError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        server.stop()
+    except Exception as exc:  # one line, not a traceback: a start that fails is mostly the setup's fault
+        if isinstance(exc, KvLeaseError):
+            print(f"error: {exc.message}", file=sys.stderr)
+        else:
+            log.debug("start failed", exc_info=True)
+            print(f"error: cannot start: {type(exc).__name__}: {exc} (--log-level DEBUG for a traceback)",
+                  file=sys.stderr)
+        try:
+            server.stop()
+        except Exception:  # stopping what half started must not hide why the start failed
+            log.debug("stop after a failed start failed", exc_info=True)
         return 1
     print(banner(server), flush=True)
     done.wait()

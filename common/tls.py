@@ -67,7 +67,11 @@ def _read(config: cfg.Config, key: cfg.Key, *, required: bool) -> bytes | None:
 
 
 def add_port(server: grpc.Server, address: str, tls: TlsFiles | None) -> int:
-    """Bind ``address`` on ``server``, with TLS when ``tls`` is given; the bound port (0 if binding failed)."""
-    if tls is None:
-        return server.add_insecure_port(address)
-    return server.add_secure_port(address, tls.server_credentials())
+    """Bind ``address`` on ``server``, with TLS when ``tls`` is given; the bound port (0 if binding failed:
+    the port is taken, or the host is not this machine's)."""
+    try:
+        if tls is None:
+            return server.add_insecure_port(address)
+        return server.add_secure_port(address, tls.server_credentials())
+    except RuntimeError:  # grpcio raises "Failed to bind to address ..." where older ones returned 0
+        return 0

@@ -8,10 +8,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from kazoo.client import KazooClient
-from kazoo.handlers.threading import SequentialThreadingHandler
+from kazoo.handlers.threading import KazooTimeoutError, SequentialThreadingHandler
 from kazoo.retry import KazooRetry
 
 from common import config as cfg
+from common import errors
 from common import zkacl
 from common.redaction import protect
 
@@ -87,7 +88,7 @@ def make_client(config: cfg.Config, *, start: bool = True, timeout_s: float = 15
     chrooted = bool(root) and "/" not in address
     if start and chrooted:
         bootstrap = KazooClient(hosts=address, timeout=session_s, auth_data=auth, handler=PollHandler())
-        bootstrap.start(timeout=timeout_s)
+        _start(bootstrap, address, timeout_s)
         try:
             zkacl.ensure_chroot(bootstrap, root, acl)
         finally:
@@ -96,7 +97,7 @@ def make_client(config: cfg.Config, *, start: bool = True, timeout_s: float = 15
     client = KazooClient(hosts=connect_string(config), timeout=session_s, connection_retry=retry,
                          auth_data=auth, default_acl=acl, handler=PollHandler())
     if start:
-        client.start(timeout=timeout_s)
+        _start(client, address, timeout_s)
         try:
             zkacl.check_access(client, config, root if chrooted else "/" + address.split("/", 1)[1] if "/" in address
                                else "")
@@ -105,6 +106,18 @@ def make_client(config: cfg.Config, *, start: bool = True, timeout_s: float = 15
             client.close()
             raise
     return client
+
+
+def _start(client: KazooClient, address: str, timeout_s: float) -> None:
+    """``client.start``; no session within ``timeout_s`` is a NetworkError naming the address (the client
+    is stopped: its connection thread would otherwise keep trying)."""
+    try:
+        client.start(timeout=timeout_s)
+    except KazooTimeoutError:
+        client.stop()
+        client.close()
+        raise errors.NetworkError(f"cannot reach ZooKeeper at {address} (config key {cfg.ZK_ADDRESS.name!r}) "
+                                  f"within {timeout_s:g} s") from None
 
 
 def dumps(value: Any) -> bytes:

@@ -92,10 +92,15 @@ class CoordinatorServer:
         host = c[cfg.COORDINATOR_HOST]
         port = add_port(self._grpc, f"{host}:{c[cfg.COORDINATOR_PORT]}", self.tls)
         if port == 0:
-            raise errors.KvLeaseError(f"cannot bind coordinator to {host}:{c[cfg.COORDINATOR_PORT]}")
+            raise errors.KvLeaseError(f"cannot listen on {host}:{c[cfg.COORDINATOR_PORT]} (config keys "
+                                      f"{cfg.COORDINATOR_HOST.name!r}, {cfg.COORDINATOR_PORT.name!r}): the port is in use "
+                                      "or the host is not this machine's")
         self.address = f"{host}:{port}"
         if c[cfg.METRICS_PORT] >= 0:
-            self.metrics_port = self.metrics.serve(host, c[cfg.METRICS_PORT])
+            try:
+                self.metrics_port = self.metrics.serve(host, c[cfg.METRICS_PORT])
+            except OSError as exc:  # metrics are not worth failing the coordinator for (as a tablet server)
+                log.warning("no metrics endpoint on %s:%s: %s", host, c[cfg.METRICS_PORT], exc)
         if self.storage is None:
             self.storage = open_storage(c[cfg.REMOTE_DATA_DIR], c)
         self.zk = make_client(c)

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping, Protocol
 
 from common import errors
-from common.model import LEASE_ID, Lease, TableBucket
+from common.model import Lease, TableBucket, lease_id_problem
 from common.statemachine import Event, Instruction, StateMachine, on
 from leases import deadlines
 from leases.deadlines import Deadlines
@@ -265,11 +265,9 @@ class LeaseState(StateMachine):
     # -- requests -----------------------------------------------------------------
 
     def _check_id(self, lease_id: str) -> None:
-        # fullmatch: LEASE_ID ends in '$', which also matches before a trailing newline;
-        # '.' and '..' are not usable as a ZooKeeper node or a directory name.
-        if not isinstance(lease_id, str) or not LEASE_ID.fullmatch(lease_id) or lease_id in (".", ".."):
-            raise errors.InvalidLeaseIdError(
-                f"bad lease id {lease_id!r}: 1-128 characters of letters, digits, '.', '_' or '-' (not '.' or '..')")
+        problem = lease_id_problem(lease_id)
+        if problem is not None:
+            raise errors.InvalidLeaseIdError(problem)
 
     def _check_duration(self, duration_ms: int) -> None:
         if duration_ms <= 0:

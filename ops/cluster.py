@@ -148,14 +148,37 @@ def cluster_file(directory: str | os.PathLike[str]) -> Path:
 
 
 def load(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    """The cluster.json document of ``directory``; ClusterError if there is none or it is not one."""
     path = cluster_file(directory)
     try:
-        return json.loads(path.read_text())
+        doc = json.loads(path.read_text())
     except FileNotFoundError:
         raise ClusterError(f"no cluster in {directory}: {path} not found "
                            f"(start one with: kvlease cluster start --dir {directory})") from None
     except (OSError, ValueError) as exc:
         raise ClusterError(f"cannot read {path}: {exc}") from None
+    problem = _shape_problem(doc)
+    if problem is not None:
+        raise ClusterError(f"{path} is not a kvlease cluster file: {problem}")
+    return doc
+
+
+def _shape_problem(doc: Any) -> str | None:
+    """What keeps ``doc`` from being a cluster.json (None: nothing): the commands read its lists of
+    processes, each with an address and a pid (null once stopped); ``coordinators`` is always there."""
+    if not isinstance(doc, dict):
+        return "not a JSON object"
+    if "coordinators" not in doc:
+        return "no 'coordinators'"
+    for role in ("zookeeper", "coordinators", "tablets"):
+        entries = doc.get(role, [])
+        if not isinstance(entries, list):
+            return f"{role!r} is not a list"
+        for entry in entries:
+            if not (isinstance(entry, dict) and isinstance(entry.get("address"), str)
+                    and (entry.get("pid") is None or type(entry.get("pid")) is int)):
+                return f"an entry of {role!r} is not an object with an address and a pid"
+    return None
 
 
 def save(directory: str | os.PathLike[str], doc: dict[str, Any]) -> None:
@@ -296,15 +319,20 @@ def start(directory: str | os.PathLike[str], *, zk_nodes: int = 1, coordinators:
     if unknown:
         raise ClusterError(f"unknown config key(s): {', '.join(unknown)}")
     directory = Path(directory).resolve()
+    if directory.exists() and not directory.is_dir():
+        raise ClusterError(f"{directory} exists and is not a directory")
     if cluster_file(directory).exists():
         running = running_pids(load(directory))
         if running:
             raise ClusterError(f"a cluster is already running in {directory} (pids "
                                f"{', '.join(map(str, running))}); stop it first: kvlease cluster stop --dir {directory}")
-    directory.mkdir(parents=True, exist_ok=True)
     remote = remote or _default_remote(directory)
-    if remote.startswith("file://"):
-        Path(remote[len("file://"):]).mkdir(parents=True, exist_ok=True)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        if remote.startswith("file://"):
+            Path(remote[len("file://"):]).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a parent that is a file, no permission, ...
+        raise ClusterError(f"cannot create {exc.filename or directory}: {exc.strerror or exc}") from None
 
     doc: dict[str, Any] = {"zookeeper": [], "coordinators": [], "tablets": [], "remote": remote,
                            "zk_root": ZK_ROOT, "zookeeper_connect": ""}

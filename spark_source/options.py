@@ -19,6 +19,7 @@ from client.cluster_dir import cluster_dir_bootstrap, cluster_dir_security
 from common import config as cfg
 from common.config import parse_duration_ms
 from common.errors import InvalidRequestError
+from common.model import lease_id_problem
 from common.tables import parse_table_path
 
 STARTUP_MODES = ("full", "earliest", "latest", "timestamp")
@@ -34,7 +35,6 @@ READ_ONLY = ("startup.mode", "startup.timestamp", "ending.timestamp", "ending.of
              "maxrowspertrigger", "split.max-rows")
 #: Options Spark itself sets on a source or sink; they mean nothing here and are ignored.
 SPARK_OWN = ("checkpointlocation", "path")
-_LEASE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")  # fullmatch: "$" matches before a final newline
 
 
 class OptionError(InvalidRequestError):
@@ -186,9 +186,9 @@ def _read_options(given: Mapping[str, str]) -> dict[str, Any]:
     if out["bootstrap_mode"] == "live" and out["startup_mode"] != "full":
         raise OptionError("option 'bootstrap.mode'=live bootstraps a full read: it needs startup.mode=full")
     if "lease.id" in given:
-        if not _LEASE_ID.fullmatch(given["lease.id"]):
-            raise OptionError(f"option 'lease.id': {given['lease.id']!r} is not a lease id "
-                              "(1-128 characters of A-Z a-z 0-9 . _ : -)")
+        problem = lease_id_problem(given["lease.id"])  # the coordinator's own rule
+        if problem is not None:
+            raise OptionError(f"option 'lease.id': {problem}")
         out["lease_id"] = given["lease.id"]
     if "lease.duration" in given:
         out["lease_duration_ms"] = _positive_duration(given, "lease.duration")

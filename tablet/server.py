@@ -81,7 +81,9 @@ class TabletServer:
         host = c[cfg.TABLET_HOST]
         port = add_port(self._grpc, f"{host}:{c[cfg.TABLET_PORT]}", self.tls)
         if port == 0:
-            raise errors.KvLeaseError(f"cannot bind tablet server to {host}:{c[cfg.TABLET_PORT]}")
+            raise errors.KvLeaseError(f"cannot listen on {host}:{c[cfg.TABLET_PORT]} (config keys "
+                                      f"{cfg.TABLET_HOST.name!r}, {cfg.TABLET_PORT.name!r}): the port is in use "
+                                      "or the host is not this machine's")
         self.address = f"{host}:{port}"
         if c[cfg.METRICS_PORT] >= 0:
             try:

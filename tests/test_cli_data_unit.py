@@ -141,6 +141,21 @@ def run_in(*args: str, input: str | None = None):
                               prog_name="kvlease")
 
 
+def test_put_takes_back_the_nan_and_infinities_that_get_prints(fake_table):
+    lines = ['{"id": 1, "d": "NaN"}', '{"id": 2, "d": "Infinity"}', '{"id": 3, "d": "-Infinity"}', '{"id": 4, "d": 2.5}']
+    assert run_in("put", "db.w", input="\n".join(lines) + "\n").exit_code == 0
+    stored = {row["id"]: row["d"] for batch in fake_table["db.w"].upserts for row in batch}
+    assert math.isnan(stored[1]) and stored[2] == math.inf and stored[3] == -math.inf and stored[4] == 2.5
+    printed = run_in("get", "db.w", "1", "2", "3", "4", "--json")
+    assert printed.exit_code == 0, printed.output
+    rows = json.loads(printed.stdout)["rows"]
+    assert [row["d"] for row in rows] == ["NaN", "Infinity", "-Infinity", 2.5]
+    again = run_in("put", "db.w", input="\n".join(json.dumps({"id": r["id"] + 10, "d": r["d"]}) for r in rows) + "\n")
+    assert again.exit_code == 0, again.output
+    stored = {row["id"]: row["d"] for batch in fake_table["db.w"].upserts for row in batch}
+    assert math.isnan(stored[11]) and stored[12] == math.inf and stored[13] == -math.inf and stored[14] == 2.5
+
+
 def test_put_reads_json_lines_in_batches(fake_table, tmp_path):
     path = tmp_path / "rows.jsonl"
     path.write_text('{"id": 1, "name": "a", "ts": "2024-01-02T03:04:05", "b": "aGk="}\n\n{"id": 2}\n'
@@ -162,7 +177,9 @@ def test_put_reads_json_lines_in_batches(fake_table, tmp_path):
     (['{"id": 1}', '{"id": 2, "zzz": 1}'], "line 2, column 'zzz': unknown column", []),
     (['{"id": 1}', '{"name": "no key"}'], "line 2, column 'id': primary key is missing", []),
     (['{"id": 1}', '{"id": 2, "ts": "soon"}'], "line 2, column 'ts': expected ISO-8601", []),
-    (['{"id": 1}', '{"id": 2}', '{"id": 3}', '{"id": 9999999999999999999}'], "line 4, column 'id'", [1, 2]),
+    (['{"id": 1}', '{"id": 2}', '{"id": 3}', '{"id": 9999999999999999999}'],
+     "line 4, column 'id': 9999999999999999999 is out of range for BIGINT (-9223372036854775808..", [1, 2]),
+    (['{"id": 1, "d": "nan"}'], "line 1, column 'd': expected DOUBLE, got 'nan'", []),  # only what get prints
 ])
 def test_put_names_the_bad_line_and_writes_nothing_of_its_batch(fake_table, lines, message, written):
     result = run_in("put", "db.w", "--batch-size", "2", input="\n".join(lines) + "\n")

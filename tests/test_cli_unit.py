@@ -98,6 +98,64 @@ def test_usage_errors_exit_2(args):
     assert "Traceback" not in result.output
 
 
+@pytest.mark.parametrize("args, says", [
+    (("lease", "acquire", "L1", "--table", "db.t", "--snapshot", "0:1", "--duration", "10m"),
+     "error: Invalid value for '--snapshot': '0:1' is not BUCKET=SNAPSHOT_ID (e.g. 0=12) "
+     "(see: kvlease lease acquire --help)"),
+    (("log", "db.t"), "error: Missing option '--bucket'. (see: kvlease log --help)"),
+    (("nosuch",), "error: No such command 'nosuch'. (see: kvlease --help)"),
+    (("lease", "list", "extra\nline"), "error: Got unexpected extra argument (extra\\nline) "
+                                        "(see: kvlease lease list --help)"),
+    (("lease", "drop", "bad:id"), "error: Invalid value for 'LEASE_ID': bad lease id 'bad:id': 1-128 characters "
+                                  "of letters, digits, '.', '_' or '-' (not '.' or '..') (see: kvlease lease drop --help)"),
+    (("lease", "describe", ".."), "bad lease id '..'"),
+    (("lease", "release", "x" * 129, "--table", "db.t", "--bucket", "0"), "bad lease id"),
+    (("lease", "acquire", "L1", "--table", "db.t", "--latest", "--duration", "0s"),
+     "error: Invalid value for '--duration': '0s': must be more than 0 (see: kvlease lease acquire --help)"),
+    (("lease", "renew", "L1", "--duration", "0ms"), "'0ms': must be more than 0"),
+    (("log", "db.t", "--bucket", "0", "--follow", "--poll-interval", "0s"), "'0s': must be more than 0"),
+    (("cluster", "start", "--dir", "/nonexistent/kv", "--timeout", "0s"), "'0s': must be more than 0"),
+])
+def test_a_usage_error_is_one_line_naming_the_help_to_read(args, says):
+    """Every command's usage errors are one ``error:`` line, like every other error (click's own are four)."""
+    assert says in assert_one_line_error(run("--bootstrap", "127.0.0.1:1", *args), code=2)
+
+
+def test_a_group_without_its_command_shows_its_help():
+    result = run("lease")
+    assert result.exit_code == 2 and "Commands:" in result.output and "acquire" in result.output
+
+
+@pytest.mark.parametrize("bootstrap", ["nonsense", "127.0.0.1:99999", "host:", ":5", "a b:1", "127.0.0.1:1,,x"])
+def test_a_malformed_bootstrap_address_is_a_usage_error_not_a_retry(bootstrap):
+    for args in (("--bootstrap", bootstrap, "table", "list"), ("table", "list", "--bootstrap", bootstrap)):
+        message = assert_one_line_error(run(*args), code=2)
+        assert "Invalid value for '--bootstrap': bad coordinator address" in message
+    env_result = run("table", "list", env={"KVLEASE_BOOTSTRAP": bootstrap})
+    assert "bad coordinator address" in assert_one_line_error(env_result, code=2)
+
+
+@pytest.mark.parametrize("content, says", [
+    ("[]", "is not a kvlease cluster file: not a JSON object"),
+    ("{}", "is not a kvlease cluster file: no 'coordinators'"),
+    ('{"coordinators": {}}', "'coordinators' is not a list"),
+    ('{"coordinators": [{"pid": 5}]}', "an entry of 'coordinators' is not an object with an address and a pid"),
+    ('{"coordinators": [], "tablets": [{"address": "h:1", "pid": "5"}]}', "an entry of 'tablets'"),
+])
+def test_a_cluster_file_of_another_shape_is_a_one_line_error(tmp_path, content, says):
+    (tmp_path / "cluster.json").write_text(content)
+    for args in (("--cluster", str(tmp_path), "table", "list"), ("cluster", "status", "--dir", str(tmp_path))):
+        assert says in assert_one_line_error(run(*args))
+
+
+def test_cluster_start_in_a_file_is_a_one_line_error(tmp_path):
+    (tmp_path / "file").write_text("x")
+    assert assert_one_line_error(run("cluster", "start", "--dir", str(tmp_path / "file"))) == \
+        f"error: {tmp_path / 'file'} exists and is not a directory"
+    message = assert_one_line_error(run("cluster", "start", "--dir", str(tmp_path / "file" / "sub")))
+    assert message.startswith(f"error: cannot create {tmp_path / 'file'}")
+
+
 def test_unreachable_bootstrap_names_the_address():
     address = f"127.0.0.1:{closed_port()}"
     message = assert_one_line_error(run("--bootstrap", address, "--retry-timeout", "500ms", "table", "list"))

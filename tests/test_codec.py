@@ -268,8 +268,9 @@ KV = make_table([("id", "BIGINT"), ("name", "STRING"), ("n", "INT"), ("y", "BYTE
     ({"id": 9, "zzz": 1}, "row 3, column 'zzz': unknown column"),
     ({"name": "x"}, "row 3, column 'id': primary key is missing"),
     ({"id": None}, "row 3, column 'id': primary key is null"),
-    ({"id": 9, "n": 2**31}, "row 3, column 'n': expected INT, got 2147483648"),
-    ({"id": 2**63}, "row 3, column 'id': expected BIGINT, got 9223372036854775808"),
+    ({"id": 9, "n": 2**31}, "row 3, column 'n': 2147483648 is out of range for INT (-2147483648..2147483647)"),
+    ({"id": 2**63}, "row 3, column 'id': 9223372036854775808 is out of range for BIGINT "
+                    "(-9223372036854775808..9223372036854775807)"),
     ({"id": True}, "row 3, column 'id': expected BIGINT, got True"),
     ({"id": 1.0}, "row 3, column 'id': expected BIGINT, got 1.0"),
     ({"id": 9, "name": b"x"}, "row 3, column 'name': expected STRING, got b'x'"),

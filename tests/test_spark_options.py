@@ -61,6 +61,8 @@ def test_names_are_case_insensitive_and_values_typed():
     ({"ending.timestamp": "5"}, "'ending.timestamp'"),
     ({"bootstrap.mode": "live", "startup.mode": "earliest"}, "'bootstrap.mode'"),
     ({"lease.id": "no spaces please"}, "'lease.id'"),
+    ({"lease.id": "job:1"}, "'lease.id'"),  # the coordinator refuses ':'
+    ({"lease.id": ".."}, "'lease.id'"),
     ({"table": "orders"}, "'table'"),
     ({"cluster": "/nowhere"}, "'bootstrap' and 'cluster'"),
 ])

@@ -174,6 +174,11 @@ def _message(exc: BaseException, state: State | None) -> str:
     return f"internal error: {type(exc).__name__}: {exc} (set KVLEASE_DEBUG=1 for a traceback)"
 
 
+def single_line(text: str) -> str:
+    """``text`` on one line: line breaks (from arguments or values quoted in a message) as ``\\n``."""
+    return "".join(ch if ch.isprintable() or ch == "\t" else ascii(ch)[1:-1] for ch in text)
+
+
 def catch_errors(func: Callable) -> Callable:
     """kvlease errors -> ``error: <message>`` on stderr and exit 1; never a traceback for them."""
 
@@ -191,10 +196,22 @@ def catch_errors(func: Callable) -> Callable:
         except Exception as exc:
             if state is not None and state.debug:
                 traceback.print_exc()
-            click.echo(f"error: {_message(exc, state)}", err=True)
+            click.echo(f"error: {single_line(_message(exc, state))}", err=True)
             ctx.exit(1)
 
     return wrapper
+
+
+def checked_bootstrap(ctx: click.Context, param, value: str | None) -> str | None:
+    """``--bootstrap`` (or KVLEASE_BOOTSTRAP): a malformed address is a usage error, not 10 s of retries."""
+    from client.admin import parse_bootstrap
+
+    if value is not None:
+        try:
+            parse_bootstrap(value)
+        except errors.InvalidRequestError as exc:
+            raise click.BadParameter(exc.message, ctx, param) from None
+    return value
 
 
 def common_options(func: Callable) -> Callable:
@@ -202,6 +219,8 @@ def common_options(func: Callable) -> Callable:
 
     def setter(attr: str, flag: str | None = None):
         def callback(ctx: click.Context, param, value) -> None:
+            if attr == "bootstrap":
+                checked_bootstrap(ctx, param, value)
             if value:
                 state = ctx.ensure_object(State)
                 setattr(state, attr, value)
@@ -221,22 +240,51 @@ def common_options(func: Callable) -> Callable:
 # -- the group -----------------------------------------------------------------------------------
 
 
+class OneLineUsageError(click.UsageError):
+    """Bad input shown as one line, ``error: … (see: kvlease CMD --help)`` (exit code 2)."""
+
+    def show(self, file=None) -> None:
+        hint = f" (see: {self.ctx.command_path} --help)" if self.ctx is not None else ""
+        click.echo(f"error: {single_line(self.format_message())}{hint}", err=True)
+
+
+def _one_line(exc: click.UsageError) -> click.UsageError:
+    """Any usage error as a :class:`OneLineUsageError`; a group called without a command keeps its help."""
+    if isinstance(exc, (OneLineUsageError, click.exceptions.NoArgsIsHelpError)):
+        return exc
+    return OneLineUsageError(exc.format_message(), exc.ctx)
+
+
 class KvleaseGroup(click.Group):
-    """The root group: an argument that is not valid text is a usage error before anything runs."""
+    """The root group: an argument that is not valid text is a usage error before anything runs, and
+    every usage error of any command (bad option syntax, a failed check of a value, an unknown command)
+    is one ``error:`` line, like every other error (click's own is four lines with the usage)."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         for arg in args:
             try:
                 arg.encode("utf-8")
             except UnicodeEncodeError:  # bytes that are not UTF-8 arrive as lone surrogates
-                raise click.UsageError(f"argument {ascii(arg)} is not valid UTF-8", ctx) from None
+                raise OneLineUsageError(f"argument {ascii(arg)} is not valid UTF-8", ctx) from None
         return super().parse_args(ctx, args)
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except click.UsageError as exc:
+            raise _one_line(exc) from None
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)  # parses and runs the subcommands
+        except click.UsageError as exc:
+            raise _one_line(exc) from None
 
 
 @click.group(cls=KvleaseGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option("--cluster", "cluster_dir", envvar="KVLEASE_CLUSTER", metavar="DIR",
               help="A local cluster directory (made by `kvlease cluster start`). Env: KVLEASE_CLUSTER.")
-@click.option("--bootstrap", envvar="KVLEASE_BOOTSTRAP", metavar="HOST:PORT[,…]",
+@click.option("--bootstrap", envvar="KVLEASE_BOOTSTRAP", metavar="HOST:PORT[,…]", callback=checked_bootstrap,
               help="Coordinator addresses. Env: KVLEASE_BOOTSTRAP.")
 @click.option("--json", "json_mode", is_flag=True, help="Print exactly one JSON document on stdout.")
 @click.option("--retry-timeout", type=DURATION, envvar="KVLEASE_RETRY_TIMEOUT", metavar="DURATION",

@@ -7,7 +7,7 @@ import click
 from common import errors
 from ops import cluster as local_cluster
 from ops.cli.app import State, catch_errors, common_options, kvlease, pass_state
-from ops.cli.values import DURATION
+from ops.cli.values import POSITIVE_DURATION
 
 
 @kvlease.group("cluster")
@@ -31,7 +31,7 @@ def cluster_dir(state: State, directory: str | None) -> str:
 @click.option("--tablets", type=click.IntRange(min=0), default=0, show_default=True,
               help="Tablet servers (ids 1..N).")
 @click.option("--remote", metavar="URI", help="remote.data.dir (default: file://D/remote).")
-@click.option("--timeout", "timeout_ms", type=DURATION, default="60s", show_default=True,
+@click.option("--timeout", "timeout_ms", type=POSITIVE_DURATION, default="60s", show_default=True,
               help="How long to wait for an active coordinator, then for every tablet server to "
                    "register and every bucket to be served.")
 @click.option("--secure", is_flag=True,

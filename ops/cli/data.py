@@ -13,7 +13,7 @@ import click
 from common import errors
 from ops import output as out
 from ops.cli.app import State, catch_errors, common_options, kvlease, pass_state
-from ops.cli.values import DURATION, EPOCH_MS, bucket_number, int64, parse_json_row, parse_keys, table_path
+from ops.cli.values import EPOCH_MS, POSITIVE_DURATION, bucket_number, int64, parse_json_row, parse_keys, table_path
 
 PUT_BATCH_ROWS = 10_000
 
@@ -59,7 +59,8 @@ def put(state: State, path: str, source: BinaryIO, batch_size: int) -> None:
                 continue
             rows.append(parse_json_row(line, number, table))
         except errors.InvalidRowError as exc:
-            exc.message += f" ({written} row(s) before line {lines[0] if lines else number} were written)"
+            first = lines[0] if lines else number  # the rows of lines[] are read but not written yet
+            exc.message += f" (the {written} row(s) before line {first} were written, nothing from line {first} on)"
             raise
         lines.append(number)
         if len(rows) >= batch_size:
@@ -132,7 +133,7 @@ def delete(state: State, path: str, keys: tuple[str, ...]) -> None:
               help="Start at the first record appended at or after TIME (ms since the epoch or ISO-8601, "
                    "UTC unless it names a zone).")
 @click.option("--follow", is_flag=True, help="Keep polling for new records until Ctrl-C.")
-@click.option("--poll-interval", type=DURATION, default="500ms", show_default=True, metavar="DURATION",
+@click.option("--poll-interval", type=POSITIVE_DURATION, default="500ms", show_default=True, metavar="DURATION",
               help="How often --follow asks for new records.")
 @common_options
 @pass_state

@@ -11,21 +11,6 @@ from ops import demo as demo_run
 from ops.cli.app import State, catch_errors, kvlease, pass_state
 
 
-class OneLineUsageError(click.UsageError):
-    """A usage error shown as one line: ``error: Invalid value for '--rows': …`` (exit code 2)."""
-
-    def show(self, file=None) -> None:
-        click.echo(f"error: {self.format_message()} (see: kvlease demo --help)", err=True)
-
-
-class DemoCommand(click.Command):
-    def make_context(self, info_name, args, parent=None, **extra):
-        try:
-            return super().make_context(info_name, args, parent=parent, **extra)
-        except click.UsageError as exc:
-            raise OneLineUsageError(exc.format_message(), exc.ctx) from None
-
-
 def _printer():
     started = time.monotonic()
 
@@ -35,7 +20,7 @@ def _printer():
     return progress
 
 
-@kvlease.command("demo", cls=DemoCommand)
+@kvlease.command("demo")
 @click.option("--dir", "directory", metavar="D",
               help="Work in D (new or empty; kept afterwards). Default: a fresh temp dir, removed at the end "
                    "unless --keep.")

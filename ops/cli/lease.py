@@ -8,7 +8,7 @@ from common import errors
 from common.model import TableBucket
 from ops import output as out
 from ops.cli.app import State, catch_errors, common_options, kvlease, pass_state
-from ops.cli.values import DURATION, BucketList, BucketSnapshot, table_path
+from ops.cli.values import LEASE_ID, POSITIVE_DURATION, BucketList, BucketSnapshot, table_path
 
 
 @kvlease.group("lease")
@@ -17,12 +17,12 @@ def lease_group() -> None:
 
 
 @lease_group.command("acquire")
-@click.argument("lease_id")
+@click.argument("lease_id", type=LEASE_ID)
 @click.option("--table", "path", required=True, metavar="DB.NAME", callback=table_path)
 @click.option("--snapshot", "snapshots", type=BucketSnapshot(), multiple=True,
               help="Bucket and snapshot to hold, B=ID; repeat for more buckets.")
 @click.option("--latest", is_flag=True, help="Hold the latest snapshot of every bucket.")
-@click.option("--duration", type=DURATION, required=True, help="Lease duration from now, e.g. 10m.")
+@click.option("--duration", type=POSITIVE_DURATION, required=True, help="Lease duration from now, e.g. 10m.")
 @common_options
 @pass_state
 @catch_errors
@@ -52,8 +52,8 @@ def lease_acquire(state: State, lease_id: str, path: str, snapshots: tuple[tuple
 
 
 @lease_group.command("renew")
-@click.argument("lease_id")
-@click.option("--duration", type=DURATION, required=True, help="New duration from now, e.g. 10m.")
+@click.argument("lease_id", type=LEASE_ID)
+@click.option("--duration", type=POSITIVE_DURATION, required=True, help="New duration from now, e.g. 10m.")
 @common_options
 @pass_state
 @catch_errors
@@ -65,7 +65,7 @@ def lease_renew(state: State, lease_id: str, duration: int) -> None:
 
 
 @lease_group.command("release")
-@click.argument("lease_id")
+@click.argument("lease_id", type=LEASE_ID)
 @click.option("--table", "path", required=True, metavar="DB.NAME", callback=table_path)
 @click.option("--bucket", "buckets", type=BucketList(), multiple=True, required=True,
               help="Bucket(s) to free: repeat, or B,B,….")
@@ -94,7 +94,7 @@ def lease_release(state: State, lease_id: str, path: str, buckets: tuple[list[in
 
 
 @lease_group.command("drop")
-@click.argument("lease_id")
+@click.argument("lease_id", type=LEASE_ID)
 @common_options
 @pass_state
 @catch_errors
@@ -117,7 +117,7 @@ def lease_list(state: State) -> None:
 
 
 @lease_group.command("describe")
-@click.argument("lease_id")
+@click.argument("lease_id", type=LEASE_ID)
 @common_options
 @pass_state
 @catch_errors

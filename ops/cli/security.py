@@ -19,29 +19,9 @@ import click
 from common import errors
 from common.security.acl import AclBinding, Operation, Resource, check_principal
 from common.security.authn import check_user_name
-from ops.cli.app import State, catch_errors, common_options, kvlease, pass_state
+from ops.cli.app import OneLineUsageError, State, catch_errors, common_options, kvlease, pass_state
 
 NEW_PASSWORD_ENV = "KVLEASE_NEW_USER_PASSWORD"
-
-
-class OneLineUsageError(click.UsageError):
-    """Bad input shown as one line, ``error: …`` (exit code 2)."""
-
-    def show(self, file=None) -> None:
-        hint = f" (see: {self.ctx.command_path} --help)" if self.ctx is not None else ""
-        click.echo(f"error: {self.format_message()}{hint}", err=True)
-
-
-class OneLineCommand(click.Command):
-    """A command whose usage errors (bad options, a failed check of a value) are one ``error:`` line."""
-
-    def make_context(self, info_name, args, parent=None, **extra):
-        try:
-            return super().make_context(info_name, args, parent=parent, **extra)
-        except OneLineUsageError:
-            raise
-        except click.UsageError as exc:
-            raise OneLineUsageError(exc.format_message(), exc.ctx) from None
 
 
 def _checked(check, value: str, param: str):
@@ -82,7 +62,7 @@ def _new_password(name: str, from_stdin: bool, given: str | None) -> str:
     return password
 
 
-@user_group.command("add", cls=OneLineCommand)
+@user_group.command("add")
 @click.argument("name")
 @click.option("--password-stdin", "from_stdin", is_flag=True, help="Read the password from the first line of stdin.")
 @click.option("--password", "password", envvar=NEW_PASSWORD_ENV, metavar="PW",
@@ -101,7 +81,7 @@ def user_add(state: State, name: str, from_stdin: bool, password: str | None) ->
     state.output.message(text, {"user": name, "created": created})
 
 
-@user_group.command("remove", cls=OneLineCommand)
+@user_group.command("remove")
 @click.argument("name")
 @common_options
 @pass_state
@@ -114,7 +94,7 @@ def user_remove(state: State, name: str) -> None:
                          {"user": name, "removed": removed})
 
 
-@user_group.command("list", cls=OneLineCommand)
+@user_group.command("list")
 @common_options
 @pass_state
 @catch_errors
@@ -176,7 +156,7 @@ def entry_options(func):
     return func
 
 
-@acl_group.command("add", cls=OneLineCommand)
+@acl_group.command("add")
 @entry_options
 @common_options
 @pass_state
@@ -190,7 +170,7 @@ def acl_add(state: State, principal: str, operation: str, table: str | None, dat
     state.output.message(text, {**binding.to_json(), "added": added})
 
 
-@acl_group.command("remove", cls=OneLineCommand)
+@acl_group.command("remove")
 @entry_options
 @common_options
 @pass_state
@@ -204,7 +184,7 @@ def acl_remove(state: State, principal: str, operation: str, table: str | None, 
     state.output.message(text, {**binding.to_json(), "removed": removed})
 
 
-@acl_group.command("list", cls=OneLineCommand)
+@acl_group.command("list")
 @resource_options
 @common_options
 @pass_state

@@ -19,6 +19,8 @@ import click
 
 from common import config as cfg
 from common import errors
+from common.codec_arrays import INT_RANGE
+from common.model import lease_id_problem
 from common.tables import TableInfo, parse_table_path
 
 
@@ -47,17 +49,35 @@ def int64(low: int = 0) -> click.IntRange:
 
 
 class Duration(click.ParamType):
-    """``10m``, ``30s``, ``500ms`` -> milliseconds."""
+    """``10m``, ``30s``, ``500ms`` -> milliseconds; ``positive``: 0 is refused too."""
 
     name = "duration"
+
+    def __init__(self, positive: bool = False) -> None:
+        self.positive = positive
 
     def convert(self, value: Any, param, ctx) -> int:
         if isinstance(value, int):
             return value
         try:
-            return cfg.parse_duration_ms(value)
+            ms = cfg.parse_duration_ms(value)
         except ValueError as exc:
             self.fail(str(exc), param, ctx)
+        if self.positive and ms <= 0:
+            self.fail(f"{value!r}: must be more than 0", param, ctx)
+        return ms
+
+
+class LeaseId(click.ParamType):
+    """A lease id, checked by the coordinator's own rule (:func:`common.model.lease_id_problem`)."""
+
+    name = "lease_id"
+
+    def convert(self, value: Any, param, ctx) -> str:
+        problem = lease_id_problem(value)
+        if problem is not None:
+            self.fail(problem, param, ctx)
+        return value
 
 
 class BucketSnapshot(click.ParamType):
@@ -123,16 +143,19 @@ class EpochMs(click.ParamType):
 
 
 DURATION = Duration()
+POSITIVE_DURATION = Duration(positive=True)
+LEASE_ID = LeaseId()
 EPOCH_MS = EpochMs()
 
 
 # -- column values from text and JSON (put, get, delete) -------------------------------------------
 
-_INT_RANGE = {"INT": (-(1 << 31), (1 << 31) - 1), "BIGINT": (-(1 << 63), (1 << 63) - 1)}
 _INTEGER = re.compile(r"\s*[+-]?[0-9]+\s*")  # fullmatch; [0-9], not \d: int() rejects some Unicode digits
 _TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
 #: Column types whose JSON form is not what the codec takes (text -> datetime / bytes).
 _JSON_CONVERTED = ("TIMESTAMP", "BYTES")
+#: The texts a NaN or infinite DOUBLE prints as (JSON has no such numbers); ``put`` takes them back.
+_DOUBLE_TEXTS = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
 
 
 def convert_value(value: Any, type_: str) -> Any:
@@ -151,10 +174,10 @@ def convert_value(value: Any, type_: str) -> Any:
             return value
         if text and value.strip().lower() in _TRUE + _FALSE:
             return value.strip().lower() in _TRUE
-    elif type_ in _INT_RANGE:
+    elif type_ in INT_RANGE:
         number = int(value) if text and _INTEGER.fullmatch(value) else value
         if isinstance(number, int) and not isinstance(number, bool):
-            lo, hi = _INT_RANGE[type_]
+            lo, hi = INT_RANGE[type_]
             if not lo <= number <= hi:
                 raise ValueError(f"{number} is out of range for {type_}")
             return number
@@ -244,7 +267,9 @@ def parse_json_row(line: str, number: int, table: TableInfo) -> dict[str, Any]:
         raise errors.InvalidRowError(f"line {number}: expected a JSON object (column -> value), "
                                      f"got {type(row).__name__}")
     for column in table.columns:
-        if column.type in _JSON_CONVERTED and row.get(column.name) is not None:
+        if column.type == "DOUBLE" and isinstance(row.get(column.name), str) and row[column.name] in _DOUBLE_TEXTS:
+            row[column.name] = _DOUBLE_TEXTS[row[column.name]]
+        elif column.type in _JSON_CONVERTED and row.get(column.name) is not None:
             try:
                 row[column.name] = convert_value(row[column.name], column.type)
             except ValueError as exc:
