@@ -43,8 +43,11 @@ def acquire_latest(admin: AdminClient, table: TableInfo, lease_id: str, options:
         pending.difference_update(b for b in list(pending) if b not in latest)  # no snapshot: changelog only
         if not wanted:
             return set()
-        result = admin.acquire_lease(lease_id, {TableBucket(table.table_id, b): info.snapshot_id
-                                                for b, info in wanted.items()}, options.lease_duration_ms)
+        try:
+            result = admin.acquire_lease(lease_id, {TableBucket(table.table_id, b): info.snapshot_id
+                                                    for b, info in wanted.items()}, options.lease_duration_ms)
+        except errors.InvalidLeaseDurationError as exc:  # above the cluster's kv.snapshot.lease.max-duration
+            raise OptionError(f"option 'lease.duration': {exc.message}") from None
         missing = {tb.bucket for tb in result.unavailable}
         for b, info in wanted.items():
             if b not in missing:

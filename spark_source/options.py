@@ -21,6 +21,7 @@ from common.config import parse_duration_ms
 from common.errors import InvalidRequestError
 from common.model import lease_id_problem
 from common.tables import parse_table_path
+from common.tls import TlsFiles
 
 STARTUP_MODES = ("full", "earliest", "latest", "timestamp")
 BOOTSTRAP_MODES = ("snapshot", "live")
@@ -112,7 +113,19 @@ def _security(given: Mapping[str, str]) -> Security:
     if settings.get(cfg.SECURITY_USERNAME.name) and not settings.get(cfg.TLS_CA_FILE.name):
         raise OptionError("option 'user' needs option 'ca-file' (or a --secure 'cluster'): a password is only "
                           "sent over TLS")
+    if settings:
+        _check_tls_files(settings, files)
     return tuple(sorted(settings.items()))
+
+
+def _check_tls_files(settings: Mapping[str, Any], files: Mapping[str, str]) -> None:
+    """Read the TLS files now, so that a missing or bad one fails naming the option that gave it."""
+    try:
+        TlsFiles.from_config(cfg.Config(dict(settings), env={}))
+    except cfg.ConfigError as exc:
+        key = exc.details.get("key")
+        option = next((name for name, k in TLS_OPTIONS.items() if k == key and k in files), "cluster")
+        raise OptionError(f"option '{option}': {exc.message}") from None
 
 
 def _credentials(given: Mapping[str, str]) -> dict[str, str]:
@@ -141,10 +154,10 @@ def _bootstrap(given: Mapping[str, str]) -> tuple[str, ...]:
     if "bootstrap" in given and "cluster" in given:
         raise OptionError("options 'bootstrap' and 'cluster' exclude each other: give one")
     if "bootstrap" in given:
-        addresses = [a.strip() for a in parse_bootstrap(given["bootstrap"]) if a.strip()]
-        if not addresses or any(":" not in a for a in addresses):
-            raise OptionError(f"option 'bootstrap': expected host:port[,host:port…], got {given['bootstrap']!r}")
-        return tuple(addresses)
+        try:
+            return tuple(parse_bootstrap(given["bootstrap"]))
+        except InvalidRequestError as exc:
+            raise OptionError(f"option 'bootstrap': {exc.message}") from None
     if "cluster" in given:
         try:
             return tuple(cluster_dir_bootstrap(given["cluster"]))

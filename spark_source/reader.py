@@ -15,6 +15,7 @@ from contextlib import ExitStack
 from typing import Iterator
 
 import pyarrow as pa
+from pyspark.sql.datasource import InputPartition
 
 from client.admin import AdminClient
 from client.log_records import decode_records, entry_records
@@ -32,10 +33,25 @@ log = logging.getLogger(__name__)
 
 
 def read_split(ctx: ReadContext, split) -> Iterator[pa.RecordBatch]:
-    """The split's rows with every table and metadata column, cut down to the requested ones."""
+    """The split's rows with every table and metadata column, cut down to the requested ones (with
+    the nullability the requested schema gives them: Spark compares the batches' schema with it)."""
+    if type(split) is InputPartition and split.value is None:
+        return  # what Spark reads when the plan has no split (e.g. a change feed of an empty range)
     schema = spark_arrow_schema(ctx.table, with_changes=True)
+    wanted = output_schema(schema, ctx)
     for batch in _read(ctx, split, schema):
-        yield batch if tuple(batch.schema.names) == ctx.columns else batch.select(list(ctx.columns))
+        if tuple(batch.schema.names) != ctx.columns:
+            batch = batch.select(list(ctx.columns))
+        yield batch if batch.schema.equals(wanted) else pa.RecordBatch.from_arrays(batch.columns, schema=wanted)
+
+
+def output_schema(schema: pa.Schema, ctx: ReadContext) -> pa.Schema:
+    """``schema``'s fields of the requested columns, nullable as requested (a schema the user gives has
+    every column nullable, where the source's own has the metadata columns not null)."""
+    fields = [schema.field(name) for name in ctx.columns]
+    if ctx.nullable:
+        fields = [f.with_nullable(nullable) for f, nullable in zip(fields, ctx.nullable)]
+    return pa.schema(fields)
 
 
 def _read(ctx: ReadContext, split, schema: pa.Schema) -> Iterator[pa.RecordBatch]:

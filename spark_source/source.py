@@ -7,6 +7,8 @@ a message naming it.
 
 from __future__ import annotations
 
+import time
+from datetime import datetime, timezone
 from functools import cached_property
 
 from pyspark.sql.datasource import DataSource
@@ -45,7 +47,8 @@ class KvLeaseDataSource(DataSource):
             columns = read_columns(table, schema)
         except ValueError as exc:
             raise opts.OptionError(f"the schema given to the reader does not fit: {exc}") from None
-        return ReadContext(parsed.bootstrap, table, storage, columns, parsed.security)
+        return ReadContext(parsed.bootstrap, table, storage, columns, parsed.security,
+                           tuple(field.nullable for field in schema.fields))
 
     def reader(self, schema: StructType) -> BatchReader:
         parsed = opts.parse(self.options)
@@ -60,6 +63,16 @@ class KvLeaseDataSource(DataSource):
         for name in ("ending.timestamp", "ending.offsets"):
             if name in parsed.given:
                 raise opts.OptionError(f"option '{name}' ends a batch change feed; a streaming query has no end")
+        at = parsed.startup_timestamp_ms
+        if parsed.startup_mode == "timestamp" and at > time.time() * 1000:
+            # the first record at or after it does not exist yet: starting at the end would read the
+            # changes appended until then, which are before it
+            try:
+                when = datetime.fromtimestamp(at / 1000, timezone.utc).isoformat(timespec="milliseconds")
+            except (OverflowError, ValueError, OSError):  # beyond the year 9999
+                when = f"{at} ms since the epoch"
+            raise opts.OptionError(f"option 'startup.timestamp': {when} is in the future; a stream starts at a "
+                                   "time that has passed (startup.mode=latest reads from now on)")
         return StreamReader(parsed, self._context(parsed, schema))
 
     def writer(self, schema: StructType, overwrite: bool) -> BatchWriter:

@@ -23,6 +23,7 @@ class ReadContext:
     storage: RemoteStorage | None
     columns: tuple[str, ...]  # the requested schema's columns: table columns and metadata columns, any subset
     security: tuple = ()  # spark_source.options.Security: TLS settings of the cluster
+    nullable: tuple[bool, ...] = ()  # the requested schema's nullability per column; () = the source's own
 
 
 @dataclass(frozen=True)

@@ -179,3 +179,35 @@ def test_bad_options_fail_the_query_before_any_job_naming_the_option(spark, kv):
         read(spark, kv, lease_duration="forever").collect()
     with pytest.raises(Exception, match="bad table name 'orders'|option 'table'"):
         spark.read.format("kvlease").option("bootstrap", kv.coordinator.address).option("table", "orders").load()
+
+
+def test_a_change_feed_of_an_empty_range_is_empty_not_an_error(spark, kv):
+    """Spark reads one ``InputPartition(None)`` when the plan has no split."""
+    kv.create_table("shop.orders", ALL_TYPES, ["id"], 2)
+    with TableClient(kv.admin, "shop.orders") as client:
+        client.upsert([row(i) for i in range(10)])
+    assert change_feed(spark, kv, startup_mode="latest") == []
+    assert change_feed(spark, kv, startup_mode="timestamp", startup_timestamp="2099-01-01T00:00:00Z") == []
+    assert change_feed(spark, kv, startup_mode="earliest", ending_timestamp="0") == []
+    assert len(change_feed(spark, kv, startup_mode="earliest")) == 10
+
+
+def test_a_given_schema_may_name_metadata_columns(spark, kv):
+    """A schema the user gives has every column nullable, where the source's own has the metadata not null."""
+    seed(kv, 2, 20)
+    reader = spark.read.format("kvlease").option("bootstrap", kv.coordinator.address).option("table", "shop.orders")
+    df = reader.schema("id bigint, _log_offset bigint, _change_type string, _bucket int").load()
+    rows = df.collect()
+    assert sorted(r["id"] for r in rows) == list(range(20))
+    assert {r["_change_type"] for r in rows} == {"insert"} and all(r["_log_offset"] >= 0 for r in rows)
+    assert kv.admin.list_leases() == []  # every split read, so every bucket released
+    feed = reader.option("startup.mode", "earliest").schema("_log_offset bigint not null, id bigint").load()
+    assert sorted(r["id"] for r in feed.collect()) == list(range(20))
+
+
+def test_a_lease_duration_above_the_clusters_maximum_names_the_option(spark, kv):
+    seed(kv, 1, 5)
+    with pytest.raises(Exception, match=r"option 'lease.duration': lease duration 2592000000 ms exceeds "
+                                        r"kv.snapshot.lease.max-duration"):
+        read(spark, kv, lease_duration="30d").collect()
+    assert kv.admin.list_leases() == []

@@ -163,12 +163,33 @@ def test_tls_options_and_a_secure_cluster_directory(tmp_path):
     doc = {"coordinators": [{"address": "127.0.0.1:1"}]}
     (cluster / "cluster.json").write_text(json.dumps(doc))
     assert opts.parse({"cluster": str(cluster), "table": "db.t"}).security == ()
-    doc["security"] = {"ca_file": "/c/ca.pem", "cert_file": "/c/client.pem", "key_file": "/c/client-key.pem",
-                       "client_auth": True}
+    pem = {name: tmp_path / f"{name}.pem" for name in ("ca", "client", "client-key")}
+    for path in pem.values():
+        path.write_text("-----BEGIN X-----\n-----END X-----\n")  # read and checked at parse, not parsed as X.509
+    doc["security"] = {"ca_file": str(pem["ca"]), "cert_file": str(pem["client"]),
+                       "key_file": str(pem["client-key"]), "client_auth": True}
     (cluster / "cluster.json").write_text(json.dumps(doc))
     security = dict(opts.parse({"cluster": str(cluster), "table": "db.t"}).security)
-    assert security["security.enabled"] is True and security["security.tls.cert-file"] == "/c/client.pem"
-    security = dict(opts.parse({"bootstrap": "h:1", "table": "db.t", "CA-File": "/x/ca.pem"}, reading=False).security)
-    assert security == {"security.enabled": True, "security.tls.ca-file": "/x/ca.pem"}
+    assert security["security.enabled"] is True and security["security.tls.cert-file"] == str(pem["client"])
+    security = dict(opts.parse({"bootstrap": "h:1", "table": "db.t", "CA-File": str(pem["ca"])},
+                               reading=False).security)
+    assert security == {"security.enabled": True, "security.tls.ca-file": str(pem["ca"])}
     with pytest.raises(opts.OptionError, match="ca-file"):
-        opts.parse({"bootstrap": "h:1", "table": "db.t", "cert-file": "/x/c.pem", "key-file": "/x/k.pem"})
+        opts.parse({"bootstrap": "h:1", "table": "db.t", "cert-file": str(pem["client"]),
+                    "key-file": str(pem["client-key"])})
+    # a file that cannot be read, or is not PEM, fails naming the option that gave it
+    with pytest.raises(opts.OptionError, match=r"^option 'ca-file': cannot read config key 'security.tls.ca-file' "
+                                               r"file /nowhere/ca.pem"):
+        opts.parse({"bootstrap": "h:1", "table": "db.t", "ca-file": "/nowhere/ca.pem"})
+    with pytest.raises(opts.OptionError, match=r"^option 'key-file': .* is not a PEM file"):
+        opts.parse({"bootstrap": "h:1", "table": "db.t", "ca-file": str(pem["ca"]), "cert-file": str(pem["client"]),
+                    "key-file": str(cluster / "cluster.json")})
+    pem["ca"].unlink()
+    with pytest.raises(opts.OptionError, match=r"^option 'cluster': cannot read config key 'security.tls.ca-file'"):
+        opts.parse({"cluster": str(cluster), "table": "db.t"})
+
+
+@pytest.mark.parametrize("bootstrap", ["hostnoport", "h:99999", "h:1,,:2"])
+def test_a_malformed_bootstrap_names_the_option(bootstrap):
+    with pytest.raises(opts.OptionError, match=r"^option 'bootstrap': bad coordinator address"):
+        opts.parse({**BASE, "bootstrap": bootstrap})

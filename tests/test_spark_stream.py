@@ -225,3 +225,18 @@ def test_a_streaming_live_bootstrap_is_refused(spark, kv, tmp_path):
     kv.create_table("shop.orders", ALL_TYPES, ["id"], 2)
     with pytest.raises(Exception, match="bootstrap.mode'=live is for batch reads only"):
         run(spark, kv, tmp_path / "ck", Collector(), bootstrap_mode="live")
+
+
+def test_a_stream_from_a_time_in_the_future_is_refused(spark, kv, tmp_path):
+    """Starting at the end would read the changes appended until then, which are before that time."""
+    kv.create_table("shop.orders", ALL_TYPES, ["id"], 2)
+    with pytest.raises(Exception, match=r"option 'startup.timestamp': 2099-01-01T00:00:00.000\+00:00 is in the "
+                                        r"future; a stream starts at a time that has passed"):
+        run(spark, kv, tmp_path / "ck", Collector(), startup_mode="timestamp",
+            startup_timestamp="2099-01-01T00:00:00Z")
+    past = int(time.time() * 1000) - 1
+    with TableClient(kv.admin, "shop.orders") as client:
+        client.upsert([row(i) for i in range(5)])
+    sink = Collector()
+    run(spark, kv, tmp_path / "ck2", sink, startup_mode="timestamp", startup_timestamp=str(past))
+    assert sorted(r["id"] for r in sink.rows()) == list(range(5))
