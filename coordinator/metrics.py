@@ -19,7 +19,8 @@ class CoordinatorMetrics(MetricsRegistry):
         self.table_leased_snapshots = Gauge("kvlease_table_leased_snapshots", "leased snapshots of the table",
                                             ["table_id"], registry=r)
         self.leases_expired = Counter("kvlease_leases_expired", "leases dropped because they expired", registry=r)
-        self.failovers = Counter("kvlease_coordinator_failovers", "times this process became the active coordinator",
+        self.failovers = Counter("kvlease_coordinator_failovers", "times this process took over as the active coordinator from an earlier one "
+                                 "(epoch > 1; the cluster's first active does not count)",
                                  registry=r)
         self.active = Gauge("kvlease_coordinator_active", "1 while this process is the active coordinator",
                             registry=r)

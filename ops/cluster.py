@@ -261,7 +261,7 @@ def _spawn_coordinator(directory: Path, index: int, zk_connect: str, remote: str
             "log": str(home / "coordinator.log"), "_popen": proc}
 
 
-def _spawn_tablet(directory: Path, index: int, zk_connect: str, remote: str, port: int,
+def _spawn_tablet(directory: Path, index: int, zk_connect: str, remote: str, port: int, metrics_port: int,
                   overrides: Mapping[str, Any]) -> dict[str, Any]:
     home = directory / f"tablet-{index}"
     home.mkdir(parents=True, exist_ok=True)
@@ -273,12 +273,14 @@ def _spawn_tablet(directory: Path, index: int, zk_connect: str, remote: str, por
         cfg.TABLET_HOST.name: "127.0.0.1",
         cfg.TABLET_PORT.name: port,
         cfg.TABLET_DATA_DIR.name: str(home / "data"),
+        cfg.METRICS_PORT.name: metrics_port,
         cfg.REMOTE_DATA_DIR.name: remote,
     }
     _write_config(home / "config.toml", values)
     proc = _launch(home, "tablet", "tablet.log")
     return {"id": str(index), "pid": proc.pid, "proc_start": proc_start(proc.pid),
-            "address": f"127.0.0.1:{port}", "log": str(home / "tablet.log"), "_popen": proc}
+            "address": f"127.0.0.1:{port}", "metrics_address": f"127.0.0.1:{metrics_port}",
+            "log": str(home / "tablet.log"), "_popen": proc}
 
 
 def _tablets_supported(count: int) -> None:
@@ -375,8 +377,10 @@ def start(directory: str | os.PathLike[str], *, zk_nodes: int = 1, coordinators:
         if tablets:
             progress(f"starting {tablets} tablet server{'s' if tablets > 1 else ''}")
             tablet_procs = []
-            for i, port in enumerate(free_ports(tablets)):
-                entry = _spawn_tablet(directory, i + 1, zk.connect_string, remote, port, overrides)
+            ports = free_ports(2 * tablets)
+            for i in range(tablets):
+                entry = _spawn_tablet(directory, i + 1, zk.connect_string, remote, ports[2 * i], ports[2 * i + 1],
+                                      overrides)
                 tablet_procs.append(entry.pop("_popen"))
                 procs.append(tablet_procs[-1])
                 doc["tablets"].append(entry)

@@ -11,7 +11,8 @@ def main(argv: list[str] | None = None) -> int:
     from tablet.server import TabletServer
 
     return run_server("python -m tablet", "Run a kvlease tablet server.", TabletServer,
-                      lambda s: f"tablet server {s.server_id} serving on {s.address}", argv)
+                      lambda s: f"tablet server {s.server_id} serving on {s.address} (metrics port {s.metrics_port})",
+                      argv)
 
 
 if __name__ == "__main__":

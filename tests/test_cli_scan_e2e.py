@@ -9,6 +9,7 @@ running; the logs are printed when the test fails.
 from __future__ import annotations
 
 import json
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -65,6 +66,14 @@ def walk_scan(cluster_dir: Path, tmp_path: Path) -> None:
     missing = kvlease(*c, "scan", "db.nope", "--json", check=False)
     assert missing.returncode == 1 and missing.stdout == ""
     assert kvlease(*c, "scan", "db.s", "--limit", "0", check=False).returncode == 2
+
+    # the tablet server's metrics, at the address cluster.json names: the scans above were counted
+    tablet = json.loads((cluster_dir / "cluster.json").read_text())["tablets"][0]
+    with urllib.request.urlopen(f"http://{tablet['metrics_address']}/metrics", timeout=10) as response:
+        metrics = response.read().decode()
+    opened = [line for line in metrics.splitlines() if line.startswith("kvlease_scanners_opened_total ")]
+    assert opened and float(opened[0].split()[1]) >= 3, metrics
+    assert "kvlease_scanners_open " in metrics and "kvlease_scan_rows_total " in metrics
 
     kvlease("cluster", "stop", "--dir", d)
     assert not any(local_cluster.pid_alive(pid) for pid in recorded_pids(cluster_dir))

@@ -77,6 +77,9 @@ def test_scan_json_document(fake_scan):
     doc = json.loads(run_cli("scan", "db.s", "--bucket", "1", "--limit", "2", "--json").stdout)
     assert [r["id"] for r in doc["rows"]] == [1, 3] and doc["log_offsets"] == {"1": 101}
     assert fake_scan.calls[-1] == {"limit": 2, "buckets": [1]}
+    for args in (("--bucket", "1", "--bucket", "0"), ("--bucket", "0,1"), ("--bucket", "1,0", "--bucket", "1")):
+        doc = json.loads(run_cli("scan", "db.s", *args, "--json").stdout)  # every bucket named, each once
+        assert fake_scan.calls[-1] == {"limit": None, "buckets": [0, 1]} and doc["log_offsets"] == {"0": 100, "1": 101}
 
 
 @pytest.mark.unit
@@ -85,6 +88,8 @@ def test_scan_text_and_errors(fake_scan):
     assert result.exit_code == 0 and "n5" in result.stdout and "log offsets" in result.stdout
     bad = run_cli("scan", "db.s", "--bucket", "2")
     assert bad.exit_code == 1 and "buckets 0..1" in bad.stderr and bad.stdout == ""
+    bad = run_cli("scan", "db.s", "--bucket", "1", "--bucket", "3,2")
+    assert bad.exit_code == 1 and "has buckets 0..1, not 2, 3" in bad.stderr and bad.stdout == ""
     assert run_cli("scan", "db.s", "--limit", "0").exit_code == 2
     assert run_cli("scan", "nodot").exit_code == 2
 

@@ -9,18 +9,19 @@ import click
 from common import errors
 from ops import output as out
 from ops.cli.app import State, catch_errors, common_options, kvlease, pass_state
-from ops.cli.values import bucket_number, int64, table_path
+from ops.cli.values import BucketList, int64, table_path
 
 
 @kvlease.command("scan")
 @click.argument("path", metavar="DB.NAME", callback=table_path)
-@click.option("--bucket", type=bucket_number(), metavar="B", help="Scan only this bucket.")
+@click.option("--bucket", "bucket_groups", type=BucketList(), multiple=True, metavar="B[,B…]",
+              help="Scan only these buckets: repeat, or B,B,….")
 @click.option("--limit", type=int64(1), metavar="N", help="At most N rows in all.")
 @common_options
 @pass_state
 @catch_errors
-def scan_command(state: State, path: str, bucket: int | None, limit: int | None) -> None:
-    """Read the live rows of a table (every bucket, or --bucket B) from its leaders.
+def scan_command(state: State, path: str, bucket_groups: tuple[list[int], ...], limit: int | None) -> None:
+    """Read the live rows of a table (every bucket, or --bucket B …) from its leaders.
 
     Each bucket is read from one consistent snapshot, taken when its scan
     opens; the output names per bucket the first changelog offset that is not
@@ -29,10 +30,12 @@ def scan_command(state: State, path: str, bucket: int | None, limit: int | None)
     """
     client = state.table_client(path)
     table = client.table
-    if bucket is not None and bucket >= table.buckets:
-        raise errors.BucketOutOfRangeError(f"table {table.path} has buckets 0..{table.buckets - 1}, not {bucket}")
-    buckets = None if bucket is None else [bucket]
-    progress = out.ScanProgress(1 if bucket is not None else table.buckets) if sys.stderr.isatty() else None
+    buckets = sorted({b for group in bucket_groups for b in group}) or None
+    beyond = [b for b in buckets or () if b >= table.buckets]
+    if beyond:
+        raise errors.BucketOutOfRangeError(f"table {table.path} has buckets 0..{table.buckets - 1}, "
+                                           f"not {', '.join(map(str, beyond))}")
+    progress = out.ScanProgress(len(buckets or range(table.buckets))) if sys.stderr.isatty() else None
     try:
         result = client.scan(limit=limit, buckets=buckets, on_batch=progress)
     finally:
