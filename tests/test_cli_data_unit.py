@@ -300,7 +300,7 @@ def test_snapshot_trigger(fake_table):
     (("log", "db.w", "--bucket", str(2**40)), "0<=x<=2147483647"),
     (("log", "db.w", "--bucket", "0", "--from-timestamp", str(10**23)), "out of range"),
     (("scan", "db.w", "--limit", str(10**20)), "1<=x<=9223372036854775807"),
-    (("scan", "db.w", "--bucket", str(2**40)), "0<=x<=2147483647"),
+    (("scan", "db.w", "--bucket", str(2**40)), "bucket 1099511627776 is out of range (0..2147483647)"),
     (("table", "create", "db.x", "--schema", "id BIGINT", "--primary-key", "id", "--buckets", str(2**40)),
      "1<=x<=2147483647"),
 ])
