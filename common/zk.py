@@ -109,13 +109,11 @@ def make_client(config: cfg.Config, *, start: bool = True, timeout_s: float = 15
 
 
 def _start(client: KazooClient, address: str, timeout_s: float) -> None:
-    """``client.start``; no session within ``timeout_s`` is a NetworkError naming the address (the client
-    is stopped: its connection thread would otherwise keep trying)."""
+    """``client.start``; no session within ``timeout_s`` is a NetworkError naming the address (kazoo has
+    stopped and closed the client by then)."""
     try:
         client.start(timeout=timeout_s)
     except KazooTimeoutError:
-        client.stop()
-        client.close()
         raise errors.NetworkError(f"cannot reach ZooKeeper at {address} (config key {cfg.ZK_ADDRESS.name!r}) "
                                   f"within {timeout_s:g} s") from None
 

@@ -217,10 +217,10 @@ def checked_bootstrap(ctx: click.Context, param, value: str | None) -> str | Non
 def common_options(func: Callable) -> Callable:
     """``--json``, ``--cluster`` and ``--bootstrap`` on a command too, e.g. ``kvlease lease list --json``."""
 
-    def setter(attr: str, flag: str | None = None):
+    def setter(attr: str, flag: str | None = None, check: Callable | None = None):
         def callback(ctx: click.Context, param, value) -> None:
-            if attr == "bootstrap":
-                checked_bootstrap(ctx, param, value)
+            if check is not None:
+                check(ctx, param, value)
             if value:
                 state = ctx.ensure_object(State)
                 setattr(state, attr, value)
@@ -231,7 +231,8 @@ def common_options(func: Callable) -> Callable:
     func = click.option("--json", "json_flag", is_flag=True, expose_value=False, callback=setter("json_mode"),
                         help="Print exactly one JSON document on stdout.")(func)
     func = click.option("--bootstrap", "bootstrap_opt", expose_value=False, metavar="HOST:PORT[,…]",
-                        callback=setter("bootstrap", "bootstrap_cmdline"), help="Coordinator addresses.")(func)
+                        callback=setter("bootstrap", "bootstrap_cmdline", checked_bootstrap),
+                        help="Coordinator addresses.")(func)
     func = click.option("--cluster", "cluster_opt", expose_value=False, metavar="DIR",
                         callback=setter("cluster", "cluster_cmdline"), help="A local cluster directory.")(func)
     return func
