@@ -1,5 +1,4 @@
-"""``kvlease bench bootstrap`` (or ``python -m ops.bench_bootstrap``): Spark reading kvlease against Spark
-reading Parquet, in one run.
+"""``kvlease bench bootstrap`` (or ``python -m ops.bench_bootstrap``): Spark reading kvlease vs Parquet, in one run.
 
 Starts its own local cluster (ZooKeeper, one coordinator, two tablet servers,
 ``file://`` remote storage; stopped at the end whatever happens) and a

@@ -59,7 +59,7 @@ from common.kvsnapshot import Manifest
 from common.model import TableBucket
 from common.storage import open_storage
 from ops import bench_scale, bench_suite
-from ops.bench_suite import Option, Row, positive_float, positive_int
+from ops.bench_suite import Option, Row, at_least, positive_float, positive_int
 from ops.cluster import free_ports, log_tail
 from ops.zookeeper import ZooKeeperCluster, dying_with_parent
 
@@ -84,7 +84,9 @@ class BenchSettings:
 
 
 OPTIONS = (
-    Option("--leases", positive_int, BenchSettings.held_leases,
+    Option("--leases", at_least(2 * bench_scale.IDLE_BASE_LEASES, f"the idle anchor holds "
+                                 f"{bench_scale.IDLE_BASE_LEASES:,} leases and the acquire phase needs as many more"),
+           BenchSettings.held_leases,
            "leases held at the failover; the acquire phase also stops at this count"),
     Option("--seconds", positive_float, BenchSettings.seconds, "the acquire phase runs at most this long",
            metavar="S"),
@@ -506,7 +508,8 @@ def measure(s: BenchSettings, progress: bench_suite.Progress) -> dict[str, Any]:
 def _idle_phase(coordinators: list[_Coordinator], held: int, s: BenchSettings) -> dict[str, Any]:
     """Phase d at the lease count now held: the active coordinator's loop CPU per second, no request."""
     active, _standby, _epoch = _active(coordinators)
-    return bench_scale.idle_loop_cpu(active.metrics_port, active.cpu_s, held, s.idle_seconds)
+    return bench_scale.idle_loop_cpu(active.metrics_port, lambda: bench_scale.threads_cpu_s(active.popen.pid), held,
+                                     s.idle_seconds)
 
 
 def _seed(config_path: Path, table_id: int, buckets: int, count: int, prefix: str, expiration_time: int) -> int:
@@ -632,7 +635,7 @@ def target_rows(figures: dict[str, Any]) -> list[Row]:
     if "leases" in f:
         leases = f["leases"]
         rows.append(Row.limit("leases lost or changed by the failover",
-                              leases["missing"] + leases["extra"] + leases["changed"], leases["before"], "", 0))
+                              leases["missing"] + leases["extra"] + leases["changed"], leases["before"], "leases", 0))
     idle = figures.get("idle")
     if idle:
         b, h = idle["base"], idle["held"]

@@ -18,7 +18,8 @@ from typing import Any
 MET = "#2e8b57"
 NOT_MET = "#c0392b"
 TARGET = "black"
-PANEL_TITLES = {"": "ratio to the anchor", "s": "seconds", "MB": "MB"}
+PANEL_TITLES = {"": "ratio to the anchor", "s": "seconds", "MB": "MB", "ms/s": "CPU ms per second",
+                "leases": "leases (count)"}
 
 
 def title(doc: dict[str, Any]) -> str:

@@ -43,6 +43,19 @@ def loop_cpu_s(metrics_port: int) -> float:
     return float(match.group(1))
 
 
+def threads_cpu_s(pid: int) -> float:
+    """CPU seconds the process's live threads have run so far, to the nanosecond
+    (``/proc/PID/task/*/schedstat``): ``/proc/PID/stat`` counts 10 ms ticks, so an idle process's few
+    ms per second read as 0 there. Threads that ended are not counted (an idle server starts none)."""
+    total = 0
+    for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        try:
+            total += int(stat.read_text().split()[0])
+        except (OSError, ValueError, IndexError):  # the thread ended meanwhile
+            continue
+    return total / 1e9
+
+
 def idle_loop_cpu(metrics_port: int, process_cpu_s: Callable[[], float], leases: int,
                   seconds: float) -> dict[str, Any]:
     """Loop CPU (and the whole process's) per second over ``seconds`` with no request."""

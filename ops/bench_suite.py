@@ -73,6 +73,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def at_least(low: int, why: str) -> Callable[[str], int]:
+    """An option type: a whole number of at least ``low`` (``why`` says why in the error)."""
+    def parse(text: str) -> int:
+        value = positive_int(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{text!r} is below {low:,}: {why}")
+        return value
+    parse.__name__ = f"at_least_{low}"
+    return parse
+
+
 def positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -93,8 +104,14 @@ def plot_path(text: str) -> str:
         raise argparse.ArgumentTypeError(f"directory {str(directory)!r} does not exist")
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"{text!r} is a directory")
-    if not os.access(directory, os.W_OK):
-        raise argparse.ArgumentTypeError(f"directory {str(directory)!r} is not writable")
+    existed = path.exists()
+    try:  # writing it is the check: os.access says yes to root even where nothing can be created (/proc)
+        with open(path, "ab"):
+            pass
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"cannot write {text!r}: {exc.strerror or exc}") from None
+    if not existed:
+        path.unlink(missing_ok=True)
     return text
 
 
@@ -148,12 +165,14 @@ def parser(name: str, prog: str | None = None) -> argparse.ArgumentParser:
         for option in _module(n).OPTIONS:
             by_flag.setdefault(option.flag, []).append((n, option))
     for flag, owners in by_flag.items():
+        switch = owners[0][1].type is bool  # --secure: off unless given, no default to show
         if len(names) == 1:
             option = owners[0][1]
-            text = f"{option.help} (default: {_default_text(option.default)})"
+            text = option.help if switch else f"{option.help} (default: {_default_text(option.default)})"
         else:
-            text = "; ".join(f"{n}: {o.help} (default {_default_text(o.default)})" for n, o in owners)
-        if owners[0][1].type is bool:  # a switch: --secure
+            text = "; ".join(f"{n}: {o.help}" + ("" if switch else f" (default {_default_text(o.default)})")
+                             for n, o in owners)
+        if switch:
             p.add_argument(flag, action="store_true", help=text)
         else:
             p.add_argument(flag, type=owners[0][1].type, metavar=owners[0][1].metavar, help=text)

@@ -19,11 +19,16 @@ import contextlib
 import importlib
 import io
 import json
+from pathlib import Path
 
 from common import errors
 from ops import cluster as local_cluster
 from ops.drill import Check, Report, drill_modules, finish
-from ops.drill_cluster import ClusterShapeError
+from ops.drill_cluster import ClusterShapeError, require_whole
+
+class SkipError(errors.InvalidRequestError):
+    """``--skip`` names no drill: bad input, which the CLI shows as a usage error (exit 2)."""
+
 
 NAME = "all"
 OPTIONS = ("rounds", "clients", "seed", "outage", "skip")
@@ -57,12 +62,17 @@ def _run_captured(module, name: str, cluster_dir: str, options: dict) -> list[Re
     return reports
 
 
+def check_skip(skip) -> None:
+    """SkipError unless every name in ``skip`` is a drill."""
+    unknown = set(skip) - set(drill_names()) - set(ORDER)  # a drill of ORDER may not exist (yet) in this install
+    if unknown:
+        raise SkipError(f"--skip {', '.join(sorted(unknown))}: no such drill (drills: {', '.join(drill_names())})")
+
+
 def run_drill(name: str, cluster_dir: str, options: dict) -> list[Report]:
     """One drill's report(s); a shape it cannot run on is a skip, a failure to run a failed check."""
     module = importlib.import_module(f"ops.drill_{name.replace('-', '_')}")
     try:
-        if hasattr(module, "check_shape"):
-            module.check_shape(local_cluster.load(cluster_dir))
         if callable(getattr(module, "run", None)):
             return [module.run(cluster_dir, **_options_for(module, options))]
         return _run_captured(module, name, cluster_dir, _options_for(module, options))
@@ -75,19 +85,31 @@ def run_drill(name: str, cluster_dir: str, options: dict) -> list[Report]:
 
 
 def run(cluster_dir: str, **options) -> list[Report]:
-    local_cluster.load(cluster_dir)  # a missing cluster is an error, not a report
     skip = set(options.get("skip", ()))
-    unknown = skip - set(drill_names()) - set(ORDER)  # a drill of ORDER may not exist (yet) in this install
-    if unknown:
-        raise errors.InvalidRequestError(f"--skip {', '.join(sorted(unknown))}: no such drill "
-                                         f"(drills: {', '.join(drill_names())})")
+    check_skip(skip)
+    doc = local_cluster.load(cluster_dir)
+    skipped = {name: "--skip" if name in skip else _shape_skip(name, doc) for name in drill_names()}
+    if any(reason is None for reason in skipped.values()):
+        # a stopped cluster is one error, not a failed report per drill
+        require_whole(doc, str(Path(cluster_dir).resolve()))
     reports: list[Report] = []
-    for name in drill_names():
-        if name in skip:
-            reports.append(Report(name, skipped="--skip"))
+    for name, reason in skipped.items():
+        if reason is not None:
+            reports.append(Report(name, skipped=reason))
         else:
             reports += run_drill(name, cluster_dir, options)
     return reports
+
+
+def _shape_skip(name: str, doc: dict) -> str | None:
+    """Why drill ``name`` cannot run on a cluster of ``doc``'s shape (None: it can)."""
+    module = importlib.import_module(f"ops.drill_{name.replace('-', '_')}")
+    try:
+        if hasattr(module, "check_shape"):
+            module.check_shape(doc)
+    except ClusterShapeError as exc:
+        return exc.message
+    return None
 
 
 def main(cluster_dir: str, json_output: bool = False, **options) -> int:

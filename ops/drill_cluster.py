@@ -70,6 +70,15 @@ def not_running(doc: dict[str, Any]) -> list[str]:
             if not local_cluster.pid_alive(entry.get("pid"), entry.get("proc_start"))]
 
 
+def require_whole(doc: dict[str, Any], directory: str) -> None:
+    """InvalidRequestError naming the processes down unless every recorded process runs."""
+    down = not_running(doc)
+    if down:
+        raise errors.InvalidRequestError(
+            f"the cluster in {directory} is not running whole ({', '.join(down)} down); "
+            f"a drill needs every process up (kvlease cluster stop / start --dir {directory})")
+
+
 class DrillCluster:
     """A running local cluster as one drill sees it; close it (or ``with``) to undo the faults left."""
 
@@ -79,11 +88,7 @@ class DrillCluster:
         self.drill = drill
         self.run_id = uuid.uuid4().hex[:6]
         self.doc = local_cluster.load(self.directory)
-        down = not_running(self.doc)
-        if down:
-            raise errors.InvalidRequestError(
-                f"the cluster in {self.directory} is not running whole ({', '.join(down)} down); "
-                f"a drill needs every process up (kvlease cluster stop / start --dir {self.directory})")
+        require_whole(self.doc, self.directory)
         self.addresses = [c["address"] for c in self.doc["coordinators"]]
         self.root = self.doc.get("zk_root", local_cluster.ZK_ROOT)
         self.killed: dict[tuple[str, str], float] = {}

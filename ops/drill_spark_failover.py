@@ -20,25 +20,30 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 from client.admin import AdminClient
 from common import errors
 from ops import cluster as local_cluster
 from ops import stream_failover
 from ops.drill import Check, Report, finish
+from ops.drill_cluster import DrillCluster, require
 
 NAME = "spark-failover"
+OPTIONS: tuple[str, ...] = ()  # a fixed scenario: one kill (kvlease drill refuses --rounds etc.)
 DEFAULT_ROWS = 20_000
 #: A shorter writer than the demo's: the drill is a check, not a show.
 PLAN = stream_failover.Plan(rows=DEFAULT_ROWS, rounds=16, round_interval_s=0.3, snapshot_every=4,
                             kill_after_round=4, tail_rounds=6)
 
 
-def main(cluster_dir: str, json_output: bool = False, *, rows: int = DEFAULT_ROWS, spark=None,
-         **options: Any) -> int:
+def check_shape(doc: dict) -> None:
+    """ClusterShapeError unless the cluster has 2 coordinators and a tablet server (``drill all`` skips it)."""
+    require(doc, NAME, coordinators=2, tablets=1)
+
+
+def main(cluster_dir: str, json_output: bool = False, *, rows: int = DEFAULT_ROWS, spark=None) -> int:
     """Run the drill; returns the exit code of :func:`ops.drill.finish`. ``spark``: a SparkSession to use
-    (left running). Other keyword options (e.g. ``rounds`` from ``kvlease drill``) are ignored."""
+    (left running)."""
     running = _running_coordinators(cluster_dir)
     work = Path(tempfile.mkdtemp(prefix="kvlease-drill-spark-failover-"))
     plan = stream_failover.Plan(**{**PLAN.__dict__, "rows": rows,
@@ -65,7 +70,17 @@ def main(cluster_dir: str, json_output: bool = False, *, rows: int = DEFAULT_ROW
         _drop(cluster_dir, plan.table)
         shutil.rmtree(work, ignore_errors=True)
     report.add(Check.of("every coordinator killed was started again and serves", restarted, len(running)))
+    report.add(_whole_again(cluster_dir))
     return finish(report, json_output)
+
+
+def _whole_again(cluster_dir: str) -> Check:
+    """The last check of every drill: every process runs and every bucket is served."""
+    try:
+        with DrillCluster(cluster_dir, NAME) as cluster:
+            return cluster.whole_again()
+    except errors.KvLeaseError as exc:  # a process down: the cluster is not whole
+        return Check.of("the cluster is whole again (every process runs, every bucket served)", [exc.message], 1)
 
 
 def _progress(text: str) -> None:

@@ -160,12 +160,12 @@ def test_a_switch_option_takes_no_value():
 
 
 def test_an_option_of_all_goes_to_every_benchmark_that_has_it():
-    given = parse("all", "--rows", "20000", "--threads", "2", "--leases", "500", "--json")
+    given = parse("all", "--rows", "20000", "--threads", "2", "--leases", "2500", "--json")
     assert given.pop("json") is True
     options = {name: bench_suite.options_for(MODULES[name], given) for name in MODULES}
     assert options["writes"]["rows"] == options["scan"]["rows"] == options["bootstrap"]["rows"] == 20_000
     assert options["writes"]["threads"] == options["leases"]["threads"] == 2
-    assert options["leases"]["leases"] == 500 and "rows" not in options["leases"]
+    assert options["leases"]["leases"] == 2500 and "rows" not in options["leases"]
     assert options["scan"] == {"rows": 20_000, "rounds": 3, "secure": False}
 
 
@@ -188,6 +188,7 @@ def test_every_option_is_a_keyword_of_its_run():
     ("leases", ("--seconds", "nan"), "argument --seconds: 'nan' is not a positive number"),
     ("all", ("--plot", "out.jpg"), "argument --plot: 'out.jpg' is not a .png file name"),
     ("all", ("--plot", "/nonexistent-dir/out.png"), "argument --plot: directory '/nonexistent-dir' does not exist"),
+    ("writes", ("--plot", "/proc/x.png"), "argument --plot: cannot write '/proc/x.png': "),
 ])
 def test_bad_names_and_options_are_one_usage_error(name, argv, message):
     with pytest.raises(bench_suite.UsageError) as caught:
@@ -259,3 +260,10 @@ def test_plot_of_a_failed_benchmark_says_so(tmp_path):
     assert "(failed: bootstrap)" in bench_plot.title(doc)
     bench_plot.plot(doc, str(tmp_path / "failed.png"))
     assert (tmp_path / "failed.png").read_bytes().startswith(PNG_SIGNATURE)
+
+
+def test_the_plot_path_is_checked_by_writing_it_and_leaves_nothing_behind(tmp_path):
+    new, old = tmp_path / "new.png", tmp_path / "old.png"
+    old.write_bytes(b"an earlier plot")
+    assert bench_suite.plot_path(str(new)) == str(new) and not new.exists()
+    assert bench_suite.plot_path(str(old)) == str(old) and old.read_bytes() == b"an earlier plot"

@@ -81,4 +81,25 @@ def test_all_skips_what_the_shape_does_not_allow_and_says_why(tmp_path):
     assert doc["ok"] and set(skipped) >= set(DRILLS) - {"all"}
     assert "needs --zk-nodes 3" in skipped["zk-leader-loss"] and "needs --tablets 1" in skipped["tablet-restart"]
     assert "all" not in skipped
-    assert "no such drill" in assert_one_line_error(run("drill", "all", "--skip", "nosuch", "--cluster", str(tmp_path)))
+    assert "no such drill" in assert_one_line_error(run("drill", "all", "--skip", "nosuch", "--cluster", str(tmp_path)),
+                                                    code=2)
+    assert "needs --coordinators 2 or more" in skipped["spark-failover"] or "--skip" == skipped["spark-failover"]
+
+
+def test_all_on_a_stopped_cluster_is_one_error_not_a_failed_report_per_drill(tmp_path):
+    message = assert_one_line_error(run("drill", "all", "--cluster", fake_cluster(tmp_path, coordinators=2, tablets=1)))
+    assert "is not running whole (ZooKeeper node 1, coordinator 1, coordinator 2, tablet server 1 down)" in message
+
+
+def test_all_skips_spark_failover_on_a_cluster_without_two_coordinators(tmp_path):
+    result = run("drill", "all", "--json", "--skip", "tablet-restart", "--skip", "remote-outage",
+                 "--cluster", fake_cluster(tmp_path, tablets=1))
+    assert result.exit_code == 0, result.output
+    skipped = {d["drill"]: d.get("skipped") for d in json.loads(result.stdout)["drills"]}
+    assert skipped["spark-failover"] == "drill spark-failover needs --coordinators 2 or more (the cluster has 1)"
+
+
+def test_spark_failover_takes_no_options(tmp_path):
+    for option in ("--rounds", "--clients", "--outage"):
+        message = assert_one_line_error(run("drill", "spark-failover", option, "2", "--cluster", str(tmp_path)), code=2)
+        assert f"drill spark-failover takes no {option}" in message

@@ -30,13 +30,14 @@ def small_cluster(tmp_path):
 def test_the_drill_passes_and_leaves_the_cluster_as_it_found_it(spark, small_cluster):
     out = io.StringIO()
     with redirect_stdout(out):
-        code = drill_spark_failover.main(small_cluster, True, rows=2_000, spark=spark, rounds=3)  # rounds: ignored
+        code = drill_spark_failover.main(small_cluster, True, rows=2_000, spark=spark)
     doc = json.loads(out.getvalue())
     assert code == 0 and doc["ok"], json.dumps(doc, indent=1)
     assert doc["drill"] == "spark-failover"
     names = [c["name"] for c in doc["checks"]]
     assert "the change rows applied in (bucket, offset) order equal the table" in names
     assert "every coordinator killed was started again and serves" in names
+    assert names[-1] == "the cluster is whole again (every process runs, every bucket served)"  # as every drill's
     figures = doc["figures"]
     assert figures["snapshots_leased"] == figures["snapshots_released"] == 4 and figures["change_rows"] > 0
     assert figures["killed_coordinator"] != figures["active_coordinator"]

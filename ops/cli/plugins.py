@@ -133,6 +133,13 @@ def drill(state: State, name: str, directory: str | None, **given) -> None:
         for key in options:
             if key not in accepted:
                 raise click.UsageError(f"drill {name} takes no --{key}")
+    if options.get("skip"):
+        from ops.drill_all import SkipError, check_skip
+
+        try:
+            check_skip(options["skip"])
+        except SkipError as exc:
+            raise click.BadParameter(exc.message, param_hint="'--skip'") from None
     code = module.main(cluster_dir(state, directory), json_output=state.json_mode, **options)
     if isinstance(code, int) and code:
         click.get_current_context().exit(code)
