@@ -10,6 +10,7 @@ from common.errors import InvalidRequestError, InvalidTableError
 TYPES = ("BOOLEAN", "INT", "BIGINT", "DOUBLE", "STRING", "BYTES", "TIMESTAMP")
 #: A database, table or column name; always used with fullmatch (``$`` also matches before a final newline).
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+NAME_RULE = "1-128 letters, digits and _, not starting with a digit"
 MAX_BUCKETS = 1024
 
 
@@ -75,7 +76,7 @@ def parse_table_path(path: str) -> tuple[str, str]:
     """``'db.name'`` -> ``('db', 'name')``; raises InvalidRequestError otherwise."""
     parts = path.split(".")
     if len(parts) != 2 or not all(_NAME.fullmatch(p) for p in parts):
-        raise InvalidRequestError(f"bad table name {path!r}: expected DB.NAME (letters, digits, _)")
+        raise InvalidRequestError(f"bad table name {path!r}: expected DB.NAME, each {NAME_RULE}")
     return parts[0], parts[1]
 
 
@@ -86,6 +87,8 @@ def parse_schema(text: str) -> tuple[Column, ...]:
         words = part.split()
         if len(words) != 2:
             raise InvalidTableError(f"bad column definition {part.strip()!r}: expected 'NAME TYPE'")
+        if not _NAME.fullmatch(words[0]):
+            raise InvalidTableError(f"bad column name {words[0]!r}: {NAME_RULE}")
         columns.append(Column(words[0], words[1].upper()))
     return tuple(columns)
 
@@ -94,14 +97,14 @@ def validate_spec(spec: TableSpec) -> TableSpec:
     """The spec with normalized types; raises InvalidTableError naming the problem."""
     for part, what in ((spec.database, "database"), (spec.name, "table")):
         if not _NAME.fullmatch(part or ""):
-            raise InvalidTableError(f"bad {what} name {part!r}: letters, digits and _ only, not starting with a digit")
+            raise InvalidTableError(f"bad {what} name {part!r}: {NAME_RULE}")
     if not spec.columns:
         raise InvalidTableError("a table needs at least one column")
     seen: set[str] = set()
     columns = []
     for column in spec.columns:
         if not _NAME.fullmatch(column.name or ""):
-            raise InvalidTableError(f"bad column name {column.name!r}")
+            raise InvalidTableError(f"bad column name {column.name!r}: {NAME_RULE}")
         if column.name in seen:
             raise InvalidTableError(f"duplicate column {column.name!r}")
         seen.add(column.name)

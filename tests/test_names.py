@@ -50,3 +50,21 @@ def test_a_drill_name_with_a_newline_is_a_usage_error():
 def test_cli_table_path_with_a_newline_is_a_usage_error():
     result = run("--bootstrap", "127.0.0.1:1", "table", "describe", "db.nl\n")
     assert result.exit_code == 2 and "bad table name" in result.stderr
+
+
+@pytest.mark.parametrize("schema, bad", [("1d BIGINT", "'1d'"), ("id BIGINT, my-col STRING", "'my-col'"),
+                                         ("id BIGINT, " + "c" * 129 + " STRING", "'" + "c" * 129 + "'")])
+def test_a_bad_column_name_is_a_usage_error_stating_the_rule(schema, bad):
+    from tests.cli_runner import assert_one_line_error
+
+    result = run("--bootstrap", "127.0.0.1:1", "table", "create", "db.t", "--schema", schema,
+                 "--primary-key", "id", "--buckets", "1")
+    message = assert_one_line_error(result, code=2)
+    assert f"bad column name {bad}: 1-128 letters, digits and _, not starting with a digit" in message
+
+
+def test_every_name_error_states_the_rule():
+    with pytest.raises(errors.InvalidRequestError, match=r"expected DB.NAME, each 1-128 letters, digits and _"):
+        parse_table_path("db.9t")
+    with pytest.raises(errors.InvalidTableError, match=r"bad column name 'x y': 1-128 letters"):
+        validate_spec(TableSpec("db", "t", (Column("x y", "BIGINT"),), ("x y",)))
