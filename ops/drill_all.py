@@ -26,6 +26,7 @@ from ops import cluster as local_cluster
 from ops.drill import Check, Report, drill_modules, finish
 from ops.drill_cluster import ClusterShapeError, require_whole
 
+
 class SkipError(errors.InvalidRequestError):
     """``--skip`` names no drill: bad input, which the CLI shows as a usage error (exit 2)."""
 
