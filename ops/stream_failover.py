@@ -124,8 +124,19 @@ class LeaseWatch:
 
     @property
     def released(self) -> bool:
-        """Gone before its last deadline: released, not expired."""
-        return self.gone_at_ms is not None and self.gone_at_ms < self.deadlines[-1]
+        """Gone before its latest deadline: released, not expired."""
+        return self.gone_at_ms is not None and bool(self.deadlines) and self.gone_at_ms < max(self.deadlines)
+
+    def saw_deadline(self, expiration_time: int) -> None:
+        """A deadline another client saw the lease with (call after :meth:`stop`). Polling from outside,
+        the watch can miss a lease that lived a second or two on the new active coordinator."""
+        if expiration_time not in self.deadlines:
+            self.deadlines.append(expiration_time)
+
+    def saw_gone(self, at_ms: int) -> None:
+        """Another client's listing at ``at_ms`` did not hold the lease (call after :meth:`stop`)."""
+        if self.gone_at_ms is None:
+            self.gone_at_ms = at_ms
 
     def stop(self) -> None:
         self._stop.set()
@@ -227,7 +238,12 @@ class _Scenario:
                              "checking")
                     scan = client.scan()
                     leases_now = {lease.lease_id for lease in self.admin.list_leases()}
+                    listed_at_ms = int(time.time() * 1000)  # after the answer: no earlier than it was gone
                 watch.stop()
+                if "lease_deadline" in self.outcome.failover:
+                    watch.saw_deadline(self.outcome.failover["lease_deadline"])
+                if self.outcome.lease_id not in leases_now:
+                    watch.saw_gone(listed_at_ms)
                 output = stream_query.read_output(self.output_dir)
                 bootstrap = stream_query.checkpoint_offsets(self.checkpoint, 0)
                 self.outcome.checks = _checks(self.outcome, output, scan.to_table(), self.writer, bootstrap,
@@ -300,6 +316,7 @@ class _Scenario:
                                      self.progress, on_kill=self.killed.set)
         held = self.admin.describe_lease(outcome.lease_id)
         outcome.failover["lease_snapshots"] = {tb.bucket: s for tb, s in held.buckets.items()}
+        outcome.failover["lease_deadline"] = held.expiration_time
         self.progress(f"lease {outcome.lease_id} still holds {len(held.buckets)} snapshot(s) on the new active "
                       "coordinator; the bootstrap reads them now")
 

@@ -106,3 +106,28 @@ def test_long_violation_lists_are_capped():
 def test_an_unknown_change_type_is_an_error():
     with pytest.raises(ValueError, match="unknown _change_type 'upsert'"):
         feed_check.apply_changes(output([(1, 0, 0, "upsert", 1, "a")]), KEY, VALUES)
+
+
+@pytest.mark.unit
+def test_a_lease_watch_judges_released_from_what_other_clients_saw_too():
+    """The watch polls from outside and can miss a lease that lived a second on the new active coordinator:
+    a deadline another client saw and a listing without the lease are evidence too."""
+    import time
+
+    from ops.stream_failover import LeaseWatch
+
+    watch = LeaseWatch(["127.0.0.1:1"], "L1", interval_s=60)  # nothing answers there: it sees nothing itself
+    watch.stop()
+    assert not watch.released  # never seen: no claim
+    now = int(time.time() * 1000)
+    watch.saw_gone(now)
+    assert not watch.released  # gone, but no deadline known
+    watch.saw_deadline(now + 30_000)
+    assert watch.released and watch.deadlines == [now + 30_000]
+    watch.saw_deadline(now + 30_000)
+    assert watch.deadlines == [now + 30_000]  # the same deadline counts once
+    late = LeaseWatch(["127.0.0.1:1"], "L2", interval_s=60)
+    late.stop()
+    late.saw_deadline(now - 1)
+    late.saw_gone(now)
+    assert not late.released  # gone after its deadline: expired, not released
