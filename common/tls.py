@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import grpc
 
 from common import config as cfg
+from common.errors import KvLeaseError
 
 
 @dataclass(frozen=True)
@@ -66,12 +67,20 @@ def _read(config: cfg.Config, key: cfg.Key, *, required: bool) -> bytes | None:
     return data
 
 
-def add_port(server: grpc.Server, address: str, tls: TlsFiles | None) -> int:
-    """Bind ``address`` on ``server``, with TLS when ``tls`` is given; the bound port (0 if binding failed:
-    the port is taken, or the host is not this machine's)."""
+def add_port(server: grpc.Server, config: cfg.Config, host_key: cfg.Key, port_key: cfg.Key,
+             tls: TlsFiles | None) -> int:
+    """Bind the address the two config keys give on ``server``, with TLS when ``tls`` is given; the bound
+    port. KvLeaseError naming the address and the keys if it cannot (the port is taken, or the host is
+    not this machine's)."""
+    address = f"{config[host_key]}:{config[port_key]}"
     try:
         if tls is None:
-            return server.add_insecure_port(address)
-        return server.add_secure_port(address, tls.server_credentials())
+            port = server.add_insecure_port(address)
+        else:
+            port = server.add_secure_port(address, tls.server_credentials())
     except RuntimeError:  # grpcio raises "Failed to bind to address ..." where older ones returned 0
-        return 0
+        port = 0
+    if port == 0:
+        raise KvLeaseError(f"cannot listen on {address} (config keys {host_key.name!r}, {port_key.name!r}): "
+                           "the port is in use or the host is not this machine's")
+    return port

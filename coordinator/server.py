@@ -90,11 +90,7 @@ class CoordinatorServer:
         security_pb_grpc.add_SecurityServiceServicer_to_server(
             SecurityService(self, self.security, internal_user=c[cfg.INTERNAL_USERNAME]), self._grpc)
         host = c[cfg.COORDINATOR_HOST]
-        port = add_port(self._grpc, f"{host}:{c[cfg.COORDINATOR_PORT]}", self.tls)
-        if port == 0:
-            raise errors.KvLeaseError(f"cannot listen on {host}:{c[cfg.COORDINATOR_PORT]} (config keys "
-                                      f"{cfg.COORDINATOR_HOST.name!r}, {cfg.COORDINATOR_PORT.name!r}): the port is in use "
-                                      "or the host is not this machine's")
+        port = add_port(self._grpc, c, cfg.COORDINATOR_HOST, cfg.COORDINATOR_PORT, self.tls)
         self.address = f"{host}:{port}"
         if c[cfg.METRICS_PORT] >= 0:
             try:

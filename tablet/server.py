@@ -79,11 +79,7 @@ class TabletServer:
         pb_grpc.add_TabletServiceServicer_to_server(TabletService(self.replicas, self.scans, self.security),
                                                     self._grpc)
         host = c[cfg.TABLET_HOST]
-        port = add_port(self._grpc, f"{host}:{c[cfg.TABLET_PORT]}", self.tls)
-        if port == 0:
-            raise errors.KvLeaseError(f"cannot listen on {host}:{c[cfg.TABLET_PORT]} (config keys "
-                                      f"{cfg.TABLET_HOST.name!r}, {cfg.TABLET_PORT.name!r}): the port is in use "
-                                      "or the host is not this machine's")
+        port = add_port(self._grpc, c, cfg.TABLET_HOST, cfg.TABLET_PORT, self.tls)
         self.address = f"{host}:{port}"
         if c[cfg.METRICS_PORT] >= 0:
             try:
