@@ -22,13 +22,14 @@ from common.proto import coordinator_pb2 as pb
 from common.proto import coordinator_pb2_grpc as pb_grpc
 from common.proto import security_pb2 as security_pb
 from common.proto import security_pb2_grpc as security_pb_grpc
+from client.coalescing import Coalescer
 from client.transport import RETRIABLE, Channels, RetryPolicy, rpc_error
 from common.security.acl import AclBinding, Operation, Resource
 from common.security.client import credentials
 from common.security.wire import binding_from_pb, binding_to_pb, resource_fields
 from common.tls import TlsFiles
-from common.wire import (bucket_snapshots_from_pb, bucket_snapshots_to_pb, bucket_to_pb, handle_from_pb, handle_to_pb,
-                         lease_from_pb, raise_for, table_from_pb)
+from common.wire import (bucket_snapshots_from_pb, bucket_snapshots_to_pb, bucket_to_pb, error_from_pb, handle_from_pb,
+                         handle_to_pb, lease_from_pb, raise_for, table_from_pb)
 from common.tables import Column, TableInfo, parse_table_path
 from common.model import Lease, SnapshotHandle, TableBucket
 from common.storage import RemoteStorage, open_storage
@@ -105,7 +106,8 @@ class ReleaseResult:
 #: what is already gone answer false). Table DDL and snapshot commits are not resent blindly.
 IDEMPOTENT = frozenset({
     "GetTable", "GetTableAssignment", "ListTables", "ListTabletServers", "GetLatestKvSnapshots", "ListKvSnapshots",
-    "ListKvSnapshotLeases", "DescribeKvSnapshotLease", "AcquireKvSnapshotLease", "RenewKvSnapshotLease",
+    "ListKvSnapshotLeases", "DescribeKvSnapshotLease", "AcquireKvSnapshotLease", "AcquireKvSnapshotLeases",
+    "RenewKvSnapshotLease",
     "ReleaseKvSnapshotLease", "DropKvSnapshotLease",
     # SecurityService: AddUser of a user that exists with the same password answers created=false,
     # the others answer false when nothing changed (see coordinator/security_service.py)
@@ -158,6 +160,8 @@ class AdminClient:
         self.credentials = credentials(config)  # None: security off, or the mutual-TLS certificate identifies us
         self._channels = Channels(tls=self.tls, credentials=self.credentials)
         self._lock = threading.Lock()
+        #: acquires made by several threads at once travel in one call (client.coalescing)
+        self._acquires = Coalescer(lambda request: self._call("AcquireKvSnapshotLease", request), self._acquire_many)
 
     # -- plumbing ---------------------------------------------------------------
 
@@ -301,12 +305,47 @@ class AdminClient:
         A lease past its deadline is not updated but replaced: the new one holds
         only these snapshots.
         """
-        response = self._call("AcquireKvSnapshotLease", pb.AcquireKvSnapshotLeaseRequest(
+        response = self._acquires.call(pb.AcquireKvSnapshotLeaseRequest(
             lease_id=lease_id, snapshots=bucket_snapshots_to_pb(snapshots), duration_ms=duration_ms))
         return AcquireResult(
             lease_id, response.expiration_time_ms,
             bucket_snapshots_from_pb(response.acquired),
             bucket_snapshots_from_pb(response.unavailable))
+
+    def _acquire_many(self, requests: list[pb.AcquireKvSnapshotLeaseRequest]) -> list:
+        """Several threads' acquires in one call: per request its response or its error.
+
+        An error a retry may cure (NOT_COORDINATOR, OUTCOME_UNKNOWN, …) on the
+        call or on any of its acquires sends the whole batch again, as the
+        unary call would be sent again: acquiring the same snapshots again has
+        the same outcome. A call refused as a whole for another reason (e.g.
+        one acquire sets a ``partition_id``) is sent again one acquire per
+        call, so each caller gets the answer its own request gets.
+        """
+        def attempt() -> list:
+            response = self._call_once("AcquireKvSnapshotLeases", pb.AcquireKvSnapshotLeasesRequest(requests=requests))
+            if len(response.responses) != len(requests):
+                raise errors.UnknownServerError(f"{len(response.responses)} answers to {len(requests)} acquires")
+            outcomes = [error_from_pb(r.error) or r for r in response.responses]
+            again = next((o for o in outcomes if isinstance(o, RETRIABLE_IF_IDEMPOTENT)), None)
+            if again is not None:
+                raise again
+            return outcomes
+
+        try:
+            return self.retry.call(attempt, retry_on=RETRIABLE_IF_IDEMPOTENT)
+        except RETRIABLE_IF_IDEMPOTENT:
+            raise  # out of retries: every caller's outcome
+        except errors.KvLeaseError:
+            return [self._outcome(self._call, "AcquireKvSnapshotLease", r) for r in requests]
+
+    @staticmethod
+    def _outcome(call: Callable, *args):
+        """``call(*args)``, or the kvlease error it raised."""
+        try:
+            return call(*args)
+        except errors.KvLeaseError as exc:
+            return exc
 
     def renew_lease(self, lease_id: str, duration_ms: int) -> int:
         """Move the lease's deadline to now + duration; returns it.

@@ -5,11 +5,15 @@ machine's own events (:mod:`leases.state`; the lease shell stamps their time),
 the others :mod:`coordinator.requests`. A standby answers every request with
 ``NOT_COORDINATOR`` carrying the active coordinator's address. A request that
 sets a ``partition_id`` anywhere is answered ``PARTITION_NOT_EXISTS`` first.
+``AcquireKvSnapshotLeases`` (a client's concurrent acquires in one call) hands
+every acquire to the loop at once and answers each as its unary call would.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Callable, Iterable
 
@@ -44,11 +48,24 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
         ``check()``: run in this (the gRPC handler's) thread once this coordinator is
         known to serve, before the request enters the loop (remote reads, never on the loop).
         """
+        return self._answer(self._submit(request, check), response_cls, build, time.monotonic() + self.timeout_s)
+
+    def _submit(self, request, check=None) -> Future | Exception:
+        """``request`` handed to the loop (its future), or the error that kept it out."""
         try:
             loop = self.server.serving_loop()
             if check is not None:
                 check()
-            result = loop.submit(request).result(timeout=self.timeout_s)
+            return loop.submit(request)
+        except Exception as exc:
+            return exc
+
+    def _answer(self, submitted: Future | Exception, response_cls, build, deadline: float):
+        """The response to what :meth:`_submit` gave, waiting for the loop until ``deadline`` (monotonic)."""
+        try:
+            if isinstance(submitted, Exception):
+                raise submitted
+            result = submitted.result(timeout=max(0.0, deadline - time.monotonic()))
             return response_cls(**build(result))
         except errors.KvLeaseError as exc:
             return response_cls(error=error_pb(exc))
@@ -56,7 +73,7 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
             return response_cls(error=error_pb(errors.OutcomeUnknownError(
                 f"the coordinator did not answer within {self.timeout_s:.0f}s")))
         except Exception as exc:  # a bug: answer it, do not kill the call
-            log.exception("request %s failed", type(request).__name__)
+            log.exception("request answered by %s failed", response_cls.__name__)
             return response_cls(error=error_pb(errors.UnknownServerError(f"internal error: {exc}")))
 
     # -- authorization (DESIGN.md "Security"; every check passes when security is off) ------------
@@ -139,16 +156,26 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
         return self._snapshots(request, pb.ListKvSnapshotsResponse, False)
 
     def AcquireKvSnapshotLease(self, request, context):
+        return self._answer(self._submit_acquire(request), pb.AcquireKvSnapshotLeaseResponse, _acquired,
+                            time.monotonic() + self.timeout_s)
+
+    def AcquireKvSnapshotLeases(self, request, context):
+        """Each acquire of the batch handled as if it came alone, all in the loop at once."""
+        try:
+            self.server.serving_loop()
+        except errors.KvLeaseError as exc:  # none handled: the client moves on to the active coordinator
+            return pb.AcquireKvSnapshotLeasesResponse(error=error_pb(exc))
+        deadline = time.monotonic() + self.timeout_s
+        submitted = [self._submit_acquire(r) for r in request.requests]
+        return pb.AcquireKvSnapshotLeasesResponse(responses=[
+            self._answer(s, pb.AcquireKvSnapshotLeaseResponse, _acquired, deadline) for s in submitted])
+
+    def _submit_acquire(self, request) -> Future | Exception:
         snapshots = bucket_snapshots_from_pb(request.snapshots)
         if len(snapshots) != len(request.snapshots):
-            return pb.AcquireKvSnapshotLeaseResponse(error=error_pb(errors.InvalidRequestError(
-                "a bucket appears twice in the acquire request")))
-        return self._run(self._guarded(ls.Acquire(request.lease_id, snapshots, request.duration_ms),
-                                       Operation.READ, {tb.table_id for tb in snapshots}, request.lease_id),
-                         pb.AcquireKvSnapshotLeaseResponse,
-                         lambda o: {"expiration_time_ms": o.expiration_time,
-                                    "acquired": bucket_snapshots_to_pb(o.acquired),
-                                    "unavailable": bucket_snapshots_to_pb(o.unavailable)})
+            return errors.InvalidRequestError("a bucket appears twice in the acquire request")
+        return self._submit(self._guarded(ls.Acquire(request.lease_id, snapshots, request.duration_ms),
+                                          Operation.READ, {tb.table_id for tb in snapshots}, request.lease_id))
 
     def RenewKvSnapshotLease(self, request, context):
         return self._run(self._guarded(ls.Renew(request.lease_id, request.duration_ms), Operation.READ,
@@ -199,3 +226,9 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
                                        lease_id=request.lease_id),
                          pb.DescribeKvSnapshotLeaseResponse,
                          lambda lease: {"lease": lease_to_pb(lease)})
+
+
+def _acquired(outcome) -> dict:
+    """An acquire's response fields."""
+    return {"expiration_time_ms": outcome.expiration_time, "acquired": bucket_snapshots_to_pb(outcome.acquired),
+            "unavailable": bucket_snapshots_to_pb(outcome.unavailable)}

@@ -36,6 +36,7 @@ The suite interface (``OPTIONS``, ``run``, ``target_rows``, ``report``) is
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -166,8 +167,10 @@ def _cpu_s(pid: int) -> float:
 
 
 def _acquire_many(addresses: list[str], table_id: int, buckets: int, threads: int, prefix: str,
-                  stop_after_s: float | None, max_total: int, config: cfg.Config | None = None) -> dict[str, Any]:
-    """``threads`` threads acquire new leases ``{prefix}-{thread}-{n}`` until time or count runs out."""
+                  stop_after_s: float | None, max_total: int, config: cfg.Config | None = None, *,
+                  shared_client: bool = True) -> dict[str, Any]:
+    """``threads`` threads acquire new leases ``{prefix}-{thread}-{n}`` until time or count runs out:
+    through one client they share (its acquires made at once travel together), or a client each."""
     latencies: list[list[float]] = [[] for _ in range(threads)]
     failures: list[str] = []
     issued = [0]
@@ -187,9 +190,14 @@ def _acquire_many(addresses: list[str], table_id: int, buckets: int, threads: in
             issued[0] += 1
             return True
 
+    def new_client() -> AdminClient:
+        return AdminClient(addresses, config, request_timeout_s=30.0, retry_total_s=30.0)
+
+    shared = new_client() if shared_client else None
+
     def worker(index: int) -> None:
         tb = TableBucket(table_id, index % buckets)
-        with AdminClient(addresses, config, request_timeout_s=30.0, retry_total_s=30.0) as client:
+        with contextlib.nullcontext(shared) if shared is not None else new_client() as client:
             try:  # connect before the clock starts
                 client.list_tables()
             except errors.KvLeaseError:
@@ -213,15 +221,20 @@ def _acquire_many(addresses: list[str], table_id: int, buckets: int, threads: in
                         failures.append(f"unavailable: {result.unavailable}")
 
     pool = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(threads)]
-    for t in pool:
-        t.start()
-    start_gate.wait()
-    for t in pool:
-        t.join()
+    try:
+        for t in pool:
+            t.start()
+        start_gate.wait()
+        for t in pool:
+            t.join()
+    finally:
+        if shared is not None:
+            shared.close()
     elapsed = time.perf_counter() - clock["start"]
     lat = sorted(x for per in latencies for x in per)
     return {
-        "acquires": len(lat), "errors": len(failures), "first_errors": failures[:5], "seconds": round(elapsed, 3),
+        "clients": "shared" if shared_client else "one per thread", "acquires": len(lat), "errors": len(failures),
+        "first_errors": failures[:5], "seconds": round(elapsed, 3),
         "per_s": round(len(lat) / elapsed, 1) if elapsed > 0 else 0.0,
         "p50_ms": _percentile_ms(lat, 0.50), "p99_ms": _percentile_ms(lat, 0.99),
         "mean_ms": round(statistics.fmean(lat) * 1000, 2) if lat else None,
@@ -464,14 +477,21 @@ def measure(s: BenchSettings, progress: bench_suite.Progress) -> dict[str, Any]:
             pids = {"coordinator": [c.popen.pid for c in coordinators], "zookeeper": [zk.nodes[0].pid],
                     "client": [os.getpid()]}
             cpu_before = {role: sum(map(_cpu_s, ps)) for role, ps in pids.items()}
-            acquire = _acquire_many(addresses, table_id, s.buckets, s.threads, "a", s.seconds,
-                                    max(1, s.held_leases - setup["acquires"]))
+            room = max(2, s.held_leases - setup["acquires"])
+            acquire = _acquire_many(addresses, table_id, s.buckets, s.threads, "a", s.seconds, room - room // 3)
             acquire["cpu_ms_per_acquire"] = {
                 role: round((sum(map(_cpu_s, ps)) - cpu_before[role]) * 1000 / max(1, acquire["acquires"]), 3)
                 for role, ps in pids.items()}
+            progress(f"a'. the same with a client per thread: {s.seconds / 2:g} s or {room // 3} leases")
+            cpu_before = {role: sum(map(_cpu_s, ps)) for role, ps in pids.items()}
+            own = _acquire_many(addresses, table_id, s.buckets, s.threads, "o", s.seconds / 2, room // 3,
+                                shared_client=False)
+            own["cpu_ms_per_acquire"] = {
+                role: round((sum(map(_cpu_s, ps)) - cpu_before[role]) * 1000 / max(1, own["acquires"]), 3)
+                for role, ps in pids.items()}
             progress(f"b. raw ZooKeeper writes: {s.raw_writes} pipelined, window {s.raw_window}")
             raw = _raw_phase(zk.connect_string, s)
-            held = setup["acquires"] + acquire["acquires"]
+            held = setup["acquires"] + acquire["acquires"] + own["acquires"]
             fill = None
             if s.held_leases > held:
                 fill = _fill_phase(coordinators, values, table_id, held, s, progress)
@@ -494,6 +514,8 @@ def measure(s: BenchSettings, progress: bench_suite.Progress) -> dict[str, Any]:
     return {
         "settings": asdict(s),
         "acquire": acquire,
+        "acquire_client_per_thread": {**own, "to_raw": round(own["per_s"] / raw["create_per_s"], 3)
+                                      if raw["create_per_s"] else 0.0},
         "fill": fill,
         "raw_zookeeper": raw,
         "acquire_to_raw": {"ratio": round(ratio, 3), "target": TARGET_RATIO, "met": ratio >= TARGET_RATIO},
@@ -580,7 +602,8 @@ def report(figures: dict[str, Any]) -> str:
         f"kvlease bench leases ({figures['host']['cpus']} CPUs; file:// remote, fsync {'on' if s['fsync'] else 'off'};"
         f" ZooKeeper session timeout {s['session_timeout_ms'] / 1000:g} s; 2 coordinator processes)",
         f"a. acquire        {a['per_s']:>9.1f} /s   p50 {a['p50_ms']} ms   p99 {a['p99_ms']} ms   "
-        f"({a['acquires']} new leases by {s['threads']} threads in {a['seconds']:.1f} s, {a['errors']} errors)",
+        f"({a['acquires']} new leases by {s['threads']} threads sharing a client in {a['seconds']:.1f} s, "
+        f"{a['errors']} errors)",
         f"b. raw ZooKeeper  {r['create_per_s']:>9.1f} creates/s   {r['set_per_s']:.1f} sets/s   "
         f"({r['writes']} pipelined, window {r['window']}; the faster of kazoo's stock handler "
         f"{r['by_handler']['stock']['create']:.1f} and PollHandler {r['by_handler']['poll']['create']:.1f} creates/s)",
@@ -616,6 +639,12 @@ def report(figures: dict[str, Any]) -> str:
     cpu = a.get("cpu_ms_per_acquire", {})
     if cpu:
         lines.insert(2, "   CPU per acquire: " + ", ".join(f"{role} {ms:.2f} ms" for role, ms in cpu.items()))
+    own = figures.get("acquire_client_per_thread")
+    if own:
+        lines.insert(3, f"a'. a client per thread {own['per_s']:.1f} /s   p50 {own['p50_ms']} ms   (acquire/raw "
+                        f"{own['to_raw']:.3f}, not judged; CPU per acquire: "
+                        + ", ".join(f"{role} {ms:.2f} ms" for role, ms in own.get("cpu_ms_per_acquire", {}).items())
+                        + f"; {own['acquires']} leases, {own['errors']} errors)")
     if a["errors"]:
         lines.append(f"   acquire errors (first): {a['first_errors']}")
     return "\n".join(lines)

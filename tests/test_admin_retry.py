@@ -110,7 +110,7 @@ def test_table_ddl_whose_answer_was_lost_is_not_resent(late):
 
 
 def test_every_lease_call_is_idempotent_and_ddl_is_not():
-    assert {"AcquireKvSnapshotLease", "RenewKvSnapshotLease", "ReleaseKvSnapshotLease",
+    assert {"AcquireKvSnapshotLease", "AcquireKvSnapshotLeases", "RenewKvSnapshotLease", "ReleaseKvSnapshotLease",
             "DropKvSnapshotLease"} <= IDEMPOTENT
     assert not {"CreateTable", "DropTable", "CommitKvSnapshot"} & IDEMPOTENT
 
@@ -183,3 +183,106 @@ def test_channels_keep_one_stub_per_address_and_service_until_closed():
         assert channels.stub("127.0.0.1:1", pb_grpc.CoordinatorServiceStub) is not stub  # a new channel's
     finally:
         channels.close()
+
+
+# -- acquires that travel together (client.coalescing) ------------------------------------------------
+
+
+class BatchingCoordinator(pb_grpc.CoordinatorServiceServicer):
+    """Unary acquires wait for ``release``; a batched call is answered per ``mode`` on its first call:
+    "late" (after the client's deadline: its answer is lost), "unknown" (one acquire answered
+    REQUEST_TIMED_OUT) or "refused" (the whole call refused, as a set partition_id is)."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.release = threading.Event()
+        self.batches: list[list[str]] = []
+        self.unary: list[str] = []
+        self.lock = threading.Lock()
+
+    @staticmethod
+    def _answer(request) -> pb.AcquireKvSnapshotLeaseResponse:
+        if request.lease_id.startswith("bad"):
+            return pb.AcquireKvSnapshotLeaseResponse(error=pb.ErrorPb(
+                code=errors.ErrorCode.TABLE_NOT_EXIST, message=f"no table for {request.lease_id}"))
+        return pb.AcquireKvSnapshotLeaseResponse(expiration_time_ms=1000 + int(request.lease_id[1:]))
+
+    def AcquireKvSnapshotLease(self, request, context):
+        with self.lock:
+            self.unary.append(request.lease_id)
+        self.release.wait(10)
+        return self._answer(request)
+
+    def AcquireKvSnapshotLeases(self, request, context):
+        with self.lock:
+            self.batches.append([r.lease_id for r in request.requests])
+            first = len(self.batches) == 1
+        if first and self.mode == "late":
+            time.sleep(TIMEOUT_S * 3)
+        if first and self.mode == "refused":
+            return pb.AcquireKvSnapshotLeasesResponse(error=pb.ErrorPb(
+                code=errors.ErrorCode.PARTITION_NOT_EXISTS, message="partition 0 of table 1 (bucket 0)"))
+        responses = [self._answer(r) for r in request.requests]
+        if first and self.mode == "unknown":
+            responses[-1] = pb.AcquireKvSnapshotLeaseResponse(error=pb.ErrorPb(
+                code=errors.ErrorCode.REQUEST_TIMED_OUT, message="ZooKeeper connection lost during a write"))
+        return pb.AcquireKvSnapshotLeasesResponse(responses=responses)
+
+
+def _acquire_together(mode: str):
+    """Two acquires take both slots; five more queue and travel as one batch. Returns the servicer and,
+    per lease id, its expiration time or its error."""
+    servicer = BatchingCoordinator(mode)
+    server = grpc.server(ThreadPoolExecutor(8))
+    pb_grpc.add_CoordinatorServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    client = AdminClient([f"127.0.0.1:{port}"], request_timeout_s=TIMEOUT_S * 2, retry_total_s=10)
+    ids = ["L1", "L2", "L3", "bad4", "L5", "L6", "L7"]
+
+    def acquire(lease_id):
+        try:
+            return client.acquire_lease(lease_id, {TableBucket(1, 0): 1}, 60_000).expiration_time
+        except errors.KvLeaseError as exc:
+            return exc
+    try:
+        with ThreadPoolExecutor(len(ids)) as pool:
+            futures = {lease_id: pool.submit(acquire, lease_id) for lease_id in ids[:2]}
+            deadline = time.monotonic() + 10
+            while len(servicer.unary) < 2 and time.monotonic() < deadline:
+                time.sleep(0.005)
+            for lease_id in ids[2:]:
+                futures[lease_id] = pool.submit(acquire, lease_id)
+            while client._acquires.waiting() < len(ids) - 2 and time.monotonic() < deadline:
+                time.sleep(0.005)
+            servicer.release.set()
+            return servicer, {lease_id: f.result(20) for lease_id, f in futures.items()}
+    finally:
+        servicer.release.set()
+        client.close()
+        server.stop(0).wait()
+
+
+def _check_own_answers(outcomes) -> None:
+    assert {k: v for k, v in outcomes.items() if k != "bad4"} == {
+        "L1": 1001, "L2": 1002, "L3": 1003, "L5": 1005, "L6": 1006, "L7": 1007}
+    assert isinstance(outcomes["bad4"], errors.TableNotExistError)
+
+
+def test_acquires_made_together_whose_answer_was_lost_are_sent_again_each_with_its_own_answer():
+    servicer, outcomes = _acquire_together("late")
+    _check_own_answers(outcomes)
+    assert servicer.batches == [["L3", "bad4", "L5", "L6", "L7"]] * 2  # the same batch, resent once
+
+
+def test_acquires_made_together_one_of_which_has_an_unknown_outcome_are_all_sent_again():
+    servicer, outcomes = _acquire_together("unknown")
+    _check_own_answers(outcomes)
+    assert servicer.batches == [["L3", "bad4", "L5", "L6", "L7"]] * 2
+
+
+def test_acquires_refused_as_a_whole_are_sent_again_one_by_one():
+    servicer, outcomes = _acquire_together("refused")
+    _check_own_answers(outcomes)
+    assert servicer.batches == [["L3", "bad4", "L5", "L6", "L7"]]
+    assert sorted(servicer.unary) == ["L1", "L2", "L3", "L5", "L6", "L7", "bad4"]

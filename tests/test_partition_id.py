@@ -21,7 +21,7 @@ from tests.test_tablet_server import SCHEMA, Cluster, lookup, put
 
 #: Every RPC whose request names a table bucket (or a table's buckets), per service.
 COORDINATOR_RPCS = {"CommitKvSnapshot", "GetLatestKvSnapshots", "ListKvSnapshots", "AcquireKvSnapshotLease",
-                    "ReleaseKvSnapshotLease", "GetTableAssignment"}
+                    "AcquireKvSnapshotLeases", "ReleaseKvSnapshotLease", "GetTableAssignment"}
 TABLET_RPCS = {"UpdateLeadership", "PutKv", "Lookup", "FetchLog", "ListOffsets", "TriggerSnapshot", "ScanKv",
                "ScanKvStream"}
 
@@ -116,6 +116,11 @@ COORDINATOR_REQUESTS = {
     "ListKvSnapshots": lambda t, p: cpb.ListKvSnapshotsRequest(table_id=t, **_part(p)),
     "AcquireKvSnapshotLease": lambda t, p: cpb.AcquireKvSnapshotLeaseRequest(
         lease_id="new", snapshots=[cpb.BucketSnapshotPb(bucket=_tb(t, 0, p), snapshot_id=1)], duration_ms=60_000),
+    "AcquireKvSnapshotLeases": lambda t, p: cpb.AcquireKvSnapshotLeasesRequest(requests=[  # one of two sets it
+        cpb.AcquireKvSnapshotLeaseRequest(lease_id="new1", snapshots=[cpb.BucketSnapshotPb(
+            bucket=_tb(t, 0, None), snapshot_id=1)], duration_ms=60_000),
+        cpb.AcquireKvSnapshotLeaseRequest(lease_id="new2", snapshots=[cpb.BucketSnapshotPb(
+            bucket=_tb(t, 0, p), snapshot_id=1)], duration_ms=60_000)]),
     "ReleaseKvSnapshotLease": lambda t, p: cpb.ReleaseKvSnapshotLeaseRequest(lease_id="held", buckets=[_tb(t, 0, p)]),
     "GetTableAssignment": lambda t, p: cpb.GetTableAssignmentRequest(table_id=t, **_part(p)),
 }
@@ -141,7 +146,8 @@ def test_coordinator_refuses_a_set_partition_id_and_changes_nothing(coordinator,
     # without the partition id: as before
     response = getattr(stub, rpc)(COORDINATOR_REQUESTS[rpc](table.table_id, None), timeout=10)
     assert response.error.code == 0, response.error
-    assert (state() != before) == (rpc in {"CommitKvSnapshot", "AcquireKvSnapshotLease", "ReleaseKvSnapshotLease"})
+    assert (state() != before) == (rpc in {"CommitKvSnapshot", "AcquireKvSnapshotLease", "AcquireKvSnapshotLeases",
+                                           "ReleaseKvSnapshotLease"})
 
 
 # -- tier 2: a tablet server over gRPC -------------------------------------------------------------

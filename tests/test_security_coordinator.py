@@ -128,6 +128,22 @@ def test_every_lease_operation_needs_read_on_the_leased_tables(secure):
     assert bob.release_lease("q1", [tb]).released is False
 
 
+def test_acquires_travelling_together_are_each_checked_for_read_on_their_own_tables(secure):
+    from common.proto import coordinator_pb2 as pb
+    from common.wire import bucket_snapshots_to_pb
+
+    latest = {path: secure.admin.get_latest_kv_snapshots(snapshotted_table(secure, path)) for path in ("db.a", "db.b")}
+    secure.grant(BOB, "READ", "db.a")
+    bob = secure.admin_as("bob", "bob-pw")
+    requests = [pb.AcquireKvSnapshotLeaseRequest(lease_id=f"q-{path[-1]}", duration_ms=60_000, snapshots=(
+        bucket_snapshots_to_pb({tb: info.snapshot_id for tb, info in latest[path].items()}))) for path in latest]
+    allowed, denied = bob._acquire_many(requests)  # one AcquireKvSnapshotLeases call, as bob
+    assert not isinstance(allowed, Exception) and allowed.error.code == 0
+    assert isinstance(denied, errors.AuthorizationFailedError)
+    assert "READ" in denied.message and "table db.b" in denied.message
+    assert [lease.lease_id for lease in secure.admin.list_leases()] == ["q-a"]
+
+
 def test_a_forged_snapshot_commit_is_refused_even_from_a_super_user(secure):
     table_id = snapshotted_table(secure, "db.t")
     tb = TableBucket(table_id, 0)

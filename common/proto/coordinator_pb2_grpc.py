@@ -79,6 +79,11 @@ class CoordinatorServiceStub:
                 request_serializer=common_dot_proto_dot_coordinator__pb2.AcquireKvSnapshotLeaseRequest.SerializeToString,
                 response_deserializer=common_dot_proto_dot_coordinator__pb2.AcquireKvSnapshotLeaseResponse.FromString,
                 _registered_method=True)
+        self.AcquireKvSnapshotLeases = channel.unary_unary(
+                '/kvlease.CoordinatorService/AcquireKvSnapshotLeases',
+                request_serializer=common_dot_proto_dot_coordinator__pb2.AcquireKvSnapshotLeasesRequest.SerializeToString,
+                response_deserializer=common_dot_proto_dot_coordinator__pb2.AcquireKvSnapshotLeasesResponse.FromString,
+                _registered_method=True)
         self.RenewKvSnapshotLease = channel.unary_unary(
                 '/kvlease.CoordinatorService/RenewKvSnapshotLease',
                 request_serializer=common_dot_proto_dot_coordinator__pb2.RenewKvSnapshotLeaseRequest.SerializeToString,
@@ -173,6 +178,12 @@ class CoordinatorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AcquireKvSnapshotLeases(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def RenewKvSnapshotLease(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -262,6 +273,11 @@ def add_CoordinatorServiceServicer_to_server(servicer, server):
                     servicer.AcquireKvSnapshotLease,
                     request_deserializer=common_dot_proto_dot_coordinator__pb2.AcquireKvSnapshotLeaseRequest.FromString,
                     response_serializer=common_dot_proto_dot_coordinator__pb2.AcquireKvSnapshotLeaseResponse.SerializeToString,
+            ),
+            'AcquireKvSnapshotLeases': grpc.unary_unary_rpc_method_handler(
+                    servicer.AcquireKvSnapshotLeases,
+                    request_deserializer=common_dot_proto_dot_coordinator__pb2.AcquireKvSnapshotLeasesRequest.FromString,
+                    response_serializer=common_dot_proto_dot_coordinator__pb2.AcquireKvSnapshotLeasesResponse.SerializeToString,
             ),
             'RenewKvSnapshotLease': grpc.unary_unary_rpc_method_handler(
                     servicer.RenewKvSnapshotLease,
@@ -542,6 +558,33 @@ class CoordinatorService:
             '/kvlease.CoordinatorService/AcquireKvSnapshotLease',
             common_dot_proto_dot_coordinator__pb2.AcquireKvSnapshotLeaseRequest.SerializeToString,
             common_dot_proto_dot_coordinator__pb2.AcquireKvSnapshotLeaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AcquireKvSnapshotLeases(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvlease.CoordinatorService/AcquireKvSnapshotLeases',
+            common_dot_proto_dot_coordinator__pb2.AcquireKvSnapshotLeasesRequest.SerializeToString,
+            common_dot_proto_dot_coordinator__pb2.AcquireKvSnapshotLeasesResponse.FromString,
             options,
             channel_credentials,
             insecure,
