@@ -5,9 +5,12 @@ coordinator processes (``file://`` remote storage in the temp dir, fsync on as
 in the default config) and measures:
 
 a. lease acquire throughput and p50/p99 latency: ``--threads`` client
-   threads (16), each acquiring its own new lease ids (one bucket of a
-   committed snapshot each) for ``--seconds`` (8) or until ``--leases``
-   leases (10,000) exist;
+   threads (16) sharing one ``AdminClient`` (acquires made at once travel
+   together: ``client.coalescing``), each acquiring its own new lease ids
+   (one bucket of a committed snapshot each) for ``--seconds`` (8) or until
+   two thirds of the ``--leases`` (10,000) beyond the idle anchor's exist;
+   then, reported and not judged, a': the same threads with a client each
+   (no shared calls) for half as long or the last third;
 b. raw pipelined ZooKeeper writes/s on the same server (``--raw-writes``
    kazoo ``create_async`` (20,000), then as many ``set_async``, with a window,
    in a separate process), once through kazoo's stock handler and once
