@@ -1,12 +1,12 @@
 """Concurrent calls of one kind, sent together: the group commit of a client shared by threads.
 
-A :class:`Coalescer` adds no wait: a call made while none of its kind is in
-flight is sent at once, alone. Calls made while one is in flight queue up, and
-when it returns, the first of them sends every queued call (at most
-``max_batch``) as one batch; the others wait for their own answer. Under
-load the batches grow with the load, so a server's and a client's cost per
-call (for gRPC in Python ~0.3 ms each side, whatever the message) is paid
-once per batch.
+A :class:`Coalescer` adds no wait: a call made while fewer than
+``max_in_flight`` (2) of its kind are in flight is sent at once, alone.
+Calls made while that many are in flight queue up, and when one returns, the
+first queued call sends every queued call (at most ``max_batch``) as one
+batch; the others wait for their own answer. Under load the batches grow
+with the load, so a server's and a client's cost per call (for gRPC in
+Python ~0.3 ms each side, whatever the message) is paid once per batch.
 
 Each call's outcome is its own: ``send_many`` answers each request of a batch
 with its response or its exception. An exception ``send_many`` raises (the
