@@ -22,7 +22,7 @@ from common.proto import coordinator_pb2 as pb
 from common.proto import coordinator_pb2_grpc as pb_grpc
 from common.proto import security_pb2 as security_pb
 from common.proto import security_pb2_grpc as security_pb_grpc
-from client.coalescing import Coalescer
+from client.coalescing import BatchInterrupted, Coalescer
 from client.transport import RETRIABLE, Channels, RetryPolicy, rpc_error
 from common.security.acl import AclBinding, Operation, Resource
 from common.security.client import credentials
@@ -305,8 +305,11 @@ class AdminClient:
         A lease past its deadline is not updated but replaced: the new one holds
         only these snapshots.
         """
-        response = self._acquires.call(pb.AcquireKvSnapshotLeaseRequest(
-            lease_id=lease_id, snapshots=bucket_snapshots_to_pb(snapshots), duration_ms=duration_ms))
+        try:
+            response = self._acquires.call(pb.AcquireKvSnapshotLeaseRequest(
+                lease_id=lease_id, snapshots=bucket_snapshots_to_pb(snapshots), duration_ms=duration_ms))
+        except BatchInterrupted as exc:  # another thread was sending it and was stopped
+            raise errors.OutcomeUnknownError(str(exc)) from None
         return AcquireResult(
             lease_id, response.expiration_time_ms,
             bucket_snapshots_from_pb(response.acquired),

@@ -22,6 +22,10 @@ Req = TypeVar("Req")
 Resp = TypeVar("Resp")
 
 
+class BatchInterrupted(RuntimeError):
+    """The outcome of a call whose batch was being sent by a thread that was stopped meanwhile."""
+
+
 class _Call:
     __slots__ = ("request", "outcome", "batch", "event")
 
@@ -105,7 +109,12 @@ class Coalescer(Generic[Req, Resp]):
                 outcomes = self._send_many([c.request for c in batch])
                 if len(outcomes) != len(batch):
                     raise RuntimeError(f"{len(outcomes)} outcomes for a batch of {len(batch)}")
-        except BaseException as exc:  # the batch failed as a whole: every call's outcome
+        except Exception as exc:  # the batch failed as a whole: every call's outcome
             outcomes = [exc] * len(batch)
+        except BaseException as exc:  # the sending thread itself is stopped (KeyboardInterrupt, SystemExit)
+            for c in batch[1:]:
+                c.outcome = BatchInterrupted(f"the thread sending this call with {len(batch) - 1} other(s) "
+                                             f"was stopped ({type(exc).__name__}): its outcome is unknown")
+            raise
         for c, outcome in zip(batch, outcomes):
             c.outcome = outcome

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from client.coalescing import Coalescer
+from client.coalescing import BatchInterrupted, Coalescer
 
 pytestmark = pytest.mark.unit
 
@@ -92,6 +92,37 @@ def test_a_batch_that_fails_as_a_whole_fails_each_of_its_calls_and_the_next_call
     gate.fail_many = None
     assert c.call(7) == 70  # no slot was lost
     assert c.waiting() == 0
+
+
+class Stop(BaseException):
+    """Stands for KeyboardInterrupt / SystemExit in the thread sending a batch."""
+
+
+def test_a_sender_stopped_mid_batch_leaves_the_others_an_unknown_outcome_and_frees_its_slot():
+    gate = Gate(fail_many=Stop())
+    c = Coalescer(gate.one, gate.many, max_in_flight=1)
+
+    def call(r):
+        try:
+            return c.call(r)
+        except Stop:
+            return "stopped"
+    with ThreadPoolExecutor(4) as pool:
+        head = pool.submit(c.call, 1)
+        _until(lambda: len(gate.sent) == 1)
+        tail = [pool.submit(call, r) for r in (2, 3)]
+        _until(lambda: c.waiting() == 2)
+        gate.open.set()
+        assert head.result(10) == 10
+        outcomes = []
+        for f in tail:
+            try:
+                outcomes.append(f.result(10))
+            except BatchInterrupted as exc:
+                outcomes.append("unknown" if "outcome is unknown" in str(exc) else str(exc))
+    assert sorted(outcomes) == ["stopped", "unknown"]  # the sender gets its Stop, the other an unknown outcome
+    gate.fail_many = None
+    assert c.call(7) == 70 and c.waiting() == 0
 
 
 def test_batches_are_cut_at_max_batch():
