@@ -135,6 +135,15 @@ def test_a_malformed_bootstrap_address_is_a_usage_error_not_a_retry(bootstrap):
     assert "bad coordinator address" in assert_one_line_error(env_result, code=2)
 
 
+@pytest.mark.parametrize("args", [("cluster", "status"), ("cluster", "stop"), ("cluster", "start"),
+                                  ("drill", "coordinator-failover")])
+def test_commands_on_a_cluster_directory_take_no_bootstrap(args):
+    message = assert_one_line_error(run(*args, "--bootstrap", "127.0.0.1:1"), code=2)
+    assert "No such option '--bootstrap'" in message
+    help_text = run(*args[:1 if args[0] == "drill" else 2], "--help").output
+    assert "--cluster" in help_text and "HOST:PORT" not in help_text
+
+
 @pytest.mark.parametrize("content, says", [
     ("[]", "is not a kvlease cluster file: not a JSON object"),
     ("{}", "is not a kvlease cluster file: no 'coordinators'"),

@@ -216,6 +216,16 @@ def checked_bootstrap(ctx: click.Context, param, value: str | None) -> str | Non
 
 def common_options(func: Callable) -> Callable:
     """``--json``, ``--cluster`` and ``--bootstrap`` on a command too, e.g. ``kvlease lease list --json``."""
+    return _command_options(func, bootstrap=True)
+
+
+def cluster_dir_options(func: Callable) -> Callable:
+    """``--json`` and ``--cluster`` on a command that works on a local cluster's directory (its processes),
+    where coordinator addresses alone cannot do: ``cluster start|stop|status``, ``drill``."""
+    return _command_options(func, bootstrap=False)
+
+
+def _command_options(func: Callable, *, bootstrap: bool) -> Callable:
 
     def setter(attr: str, flag: str | None = None, check: Callable | None = None):
         def callback(ctx: click.Context, param, value) -> None:
@@ -230,9 +240,10 @@ def common_options(func: Callable) -> Callable:
 
     func = click.option("--json", "json_flag", is_flag=True, expose_value=False, callback=setter("json_mode"),
                         help="Print exactly one JSON document on stdout.")(func)
-    func = click.option("--bootstrap", "bootstrap_opt", expose_value=False, metavar="HOST:PORT[,…]",
-                        callback=setter("bootstrap", "bootstrap_cmdline", checked_bootstrap),
-                        help="Coordinator addresses.")(func)
+    if bootstrap:
+        func = click.option("--bootstrap", "bootstrap_opt", expose_value=False, metavar="HOST:PORT[,…]",
+                            callback=setter("bootstrap", "bootstrap_cmdline", checked_bootstrap),
+                            help="Coordinator addresses.")(func)
     func = click.option("--cluster", "cluster_opt", expose_value=False, metavar="DIR",
                         callback=setter("cluster", "cluster_cmdline"), help="A local cluster directory.")(func)
     return func

@@ -6,7 +6,7 @@ import click
 
 from common import errors
 from ops import cluster as local_cluster
-from ops.cli.app import State, catch_errors, common_options, kvlease, pass_state
+from ops.cli.app import State, catch_errors, cluster_dir_options, kvlease, pass_state
 from ops.cli.values import POSITIVE_DURATION
 
 
@@ -38,7 +38,7 @@ def cluster_dir(state: State, directory: str | None) -> str:
               help="Mutual TLS on every port (a throwaway CA and certificates in D/certs), authentication and "
                    "ACLs, with the super user admin (password in D/admin.password); `kvlease --cluster D …` "
                    "then connects with TLS as admin on its own.")
-@common_options
+@cluster_dir_options
 @pass_state
 @catch_errors
 def cluster_start(state: State, directory: str | None, zk_nodes: str, coordinators: int, tablets: int,
@@ -69,7 +69,7 @@ def cluster_start(state: State, directory: str | None, zk_nodes: str, coordinato
 
 @cluster_group.command("stop")
 @click.option("--dir", "directory", metavar="D", help="Cluster directory.")
-@common_options
+@cluster_dir_options
 @pass_state
 @catch_errors
 def cluster_stop(state: State, directory: str | None) -> None:
@@ -83,7 +83,7 @@ def cluster_stop(state: State, directory: str | None) -> None:
 
 @cluster_group.command("status")
 @click.option("--dir", "directory", metavar="D", help="Cluster directory.")
-@common_options
+@cluster_dir_options
 @pass_state
 @catch_errors
 def cluster_status(state: State, directory: str | None) -> None:

@@ -28,7 +28,7 @@ import click
 
 from common import errors
 from ops import bench_suite
-from ops.cli.app import State, catch_errors, common_options, kvlease, pass_state
+from ops.cli.app import State, catch_errors, cluster_dir_options, kvlease, pass_state
 from ops.cli.cluster import cluster_dir
 from ops.drill import drill_modules, drill_summary
 
@@ -119,7 +119,7 @@ def _load_plugin_module(prefix: str, name: str):
 @click.option("--outage", type=click.FloatRange(min=0.5), metavar="SECONDS",
               help="How long remote storage stays away (remote-outage; default 4).")
 @click.option("--skip", multiple=True, metavar="NAME", help="A drill `all` leaves out (repeatable).")
-@common_options
+@cluster_dir_options
 @pass_state
 @catch_errors
 def drill(state: State, name: str, directory: str | None, **given) -> None:
