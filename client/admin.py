@@ -196,7 +196,7 @@ class AdminClient:
             # a request that timed out may have been applied: retried only if applying it twice
             # gives the same outcome (IDEMPOTENT); otherwise the caller decides
             err = rpc_error(exc, method, address, timeout_s=self._timeout_s, idempotent=method in IDEMPOTENT,
-                            peer="coordinator")
+                            peer="coordinator", tls=self.tls is not None)
             if isinstance(err, errors.NetworkError):
                 self._move_to(err, address)
             raise err from None
@@ -224,7 +224,7 @@ class AdminClient:
             response = self._stub(target).CoordinatorInfo(pb.CoordinatorInfoRequest(), timeout=self._timeout_s)
         except grpc.RpcError as exc:
             raise rpc_error(exc, "CoordinatorInfo", target, timeout_s=self._timeout_s, idempotent=True,
-                            peer="coordinator") from None
+                            peer="coordinator", tls=self.tls is not None) from None
         raise_for(response.error)
         return CoordinatorInfo(response.address, response.active, response.active_address, response.epoch,
                                response.remote_data_dir, response.s3_endpoint, response.s3_region)

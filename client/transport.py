@@ -12,6 +12,8 @@
 from __future__ import annotations
 
 import re
+import socket
+import ssl
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -145,18 +147,59 @@ class RetryPolicy:
         return replace(self, **changes)
 
 
+class TlsMismatchError(errors.InvalidRequestError):
+    """The server speaks TLS and this client does not, or the other way round: no retry can help."""
+
+
+#: OpenSSL's reasons for a handshake answered in something other than TLS (a plaintext server)
+_NOT_TLS_REASONS = frozenset({"WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG",
+                              "HTTP_REQUEST", "UNKNOWN_PROTOCOL"})
+
+
+def tls_mismatch(address: str, client_tls: bool, timeout_s: float = 1.0) -> str | None:
+    """Whether the server at ``address`` speaks TLS where this client does not, or the other way round:
+    a TLS handshake (nothing verified, nothing sent after it) tells. The mismatch in a sentence, or None
+    when there is none or the probe cannot tell (the server is gone, or answered ambiguously)."""
+    host, _, port = address.rpartition(":")
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s) as raw:
+            with context.wrap_socket(raw):
+                server_tls = True
+    except ssl.SSLError as exc:
+        if exc.reason not in _NOT_TLS_REASONS:
+            return None
+        server_tls = False
+    except (OSError, ValueError):
+        return None
+    if server_tls and not client_tls:
+        return ("it speaks TLS and this client does not: give the cluster's CA (--ca-file, "
+                "security.tls.ca-file) and, under mutual TLS, a client certificate and key")
+    if client_tls and not server_tls:
+        return "it does not speak TLS and this client does: drop the TLS settings, or turn TLS on in the cluster"
+    return None
+
+
 def rpc_error(exc: grpc.RpcError, method: str, address: str, *, timeout_s: float | None,
-              idempotent: bool, peer: str = "tablet server") -> errors.KvLeaseError:
+              idempotent: bool, peer: str = "tablet server", tls: bool | None = None) -> errors.KvLeaseError:
     """The typed error for a gRPC call to ``peer`` at ``address`` that failed in transport.
 
     UNAVAILABLE is a retriable :class:`~common.errors.NetworkError`; a deadline
     is one too for an ``idempotent`` call and :class:`~common.errors.OutcomeUnknownError`
     otherwise (it may have been applied); a message over the size limit is an
-    invalid request; anything else an unknown server error.
+    invalid request; anything else an unknown server error. With ``tls`` (whether
+    this client speaks TLS) an UNAVAILABLE that looks like a TLS mismatch is
+    checked with :func:`tls_mismatch`, and a proven one is a :class:`TlsMismatchError`
+    at once instead of retries.
     """
     code = exc.code() if hasattr(exc, "code") else None
     details = exc.details() if hasattr(exc, "details") else str(exc)
     if code == grpc.StatusCode.UNAVAILABLE and _TLS_HINTS.search(details or ""):
+        why = tls_mismatch(address, tls) if tls is not None else None
+        if why is not None:
+            return TlsMismatchError(f"cannot reach {peer} {address}: {why}")
         return errors.NetworkError(
             f"cannot reach {peer} {address}: UNAVAILABLE ({details.split('last error: ')[-1]}); is it a TLS "
             "mismatch? (a TLS server closes plaintext connections and, under mutual TLS, those without a client "

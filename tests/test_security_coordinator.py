@@ -172,8 +172,10 @@ def test_bad_credentials_are_refused_and_change_nothing(secure, user, password):
 
 
 def test_a_plaintext_client_cannot_talk_to_a_tls_coordinator(secure):
+    from client.transport import TlsMismatchError
+
     client = secure.admin_as("bob", "bob-pw", tls=False)
-    with pytest.raises(errors.NetworkError, match="TLS"):
+    with pytest.raises(TlsMismatchError, match="it speaks TLS and this client does not"):
         client.list_tables()
 
 

@@ -1,10 +1,12 @@
 """The Spark source on a secure cluster (mutual TLS + users + ACLs): writes and reads with the user/password
 options, refused without the table's ACL and changing nothing then.
 
-(A plaintext client against TLS is tested in test_tls.py: through Spark it waits out the client's whole retry
-budget, 60s by default, before failing.)"""
+A read without the TLS options fails at once naming the TLS mismatch (client.transport.tls_mismatch), not
+after the client's whole retry budget (60 s by default)."""
 
 from __future__ import annotations
+
+import time
 
 import pytest
 
@@ -70,3 +72,12 @@ def test_a_wrong_password_fails_the_read_with_authentication_failed(spark, secur
     del opts["password-file"]
     with pytest.raises(Exception, match="authentication failed for user 'bob'"):
         spark.read.format("kvlease").options(**opts).load().collect()
+
+
+def test_a_read_without_the_tls_options_is_told_at_once(spark, secure, tmp_path):
+    secure.cluster.create_table("db.t", COLUMNS, ["id"], 1)
+    opts = {"bootstrap": secure.cluster.coordinator.address, "table": "db.t"}  # (a password needs TLS: refused)
+    start = time.monotonic()
+    with pytest.raises(Exception, match="it speaks TLS and this client does not"):
+        spark.read.format("kvlease").options(**opts).load().collect()
+    assert time.monotonic() - start < 30  # the client's retry budget is 60 s

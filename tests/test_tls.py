@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import time
 
 import grpc
@@ -100,19 +101,50 @@ def test_mutual_tls_refuses_a_client_without_a_certificate(make_config, tmp_path
         cluster.close()
 
 
-def test_a_plaintext_client_against_tls_gets_a_clear_error_quickly(make_config, tmp_path, paths):
+@pytest.mark.parametrize("client_auth", [False, True], ids=["tls", "mutual-tls"])
+def test_a_plaintext_client_against_tls_is_told_at_once_not_after_its_retries(make_config, tmp_path, paths,
+                                                                               client_auth):
+    from client.transport import TlsMismatchError
     from coordinator.server import CoordinatorServer
 
-    server = CoordinatorServer(make_config(security(paths), **{"coordinator.port": 0})).start()
+    server = CoordinatorServer(make_config(security(paths, client_auth=client_auth),
+                                           **{"coordinator.port": 0})).start()
     try:
-        with AdminClient([server.address], retry_total_s=0, request_timeout_s=5) as admin:
+        with AdminClient([server.address], retry_total_s=30, request_timeout_s=5) as admin:
             start = time.monotonic()
-            with pytest.raises(errors.NetworkError) as info:
+            with pytest.raises(TlsMismatchError) as info:
                 admin.list_tables()
-            assert time.monotonic() - start < 5
-        assert "TLS" in info.value.message, info.value.message
+            assert time.monotonic() - start < 5  # not the 30 s of retries a network error gets
+        assert "it speaks TLS and this client does not" in info.value.message, info.value.message
+        assert server.address in info.value.message
     finally:
         server.stop()
+
+
+def test_a_tls_client_against_a_plaintext_coordinator_is_told_at_once(make_config, tmp_path, paths):
+    from client.transport import TlsMismatchError
+    from coordinator.server import CoordinatorServer
+
+    server = CoordinatorServer(make_config(**{"coordinator.port": 0})).start()
+    try:
+        client_config = Config(security(paths, client=True), env={})
+        with AdminClient([server.address], client_config, retry_total_s=30, request_timeout_s=5) as admin:
+            start = time.monotonic()
+            with pytest.raises(TlsMismatchError, match="it does not speak TLS and this client does"):
+                admin.list_tables()
+            assert time.monotonic() - start < 5
+    finally:
+        server.stop()
+
+
+def test_the_tls_probe_cannot_tell_where_nothing_listens():
+    from client.transport import tls_mismatch
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    assert tls_mismatch(f"127.0.0.1:{port}", client_tls=False) is None  # refused: a network error, retried
+    assert tls_mismatch(f"127.0.0.1:{port}", client_tls=True) is None
 
 
 def test_cli_tls_options_turn_tls_on_and_a_missing_file_is_named(tmp_path):
