@@ -107,8 +107,7 @@ class ReleaseResult:
 IDEMPOTENT = frozenset({
     "GetTable", "GetTableAssignment", "ListTables", "ListTabletServers", "GetLatestKvSnapshots", "ListKvSnapshots",
     "ListKvSnapshotLeases", "DescribeKvSnapshotLease", "AcquireKvSnapshotLease", "AcquireKvSnapshotLeases",
-    "RenewKvSnapshotLease",
-    "ReleaseKvSnapshotLease", "DropKvSnapshotLease",
+    "RenewKvSnapshotLease", "ReleaseKvSnapshotLease", "DropKvSnapshotLease",
     # SecurityService: AddUser of a user that exists with the same password answers created=false,
     # the others answer false when nothing changed (see coordinator/security_service.py)
     "AddUser", "RemoveUser", "ListUsers", "AddAcl", "RemoveAcl", "ListAcls",

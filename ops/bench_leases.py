@@ -479,19 +479,12 @@ def measure(s: BenchSettings, progress: bench_suite.Progress) -> dict[str, Any]:
             progress(f"a. acquiring leases: {s.threads} threads, {s.seconds:g} s or {s.held_leases} leases")
             pids = {"coordinator": [c.popen.pid for c in coordinators], "zookeeper": [zk.nodes[0].pid],
                     "client": [os.getpid()]}
-            cpu_before = {role: sum(map(_cpu_s, ps)) for role, ps in pids.items()}
             room = max(2, s.held_leases - setup["acquires"])
-            acquire = _acquire_many(addresses, table_id, s.buckets, s.threads, "a", s.seconds, room - room // 3)
-            acquire["cpu_ms_per_acquire"] = {
-                role: round((sum(map(_cpu_s, ps)) - cpu_before[role]) * 1000 / max(1, acquire["acquires"]), 3)
-                for role, ps in pids.items()}
+            acquire = _with_cpu(pids, lambda: _acquire_many(addresses, table_id, s.buckets, s.threads, "a",
+                                                            s.seconds, room - room // 3))
             progress(f"a'. the same with a client per thread: {s.seconds / 2:g} s or {room // 3} leases")
-            cpu_before = {role: sum(map(_cpu_s, ps)) for role, ps in pids.items()}
-            own = _acquire_many(addresses, table_id, s.buckets, s.threads, "o", s.seconds / 2, room // 3,
-                                shared_client=False)
-            own["cpu_ms_per_acquire"] = {
-                role: round((sum(map(_cpu_s, ps)) - cpu_before[role]) * 1000 / max(1, own["acquires"]), 3)
-                for role, ps in pids.items()}
+            own = _with_cpu(pids, lambda: _acquire_many(addresses, table_id, s.buckets, s.threads, "o",
+                                                        s.seconds / 2, room // 3, shared_client=False))
             progress(f"b. raw ZooKeeper writes: {s.raw_writes} pipelined, window {s.raw_window}")
             raw = _raw_phase(zk.connect_string, s)
             held = setup["acquires"] + acquire["acquires"] + own["acquires"]
@@ -528,6 +521,16 @@ def measure(s: BenchSettings, progress: bench_suite.Progress) -> dict[str, Any]:
         "run_s": round(time.perf_counter() - t_run, 1),
         "host": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
     }
+
+
+def _with_cpu(pids: dict[str, list[int]], phase) -> dict[str, Any]:
+    """``phase()``'s figures with ``cpu_ms_per_acquire``: each role's processes' CPU over the phase, per acquire."""
+    before = {role: sum(map(_cpu_s, ps)) for role, ps in pids.items()}
+    figures = phase()
+    figures["cpu_ms_per_acquire"] = {
+        role: round((sum(map(_cpu_s, ps)) - before[role]) * 1000 / max(1, figures["acquires"]), 3)
+        for role, ps in pids.items()}
+    return figures
 
 
 def _idle_phase(coordinators: list[_Coordinator], held: int, s: BenchSettings) -> dict[str, Any]:
