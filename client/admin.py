@@ -114,6 +114,10 @@ IDEMPOTENT = frozenset({
 })
 
 
+#: The answer to an acquire of a batch refused as a whole: its caller sends it alone.
+_SEND_ALONE = object()
+
+
 #: What an idempotent call also retries: the coordinator's own "outcome unknown" (its ZooKeeper
 #: connection dropped during the write, or it did not answer in time); it steps down, and the call
 #: is sent again to whoever is active then.
@@ -159,8 +163,10 @@ class AdminClient:
         self.credentials = credentials(config)  # None: security off, or the mutual-TLS certificate identifies us
         self._channels = Channels(tls=self.tls, credentials=self.credentials)
         self._lock = threading.Lock()
-        #: acquires made by several threads at once travel in one call (client.coalescing)
+        #: acquires made by several threads at once travel in one call (client.coalescing), unless the
+        #: coordinator turned out not to have that call
         self._acquires = Coalescer(lambda request: self._call("AcquireKvSnapshotLease", request), self._acquire_many)
+        self._batch_acquires = True
 
     # -- plumbing ---------------------------------------------------------------
 
@@ -304,31 +310,48 @@ class AdminClient:
         A lease past its deadline is not updated but replaced: the new one holds
         only these snapshots.
         """
+        request = pb.AcquireKvSnapshotLeaseRequest(
+            lease_id=lease_id, snapshots=bucket_snapshots_to_pb(snapshots), duration_ms=duration_ms)
         try:
-            response = self._acquires.call(pb.AcquireKvSnapshotLeaseRequest(
-                lease_id=lease_id, snapshots=bucket_snapshots_to_pb(snapshots), duration_ms=duration_ms))
+            response = self._acquires.call(request) if self._batch_acquires else _SEND_ALONE
         except BatchInterrupted as exc:  # another thread was sending it and was stopped
             raise errors.OutcomeUnknownError(str(exc)) from None
+        if response is _SEND_ALONE:
+            response = self._call("AcquireKvSnapshotLease", request)
         return AcquireResult(
             lease_id, response.expiration_time_ms,
             bucket_snapshots_from_pb(response.acquired),
             bucket_snapshots_from_pb(response.unavailable))
 
     def _acquire_many(self, requests: list[pb.AcquireKvSnapshotLeaseRequest]) -> list:
-        """Several threads' acquires in one call: per request its response or its error.
+        """Several threads' acquires in one call: per request its response, its error, or
+        :data:`_SEND_ALONE`.
 
-        An error a retry may cure (NOT_COORDINATOR, OUTCOME_UNKNOWN, …) on the
-        call or on any of its acquires sends the whole batch again, as the
-        unary call would be sent again: acquiring the same snapshots again has
-        the same outcome. A call refused as a whole for another reason (e.g.
-        one acquire sets a ``partition_id``) is sent again one acquire per
-        call, so each caller gets the answer its own request gets.
+        An error a retry may cure (NOT_COORDINATOR, a fenced coordinator,
+        OUTCOME_UNKNOWN, …) on the call or on any of its acquires sends the whole
+        batch again, as the unary call would be sent again: acquiring the same
+        snapshots again has the same outcome. Out of retries, each caller gets
+        what the last attempt answered its own acquire. A call refused as a
+        whole for another reason (an acquire that sets a ``partition_id``, a
+        coordinator without the call) is answered :data:`_SEND_ALONE`: each
+        caller sends its own acquire, at once, and gets its own answer; a
+        coordinator without the call is not sent one again.
         """
+        last: list = []  # the outcomes of the last attempt the coordinator answered
+
         def attempt() -> list:
+            last.clear()
+            address = self._address
             response = self._call_once("AcquireKvSnapshotLeases", pb.AcquireKvSnapshotLeasesRequest(requests=requests))
             if len(response.responses) != len(requests):
                 raise errors.UnknownServerError(f"{len(response.responses)} answers to {len(requests)} acquires")
             outcomes = [error_from_pb(r.error) or r for r in response.responses]
+            for i, outcome in enumerate(outcomes):
+                if isinstance(outcome, (errors.NotCoordinatorError, errors.CoordinatorFencedError)):
+                    self._move_to(outcome, address)  # stepping down meanwhile: as the unary call is followed
+                    outcomes[i] = errors.NotCoordinatorError(
+                        outcome.message, active_address=getattr(outcome, "active_address", ""))
+            last[:] = outcomes
             again = next((o for o in outcomes if isinstance(o, RETRIABLE_IF_IDEMPOTENT)), None)
             if again is not None:
                 raise again
@@ -337,17 +360,13 @@ class AdminClient:
         try:
             return self.retry.call(attempt, retry_on=RETRIABLE_IF_IDEMPOTENT)
         except RETRIABLE_IF_IDEMPOTENT:
-            raise  # out of retries: every caller's outcome
-        except errors.KvLeaseError:
-            return [self._outcome(self._call, "AcquireKvSnapshotLease", r) for r in requests]
-
-    @staticmethod
-    def _outcome(call: Callable, *args):
-        """``call(*args)``, or the kvlease error it raised."""
-        try:
-            return call(*args)
+            if last:
+                return list(last)
+            raise  # the call itself never got through: every caller's outcome
         except errors.KvLeaseError as exc:
-            return exc
+            if "UNIMPLEMENTED" in exc.message:
+                self._batch_acquires = False
+            return [_SEND_ALONE] * len(requests)
 
     def renew_lease(self, lease_id: str, duration_ms: int) -> int:
         """Move the lease's deadline to now + duration; returns it.

@@ -86,15 +86,17 @@ class Coalescer(Generic[Req, Resp]):
             try:
                 self._send(batch)
             finally:
-                with self._lock:
-                    if self._queue:  # the batch's slot goes to the calls waiting: the first sends them
-                        successor, self._queue = self._queue[:self.max_batch], self._queue[self.max_batch:]
-                        successor[0].batch = successor
-                        successor[0].event.set()
-                    else:
-                        self._in_flight -= 1
-                for other in batch[1:]:
-                    other.event.set()
+                try:
+                    with self._lock:
+                        if self._queue:  # the batch's slot goes to the calls waiting: the first sends them
+                            successor, self._queue = self._queue[:self.max_batch], self._queue[self.max_batch:]
+                            successor[0].batch = successor
+                            successor[0].event.set()
+                        else:
+                            self._in_flight -= 1
+                finally:  # (even if this thread is interrupted meanwhile)
+                    for other in batch[1:]:
+                        other.event.set()
         if interrupted is not None:
             raise interrupted
         if isinstance(me.outcome, BaseException):

@@ -151,9 +151,9 @@ class TlsMismatchError(errors.InvalidRequestError):
     """The server speaks TLS and this client does not, or the other way round: no retry can help."""
 
 
-#: OpenSSL's reasons for a handshake answered in something other than TLS (a plaintext server)
-_NOT_TLS_REASONS = frozenset({"WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG",
-                              "HTTP_REQUEST", "UNKNOWN_PROTOCOL"})
+#: OpenSSL's reasons for a handshake answered in something other than TLS (a plaintext server). Not
+#: RECORD_LAYER_FAILURE: from OpenSSL 3.2 on it also covers a bad record from a TLS server.
+_NOT_TLS_REASONS = frozenset({"WRONG_VERSION_NUMBER", "PACKET_LENGTH_TOO_LONG", "HTTP_REQUEST", "UNKNOWN_PROTOCOL"})
 
 
 def tls_mismatch(address: str, client_tls: bool, timeout_s: float = 1.0) -> str | None:

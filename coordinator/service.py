@@ -31,6 +31,9 @@ from leases import state as ls
 
 log = logging.getLogger(__name__)
 
+#: Acquires one AcquireKvSnapshotLeases may carry (a client sends at most 64).
+MAX_ACQUIRES_PER_CALL = 1024
+
 #: Methods only the cluster's own principal may call (a tablet server committing a snapshot).
 INTERNAL_METHODS = ("/kvlease.CoordinatorService/CommitKvSnapshot",)
 
@@ -163,7 +166,10 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
         """Each acquire of the batch handled as if it came alone, all in the loop at once."""
         try:
             self.server.serving_loop()
-        except errors.KvLeaseError as exc:  # none handled: the client moves on to the active coordinator
+            if len(request.requests) > MAX_ACQUIRES_PER_CALL:
+                raise errors.InvalidRequestError(f"{len(request.requests)} acquires in one call; at most "
+                                                 f"{MAX_ACQUIRES_PER_CALL}")
+        except errors.KvLeaseError as exc:  # none handled (a standby: the client moves on to the active one)
             return pb.AcquireKvSnapshotLeasesResponse(error=error_pb(exc))
         deadline = time.monotonic() + self.timeout_s
         submitted = [self._submit_acquire(r) for r in request.requests]

@@ -107,3 +107,16 @@ def test_threads_sharing_a_client_acquire_together_and_each_gets_its_own_lease(p
             assert r.acquired == want and r.unavailable == {}
             assert leases[r.lease_id].buckets == want
             assert leases[r.lease_id].expiration_time == r.expiration_time
+
+
+def test_a_call_carrying_too_many_acquires_is_refused_whole_and_changes_nothing(pair, table, admin):  # noqa: F811
+    from coordinator.service import MAX_ACQUIRES_PER_CALL
+
+    active, _standby = pair
+    batch = [_acquire(f"many-{i}", [(table.table_id, 0, 1)]) for i in range(MAX_ACQUIRES_PER_CALL + 1)]
+    with grpc.insecure_channel(active.address) as channel:
+        response = pb_grpc.CoordinatorServiceStub(channel).AcquireKvSnapshotLeases(
+            pb.AcquireKvSnapshotLeasesRequest(requests=batch), timeout=10)
+    assert response.error.code == errors.ErrorCode.INVALID_REQUEST
+    assert f"at most {MAX_ACQUIRES_PER_CALL}" in response.error.message
+    assert admin.list_leases() == []

@@ -215,21 +215,27 @@ class BatchingCoordinator(pb_grpc.CoordinatorServiceServicer):
 
     def AcquireKvSnapshotLeases(self, request, context):
         with self.lock:
-            self.batches.append([r.lease_id for r in request.requests])
+            self.batches.append(sorted(r.lease_id for r in request.requests))
             first = len(self.batches) == 1
+        if self.mode == "unimplemented":
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
         if first and self.mode == "late":
             time.sleep(TIMEOUT_S * 3)
         if first and self.mode == "refused":
             return pb.AcquireKvSnapshotLeasesResponse(error=pb.ErrorPb(
                 code=errors.ErrorCode.PARTITION_NOT_EXISTS, message="partition 0 of table 1 (bucket 0)"))
         responses = [self._answer(r) for r in request.requests]
-        if first and self.mode == "unknown":
-            responses[-1] = pb.AcquireKvSnapshotLeaseResponse(error=pb.ErrorPb(
+        last = [i for i, r in enumerate(request.requests) if r.lease_id == "L7"]
+        if last and ((first and self.mode == "unknown") or self.mode == "always-unknown"):
+            responses[last[0]] = pb.AcquireKvSnapshotLeaseResponse(error=pb.ErrorPb(
                 code=errors.ErrorCode.REQUEST_TIMED_OUT, message="ZooKeeper connection lost during a write"))
+        if last and first and self.mode == "fenced":  # the coordinator was deposed while the batch was in its loop
+            responses[last[0]] = pb.AcquireKvSnapshotLeaseResponse(error=pb.ErrorPb(
+                code=errors.ErrorCode.COORDINATOR_FENCED, message="coordinator epoch changed"))
         return pb.AcquireKvSnapshotLeasesResponse(responses=responses)
 
 
-def _acquire_together(mode: str):
+def _acquire_together(mode: str, retry_total_s: float = 10):
     """Two acquires take both slots; five more queue and travel as one batch. Returns the servicer and,
     per lease id, its expiration time or its error."""
     servicer = BatchingCoordinator(mode)
@@ -237,7 +243,7 @@ def _acquire_together(mode: str):
     pb_grpc.add_CoordinatorServiceServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
-    client = AdminClient([f"127.0.0.1:{port}"], request_timeout_s=TIMEOUT_S * 2, retry_total_s=10)
+    client = AdminClient([f"127.0.0.1:{port}"], request_timeout_s=TIMEOUT_S * 2, retry_total_s=retry_total_s)
     ids = ["L1", "L2", "L3", "bad4", "L5", "L6", "L7"]
 
     def acquire(lease_id):
@@ -245,18 +251,21 @@ def _acquire_together(mode: str):
             return client.acquire_lease(lease_id, {TableBucket(1, 0): 1}, 60_000).expiration_time
         except errors.KvLeaseError as exc:
             return exc
+
+    def until(condition, what: str) -> None:
+        deadline = time.monotonic() + 10
+        while not condition():
+            assert time.monotonic() < deadline, f"not in 10 s: {what}"
+            time.sleep(0.005)
     try:
         with ThreadPoolExecutor(len(ids)) as pool:
             futures = {lease_id: pool.submit(acquire, lease_id) for lease_id in ids[:2]}
-            deadline = time.monotonic() + 10
-            while len(servicer.unary) < 2 and time.monotonic() < deadline:
-                time.sleep(0.005)
-            for lease_id in ids[2:]:
+            until(lambda: len(servicer.unary) == 2, "both slots taken")
+            for n, lease_id in enumerate(ids[2:], start=1):
                 futures[lease_id] = pool.submit(acquire, lease_id)
-            while client._acquires.waiting() < len(ids) - 2 and time.monotonic() < deadline:
-                time.sleep(0.005)
+                until(lambda: client._acquires.waiting() == n, f"{lease_id} queued")
             servicer.release.set()
-            return servicer, {lease_id: f.result(20) for lease_id, f in futures.items()}
+            return servicer, client, {lease_id: f.result(30) for lease_id, f in futures.items()}
     finally:
         servicer.release.set()
         client.close()
@@ -270,19 +279,43 @@ def _check_own_answers(outcomes) -> None:
 
 
 def test_acquires_made_together_whose_answer_was_lost_are_sent_again_each_with_its_own_answer():
-    servicer, outcomes = _acquire_together("late")
+    servicer, _client, outcomes = _acquire_together("late")
     _check_own_answers(outcomes)
-    assert servicer.batches == [["L3", "bad4", "L5", "L6", "L7"]] * 2  # the same batch, resent once
+    assert servicer.batches == [["L3", "L5", "L6", "L7", "bad4"]] * 2  # the same batch, resent once
 
 
 def test_acquires_made_together_one_of_which_has_an_unknown_outcome_are_all_sent_again():
-    servicer, outcomes = _acquire_together("unknown")
+    servicer, _client, outcomes = _acquire_together("unknown")
     _check_own_answers(outcomes)
-    assert servicer.batches == [["L3", "bad4", "L5", "L6", "L7"]] * 2
+    assert servicer.batches == [["L3", "L5", "L6", "L7", "bad4"]] * 2
 
 
 def test_acquires_refused_as_a_whole_are_sent_again_one_by_one():
-    servicer, outcomes = _acquire_together("refused")
+    servicer, client, outcomes = _acquire_together("refused")
     _check_own_answers(outcomes)
-    assert servicer.batches == [["L3", "bad4", "L5", "L6", "L7"]]
+    assert servicer.batches == [["L3", "L5", "L6", "L7", "bad4"]]
     assert sorted(servicer.unary) == ["L1", "L2", "L3", "L5", "L6", "L7", "bad4"]
+    assert client._batch_acquires  # a refusal of one call: later acquires still travel together
+
+
+def test_acquires_made_together_one_of_which_met_a_fenced_coordinator_are_all_sent_again():
+    servicer, _client, outcomes = _acquire_together("fenced")
+    _check_own_answers(outcomes)  # L7 too: not the fenced error (the unary call is followed and retried)
+    assert servicer.batches == [["L3", "L5", "L6", "L7", "bad4"]] * 2
+
+
+def test_out_of_retries_each_acquire_made_together_gets_its_own_last_answer():
+    servicer, _client, outcomes = _acquire_together("always-unknown", retry_total_s=1.0)
+    assert isinstance(outcomes.pop("L7"), errors.OutcomeUnknownError)
+    assert {k: v for k, v in outcomes.items() if k != "bad4"} == {
+        "L1": 1001, "L2": 1002, "L3": 1003, "L5": 1005, "L6": 1006}
+    assert isinstance(outcomes["bad4"], errors.TableNotExistError)  # its own answer, not L7's error
+    assert len(servicer.batches) >= 2
+
+
+def test_a_coordinator_without_the_batched_call_gets_each_acquire_alone_from_then_on():
+    servicer, client, outcomes = _acquire_together("unimplemented")
+    _check_own_answers(outcomes)
+    assert servicer.batches == [["L3", "L5", "L6", "L7", "bad4"]]  # tried once
+    assert sorted(servicer.unary) == ["L1", "L2", "L3", "L5", "L6", "L7", "bad4"]
+    assert not client._batch_acquires

@@ -63,8 +63,10 @@ def test_calls_made_while_the_slots_are_busy_go_as_one_batch_each_with_its_own_o
     with ThreadPoolExecutor(8) as pool:
         first = [pool.submit(c.call, r) for r in (1, 2)]  # both go alone: two slots
         _until(lambda: len(gate.sent) == 2)
-        queued = [pool.submit(c.call, r) for r in (3, -4, 5, 6)]
-        _until(lambda: c.waiting() == 4)
+        queued = []
+        for r in (3, -4, 5, 6):  # queued in this order
+            queued.append(pool.submit(c.call, r))
+            _until(lambda: c.waiting() == len(queued))
         assert len(gate.sent) == 2  # nothing else sent while both slots are busy
         gate.open.set()
         assert [f.result(10) for f in first] == [10, 20]
@@ -82,8 +84,10 @@ def test_a_batch_that_fails_as_a_whole_fails_each_of_its_calls_and_the_next_call
     with ThreadPoolExecutor(4) as pool:
         head = pool.submit(c.call, 1)
         _until(lambda: len(gate.sent) == 1)
-        tail = [pool.submit(c.call, r) for r in (2, 3)]
-        _until(lambda: c.waiting() == 2)
+        tail = []
+        for r in (2, 3):
+            tail.append(pool.submit(c.call, r))
+            _until(lambda: c.waiting() == len(tail))
         gate.open.set()
         assert head.result(10) == 10
         for f in tail:
