@@ -72,6 +72,12 @@ class TableSpec:
     buckets: int = field(default=1)
 
 
+def check_name(what: str, name: str | None) -> None:
+    """InvalidTableError stating the rule unless ``name`` is a valid ``what`` (database, table, column) name."""
+    if not _NAME.fullmatch(name or ""):
+        raise InvalidTableError(f"bad {what} name {name!r}: {NAME_RULE}")
+
+
 def parse_table_path(path: str) -> tuple[str, str]:
     """``'db.name'`` -> ``('db', 'name')``; raises InvalidRequestError otherwise."""
     parts = path.split(".")
@@ -87,8 +93,7 @@ def parse_schema(text: str) -> tuple[Column, ...]:
         words = part.split()
         if len(words) != 2:
             raise InvalidTableError(f"bad column definition {part.strip()!r}: expected 'NAME TYPE'")
-        if not _NAME.fullmatch(words[0]):
-            raise InvalidTableError(f"bad column name {words[0]!r}: {NAME_RULE}")
+        check_name("column", words[0])
         columns.append(Column(words[0], words[1].upper()))
     return tuple(columns)
 
@@ -96,15 +101,13 @@ def parse_schema(text: str) -> tuple[Column, ...]:
 def validate_spec(spec: TableSpec) -> TableSpec:
     """The spec with normalized types; raises InvalidTableError naming the problem."""
     for part, what in ((spec.database, "database"), (spec.name, "table")):
-        if not _NAME.fullmatch(part or ""):
-            raise InvalidTableError(f"bad {what} name {part!r}: {NAME_RULE}")
+        check_name(what, part)
     if not spec.columns:
         raise InvalidTableError("a table needs at least one column")
     seen: set[str] = set()
     columns = []
     for column in spec.columns:
-        if not _NAME.fullmatch(column.name or ""):
-            raise InvalidTableError(f"bad column name {column.name!r}: {NAME_RULE}")
+        check_name("column", column.name)
         if column.name in seen:
             raise InvalidTableError(f"duplicate column {column.name!r}")
         seen.add(column.name)

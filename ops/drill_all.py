@@ -42,6 +42,11 @@ def drill_names() -> list[str]:
     return [n for n in ORDER if n in found] + sorted(found - set(ORDER))
 
 
+def _module(name: str):
+    """The module of drill ``name``."""
+    return importlib.import_module(f"ops.drill_{name.replace('-', '_')}")
+
+
 def _options_for(module, options: dict) -> dict:
     accepted = getattr(module, "OPTIONS", None)
     return {k: v for k, v in options.items() if k != "skip" and (accepted is None or k in accepted)}
@@ -72,7 +77,7 @@ def check_skip(skip) -> None:
 
 def run_drill(name: str, cluster_dir: str, options: dict) -> list[Report]:
     """One drill's report(s); a shape it cannot run on is a skip, a failure to run a failed check."""
-    module = importlib.import_module(f"ops.drill_{name.replace('-', '_')}")
+    module = _module(name)
     try:
         if callable(getattr(module, "run", None)):
             return [module.run(cluster_dir, **_options_for(module, options))]
@@ -104,7 +109,7 @@ def run(cluster_dir: str, **options) -> list[Report]:
 
 def _shape_skip(name: str, doc: dict) -> str | None:
     """Why drill ``name`` cannot run on a cluster of ``doc``'s shape (None: it can)."""
-    module = importlib.import_module(f"ops.drill_{name.replace('-', '_')}")
+    module = _module(name)
     try:
         if hasattr(module, "check_shape"):
             module.check_shape(doc)

@@ -226,7 +226,6 @@ def cluster_dir_options(func: Callable) -> Callable:
 
 
 def _command_options(func: Callable, *, bootstrap: bool) -> Callable:
-
     def setter(attr: str, flag: str | None = None, check: Callable | None = None):
         def callback(ctx: click.Context, param, value) -> None:
             if check is not None:
