@@ -150,7 +150,7 @@ def test_options_not_given_keep_the_benchmarks_defaults():
     assert bench_suite.options_for(bench_writes, {}) == {"rows": 1_000_000, "batch": 10_000, "threads": 4,
                                                          "lookups": 2000}
     assert bench_suite.options_for(bench_leases, parse("leases", "--leases", "100_000")) == {
-        "leases": 100_000, "seconds": 8.0, "threads": 16, "raw_writes": 20_000, "secure": False, "idle_seconds": 5.0}
+        "leases": 100_000, "seconds": 8.0, "threads": 64, "raw_writes": 20_000, "secure": False, "idle_seconds": 5.0}
 
 
 def test_a_switch_option_takes_no_value():
