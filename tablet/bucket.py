@@ -229,8 +229,10 @@ class BucketStore:
                 self._check_writable()
                 end = self._log.end_offset
                 return end, end
-        n_up, prepared, bounds = len(up_values), None, key_range(keys)
-        if _distinct(keys, key_list):
+        n_up, prepared = len(up_values), None
+        increasing = _increasing(keys)
+        bounds = (key_list[0], key_list[-1]) if increasing else key_range(keys)
+        if increasing or len(set(key_list)) == len(key_list):
             # Each key's final state is its upsert or its delete whatever it held before: the RocksDB
             # batch is built here, while another write may hold the lock (deleting a missing key is a no-op).
             prepared = self._kv.prepare(key_list[:n_up], up_values.to_pylist(), key_list[n_up:],
@@ -434,12 +436,11 @@ class BucketStore:
 
 # --- change records -------------------------------------------------------------------------
 
-def _distinct(keys: pa.Array, key_list: list[bytes]) -> bool:
-    """Whether no key appears twice (strictly increasing keys, the usual batch, need no hashing)."""
-    n = len(key_list)
-    if n < 2 or pc.all(pc.less(keys.slice(0, n - 1), keys.slice(1))).as_py():
-        return True
-    return len(set(key_list)) == n
+def _increasing(keys: pa.Array) -> bool:
+    """Whether the keys are strictly increasing (the usual batch): then they are distinct, and the
+    first and the last are the lowest and the highest."""
+    n = len(keys)
+    return n < 2 or pc.all(pc.less(keys.slice(0, n - 1), keys.slice(1))).as_py()
 
 
 def _records_unique(keys: pa.Array, up_values: pa.Array, olds: pa.Array) -> pa.RecordBatch:
