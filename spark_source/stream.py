@@ -1,10 +1,16 @@
 """Streaming reads: bootstrap, then tail the changelog.
 
-Offsets are JSON: ``{"lease": id, "buckets": {"<b>": {"snapshot": id or -1,
-"offset": n}}}``. ``offset`` is the first changelog record of the bucket not
-yet read; ``-1`` means the bucket is not bootstrapped yet. ``snapshot`` is the
-snapshot the bucket was bootstrapped from in the micro-batch that ends at
-this offset (-1 in every later offset).
+Offsets are JSON: ``{"table": table id, "lease": id, "buckets": {"<b>":
+{"snapshot": id or -1, "offset": n}}}``. ``offset`` is the first changelog
+record of the bucket not yet read; ``-1`` means the bucket is not
+bootstrapped yet. ``snapshot`` is the snapshot the bucket was bootstrapped
+from in the micro-batch that ends at this offset (-1 in every later offset).
+``table`` ties a checkpoint to the table it read: offsets are positions in
+that table's changelogs only, so a query restarted from a checkpoint of
+another table (the ``table`` option changed, or the table was dropped and
+created again under its name) fails saying so instead of reading the new
+table from the old positions. (Offsets written before ``table`` existed are
+checked by their buckets only.)
 
 - ``initialOffset`` (full mode) only names the lease: every bucket at -1.
   The first ``latestOffset`` leases the latest snapshots and returns the end
@@ -88,10 +94,10 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         buckets = range(self.ctx.table.buckets)
         if self.options.startup_mode == "full":
             lease = self.options.lease_id or f"spark-stream-{uuid.uuid4().hex}"
-            return _offset(lease, {b: (-1, NOT_STARTED) for b in buckets})
+            return self._offset(lease, {b: (-1, NOT_STARTED) for b in buckets})
         _, table = self._connect()
         starts = start_offsets(table, self.options)
-        return _offset(None, {b: (-1, starts[b]) for b in buckets})
+        return self._offset(None, {b: (-1, starts[b]) for b in buckets})
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.options.max_rows_per_trigger:
@@ -103,8 +109,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target = {b: latest for b, (_, latest) in table.list_offsets().items()}
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        lease, starts = self._parse(start)
         admin, table = self._connect()
-        lease, starts = _parse(start)
         latest = {b: latest for b, (_, latest) in table.list_offsets().items()}
         if self._target is not None:
             latest = {b: min(latest[b], self._target.get(b, latest[b])) for b in latest}
@@ -117,7 +123,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return start  # nothing new: no micro-batch
         # Right after a bootstrap this is a new offset even with no new data: Spark commits a batch's
         # end to the source only when it plans the next one, and that commit releases the lease.
-        return _offset(lease, {b: (-1, ends[b]) for b in starts})
+        return self._offset(lease, {b: (-1, ends[b]) for b in starts})
 
     def _bootstrap_end(self, admin: AdminClient, table: TableClient, lease: str, starts: dict,
                        latest: dict[int, int]) -> dict:
@@ -134,13 +140,33 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 ends[b] = (-1, latest[b])
         if held:
             self._renew(lease, {b: held[b].snapshot_id for b in held})
-        return _offset(lease, ends)
+        return self._offset(lease, ends)
+
+    def _offset(self, lease: str | None, buckets: dict[int, tuple[int, int]]) -> dict:
+        return _offset(lease, buckets, self.ctx.table.table_id)
+
+    def _parse(self, offset: dict) -> tuple[str | None, dict[int, tuple[int, int]]]:
+        """``offset``'s lease and buckets; InvalidRequestError if it is not an offset of this table."""
+        table_id, lease, buckets = _parse(offset)
+        table = self.ctx.table
+        if table_id is not None and table_id != table.table_id:
+            raise errors.InvalidRequestError(
+                f"this query's checkpoint was written for table id {table_id}, but table {table.path} is now table "
+                f"id {table.table_id} (the table was dropped and created again, or the query's 'table' option "
+                f"changed): its offsets are not positions in this table's changelog; start the query with a new "
+                f"checkpoint location")
+        if set(buckets) != set(range(table.buckets)):
+            raise errors.InvalidRequestError(
+                f"this query's checkpoint has buckets {sorted(buckets)}, but table {table.path} has buckets "
+                f"0..{table.buckets - 1}: the checkpoint is of another table; start the query with a new "
+                f"checkpoint location")
+        return lease, buckets
 
     # -- planning --------------------------------------------------------------------------------
 
     def partitions(self, start: dict, end: dict) -> list:
-        _, starts = _parse(start)
-        lease, ends = _parse(end)
+        _, starts = self._parse(start)
+        lease, ends = self._parse(end)
         splits: list = []
         bootstrapping: dict[int, int] = {}
         for b, (snapshot, end_offset) in ends.items():
@@ -158,7 +184,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return read_split(self.ctx, partition)
 
     def commit(self, end: dict) -> None:
-        lease, ends = _parse(end)
+        lease, ends = self._parse(end)
         done = [TableBucket(self.ctx.table.table_id, b) for b, (snapshot, _) in ends.items() if snapshot != -1]
         if not done or lease is None:
             return
@@ -240,14 +266,17 @@ class Renewer:
 # -- offsets as JSON ---------------------------------------------------------------------------------
 
 
-def _offset(lease: str | None, buckets: dict[int, tuple[int, int]]) -> dict:
-    return {"lease": lease, "buckets": {str(b): {"snapshot": s, "offset": o} for b, (s, o) in sorted(buckets.items())}}
+def _offset(lease: str | None, buckets: dict[int, tuple[int, int]], table_id: int) -> dict:
+    return {"table": table_id, "lease": lease,
+            "buckets": {str(b): {"snapshot": s, "offset": o} for b, (s, o) in sorted(buckets.items())}}
 
 
-def _parse(offset: dict) -> tuple[str | None, dict[int, tuple[int, int]]]:
+def _parse(offset: dict) -> tuple[int | None, str | None, dict[int, tuple[int, int]]]:
+    """``(table id or None if the offset predates it, lease, buckets)``."""
     try:
-        return offset.get("lease"), {int(b): (int(v["snapshot"]), int(v["offset"]))
-                                     for b, v in offset["buckets"].items()}
+        table_id = offset.get("table")
+        return (None if table_id is None else int(table_id), offset.get("lease"),
+                {int(b): (int(v["snapshot"]), int(v["offset"])) for b, v in offset["buckets"].items()})
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise errors.InvalidRequestError(f"not a kvlease streaming offset: {offset!r} ({exc})") from None
 
