@@ -26,10 +26,10 @@ from common.tls import TlsFiles
 STARTUP_MODES = ("full", "earliest", "latest", "timestamp")
 BOOTSTRAP_MODES = ("snapshot", "live")
 CONNECTION = ("bootstrap", "cluster", "table", "ca-file", "cert-file", "key-file", "user", "password",
-              "password-file")
+              "password-file", "retry.timeout")
 #: The TLS options and the config keys they set (``ca-file`` turns TLS on).
 TLS_OPTIONS = {"ca-file": cfg.TLS_CA_FILE.name, "cert-file": cfg.TLS_CERT_FILE.name, "key-file": cfg.TLS_KEY_FILE.name}
-#: Client security settings: ``((dotted config key, value), …)``, picklable.
+#: Client settings (TLS, credentials, ``retry.timeout``): ``((dotted config key, value), …)``, picklable.
 Security = tuple[tuple[str, Any], ...]
 READ_ONLY = ("startup.mode", "startup.timestamp", "ending.timestamp", "ending.offsets", "bootstrap.mode",
              "lease.id", "lease.duration", "lease.acquire.max-attempts", "lease.acquire.max-wait",
@@ -115,6 +115,9 @@ def _security(given: Mapping[str, str]) -> Security:
                           "sent over TLS")
     if settings:
         _check_tls_files(settings, files)
+    if "retry.timeout" in given:  # how long a call retries an unreachable cluster (the client's default: 60s)
+        _positive_duration(given, "retry.timeout")
+        settings[cfg.CLIENT_RETRY_TOTAL.name] = given["retry.timeout"].strip()
     return tuple(sorted(settings.items()))
 
 

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from client.table import TableClient
+from ops.zookeeper import free_ports
 from tests.spark_tables import ALL_TYPES, kv, row, rows_of, seed  # noqa: F401  (kv is a fixture)
 
 
@@ -179,6 +180,16 @@ def test_bad_options_fail_the_query_before_any_job_naming_the_option(spark, kv):
         read(spark, kv, lease_duration="forever").collect()
     with pytest.raises(Exception, match="bad table name 'orders'|option 'table'"):
         spark.read.format("kvlease").option("bootstrap", kv.coordinator.address).option("table", "orders").load()
+
+
+def test_retry_timeout_bounds_the_wait_for_a_cluster_that_is_not_there(spark):
+    """Without it a read of an address where nothing listens waits the client's 60 s before failing."""
+    (port,) = free_ports(1)
+    started = time.monotonic()
+    with pytest.raises(Exception, match=f"cannot reach coordinator 127.0.0.1:{port}"):
+        spark.read.format("kvlease").option("bootstrap", f"127.0.0.1:{port}").option("table", "shop.orders") \
+            .option("retry.timeout", "2s").load()
+    assert time.monotonic() - started < 20
 
 
 def test_a_change_feed_of_an_empty_range_is_empty_not_an_error(spark, kv):

@@ -130,6 +130,14 @@ def test_a_partial_key_or_a_change_feed_pushes_nothing():
     assert list(feed.pushFilters([EqualTo(("id",), 5)])) == [EqualTo(("id",), 5)] and feed.keys is None
 
 
+def test_retry_timeout_goes_to_the_clients_of_the_driver_and_the_executors():
+    assert ("client.retry.total-timeout", "5s") in opts.parse({**BASE, "retry.timeout": "5s"}).security
+    assert opts.parse(BASE).security == ()
+    for bad in ("5q", "0s", ""):
+        with pytest.raises(opts.OptionError, match="option 'retry.timeout'"):
+            opts.parse({**BASE, "retry.timeout": bad})
+
+
 def test_offsets_round_trip_and_bad_offsets_are_refused():
     offset = _offset("L", {1: (4, 10), 0: (-1, -1)}, 7)
     assert offset == {"table": 7, "lease": "L", "buckets": {"0": {"snapshot": -1, "offset": -1},
