@@ -215,5 +215,10 @@ def rpc_error(exc: grpc.RpcError, method: str, address: str, *, timeout_s: float
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
         return errors.InvalidRequestError(f"{method} to {address}: message too large ({details}); "
                                           "send smaller batches")
+    if code == grpc.StatusCode.UNIMPLEMENTED:  # e.g. a tablet server's port given as a coordinator's
+        return errors.UnknownServerError(
+            f"{method} to {peer} {address} failed: UNIMPLEMENTED: {address} does not serve {method}; is it a "
+            f"{peer}'s address? (coordinators and tablet servers listen on different ports; an older server may "
+            f"lack the call)", address=address)
     name = code.name if code is not None else "?"
     return errors.UnknownServerError(f"{method} to {peer} {address} failed: {name}: {details}", address=address)

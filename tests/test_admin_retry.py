@@ -319,3 +319,18 @@ def test_a_coordinator_without_the_batched_call_gets_each_acquire_alone_from_the
     assert servicer.batches == [["L3", "L5", "L6", "L7", "bad4"]]  # tried once
     assert sorted(servicer.unary) == ["L1", "L2", "L3", "L5", "L6", "L7", "bad4"]
     assert not client._batch_acquires
+
+
+def test_an_address_that_is_not_a_coordinator_is_named_as_such():
+    """A QA walkthrough gave a tablet server's port as --bootstrap and got gRPC's 'Method not found!'."""
+    server = grpc.server(ThreadPoolExecutor(2))  # serves no service at all, like a port of another kind
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with AdminClient([f"127.0.0.1:{port}"], retry_total_s=2) as client:
+            with pytest.raises(errors.UnknownServerError) as info:
+                client.list_leases()
+        assert (f"ListKvSnapshotLeases to coordinator 127.0.0.1:{port} failed: UNIMPLEMENTED: 127.0.0.1:{port} "
+                f"does not serve ListKvSnapshotLeases; is it a coordinator's address?") in info.value.message
+    finally:
+        server.stop(None)
