@@ -517,7 +517,11 @@ def status(directory: str | os.PathLike[str], request_timeout_s: float = 2.0) ->
     tablets_error = None
     if doc.get("tablets"):
         active = next((c for c in result["coordinators"] if c["active"]), None)
-        if active is None:
+        running = any(c["alive"] for c in result["coordinators"]) or any(
+            pid_alive(t["pid"], t.get("proc_start")) for t in doc["tablets"])
+        if active is None and not running:
+            pass  # a stopped cluster: nothing to ask, and nothing failed
+        elif active is None:
             tablets_error = "no active coordinator to ask which tablet servers are registered"
         else:
             try:

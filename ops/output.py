@@ -361,6 +361,8 @@ class TextOutput(Output):
         for t in doc.get("tablets", []):
             if t.get("error"):
                 state = f"error: {t['error']}"
+            elif "registered" in t and t["registered"] is None:
+                state = ""  # not asked: nothing runs to ask (a stopped cluster), like a stopped coordinator's
             elif t.get("registered", True):
                 state = f"{t.get('buckets', 0)} buckets"
             else:

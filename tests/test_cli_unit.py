@@ -263,6 +263,15 @@ def test_cluster_status_text_shows_tablets():
     assert "3 buckets" in buffer.getvalue() and "not registered" in buffer.getvalue()
 
 
+def test_cluster_status_text_of_a_stopped_cluster_has_no_state_for_its_tablets():
+    buffer = io.StringIO()
+    out.TextOutput(Console(file=buffer, width=160)).cluster_status({"zookeeper": [], "coordinators": [
+        {"id": "1", "pid": 4, "address": "a:0", "active": False, "epoch": None, "alive": False}], "tablets": [
+        {"id": "1", "pid": 5, "address": "a:1", "buckets": None, "alive": False, "registered": None, "error": None}]})
+    text = buffer.getvalue()
+    assert "error" not in text and "registered" not in text and "buckets" not in text
+
+
 def test_cluster_status_text_shows_a_failed_question_as_an_error():
     buffer = io.StringIO()
     out.TextOutput(Console(file=buffer, width=160)).cluster_status({"zookeeper": [], "coordinators": [

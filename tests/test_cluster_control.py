@@ -93,5 +93,7 @@ def test_kill_restart_status_and_readiness(cluster_dir):
     for role in ("tablets", "zookeeper"):
         for entry in local_cluster.load(cluster_dir)[role]:
             local_cluster.kill(cluster_dir, role, entry["id"])
+    stopped = local_cluster.status(cluster_dir, request_timeout_s=0.5)  # all down: nothing asked, nothing failed
+    assert [(t["alive"], t["registered"], t["error"]) for t in stopped["tablets"]] == [(False, None, None)] * 2
     local_cluster.start(cluster_dir, zk_nodes=3, coordinators=2, tablets=2)
     assert lookups(cluster_dir) == ROWS
