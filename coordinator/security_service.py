@@ -10,7 +10,8 @@ the change up by their watches. Nothing goes through the event loop.
 Who may (security on; with security off everyone may, so that users and ACLs
 can be prepared before it is turned on):
 
-- users (add, remove, list): ``ALTER`` on the cluster;
+- users (add, remove, list): ``ALTER`` on the cluster; adding or removing a
+  super user (``security.super-users``) also needs the caller to be one;
 - adding or removing an ACL entry: ``ALTER`` on its resource (``ALTER`` on the
   table's database or on the cluster covers a table);
 - listing ACLs: a caller sees the entries of the resources it may ``ALTER``
@@ -103,6 +104,7 @@ class SecurityService(pb_grpc.SecurityServiceServicer):
             if not request.password:
                 raise errors.InvalidRequestError("a password must not be empty", user=name)
             self.security.check(Operation.ALTER, Resource.cluster())
+            self.security.check_may_manage_user(name)
             created = self._add_user(name, request.password)
             self.security.await_user(name)  # it can log in here once this call returns
             if created:
@@ -130,6 +132,7 @@ class SecurityService(pb_grpc.SecurityServiceServicer):
         def run():
             name = self._user_name(request.name)
             self.security.check(Operation.ALTER, Resource.cluster())
+            self.security.check_may_manage_user(name)
             try:
                 self.users.remove(name)
             except errors.NotFoundError:

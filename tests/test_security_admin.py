@@ -76,6 +76,21 @@ def test_users_need_alter_on_the_cluster(secure):
     assert secure.users.list() == [ADMIN, "bob"]
 
 
+def test_only_a_super_user_may_add_or_remove_a_super_user(secure):
+    """ALTER on the cluster let a QA walkthrough's user remove the super user admin, add it again with a
+    password of its own and log in as it (the operator locked out, the user a super user)."""
+    assert secure.admin.add_acl(Resource.cluster(), "User:bob", Operation.ALTER) is True
+    bob = secure.admin_as("bob", BOB_PASSWORD)
+    eventually(bob.list_users)
+    with pytest.raises(errors.AuthorizationFailedError, match=f"User:bob may not add or remove user '{ADMIN}': it "
+                                                              f"is a super user"):
+        bob.remove_user(ADMIN)
+    with pytest.raises(errors.AuthorizationFailedError, match="it is a super user"):
+        bob.add_user(ADMIN, ADMIN_PASSWORD)  # also when it exists: the answer must not depend on the password
+    assert secure.users.list() == [ADMIN, "bob"]
+    assert secure.admin.list_users() == [ADMIN, "bob"]  # the super user itself still may, and still logs in
+
+
 def test_acl_changes_need_alter_on_their_resource(secure):
     bob = secure.admin_as("bob", BOB_PASSWORD)
     assert_denied(lambda: bob.add_acl(T, "User:bob", "READ"), "ALTER", "table db.t")

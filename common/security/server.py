@@ -25,7 +25,7 @@ from typing import Iterable
 from kazoo.client import KazooClient
 
 from common import config as cfg
-from common.errors import AuthenticationFailedError
+from common.errors import AuthenticationFailedError, AuthorizationFailedError
 from common.security.acl import Authorizer, Operation, Resource, check_principal
 from common.security.acl_store import AclCache
 from common.security.authn import check_user_name, principal_of
@@ -71,6 +71,9 @@ class OpenSecurity:
         return True
 
     def check(self, operation: Operation, resource: Resource, principal: str | None = None) -> None:
+        pass
+
+    def check_may_manage_user(self, name: str) -> None:
         pass
 
 
@@ -158,6 +161,15 @@ class ServerSecurity:
     def check(self, operation: Operation, resource: Resource, principal: str | None = None) -> None:
         """None if the caller (or ``principal``) may; else AuthorizationFailedError naming operation and resource."""
         self.authorizer.check(principal or current_principal() or "<unauthenticated>", operation, resource)
+
+    def check_may_manage_user(self, name: str) -> None:
+        """Only a super user may add or remove a super user: else ``ALTER`` on the cluster would let a user
+        remove the operator's account, create it again with a password of its own and log in as it."""
+        caller = current_principal() or "<unauthenticated>"
+        if principal_of(name) in self._super_users and caller not in self._super_users:
+            raise AuthorizationFailedError(
+                f"{caller} may not add or remove user {name!r}: it is a super user (security.super-users), "
+                f"and only a super user may", principal=caller, user=name)
 
 
 def server_security(config: cfg.Config) -> OpenSecurity | ServerSecurity:
