@@ -331,8 +331,11 @@ def start(directory: str | os.PathLike[str], *, zk_nodes: int = 1, coordinators:
     remote = remote or _default_remote(directory)
     try:
         directory.mkdir(parents=True, exist_ok=True)
+        # Owner only: ZooKeeper's data (password hashes), the tablet servers' RocksDB and changelogs and the
+        # default remote storage (every row) are files under it, which ACLs cannot guard against local users.
+        directory.chmod(0o700)
         if remote.startswith("file://"):
-            Path(remote[len("file://"):]).mkdir(parents=True, exist_ok=True)
+            Path(remote[len("file://"):]).mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as exc:  # a parent that is a file, no permission, ...
         raise ClusterError(f"cannot create {exc.filename or directory}: {exc.strerror or exc}") from None
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 
 import pytest
 
@@ -45,6 +46,9 @@ def lookups(directory) -> int:
 
 def test_kill_restart_status_and_readiness(cluster_dir):
     local_cluster.start(cluster_dir, zk_nodes=3, coordinators=2, tablets=2)
+    # owner only: ZooKeeper's data, the tablets' RocksDB and the default remote storage are files under it
+    assert stat.S_IMODE(os.stat(cluster_dir).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(local_cluster.load(cluster_dir)["remote"][len("file://"):]).st_mode) == 0o700
     with AdminClient(local_cluster.bootstrap(cluster_dir), retry_total_s=10) as admin:
         admin.create_table("db.t", [Column("id", "BIGINT"), Column("v", "STRING")], ["id"], 4)
         with TableClient(admin, "db.t") as table:
