@@ -8,6 +8,7 @@ with jitter). Every failure is raised as a :mod:`common.errors` exception.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import threading
 from dataclasses import dataclass
@@ -141,6 +142,17 @@ def parse_bootstrap(bootstrap: str | Sequence[str]) -> list[str]:
             raise errors.InvalidRequestError(f"bad coordinator address {address!r}: expected HOST:PORT "
                                              "(port 1-65535), several separated by commas")
     return addresses
+
+
+def _loopback(address: str) -> bool:
+    """Whether ``HOST:PORT`` names this machine's loopback (127.0.0.0/8, ::1, localhost)."""
+    host = address.rsplit(":", 1)[0].strip("[]").lower()
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class AdminClient:
@@ -404,7 +416,14 @@ class AdminClient:
 
     def add_user(self, name: str, password: str) -> bool:
         """Add a user; False if it exists already with this password (a resent call).
-        UserAlreadyExistsError if it exists with another one."""
+        UserAlreadyExistsError if it exists with another one. Without TLS the password would travel in
+        the clear: refused (InvalidRequestError) unless every bootstrap address is this machine's loopback
+        (users prepared on a plaintext local cluster before security is turned on)."""
+        if self.tls is None and not all(_loopback(address) for address in self._bootstrap):
+            raise errors.InvalidRequestError(
+                f"user {name!r}: a password is only sent over TLS, and {', '.join(self._bootstrap)} is reached "
+                "without it: add users over TLS (security.tls.* / --ca-file), or from the coordinator's machine "
+                "through its loopback address", user=name)
         return self._security("AddUser", security_pb.AddUserRequest(name=name, password=password)).created
 
     def remove_user(self, name: str) -> bool:

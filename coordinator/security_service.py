@@ -103,6 +103,10 @@ class SecurityService(pb_grpc.SecurityServiceServicer):
             name = self._user_name(request.name)
             if not request.password:
                 raise errors.InvalidRequestError("a password must not be empty", user=name)
+            if any(c < " " or c == "\x7f" for c in request.password):
+                raise errors.InvalidRequestError("a password must not contain control characters (a newline, a "
+                                                 "tab, …): a password file or --password-stdin gives one line",
+                                                 user=name)
             self.security.check(Operation.ALTER, Resource.cluster())
             self.security.check_may_manage_user(name)
             created = self._add_user(name, request.password)

@@ -142,6 +142,19 @@ def test_resent_calls_have_the_same_outcome(secure):
     assert secure.acls.get(T) == {AclEntry("User:bob", Operation.WRITE)}
 
 
+def test_a_password_that_is_not_printable_ascii_logs_in_and_one_with_control_characters_is_refused(secure):
+    """gRPC metadata values are printable ASCII: a QA walkthrough added a user with 'Pässwörd-Geheim-1' that
+    then could never log in (gRPC refused the header)."""
+    assert secure.admin.add_user("uni", "Pässwörd-Geheim-1") is True
+    assert secure.admin_as("uni", "Pässwörd-Geheim-1").list_acls() == []
+    with pytest.raises(errors.AuthenticationFailedError):
+        secure.admin_as("uni", "Passworte-Geheim-1").list_acls()
+    for bad in ("Line1-Secret\nLine2-Secret", "tab\tin-Secret", "del\x7f-Secret"):
+        with pytest.raises(errors.InvalidRequestError, match="must not contain control characters"):
+            secure.admin.add_user("zed", bad)
+    assert secure.users.list() == [ADMIN, "bob", "uni"]
+
+
 def test_invalid_requests_are_refused(secure):
     channels = Channels(tls=TlsFiles.from_config(secure.client_config()), credentials=(ADMIN, ADMIN_PASSWORD))
     try:

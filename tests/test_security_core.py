@@ -203,3 +203,14 @@ def test_nothing_is_allowed_without_acls_and_all_is_not_a_checkable_operation():
 def test_super_users_must_be_concrete_principals():
     with pytest.raises(InvalidRequestError):
         Authorizer(super_users=["User:*"])
+
+
+def test_a_new_users_password_is_not_sent_in_the_clear_beyond_loopback():
+    """Refused before anything is sent (nothing listens at these addresses)."""
+    from client.admin import AdminClient, _loopback
+
+    assert [_loopback(a) for a in ("127.0.0.1:1", "127.3.4.5:1", "localhost:1", "[::1]:1", "10.0.0.1:1",
+                                   "db.example.com:1")] == [True, True, True, True, False, False]
+    with AdminClient(["127.0.0.1:1", "10.0.0.1:9123"], retry_total_s=0) as admin:
+        with pytest.raises(InvalidRequestError, match="a password is only sent over TLS"):
+            admin.add_user("bob", "bob-Secret-42")

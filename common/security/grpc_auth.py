@@ -22,6 +22,24 @@ from common.wire import error_pb
 
 USERNAME_KEY = "username"
 PASSWORD_KEY = "password"
+#: A password that is not printable ASCII (which is all an ASCII metadata value may hold) travels as its UTF-8
+#: bytes in this binary metadata key instead (gRPC base64-encodes ``-bin`` values on the wire).
+PASSWORD_BIN_KEY = "password-bin"
+
+
+def _printable_ascii(text: str) -> bool:
+    return all(" " <= c <= "~" for c in text)
+
+
+def _password(metadata: dict) -> str | None:
+    """The password a call carries (None: none, or bytes that are not UTF-8: authentication then fails)."""
+    if PASSWORD_KEY in metadata:
+        return metadata[PASSWORD_KEY]
+    raw = metadata.get(PASSWORD_BIN_KEY)
+    try:
+        return raw.decode("utf-8") if isinstance(raw, bytes) else raw
+    except UnicodeDecodeError:
+        return None
 
 _PRINCIPAL: contextvars.ContextVar[str | None] = contextvars.ContextVar("kvlease_principal", default=None)
 
@@ -99,7 +117,7 @@ class AuthenticatingInterceptor(grpc.ServerInterceptor):
         if handler is None or method in self._exempt:
             return handler
         metadata = {key: value for key, value in (handler_call_details.invocation_metadata or ())}
-        user, password = metadata.get(USERNAME_KEY), metadata.get(PASSWORD_KEY)
+        user, password = metadata.get(USERNAME_KEY), _password(metadata)
         streaming = handler.response_streaming
         internal_only = method in self._internal
 
@@ -159,10 +177,12 @@ class CredentialsInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamC
     """
 
     def __init__(self, username: str, password: str) -> None:
-        self._metadata = ((USERNAME_KEY, username), (PASSWORD_KEY, password))
+        secret = (PASSWORD_KEY, password) if _printable_ascii(password) else (PASSWORD_BIN_KEY, password.encode())
+        self._metadata = ((USERNAME_KEY, username), secret)
 
     def _details(self, details):
-        metadata = [item for item in (details.metadata or ()) if item[0] not in (USERNAME_KEY, PASSWORD_KEY)]
+        metadata = [item for item in (details.metadata or ())
+                    if item[0] not in (USERNAME_KEY, PASSWORD_KEY, PASSWORD_BIN_KEY)]
         return _ClientCallDetails(details, metadata + list(self._metadata))
 
     def intercept_unary_unary(self, continuation, details, request):
