@@ -40,6 +40,10 @@ GRPC_OPTIONS = (
 #: What gRPC reports when TLS does not match: a TLS server closes a plaintext connection (and, under mutual
 #: TLS, one without a client certificate) right away; a TLS client fails its handshake with a plaintext server.
 _TLS_HINTS = re.compile(r"socket closed|handshake|ssl", re.IGNORECASE)
+#: The handshake failed because this client did not accept the server's certificate (OpenSSL/BoringSSL's
+#: words for it): the same however often it is tried.
+_CERT_REJECTED = re.compile(r"CERTIFICATE_VERIFY_FAILED|certificate signature failure|unable to get local issuer "
+                            r"certificate|self.signed certificate|certificate has expired", re.IGNORECASE)
 #: What a client retries: every error a later attempt may not meet (see common.errors).
 RETRIABLE: tuple[type[BaseException], ...] = errors.RETRIABLE
 
@@ -196,6 +200,11 @@ def rpc_error(exc: grpc.RpcError, method: str, address: str, *, timeout_s: float
     """
     code = exc.code() if hasattr(exc, "code") else None
     details = exc.details() if hasattr(exc, "details") else str(exc)
+    if code == grpc.StatusCode.UNAVAILABLE and _CERT_REJECTED.search(details or ""):
+        return TlsMismatchError(  # the same answer however often it is asked: not retried
+            f"cannot reach {peer} {address}: its certificate does not verify against this client's CA "
+            f"(security.tls.ca-file / --ca-file): is it the CA of this cluster? "
+            f"({details.split('last error: ')[-1]})")
     if code == grpc.StatusCode.UNAVAILABLE and _TLS_HINTS.search(details or ""):
         why = tls_mismatch(address, tls) if tls is not None else None
         if why is not None:

@@ -8,6 +8,7 @@ or client starts, never a failure at its first call.
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass
 
 import grpc
@@ -39,6 +40,8 @@ class TlsFiles:
         if cert is None and key is not None:
             raise cfg.ConfigError(f"config key {cfg.TLS_KEY_FILE.name!r} is set but "
                                   f"{cfg.TLS_CERT_FILE.name!r} is not", key=cfg.TLS_CERT_FILE.name)
+        if cert is not None:
+            _check_pair(config[cfg.TLS_CERT_FILE], config[cfg.TLS_KEY_FILE])
         return cls(ca, cert, key, client_auth)
 
     def server_credentials(self) -> grpc.ServerCredentials:
@@ -47,6 +50,17 @@ class TlsFiles:
 
     def channel_credentials(self) -> grpc.ChannelCredentials:
         return grpc.ssl_channel_credentials(self.ca, self.key, self.cert)
+
+
+def _check_pair(cert_path: str, key_path: str) -> None:
+    """ConfigError unless the key file holds the private key of the certificate (gRPC would only log
+    'Invalid private key' and fail every handshake, which a client retries as if the server were down)."""
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(cert_path, key_path, password=lambda: b"")
+    except (ssl.SSLError, ValueError) as exc:
+        raise cfg.ConfigError(f"config key {cfg.TLS_KEY_FILE.name!r}: {key_path} is not the unencrypted private key "
+                              f"of the certificate {cert_path} ({exc})", key=cfg.TLS_KEY_FILE.name,
+                              path=key_path) from None
 
 
 def _read(config: cfg.Config, key: cfg.Key, *, required: bool) -> bytes | None:

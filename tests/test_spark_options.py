@@ -188,9 +188,10 @@ def test_tls_options_and_a_secure_cluster_directory(tmp_path):
     doc = {"coordinators": [{"address": "127.0.0.1:1"}]}
     (cluster / "cluster.json").write_text(json.dumps(doc))
     assert opts.parse({"cluster": str(cluster), "table": "db.t"}).security == ()
-    pem = {name: tmp_path / f"{name}.pem" for name in ("ca", "client", "client-key")}
-    for path in pem.values():
-        path.write_text("-----BEGIN X-----\n-----END X-----\n")  # read and checked at parse, not parsed as X.509
+    from ops import certs
+
+    made = certs.generate(tmp_path / "certs")  # read and checked at parse (the key must be the certificate's)
+    pem = {"ca": made.ca, "client": made.client_cert, "client-key": made.client_key}
     doc["security"] = {"ca_file": str(pem["ca"]), "cert_file": str(pem["client"]),
                        "key_file": str(pem["client-key"]), "client_auth": True}
     (cluster / "cluster.json").write_text(json.dumps(doc))

@@ -137,6 +137,32 @@ def test_a_tls_client_against_a_plaintext_coordinator_is_told_at_once(make_confi
         server.stop()
 
 
+def test_a_client_with_another_clusters_ca_is_told_at_once(make_config, tmp_path, paths):
+    from client.transport import TlsMismatchError
+    from coordinator.server import CoordinatorServer
+
+    other = certs.generate(tmp_path / "other-certs")
+    server = CoordinatorServer(make_config(security(paths), **{"coordinator.port": 0})).start()
+    try:
+        client_config = Config({**security(paths, client=True), "security.tls.ca-file": str(other.ca)}, env={})
+        with AdminClient([server.address], client_config, retry_total_s=30, request_timeout_s=5) as admin:
+            start = time.monotonic()
+            with pytest.raises(TlsMismatchError, match="its certificate does not verify against this client's CA"):
+                admin.list_tables()
+            assert time.monotonic() - start < 5  # not the 30 s of retries a network error gets
+    finally:
+        server.stop()
+
+
+def test_a_key_that_is_not_the_certificates_is_a_config_error(paths, tmp_path):
+    other = certs.generate(tmp_path / "other-certs")
+    for key in (other.client_key, paths.ca):  # another pair's key; a file with no key at all
+        settings = {**security(paths, client=True), "security.tls.key-file": str(key)}
+        with pytest.raises(ConfigError, match=f"{key} is not the unencrypted private key of the certificate"):
+            TlsFiles.from_config(Config(settings, env={}))
+    assert TlsFiles.from_config(Config(security(paths, client=True), env={})).key is not None
+
+
 def test_the_tls_probe_cannot_tell_where_nothing_listens():
     from client.transport import tls_mismatch
 
