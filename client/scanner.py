@@ -240,9 +240,13 @@ class BucketScanner:
         """``error`` with what the caller needs to resume (details and message)."""
         error.details.update(bucket=self.bucket, resume_key=self.resume_key, rows_delivered=self.rows_delivered,
                              log_offset=self.log_offset)
-        where = "before its first batch" if self.resume_key is None else \
-            f"after {self.rows_delivered} row(s); open a new scan with start_after_key=details['resume_key'] " \
-            "(a new snapshot) or use resume=True"
+        if self.resume_key is None:
+            where = "before its first batch"
+        elif isinstance(error, (errors.AuthorizationFailedError, errors.AuthenticationFailedError)):
+            where = f"after {self.rows_delivered} row(s)"  # no resume helps: the caller may not read any more
+        else:
+            where = f"after {self.rows_delivered} row(s); open a new scan with " \
+                    "start_after_key=details['resume_key'] (a new snapshot) or use resume=True"
         error.message = f"{error.message} (scan of bucket {self.bucket} of table {self.table.path} lost {where})"
         error.args = (error.message,)
         return error

@@ -405,7 +405,8 @@ def test_a_revoked_read_stops_the_clients_scanners(sc, table, make_user, clients
             assert eventually(scanner.poll).num_rows == 1
             sc.revoke(f"User:{name}", "READ", table)
             deadline = time.monotonic() + ACL_WAIT_S
-            with pytest.raises(errors.AuthorizationFailedError, match=f"may not READ table {table}"):
+            with pytest.raises(errors.AuthorizationFailedError, match=f"may not READ table {table}") as info:
                 while scanner.poll() is not None:
                     assert time.monotonic() < deadline
+            assert "lost after" in info.value.message and "resume" not in info.value.message  # none would help
     assert open_scanners(sc) == 0
