@@ -268,7 +268,7 @@ def test_cli_users_and_acls(secure, tmp_path, caplog):
     assert "authentication failed" in assert_one_line_error(wrong)
     assert "no password for --user bob" in assert_one_line_error(run(*as_bob, "acl", "list"))
     plain = run("--bootstrap", secure.cluster.coordinator.address, "--user", "bob", "acl", "list", env=bob_env)
-    assert "need TLS" in assert_one_line_error(plain)
+    assert "need TLS" in assert_one_line_error(plain, code=2)  # refused before anything is sent
 
     assert "user carol added by User:admin" in caplog.text  # the server's log: who changed what, never a password
     outputs.extend([denied.output, wrong.output])

@@ -107,8 +107,8 @@ class State:
 
     def _credentials(self, config: cfg.Config) -> dict[str, str]:
         """``--user`` and its password as config keys (see the module doc)."""
-        if not config[cfg.SECURITY_ENABLED]:
-            raise errors.InvalidRequestError(
+        if not config[cfg.SECURITY_ENABLED]:  # checked before anything is sent: a usage error (exit 2)
+            raise click.UsageError(
                 "--user/--password-file need TLS (--ca-file, or --cluster of a secure cluster): "
                 "a password is never sent in the clear")
         user = self.user or config[cfg.SECURITY_USERNAME]
