@@ -99,8 +99,16 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
             lease = controller.leases.live(lease_id, controller.clock_ms()) if lease_id is not None else None
             for table_id in sorted(ids | (lease.tables() if lease is not None else set())):
                 table = controller.catalog.by_id.get(table_id)
-                if table is not None:
-                    security.check(operation, Resource.table(table.path), principal)
+                if table is None:
+                    continue
+                resource = Resource.table(table.path)
+                if (table_id not in ids and not security.allowed(operation, resource, principal)
+                        and not security.allowed(Operation.DESCRIBE, resource, principal)):
+                    # a table only the lease names, which the caller may not even see: do not name it
+                    raise errors.AuthorizationFailedError(
+                        f"{principal} may not {operation.value} every table lease {lease_id} holds",
+                        principal=principal, operation=operation.value, resource=f"lease {lease_id}")
+                security.check(operation, resource, principal)
         return rq.Guarded(request, guard)
 
     def CoordinatorInfo(self, request, context):
