@@ -214,3 +214,16 @@ def test_a_new_users_password_is_not_sent_in_the_clear_beyond_loopback():
     with AdminClient(["127.0.0.1:1", "10.0.0.1:9123"], retry_total_s=0) as admin:
         with pytest.raises(InvalidRequestError, match="a password is only sent over TLS"):
             admin.add_user("bob", "bob-Secret-42")
+
+
+def test_a_refused_describe_says_that_any_grant_allows_it():
+    """Most commands find their table first: a user without READ was told 'may not DESCRIBE', and an
+    operator who granted DESCRIBE met a second refusal."""
+    authorizer = Authorizer({}, ())
+    table = Resource.table("db.t")
+    with pytest.raises(AuthorizationFailedError) as info:
+        authorizer.check("User:bob", Operation.DESCRIBE, table)
+    assert info.value.message == "User:bob may not DESCRIBE table db.t (any grant on it allows DESCRIBE)"
+    with pytest.raises(AuthorizationFailedError) as info:
+        authorizer.check("User:bob", Operation.READ, table)
+    assert info.value.message == "User:bob may not READ table db.t"

@@ -196,5 +196,7 @@ class Authorizer:
         if operation is Operation.ALL:
             raise ValueError("check a concrete operation, not ALL")
         if not self.allowed(principal, operation, resource):
-            raise AuthorizationFailedError(f"{principal} may not {operation.value} {resource}",
+            # finding the table comes first in most commands: say that the grant the command needs covers it
+            hint = " (any grant on it allows DESCRIBE)" if operation is Operation.DESCRIBE else ""
+            raise AuthorizationFailedError(f"{principal} may not {operation.value} {resource}{hint}",
                                            principal=principal, operation=operation.value, resource=str(resource))
