@@ -271,7 +271,7 @@ class ZooKeeperCluster:
             "tickTime=500", "initLimit=20", "syncLimit=10",
             f"dataDir={node.data_dir}",
             f"clientPort={node.client_port}", "clientPortAddress=127.0.0.1",
-            "admin.enableServer=false", "4lw.commands.whitelist=*",
+            "admin.enableServer=false", "4lw.commands.whitelist=srvr,ruok",  # health only, not dump/cons/wchc
             "minSessionTimeout=1000", "maxSessionTimeout=60000",
             "maxClientCnxns=0", "preAllocSize=4096",
         ]
