@@ -254,7 +254,8 @@ def test_failing_zk_test_prints_the_log_tail_and_the_guard_catches_leaks(tmp_pat
     env = dict(os.environ, PYTHONPATH=REPO)
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider", "-q",
-         "--rootdir", str(tmp_path), "-c", os.devnull, str(tmp_path / "test_inner.py")],
+         "--rootdir", str(tmp_path), "-c", os.devnull, str(tmp_path / "test_inner.py"),
+         "--basetemp", str(tmp_path / "inner")],  # the failing inner test's temp dir goes with ours
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
     out = result.stdout + result.stderr
     assert result.returncode == 1, out
