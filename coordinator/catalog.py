@@ -28,6 +28,10 @@ class TableCatalog:
         table = self.by_id.get(table_id)
         return table.buckets if table else None
 
+    def table_path(self, table_id: int) -> str | None:
+        table = self.by_id.get(table_id)
+        return table.path if table else None
+
     def get(self, database: str, name: str) -> TableInfo:
         table_id = self.by_name.get((database, name))
         if table_id is None:

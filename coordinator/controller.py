@@ -132,6 +132,9 @@ class Controller(Dispatcher):
     def bucket_count(self, table_id: int) -> int | None:
         return self.catalog.bucket_count(table_id)
 
+    def table_path(self, table_id: int) -> str | None:
+        return self.catalog.table_path(table_id)
+
     def has_snapshot(self, tb: TableBucket, snapshot_id: int) -> bool:
         return self.snapshots.has_snapshot(tb, snapshot_id)
 

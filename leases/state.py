@@ -54,6 +54,8 @@ class Catalog(Protocol):
 
     def bucket_count(self, table_id: int) -> int | None: ...
 
+    def table_path(self, table_id: int) -> str | None: ...  # DB.NAME, for messages
+
     def has_snapshot(self, tb: TableBucket, snapshot_id: int) -> bool: ...
 
 
@@ -284,7 +286,8 @@ class LeaseState(StateMachine):
             raise errors.InvalidRequestError(f"table {tb.table_id} is not partitioned (got partition {tb.partition_id})")
         if not 0 <= tb.bucket < count:
             raise errors.BucketOutOfRangeError(
-                f"bucket {tb.bucket} out of range for table {tb.table_id} (buckets 0..{count - 1})")
+                f"bucket {tb.bucket} out of range for table {self.catalog.table_path(tb.table_id)} (id "
+                f"{tb.table_id}; buckets 0..{count - 1})")
 
     def _now(self, ev: Event) -> int:
         now_ms = getattr(ev, "now_ms", None)

@@ -29,6 +29,9 @@ class FakeCatalog:
     def bucket_count(self, table_id: int) -> int | None:
         return self.tables.get(table_id)
 
+    def table_path(self, table_id: int) -> str | None:
+        return f"db.t{table_id}" if table_id in self.tables else None
+
     def has_snapshot(self, bucket: TableBucket, snapshot_id: int) -> bool:
         return self.store.has_snapshot(bucket, snapshot_id)
 

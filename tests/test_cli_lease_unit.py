@@ -110,16 +110,6 @@ def test_server_errors_are_one_line(fake_admin):
         run("--bootstrap", "127.0.0.1:1", "lease", "release", "L9", "--table", "db.nope", "--bucket", "0"))
 
 
-@pytest.mark.parametrize("args", [("acquire", "L1", "--table", "db.t", "--snapshot", "0=5", "--snapshot", "3=5",
-                                   "--duration", "1m"),
-                                  ("release", "L1", "--table", "db.t", "--bucket", "1,3")])
-def test_a_bucket_out_of_range_is_named_with_the_table_s_name(fake_admin, args):
-    result = run("--bootstrap", "127.0.0.1:1", "lease", *args)
-    assert result.exit_code == 1
-    assert assert_one_line_error(result) == "error: bucket 3 out of range for table db.t (buckets 0..2)"
-    assert FakeAdmin.last.leases == {} and not getattr(FakeAdmin.last, "released", None)  # nothing was sent
-
-
 def test_release_accepts_repeated_and_comma_separated_buckets(fake_admin):
     result = run("--bootstrap", "127.0.0.1:1", "lease", "release", "L1", "--table", "db.t",
                  "--bucket", "2", "--bucket", "0,1", "--json")

@@ -108,6 +108,8 @@ def test_bad_acquire_is_a_typed_error_and_changes_nothing(client, table, lease_i
     with pytest.raises(error) as info:
         client.acquire_lease(lease_id, {TableBucket(table.table_id, b): s for b, s in snapshots.items()}, duration)
     assert info.value.message  # names the problem
+    if error is errors.BucketOutOfRangeError:  # by the table's name, which the caller knows it by
+        assert f"out of range for table {table.path} (id {table.table_id}; buckets 0..3)" in info.value.message
     assert client.list_leases() == []
 
 

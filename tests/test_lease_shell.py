@@ -28,6 +28,9 @@ class Catalog:
     def bucket_count(self, table_id: int) -> int | None:
         return 2 if table_id in (1, 2) else None
 
+    def table_path(self, table_id: int) -> str | None:
+        return f"db.t{table_id}" if table_id in (1, 2) else None
+
     def has_snapshot(self, tb: TableBucket, snapshot_id: int) -> bool:
         return snapshot_id == 1
 

@@ -44,20 +44,11 @@ def lease_acquire(state: State, lease_id: str, path: str, snapshots: tuple[tuple
         if not wanted:
             raise errors.SnapshotNotFoundError(f"table {info.path} has no snapshot in any bucket yet; nothing to lease")
     else:
-        _check_buckets(info, buckets_seen)
         wanted = {TableBucket(info.table_id, b): sid for b, sid in snapshots}
     result = state.client.acquire_lease(lease_id, wanted, duration)
     names = {info.table_id: info.path}
     state.output.acquired(out.acquire_doc(result.lease_id, result.expiration_time, result.acquired,
                                           result.unavailable, names, no_snapshot))
-
-
-def _check_buckets(info, buckets) -> None:
-    """The coordinator refuses these too, but names the table by its id, which the user never typed."""
-    wrong = [b for b in buckets if not 0 <= b < info.buckets]
-    if wrong:
-        raise errors.BucketOutOfRangeError(f"bucket {wrong[0]} out of range for table {info.path} "
-                                           f"(buckets 0..{info.buckets - 1})")
 
 
 @lease_group.command("renew")
@@ -89,7 +80,6 @@ def lease_release(state: State, lease_id: str, path: str, buckets: tuple[list[in
     """
     info = state.client.get_table(path)
     numbers = sorted({b for group in buckets for b in group})
-    _check_buckets(info, numbers)
     result = state.client.release_lease(lease_id, [TableBucket(info.table_id, b) for b in numbers])
     named = f"{info.path} bucket(s) {', '.join(map(str, numbers))}"
     if result.released:
