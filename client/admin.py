@@ -31,7 +31,7 @@ from common.security.wire import binding_from_pb, binding_to_pb, resource_fields
 from common.tls import TlsFiles
 from common.wire import (bucket_snapshots_from_pb, bucket_snapshots_to_pb, bucket_to_pb, error_from_pb, handle_from_pb,
                          handle_to_pb, lease_from_pb, raise_for, table_from_pb)
-from common.tables import Column, TableInfo, parse_table_path
+from common.tables import Column, TableInfo, TableSpec, parse_table_path, validate_spec
 from common.model import Lease, SnapshotHandle, TableBucket
 from common.storage import RemoteStorage, open_storage
 
@@ -174,6 +174,7 @@ class AdminClient:
         self.tls = TlsFiles.from_config(config)  # None: plaintext
         self.credentials = credentials(config)  # None: security off, or the mutual-TLS certificate identifies us
         self._channels = Channels(tls=self.tls, credentials=self.credentials)
+        self._closed = False
         self._lock = threading.Lock()
         #: acquires made by several threads at once travel in one call (client.coalescing), unless the
         #: coordinator turned out not to have that call
@@ -183,7 +184,13 @@ class AdminClient:
     # -- plumbing ---------------------------------------------------------------
 
     def close(self) -> None:
+        """Close its channels (idempotent); a call after it is InvalidRequestError."""
+        self._closed = True
         self._channels.close()
+
+    def _check_open(self) -> None:
+        if self._closed:  # else a call would open new channels that nothing closes again
+            raise errors.InvalidRequestError("this AdminClient is closed")
 
     def __enter__(self) -> "AdminClient":
         return self
@@ -206,6 +213,7 @@ class AdminClient:
                 self._next_bootstrap += 1
 
     def _call_once(self, method: str, request, stub_class: type = pb_grpc.CoordinatorServiceStub):
+        self._check_open()
         address = self._address
         try:
             response = getattr(self._stub(address, stub_class), method)(request, timeout=self._timeout_s)
@@ -236,6 +244,7 @@ class AdminClient:
 
     def coordinator_info(self, address: str | None = None) -> CoordinatorInfo:
         """What ``address`` (default: the current one) says about itself; never retried."""
+        self._check_open()
         target = address or self._address
         try:
             response = self._stub(target).CoordinatorInfo(pb.CoordinatorInfoRequest(), timeout=self._timeout_s)
@@ -261,6 +270,15 @@ class AdminClient:
     def create_table(self, path: str, columns: Sequence[Column], primary_key: Sequence[str], buckets: int,
                      ignore_if_exists: bool = False) -> TableInfo:
         db, name = parse_table_path(path)
+        if isinstance(primary_key, str):  # list("id") would be the key ('i', 'd')
+            raise errors.InvalidTableError(f"primary_key: a list of column names, e.g. [{primary_key!r}], not a "
+                                           f"string")
+        if not all(isinstance(c, Column) for c in columns):
+            raise errors.InvalidTableError("columns: common.tables.Column(name, type) objects, e.g. "
+                                           "Column('id', 'BIGINT')")
+        if isinstance(buckets, bool) or not isinstance(buckets, int):
+            raise errors.InvalidTableError(f"buckets: an int, got {buckets!r}")
+        validate_spec(TableSpec(db, name, tuple(columns), tuple(primary_key), buckets))  # the coordinator's rules
         response = self._call("CreateTable", pb.CreateTableRequest(
             database=db, name=name, columns=[pb.ColumnPb(name=c.name, type=c.type) for c in columns],
             primary_key=list(primary_key), buckets=buckets, ignore_if_exists=ignore_if_exists))

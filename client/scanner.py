@@ -98,6 +98,12 @@ class _CallInProgress(Exception):
 # -- one bucket ------------------------------------------------------------------------------------
 
 
+def check_limit(limit) -> None:
+    """InvalidScanRequestError unless ``limit`` is None or an int >= 0."""
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        raise errors.InvalidScanRequestError(f"limit must be an int >= 0, got {limit!r}")
+
+
 class BucketScanner:
     """What both scanners share: lazy open, decoding, limit, resume, close; see the module docstring."""
 
@@ -111,8 +117,7 @@ class BucketScanner:
         :meth:`client.table.TableClient.scanner` passes) or a :class:`client.routing.FixedRoute`.
         ``retry`` is the policy for opens and replays; ``retry_total_s``, ``retry_max_wait_s`` and
         ``sleep`` change single fields of it."""
-        if limit is not None and limit < 0:
-            raise errors.InvalidScanRequestError(f"limit must be >= 0, got {limit}")
+        check_limit(limit)
         if batch_size_bytes is not None and batch_size_bytes <= 0:
             raise errors.InvalidScanRequestError(f"batch_size_bytes must be > 0, got {batch_size_bytes}")
         self._closed = True  # until __init__ is through: __del__ then has nothing to do
@@ -242,8 +247,9 @@ class BucketScanner:
                              log_offset=self.log_offset)
         if self.resume_key is None:
             where = "before its first batch"
-        elif isinstance(error, (errors.AuthorizationFailedError, errors.AuthenticationFailedError)):
-            where = f"after {self.rows_delivered} row(s)"  # no resume helps: the caller may not read any more
+        elif isinstance(error, (errors.AuthorizationFailedError, errors.AuthenticationFailedError,
+                                errors.TableNotExistError)):
+            where = f"after {self.rows_delivered} row(s)"  # no resume helps: not allowed any more, or no table
         else:
             where = f"after {self.rows_delivered} row(s); open a new scan with " \
                     "start_after_key=details['resume_key'] (a new snapshot) or use resume=True"

@@ -79,6 +79,7 @@ class TableClient:
         self.scan_batch_bytes = config[cfg.CLIENT_SCANNER_FETCH_MAX_BYTES]
         self._parallelism = max(1, parallelism)
         self._lock = threading.Lock()
+        self._closed = False
         self._pool: ThreadPoolExecutor | None = None
         table_id = table if isinstance(table, int) else admin.get_table(table).table_id
         self.router = BucketRouter(admin, table_id)
@@ -91,11 +92,17 @@ class TableClient:
         return self.router.table
 
     def close(self) -> None:
+        """Close its thread pool and channels (idempotent); a call after it is InvalidRequestError."""
         with self._lock:
+            self._closed = True
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True)
         self.router.channels.close()
+
+    def _check_open(self) -> None:
+        if self._closed:  # else a call would open channels (and a pool) that nothing closes again
+            raise errors.InvalidRequestError(f"this TableClient of {self.table.path} is closed")
 
     def __enter__(self) -> "TableClient":
         return self
@@ -114,6 +121,7 @@ class TableClient:
     def _send(self, routing: Routing, address: str, method: str, request, *, idempotent: bool,
               timeout_s: float | None = None):
         """One RPC to ``address``; gRPC failures and response errors become typed exceptions."""
+        self._check_open()
         timeout_s = timeout_s or self.timeout_s
         try:
             response = getattr(self.router.stub(address), method)(request, timeout=timeout_s)
@@ -132,6 +140,8 @@ class TableClient:
     def _call_bucket(self, bucket: int, method: str, request, *, idempotent: bool,
                      timeout_s: float | None = None):
         """``method`` on the leader of ``bucket``, re-routed and retried as the module docstring says."""
+        self.router.check_bucket(bucket)  # else a bucket the table lacks is "no leader" until the retries end
+
         def attempt():
             routing = self.router.routing()
             return self._send(routing, self.router.leader(routing, bucket), method, request,
@@ -150,6 +160,7 @@ class TableClient:
                     results.append((None, exc))
             return results
         with self._lock:
+            self._check_open()
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self._parallelism, thread_name_prefix="table-client")
             pool = self._pool
@@ -432,6 +443,7 @@ class TableClient:
         in flight) or, with ``streaming``, :class:`client.stream_scanner.KvStreamScanner` (ScanKvStream).
         ``options``: ``limit``, ``batch_size_bytes``, ``start_after_key``, ``resume``, ``decode``.
         Nothing is sent before the first poll; use it with ``with`` or read it to the end."""
+        self._check_open()
         self.router.check_bucket(bucket)
         options.setdefault("batch_size_bytes", self.scan_batch_bytes)
         options.setdefault("request_timeout_s", self.timeout_s)

@@ -8,7 +8,7 @@ from typing import Callable, Sequence
 
 import pyarrow as pa
 
-from common import errors
+from client.scanner import check_limit
 from common.codec import RowCodec
 from common.tables import TableInfo
 
@@ -59,11 +59,10 @@ def scan_table(client, *, limit: int | None = None, buckets: Sequence[int] | Non
     other buckets (their sessions are closed) and is raised.
     """
     table = client.table
+    check_limit(limit)
     wanted = list(range(table.buckets)) if buckets is None else sorted(set(buckets))
     for bucket in wanted:
-        if not 0 <= bucket < table.buckets:
-            raise errors.BucketOutOfRangeError(f"table {table.path} has buckets 0..{table.buckets - 1}, "
-                                               f"not {bucket}")
+        client.router.check_bucket(bucket)
     stop = threading.Event()
 
     def scan_bucket(bucket: int, bucket_limit: int | None = None) -> tuple[list[pa.RecordBatch], int, int]:

@@ -205,16 +205,17 @@ def rpc_error(exc: grpc.RpcError, method: str, address: str, *, timeout_s: float
             f"cannot reach {peer} {address}: its certificate does not verify against this client's CA "
             f"(security.tls.ca-file / --ca-file): is it the CA of this cluster? "
             f"({details.split('last error: ')[-1]})")
-    if code == grpc.StatusCode.UNAVAILABLE and _TLS_HINTS.search(details or ""):
-        why = tls_mismatch(address, tls) if tls is not None else None
+    if code == grpc.StatusCode.UNAVAILABLE and tls is not None and _TLS_HINTS.search(details or ""):
+        why = tls_mismatch(address, tls)
         if why is not None:
             return TlsMismatchError(f"cannot reach {peer} {address}: {why}")
         return errors.NetworkError(
             f"cannot reach {peer} {address}: UNAVAILABLE ({details.split('last error: ')[-1]}); is it a TLS "
             "mismatch? (a TLS server closes plaintext connections and, under mutual TLS, those without a client "
             "certificate: check security.enabled and security.tls.* on both sides)", address=address)
-    if code == grpc.StatusCode.UNAVAILABLE:
-        return errors.NetworkError(f"cannot reach {peer} {address}: UNAVAILABLE", address=address)
+    if code == grpc.StatusCode.UNAVAILABLE:  # (a caller that does not say whether it speaks TLS gets no TLS hint)
+        return errors.NetworkError(f"cannot reach {peer} {address}: UNAVAILABLE "
+                                   f"({(details or 'no details').split('last error: ')[-1]})", address=address)
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         after = f" after {timeout_s:g}s" if timeout_s else ""
         if idempotent:

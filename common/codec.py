@@ -314,6 +314,8 @@ class RowCodec:
             if name in self._key_set and array.null_count:
                 i = ca.first(np.asarray(array.is_null()))
                 raise InvalidRowError(f"row {i}, column {name!r}: primary key is null")
+            if self._types[name] == "TIMESTAMP":
+                _check_timestamps(array, name)
             arrays.append(array)
         return arrays
 
@@ -385,6 +387,24 @@ class RowCodec:
 
 
 # ---- helpers: Python values ------------------------------------------------
+
+#: The TIMESTAMP values a reader can turn into a ``datetime`` (years 1 to 9999), in µs since the epoch.
+TIMESTAMP_MIN_US = -62_135_596_800_000_000
+TIMESTAMP_MAX_US = 253_402_300_799_999_999
+
+
+def _check_timestamps(array: pa.Array, name: str) -> None:
+    """InvalidRowError naming the first value outside years 1-9999: stored, it could never be read back as a
+    ``datetime`` (every dict read of its bucket would fail)."""
+    micros = array.cast(pa.int64())
+    bounds = pc.min_max(micros)
+    low, high = bounds["min"].as_py(), bounds["max"].as_py()
+    if low is None or (low >= TIMESTAMP_MIN_US and high <= TIMESTAMP_MAX_US):
+        return
+    values = micros.fill_null(0).to_numpy()  # 0 is in range: nulls never count
+    i = ca.first((values < TIMESTAMP_MIN_US) | (values > TIMESTAMP_MAX_US))
+    raise InvalidRowError(f"row {i}, column {name!r}: {int(values[i])} µs since the epoch is outside the TIMESTAMP "
+                          f"range (years 1 to 9999)")
 
 
 def _chunked(encode: Callable[[pa.RecordBatch], list[bytes]], batch: pa.RecordBatch) -> list[bytes]:

@@ -80,6 +80,8 @@ def check_name(what: str, name: str | None) -> None:
 
 def parse_table_path(path: str) -> tuple[str, str]:
     """``'db.name'`` -> ``('db', 'name')``; raises InvalidRequestError otherwise."""
+    if not isinstance(path, str):
+        raise InvalidRequestError(f"bad table name {path!r}: expected a string DB.NAME")
     parts = path.split(".")
     if len(parts) != 2 or not all(_NAME.fullmatch(p) for p in parts):
         raise InvalidRequestError(f"bad table name {path!r}: expected DB.NAME, each {NAME_RULE}")

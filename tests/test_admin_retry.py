@@ -334,3 +334,24 @@ def test_an_address_that_is_not_a_coordinator_is_named_as_such():
                 f"does not serve ListKvSnapshotLeases; is it a coordinator's address?") in info.value.message
     finally:
         server.stop(None)
+
+
+def test_bad_create_table_arguments_and_a_closed_client_are_typed_errors_before_anything_is_sent():
+    """Nothing listens at the address: each error comes from the client itself, at once."""
+    admin = AdminClient(["127.0.0.1:1"], retry_total_s=0)
+    columns = [Column("id", "BIGINT"), Column("i", "INT"), Column("d", "DOUBLE")]
+    for args, message in [
+        (("db.t", columns, "id", 1), r"primary_key: a list of column names, e\.g\. \['id'\], not a string"),
+        (("db.t", [("id", "BIGINT")], ["id"], 1), "columns: common.tables.Column"),
+        (("db.t", columns, ["id"], 2**31), "bucket count must be between 1 and 1024, got 2147483648"),
+        (("db.t", columns, ["id"], "4"), "buckets: an int, got '4'"),
+        ((None, columns, ["id"], 1), "bad table name None"),
+    ]:
+        with pytest.raises(errors.InvalidRequestError, match=message):
+            admin.create_table(*args)
+    with pytest.raises(errors.InvalidRequestError, match="bad table name 5"):
+        admin.get_table(5)
+    admin.close()
+    admin.close()
+    with pytest.raises(errors.InvalidRequestError, match="this AdminClient is closed"):
+        admin.list_tables()

@@ -232,3 +232,27 @@ def test_list_offsets_refuses_a_negative_timestamp_on_the_server_too(local_clust
         assert not response.offsets[0].HasField("timestamp_offset")  # only asked for with a timestamp
     finally:
         channel.close()
+
+
+def test_bad_calls_a_qa_walkthrough_made_are_typed_errors_at_once(local_cluster):
+    """Each of these was a 29 s retry, a wrong answer or a client that went on working after close."""
+    cluster = local_cluster(1)
+    cluster.create_table("db.t", ROWS_COLUMNS, ["id"], 1)
+    client = TableClient(cluster.admin, "db.t")
+    client.upsert([{"id": 1, "v": "one"}])
+    for call in (lambda: client.fetch_log(1, 0), lambda: client.fetch_log(-1, 0),
+                 lambda: client.fetch_log_entries(3, 0)):
+        started = time.monotonic()
+        with pytest.raises(errors.BucketOutOfRangeError, match="table db.t has buckets 0..0"):
+            call()
+        assert time.monotonic() - started < 2  # not the "no leader" of a bucket that does not exist, retried
+    with pytest.raises(errors.InvalidScanRequestError, match="limit must be an int >= 0, got -5"):
+        client.scan(limit=-5)
+    assert client.scan(limit=0).num_rows == 0
+    client.close()
+    client.close()
+    for call in (lambda: client.lookup([1]), lambda: client.upsert([{"id": 2, "v": "two"}]), client.scan,
+                 lambda: client.scanner(0)):
+        with pytest.raises(errors.InvalidRequestError, match="this TableClient of db.t is closed"):
+            call()
+    assert cluster.admin.list_tables()[0].path == "db.t"  # the admin client it shared is still open
