@@ -24,7 +24,7 @@ from common.proto import coordinator_pb2_grpc as pb_grpc
 from common.proto import security_pb2 as security_pb
 from common.proto import security_pb2_grpc as security_pb_grpc
 from client.coalescing import BatchInterrupted, Coalescer
-from client.transport import RETRIABLE, Channels, RetryPolicy, rpc_error
+from client.transport import RETRIABLE, Channels, RetryPolicy, arguments, rpc_error
 from common.security.acl import AclBinding, Operation, Resource
 from common.security.client import credentials
 from common.security.wire import binding_from_pb, binding_to_pb, resource_fields
@@ -142,6 +142,14 @@ def parse_bootstrap(bootstrap: str | Sequence[str]) -> list[str]:
             raise errors.InvalidRequestError(f"bad coordinator address {address!r}: expected HOST:PORT "
                                              "(port 1-65535), several separated by commas")
     return addresses
+
+
+def _buckets(buckets):
+    """``buckets`` (a mapping or a list), if every bucket is a TableBucket; else TypeError naming one."""
+    wrong = next((b for b in buckets if not isinstance(b, TableBucket)), None)
+    if wrong is not None:
+        raise TypeError(f"buckets are common.model.TableBucket(table_id, bucket), got {wrong!r}")
+    return buckets
 
 
 def _loopback(address: str) -> bool:
@@ -340,8 +348,9 @@ class AdminClient:
         A lease past its deadline is not updated but replaced: the new one holds
         only these snapshots.
         """
-        request = pb.AcquireKvSnapshotLeaseRequest(
-            lease_id=lease_id, snapshots=bucket_snapshots_to_pb(snapshots), duration_ms=duration_ms)
+        with arguments("acquire_lease"):
+            request = pb.AcquireKvSnapshotLeaseRequest(
+                lease_id=lease_id, snapshots=bucket_snapshots_to_pb(_buckets(snapshots)), duration_ms=duration_ms)
         try:
             response = self._acquires.call(request) if self._batch_acquires else _SEND_ALONE
         except BatchInterrupted as exc:  # another thread was sending it and was stopped
@@ -403,9 +412,9 @@ class AdminClient:
 
         LeaseNotFoundError if unknown or already past its deadline (never revived).
         """
-        response = self._call("RenewKvSnapshotLease",
-                              pb.RenewKvSnapshotLeaseRequest(lease_id=lease_id, duration_ms=duration_ms))
-        return response.expiration_time_ms
+        with arguments("renew_lease"):
+            request = pb.RenewKvSnapshotLeaseRequest(lease_id=lease_id, duration_ms=duration_ms)
+        return self._call("RenewKvSnapshotLease", request).expiration_time_ms
 
     def release_lease(self, lease_id: str, buckets: Iterable[TableBucket]) -> ReleaseResult:
         """Free these buckets; safe to retry.
@@ -414,8 +423,10 @@ class AdminClient:
         error: ``released`` is False then. A bucket of an unknown table or out of
         range is (TableNotExistError, BucketOutOfRangeError).
         """
-        response = self._call("ReleaseKvSnapshotLease", pb.ReleaseKvSnapshotLeaseRequest(
-            lease_id=lease_id, buckets=[bucket_to_pb(tb) for tb in buckets]))
+        with arguments("release_lease"):
+            request = pb.ReleaseKvSnapshotLeaseRequest(
+                lease_id=lease_id, buckets=[bucket_to_pb(tb) for tb in _buckets(list(buckets))])
+        response = self._call("ReleaseKvSnapshotLease", request)
         return ReleaseResult(lease_id, response.released, response.lease_remains)
 
     def drop_lease(self, lease_id: str) -> bool:

@@ -47,7 +47,7 @@ from client.routing import REROUTE, BucketRouter, Routing
 from client.scanner import KvBatchScanner
 from client.stream_scanner import KvStreamScanner
 from client.table_scan import scan_table
-from client.transport import RetryPolicy, rpc_error
+from client.transport import RetryPolicy, arguments, rpc_error
 
 #: A bucket's part of a write or lookup bigger than this (Arrow bytes) is sent as several requests.
 #: An update writes the before- and after-image, so one write's changelog entry stays well under
@@ -318,8 +318,9 @@ class TableClient:
         2), then the table's columns: the row of +I/+U, the before-image of
         -U/-D (the key columns only if a record carries no value).
         """
-        request = pb.FetchLogRequest(table_id=self.table.table_id, bucket=bucket, from_offset=from_offset,
-                                     max_bytes=max_bytes)
+        with arguments("fetch_log"):
+            request = pb.FetchLogRequest(table_id=self.table.table_id, bucket=bucket, from_offset=from_offset,
+                                         max_bytes=max_bytes)
         response = self._call_bucket(bucket, "FetchLog", request, idempotent=True)
         entries = [entry_records(decode_entry(data, from_offset=from_offset)) for data in response.entries]
         entries = [e for e in entries if e.num_rows]
@@ -347,8 +348,9 @@ class TableClient:
                           max_bytes: int = DEFAULT_FETCH_BYTES) -> tuple[list[LogEntry], int]:
         """``(entries, log_end_offset)``: the changelog entries from ``from_offset`` on as they are stored
         (raw keys and values; records below ``from_offset`` dropped), at least one when there are any."""
-        request = pb.FetchLogRequest(table_id=self.table.table_id, bucket=bucket, from_offset=from_offset,
-                                     max_bytes=max_bytes)
+        with arguments("fetch_log"):
+            request = pb.FetchLogRequest(table_id=self.table.table_id, bucket=bucket, from_offset=from_offset,
+                                         max_bytes=max_bytes)
         response = self._call_bucket(bucket, "FetchLog", request, idempotent=True)
         return [decode_entry(data, from_offset=from_offset) for data in response.entries], response.log_end_offset
 
@@ -377,8 +379,9 @@ class TableClient:
         def attempt():
             routing = self.router.routing()
             for address, group in self.router.by_leader(routing, pending).items():
-                request = pb.ListOffsetsRequest(table_id=self.table.table_id, buckets=group,
-                                                timestamp=None if timestamp is None else int(timestamp))
+                with arguments("list_offsets"):
+                    request = pb.ListOffsetsRequest(table_id=self.table.table_id, buckets=group,
+                                                    timestamp=None if timestamp is None else int(timestamp))
                 response = self._send(routing, address, "ListOffsets", request, idempotent=True)
                 first_error = None
                 for o in response.offsets:

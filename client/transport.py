@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import socket
 import ssl
@@ -184,6 +185,16 @@ def tls_mismatch(address: str, client_tls: bool, timeout_s: float = 1.0) -> str 
     if client_tls and not server_tls:
         return "it does not speak TLS and this client does: drop the TLS settings, or turn TLS on in the cluster"
     return None
+
+
+@contextlib.contextmanager
+def arguments(call: str):
+    """A request built from a caller's arguments: what protobuf refuses (a float where an int goes, a
+    number out of its field's range, ...) is InvalidRequestError naming the call, not a raw exception."""
+    try:
+        yield
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise errors.InvalidRequestError(f"{call}: bad argument: {exc}") from None
 
 
 def rpc_error(exc: grpc.RpcError, method: str, address: str, *, timeout_s: float | None,

@@ -351,6 +351,15 @@ def test_bad_create_table_arguments_and_a_closed_client_are_typed_errors_before_
             admin.create_table(*args)
     with pytest.raises(errors.InvalidRequestError, match="bad table name 5"):
         admin.get_table(5)
+    for call, message in [
+        (lambda: admin.renew_lease("L", 2**63), "renew_lease: bad argument: Value out of range"),
+        (lambda: admin.renew_lease("L", 1000.5), "renew_lease: bad argument: 'float' object"),
+        (lambda: admin.acquire_lease("L", {0: 1}, 1000), r"acquire_lease: bad argument: buckets are "
+                                                         r"common\.model\.TableBucket\(table_id, bucket\), got 0"),
+        (lambda: admin.release_lease("L", [0]), "release_lease: bad argument: buckets are"),
+    ]:
+        with pytest.raises(errors.InvalidRequestError, match=message):
+            call()
     admin.close()
     admin.close()
     with pytest.raises(errors.InvalidRequestError, match="this AdminClient is closed"):

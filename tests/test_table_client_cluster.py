@@ -246,6 +246,10 @@ def test_bad_calls_a_qa_walkthrough_made_are_typed_errors_at_once(local_cluster)
         with pytest.raises(errors.BucketOutOfRangeError, match="table db.t has buckets 0..0"):
             call()
         assert time.monotonic() - started < 2  # not the "no leader" of a bucket that does not exist, retried
+    with pytest.raises(errors.InvalidRequestError, match="fetch_log: bad argument: Value out of range"):
+        client.fetch_log(0, 2**63)
+    with pytest.raises(errors.InvalidRequestError, match="list_offsets: bad argument"):
+        client.list_offsets(timestamp=2**63)
     with pytest.raises(errors.InvalidScanRequestError, match="limit must be an int >= 0, got -5"):
         client.scan(limit=-5)
     assert client.scan(limit=0).num_rows == 0
