@@ -216,15 +216,16 @@ def rpc_error(exc: grpc.RpcError, method: str, address: str, *, timeout_s: float
             f"cannot reach {peer} {address}: its certificate does not verify against this client's CA "
             f"(security.tls.ca-file / --ca-file): is it the CA of this cluster? "
             f"({details.split('last error: ')[-1]})")
-    if code == grpc.StatusCode.UNAVAILABLE and tls is not None and _TLS_HINTS.search(details or ""):
-        why = tls_mismatch(address, tls)
+    if (code == grpc.StatusCode.UNAVAILABLE and _TLS_HINTS.search(details or "")
+            and "Stream removed" not in details):  # a stream that broke had connected: its server went away
+        why = tls_mismatch(address, tls) if tls is not None else None
         if why is not None:
             return TlsMismatchError(f"cannot reach {peer} {address}: {why}")
         return errors.NetworkError(
             f"cannot reach {peer} {address}: UNAVAILABLE ({details.split('last error: ')[-1]}); is it a TLS "
             "mismatch? (a TLS server closes plaintext connections and, under mutual TLS, those without a client "
             "certificate: check security.enabled and security.tls.* on both sides)", address=address)
-    if code == grpc.StatusCode.UNAVAILABLE:  # (a caller that does not say whether it speaks TLS gets no TLS hint)
+    if code == grpc.StatusCode.UNAVAILABLE:
         return errors.NetworkError(f"cannot reach {peer} {address}: UNAVAILABLE "
                                    f"({(details or 'no details').split('last error: ')[-1]})", address=address)
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:

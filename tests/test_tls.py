@@ -200,3 +200,27 @@ def test_a_cluster_dir_names_its_client_certificate(tmp_path):
     assert tls.client_auth and tls.cert == paths.client_cert.read_bytes()
     (tmp_path / "cluster.json").write_text(json.dumps({"coordinators": [{"address": "127.0.0.1:1"}]}))
     assert cluster_dir_security(tmp_path) == {}
+
+
+class _Failed(grpc.RpcError):
+    def __init__(self, details: str) -> None:
+        self._details = details
+
+    def code(self):
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self):
+        return self._details
+
+
+def test_a_stream_whose_server_went_away_is_not_called_a_tls_mismatch():
+    """A QA walkthrough killed a tablet server mid-stream on a plaintext cluster and was asked 'is it a
+    TLS mismatch?'; a connection closed at once (a plaintext client against TLS) still is."""
+    from client.transport import rpc_error
+
+    broke = rpc_error(_Failed("Stream removed (Socket closed)"), "ScanKvStream", "127.0.0.1:9", timeout_s=None,
+                      idempotent=True)
+    assert isinstance(broke, errors.NetworkError) and "TLS" not in broke.message, broke.message
+    refused = rpc_error(_Failed("failed to connect; last error: UNAVAILABLE: ipv4:127.0.0.1:9: Socket closed"),
+                        "Lookup", "127.0.0.1:9", timeout_s=None, idempotent=True)
+    assert "is it a TLS mismatch?" in refused.message, refused.message
