@@ -60,6 +60,7 @@ bucket of a table and returns a :class:`~client.table_scan.ScanResult`.
 from __future__ import annotations
 
 import logging
+import numbers
 from typing import Any, Callable, Iterator
 
 import grpc
@@ -100,7 +101,7 @@ class _CallInProgress(Exception):
 
 def check_limit(limit) -> None:
     """InvalidScanRequestError unless ``limit`` is None or an int >= 0."""
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, numbers.Integral) or limit < 0):
         raise errors.InvalidScanRequestError(f"limit must be an int >= 0, got {limit!r}")
 
 
