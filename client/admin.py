@@ -9,6 +9,7 @@ with jitter). Every failure is raised as a :mod:`common.errors` exception.
 from __future__ import annotations
 
 import ipaddress
+import numbers
 import re
 import threading
 from dataclasses import dataclass
@@ -284,8 +285,9 @@ class AdminClient:
         if not all(isinstance(c, Column) for c in columns):
             raise errors.InvalidTableError("columns: common.tables.Column(name, type) objects, e.g. "
                                            "Column('id', 'BIGINT')")
-        if isinstance(buckets, bool) or not isinstance(buckets, int):
+        if isinstance(buckets, bool) or not isinstance(buckets, numbers.Integral):
             raise errors.InvalidTableError(f"buckets: an int, got {buckets!r}")
+        buckets = int(buckets)
         validate_spec(TableSpec(db, name, tuple(columns), tuple(primary_key), buckets))  # the coordinator's rules
         response = self._call("CreateTable", pb.CreateTableRequest(
             database=db, name=name, columns=[pb.ColumnPb(name=c.name, type=c.type) for c in columns],
