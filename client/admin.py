@@ -25,7 +25,7 @@ from common.proto import coordinator_pb2_grpc as pb_grpc
 from common.proto import security_pb2 as security_pb
 from common.proto import security_pb2_grpc as security_pb_grpc
 from client.coalescing import BatchInterrupted, Coalescer
-from client.transport import RETRIABLE, Channels, RetryPolicy, arguments, rpc_error
+from client.transport import RETRIABLE, Channels, NotServedError, RetryPolicy, arguments, rpc_error
 from common.security.acl import AclBinding, Operation, Resource
 from common.security.client import credentials
 from common.security.wire import binding_from_pb, binding_to_pb, resource_fields
@@ -405,7 +405,7 @@ class AdminClient:
                 return list(last)
             raise  # the call itself never got through: every caller's outcome
         except errors.KvLeaseError as exc:
-            if "UNIMPLEMENTED" in exc.message:
+            if isinstance(exc, NotServedError):
                 self._batch_acquires = False
             return [_SEND_ALONE] * len(requests)
 

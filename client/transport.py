@@ -156,6 +156,10 @@ class TlsMismatchError(errors.InvalidRequestError):
     """The server speaks TLS and this client does not, or the other way round: no retry can help."""
 
 
+class NotServedError(errors.UnknownServerError):
+    """The server does not serve the method (gRPC UNIMPLEMENTED): another kind of server, or an older one."""
+
+
 #: OpenSSL's reasons for a handshake answered in something other than TLS (a plaintext server). Not
 #: RECORD_LAYER_FAILURE: from OpenSSL 3.2 on it also covers a bad record from a TLS server.
 _NOT_TLS_REASONS = frozenset({"WRONG_VERSION_NUMBER", "PACKET_LENGTH_TOO_LONG", "HTTP_REQUEST", "UNKNOWN_PROTOCOL"})
@@ -210,24 +214,24 @@ def rpc_error(exc: grpc.RpcError, method: str, address: str, *, timeout_s: float
     at once instead of retries.
     """
     code = exc.code() if hasattr(exc, "code") else None
-    details = exc.details() if hasattr(exc, "details") else str(exc)
-    if code == grpc.StatusCode.UNAVAILABLE and _CERT_REJECTED.search(details or ""):
+    details = (exc.details() if hasattr(exc, "details") else str(exc)) or ""
+    last = details.split("last error: ")[-1]  # gRPC's own words for what went wrong
+    if code == grpc.StatusCode.UNAVAILABLE and _CERT_REJECTED.search(details):
         return TlsMismatchError(  # the same answer however often it is asked: not retried
             f"cannot reach {peer} {address}: its certificate does not verify against this client's CA "
-            f"(security.tls.ca-file / --ca-file): is it the CA of this cluster? "
-            f"({details.split('last error: ')[-1]})")
-    if (code == grpc.StatusCode.UNAVAILABLE and _TLS_HINTS.search(details or "")
+            f"(security.tls.ca-file / --ca-file): is it the CA of this cluster? ({last})")
+    if (code == grpc.StatusCode.UNAVAILABLE and _TLS_HINTS.search(details)
             and "Stream removed" not in details):  # a stream that broke had connected: its server went away
         why = tls_mismatch(address, tls) if tls is not None else None
         if why is not None:
             return TlsMismatchError(f"cannot reach {peer} {address}: {why}")
         return errors.NetworkError(
-            f"cannot reach {peer} {address}: UNAVAILABLE ({details.split('last error: ')[-1]}); is it a TLS "
+            f"cannot reach {peer} {address}: UNAVAILABLE ({last}); is it a TLS "
             "mismatch? (a TLS server closes plaintext connections and, under mutual TLS, those without a client "
             "certificate: check security.enabled and security.tls.* on both sides)", address=address)
     if code == grpc.StatusCode.UNAVAILABLE:
-        return errors.NetworkError(f"cannot reach {peer} {address}: UNAVAILABLE "
-                                   f"({(details or 'no details').split('last error: ')[-1]})", address=address)
+        return errors.NetworkError(f"cannot reach {peer} {address}: UNAVAILABLE ({last or 'no details'})",
+                                   address=address)
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         after = f" after {timeout_s:g}s" if timeout_s else ""
         if idempotent:
@@ -238,7 +242,7 @@ def rpc_error(exc: grpc.RpcError, method: str, address: str, *, timeout_s: float
         return errors.InvalidRequestError(f"{method} to {address}: message too large ({details}); "
                                           "send smaller batches")
     if code == grpc.StatusCode.UNIMPLEMENTED:  # e.g. a tablet server's port given as a coordinator's
-        return errors.UnknownServerError(
+        return NotServedError(
             f"{method} to {peer} {address} failed: UNIMPLEMENTED: {address} does not serve {method}; is it a "
             f"{peer}'s address? (coordinators and tablet servers listen on different ports; an older server may "
             f"lack the call)", address=address)

@@ -102,13 +102,14 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
                 if table is None:
                     continue
                 resource = Resource.table(table.path)
-                if (table_id not in ids and not security.allowed(operation, resource, principal)
-                        and not security.allowed(Operation.DESCRIBE, resource, principal)):
+                if security.allowed(operation, resource, principal):
+                    continue
+                if table_id not in ids and not security.allowed(Operation.DESCRIBE, resource, principal):
                     # a table only the lease names, which the caller may not even see: do not name it
                     raise errors.AuthorizationFailedError(
                         f"{principal} may not {operation.value} every table lease {lease_id} holds",
                         principal=principal, operation=operation.value, resource=f"lease {lease_id}")
-                security.check(operation, resource, principal)
+                security.check(operation, resource, principal)  # refused: the error names the table
         return rq.Guarded(request, guard)
 
     def CoordinatorInfo(self, request, context):

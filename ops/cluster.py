@@ -518,14 +518,13 @@ def status(directory: str | os.PathLike[str], request_timeout_s: float = 2.0) ->
             result["coordinators"].append(entry)
     servers: dict[str, Any] | None = None
     tablets_error = None
+    tablets_alive = [pid_alive(t["pid"], t.get("proc_start")) for t in doc.get("tablets", [])]
     if doc.get("tablets"):
         active = next((c for c in result["coordinators"] if c["active"]), None)
-        running = any(c["alive"] for c in result["coordinators"]) or any(
-            pid_alive(t["pid"], t.get("proc_start")) for t in doc["tablets"])
-        if active is None and not running:
-            pass  # a stopped cluster: nothing to ask, and nothing failed
-        elif active is None:
-            tablets_error = "no active coordinator to ask which tablet servers are registered"
+        if active is None:
+            if any(c["alive"] for c in result["coordinators"]) or any(tablets_alive):
+                tablets_error = "no active coordinator to ask which tablet servers are registered"
+            # else a stopped cluster: nothing to ask, and nothing failed
         else:
             try:
                 with AdminClient([active["address"]], client_config(doc), request_timeout_s=request_timeout_s,
@@ -533,9 +532,8 @@ def status(directory: str | os.PathLike[str], request_timeout_s: float = 2.0) ->
                     servers = {str(s.id): s for s in client.list_tablet_servers()}
             except KvLeaseError as exc:
                 tablets_error = f"coordinator {active['id']} ({active['address']}): {exc.message}"
-    for t in doc.get("tablets", []):
-        entry = {"id": t["id"], "pid": t["pid"], "address": t["address"],
-                 "alive": pid_alive(t["pid"], t.get("proc_start")), "log": t.get("log")}
+    for t, alive in zip(doc.get("tablets", []), tablets_alive):
+        entry = {"id": t["id"], "pid": t["pid"], "address": t["address"], "alive": alive, "log": t.get("log")}
         if servers is None:
             entry.update(buckets=None, registered=None, error=tablets_error)
         else:
