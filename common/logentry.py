@@ -19,7 +19,6 @@ from __future__ import annotations
 import enum
 import mmap
 import struct
-import zlib
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, NamedTuple
@@ -28,6 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from common.checksum import crc32
 from common.errors import InvalidRequestError, KvLeaseError
 
 MAGIC_PREFIX = b"\xc7KL"  # three magic bytes, then the format version
@@ -124,7 +124,7 @@ def _header(buf: Any, pos: int, size: int) -> FrameHeader | str:
 
 def _crc_ok(buf: Any, pos: int, header: FrameHeader) -> bool:
     start = pos + header.size
-    return zlib.crc32(buf[start:start + header.payload_len], zlib.crc32(buf[pos:start - 4])) == header.crc
+    return crc32(buf[start:start + header.payload_len], crc32(buf[pos:start - 4])) == header.crc
 
 
 @dataclass(frozen=True)
@@ -195,7 +195,7 @@ def encode_payload(batch: pa.RecordBatch) -> pa.Buffer:
 def frame_header(base_offset: int, count: int, payload: Any, timestamp_ms: int) -> bytes:
     """The version-2 header of an entry appended at ``timestamp_ms``."""
     head = HEADER.pack(MAGIC, base_offset, count, len(payload), timestamp_ms, 0)[:CRC_START]
-    return head + struct.pack("<I", zlib.crc32(payload, zlib.crc32(head)))
+    return head + struct.pack("<I", crc32(payload, crc32(head)))
 
 
 def decode_entry(data: Any, *, from_offset: int | None = None) -> LogEntry:
@@ -211,7 +211,7 @@ def decode_entry(data: Any, *, from_offset: int | None = None) -> LogEntry:
         raise CorruptLogError(f"changelog entry at offset {base}: {buf.size} bytes, header says "
                               f"{header.size + header.payload_len}")
     payload = buf.slice(header.size)
-    if zlib.crc32(payload, zlib.crc32(buf.slice(0, header.size - 4))) != header.crc:
+    if crc32(payload, crc32(buf.slice(0, header.size - 4))) != header.crc:
         raise CorruptLogError(f"changelog entry at offset {base}: CRC mismatch")
     try:
         records = pa.ipc.open_stream(payload).read_next_batch()

@@ -12,12 +12,14 @@ import sys
 import tempfile
 import threading
 import time
+import zlib
 from pathlib import Path
 from typing import Iterator
 
 import pyarrow as pa
 import pytest
 
+from common import checksum
 from common.config import Config
 from common.errors import InvalidRequestError
 from ops.zookeeper import dying_with_parent
@@ -83,6 +85,32 @@ def flip_byte(path: Path, position: int) -> None:
         byte = fh.read(1)
         fh.seek(position)
         fh.write(bytes([byte[0] ^ 0xFF]))
+
+
+@pytest.mark.unit
+class TestChecksum:
+    """The entry CRC is zlib's CRC-32 whichever library computes it (ISA-L where installed)."""
+
+    @pytest.mark.parametrize("size", [0, 1, 31, 4096, 1 << 20])
+    def test_it_equals_zlibs_for_every_size_and_start_value(self, size):
+        data = random.Random(size).randbytes(size)
+        assert checksum.crc32(data) == zlib.crc32(data)
+        for start in (0, 1, 0xDEADBEEF, 0xFFFFFFFF):
+            assert checksum.crc32(data, start) == zlib.crc32(data, start)
+        assert checksum.crc32(pa.py_buffer(data)[size // 3:]) == zlib.crc32(data[size // 3:])
+        assert checksum.crc32(memoryview(data)[1:]) == zlib.crc32(data[1:])
+
+    def test_isal_computes_it_where_installed(self):
+        pytest.importorskip("isal")
+        assert checksum.crc32.__module__.startswith("isal")
+
+    def test_an_appended_entry_carries_zlibs_crc(self, log_dir):
+        with Changelog(log_dir, segment_bytes=1 << 20) as log:
+            log.append([ChangeType.INSERT] * 3, [b"a", b"b", b"c"], [b"1", b"2", b"3"])
+            [raw] = log.read_raw(0, 1 << 20)
+        raw = bytes(raw)
+        assert zlib.crc32(raw[HEADER_SIZE:], zlib.crc32(raw[:HEADER_SIZE - 4])) == \
+            int.from_bytes(raw[HEADER_SIZE - 4:HEADER_SIZE], "little")
 
 
 @pytest.mark.unit
