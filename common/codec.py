@@ -372,17 +372,36 @@ class RowCodec:
                 if valid is not None:
                     nulls[:, j] = ~valid
             header[:, 1:] = np.packbits(nulls, axis=1, bitorder="little")
-        pieces = [ca.fixed_binary(header, None)]
+        # Pieces joined row by row. Fixed-width bytes of columns without nulls (the header, numbers,
+        # string lengths) that follow each other become one (rows, width) block: the join's cost grows
+        # with its pieces. A piece of a column with nulls keeps its own validity (a null piece adds no bytes).
+        pieces: list[pa.Array] = []
+        block: list[np.ndarray] = [header]
+
+        def add(piece: pa.Array | None) -> None:
+            if block:
+                pieces.append(ca.fixed_binary(np.hstack(block) if len(block) > 1 else block[0], None))
+                block.clear()
+            if piece is not None:
+                pieces.append(piece)
+
         for column, array, valid in zip(columns, batch.columns, valids):
             validity = None if valid is None else pa.py_buffer(np.packbits(valid, bitorder="little"))
             if column.type in ca.VALUE_DTYPE:
-                values = ca.fixed_values(array, ca.VALUE_DTYPE[column.type])
-                pieces.append(ca.fixed_binary(values.view(np.uint8).reshape(n, -1), validity))
+                fixed = ca.fixed_values(array, ca.VALUE_DTYPE[column.type]).view(np.uint8).reshape(n, -1)
             else:
                 raw = array.view(pa.binary())
-                lengths = pc.binary_length(raw).fill_null(0).to_numpy().astype("<u4")
-                pieces += [ca.fixed_binary(lengths.view(np.uint8).reshape(n, 4), validity), raw]
-        # a null piece is skipped: a null column contributes no bytes
+                # a null slot's length is never stored: its piece is null
+                fixed = np.diff(ca.value_offsets(raw)).astype("<u4").view(np.uint8).reshape(n, 4)
+            if validity is None:
+                block.append(fixed)
+            else:
+                add(ca.fixed_binary(fixed, validity))
+            if column.type not in ca.VALUE_DTYPE:
+                add(raw)
+        add(None)
+        if len(pieces) == 1:
+            return pieces[0]
         return pc.binary_join_element_wise(*pieces, ca.EMPTY_JOIN, null_handling="skip")
 
 
