@@ -1,22 +1,27 @@
 """``kvlease bench writes`` (or ``python -m ops.bench_writes``): the write and read path end to end.
 
 Starts its own local cluster (ZooKeeper, one coordinator, one tablet server;
-processes in a temp directory, stopped at the end whatever happens) and a
-one-bucket table ``(id BIGINT primary key, v STRING of ~100 bytes)``, then
+processes in a temp directory, stopped at the end whatever happens) and
 measures in one run:
 
 - ``upsert``: rows/s of ``TableClient.upsert`` (PutKv) loading ``--rows``
-  rows (default 1,000,000) in batches of ``--batch`` rows (10,000) from
+  rows (default 1,000,000) into a new one-bucket table ``(id BIGINT primary
+  key, v STRING of ~100 bytes)`` in batches of ``--batch`` rows (10,000) from
   ``--threads`` client threads (4), against ``rocksdb``: rows/s of raw
   rocksdict ``WriteBatch`` writes (default options, WAL on, no fsync) of the
-  same encoded rows in this process, the floor of what storing them costs
-  (encoding not timed; best of 2, measured before the cluster starts so no
-  compaction of it competes). Target: ratio >= 0.4. Reported besides: the
-  CPU the tablet server process and this (client) process spent per row
-  during the load, and the raw writes' CPU per row: on a loaded machine the
-  rows/s follow the CPU the processes get, these do not.
+  same encoded rows into a new RocksDB in this process, the floor of what
+  storing them costs (encoding not timed). Both are measured ``--rounds``
+  times (3), alternating, and the best of each counts (as ``bench scan``
+  does): this VM's speed drifts from minute to minute, and a ratio of two
+  figures taken minutes apart measured the drift as much as the code. Each
+  raw round starts once the tablet server is idle (its flushes done), each
+  upsert round once the raw RocksDB is closed. Target: ratio >= 0.4.
+  Reported besides: the CPU the tablet server process and this (client)
+  process spent per row during the best load, and the raw writes' CPU per
+  row: on a loaded machine the rows/s follow the CPU the processes get,
+  these do not.
 - ``lookup``: p50/p99 latency of ``--lookups`` single-key lookups (2,000)
-  and rows/s of 10,000-key batch lookups;
+  and rows/s of 10,000-key batch lookups, on the last round's table;
 - ``snapshot``: the bytes uploaded by a snapshot after changing 1% of the
   rows, against the first (full) snapshot: the sizes of the files that are
   new in snapshot 2 (not in snapshot 1) vs all files of snapshot 1.
@@ -55,7 +60,11 @@ OPTIONS = (
     Option("--batch", positive_int, 10_000, "rows per upsert call"),
     Option("--threads", positive_int, 4, "client threads loading the rows"),
     Option("--lookups", positive_int, 2000, "single-key lookups timed"),
+    Option("--rounds", positive_int, 3, "loads of each kind (upsert, raw WriteBatch), alternating; the best counts"),
 )
+#: The tablet server counts as idle (its flushes done) below this share of one core.
+IDLE_CPU_SHARE = 0.05
+IDLE_WAIT_S = 30.0
 
 
 def make_batch(ids: np.ndarray, salt: int = 0) -> pa.RecordBatch:
@@ -174,7 +183,22 @@ def snapshot_sizes(admin, client, rows: int, changed: int, rng) -> dict[str, Any
             "full_s": full_s, "incremental_s": incremental_s}
 
 
-def run(*, rows: int, batch: int, threads: int, lookups: int, seed: int = 7,
+def wait_idle(pid: int, share: float = IDLE_CPU_SHARE, timeout_s: float = IDLE_WAIT_S,
+              step_s: float = 0.3) -> float:
+    """Wait until process ``pid`` spends under ``share`` of a core over ``step_s`` (or ``timeout_s``
+    passed); returns the seconds waited."""
+    start = time.monotonic()
+    last = cpu_seconds(pid)
+    while time.monotonic() - start < timeout_s:
+        time.sleep(step_s)
+        now = cpu_seconds(pid)
+        if now - last < share * step_s:
+            break
+        last = now
+    return time.monotonic() - start
+
+
+def run(*, rows: int, batch: int, threads: int, lookups: int, rounds: int, seed: int = 7,
         progress: bench_suite.Progress = lambda text: None) -> dict[str, Any]:
     """The figures (see the module docstring); options as in ``OPTIONS``."""
     from client.admin import AdminClient
@@ -183,28 +207,40 @@ def run(*, rows: int, batch: int, threads: int, lookups: int, seed: int = 7,
     rng = np.random.default_rng(seed)
     base = tempfile.mkdtemp(prefix="kvlease-bench-writes-")
     directory = f"{base}/cluster"
+    codec = RowCodec(TableInfo(0, *TABLE.split("."), tuple(COLUMNS), ("id",), 1))
+    raws: list[tuple[float, float]] = []
+    upserts: list[dict[str, float]] = []
     try:
-        # the baseline first, best of 2, while no cluster process competes for the cores
-        progress(f"raw rocksdict WriteBatch of {rows:,} rows, best of 2")
-        codec = RowCodec(TableInfo(0, *TABLE.split("."), tuple(COLUMNS), ("id",), 1))
-        baseline, baseline_cpu = max(rocksdb_baseline(codec, rows, batch, f"{base}/rocksdb-{i}") for i in range(2))
-        shutil.rmtree(f"{base}/rocksdb-0", ignore_errors=True)
-        shutil.rmtree(f"{base}/rocksdb-1", ignore_errors=True)
         local_cluster.start(directory, tablets=1, config_overrides={"kv.snapshot.interval": "1h"},
                             progress=progress)
+        tablet_pid = int(local_cluster.load(directory)["tablets"][0]["pid"])
         with AdminClient(local_cluster.bootstrap(directory), retry_total_s=30) as admin:
-            admin.create_table(TABLE, COLUMNS, ["id"], 1)
-            with TableClient(admin, TABLE, parallelism=threads) as client:
-                progress(f"upserting {rows:,} rows from {threads} threads")
-                tablet_pid = int(local_cluster.load(directory)["tablets"][0]["pid"])
-                upsert = load(client, rows, batch, threads, tablet_pid)
-                progress(f"{lookups:,} single-key lookups, 20 lookups of 10,000 keys")
-                read = lookup_rates(client, rows, lookups, batches=20, batch_keys=10_000, rng=rng)
-                progress("two snapshots, 1% of the rows changed in between")
-                snapshots = snapshot_sizes(admin, client, rows, max(1, rows // 100), rng)
-        return {"rows": rows, "batch_rows": batch, "client_threads": threads,
+            for round_ in range(1, rounds + 1):
+                wait_idle(tablet_pid)  # the last round's flushes and table drop are done
+                progress(f"round {round_} of {rounds}: raw rocksdict WriteBatch of {rows:,} rows")
+                try:
+                    raws.append(rocksdb_baseline(codec, rows, batch, f"{base}/rocksdb"))
+                finally:
+                    shutil.rmtree(f"{base}/rocksdb", ignore_errors=True)
+                table = TABLE if round_ == rounds else f"{TABLE}_{round_}"
+                admin.create_table(table, COLUMNS, ["id"], 1)
+                with TableClient(admin, table, parallelism=threads) as client:
+                    progress(f"round {round_} of {rounds}: upserting {rows:,} rows from {threads} threads")
+                    upserts.append(load(client, rows, batch, threads, tablet_pid))
+                    if round_ == rounds:
+                        progress(f"{lookups:,} single-key lookups, 20 lookups of 10,000 keys")
+                        read = lookup_rates(client, rows, lookups, batches=20, batch_keys=10_000, rng=rng)
+                        progress("two snapshots, 1% of the rows changed in between")
+                        snapshots = snapshot_sizes(admin, client, rows, max(1, rows // 100), rng)
+                if round_ < rounds:
+                    admin.drop_table(table)  # its RocksDB and changelog go before the next round
+        upsert = max(upserts, key=lambda u: u["rows_per_s"])
+        baseline, baseline_cpu = max(raws)
+        return {"rows": rows, "batch_rows": batch, "client_threads": threads, "rounds": rounds,
                 "upsert_rows_per_s": upsert["rows_per_s"], "rocksdb_writebatch_rows_per_s": baseline,
                 "upsert_vs_rocksdb": upsert["rows_per_s"] / baseline, "target_ratio": TARGET_RATIO,
+                "round_rows_per_s": [{"upsert": u["rows_per_s"], "rocksdb_writebatch": r[0]}
+                                     for u, r in zip(upserts, raws)],
                 "cpu_us_per_row": {"tablet_server": upsert["server_cpu_us_per_row"],
                                    "client": upsert["client_cpu_us_per_row"], "rocksdb_writebatch": baseline_cpu},
                 "lookup": read, "snapshot": snapshots}
@@ -219,9 +255,10 @@ def run(*, rows: int, batch: int, threads: int, lookups: int, seed: int = 7,
 def report(result: dict[str, Any]) -> str:
     r, lk, snap = result, result["lookup"], result["snapshot"]
     ok = "ok" if r["upsert_vs_rocksdb"] >= r["target_ratio"] else "BELOW TARGET"
+    rounds = r.get("round_rows_per_s")  # absent from figures recorded before rounds
     lines = [
         f"{r['rows']:,} rows (id BIGINT, v STRING 100 B), 1 bucket, batches of {r['batch_rows']:,}, "
-        f"{r['client_threads']} client thread(s)",
+        f"{r['client_threads']} client thread(s)" + (f", best of {len(rounds)} alternating rounds" if rounds else ""),
         f"  upsert (PutKv via TableClient)   {r['upsert_rows_per_s']:>12,.0f} rows/s",
         f"  rocksdict WriteBatch in-process  {r['rocksdb_writebatch_rows_per_s']:>12,.0f} rows/s",
         f"  ratio                            {r['upsert_vs_rocksdb']:>12.2f}   (target >= {r['target_ratio']}: {ok})",
@@ -233,6 +270,9 @@ def report(result: dict[str, Any]) -> str:
         f"  snapshot 2 after {snap['changed_rows']:,} changed rows: {snap['incremental_bytes']:,} bytes new in "
         f"{snap['new_files']} files = {snap['incremental_ratio']:.1%} of the full one ({snap['incremental_s']:.1f} s)",
     ]
+    if rounds:
+        each = [f"{x['upsert'] / 1e6:.2f}M / {x['rocksdb_writebatch'] / 1e6:.2f}M" for x in rounds]
+        lines.insert(4, f"  rounds (upsert / raw rows/s)     {', '.join(each)}")
     cpu = r.get("cpu_us_per_row")  # absent from figures recorded before it was measured
     if cpu is not None:
         lines.insert(4, f"  CPU per row: tablet server {cpu['tablet_server']:.2f} us + client {cpu['client']:.2f} us "

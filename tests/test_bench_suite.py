@@ -73,6 +73,14 @@ def test_writes_judges_putkv_against_raw_writebatch_at_0_4():
     assert not bench_writes.target_rows(f)[0].met
 
 
+def test_writes_reports_each_round_of_both_kinds():
+    f = figures("writes")
+    f["round_rows_per_s"] = [{"upsert": 1_230_000.0, "rocksdb_writebatch": 2_500_000.0},
+                             {"upsert": 1_100_000.0, "rocksdb_writebatch": 2_750_000.0}]
+    text = bench_writes.report(f)
+    assert "best of 2 alternating rounds" in text and "1.23M / 2.50M, 1.10M / 2.75M" in text
+
+
 def test_leases_judges_acquires_against_raw_creates_and_failover_against_the_session_timeout():
     f = figures("leases")
     f["acquire"]["per_s"], f["raw_zookeeper"]["create_per_s"] = 600.0, 1000.0
@@ -148,7 +156,7 @@ def parse(name: str, *argv: str) -> dict:
 def test_options_not_given_keep_the_benchmarks_defaults():
     assert parse("writes") == {}
     assert bench_suite.options_for(bench_writes, {}) == {"rows": 1_000_000, "batch": 10_000, "threads": 4,
-                                                         "lookups": 2000}
+                                                         "lookups": 2000, "rounds": 3}
     assert bench_suite.options_for(bench_leases, parse("leases", "--leases", "100_000")) == {
         "leases": 100_000, "seconds": 8.0, "threads": 64, "raw_writes": 20_000, "secure": False, "idle_seconds": 5.0}
 
