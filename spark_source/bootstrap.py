@@ -1,9 +1,11 @@
 """A bucket's rows as of a changelog offset: a remote KV snapshot with a changelog range merged on top.
 
 The snapshot is fetched through the remote storage interface into a
-task-local temp dir, opened read-only and iterated in key order, in chunks.
-The changelog range ``[snapshot log_offset, end)`` is first reduced to the
-final state of each key it touches (memory bounded by the range, not the
+task-local temp dir, opened read-only and its values iterated in key order,
+in chunks (a value holds the whole row, primary key included: the keys are
+not read, they are encoded again from the decoded rows where needed). The
+changelog range ``[snapshot log_offset, end)`` is first reduced to the final
+state of each key it touches (memory bounded by the range, not the
 snapshot); each chunk of snapshot rows then drops the keys the range changed
 and takes in their new values and the keys it inserted, in key order. Chunks
 the range does not touch pass through untouched. The temp dir goes when the
@@ -24,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from common import errors
+from common.codec import RowCodec
 from common.kvsnapshot import download, manifest_path, open_read_only
 from common.model import TableBucket
 from common.storage import RemoteStorage, StorageNotFound
@@ -43,8 +46,8 @@ def task_temp_dir() -> str:
 
 @contextmanager
 def open_snapshot(storage: RemoteStorage, tb: TableBucket, snapshot_id: int, *, what: str) -> Iterator[
-        tuple[int, Iterator[tuple[list[bytes], list[bytes]]]]]:
-    """``(log_offset, chunks of (keys, values) in key order)`` of the snapshot, while in the ``with``.
+        tuple[int, Iterator[list[bytes]]]]:
+    """``(log_offset, chunks of values in key order)`` of the snapshot, while in the ``with``.
 
     ``what`` names the split in errors. The temp dir is removed on leaving.
     """
@@ -65,37 +68,40 @@ def open_snapshot(storage: RemoteStorage, tb: TableBucket, snapshot_id: int, *, 
         shutil.rmtree(target, ignore_errors=True)
 
 
-def _chunks(db) -> Iterator[tuple[list[bytes], list[bytes]]]:
-    """Keys and values in chunks, from two iterators in lockstep (the snapshot is read-only, so both
-    see the same rows in the same order): about twice as fast as ``items()`` and its tuples."""
-    keys, values = iter(db.keys()), iter(db.values())
-    while chunk := list(itertools.islice(keys, CHUNK_ROWS)):
-        yield chunk, list(itertools.islice(values, len(chunk)))
+def _chunks(db) -> Iterator[list[bytes]]:
+    """The values in chunks, from one values iterator: the keys are not needed (see the module docstring),
+    and one iterator is about half the work of keys and values in lockstep."""
+    values = iter(db.values())
+    while chunk := list(itertools.islice(values, CHUNK_ROWS)):
+        yield chunk
 
 
-def merge(chunks: Iterator[tuple[list[bytes], list[bytes]]], changes: dict[bytes, bytes | None]) -> Iterator[pa.Array]:
-    """Values (binary arrays) of the snapshot chunks with ``changes`` applied, in key order."""
+def merge(chunks: Iterator[list[bytes]], changes: dict[bytes, bytes | None], codec: RowCodec) -> Iterator[
+        pa.RecordBatch]:
+    """The rows (decoded) of the snapshot's value chunks with ``changes`` applied, in key order."""
     change_keys = sorted(changes)
     done = 0
-    for keys, values in chunks:
-        upto = bisect.bisect_right(change_keys, keys[-1], lo=done)
+    for values in chunks:
+        rows = codec.decode_values(pa.array(values, pa.binary()))
+        last_key = codec.encode_keys(rows.slice(rows.num_rows - 1))[0]
+        upto = bisect.bisect_right(change_keys, last_key, lo=done)
         if upto == done:
-            yield pa.array(values, pa.binary())
+            yield rows
             continue
         window = change_keys[done:upto]
         done = upto
-        yield _apply(pa.array(keys, pa.binary()), pa.array(values, pa.binary()), window, changes)
+        yield _apply(rows, codec, window, changes)
     rest = [changes[k] for k in change_keys[done:] if changes[k] is not None]
     if rest:
-        yield pa.array(rest, pa.binary())
+        yield codec.decode_values(pa.array(rest, pa.binary()))
 
 
-def _apply(keys: pa.Array, values: pa.Array, window: list[bytes], changes: dict[bytes, bytes | None]) -> pa.Array:
-    """The chunk's values minus the window's keys, plus the window's live values, in key order."""
-    window_keys = pa.array(window, pa.binary())
-    window_values = pa.array([changes[k] for k in window], pa.binary())
-    untouched = pc.invert(pc.is_in(keys, value_set=window_keys))
-    live = pc.is_valid(window_values)
-    all_keys = pa.concat_arrays([keys.filter(untouched), window_keys.filter(live)])
-    all_values = pa.concat_arrays([values.filter(untouched), window_values.filter(live)])
-    return all_values.take(pc.sort_indices(all_keys))
+def _apply(rows: pa.RecordBatch, codec: RowCodec, window: list[bytes],
+           changes: dict[bytes, bytes | None]) -> pa.RecordBatch:
+    """The chunk's rows minus the window's keys, plus the window's live rows, in key order."""
+    keys = codec.encode_key_array(rows)
+    untouched = pc.invert(pc.is_in(keys, value_set=pa.array(window, pa.binary())))
+    live = [k for k in window if changes[k] is not None]
+    fresh = codec.decode_values(pa.array([changes[k] for k in live], pa.binary()))
+    all_keys = pa.concat_arrays([keys.filter(untouched), pa.array(live, pa.binary())])
+    return pa.concat_batches([rows.filter(untouched), fresh]).take(pc.sort_indices(all_keys))

@@ -75,11 +75,11 @@ def _what(ctx: ReadContext, bucket: int) -> str:
     return f"table {ctx.table.path} bucket {bucket}"
 
 
-def _state_batches(codec: RowCodec, values: Iterator[pa.Array], bucket: int, end: int,
+def _state_batches(rows: Iterator[pa.RecordBatch], bucket: int, end: int,
                    schema: pa.Schema) -> Iterator[pa.RecordBatch]:
-    for chunk in values:
-        if len(chunk):
-            yield state_rows_as_changes(codec.decode_values(chunk), bucket, end, schema)
+    for batch in rows:
+        if batch.num_rows:
+            yield state_rows_as_changes(batch, bucket, end, schema)
 
 
 def _hybrid(ctx: ReadContext, table: TableClient, split: HybridSplit, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
@@ -90,12 +90,12 @@ def _hybrid(ctx: ReadContext, table: TableClient, split: HybridSplit, schema: pa
             raise errors.InvalidSnapshotError(f"{what}: snapshot {split.snapshot_id} starts at changelog offset "
                                               f"{log_offset}, after the planned end {split.end}")
         changes = final_states(read_entries(table, split.bucket, log_offset, split.end))
-        yield from _state_batches(table.codec, merge(chunks, changes), split.bucket, split.end, schema)
+        yield from _state_batches(merge(chunks, changes, table.codec), split.bucket, split.end, schema)
 
 
 def _log_state(table: TableClient, split: LogSplit, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     changes = final_states(read_entries(table, split.bucket, split.start, split.end))
-    yield from _state_batches(table.codec, merge(iter(()), changes), split.bucket, split.end, schema)
+    yield from _state_batches(merge(iter(()), changes, table.codec), split.bucket, split.end, schema)
 
 
 def _log_changes(table: TableClient, split: LogSplit, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
