@@ -14,6 +14,7 @@ already know the leader).
 
 from __future__ import annotations
 
+import numbers
 import threading
 from dataclasses import dataclass
 from typing import Any, Iterable
@@ -104,9 +105,9 @@ class BucketRouter:
 
     def check_bucket(self, bucket: int) -> None:
         table = self.table
-        if not 0 <= bucket < table.buckets:
+        if isinstance(bucket, bool) or not isinstance(bucket, numbers.Integral) or not 0 <= bucket < table.buckets:
             raise errors.BucketOutOfRangeError(f"table {table.path} has buckets 0..{table.buckets - 1}, "
-                                               f"not {bucket}")
+                                               f"not {bucket!r}")
 
     def route(self, bucket: int) -> "BucketRoute":
         return BucketRoute(self, bucket)

@@ -119,14 +119,20 @@ class BucketScanner:
         ``retry`` is the policy for opens and replays; ``retry_total_s``, ``retry_max_wait_s`` and
         ``sleep`` change single fields of it."""
         check_limit(limit)
-        if batch_size_bytes is not None and batch_size_bytes <= 0:
-            raise errors.InvalidScanRequestError(f"batch_size_bytes must be > 0, got {batch_size_bytes}")
+        if batch_size_bytes is not None and (isinstance(batch_size_bytes, bool) or
+                                             not isinstance(batch_size_bytes, numbers.Integral) or
+                                             batch_size_bytes <= 0):
+            raise errors.InvalidScanRequestError(f"batch_size_bytes must be an int > 0, got {batch_size_bytes!r}")
+        if start_after_key is not None and not isinstance(start_after_key, (bytes, bytearray, memoryview)):
+            raise errors.InvalidScanRequestError(
+                f"start_after_key must be bytes (an encoded key, such as a scan's resume_key), "
+                f"got {type(start_after_key).__name__} {start_after_key!r:.60}")
         self._closed = True  # until __init__ is through: __del__ then has nothing to do
         self.table = table
         self.bucket = bucket
         self.limit = limit
         self.batch_size_bytes = batch_size_bytes or _DEFAULT_BATCH_BYTES
-        self.start_after_key = start_after_key
+        self.start_after_key = None if start_after_key is None else bytes(start_after_key)
         self.resume = resume
         self.max_resumes = max_resumes
         self.decode = decode

@@ -42,6 +42,7 @@ from common.tables import TableInfo
 from common.wire import error_from_pb
 from common.logentry import ChangeType, LogEntry, decode_entry
 from common.codec import RowCodec, batch_to_ipc, bucket_of_keys, ipc_to_batch
+from common.codec_arrays import show
 from client.log_records import LOG_COLUMNS, decode_records, entry_records, log_schema
 from client.routing import REROUTE, BucketRouter, Routing
 from client.scanner import KvBatchScanner
@@ -178,6 +179,7 @@ class TableClient:
             rows = _table_to_batch(rows)
         if isinstance(rows, pa.RecordBatch):
             return self.codec.validate(rows)
+        _check_collection(rows, "rows", "row", "dicts")
         return self.codec.to_batch(rows)
 
     def key_batch(self, keys: Sequence[Any] | pa.RecordBatch | pa.Table) -> pa.RecordBatch:
@@ -186,6 +188,7 @@ class TableClient:
             keys = _table_to_batch(keys)
         if isinstance(keys, pa.RecordBatch):  # checked like rows: names, types, no null key
             return self.codec.validate(keys).select(list(self.table.primary_key))
+        _check_collection(keys, "keys", "key", "dicts, tuples or values")
         pk = self.table.primary_key
         rows = []
         for i, key in enumerate(keys):
@@ -463,6 +466,14 @@ class TableClient:
 
 
 # -- helpers ------------------------------------------------------------------------------------
+
+
+def _check_collection(items: Any, what: str, one: str, forms: str) -> None:
+    """InvalidRowError unless ``items`` is a collection of rows or keys: a str, bytes or a dict (one row)
+    would be taken apart (into characters, into column names), a number or None is not one."""
+    if isinstance(items, (str, bytes, bytearray, memoryview, dict)) or not isinstance(items, Iterable):
+        raise errors.InvalidRowError(f"{what} must be a list of {what} ({forms}), an Arrow RecordBatch or an Arrow "
+                                     f"Table, got {type(items).__name__} {show(items)}; put a single {one} in a list")
 
 
 def _chunks(batch: pa.RecordBatch) -> list[pa.RecordBatch]:

@@ -228,6 +228,31 @@ def test_bad_rows_are_rejected_before_sending(two_tablets):
     assert a.calls == [] and b.calls == []
 
 
+@pytest.mark.unit
+@pytest.mark.parametrize("call", ["upsert", "delete", "lookup", "lookup_batch"])
+@pytest.mark.parametrize("bad", [None, 5, "abc", b"ab", {"id": 1, "v": "x"}])
+def test_one_value_or_row_where_a_list_belongs_is_refused_before_sending(two_tablets, call, bad):
+    client, _, a, b, _ = two_tablets  # a str or a dict was taken apart into characters or column names
+    with pytest.raises(errors.InvalidRowError, match=rf"must be a list of .*got {type(bad).__name__} .*put a single"):
+        getattr(client, call)(bad)
+    assert a.calls == [] and b.calls == []
+
+
+@pytest.mark.unit
+def test_scanner_arguments_of_the_wrong_type_are_typed_errors(two_tablets):
+    client = two_tablets[0]
+    with pytest.raises(errors.BucketOutOfRangeError, match=r"buckets 0..3, not 'x'"):
+        client.scanner("x")
+    with pytest.raises(errors.BucketOutOfRangeError, match=r"not True"):
+        client.scanner(True)
+    with pytest.raises(errors.InvalidScanRequestError, match=r"start_after_key must be bytes .* got str 'abc'"):
+        client.scanner(0, start_after_key="abc")
+    with pytest.raises(errors.InvalidScanRequestError, match=r"batch_size_bytes must be an int > 0, got '1'"):
+        client.scanner(0, batch_size_bytes="1")
+    with client.scanner(0, start_after_key=bytearray(b"k")) as scanner:  # nothing sent before the first poll
+        assert scanner.start_after_key == b"k" and type(scanner.start_after_key) is bytes
+
+
 # -- unit: routing and error mapping --------------------------------------------------------------------
 
 
