@@ -74,7 +74,7 @@ def draw(doc: dict[str, Any]):
                         xytext=(0, 2), textcoords="offset points")
         ax.set_xticks(xs, [f"{textwrap.fill(label, 20)}\ntarget {target_text(r)}" for label, r in items], fontsize=8)
         ax.set_xlim(-0.6, max(len(items), 1) - 0.4)
-        top = max([r["value"] for r in rows] + [r["target"] for r in rows] + [1e-9])
+        top = max([r["value"] for r in rows] + [r["target"] for r in rows] + [0.0]) or 1.0  # all 0: a 0..1 scale
         ax.set_ylim(0, top * 1.2)
         ax.set_title(PANEL_TITLES.get(unit, unit), fontsize=10)
         if not items:

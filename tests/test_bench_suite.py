@@ -255,6 +255,12 @@ def test_bars_are_coloured_by_the_verdict_with_a_target_line_each():
     assert "2 CPUs, Test CPU 9000" in title and "1.50 1.00 0.50" in title and "2026-11-23" in title
 
 
+def test_a_panel_of_zeros_gets_a_readable_scale():
+    fig = bench_plot.draw(doc_of(leases=[Row.limit("lost", 0.0, 30_000.0, "leases", 0.0)]))
+    (ax,) = fig.axes
+    assert ax.get_ylim() == (0.0, 1.2)  # not 0..1.2e-9, which matplotlib labels "1e-9"
+
+
 def test_plot_writes_a_png(tmp_path):
     path = tmp_path / "bench.png"
     bench_plot.plot(RECORDED, str(path))
