@@ -71,7 +71,7 @@ from common.kvsnapshot import Manifest
 from common.model import TableBucket
 from common.storage import open_storage
 from ops import bench_scale, bench_suite
-from ops.bench_suite import Option, Row, at_least, positive_float, positive_int
+from ops.bench_suite import Option, Row, at_least, cpu_seconds, positive_float, positive_int
 from ops.cluster import free_ports, log_tail
 from ops.zookeeper import ZooKeeperCluster, dying_with_parent
 
@@ -148,7 +148,7 @@ class _Coordinator:
                 self.kill()
 
     def cpu_s(self) -> float:
-        return _cpu_s(self.popen.pid)
+        return cpu_seconds(self.popen.pid)
 
     def log_size(self) -> int:
         try:
@@ -162,16 +162,6 @@ def _percentile_ms(sorted_values: list[float], q: float) -> float | None:
         return None
     index = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
     return round(sorted_values[index] * 1000, 2)
-
-
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process so far (0 if it is gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # -- a. acquire ---------------------------------------------------------------------------------------
@@ -533,10 +523,10 @@ def measure(s: BenchSettings, progress: bench_suite.Progress) -> dict[str, Any]:
 
 def _with_cpu(pids: dict[str, list[int]], phase) -> dict[str, Any]:
     """``phase()``'s figures with ``cpu_ms_per_acquire``: each role's processes' CPU over the phase, per acquire."""
-    before = {role: sum(map(_cpu_s, ps)) for role, ps in pids.items()}
+    before = {role: sum(map(cpu_seconds, ps)) for role, ps in pids.items()}
     figures = phase()
     figures["cpu_ms_per_acquire"] = {
-        role: round((sum(map(_cpu_s, ps)) - before[role]) * 1000 / max(1, figures["acquires"]), 3)
+        role: round((sum(map(cpu_seconds, ps)) - before[role]) * 1000 / max(1, figures["acquires"]), 3)
         for role, ps in pids.items()}
     return figures
 

@@ -48,7 +48,6 @@ The suite interface (``OPTIONS``, ``run``, ``target_rows``, ``report``) is
 from __future__ import annotations
 
 import collections
-import os
 import shutil
 import tempfile
 import threading
@@ -63,7 +62,7 @@ from common.codec import RowCodec
 from common.tables import Column, TableInfo
 from ops import bench_suite
 from ops import cluster as local_cluster
-from ops.bench_suite import MB, Option, Row, positive_int
+from ops.bench_suite import MB, Option, Row, cpu_seconds, positive_int, wait_idle
 
 TABLE = "bench.scan"
 COLUMNS = [Column("id", "STRING"), Column("v", "STRING")]
@@ -201,24 +200,6 @@ class PeakRss:
     def doc(self) -> dict[str, Any]:
         return {"rss_before": self.before, "peak": self.peak, "peak_above_before": self.peak - self.before,
                 "method": self.method}
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process (all its threads: RocksDB's compactions too)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def wait_idle(pid: int, busy_below: float = 0.05, timeout_s: float = 90.0) -> float:
-    """Wait until ``pid`` uses less than ``busy_below`` of a core over 1 s (e.g. the compactions
-    after the load are done); returns the seconds waited."""
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout_s:
-        before = cpu_seconds(pid)
-        time.sleep(1.0)
-        if cpu_seconds(pid) - before < busy_below:
-            break
-    return time.monotonic() - t0
 
 
 # -- measurements ----------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ import platform
 import signal
 import sys
 import threading
+import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime
@@ -267,6 +268,29 @@ def table_lines(doc: dict[str, Any]) -> list[str]:
 
 
 # -- the machine ------------------------------------------------------------------------------------
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far, all its threads (RocksDB's flushes and
+    compactions too); 0 if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_idle(pid: int, busy_below: float = 0.05, step_s: float = 1.0, timeout_s: float = 90.0) -> float:
+    """Wait until ``pid`` uses less than ``busy_below`` of a core over ``step_s`` (e.g. the flushes and
+    compactions after a load are done) or ``timeout_s`` passed; returns the seconds waited."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        before = cpu_seconds(pid)
+        time.sleep(step_s)
+        if cpu_seconds(pid) - before < busy_below * step_s:
+            break
+    return time.monotonic() - t0
 
 
 def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:

@@ -35,7 +35,6 @@ is :mod:`ops.bench_suite`'s.
 from __future__ import annotations
 
 import collections
-import os
 import shutil
 import tempfile
 import threading
@@ -49,7 +48,7 @@ from common.codec import RowCodec
 from common.tables import Column, TableInfo
 from ops import bench_suite
 from ops import cluster as local_cluster
-from ops.bench_suite import Option, Row, positive_int
+from ops.bench_suite import Option, Row, cpu_seconds, positive_int, wait_idle
 
 TABLE = "bench.writes"
 COLUMNS = [Column("id", "BIGINT"), Column("v", "STRING")]
@@ -62,9 +61,6 @@ OPTIONS = (
     Option("--lookups", positive_int, 2000, "single-key lookups timed"),
     Option("--rounds", positive_int, 3, "loads of each kind (upsert, raw WriteBatch), alternating; the best counts"),
 )
-#: The tablet server counts as idle (its flushes done) below this share of one core.
-IDLE_CPU_SHARE = 0.05
-IDLE_WAIT_S = 30.0
 
 
 def make_batch(ids: np.ndarray, salt: int = 0) -> pa.RecordBatch:
@@ -76,12 +72,6 @@ def make_batch(ids: np.ndarray, salt: int = 0) -> pa.RecordBatch:
     offsets = pa.py_buffer(np.arange(0, 100 * (len(ids) + 1), 100, dtype=np.int32))
     values = pa.Array.from_buffers(pa.string(), len(ids), [None, offsets, pa.py_buffer(text)])
     return pa.record_batch({"id": pa.array(ids, pa.int64()), "v": values})
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far (all its threads)."""
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def load(client, rows: int, batch_rows: int, threads: int, server_pid: int | None = None) -> dict[str, float]:
@@ -181,21 +171,6 @@ def snapshot_sizes(admin, client, rows: int, changed: int, rng) -> dict[str, Any
             "incremental_ratio": new / full if full else None, "snapshot_2_total_bytes": sum(files_2.values()),
             "full_files": len(files_1), "new_files": sum(1 for p in files_2 if p not in files_1),
             "full_s": full_s, "incremental_s": incremental_s}
-
-
-def wait_idle(pid: int, share: float = IDLE_CPU_SHARE, timeout_s: float = IDLE_WAIT_S,
-              step_s: float = 0.3) -> float:
-    """Wait until process ``pid`` spends under ``share`` of a core over ``step_s`` (or ``timeout_s``
-    passed); returns the seconds waited."""
-    start = time.monotonic()
-    last = cpu_seconds(pid)
-    while time.monotonic() - start < timeout_s:
-        time.sleep(step_s)
-        now = cpu_seconds(pid)
-        if now - last < share * step_s:
-            break
-        last = now
-    return time.monotonic() - start
 
 
 def run(*, rows: int, batch: int, threads: int, lookups: int, rounds: int, seed: int = 7,

@@ -21,7 +21,6 @@ from client.admin import AdminClient
 from client.log_records import decode_records, entry_records
 from client.table import TableClient
 from common import errors
-from common.codec import RowCodec
 from common.model import TableBucket
 from spark_source.bootstrap import merge, open_snapshot
 from spark_source.changelog import final_states, read_entries

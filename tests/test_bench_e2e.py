@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from ops import bench_writes
+from ops import bench_suite
 
 from tests.fixtures.leaks import kill_group
 
@@ -90,8 +90,8 @@ def test_wait_idle_returns_once_a_process_is_idle_and_waits_while_it_computes():
     spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         time.sleep(0.3)  # past the sleeper's start-up
-        assert bench_writes.wait_idle(sleeper.pid, timeout_s=5.0, step_s=0.2) < 1.5
-        assert bench_writes.wait_idle(spinner.pid, timeout_s=1.0, step_s=0.2) >= 1.0
+        assert bench_suite.wait_idle(sleeper.pid, step_s=0.2, timeout_s=5.0) < 1.5
+        assert bench_suite.wait_idle(spinner.pid, step_s=0.2, timeout_s=1.0) >= 1.0
     finally:
         for proc in (sleeper, spinner):
             proc.kill()

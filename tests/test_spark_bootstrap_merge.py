@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import random
 
-import pyarrow as pa
 import pytest
 
 from common.codec import RowCodec
