@@ -360,6 +360,22 @@ def test_a_snapshots_values_iterator_reads_the_state_of_its_snapshot(store):
         plain.values()
 
 
+def test_a_snapshots_scan_leaves_the_block_cache_to_lookups(store):
+    store.write(rows(*[(i, "x" * 100, float(i)) for i in range(20_000)]))
+    store._kv.flush()  # the rows in SST files, read through the block cache
+
+    def cached() -> int:
+        return store._kv._db.property_int_value("rocksdb.block-cache-usage")
+
+    before = cached()
+    with store.snapshot(values_from=b"") as snapshot:
+        assert sum(1 for _ in store.iter_rows(snapshot)) == 20_000
+        assert sum(1 for _ in snapshot.values()) == 20_000
+    assert cached() == before  # a scan reads each block once: it does not fill the cache
+    found, _ = store.lookup(keys(*range(0, 20_000, 97)))
+    assert found.all() and cached() > before  # lookups do
+
+
 def test_snapshot_reads_many_rows_and_a_new_iter_rows_ends_the_old_one(store):
     store.write(rows(*[(i, "x" * 10, None) for i in range(3000)]))
     with store.snapshot() as snapshot:
