@@ -9,7 +9,6 @@ with jitter). Every failure is raised as a :mod:`common.errors` exception.
 from __future__ import annotations
 
 import ipaddress
-import numbers
 import re
 import threading
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ from common.proto import coordinator_pb2_grpc as pb_grpc
 from common.proto import security_pb2 as security_pb
 from common.proto import security_pb2_grpc as security_pb_grpc
 from client.coalescing import BatchInterrupted, Coalescer
-from client.transport import RETRIABLE, Channels, NotServedError, RetryPolicy, arguments, rpc_error
+from client.transport import RETRIABLE, Channels, NotServedError, RetryPolicy, arguments, is_int, rpc_error
 from common.security.acl import AclBinding, Operation, Resource
 from common.security.client import credentials
 from common.security.wire import binding_from_pb, binding_to_pb, resource_fields
@@ -285,7 +284,7 @@ class AdminClient:
         if not all(isinstance(c, Column) for c in columns):
             raise errors.InvalidTableError("columns: common.tables.Column(name, type) objects, e.g. "
                                            "Column('id', 'BIGINT')")
-        if isinstance(buckets, bool) or not isinstance(buckets, numbers.Integral):
+        if not is_int(buckets):
             raise errors.InvalidTableError(f"buckets: an int, got {buckets!r}")
         buckets = int(buckets)
         validate_spec(TableSpec(db, name, tuple(columns), tuple(primary_key), buckets))  # the coordinator's rules

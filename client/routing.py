@@ -14,7 +14,6 @@ already know the leader).
 
 from __future__ import annotations
 
-import numbers
 import threading
 from dataclasses import dataclass
 from typing import Any, Iterable
@@ -23,7 +22,7 @@ from common import errors
 from common.proto import tablet_pb2_grpc as pb_grpc
 from common.tables import TableInfo
 from client.scan_wire import TabletStub
-from client.transport import Channels
+from client.transport import Channels, is_int
 
 #: Errors after which the cached assignment is fetched again before the next attempt.
 REROUTE = (errors.NotLeaderError, errors.LeaderNotAvailableError, errors.NetworkError)
@@ -105,7 +104,7 @@ class BucketRouter:
 
     def check_bucket(self, bucket: int) -> None:
         table = self.table
-        if isinstance(bucket, bool) or not isinstance(bucket, numbers.Integral) or not 0 <= bucket < table.buckets:
+        if not is_int(bucket) or not 0 <= bucket < table.buckets:
             raise errors.BucketOutOfRangeError(f"table {table.path} has buckets 0..{table.buckets - 1}, "
                                                f"not {bucket!r}")
 

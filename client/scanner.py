@@ -60,7 +60,6 @@ bucket of a table and returns a :class:`~client.table_scan.ScanResult`.
 from __future__ import annotations
 
 import logging
-import numbers
 from typing import Any, Callable, Iterator
 
 import grpc
@@ -72,7 +71,7 @@ from common.proto import tablet_pb2 as pb
 from common.tables import TableInfo
 from common.wire import error_from_pb
 from common.codec import RowCodec, ipc_to_batch
-from client.transport import RetryPolicy, rpc_error
+from client.transport import RetryPolicy, is_int, rpc_error
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +100,7 @@ class _CallInProgress(Exception):
 
 def check_limit(limit) -> None:
     """InvalidScanRequestError unless ``limit`` is None or an int >= 0."""
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, numbers.Integral) or limit < 0):
+    if limit is not None and (not is_int(limit) or limit < 0):
         raise errors.InvalidScanRequestError(f"limit must be an int >= 0, got {limit!r}")
 
 
@@ -119,9 +118,7 @@ class BucketScanner:
         ``retry`` is the policy for opens and replays; ``retry_total_s``, ``retry_max_wait_s`` and
         ``sleep`` change single fields of it."""
         check_limit(limit)
-        if batch_size_bytes is not None and (isinstance(batch_size_bytes, bool) or
-                                             not isinstance(batch_size_bytes, numbers.Integral) or
-                                             batch_size_bytes <= 0):
+        if batch_size_bytes is not None and (not is_int(batch_size_bytes) or batch_size_bytes <= 0):
             raise errors.InvalidScanRequestError(f"batch_size_bytes must be an int > 0, got {batch_size_bytes!r}")
         if start_after_key is not None and not isinstance(start_after_key, (bytes, bytearray, memoryview)):
             raise errors.InvalidScanRequestError(

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import contextlib
+import numbers
 import re
 import socket
 import ssl
@@ -189,6 +190,11 @@ def tls_mismatch(address: str, client_tls: bool, timeout_s: float = 1.0) -> str 
     if client_tls and not server_tls:
         return "it does not speak TLS and this client does: drop the TLS settings, or turn TLS on in the cluster"
     return None
+
+
+def is_int(value: object) -> bool:
+    """Whether a caller's argument is a whole number (an int or a numpy integer), a bool not counting as one."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 @contextlib.contextmanager

@@ -387,17 +387,17 @@ class RowCodec:
 
         for column, array, valid in zip(columns, batch.columns, valids):
             validity = None if valid is None else pa.py_buffer(np.packbits(valid, bitorder="little"))
+            raw = None
             if column.type in ca.VALUE_DTYPE:
                 fixed = ca.fixed_values(array, ca.VALUE_DTYPE[column.type]).view(np.uint8).reshape(n, -1)
-            else:
+            else:  # a uint32 length, then the bytes (a null slot's length is never stored: its piece is null)
                 raw = array.view(pa.binary())
-                # a null slot's length is never stored: its piece is null
                 fixed = np.diff(ca.value_offsets(raw)).astype("<u4").view(np.uint8).reshape(n, 4)
             if validity is None:
                 block.append(fixed)
             else:
                 add(ca.fixed_binary(fixed, validity))
-            if column.type not in ca.VALUE_DTYPE:
+            if raw is not None:
                 add(raw)
         add(None)
         if len(pieces) == 1:

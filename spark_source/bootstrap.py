@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 
 from common import errors
 from common.codec import RowCodec
-from common.kvsnapshot import download, manifest_path, open_read_only
+from common.kvsnapshot import download, manifest_path, open_read_only, scan_read_options
 from common.model import TableBucket
 from common.storage import RemoteStorage, StorageNotFound
 
@@ -70,8 +70,9 @@ def open_snapshot(storage: RemoteStorage, tb: TableBucket, snapshot_id: int, *, 
 
 def _chunks(db) -> Iterator[list[bytes]]:
     """The values in chunks, from one values iterator: the keys are not needed (see the module docstring),
-    and one iterator is about half the work of keys and values in lockstep."""
-    values = iter(db.values())
+    and one iterator is about half the work of keys and values in lockstep. Each block is read once: the
+    block cache is not filled."""
+    values = iter(db.values(read_opt=scan_read_options()))
     while chunk := list(itertools.islice(values, CHUNK_ROWS)):
         yield chunk
 

@@ -25,10 +25,11 @@ from typing import Iterator, NamedTuple
 
 import numpy as np
 import pyarrow as pa
-from rocksdict import (AccessType, BlockBasedOptions, Checkpoint, DBCompressionType, Options, Rdict, ReadOptions,
-                       WriteBatch, WriteOptions)
+from rocksdict import (AccessType, BlockBasedOptions, Checkpoint, DBCompressionType, Options, Rdict, WriteBatch,
+                       WriteOptions)
 
 from common.errors import KvLeaseError
+from common.kvsnapshot import scan_read_options
 from common.logentry import ChangeType
 from tablet.key_ranges import KeyRanges
 from tablet.memtable_filter import MemtableFilterPolicy
@@ -290,8 +291,9 @@ class KvStore:
         """A consistent view of the rows as of now, labelled ``log_offset``; with ``values_from``
         also a forward-only values iterator from that key on (:meth:`KvSnapshot.values`): both
         iterators are made here, with no write between them, so they read the same state."""
-        values = None if values_from is None else self._db.values(from_key=values_from, read_opt=_scan_options())
-        snapshot = KvSnapshot(self._db.iter(_scan_options()), log_offset, values)
+        read = scan_read_options()
+        values = None if values_from is None else self._db.values(from_key=values_from, read_opt=read)
+        snapshot = KvSnapshot(self._db.iter(read), log_offset, values)
         self._snapshots.add(snapshot)
         return snapshot
 
@@ -326,14 +328,6 @@ def checkpoint_log_offset(checkpoint_dir: str) -> int:
     finally:
         db.close()
     return int.from_bytes(raw, "big") if raw is not None else 0
-
-
-def _scan_options() -> ReadOptions:
-    """A snapshot's reads: a scan reads each block once, so it does not fill the block cache (it would
-    evict the blocks point lookups reuse, and grow the server by the cache's size on the first scan)."""
-    options = ReadOptions()
-    options.fill_cache(False)
-    return options
 
 
 def _options(memtable_bytes: int | None) -> Options:
