@@ -30,10 +30,16 @@ Why :meth:`exact` is exact
    it are dropped; names in it that are dirty or never loaded are re-read now
    (a plain read after E is the final state). So the result equals what
    ``LeaseStore.load_all`` would read at this point.
-If the ZooKeeper session was lost (watches gone) while mirroring, everything
-is re-read; reconnections within the session keep the watches (kazoo re-sends
-them with the last zxid seen, and the server fires what was missed before
-answering anything else).
+Watches do not survive a lost connection. kazoo has no ``SetWatches``: when
+its connection drops (SUSPENDED, even if the session lives on) it forgets
+every watch and fires each once with ``path=None``; when the session is LOST
+everything is gone. So both mark every loaded node for a re-read (the files
+are immutable: only the nodes are read again, and a file only if its path
+moved); :meth:`exact` re-reads every node it cannot prove unchanged, i.e. all
+of them if the watches were reset since they were read. The flag is set by
+the state listener, which kazoo calls before it resets the watches and before
+any reply on the new connection, so step 3 above still holds for what is not
+marked.
 """
 
 from __future__ import annotations
@@ -82,6 +88,7 @@ class LeaseMirror:
         self._retry_later: set[str] = set()  # refresher only: read again next round
         self._children_dirty = True
         self._invalid = False  # the session was lost: watches are gone, reload everything
+        self._reset = False  # the connection dropped: watches are gone, re-read every node (not the files)
         self._loaded = False  # every listed node read once (since start, or since the session was lost)
         self._wake = threading.Event()
         self._wake.set()  # the initial load
@@ -134,6 +141,9 @@ class LeaseMirror:
     def _on_data(self, event) -> None:
         if self._stopped:
             return
+        if event.path is None:  # kazoo dropped every watch (the connection went): see _on_state
+            self._watches_reset()
+            return
         name = event.path.rsplit("/", 1)[-1]
         with self._lock:
             self._dirty.add(name)
@@ -152,6 +162,14 @@ class LeaseMirror:
                 self._invalid = True
                 self._children_dirty = True
             self._wake.set()
+        elif state == KazooState.SUSPENDED:
+            self._watches_reset()
+
+    def _watches_reset(self) -> None:
+        with self._lock:
+            self._reset = True
+            self._children_dirty = True
+        self._wake.set()
 
     # -- the refresher ---------------------------------------------------------------------
 
@@ -174,7 +192,10 @@ class LeaseMirror:
         self.stats["rounds"] += 1
         with self._lock:
             invalid, self._invalid = self._invalid, False
+            reset, self._reset = self._reset, False
             children, self._children_dirty = self._children_dirty, False
+            if reset and not invalid:  # marked here, by the thread that sets entries: none read before
+                self._dirty.update(self._entries)  # the reset escapes (a read in flight then failed)
         if invalid:
             self._clear()
             self._names = None
@@ -344,8 +365,11 @@ class LeaseMirror:
         with self._lock:
             dirty, self._dirty = self._dirty, set()
             invalid, self._invalid = self._invalid, False
+            reset, self._reset = self._reset, False
         if invalid:
             self._clear()
+        elif reset:  # watches dropped since some node was read: nothing proves it unchanged
+            dirty |= self._entries.keys()
         self._apply_names(names)
         self.unreadable, self._unreadable_layout = {}, {}
         # set operations (in C), not loops over 100,000 names

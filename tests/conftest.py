@@ -41,7 +41,8 @@ from tests.fixtures.leaks import SESSION_ENV, session_processes
 from tests.fixtures.s3 import MotoS3Server, S3Endpoint
 from tests.fixtures.spark import start_spark, stop_spark
 
-ZK_FIXTURES = frozenset({"zk_server", "zk_root", "zk_config", "make_config", "zk_client", "zk_ensemble"})
+ZK_FIXTURES = frozenset({"zk_server", "zk_root", "zk_config", "make_config", "zk_client", "zk_ensemble",
+                         "zk_single"})
 S3_FIXTURES = frozenset({"s3_endpoint", "s3_client", "s3_bucket", "s3_overrides", "s3_config", "make_s3_config"})
 DOCKER_FIXTURES = frozenset({"docker_engine", "docker_zk", "docker_s3"})
 SPARK_FIXTURES = frozenset({"spark"})
@@ -214,6 +215,21 @@ def zk_ensemble(request: pytest.FixtureRequest, kvlease_tmp: str) -> Iterator[Zo
     try:
         cluster = ZooKeeperCluster.start(base, 3)
         request.node.stash.setdefault(_ITEM_CLUSTERS, []).append(("zk_ensemble", cluster))
+        try:
+            yield cluster
+        finally:
+            cluster.stop()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def zk_single(request: pytest.FixtureRequest, kvlease_tmp: str) -> Iterator[ZooKeeperCluster]:
+    """A standalone ZooKeeper of this test's own (kill/restart it freely: its data stays)."""
+    base = tempfile.mkdtemp(prefix="zk-single-", dir=kvlease_tmp)
+    try:
+        cluster = ZooKeeperCluster.start(base, 1)
+        request.node.stash.setdefault(_ITEM_CLUSTERS, []).append(("zk_single", cluster))
         try:
             yield cluster
         finally:
