@@ -165,6 +165,10 @@ class CoordinatorServer:
         if state == KazooState.LOST:
             log.warning("ZooKeeper session lost: stepping down")
             self._step_down.set()
+        elif state == KazooState.CONNECTED:
+            # kazoo's ChildrenWatch calls back after a reconnection only if the ids differ, so a tablet
+            # server that restarted under its id meanwhile (a new incarnation) would go unnoticed
+            self._on_tablets_changed(None)
 
     def _on_tablets_changed(self, _children) -> None:
         loop = self._loop

@@ -63,6 +63,8 @@ class Snapshotter:
         self.failures: Counter = Counter()
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._paused = threading.Event()
+        self._busy = threading.Lock()  # held while a snapshot is written: pause() waits for it
         self._thread = threading.Thread(target=self._run, name="drill-snapshotter", daemon=True)
         self._next_key = 0
 
@@ -95,12 +97,24 @@ class Snapshotter:
     def start(self) -> None:
         self._thread.start()
 
+    def pause(self) -> None:
+        """No more writes or snapshots until :meth:`resume` (returns once the one in flight is done)."""
+        self._paused.set()
+        with self._busy:
+            pass
+
+    def resume(self) -> None:
+        self._paused.clear()
+
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):
-            try:
-                self.snapshot_once()
-            except Exception as exc:  # counted in the figures; the snapshotter goes on
-                self.failures[error_name(exc)] += 1
+            with self._busy:
+                if self._paused.is_set():
+                    continue
+                try:
+                    self.snapshot_once()
+                except Exception as exc:  # counted in the figures; the snapshotter goes on
+                    self.failures[error_name(exc)] += 1
 
     def stop(self) -> None:
         self._stop.set()
@@ -220,13 +234,42 @@ class LeaseClients:
             base["duration_ms"] = DURATION_MS
         elif kind == "release":
             base["bucket"] = rng.choice(sorted(held, key=TableBucket.sort_key))
+        return self._invoke(client, base)
+
+    def move_all(self, duration_ms: int) -> int:
+        """Once the clients are stopped: move every lease the cluster holds to the newest snapshots of its
+        buckets with a new deadline, then renew it to another one (each call recorded like the clients').
+        Returns how many leases were moved."""
+        moved = 0
+        choices = self.choices()
+        with AdminClient(self.addresses, CLIENT_CONFIG, request_timeout_s=self.request_timeout_s,
+                         retry_total_s=self.retry_total_s) as client:
+            for lease_id in sorted(self.history):
+                try:
+                    held = client.describe_lease(lease_id).buckets
+                except errors.LeaseNotFoundError:
+                    continue
+                newest = {tb: choices[tb.bucket][-1] for tb in held if choices.get(tb.bucket)}
+                for base in ({"lease_id": lease_id, "kind": "acquire", "snapshots": newest, "duration_ms": duration_ms},
+                             {"lease_id": lease_id, "kind": "renew", "duration_ms": duration_ms + 60_000}):
+                    op = self._invoke(client, base)
+                    self.history[lease_id].append(op)
+                    with self._lock:
+                        self.ops.append(op)
+                moved += 1
+        return moved
+
+    def _invoke(self, client: AdminClient, base: dict[str, Any]) -> LeaseOp:
+        """Make the call ``base`` describes and record what came of it."""
+        kind = base["kind"]
         t0 = time.time()
         try:
+            lease_id = base["lease_id"]
             if kind == "acquire":
-                result = client.acquire_lease(lease_id, base["snapshots"], DURATION_MS)
+                result = client.acquire_lease(lease_id, base["snapshots"], base["duration_ms"])
                 base.update(expiration=result.expiration_time, acquired=dict(result.acquired))
             elif kind == "renew":
-                base["expiration"] = client.renew_lease(lease_id, DURATION_MS)
+                base["expiration"] = client.renew_lease(lease_id, base["duration_ms"])
             elif kind == "release":
                 base["remains"] = client.release_lease(lease_id, [base["bucket"]]).lease_remains
             else:
