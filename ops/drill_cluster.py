@@ -144,9 +144,9 @@ class DrillCluster:
 
     # -- a table of its own -------------------------------------------------------------------------
 
-    def create_table(self, buckets: int = 4) -> str:
-        """``drill.<drill>_<run id>``: id BIGINT, v BIGINT, pad STRING; primary key id."""
-        path = f"{DRILL_DB}.{self.drill.replace('-', '_')}_{self.run_id}"
+    def create_table(self, buckets: int = 4, suffix: str = "") -> str:
+        """``drill.<drill>_<run id>[_<suffix>]``: id BIGINT, v BIGINT, pad STRING; primary key id."""
+        path = f"{DRILL_DB}.{self.drill.replace('-', '_')}_{self.run_id}{f'_{suffix}' if suffix else ''}"
         self.admin.create_table(path, [Column("id", "BIGINT"), Column("v", "BIGINT"), Column("pad", "STRING")],
                                 ["id"], buckets)
         return path
