@@ -33,7 +33,7 @@ class SkipError(errors.InvalidRequestError):
 
 NAME = "all"
 OPTIONS = ("rounds", "clients", "seed", "outage", "skip")
-ORDER = ("coordinator-failover", "zk-leader-loss", "tablet-restart", "remote-outage", "spark-failover")
+ORDER = ("coordinator-failover", "zk-leader-loss", "tablet-restart", "remote-outage", "spark-failover", "chaos")
 
 
 def drill_names() -> list[str]:

@@ -62,6 +62,8 @@ def test_no_cluster_given_or_none_in_the_directory(tmp_path):
     ("coordinator-failover", {"coordinators": 2}, "needs --tablets 1 or more (the cluster has 0)"),
     ("tablet-restart", {}, "needs --tablets 1 or more"),
     ("remote-outage", {"tablets": 1, "remote": "s3://bucket/p"}, "needs a file:// remote"),
+    ("chaos", {"tablets": 1}, "needs --coordinators 2 or more (the cluster has 1)"),
+    ("chaos", {"coordinators": 2}, "needs --tablets 1 or more (the cluster has 0)"),
 ])
 def test_a_cluster_of_the_wrong_shape_says_what_the_drill_needs(tmp_path, name, shape, needs):
     message = assert_one_line_error(run("drill", name, "--cluster", fake_cluster(tmp_path, **shape)))

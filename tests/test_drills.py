@@ -131,8 +131,26 @@ def test_zk_leader_loss(ensemble):
 
 def test_all_runs_what_the_shape_allows_in_one_report(ensemble):
     doc = drill(ensemble, "all", "--rounds", "1", "--skip", "coordinator-failover", "--skip", "tablet-restart",
-                "--skip", "remote-outage", "--skip", "spark-failover")
+                "--skip", "remote-outage", "--skip", "spark-failover", "--skip", "chaos")
     reports = {d["drill"]: d for d in doc["drills"]}
     assert doc["ok"]
     assert reports["coordinator-failover"]["skipped"] == reports["tablet-restart"]["skipped"] == "--skip"
     assert_checked(reports["zk-leader-loss"], "read back as acknowledged")
+
+
+# Chaos on both shapes, with fixed seeds (a failure's report names its seed and the command that replays it).
+def test_chaos_on_one_zookeeper_and_two_tablet_servers(cluster):
+    _chaos(cluster, seed=11)
+
+
+def test_chaos_on_a_zookeeper_ensemble(ensemble):
+    _chaos(ensemble, seed=12)
+
+
+def _chaos(directory: Path, seed: int) -> None:
+    report = drill(directory, "chaos", "--seed", str(seed), "--rounds", "4")
+    assert_checked(report, "read back as acknowledged", "leased snapshot", "deposed coordinator",
+                   "acknowledged write present", "exactly once", "equal the table", "ran through every fault")
+    figures = report["figures"]
+    assert figures["seed"] == seed and len(figures["faults_done"]) == 4
+    assert figures["stream_change_rows"] > 0 and figures["acknowledged"] > 0

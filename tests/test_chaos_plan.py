@@ -1,0 +1,51 @@
+"""The chaos drill's fault plan (ops/chaos_plan.py): a pure function of seed and shape."""
+
+from __future__ import annotations
+
+import pytest
+
+from ops import chaos_plan as cp
+
+pytestmark = pytest.mark.unit
+
+ENSEMBLE = {"zookeeper": [{}] * 3, "coordinators": [{}] * 2, "tablets": [{}] * 2, "remote": "file:///r"}
+SMALL = {"zookeeper": [{}], "coordinators": [{}] * 2, "tablets": [{}], "remote": "s3://bucket/prefix"}
+
+
+def test_the_same_seed_and_shape_give_the_same_plan_and_other_seeds_other_plans():
+    plans = {seed: cp.plan(seed, 8, ENSEMBLE, 6.0) for seed in range(20)}
+    assert all(cp.plan(seed, 8, ENSEMBLE, 6.0) == plan for seed, plan in plans.items())
+    assert len({tuple(plan) for plan in plans.values()}) == 20
+
+
+def test_a_plan_uses_only_the_kinds_the_shape_allows_and_over_many_seeds_all_of_them():
+    assert cp.allowed_kinds(ENSEMBLE) == list(cp.KINDS)
+    assert cp.allowed_kinds(SMALL) == [cp.ZK_RESTART, cp.COORDINATOR_KILL, cp.COORDINATOR_PAUSE, cp.TABLET_RESTART]
+    assert cp.allowed_kinds({"zookeeper": [{}]}) == [cp.ZK_RESTART]
+    for shape in (ENSEMBLE, SMALL):
+        seen = {f.kind for seed in range(50) for f in cp.plan(seed, 6, shape, 6.0)}
+        assert seen == set(cp.allowed_kinds(shape))
+
+
+def test_targets_exist_and_durations_stay_in_their_bounds():
+    for seed in range(100):
+        for fault in cp.plan(seed, 10, ENSEMBLE, 6.0):
+            assert 0 <= fault.gap_s <= cp.MAX_GAP_S
+            if fault.kind == cp.ZK_RESTART:
+                assert 0 <= fault.target < 3 and 0 <= fault.hold_s <= 3
+            elif fault.kind == cp.TABLET_RESTART:
+                assert 0 <= fault.target < 2
+            elif fault.kind == cp.COORDINATOR_PAUSE:
+                assert 0.5 <= fault.hold_s <= 8.0  # up to the session timeout + 2 s
+            elif fault.kind == cp.REMOTE_OUTAGE:
+                assert 1.0 <= fault.hold_s <= 3.0
+    pauses = [f.hold_s for seed in range(200) for f in cp.plan(seed, 10, ENSEMBLE, 6.0)
+              if f.kind == cp.COORDINATOR_PAUSE]
+    assert max(pauses) > 6.0 and min(pauses) < 6.0  # some outlive the session, some do not
+
+
+def test_each_fault_says_what_it_does():
+    assert cp.Fault(cp.COORDINATOR_PAUSE, 0, 7.25, 0.5).describe() == \
+        "after 0.5s: SIGSTOP the active coordinator for 7.2s"
+    assert cp.Fault(cp.ZK_RESTART, 1, 2.0, 0.0).describe() == \
+        "after 0.0s: kill -9 ZooKeeper node #2, back after 2.0s"
