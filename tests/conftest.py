@@ -211,25 +211,22 @@ def zk_client(zk_config: Config) -> Iterator[Any]:
 @pytest.fixture
 def zk_ensemble(request: pytest.FixtureRequest, kvlease_tmp: str) -> Iterator[ZooKeeperCluster]:
     """A 3-node ensemble of this test's own (kill/restart nodes freely); all nodes serve at start."""
-    base = tempfile.mkdtemp(prefix="zk-ensemble-", dir=kvlease_tmp)
-    try:
-        cluster = ZooKeeperCluster.start(base, 3)
-        request.node.stash.setdefault(_ITEM_CLUSTERS, []).append(("zk_ensemble", cluster))
-        try:
-            yield cluster
-        finally:
-            cluster.stop()
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+    yield from _own_zookeeper(request, kvlease_tmp, "zk_ensemble", 3)
 
 
 @pytest.fixture
 def zk_single(request: pytest.FixtureRequest, kvlease_tmp: str) -> Iterator[ZooKeeperCluster]:
     """A standalone ZooKeeper of this test's own (kill/restart it freely: its data stays)."""
-    base = tempfile.mkdtemp(prefix="zk-single-", dir=kvlease_tmp)
+    yield from _own_zookeeper(request, kvlease_tmp, "zk_single", 1)
+
+
+def _own_zookeeper(request: pytest.FixtureRequest, kvlease_tmp: str, name: str,
+                   nodes: int) -> Iterator[ZooKeeperCluster]:
+    """``nodes`` ZooKeeper servers for one test (their log tails reported if it fails), stopped and removed."""
+    base = tempfile.mkdtemp(prefix=f"{name.replace('_', '-')}-", dir=kvlease_tmp)
     try:
-        cluster = ZooKeeperCluster.start(base, 1)
-        request.node.stash.setdefault(_ITEM_CLUSTERS, []).append(("zk_single", cluster))
+        cluster = ZooKeeperCluster.start(base, nodes)
+        request.node.stash.setdefault(_ITEM_CLUSTERS, []).append((name, cluster))
         try:
             yield cluster
         finally:

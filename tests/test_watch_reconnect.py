@@ -121,87 +121,81 @@ def clients():
         client.close()
 
 
-def test_lease_mirror_is_exact_after_its_connection_was_lost(faults, clients, zk_root, remote_dir):
+@pytest.fixture
+def standby(faults, clients, zk_root, remote_dir):
+    """``(active, mirror, storage, clock)``: an active controller writing through the writer's address
+    and a standby's lease mirror on the cache's address."""
+    writer_config = _config(faults.writer_address, zk_root, remote_dir)
+    storage = open_storage(writer_config["remote.data.dir"], writer_config)
+    clock = Clock()
+    active = new_controller(writer_config, storage, clock)
+    mirror = LeaseMirror(clients(_config(faults.cache_address, zk_root, remote_dir)), storage, debounce_s=0.01)
+    mirror.start()
+    yield active, mirror, storage, clock
+    mirror.stop()
+    active.close()
+    active.zk.stop()
+    active.zk.close()
+
+
+def test_lease_mirror_is_exact_after_its_connection_was_lost(faults, standby):
     """The issue's sequence: lease L on snapshot 1; the connection drops; snapshots 2 and 3; L moves to
     3 with a new deadline; the standby takes over and must hand over L as acknowledged."""
-    writer_config = _config(faults.writer_address, zk_root, remote_dir)
-    storage = open_storage(writer_config["remote.data.dir"], writer_config)
-    clock = Clock()
-    active = new_controller(writer_config, storage, clock)
-    mirror_zk = clients(_config(faults.cache_address, zk_root, remote_dir))
-    mirror = LeaseMirror(mirror_zk, storage, debounce_s=0.01).start()
-    try:
-        table = make_table(active, buckets=2)
-        tbs = [TableBucket(table.table_id, b) for b in range(2)]
-        for b in range(2):
-            commit(active, table.table_id, b, 1)
-        call(active, ls.Acquire("L", {tbs[0]: 1, tbs[1]: 1}, 60_000))
-        for i in range(10):
-            call(active, ls.Acquire(f"other-{i}", {tbs[i % 2]: 1}, 60_000))
-        wait_until(lambda: _mirrored(mirror) == _view(persisted_leases(active.zk, storage).values()), 10,
-                   "initial load")
+    active, mirror, storage, clock = standby
+    table = make_table(active, buckets=2)
+    tbs = [TableBucket(table.table_id, b) for b in range(2)]
+    for b in range(2):
+        commit(active, table.table_id, b, 1)
+    call(active, ls.Acquire("L", {tbs[0]: 1, tbs[1]: 1}, 60_000))
+    for i in range(10):
+        call(active, ls.Acquire(f"other-{i}", {tbs[i % 2]: 1}, 60_000))
+    wait_until(lambda: _mirrored(mirror) == _view(persisted_leases(active.zk, storage).values()), 10,
+               "initial load")
 
-        def change() -> None:
-            for sid in (2, 3):
-                for b in range(2):
-                    commit(active, table.table_id, b, sid)
-            call(active, ls.Acquire("L", {tbs[0]: 3, tbs[1]: 3}, 3 * HOUR_MS))
-            call(active, ls.Drop("other-0"))
-            call(active, ls.Renew("other-1", 2 * HOUR_MS))
+    def change() -> None:
+        for sid in (2, 3):
+            for b in range(2):
+                commit(active, table.table_id, b, sid)
+        call(active, ls.Acquire("L", {tbs[0]: 3, tbs[1]: 3}, 3 * HOUR_MS))
+        call(active, ls.Drop("other-0"))
+        call(active, ls.Renew("other-1", 2 * HOUR_MS))
 
-        faults.lose(mirror_zk, active.zk, change)
-        call(active, ls.Acquire("other-2", {tbs[0]: 2}, HOUR_MS))  # after the reconnection too
-        call(active, ls.Acquire("new", {tbs[1]: 3}, HOUR_MS))
-        expected = _view(persisted_leases(active.zk, storage).values())
-        assert expected["L"] == (clock() + 3 * HOUR_MS, {tbs[0]: 3, tbs[1]: 3})
-        wait_until(lambda: _mirrored(mirror) == expected, 15, "the mirror follows after the reconnection")
-        call(active, ls.Renew("L", 4 * HOUR_MS))  # right before the election: exact() must see it
-        expected = _view(persisted_leases(active.zk, storage).values())
-        leases, layout = mirror.exact()
-        assert _view(leases) == expected
-        assert set(layout) == set(expected)
-        assert mirror.refs == RefcountIndex.from_leases(leases)
-    finally:
-        mirror.stop()
-        active.close()
-        active.zk.stop()
-        active.zk.close()
+    faults.lose(mirror.zk, active.zk, change)
+    call(active, ls.Acquire("other-2", {tbs[0]: 2}, HOUR_MS))  # after the reconnection too
+    call(active, ls.Acquire("new", {tbs[1]: 3}, HOUR_MS))
+    expected = _view(persisted_leases(active.zk, storage).values())
+    assert expected["L"] == (clock() + 3 * HOUR_MS, {tbs[0]: 3, tbs[1]: 3})
+    wait_until(lambda: _mirrored(mirror) == expected, 15, "the mirror follows after the reconnection")
+    call(active, ls.Renew("L", 4 * HOUR_MS))  # right before the election: exact() must see it
+    expected = _view(persisted_leases(active.zk, storage).values())
+    leases, layout = mirror.exact()
+    assert _view(leases) == expected
+    assert set(layout) == set(expected)
+    assert mirror.refs == RefcountIndex.from_leases(leases)
 
 
-def test_lease_mirror_exact_right_after_a_reconnection_rereads_what_it_cannot_prove(
-        faults, clients, zk_root, remote_dir):
+def test_lease_mirror_exact_right_after_a_reconnection_rereads_what_it_cannot_prove(faults, standby):
     """exact() straight after the connection came back (the refresher had no round in between):
     every node whose watch was dropped is read again, so a change made just before is not missed."""
-    writer_config = _config(faults.writer_address, zk_root, remote_dir)
-    storage = open_storage(writer_config["remote.data.dir"], writer_config)
-    clock = Clock()
-    active = new_controller(writer_config, storage, clock)
-    mirror_zk = clients(_config(faults.cache_address, zk_root, remote_dir))
-    mirror = LeaseMirror(mirror_zk, storage, debounce_s=0.01).start()
-    try:
-        table = make_table(active, buckets=1)
-        tb = TableBucket(table.table_id, 0)
-        commit(active, table.table_id, 0, 1)
-        for i in range(5):
-            call(active, ls.Acquire(f"L{i}", {tb: 1}, 60_000))
-        wait_until(lambda: _mirrored(mirror) == _view(persisted_leases(active.zk, storage).values()), 10,
-                   "initial load")
-        mirror.debounce_s = 60.0  # no refresher round from here on: exact() alone must be right
+    active, mirror, storage, _clock = standby
+    table = make_table(active, buckets=1)
+    tb = TableBucket(table.table_id, 0)
+    commit(active, table.table_id, 0, 1)
+    for i in range(5):
+        call(active, ls.Acquire(f"L{i}", {tb: 1}, 60_000))
+    wait_until(lambda: _mirrored(mirror) == _view(persisted_leases(active.zk, storage).values()), 10,
+               "initial load")
+    mirror.debounce_s = 60.0  # no refresher round from here on: exact() alone must be right
 
-        def change() -> None:
-            commit(active, table.table_id, 0, 2)
-            call(active, ls.Acquire("L0", {tb: 2}, 2 * HOUR_MS))
-            call(active, ls.Renew("L1", 3 * HOUR_MS))
+    def change() -> None:
+        commit(active, table.table_id, 0, 2)
+        call(active, ls.Acquire("L0", {tb: 2}, 2 * HOUR_MS))
+        call(active, ls.Renew("L1", 3 * HOUR_MS))
 
-        faults.lose(mirror_zk, active.zk, change)
-        leases, _layout = mirror.exact()
-        assert _view(leases) == _view(persisted_leases(active.zk, storage).values())
-        assert mirror.stats["reread_at_election"] >= 5
-    finally:
-        mirror.stop()
-        active.close()
-        active.zk.stop()
-        active.zk.close()
+    faults.lose(mirror.zk, active.zk, change)
+    leases, _layout = mirror.exact()
+    assert _view(leases) == _view(persisted_leases(active.zk, storage).values())
+    assert mirror.stats["reread_at_election"] >= 5
 
 
 def test_watched_directory_follows_across_connection_losses(faults, clients, zk_root, remote_dir):
