@@ -227,19 +227,27 @@ class ReplicaManager:
     def snapshot(self, replica: Replica, force: bool = False) -> SnapshotHandle | None:
         """Checkpoint, upload and commit one bucket, then apply its changelog retention; None when
         it has not changed."""
-        return self.snapshot_buckets([replica], force)[0]
+        (result,) = self.snapshot_each([replica], force)
+        if isinstance(result, Exception):
+            raise result
+        return result
 
-    def snapshot_buckets(self, replicas: list[Replica], force: bool = False) -> list[SnapshotHandle | None]:
-        """:meth:`snapshot` of each bucket in turn, then the changelog retention of those that
-        committed, asking the coordinator for the kept snapshots once per table. The first failure
-        stops the round and is raised, after the retention of the buckets committed before it."""
-        handles: list[SnapshotHandle | None] = []
-        try:
-            for replica in replicas:
-                handles.append(self._snapshot(replica, force))
-        finally:
-            self.apply_retention([r for r, h in zip(replicas, handles) if h is not None])
-        return handles
+    def snapshot_each(self, replicas: list[Replica], force: bool = False
+                      ) -> list[SnapshotHandle | None | errors.KvLeaseError]:
+        """:meth:`snapshot` of each bucket in turn, a failure answered in its place (the others go on),
+        then the changelog retention of those that committed, asking the coordinator for the kept
+        snapshots once per table."""
+        results: list[SnapshotHandle | None | errors.KvLeaseError] = []
+        for replica in replicas:
+            try:
+                results.append(self._snapshot(replica, force))
+            except errors.KvLeaseError as exc:
+                results.append(exc)
+            except Exception as exc:  # a bug or a local I/O failure: answered, the others go on
+                log.exception("snapshot of %s failed", replica.tb)
+                results.append(errors.UnknownServerError(f"snapshot of bucket {replica.bucket} failed: {exc}"))
+        self.apply_retention([r for r, h in zip(replicas, results) if isinstance(h, SnapshotHandle)])
+        return results
 
     def _snapshot(self, replica: Replica, force: bool) -> SnapshotHandle | None:
         with replica.snapshot_lock:
