@@ -35,7 +35,7 @@ from common.tls import TlsFiles
 from common.limits import GRPC_MESSAGE_OPTIONS
 from common.proto import tablet_pb2, tablet_pb2_grpc
 from common.wire import error_from_pb
-from common.kvsnapshot import bucket_dir, manifest_path, read_manifest
+from common.kvsnapshot import bucket_dir, manifest_path, missing_files, read_manifest
 from common.model import SnapshotHandle
 from common.storage import RemoteStorage, StorageNotFound
 
@@ -85,21 +85,15 @@ def check_manifest(storage: RemoteStorage, handle: SnapshotHandle) -> None:
 
 def check_files(storage: RemoteStorage, handle: SnapshotHandle) -> None:
     """Raises InvalidSnapshotError naming the first file of the snapshot that is not on remote storage
-    with its size; StorageError if remote storage could not be listed (retriable).
-
-    One listing per directory the files are in (the bucket's ``shared/`` and the snapshot's own
-    ``snap-{id}/``), not a request per file.
-    """
-    listed: dict[str, int] = {}
-    for directory in sorted({f.path.rsplit("/", 1)[0] for f in handle.files}):
-        listed.update(storage.list_sizes(directory))
-    for f in sorted(handle.files, key=lambda f: f.path):
-        size = listed.get(f.path)
-        if size != f.size:
-            found = "does not exist" if size is None else f"has {size} bytes, the manifest says {f.size}"
-            raise errors.InvalidSnapshotError(
-                f"snapshot {handle.snapshot_id} of bucket {handle.bucket} is not committed: its file {f.path} "
-                f"on remote storage {found} (the next snapshot uploads it again)", path=f.path)
+    with its size; StorageError if remote storage could not be listed (retriable). One listing per
+    directory the files are in (the bucket's ``shared/`` and the snapshot's ``snap-{id}/``)."""
+    missing = missing_files(storage, handle.files)
+    if missing:
+        path, size, found = missing[0]
+        what = "does not exist" if found is None else f"has {found} bytes, the manifest says {size}"
+        raise errors.InvalidSnapshotError(
+            f"snapshot {handle.snapshot_id} of bucket {handle.bucket} is not committed: its file {path} "
+            f"on remote storage {what} (the next snapshot uploads it again)", path=path)
 
 
 class LeaderLogEnds:

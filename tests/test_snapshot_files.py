@@ -139,3 +139,18 @@ def test_a_commit_whose_file_went_missing_during_the_snapshot_is_refused_naming_
     assert handle.snapshot_id == committed.snapshot_id
     assert_complete(storage, handle)
     assert snapshot_rows(storage, handle, table, tmp_path) == rows(range(2000), 1)
+
+
+def test_a_trigger_replaces_a_latest_snapshot_whose_files_are_gone_even_without_new_writes(cluster, storage, tmp_path):
+    table = cluster.create_table("db.t", COLUMNS, ["id"], 1)
+    with TableClient(cluster.admin, "db.t") as client:
+        client.upsert(rows(range(2000), 1))
+        (first,) = client.trigger_snapshot(wait=True)
+        assert client.trigger_snapshot(wait=True) == []  # nothing changed, the snapshot is whole: kept
+        delete_table_files(storage, table.table_id)
+        (second,) = client.trigger_snapshot(wait=True)  # nothing changed, but the snapshot is broken
+    assert second.snapshot_id > first.snapshot_id and second.log_offset == first.log_offset
+    handle = latest(cluster, table.table_id)
+    assert handle.snapshot_id == second.snapshot_id
+    assert_complete(storage, handle)
+    assert snapshot_rows(storage, handle, table, tmp_path) == rows(range(2000), 1)

@@ -118,10 +118,10 @@ def test_progress_reports_a_bucket_committed_while_its_leader_still_works_on_the
     reported_0 = threading.Event()
     real_snapshot = replicas._snapshot
 
-    def snapshot(replica, force):  # the leader takes bucket 1 only once bucket 0's commit was reported
+    def snapshot(replica, *args):  # the leader takes bucket 1 only once bucket 0's commit was reported
         if replica.bucket == 1:
             assert reported_0.wait(60), "bucket 0's commit was not reported while bucket 1 was pending"
-        return real_snapshot(replica, force)
+        return real_snapshot(replica, *args)
 
     reported = []
 
