@@ -117,7 +117,7 @@ class TableClient:
         return self.router.leaders()
 
     def send(self, routing: Routing, address: str, method: str, request, *, idempotent: bool,
-              timeout_s: float | None = None):
+             timeout_s: float | None = None):
         """One RPC to ``address``; gRPC failures and response errors become typed exceptions."""
         self._check_open()
         timeout_s = timeout_s or self.timeout_s
@@ -143,7 +143,7 @@ class TableClient:
         def attempt():
             routing = self.router.routing()
             return self.send(routing, self.router.leader(routing, bucket), method, request,
-                              idempotent=idempotent, timeout_s=timeout_s)
+                             idempotent=idempotent, timeout_s=timeout_s)
         return self.retry.call(attempt)
 
     def map_parallel(self, func: Callable[[Any], Any], items: list) -> list[tuple[Any, BaseException | None]]:
