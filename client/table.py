@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Iterable, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import grpc
 import numpy as np
@@ -46,6 +46,7 @@ from common.codec_arrays import show
 from client.log_records import LOG_COLUMNS, decode_records, entry_records, log_schema
 from client.routing import REROUTE, BucketRouter, Routing
 from client.scanner import KvBatchScanner
+from client.snapshot_trigger import COMMITTED, CommittedSnapshot, raise_failed, trigger_snapshots
 from client.stream_scanner import KvStreamScanner
 from client.table_scan import scan_table
 from client.transport import RetryPolicy, arguments, rpc_error
@@ -57,10 +58,6 @@ MAX_REQUEST_BYTES = 16 << 20
 DEFAULT_RETRY_TOTAL_S = 30.0
 DEFAULT_FETCH_BYTES = 1 << 20
 _SHORT = {int(ct): ct.short for ct in ChangeType}
-class CommittedSnapshot(NamedTuple):
-    bucket: int
-    snapshot_id: int
-    log_offset: int
 
 
 class TableClient:
@@ -76,7 +73,7 @@ class TableClient:
         self.retry = RetryPolicy(DEFAULT_RETRY_TOTAL_S if retry_total_s is None else retry_total_s,
                                  config[cfg.CLIENT_RETRY_MAX_WAIT] / 1000.0, sleep or tenacity.nap.sleep)
         self.timeout_s = request_timeout_s or config[cfg.CLIENT_REQUEST_TIMEOUT] / 1000.0
-        self._snapshot_timeout_s = snapshot_timeout_s
+        self.snapshot_timeout_s = snapshot_timeout_s
         self.scan_batch_bytes = config[cfg.CLIENT_SCANNER_FETCH_MAX_BYTES]
         self._parallelism = max(1, parallelism)
         self._lock = threading.Lock()
@@ -119,8 +116,8 @@ class TableClient:
         """``bucket -> leader address`` as cached ('' while a leader is not live)."""
         return self.router.leaders()
 
-    def _send(self, routing: Routing, address: str, method: str, request, *, idempotent: bool,
-              timeout_s: float | None = None):
+    def send(self, routing: Routing, address: str, method: str, request, *, idempotent: bool,
+             timeout_s: float | None = None):
         """One RPC to ``address``; gRPC failures and response errors become typed exceptions."""
         self._check_open()
         timeout_s = timeout_s or self.timeout_s
@@ -145,8 +142,8 @@ class TableClient:
 
         def attempt():
             routing = self.router.routing()
-            return self._send(routing, self.router.leader(routing, bucket), method, request,
-                              idempotent=idempotent, timeout_s=timeout_s)
+            return self.send(routing, self.router.leader(routing, bucket), method, request,
+                             idempotent=idempotent, timeout_s=timeout_s)
         return self.retry.call(attempt)
 
     def map_parallel(self, func: Callable[[Any], Any], items: list) -> list[tuple[Any, BaseException | None]]:
@@ -385,7 +382,7 @@ class TableClient:
                 with arguments("list_offsets"):
                     request = pb.ListOffsetsRequest(table_id=self.table.table_id, buckets=group,
                                                     timestamp=None if timestamp is None else int(timestamp))
-                response = self._send(routing, address, "ListOffsets", request, idempotent=True)
+                response = self.send(routing, address, "ListOffsets", request, idempotent=True)
                 first_error = None
                 for o in response.offsets:
                     if o.error.code:
@@ -412,35 +409,12 @@ class TableClient:
 
     def trigger_snapshot(self, wait: bool = True) -> list[CommittedSnapshot]:
         """Snapshot every changed bucket of the table now, on every leader; with ``wait``, returns
-        the snapshots committed (buckets unchanged since their last snapshot are skipped)."""
-        pending = set(range(self.table.buckets))
-        committed: dict[int, CommittedSnapshot] = {}
-
-        def attempt():
-            routing = self.router.routing()
-            groups = list(self.router.by_leader(routing, pending).items())
-
-            def trigger(item):
-                address, group = item
-                request = pb.TriggerSnapshotRequest(table_id=self.table.table_id, buckets=group, wait=wait)
-                return group, self._send(routing, address, "TriggerSnapshot", request, idempotent=True,
-                                         timeout_s=self._snapshot_timeout_s)
-
-            first_error = None
-            for result, error in self.map_parallel(trigger, groups):
-                if error is not None:
-                    first_error = first_error or error
-                    continue
-                group, response = result
-                for s in response.snapshots:
-                    committed[s.bucket.bucket] = CommittedSnapshot(s.bucket.bucket, s.snapshot_id, s.log_offset)
-                pending.difference_update(group)
-            if first_error is not None:
-                raise first_error
-            return committed
-
-        return sorted(self.retry.call(attempt).values())
-
+        the snapshots committed (buckets unchanged since their last snapshot are skipped). Raises if
+        a bucket was not committed; :func:`client.snapshot_trigger.trigger_snapshots` tells each
+        bucket's outcome instead, the failed ones too."""
+        outcomes = trigger_snapshots(self, wait=wait)
+        raise_failed(outcomes, self.table.path)
+        return [o.snapshot for o in outcomes if o.state == COMMITTED and o.snapshot is not None]
 
     # -- live scans (client/scanner.py) ------------------------------------------------------------
 

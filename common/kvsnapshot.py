@@ -93,6 +93,18 @@ class Manifest:
                               tuple(SnapshotFile(f.path, f.size) for f in self.files))
 
 
+def missing_files(storage: RemoteStorage, files: Iterable[SnapshotFile | ManifestFile]
+                  ) -> list[tuple[str, int, int | None]]:
+    """The files not on remote storage with their size, by path: ``(path, size, size found or None)``.
+    One listing per directory they are in (a snapshot's: its bucket's ``shared/`` and its ``snap-{id}/``).
+    Raises StorageError."""
+    files = sorted(files, key=lambda f: f.path)
+    listed: dict[str, int] = {}
+    for directory in sorted({f.path.rsplit("/", 1)[0] for f in files}):
+        listed.update(storage.list_sizes(directory))
+    return [(f.path, f.size, listed.get(f.path)) for f in files if listed.get(f.path) != f.size]
+
+
 def read_manifest(storage: RemoteStorage, path: str) -> Manifest:
     """Raises StorageNotFound, StorageError, InvalidSnapshotError."""
     return Manifest.from_bytes(storage.read(path), where=path)

@@ -10,7 +10,12 @@ when:
 - its manifest is at the snapshot's own path (``.../snap-{id}/_METADATA``),
   exists on remote storage and agrees with the commit: bucket, snapshot id,
   ``log_offset`` and files with their sizes (:func:`check_manifest`, a remote
-  read: run in the gRPC handler's thread, never on the event loop).
+  read: run in the gRPC handler's thread, never on the event loop);
+- every one of its files exists on remote storage with its size
+  (:func:`check_files`: one listing of the bucket's ``shared/`` directory and
+  one of the snapshot's ``snap-{id}/``, in the same thread). A snapshot whose
+  file went missing before its commit (deleted by hand, a lifecycle rule, a
+  lost write) would be a snapshot no reader can open.
 
 - its ``log_offset`` is not beyond the bucket's changelog end, as the bucket's
   leader answers ListOffsets (:class:`LeaderLogEnds`, one round trip per
@@ -30,7 +35,7 @@ from common.tls import TlsFiles
 from common.limits import GRPC_MESSAGE_OPTIONS
 from common.proto import tablet_pb2, tablet_pb2_grpc
 from common.wire import error_from_pb
-from common.kvsnapshot import bucket_dir, manifest_path, read_manifest
+from common.kvsnapshot import bucket_dir, manifest_path, missing_files, read_manifest
 from common.model import SnapshotHandle
 from common.storage import RemoteStorage, StorageNotFound
 
@@ -75,6 +80,20 @@ def check_manifest(storage: RemoteStorage, handle: SnapshotHandle) -> None:
         raise errors.InvalidSnapshotError(
             f"{what}: its files differ from its manifest's (not in the manifest: {extra[:3]}, "
             f"missing: {missing[:3]})")
+    check_files(storage, handle)
+
+
+def check_files(storage: RemoteStorage, handle: SnapshotHandle) -> None:
+    """Raises InvalidSnapshotError naming the first file of the snapshot that is not on remote storage
+    with its size; StorageError if remote storage could not be listed (retriable). One listing per
+    directory the files are in (the bucket's ``shared/`` and the snapshot's ``snap-{id}/``)."""
+    missing = missing_files(storage, handle.files)
+    if missing:
+        path, size, found = missing[0]
+        what = "does not exist" if found is None else f"has {found} bytes, the manifest says {size}"
+        raise errors.InvalidSnapshotError(
+            f"snapshot {handle.snapshot_id} of bucket {handle.bucket} is not committed: its file {path} "
+            f"on remote storage {what} (the next snapshot uploads it again)", path=path)
 
 
 class LeaderLogEnds:

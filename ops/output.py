@@ -117,10 +117,17 @@ def scan_doc(table: str, rows: Iterable[Mapping[str, Any]], log_offsets: Mapping
             "log_offsets": {str(b): offset for b, offset in sorted(log_offsets.items())}}
 
 
-def committed_doc(table: str, snapshots: Iterable[Any], waited: bool) -> dict:
-    """``snapshot trigger``; ``snapshots`` are ``(bucket, snapshot_id, log_offset)``."""
-    return {"table": table, "waited": waited, "snapshots": [
-        {"bucket": b, "snapshot_id": sid, "log_offset": offset} for b, sid, offset in sorted(snapshots)]}
+def committed_doc(table: str, outcomes: Iterable[Any], waited: bool) -> dict:
+    """``snapshot trigger``; ``outcomes`` are :class:`client.snapshot_trigger.BucketOutcome`. ``snapshots``:
+    each bucket's snapshot as of the trigger, ``new`` if this trigger committed it (else nothing was
+    written since); ``empty``: buckets never written; ``not_committed``: the buckets that failed."""
+    outcomes = sorted(outcomes)
+    return {"table": table, "waited": waited,
+            "snapshots": [{"bucket": o.bucket, "snapshot_id": o.snapshot.snapshot_id,
+                           "log_offset": o.snapshot.log_offset, "new": o.state == "committed"}
+                          for o in outcomes if o.snapshot is not None],
+            "empty": [o.bucket for o in outcomes if o.state == "empty"],
+            "not_committed": [{"bucket": o.bucket, "error": o.error.message} for o in outcomes if o.state == "failed"]}
 
 
 # -- rendering helpers ---------------------------------------------------------------------
@@ -382,15 +389,24 @@ class TextOutput(Output):
             self._print(escape(f"not found: {', '.join(missing)}"))
 
     def committed(self, doc: Mapping[str, Any]) -> None:
-        if not doc["waited"]:
-            self._print(f"{doc['table']}: snapshot triggered on every bucket's leader")
-        elif not doc["snapshots"]:
-            self._print(f"{doc['table']}: no bucket changed since its last snapshot; nothing committed")
-        else:
-            grid = self._grid("bucket", "snapshot", "log offset", title=f"{doc['table']}: committed")
+        table, failed = doc["table"], doc["not_committed"]
+        if doc["snapshots"]:
+            grid = self._grid("bucket", "snapshot", "log offset", "state", title=f"{table}: snapshots")
             for snap in doc["snapshots"]:
-                grid.add_row(str(snap["bucket"]), str(snap["snapshot_id"]), str(snap["log_offset"]))
+                grid.add_row(str(snap["bucket"]), str(snap["snapshot_id"]), str(snap["log_offset"]),
+                             "committed now" if snap["new"] else "no change since")
             self._print(grid)
+        if doc["empty"]:
+            self._print(f"{table}: bucket(s) {', '.join(map(str, doc['empty']))} empty: nothing to snapshot")
+        if failed:
+            grid = self._grid("bucket", "error", title=f"{table}: not committed")
+            for f in failed:
+                grid.add_row(str(f["bucket"]), escape(f["error"]))
+            self._print(grid)
+        elif not doc["waited"]:
+            self._print(f"{table}: snapshot triggered on every bucket's leader")
+        elif not any(snap["new"] for snap in doc["snapshots"]):
+            self._print(f"{table}: no bucket changed since its last snapshot; nothing committed")
 
     def scan(self, doc: Mapping[str, Any]) -> None:
         if doc["rows"]:

@@ -24,6 +24,7 @@ from typing import Callable
 
 from common import config as cfg
 from common import errors
+from common.kvsnapshot import missing_files
 from common.storage import RemoteStorage
 from common.tables import TableInfo
 from common.model import SnapshotHandle, TableBucket
@@ -227,23 +228,33 @@ class ReplicaManager:
     def snapshot(self, replica: Replica, force: bool = False) -> SnapshotHandle | None:
         """Checkpoint, upload and commit one bucket, then apply its changelog retention; None when
         it has not changed."""
-        return self.snapshot_buckets([replica], force)[0]
+        (result,) = self.snapshot_each([replica], force)
+        if isinstance(result, Exception):
+            raise result
+        return result
 
-    def snapshot_buckets(self, replicas: list[Replica], force: bool = False) -> list[SnapshotHandle | None]:
-        """:meth:`snapshot` of each bucket in turn, then the changelog retention of those that
-        committed, asking the coordinator for the kept snapshots once per table. The first failure
-        stops the round and is raised, after the retention of the buckets committed before it."""
-        handles: list[SnapshotHandle | None] = []
-        try:
-            for replica in replicas:
-                handles.append(self._snapshot(replica, force))
-        finally:
-            self.apply_retention([r for r, h in zip(replicas, handles) if h is not None])
-        return handles
+    def snapshot_each(self, replicas: list[Replica], force: bool = False, verify: bool = False
+                      ) -> list[SnapshotHandle | None | errors.KvLeaseError]:
+        """:meth:`snapshot` of each bucket in turn, a failure answered in its place (the others go on),
+        then the changelog retention of those that committed, asking the coordinator for the kept
+        snapshots once per table. ``verify``: an unchanged bucket whose latest snapshot lost a file on
+        remote storage is snapshotted anyway (one listing per bucket; an explicit trigger does this,
+        the periodic round does not)."""
+        results: list[SnapshotHandle | None | errors.KvLeaseError] = []
+        for replica in replicas:
+            try:
+                results.append(self._snapshot(replica, force, verify))
+            except errors.KvLeaseError as exc:
+                results.append(exc)
+            except Exception as exc:  # a bug or a local I/O failure: answered, the others go on
+                log.exception("snapshot of %s failed", replica.tb)
+                results.append(errors.UnknownServerError(f"snapshot of bucket {replica.bucket} failed: {exc}"))
+        self.apply_retention([r for r, h in zip(replicas, results) if isinstance(h, SnapshotHandle)])
+        return results
 
-    def _snapshot(self, replica: Replica, force: bool) -> SnapshotHandle | None:
+    def _snapshot(self, replica: Replica, force: bool, verify: bool = False) -> SnapshotHandle | None:
         with replica.snapshot_lock:
-            if not force and not replica.changed():
+            if not force and not replica.changed() and not (verify and self._lost_files(replica)):
                 return None
             snapshot_id = replica.next_snapshot_id
             work = os.path.join(self.bucket_dir(replica.table.table_id, replica.bucket), "checkpoints")
@@ -260,6 +271,17 @@ class ReplicaManager:
             replica.snapshot_offset = log_offset
             log.info("snapshot %d of %s committed at log offset %d", snapshot_id, replica.tb, log_offset)
         return handle
+
+    def _lost_files(self, replica: Replica) -> bool:
+        """Whether the latest committed snapshot misses a file on remote storage (then a new one is due)."""
+        base = replica.uploader.base
+        if base is None:
+            return False
+        missing = missing_files(self.storage, base.files)
+        if missing:
+            log.warning("snapshot %d of %s lost %d files on remote storage (e.g. %s): taking a new one",
+                        base.snapshot_id, replica.tb, len(missing), missing[0][0])
+        return bool(missing)
 
     def snapshot_changed(self) -> int:
         """Snapshot every led bucket that changed since its last snapshot, then apply the changelog

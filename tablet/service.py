@@ -19,6 +19,7 @@ from common.proto import tablet_pb2 as pb
 from common.proto import tablet_pb2_grpc as pb_grpc
 from common.wire import error_pb, handle_to_pb, refusing_partition_ids, table_from_pb
 from common.codec import batch_to_ipc, ipc_to_batch
+from common.model import SnapshotHandle
 from common.security.server import OPEN
 from tablet.authz import READ, WRITE, TableAccess
 from tablet.replicas import ReplicaManager
@@ -123,12 +124,27 @@ class TabletService(pb_grpc.TabletServiceServicer):
         def work():
             self.access.check(WRITE, request.table_id)
             self.replicas.check_table(request.table_id)
-            if request.buckets:
-                targets = [self.replicas.get(request.table_id, b) for b in request.buckets]
-            else:
-                targets = self.replicas.replicas(request.table_id)
-            handles = [handle_to_pb(h) for h in self.replicas.snapshot_buckets(targets) if h is not None]
-            return {"snapshots": handles if request.wait else []}
+            buckets = list(request.buckets) or [r.bucket for r in self.replicas.replicas(request.table_id)]
+            results: dict[int, object] = {}
+            targets = []
+            for bucket in buckets:
+                try:
+                    targets.append(self.replicas.get(request.table_id, bucket))
+                except errors.KvLeaseError as exc:
+                    results[bucket] = exc
+            results.update(zip((r.bucket for r in targets), self.replicas.snapshot_each(targets, verify=True)))
+            failed = sorted((b, r) for b, r in results.items() if isinstance(r, errors.KvLeaseError))
+            if failed and not request.bucket_errors:
+                raise failed[0][1]
+            answer = {"failed": [pb.BucketErrorPb(bucket=b, error=error_pb(e)) for b, e in failed]}
+            if request.wait:
+                # a bucket unchanged since its latest snapshot (the periodic one may have just taken it) is done
+                led = {r.bucket: r for r in targets}
+                answer["snapshots"] = [handle_to_pb(h) for b, h in sorted(results.items())
+                                       if isinstance(h, SnapshotHandle)]
+                answer["unchanged"] = [handle_to_pb(led[b].uploader.base) for b, h in sorted(results.items())
+                                       if h is None and led[b].uploader.base is not None]
+            return answer
         return _answer(pb.TriggerSnapshotResponse, work)
 
     # -- live KV scans (tablet/scan_service.py) ------------------------------------------------

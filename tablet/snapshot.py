@@ -6,7 +6,8 @@ SSTs go to ``kv/{t}/{b}/shared/{stem}-{size}-{crc32 of the last 64 KiB}-s{id}.ss
 ``-s{id}`` makes every upload a fresh name), the other checkpoint files to
 ``kv/{t}/{b}/snap-{id}/``, the JSON manifest last to ``snap-{id}/_METADATA``.
 An SST counts as present only if the latest committed snapshot uses it, or
-this uploader put it there itself and it still exists.
+this uploader put it there itself, and in both cases one listing of the shared
+directory just before the upload shows it with its size.
 """
 
 from __future__ import annotations
@@ -161,14 +162,20 @@ class SnapshotUploader:
         return (name, size, fingerprint(os.path.join(checkpoint_dir, name), size))
 
     def _reusable(self, keys: set[FileKey]) -> dict[FileKey, SnapshotFile]:
-        """Committed SSTs, plus our own earlier uploads that are still there (checked, not assumed)."""
+        """The SSTs of the latest committed snapshot, and our own earlier uploads, that one listing of
+        the shared directory shows with their size: nothing is assumed present (a file deleted behind
+        our back, even one the coordinator holds, is uploaded again under a new name)."""
         self._pending = {k: f for k, f in self._pending.items() if k in keys}  # gone from the DB: never again
-        found = {k: f for k, f in self._committed.items() if k in keys}
-        for key, f in list(self._pending.items()):
-            if key not in found and self.storage.exists(f.path):
-                found[key] = f
-            elif key not in found:
-                del self._pending[key]
+        if not any(k in self._committed for k in keys) and not self._pending:
+            return {}
+        listed = self.storage.list_sizes(shared_dir(self.table_bucket))
+        found: dict[FileKey, SnapshotFile] = {}
+        for key in keys:
+            seen = [f for f in (self._committed.get(key), self._pending.get(key))
+                    if f is not None and listed.get(f.path) == f.size]
+            if seen:
+                found[key] = seen[0]
+        self._pending = {k: f for k, f in self._pending.items() if found.get(k) == f}
         return found
 
     def _write_all(self, checkpoint_dir: str, manifest: Manifest, data: bytes,

@@ -1,9 +1,9 @@
 """Test helper: a real ``_METADATA`` manifest on remote storage for a snapshot handle.
 
 The coordinator accepts a ``CommitKvSnapshot`` only when the snapshot's
-manifest exists at its path and agrees with the commit
-(:mod:`coordinator.snapshot_checks`); tests that commit made-up snapshots
-write one first.
+manifest exists at its path and agrees with the commit, and every file it
+names exists with its size (:mod:`coordinator.snapshot_checks`); tests that
+commit made-up snapshots write them first.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import posixpath
 
 from common import config as cfg
-from common.kvsnapshot import Manifest, ManifestFile, manifest_path
+from common.kvsnapshot import Manifest, ManifestFile, bucket_dir, manifest_path
 from common.model import SnapshotHandle, TableBucket
 from common.storage import RemoteStorage, open_storage
 
@@ -21,9 +21,18 @@ def storage_of(config: cfg.Config) -> RemoteStorage:
 
 
 def write_manifest(storage: RemoteStorage | cfg.Config, handle: SnapshotHandle) -> SnapshotHandle:
-    """Write (or overwrite) the manifest the handle names; returns the handle."""
+    """Write (or overwrite) the manifest the handle names, and each of its files under its bucket's own
+    directory that is not there with its size yet (zero bytes of that size); returns the handle."""
     if isinstance(storage, cfg.Config):
         storage = storage_of(storage)
+    inside = f"{bucket_dir(handle.bucket)}/"
+    ours = [f for f in handle.files if f.path.startswith(inside) and "/../" not in f.path]
+    listed = {}
+    for directory in {f.path.rsplit("/", 1)[0] for f in ours}:
+        listed.update(storage.list_sizes(directory))
+    for f in ours:
+        if listed.get(f.path) != f.size:
+            storage.put(f.path, bytes(f.size))
     files = tuple(ManifestFile(f.path, posixpath.basename(f.path), f.size) for f in handle.files)
     manifest = Manifest(handle.bucket, handle.snapshot_id, handle.log_offset, files, 0)
     storage.put(handle.metadata_path or manifest.path, manifest.to_bytes())

@@ -115,9 +115,6 @@ class FakeTableClient:
         self.fetches.append(from_offset)
         return self.records[from_offset:from_offset + 2], 5
 
-    def trigger_snapshot(self, wait=True):
-        return [(1, 4, 5), (0, 3, 7)] if wait else []
-
     def close(self):
         pass
 
@@ -276,14 +273,38 @@ def test_iso_time_ms_is_utc_with_milliseconds():
     assert out.iso_time_ms(None) is None
 
 
-def test_snapshot_trigger(fake_table):
+def test_snapshot_trigger(fake_table, monkeypatch):
+    from client import snapshot_trigger as st
+
+    outcomes = [st.BucketOutcome(1, st.COMMITTED, st.CommittedSnapshot(1, 4, 5)),
+                st.BucketOutcome(0, st.UNCHANGED, st.CommittedSnapshot(0, 3, 7))]
+    monkeypatch.setattr(st, "trigger_snapshots", lambda client, wait, on_outcome: outcomes)
     doc = json.loads(run_in("snapshot", "trigger", "db.w", "--wait", "--json").stdout)
     assert doc == {"table": "db.w", "waited": True, "snapshots": [
-        {"bucket": 0, "snapshot_id": 3, "log_offset": 7}, {"bucket": 1, "snapshot_id": 4, "log_offset": 5}]}
+        {"bucket": 0, "snapshot_id": 3, "log_offset": 7, "new": False},
+        {"bucket": 1, "snapshot_id": 4, "log_offset": 5, "new": True}], "empty": [], "not_committed": []}
+    outcomes[:] = [st.BucketOutcome(0, st.COMMITTED), st.BucketOutcome(1, st.COMMITTED)]
     assert "triggered" in run_in("snapshot", "trigger", "db.w").stdout
     buffer = io.StringIO()
     out.TextOutput(Console(file=buffer, width=100)).committed(out.committed_doc("db.w", [], True))
     assert "nothing committed" in buffer.getvalue()
+
+
+def test_snapshot_trigger_that_failed_on_some_buckets_lists_both_and_exits_1(fake_table, monkeypatch):
+    from client import snapshot_trigger as st
+
+    down = errors.LeaderNotAvailableError("bucket 1 of table db.w: its leader, tablet server 2, is not live")
+    outcomes = [st.BucketOutcome(0, st.COMMITTED, st.CommittedSnapshot(0, 3, 7)),
+                st.BucketOutcome(1, st.FAILED, error=down)]
+    monkeypatch.setattr(st, "trigger_snapshots", lambda client, wait, on_outcome: outcomes)
+    result = run_in("snapshot", "trigger", "db.w", "--wait")
+    assert result.exit_code == 1
+    assert "committed now" in result.stdout and "not committed" in result.stdout and "is not live" in result.stdout
+    assert result.stderr.strip() == (
+        "error: db.w: bucket 1 not committed (1 of 2 done; first error: bucket 1 of table db.w: its leader, "
+        "tablet server 2, is not live)")
+    outcomes[0] = st.BucketOutcome(0, st.FAILED, error=down)  # every bucket failed: just the error
+    assert assert_one_line_error(run_in("snapshot", "trigger", "db.w", "--wait", "--json")) == f"error: {down.message}"
 
 
 # -- numbers beyond the wire types, bytes that are not UTF-8 ---------------------------------

@@ -279,7 +279,7 @@ def test_a_hanging_remote_storage_does_not_stall_the_loop_while_deletes_are_retr
 
 
 def test_a_batch_writes_one_synced_file_per_table_and_a_failed_file_fails_only_its_writes(tmp_path, monkeypatch):
-    from common import storage as st
+    from common.storage import file as st
     from leases import store as store_module
     from leases.store import read_table_file
 

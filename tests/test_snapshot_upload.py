@@ -120,6 +120,9 @@ class FailingStorage(RemoteStorage):
     def list(self, prefix):
         return self.inner.list(prefix)
 
+    def list_sizes(self, prefix):
+        return self.inner.list_sizes(prefix)
+
     def exists(self, path):
         return self.inner.exists(path)
 
@@ -248,6 +251,26 @@ def test_an_sst_no_committed_snapshot_uses_is_not_assumed_present(file_storage, 
     assert uploader.last_stats.new_shared_files == len(ssts(cp2))
     assert all(file_storage.exists(p) for p in h2.file_paths())
     assert file_storage.list(ks.snapshot_dir(TB, 1)) == []
+
+
+def test_committed_ssts_deleted_or_cut_short_behind_the_uploaders_back_are_uploaded_again(storage, tmp_path):
+    bucket = Bucket(tmp_path / "db")
+    bucket.write(range(20_000))
+    bucket.write(range(20_000, 30_000))
+    cp1 = bucket.checkpoint()
+    uploader = SnapshotUploader(storage, TB)
+    uploader.mark_committed(uploader.upload(cp1, 1, bucket.offset))
+    assert len(ssts(cp1)) == 2
+    missing, short = storage.list(ks.shared_dir(TB))
+    storage.delete(missing)
+    storage.put(short, storage.read(short)[:-1])
+    bucket.write(range(100), version=1)
+    cp2 = bucket.checkpoint()
+    bucket.close()
+    h2 = uploader.upload(cp2, 2, bucket.offset)
+    assert (uploader.last_stats.new_shared_files, uploader.last_stats.reused_shared_files) == (3, 0)
+    assert not {missing, short} & h2.file_paths()  # under new names: the damaged objects are not reused
+    assert_handle_matches_storage(storage, h2, cp2)
 
 
 @pytest.mark.unit

@@ -7,6 +7,7 @@ import pickle
 import pytest
 
 from common import storage as st
+from common.storage import file as st_file
 from common.config import Config, ConfigError
 from common.errors import StorageError
 from common.storage import FileStorage, S3Storage, StorageExists, StorageNotFound, open_storage
@@ -98,6 +99,22 @@ def test_list_is_recursive_sorted_and_respects_the_prefix(storage):
     assert storage.list("nothing/here") == []
 
 
+def test_list_sizes_gives_every_object_under_the_prefix_with_its_size(storage):
+    objects = {"kv/1/0/snap-2/_METADATA": b"meta", "kv/1/0/shared/a.sst": b"a" * 1000, "kv/1/0/shared/b.sst": b"",
+               "kv/10/0/shared/c.sst": b"cc", "lease/kv-snapshot/1/u.metadata": b"u"}
+    for path, data in objects.items():
+        storage.write_new(path, data)
+    assert storage.list_sizes("kv/1/0/shared") == {"kv/1/0/shared/a.sst": 1000, "kv/1/0/shared/b.sst": 0}
+    assert storage.list_sizes("kv/1") == {p: len(d) for p, d in objects.items() if p.startswith("kv/1/")}
+    assert storage.list_sizes("kv/1/") == storage.list_sizes("kv/1")  # "kv/10" is not under "kv/1"
+    assert storage.list_sizes("") == {p: len(d) for p, d in objects.items()}
+    assert storage.list_sizes("nothing/here") == {}
+    storage.put("kv/1/0/shared/a.sst", b"short")  # a replaced object: its size now
+    storage.delete("kv/1/0/shared/b.sst")
+    assert storage.list_sizes("kv/1/0/shared") == {"kv/1/0/shared/a.sst": 5}
+    assert sorted(storage.list_sizes("kv")) == storage.list("kv")  # the same objects as list()
+
+
 def test_leading_slash_means_the_same_key(storage):
     storage.write_new("/abs/key", b"v")
     assert storage.read("abs/key") == b"v"
@@ -158,6 +175,14 @@ def test_file_storage_leaves_no_temp_files_and_prunes_empty_dirs(tmp_path):
 
 
 @pytest.mark.unit
+def test_file_storage_list_sizes_leaves_out_writes_in_progress(tmp_path):
+    storage = FileStorage(f"file://{tmp_path}", fsync=False)
+    storage.write_new("kv/1/0/shared/a.sst", b"abc")
+    (tmp_path / "kv" / "1" / "0" / "shared" / "b.sst.tmp-1-2").write_bytes(b"partly written")
+    assert storage.list_sizes("kv/1") == {"kv/1/0/shared/a.sst": 3}
+
+
+@pytest.mark.unit
 def test_s3_storage_parses_bucket_and_prefix():
     storage = S3Storage("s3://bucket/some/prefix/")
     assert (storage.bucket, storage.prefix) == ("bucket", "some/prefix")
@@ -198,11 +223,11 @@ def test_write_new_many_writes_each_and_answers_each_failure(storage):
 @pytest.mark.unit
 def test_file_storage_makes_a_batch_durable_with_one_sync_instead_of_an_fsync_each(tmp_path, monkeypatch):
     storage = FileStorage(f"file://{tmp_path}", fsync=True)
-    assert st._syncfs is not None  # Linux: the real syncfs(2)
+    assert st_file._syncfs is not None  # Linux: the real syncfs(2)
     synced, fsynced = [], []
-    real_syncfs, real_fsync = st._syncfs, st.os.fsync
-    monkeypatch.setattr(st, "_syncfs", lambda path: (synced.append(path), real_syncfs(path)))
-    monkeypatch.setattr(st.os, "fsync", lambda fd: (fsynced.append(fd), real_fsync(fd)))
+    real_syncfs, real_fsync = st_file._syncfs, st_file.os.fsync
+    monkeypatch.setattr(st_file, "_syncfs", lambda path: (synced.append(path), real_syncfs(path)))
+    monkeypatch.setattr(st_file.os, "fsync", lambda fd: (fsynced.append(fd), real_fsync(fd)))
     items = [(f"lease/kv-snapshot/L{i}/1/f.metadata", b"x" * i) for i in range(5)]
     assert storage.write_new_many(items) == [None] * 5
     assert synced == [storage.root] and fsynced == []
@@ -218,7 +243,7 @@ def test_file_storage_batch_whose_sync_fails_fails_every_item_and_leaves_nothing
 
     def broken(_path):
         raise OSError(5, "Input/output error")
-    monkeypatch.setattr(st, "_syncfs", broken)
+    monkeypatch.setattr(st_file, "_syncfs", broken)
     outcomes = storage.write_new_many([("a/1", b"1"), ("b/2", b"2")])
     assert all(isinstance(o, StorageError) and "cannot sync" in str(o) for o in outcomes)
     assert storage.list("") == []
@@ -239,13 +264,13 @@ def test_file_storage_batch_creates_in_place_and_a_failed_item_leaves_nothing_of
     storage = FileStorage(f"file://{tmp_path}", fsync=True)
     storage.write_new("t/taken", b"old")
     storage.put("file", b"a file where a directory would go")
-    real_write = st.os.write
+    real_write = st_file.os.write
 
     def write(fd, data):  # the write of the item holding b"bad" fails (a full disk)
         if bytes(data) == b"bad":
             raise OSError(28, "No space left on device")
         return real_write(fd, data)
-    monkeypatch.setattr(st.os, "write", write)
+    monkeypatch.setattr(st_file.os, "write", write)
     outcomes = storage.write_new_many([("t/a", b"a"), ("t/taken", b"new"), ("file/x", b"x"), ("t/b", b"bad"),
                                        ("u/v/c", b"c")])
     assert outcomes[0] is None and outcomes[4] is None

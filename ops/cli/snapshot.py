@@ -32,7 +32,35 @@ def snapshot_list(state: State, path: str) -> None:
 @pass_state
 @catch_errors
 def snapshot_trigger(state: State, path: str, wait: bool) -> None:
-    """Snapshot every bucket that changed since its last snapshot, now."""
+    """Snapshot every bucket that changed since its last snapshot, now.
+
+    With --wait: each bucket's snapshot as of now (committed now, or unchanged since an earlier one),
+    progress on stderr as buckets finish; exit code 1 naming the buckets not committed, if any.
+    """
+    from client.snapshot_trigger import FAILED, raise_failed, trigger_snapshots
+
     client = state.table_client(path)
-    committed = client.trigger_snapshot(wait=wait)
-    state.output.committed(out.committed_doc(client.table.path, committed, wait))
+    table = client.table.path
+    outcomes = trigger_snapshots(client, wait=wait, on_outcome=show_progress(table) if wait else None)
+    if all(o.state == FAILED for o in outcomes):
+        raise_failed(outcomes, table)  # nothing to list: just the error
+    state.output.committed(out.committed_doc(table, outcomes, wait))
+    raise_failed(outcomes, table)
+
+
+def show_progress(table: str):
+    """An ``on_outcome`` for :func:`client.snapshot_trigger.trigger_snapshots`: a line on stderr per bucket
+    done (failures are listed at the end)."""
+    from client.snapshot_trigger import EMPTY, FAILED, UNCHANGED
+
+    def show(outcome, done: int, total: int) -> None:
+        if outcome.state == FAILED:
+            return
+        if outcome.state == EMPTY:
+            what = "empty, nothing to snapshot"
+        elif outcome.state == UNCHANGED:
+            what = f"unchanged since snapshot {outcome.snapshot.snapshot_id}"
+        else:
+            what = f"committed as snapshot {outcome.snapshot.snapshot_id}"
+        click.echo(f"{table}: bucket {outcome.bucket} {what} ({done}/{total} buckets done)", err=True)
+    return show
