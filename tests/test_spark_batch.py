@@ -100,7 +100,7 @@ def test_projection_and_filters_on_other_columns(spark, kv):
     assert df.columns == ["id", "name"]
 
 
-def test_primary_key_equality_reads_by_lookup(spark, kv):
+def test_primary_key_filters(spark, kv):
     seed(kv, 4, 100)
     with TableClient(kv.admin, "shop.orders") as client:
         client.upsert([row(42, 5)])

@@ -1,0 +1,87 @@
+"""The executors' side of a batch read, run in-process against a real cluster (no Spark job): a split read
+again holds its snapshot, and a missing snapshot file is told apart from a reclaimed snapshot."""
+
+from __future__ import annotations
+
+import pytest
+
+from client.table import TableClient
+from common.model import TableBucket
+from spark_source import options as opts
+from spark_source.bootstrap import SnapshotFileMissingError, SnapshotGoneError
+from spark_source.enumerator import plan_bootstrap
+from spark_source.reader import read_split
+from spark_source.schema import table_schema
+from spark_source.splits import HybridSplit, ReadContext
+from tests.spark_tables import kv, row, seed  # noqa: F401  (kv is a fixture)
+
+
+def plan(kv, lease_id: str) -> tuple[ReadContext, list]:
+    """A full read's context and splits, planned (and leased) as the driver plans them."""
+    options = opts.parse({"bootstrap": kv.coordinator.address, "table": "shop.orders"})
+    info = kv.admin.get_table("shop.orders")
+    storage = kv.admin.coordinator_info(kv.admin.address).remote_storage()
+    columns = tuple(f.name for f in table_schema(info, with_changes=True).fields)
+    with TableClient(kv.admin, info.table_id) as table:
+        splits = plan_bootstrap(kv.admin, table, options, lease_id, release=True)
+    return ReadContext(options.bootstrap, info, storage, columns), splits
+
+
+def ids(batches) -> list:
+    return sorted(i for b in batches for i in b.column("id").to_pylist())
+
+
+def test_a_split_read_again_takes_its_snapshot_back_for_the_read(kv):
+    """Spark reads a DataFrame's plan again for each later query on it; the first read gave the bucket back."""
+    seed(kv, 1, 50)
+    with TableClient(kv.admin, "shop.orders") as client:
+        client.upsert([row(i, 1) for i in range(50, 60)])
+    ctx, (split,) = plan(kv, "plan-1")
+    assert isinstance(split, HybridSplit)
+    first = ids(read_split(ctx, split))
+    assert kv.admin.list_leases() == []  # read, so given back
+
+    again = read_split(ctx, split)
+    batch = next(again)  # while the split reads, its lease holds the snapshot it was planned on
+    held = kv.admin.describe_lease("plan-1").buckets
+    assert held == {TableBucket(ctx.table.table_id, 0): split.snapshot_id}
+    assert ids([batch, *again]) == first == list(range(60))
+    assert kv.admin.list_leases() == []
+
+
+def test_a_split_read_again_after_its_snapshot_was_reclaimed_says_to_load_again(kv):
+    seed(kv, 1, 20)
+    ctx, (split,) = plan(kv, "plan-2")
+    list(read_split(ctx, split))
+    with TableClient(kv.admin, "shop.orders") as client:
+        for version in (1, 2, 3):  # newer snapshots: the planned one is no longer retained, nor leased
+            client.upsert([row(i, version) for i in range(20)])
+            client.trigger_snapshot()
+    with pytest.raises(SnapshotGoneError, match=r"snapshot \d+ that this read was planned on is no longer kept.*"
+                                                r"load\(\) the DataFrame again"):
+        list(read_split(ctx, split))
+    assert kv.admin.list_leases() == []
+
+
+def test_a_missing_file_of_a_held_snapshot_is_named_not_blamed_on_the_lease(kv):
+    seed(kv, 1, 20)
+    ctx, (split,) = plan(kv, "plan-3")
+    prefix = f"kv/{ctx.table.table_id}/"
+    sst = next(p for p in ctx.storage.list(prefix) if p.endswith(".sst"))
+    ctx.storage.delete(sst)
+    with pytest.raises(SnapshotFileMissingError, match=f"is held by the read's lease, but its file .*{sst} is "
+                                                       "missing from remote storage"):
+        list(read_split(ctx, split))
+    kv.admin.drop_lease("plan-3")
+
+
+def test_a_reclaimed_snapshot_read_by_a_split_says_so(kv):
+    seed(kv, 1, 20)
+    ctx, (split,) = plan(kv, "plan-4")
+    kv.admin.drop_lease("plan-4")
+    with TableClient(kv.admin, "shop.orders") as client:
+        for version in (1, 2, 3):
+            client.upsert([row(i, version) for i in range(20)])
+            client.trigger_snapshot()
+    with pytest.raises(SnapshotGoneError, match="no longer kept"):
+        list(read_split(ctx, split))
