@@ -54,6 +54,13 @@ def test_names_are_case_insensitive_and_values_typed():
     ({"startup.mode": "earliest", "ending.offsets": '{"0": -2}'}, "'ending.offsets'"),
     ({"startup.mode": "earliest", "ending.offsets": '{"0": 1}', "ending.timestamp": "5"}, "'ending.timestamp'"),
     ({"ending.timestamp": "5"}, "'ending.timestamp'"),
+    ({"startup.mode": "earliest", "ending.offsets": '{"0": Infinity}'}, "'ending.offsets'"),
+    ({"startup.mode": "earliest", "ending.offsets": '{"0": NaN}'}, "'ending.offsets'"),
+    ({"startup.mode": "earliest", "ending.offsets": '{"0": 1e400}'}, "'ending.offsets'"),
+    ({"startup.mode": "earliest", "ending.offsets": '{"0": 99999999999999999999}'}, "'ending.offsets'"),
+    ({"startup.mode": "timestamp", "startup.timestamp": "99999999999999999999"}, "'startup.timestamp'"),
+    ({"startup.mode": "timestamp", "startup.timestamp": "253402300800000"}, "'startup.timestamp'"),
+    ({"startup.mode": "earliest", "ending.timestamp": "9223372036854775807"}, "'ending.timestamp'"),
     ({"bootstrap.mode": "live", "startup.mode": "earliest"}, "'bootstrap.mode'"),
     ({"lease.id": "no spaces please"}, "'lease.id'"),
     ({"lease.id": "job:1"}, "'lease.id'"),  # the coordinator refuses ':'
