@@ -12,6 +12,7 @@ from the changelog alone.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Callable, Mapping
 
@@ -24,6 +25,11 @@ from common.model import TableBucket
 from common.tables import TableInfo
 from spark_source.options import Options, OptionError
 from spark_source.splits import HybridSplit, LiveSplit, LogSplit
+
+
+log = logging.getLogger(__name__)
+#: The most changelog splits one plan makes (``split.max-rows`` asking for more gets larger ones).
+MAX_LOG_SPLITS = 1000
 
 
 class SnapshotUnavailableError(errors.SnapshotNotFoundError):
@@ -125,8 +131,30 @@ def log_splits(bucket: int, start: int, end: int, max_rows: int | None) -> list[
     return [LogSplit(bucket, s, min(s + step, end)) for s in range(start, end, step)]
 
 
+def log_splits_for(ranges: Mapping[int, tuple[int, int]], max_rows: int | None) -> list[LogSplit]:
+    """Each bucket's ``[start, end)`` cut by ``split.max-rows``, in at most :data:`MAX_LOG_SPLITS` splits
+    in all (or one per bucket that has records, if more): where the option would make more, the pieces
+    are made just large enough, and a warning says so."""
+    sizes = [end - start for start, end in ranges.values() if end > start]
+    bound = max(MAX_LOG_SPLITS, len(sizes))
+    step = max_rows
+    if max_rows and _pieces(sizes, max_rows) > bound:
+        low, high = max_rows, max(sizes)  # the fewest records per piece that keeps within the bound
+        while low < high:
+            middle = (low + high) // 2
+            low, high = (middle + 1, high) if _pieces(sizes, middle) > bound else (low, middle)
+        step = low
+        log.warning("split.max-rows=%d would cut %d changelog records into %d Spark partitions; reading them in "
+                    "%d partitions of at most %d records instead (at most %d partitions)", max_rows, sum(sizes),
+                    _pieces(sizes, max_rows), _pieces(sizes, step), step, bound)
+    return [split for b in sorted(ranges) for split in log_splits(b, *ranges[b], step)]
+
+
+def _pieces(sizes: list[int], step: int) -> int:
+    return sum(-(-n // step) for n in sizes)
+
+
 def plan_changes(table: TableClient, options: Options) -> list[LogSplit]:
     """A batch change-feed read: the changelog records between the start and end offsets."""
     starts, ends = start_offsets(table, options), end_offsets(table, options)
-    return [split for b in range(table.table.buckets)
-            for split in log_splits(b, starts[b], ends[b], options.split_max_rows)]
+    return log_splits_for({b: (starts[b], ends[b]) for b in range(table.table.buckets)}, options.split_max_rows)

@@ -47,7 +47,7 @@ from client.admin import AdminClient
 from client.table import TableClient
 from common import errors
 from common.model import TableBucket
-from spark_source.enumerator import acquire_latest, log_splits, start_offsets
+from spark_source.enumerator import acquire_latest, log_splits_for, start_offsets
 from spark_source.options import Options, connect
 from spark_source.reader import read_split
 from spark_source.splits import HybridSplit, ReadContext
@@ -169,13 +169,15 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         lease, ends = self._parse(end)
         splits: list = []
         bootstrapping: dict[int, int] = {}
+        ranges: dict[int, tuple[int, int]] = {}
         for b, (snapshot, end_offset) in ends.items():
             begin = starts.get(b, (-1, NOT_STARTED))[1]
             if begin == NOT_STARTED and snapshot != -1:
                 bootstrapping[b] = snapshot
                 splits.append(HybridSplit(b, snapshot, end_offset, lease, release=False))
             else:
-                splits.extend(log_splits(b, max(begin, 0), end_offset, self.options.split_max_rows))
+                ranges[b] = (max(begin, 0), end_offset)
+        splits.extend(log_splits_for(ranges, self.options.split_max_rows))
         if bootstrapping:
             self._renew(lease, bootstrapping)
         return splits

@@ -193,3 +193,19 @@ def test_tls_options_and_a_secure_cluster_directory(tmp_path):
 def test_a_malformed_bootstrap_names_the_option(bootstrap):
     with pytest.raises(opts.OptionError, match=r"^option 'bootstrap': bad coordinator address"):
         opts.parse({**BASE, "bootstrap": bootstrap})
+
+
+def test_split_max_rows_is_bounded_in_the_number_of_partitions(caplog):
+    from spark_source.enumerator import MAX_LOG_SPLITS, log_splits_for
+
+    ranges = {0: (0, 20_000), 1: (5, 5), 2: (100, 1_107)}
+    with caplog.at_level("WARNING"):
+        splits = log_splits_for(ranges, 10)
+    assert len(splits) <= MAX_LOG_SPLITS
+    for b, (start, end) in ranges.items():  # still every record once, in order
+        mine = [(s.start, s.end) for s in splits if s.bucket == b]
+        assert [x for s, e in mine for x in range(s, e)] == list(range(start, end))
+    assert "split.max-rows=10" in caplog.text and "partitions" in caplog.text
+    caplog.clear()
+    assert len(log_splits_for(ranges, 1_000)) == 20 + 2 and not caplog.text  # under the bound: as asked
+    assert len(log_splits_for(ranges, None)) == 2
