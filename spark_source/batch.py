@@ -23,9 +23,8 @@ from typing import Iterator
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader
 
-from client.table import TableClient
 from spark_source.enumerator import plan_bootstrap, plan_changes
-from spark_source.options import Options, connect
+from spark_source.options import Options, connect, open_table
 from spark_source.reader import read_split
 from spark_source.splits import ReadContext
 
@@ -36,7 +35,7 @@ class BatchReader(DataSourceReader):
         self.ctx = ctx
 
     def partitions(self) -> list:
-        with connect(self.ctx.bootstrap, self.ctx.security) as admin, TableClient(admin, self.ctx.table.table_id) as table:
+        with connect(self.ctx.bootstrap, self.ctx.security) as admin, open_table(admin, self.ctx.table.table_id, self.ctx.security) as table:
             if self.options.change_feed:
                 return plan_changes(table, self.options)
             lease_id = self.options.lease_id or f"spark-batch-{uuid.uuid4().hex}"

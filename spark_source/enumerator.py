@@ -67,8 +67,13 @@ def acquire_latest(admin: AdminClient, table: TableInfo, lease_id: str, options:
         wait=tenacity.wait_random_exponential(multiplier=0.05, max=max(0.05, options.acquire_max_wait_s / 4)),
         retry=tenacity.retry_if_result(bool), sleep=sleep, reraise=True,
         retry_error_callback=lambda state: state.outcome.result())
-    missing = retrying(attempt)
+    try:
+        missing = retrying(attempt)
+    except BaseException:
+        give_back(admin, table, lease_id, held)
+        raise
     if missing:
+        give_back(admin, table, lease_id, held)
         raise SnapshotUnavailableError(
             f"table {table.path}: no snapshot of bucket(s) {', '.join(map(str, sorted(missing)))} could be leased "
             f"(lease {lease_id}) after {retrying.statistics.get('attempt_number', 1)} attempt(s) in "
@@ -76,6 +81,18 @@ def acquire_latest(admin: AdminClient, table: TableInfo, lease_id: str, options:
             "lease.acquire.max-attempts / lease.acquire.max-wait, or snapshot less often",
             table=table.path, buckets=sorted(missing), lease_id=lease_id)
     return held
+
+
+def give_back(admin: AdminClient, table: TableInfo, lease_id: str, held: Mapping[int, object]) -> None:
+    """Release ``held`` buckets of ``lease_id`` (a plan that failed after it leased them); a failure to
+    is logged: the lease's expiry frees them then."""
+    if not held:
+        return
+    try:
+        admin.release_lease(lease_id, [TableBucket(table.table_id, b) for b in sorted(held)])
+    except errors.KvLeaseError as exc:
+        log.warning("table %s: could not give back lease %s after its read failed to plan (it expires within "
+                    "lease.duration): %s", table.path, lease_id, exc)
 
 
 def plan_bootstrap(admin: AdminClient, table: TableClient, options: Options, lease_id: str, *,
@@ -86,7 +103,11 @@ def plan_bootstrap(admin: AdminClient, table: TableClient, options: Options, lea
     if options.bootstrap_mode == "live":
         return [LiveSplit(b) for b in range(info.buckets)]
     held = acquire_latest(admin, info, lease_id, options, sleep=sleep)
-    ends = {b: latest for b, (_, latest) in table.list_offsets().items()}
+    try:
+        ends = {b: latest for b, (_, latest) in table.list_offsets().items()}
+    except BaseException:
+        give_back(admin, info, lease_id, held)
+        raise
     return [HybridSplit(b, held[b].snapshot_id, ends[b], lease_id, release) if b in held
             else LogSplit(b, 0, ends[b], as_state=True) for b in range(info.buckets)]
 

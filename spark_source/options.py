@@ -15,6 +15,7 @@ from typing import Any, Mapping
 
 from client.admin import parse_bootstrap
 from client.admin import AdminClient
+from client.table import TableClient
 from client.cluster_dir import cluster_dir_bootstrap, cluster_dir_security
 from common import config as cfg
 from common.config import parse_duration_ms
@@ -101,6 +102,14 @@ def connect(bootstrap: tuple[str, ...], security: Security = ()) -> AdminClient:
     """An admin client of the cluster at ``bootstrap``, with TLS when ``security`` says so (the driver's and
     every executor's: the certificate files must be readable at the same paths there)."""
     return AdminClient(list(bootstrap), cfg.Config(dict(security), env={}))
+
+
+def open_table(admin: AdminClient, table_id: int, security: Security = ()) -> TableClient:
+    """The table client of a read or write on ``admin``'s cluster: its calls to tablet servers retry as
+    long as ``retry.timeout`` says, like the admin client's calls to the coordinator."""
+    settings = dict(security)
+    return TableClient(admin, table_id, cfg.Config(settings, env={}),
+                       retry_total_s=admin.retry.total_s if cfg.CLIENT_RETRY_TOTAL.name in settings else None)
 
 
 def _security(given: Mapping[str, str]) -> Security:

@@ -24,7 +24,7 @@ from common import errors
 from common.model import TableBucket
 from spark_source.bootstrap import SnapshotGoneError, merge, open_snapshot
 from spark_source.changelog import final_states, read_entries
-from spark_source.options import connect
+from spark_source.options import connect, open_table
 from spark_source.schema import changes_for_spark, spark_arrow_schema, state_rows_as_changes
 from spark_source.splits import HybridSplit, LiveSplit, LogSplit, ReadContext
 
@@ -56,7 +56,7 @@ def output_schema(schema: pa.Schema, ctx: ReadContext) -> pa.Schema:
 def _read(ctx: ReadContext, split, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     with ExitStack() as stack:
         admin = stack.enter_context(connect(ctx.bootstrap, ctx.security))
-        table = stack.enter_context(TableClient(admin, ctx.table.table_id))
+        table = stack.enter_context(open_table(admin, ctx.table.table_id, ctx.security))
         if isinstance(split, HybridSplit):
             batches = _hybrid(ctx, admin, table, split, schema)
             yield from (_releasing(admin, ctx, split, batches) if split.release else batches)

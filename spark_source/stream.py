@@ -47,8 +47,8 @@ from client.admin import AdminClient
 from client.table import TableClient
 from common import errors
 from common.model import TableBucket
-from spark_source.enumerator import acquire_latest, log_splits_for, start_offsets
-from spark_source.options import Options, connect
+from spark_source.enumerator import acquire_latest, give_back, log_splits_for, start_offsets
+from spark_source.options import Options, connect, open_table
 from spark_source.reader import read_split
 from spark_source.splits import HybridSplit, ReadContext
 
@@ -76,7 +76,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _connect(self) -> tuple[AdminClient, TableClient]:
         if self._clients is None:
             admin = connect(self.ctx.bootstrap, self.ctx.security)
-            self._clients = admin, TableClient(admin, self.ctx.table.table_id)
+            self._clients = admin, open_table(admin, self.ctx.table.table_id, self.ctx.security)
         return self._clients
 
     def stop(self) -> None:
@@ -139,7 +139,11 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             else:
                 ends[b] = (-1, latest[b])
         if held:
-            self._renew(lease, {b: held[b].snapshot_id for b in held})
+            try:
+                self._renew(lease, {b: held[b].snapshot_id for b in held})
+            except BaseException:  # the offset is not logged: nothing would ever read or release the lease
+                give_back(admin, table.table, lease, held)
+                raise
         return self._offset(lease, ends)
 
     def _offset(self, lease: str | None, buckets: dict[int, tuple[int, int]]) -> dict:

@@ -222,3 +222,14 @@ def test_a_lease_duration_above_the_clusters_maximum_names_the_option(spark, kv)
                                         r"kv.snapshot.lease.max-duration"):
         read(spark, kv, lease_duration="30d").collect()
     assert kv.admin.list_leases() == []
+
+
+def test_a_read_that_fails_while_planning_leaves_no_lease_behind(spark, kv):
+    """The lease is taken, then the end offsets cannot be read (no tablet server answers): the read fails
+    within its retry.timeout, and gives back what it leased."""
+    seed(kv, 2, 20)
+    for i in list(kv.tablets):
+        kv.stop_tablet(i)
+    with pytest.raises(Exception, match="shop.orders|tablet|bucket"):
+        read(spark, kv, retry_timeout="2s").collect()
+    assert kv.admin.list_leases() == []

@@ -8,7 +8,7 @@ import pytest
 from client.table import TableClient
 from common.model import TableBucket
 from spark_source import options as opts
-from spark_source.bootstrap import SnapshotFileMissingError, SnapshotGoneError
+from spark_source.bootstrap import SnapshotFileMissingError
 from spark_source.enumerator import plan_bootstrap
 from spark_source.reader import read_split
 from spark_source.schema import table_schema
@@ -49,20 +49,6 @@ def test_a_split_read_again_takes_its_snapshot_back_for_the_read(kv):
     assert kv.admin.list_leases() == []
 
 
-def test_a_split_read_again_after_its_snapshot_was_reclaimed_says_to_load_again(kv):
-    seed(kv, 1, 20)
-    ctx, (split,) = plan(kv, "plan-2")
-    list(read_split(ctx, split))
-    with TableClient(kv.admin, "shop.orders") as client:
-        for version in (1, 2, 3):  # newer snapshots: the planned one is no longer retained, nor leased
-            client.upsert([row(i, version) for i in range(20)])
-            client.trigger_snapshot()
-    with pytest.raises(SnapshotGoneError, match=r"snapshot \d+ that this read was planned on is no longer kept.*"
-                                                r"load\(\) the DataFrame again"):
-        list(read_split(ctx, split))
-    assert kv.admin.list_leases() == []
-
-
 def test_a_missing_file_of_a_held_snapshot_is_named_not_blamed_on_the_lease(kv):
     seed(kv, 1, 20)
     ctx, (split,) = plan(kv, "plan-3")
@@ -75,13 +61,13 @@ def test_a_missing_file_of_a_held_snapshot_is_named_not_blamed_on_the_lease(kv):
     kv.admin.drop_lease("plan-3")
 
 
-def test_a_reclaimed_snapshot_read_by_a_split_says_so(kv):
-    seed(kv, 1, 20)
-    ctx, (split,) = plan(kv, "plan-4")
-    kv.admin.drop_lease("plan-4")
-    with TableClient(kv.admin, "shop.orders") as client:
-        for version in (1, 2, 3):
-            client.upsert([row(i, version) for i in range(20)])
-            client.trigger_snapshot()
-    with pytest.raises(SnapshotGoneError, match="no longer kept"):
-        list(read_split(ctx, split))
+def test_tablet_calls_retry_as_long_as_the_retry_timeout_option_says(kv):
+    """Driver and executors alike open their table client through the options' settings."""
+    from spark_source.options import connect, open_table
+
+    seed(kv, 1, 1)
+    info = kv.admin.get_table("shop.orders")
+    for given, expected in (({"retry.timeout": "2s"}, 2.0), ({"retry.timeout": "3m"}, 180.0)):
+        security = opts.parse({"bootstrap": kv.coordinator.address, "table": "shop.orders", **given}).security
+        with connect((kv.coordinator.address,), security) as admin, open_table(admin, info.table_id, security) as t:
+            assert t.retry.total_s == admin.retry.total_s == expected
