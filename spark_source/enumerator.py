@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from datetime import datetime, timezone
 from typing import Callable, Mapping
 
 import tenacity
@@ -83,6 +84,30 @@ def acquire_latest(admin: AdminClient, table: TableInfo, lease_id: str, options:
     return held
 
 
+def refuse_if_taken(admin: AdminClient, lease_id: str) -> None:
+    """Raise OptionError if ``lease_id`` exists now: another reader holds it (a lease id names one reader at
+    a time; two would move and release each other's snapshots)."""
+    try:
+        lease = admin.describe_lease(lease_id)
+    except errors.LeaseNotFoundError:
+        return
+    until = datetime.fromtimestamp(lease.expiration_time / 1000, timezone.utc).isoformat(timespec="seconds")
+    tables = ", ".join(_table_name(admin, t) for t in sorted(lease.tables()))
+    raise OptionError(
+        f"option 'lease.id': lease {lease_id} is held by another reader ({len(lease.buckets)} snapshot(s) of "
+        f"{tables or 'no table'}, until {until}): a lease id names one reader at a time; give this read another "
+        f"lease.id (or none: one is generated), or if the lease's reader is gone (a query stopped before its "
+        f"first micro-batch was logged, a job that died), drop it with `kvlease lease drop {lease_id}` or let it "
+        "expire")
+
+
+def _table_name(admin: AdminClient, table_id: int) -> str:
+    try:
+        return f"table {admin.get_table_by_id(table_id).path}"
+    except errors.KvLeaseError:
+        return f"table id {table_id}"
+
+
 def give_back(admin: AdminClient, table: TableInfo, lease_id: str, held: Mapping[int, object]) -> None:
     """Release ``held`` buckets of ``lease_id`` (a plan that failed after it leased them); a failure to
     is logged: the lease's expiry frees them then."""
@@ -102,6 +127,8 @@ def plan_bootstrap(admin: AdminClient, table: TableClient, options: Options, lea
     info = table.table
     if options.bootstrap_mode == "live":
         return [LiveSplit(b) for b in range(info.buckets)]
+    if options.lease_id is not None:
+        refuse_if_taken(admin, lease_id)
     held = acquire_latest(admin, info, lease_id, options, sleep=sleep)
     try:
         ends = {b: latest for b, (_, latest) in table.list_offsets().items()}

@@ -47,7 +47,7 @@ from client.admin import AdminClient
 from client.table import TableClient
 from common import errors
 from common.model import TableBucket
-from spark_source.enumerator import acquire_latest, give_back, log_splits_for, start_offsets
+from spark_source.enumerator import acquire_latest, give_back, log_splits_for, refuse_if_taken, start_offsets
 from spark_source.options import Options, connect, open_table
 from spark_source.reader import read_split
 from spark_source.splits import HybridSplit, ReadContext
@@ -67,9 +67,11 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._clients: tuple[AdminClient, TableClient] | None = None
         self._target: dict[int, int] | None = None  # Trigger.AvailableNow: offsets not to read past
         self._renewer: Renewer | None = None
+        self._claimed: str | None = None  # the lease this reader took for a bootstrap (the lease.id option's)
 
     def __getstate__(self) -> dict:  # Spark pickles the reader for read(); clients and threads stay here
-        return {"options": self.options, "ctx": self.ctx, "_clients": None, "_target": None, "_renewer": None}
+        return {"options": self.options, "ctx": self.ctx, "_clients": None, "_target": None, "_renewer": None,
+                "_claimed": None}
 
     # -- clients ---------------------------------------------------------------------------------
 
@@ -129,7 +131,10 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                        latest: dict[int, int]) -> dict:
         """The end of the bootstrap micro-batch: lease the latest snapshots (the whole bootstrap is one
         micro-batch, whatever the read limit)."""
+        if self.options.lease_id is not None and self._claimed != lease:
+            refuse_if_taken(admin, lease)  # a lease of a restarted query's own is in its checkpoint: not here
         held = acquire_latest(admin, table.table, lease, self.options)
+        self._claimed = lease
         ends = {}
         for b, (_, offset) in starts.items():
             if offset != NOT_STARTED:

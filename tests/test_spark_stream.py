@@ -259,3 +259,35 @@ def test_a_stream_from_a_time_in_the_future_is_refused(spark, kv, tmp_path):
     sink = Collector()
     run(spark, kv, tmp_path / "ck2", sink, startup_mode="timestamp", startup_timestamp=str(past))
     assert sorted(r["id"] for r in sink.rows()) == list(range(5))
+
+
+def test_a_lease_id_names_one_reader_at_a_time(spark, kv, tmp_path):
+    """A batch read given the lease.id of a streaming bootstrap under way took over its lease, moved it to
+    newer snapshots and released it: the bootstrap's snapshots were deleted under it."""
+    seed(kv, 2, 50)
+    checkpoint = tmp_path / "ck"
+
+    def crash(batch_id):
+        raise Crash("killed mid-bootstrap")
+
+    with pytest.raises(Exception, match="killed mid-bootstrap"):
+        run(spark, kv, checkpoint, Collector(before=crash), lease_id="shared")
+    held = kv.admin.describe_lease("shared").buckets
+    with TableClient(kv.admin, "shop.orders") as client:
+        client.upsert([row(i, 1) for i in range(50)])
+        client.trigger_snapshot()  # newer snapshots, which a second reader would lease
+
+    refused = r"option 'lease.id': lease shared is held by another reader"
+    batch = spark.read.format("kvlease").option("bootstrap", kv.coordinator.address) \
+        .option("table", "shop.orders").option("lease.id", "shared").load()
+    with pytest.raises(Exception, match=refused):
+        batch.collect()
+    with pytest.raises(Exception, match=refused):
+        run(spark, kv, tmp_path / "another", Collector(), lease_id="shared")
+    assert kv.admin.describe_lease("shared").buckets == held
+
+    sink = Collector()  # the stream itself, restarted from its checkpoint, keeps its lease
+    run(spark, kv, checkpoint, sink, lease_id="shared")
+    assert {r["id"]: r for r in sink.batches[0]}.keys() == set(range(50))
+    assert apply_changes(sink.rows()) == current(kv, range(50))
+    wait_until(lambda: kv.admin.list_leases() == [], 30, "the lease released once the bootstrap committed")
