@@ -25,7 +25,7 @@ from pyspark.sql.datasource import DataSourceReader
 
 from spark_source.enumerator import plan_bootstrap, plan_changes
 from spark_source.options import Options, connect, open_table
-from spark_source.reader import read_split
+from spark_source.reader import names_table, read_split
 from spark_source.splits import ReadContext
 
 
@@ -34,6 +34,7 @@ class BatchReader(DataSourceReader):
         self.options = options
         self.ctx = ctx
 
+    @names_table
     def partitions(self) -> list:
         with connect(self.ctx.bootstrap, self.ctx.security) as admin, open_table(admin, self.ctx.table.table_id, self.ctx.security) as table:
             if self.options.change_feed:

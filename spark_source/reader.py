@@ -9,10 +9,11 @@ the snapshot anyway).
 
 from __future__ import annotations
 
+import functools
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
-from typing import Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Callable, Iterator
 
 import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
@@ -22,6 +23,7 @@ from client.log_records import decode_records, entry_records
 from client.table import TableClient
 from common import errors
 from common.model import TableBucket
+from common.tables import TableInfo
 from spark_source.bootstrap import SnapshotGoneError, merge, open_snapshot
 from spark_source.changelog import final_states, read_entries
 from spark_source.options import connect, open_table
@@ -31,6 +33,27 @@ from spark_source.splits import HybridSplit, LiveSplit, LogSplit, ReadContext
 log = logging.getLogger(__name__)
 
 
+@contextmanager
+def table_named(table: TableInfo) -> Iterator[None]:
+    """Inside, a TableNotExistError (the servers name a table by id) names ``table`` by its name."""
+    try:
+        yield
+    except errors.TableNotExistError as exc:
+        raise errors.TableNotExistError(
+            f"table {table.path} (id {table.table_id}) no longer exists: it was dropped while this query read it "
+            f"(a table created again under that name is another table) ({exc.message})",
+            table=table.path, table_id=table.table_id) from None
+
+
+def names_table(method: Callable) -> Callable:
+    """A reader method whose TableNotExistError names the reader's table (``self.ctx.table``)."""
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        with table_named(self.ctx.table):
+            return method(self, *args, **kwargs)
+    return wrapper
+
+
 def read_split(ctx: ReadContext, split) -> Iterator[pa.RecordBatch]:
     """The split's rows with every table and metadata column, cut down to the requested ones (with
     the nullability the requested schema gives them: Spark compares the batches' schema with it)."""
@@ -38,10 +61,11 @@ def read_split(ctx: ReadContext, split) -> Iterator[pa.RecordBatch]:
         return  # what Spark reads when the plan has no split (e.g. a change feed of an empty range)
     schema = spark_arrow_schema(ctx.table, with_changes=True)
     wanted = output_schema(schema, ctx)
-    for batch in _read(ctx, split, schema):
-        if tuple(batch.schema.names) != ctx.columns:
-            batch = batch.select(list(ctx.columns))
-        yield batch if batch.schema.equals(wanted) else pa.RecordBatch.from_arrays(batch.columns, schema=wanted)
+    with table_named(ctx.table):
+        for batch in _read(ctx, split, schema):
+            if tuple(batch.schema.names) != ctx.columns:
+                batch = batch.select(list(ctx.columns))
+            yield batch if batch.schema.equals(wanted) else pa.RecordBatch.from_arrays(batch.columns, schema=wanted)
 
 
 def output_schema(schema: pa.Schema, ctx: ReadContext) -> pa.Schema:

@@ -49,7 +49,7 @@ from common import errors
 from common.model import TableBucket
 from spark_source.enumerator import acquire_latest, give_back, log_splits_for, refuse_if_taken, start_offsets
 from spark_source.options import Options, connect, open_table
-from spark_source.reader import read_split
+from spark_source.reader import names_table, read_split
 from spark_source.splits import HybridSplit, ReadContext
 
 log = logging.getLogger(__name__)
@@ -92,6 +92,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # -- offsets ---------------------------------------------------------------------------------
 
+    @names_table
     def initialOffset(self) -> dict:
         buckets = range(self.ctx.table.buckets)
         if self.options.startup_mode == "full":
@@ -106,10 +107,12 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return ReadMaxRows(self.options.max_rows_per_trigger)
         return ReadAllAvailable()
 
+    @names_table
     def prepareForTriggerAvailableNow(self) -> None:
         _, table = self._connect()
         self._target = {b: latest for b, (_, latest) in table.list_offsets().items()}
 
+    @names_table
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         lease, starts = self._parse(start)
         admin, table = self._connect()
@@ -173,6 +176,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # -- planning --------------------------------------------------------------------------------
 
+    @names_table
     def partitions(self, start: dict, end: dict) -> list:
         _, starts = self._parse(start)
         lease, ends = self._parse(end)
@@ -194,6 +198,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition) -> Iterator[pa.RecordBatch]:
         return read_split(self.ctx, partition)
 
+    @names_table
     def commit(self, end: dict) -> None:
         lease, ends = self._parse(end)
         done = [TableBucket(self.ctx.table.table_id, b) for b, (snapshot, _) in ends.items() if snapshot != -1]

@@ -1,5 +1,6 @@
-"""The executors' side of a batch read, run in-process against a real cluster (no Spark job): a split read
-again holds its snapshot, and a missing snapshot file is told apart from a reclaimed snapshot."""
+"""The readers' parts that Spark calls, run in-process against a real cluster (no Spark job): a split read
+again holds its snapshot, a missing snapshot file is told apart from a reclaimed snapshot, a dropped table is
+named, the table client retries as the options say."""
 
 from __future__ import annotations
 
@@ -71,3 +72,23 @@ def test_tablet_calls_retry_as_long_as_the_retry_timeout_option_says(kv):
         security = opts.parse({"bootstrap": kv.coordinator.address, "table": "shop.orders", **given}).security
         with connect((kv.coordinator.address,), security) as admin, open_table(admin, info.table_id, security) as t:
             assert t.retry.total_s == admin.retry.total_s == expected
+
+
+def test_a_table_dropped_under_a_stream_is_named_by_its_name(kv):
+    from spark_source.stream import StreamReader
+
+    seed(kv, 2, 20)
+    options = opts.parse({"bootstrap": kv.coordinator.address, "table": "shop.orders", "startup.mode": "earliest"})
+    ctx, _ = plan(kv, "plan-5")
+    kv.admin.drop_lease("plan-5")
+    stream = StreamReader(options, ctx)
+    try:
+        start = stream.initialOffset()
+        end = stream.latestOffset(start, None)
+        kv.admin.drop_table("shop.orders")
+        kv.wait_for(lambda: all(t.replicas.table(ctx.table.table_id) is None for t in kv.tablets.values()),
+                    "the tablet servers dropped the table")
+        with pytest.raises(Exception, match=f"table shop.orders \\(id {ctx.table.table_id}\\) no longer exists"):
+            stream.latestOffset(end, None)
+    finally:
+        stream.stop()
