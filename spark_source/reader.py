@@ -171,16 +171,25 @@ def _live(table: TableClient, split: LiveSplit, schema: pa.Schema) -> Iterator[p
 def _releasing(admin: AdminClient, ctx: ReadContext, split: HybridSplit,
                batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """The batches; the bucket's release is sent while the last one goes to Spark (every row has been
-    read from the snapshot and its temp dir removed by then) and waited for at the end."""
-    last = next(batches, None)
-    for batch in batches:
-        yield last
-        last = batch
-    with ThreadPoolExecutor(1, thread_name_prefix="kvlease-release") as pool:
-        release = pool.submit(_release, admin, ctx, split)
-        if last is not None:
+    read from the snapshot and its temp dir removed by then) and waited for at the end. A split that
+    fails, or that Spark stops reading early (a LIMIT had its rows), gives its bucket back too: a retry
+    takes the same snapshot back (:func:`_hold`)."""
+    released = False
+    try:
+        last = next(batches, None)
+        for batch in batches:
             yield last
-        release.result()
+            last = batch
+        with ThreadPoolExecutor(1, thread_name_prefix="kvlease-release") as pool:
+            release = pool.submit(_release, admin, ctx, split)
+            if last is not None:
+                yield last
+            release.result()
+            released = True
+    finally:
+        if not released:
+            batches.close()  # its temp dir goes first
+            _release(admin, ctx, split)
 
 
 def _release(admin: AdminClient, ctx: ReadContext, split: HybridSplit) -> None:
