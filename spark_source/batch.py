@@ -36,7 +36,9 @@ class BatchReader(DataSourceReader):
 
     @names_table
     def partitions(self) -> list:
-        with connect(self.ctx.bootstrap, self.ctx.security) as admin, open_table(admin, self.ctx.table.table_id, self.ctx.security) as table:
+        ctx = self.ctx
+        with connect(ctx.bootstrap, ctx.security) as admin, \
+                open_table(admin, ctx.table.table_id, ctx.security) as table:
             if self.options.change_feed:
                 return plan_changes(table, self.options)
             lease_id = self.options.lease_id or f"spark-batch-{uuid.uuid4().hex}"

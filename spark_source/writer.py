@@ -73,7 +73,8 @@ class _Writes:
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteStats:
         target = arrow_schema(self.table)
         upserted = deleted = seen = 0
-        with connect(self.bootstrap, self.security) as admin, open_table(admin, self.table.table_id, self.security) as client:
+        with connect(self.bootstrap, self.security) as admin, \
+                open_table(admin, self.table.table_id, self.security) as client:
             for batch in iterator:
                 rows = pa.RecordBatch.from_arrays(
                     [batch.column(self.columns[f.name]).cast(f.type) for f in target], schema=target)

@@ -138,17 +138,22 @@ class Crash(Exception):
     pass
 
 
+def crash_mid_bootstrap(spark, kv, checkpoint, **options) -> None:
+    """Run a query that dies in its bootstrap micro-batch (its end offset logged, its lease held)."""
+    def crash(batch_id):
+        raise Crash("killed mid-bootstrap")
+
+    with pytest.raises(Exception, match="killed mid-bootstrap"):
+        run(spark, kv, checkpoint, Collector(before=crash), **options)
+
+
 def test_a_query_killed_mid_bootstrap_restarts_on_the_same_lease_without_duplicates_or_gaps(spark, kv, tmp_path):
     seed(kv, 3, 200)
     with TableClient(kv.admin, "shop.orders") as client:
         client.upsert([row(i, 1) for i in range(0, 200, 5)])
     checkpoint = tmp_path / "ck"
 
-    def crash(batch_id):
-        raise Crash("killed mid-bootstrap")
-
-    with pytest.raises(Exception, match="killed mid-bootstrap"):
-        run(spark, kv, checkpoint, Collector(before=crash))
+    crash_mid_bootstrap(spark, kv, checkpoint)
     lease = lease_in_checkpoint(checkpoint)
     assert [l.lease_id for l in kv.admin.list_leases()] == [lease]
 
@@ -170,11 +175,7 @@ def test_a_restart_after_the_lease_expired_and_the_snapshot_was_reclaimed_fails_
     seed(kv, 2, 50)
     checkpoint = tmp_path / "ck"
 
-    def crash(batch_id):
-        raise Crash("killed mid-bootstrap")
-
-    with pytest.raises(Exception, match="killed mid-bootstrap"):
-        run(spark, kv, checkpoint, Collector(before=crash), lease_duration="1s")
+    crash_mid_bootstrap(spark, kv, checkpoint, lease_duration="1s")
     lease = lease_in_checkpoint(checkpoint)
     wait_until(lambda: kv.admin.list_leases() == [], 30, f"lease {lease} expired")
     with TableClient(kv.admin, "shop.orders") as client:
@@ -267,11 +268,7 @@ def test_a_lease_id_names_one_reader_at_a_time(spark, kv, tmp_path):
     seed(kv, 2, 50)
     checkpoint = tmp_path / "ck"
 
-    def crash(batch_id):
-        raise Crash("killed mid-bootstrap")
-
-    with pytest.raises(Exception, match="killed mid-bootstrap"):
-        run(spark, kv, checkpoint, Collector(before=crash), lease_id="shared")
+    crash_mid_bootstrap(spark, kv, checkpoint, lease_id="shared")
     held = kv.admin.describe_lease("shared").buckets
     with TableClient(kv.admin, "shop.orders") as client:
         client.upsert([row(i, 1) for i in range(50)])
