@@ -14,8 +14,6 @@ __all__ = ["KvLeaseDataSource", "register"]
 
 
 def register(spark) -> None:
-    """Register the source as ``kvlease`` on ``spark``, and turn on Python filter pushdown (the source
-    answers primary-key equality filters by lookups; Spark refuses a source that could push filters
-    while that setting is off)."""
-    spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
+    """Register the source as ``kvlease`` on ``spark``. It pushes no filter (Spark applies them all), so
+    it reads the same with ``spark.sql.python.filterPushdown.enabled`` on or off; this leaves it as is."""
     spark.dataSource.register(KvLeaseDataSource)

@@ -20,7 +20,7 @@ import os
 import shutil
 import tempfile
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -38,6 +38,10 @@ class SnapshotGoneError(errors.SnapshotNotFoundError):
     """The snapshot a split was planned on was released or reclaimed before the split read it."""
 
 
+class SnapshotFileMissingError(errors.InvalidSnapshotError):
+    """A file of a snapshot that the read's lease still holds is missing from remote storage."""
+
+
 def task_temp_dir() -> str:
     """A fresh temp dir on the executor's local disk (Spark's local dir when it names one)."""
     local = os.environ.get("SPARK_LOCAL_DIRS", "").split(",")[0] or None
@@ -45,11 +49,13 @@ def task_temp_dir() -> str:
 
 
 @contextmanager
-def open_snapshot(storage: RemoteStorage, tb: TableBucket, snapshot_id: int, *, what: str) -> Iterator[
-        tuple[int, Iterator[list[bytes]]]]:
+def open_snapshot(storage: RemoteStorage, tb: TableBucket, snapshot_id: int, *, what: str,
+                  held: Callable[[], bool] = lambda: False) -> Iterator[tuple[int, Iterator[list[bytes]]]]:
     """``(log_offset, chunks of values in key order)`` of the snapshot, while in the ``with``.
 
-    ``what`` names the split in errors. The temp dir is removed on leaving.
+    ``what`` names the split in errors; ``held()`` says whether the read's lease holds the snapshot now
+    (asked when a file is missing: a lost file of a held snapshot, or a snapshot that was reclaimed). The
+    temp dir is removed on leaving.
     """
     target = task_temp_dir()
     db = None
@@ -57,15 +63,26 @@ def open_snapshot(storage: RemoteStorage, tb: TableBucket, snapshot_id: int, *, 
         try:
             manifest = download(storage, manifest_path(tb, snapshot_id), os.path.join(target, "db"))
         except StorageNotFound as exc:
-            raise SnapshotGoneError(f"{what}: snapshot {snapshot_id} is gone from {storage.uri} ({exc}); its lease "
-                                    "was released or expired and the snapshot reclaimed: run the read again"
-                                    ) from None
+            raise _missing(storage, snapshot_id, what, exc, held()) from None
         db = open_read_only(os.path.join(target, "db"))
         yield manifest.log_offset, _chunks(db)
     finally:
         if db is not None:
             db.close()
         shutil.rmtree(target, ignore_errors=True)
+
+
+def _missing(storage: RemoteStorage, snapshot_id: int, what: str, exc: StorageNotFound,
+             held: bool) -> errors.KvLeaseError:
+    path = exc.details.get("path") or "?"
+    if held:
+        return SnapshotFileMissingError(
+            f"{what}: snapshot {snapshot_id} is held by the read's lease, but its file {storage.uri}/{path} is "
+            "missing from remote storage (lost, or never fully uploaded): the snapshot cannot be read", path=path)
+    return SnapshotGoneError(
+        f"{what}: snapshot {snapshot_id} is gone from {storage.uri} (its file {path} no longer exists): the "
+        "read's lease no longer holds it (released, or expired) and the snapshot was reclaimed: run the read "
+        "again (a new DataFrame: load() it again)")
 
 
 def _chunks(db) -> Iterator[list[bytes]]:

@@ -12,7 +12,9 @@ from the changelog alone.
 
 from __future__ import annotations
 
+import logging
 import time
+from datetime import datetime, timezone
 from typing import Callable, Mapping
 
 import tenacity
@@ -24,6 +26,11 @@ from common.model import TableBucket
 from common.tables import TableInfo
 from spark_source.options import Options, OptionError
 from spark_source.splits import HybridSplit, LiveSplit, LogSplit
+
+
+log = logging.getLogger(__name__)
+#: The most changelog splits one plan makes (``split.max-rows`` asking for more gets larger ones).
+MAX_LOG_SPLITS = 1000
 
 
 class SnapshotUnavailableError(errors.SnapshotNotFoundError):
@@ -61,8 +68,13 @@ def acquire_latest(admin: AdminClient, table: TableInfo, lease_id: str, options:
         wait=tenacity.wait_random_exponential(multiplier=0.05, max=max(0.05, options.acquire_max_wait_s / 4)),
         retry=tenacity.retry_if_result(bool), sleep=sleep, reraise=True,
         retry_error_callback=lambda state: state.outcome.result())
-    missing = retrying(attempt)
+    try:
+        missing = retrying(attempt)
+    except BaseException:
+        give_back(admin, table, lease_id, held)
+        raise
     if missing:
+        give_back(admin, table, lease_id, held)
         raise SnapshotUnavailableError(
             f"table {table.path}: no snapshot of bucket(s) {', '.join(map(str, sorted(missing)))} could be leased "
             f"(lease {lease_id}) after {retrying.statistics.get('attempt_number', 1)} attempt(s) in "
@@ -72,6 +84,42 @@ def acquire_latest(admin: AdminClient, table: TableInfo, lease_id: str, options:
     return held
 
 
+def refuse_if_taken(admin: AdminClient, lease_id: str) -> None:
+    """Raise OptionError if ``lease_id`` exists now: another reader holds it (a lease id names one reader at
+    a time; two would move and release each other's snapshots)."""
+    try:
+        lease = admin.describe_lease(lease_id)
+    except errors.LeaseNotFoundError:
+        return
+    until = datetime.fromtimestamp(lease.expiration_time / 1000, timezone.utc).isoformat(timespec="seconds")
+    tables = ", ".join(_table_name(admin, t) for t in sorted(lease.tables()))
+    raise OptionError(
+        f"option 'lease.id': lease {lease_id} is held by another reader ({len(lease.buckets)} snapshot(s) of "
+        f"{tables or 'no table'}, until {until}): a lease id names one reader at a time; give this read another "
+        f"lease.id (or none: one is generated), or if the lease's reader is gone (a query stopped before its "
+        f"first micro-batch was logged, a job that died), drop it with `kvlease lease drop {lease_id}` or let it "
+        "expire")
+
+
+def _table_name(admin: AdminClient, table_id: int) -> str:
+    try:
+        return f"table {admin.get_table_by_id(table_id).path}"
+    except errors.KvLeaseError:
+        return f"table id {table_id}"
+
+
+def give_back(admin: AdminClient, table: TableInfo, lease_id: str, held: Mapping[int, object]) -> None:
+    """Release ``held`` buckets of ``lease_id`` (a plan that failed after it leased them); a failure to
+    is logged: the lease's expiry frees them then."""
+    if not held:
+        return
+    try:
+        admin.release_lease(lease_id, [TableBucket(table.table_id, b) for b in sorted(held)])
+    except errors.KvLeaseError as exc:
+        log.warning("table %s: could not give back lease %s after its read failed to plan (it expires within "
+                    "lease.duration): %s", table.path, lease_id, exc)
+
+
 def plan_bootstrap(admin: AdminClient, table: TableClient, options: Options, lease_id: str, *,
                    release: bool, sleep: Callable[[float], None] = tenacity.nap.sleep) -> list:
     """A full read: one split per bucket (hybrid, changelog-only for a bucket without a snapshot,
@@ -79,8 +127,14 @@ def plan_bootstrap(admin: AdminClient, table: TableClient, options: Options, lea
     info = table.table
     if options.bootstrap_mode == "live":
         return [LiveSplit(b) for b in range(info.buckets)]
+    if options.lease_id is not None:
+        refuse_if_taken(admin, lease_id)
     held = acquire_latest(admin, info, lease_id, options, sleep=sleep)
-    ends = {b: latest for b, (_, latest) in table.list_offsets().items()}
+    try:
+        ends = {b: latest for b, (_, latest) in table.list_offsets().items()}
+    except BaseException:
+        give_back(admin, info, lease_id, held)
+        raise
     return [HybridSplit(b, held[b].snapshot_id, ends[b], lease_id, release) if b in held
             else LogSplit(b, 0, ends[b], as_state=True) for b in range(info.buckets)]
 
@@ -125,8 +179,30 @@ def log_splits(bucket: int, start: int, end: int, max_rows: int | None) -> list[
     return [LogSplit(bucket, s, min(s + step, end)) for s in range(start, end, step)]
 
 
+def log_splits_for(ranges: Mapping[int, tuple[int, int]], max_rows: int | None) -> list[LogSplit]:
+    """Each bucket's ``[start, end)`` cut by ``split.max-rows``, in at most :data:`MAX_LOG_SPLITS` splits
+    in all (or one per bucket that has records, if more): where the option would make more, the pieces
+    are made just large enough, and a warning says so."""
+    sizes = [end - start for start, end in ranges.values() if end > start]
+    bound = max(MAX_LOG_SPLITS, len(sizes))
+    step = max_rows
+    if max_rows and _pieces(sizes, max_rows) > bound:
+        low, high = max_rows, max(sizes)  # the fewest records per piece that keeps within the bound
+        while low < high:
+            middle = (low + high) // 2
+            low, high = (middle + 1, high) if _pieces(sizes, middle) > bound else (low, middle)
+        step = low
+        log.warning("split.max-rows=%d would cut %d changelog records into %d Spark partitions; reading them in "
+                    "%d partitions of at most %d records instead (at most %d partitions)", max_rows, sum(sizes),
+                    _pieces(sizes, max_rows), _pieces(sizes, step), step, bound)
+    return [split for b in sorted(ranges) for split in log_splits(b, *ranges[b], step)]
+
+
+def _pieces(sizes: list[int], step: int) -> int:
+    return sum(-(-n // step) for n in sizes)
+
+
 def plan_changes(table: TableClient, options: Options) -> list[LogSplit]:
     """A batch change-feed read: the changelog records between the start and end offsets."""
     starts, ends = start_offsets(table, options), end_offsets(table, options)
-    return [split for b in range(table.table.buckets)
-            for split in log_splits(b, starts[b], ends[b], options.split_max_rows)]
+    return log_splits_for({b: (starts[b], ends[b]) for b in range(table.table.buckets)}, options.split_max_rows)

@@ -15,6 +15,7 @@ from typing import Any, Mapping
 
 from client.admin import parse_bootstrap
 from client.admin import AdminClient
+from client.table import TableClient
 from client.cluster_dir import cluster_dir_bootstrap, cluster_dir_security
 from common import config as cfg
 from common.config import parse_duration_ms
@@ -36,6 +37,12 @@ READ_ONLY = ("startup.mode", "startup.timestamp", "ending.timestamp", "ending.of
              "maxrowspertrigger", "split.max-rows")
 #: Options Spark itself sets on a source or sink; they mean nothing here and are ignored.
 SPARK_OWN = ("checkpointlocation", "path")
+
+
+#: The last millisecond of the year 9999 (what ISO-8601 can write); the end of the range times may take.
+MAX_TIMESTAMP_MS = 253_402_300_799_999
+#: Changelog offsets travel as int64.
+MAX_OFFSET = (1 << 63) - 1
 
 
 class OptionError(InvalidRequestError):
@@ -95,6 +102,14 @@ def connect(bootstrap: tuple[str, ...], security: Security = ()) -> AdminClient:
     """An admin client of the cluster at ``bootstrap``, with TLS when ``security`` says so (the driver's and
     every executor's: the certificate files must be readable at the same paths there)."""
     return AdminClient(list(bootstrap), cfg.Config(dict(security), env={}))
+
+
+def open_table(admin: AdminClient, table_id: int, security: Security = ()) -> TableClient:
+    """The table client of a read or write on ``admin``'s cluster: its calls to tablet servers retry as
+    long as ``retry.timeout`` says, like the admin client's calls to the coordinator."""
+    settings = dict(security)
+    return TableClient(admin, table_id, cfg.Config(settings, env={}),
+                       retry_total_s=admin.retry.total_s if cfg.CLIENT_RETRY_TOTAL.name in settings else None)
 
 
 def _security(given: Mapping[str, str]) -> Security:
@@ -246,20 +261,24 @@ def _positive_duration(given: Mapping[str, str], name: str) -> int:
 
 
 def parse_timestamp_ms(name: str, text: str) -> int:
-    """Milliseconds since the epoch from an integer or ISO-8601 (no zone: UTC)."""
+    """Milliseconds since the epoch from an integer or ISO-8601 (no zone: UTC), 1970 to 9999."""
     text = text.strip()
     if re.fullmatch(r"\d+", text):
-        return int(text)
-    try:
-        when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise OptionError(f"option '{name}': expected ms since the epoch or an ISO-8601 time, "
-                          f"got {text!r}") from None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=dt.timezone.utc)
-    millis = int(when.timestamp() * 1000)
+        millis = int(text)
+    else:
+        try:
+            when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError:
+            raise OptionError(f"option '{name}': expected ms since the epoch or an ISO-8601 time, "
+                              f"got {text!r}") from None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=dt.timezone.utc)
+        millis = int(when.timestamp() * 1000)
     if millis < 0:
         raise OptionError(f"option '{name}': {text!r} is before 1970")
+    if millis > MAX_TIMESTAMP_MS:
+        raise OptionError(f"option '{name}': {text!r} is after 9999-12-31T23:59:59.999Z ({MAX_TIMESTAMP_MS} ms "
+                          "since the epoch)")
     return millis
 
 
@@ -268,13 +287,14 @@ def _ending_offsets(text: str) -> dict[int, int]:
         doc = json.loads(text)
         if not isinstance(doc, dict) or not doc:
             raise ValueError("expected a JSON object")
-        offsets = {int(k): int(v) for k, v in doc.items()}
         if any(isinstance(v, bool) or not isinstance(v, int) for v in doc.values()):
             raise ValueError("offsets must be integers")
+        offsets = {int(k): v for k, v in doc.items()}
     except (ValueError, TypeError) as exc:
         raise OptionError(f"option 'ending.offsets': expected JSON like {{\"0\": 120, \"1\": 80}} "
                           f"(bucket -> end offset), got {text!r}: {exc}") from None
-    bad = {b: o for b, o in offsets.items() if b < 0 or o < 0}
+    bad = {b: o for b, o in offsets.items() if not 0 <= b <= MAX_OFFSET or not 0 <= o <= MAX_OFFSET}
     if bad:
-        raise OptionError(f"option 'ending.offsets': buckets and offsets must be >= 0, got {bad}")
+        raise OptionError(f"option 'ending.offsets': buckets and offsets must be between 0 and {MAX_OFFSET}, "
+                          f"got {bad}")
     return offsets

@@ -9,10 +9,11 @@ the snapshot anyway).
 
 from __future__ import annotations
 
+import functools
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
-from typing import Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Callable, Iterator
 
 import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
@@ -22,13 +23,35 @@ from client.log_records import decode_records, entry_records
 from client.table import TableClient
 from common import errors
 from common.model import TableBucket
-from spark_source.bootstrap import merge, open_snapshot
+from common.tables import TableInfo
+from spark_source.bootstrap import SnapshotGoneError, merge, open_snapshot
 from spark_source.changelog import final_states, read_entries
-from spark_source.options import connect
+from spark_source.options import connect, open_table
 from spark_source.schema import changes_for_spark, spark_arrow_schema, state_rows_as_changes
-from spark_source.splits import HybridSplit, LiveSplit, LogSplit, LookupSplit, ReadContext
+from spark_source.splits import HybridSplit, LiveSplit, LogSplit, ReadContext
 
 log = logging.getLogger(__name__)
+
+
+@contextmanager
+def table_named(table: TableInfo) -> Iterator[None]:
+    """Inside, a TableNotExistError (the servers name a table by id) names ``table`` by its name."""
+    try:
+        yield
+    except errors.TableNotExistError as exc:
+        raise errors.TableNotExistError(
+            f"table {table.path} (id {table.table_id}) no longer exists: it was dropped while this query read it "
+            f"(a table created again under that name is another table) ({exc.message})",
+            table=table.path, table_id=table.table_id) from None
+
+
+def names_table(method: Callable) -> Callable:
+    """A reader method whose TableNotExistError names the reader's table (``self.ctx.table``)."""
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        with table_named(self.ctx.table):
+            return method(self, *args, **kwargs)
+    return wrapper
 
 
 def read_split(ctx: ReadContext, split) -> Iterator[pa.RecordBatch]:
@@ -38,10 +61,11 @@ def read_split(ctx: ReadContext, split) -> Iterator[pa.RecordBatch]:
         return  # what Spark reads when the plan has no split (e.g. a change feed of an empty range)
     schema = spark_arrow_schema(ctx.table, with_changes=True)
     wanted = output_schema(schema, ctx)
-    for batch in _read(ctx, split, schema):
-        if tuple(batch.schema.names) != ctx.columns:
-            batch = batch.select(list(ctx.columns))
-        yield batch if batch.schema.equals(wanted) else pa.RecordBatch.from_arrays(batch.columns, schema=wanted)
+    with table_named(ctx.table):
+        for batch in _read(ctx, split, schema):
+            if tuple(batch.schema.names) != ctx.columns:
+                batch = batch.select(list(ctx.columns))
+            yield batch if batch.schema.equals(wanted) else pa.RecordBatch.from_arrays(batch.columns, schema=wanted)
 
 
 def output_schema(schema: pa.Schema, ctx: ReadContext) -> pa.Schema:
@@ -56,16 +80,14 @@ def output_schema(schema: pa.Schema, ctx: ReadContext) -> pa.Schema:
 def _read(ctx: ReadContext, split, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     with ExitStack() as stack:
         admin = stack.enter_context(connect(ctx.bootstrap, ctx.security))
-        table = stack.enter_context(TableClient(admin, ctx.table.table_id))
+        table = stack.enter_context(open_table(admin, ctx.table.table_id, ctx.security))
         if isinstance(split, HybridSplit):
-            batches = _hybrid(ctx, table, split, schema)
+            batches = _hybrid(ctx, admin, table, split, schema)
             yield from (_releasing(admin, ctx, split, batches) if split.release else batches)
         elif isinstance(split, LogSplit):
             yield from (_log_state if split.as_state else _log_changes)(table, split, schema)
         elif isinstance(split, LiveSplit):
             yield from _live(table, split, schema)
-        elif isinstance(split, LookupSplit):
-            yield from _lookup(table, split, schema)
         else:
             raise errors.InvalidRequestError(f"not a kvlease split: {split!r}")
 
@@ -81,15 +103,51 @@ def _state_batches(rows: Iterator[pa.RecordBatch], bucket: int, end: int,
             yield state_rows_as_changes(batch, bucket, end, schema)
 
 
-def _hybrid(ctx: ReadContext, table: TableClient, split: HybridSplit, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+def _hybrid(ctx: ReadContext, admin: AdminClient, table: TableClient, split: HybridSplit,
+            schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     tb = TableBucket(ctx.table.table_id, split.bucket)
     what = f"{_what(ctx, split.bucket)} (lease {split.lease_id})"
-    with open_snapshot(ctx.storage, tb, split.snapshot_id, what=what) as (log_offset, chunks):
+    if split.release:  # a batch read's split: its lease is the plan's, which this split may be reading again
+        _hold(admin, ctx, split, tb, what)
+    held = lambda: _held(admin, split.lease_id, tb) == split.snapshot_id  # noqa: E731
+    with open_snapshot(ctx.storage, tb, split.snapshot_id, what=what, held=held) as (log_offset, chunks):
         if log_offset > split.end:
             raise errors.InvalidSnapshotError(f"{what}: snapshot {split.snapshot_id} starts at changelog offset "
                                               f"{log_offset}, after the planned end {split.end}")
         changes = final_states(read_entries(table, split.bucket, log_offset, split.end))
         yield from _state_batches(merge(chunks, changes, table.codec), split.bucket, split.end, schema)
+
+
+def _held(admin: AdminClient, lease_id: str, tb: TableBucket) -> int | None:
+    """The snapshot of ``tb`` that ``lease_id`` holds now (None: none, or no such lease)."""
+    try:
+        return admin.describe_lease(lease_id).buckets.get(tb)
+    except errors.LeaseNotFoundError:
+        return None
+
+
+def _hold(admin: AdminClient, ctx: ReadContext, split: HybridSplit, tb: TableBucket, what: str) -> None:
+    """Make sure the plan's lease holds the split's snapshot while the split reads it.
+
+    The first read of a split finds it held since planning. Spark reads a split again when it reuses a
+    DataFrame's plan for a later query on it (or recomputes lost data): the first read gave the bucket
+    back, so the same snapshot is taken back under the same lease (the same rows, never newer ones), or
+    the read fails if the snapshot is no longer kept.
+    """
+    held = _held(admin, split.lease_id, tb)
+    if held == split.snapshot_id:
+        return
+    if held is not None:
+        raise errors.InvalidRequestError(
+            f"{what}: the lease now holds snapshot {held} of the bucket, not snapshot {split.snapshot_id} that this "
+            f"read was planned on: another reader uses lease.id {split.lease_id}; give each reader its own lease.id")
+    result = admin.acquire_lease(split.lease_id, {tb: split.snapshot_id}, ctx.lease_duration_ms)
+    if result.unavailable:
+        raise SnapshotGoneError(
+            f"{what}: snapshot {split.snapshot_id} that this read was planned on is no longer kept: the lease "
+            "gave it back once the split was read (Spark plans a DataFrame's read once, at its first query, and "
+            "reads that plan again for later queries on it), or expired; load() the DataFrame again to read the "
+            "table as it is now", lease_id=split.lease_id)
 
 
 def _log_state(table: TableClient, split: LogSplit, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
@@ -110,29 +168,28 @@ def _live(table: TableClient, split: LiveSplit, schema: pa.Schema) -> Iterator[p
                 yield state_rows_as_changes(batch, split.bucket, scanner.log_offset, schema)
 
 
-def _lookup(table: TableClient, split: LookupSplit, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
-    if not split.keys:
-        return
-    rows = table.lookup_batch([dict(key) for key in split.keys])
-    found = rows.column(table.table.primary_key[0]).is_valid()
-    rows = rows.filter(found)
-    if rows.num_rows:  # the current rows; a lookup learns no changelog offset: _log_offset is -1
-        yield state_rows_as_changes(rows, split.bucket, 0, schema)
-
-
 def _releasing(admin: AdminClient, ctx: ReadContext, split: HybridSplit,
                batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """The batches; the bucket's release is sent while the last one goes to Spark (every row has been
-    read from the snapshot and its temp dir removed by then) and waited for at the end."""
-    last = next(batches, None)
-    for batch in batches:
-        yield last
-        last = batch
-    with ThreadPoolExecutor(1, thread_name_prefix="kvlease-release") as pool:
-        release = pool.submit(_release, admin, ctx, split)
-        if last is not None:
+    read from the snapshot and its temp dir removed by then) and waited for at the end. A split that
+    fails, or that Spark stops reading early (a LIMIT had its rows), gives its bucket back too: a retry
+    takes the same snapshot back (:func:`_hold`)."""
+    released = False
+    try:
+        last = next(batches, None)
+        for batch in batches:
             yield last
-        release.result()
+            last = batch
+        with ThreadPoolExecutor(1, thread_name_prefix="kvlease-release") as pool:
+            release = pool.submit(_release, admin, ctx, split)
+            if last is not None:
+                yield last
+            release.result()
+            released = True
+    finally:
+        if not released:
+            batches.close()  # its temp dir goes first
+            _release(admin, ctx, split)
 
 
 def _release(admin: AdminClient, ctx: ReadContext, split: HybridSplit) -> None:

@@ -48,7 +48,7 @@ class KvLeaseDataSource(DataSource):
         except ValueError as exc:
             raise opts.OptionError(f"the schema given to the reader does not fit: {exc}") from None
         return ReadContext(parsed.bootstrap, table, storage, columns, parsed.security,
-                           tuple(field.nullable for field in schema.fields))
+                           tuple(field.nullable for field in schema.fields), parsed.lease_duration_ms)
 
     def reader(self, schema: StructType) -> BatchReader:
         parsed = opts.parse(self.options)

@@ -24,6 +24,7 @@ class ReadContext:
     columns: tuple[str, ...]  # the requested schema's columns: table columns and metadata columns, any subset
     security: tuple = ()  # spark_source.options.Security: TLS settings of the cluster
     nullable: tuple[bool, ...] = ()  # the requested schema's nullability per column; () = the source's own
+    lease_duration_ms: int = 3_600_000  # option lease.duration: a split taking its snapshot back takes it so long
 
 
 @dataclass(frozen=True)
@@ -57,11 +58,3 @@ class LiveSplit(InputPartition):
     """A live scan (ScanKv) of a bucket: its rows as of the scan."""
 
     bucket: int
-
-
-@dataclass(frozen=True)
-class LookupSplit(InputPartition):
-    """Point lookups of whole primary keys (``{column: value}`` each) of one bucket, found by a filter."""
-
-    bucket: int
-    keys: tuple[tuple[tuple[str, object], ...], ...]

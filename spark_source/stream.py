@@ -47,9 +47,9 @@ from client.admin import AdminClient
 from client.table import TableClient
 from common import errors
 from common.model import TableBucket
-from spark_source.enumerator import acquire_latest, log_splits, start_offsets
-from spark_source.options import Options, connect
-from spark_source.reader import read_split
+from spark_source.enumerator import acquire_latest, give_back, log_splits_for, refuse_if_taken, start_offsets
+from spark_source.options import Options, connect, open_table
+from spark_source.reader import names_table, read_split
 from spark_source.splits import HybridSplit, ReadContext
 
 log = logging.getLogger(__name__)
@@ -67,16 +67,18 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._clients: tuple[AdminClient, TableClient] | None = None
         self._target: dict[int, int] | None = None  # Trigger.AvailableNow: offsets not to read past
         self._renewer: Renewer | None = None
+        self._claimed: str | None = None  # the lease this reader took for a bootstrap (the lease.id option's)
 
     def __getstate__(self) -> dict:  # Spark pickles the reader for read(); clients and threads stay here
-        return {"options": self.options, "ctx": self.ctx, "_clients": None, "_target": None, "_renewer": None}
+        return {"options": self.options, "ctx": self.ctx, "_clients": None, "_target": None, "_renewer": None,
+                "_claimed": None}
 
     # -- clients ---------------------------------------------------------------------------------
 
     def _connect(self) -> tuple[AdminClient, TableClient]:
         if self._clients is None:
             admin = connect(self.ctx.bootstrap, self.ctx.security)
-            self._clients = admin, TableClient(admin, self.ctx.table.table_id)
+            self._clients = admin, open_table(admin, self.ctx.table.table_id, self.ctx.security)
         return self._clients
 
     def stop(self) -> None:
@@ -90,6 +92,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # -- offsets ---------------------------------------------------------------------------------
 
+    @names_table
     def initialOffset(self) -> dict:
         buckets = range(self.ctx.table.buckets)
         if self.options.startup_mode == "full":
@@ -104,10 +107,12 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return ReadMaxRows(self.options.max_rows_per_trigger)
         return ReadAllAvailable()
 
+    @names_table
     def prepareForTriggerAvailableNow(self) -> None:
         _, table = self._connect()
         self._target = {b: latest for b, (_, latest) in table.list_offsets().items()}
 
+    @names_table
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         lease, starts = self._parse(start)
         admin, table = self._connect()
@@ -129,7 +134,10 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                        latest: dict[int, int]) -> dict:
         """The end of the bootstrap micro-batch: lease the latest snapshots (the whole bootstrap is one
         micro-batch, whatever the read limit)."""
+        if self.options.lease_id is not None and self._claimed != lease:
+            refuse_if_taken(admin, lease)  # a lease of a restarted query's own is in its checkpoint: not here
         held = acquire_latest(admin, table.table, lease, self.options)
+        self._claimed = lease
         ends = {}
         for b, (_, offset) in starts.items():
             if offset != NOT_STARTED:
@@ -139,7 +147,11 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             else:
                 ends[b] = (-1, latest[b])
         if held:
-            self._renew(lease, {b: held[b].snapshot_id for b in held})
+            try:
+                self._renew(lease, {b: held[b].snapshot_id for b in held})
+            except BaseException:  # the offset is not logged: nothing would ever read or release the lease
+                give_back(admin, table.table, lease, held)
+                raise
         return self._offset(lease, ends)
 
     def _offset(self, lease: str | None, buckets: dict[int, tuple[int, int]]) -> dict:
@@ -164,18 +176,21 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # -- planning --------------------------------------------------------------------------------
 
+    @names_table
     def partitions(self, start: dict, end: dict) -> list:
         _, starts = self._parse(start)
         lease, ends = self._parse(end)
         splits: list = []
         bootstrapping: dict[int, int] = {}
+        ranges: dict[int, tuple[int, int]] = {}
         for b, (snapshot, end_offset) in ends.items():
             begin = starts.get(b, (-1, NOT_STARTED))[1]
             if begin == NOT_STARTED and snapshot != -1:
                 bootstrapping[b] = snapshot
                 splits.append(HybridSplit(b, snapshot, end_offset, lease, release=False))
             else:
-                splits.extend(log_splits(b, max(begin, 0), end_offset, self.options.split_max_rows))
+                ranges[b] = (max(begin, 0), end_offset)
+        splits.extend(log_splits_for(ranges, self.options.split_max_rows))
         if bootstrapping:
             self._renew(lease, bootstrapping)
         return splits
@@ -183,6 +198,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition) -> Iterator[pa.RecordBatch]:
         return read_split(self.ctx, partition)
 
+    @names_table
     def commit(self, end: dict) -> None:
         lease, ends = self._parse(end)
         done = [TableBucket(self.ctx.table.table_id, b) for b, (snapshot, _) in ends.items() if snapshot != -1]

@@ -18,11 +18,10 @@ import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StringType, StructType
 
-from client.table import TableClient
 from common import errors
 from common.codec import arrow_schema
 from common.tables import TableInfo
-from spark_source.options import OptionError, connect
+from spark_source.options import OptionError, connect, open_table
 from spark_source.schema import CHANGE_TYPE, METADATA, SPARK_TYPES
 
 UPSERT, DELETE, SKIP = 0, 1, 2
@@ -74,7 +73,8 @@ class _Writes:
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteStats:
         target = arrow_schema(self.table)
         upserted = deleted = seen = 0
-        with connect(self.bootstrap, self.security) as admin, TableClient(admin, self.table.table_id) as client:
+        with connect(self.bootstrap, self.security) as admin, \
+                open_table(admin, self.table.table_id, self.security) as client:
             for batch in iterator:
                 rows = pa.RecordBatch.from_arrays(
                     [batch.column(self.columns[f.name]).cast(f.type) for f in target], schema=target)

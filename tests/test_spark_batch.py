@@ -100,7 +100,7 @@ def test_projection_and_filters_on_other_columns(spark, kv):
     assert df.columns == ["id", "name"]
 
 
-def test_primary_key_equality_reads_by_lookup(spark, kv):
+def test_primary_key_filters(spark, kv):
     seed(kv, 4, 100)
     with TableClient(kv.admin, "shop.orders") as client:
         client.upsert([row(42, 5)])
@@ -221,4 +221,15 @@ def test_a_lease_duration_above_the_clusters_maximum_names_the_option(spark, kv)
     with pytest.raises(Exception, match=r"option 'lease.duration': lease duration 2592000000 ms exceeds "
                                         r"kv.snapshot.lease.max-duration"):
         read(spark, kv, lease_duration="30d").collect()
+    assert kv.admin.list_leases() == []
+
+
+def test_a_read_that_fails_while_planning_leaves_no_lease_behind(spark, kv):
+    """The lease is taken, then the end offsets cannot be read (no tablet server answers): the read fails
+    within its retry.timeout, and gives back what it leased."""
+    seed(kv, 2, 20)
+    for i in list(kv.tablets):
+        kv.stop_tablet(i)
+    with pytest.raises(Exception, match="shop.orders|tablet|bucket"):
+        read(spark, kv, retry_timeout="2s").collect()
     assert kv.admin.list_leases() == []

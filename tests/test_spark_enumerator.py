@@ -111,8 +111,10 @@ def test_a_split_read_after_its_snapshot_was_released_and_reclaimed_fails_clearl
         client.upsert([row(i, 1) for i in range(30)])
         client.trigger_snapshot()  # the released snapshot is subsumed and deleted
 
-        with pytest.raises(SnapshotGoneError, match=r"lease L4.*snapshot \d+ is gone.*run the read again"):
+        with pytest.raises(SnapshotGoneError, match=r"lease L4.*snapshot \d+ that this read was planned on is no "
+                                                    r"longer kept.*load\(\) the DataFrame again"):
             list(read_split(ctx, split))
+        assert cluster.admin.list_leases() == []  # it took nothing back
 
 
 def test_a_split_leaves_no_temp_dir_after_success_failure_or_an_early_stop(cluster, tmp_path, monkeypatch):

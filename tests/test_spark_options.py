@@ -1,24 +1,19 @@
-"""The Spark source's pure parts: options, filter pushdown, offsets and read limits, write runs (no Spark job)."""
+"""The Spark source's pure parts: options, offsets and read limits, write runs (no Spark job)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from pyspark.sql.datasource import EqualTo, GreaterThan, In
 
-from common.codec import RowCodec, bucket_of_keys
 from common.tables import Column, TableInfo
 from spark_source import options as opts
 from spark_source.batch import BatchReader
-from spark_source.splits import LookupSplit, ReadContext
+from spark_source.splits import ReadContext
 from spark_source.stream import StreamReader, _limited, _offset, _parse
 from spark_source.writer import DELETE, SKIP, UPSERT, _runs
 
 pytestmark = pytest.mark.unit
 BASE = {"bootstrap": "127.0.0.1:1", "table": "shop.orders"}
-TABLE = TableInfo(7, "shop", "orders", (Column("id", "BIGINT"), Column("v", "STRING")), ("id",), 4)
-TABLE2 = TableInfo(8, "shop", "pairs", (Column("a", "INT"), Column("b", "STRING"), Column("v", "DOUBLE")),
-                   ("a", "b"), 4)
 
 
 def parse(**more):
@@ -59,6 +54,13 @@ def test_names_are_case_insensitive_and_values_typed():
     ({"startup.mode": "earliest", "ending.offsets": '{"0": -2}'}, "'ending.offsets'"),
     ({"startup.mode": "earliest", "ending.offsets": '{"0": 1}', "ending.timestamp": "5"}, "'ending.timestamp'"),
     ({"ending.timestamp": "5"}, "'ending.timestamp'"),
+    ({"startup.mode": "earliest", "ending.offsets": '{"0": Infinity}'}, "'ending.offsets'"),
+    ({"startup.mode": "earliest", "ending.offsets": '{"0": NaN}'}, "'ending.offsets'"),
+    ({"startup.mode": "earliest", "ending.offsets": '{"0": 1e400}'}, "'ending.offsets'"),
+    ({"startup.mode": "earliest", "ending.offsets": '{"0": 99999999999999999999}'}, "'ending.offsets'"),
+    ({"startup.mode": "timestamp", "startup.timestamp": "99999999999999999999"}, "'startup.timestamp'"),
+    ({"startup.mode": "timestamp", "startup.timestamp": "253402300800000"}, "'startup.timestamp'"),
+    ({"startup.mode": "earliest", "ending.timestamp": "9223372036854775807"}, "'ending.timestamp'"),
     ({"bootstrap.mode": "live", "startup.mode": "earliest"}, "'bootstrap.mode'"),
     ({"lease.id": "no spaces please"}, "'lease.id'"),
     ({"lease.id": "job:1"}, "'lease.id'"),  # the coordinator refuses ':'
@@ -94,40 +96,12 @@ def test_cluster_directory_names_the_coordinators(tmp_path):
     assert opts.parse({"cluster": str(tmp_path), "table": "a.b"}).bootstrap == ("127.0.0.1:9", "127.0.0.1:8")
 
 
-def reader(table: TableInfo = TABLE, **more) -> BatchReader:
-    return BatchReader(parse(**more), ReadContext(("h:1",), table, None, tuple(c.name for c in table.columns)))
+def test_the_batch_reader_pushes_no_filter():
+    """Spark reuses a Python reader's plan for later queries on the same DataFrame: a pushed filter would
+    leak into them. Not overriding pushFilters also keeps reads working with filter pushdown off."""
+    from pyspark.sql.datasource import DataSourceReader
 
-
-def bucket(table: TableInfo, **key) -> int:
-    codec = RowCodec(table)
-    return bucket_of_keys(codec.encode_keys(codec.to_batch([key])), table.buckets)[0]
-
-
-def test_equality_on_the_whole_key_becomes_one_lookup():
-    r = reader()
-    eq, other = EqualTo(("id",), 5), GreaterThan(("v",), "a")
-    assert list(r.pushFilters([eq, other])) == [other]
-    assert r.partitions() == [LookupSplit(bucket(TABLE, id=5), ((("id", 5),),))]
-
-
-def test_in_on_a_one_column_key_becomes_lookups():
-    r = reader()
-    assert list(r.pushFilters([In(("id",), (3, 4, 3, None))])) == []
-    splits = r.partitions()
-    assert sorted(k for s in splits for k in s.keys) == [(("id", 3),), (("id", 4),)]
-    assert all(s.bucket == bucket(TABLE, **dict(k)) for s in splits for k in s.keys)
-    assert len({s.bucket for s in splits}) == len(splits)
-
-
-def test_a_partial_key_or_a_change_feed_pushes_nothing():
-    r = reader(TABLE2)
-    only_a = [EqualTo(("a",), 1)]
-    assert list(r.pushFilters(only_a)) == only_a and r.keys is None
-    both = [EqualTo(("a",), 1), EqualTo(("b",), "x")]
-    assert list(r.pushFilters(both)) == []
-    assert r.keys == ((("a", 1), ("b", "x")),)
-    feed = reader(startup_mode="earliest")
-    assert list(feed.pushFilters([EqualTo(("id",), 5)])) == [EqualTo(("id",), 5)] and feed.keys is None
+    assert BatchReader.pushFilters is DataSourceReader.pushFilters
 
 
 def test_retry_timeout_goes_to_the_clients_of_the_driver_and_the_executors():
@@ -219,3 +193,19 @@ def test_tls_options_and_a_secure_cluster_directory(tmp_path):
 def test_a_malformed_bootstrap_names_the_option(bootstrap):
     with pytest.raises(opts.OptionError, match=r"^option 'bootstrap': bad coordinator address"):
         opts.parse({**BASE, "bootstrap": bootstrap})
+
+
+def test_split_max_rows_is_bounded_in_the_number_of_partitions(caplog):
+    from spark_source.enumerator import MAX_LOG_SPLITS, log_splits_for
+
+    ranges = {0: (0, 20_000), 1: (5, 5), 2: (100, 1_107)}
+    with caplog.at_level("WARNING"):
+        splits = log_splits_for(ranges, 10)
+    assert len(splits) <= MAX_LOG_SPLITS
+    for b, (start, end) in ranges.items():  # still every record once, in order
+        mine = [(s.start, s.end) for s in splits if s.bucket == b]
+        assert [x for s, e in mine for x in range(s, e)] == list(range(start, end))
+    assert "split.max-rows=10" in caplog.text and "partitions" in caplog.text
+    caplog.clear()
+    assert len(log_splits_for(ranges, 1_000)) == 20 + 2 and not caplog.text  # under the bound: as asked
+    assert len(log_splits_for(ranges, None)) == 2

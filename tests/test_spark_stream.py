@@ -138,17 +138,22 @@ class Crash(Exception):
     pass
 
 
+def crash_mid_bootstrap(spark, kv, checkpoint, **options) -> None:
+    """Run a query that dies in its bootstrap micro-batch (its end offset logged, its lease held)."""
+    def crash(batch_id):
+        raise Crash("killed mid-bootstrap")
+
+    with pytest.raises(Exception, match="killed mid-bootstrap"):
+        run(spark, kv, checkpoint, Collector(before=crash), **options)
+
+
 def test_a_query_killed_mid_bootstrap_restarts_on_the_same_lease_without_duplicates_or_gaps(spark, kv, tmp_path):
     seed(kv, 3, 200)
     with TableClient(kv.admin, "shop.orders") as client:
         client.upsert([row(i, 1) for i in range(0, 200, 5)])
     checkpoint = tmp_path / "ck"
 
-    def crash(batch_id):
-        raise Crash("killed mid-bootstrap")
-
-    with pytest.raises(Exception, match="killed mid-bootstrap"):
-        run(spark, kv, checkpoint, Collector(before=crash))
+    crash_mid_bootstrap(spark, kv, checkpoint)
     lease = lease_in_checkpoint(checkpoint)
     assert [l.lease_id for l in kv.admin.list_leases()] == [lease]
 
@@ -170,11 +175,7 @@ def test_a_restart_after_the_lease_expired_and_the_snapshot_was_reclaimed_fails_
     seed(kv, 2, 50)
     checkpoint = tmp_path / "ck"
 
-    def crash(batch_id):
-        raise Crash("killed mid-bootstrap")
-
-    with pytest.raises(Exception, match="killed mid-bootstrap"):
-        run(spark, kv, checkpoint, Collector(before=crash), lease_duration="1s")
+    crash_mid_bootstrap(spark, kv, checkpoint, lease_duration="1s")
     lease = lease_in_checkpoint(checkpoint)
     wait_until(lambda: kv.admin.list_leases() == [], 30, f"lease {lease} expired")
     with TableClient(kv.admin, "shop.orders") as client:
@@ -259,3 +260,31 @@ def test_a_stream_from_a_time_in_the_future_is_refused(spark, kv, tmp_path):
     sink = Collector()
     run(spark, kv, tmp_path / "ck2", sink, startup_mode="timestamp", startup_timestamp=str(past))
     assert sorted(r["id"] for r in sink.rows()) == list(range(5))
+
+
+def test_a_lease_id_names_one_reader_at_a_time(spark, kv, tmp_path):
+    """A batch read given the lease.id of a streaming bootstrap under way took over its lease, moved it to
+    newer snapshots and released it: the bootstrap's snapshots were deleted under it."""
+    seed(kv, 2, 50)
+    checkpoint = tmp_path / "ck"
+
+    crash_mid_bootstrap(spark, kv, checkpoint, lease_id="shared")
+    held = kv.admin.describe_lease("shared").buckets
+    with TableClient(kv.admin, "shop.orders") as client:
+        client.upsert([row(i, 1) for i in range(50)])
+        client.trigger_snapshot()  # newer snapshots, which a second reader would lease
+
+    refused = r"option 'lease.id': lease shared is held by another reader"
+    batch = spark.read.format("kvlease").option("bootstrap", kv.coordinator.address) \
+        .option("table", "shop.orders").option("lease.id", "shared").load()
+    with pytest.raises(Exception, match=refused):
+        batch.collect()
+    with pytest.raises(Exception, match=refused):
+        run(spark, kv, tmp_path / "another", Collector(), lease_id="shared")
+    assert kv.admin.describe_lease("shared").buckets == held
+
+    sink = Collector()  # the stream itself, restarted from its checkpoint, keeps its lease
+    run(spark, kv, checkpoint, sink, lease_id="shared")
+    assert {r["id"]: r for r in sink.batches[0]}.keys() == set(range(50))
+    assert apply_changes(sink.rows()) == current(kv, range(50))
+    wait_until(lambda: kv.admin.list_leases() == [], 30, "the lease released once the bootstrap committed")
