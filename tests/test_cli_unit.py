@@ -14,7 +14,7 @@ import pytest
 from rich.console import Console
 
 import client.admin as admin
-from common.tables import Column, TableInfo
+from common.tables import MAX_BUCKETS, Column, TableInfo
 from common.model import Lease, SnapshotHandle, TableBucket
 from ops import output as out
 from ops.cli.app import State
@@ -119,6 +119,25 @@ def test_usage_errors_exit_2(args):
 def test_a_usage_error_is_one_line_naming_the_help_to_read(args, says):
     """Every command's usage errors are one ``error:`` line, like every other error (click's own are four)."""
     assert says in assert_one_line_error(run("--bootstrap", "127.0.0.1:1", *args), code=2)
+
+
+@pytest.mark.parametrize("args, says", [
+    (("--buckets", "100000"), f"bucket count must be between 1 and {MAX_BUCKETS}, got 100000"),
+    (("--buckets", "2", "--primary-key", "nope"), "primary key column 'nope' is not a column of the table"),
+    (("--buckets", "2", "--schema", "id BIGINT, id STRING"), "duplicate column 'id'"),
+    (("--buckets", "2", "--schema", "id BIGINT, x FLOAT9"), "column 'x' has unknown type 'FLOAT9'"),
+])
+def test_a_table_definition_the_cluster_would_refuse_is_a_usage_error_before_anything_is_sent(args, says):
+    """Checked in the CLI with the coordinator's own rules (common.tables.validate_spec): exit 2, nothing sent
+    (the bootstrap address is closed: reaching for it would be exit 1 after retries)."""
+    defaults = {"--schema": "id BIGINT, name STRING", "--primary-key": "id"}
+    given = dict(zip(args[::2], args[1::2]))
+    options = [part for key, value in {**defaults, **given}.items() for part in (key, value)]
+    for extra in ((), ("--if-not-exists",)):
+        result = run("--bootstrap", f"127.0.0.1:{closed_port()}", "--retry-timeout", "10s",
+                     "table", "create", "db.t", *options, *extra)
+        message = assert_one_line_error(result, code=2)
+        assert says in message and "(see: kvlease table create --help)" in message
 
 
 def test_a_group_without_its_command_shows_its_help():
