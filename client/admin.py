@@ -139,7 +139,7 @@ def parse_bootstrap(bootstrap: str | Sequence[str]) -> list[str]:
     for address in addresses:
         m = _ADDRESS.fullmatch(address)
         if m is None or int(m.group(2)) > 65535:
-            raise errors.InvalidRequestError(f"bad coordinator address {address!r}: expected HOST:PORT "
+            raise errors.InvalidRequestError(f"bad coordinator address {errors.show(address)}: expected HOST:PORT "
                                              "(port 1-65535), several separated by commas")
     return addresses
 
@@ -148,7 +148,7 @@ def _buckets(buckets):
     """``buckets`` (a mapping or a list), if every bucket is a TableBucket; else TypeError naming one."""
     wrong = next((b for b in buckets if not isinstance(b, TableBucket)), None)
     if wrong is not None:
-        raise TypeError(f"buckets are common.model.TableBucket(table_id, bucket), got {wrong!r}")
+        raise TypeError(f"buckets are common.model.TableBucket(table_id, bucket), got {errors.show(wrong)}")
     return buckets
 
 
@@ -279,13 +279,13 @@ class AdminClient:
                      ignore_if_exists: bool = False) -> TableInfo:
         db, name = parse_table_path(path)
         if isinstance(primary_key, str):  # list("id") would be the key ('i', 'd')
-            raise errors.InvalidTableError(f"primary_key: a list of column names, e.g. [{primary_key!r}], not a "
+            raise errors.InvalidTableError(f"primary_key: a list of column names, e.g. [{errors.show(primary_key)}], not a "
                                            f"string")
         if not all(isinstance(c, Column) for c in columns):
             raise errors.InvalidTableError("columns: common.tables.Column(name, type) objects, e.g. "
                                            "Column('id', 'BIGINT')")
         if not is_int(buckets):
-            raise errors.InvalidTableError(f"buckets: an int, got {buckets!r}")
+            raise errors.InvalidTableError(f"buckets: an int, got {errors.show(buckets)}")
         buckets = int(buckets)
         validate_spec(TableSpec(db, name, tuple(columns), tuple(primary_key), buckets))  # the coordinator's rules
         response = self._call("CreateTable", pb.CreateTableRequest(
@@ -451,7 +451,7 @@ class AdminClient:
         (users prepared on a plaintext local cluster before security is turned on)."""
         if self.tls is None and not all(_loopback(address) for address in self._bootstrap):
             raise errors.InvalidRequestError(
-                f"user {name!r}: a password is only sent over TLS, and {', '.join(self._bootstrap)} is reached "
+                f"user {errors.show(name)}: a password is only sent over TLS, and {', '.join(self._bootstrap)} is reached "
                 "without it: add users over TLS (security.tls.* / --ca-file), or from the coordinator's machine "
                 "through its loopback address", user=name)
         return self._security("AddUser", security_pb.AddUserRequest(name=name, password=password)).created
