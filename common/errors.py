@@ -59,6 +59,7 @@ class ErrorCode(enum.IntEnum):
     AUTHORIZATION_FAILED = 27
     AUTHENTICATION_FAILED = 28
     USER_ALREADY_EXISTS = 29
+    ZOOKEEPER_UNAVAILABLE = 30
 
 
 class KvLeaseError(Exception):
@@ -97,6 +98,16 @@ class CoordinatorNotReadyError(RetriableError):
     """The active coordinator is still reinitializing."""
 
     code = ErrorCode.COORDINATOR_NOT_READY
+
+
+class ZooKeeperUnavailableError(RetriableError):
+    """The coordinator asked cannot reach its ZooKeeper: it refused the request before doing anything.
+
+    It serves again once its connection is back (or another coordinator takes over): a client retries,
+    on another coordinator of its bootstrap list too.
+    """
+
+    code = ErrorCode.ZOOKEEPER_UNAVAILABLE
 
 
 class LeaderNotAvailableError(RetriableError):

@@ -14,6 +14,7 @@ import pytest
 from rich.console import Console
 
 import client.admin as admin
+from common import errors
 from common.tables import MAX_BUCKETS, Column, TableInfo
 from common.model import Lease, SnapshotHandle, TableBucket
 from ops import output as out
@@ -188,6 +189,23 @@ def test_unreachable_bootstrap_names_the_address():
     address = f"127.0.0.1:{closed_port()}"
     message = assert_one_line_error(run("--bootstrap", address, "--retry-timeout", "500ms", "table", "list"))
     assert f"cannot reach coordinator {address}" in message
+
+
+@pytest.mark.parametrize("error, says", [
+    (errors.OutcomeUnknownError("RenewKvSnapshotLease to coordinator c:1 timed out after 30s; it may or may not "
+                                "have been applied"),
+     "outcome unknown: RenewKvSnapshotLease to coordinator c:1 timed out after 30s; it may or may not have been "
+     "applied"),
+    (errors.NetworkError("cannot reach coordinator c:1"),
+     "cannot reach coordinator c:1 (gave up after retrying for 10s; is the cluster running?)"),
+    (errors.ZooKeeperUnavailableError("coordinator c:1 cannot reach ZooKeeper at z:2"),
+     "coordinator c:1 cannot reach ZooKeeper at z:2 (gave up after retrying for 10s)"),  # the coordinator runs
+    (errors.LeaseNotFoundError("lease 'L' not found"), "lease 'L' not found"),
+])
+def test_an_error_says_what_is_known_of_it(error, says):
+    from ops.cli.app import _message
+
+    assert _message(error, State()) == says
 
 
 def test_retry_timeout_from_env_and_options_after_the_command():
