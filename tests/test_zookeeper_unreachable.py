@@ -10,6 +10,7 @@ import signal
 import tempfile
 from typing import Iterator
 
+import grpc
 import pytest
 
 from client.admin import AdminClient
@@ -80,7 +81,6 @@ def test_a_coordinator_without_zookeeper_answers_at_once_that_zookeeper_is_unrea
         own_zk.kill(0)
         wait_until(lambda: not server.zk.connected, 30, "the coordinator noticed ZooKeeper is gone")
 
-        import grpc
         with grpc.insecure_channel(server.address) as channel:
             stub = pb_grpc.CoordinatorServiceStub(channel)
             calls = {  # a write, a lease write, a read: none waits for ZooKeeper (a call stuck would time out)
@@ -96,8 +96,9 @@ def test_a_coordinator_without_zookeeper_answers_at_once_that_zookeeper_is_unrea
                 assert error.code == errors.ErrorCode.ZOOKEEPER_UNAVAILABLE, (method, error)
                 assert f"cannot reach ZooKeeper at {own_zk.connect_string}" in error.message, (method, error.message)
 
-        with pytest.raises(errors.ZooKeeperUnavailableError):  # retried within its budget, then raised as it is
-            AdminClient([server.address], retry_total_s=0.5).renew_lease("L", 60_000)
+        with AdminClient([server.address], retry_total_s=0.5) as brief, \
+                pytest.raises(errors.ZooKeeperUnavailableError):  # retried within its budget, then raised as it is
+            brief.renew_lease("L", 60_000)
 
         address = ("--bootstrap", server.address, "--retry-timeout", "1s")
         for args in (("lease", "renew", "L", "--duration", "1m"), ("table", "list"),
