@@ -24,7 +24,8 @@ from common.proto import coordinator_pb2_grpc as pb_grpc
 from common.proto import security_pb2 as security_pb
 from common.proto import security_pb2_grpc as security_pb_grpc
 from client.coalescing import BatchInterrupted, Coalescer
-from client.transport import RETRIABLE, Channels, NotServedError, RetryPolicy, arguments, is_int, rpc_error
+from client.transport import (RETRIABLE, Channels, NotServedError, RetryPolicy, UnknownOutcomes, arguments, is_int,
+                              rpc_error)
 from common.security.acl import AclBinding, Operation, Resource
 from common.security.client import credentials
 from common.security.wire import binding_from_pb, binding_to_pb, resource_fields
@@ -102,16 +103,21 @@ class ReleaseResult:
     lease_remains: bool  # False: the lease is gone (emptied by this release) or never was
 
 
+#: Coordinator calls that change nothing: one that timed out is simply asked again.
+READS = frozenset({
+    "GetTable", "GetTableAssignment", "ListTables", "ListTabletServers", "GetLatestKvSnapshots", "ListKvSnapshots",
+    "ListKvSnapshotLeases", "DescribeKvSnapshotLease", "ListUsers", "ListAcls",
+})
+
 #: Coordinator calls whose retry after a lost answer has the same outcome: reads, and the lease
 #: calls (acquire and renew set the same snapshots and a deadline from now; release and drop of
 #: what is already gone answer false). Table DDL and snapshot commits are not resent blindly.
-IDEMPOTENT = frozenset({
-    "GetTable", "GetTableAssignment", "ListTables", "ListTabletServers", "GetLatestKvSnapshots", "ListKvSnapshots",
-    "ListKvSnapshotLeases", "DescribeKvSnapshotLease", "AcquireKvSnapshotLease", "AcquireKvSnapshotLeases",
-    "RenewKvSnapshotLease", "ReleaseKvSnapshotLease", "DropKvSnapshotLease",
+IDEMPOTENT = READS | frozenset({
+    "AcquireKvSnapshotLease", "AcquireKvSnapshotLeases", "RenewKvSnapshotLease", "ReleaseKvSnapshotLease",
+    "DropKvSnapshotLease",
     # SecurityService: AddUser of a user that exists with the same password answers created=false,
     # the others answer false when nothing changed (see coordinator/security_service.py)
-    "AddUser", "RemoveUser", "ListUsers", "AddAcl", "RemoveAcl", "ListAcls",
+    "AddUser", "RemoveUser", "AddAcl", "RemoveAcl",
 })
 
 
@@ -119,9 +125,9 @@ IDEMPOTENT = frozenset({
 _SEND_ALONE = object()
 
 
-#: What an idempotent call also retries: the coordinator's own "outcome unknown" (its ZooKeeper
-#: connection dropped during the write, or it did not answer in time); it steps down, and the call
-#: is sent again to whoever is active then.
+#: What an idempotent call also retries: an unknown outcome, the client's (its deadline passed) or the
+#: coordinator's own (its ZooKeeper connection dropped during the write, or it did not answer in time;
+#: it steps down): the call is sent again to whoever is active then.
 RETRIABLE_IF_IDEMPOTENT = RETRIABLE + (errors.OutcomeUnknownError,)
 
 
@@ -139,7 +145,7 @@ def parse_bootstrap(bootstrap: str | Sequence[str]) -> list[str]:
     for address in addresses:
         m = _ADDRESS.fullmatch(address)
         if m is None or int(m.group(2)) > 65535:
-            raise errors.InvalidRequestError(f"bad coordinator address {address!r}: expected HOST:PORT "
+            raise errors.InvalidRequestError(f"bad coordinator address {errors.show(address)}: expected HOST:PORT "
                                              "(port 1-65535), several separated by commas")
     return addresses
 
@@ -148,7 +154,7 @@ def _buckets(buckets):
     """``buckets`` (a mapping or a list), if every bucket is a TableBucket; else TypeError naming one."""
     wrong = next((b for b in buckets if not isinstance(b, TableBucket)), None)
     if wrong is not None:
-        raise TypeError(f"buckets are common.model.TableBucket(table_id, bucket), got {wrong!r}")
+        raise TypeError(f"buckets are common.model.TableBucket(table_id, bucket), got {errors.show(wrong)}")
     return buckets
 
 
@@ -226,11 +232,11 @@ class AdminClient:
         try:
             response = getattr(self._stub(address, stub_class), method)(request, timeout=self._timeout_s)
         except grpc.RpcError as exc:
-            # a request that timed out may have been applied: retried only if applying it twice
-            # gives the same outcome (IDEMPOTENT); otherwise the caller decides
-            err = rpc_error(exc, method, address, timeout_s=self._timeout_s, idempotent=method in IDEMPOTENT,
+            # a change that timed out may have been applied (OutcomeUnknownError): resent only if applying
+            # it twice gives the same outcome (IDEMPOTENT); otherwise the caller decides. A read is asked again.
+            err = rpc_error(exc, method, address, timeout_s=self._timeout_s, idempotent=method in READS,
                             peer="coordinator", tls=self.tls is not None)
-            if isinstance(err, errors.NetworkError):
+            if isinstance(err, (errors.NetworkError, errors.OutcomeUnknownError)):
                 self._move_to(err, address)
             raise err from None
         try:
@@ -238,12 +244,25 @@ class AdminClient:
         except (errors.NotCoordinatorError, errors.CoordinatorFencedError) as exc:
             self._move_to(exc, address)
             raise errors.NotCoordinatorError(exc.message, active_address=getattr(exc, "active_address", "")) from None
+        except errors.ZooKeeperUnavailableError as exc:  # another coordinator of the list may reach it
+            self._move_to(exc, address)
+            raise
+        except errors.OutcomeUnknownError as exc:  # the coordinator's own: named like a call that timed out
+            said = "may or may not" in exc.message or method in READS  # a read changes nothing
+            applied = "" if said else "; it may or may not have been applied"
+            raise errors.OutcomeUnknownError(f"{method} to coordinator {address}: {exc.message}{applied}",
+                                             **exc.details) from None
         return response
 
     def _call(self, method: str, request, stub_class: type = pb_grpc.CoordinatorServiceStub):
         """``method`` of the active coordinator's service ``stub_class`` (default CoordinatorService)."""
         retry_on = RETRIABLE_IF_IDEMPOTENT if method in IDEMPOTENT else RETRIABLE
-        return self.retry.call(self._call_once, method, request, stub_class, retry_on=retry_on)
+        unknown = UnknownOutcomes()
+        attempt = self._call_once if method in READS else unknown.watch(self._call_once)
+        try:
+            return self.retry.call(attempt, method, request, stub_class, retry_on=retry_on)
+        except RETRIABLE as exc:
+            raise unknown.given_up(exc) from None
 
     def _security(self, method: str, request):
         return self._call(method, request, security_pb_grpc.SecurityServiceStub)
@@ -279,13 +298,13 @@ class AdminClient:
                      ignore_if_exists: bool = False) -> TableInfo:
         db, name = parse_table_path(path)
         if isinstance(primary_key, str):  # list("id") would be the key ('i', 'd')
-            raise errors.InvalidTableError(f"primary_key: a list of column names, e.g. [{primary_key!r}], not a "
+            raise errors.InvalidTableError(f"primary_key: a list of column names, e.g. [{errors.show(primary_key)}], not a "
                                            f"string")
         if not all(isinstance(c, Column) for c in columns):
             raise errors.InvalidTableError("columns: common.tables.Column(name, type) objects, e.g. "
                                            "Column('id', 'BIGINT')")
         if not is_int(buckets):
-            raise errors.InvalidTableError(f"buckets: an int, got {buckets!r}")
+            raise errors.InvalidTableError(f"buckets: an int, got {errors.show(buckets)}")
         buckets = int(buckets)
         validate_spec(TableSpec(db, name, tuple(columns), tuple(primary_key), buckets))  # the coordinator's rules
         response = self._call("CreateTable", pb.CreateTableRequest(
@@ -378,11 +397,14 @@ class AdminClient:
         coordinator without the call is not sent one again.
         """
         last: list = []  # the outcomes of the last attempt the coordinator answered
+        unknown = UnknownOutcomes()  # the call's, as a whole
+        unknown_each: dict[int, errors.OutcomeUnknownError] = {}  # one acquire's (answered REQUEST_TIMED_OUT)
+        call_once = unknown.watch(self._call_once)
 
         def attempt() -> list:
             last.clear()
             address = self._address
-            response = self._call_once("AcquireKvSnapshotLeases", pb.AcquireKvSnapshotLeasesRequest(requests=requests))
+            response = call_once("AcquireKvSnapshotLeases", pb.AcquireKvSnapshotLeasesRequest(requests=requests))
             if len(response.responses) != len(requests):
                 raise errors.UnknownServerError(f"{len(response.responses)} answers to {len(requests)} acquires")
             outcomes = [error_from_pb(r.error) or r for r in response.responses]
@@ -391,6 +413,8 @@ class AdminClient:
                     self._move_to(outcome, address)  # stepping down meanwhile: as the unary call is followed
                     outcomes[i] = errors.NotCoordinatorError(
                         outcome.message, active_address=getattr(outcome, "active_address", ""))
+                elif isinstance(outcome, errors.OutcomeUnknownError):
+                    unknown_each.setdefault(i, outcome)
             last[:] = outcomes
             again = next((o for o in outcomes if isinstance(o, RETRIABLE_IF_IDEMPOTENT)), None)
             if again is not None:
@@ -399,10 +423,12 @@ class AdminClient:
 
         try:
             return self.retry.call(attempt, retry_on=RETRIABLE_IF_IDEMPOTENT)
-        except RETRIABLE_IF_IDEMPOTENT:
-            if last:
-                return list(last)
-            raise  # the call itself never got through: every caller's outcome
+        except RETRIABLE_IF_IDEMPOTENT as exc:
+            if last:  # out of retries: each acquire's last answer, unless an earlier one's outcome was unknown
+                return [unknown.given_up(o, unknown_each.get(i)) if isinstance(o, RETRIABLE) else o
+                        for i, o in enumerate(last)]
+            # the call itself never got through: every caller's outcome
+            raise unknown.given_up(exc, next(iter(unknown_each.values()), None)) from None
         except errors.KvLeaseError as exc:
             if isinstance(exc, NotServedError):
                 self._batch_acquires = False
@@ -451,7 +477,7 @@ class AdminClient:
         (users prepared on a plaintext local cluster before security is turned on)."""
         if self.tls is None and not all(_loopback(address) for address in self._bootstrap):
             raise errors.InvalidRequestError(
-                f"user {name!r}: a password is only sent over TLS, and {', '.join(self._bootstrap)} is reached "
+                f"user {errors.show(name)}: a password is only sent over TLS, and {', '.join(self._bootstrap)} is reached "
                 "without it: add users over TLS (security.tls.* / --ca-file), or from the coordinator's machine "
                 "through its loopback address", user=name)
         return self._security("AddUser", security_pb.AddUserRequest(name=name, password=password)).created

@@ -106,7 +106,7 @@ class BucketRouter:
         table = self.table
         if not is_int(bucket) or not 0 <= bucket < table.buckets:
             raise errors.BucketOutOfRangeError(f"table {table.path} has buckets 0..{table.buckets - 1}, "
-                                               f"not {bucket!r}")
+                                               f"not {errors.show(bucket)}")
 
     def route(self, bucket: int) -> "BucketRoute":
         return BucketRoute(self, bucket)

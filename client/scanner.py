@@ -101,7 +101,7 @@ class _CallInProgress(Exception):
 def check_limit(limit) -> None:
     """InvalidScanRequestError unless ``limit`` is None or an int >= 0."""
     if limit is not None and (not is_int(limit) or limit < 0):
-        raise errors.InvalidScanRequestError(f"limit must be an int >= 0, got {limit!r}")
+        raise errors.InvalidScanRequestError(f"limit must be an int >= 0, got {errors.show(limit)}")
 
 
 class BucketScanner:
@@ -119,7 +119,7 @@ class BucketScanner:
         ``sleep`` change single fields of it."""
         check_limit(limit)
         if batch_size_bytes is not None and (not is_int(batch_size_bytes) or batch_size_bytes <= 0):
-            raise errors.InvalidScanRequestError(f"batch_size_bytes must be an int > 0, got {batch_size_bytes!r}")
+            raise errors.InvalidScanRequestError(f"batch_size_bytes must be an int > 0, got {errors.show(batch_size_bytes)}")
         if start_after_key is not None and not isinstance(start_after_key, (bytes, bytearray, memoryview)):
             raise errors.InvalidScanRequestError(
                 f"start_after_key must be bytes (an encoded key, such as a scan's resume_key), "

@@ -42,7 +42,7 @@ from common.tables import TableInfo
 from common.wire import error_from_pb
 from common.logentry import ChangeType, LogEntry, decode_entry
 from common.codec import RowCodec, batch_to_ipc, bucket_of_keys, ipc_to_batch
-from common.codec_arrays import show
+from common.errors import show
 from client.log_records import LOG_COLUMNS, decode_records, entry_records, log_schema
 from client.routing import REROUTE, BucketRouter, Routing
 from client.scanner import KvBatchScanner
@@ -200,7 +200,7 @@ class TableClient:
                 rows.append({pk[0]: key})
             else:
                 raise errors.InvalidRowError(f"row {i}: the primary key has {len(pk)} columns "
-                                             f"({', '.join(pk)}); give a tuple or a dict, got {key!r}")
+                                             f"({', '.join(pk)}); give a tuple or a dict, got {show(key)}")
         return self.codec.to_batch(rows).select(list(pk))
 
     def split(self, batch: pa.RecordBatch) -> list[tuple[int, pa.RecordBatch, np.ndarray]]:
@@ -370,7 +370,7 @@ class TableClient:
         if timestamp is not None and (not isinstance(timestamp, (int, np.integer)) or isinstance(timestamp, bool)
                                       or timestamp < 0):
             raise errors.InvalidRequestError(f"timestamp must be an int of ms since the epoch (>= 0), "
-                                             f"got {timestamp!r}")
+                                             f"got {show(timestamp)}")
         pending = set(range(self.table.buckets) if buckets is None else buckets)
         for bucket in pending:
             self.router.check_bucket(bucket)

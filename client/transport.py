@@ -7,6 +7,8 @@
   injected so tests move no real clock.
 - :func:`rpc_error` maps a failed gRPC call to the project's typed error, at
   this boundary only.
+- :class:`UnknownOutcomes` keeps giving up on a call from hiding an attempt
+  whose outcome is unknown.
 """
 
 from __future__ import annotations
@@ -151,6 +153,38 @@ class RetryPolicy:
     def but(self, **changes: Any) -> "RetryPolicy":
         """A copy with some fields changed (``policy.but(total_s=0)``)."""
         return replace(self, **changes)
+
+
+class UnknownOutcomes:
+    """The attempts of one call whose outcome is unknown (sent, no answer), so that giving up on a call
+    never hides one: an idempotent call is resent after an unknown outcome, and if a later attempt is then
+    refused and the retries run out, the call may still have been applied by the earlier one."""
+
+    def __init__(self) -> None:
+        self.first: errors.OutcomeUnknownError | None = None
+
+    def note(self, exc: errors.OutcomeUnknownError) -> None:
+        self.first = self.first or exc
+
+    def watch(self, attempt: Callable) -> Callable:
+        """``attempt``, noting an OutcomeUnknownError it raises."""
+        def watched(*args):
+            try:
+                return attempt(*args)
+            except errors.OutcomeUnknownError as exc:
+                self.note(exc)
+                raise
+        return watched
+
+    def given_up(self, last: errors.KvLeaseError,
+                 first: errors.OutcomeUnknownError | None = None) -> errors.KvLeaseError:
+        """What to raise when the retries ran out with ``last``: an OutcomeUnknownError if an attempt's
+        outcome was unknown (``first``, else the first one noted), naming it and ``last``; else ``last``."""
+        first = first or self.first
+        if first is None or isinstance(last, errors.OutcomeUnknownError):
+            return last
+        return errors.OutcomeUnknownError(f"{first.message}; sent again until the retries ran out, the last "
+                                          f"answer: {last.message}", **last.details)
 
 
 class TlsMismatchError(errors.InvalidRequestError):

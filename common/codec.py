@@ -44,7 +44,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from common.errors import InvalidRowError
+from common.errors import InvalidRowError, show
 from common import codec_arrays as ca
 from common.codec_arrays import ARROW_TYPES
 from common.tables import Column, TableInfo
@@ -143,11 +143,11 @@ class RowCodec:
         rows = list(rows)
         if not all(issubclass(t, dict) for t in set(map(type, rows))):
             i = next(i for i, row in enumerate(rows) if not isinstance(row, dict))
-            raise InvalidRowError(f"row {i}: expected a dict of column -> value, got {ca.show(rows[i])}")
+            raise InvalidRowError(f"row {i}: expected a dict of column -> value, got {show(rows[i])}")
         unknown = set().union(*rows) - self._name_set
         if unknown:
             i, name = next((i, k) for i, r in enumerate(rows) for k in r if k not in self._name_set)
-            raise InvalidRowError(f"row {i}, column {name!r}: unknown column (table {self.table.path} has "
+            raise InvalidRowError(f"row {i}, column {show(name)}: unknown column (table {self.table.path} has "
                                   f"{', '.join(self._names)})")
         arrays, errors = [], []  # errors: (row, message) of each column's first bad value
         for name in self._names:
@@ -168,7 +168,7 @@ class RowCodec:
                 why = "is null" if name in rows[bad] else "is missing"
                 error = (bad, f"row {bad}, column {name!r}: primary key {why}")
             elif error is None:
-                error = (bad, f"row {bad}, column {name!r}: expected {type_}, got {ca.show(values[bad])}")
+                error = (bad, f"row {bad}, column {name!r}: expected {type_}, got {show(values[bad])}")
             errors.append(error)
         if errors:
             raise InvalidRowError(min(errors)[1])
@@ -296,9 +296,9 @@ class RowCodec:
         given = batch.schema.names
         for name in given:
             if given.count(name) > 1:
-                raise InvalidRowError(f"column {name!r} appears more than once")
+                raise InvalidRowError(f"column {show(name)} appears more than once")
             if name not in self._name_set:
-                raise InvalidRowError(f"column {name!r}: unknown column (table {self.table.path} has "
+                raise InvalidRowError(f"column {show(name)}: unknown column (table {self.table.path} has "
                                       f"{', '.join(self._names)})")
         arrays = []
         for name in names:

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from common.errors import InvalidRowError
+from common.errors import InvalidRowError, show  # noqa: F401 (show: used here and by common.codec)
 from common.tables import Column
 
 ARROW_TYPES: dict[str, pa.DataType] = {
@@ -76,11 +76,6 @@ def first_unconvertible(values: list, name: str, type_: str) -> tuple[int, str] 
         except CONVERSION_ERRORS as e:
             return i, f"row {i}, column {name!r}: expected {type_}, got {show(value)} ({e})"
     return None
-
-
-def show(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 # ---- helpers: encoding -----------------------------------------------------

@@ -20,7 +20,7 @@ import tomllib
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from common.errors import KvLeaseError
+from common.errors import KvLeaseError, show
 from common.limits import MAX_ROW_SIZE_BOUND
 
 
@@ -39,28 +39,28 @@ _SIZE_BYTES = {None: 1, "b": 1, "kb": 1024, "mb": 1024**2, "gb": 1024**3}
 def parse_duration_ms(value: Any) -> int:
     """``'10m'`` -> 600000. Raises ValueError on anything else, a number without a unit included."""
     if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise ValueError(f"not a duration: {value!r} (use e.g. 500ms, 1s, 10m, 2h, 1d)")
+        raise ValueError(f"not a duration: {show(value)} (use e.g. 500ms, 1s, 10m, 2h, 1d)")
     m = _DURATION.fullmatch(str(value))
     if not m:
-        raise ValueError(f"not a duration: {value!r} (use e.g. 500ms, 1s, 10m, 2h, 1d)")
+        raise ValueError(f"not a duration: {show(value)} (use e.g. 500ms, 1s, 10m, 2h, 1d)")
     if m.group(2) is None:
         n = m.group(1)
-        raise ValueError(f"{str(value).strip()!r} has no unit: write {n}ms, {n}s, {n}m, {n}h or {n}d")
+        raise ValueError(f"{show(str(value).strip())} has no unit: write {n}ms, {n}s, {n}m, {n}h or {n}d")
     ms = int(m.group(1)) * _DURATION_MS[m.group(2).lower()]
     if ms > MAX_DURATION_MS:
-        raise ValueError(f"{str(value).strip()!r} is out of range: a duration is at most "
+        raise ValueError(f"{show(str(value).strip())} is out of range: a duration is at most "
                          f"{MAX_DURATION_MS // _DURATION_MS['d']}d ({MAX_DURATION_MS}ms)")
     return ms
 
 
 def parse_size(value: Any) -> int:
     if isinstance(value, bool):
-        raise ValueError(f"not a size: {value!r}")
+        raise ValueError(f"not a size: {show(value)}")
     if isinstance(value, int):
         return value
     m = _SIZE.fullmatch(str(value))
     if not m:
-        raise ValueError(f"not a size: {value!r} (use e.g. 512, 64kb, 4mb)")
+        raise ValueError(f"not a size: {show(value)} (use e.g. 512, 64kb, 4mb)")
     unit = m.group(2).lower() if m.group(2) else None
     return int(m.group(1)) * _SIZE_BYTES[unit]
 
@@ -75,7 +75,7 @@ def _parse_row_size(value: Any) -> int:
 
 def _parse_int(value: Any) -> int:
     if isinstance(value, bool):
-        raise ValueError(f"not an integer: {value!r}")
+        raise ValueError(f"not an integer: {show(value)}")
     return int(value)
 
 
@@ -96,7 +96,7 @@ def _parse_bool(value: Any) -> bool:
         return True
     if text in ("false", "0", "no", "off"):
         return False
-    raise ValueError(f"not a boolean: {value!r}")
+    raise ValueError(f"not a boolean: {show(value)}")
 
 
 @dataclass(frozen=True)
@@ -247,7 +247,7 @@ class Config:
         raw: dict[str, Any] = {}
         for name, value in _flatten(values or {}).items():
             if name not in KEYS:
-                raise ConfigError(f"unknown config key {name!r}", key=name)
+                raise ConfigError(f"unknown config key {show(name)}", key=name)
             raw[name] = value
         environ = os.environ if env is None else env
         for key in KEYS.values():

@@ -15,11 +15,15 @@ Classes are grouped by what a caller does about them:
 - :class:`OutcomeUnknownError`: the request may or may not have taken effect;
 - :class:`AuthenticationFailedError` / :class:`AuthorizationFailedError`: the
   caller's credentials or rights must change; retrying will not help.
+
+A message that quotes a caller's value (a key, a name, an argument) quotes it
+through :func:`show`, which caps it: a 5 MB key never makes a 5 MB message.
 """
 
 from __future__ import annotations
 
 import enum
+import reprlib
 
 
 class ErrorCode(enum.IntEnum):
@@ -55,6 +59,7 @@ class ErrorCode(enum.IntEnum):
     AUTHORIZATION_FAILED = 27
     AUTHENTICATION_FAILED = 28
     USER_ALREADY_EXISTS = 29
+    ZOOKEEPER_UNAVAILABLE = 30
 
 
 class KvLeaseError(Exception):
@@ -93,6 +98,16 @@ class CoordinatorNotReadyError(RetriableError):
     """The active coordinator is still reinitializing."""
 
     code = ErrorCode.COORDINATOR_NOT_READY
+
+
+class ZooKeeperUnavailableError(RetriableError):
+    """The coordinator asked cannot reach its ZooKeeper: it refused the request before doing anything.
+
+    It serves again once its connection is back (or another coordinator takes over): a client retries,
+    on another coordinator of its bootstrap list too.
+    """
+
+    code = ErrorCode.ZOOKEEPER_UNAVAILABLE
 
 
 class LeaderNotAvailableError(RetriableError):
@@ -253,3 +268,35 @@ def error_for(code: int, message: str = "", **details: object) -> KvLeaseError:
         cls = UnknownServerError
         message = f"[code {code}] {message}"
     return cls(message, **details)
+
+
+#: Characters of a caller's value an error message quotes (:func:`show`).
+SHOW_LIMIT = 200
+
+
+def _bounded_repr() -> reprlib.Repr:
+    r = reprlib.Repr()
+    r.maxlevel, r.maxstring, r.maxother, r.maxlong = 3, SHOW_LIMIT, SHOW_LIMIT, SHOW_LIMIT
+    r.maxlist = r.maxtuple = r.maxdict = r.maxset = r.maxfrozenset = r.maxdeque = r.maxarray = 8
+    return r
+
+
+_REPR = _bounded_repr()
+
+
+def show(value: object, limit: int = SHOW_LIMIT) -> str:
+    """``repr(value)`` as an error message quotes a caller's value: a string or bytes longer than ``limit``
+    as its start, ``…`` and its length (``'kkkk…' (5,242,880 characters)``); anything else cut after
+    ``limit`` characters, containers and numbers without building the whole repr first. Always one line."""
+    if isinstance(value, (str, bytes, bytearray)):
+        if len(value) <= limit:
+            return repr(value)
+        unit = "characters" if isinstance(value, str) else "bytes"
+        return f"{value[:limit]!r}… ({len(value):,} {unit})"
+    if isinstance(value, int) and value.bit_length() > 4 * limit:  # too long to print (and to read)
+        return f"<an integer of {value.bit_length():,} bits>"
+    try:
+        text = _REPR.repr(value).replace("\n", "\\n")  # an object's own repr may hold a line break
+    except Exception:  # a repr that fails: the type names the value
+        return f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[:limit] + "…"

@@ -6,6 +6,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from common.errors import show
+
 #: A lease id; use with fullmatch (``$`` would let a trailing newline through). See :func:`lease_id_problem`.
 LEASE_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 LEASE_ID_RULE = "1-128 characters of letters, digits, '.', '_' or '-' (not '.' or '..')"
@@ -17,7 +19,7 @@ def lease_id_problem(lease_id: object) -> str | None:
     ``.`` and ``..`` are not usable as a ZooKeeper node or a directory name."""
     if isinstance(lease_id, str) and LEASE_ID.fullmatch(lease_id) and lease_id not in (".", ".."):
         return None
-    return f"bad lease id {lease_id!r}: {LEASE_ID_RULE}"
+    return f"bad lease id {show(lease_id)}: {LEASE_ID_RULE}"
 
 
 @dataclass(frozen=True, order=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from common.errors import InvalidRequestError, InvalidTableError
+from common.errors import InvalidRequestError, InvalidTableError, show
 
 TYPES = ("BOOLEAN", "INT", "BIGINT", "DOUBLE", "STRING", "BYTES", "TIMESTAMP")
 #: A database, table or column name; always used with fullmatch (``$`` also matches before a final newline).
@@ -75,16 +75,16 @@ class TableSpec:
 def check_name(what: str, name: str | None) -> None:
     """InvalidTableError stating the rule unless ``name`` is a valid ``what`` (database, table, column) name."""
     if not _NAME.fullmatch(name or ""):
-        raise InvalidTableError(f"bad {what} name {name!r}: {NAME_RULE}")
+        raise InvalidTableError(f"bad {what} name {show(name)}: {NAME_RULE}")
 
 
 def parse_table_path(path: str) -> tuple[str, str]:
     """``'db.name'`` -> ``('db', 'name')``; raises InvalidRequestError otherwise."""
     if not isinstance(path, str):
-        raise InvalidRequestError(f"bad table name {path!r}: expected a string DB.NAME")
+        raise InvalidRequestError(f"bad table name {show(path)}: expected a string DB.NAME")
     parts = path.split(".")
     if len(parts) != 2 or not all(_NAME.fullmatch(p) for p in parts):
-        raise InvalidRequestError(f"bad table name {path!r}: expected DB.NAME, each {NAME_RULE}")
+        raise InvalidRequestError(f"bad table name {show(path)}: expected DB.NAME, each {NAME_RULE}")
     return parts[0], parts[1]
 
 
@@ -94,7 +94,7 @@ def parse_schema(text: str) -> tuple[Column, ...]:
     for part in text.split(","):
         words = part.split()
         if len(words) != 2:
-            raise InvalidTableError(f"bad column definition {part.strip()!r}: expected 'NAME TYPE'")
+            raise InvalidTableError(f"bad column definition {show(part.strip())}: expected 'NAME TYPE'")
         check_name("column", words[0])
         columns.append(Column(words[0], words[1].upper()))
     return tuple(columns)
@@ -111,17 +111,18 @@ def validate_spec(spec: TableSpec) -> TableSpec:
     for column in spec.columns:
         check_name("column", column.name)
         if column.name in seen:
-            raise InvalidTableError(f"duplicate column {column.name!r}")
+            raise InvalidTableError(f"duplicate column {show(column.name)}")
         seen.add(column.name)
         type_ = column.type.upper()
         if type_ not in TYPES:
-            raise InvalidTableError(f"column {column.name!r} has unknown type {column.type!r} (one of {', '.join(TYPES)})")
+            raise InvalidTableError(f"column {show(column.name)} has unknown type {show(column.type)} "
+                                    f"(one of {', '.join(TYPES)})")
         columns.append(Column(column.name, type_))
     if not spec.primary_key:
         raise InvalidTableError("a table needs a primary key")
     for key in spec.primary_key:
         if key not in seen:
-            raise InvalidTableError(f"primary key column {key!r} is not a column of the table")
+            raise InvalidTableError(f"primary key column {show(key)} is not a column of the table")
     if len(set(spec.primary_key)) != len(spec.primary_key):
         raise InvalidTableError("primary key names a column twice")
     if not 1 <= spec.buckets <= MAX_BUCKETS:

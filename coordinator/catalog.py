@@ -35,7 +35,9 @@ class TableCatalog:
     def get(self, database: str, name: str) -> TableInfo:
         table_id = self.by_name.get((database, name))
         if table_id is None:
-            raise errors.TableNotExistError(f"table {database}.{name} does not exist", table=f"{database}.{name}")
+            path = f"{database}.{name}"
+            shown = path if len(path) <= errors.SHOW_LIMIT else errors.show(path)  # a raw request's name: capped
+            raise errors.TableNotExistError(f"table {shown} does not exist", table=path)
         return self.by_id[table_id]
 
     def get_by_id(self, table_id: int) -> TableInfo:

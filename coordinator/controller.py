@@ -249,7 +249,8 @@ class Controller(Dispatcher):
     def _describe_lease(self, request: rq.DescribeLease) -> Lease:
         lease = self.leases.live(request.lease_id, self.clock_ms())
         if lease is None:
-            raise errors.LeaseNotFoundError(f"lease {request.lease_id!r} not found", lease_id=request.lease_id)
+            raise errors.LeaseNotFoundError(f"lease {errors.show(request.lease_id)} not found",
+                                            lease_id=request.lease_id)
         return lease
 
     @on(rq.GetTableAssignment)

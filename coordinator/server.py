@@ -145,6 +145,12 @@ class CoordinatorServer:
     # -- what the service asks -----------------------------------------------------------
 
     def serving_loop(self) -> EventLoop:
+        """The loop of the active coordinator; ZooKeeperUnavailableError first if this coordinator cannot reach
+        ZooKeeper (it cannot write, and cannot know whether it still is the active one: nothing is served),
+        then CoordinatorNotReadyError or NotCoordinatorError."""
+        problem = self.zookeeper_problem()
+        if problem is not None:
+            raise errors.ZooKeeperUnavailableError(problem)
         loop = self._loop
         if self._state == "active" and loop is not None:
             return loop
@@ -152,6 +158,13 @@ class CoordinatorServer:
             raise errors.CoordinatorNotReadyError("the coordinator is reinitializing", active_address=self.address)
         raise errors.NotCoordinatorError(f"{self.address} is a standby coordinator",
                                          active_address=self.active_address)
+
+    def zookeeper_problem(self) -> str | None:
+        """Why this coordinator cannot use ZooKeeper now (its connection is down), or None: the kazoo state, read."""
+        if self.zk is None or self.zk.connected:
+            return None
+        return (f"coordinator {self.address} cannot reach ZooKeeper at {self.config[cfg.ZK_ADDRESS]} "
+                f"({cfg.ZK_ADDRESS.name}; connection {str(self.zk.state).lower()}): nothing was done")
 
     def info(self) -> dict:
         active = self._state == "active"

@@ -73,8 +73,11 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
         except errors.KvLeaseError as exc:
             return response_cls(error=error_pb(exc))
         except FutureTimeout:
+            stuck = self.server.zookeeper_problem()  # e.g. its loop waits for a ZooKeeper write
+            why = f" (coordinator {self.server.address} cannot reach ZooKeeper)" if stuck else ""
             return response_cls(error=error_pb(errors.OutcomeUnknownError(
-                f"the coordinator did not answer within {self.timeout_s:.0f}s")))
+                f"the coordinator did not answer within {self.timeout_s:.0f}s{why}; it may or may not have been "
+                "applied")))
         except Exception as exc:  # a bug: answer it, do not kill the call
             log.exception("request answered by %s failed", response_cls.__name__)
             return response_cls(error=error_pb(errors.UnknownServerError(f"internal error: {exc}")))

@@ -207,7 +207,7 @@ def _expired(lease: Lease, now_ms: int) -> bool:
 
 def _not_found(lease_id: str, expired: Lease | None = None) -> errors.LeaseNotFoundError:
     why = f" (it expired at {expired.expiration_time} ms)" if expired is not None else ""
-    return errors.LeaseNotFoundError(f"lease {lease_id!r} not found{why}", lease_id=lease_id)
+    return errors.LeaseNotFoundError(f"lease {errors.show(lease_id)} not found{why}", lease_id=lease_id)
 
 
 @dataclass

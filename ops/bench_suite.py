@@ -68,9 +68,9 @@ def positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        raise argparse.ArgumentTypeError(f"{errors.show(text)} is not a whole number") from None
     if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not positive")
+        raise argparse.ArgumentTypeError(f"{errors.show(text)} is not positive")
     return value
 
 
@@ -79,7 +79,7 @@ def at_least(low: int, why: str) -> Callable[[str], int]:
     def parse(text: str) -> int:
         value = positive_int(text)
         if value < low:
-            raise argparse.ArgumentTypeError(f"{text!r} is below {low:,}: {why}")
+            raise argparse.ArgumentTypeError(f"{errors.show(text)} is below {low:,}: {why}")
         return value
     parse.__name__ = f"at_least_{low}"
     return parse
@@ -89,9 +89,9 @@ def positive_float(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        raise argparse.ArgumentTypeError(f"{errors.show(text)} is not a number") from None
     if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
+        raise argparse.ArgumentTypeError(f"{errors.show(text)} is not a positive number")
     return value
 
 
@@ -99,18 +99,18 @@ def plot_path(text: str) -> str:
     """A ``.png`` file in a directory that exists and is writable (checked before a long run)."""
     path = Path(text)
     if path.suffix.lower() != ".png":
-        raise argparse.ArgumentTypeError(f"{text!r} is not a .png file name")
+        raise argparse.ArgumentTypeError(f"{errors.show(text)} is not a .png file name")
     directory = path.parent
     if not directory.is_dir():
-        raise argparse.ArgumentTypeError(f"directory {str(directory)!r} does not exist")
+        raise argparse.ArgumentTypeError(f"directory {errors.show(str(directory))} does not exist")
     if path.is_dir():
-        raise argparse.ArgumentTypeError(f"{text!r} is a directory")
+        raise argparse.ArgumentTypeError(f"{errors.show(text)} is a directory")
     existed = path.exists()
     try:  # writing it is the check: os.access says yes to root even where nothing can be created (/proc)
         with open(path, "ab"):
             pass
     except OSError as exc:
-        raise argparse.ArgumentTypeError(f"cannot write {text!r}: {exc.strerror or exc}") from None
+        raise argparse.ArgumentTypeError(f"cannot write {errors.show(text)}: {exc.strerror or exc}") from None
     if not existed:
         path.unlink(missing_ok=True)
     return text

@@ -37,7 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from common import config as cfg
-from common.errors import InvalidRequestError, InvalidRowError, RecordTooLargeError
+from common.errors import InvalidRequestError, InvalidRowError, RecordTooLargeError, show
 from common.limits import MAX_ENTRY_BYTES, MAX_ROW_SIZE_BOUND
 from common.tables import TableInfo
 from common.logentry import SCHEMA, ChangeType, LogEntry
@@ -315,7 +315,7 @@ class BucketStore:
             return
         i = int(wrong[0])
         key = self.codec.decode_keys([keys[i]]).to_pylist()[0]
-        raise InvalidRowError(f"{what} row {i} (key {key}) belongs to bucket {int(buckets[i])} of table "
+        raise InvalidRowError(f"{what} row {i} (key {show(key)}) belongs to bucket {int(buckets[i])} of table "
                               f"{self.table.table_id}, not to bucket {self.bucket}; {len(wrong)} of {len(keys)} "
                               f"rows are of another bucket (bucket = crc32(encoded key) % {n})",
                               row=i, bucket=int(buckets[i]))
@@ -330,7 +330,7 @@ class BucketStore:
             return
         i = int(big[0])
         key = self.codec.decode_keys(keys.slice(i, 1)).to_pylist()[0]
-        raise RecordTooLargeError(f"upsert row {i} (key {key}) is {int(sizes[i])} bytes, over the limit of "
+        raise RecordTooLargeError(f"upsert row {i} (key {show(key)}) is {int(sizes[i])} bytes, over the limit of "
                                   f"{self.max_row_bytes} bytes (table.max-row-size); {big.size} of {len(keys)} "
                                   f"rows are too large", row=i, size=int(sizes[i]))
 

@@ -28,7 +28,7 @@ import pyarrow as pa
 from rocksdict import (AccessType, BlockBasedOptions, Checkpoint, DBCompressionType, Options, Rdict, WriteBatch,
                        WriteOptions)
 
-from common.errors import KvLeaseError
+from common.errors import KvLeaseError, show
 from common.kvsnapshot import scan_read_options
 from common.logentry import ChangeType
 from tablet.key_ranges import KeyRanges
@@ -267,7 +267,7 @@ class KvStore:
                 if change_type in _PUT_TYPES:
                     if value is None:
                         raise BucketStoreError(f"{self.path}: changelog record {ChangeType(change_type)} of key "
-                                               f"{key!r} has no value")
+                                               f"{show(key)} has no value")
                     batch.put(key, value)
                 elif change_type == _DELETE:
                     batch.delete(key)

@@ -349,7 +349,8 @@ class ScannerManager(StateMachine):
                 return errors.TableNotExistError(f"scanner {sid.hex()} was closed: its table was dropped")
             return errors.NotLeaderError(f"scanner {sid.hex()} was closed: its bucket is no longer led here; "
                                          "open a new scan on the new leader")
-        return errors.UnknownScannerIdError(f"unknown scanner id {sid.hex()} (finished, closed, or never opened)")
+        return errors.UnknownScannerIdError(f"unknown scanner id {errors.show(sid.hex())} (finished, closed, or never "
+                                            "opened)")
 
     # -- invariants ---------------------------------------------------------------------------
 

@@ -4,9 +4,11 @@ answers it REQUEST_TIMED_OUT (outcome unknown: its ZooKeeper connection dropped 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Iterator
 
 import grpc
 import pytest
@@ -74,19 +76,25 @@ class UnknownFirstOutcome(pb_grpc.CoordinatorServiceServicer):
         return pb.CommitKvSnapshotResponse(error=self._unknown())
 
 
-@pytest.fixture
-def late():
-    servicer = LateFirstAnswer()
+@contextlib.contextmanager
+def stand_in(servicer) -> Iterator[str]:
+    """``servicer`` as a coordinator on a free loopback port: its address."""
     server = grpc.server(ThreadPoolExecutor(4))
     pb_grpc.add_CoordinatorServiceServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
-    client = AdminClient([f"127.0.0.1:{port}"], request_timeout_s=TIMEOUT_S, retry_total_s=10)
     try:
-        yield servicer, client
+        yield f"127.0.0.1:{port}"
     finally:
-        client.close()
         server.stop(0).wait()
+
+
+@pytest.fixture
+def late():
+    servicer = LateFirstAnswer()
+    with stand_in(servicer) as address, \
+            AdminClient([address], request_timeout_s=TIMEOUT_S, retry_total_s=10) as client:
+        yield servicer, client
 
 
 def test_a_release_whose_answer_was_lost_is_sent_again_and_answers_like_a_retry(late):
@@ -131,6 +139,60 @@ def test_a_lease_call_the_coordinator_answers_outcome_unknown_is_sent_again_and_
     finally:
         client.close()
         server.stop(0).wait()
+
+
+class ZooKeeperGoneAfterFirstCall(pb_grpc.CoordinatorServiceServicer):
+    """A coordinator that loses ZooKeeper: the first renew is not answered in time (its write waits for
+    ZooKeeper), every later one is refused ZOOKEEPER_UNAVAILABLE, as a coordinator that knows answers; the
+    first two creates are refused, the third is answered."""
+
+    def __init__(self) -> None:
+        self.calls: dict[str, int] = {}
+
+    def _answer(self, method: str, first_late: bool, **fields):
+        """The response's fields: ``fields`` (the first call late, if ``first_late``), or a refusal."""
+        self.calls[method] = self.calls.get(method, 0) + 1
+        if self.calls[method] == 1 and first_late:
+            time.sleep(TIMEOUT_S * 3)
+        elif first_late or self.calls[method] <= 2:
+            return {"error": pb.ErrorPb(code=errors.ErrorCode.ZOOKEEPER_UNAVAILABLE,
+                                        message="coordinator c:1 cannot reach ZooKeeper at z:2 (zookeeper.address)")}
+        return fields
+
+    def RenewKvSnapshotLease(self, request, context):
+        return pb.RenewKvSnapshotLeaseResponse(**self._answer("RenewKvSnapshotLease", True, expiration_time_ms=9))
+
+    def CreateTable(self, request, context):
+        return pb.CreateTableResponse(**self._answer("CreateTable", False, table=pb.TableInfoPb(
+            table_id=4, database="db", name="t", columns=[pb.ColumnPb(name="id", type="BIGINT")],
+            primary_key=["id"], buckets=1)))
+
+
+@pytest.fixture
+def zk_gone():
+    servicer = ZooKeeperGoneAfterFirstCall()
+    with stand_in(servicer) as address:
+        yield servicer, address
+
+
+def test_a_lease_call_unanswered_then_refused_until_the_retries_run_out_says_its_outcome_is_unknown(zk_gone):
+    """The renew may have been applied by its first attempt: giving up with the last refusal alone would hide it."""
+    servicer, address = zk_gone
+    with AdminClient([address], request_timeout_s=TIMEOUT_S, retry_total_s=TIMEOUT_S * 2) as client:
+        with pytest.raises(errors.OutcomeUnknownError) as info:
+            client.renew_lease("L", 60_000)
+    message = info.value.message
+    assert message.startswith(f"RenewKvSnapshotLease to coordinator {address} timed out"), message
+    assert "may or may not have been applied" in message and "cannot reach ZooKeeper at z:2" in message, message
+    assert servicer.calls["RenewKvSnapshotLease"] >= 2
+
+
+def test_a_call_refused_because_zookeeper_is_unreachable_is_sent_again_even_table_ddl(zk_gone):
+    """Refused before anything was done: resending a create is safe."""
+    servicer, address = zk_gone
+    with AdminClient([address], request_timeout_s=TIMEOUT_S * 10, retry_total_s=10) as client:
+        assert client.create_table("db.t", [Column("id", "BIGINT")], ["id"], 1).table_id == 4
+    assert servicer.calls["CreateTable"] == 3
 
 
 def test_retry_policy_runs_the_first_attempt_bare_and_retries_with_the_usual_waits():
@@ -219,8 +281,11 @@ class BatchingCoordinator(pb_grpc.CoordinatorServiceServicer):
             first = len(self.batches) == 1
         if self.mode == "unimplemented":
             context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
-        if first and self.mode == "late":
+        if first and self.mode in ("late", "late-then-zookeeper"):
             time.sleep(TIMEOUT_S * 3)
+        elif self.mode == "late-then-zookeeper":  # the coordinator lost ZooKeeper meanwhile, and knows it
+            return pb.AcquireKvSnapshotLeasesResponse(error=pb.ErrorPb(
+                code=errors.ErrorCode.ZOOKEEPER_UNAVAILABLE, message="coordinator c:1 cannot reach ZooKeeper"))
         if first and self.mode == "refused":
             return pb.AcquireKvSnapshotLeasesResponse(error=pb.ErrorPb(
                 code=errors.ErrorCode.PARTITION_NOT_EXISTS, message="partition 0 of table 1 (bucket 0)"))
@@ -310,6 +375,15 @@ def test_out_of_retries_each_acquire_made_together_gets_its_own_last_answer():
     assert {k: v for k, v in outcomes.items() if k != "bad4"} == {
         "L1": 1001, "L2": 1002, "L3": 1003, "L5": 1005, "L6": 1006}
     assert isinstance(outcomes["bad4"], errors.TableNotExistError)  # its own answer, not L7's error
+    assert len(servicer.batches) >= 2
+
+
+def test_acquires_made_together_unanswered_then_refused_until_the_retries_run_out_have_an_unknown_outcome():
+    servicer, _client, outcomes = _acquire_together("late-then-zookeeper", retry_total_s=1.0)
+    assert {k: outcomes.pop(k) for k in ("L1", "L2")} == {"L1": 1001, "L2": 1002}  # alone, answered
+    for lease_id, outcome in outcomes.items():  # the first batch may have been applied: said, not hidden
+        assert isinstance(outcome, errors.OutcomeUnknownError), (lease_id, outcome)
+        assert "may or may not have been applied" in outcome.message and "cannot reach ZooKeeper" in outcome.message
     assert len(servicer.batches) >= 2
 
 

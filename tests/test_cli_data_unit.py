@@ -249,7 +249,7 @@ def test_log_from_timestamp_usage_errors(fake_table, args, message):
     assert result.exit_code == 2 and message in result.stderr, result.output
 
 
-def test_log_follow_stops_quietly_on_ctrl_c(fake_table, monkeypatch):
+def test_log_follow_ended_by_ctrl_c_exits_130(fake_table, monkeypatch):
     polls = []
 
     def sleep(seconds):
@@ -259,11 +259,30 @@ def test_log_follow_stops_quietly_on_ctrl_c(fake_table, monkeypatch):
 
     monkeypatch.setattr(data.time, "sleep", sleep)
     result = run_in("log", "db.w", "--bucket", "0", "--from", "0", "--follow", "--poll-interval", "50ms")
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 130, result.output
+    assert result.stderr == "error: interrupted\n"
     lines = [json.loads(line) for line in result.stdout.splitlines()]
     assert [line["offset"] for line in lines] == [0, 1, 2, 3, 4]
     assert lines[0]["timestamp"] is None and lines[1]["timestamp"] == "2023-11-14T22:13:20.001Z"  # v1: no time
     assert polls == [0.05] * 3
+
+
+@pytest.mark.parametrize("json_mode", [False, True])
+def test_log_interrupted_before_the_end_exits_130_not_0(fake_table, monkeypatch, json_mode):
+    """Ctrl-C while ``log`` reads up to the end: what it printed is not the whole log, and the exit code says so
+    (130, as every command: ``scan``, ``put``, …); with --json nothing is printed."""
+    fetch_log = FakeTableClient.fetch_log
+
+    def interrupted_second_fetch(self, bucket, from_offset, max_bytes=0):
+        if self.fetches:
+            raise KeyboardInterrupt
+        return fetch_log(self, bucket, from_offset, max_bytes)
+
+    monkeypatch.setattr(FakeTableClient, "fetch_log", interrupted_second_fetch)
+    result = run_in("log", "db.w", "--bucket", "0", "--from", "0", *(["--json"] if json_mode else []))
+    assert result.exit_code == 130, result.output
+    assert result.stderr == "error: interrupted\n"
+    assert [json.loads(line)["offset"] for line in result.stdout.splitlines()] == ([] if json_mode else [0, 1])
 
 
 def test_iso_time_ms_is_utc_with_milliseconds():

@@ -95,6 +95,16 @@ def test_scan_text_and_errors(fake_scan):
 
 
 @pytest.mark.unit
+def test_scan_interrupted_exits_130_and_prints_no_rows(fake_scan):
+    def interrupted(bucket, batch):
+        raise KeyboardInterrupt
+
+    fake_scan.scan = lambda **kwargs: FakeScanClient.scan(fake_scan, **{**kwargs, "on_batch": interrupted})
+    result = run_cli("scan", "db.s")
+    assert result.exit_code == 130 and result.stderr == "error: interrupted\n" and result.stdout == ""
+
+
+@pytest.mark.unit
 def test_scan_progress_goes_to_stderr_only_after_the_first_batch():
     buffer = io.StringIO()
     progress = out.ScanProgress(2, Console(file=buffer, force_terminal=True, width=100))

@@ -14,7 +14,8 @@ import pytest
 from rich.console import Console
 
 import client.admin as admin
-from common.tables import Column, TableInfo
+from common import errors
+from common.tables import MAX_BUCKETS, Column, TableInfo
 from common.model import Lease, SnapshotHandle, TableBucket
 from ops import output as out
 from ops.cli.app import State
@@ -121,6 +122,25 @@ def test_a_usage_error_is_one_line_naming_the_help_to_read(args, says):
     assert says in assert_one_line_error(run("--bootstrap", "127.0.0.1:1", *args), code=2)
 
 
+@pytest.mark.parametrize("args, says", [
+    (("--buckets", "100000"), f"bucket count must be between 1 and {MAX_BUCKETS}, got 100000"),
+    (("--buckets", "2", "--primary-key", "nope"), "primary key column 'nope' is not a column of the table"),
+    (("--buckets", "2", "--schema", "id BIGINT, id STRING"), "duplicate column 'id'"),
+    (("--buckets", "2", "--schema", "id BIGINT, x FLOAT9"), "column 'x' has unknown type 'FLOAT9'"),
+])
+def test_a_table_definition_the_cluster_would_refuse_is_a_usage_error_before_anything_is_sent(args, says):
+    """Checked in the CLI with the coordinator's own rules (common.tables.validate_spec): exit 2, nothing sent
+    (the bootstrap address is closed: reaching for it would be exit 1 after retries)."""
+    defaults = {"--schema": "id BIGINT, name STRING", "--primary-key": "id"}
+    given = dict(zip(args[::2], args[1::2]))
+    options = [part for key, value in {**defaults, **given}.items() for part in (key, value)]
+    for extra in ((), ("--if-not-exists",)):
+        result = run("--bootstrap", f"127.0.0.1:{closed_port()}", "--retry-timeout", "10s",
+                     "table", "create", "db.t", *options, *extra)
+        message = assert_one_line_error(result, code=2)
+        assert says in message and "(see: kvlease table create --help)" in message
+
+
 def test_a_group_without_its_command_shows_its_help():
     result = run("lease")
     assert result.exit_code == 2 and "Commands:" in result.output and "acquire" in result.output
@@ -169,6 +189,23 @@ def test_unreachable_bootstrap_names_the_address():
     address = f"127.0.0.1:{closed_port()}"
     message = assert_one_line_error(run("--bootstrap", address, "--retry-timeout", "500ms", "table", "list"))
     assert f"cannot reach coordinator {address}" in message
+
+
+@pytest.mark.parametrize("error, says", [
+    (errors.OutcomeUnknownError("RenewKvSnapshotLease to coordinator c:1 timed out after 30s; it may or may not "
+                                "have been applied"),
+     "outcome unknown: RenewKvSnapshotLease to coordinator c:1 timed out after 30s; it may or may not have been "
+     "applied"),
+    (errors.NetworkError("cannot reach coordinator c:1"),
+     "cannot reach coordinator c:1 (gave up after retrying for 10s; is the cluster running?)"),
+    (errors.ZooKeeperUnavailableError("coordinator c:1 cannot reach ZooKeeper at z:2"),
+     "coordinator c:1 cannot reach ZooKeeper at z:2 (gave up after retrying for 10s)"),  # the coordinator runs
+    (errors.LeaseNotFoundError("lease 'L' not found"), "lease 'L' not found"),
+])
+def test_an_error_says_what_is_known_of_it(error, says):
+    from ops.cli.app import _message
+
+    assert _message(error, State()) == says
 
 
 def test_retry_timeout_from_env_and_options_after_the_command():

@@ -44,6 +44,7 @@ PINNED = {
     "AUTHORIZATION_FAILED": 27,
     "AUTHENTICATION_FAILED": 28,
     "USER_ALREADY_EXISTS": 29,
+    "ZOOKEEPER_UNAVAILABLE": 30,
 }
 
 #: The exception class each code decodes to.
@@ -77,6 +78,7 @@ CLASSES = {
     ErrorCode.AUTHORIZATION_FAILED: errors.AuthorizationFailedError,
     ErrorCode.AUTHENTICATION_FAILED: errors.AuthenticationFailedError,
     ErrorCode.USER_ALREADY_EXISTS: errors.UserAlreadyExistsError,
+    ErrorCode.ZOOKEEPER_UNAVAILABLE: errors.ZooKeeperUnavailableError,
 }
 
 
@@ -149,7 +151,8 @@ def test_not_coordinator_keeps_the_active_address_across_pickling():
 def test_what_callers_retry():
     assert errors.RETRIABLE == (errors.RetriableError,)
     retriable = {errors.NetworkError, errors.StorageError, errors.NotCoordinatorError, errors.NotLeaderError,
-                 errors.LeaderNotAvailableError, errors.CoordinatorNotReadyError, errors.TooManyScannersError}
+                 errors.LeaderNotAvailableError, errors.CoordinatorNotReadyError, errors.TooManyScannersError,
+                 errors.ZooKeeperUnavailableError}
     for cls in set(CLASSES.values()) | {errors.UnknownServerError}:
         assert issubclass(cls, errors.RETRIABLE) == (cls in retriable), cls.__name__
     for cls in (errors.InvalidTableError, errors.InvalidScanRequestError, errors.InvalidRowError):

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
-from common.errors import AuthorizationFailedError, InvalidRequestError
+from common.errors import AuthorizationFailedError, InvalidRequestError, show
 from common.security.authn import USER_NAME, USER_PREFIX
 
 _DB_OR_TABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")  # common.tables' name rule
@@ -58,7 +58,7 @@ class Operation(_OrderedByValue, enum.Enum):
         try:
             return cls(str(text).upper())
         except ValueError:
-            raise InvalidRequestError(f"unknown operation {text!r}: one of {', '.join(o.value for o in cls)}",
+            raise InvalidRequestError(f"unknown operation {show(text)}: one of {', '.join(o.value for o in cls)}",
                                       operation=str(text)) from None
 
 
@@ -83,7 +83,7 @@ class Resource:
     @classmethod
     def database(cls, db: str) -> "Resource":
         if not _DB_OR_TABLE.fullmatch(db or ""):
-            raise InvalidRequestError(f"invalid database name {db!r}", database=str(db))
+            raise InvalidRequestError(f"invalid database name {show(db)}", database=str(db))
         return cls(ResourceType.DATABASE, db)
 
     @classmethod
@@ -91,7 +91,7 @@ class Resource:
     def table(cls, path: str) -> "Resource":
         parts = (path or "").split(".")
         if len(parts) != 2 or not all(_DB_OR_TABLE.fullmatch(p) for p in parts):
-            raise InvalidRequestError(f"invalid table path {path!r}: expected db.table", table=str(path))
+            raise InvalidRequestError(f"invalid table path {show(path)}: expected db.table", table=str(path))
         return cls(ResourceType.TABLE, path)
 
     @classmethod
@@ -116,7 +116,7 @@ def check_principal(principal: str, *, wildcard: bool = True) -> str:
         return principal
     if not (isinstance(principal, str) and principal.startswith(USER_PREFIX)
             and USER_NAME.fullmatch(principal[len(USER_PREFIX):])):
-        raise InvalidRequestError(f"invalid principal {principal!r}: expected User:<name>"
+        raise InvalidRequestError(f"invalid principal {show(principal)}: expected User:<name>"
                                   + (" or User:*" if wildcard else ""), principal=str(principal))
     return principal
 

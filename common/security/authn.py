@@ -16,7 +16,7 @@ import re
 import threading
 from typing import Callable
 
-from common.errors import AuthenticationFailedError, InvalidRequestError
+from common.errors import AuthenticationFailedError, InvalidRequestError, show
 from common.security.passwords import PasswordHash, hash_password, verify
 
 #: A user name; always used with fullmatch (``$`` would also match before a final newline).
@@ -27,7 +27,7 @@ USER_PREFIX = "User:"
 def check_user_name(name: str) -> str:
     """``name`` if it is a valid user name, else InvalidRequestError."""
     if not isinstance(name, str) or not USER_NAME.fullmatch(name):
-        raise InvalidRequestError(f"invalid user name {name!r}: letters, digits, _ . @ -, starting with a letter or _,"
+        raise InvalidRequestError(f"invalid user name {show(name)}: letters, digits, _ . @ -, starting with a letter or _,"
                                   f" at most 128", user=str(name))
     return name
 
@@ -54,14 +54,14 @@ class Authenticator:
         record = self._lookup(user) if USER_NAME.fullmatch(user) else None
         if record is None:
             verify(self._dummy, password)
-            raise AuthenticationFailedError(f"authentication failed for user {user!r}", user=user)
+            raise AuthenticationFailedError(f"authentication failed for user {show(user)}", user=user)
         keyed = hmac.new(self._key, password.encode(), hashlib.sha256).digest()
         with self._lock:
             memo = self._memo.get(user)
         if memo is not None and memo[0] == record and hmac.compare_digest(memo[1], keyed):
             return principal_of(user)
         if not verify(record, password):
-            raise AuthenticationFailedError(f"authentication failed for user {user!r}", user=user)
+            raise AuthenticationFailedError(f"authentication failed for user {show(user)}", user=user)
         with self._lock:
             self._memo[user] = (record, keyed)
         return principal_of(user)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from common.errors import InvalidRequestError
+from common.errors import InvalidRequestError, show
 from common.proto import security_pb2 as pb
 from common.security.acl import AclBinding, Operation, Resource, ResourceType, check_principal
 
@@ -12,7 +12,7 @@ def resource_of(resource_type: str, name: str) -> Resource:
     try:
         kind = ResourceType(str(resource_type).lower())
     except ValueError:
-        raise InvalidRequestError(f"unknown resource type {resource_type!r}: cluster, database or table",
+        raise InvalidRequestError(f"unknown resource type {show(resource_type)}: cluster, database or table",
                                   resource_type=str(resource_type)) from None
     return Resource.of(kind, name)
 

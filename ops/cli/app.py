@@ -18,6 +18,11 @@ prompt when stdin is a terminal); ``KVLEASE_SECURITY_USERNAME`` and
 client certificate, if any. A password is never taken from the command line
 and never sent without TLS.
 
+An unknown outcome (a request sent and not answered, which may have been applied) is
+``error: outcome unknown: …``. An unreachable server and a coordinator that cannot reach
+ZooKeeper are retried until ``--retry-timeout`` runs out, and the message says so; only the
+first asks ``is the cluster running?`` (the coordinator answered: ZooKeeper is the problem).
+
 The commands are in the sibling modules, one per command group; they add
 themselves to :func:`kvlease` when :mod:`ops.cli` imports them.
 """
@@ -165,10 +170,13 @@ class State:
 
 
 def _message(exc: BaseException, state: State | None) -> str:
-    if isinstance(exc, errors.NetworkError):
+    if isinstance(exc, errors.OutcomeUnknownError):  # sent, no answer: it may have been applied
+        return f"outcome unknown: {exc.message}"
+    if isinstance(exc, (errors.NetworkError, errors.ZooKeeperUnavailableError)):  # retried until --retry-timeout
         retry = state.retry_timeout_ms if state and state.retry_timeout_ms is not None else None
         waited = f"{retry / 1000:g}s" if retry is not None else DEFAULT_RETRY_TIMEOUT
-        return f"{exc.message} (gave up after retrying for {waited}; is the cluster running?)"
+        unreachable = "; is the cluster running?" if isinstance(exc, errors.NetworkError) else ""
+        return f"{exc.message} (gave up after retrying for {waited}{unreachable})"
     if isinstance(exc, errors.KvLeaseError):
         return exc.message
     return f"internal error: {type(exc).__name__}: {exc} (set KVLEASE_DEBUG=1 for a traceback)"

@@ -48,7 +48,7 @@ def cluster_start(state: State, directory: str | None, zk_nodes: str, coordinato
     answers on its leader (ready)."""
     directory = cluster_dir(state, directory)
     if remote and not remote.startswith(("file:///", "s3://")):
-        raise click.BadParameter(f"{remote!r} is not file:///PATH or s3://BUCKET/PREFIX", param_hint="'--remote'")
+        raise click.BadParameter(f"{errors.show(remote)} is not file:///PATH or s3://BUCKET/PREFIX", param_hint="'--remote'")
     local_cluster.start(directory, zk_nodes=int(zk_nodes), coordinators=coordinators, tablets=tablets,
                         remote=remote, ready_timeout_s=timeout_ms / 1000.0,
                         progress=lambda text: click.echo(f"{text} …", err=True), secure=secure)

@@ -147,7 +147,8 @@ def log_command(state: State, path: str, bucket: int, from_offset: int | None, f
     ISO-8601 UTC with milliseconds (ms since the epoch with --json), null for
     records written before the changelog kept times. Without --follow it
     stops at the end of the log; with --json it prints one document instead
-    (not with --follow).
+    (not with --follow). Ctrl-C ends it with exit code 130, as any command:
+    what it printed may not reach the end.
     """
     if follow and state.json_mode:
         raise click.UsageError("--json prints one document; it cannot be combined with --follow")
@@ -182,8 +183,6 @@ def log_command(state: State, path: str, bucket: int, from_offset: int | None, f
                 break
             if follow and not records:
                 time.sleep(poll_interval / 1000.0)
-    except KeyboardInterrupt:  # the way to end --follow
-        return
     except BrokenPipeError:  # e.g. piped into head
         sys.stderr.close()
         return

@@ -92,11 +92,11 @@ class DrillCommand(click.Command):
 def load_drill(name: str):
     """The module of drill ``name`` (``coordinator-failover`` or ``coordinator_failover``)."""
     if not DRILL_NAME.fullmatch(name):
-        raise click.BadParameter(f"{name!r} is not a drill name (lower-case letters, digits, -)", param_hint="'NAME'")
+        raise click.BadParameter(f"{errors.show(name)} is not a drill name (lower-case letters, digits, -)", param_hint="'NAME'")
     module = _load_plugin_module("drill_", name.replace("-", "_"))
     if module is None or not callable(getattr(module, "main", None)):
         known = ", ".join(drill_modules()) or "none yet"
-        raise errors.InvalidRequestError(f"unknown drill {name!r} (available: {known})")
+        raise errors.InvalidRequestError(f"unknown drill {errors.show(name)} (available: {known})")
     return module
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from common import errors
-from common.tables import parse_schema
+from common.tables import MAX_BUCKETS, TableSpec, parse_schema, parse_table_path, validate_spec
 from ops import output as out
 from ops.cli.app import State, catch_errors, common_options, kvlease, pass_state
 from ops.cli.values import bucket_number, table_path
@@ -20,7 +20,7 @@ def table_group() -> None:
 @click.argument("path", metavar="DB.NAME", callback=table_path)
 @click.option("--schema", required=True, help='Columns, e.g. "id BIGINT, name STRING".')
 @click.option("--primary-key", required=True, metavar="COL[,COL…]", help="Primary key column(s).")
-@click.option("--buckets", type=bucket_number(1), required=True, help="Number of buckets.")
+@click.option("--buckets", type=bucket_number(1), required=True, help=f"Number of buckets (at most {MAX_BUCKETS}).")
 @click.option("--if-not-exists", is_flag=True,
               help="Succeed if the table exists already with this definition (an error if it differs).")
 @common_options
@@ -33,6 +33,11 @@ def table_create(state: State, path: str, schema: str, primary_key: str, buckets
     except errors.KvLeaseError as exc:
         raise click.BadParameter(exc.message, param_hint="'--schema'") from None
     keys = [k.strip() for k in primary_key.split(",") if k.strip()]
+    db, name = parse_table_path(path)
+    try:  # the coordinator's own rules, before anything is sent: a definition it would refuse is a usage error
+        validate_spec(TableSpec(db, name, columns, tuple(keys), buckets))
+    except errors.InvalidTableError as exc:
+        raise click.UsageError(exc.message) from None
     existed = if_not_exists and _exists(state, path)
     info = state.client.create_table(path, columns, keys, buckets, ignore_if_exists=if_not_exists)
     if existed:  # the coordinator checked that its definition is the one asked for

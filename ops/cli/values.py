@@ -64,7 +64,7 @@ class Duration(click.ParamType):
         except ValueError as exc:
             self.fail(str(exc), param, ctx)
         if self.positive and ms <= 0:
-            self.fail(f"{value!r}: must be more than 0", param, ctx)
+            self.fail(f"{errors.show(value)}: must be more than 0", param, ctx)
         return ms
 
 
@@ -90,12 +90,12 @@ class BucketSnapshot(click.ParamType):
             return value
         m = re.fullmatch(r"\s*([0-9]+)\s*=\s*([0-9]+)\s*", str(value))
         if not m:
-            self.fail(f"{value!r} is not BUCKET=SNAPSHOT_ID (e.g. 0=12)", param, ctx)
+            self.fail(f"{errors.show(value)} is not BUCKET=SNAPSHOT_ID (e.g. 0=12)", param, ctx)
         try:
             return (in_range(int(m.group(1)), 0, INT32_MAX, "bucket"),
                     in_range(int(m.group(2)), 0, INT64_MAX, "snapshot id"))
         except ValueError as exc:
-            self.fail(f"{value!r}: {exc}", param, ctx)
+            self.fail(f"{errors.show(value)}: {exc}", param, ctx)
 
 
 class BucketList(click.ParamType):
@@ -108,7 +108,7 @@ class BucketList(click.ParamType):
             return value
         parts = [p.strip() for p in str(value).split(",")]
         if not parts or not all(re.fullmatch(r"[0-9]+", p) for p in parts):
-            self.fail(f"{value!r} is not a bucket number or a comma-separated list of them", param, ctx)
+            self.fail(f"{errors.show(value)} is not a bucket number or a comma-separated list of them", param, ctx)
         try:
             return [in_range(int(p), 0, INT32_MAX, "bucket") for p in parts]
         except ValueError as exc:
@@ -127,18 +127,18 @@ class EpochMs(click.ParamType):
         text = str(value).strip()
         if re.fullmatch(r"[0-9]+", text):
             if int(text) > INT64_MAX:
-                self.fail(f"{value!r} is out of range (0..{INT64_MAX} ms since the epoch)", param, ctx)
+                self.fail(f"{errors.show(value)} is out of range (0..{INT64_MAX} ms since the epoch)", param, ctx)
             return int(text)
         try:
             stamp = datetime.fromisoformat(text)
         except (ValueError, OverflowError):
-            self.fail(f"{value!r} is neither ms since the epoch nor an ISO-8601 time", param, ctx)
+            self.fail(f"{errors.show(value)} is neither ms since the epoch nor an ISO-8601 time", param, ctx)
         if stamp.tzinfo is None:
             stamp = stamp.replace(tzinfo=timezone.utc)
         # rounded up: the records stamped at or after a time between two ms are those of the later one
         ms = -((datetime(1970, 1, 1, tzinfo=timezone.utc) - stamp) // timedelta(milliseconds=1))
         if ms < 0:
-            self.fail(f"{value!r} is before 1970-01-01", param, ctx)
+            self.fail(f"{errors.show(value)} is before 1970-01-01", param, ctx)
         return ms
 
 
@@ -197,7 +197,7 @@ def convert_value(value: Any, type_: str) -> Any:
             try:
                 return base64.b64decode(value, validate=True)
             except (binascii.Error, ValueError):
-                raise ValueError(f"expected base64 text for BYTES, got {value!r}") from None
+                raise ValueError(f"expected base64 text for BYTES, got {errors.show(value)}") from None
     elif type_ == "TIMESTAMP":
         if text and _INTEGER.fullmatch(value):
             return int(value)
@@ -208,8 +208,8 @@ def convert_value(value: Any, type_: str) -> Any:
                 pass
         elif isinstance(value, int) and not isinstance(value, bool):
             return value
-        raise ValueError(f"expected ISO-8601 text or integer microseconds for TIMESTAMP, got {value!r}")
-    raise ValueError(f"expected {type_}, got {value!r}")
+        raise ValueError(f"expected ISO-8601 text or integer microseconds for TIMESTAMP, got {errors.show(value)}")
+    raise ValueError(f"expected {type_}, got {errors.show(value)}")
 
 
 def parse_key(text: str, table: TableInfo) -> dict[str, Any]:
@@ -253,7 +253,7 @@ def parse_keys(texts: Iterable[str], table: TableInfo) -> list[dict[str, Any]]:
         try:
             keys.append(parse_key(text, table))
         except ValueError as exc:
-            raise click.BadParameter(f"{text!r}: {exc}", param_hint="'KEY'") from None
+            raise click.BadParameter(f"{errors.show(text)}: {exc}", param_hint="'KEY'") from None
     return keys
 
 
