@@ -19,7 +19,7 @@ from client.table import TableClient
 from client.cluster_dir import cluster_dir_bootstrap, cluster_dir_security
 from common import config as cfg
 from common.config import parse_duration_ms
-from common.errors import InvalidRequestError
+from common.errors import InvalidRequestError, show
 from common.model import lease_id_problem
 from common.tables import parse_table_path
 from common.tls import TlsFiles
@@ -235,7 +235,7 @@ def _read_options(given: Mapping[str, str]) -> dict[str, Any]:
 def _choice(given: Mapping[str, str], name: str, choices: tuple[str, ...], default: str) -> str:
     value = given.get(name, default).strip().lower()
     if value not in choices:
-        raise OptionError(f"option '{name}': {given[name]!r} is not one of {', '.join(choices)}")
+        raise OptionError(f"option '{name}': {show(given[name])} is not one of {', '.join(choices)}")
     return value
 
 
@@ -244,9 +244,9 @@ def _positive_int(given: Mapping[str, str], name: str) -> int:
     try:
         value = int(given[name].strip())
     except ValueError:
-        raise OptionError(f"option '{shown}': expected a positive integer, got {given[name]!r}") from None
+        raise OptionError(f"option '{shown}': expected a positive integer, got {show(given[name])}") from None
     if value <= 0:
-        raise OptionError(f"option '{shown}': expected a positive integer, got {value}")
+        raise OptionError(f"option '{shown}': expected a positive integer, got {show(value)}")
     return value
 
 
@@ -256,7 +256,7 @@ def _positive_duration(given: Mapping[str, str], name: str) -> int:
     except ValueError as exc:
         raise OptionError(f"option '{name}': {exc}") from None
     if value <= 0:
-        raise OptionError(f"option '{name}': the duration must be positive, got {given[name]!r}")
+        raise OptionError(f"option '{name}': the duration must be positive, got {show(given[name])}")
     return value
 
 
@@ -270,14 +270,14 @@ def parse_timestamp_ms(name: str, text: str) -> int:
             when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
         except ValueError:
             raise OptionError(f"option '{name}': expected ms since the epoch or an ISO-8601 time, "
-                              f"got {text!r}") from None
+                              f"got {show(text)}") from None
         if when.tzinfo is None:
             when = when.replace(tzinfo=dt.timezone.utc)
         millis = int(when.timestamp() * 1000)
     if millis < 0:
-        raise OptionError(f"option '{name}': {text!r} is before 1970")
+        raise OptionError(f"option '{name}': {show(text)} is before 1970")
     if millis > MAX_TIMESTAMP_MS:
-        raise OptionError(f"option '{name}': {text!r} is after 9999-12-31T23:59:59.999Z ({MAX_TIMESTAMP_MS} ms "
+        raise OptionError(f"option '{name}': {show(text)} is after 9999-12-31T23:59:59.999Z ({MAX_TIMESTAMP_MS} ms "
                           "since the epoch)")
     return millis
 
@@ -292,7 +292,7 @@ def _ending_offsets(text: str) -> dict[int, int]:
         offsets = {int(k): v for k, v in doc.items()}
     except (ValueError, TypeError) as exc:
         raise OptionError(f"option 'ending.offsets': expected JSON like {{\"0\": 120, \"1\": 80}} "
-                          f"(bucket -> end offset), got {text!r}: {exc}") from None
+                          f"(bucket -> end offset), got {show(text)}: {exc}") from None
     bad = {b: o for b, o in offsets.items() if not 0 <= b <= MAX_OFFSET or not 0 <= o <= MAX_OFFSET}
     if bad:
         raise OptionError(f"option 'ending.offsets': buckets and offsets must be between 0 and {MAX_OFFSET}, "

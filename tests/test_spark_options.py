@@ -74,6 +74,14 @@ def test_bad_options_name_the_option(given, named):
     assert named in str(info.value)
 
 
+@pytest.mark.parametrize("name", ["maxRowsPerTrigger", "lease.duration", "startup.timestamp", "ending.offsets",
+                                  "bootstrap.mode"])
+def test_a_huge_bad_value_is_quoted_capped_in_the_error(name):
+    with pytest.raises(opts.OptionError) as info:
+        opts.parse({**BASE, "startup.mode": "timestamp", "startup.timestamp": "1", name: "x" * 1_000_000})
+    assert f"'{name}'" in str(info.value) and len(str(info.value)) < 600
+
+
 @pytest.mark.parametrize("name", ["lease.duration", "lease.acquire.max-wait"])
 def test_a_lease_duration_without_a_unit_is_an_error_not_milliseconds(name):
     with pytest.raises(opts.OptionError, match=f"option '{name}': '5' has no unit: write 5ms, 5s"):
