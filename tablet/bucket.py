@@ -101,7 +101,8 @@ class BucketStore:
              memtable_bytes: int | None = None, clock_ms: Callable[[], int] | None = None,
              bucket: int | None = None, max_row_bytes: int = MAX_ROW_SIZE_BOUND,
              budget: OpenBuckets | None = None, backoff: Backoff = Backoff(),
-             monotonic: Callable[[], float] = time.monotonic, lazy: bool = False) -> "BucketStore":
+             monotonic: Callable[[], float] = time.monotonic, lazy: bool = False,
+             on_failure: Callable[[], None] | None = None) -> "BucketStore":
         """Open (creating if missing) the bucket in ``dir`` and replay the changelog into RocksDB.
 
         ``segment_bytes`` and ``fsync`` configure the changelog
@@ -118,11 +119,12 @@ class BucketStore:
 
         ``budget``: the server's open buckets, which may park this one's files
         while idle; ``backoff`` and ``monotonic``: when a failed store reopens
-        (``tablet/bucket_files.py``). ``lazy``: open nothing now (the first use
-        does, and raises what opening raises).
+        (``tablet/bucket_files.py``), ``on_failure()`` is told of each failure.
+        ``lazy``: open nothing now (the first use does, and raises what opening
+        raises).
         """
         settings = FileSettings(segment_bytes, fsync, memtable_bytes, RowCodec(table).key_width, clock_ms)
-        files = BucketFiles(dir, settings, budget=budget, backoff=backoff, monotonic=monotonic)
+        files = BucketFiles(dir, settings, budget=budget, backoff=backoff, monotonic=monotonic, on_failure=on_failure)
         store = cls(dir, table, files, bucket, max_row_bytes)
         if not lazy:
             with files.use():
@@ -132,11 +134,12 @@ class BucketStore:
     @classmethod
     def from_config(cls, dir: str, table: TableInfo, config: cfg.Config,
                     clock_ms: Callable[[], int] | None = None, bucket: int | None = None,
-                    budget: OpenBuckets | None = None, lazy: bool = False) -> "BucketStore":
+                    budget: OpenBuckets | None = None, lazy: bool = False,
+                    on_failure: Callable[[], None] | None = None) -> "BucketStore":
         backoff = Backoff(config[cfg.BUCKET_REOPEN_BACKOFF] / 1000.0, config[cfg.BUCKET_REOPEN_BACKOFF_MAX] / 1000.0)
         return cls.open(dir, table, segment_bytes=config[cfg.LOG_SEGMENT_BYTES], fsync=config[cfg.LOG_FLUSH_FSYNC],
                         clock_ms=clock_ms, bucket=bucket, max_row_bytes=config[cfg.MAX_ROW_SIZE], budget=budget,
-                        backoff=backoff, lazy=lazy)
+                        backoff=backoff, lazy=lazy, on_failure=on_failure)
 
     def close(self) -> None:
         """Close the open snapshots, RocksDB (flushing it) and the changelog. Idempotent."""

@@ -68,8 +68,12 @@ class BucketFiles:
     """The changelog and RocksDB of the bucket in ``dir``; see the module docstring. Thread-safe."""
 
     def __init__(self, dir: str, settings: FileSettings, *, budget: OpenBuckets | None = None,
-                 backoff: Backoff = Backoff(), monotonic: Callable[[], float] = time.monotonic) -> None:
+                 backoff: Backoff = Backoff(), monotonic: Callable[[], float] = time.monotonic,
+                 on_failure: Callable[[], None] | None = None) -> None:
+        """``on_failure()`` is called after each failure recorded (maybe under this object's lock:
+        it must not block)."""
         self.dir = dir
+        self._on_failure = on_failure
         self.settings = settings
         self._budget = budget
         self._backoff = backoff
@@ -172,6 +176,7 @@ class BucketFiles:
                 raise
         except Exception as exc:
             self._record(exc)
+            self._tell_failure()
             raise
         self.changelog, self.kv = changelog, kv
         if self.failure is not None:
@@ -185,8 +190,14 @@ class BucketFiles:
     def fail(self, exc: BaseException) -> None:
         """A local write failed: refuse writes until the files are reopened (after the backoff)."""
         with self._lock:
-            if self.failure is None:
-                self._record(exc)
+            if self.failure is not None:
+                return
+            self._record(exc)
+        self._tell_failure()
+
+    def _tell_failure(self) -> None:
+        if self._on_failure is not None:
+            self._on_failure()
 
     def _record(self, exc: BaseException) -> None:
         self.failure = exc

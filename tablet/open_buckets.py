@@ -15,11 +15,32 @@ that are in use.
 from __future__ import annotations
 
 import itertools
+import resource
 import threading
 from collections import OrderedDict
 from typing import Protocol
 
+from tablet.kvstore import FDS_PER_OPEN_BUCKET
+
 _SEARCH = 8  # buckets tried beyond the number to park, per use (busy ones are skipped)
+AUTO_MAX_OPEN = 1000  # the automatic capacity's ceiling (memory: each open RocksDB has its memtable)
+
+
+def fd_limit() -> int:
+    """This process's soft open-file limit (raised to the hard one at start: common/process.py)."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
+
+
+def open_capacity(configured: int, limit: int | None = None) -> int:
+    """``tablet.buckets.max-open``, or for 0 what the open-file ``limit`` leaves room for after a
+    reserve for connections, threads and snapshots (a quarter of it, at most 1024), at most
+    :data:`AUTO_MAX_OPEN`."""
+    if configured > 0:
+        return configured
+    limit = fd_limit() if limit is None else limit
+    reserve = min(1024, limit // 4)
+    return max(1, min(AUTO_MAX_OPEN, (limit - reserve) // FDS_PER_OPEN_BUCKET))
 
 
 class Parkable(Protocol):
