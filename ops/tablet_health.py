@@ -51,3 +51,20 @@ def read_health(metrics_address: str, timeout_s: float = 2.0) -> dict[str, Any]:
     health: dict[str, Any] = {"healthy": values["kvlease_tablet_healthy"] == 1, "problems": problems}
     health.update({key: int(values[name]) for key, name in _GAUGES.items() if name in values})
     return health
+
+
+def status_fields(metrics_address: str | None, alive: bool, timeout_s: float = 2.0) -> dict[str, Any]:
+    """A tablet server's health fields in ``kvlease cluster status``: ``healthy`` (None: not known:
+    not running, no metrics endpoint, or no answer, then ``health_error`` says why), ``problems``,
+    ``serving`` (buckets it leads and serves), ``capacity``, ``open_buckets``, ``open_fds``, ``max_fds``."""
+    if not alive or not metrics_address:
+        return {"healthy": None}
+    try:
+        health = read_health(metrics_address, timeout_s)
+    except NetworkError as exc:
+        return {"healthy": None, "health_error": exc.message}
+    fields = {"healthy": health["healthy"], "problems": health["problems"]}
+    if "buckets" in health and "unserved" in health:
+        fields["serving"] = health["buckets"] - health["unserved"]
+    fields.update({key: health[key] for key in ("capacity", "open_buckets", "open_fds", "max_fds") if key in health})
+    return fields
