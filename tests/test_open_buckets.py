@@ -6,32 +6,20 @@ from __future__ import annotations
 
 import os
 import random
-import shutil
-import tempfile
 import threading
-from typing import Iterator
 
 import pytest
 
 from tablet.bucket import BucketStore
 from tablet.kvstore import FDS_PER_OPEN_BUCKET
 from tablet.open_buckets import OpenBuckets
-from tests.test_bucket import TABLE, fold, keys, kv_rows, log_records, rows, state
+from tests.test_bucket import TABLE, bucket_dir, fold, keys, kv_rows, log_records, rows, state  # noqa: F401
 
 pytestmark = pytest.mark.unit
 
 
 def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
-
-
-@pytest.fixture
-def base_dir(kvlease_tmp: str) -> Iterator[str]:
-    path = tempfile.mkdtemp(prefix="buckets-", dir=kvlease_tmp)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 class Buckets:
@@ -48,11 +36,11 @@ class Buckets:
 
 
 @pytest.fixture
-def buckets(base_dir: str):
+def buckets(bucket_dir: str):
     made: list[Buckets] = []
 
     def make(n: int, capacity: int) -> Buckets:
-        made.append(Buckets(base_dir, n, capacity))
+        made.append(Buckets(bucket_dir, n, capacity))
         return made[-1]
 
     yield make
@@ -86,7 +74,7 @@ def test_the_offsets_of_a_parked_bucket_are_known_without_opening_it(buckets):
     assert not first.is_open and len(b.budget) == 1
 
 
-def test_a_parked_bucket_reopens_for_every_operation(buckets, base_dir):
+def test_a_parked_bucket_reopens_for_every_operation(buckets, bucket_dir):
     b = buckets(2, capacity=1)
     store, other = b.stores
 
@@ -111,7 +99,7 @@ def test_a_parked_bucket_reopens_for_every_operation(buckets, base_dir):
     park()
     assert state(store) == {1: (1, "A", 1.5)}  # snapshot + iter_rows
     park()
-    target = os.path.join(base_dir, "checkpoint")
+    target = os.path.join(bucket_dir, "checkpoint")
     assert store.checkpoint(target) == 5
     park()
     assert store.truncate_log_before(5) == 0  # one segment: the active one is never deleted
