@@ -15,8 +15,10 @@ Failures (a full disk, too many open files): a failed local write
 are refused, reads go on while the files are open, and after a backoff
 (``tablet.bucket.reopen-backoff``, doubled for each failure in a row up to
 ``tablet.bucket.reopen-backoff.max``) the files are closed and opened again:
-by the first use once no operation runs on the failed files, or by the
-server's keeper (``tablet/bucket_keeper.py``), so a bucket recovers by itself.
+by the first use once no operation runs on the failed files and no snapshot
+of them is open, or by the server's keeper (``tablet/bucket_keeper.py``,
+which first ends the bucket's live scan sessions), so a bucket recovers by
+itself.
 The reopen replays the changelog into RocksDB: every acknowledged write was in
 the changelog before it was acknowledged, so none is lost.
 """
@@ -114,6 +116,11 @@ class BucketFiles:
         """Seconds until a failed bucket may be reopened (0: now)."""
         return max(0.0, self._retry_at - self._monotonic())
 
+    def held_by_snapshots(self) -> bool:
+        """Whether snapshots of the open files are open (live scans): they keep the files open."""
+        kv = self.kv
+        return kv is not None and kv.open_snapshots() > 0
+
     def offsets(self) -> tuple[int, int, int]:
         """``(start, end, applied)`` of the changelog and RocksDB; a parked bucket answers from memory."""
         with self._lock:
@@ -148,7 +155,7 @@ class BucketFiles:
         if self.closed:
             raise BucketStoreError(f"bucket {self.dir} is closed", dir=self.dir)
         if self.failure is not None:
-            if self._monotonic() < self._retry_at or self._users:
+            if self._monotonic() < self._retry_at or self._users or self.held_by_snapshots():
                 if self.kv is None:
                     raise BucketStoreError(f"bucket {self.dir} cannot be opened ({self.failure}); next attempt "
                                            f"in {self.retry_in():.1f}s", dir=self.dir)
@@ -221,7 +228,8 @@ class BucketFiles:
         """Open a bucket never opened, or reopen a failed one whose backoff passed (the keeper's
         work); True if it did. An open that fails is recorded (and retried after its backoff)."""
         with self._lock:
-            due = self.failure is not None and not self._users and self._monotonic() >= self._retry_at
+            due = (self.failure is not None and not self._users and not self.held_by_snapshots()
+                   and self._monotonic() >= self._retry_at)
             fresh = self.failure is None and not self.known
             if self.closed or not (due or fresh):
                 return False

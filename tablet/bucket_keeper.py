@@ -10,7 +10,10 @@ a time, for each bucket in :attr:`ReplicaManager.unsettled`:
 - asks the coordinator for its latest committed snapshot (the next snapshot id
   follows it);
 - reopens it if it failed (a full disk, too many open files) and its backoff
-  passed: a bucket recovers without a request, and without a restart.
+  passed: a bucket recovers without a request, and without a restart. Live
+  scan sessions of a failed bucket are ended first, as a leadership change
+  ends them (their clients start the bucket again): their snapshots would
+  keep the failed files open.
 
 A bucket leaves the set once it is open or parked without a failure and its
 snapshot base is known; a failure puts it back. A request for a bucket the
@@ -66,6 +69,8 @@ class BucketKeeper:
                 self.replicas.unsettled.discard(key)
                 continue
             files = replica.store.files
+            if files.failure is not None and not files.retry_in() and files.held_by_snapshots():
+                self.replicas.end_scans(*key)  # scan sessions keep the failed files open
             files.repair()
             if files.failure is not None or not files.known:
                 continue  # the open failed: tried again after its backoff

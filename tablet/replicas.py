@@ -216,13 +216,21 @@ class ReplicaManager:
 
     def _close(self, key: tuple[int, int], dropped: bool = False) -> None:
         replica = self._replicas.pop(key)
+        self._tell_closing(key, dropped)
+        with replica.snapshot_lock:
+            replica.store.close()
+
+    def end_scans(self, table_id: int, bucket: int) -> None:
+        """End the live scan sessions of a bucket that stays led, as a leadership change does (their
+        clients start the bucket again): its failed files can then be reopened."""
+        self._tell_closing((table_id, bucket), False)
+
+    def _tell_closing(self, key: tuple[int, int], dropped: bool) -> None:
         for listener in self.close_listeners:
             try:
                 listener(*key, dropped)
             except Exception:  # the store closes anyway
                 log.exception("close listener of bucket %s failed", key)
-        with replica.snapshot_lock:
-            replica.store.close()
 
     def get(self, table_id: int, bucket: int) -> Replica:
         replica = self._replicas.get((table_id, bucket))

@@ -165,3 +165,33 @@ def test_a_closed_bucket_leaves_the_budget_and_stays_closed(buckets):
     assert len(b.budget) == 0 and not store.is_open
     with pytest.raises(Exception, match="closed"):
         store.lookup(keys(1))
+
+
+def test_a_failed_bucket_is_not_reopened_under_an_open_snapshot(bucket_dir, monkeypatch):
+    from tablet.bucket_files import Backoff
+
+    now = [100.0]
+    store = BucketStore.open(bucket_dir, TABLE, segment_bytes=1 << 20, fsync=True, backoff=Backoff(1.0, 1.0),
+                             monotonic=lambda: now[0])
+    try:
+        store.write(rows(*[(i, "a", None) for i in range(50)]))
+        snapshot = store.snapshot()
+        real_writev = os.writev
+
+        def disk_full(fd, buffers):
+            monkeypatch.setattr(os, "writev", real_writev)
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(os, "writev", disk_full)
+        with pytest.raises(Exception, match="No space left"):
+            store.write(rows((100, "b", None)))
+        now[0] += 5
+        assert not store.files.repair()  # the snapshot keeps the failed files open...
+        with pytest.raises(Exception, match="failed earlier"):
+            store.write(rows((100, "b", None)))
+        assert len(list(store.iter_rows(snapshot))) == 50  # ...and readable
+        snapshot.close()
+        assert store.write(rows((100, "b", None))) == (50, 51)  # reopened on this use
+        assert fold(log_records(store)) == kv_rows(store)
+    finally:
+        store.close()

@@ -82,3 +82,29 @@ def test_a_bucket_that_cannot_open_is_reported_and_reopens_by_itself_when_fixed(
     c.wait_for(lambda: health_of(c)["healthy"], "the bucket reopened by itself")
     with TableClient(c.admin, "db.t", retry_total_s=10) as table:
         assert table.lookup(list(range(ROWS))) == [{"id": i, "v": str(i)} for i in range(ROWS)]
+
+
+def test_a_failed_bucket_with_a_live_scan_ends_the_session_reopens_and_the_scan_resumes(cluster, monkeypatch):
+    c = cluster(**{"tablet.bucket.reopen-backoff": "300ms", "tablet.bucket.reopen-backoff.max": "300ms"})
+    c.create_table("db.t", SCHEMA, ["id"], 1)
+    with TableClient(c.admin, "db.t", retry_total_s=10) as table:
+        table.upsert([{"id": i, "v": "x" * 200} for i in range(2000)])
+        scanner = table.scanner(0, batch_size_bytes=4096, resume=True)
+        seen = scanner.poll().column("id").to_pylist()  # a session holds a snapshot of the bucket now
+
+        real_writev = os.writev
+
+        def disk_full(fd, buffers):
+            monkeypatch.setattr(os, "writev", real_writev)  # once
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(os, "writev", disk_full)
+        with pytest.raises(errors.KvLeaseError, match="No space left"):
+            table.upsert([{"id": -1, "v": "refused"}])
+        assert not health_of(c)["healthy"]
+        c.wait_for(lambda: health_of(c)["healthy"], "the bucket reopened, its scan session ended")
+        for batch in scanner:  # the scan goes on: a new session after the key it had reached
+            seen += batch.column("id").to_pylist()
+        assert sorted(seen) == list(range(2000)) and scanner.resumed >= 1
+        table.upsert([{"id": -1, "v": "after"}])
+        assert table.lookup([-1]) == [{"id": -1, "v": "after"}]
