@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -195,3 +199,22 @@ def test_a_failed_bucket_is_not_reopened_under_an_open_snapshot(bucket_dir, monk
         assert fold(log_records(store)) == kv_rows(store)
     finally:
         store.close()
+
+
+def test_the_automatic_open_bucket_capacity_leaves_a_reserve_of_the_fd_limit():
+    from tablet.open_buckets import AUTO_MAX_OPEN, open_capacity
+
+    assert open_capacity(7, limit=20_000) == 7  # configured
+    assert open_capacity(0, limit=20_000) == (20_000 - 1024) // FDS_PER_OPEN_BUCKET
+    assert open_capacity(0, limit=1024) == (1024 - 256) // FDS_PER_OPEN_BUCKET
+    assert open_capacity(0, limit=1 << 20) == AUTO_MAX_OPEN
+    assert open_capacity(0, limit=16) == 1
+
+
+@pytest.mark.skipif(shutil.which("prlimit") is None, reason="needs util-linux prlimit")
+def test_a_server_process_raises_its_soft_open_file_limit_to_the_hard_one():
+    code = ("import resource; from common.process import raise_open_file_limit; "
+            "print(raise_open_file_limit(), *resource.getrlimit(resource.RLIMIT_NOFILE))")
+    out = subprocess.run(["prlimit", "--nofile=256:2048", "--", sys.executable, "-c", code], capture_output=True,
+                         text=True, check=True, env=dict(os.environ, PYTHONPATH=str(Path(__file__).parent.parent)))
+    assert out.stdout.split() == ["2048", "2048", "2048"]
