@@ -21,7 +21,7 @@ from common.tables import TableInfo
 from common.zk import ZkOp, loads
 from coordinator.assignment import UNASSIGNED, Assignments, BucketAssignment
 from coordinator.catalog import TableCatalog
-from coordinator.fencing import FencedWriter
+from coordinator.fencing import FencedWriter, chunks
 
 log = logging.getLogger(__name__)
 
@@ -106,14 +106,29 @@ class Membership:
         if left:
             log.warning("tablet servers gone: %s (their buckets are unavailable until they return)", sorted(left))
         changes = self.assignments.plan_servers_joined(joined, sorted(servers), self.capacity)
-        if changes:
-            self.writer.commit([self.assignments.set_op(t, plan) for t, plan in sorted(changes.items())])
-            for table_id, plan in changes.items():
-                self.assignments.set(table_id, plan)
+        failure = self._store_changes(changes)
         touched = set(joined)
         for plan in changes.values():
             touched |= {a.leader for a in plan.values() if a.leader != UNASSIGNED}
         self.push(touched)
+        if failure is not None:
+            raise failure
+
+    def _store_changes(self, changes: dict[int, dict[int, BucketAssignment]]) -> Exception | None:
+        """Write the changed assignments (a server with thousands of tables rejoining changes them all:
+        in as many fenced multi-ops as ZooKeeper's write limit needs), then apply those written.
+        Returns the first write's error, if any (raises Fenced and OutcomeUnknownError)."""
+        ops = [self.assignments.set_op(t, plan) for t, plan in sorted(changes.items())]
+        table_of = dict(zip((op.path for op in ops), sorted(changes)))
+        batches = chunks(ops)
+        failure = None
+        for batch, outcome in zip(batches, self.writer.commit_many(batches) if batches else []):
+            if outcome is not None:
+                failure = failure or outcome
+                continue
+            for op in batch:
+                self.assignments.set(table_of[op.path], changes[table_of[op.path]])
+        return failure
 
     def push_all(self) -> None:
         """Tell every live tablet server what it leads (after becoming active)."""

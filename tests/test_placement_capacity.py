@@ -54,3 +54,24 @@ def test_a_create_that_does_not_fit_is_refused_naming_the_full_servers(ctrl):  #
     _table, rows = call(ctrl, rq.GetTableAssignment(t.table_id))
     assert rows[0][1] in (1, 2)
     assert sum(ctrl.assignments.load_per_server().values()) == 5
+
+
+@pytest.mark.zk
+def test_a_server_with_more_buckets_than_one_zookeeper_write_holds_gets_them_all_back(ctrl, monkeypatch):  # noqa: F811
+    """Its rejoin bumps every bucket's leader epoch: more than one multi-op can carry (10,000 one-bucket
+    tables on a server were 1.5 MB, over ZooKeeper's 1 MB; here the limit is lowered instead)."""
+    from coordinator import fencing
+
+    monkeypatch.setattr(fencing, "ZK_MAX_WRITE_BYTES", 20_000)
+    register(ctrl, 1, 1000)
+    tables = [create(ctrl, f"t{i}", 1) for i in range(200)]  # set ops of ~150 bytes each: ~30 KB in all
+    ctrl.zk.delete(zkpaths.tablet_server(1))
+    call(ctrl, rq.TabletServersChanged())
+    pushes = len(ctrl.recorder.pushes)
+    register(ctrl, 1, 1000)  # back, a new session
+    for t in tables:
+        _table, rows = call(ctrl, rq.GetTableAssignment(t.table_id))
+        assert (rows[0][1], rows[0][3]) == (1, 2)  # the same leader, a new epoch
+    server, _address, led, _dropped = ctrl.recorder.pushes[-1]
+    assert len(ctrl.recorder.pushes) > pushes and server == 1
+    assert {(tid, e) for tid, _b, e in led} == {(t.table_id, 2) for t in tables}
