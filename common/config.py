@@ -172,7 +172,7 @@ TABLET_MAX_BUCKETS = _key("tablet.buckets.max", 20_000, _parse_int,
 TABLET_MAX_OPEN_BUCKETS = _key("tablet.buckets.max-open", 0, _parse_int,
                                "most buckets with open files (RocksDB + changelog, up to 20 file descriptors "
                                "each); idle ones beyond it are closed and reopened on demand (0: as many as "
-                               "the open-file limit leaves room for, at most 1000)")
+                               "three quarters of the open-file limit hold, at most 1000)")
 BUCKET_REOPEN_BACKOFF = _key("tablet.bucket.reopen-backoff", "1s", parse_duration_ms,
                              "a bucket whose local write or open failed (a full disk) is reopened after this "
                              "long, doubled for each failure in a row")

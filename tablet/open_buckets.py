@@ -33,14 +33,13 @@ def fd_limit() -> int:
 
 
 def open_capacity(configured: int, limit: int | None = None) -> int:
-    """``tablet.buckets.max-open``, or for 0 what the open-file ``limit`` leaves room for after a
-    reserve for connections, threads and snapshots (a quarter of it, at most 1024), at most
-    :data:`AUTO_MAX_OPEN`."""
+    """``tablet.buckets.max-open``, or for 0 as many buckets as three quarters of the open-file
+    ``limit`` hold at :data:`FDS_PER_OPEN_BUCKET` each (the rest: connections, threads, snapshot
+    uploads), at most :data:`AUTO_MAX_OPEN`."""
     if configured > 0:
         return configured
     limit = fd_limit() if limit is None else limit
-    reserve = min(1024, limit // 4)
-    return max(1, min(AUTO_MAX_OPEN, (limit - reserve) // FDS_PER_OPEN_BUCKET))
+    return max(1, min(AUTO_MAX_OPEN, limit * 3 // 4 // FDS_PER_OPEN_BUCKET))
 
 
 class Parkable(Protocol):

@@ -201,12 +201,12 @@ def test_a_failed_bucket_is_not_reopened_under_an_open_snapshot(bucket_dir, monk
         store.close()
 
 
-def test_the_automatic_open_bucket_capacity_leaves_a_reserve_of_the_fd_limit():
+def test_the_automatic_open_bucket_capacity_leaves_a_quarter_of_the_fd_limit():
     from tablet.open_buckets import AUTO_MAX_OPEN, open_capacity
 
     assert open_capacity(7, limit=20_000) == 7  # configured
-    assert open_capacity(0, limit=20_000) == (20_000 - 1024) // FDS_PER_OPEN_BUCKET
-    assert open_capacity(0, limit=1024) == (1024 - 256) // FDS_PER_OPEN_BUCKET
+    assert open_capacity(0, limit=20_000) == 15_000 // FDS_PER_OPEN_BUCKET  # worst case 75% of the fds
+    assert open_capacity(0, limit=1024) == 768 // FDS_PER_OPEN_BUCKET
     assert open_capacity(0, limit=1 << 20) == AUTO_MAX_OPEN
     assert open_capacity(0, limit=16) == 1
 
