@@ -166,6 +166,18 @@ TABLET_RPC_THREADS = _key("tablet.rpc.threads", 32, _parse_int, "gRPC handler th
 TABLET_MALLOC_ARENA_MAX = _key("tablet.malloc.arena-max", 2, _parse_int,
                                "glibc malloc arenas the tablet server's threads share (0: glibc's default, 8 per "
                                "core): few, so freed scan batches are reused by every thread, not parked per thread")
+TABLET_MAX_BUCKETS = _key("tablet.buckets.max", 20_000, _parse_int,
+                          "most buckets this tablet server leads; the coordinator places no more on it and a "
+                          "table create that cannot be placed is refused (registered in its ZooKeeper node)")
+TABLET_MAX_OPEN_BUCKETS = _key("tablet.buckets.max-open", 0, _parse_int,
+                               "most buckets with open files (RocksDB + changelog, up to 20 file descriptors "
+                               "each); idle ones beyond it are closed and reopened on demand (0: as many as "
+                               "three quarters of the open-file limit hold, at most 1000)")
+BUCKET_REOPEN_BACKOFF = _key("tablet.bucket.reopen-backoff", "1s", parse_duration_ms,
+                             "a bucket whose local write or open failed (a full disk) is reopened after this "
+                             "long, doubled for each failure in a row")
+BUCKET_REOPEN_BACKOFF_MAX = _key("tablet.bucket.reopen-backoff.max", "30s", parse_duration_ms,
+                                 "longest wait before a failed bucket is reopened")
 SNAPSHOT_UPLOAD_THREADS = _key("kv.snapshot.upload-threads", 8, _parse_int, "parallel file uploads per snapshot")
 
 # --- tablet servers: changelog ------------------------------------------------------

@@ -1,13 +1,16 @@
 """Running a server process: ``python -m coordinator|tablet --config FILE``.
 
-Parses the arguments, sets up logging, loads the config (a bad one is a
-one-line error, exit 2), starts the server and serves until SIGTERM/SIGINT.
+Parses the arguments, sets up logging, raises the soft open-file limit to
+the hard one (a tablet server holds files of thousands of buckets), loads the
+config (a bad one is a one-line error, exit 2), starts the server and serves
+until SIGTERM/SIGINT.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import resource
 import signal
 import sys
 import threading
@@ -17,6 +20,8 @@ from common.config import Config, ConfigError
 from common.errors import KvLeaseError
 
 log = logging.getLogger(__name__)
+
+_NR_OPEN = 1 << 20
 
 
 def run_server(prog: str, description: str, build: Callable[[Config], object],
@@ -29,6 +34,7 @@ def run_server(prog: str, description: str, build: Callable[[Config], object],
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s [%(threadName)s] %(message)s")
     logging.getLogger("kazoo").setLevel(logging.WARNING)
+    log.info("open-file limit: %d", raise_open_file_limit())
     try:
         config = Config.load(args.config)
     except ConfigError as exc:
@@ -56,3 +62,18 @@ def run_server(prog: str, description: str, build: Callable[[Config], object],
     done.wait()
     server.stop()
     return 0
+
+
+def raise_open_file_limit() -> int:
+    """Raise the soft ``RLIMIT_NOFILE`` to the hard limit (all an unprivileged process may; an unlimited
+    hard limit counts as 2**20, Linux's default ``fs.nr_open``); returns the soft limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = _NR_OPEN if hard == resource.RLIM_INFINITY else hard
+    if soft == resource.RLIM_INFINITY or soft >= target:
+        return soft
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError) as exc:  # a sandbox may refuse: keep the soft limit
+        log.warning("cannot raise the open-file limit from %d to %d: %s", soft, target, exc)
+        return soft
+    return target

@@ -7,13 +7,19 @@ bucket answers ``LEADER_NOT_AVAILABLE``. The stored shape already has
 
 ``/tables/{table_id}/assignment`` holds ``{"buckets": {"0": {"leader": 3,
 "leader_epoch": 2, "replicas": [3]}, …}}``; leader -1 means not assigned yet
-(no live tablet server when the table was created).
+(no live tablet server with room when the table was created).
+
+Capacity: a tablet server registers the most buckets it leads
+(``max_buckets``, ``tablet.buckets.max``); planning takes ``capacity``
+(server id -> that number, or None: no limit) and places no bucket on a
+server that leads that many.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, replace
+from typing import Mapping
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
@@ -22,6 +28,8 @@ from common import zkpaths
 from common.zk import ZkOp, dumps, loads
 
 UNASSIGNED = -1
+
+Capacity = Mapping[int, "int | None"]  # server id -> the most buckets it leads (None or absent: no limit)
 
 
 @dataclass(frozen=True)
@@ -54,23 +62,27 @@ class Assignments:
     def leaders_of(self, table_id: int) -> set[int]:
         return {a.leader for a in self.table(table_id).values() if a.leader != UNASSIGNED}
 
+    def room(self, live: list[int], capacity: Capacity) -> dict[int, int | None]:
+        """How many more buckets each live server takes (None: no limit)."""
+        load = self.load_per_server()
+        return {s: None if capacity.get(s) is None else max(0, capacity[s] - load[s]) for s in sorted(live)}
+
     # -- planning (no side effects) --------------------------------------------------------
 
-    def plan_new(self, buckets: int, live: list[int]) -> dict[int, BucketAssignment]:
-        """Spread a new table's buckets over the live servers, least loaded first."""
-        if not live:
-            return {b: BucketAssignment(UNASSIGNED, 0) for b in range(buckets)}
+    def plan_new(self, buckets: int, live: list[int], capacity: Capacity | None = None) -> dict[int, BucketAssignment]:
+        """Spread a new table's buckets over the live servers with room, least loaded first; a
+        bucket no server has room for stays unassigned (check :meth:`room` first)."""
         load = self.load_per_server()
         plan = {}
         for bucket in range(buckets):
-            server = min(sorted(live), key=lambda s: load[s])
-            load[server] += 1
-            plan[bucket] = BucketAssignment(server, 1)
+            server = _least_loaded(live, load, capacity or {})
+            plan[bucket] = BucketAssignment(server, 0 if server == UNASSIGNED else 1)
         return plan
 
-    def plan_servers_joined(self, joined: set[int], live: list[int]) -> dict[int, dict[int, BucketAssignment]]:
+    def plan_servers_joined(self, joined: set[int], live: list[int],
+                            capacity: Capacity | None = None) -> dict[int, dict[int, BucketAssignment]]:
         """New assignments after servers (re)joined: their buckets get a new leader
-        epoch; unassigned buckets go to the least loaded live servers."""
+        epoch; unassigned buckets go to the least loaded live servers with room."""
         load = self.load_per_server()
         changed: dict[int, dict[int, BucketAssignment]] = {}
         for table_id, buckets in self.by_table.items():
@@ -78,8 +90,9 @@ class Assignments:
                 if current.leader in joined:
                     new = replace(current, leader_epoch=current.leader_epoch + 1)
                 elif current.leader == UNASSIGNED and live:
-                    server = min(sorted(live), key=lambda s: load[s])
-                    load[server] += 1
+                    server = _least_loaded(live, load, capacity or {})
+                    if server == UNASSIGNED:
+                        continue
                     new = BucketAssignment(server, current.leader_epoch + 1)
                 else:
                     continue
@@ -124,3 +137,13 @@ class Assignments:
             self.by_table[table_id] = {int(b): BucketAssignment(int(a["leader"]), int(a["leader_epoch"]))
                                        for b, a in node["buckets"].items()}
         return missing
+
+
+def _least_loaded(live: list[int], load: Counter[int], capacity: Capacity) -> int:
+    """The least loaded live server with room (counted into ``load``), or UNASSIGNED if none has."""
+    with_room = [s for s in sorted(live) if capacity.get(s) is None or load[s] < capacity[s]]
+    if not with_room:
+        return UNASSIGNED
+    server = min(with_room, key=lambda s: load[s])
+    load[server] += 1
+    return server

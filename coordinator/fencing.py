@@ -29,6 +29,22 @@ MAX_OPS_PER_MULTI = 500
 ZK_MAX_WRITE_BYTES = 1_000_000
 
 
+def chunks(ops: Sequence[ZkOp], max_bytes: int | None = None) -> list[list[ZkOp]]:
+    """``ops`` in order, cut into multi-ops of at most MAX_OPS_PER_MULTI ops and about ``max_bytes``
+    (default: a quarter of :data:`ZK_MAX_WRITE_BYTES`)."""
+    limit = ZK_MAX_WRITE_BYTES // 4 if max_bytes is None else max_bytes
+    out: list[list[ZkOp]] = []
+    size = 0
+    for op in ops:
+        cost = len(op.path) + len(op.data) + 64
+        if not out or len(out[-1]) >= MAX_OPS_PER_MULTI or size + cost > limit:
+            out.append([])
+            size = 0
+        out[-1].append(op)
+        size += cost
+    return out
+
+
 def write_size(ops: Sequence[ZkOp]) -> int:
     """About what the ops weigh in a multi-op request (a little over: headers counted generously)."""
     return sum(len(op.path.encode()) + len(op.data) + 64 for op in ops) + len(zkpaths.EPOCH) + 64

@@ -25,7 +25,7 @@ from common import errors
 from common.model import Lease, TableBucket
 from common.statemachine import Event, Shell, on
 from common.zk import ZkOp
-from coordinator.fencing import MAX_OPS_PER_MULTI, FencedWriter
+from coordinator.fencing import FencedWriter, chunks
 from coordinator.loop import Item, settle
 from leases import state as ls
 from leases.refcount import RefcountIndex
@@ -229,9 +229,9 @@ class LeaseShell(Shell):
         is sent again one write per multi-op, so each write still succeeds or
         fails on its own. Raises what :meth:`FencedWriter.commit_many` raises.
         """
-        chunks = _chunks(ops)
+        batches = chunks(ops, MAX_BYTES_PER_MULTI)
         outcomes: list[Exception | None] = []
-        for chunk, outcome in zip(chunks, self.writer.commit_many(chunks)):
+        for chunk, outcome in zip(batches, self.writer.commit_many(batches)):
             if outcome is None:
                 outcomes.extend([None] * len(chunk))
             elif len(chunk) == 1:
@@ -239,17 +239,3 @@ class LeaseShell(Shell):
             else:
                 outcomes.extend(self.writer.commit_many([[op] for op in chunk]))
         return outcomes
-
-
-def _chunks(ops: list[ZkOp], max_bytes: int = MAX_BYTES_PER_MULTI) -> list[list[ZkOp]]:
-    """``ops`` in order, cut into multi-ops of at most MAX_OPS_PER_MULTI ops and about ``max_bytes``."""
-    chunks: list[list[ZkOp]] = []
-    size = 0
-    for op in ops:
-        cost = len(op.path) + len(op.data) + 64
-        if not chunks or len(chunks[-1]) >= MAX_OPS_PER_MULTI or size + cost > max_bytes:
-            chunks.append([])
-            size = 0
-        chunks[-1].append(op)
-        size += cost
-    return chunks

@@ -50,6 +50,7 @@ from typing import Any, Callable, Iterable, Mapping
 from client.cluster_dir import security_settings
 from common import config as cfg
 from common.errors import KvLeaseError
+from ops.tablet_health import status_fields
 
 CLUSTER_FILE = "cluster.json"
 ZK_ROOT = "/kvlease"
@@ -495,7 +496,8 @@ def stop(directory: str | os.PathLike[str], timeout_s: float = 10.0) -> dict[str
 def status(directory: str | os.PathLike[str], request_timeout_s: float = 2.0) -> dict[str, Any]:
     """Every recorded process, whether it runs, what each coordinator says about itself, and
     how many buckets each tablet server leads (asked of the active coordinator, wherever it
-    is in the list). A question that failed is reported under ``error``, never taken as "no"."""
+    is in the list) and serves (its health, asked of it: :func:`ops.tablet_health.status_fields`).
+    A question that failed is reported under ``error``, never taken as "no"."""
     from client.admin import AdminClient
 
     doc = load(directory)
@@ -539,6 +541,7 @@ def status(directory: str | os.PathLike[str], request_timeout_s: float = 2.0) ->
         else:
             server = servers.get(str(t["id"]))
             entry.update(buckets=server.buckets if server else 0, registered=server is not None)
+        entry.update(status_fields(t.get("metrics_address"), alive, request_timeout_s))
         result["tablets"].append(entry)
     return result
 
@@ -581,8 +584,9 @@ def kill(directory: str | os.PathLike[str], role: str, node_id: str | int, sig: 
 
 
 def restart(directory: str | os.PathLike[str], role: str, node_id: str | int,
-            ready_timeout_s: float = 60.0) -> dict[str, Any]:
-    """Start one process again with its own config, port and data (killed first if it runs).
+            ready_timeout_s: float = 60.0, graceful: bool = False) -> dict[str, Any]:
+    """Start one process again with its own config, port and data (killed first if it runs:
+    ``kill -9``, or with ``graceful`` SIGTERM and SIGKILL only if it is not gone in 10 s).
 
     Returns once it serves: a ZooKeeper node answers (an ensemble node needs
     a quorum), a coordinator answers CoordinatorInfo, a tablet server is
@@ -591,7 +595,11 @@ def restart(directory: str | os.PathLike[str], role: str, node_id: str | int,
     from ops.zookeeper import is_serving, node_command
 
     directory = Path(directory).resolve()
-    kill(directory, role, node_id)
+    if graceful:
+        running = member(load(directory), role, node_id)
+        terminate([(running["pid"], running.get("proc_start"))] if running.get("pid") else [])
+    else:
+        kill(directory, role, node_id)
     doc = load(directory)
     entry = member(doc, role, node_id)
     if role == "zookeeper":

@@ -372,6 +372,9 @@ class TextOutput(Output):
                 state = ""  # not asked: nothing runs to ask (a stopped cluster), like a stopped coordinator's
             elif t.get("registered", True):
                 state = f"{t.get('buckets', 0)} buckets"
+                if t.get("healthy") is False:
+                    serving = f", serves {t['serving']}" if "serving" in t else ""
+                    state += f"{serving}; unhealthy: {'; '.join(t.get('problems') or [])}"
             else:
                 state = "not registered"
             grid.add_row("tablet", str(t["id"]), _cell(t.get("pid")), t["address"], _cell(t.get("alive")), state)

@@ -21,8 +21,13 @@ Invariant: the persisted KV rows are the fold of the changelog's records
 ``[0, a')`` for some ``a' >= a``, where ``a`` is the persisted applied offset,
 and ``start <= a <= end`` of the changelog. Replaying ``[a, end)`` (put for
 +I/+U, delete for -D) is idempotent on such a state (the last record of a key
-decides its value), so :meth:`BucketStore.open` always ends with KV ==
-fold(changelog[0, end)) and applied offset == end.
+decides its value), so opening the files (``tablet/bucket_files.py``) always
+ends with KV == fold(changelog[0, end)) and applied offset == end.
+
+A store's files are opened on first use and, under a server's budget of open
+buckets, parked while idle and reopened on demand; a store whose local write
+failed (a full disk) reopens them by itself after a backoff
+(``tablet/bucket_files.py``).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from typing import Callable, Iterator
 
 import numpy as np
@@ -40,9 +46,12 @@ from common import config as cfg
 from common.errors import InvalidRequestError, InvalidRowError, RecordTooLargeError, show
 from common.limits import MAX_ENTRY_BYTES, MAX_ROW_SIZE_BOUND
 from common.tables import TableInfo
-from common.logentry import SCHEMA, ChangeType, LogEntry
+from common.logentry import LogEntry
+from tablet import change_records
+from tablet.bucket_files import Backoff, BucketFiles, FileSettings
 from tablet.changelog import Changelog, SegmentInfo
 from tablet.key_ranges import key_range
+from tablet.open_buckets import OpenBuckets
 from common.codec import RowCodec, bucket_array
 from common.codec_arrays import value_offsets
 from tablet.kvstore import (APPLIED_KEY, META_CF, BucketStoreError, KvSnapshot, KvStore, PreparedWrite,
@@ -52,8 +61,6 @@ __all__ = ["APPLIED_KEY", "META_CF", "BucketStore", "BucketStoreError", "KvSnaps
 
 log = logging.getLogger(__name__)
 
-_INSERT, _UPDATE_BEFORE, _UPDATE_AFTER, _DELETE = (int(ct) for ct in ChangeType)
-_REPLAY_BYTES = 16 << 20  # changelog bytes replayed per WriteBatch at open
 _EMPTY = pa.array([], pa.binary())
 
 
@@ -63,11 +70,15 @@ class BucketStore:
     Thread-safe: writes, checkpoints and snapshots serialize on
     :attr:`write_lock` (re-entrant, so a caller holding it may call them);
     lookups and log reads run concurrently with them. Create it with
-    :meth:`open`.
+    :meth:`open`. Its files (:attr:`files`, ``tablet/bucket_files.py``) are
+    open only while needed when it shares an
+    :class:`~tablet.open_buckets.OpenBuckets` budget with other buckets: every
+    method opens them again if they were parked, and a failed store reopens
+    them by itself after a backoff.
     """
 
-    def __init__(self, dir: str, table: TableInfo, changelog: Changelog, kv: KvStore,
-                 bucket: int | None = None, max_row_bytes: int = MAX_ROW_SIZE_BOUND) -> None:
+    def __init__(self, dir: str, table: TableInfo, files: BucketFiles, bucket: int | None = None,
+                 max_row_bytes: int = MAX_ROW_SIZE_BOUND) -> None:
         self.dir = dir
         self.table = table
         #: The bucket this store holds: every key written or looked up must hash to it (None: not checked).
@@ -75,25 +86,23 @@ class BucketStore:
         #: The largest row (encoded key + value) a write may carry (``table.max-row-size``).
         self.max_row_bytes = max_row_bytes
         self.codec = RowCodec(table)
-        self._log = changelog
-        self._kv = kv
+        self.files = files
         #: Serializes writes; hold it to take a snapshot and read ``log_end_offset`` together.
         self.write_lock = threading.RLock()
         #: Writes whose changelog entry is written but not yet synced and applied: base offset -> the
         #: lowest and highest key they touch. A write waits for those whose keys may be its own.
         self._in_flight: dict[int, tuple[bytes, bytes]] = {}
         self._settled = threading.Condition(self.write_lock)  # notified as in-flight writes finish
-        #: ``(from, to)``: the changelog records replayed into RocksDB at open (``from == to``: none).
-        self.replayed = (kv.applied_offset, kv.applied_offset)
-        self._failed: BaseException | None = None
-        self._closed = False
 
     # --- lifecycle -------------------------------------------------------------------------
 
     @classmethod
     def open(cls, dir: str, table: TableInfo, *, segment_bytes: int, fsync: bool = True,
              memtable_bytes: int | None = None, clock_ms: Callable[[], int] | None = None,
-             bucket: int | None = None, max_row_bytes: int = MAX_ROW_SIZE_BOUND) -> "BucketStore":
+             bucket: int | None = None, max_row_bytes: int = MAX_ROW_SIZE_BOUND,
+             budget: OpenBuckets | None = None, backoff: Backoff = Backoff(),
+             monotonic: Callable[[], float] = time.monotonic, lazy: bool = False,
+             on_failure: Callable[[], None] | None = None) -> "BucketStore":
         """Open (creating if missing) the bucket in ``dir`` and replay the changelog into RocksDB.
 
         ``segment_bytes`` and ``fsync`` configure the changelog
@@ -107,41 +116,37 @@ class BucketStore:
         ``table`` it holds; writes and lookups of keys of another bucket are then
         refused (InvalidRowError). ``max_row_bytes``: a row whose encoded key +
         value is bigger is refused (RecordTooLargeError, ``table.max-row-size``).
+
+        ``budget``: the server's open buckets, which may park this one's files
+        while idle; ``backoff`` and ``monotonic``: when a failed store reopens
+        (``tablet/bucket_files.py``), ``on_failure()`` is told of each failure.
+        ``lazy``: open nothing now (the first use does, and raises what opening
+        raises).
         """
-        os.makedirs(dir, exist_ok=True)
-        changelog = Changelog(os.path.join(dir, "log"), segment_bytes=segment_bytes, fsync=fsync, clock_ms=clock_ms)
-        try:
-            kv = KvStore(os.path.join(dir, "kv"), memtable_bytes=memtable_bytes,
-                         key_width=RowCodec(table).key_width)
-        except BaseException:
-            changelog.close()
-            raise
-        store = cls(dir, table, changelog, kv, bucket, max_row_bytes)
-        try:
-            store._recover()
-        except BaseException:
-            store.close()
-            raise
+        settings = FileSettings(segment_bytes, fsync, memtable_bytes, RowCodec(table).key_width, clock_ms)
+        files = BucketFiles(dir, settings, budget=budget, backoff=backoff, monotonic=monotonic, on_failure=on_failure)
+        store = cls(dir, table, files, bucket, max_row_bytes)
+        if not lazy:
+            with files.use():
+                pass
         return store
 
     @classmethod
     def from_config(cls, dir: str, table: TableInfo, config: cfg.Config,
-                    clock_ms: Callable[[], int] | None = None, bucket: int | None = None) -> "BucketStore":
+                    clock_ms: Callable[[], int] | None = None, bucket: int | None = None,
+                    budget: OpenBuckets | None = None, lazy: bool = False,
+                    on_failure: Callable[[], None] | None = None) -> "BucketStore":
+        backoff = Backoff(config[cfg.BUCKET_REOPEN_BACKOFF] / 1000.0, config[cfg.BUCKET_REOPEN_BACKOFF_MAX] / 1000.0)
         return cls.open(dir, table, segment_bytes=config[cfg.LOG_SEGMENT_BYTES], fsync=config[cfg.LOG_FLUSH_FSYNC],
-                        clock_ms=clock_ms, bucket=bucket, max_row_bytes=config[cfg.MAX_ROW_SIZE])
+                        clock_ms=clock_ms, bucket=bucket, max_row_bytes=config[cfg.MAX_ROW_SIZE], budget=budget,
+                        backoff=backoff, lazy=lazy, on_failure=on_failure)
 
     def close(self) -> None:
         """Close the open snapshots, RocksDB (flushing it) and the changelog. Idempotent."""
         with self.write_lock:
-            if self._closed:
-                return
             while self._in_flight:
                 self._settled.wait()  # writes already in the changelog finish first
-            self._closed = True
-            try:
-                self._kv.close()
-            finally:
-                self._log.close()
+            self.files.close()
 
     def __enter__(self) -> "BucketStore":
         return self
@@ -149,47 +154,46 @@ class BucketStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _recover(self) -> None:
-        """Replay the changelog from the applied offset to its end (see the module docstring)."""
-        applied = self._kv.applied_offset
-        start, end = self._log.start_offset, self._log.end_offset
-        if applied > end:
-            raise BucketStoreError(f"bucket {self.dir}: RocksDB has applied changelog records up to offset "
-                                   f"{applied} but the changelog ends at {end} (changelog lost records "
-                                   f"written without fsync?)", dir=self.dir, applied=applied, end_offset=end)
-        if applied < start:
-            raise BucketStoreError(f"bucket {self.dir}: RocksDB has applied records up to offset {applied} "
-                                   f"but the changelog starts at {start}", dir=self.dir, applied=applied,
-                                   start_offset=start)
-        offset = applied
-        while offset < end:
-            entries: list[LogEntry] = self._log.read(offset, _REPLAY_BYTES)
-            offset = entries[-1].next_offset
-            self._kv.apply_records([e.records for e in entries], offset)
-        self.replayed = (applied, end)
-        if end > applied:
-            log.info("bucket %s: replayed changelog records %d..%d into RocksDB", self.dir, applied, end)
+    @property
+    def is_open(self) -> bool:
+        """Whether its files are open now (not parked, not closed)."""
+        return self.files.is_open
+
+    @property
+    def replayed(self) -> tuple[int, int]:
+        """``(from, to)``: the changelog records replayed into RocksDB at the last open (``from == to``: none)."""
+        return self.files.replayed
+
+    @property
+    def _kv(self) -> KvStore | None:  # the open RocksDB, for tests
+        return self.files.kv
+
+    @property
+    def _log(self) -> Changelog | None:  # the open changelog, for tests
+        return self.files.changelog
 
     # --- offsets ---------------------------------------------------------------------------
 
     @property
     def log_end_offset(self) -> int:
         """The offset the next changelog record gets (== the applied offset between writes)."""
-        return self._log.end_offset
+        return self.files.offsets()[1]
 
     @property
     def applied_offset(self) -> int:
         """The first changelog record not yet in RocksDB."""
-        return self._kv.applied_offset
+        return self.files.offsets()[2]
 
     def list_offsets(self) -> tuple[int, int]:
         """``(earliest, latest)``: the changelog's start offset and end offset."""
-        return self._log.start_offset, self._log.end_offset
+        start, end, _applied = self.files.offsets()
+        return start, end
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int:
         """The first changelog offset appended at or after ``timestamp_ms``
         (:meth:`Changelog.offset_for_timestamp`)."""
-        return self._log.offset_for_timestamp(timestamp_ms)
+        with self.files.use() as (changelog, _kv):
+            return changelog.offset_for_timestamp(timestamp_ms)
 
     # --- writes ----------------------------------------------------------------------------
 
@@ -207,9 +211,10 @@ class BucketStore:
         whose changelog entry would not fit one gRPC message) changes nothing.
 
         Raises ChangelogError if the changelog append failed (the store then
-        refuses writes: reopen it); BucketStoreError if applying to RocksDB
-        failed after the append (the write is in the changelog and is applied
-        when the store is reopened), or if the store is closed or failed.
+        refuses writes until its files are reopened, after a backoff);
+        BucketStoreError if applying to RocksDB failed after the append (the
+        write is in the changelog and is applied when the files are reopened),
+        or if the store is closed or failed.
         """
         keys, up_values, key_list = _EMPTY, _EMPTY, []
         if upserts is not None:
@@ -224,33 +229,38 @@ class BucketStore:
             if del_list:
                 keys = pa.concat_arrays([keys, del_keys]) if key_list else del_keys
                 key_list = key_list + del_list
-        if not key_list:
-            with self.write_lock:
-                self._check_writable()
-                end = self._log.end_offset
-                return end, end
+        with self.files.use() as (changelog, kv):
+            if not key_list:
+                with self.write_lock:
+                    self.files.check_writable()
+                    end = changelog.end_offset
+                    return end, end
+            return self._write(changelog, kv, keys, up_values, key_list)
+
+    def _write(self, changelog: Changelog, kv: KvStore, keys: pa.Array, up_values: pa.Array,
+               key_list: list[bytes]) -> tuple[int, int]:
         n_up, prepared = len(up_values), None
-        increasing = _increasing(keys)
+        increasing = change_records.increasing(keys)
         bounds = (key_list[0], key_list[-1]) if increasing else key_range(keys)
         if increasing or len(set(key_list)) == len(key_list):
             # Each key's final state is its upsert or its delete whatever it held before: the RocksDB
             # batch is built here, while another write may hold the lock (deleting a missing key is a no-op).
-            prepared = self._kv.prepare(key_list[:n_up], up_values.to_pylist(), key_list[n_up:],
-                                        bounds if n_up == len(key_list) else None)
+            prepared = kv.prepare(key_list[:n_up], up_values.to_pylist(), key_list[n_up:],
+                                  bounds if n_up == len(key_list) else None)
         with self.write_lock:
-            self._check_writable()
+            self.files.check_writable()
             while any(lo <= bounds[1] and bounds[0] <= hi for lo, hi in self._in_flight.values()):
                 self._settled.wait()  # an earlier write not yet applied may hold keys of this one
-                self._check_writable()
-            olds = self._kv.get_existing(keys, key_list, bounds)
+                self.files.check_writable()
+            olds = kv.get_existing(keys, key_list, bounds)
             if prepared is not None:
-                records = _records_unique(keys, up_values, olds)
+                records = change_records.records_unique(keys, up_values, olds)
             else:
-                records, put_keys, put_values, gone = _changes_in_order(key_list, up_values.to_pylist(),
-                                                                        olds.to_pylist())
-                prepared = self._kv.prepare(put_keys, put_values, gone)
+                records, put_keys, put_values, gone = change_records.changes_in_order(
+                    key_list, up_values.to_pylist(), olds.to_pylist())
+                prepared = kv.prepare(put_keys, put_values, gone)
             if not records.num_rows:
-                end = self._log.end_offset
+                end = changelog.end_offset
                 return end, end
             if records.nbytes > MAX_ENTRY_BYTES:
                 raise RecordTooLargeError(
@@ -258,14 +268,14 @@ class BucketStore:
                     f"(one gRPC message; an update holds the row twice): send fewer rows per write",
                     size=records.nbytes)
             try:
-                pending = self._log.write([records])
+                pending = changelog.write([records])
             except BaseException as exc:
                 self._fail(exc)
                 raise
             (base, nxt), = pending.ranges
             self._in_flight[base] = bounds
         try:
-            self._log.sync(pending)  # unlocked: the next write reads and writes meanwhile; one fsync may cover both
+            changelog.sync(pending)  # unlocked: the next write reads and writes meanwhile; one fsync may cover both
         except BaseException as exc:
             with self.write_lock:
                 del self._in_flight[base]
@@ -273,36 +283,41 @@ class BucketStore:
             raise
         with self.write_lock:
             try:
-                while self._kv.applied_offset != base and self._failed is None:
-                    self._settled.wait()  # applied in changelog order
-                if self._failed is not None:
-                    raise BucketStoreError(f"bucket {self.dir} failed before changelog records {base}..{nxt} "
-                                           f"were applied ({self._failed!r}); reopen it", dir=self.dir)
-                try:
-                    self._log.publish(pending)
-                except BaseException as exc:
-                    self._fail(exc)
-                    raise
-                try:
-                    self._apply(prepared, nxt)
-                except BaseException as exc:
-                    self._fail(exc)
-                    raise BucketStoreError(f"bucket {self.dir}: changelog records {base}..{nxt} were appended "
-                                           f"but RocksDB failed to apply them ({exc!r}); reopen the bucket to "
-                                           f"replay them", dir=self.dir) from exc
+                self._publish(changelog, kv, pending, prepared, base, nxt)
             finally:
                 del self._in_flight[base]
                 self._settled.notify_all()
             return base, nxt
 
+    def _publish(self, changelog: Changelog, kv: KvStore, pending, prepared: PreparedWrite, base: int,
+                 nxt: int) -> None:
+        """Publish a synced entry and apply it to RocksDB, in changelog order. Hold the lock."""
+        while kv.applied_offset != base and self.files.failure is None:
+            self._settled.wait()  # applied in changelog order
+        if self.files.failure is not None:
+            raise BucketStoreError(f"bucket {self.dir} failed before changelog records {base}..{nxt} "
+                                   f"were applied ({self.files.failure!r}); it is reopened after a backoff",
+                                   dir=self.dir)
+        try:
+            changelog.publish(pending)
+        except BaseException as exc:
+            self._fail(exc)
+            raise
+        try:
+            self._apply(kv, prepared, nxt)
+        except BaseException as exc:
+            self._fail(exc)
+            raise BucketStoreError(f"bucket {self.dir}: changelog records {base}..{nxt} were appended "
+                                   f"but RocksDB failed to apply them ({exc!r}); the bucket is reopened "
+                                   f"to replay them", dir=self.dir) from exc
+
     def _fail(self, exc: BaseException) -> None:
-        """The store refuses writes from now on (reopen it); writes waiting their turn give up. Hold the lock."""
-        if self._failed is None:
-            self._failed = exc
+        """The store refuses writes until reopened; writes waiting their turn give up. Hold the lock."""
+        self.files.fail(exc)
         self._settled.notify_all()
 
-    def _apply(self, prepared: PreparedWrite, next_offset: int) -> None:
-        self._kv.commit(prepared, next_offset)
+    def _apply(self, kv: KvStore, prepared: PreparedWrite, next_offset: int) -> None:
+        kv.commit(prepared, next_offset)
 
     def _check_bucket(self, keys: list[bytes], what: str) -> None:
         """InvalidRowError naming the first key that does not hash to this store's bucket."""
@@ -334,15 +349,6 @@ class BucketStore:
                                   f"{self.max_row_bytes} bytes (table.max-row-size); {big.size} of {len(keys)} "
                                   f"rows are too large", row=i, size=int(sizes[i]))
 
-    def _check_writable(self) -> None:
-        self._check_open()
-        if self._failed is not None:
-            raise BucketStoreError(f"bucket {self.dir} failed earlier ({self._failed!r}); reopen it", dir=self.dir)
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise BucketStoreError(f"bucket {self.dir} is closed", dir=self.dir)
-
     # --- reads -----------------------------------------------------------------------------
 
     def lookup(self, keys: pa.RecordBatch) -> tuple[np.ndarray, pa.RecordBatch]:
@@ -354,8 +360,8 @@ class BucketStore:
         """
         encoded = self.codec.encode_keys(keys)
         self._check_bucket(encoded, "lookup")
-        self._check_open()
-        values = pa.array(self._kv.get(encoded), pa.binary())
+        with self.files.use() as (_changelog, kv):
+            values = pa.array(kv.get(encoded), pa.binary())
         found = values.is_valid().to_numpy(zero_copy_only=False)
         return found, self.codec.decode_values(pc.drop_null(values) if values.null_count else values)
 
@@ -363,25 +369,27 @@ class BucketStore:
         """``(entries, end_offset)``: framed changelog entries from ``from_offset`` on (see
         :meth:`Changelog.read_raw`: the first may start before it) and the end offset
         read after them. Raises LogOffsetOutOfRangeError outside the changelog."""
-        entries = self._log.read_raw(from_offset, max_bytes)
-        return entries, self._log.end_offset
+        with self.files.use() as (changelog, _kv):
+            entries = changelog.read_raw(from_offset, max_bytes)
+            return entries, changelog.end_offset
 
     def read_log(self, from_offset: int, max_bytes: int) -> list[LogEntry]:
         """Decoded changelog entries (:meth:`Changelog.read`)."""
-        return self._log.read(from_offset, max_bytes)
+        with self.files.use() as (changelog, _kv):
+            return changelog.read(from_offset, max_bytes)
 
     def log_segments(self) -> list[SegmentInfo]:
         """The changelog's segments, oldest first (for time-based retention)."""
-        return self._log.segments()
+        with self.files.use() as (changelog, _kv):
+            return changelog.segments()
 
     # --- snapshots -------------------------------------------------------------------------
 
     def snapshot(self, values_from: bytes | None = None) -> KvSnapshot:
         """A consistent view of the rows and its ``log_offset``, taken together under the write lock
-        (``values_from``: see :meth:`KvStore.snapshot`)."""
-        with self.write_lock:
-            self._check_open()
-            return self._kv.snapshot(self._kv.applied_offset, values_from)
+        (``values_from``: see :meth:`KvStore.snapshot`). An open snapshot keeps the files open."""
+        with self.files.use() as (_changelog, kv), self.write_lock:
+            return kv.snapshot(kv.applied_offset, values_from)
 
     def key_of_value(self, value: bytes) -> bytes:
         """The key a stored value is kept under: the value holds the whole row, primary key included
@@ -407,14 +415,13 @@ class BucketStore:
         """
         if os.path.lexists(target_dir):
             raise InvalidRequestError(f"checkpoint target {target_dir} already exists")
-        self._check_open()
-        self._kv.flush_rows()  # most of the memtable, outside the lock: less to flush while writes wait
-        with self.write_lock:
-            self._check_open()
-            if not self._log.fsync:
-                self._log.flush()
-            self._kv.checkpoint(target_dir)
-            return self._kv.applied_offset
+        with self.files.use() as (changelog, kv):
+            kv.flush_rows()  # most of the memtable, outside the lock: less to flush while writes wait
+            with self.write_lock:
+                if not changelog.fsync:
+                    changelog.flush()
+                kv.checkpoint(target_dir)
+                return kv.applied_offset
 
     # --- retention -------------------------------------------------------------------------
 
@@ -425,83 +432,9 @@ class BucketStore:
         the offset is capped at the applied offset flushed. Returns how many
         segments were deleted.
         """
-        self._check_open()
-        self._kv.flush_rows()  # the bulk, while writes go on
-        with self.write_lock:
-            self._check_open()
-            self._kv.flush()
-            durable = self._kv.applied_offset
-        return self._log.truncate_before(min(offset, durable))
-
-
-# --- change records -------------------------------------------------------------------------
-
-def _increasing(keys: pa.Array) -> bool:
-    """Whether the keys are strictly increasing (the usual batch): then they are distinct, and the
-    first and the last are the lowest and the highest."""
-    n = len(keys)
-    return n < 2 or pc.all(pc.less(keys.slice(0, n - 1), keys.slice(1))).as_py()
-
-
-def _records_unique(keys: pa.Array, up_values: pa.Array, olds: pa.Array) -> pa.RecordBatch:
-    """The change records of a write whose keys are all distinct, vectorized.
-
-    ``keys`` = upsert keys then delete keys; ``olds`` their current values
-    (null where missing).
-    """
-    n, n_up = len(keys), len(up_values)
-    if olds.null_count == n:  # nothing exists yet: all inserts, deletes find nothing
-        return pa.RecordBatch.from_arrays(
-            [pa.array(np.full(n_up, _INSERT, np.int8)), keys.slice(0, n_up), up_values], schema=SCHEMA)
-    exists = olds.is_valid().to_numpy(zero_copy_only=False)
-    existed_up = exists[:n_up]
-    rows = np.repeat(np.arange(n_up), 1 + existed_up)  # an update emits two records
-    first = np.ones(len(rows), bool)
-    first[1:] = rows[1:] != rows[:-1]
-    update = existed_up[rows]
-    up_types = np.where(update, np.where(first, _UPDATE_BEFORE, _UPDATE_AFTER), _INSERT)
-    up_sources = np.where(update & first, rows, n + rows)  # index into olds ++ up_values
-    deleted = np.flatnonzero(exists[n_up:]) + n_up
-    types = np.concatenate([up_types, np.full(len(deleted), _DELETE)]).astype(np.int8)
-    key_index = np.concatenate([rows, deleted])
-    sources = np.concatenate([up_sources, deleted])
-    values = pa.concat_arrays([olds, up_values]).take(pa.array(sources))
-    return pa.RecordBatch.from_arrays([pa.array(types), keys.take(pa.array(key_index)), values], schema=SCHEMA)
-
-
-def _changes_in_order(keys: list[bytes], up_values: list[bytes], olds: list[bytes | None]):
-    """Records and KV effects (put keys, put values, deleted keys) of a write naming some key more
-    than once: step by step, so each step gets the right before-image."""
-    n_up = len(up_values)
-    original: dict[bytes, bytes | None] = {}
-    for key, old in zip(keys, olds):
-        original.setdefault(key, old)
-    current = dict(original)
-    types: list[int] = []
-    out_keys: list[bytes] = []
-    out_values: list[bytes] = []
-    for i, key in enumerate(keys):
-        old = current[key]
-        if i < n_up:
-            new = up_values[i]
-            if old is None:
-                types.append(_INSERT)
-            else:
-                types += (_UPDATE_BEFORE, _UPDATE_AFTER)
-                out_keys.append(key)
-                out_values.append(old)
-            out_keys.append(key)
-            out_values.append(new)
-            current[key] = new
-        elif old is not None:
-            types.append(_DELETE)
-            out_keys.append(key)
-            out_values.append(old)
-            current[key] = None
-    records = pa.RecordBatch.from_arrays(
-        [pa.array(types, pa.int8()), pa.array(out_keys, pa.binary()), pa.array(out_values, pa.binary())],
-        schema=SCHEMA)
-    put_keys = [k for k, v in current.items() if v is not None]
-    put_values = [current[k] for k in put_keys]
-    gone = [k for k, v in current.items() if v is None and original[k] is not None]
-    return records, put_keys, put_values, gone
+        with self.files.use() as (changelog, kv):
+            kv.flush_rows()  # the bulk, while writes go on
+            with self.write_lock:
+                kv.flush()
+                durable = kv.applied_offset
+            return changelog.truncate_before(min(offset, durable))

@@ -41,6 +41,12 @@ APPLIED_KEY = b"applied_offset"
 _PUT_TYPES = (int(ChangeType.INSERT), int(ChangeType.UPDATE_AFTER))
 _DELETE = int(ChangeType.DELETE)
 _CHUNK_ROWS = 1024  # rows read from an iterator per step of KvSnapshot.rows
+#: RocksDB's own limit of files it keeps open per bucket (the lowest it accepts: it reserves 10 for its
+#: own files, so at most 10 SSTs stay open, in one table-cache shard so the limit is exact).
+MAX_OPEN_FILES = 20
+#: The most file descriptors one open bucket holds: RocksDB's LOCK, LOG, WAL, MANIFEST and directory
+#: handles (6), up to 10 SSTs, the changelog's lock and active segment (2), and 2 for reads in flight.
+FDS_PER_OPEN_BUCKET = 20
 _MEMTABLE_FILTER = {True: {"memtable_prefix_bloom_size_ratio": "0.1", "memtable_whole_key_filtering": "true"},
                     False: {"memtable_prefix_bloom_size_ratio": "0", "memtable_whole_key_filtering": "false"}}
 
@@ -297,6 +303,10 @@ class KvStore:
         self._snapshots.add(snapshot)
         return snapshot
 
+    def open_snapshots(self) -> int:
+        """How many snapshots taken here are still open (each pins this store open)."""
+        return sum(not snapshot.closed for snapshot in list(self._snapshots))
+
     def checkpoint(self, target_dir: str) -> None:
         """A RocksDB checkpoint (both column families flushed atomically, SST files hard-linked)."""
         try:
@@ -335,6 +345,9 @@ def _options(memtable_bytes: int | None) -> Options:
     options.create_if_missing(True)
     options.create_missing_column_families(True)
     options.set_atomic_flush(True)  # see the module docstring
+    # Few open files per bucket: a tablet server holds thousands of buckets (docs/bucket-store.md).
+    options.set_max_open_files(MAX_OPEN_FILES)
+    options.set_table_cache_num_shard_bits(0)
     # Bloom filters in SST files: the multi-get of a write mostly looks for keys that do not exist
     # yet (inserts), and a filter answers those without a search. Memtables get one only while
     # writes look keys up (KvStore._observe_lookups): it starts off, see tablet/memtable_filter.py.

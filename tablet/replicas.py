@@ -10,6 +10,15 @@ ZooKeeper's current epoch, and a table's data is deleted only once its
 ``/tables/{id}`` node is gone (also for tables dropped while this server was
 down: :meth:`ReplicaManager.remove_dropped_tables`). A snapshot is: RocksDB checkpoint -> upload of the SST files
 the last committed snapshot does not have + a manifest -> CommitKvSnapshot.
+
+Thousands of buckets: taking a bucket opens no file (its store opens them on
+first use, and the server's :class:`~tablet.open_buckets.OpenBuckets` parks
+idle ones); the keeper (``tablet/bucket_keeper.py``) opens new buckets in the
+background, learns their latest snapshot from the coordinator and reopens
+failed ones. At most ``tablet.buckets.max`` buckets are led: a push naming more
+(the coordinator places no more than that, so only one that did not know it)
+leaves the newest ones refused, answered with a clear error and reported
+unhealthy.
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ from common.storage import RemoteStorage
 from common.tables import TableInfo
 from common.model import SnapshotHandle, TableBucket
 from tablet.bucket import BucketStore
+from tablet.open_buckets import OpenBuckets, open_capacity
 from tablet.snapshot import SnapshotUploader, upload_and_commit
 
 log = logging.getLogger(__name__)
@@ -44,6 +54,7 @@ class Replica:
     next_snapshot_id: int = 1
     snapshot_offset: int = -1  # log offset of the last committed snapshot (-1: none)
     snapshot_lock: threading.Lock = field(default_factory=threading.Lock)
+    base_known: bool = False  # the latest committed snapshot was asked of the coordinator
 
     @property
     def tb(self) -> TableBucket:
@@ -72,6 +83,14 @@ class ReplicaManager:
         self._replicas: dict[tuple[int, int], Replica] = {}
         self._tables: dict[int, TableInfo] = {}  # the tables of the led buckets; replaced whole, read unlocked
         self._lock = threading.Lock()
+        #: ``tablet.buckets.max``: the most buckets led; the rest of a push is refused (see the module docstring).
+        self.max_buckets = config[cfg.TABLET_MAX_BUCKETS]
+        #: The buckets led whose files are open (``tablet.buckets.max-open``).
+        self.budget = OpenBuckets(open_capacity(config[cfg.TABLET_MAX_OPEN_BUCKETS]))
+        #: Buckets a push named beyond ``max_buckets``: key -> table.
+        self.refused: dict[tuple[int, int], TableInfo] = {}
+        #: Buckets the keeper has work for (new, failed, snapshot base unknown); it removes them when done.
+        self.unsettled: set[tuple[int, int]] = set()
         #: ``(table_id, bucket, dropped)`` callbacks run as a bucket stops being led (``dropped``: its
         #: table was dropped), after it left the map and before its store closes (live scans end their
         #: sessions there).
@@ -110,19 +129,27 @@ class ReplicaManager:
             try:
                 for key in [k for k in self._replicas if k not in wanted]:
                     self._close(key, dropped=key[0] in gone)
-                for key, (table, epoch) in wanted.items():
+                self.refused = {}
+                for key, (table, epoch) in sorted(wanted.items()):
                     replica = self._replicas.get(key)
                     if replica is not None:
                         replica.leader_epoch = epoch
                         continue
-                    replica = self._open(table, key[1], epoch)
+                    if len(self._replicas) >= self.max_buckets:
+                        self.refused[key] = table
+                        continue
+                    replica = self._open(table, key[1], epoch)  # no file opened yet: see the module docstring
                     self._tables = {**self._tables, table.table_id: table}  # known before it serves a call
                     self._replicas[key] = replica
+                    self.unsettled.add(key)
             finally:  # forget the tables no longer led (also when opening a bucket failed)
                 self._tables = {r.table.table_id: r.table for r in self._replicas.values()}
             for table_id in sorted(gone):
                 shutil.rmtree(os.path.join(self.data_dir, str(table_id)), ignore_errors=True)
-        log.info("leading %d buckets (coordinator epoch %d)", len(wanted), coordinator_epoch)
+        if self.refused:
+            log.warning("asked to lead %d buckets, over this server's capacity of %d (tablet.buckets.max): %d "
+                        "are not served", len(wanted), self.max_buckets, len(self.refused))
+        log.info("leading %d buckets (coordinator epoch %d)", len(wanted) - len(self.refused), coordinator_epoch)
 
     def _confirm_epoch(self, coordinator_epoch: int) -> None:
         """Take a newer coordinator epoch only if it is ZooKeeper's current one. A confirmed
@@ -163,39 +190,56 @@ class ReplicaManager:
         return removed
 
     def _open(self, table: TableInfo, bucket: int, epoch: int) -> Replica:
+        key = (table.table_id, bucket)
         store = BucketStore.from_config(self.bucket_dir(table.table_id, bucket), table, self.config,
-                                        clock_ms=self.clock_ms, bucket=bucket)
+                                        clock_ms=self.clock_ms, bucket=bucket, budget=self.budget, lazy=True,
+                                        on_failure=lambda: self.unsettled.add(key))
         tb = TableBucket(table.table_id, bucket)
-        base = self._latest_snapshot(tb)
         uploader = SnapshotUploader(self.storage, tb, io_threads=self.config[cfg.SNAPSHOT_UPLOAD_THREADS],
-                                    base=base, clock_ms=self.clock_ms)
-        replica = Replica(table, bucket, epoch, store, uploader)
-        if base is not None:
-            replica.next_snapshot_id = base.snapshot_id + 1
-            replica.snapshot_offset = base.log_offset
-        return replica
+                                    clock_ms=self.clock_ms)
+        return Replica(table, bucket, epoch, store, uploader)
 
-    def _latest_snapshot(self, tb: TableBucket) -> SnapshotHandle | None:
-        try:
-            latest = self.admin.get_latest_kv_snapshots(tb.table_id)
-        except errors.KvLeaseError as exc:
-            log.warning("cannot learn the latest snapshot of %s: %s", tb, exc)
-            return None
-        info = latest.get(tb)
-        return info.handle if info else None
+    def learn_base(self, replica: Replica) -> None:
+        """Learn the bucket's latest committed snapshot from the coordinator, once: the next snapshot
+        id follows it and its SST files are not uploaded again. Raises the coordinator's error."""
+        if replica.base_known:
+            return
+        latest = self.admin.get_latest_kv_snapshots(replica.table.table_id)
+        info = latest.get(replica.tb)
+        with replica.snapshot_lock:
+            if replica.base_known:
+                return
+            if info is not None:
+                replica.uploader.mark_committed(info.handle)
+                replica.next_snapshot_id = max(replica.next_snapshot_id, info.handle.snapshot_id + 1)
+                replica.snapshot_offset = info.handle.log_offset
+            replica.base_known = True
 
     def _close(self, key: tuple[int, int], dropped: bool = False) -> None:
         replica = self._replicas.pop(key)
+        self._tell_closing(key, dropped)
+        with replica.snapshot_lock:
+            replica.store.close()
+
+    def end_scans(self, table_id: int, bucket: int) -> None:
+        """End the live scan sessions of a bucket that stays led, as a leadership change does (their
+        clients start the bucket again): its failed files can then be reopened."""
+        self._tell_closing((table_id, bucket), False)
+
+    def _tell_closing(self, key: tuple[int, int], dropped: bool) -> None:
         for listener in self.close_listeners:
             try:
                 listener(*key, dropped)
             except Exception:  # the store closes anyway
                 log.exception("close listener of bucket %s failed", key)
-        with replica.snapshot_lock:
-            replica.store.close()
 
     def get(self, table_id: int, bucket: int) -> Replica:
         replica = self._replicas.get((table_id, bucket))
+        if replica is None and (table_id, bucket) in self.refused:
+            raise errors.LeaderNotAvailableError(
+                f"bucket {bucket} of table {table_id} is assigned to this tablet server, which cannot serve it: "
+                f"it leads its capacity of {self.max_buckets} buckets (tablet.buckets.max)",
+                table_id=table_id, bucket=bucket)
         if replica is None:
             raise errors.NotLeaderError(f"this tablet server does not lead bucket {bucket} of table {table_id}",
                                         table_id=table_id, bucket=bucket)
@@ -222,6 +266,7 @@ class ReplicaManager:
             for key in list(self._replicas):
                 self._close(key)
             self._tables = {}
+            self.refused = {}
 
     # -- snapshots ---------------------------------------------------------------------------
 
@@ -253,6 +298,7 @@ class ReplicaManager:
         return results
 
     def _snapshot(self, replica: Replica, force: bool, verify: bool = False) -> SnapshotHandle | None:
+        self.learn_base(replica)  # the snapshot id must follow the committed ones
         with replica.snapshot_lock:
             if not force and not replica.changed() and not (verify and self._lost_files(replica)):
                 return None
@@ -288,6 +334,8 @@ class ReplicaManager:
         retention of those committed (one listing of kept snapshots per table); returns how many."""
         committed = []
         for replica in self.replicas():
+            if not replica.store.files.known:
+                continue  # not opened since this server started: the keeper opens it, the next round looks
             try:
                 if self._snapshot(replica, force=False) is not None:
                     committed.append(replica)

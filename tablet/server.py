@@ -1,9 +1,12 @@
 """The tablet server process: gRPC endpoint, ZooKeeper registration, snapshot timer.
 
 It registers the ephemeral ``/tabletservers/ids/{tablet.id}`` with its
-address (again after a lost session); the coordinator then pushes the
-buckets it leads. Every ``kv.snapshot.interval`` each changed bucket is
-snapshotted to remote storage and committed to the coordinator.
+address and its capacity ``max_buckets`` (``tablet.buckets.max``; again after
+a lost session); the coordinator then pushes the buckets it leads. Every
+``kv.snapshot.interval`` each changed bucket is snapshotted to remote storage
+and committed to the coordinator. The bucket keeper (``tablet/bucket_keeper.py``)
+opens newly led buckets and reopens failed ones in the background; the metrics
+endpoint exports the server's health (``tablet/health.py``).
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ from common.zk import dumps, loads, make_client
 from client.admin import AdminClient
 from common.security.client import internal_client_config
 from common.security.server import server_security
+from tablet.bucket_keeper import BucketKeeper
+from tablet.health import HealthCollector
+from tablet.open_buckets import fd_limit
 from tablet.replicas import ReplicaManager
 from tablet import scan_wire
 from tablet.scan_service import ScanService
@@ -52,6 +58,7 @@ class TabletServer:
         self.admin: AdminClient | None = None
         self.replicas: ReplicaManager | None = None
         self.scans: ScanService | None = None
+        self.keeper: BucketKeeper | None = None
         self.metrics_port: int | None = None
         self._grpc = None
         self._stopping = threading.Event()
@@ -72,6 +79,8 @@ class TabletServer:
         self.replicas = ReplicaManager(c[cfg.TABLET_DATA_DIR], c, self.storage, self.admin,
                                        current_epoch=self._zk_coordinator_epoch, table_gone=self._zk_table_gone)
         self.scans = ScanService(self.replicas, c, security=self.security).start()
+        self.scans.metrics.registry.register(HealthCollector(self.replicas))
+        self.keeper = BucketKeeper(self.replicas).start()
         self._grpc = grpc.server(ThreadPoolExecutor(max_workers=c[cfg.TABLET_RPC_THREADS],
                                                     thread_name_prefix="tablet-rpc"), options=GRPC_OPTIONS,
                                  interceptors=[*self.security.interceptors(INTERNAL_METHODS),
@@ -93,7 +102,8 @@ class TabletServer:
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
-        log.info("tablet server %d serving on %s", self.server_id, self.address)
+        log.info("tablet server %d serving on %s (at most %d buckets, %d with open files; open-file limit %d)",
+                 self.server_id, self.address, self.replicas.max_buckets, self.replicas.budget.capacity, fd_limit())
         return self
 
     def stop(self) -> None:
@@ -103,6 +113,8 @@ class TabletServer:
             thread.join(timeout=30)
         if self._grpc is not None:
             self._grpc.stop(grace=1).wait()
+        if self.keeper is not None:
+            self.keeper.stop()
         if self.zk is not None:
             try:
                 self.zk.delete(zkpaths.tablet_server(self.server_id))
@@ -176,7 +188,8 @@ class TabletServer:
     def _register(self) -> None:
         path = zkpaths.tablet_server(self.server_id)
         self.zk.ensure_path(zkpaths.TABLET_SERVERS)
-        data = dumps({"address": self.address, "incarnation": self.incarnation})
+        data = dumps({"address": self.address, "incarnation": self.incarnation,
+                      "max_buckets": self.config[cfg.TABLET_MAX_BUCKETS]})
         while True:
             try:
                 self.zk.create(path, data, ephemeral=True)

@@ -1,4 +1,4 @@
-"""``kvlease cluster start|stop|status``: a local cluster in a directory."""
+"""``kvlease cluster start|stop|status|restart``: a local cluster in a directory."""
 
 from __future__ import annotations
 
@@ -87,5 +87,36 @@ def cluster_stop(state: State, directory: str | None) -> None:
 @pass_state
 @catch_errors
 def cluster_status(state: State, directory: str | None) -> None:
-    """Which processes run, which coordinator is active, how many buckets each tablet server leads."""
+    """Which processes run, which coordinator is active, how many buckets each tablet server leads,
+    and whether it can serve them all (healthy) or why not."""
     state.output.cluster_status(local_cluster.status(cluster_dir(state, directory)))
+
+
+@cluster_group.command("restart")
+@click.option("--dir", "directory", metavar="D", help="Cluster directory.")
+@click.option("--tablet", metavar="N", help="Restart tablet server N.")
+@click.option("--coordinator", metavar="N", help="Restart coordinator N.")
+@click.option("--zookeeper", metavar="N", help="Restart ZooKeeper node N.")
+@click.option("--timeout", "timeout_ms", type=POSITIVE_DURATION, default="60s", show_default=True,
+              help="How long to wait until it serves again.")
+@cluster_dir_options
+@pass_state
+@catch_errors
+def cluster_restart(state: State, directory: str | None, tablet: str | None, coordinator: str | None,
+                    zookeeper: str | None, timeout_ms: int) -> None:
+    """Restart one process (stopped with SIGTERM first if it runs) with its own config, port and data;
+    returns once it serves: a tablet server once every bucket answers, a coordinator once it answers,
+    a ZooKeeper node once it serves."""
+    chosen = [(role, node_id) for role, node_id in (("tablets", tablet), ("coordinators", coordinator),
+                                                    ("zookeeper", zookeeper)) if node_id is not None]
+    if len(chosen) != 1:
+        raise click.UsageError("name exactly one process to restart: --tablet N, --coordinator N or --zookeeper N")
+    (role, node_id), = chosen
+    directory = cluster_dir(state, directory)
+    local_cluster.member(local_cluster.load(directory), role, node_id)  # a process it has: before any progress
+    what = f"{local_cluster.ROLES[role]} {node_id}"
+    if not state.json_mode:
+        click.echo(f"restarting {what} …", err=True)
+    entry = local_cluster.restart(directory, role, node_id, ready_timeout_s=timeout_ms / 1000.0, graceful=True)
+    doc = {"restarted": {"role": role, "id": str(entry["id"]), "pid": entry["pid"], "address": entry["address"]}}
+    state.output.message(f"restarted {what} (pid {entry['pid']}, {entry['address']})", doc)

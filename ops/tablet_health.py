@@ -1,0 +1,70 @@
+"""A tablet server's health, read from its Prometheus endpoint (the ``kvlease_tablet_*`` gauges).
+
+The coordinator knows which buckets a server is *assigned*; only the server
+knows which it *serves*. ``kvlease cluster status`` asks each running tablet
+server of a local cluster (its ``metrics_address`` in cluster.json) with
+:func:`read_health`.
+"""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from common.errors import NetworkError
+
+_GAUGES = {
+    "buckets": "kvlease_tablet_buckets",
+    "unserved": "kvlease_tablet_buckets_unserved",
+    "capacity": "kvlease_tablet_buckets_max",
+    "open_buckets": "kvlease_tablet_buckets_open",
+    "max_open_buckets": "kvlease_tablet_buckets_open_max",
+    "recovering": "kvlease_tablet_buckets_recovering",
+    "open_fds": "kvlease_tablet_open_fds",
+    "max_fds": "kvlease_tablet_max_fds",
+}
+
+
+def read_health(metrics_address: str, timeout_s: float = 2.0) -> dict[str, Any]:
+    """``{"healthy": bool, "problems": [str], "buckets", "unserved", "capacity", "open_buckets",
+    "max_open_buckets", "recovering", "open_fds", "max_fds"}`` of the tablet server whose metrics
+    endpoint is ``host:port``. Raises NetworkError if it does not answer or exports no health."""
+    try:
+        with urllib.request.urlopen(f"http://{metrics_address}/metrics", timeout=timeout_s) as response:
+            text = response.read().decode()
+    except (urllib.error.URLError, OSError) as exc:
+        raise NetworkError(f"no answer from the metrics endpoint {metrics_address}: "
+                           f"{getattr(exc, 'reason', exc)}") from None
+    values: dict[str, float] = {}
+    problems: list[str] = []
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "kvlease_tablet_problem":
+                problems.append(sample.labels.get("problem", ""))
+            else:
+                values[sample.name] = sample.value
+    if "kvlease_tablet_healthy" not in values:
+        raise NetworkError(f"the metrics endpoint {metrics_address} exports no tablet server health")
+    health: dict[str, Any] = {"healthy": values["kvlease_tablet_healthy"] == 1, "problems": problems}
+    health.update({key: int(values[name]) for key, name in _GAUGES.items() if name in values})
+    return health
+
+
+def status_fields(metrics_address: str | None, alive: bool, timeout_s: float = 2.0) -> dict[str, Any]:
+    """A tablet server's health fields in ``kvlease cluster status``: ``healthy`` (None: not known:
+    not running, no metrics endpoint, or no answer, then ``health_error`` says why), ``problems``,
+    ``serving`` (buckets it leads and serves), ``capacity``, ``open_buckets``, ``open_fds``, ``max_fds``."""
+    if not alive or not metrics_address:
+        return {"healthy": None}
+    try:
+        health = read_health(metrics_address, timeout_s)
+    except NetworkError as exc:
+        return {"healthy": None, "health_error": exc.message}
+    fields = {"healthy": health["healthy"], "problems": health["problems"]}
+    if "buckets" in health and "unserved" in health:
+        fields["serving"] = health["buckets"] - health["unserved"]
+    fields.update({key: health[key] for key in ("capacity", "open_buckets", "open_fds", "max_fds") if key in health})
+    return fields

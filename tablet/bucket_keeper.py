@@ -1,0 +1,87 @@
+"""The tablet server's background care of its buckets: open new ones, learn their snapshots, reopen failed ones.
+
+Taking a bucket opens no file (``tablet/replicas.py``), so a server told it
+leads 10,000 buckets answers the push at once. The keeper then, one bucket at
+a time, for each bucket in :attr:`ReplicaManager.unsettled`:
+
+- opens its files if they never were (recovering it: replaying the changelog
+  into RocksDB; the open-bucket budget parks it again later), so its offsets
+  are known and the snapshot timer sees whether it changed;
+- asks the coordinator for its latest committed snapshot (the next snapshot id
+  follows it);
+- reopens it if it failed (a full disk, too many open files) and its backoff
+  passed: a bucket recovers without a request, and without a restart. Live
+  scan sessions of a failed bucket are ended first, as a leadership change
+  ends them (their clients start the bucket again): their snapshots would
+  keep the failed files open.
+
+A bucket leaves the set once it is open or parked without a failure and its
+snapshot base is known; a failure puts it back. A request for a bucket the
+keeper has not reached yet opens it itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from common import errors
+from tablet.replicas import ReplicaManager
+
+log = logging.getLogger(__name__)
+
+
+class BucketKeeper:
+    """Runs :meth:`run_once` every ``interval_s`` on a daemon thread (:meth:`start`, :meth:`stop`)."""
+
+    def __init__(self, replicas: ReplicaManager, interval_s: float = 0.5) -> None:
+        self.replicas = replicas
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> "BucketKeeper":
+        self._thread = threading.Thread(target=self._loop, name="bucket-keeper", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.run_once()
+            except Exception:  # keep keeping
+                log.exception("bucket keeper round failed")
+
+    def run_once(self) -> int:
+        """One round over the unsettled buckets; returns how many it settled."""
+        settled = 0
+        for key in sorted(list(self.replicas.unsettled)):
+            if self._stop.is_set():
+                break
+            try:
+                replica = self.replicas.get(*key)
+            except errors.KvLeaseError:  # no longer led here
+                self.replicas.unsettled.discard(key)
+                continue
+            files = replica.store.files
+            if files.failure is not None and not files.retry_in() and files.held_by_snapshots():
+                self.replicas.end_scans(*key)  # scan sessions keep the failed files open
+            files.repair()
+            if files.failure is not None or not files.known:
+                continue  # the open failed: tried again after its backoff
+            try:
+                self.replicas.learn_base(replica)
+            except errors.KvLeaseError as exc:  # the coordinator is away: next round
+                log.debug("cannot learn the latest snapshot of %s yet: %s", replica.tb, exc)
+                continue
+            self.replicas.unsettled.discard(key)
+            if files.failure is not None:  # failed meanwhile: its failure may have been told before the discard
+                self.replicas.unsettled.add(key)
+                continue
+            settled += 1
+        return settled

@@ -1,0 +1,104 @@
+"""Whether a tablet server can serve what it leads: buckets it cannot serve, capacity, file descriptors.
+
+The coordinator's assignment says which buckets a server *should* lead; this
+says which it *can* serve. A server is unhealthy when a bucket it was told to
+lead is not served (over its capacity ``tablet.buckets.max``, or failed: a
+full disk, too many open files, a damaged changelog) or when its open file
+descriptors near its limit. It is exported as Prometheus gauges
+(``kvlease_tablet_*``, below), which ``kvlease cluster status`` reads.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from tablet.open_buckets import fd_limit
+from tablet.replicas import ReplicaManager
+
+FD_WARNING = 0.9  # open fds above this share of the limit make the server unhealthy
+
+
+@dataclass(frozen=True)
+class Health:
+    buckets: int  # told to lead (served or not)
+    unserved: int  # of those: refused over capacity, or failed
+    capacity: int  # tablet.buckets.max
+    open_buckets: int  # with open files
+    max_open_buckets: int
+    recovering: int  # not opened since this server started (the keeper opens them)
+    parked_total: int  # buckets parked so far
+    open_fds: int
+    max_fds: int
+    problems: tuple[str, ...]
+
+    @property
+    def healthy(self) -> bool:
+        return not self.problems
+
+
+def open_fd_count() -> int:
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:  # no /proc: unknown
+        return 0
+
+
+def health(replicas: ReplicaManager) -> Health:
+    """The server's health now (reads only memory and ``/proc/self/fd``)."""
+    problems = []
+    refused = sorted(replicas.refused)
+    if refused:
+        table_id, bucket = refused[0]
+        problems.append(f"{len(refused)} bucket(s) over its capacity of {replicas.max_buckets} "
+                        f"(tablet.buckets.max) are not served, e.g. bucket {bucket} of table {table_id}")
+    led = replicas.replicas()
+    failed = [r for r in led if r.store.files.failure is not None]
+    if failed:
+        first = failed[0]
+        problems.append(f"{len(failed)} bucket(s) failed and wait to be reopened, e.g. bucket {first.bucket} of "
+                        f"table {first.table.table_id}: {first.store.files.failure}")
+    fds, limit = open_fd_count(), fd_limit()
+    if fds > FD_WARNING * limit:
+        problems.append(f"{fds} of {limit} file descriptors open")
+    return Health(buckets=len(led) + len(refused), unserved=len(refused) + len(failed),
+                  capacity=replicas.max_buckets, open_buckets=len(replicas.budget),
+                  max_open_buckets=replicas.budget.capacity,
+                  recovering=sum(not r.store.files.known for r in led), parked_total=replicas.budget.parked,
+                  open_fds=fds, max_fds=limit, problems=tuple(problems))
+
+
+class HealthCollector:
+    """The ``kvlease_tablet_*`` gauges, computed at scrape time; register it with a CollectorRegistry."""
+
+    def __init__(self, replicas: ReplicaManager) -> None:
+        self.replicas = replicas
+
+    def describe(self):  # registering must not call collect()
+        return []
+
+    def collect(self):
+        h = health(self.replicas)
+        for name, text, value in (
+                ("kvlease_tablet_healthy", "1 if the server serves every bucket it leads and has file descriptors "
+                                           "to spare", int(h.healthy)),
+                ("kvlease_tablet_buckets", "buckets this server is told to lead", h.buckets),
+                ("kvlease_tablet_buckets_unserved", "buckets it leads but cannot serve (over capacity, or failed)",
+                 h.unserved),
+                ("kvlease_tablet_buckets_max", "the most buckets it leads (tablet.buckets.max)", h.capacity),
+                ("kvlease_tablet_buckets_open", "buckets with open files", h.open_buckets),
+                ("kvlease_tablet_buckets_open_max", "the most buckets with open files (tablet.buckets.max-open)",
+                 h.max_open_buckets),
+                ("kvlease_tablet_buckets_recovering", "buckets not opened since the server started", h.recovering),
+                ("kvlease_tablet_open_fds", "file descriptors open", h.open_fds),
+                ("kvlease_tablet_max_fds", "the open-file limit", h.max_fds)):
+            yield GaugeMetricFamily(name, text, value=value)
+        yield CounterMetricFamily("kvlease_tablet_buckets_parked", "buckets whose files were closed while idle",
+                                  value=h.parked_total)
+        problems = GaugeMetricFamily("kvlease_tablet_problem", "why the server is unhealthy (one series each)",
+                                     labels=["problem"])
+        for problem in h.problems:
+            problems.add_metric([problem], 1)
+        yield problems
