@@ -30,6 +30,7 @@ from typing import Any
 from client.table import TableClient
 from ops import chaos_faults
 from ops import chaos_plan as cp
+from ops.chaos_stream import ChaosStream
 from ops import cluster as local_cluster
 from ops.drill import Check, Report, finish
 from ops.drill_cluster import DrillCluster, require
@@ -92,8 +93,6 @@ def _run(cluster: DrillCluster, spark, faults: list[cp.Fault], remote: RemoteOut
             writers = Writers(client, bucket_of, seed)
             writers.write({k: k for k in keys})
             client.trigger_snapshot(wait=True)
-            from ops.chaos_stream import ChaosStream
-
             stream = ChaosStream(spark, cluster.addresses, table, _progress)
             leases.start()
             writers.start()

@@ -8,7 +8,6 @@ during one (after its upload, before its commit: the tablet server's commit call
 
 from __future__ import annotations
 
-import os
 
 import pyarrow as pa
 import pytest
