@@ -362,15 +362,20 @@ class AdminClient:
 
     # -- leases -------------------------------------------------------------------
 
-    def acquire_lease(self, lease_id: str, snapshots: Mapping[TableBucket, int], duration_ms: int) -> AcquireResult:
+    def acquire_lease(self, lease_id: str, snapshots: Mapping[TableBucket, int], duration_ms: int, *,
+                      owner: str | None = None) -> AcquireResult:
         """Create or update the lease; ``unavailable`` lists snapshots that do not exist.
 
         A lease past its deadline is not updated but replaced: the new one holds
-        only these snapshots.
+        only these snapshots. ``owner``: this reader's token (lease id characters,
+        e.g. a uuid's hex). A live lease whose owner is another (an unowned lease's
+        owner is None) is not touched: LeaseOwnedError. A new or replaced lease
+        belongs to ``owner``. Retrying with the same owner is safe.
         """
         with arguments("acquire_lease"):
             request = pb.AcquireKvSnapshotLeaseRequest(
-                lease_id=lease_id, snapshots=bucket_snapshots_to_pb(_buckets(snapshots)), duration_ms=duration_ms)
+                lease_id=lease_id, snapshots=bucket_snapshots_to_pb(_buckets(snapshots)), duration_ms=duration_ms,
+                owner=owner or "")
         try:
             response = self._acquires.call(request) if self._batch_acquires else _SEND_ALONE
         except BatchInterrupted as exc:  # another thread was sending it and was stopped
@@ -434,31 +439,37 @@ class AdminClient:
                 self._batch_acquires = False
             return [_SEND_ALONE] * len(requests)
 
-    def renew_lease(self, lease_id: str, duration_ms: int) -> int:
+    def renew_lease(self, lease_id: str, duration_ms: int, *, owner: str | None = None) -> int:
         """Move the lease's deadline to now + duration; returns it.
 
-        LeaseNotFoundError if unknown or already past its deadline (never revived).
+        LeaseNotFoundError if unknown or already past its deadline (never revived);
+        with ``owner``, LeaseOwnedError if the lease belongs to another reader.
         """
         with arguments("renew_lease"):
-            request = pb.RenewKvSnapshotLeaseRequest(lease_id=lease_id, duration_ms=duration_ms)
+            request = pb.RenewKvSnapshotLeaseRequest(lease_id=lease_id, duration_ms=duration_ms, owner=owner or "")
         return self._call("RenewKvSnapshotLease", request).expiration_time_ms
 
-    def release_lease(self, lease_id: str, buckets: Iterable[TableBucket]) -> ReleaseResult:
+    def release_lease(self, lease_id: str, buckets: Iterable[TableBucket], *,
+                      owner: str | None = None) -> ReleaseResult:
         """Free these buckets; safe to retry.
 
         Buckets the lease does not hold, or an unknown (or expired) lease, are no
-        error: ``released`` is False then. A bucket of an unknown table or out of
-        range is (TableNotExistError, BucketOutOfRangeError).
+        error: ``released`` is False then; with ``owner``, so is a lease of
+        another reader (which is left alone). A bucket of an unknown table or
+        out of range is (TableNotExistError, BucketOutOfRangeError).
         """
         with arguments("release_lease"):
             request = pb.ReleaseKvSnapshotLeaseRequest(
-                lease_id=lease_id, buckets=[bucket_to_pb(tb) for tb in _buckets(list(buckets))])
+                lease_id=lease_id, buckets=[bucket_to_pb(tb) for tb in _buckets(list(buckets))], owner=owner or "")
         response = self._call("ReleaseKvSnapshotLease", request)
         return ReleaseResult(lease_id, response.released, response.lease_remains)
 
-    def drop_lease(self, lease_id: str) -> bool:
-        """Free every bucket of the lease; returns False if there was no such (live) lease."""
-        return self._call("DropKvSnapshotLease", pb.DropKvSnapshotLeaseRequest(lease_id=lease_id)).dropped
+    def drop_lease(self, lease_id: str, *, owner: str | None = None) -> bool:
+        """Free every bucket of the lease; returns False if there was no such (live) lease, or, with
+        ``owner``, the lease belongs to another reader (left alone). Without ``owner``, any lease."""
+        with arguments("drop_lease"):
+            request = pb.DropKvSnapshotLeaseRequest(lease_id=lease_id, owner=owner or "")
+        return self._call("DropKvSnapshotLease", request).dropped
 
     def list_leases(self) -> list[Lease]:
         response = self._call("ListKvSnapshotLeases", pb.ListKvSnapshotLeasesRequest())

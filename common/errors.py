@@ -60,6 +60,7 @@ class ErrorCode(enum.IntEnum):
     AUTHENTICATION_FAILED = 28
     USER_ALREADY_EXISTS = 29
     ZOOKEEPER_UNAVAILABLE = 30
+    LEASE_OWNED = 31
 
 
 class KvLeaseError(Exception):
@@ -186,6 +187,16 @@ class TableNotExistError(NotFoundError):
 
 class LeaseNotFoundError(NotFoundError):
     code = ErrorCode.LEASE_NOT_FOUND
+
+
+class LeaseOwnedError(KvLeaseError):
+    """The lease belongs to another reader (it carries another owner token): nothing was changed.
+
+    ``details['lease_id']`` names it. A lease id names one reader at a time; pick another id,
+    or drop the lease if its reader is gone.
+    """
+
+    code = ErrorCode.LEASE_OWNED
 
 
 class SnapshotNotFoundError(NotFoundError):

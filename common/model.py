@@ -22,6 +22,13 @@ def lease_id_problem(lease_id: object) -> str | None:
     return f"bad lease id {show(lease_id)}: {LEASE_ID_RULE}"
 
 
+def lease_owner_problem(owner: object) -> str | None:
+    """Why ``owner`` is not a lease owner token (the lease id rule), or None if it is one."""
+    if lease_id_problem(owner) is None:
+        return None
+    return f"bad lease owner {show(owner)}: {LEASE_ID_RULE}"
+
+
 @dataclass(frozen=True, order=True)
 class TableBucket:
     """``(table_id, partition_id or None, bucket)``; partitions come later."""
@@ -53,12 +60,19 @@ class Lease:
     ``graced``: the deadline is a failover grace the coordinator granted (the
     lease expired while no coordinator was active), not one a client asked
     for; a later failover does not grant it again. Acquire and renew clear it.
+
+    ``owner``: the token of the one reader the lease belongs to (None: an unowned
+    lease, shared by whoever names it). While the lease lives, an acquire must
+    carry the same owner (for an unowned lease, none): a second reader that
+    picked the same lease id is refused instead of moving the first one's
+    snapshots. Not a credential: ACLs decide who may use a lease at all.
     """
 
     lease_id: str
     expiration_time: int  # ms since the epoch
     buckets: Mapping[TableBucket, int] = field(default_factory=dict)
     graced: bool = False
+    owner: str | None = None
 
     def tables(self) -> set[int]:
         return {tb.table_id for tb in self.buckets}

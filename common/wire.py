@@ -95,11 +95,11 @@ def bucket_snapshots_from_pb(msgs: Iterable[pb.BucketSnapshotPb]) -> dict[TableB
 
 def lease_to_pb(lease: Lease) -> pb.KvSnapshotLeasePb:
     return pb.KvSnapshotLeasePb(lease_id=lease.lease_id, expiration_time_ms=lease.expiration_time,
-                                buckets=bucket_snapshots_to_pb(lease.buckets))
+                                buckets=bucket_snapshots_to_pb(lease.buckets), owner=lease.owner or "")
 
 
 def lease_from_pb(msg: pb.KvSnapshotLeasePb) -> Lease:
-    return Lease(msg.lease_id, msg.expiration_time_ms, bucket_snapshots_from_pb(msg.buckets))
+    return Lease(msg.lease_id, msg.expiration_time_ms, bucket_snapshots_from_pb(msg.buckets), owner=msg.owner or None)
 
 
 def refuse_partition_ids(request: Message) -> None:

@@ -192,23 +192,26 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
         snapshots = bucket_snapshots_from_pb(request.snapshots)
         if len(snapshots) != len(request.snapshots):
             return errors.InvalidRequestError("a bucket appears twice in the acquire request")
-        return self._submit(self._guarded(ls.Acquire(request.lease_id, snapshots, request.duration_ms),
+        return self._submit(self._guarded(ls.Acquire(request.lease_id, snapshots, request.duration_ms,
+                                                     owner=request.owner or None),
                                           Operation.READ, {tb.table_id for tb in snapshots}, request.lease_id))
 
     def RenewKvSnapshotLease(self, request, context):
-        return self._run(self._guarded(ls.Renew(request.lease_id, request.duration_ms), Operation.READ,
-                                       lease_id=request.lease_id),
+        renew = ls.Renew(request.lease_id, request.duration_ms, owner=request.owner or None)
+        return self._run(self._guarded(renew, Operation.READ, lease_id=request.lease_id),
                          pb.RenewKvSnapshotLeaseResponse,
                          lambda expiration: {"expiration_time_ms": expiration})
 
     def ReleaseKvSnapshotLease(self, request, context):
         buckets = frozenset(bucket_from_pb(b) for b in request.buckets)
-        return self._run(self._guarded(ls.Release(request.lease_id, buckets), Operation.READ,
-                                         {tb.table_id for tb in buckets}), pb.ReleaseKvSnapshotLeaseResponse,
+        release = ls.Release(request.lease_id, buckets, owner=request.owner or None)
+        return self._run(self._guarded(release, Operation.READ, {tb.table_id for tb in buckets}),
+                         pb.ReleaseKvSnapshotLeaseResponse,
                          lambda outcome: {"released": outcome.released, "lease_remains": outcome.lease_remains})
 
     def DropKvSnapshotLease(self, request, context):
-        return self._run(self._guarded(ls.Drop(request.lease_id), Operation.READ, lease_id=request.lease_id),
+        drop = ls.Drop(request.lease_id, owner=request.owner or None)
+        return self._run(self._guarded(drop, Operation.READ, lease_id=request.lease_id),
                          pb.DropKvSnapshotLeaseResponse,
                          lambda dropped: {"dropped": dropped})
 

@@ -59,7 +59,7 @@ from common.storage import RemoteStorage
 from common.zk import loads
 from common.model import Lease, TableBucket
 from leases.refcount import RefcountIndex
-from leases.store import TableFile, lease_entry, log_unreadable, read_table_file
+from leases.store import TableFile, lease_entry, lease_from_node, log_unreadable, read_table_file
 
 log = logging.getLogger(__name__)
 
@@ -290,9 +290,9 @@ class LeaseMirror:
             self.stats["node_reads"] += 1
             node = loads(data)
             paths = {int(t["table_id"]): t["metadata_path"] for t in node["tables"]}
-            nodes.append((name, int(node["expiration_time"]), paths, stat.mzxid, bool(node.get("graced", False))))
+            nodes.append((name, node, paths, stat.mzxid))
         to_read = []
-        for name, _exp, paths, _z, _g in nodes:
+        for name, _node, paths, _z in nodes:
             old = self._entries.get(name)
             for table_id, path in paths.items():
                 if old is None or old.paths.get(table_id) != path:
@@ -301,7 +301,7 @@ class LeaseMirror:
         fresh: dict[tuple[str, int], dict[TableBucket, int] | str] = {
             (name, table_id): lease_entry(contents[path], name) for name, table_id, path in to_read}
         retry = []
-        for name, expiration, paths, mzxid, graced in nodes:
+        for name, node, paths, mzxid in nodes:
             old = self._entries.get(name)
             tables = {}
             bad = []
@@ -324,8 +324,8 @@ class LeaseMirror:
                 else:
                     retry.append(name)
                 continue
-            self._set(name, _Entry(expiration, paths, tables, mzxid, graced,
-                                   Lease(name, expiration, _merged(tables, old), graced)))
+            lease = lease_from_node(name, node, _merged(tables, old))
+            self._set(name, _Entry(lease.expiration_time, paths, tables, mzxid, lease.graced, lease))
         self._retry_later.update(retry)
 
     def _read_files(self, paths: list[str], strict: bool) -> dict[str, TableFile | str]:

@@ -27,6 +27,14 @@ Retry-safe rules (DESIGN.md "Leases — semantics"):
 - Failover (:class:`Restore`): a lease that expired while no coordinator was
   active gets the grace once; the new deadline is written back, marked
   ``graced``, so a later failover drops it instead of granting it again.
+- Owners: a request may carry the ``owner`` token of the reader it comes
+  from. Acquire of a live lease with another owner (an unowned lease counts
+  as the owner None) is refused (``LEASE_OWNED``), changing nothing; a new or
+  expired lease takes the acquire's owner. Renew with an owner is refused the
+  same way; release and drop with an owner answer as for an unknown lease
+  (the caller's lease is gone: a retry after another reader took the id
+  changes nothing of theirs). Renew, release and drop without an owner act on
+  any lease (an operator's commands).
 
 Cost does not grow with idle leases: the deadlines are a heap
 (:mod:`leases.deadlines`), so an expiry tick with nothing due is a peek, and
@@ -42,7 +50,7 @@ from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping, Protocol
 
 from common import errors
-from common.model import Lease, TableBucket, lease_id_problem
+from common.model import Lease, TableBucket, lease_id_problem, lease_owner_problem
 from common.statemachine import Event, Instruction, StateMachine, on
 from leases import deadlines
 from leases.deadlines import Deadlines
@@ -67,6 +75,7 @@ class Acquire(Event):
     snapshots: Mapping[TableBucket, int]
     duration_ms: int
     now_ms: int | None = None  # None: the shell stamps its clock before handing it in
+    owner: str | None = None  # the requesting reader's token (see the module's docstring)
 
 
 @dataclass(frozen=True)
@@ -74,6 +83,7 @@ class Renew(Event):
     lease_id: str
     duration_ms: int
     now_ms: int | None = None  # None: the shell stamps its clock before handing it in
+    owner: str | None = None  # the requesting reader's token (see the module's docstring)
 
 
 @dataclass(frozen=True)
@@ -81,12 +91,14 @@ class Release(Event):
     lease_id: str
     buckets: frozenset[TableBucket]
     now_ms: int | None = None  # None: the shell stamps its clock before handing it in
+    owner: str | None = None  # the requesting reader's token (see the module's docstring)
 
 
 @dataclass(frozen=True)
 class Drop(Event):
     lease_id: str
     now_ms: int | None = None  # None: the shell stamps its clock before handing it in
+    owner: str | None = None  # the requesting reader's token (see the module's docstring)
 
 
 @dataclass(frozen=True)
@@ -205,6 +217,22 @@ def _expired(lease: Lease, now_ms: int) -> bool:
     return lease.expiration_time <= now_ms
 
 
+def _owned(lease: Lease, owner: str | None) -> errors.LeaseOwnedError:
+    holder = (f"the reader with owner token {errors.show(lease.owner)}" if lease.owner
+              else "no owner (it was acquired without one)")
+    asked = f"owner {errors.show(owner)}" if owner else "no owner"
+    return errors.LeaseOwnedError(
+        f"lease {errors.show(lease.lease_id)} belongs to {holder}, not to this request's ({asked}): a lease id names "
+        f"one reader at a time; use another lease id, or if that reader is gone drop the lease (kvlease lease drop "
+        f"{lease.lease_id}) or let it expire at {lease.expiration_time} ms", lease_id=lease.lease_id)
+
+
+def _foreign(lease: Lease, owner: str | None) -> bool:
+    """``lease`` belongs to another reader than a request carrying ``owner`` (None: the request is an
+    operator's, which may act on any lease)."""
+    return owner is not None and lease.owner != owner
+
+
 def _not_found(lease_id: str, expired: Lease | None = None) -> errors.LeaseNotFoundError:
     why = f" (it expired at {expired.expiration_time} ms)" if expired is not None else ""
     return errors.LeaseNotFoundError(f"lease {errors.show(lease_id)} not found{why}", lease_id=lease_id)
@@ -266,8 +294,10 @@ class LeaseState(StateMachine):
 
     # -- requests -----------------------------------------------------------------
 
-    def _check_id(self, lease_id: str) -> None:
+    def _check_id(self, lease_id: str, owner: str | None = None) -> None:
         problem = lease_id_problem(lease_id)
+        if problem is None and owner is not None:
+            problem = lease_owner_problem(owner)
         if problem is not None:
             raise errors.InvalidLeaseIdError(problem)
 
@@ -298,7 +328,7 @@ class LeaseState(StateMachine):
     @on(Acquire)
     def _on_acquire(self, ev: Acquire) -> list[object]:
         try:
-            self._check_id(ev.lease_id)
+            self._check_id(ev.lease_id, ev.owner)
             if not ev.snapshots:
                 raise errors.InvalidRequestError("acquire needs at least one bucket snapshot")
             self._check_duration(ev.duration_ms)
@@ -318,19 +348,21 @@ class LeaseState(StateMachine):
         held = dict(before.buckets) if before else {}
         if before is not None and _expired(before, now):  # a new lease replaces the expired one
             reason, held = "reacquire", {}
+        elif before is not None and before.owner != ev.owner:  # another reader's: change nothing
+            return [Reply(ev.event_id, error=_owned(before, ev.owner))]
         if not held and not acquired:  # never an empty lease
             nothing = AcquireOutcome(0, {}, unavailable)
             if before is None:
                 return [Reply(ev.event_id, nothing)]
             return self._persist(ev.event_id, [("expire", before, None)], nothing)
         expiration = now + ev.duration_ms
-        after = Lease(ev.lease_id, expiration, {**held, **acquired})
+        after = Lease(ev.lease_id, expiration, {**held, **acquired}, owner=ev.owner)
         return self._persist(ev.event_id, [(reason, before, after)], AcquireOutcome(expiration, acquired, unavailable))
 
     @on(Renew)
     def _on_renew(self, ev: Renew) -> list[object]:
         try:
-            self._check_id(ev.lease_id)
+            self._check_id(ev.lease_id, ev.owner)
             self._check_duration(ev.duration_ms)
         except errors.KvLeaseError as exc:
             return [Reply(ev.event_id, error=exc)]
@@ -342,13 +374,15 @@ class LeaseState(StateMachine):
             return [Reply(ev.event_id, error=_not_found(ev.lease_id))]
         if _expired(before, now):  # not found, whether or not dropping it is written
             return self._persist(ev.event_id, [("expire", before, None)], None, _not_found(ev.lease_id, before))
+        if _foreign(before, ev.owner):
+            return [Reply(ev.event_id, error=_owned(before, ev.owner))]
         after = replace(before, expiration_time=now + ev.duration_ms, graced=False)
         return self._persist(ev.event_id, [("renew", before, after)], after.expiration_time)
 
     @on(Release)
     def _on_release(self, ev: Release) -> list[object]:
         try:
-            self._check_id(ev.lease_id)
+            self._check_id(ev.lease_id, ev.owner)
             if not ev.buckets:
                 raise errors.InvalidRequestError("release needs at least one bucket")
             for tb in sorted(ev.buckets, key=TableBucket.sort_key):
@@ -363,6 +397,8 @@ class LeaseState(StateMachine):
             return [Reply(ev.event_id, ReleaseOutcome(False, False))]  # a retry after the lease went
         if _expired(before, now):
             return self._persist(ev.event_id, [("expire", before, None)], ReleaseOutcome(False, False))
+        if _foreign(before, ev.owner):  # the caller's lease is gone; this one is another reader's
+            return [Reply(ev.event_id, ReleaseOutcome(False, False))]
         remaining = {tb: sid for tb, sid in before.buckets.items() if tb not in ev.buckets}
         if len(remaining) == len(before.buckets):
             return [Reply(ev.event_id, ReleaseOutcome(False, True))]  # none of them held: nothing to write
@@ -372,7 +408,7 @@ class LeaseState(StateMachine):
     @on(Drop)
     def _on_drop(self, ev: Drop) -> list[object]:
         try:
-            self._check_id(ev.lease_id)
+            self._check_id(ev.lease_id, ev.owner)
         except errors.KvLeaseError as exc:
             return [Reply(ev.event_id, error=exc)]
         if self.busy(ev.lease_id):
@@ -382,6 +418,8 @@ class LeaseState(StateMachine):
             return [Reply(ev.event_id, False)]
         if _expired(before, self._now(ev)):
             return self._persist(ev.event_id, [("expire", before, None)], False)
+        if _foreign(before, ev.owner):
+            return [Reply(ev.event_id, False)]
         return self._persist(ev.event_id, [("drop", before, None)], True)
 
     @on(Expire)

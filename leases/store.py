@@ -2,7 +2,8 @@
 
 ``/leases/kv_snapshot/{lease_id}`` holds ``{version, expiration_time,
 tables: [{table_id, metadata_path}]}``, plus ``graced: true`` when the
-deadline is a failover grace (absent: false). A metadata file
+deadline is a failover grace (absent: false) and ``owner`` when the lease
+belongs to one reader (absent: unowned). A metadata file
 ``lease/kv-snapshot/{table_id}/{name}.metadata`` (on remote storage) holds,
 for one table, ``{bucket -> snapshot_id}`` of each lease written by one batch
 of the coordinator's loop that changed that table: a batch writes one file per
@@ -120,6 +121,13 @@ def lease_entry(content: TableFile | str, lease_id: str) -> dict[TableBucket, in
     return f"the file has no entry for lease {lease_id}" if buckets is None else buckets
 
 
+def lease_from_node(name: str, node: dict, buckets: dict[TableBucket, int]) -> Lease:
+    """The lease ``name`` its ZooKeeper node and its tables' ``buckets`` describe."""
+    owner = node.get("owner")
+    return Lease(name, int(node["expiration_time"]), buckets, bool(node.get("graced", False)),
+                 None if owner is None else str(owner))
+
+
 def log_unreadable(lease_id: str, path: str, why: str) -> None:
     log.error("lease %s is not loaded: its file %s is unreadable (%s); its ZooKeeper node %s is kept for an "
               "operator (acquiring the lease again replaces it)", lease_id, path, why, zkpaths.lease(lease_id))
@@ -206,6 +214,8 @@ class LeaseStore:
         }
         if write.after.graced:
             node["graced"] = True
+        if write.after.owner is not None:
+            node["owner"] = write.after.owner
         kind = "create" if write.before is None and lease_id not in self.unreadable else "set"
         return PreparedWrite(write, ZkOp(kind, zkpaths.lease(lease_id), dumps(node)), new_paths, paths_after)
 
@@ -309,7 +319,7 @@ class LeaseStore:
             if bad:
                 self.unreadable[name] = tuple(bad)
                 continue
-            leases.append(Lease(name, int(node["expiration_time"]), buckets, bool(node.get("graced", False))))
+            leases.append(lease_from_node(name, node, buckets))
         return leases
 
     def adopt(self, layout: dict[str, dict[int, str]], unreadable: dict[str, tuple[str, ...]] | None = None) -> None:

@@ -49,7 +49,8 @@ def tables_doc(infos: Iterable[TableInfo]) -> dict:
 
 
 def lease_doc(lease: Lease, names: Mapping[int, str]) -> dict:
-    return {"lease_id": lease.lease_id, "expiration_time": lease.expiration_time,
+    """``owner``: the token of the reader the lease belongs to, null when unowned."""
+    return {"lease_id": lease.lease_id, "expiration_time": lease.expiration_time, "owner": lease.owner,
             "buckets": bucket_docs(lease.buckets, names)}
 
 
@@ -326,7 +327,8 @@ class TextOutput(Output):
             self._print(self._buckets(doc["no_snapshot"], "not leased (bucket has no snapshot yet)"))
 
     def lease(self, doc: Mapping[str, Any]) -> None:
-        self._print(f"lease {doc['lease_id']} expires {format_time_ms(doc['expiration_time'])}")
+        owned = f" (owner {doc['owner']})" if doc.get("owner") else ""
+        self._print(f"lease {doc['lease_id']}{owned} expires {format_time_ms(doc['expiration_time'])}")
         self._print(self._buckets(doc["buckets"], "buckets") if doc["buckets"] else "holds no buckets")
 
     def leases(self, doc: Mapping[str, Any]) -> None:

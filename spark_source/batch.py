@@ -41,8 +41,9 @@ class BatchReader(DataSourceReader):
                 open_table(admin, ctx.table.table_id, ctx.security) as table:
             if self.options.change_feed:
                 return plan_changes(table, self.options)
-            lease_id = self.options.lease_id or f"spark-batch-{uuid.uuid4().hex}"
-            return plan_bootstrap(admin, table, self.options, lease_id, release=True)
+            owner = uuid.uuid4().hex  # this plan's: another read naming the same lease.id is refused
+            lease_id = self.options.lease_id or f"spark-batch-{owner}"
+            return plan_bootstrap(admin, table, self.options, lease_id, owner=owner, release=True)
 
     def read(self, partition) -> Iterator[pa.RecordBatch]:
         return read_split(self.ctx, partition)

@@ -8,13 +8,16 @@ jitter (tenacity), at most ``lease.acquire.max-attempts`` times and for at most
 ``lease.acquire.max-wait``; past that a :class:`SnapshotUnavailableError`
 names the table and the buckets. Buckets that have no snapshot yet are read
 from the changelog alone.
+
+Every lease a read takes carries the read's owner token: a ``lease.id`` that
+another reader holds is refused by the coordinator (LEASE_OWNED), atomically,
+instead of moving or releasing that reader's snapshots.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from datetime import datetime, timezone
 from typing import Callable, Mapping
 
 import tenacity
@@ -37,9 +40,10 @@ class SnapshotUnavailableError(errors.SnapshotNotFoundError):
     """No snapshot of some buckets could be leased within the configured bound."""
 
 
-def acquire_latest(admin: AdminClient, table: TableInfo, lease_id: str, options: Options, *,
+def acquire_latest(admin: AdminClient, table: TableInfo, lease_id: str, options: Options, *, owner: str | None,
                    sleep: Callable[[float], None] = tenacity.nap.sleep) -> dict[int, SnapshotInfo]:
-    """``bucket -> snapshot`` now held by ``lease_id`` for every bucket that has a snapshot."""
+    """``bucket -> snapshot`` now held by ``lease_id`` (owned by ``owner``) for every bucket that has a
+    snapshot. OptionError naming ``lease.id`` if another reader holds that lease."""
     held: dict[int, SnapshotInfo] = {}
     pending = set(range(table.buckets))
     started = time.monotonic()
@@ -52,9 +56,12 @@ def acquire_latest(admin: AdminClient, table: TableInfo, lease_id: str, options:
             return set()
         try:
             result = admin.acquire_lease(lease_id, {TableBucket(table.table_id, b): info.snapshot_id
-                                                    for b, info in wanted.items()}, options.lease_duration_ms)
+                                                    for b, info in wanted.items()}, options.lease_duration_ms,
+                                         owner=owner)
         except errors.InvalidLeaseDurationError as exc:  # above the cluster's kv.snapshot.lease.max-duration
             raise OptionError(f"option 'lease.duration': {exc.message}") from None
+        except errors.LeaseOwnedError as exc:  # nothing of the other reader's lease was changed
+            raise OptionError(f"option 'lease.id': {exc.message}", lease_id=lease_id) from None
         missing = {tb.bucket for tb in result.unavailable}
         for b, info in wanted.items():
             if b not in missing:
@@ -71,10 +78,10 @@ def acquire_latest(admin: AdminClient, table: TableInfo, lease_id: str, options:
     try:
         missing = retrying(attempt)
     except BaseException:
-        give_back(admin, table, lease_id, held)
+        give_back(admin, table, lease_id, held, owner)
         raise
     if missing:
-        give_back(admin, table, lease_id, held)
+        give_back(admin, table, lease_id, held, owner)
         raise SnapshotUnavailableError(
             f"table {table.path}: no snapshot of bucket(s) {', '.join(map(str, sorted(missing)))} could be leased "
             f"(lease {lease_id}) after {retrying.statistics.get('attempt_number', 1)} attempt(s) in "
@@ -84,58 +91,33 @@ def acquire_latest(admin: AdminClient, table: TableInfo, lease_id: str, options:
     return held
 
 
-def refuse_if_taken(admin: AdminClient, lease_id: str) -> None:
-    """Raise OptionError if ``lease_id`` exists now: another reader holds it (a lease id names one reader at
-    a time; two would move and release each other's snapshots)."""
-    try:
-        lease = admin.describe_lease(lease_id)
-    except errors.LeaseNotFoundError:
-        return
-    until = datetime.fromtimestamp(lease.expiration_time / 1000, timezone.utc).isoformat(timespec="seconds")
-    tables = ", ".join(_table_name(admin, t) for t in sorted(lease.tables()))
-    raise OptionError(
-        f"option 'lease.id': lease {lease_id} is held by another reader ({len(lease.buckets)} snapshot(s) of "
-        f"{tables or 'no table'}, until {until}): a lease id names one reader at a time; give this read another "
-        f"lease.id (or none: one is generated), or if the lease's reader is gone (a query stopped before its "
-        f"first micro-batch was logged, a job that died), drop it with `kvlease lease drop {lease_id}` or let it "
-        "expire")
-
-
-def _table_name(admin: AdminClient, table_id: int) -> str:
-    try:
-        return f"table {admin.get_table_by_id(table_id).path}"
-    except errors.KvLeaseError:
-        return f"table id {table_id}"
-
-
-def give_back(admin: AdminClient, table: TableInfo, lease_id: str, held: Mapping[int, object]) -> None:
+def give_back(admin: AdminClient, table: TableInfo, lease_id: str, held: Mapping[int, object],
+              owner: str | None) -> None:
     """Release ``held`` buckets of ``lease_id`` (a plan that failed after it leased them); a failure to
     is logged: the lease's expiry frees them then."""
     if not held:
         return
     try:
-        admin.release_lease(lease_id, [TableBucket(table.table_id, b) for b in sorted(held)])
+        admin.release_lease(lease_id, [TableBucket(table.table_id, b) for b in sorted(held)], owner=owner)
     except errors.KvLeaseError as exc:
         log.warning("table %s: could not give back lease %s after its read failed to plan (it expires within "
                     "lease.duration): %s", table.path, lease_id, exc)
 
 
-def plan_bootstrap(admin: AdminClient, table: TableClient, options: Options, lease_id: str, *,
+def plan_bootstrap(admin: AdminClient, table: TableClient, options: Options, lease_id: str, *, owner: str,
                    release: bool, sleep: Callable[[float], None] = tenacity.nap.sleep) -> list:
     """A full read: one split per bucket (hybrid, changelog-only for a bucket without a snapshot,
     or a live scan with ``bootstrap.mode=live``)."""
     info = table.table
     if options.bootstrap_mode == "live":
         return [LiveSplit(b) for b in range(info.buckets)]
-    if options.lease_id is not None:
-        refuse_if_taken(admin, lease_id)
-    held = acquire_latest(admin, info, lease_id, options, sleep=sleep)
+    held = acquire_latest(admin, info, lease_id, options, owner=owner, sleep=sleep)
     try:
         ends = {b: latest for b, (_, latest) in table.list_offsets().items()}
     except BaseException:
-        give_back(admin, info, lease_id, held)
+        give_back(admin, info, lease_id, held, owner)
         raise
-    return [HybridSplit(b, held[b].snapshot_id, ends[b], lease_id, release) if b in held
+    return [HybridSplit(b, held[b].snapshot_id, ends[b], lease_id, release, owner) if b in held
             else LogSplit(b, 0, ends[b], as_state=True) for b in range(info.buckets)]
 
 

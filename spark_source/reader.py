@@ -109,7 +109,7 @@ def _hybrid(ctx: ReadContext, admin: AdminClient, table: TableClient, split: Hyb
     what = f"{_what(ctx, split.bucket)} (lease {split.lease_id})"
     if split.release:  # a batch read's split: its lease is the plan's, which this split may be reading again
         _hold(admin, ctx, split, tb, what)
-    held = lambda: _held(admin, split.lease_id, tb) == split.snapshot_id  # noqa: E731
+    held = lambda: _held(admin, split, tb) == split.snapshot_id  # noqa: E731
     with open_snapshot(ctx.storage, tb, split.snapshot_id, what=what, held=held) as (log_offset, chunks):
         if log_offset > split.end:
             raise errors.InvalidSnapshotError(f"{what}: snapshot {split.snapshot_id} starts at changelog offset "
@@ -118,12 +118,14 @@ def _hybrid(ctx: ReadContext, admin: AdminClient, table: TableClient, split: Hyb
         yield from _state_batches(merge(chunks, changes, table.codec), split.bucket, split.end, schema)
 
 
-def _held(admin: AdminClient, lease_id: str, tb: TableBucket) -> int | None:
-    """The snapshot of ``tb`` that ``lease_id`` holds now (None: none, or no such lease)."""
+def _held(admin: AdminClient, split: HybridSplit, tb: TableBucket) -> int | None:
+    """The snapshot of ``tb`` that the split's lease holds now (None: none, no such lease, or the lease
+    id now belongs to another owner)."""
     try:
-        return admin.describe_lease(lease_id).buckets.get(tb)
+        lease = admin.describe_lease(split.lease_id)
     except errors.LeaseNotFoundError:
         return None
+    return lease.buckets.get(tb) if lease.owner == split.owner else None
 
 
 def _hold(admin: AdminClient, ctx: ReadContext, split: HybridSplit, tb: TableBucket, what: str) -> None:
@@ -134,14 +136,14 @@ def _hold(admin: AdminClient, ctx: ReadContext, split: HybridSplit, tb: TableBuc
     back, so the same snapshot is taken back under the same lease (the same rows, never newer ones), or
     the read fails if the snapshot is no longer kept.
     """
-    held = _held(admin, split.lease_id, tb)
+    held = _held(admin, split, tb)
     if held == split.snapshot_id:
         return
     if held is not None:
         raise errors.InvalidRequestError(
             f"{what}: the lease now holds snapshot {held} of the bucket, not snapshot {split.snapshot_id} that this "
             f"read was planned on: another reader uses lease.id {split.lease_id}; give each reader its own lease.id")
-    result = admin.acquire_lease(split.lease_id, {tb: split.snapshot_id}, ctx.lease_duration_ms)
+    result = admin.acquire_lease(split.lease_id, {tb: split.snapshot_id}, ctx.lease_duration_ms, owner=split.owner)
     if result.unavailable:
         raise SnapshotGoneError(
             f"{what}: snapshot {split.snapshot_id} that this read was planned on is no longer kept: the lease "
@@ -194,7 +196,7 @@ def _releasing(admin: AdminClient, ctx: ReadContext, split: HybridSplit,
 
 def _release(admin: AdminClient, ctx: ReadContext, split: HybridSplit) -> None:
     try:
-        admin.release_lease(split.lease_id, [TableBucket(ctx.table.table_id, split.bucket)])
+        admin.release_lease(split.lease_id, [TableBucket(ctx.table.table_id, split.bucket)], owner=split.owner)
     except errors.KvLeaseError as exc:
         log.warning("%s: could not release lease %s (its expiry frees the snapshot): %s",
                     _what(ctx, split.bucket), split.lease_id, exc)

@@ -32,7 +32,8 @@ class HybridSplit(InputPartition):
     """A bucket's snapshot with its changelog from the snapshot's ``log_offset`` to ``end`` merged on top.
 
     ``release``: the lease to release the bucket from once read (batch reads); streaming
-    reads leave that to the query's commit.
+    reads leave that to the query's commit. ``owner``: the token the lease belongs to (the
+    plan's, or the streaming query's; None: an unowned lease, a checkpoint older than owners).
     """
 
     bucket: int
@@ -40,6 +41,7 @@ class HybridSplit(InputPartition):
     end: int
     lease_id: str
     release: bool
+    owner: str | None = None
 
 
 @dataclass(frozen=True)

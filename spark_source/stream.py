@@ -1,7 +1,7 @@
 """Streaming reads: bootstrap, then tail the changelog.
 
-Offsets are JSON: ``{"table": table id, "lease": id, "buckets": {"<b>":
-{"snapshot": id or -1, "offset": n}}}``. ``offset`` is the first changelog
+Offsets are JSON: ``{"table": table id, "lease": id, "owner": token,
+"buckets": {"<b>": {"snapshot": id or -1, "offset": n}}}``. ``offset`` is the first changelog
 record of the bucket not yet read; ``-1`` means the bucket is not
 bootstrapped yet. ``snapshot`` is the snapshot the bucket was bootstrapped
 from in the micro-batch that ends at this offset (-1 in every later offset).
@@ -10,7 +10,11 @@ that table's changelogs only, so a query restarted from a checkpoint of
 another table (the ``table`` option changed, or the table was dropped and
 created again under its name) fails saying so instead of reading the new
 table from the old positions. (Offsets written before ``table`` existed are
-checked by their buckets only.)
+checked by their buckets only.) ``owner`` is the query's lease owner token,
+made with the initial offset: every lease call of the query carries it, so a
+restarted query goes on with its own lease while another reader naming the same
+``lease.id`` is refused (offsets written before owners have none: an unowned
+lease).
 
 - ``initialOffset`` (full mode) only names the lease: every bucket at -1.
   The first ``latestOffset`` leases the latest snapshots and returns the end
@@ -36,6 +40,7 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
+from dataclasses import dataclass
 from typing import Iterator
 
 import pyarrow as pa
@@ -47,7 +52,7 @@ from client.admin import AdminClient
 from client.table import TableClient
 from common import errors
 from common.model import TableBucket
-from spark_source.enumerator import acquire_latest, give_back, log_splits_for, refuse_if_taken, start_offsets
+from spark_source.enumerator import acquire_latest, give_back, log_splits_for, start_offsets
 from spark_source.options import Options, connect, open_table
 from spark_source.reader import names_table, read_split
 from spark_source.splits import HybridSplit, ReadContext
@@ -60,6 +65,14 @@ class LeaseLostError(errors.SnapshotNotFoundError):
     """A streaming query's lease expired and the snapshots it was bootstrapping from were reclaimed."""
 
 
+@dataclass(frozen=True)
+class LeaseRef:
+    """A streaming query's lease: its id and the owner token its calls carry."""
+
+    lease_id: str
+    owner: str | None
+
+
 class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: Options, ctx: ReadContext) -> None:
         self.options = options
@@ -67,11 +80,9 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._clients: tuple[AdminClient, TableClient] | None = None
         self._target: dict[int, int] | None = None  # Trigger.AvailableNow: offsets not to read past
         self._renewer: Renewer | None = None
-        self._claimed: str | None = None  # the lease this reader took for a bootstrap (the lease.id option's)
 
     def __getstate__(self) -> dict:  # Spark pickles the reader for read(); clients and threads stay here
-        return {"options": self.options, "ctx": self.ctx, "_clients": None, "_target": None, "_renewer": None,
-                "_claimed": None}
+        return {"options": self.options, "ctx": self.ctx, "_clients": None, "_target": None, "_renewer": None}
 
     # -- clients ---------------------------------------------------------------------------------
 
@@ -96,7 +107,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def initialOffset(self) -> dict:
         buckets = range(self.ctx.table.buckets)
         if self.options.startup_mode == "full":
-            lease = self.options.lease_id or f"spark-stream-{uuid.uuid4().hex}"
+            owner = uuid.uuid4().hex
+            lease = LeaseRef(self.options.lease_id or f"spark-stream-{owner}", owner)
             return self._offset(lease, {b: (-1, NOT_STARTED) for b in buckets})
         _, table = self._connect()
         starts = start_offsets(table, self.options)
@@ -130,14 +142,12 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # end to the source only when it plans the next one, and that commit releases the lease.
         return self._offset(lease, {b: (-1, ends[b]) for b in starts})
 
-    def _bootstrap_end(self, admin: AdminClient, table: TableClient, lease: str, starts: dict,
+    def _bootstrap_end(self, admin: AdminClient, table: TableClient, lease: LeaseRef | None, starts: dict,
                        latest: dict[int, int]) -> dict:
         """The end of the bootstrap micro-batch: lease the latest snapshots (the whole bootstrap is one
         micro-batch, whatever the read limit)."""
-        if self.options.lease_id is not None and self._claimed != lease:
-            refuse_if_taken(admin, lease)  # a lease of a restarted query's own is in its checkpoint: not here
-        held = acquire_latest(admin, table.table, lease, self.options)
-        self._claimed = lease
+        lease = _named(lease)
+        held = acquire_latest(admin, table.table, lease.lease_id, self.options, owner=lease.owner)
         ends = {}
         for b, (_, offset) in starts.items():
             if offset != NOT_STARTED:
@@ -150,14 +160,14 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             try:
                 self._renew(lease, {b: held[b].snapshot_id for b in held})
             except BaseException:  # the offset is not logged: nothing would ever read or release the lease
-                give_back(admin, table.table, lease, held)
+                give_back(admin, table.table, lease.lease_id, held, lease.owner)
                 raise
         return self._offset(lease, ends)
 
-    def _offset(self, lease: str | None, buckets: dict[int, tuple[int, int]]) -> dict:
+    def _offset(self, lease: LeaseRef | None, buckets: dict[int, tuple[int, int]]) -> dict:
         return _offset(lease, buckets, self.ctx.table.table_id)
 
-    def _parse(self, offset: dict) -> tuple[str | None, dict[int, tuple[int, int]]]:
+    def _parse(self, offset: dict) -> tuple[LeaseRef | None, dict[int, tuple[int, int]]]:
         """``offset``'s lease and buckets; InvalidRequestError if it is not an offset of this table."""
         table_id, lease, buckets = _parse(offset)
         table = self.ctx.table
@@ -187,12 +197,13 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             begin = starts.get(b, (-1, NOT_STARTED))[1]
             if begin == NOT_STARTED and snapshot != -1:
                 bootstrapping[b] = snapshot
-                splits.append(HybridSplit(b, snapshot, end_offset, lease, release=False))
+                lease = _named(lease)
+                splits.append(HybridSplit(b, snapshot, end_offset, lease.lease_id, False, lease.owner))
             else:
                 ranges[b] = (max(begin, 0), end_offset)
         splits.extend(log_splits_for(ranges, self.options.split_max_rows))
         if bootstrapping:
-            self._renew(lease, bootstrapping)
+            self._renew(_named(lease), bootstrapping)
         return splits
 
     def read(self, partition) -> Iterator[pa.RecordBatch]:
@@ -205,21 +216,21 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if not done or lease is None:
             return
         admin, _ = self._connect()
-        try:
-            admin.release_lease(lease, done)  # idempotent: a late or second commit finds nothing held
+        try:  # idempotent: a late or second commit finds nothing held
+            admin.release_lease(lease.lease_id, done, owner=lease.owner)
         except errors.KvLeaseError as exc:  # the data is committed; unrenewed, the lease expires by itself
             log.warning("could not release lease %s after its bootstrap committed (it expires within "
-                        "lease.duration): %s", lease, exc)
-        if self._renewer is not None and self._renewer.lease_id == lease:
+                        "lease.duration): %s", lease.lease_id, exc)
+        if self._renewer is not None and self._renewer.lease == lease:
             self._renewer.stop()
             self._renewer = None
 
     # -- the lease -------------------------------------------------------------------------------
 
-    def _renew(self, lease: str, snapshots: dict[int, int]) -> None:
+    def _renew(self, lease: LeaseRef, snapshots: dict[int, int]) -> None:
         """Make sure ``lease`` holds ``snapshots`` now, and keep renewing it until the bootstrap commits."""
         admin, _ = self._connect()
-        if self._renewer is None or self._renewer.lease_id != lease or not self._renewer.alive:
+        if self._renewer is None or self._renewer.lease != lease or not self._renewer.alive:
             ensure_lease(admin, self.ctx.table, lease, snapshots, self.options.lease_duration_ms)
             if self._renewer is not None:
                 self._renewer.stop()
@@ -228,36 +239,37 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             raise self._renewer.lost
 
 
-def ensure_lease(admin: AdminClient, table, lease: str, snapshots: dict[int, int], duration_ms: int) -> None:
+def ensure_lease(admin: AdminClient, table, lease: LeaseRef, snapshots: dict[int, int], duration_ms: int) -> None:
     """Renew ``lease``; if it expired, acquire the same snapshots under the same id again. Raises
-    :class:`LeaseLostError` naming the lease if any of them is gone."""
+    :class:`LeaseLostError` naming the lease if any of them is gone, LeaseOwnedError if another reader
+    took the lease id meanwhile."""
     wanted = {TableBucket(table.table_id, b): s for b, s in snapshots.items()}
     try:
-        admin.renew_lease(lease, duration_ms)
+        admin.renew_lease(lease.lease_id, duration_ms, owner=lease.owner)
         return
     except errors.LeaseNotFoundError:
         pass
-    result = admin.acquire_lease(lease, wanted, duration_ms)
+    result = admin.acquire_lease(lease.lease_id, wanted, duration_ms, owner=lease.owner)
     if result.unavailable:
         if result.acquired:  # a bootstrap missing some snapshots cannot resume: hold nothing
-            admin.release_lease(lease, list(result.acquired))
+            admin.release_lease(lease.lease_id, list(result.acquired), owner=lease.owner)
         gone = ", ".join(f"bucket {tb.bucket} snapshot {s}" for tb, s in sorted(result.unavailable.items()))
         raise LeaseLostError(
-            f"table {table.path}: lease {lease} of this streaming query expired and its snapshots were reclaimed "
-            f"({gone}); the bootstrap cannot resume: start the query again with a new checkpoint location",
-            lease_id=lease, table=table.path)
+            f"table {table.path}: lease {lease.lease_id} of this streaming query expired and its snapshots were "
+            f"reclaimed ({gone}); the bootstrap cannot resume: start the query again with a new checkpoint location",
+            lease_id=lease.lease_id, table=table.path)
 
 
 class Renewer:
     """A daemon thread renewing a lease every third of its duration until stopped."""
 
-    def __init__(self, admin: AdminClient, lease_id: str, duration_ms: int) -> None:
-        self.lease_id = lease_id
+    def __init__(self, admin: AdminClient, lease: LeaseRef, duration_ms: int) -> None:
+        self.lease = lease
         self.lost: errors.KvLeaseError | None = None
         self._admin = admin
         self._duration_ms = duration_ms
         self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"kvlease-renew-{lease_id}", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"kvlease-renew-{lease.lease_id}", daemon=True)
         self._thread.start()
 
     @property
@@ -270,28 +282,40 @@ class Renewer:
     def _run(self) -> None:
         while not self._stopped.wait(self._duration_ms / 3000.0):
             try:
-                self._admin.renew_lease(self.lease_id, self._duration_ms)
-            except errors.LeaseNotFoundError as exc:
+                self._admin.renew_lease(self.lease.lease_id, self._duration_ms, owner=self.lease.owner)
+            except (errors.LeaseNotFoundError, errors.LeaseOwnedError) as exc:
                 self.lost = exc
-                log.error("lease %s expired before its bootstrap was committed: %s", self.lease_id, exc)
+                log.error("lease %s expired before its bootstrap was committed: %s", self.lease.lease_id, exc)
                 return
             except errors.KvLeaseError as exc:  # transient: try again next period
-                log.warning("renewing lease %s failed, trying again: %s", self.lease_id, exc)
+                log.warning("renewing lease %s failed, trying again: %s", self.lease.lease_id, exc)
 
 
 # -- offsets as JSON ---------------------------------------------------------------------------------
 
 
-def _offset(lease: str | None, buckets: dict[int, tuple[int, int]], table_id: int) -> dict:
-    return {"table": table_id, "lease": lease,
-            "buckets": {str(b): {"snapshot": s, "offset": o} for b, (s, o) in sorted(buckets.items())}}
+def _offset(lease: LeaseRef | None, buckets: dict[int, tuple[int, int]], table_id: int) -> dict:
+    doc: dict = {"table": table_id, "lease": None if lease is None else lease.lease_id}
+    if lease is not None and lease.owner is not None:
+        doc["owner"] = lease.owner
+    doc["buckets"] = {str(b): {"snapshot": s, "offset": o} for b, (s, o) in sorted(buckets.items())}
+    return doc
 
 
-def _parse(offset: dict) -> tuple[int | None, str | None, dict[int, tuple[int, int]]]:
+def _named(lease: LeaseRef | None) -> LeaseRef:
+    """The lease of an offset that bootstraps buckets (InvalidRequestError if it names none)."""
+    if lease is None:
+        raise errors.InvalidRequestError("not a kvlease streaming offset: it bootstraps buckets but names no lease")
+    return lease
+
+
+def _parse(offset: dict) -> tuple[int | None, LeaseRef | None, dict[int, tuple[int, int]]]:
     """``(table id or None if the offset predates it, lease, buckets)``."""
     try:
         table_id = offset.get("table")
-        return (None if table_id is None else int(table_id), offset.get("lease"),
+        lease_id, owner = offset.get("lease"), offset.get("owner")
+        lease = None if lease_id is None else LeaseRef(str(lease_id), None if owner is None else str(owner))
+        return (None if table_id is None else int(table_id), lease,
                 {int(b): (int(v["snapshot"]), int(v["offset"])) for b, v in offset["buckets"].items()})
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise errors.InvalidRequestError(f"not a kvlease streaming offset: {offset!r} ({exc})") from None

@@ -60,17 +60,17 @@ class Harness:
         return out
 
     # event builders (time = the harness clock)
-    def acquire(self, lease_id: str, snaps: dict, duration: int = 10_000) -> Acquire:
-        return Acquire(lease_id, dict(snaps), duration, self.now, event_id=self.next_id())
+    def acquire(self, lease_id: str, snaps: dict, duration: int = 10_000, *, owner: str | None = None) -> Acquire:
+        return Acquire(lease_id, dict(snaps), duration, self.now, owner, event_id=self.next_id())
 
-    def renew(self, lease_id: str, duration: int = 10_000) -> Renew:
-        return Renew(lease_id, duration, self.now, event_id=self.next_id())
+    def renew(self, lease_id: str, duration: int = 10_000, *, owner: str | None = None) -> Renew:
+        return Renew(lease_id, duration, self.now, owner, event_id=self.next_id())
 
-    def release(self, lease_id: str, *buckets: TableBucket) -> Release:
-        return Release(lease_id, frozenset(buckets), self.now, event_id=self.next_id())
+    def release(self, lease_id: str, *buckets: TableBucket, owner: str | None = None) -> Release:
+        return Release(lease_id, frozenset(buckets), self.now, owner, event_id=self.next_id())
 
-    def drop(self, lease_id: str) -> Drop:
-        return Drop(lease_id, self.now, event_id=self.next_id())
+    def drop(self, lease_id: str, *, owner: str | None = None) -> Drop:
+        return Drop(lease_id, self.now, owner, event_id=self.next_id())
 
     def run(self, event: object) -> list[object]:
         """Handle the event and complete every write it asks for; all instructions in order."""
@@ -80,9 +80,9 @@ class Harness:
             result.extend(self.handle(WriteDone(write.write_id)))
         return result
 
-    def lease(self, lease_id: str, snaps: dict, duration: int = 10_000) -> Lease:
+    def lease(self, lease_id: str, snaps: dict, duration: int = 10_000, *, owner: str | None = None) -> Lease:
         """Acquire and complete; the lease as stored."""
-        out = self.run(self.acquire(lease_id, snaps, duration))
+        out = self.run(self.acquire(lease_id, snaps, duration, owner=owner))
         assert reply_of(out).error is None, out
         return self.state.get(lease_id)
 

@@ -225,6 +225,7 @@ def assert_served_as_persisted(served: list[Lease], zk, storage) -> None:
         stored = persisted[lease_id]
         assert dict(lease.buckets) == dict(stored.buckets), f"lease {lease_id}: buckets differ"
         assert lease.expiration_time == stored.expiration_time, f"lease {lease_id}: deadline differs"
+        assert lease.owner == stored.owner, f"lease {lease_id}: owner differs"
 
 
 def _render(value: Any) -> Any:

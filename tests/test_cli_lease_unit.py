@@ -60,16 +60,16 @@ class FakeAdmin:
         handle = SnapshotHandle(TableBucket(7, 0), 5, 10, "m")
         return {handle.bucket: admin.SnapshotInfo(handle)}
 
-    def acquire_lease(self, lease_id, snapshots, duration_ms):
+    def acquire_lease(self, lease_id, snapshots, duration_ms, *, owner=None):
         acquired = {tb: sid for tb, sid in snapshots.items() if tb.bucket == 0}
         unavailable = {tb: sid for tb, sid in snapshots.items() if tb.bucket != 0}
-        self.leases[lease_id] = Lease(lease_id, 1000 + duration_ms, acquired)
+        self.leases[lease_id] = Lease(lease_id, 1000 + duration_ms, acquired, owner=owner)
         return admin.AcquireResult(lease_id, 1000 + duration_ms, acquired, unavailable)
 
-    def renew_lease(self, lease_id, duration_ms):
+    def renew_lease(self, lease_id, duration_ms, *, owner=None):
         raise errors.LeaseNotFoundError(f"lease {lease_id} not found")
 
-    def release_lease(self, lease_id, buckets):
+    def release_lease(self, lease_id, buckets, *, owner=None):
         """L1 holds buckets 0 and 1 of db.t; any other lease is unknown."""
         buckets = list(buckets)
         self.released = buckets
@@ -92,6 +92,17 @@ def test_acquire_json(fake_admin):
     assert doc == {"lease_id": "L1", "expiration_time": 601_000,
                    "acquired": [{"table": "db.t", "bucket": 0, "snapshot_id": 5}],
                    "unavailable": [{"table": "db.t", "bucket": 1, "snapshot_id": 9}]}
+
+
+def test_acquire_passes_its_owner_and_refuses_a_bad_one_before_sending(fake_admin):
+    args = ("--bootstrap", "127.0.0.1:1", "lease", "acquire", "L1", "--table", "db.t", "--snapshot", "0=5",
+            "--duration", "10m")
+    assert run(*args, "--owner", "job-7").exit_code == 0
+    assert FakeAdmin.last.leases["L1"].owner == "job-7"
+    assert run(*args).exit_code == 0
+    assert FakeAdmin.last.leases["L1"].owner is None
+    bad = run(*args, "--owner", "a/b")
+    assert bad.exit_code == 2 and "bad lease owner 'a/b'" in bad.output
 
 
 def test_acquire_latest_reports_buckets_without_snapshot(fake_admin):

@@ -265,9 +265,10 @@ def test_documents_match_the_design():
                    "acquired": [{"table": "db.t", "bucket": 0, "snapshot_id": 3}],
                    "unavailable": [{"table": "db.t", "bucket": 1, "snapshot_id": 4}]}
     lease = Lease("L1", 5, {tb1: 4, tb0: 3, TableBucket(8, 0): 1})
-    assert out.lease_doc(lease, names) == {"lease_id": "L1", "expiration_time": 5, "buckets": [
+    assert out.lease_doc(lease, names) == {"lease_id": "L1", "expiration_time": 5, "owner": None, "buckets": [
         {"table": "db.t", "bucket": 0, "snapshot_id": 3}, {"table": "db.t", "bucket": 1, "snapshot_id": 4},
         {"table": "#8", "bucket": 0, "snapshot_id": 1}]}
+    assert out.lease_doc(Lease("L2", 5, {tb0: 3}, owner="job-1"), names)["owner"] == "job-1"
     assert out.leases_doc([lease], names)["leases"][0]["lease_id"] == "L1"
     snap = admin.SnapshotInfo(SnapshotHandle(tb0, 3, 10, "kv/7/0/snap-3/_METADATA"), ("L1",), True)
     assert out.snapshots_doc("db.t", [snap]) == {"table": "db.t", "snapshots": [

@@ -45,6 +45,7 @@ PINNED = {
     "AUTHENTICATION_FAILED": 28,
     "USER_ALREADY_EXISTS": 29,
     "ZOOKEEPER_UNAVAILABLE": 30,
+    "LEASE_OWNED": 31,
 }
 
 #: The exception class each code decodes to.
@@ -79,6 +80,7 @@ CLASSES = {
     ErrorCode.AUTHENTICATION_FAILED: errors.AuthenticationFailedError,
     ErrorCode.USER_ALREADY_EXISTS: errors.UserAlreadyExistsError,
     ErrorCode.ZOOKEEPER_UNAVAILABLE: errors.ZooKeeperUnavailableError,
+    ErrorCode.LEASE_OWNED: errors.LeaseOwnedError,
 }
 
 

@@ -240,6 +240,62 @@ def test_the_failover_grace_is_persisted_and_not_granted_again(coordinators, per
         assert leased_by(client, tb) == ("long",)
 
 
+# -- owners: one reader per lease id, across retries and failovers ------------------------------------------
+
+
+def test_an_owned_lease_is_refused_to_another_owner_before_and_after_a_failover(coordinators, persisted):
+    first = coordinators.start()
+    assert coordinators.active() is first
+    second = coordinators.start()  # a standby: its mirror carries the owner
+    with AdminClient([first.address], retry_total_s=10) as client:
+        table = client.create_table("db.t", [Column("id", "BIGINT")], ["id"], 2)
+        tb0, tb1 = (TableBucket(table.table_id, b) for b in range(2))
+        for tb in (tb0, tb1):
+            commit_snapshot(client, tb, 1, 10)
+            commit_snapshot(client, tb, 2, 20)
+        acquired = client.acquire_lease("L", {tb0: 1}, 600_000, owner="stream-1")
+        # the answer was lost: the retry has the same outcome
+        retried = client.acquire_lease("L", {tb0: 1}, 600_000, owner="stream-1")
+        assert (retried.acquired, retried.unavailable) == (acquired.acquired, acquired.unavailable) == ({tb0: 1}, {})
+        with pytest.raises(errors.LeaseOwnedError, match="lease 'L' belongs to the reader with owner token "
+                                                         "'stream-1'"):
+            client.acquire_lease("L", {tb0: 2, tb1: 2}, 600_000, owner="batch-9")
+        with pytest.raises(errors.LeaseOwnedError):
+            client.acquire_lease("L", {tb0: 2}, 600_000)  # no owner: not the owner either
+        assert client.release_lease("L", [tb0], owner="batch-9") == ReleaseResult("L", False, False)
+        assert client.drop_lease("L", owner="batch-9") is False
+        stored = persisted()["L"]
+        assert (stored.owner, dict(stored.buckets)) == ("stream-1", {tb0: 1})
+        assert client.describe_lease("L").owner == "stream-1"
+
+    first.stop()
+    assert coordinators.active() is second
+    with AdminClient([second.address], retry_total_s=10) as client:
+        assert client.describe_lease("L").owner == "stream-1"
+        with pytest.raises(errors.LeaseOwnedError):
+            client.acquire_lease("L", {tb1: 2}, 600_000, owner="batch-9")
+        assert client.acquire_lease("L", {tb1: 2}, 600_000, owner="stream-1").acquired == {tb1: 2}
+        assert dict(client.describe_lease("L").buckets) == {tb0: 1, tb1: 2}
+        assert client.drop_lease("L") is True  # the operator's drop: any lease
+        assert client.drop_lease("L") is False  # retried
+        assert client.acquire_lease("L", {tb0: 2}, 600_000, owner="batch-9").acquired == {tb0: 2}
+        assert persisted()["L"].owner == "batch-9"
+
+
+def test_cli_acquire_of_another_readers_lease_fails_naming_it(active, client, tbs, persisted):
+    client.acquire_lease("L", {tbs[0]: 1}, 60_000, owner="spark-7")
+    cli = ("--bootstrap", active.address, "lease", "acquire", "L", "--table", "db.t", "--snapshot", "1=1",
+           "--duration", "1m")
+    message = assert_one_line_error(run(*cli))
+    assert "lease 'L' belongs to the reader with owner token 'spark-7'" in message
+    assert "kvlease lease drop L" in message
+    mine = run(*cli, "--owner", "spark-7", "--json")
+    assert mine.exit_code == 0, mine.output
+    shown = run("--bootstrap", active.address, "lease", "describe", "L", "--json")
+    assert json.loads(shown.stdout)["owner"] == "spark-7"
+    assert dict(persisted()["L"].buckets) == {tbs[0]: 1, tbs[1]: 1}
+
+
 # -- the CLI -----------------------------------------------------------------------------------------------
 
 

@@ -67,7 +67,7 @@ def test_a_snapshot_subsumed_between_get_and_acquire_is_retried(cluster):
         naps = []
         with StaleAdmin([cluster.coordinator.address], old, stale=2) as admin:
             held = acquire_latest(admin, client.table, "L1", options(lease_acquire_max_attempts="5"),
-                                  sleep=naps.append)
+                                  owner="o1", sleep=naps.append)
         assert {b: info.snapshot_id for b, info in held.items()} == {tb.bucket: s.snapshot_id for tb, s in new.items()}
         assert len(naps) == 2 and all(0 < n <= 30 for n in naps)
         assert dict(cluster.admin.describe_lease("L1").buckets) == {tb: s.snapshot_id for tb, s in new.items()}
@@ -81,7 +81,7 @@ def test_a_snapshot_that_never_becomes_available_fails_clearly_within_the_bound(
             started = time.monotonic()
             with pytest.raises(SnapshotUnavailableError) as info:
                 acquire_latest(admin, client.table, "L2", options(lease_acquire_max_attempts="1000",
-                                                                  lease_acquire_max_wait="1s"))
+                                                                  lease_acquire_max_wait="1s"), owner="o2")
             elapsed = time.monotonic() - started
             assert 1 < admin.asked < 1000
         assert elapsed < 5
@@ -91,7 +91,8 @@ def test_a_snapshot_that_never_becomes_available_fails_clearly_within_the_bound(
 
         with StaleAdmin([cluster.coordinator.address], old, stale=None) as admin:
             with pytest.raises(SnapshotUnavailableError, match=r"after 3 attempt"):
-                acquire_latest(admin, client.table, "L3", options(lease_acquire_max_attempts="3"), sleep=lambda s: None)
+                acquire_latest(admin, client.table, "L3", options(lease_acquire_max_attempts="3"), owner="o3",
+                               sleep=lambda s: None)
             assert admin.asked == 3
 
 
@@ -102,7 +103,7 @@ def test_a_split_read_after_its_snapshot_was_released_and_reclaimed_fails_clearl
         client.trigger_snapshot()
         storage = cluster.admin.coordinator_info().remote_storage()
         ctx = ReadContext((cluster.coordinator.address,), client.table, storage, ("id",))
-        (split,) = plan_bootstrap(cluster.admin, client, options(), "L4", release=True)
+        (split,) = plan_bootstrap(cluster.admin, client, options(), "L4", owner="o4", release=True)
         assert isinstance(split, HybridSplit)
         first = sum(b.num_rows for b in read_split(ctx, split))
         assert first == 30
@@ -128,7 +129,7 @@ def test_a_split_leaves_no_temp_dir_after_success_failure_or_an_early_stop(clust
         client.upsert([row(i, 1) for i in range(10)])
         storage = cluster.admin.coordinator_info().remote_storage()
         ctx = ReadContext((cluster.coordinator.address,), client.table, storage, ("id", "_log_offset"))
-        (split,) = plan_bootstrap(cluster.admin, client, options(), "L5", release=False)
+        (split,) = plan_bootstrap(cluster.admin, client, options(), "L5", owner="o5", release=False)
 
         seen_dirs = []
         batches = read_split(ctx, split)

@@ -9,7 +9,7 @@ from common.tables import Column, TableInfo
 from spark_source import options as opts
 from spark_source.batch import BatchReader
 from spark_source.splits import ReadContext
-from spark_source.stream import StreamReader, _limited, _offset, _parse
+from spark_source.stream import LeaseRef, StreamReader, _limited, _offset, _parse
 from spark_source.writer import DELETE, SKIP, UPSERT, _runs
 
 pytestmark = pytest.mark.unit
@@ -121,11 +121,14 @@ def test_retry_timeout_goes_to_the_clients_of_the_driver_and_the_executors():
 
 
 def test_offsets_round_trip_and_bad_offsets_are_refused():
-    offset = _offset("L", {1: (4, 10), 0: (-1, -1)}, 7)
-    assert offset == {"table": 7, "lease": "L", "buckets": {"0": {"snapshot": -1, "offset": -1},
-                                                            "1": {"snapshot": 4, "offset": 10}}}
-    assert _parse(offset) == (7, "L", {0: (-1, -1), 1: (4, 10)})
-    assert _parse({"lease": "L", "buckets": {"0": {"snapshot": -1, "offset": 3}}}) == (None, "L", {0: (-1, 3)})
+    offset = _offset(LeaseRef("L", "o1"), {1: (4, 10), 0: (-1, -1)}, 7)
+    assert offset == {"table": 7, "lease": "L", "owner": "o1", "buckets": {"0": {"snapshot": -1, "offset": -1},
+                                                                           "1": {"snapshot": 4, "offset": 10}}}
+    assert _parse(offset) == (7, LeaseRef("L", "o1"), {0: (-1, -1), 1: (4, 10)})
+    # written before offsets named their table, or their lease's owner (an unowned lease)
+    assert _parse({"lease": "L", "buckets": {"0": {"snapshot": -1, "offset": 3}}}) == \
+        (None, LeaseRef("L", None), {0: (-1, 3)})
+    assert _parse(_offset(None, {0: (-1, 3)}, 7)) == (7, None, {0: (-1, 3)})
     with pytest.raises(opts.InvalidRequestError, match="not a kvlease streaming offset"):
         _parse({"lease": "L", "buckets": {"0": {"offset": 3}}})
 
@@ -133,14 +136,14 @@ def test_offsets_round_trip_and_bad_offsets_are_refused():
 def test_a_stream_refuses_offsets_of_another_table():
     two_buckets = TableInfo(7, "shop", "orders", (Column("id", "BIGINT"),), ("id",), 2)
     stream = StreamReader(None, ReadContext((), two_buckets, None, ("id",)))
-    mine = stream._offset("L", {0: (-1, 3), 1: (-1, 5)})
-    assert stream._parse(mine) == ("L", {0: (-1, 3), 1: (-1, 5)})
+    mine = stream._offset(LeaseRef("L", "o"), {0: (-1, 3), 1: (-1, 5)})
+    assert stream._parse(mine) == (LeaseRef("L", "o"), {0: (-1, 3), 1: (-1, 5)})
     dropped = {**mine, "table": 6}  # the table was dropped and created again: a new id
     with pytest.raises(opts.InvalidRequestError, match="written for table id 6, but table shop.orders is now "
                                                        "table id 7"):
         stream._parse(dropped)
     old_format = {"lease": "L", "buckets": mine["buckets"]}  # written before offsets named their table
-    assert stream._parse(old_format) == ("L", {0: (-1, 3), 1: (-1, 5)})
+    assert stream._parse(old_format) == (LeaseRef("L", None), {0: (-1, 3), 1: (-1, 5)})
     with pytest.raises(opts.InvalidRequestError, match=r"has buckets \[0, 1, 2, 3\], but table shop.orders has "
                                                        r"buckets 0..1"):
         stream._parse({"lease": None, "buckets": {str(b): {"snapshot": -1, "offset": 0} for b in range(4)}})

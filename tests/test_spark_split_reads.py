@@ -24,7 +24,7 @@ def plan(kv, lease_id: str) -> tuple[ReadContext, list]:
     storage = kv.admin.coordinator_info(kv.admin.address).remote_storage()
     columns = tuple(f.name for f in table_schema(info, with_changes=True).fields)
     with TableClient(kv.admin, info.table_id) as table:
-        splits = plan_bootstrap(kv.admin, table, options, lease_id, release=True)
+        splits = plan_bootstrap(kv.admin, table, options, lease_id, owner=f"{lease_id}-owner", release=True)
     return ReadContext(options.bootstrap, info, storage, columns), splits
 
 

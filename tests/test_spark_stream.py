@@ -274,7 +274,9 @@ def test_a_lease_id_names_one_reader_at_a_time(spark, kv, tmp_path):
         client.upsert([row(i, 1) for i in range(50)])
         client.trigger_snapshot()  # newer snapshots, which a second reader would lease
 
-    refused = r"option 'lease.id': lease shared is held by another reader"
+    owner = kv.admin.describe_lease("shared").owner  # the query's, kept in its checkpoint's offsets
+    assert owner
+    refused = rf"option 'lease.id': lease 'shared' belongs to the reader with owner token '{owner}'"
     batch = spark.read.format("kvlease").option("bootstrap", kv.coordinator.address) \
         .option("table", "shop.orders").option("lease.id", "shared").load()
     with pytest.raises(Exception, match=refused):

@@ -8,7 +8,13 @@ from common import errors
 from common.model import TableBucket
 from ops import output as out
 from ops.cli.app import State, catch_errors, common_options, kvlease, pass_state
-from ops.cli.values import LEASE_ID, POSITIVE_DURATION, BucketList, BucketSnapshot, table_path
+from ops.cli.values import LEASE_ID, LEASE_OWNER, POSITIVE_DURATION, BucketList, BucketSnapshot, table_path
+
+#: ``--owner``: the reader a lease belongs to (see "Lease owners" in the README)
+owner_option = click.option(
+    "--owner", type=LEASE_OWNER, default=None, metavar="TOKEN",
+    help="This reader's owner token: a lease owned by another token is left alone (acquire and renew fail, "
+         "release and drop find no lease); a new lease belongs to it. Default: none (an unowned lease).")
 
 
 @kvlease.group("lease")
@@ -23,11 +29,12 @@ def lease_group() -> None:
               help="Bucket and snapshot to hold, B=ID; repeat for more buckets.")
 @click.option("--latest", is_flag=True, help="Hold the latest snapshot of every bucket.")
 @click.option("--duration", type=POSITIVE_DURATION, required=True, help="Lease duration from now, e.g. 10m.")
+@owner_option
 @common_options
 @pass_state
 @catch_errors
 def lease_acquire(state: State, lease_id: str, path: str, snapshots: tuple[tuple[int, int], ...], latest: bool,
-                  duration: int) -> None:
+                  duration: int, owner: str | None) -> None:
     """Create or update a lease on snapshots of a table."""
     if bool(snapshots) == latest:
         raise click.UsageError("give either --snapshot B=ID (one or more) or --latest")
@@ -45,7 +52,7 @@ def lease_acquire(state: State, lease_id: str, path: str, snapshots: tuple[tuple
             raise errors.SnapshotNotFoundError(f"table {info.path} has no snapshot in any bucket yet; nothing to lease")
     else:
         wanted = {TableBucket(info.table_id, b): sid for b, sid in snapshots}
-    result = state.client.acquire_lease(lease_id, wanted, duration)
+    result = state.client.acquire_lease(lease_id, wanted, duration, owner=owner)
     names = {info.table_id: info.path}
     state.output.acquired(out.acquire_doc(result.lease_id, result.expiration_time, result.acquired,
                                           result.unavailable, names, no_snapshot))
@@ -54,12 +61,13 @@ def lease_acquire(state: State, lease_id: str, path: str, snapshots: tuple[tuple
 @lease_group.command("renew")
 @click.argument("lease_id", type=LEASE_ID)
 @click.option("--duration", type=POSITIVE_DURATION, required=True, help="New duration from now, e.g. 10m.")
+@owner_option
 @common_options
 @pass_state
 @catch_errors
-def lease_renew(state: State, lease_id: str, duration: int) -> None:
+def lease_renew(state: State, lease_id: str, duration: int, owner: str | None) -> None:
     """Move a lease's expiration to now + duration (never creates a lease)."""
-    expiration = state.client.renew_lease(lease_id, duration)
+    expiration = state.client.renew_lease(lease_id, duration, owner=owner)
     state.output.message(f"lease {lease_id} expires {out.format_time_ms(expiration)}",
                          {"lease_id": lease_id, "expiration_time": expiration})
 
@@ -69,10 +77,11 @@ def lease_renew(state: State, lease_id: str, duration: int) -> None:
 @click.option("--table", "path", required=True, metavar="DB.NAME", callback=table_path)
 @click.option("--bucket", "buckets", type=BucketList(), multiple=True, required=True,
               help="Bucket(s) to free: repeat, or B,B,….")
+@owner_option
 @common_options
 @pass_state
 @catch_errors
-def lease_release(state: State, lease_id: str, path: str, buckets: tuple[list[int], ...]) -> None:
+def lease_release(state: State, lease_id: str, path: str, buckets: tuple[list[int], ...], owner: str | None) -> None:
     """Free some buckets of a lease; a lease left empty disappears.
 
     Safe to repeat: buckets the lease does not hold, or no such lease, are not
@@ -80,7 +89,7 @@ def lease_release(state: State, lease_id: str, path: str, buckets: tuple[list[in
     """
     info = state.client.get_table(path)
     numbers = sorted({b for group in buckets for b in group})
-    result = state.client.release_lease(lease_id, [TableBucket(info.table_id, b) for b in numbers])
+    result = state.client.release_lease(lease_id, [TableBucket(info.table_id, b) for b in numbers], owner=owner)
     named = f"{info.path} bucket(s) {', '.join(map(str, numbers))}"
     if result.released:
         text = f"released {named} from lease {lease_id}"
@@ -88,20 +97,22 @@ def lease_release(state: State, lease_id: str, path: str, buckets: tuple[list[in
     elif result.lease_remains:
         text = f"lease {lease_id} holds none of {named}: nothing released"
     else:
-        text = f"no lease {lease_id} (nothing to release)"
+        text = f"no lease {lease_id}{' of owner ' + owner if owner else ''} (nothing to release)"
     state.output.message(text, {"lease_id": lease_id, "table": info.path, "buckets": numbers,
                                 "released": result.released, "lease_remains": result.lease_remains})
 
 
 @lease_group.command("drop")
 @click.argument("lease_id", type=LEASE_ID)
+@owner_option
 @common_options
 @pass_state
 @catch_errors
-def lease_drop(state: State, lease_id: str) -> None:
-    """Free every bucket of a lease (release all)."""
-    dropped = state.client.drop_lease(lease_id)
-    text = f"dropped lease {lease_id}" if dropped else f"no lease {lease_id} (nothing to drop)"
+def lease_drop(state: State, lease_id: str, owner: str | None) -> None:
+    """Free every bucket of a lease (release all), whoever owns it unless --owner is given."""
+    dropped = state.client.drop_lease(lease_id, owner=owner)
+    text = (f"dropped lease {lease_id}" if dropped
+            else f"no lease {lease_id}{' of owner ' + owner if owner else ''} (nothing to drop)")
     state.output.message(text, {"lease_id": lease_id, "dropped": dropped})
 
 

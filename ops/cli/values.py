@@ -20,7 +20,7 @@ import click
 from common import config as cfg
 from common import errors
 from common.codec_arrays import INT_RANGE
-from common.model import lease_id_problem
+from common.model import lease_id_problem, lease_owner_problem
 from common.tables import TableInfo, parse_table_path
 
 
@@ -75,6 +75,18 @@ class LeaseId(click.ParamType):
 
     def convert(self, value: Any, param, ctx) -> str:
         problem = lease_id_problem(value)
+        if problem is not None:
+            self.fail(problem, param, ctx)
+        return value
+
+
+class LeaseOwner(click.ParamType):
+    """A lease owner token: the characters of a lease id (:func:`common.model.lease_owner_problem`)."""
+
+    name = "owner"
+
+    def convert(self, value: Any, param, ctx) -> str:
+        problem = lease_owner_problem(value)
         if problem is not None:
             self.fail(problem, param, ctx)
         return value
@@ -145,6 +157,7 @@ class EpochMs(click.ParamType):
 DURATION = Duration()
 POSITIVE_DURATION = Duration(positive=True)
 LEASE_ID = LeaseId()
+LEASE_OWNER = LeaseOwner()
 EPOCH_MS = EpochMs()
 
 
