@@ -123,13 +123,21 @@ class BucketFiles:
 
     def offsets(self) -> tuple[int, int, int]:
         """``(start, end, applied)`` of the changelog and RocksDB; a parked bucket answers from memory."""
+        known = self.known_offsets()
+        if known is not None:
+            return known
+        with self.use() as (changelog, kv):
+            return changelog.start_offset, changelog.end_offset, kv.applied_offset
+
+    def known_offsets(self) -> tuple[int, int, int] | None:
+        """:meth:`offsets` if they are known without opening anything (open, or parked); else None
+        (never opened since the server started, failed, or closed)."""
         with self._lock:
             if self.kv is not None:
                 return self.changelog.start_offset, self.changelog.end_offset, self.kv.applied_offset
             if self._offsets is not None and self.failure is None and not self.closed:
                 return self._offsets
-        with self.use() as (changelog, kv):
-            return changelog.start_offset, changelog.end_offset, kv.applied_offset
+        return None
 
     # --- use ----------------------------------------------------------------------------------
 

@@ -33,6 +33,9 @@ class Health:
     open_fds: int
     max_fds: int
     problems: tuple[str, ...]
+    #: the most changelog records of one bucket not yet in a committed snapshot (of the buckets whose
+    #: offsets are known without opening them); a reader bootstrapping it replays that many
+    snapshot_lag_records: int = 0
 
     @property
     def healthy(self) -> bool:
@@ -67,7 +70,17 @@ def health(replicas: ReplicaManager) -> Health:
                   capacity=replicas.max_buckets, open_buckets=len(replicas.budget),
                   max_open_buckets=replicas.budget.capacity,
                   recovering=sum(not r.store.files.known for r in led), parked_total=replicas.budget.parked,
-                  open_fds=fds, max_fds=limit, problems=tuple(problems))
+                  open_fds=fds, max_fds=limit, problems=tuple(problems), snapshot_lag_records=snapshot_lag(led))
+
+
+def snapshot_lag(led: list) -> int:
+    """The most changelog records of one of ``led`` not in its last committed snapshot (0: none)."""
+    lag = 0
+    for replica in led:
+        offsets = replica.store.files.known_offsets()
+        if offsets is not None:
+            lag = max(lag, offsets[1] - max(replica.snapshot_offset, 0))
+    return lag
 
 
 class HealthCollector:
@@ -93,7 +106,9 @@ class HealthCollector:
                  h.max_open_buckets),
                 ("kvlease_tablet_buckets_recovering", "buckets not opened since the server started", h.recovering),
                 ("kvlease_tablet_open_fds", "file descriptors open", h.open_fds),
-                ("kvlease_tablet_max_fds", "the open-file limit", h.max_fds)):
+                ("kvlease_tablet_max_fds", "the open-file limit", h.max_fds),
+                ("kvlease_tablet_snapshot_lag_records", "the most changelog records of one bucket it leads not yet "
+                                                        "in a committed snapshot", h.snapshot_lag_records)):
             yield GaugeMetricFamily(name, text, value=value)
         yield CounterMetricFamily("kvlease_tablet_buckets_parked", "buckets whose files were closed while idle",
                                   value=h.parked_total)

@@ -101,7 +101,8 @@ def exported(metrics_port: int) -> set[str]:
 @pytest.fixture
 def cluster(make_config, tmp_path):
     def with_metrics(overrides=None, /, **more):
-        return make_config({"metrics.port": 0, **(overrides or {})}, **more)
+        # snapshots only when a test triggers one: the snapshot lag it reads does not move under it
+        return make_config({"metrics.port": 0, "kv.snapshot.interval": "1h", **(overrides or {})}, **more)
 
     c = LocalCluster(with_metrics, tmp_path, 1)
     yield c
@@ -128,8 +129,31 @@ def test_every_metric_the_dashboard_and_rules_name_is_exported_by_a_running_serv
     assert not unknown, f"named in deploy/monitoring/ but exported by no server: {unknown}"
     # the files cover what operators asked for: leases, failovers, tablet health, scanner sessions
     for name in ("kvlease_leases", "kvlease_leases_expired_total", "kvlease_coordinator_failovers_total",
-                 "kvlease_tablet_healthy", "kvlease_scanners_open"):
+                 "kvlease_tablet_healthy", "kvlease_scanners_open", "kvlease_tablet_snapshot_lag_records"):
         assert name in where, f"{name} is in neither the dashboard nor the rules"
+
+
+def gauge(metrics_port: int, name: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return next(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
+
+
+def test_the_snapshot_lag_counts_the_records_of_a_bucket_not_yet_in_a_snapshot(cluster):
+    cluster.create_table("db.lag", [Column("id", "BIGINT")], ["id"], 2)
+    port = cluster.tablets[1].metrics_port
+    with TableClient(cluster.admin, "db.lag", retry_total_s=10) as table:
+        table.upsert([{"id": i} for i in range(40)])
+        table.trigger_snapshot(wait=True)
+        assert gauge(port, "kvlease_tablet_snapshot_lag_records") == 0
+        table.upsert([{"id": i} for i in range(30)])  # one changelog record per row, spread over 2 buckets
+        ends = table.list_offsets()
+        snapshotted = {tb.bucket: s.log_offset for tb, s in
+                       cluster.admin.get_latest_kv_snapshots(table.table.table_id).items()}
+        assert gauge(port, "kvlease_tablet_snapshot_lag_records") == max(
+            end - snapshotted[b] for b, (_start, end) in ends.items())
+        table.trigger_snapshot(wait=True)
+        assert gauge(port, "kvlease_tablet_snapshot_lag_records") == 0
 
 
 # -- the files' own shape (no servers) ----------------------------------------------------------------
