@@ -9,6 +9,7 @@ with jitter). Every failure is raised as a :mod:`common.errors` exception.
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 import threading
 from dataclasses import dataclass
@@ -150,6 +151,16 @@ def parse_bootstrap(bootstrap: str | Sequence[str]) -> list[str]:
     return addresses
 
 
+def _refuse_path(bootstrap) -> None:
+    """InvalidRequestError naming ``connect(cluster=…)`` if ``bootstrap`` is a path (a cluster directory)."""
+    if isinstance(bootstrap, os.PathLike) or (isinstance(bootstrap, str) and ("/" in bootstrap or
+                                                                             os.path.isdir(bootstrap))):
+        path = os.fspath(bootstrap)
+        raise errors.InvalidRequestError(
+            f"AdminClient({errors.show(path)}): a path, not coordinator addresses: for a cluster directory use "
+            f"kvlease.connect(cluster={path!r}).admin; AdminClient takes 'HOST:PORT[,HOST:PORT…]'")
+
+
 def _buckets(buckets):
     """``buckets`` (a mapping or a list), if every bucket is a TableBucket; else TypeError naming one."""
     wrong = next((b for b in buckets if not isinstance(b, TableBucket)), None)
@@ -175,10 +186,13 @@ class AdminClient:
     def __init__(self, bootstrap: str | Sequence[str], config: cfg.Config | None = None, *,
                  request_timeout_s: float | None = None, retry_total_s: float | None = None,
                  locate: Callable[[], str] | None = None) -> None:
-        """``locate`` (optional) names the active coordinator's address now (e.g. from
-        ZooKeeper); it is asked whenever the current address is unreachable."""
+        """``bootstrap``: coordinator addresses, ``"host:port[,host:port…]"`` or a list (a cluster directory
+        is refused: :func:`client.connect.connect` takes one). ``config``: TLS and credentials
+        (``security.*``), timeouts; ``locate`` (optional) names the active coordinator's address now
+        (e.g. from ZooKeeper); it is asked whenever the current address is unreachable."""
         config = config or cfg.Config(env={})
         self._locate = locate
+        _refuse_path(bootstrap)
         self._bootstrap = parse_bootstrap(bootstrap)
         self._address = self._bootstrap[0]
         self._next_bootstrap = 1
