@@ -310,6 +310,10 @@ class AdminClient:
 
     def create_table(self, path: str, columns: Sequence[Column], primary_key: Sequence[str], buckets: int,
                      ignore_if_exists: bool = False) -> TableInfo:
+        """Create table ``path`` (``DB.NAME``); returns it. ``columns``: :class:`common.tables.Column`
+        objects; ``primary_key``: column names; ``buckets``: how many. TableAlreadyExistError if it exists
+        (with ``ignore_if_exists``, only if its definition differs: an equal one is returned);
+        InvalidTableError for a bad definition."""
         db, name = parse_table_path(path)
         if isinstance(primary_key, str):  # list("id") would be the key ('i', 'd')
             raise errors.InvalidTableError(f"primary_key: a list of column names, e.g. [{errors.show(primary_key)}], not a "
@@ -339,14 +343,17 @@ class AdminClient:
         return True
 
     def list_tables(self, database: str = "") -> list[TableInfo]:
+        """Every table (of ``database`` only, if given)."""
         response = self._call("ListTables", pb.ListTablesRequest(database=database))
         return [table_from_pb(t) for t in response.tables]
 
     def get_table(self, path: str) -> TableInfo:
+        """The table ``DB.NAME``; TableNotExistError if there is none."""
         db, name = parse_table_path(path)
         return table_from_pb(self._call("GetTable", pb.GetTableRequest(database=db, name=name)).table)
 
     def get_table_by_id(self, table_id: int) -> TableInfo:
+        """The table with this id; TableNotExistError if there is none (e.g. it was dropped)."""
         return table_from_pb(self._call("GetTable", pb.GetTableRequest(table_id=table_id)).table)
 
     def get_table_assignment(self, table_id: int) -> tuple[TableInfo, dict[int, BucketLeader]]:
@@ -357,20 +364,26 @@ class AdminClient:
         return table_from_pb(response.table), leaders
 
     def list_tablet_servers(self) -> list[TabletServerInfo]:
+        """The live tablet servers: id, address and how many buckets each leads."""
         response = self._call("ListTabletServers", pb.ListTabletServersRequest())
         return [TabletServerInfo(s.id, s.address, s.buckets) for s in response.servers]
 
     # -- snapshots ----------------------------------------------------------------
 
     def commit_kv_snapshot(self, handle: SnapshotHandle) -> None:
+        """Record an uploaded snapshot as its bucket's latest (a tablet server's call; with security on, it
+        needs the cluster's own principal). Not retried after a lost answer: OutcomeUnknownError."""
         self._call("CommitKvSnapshot", pb.CommitKvSnapshotRequest(snapshot=handle_to_pb(handle)))
 
     def get_latest_kv_snapshots(self, table_id: int) -> dict[TableBucket, SnapshotInfo]:
+        """The newest snapshot of each bucket that has one (lease them before reading:
+        :meth:`acquire_lease`)."""
         response = self._call("GetLatestKvSnapshots", pb.GetLatestKvSnapshotsRequest(table_id=table_id))
         infos = (SnapshotInfo(handle_from_pb(s), tuple(s.leased_by), s.retained) for s in response.snapshots)
         return {info.bucket: info for info in infos}
 
     def list_kv_snapshots(self, table_id: int) -> list[SnapshotInfo]:
+        """Every kept snapshot of every bucket, with the leases that hold each."""
         response = self._call("ListKvSnapshots", pb.ListKvSnapshotsRequest(table_id=table_id))
         return [SnapshotInfo(handle_from_pb(s), tuple(s.leased_by), s.retained) for s in response.snapshots]
 
@@ -486,10 +499,12 @@ class AdminClient:
         return self._call("DropKvSnapshotLease", request).dropped
 
     def list_leases(self) -> list[Lease]:
+        """Every live lease, with its deadline and snapshots."""
         response = self._call("ListKvSnapshotLeases", pb.ListKvSnapshotLeasesRequest())
         return [lease_from_pb(lease) for lease in response.leases]
 
     def describe_lease(self, lease_id: str) -> Lease:
+        """The lease ``lease_id``; LeaseNotFoundError if it is unknown or past its deadline."""
         response = self._call("DescribeKvSnapshotLease", pb.DescribeKvSnapshotLeaseRequest(lease_id=lease_id))
         return lease_from_pb(response.lease)
 
@@ -512,6 +527,7 @@ class AdminClient:
         return self._security("RemoveUser", security_pb.RemoveUserRequest(name=name)).removed
 
     def list_users(self) -> list[str]:
+        """The user names (never their passwords)."""
         return list(self._security("ListUsers", security_pb.ListUsersRequest()).names)
 
     def add_acl(self, resource: Resource, principal: str, operation: Operation | str) -> bool:
