@@ -13,6 +13,8 @@ are the changelog: ``insert``, ``update_preimage``, ``update_postimage``, ``dele
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
 import spark_source  # import kvlease's packages first: they set gRPC up before anything imports grpc
 from client.connect import find_cluster
@@ -48,7 +50,10 @@ def main() -> None:
 
     from pyspark.sql import SparkSession
 
-    spark = SparkSession.builder.master("local[2]").appName("kvlease-tail").getOrCreate()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # Spark's Python workers: this Python, with kvlease
+    spark = (SparkSession.builder.master("local[2]").appName("kvlease-tail")
+             .config("spark.ui.showConsoleProgress", "false").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
     spark_source.register(spark)  # makes format("kvlease") known to this session
     query = start(spark, connection, args.table, args.out,
                   args.checkpoint or args.out.rstrip("/") + "-checkpoint", args.follow)
