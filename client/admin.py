@@ -9,6 +9,7 @@ with jitter). Every failure is raised as a :mod:`common.errors` exception.
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 import threading
 from dataclasses import dataclass
@@ -150,6 +151,16 @@ def parse_bootstrap(bootstrap: str | Sequence[str]) -> list[str]:
     return addresses
 
 
+def _refuse_path(bootstrap) -> None:
+    """InvalidRequestError naming ``connect(cluster=…)`` if ``bootstrap`` is a path (a cluster directory)."""
+    if isinstance(bootstrap, os.PathLike) or (isinstance(bootstrap, str) and ("/" in bootstrap or
+                                                                             os.path.isdir(bootstrap))):
+        path = os.fspath(bootstrap)
+        raise errors.InvalidRequestError(
+            f"AdminClient({errors.show(path)}): a path, not coordinator addresses: for a cluster directory use "
+            f"kvlease.connect(cluster={path!r}).admin; AdminClient takes 'HOST:PORT[,HOST:PORT…]'")
+
+
 def _buckets(buckets):
     """``buckets`` (a mapping or a list), if every bucket is a TableBucket; else TypeError naming one."""
     wrong = next((b for b in buckets if not isinstance(b, TableBucket)), None)
@@ -175,10 +186,13 @@ class AdminClient:
     def __init__(self, bootstrap: str | Sequence[str], config: cfg.Config | None = None, *,
                  request_timeout_s: float | None = None, retry_total_s: float | None = None,
                  locate: Callable[[], str] | None = None) -> None:
-        """``locate`` (optional) names the active coordinator's address now (e.g. from
-        ZooKeeper); it is asked whenever the current address is unreachable."""
+        """``bootstrap``: coordinator addresses, ``"host:port[,host:port…]"`` or a list (a cluster directory
+        is refused: :func:`client.connect.connect` takes one). ``config``: TLS and credentials
+        (``security.*``), timeouts; ``locate`` (optional) names the active coordinator's address now
+        (e.g. from ZooKeeper); it is asked whenever the current address is unreachable."""
         config = config or cfg.Config(env={})
         self._locate = locate
+        _refuse_path(bootstrap)
         self._bootstrap = parse_bootstrap(bootstrap)
         self._address = self._bootstrap[0]
         self._next_bootstrap = 1
@@ -296,6 +310,10 @@ class AdminClient:
 
     def create_table(self, path: str, columns: Sequence[Column], primary_key: Sequence[str], buckets: int,
                      ignore_if_exists: bool = False) -> TableInfo:
+        """Create table ``path`` (``DB.NAME``); returns it. ``columns``: :class:`common.tables.Column`
+        objects; ``primary_key``: column names; ``buckets``: how many. TableAlreadyExistError if it exists
+        (with ``ignore_if_exists``, only if its definition differs: an equal one is returned);
+        InvalidTableError for a bad definition."""
         db, name = parse_table_path(path)
         if isinstance(primary_key, str):  # list("id") would be the key ('i', 'd')
             raise errors.InvalidTableError(f"primary_key: a list of column names, e.g. [{errors.show(primary_key)}], not a "
@@ -325,14 +343,17 @@ class AdminClient:
         return True
 
     def list_tables(self, database: str = "") -> list[TableInfo]:
+        """Every table (of ``database`` only, if given)."""
         response = self._call("ListTables", pb.ListTablesRequest(database=database))
         return [table_from_pb(t) for t in response.tables]
 
     def get_table(self, path: str) -> TableInfo:
+        """The table ``DB.NAME``; TableNotExistError if there is none."""
         db, name = parse_table_path(path)
         return table_from_pb(self._call("GetTable", pb.GetTableRequest(database=db, name=name)).table)
 
     def get_table_by_id(self, table_id: int) -> TableInfo:
+        """The table with this id; TableNotExistError if there is none (e.g. it was dropped)."""
         return table_from_pb(self._call("GetTable", pb.GetTableRequest(table_id=table_id)).table)
 
     def get_table_assignment(self, table_id: int) -> tuple[TableInfo, dict[int, BucketLeader]]:
@@ -343,20 +364,26 @@ class AdminClient:
         return table_from_pb(response.table), leaders
 
     def list_tablet_servers(self) -> list[TabletServerInfo]:
+        """The live tablet servers: id, address and how many buckets each leads."""
         response = self._call("ListTabletServers", pb.ListTabletServersRequest())
         return [TabletServerInfo(s.id, s.address, s.buckets) for s in response.servers]
 
     # -- snapshots ----------------------------------------------------------------
 
     def commit_kv_snapshot(self, handle: SnapshotHandle) -> None:
+        """Record an uploaded snapshot as its bucket's latest (a tablet server's call; with security on, it
+        needs the cluster's own principal). Not retried after a lost answer: OutcomeUnknownError."""
         self._call("CommitKvSnapshot", pb.CommitKvSnapshotRequest(snapshot=handle_to_pb(handle)))
 
     def get_latest_kv_snapshots(self, table_id: int) -> dict[TableBucket, SnapshotInfo]:
+        """The newest snapshot of each bucket that has one (lease them before reading:
+        :meth:`acquire_lease`)."""
         response = self._call("GetLatestKvSnapshots", pb.GetLatestKvSnapshotsRequest(table_id=table_id))
         infos = (SnapshotInfo(handle_from_pb(s), tuple(s.leased_by), s.retained) for s in response.snapshots)
         return {info.bucket: info for info in infos}
 
     def list_kv_snapshots(self, table_id: int) -> list[SnapshotInfo]:
+        """Every kept snapshot of every bucket, with the leases that hold each."""
         response = self._call("ListKvSnapshots", pb.ListKvSnapshotsRequest(table_id=table_id))
         return [SnapshotInfo(handle_from_pb(s), tuple(s.leased_by), s.retained) for s in response.snapshots]
 
@@ -472,10 +499,12 @@ class AdminClient:
         return self._call("DropKvSnapshotLease", request).dropped
 
     def list_leases(self) -> list[Lease]:
+        """Every live lease, with its deadline and snapshots."""
         response = self._call("ListKvSnapshotLeases", pb.ListKvSnapshotLeasesRequest())
         return [lease_from_pb(lease) for lease in response.leases]
 
     def describe_lease(self, lease_id: str) -> Lease:
+        """The lease ``lease_id``; LeaseNotFoundError if it is unknown or past its deadline."""
         response = self._call("DescribeKvSnapshotLease", pb.DescribeKvSnapshotLeaseRequest(lease_id=lease_id))
         return lease_from_pb(response.lease)
 
@@ -498,6 +527,7 @@ class AdminClient:
         return self._security("RemoveUser", security_pb.RemoveUserRequest(name=name)).removed
 
     def list_users(self) -> list[str]:
+        """The user names (never their passwords)."""
         return list(self._security("ListUsers", security_pb.ListUsersRequest()).names)
 
     def add_acl(self, resource: Resource, principal: str, operation: Operation | str) -> bool:

@@ -68,7 +68,8 @@ def _load(directory: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         doc = json.loads(path.read_text())
     except FileNotFoundError:
-        raise InvalidRequestError(f"no cluster in {directory}: {path} not found") from None
+        raise InvalidRequestError(f"no cluster in {directory}: {path} not found "
+                                  f"(start one with: kvlease cluster start --dir {directory})") from None
     except (OSError, ValueError) as exc:
         raise InvalidRequestError(f"cannot read {path}: {exc}") from None
     return doc

@@ -226,6 +226,7 @@ class BucketScanner:
 
     @property
     def closed(self) -> bool:
+        """Whether it is closed: read to the end, closed, or left by its ``with``."""
         return self._closed
 
     # -- shared plumbing ---------------------------------------------------------------------------
@@ -312,6 +313,7 @@ class KvBatchScanner(BucketScanner):
     """
 
     def __init__(self, route, table: TableInfo, bucket: int = 0, **options: Any) -> None:
+        """``options`` as :class:`BucketScanner` takes them."""
         self._scanner_id = b""
         self._stub = None
         self._address = ""
@@ -321,6 +323,7 @@ class KvBatchScanner(BucketScanner):
 
     @property
     def scanner_id(self) -> bytes:
+        """The server's id of the open scan session (empty before it opened)."""
         return self._scanner_id
 
     @property

@@ -24,6 +24,7 @@ class KvStreamScanner(BucketScanner):
     """
 
     def __init__(self, route, table: TableInfo, bucket: int = 0, **options: Any) -> None:
+        """``options`` as :class:`client.scanner.BucketScanner` takes them."""
         self._call = None
         self._address = ""
         super().__init__(route, table, bucket, **options)

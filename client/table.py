@@ -87,6 +87,7 @@ class TableClient:
 
     @property
     def table(self) -> TableInfo:
+        """The table (columns, primary key, buckets), as the coordinator last described it."""
         return self.router.table
 
     def close(self) -> None:

@@ -25,14 +25,17 @@ class ScanResult:
 
     @property
     def num_rows(self) -> int:
+        """Rows read, over every bucket."""
         return sum(b.num_rows for b in self.batches)
 
     def to_table(self) -> pa.Table:
+        """The batches as one Arrow table (the table's schema, also when no row was read)."""
         schema = self.batches[0].schema if self.batches else RowCodec(self.table).schema
         return pa.Table.from_batches(self.batches, schema=schema)
 
     @property
     def rows(self) -> list[dict]:
+        """Every row as a dict (bucket order)."""
         return [row for batch in self.batches for row in batch.to_pylist()]
 
     @property

@@ -1,7 +1,8 @@
 """The import graph follows the layers (DESIGN.md "Top-level layout") and has no cycle.
 
 Layers, lowest first: ``common``; then ``leases`` (the lease domain) and
-``client`` (what a user process needs); then the servers, ``coordinator``
+``client`` (what a user process needs), and ``kvlease``, which only
+re-exports the client; then the servers, ``coordinator``
 and ``tablet``, which may use the client; then ``spark_source``, which uses
 only the client; then ``ops``, which uses the client and (for the demo and
 the bootstrap benchmark, as a user would) ``spark_source``. Nothing imports
@@ -19,12 +20,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("common", "leases", "client", "coordinator", "tablet", "ops", "spark_source")
+PACKAGES = ("common", "leases", "client", "kvlease", "coordinator", "tablet", "ops", "spark_source")
 #: package -> the packages it may import (besides itself)
 ALLOWED = {
     "common": set(),
     "leases": {"common"},
     "client": {"common"},
+    "kvlease": {"common", "client"},  # the library's front door: re-exports of the client
     "coordinator": {"common", "leases", "client"},
     "tablet": {"common", "client"},
     "ops": {"common", "client", "spark_source"},

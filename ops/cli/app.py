@@ -97,15 +97,12 @@ class State:
         """The client config: the environment, then a cluster directory's security settings (``--cluster``;
         its credentials only if neither ``--user`` nor ``KVLEASE_SECURITY_USERNAME`` names a user), then
         ``--ca-file``/``--cert-file``/``--key-file`` (which turn TLS on), then ``--user``/``--password-file``."""
-        config = cfg.Config(env=os.environ)
+        from client.connect import layered_config  # shared with kvlease.connect()
+
+        settings = None
         if self.cluster and not self._uses_bootstrap():
             settings = local_cluster.security_settings(local_cluster.load(self.cluster))
-            if self.user or config[cfg.SECURITY_USERNAME]:
-                settings = {k: v for k, v in settings.items()
-                            if k not in (cfg.SECURITY_USERNAME.name, cfg.SECURITY_PASSWORD.name)}
-            config = config.with_overrides(settings)
-        if self.tls_files:
-            config = config.with_overrides({cfg.SECURITY_ENABLED.name: True, **self.tls_files})
+        config = layered_config(os.environ, settings, self.tls_files, user_named=bool(self.user))
         if self.user or self.password_file:
             config = config.with_overrides(self._credentials(config))
         return config

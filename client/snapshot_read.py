@@ -1,0 +1,43 @@
+"""Reading a KV snapshot from Python: its files fetched from remote storage, its rows decoded.
+
+Lease the snapshot first (:meth:`client.admin.AdminClient.acquire_lease`): a snapshot nothing leases may be
+deleted as soon as newer ones are committed, and its read then fails with StorageError/StorageNotFound.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+
+import pyarrow as pa
+
+from common.codec import RowCodec
+from common.kvsnapshot import download, open_read_only, scan_read_options
+from common.model import SnapshotHandle
+from common.storage import RemoteStorage
+from common.tables import TableInfo
+
+
+def read_snapshot(admin, handle: SnapshotHandle, *, table: TableInfo | None = None,
+                  storage: RemoteStorage | None = None) -> pa.Table:
+    """The rows of the snapshot ``handle`` (its bucket as of ``handle.log_offset``), in primary-key order.
+
+    ``admin`` (an :class:`~client.admin.AdminClient`) names the table (unless ``table`` is given) and the
+    remote storage (unless ``storage`` is); S3 credentials come from this process's environment. The files
+    go to a temp dir that is removed before this returns. The whole bucket is held in memory.
+    """
+    table = table or admin.get_table_by_id(handle.bucket.table_id)
+    storage = storage or admin.coordinator_info().remote_storage()
+    codec = RowCodec(table)
+    target = tempfile.mkdtemp(prefix="kvlease-snapshot-")
+    try:
+        download(storage, handle, f"{target}/db")
+        db = open_read_only(f"{target}/db")
+        try:
+            values = list(db.values(read_opt=scan_read_options()))
+        finally:
+            db.close()
+    finally:
+        shutil.rmtree(target, ignore_errors=True)
+    batch = codec.decode_values(pa.array(values, pa.binary()))
+    return pa.Table.from_batches([batch], schema=batch.schema)
