@@ -16,7 +16,7 @@ from common import errors
 from common.codec import RowCodec
 from common.tables import Column, TableInfo
 from ops import output as out
-from ops.cli import data, kvlease, values
+from ops.cli import changelog, data, kvlease, values
 from ops.cli.app import State
 from tests.cli_runner import NO_ENV, assert_one_line_error
 
@@ -229,6 +229,42 @@ def test_log_prints_json_lines_up_to_the_end(fake_table):
     assert "buckets 0..1, not 2" in assert_one_line_error(run_in("log", "db.w", "--bucket", "2"))
 
 
+def test_log_without_bucket_reads_every_bucket_in_order(fake_table):
+    result = run_in("log", "db.w")
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [(r["bucket"], r["offset"]) for r in lines] == [(0, 2), (0, 3), (0, 4), (1, 2), (1, 3), (1, 4)]
+    assert lines[0] == {"bucket": 0, "offset": 2, "change_type": "+I", "timestamp": "2023-11-14T22:13:20.002Z",
+                        "row": {"id": 2, "name": "n2"}}
+    doc = json.loads(run_in("log", "db.w", "--from-timestamp", "1700000000003", "--json").stdout)
+    assert doc["table"] == "db.w" and [b["bucket"] for b in doc["buckets"]] == [0, 1]
+    assert [(b["from_offset"], b["log_end_offset"], [r["offset"] for r in b["records"]]) for b in doc["buckets"]] \
+        == [(3, 5, [3, 4]), (3, 5, [3, 4])]
+
+
+def test_log_follow_without_bucket_polls_every_bucket(fake_table, monkeypatch):
+    fetched, polls = [], []
+    fetch_log = FakeTableClient.fetch_log
+
+    def fetch(self, bucket, from_offset, max_bytes=0):
+        fetched.append((bucket, from_offset))
+        return fetch_log(self, bucket, from_offset, max_bytes)
+
+    def sleep(seconds):
+        polls.append(seconds)
+        if len(polls) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(FakeTableClient, "fetch_log", fetch)
+    monkeypatch.setattr(changelog.time, "sleep", sleep)
+    result = run_in("log", "db.w", "--follow", "--poll-interval", "50ms")
+    assert result.exit_code == 130, result.output
+    assert [(r["bucket"], r["offset"]) for r in map(json.loads, result.stdout.splitlines())] == \
+        [(0, 2), (0, 3), (0, 4), (1, 2), (1, 3), (1, 4)]
+    assert fetched[-4:] == [(0, 5), (1, 5), (0, 5), (1, 5)]  # then both buckets in turns, past their end
+    assert polls == [0.05, 0.05]
+
+
 @pytest.mark.parametrize("when, first", [
     ("1700000000003", 3), ("2023-11-14T22:13:20.002Z", 2), ("2023-11-14T22:13:20.0025", 3),
     ("2023-11-14T23:13:20.001+01:00", 1), ("2030-01-01", None), ("0", 1)])
@@ -257,7 +293,7 @@ def test_log_follow_ended_by_ctrl_c_exits_130(fake_table, monkeypatch):
         if len(polls) == 3:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(data.time, "sleep", sleep)
+    monkeypatch.setattr(changelog.time, "sleep", sleep)
     result = run_in("log", "db.w", "--bucket", "0", "--from", "0", "--follow", "--poll-interval", "50ms")
     assert result.exit_code == 130, result.output
     assert result.stderr == "error: interrupted\n"

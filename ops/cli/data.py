@@ -1,11 +1,9 @@
-"""The row commands: ``kvlease put``, ``get``, ``delete`` and ``log``."""
+"""The row commands: ``kvlease put``, ``get`` and ``delete`` (``log`` is in :mod:`ops.cli.changelog`)."""
 
 from __future__ import annotations
 
-import json
 import re
 import sys
-import time
 from typing import BinaryIO
 
 import click
@@ -13,7 +11,7 @@ import click
 from common import errors
 from ops import output as out
 from ops.cli.app import State, catch_errors, common_options, kvlease, pass_state
-from ops.cli.values import EPOCH_MS, POSITIVE_DURATION, bucket_number, int64, parse_json_row, parse_keys, table_path
+from ops.cli.values import parse_json_row, parse_keys, table_path
 
 PUT_BATCH_ROWS = 10_000
 
@@ -122,70 +120,3 @@ def delete(state: State, path: str, keys: tuple[str, ...]) -> None:
     if deleted < len(keys):
         text += f" ({len(keys) - deleted} key(s) had no row)"
     state.output.message(text, {"table": client.table.path, "keys": len(keys), "deleted": deleted})
-
-
-@kvlease.command("log")
-@click.argument("path", metavar="DB.NAME", callback=table_path)
-@click.option("--bucket", type=bucket_number(), required=True, help="The bucket whose changelog to read.")
-@click.option("--from", "from_offset", type=int64(), metavar="N",
-              help="First offset (default: the earliest kept).")
-@click.option("--from-timestamp", "from_timestamp", type=EPOCH_MS, metavar="TIME",
-              help="Start at the first record appended at or after TIME (ms since the epoch or ISO-8601, "
-                   "UTC unless it names a zone).")
-@click.option("--follow", is_flag=True, help="Keep polling for new records until Ctrl-C.")
-@click.option("--poll-interval", type=POSITIVE_DURATION, default="500ms", show_default=True, metavar="DURATION",
-              help="How often --follow asks for new records.")
-@common_options
-@pass_state
-@catch_errors
-def log_command(state: State, path: str, bucket: int, from_offset: int | None, from_timestamp: int | None,
-                follow: bool, poll_interval: int) -> None:
-    """Print a bucket's change records as JSON lines {offset, change_type, timestamp, row}.
-
-    change_type is +I (insert), -U / +U (update: before / after image) or -D
-    (delete: the deleted row). timestamp is when the record was appended:
-    ISO-8601 UTC with milliseconds (ms since the epoch with --json), null for
-    records written before the changelog kept times. Without --follow it
-    stops at the end of the log; with --json it prints one document instead
-    (not with --follow). Ctrl-C ends it with exit code 130, as any command:
-    what it printed may not reach the end.
-    """
-    if follow and state.json_mode:
-        raise click.UsageError("--json prints one document; it cannot be combined with --follow")
-    if from_offset is not None and from_timestamp is not None:
-        raise click.UsageError("give --from or --from-timestamp, not both")
-    client = state.table_client(path)
-    if bucket >= client.table.buckets:
-        raise errors.BucketOutOfRangeError(f"table {client.table.path} has buckets 0..{client.table.buckets - 1}, "
-                                           f"not {bucket}")
-    if from_offset is not None:
-        offset = from_offset
-    elif from_timestamp is not None:
-        offset = client.list_offsets([bucket], timestamp=from_timestamp)[bucket]
-    else:
-        offset = client.list_offsets([bucket])[bucket][0]
-    start, stop_at, collected = offset, None, []
-    try:
-        while True:
-            records, end = client.fetch_log(bucket, offset)
-            if stop_at is None:
-                stop_at = end
-            for record in records:
-                doc = out.log_record_doc(record)
-                if state.json_mode:
-                    collected.append(doc)
-                else:
-                    click.echo(json.dumps(out.log_record_line(doc)))
-            if records:
-                offset = records[-1]["offset"] + 1
-                sys.stdout.flush()
-            if not follow and (offset >= stop_at or not records):
-                break
-            if follow and not records:
-                time.sleep(poll_interval / 1000.0)
-    except BrokenPipeError:  # e.g. piped into head
-        sys.stderr.close()
-        return
-    if state.json_mode:
-        state.output.document({"table": client.table.path, "bucket": bucket, "from_offset": start,
-                               "log_end_offset": stop_at, "records": collected})
