@@ -249,7 +249,8 @@ class AdminClient:
             # a change that timed out may have been applied (OutcomeUnknownError): resent only if applying
             # it twice gives the same outcome (IDEMPOTENT); otherwise the caller decides. A read is asked again.
             err = rpc_error(exc, method, address, timeout_s=self._timeout_s, idempotent=method in READS,
-                            peer="coordinator", tls=self.tls is not None)
+                            peer="coordinator", tls=self.tls is not None,
+                            client_cert=self.tls is not None and self.tls.cert is not None)
             if isinstance(err, (errors.NetworkError, errors.OutcomeUnknownError)):
                 self._move_to(err, address)
             raise err from None
@@ -291,7 +292,8 @@ class AdminClient:
             response = self._stub(target).CoordinatorInfo(pb.CoordinatorInfoRequest(), timeout=self._timeout_s)
         except grpc.RpcError as exc:
             raise rpc_error(exc, "CoordinatorInfo", target, timeout_s=self._timeout_s, idempotent=True,
-                            peer="coordinator", tls=self.tls is not None) from None
+                            peer="coordinator", tls=self.tls is not None,
+                            client_cert=self.tls is not None and self.tls.cert is not None) from None
         raise_for(response.error)
         return CoordinatorInfo(response.address, response.active, response.active_address, response.epoch,
                                response.remote_data_dir, response.s3_endpoint, response.s3_region)

@@ -200,18 +200,24 @@ class NotServedError(errors.UnknownServerError):
 _NOT_TLS_REASONS = frozenset({"WRONG_VERSION_NUMBER", "PACKET_LENGTH_TOO_LONG", "HTTP_REQUEST", "UNKNOWN_PROTOCOL"})
 
 
-def tls_mismatch(address: str, client_tls: bool, timeout_s: float = 1.0) -> str | None:
-    """Whether the server at ``address`` speaks TLS where this client does not, or the other way round:
-    a TLS handshake (nothing verified, nothing sent after it) tells. The mismatch in a sentence, or None
-    when there is none or the probe cannot tell (the server is gone, or answered ambiguously)."""
+def tls_mismatch(address: str, client_tls: bool, timeout_s: float = 1.0, *, client_cert: bool = True) -> str | None:
+    """Whether the server at ``address`` speaks TLS where this client does not, or the other way round, or
+    demands a client certificate (mutual TLS) that this client (``client_cert`` false) does not have: a TLS
+    handshake tells (nothing verified; nothing sent after it, and the server, offered HTTP/2, either speaks
+    first or closes a connection without a certificate). The problem in a sentence, or None when there is
+    none or the probe cannot tell (the server is gone, or answered ambiguously)."""
     host, _, port = address.rpartition(":")
     context = ssl.create_default_context()
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE
+    context.set_alpn_protocols(["h2"])
+    wants_cert = False
     try:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s) as raw:
-            with context.wrap_socket(raw):
+            with context.wrap_socket(raw) as conn:
                 server_tls = True
+                if client_tls and not client_cert:
+                    wants_cert = _closed_at_once(conn)
     except ssl.SSLError as exc:
         if exc.reason not in _NOT_TLS_REASONS:
             return None
@@ -223,7 +229,22 @@ def tls_mismatch(address: str, client_tls: bool, timeout_s: float = 1.0) -> str 
                 "security.tls.ca-file) and, under mutual TLS, a client certificate and key")
     if client_tls and not server_tls:
         return "it does not speak TLS and this client does: drop the TLS settings, or turn TLS on in the cluster"
+    if wants_cert:
+        return ("it requires a client certificate (mutual TLS) and this client has none: give --cert-file PEM "
+                "--key-file PEM (security.tls.cert-file, security.tls.key-file; a `kvlease cluster start --secure` "
+                "directory D has them as D/certs/client.pem and D/certs/client-key.pem)")
     return None
+
+
+def _closed_at_once(conn: ssl.SSLSocket) -> bool:
+    """Whether a server closed the TLS connection ``conn`` (no client certificate given) instead of
+    sending its HTTP/2 preface: under TLS 1.3 that is how a server demanding a client certificate answers."""
+    try:
+        return conn.recv(1) == b""
+    except TimeoutError:  # a server that waits for the client to speak first: it took the connection
+        return False
+    except OSError:  # an alert (e.g. certificate required) or a reset: refused
+        return True
 
 
 def is_int(value: object) -> bool:
@@ -242,16 +263,18 @@ def arguments(call: str):
 
 
 def rpc_error(exc: grpc.RpcError, method: str, address: str, *, timeout_s: float | None,
-              idempotent: bool, peer: str = "tablet server", tls: bool | None = None) -> errors.KvLeaseError:
+              idempotent: bool, peer: str = "tablet server", tls: bool | None = None,
+              client_cert: bool = True) -> errors.KvLeaseError:
     """The typed error for a gRPC call to ``peer`` at ``address`` that failed in transport.
 
     UNAVAILABLE is a retriable :class:`~common.errors.NetworkError`; a deadline
     is one too for an ``idempotent`` call and :class:`~common.errors.OutcomeUnknownError`
     otherwise (it may have been applied); a message over the size limit is an
     invalid request; anything else an unknown server error. With ``tls`` (whether
-    this client speaks TLS) an UNAVAILABLE that looks like a TLS mismatch is
-    checked with :func:`tls_mismatch`, and a proven one is a :class:`TlsMismatchError`
-    at once instead of retries.
+    this client speaks TLS; ``client_cert``: whether it has a client certificate)
+    an UNAVAILABLE that looks like a TLS mismatch is checked with :func:`tls_mismatch`,
+    and a proven one (a missing client certificate included) is a
+    :class:`TlsMismatchError` at once instead of retries.
     """
     code = exc.code() if hasattr(exc, "code") else None
     details = (exc.details() if hasattr(exc, "details") else str(exc)) or ""
@@ -262,13 +285,13 @@ def rpc_error(exc: grpc.RpcError, method: str, address: str, *, timeout_s: float
             f"(security.tls.ca-file / --ca-file): is it the CA of this cluster? ({last})")
     if (code == grpc.StatusCode.UNAVAILABLE and _TLS_HINTS.search(details)
             and "Stream removed" not in details):  # a stream that broke had connected: its server went away
-        why = tls_mismatch(address, tls) if tls is not None else None
+        why = tls_mismatch(address, tls, client_cert=client_cert) if tls is not None else None
         if why is not None:
             return TlsMismatchError(f"cannot reach {peer} {address}: {why}")
         return errors.NetworkError(
             f"cannot reach {peer} {address}: UNAVAILABLE ({last}); is it a TLS "
             "mismatch? (a TLS server closes plaintext connections and, under mutual TLS, those without a client "
-            "certificate: check security.enabled and security.tls.* on both sides)", address=address)
+            "certificate it accepts: check security.enabled and security.tls.* on both sides)", address=address)
     if code == grpc.StatusCode.UNAVAILABLE:
         return errors.NetworkError(f"cannot reach {peer} {address}: UNAVAILABLE ({last or 'no details'})",
                                    address=address)

@@ -119,6 +119,46 @@ def terminate(procs: Iterable[tuple[int, int | None]], timeout_s: float = 10.0) 
     return running
 
 
+def kept_ports(previous: Iterable[Mapping[str, Any]], count: int, what: str,
+               warn: Progress = lambda text: None) -> list[tuple[int, int]]:
+    """``(port, metrics port)`` of processes 1..``count``: the ones ``previous`` (the cluster.json entries of a
+    stopped cluster) recorded for that id where they are still free, else new free ones (``warn`` says so).
+
+    Every port is held (listening) until all are picked, so no two are the same."""
+    recorded = {str(entry["id"]): entry for entry in previous}
+    with ExitStack() as stack:
+        def hold(port: int) -> int | None:
+            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers bind
+            try:
+                sock.bind(("127.0.0.1", port))
+                sock.listen()
+            except OSError:
+                return None
+            return sock.getsockname()[1]
+
+        picked = []
+        for i in range(1, count + 1):
+            pair = []
+            for key in ("address", "metrics_address"):
+                old = _port_of(recorded.get(str(i), {}).get(key))
+                port = hold(old) if old else None
+                if old and port is None:
+                    port = hold(0)
+                    warn(f"{what} {i}: its port {old} is taken now, so it listens on {port} instead "
+                         f"({'its address changes' if key == 'address' else 'its metrics address changes'})")
+                pair.append(port or hold(0))
+            picked.append((pair[0], pair[1]))
+        return picked
+
+
+def _port_of(address: Any) -> int | None:
+    try:
+        return int(str(address).rsplit(":", 1)[1])
+    except (IndexError, ValueError):
+        return None
+
+
 def free_ports(count: int) -> list[int]:
     """``count`` distinct free loopback ports (held open together, so they differ)."""
     with ExitStack() as stack:
@@ -294,10 +334,11 @@ def _default_remote(directory: Path) -> str:
     return (directory / "remote").as_uri()
 
 
-def start(directory: str | os.PathLike[str], *, zk_nodes: int = 1, coordinators: int = 1, tablets: int = 0,
+def start(directory: str | os.PathLike[str], *, zk_nodes: int = 1, coordinators: int = 1, tablets: int = 1,
           remote: str | None = None, ready_timeout_s: float = 60.0,
           progress: Progress = lambda text: None,
-          config_overrides: Mapping[str, Any] | None = None, secure: bool = False) -> dict[str, Any]:
+          config_overrides: Mapping[str, Any] | None = None, secure: bool = False,
+          warn: Progress | None = None) -> dict[str, Any]:
     """Start ZooKeeper, the coordinators and the tablet servers in ``directory``; returns the
     cluster.json document.
 
@@ -306,6 +347,10 @@ def start(directory: str | os.PathLike[str], *, zk_nodes: int = 1, coordinators:
     coordinator's and tablet server's config file. On any failure everything
     started here is stopped again and a ClusterError carries the log tails.
     ``secure`` generates certificates in ``directory/certs`` and turns on mutual TLS.
+
+    A stopped cluster started again in its directory keeps its coordinators' and tablet servers' ports
+    (those of cluster.json; ZooKeeper's are new, only the cluster's own processes use them); a port
+    another process took meanwhile is replaced by a free one, and ``warn`` (default: ``progress``) says so.
     """
     from client.admin import AdminClient, wait_for_active
     from ops.zookeeper import ZooKeeperCluster
@@ -324,8 +369,10 @@ def start(directory: str | os.PathLike[str], *, zk_nodes: int = 1, coordinators:
     directory = Path(directory).resolve()
     if directory.exists() and not directory.is_dir():
         raise ClusterError(f"{directory} exists and is not a directory")
+    previous: dict[str, Any] = {}
     if cluster_file(directory).exists():
-        running = running_pids(load(directory))
+        previous = load(directory)
+        running = running_pids(previous)
         if running:
             raise ClusterError(f"a cluster is already running in {directory} (pids "
                                f"{', '.join(map(str, running))}); stop it first: kvlease cluster stop --dir {directory}")
@@ -367,10 +414,9 @@ def start(directory: str | os.PathLike[str], *, zk_nodes: int = 1, coordinators:
             cluster_security.create_admin(directory, zk.connect_string, ZK_ROOT, overrides)
 
         progress(f"starting {coordinators} coordinator{'s' if coordinators > 1 else ''}")
-        ports = free_ports(2 * coordinators)
-        for i in range(coordinators):
-            entry = _spawn_coordinator(directory, i + 1, zk.connect_string, remote, ports[2 * i], ports[2 * i + 1],
-                                       overrides)
+        ports = kept_ports(previous.get("coordinators", []), coordinators, "coordinator", warn or progress)
+        for i, (port, metrics_port) in enumerate(ports):
+            entry = _spawn_coordinator(directory, i + 1, zk.connect_string, remote, port, metrics_port, overrides)
             procs.append(entry.pop("_popen"))
             doc["coordinators"].append(entry)
             save(directory, doc)
@@ -381,10 +427,9 @@ def start(directory: str | os.PathLike[str], *, zk_nodes: int = 1, coordinators:
         if tablets:
             progress(f"starting {tablets} tablet server{'s' if tablets > 1 else ''}")
             tablet_procs = []
-            ports = free_ports(2 * tablets)
-            for i in range(tablets):
-                entry = _spawn_tablet(directory, i + 1, zk.connect_string, remote, ports[2 * i], ports[2 * i + 1],
-                                      overrides)
+            ports = kept_ports(previous.get("tablets", []), tablets, "tablet server", warn or progress)
+            for i, (port, metrics_port) in enumerate(ports):
+                entry = _spawn_tablet(directory, i + 1, zk.connect_string, remote, port, metrics_port, overrides)
                 tablet_procs.append(entry.pop("_popen"))
                 procs.append(tablet_procs[-1])
                 doc["tablets"].append(entry)

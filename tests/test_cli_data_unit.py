@@ -16,7 +16,7 @@ from common import errors
 from common.codec import RowCodec
 from common.tables import Column, TableInfo
 from ops import output as out
-from ops.cli import data, kvlease, values
+from ops.cli import changelog, data, kvlease, values
 from ops.cli.app import State
 from tests.cli_runner import NO_ENV, assert_one_line_error
 
@@ -187,6 +187,76 @@ def test_put_names_the_bad_line_and_writes_nothing_of_its_batch(fake_table, line
     assert [row["id"] for batch in client.upserts for row in batch] == written  # the bad line's batch: nothing
 
 
+def test_put_reads_csv_by_extension_converting_to_the_column_types(fake_table, tmp_path):
+    path = tmp_path / "rows.csv"
+    path.write_text('id,name,ts,b,ok,d\n1,"a, ""quoted""\nline",2024-01-02T03:04:05,aGk=,true,NaN\n'
+                    '\n2,,,,,\n3,x,1700000000000000,,no,-2.5\n')
+    result = run_in("put", "db.w", str(path), "--batch-size", "2", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == {"table": "db.w", "rows": 3}
+    client = fake_table["db.w"]
+    assert [len(b) for b in client.upserts] == [2, 1]
+    one, two, three = (client.rows[(k,)] for k in (1, 2, 3))
+    assert one["name"] == 'a, "quoted"\nline' and one["ts"] == datetime(2024, 1, 2, 3, 4, 5)
+    assert one["b"] == b"hi" and one["ok"] is True and math.isnan(one["d"])
+    assert two == {"id": 2, "name": "", "ts": None, "b": None, "ok": None, "d": None}  # empty: null, "" for STRING
+    assert three["ts"] == datetime(2023, 11, 14, 22, 13, 20) and three["ok"] is False and three["d"] == -2.5
+    result = run_in("put", "db.w", "-", "--format", "csv", input="id,name\n4,four\n")  # stdin with --format
+    assert result.exit_code == 0 and fake_table["db.w"].rows[(4,)]["name"] == "four", result.output
+
+
+@pytest.mark.parametrize("text, message, written", [
+    ('id,name\n1,"two\nlines"\n2,b\nx,c\n', "line 5, column 'id': expected BIGINT, got 'x'", [1, 2]),
+    ("id,name\n1,a\n2,b\n3\n", "line 4: 1 value(s), but the header names 2 column(s)", [1, 2]),
+    ("id,zzz\n1,a\n", "line 1 (the header), column 'zzz': unknown column (table db.w has id, name", []),
+    ("name\na\n", "line 1 (the header): primary key column(s) id missing", []),
+    ("id,ok\n1,true\n2,maybe\n", "line 3, column 'ok': expected BOOLEAN, got 'maybe'", []),
+    ("id\n1\n2\n3\n99999999999999999999\n", "line 5, column 'id': 99999999999999999999 is out of range", [1, 2]),
+])
+def test_put_csv_names_the_bad_line_and_column(fake_table, tmp_path, text, message, written):
+    path = tmp_path / "rows.csv"
+    path.write_text(text)
+    error = assert_one_line_error(run_in("put", "db.w", str(path), "--batch-size", "2"))
+    assert message in error and f"the {len(written)} row(s) before" in error
+    assert [row["id"] for batch in fake_table.get("db.w", FakeTableClient(WIDE)).upserts for row in batch] == written
+
+
+def test_put_reads_parquet_casting_to_the_column_types(fake_table, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "rows.parquet"
+    pq.write_table(pa.table({"id": pa.array([1, 2, 3], pa.int32()), "name": ["a", None, "c"],
+                             "ts": pa.array([0, 1_000, None], pa.timestamp("ms", tz="UTC"))}), path)
+    result = run_in("put", "db.w", str(path), "--batch-size", "2", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == {"table": "db.w", "rows": 3}
+    client = fake_table["db.w"]
+    assert [len(b) for b in client.upserts] == [2, 1]
+    assert client.rows[(2,)]["ts"] == datetime(1970, 1, 1, 0, 0, 1) and client.rows[(2,)]["name"] is None
+
+    bad = tmp_path / "bad.pq"
+    pq.write_table(pa.table({"id": ["4", "5", "6", "x"]}), bad)
+    error = assert_one_line_error(run_in("put", "db.w", str(bad), "--batch-size", "2"))
+    assert "row 4, column 'id': 'x' is not a BIGINT value (the file's type: string)" in error
+    assert "the 2 row(s) before row 3 were written" in error
+    not_parquet = tmp_path / "rows.txt"
+    not_parquet.write_text('{"id": 1}\n')
+    assert "not a Parquet file" in assert_one_line_error(run_in("put", "db.w", str(not_parquet), "--format", "parquet"))
+
+
+def test_put_progress_knows_how_far_through_the_file_it_is(tmp_path):
+    from ops.cli.put_sources import Reader
+
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(f'{{"id": {i}}}\n' for i in range(100)))
+    with open(path, "rb") as source:
+        reader = Reader(source, "jsonl", WIDE, 50)
+        seen = [(len(rows), reader.fraction()) for rows, _where in reader]
+    assert [n for n, _ in seen] == [50, 50] and 0 < seen[0][1] <= seen[1][1] == 1.0
+    assert data._progress("db.w", 50_000, 0.5) == "db.w: 50,000 rows written (50% of the input) …"
+
+
 def test_get_and_delete(fake_table):
     fake_table.setdefault("db.p", FakeTableClient(PAIR)).rows[(7, "a,b")] = {"a": 7, "s": "a,b", "v": "x"}
     result = run_in("get", "db.p", '[7, "a,b"]', "8,z", "--json")
@@ -229,6 +299,42 @@ def test_log_prints_json_lines_up_to_the_end(fake_table):
     assert "buckets 0..1, not 2" in assert_one_line_error(run_in("log", "db.w", "--bucket", "2"))
 
 
+def test_log_without_bucket_reads_every_bucket_in_order(fake_table):
+    result = run_in("log", "db.w")
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [(r["bucket"], r["offset"]) for r in lines] == [(0, 2), (0, 3), (0, 4), (1, 2), (1, 3), (1, 4)]
+    assert lines[0] == {"bucket": 0, "offset": 2, "change_type": "+I", "timestamp": "2023-11-14T22:13:20.002Z",
+                        "row": {"id": 2, "name": "n2"}}
+    doc = json.loads(run_in("log", "db.w", "--from-timestamp", "1700000000003", "--json").stdout)
+    assert doc["table"] == "db.w" and [b["bucket"] for b in doc["buckets"]] == [0, 1]
+    assert [(b["from_offset"], b["log_end_offset"], [r["offset"] for r in b["records"]]) for b in doc["buckets"]] \
+        == [(3, 5, [3, 4]), (3, 5, [3, 4])]
+
+
+def test_log_follow_without_bucket_polls_every_bucket(fake_table, monkeypatch):
+    fetched, polls = [], []
+    fetch_log = FakeTableClient.fetch_log
+
+    def fetch(self, bucket, from_offset, max_bytes=0):
+        fetched.append((bucket, from_offset))
+        return fetch_log(self, bucket, from_offset, max_bytes)
+
+    def sleep(seconds):
+        polls.append(seconds)
+        if len(polls) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(FakeTableClient, "fetch_log", fetch)
+    monkeypatch.setattr(changelog.time, "sleep", sleep)
+    result = run_in("log", "db.w", "--follow", "--poll-interval", "50ms")
+    assert result.exit_code == 130, result.output
+    assert [(r["bucket"], r["offset"]) for r in map(json.loads, result.stdout.splitlines())] == \
+        [(0, 2), (0, 3), (0, 4), (1, 2), (1, 3), (1, 4)]
+    assert fetched[-4:] == [(0, 5), (1, 5), (0, 5), (1, 5)]  # then both buckets in turns, past their end
+    assert polls == [0.05, 0.05]
+
+
 @pytest.mark.parametrize("when, first", [
     ("1700000000003", 3), ("2023-11-14T22:13:20.002Z", 2), ("2023-11-14T22:13:20.0025", 3),
     ("2023-11-14T23:13:20.001+01:00", 1), ("2030-01-01", None), ("0", 1)])
@@ -257,7 +363,7 @@ def test_log_follow_ended_by_ctrl_c_exits_130(fake_table, monkeypatch):
         if len(polls) == 3:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(data.time, "sleep", sleep)
+    monkeypatch.setattr(changelog.time, "sleep", sleep)
     result = run_in("log", "db.w", "--bucket", "0", "--from", "0", "--follow", "--poll-interval", "50ms")
     assert result.exit_code == 130, result.output
     assert result.stderr == "error: interrupted\n"

@@ -93,7 +93,7 @@ def test_cli_end_to_end(cluster_dir):
 
 def walk_the_cli(cluster_dir: Path) -> None:
     d = str(cluster_dir)
-    kvlease("cluster", "start", "--dir", d, "--coordinators", "2")
+    kvlease("cluster", "start", "--dir", d, "--coordinators", "2", "--tablets", "0")
     again = kvlease("cluster", "start", "--dir", d, check=False)
     assert again.returncode == 1 and "already running" in again.stderr
 
@@ -107,6 +107,11 @@ def walk_the_cli(cluster_dir: Path) -> None:
     created = kvlease_json(*c, "table", "create", "db.t", "--schema", "id BIGINT, name STRING",
                            "--primary-key", "id", "--buckets", "2", "--json")
     assert created["table"] == "db.t" and created["buckets"] == 2
+    assert created["no_leader"] == [0, 1]  # --tablets 0: said at create time, not first at put
+    other = kvlease(*c, "table", "create", "db.t0", "--schema", "id BIGINT", "--primary-key", "id", "--buckets", "1")
+    assert other.stdout.startswith("created table db.t0")
+    assert other.stderr.startswith("warning: bucket(s) 0 of db.t0 have no leader") and "--tablets 1" in other.stderr
+    kvlease(*c, "table", "drop", "db.t0")
     table_id = created["table_id"]
     listed = kvlease_json(*c, "table", "list", "--json")
     assert [t["table"] for t in listed["tables"]] == ["db.t"]
@@ -131,7 +136,7 @@ def walk_the_cli(cluster_dir: Path) -> None:
     assert before_ms + 590_000 <= acquired["expiration_time"] <= int(time.time() * 1000) + 610_000
 
     described = kvlease_json(*c, "lease", "describe", "L1", "--json")
-    assert described == {"lease_id": "L1", "expiration_time": acquired["expiration_time"],
+    assert described == {"lease_id": "L1", "expiration_time": acquired["expiration_time"], "owner": None,
                          "buckets": [{"table": "db.t", "bucket": 0, "snapshot_id": 1}]}
     assert kvlease_json(*c, "lease", "list", "--json") == {"leases": [described]}
     assert kvlease_json(*c, "snapshot", "list", "db.t", "--json")["snapshots"][0]["leased_by"] == ["L1"]

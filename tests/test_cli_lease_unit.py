@@ -48,6 +48,16 @@ class FakeAdmin:
         db, name = path.split(".")
         return TableInfo(8, db, name, tuple(columns), tuple(primary_key), buckets)
 
+    tablet_servers: list = [admin.TabletServerInfo(1, "127.0.0.1:2", 3)]
+
+    def get_table_assignment(self, table_id):
+        """Every bucket led by tablet server 1, unless no tablet server is registered."""
+        leader = 1 if self.tablet_servers else -1
+        return self.info, {b: admin.BucketLeader(b, leader, "", 0) for b in range(self.info.buckets)}
+
+    def list_tablet_servers(self):
+        return list(self.tablet_servers)
+
     def drop_table(self, path, ignore_if_not_exists=False):
         """Like AdminClient.drop_table: True if it dropped db.t, False if there was none."""
         if path == "db.t":
@@ -166,4 +176,15 @@ def test_create_if_not_exists_says_whether_it_created(fake_admin):
     assert again.exit_code == 0 and "already exists with this definition (id 7): nothing created" in again.stdout
     doc = json.loads(run("table", "create", "db.t", "--schema", "id BIGINT", "--primary-key", "id", "--buckets", "3",
                          "--if-not-exists", "--json", "--bootstrap", "h:1").stdout)
-    assert (doc["created"], doc["table_id"]) == (False, 7)
+    assert (doc["created"], doc["table_id"], doc["no_leader"]) == (False, 7, [])
+
+
+def test_create_with_no_tablet_server_warns_at_once(fake_admin, monkeypatch):
+    monkeypatch.setattr(FakeAdmin, "tablet_servers", [])
+    created = run("table", "create", "db.new", "--schema", "id BIGINT", "--primary-key", "id", "--buckets", "3",
+                  "--bootstrap", "h:1")
+    assert created.exit_code == 0 and created.stdout.startswith("created table db.new")
+    assert created.stderr == ("warning: bucket(s) 0, 1, 2 of db.new have no leader, so put, get, scan and log fail "
+                              "('no leader assigned') until a tablet server takes them; no tablet server is running "
+                              "in the cluster: start one (a local cluster: kvlease cluster stop --dir D, then "
+                              "kvlease cluster start --dir D --tablets 1)\n")

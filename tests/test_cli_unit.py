@@ -103,7 +103,7 @@ def test_usage_errors_exit_2(args):
     (("lease", "acquire", "L1", "--table", "db.t", "--snapshot", "0:1", "--duration", "10m"),
      "error: Invalid value for '--snapshot': '0:1' is not BUCKET=SNAPSHOT_ID (e.g. 0=12) "
      "(see: kvlease lease acquire --help)"),
-    (("log", "db.t"), "error: Missing option '--bucket'. (see: kvlease log --help)"),
+    (("log", "db.t", "--from", "3"), "error: --from N is an offset of one bucket: give --bucket B too"),
     (("nosuch",), "error: No such command 'nosuch'. (see: kvlease --help)"),
     (("lease", "list", "extra\nline"), "error: Got unexpected extra argument (extra\\nline) "
                                         "(see: kvlease lease list --help)"),

@@ -87,18 +87,40 @@ def test_round_trip_over_tls(make_config, tmp_path, paths, client_auth):
 
 
 def test_mutual_tls_refuses_a_client_without_a_certificate(make_config, tmp_path, paths):
+    from client.transport import TlsMismatchError
+
     cluster = secure_cluster(make_config, tmp_path, paths, client_auth=True)
     try:
         no_cert = Config({"security.enabled": True, "security.tls.ca-file": str(paths.ca)}, env={})
         tls = TlsFiles.from_config(no_cert)
         assert tls.cert is None
-        with AdminClient([cluster.coordinator.address], no_cert, retry_total_s=0) as admin:
-            with pytest.raises(errors.NetworkError):
+        with AdminClient([cluster.coordinator.address], no_cert, retry_total_s=30, request_timeout_s=5) as admin:
+            start = time.monotonic()
+            with pytest.raises(TlsMismatchError) as info:
                 admin.list_tables()
+            assert time.monotonic() - start < 5  # told at once, not after 30 s of "is it a TLS mismatch?"
+        assert "it requires a client certificate (mutual TLS) and this client has none" in info.value.message
+        assert "--cert-file" in info.value.message and "--key-file" in info.value.message
         # with one it is served
         assert cluster.admin.list_tables() == []
     finally:
         cluster.close()
+
+
+def test_tls_without_client_auth_serves_a_client_without_a_certificate(make_config, tmp_path, paths):
+    """The probe for a missing client certificate does not misread a TLS server that takes any client."""
+    from client.transport import tls_mismatch
+    from coordinator.server import CoordinatorServer
+
+    server = CoordinatorServer(make_config(security(paths), **{"coordinator.port": 0})).start()
+    try:
+        assert tls_mismatch(server.address, client_tls=True, client_cert=False) is None
+        no_cert = Config({"security.enabled": True, "security.tls.ca-file": str(paths.ca),
+                          "security.username": "kvlease", "security.password": "node-secret"}, env={})
+        with AdminClient([server.address], no_cert, retry_total_s=5) as admin:
+            assert admin.list_tables() == []
+    finally:
+        server.stop()
 
 
 @pytest.mark.parametrize("client_auth", [False, True], ids=["tls", "mutual-tls"])

@@ -28,8 +28,8 @@ def cluster_dir(state: State, directory: str | None) -> str:
 @click.option("--zk-nodes", type=click.Choice(["1", "3"]), default="1", show_default=True,
               help="ZooKeeper ensemble size.")
 @click.option("--coordinators", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--tablets", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Tablet servers (ids 1..N).")
+@click.option("--tablets", type=click.IntRange(min=0), default=1, show_default=True,
+              help="Tablet servers (ids 1..N); with 0, tables can be made but not written or read.")
 @click.option("--remote", metavar="URI", help="remote.data.dir (default: file://D/remote).")
 @click.option("--timeout", "timeout_ms", type=POSITIVE_DURATION, default="60s", show_default=True,
               help="How long to wait for an active coordinator, then for every tablet server to "
@@ -45,13 +45,15 @@ def cluster_start(state: State, directory: str | None, zk_nodes: str, coordinato
                   remote: str | None, timeout_ms: int, secure: bool) -> None:
     """Start ZooKeeper, coordinators and tablet servers in the background; returns once a
     coordinator is active, every tablet server is registered and every bucket of every table
-    answers on its leader (ready)."""
+    answers on its leader (ready). A stopped cluster started again in D keeps its tables and its
+    coordinators' and tablet servers' ports (a port taken meanwhile is replaced, with a warning)."""
     directory = cluster_dir(state, directory)
     if remote and not remote.startswith(("file:///", "s3://")):
         raise click.BadParameter(f"{errors.show(remote)} is not file:///PATH or s3://BUCKET/PREFIX", param_hint="'--remote'")
     local_cluster.start(directory, zk_nodes=int(zk_nodes), coordinators=coordinators, tablets=tablets,
                         remote=remote, ready_timeout_s=timeout_ms / 1000.0,
-                        progress=lambda text: click.echo(f"{text} …", err=True), secure=secure)
+                        progress=lambda text: click.echo(f"{text} …", err=True), secure=secure,
+                        warn=lambda text: click.echo(f"warning: {text}", err=True))
     doc = local_cluster.status(directory)
     state.output.cluster_status(doc)
     if not state.json_mode:

@@ -1,19 +1,19 @@
-"""The row commands: ``kvlease put``, ``get``, ``delete`` and ``log``."""
+"""The row commands: ``kvlease put``, ``get`` and ``delete`` (``log`` is in :mod:`ops.cli.changelog`)."""
 
 from __future__ import annotations
 
-import json
 import re
 import sys
-import time
 from typing import BinaryIO
 
 import click
+import pyarrow as pa
 
 from common import errors
 from ops import output as out
 from ops.cli.app import State, catch_errors, common_options, kvlease, pass_state
-from ops.cli.values import EPOCH_MS, POSITIVE_DURATION, bucket_number, int64, parse_json_row, parse_keys, table_path
+from ops.cli.put_sources import FORMATS, Reader, source_format
+from ops.cli.values import parse_keys, table_path
 
 PUT_BATCH_ROWS = 10_000
 
@@ -21,73 +21,71 @@ PUT_BATCH_ROWS = 10_000
 @kvlease.command("put")
 @click.argument("path", metavar="DB.NAME", callback=table_path)
 @click.argument("source", metavar="[FILE|-]", type=click.File("rb"), default="-")
+@click.option("--format", "format_", type=click.Choice(FORMATS),
+              help="What FILE holds (default: by its extension: .csv, .parquet or .pq; else JSON lines).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=PUT_BATCH_ROWS, show_default=True,
               help="Rows per write (each write is one request per bucket).")
 @common_options
 @pass_state
 @catch_errors
-def put(state: State, path: str, source: BinaryIO, batch_size: int) -> None:
-    """Upsert rows from JSON lines (one object per line: column -> value) in FILE or stdin.
+def put(state: State, path: str, source: BinaryIO, format_: str | None, batch_size: int) -> None:
+    """Upsert rows from FILE or stdin: JSON lines (one object per line: column -> value), CSV (a header
+    line naming the columns) or Parquet.
 
     BYTES values are base64 text, TIMESTAMP values ISO-8601 text (UTC) or
-    integer microseconds. A bad line stops the command: nothing of its batch
-    is written (earlier batches are).
+    integer microseconds (in CSV and JSON lines). A bad line (or Parquet row)
+    stops the command: nothing of its batch is written (earlier batches are).
+    On a terminal, stderr shows how far it got after every batch.
     """
+    fmt = source_format(getattr(source, "name", "-"), format_)
+    if fmt == "parquet" and not source.seekable():
+        raise click.UsageError("Parquet is read from a file, not from stdin or a pipe: give its path")
     client = state.table_client(path)
     table = client.table
-    written, rows, lines = 0, [], []
+    reader = Reader(source, fmt, table, batch_size)
     show_progress = not state.json_mode and sys.stderr.isatty()
-
-    def flush() -> int:
+    written, batches = 0, iter(reader)
+    while True:
         try:
-            batch = client.codec.to_batch(rows)
-        except errors.InvalidRowError as exc:
-            raise errors.InvalidRowError(f"{_at_lines(exc.message, lines)} (nothing of lines {lines[0]}-{lines[-1]} "
-                                         f"was written; {written} row(s) before them were)") from None
-        try:
-            client.upsert(batch)
-        except errors.KvLeaseError as exc:
-            exc.message = f"{exc.message} (writing lines {lines[0]}-{lines[-1]}; {written} row(s) before them " \
-                          "were written)"
+            rows, where = next(batches)
+        except StopIteration:
+            break
+        except errors.InvalidRowError as exc:  # a value that is not of its column's type, read
+            first = f"{reader.unit} {reader.pending}"
+            exc.message += f" (the {written} row(s) before {first} were written, nothing from {first} on)"
             raise
-        return len(rows)
-
-    for number, raw in enumerate(source, 1):
-        try:
-            line = decode_line(raw, number)
-            if not line.strip():
-                continue
-            rows.append(parse_json_row(line, number, table))
-        except errors.InvalidRowError as exc:
-            first = lines[0] if lines else number  # the rows of lines[] are read but not written yet
-            exc.message += f" (the {written} row(s) before line {first} were written, nothing from line {first} on)"
-            raise
-        lines.append(number)
-        if len(rows) >= batch_size:
-            written += flush()
-            rows, lines = [], []
-            if show_progress:
-                click.echo(f"{written} rows written …", err=True)
-    if rows:
-        written += flush()
+        written += _write(client, rows, where, reader.unit, written)
+        if show_progress:
+            click.echo(_progress(table.path, written, reader.fraction()), err=True)
     state.output.message(f"wrote {written} row(s) to {table.path}", {"table": table.path, "rows": written})
 
 
-def decode_line(raw: bytes, number: int) -> str:
-    """One input line of ``put`` as text; InvalidRowError naming the line if it is not UTF-8."""
+def _write(client, rows, where: list[int], unit: str, written: int) -> int:
+    """One batch upserted; an error names its lines (or rows) and what was written before them."""
+    span = f"{unit}s {where[0]}-{where[-1]}"
     try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise errors.InvalidRowError(f"line {number}: not UTF-8 (byte {exc.start + 1} of the line: "
-                                     f"{exc.reason})") from None
+        batch = rows if isinstance(rows, pa.RecordBatch) else client.codec.to_batch(rows)
+        client.upsert(batch)
+    except errors.InvalidRowError as exc:
+        raise errors.InvalidRowError(f"{_at_lines(exc.message, where, unit)} (nothing of {span} was written; "
+                                     f"{written} row(s) before them were)") from None
+    except errors.KvLeaseError as exc:
+        exc.message = f"{exc.message} (writing {span}; {written} row(s) before them were written)"
+        raise
+    return len(where)
 
 
-def _at_lines(message: str, lines: list[int]) -> str:
-    """A codec message about ``row i`` of a batch, told as the input line of that row."""
+def _progress(path: str, written: int, fraction: float | None) -> str:
+    done = f" ({fraction:.0%} of the input)" if fraction is not None else ""
+    return f"{path}: {written:,} rows written{done} …"
+
+
+def _at_lines(message: str, where: list[int], unit: str = "line") -> str:
+    """A codec message about ``row i`` of a batch, told as the input line (or row) of that row."""
     m = re.match(r"^row (\d+)(.*)$", message, re.S)
-    if m and int(m.group(1)) < len(lines):
-        return f"line {lines[int(m.group(1))]}{m.group(2)}"
-    return f"lines {lines[0]}-{lines[-1]}: {message}"
+    if m and int(m.group(1)) < len(where):
+        return f"{unit} {where[int(m.group(1))]}{m.group(2)}"
+    return f"{unit}s {where[0]}-{where[-1]}: {message}"
 
 
 def _key_command(func):
@@ -122,70 +120,3 @@ def delete(state: State, path: str, keys: tuple[str, ...]) -> None:
     if deleted < len(keys):
         text += f" ({len(keys) - deleted} key(s) had no row)"
     state.output.message(text, {"table": client.table.path, "keys": len(keys), "deleted": deleted})
-
-
-@kvlease.command("log")
-@click.argument("path", metavar="DB.NAME", callback=table_path)
-@click.option("--bucket", type=bucket_number(), required=True, help="The bucket whose changelog to read.")
-@click.option("--from", "from_offset", type=int64(), metavar="N",
-              help="First offset (default: the earliest kept).")
-@click.option("--from-timestamp", "from_timestamp", type=EPOCH_MS, metavar="TIME",
-              help="Start at the first record appended at or after TIME (ms since the epoch or ISO-8601, "
-                   "UTC unless it names a zone).")
-@click.option("--follow", is_flag=True, help="Keep polling for new records until Ctrl-C.")
-@click.option("--poll-interval", type=POSITIVE_DURATION, default="500ms", show_default=True, metavar="DURATION",
-              help="How often --follow asks for new records.")
-@common_options
-@pass_state
-@catch_errors
-def log_command(state: State, path: str, bucket: int, from_offset: int | None, from_timestamp: int | None,
-                follow: bool, poll_interval: int) -> None:
-    """Print a bucket's change records as JSON lines {offset, change_type, timestamp, row}.
-
-    change_type is +I (insert), -U / +U (update: before / after image) or -D
-    (delete: the deleted row). timestamp is when the record was appended:
-    ISO-8601 UTC with milliseconds (ms since the epoch with --json), null for
-    records written before the changelog kept times. Without --follow it
-    stops at the end of the log; with --json it prints one document instead
-    (not with --follow). Ctrl-C ends it with exit code 130, as any command:
-    what it printed may not reach the end.
-    """
-    if follow and state.json_mode:
-        raise click.UsageError("--json prints one document; it cannot be combined with --follow")
-    if from_offset is not None and from_timestamp is not None:
-        raise click.UsageError("give --from or --from-timestamp, not both")
-    client = state.table_client(path)
-    if bucket >= client.table.buckets:
-        raise errors.BucketOutOfRangeError(f"table {client.table.path} has buckets 0..{client.table.buckets - 1}, "
-                                           f"not {bucket}")
-    if from_offset is not None:
-        offset = from_offset
-    elif from_timestamp is not None:
-        offset = client.list_offsets([bucket], timestamp=from_timestamp)[bucket]
-    else:
-        offset = client.list_offsets([bucket])[bucket][0]
-    start, stop_at, collected = offset, None, []
-    try:
-        while True:
-            records, end = client.fetch_log(bucket, offset)
-            if stop_at is None:
-                stop_at = end
-            for record in records:
-                doc = out.log_record_doc(record)
-                if state.json_mode:
-                    collected.append(doc)
-                else:
-                    click.echo(json.dumps(out.log_record_line(doc)))
-            if records:
-                offset = records[-1]["offset"] + 1
-                sys.stdout.flush()
-            if not follow and (offset >= stop_at or not records):
-                break
-            if follow and not records:
-                time.sleep(poll_interval / 1000.0)
-    except BrokenPipeError:  # e.g. piped into head
-        sys.stderr.close()
-        return
-    if state.json_mode:
-        state.output.document({"table": client.table.path, "bucket": bucket, "from_offset": start,
-                               "log_end_offset": stop_at, "records": collected})

@@ -44,7 +44,30 @@ def table_create(state: State, path: str, schema: str, primary_key: str, buckets
         text = f"table {info.path} already exists with this definition (id {info.table_id}): nothing created"
     else:
         text = f"created table {info.path} (id {info.table_id}, {info.buckets} buckets)"
-    state.output.message(text, {**out.table_doc(info), "created": not existed})
+    no_leader = _without_leader(state, info.table_id)
+    state.output.message(text, {**out.table_doc(info), "created": not existed, "no_leader": no_leader})
+    if no_leader:
+        click.echo(f"warning: {_no_leader_warning(state, info.path, no_leader)}", err=True)
+
+
+def _without_leader(state: State, table_id: int) -> list[int]:
+    """The buckets of a table that no tablet server leads (the coordinator found none live with room)."""
+    _, leaders = state.client.get_table_assignment(table_id)
+    return [b for b, leader in sorted(leaders.items()) if leader.leader_id < 0]
+
+
+def _no_leader_warning(state: State, path: str, buckets: list[int]) -> str:
+    """Why a new table's buckets have no leader, and what to do, in a sentence."""
+    shown = ", ".join(map(str, buckets[:10])) + (f" and {len(buckets) - 10} more" if len(buckets) > 10 else "")
+    if state.client.list_tablet_servers():
+        why = ("every live tablet server leads as many buckets as it may (tablet.buckets.max): start another "
+               "tablet server or raise tablet.buckets.max")
+    else:
+        directory = state.cluster if state.cluster and not state.bootstrap else "D"
+        why = (f"no tablet server is running in the cluster: start one (a local cluster: kvlease cluster stop "
+               f"--dir {directory}, then kvlease cluster start --dir {directory} --tablets 1)")
+    return (f"bucket(s) {shown} of {path} have no leader, so put, get, scan and log fail ('no leader assigned') "
+            f"until a tablet server takes them; {why}")
 
 
 def _exists(state: State, path: str) -> bool:
@@ -86,3 +109,4 @@ def table_drop(state: State, path: str, if_exists: bool) -> None:
     dropped = state.client.drop_table(path, ignore_if_not_exists=if_exists)
     text = f"dropped table {path}" if dropped else f"no table {path} (nothing to drop)"
     state.output.message(text, {"table": path, "dropped": dropped})
+

@@ -1,0 +1,125 @@
+"""``kvlease log``: a table's change records, of one bucket (``--bucket``) or of every bucket."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import click
+
+from common import errors
+from ops import output as out
+from ops.cli.app import State, catch_errors, common_options, kvlease, pass_state
+from ops.cli.values import EPOCH_MS, POSITIVE_DURATION, bucket_number, int64, table_path
+
+
+@kvlease.command("log")
+@click.argument("path", metavar="DB.NAME", callback=table_path)
+@click.option("--bucket", type=bucket_number(), help="Only this bucket's changelog (default: every bucket).")
+@click.option("--from", "from_offset", type=int64(), metavar="N",
+              help="First offset (default: the earliest kept); needs --bucket.")
+@click.option("--from-timestamp", "from_timestamp", type=EPOCH_MS, metavar="TIME",
+              help="Start at the first record appended at or after TIME (ms since the epoch or ISO-8601, "
+                   "UTC unless it names a zone), in every bucket read.")
+@click.option("--follow", is_flag=True, help="Keep polling for new records until Ctrl-C.")
+@click.option("--poll-interval", type=POSITIVE_DURATION, default="500ms", show_default=True, metavar="DURATION",
+              help="How often --follow asks for new records.")
+@common_options
+@pass_state
+@catch_errors
+def log_command(state: State, path: str, bucket: int | None, from_offset: int | None, from_timestamp: int | None,
+                follow: bool, poll_interval: int) -> None:
+    """Print change records as JSON lines {offset, change_type, timestamp, row}.
+
+    Without --bucket: every bucket, each in offset order, bucket 0 first, and
+    each line has a "bucket" too. change_type is +I (insert), -U / +U
+    (update: before / after image) or -D (delete: the deleted row).
+    timestamp is when the record was appended: ISO-8601 UTC with
+    milliseconds (ms since the epoch with --json), null for records written
+    before the changelog kept times. Without --follow it stops at the end of
+    each bucket's log as it was when the command started; --follow then keeps
+    polling every bucket read. With --json it prints one document instead
+    (not with --follow). Ctrl-C ends it with exit code 130, as any command:
+    what it printed may not reach the end.
+    """
+    if follow and state.json_mode:
+        raise click.UsageError("--json prints one document; it cannot be combined with --follow")
+    if from_offset is not None and from_timestamp is not None:
+        raise click.UsageError("give --from or --from-timestamp, not both")
+    if from_offset is not None and bucket is None:
+        raise click.UsageError("--from N is an offset of one bucket: give --bucket B too "
+                               "(or --from-timestamp TIME, which every bucket has)")
+    client = state.table_client(path)
+    table = client.table
+    if bucket is not None and bucket >= table.buckets:
+        raise errors.BucketOutOfRangeError(f"table {table.path} has buckets 0..{table.buckets - 1}, not {bucket}")
+    buckets = [bucket] if bucket is not None else list(range(table.buckets))
+    reader = LogReader(client, buckets, _start_offsets(client, buckets, from_offset, from_timestamp),
+                       with_bucket=bucket is None)
+    try:
+        reader.read_to_end(None if state.json_mode else _print_line)
+        if follow:
+            reader.follow(_print_line, poll_interval / 1000.0)
+    except BrokenPipeError:  # e.g. piped into head
+        sys.stderr.close()
+        return
+    if state.json_mode:
+        docs = [{"bucket": b, "from_offset": reader.start[b], "log_end_offset": reader.end[b],
+                 "records": reader.collected[b]} for b in buckets]
+        state.output.document({"table": table.path, **docs[0]} if bucket is not None
+                              else {"table": table.path, "buckets": docs})
+
+
+def _start_offsets(client, buckets: list[int], from_offset: int | None, from_timestamp: int | None) -> dict[int, int]:
+    if from_offset is not None:
+        return {b: from_offset for b in buckets}
+    if from_timestamp is not None:
+        return dict(client.list_offsets(buckets, timestamp=from_timestamp))
+    return {b: earliest for b, (earliest, _latest) in client.list_offsets(buckets).items()}
+
+
+def _print_line(doc: dict) -> None:
+    click.echo(json.dumps(out.log_record_line(doc)))
+
+
+class LogReader:
+    """Reads the changelog of ``buckets`` from ``start``: each bucket in offset order, one after another
+    up to the end it had when first asked (:meth:`read_to_end`), then all of them in turns (:meth:`follow`)."""
+
+    def __init__(self, client, buckets: list[int], start: dict[int, int], *, with_bucket: bool) -> None:
+        self.client = client
+        self.buckets = buckets
+        self.start = dict(start)
+        self.next = dict(start)
+        self.end: dict[int, int] = {}
+        self.collected: dict[int, list[dict]] = {b: [] for b in buckets}
+        self.with_bucket = with_bucket
+
+    def _fetch(self, bucket: int, emit) -> int:
+        """One fetch of ``bucket`` from its next offset; each record to ``emit`` (None: collected)."""
+        records, end = self.client.fetch_log(bucket, self.next[bucket])
+        self.end.setdefault(bucket, end)
+        for record in records:
+            doc = out.log_record_doc(record)
+            if self.with_bucket:
+                doc = {"bucket": bucket, **doc}
+            if emit is None:
+                self.collected[bucket].append(doc)
+            else:
+                emit(doc)
+        if records:
+            self.next[bucket] = records[-1]["offset"] + 1
+            sys.stdout.flush()
+        return len(records)
+
+    def read_to_end(self, emit) -> None:
+        for bucket in self.buckets:
+            while self._fetch(bucket, emit) and self.next[bucket] < self.end[bucket]:
+                pass
+
+    def follow(self, emit, poll_interval_s: float) -> None:
+        """Until interrupted: every bucket in turn, sleeping when none had a new record."""
+        while True:
+            if not sum(self._fetch(bucket, emit) for bucket in self.buckets):
+                time.sleep(poll_interval_s)
