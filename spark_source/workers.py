@@ -56,7 +56,7 @@ def check_workers(spark) -> None:
     missing = missing_modules(python)
     if missing:
         raise WorkerPythonError(
-            f"Spark's Python workers run {python!r} (PYSPARK_PYTHON), which cannot import {', '.join(missing)}: "
-            f"every kvlease read would fail with \"No module named '{missing[0]}'\". Set "
+            f"Spark's Python workers run {python!r} (PYSPARK_PYTHON), which cannot import {', '.join(missing)}, "
+            "so every kvlease read or write would fail in them (\"No module named …\"). Set "
             f"PYSPARK_PYTHON={sys.executable} (the python that has kvlease installed) in the environment before "
             "the SparkSession is built, and stop any session built without it")

@@ -107,19 +107,18 @@ def test_overwrite_is_refused_in_every_form(spark, kv, sql):
     assert table_rows(kv, "shop.orders", range(3)) == [row(i) for i in range(3)]
 
 
-def test_a_stream_of_a_catalog_table(spark, kv, sql):
+def test_a_stream_of_a_catalog_table_into_another(spark, kv, sql):
     seed(kv, 2, 12)
-    orders = sql.name("orders")
+    kv.create_table("shop.copy", ALL_TYPES, ["id"], 2)
+    orders, copy = sql.name("orders"), sql.name("copy")
     sql(f"CREATE TABLE {orders} USING kvlease OPTIONS ({options(kv, 'shop.orders')})")
-    sink = f"sink_{uuid.uuid4().hex[:8]}"
+    sql(f"CREATE TABLE IF NOT EXISTS {copy} USING kvlease OPTIONS ({options(kv, 'shop.copy')})")
     with tempfile.TemporaryDirectory() as checkpoint:
-        query = spark.readStream.table(orders).writeStream.format("memory").queryName(sink) \
-            .option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
+        query = spark.readStream.table(orders).writeStream.option("checkpointLocation", checkpoint) \
+            .option("bootstrap", kv.coordinator.address).option("table", "shop.copy") \
+            .trigger(availableNow=True).toTable(copy)
         assert query.awaitTermination(120), "the stream did not catch up"
-    got = spark.table(sink)
-    assert rows_of(got) == {i: row(i) for i in range(12)}
-    assert {r._change_type for r in got.select("_change_type").collect()} == {"insert"}
-    spark.sql(f"DROP VIEW IF EXISTS {sink}")
+    assert table_rows(kv, "shop.copy", range(12)) == [row(i) for i in range(12)]
 
 
 def test_a_temporary_view_with_a_column_list_reads_and_takes_inserts(spark, kv, sql):
@@ -141,6 +140,10 @@ def test_a_table_created_with_a_column_list_or_table_properties_says_what_to_do(
     sql(f"CREATE TABLE {listed} (id BIGINT) USING kvlease OPTIONS ({options(kv, 'shop.orders')})")
     with pytest.raises(Exception, match="without a column list"):
         sql(f"SELECT * FROM {listed}")
+    ctas = sql.name("ctas")
+    with pytest.raises(Exception, match="this write names no kvlease table"):
+        sql(f"CREATE TABLE {ctas} USING kvlease OPTIONS ({options(kv, 'shop.orders')}) AS SELECT 1L AS id")
+    assert ctas not in {t.name for t in spark.catalog.listTables()}
     with pytest.raises(Exception, match="table property 'colour' means nothing to kvlease"):
         sql(f"CREATE TABLE {props} USING kvlease OPTIONS ({options(kv, 'shop.orders')}) TBLPROPERTIES ('colour'='red')")
 
