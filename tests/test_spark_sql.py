@@ -52,7 +52,8 @@ def table_rows(kv, table: str, ids) -> list:
 def test_create_table_then_select_reads_the_table_and_a_query_adds_read_options(spark, kv, sql):
     seed(kv, 2, 30)
     t = sql.name("orders")
-    sql(f"CREATE TABLE {t} USING kvlease OPTIONS ({options(kv, 'shop.orders')}) COMMENT 'kvlease orders'")
+    sql(f"CREATE TABLE {t} USING kvlease OPTIONS ({options(kv, 'shop.orders')}, 'split.max-rows' '1000') "
+        "COMMENT 'kvlease orders'")
     assert rows_of(spark.sql(f"SELECT * FROM {t}")) == {i: row(i) for i in range(30)}
     assert rows_of(spark.table(t)) == {i: row(i) for i in range(30)}
     assert [r[0] for r in sql(f"SELECT count(*) FROM {t} WHERE qty >= 100")] == [20]
