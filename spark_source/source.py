@@ -16,6 +16,7 @@ from pyspark.sql.types import StructType
 
 from common.tables import TableInfo
 import spark_source.options as opts
+from spark_source import catalog
 from spark_source.batch import BatchReader
 from spark_source.schema import read_columns, table_schema
 from spark_source.splits import ReadContext
@@ -29,17 +30,35 @@ class KvLeaseDataSource(DataSource):
         return "kvlease"
 
     @cached_property
+    def _given(self) -> dict[str, str]:
+        """The options: a ``CREATE TABLE``'s OPTIONS, or those of the read or write (:mod:`spark_source.catalog`).
+        A read of a catalog table replaces them with the table's own first (:meth:`_read_options`)."""
+        if catalog.is_create(self.options):
+            return catalog.from_create(self.options)
+        return {str(k).lower(): str(v) for k, v in self.options.items()}
+
+    @cached_property
     def _cluster(self) -> tuple[TableInfo, object]:
         """The table and the remote storage, from the coordinator."""
-        bootstrap, table, security = opts.connection(self.options)
+        bootstrap, table, security = opts.connection(self._given)
         with opts.connect(bootstrap, security) as admin:
             return admin.get_table(table), admin.coordinator_info(admin.address).remote_storage()
 
     def schema(self) -> StructType:
         """The table's columns and the four metadata columns. Spark asks one schema for batch and
-        streaming reads alike, so a full batch read carries them too (see README "Spark")."""
-        opts.parse(self.options)
-        return table_schema(self._cluster[0], with_changes=True)
+        streaming reads alike, so a full batch read carries them too (see README "Spark"). A ``CREATE TABLE``'s
+        schema keeps the OPTIONS, for the table's later reads."""
+        opts.parse(self._given)
+        schema = table_schema(self._cluster[0], with_changes=True)
+        return catalog.remember(schema, self._given) if catalog.is_create(self.options) else schema
+
+    def _read_options(self, schema: StructType) -> opts.Options:
+        """The read's options, checked; a catalog table's read takes the table's own from ``schema``."""
+        self.__dict__["_given"] = catalog.recall(self._given, schema)
+        try:
+            return opts.parse(self._given)
+        except opts.OptionError as exc:
+            raise opts.OptionError(f"{exc}{catalog.no_table_hint(self._given)}") from None
 
     def _context(self, parsed: opts.Options, schema: StructType) -> ReadContext:
         table, storage = self._cluster
@@ -51,11 +70,11 @@ class KvLeaseDataSource(DataSource):
                            tuple(field.nullable for field in schema.fields), parsed.lease_duration_ms)
 
     def reader(self, schema: StructType) -> BatchReader:
-        parsed = opts.parse(self.options)
+        parsed = self._read_options(schema)
         return BatchReader(parsed, self._context(parsed, schema))
 
     def streamReader(self, schema: StructType) -> StreamReader:
-        parsed = opts.parse(self.options)
+        parsed = self._read_options(schema)
         if parsed.bootstrap_mode == "live":
             raise opts.OptionError("option 'bootstrap.mode'=live is for batch reads only: a live scan cannot be "
                                    "replayed, so a streaming query could not be exactly-once; use "
@@ -82,9 +101,11 @@ class KvLeaseDataSource(DataSource):
         return StreamWriter(*self._write_setup(schema, overwrite))
 
     def _write_setup(self, schema: StructType, overwrite: bool) -> tuple:
-        parsed = opts.parse(self.options, reading=False)
         if overwrite:
-            raise opts.OptionError("mode 'overwrite' is not supported: kvlease upserts by primary key; use "
-                                   "mode('append')")
+            raise opts.OptionError("mode 'overwrite' is not supported (nor INSERT OVERWRITE, writeTo().overwrite()): "
+                                   "kvlease upserts by primary key; use mode('append') or INSERT INTO")
+        if not self._given.keys() & catalog.LOCATING:
+            raise opts.OptionError(catalog.WRITE_NEEDS_OPTIONS)
+        parsed = opts.parse(self._given, reading=False)
         table = self._cluster[0]
         return parsed.bootstrap, table, check_schema(table, schema), parsed.security
