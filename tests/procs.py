@@ -28,8 +28,8 @@ from common import errors, zkpaths
 from client.admin import AdminClient, CoordinatorInfo
 from common.model import Lease, TableBucket
 from leases.store import LeaseStore
-from ops.cluster import free_ports, log_tail
-from ops.zookeeper import dying_with_parent
+from ops.local_cluster import free_ports, log_tail
+from ops.local_cluster import dying_with_parent
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
