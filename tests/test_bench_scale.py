@@ -97,7 +97,7 @@ def test_the_raw_phase_measures_both_kazoo_handlers_and_anchors_on_the_faster(zk
     from common.zk import connect_string
 
     settings = bench_leases.BenchSettings(raw_writes=300, raw_window=50, session_timeout_ms=6000)
-    raw = bench_leases._raw_phase(connect_string(zk_config), settings)
+    raw = bench_leases.raw_phase(connect_string(zk_config), settings)
     by = raw["by_handler"]
     assert set(by) == {"stock", "poll"}
     assert all(rates["create"] > 0 and rates["set"] > 0 for rates in by.values())

@@ -64,13 +64,13 @@ from common.kvsnapshot import scan_read_options
 from common.tables import Column, TableInfo
 import ops.bench.suite as bench_suite
 from ops import local_cluster
-from ops.bench.suite import MB, Option, Row, cpu_seconds, positive_int, wait_idle
+from ops.bench.scan_report import SECURE_KINDS, SECURE_TARGET, TARGETS, report, target_rows
+from ops.bench.suite import Option, cpu_seconds, positive_int, wait_idle
+
+__all__ = ["OPTIONS", "report", "run", "target_rows"]  # what the suite uses
 
 TABLE = "bench.scan"
 COLUMNS = [Column("id", "STRING"), Column("v", "STRING")]
-TARGETS = {"unary": 0.65, "stream": 0.75}  # ratio to raw, decoded rows (issue 12)
-MEMORY_TARGET_FACTOR = 2  # peak RSS above the RSS before <= 2 x (scanners x batch) + 32 MB
-MEMORY_TARGET_SLACK = 32 * MB
 LOAD_BATCH_ROWS = 20_000
 CONCURRENT_SCANNERS = 8
 
@@ -81,8 +81,6 @@ OPTIONS = (
            "a user with a password and READ/WRITE grants) vs a plain one, both up in the same run, rounds "
            "interleaved (target secure >= 0.8 of plain)"),
 )
-SECURE_TARGET = 0.8  # secure rows/s over plain, at least
-SECURE_KINDS = {"unary": False, "stream": True}  # kind -> streaming
 
 
 def make_batch(start: int, count: int) -> pa.RecordBatch:
@@ -263,10 +261,34 @@ def _until_allowed(call: Callable[[], Any], timeout_s: float = 15.0) -> Any:
             time.sleep(0.05)
 
 
-def run_secure(rows: int, rounds: int, progress: bench_suite.Progress) -> dict[str, Any]:
-    """Two local clusters up at once, one plain and one ``--secure`` (where user ``bench``, not a super user,
-    is granted CREATE on the database and READ and WRITE on the table); the same rows loaded into each; then
-    ``rounds`` rounds, each a full decoded scan per scanner kind on one cluster then the other."""
+def _best_of_rounds(scans: dict[str, Callable[[], int]], rows: int, rounds: int, tablet_pid: int,
+                    progress: bench_suite.Progress) -> tuple[dict[str, float], dict[str, dict], dict[str, dict]]:
+    """Every scan of ``scans``, ``rounds`` times: per scan its best rows/s, the CPU seconds of that best run
+    (client and tablet server), and the tablet server's largest peak RSS over its runs (not for ``raw``)."""
+    best: dict[str, float] = {}
+    cpu: dict[str, dict] = {}
+    memory: dict[str, dict] = {}
+    for round_ in range(rounds):
+        progress(f"full scans, round {round_ + 1} of {rounds}")
+        for name, scan in scans.items():
+            client_cpu, server_cpu = time.process_time(), cpu_seconds(tablet_pid)
+            if name == "raw":
+                rate, elapsed = timed(scan, rows)
+            else:
+                with PeakRss(tablet_pid) as peak:
+                    rate, elapsed = timed(scan, rows)
+                if name not in memory or peak.peak - peak.before > memory[name]["peak_above_before"]:
+                    memory[name] = peak.doc()
+            if rate > best.get(name, 0.0):
+                best[name] = rate
+                cpu[name] = {"elapsed_s": elapsed, "client_cpu_s": time.process_time() - client_cpu,
+                             "server_cpu_s": cpu_seconds(tablet_pid) - server_cpu}
+    return best, cpu, memory
+
+
+def _secure_client(directory: str, mode: str, rows: int, admins: list, progress: bench_suite.Progress):
+    """A table client of the cluster in ``directory`` (for ``secure``: as user ``bench`` with its grants) on
+    the table, ``rows`` rows loaded and snapshotted; its admin client is appended to ``admins``."""
     import secrets
 
     from client.admin import AdminClient
@@ -274,6 +296,30 @@ def run_secure(rows: int, rounds: int, progress: bench_suite.Progress) -> dict[s
     from common import config as cfg
     from common.security.acl import Operation, Resource
 
+    config = local_cluster.client_config(local_cluster.load(directory))
+    if mode == "secure":
+        password = secrets.token_urlsafe(16)
+        with AdminClient(local_cluster.bootstrap(directory), config, retry_total_s=30) as admin:
+            admin.add_user("bench", password)
+            admin.add_acl(Resource.database("bench"), "User:bench", Operation.CREATE)
+            for operation in (Operation.READ, Operation.WRITE):
+                admin.add_acl(Resource.table(TABLE), "User:bench", operation)
+        config = config.with_overrides({cfg.SECURITY_USERNAME.name: "bench", cfg.SECURITY_PASSWORD.name: password})
+    admin = AdminClient(local_cluster.bootstrap(directory), config, retry_total_s=30)
+    admins.append(admin)
+    _until_allowed(lambda: admin.create_table(TABLE, COLUMNS, ["id"], 1))
+    client = TableClient(admin, TABLE)
+    progress(f"{mode}: upserting {rows:,} rows, snapshot")
+    _until_allowed(lambda: client.upsert(make_batch(0, 1)))  # WRITE has reached the tablet server
+    load(client, rows)
+    client.trigger_snapshot(wait=True)
+    return client
+
+
+def run_secure(rows: int, rounds: int, progress: bench_suite.Progress) -> dict[str, Any]:
+    """Two local clusters up at once, one plain and one ``--secure`` (where user ``bench``, not a super user,
+    is granted CREATE on the database and READ and WRITE on the table); the same rows loaded into each; then
+    ``rounds`` rounds, each a full decoded scan per scanner kind on one cluster then the other."""
     base = tempfile.mkdtemp(prefix="kvlease-bench-scan-")
     started: list[str] = []
     admins: list = []
@@ -284,25 +330,7 @@ def run_secure(rows: int, rounds: int, progress: bench_suite.Progress) -> dict[s
             started.append(directory)
             local_cluster.start(directory, tablets=1, secure=mode == "secure", progress=progress, config_overrides={
                 "kv.snapshot.interval": "1h", "log.flush.fsync": False})
-            doc = local_cluster.load(directory)
-            config = local_cluster.client_config(doc)
-            if mode == "secure":
-                password = secrets.token_urlsafe(16)
-                with AdminClient(local_cluster.bootstrap(directory), config, retry_total_s=30) as admin:
-                    admin.add_user("bench", password)
-                    admin.add_acl(Resource.database("bench"), "User:bench", Operation.CREATE)
-                    for operation in (Operation.READ, Operation.WRITE):
-                        admin.add_acl(Resource.table(TABLE), "User:bench", operation)
-                config = config.with_overrides({cfg.SECURITY_USERNAME.name: "bench",
-                                                cfg.SECURITY_PASSWORD.name: password})
-            admin = AdminClient(local_cluster.bootstrap(directory), config, retry_total_s=30)
-            admins.append(admin)
-            _until_allowed(lambda: admin.create_table(TABLE, COLUMNS, ["id"], 1))
-            client = clients[mode] = TableClient(admin, TABLE)
-            progress(f"{mode}: upserting {rows:,} rows, snapshot")
-            _until_allowed(lambda: client.upsert(make_batch(0, 1)))  # WRITE has reached the tablet server
-            load(client, rows)
-            client.trigger_snapshot(wait=True)
+            clients[mode] = _secure_client(directory, mode, rows, admins, progress)
         for directory in started:
             wait_idle(local_cluster.load(directory)["tablets"][0]["pid"])
         best: dict[str, dict[str, float]] = {mode: {} for mode in clients}
@@ -361,24 +389,7 @@ def run(*, rows: int, rounds: int, secure: bool = False,
                     "unary_records": scanner_scan(client, streaming=False, decode=False),
                     "stream_records": scanner_scan(client, streaming=True, decode=False),
                 }
-                best: dict[str, float] = {}
-                cpu: dict[str, dict] = {}  # of the best run: seconds of CPU per full scan
-                memory: dict[str, dict] = {}
-                for round_ in range(rounds):
-                    progress(f"full scans, round {round_ + 1} of {rounds}")
-                    for name, scan in scans.items():
-                        client_cpu, server_cpu = time.process_time(), cpu_seconds(tablet_pid)
-                        if name == "raw":
-                            rate, elapsed = timed(scan, rows)
-                        else:
-                            with PeakRss(tablet_pid) as peak:
-                                rate, elapsed = timed(scan, rows)
-                            if name not in memory or peak.peak - peak.before > memory[name]["peak_above_before"]:
-                                memory[name] = peak.doc()
-                        if rate > best.get(name, 0.0):
-                            best[name] = rate
-                            cpu[name] = {"elapsed_s": elapsed, "client_cpu_s": time.process_time() - client_cpu,
-                                         "server_cpu_s": cpu_seconds(tablet_pid) - server_cpu}
+                best, cpu, memory = _best_of_rounds(scans, rows, rounds, tablet_pid, progress)
                 progress(f"{CONCURRENT_SCANNERS} scanners at once")
                 with PeakRss(tablet_pid) as peak:
                     concurrent = concurrent_scanners(client, CONCURRENT_SCANNERS, max(1, rows // 5))
@@ -402,81 +413,6 @@ def run(*, rows: int, rounds: int, secure: bool = False,
         except local_cluster.ClusterError:
             pass  # nothing was started
         shutil.rmtree(base, ignore_errors=True)
-
-
-def _secure_report(r: dict[str, Any]) -> str:
-    lines = [f"kvlease bench scan --secure: {r['rows']:,} rows, 1 bucket, decoded rows, best of {r['rounds']} "
-             "interleaved runs; mutual TLS + password + ACL checks vs none"]
-    for kind in SECURE_KINDS:
-        plain, secure = r["rows_per_s"]["plain"][kind], r["rows_per_s"]["secure"][kind]
-        ratio = r["secure_to_plain"][kind]
-        lines.append(f"  {kind:<6} plain {plain:>12,.0f} rows/s   secure {secure:>12,.0f} rows/s   = {ratio:.2f} "
-                     f"(target >= {r['target']}: {'ok' if ratio >= r['target'] else 'BELOW TARGET'})")
-    return "\n".join(lines)
-
-
-def report(r: dict[str, Any]) -> str:
-    if r.get("secure"):
-        return _secure_report(r)
-    mb = 1 << 20
-    rate, ratio = r["rows_per_s"], r["ratio_to_raw"]
-
-    def verdict(name: str) -> str:
-        target = r["targets"].get(name)
-        if target is None:
-            return ""
-        return f"(target >= {target}: {'ok' if ratio[name] >= target else 'BELOW TARGET'})"
-
-    lines = [f"{r['rows']:,} rows (id STRING 16 chars, v STRING 100 B), 1 bucket, batches of "
-             f"{r['batch_size_bytes'] / mb:g} MB; loaded at {r['load_rows_per_s']:,.0f} rows/s; best of {r['rounds']} "
-             "interleaved runs",
-             f"  raw rocksdict iteration in-process    {rate['raw']:>12,.0f} rows/s"]
-    for name, label in (("unary_decoded", "KvBatchScanner, decoded rows"), ("stream_decoded", "KvStreamScanner, decoded rows"),
-                        ("unary_records", "KvBatchScanner, records only"), ("stream_records", "KvStreamScanner, records only")):
-        lines.append(f"  {label:<37} {rate[name]:>12,.0f} rows/s  = {ratio[name]:.2f} of raw {verdict(name)}")
-    lines.append("  CPU per full scan (best run): elapsed / client CPU / tablet server CPU")
-    for name, c in r["cpu"].items():
-        if name != "raw":
-            lines.append(f"    {name:<16} {c['elapsed_s']:.2f} s / {c['client_cpu_s']:.2f} s / {c['server_cpu_s']:.2f} s")
-    lines.append("  tablet server peak RSS above its RSS before the scan (1 scanner, batch "
-                 f"{r['batch_size_bytes'] / mb:g} MB):")
-    for name, doc in r["server_memory"].items():
-        lines.append(f"    {name:<16} +{doc['peak_above_before'] / mb:6.1f} MB (RSS before {doc['rss_before'] / mb:.0f} MB)")
-    c = r["concurrent"]
-    lines.append(f"  {c['scanners']} scanners open at once, {c['rows']:,} rows round-robin: {c['rows_per_s']:,.0f} rows/s, "
-                 f"peak +{c['memory']['peak_above_before'] / mb:.1f} MB vs batch x scanners "
-                 f"{c['batch_x_scanners'] / mb:g} MB ({c['memory']['method']})")
-    return "\n".join(lines)
-
-
-def memory_target(scanners: int, batch_bytes: int) -> int:
-    """Bytes the tablet server's peak RSS may grow by while ``scanners`` read batches of ``batch_bytes``."""
-    return MEMORY_TARGET_FACTOR * scanners * batch_bytes + MEMORY_TARGET_SLACK
-
-
-def memory_formula(scanners: int, batch_bytes: int) -> str:
-    """:func:`memory_target` spelled out, e.g. ``2 x (8 x 4 MB) + 32 MB``."""
-    return (f"{MEMORY_TARGET_FACTOR} x ({scanners} x {batch_bytes / MB:g} MB) + {MEMORY_TARGET_SLACK / MB:g} MB")
-
-
-def target_rows(figures: dict[str, Any]) -> list[Row]:
-    if figures.get("secure"):
-        rate = figures["rows_per_s"]
-        return [Row.ratio(f"{kind}, secure / plain", rate["secure"][kind], rate["plain"][kind], "rows/s",
-                          SECURE_TARGET) for kind in SECURE_KINDS]
-    rate, raw, batch = figures["rows_per_s"], figures["rows_per_s"]["raw"], figures["batch_size_bytes"]
-    one = max(doc["peak_above_before"] for doc in figures["server_memory"].values())
-    concurrent = figures["concurrent"]
-    scanners = concurrent["scanners"]
-    return [
-        Row.ratio("stream, decoded / raw iteration", rate["stream_decoded"], raw, "rows/s", TARGETS["stream"]),
-        Row.ratio("unary, decoded / raw iteration", rate["unary_decoded"], raw, "rows/s", TARGETS["unary"]),
-        Row.limit(f"server peak RSS above before, 1 scanner (worst kind); <= {memory_formula(1, batch)}",
-                  one / MB, batch / MB, "MB", memory_target(1, batch) / MB),
-        Row.limit(f"server peak RSS above before, {scanners} scanners; <= {memory_formula(scanners, batch)}",
-                  concurrent["memory"]["peak_above_before"] / MB, scanners * batch / MB, "MB",
-                  memory_target(scanners, batch) / MB),
-    ]
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from ops.local_cluster.cluster_file import (CLUSTER_FILE, ZK_ROOT, bootstrap, cl
 from ops.local_cluster.control import (ROLES, active_coordinator, kill, member, restart, served_buckets, status,
                                        zk_leader)
 from ops.local_cluster.launch import start, stop
-from ops.local_cluster.processes import (ClusterError, ServerProcess, dying_with_parent, free_ports, kept_ports,
+from ops.local_cluster.processes import (ClusterError, ServerProcess, child_env, dying_with_parent, free_ports, kept_ports,
                                          log_tail, pid_alive, proc_start, spawn_server, stop_pids, terminate)
 from ops.local_cluster.security import client_settings, server_settings, write_private
 from ops.local_cluster.tablet_health import read_health, status_fields
@@ -33,7 +33,7 @@ from ops.local_cluster.zookeeper import (MAIN_CLASSES, ZooKeeperCluster, ZooKeep
                                          node_command, server_mode)
 
 __all__ = [
-    "CLUSTER_FILE", "ClusterError", "MAIN_CLASSES", "ROLES", "ServerProcess", "ZK_ROOT", "ZooKeeperCluster",
+    "CLUSTER_FILE", "ClusterError", "child_env", "MAIN_CLASSES", "ROLES", "ServerProcess", "ZK_ROOT", "ZooKeeperCluster",
     "ZooKeeperError", "active_coordinator", "bootstrap", "CertPaths", "client_config", "client_settings", "cluster_file",
     "dying_with_parent", "four_letter", "free_ports", "generate_certs", "is_serving", "kept_ports", "kill", "load", "log_tail",
     "member", "node_command", "pid_alive", "proc_start", "read_health", "restart", "running_pids", "save",

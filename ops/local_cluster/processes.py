@@ -205,19 +205,23 @@ def stop_pids(pids: list[int], timeout_s: float = 10, *, match: str | None = Non
 # -- spawning a server -------------------------------------------------------------------------
 
 
-def server_env(config_path: Path, *, isolated: bool = False) -> dict[str, str]:
-    """The environment of a server process: this one plus this project on ``PYTHONPATH``, minus the
-    ``KVLEASE_*`` overrides of the keys its config file sets (``isolated``: minus every ``KVLEASE_*``
-    variable but ``KVLEASE_TEST_SESSION``, so a test's or benchmark's own overrides stay out)."""
+def child_env(*, isolated: bool = False, dropped: Iterable[str] = ()) -> dict[str, str]:
+    """The environment of a child Python process of this project: this one plus this project on
+    ``PYTHONPATH``, minus the variables ``dropped`` (``isolated``: minus every ``KVLEASE_*`` variable but
+    ``KVLEASE_TEST_SESSION``, so a test's or benchmark's own config overrides stay out)."""
     env = dict(os.environ)
     if isolated:
         env = {k: v for k, v in env.items() if not k.startswith("KVLEASE_") or k == "KVLEASE_TEST_SESSION"}
-    else:
-        for name in cfg.read_file(config_path):
-            if name in cfg.KEYS:
-                env.pop(cfg.KEYS[name].env_var, None)
+    for name in dropped:
+        env.pop(name, None)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
     return env
+
+
+def server_env(config_path: Path, *, isolated: bool = False) -> dict[str, str]:
+    """:func:`child_env` for a server: also without the ``KVLEASE_*`` overrides of the keys its config file sets."""
+    return child_env(isolated=isolated, dropped=[cfg.KEYS[name].env_var for name in cfg.read_file(config_path)
+                                                 if name in cfg.KEYS])
 
 
 def spawn_server(home: Path, module: str, *, detached: bool, isolated_env: bool = False) -> subprocess.Popen:
