@@ -35,7 +35,7 @@ import pytest
 
 from common.config import Config
 from common.zk import make_client
-from ops.zookeeper import ZooKeeperCluster
+from ops.local_cluster import ZooKeeperCluster
 from tests.fixtures.docker import docker_unavailable_reason, minio_container, zookeeper_container
 from tests.fixtures.leaks import SESSION_ENV, session_processes
 from tests.fixtures.s3 import MotoS3Server, S3Endpoint

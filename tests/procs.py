@@ -28,34 +28,15 @@ from common import errors, zkpaths
 from client.admin import AdminClient, CoordinatorInfo
 from common.model import Lease, TableBucket
 from leases.store import LeaseStore
-from ops.cluster import free_ports, log_tail
-from ops.zookeeper import dying_with_parent
+from ops.local_cluster import ServerProcess, free_ports
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+class CoordinatorProc(ServerProcess):
+    """One coordinator process (:class:`ops.local_cluster.ServerProcess`), which a test can also pause."""
 
-
-class CoordinatorProc:
-    """One coordinator process."""
-
-    def __init__(self, name: str, home: Path, address: str, popen: subprocess.Popen) -> None:
+    def __init__(self, name: str, home: Path, values: Mapping[str, Any]) -> None:
+        super().__init__(home, "coordinator", values)
         self.name = name
-        self.home = home
-        self.address = address
-        self.popen = popen
-        self.log_path = home / "coordinator.log"
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def kill(self) -> None:
-        """``kill -9`` and reap (also works on a paused process)."""
-        if self.popen.poll() is None:
-            self.popen.kill()
-        self.popen.wait(timeout=30)
+        self.address = f"127.0.0.1:{values[cfg.COORDINATOR_PORT.name]}"
 
     def pause(self) -> None:
         os.kill(self.pid, signal.SIGSTOP)
@@ -69,9 +50,6 @@ class CoordinatorProc:
             return self.log_path.read_text(errors="replace")
         except OSError:
             return ""
-
-    def log_tail(self, lines: int = 150) -> str:
-        return log_tail(self.log_path, lines)
 
     def __repr__(self) -> str:
         return f"CoordinatorProc({self.name}, {self.address}, pid={self.pid})"
@@ -101,19 +79,9 @@ class CoordinatorProcs:
         started = []
         for port in free_ports(count):
             name = f"coordinator-{len(self.procs) + 1}"
-            home = self.base_dir / name
-            home.mkdir(parents=True, exist_ok=True)
             values = {**self.values, **overrides, cfg.COORDINATOR_PORT.name: port,
                       cfg.COORDINATOR_HOST.name: "127.0.0.1", cfg.COORDINATOR_ID.name: name}
-            config_path = home / "config.toml"
-            cfg.write_file(config_path, values)
-            env = {k: v for k, v in os.environ.items() if not k.startswith("KVLEASE_") or k == "KVLEASE_TEST_SESSION"}
-            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
-            with open(home / "coordinator.log", "ab") as log:
-                popen = subprocess.Popen(
-                    dying_with_parent([sys.executable, "-m", "coordinator", "--config", str(config_path)]),
-                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=str(home), env=env)
-            proc = CoordinatorProc(name, home, f"127.0.0.1:{port}", popen)
+            proc = CoordinatorProc(name, self.base_dir / name, values)
             self.procs.append(proc)
             started.append(proc)
         return started

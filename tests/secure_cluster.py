@@ -18,7 +18,7 @@ from common.security.acl import Operation, Resource
 from common.security.acl_store import AclStore
 from common.security.users import UserStore
 from common.zk import make_client
-from ops import certs
+from ops.local_cluster import certs, client_settings, server_settings
 from tests.local_cluster import LocalCluster
 
 INTERNAL_PASSWORD = "cluster-secret"
@@ -45,11 +45,8 @@ class SecureCluster:
                  overrides: dict | None = None) -> None:
         self.paths = certs.generate(tmp_path / "certs")
         self.client_auth = client_auth
-        self.settings = {
-            "security.enabled": True, "security.tls.ca-file": str(self.paths.ca),
-            "security.tls.cert-file": str(self.paths.node_cert), "security.tls.key-file": str(self.paths.node_key),
-            "security.tls.client-auth": client_auth, "security.internal.password": INTERNAL_PASSWORD,
-            "security.super-users": f"User:{ADMIN}", **(overrides or {})}
+        self.settings = {**server_settings(self.paths, INTERNAL_PASSWORD, client_auth=client_auth,
+                                           super_users=f"User:{ADMIN}"), **(overrides or {})}
         self.make_config = make_config
         self.zk = make_client(make_config(self.settings))
         self.users = UserStore(self.zk, **CHEAP_HASH)
@@ -75,12 +72,8 @@ class SecureCluster:
         and ``user``/``password`` if given. ``tls=False``: a plaintext client."""
         settings: dict = {"client.retry.total-timeout": "2s"}
         if tls:
-            settings.update({"security.enabled": True, "security.tls.ca-file": str(self.paths.ca)})
-            if certificate if certificate is not None else self.client_auth:
-                settings.update({"security.tls.cert-file": str(self.paths.client_cert),
-                                 "security.tls.key-file": str(self.paths.client_key)})
-            if user is not None:
-                settings.update({"security.username": user, "security.password": password or ""})
+            settings.update(client_settings(self.paths, user, password or "",
+                                            certificate=certificate if certificate is not None else self.client_auth))
         return Config(settings, env={})
 
     def admin_as(self, user: str | None, password: str | None = None, **kwargs) -> AdminClient:

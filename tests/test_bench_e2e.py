@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from ops import bench_suite
+from ops.bench import suite as bench_suite
 
 from tests.fixtures.leaks import kill_group
 

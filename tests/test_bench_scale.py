@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from common.model import Lease, TableBucket
-from ops import bench_leases, bench_scale
+from ops.bench import leases as bench_leases
+from ops.bench import scale as bench_scale
 
 RECORDED = json.loads((Path(__file__).parent / "fixtures" / "bench_all.json").read_text())
 
@@ -71,10 +72,10 @@ def test_the_mirror_loaded_line_is_waited_for_after_the_offset(tmp_path):
 @pytest.mark.zk
 @pytest.mark.timeout(120)
 def test_seeded_leases_are_exactly_what_a_coordinator_loads(make_config):
-    """``leases.seed`` writes the persisted layout the coordinator's own store writes and reads."""
+    """``ops.bench.seed`` writes the persisted layout the coordinator's own store writes and reads."""
     from common.storage import open_storage
     from common.zk import make_client
-    from leases.seed import CHUNK, seed_leases
+    from ops.bench.seed import CHUNK, seed_leases
     from tests.procs import persisted_leases
 
     config = make_config()
@@ -96,7 +97,7 @@ def test_the_raw_phase_measures_both_kazoo_handlers_and_anchors_on_the_faster(zk
     from common.zk import connect_string
 
     settings = bench_leases.BenchSettings(raw_writes=300, raw_window=50, session_timeout_ms=6000)
-    raw = bench_leases._raw_phase(connect_string(zk_config), settings)
+    raw = bench_leases.raw_phase(connect_string(zk_config), settings)
     by = raw["by_handler"]
     assert set(by) == {"stock", "poll"}
     assert all(rates["create"] > 0 and rates["set"] > 0 for rates in by.values())

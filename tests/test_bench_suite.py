@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from ops import bench_bootstrap, bench_leases, bench_plot, bench_scan, bench_suite, bench_writes
-from ops.bench_suite import MB, Row
+from ops.bench import bootstrap as bench_bootstrap, leases as bench_leases, plot as bench_plot, scan as bench_scan
+from ops.bench import suite as bench_suite, writes as bench_writes
+from ops.bench.suite import MB, Row
 
 pytestmark = pytest.mark.unit
 

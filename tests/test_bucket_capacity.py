@@ -22,9 +22,9 @@ from common import errors
 from common.config import to_toml
 from common.tables import Column
 from coordinator.server import CoordinatorServer
-from ops.cluster import free_ports, log_tail
-from ops.tablet_health import read_health
-from ops.zookeeper import dying_with_parent
+from ops.local_cluster import free_ports, log_tail
+from ops.local_cluster import read_health
+from ops.local_cluster import dying_with_parent
 from tablet.kvstore import FDS_PER_OPEN_BUCKET
 from tests.procs import wait_until
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 from rocksdict import Options, Rdict
 
-from ops.zookeeper import dying_with_parent
+from ops.local_cluster import dying_with_parent
 from tablet.bucket import APPLIED_KEY, META_CF, BucketStore, BucketStoreError
 from common.logentry import ChangelogError
 from tablet.changelog import Changelog

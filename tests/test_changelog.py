@@ -22,7 +22,7 @@ import pytest
 from common import checksum
 from common.config import Config
 from common.errors import InvalidRequestError
-from ops.zookeeper import dying_with_parent
+from ops.local_cluster import dying_with_parent
 from common.logentry import (HEADER_SIZE, SCHEMA, ChangeType, ChangelogError, CorruptLogError, decode_entry,
                              record_batch)
 from tablet.changelog import Changelog, LogOffsetOutOfRangeError

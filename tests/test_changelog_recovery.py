@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ops.zookeeper import dying_with_parent
+from ops.local_cluster import dying_with_parent
 from common.logentry import HEADER_SIZE, CorruptLogError
 from tablet.changelog import Changelog, LogOffsetOutOfRangeError
 from tests.procs import kill_after_reading

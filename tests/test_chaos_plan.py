@@ -1,10 +1,10 @@
-"""The chaos drill's fault plan (ops/chaos_plan.py): a pure function of seed and shape."""
+"""The chaos drill's fault plan (ops/drills/chaos_plan.py): a pure function of seed and shape."""
 
 from __future__ import annotations
 
 import pytest
 
-from ops import chaos_plan as cp
+from ops.drills import chaos_plan as cp
 
 pytestmark = pytest.mark.unit
 

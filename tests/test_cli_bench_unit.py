@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ops import bench_bootstrap, bench_leases, bench_scan, bench_writes
+from ops.bench import bootstrap as bench_bootstrap, leases as bench_leases, scan as bench_scan, writes as bench_writes
 from tests.cli_runner import assert_one_line_error, run
 
 pytestmark = pytest.mark.unit

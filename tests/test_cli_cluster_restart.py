@@ -10,8 +10,8 @@ import json
 import pytest
 from rich.console import Console
 
-from ops import cluster as local_cluster
-from ops import output as out
+from ops import local_cluster
+from ops.cli import output as out
 from tests.cli_runner import assert_one_line_error, run
 from tests.test_cli_e2e import cluster_dir, kvlease, kvlease_json, print_logs  # noqa: F401 - the fixture
 

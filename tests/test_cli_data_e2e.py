@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from ops import cluster as local_cluster
-from ops.output import iso_time_ms
+from ops import local_cluster
+from ops.cli.output import iso_time_ms
 from tests.test_cli_e2e import (  # noqa: F401 (cluster_dir is a fixture)
     CLI_ENV, KVLEASE, cluster_dir, kvlease, kvlease_json, print_logs, recorded_pids, wait_for)
 

@@ -15,7 +15,7 @@ from rich.console import Console
 from common import errors
 from common.codec import RowCodec
 from common.tables import Column, TableInfo
-from ops import output as out
+from ops.cli import output as out
 from ops.cli import changelog, data, kvlease, values
 from ops.cli.app import State
 from tests.cli_runner import NO_ENV, assert_one_line_error

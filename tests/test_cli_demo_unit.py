@@ -7,7 +7,7 @@ import json
 import pytest
 
 from ops import demo
-from ops.drill import Check
+from ops.drills import Check
 from tests.cli_runner import assert_one_line_error, run
 
 pytestmark = pytest.mark.unit

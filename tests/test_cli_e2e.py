@@ -21,7 +21,7 @@ import pytest
 
 from client.admin import AdminClient
 from common.model import TableBucket
-from ops import cluster as local_cluster
+from ops import local_cluster
 from tests.snapshot_manifests import commit_snapshot
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]

@@ -88,8 +88,8 @@ def check(result, args) -> None:
 @pytest.fixture
 def stubbed_side_effects(monkeypatch, tmp_path):
     """cluster start/stop, demo, bench and drill check their arguments, then do nothing."""
-    from ops import bench_suite
-    from ops import cluster as local_cluster
+    from ops import bench as bench_suite
+    from ops import local_cluster
     from ops import demo as demo_run
     from ops.cli import plugins
 

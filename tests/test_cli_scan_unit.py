@@ -11,7 +11,7 @@ from rich.console import Console
 
 from common.tables import Column, TableInfo
 from ops import cli
-from ops import output as out
+from ops.cli import output as out
 from common.codec import RowCodec
 from client.table_scan import ScanResult
 

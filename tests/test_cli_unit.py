@@ -17,7 +17,7 @@ import client.admin as admin
 from common import errors
 from common.tables import MAX_BUCKETS, Column, TableInfo
 from common.model import Lease, SnapshotHandle, TableBucket
-from ops import output as out
+from ops.cli import output as out
 from ops.cli.app import State
 from tests.cli_runner import assert_one_line_error, run
 

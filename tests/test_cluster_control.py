@@ -1,4 +1,4 @@
-"""ops.cluster's control of single processes on a real local cluster (3 ZooKeeper nodes, 2
+"""ops.local_cluster's control of single processes on a real local cluster (3 ZooKeeper nodes, 2
 coordinators, 2 tablet servers): kill and restart each role, find the active coordinator and
 the ZooKeeper leader, a status that asks the active coordinator wherever it is listed, and a
 start that returns only once every bucket is served."""
@@ -14,7 +14,7 @@ import pytest
 from client.admin import AdminClient
 from client.table import TableClient
 from common.tables import Column
-from ops import cluster as local_cluster
+from ops import local_cluster
 from tests.procs import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]

@@ -14,10 +14,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from common import errors
-from ops import cluster as local_cluster
-from ops import demo, feed_check, stream_failover, stream_query
-from ops.change_writer import KEY, VALUES
-from ops.drill import Check
+from ops import local_cluster
+from ops import demo
+from ops.demo import feed_check, stream_failover, stream_query
+from ops.demo.change_writer import KEY, VALUES
+from ops.drills import Check
 
 #: A quick run: small table, short writer, the tests' ZooKeeper session timeout (failover ~4 s).
 SMALL = stream_failover.Plan(rows=2_000, rounds=10, round_interval_s=0.2, snapshot_every=3, kill_after_round=3,

@@ -8,12 +8,12 @@ import zlib
 import pytest
 
 from common.model import TableBucket
-from ops.drill_checks import (NOT_FOUND, OK, UNKNOWN, LeaseOp, PointerSample, failures_clean, leased_files_exist,
+from ops.drills.checks import (NOT_FOUND, OK, UNKNOWN, LeaseOp, PointerSample, failures_clean, leased_files_exist,
                               leases_as_acknowledged, no_deposed_writes, no_orphan_files, pointers_resolve,
                               recovered, replay)
-from ops.drill_row_checks import (ScanRecord, WriteOp, possible_values, rows_as_acknowledged, scans_end_cleanly,
+from ops.drills.row_checks import (ScanRecord, WriteOp, possible_values, rows_as_acknowledged, scans_end_cleanly,
                                   scans_match)
-from ops.zk_txnlog import Txn, ZkOp, parse_log
+from ops.drills.zk_txnlog import Txn, ZkOp, parse_log
 
 pytestmark = pytest.mark.unit
 

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from ops.drill import EXIT_OK, EXIT_VIOLATED, Check, Report, finish, render
+from ops.drills import EXIT_OK, EXIT_VIOLATED, Check, Report, finish, render
 
 pytestmark = pytest.mark.unit
 

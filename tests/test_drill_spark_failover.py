@@ -1,4 +1,4 @@
-"""The spark-failover drill (ops/drill_spark_failover.py) against a small process cluster, on the tests'
+"""The spark-failover drill (ops/drills/spark_failover.py) against a small process cluster, on the tests'
 shared SparkSession; and its refusal of a cluster it cannot run on."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from contextlib import redirect_stdout
 import pytest
 
 from client.admin import AdminClient
-from ops import cluster as local_cluster
-from ops import drill_spark_failover
+from ops import local_cluster
+from ops.drills import spark_failover as drill_spark_failover
 
 
 @pytest.fixture

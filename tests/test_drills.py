@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from ops import cluster as local_cluster
+from ops import local_cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

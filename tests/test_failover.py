@@ -29,7 +29,7 @@ from common.zk import loads, make_client
 from client.admin import AdminClient
 from common.model import TableBucket
 from leases.store import LEASE_FILES, LeaseStore
-from ops.zookeeper import four_letter
+from ops.local_cluster import four_letter
 from tests.snapshot_manifests import commit_snapshot
 from tests.procs import (  # noqa: F401 - coordinator_procs is a fixture
     assert_served_as_persisted, coordinator_procs, persisted_leases, wait_until)

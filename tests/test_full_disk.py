@@ -11,7 +11,7 @@ from common.errors import KvLeaseError
 from common.tables import Column
 from tablet.bucket import BucketStore, BucketStoreError
 from tablet.bucket_files import Backoff
-from ops.tablet_health import read_health
+from ops.local_cluster import read_health
 from tests.fixtures.small_disk import fill, small_disk
 from tests.local_cluster import LocalCluster
 from tests.test_bucket import TABLE, fold, keys, kv_rows, log_records, rows, state

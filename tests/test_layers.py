@@ -6,7 +6,12 @@ re-exports the client; then the servers, ``coordinator``
 and ``tablet``, which may use the client; then ``spark_source``, which uses
 only the client; then ``ops``, which uses the client and (for the demo and
 the bootstrap benchmark, as a user would) ``spark_source``. Nothing imports
-``ops``; only ``ops`` imports ``spark_source``.
+``ops``; only ``ops`` imports ``spark_source``. One module of ``ops`` may use
+the lease domain: ``ops.bench.seed`` writes leases as the coordinator's store does.
+
+Inside ``ops``, each sub-package (``ops.cli``, ``ops.local_cluster``,
+``ops.drills``, ``ops.bench``, ``ops.demo``) is one concept: another
+sub-package imports it only through its public module, the package itself.
 """
 
 from __future__ import annotations
@@ -32,6 +37,9 @@ ALLOWED = {
     "ops": {"common", "client", "spark_source"},
     "spark_source": {"common", "client"},
 }
+#: module -> further packages it alone may import
+ALLOWED_MODULES = {"ops.bench.seed": {"leases"}}
+OPS_ROOMS = ("ops.cli", "ops.local_cluster", "ops.drills", "ops.bench", "ops.demo")
 
 
 def _modules() -> dict[str, Path]:
@@ -91,12 +99,29 @@ def layer_violations(graph: dict[str, set[str]]) -> list[str]:
     """Every import of a package that its layer does not allow."""
     return [f"{module} imports {target}" for module, targets in sorted(graph.items()) for target in sorted(targets)
             if target.split(".")[0] != module.split(".")[0]
-            and target.split(".")[0] not in ALLOWED[module.split(".")[0]]]
+            and target.split(".")[0] not in ALLOWED[module.split(".")[0]] | ALLOWED_MODULES.get(module, set())]
+
+
+def _room(module: str) -> str | None:
+    return next((room for room in OPS_ROOMS if module == room or module.startswith(room + ".")), None)
+
+
+def room_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of another ops sub-package's internals (anything but the sub-package itself)."""
+    return [f"{module} imports {target}" for module, targets in sorted(graph.items()) for target in sorted(targets)
+            if _room(target) is not None and _room(target) != _room(module) and target != _room(target)]
 
 
 @pytest.mark.unit
 def test_every_import_follows_the_layers():
     assert layer_violations(import_graph()) == []
+
+
+@pytest.mark.unit
+def test_ops_sub_packages_import_each_other_only_through_their_public_module():
+    graph = import_graph()
+    assert all(any(_room(m) == room for m in graph) for room in OPS_ROOMS)  # every room exists
+    assert room_violations(graph) == []
 
 
 @pytest.mark.unit
@@ -110,6 +135,11 @@ def test_the_checks_see_a_planted_violation():
              "common.y": {"leases.z"}, "leases.z": set()}
     assert find_cycle(graph) == ["client.a", "client.b", "client.a"]
     assert layer_violations(graph) == ["client.b imports tablet.x", "common.y imports leases.z"]
+    rooms = {"ops.drills.chaos": {"ops.demo", "ops.demo.spark", "ops.drills.report"}, "ops.cli.app": {"ops.cli.output"},
+             "ops.docs": {"ops.cli.output"}, "ops.bench.scan": {"leases.store"}}
+    assert room_violations(rooms) == ["ops.docs imports ops.cli.output", "ops.drills.chaos imports ops.demo.spark"]
+    assert layer_violations(rooms) == ["ops.bench.scan imports leases.store"]
+    assert layer_violations({"ops.bench.seed": {"leases.store"}}) == []
     assert any("client.table" in targets for targets in import_graph().values())  # the graph is not empty
 
 

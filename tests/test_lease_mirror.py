@@ -298,7 +298,7 @@ def test_a_lease_whose_file_is_missing_is_retried_once_a_round_not_in_a_spin(env
 
 def test_leases_sharing_a_file_read_in_many_chunks_read_it_once(env, storage_config, monkeypatch):
     from leases import mirror as mirror_module
-    from leases.seed import seed_leases
+    from ops.bench.seed import seed_leases
 
     active, mirror, zk, storage, clock = env
     t = make_table(active, buckets=4)

@@ -16,7 +16,7 @@ from common import config as cfg
 from common import errors
 from common.process import run_server
 from common.zk import make_client
-from ops.zookeeper import dying_with_parent
+from ops.local_cluster import dying_with_parent
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 

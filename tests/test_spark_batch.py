@@ -9,7 +9,7 @@ import time
 import pytest
 
 from client.table import TableClient
-from ops.zookeeper import free_ports
+from ops.local_cluster import free_ports
 from tests.spark_tables import ALL_TYPES, kv, row, rows_of, seed  # noqa: F401  (kv is a fixture)
 
 

@@ -173,7 +173,7 @@ def test_tls_options_and_a_secure_cluster_directory(tmp_path):
     doc = {"coordinators": [{"address": "127.0.0.1:1"}]}
     (cluster / "cluster.json").write_text(json.dumps(doc))
     assert opts.parse({"cluster": str(cluster), "table": "db.t"}).security == ()
-    from ops import certs
+    from ops.local_cluster import certs
 
     made = certs.generate(tmp_path / "certs")  # read and checked at parse (the key must be the certificate's)
     pem = {"ca": made.ca, "client": made.client_cert, "client-key": made.client_key}

@@ -12,7 +12,7 @@ import pytest
 from client.table import TableClient
 from common import errors
 from common.tables import Column
-from ops.tablet_health import read_health
+from ops.local_cluster import read_health
 from tests.local_cluster import LocalCluster
 
 SCHEMA = [Column("id", "BIGINT"), Column("v", "STRING")]

@@ -20,8 +20,8 @@ from common.tables import Column
 from client.admin import AdminClient
 from coordinator.server import CoordinatorServer
 from common.model import SnapshotHandle, TableBucket
-from ops.cluster import free_ports
-from ops.zookeeper import dying_with_parent
+from ops.local_cluster import free_ports
+from ops.local_cluster import dying_with_parent
 from common.logentry import decode_entry
 from common.codec import RowCodec, batch_to_ipc, ipc_to_batch
 from tablet.server import TabletServer

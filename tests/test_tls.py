@@ -15,7 +15,7 @@ from common import errors
 from common.config import Config, ConfigError
 from common.tables import Column
 from common.tls import TlsFiles
-from ops import certs
+from ops.local_cluster import certs
 from tests.local_cluster import LocalCluster
 
 

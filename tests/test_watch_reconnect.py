@@ -36,7 +36,7 @@ from leases import state as ls
 from leases.mirror import LeaseMirror
 from leases.refcount import RefcountIndex
 from common.model import TableBucket
-from ops.zookeeper import ZooKeeperCluster, server_mode
+from ops.local_cluster import ZooKeeperCluster, server_mode
 from tests.conftest import TEST_DEFAULTS
 from tests.procs import persisted_leases, wait_until
 from tests.test_lease_persistence import Clock, call, commit, make_table, new_controller

@@ -1,4 +1,4 @@
-"""The ZooKeeper launcher (ops/zookeeper.py) and the fixtures built on it."""
+"""The ZooKeeper launcher (ops/local_cluster/zookeeper.py) and the fixtures built on it."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import pytest
 from kazoo.client import KazooClient
 
 from common import config as cfg
-from ops import zookeeper
-from ops.zookeeper import ZooKeeperCluster, ZooKeeperError, four_letter, stop_pids
+from ops.local_cluster import zookeeper
+from ops.local_cluster import ZooKeeperCluster, ZooKeeperError, four_letter, stop_pids
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -195,7 +195,7 @@ def test_start_timeout_raises_and_leaves_no_process(tmp_path, monkeypatch, launc
 def test_attached_jvm_dies_with_its_parent_even_on_kill_9(tmp_path):
     script = textwrap.dedent(f"""
         import json, sys, time
-        from ops.zookeeper import ZooKeeperCluster
+        from ops.local_cluster import ZooKeeperCluster
         cluster = ZooKeeperCluster.start({str(tmp_path)!r}, 1)
         print(json.dumps([n.pid for n in cluster.nodes]), flush=True)
         time.sleep(120)
@@ -243,7 +243,7 @@ def test_stop_pids_escalates_to_sigkill(tmp_path):
 
 def test_failing_zk_test_prints_the_log_tail_and_the_guard_catches_leaks(tmp_path):
     (tmp_path / "test_inner.py").write_text(textwrap.dedent("""
-        from ops.zookeeper import ZooKeeperCluster
+        from ops.local_cluster import ZooKeeperCluster
 
         def test_fails(zk_client):
             assert zk_client.exists("/") is None
@@ -281,7 +281,7 @@ def test_attached_zookeeper_dies_with_a_kill_9_parent(tmp_path):
     """The JVM of an attached cluster goes when the process that started it is killed -9."""
     script = (
         "import sys, time\n"
-        "from ops.zookeeper import ZooKeeperCluster\n"
+        "from ops.local_cluster import ZooKeeperCluster\n"
         f"c = ZooKeeperCluster.start({str(tmp_path)!r}, 1)\n"
         "print(c.nodes[0].pid, flush=True)\n"
         "time.sleep(120)\n")

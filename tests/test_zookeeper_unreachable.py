@@ -19,7 +19,7 @@ from common.model import TableBucket
 from common.proto import coordinator_pb2 as pb
 from common.proto import coordinator_pb2_grpc as pb_grpc
 from common.tables import Column
-from ops.zookeeper import ZooKeeperCluster
+from ops.local_cluster import ZooKeeperCluster
 from tests.cli_runner import assert_one_line_error, run
 from tests.procs import wait_until
 from tests.snapshot_manifests import commit_snapshot

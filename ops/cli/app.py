@@ -2,7 +2,7 @@
 
 One click group, :func:`kvlease`, keeps the global options in a :class:`State`
 that builds the admin client (lazily: only commands that talk to a coordinator
-pay for it) and the :class:`ops.output.Output` (text or ``--json``) once.
+pay for it) and the :class:`ops.cli.output.Output` (text or ``--json``) once.
 :func:`catch_errors` turns every kvlease error into one line on stderr and exit
 code 1; usage errors (bad option syntax) are click's and exit 2.
 
@@ -41,8 +41,8 @@ from click.core import ParameterSource
 
 from common import config as cfg
 from common import errors
-from ops import cluster as local_cluster
-from ops import output as out
+from ops import local_cluster
+import ops.cli.output as out
 from ops.cli.values import DURATION
 
 DEFAULT_RETRY_TIMEOUT = "10s"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from common import errors
-from ops import cluster as local_cluster
+from ops import local_cluster
 from ops.cli.app import State, catch_errors, cluster_dir_options, kvlease, pass_state
 from ops.cli.values import POSITIVE_DURATION
 

@@ -10,7 +10,7 @@ import click
 import pyarrow as pa
 
 from common import errors
-from ops import output as out
+import ops.cli.output as out
 from ops.cli.app import State, catch_errors, common_options, kvlease, pass_state
 from ops.cli.put_sources import FORMATS, Reader, source_format
 from ops.cli.values import parse_keys, table_path

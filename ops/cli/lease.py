@@ -6,7 +6,7 @@ import click
 
 from common import errors
 from common.model import TableBucket
-from ops import output as out
+import ops.cli.output as out
 from ops.cli.app import State, catch_errors, common_options, kvlease, pass_state
 from ops.cli.values import LEASE_ID, LEASE_OWNER, POSITIVE_DURATION, BucketList, BucketSnapshot, table_path
 

@@ -1,36 +1,34 @@
 """``kvlease bench NAME`` (the benchmark suite) and ``kvlease drill NAME`` (plug-ins).
 
 ``kvlease bench NAME [ARGS…]`` hands NAME and everything after it to
-:func:`ops.bench_suite.main`, which parses the benchmark's own options, runs
+:func:`ops.bench.main`, which parses the benchmark's own options, runs
 it and prints (and plots) the figures; a bad name or option is one line
 ``error: …`` and exit code 2, before anything runs.
 
-Plug-ins: ``kvlease drill NAME`` imports ``ops.drill_<NAME>`` (hyphens in NAME
-become underscores: ``coordinator-failover`` is
-``ops/drill_coordinator_failover.py``) and calls ``main(cluster_dir: str,
+Drills: ``kvlease drill NAME`` imports the module the drill registry
+(:data:`ops.drills.DRILLS`) names for NAME (``coordinator-failover`` is
+``ops/drills/coordinator_failover.py``) and calls ``main(cluster_dir: str,
 json_output: bool, **options)`` with the drill options given on the command
 line (``--rounds``, …; a module that lists the ones it takes in ``OPTIONS``
-gets a usage error for any other). A module of that name without ``main`` is
-no drill (``ops/drill_checks.py`` holds the drills' checkers). An int
+gets a usage error for any other). An int
 returned is the exit code (anything else means 0); a module prints its own
 result (one JSON document when ``json_output``) and raises
 :class:`common.errors.KvLeaseError` for failures the CLI should report.
 ``kvlease drill --help`` lists the drills with the first two paragraphs of
-each module's docstring (read, not imported).
+each module's docstring (read, not imported), by name.
 """
 
 from __future__ import annotations
 
-import importlib
 import re
 
 import click
 
 from common import errors
-from ops import bench_suite
+from ops import bench as bench_suite
 from ops.cli.app import State, catch_errors, cluster_dir_options, kvlease, pass_state
 from ops.cli.cluster import cluster_dir
-from ops.drill import drill_modules, drill_summary
+from ops.drills import DRILLS, SkipError, check_skip, drill_module, drill_summary
 
 DRILL_NAME = re.compile(r"[a-z][a-z0-9_-]*")  # fullmatch: "$" matches before a final newline
 #: Drill options of the command line -> the keyword a drill's main() gets (given ones only).
@@ -74,15 +72,14 @@ class DrillCommand(click.Command):
     """``kvlease drill --help`` ends with every drill and what it checks."""
 
     def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        drills = drill_modules()
         formatter.write_paragraph()
         formatter.write_text("Drills:")
         with formatter.indentation():
-            for name, path in drills.items():
+            for name in sorted(DRILLS):
                 formatter.write_paragraph()
                 formatter.write_text(f"{name}:")
                 with formatter.indentation():
-                    for i, paragraph in enumerate(drill_summary(path)):
+                    for i, paragraph in enumerate(drill_summary(name)):
                         if i:
                             formatter.write_paragraph()
                         formatter.write_text(paragraph)
@@ -93,21 +90,11 @@ def load_drill(name: str):
     """The module of drill ``name`` (``coordinator-failover`` or ``coordinator_failover``)."""
     if not DRILL_NAME.fullmatch(name):
         raise click.BadParameter(f"{errors.show(name)} is not a drill name (lower-case letters, digits, -)", param_hint="'NAME'")
-    module = _load_plugin_module("drill_", name.replace("-", "_"))
-    if module is None or not callable(getattr(module, "main", None)):
-        known = ", ".join(drill_modules()) or "none yet"
+    module = drill_module(name)
+    if module is None:
+        known = ", ".join(sorted(DRILLS))
         raise errors.InvalidRequestError(f"unknown drill {errors.show(name)} (available: {known})")
     return module
-
-
-def _load_plugin_module(prefix: str, name: str):
-    module_name = f"ops.{prefix}{name}"
-    try:
-        return importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name != module_name:
-            raise
-        return None
 
 
 @kvlease.command("drill", cls=DrillCommand)
@@ -123,7 +110,7 @@ def _load_plugin_module(prefix: str, name: str):
 @pass_state
 @catch_errors
 def drill(state: State, name: str, directory: str | None, **given) -> None:
-    """Run the failure drill NAME (ops/drill_NAME.py) against a local cluster: traffic through the
+    """Run the failure drill NAME (ops/drills/NAME.py) against a local cluster: traffic through the
     public clients, one kind of fault, then its invariants checked. Prints a report (one JSON document
     with --json); exits 1 when an invariant broke."""
     module = load_drill(name)
@@ -134,8 +121,6 @@ def drill(state: State, name: str, directory: str | None, **given) -> None:
             if key not in accepted:
                 raise click.UsageError(f"drill {name} takes no --{key}")
     if options.get("skip"):
-        from ops.drill_all import SkipError, check_skip
-
         try:
             check_skip(options["skip"])
         except SkipError as exc:

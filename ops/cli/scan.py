@@ -7,7 +7,7 @@ import sys
 import click
 
 from common import errors
-from ops import output as out
+import ops.cli.output as out
 from ops.cli.app import State, catch_errors, common_options, kvlease, pass_state
 from ops.cli.values import BucketList, int64, table_path
 

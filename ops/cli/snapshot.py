@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ops import output as out
+import ops.cli.output as out
 from ops.cli.app import State, catch_errors, common_options, kvlease, pass_state
 from ops.cli.values import table_path
 

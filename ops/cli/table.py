@@ -6,7 +6,7 @@ import click
 
 from common import errors
 from common.tables import MAX_BUCKETS, TableSpec, parse_schema, parse_table_path, validate_spec
-from ops import output as out
+import ops.cli.output as out
 from ops.cli.app import State, catch_errors, common_options, kvlease, pass_state
 from ops.cli.values import bucket_number, table_path
 

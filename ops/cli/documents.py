@@ -1,0 +1,163 @@
+"""The JSON documents the CLI prints (DESIGN's "CLI surface"), pure functions of the answers, and the
+time and cell formats the text output shares with them.
+
+:mod:`ops.cli.output` renders these documents (text tables or JSON) and
+re-exports them, so the commands use one module, ``out``.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import time
+from datetime import date, datetime, timedelta, timezone
+from typing import Any, Iterable, Mapping
+
+
+from common.tables import TableInfo
+from common.model import Lease, TableBucket
+
+# -- documents (the JSON contract) ---------------------------------------------------
+
+
+def table_name(names: Mapping[int, str], table_id: int) -> str:
+    """``DB.NAME`` of a table id; ``#<id>`` if the table is unknown (e.g. just dropped)."""
+    return names.get(table_id, f"#{table_id}")
+
+
+def bucket_docs(buckets: Mapping[TableBucket, int], names: Mapping[int, str]) -> list[dict]:
+    return [{"table": table_name(names, tb.table_id), "bucket": tb.bucket, "snapshot_id": sid}
+            for tb, sid in sorted(buckets.items(), key=lambda item: item[0].sort_key())]
+
+
+def table_doc(info: TableInfo) -> dict:
+    return {"table": info.path, **info.to_json()}
+
+
+def tables_doc(infos: Iterable[TableInfo]) -> dict:
+    return {"tables": [table_doc(info) for info in sorted(infos, key=lambda i: i.path)]}
+
+
+def lease_doc(lease: Lease, names: Mapping[int, str]) -> dict:
+    """``owner``: the token of the reader the lease belongs to, null when unowned."""
+    return {"lease_id": lease.lease_id, "expiration_time": lease.expiration_time, "owner": lease.owner,
+            "buckets": bucket_docs(lease.buckets, names)}
+
+
+def leases_doc(leases: Iterable[Lease], names: Mapping[int, str]) -> dict:
+    return {"leases": [lease_doc(lease, names) for lease in sorted(leases, key=lambda l: l.lease_id)]}
+
+
+def acquire_doc(lease_id: str, expiration_time: int, acquired: Mapping[TableBucket, int],
+                unavailable: Mapping[TableBucket, int], names: Mapping[int, str],
+                no_snapshot: Iterable[TableBucket] = ()) -> dict:
+    """``lease acquire``; ``no_snapshot`` (``--latest`` only) lists buckets that have no snapshot yet."""
+    doc = {"lease_id": lease_id, "expiration_time": expiration_time,
+           "acquired": bucket_docs(acquired, names), "unavailable": bucket_docs(unavailable, names)}
+    missing = sorted(no_snapshot, key=TableBucket.sort_key)
+    if missing:
+        doc["no_snapshot"] = [{"table": table_name(names, tb.table_id), "bucket": tb.bucket} for tb in missing]
+    return doc
+
+
+def snapshots_doc(table: str, snapshots: Iterable[Any]) -> dict:
+    """``snapshot list``; ``snapshots`` are :class:`client.admin.SnapshotInfo`."""
+    rows = sorted(snapshots, key=lambda s: (s.bucket.sort_key(), s.snapshot_id))
+    return {"table": table, "snapshots": [
+        {"bucket": s.bucket.bucket, "snapshot_id": s.snapshot_id, "log_offset": s.log_offset,
+         "leased_by": sorted(s.leased_by), "retained": bool(s.retained)} for s in rows]}
+
+
+def json_value(value: Any) -> Any:
+    """A column value as JSON: TIMESTAMP -> ISO-8601 text (UTC, no zone), BYTES -> base64 text,
+    a NaN or infinite DOUBLE -> the text ``"NaN"``, ``"Infinity"``, ``"-Infinity"``."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return base64.b64encode(bytes(value)).decode("ascii")
+    if isinstance(value, (datetime, date)):
+        return value.isoformat()
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    return value
+
+
+def row_doc(row: Mapping[str, Any] | None) -> dict | None:
+    return None if row is None else {name: json_value(value) for name, value in row.items()}
+
+
+def rows_doc(table: str, keys: Iterable[str], rows: Iterable[Mapping[str, Any] | None]) -> dict:
+    """``get``: ``rows[i]`` is the row of ``keys[i]`` or null."""
+    keys, rows = list(keys), [row_doc(r) for r in rows]
+    return {"table": table, "keys": keys, "rows": rows, "found": sum(r is not None for r in rows)}
+
+
+def log_record_doc(record: Mapping[str, Any]) -> dict:
+    """One change record of ``log``: ``{"offset", "change_type", "timestamp", "row"}``; ``timestamp`` is
+    the append time in ms since the epoch (null for a record written before changelog format v2)."""
+    return {"offset": record["offset"], "change_type": record["change_type"], "timestamp": record["timestamp"],
+            "row": row_doc(record["row"])}
+
+
+def log_record_line(doc: Mapping[str, Any]) -> dict:
+    """A :func:`log_record_doc` for people reading ``log`` lines: the timestamp as ISO-8601 UTC text."""
+    return {**doc, "timestamp": iso_time_ms(doc["timestamp"])}
+
+
+def scan_doc(table: str, rows: Iterable[Mapping[str, Any]], log_offsets: Mapping[int, int]) -> dict:
+    """``scan``: the rows read and, per bucket read, the first changelog offset not in them."""
+    return {"table": table, "rows": [row_doc(r) for r in rows],
+            "log_offsets": {str(b): offset for b, offset in sorted(log_offsets.items())}}
+
+
+def committed_doc(table: str, outcomes: Iterable[Any], waited: bool) -> dict:
+    """``snapshot trigger``; ``outcomes`` are :class:`client.snapshot_trigger.BucketOutcome`. ``snapshots``:
+    each bucket's snapshot as of the trigger, ``new`` if this trigger committed it (else nothing was
+    written since); ``empty``: buckets never written; ``not_committed``: the buckets that failed."""
+    outcomes = sorted(outcomes)
+    return {"table": table, "waited": waited,
+            "snapshots": [{"bucket": o.bucket, "snapshot_id": o.snapshot.snapshot_id,
+                           "log_offset": o.snapshot.log_offset, "new": o.state == "committed"}
+                          for o in outcomes if o.snapshot is not None],
+            "empty": [o.bucket for o in outcomes if o.state == "empty"],
+            "not_committed": [{"bucket": o.bucket, "error": o.error.message} for o in outcomes if o.state == "failed"]}
+
+
+# -- rendering helpers ---------------------------------------------------------------------
+
+
+def iso_time_ms(ms: int | None) -> str | None:
+    """``2024-05-01T12:00:00.123Z`` for ms since the epoch (exact: integer arithmetic); None stays None."""
+    if ms is None:
+        return None
+    stamp = datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(milliseconds=ms)
+    return stamp.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def format_time_ms(ms: int | None, now_ms: int | None = None) -> str:
+    """``2024-05-01 12:00:00 (in 9m59s)`` for a deadline in ms since the epoch."""
+    if not ms:
+        return "-"
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    stamp = datetime.fromtimestamp(ms / 1000).strftime("%Y-%m-%d %H:%M:%S")
+    delta_s = (ms - now_ms) // 1000
+    return f"{stamp} ({'in ' + format_span(delta_s) if delta_s >= 0 else format_span(-delta_s) + ' ago'})"
+
+
+def format_span(seconds: int) -> str:
+    seconds = int(seconds)
+    days, rest = divmod(seconds, 86_400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [f"{v}{u}" for v, u in ((days, "d"), (hours, "h"), (minutes, "m")) if v]
+    if secs or not parts:
+        parts.append(f"{secs}s")
+    return "".join(parts[:2])
+
+
+def cell_text(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(str(v) for v in value) or "-"
+    return str(value)

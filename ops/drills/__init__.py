@@ -1,0 +1,21 @@
+"""Failure drills: traffic through the public clients, one kind of fault, then invariants checked.
+
+The public module of ``ops/drills/``: the CLI and the demo import from here.
+
+- :mod:`~ops.drills.registry`: the drill names and their modules (``kvlease drill NAME``);
+- :mod:`~ops.drills.report`: a check, a drill's report, how it is printed and its exit code;
+- :mod:`~ops.drills.checks`, :mod:`~ops.drills.row_checks`: the checkers (pure functions);
+- :mod:`~ops.drills.cluster`: the cluster as a drill sees it (clients, shape requirements);
+- :mod:`~ops.drills.leases`: the lease workload; :mod:`~ops.drills.lease_layout`,
+  :mod:`~ops.drills.zk_txnlog`: reading leases and ZooKeeper's transaction logs back;
+- one module per drill (``coordinator_failover``, ``zk_leader_loss``, ``tablet_restart``,
+  ``remote_outage``, ``spark_failover``, ``chaos`` with ``chaos_plan`` and ``chaos_faults``, ``all``).
+"""
+
+from __future__ import annotations
+
+from ops.drills.registry import DRILLS, SkipError, check_skip, drill_module, drill_names, drill_summary
+from ops.drills.report import EXIT_OK, EXIT_VIOLATED, MAX_SHOWN, Check, Report, finish, render
+
+__all__ = ["DRILLS", "EXIT_OK", "EXIT_VIOLATED", "MAX_SHOWN", "Check", "Report", "SkipError", "check_skip",
+           "drill_module", "drill_names", "drill_summary", "finish", "render"]

@@ -1,0 +1,149 @@
+"""A seeded random sequence of the faults the other drills make, --rounds faults (default 6), while lease
+clients, writers and a Spark stream run; every drill's invariants checked at the end.
+
+Checks: every acknowledged lease reads back as acknowledged (describe and
+list on the active coordinator, ZooKeeper + files); no file of a leased
+snapshot is deleted; no write is accepted from a deposed coordinator
+(ZooKeeper's transaction log); every acknowledged write is in the table
+(lookup and scan; an unacknowledged one may or may not be); the Spark query's
+bootstrap has one row per key, every change after it is in its output
+exactly once, and its output applied in order equals the table; the cluster
+is whole again. Needs --coordinators 2 and --tablets 1 or more.
+
+The faults (:mod:`ops.drills.chaos_plan`): ZooKeeper node restart, ZooKeeper leader
+loss (3-node ensembles), kill -9 of the active coordinator, SIGSTOP/SIGCONT of
+it (up to the session timeout + 2 s), tablet server restart, remote storage
+outage (``file://`` remotes); each after a gap of 0-2 s, so it often meets
+the cluster still recovering from the one before. --seed fixes the sequence
+(not the traffic's timing); a failed run prints the command that replays it.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from client.table import TableClient
+import ops.drills.chaos_faults as chaos_faults
+import ops.drills.chaos_plan as cp
+from ops.demo import ChaosStream
+from ops import local_cluster
+from ops.drills.report import Check, Report, finish
+from ops.drills.cluster import DrillCluster, require
+from ops.drills.leases import LeaseDrill
+from ops.drills.remote_outage import RemoteOutage
+from ops.drills.row_checks import rows_as_acknowledged
+from ops.drills.tablet_restart import Writers
+
+NAME = "chaos"
+OPTIONS = ("rounds", "clients", "seed")
+KEYS = 400
+LEASE_CLIENTS = 8
+
+
+def check_shape(doc: dict) -> None:
+    require(doc, NAME, coordinators=2, tablets=1)
+
+
+def run(cluster_dir: str, rounds: int = 6, clients: int = LEASE_CLIENTS, seed: int = 0, spark=None) -> Report:
+    """Run the drill; ``spark``: a SparkSession to use (left running), else a local one is started."""
+    doc = local_cluster.load(cluster_dir)
+    check_shape(doc)
+    faults = cp.plan(seed, rounds, doc, chaos_faults.session_timeout_s(doc))
+    remote = RemoteOutage(doc["remote"]) if str(doc.get("remote", "")).startswith("file://") else None
+    if remote is not None:
+        remote.restore_interrupted()
+    report = Report(NAME)
+    report.figures.update(seed=seed, rounds=rounds, plan=[f.describe() for f in faults])
+    own_spark = spark is None
+    scratch = Path(tempfile.mkdtemp(prefix="kvlease-drill-chaos-spark-"))
+    try:
+        if own_spark:
+            from ops.demo import local_session
+
+            _progress(f"starting Spark (local[2]; its log: {scratch / 'spark.log'})")
+            spark = local_session(scratch, cores=2, app="kvlease-drill-chaos", log_file=scratch / "spark.log")
+        with DrillCluster(cluster_dir, NAME, retry_total_s=60.0) as cluster:
+            _run(cluster, spark, faults, remote, clients, seed, report)
+    finally:
+        if own_spark and spark is not None:
+            from ops.demo import stop_local_session
+
+            stop_local_session(spark, log_file=scratch / "spark.log")
+        shutil.rmtree(scratch, ignore_errors=True)
+    if not report.ok:
+        report.figures["replay"] = (f"kvlease drill chaos --cluster DIR --seed {seed} --rounds {rounds} "
+                                    f"--clients {clients} (on a cluster of the same shape)")
+    return report
+
+
+def _run(cluster: DrillCluster, spark, faults: list[cp.Fault], remote: RemoteOutage | None, clients: int,
+         seed: int, report: Report) -> None:
+    table = cluster.create_table(suffix="rows")
+    stream = None
+    try:
+        with LeaseDrill(cluster, clients, seed, retry_total_s=60.0) as leases, \
+                TableClient(cluster.admin, table, retry_total_s=60.0, request_timeout_s=5.0) as client:
+            keys = list(range(KEYS))
+            bucket_of = {k: b for b, _rows, idx in client.split(client.key_batch(keys)) for k in (keys[i] for i in idx)}
+            writers = Writers(client, bucket_of, seed)
+            writers.write({k: k for k in keys})
+            client.trigger_snapshot(wait=True)
+            stream = ChaosStream(spark, cluster.addresses, table, _progress)
+            leases.start()
+            writers.start()
+            done = []
+            try:
+                for number, fault in enumerate(faults, 1):
+                    _progress(f"fault {number}/{len(faults)}: {fault.describe()}")
+                    done.append(chaos_faults.inject(cluster, fault, remote))
+                    _snapshot(client)
+                    if stream.failed():
+                        break
+                time.sleep(1.0)  # writes after the last fault
+            finally:
+                writers.stop()
+            report.add(Check.of("the Spark query ran through every fault", [f for f in [stream.failed()] if f], 1))
+            report.figures.update(faults_done=done, **_write_figures(writers))
+            whole = cluster.whole_again(timeout_s=60.0)  # every bucket served again before reading back
+            if stream.query.isActive:
+                checks, figures = stream.finish(client)
+                report.checks.extend(checks)
+                report.figures.update(figures)
+            looked_up = dict(zip(keys, (None if row is None else row["v"] for row in client.lookup(keys))))
+            scanned = {row["id"]: row["v"] for row in client.scan().rows}
+            report.add(rows_as_acknowledged(writers.history, {"lookup": looked_up, "scan": scanned}))
+            for check in leases.checks():
+                report.add(check)
+            report.figures.update(**leases.figures())
+            report.add(whole)
+    finally:
+        if stream is not None:
+            stream.close()
+        cluster.drop_table(table)
+
+
+def _snapshot(client: TableClient) -> None:
+    """Ask for snapshots of the stream's table (not waiting): the bootstrap's leased ones get old."""
+    try:
+        client.trigger_snapshot(wait=False)
+    except Exception as exc:  # noqa: BLE001 - a fault may be under way: the next one is asked after the next fault
+        _progress(f"snapshot request failed: {exc}")
+
+
+def _write_figures(writers: Writers) -> dict[str, Any]:
+    writes = [w for ws in writers.history.values() for w in ws]
+    return {"write_calls": len(writers.calls), "unacknowledged_writes": sum(not w.acked for w in writes),
+            "write_failures": dict(writers.failures)}
+
+
+def _progress(text: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+
+def main(cluster_dir: str, json_output: bool = False, **options) -> int:
+    return finish(run(cluster_dir, **options), json_output)

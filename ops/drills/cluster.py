@@ -1,0 +1,192 @@
+"""The cluster a drill runs against: its shape, clients, ZooKeeper, remote storage, and faults it undoes.
+
+:class:`DrillCluster` opens a local cluster directory (``kvlease cluster
+start --dir D``), checks that it runs and has the shape the drill needs
+(:class:`ClusterShapeError` otherwise, e.g. "needs --zk-nodes 3"), and hands
+out what the drill reads through: an admin client on the coordinators, a
+ZooKeeper client on the cluster's chroot (reads only), the remote storage as
+the coordinators name it. Faults go through :meth:`DrillCluster.kill`;
+whatever was killed and not restarted yet is restarted on :meth:`close`, so
+a drill leaves the cluster in the shape it found it, also when it fails.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from common import config as cfg
+from common import errors
+from common.tables import Column
+from common.zk import make_client
+from client.admin import AdminClient, wait_for_active
+from ops import local_cluster
+from ops.drills.report import Check
+from ops.local_cluster import four_letter
+
+DRILL_DB = "drill"
+
+
+def zk_config(doc: dict[str, Any], root: str) -> cfg.Config:
+    """A Config for a ZooKeeper client on the cluster's chroot, with the digest its processes use
+    (``security.zookeeper.digest`` of a coordinator's config file, else of the environment)."""
+    values = {cfg.ZK_ADDRESS.name: doc["zookeeper_connect"], cfg.ZK_ROOT.name: root}
+    for coordinator in doc.get("coordinators", []):
+        path = Path(coordinator["log"]).parent / "config.toml"
+        digest = cfg.read_file(path).get(cfg.ZK_DIGEST.name) if path.exists() else None
+        if digest:
+            values[cfg.ZK_DIGEST.name] = digest
+            break
+    env = {cfg.ZK_DIGEST.env_var: v} if (v := os.environ.get(cfg.ZK_DIGEST.env_var)) else {}
+    return cfg.Config(values, env={} if cfg.ZK_DIGEST.name in values else env)
+
+
+class ClusterShapeError(errors.InvalidRequestError):
+    """The cluster cannot run this drill (too few nodes of some kind, an S3 remote, …)."""
+
+
+def require(doc: dict[str, Any], drill: str, *, zk_nodes: int = 1, coordinators: int = 1, tablets: int = 0,
+            file_remote: bool = False) -> None:
+    """Raise ClusterShapeError naming the ``kvlease cluster start`` option the cluster lacks."""
+    have = {"zk-nodes": len(doc.get("zookeeper", [])), "coordinators": len(doc.get("coordinators", [])),
+            "tablets": len(doc.get("tablets", []))}
+    for option, needed in (("zk-nodes", zk_nodes), ("coordinators", coordinators), ("tablets", tablets)):
+        if have[option] < needed:
+            raise ClusterShapeError(f"drill {drill} needs --{option} {needed}"
+                                    f"{'' if option == 'zk-nodes' else ' or more'} (the cluster has {have[option]})")
+    if file_remote and not str(doc.get("remote", "")).startswith("file://"):
+        raise ClusterShapeError(f"drill {drill} needs a file:// remote it can take away "
+                                f"(the cluster uses {doc.get('remote')}); start it without --remote")
+
+
+def not_running(doc: dict[str, Any]) -> list[str]:
+    """``["coordinator 2", …]``: recorded processes that do not run."""
+    return [f"{local_cluster.ROLES[role]} {entry['id']}" for role in local_cluster.ROLES for entry in doc.get(role, [])
+            if not local_cluster.pid_alive(entry.get("pid"), entry.get("proc_start"))]
+
+
+def require_whole(doc: dict[str, Any], directory: str) -> None:
+    """InvalidRequestError naming the processes down unless every recorded process runs."""
+    down = not_running(doc)
+    if down:
+        raise errors.InvalidRequestError(
+            f"the cluster in {directory} is not running whole ({', '.join(down)} down); "
+            f"a drill needs every process up (kvlease cluster stop / start --dir {directory})")
+
+
+class DrillCluster:
+    """A running local cluster as one drill sees it; close it (or ``with``) to undo the faults left."""
+
+    def __init__(self, directory: str, drill: str, *, request_timeout_s: float = 5.0,
+                 retry_total_s: float = 30.0) -> None:
+        self.directory = str(Path(directory).resolve())
+        self.drill = drill
+        self.run_id = uuid.uuid4().hex[:6]
+        self.doc = local_cluster.load(self.directory)
+        require_whole(self.doc, self.directory)
+        self.addresses = [c["address"] for c in self.doc["coordinators"]]
+        self.root = self.doc.get("zk_root", local_cluster.ZK_ROOT)
+        self.killed: dict[tuple[str, str], float] = {}
+        logging.getLogger("kazoo").setLevel(logging.ERROR)  # connection losses are what drills cause
+        self.admin = AdminClient(self.addresses, request_timeout_s=request_timeout_s, retry_total_s=retry_total_s)
+        self.zk = None
+        try:
+            wait_for_active(self.admin, 30.0)
+            self.storage = self.admin.coordinator_info().remote_storage()
+            self.zk = make_client(zk_config(self.doc, self.root))
+        except BaseException:
+            self.close()
+            raise
+
+    # -- faults ---------------------------------------------------------------------------------
+
+    def kill(self, role: str, node_id: str, sig: int = signal.SIGKILL) -> float:
+        """Signal one process and wait until it is gone; returns the wall-clock time it was sent."""
+        self.killed[(role, str(node_id))] = at = time.time()
+        local_cluster.kill(self.directory, role, node_id, sig)
+        return at
+
+    def restart(self, role: str, node_id: str) -> None:
+        """Start it again and wait until it serves (ops.local_cluster.restart)."""
+        local_cluster.restart(self.directory, role, node_id)
+        self.killed.pop((role, str(node_id)), None)
+        self.doc = local_cluster.load(self.directory)
+
+    def active_coordinator(self) -> dict[str, Any]:
+        return local_cluster.active_coordinator(self.directory)
+
+    def zk_leader(self, timeout_s: float = 30.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        while (leader := local_cluster.zk_leader(self.directory)) is None:
+            if time.monotonic() > deadline:
+                raise errors.KvLeaseError(f"the ZooKeeper ensemble of {self.directory} has no leader")
+            time.sleep(0.1)
+        return leader
+
+    # -- what ZooKeeper wrote ----------------------------------------------------------------------
+
+    def zk_data_dirs(self) -> list[Path]:
+        return [Path(node["log"]).parent / "data" for node in self.doc.get("zookeeper", [])]
+
+    def zxid(self) -> int:
+        """The highest zxid a live ZooKeeper node reports now (0 if none answers)."""
+        best = 0
+        for node in self.doc.get("zookeeper", []):
+            for line in (four_letter(int(node["address"].rsplit(":", 1)[1]), "srvr") or "").splitlines():
+                if line.startswith("Zxid:"):
+                    best = max(best, int(line.split(":", 1)[1].strip(), 16))
+        return best
+
+    # -- a table of its own -------------------------------------------------------------------------
+
+    def create_table(self, buckets: int = 4, suffix: str = "") -> str:
+        """``drill.<drill>_<run id>[_<suffix>]``: id BIGINT, v BIGINT, pad STRING; primary key id."""
+        path = f"{DRILL_DB}.{self.drill.replace('-', '_')}_{self.run_id}{f'_{suffix}' if suffix else ''}"
+        self.admin.create_table(path, [Column("id", "BIGINT"), Column("v", "BIGINT"), Column("pad", "STRING")],
+                                ["id"], buckets)
+        return path
+
+    def drop_table(self, path: str) -> None:
+        self.admin.drop_table(path, ignore_if_not_exists=True)
+
+    def whole_again(self, timeout_s: float = 30.0) -> Check:
+        """The cluster is back in the shape the drill found it: every process runs, a coordinator
+        is active, every bucket's leader serves it (waiting up to ``timeout_s`` for that)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.doc = local_cluster.load(self.directory)
+            problems = [f"{what} is not running" for what in not_running(self.doc)]
+            try:
+                problems += [f"bucket {b} is not served" for b in local_cluster.served_buckets(self.doc)["unserved"]]
+            except errors.KvLeaseError as exc:
+                problems.append(f"no coordinator answers: {exc.message}")
+            if not problems or time.monotonic() > deadline:
+                return Check.of("the cluster is whole again (every process runs, every bucket served)", problems,
+                                sum(len(self.doc.get(role, [])) for role in local_cluster.ROLES))
+            time.sleep(0.2)
+
+    # -- the end ---------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Restart what is still killed (ZooKeeper first), then close the clients."""
+        try:
+            for role in ("zookeeper", "coordinators", "tablets"):
+                for (killed_role, node_id) in sorted(self.killed):
+                    if killed_role == role:
+                        self.restart(role, node_id)
+        finally:
+            if self.zk is not None:
+                self.zk.stop()
+                self.zk.close()
+            self.admin.close()
+
+    def __enter__(self) -> "DrillCluster":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

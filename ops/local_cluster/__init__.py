@@ -1,0 +1,42 @@
+"""Local clusters: start, stop and control ZooKeeper, coordinators and tablet servers on this machine.
+
+The public module of ``ops/local_cluster/``: other parts of ``ops`` (the CLI,
+drills, benchmarks, the demo) and the tests import from here, never from the
+modules behind it:
+
+- :mod:`~ops.local_cluster.processes`: the one way to spawn and stop a server
+  process, ``free_ports``, ``log_tail``;
+- :mod:`~ops.local_cluster.cluster_file`: ``cluster.json`` (what runs where);
+- :mod:`~ops.local_cluster.launch`: ``start`` and ``stop`` of a whole cluster;
+- :mod:`~ops.local_cluster.control`: status, one process at a time (kill, restart), who leads;
+- :mod:`~ops.local_cluster.zookeeper`: real ZooKeeper servers on loopback;
+- :mod:`~ops.local_cluster.certs`, :mod:`~ops.local_cluster.security`: a throwaway CA and the one
+  builder of security settings (servers and clients);
+- :mod:`~ops.local_cluster.tablet_health`: what a tablet server's health endpoint says.
+"""
+
+from __future__ import annotations
+
+from client.cluster_dir import security_settings
+from ops.local_cluster.certs import CertPaths
+from ops.local_cluster.certs import generate as generate_certs
+from ops.local_cluster.cluster_file import (CLUSTER_FILE, ZK_ROOT, bootstrap, client_config, cluster_file, load,
+                                            running_pids, save)
+from ops.local_cluster.control import (ROLES, active_coordinator, kill, member, restart, served_buckets, status,
+                                       zk_leader)
+from ops.local_cluster.launch import start, stop
+from ops.local_cluster.processes import (ClusterError, ServerProcess, child_env, dying_with_parent, free_ports, kept_ports,
+                                         log_tail, pid_alive, proc_start, spawn_server, stop_pids, terminate)
+from ops.local_cluster.security import client_settings, server_settings, write_private
+from ops.local_cluster.tablet_health import read_health, status_fields
+from ops.local_cluster.zookeeper import (MAIN_CLASSES, ZooKeeperCluster, ZooKeeperError, four_letter, is_serving,
+                                         node_command, server_mode)
+
+__all__ = [
+    "CLUSTER_FILE", "ClusterError", "child_env", "MAIN_CLASSES", "ROLES", "ServerProcess", "ZK_ROOT", "ZooKeeperCluster",
+    "ZooKeeperError", "active_coordinator", "bootstrap", "CertPaths", "client_config", "client_settings", "cluster_file",
+    "dying_with_parent", "four_letter", "free_ports", "generate_certs", "is_serving", "kept_ports", "kill", "load", "log_tail",
+    "member", "node_command", "pid_alive", "proc_start", "read_health", "restart", "running_pids", "save",
+    "security_settings", "served_buckets", "server_mode", "server_settings", "spawn_server", "start", "status",
+    "status_fields", "stop", "stop_pids", "terminate", "write_private", "zk_leader",
+]

@@ -1,0 +1,91 @@
+"""A local cluster's ``cluster.json``: what runs where (pids, addresses, the remote dir, security).
+
+Its name is :data:`client.cluster_dir.CLUSTER_FILE` (clients read the same file
+for its coordinators and TLS settings). :func:`load` checks its shape, so every
+command can read its lists of processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+from client.cluster_dir import CLUSTER_FILE, security_settings
+from common import config as cfg
+from ops.local_cluster.processes import ClusterError, pid_alive
+
+__all__ = ["CLUSTER_FILE", "ZK_ROOT", "all_procs", "bootstrap", "client_config", "cluster_file", "load",
+           "running_pids", "save"]
+
+ZK_ROOT = "/kvlease"
+
+
+# -- cluster.json --------------------------------------------------------------------------
+
+
+def cluster_file(directory: str | os.PathLike[str]) -> Path:
+    return Path(directory) / CLUSTER_FILE
+
+
+def load(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    """The cluster.json document of ``directory``; ClusterError if there is none or it is not one."""
+    path = cluster_file(directory)
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ClusterError(f"no cluster in {directory}: {path} not found "
+                           f"(start one with: kvlease cluster start --dir {directory})") from None
+    except (OSError, ValueError) as exc:
+        raise ClusterError(f"cannot read {path}: {exc}") from None
+    problem = _shape_problem(doc)
+    if problem is not None:
+        raise ClusterError(f"{path} is not a kvlease cluster file: {problem}")
+    return doc
+
+
+def _shape_problem(doc: Any) -> str | None:
+    """What keeps ``doc`` from being a cluster.json (None: nothing): the commands read its lists of
+    processes, each with an address and a pid (null once stopped); ``coordinators`` is always there."""
+    if not isinstance(doc, dict):
+        return "not a JSON object"
+    if "coordinators" not in doc:
+        return "no 'coordinators'"
+    for role in ("zookeeper", "coordinators", "tablets"):
+        entries = doc.get(role, [])
+        if not isinstance(entries, list):
+            return f"{role!r} is not a list"
+        for entry in entries:
+            if not (isinstance(entry, dict) and isinstance(entry.get("address"), str)
+                    and (entry.get("pid") is None or type(entry.get("pid")) is int)):
+                return f"an entry of {role!r} is not an object with an address and a pid"
+    return None
+
+
+def save(directory: str | os.PathLike[str], doc: dict[str, Any]) -> None:
+    path = cluster_file(directory)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(doc, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def bootstrap(directory: str | os.PathLike[str]) -> list[str]:
+    """The coordinator addresses of the cluster in ``directory``."""
+    addresses = [c["address"] for c in load(directory).get("coordinators", [])]
+    if not addresses:
+        raise ClusterError(f"the cluster in {directory} has no coordinators")
+    return addresses
+
+
+def client_config(doc: Mapping[str, Any]) -> cfg.Config:
+    """The config a client of this cluster needs: its TLS settings, if it has any (the environment ignored)."""
+    return cfg.Config(security_settings(doc), env={})
+
+
+def all_procs(doc: dict[str, Any], *roles: str) -> list[tuple[int, int | None]]:
+    return [(p["pid"], p.get("proc_start")) for role in roles for p in doc.get(role, []) if p.get("pid")]
+
+
+def running_pids(doc: dict[str, Any]) -> list[int]:
+    return [pid for pid, start in all_procs(doc, "coordinators", "tablets", "zookeeper") if pid_alive(pid, start)]

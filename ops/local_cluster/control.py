@@ -1,0 +1,229 @@
+"""A running local cluster, one question or one process at a time: its status, kill or restart one
+process (drills, the demo), the active coordinator, the ZooKeeper leader, which buckets are served."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+from common.errors import KvLeaseError
+from ops.local_cluster.cluster_file import client_config, load, save
+from ops.local_cluster.processes import ClusterError, log_tail, pid_alive, proc_start, spawn_server, terminate
+from ops.local_cluster.tablet_health import status_fields
+from ops.local_cluster.zookeeper import is_serving, node_command, server_mode
+
+
+def status(directory: str | os.PathLike[str], request_timeout_s: float = 2.0) -> dict[str, Any]:
+    """Every recorded process, whether it runs, what each coordinator says about itself, and
+    how many buckets each tablet server leads (asked of the active coordinator, wherever it
+    is in the list) and serves (its health, asked of it: :func:`ops.local_cluster.tablet_health.status_fields`).
+    A question that failed is reported under ``error``, never taken as "no"."""
+    from client.admin import AdminClient
+
+    doc = load(directory)
+    result: dict[str, Any] = {"zookeeper": [], "coordinators": [], "tablets": []}
+    for node in doc.get("zookeeper", []):
+        result["zookeeper"].append({"id": node["id"], "pid": node["pid"], "address": node["address"],
+                                    "alive": pid_alive(node["pid"], node.get("proc_start"))})
+    addresses = [c["address"] for c in doc.get("coordinators", [])] or ["127.0.0.1:0"]
+    with AdminClient(addresses, client_config(doc), request_timeout_s=request_timeout_s, retry_total_s=0) as client:
+        for c in doc.get("coordinators", []):
+            alive = pid_alive(c["pid"], c.get("proc_start"))
+            entry = {"id": c["id"], "pid": c["pid"], "address": c["address"], "active": False, "epoch": None,
+                     "alive": alive, "log": c.get("log")}
+            if alive:
+                try:
+                    info = client.coordinator_info(c["address"])
+                    entry.update(active=info.active, epoch=info.epoch)
+                except KvLeaseError as exc:
+                    entry["error"] = exc.message
+            result["coordinators"].append(entry)
+    servers: dict[str, Any] | None = None
+    tablets_error = None
+    tablets_alive = [pid_alive(t["pid"], t.get("proc_start")) for t in doc.get("tablets", [])]
+    if doc.get("tablets"):
+        active = next((c for c in result["coordinators"] if c["active"]), None)
+        if active is None:
+            if any(c["alive"] for c in result["coordinators"]) or any(tablets_alive):
+                tablets_error = "no active coordinator to ask which tablet servers are registered"
+            # else a stopped cluster: nothing to ask, and nothing failed
+        else:
+            try:
+                with AdminClient([active["address"]], client_config(doc), request_timeout_s=request_timeout_s,
+                                 retry_total_s=0) as client:
+                    servers = {str(s.id): s for s in client.list_tablet_servers()}
+            except KvLeaseError as exc:
+                tablets_error = f"coordinator {active['id']} ({active['address']}): {exc.message}"
+    for t, alive in zip(doc.get("tablets", []), tablets_alive):
+        entry = {"id": t["id"], "pid": t["pid"], "address": t["address"], "alive": alive, "log": t.get("log")}
+        if servers is None:
+            entry.update(buckets=None, registered=None, error=tablets_error)
+        else:
+            server = servers.get(str(t["id"]))
+            entry.update(buckets=server.buckets if server else 0, registered=server is not None)
+        entry.update(status_fields(t.get("metrics_address"), alive, request_timeout_s))
+        result["tablets"].append(entry)
+    return result
+
+
+ROLES = {"zookeeper": "ZooKeeper node", "coordinators": "coordinator", "tablets": "tablet server"}
+
+
+def member(doc: Mapping[str, Any], role: str, node_id: str | int) -> dict[str, Any]:
+    """The cluster.json entry of ``role`` (``zookeeper``, ``coordinators``, ``tablets``) ``node_id``."""
+    if role not in ROLES:
+        raise ClusterError(f"unknown role {role!r} (one of {', '.join(ROLES)})")
+    for entry in doc.get(role, []):
+        if str(entry["id"]) == str(node_id):
+            return entry
+    raise ClusterError(f"the cluster has no {ROLES[role]} {node_id}")
+
+
+def kill(directory: str | os.PathLike[str], role: str, node_id: str | int, sig: int = signal.SIGKILL,
+         timeout_s: float = 10.0) -> int | None:
+    """Send ``sig`` (default: ``kill -9``) to one process and wait until it is gone.
+
+    Returns its pid, or None if it was not running.
+    """
+    entry = member(load(directory), role, node_id)
+    pid, started = entry.get("pid"), entry.get("proc_start")
+    if not pid_alive(pid, started):
+        return None
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        return pid
+    deadline = time.monotonic() + timeout_s
+    while pid_alive(pid, started):
+        if time.monotonic() > deadline:
+            raise ClusterError(f"{ROLES[role]} {node_id} (pid {pid}) still runs {timeout_s:g}s after signal {sig}")
+        time.sleep(0.01)
+    return pid
+
+
+def restart(directory: str | os.PathLike[str], role: str, node_id: str | int,
+            ready_timeout_s: float = 60.0, graceful: bool = False) -> dict[str, Any]:
+    """Start one process again with its own config, port and data (killed first if it runs:
+    ``kill -9``, or with ``graceful`` SIGTERM and SIGKILL only if it is not gone in 10 s).
+
+    Returns once it serves: a ZooKeeper node answers (an ensemble node needs
+    a quorum), a coordinator answers CoordinatorInfo, a tablet server is
+    registered and every bucket it leads answers. Updates cluster.json.
+    """
+    directory = Path(directory).resolve()
+    if graceful:
+        running = member(load(directory), role, node_id)
+        terminate([(running["pid"], running.get("proc_start"))] if running.get("pid") else [])
+    else:
+        kill(directory, role, node_id)
+    doc = load(directory)
+    entry = member(doc, role, node_id)
+    if role == "zookeeper":
+        node_dir = Path(entry["log"]).parent
+        cmd = node_command(str(node_dir / "zoo.cfg"), int(entry["id"]), ensemble=len(doc["zookeeper"]) > 1)
+        with open(entry["log"], "ab") as log:
+            proc = subprocess.Popen(cmd, cwd=str(node_dir), stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT, close_fds=True, start_new_session=True)
+    else:
+        module = "coordinator" if role == "coordinators" else "tablet"
+        proc = spawn_server(directory / f"{module}-{entry['id']}", module, detached=True)
+    entry.update(pid=proc.pid, proc_start=proc_start(proc.pid))
+    save(directory, doc)
+
+    port = int(entry["address"].rsplit(":", 1)[1])
+    what = f"{ROLES[role]} {node_id}"
+    deadline = time.monotonic() + ready_timeout_s
+    while True:
+        if proc.poll() is not None:
+            raise ClusterError(f"{what} exited with code {proc.returncode} after a restart\n"
+                               f"--- {entry['log']} ---\n{log_tail(entry['log'])}")
+        if role == "zookeeper":
+            ready = is_serving(port)
+        elif role == "coordinators":
+            ready = _answers(doc, entry["address"])
+        else:
+            ready = _tablet_serving(doc, str(entry["id"]))
+        if ready:
+            return entry
+        if time.monotonic() > deadline:
+            raise ClusterError(f"{what} did not serve within {ready_timeout_s:g}s of a restart\n"
+                               f"--- {entry['log']} ---\n{log_tail(entry['log'])}")
+        time.sleep(0.1)
+
+
+def _answers(doc: Mapping[str, Any], address: str) -> bool:
+    from client.admin import AdminClient
+
+    with AdminClient([address], client_config(doc), request_timeout_s=1.0, retry_total_s=0) as client:
+        try:
+            client.coordinator_info(address)
+            return True
+        except KvLeaseError:
+            return False
+
+
+def _tablet_serving(doc: Mapping[str, Any], tablet_id: str) -> bool:
+    try:
+        served = served_buckets(doc)
+    except KvLeaseError:
+        return False
+    return served.get("registered", set()) >= {tablet_id} and not served["unserved"]
+
+
+def active_coordinator(directory: str | os.PathLike[str], timeout_s: float = 30.0) -> dict[str, Any]:
+    """The cluster.json entry of the active coordinator, waiting up to ``timeout_s`` for one."""
+    from client.admin import AdminClient
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        doc = load(directory)
+        for entry in doc.get("coordinators", []):
+            if not pid_alive(entry["pid"], entry.get("proc_start")):
+                continue
+            with AdminClient([entry["address"]], client_config(doc), request_timeout_s=1.0, retry_total_s=0) as client:
+                try:
+                    if client.coordinator_info(entry["address"]).active:
+                        return entry
+                except KvLeaseError:
+                    pass
+        if time.monotonic() > deadline:
+            raise ClusterError(f"no coordinator of the cluster in {directory} became active within {timeout_s:g}s")
+        time.sleep(0.1)
+
+
+def zk_leader(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The ZooKeeper node that says it leads the ensemble (None for a standalone node or no leader)."""
+    for node in load(directory).get("zookeeper", []):
+        if server_mode(int(node["address"].rsplit(":", 1)[1])) == "leader":
+            return node
+    return None
+
+
+def served_buckets(doc: Mapping[str, Any], request_timeout_s: float = 2.0) -> dict[str, Any]:
+    """``{"registered": {tablet ids}, "buckets": n, "unserved": ["db.t/3: why", …]}``.
+
+    A bucket is served when the tablet server its leader is answers for it
+    (ListOffsets); that is what "ready" means. Raises a KvLeaseError when no
+    coordinator answers.
+    """
+    from client.admin import AdminClient
+    from client.table import TableClient
+
+    addresses = [c["address"] for c in doc["coordinators"]]
+    with AdminClient(addresses, client_config(doc), request_timeout_s=request_timeout_s,
+                     retry_total_s=request_timeout_s) as admin:
+        registered = {str(s.id) for s in admin.list_tablet_servers()}
+        unserved, count = [], 0
+        for table in admin.list_tables():
+            count += table.buckets
+            with TableClient(admin, table.table_id, retry_total_s=0, request_timeout_s=request_timeout_s) as client:
+                for bucket in range(table.buckets):
+                    try:
+                        client.list_offsets([bucket])
+                    except KvLeaseError as exc:
+                        unserved.append(f"{table.path}/{bucket}: {exc.message}")
+    return {"registered": registered, "buckets": count, "unserved": unserved}
