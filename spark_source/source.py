@@ -16,7 +16,7 @@ from pyspark.sql.types import StructType
 
 from common.tables import TableInfo
 import spark_source.options as opts
-from spark_source import catalog
+import spark_source.catalog as catalog
 from spark_source.batch import BatchReader
 from spark_source.schema import read_columns, table_schema
 from spark_source.splits import ReadContext

@@ -30,6 +30,7 @@ from common.proto import tablet_pb2 as pb
 from common.proto import tablet_pb2_grpc as pb_grpc
 from common.tables import Column
 from common.codec import batch_to_ipc
+from common.security.acl import Operation, Resource
 from common.tls import TlsFiles
 from common.wire import error_from_pb
 from tests.conftest import TEST_DEFAULTS
@@ -399,11 +400,17 @@ def test_a_revoked_read_stops_the_clients_scanners(sc, table, make_user, clients
     add_rows(sc, table)
     name, password = make_user(("READ", table))
     client = clients((name, password), table)
+    cache = sc.cluster.tablets[1].security  # the tablet server's watched ACL cache (in-process)
+    readable = lambda: cache.allowed(Operation.READ, Resource.table(table), f"User:{name}")  # noqa: E731
     for streaming in (False, True):
         sc.grant(f"User:{name}", "READ", table)
+        sc.cluster.wait_for(readable, "the grant reached the tablet server", ACL_WAIT_S)
         with client.scanner(0, streaming=streaming, batch_size_bytes=1) as scanner:
             assert eventually(scanner.poll).num_rows == 1
             sc.revoke(f"User:{name}", "READ", table)
+            # a scan of 300 one-row batches may end before the revoke reaches the cache (a loaded machine
+            # reads them fast): wait for the cache, then the next poll must be refused
+            sc.cluster.wait_for(lambda: not readable(), "the revoke reached the tablet server", ACL_WAIT_S)
             deadline = time.monotonic() + ACL_WAIT_S
             with pytest.raises(errors.AuthorizationFailedError, match=f"may not READ table {table}") as info:
                 while scanner.poll() is not None:
