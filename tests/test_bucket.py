@@ -335,7 +335,7 @@ def assert_values_read_are(store, snapshot, start, budget, rows: dict[bytes, byt
     reader = scan_batch.ValueReader(store.key_of_value, start)
     batches = []
     while not batches or batches[-1].has_more:
-        batches.append(reader.read(snapshot.values(), snapshot._live(), budget))
+        batches.append(reader.read(snapshot.values(), snapshot.seekable(), budget))
     keys = list(rows)
     assert [v for b in batches for v in b.values()] == list(rows.values())
     ends = itertools.accumulate(b.count for b in batches)
