@@ -1,5 +1,9 @@
 """The admin client: tables, snapshots, leases, users and ACLs on the active coordinator.
 
+The users and ACLs calls are :class:`client.security_admin.SecurityAdmin`'s,
+the answer types are in :mod:`client.admin_types`, and the bootstrap list is
+checked by :mod:`client.bootstrap` (all re-exported here).
+
 It finds the active coordinator from a bootstrap list, follows
 ``NOT_COORDINATOR`` answers to the address they name, and retries retriable
 errors with :class:`client.transport.RetryPolicy` (bounded exponential backoff
@@ -8,11 +12,7 @@ with jitter). Every failure is raised as a :mod:`common.errors` exception.
 
 from __future__ import annotations
 
-import ipaddress
-import os
-import re
 import threading
-from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Sequence
 
 import grpc
@@ -22,87 +22,23 @@ from common import config as cfg
 from common import errors
 from common.proto import coordinator_pb2 as pb
 from common.proto import coordinator_pb2_grpc as pb_grpc
-from common.proto import security_pb2 as security_pb
-from common.proto import security_pb2_grpc as security_pb_grpc
+from client.admin_types import (AcquireResult, BucketLeader, CoordinatorInfo, ReleaseResult, SnapshotInfo,
+                                TabletServerInfo)
+from client.bootstrap import parse_bootstrap, refuse_path
 from client.coalescing import BatchInterrupted, Coalescer
+from client.security_admin import SecurityAdmin
 from client.transport import (RETRIABLE, Channels, NotServedError, RetryPolicy, UnknownOutcomes, arguments, is_int,
                               rpc_error)
-from common.security.acl import AclBinding, Operation, Resource
 from common.security.client import credentials
-from common.security.wire import binding_from_pb, binding_to_pb, resource_fields
 from common.tls import TlsFiles
 from common.wire import (bucket_snapshots_from_pb, bucket_snapshots_to_pb, bucket_to_pb, error_from_pb, handle_from_pb,
                          handle_to_pb, lease_from_pb, raise_for, table_from_pb)
 from common.tables import Column, TableInfo, TableSpec, parse_table_path, validate_spec
 from common.model import Lease, SnapshotHandle, TableBucket
-from common.storage import RemoteStorage, open_storage
 
-
-@dataclass(frozen=True)
-class CoordinatorInfo:
-    address: str
-    active: bool
-    active_address: str
-    epoch: int
-    remote_data_dir: str = ""
-    s3_endpoint: str = ""
-    s3_region: str = ""
-
-    def remote_storage(self) -> RemoteStorage:
-        """The cluster's remote storage as a reader opens it: URI, endpoint and region from the
-        coordinator; credentials (if any) from this process's environment, never from the cluster."""
-        overrides = {cfg.S3_ENDPOINT.name: self.s3_endpoint, cfg.S3_REGION.name: self.s3_region or "us-east-1"}
-        return open_storage(self.remote_data_dir, cfg.Config(overrides))
-
-
-@dataclass(frozen=True)
-class SnapshotInfo:
-    handle: SnapshotHandle
-    leased_by: tuple[str, ...] = ()
-    retained: bool = True
-
-    @property
-    def bucket(self) -> TableBucket:
-        return self.handle.bucket
-
-    @property
-    def snapshot_id(self) -> int:
-        return self.handle.snapshot_id
-
-    @property
-    def log_offset(self) -> int:
-        return self.handle.log_offset
-
-
-@dataclass(frozen=True)
-class BucketLeader:
-    bucket: int
-    leader_id: int  # -1: not assigned yet
-    leader_address: str  # "": the leader's tablet server is not live
-    leader_epoch: int
-
-
-@dataclass(frozen=True)
-class TabletServerInfo:
-    id: int
-    address: str
-    buckets: int
-
-
-@dataclass(frozen=True)
-class AcquireResult:
-    lease_id: str
-    expiration_time: int
-    acquired: dict[TableBucket, int]
-    unavailable: dict[TableBucket, int]
-
-
-@dataclass(frozen=True)
-class ReleaseResult:
-    lease_id: str
-    released: bool  # False: the lease held none of the buckets, or there was no (live) lease
-    lease_remains: bool  # False: the lease is gone (emptied by this release) or never was
-
+#: re-exported: callers import the answer types and parse_bootstrap from here
+__all__ = ["AdminClient", "wait_for_active", "parse_bootstrap", "READS", "IDEMPOTENT", "RETRIABLE_IF_IDEMPOTENT",
+           "AcquireResult", "BucketLeader", "CoordinatorInfo", "ReleaseResult", "SnapshotInfo", "TabletServerInfo"]
 
 #: Coordinator calls that change nothing: one that timed out is simply asked again.
 READS = frozenset({
@@ -132,35 +68,6 @@ _SEND_ALONE = object()
 RETRIABLE_IF_IDEMPOTENT = RETRIABLE + (errors.OutcomeUnknownError,)
 
 
-#: HOST:PORT with a host name, an IPv4 address or a bracketed IPv6 address.
-_ADDRESS = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):([0-9]{1,5})")
-
-
-def parse_bootstrap(bootstrap: str | Sequence[str]) -> list[str]:
-    """``host:port[,host:port…]`` (or a list of them) -> the addresses; InvalidRequestError naming a
-    malformed one (port 0 is a placeholder some callers use with ``locate``)."""
-    addresses = bootstrap.split(",") if isinstance(bootstrap, str) else list(bootstrap)
-    addresses = [a.strip() for a in addresses if a.strip()]
-    if not addresses:
-        raise errors.InvalidRequestError("no coordinator address given (use --bootstrap host:port or --cluster DIR)")
-    for address in addresses:
-        m = _ADDRESS.fullmatch(address)
-        if m is None or int(m.group(2)) > 65535:
-            raise errors.InvalidRequestError(f"bad coordinator address {errors.show(address)}: expected HOST:PORT "
-                                             "(port 1-65535), several separated by commas")
-    return addresses
-
-
-def _refuse_path(bootstrap) -> None:
-    """InvalidRequestError naming ``connect(cluster=…)`` if ``bootstrap`` is a path (a cluster directory)."""
-    if isinstance(bootstrap, os.PathLike) or (isinstance(bootstrap, str) and ("/" in bootstrap or
-                                                                             os.path.isdir(bootstrap))):
-        path = os.fspath(bootstrap)
-        raise errors.InvalidRequestError(
-            f"AdminClient({errors.show(path)}): a path, not coordinator addresses: for a cluster directory use "
-            f"kvlease.connect(cluster={path!r}).admin; AdminClient takes 'HOST:PORT[,HOST:PORT…]'")
-
-
 def _buckets(buckets):
     """``buckets`` (a mapping or a list), if every bucket is a TableBucket; else TypeError naming one."""
     wrong = next((b for b in buckets if not isinstance(b, TableBucket)), None)
@@ -169,18 +76,7 @@ def _buckets(buckets):
     return buckets
 
 
-def _loopback(address: str) -> bool:
-    """Whether ``HOST:PORT`` names this machine's loopback (127.0.0.0/8, ::1, localhost)."""
-    host = address.rsplit(":", 1)[0].strip("[]").lower()
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-class AdminClient:
+class AdminClient(SecurityAdmin):
     """Thread-safe; one gRPC channel per coordinator address."""
 
     def __init__(self, bootstrap: str | Sequence[str], config: cfg.Config | None = None, *,
@@ -192,7 +88,7 @@ class AdminClient:
         (e.g. from ZooKeeper); it is asked whenever the current address is unreachable."""
         config = config or cfg.Config(env={})
         self._locate = locate
-        _refuse_path(bootstrap)
+        refuse_path(bootstrap)
         self._bootstrap = parse_bootstrap(bootstrap)
         self._address = self._bootstrap[0]
         self._next_bootstrap = 1
@@ -278,9 +174,6 @@ class AdminClient:
             return self.retry.call(attempt, method, request, stub_class, retry_on=retry_on)
         except RETRIABLE as exc:
             raise unknown.given_up(exc) from None
-
-    def _security(self, method: str, request):
-        return self._call(method, request, security_pb_grpc.SecurityServiceStub)
 
     # -- coordinators ---------------------------------------------------------
 
@@ -510,43 +403,6 @@ class AdminClient:
         response = self._call("DescribeKvSnapshotLease", pb.DescribeKvSnapshotLeaseRequest(lease_id=lease_id))
         return lease_from_pb(response.lease)
 
-    # -- users and ACLs (the SecurityService; with security on, they need ALTER) --------------
-
-    def add_user(self, name: str, password: str) -> bool:
-        """Add a user; False if it exists already with this password (a resent call).
-        UserAlreadyExistsError if it exists with another one. Without TLS the password would travel in
-        the clear: refused (InvalidRequestError) unless every bootstrap address is this machine's loopback
-        (users prepared on a plaintext local cluster before security is turned on)."""
-        if self.tls is None and not all(_loopback(address) for address in self._bootstrap):
-            raise errors.InvalidRequestError(
-                f"user {errors.show(name)}: a password is only sent over TLS, and {', '.join(self._bootstrap)} is reached "
-                "without it: add users over TLS (security.tls.* / --ca-file), or from the coordinator's machine "
-                "through its loopback address", user=name)
-        return self._security("AddUser", security_pb.AddUserRequest(name=name, password=password)).created
-
-    def remove_user(self, name: str) -> bool:
-        """Remove a user; False if there was none."""
-        return self._security("RemoveUser", security_pb.RemoveUserRequest(name=name)).removed
-
-    def list_users(self) -> list[str]:
-        """The user names (never their passwords)."""
-        return list(self._security("ListUsers", security_pb.ListUsersRequest()).names)
-
-    def add_acl(self, resource: Resource, principal: str, operation: Operation | str) -> bool:
-        """Grant ``principal`` (``User:bob``, ``User:*``) ``operation`` on ``resource``; False if it had it."""
-        entry = binding_to_pb(AclBinding(resource, principal, Operation.parse(operation)))
-        return self._security("AddAcl", security_pb.AddAclRequest(entry=entry)).added
-
-    def remove_acl(self, resource: Resource, principal: str, operation: Operation | str) -> bool:
-        """Revoke the entry; False if there was no such entry."""
-        entry = binding_to_pb(AclBinding(resource, principal, Operation.parse(operation)))
-        return self._security("RemoveAcl", security_pb.RemoveAclRequest(entry=entry)).removed
-
-    def list_acls(self, resource: Resource | None = None) -> list[AclBinding]:
-        """The entries this caller may see (of ``resource`` only, if given): those of the resources it
-        may ALTER, and those naming itself or ``User:*``."""
-        request = security_pb.ListAclsRequest(**(resource_fields(resource) if resource is not None else {}))
-        return [binding_from_pb(entry) for entry in self._security("ListAcls", request).entries]
 
 
 def wait_for_active(client: AdminClient, timeout_s: float, sleep: Callable[[float], None] | None = None) -> CoordinatorInfo:

@@ -20,7 +20,7 @@ the last error is raised. Every wire error code becomes its typed exception
 :class:`~common.errors.OutcomeUnknownError` and is not retried.
 
 Bad rows raise :class:`~common.errors.InvalidRowError` naming the row and
-column before anything is sent (the server checks again and rejects a bad
+column before anything is sent (:mod:`client.table_input`) (the server checks again and rejects a bad
 batch as a whole).
 """
 
@@ -41,13 +41,14 @@ from common.proto import tablet_pb2 as pb
 from common.tables import TableInfo
 from common.wire import error_from_pb
 from common.logentry import ChangeType, LogEntry, decode_entry
-from common.codec import RowCodec, batch_to_ipc, bucket_of_keys, ipc_to_batch
+from common.codec import RowCodec, batch_to_ipc, ipc_to_batch
 from common.errors import show
 from client.log_records import LOG_COLUMNS, decode_records, entry_records, log_schema
 from client.routing import REROUTE, BucketRouter, Routing
 from client.scanner import KvBatchScanner
 from client.snapshot_trigger import COMMITTED, CommittedSnapshot, raise_failed, trigger_snapshots
 from client.stream_scanner import KvStreamScanner
+from client import table_input
 from client.table_scan import scan_table
 from client.transport import RetryPolicy, arguments, rpc_error
 
@@ -173,58 +174,16 @@ class TableClient:
     # -- splitting by bucket --------------------------------------------------------------------
 
     def _row_batch(self, rows: Sequence[dict] | pa.RecordBatch | pa.Table) -> pa.RecordBatch:
-        if isinstance(rows, pa.Table):
-            rows = _table_to_batch(rows)
-        if isinstance(rows, pa.RecordBatch):
-            return self.codec.validate(rows)
-        _check_collection(rows, "rows", "row", "dicts")
-        return self.codec.to_batch(rows)
+        return table_input.row_batch(self.codec, rows)
 
     def key_batch(self, keys: Sequence[Any] | pa.RecordBatch | pa.Table) -> pa.RecordBatch:
         """Primary-key columns from dicts, tuples (primary-key order), scalars (one-column key), or a batch."""
-        if isinstance(keys, pa.Table):
-            keys = _table_to_batch(keys)
-        if isinstance(keys, pa.RecordBatch):  # checked like rows: names, types, no null key
-            return self.codec.validate(keys).select(list(self.table.primary_key))
-        _check_collection(keys, "keys", "key", "dicts, tuples or values")
-        pk = self.table.primary_key
-        rows = []
-        for i, key in enumerate(keys):
-            if isinstance(key, dict):
-                rows.append(key)
-            elif isinstance(key, (tuple, list)):
-                if len(key) != len(pk):
-                    raise errors.InvalidRowError(f"row {i}: expected {len(pk)} key value(s) "
-                                                 f"({', '.join(pk)}), got {len(key)}")
-                rows.append(dict(zip(pk, key)))
-            elif len(pk) == 1:
-                rows.append({pk[0]: key})
-            else:
-                raise errors.InvalidRowError(f"row {i}: the primary key has {len(pk)} columns "
-                                             f"({', '.join(pk)}); give a tuple or a dict, got {show(key)}")
-        return self.codec.to_batch(rows).select(list(pk))
+        return table_input.key_batch(self.codec, keys)
 
     def split(self, batch: pa.RecordBatch) -> list[tuple[int, pa.RecordBatch, np.ndarray]]:
-        """``[(bucket, rows of that bucket, their indices in batch)]`` for the buckets that get rows.
-
-        Vectorized: the keys are encoded and hashed once, then one ``take``
-        orders the rows by bucket (stable) and each bucket is a zero-copy slice.
-        """
-        n = self.table.buckets
-        if batch.num_rows == 0:
-            return []
-        if n == 1:
-            return [(0, batch, np.arange(batch.num_rows))]
-        buckets = np.asarray(bucket_of_keys(self.codec.encode_keys(batch), n), dtype=np.int64)
-        order = np.argsort(buckets, kind="stable")
-        counts = np.bincount(buckets, minlength=n)
-        ordered = batch.take(pa.array(order))
-        out, start = [], 0
-        for bucket in np.flatnonzero(counts).tolist():
-            count = int(counts[bucket])
-            out.append((bucket, ordered.slice(start, count), order[start:start + count]))
-            start += count
-        return out
+        """``[(bucket, rows of that bucket, their indices in batch)]`` for the buckets that get rows
+        (see :func:`client.table_input.split`)."""
+        return table_input.split(self.codec, batch)
 
     # -- writes --------------------------------------------------------------------------------
 
@@ -443,14 +402,6 @@ class TableClient:
 # -- helpers ------------------------------------------------------------------------------------
 
 
-def _check_collection(items: Any, what: str, one: str, forms: str) -> None:
-    """InvalidRowError unless ``items`` is a collection of rows or keys: a str, bytes or a dict (one row)
-    would be taken apart (into characters, into column names), a number or None is not one."""
-    if isinstance(items, (str, bytes, bytearray, memoryview, dict)) or not isinstance(items, Iterable):
-        raise errors.InvalidRowError(f"{what} must be a list of {what} ({forms}), an Arrow RecordBatch or an Arrow "
-                                     f"Table, got {type(items).__name__} {show(items)}; put a single {one} in a list")
-
-
 def _chunks(batch: pa.RecordBatch) -> list[pa.RecordBatch]:
     """``batch`` in slices of at most about :data:`MAX_REQUEST_BYTES` each."""
     size = batch.nbytes
@@ -465,11 +416,3 @@ def _concat(batches: list[pa.RecordBatch], schema: pa.Schema) -> pa.RecordBatch:
     if not batches:
         return pa.RecordBatch.from_pylist([], schema=schema)
     return batches[0] if len(batches) == 1 else pa.concat_batches(batches)
-
-
-def _table_to_batch(table: pa.Table) -> pa.RecordBatch:
-    batches = table.to_batches()
-    if not batches:
-        return pa.RecordBatch.from_pylist([], schema=table.schema)
-    return batches[0] if len(batches) == 1 else pa.concat_batches(batches)
-

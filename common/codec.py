@@ -3,7 +3,7 @@
 A tablet server stores each row of a primary-key table in RocksDB as
 ``key = encode_keys(row)`` and ``value = encode_values(row)``; the changelog
 keeps the same bytes. Rows travel between client and server as Arrow IPC
-RecordBatches (:func:`batch_to_ipc`, :func:`ipc_to_batch`).
+RecordBatches (:func:`batch_to_ipc`, :func:`ipc_to_batch`, in :mod:`common.arrow_ipc`).
 
 Every encode and decode works on whole columns with numpy and
 ``pyarrow.compute``: no Python code runs per row except the one conversion
@@ -29,7 +29,7 @@ byte, INT 4, BIGINT/DOUBLE/TIMESTAMP 8; DOUBLE keeps its exact bits), STRING
 and BYTES as a uint32 little-endian length then the bytes.
 
 Buckets: ``zlib.crc32(encoded key) % num_buckets`` (crc32 is unsigned in
-Python 3): stable across processes, versions and platforms.
+Python 3): stable across processes, versions and platforms (:mod:`common.bucketing`).
 
 Malformed input (client rows, batches) raises :class:`InvalidRowError` naming
 the row and column; so do bytes that are not a value or key of this table.
@@ -37,8 +37,7 @@ the row and column; so do bytes that are not a value or key of this table.
 
 from __future__ import annotations
 
-import zlib
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -48,6 +47,9 @@ from common.errors import InvalidRowError, show
 from common import codec_arrays as ca
 from common.codec_arrays import ARROW_TYPES
 from common.tables import Column, TableInfo
+# re-exported: callers import the bucket function and the IPC helpers from here
+from common.arrow_ipc import batch_to_ipc, ipc_to_batch  # noqa: F401
+from common.bucketing import bucket_array, bucket_of, bucket_of_keys  # noqa: F401
 
 FORMAT_VERSION = 1
 #: Rows encoded or decoded in one vectorized pass; keeps temporaries in cache-sized pieces.
@@ -64,55 +66,6 @@ def key_schema(table: TableInfo) -> pa.Schema:
     """The Arrow schema of ``table``'s primary key, in primary-key order."""
     types = {c.name: c.type for c in table.columns}
     return pa.schema([pa.field(k, ARROW_TYPES[types[k]]) for k in table.primary_key])
-
-
-def bucket_of(key: bytes, num_buckets: int) -> int:
-    """The bucket of an encoded key: ``zlib.crc32(key) % num_buckets``.
-
-    Stable forever (changing it would move rows between buckets): crc32 is the
-    IEEE 802.3 CRC, unsigned in Python 3, and the same on every platform.
-    """
-    if num_buckets < 1:
-        raise ValueError(f"num_buckets must be at least 1, got {num_buckets}")
-    return zlib.crc32(key) % num_buckets
-
-
-def bucket_of_keys(keys: Iterable[bytes], num_buckets: int) -> list[int]:
-    """:func:`bucket_of` of every key."""
-    return bucket_array(keys, num_buckets).tolist()
-
-
-def bucket_array(keys: Iterable[bytes], num_buckets: int) -> np.ndarray:
-    """:func:`bucket_of` of every key as a numpy ``uint64`` array."""
-    if num_buckets < 1:
-        raise ValueError(f"num_buckets must be at least 1, got {num_buckets}")
-    crcs = np.fromiter(map(zlib.crc32, keys), dtype=np.uint64)
-    return crcs % np.uint64(num_buckets)
-
-
-def batch_to_ipc(batch: pa.RecordBatch) -> bytes:
-    """``batch`` as the bytes of an Arrow IPC stream (schema + one batch)."""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, batch.schema) as writer:
-        writer.write_batch(batch)
-    return sink.getvalue().to_pybytes()
-
-
-def ipc_to_batch(data: bytes | pa.Buffer) -> pa.RecordBatch:
-    """The batch in an Arrow IPC stream (several are concatenated; none gives an empty batch).
-
-    Raises InvalidRowError when ``data`` is not an Arrow IPC stream.
-    """
-    try:
-        reader = pa.ipc.open_stream(data)
-        batches = list(reader)
-    except (pa.ArrowException, OSError) as e:
-        raise InvalidRowError(f"not an Arrow IPC stream: {e}") from None
-    if len(batches) == 1:
-        return batches[0]
-    if not batches:
-        return pa.RecordBatch.from_pylist([], schema=reader.schema)
-    return pa.concat_batches(batches)
 
 
 class RowCodec:

@@ -98,6 +98,7 @@ class StateMachine(Dispatcher):
 class Shell(Dispatcher):
     """Carries out a machine's instructions: one registered executor per instruction type."""
 
-    def execute(self, instructions: Iterable[Instruction]) -> None:
+    def execute(self, instructions: Iterable[Instruction], *args: Any) -> None:
+        """Carry out each instruction in order; ``args`` go to every executor (e.g. what a call collects)."""
         for instruction in instructions:
-            self.dispatch(instruction)
+            self.dispatch(instruction, *args)

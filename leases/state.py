@@ -8,6 +8,10 @@ request with the error). One write per lease is in flight at a time; an event
 for a lease with a write in flight yields :class:`Deferred` and the shell
 hands it in again later.
 
+The events and instructions are in :mod:`leases.events` (re-exported
+here); the checks a request passes first, and the errors it answers with, in
+:mod:`leases.checks`.
+
 Built on :mod:`common.statemachine`: each event carries an ``event_id`` (the
 replies it causes name it) and has one registered handler. The lease requests
 callers send (acquire, renew, release, drop) are these events themselves; a
@@ -47,195 +51,27 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import Iterable, Mapping, Protocol
+from typing import Iterable
 
 from common import errors
-from common.model import Lease, TableBucket, lease_id_problem, lease_owner_problem
-from common.statemachine import Event, Instruction, StateMachine, on
+from common.model import Lease, TableBucket
+from common.statemachine import Event, StateMachine, on
 from leases import deadlines
+from leases.checks import (Catalog, check_bucket, check_duration, check_id, expired, foreign, not_found_error,
+                           owned_error)
 from leases.deadlines import Deadlines
+# the events, instructions and outcomes, re-exported: callers write ``ls.Acquire``, ``ls.Reply``
+from leases.events import (Acquire, AcquireOutcome, Deferred, Drop, Expire, LeasesExpired, PersistLease, Release,
+                           ReleaseOutcome, RemoveTable, Renew, Reply, Restore, RestoreOutcome, SnapshotsFreed,
+                           WriteDone, WriteFailed)
 from leases.refcount import RefcountIndex
 
-
-class Catalog(Protocol):
-    """What the lease rules need to know of tables and snapshots (in memory)."""
-
-    def bucket_count(self, table_id: int) -> int | None: ...
-
-    def table_path(self, table_id: int) -> str | None: ...  # DB.NAME, for messages
-
-    def has_snapshot(self, tb: TableBucket, snapshot_id: int) -> bool: ...
-
-
-# --- events --------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Acquire(Event):
-    lease_id: str
-    snapshots: Mapping[TableBucket, int]
-    duration_ms: int
-    now_ms: int | None = None  # None: the shell stamps its clock before handing it in
-    owner: str | None = None  # the requesting reader's token (see the module's docstring)
-
-
-@dataclass(frozen=True)
-class Renew(Event):
-    lease_id: str
-    duration_ms: int
-    now_ms: int | None = None  # None: the shell stamps its clock before handing it in
-    owner: str | None = None  # the requesting reader's token (see the module's docstring)
-
-
-@dataclass(frozen=True)
-class Release(Event):
-    lease_id: str
-    buckets: frozenset[TableBucket]
-    now_ms: int | None = None  # None: the shell stamps its clock before handing it in
-    owner: str | None = None  # the requesting reader's token (see the module's docstring)
-
-
-@dataclass(frozen=True)
-class Drop(Event):
-    lease_id: str
-    now_ms: int | None = None  # None: the shell stamps its clock before handing it in
-    owner: str | None = None  # the requesting reader's token (see the module's docstring)
-
-
-@dataclass(frozen=True)
-class Expire(Event):
-    """Drop the leases whose deadline passed (the shell's timer)."""
-
-    now_ms: int | None = None
-
-
-@dataclass(frozen=True)
-class RemoveTable(Event):
-    """A table is being dropped: take it out of every lease."""
-
-    table_id: int
-
-
-@dataclass(frozen=True)
-class Restore(Event):
-    """Failover: the leases loaded from storage.
-
-    An expired lease gets ``grace_ms`` once (written back, marked ``graced``);
-    an expired lease that already had its grace is dropped.
-    """
-
-    leases: tuple[Lease, ...]
-    now_ms: int
-    grace_ms: int
-    #: the refcount index of exactly these leases, if the caller has it (a standby's mirror keeps
-    #: one as it reads them); None: built here. Taken over, not copied.
-    refs: RefcountIndex | None = None
-
-
-@dataclass(frozen=True)
-class WriteDone(Event):
-    write_id: tuple[int, int]
-
-
-@dataclass(frozen=True)
-class WriteFailed(Event):
-    write_id: tuple[int, int]
-    error: errors.KvLeaseError
-
-
-# --- instructions ------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class PersistLease(Instruction):
-    """Write ``after`` (None: delete the lease); only ``changed_tables`` need new files.
-
-    ``reason``: acquire, reacquire (a new lease replaces an expired one), renew,
-    release, drop, expire (the deadline passed), drop-table, grace (failover).
-    """
-
-    write_id: tuple[int, int]
-    reason: str
-    before: Lease | None
-    after: Lease | None
-    changed_tables: frozenset[int]
-
-    @property
-    def lease_id(self) -> str:
-        return (self.after or self.before).lease_id  # type: ignore[union-attr]
-
-
-@dataclass(frozen=True)
-class Reply(Instruction):
-    event_id: int
-    result: object = None
-    error: errors.KvLeaseError | None = None
-
-
-@dataclass(frozen=True)
-class Deferred(Instruction):
-    """The event touches a lease whose write is in flight: hand it in again later."""
-
-    event: Event
-
-
-@dataclass(frozen=True)
-class SnapshotsFreed(Instruction):
-    """These snapshots are no longer held by any lease."""
-
-    snapshots: tuple[tuple[TableBucket, int], ...]
-
-
-@dataclass(frozen=True)
-class LeasesExpired(Instruction):
-    lease_ids: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class AcquireOutcome:
-    expiration_time: int
-    acquired: dict[TableBucket, int]
-    unavailable: dict[TableBucket, int]
-
-
-@dataclass(frozen=True)
-class ReleaseOutcome:
-    released: bool  # the lease held at least one of the buckets, and now does not
-    lease_remains: bool  # the lease still holds buckets (False: it is gone, or never was)
-
-
-@dataclass(frozen=True)
-class RestoreOutcome:
-    leases: int  # how many were loaded
-    graced: tuple[str, ...]  # expired during the gap: granted the grace (written back)
-    expired: tuple[str, ...]  # expired during the gap after their grace: dropped
-
+__all__ = ["LeaseState", "Catalog", "Acquire", "Renew", "Release", "Drop", "Expire", "RemoveTable", "Restore",
+           "WriteDone", "WriteFailed", "PersistLease", "Reply", "Deferred", "SnapshotsFreed", "LeasesExpired",
+           "AcquireOutcome", "ReleaseOutcome", "RestoreOutcome"]
 
 #: the reasons of writes that remove a lease because its deadline passed
 _EXPIRING = ("expire", "reacquire")
-
-
-def _expired(lease: Lease, now_ms: int) -> bool:
-    return lease.expiration_time <= now_ms
-
-
-def _owned(lease: Lease, owner: str | None) -> errors.LeaseOwnedError:
-    holder = (f"the reader with owner token {errors.show(lease.owner)}" if lease.owner
-              else "no owner (it was acquired without one)")
-    asked = f"owner {errors.show(owner)}" if owner else "no owner"
-    return errors.LeaseOwnedError(
-        f"lease {errors.show(lease.lease_id)} belongs to {holder}, not to this request's ({asked}): a lease id names "
-        f"one reader at a time; use another lease id, or if that reader is gone drop the lease (kvlease lease drop "
-        f"{lease.lease_id}) or let it expire at {lease.expiration_time} ms", lease_id=lease.lease_id)
-
-
-def _foreign(lease: Lease, owner: str | None) -> bool:
-    """``lease`` belongs to another reader than a request carrying ``owner`` (None: the request is an
-    operator's, which may act on any lease)."""
-    return owner is not None and lease.owner != owner
-
-
-def _not_found(lease_id: str, expired: Lease | None = None) -> errors.LeaseNotFoundError:
-    why = f" (it expired at {expired.expiration_time} ms)" if expired is not None else ""
-    return errors.LeaseNotFoundError(f"lease {errors.show(lease_id)} not found{why}", lease_id=lease_id)
 
 
 @dataclass
@@ -269,7 +105,7 @@ class LeaseState(StateMachine):
     def live(self, lease_id: str, now_ms: int) -> Lease | None:
         """The lease if it exists and its deadline has not passed at ``now_ms``."""
         lease = self.leases.get(lease_id)
-        return None if lease is None or _expired(lease, now_ms) else lease
+        return None if lease is None or expired(lease, now_ms) else lease
 
     def lease_counts(self) -> tuple[int, dict[int, int]]:
         """How many leases there are, and per table how many hold a bucket of it (O(tables))."""
@@ -277,7 +113,7 @@ class LeaseState(StateMachine):
 
     def live_leases(self, now_ms: int) -> list[Lease]:
         """Every lease whose deadline has not passed at ``now_ms``, by id."""
-        return sorted((lease for lease in self.leases.values() if not _expired(lease, now_ms)),
+        return sorted((lease for lease in self.leases.values() if not expired(lease, now_ms)),
                       key=lambda lease: lease.lease_id)
 
     def is_protected(self, tb: TableBucket, snapshot_id: int) -> bool:
@@ -294,31 +130,6 @@ class LeaseState(StateMachine):
 
     # -- requests -----------------------------------------------------------------
 
-    def _check_id(self, lease_id: str, owner: str | None = None) -> None:
-        problem = lease_id_problem(lease_id)
-        if problem is None and owner is not None:
-            problem = lease_owner_problem(owner)
-        if problem is not None:
-            raise errors.InvalidLeaseIdError(problem)
-
-    def _check_duration(self, duration_ms: int) -> None:
-        if duration_ms <= 0:
-            raise errors.InvalidLeaseDurationError(f"lease duration must be positive, got {duration_ms} ms")
-        if duration_ms > self.max_duration_ms:
-            raise errors.InvalidLeaseDurationError(
-                f"lease duration {duration_ms} ms exceeds kv.snapshot.lease.max-duration ({self.max_duration_ms} ms)")
-
-    def _check_bucket(self, tb: TableBucket) -> None:
-        count = self.catalog.bucket_count(tb.table_id)
-        if count is None:
-            raise errors.TableNotExistError(f"table id {tb.table_id} does not exist", table_id=tb.table_id)
-        if tb.partition_id is not None:
-            raise errors.InvalidRequestError(f"table {tb.table_id} is not partitioned (got partition {tb.partition_id})")
-        if not 0 <= tb.bucket < count:
-            raise errors.BucketOutOfRangeError(
-                f"bucket {tb.bucket} out of range for table {self.catalog.table_path(tb.table_id)} (id "
-                f"{tb.table_id}; buckets 0..{count - 1})")
-
     def _now(self, ev: Event) -> int:
         now_ms = getattr(ev, "now_ms", None)
         if now_ms is None:
@@ -328,12 +139,12 @@ class LeaseState(StateMachine):
     @on(Acquire)
     def _on_acquire(self, ev: Acquire) -> list[object]:
         try:
-            self._check_id(ev.lease_id, ev.owner)
+            check_id(ev.lease_id, ev.owner)
             if not ev.snapshots:
                 raise errors.InvalidRequestError("acquire needs at least one bucket snapshot")
-            self._check_duration(ev.duration_ms)
+            check_duration(ev.duration_ms, self.max_duration_ms)
             for tb, sid in ev.snapshots.items():
-                self._check_bucket(tb)
+                check_bucket(self.catalog, tb)
                 if sid < 0:
                     raise errors.InvalidRequestError(f"bad snapshot id {sid} for bucket {tb}")
         except errors.KvLeaseError as exc:
@@ -346,10 +157,10 @@ class LeaseState(StateMachine):
         before = self.leases.get(ev.lease_id)
         reason = "acquire"
         held = dict(before.buckets) if before else {}
-        if before is not None and _expired(before, now):  # a new lease replaces the expired one
+        if before is not None and expired(before, now):  # a new lease replaces the expired one
             reason, held = "reacquire", {}
         elif before is not None and before.owner != ev.owner:  # another reader's: change nothing
-            return [Reply(ev.event_id, error=_owned(before, ev.owner))]
+            return [Reply(ev.event_id, error=owned_error(before, ev.owner))]
         if not held and not acquired:  # never an empty lease
             nothing = AcquireOutcome(0, {}, unavailable)
             if before is None:
@@ -362,8 +173,8 @@ class LeaseState(StateMachine):
     @on(Renew)
     def _on_renew(self, ev: Renew) -> list[object]:
         try:
-            self._check_id(ev.lease_id, ev.owner)
-            self._check_duration(ev.duration_ms)
+            check_id(ev.lease_id, ev.owner)
+            check_duration(ev.duration_ms, self.max_duration_ms)
         except errors.KvLeaseError as exc:
             return [Reply(ev.event_id, error=exc)]
         if self.busy(ev.lease_id):
@@ -371,22 +182,22 @@ class LeaseState(StateMachine):
         now = self._now(ev)
         before = self.leases.get(ev.lease_id)
         if before is None:
-            return [Reply(ev.event_id, error=_not_found(ev.lease_id))]
-        if _expired(before, now):  # not found, whether or not dropping it is written
-            return self._persist(ev.event_id, [("expire", before, None)], None, _not_found(ev.lease_id, before))
-        if _foreign(before, ev.owner):
-            return [Reply(ev.event_id, error=_owned(before, ev.owner))]
+            return [Reply(ev.event_id, error=not_found_error(ev.lease_id))]
+        if expired(before, now):  # not found, whether or not dropping it is written
+            return self._persist(ev.event_id, [("expire", before, None)], None, not_found_error(ev.lease_id, before))
+        if foreign(before, ev.owner):
+            return [Reply(ev.event_id, error=owned_error(before, ev.owner))]
         after = replace(before, expiration_time=now + ev.duration_ms, graced=False)
         return self._persist(ev.event_id, [("renew", before, after)], after.expiration_time)
 
     @on(Release)
     def _on_release(self, ev: Release) -> list[object]:
         try:
-            self._check_id(ev.lease_id, ev.owner)
+            check_id(ev.lease_id, ev.owner)
             if not ev.buckets:
                 raise errors.InvalidRequestError("release needs at least one bucket")
             for tb in sorted(ev.buckets, key=TableBucket.sort_key):
-                self._check_bucket(tb)
+                check_bucket(self.catalog, tb)
         except errors.KvLeaseError as exc:
             return [Reply(ev.event_id, error=exc)]
         if self.busy(ev.lease_id):
@@ -395,9 +206,9 @@ class LeaseState(StateMachine):
         before = self.leases.get(ev.lease_id)
         if before is None:
             return [Reply(ev.event_id, ReleaseOutcome(False, False))]  # a retry after the lease went
-        if _expired(before, now):
+        if expired(before, now):
             return self._persist(ev.event_id, [("expire", before, None)], ReleaseOutcome(False, False))
-        if _foreign(before, ev.owner):  # the caller's lease is gone; this one is another reader's
+        if foreign(before, ev.owner):  # the caller's lease is gone; this one is another reader's
             return [Reply(ev.event_id, ReleaseOutcome(False, False))]
         remaining = {tb: sid for tb, sid in before.buckets.items() if tb not in ev.buckets}
         if len(remaining) == len(before.buckets):
@@ -408,7 +219,7 @@ class LeaseState(StateMachine):
     @on(Drop)
     def _on_drop(self, ev: Drop) -> list[object]:
         try:
-            self._check_id(ev.lease_id, ev.owner)
+            check_id(ev.lease_id, ev.owner)
         except errors.KvLeaseError as exc:
             return [Reply(ev.event_id, error=exc)]
         if self.busy(ev.lease_id):
@@ -416,9 +227,9 @@ class LeaseState(StateMachine):
         before = self.leases.get(ev.lease_id)
         if before is None:
             return [Reply(ev.event_id, False)]
-        if _expired(before, self._now(ev)):
+        if expired(before, self._now(ev)):
             return self._persist(ev.event_id, [("expire", before, None)], False)
-        if _foreign(before, ev.owner):
+        if foreign(before, ev.owner):
             return [Reply(ev.event_id, False)]
         return self._persist(ev.event_id, [("drop", before, None)], True)
 
@@ -430,14 +241,14 @@ class LeaseState(StateMachine):
         back on the heap; the write may renew or remove it).
         """
         now = self._now(ev)
-        expired = []
+        due = []
         for lease_id in self._deadlines.pop_due(now, self._deadline_of):
             lease = self.leases[lease_id]
             if self.busy(lease_id):
                 self._push_deadline(lease)
             else:
-                expired.append(lease)
-        return self._persist(ev.event_id, [("expire", lease, None) for lease in expired], None)
+                due.append(lease)
+        return self._persist(ev.event_id, [("expire", lease, None) for lease in due], None)
 
     @on(RemoveTable)
     def _on_removetable(self, ev: RemoveTable) -> list[object]:

@@ -38,7 +38,7 @@ from common.errors import StorageError
 from common.storage import RemoteStorage, StorageNotFound
 from common.zk import ZkOp, dumps, loads
 from common.model import Lease, TableBucket
-from leases.state import PersistLease
+from leases.events import PersistLease
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,8 @@ Records are numbered 0, 1, 2, … (see "Offsets" in DESIGN.md). Each append
 writes ONE entry holding a whole batch and its append time, so building,
 writing and reading cost nothing per record in Python. The entry format is
 ``common/logentry.py`` (clients decode it too); entries live in segment files
-``{base_offset:020d}.log``, indexed in memory by ``tablet/log_index.py``.
+``{base_offset:020d}.log`` (``tablet/segment_files.py``: names, recovery, bytes in and out), indexed in
+memory by ``tablet/log_index.py``.
 Append times never decrease: an entry gets ``max(previous entry's, clock)``.
 
 Concurrency: one writer at a time (``append*``, ``write`` and
@@ -20,9 +21,7 @@ from __future__ import annotations
 import bisect
 import fcntl
 import logging
-import mmap
 import os
-import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -32,14 +31,13 @@ import pyarrow as pa
 
 from common import config as cfg
 from common.errors import InvalidRequestError
-from common.logentry import (HEADER_SIZE, ChangelogError, CorruptLogError, LogEntry, check_frame, conform,
-                             decode_entry, encode_payload, frame_header, record_batch, valid_frame_after)
-from tablet.log_index import NO_TIMESTAMP, SegmentIndex, first_offset_at_or_after, time_key
+from common.logentry import (HEADER_SIZE, ChangelogError, CorruptLogError, LogEntry, conform, decode_entry,
+                             encode_payload, frame_header, record_batch)
+from tablet import segment_files
+from tablet.log_index import SegmentIndex, first_offset_at_or_after
 
 log = logging.getLogger(__name__)
 
-_SEGMENT_NAME = re.compile(r"^(\d{20})\.log$")
-_MAX_IOV = 512
 _SPLIT_READ_BYTES = 32 << 10  # read_raw: entries this big on average get a pread each (no copy)
 
 
@@ -98,7 +96,7 @@ class Changelog:
             os.close(self._lock_fd)
             raise ChangelogError(f"changelog {dir} is open in another Changelog instance", dir=dir) from None
         try:
-            self._segments = self._recover(verify_all)
+            self._segments = segment_files.recover(dir, verify_all)
             self._segment_bases = [s.base_offset for s in self._segments]
             active = self._segments[-1]
             self._fd = os.open(active.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
@@ -119,61 +117,6 @@ class Changelog:
     def from_config(cls, dir: str, config: cfg.Config, clock_ms: Callable[[], int] | None = None) -> "Changelog":
         return cls(dir, segment_bytes=config[cfg.LOG_SEGMENT_BYTES], fsync=config[cfg.LOG_FLUSH_FSYNC],
                    clock_ms=clock_ms)
-
-    # --- recovery at open ----------------------------------------------------------------
-
-    def _recover(self, verify_all: bool) -> list[SegmentIndex]:
-        found = sorted((int(m.group(1)), name) for name in os.listdir(self.dir)
-                       if (m := _SEGMENT_NAME.match(name)))
-        if not found:
-            os.close(os.open(self._path(0), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644))
-            self._sync_dir()
-            return [SegmentIndex(0, self._path(0))]
-        # An empty newest segment is a roll a crash interrupted: its predecessor is the tail.
-        while len(found) > 1 and os.path.getsize(self._path(found[-1][0])) == 0:
-            log.warning("changelog %s: removing empty newest segment %s", self.dir, found[-1][1])
-            os.unlink(self._path(found.pop()[0]))
-        segments: list[SegmentIndex] = []
-        for i, (base, _) in enumerate(found):
-            if segments and segments[-1].end_offset != base:
-                raise CorruptLogError(f"changelog {self.dir}: segment {found[i - 1][1]} ends at offset "
-                                      f"{segments[-1].end_offset} but the next one starts at {base}",
-                                      dir=self.dir)
-            tail = i == len(found) - 1
-            floor = segments[-1].last_time if segments else NO_TIMESTAMP
-            segments.append(self._scan(base, floor, tail=tail, verify=tail or verify_all))
-        return segments
-
-    def _scan(self, base: int, floor: int, *, tail: bool, verify: bool) -> SegmentIndex:
-        """Index one segment from its headers (either format version); in the tail segment, cut a
-        torn tail away. ``floor``: the time key of the entry before this segment."""
-        seg = SegmentIndex(base, self._path(base), floor)
-        size = os.path.getsize(seg.path)
-        pos, expected, problem = 0, base, None
-        if size:
-            with open(seg.path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-                while pos < size:
-                    problem, torn, header = check_frame(mm, pos, size, expected, verify)
-                    if header is not None:
-                        seg.add(expected, pos, time_key(header.timestamp_ms, seg.last_time))
-                        expected += header.count
-                        pos += header.size + header.payload_len
-                        continue
-                    where = f"changelog segment {seg.path}, byte {pos} (offset {expected})"
-                    if not tail or not torn:
-                        raise CorruptLogError(f"{where}: {problem}", path=seg.path, position=pos)
-                    if valid_frame_after(mm, pos + 1, size, expected):
-                        raise CorruptLogError(f"{where}: {problem}, and valid entries follow it, so it "
-                                              f"is not a torn write", path=seg.path, position=pos)
-                    break
-        if pos < size:
-            log.warning("changelog %s: dropping a torn tail of %d bytes at byte %d (offset %d): %s",
-                        seg.path, size - pos, pos, expected, problem)
-            with open(seg.path, "r+b") as fh:
-                fh.truncate(pos)
-                os.fsync(fh.fileno())
-        seg.end_offset, seg.size = expected, pos
-        return seg
 
     # --- offsets -------------------------------------------------------------------------
 
@@ -315,27 +258,14 @@ class Changelog:
 
     def _write(self, iov: list, sync: bool = True) -> None:
         """Write all of ``iov`` to the active segment, then fsync if configured and ``sync``."""
-        while iov:
-            chunk = iov[:_MAX_IOV]
-            written = os.writev(self._fd, chunk)
-            if written == sum(len(b) for b in chunk):
-                iov = iov[_MAX_IOV:]
-                continue
-            rest = []  # a short write: resume at the first byte not written
-            for b in chunk:
-                if written >= len(b):
-                    written -= len(b)
-                else:
-                    rest.append(memoryview(b)[written:])
-                    written = 0
-            iov = rest + iov[_MAX_IOV:]
+        segment_files.write_all(self._fd, iov)
         if self.fsync and sync:
             os.fdatasync(self._fd)  # before a roll: what the old segment holds is durable
 
     def _roll(self, base_offset: int, floor: int) -> None:
         """Start a new active segment at ``base_offset`` (the old one is written and synced)."""
         segment = SegmentIndex(base_offset, self._path(base_offset), floor)
-        fd = os.open(segment.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        fd = segment_files.create(segment.path)
         os.close(self._fd)
         self._fd, self._active, self._write_size = fd, segment, 0
         if self.fsync:
@@ -438,14 +368,7 @@ class Changelog:
             raise LogOffsetOutOfRangeError(f"offset {from_offset} was removed from the changelog "
                                            f"(start is now {start})", offset=from_offset,
                                            start_offset=start, end_offset=self.end_offset) from None
-        try:
-            out = [os.pread(fd, size, position) for position, size in ranges]
-        finally:
-            os.close(fd)
-        for (position, size), data in zip(ranges, out):
-            if len(data) != size:
-                raise CorruptLogError(f"changelog {path}: short read of {len(data)}/{size} bytes at {position}")
-        return out
+        return segment_files.pread_all(fd, path, ranges)
 
     # --- retention -------------------------------------------------------------------------------
 
@@ -503,11 +426,7 @@ class Changelog:
             raise ChangelogError(f"changelog {self.dir} is closed")
 
     def _path(self, base_offset: int) -> str:
-        return os.path.join(self.dir, f"{base_offset:020d}.log")
+        return segment_files.segment_path(self.dir, base_offset)
 
     def _sync_dir(self) -> None:
-        fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        segment_files.sync_dir(self.dir)

@@ -107,18 +107,26 @@ class KvSnapshot:
         """
         self._generation += 1
         generation = self._generation
-        it = self._live()
+        it = self.seekable()
         it.seek(from_key) if from_key is not None else it.seek_to_first()
         del it  # hold no iterator reference while suspended: close() must be able to free it
         while True:
             if generation != self._generation:
                 raise BucketStoreError("snapshot was re-positioned by a newer iter_rows call")
-            chunk = _next_rows(self._live(), upper, _CHUNK_ROWS)
+            chunk = _next_rows(self.seekable(), upper, _CHUNK_ROWS)
             yield from chunk
             if len(chunk) < _CHUNK_ROWS:
                 return
 
-    def _live(self):
+    def seekable(self):
+        """The snapshot's own RocksDB iterator, for a reader that keeps its place across calls.
+
+        It has ``seek``/``seek_to_first``/``valid``/``key``/``value``/``next``
+        and reads the snapshot's rows from wherever it was left: one reader at
+        a time (a :meth:`rows` call re-positions it). Hold no reference to it
+        past a read, so :meth:`close` frees it. Raises BucketStoreError once
+        the snapshot is closed.
+        """
         if self._iter is None:
             raise BucketStoreError("snapshot is closed")
         return self._iter

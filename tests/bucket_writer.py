@@ -77,23 +77,29 @@ BENCH_TABLE = TableInfo(1, "bench", "rows", (Column("id", "BIGINT"), Column("v",
 BATCH_ROWS = 1000
 
 
-def bench(total_rows: int = 200_000, rounds: int = 3) -> None:
-    """Each case writes (or looks up) the same ``total_rows`` rows in 1000-row batches."""
-    rng = np.random.default_rng(0)
-    ids = rng.permutation(total_rows).astype(np.int64) * 7919  # spread, unordered keys
-    text = pa.array(["v" * 90 + f"{i:010d}" for i in range(BATCH_ROWS)])  # 100 characters
-    upserts = [pa.RecordBatch.from_arrays([pa.array(ids[s:s + BATCH_ROWS]), text], names=["id", "v"])
-               for s in range(0, total_rows, BATCH_ROWS)]
-    key_batches = [b.select(["id"]) for b in upserts]
-    encoded = [RowCodec(BENCH_TABLE).encode(b) for b in upserts]
+class _BenchData:
+    """The rows every case writes (or looks up), and the cases' runs: each takes a fresh directory and
+    returns rows/s."""
 
-    def timed(step) -> float:
+    def __init__(self, total_rows: int) -> None:
+        rng = np.random.default_rng(0)
+        ids = rng.permutation(total_rows).astype(np.int64) * 7919  # spread, unordered keys
+        text = pa.array(["v" * 90 + f"{i:010d}" for i in range(BATCH_ROWS)])  # 100 characters
+        self.total_rows = total_rows
+        self.upserts = [pa.RecordBatch.from_arrays([pa.array(ids[s:s + BATCH_ROWS]), text], names=["id", "v"])
+                        for s in range(0, total_rows, BATCH_ROWS)]
+        self.key_batches = [b.select(["id"]) for b in self.upserts]
+        self.encoded = [RowCodec(BENCH_TABLE).encode(b) for b in self.upserts]
+
+    def timed(self, step) -> float:
         start = time.perf_counter()
-        for i in range(len(upserts)):
+        for i in range(len(self.upserts)):
             step(i)
-        return total_rows / (time.perf_counter() - start)
+        return self.total_rows / (time.perf_counter() - start)
 
-    def raw(wal: bool = True, prefill: bool = False, multi_get: bool = False):
+    def raw(self, wal: bool = True, prefill: bool = False, multi_get: bool = False):
+        encoded = self.encoded
+
         def run(directory: str) -> float:
             db = Rdict(directory + "/kv", Options(raw_mode=True))
             if not wal:
@@ -112,43 +118,51 @@ def bench(total_rows: int = 200_000, rounds: int = 3) -> None:
                 if prefill:
                     for i in range(len(encoded)):
                         step(i)
-                return timed(step)
+                return self.timed(step)
             finally:
                 db.close()
         return run
 
-    def store_write(fsync: bool, updates: bool):
+    def store_write(self, fsync: bool, updates: bool):
         def run(directory: str) -> float:
             with BucketStore.open(directory + "/b", BENCH_TABLE, segment_bytes=64 << 20, fsync=fsync) as store:
                 if updates:  # the rows exist: every write reads and logs a before-image
-                    for batch in upserts:
+                    for batch in self.upserts:
                         store.write(batch)
-                return timed(lambda i: store.write(upserts[i]))
+                return self.timed(lambda i: store.write(self.upserts[i]))
         return run
 
-    def lookup(raw_get: bool):
+    def lookup(self, raw_get: bool):
         def run(directory: str) -> float:
             with BucketStore.open(directory + "/b", BENCH_TABLE, segment_bytes=64 << 20, fsync=False) as store:
-                for batch in upserts:
+                for batch in self.upserts:
                     store.write(batch)
                 if raw_get:
-                    return timed(lambda i: store._kv.get(encoded[i][0]))
-                return timed(lambda i: store.lookup(key_batches[i]))
+                    return self.timed(lambda i: store._kv.get(self.encoded[i][0]))
+                return self.timed(lambda i: store.lookup(self.key_batches[i]))
         return run
 
-    new_keys, updates, lookups = "raw WriteBatch, new keys", "raw WriteBatch, updates", "raw multi-get (bytes)"
-    cases = [  # (name, run, the raw case it is compared with)
-        (new_keys + " (WAL on, defaults)", raw(), None),
-        ("raw WriteBatch, new keys (WAL off)", raw(wal=False), None),
-        (updates + " (WAL on)", raw(prefill=True), None),
-        ("raw multi-get + WriteBatch, updates", raw(prefill=True, multi_get=True), None),
-        ("BucketStore.write, new keys, fsync off", store_write(False, False), new_keys + " (WAL on, defaults)"),
-        ("BucketStore.write, new keys, fsync on", store_write(True, False), new_keys + " (WAL on, defaults)"),
-        ("BucketStore.write, updates, fsync off", store_write(False, True), updates + " (WAL on)"),
-        ("BucketStore.write, updates, fsync on", store_write(True, True), updates + " (WAL on)"),
-        (lookups, lookup(True), None),
-        ("BucketStore.lookup (decoded RecordBatch)", lookup(False), lookups),
-    ]
+    def cases(self) -> list:
+        """``[(name, run, the raw case it is compared with)]``."""
+        new_keys, updates, lookups = "raw WriteBatch, new keys", "raw WriteBatch, updates", "raw multi-get (bytes)"
+        return [
+            (new_keys + " (WAL on, defaults)", self.raw(), None),
+            ("raw WriteBatch, new keys (WAL off)", self.raw(wal=False), None),
+            (updates + " (WAL on)", self.raw(prefill=True), None),
+            ("raw multi-get + WriteBatch, updates", self.raw(prefill=True, multi_get=True), None),
+            ("BucketStore.write, new keys, fsync off", self.store_write(False, False),
+             new_keys + " (WAL on, defaults)"),
+            ("BucketStore.write, new keys, fsync on", self.store_write(True, False), new_keys + " (WAL on, defaults)"),
+            ("BucketStore.write, updates, fsync off", self.store_write(False, True), updates + " (WAL on)"),
+            ("BucketStore.write, updates, fsync on", self.store_write(True, True), updates + " (WAL on)"),
+            (lookups, self.lookup(True), None),
+            ("BucketStore.lookup (decoded RecordBatch)", self.lookup(False), lookups),
+        ]
+
+
+def bench(total_rows: int = 200_000, rounds: int = 3) -> None:
+    """Each case writes (or looks up) the same ``total_rows`` rows in 1000-row batches."""
+    cases = _BenchData(total_rows).cases()
     best = {name: 0.0 for name, _, _ in cases}
     for _ in range(rounds):  # cases interleaved, so a burst of load elsewhere hits all of them
         for name, run, _ in cases:
@@ -162,7 +176,6 @@ def bench(total_rows: int = 200_000, rounds: int = 3) -> None:
     for name, _, against in cases:
         ratio = f"{best[name] / best[against]:.2f} of '{against}'" if against else ""
         print(f"{name:48} {best[name]:12,.0f}  {ratio}")
-
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["bench"]:

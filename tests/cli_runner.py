@@ -1,9 +1,12 @@
-"""Running the kvlease CLI in-process for the ``test_cli_*_unit`` tests (click's CliRunner)."""
+"""Running the kvlease CLI in-process for the ``test_cli_*_unit`` tests (click's CliRunner), and a fake
+TableClient for the data commands."""
 
 from __future__ import annotations
 
 from click.testing import CliRunner
 
+from common.codec import RowCodec
+from common.tables import TableInfo
 from ops.cli import kvlease
 
 NO_ENV = {"KVLEASE_CLUSTER": None, "KVLEASE_BOOTSTRAP": None, "KVLEASE_RETRY_TIMEOUT": None,
@@ -25,3 +28,46 @@ def assert_one_line_error(result, code: int = 1) -> str:
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
     assert result.stdout == ""
     return lines[0]
+
+
+class FakeTableClient:
+    """Records writes; lookups answer from what was written."""
+
+    def __init__(self, table: TableInfo) -> None:
+        self.table = table
+        self.codec = RowCodec(table)
+        self.upserts: list[list[dict]] = []
+        self.rows: dict[tuple, dict] = {}
+        self.records = [{"offset": i, "change_type": "+I", "timestamp": 1_700_000_000_000 + i if i else None,
+                         "row": {"id": i, "name": f"n{i}"}} for i in range(5)]  # offset 0: a v1 entry
+        self.fetches: list[int] = []
+
+    def _key(self, row):
+        return tuple(row[k] for k in self.table.primary_key)
+
+    def upsert(self, rows):
+        batch = rows if isinstance(rows, list) else rows.to_pylist()
+        self.upserts.append(batch)
+        for row in batch:
+            self.rows[self._key(row)] = row
+        return {0: (0, len(batch))}
+
+    def lookup(self, keys):
+        return [self.rows.get(self._key(k)) for k in keys]
+
+    def delete(self, keys):
+        gone = [self.rows.pop(self._key(k), None) for k in keys]
+        return {0: (10, 10 + sum(g is not None for g in gone))}
+
+    def list_offsets(self, buckets=None, timestamp=None):
+        if timestamp is not None:  # the first record at or after it; the end (5) if none
+            return {b: next((r["offset"] for r in self.records if (r["timestamp"] or -1) >= timestamp), 5)
+                    for b in buckets}
+        return {b: (2, 5) for b in buckets}
+
+    def fetch_log(self, bucket, from_offset, max_bytes=0):
+        self.fetches.append(from_offset)
+        return self.records[from_offset:from_offset + 2], 5
+
+    def close(self):
+        pass

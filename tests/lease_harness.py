@@ -108,3 +108,14 @@ def only_error(out: list[object], cls: type) -> errors.KvLeaseError:
     assert len(out) == 1 and isinstance(out[0], Reply), out
     assert isinstance(out[0].error, cls), out[0].error
     return out[0].error
+
+
+def changed_tables_model(before: Lease | None, after: Lease | None) -> frozenset[int]:
+    """The tables whose buckets differ between two versions of a lease (a model of PersistLease.changed_tables)."""
+    def by_table(lease: Lease | None) -> dict[int, dict]:
+        out: dict[int, dict] = {}
+        for tb, sid in (lease.buckets.items() if lease else ()):
+            out.setdefault(tb.table_id, {})[tb] = sid
+        return out
+    old, new = by_table(before), by_table(after)
+    return frozenset(t for t in old.keys() | new.keys() if old.get(t) != new.get(t))

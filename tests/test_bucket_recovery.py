@@ -173,31 +173,7 @@ def test_every_acknowledged_write_survives_sigkill(bucket_dir, writers):
         with BucketStore.open(bucket_dir, table, segment_bytes=bucket_writer.SEGMENT_BYTES, fsync=True) as store:
             assert store.applied_offset == store.log_end_offset >= last_end
             entries = store.read_log(0, 1 << 30)
-            # Walk the log with a model: each write's entry holds exactly its expected records.
-            model: dict[int, str | None] = {}
-            position, kept = 0, []
-            for w_seed, n, ack in writes:
-                ops = bucket_writer.write_ops(w_seed, n)
-                trial = dict(model)
-                expected = expected_changes(trial, *ops)
-                in_log = position < len(entries) and (ack is not None or (
-                    expected and entry_changes(store.codec, entries[position].records) == expected))
-                if ack is not None:
-                    if expected:
-                        entry = entries[position]
-                        assert (entry.base_offset, entry.next_offset) == ack
-                        assert entry_changes(store.codec, entry.records) == expected
-                        position += 1
-                    else:
-                        assert ack[0] == ack[1]
-                    model = trial
-                    kept.append((w_seed, n, ack))
-                elif in_log:  # the unacknowledged write made it: it counts from now on
-                    model = trial
-                    position += 1
-                    entry = entries[position - 1]
-                    kept.append((w_seed, n, (entry.base_offset, entry.next_offset)))
-            assert position == len(entries), "the changelog holds writes nobody made"
+            model, kept = _walk_log_with_model(store, entries, writes)
             in_flight = "in the log" if kept and kept[-1][:2] == (round_seed, len(acked)) else "lost"
             print(f"round {round_}: opened at {end} (replayed from {replayed_from}), {len(acked)} writes "
                   f"acknowledged, reopened at {store.replayed} (replayed from, end), in-flight write {in_flight}")
@@ -210,3 +186,33 @@ def test_every_acknowledged_write_survives_sigkill(bucket_dir, writers):
             assert {row["id"]: row["v"] for row in decoded} == model
             last_end = store.log_end_offset
     assert replays, "no open had to replay the changelog: the test did not exercise recovery"
+
+
+def _walk_log_with_model(store, entries, writes) -> tuple[dict[int, str | None], list]:
+    """Walk the log with a model: each write's entry holds exactly its expected records. Returns the
+    model and the writes that made it (the unacknowledged ones that reached the log with their offsets)."""
+    model: dict[int, str | None] = {}
+    position, kept = 0, []
+    for w_seed, n, ack in writes:
+        ops = bucket_writer.write_ops(w_seed, n)
+        trial = dict(model)
+        expected = expected_changes(trial, *ops)
+        in_log = position < len(entries) and (ack is not None or (
+            expected and entry_changes(store.codec, entries[position].records) == expected))
+        if ack is not None:
+            if expected:
+                entry = entries[position]
+                assert (entry.base_offset, entry.next_offset) == ack
+                assert entry_changes(store.codec, entry.records) == expected
+                position += 1
+            else:
+                assert ack[0] == ack[1]
+            model = trial
+            kept.append((w_seed, n, ack))
+        elif in_log:  # the unacknowledged write made it: it counts from now on
+            model = trial
+            position += 1
+            entry = entries[position - 1]
+            kept.append((w_seed, n, (entry.base_offset, entry.next_offset)))
+    assert position == len(entries), "the changelog holds writes nobody made"
+    return model, kept

@@ -54,6 +54,19 @@ def walk_the_data_commands(cluster_dir: Path, tmp_path: Path) -> None:
     status = kvlease_json("cluster", "status", "--dir", d, "--json")
     assert sum(t["buckets"] for t in status["tablets"]) == 3
 
+    put_get_delete(c, tmp_path)
+    bucket_7, end_7 = read_the_log(c)
+    follow_log_until_ctrl_c(c, bucket_7, end_7)
+    snapshot_and_lease(c)
+
+    pids = recorded_pids(cluster_dir)
+    assert len(pids) == 4  # ZooKeeper, a coordinator, two tablet servers
+    kvlease("cluster", "stop", "--dir", d)
+    assert [pid for pid in pids if local_cluster.pid_alive(pid)] == []
+
+
+def put_get_delete(c: tuple[str, ...], tmp_path: Path) -> None:
+    """300 rows put from a file, a bad file refused, gets, an update from stdin and a delete."""
     rows = tmp_path / "rows.jsonl"
     rows.write_text("".join(json.dumps({"id": i, "name": f"n{i}", "score": i / 4}) + "\n" for i in range(1, 301)))
     assert kvlease_json(*c, "put", "db.t", str(rows), "--json") == {"table": "db.t", "rows": 300}
@@ -74,6 +87,9 @@ def walk_the_data_commands(cluster_dir: Path, tmp_path: Path) -> None:
     assert kvlease_json(*c, "get", "db.t", "7", "8", "--json")["rows"] == [
         {"id": 7, "name": "seven", "score": None}, None]
 
+
+def read_the_log(c: tuple[str, ...]) -> tuple[int, int]:
+    """``log`` of every bucket, as lines and --json, from a timestamp; returns the bucket of id 7 and its log end."""
     records = [r for b in range(3) for r in log_lines(*c, "log", "db.t", "--bucket", str(b))]
     assert len(records) == 300 + 2 + 1
     assert sorted(r["change_type"] for r in records if r["row"]["id"] in (7, 8)) == ["+I", "+I", "+U", "-D", "-U"]
@@ -90,9 +106,11 @@ def walk_the_data_commands(cluster_dir: Path, tmp_path: Path) -> None:
     since = kvlease_json(*c, "log", "db.t", "--bucket", str(bucket_7), "--from-timestamp", iso_time_ms(middle),
                          "--json")
     assert since["from_offset"] == stamps.index(middle) and since["records"] == doc["records"][stamps.index(middle):]
+    return bucket_7, doc["log_end_offset"]
 
-    follow_log_until_ctrl_c(c, bucket_7, doc["log_end_offset"])
 
+def snapshot_and_lease(c: tuple[str, ...]) -> None:
+    """``snapshot trigger --wait`` catches every bucket up; ``lease acquire --latest`` takes those snapshots."""
     ends = {b: kvlease_json(*c, "log", "db.t", "--bucket", str(b), "--json")["log_end_offset"] for b in range(3)}
     triggered = kvlease_json(*c, "snapshot", "trigger", "db.t", "--wait", "--json")
     assert triggered["waited"] is True
@@ -114,11 +132,6 @@ def walk_the_data_commands(cluster_dir: Path, tmp_path: Path) -> None:
     relisted = kvlease_json(*c, "snapshot", "list", "db.t", "--json")["snapshots"]
     assert {(s["bucket"], s["snapshot_id"]) for s in relisted if s["leased_by"] == ["reader-1"]} == {
         (b, s["snapshot_id"]) for b, s in latest.items()}
-
-    pids = recorded_pids(cluster_dir)
-    assert len(pids) == 4  # ZooKeeper, a coordinator, two tablet servers
-    kvlease("cluster", "stop", "--dir", d)
-    assert [pid for pid in pids if local_cluster.pid_alive(pid)] == []
 
 
 def follow_log_until_ctrl_c(c: tuple[str, ...], bucket: int, end: int) -> None:

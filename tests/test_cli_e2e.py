@@ -104,6 +104,27 @@ def walk_the_cli(cluster_dir: Path) -> None:
     assert status["zookeeper"] and all(z["alive"] for z in status["zookeeper"]) and status["tablets"] == []
 
     c = ("--cluster", d)
+    table_id = table_commands(c)
+    addresses = [co["address"] for co in status["coordinators"]]
+    with AdminClient(addresses, retry_total_s=20) as client:
+        commit_snapshot(client, TableBucket(table_id, 0), 1, 10)
+    snapshots = kvlease_json(*c, "snapshot", "list", "db.t", "--json")
+    assert snapshots["table"] == "db.t"
+    assert [(s["bucket"], s["snapshot_id"], s["log_offset"]) for s in snapshots["snapshots"]] == [(0, 1, 10)]
+    assert snapshots["snapshots"][0]["leased_by"] == []
+    lease_commands(c)
+    errors_are_one_line(c)
+    failover(c, d, active[0])
+
+    pids = recorded_pids(cluster_dir)
+    assert len(pids) >= 3
+    kvlease("cluster", "stop", "--dir", d)
+    assert [pid for pid in pids if local_cluster.pid_alive(pid)] == []
+    assert "already stopped" in kvlease("cluster", "stop", "--dir", d).stdout
+
+
+def table_commands(c: tuple[str, ...]) -> int:
+    """Create (a warning when no tablet server leads), drop, list, describe; returns db.t's table id."""
     created = kvlease_json(*c, "table", "create", "db.t", "--schema", "id BIGINT, name STRING",
                            "--primary-key", "id", "--buckets", "2", "--json")
     assert created["table"] == "db.t" and created["buckets"] == 2
@@ -118,15 +139,11 @@ def walk_the_cli(cluster_dir: Path) -> None:
     described = kvlease_json(*c, "table", "describe", "db.t", "--json")
     assert described["primary_key"] == ["id"] and [col["name"] for col in described["schema"]] == ["id", "name"]
     assert "BIGINT" in kvlease(*c, "table", "describe", "db.t").stdout
+    return table_id
 
-    addresses = [co["address"] for co in status["coordinators"]]
-    with AdminClient(addresses, retry_total_s=20) as client:
-        commit_snapshot(client, TableBucket(table_id, 0), 1, 10)
-    snapshots = kvlease_json(*c, "snapshot", "list", "db.t", "--json")
-    assert snapshots["table"] == "db.t"
-    assert [(s["bucket"], s["snapshot_id"], s["log_offset"]) for s in snapshots["snapshots"]] == [(0, 1, 10)]
-    assert snapshots["snapshots"][0]["leased_by"] == []
 
+def lease_commands(c: tuple[str, ...]) -> None:
+    """Acquire (by snapshot and --latest), describe, list, renew, release (also again), drop."""
     before_ms = int(time.time() * 1000)
     acquired = kvlease_json(*c, "lease", "acquire", "L1", "--table", "db.t", "--snapshot", "0=1",
                             "--snapshot", "1=1", "--duration", "10m", "--json")
@@ -160,6 +177,9 @@ def walk_the_cli(cluster_dir: Path) -> None:
     assert kvlease_json(*c, "lease", "drop", "L1", "--json")["dropped"] is True
     assert kvlease_json(*c, "lease", "list", "--json") == {"leases": []}
 
+
+def errors_are_one_line(c: tuple[str, ...]) -> None:
+    """An unknown lease or table: one line, exit 1; a bad option value: exit 2."""
     unknown = kvlease(*c, "lease", "renew", "nope", "--duration", "1m", check=False)
     assert unknown.returncode == 1 and "nope" in unknown.stderr and "not found" in unknown.stderr.lower()
     assert len(unknown.stderr.strip().splitlines()) == 1 and "Traceback" not in unknown.stderr
@@ -169,9 +189,10 @@ def walk_the_cli(cluster_dir: Path) -> None:
                   check=False)
     assert bad.returncode == 2
 
-    # failover: kill -9 the active coordinator, the standby takes over
+
+def failover(c: tuple[str, ...], d: str, victim: dict) -> None:
+    """kill -9 the active coordinator: the standby takes over in a newer epoch, with the leases."""
     kvlease(*c, "lease", "acquire", "L4", "--table", "db.t", "--snapshot", "0=1", "--duration", "10m")
-    victim = active[0]
     os.kill(victim["pid"], signal.SIGKILL)
 
     def new_active():
@@ -185,9 +206,3 @@ def walk_the_cli(cluster_dir: Path) -> None:
     assert dead["alive"] is False and dead["active"] is False
     leases = kvlease_json(*c, "lease", "list", "--json")["leases"]
     assert [lease["lease_id"] for lease in leases] == ["L4"]
-
-    pids = recorded_pids(cluster_dir)
-    assert len(pids) >= 3
-    kvlease("cluster", "stop", "--dir", d)
-    assert [pid for pid in pids if local_cluster.pid_alive(pid)] == []
-    assert "already stopped" in kvlease("cluster", "stop", "--dir", d).stdout

@@ -89,7 +89,7 @@ def _echo_sites():
     from client import admin
     from ops.cli import plugins, values
     from coordinator.catalog import TableCatalog
-    from leases import state as ls
+    from leases import checks as lease_checks
     from tablet import scan
 
     huge = "k" * BIG
@@ -104,7 +104,7 @@ def _echo_sites():
         "primary key": lambda: tables.validate_spec(tables.TableSpec("db", "t", (tables.Column("id", "INT"),),
                                                                      (huge,), 1)),
         "lease id": lambda: _raise(ValueError(model.lease_id_problem(huge))),
-        "lease not found": lambda: _raise(ls._not_found(huge)),
+        "lease not found": lambda: _raise(lease_checks.not_found_error(huge)),
         "duration": lambda: cfg.parse_duration_ms(huge),
         "size": lambda: cfg.parse_size(huge),
         "config key": lambda: cfg.Config({huge: 1}),

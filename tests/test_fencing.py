@@ -105,23 +105,7 @@ def test_deposed_coordinator_cannot_write(server, zk_client, zk_config, write):
             all_files = storage.list("")
             assert server.is_active, "nothing told the coordinator yet: it still believes it is active"
 
-            attempts = {
-                "acquire-new": lambda: client.acquire_lease("fresh", {tb0: 1}, 60_000),
-                "acquire-update": lambda: client.acquire_lease("held", {tb0: 1}, 120_000),
-                "renew": lambda: client.renew_lease("held", 120_000),
-                "release": lambda: client.release_lease("held", [tb1]),
-                "drop": lambda: client.drop_lease("held"),
-                "commit-snapshot": lambda: client.commit_kv_snapshot(new_snapshot),
-                "create-table": lambda: client.create_table("db.other", [Column("id", "BIGINT")], ["id"], 1),
-                "drop-table": lambda: client.drop_table("db.t"),
-            }
-            if write == "expire":  # no request: the expiry timer itself tries to delete "short"
-                assert time.time() * 1000 < short.expiration_time, "set-up too slow: 'short' expired before the bump"
-                time.sleep(max(0.0, short.expiration_time / 1000 - time.time()) + 0.5)
-            else:
-                with pytest.raises((errors.NotCoordinatorError, errors.CoordinatorFencedError)):
-                    attempts[write]()
-
+            _attempt_write(client, write, tb0, tb1, new_snapshot, short)
             wait_until(lambda: not server.is_active, 10, "the deposed coordinator steps down")
             assert intruder.leading.wait(10), "the intruder leads once the deposed coordinator let go"
             # nothing of the attempt landed: ZooKeeper, lease files and every other file are as before
@@ -139,18 +123,44 @@ def test_deposed_coordinator_cannot_write(server, zk_client, zk_config, write):
         # ... and it leads again once the intruder is gone, in a newer epoch, with nothing changed
         assert server.wait_active(30), "the coordinator did not lead again"
         assert server.epoch > new_epoch
-        after = {lease.lease_id: lease_view(lease) for lease in client.list_leases()}
-        expected = {lease.lease_id: lease_view(lease) for lease in before_view}
-        if write == "expire":  # "short" expired while nobody could write: it gets the failover grace
-            assert after.keys() == expected.keys()
-            assert after["short"][0] > expected["short"][0]
-            after.pop("short"), expected.pop("short")
-        assert after == expected
-        assert after["held"] == (held.expiration_time, {tb0: 1, tb1: 1})
-        assert {t.path for t in client.list_tables()} == {"db.t"}
-        assert {(s.bucket.bucket, s.snapshot_id) for s in client.list_kv_snapshots(table.table_id)} == {(0, 1), (1, 1)}
+        _assert_nothing_changed(client, write, before_view, held, table)
     finally:
         client.close()
+
+
+def _attempt_write(client, write, tb0, tb1, new_snapshot, short) -> None:
+    """``write`` sent to the deposed coordinator is refused; for "expire", wait for its expiry timer."""
+    attempts = {
+        "acquire-new": lambda: client.acquire_lease("fresh", {tb0: 1}, 60_000),
+        "acquire-update": lambda: client.acquire_lease("held", {tb0: 1}, 120_000),
+        "renew": lambda: client.renew_lease("held", 120_000),
+        "release": lambda: client.release_lease("held", [tb1]),
+        "drop": lambda: client.drop_lease("held"),
+        "commit-snapshot": lambda: client.commit_kv_snapshot(new_snapshot),
+        "create-table": lambda: client.create_table("db.other", [Column("id", "BIGINT")], ["id"], 1),
+        "drop-table": lambda: client.drop_table("db.t"),
+    }
+    if write == "expire":  # no request: the expiry timer itself tries to delete "short"
+        assert time.time() * 1000 < short.expiration_time, "set-up too slow: 'short' expired before the bump"
+        time.sleep(max(0.0, short.expiration_time / 1000 - time.time()) + 0.5)
+    else:
+        with pytest.raises((errors.NotCoordinatorError, errors.CoordinatorFencedError)):
+            attempts[write]()
+
+
+def _assert_nothing_changed(client, write, before_view, held, table) -> None:
+    """The leases, tables and snapshots served are those from before the attempt."""
+    tb0, tb1 = TableBucket(table.table_id, 0), TableBucket(table.table_id, 1)
+    after = {lease.lease_id: lease_view(lease) for lease in client.list_leases()}
+    expected = {lease.lease_id: lease_view(lease) for lease in before_view}
+    if write == "expire":  # "short" expired while nobody could write: it gets the failover grace
+        assert after.keys() == expected.keys()
+        assert after["short"][0] > expected["short"][0]
+        after.pop("short"), expected.pop("short")
+    assert after == expected
+    assert after["held"] == (held.expiration_time, {tb0: 1, tb1: 1})
+    assert {t.path for t in client.list_tables()} == {"db.t"}
+    assert {(s.bucket.bucket, s.snapshot_id) for s in client.list_kv_snapshots(table.table_id)} == {(0, 1), (1, 1)}
 
 
 @pytest.mark.slow
@@ -177,22 +187,7 @@ def test_frozen_coordinator_resumes_without_writing(make_config, coordinator_pro
         frozen.pause()
         try:
             # writes queued on the frozen coordinator's socket: it handles them when it wakes up
-            outcomes: dict[str, object] = {}
-
-            def send(name, call) -> None:
-                try:
-                    outcomes[name] = call()
-                except errors.KvLeaseError as exc:
-                    outcomes[name] = exc
-
-            zombies = [threading.Thread(target=send, args=args, daemon=True) for args in (
-                ("acquire", lambda: direct.acquire_lease("zombie", {tb1: 1}, 60_000)),
-                ("renew", lambda: direct.renew_lease("kept", 600_000)),
-                ("drop", lambda: direct.drop_lease("short")),
-                ("commit", lambda: direct.commit_kv_snapshot(zombie_snapshot)),
-            )]
-            for thread in zombies:
-                thread.start()
+            zombies, outcomes = _send_zombie_writes(direct, tb1, zombie_snapshot)
             active, new_info = procs.wait_active(20, among=[other], min_epoch=info.epoch + 1)
             assert active is other
             # the new active coordinator serves; "short" expired in the gap and got the grace
@@ -212,27 +207,12 @@ def test_frozen_coordinator_resumes_without_writing(make_config, coordinator_pro
         assert set(outcomes) == {"acquire", "renew", "drop", "commit"}
         acknowledged = {name: result for name, result in outcomes.items() if not isinstance(result, Exception)}
         assert not acknowledged, f"the deposed coordinator acknowledged writes: {acknowledged}"
-
-        # it steps down (or already had) and stays a standby; its expiry timer, which saw
-        # "short" expire, could not delete it either
-        wait_until(lambda: (procs.info(frozen) or info).active is False, 15, "the resumed coordinator is a standby")
-        time.sleep(1.0)
-        assert frozen.alive()
-        resumed = procs.info(frozen)
-        assert resumed is not None and not resumed.active and resumed.epoch >= new_info.epoch
-        with pytest.raises(errors.NotCoordinatorError):
-            direct.describe_lease("kept")
+        _assert_stays_standby(procs, frozen, direct, info, new_info)
 
         # it never wrote after resuming: ZooKeeper and remote storage are exactly as before
         assert zk_tree(zk) == tree
         assert storage.list("") == files
-        # every lease in ZooKeeper (+ files) is what the active coordinator serves
-        served = {lease.lease_id: lease_view(lease) for lease in client.list_leases()}
-        assert_served_as_persisted(client.list_leases(), zk, storage)  # the grace of "short" included
-        assert set(served) == {"kept", "short"}
-        assert served["kept"] == (kept.expiration_time, {tb0: 1, tb1: 2})
-        assert procs.info(other).active and procs.info(other).epoch == new_info.epoch
-
+        _assert_served_as_before(procs, client, zk, storage, kept, table, other, new_info)
         # clients given both addresses (the deposed one first) still work
         both = procs.client([frozen.address, other.address], request_timeout_s=10, retry_total_s=30)
         assert both.acquire_lease("after", {tb1: 2}, 60_000).acquired == {tb1: 2}
@@ -242,3 +222,46 @@ def test_frozen_coordinator_resumes_without_writing(make_config, coordinator_pro
     finally:
         zk.stop()
         zk.close()
+
+
+def _assert_stays_standby(procs, frozen, direct, info, new_info) -> None:
+    """It steps down (or already had) and stays a standby; its expiry timer, which saw "short"
+    expire, could not delete it either."""
+    wait_until(lambda: (procs.info(frozen) or info).active is False, 15, "the resumed coordinator is a standby")
+    time.sleep(1.0)
+    assert frozen.alive()
+    resumed = procs.info(frozen)
+    assert resumed is not None and not resumed.active and resumed.epoch >= new_info.epoch
+    with pytest.raises(errors.NotCoordinatorError):
+        direct.describe_lease("kept")
+
+
+def _send_zombie_writes(direct, tb1, zombie_snapshot) -> tuple[list[threading.Thread], dict[str, object]]:
+    """Four writes sent on threads to the frozen coordinator; each one's result or error lands in the dict."""
+    outcomes: dict[str, object] = {}
+
+    def send(name, call) -> None:
+        try:
+            outcomes[name] = call()
+        except errors.KvLeaseError as exc:
+            outcomes[name] = exc
+
+    zombies = [threading.Thread(target=send, args=args, daemon=True) for args in (
+        ("acquire", lambda: direct.acquire_lease("zombie", {tb1: 1}, 60_000)),
+        ("renew", lambda: direct.renew_lease("kept", 600_000)),
+        ("drop", lambda: direct.drop_lease("short")),
+        ("commit", lambda: direct.commit_kv_snapshot(zombie_snapshot)),
+    )]
+    for thread in zombies:
+        thread.start()
+    return zombies, outcomes
+
+
+def _assert_served_as_before(procs, client, zk, storage, kept, table, other, new_info) -> None:
+    """Every lease in ZooKeeper (+ files) is what the active coordinator serves, "kept" unchanged."""
+    tb0, tb1 = TableBucket(table.table_id, 0), TableBucket(table.table_id, 1)
+    served = {lease.lease_id: lease_view(lease) for lease in client.list_leases()}
+    assert_served_as_persisted(client.list_leases(), zk, storage)  # the grace of "short" included
+    assert set(served) == {"kept", "short"}
+    assert served["kept"] == (kept.expiration_time, {tb0: 1, tb1: 2})
+    assert procs.info(other).active and procs.info(other).epoch == new_info.epoch

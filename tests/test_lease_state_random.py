@@ -23,6 +23,7 @@ from leases.state import (
     Acquire, AcquireOutcome, Deferred, Drop, Expire, LeasesExpired, LeaseState, PersistLease, Release, ReleaseOutcome,
     RemoveTable, Renew, Reply, Restore, RestoreOutcome, SnapshotsFreed, WriteDone, WriteFailed,
 )
+from tests.lease_harness import FakeCatalog, changed_tables_model
 
 pytestmark = pytest.mark.unit
 
@@ -33,36 +34,11 @@ LEASE_IDS = ("a", "b", "c")
 FIRST_TABLES = {1: 3, 2: 2}
 
 
-class FakeCatalog:
-    def __init__(self, store: SnapshotStore) -> None:
-        self.store = store
-        self.tables = dict(FIRST_TABLES)
-
-    def bucket_count(self, table_id: int) -> int | None:
-        return self.tables.get(table_id)
-
-    def table_path(self, table_id: int) -> str | None:
-        return f"db.t{table_id}" if table_id in self.tables else None
-
-    def has_snapshot(self, tb: TableBucket, snapshot_id: int) -> bool:
-        return self.store.has_snapshot(tb, snapshot_id)
-
-
-def _changed_tables(before: Lease | None, after: Lease | None) -> frozenset[int]:
-    def by_table(lease: Lease | None) -> dict[int, dict]:
-        out: dict[int, dict] = {}
-        for tb, sid in (lease.buckets.items() if lease else ()):
-            out.setdefault(tb.table_id, {})[tb] = sid
-        return out
-    old, new = by_table(before), by_table(after)
-    return frozenset(t for t in old.keys() | new.keys() if old.get(t) != new.get(t))
-
-
 class LeaseMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.store = SnapshotStore(num_retained=2)
-        self.catalog = FakeCatalog(self.store)
+        self.catalog = FakeCatalog(self.store, dict(FIRST_TABLES))
         self.state = LeaseState(self.catalog, max_duration_ms=MAX_MS)
         self.model: dict[str, Lease] = {}   # acknowledged leases only
         self.now = 0
@@ -126,7 +102,7 @@ class LeaseMachine(RuleBasedStateMachine):
             exp = self.expect[ins.write_id[0]]
             want = exp["writes"].pop(ins.lease_id)
             assert (ins.before, ins.after) == (self.model.get(ins.lease_id), want)
-            assert ins.changed_tables == _changed_tables(ins.before, ins.after)
+            assert ins.changed_tables == changed_tables_model(ins.before, ins.after)
         elif isinstance(ins, Deferred):
             assert self.expect.pop(getattr(ins.event, "event_id")).get("deferred"), ins
             self.deferred.append(ins.event)

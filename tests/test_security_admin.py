@@ -209,14 +209,34 @@ def test_cli_users_and_acls(secure, tmp_path, caplog):
     as_admin = (*target, "--user", ADMIN, "--password-file", str(admin_file))
     as_bob = (*target, "--user", "bob")
     bob_env = {"KVLEASE_SECURITY_PASSWORD": BOB_PASSWORD}
-    outputs = []
+    ok = _Succeeds()
 
-    def ok(*args, env=None, input=None):
+    _cli_users(ok, as_admin)
+    denied = _cli_acls(ok, as_admin, as_bob, bob_env)
+    _cli_bad_input(as_admin)
+    wrong = _cli_credentials(secure, as_bob, bob_env)
+
+    assert "user carol added by User:admin" in caplog.text  # the server's log: who changed what, never a password
+    outputs = ok.outputs + [denied.output, wrong.output]
+    for secret in (ADMIN_PASSWORD, BOB_PASSWORD, "carol-Secret-7", "dave-Secret-9", "wrong-Password-1"):
+        assert not any(secret in output for output in outputs), secret
+        assert secret not in caplog.text, secret
+
+
+class _Succeeds:
+    """Runs a kvlease command that must succeed; keeps every output (none may show a password)."""
+
+    def __init__(self) -> None:
+        self.outputs: list[str] = []
+
+    def __call__(self, *args, env=None, input=None):
         result = run(*args, env=env) if input is None else _run_with_input(args, env, input)
-        outputs.append(result.output)
+        self.outputs.append(result.output)
         assert result.exit_code == 0, result.output
         return result
 
+
+def _cli_users(ok, as_admin) -> None:
     ok(*as_admin, "user", "add", "carol", "--password-stdin", input="carol-Secret-7\n")
     assert "already exists" in ok(*as_admin, "user", "add", "carol", "--password-stdin",
                                   input="carol-Secret-7\n").output
@@ -225,6 +245,9 @@ def test_cli_users_and_acls(secure, tmp_path, caplog):
     assert json.loads(ok(*as_admin, "user", "remove", "dave", "--json").stdout) == {"user": "dave", "removed": True}
     assert "nothing to remove" in ok(*as_admin, "user", "remove", "dave").output
 
+
+def _cli_acls(ok, as_admin, as_bob, bob_env):
+    """Grants, a delegated grant, refusals, listing and revoking; returns bob's refused cluster grant."""
     doc = json.loads(ok(*as_admin, "acl", "add", "--principal", "User:bob", "--operation", "alter", "--database", "db",
                         "--json").stdout)
     assert doc == {"resource_type": "database", "resource": "db", "principal": "User:bob", "operation": "ALTER",
@@ -247,8 +270,11 @@ def test_cli_users_and_acls(secure, tmp_path, caplog):
                            "--table", "db.t").output
     assert "nothing to revoke" in ok(*as_admin, "acl", "remove", "--principal", "User:carol", "--operation", "READ",
                                      "--table", "db.t").output
+    return denied
 
-    # bad input: one line, exit 2, before any call
+
+def _cli_bad_input(as_admin) -> None:
+    """Bad input: one line, exit 2, before any call."""
     for args, expected in [
         (("acl", "add", "--principal", "bob", "--operation", "READ", "--table", "db.t"), "--principal"),
         (("acl", "add", "--principal", "User:bob", "--operation", "FLY", "--table", "db.t"), "--operation"),
@@ -263,18 +289,16 @@ def test_cli_users_and_acls(secure, tmp_path, caplog):
         assert expected in assert_one_line_error(run(*as_admin, *args), code=2), args
     result = _run_with_input((*as_admin, "user", "add", "erin", "--password-stdin"), None, "\n")
     assert "must not be empty" in assert_one_line_error(result, code=2)
-    # credentials: a wrong password, no password at all, --user without TLS
+
+
+def _cli_credentials(secure, as_bob, bob_env):
+    """A wrong password, no password at all, --user without TLS; returns the wrong password's result."""
     wrong = run(*as_bob, "user", "list", env={"KVLEASE_SECURITY_PASSWORD": "wrong-Password-1"})
     assert "authentication failed" in assert_one_line_error(wrong)
     assert "no password for --user bob" in assert_one_line_error(run(*as_bob, "acl", "list"))
     plain = run("--bootstrap", secure.cluster.coordinator.address, "--user", "bob", "acl", "list", env=bob_env)
     assert "need TLS" in assert_one_line_error(plain, code=2)  # refused before anything is sent
-
-    assert "user carol added by User:admin" in caplog.text  # the server's log: who changed what, never a password
-    outputs.extend([denied.output, wrong.output])
-    for secret in (ADMIN_PASSWORD, BOB_PASSWORD, "carol-Secret-7", "dave-Secret-9", "wrong-Password-1"):
-        assert not any(secret in output for output in outputs), secret
-        assert secret not in caplog.text, secret
+    return wrong
 
 
 def _run_with_input(args, env, text):

@@ -207,7 +207,8 @@ def test_super_users_must_be_concrete_principals():
 
 def test_a_new_users_password_is_not_sent_in_the_clear_beyond_loopback():
     """Refused before anything is sent (nothing listens at these addresses)."""
-    from client.admin import AdminClient, _loopback
+    from client.admin import AdminClient
+    from client.bootstrap import is_loopback as _loopback
 
     assert [_loopback(a) for a in ("127.0.0.1:1", "127.3.4.5:1", "localhost:1", "[::1]:1", "10.0.0.1:1",
                                    "db.example.com:1")] == [True, True, True, True, False, False]

@@ -235,21 +235,27 @@ def test_kill_9_during_acknowledged_writes_loses_nothing(cluster, make_config, t
         found = lookup(stub, table, ids)
         assert [r and r["v"] for r in found] == [acked[i] for i in ids]
         # the changelog and the KV agree: replaying the changelog gives the KV content
-        records, _ = fetch_all(stub, table)
-        codec = RowCodec(table)
-        state = {}
-        for r in records:
-            if r["change_type"] in (0, 2):
-                row = codec.decode_values([r["value"]]).to_pylist()[0]
-                state[row["id"]] = row["v"]
-            elif r["change_type"] == 3:
-                state.pop(codec.decode_keys([r["key"]]).to_pylist()[0]["id"], None)
+        state = _replay_changelog(stub, table)
         kv = {row["id"]: row["v"] for row in lookup(stub, table, sorted(state)) if row}
         assert kv == state
         assert all(state[i] == acked[i] for i in acked)
     finally:
         proc.kill()
         proc.wait(timeout=10)
+
+
+def _replay_changelog(stub, table) -> dict:
+    """``id -> v`` of the rows the bucket's whole changelog leaves (inserts and updates set, deletes remove)."""
+    records, _ = fetch_all(stub, table)
+    codec = RowCodec(table)
+    state = {}
+    for r in records:
+        if r["change_type"] in (0, 2):
+            row = codec.decode_values([r["value"]]).to_pylist()[0]
+            state[row["id"]] = row["v"]
+        elif r["change_type"] == 3:
+            state.pop(codec.decode_keys([r["key"]]).to_pylist()[0]["id"], None)
+    return state
 
 
 @pytest.mark.parametrize("remote", ["file", pytest.param("s3", marks=pytest.mark.s3)])

@@ -28,7 +28,7 @@ from common import zkpaths
 from common.model import Lease, TableBucket
 from common.storage import open_storage
 from common.zk import make_client
-from leases.state import PersistLease
+from leases.events import PersistLease
 from leases.store import LeaseStore
 
 CHUNK = 1_000  # leases per multi-op (~250 bytes each: well under ZooKeeper's 1 MiB request limit)

@@ -1,0 +1,81 @@
+"""The checks a lease request passes before it touches any lease, and the errors it answers with.
+
+Pure functions of the request and the :class:`Catalog` (what the lease rules
+know of tables and snapshots); :class:`~leases.state.LeaseState`'s handlers
+call them. The owner rules they encode are in :mod:`leases.state`'s docstring.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from common import errors
+from common.model import Lease, TableBucket, lease_id_problem, lease_owner_problem
+
+
+class Catalog(Protocol):
+    """What the lease rules need to know of tables and snapshots (in memory)."""
+
+    def bucket_count(self, table_id: int) -> int | None: ...
+
+    def table_path(self, table_id: int) -> str | None: ...  # DB.NAME, for messages
+
+    def has_snapshot(self, tb: TableBucket, snapshot_id: int) -> bool: ...
+
+
+
+def expired(lease: Lease, now_ms: int) -> bool:
+    """The lease's deadline has passed at ``now_ms`` (it is expired for every request)."""
+    return lease.expiration_time <= now_ms
+
+
+def owned_error(lease: Lease, owner: str | None) -> errors.LeaseOwnedError:
+    holder = (f"the reader with owner token {errors.show(lease.owner)}" if lease.owner
+              else "no owner (it was acquired without one)")
+    asked = f"owner {errors.show(owner)}" if owner else "no owner"
+    return errors.LeaseOwnedError(
+        f"lease {errors.show(lease.lease_id)} belongs to {holder}, not to this request's ({asked}): a lease id names "
+        f"one reader at a time; use another lease id, or if that reader is gone drop the lease (kvlease lease drop "
+        f"{lease.lease_id}) or let it expire at {lease.expiration_time} ms", lease_id=lease.lease_id)
+
+
+def foreign(lease: Lease, owner: str | None) -> bool:
+    """``lease`` belongs to another reader than a request carrying ``owner`` (None: the request is an
+    operator's, which may act on any lease)."""
+    return owner is not None and lease.owner != owner
+
+
+def not_found_error(lease_id: str, expired: Lease | None = None) -> errors.LeaseNotFoundError:
+    why = f" (it expired at {expired.expiration_time} ms)" if expired is not None else ""
+    return errors.LeaseNotFoundError(f"lease {errors.show(lease_id)} not found{why}", lease_id=lease_id)
+
+
+def check_id(lease_id: str, owner: str | None = None) -> None:
+    """Raise InvalidLeaseIdError if the lease id (or the owner token) is malformed."""
+    problem = lease_id_problem(lease_id)
+    if problem is None and owner is not None:
+        problem = lease_owner_problem(owner)
+    if problem is not None:
+        raise errors.InvalidLeaseIdError(problem)
+
+
+def check_duration(duration_ms: int, max_duration_ms: int) -> None:
+    """Raise InvalidLeaseDurationError unless ``0 < duration_ms <= max_duration_ms``."""
+    if duration_ms <= 0:
+        raise errors.InvalidLeaseDurationError(f"lease duration must be positive, got {duration_ms} ms")
+    if duration_ms > max_duration_ms:
+        raise errors.InvalidLeaseDurationError(
+            f"lease duration {duration_ms} ms exceeds kv.snapshot.lease.max-duration ({max_duration_ms} ms)")
+
+
+def check_bucket(catalog: Catalog, tb: TableBucket) -> None:
+    """Raise TableNotExistError, InvalidRequestError or BucketOutOfRangeError unless ``tb`` is a bucket of a table."""
+    count = catalog.bucket_count(tb.table_id)
+    if count is None:
+        raise errors.TableNotExistError(f"table id {tb.table_id} does not exist", table_id=tb.table_id)
+    if tb.partition_id is not None:
+        raise errors.InvalidRequestError(f"table {tb.table_id} is not partitioned (got partition {tb.partition_id})")
+    if not 0 <= tb.bucket < count:
+        raise errors.BucketOutOfRangeError(
+            f"bucket {tb.bucket} out of range for table {catalog.table_path(tb.table_id)} (id "
+            f"{tb.table_id}; buckets 0..{count - 1})")
