@@ -1,7 +1,7 @@
 """The project's one exception root and the wire error-code registry.
 
 Error codes are a wire contract: numbers are append-only and never reused
-(``tests/test_errors.py`` pins every one). gRPC, ZooKeeper and S3 errors are
+(``tests/common/test_errors.py`` pins every one). gRPC, ZooKeeper and S3 errors are
 mapped to these classes at the process boundaries only.
 
 Classes are grouped by what a caller does about them:

@@ -3,7 +3,7 @@
 The README's configuration reference lies between two markers and is
 :func:`config_reference`'s output: every key of :mod:`common.config`, its
 default, environment variable and meaning. ``python -m ops.docs`` rewrites
-it; ``python -m ops.docs --check`` (and ``tests/test_docs.py``) fail when the
+it; ``python -m ops.docs --check`` (and ``tests/project/test_docs.py``) fail when the
 README and the code disagree.
 """
 

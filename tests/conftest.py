@@ -36,10 +36,10 @@ import pytest
 from common.config import Config
 from common.zk import make_client
 from ops.local_cluster import ZooKeeperCluster
-from tests.fixtures.docker import docker_unavailable_reason, minio_container, zookeeper_container
-from tests.fixtures.leaks import SESSION_ENV, session_processes
-from tests.fixtures.s3 import MotoS3Server, S3Endpoint
-from tests.fixtures.spark import start_spark, stop_spark
+from tests.support.fixtures.docker import docker_unavailable_reason, minio_container, zookeeper_container
+from tests.support.fixtures.leaks import SESSION_ENV, session_processes
+from tests.support.fixtures.s3 import MotoS3Server, S3Endpoint
+from tests.support.fixtures.spark import start_spark, stop_spark
 
 ZK_FIXTURES = frozenset({"zk_server", "zk_root", "zk_config", "make_config", "zk_client", "zk_ensemble",
                          "zk_single"})

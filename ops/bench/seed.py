@@ -12,7 +12,7 @@ know the leases (it learns them at its next reinitialization).
 ``python -m ops.bench.seed --config FILE --table-id T --buckets B --count N
 --prefix P --expiration-time MS`` (the benchmark runs it as a process of its
 own); prints how many it wrote. It is the one module of ``ops`` that imports the
-lease domain (``tests/test_layers.py`` allows it by name): it writes what the
+lease domain (``tests/project/test_layers.py`` allows it by name): it writes what the
 coordinator's own :class:`~leases.store.LeaseStore` writes.
 """
 

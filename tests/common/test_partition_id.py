@@ -1,0 +1,211 @@
+"""``partition_id``: every request naming a table bucket carries it; until partitioned tables exist, both
+services answer a SET one with PARTITION_NOT_EXISTS and change nothing, and an unset one works as before.
+"""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from common import errors
+from common.codec import RowCodec, batch_to_ipc
+from common.model import TableBucket
+from common.proto import coordinator_pb2 as cpb
+from common.proto import coordinator_pb2_grpc as cpb_grpc
+from common.proto import tablet_pb2 as tpb
+from common.wire import refuse_partition_ids, table_to_pb
+from coordinator.server import CoordinatorServer
+from client.admin import AdminClient
+from tests.support.snapshot_manifests import commit_snapshot, snapshot
+from tests.tablet.test_tablet_server import SCHEMA, Cluster, lookup, put
+
+#: Every RPC whose request names a table bucket (or a table's buckets), per service.
+COORDINATOR_RPCS = {"CommitKvSnapshot", "GetLatestKvSnapshots", "ListKvSnapshots", "AcquireKvSnapshotLease",
+                    "AcquireKvSnapshotLeases", "ReleaseKvSnapshotLease", "GetTableAssignment"}
+TABLET_RPCS = {"UpdateLeadership", "PutKv", "Lookup", "FetchLog", "ListOffsets", "TriggerSnapshot", "ScanKv",
+               "ScanKvStream"}
+
+
+def _part(partition):
+    return {} if partition is None else {"partition_id": partition}
+
+
+def _has_partition_field(descriptor, seen=()) -> bool:
+    if "partition_id" in descriptor.fields_by_name:
+        return True
+    return any(f.message_type is not None and f.message_type not in seen
+               and _has_partition_field(f.message_type, (*seen, descriptor)) for f in descriptor.fields)
+
+
+# -- tier 1: the wire check ----------------------------------------------------------------------
+
+@pytest.mark.unit
+@pytest.mark.parametrize("module, service, rpcs", [(cpb, "CoordinatorService", COORDINATOR_RPCS),
+                                                   (tpb, "TabletService", TABLET_RPCS)])
+def test_every_rpc_naming_a_bucket_carries_partition_id(module, service, rpcs):
+    methods = module.DESCRIPTOR.services_by_name[service].methods
+    assert {m.name for m in methods if _has_partition_field(m.input_type)} == rpcs
+    for m in methods:  # and the partition_id is proto3 optional: unset differs from 0
+        for f in m.input_type.fields:
+            if f.name == "partition_id":
+                assert f.has_presence, f"{m.input_type.name}.partition_id"
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("request_, where", [
+    (tpb.PutKvRequest(table_id=3, bucket=1, partition_id=0), "(bucket 1)"),
+    (tpb.ListOffsetsRequest(table_id=3, buckets=[2, 0], partition_id=0), "(buckets [0, 2])"),
+    (tpb.TriggerSnapshotRequest(table_id=3, partition_id=0), "(every bucket)"),
+    (tpb.ScanKvRequest(bucket_scan_req=tpb.BucketScanReqPb(table_id=3, bucket=1, partition_id=0)), "(bucket 1)"),
+    (tpb.UpdateLeadershipRequest(buckets=[tpb.BucketLeadershipPb(table=cpb.TableInfoPb(table_id=3), bucket=1,
+                                                                 partition_id=0)]), "(bucket 1)"),
+    (cpb.AcquireKvSnapshotLeaseRequest(lease_id="l", snapshots=[cpb.BucketSnapshotPb(
+        bucket=cpb.TableBucketPb(table_id=3, bucket=1, partition_id=0), snapshot_id=1)]), "(bucket 1)"),
+])
+def test_a_set_partition_id_even_zero_is_refused_naming_table_bucket_and_partition(request_, where):
+    with pytest.raises(errors.PartitionNotExistsError) as info:
+        refuse_partition_ids(request_)
+    assert info.value.code == errors.ErrorCode.PARTITION_NOT_EXISTS == 26
+    assert f"partition 0 of table 3 {where}" in info.value.message
+
+
+@pytest.mark.unit
+def test_an_unset_partition_id_passes():
+    refuse_partition_ids(tpb.PutKvRequest(table_id=3, bucket=1))
+    refuse_partition_ids(cpb.ReleaseKvSnapshotLeaseRequest(lease_id="l", buckets=[cpb.TableBucketPb(table_id=3)]))
+    refuse_partition_ids(cpb.ListTablesRequest())
+
+
+@pytest.mark.unit
+def test_a_partition_id_set_only_in_the_last_of_many_buckets_is_found_and_named():
+    snapshots = [cpb.BucketSnapshotPb(bucket=cpb.TableBucketPb(table_id=3, bucket=b), snapshot_id=1) for b in range(15)]
+    snapshots.append(cpb.BucketSnapshotPb(bucket=cpb.TableBucketPb(table_id=4, bucket=15, partition_id=7), snapshot_id=1))
+    with pytest.raises(errors.PartitionNotExistsError) as info:
+        refuse_partition_ids(cpb.AcquireKvSnapshotLeaseRequest(lease_id="l", snapshots=snapshots))
+    assert "partition 7 of table 4 (bucket 15)" in info.value.message
+    refuse_partition_ids(cpb.AcquireKvSnapshotLeaseRequest(lease_id="l", snapshots=snapshots[:15]))
+
+
+# -- tier 2: the coordinator over gRPC ------------------------------------------------------------
+
+@pytest.fixture
+def coordinator(make_config):
+    server = CoordinatorServer(make_config({"kv.snapshot.lease.max-duration": "1h"})).start()
+    try:
+        assert server.wait_active(15)
+        with AdminClient([server.address], retry_total_s=10) as admin, \
+                grpc.insecure_channel(server.address) as channel:
+            table = admin.create_table("db.t", SCHEMA, ["id"], 2)
+            commit_snapshot(admin, TableBucket(table.table_id, 0), 1, 10)
+            # the manifest of the snapshot the CommitKvSnapshot requests below name
+            snapshot(admin.coordinator_info().remote_storage(), TableBucket(table.table_id, 1), 1, 5)
+            admin.acquire_lease("held", {TableBucket(table.table_id, 0): 1}, 600_000)
+            yield admin, cpb_grpc.CoordinatorServiceStub(channel), table
+    finally:
+        server.stop()
+
+
+def _tb(table_id, bucket, partition):
+    return cpb.TableBucketPb(table_id=table_id, bucket=bucket, **_part(partition))
+
+
+COORDINATOR_REQUESTS = {
+    "CommitKvSnapshot": lambda t, p: cpb.CommitKvSnapshotRequest(snapshot=cpb.KvSnapshotPb(
+        bucket=_tb(t, 1, p), snapshot_id=1, log_offset=5, metadata_path=f"kv/{t}/1/snap-1/_METADATA")),
+    "GetLatestKvSnapshots": lambda t, p: cpb.GetLatestKvSnapshotsRequest(table_id=t, **_part(p)),
+    "ListKvSnapshots": lambda t, p: cpb.ListKvSnapshotsRequest(table_id=t, **_part(p)),
+    "AcquireKvSnapshotLease": lambda t, p: cpb.AcquireKvSnapshotLeaseRequest(
+        lease_id="new", snapshots=[cpb.BucketSnapshotPb(bucket=_tb(t, 0, p), snapshot_id=1)], duration_ms=60_000),
+    "AcquireKvSnapshotLeases": lambda t, p: cpb.AcquireKvSnapshotLeasesRequest(requests=[  # one of two sets it
+        cpb.AcquireKvSnapshotLeaseRequest(lease_id="new1", snapshots=[cpb.BucketSnapshotPb(
+            bucket=_tb(t, 0, None), snapshot_id=1)], duration_ms=60_000),
+        cpb.AcquireKvSnapshotLeaseRequest(lease_id="new2", snapshots=[cpb.BucketSnapshotPb(
+            bucket=_tb(t, 0, p), snapshot_id=1)], duration_ms=60_000)]),
+    "ReleaseKvSnapshotLease": lambda t, p: cpb.ReleaseKvSnapshotLeaseRequest(lease_id="held", buckets=[_tb(t, 0, p)]),
+    "GetTableAssignment": lambda t, p: cpb.GetTableAssignmentRequest(table_id=t, **_part(p)),
+}
+
+
+def test_coordinator_requests_cover_every_rpc_naming_a_bucket():
+    assert set(COORDINATOR_REQUESTS) == COORDINATOR_RPCS
+
+
+@pytest.mark.zk
+@pytest.mark.parametrize("rpc", sorted(COORDINATOR_REQUESTS))
+def test_coordinator_refuses_a_set_partition_id_and_changes_nothing(coordinator, rpc):
+    admin, stub, table = coordinator
+
+    def state():
+        return admin.list_kv_snapshots(table.table_id), admin.list_leases()
+
+    before = state()
+    response = getattr(stub, rpc)(COORDINATOR_REQUESTS[rpc](table.table_id, 0), timeout=10)
+    assert response.error.code == errors.ErrorCode.PARTITION_NOT_EXISTS, response.error
+    assert f"partition 0 of table {table.table_id} (" in response.error.message
+    assert state() == before
+    # without the partition id: as before
+    response = getattr(stub, rpc)(COORDINATOR_REQUESTS[rpc](table.table_id, None), timeout=10)
+    assert response.error.code == 0, response.error
+    assert (state() != before) == (rpc in {"CommitKvSnapshot", "AcquireKvSnapshotLease", "AcquireKvSnapshotLeases",
+                                           "ReleaseKvSnapshotLease"})
+
+
+# -- tier 2: a tablet server over gRPC -------------------------------------------------------------
+
+@pytest.mark.zk
+def test_tablet_server_refuses_a_set_partition_id_on_every_rpc_and_changes_nothing(make_config, tmp_path):
+    c = Cluster(make_config)
+    try:
+        tablet = c.tablet(1, tmp_path / "t1")
+        table = c.admin.create_table("db.t", SCHEMA, ["id"], 1)
+        t = table.table_id
+        stub = c.stub(t, 0)
+        put(stub, table, [{"id": 1, "v": "a"}])
+        codec = RowCodec(table)
+        row = batch_to_ipc(codec.to_batch([{"id": 2, "v": "b"}]))
+        key = batch_to_ipc(codec.to_batch([{"id": 1}]).select(["id"]))
+
+        def scan_req(p):
+            return tpb.BucketScanReqPb(table_id=t, bucket=0, **_part(p))
+
+        def leadership(p):  # the coordinator's own call; applied regardless of p, it would bump the epoch
+            epoch = tablet.replicas.get(t, 0).leader_epoch + (0 if p is None else 1)
+            return tpb.UpdateLeadershipRequest(
+                coordinator_epoch=tablet.replicas.coordinator_epoch, server_id=1,
+                buckets=[tpb.BucketLeadershipPb(table=table_to_pb(table), bucket=0, leader_epoch=epoch, **_part(p))])
+
+        requests = {
+            "UpdateLeadership": leadership,
+            "PutKv": lambda p: tpb.PutKvRequest(table_id=t, bucket=0, upserts=row, **_part(p)),
+            "Lookup": lambda p: tpb.LookupRequest(table_id=t, bucket=0, keys=key, **_part(p)),
+            "FetchLog": lambda p: tpb.FetchLogRequest(table_id=t, bucket=0, from_offset=0, max_bytes=1 << 20,
+                                                      **_part(p)),
+            "ListOffsets": lambda p: tpb.ListOffsetsRequest(table_id=t, buckets=[0], **_part(p)),
+            "TriggerSnapshot": lambda p: tpb.TriggerSnapshotRequest(table_id=t, buckets=[0], wait=True, **_part(p)),
+            "ScanKv": lambda p: tpb.ScanKvRequest(bucket_scan_req=scan_req(p), batch_size_bytes=1 << 20),
+            "ScanKvStream": lambda p: tpb.ScanKvStreamRequest(bucket_scan_req=scan_req(p), batch_size_bytes=1 << 20),
+        }
+        assert set(requests) == TABLET_RPCS
+
+        def call(rpc, partition):
+            answer = getattr(stub, rpc)(requests[rpc](partition), timeout=10)
+            return list(answer)[-1] if rpc == "ScanKvStream" else answer
+
+        def state():
+            offsets = stub.ListOffsets(tpb.ListOffsetsRequest(table_id=t, buckets=[0]), timeout=10).offsets[0]
+            return (sorted(tablet.replicas._replicas), tablet.replicas.get(t, 0).leader_epoch,
+                    (offsets.error.code, offsets.earliest, offsets.latest), lookup(stub, table, [1, 2]),
+                    c.admin.list_kv_snapshots(t), len(tablet.scans._sessions), tablet.scans.snapshots_open)
+
+        for rpc in sorted(requests):
+            before = state()
+            response = call(rpc, 3)
+            assert response.error.code == errors.ErrorCode.PARTITION_NOT_EXISTS, (rpc, response.error)
+            assert f"partition 3 of table {t} (bucket" in response.error.message, rpc
+            assert state() == before, rpc
+            response = call(rpc, None)  # without the partition id: as before
+            assert response.error.code == 0, (rpc, response.error)
+        assert lookup(stub, table, [2]) == [{"id": 2, "v": "b"}]  # the unpartitioned PutKv wrote
+        assert c.admin.get_latest_kv_snapshots(t)  # the unpartitioned TriggerSnapshot committed
+    finally:
+        c.close()

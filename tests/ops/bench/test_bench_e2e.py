@@ -1,0 +1,99 @@
+"""A real benchmark through the real command line, at small sizes (about 10 s).
+
+``kvlease bench writes --rows 20000 --lookups 200 --json --plot FILE.png``
+in a child process (``python -m ops.cli``) whose ``TMPDIR`` is a directory of
+this test: the benchmark starts its own ZooKeeper, coordinator and tablet
+server there and must leave nothing behind (the session's leak guard checks
+the processes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ops.bench import suite as bench_suite
+
+from tests.support.fixtures.leaks import kill_group
+from tests.support.paths import REPO
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+ROOT = REPO
+
+
+def test_bench_writes_measures_plots_and_cleans_up(tmp_path):
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    png = tmp_path / "writes.png"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVLEASE_") or k == "KVLEASE_TEST_SESSION"}
+    env.update(PYTHONPATH=str(ROOT), TMPDIR=str(scratch))
+    proc = subprocess.run([sys.executable, "-m", "ops.cli", "bench", "writes", "--rows", "20000", "--lookups", "200",
+                           "--rounds", "2", "--json", "--plot", str(png)],
+                          capture_output=True, text=True, timeout=200, cwd=str(ROOT), env=env)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)  # exactly one JSON document on stdout
+    entry = doc["benchmarks"]["writes"]
+    assert entry["options"] == {"rows": 20_000, "batch": 10_000, "threads": 4, "lookups": 200, "rounds": 2}
+    figures = entry["figures"]
+    assert figures["rows"] == 20_000 and figures["lookup"]["single_count"] == 200
+    assert figures["upsert_rows_per_s"] > 0 and figures["rocksdb_writebatch_rows_per_s"] > 0
+    rounds = figures["round_rows_per_s"]  # the best of each kind counts
+    assert len(rounds) == 2 and all(r["upsert"] > 0 and r["rocksdb_writebatch"] > 0 for r in rounds)
+    assert figures["upsert_rows_per_s"] == max(r["upsert"] for r in rounds)
+    assert figures["rocksdb_writebatch_rows_per_s"] == max(r["rocksdb_writebatch"] for r in rounds)
+    assert 0 < figures["snapshot"]["incremental_bytes"] < figures["snapshot"]["full_bytes"]
+    (row,) = entry["rows"]
+    assert row["value"] == pytest.approx(figures["upsert_rows_per_s"] / figures["rocksdb_writebatch_rows_per_s"])
+    assert row["target"] == 0.4 and row["met"] is (row["value"] >= 0.4)
+    assert doc["machine"]["cpus"] == os.cpu_count()
+    data = png.read_bytes()
+    assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 10_000
+    assert list(scratch.iterdir()) == []  # the benchmark's temp directory is gone
+
+
+def test_a_terminated_benchmark_stops_what_it_started_and_removes_its_temp_directory(tmp_path):
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVLEASE_") or k == "KVLEASE_TEST_SESSION"}
+    env.update(PYTHONPATH=str(ROOT), TMPDIR=str(scratch))
+    proc = subprocess.Popen([sys.executable, "-m", "ops.cli", "bench", "writes", "--rows", "5000000", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(ROOT), env=env,
+                            start_new_session=True)  # its group: what it started goes with it if this test fails
+    try:
+        seen = []
+        for line in proc.stderr:  # progress: wait until its cluster runs and it is upserting
+            seen.append(line)
+            if ": upserting" in line:  # "round 1 of 3: upserting ..."
+                break
+        assert any(": upserting" in line for line in seen), "".join(seen)
+        assert list(scratch.iterdir())  # its temp directory, with ZooKeeper and servers running from it
+        proc.terminate()
+        _, rest = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None or proc.returncode != 143:
+            kill_group(proc)
+            shutil.rmtree(scratch, ignore_errors=True)
+    assert proc.returncode == 143, "".join(seen) + rest
+    assert "terminated" in rest and "Traceback" not in rest
+    assert list(scratch.iterdir()) == []
+
+
+def test_wait_idle_returns_once_a_process_is_idle_and_waits_while_it_computes():
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)  # past the sleeper's start-up
+        assert bench_suite.wait_idle(sleeper.pid, step_s=0.2, timeout_s=5.0) < 1.5
+        assert bench_suite.wait_idle(spinner.pid, step_s=0.2, timeout_s=1.0) >= 1.0
+    finally:
+        for proc in (sleeper, spinner):
+            proc.kill()
+            proc.wait()

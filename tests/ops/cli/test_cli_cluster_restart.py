@@ -1,0 +1,74 @@
+"""``kvlease cluster restart --dir D --tablet N|--coordinator N|--zookeeper N`` and the tablet servers'
+health in ``kvlease cluster status``: usage errors in-process, then the real executable on a real
+local cluster (slow)."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from rich.console import Console
+
+from ops import local_cluster
+from ops.cli import output as out
+from tests.support.cli_runner import assert_one_line_error, run
+from tests.ops.cli.test_cli_e2e import cluster_dir, kvlease, kvlease_json, print_logs  # noqa: F401 - the fixture
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("options", [[], ["--tablet", "1", "--coordinator", "1"]], ids=["none", "two"])
+def test_restart_names_exactly_one_process(tmp_path, options):
+    result = run("cluster", "restart", "--dir", str(tmp_path), *options)
+    assert result.exit_code == 2, result.output
+    assert "one process" in result.stderr and "Traceback" not in result.output
+
+
+@pytest.mark.unit
+def test_restart_of_a_process_the_cluster_does_not_have_is_a_one_line_error(tmp_path):
+    (tmp_path / "cluster.json").write_text(json.dumps({"zookeeper": [], "coordinators": [], "tablets": []}))
+    line = assert_one_line_error(run("cluster", "restart", "--dir", str(tmp_path), "--tablet", "9"))
+    assert "no tablet server 9" in line
+
+
+@pytest.mark.unit
+def test_status_text_shows_an_unhealthy_tablet_and_why():
+    buffer = io.StringIO()
+    out.TextOutput(Console(file=buffer, width=200)).cluster_status({"zookeeper": [], "coordinators": [], "tablets": [
+        {"id": "1", "pid": 5, "address": "127.0.0.1:9", "alive": True, "registered": True, "buckets": 3,
+         "healthy": False, "serving": 2, "problems": ["1 bucket(s) over its capacity of 2 (tablet.buckets.max)"]},
+        {"id": "2", "pid": 6, "address": "127.0.0.1:8", "alive": True, "registered": True, "buckets": 4,
+         "healthy": True, "serving": 4, "problems": []}]})
+    lines = buffer.getvalue().splitlines()
+    assert any("3 buckets, serves 2; unhealthy: 1 bucket(s) over its capacity of 2" in line for line in lines)
+    assert any("4 buckets" in line and "unhealthy" not in line for line in lines)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_restart_each_role_and_status_shows_tablet_health(cluster_dir):  # noqa: F811
+    d = str(cluster_dir)
+    try:
+        kvlease("cluster", "start", "--dir", d, "--tablets", "1")
+        kvlease("--cluster", d, "table", "create", "db.t", "--schema", "id BIGINT, v STRING", "--primary-key", "id",
+                "--buckets", "3")
+        kvlease("--cluster", d, "put", "db.t", "-", input="".join(f'{{"id": {i}, "v": "r{i}"}}\n' for i in range(30)))
+        status = kvlease_json("cluster", "status", "--dir", d, "--json")
+        tablet = status["tablets"][0]
+        assert (tablet["healthy"], tablet["problems"], tablet["buckets"], tablet["serving"]) == (True, [], 3, 3)
+        assert tablet["capacity"] > 0 and 0 < tablet["open_fds"] < tablet["max_fds"]
+        assert "3 buckets" in kvlease("cluster", "status", "--dir", d).stdout
+
+        for option, role in (("--tablet", "tablets"), ("--coordinator", "coordinators"), ("--zookeeper", "zookeeper")):
+            before = local_cluster.member(local_cluster.load(d), role, "1")["pid"]
+            out = kvlease_json("--json", "cluster", "restart", "--dir", d, option, "1")
+            assert out["restarted"]["id"] == "1" and out["restarted"]["pid"] != before
+            assert local_cluster.member(local_cluster.load(d), role, "1")["pid"] == out["restarted"]["pid"]
+            got = kvlease_json("--cluster", d, "get", "db.t", "7", "--json")  # served again, data intact
+            assert got["rows"] == [{"id": 7, "v": "r7"}]
+        status = kvlease_json("cluster", "status", "--dir", d, "--json")
+        assert all(p["alive"] for role in ("zookeeper", "coordinators", "tablets") for p in status[role])
+        assert status["tablets"][0]["healthy"] is True
+    except BaseException:
+        print_logs(cluster_dir)
+        raise

@@ -1,0 +1,157 @@
+"""Every drill once, through the real ``kvlease drill NAME --json``, on small local clusters (tier 3).
+
+Two clusters, each shared by the tests of its kind and stopped (whatever
+happens) when they are done: one with 2 coordinators and 2 tablet servers
+(coordinator-failover, tablet-restart, remote-outage) and one with a 3-node
+ZooKeeper ensemble and 2 coordinators (zk-leader-loss, and ``all``, which
+skips what the shape does not allow). Each drill must pass, report what it checks, and leave the
+cluster whole. The cluster logs are printed when a drill fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from ops import local_cluster
+from tests.support.paths import REPO
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+PROJECT_ROOT = REPO
+KVLEASE = str(Path(sys.executable).parent / "kvlease")
+ENV = {**{k: v for k, v in os.environ.items() if k not in ("KVLEASE_CLUSTER", "KVLEASE_BOOTSTRAP")},
+       "PYTHONPATH": os.pathsep.join(p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+
+
+def _logs(directory: Path) -> str:
+    logs = (sorted(directory.glob("coordinator-*/coordinator.log")) + sorted(directory.glob("tablet-*/tablet.log"))
+            + sorted(directory.glob("zookeeper/*/zookeeper.log")))
+    return "\n".join(f"==> {log} <==\n{local_cluster.log_tail(log, 40)}" for log in logs)
+
+
+def _cluster(kvlease_tmp: str, **shape):
+    """Start a cluster of ``shape`` in a fresh dir; yield it; stop it and remove the dir."""
+    directory = Path(tempfile.mkdtemp(prefix="drills-", dir=kvlease_tmp))
+    try:
+        local_cluster.start(directory, **shape)
+        yield directory
+    finally:
+        try:
+            local_cluster.stop(directory)
+        except Exception:  # last resort below: the recorded pids
+            pass
+        try:
+            doc = local_cluster.load(directory)
+        except Exception:
+            doc = {}
+        for role in local_cluster.ROLES:
+            for entry in doc.get(role, []):
+                if local_cluster.pid_alive(entry.get("pid"), entry.get("proc_start")):
+                    os.kill(entry["pid"], signal.SIGKILL)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def cluster(kvlease_tmp):
+    yield from _cluster(kvlease_tmp, coordinators=2, tablets=2)
+
+
+@pytest.fixture(scope="module")
+def ensemble(kvlease_tmp):
+    yield from _cluster(kvlease_tmp, zk_nodes=3, coordinators=2, tablets=1)
+
+
+def drill(directory: Path, *args: str) -> dict:
+    """``kvlease drill ARGS --cluster DIR --json``: exit 0 and one JSON document, else an assertion
+    error with its output and the cluster's logs."""
+    proc = subprocess.run([KVLEASE, "drill", *args, "--cluster", str(directory), "--json"], capture_output=True,
+                          text=True, timeout=200, env=ENV)
+    if proc.returncode != 0:
+        print(_logs(directory))  # shown with the failure
+        raise AssertionError(f"kvlease drill {' '.join(args)} exited {proc.returncode}\nstdout: {proc.stdout}\n"
+                             f"stderr: {proc.stderr}")
+    return json.loads(proc.stdout)
+
+
+def checks_of(report: dict) -> dict[str, dict]:
+    assert report["ok"], report
+    return {c["name"]: c for c in report["checks"]}
+
+
+def assert_checked(report: dict, *fragments: str) -> None:
+    """Each fragment names a check that held and looked at something."""
+    checks = checks_of(report)
+    for fragment in fragments:
+        (name,) = [n for n in checks if fragment in n]
+        assert checks[name]["ok"] and checks[name]["checked"] > 0, checks[name]
+    whole = [c for n, c in checks.items() if "whole again" in n]
+    assert whole and whole[0]["ok"]
+
+
+def test_coordinator_failover(cluster):
+    report = drill(cluster, "coordinator-failover", "--rounds", "1")
+    assert report["drill"] == "coordinator-failover"
+    assert_checked(report, "read back as acknowledged", "leased snapshot", "deposed coordinator",
+                   "new active coordinator")
+    figures = report["figures"]
+    assert len(figures["recovery_s"]) == 1 and 0 < figures["recovery_s"][0] < 30
+    assert figures["acknowledged"] > 0
+
+
+def test_tablet_restart(cluster):
+    report = drill(cluster, "tablet-restart", "--rounds", "1")
+    assert_checked(report, "acknowledged write present", "right data", "typed error or resume", "succeed within")
+    assert report["figures"]["scans_interrupted"] >= 2  # the resuming scanners had to resume
+
+
+def test_remote_outage(cluster):
+    report = drill(cluster, "remote-outage", "--outage", "2", "--clients", "8")
+    assert_checked(report, "fail cleanly", "missing lease file", "orphan", "read back as acknowledged",
+                   "after the outage")
+    assert report["figures"]["calls_failed_in_outage"] > 0  # the outage was felt
+    assert (cluster / "remote").is_dir() and not (cluster / "remote.remote-outage").exists()
+
+
+def test_zk_leader_loss(ensemble):
+    report = drill(ensemble, "zk-leader-loss", "--rounds", "1")
+    assert_checked(report, "read back as acknowledged", "deposed coordinator", "sent after the kill",
+                   "moved to the newest snapshots", "standby takes over")
+    assert len(report["figures"]["killed_zookeeper_nodes"]) == 2  # the round, then the quiet fault
+    assert report["figures"]["leases_moved"] > 0
+    assert 0 < report["figures"]["coordinator_failover_s"] < 30
+
+
+def test_all_runs_what_the_shape_allows_in_one_report(ensemble):
+    doc = drill(ensemble, "all", "--rounds", "1", "--skip", "coordinator-failover", "--skip", "tablet-restart",
+                "--skip", "remote-outage", "--skip", "spark-failover", "--skip", "chaos")
+    reports = {d["drill"]: d for d in doc["drills"]}
+    assert doc["ok"]
+    assert reports["coordinator-failover"]["skipped"] == reports["tablet-restart"]["skipped"] == "--skip"
+    assert_checked(reports["zk-leader-loss"], "read back as acknowledged")
+
+
+# Chaos on both shapes, with fixed seeds (a failure's report names its seed and the command that replays it).
+def test_chaos_on_one_zookeeper_and_two_tablet_servers(cluster):
+    _chaos(cluster, seed=11)
+
+
+def test_chaos_on_a_zookeeper_ensemble(ensemble):
+    _chaos(ensemble, seed=12)
+
+
+def _chaos(directory: Path, seed: int) -> None:
+    report = drill(directory, "chaos", "--seed", str(seed), "--rounds", "4")
+    assert_checked(report, "read back as acknowledged", "leased snapshot", "deposed coordinator",
+                   "acknowledged write present", "exactly once", "equal the table", "ran through every fault")
+    figures = report["figures"]
+    assert figures["seed"] == seed and len(figures["faults_done"]) == 4
+    assert figures["stream_change_rows"] > 0 and figures["acknowledged"] > 0

@@ -1,0 +1,163 @@
+"""The import graph follows the layers (DESIGN.md "Top-level layout") and has no cycle.
+
+Layers, lowest first: ``common``; then ``leases`` (the lease domain) and
+``client`` (what a user process needs), and ``kvlease``, which only
+re-exports the client; then the servers, ``coordinator``
+and ``tablet``, which may use the client; then ``spark_source``, which uses
+only the client; then ``ops``, which uses the client and (for the demo and
+the bootstrap benchmark, as a user would) ``spark_source``. Nothing imports
+``ops``; only ``ops`` imports ``spark_source``. One module of ``ops`` may use
+the lease domain: ``ops.bench.seed`` writes leases as the coordinator's store does.
+
+Inside ``ops``, each sub-package (``ops.cli``, ``ops.local_cluster``,
+``ops.drills``, ``ops.bench``, ``ops.demo``) is one concept: another
+sub-package imports it only through its public module, the package itself.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tests.support.paths import REPO
+
+ROOT = REPO
+PACKAGES = ("common", "leases", "client", "kvlease", "coordinator", "tablet", "ops", "spark_source")
+#: package -> the packages it may import (besides itself)
+ALLOWED = {
+    "common": set(),
+    "leases": {"common"},
+    "client": {"common"},
+    "kvlease": {"common", "client"},  # the library's front door: re-exports of the client
+    "coordinator": {"common", "leases", "client"},
+    "tablet": {"common", "client"},
+    "ops": {"common", "client", "spark_source"},
+    "spark_source": {"common", "client"},
+}
+#: module -> further packages it alone may import
+ALLOWED_MODULES = {"ops.bench.seed": {"leases"}}
+OPS_ROOMS = ("ops.cli", "ops.local_cluster", "ops.drills", "ops.bench", "ops.demo")
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the project modules it imports anywhere in its body (also inside functions)."""
+    modules = _modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                candidates = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                candidates = [f"{node.module}.{alias.name}" for alias in node.names] + [node.module]
+            else:
+                continue
+            for candidate in candidates:
+                if candidate in modules:
+                    targets.add(candidate)
+                elif candidate.rsplit(".", 1)[0] in modules and isinstance(node, ast.ImportFrom):
+                    targets.add(candidate.rsplit(".", 1)[0])
+        graph[name] = targets - {name}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1: on the stack, 2: done
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for target in sorted(graph.get(node, ())):
+            if state.get(target) == 1:
+                return stack[stack.index(target):] + [target]
+            if target not in state and (cycle := visit(target)):
+                return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of a package that its layer does not allow."""
+    return [f"{module} imports {target}" for module, targets in sorted(graph.items()) for target in sorted(targets)
+            if target.split(".")[0] != module.split(".")[0]
+            and target.split(".")[0] not in ALLOWED[module.split(".")[0]] | ALLOWED_MODULES.get(module, set())]
+
+
+def _room(module: str) -> str | None:
+    return next((room for room in OPS_ROOMS if module == room or module.startswith(room + ".")), None)
+
+
+def room_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of another ops sub-package's internals (anything but the sub-package itself)."""
+    return [f"{module} imports {target}" for module, targets in sorted(graph.items()) for target in sorted(targets)
+            if _room(target) is not None and _room(target) != _room(module) and target != _room(target)]
+
+
+@pytest.mark.unit
+def test_every_import_follows_the_layers():
+    assert layer_violations(import_graph()) == []
+
+
+@pytest.mark.unit
+def test_ops_sub_packages_import_each_other_only_through_their_public_module():
+    graph = import_graph()
+    assert all(any(_room(m) == room for m in graph) for room in OPS_ROOMS)  # every room exists
+    assert room_violations(graph) == []
+
+
+@pytest.mark.unit
+def test_the_import_graph_has_no_cycle():
+    assert find_cycle(import_graph()) is None
+
+
+@pytest.mark.unit
+def test_the_checks_see_a_planted_violation():
+    graph = {"client.a": {"client.b"}, "client.b": {"tablet.x", "client.a"}, "tablet.x": set(),
+             "common.y": {"leases.z"}, "leases.z": set()}
+    assert find_cycle(graph) == ["client.a", "client.b", "client.a"]
+    assert layer_violations(graph) == ["client.b imports tablet.x", "common.y imports leases.z"]
+    rooms = {"ops.drills.chaos": {"ops.demo", "ops.demo.spark", "ops.drills.report"}, "ops.cli.app": {"ops.cli.output"},
+             "ops.docs": {"ops.cli.output"}, "ops.bench.scan": {"leases.store"}}
+    assert room_violations(rooms) == ["ops.docs imports ops.cli.output", "ops.drills.chaos imports ops.demo.spark"]
+    assert layer_violations(rooms) == ["ops.bench.scan imports leases.store"]
+    assert layer_violations({"ops.bench.seed": {"leases.store"}}) == []
+    assert any("client.table" in targets for targets in import_graph().values())  # the graph is not empty
+
+
+@pytest.mark.unit
+def test_the_client_package_imports_without_any_server_package():
+    """Every client module imports in a fresh interpreter where the server packages cannot be imported."""
+    client_modules = sorted(m for m in _modules() if m.split(".")[0] == "client")
+    code = "\n".join([
+        "import importlib, sys",
+        "for blocked in ('tablet', 'coordinator', 'leases', 'ops', 'spark_source'):",
+        "    sys.modules[blocked] = None  # any import of it raises ImportError",
+        f"for name in {client_modules!r}:",
+        "    importlib.import_module(name)",
+        "print('ok', len(sys.modules))",
+    ])
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    result = subprocess.run([sys.executable, "-c", code], cwd=str(ROOT), env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("ok")

@@ -1,0 +1,117 @@
+"""A bucket on a disk that fills up: its writes fail, then, once space is freed, it reopens by itself
+after a backoff and keeps every acknowledged write: the store alone (a fake clock), then a tablet
+server (no request and no restart needed). A real small tmpfs (root only; skipped otherwise)."""
+
+from __future__ import annotations
+
+import pytest
+
+from client.table import TableClient
+from common.errors import KvLeaseError
+from common.tables import Column
+from tablet.bucket import BucketStore, BucketStoreError
+from tablet.bucket_files import Backoff
+from ops.local_cluster import read_health
+from tests.support.fixtures.small_disk import fill, small_disk
+from tests.support.local_cluster import LocalCluster
+from tests.tablet.test_bucket import TABLE, fold, keys, kv_rows, log_records, rows, state
+
+PAYLOAD = "x" * 2000  # ~100 KB per write of 50 rows
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def write_until_full(store: BucketStore, acked: dict[int, str], start: int) -> KvLeaseError:
+    """Write 50 rows at a time until a write fails; record the acknowledged rows; return the error."""
+    for i in range(start, start + 10_000):
+        batch = {i * 50 + j: f"{i}-{PAYLOAD}" for j in range(50)}
+        try:
+            store.write(rows(*[(k, v, None) for k, v in batch.items()]))
+        except KvLeaseError as exc:
+            return exc
+        acked.update(batch)
+    raise AssertionError("the disk never filled up")
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("memtable_bytes", [None, 256 << 10], ids=["changelog-fills", "rocksdb-flushes-too"])
+def test_a_bucket_failed_on_a_full_disk_reopens_by_itself_and_keeps_acknowledged_writes(tmp_path, memtable_bytes):
+    with small_disk(tmp_path / "disk", size_mb=30) as disk:
+        clock = Clock()
+        store = BucketStore.open(str(disk / "bucket"), TABLE, segment_bytes=4 << 20, fsync=True,
+                                 memtable_bytes=memtable_bytes, backoff=Backoff(1.0, 8.0), monotonic=clock)
+        try:
+            acked: dict[int, str] = {}
+            filler = fill(disk, leave_bytes=2 << 20)
+            write_until_full(store, acked, 0)
+            assert acked  # some writes fit
+            with pytest.raises(BucketStoreError, match="failed earlier.*reopened in 1.0s"):
+                store.write(rows((1, "refused", None)))
+            found, _ = store.lookup(keys(*list(acked)[:10]))
+            assert found.all()  # reads go on
+
+            # the backoff passed, the disk is still full: the reopen (or the write after it) fails again.
+            # Reopening may free space (RocksDB deletes a failed flush's partial SST, obsolete files a
+            # background purge had not deleted yet): the write is bigger than all of RocksDB's files,
+            # so whatever the reopen frees, it cannot fit
+            second = fill(disk, leave_bytes=0, name="filler2")
+            clock.now += 1.0
+            bigger = sum(f.stat().st_size for f in (disk / "bucket" / "kv").rglob("*") if f.is_file()) + (1 << 20)
+            with pytest.raises(KvLeaseError):
+                store.write(rows(*[(10**6 + j, PAYLOAD, None) for j in range(bigger // len(PAYLOAD))]))
+            with pytest.raises(KvLeaseError, match="in 2.0s"):  # the backoff doubled
+                store.write(rows((1, "refused", None)))
+
+            filler.unlink()
+            second.unlink()
+            clock.now += 2.0
+            assert store.write(rows((10**7, "after", None)))[1] == store.log_end_offset
+            acked[10**7] = "after"
+            got = state(store)
+            assert {k: got[k][1] for k in acked} == acked
+            assert fold(log_records(store)) == kv_rows(store)
+        finally:
+            store.close()
+        with BucketStore.open(str(disk / "bucket"), TABLE, segment_bytes=4 << 20, fsync=True) as reopened:
+            got = state(reopened)
+            assert {k: got[k][1] for k in acked} == acked
+
+
+def test_a_tablet_server_on_a_full_disk_recovers_its_bucket_by_itself(make_config, tmp_path):
+    with small_disk(tmp_path / "disk", size_mb=30) as disk:
+        c = LocalCluster(make_config, tmp_path, 1, {"tablet.data-dir": str(disk / "t1"), "metrics.port": 0,
+                                                    "tablet.bucket.reopen-backoff": "5s",
+                                                    "tablet.bucket.reopen-backoff.max": "5s"})
+        try:
+            c.create_table("db.t", [Column("id", "BIGINT"), Column("v", "STRING")], ["id"], 1)
+            health = lambda: read_health(f"127.0.0.1:{c.tablets[1].metrics_port}")  # noqa: E731
+            acked: dict[int, str] = {}
+            filler = fill(disk, leave_bytes=2 << 20)
+            with TableClient(c.admin, "db.t", retry_total_s=0) as table:
+                for i in range(10_000):
+                    batch = {i * 50 + j: f"{i}-{PAYLOAD}" for j in range(50)}
+                    try:
+                        table.upsert([{"id": k, "v": v} for k, v in batch.items()])
+                    except KvLeaseError as exc:
+                        assert "No space left" in exc.message or "failed" in exc.message, exc.message
+                        break
+                    acked.update(batch)
+                assert acked
+                # reported at once, and for the 5 s backoff (a reopen before the space is freed may succeed)
+                problems = health()["problems"]
+                assert "bucket 0 of table" in problems[0] and "failed" in problems[0]
+
+                filler.unlink()  # nothing else: the server reopens the bucket by itself
+                c.wait_for(lambda: health()["healthy"], "the bucket reopened")
+                table.upsert([{"id": -1, "v": "after"}])
+                acked[-1] = "after"
+                keys = sorted(acked)
+                assert [row["v"] for row in table.lookup(keys)] == [acked[k] for k in keys]
+        finally:
+            c.close()
