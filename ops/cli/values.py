@@ -13,7 +13,7 @@ import binascii
 import json
 import re
 from datetime import datetime, timedelta, timezone
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import click
 
@@ -68,25 +68,16 @@ class Duration(click.ParamType):
         return ms
 
 
-class LeaseId(click.ParamType):
-    """A lease id, checked by the coordinator's own rule (:func:`common.model.lease_id_problem`)."""
+class Checked(click.ParamType):
+    """A string checked by one of the coordinator's own rules (``problem(value)``: why it is refused, or
+    None), so a bad value is a usage error before anything is sent."""
 
-    name = "lease_id"
-
-    def convert(self, value: Any, param, ctx) -> str:
-        problem = lease_id_problem(value)
-        if problem is not None:
-            self.fail(problem, param, ctx)
-        return value
-
-
-class LeaseOwner(click.ParamType):
-    """A lease owner token: the characters of a lease id (:func:`common.model.lease_owner_problem`)."""
-
-    name = "owner"
+    def __init__(self, name: str, problem: Callable[[Any], str | None]) -> None:
+        self.name = name
+        self._problem = problem
 
     def convert(self, value: Any, param, ctx) -> str:
-        problem = lease_owner_problem(value)
+        problem = self._problem(value)
         if problem is not None:
             self.fail(problem, param, ctx)
         return value
@@ -156,8 +147,8 @@ class EpochMs(click.ParamType):
 
 DURATION = Duration()
 POSITIVE_DURATION = Duration(positive=True)
-LEASE_ID = LeaseId()
-LEASE_OWNER = LeaseOwner()
+LEASE_ID = Checked("lease_id", lease_id_problem)
+LEASE_OWNER = Checked("owner", lease_owner_problem)
 EPOCH_MS = EpochMs()
 
 
