@@ -50,12 +50,12 @@ def read_password_file(path: str | os.PathLike[str]) -> str:
 
 def cluster_dir_security(directory: str | os.PathLike[str]) -> dict[str, Any]:
     """:func:`security_settings` of the cluster in ``directory``."""
-    return security_settings(_load(directory))
+    return security_settings(read_cluster_file(directory))
 
 
 def cluster_dir_bootstrap(directory: str | os.PathLike[str]) -> list[str]:
     """The coordinator addresses listed in ``directory/cluster.json``; InvalidRequestError if there are none."""
-    doc = _load(directory)
+    doc = read_cluster_file(directory)
     addresses = [c.get("address") for c in doc.get("coordinators", []) if isinstance(c, dict)]
     addresses = [a for a in addresses if a]
     if not addresses:
@@ -63,7 +63,9 @@ def cluster_dir_bootstrap(directory: str | os.PathLike[str]) -> list[str]:
     return addresses
 
 
-def _load(directory: str | os.PathLike[str]) -> dict[str, Any]:
+def read_cluster_file(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    """The parsed ``directory/cluster.json``; InvalidRequestError (saying how to start one) if it is missing
+    or unreadable."""
     path = Path(directory) / CLUSTER_FILE
     try:
         doc = json.loads(path.read_text())

@@ -12,7 +12,8 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from client.cluster_dir import CLUSTER_FILE, security_settings
+from client.cluster_dir import CLUSTER_FILE, read_cluster_file, security_settings
+from common.errors import InvalidRequestError
 from common import config as cfg
 from ops.local_cluster.processes import ClusterError, pid_alive
 
@@ -33,12 +34,9 @@ def load(directory: str | os.PathLike[str]) -> dict[str, Any]:
     """The cluster.json document of ``directory``; ClusterError if there is none or it is not one."""
     path = cluster_file(directory)
     try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ClusterError(f"no cluster in {directory}: {path} not found "
-                           f"(start one with: kvlease cluster start --dir {directory})") from None
-    except (OSError, ValueError) as exc:
-        raise ClusterError(f"cannot read {path}: {exc}") from None
+        doc = read_cluster_file(directory)
+    except InvalidRequestError as exc:
+        raise ClusterError(exc.message) from None
     problem = _shape_problem(doc)
     if problem is not None:
         raise ClusterError(f"{path} is not a kvlease cluster file: {problem}")
