@@ -2,14 +2,18 @@
 
 Records are numbered 0, 1, 2, … (see "Offsets" in DESIGN.md). One entry holds
 a whole write batch and the time it was appended. The format (little-endian)
-is in ``docs/changelog.md``; version 2 is written, versions 1 and 2 are read::
+is in ``docs/changelog.md``; version 3 is written, versions 1, 2 and 3 are read::
 
     magic b"\\xc7KL" | version u8 | base_offset u64 | count u32 | payload_len u32
-        | timestamp_ms i64 (v2 only) | crc u32 | payload
+        | timestamp_ms i64 (v2, v3) | leader_epoch i32 | writer_id i64 | sequence i32 (v3)
+        | crc u32 | payload
 
 ``crc`` is CRC-32 of the header bytes before it followed by the payload;
 ``timestamp_ms`` is the append time in ms since the epoch (a v1 entry has
-none). The payload is an Arrow IPC stream of one RecordBatch (change_type
+none). ``leader_epoch`` is the epoch of the bucket's leader that appended the
+entry (replicas find where their logs diverge by it); ``writer_id`` and
+``sequence`` name an idempotent writer's batch (-1: none). An entry of an
+older version reads as -1 for all three. The payload is an Arrow IPC stream of one RecordBatch (change_type
 int8, key binary, value binary nullable). The segment files that hold
 entries are ``tablet/changelog.py``'s business.
 """
@@ -31,17 +35,20 @@ from common.checksum import crc32
 from common.errors import InvalidRequestError, KvLeaseError
 
 MAGIC_PREFIX = b"\xc7KL"  # three magic bytes, then the format version
-VERSION = 2  # the version written
+VERSION = 3  # the version written
 MAGIC = MAGIC_PREFIX + bytes([VERSION])
-#: magic+version, base_offset, count, payload_len, timestamp_ms, crc
-HEADER = struct.Struct("<4sQIIqI")
-HEADER_SIZE = HEADER.size  # 32
+#: magic+version, base_offset, count, payload_len, timestamp_ms, leader_epoch, writer_id, sequence, crc
+HEADER = struct.Struct("<4sQIIqiqiI")
+HEADER_SIZE = HEADER.size  # 48
 CRC_START = HEADER_SIZE - 4  # the crc covers the header bytes before it and the payload
+#: version 2 (read only): magic+version, base_offset, count, payload_len, timestamp_ms, crc
+HEADER_V2 = struct.Struct("<4sQIIqI")
 #: version 1 (read only): magic+version, base_offset, count, payload_len, crc
 HEADER_V1 = struct.Struct("<4sQIII")
 HEADER_V1_SIZE = HEADER_V1.size  # 24
+NO_ID = -1  # leader epoch, writer id or sequence of an entry that has none
 _MAGIC = struct.Struct("<4s")
-_HEADERS = {MAGIC_PREFIX + b"\x01": HEADER_V1, MAGIC: HEADER}
+_HEADERS = {MAGIC_PREFIX + b"\x01": HEADER_V1, MAGIC_PREFIX + b"\x02": HEADER_V2, MAGIC: HEADER}
 
 SCHEMA = pa.schema([
     pa.field("change_type", pa.int8(), nullable=False),
@@ -82,7 +89,7 @@ class CorruptLogError(ChangelogError):
 
 
 class FrameHeader(NamedTuple):
-    """The header of a framed entry; ``size`` is the header's own length (24 in v1, 32 in v2)."""
+    """The header of a framed entry; ``size`` is the header's own length (24 in v1, 32 in v2, 48 in v3)."""
 
     version: int
     base_offset: int
@@ -91,6 +98,9 @@ class FrameHeader(NamedTuple):
     timestamp_ms: int | None  # None in a v1 entry
     crc: int
     size: int
+    leader_epoch: int = NO_ID  # v3 only
+    writer_id: int = NO_ID  # v3 only
+    sequence: int = NO_ID  # v3 only
 
 
 def read_header(buf: Any, pos: int, size: int) -> FrameHeader:
@@ -116,8 +126,11 @@ def _header(buf: Any, pos: int, size: int) -> FrameHeader | str:
     if size - pos < header.size:
         return "incomplete header"
     if header is HEADER:
-        _, base, count, length, timestamp, crc = HEADER.unpack_from(buf, pos)
-        return FrameHeader(VERSION, base, count, length, timestamp, crc, HEADER_SIZE)
+        _, base, count, length, timestamp, epoch, writer, sequence, crc = HEADER.unpack_from(buf, pos)
+        return FrameHeader(VERSION, base, count, length, timestamp, crc, HEADER_SIZE, epoch, writer, sequence)
+    if header is HEADER_V2:
+        _, base, count, length, timestamp, crc = HEADER_V2.unpack_from(buf, pos)
+        return FrameHeader(2, base, count, length, timestamp, crc, HEADER_V2.size)
     _, base, count, length, crc = HEADER_V1.unpack_from(buf, pos)
     return FrameHeader(1, base, count, length, None, crc, HEADER_V1_SIZE)
 
@@ -130,11 +143,16 @@ def _crc_ok(buf: Any, pos: int, header: FrameHeader) -> bool:
 @dataclass(frozen=True)
 class LogEntry:
     """Records ``base_offset`` … ``next_offset - 1`` (columns change_type, key, value), appended at
-    ``timestamp_ms`` (ms since the epoch; None for an entry written before format version 2)."""
+    ``timestamp_ms`` (ms since the epoch; None for an entry written before format version 2) by the
+    leader of ``leader_epoch``, for writer ``writer_id``'s batch ``sequence`` (-1: none; all three
+    -1 for an entry written before format version 3)."""
 
     base_offset: int
     records: pa.RecordBatch
     timestamp_ms: int | None = None
+    leader_epoch: int = NO_ID
+    writer_id: int = NO_ID
+    sequence: int = NO_ID
 
     @property
     def count(self) -> int:
@@ -192,14 +210,17 @@ def encode_payload(batch: pa.RecordBatch) -> pa.Buffer:
     return sink.getvalue()
 
 
-def frame_header(base_offset: int, count: int, payload: Any, timestamp_ms: int) -> bytes:
-    """The version-2 header of an entry appended at ``timestamp_ms``."""
-    head = HEADER.pack(MAGIC, base_offset, count, len(payload), timestamp_ms, 0)[:CRC_START]
+def frame_header(base_offset: int, count: int, payload: Any, timestamp_ms: int, *, leader_epoch: int = NO_ID,
+                 writer_id: int = NO_ID, sequence: int = NO_ID) -> bytes:
+    """The version-3 header of an entry appended at ``timestamp_ms`` by the leader of ``leader_epoch``
+    (and, for an idempotent writer, its ``writer_id`` and batch ``sequence``)."""
+    head = HEADER.pack(MAGIC, base_offset, count, len(payload), timestamp_ms, leader_epoch, writer_id, sequence,
+                       0)[:CRC_START]
     return head + struct.pack("<I", crc32(payload, crc32(head)))
 
 
 def decode_entry(data: Any, *, from_offset: int | None = None) -> LogEntry:
-    """Decode one framed entry (bytes, memoryview or pa.Buffer) of either version, checking its CRC.
+    """Decode one framed entry (bytes, memoryview or pa.Buffer) of any version, checking its CRC.
 
     ``from_offset`` drops the records below it (for the first entry of a read).
     Raises :class:`CorruptLogError` on a bad frame.
@@ -223,7 +244,7 @@ def decode_entry(data: Any, *, from_offset: int | None = None) -> LogEntry:
     if from_offset is not None and from_offset > base:
         records = records.slice(from_offset - base)
         base = min(from_offset, base + count)
-    return LogEntry(base, records, header.timestamp_ms)
+    return LogEntry(base, records, header.timestamp_ms, header.leader_epoch, header.writer_id, header.sequence)
 
 
 def check_frame(mm: mmap.mmap, pos: int, size: int, expected: int,
@@ -244,7 +265,7 @@ def check_frame(mm: mmap.mmap, pos: int, size: int, expected: int,
 
 
 def valid_frame_after(mm: mmap.mmap, start: int, size: int, expected: int) -> bool:
-    """Whether a whole entry (either version) with a good CRC and an offset >= expected starts at or
+    """Whether a whole entry (any version) with a good CRC and an offset >= expected starts at or
     after ``start``."""
     while (i := mm.find(MAGIC_PREFIX, start)) != -1:
         header = _header(mm, i, size)

@@ -93,6 +93,9 @@ class BucketStore:
         #: lowest and highest key they touch. A write waits for those whose keys may be its own.
         self._in_flight: dict[int, tuple[bytes, bytes]] = {}
         self._settled = threading.Condition(self.write_lock)  # notified as in-flight writes finish
+        #: The epoch of this bucket's leadership that its writes are appended under (stamped on each
+        #: changelog entry; -1: not known, e.g. a store opened outside a tablet server).
+        self.leader_epoch = -1
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -268,7 +271,7 @@ class BucketStore:
                     f"(one gRPC message; an update holds the row twice): send fewer rows per write",
                     size=records.nbytes)
             try:
-                pending = changelog.write([records])
+                pending = changelog.write([records], leader_epoch=self.leader_epoch)
             except BaseException as exc:
                 self._fail(exc)
                 raise

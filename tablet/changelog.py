@@ -31,7 +31,7 @@ import pyarrow as pa
 
 from common import config as cfg
 from common.errors import InvalidRequestError
-from common.logentry import (HEADER_SIZE, ChangelogError, CorruptLogError, LogEntry, conform, decode_entry,
+from common.logentry import (HEADER_SIZE, NO_ID, ChangelogError, CorruptLogError, LogEntry, conform, decode_entry,
                              encode_payload, frame_header, record_batch)
 from tablet import segment_files
 from tablet.log_index import SegmentIndex, first_offset_at_or_after
@@ -170,9 +170,9 @@ class Changelog:
         self.publish(pending)
         return pending.ranges
 
-    def write(self, batches: Sequence[pa.RecordBatch]) -> "PendingAppend":
-        """The first step of an append: write the entries to the file (offsets are taken), not yet
-        durable nor visible. Then :meth:`sync` (any thread; several writes may wait on one fsync),
+    def write(self, batches: Sequence[pa.RecordBatch], *, leader_epoch: int = NO_ID) -> "PendingAppend":
+        """The first step of an append: write the entries (stamped with ``leader_epoch``, the epoch of
+        the leader appending them) to the file (offsets are taken), not yet durable nor visible. Then :meth:`sync` (any thread; several writes may wait on one fsync),
         then :meth:`publish` in the order of the writes. Raises like :meth:`append_batches`; a
         failure fails every write not yet published."""
         encoded = [(b.num_rows, encode_payload(conform(b)) if b.num_rows else None) for b in batches]
@@ -196,7 +196,7 @@ class Changelog:
                         pending.rolled.append((self._active, self._write_size, base))
                         self._roll(base, pending.timestamp)
                         pending.new_segments.append(self._active)
-                    iov += [frame_header(base, count, payload, pending.timestamp), payload]
+                    iov += [frame_header(base, count, payload, pending.timestamp, leader_epoch=leader_epoch), payload]
                     pending.entries.append((self._active, base, self._write_size))
                     self._write_size += size
                     self._write_offset += count

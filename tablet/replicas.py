@@ -133,7 +133,7 @@ class ReplicaManager:
                 for key, (table, epoch) in sorted(wanted.items()):
                     replica = self._replicas.get(key)
                     if replica is not None:
-                        replica.leader_epoch = epoch
+                        replica.leader_epoch = replica.store.leader_epoch = epoch
                         continue
                     if len(self._replicas) >= self.max_buckets:
                         self.refused[key] = table
@@ -194,6 +194,7 @@ class ReplicaManager:
         store = BucketStore.from_config(self.bucket_dir(table.table_id, bucket), table, self.config,
                                         clock_ms=self.clock_ms, bucket=bucket, budget=self.budget, lazy=True,
                                         on_failure=lambda: self.unsettled.add(key))
+        store.leader_epoch = epoch  # stamped on every changelog entry it appends
         tb = TableBucket(table.table_id, bucket)
         uploader = SnapshotUploader(self.storage, tb, io_threads=self.config[cfg.SNAPSHOT_UPLOAD_THREADS],
                                     clock_ms=self.clock_ms)

@@ -1,5 +1,6 @@
-"""Append times in the changelog: entry format version 2, version-1 entries still read, timestamps that
-never go backwards, and the first offset at or after a time (``Changelog.offset_for_timestamp``)."""
+"""Append times and leader epochs in the changelog: entry format version 3, version-1 and -2 entries
+still read, timestamps that never go backwards, and the first offset at or after a time
+(``Changelog.offset_for_timestamp``)."""
 
 from __future__ import annotations
 
@@ -21,14 +22,22 @@ from tests.tablet.test_changelog import expected_rows, fill, flip_byte, log_dir,
 
 pytestmark = pytest.mark.unit
 
-#: The version-1 header, written out here rather than taken from the code under test.
+#: The version-1 and -2 headers, written out here rather than taken from the code under test.
 V1_HEADER = struct.Struct("<4sQIII")
+V2_HEADER = struct.Struct("<4sQIIqI")
 
 
 def frame_v1(base: int, records: pa.RecordBatch) -> bytes:
     """A version-1 entry of ``records`` (change_type, key, value) from offset ``base``, framed by hand."""
     payload = encode_payload(records).to_pybytes()
     head = V1_HEADER.pack(b"\xc7KL\x01", base, records.num_rows, len(payload), 0)[:20]
+    return head + struct.pack("<I", zlib.crc32(payload, zlib.crc32(head))) + payload
+
+
+def frame_v2(base: int, records: pa.RecordBatch, timestamp_ms: int) -> bytes:
+    """A version-2 entry (a timestamp, no leader epoch), framed by hand."""
+    payload = encode_payload(records).to_pybytes()
+    head = V2_HEADER.pack(b"\xc7KL\x02", base, records.num_rows, len(payload), timestamp_ms, 0)[:28]
     return head + struct.pack("<I", zlib.crc32(payload, zlib.crc32(head))) + payload
 
 
@@ -72,26 +81,60 @@ def first_at_or_after(entries: list[tuple[int, int | None]], timestamp: int, end
 # -- the entry format ----------------------------------------------------------------------------
 
 
-def test_a_v2_entry_round_trips_its_timestamp():
+def test_a_v3_entry_round_trips_its_timestamp_leader_epoch_and_writer():
     batch = record_batch(*expected_records(7, 3))
     payload = encode_payload(batch)
-    frame = frame_header(7, 3, payload, 1_700_000_000_123) + payload.to_pybytes()
+    frame = frame_header(7, 3, payload, 1_700_000_000_123, leader_epoch=5, writer_id=2**40 + 1,
+                         sequence=9) + payload.to_pybytes()
     header = read_header(frame, 0, len(frame))
-    assert (header.version, header.base_offset, header.count, header.size) == (2, 7, 3, HEADER_SIZE)
-    assert header.timestamp_ms == 1_700_000_000_123
+    assert (header.version, header.base_offset, header.count, header.size) == (3, 7, 3, HEADER_SIZE) == (3, 7, 3, 48)
+    assert (header.timestamp_ms, header.leader_epoch, header.writer_id, header.sequence) == (
+        1_700_000_000_123, 5, 2**40 + 1, 9)
     entry = decode_entry(frame)
     assert (entry.base_offset, entry.timestamp_ms, entry.records.equals(batch)) == (7, 1_700_000_000_123, True)
+    assert (entry.leader_epoch, entry.writer_id, entry.sequence) == (5, 2**40 + 1, 9)
     assert entry.timestamps().to_pylist() == [1_700_000_000_123] * 3
     sliced = decode_entry(frame, from_offset=9)
-    assert (sliced.base_offset, sliced.count, sliced.timestamp_ms) == (9, 1, 1_700_000_000_123)
+    assert (sliced.base_offset, sliced.count, sliced.timestamp_ms, sliced.leader_epoch) == (9, 1, 1_700_000_000_123, 5)
+    plain = decode_entry(frame_header(0, 3, payload, 1) + payload.to_pybytes())
+    assert (plain.leader_epoch, plain.writer_id, plain.sequence) == (-1, -1, -1)  # none given
 
 
-def test_the_crc_covers_the_timestamp():
+@pytest.mark.parametrize("byte, what", [(20, "timestamp_ms"), (28, "leader_epoch"), (32, "writer_id"),
+                                        (40, "sequence")])
+def test_the_crc_covers_the_header(byte, what):
     payload = encode_payload(record_batch(*expected_records(0, 2)))
-    frame = bytearray(frame_header(0, 2, payload, 1_000) + payload.to_pybytes())
-    frame[20] ^= 0x01  # the low byte of timestamp_ms
+    frame = bytearray(frame_header(0, 2, payload, 1_000, leader_epoch=3, writer_id=4, sequence=5)
+                      + payload.to_pybytes())
+    frame[byte] ^= 0x01  # the low byte of the field
     with pytest.raises(CorruptLogError, match="CRC"):
         decode_entry(bytes(frame))
+
+
+def test_a_hand_framed_v2_entry_still_decodes_with_its_timestamp_and_no_leader_epoch():
+    batch = record_batch(*expected_records(3, 4))
+    frame = frame_v2(3, batch, 1_234)
+    header = read_header(frame, 0, len(frame))
+    assert (header.version, header.size, header.timestamp_ms, header.leader_epoch) == (2, 32, 1_234, -1)
+    entry = decode_entry(frame, from_offset=5)
+    assert (entry.base_offset, entry.count, entry.timestamp_ms) == (5, 2, 1_234)
+    assert (entry.leader_epoch, entry.writer_id, entry.sequence) == (-1, -1, -1)
+    assert entry.batch.to_pylist() == expected_rows(5, 7)
+
+
+def test_a_changelog_of_v2_entries_opens_and_goes_on_in_v3(log_dir):
+    frames = [frame_v2(0, record_batch(*expected_records(0, 2)), 1_000),
+              frame_v2(2, record_batch(*expected_records(2, 3)), 1_100)]
+    (Path(log_dir) / f"{0:020d}.log").write_bytes(b"".join(frames))
+    with Changelog(log_dir, segment_bytes=1 << 20, clock_ms=lambda: 2_000) as log:
+        assert (log.start_offset, log.end_offset) == (0, 5)
+        log.publish(log.write([record_batch(*expected_records(5, 2))], leader_epoch=7))
+        entries = list(log.read(0, 1 << 30))
+        assert [(e.base_offset, e.timestamp_ms, e.leader_epoch) for e in entries] == [
+            (0, 1_000, -1), (2, 1_100, -1), (5, 2_000, 7)]
+        assert read_all(log) == expected_rows(0, 7)
+    with Changelog(log_dir, segment_bytes=1 << 20) as log:  # reopened: recovery reads both versions
+        assert log.end_offset == 7 and read_all(log) == expected_rows(0, 7)
 
 
 def test_a_hand_framed_v1_entry_still_decodes_without_a_timestamp():

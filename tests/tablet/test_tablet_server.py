@@ -136,6 +136,11 @@ def test_writes_lookups_changelog_and_not_leader(cluster, tmp_path):
     before = codec.decode_values([records[2]["value"]]).to_pylist()
     assert before == [{"id": 1, "v": "a"}]
     assert response.log_end_offset == 5
+    # every entry carries the epoch of the leadership it was appended under
+    epoch = c.leaders(table.table_id)[0].leader_epoch
+    raw = stub.FetchLog(pb.FetchLogRequest(table_id=table.table_id, bucket=0, from_offset=0, max_bytes=1 << 20),
+                        timeout=10)
+    assert epoch >= 0 and [decode_entry(e).leader_epoch for e in raw.entries] == [epoch, epoch]
     # a bad batch is rejected whole
     bad = pb.PutKvRequest(table_id=table.table_id, bucket=0, upserts=b"not arrow")
     assert stub.PutKv(bad, timeout=5).error.code == errors.ErrorCode.INVALID_ROW
