@@ -16,8 +16,9 @@ mark the cached assignment stale; the next attempt fetches it again. Every
 retriable error (:data:`common.errors.RETRIABLE`) is retried with bounded
 exponential backoff and jitter (tenacity) for ``retry_total_s`` in all, then
 the last error is raised. Every wire error code becomes its typed exception
-(:func:`common.errors.error_for`); a write that timed out raises
-:class:`~common.errors.OutcomeUnknownError` and is not retried.
+(:func:`common.errors.error_for`). Writes are idempotent (:mod:`client.idempotent`:
+a writer id and a batch number per bucket), so a write that timed out is
+retried like a read and applied once.
 
 Bad rows raise :class:`~common.errors.InvalidRowError` naming the row and
 column before anything is sent (:mod:`client.table_input`) (the server checks again and rejects a bad
@@ -35,6 +36,7 @@ import numpy as np
 import pyarrow as pa
 import tenacity
 
+from client.idempotent import Writers
 from common import config as cfg
 from common import errors
 from common.proto import tablet_pb2 as pb
@@ -80,6 +82,7 @@ class TableClient:
         self._lock = threading.Lock()
         self._closed = False
         self._pool: ThreadPoolExecutor | None = None
+        self._writers = Writers()  # idempotent writes: a writer id and batch numbers per bucket
         table_id = table if isinstance(table, int) else admin.get_table(table).table_id
         self.router = BucketRouter(admin, table_id)
         self.codec = RowCodec(self.table)
@@ -202,10 +205,12 @@ class TableClient:
         def write_bucket(part) -> tuple[int, int]:
             bucket, rows, _ = part
             offsets = []
-            for chunk in _chunks(rows):
-                request = pb.PutKvRequest(table_id=table_id, bucket=bucket, **{field: batch_to_ipc(chunk)})
-                response = self._call_bucket(bucket, "PutKv", request, idempotent=False)
-                offsets.append((response.base_offset, response.next_offset))
+            with self._writers.use(bucket) as writer:  # its batches one at a time, in order
+                for chunk in _chunks(rows):
+                    request = pb.PutKvRequest(table_id=table_id, bucket=bucket, **{field: batch_to_ipc(chunk)})
+                    response = writer.send(request, lambda: self._call_bucket(bucket, "PutKv", request,
+                                                                              idempotent=True))
+                    offsets.append((response.base_offset, response.next_offset))
             return offsets[0][0], offsets[-1][1]
 
         results = self.map_parallel(write_bucket, parts)

@@ -188,6 +188,9 @@ MAX_ROW_SIZE = _key("table.max-row-size", "8mb", _parse_row_size,
                     "RECORD_TOO_LARGE (at most 127mb: an update's changelog entry holds the row twice)")
 LOG_RETENTION = _key("log.retention", "7d", parse_duration_ms,
                      "keep changelog this long beyond what kept snapshots need")
+WRITER_ID_EXPIRATION = _key("writer.id.expiration", "1d", parse_duration_ms,
+                            "how long a bucket remembers an idempotent writer after its last write (a write resent "
+                            "later than that is taken for a new one)")
 
 # --- live scans (tablet servers) -------------------------------------------------
 SCANNER_TTL = _key("kv.scanner.ttl", "10m", parse_duration_ms, "an idle scanner session is closed after this long")

@@ -61,6 +61,7 @@ class ErrorCode(enum.IntEnum):
     USER_ALREADY_EXISTS = 29
     ZOOKEEPER_UNAVAILABLE = 30
     LEASE_OWNED = 31
+    OUT_OF_ORDER_SEQUENCE = 32
 
 
 class KvLeaseError(Exception):
@@ -197,6 +198,13 @@ class LeaseOwnedError(KvLeaseError):
     """
 
     code = ErrorCode.LEASE_OWNED
+
+
+class OutOfOrderSequenceError(InvalidRequestError):
+    """An idempotent write's batch number is not the next one of its writer (a gap, or a writer the
+    bucket does not know): nothing was appended. The writer takes a new id and numbers from 0 again."""
+
+    code = ErrorCode.OUT_OF_ORDER_SEQUENCE
 
 
 class SnapshotNotFoundError(NotFoundError):

@@ -43,17 +43,19 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from common import config as cfg
-from common.errors import InvalidRequestError, InvalidRowError, RecordTooLargeError, show
+from common import errors
+from common.errors import InvalidRequestError, RecordTooLargeError
 from common.limits import MAX_ENTRY_BYTES, MAX_ROW_SIZE_BOUND
 from common.tables import TableInfo
 from common.logentry import LogEntry
-from tablet import change_records
+from tablet import change_records, write_checks
 from tablet.bucket_files import Backoff, BucketFiles, FileSettings
 from tablet.changelog import Changelog, SegmentInfo
 from tablet.key_ranges import key_range
 from tablet.open_buckets import OpenBuckets
-from common.codec import RowCodec, bucket_array
-from common.codec_arrays import value_offsets
+from tablet.replication.sequences import Duplicate, OutOfOrder
+from tablet.writer_sequences import DEFAULT_WRITER_EXPIRATION_MS, WriterSequences
+from common.codec import RowCodec
 from tablet.kvstore import (APPLIED_KEY, META_CF, BucketStoreError, KvSnapshot, KvStore, PreparedWrite,
                             checkpoint_log_offset)
 
@@ -62,6 +64,10 @@ __all__ = ["APPLIED_KEY", "META_CF", "BucketStore", "BucketStoreError", "KvSnaps
 log = logging.getLogger(__name__)
 
 _EMPTY = pa.array([], pa.binary())
+
+
+def _wall_ms() -> int:
+    return int(time.time() * 1000)
 
 
 class BucketStore:
@@ -96,6 +102,8 @@ class BucketStore:
         #: The epoch of this bucket's leadership that its writes are appended under (stamped on each
         #: changelog entry; -1: not known, e.g. a store opened outside a tablet server).
         self.leader_epoch = -1
+        #: Idempotent writers' batches in the changelog (``writer.id.expiration``: from_config sets it).
+        self.writers = WriterSequences(DEFAULT_WRITER_EXPIRATION_MS, files.settings.clock_ms or _wall_ms)
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -140,9 +148,11 @@ class BucketStore:
                     budget: OpenBuckets | None = None, lazy: bool = False,
                     on_failure: Callable[[], None] | None = None) -> "BucketStore":
         backoff = Backoff(config[cfg.BUCKET_REOPEN_BACKOFF] / 1000.0, config[cfg.BUCKET_REOPEN_BACKOFF_MAX] / 1000.0)
-        return cls.open(dir, table, segment_bytes=config[cfg.LOG_SEGMENT_BYTES], fsync=config[cfg.LOG_FLUSH_FSYNC],
-                        clock_ms=clock_ms, bucket=bucket, max_row_bytes=config[cfg.MAX_ROW_SIZE], budget=budget,
-                        backoff=backoff, lazy=lazy, on_failure=on_failure)
+        store = cls.open(dir, table, segment_bytes=config[cfg.LOG_SEGMENT_BYTES], fsync=config[cfg.LOG_FLUSH_FSYNC],
+                         clock_ms=clock_ms, bucket=bucket, max_row_bytes=config[cfg.MAX_ROW_SIZE], budget=budget,
+                         backoff=backoff, lazy=lazy, on_failure=on_failure)
+        store.writers.expiration_ms = config[cfg.WRITER_ID_EXPIRATION]
+        return store
 
     def close(self) -> None:
         """Close the open snapshots, RocksDB (flushing it) and the changelog. Idempotent."""
@@ -200,8 +210,12 @@ class BucketStore:
 
     # --- writes ----------------------------------------------------------------------------
 
-    def write(self, upserts: pa.RecordBatch | None = None, deletes: pa.RecordBatch | None = None) -> tuple[int, int]:
+    def write(self, upserts: pa.RecordBatch | None = None, deletes: pa.RecordBatch | None = None, *,
+              writer: tuple[int, int] | None = None) -> tuple[int, int]:
         """Upsert then delete rows; returns the changelog ``(base_offset, next_offset)`` written.
+
+        ``writer``: ``(writer id, sequence)`` of an idempotent batch (:mod:`tablet.writer_sequences`;
+        a resent one is answered with its offsets once published; a no-op records no sequence).
 
         ``upserts`` are full rows (missing non-key columns are null),
         ``deletes`` the primary-key columns of the rows to delete (other
@@ -223,12 +237,12 @@ class BucketStore:
         if upserts is not None:
             keys, up_values = self.codec.encode_arrays(upserts)
             key_list = keys.to_pylist()
-            self._check_bucket(key_list, "upsert")
-            self._check_row_sizes(keys, up_values)
+            write_checks.check_bucket(self.codec, self.bucket, key_list, "upsert")
+            write_checks.check_row_sizes(self.codec, self.max_row_bytes, keys, up_values)
         if deletes is not None:
             del_keys = self.codec.encode_key_array(deletes)
             del_list = del_keys.to_pylist()
-            self._check_bucket(del_list, "delete")
+            write_checks.check_bucket(self.codec, self.bucket, del_list, "delete")
             if del_list:
                 keys = pa.concat_arrays([keys, del_keys]) if key_list else del_keys
                 key_list = key_list + del_list
@@ -238,10 +252,10 @@ class BucketStore:
                     self.files.check_writable()
                     end = changelog.end_offset
                     return end, end
-            return self._write(changelog, kv, keys, up_values, key_list)
+            return self._write(changelog, kv, keys, up_values, key_list, writer)
 
     def _write(self, changelog: Changelog, kv: KvStore, keys: pa.Array, up_values: pa.Array,
-               key_list: list[bytes]) -> tuple[int, int]:
+               key_list: list[bytes], writer: tuple[int, int] | None) -> tuple[int, int]:
         n_up, prepared = len(up_values), None
         increasing = change_records.increasing(keys)
         bounds = (key_list[0], key_list[-1]) if increasing else key_range(keys)
@@ -252,6 +266,8 @@ class BucketStore:
                                   bounds if n_up == len(key_list) else None)
         with self.write_lock:
             self.files.check_writable()
+            if writer is not None and (done := self._resent(changelog, writer)) is not None:
+                return done
             while any(lo <= bounds[1] and bounds[0] <= hi for lo, hi in self._in_flight.values()):
                 self._settled.wait()  # an earlier write not yet applied may hold keys of this one
                 self.files.check_writable()
@@ -271,11 +287,13 @@ class BucketStore:
                     f"(one gRPC message; an update holds the row twice): send fewer rows per write",
                     size=records.nbytes)
             try:
-                pending = changelog.write([records], leader_epoch=self.leader_epoch)
+                pending = changelog.write([records], leader_epoch=self.leader_epoch, writer=writer)
             except BaseException as exc:
                 self._fail(exc)
                 raise
             (base, nxt), = pending.ranges
+            if writer is not None:
+                self.writers.record(*writer, base, nxt, pending.timestamp)
             self._in_flight[base] = bounds
         try:
             changelog.sync(pending)  # unlocked: the next write reads and writes meanwhile; one fsync may cover both
@@ -314,43 +332,32 @@ class BucketStore:
                                    f"but RocksDB failed to apply them ({exc!r}); the bucket is reopened "
                                    f"to replay them", dir=self.dir) from exc
 
+    def _resent(self, changelog: Changelog, writer: tuple[int, int]) -> tuple[int, int] | None:
+        """The offsets of ``writer``'s batch if it was appended before (waiting until they are published),
+        None if it is the next one. Raises OutOfOrderSequenceError otherwise. Hold the lock."""
+        try:
+            outcome = self.writers.check(changelog, *writer)
+        except ValueError as exc:
+            raise InvalidRequestError(f"idempotent write: {exc}") from None
+        if isinstance(outcome, Duplicate):
+            while changelog.end_offset <= outcome.last_offset and self.files.failure is None:
+                self._settled.wait()  # the original is not published yet: answer once it is
+            self.files.check_writable()
+            return outcome.base_offset, outcome.last_offset + 1
+        if isinstance(outcome, OutOfOrder):
+            raise errors.OutOfOrderSequenceError(
+                f"writer {writer[0]}: batch {writer[1]} is out of order for bucket {self.dir} (expected "
+                f"batch {outcome.expected}); nothing was appended: take a new writer id", expected=outcome.expected)
+        return None
+
     def _fail(self, exc: BaseException) -> None:
         """The store refuses writes until reopened; writes waiting their turn give up. Hold the lock."""
         self.files.fail(exc)
+        self.writers.reset()  # entries not synced may be gone: built again from the changelog
         self._settled.notify_all()
 
     def _apply(self, kv: KvStore, prepared: PreparedWrite, next_offset: int) -> None:
         kv.commit(prepared, next_offset)
-
-    def _check_bucket(self, keys: list[bytes], what: str) -> None:
-        """InvalidRowError naming the first key that does not hash to this store's bucket."""
-        if self.bucket is None or not keys or self.table.buckets == 1:
-            return  # one bucket: every key is its
-        n = self.table.buckets
-        buckets = bucket_array(keys, n)
-        wrong = np.flatnonzero(buckets != self.bucket)
-        if not wrong.size:
-            return
-        i = int(wrong[0])
-        key = self.codec.decode_keys([keys[i]]).to_pylist()[0]
-        raise InvalidRowError(f"{what} row {i} (key {show(key)}) belongs to bucket {int(buckets[i])} of table "
-                              f"{self.table.table_id}, not to bucket {self.bucket}; {len(wrong)} of {len(keys)} "
-                              f"rows are of another bucket (bucket = crc32(encoded key) % {n})",
-                              row=i, bucket=int(buckets[i]))
-
-    def _check_row_sizes(self, keys: pa.Array, values: pa.Array) -> None:
-        """RecordTooLargeError naming the first row whose encoded key + value exceeds ``max_row_bytes``."""
-        if not len(keys):
-            return
-        sizes = np.diff(value_offsets(keys)).astype(np.int64) + np.diff(value_offsets(values))
-        big = np.flatnonzero(sizes > self.max_row_bytes)
-        if not big.size:
-            return
-        i = int(big[0])
-        key = self.codec.decode_keys(keys.slice(i, 1)).to_pylist()[0]
-        raise RecordTooLargeError(f"upsert row {i} (key {show(key)}) is {int(sizes[i])} bytes, over the limit of "
-                                  f"{self.max_row_bytes} bytes (table.max-row-size); {big.size} of {len(keys)} "
-                                  f"rows are too large", row=i, size=int(sizes[i]))
 
     # --- reads -----------------------------------------------------------------------------
 
@@ -362,7 +369,7 @@ class BucketStore:
         Raises InvalidRowError for a bad key batch.
         """
         encoded = self.codec.encode_keys(keys)
-        self._check_bucket(encoded, "lookup")
+        write_checks.check_bucket(self.codec, self.bucket, encoded, "lookup")
         with self.files.use() as (_changelog, kv):
             values = pa.array(kv.get(encoded), pa.binary())
         found = values.is_valid().to_numpy(zero_copy_only=False)

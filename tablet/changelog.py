@@ -170,11 +170,17 @@ class Changelog:
         self.publish(pending)
         return pending.ranges
 
-    def write(self, batches: Sequence[pa.RecordBatch], *, leader_epoch: int = NO_ID) -> "PendingAppend":
+    def write(self, batches: Sequence[pa.RecordBatch], *, leader_epoch: int = NO_ID,
+              writer: tuple[int, int] | None = None) -> "PendingAppend":
         """The first step of an append: write the entries (stamped with ``leader_epoch``, the epoch of
-        the leader appending them) to the file (offsets are taken), not yet durable nor visible. Then :meth:`sync` (any thread; several writes may wait on one fsync),
+        the leader appending them, and with ``writer``'s ``(writer id, sequence)`` when it is an
+        idempotent writer's batch: one batch then) to the file (offsets are taken), not yet durable
+        nor visible. Then :meth:`sync` (any thread; several writes may wait on one fsync),
         then :meth:`publish` in the order of the writes. Raises like :meth:`append_batches`; a
         failure fails every write not yet published."""
+        if writer is not None and len(batches) != 1:
+            raise ValueError(f"an idempotent writer's append is one batch, not {len(batches)}")
+        writer_id, sequence = writer if writer is not None else (NO_ID, NO_ID)
         encoded = [(b.num_rows, encode_payload(conform(b)) if b.num_rows else None) for b in batches]
         for _, payload in encoded:
             if payload is not None and len(payload) > 0xFFFFFFFF:
@@ -196,7 +202,8 @@ class Changelog:
                         pending.rolled.append((self._active, self._write_size, base))
                         self._roll(base, pending.timestamp)
                         pending.new_segments.append(self._active)
-                    iov += [frame_header(base, count, payload, pending.timestamp, leader_epoch=leader_epoch), payload]
+                    iov += [frame_header(base, count, payload, pending.timestamp, leader_epoch=leader_epoch,
+                                         writer_id=writer_id, sequence=sequence), payload]
                     pending.entries.append((self._active, base, self._write_size))
                     self._write_size += size
                     self._write_offset += count

@@ -73,7 +73,10 @@ class TabletService(pb_grpc.TabletServiceServicer):
             upserts, deletes = _batch(request.upserts), _batch(request.deletes)
             if upserts is None and deletes is None:
                 raise errors.InvalidRequestError("PutKv needs rows to upsert or keys to delete")
-            base, next_ = replica.store.write(upserts, deletes)
+            if request.writer_id < 0:
+                raise errors.InvalidRequestError(f"writer_id must be > 0 (0: not idempotent), got {request.writer_id}")
+            writer = (request.writer_id, request.sequence) if request.writer_id else None
+            base, next_ = replica.store.write(upserts, deletes, writer=writer)
             return {"base_offset": base, "next_offset": next_}
         return _answer(pb.PutKvResponse, work)
 

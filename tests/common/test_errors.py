@@ -46,6 +46,7 @@ PINNED = {
     "USER_ALREADY_EXISTS": 29,
     "ZOOKEEPER_UNAVAILABLE": 30,
     "LEASE_OWNED": 31,
+    "OUT_OF_ORDER_SEQUENCE": 32,
 }
 
 #: The exception class each code decodes to.
@@ -81,6 +82,7 @@ CLASSES = {
     ErrorCode.USER_ALREADY_EXISTS: errors.UserAlreadyExistsError,
     ErrorCode.ZOOKEEPER_UNAVAILABLE: errors.ZooKeeperUnavailableError,
     ErrorCode.LEASE_OWNED: errors.LeaseOwnedError,
+    ErrorCode.OUT_OF_ORDER_SEQUENCE: errors.OutOfOrderSequenceError,
 }
 
 

@@ -1,0 +1,44 @@
+"""What a bucket checks of a write before anything is appended: each key is of its bucket, and no row
+is over ``table.max-row-size``. Each failure names the first offending row; nothing is written."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from common.codec import RowCodec, bucket_array
+from common.codec_arrays import value_offsets
+from common.errors import InvalidRowError, RecordTooLargeError, show
+
+
+def check_bucket(codec: RowCodec, bucket: int | None, keys: list[bytes], what: str) -> None:
+    """InvalidRowError naming the first encoded key that does not hash to ``bucket`` (None: not checked)."""
+    table = codec.table
+    if bucket is None or not keys or table.buckets == 1:
+        return  # one bucket: every key is its
+    n = table.buckets
+    buckets = bucket_array(keys, n)
+    wrong = np.flatnonzero(buckets != bucket)
+    if not wrong.size:
+        return
+    i = int(wrong[0])
+    key = codec.decode_keys([keys[i]]).to_pylist()[0]
+    raise InvalidRowError(f"{what} row {i} (key {show(key)}) belongs to bucket {int(buckets[i])} of table "
+                          f"{table.table_id}, not to bucket {bucket}; {len(wrong)} of {len(keys)} "
+                          f"rows are of another bucket (bucket = crc32(encoded key) % {n})",
+                          row=i, bucket=int(buckets[i]))
+
+
+def check_row_sizes(codec: RowCodec, max_row_bytes: int, keys: pa.Array, values: pa.Array) -> None:
+    """RecordTooLargeError naming the first row whose encoded key + value exceeds ``max_row_bytes``."""
+    if not len(keys):
+        return
+    sizes = np.diff(value_offsets(keys)).astype(np.int64) + np.diff(value_offsets(values))
+    big = np.flatnonzero(sizes > max_row_bytes)
+    if not big.size:
+        return
+    i = int(big[0])
+    key = codec.decode_keys(keys.slice(i, 1)).to_pylist()[0]
+    raise RecordTooLargeError(f"upsert row {i} (key {show(key)}) is {int(sizes[i])} bytes, over the limit of "
+                              f"{max_row_bytes} bytes (table.max-row-size); {big.size} of {len(keys)} "
+                              f"rows are too large", row=i, size=int(sizes[i]))
