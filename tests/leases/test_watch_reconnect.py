@@ -44,13 +44,18 @@ from tests.leases.test_lease_persistence import Clock, call, commit, make_table,
 pytestmark = [pytest.mark.timeout(180)]
 
 HOUR_MS = 3_600_000
+SESSION_S = 30  # outlives a node's restart
+#: How long a client may take to reconnect to a restarted node: a connect attempt that reaches the
+#: node in the instant between its port opening and it serving gets no answer, and kazoo waits
+#: the session timeout divided by the hosts it knows (one here) before it tries again.
+RECONNECT_S = SESSION_S + 15
 
 
 def _config(address: str, zk_root: str, remote_dir: str) -> Config:
     """A session that outlives a node's restart: the connection is lost, the session is not (a lost
     session reloads everything, a path tests/leases/test_lease_mirror.py covers)."""
     return Config({**TEST_DEFAULTS, "zookeeper.address": address, "zookeeper.path.root": zk_root,
-                   "zookeeper.session-timeout": "30s", "remote.data.dir": f"file://{remote_dir}"}, env={})
+                   "zookeeper.session-timeout": f"{SESSION_S}s", "remote.data.dir": f"file://{remote_dir}"}, env={})
 
 
 class Faults:
@@ -79,7 +84,7 @@ class Faults:
             while_away()
             assert not cache.connected
         self.zk.restart(self.cache_index)
-        wait_until(lambda: cache.connected, 30, "the cache's client reconnected")
+        wait_until(lambda: cache.connected, RECONNECT_S, "the cache's client reconnected")
         _writable(writer)
         if self.kind == "restart":
             while_away()
