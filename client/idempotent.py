@@ -48,26 +48,28 @@ class BucketWriter:
 
     def send(self, request, call: Callable[[], object]):
         """``call()`` with ``request`` (a PutKvRequest) numbered as this writer's next batch; its response."""
-        for attempt in range(2):
-            if self.sequence > MAX_SEQUENCE:
-                self.renew()
-            request.writer_id, request.sequence = self.writer_id, self.sequence
-            try:
-                response = call()
-            except errors.OutOfOrderSequenceError:
-                self.renew()  # nothing was appended: a new writer sends it again, once
-                if attempt:
-                    raise
-                continue
-            except errors.InvalidRequestError:
-                raise  # refused before anything was appended: the number stays free
-            except BaseException:
-                self.renew()  # the outcome is unknown: never use this number for other rows
-                raise
-            if response.next_offset > response.base_offset:
-                self.sequence += 1
-            return response
-        raise AssertionError("unreachable")
+        try:
+            response = self._send_once(request, call)
+        except errors.OutOfOrderSequenceError:  # nothing was appended: the new writer sends it again, once
+            response = self._send_once(request, call)
+        if response.next_offset > response.base_offset:
+            self.sequence += 1
+        return response
+
+    def _send_once(self, request, call: Callable[[], object]):
+        if self.sequence > MAX_SEQUENCE:
+            self.renew()
+        request.writer_id, request.sequence = self.writer_id, self.sequence
+        try:
+            return call()
+        except errors.OutOfOrderSequenceError:
+            self.renew()  # nothing was appended; the caller decides whether to send again
+            raise
+        except errors.InvalidRequestError:
+            raise  # refused before anything was appended: the number stays free
+        except BaseException:
+            self.renew()  # the outcome is unknown: never use this number for other rows
+            raise
 
 
 class Writers:

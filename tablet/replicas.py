@@ -48,13 +48,21 @@ log = logging.getLogger(__name__)
 class Replica:
     table: TableInfo
     bucket: int
-    leader_epoch: int
     store: BucketStore
     uploader: SnapshotUploader
     next_snapshot_id: int = 1
     snapshot_offset: int = -1  # log offset of the last committed snapshot (-1: none)
     snapshot_lock: threading.Lock = field(default_factory=threading.Lock)
     base_known: bool = False  # the latest committed snapshot was asked of the coordinator
+
+    @property
+    def leader_epoch(self) -> int:
+        """The epoch of this server's leadership of the bucket: its store stamps it on every entry."""
+        return self.store.leader_epoch
+
+    @leader_epoch.setter
+    def leader_epoch(self, epoch: int) -> None:
+        self.store.leader_epoch = epoch
 
     @property
     def tb(self) -> TableBucket:
@@ -133,7 +141,7 @@ class ReplicaManager:
                 for key, (table, epoch) in sorted(wanted.items()):
                     replica = self._replicas.get(key)
                     if replica is not None:
-                        replica.leader_epoch = replica.store.leader_epoch = epoch
+                        replica.leader_epoch = epoch
                         continue
                     if len(self._replicas) >= self.max_buckets:
                         self.refused[key] = table
@@ -198,7 +206,7 @@ class ReplicaManager:
         tb = TableBucket(table.table_id, bucket)
         uploader = SnapshotUploader(self.storage, tb, io_threads=self.config[cfg.SNAPSHOT_UPLOAD_THREADS],
                                     clock_ms=self.clock_ms)
-        return Replica(table, bucket, epoch, store, uploader)
+        return Replica(table, bucket, store, uploader)
 
     def learn_base(self, replica: Replica) -> None:
         """Learn the bucket's latest committed snapshot from the coordinator, once: the next snapshot
