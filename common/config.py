@@ -192,6 +192,25 @@ WRITER_ID_EXPIRATION = _key("writer.id.expiration", "1d", parse_duration_ms,
                             "how long a bucket remembers an idempotent writer after its last write (a write resent "
                             "later than that is taken for a new one)")
 
+# --- replication (DESIGN.md "Replication") ------------------------------------------
+DEFAULT_REPLICATION_FACTOR = _key("default.replication-factor", 1, _parse_int,
+                                  "replicas per bucket of a table created without --replication-factor")
+DEFAULT_MIN_INSYNC_REPLICAS = _key("min.insync-replicas", 1, _parse_int,
+                                   "in-sync replicas a write needs, for a table created without its own "
+                                   "(fewer: NOT_ENOUGH_REPLICAS, nothing appended)")
+REPLICA_FETCH_WAIT_MAX = _key("replica.fetch.wait-max", "500ms", parse_duration_ms,
+                              "longest a follower's fetch waits at the leader for new entries (it returns as "
+                              "soon as there are some)")
+REPLICA_FETCH_MAX_BYTES = _key("replica.fetch.max-bytes", "4mb", parse_size,
+                               "changelog bytes one follower fetch asks for")
+REPLICA_MAX_LAG = _key("replica.max-lag", "10s", parse_duration_ms,
+                       "a follower not caught up to the leader's log end for this long leaves the ISR")
+UNCLEAN_LEADER_ELECTION = _key("unclean.leader-election", False, _parse_bool,
+                               "with no live in-sync replica, let an out-of-sync one lead (its missing writes "
+                               "are lost: logged and counted)")
+CONTROLLED_SHUTDOWN_TIMEOUT = _key("tablet.controlled-shutdown.timeout", "30s", parse_duration_ms,
+                                   "how long a stopping tablet server waits for its leaderships to move away")
+
 # --- live scans (tablet servers) -------------------------------------------------
 SCANNER_TTL = _key("kv.scanner.ttl", "10m", parse_duration_ms, "an idle scanner session is closed after this long")
 SCANNER_EXPIRATION_INTERVAL = _key("kv.scanner.expiration-interval", "30s", parse_duration_ms,

@@ -62,6 +62,8 @@ class ErrorCode(enum.IntEnum):
     ZOOKEEPER_UNAVAILABLE = 30
     LEASE_OWNED = 31
     OUT_OF_ORDER_SEQUENCE = 32
+    NOT_ENOUGH_REPLICAS = 33
+    FENCED_LEADER_EPOCH = 34
 
 
 class KvLeaseError(Exception):
@@ -134,6 +136,21 @@ class CoordinatorFencedError(KvLeaseError):
 
 class NotLeaderError(RetriableError):
     code = ErrorCode.NOT_LEADER
+
+
+class NotEnoughReplicasError(RetriableError):
+    """The bucket's in-sync replicas are fewer than its table's ``min.insync-replicas``: the write was
+    refused before anything was appended. It succeeds once enough followers caught up again."""
+
+    code = ErrorCode.NOT_ENOUGH_REPLICAS
+
+
+class FencedLeaderEpochError(RetriableError):
+    """The request names a leader epoch older than the bucket's current one (a deposed leader, or a
+    caller with stale routing): refused; refresh the bucket's leader and retry.
+    ``details['leader_epoch']``: the current epoch, when known."""
+
+    code = ErrorCode.FENCED_LEADER_EPOCH
 
 
 class InvalidRequestError(KvLeaseError):

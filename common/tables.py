@@ -29,6 +29,9 @@ class TableInfo:
     primary_key: tuple[str, ...]
     buckets: int
     created_ms: int = 0
+    #: Replicas per bucket (DESIGN.md "Replication"), and the in-sync replicas a write needs.
+    replication_factor: int = 1
+    min_insync_replicas: int = 1
 
     @property
     def path(self) -> str:
@@ -46,6 +49,8 @@ class TableInfo:
             "primary_key": list(self.primary_key),
             "buckets": self.buckets,
             "created_ms": self.created_ms,
+            "replication_factor": self.replication_factor,
+            "min_insync_replicas": self.min_insync_replicas,
         }
 
     @classmethod
@@ -58,6 +63,8 @@ class TableInfo:
             primary_key=tuple(data["primary_key"]),
             buckets=int(data["buckets"]),
             created_ms=int(data.get("created_ms", 0)),
+            replication_factor=int(data.get("replication_factor", 1)),
+            min_insync_replicas=int(data.get("min_insync_replicas", 1)),
         )
 
 

@@ -63,12 +63,14 @@ def table_to_pb(table: TableInfo) -> pb.TableInfoPb:
     return pb.TableInfoPb(
         table_id=table.table_id, database=table.database, name=table.name,
         columns=[{"name": c.name, "type": c.type} for c in table.columns],
-        primary_key=list(table.primary_key), buckets=table.buckets, created_ms=table.created_ms)
+        primary_key=list(table.primary_key), buckets=table.buckets, created_ms=table.created_ms,
+        replication_factor=table.replication_factor, min_insync_replicas=table.min_insync_replicas)
 
 
 def table_from_pb(msg: pb.TableInfoPb) -> TableInfo:
     return TableInfo(msg.table_id, msg.database, msg.name, tuple(Column(c.name, c.type) for c in msg.columns),
-                     tuple(msg.primary_key), msg.buckets, msg.created_ms)
+                     tuple(msg.primary_key), msg.buckets, msg.created_ms,
+                     max(1, msg.replication_factor), max(1, msg.min_insync_replicas))
 
 
 def handle_to_pb(handle: SnapshotHandle, leased_by: Iterable[str] = (), retained: bool = True) -> pb.KvSnapshotPb:

@@ -119,6 +119,16 @@ class CoordinatorServiceStub:
                 request_serializer=common_dot_proto_dot_coordinator__pb2.ListTabletServersRequest.SerializeToString,
                 response_deserializer=common_dot_proto_dot_coordinator__pb2.ListTabletServersResponse.FromString,
                 _registered_method=True)
+        self.AlterIsr = channel.unary_unary(
+                '/kvlease.CoordinatorService/AlterIsr',
+                request_serializer=common_dot_proto_dot_coordinator__pb2.AlterIsrRequest.SerializeToString,
+                response_deserializer=common_dot_proto_dot_coordinator__pb2.AlterIsrResponse.FromString,
+                _registered_method=True)
+        self.ControlledShutdown = channel.unary_unary(
+                '/kvlease.CoordinatorService/ControlledShutdown',
+                request_serializer=common_dot_proto_dot_coordinator__pb2.ControlledShutdownRequest.SerializeToString,
+                response_deserializer=common_dot_proto_dot_coordinator__pb2.ControlledShutdownResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServiceServicer:
@@ -226,6 +236,18 @@ class CoordinatorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AlterIsr(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ControlledShutdown(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -313,6 +335,16 @@ def add_CoordinatorServiceServicer_to_server(servicer, server):
                     servicer.ListTabletServers,
                     request_deserializer=common_dot_proto_dot_coordinator__pb2.ListTabletServersRequest.FromString,
                     response_serializer=common_dot_proto_dot_coordinator__pb2.ListTabletServersResponse.SerializeToString,
+            ),
+            'AlterIsr': grpc.unary_unary_rpc_method_handler(
+                    servicer.AlterIsr,
+                    request_deserializer=common_dot_proto_dot_coordinator__pb2.AlterIsrRequest.FromString,
+                    response_serializer=common_dot_proto_dot_coordinator__pb2.AlterIsrResponse.SerializeToString,
+            ),
+            'ControlledShutdown': grpc.unary_unary_rpc_method_handler(
+                    servicer.ControlledShutdown,
+                    request_deserializer=common_dot_proto_dot_coordinator__pb2.ControlledShutdownRequest.FromString,
+                    response_serializer=common_dot_proto_dot_coordinator__pb2.ControlledShutdownResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -774,6 +806,60 @@ class CoordinatorService:
             '/kvlease.CoordinatorService/ListTabletServers',
             common_dot_proto_dot_coordinator__pb2.ListTabletServersRequest.SerializeToString,
             common_dot_proto_dot_coordinator__pb2.ListTabletServersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AlterIsr(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvlease.CoordinatorService/AlterIsr',
+            common_dot_proto_dot_coordinator__pb2.AlterIsrRequest.SerializeToString,
+            common_dot_proto_dot_coordinator__pb2.AlterIsrResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ControlledShutdown(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvlease.CoordinatorService/ControlledShutdown',
+            common_dot_proto_dot_coordinator__pb2.ControlledShutdownRequest.SerializeToString,
+            common_dot_proto_dot_coordinator__pb2.ControlledShutdownResponse.FromString,
             options,
             channel_credentials,
             insecure,

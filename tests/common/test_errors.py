@@ -47,6 +47,8 @@ PINNED = {
     "ZOOKEEPER_UNAVAILABLE": 30,
     "LEASE_OWNED": 31,
     "OUT_OF_ORDER_SEQUENCE": 32,
+    "NOT_ENOUGH_REPLICAS": 33,
+    "FENCED_LEADER_EPOCH": 34,
 }
 
 #: The exception class each code decodes to.
@@ -83,6 +85,8 @@ CLASSES = {
     ErrorCode.ZOOKEEPER_UNAVAILABLE: errors.ZooKeeperUnavailableError,
     ErrorCode.LEASE_OWNED: errors.LeaseOwnedError,
     ErrorCode.OUT_OF_ORDER_SEQUENCE: errors.OutOfOrderSequenceError,
+    ErrorCode.NOT_ENOUGH_REPLICAS: errors.NotEnoughReplicasError,
+    ErrorCode.FENCED_LEADER_EPOCH: errors.FencedLeaderEpochError,
 }
 
 
@@ -156,7 +160,7 @@ def test_what_callers_retry():
     assert errors.RETRIABLE == (errors.RetriableError,)
     retriable = {errors.NetworkError, errors.StorageError, errors.NotCoordinatorError, errors.NotLeaderError,
                  errors.LeaderNotAvailableError, errors.CoordinatorNotReadyError, errors.TooManyScannersError,
-                 errors.ZooKeeperUnavailableError}
+                 errors.ZooKeeperUnavailableError, errors.NotEnoughReplicasError, errors.FencedLeaderEpochError}
     for cls in set(CLASSES.values()) | {errors.UnknownServerError}:
         assert issubclass(cls, errors.RETRIABLE) == (cls in retriable), cls.__name__
     for cls in (errors.InvalidTableError, errors.InvalidScanRequestError, errors.InvalidRowError):
