@@ -21,7 +21,7 @@ from tests.tablet.test_tablet_server import SCHEMA, Cluster, lookup, put
 
 #: Every RPC whose request names a table bucket (or a table's buckets), per service.
 COORDINATOR_RPCS = {"CommitKvSnapshot", "GetLatestKvSnapshots", "ListKvSnapshots", "AcquireKvSnapshotLease",
-                    "AcquireKvSnapshotLeases", "ReleaseKvSnapshotLease", "GetTableAssignment"}
+                    "AcquireKvSnapshotLeases", "ReleaseKvSnapshotLease", "GetTableAssignment", "AlterIsr"}
 TABLET_RPCS = {"UpdateLeadership", "PutKv", "Lookup", "FetchLog", "ListOffsets", "TriggerSnapshot", "ScanKv",
                "ScanKvStream"}
 
@@ -123,6 +123,8 @@ COORDINATOR_REQUESTS = {
             bucket=_tb(t, 0, p), snapshot_id=1)], duration_ms=60_000)]),
     "ReleaseKvSnapshotLease": lambda t, p: cpb.ReleaseKvSnapshotLeaseRequest(lease_id="held", buckets=[_tb(t, 0, p)]),
     "GetTableAssignment": lambda t, p: cpb.GetTableAssignmentRequest(table_id=t, **_part(p)),
+    "AlterIsr": lambda t, p: cpb.AlterIsrRequest(server_id=1, table_id=t, bucket=0, leader_epoch=1, bucket_epoch=1,
+                                                 isr=[1], **_part(p)),
 }
 
 
