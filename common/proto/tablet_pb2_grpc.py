@@ -54,6 +54,11 @@ class TabletServiceStub:
                 request_serializer=common_dot_proto_dot_tablet__pb2.FetchLogRequest.SerializeToString,
                 response_deserializer=common_dot_proto_dot_tablet__pb2.FetchLogResponse.FromString,
                 _registered_method=True)
+        self.ReplicaFetch = channel.unary_unary(
+                '/kvlease.TabletService/ReplicaFetch',
+                request_serializer=common_dot_proto_dot_tablet__pb2.ReplicaFetchRequest.SerializeToString,
+                response_deserializer=common_dot_proto_dot_tablet__pb2.ReplicaFetchResponse.FromString,
+                _registered_method=True)
         self.ListOffsets = channel.unary_unary(
                 '/kvlease.TabletService/ListOffsets',
                 request_serializer=common_dot_proto_dot_tablet__pb2.ListOffsetsRequest.SerializeToString,
@@ -98,6 +103,12 @@ class TabletServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def FetchLog(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReplicaFetch(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -149,6 +160,11 @@ def add_TabletServiceServicer_to_server(servicer, server):
                     servicer.FetchLog,
                     request_deserializer=common_dot_proto_dot_tablet__pb2.FetchLogRequest.FromString,
                     response_serializer=common_dot_proto_dot_tablet__pb2.FetchLogResponse.SerializeToString,
+            ),
+            'ReplicaFetch': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReplicaFetch,
+                    request_deserializer=common_dot_proto_dot_tablet__pb2.ReplicaFetchRequest.FromString,
+                    response_serializer=common_dot_proto_dot_tablet__pb2.ReplicaFetchResponse.SerializeToString,
             ),
             'ListOffsets': grpc.unary_unary_rpc_method_handler(
                     servicer.ListOffsets,
@@ -279,6 +295,33 @@ class TabletService:
             '/kvlease.TabletService/FetchLog',
             common_dot_proto_dot_tablet__pb2.FetchLogRequest.SerializeToString,
             common_dot_proto_dot_tablet__pb2.FetchLogResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReplicaFetch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvlease.TabletService/ReplicaFetch',
+            common_dot_proto_dot_tablet__pb2.ReplicaFetchRequest.SerializeToString,
+            common_dot_proto_dot_tablet__pb2.ReplicaFetchResponse.FromString,
             options,
             channel_credentials,
             insecure,
