@@ -64,8 +64,8 @@ class BucketKeeper:
             if self._stop.is_set():
                 break
             try:
-                replica = self.replicas.get(*key)
-            except errors.KvLeaseError:  # no longer led here
+                replica = self.replicas.replica(*key)
+            except errors.KvLeaseError:  # no longer held here
                 self.replicas.unsettled.discard(key)
                 continue
             files = replica.store.files
@@ -75,7 +75,8 @@ class BucketKeeper:
             if files.failure is not None or not files.known:
                 continue  # the open failed: tried again after its backoff
             try:
-                self.replicas.learn_base(replica)
+                if replica.leads:
+                    self.replicas.learn_base(replica)
             except errors.KvLeaseError as exc:  # the coordinator is away: next round
                 log.debug("cannot learn the latest snapshot of %s yet: %s", replica.tb, exc)
                 continue

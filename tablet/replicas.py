@@ -1,8 +1,13 @@
-"""The buckets a tablet server leads: their stores, snapshots and changelog retention.
+"""The buckets a tablet server holds a replica of: their stores, roles, snapshots and changelog retention.
 
-The coordinator pushes the full set of led buckets (:meth:`ReplicaManager.
-update_leadership`); buckets no longer led are closed (their data stays on
-disk: with one replica per bucket they come back here), dropped tables'
+The coordinator pushes the full set of buckets held, each with its role
+(:meth:`ReplicaManager.update_leadership`, :class:`~tablet.replication.roles.BucketRole`):
+led, or followed (fetching from the leader it names: ``tablet/replication/fetcher.py``).
+Only a leader serves clients (:meth:`ReplicaManager.get`); a replicated
+bucket's leader keeps a :class:`~tablet.replication.leader.Leadership` (HW,
+ISR, writes waiting), made on first use. A leader that becomes a follower
+ends its leadership (writes waiting are answered NOT_LEADER) and its scans.
+Buckets no longer held are closed (their data stays on disk), dropped tables'
 data is deleted. ZooKeeper has the last word (``current_epoch`` and
 ``table_gone``, read through the tablet's own session): a push from a
 coordinator epoch newer than the last one confirmed is taken only if it is
@@ -33,13 +38,15 @@ from typing import Callable
 
 from common import config as cfg
 from common import errors
-from common.kvsnapshot import missing_files
 from common.storage import RemoteStorage
 from common.tables import TableInfo
-from common.model import SnapshotHandle, TableBucket
+from common.model import TableBucket
 from tablet.bucket import BucketStore
 from tablet.open_buckets import OpenBuckets, open_capacity
-from tablet.snapshot import SnapshotUploader, upload_and_commit
+from tablet.replica_snapshots import ReplicaSnapshots
+from tablet.replication.leader import Leadership
+from tablet.replication.roles import NO_LEADER, BucketRole
+from tablet.snapshot import SnapshotUploader
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +61,63 @@ class Replica:
     snapshot_offset: int = -1  # log offset of the last committed snapshot (-1: none)
     snapshot_lock: threading.Lock = field(default_factory=threading.Lock)
     base_known: bool = False  # the latest committed snapshot was asked of the coordinator
+    role: BucketRole | None = None  # None: led alone (a store opened outside a push)
+    server_id: int = 0
+    lead: Leadership | None = None  # a replicated bucket's leadership, made on first use
+    on_commit: Callable[[], None] = lambda: None
+    #: Held while a role changes and while a follower's fetch answer is applied.
+    fetch_lock: threading.RLock = field(default_factory=threading.RLock)
+    closed: bool = False
+
+    @property
+    def leads(self) -> bool:
+        return self.role is None or self.role.leads(self.server_id)
+
+    @property
+    def replicated(self) -> bool:
+        return self.table.replication_factor > 1
+
+    def leadership(self) -> Leadership | None:
+        """This replicated bucket's leadership (made now if needed: its store opens); None for a bucket with
+        one replica. NotLeaderError if this server does not lead it."""
+        if not self.replicated:
+            return None
+        lead = self.lead
+        if lead is not None and not lead.ended:
+            return lead
+        with self.fetch_lock:
+            if self.closed or not self.leads:
+                raise errors.NotLeaderError(f"this tablet server does not lead bucket {self.bucket} of table "
+                                            f"{self.table.table_id}", table_id=self.table.table_id, bucket=self.bucket)
+            if self.lead is None or self.lead.ended:
+                self.store.become_leader(self.role.leader_epoch)
+                self.lead = Leadership(self.server_id, self.role, self.store, int(time.time() * 1000),
+                                       on_commit=self.on_commit)
+            return self.lead
+
+    def take_role(self, role: BucketRole) -> bool:
+        """Take the coordinator's ``role``; whether this replica stopped leading (its scans must end)."""
+        with self.fetch_lock:
+            old, self.role = self.role, role
+            was_leading = old is None or old.leads(self.server_id)
+            if not self.replicated:
+                self.leader_epoch = role.leader_epoch
+                return False
+            same_leadership = (was_leading and role.leads(self.server_id) and old is not None
+                               and old.leader_epoch == role.leader_epoch)
+            if same_leadership:
+                if self.lead is not None:
+                    self.lead.isr_changed(role.isr, role.bucket_epoch)
+                return False
+            if self.lead is not None:
+                self.lead.end()
+                self.lead = None
+            if role.leads(self.server_id):
+                self.base_known = False  # the next snapshot id follows the committed ones of every leader
+                return False
+            if self.store.is_open:
+                self.store.become_follower(role.leader_epoch)
+            return was_leading
 
     @property
     def leader_epoch(self) -> int:
@@ -69,18 +133,23 @@ class Replica:
         return TableBucket(self.table.table_id, self.bucket)
 
     def changed(self) -> bool:
-        return self.store.log_end_offset > max(self.snapshot_offset, 0)
+        return self.store.high_watermark > max(self.snapshot_offset, 0)  # committed changes only
 
 
-class ReplicaManager:
+class ReplicaManager(ReplicaSnapshots):
     def __init__(self, data_dir: str, config: cfg.Config, storage: RemoteStorage, admin,
                  clock_ms: Callable[[], int] = lambda: int(time.time() * 1000), *,
                  current_epoch: Callable[[], int] | None = None,
-                 table_gone: Callable[[int], bool] | None = None) -> None:
+                 table_gone: Callable[[int], bool] | None = None, server_id: int = 0) -> None:
         """``current_epoch()``: the active coordinator's epoch as ZooKeeper has it now;
         ``table_gone(table_id)``: ZooKeeper has no ``/tables/{id}``. Both may raise
         RetriableError; None trusts the pushes (no ZooKeeper: unit tests)."""
         self.data_dir = data_dir
+        self.server_id = server_id
+        #: Run after every push that changed roles (the follower fetchers start and stop there).
+        self.role_listeners: list[Callable[[], None]] = []
+        #: Run after a leader's HW moved (waiting follower fetches answer).
+        self.on_commit: Callable[[], None] = lambda: None
         self.current_epoch = current_epoch
         self.table_gone = table_gone
         self.config = config
@@ -110,22 +179,25 @@ class ReplicaManager:
     def bucket_dir(self, table_id: int, bucket: int) -> str:
         return os.path.join(self.data_dir, str(table_id), str(bucket))
 
-    def update_leadership(self, coordinator_epoch: int, led: list[tuple[TableInfo, int, int]],
+    def update_leadership(self, coordinator_epoch: int, held: list[BucketRole | tuple[TableInfo, int, int]],
                           dropped_tables: list[int]) -> None:
-        """Lead exactly ``led`` ``(table, bucket, leader_epoch)``; delete dropped tables' data.
+        """Hold exactly ``held`` (roles, or ``(table, bucket, leader_epoch)`` of buckets led alone); delete
+        dropped tables' data.
 
         Raises CoordinatorFencedError for an epoch older than the last one taken
         or than ZooKeeper's, InvalidRequestError for one newer than ZooKeeper's
         (not a coordinator's): nothing changes then. A dropped table whose node
         ZooKeeper still has keeps its data.
         """
+        roles = [r if isinstance(r, BucketRole) else BucketRole.led(*r, self.server_id) for r in held]
+        stopped_leading: list[tuple[int, int]] = []
         with self._lock:
             if coordinator_epoch < self.coordinator_epoch:
                 raise errors.CoordinatorFencedError(
                     f"leadership from coordinator epoch {coordinator_epoch} < {self.coordinator_epoch}")
             if coordinator_epoch > self.coordinator_epoch:
                 self._confirm_epoch(coordinator_epoch)
-            wanted = {(t.table_id, b): (t, epoch) for t, b, epoch in led}
+            wanted = {role.key: role for role in roles}
             gone = set()
             for table_id in set(dropped_tables) - {k[0] for k in wanted}:
                 if self._gone(table_id):
@@ -138,26 +210,33 @@ class ReplicaManager:
                 for key in [k for k in self._replicas if k not in wanted]:
                     self._close(key, dropped=key[0] in gone)
                 self.refused = {}
-                for key, (table, epoch) in sorted(wanted.items()):
+                for key, role in sorted(wanted.items()):
                     replica = self._replicas.get(key)
                     if replica is not None:
-                        replica.leader_epoch = epoch
+                        if replica.take_role(role):
+                            stopped_leading.append(key)
                         continue
                     if len(self._replicas) >= self.max_buckets:
-                        self.refused[key] = table
+                        self.refused[key] = role.table
                         continue
-                    replica = self._open(table, key[1], epoch)  # no file opened yet: see the module docstring
-                    self._tables = {**self._tables, table.table_id: table}  # known before it serves a call
+                    replica = self._open(role)  # no file opened yet: see the module docstring
+                    self._tables = {**self._tables, role.table.table_id: role.table}  # known before it serves
                     self._replicas[key] = replica
                     self.unsettled.add(key)
-            finally:  # forget the tables no longer led (also when opening a bucket failed)
+            finally:  # forget the tables no longer held (also when opening a bucket failed)
                 self._tables = {r.table.table_id: r.table for r in self._replicas.values()}
             for table_id in sorted(gone):
                 shutil.rmtree(os.path.join(self.data_dir, str(table_id)), ignore_errors=True)
+        for key in stopped_leading:  # scans of a bucket no longer led end: their clients go to the new leader
+            self._tell_closing(key, False)
+        for listener in self.role_listeners:
+            listener()
         if self.refused:
-            log.warning("asked to lead %d buckets, over this server's capacity of %d (tablet.buckets.max): %d "
+            log.warning("asked to hold %d buckets, over this server's capacity of %d (tablet.buckets.max): %d "
                         "are not served", len(wanted), self.max_buckets, len(self.refused))
-        log.info("leading %d buckets (coordinator epoch %d)", len(wanted) - len(self.refused), coordinator_epoch)
+        led = sum(1 for r in roles if r.leads(self.server_id))
+        log.info("holding %d buckets, leading %d (coordinator epoch %d)", len(wanted) - len(self.refused), led,
+                 coordinator_epoch)
 
     def _confirm_epoch(self, coordinator_epoch: int) -> None:
         """Take a newer coordinator epoch only if it is ZooKeeper's current one. A confirmed
@@ -197,16 +276,19 @@ class ReplicaManager:
             log.info("removed the local data of dropped tables %s", removed)
         return removed
 
-    def _open(self, table: TableInfo, bucket: int, epoch: int) -> Replica:
+    def _open(self, role: BucketRole) -> Replica:
+        table, bucket = role.table, role.bucket
         key = (table.table_id, bucket)
         store = BucketStore.from_config(self.bucket_dir(table.table_id, bucket), table, self.config,
                                         clock_ms=self.clock_ms, bucket=bucket, budget=self.budget, lazy=True,
-                                        on_failure=lambda: self.unsettled.add(key))
-        store.leader_epoch = epoch  # stamped on every changelog entry it appends
+                                        on_failure=lambda: self.unsettled.add(key), replicated=role.replicated)
+        if not role.replicated:
+            store.leader_epoch = role.leader_epoch  # stamped on every changelog entry it appends
         tb = TableBucket(table.table_id, bucket)
         uploader = SnapshotUploader(self.storage, tb, io_threads=self.config[cfg.SNAPSHOT_UPLOAD_THREADS],
                                     clock_ms=self.clock_ms)
-        return Replica(table, bucket, store, uploader)
+        return Replica(table, bucket, store, uploader, role=role, server_id=self.server_id,
+                       on_commit=lambda: self.on_commit())
 
     def learn_base(self, replica: Replica) -> None:
         """Learn the bucket's latest committed snapshot from the coordinator, once: the next snapshot
@@ -226,6 +308,10 @@ class ReplicaManager:
 
     def _close(self, key: tuple[int, int], dropped: bool = False) -> None:
         replica = self._replicas.pop(key)
+        with replica.fetch_lock:
+            replica.closed = True
+            if replica.lead is not None:
+                replica.lead.end()
         self._tell_closing(key, dropped)
         with replica.snapshot_lock:
             replica.store.close()
@@ -243,6 +329,20 @@ class ReplicaManager:
                 log.exception("close listener of bucket %s failed", key)
 
     def get(self, table_id: int, bucket: int) -> Replica:
+        """The replica of a bucket this server leads; NotLeaderError (LeaderNotAvailableError: the bucket has
+        no leader now) otherwise."""
+        replica = self.replica(table_id, bucket)
+        if not replica.leads:
+            if replica.role.leader == NO_LEADER:
+                raise errors.LeaderNotAvailableError(
+                    f"bucket {bucket} of table {table_id} has no live in-sync replica to lead it",
+                    table_id=table_id, bucket=bucket)
+            raise errors.NotLeaderError(f"this tablet server follows bucket {bucket} of table {table_id}; tablet "
+                                        f"server {replica.role.leader} leads it", table_id=table_id, bucket=bucket)
+        return replica
+
+    def replica(self, table_id: int, bucket: int) -> Replica:
+        """The replica of a bucket held here, led or followed; NotLeaderError if none."""
         replica = self._replicas.get((table_id, bucket))
         if replica is None and (table_id, bucket) in self.refused:
             raise errors.LeaderNotAvailableError(
@@ -267,6 +367,18 @@ class ReplicaManager:
                                             table_id=table_id)
 
     def replicas(self, table_id: int | None = None) -> list[Replica]:
+        """The replicas this server leads (of ``table_id``), by table and bucket."""
+        return [r for r in self.all_replicas(table_id) if r.leads]
+
+    def followed(self) -> list[Replica]:
+        """The replicas this server follows a live leader of."""
+        return [r for r in self.all_replicas() if not r.leads and r.role.leader != NO_LEADER and not r.closed]
+
+    def leaderships(self) -> list[Leadership]:
+        return [r.lead for r in self.all_replicas() if r.lead is not None and not r.lead.ended]
+
+    def all_replicas(self, table_id: int | None = None) -> list[Replica]:
+        """Every replica held here, led or followed."""
         return sorted((r for r in list(self._replicas.values()) if table_id is None or r.table.table_id == table_id),
                       key=lambda r: (r.table.table_id, r.bucket))
 
@@ -276,110 +388,3 @@ class ReplicaManager:
                 self._close(key)
             self._tables = {}
             self.refused = {}
-
-    # -- snapshots ---------------------------------------------------------------------------
-
-    def snapshot(self, replica: Replica, force: bool = False) -> SnapshotHandle | None:
-        """Checkpoint, upload and commit one bucket, then apply its changelog retention; None when
-        it has not changed."""
-        (result,) = self.snapshot_each([replica], force)
-        if isinstance(result, Exception):
-            raise result
-        return result
-
-    def snapshot_each(self, replicas: list[Replica], force: bool = False, verify: bool = False
-                      ) -> list[SnapshotHandle | None | errors.KvLeaseError]:
-        """:meth:`snapshot` of each bucket in turn, a failure answered in its place (the others go on),
-        then the changelog retention of those that committed, asking the coordinator for the kept
-        snapshots once per table. ``verify``: an unchanged bucket whose latest snapshot lost a file on
-        remote storage is snapshotted anyway (one listing per bucket; an explicit trigger does this,
-        the periodic round does not)."""
-        results: list[SnapshotHandle | None | errors.KvLeaseError] = []
-        for replica in replicas:
-            try:
-                results.append(self._snapshot(replica, force, verify))
-            except errors.KvLeaseError as exc:
-                results.append(exc)
-            except Exception as exc:  # a bug or a local I/O failure: answered, the others go on
-                log.exception("snapshot of %s failed", replica.tb)
-                results.append(errors.UnknownServerError(f"snapshot of bucket {replica.bucket} failed: {exc}"))
-        self.apply_retention([r for r, h in zip(replicas, results) if isinstance(h, SnapshotHandle)])
-        return results
-
-    def _snapshot(self, replica: Replica, force: bool, verify: bool = False) -> SnapshotHandle | None:
-        self.learn_base(replica)  # the snapshot id must follow the committed ones
-        with replica.snapshot_lock:
-            if not force and not replica.changed() and not (verify and self._lost_files(replica)):
-                return None
-            snapshot_id = replica.next_snapshot_id
-            work = os.path.join(self.bucket_dir(replica.table.table_id, replica.bucket), "checkpoints")
-            os.makedirs(work, exist_ok=True)
-            target = os.path.join(work, f"snap-{snapshot_id}")
-            shutil.rmtree(target, ignore_errors=True)
-            replica.next_snapshot_id = snapshot_id + 1  # never reused, even if this attempt fails
-            try:
-                log_offset = replica.store.checkpoint(target)
-                handle = upload_and_commit(replica.uploader, self.admin.commit_kv_snapshot, target,
-                                           snapshot_id, log_offset)
-            finally:
-                shutil.rmtree(target, ignore_errors=True)
-            replica.snapshot_offset = log_offset
-            log.info("snapshot %d of %s committed at log offset %d", snapshot_id, replica.tb, log_offset)
-        return handle
-
-    def _lost_files(self, replica: Replica) -> bool:
-        """Whether the latest committed snapshot misses a file on remote storage (then a new one is due)."""
-        base = replica.uploader.base
-        if base is None:
-            return False
-        missing = missing_files(self.storage, base.files)
-        if missing:
-            log.warning("snapshot %d of %s lost %d files on remote storage (e.g. %s): taking a new one",
-                        base.snapshot_id, replica.tb, len(missing), missing[0][0])
-        return bool(missing)
-
-    def snapshot_changed(self) -> int:
-        """Snapshot every led bucket that changed since its last snapshot, then apply the changelog
-        retention of those committed (one listing of kept snapshots per table); returns how many."""
-        committed = []
-        for replica in self.replicas():
-            if not replica.store.files.known:
-                continue  # not opened since this server started: the keeper opens it, the next round looks
-            try:
-                if self._snapshot(replica, force=False) is not None:
-                    committed.append(replica)
-            except Exception as exc:  # retried at the next interval
-                log.warning("snapshot of %s failed: %s", replica.tb, exc)
-        self.apply_retention(committed)
-        return len(committed)
-
-    # -- changelog retention ------------------------------------------------------------------
-
-    def apply_retention(self, replicas: list[Replica]) -> int:
-        """Delete changelog segments of each bucket below the lowest log offset of its kept
-        snapshots (leased ones included) that are also older than ``log.retention``. Asks the
-        coordinator for the kept snapshots once per table; returns how many segments went."""
-        by_table: dict[int, list[Replica]] = {}
-        for replica in replicas:
-            by_table.setdefault(replica.table.table_id, []).append(replica)
-        deleted = 0
-        for table_id, group in sorted(by_table.items()):
-            try:
-                kept = self.admin.list_kv_snapshots(table_id)
-            except errors.KvLeaseError as exc:
-                log.warning("cannot learn the kept snapshots of table %d: %s", table_id, exc)
-                continue
-            for replica in group:
-                deleted += self._truncate_log(replica, [s for s in kept if s.bucket == replica.tb])
-        return deleted
-
-    def _truncate_log(self, replica: Replica, kept: list) -> int:
-        if not kept:
-            return 0  # no snapshot: the changelog is the only copy
-        keep_from = min(s.log_offset for s in kept)
-        cutoff_s = time.time() - self.config[cfg.LOG_RETENTION] / 1000.0
-        segments = replica.store.log_segments()
-        old_enough = [s for s in segments if s.end_offset <= keep_from and s.mtime <= cutoff_s]
-        if not old_enough:
-            return 0
-        return replica.store.truncate_log_before(max(s.end_offset for s in old_enough))

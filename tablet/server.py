@@ -37,6 +37,10 @@ from tablet.bucket_keeper import BucketKeeper
 from tablet.health import HealthCollector
 from tablet.open_buckets import fd_limit
 from tablet.replicas import ReplicaManager
+from tablet.replication.fetch_service import ReplicaFetchService
+from tablet.replication.fetcher import Fetchers
+from tablet.replication.isr_changes import IsrKeeper
+from client.transport import Channels
 from tablet import scan_wire
 from tablet.scan_service import ScanService
 from tablet.service import INTERNAL_METHODS, TabletService
@@ -59,6 +63,8 @@ class TabletServer:
         self.replicas: ReplicaManager | None = None
         self.scans: ScanService | None = None
         self.keeper: BucketKeeper | None = None
+        self.fetchers: Fetchers | None = None
+        self.isr_keeper: IsrKeeper | None = None
         self.metrics_port: int | None = None
         self._grpc = None
         self._stopping = threading.Event()
@@ -77,7 +83,9 @@ class TabletServer:
         self.admin = AdminClient([self._active_coordinator() or "127.0.0.1:0"], internal_client_config(c),
                                  locate=self._active_coordinator)  # as the cluster's own principal
         self.replicas = ReplicaManager(c[cfg.TABLET_DATA_DIR], c, self.storage, self.admin,
-                                       current_epoch=self._zk_coordinator_epoch, table_gone=self._zk_table_gone)
+                                       current_epoch=self._zk_coordinator_epoch, table_gone=self._zk_table_gone,
+                                       server_id=self.server_id)
+        self._start_replication()
         self.scans = ScanService(self.replicas, c, security=self.security).start()
         self.scans.metrics.registry.register(HealthCollector(self.replicas))
         self.keeper = BucketKeeper(self.replicas).start()
@@ -85,8 +93,8 @@ class TabletServer:
                                                     thread_name_prefix="tablet-rpc"), options=GRPC_OPTIONS,
                                  interceptors=[*self.security.interceptors(INTERNAL_METHODS),
                                                scan_wire.SerializedScans()])
-        pb_grpc.add_TabletServiceServicer_to_server(TabletService(self.replicas, self.scans, self.security),
-                                                    self._grpc)
+        pb_grpc.add_TabletServiceServicer_to_server(
+            TabletService(self.replicas, self.scans, self.security, fetches=self.fetches_service), self._grpc)
         host = c[cfg.TABLET_HOST]
         port = add_port(self._grpc, c, cfg.TABLET_HOST, cfg.TABLET_PORT, self.tls)
         self.address = f"{host}:{port}"
@@ -106,7 +114,49 @@ class TabletServer:
                  self.server_id, self.address, self.replicas.max_buckets, self.replicas.budget.capacity, fd_limit())
         return self
 
+    def _start_replication(self) -> None:
+        """The leader's fetch service, the follower's fetch threads and the ISR keeper (DESIGN.md "Replication")."""
+        c = self.config
+        self.fetches_service = ReplicaFetchService(self.replicas)
+        self.replicas.on_commit = self.fetches_service.notify
+        credentials = None
+        if c[cfg.SECURITY_ENABLED]:
+            credentials = (c[cfg.INTERNAL_USERNAME], c[cfg.INTERNAL_PASSWORD])
+        self._replica_channels = Channels(tls=self.tls, credentials=credentials)
+        self.fetchers = Fetchers(self.server_id, self.replicas.followed, self._replica_channels,
+                                 wait_ms=c[cfg.REPLICA_FETCH_WAIT_MAX], max_bytes=c[cfg.REPLICA_FETCH_MAX_BYTES])
+        self.replicas.role_listeners.append(self.fetchers.update)
+        self.isr_keeper = IsrKeeper(self.server_id, self.replicas.leaderships, self.admin.alter_isr,
+                                    max_lag_ms=c[cfg.REPLICA_MAX_LAG]).start()
+
+    def _controlled_shutdown(self) -> None:
+        """Ask the coordinator to move this server's leaderships of replicated buckets away, and wait until
+        it did (``tablet.controlled-shutdown.timeout``): a rolling restart then has no unavailability."""
+        if self.replicas is None or self.admin is None:
+            return
+        if not self._movable_leaderships():
+            return
+        deadline = time.monotonic() + self.config[cfg.CONTROLLED_SHUTDOWN_TIMEOUT] / 1000.0
+        while time.monotonic() < deadline:
+            try:
+                remaining = self.admin.controlled_shutdown(self.server_id)
+            except errors.KvLeaseError as exc:
+                log.warning("controlled shutdown: %s", exc)
+                remaining = -1
+            if remaining == 0:  # moved: wait (briefly) for the push that makes this server a follower
+                settle = time.monotonic() + 2.0
+                while time.monotonic() < settle and self._movable_leaderships():
+                    time.sleep(0.05)
+                log.info("controlled shutdown: leaderships moved away")
+                return
+            time.sleep(0.2)
+        log.warning("controlled shutdown did not move every leadership away in time: stopping anyway")
+
+    def _movable_leaderships(self) -> list:
+        return [r for r in self.replicas.replicas() if r.replicated and len(r.role.isr) > 1]
+
     def stop(self) -> None:
+        self._controlled_shutdown()
         self._stopping.set()
         self._register_needed.set()
         for thread in self._threads:
@@ -115,6 +165,10 @@ class TabletServer:
             self._grpc.stop(grace=1).wait()
         if self.keeper is not None:
             self.keeper.stop()
+        if self.isr_keeper is not None:
+            self.isr_keeper.stop()
+        if self.fetchers is not None:
+            self.fetchers.stop()
         if self.zk is not None:
             try:
                 self.zk.delete(zkpaths.tablet_server(self.server_id))

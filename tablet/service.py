@@ -5,7 +5,11 @@ before its handler runs (:func:`common.wire.refusing_partition_ids`). Every call
 is authorized before it acts (:mod:`tablet.authz`): WRITE on the table for
 PutKv and TriggerSnapshot, READ for Lookup, FetchLog, ListOffsets and scans;
 a denied call is answered ``AUTHORIZATION_FAILED`` and changes nothing.
-UpdateLeadership is the cluster's own (:data:`INTERNAL_METHODS`).
+UpdateLeadership and ReplicaFetch are the cluster's own (:data:`INTERNAL_METHODS`).
+
+Only a bucket's leader serves it (NOT_LEADER otherwise). A write to a
+replicated bucket is answered once its in-sync replicas hold it (the HW passed
+it: ``tablet/replication/leader.py``); reads see committed data only.
 """
 
 from __future__ import annotations
@@ -23,12 +27,19 @@ from common.model import SnapshotHandle
 from common.security.server import OPEN
 from tablet.authz import READ, WRITE, TableAccess
 from tablet.replicas import ReplicaManager
+from tablet.replication.fetch_service import ReplicaFetchService
+from tablet.replication.leader import check_epoch
+from tablet.replication.roles import BucketRole
 from tablet.scan_service import ScanService
 
 log = logging.getLogger(__name__)
 
-#: Methods only the cluster's own principal may call (the coordinator telling this server what it leads).
-INTERNAL_METHODS = ("/kvlease.TabletService/UpdateLeadership",)
+#: Methods only the cluster's own principal may call (the coordinator telling this server what it holds,
+#: followers fetching from their leader).
+INTERNAL_METHODS = ("/kvlease.TabletService/UpdateLeadership", "/kvlease.TabletService/ReplicaFetch")
+
+#: What a write waits for its commit at most when its call has no deadline.
+COMMIT_WAIT_S = 60.0
 
 
 def _answer(response_cls, work):
@@ -53,16 +64,19 @@ def _batch(data: bytes) -> pa.RecordBatch | None:
 
 @refusing_partition_ids(pb.DESCRIPTOR.services_by_name["TabletService"])
 class TabletService(pb_grpc.TabletServiceServicer):
-    def __init__(self, replicas: ReplicaManager, scans: ScanService | None = None, security=OPEN) -> None:
+    def __init__(self, replicas: ReplicaManager, scans: ScanService | None = None, security=OPEN,
+                 fetches: ReplicaFetchService | None = None) -> None:
         self.replicas = replicas
+        self.fetches = fetches if fetches is not None else ReplicaFetchService(replicas)
         self.security = security  # common.security.server: OPEN or ServerSecurity
         self.access = TableAccess(replicas, security)
         self.scans = scans if scans is not None else ScanService(replicas, replicas.config, security=security)
 
     def UpdateLeadership(self, request, context):
         def work():
-            led = [(table_from_pb(b.table), b.bucket, b.leader_epoch) for b in request.buckets]
-            self.replicas.update_leadership(request.coordinator_epoch, led, list(request.dropped_tables))
+            me = self.replicas.server_id
+            held = [BucketRole.from_pb(b, table_from_pb(b.table), me) for b in request.buckets]
+            self.replicas.update_leadership(request.coordinator_epoch, held, list(request.dropped_tables))
             return {}
         return _answer(pb.UpdateLeadershipResponse, work)
 
@@ -76,7 +90,18 @@ class TabletService(pb_grpc.TabletServiceServicer):
             if request.writer_id < 0:
                 raise errors.InvalidRequestError(f"writer_id must be > 0 (0: not idempotent), got {request.writer_id}")
             writer = (request.writer_id, request.sequence) if request.writer_id else None
+            epoch = request.leader_epoch if request.HasField("leader_epoch") else None
+            lead = replica.leadership()
+            if lead is None:
+                check_epoch(replica.leader_epoch, epoch, f"bucket {replica.bucket} of table {replica.table.path}")
+            else:
+                lead.check_write(epoch)
             base, next_ = replica.store.write(upserts, deletes, writer=writer)
+            if lead is not None:
+                lead.appended()
+                self.fetches.notify()
+                remaining = context.time_remaining() if context is not None else None
+                lead.wait_committed(next_, COMMIT_WAIT_S if remaining is None else max(0.0, remaining - 0.5))
             return {"base_offset": base, "next_offset": next_}
         return _answer(pb.PutKvResponse, work)
 
@@ -101,6 +126,9 @@ class TabletService(pb_grpc.TabletServiceServicer):
             start, _latest = replica.store.list_offsets()
             return {"entries": entries, "log_start_offset": start, "log_end_offset": end}
         return _answer(pb.FetchLogResponse, work)
+
+    def ReplicaFetch(self, request, context):
+        return _answer(pb.ReplicaFetchResponse, lambda: self.fetches.fetch(request))
 
     def ListOffsets(self, request, context):
         def work():

@@ -1,0 +1,134 @@
+"""Snapshots and changelog retention of the buckets a tablet server holds (a mixin of
+:class:`~tablet.replicas.ReplicaManager`).
+
+A snapshot is taken by a bucket's leader only, from committed state (its
+RocksDB holds nothing above the HW): RocksDB checkpoint -> upload of the SST
+files the last committed snapshot does not have + a manifest ->
+CommitKvSnapshot. Changelog retention is the same on every replica (any of
+them may lead next): segments below the lowest kept snapshot's log offset and
+older than ``log.retention`` go.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+
+from common import config as cfg
+from common import errors
+from common.kvsnapshot import missing_files
+from common.model import SnapshotHandle
+from tablet.snapshot import upload_and_commit
+
+log = logging.getLogger(__name__)
+
+
+class ReplicaSnapshots:
+    # -- snapshots ---------------------------------------------------------------------------
+
+    def snapshot(self, replica: Replica, force: bool = False) -> SnapshotHandle | None:
+        """Checkpoint, upload and commit one bucket, then apply its changelog retention; None when
+        it has not changed."""
+        (result,) = self.snapshot_each([replica], force)
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def snapshot_each(self, replicas: list[Replica], force: bool = False, verify: bool = False
+                      ) -> list[SnapshotHandle | None | errors.KvLeaseError]:
+        """:meth:`snapshot` of each bucket in turn, a failure answered in its place (the others go on),
+        then the changelog retention of those that committed, asking the coordinator for the kept
+        snapshots once per table. ``verify``: an unchanged bucket whose latest snapshot lost a file on
+        remote storage is snapshotted anyway (one listing per bucket; an explicit trigger does this,
+        the periodic round does not)."""
+        results: list[SnapshotHandle | None | errors.KvLeaseError] = []
+        for replica in replicas:
+            try:
+                results.append(self._snapshot(replica, force, verify))
+            except errors.KvLeaseError as exc:
+                results.append(exc)
+            except Exception as exc:  # a bug or a local I/O failure: answered, the others go on
+                log.exception("snapshot of %s failed", replica.tb)
+                results.append(errors.UnknownServerError(f"snapshot of bucket {replica.bucket} failed: {exc}"))
+        self.apply_retention([r for r, h in zip(replicas, results) if isinstance(h, SnapshotHandle)])
+        return results
+
+    def _snapshot(self, replica: Replica, force: bool, verify: bool = False) -> SnapshotHandle | None:
+        self.learn_base(replica)  # the snapshot id must follow the committed ones
+        with replica.snapshot_lock:
+            if not force and not replica.changed() and not (verify and self._lost_files(replica)):
+                return None
+            snapshot_id = replica.next_snapshot_id
+            work = os.path.join(self.bucket_dir(replica.table.table_id, replica.bucket), "checkpoints")
+            os.makedirs(work, exist_ok=True)
+            target = os.path.join(work, f"snap-{snapshot_id}")
+            shutil.rmtree(target, ignore_errors=True)
+            replica.next_snapshot_id = snapshot_id + 1  # never reused, even if this attempt fails
+            try:
+                log_offset = replica.store.checkpoint(target)
+                handle = upload_and_commit(replica.uploader, self.admin.commit_kv_snapshot, target,
+                                           snapshot_id, log_offset)
+            finally:
+                shutil.rmtree(target, ignore_errors=True)
+            replica.snapshot_offset = log_offset
+            log.info("snapshot %d of %s committed at log offset %d", snapshot_id, replica.tb, log_offset)
+        return handle
+
+    def _lost_files(self, replica: Replica) -> bool:
+        """Whether the latest committed snapshot misses a file on remote storage (then a new one is due)."""
+        base = replica.uploader.base
+        if base is None:
+            return False
+        missing = missing_files(self.storage, base.files)
+        if missing:
+            log.warning("snapshot %d of %s lost %d files on remote storage (e.g. %s): taking a new one",
+                        base.snapshot_id, replica.tb, len(missing), missing[0][0])
+        return bool(missing)
+
+    def snapshot_changed(self) -> int:
+        """Snapshot every led bucket that changed since its last snapshot, then apply the changelog
+        retention of those committed (one listing of kept snapshots per table); returns how many."""
+        committed = []
+        for replica in self.replicas():
+            if not replica.store.files.known:
+                continue  # not opened since this server started: the keeper opens it, the next round looks
+            try:
+                if self._snapshot(replica, force=False) is not None:
+                    committed.append(replica)
+            except Exception as exc:  # retried at the next interval
+                log.warning("snapshot of %s failed: %s", replica.tb, exc)
+        self.apply_retention(committed + [r for r in self.followed() if r.store.files.known])
+        return len(committed)
+
+    # -- changelog retention ------------------------------------------------------------------
+
+    def apply_retention(self, replicas: list[Replica]) -> int:
+        """Delete changelog segments of each bucket below the lowest log offset of its kept
+        snapshots (leased ones included) that are also older than ``log.retention``. Asks the
+        coordinator for the kept snapshots once per table; returns how many segments went."""
+        by_table: dict[int, list[Replica]] = {}
+        for replica in replicas:
+            by_table.setdefault(replica.table.table_id, []).append(replica)
+        deleted = 0
+        for table_id, group in sorted(by_table.items()):
+            try:
+                kept = self.admin.list_kv_snapshots(table_id)
+            except errors.KvLeaseError as exc:
+                log.warning("cannot learn the kept snapshots of table %d: %s", table_id, exc)
+                continue
+            for replica in group:
+                deleted += self._truncate_log(replica, [s for s in kept if s.bucket == replica.tb])
+        return deleted
+
+    def _truncate_log(self, replica: Replica, kept: list) -> int:
+        if not kept:
+            return 0  # no snapshot: the changelog is the only copy
+        keep_from = min(s.log_offset for s in kept)
+        cutoff_s = time.time() - self.config[cfg.LOG_RETENTION] / 1000.0
+        segments = replica.store.log_segments()
+        old_enough = [s for s in segments if s.end_offset <= keep_from and s.mtime <= cutoff_s]
+        if not old_enough:
+            return 0
+        return replica.store.truncate_log_before(max(s.end_offset for s in old_enough))

@@ -1,0 +1,115 @@
+"""The leader's side of replication: answering followers' ``ReplicaFetch`` long polls.
+
+One request carries every bucket a follower follows on this server. For each:
+the follower's leader epoch is checked (older: FENCED_LEADER_EPOCH, newer:
+NOT_LEADER); its log is checked against this one by the epoch of its last
+entry (a mismatch answers the divergence point, no entries: the follower
+truncates there and asks again, ``tablet/replication/epochs.py``); its fetch
+offset is its log end, which may move the HW (the leadership applies it);
+then the entries from there on are read whole, byte for byte. The call waits
+up to ``max_wait_ms`` while no bucket has entries or a HW the follower has not
+been told, woken by :meth:`ReplicaFetchService.notify` (every append and HW
+move of a replicated bucket here).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+from common import errors
+from common.proto import tablet_pb2 as pb
+from common.wire import error_pb
+from tablet.replication.epochs import EpochEnd
+from tablet.replication.leader import check_epoch
+
+MAX_WAIT_MS = 30_000
+
+
+class ReplicaFetchService:
+    def __init__(self, replicas, clock_ms: Callable[[], int] = lambda: int(time.time() * 1000)) -> None:
+        """``replicas``: the server's :class:`~tablet.replicas.ReplicaManager`."""
+        self.replicas = replicas
+        self.clock_ms = clock_ms
+        self._news = threading.Condition()
+        self._version = 0
+
+    def notify(self) -> None:
+        """Something a waiting fetch may want happened (an append, a HW move)."""
+        with self._news:
+            self._version += 1
+            self._news.notify_all()
+
+    def fetch(self, request: pb.ReplicaFetchRequest) -> pb.ReplicaFetchResponse:
+        deadline = time.monotonic() + min(max(request.max_wait_ms, 0), MAX_WAIT_MS) / 1000.0
+        while True:
+            with self._news:
+                version = self._version
+            results, ready = self._fetch_once(request)
+            remaining = deadline - time.monotonic()
+            if ready or remaining <= 0:
+                return pb.ReplicaFetchResponse(buckets=results)
+            with self._news:
+                if self._version == version:
+                    self._news.wait(remaining)
+
+    def _fetch_once(self, request) -> tuple[list, bool]:
+        results, ready = [], False
+        for item in request.buckets:
+            result = pb.ReplicaFetchBucketResultPb(table_id=item.table_id, bucket=item.bucket)
+            try:
+                ready |= self._fetch_bucket(request.replica_id, item, result)
+            except errors.KvLeaseError as exc:
+                del result.entries[:]
+                result.error.CopyFrom(error_pb(exc))
+                ready = True
+            results.append(result)
+        if ready:  # what is answered now is told: later fetches wait for newer
+            for item, result in zip(request.buckets, results):
+                if not result.HasField("error") or not result.error.code:
+                    lead = self._leadership(item)
+                    if lead is not None:
+                        lead.answered(request.replica_id, result.high_watermark)
+        return results, ready
+
+    def _leadership(self, item):
+        try:
+            return self.replicas.get(item.table_id, item.bucket).leadership()
+        except errors.KvLeaseError:
+            return None
+
+    def _fetch_bucket(self, follower: int, item, result) -> bool:
+        """Fill ``result``; whether it is worth answering now."""
+        replica = self.replicas.get(item.table_id, item.bucket)  # NotLeader unless this server leads it
+        lead = replica.leadership()
+        if lead is None:
+            raise errors.InvalidRequestError(f"bucket {item.bucket} of table {item.table_id} has one replica")
+        check_epoch(lead.epoch, item.leader_epoch, lead.where)
+        if follower not in lead.view.replicas or follower == lead.server_id:
+            raise errors.InvalidRequestError(f"tablet server {follower} is not a follower of {lead.where}")
+        store = replica.store
+        start, _ = store.list_offsets()
+        result.log_start_offset = start
+        if item.last_fetched_epoch >= 0 and item.fetch_offset > 0:
+            answer = store.end_offset_for(item.last_fetched_epoch)
+            if answer.epoch != item.last_fetched_epoch or answer.end_offset < item.fetch_offset:
+                result.diverging_epoch = -1 if answer.epoch is None else answer.epoch
+                result.diverging_end_offset = answer.end_offset
+                result.high_watermark = lead.high_watermark
+                result.log_end_offset = store.log_end_offset
+                return True
+        hw, news = lead.on_fetch(follower, item.fetch_offset, self.clock_ms())
+        entries: list[bytes] = []
+        end = store.log_end_offset
+        if item.fetch_offset < end:
+            entries, end = store.fetch_log(item.fetch_offset, max(item.max_bytes, 1), committed=False)
+        result.entries.extend(entries)
+        result.log_end_offset = end
+        result.high_watermark = hw
+        return bool(entries) or news
+
+
+def answer_of(result) -> EpochEnd:
+    """A divergence answer as the follower's :class:`EpochEnd`."""
+    return EpochEnd(None if result.diverging_epoch < 0 else result.diverging_epoch, result.diverging_end_offset)

@@ -1,0 +1,134 @@
+"""The follower's side of replication: one fetch thread per leader this server follows buckets on.
+
+Each thread sends one ``ReplicaFetch`` long poll for every bucket it follows on
+its leader (``tablet/replication/fetch_service.py`` answers), then for each
+bucket, under the replica's fetch lock: truncates on a divergence answer,
+appends the entries byte for byte, applies its store up to the leader's HW.
+A bucket's error (the leader moved, a fenced epoch) waits for the
+coordinator's next push, which changes the bucket's role; the thread ends
+once no bucket follows its leader. :meth:`Fetchers.update` is called after
+every change of roles.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import grpc
+
+from client.transport import Channels, rpc_error
+from common import errors
+from common.proto import tablet_pb2 as pb
+from common.proto import tablet_pb2_grpc as pb_grpc
+from common.wire import error_from_pb, raise_for
+from tablet.replication.fetch_service import answer_of
+
+log = logging.getLogger(__name__)
+
+ERROR_BACKOFF_S = 0.2
+
+
+class Fetchers:
+    def __init__(self, server_id: int, following, channels: Channels, *, wait_ms: int, max_bytes: int) -> None:
+        """``following()``: the replicas this server follows now (``Replica`` objects of the replica manager)."""
+        self.server_id = server_id
+        self.following = following
+        self.channels = channels
+        self.wait_ms = wait_ms
+        self.max_bytes = max_bytes
+        self._threads: dict[str, threading.Thread] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+
+    def update(self) -> None:
+        """Start a fetch thread for every leader followed that has none."""
+        if self._stop.is_set():
+            return
+        with self._lock:
+            addresses = {r.role.leader_address for r in self.following() if r.role.leader_address}
+            for address in sorted(addresses):
+                thread = self._threads.get(address)
+                if thread is None or not thread.is_alive():
+                    thread = threading.Thread(target=self._run, args=(address,), daemon=True,
+                                              name=f"replica-fetch-{address}")
+                    self._threads[address] = thread
+                    thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._lock:
+            threads = list(self._threads.values())
+        for thread in threads:
+            thread.join(timeout=self.wait_ms / 1000.0 + 5)
+
+    def _buckets(self, address: str) -> list:
+        return [r for r in self.following() if r.role.leader_address == address]
+
+    def _run(self, address: str) -> None:
+        while not self._stop.is_set():
+            replicas = self._buckets(address)
+            if not replicas:
+                with self._lock:
+                    if not self._buckets(address):  # a push may have added one meanwhile
+                        self._threads.pop(address, None)
+                        return
+                continue
+            try:
+                self._round(address, replicas)
+            except errors.KvLeaseError as exc:
+                log.debug("fetch from leader %s failed: %s", address, exc)
+                self._stop.wait(ERROR_BACKOFF_S)
+            except Exception:  # keep following
+                log.exception("fetch from leader %s failed", address)
+                self._stop.wait(ERROR_BACKOFF_S)
+
+    def _round(self, address: str, replicas: list) -> None:
+        items, asked = [], []
+        for replica in replicas:
+            try:
+                with replica.fetch_lock:
+                    store = replica.store
+                    items.append(pb.ReplicaFetchBucketPb(
+                        table_id=replica.table.table_id, bucket=replica.bucket, fetch_offset=store.log_end_offset,
+                        leader_epoch=replica.role.leader_epoch, last_fetched_epoch=store.last_epoch,
+                        max_bytes=self.max_bytes))
+                    asked.append((replica, replica.role))
+            except errors.KvLeaseError as exc:  # its files cannot open now: the others go on
+                log.debug("cannot fetch %s: %s", replica.tb, exc)
+        if not items:
+            self._stop.wait(ERROR_BACKOFF_S)
+            return
+        timeout_s = self.wait_ms / 1000.0 + 10
+        request = pb.ReplicaFetchRequest(replica_id=self.server_id, max_wait_ms=self.wait_ms, buckets=items)
+        try:
+            response = self.channels.stub(address, pb_grpc.TabletServiceStub).ReplicaFetch(request, timeout=timeout_s)
+        except grpc.RpcError as exc:
+            raise rpc_error(exc, "ReplicaFetch", address, timeout_s=timeout_s, idempotent=True) from None
+        raise_for(response.error)
+        failed = False
+        for (replica, role), result in zip(asked, response.buckets):
+            failed |= not self._take(replica, role, result)
+        if failed:
+            self._stop.wait(ERROR_BACKOFF_S)
+
+    def _take(self, replica, role, result) -> bool:
+        """Apply one bucket's answer; False if it was an error (the caller backs off)."""
+        error = error_from_pb(result.error)
+        if error is not None:
+            log.debug("fetch of %s: %s", replica.tb, error)
+            return False
+        with replica.fetch_lock:
+            if replica.role is not role or replica.closed:  # the role changed while the fetch was out
+                return True
+            store = replica.store
+            if result.HasField("diverging_epoch"):
+                step = store.truncation_for(answer_of(result))
+                log.info("%s diverges from its leader (epoch %s ends at %d there): truncating to %d",
+                         replica.tb, result.diverging_epoch, result.diverging_end_offset, step.offset)
+                store.truncate_to(step.offset)
+                return True
+            if result.entries:
+                store.append_replicated(list(result.entries))
+            store.advance_high_watermark(min(result.high_watermark, store.log_end_offset))
+        return True

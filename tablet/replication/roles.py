@@ -1,0 +1,51 @@
+"""What the coordinator tells a tablet server about one of its buckets: lead it, or follow whom.
+
+Parsed from a push (``BucketLeadershipPb``, ``common/proto/tablet.proto``). A
+bucket of a table with one replica is always led by the server it is on; a
+replicated bucket's push names its leader (``-1``: none, the bucket is
+offline), the leader's address, the replicas, the ISR and the two epochs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from common.tables import TableInfo
+
+NO_LEADER = -1
+
+
+@dataclass(frozen=True)
+class BucketRole:
+    table: TableInfo
+    bucket: int
+    leader_epoch: int
+    leader: int  # the leading tablet server's id (NO_LEADER: offline)
+    leader_address: str = ""
+    replicas: tuple[int, ...] = ()
+    isr: tuple[int, ...] = ()
+    bucket_epoch: int = 0
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return self.table.table_id, self.bucket
+
+    @property
+    def replicated(self) -> bool:
+        """Whether the bucket's table has more than one replica (its store then keeps a pre-write buffer)."""
+        return self.table.replication_factor > 1
+
+    def leads(self, server_id: int) -> bool:
+        return self.leader == server_id
+
+    @classmethod
+    def led(cls, table: TableInfo, bucket: int, leader_epoch: int, server_id: int) -> "BucketRole":
+        """A bucket this server leads alone (a push without replication state)."""
+        return cls(table, bucket, leader_epoch, server_id, "", (server_id,), (server_id,), leader_epoch)
+
+    @classmethod
+    def from_pb(cls, msg, table: TableInfo, server_id: int) -> "BucketRole":
+        if not msg.HasField("leader"):
+            return cls.led(table, msg.bucket, msg.leader_epoch, server_id)
+        return cls(table, msg.bucket, msg.leader_epoch, msg.leader, msg.leader_address, tuple(msg.replicas),
+                   tuple(msg.isr), msg.bucket_epoch)

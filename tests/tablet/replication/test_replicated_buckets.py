@@ -1,0 +1,155 @@
+"""Replicated buckets on real servers: a coordinator and three tablet servers in this process, a real
+ZooKeeper, real RocksDB and gRPC on loopback (DESIGN.md "Replication — semantics")."""
+
+from __future__ import annotations
+
+import threading
+
+import grpc
+import pytest
+
+from client.table import TableClient
+from common import errors
+from common.proto import tablet_pb2 as pb
+from common.proto import tablet_pb2_grpc as pbg
+from common.tables import Column
+from tablet.changelog import Changelog
+from tests.support.procs import wait_until
+from tests.tablet.test_tablet_server import Cluster, put
+
+pytestmark = pytest.mark.zk
+
+SCHEMA = [Column("id", "int64"), Column("v", "string")]
+FAST = {"replica.fetch.wait-max": "200ms", "replica.max-lag": "2s", "zookeeper.session-timeout": "4s"}
+
+
+@pytest.fixture
+def cluster(make_config, tmp_path):
+    c = Cluster(make_config, FAST)
+    try:
+        for server_id in (1, 2, 3):
+            c.tablet(server_id, tmp_path / f"t{server_id}")
+        wait_until(lambda: len(c.admin.list_tablet_servers()) == 3, 15, "three tablet servers")
+        yield c
+    finally:
+        c.close()
+
+
+def crash(c, server) -> None:
+    """Stop a tablet server as a kill -9 would: no controlled shutdown, its ZooKeeper session ends."""
+    server._controlled_shutdown = lambda: None
+    c.tablets.remove(server)
+    server.stop()
+
+
+def bucket_state(c, table_id, bucket=0):
+    return c.admin.get_table_assignment(table_id)[1][bucket]
+
+
+def server_by_id(c, server_id):
+    return next(s for s in c.tablets if s.server_id == server_id)
+
+
+def wait_in_sync(c, table_id, bucket=0, members=3):
+    return wait_until(lambda: len(bucket_state(c, table_id, bucket).isr) == members and bucket_state(c, table_id,
+                      bucket), 20, f"{members} in-sync replicas")
+
+
+def test_writes_reach_every_replica_byte_for_byte(cluster):
+    c = cluster
+    table = c.admin.create_table("db.rf3", SCHEMA, ["id"], 1, replication_factor=3, min_insync_replicas=2)
+    state = wait_in_sync(c, table.table_id)
+    assert sorted(state.replicas) == [1, 2, 3]
+    with TableClient(c.admin, "db.rf3") as client:
+        for i in range(20):
+            client.upsert([{"id": i, "v": f"v{i}"}])
+        client.delete([{"id": 3}])
+        assert client.lookup([{"id": 5}, {"id": 3}]) == [{"id": 5, "v": "v5"}, None]
+    leader = server_by_id(c, state.leader)
+    end = leader.replicas.replica(table.table_id, 0).store.high_watermark
+    assert end >= 22
+    logs = {}
+    for server in c.tablets:
+        store = server.replicas.replica(table.table_id, 0).store
+        wait_until(lambda: store.high_watermark >= end, 10, f"server {server.server_id} to apply")
+        logs[server.server_id] = store.fetch_log(0, 1 << 30, committed=True)[0]
+        found, _rows = store.lookup(_keys(table, [5, 3]))
+        assert found.tolist() == [True, False]
+    assert logs[1] == logs[2] == logs[3]
+
+
+def _keys(table, ids):
+    from common.codec import RowCodec
+    return RowCodec(table).to_batch([{"id": i} for i in ids]).select(["id"])
+
+
+def test_a_crashed_leader_is_replaced_and_nothing_acknowledged_is_lost(cluster):
+    c = cluster
+    table = c.admin.create_table("db.failover", SCHEMA, ["id"], 1, replication_factor=3, min_insync_replicas=2)
+    before = wait_in_sync(c, table.table_id)
+    acked = []
+    with TableClient(c.admin, "db.failover", retry_total_s=30) as client:
+        for i in range(10):
+            client.upsert([{"id": i, "v": "a"}])
+            acked.append(i)
+        crash(c, server_by_id(c, before.leader))
+        after = wait_until(lambda: (s := bucket_state(c, table.table_id)).leader not in (before.leader, -1) and s, 15,
+                           "a new leader")
+        assert after.leader_epoch > before.leader_epoch and before.leader not in after.isr
+        for i in range(10, 20):
+            client.upsert([{"id": i, "v": "b"}])
+            acked.append(i)
+        rows = client.lookup([{"id": i} for i in acked])
+    assert [r["id"] for r in rows] == acked
+
+
+def test_a_stale_leader_epoch_is_fenced_and_writes_need_enough_replicas(cluster):
+    c = cluster
+    table = c.admin.create_table("db.fence", SCHEMA, ["id"], 1, replication_factor=3, min_insync_replicas=3)
+    state = wait_in_sync(c, table.table_id)
+    leader = server_by_id(c, state.leader)
+    stub = pbg.TabletServiceStub(grpc.insecure_channel(leader.address))
+    put(stub, table, [{"id": 1, "v": "x"}])
+    from common.codec import RowCodec, batch_to_ipc
+    request = pb.PutKvRequest(table_id=table.table_id, bucket=0, leader_epoch=state.leader_epoch - 1,
+                              upserts=batch_to_ipc(RowCodec(table).to_batch([{"id": 2, "v": "y"}])))
+    response = stub.PutKv(request, timeout=10)
+    assert response.error.code == errors.ErrorCode.FENCED_LEADER_EPOCH
+    follower = next(s for s in c.tablets if s.server_id != state.leader)
+    crash(c, follower)  # the ISR shrinks to 2 < min.insync-replicas 3 once the leader notices (replica.max-lag 2s)
+    wait_until(lambda: len(bucket_state(c, table.table_id).isr) == 2, 20, "the ISR to shrink")
+    with pytest.raises(errors.NotEnoughReplicasError):
+        put(stub, table, [{"id": 3, "v": "z"}])
+    end = leader.replicas.replica(table.table_id, 0).store.log_end_offset
+    assert end == 1  # nothing appended by the refused writes
+
+
+def test_controlled_shutdown_moves_leadership_first(cluster):
+    c = cluster
+    table = c.admin.create_table("db.rolling", SCHEMA, ["id"], 1, replication_factor=3, min_insync_replicas=2)
+    state = wait_in_sync(c, table.table_id)
+    errors_seen = []
+    stop = threading.Event()
+
+    def write():
+        with TableClient(c.admin, "db.rolling", retry_total_s=30) as client:
+            i = 0
+            while not stop.is_set():
+                try:
+                    client.upsert([{"id": i % 50, "v": str(i)}])
+                except errors.KvLeaseError as exc:
+                    errors_seen.append(exc)
+                i += 1
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        leader = server_by_id(c, state.leader)
+        c.tablets.remove(leader)
+        leader.stop()
+        after = bucket_state(c, table.table_id)
+        assert after.leader != state.leader and after.leader != -1
+    finally:
+        stop.set()
+        writer.join(30)
+    assert errors_seen == []
