@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import pyarrow as pa
 
-from client.scanner import check_limit
+from client.routing import LEADER_CHANGED
+from client.scanner import DEFAULT_MAX_RESUMES, check_limit
+from common import errors
 from common.codec import RowCodec
 from common.tables import TableInfo
+
+log = logging.getLogger(__name__)
+#: How a bucket's scan ends when its leader changed (a failover: NOT_LEADER, FENCED_LEADER_EPOCH, the
+#: server gone): :func:`scan_table` reads that bucket again from its start, as a new session.
+RESTART_ON = (*LEADER_CHANGED, errors.NetworkError)
 
 
 @dataclass
@@ -60,6 +68,13 @@ def scan_table(client, *, limit: int | None = None, buckets: Sequence[int] | Non
     ``log_offsets`` entry. ``on_batch(bucket, batch)`` is called for every
     batch (from worker threads when parallel). The first error stops the
     other buckets (their sessions are closed) and is raised.
+
+    A bucket whose scan lost its leader (:data:`RESTART_ON`; without
+    ``resume``, which resumes after the last key instead) is read again from
+    its start on the new leader as a new session (its snapshot and
+    ``log_offset`` replace the lost one's, so scan + changelog stay exact per
+    bucket; ``on_batch`` sees that bucket's batches again), at most
+    ``DEFAULT_MAX_RESUMES`` times.
     """
     table = client.table
     check_limit(limit)
@@ -69,6 +84,20 @@ def scan_table(client, *, limit: int | None = None, buckets: Sequence[int] | Non
     stop = threading.Event()
 
     def scan_bucket(bucket: int, bucket_limit: int | None = None) -> tuple[list[pa.RecordBatch], int, int]:
+        restarts = 0
+        while True:
+            try:
+                return scan_session(bucket, bucket_limit)
+            except RESTART_ON as exc:
+                # a session that was open and got lost (BucketScanner._lost), not an open out of retries
+                lost = "rows_delivered" in exc.details
+                if resume or not lost or stop.is_set() or restarts >= DEFAULT_MAX_RESUMES:
+                    raise
+                restarts += 1
+                log.info("scan of bucket %d lost its leader (%s); reading the bucket again on the new leader",
+                         bucket, exc.message)
+
+    def scan_session(bucket: int, bucket_limit: int | None) -> tuple[list[pa.RecordBatch], int, int]:
         batches = []
         options = {} if batch_size_bytes is None else {"batch_size_bytes": batch_size_bytes}
         with client.scanner(bucket, streaming=streaming, limit=bucket_limit, resume=resume, decode=decode,
