@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from dataclasses import dataclass, field
@@ -67,14 +68,8 @@ def scan_table(client, *, limit: int | None = None, buckets: Sequence[int] | Non
     ``limit`` rows are ever fetched; buckets not reached then have no
     ``log_offsets`` entry. ``on_batch(bucket, batch)`` is called for every
     batch (from worker threads when parallel). The first error stops the
-    other buckets (their sessions are closed) and is raised.
-
-    A bucket whose scan lost its leader (:data:`RESTART_ON`; without
-    ``resume``, which resumes after the last key instead) is read again from
-    its start on the new leader as a new session (its snapshot and
-    ``log_offset`` replace the lost one's, so scan + changelog stay exact per
-    bucket; ``on_batch`` sees that bucket's batches again), at most
-    ``DEFAULT_MAX_RESUMES`` times.
+    other buckets (their sessions are closed) and is raised. A bucket whose
+    scan lost its leader is read again as a new session (:func:`_restarting`).
     """
     table = client.table
     check_limit(limit)
@@ -83,22 +78,8 @@ def scan_table(client, *, limit: int | None = None, buckets: Sequence[int] | Non
         client.router.check_bucket(bucket)
     stop = threading.Event()
 
-    def scan_bucket(bucket: int, bucket_limit: int | None = None) -> tuple[list[pa.RecordBatch], int, int]:
-        restarts = 0
-        while True:
-            try:
-                return scan_session(bucket, bucket_limit)
-            except RESTART_ON as exc:
-                # a session that was open and got lost (BucketScanner._lost), not an open out of retries
-                lost = "rows_delivered" in exc.details
-                if resume or not lost or stop.is_set() or restarts >= DEFAULT_MAX_RESUMES:
-                    raise
-                restarts += 1
-                log.info("scan of bucket %d lost its leader (%s); reading the bucket again on the new leader",
-                         bucket, exc.message)
-
     def scan_session(bucket: int, bucket_limit: int | None) -> tuple[list[pa.RecordBatch], int, int]:
-        batches = []
+        batches: list[pa.RecordBatch] = []
         options = {} if batch_size_bytes is None else {"batch_size_bytes": batch_size_bytes}
         with client.scanner(bucket, streaming=streaming, limit=bucket_limit, resume=resume, decode=decode,
                             **options) as scanner:
@@ -108,6 +89,7 @@ def scan_table(client, *, limit: int | None = None, buckets: Sequence[int] | Non
                     on_batch(bucket, batch)
             return batches, scanner.log_offset, scanner.resumed
 
+    scan_bucket = functools.partial(_restarting, scan_session, give_up=lambda: resume or stop.is_set())
     per_bucket: dict[int, tuple[list[pa.RecordBatch], int, int]] = {}
     if limit is not None:
         remaining = limit
@@ -119,11 +101,10 @@ def scan_table(client, *, limit: int | None = None, buckets: Sequence[int] | Non
     else:
         def guarded(bucket: int):
             try:
-                return scan_bucket(bucket)
+                return scan_bucket(bucket, None)
             except BaseException:
                 stop.set()
                 raise
-
         for bucket, (result, error) in zip(wanted, client.map_parallel(guarded, wanted)):
             if error is not None:
                 raise error
@@ -132,3 +113,24 @@ def scan_table(client, *, limit: int | None = None, buckets: Sequence[int] | Non
                       batches=[b for bucket in sorted(per_bucket) for b in per_bucket[bucket][0]],
                       log_offsets={bucket: per_bucket[bucket][1] for bucket in sorted(per_bucket)},
                       resumed={bucket: per_bucket[bucket][2] for bucket in sorted(per_bucket)})
+
+
+def _restarting(scan: Callable[[int, int | None], tuple], bucket: int, limit: int | None, *,
+                give_up: Callable[[], bool]) -> tuple:
+    """``scan(bucket, limit)``, called again when the session it read lost its leader (:data:`RESTART_ON`),
+    at most ``DEFAULT_MAX_RESUMES`` times, unless ``give_up()`` (a scan with ``resume`` resumes after its
+    last key instead). The bucket is then read from its start on the new leader as a new session: its
+    snapshot and ``log_offset`` replace the lost one's, so scan + changelog stay exact per bucket
+    (``on_batch`` sees that bucket's batches again)."""
+    restarts = 0
+    while True:
+        try:
+            return scan(bucket, limit)
+        except RESTART_ON as exc:
+            # a session that was open and got lost (BucketScanner._lost), not an open out of retries
+            lost = "rows_delivered" in exc.details
+            if not lost or give_up() or restarts >= DEFAULT_MAX_RESUMES:
+                raise
+            restarts += 1
+            log.info("scan of bucket %d lost its leader (%s); reading the bucket again on the new leader",
+                     bucket, exc.message)
