@@ -2,7 +2,8 @@
 
 :class:`BucketRouter` caches the table and the leader of every bucket, as the
 coordinator's admin client reports them, and hands out stubs of the leaders'
-tablet servers. A call that meets ``NOT_LEADER``, ``LEADER_NOT_AVAILABLE`` or
+tablet servers. A call that meets ``NOT_LEADER``, ``FENCED_LEADER_EPOCH`` (it
+routed by a leader epoch older than the bucket's), ``LEADER_NOT_AVAILABLE`` or
 an unreachable server marks the routing it used stale (:meth:`BucketRouter.stale`);
 the next :meth:`~BucketRouter.routing` fetches it again. A routing is
 versioned, so a caller that read an old one cannot mark a newer one stale.
@@ -24,8 +25,10 @@ from common.tables import TableInfo
 from client.scan_wire import TabletStub
 from client.transport import Channels, is_int
 
+#: The answers of a server that is not (or no longer) the bucket's leader: the leader changed.
+LEADER_CHANGED = (errors.NotLeaderError, errors.FencedLeaderEpochError)
 #: Errors after which the cached assignment is fetched again before the next attempt.
-REROUTE = (errors.NotLeaderError, errors.LeaderNotAvailableError, errors.NetworkError)
+REROUTE = (*LEADER_CHANGED, errors.LeaderNotAvailableError, errors.NetworkError)
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,12 @@ class BucketRouter:
                                                  bucket=bucket)
         return leader.leader_address
 
+    def leader_epoch(self, routing: Routing, bucket: int) -> int | None:
+        """The leader epoch ``routing`` gives ``bucket`` (None: no leader in it): what a write routed by
+        it carries, so that a leader deposed since refuses it (FENCED_LEADER_EPOCH) instead of writing."""
+        leader = routing.leaders.get(bucket)
+        return None if leader is None else leader.leader_epoch
+
     def by_leader(self, routing: Routing, buckets: Iterable[int]) -> dict[str, list[int]]:
         """``{leader address: [buckets]}`` for ``buckets``, each list sorted."""
         groups: dict[str, list[int]] = {}
@@ -132,6 +141,15 @@ class BucketRoute:
         if self._routing is not None:
             self.router.stale(self._routing)
 
+    def moved_from(self, address: str) -> bool:
+        """Whether the bucket is now led by a live server other than ``address`` (the assignment is
+        fetched again to tell): a session on ``address`` is then gone for good, however long it is retried."""
+        self.stale()
+        try:
+            return self.leader()[0] != address
+        except errors.LeaderNotAvailableError:
+            return False  # no live leader yet: nothing says the session's server is not coming back
+
 
 class FixedRoute:
     """One stub for every call (tests, tools that already know the leader)."""
@@ -145,3 +163,6 @@ class FixedRoute:
 
     def stale(self) -> None:
         pass
+
+    def moved_from(self, address: str) -> bool:
+        return False

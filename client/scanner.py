@@ -22,14 +22,15 @@ Contract of a scanner:
   control for the same overlap.
 - **Opening** is routed to the bucket's leader and retried like any
   idempotent read of :class:`client.table.TableClient` (routing refreshed on
-  ``NOT_LEADER`` / ``LEADER_NOT_AVAILABLE`` / an unreachable server;
-  ``TOO_MANY_SCANNERS`` retried with backoff).
+  ``NOT_LEADER`` / ``FENCED_LEADER_EPOCH`` / ``LEADER_NOT_AVAILABLE`` / an
+  unreachable server; ``TOO_MANY_SCANNERS`` retried with backoff).
 - **Transport failure of a continuation** (gRPC UNAVAILABLE or
   DEADLINE_EXCEEDED): the same request, same ``call_seq_id``, is sent again
   with bounded exponential backoff (tenacity); the server replays the batch
   if it had already served it. Continuations always go to the server that
-  opened the session.
-- **The session is lost mid-scan** (``NOT_LEADER``, ``SCANNER_EXPIRED``,
+  opened the session; once another live server leads the bucket (a failover)
+  the replays stop: the session is lost (``NOT_LEADER``).
+- **The session is lost mid-scan** (``NOT_LEADER``, ``FENCED_LEADER_EPOCH``, ``SCANNER_EXPIRED``,
   ``UNKNOWN_SCANNER_ID``, or transport retries exhausted): the typed error
   (:func:`common.errors.error_for`) is raised with ``details``
   ``bucket``, ``resume_key`` (None if no batch was handed out yet),
@@ -71,13 +72,14 @@ from common.proto import tablet_pb2 as pb
 from common.tables import TableInfo
 from common.wire import error_from_pb
 from common.codec import RowCodec, ipc_to_batch
+from client.routing import LEADER_CHANGED, REROUTE
 from client.transport import RetryPolicy, is_int, rpc_error
 
 log = logging.getLogger(__name__)
 
 #: Errors after which the session is gone; ``resume=True`` opens a new scan after ``resume_key``.
 SESSION_LOST: tuple[type[errors.KvLeaseError], ...] = (
-    errors.NotLeaderError, errors.ScannerExpiredError, errors.UnknownScannerIdError, errors.NetworkError)
+    *LEADER_CHANGED, errors.ScannerExpiredError, errors.UnknownScannerIdError, errors.NetworkError)
 #: gRPC status codes of a continuation that is sent again unchanged (the server replays it).
 TRANSPORT_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 CLOSE_TIMEOUT_S = 5.0
@@ -274,7 +276,7 @@ class BucketScanner:
         After a transport failure the server may still hold it: a close is sent without waiting.
         """
         self._end(server_closed=not isinstance(error, errors.NetworkError), wait=False)
-        if isinstance(error, (errors.NotLeaderError, errors.NetworkError)):
+        if isinstance(error, REROUTE):
             self._route.stale()
         if not self.resume or self.resumed >= self.max_resumes:
             self._finished = True
@@ -341,12 +343,12 @@ class KvBatchScanner(BucketScanner):
                 response = stub.ScanKv.future(request, timeout=self._timeout_s).result()
             except grpc.RpcError as exc:
                 error = rpc_error(exc, "ScanKv", address, timeout_s=self._timeout_s, idempotent=True)
-                if isinstance(error, errors.NetworkError):
+                if isinstance(error, REROUTE):
                     self._route.stale()
                 raise error from None
             error = error_from_pb(response.error)
             if error is not None:
-                if isinstance(error, (errors.NotLeaderError, errors.LeaderNotAvailableError)):
+                if isinstance(error, REROUTE):
                     self._route.stale()
                 raise error
             return address, stub, response
@@ -376,7 +378,7 @@ class KvBatchScanner(BucketScanner):
                 return self._fail(rpc_error(exc, "ScanKv", self._address, timeout_s=self._timeout_s, idempotent=True))
             try:
                 response = self._replay(request)
-            except errors.NetworkError as error:  # replays exhausted
+            except (errors.NetworkError, errors.NotLeaderError) as error:  # replays exhausted, or the leader moved
                 return self._session_lost(error)
         self._pending = None
         error = error_from_pb(response.error)
@@ -403,7 +405,10 @@ class KvBatchScanner(BucketScanner):
             try:
                 response = future.result()
             except grpc.RpcError as exc:
-                raise rpc_error(exc, "ScanKv", self._address, timeout_s=self._timeout_s, idempotent=True) from None
+                error = rpc_error(exc, "ScanKv", self._address, timeout_s=self._timeout_s, idempotent=True)
+                if isinstance(error, errors.NetworkError) and self._route.moved_from(self._address):
+                    raise errors.NotLeaderError(f"{self._address} no longer leads the bucket ({error.message})")
+                raise error from None
             if response.error.code == errors.ErrorCode.INVALID_SCAN_REQUEST:
                 raise _CallInProgress(response)
             return response

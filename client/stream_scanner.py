@@ -10,6 +10,7 @@ from common import errors
 from common.proto import tablet_pb2 as pb
 from common.tables import TableInfo
 from common.wire import error_from_pb
+from client.routing import REROUTE
 from client.scanner import SESSION_LOST, BucketScanner
 from client.transport import rpc_error
 
@@ -43,13 +44,13 @@ class KvStreamScanner(BucketScanner):
             except grpc.RpcError as exc:
                 call.cancel()
                 error = rpc_error(exc, "ScanKvStream", address, timeout_s=None, idempotent=True)
-                if isinstance(error, errors.NetworkError):
+                if isinstance(error, REROUTE):
                     self._route.stale()
                 raise error from None
             error = error_from_pb(response.error)
             if error is not None:
                 call.cancel()
-                if isinstance(error, (errors.NotLeaderError, errors.LeaderNotAvailableError)):
+                if isinstance(error, REROUTE):
                     self._route.stale()
                 raise error
             return address, call, response

@@ -11,8 +11,10 @@ bucket, in parallel on a small thread pool. There is no atomicity across
 buckets: when one bucket fails after others succeeded, the error carries the
 buckets that were written in ``details["written"]``.
 
-Routing: ``NOT_LEADER``, ``LEADER_NOT_AVAILABLE`` and an unreachable server
-mark the cached assignment stale; the next attempt fetches it again. Every
+Routing: ``NOT_LEADER``, ``FENCED_LEADER_EPOCH``, ``LEADER_NOT_AVAILABLE`` and an
+unreachable server mark the cached assignment stale; the next attempt fetches it
+again (a write carries the leader epoch it was routed by, so a deposed leader
+refuses it instead of writing). Every
 retriable error (:data:`common.errors.RETRIABLE`) is retried with bounded
 exponential backoff and jitter (tenacity) for ``retry_total_s`` in all, then
 the last error is raised. Every wire error code becomes its typed exception
@@ -141,15 +143,19 @@ class TableClient:
         return response
 
     def _call_bucket(self, bucket: int, method: str, request, *, idempotent: bool,
-                     timeout_s: float | None = None):
-        """``method`` on the leader of ``bucket``, re-routed and retried as the module docstring says."""
+                     timeout_s: float | None = None, fenced: bool = False, watch: Callable | None = None):
+        """``method`` on the leader of ``bucket``, re-routed and retried as the module docstring says;
+        ``fenced``: every attempt's request carries the leader epoch of the routing it goes by;
+        ``watch`` wraps every attempt (:meth:`client.idempotent.BucketWriter.watch`)."""
         self.router.check_bucket(bucket)  # else a bucket the table lacks is "no leader" until the retries end
 
         def attempt():
             routing = self.router.routing()
-            return self.send(routing, self.router.leader(routing, bucket), method, request,
-                             idempotent=idempotent, timeout_s=timeout_s)
-        return self.retry.call(attempt)
+            address = self.router.leader(routing, bucket)
+            if fenced:
+                request.leader_epoch = self.router.leader_epoch(routing, bucket)
+            return self.send(routing, address, method, request, idempotent=idempotent, timeout_s=timeout_s)
+        return self.retry.call(attempt if watch is None else watch(attempt))
 
     def map_parallel(self, func: Callable[[Any], Any], items: list) -> list[tuple[Any, BaseException | None]]:
         """``func`` of every item, in parallel on the client's pool when there are several (at most
@@ -208,8 +214,8 @@ class TableClient:
             with self._writers.use(bucket) as writer:  # its batches one at a time, in order
                 for chunk in _chunks(rows):
                     request = pb.PutKvRequest(table_id=table_id, bucket=bucket, **{field: batch_to_ipc(chunk)})
-                    response = writer.send(request, lambda: self._call_bucket(bucket, "PutKv", request,
-                                                                              idempotent=True))
+                    response = writer.send(request, lambda watch: self._call_bucket(
+                        bucket, "PutKv", request, idempotent=True, fenced=True, watch=watch))
                     offsets.append((response.base_offset, response.next_offset))
             return offsets[0][0], offsets[-1][1]
 

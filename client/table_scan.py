@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import functools
+import logging
 import threading
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import pyarrow as pa
 
-from client.scanner import check_limit
+from client.routing import LEADER_CHANGED
+from client.scanner import DEFAULT_MAX_RESUMES, check_limit
+from common import errors
 from common.codec import RowCodec
 from common.tables import TableInfo
+
+log = logging.getLogger(__name__)
+#: How a bucket's scan ends when its leader changed (a failover: NOT_LEADER, FENCED_LEADER_EPOCH, the
+#: server gone): :func:`scan_table` reads that bucket again from its start, as a new session.
+RESTART_ON = (*LEADER_CHANGED, errors.NetworkError)
 
 
 @dataclass
@@ -59,7 +68,8 @@ def scan_table(client, *, limit: int | None = None, buckets: Sequence[int] | Non
     ``limit`` rows are ever fetched; buckets not reached then have no
     ``log_offsets`` entry. ``on_batch(bucket, batch)`` is called for every
     batch (from worker threads when parallel). The first error stops the
-    other buckets (their sessions are closed) and is raised.
+    other buckets (their sessions are closed) and is raised. A bucket whose
+    scan lost its leader is read again as a new session (:func:`_restarting`).
     """
     table = client.table
     check_limit(limit)
@@ -68,8 +78,8 @@ def scan_table(client, *, limit: int | None = None, buckets: Sequence[int] | Non
         client.router.check_bucket(bucket)
     stop = threading.Event()
 
-    def scan_bucket(bucket: int, bucket_limit: int | None = None) -> tuple[list[pa.RecordBatch], int, int]:
-        batches = []
+    def scan_session(bucket: int, bucket_limit: int | None) -> tuple[list[pa.RecordBatch], int, int]:
+        batches: list[pa.RecordBatch] = []
         options = {} if batch_size_bytes is None else {"batch_size_bytes": batch_size_bytes}
         with client.scanner(bucket, streaming=streaming, limit=bucket_limit, resume=resume, decode=decode,
                             **options) as scanner:
@@ -79,6 +89,7 @@ def scan_table(client, *, limit: int | None = None, buckets: Sequence[int] | Non
                     on_batch(bucket, batch)
             return batches, scanner.log_offset, scanner.resumed
 
+    scan_bucket = functools.partial(_restarting, scan_session, give_up=lambda: resume or stop.is_set())
     per_bucket: dict[int, tuple[list[pa.RecordBatch], int, int]] = {}
     if limit is not None:
         remaining = limit
@@ -90,11 +101,10 @@ def scan_table(client, *, limit: int | None = None, buckets: Sequence[int] | Non
     else:
         def guarded(bucket: int):
             try:
-                return scan_bucket(bucket)
+                return scan_bucket(bucket, None)
             except BaseException:
                 stop.set()
                 raise
-
         for bucket, (result, error) in zip(wanted, client.map_parallel(guarded, wanted)):
             if error is not None:
                 raise error
@@ -103,3 +113,24 @@ def scan_table(client, *, limit: int | None = None, buckets: Sequence[int] | Non
                       batches=[b for bucket in sorted(per_bucket) for b in per_bucket[bucket][0]],
                       log_offsets={bucket: per_bucket[bucket][1] for bucket in sorted(per_bucket)},
                       resumed={bucket: per_bucket[bucket][2] for bucket in sorted(per_bucket)})
+
+
+def _restarting(scan: Callable[[int, int | None], tuple], bucket: int, limit: int | None, *,
+                give_up: Callable[[], bool]) -> tuple:
+    """``scan(bucket, limit)``, called again when the session it read lost its leader (:data:`RESTART_ON`),
+    at most ``DEFAULT_MAX_RESUMES`` times, unless ``give_up()`` (a scan with ``resume`` resumes after its
+    last key instead). The bucket is then read from its start on the new leader as a new session: its
+    snapshot and ``log_offset`` replace the lost one's, so scan + changelog stay exact per bucket
+    (``on_batch`` sees that bucket's batches again)."""
+    restarts = 0
+    while True:
+        try:
+            return scan(bucket, limit)
+        except RESTART_ON as exc:
+            # a session that was open and got lost (BucketScanner._lost), not an open out of retries
+            lost = "rows_delivered" in exc.details
+            if not lost or give_up() or restarts >= DEFAULT_MAX_RESUMES:
+                raise
+            restarts += 1
+            log.info("scan of bucket %d lost its leader (%s); reading the bucket again on the new leader",
+                     bucket, exc.message)

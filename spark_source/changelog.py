@@ -1,10 +1,13 @@
 """Reading a bucket's changelog range ``[start, end)`` on an executor: as change rows, or as final key states.
 
 The range is fetched through the table client (``FetchLog`` on the bucket's
-leader, re-routed and retried there), entry by entry, cut at ``end``. A range
-that the changelog no longer holds, or that it does not reach yet, is an
-error naming the bucket and the offsets: a split never returns fewer rows
-than it was planned for.
+leader, re-routed and retried there, also across a failover: offsets are the
+same on every replica), entry by entry, cut at ``end``. A range that the
+changelog no longer holds, or that it does not reach yet, is an error naming
+the bucket and the offsets: a split never returns fewer rows than it was
+planned for. "Not yet" is waited for within the client's retry policy first:
+a leader that just took over may serve up to a high watermark a little behind
+the one the split was planned by, until its followers' next fetches.
 """
 
 from __future__ import annotations
@@ -27,18 +30,29 @@ class ChangelogRangeError(errors.NotFoundError):
     """The changelog does not hold the range a split needs (truncated, or not written yet)."""
 
 
+class _NotReachedYet(errors.RetriableError):
+    """The leader serves the changelog up to before the offset asked for (its high watermark)."""
+
+
+def _fetch(table: TableClient, bucket: int, offset: int) -> list[LogEntry]:
+    entries, log_end = table.fetch_log_entries(bucket, offset, FETCH_BYTES)
+    if not entries:
+        raise _NotReachedYet(f"table {table.table.path} bucket {bucket}: the changelog ends at {log_end}",
+                             log_end=log_end)
+    return entries
+
+
 def read_entries(table: TableClient, bucket: int, start: int, end: int) -> Iterator[LogEntry]:
     """The entries of ``[start, end)``, the last one cut at ``end``."""
     offset = start
     while offset < end:
         try:
-            entries, log_end = table.fetch_log_entries(bucket, offset, FETCH_BYTES)
+            entries = table.retry.call(_fetch, table, bucket, offset, retry_on=(_NotReachedYet,))
         except errors.InvalidRequestError as exc:  # the offset fell off the log's start
             raise ChangelogRangeError(f"table {table.table.path} bucket {bucket}: changelog records "
                                       f"{offset}..{end - 1} are no longer kept ({exc})") from None
-        if not entries:
-            raise ChangelogRangeError(f"table {table.table.path} bucket {bucket}: the changelog ends at "
-                                      f"{log_end}, the split needs records up to {end - 1}")
+        except _NotReachedYet as exc:
+            raise ChangelogRangeError(f"{exc.message}, the split needs records up to {end - 1}") from None
         for entry in entries:
             if entry.base_offset >= end:
                 return

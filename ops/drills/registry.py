@@ -21,6 +21,7 @@ DRILLS: dict[str, str] = {
     "coordinator-failover": "ops.drills.coordinator_failover",
     "zk-leader-loss": "ops.drills.zk_leader_loss",
     "tablet-restart": "ops.drills.tablet_restart",
+    "tablet-failover": "ops.drills.tablet_failover",
     "remote-outage": "ops.drills.remote_outage",
     "spark-failover": "ops.drills.spark_failover",
     "chaos": "ops.drills.chaos",
