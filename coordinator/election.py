@@ -46,7 +46,7 @@ def server_gone(a: BucketAssignment, gone: set[int], live: set[int], unclean: bo
     if a.replication_factor <= 1 or a.offline:
         return None  # one replica: it waits for its leader; offline: its ISR is kept for the last in-sync one
     if a.leader in gone or a.leader not in live:
-        isr = [r for r in a.isr if r not in gone and r in live]
+        isr = a.in_replica_order(r for r in a.isr if r not in gone and r in live)
         if isr:
             return Outcome(_new_leader(a, isr[0], isr))
         first_live = next((r for r in a.replicas if r in live and r not in gone), None)
@@ -69,7 +69,7 @@ def server_joined(a: BucketAssignment, joined: set[int], live: set[int], unclean
         return None
     if not a.offline or not joined & set(a.replicas):
         return None
-    isr = [r for r in a.isr if r in live]
+    isr = a.in_replica_order(r for r in a.isr if r in live)
     if isr:
         return Outcome(_new_leader(a, isr[0], isr))
     first_live = next((r for r in a.replicas if r in live), None)
