@@ -135,18 +135,6 @@ class Assignments:
                 under.append((t, b))
         return offline, under
 
-    # -- planning (no side effects): see coordinator.placement / coordinator.election -------------
-
-    def plan_new(self, buckets: int, live: list[int], capacity: Capacity | None = None,
-                 replication_factor: int = 1) -> Plan:
-        from coordinator.placement import place
-        return place(buckets, replication_factor, live, self.load_per_server(), self.leaders_per_server(),
-                     capacity or {})
-
-    def plan_servers_joined(self, joined: set[int], live: list[int], capacity: Capacity | None = None) -> Changes:
-        from coordinator.election import servers_joined
-        return servers_joined(self, joined, set(live), capacity or {})
-
     # -- ZooKeeper ops ---------------------------------------------------------------------
 
     @staticmethod

@@ -62,7 +62,7 @@ def server_gone(a: BucketAssignment, gone: set[int], live: set[int], unclean: bo
 
 def server_joined(a: BucketAssignment, joined: set[int], live: set[int], unclean: bool = False) -> Outcome | None:
     """``a`` once the ``joined`` servers are live (a new incarnation); None: unchanged. Unassigned
-    one-replica buckets are placed by :func:`servers_joined`."""
+    one-replica buckets are placed by :func:`servers_changed`."""
     if a.replication_factor <= 1:
         if a.leader in joined:
             return Outcome(replace(a, leader_epoch=a.leader_epoch + 1, bucket_epoch=a.bucket_epoch + 1))

@@ -25,6 +25,7 @@ from coordinator import election
 from coordinator.assignment import UNASSIGNED, Assignments, BucketAssignment, Changes
 from coordinator.catalog import TableCatalog
 from coordinator.fencing import FencedWriter, chunks
+from coordinator.placement import plan_new
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ class Membership:
     def load(self) -> None:
         """Failover: load the assignments of the catalog's tables; plan those that have none."""
         for table_id in self.assignments.load(self.zk, sorted(self.catalog.by_id)):
-            plan = self.assignments.plan_new(self.catalog.by_id[table_id].buckets, [])
+            plan = plan_new(self.assignments, self.catalog.by_id[table_id].buckets, [])
             self.writer.commit([self.assignments.create_op(table_id, plan)])
             self.assignments.set(table_id, plan)
         self.refresh_metrics()
@@ -78,7 +79,7 @@ class Membership:
                 f"tablet.buckets.max); add tablet servers, raise their tablet.buckets.max or drop tables",
                 table=table.path)
         try:
-            plan = self.assignments.plan_new(table.buckets, live, self.capacity, rf)
+            plan = plan_new(self.assignments, table.buckets, live, self.capacity, rf)
         except errors.InvalidRequestError as exc:
             raise errors.InvalidRequestError(f"cannot create table {table.path}: {exc.message}",
                                              table=table.path) from None

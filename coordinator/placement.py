@@ -18,7 +18,14 @@ from __future__ import annotations
 from collections import Counter
 
 from common import errors
-from coordinator.assignment import UNASSIGNED, BucketAssignment, Capacity
+from coordinator.assignment import UNASSIGNED, Assignments, BucketAssignment, Capacity
+
+
+def plan_new(assignments: Assignments, buckets: int, live: list[int], capacity: Capacity | None = None,
+             replication_factor: int = 1) -> dict[int, BucketAssignment]:
+    """A new table's buckets placed on the live servers, counting what they hold already (:func:`place`)."""
+    return place(buckets, replication_factor, live, assignments.load_per_server(), assignments.leaders_per_server(),
+                 capacity or {})
 
 
 def place(buckets: int, replication_factor: int, live: list[int], replicas_held: Counter[int],

@@ -11,6 +11,8 @@ from common.storage import open_storage
 from common.tables import Column, TableSpec
 from common.zk import loads, make_client
 from coordinator import requests as rq
+from coordinator.placement import plan_new
+from coordinator.election import servers_joined
 from coordinator.assignment import UNASSIGNED, Assignments, BucketAssignment
 from coordinator.controller import Controller
 from coordinator.fencing import FencedWriter, bump_epoch
@@ -19,15 +21,15 @@ from coordinator.fencing import FencedWriter, bump_epoch
 @pytest.mark.unit
 def test_new_tables_spread_over_the_least_loaded_servers():
     a = Assignments()
-    a.set(1, a.plan_new(3, [1, 2]))
+    a.set(1, plan_new(a, 3, [1, 2]))
     assert sorted(x.leader for x in a.table(1).values()) == [1, 1, 2]
-    plan = a.plan_new(3, [1, 2, 3])
+    plan = plan_new(a, 3, [1, 2, 3])
     assert sorted(x.leader for x in plan.values()) == [2, 3, 3]
     load = a.load_per_server()
     for x in plan.values():
         load[x.leader] += 1
     assert max(load.values()) - min(load.values()) <= 1
-    assert a.plan_new(2, []) == {0: BucketAssignment(UNASSIGNED, 0), 1: BucketAssignment(UNASSIGNED, 0)}
+    assert plan_new(a, 2, []) == {0: BucketAssignment(UNASSIGNED, 0), 1: BucketAssignment(UNASSIGNED, 0)}
 
 
 @pytest.mark.unit
@@ -35,11 +37,11 @@ def test_rejoining_server_gets_new_epochs_and_unassigned_buckets_get_leaders():
     a = Assignments()
     a.set(1, {0: BucketAssignment(1, 1), 1: BucketAssignment(2, 1)})
     a.set(2, {0: BucketAssignment(UNASSIGNED, 0)})
-    changes = a.plan_servers_joined({1}, [1, 2])
+    changes = servers_joined(a, {1}, {1, 2}, {})
     assert changes[1][0] == BucketAssignment(1, 2)
     assert changes[1][1] == BucketAssignment(2, 1)  # untouched
     assert changes[2][0].leader in (1, 2) and changes[2][0].leader_epoch == 1
-    assert a.plan_servers_joined(set(), []) == {}
+    assert servers_joined(a, set(), set(), {}) == {}
 
 
 class Recorder:

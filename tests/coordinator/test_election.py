@@ -8,6 +8,7 @@ import pytest
 
 from common import errors
 from coordinator import election
+from coordinator.placement import plan_new
 from coordinator.assignment import UNASSIGNED, Assignments, BucketAssignment
 from coordinator.placement import place
 
@@ -42,14 +43,14 @@ def test_replicas_and_leaders_spread_evenly_on_distinct_servers(buckets, rf, ser
 def test_placement_evens_out_what_servers_already_hold_and_respects_capacity():
     a = Assignments()
     a.set(1, place(2, 2, [1, 2], Counter(), Counter(), {}))  # servers 1 and 2 hold 2 replicas each
-    plan = a.plan_new(3, [1, 2, 3], {}, replication_factor=2)
+    plan = plan_new(a, 3, [1, 2, 3], {}, replication_factor=2)
     replicas = Counter(r for p in (a.table(1), plan) for x in p.values() for r in x.replicas)
     leaders = Counter(x.leader for p in (a.table(1), plan) for x in p.values())
     assert sorted(replicas.values()) == [3, 3, 4] and sorted(leaders.values()) == [1, 2, 2]
-    plan = a.plan_new(1, [1, 2, 3], {1: 3, 2: 2}, replication_factor=2)  # 2 is full, 1 has room for one
+    plan = plan_new(a, 1, [1, 2, 3], {1: 3, 2: 2}, replication_factor=2)  # 2 is full, 1 has room for one
     assert plan[0].replicas == (3, 1)
     with pytest.raises(errors.InvalidRequestError, match="bucket 0 needs 2 tablet servers with room"):
-        a.plan_new(1, [1, 2, 3], {1: 2, 2: 2, 3: 5}, replication_factor=2)
+        plan_new(a, 1, [1, 2, 3], {1: 2, 2: 2, 3: 5}, replication_factor=2)
 
 
 def test_old_nodes_load_with_their_leader_as_replicas_and_isr():
