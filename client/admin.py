@@ -22,10 +22,11 @@ from common import config as cfg
 from common import errors
 from common.proto import coordinator_pb2 as pb
 from common.proto import coordinator_pb2_grpc as pb_grpc
-from client.admin_types import (AcquireResult, BucketLeader, CoordinatorInfo, ReleaseResult, SnapshotInfo,
-                                TabletServerInfo)
+from client.admin_types import (AcquireResult, AlterIsrResult, BucketLeader, BucketRef, ClusterHealth,
+                                CoordinatorInfo, ReleaseResult, SnapshotInfo, TabletServerInfo)
 from client.bootstrap import parse_bootstrap, refuse_path
 from client.coalescing import BatchInterrupted, Coalescer
+from client.replication_admin import ReplicationAdmin
 from client.security_admin import SecurityAdmin
 from client.transport import (RETRIABLE, Channels, NotServedError, RetryPolicy, UnknownOutcomes, arguments, is_int,
                               rpc_error)
@@ -38,7 +39,8 @@ from common.model import Lease, SnapshotHandle, TableBucket
 
 #: re-exported: callers import the answer types and parse_bootstrap from here
 __all__ = ["AdminClient", "wait_for_active", "parse_bootstrap", "READS", "IDEMPOTENT", "RETRIABLE_IF_IDEMPOTENT",
-           "AcquireResult", "BucketLeader", "CoordinatorInfo", "ReleaseResult", "SnapshotInfo", "TabletServerInfo"]
+           "AcquireResult", "AlterIsrResult", "BucketLeader", "BucketRef", "ClusterHealth", "CoordinatorInfo",
+           "ReleaseResult", "SnapshotInfo", "TabletServerInfo"]
 
 #: Coordinator calls that change nothing: one that timed out is simply asked again.
 READS = frozenset({
@@ -55,6 +57,9 @@ IDEMPOTENT = READS | frozenset({
     # SecurityService: AddUser of a user that exists with the same password answers created=false,
     # the others answer false when nothing changed (see coordinator/security_service.py)
     "AddUser", "RemoveUser", "AddAcl", "RemoveAcl",
+    # replication (a tablet server's calls): an AlterIsr resent after its answer was lost finds the ISR it
+    # asked for and answers it; a controlled shutdown sent again moves what is left
+    "AlterIsr", "ControlledShutdown",
 })
 
 
@@ -76,7 +81,7 @@ def _buckets(buckets):
     return buckets
 
 
-class AdminClient(SecurityAdmin):
+class AdminClient(SecurityAdmin, ReplicationAdmin):
     """Thread-safe; one gRPC channel per coordinator address."""
 
     def __init__(self, bootstrap: str | Sequence[str], config: cfg.Config | None = None, *,
@@ -136,7 +141,10 @@ class AdminClient(SecurityAdmin):
                 self._address = self._bootstrap[self._next_bootstrap % len(self._bootstrap)]
                 self._next_bootstrap += 1
 
-    def _call_once(self, method: str, request, stub_class: type = pb_grpc.CoordinatorServiceStub):
+    def _call_once(self, method: str, request, stub_class: type = pb_grpc.CoordinatorServiceStub,
+                   answered: tuple[type[errors.KvLeaseError], ...] = ()):
+        """One call; ``answered``: errors returned in the response (for the caller to read with its other
+        fields) instead of raised."""
         self._check_open()
         address = self._address
         try:
@@ -150,6 +158,8 @@ class AdminClient(SecurityAdmin):
             if isinstance(err, (errors.NetworkError, errors.OutcomeUnknownError)):
                 self._move_to(err, address)
             raise err from None
+        if answered and isinstance(error_from_pb(response.error), answered):
+            return response
         try:
             raise_for(response.error)
         except (errors.NotCoordinatorError, errors.CoordinatorFencedError) as exc:
@@ -165,13 +175,15 @@ class AdminClient(SecurityAdmin):
                                              **exc.details) from None
         return response
 
-    def _call(self, method: str, request, stub_class: type = pb_grpc.CoordinatorServiceStub):
-        """``method`` of the active coordinator's service ``stub_class`` (default CoordinatorService)."""
+    def _call(self, method: str, request, stub_class: type = pb_grpc.CoordinatorServiceStub,
+              answered: tuple[type[errors.KvLeaseError], ...] = ()):
+        """``method`` of the active coordinator's service ``stub_class`` (default CoordinatorService);
+        ``answered``: errors returned in the response instead of raised (see :meth:`_call_once`)."""
         retry_on = RETRIABLE_IF_IDEMPOTENT if method in IDEMPOTENT else RETRIABLE
         unknown = UnknownOutcomes()
         attempt = self._call_once if method in READS else unknown.watch(self._call_once)
         try:
-            return self.retry.call(attempt, method, request, stub_class, retry_on=retry_on)
+            return self.retry.call(attempt, method, request, stub_class, answered, retry_on=retry_on)
         except RETRIABLE as exc:
             raise unknown.given_up(exc) from None
 
@@ -204,11 +216,14 @@ class AdminClient(SecurityAdmin):
     # -- tables -----------------------------------------------------------------
 
     def create_table(self, path: str, columns: Sequence[Column], primary_key: Sequence[str], buckets: int,
-                     ignore_if_exists: bool = False) -> TableInfo:
+                     ignore_if_exists: bool = False, *, replication_factor: int | None = None,
+                     min_insync_replicas: int | None = None) -> TableInfo:
         """Create table ``path`` (``DB.NAME``); returns it. ``columns``: :class:`common.tables.Column`
-        objects; ``primary_key``: column names; ``buckets``: how many. TableAlreadyExistError if it exists
-        (with ``ignore_if_exists``, only if its definition differs: an equal one is returned);
-        InvalidTableError for a bad definition."""
+        objects; ``primary_key``: column names; ``buckets``: how many; ``replication_factor`` /
+        ``min_insync_replicas`` (None: the coordinator's default.replication-factor / min.insync-replicas).
+        TableAlreadyExistError if it exists (with ``ignore_if_exists``, only if its definition differs: an
+        equal one is returned); InvalidTableError for a bad definition; InvalidRequestError if the
+        replication factor is more than the live tablet servers."""
         db, name = parse_table_path(path)
         if isinstance(primary_key, str):  # list("id") would be the key ('i', 'd')
             raise errors.InvalidTableError(f"primary_key: a list of column names, e.g. [{errors.show(primary_key)}], not a "
@@ -220,9 +235,13 @@ class AdminClient(SecurityAdmin):
             raise errors.InvalidTableError(f"buckets: an int, got {errors.show(buckets)}")
         buckets = int(buckets)
         validate_spec(TableSpec(db, name, tuple(columns), tuple(primary_key), buckets))  # the coordinator's rules
+        for what, value in (("replication_factor", replication_factor), ("min_insync_replicas", min_insync_replicas)):
+            if value is not None and not is_int(value):
+                raise errors.InvalidTableError(f"{what}: an int, got {errors.show(value)}")
         response = self._call("CreateTable", pb.CreateTableRequest(
             database=db, name=name, columns=[pb.ColumnPb(name=c.name, type=c.type) for c in columns],
-            primary_key=list(primary_key), buckets=buckets, ignore_if_exists=ignore_if_exists))
+            primary_key=list(primary_key), buckets=buckets, ignore_if_exists=ignore_if_exists,
+            replication_factor=replication_factor, min_insync_replicas=min_insync_replicas))
         return table_from_pb(response.table)
 
     def drop_table(self, path: str, ignore_if_not_exists: bool = False) -> bool:
@@ -252,16 +271,16 @@ class AdminClient(SecurityAdmin):
         return table_from_pb(self._call("GetTable", pb.GetTableRequest(table_id=table_id)).table)
 
     def get_table_assignment(self, table_id: int) -> tuple[TableInfo, dict[int, BucketLeader]]:
-        """The table and each bucket's leader (address empty while its server is gone)."""
+        """The table and each bucket's leader (address empty while its server is gone), replicas and ISR."""
         response = self._call("GetTableAssignment", pb.GetTableAssignmentRequest(table_id=table_id))
-        leaders = {b.bucket: BucketLeader(b.bucket, b.leader_id, b.leader_address, b.leader_epoch)
+        leaders = {b.bucket: BucketLeader(b.bucket, b.leader_id, b.leader_address, b.leader_epoch, tuple(b.replicas),
+                                          tuple(b.isr), b.bucket_epoch)
                    for b in response.buckets}
         return table_from_pb(response.table), leaders
 
     def list_tablet_servers(self) -> list[TabletServerInfo]:
-        """The live tablet servers: id, address and how many buckets each leads."""
-        response = self._call("ListTabletServers", pb.ListTabletServersRequest())
-        return [TabletServerInfo(s.id, s.address, s.buckets) for s in response.servers]
+        """The live tablet servers: id, address, how many buckets each leads and how many replicas it holds."""
+        return list(self.cluster_health().servers)
 
     # -- snapshots ----------------------------------------------------------------
 

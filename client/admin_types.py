@@ -50,17 +50,54 @@ class SnapshotInfo:
 
 @dataclass(frozen=True)
 class BucketLeader:
+    """A bucket's replicas and leader (DESIGN.md "Replication")."""
+
     bucket: int
-    leader_id: int  # -1: not assigned yet
+    leader_id: int  # -1: none (not assigned yet, or offline: no live in-sync replica)
     leader_address: str  # "": the leader's tablet server is not live
     leader_epoch: int
+    replicas: tuple[int, ...] = ()  # tablet ids, the preferred leader first
+    isr: tuple[int, ...] = ()  # the in-sync replicas (the leader among them)
+    bucket_epoch: int = 0  # +1 on every change of leader or ISR
+
+    @property
+    def under_replicated(self) -> bool:
+        return len(self.isr) < len(self.replicas)
 
 
 @dataclass(frozen=True)
 class TabletServerInfo:
     id: int
     address: str
-    buckets: int
+    buckets: int  # buckets it leads
+    replicas: int = 0  # bucket replicas it holds (led or followed)
+
+
+@dataclass(frozen=True)
+class BucketRef:
+    table_id: int
+    table: str  # DB.NAME
+    bucket: int
+
+
+@dataclass(frozen=True)
+class ClusterHealth:
+    """The live tablet servers, the buckets with no live leader (offline) and those whose ISR is smaller
+    than their replicas (under-replicated, with a live leader)."""
+
+    servers: tuple[TabletServerInfo, ...]
+    offline: tuple[BucketRef, ...]
+    under_replicated: tuple[BucketRef, ...]
+
+
+@dataclass(frozen=True)
+class AlterIsrResult:
+    """A bucket's state after an AlterIsr."""
+
+    isr: tuple[int, ...]
+    leader: int
+    leader_epoch: int
+    bucket_epoch: int
 
 
 @dataclass(frozen=True)

@@ -1,24 +1,26 @@
-"""Bucket leaders: which tablet server leads each bucket, with a leader epoch.
+"""Bucket replicas and leaders: who holds each bucket, who leads it, who is in sync (DESIGN.md "Replication").
 
-One replica per bucket for now: a bucket's data lives on its leader's disk,
-so a bucket is never moved to another server; while its server is gone the
-bucket answers ``LEADER_NOT_AVAILABLE``. The stored shape already has
-``replicas`` so replication can come without a migration.
+Per bucket: ``replicas`` (ordered tablet ids on distinct servers, the
+preferred leader first), ``leader`` (-1: none), ``leader_epoch`` (+1 on every
+leader change), ``isr`` (the in-sync replicas, in ``replicas`` order, always
+holding the leader when there is one) and ``bucket_epoch`` (+1 on every
+change of this state).
 
-``/tables/{table_id}/assignment`` holds ``{"buckets": {"0": {"leader": 3,
-"leader_epoch": 2, "replicas": [3]}, …}}``; leader -1 means not assigned yet
-(no live tablet server with room when the table was created).
+``/tables/{table_id}/assignment`` holds ``{"buckets": {"0": {"replicas": [3, 1], "leader": 3,
+"leader_epoch": 2, "isr": [3, 1], "bucket_epoch": 4}, …}}``. A node written before replication
+has no ``isr`` / ``bucket_epoch``: its replicas and ISR are its leader (none if -1) and its bucket
+epoch is its leader epoch. Leader -1 with no replicas: not assigned yet (a one-replica table created
+while no tablet server was live).
 
-Capacity: a tablet server registers the most buckets it leads
-(``max_buckets``, ``tablet.buckets.max``); planning takes ``capacity``
-(server id -> that number, or None: no limit) and places no bucket on a
-server that leads that many.
+Capacity: a tablet server registers the most bucket replicas it holds (``max_buckets``,
+``tablet.buckets.max``); every replica counts. Planning is pure:
+:mod:`coordinator.placement` places new tables, :mod:`coordinator.election` moves leaders and ISRs.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field
 from typing import Mapping
 
 from kazoo.client import KazooClient
@@ -29,84 +31,120 @@ from common.zk import ZkOp, dumps, loads
 
 UNASSIGNED = -1
 
-Capacity = Mapping[int, "int | None"]  # server id -> the most buckets it leads (None or absent: no limit)
+Capacity = Mapping[int, "int | None"]  # server id -> the most replicas it holds (None or absent: no limit)
 
 
 @dataclass(frozen=True)
 class BucketAssignment:
+    """One bucket's replication state. Built with only ``leader`` and ``leader_epoch`` (a one-replica
+    bucket, or an old node), its replicas and ISR are the leader and its bucket epoch the leader epoch."""
+
     leader: int
     leader_epoch: int
+    replicas: tuple[int, ...] = field(default=None)  # type: ignore[assignment]
+    isr: tuple[int, ...] = field(default=None)  # type: ignore[assignment]
+    bucket_epoch: int = field(default=None)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        alone = () if self.leader == UNASSIGNED else (self.leader,)
+        object.__setattr__(self, "replicas", alone if self.replicas is None else tuple(self.replicas))
+        object.__setattr__(self, "isr", alone if self.isr is None else tuple(self.isr))
+        if self.bucket_epoch is None:
+            object.__setattr__(self, "bucket_epoch", self.leader_epoch)
+
+    @property
+    def replication_factor(self) -> int:
+        return len(self.replicas)
+
+    @property
+    def offline(self) -> bool:
+        """No leader (its replicas are gone, or none is in sync)."""
+        return self.leader == UNASSIGNED
+
+    def in_replica_order(self, servers) -> tuple[int, ...]:
+        """``servers`` (a subset of the replicas) in ``replicas`` order."""
+        wanted = set(servers)
+        return tuple(r for r in self.replicas if r in wanted)
 
     def to_json(self) -> dict:
-        replicas = [] if self.leader == UNASSIGNED else [self.leader]
-        return {"leader": self.leader, "leader_epoch": self.leader_epoch, "replicas": replicas}
+        return {"leader": self.leader, "leader_epoch": self.leader_epoch, "replicas": list(self.replicas),
+                "isr": list(self.isr), "bucket_epoch": self.bucket_epoch}
+
+    @classmethod
+    def from_json(cls, node: Mapping) -> "BucketAssignment":
+        leader, epoch = int(node["leader"]), int(node["leader_epoch"])
+        replicas = node.get("replicas")
+        isr = node.get("isr")
+        return cls(leader, epoch,
+                   None if replicas is None or isr is None else tuple(int(r) for r in replicas),
+                   None if replicas is None or isr is None else tuple(int(r) for r in isr),
+                   int(node["bucket_epoch"]) if "bucket_epoch" in node else epoch)
+
+
+Plan = dict[int, BucketAssignment]  # bucket -> its state
+Changes = dict[int, Plan]  # table id -> every bucket of the table (the changed ones changed)
 
 
 class Assignments:
     def __init__(self) -> None:
-        self.by_table: dict[int, dict[int, BucketAssignment]] = {}
+        self.by_table: dict[int, Plan] = {}
 
     # -- queries --------------------------------------------------------------------
 
-    def table(self, table_id: int) -> dict[int, BucketAssignment]:
+    def table(self, table_id: int) -> Plan:
         return self.by_table.get(table_id, {})
 
+    def all(self):
+        """Every bucket: (table id, bucket, state)."""
+        return ((t, b, a) for t, buckets in self.by_table.items() for b, a in buckets.items())
+
     def load_per_server(self) -> Counter[int]:
-        return Counter(a.leader for buckets in self.by_table.values() for a in buckets.values()
-                       if a.leader != UNASSIGNED)
+        """Replicas per server (what its capacity counts)."""
+        return Counter(r for _t, _b, a in self.all() for r in a.replicas)
+
+    def leaders_per_server(self) -> Counter[int]:
+        return Counter(a.leader for _t, _b, a in self.all() if a.leader != UNASSIGNED)
 
     def led_by(self, server_id: int) -> list[tuple[int, int, BucketAssignment]]:
-        return sorted((t, b, a) for t, buckets in self.by_table.items() for b, a in buckets.items()
-                      if a.leader == server_id)
+        return sorted((t, b, a) for t, b, a in self.all() if a.leader == server_id)
+
+    def held_by(self, server_id: int) -> list[tuple[int, int, BucketAssignment]]:
+        """The buckets the server holds a replica of (led or followed)."""
+        return sorted((t, b, a) for t, b, a in self.all() if server_id in a.replicas or a.leader == server_id)
 
     def leaders_of(self, table_id: int) -> set[int]:
         return {a.leader for a in self.table(table_id).values() if a.leader != UNASSIGNED}
 
+    def holders_of(self, table_id: int) -> set[int]:
+        """Every server holding a replica of the table."""
+        return {r for a in self.table(table_id).values() for r in a.replicas} | self.leaders_of(table_id)
+
     def room(self, live: list[int], capacity: Capacity) -> dict[int, int | None]:
-        """How many more buckets each live server takes (None: no limit)."""
+        """How many more replicas each live server takes (None: no limit)."""
         load = self.load_per_server()
         return {s: None if capacity.get(s) is None else max(0, capacity[s] - load[s]) for s in sorted(live)}
 
-    # -- planning (no side effects) --------------------------------------------------------
+    def health(self, live: set[int]) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """``(offline, under_replicated)`` (table id, bucket) lists: no live leader; a live leader with
+        an ISR smaller than the replicas."""
+        offline, under = [], []
+        for t, b, a in sorted(self.all(), key=lambda x: (x[0], x[1])):
+            if a.leader == UNASSIGNED or a.leader not in live:
+                offline.append((t, b))
+            elif len(a.isr) < len(a.replicas):
+                under.append((t, b))
+        return offline, under
 
-    def plan_new(self, buckets: int, live: list[int], capacity: Capacity | None = None) -> dict[int, BucketAssignment]:
-        """Spread a new table's buckets over the live servers with room, least loaded first; a
-        bucket no server has room for stays unassigned (check :meth:`room` first)."""
-        load = self.load_per_server()
-        plan = {}
-        for bucket in range(buckets):
-            server = _least_loaded(live, load, capacity or {})
-            plan[bucket] = BucketAssignment(server, 0 if server == UNASSIGNED else 1)
-        return plan
-
-    def plan_servers_joined(self, joined: set[int], live: list[int],
-                            capacity: Capacity | None = None) -> dict[int, dict[int, BucketAssignment]]:
-        """New assignments after servers (re)joined: their buckets get a new leader
-        epoch; unassigned buckets go to the least loaded live servers with room."""
-        load = self.load_per_server()
-        changed: dict[int, dict[int, BucketAssignment]] = {}
-        for table_id, buckets in self.by_table.items():
-            for bucket, current in buckets.items():
-                if current.leader in joined:
-                    new = replace(current, leader_epoch=current.leader_epoch + 1)
-                elif current.leader == UNASSIGNED and live:
-                    server = _least_loaded(live, load, capacity or {})
-                    if server == UNASSIGNED:
-                        continue
-                    new = BucketAssignment(server, current.leader_epoch + 1)
-                else:
-                    continue
-                changed.setdefault(table_id, dict(buckets))[bucket] = new
-        return changed
+    # -- ZooKeeper ops ---------------------------------------------------------------------
 
     @staticmethod
-    def node(plan: dict[int, BucketAssignment]) -> bytes:
+    def node(plan: Plan) -> bytes:
         return dumps({"buckets": {str(b): a.to_json() for b, a in sorted(plan.items())}})
 
-    def create_op(self, table_id: int, plan: dict[int, BucketAssignment]) -> ZkOp:
+    def create_op(self, table_id: int, plan: Plan) -> ZkOp:
         return ZkOp("create", zkpaths.table_assignment(table_id), self.node(plan))
 
-    def set_op(self, table_id: int, plan: dict[int, BucketAssignment]) -> ZkOp:
+    def set_op(self, table_id: int, plan: Plan) -> ZkOp:
         return ZkOp("set", zkpaths.table_assignment(table_id), self.node(plan))
 
     @staticmethod
@@ -115,7 +153,7 @@ class Assignments:
 
     # -- applying -------------------------------------------------------------------
 
-    def set(self, table_id: int, plan: dict[int, BucketAssignment]) -> None:
+    def set(self, table_id: int, plan: Plan) -> None:
         self.by_table[table_id] = dict(plan)
 
     def remove(self, table_id: int) -> None:
@@ -134,16 +172,5 @@ class Assignments:
                 missing.append(table_id)
                 continue
             node = loads(data)
-            self.by_table[table_id] = {int(b): BucketAssignment(int(a["leader"]), int(a["leader_epoch"]))
-                                       for b, a in node["buckets"].items()}
+            self.by_table[table_id] = {int(b): BucketAssignment.from_json(a) for b, a in node["buckets"].items()}
         return missing
-
-
-def _least_loaded(live: list[int], load: Counter[int], capacity: Capacity) -> int:
-    """The least loaded live server with room (counted into ``load``), or UNASSIGNED if none has."""
-    with_room = [s for s in sorted(live) if capacity.get(s) is None or load[s] < capacity[s]]
-    if not with_room:
-        return UNASSIGNED
-    server = min(with_room, key=lambda s: load[s])
-    load[server] += 1
-    return server

@@ -52,9 +52,10 @@ class TableCatalog:
 
     # -- changes: ops first, then apply ---------------------------------------------
 
-    def create_ops(self, spec: TableSpec, now_ms: int) -> tuple[TableInfo, list[ZkOp]]:
+    def create_ops(self, spec: TableSpec, now_ms: int, replication_factor: int = 1,
+                   min_insync_replicas: int = 1) -> tuple[TableInfo, list[ZkOp]]:
         table = TableInfo(self.last_id + 1, spec.database, spec.name, spec.columns, spec.primary_key,
-                          spec.buckets, now_ms)
+                          spec.buckets, now_ms, replication_factor, min_insync_replicas)
         counter = dumps({"last_id": table.table_id})
         ops = [ZkOp("create", zkpaths.TABLE_ID_COUNTER, counter) if self.counter_version < 0
                else ZkOp("set", zkpaths.TABLE_ID_COUNTER, counter)]

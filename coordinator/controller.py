@@ -68,8 +68,11 @@ def _barrier(method):
 class Controller(Dispatcher):
     def __init__(self, zk: KazooClient, storage: RemoteStorage, *, num_retained: int, max_lease_ms: int,
                  grace_ms: int, clock_ms: Callable[[], int], metrics=None, notify: Notify | None = None,
-                 tls: TlsFiles | None = None, credentials: tuple[str, str] | None = None) -> None:
-        """``tls`` and ``credentials`` (the cluster's own): how commits' log ends are asked of leaders."""
+                 tls: TlsFiles | None = None, credentials: tuple[str, str] | None = None,
+                 default_replication: tuple[int, int] = (1, 1), unclean_election: bool = False) -> None:
+        """``tls`` and ``credentials`` (the cluster's own): how commits' log ends are asked of leaders.
+        ``default_replication``: (default.replication-factor, min.insync-replicas) of a table created without
+        its own; ``unclean_election``: unclean.leader-election."""
         self.zk = zk
         self.storage = storage
         self.clock_ms = clock_ms
@@ -77,7 +80,7 @@ class Controller(Dispatcher):
         self.metrics = metrics
         self.files = FileCollector(storage)
         catalog = TableCatalog()
-        self.members = Membership(zk, catalog, notify)
+        self.members = Membership(zk, catalog, notify, unclean_election=unclean_election, metrics=metrics)
         self.lease_shell = LeaseShell(ls.LeaseState(self, max_lease_ms), LeaseStore(storage), clock_ms=clock_ms,
                                       on_freed=lambda buckets: self.snapshot_commits.reclaim(buckets),
                                       metrics=metrics)
@@ -85,7 +88,8 @@ class Controller(Dispatcher):
             zk, self.files, num_retained=num_retained, clock_ms=clock_ms,
             is_protected=self._is_protected,
             holders=lambda tb, sid: self.leases.refs.holders(tb, sid))
-        self.tables = Tables(catalog, self.members, self.lease_shell, self.snapshot_commits, clock_ms)
+        self.tables = Tables(catalog, self.members, self.lease_shell, self.snapshot_commits, clock_ms,
+                             default_replication)
         #: Commits' log-end checks (gRPC handler threads, never the loop), over channels kept while active.
         self.log_ends = LeaderLogEnds(tls=tls, credentials=credentials)
 
@@ -261,7 +265,11 @@ class Controller(Dispatcher):
     @on(rq.ListTabletServers)
     @_query
     def _list_servers(self, _request: rq.ListTabletServers):
-        return self.members.server_rows()
+        """(server rows, offline buckets, under-replicated buckets); buckets as (table, bucket)."""
+        offline, under = self.members.health()
+        def named(buckets):
+            return [(self.catalog.by_id[t], b) for t, b in buckets if t in self.catalog.by_id]
+        return self.members.server_rows(), named(offline), named(under)
 
     # -- barriers --------------------------------------------------------------------------
 
@@ -285,6 +293,17 @@ class Controller(Dispatcher):
     def _servers_changed(self, request: rq.TabletServersChanged):
         servers = self.members.read_servers() if request.servers is None else dict(request.servers)
         return self.members.servers_changed(servers)
+
+    @on(rq.AlterIsr)
+    @_barrier
+    def _alter_isr(self, request: rq.AlterIsr):
+        return self.members.alter_isr(request.server_id, request.table_id, request.bucket, request.leader_epoch,
+                                      request.bucket_epoch, request.isr)
+
+    @on(rq.ControlledShutdown)
+    @_barrier
+    def _controlled_shutdown(self, request: rq.ControlledShutdown) -> int:
+        return self.members.controlled_shutdown(request.server_id)
 
     @on(rq.RemoveOrphanLeaseFiles)
     @_barrier

@@ -1,11 +1,13 @@
-"""Tablet servers and bucket leaders: who is live, who leads what, and telling them.
+"""Tablet servers and bucket replicas: who is live, who holds and leads what, and telling them.
 
 The live servers come from ``/tabletservers/ids`` (ephemeral nodes; a
 restarted server has a new incarnation), each with its capacity
-(``max_buckets``): a new table's buckets go only to servers with room, and a
-create whose buckets do not fit is refused before anything is written. Leadership plans are the pure
-:class:`~coordinator.assignment.Assignments`'; they are written to ZooKeeper
-(epoch-fenced) before they are applied, then pushed to the servers concerned.
+(``max_buckets``): a new table's replicas go only to servers with room, and a
+create whose replicas do not fit is refused before anything is written.
+Plans are pure (:mod:`coordinator.placement`, :mod:`coordinator.election`);
+they are written to ZooKeeper (epoch-fenced) before they are applied, then
+every live replica of a changed bucket is told the full list of buckets it
+holds (:mod:`coordinator.notifier`).
 """
 
 from __future__ import annotations
@@ -19,21 +21,27 @@ from kazoo.exceptions import NoNodeError
 from common import errors, zkpaths
 from common.tables import TableInfo
 from common.zk import ZkOp, loads
-from coordinator.assignment import UNASSIGNED, Assignments, BucketAssignment
+from coordinator import election
+from coordinator.assignment import UNASSIGNED, Assignments, BucketAssignment, Changes
 from coordinator.catalog import TableCatalog
 from coordinator.fencing import FencedWriter, chunks
+from coordinator.placement import plan_new
 
 log = logging.getLogger(__name__)
 
-#: notify(server_id, address, [(table, bucket, leader_epoch)], dropped_table_ids): push leadership
+#: notify(server_id, address, [(table, bucket, state, leader_address)], dropped_table_ids): the full list of
+#: buckets the server holds a replica of (led or followed)
 Notify = Callable[[int, str, list, list], None]
 
 
 class Membership:
-    def __init__(self, zk: KazooClient, catalog: TableCatalog, notify: Notify | None = None) -> None:
+    def __init__(self, zk: KazooClient, catalog: TableCatalog, notify: Notify | None = None, *,
+                 unclean_election: bool = False, metrics=None) -> None:
         self.zk = zk
         self.catalog = catalog
         self.notify = notify
+        self.unclean_election = unclean_election
+        self.metrics = metrics  # coordinator.metrics.CoordinatorMetrics, or None
         self.assignments = Assignments()
         self.servers: dict[int, str] = {}  # live tablet servers: id -> address
         self._incarnations: dict[int, tuple[str, str]] = {}
@@ -43,37 +51,52 @@ class Membership:
     def load(self) -> None:
         """Failover: load the assignments of the catalog's tables; plan those that have none."""
         for table_id in self.assignments.load(self.zk, sorted(self.catalog.by_id)):
-            plan = self.assignments.plan_new(self.catalog.by_id[table_id].buckets, [])
+            plan = plan_new(self.assignments, self.catalog.by_id[table_id].buckets, [])
             self.writer.commit([self.assignments.create_op(table_id, plan)])
             self.assignments.set(table_id, plan)
+        self.refresh_metrics()
 
     # -- tables coming and going (their catalog writes carry these ops) ------------------------
 
     def plan_table(self, table: TableInfo) -> tuple[dict[int, BucketAssignment], ZkOp]:
-        """Leaders for a new table's buckets, and the op that stores them. InvalidRequestError if
-        the live tablet servers have no room for them all (with none live, they wait unassigned)."""
+        """Replicas and leaders for a new table's buckets, and the op that stores them. InvalidRequestError
+        if there are fewer live tablet servers than its replication factor, or they have no room for all
+        its replicas (with none live, a one-replica table's buckets wait unassigned)."""
         live = sorted(self.servers)
+        rf = table.replication_factor
+        if rf > 1 and rf > len(live):
+            raise errors.InvalidRequestError(
+                f"cannot create table {table.path}: replication factor {rf} is more than the {len(live)} live "
+                f"tablet server(s); start more tablet servers or use a smaller --replication-factor",
+                table=table.path)
         room = self.assignments.room(live, self.capacity)
-        if live and None not in room.values() and sum(room.values()) < table.buckets:
+        if live and None not in room.values() and sum(room.values()) < table.buckets * rf:
             load = self.assignments.load_per_server()
             full = ", ".join(f"tablet server {s} leads {load[s]} of {self.capacity[s]}" for s in live)
             raise errors.InvalidRequestError(
-                f"cannot create table {table.path}: its {table.buckets} bucket(s) do not fit on the live tablet "
-                f"servers ({sum(room.values())} free; {full} buckets, their capacity tablet.buckets.max); add "
-                f"tablet servers, raise their tablet.buckets.max or drop tables", table=table.path)
-        plan = self.assignments.plan_new(table.buckets, live, self.capacity)
+                f"cannot create table {table.path}: its {table.buckets} bucket(s) x {rf} replica(s) do not fit on "
+                f"the live tablet servers ({sum(room.values())} free; {full} buckets, their capacity "
+                f"tablet.buckets.max); add tablet servers, raise their tablet.buckets.max or drop tables",
+                table=table.path)
+        try:
+            plan = plan_new(self.assignments, table.buckets, live, self.capacity, rf)
+        except errors.InvalidRequestError as exc:
+            raise errors.InvalidRequestError(f"cannot create table {table.path}: {exc.message}",
+                                             table=table.path) from None
         return plan, self.assignments.create_op(table.table_id, plan)
 
     def table_created(self, table: TableInfo, plan: dict[int, BucketAssignment]) -> None:
         self.assignments.set(table.table_id, plan)
-        self.push(self.assignments.leaders_of(table.table_id))
+        self.push(self.assignments.holders_of(table.table_id))
+        self.refresh_metrics()
 
     def drop_ops(self, table_id: int) -> list[ZkOp]:
         return [self.assignments.delete_op(table_id)] if table_id in self.assignments.by_table else []
 
-    def table_dropped(self, table_id: int, leaders: set[int]) -> None:
+    def table_dropped(self, table_id: int, holders: set[int]) -> None:
         self.assignments.remove(table_id)
-        self.push(leaders, dropped=[table_id])
+        self.push(holders, dropped=[table_id])
+        self.refresh_metrics()
 
     # -- tablet servers -------------------------------------------------------------------
 
@@ -96,25 +119,46 @@ class Membership:
         return servers
 
     def servers_changed(self, servers: Mapping[int, str | tuple]) -> None:
-        """``servers``: id -> address, (address, incarnation) or (address, incarnation, max_buckets)."""
+        """``servers``: id -> address, (address, incarnation) or (address, incarnation, max_buckets).
+
+        A server that left (or re-registered with a new incarnation unseen: gone, then joined) loses
+        its leaderships and ISR places; one that joined leads offline buckets whose ISR holds it."""
         seen = {sid: (v, "", None) if isinstance(v, str) else (*v, None)[:3] for sid, v in servers.items()}
         joined = {sid for sid, v in seen.items() if self._incarnations.get(sid) != v[:2]}
+        restarted = {sid for sid in joined if sid in self._incarnations}
         left = set(self.servers) - set(seen)
         self._incarnations = {sid: v[:2] for sid, v in seen.items()}
         self.capacity = {sid: v[2] for sid, v in seen.items()}
         self.servers = {sid: v[0] for sid, v in seen.items()}
-        if left:
-            log.warning("tablet servers gone: %s (their buckets are unavailable until they return)", sorted(left))
-        changes = self.assignments.plan_servers_joined(joined, sorted(servers), self.capacity)
+        if left or restarted:
+            log.warning("tablet servers gone: %s, restarted: %s", sorted(left), sorted(restarted))
+        changes, unclean = election.servers_changed(self.assignments, left | restarted, joined, set(self.servers),
+                                                    self.capacity, self.unclean_election)
+        for table_id, bucket in unclean:
+            log.warning("unclean leader election: bucket %d of table %d is led by tablet server %d, which was not "
+                        "in sync (writes it missed are lost)", bucket, table_id, changes[table_id][bucket].leader)
+            if self.metrics is not None:
+                self.metrics.unclean_elections.inc()
+        self._apply(changes, also_tell=joined)
+
+    def _apply(self, changes: Changes, also_tell: Iterable[int] = ()) -> None:
+        """Write ``changes``, apply what was written, tell every replica of a changed bucket (and
+        ``also_tell``); raises the first write's error after that."""
+        before = {t: self.assignments.table(t) for t in changes}
         failure = self._store_changes(changes)
-        touched = set(joined)
-        for plan in changes.values():
-            touched |= {a.leader for a in plan.values() if a.leader != UNASSIGNED}
-        self.push(touched)
+        touched = set(also_tell)
+        for table_id, plan in changes.items():
+            for bucket, state in plan.items():
+                old = before[table_id].get(bucket)
+                if state != old:
+                    touched |= set(state.replicas) | {state.leader} | (set(old.replicas) if old else set())
+                    _log_leader_change(table_id, bucket, old, state)
+        self.push(touched - {UNASSIGNED})
+        self.refresh_metrics()
         if failure is not None:
             raise failure
 
-    def _store_changes(self, changes: dict[int, dict[int, BucketAssignment]]) -> Exception | None:
+    def _store_changes(self, changes: Changes) -> Exception | None:
         """Write the changed assignments (a server with thousands of tables rejoining changes them all:
         in as many fenced multi-ops as ZooKeeper's write limit needs), then apply those written.
         Returns the first write's error, if any (raises Fenced and OutcomeUnknownError)."""
@@ -130,8 +174,37 @@ class Membership:
                 self.assignments.set(table_of[op.path], changes[table_of[op.path]])
         return failure
 
+    # -- a leader's and a stopping server's requests ------------------------------------------
+
+    def alter_isr(self, server_id: int, table_id: int, bucket: int, leader_epoch: int, bucket_epoch: int,
+                  isr: Iterable[int]) -> BucketAssignment:
+        """The leader's ISR change (:func:`coordinator.election.alter_isr`), written and told; returns the
+        bucket's state after it."""
+        table = self.catalog.get_by_id(table_id)
+        current = self.assignments.table(table_id).get(bucket)
+        if current is None:
+            raise errors.InvalidRequestError(f"table {table.path} has no bucket {bucket}", table=table.path)
+        new = election.alter_isr(current, server_id, leader_epoch, bucket_epoch, isr, set(self.servers),
+                                 where=f"bucket {bucket} of {table.path}")
+        if new != current:
+            self._apply({table_id: {**self.assignments.table(table_id), bucket: new}})
+            log.info("ISR of bucket %d of %s: %s -> %s (bucket epoch %d)", bucket, table.path, list(current.isr),
+                     list(new.isr), new.bucket_epoch)
+        return new
+
+    def controlled_shutdown(self, server_id: int) -> int:
+        """Move the server's leaderships away and take it out of the ISRs; the buckets it still leads
+        that had no other live in-sync replica."""
+        changes, remaining = election.controlled_shutdown(self.assignments, server_id, set(self.servers))
+        self._apply(changes)
+        log.info("controlled shutdown of tablet server %d: %d bucket(s) changed, %d leadership(s) left", server_id,
+                 sum(len(p) for p in changes.values()), remaining)
+        return remaining
+
+    # -- telling the servers ---------------------------------------------------------------
+
     def push_all(self) -> None:
-        """Tell every live tablet server what it leads (after becoming active)."""
+        """Tell every live tablet server what it holds (after becoming active)."""
         self.push(set(self.servers))
 
     def push(self, server_ids: Iterable[int], dropped: list[int] | None = None) -> None:
@@ -141,17 +214,41 @@ class Membership:
             address = self.servers.get(server_id)
             if address is None:
                 continue
-            led = [(self.catalog.by_id[t], b, a.leader_epoch) for t, b, a in self.assignments.led_by(server_id)
-                   if t in self.catalog.by_id]
-            self.notify(server_id, address, led, list(dropped or []))
+            held = [(self.catalog.by_id[t], b, a, self.servers.get(a.leader, ""))
+                    for t, b, a in self.assignments.held_by(server_id) if t in self.catalog.by_id]
+            self.notify(server_id, address, held, list(dropped or []))
 
-    # -- queries --------------------------------------------------------------------------
+    # -- queries and metrics -----------------------------------------------------------------
 
-    def assignment_rows(self, table: TableInfo) -> tuple[TableInfo, list[tuple[int, int, str, int]]]:
-        rows = [(bucket, a.leader, self.servers.get(a.leader, ""), a.leader_epoch)
+    def assignment_rows(self, table: TableInfo) -> tuple[TableInfo, list[tuple[int, BucketAssignment, str]]]:
+        """The table and, per bucket, its state and its leader's address ("" if not live)."""
+        rows = [(bucket, a, self.servers.get(a.leader, ""))
                 for bucket, a in sorted(self.assignments.table(table.table_id).items())]
         return table, rows
 
-    def server_rows(self) -> list[tuple[int, str, int]]:
-        load = self.assignments.load_per_server()
-        return [(sid, address, load[sid]) for sid, address in sorted(self.servers.items())]
+    def server_rows(self) -> list[tuple[int, str, int, int]]:
+        """Live servers: (id, address, buckets led, replicas held)."""
+        leaders, replicas = self.assignments.leaders_per_server(), self.assignments.load_per_server()
+        return [(sid, address, leaders[sid], replicas[sid]) for sid, address in sorted(self.servers.items())]
+
+    def health(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """(offline, under-replicated) buckets, as (table id, bucket)."""
+        return self.assignments.health(set(self.servers))
+
+    def refresh_metrics(self) -> None:
+        if self.metrics is None:
+            return
+        offline, under = self.health()
+        self.metrics.offline_buckets.set(len(offline))
+        self.metrics.under_replicated_buckets.set(len(under))
+
+
+def _log_leader_change(table_id: int, bucket: int, old: BucketAssignment | None, new: BucketAssignment) -> None:
+    if old is None or old.leader == new.leader or new.replication_factor <= 1:
+        return
+    if new.offline:
+        log.warning("bucket %d of table %d is offline: no live in-sync replica (ISR %s); it waits for one",
+                    bucket, table_id, list(new.isr))
+    else:
+        log.info("bucket %d of table %d: leader %d -> %d (leader epoch %d)", bucket, table_id, old.leader,
+                 new.leader, new.leader_epoch)

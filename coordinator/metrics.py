@@ -33,6 +33,14 @@ class CoordinatorMetrics(MetricsRegistry):
         self.loop_cpu = Counter("kvlease_coordinator_loop_cpu_seconds",
                                 "CPU time of the event loop's thread (requests, lease writes, expiry ticks)",
                                 registry=r)
+        self.offline_buckets = Gauge("kvlease_coordinator_offline_buckets",
+                                     "buckets with no live leader (LEADER_NOT_AVAILABLE)", registry=r)
+        self.under_replicated_buckets = Gauge("kvlease_coordinator_under_replicated_buckets",
+                                              "buckets with a live leader whose ISR is smaller than their replicas",
+                                              registry=r)
+        self.unclean_elections = Counter("kvlease_coordinator_unclean_elections",
+                                         "buckets led by a replica that was not in sync (unclean.leader-election: "
+                                         "writes it missed are lost)", registry=r)
         self._tables: set[str] = set()
 
     def set_lease_counts(self, leases: int, leased_snapshots: int, per_table_leases: dict[int, int],

@@ -1,7 +1,8 @@
-"""Pushes bucket leadership to tablet servers, off the event loop.
+"""Pushes bucket roles to tablet servers, off the event loop.
 
-The controller calls :meth:`LeadershipNotifier.push` with a server's full set
-of led buckets; sending happens on a small thread pool with bounded retries.
+The controller calls :meth:`LeadershipNotifier.push` with the full set of
+buckets a server holds a replica of, led or followed (each with its leader,
+the leader's address, replicas, ISR and epochs); sending happens on a small thread pool with bounded retries.
 A newer push for the same server replaces an older one not sent yet (dropped
 tables accumulate), so a slow server never sees stale state after fresh.
 """
@@ -16,12 +17,22 @@ import grpc
 
 from client.transport import Channels, RetryPolicy, rpc_error
 from common import errors
+from common.tables import TableInfo
 from common.tls import TlsFiles
 from common.wire import raise_for, table_to_pb
 from common.proto import tablet_pb2 as pb
 from common.proto import tablet_pb2_grpc as pb_grpc
+from coordinator.assignment import BucketAssignment
 
 log = logging.getLogger(__name__)
+
+
+def bucket_role_pb(table: TableInfo, bucket: int, state: BucketAssignment, leader_address: str) -> pb.BucketLeadershipPb:
+    """One bucket as its replicas are told it: ``leader`` always set (-1: none), ``leader_address`` "" if
+    the leader is not live."""
+    return pb.BucketLeadershipPb(table=table_to_pb(table), bucket=bucket, leader_epoch=state.leader_epoch,
+                                 leader=state.leader, leader_address=leader_address, replicas=list(state.replicas),
+                                 isr=list(state.isr), bucket_epoch=state.bucket_epoch)
 
 
 class LeadershipNotifier:
@@ -62,8 +73,7 @@ class LeadershipNotifier:
     def _send(self, server_id: int, address: str, led: list, dropped: set[int]) -> None:
         request = pb.UpdateLeadershipRequest(
             coordinator_epoch=self.epoch, server_id=server_id, dropped_tables=sorted(dropped),
-            buckets=[pb.BucketLeadershipPb(table=table_to_pb(table), bucket=bucket, leader_epoch=epoch)
-                     for table, bucket, epoch in led])
+            buckets=[bucket_role_pb(*held) for held in led])
         retry = RetryPolicy(self.retry_total_s).retrying((errors.KvLeaseError,), stop_event=self._closed)
         try:
             for attempt in retry:

@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping
 from common.model import SnapshotHandle
 from common.tables import TableSpec
 
-__all__ = ["CommitSnapshot", "CreateTable", "DescribeLease", "DropTable", "GetTable", "GetTableAssignment", "Guarded",
+__all__ = ["AlterIsr", "CommitSnapshot", "ControlledShutdown", "CreateTable", "DescribeLease", "DropTable", "GetTable", "GetTableAssignment", "Guarded",
            "ListLeases", "ListSnapshots", "ListTables", "ListTabletServers", "RemoveOrphanLeaseFiles",
            "TabletServersChanged"]
 
@@ -22,6 +22,9 @@ __all__ = ["CommitSnapshot", "CreateTable", "DescribeLease", "DropTable", "GetTa
 class CreateTable:
     spec: TableSpec
     ignore_if_exists: bool = False
+    #: None: the coordinator's default.replication-factor / min.insync-replicas
+    replication_factor: int | None = None
+    min_insync_replicas: int | None = None
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,25 @@ class GetTableAssignment:
 @dataclass(frozen=True)
 class ListTabletServers:
     pass
+
+
+@dataclass(frozen=True)
+class AlterIsr:
+    """A bucket's leader asks to change the bucket's ISR (fenced by its leader and bucket epochs)."""
+
+    server_id: int
+    table_id: int
+    bucket: int
+    leader_epoch: int
+    bucket_epoch: int
+    isr: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ControlledShutdown:
+    """A tablet server about to stop: move its leaderships away, take it out of the ISRs."""
+
+    server_id: int
 
 
 @dataclass(frozen=True)

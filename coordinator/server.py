@@ -230,7 +230,10 @@ class CoordinatorServer:
             controller = Controller(self.zk, self.storage, num_retained=c[cfg.SNAPSHOT_NUM_RETAINED],
                                     max_lease_ms=c[cfg.LEASE_MAX_DURATION], grace_ms=c[cfg.LEASE_FAILOVER_GRACE],
                                     clock_ms=self.clock_ms, metrics=self.metrics, notify=notifier.push,
-                                    tls=self.tls, credentials=self.internal_credentials)
+                                    tls=self.tls, credentials=self.internal_credentials,
+                                    default_replication=(c[cfg.DEFAULT_REPLICATION_FACTOR],
+                                                         c[cfg.DEFAULT_MIN_INSYNC_REPLICAS]),
+                                    unclean_election=c[cfg.UNCLEAN_LEADER_ELECTION])
             with self._lock:
                 mirror, self._mirror = self._mirror, None
             try:  # the mirror is exact once the epoch is bumped (no lease write can commit any more)

@@ -34,8 +34,10 @@ log = logging.getLogger(__name__)
 #: Acquires one AcquireKvSnapshotLeases may carry (a client sends at most 64).
 MAX_ACQUIRES_PER_CALL = 1024
 
-#: Methods only the cluster's own principal may call (a tablet server committing a snapshot).
-INTERNAL_METHODS = ("/kvlease.CoordinatorService/CommitKvSnapshot",)
+#: Methods only the cluster's own principal may call (a tablet server committing a snapshot, a leader changing
+#: its bucket's ISR, a stopping tablet server moving its leaderships away).
+INTERNAL_METHODS = ("/kvlease.CoordinatorService/CommitKvSnapshot", "/kvlease.CoordinatorService/AlterIsr",
+                    "/kvlease.CoordinatorService/ControlledShutdown")
 
 
 @refusing_partition_ids(pb.DESCRIPTOR.services_by_name["CoordinatorService"])
@@ -121,7 +123,10 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
     def CreateTable(self, request, context):
         spec = TableSpec(request.database, request.name, tuple(Column(c.name, c.type) for c in request.columns),
                          tuple(request.primary_key), request.buckets)
-        return self._run(rq.CreateTable(spec, request.ignore_if_exists), pb.CreateTableResponse,
+        create = rq.CreateTable(spec, request.ignore_if_exists,
+                                request.replication_factor if request.HasField("replication_factor") else None,
+                                request.min_insync_replicas if request.HasField("min_insync_replicas") else None)
+        return self._run(create, pb.CreateTableResponse,
                          lambda t: {"table": table_to_pb(t)},
                          check=self._check(Operation.CREATE, lambda: Resource.database(request.database)))
 
@@ -152,7 +157,7 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
             check_manifest(self.server.storage, handle)
             loop = self.server.serving_loop()
             _table, rows = loop.submit(rq.GetTableAssignment(handle.bucket.table_id)).result(timeout=self.timeout_s)
-            leader = next((address for bucket, _id, address, _epoch in rows if bucket == handle.bucket.bucket), "")
+            leader = next((address for bucket, _state, address in rows if bucket == handle.bucket.bucket), "")
             if leader:  # over the channel the active term keeps for this leader (closed at step-down)
                 loop.controller.log_ends.check(handle, leader, self.timeout_s)
 
@@ -233,14 +238,42 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
         def build(result):
             table, rows = result
             return {"table": table_to_pb(table),
-                    "buckets": [pb.BucketAssignmentPb(bucket=b, leader_id=leader, leader_address=address,
-                                                      leader_epoch=epoch) for b, leader, address, epoch in rows]}
+                    "buckets": [pb.BucketAssignmentPb(bucket=b, leader_id=a.leader, leader_address=address,
+                                                      leader_epoch=a.leader_epoch, replicas=list(a.replicas),
+                                                      isr=list(a.isr), bucket_epoch=a.bucket_epoch)
+                                for b, a, address in rows]}
         return self._run(self._guarded(rq.GetTableAssignment(request.table_id), Operation.DESCRIBE,
                                          [request.table_id]), pb.GetTableAssignmentResponse, build)
 
     def ListTabletServers(self, request, context):
-        return self._run(rq.ListTabletServers(), pb.ListTabletServersResponse,
-                         lambda rows: {"servers": [pb.TabletServerPb(id=i, address=a, buckets=n) for i, a, n in rows]})
+        def build(result):
+            rows, offline, under = result
+            def refs(buckets):
+                return [pb.BucketRefPb(table_id=t.table_id, table=t.path, bucket=b) for t, b in buckets]
+            return {"servers": [pb.TabletServerPb(id=i, address=a, buckets=led, replicas=held)
+                                for i, a, led, held in rows],
+                    "offline": refs(offline), "under_replicated": refs(under)}
+        return self._run(rq.ListTabletServers(), pb.ListTabletServersResponse, build)
+
+    def AlterIsr(self, request, context):
+        """A leader's ISR change; refused (FENCED_LEADER_EPOCH) with the bucket's current state in the response."""
+        alter = rq.AlterIsr(request.server_id, request.table_id, request.bucket, request.leader_epoch,
+                            request.bucket_epoch, tuple(request.isr))
+        submitted = self._submit(alter)
+        response = self._answer(submitted, pb.AlterIsrResponse,
+                                lambda a: {"isr": list(a.isr), "leader": a.leader, "leader_epoch": a.leader_epoch,
+                                           "bucket_epoch": a.bucket_epoch}, time.monotonic() + self.timeout_s)
+        refused = submitted.exception(timeout=0) if isinstance(submitted, Future) and submitted.done() else None
+        if isinstance(refused, errors.FencedLeaderEpochError):  # its details: the bucket's current state
+            d = refused.details
+            response.isr[:] = d["isr"]
+            response.leader, response.leader_epoch, response.bucket_epoch = (
+                d["leader"], d["leader_epoch"], d["bucket_epoch"])
+        return response
+
+    def ControlledShutdown(self, request, context):
+        return self._run(rq.ControlledShutdown(request.server_id), pb.ControlledShutdownResponse,
+                         lambda remaining: {"remaining_leaders": remaining})
 
     def DescribeKvSnapshotLease(self, request, context):
         return self._run(self._guarded(rq.DescribeLease(request.lease_id), Operation.READ,

@@ -42,14 +42,39 @@ def definition_differences(existing: TableInfo, spec: TableSpec) -> list[str]:
     return differences
 
 
+def replication_differences(existing: TableInfo, request: rq.CreateTable) -> list[str]:
+    """How a create's replication (where it names one) differs from the table there is."""
+    differences = []
+    for what, asked in (("replication_factor", request.replication_factor),
+                        ("min_insync_replicas", request.min_insync_replicas)):
+        if asked is not None and getattr(existing, what) != asked:
+            differences.append(f"{what.replace('_', ' ')} {getattr(existing, what)} there, {asked} asked")
+    return differences
+
+
+def replication(request: rq.CreateTable, defaults: tuple[int, int]) -> tuple[int, int]:
+    """The new table's (replication factor, min in-sync replicas): asked, else ``defaults``;
+    InvalidTableError unless 1 <= min in-sync replicas <= replication factor."""
+    rf = defaults[0] if request.replication_factor is None else request.replication_factor
+    min_isr = min(defaults[1], rf) if request.min_insync_replicas is None else request.min_insync_replicas
+    if rf < 1:
+        raise errors.InvalidTableError(f"replication factor must be at least 1, got {rf}")
+    if not 1 <= min_isr <= rf:
+        raise errors.InvalidTableError(f"min in-sync replicas must be between 1 and the replication factor {rf}, "
+                                       f"got {min_isr}")
+    return rf, min_isr
+
+
 class Tables:
     def __init__(self, catalog: TableCatalog, members: Membership, leases: LeaseShell, snapshots: SnapshotCommits,
-                 clock_ms: Callable[[], int]) -> None:
+                 clock_ms: Callable[[], int], default_replication: tuple[int, int] = (1, 1)) -> None:
+        """``default_replication``: (default.replication-factor, min.insync-replicas), for a create naming none."""
         self.catalog = catalog
         self.members = members
         self.leases = leases
         self.snapshots = snapshots
         self.clock_ms = clock_ms
+        self.default_replication = default_replication
         self.writer: FencedWriter | None = None
 
     def get(self, request: rq.GetTable) -> TableInfo:
@@ -62,22 +87,24 @@ class Tables:
 
     def create(self, request: rq.CreateTable) -> TableInfo:
         spec = validate_spec(request.spec)
+        rf, min_isr = replication(request, self.default_replication)
         if (spec.database, spec.name) in self.catalog.by_name:
             existing = self.catalog.get(spec.database, spec.name)
             if not request.ignore_if_exists:
                 raise errors.TableAlreadyExistError(f"table {existing.path} already exists")
-            differences = definition_differences(existing, spec)
+            differences = definition_differences(existing, spec) + replication_differences(existing, request)
             if differences:  # "if not exists" is for retries of the same create, not for another table
                 raise errors.TableAlreadyExistError(f"table {existing.path} already exists with another definition: "
                                                     f"{'; '.join(differences)}")
             return existing
-        table, ops = self.catalog.create_ops(spec, self.clock_ms())
+        table, ops = self.catalog.create_ops(spec, self.clock_ms(), rf, min_isr)
         check_write_size("the table definition", len(dumps(table.to_json())))
         plan, assignment_op = self.members.plan_table(table)
         self.writer.commit(ops + [assignment_op])
         self.catalog.add(table)
         self.members.table_created(table, plan)
-        log.info("created table %s (id %d, %d buckets)", table.path, table.table_id, table.buckets)
+        log.info("created table %s (id %d, %d buckets, replication factor %d, min in-sync replicas %d)", table.path,
+                 table.table_id, table.buckets, rf, min_isr)
         return table
 
     def drop(self, request: rq.DropTable) -> None:
@@ -92,10 +119,10 @@ class Tables:
         self.leases.call(ls.RemoveTable(table.table_id))
         # 2. snapshot handles, then the table's own nodes
         self.snapshots.delete_handles(table.table_id)
-        leaders = self.members.assignments.leaders_of(table.table_id)
+        holders = self.members.assignments.holders_of(table.table_id)
         self.writer.commit(self.members.drop_ops(table.table_id) + self.catalog.drop_ops(table))
         self.catalog.remove(table)
-        self.members.table_dropped(table.table_id, leaders)
+        self.members.table_dropped(table.table_id, holders)
         # 3. its files: whatever the handles named, and anything else under kv/{table_id}/
         self.snapshots.forget_table(table.table_id)
         log.info("dropped table %s (id %d)", table.path, table.table_id)

@@ -34,6 +34,14 @@ def table_doc(info: TableInfo) -> dict:
     return {"table": info.path, **info.to_json()}
 
 
+def assignment_docs(leaders: Mapping[int, Any]) -> list[dict]:
+    """Per bucket (``client.admin.BucketLeader``): its leader (-1: none), the leader's address ("" if not
+    live), replicas, ISR and epochs."""
+    return [{"bucket": b, "leader": x.leader_id, "leader_address": x.leader_address, "replicas": list(x.replicas),
+             "isr": list(x.isr), "leader_epoch": x.leader_epoch, "bucket_epoch": x.bucket_epoch}
+            for b, x in sorted(leaders.items())]
+
+
 def tables_doc(infos: Iterable[TableInfo]) -> dict:
     return {"tables": [table_doc(info) for info in sorted(infos, key=lambda i: i.path)]}
 

@@ -24,12 +24,13 @@ from rich.table import Table as RichTable
 
 from ops.cli.documents import (acquire_doc, bucket_docs, cell_text, committed_doc, format_span, format_time_ms,
                                  iso_time_ms, json_value, lease_doc, leases_doc, log_record_doc, log_record_line,
-                                 row_doc, rows_doc, scan_doc, snapshots_doc, table_doc, table_name, tables_doc)
+                                 row_doc, rows_doc, scan_doc, snapshots_doc, table_doc, table_name, tables_doc,
+                                 assignment_docs)
 
 __all__ = [  # the documents are re-exported: the commands use this one module
     "JsonOutput", "Output", "ScanProgress", "TextOutput", "acquire_doc", "bucket_docs", "committed_doc",
     "format_span", "format_time_ms", "iso_time_ms", "json_value", "lease_doc", "leases_doc", "log_record_doc",
-    "log_record_line", "make_output", "row_doc", "rows_doc", "scan_doc", "snapshots_doc", "table_doc",
+    "log_record_line", "make_output", "row_doc", "rows_doc", "scan_doc", "snapshots_doc", "table_doc", "assignment_docs",
     "table_name", "tables_doc",
 ]
 
@@ -149,6 +150,8 @@ class TextOutput(Output):
         grid.add_row("table", doc["table"])
         grid.add_row("id", str(doc["table_id"]))
         grid.add_row("buckets", str(doc["buckets"]))
+        grid.add_row("replication factor", str(doc.get("replication_factor", 1)))
+        grid.add_row("min in-sync replicas", str(doc.get("min_insync_replicas", 1)))
         grid.add_row("primary key", ", ".join(doc["primary_key"]))
         if doc.get("created_ms"):
             grid.add_row("created", datetime.fromtimestamp(doc["created_ms"] / 1000).strftime("%Y-%m-%d %H:%M:%S"))
@@ -157,6 +160,15 @@ class TextOutput(Output):
             columns.add_row(c["name"], c["type"], "PK" if c["name"] in doc["primary_key"] else "")
         self._print(grid)
         self._print(columns)
+        if doc.get("assignment"):
+            buckets = self._grid("bucket", "leader", "replicas", "ISR", "leader epoch")
+            for b in doc["assignment"]:
+                leader = str(b["leader"]) if b["leader"] >= 0 else "none (offline)"
+                if b["leader"] >= 0 and not b["leader_address"]:
+                    leader += " (not live)"
+                buckets.add_row(str(b["bucket"]), leader, ", ".join(map(str, b["replicas"])) or "-",
+                                ", ".join(map(str, b["isr"])) or "-", str(b["leader_epoch"]))
+            self._print(buckets)
 
     def snapshots(self, doc: Mapping[str, Any]) -> None:
         if not doc["snapshots"]:
@@ -234,6 +246,8 @@ class TextOutput(Output):
                 state = ""  # not asked: nothing runs to ask (a stopped cluster), like a stopped coordinator's
             elif t.get("registered", True):
                 state = f"{t.get('buckets', 0)} buckets"
+                if t.get("replicas", t.get("buckets", 0)) != t.get("buckets", 0):
+                    state += f" led, {t['replicas']} replicas"
                 if t.get("healthy") is False:
                     serving = f", serves {t['serving']}" if "serving" in t else ""
                     state += f"{serving}; unhealthy: {'; '.join(t.get('problems') or [])}"
@@ -241,6 +255,12 @@ class TextOutput(Output):
                 state = "not registered"
             grid.add_row("tablet", str(t["id"]), cell_text(t.get("pid")), t["address"], cell_text(t.get("alive")), state)
         self._print(grid)
+        for key, what in (("offline", "offline buckets (no live leader)"),
+                          ("under_replicated", "under-replicated buckets (ISR smaller than replicas)")):
+            if doc.get(key):
+                shown = ", ".join(f"{b['table']}/{b['bucket']}" for b in doc[key][:20])
+                more = f" and {len(doc[key]) - 20} more" if len(doc[key]) > 20 else ""
+                self._print(f"{what}: {len(doc[key])}: {shown}{more}")
 
     def rows(self, doc: Mapping[str, Any]) -> None:
         found = [row for row in doc["rows"] if row is not None]

@@ -21,13 +21,22 @@ def table_group() -> None:
 @click.option("--schema", required=True, help='Columns, e.g. "id BIGINT, name STRING".')
 @click.option("--primary-key", required=True, metavar="COL[,COL…]", help="Primary key column(s).")
 @click.option("--buckets", type=bucket_number(1), required=True, help=f"Number of buckets (at most {MAX_BUCKETS}).")
+@click.option("--replication-factor", type=click.IntRange(min=1), metavar="N",
+              help="Replicas per bucket, on distinct tablet servers (default: the coordinator's "
+                   "default.replication-factor, 1); at most the live tablet servers.")
+@click.option("--min-insync-replicas", type=click.IntRange(min=1), metavar="M",
+              help="In-sync replicas a write needs (default: min.insync-replicas, 1; at most N).")
 @click.option("--if-not-exists", is_flag=True,
               help="Succeed if the table exists already with this definition (an error if it differs).")
 @common_options
 @pass_state
 @catch_errors
-def table_create(state: State, path: str, schema: str, primary_key: str, buckets: int, if_not_exists: bool) -> None:
+def table_create(state: State, path: str, schema: str, primary_key: str, buckets: int, if_not_exists: bool,
+                 replication_factor: int | None, min_insync_replicas: int | None) -> None:
     """Create a primary-key table."""
+    if replication_factor and min_insync_replicas and min_insync_replicas > replication_factor:
+        raise click.UsageError(f"--min-insync-replicas {min_insync_replicas} is more than --replication-factor "
+                               f"{replication_factor}")
     try:
         columns = parse_schema(schema)
     except errors.KvLeaseError as exc:
@@ -39,11 +48,16 @@ def table_create(state: State, path: str, schema: str, primary_key: str, buckets
     except errors.InvalidTableError as exc:
         raise click.UsageError(exc.message) from None
     existed = if_not_exists and _exists(state, path)
-    info = state.client.create_table(path, columns, keys, buckets, ignore_if_exists=if_not_exists)
+    replication = {k: v for k, v in (("replication_factor", replication_factor),
+                                     ("min_insync_replicas", min_insync_replicas)) if v is not None}
+    info = state.client.create_table(path, columns, keys, buckets, ignore_if_exists=if_not_exists, **replication)
     if existed:  # the coordinator checked that its definition is the one asked for
         text = f"table {info.path} already exists with this definition (id {info.table_id}): nothing created"
     else:
         text = f"created table {info.path} (id {info.table_id}, {info.buckets} buckets)"
+        if info.replication_factor > 1:
+            text = (f"{text[:-1]}, replication factor {info.replication_factor}, min in-sync replicas "
+                    f"{info.min_insync_replicas})")
     no_leader = _without_leader(state, info.table_id)
     state.output.message(text, {**out.table_doc(info), "created": not existed, "no_leader": no_leader})
     if no_leader:
@@ -94,8 +108,11 @@ def table_list(state: State, database: str) -> None:
 @pass_state
 @catch_errors
 def table_describe(state: State, path: str) -> None:
-    """Show a table's schema, primary key and buckets."""
-    state.output.table(out.table_doc(state.client.get_table(path)))
+    """Show a table's schema, primary key, replication, and per bucket its replicas, leader, ISR and leader
+    epoch."""
+    info = state.client.get_table(path)
+    _table, leaders = state.client.get_table_assignment(info.table_id)
+    state.output.table({**out.table_doc(info), "assignment": out.assignment_docs(leaders)})
 
 
 @table_group.command("drop")

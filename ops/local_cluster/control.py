@@ -19,8 +19,9 @@ from ops.local_cluster.zookeeper import is_serving, node_command, server_mode
 
 def status(directory: str | os.PathLike[str], request_timeout_s: float = 2.0) -> dict[str, Any]:
     """Every recorded process, whether it runs, what each coordinator says about itself, and
-    how many buckets each tablet server leads (asked of the active coordinator, wherever it
-    is in the list) and serves (its health, asked of it: :func:`ops.local_cluster.tablet_health.status_fields`).
+    how many buckets each tablet server leads and how many replicas it holds, and the offline and
+    under-replicated buckets (``offline`` / ``under_replicated``: asked of the active coordinator, wherever it
+    is in the list) and what each serves (its health, asked of it: :func:`ops.local_cluster.tablet_health.status_fields`).
     A question that failed is reported under ``error``, never taken as "no"."""
     from client.admin import AdminClient
 
@@ -55,7 +56,11 @@ def status(directory: str | os.PathLike[str], request_timeout_s: float = 2.0) ->
             try:
                 with AdminClient([active["address"]], client_config(doc), request_timeout_s=request_timeout_s,
                                  retry_total_s=0) as client:
-                    servers = {str(s.id): s for s in client.list_tablet_servers()}
+                    health = client.cluster_health()
+                    servers = {str(s.id): s for s in health.servers}
+                    for key, buckets in (("offline", health.offline), ("under_replicated", health.under_replicated)):
+                        result[key] = [{"table": b.table, "table_id": b.table_id, "bucket": b.bucket} for b in buckets]
+                        result[f"{key}_count"] = len(buckets)
             except KvLeaseError as exc:
                 tablets_error = f"coordinator {active['id']} ({active['address']}): {exc.message}"
     for t, alive in zip(doc.get("tablets", []), tablets_alive):
@@ -64,7 +69,8 @@ def status(directory: str | os.PathLike[str], request_timeout_s: float = 2.0) ->
             entry.update(buckets=None, registered=None, error=tablets_error)
         else:
             server = servers.get(str(t["id"]))
-            entry.update(buckets=server.buckets if server else 0, registered=server is not None)
+            entry.update(buckets=server.buckets if server else 0, replicas=server.replicas if server else 0,
+                         registered=server is not None)
         entry.update(status_fields(t.get("metrics_address"), alive, request_timeout_s))
         result["tablets"].append(entry)
     return result

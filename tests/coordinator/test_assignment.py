@@ -11,6 +11,8 @@ from common.storage import open_storage
 from common.tables import Column, TableSpec
 from common.zk import loads, make_client
 from coordinator import requests as rq
+from coordinator.placement import plan_new
+from coordinator.election import servers_joined
 from coordinator.assignment import UNASSIGNED, Assignments, BucketAssignment
 from coordinator.controller import Controller
 from coordinator.fencing import FencedWriter, bump_epoch
@@ -19,15 +21,15 @@ from coordinator.fencing import FencedWriter, bump_epoch
 @pytest.mark.unit
 def test_new_tables_spread_over_the_least_loaded_servers():
     a = Assignments()
-    a.set(1, a.plan_new(3, [1, 2]))
+    a.set(1, plan_new(a, 3, [1, 2]))
     assert sorted(x.leader for x in a.table(1).values()) == [1, 1, 2]
-    plan = a.plan_new(3, [1, 2, 3])
+    plan = plan_new(a, 3, [1, 2, 3])
     assert sorted(x.leader for x in plan.values()) == [2, 3, 3]
     load = a.load_per_server()
     for x in plan.values():
         load[x.leader] += 1
     assert max(load.values()) - min(load.values()) <= 1
-    assert a.plan_new(2, []) == {0: BucketAssignment(UNASSIGNED, 0), 1: BucketAssignment(UNASSIGNED, 0)}
+    assert plan_new(a, 2, []) == {0: BucketAssignment(UNASSIGNED, 0), 1: BucketAssignment(UNASSIGNED, 0)}
 
 
 @pytest.mark.unit
@@ -35,19 +37,22 @@ def test_rejoining_server_gets_new_epochs_and_unassigned_buckets_get_leaders():
     a = Assignments()
     a.set(1, {0: BucketAssignment(1, 1), 1: BucketAssignment(2, 1)})
     a.set(2, {0: BucketAssignment(UNASSIGNED, 0)})
-    changes = a.plan_servers_joined({1}, [1, 2])
+    changes = servers_joined(a, {1}, {1, 2}, {})
     assert changes[1][0] == BucketAssignment(1, 2)
     assert changes[1][1] == BucketAssignment(2, 1)  # untouched
     assert changes[2][0].leader in (1, 2) and changes[2][0].leader_epoch == 1
-    assert a.plan_servers_joined(set(), []) == {}
+    assert servers_joined(a, set(), set(), {}) == {}
 
 
 class Recorder:
     def __init__(self):
         self.pushes = []
 
-    def __call__(self, server_id, address, led, dropped):
-        self.pushes.append((server_id, address, sorted((t.table_id, b, e) for t, b, e in led), sorted(dropped)))
+    def __call__(self, server_id, address, held, dropped):
+        self.pushes.append((server_id, address, sorted((t.table_id, b, a.leader_epoch) for t, b, a, _addr in held),
+                            sorted(dropped)))
+        self.held = getattr(self, "held", {})
+        self.held[server_id] = {(t.table_id, b): (a, addr) for t, b, a, addr in held}
 
 
 def call(controller, request):
@@ -85,16 +90,16 @@ def create(ctrl, name, buckets):
 def test_assignment_lifecycle(ctrl):
     early = create(ctrl, "early", 2)  # no tablet server yet
     _table, rows = call(ctrl, rq.GetTableAssignment(early.table_id))
-    assert [r[1] for r in rows] == [UNASSIGNED, UNASSIGNED]
+    assert [r[1].leader for r in rows] == [UNASSIGNED, UNASSIGNED]
 
     register(ctrl, 1, "127.0.0.1:1001")
     register(ctrl, 2, "127.0.0.1:1002")
     _table, rows = call(ctrl, rq.GetTableAssignment(early.table_id))
-    assert {r[1] for r in rows} <= {1, 2} and all(r[3] == 1 for r in rows)
+    assert {r[1].leader for r in rows} <= {1, 2} and all(r[1].leader_epoch == 1 for r in rows)
 
     t = create(ctrl, "t", 4)
     _table, rows = call(ctrl, rq.GetTableAssignment(t.table_id))
-    leaders = [r[1] for r in rows]
+    leaders = [r[1].leader for r in rows]
     total = ctrl.assignments.load_per_server()
     assert total[1] == total[2] == 3  # early's 2 buckets went to server 1 (alone then): t evens it out
     node = loads(ctrl.zk.get(zkpaths.table_assignment(t.table_id))[0])
@@ -107,13 +112,13 @@ def test_assignment_lifecycle(ctrl):
     ctrl.zk.delete(zkpaths.tablet_server(2))
     call(ctrl, rq.TabletServersChanged())
     _table, rows = call(ctrl, rq.GetTableAssignment(t.table_id))
-    assert [r[1] for r in rows] == leaders
-    assert all((r[2] == "") == (r[1] == 2) for r in rows)
+    assert [r[1].leader for r in rows] == leaders
+    assert all((r[2] == "") == (r[1].leader == 2) for r in rows)
 
     # it returns: same buckets, new leader epochs, and it is told
     register(ctrl, 2, "127.0.0.1:1002")
     _table, rows = call(ctrl, rq.GetTableAssignment(t.table_id))
-    assert all(r[3] == (2 if r[1] == 2 else 1) for r in rows)
+    assert all(r[1].leader_epoch == (2 if r[1].leader == 2 else 1) for r in rows)
     assert ctrl.recorder.pushes[-1][0] == 2
 
     # a failover keeps the assignment

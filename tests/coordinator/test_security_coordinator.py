@@ -194,3 +194,26 @@ def test_under_mutual_tls_the_certificate_names_the_caller(make_config, tmp_path
         assert info.value.message.startswith("User:kvlease-client "), info.value.message
         secure.grant("User:kvlease-client", "DESCRIBE", "db.t")
         assert eventually(lambda: anonymous.get_table("db.t")).path == "db.t"
+
+
+def test_alter_isr_and_controlled_shutdown_are_for_the_cluster_principal_only(secure):
+    info = secure.cluster.create_table("db.r", COLUMNS, ["id"], 1)
+    _table, leaders = secure.admin.get_table_assignment(info.table_id)
+    b = leaders[0]
+    assert (b.replicas, b.isr) == ((b.leader_id,), (b.leader_id,))
+    for call, method in ((lambda a: a.alter_isr(b.leader_id, info.table_id, 0, b.leader_epoch, b.bucket_epoch,
+                                                 [b.leader_id]), "AlterIsr"),
+                         (lambda a: a.controlled_shutdown(b.leader_id), "ControlledShutdown")):
+        with pytest.raises(errors.AuthorizationFailedError, match=method) as refusal:
+            call(secure.admin)  # even a super user
+        assert "User:admin" in refusal.value.message
+    cluster_admin = secure.admin_as("kvlease", INTERNAL_PASSWORD)
+    same = cluster_admin.alter_isr(b.leader_id, info.table_id, 0, b.leader_epoch, b.bucket_epoch, [b.leader_id])
+    assert (same.leader, same.isr, same.leader_epoch, same.bucket_epoch) == (
+        b.leader_id, (b.leader_id,), b.leader_epoch, b.bucket_epoch)
+    with pytest.raises(errors.FencedLeaderEpochError) as fenced:  # not the leader: refused with the current state
+        cluster_admin.alter_isr(b.leader_id + 100, info.table_id, 0, b.leader_epoch, b.bucket_epoch, [b.leader_id])
+    assert fenced.value.details == {"leader": b.leader_id, "leader_epoch": b.leader_epoch,
+                                    "bucket_epoch": b.bucket_epoch, "isr": [b.leader_id]}
+    assert cluster_admin.controlled_shutdown(b.leader_id) == 0  # one replica: nothing to move, nothing left
+    assert secure.admin.get_table_assignment(info.table_id)[1][0] == b

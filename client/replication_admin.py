@@ -1,0 +1,55 @@
+"""The replication part of the admin client: the cluster's health, and the tablet servers' internal calls.
+
+:class:`ReplicationAdmin` is mixed into :class:`client.admin.AdminClient`; it
+uses the admin client's transport (its ``_call``: the active coordinator,
+retries, errors). ``alter_isr`` and ``controlled_shutdown`` are internal calls
+(with security on, only the cluster's own principal may make them); both are
+safe to resend after a lost answer.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from client.admin_types import AlterIsrResult, BucketRef, ClusterHealth, TabletServerInfo
+from common import errors
+from common.proto import coordinator_pb2 as pb
+
+
+class ReplicationAdmin:
+    """Mixed into :class:`client.admin.AdminClient` (``admin.cluster_health()``)."""
+
+    def cluster_health(self) -> ClusterHealth:
+        """The live tablet servers (buckets each leads, replicas each holds), the offline buckets (no live
+        leader) and the under-replicated ones (a live leader, an ISR smaller than the replicas)."""
+        response = self._call("ListTabletServers", pb.ListTabletServersRequest())  # type: ignore[attr-defined]
+        def refs(buckets) -> tuple[BucketRef, ...]:
+            return tuple(BucketRef(b.table_id, b.table, b.bucket) for b in buckets)
+        return ClusterHealth(tuple(TabletServerInfo(s.id, s.address, s.buckets, s.replicas) for s in response.servers),
+                             refs(response.offline), refs(response.under_replicated))
+
+    def alter_isr(self, server_id: int, table_id: int, bucket: int, leader_epoch: int, bucket_epoch: int,
+                  isr: Iterable[int]) -> AlterIsrResult:
+        """Set the bucket's ISR (the call of its leader, ``server_id``, at ``leader_epoch`` and
+        ``bucket_epoch``); returns the bucket's state after it. FencedLeaderEpochError if the caller does
+        not lead at those epochs (its ``details``: the current ``leader``, ``leader_epoch``,
+        ``bucket_epoch`` and ``isr``); InvalidRequestError for an ISR without the leader, with a
+        server that is not a replica, or adding one that is not live."""
+        request = pb.AlterIsrRequest(server_id=server_id, table_id=table_id, bucket=bucket, leader_epoch=leader_epoch,
+                                     bucket_epoch=bucket_epoch, isr=list(isr))
+        response = self._call("AlterIsr", request,  # type: ignore[attr-defined]
+                              answered=(errors.FencedLeaderEpochError,))
+        result = AlterIsrResult(tuple(response.isr), response.leader, response.leader_epoch, response.bucket_epoch)
+        if response.error.code:
+            raise errors.FencedLeaderEpochError(response.error.message, leader=result.leader,
+                                                leader_epoch=result.leader_epoch, bucket_epoch=result.bucket_epoch,
+                                                isr=list(result.isr))
+        return result
+
+    def controlled_shutdown(self, server_id: int) -> int:
+        """Move the leaderships of tablet server ``server_id`` (about to stop) to other live in-sync replicas
+        and take it out of the ISRs; returns how many buckets it still leads that could not move (0: it may
+        stop). Call it again until 0 (or a timeout)."""
+        response = self._call("ControlledShutdown",  # type: ignore[attr-defined]
+                              pb.ControlledShutdownRequest(server_id=server_id))
+        return response.remaining_leaders
