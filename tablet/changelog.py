@@ -145,12 +145,11 @@ class Changelog:
 
     def write(self, batches: Sequence[pa.RecordBatch], *, leader_epoch: int = NO_ID,
               writer: tuple[int, int] | None = None) -> "PendingAppend":
-        """The first step of an append: write the entries (stamped with ``leader_epoch``, the epoch of
-        the leader appending them, and with ``writer``'s ``(writer id, sequence)`` when it is an
-        idempotent writer's batch: one batch then) to the file (offsets are taken), not yet durable
-        nor visible. Then :meth:`sync` (any thread; several writes may wait on one fsync),
-        then :meth:`publish` in the order of the writes. Raises like :meth:`append_batches`; a
-        failure fails every write not yet published."""
+        """The first step of an append: write the entries (stamped with ``leader_epoch``, the epoch of the leader
+        appending them, and with ``writer``'s ``(writer id, sequence)`` when it is an idempotent writer's batch:
+        one batch then) to the file (offsets are taken), not yet durable nor visible. Then :meth:`sync` (any
+        thread; several writes may wait on one fsync), then :meth:`publish` in the order of the writes. Raises
+        like :meth:`append_batches`; a failure fails every write not yet published."""
         if writer is not None and len(batches) != 1:
             raise ValueError(f"an idempotent writer's append is one batch, not {len(batches)}")
         writer_id, sequence = writer if writer is not None else (NO_ID, NO_ID)
@@ -176,9 +175,8 @@ class Changelog:
             return self._written(pending)
 
     def write_raw(self, frames: Sequence[Any], headers: Sequence[FrameHeader]) -> "PendingAppend":
-        """:meth:`write` for entries framed by another replica's changelog (``headers``: theirs, checked by
-        the caller), written byte for byte: same offsets, append times, epochs, writer ids, CRCs. The first
-        must start at :attr:`end_offset` (InvalidRequestError otherwise, nothing written)."""
+        """:meth:`write` for another replica's framed entries (``headers``: theirs, checked by the caller), byte
+        for byte. Each must start where the one before ends, the first at the end (else InvalidRequestError)."""
         with self._write_lock:
             self._check_writable()
             expected = self._write_offset
@@ -201,8 +199,7 @@ class Changelog:
             return self._written(pending)
 
     def _place(self, pending: "PendingAppend", iov: list, count: int, size: int, time: int) -> list:
-        """Take the offsets and bytes of one entry of ``size`` bytes (rolling to a new segment first when it
-        would not fit): returns the buffers still to write. Hold the write lock."""
+        """Take the offsets and bytes of an entry (rolling first if it does not fit): returns the buffers to write."""
         base = self._write_offset
         if self._write_size and self._write_size + size > self.segment_bytes:
             self._write(iov)
@@ -395,10 +392,9 @@ class Changelog:
             return len(doomed)
 
     def truncate_from(self, offset: int) -> int:
-        """Remove the entries whose records reach ``offset`` or beyond (one that holds ``offset`` goes
-        whole): returns the new end, the first such entry's base. Durable when ``fsync``: newest
-        segments are unlinked first, then the file holding the new end is cut and synced. The caller
-        makes sure no append is written but not published (it would be lost)."""
+        """Remove the entries whose records reach ``offset`` or beyond (one holding ``offset`` goes whole): returns
+        the new end, the first such entry's base. Durable when ``fsync``: newest segments are unlinked first, then
+        the file holding the new end is cut and synced. No append may be written and not yet published."""
         with self._write_lock:
             with self._index_lock:
                 self._check_writable()
@@ -408,10 +404,14 @@ class Changelog:
                 active = self._segments[-1]
             if end == self._write_offset and not doomed:
                 return end
-            os.close(self._fd)
-            self._fd = -1
-            segment_files.cut_files(doomed, active, self.fsync)
-            self._fd = os.open(active.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+            try:  # the active segment's fd appends (O_APPEND) at the new end; a new active one needs its own
+                segment_files.cut_files(doomed, active, self.fsync)
+                if doomed:
+                    fd, self._fd = self._fd, os.open(active.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+                    os.close(fd)
+            except OSError as exc:
+                self._failed = exc
+                raise ChangelogError(f"changelog {self.dir}: truncation failed: {exc}", dir=self.dir) from exc
             self._active, self._write_size, self._write_offset = active, active.size, end
             self._write_time = active.last_time
             self._synced_offset = min(self._synced_offset, end)
