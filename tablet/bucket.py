@@ -24,6 +24,16 @@ and ``start <= a <= end`` of the changelog. Replaying ``[a, end)`` (put for
 decides its value), so opening the files (``tablet/bucket_files.py``) always
 ends with KV == fold(changelog[0, end)) and applied offset == end.
 
+**Replicated** (``replicated=True``, DESIGN.md "Replication — semantics"):
+a write is appended, synced and published but not applied; it waits in the
+pre-write buffer (``tablet/prewrite_buffer.py``; later writes read their
+before-images through it) until the high watermark passes it
+(``tablet/bucket_replication.py``: the high watermark, a follower's appends
+and truncation, leader epochs). RocksDB then holds the fold of ``[0, a)``
+with ``a <= HW``, and an open replays only up to the high watermark known
+(a new store object: none beyond ``a``). Reads (``tablet/bucket_reads.py``)
+see committed data only. Not replicated, the high watermark is the log end.
+
 A store's files are opened on first use and, under a server's budget of open
 buckets, parked while idle and reopened on demand; a store whose local write
 failed (a full disk) reopens them by itself after a backoff
@@ -38,19 +48,20 @@ import threading
 import time
 from typing import Callable, Iterator
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from common import config as cfg
 from common import errors
 from common.errors import InvalidRequestError, RecordTooLargeError
 from common.limits import MAX_ENTRY_BYTES, MAX_ROW_SIZE_BOUND
 from common.tables import TableInfo
-from common.logentry import LogEntry
-from tablet import change_records, write_checks
+from tablet import change_records, epoch_file, write_checks
 from tablet.bucket_files import Backoff, BucketFiles, FileSettings
-from tablet.changelog import Changelog, SegmentInfo
+from tablet.bucket_reads import BucketReads
+from tablet.bucket_replication import BucketReplication
+from tablet.changelog import Changelog
+from tablet.prewrite_buffer import PrewriteBuffer
+from tablet.replication.epochs import EpochCache
 from tablet.key_ranges import key_range
 from tablet.open_buckets import OpenBuckets
 from tablet.replication.sequences import Duplicate, OutOfOrder
@@ -70,7 +81,7 @@ def _wall_ms() -> int:
     return int(time.time() * 1000)
 
 
-class BucketStore:
+class BucketStore(BucketReads, BucketReplication):
     """The KV store and changelog of one bucket in ``dir``; see the module docstring.
 
     Thread-safe: writes, checkpoints and snapshots serialize on
@@ -84,8 +95,10 @@ class BucketStore:
     """
 
     def __init__(self, dir: str, table: TableInfo, files: BucketFiles, bucket: int | None = None,
-                 max_row_bytes: int = MAX_ROW_SIZE_BOUND) -> None:
+                 max_row_bytes: int = MAX_ROW_SIZE_BOUND, replicated: bool = False) -> None:
         self.dir = dir
+        #: Whether writes wait for the high watermark before RocksDB applies them (see the module docstring).
+        self.replicated = replicated
         self.table = table
         #: The bucket this store holds: every key written or looked up must hash to it (None: not checked).
         self.bucket = bucket
@@ -104,6 +117,19 @@ class BucketStore:
         self.leader_epoch = -1
         #: Idempotent writers' batches in the changelog (``writer.id.expiration``: from_config sets it).
         self.writers = WriterSequences(DEFAULT_WRITER_EXPIRATION_MS, files.settings.clock_ms or _wall_ms)
+        #: Replicated: the published entries above the applied offset, as this leader wrote them.
+        self.buffer = PrewriteBuffer()
+        self._hw = 0  # replicated: the high watermark known (at least the applied offset once open)
+        self._epochs = EpochCache()  # the leader-epoch cache, loaded when the files open
+        if replicated:
+            files.replay_limit = 0  # a new store replays nothing beyond what RocksDB has applied
+        files.on_open = self._opened
+
+    def _opened(self, changelog: Changelog, kv: KvStore) -> None:
+        """The files were (re)opened (``BucketFiles.on_open``): no operation runs on them yet."""
+        self._epochs = epoch_file.load(self.dir, changelog, self.files.settings.fsync)
+        self._hw = max(self._hw, kv.applied_offset)
+        self.buffer.invalidate()
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -113,7 +139,7 @@ class BucketStore:
              bucket: int | None = None, max_row_bytes: int = MAX_ROW_SIZE_BOUND,
              budget: OpenBuckets | None = None, backoff: Backoff = Backoff(),
              monotonic: Callable[[], float] = time.monotonic, lazy: bool = False,
-             on_failure: Callable[[], None] | None = None) -> "BucketStore":
+             on_failure: Callable[[], None] | None = None, replicated: bool = False) -> "BucketStore":
         """Open (creating if missing) the bucket in ``dir`` and replay the changelog into RocksDB.
 
         ``segment_bytes`` and ``fsync`` configure the changelog
@@ -132,11 +158,11 @@ class BucketStore:
         while idle; ``backoff`` and ``monotonic``: when a failed store reopens
         (``tablet/bucket_files.py``), ``on_failure()`` is told of each failure.
         ``lazy``: open nothing now (the first use does, and raises what opening
-        raises).
+        raises). ``replicated``: see the module docstring (False: replication factor 1).
         """
         settings = FileSettings(segment_bytes, fsync, memtable_bytes, RowCodec(table).key_width, clock_ms)
         files = BucketFiles(dir, settings, budget=budget, backoff=backoff, monotonic=monotonic, on_failure=on_failure)
-        store = cls(dir, table, files, bucket, max_row_bytes)
+        store = cls(dir, table, files, bucket, max_row_bytes, replicated)
         if not lazy:
             with files.use():
                 pass
@@ -146,11 +172,11 @@ class BucketStore:
     def from_config(cls, dir: str, table: TableInfo, config: cfg.Config,
                     clock_ms: Callable[[], int] | None = None, bucket: int | None = None,
                     budget: OpenBuckets | None = None, lazy: bool = False,
-                    on_failure: Callable[[], None] | None = None) -> "BucketStore":
+                    on_failure: Callable[[], None] | None = None, replicated: bool = False) -> "BucketStore":
         backoff = Backoff(config[cfg.BUCKET_REOPEN_BACKOFF] / 1000.0, config[cfg.BUCKET_REOPEN_BACKOFF_MAX] / 1000.0)
         store = cls.open(dir, table, segment_bytes=config[cfg.LOG_SEGMENT_BYTES], fsync=config[cfg.LOG_FLUSH_FSYNC],
                          clock_ms=clock_ms, bucket=bucket, max_row_bytes=config[cfg.MAX_ROW_SIZE], budget=budget,
-                         backoff=backoff, lazy=lazy, on_failure=on_failure)
+                         backoff=backoff, lazy=lazy, on_failure=on_failure, replicated=replicated)
         store.writers.expiration_ms = config[cfg.WRITER_ID_EXPIRATION]
         return store
 
@@ -189,24 +215,14 @@ class BucketStore:
 
     @property
     def log_end_offset(self) -> int:
-        """The offset the next changelog record gets (== the applied offset between writes)."""
+        """The offset the next changelog record gets (== the applied offset between writes when not
+        replicated)."""
         return self.files.offsets()[1]
 
     @property
     def applied_offset(self) -> int:
         """The first changelog record not yet in RocksDB."""
         return self.files.offsets()[2]
-
-    def list_offsets(self) -> tuple[int, int]:
-        """``(earliest, latest)``: the changelog's start offset and end offset."""
-        start, end, _applied = self.files.offsets()
-        return start, end
-
-    def offset_for_timestamp(self, timestamp_ms: int) -> int:
-        """The first changelog offset appended at or after ``timestamp_ms``
-        (:meth:`Changelog.offset_for_timestamp`)."""
-        with self.files.use() as (changelog, _kv):
-            return changelog.offset_for_timestamp(timestamp_ms)
 
     # --- writes ----------------------------------------------------------------------------
 
@@ -256,28 +272,26 @@ class BucketStore:
 
     def _write(self, changelog: Changelog, kv: KvStore, keys: pa.Array, up_values: pa.Array,
                key_list: list[bytes], writer: tuple[int, int] | None) -> tuple[int, int]:
-        n_up, prepared = len(up_values), None
+        n_up, prepared, changes = len(up_values), None, None
         increasing = change_records.increasing(keys)
         bounds = (key_list[0], key_list[-1]) if increasing else key_range(keys)
         if increasing or len(set(key_list)) == len(key_list):
             # Each key's final state is its upsert or its delete whatever it held before: the RocksDB
             # batch is built here, while another write may hold the lock (deleting a missing key is a no-op).
-            prepared = kv.prepare(key_list[:n_up], up_values.to_pylist(), key_list[n_up:],
-                                  bounds if n_up == len(key_list) else None)
+            up_list = up_values.to_pylist()
+            prepared = kv.prepare(key_list[:n_up], up_list, key_list[n_up:], bounds if n_up == len(key_list) else None)
+            if self.replicated:
+                changes = dict(zip(key_list[:n_up], up_list))
+                changes.update(dict.fromkeys(key_list[n_up:]))
         with self.write_lock:
             self.files.check_writable()
             if writer is not None and (done := self._resent(changelog, writer)) is not None:
                 return done
             while any(lo <= bounds[1] and bounds[0] <= hi for lo, hi in self._in_flight.values()):
-                self._settled.wait()  # an earlier write not yet applied may hold keys of this one
+                self._settled.wait()  # an earlier write not yet published may hold keys of this one
                 self.files.check_writable()
-            olds = kv.get_existing(keys, key_list, bounds)
-            if prepared is not None:
-                records = change_records.records_unique(keys, up_values, olds)
-            else:
-                records, put_keys, put_values, gone = change_records.changes_in_order(
-                    key_list, up_values.to_pylist(), olds.to_pylist())
-                prepared = kv.prepare(put_keys, put_values, gone)
+            records, prepared, changes = self._records(changelog, kv, keys, up_values, key_list, bounds,
+                                                       prepared, changes)
             if not records.num_rows:
                 end = changelog.end_offset
                 return end, end
@@ -286,12 +300,18 @@ class BucketStore:
                     f"this write's changelog entry would be {records.nbytes} bytes, over {MAX_ENTRY_BYTES} "
                     f"(one gRPC message; an update holds the row twice): send fewer rows per write",
                     size=records.nbytes)
+            epoch = self.leader_epoch
+            new_epoch = epoch >= 0 and epoch != self._epochs.latest_epoch
+            if new_epoch and self._stale_epoch(epoch):
+                self._note_epoch(epoch, changelog.end_offset)  # raises FencedLeaderEpochError
             try:
-                pending = changelog.write([records], leader_epoch=self.leader_epoch, writer=writer)
+                pending = changelog.write([records], leader_epoch=epoch, writer=writer)
+                (base, nxt), = pending.ranges
+                if new_epoch:
+                    self._note_epoch(epoch, base)  # before the entry is durable: a crash leaves an epoch past the end
             except BaseException as exc:
                 self._fail(exc)
                 raise
-            (base, nxt), = pending.ranges
             if writer is not None:
                 self.writers.record(*writer, base, nxt, pending.timestamp)
             self._in_flight[base] = bounds
@@ -304,17 +324,36 @@ class BucketStore:
             raise
         with self.write_lock:
             try:
-                self._publish(changelog, kv, pending, prepared, base, nxt)
+                self._publish(changelog, kv, pending, prepared, base, nxt, changes)
             finally:
                 del self._in_flight[base]
                 self._settled.notify_all()
             return base, nxt
 
+    def _records(self, changelog: Changelog, kv: KvStore, keys: pa.Array, up_values: pa.Array,
+                 key_list: list[bytes], bounds: tuple[bytes, bytes], prepared: PreparedWrite | None,
+                 changes: dict | None) -> tuple[pa.RecordBatch, PreparedWrite, dict | None]:
+        """The write's change records, its RocksDB batch and (replicated) the state it leaves each key in;
+        before-images from RocksDB and, replicated, through the pre-write buffer. Hold the lock."""
+        olds = kv.get_existing(keys, key_list, bounds)
+        if self.replicated:
+            self._buffer_ready(changelog, kv)
+            olds = self.buffer.before_images(key_list, olds)
+        if prepared is not None:
+            return change_records.records_unique(keys, up_values, olds), prepared, changes
+        records, put_keys, put_values, gone = change_records.changes_in_order(
+            key_list, up_values.to_pylist(), olds.to_pylist())
+        if self.replicated:
+            changes = dict(zip(put_keys, put_values))
+            changes.update(dict.fromkeys(gone))
+        return records, kv.prepare(put_keys, put_values, gone), changes
+
     def _publish(self, changelog: Changelog, kv: KvStore, pending, prepared: PreparedWrite, base: int,
-                 nxt: int) -> None:
-        """Publish a synced entry and apply it to RocksDB, in changelog order. Hold the lock."""
-        while kv.applied_offset != base and self.files.failure is None:
-            self._settled.wait()  # applied in changelog order
+                 nxt: int, changes: dict | None) -> None:
+        """Publish a synced entry and apply it to RocksDB (replicated: buffer it), in changelog order.
+        Hold the lock."""
+        while (changelog.end_offset if self.replicated else kv.applied_offset) != base and self.files.failure is None:
+            self._settled.wait()  # published in changelog order
         if self.files.failure is not None:
             raise BucketStoreError(f"bucket {self.dir} failed before changelog records {base}..{nxt} "
                                    f"were applied ({self.files.failure!r}); it is reopened after a backoff",
@@ -324,6 +363,9 @@ class BucketStore:
         except BaseException as exc:
             self._fail(exc)
             raise
+        if self.replicated:
+            self.buffer.add(base, nxt, prepared, changes)
+            return
         try:
             self._apply(kv, prepared, nxt)
         except BaseException as exc:
@@ -354,97 +396,8 @@ class BucketStore:
         """The store refuses writes until reopened; writes waiting their turn give up. Hold the lock."""
         self.files.fail(exc)
         self.writers.reset()  # entries not synced may be gone: built again from the changelog
+        self.buffer.invalidate()
         self._settled.notify_all()
 
     def _apply(self, kv: KvStore, prepared: PreparedWrite, next_offset: int) -> None:
         kv.commit(prepared, next_offset)
-
-    # --- reads -----------------------------------------------------------------------------
-
-    def lookup(self, keys: pa.RecordBatch) -> tuple[np.ndarray, pa.RecordBatch]:
-        """``(found, rows)``: ``found[i]`` (numpy bool) tells whether key row ``i`` exists;
-        ``rows`` holds the full rows of the found keys in input order (``found.sum()`` rows).
-
-        ``keys`` holds the primary-key columns (full rows are accepted).
-        Raises InvalidRowError for a bad key batch.
-        """
-        encoded = self.codec.encode_keys(keys)
-        write_checks.check_bucket(self.codec, self.bucket, encoded, "lookup")
-        with self.files.use() as (_changelog, kv):
-            values = pa.array(kv.get(encoded), pa.binary())
-        found = values.is_valid().to_numpy(zero_copy_only=False)
-        return found, self.codec.decode_values(pc.drop_null(values) if values.null_count else values)
-
-    def fetch_log(self, from_offset: int, max_bytes: int) -> tuple[list[bytes], int]:
-        """``(entries, end_offset)``: framed changelog entries from ``from_offset`` on (see
-        :meth:`Changelog.read_raw`: the first may start before it) and the end offset
-        read after them. Raises LogOffsetOutOfRangeError outside the changelog."""
-        with self.files.use() as (changelog, _kv):
-            entries = changelog.read_raw(from_offset, max_bytes)
-            return entries, changelog.end_offset
-
-    def read_log(self, from_offset: int, max_bytes: int) -> list[LogEntry]:
-        """Decoded changelog entries (:meth:`Changelog.read`)."""
-        with self.files.use() as (changelog, _kv):
-            return changelog.read(from_offset, max_bytes)
-
-    def log_segments(self) -> list[SegmentInfo]:
-        """The changelog's segments, oldest first (for time-based retention)."""
-        with self.files.use() as (changelog, _kv):
-            return changelog.segments()
-
-    # --- snapshots -------------------------------------------------------------------------
-
-    def snapshot(self, values_from: bytes | None = None) -> KvSnapshot:
-        """A consistent view of the rows and its ``log_offset``, taken together under the write lock
-        (``values_from``: see :meth:`KvStore.snapshot`). An open snapshot keeps the files open."""
-        with self.files.use() as (_changelog, kv), self.write_lock:
-            return kv.snapshot(kv.applied_offset, values_from)
-
-    def key_of_value(self, value: bytes) -> bytes:
-        """The key a stored value is kept under: the value holds the whole row, primary key included
-        (docs/row-encoding.md); InvalidRowError if it is malformed."""
-        return self.codec.encode_keys(self.codec.decode_values([value]))[0]
-
-    def iter_rows(self, snapshot: KvSnapshot, from_key: bytes | None = None,
-                  upper: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
-        """The ``(key, value)`` pairs of ``snapshot`` with ``from_key <= key < upper`` in key
-        order (:meth:`KvSnapshot.rows`); resume after key ``k`` with ``from_key=k + b"\\x00"``."""
-        return snapshot.rows(from_key, upper)
-
-    def checkpoint(self, target_dir: str) -> int:
-        """Create a RocksDB checkpoint in ``target_dir``; returns its log offset.
-
-        ``target_dir`` must not exist and must be on the same filesystem (SST
-        files are hard-linked). The checkpoint holds exactly the changelog
-        records below the returned offset: it is taken under the write lock,
-        and its own applied offset (:func:`checkpoint_log_offset`) says the
-        same. Reading it, then the changelog from the offset, gives every later
-        change exactly once. A changelog that does not fsync each write is
-        flushed first, so the records the checkpoint holds are on disk.
-        """
-        if os.path.lexists(target_dir):
-            raise InvalidRequestError(f"checkpoint target {target_dir} already exists")
-        with self.files.use() as (changelog, kv):
-            kv.flush_rows()  # most of the memtable, outside the lock: less to flush while writes wait
-            with self.write_lock:
-                if not changelog.fsync:
-                    changelog.flush()
-                kv.checkpoint(target_dir)
-                return kv.applied_offset
-
-    # --- retention -------------------------------------------------------------------------
-
-    def truncate_log_before(self, offset: int) -> int:
-        """Delete the changelog segments whose records are all below ``offset``.
-
-        Never beyond what RocksDB holds on disk: RocksDB is flushed first and
-        the offset is capped at the applied offset flushed. Returns how many
-        segments were deleted.
-        """
-        with self.files.use() as (changelog, kv):
-            kv.flush_rows()  # the bulk, while writes go on
-            with self.write_lock:
-                kv.flush()
-                durable = kv.applied_offset
-            return changelog.truncate_before(min(offset, durable))

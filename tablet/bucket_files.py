@@ -20,7 +20,9 @@ of them is open, or by the server's keeper (``tablet/bucket_keeper.py``,
 which first ends the bucket's live scan sessions), so a bucket recovers by
 itself.
 The reopen replays the changelog into RocksDB: every acknowledged write was in
-the changelog before it was acknowledged, so none is lost.
+the changelog before it was acknowledged, so none is lost. A replicated bucket
+replays only up to its high watermark (:attr:`BucketFiles.replay_limit`): the
+entries above are not committed and stay out of RocksDB.
 """
 
 from __future__ import annotations
@@ -92,6 +94,11 @@ class BucketFiles:
         self._failures = 0  # in a row
         self._retry_at = 0.0
         self.closed = False
+        #: Replay the changelog only up to this offset at open (a replicated bucket's high watermark: what
+        #: is above is not committed); None: to its end.
+        self.replay_limit: int | None = None
+        #: Called with ``(changelog, kv)`` after each open, before any use (under this object's lock).
+        self.on_open: Callable[[Changelog, KvStore], None] | None = None
 
     # --- state -------------------------------------------------------------------------------
 
@@ -185,7 +192,9 @@ class BucketFiles:
                 changelog.close()
                 raise
             try:
-                self.replayed = replay(self.dir, changelog, kv)
+                self.replayed = replay(self.dir, changelog, kv, self.replay_limit)
+                if self.on_open is not None:
+                    self.on_open(changelog, kv)
             except BaseException:
                 _close(kv, changelog, self.dir, raise_errors=False)
                 raise
@@ -296,9 +305,10 @@ def _close(kv: KvStore, changelog: Changelog, dir: str, raise_errors: bool) -> N
                     dir, exc)
 
 
-def replay(dir: str, changelog: Changelog, kv: KvStore) -> tuple[int, int]:
-    """Replay the changelog from RocksDB's applied offset to its end (see ``tablet/bucket.py``);
-    returns ``(from, to)``. Raises BucketStoreError if the applied offset lies outside the changelog."""
+def replay(dir: str, changelog: Changelog, kv: KvStore, limit: int | None = None) -> tuple[int, int]:
+    """Replay the changelog from RocksDB's applied offset to its end, or to the last entry ending at or
+    below ``limit`` (see ``tablet/bucket.py``); returns ``(from, to)``. Raises BucketStoreError if the
+    applied offset lies outside the changelog."""
     applied = kv.applied_offset
     start, end = changelog.start_offset, changelog.end_offset
     if applied > end:
@@ -309,10 +319,13 @@ def replay(dir: str, changelog: Changelog, kv: KvStore) -> tuple[int, int]:
         raise BucketStoreError(f"bucket {dir}: RocksDB has applied records up to offset {applied} "
                                f"but the changelog starts at {start}", dir=dir, applied=applied, start_offset=start)
     offset = applied
-    while offset < end:
-        entries: list[LogEntry] = changelog.read(offset, _REPLAY_BYTES)
+    target = end if limit is None else min(end, limit)
+    while offset < target:
+        entries: list[LogEntry] = [e for e in changelog.read(offset, _REPLAY_BYTES) if e.next_offset <= target]
+        if not entries:
+            break
         offset = entries[-1].next_offset
         kv.apply_records([e.records for e in entries], offset)
-    if end > applied:
-        log.info("bucket %s: replayed changelog records %d..%d into RocksDB", dir, applied, end)
-    return applied, end
+    if offset > applied:
+        log.info("bucket %s: replayed changelog records %d..%d into RocksDB", dir, applied, offset)
+    return applied, offset

@@ -1,19 +1,18 @@
 """A bucket's changelog: numbered change records in framed entries, one per write batch, in segment files.
 
-Records are numbered 0, 1, 2, … (see "Offsets" in DESIGN.md). Each append
-writes ONE entry holding a whole batch and its append time, so building,
-writing and reading cost nothing per record in Python. The entry format is
-``common/logentry.py`` (clients decode it too); entries live in segment files
+Records are numbered 0, 1, 2, … (see "Offsets" in DESIGN.md). Each append writes ONE entry holding a whole
+batch and its append time, so building, writing and reading cost nothing per record in Python. The entry
+format is ``common/logentry.py`` (clients decode it too); entries live in segment files
 ``{base_offset:020d}.log`` (``tablet/segment_files.py``: names, recovery, bytes in and out), indexed in
-memory by ``tablet/log_index.py``.
-Append times never decrease: an entry gets ``max(previous entry's, clock)``.
+memory by ``tablet/log_index.py``. Append times never decrease: an entry gets ``max(previous entry's, clock)``.
+A follower appends its leader's entries byte for byte (:meth:`Changelog.write_raw`) and may cut its tail
+(:meth:`Changelog.truncate_from`).
 
-Concurrency: one writer at a time (``append*``, ``write`` and
-``truncate_before`` take a lock); an append is write -> sync -> publish
-(``append_batches`` does all three), and the sync runs outside the lock, so
-several written appends may wait on one fsync. Readers run concurrently and
-only see published entries: fully written (and fsynced, when ``fsync``). Recovery at open drops a torn tail of the last
-segment and raises :class:`CorruptLogError` for anything else that is damaged.
+Concurrency: one writer at a time (``append*``, ``write*`` and ``truncate_*`` take a lock); an append is
+write -> sync -> publish (``append_batches`` does all three), and the sync runs outside the lock, so
+several written appends may wait on one fsync. Readers run concurrently and only see published entries:
+fully written (and fsynced, when ``fsync``). Recovery at open drops a torn tail of the last segment and
+raises :class:`CorruptLogError` for anything else that is damaged.
 """
 
 from __future__ import annotations
@@ -24,17 +23,17 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import pyarrow as pa
 
 from common import config as cfg
 from common.errors import InvalidRequestError
-from common.logentry import (HEADER_SIZE, NO_ID, ChangelogError, CorruptLogError, LogEntry, conform, decode_entry,
-                             encode_payload, frame_header, record_batch)
+from common.logentry import (HEADER_SIZE, NO_ID, ChangelogError, CorruptLogError, FrameHeader, LogEntry, conform,
+                             decode_entry, encode_payload, frame_header, record_batch)
 from tablet import segment_files
-from tablet.log_index import SegmentIndex, first_offset_at_or_after
+from tablet.log_index import (PendingAppend, SegmentIndex, SegmentInfo, first_offset_at_or_after, runs_from,
+                              time_key)
 
 log = logging.getLogger(__name__)
 
@@ -43,29 +42,6 @@ _SPLIT_READ_BYTES = 32 << 10  # read_raw: entries this big on average get a prea
 
 class LogOffsetOutOfRangeError(InvalidRequestError):
     """The offset is below ``start_offset`` or above ``end_offset`` (both in ``details``)."""
-
-
-@dataclass(eq=False)
-class PendingAppend:
-    """An append written to the file but not yet published (:meth:`Changelog.write`)."""
-
-    timestamp: int
-    ranges: list[tuple[int, int]] = field(default_factory=list)  # (base_offset, next_offset) per batch
-    entries: list[tuple[SegmentIndex, int, int]] = field(default_factory=list)  # (segment, base, position)
-    rolled: list[tuple[SegmentIndex, int, int]] = field(default_factory=list)  # (segment, final size, end)
-    new_segments: list[SegmentIndex] = field(default_factory=list)
-    active: SegmentIndex | None = None  # the active segment after it, its size and end offset
-    size: int = 0
-    end: int = 0
-
-
-@dataclass(frozen=True)
-class SegmentInfo:
-    base_offset: int
-    end_offset: int  # next offset after the segment's last record
-    size: int
-    mtime: float  # seconds since the epoch
-    path: str
 
 
 def _wall_clock_ms() -> int:
@@ -134,11 +110,9 @@ class Changelog:
     def offset_for_timestamp(self, timestamp_ms: int) -> int:
         """The first offset whose entry was appended at or after ``timestamp_ms`` (ms since the epoch).
 
-        ``start_offset`` if every kept entry is that new, ``end_offset`` if none
-        is; entries without a timestamp (format version 1) count as older than
-        any. A binary search of the in-memory index: no file is read. Raises
-        InvalidRequestError for a negative timestamp.
-        """
+        ``start_offset`` if every kept entry is that new, ``end_offset`` if none is; entries without a
+        timestamp (format version 1) count as older than any. A binary search of the in-memory index: no
+        file is read. Raises InvalidRequestError for a negative timestamp."""
         if timestamp_ms < 0:
             raise InvalidRequestError(f"timestamp must be ms since the epoch (>= 0), got {timestamp_ms}",
                                       timestamp=timestamp_ms)
@@ -158,12 +132,11 @@ class Changelog:
     def append_batches(self, batches: Sequence[pa.RecordBatch]) -> list[tuple[int, int]]:
         """Append each batch as one entry, with one fsync for all of them (group commit).
 
-        Returns ``(base_offset, next_offset)`` per batch; an empty batch writes
-        nothing and gets ``(n, n)``. Readers see the entries only once written
-        (and fsynced). Raises InvalidRequestError for a batch that does not fit
-        :data:`SCHEMA`; ChangelogError when the disk write fails (the changelog
-        then refuses appends until reopened, and whether the entries survive a
-        reopen is unknown). The same as :meth:`write`, :meth:`sync`, :meth:`publish`.
+        Returns ``(base_offset, next_offset)`` per batch; an empty batch writes nothing and gets ``(n, n)``.
+        Readers see the entries only once written (and fsynced). Raises InvalidRequestError for a batch that
+        does not fit :data:`SCHEMA`; ChangelogError when the disk write fails (the changelog then refuses
+        appends until reopened, and whether the entries survive a reopen is unknown). The same as
+        :meth:`write`, :meth:`sync`, :meth:`publish`.
         """
         pending = self.write(batches)
         self.sync(pending)
@@ -172,12 +145,11 @@ class Changelog:
 
     def write(self, batches: Sequence[pa.RecordBatch], *, leader_epoch: int = NO_ID,
               writer: tuple[int, int] | None = None) -> "PendingAppend":
-        """The first step of an append: write the entries (stamped with ``leader_epoch``, the epoch of
-        the leader appending them, and with ``writer``'s ``(writer id, sequence)`` when it is an
-        idempotent writer's batch: one batch then) to the file (offsets are taken), not yet durable
-        nor visible. Then :meth:`sync` (any thread; several writes may wait on one fsync),
-        then :meth:`publish` in the order of the writes. Raises like :meth:`append_batches`; a
-        failure fails every write not yet published."""
+        """The first step of an append: write the entries (stamped with ``leader_epoch``, the epoch of the leader
+        appending them, and with ``writer``'s ``(writer id, sequence)`` when it is an idempotent writer's batch:
+        one batch then) to the file (offsets are taken), not yet durable nor visible. Then :meth:`sync` (any
+        thread; several writes may wait on one fsync), then :meth:`publish` in the order of the writes. Raises
+        like :meth:`append_batches`; a failure fails every write not yet published."""
         if writer is not None and len(batches) != 1:
             raise ValueError(f"an idempotent writer's append is one batch, not {len(batches)}")
         writer_id, sequence = writer if writer is not None else (NO_ID, NO_ID)
@@ -193,31 +165,65 @@ class Changelog:
                 for count, payload in encoded:
                     base = self._write_offset
                     pending.ranges.append((base, base + count))
-                    if not count:
-                        continue
-                    size = HEADER_SIZE + len(payload)
-                    if self._write_size and self._write_size + size > self.segment_bytes:
-                        self._write(iov)
-                        iov = []
-                        pending.rolled.append((self._active, self._write_size, base))
-                        self._roll(base, pending.timestamp)
-                        pending.new_segments.append(self._active)
-                    iov += [frame_header(base, count, payload, pending.timestamp, leader_epoch=leader_epoch,
-                                         writer_id=writer_id, sequence=sequence), payload]
-                    pending.entries.append((self._active, base, self._write_size))
-                    self._write_size += size
-                    self._write_offset += count
+                    if count:
+                        iov = self._place(pending, iov, count, HEADER_SIZE + len(payload), pending.timestamp)
+                        iov += [frame_header(base, count, payload, pending.timestamp, leader_epoch=leader_epoch,
+                                             writer_id=writer_id, sequence=sequence), payload]
                 self._write(iov, sync=False)
             except BaseException as exc:  # the file may now hold part of this append
-                self._failed = exc
-                self._undo_unpublished()
-                if isinstance(exc, OSError):
-                    raise ChangelogError(f"changelog {self.dir}: write failed: {exc}", dir=self.dir) from exc
-                raise
-            pending.active, pending.size, pending.end = self._active, self._write_size, self._write_offset
-            if pending.entries:
-                self._write_time = pending.timestamp
-            return pending
+                self._write_failed(exc)
+            return self._written(pending)
+
+    def write_raw(self, frames: Sequence[Any], headers: Sequence[FrameHeader]) -> "PendingAppend":
+        """:meth:`write` for another replica's framed entries (``headers``: theirs, checked by the caller), byte
+        for byte. Each must start where the one before ends, the first at the end (else InvalidRequestError)."""
+        with self._write_lock:
+            self._check_writable()
+            expected = self._write_offset
+            for header in headers:
+                if header.base_offset != expected:
+                    raise InvalidRequestError(f"changelog {self.dir}: a replicated entry starts at offset "
+                                              f"{header.base_offset}, the log ends at {expected}",
+                                              offset=header.base_offset, end_offset=expected)
+                expected += header.count
+            pending, iov = PendingAppend(timestamp=self._write_time), []
+            try:
+                for frame, header in zip(frames, headers):
+                    pending.timestamp = time_key(header.timestamp_ms, pending.timestamp)
+                    pending.ranges.append((header.base_offset, header.base_offset + header.count))
+                    iov = self._place(pending, iov, header.count, len(frame), pending.timestamp)
+                    iov.append(frame)
+                self._write(iov, sync=False)
+            except BaseException as exc:
+                self._write_failed(exc)
+            return self._written(pending)
+
+    def _place(self, pending: "PendingAppend", iov: list, count: int, size: int, time: int) -> list:
+        """Take the offsets and bytes of an entry (rolling first if it does not fit): returns the buffers to write."""
+        base = self._write_offset
+        if self._write_size and self._write_size + size > self.segment_bytes:
+            self._write(iov)
+            iov = []
+            pending.rolled.append((self._active, self._write_size, base))
+            self._roll(base, time)
+            pending.new_segments.append(self._active)
+        pending.entries.append((self._active, base, self._write_size, time))
+        self._write_size += size
+        self._write_offset += count
+        return iov
+
+    def _write_failed(self, exc: BaseException) -> None:
+        self._failed = exc
+        self._undo_unpublished()
+        if isinstance(exc, OSError):
+            raise ChangelogError(f"changelog {self.dir}: write failed: {exc}", dir=self.dir) from exc
+        raise exc
+
+    def _written(self, pending: "PendingAppend") -> "PendingAppend":
+        pending.active, pending.size, pending.end = self._active, self._write_size, self._write_offset
+        if pending.entries:
+            self._write_time = pending.timestamp
+        return pending
 
     def sync(self, pending: "PendingAppend") -> None:
         """Make a written append durable (fdatasync when ``fsync``): one fsync covers every append
@@ -248,8 +254,8 @@ class Changelog:
             if self._failed is not None:
                 raise ChangelogError(f"changelog {self.dir} failed before this append was published "
                                      f"({self._failed})", dir=self.dir)
-            for segment, base, position in pending.entries:
-                segment.add(base, position, pending.timestamp)
+            for segment, base, position, time in pending.entries:
+                segment.add(base, position, time)
             for segment, size, end in pending.rolled:
                 segment.size, segment.end_offset = size, end
             for segment in pending.new_segments:
@@ -299,11 +305,10 @@ class Changelog:
     def read(self, from_offset: int, max_bytes: int) -> list[LogEntry]:
         """Entries from ``from_offset`` on, the first one sliced to start exactly there.
 
-        Whole entries are added while their framed sizes fit in ``max_bytes``;
-        the first one always comes, whatever its size. ``from_offset ==
-        end_offset`` gives ``[]``; outside ``[start_offset, end_offset]`` raises
-        :class:`LogOffsetOutOfRangeError`; a damaged entry raises CorruptLogError.
-        The batches share one read buffer per segment (no copy per entry).
+        Whole entries are added while their framed sizes fit in ``max_bytes``; the first one always comes,
+        whatever its size. ``from_offset == end_offset`` gives ``[]``; outside ``[start_offset, end_offset]``
+        raises :class:`LogOffsetOutOfRangeError`; a damaged entry raises CorruptLogError. The batches share
+        one read buffer per segment (no copy per entry).
         """
         entries: list[LogEntry] = []
         for path, run in self._runs(from_offset, max_bytes):
@@ -338,14 +343,6 @@ class Changelog:
         """The entries to read as (segment path, [(position, size, base_offset, count)]) per segment."""
         if max_bytes <= 0:
             raise InvalidRequestError(f"max_bytes must be positive, got {max_bytes}")
-        runs: list[tuple[str, list]] = []
-        for path, entry in self._locate(from_offset, max_bytes):
-            if not runs or runs[-1][0] != path:
-                runs.append((path, []))
-            runs[-1][1].append(entry)
-        return runs
-
-    def _locate(self, from_offset: int, max_bytes: int) -> list[tuple[str, tuple[int, int, int, int]]]:
         with self._index_lock:
             self._check_open()
             start, end = self._segments[0].base_offset, self._segments[-1].end_offset
@@ -353,19 +350,8 @@ class Changelog:
                 raise LogOffsetOutOfRangeError(
                     f"offset {from_offset} is outside the changelog [{start}, {end}]",
                     offset=from_offset, start_offset=start, end_offset=end)
-            if from_offset == end:
-                return []
             s = bisect.bisect_right(self._segment_bases, from_offset) - 1
-            located, budget = [], max_bytes
-            for seg in self._segments[s:]:
-                first = max(bisect.bisect_right(seg.bases, from_offset) - 1, 0)
-                for i in range(first, len(seg.bases)):
-                    entry = seg.entry(i)
-                    if located and entry[1] > budget:
-                        return located
-                    located.append((seg.path, entry))
-                    budget -= entry[1]
-            return located
+            return runs_from(self._segments[s:], from_offset, max_bytes) if from_offset < end else []
 
     def _pread(self, path: str, ranges: list[tuple[int, int]], from_offset: int) -> list[bytes]:
         try:
@@ -387,10 +373,8 @@ class Changelog:
                     for s in self._segments]
 
     def truncate_before(self, offset: int) -> int:
-        """Delete the oldest whole segments whose records are all below ``offset``.
-
-        Never deletes the active segment. Returns how many segments were deleted.
-        """
+        """Delete the oldest whole segments whose records are all below ``offset`` (never the active
+        segment); returns how many segments were deleted."""
         with self._write_lock:
             with self._index_lock:
                 self._check_open()
@@ -406,6 +390,33 @@ class Changelog:
                 if self.fsync:
                     self._sync_dir()
             return len(doomed)
+
+    def truncate_from(self, offset: int) -> int:
+        """Remove the entries whose records reach ``offset`` or beyond (one holding ``offset`` goes whole): returns
+        the new end, the first such entry's base. Durable when ``fsync``: newest segments are unlinked first, then
+        the file holding the new end is cut and synced. No append may be written and not yet published."""
+        with self._write_lock:
+            with self._index_lock:
+                self._check_writable()
+                end = segment_files.entry_start(self._segments, offset)
+                doomed = segment_files.cut_index(self._segments, end)
+                del self._segment_bases[len(self._segments):]
+                active = self._segments[-1]
+            if end == self._write_offset and not doomed:
+                return end
+            try:  # the active segment's fd appends (O_APPEND) at the new end; a new active one needs its own
+                segment_files.cut_files(doomed, active, self.fsync)
+                if doomed:
+                    fd, self._fd = self._fd, os.open(active.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+                    os.close(fd)
+            except OSError as exc:
+                self._failed = exc
+                raise ChangelogError(f"changelog {self.dir}: truncation failed: {exc}", dir=self.dir) from exc
+            self._active, self._write_size, self._write_offset = active, active.size, end
+            self._write_time = active.last_time
+            self._synced_offset = min(self._synced_offset, end)
+            log.info("changelog %s: truncated to offset %d", self.dir, end)
+            return end
 
     # --- lifecycle ----------------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 from array import array
+from dataclasses import dataclass, field
 from typing import Sequence
 
 #: The time key of an entry without a timestamp (format version 1): older than any timestamp.
@@ -46,6 +47,14 @@ class SegmentIndex:
         next_base = self.end_offset if last else self.bases[i + 1]
         return self.positions[i], end_pos - self.positions[i], self.bases[i], next_base - self.bases[i]
 
+    def cut(self, end_offset: int) -> None:
+        """Forget the entries at ``end_offset`` and above (an entry's base): the segment ends there."""
+        i = bisect.bisect_left(self.bases, end_offset)
+        if i < len(self.bases):
+            self.size = self.positions[i]
+        del self.bases[i:], self.positions[i:], self.times[i:]
+        self.end_offset = end_offset
+
     @property
     def last_time(self) -> int:
         """The time key of the newest entry (``floor`` while the segment has none)."""
@@ -71,3 +80,47 @@ def first_offset_at_or_after(segments: Sequence[SegmentIndex], timestamp_ms: int
     segment = segments[s]
     i = bisect.bisect_left(segment.times, timestamp_ms)
     return segment.bases[i] if i < len(segment.bases) else segment.end_offset
+
+
+def runs_from(segments: Sequence[SegmentIndex], from_offset: int,
+              max_bytes: int) -> list[tuple[str, list[tuple[int, int, int, int]]]]:
+    """The entries from the one holding ``from_offset`` on (in ``segments``, the first of which holds it)
+    while their sizes fit ``max_bytes`` (the first always comes), as ``(segment path, [(position, size,
+    base_offset, count)])`` per segment."""
+    runs: list[tuple[str, list]] = []
+    budget = max_bytes
+    for seg in segments:
+        first = max(bisect.bisect_right(seg.bases, from_offset) - 1, 0)
+        for i in range(first, len(seg.bases)):
+            entry = seg.entry(i)
+            if runs and entry[1] > budget:
+                return runs
+            if not runs or runs[-1][0] != seg.path:
+                runs.append((seg.path, []))
+            runs[-1][1].append(entry)
+            budget -= entry[1]
+    return runs
+
+
+@dataclass(eq=False)
+class PendingAppend:
+    """An append written to a changelog's file but not yet published (``Changelog.write``): what publishing
+    adds to the index."""
+
+    timestamp: int
+    ranges: list[tuple[int, int]] = field(default_factory=list)  # (base_offset, next_offset) per batch
+    entries: list[tuple[SegmentIndex, int, int, int]] = field(default_factory=list)  # (segment, base, position, time key)
+    rolled: list[tuple[SegmentIndex, int, int]] = field(default_factory=list)  # (segment, final size, end)
+    new_segments: list[SegmentIndex] = field(default_factory=list)
+    active: SegmentIndex | None = None  # the active segment after it, its size and end offset
+    size: int = 0
+    end: int = 0
+
+
+@dataclass(frozen=True)
+class SegmentInfo:
+    base_offset: int
+    end_offset: int  # next offset after the segment's last record
+    size: int
+    mtime: float  # seconds since the epoch
+    path: str

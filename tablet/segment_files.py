@@ -11,6 +11,7 @@ life (locks, offsets, rolls, retention) and calls these.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import mmap
 import os
@@ -98,6 +99,39 @@ def recover(dir: str, verify_all: bool) -> list[SegmentIndex]:
         floor = segments[-1].last_time if segments else NO_TIMESTAMP
         segments.append(scan(dir, base, floor, tail=tail, verify=tail or verify_all))
     return segments
+
+
+def entry_start(segments: list[SegmentIndex], offset: int) -> int:
+    """The base of the first entry whose records reach ``offset`` or beyond (the end if none does)."""
+    for seg in segments:
+        if seg.end_offset > offset:
+            i = bisect.bisect_right(seg.bases, offset) - 1
+            return seg.bases[max(i, 0)] if seg.bases else seg.end_offset
+    return segments[-1].end_offset
+
+
+def cut_index(segments: list[SegmentIndex], end: int) -> list[SegmentIndex]:
+    """Cut the index at ``end`` (an entry's base): the segments starting at or after it leave
+    ``segments`` (the first one stays) and are returned; the one holding ``end`` ends there."""
+    doomed = []
+    while len(segments) > 1 and segments[-1].base_offset >= end:
+        doomed.append(segments.pop())
+    segments[-1].cut(end)
+    return doomed
+
+
+def cut_files(doomed: list[SegmentIndex], active: SegmentIndex, fsync: bool) -> None:
+    """The files of :func:`cut_index`: unlink ``doomed`` newest first (a crash leaves a contiguous prefix),
+    then cut ``active`` to its size, synced when ``fsync``."""
+    for seg in doomed:
+        os.unlink(seg.path)
+    if fsync and doomed:
+        sync_dir(os.path.dirname(active.path))
+    with open(active.path, "r+b") as fh:
+        fh.truncate(active.size)
+        if fsync:
+            os.fsync(fh.fileno())
+
 
 def scan(dir: str, base: int, floor: int, *, tail: bool, verify: bool) -> SegmentIndex:
     """Index one segment from its headers (either format version); in the tail segment, cut a

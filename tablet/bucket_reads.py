@@ -1,0 +1,161 @@
+"""The read side of a bucket store: lookups, log reads, snapshots, checkpoints and log retention.
+
+:class:`BucketReads` is a part of :class:`tablet.bucket.BucketStore` (see
+``tablet/bucket.py``). Everything here sees committed data only: RocksDB (a
+replicated bucket applies an entry only once the high watermark passes it),
+and the changelog up to the high watermark unless a follower asks for more
+(``fetch_log(committed=False)``). Not replicated, the high watermark is the
+log end, so nothing is held back.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Callable, Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from common.errors import InvalidRequestError
+from common.logentry import LogEntry, read_header
+from tablet import write_checks
+from tablet.bucket_files import BucketFiles
+from tablet.changelog import SegmentInfo
+from common.codec import RowCodec
+from tablet.kvstore import KvSnapshot
+
+
+def _ending_by(entries: list[bytes], end: int) -> list[bytes]:
+    """The leading ``entries`` whose records all lie below ``end``."""
+    for i, frame in enumerate(entries):
+        header = read_header(frame, 0, len(frame))
+        if header.base_offset + header.count > end:
+            return entries[:i]
+    return entries
+
+
+class BucketReads:
+    """Reads of a :class:`~tablet.bucket.BucketStore` (a part of it; see the module docstring)."""
+
+    files: BucketFiles
+    codec: RowCodec
+    bucket: int | None
+    write_lock: threading.RLock
+    replicated: bool
+    high_watermark: int
+    _retained: Callable[[int], None]  # retention moved the log's start to this offset (BucketReplication)
+
+    def list_offsets(self) -> tuple[int, int]:
+        """``(earliest, latest)``: the changelog's start offset and the high watermark (its end offset when
+        not replicated)."""
+        start, _end, _applied = self.files.offsets()
+        return start, self.high_watermark
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> int:
+        """The first changelog offset appended at or after ``timestamp_ms``
+        (:meth:`Changelog.offset_for_timestamp`), never beyond the high watermark."""
+        with self.files.use() as (changelog, _kv):
+            offset = changelog.offset_for_timestamp(timestamp_ms)
+        return min(offset, self.high_watermark)
+
+    def lookup(self, keys: pa.RecordBatch) -> tuple[np.ndarray, pa.RecordBatch]:
+        """``(found, rows)``: ``found[i]`` (numpy bool) tells whether key row ``i`` exists;
+        ``rows`` holds the full rows of the found keys in input order (``found.sum()`` rows).
+
+        ``keys`` holds the primary-key columns (full rows are accepted).
+        Raises InvalidRowError for a bad key batch.
+        """
+        encoded = self.codec.encode_keys(keys)
+        write_checks.check_bucket(self.codec, self.bucket, encoded, "lookup")
+        with self.files.use() as (_changelog, kv):
+            values = pa.array(kv.get(encoded), pa.binary())
+        found = values.is_valid().to_numpy(zero_copy_only=False)
+        return found, self.codec.decode_values(pc.drop_null(values) if values.null_count else values)
+
+    def fetch_log(self, from_offset: int, max_bytes: int, committed: bool = True) -> tuple[list[bytes], int]:
+        """``(entries, end_offset)``: framed changelog entries from ``from_offset`` on (see
+        :meth:`Changelog.read_raw`: the first may start before it) and the end offset read after them.
+        ``committed`` (clients): only entries ending at or below the high watermark, which is the end
+        reported; False (followers): to the log end. The same when not replicated (the high watermark is
+        the end). Raises LogOffsetOutOfRangeError outside the changelog."""
+        with self.files.use() as (changelog, _kv):
+            if committed and self.replicated:
+                hw = self.high_watermark
+                entries = changelog.read_raw(from_offset, max_bytes) if from_offset < hw else []
+                if from_offset >= hw:
+                    changelog.read_raw(from_offset, 1)  # LogOffsetOutOfRangeError outside the changelog
+                return _ending_by(entries, hw), hw
+            entries = changelog.read_raw(from_offset, max_bytes)
+            return entries, changelog.end_offset
+
+    def read_log(self, from_offset: int, max_bytes: int) -> list[LogEntry]:
+        """Decoded changelog entries (:meth:`Changelog.read`)."""
+        with self.files.use() as (changelog, _kv):
+            return changelog.read(from_offset, max_bytes)
+
+    def log_segments(self) -> list[SegmentInfo]:
+        """The changelog's segments, oldest first (for time-based retention)."""
+        with self.files.use() as (changelog, _kv):
+            return changelog.segments()
+
+    # --- snapshots -------------------------------------------------------------------------
+
+    def snapshot(self, values_from: bytes | None = None) -> KvSnapshot:
+        """A consistent view of the rows and its ``log_offset``, taken together under the write lock
+        (``values_from``: see :meth:`KvStore.snapshot`). An open snapshot keeps the files open."""
+        with self.files.use() as (_changelog, kv), self.write_lock:
+            return kv.snapshot(kv.applied_offset, values_from)
+
+    def key_of_value(self, value: bytes) -> bytes:
+        """The key a stored value is kept under: the value holds the whole row, primary key included
+        (docs/row-encoding.md); InvalidRowError if it is malformed."""
+        return self.codec.encode_keys(self.codec.decode_values([value]))[0]
+
+    def iter_rows(self, snapshot: KvSnapshot, from_key: bytes | None = None,
+                  upper: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        """The ``(key, value)`` pairs of ``snapshot`` with ``from_key <= key < upper`` in key
+        order (:meth:`KvSnapshot.rows`); resume after key ``k`` with ``from_key=k + b"\\x00"``."""
+        return snapshot.rows(from_key, upper)
+
+    def checkpoint(self, target_dir: str) -> int:
+        """Create a RocksDB checkpoint in ``target_dir``; returns its log offset.
+
+        ``target_dir`` must not exist and must be on the same filesystem (SST
+        files are hard-linked). The checkpoint holds exactly the changelog
+        records below the returned offset: it is taken under the write lock,
+        and its own applied offset (:func:`checkpoint_log_offset`) says the
+        same. Reading it, then the changelog from the offset, gives every later
+        change exactly once. A changelog that does not fsync each write is
+        flushed first, so the records the checkpoint holds are on disk.
+        """
+        if os.path.lexists(target_dir):
+            raise InvalidRequestError(f"checkpoint target {target_dir} already exists")
+        with self.files.use() as (changelog, kv):
+            kv.flush_rows()  # most of the memtable, outside the lock: less to flush while writes wait
+            with self.write_lock:
+                if not changelog.fsync:
+                    changelog.flush()
+                kv.checkpoint(target_dir)
+                return kv.applied_offset
+
+    # --- retention -------------------------------------------------------------------------
+
+    def truncate_log_before(self, offset: int) -> int:
+        """Delete the changelog segments whose records are all below ``offset``.
+
+        Never beyond what RocksDB holds on disk: RocksDB is flushed first and
+        the offset is capped at the applied offset flushed. Returns how many
+        segments were deleted.
+        """
+        with self.files.use() as (changelog, kv):
+            kv.flush_rows()  # the bulk, while writes go on
+            with self.write_lock:
+                kv.flush()
+                durable = kv.applied_offset
+            deleted = changelog.truncate_before(min(offset, durable))
+            if deleted:
+                with self.write_lock:
+                    self._retained(changelog.start_offset)
+            return deleted

@@ -1,0 +1,131 @@
+"""The pre-write buffer of a replicated bucket's leader: entries in the changelog, not yet committed.
+
+A replicated bucket (``BucketStore(replicated=True)``, DESIGN.md "Readers see
+only committed data") appends and publishes a write's entry but applies it to
+RocksDB only once the high watermark passes it. Until then the entry waits
+here, in offset order, as the RocksDB WriteBatch that applies it and the
+state it leaves each key in (its value, or None: deleted). The buffer covers
+the changelog range ``[start, end)``: ``start`` is RocksDB's applied offset,
+``end`` the changelog's published end, and every entry between them is held.
+
+The before-images of a later write read through it (:meth:`PrewriteBuffer.before_images`):
+a key written by a buffered entry has the value the newest such entry left,
+whatever RocksDB holds. When the high watermark passes an entry, the store
+commits its batch and pops it (:meth:`PrewriteBuffer.pop`).
+
+Not locked: the bucket store uses it under its write lock. A buffer that no
+longer matches the changelog (after a failure, a truncation, while the replica
+follows) is :meth:`~PrewriteBuffer.invalidate`-d and rebuilt from the
+changelog entries between the applied offset and the end (:func:`entry_changes`)
+before the next write reads through it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from common.logentry import ChangeType, LogEntry
+from tablet.kvstore import KvStore, PreparedWrite
+
+_PUT_TYPES = (int(ChangeType.INSERT), int(ChangeType.UPDATE_AFTER))
+_DELETE = int(ChangeType.DELETE)
+
+
+@dataclass(frozen=True)
+class BufferedEntry:
+    """The entry of records ``base``..``next - 1``: ``prepared`` applies it, ``changes`` is the state it leaves
+    each key it touches in (None: deleted)."""
+
+    base: int
+    next: int
+    prepared: PreparedWrite
+    changes: dict[bytes, bytes | None]
+
+
+def entry_changes(entry: LogEntry) -> dict[bytes, bytes | None]:
+    """The state a changelog entry leaves each key it touches in: its last +I/+U value, or None after -D."""
+    records = entry.records
+    changes: dict[bytes, bytes | None] = {}
+    types = records.column(0).to_numpy().tolist()
+    for change_type, key, value in zip(types, records.column(1).to_pylist(), records.column(2).to_pylist()):
+        if change_type in _PUT_TYPES:
+            changes[key] = value
+        elif change_type == _DELETE:
+            changes[key] = None
+    return changes
+
+
+def prepared_of(changes: dict[bytes, bytes | None]) -> PreparedWrite:
+    """The RocksDB batch that leaves each key of ``changes`` in its state."""
+    puts = [k for k, v in changes.items() if v is not None]
+    return KvStore.prepare(puts, [changes[k] for k in puts], [k for k, v in changes.items() if v is None])
+
+
+class PrewriteBuffer:
+    """The buffered entries of ``[start, end)``; see the module docstring. ``start is None``: not valid."""
+
+    def __init__(self) -> None:
+        self._entries: deque[BufferedEntry] = deque()
+        self._latest: dict[bytes, tuple[bytes | None, int]] = {}  # key -> (state, base of the entry leaving it)
+        self.start: int | None = None
+        self.end: int | None = None
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def covers(self, start: int, end: int) -> bool:
+        """Whether it is valid and holds exactly the entries of ``[start, end)``."""
+        return self.start == start and self.end == end
+
+    def invalidate(self) -> None:
+        """Forget everything: it must be rebuilt (:meth:`reset` then :meth:`add`) before use."""
+        self._entries.clear()
+        self._latest.clear()
+        self.start = self.end = None
+
+    def reset(self, offset: int) -> None:
+        """Empty and valid at ``offset`` (RocksDB's applied offset == the changelog's end so far)."""
+        self.invalidate()
+        self.start = self.end = offset
+
+    def add(self, base: int, next_offset: int, prepared: PreparedWrite, changes: dict[bytes, bytes | None]) -> None:
+        """Buffer the entry just published at ``base``: it must start at :attr:`end` (else the buffer is
+        invalidated, to be rebuilt)."""
+        if self.end != base:
+            self.invalidate()
+            return
+        self._entries.append(BufferedEntry(base, next_offset, prepared, changes))
+        latest = self._latest
+        for key, state in changes.items():
+            latest[key] = (state, base)
+        self.end = next_offset
+
+    def first(self) -> BufferedEntry | None:
+        return self._entries[0] if self._entries else None
+
+    def pop(self) -> BufferedEntry:
+        """Remove the oldest entry (RocksDB has just applied it): :attr:`start` moves to its end."""
+        entry = self._entries.popleft()
+        latest = self._latest
+        for key in entry.changes:
+            if latest.get(key, (None, -1))[1] == entry.base:
+                del latest[key]
+        self.start = entry.next
+        return entry
+
+    def before_images(self, key_list: list[bytes], olds: pa.Array) -> pa.Array:
+        """``olds`` (RocksDB's values of ``key_list``, null where missing) with the buffered state of each
+        key the buffer holds put in its place."""
+        latest = self._latest
+        if not latest:
+            return olds
+        hits = [(i, latest[key][0]) for i, key in enumerate(key_list) if key in latest]
+        if not hits:
+            return olds
+        values = olds.to_pylist()
+        for i, state in hits:
+            values[i] = state
+        return pa.array(values, pa.binary())
