@@ -128,7 +128,8 @@ class TabletService(pb_grpc.TabletServiceServicer):
         return _answer(pb.FetchLogResponse, work)
 
     def ReplicaFetch(self, request, context):
-        return _answer(pb.ReplicaFetchResponse, lambda: self.fetches.fetch(request))
+        remaining = context.time_remaining() if context is not None else None
+        return _answer(pb.ReplicaFetchResponse, lambda: self.fetches.fetch(request, remaining))
 
     def ListOffsets(self, request, context):
         def work():

@@ -41,8 +41,12 @@ class ReplicaFetchService:
             self._version += 1
             self._news.notify_all()
 
-    def fetch(self, request: pb.ReplicaFetchRequest) -> pb.ReplicaFetchResponse:
-        deadline = time.monotonic() + min(max(request.max_wait_ms, 0), MAX_WAIT_MS) / 1000.0
+    def fetch(self, request: pb.ReplicaFetchRequest, time_remaining_s: float | None = None) -> pb.ReplicaFetchResponse:
+        """``time_remaining_s``: the call's own deadline (the wait ends before it)."""
+        wait_s = min(max(request.max_wait_ms, 0), MAX_WAIT_MS) / 1000.0 if request.buckets else 0.0
+        if time_remaining_s is not None:
+            wait_s = min(wait_s, max(0.0, time_remaining_s - 0.2))
+        deadline = time.monotonic() + wait_s
         while True:
             with self._news:
                 version = self._version

@@ -59,14 +59,14 @@ class IsrKeeper:
             try:
                 state = self.alter_isr(self.server_id, role.table.table_id, role.bucket, epoch, bucket_epoch, isr)
             except errors.FencedLeaderEpochError as exc:
-                lead.isr_change_failed()
+                lead.isr_change_failed(self.clock_ms())
                 current = exc.details
                 if current.get("leader_epoch") == epoch and current.get("isr"):  # same leadership: adopt its state
                     lead.isr_changed(current["isr"], int(current.get("bucket_epoch", bucket_epoch)))
                 log.info("ISR change of %s to %s refused: %s", lead.where, isr, exc)
                 continue
             except errors.KvLeaseError as exc:
-                lead.isr_change_failed()
+                lead.isr_change_failed(self.clock_ms())
                 log.warning("ISR change of %s to %s failed (tried again): %s", lead.where, isr, exc)
                 continue
             lead.isr_changed(state.isr, state.bucket_epoch)

@@ -42,6 +42,7 @@ class Leadership:
         self.view = LeaderView(server_id, role.replicas, role.isr or (server_id,), leader_log_end=end,
                                high_watermark=min(store.high_watermark, end), epoch_start_offset=end, now_ms=now_ms)
         self._answered_hw: dict[int, int] = {}  # follower -> the HW last answered to it
+        self._next_change_ms = 0  # after a refused or failed ISR change, the next waits a little
 
     @property
     def where(self) -> str:
@@ -121,10 +122,11 @@ class Leadership:
         """The ISR to ask the coordinator for, if it should change and no change is in flight:
         ``(isr, leader_epoch, bucket_epoch)``."""
         with self._cond:
-            if self.ended or self.view.proposed_isr is not None:
+            if self.ended or self.view.proposed_isr is not None or now_ms < self._next_change_ms:
                 return None
             shrink = self.view.shrink_candidates(now_ms, max_lag_ms)
-            expand = self.view.expand_candidates()
+            expand = frozenset(r for r in self.view.expand_candidates()  # fetching now, not a past fetch
+                               if (self.view.follower(r).last_fetch_ms or 0) >= now_ms - max_lag_ms)
             if not shrink and not expand:
                 return None
             isr = (self.view.isr - shrink) | expand
@@ -141,8 +143,9 @@ class Leadership:
                 self._commit()
             self._cond.notify_all()
 
-    def isr_change_failed(self) -> None:
+    def isr_change_failed(self, now_ms: int, backoff_ms: int = 1000) -> None:
         with self._cond:
+            self._next_change_ms = now_ms + backoff_ms
             if self.view.isr_change_failed():
                 self._commit()
 

@@ -183,6 +183,8 @@ def test_tablet_server_refuses_a_set_partition_id_on_every_rpc_and_changes_nothi
             "Lookup": lambda p: tpb.LookupRequest(table_id=t, bucket=0, keys=key, **_part(p)),
             "FetchLog": lambda p: tpb.FetchLogRequest(table_id=t, bucket=0, from_offset=0, max_bytes=1 << 20,
                                                       **_part(p)),
+            "ReplicaFetch": lambda p: tpb.ReplicaFetchRequest(replica_id=2, buckets=[tpb.ReplicaFetchBucketPb(
+                table_id=t, bucket=0, max_bytes=1 << 20, **_part(p))]),
             "ListOffsets": lambda p: tpb.ListOffsetsRequest(table_id=t, buckets=[0], **_part(p)),
             "TriggerSnapshot": lambda p: tpb.TriggerSnapshotRequest(table_id=t, buckets=[0], wait=True, **_part(p)),
             "ScanKv": lambda p: tpb.ScanKvRequest(bucket_scan_req=scan_req(p), batch_size_bytes=1 << 20),
