@@ -131,29 +131,34 @@ class TabletServer:
 
     def _controlled_shutdown(self) -> None:
         """Ask the coordinator to move this server's leaderships of replicated buckets away, and wait until
-        it did (``tablet.controlled-shutdown.timeout``): a rolling restart then has no unavailability."""
-        if self.replicas is None or self.admin is None:
-            return
-        if not self._movable_leaderships():
+        it did (``tablet.controlled-shutdown.timeout``): a rolling restart then has no unavailability. The
+        follower fetches stop first (a stopping follower must not rejoin an ISR); an unreachable coordinator
+        ends the wait at once (nobody can move them then)."""
+        if self.fetchers is not None:
+            self.fetchers.stop()
+        if self.replicas is None or self.admin is None or not self._movable_leaderships():
             return
         deadline = time.monotonic() + self.config[cfg.CONTROLLED_SHUTDOWN_TIMEOUT] / 1000.0
-        while time.monotonic() < deadline:
-            try:
-                remaining = self.admin.controlled_shutdown(self.server_id)
-            except errors.KvLeaseError as exc:
-                log.warning("controlled shutdown: %s", exc)
-                remaining = -1
-            if remaining == 0:  # moved: wait (briefly) for the push that makes this server a follower
-                settle = time.monotonic() + 2.0
-                while time.monotonic() < settle and self._movable_leaderships():
-                    time.sleep(0.05)
-                log.info("controlled shutdown: leaderships moved away")
-                return
-            time.sleep(0.2)
+        with AdminClient([self._active_coordinator() or "127.0.0.1:0"], internal_client_config(self.config),
+                         locate=self._active_coordinator, retry_total_s=2.0) as admin:
+            while time.monotonic() < deadline:
+                try:
+                    remaining = admin.controlled_shutdown(self.server_id)
+                except errors.KvLeaseError as exc:
+                    log.warning("controlled shutdown: %s (stopping without it)", exc)
+                    return
+                if remaining == 0:  # moved: wait (briefly) for the push that makes this server a follower
+                    settle = time.monotonic() + 2.0
+                    while time.monotonic() < settle and self._movable_leaderships():
+                        time.sleep(0.05)
+                    log.info("controlled shutdown: leaderships moved away")
+                    return
+                time.sleep(0.2)
         log.warning("controlled shutdown did not move every leadership away in time: stopping anyway")
 
     def _movable_leaderships(self) -> list:
-        return [r for r in self.replicas.replicas() if r.replicated and len(r.role.isr) > 1]
+        return [r for r in self.replicas.replicas()
+                if r.replicated and len(r.lead.isr if r.lead is not None else r.role.isr) > 1]
 
     def stop(self) -> None:
         self._controlled_shutdown()

@@ -50,10 +50,11 @@ SUITE = {
     "writes": "PutKv upserts/s vs raw RocksDB WriteBatch rows/s; lookups; incremental snapshot size",
     "scan": "live scans (unary, stream) rows/s vs raw RocksDB iteration; tablet server peak RSS",
     "bootstrap": "Spark batch read of a table vs Spark reading the same rows from Parquet; streaming tail",
+    "replication": "upserts/s at replication factor 3 vs 1; write latency; tablet failover, 1M rows vs 10k",
 }
 #: name -> its module (the registry: a new benchmark is a module of ``ops/bench/`` and a line here and in SUITE).
 MODULES = {"leases": "ops.bench.leases", "writes": "ops.bench.writes", "scan": "ops.bench.scan",
-           "bootstrap": "ops.bench.bootstrap"}
+           "bootstrap": "ops.bench.bootstrap", "replication": "ops.bench.replication"}
 ALL = "all"
 MB = 1 << 20
 

@@ -328,6 +328,18 @@ def test_a_forged_update_leadership_is_refused_and_the_table_keeps_its_data(sc, 
     assert state(sc, table) == before
 
 
+def test_a_replica_fetch_by_a_user_is_refused_and_reads_nothing(sc, table, make_user, stubs):
+    """Followers' fetches read every entry, also those not committed: the cluster's own principal only."""
+    user = make_user(("ALL", "cluster"))
+    with TableClient(sc.admin, table, retry_total_s=10) as client:
+        table_id = client.table.table_id
+    response = stubs(*user).ReplicaFetch(pb.ReplicaFetchRequest(replica_id=2, buckets=[pb.ReplicaFetchBucketPb(
+        table_id=table_id, bucket=0, max_bytes=1 << 20)]), timeout=10)
+    assert response.error.code == AUTHZ, response
+    assert "ReplicaFetch" in response.error.message and "cluster's own principal" in response.error.message
+    assert not response.buckets
+
+
 # -- scanner sessions ----------------------------------------------------------------------------------------
 
 

@@ -1,0 +1,223 @@
+"""``kvlease bench replication`` (or ``python -m ops.bench.replication``): what three replicas cost, and
+what a tablet failover takes.
+
+Starts its own local cluster (ZooKeeper, one coordinator, three tablet
+servers; processes in a temp directory, stopped at the end whatever happens)
+and measures in one run:
+
+- ``throughput``: rows/s of ``TableClient.upsert`` loading ``--rows`` rows
+  (default 300,000; batches of ``--batch`` 5,000 from ``--threads`` 4) into a
+  one-bucket table with replication factor 3 (``min.insync-replicas`` 2,
+  acknowledged once the ISR holds them), against the same into a table with
+  replication factor 1, ``--rounds`` times alternating (best of each counts,
+  as ``bench writes``). Target: RF 3 / RF 1 >= 0.33 — three replicas do
+  three times the work on the same cores. Reported besides: the CPU every
+  tablet server spent per row during each best load.
+- ``latency``: p50/p99 of ``--latency-writes`` writes of 10 rows (1,000),
+  from 2 client threads one after another (a moderate load), at RF 1 and RF 3.
+- ``failover``: a kill -9 of the leader of a one-bucket RF 3 table holding
+  ``--failover-rows`` rows (1,000,000), then of one holding 10,000 rows: the
+  seconds from the kill until a write and a lookup of the bucket succeed
+  again (the table client's own retries), each measured ``--failover-rounds``
+  times (2; the killed server restarts between rounds and rejoins the ISR).
+  Target: the big table's time within noise of the small one's (hot
+  standbys: nothing is downloaded or replayed), and both <=
+  ``zookeeper.session-timeout`` + 2 s.
+
+The suite interface (``OPTIONS``, ``run``, ``target_rows``, ``report``) is
+:mod:`ops.bench.suite`'s.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+from common.tables import Column
+import ops.bench.suite as bench_suite
+from ops import local_cluster
+from ops.bench.suite import Option, Row, cpu_seconds, positive_int, wait_idle
+from ops.bench.writes import load, make_batch
+
+COLUMNS = [Column("id", "BIGINT"), Column("v", "STRING")]
+TARGET_RATIO = 0.33  # issue 30
+SESSION_TIMEOUT_S = 6.0
+FAILOVER_MARGIN_S = 2.0
+LATENCY_ROWS = 10
+
+OPTIONS = (
+    Option("--rows", positive_int, 300_000, "rows loaded per throughput round"),
+    Option("--batch", positive_int, 5_000, "rows per upsert call"),
+    Option("--threads", positive_int, 4, "client threads loading the rows"),
+    Option("--rounds", positive_int, 2, "loads of each replication factor, alternating; the best counts"),
+    Option("--latency-writes", positive_int, 1_000, "writes of 10 rows timed per replication factor"),
+    Option("--failover-rows", positive_int, 1_000_000, "rows of the big table killed under"),
+    Option("--failover-rounds", positive_int, 2, "kills per table size"),
+)
+
+
+def latencies(client, writes: int, threads: int = 2) -> dict[str, float]:
+    """p50/p99 ms of ``writes`` upserts of 10 rows from ``threads`` threads."""
+    samples: list[float] = []
+    lock = threading.Lock()
+
+    def worker(offset: int) -> None:
+        for i in range(offset, writes, threads):
+            batch = make_batch(np.arange(i * LATENCY_ROWS, (i + 1) * LATENCY_ROWS), salt=2)
+            t0 = time.perf_counter()
+            client.upsert(batch)
+            with lock:
+                samples.append(time.perf_counter() - t0)
+
+    workers = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    ms = np.array(samples) * 1000
+    return {"writes": len(samples), "p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99))}
+
+
+def leader_of(admin, table_id: int) -> int:
+    return admin.get_table_assignment(table_id)[1][0].leader_id
+
+
+def wait_in_sync(admin, table_id: int, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        state = admin.get_table_assignment(table_id)[1][0]
+        if state.leader_id >= 0 and len(state.isr) == len(state.replicas):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"table {table_id}: the ISR {state.isr} did not reach {state.replicas}")
+        time.sleep(0.1)
+
+
+def failover_once(directory: str, admin, client, table_id: int, key: int) -> float:
+    """kill -9 the bucket's leader; seconds until a write and a lookup succeed again. The killed server
+    restarts and rejoins the ISR before this returns."""
+    victim = leader_of(admin, table_id)
+    row = make_batch(np.array([key]), salt=3)
+    killed = time.monotonic()
+    local_cluster.kill(directory, "tablets", victim)
+    client.upsert(row)  # retried by the client until the new leader answers
+    found = client.lookup([key])
+    served_s = time.monotonic() - killed
+    if found[0] is None:
+        raise RuntimeError(f"the row written after the failover of table {table_id} is missing")
+    local_cluster.restart(directory, "tablets", victim)
+    wait_in_sync(admin, table_id)
+    return served_s
+
+
+def run(*, rows: int, batch: int, threads: int, rounds: int, latency_writes: int, failover_rows: int,
+        failover_rounds: int, progress: bench_suite.Progress = lambda text: None) -> dict[str, Any]:
+    """The figures (see the module docstring); options as in ``OPTIONS``."""
+    from client.admin import AdminClient
+    from client.table import TableClient
+
+    base = tempfile.mkdtemp(prefix="kvlease-bench-replication-")
+    directory = f"{base}/cluster"
+    overrides = {"kv.snapshot.interval": "1h", "zookeeper.session-timeout": f"{SESSION_TIMEOUT_S:g}s"}
+    loads: dict[int, list[dict[str, float]]] = {1: [], 3: []}
+    try:
+        local_cluster.start(directory, tablets=3, config_overrides=overrides, progress=progress)
+        pids = [int(t["pid"]) for t in local_cluster.load(directory)["tablets"]]
+        with AdminClient(local_cluster.bootstrap(directory), retry_total_s=60) as admin:
+            for round_ in range(1, rounds + 1):
+                for rf in (1, 3):
+                    for pid in pids:
+                        wait_idle(pid)
+                    name = f"bench.rf{rf}_{round_}"
+                    table = admin.create_table(name, COLUMNS, ["id"], 1, replication_factor=rf,
+                                               min_insync_replicas=min(rf, 2))
+                    if rf > 1:
+                        wait_in_sync(admin, table.table_id)
+                    progress(f"round {round_} of {rounds}: {rows:,} rows into an RF {rf} table")
+                    with TableClient(admin, name, parallelism=threads) as client:
+                        cpu = sum(cpu_seconds(p) for p in pids)
+                        figures = load(client, rows, batch, threads)
+                        figures["servers_cpu_us_per_row"] = (sum(cpu_seconds(p) for p in pids) - cpu) / rows * 1e6
+                        loads[rf].append(figures)
+                        if round_ == rounds:
+                            progress(f"latency of {latency_writes:,} writes of {LATENCY_ROWS} rows at RF {rf}")
+                            figures["latency"] = latencies(client, latency_writes)
+                    if round_ < rounds:
+                        admin.drop_table(name)
+            failover = failovers(directory, admin, failover_rows, failover_rounds, progress)
+        best = {rf: max(runs, key=lambda u: u["rows_per_s"]) for rf, runs in loads.items()}
+        return {"rows": rows, "batch_rows": batch, "client_threads": threads, "rounds": rounds,
+                "rf1_rows_per_s": best[1]["rows_per_s"], "rf3_rows_per_s": best[3]["rows_per_s"],
+                "rf3_vs_rf1": best[3]["rows_per_s"] / best[1]["rows_per_s"], "target_ratio": TARGET_RATIO,
+                "servers_cpu_us_per_row": {rf: b["servers_cpu_us_per_row"] for rf, b in best.items()},
+                "latency": {rf: loads[rf][-1]["latency"] for rf in (1, 3)},
+                "failover": failover, "failover_bound_s": SESSION_TIMEOUT_S + FAILOVER_MARGIN_S}
+    finally:
+        try:
+            local_cluster.stop(directory)
+        except local_cluster.ClusterError:
+            pass  # nothing was started
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def failovers(directory: str, admin, big_rows: int, kills: int, progress) -> dict[str, Any]:
+    from client.table import TableClient
+
+    out: dict[str, Any] = {}
+    for label, table_rows in (("small", 10_000), ("big", big_rows)):
+        name = f"bench.failover_{label}"
+        table = admin.create_table(name, COLUMNS, ["id"], 1, replication_factor=3, min_insync_replicas=2)
+        wait_in_sync(admin, table.table_id)
+        with TableClient(admin, name, parallelism=4, retry_total_s=60) as client:
+            progress(f"loading {table_rows:,} rows into {name}")
+            load(client, table_rows, 10_000, 4)
+            wait_in_sync(admin, table.table_id)
+            times = []
+            for kill in range(kills):
+                progress(f"{name}: kill -9 of its leader ({kill + 1} of {kills})")
+                times.append(failover_once(directory, admin, client, table.table_id, table_rows + kill))
+        out[label] = {"rows": table_rows, "served_s": times}
+        admin.drop_table(name)
+    return out
+
+
+def report(result: dict[str, Any]) -> str:
+    r, lat, fo = result, result["latency"], result["failover"]
+    ok = "ok" if r["rf3_vs_rf1"] >= r["target_ratio"] else "BELOW TARGET"
+    cpu = r["servers_cpu_us_per_row"]
+    small, big = max(fo["small"]["served_s"]), max(fo["big"]["served_s"])
+    bound = r["failover_bound_s"]
+    lines = [
+        f"{r['rows']:,} rows (id BIGINT, v STRING 100 B), 1 bucket, batches of {r['batch_rows']:,}, "
+        f"{r['client_threads']} client thread(s), best of {r['rounds']} alternating rounds",
+        f"  upsert, replication factor 1     {r['rf1_rows_per_s']:>12,.0f} rows/s "
+        f"(tablet servers' CPU {cpu[1]:.2f} us/row)",
+        f"  upsert, replication factor 3     {r['rf3_rows_per_s']:>12,.0f} rows/s "
+        f"(tablet servers' CPU {cpu[3]:.2f} us/row)",
+        f"  ratio                            {r['rf3_vs_rf1']:>12.2f}   (target >= {r['target_ratio']}: {ok})",
+        f"  write latency, 10 rows, RF 1     p50 {lat[1]['p50_ms']:.2f} ms, p99 {lat[1]['p99_ms']:.2f} ms",
+        f"  write latency, 10 rows, RF 3     p50 {lat[3]['p50_ms']:.2f} ms, p99 {lat[3]['p99_ms']:.2f} ms",
+        f"  failover, {fo['small']['rows']:>9,} rows          " + ", ".join(f"{s:.2f} s" for s in fo["small"]["served_s"]),
+        f"  failover, {fo['big']['rows']:>9,} rows          " + ", ".join(f"{s:.2f} s" for s in fo["big"]["served_s"]),
+        f"  big / small (worst of each)      {big / small:>12.2f}   (target: about 1; both <= {bound:g} s: "
+        f"{'ok' if max(big, small) <= bound else 'ABOVE'})",
+    ]
+    return "\n".join(lines)
+
+
+def target_rows(figures: dict[str, Any]) -> list[Row]:
+    fo = figures["failover"]
+    small, big = max(fo["small"]["served_s"]), max(fo["big"]["served_s"])
+    return [Row.ratio("PutKv upsert RF 3 / RF 1", figures["rf3_rows_per_s"], figures["rf1_rows_per_s"], "rows/s",
+                      TARGET_RATIO),
+            Row.limit(f"tablet failover, {fo['big']['rows']:,} rows per bucket", big, small, "s",
+                      figures["failover_bound_s"])]
+
+
+if __name__ == "__main__":
+    bench_suite.module_main("replication")
