@@ -339,6 +339,8 @@ class ReplicaManager(ReplicaSnapshots):
                     table_id=table_id, bucket=bucket)
             raise errors.NotLeaderError(f"this tablet server follows bucket {bucket} of table {table_id}; tablet "
                                         f"server {replica.role.leader} leads it", table_id=table_id, bucket=bucket)
+        if replica.replicated:
+            replica.leadership().check_read()  # a new leader serves once it has every committed write
         return replica
 
     def replica(self, table_id: int, bucket: int) -> Replica:

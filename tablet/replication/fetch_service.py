@@ -79,13 +79,22 @@ class ReplicaFetchService:
 
     def _leadership(self, item):
         try:
-            return self.replicas.get(item.table_id, item.bucket).leadership()
+            return self._led(item).leadership()
         except errors.KvLeaseError:
             return None
 
+    def _led(self, item):
+        """The replica of a bucket this server leads (not :meth:`ReplicaManager.get`: a new leader answers
+        its followers before it serves reads — their fetches move its HW)."""
+        replica = self.replicas.replica(item.table_id, item.bucket)
+        if not replica.leads:
+            raise errors.NotLeaderError(f"this tablet server does not lead bucket {item.bucket} of table "
+                                        f"{item.table_id}", table_id=item.table_id, bucket=item.bucket)
+        return replica
+
     def _fetch_bucket(self, follower: int, item, result) -> bool:
         """Fill ``result``; whether it is worth answering now."""
-        replica = self.replicas.get(item.table_id, item.bucket)  # NotLeader unless this server leads it
+        replica = self._led(item)
         lead = replica.leadership()
         if lead is None:
             raise errors.InvalidRequestError(f"bucket {item.bucket} of table {item.table_id} has one replica")

@@ -41,6 +41,8 @@ class Leadership:
         end = store.log_end_offset
         self.view = LeaderView(server_id, role.replicas, role.isr or (server_id,), leader_log_end=end,
                                high_watermark=min(store.high_watermark, end), epoch_start_offset=end, now_ms=now_ms)
+        if self.view.on_append(end):  # an ISR of the leader alone: everything in its log is committed now
+            store.advance_high_watermark(self.view.high_watermark())
         self._answered_hw: dict[int, int] = {}  # follower -> the HW last answered to it
         self._next_change_ms = 0  # after a refused or failed ISR change, the next waits a little
 
@@ -55,6 +57,18 @@ class Leadership:
     @property
     def isr(self) -> frozenset[int]:
         return self.view.isr
+
+    def check_read(self) -> None:
+        """Raise unless reads may be served: a new leader serves once its HW reached the log end it took
+        over (every write an earlier leader committed is then applied here too; until then a read could
+        miss one a client already saw): LeaderNotAvailableError (retried) meanwhile."""
+        if self.ended:
+            raise errors.NotLeaderError(f"this tablet server no longer leads {self.where}")
+        hw = self.view.high_watermark()
+        if hw < self.view.epoch_start_offset:
+            raise errors.LeaderNotAvailableError(
+                f"the new leader of {self.where} is catching up (its high watermark {hw} has not reached "
+                f"{self.view.epoch_start_offset} yet): retry in a moment")
 
     # -- writes ----------------------------------------------------------------------
 
