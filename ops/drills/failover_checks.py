@@ -199,16 +199,18 @@ def replicas_identical(logs: Mapping[str, Mapping[int, Sequence[tuple[int, Hasha
 # -- availability ------------------------------------------------------------------------------------------------------
 
 
-def leaders_served_within(outages: Sequence[Outage], successes: Mapping[int, Sequence[float]],
+def leaders_served_within(outages: Sequence[Outage], successes: Mapping[int, Sequence[tuple[float, float]]],
                           bound_s: float) -> tuple[Check, list[float | None]]:
-    """Every bucket a killed or paused leader led was served again (a call to it succeeded, ``successes``:
-    bucket -> times) within ``bound_s`` (``zookeeper.session-timeout`` + 2 s) of the outage. Also the
-    seconds until the last of its buckets came back, per outage (None: one never did)."""
+    """Every bucket a killed or paused leader led was served again within ``bound_s``
+    (``zookeeper.session-timeout`` + 2 s) of the outage: a call to it sent after the outage was answered
+    (``successes``: bucket -> ``(sent, answered)`` times of the calls that succeeded; a call sent before
+    may have been answered by the old leader). Also the seconds until the last of its buckets came back,
+    per outage (None: one never did)."""
     violations, delays = [], []
     for outage in outages:
         worst: float | None = 0.0
         for bucket in sorted(outage.buckets):
-            after = [t for t in successes.get(bucket, ()) if t > outage.at]
+            after = [answered for sent, answered in successes.get(bucket, ()) if sent > outage.at]
             if not after:
                 violations.append(f"{outage.name}: bucket {bucket} was never served again")
                 worst = None

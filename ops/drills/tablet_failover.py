@@ -5,19 +5,22 @@ Checks (ops/drills/failover_checks.py): every acknowledged write is in every
 replica's changelog exactly once, at the offsets the server answered, and
 its effect in every replica's table; no value a reader (lookup, scan) saw is
 missing from the committed changelog afterwards; the replicas' changelogs are
-identical below the high watermark; every bucket a killed or paused leader led
-is served again within ``zookeeper.session-timeout`` + 2 s; scans return only
-right data. Needs --tablets 3 (a table with replication factor 3 and
-min.insync-replicas 2).
+byte for byte identical below the high watermark; every bucket a killed or paused
+leader led is served again within ``zookeeper.session-timeout`` + 2 s; every
+replica is back in the ISR afterwards; scans return only right data and resume.
+Needs --tablets 3 (a table with replication factor 3 and min.insync-replicas 2).
 
 Writers (threads, each owning its keys) upsert and delete through
-:class:`~client.table.TableClient` with idempotent retries; a reader looks
-keys up all along; each round a scanner (resume=True) reads one of the
-victim's buckets, one batch before the fault and the rest after it. At the
-end each replica's changelog is read from its data
-dir (``<tablet home>/data/<table id>/<bucket>/log``, read-only); a replica's
-table is its changelog applied. The Spark stream
-of the issue's drill is not run here yet.
+:class:`~client.table.TableClient` with idempotent retries; a reader looks up
+keys of every bucket all along, one bucket per call with a short request
+timeout, which also times when a bucket is served again; each round a scanner
+(resume=True) reads one of the victim's buckets, one batch before the fault
+and the rest after it. Once every replica is back in the ISR, each replica's
+changelog is read from its data dir (ops/drills/replica_logs.py); a replica's
+table is its changelog applied up to the high watermark (its RocksDB is not
+read: the tablet server keeps it open and RocksDB's WAL is off, so memtable
+rows are only in the changelog). The Spark stream of the issue's drill is not
+run here yet.
 """
 
 from __future__ import annotations
@@ -27,23 +30,21 @@ import random
 import signal
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
-from client.log_records import decode_records, entry_records
 from client.table import TableClient
 from common import errors
-from common.logentry import CorruptLogError, decode_entry, read_header
 from common.tables import Column
 from ops import local_cluster
-from ops.drills.leases import error_name
 from ops.drills.chaos_faults import session_timeout_s
 from ops.drills.cluster import DRILL_DB, DrillCluster, require
-from ops.drills.failover_checks import (AckedWrite, ChangeRecord, Outage, Read, acknowledged_writes_in_changelog,
-                                        apply_changes, leaders_served_within, reads_committed, replicas_identical,
+from ops.drills.failover_checks import (AckedWrite, Outage, Read, acknowledged_writes_in_changelog, apply_changes,
+                                        leaders_served_within, reads_committed, replicas_identical,
                                         tables_as_acknowledged)
-from ops.drills.report import Report, finish
-from ops.drills.row_checks import ScanRecord, WriteOp, scans_match
+from ops.drills.leases import error_name
+from ops.drills.replica_logs import ReplicaLogs, change_records, fingerprints, read_replica_logs
+from ops.drills.report import Check, Report, finish
+from ops.drills.row_checks import ScanRecord, WriteOp, scans_end_cleanly, scans_match
 from ops.drills.tablet_restart import PAD, Writers, scan_after_kill
 
 NAME = "tablet-failover"
@@ -53,7 +54,9 @@ BUCKETS = 4
 REPLICATION = 3
 MIN_INSYNC = 2
 SCAN_BATCH_BYTES = 1024
-_SHORT = {0: "+I", 1: "-U", 2: "+U", 3: "-D"}  # common.logentry.ChangeType
+PROBE_TIMEOUT_S = 0.5  # a lookup of a paused leader gives up this soon; the next one asks for the new leader
+PROBE_KEYS = 4
+IN_SYNC_BOUND_S = 30.0
 
 
 def check_shape(doc: dict) -> None:
@@ -91,22 +94,31 @@ class AckedWriters(Writers):
         for key, value in values.items():
             self.history[key].append(WriteOp(key, value, t0, t1, self.bucket_of[key] in offsets))
 
-    def successes(self) -> dict[int, list[float]]:
-        """bucket -> end times of the calls that wrote to it."""
-        out: dict[int, list[float]] = {}
+    def successes(self) -> dict[int, list[tuple[float, float]]]:
+        """bucket -> ``(sent, answered)`` times of the calls that wrote to it."""
+        out: dict[int, list[tuple[float, float]]] = {}
         with self._lock:
-            for _t0, t1, buckets, ok in self.calls:
+            for t0, t1, buckets, ok in self.calls:
                 for bucket in buckets if ok else ():
-                    out.setdefault(bucket, []).append(t1)
+                    out.setdefault(bucket, []).append((t0, t1))
         return out
 
 
 class Lookups:
-    """A thread looking random keys up all along; every value seen kept as a :class:`Read`."""
+    """A thread looking up keys of every bucket all along, one bucket per call, through a client of its own
+    with a short request timeout (a call to a paused leader gives up after ``PROBE_TIMEOUT_S`` and the
+    routing is fetched again): every value seen kept as a :class:`Read`, every answered call as
+    ``(sent, answered)`` per bucket, which times when a bucket is served again."""
 
-    def __init__(self, client: TableClient, keys: list[int], seed: int) -> None:
-        self.client, self.keys, self.rng = client, keys, random.Random(seed)
+    def __init__(self, admin, table: str, bucket_of: dict[int, int], seed: int) -> None:
+        self.client = TableClient(admin, table, retry_total_s=1.0, request_timeout_s=PROBE_TIMEOUT_S)
+        self.keys_of: dict[int, list[int]] = {}
+        for key, bucket in sorted(bucket_of.items()):
+            self.keys_of.setdefault(bucket, []).append(key)
+        self.rng = random.Random(seed)
         self.reads: list[Read] = []
+        self.served: dict[int, list[tuple[float, float]]] = {}
+        self.failures = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="drill-lookups", daemon=True)
 
@@ -117,26 +129,34 @@ class Lookups:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(timeout=90)
+        self.client.close()
 
     def _run(self) -> None:
         while not self._stop.wait(0.02):
-            keys = self.rng.sample(self.keys, 8)
+            for bucket, keys in self.keys_of.items():
+                self._look(bucket, self.rng.sample(keys, min(PROBE_KEYS, len(keys))))
+
+    def _look(self, bucket: int, keys: list[int]) -> None:
+        t0 = time.time()
+        try:
+            rows = self.client.lookup(keys)
+        except errors.KvLeaseError:
+            self.failures += 1
             try:
-                rows = self.client.lookup(keys)
+                self.client.refresh()  # a timeout to a paused leader does not refresh the routing by itself
             except errors.KvLeaseError:
-                continue  # a failover under way: the next lookup waits for it within the retries
-            self.reads += [Read("lookup", k, None if r is None else r["v"], time.time()) for k, r in zip(keys, rows)]
+                pass
+            return
+        t1 = time.time()
+        self.reads += [Read("lookup", k, None if r is None else r["v"], t1) for k, r in zip(keys, rows)]
+        self.served.setdefault(bucket, []).append((t0, t1))
 
 
 def create_replicated_table(cluster: DrillCluster) -> str:
     path = f"{DRILL_DB}.tablet_failover_{cluster.run_id}"
     columns = [Column("id", "BIGINT"), Column("v", "BIGINT"), Column("pad", "STRING")]
-    try:
-        cluster.admin.create_table(path, columns, ["id"], BUCKETS, replication_factor=REPLICATION,
-                                   min_insync_replicas=MIN_INSYNC)
-    except TypeError:
-        raise errors.InvalidRequestError("this admin client cannot create replicated tables yet "
-                                         "(AdminClient.create_table(replication_factor=…))") from None
+    cluster.admin.create_table(path, columns, ["id"], BUCKETS, replication_factor=REPLICATION,
+                               min_insync_replicas=MIN_INSYNC)
     return path
 
 
@@ -149,12 +169,17 @@ def run(cluster_dir: str, rounds: int = 2, seed: int = 0) -> Report:
         table = create_replicated_table(cluster)
         try:
             with TableClient(cluster.admin, table, retry_total_s=60.0, request_timeout_s=5.0) as client:
-                outcome = _drill(cluster, client, rounds, seed, bound_s)
+                table_id = client.table.table_id
+                wait_in_sync(cluster, table_id, time.time(), IN_SYNC_BOUND_S)  # a new table's followers join
+                outcome = _drill(cluster, client, table, rounds, seed, bound_s)
+                in_sync, outcome["leaders"], outcome["in_sync_s"] = wait_in_sync(
+                    cluster, table_id, outcome["last_fault"], IN_SYNC_BOUND_S)
+                report.add(in_sync)
                 hws = {b: latest for b, (_, latest) in client.list_offsets().items()}
-                outcome["looked_up"] = {k: None if r is None else r["v"]
-                                        for k, r in zip(outcome["bucket_of"], client.lookup(list(outcome["bucket_of"])))}
-                table_id, codec = client.table.table_id, client.codec
-            logs = _replica_logs(cluster, table_id)
+                keys = list(outcome["bucket_of"])
+                outcome["looked_up"] = {k: None if r is None else r["v"] for k, r in zip(keys, client.lookup(keys))}
+                codec = client.codec
+            logs = read_replica_logs(cluster.doc["tablets"], table_id)
             report.add(cluster.whole_again())
             _judge(report, outcome, logs, hws, codec)
         finally:
@@ -162,26 +187,49 @@ def run(cluster_dir: str, rounds: int = 2, seed: int = 0) -> Report:
     return report
 
 
-def _drill(cluster: DrillCluster, client: TableClient, rounds: int, seed: int, bound_s: float) -> dict[str, Any]:
+def wait_in_sync(cluster: DrillCluster, table_id: int, since: float,
+                 timeout_s: float) -> tuple[Check, dict[int, int], float | None]:
+    """Wait up to ``timeout_s`` until every bucket has a live leader and every replica in its ISR. Returns the
+    check, each bucket's leader then, and the seconds from ``since`` until then (None: it did not happen)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        _table, state = cluster.admin.get_table_assignment(table_id)
+        behind = [f"bucket {b}: in-sync replicas {list(a.isr)} of {list(a.replicas)}"
+                  + ("" if a.leader_address else ", no live leader")
+                  for b, a in sorted(state.items()) if a.under_replicated or not a.leader_address]
+        if not behind or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    check = Check.of(f"every replica back in the ISR within {timeout_s:g}s of the last fault", behind, len(state))
+    return check, {b: a.leader_id for b, a in state.items()}, None if behind else round(time.time() - since, 3)
+
+
+def _drill(cluster: DrillCluster, client: TableClient, table: str, rounds: int, seed: int,
+           bound_s: float) -> dict[str, Any]:
     keys = list(range(KEYS))
     bucket_of = {k: b for b, _rows, idx in client.split(client.key_batch(keys)) for k in (keys[i] for i in idx)}
     writers = AckedWriters(client, bucket_of, seed)
     writers.write({k: k for k in keys})
     outages: list[Outage] = []
     scans: list[ScanRecord] = []
-    with Lookups(client, keys, seed) as lookups:
+    with Lookups(cluster.admin, table, bucket_of, seed) as lookups:
         writers.start()
         try:
             for round_no in range(rounds):
                 time.sleep(0.5)  # writes under way
                 pause = round_no == rounds - 1 and rounds > 1
                 outages.append(_fault(cluster, client, round_no, pause, bound_s, scans))
+            last_fault = time.time()
             time.sleep(0.5)  # writes after the last fault
         finally:
             writers.stop()
+    served = writers.successes()
+    for bucket, calls in lookups.served.items():
+        served[bucket] = served.get(bucket, []) + calls
     scanned = [Read(s.name, k, v) for s in scans for k, v in s.rows]
     return {"writers": writers, "outages": outages, "scans": scans, "reads": lookups.reads + scanned,
-            "bucket_of": bucket_of, "bound_s": bound_s}
+            "served": served, "lookup_failures": lookups.failures, "bucket_of": bucket_of, "bound_s": bound_s,
+            "last_fault": last_fault}
 
 
 def _fault(cluster: DrillCluster, client: TableClient, round_no: int, pause: bool, bound_s: float,
@@ -189,9 +237,9 @@ def _fault(cluster: DrillCluster, client: TableClient, round_no: int, pause: boo
     """One round: the leader of bucket ``round_no % BUCKETS`` killed (or paused past the session timeout)
     while a scan of that bucket is open; it is started again (or continued) afterwards."""
     _table, leaders = cluster.admin.get_table_assignment(client.table.table_id)
-    victim = str(leaders[round_no % BUCKETS].leader_id)
-    buckets = frozenset(b for b, leader in leaders.items() if str(leader.leader_id) == victim)
     bucket = round_no % BUCKETS
+    victim = str(leaders[bucket].leader_id)
+    buckets = frozenset(b for b, leader in leaders.items() if str(leader.leader_id) == victim)
     scanner = client.scanner(bucket, resume=True, batch_size_bytes=SCAN_BATCH_BYTES)
     t_open = time.time()
     first = scanner.poll()
@@ -202,7 +250,7 @@ def _fault(cluster: DrillCluster, client: TableClient, round_no: int, pause: boo
         os.kill(entry["pid"], signal.SIGSTOP)
         try:
             scan_after_kill(scanner, f"{name} scan", bucket, True, t_open, first, scans)
-            time.sleep(max(0.0, at + bound_s - time.time()))
+            time.sleep(max(0.0, at + bound_s - time.time()))  # past the session timeout: it is deposed
         finally:
             os.kill(entry["pid"], signal.SIGCONT)
     else:
@@ -212,63 +260,32 @@ def _fault(cluster: DrillCluster, client: TableClient, round_no: int, pause: boo
     return Outage(name, at, buckets)
 
 
-def _replica_logs(cluster: DrillCluster, table_id: int) -> dict[str, dict[int, list]]:
-    """``tablet id -> bucket -> [LogEntry]`` read from every replica's data dir
-    (``<tablet home>/data/<table id>/<bucket>/log/{base offset:020d}.log``: framed entries back to back),
-    read-only while the servers run; a frame still being written at a segment's end is left out."""
-    logs: dict[str, dict[int, list]] = {}
-    for tablet in cluster.doc["tablets"]:
-        data = Path(tablet["log"]).parent / "data" / str(table_id)
-        for bucket_dir in sorted(data.iterdir()) if data.is_dir() else ():
-            entries = []
-            for segment in sorted((bucket_dir / "log").glob("*.log")):
-                entries += _frames(segment.read_bytes())
-            logs.setdefault(f"tablet {tablet['id']}", {})[int(bucket_dir.name)] = entries
-    return logs
-
-
-def _frames(buf: bytes) -> list:
-    entries, pos = [], 0
-    while pos < len(buf):
-        try:
-            header = read_header(buf, pos, len(buf))
-        except CorruptLogError:
-            break  # a torn or unwritten tail
-        end = pos + header.size + header.payload_len
-        if end > len(buf):
-            break
-        entries.append(decode_entry(buf[pos:end]))
-        pos = end
-    return entries
-
-
-def _records(codec, entries: list) -> list[ChangeRecord]:
-    """The entries' records with ``id`` as key and ``v`` as value (None where a record has no value)."""
-    out = []
-    for entry in entries:
-        batch = decode_records(codec, entry_records(entry)).to_pylist()
-        out += [ChangeRecord(r["offset"], _SHORT[r["change_type"]], r["id"], r.get("v")) for r in batch]
-    return out
-
-
-def _judge(report: Report, outcome: dict[str, Any], logs: dict[str, dict[int, list]], hws: dict[int, int],
-           codec) -> None:
+def _judge(report: Report, outcome: dict[str, Any], logs: ReplicaLogs, hws: dict[int, int], codec) -> None:
+    """Every replica's changelog and table (its changelog applied) below the high watermarks ``hws``, and
+    what the clients were told and saw, through the pure checkers."""
     writers: AckedWriters = outcome["writers"]
-    changelogs = {name: {b: _records(codec, entries) for b, entries in buckets.items()}
+    changelogs = {name: {b: change_records(codec, frames, hws.get(b, 0)) for b, frames in buckets.items()}
                   for name, buckets in logs.items()}
-    fingerprints = {name: {b: [(e.base_offset, (e.next_offset, e.timestamp_ms, e.leader_epoch, e.writer_id,
-                                                  e.sequence, str(e.records.to_pydict()))) for e in entries] for b, entries in buckets.items()} for name, buckets in logs.items()}
     tables = {name: apply_changes(r for records in buckets.values() for r in records)
-              for name, buckets in changelogs.items()}  # each replica's table: its changelog applied
+              for name, buckets in changelogs.items()}
+    committed = {b: changelogs.get(f"tablet {leader}", {}).get(b, []) for b, leader in outcome["leaders"].items()}
+    prints = {name: {b: fingerprints(frames, hws.get(b, 0)) for b, frames in buckets.items()}
+              for name, buckets in logs.items()}
     report.add(acknowledged_writes_in_changelog(writers.acked, changelogs))
-    report.add(tables_as_acknowledged(writers.history, {"leaders' lookup": outcome["looked_up"], **tables}))
-    report.add(reads_committed(outcome["reads"], next(iter(changelogs.values()), {})))
-    report.add(replicas_identical(fingerprints, hws))
-    check, delays = leaders_served_within(outcome["outages"], writers.successes(), outcome["bound_s"])
+    report.add(tables_as_acknowledged(writers.history, {"the leaders' lookup": outcome["looked_up"], **tables}))
+    report.add(reads_committed(outcome["reads"], committed))
+    report.add(replicas_identical(prints, hws))
+    check, delays = leaders_served_within(outcome["outages"], outcome["served"], outcome["bound_s"])
     report.add(check)
     report.add(scans_match(outcome["scans"], writers.history, outcome["bucket_of"]))
-    report.figures.update(rounds=len(outcome["outages"]), served_again_s=delays, acknowledged_writes=len(writers.acked),
-                          write_failures=dict(writers.failures), reads=len(outcome["reads"]))
+    report.add(scans_end_cleanly(outcome["scans"]))
+    writes = [w for ws in writers.history.values() for w in ws]
+    report.figures.update(
+        rounds=len(outcome["outages"]), faults=[o.name for o in outcome["outages"]], served_again_s=delays,
+        in_sync_again_s=outcome["in_sync_s"], acknowledged_writes=len(writers.acked), writes=len(writes),
+        unacknowledged_writes=sum(not w.acked for w in writes), write_failures=dict(writers.failures),
+        reads=len(outcome["reads"]), lookup_failures=outcome["lookup_failures"], high_watermarks=hws,
+        replicas=sorted(logs))
 
 
 def main(cluster_dir: str, json_output: bool = False, **options) -> int:

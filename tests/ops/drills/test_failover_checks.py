@@ -92,10 +92,18 @@ def test_replicas_identical_below_the_high_watermark():
 def test_leaders_served_within_the_bound():
     outages = [Outage("round 1: kill -9 tablet 1", 100.0, frozenset({0, 2})),
                Outage("round 2: SIGSTOP tablet 2", 200.0, frozenset({1}))]
-    successes = {0: [99.0, 103.5], 2: [104.0], 1: [150.0, 205.0]}
+    successes = {0: [(98.5, 99.0), (103.0, 103.5)], 2: [(103.9, 104.0)], 1: [(149.0, 150.0), (204.0, 205.0)]}
     check, delays = leaders_served_within(outages, successes, bound_s=8.0)
     assert check.ok and check.checked == 3 and delays == [4.0, 5.0]
-    check, delays = leaders_served_within(outages, {0: [103.5], 2: [109.0], 1: [150.0]}, bound_s=8.0)
+    check, delays = leaders_served_within(outages, {0: [(103.0, 103.5)], 2: [(108.0, 109.0)], 1: [(150.0, 150.5)]},
+                                          bound_s=8.0)
     assert check.violations == ("round 1: kill -9 tablet 1: bucket 2 served again only after 9.0s",
                                 "round 2: SIGSTOP tablet 2: bucket 1 was never served again")
     assert delays == [9.0, None]
+
+
+def test_a_call_sent_before_the_outage_does_not_count_as_served_again():
+    outage = Outage("round 1: kill -9 tablet 1", 100.0, frozenset({0}))
+    check, delays = leaders_served_within([outage], {0: [(99.9, 100.2), (109.5, 110.0)]}, bound_s=8.0)
+    assert check.violations == ("round 1: kill -9 tablet 1: bucket 0 served again only after 10.0s",)
+    assert delays == [10.0]
