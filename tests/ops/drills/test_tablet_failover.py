@@ -38,3 +38,13 @@ def test_tablet_failover(three_tablets):
     assert [f.split(": ")[1].split(" tablet")[0] for f in figures["faults"]] == ["kill -9", "SIGSTOP"]
     assert all(0 < s <= 6 for s in figures["served_again_s"]), figures
     assert figures["acknowledged_writes"] > 0 and figures["replicas"] == ["tablet 1", "tablet 2", "tablet 3"]
+
+
+@pytest.mark.unit
+def test_all_skips_it_on_a_cluster_of_fewer_tablet_servers():
+    from ops.drills import all as all_drills
+
+    doc = {"zookeeper": [{}], "coordinators": [{}], "tablets": [{}]}
+    assert all_drills._shape_skip("tablet-failover", doc) == "drill tablet-failover needs --tablets 3 or more (the " \
+                                                             "cluster has 1)"
+    assert all_drills._shape_skip("tablet-failover", {**doc, "tablets": [{}, {}, {}]}) is None
