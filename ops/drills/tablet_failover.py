@@ -7,8 +7,10 @@ its effect in every replica's table; no value a reader (lookup, scan) saw is
 missing from the committed changelog afterwards; the replicas' changelogs are
 byte for byte identical below the high watermark; every bucket a killed or paused
 leader led is served again within ``zookeeper.session-timeout`` + 2 s; every
-replica is back in the ISR afterwards; scans return only right data and resume.
-Needs --tablets 3 (a table with replication factor 3 and min.insync-replicas 2).
+replica is back in the ISR afterwards; scans return only right data and resume;
+a Spark streaming query (bootstrap, then the changes) runs through every fault,
+and its rows applied in (bucket, offset) order equal the table. Needs --tablets 3
+(a table with replication factor 3 and min.insync-replicas 2).
 
 Writers (threads, each owning its keys) upsert and delete through
 :class:`~client.table.TableClient` with idempotent retries; a reader looks up
@@ -19,23 +21,30 @@ and the rest after it. Once every replica is back in the ISR, each replica's
 changelog is read from its data dir (ops/drills/replica_logs.py); a replica's
 table is its changelog applied up to the high watermark (its RocksDB is not
 read: the tablet server keeps it open and RocksDB's WAL is off, so memtable
-rows are only in the changelog). The Spark stream of the issue's drill is not
-run here yet.
+rows are only in the changelog). The Spark query is the chaos drill's
+(:class:`ops.demo.ChaosStream`: Parquet, one directory per micro-batch,
+checked by ops/demo/feed_check.py once it read every bucket to its end).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
+import shutil
 import signal
+import sys
+import tempfile
 import threading
 import time
-from typing import Any
+from pathlib import Path
+from typing import Any, Iterator
 
 from client.table import TableClient
 from common import errors
 from common.tables import Column
 from ops import local_cluster
+from ops.demo import ChaosStream
 from ops.drills.chaos_faults import session_timeout_s
 from ops.drills.cluster import DRILL_DB, DrillCluster, require
 from ops.drills.failover_checks import (AckedWrite, Outage, Read, acknowledged_writes_in_changelog, apply_changes,
@@ -57,6 +66,7 @@ SCAN_BATCH_BYTES = 1024
 PROBE_TIMEOUT_S = 0.5  # a lookup of a paused leader gives up this soon; the next one asks for the new leader
 PROBE_KEYS = 4
 IN_SYNC_BOUND_S = 30.0
+STREAM_BOOTSTRAP_BOUND_S = 120.0
 
 
 def check_shape(doc: dict) -> None:
@@ -160,31 +170,83 @@ def create_replicated_table(cluster: DrillCluster) -> str:
     return path
 
 
-def run(cluster_dir: str, rounds: int = 2, seed: int = 0) -> Report:
+def run(cluster_dir: str, rounds: int = 2, seed: int = 0, spark=None) -> Report:
+    """Run the drill; ``spark``: a SparkSession for the stream (left running), else a local one is started."""
     doc = local_cluster.load(cluster_dir)
     check_shape(doc)
     report = Report(NAME)
-    bound_s = session_timeout_s(doc) + 2.0
-    with DrillCluster(cluster_dir, NAME, retry_total_s=60.0) as cluster:
+    with _spark_session(spark) as session, DrillCluster(cluster_dir, NAME, retry_total_s=60.0) as cluster:
         table = create_replicated_table(cluster)
         try:
-            with TableClient(cluster.admin, table, retry_total_s=60.0, request_timeout_s=5.0) as client:
-                table_id = client.table.table_id
-                wait_in_sync(cluster, table_id, time.time(), IN_SYNC_BOUND_S)  # a new table's followers join
-                outcome = _drill(cluster, client, table, rounds, seed, bound_s)
-                in_sync, outcome["leaders"], outcome["in_sync_s"] = wait_in_sync(
-                    cluster, table_id, outcome["last_fault"], IN_SYNC_BOUND_S)
-                report.add(in_sync)
-                hws = {b: latest for b, (_, latest) in client.list_offsets().items()}
-                keys = list(outcome["bucket_of"])
-                outcome["looked_up"] = {k: None if r is None else r["v"] for k, r in zip(keys, client.lookup(keys))}
-                codec = client.codec
-            logs = read_replica_logs(cluster.doc["tablets"], table_id)
-            report.add(cluster.whole_again())
-            _judge(report, outcome, logs, hws, codec)
+            _run(cluster, session, table, rounds, seed, session_timeout_s(doc) + 2.0, report)
         finally:
             cluster.drop_table(table)
     return report
+
+
+@contextlib.contextmanager
+def _spark_session(spark) -> Iterator[Any]:
+    """``spark`` if given, else a local SparkSession (local[2]) stopped at the end."""
+    if spark is not None:
+        yield spark
+        return
+    from ops.demo import local_session, stop_local_session
+
+    scratch = Path(tempfile.mkdtemp(prefix="kvlease-drill-tablet-failover-spark-"))
+    session = None
+    try:
+        _progress(f"starting Spark (local[2]; its log: {scratch / 'spark.log'})")
+        session = local_session(scratch, cores=2, app="kvlease-drill-tablet-failover", log_file=scratch / "spark.log")
+        yield session
+    finally:
+        if session is not None:
+            stop_local_session(session, log_file=scratch / "spark.log")
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _run(cluster: DrillCluster, spark, table: str, rounds: int, seed: int, bound_s: float, report: Report) -> None:
+    """The traffic, the faults and the stream on ``table``; then what is read back, judged into ``report``."""
+    stream = None
+    try:
+        with TableClient(cluster.admin, table, retry_total_s=60.0, request_timeout_s=5.0) as client:
+            table_id = client.table.table_id
+            wait_in_sync(cluster, table_id, time.time(), IN_SYNC_BOUND_S)  # a new table's followers join
+            keys = list(range(KEYS))
+            bucket_of = {k: b for b, _rows, idx in client.split(client.key_batch(keys)) for k in (keys[i] for i in idx)}
+            writers = AckedWriters(client, bucket_of, seed)
+            writers.write({k: k for k in keys})
+            client.trigger_snapshot(wait=True)  # the stream's bootstrap reads it
+            stream = ChaosStream(spark, cluster.addresses, table, _progress)
+            report.figures["stream_bootstrap_s"] = wait_for_bootstrap(stream, STREAM_BOOTSTRAP_BOUND_S)
+            outcome = _drill(cluster, client, table, writers, rounds, seed, bound_s)
+            report.add(Check.of("the Spark query ran through every fault", [f for f in [stream.failed()] if f], 1))
+            in_sync, outcome["leaders"], outcome["in_sync_s"] = wait_in_sync(
+                cluster, table_id, outcome["last_fault"], IN_SYNC_BOUND_S)
+            report.add(in_sync)
+            if stream.query.isActive:
+                checks, figures = stream.finish(client)
+                report.checks.extend(checks)
+                report.figures.update(figures)
+            hws = {b: latest for b, (_, latest) in client.list_offsets().items()}
+            outcome["looked_up"] = {k: None if r is None else r["v"] for k, r in zip(keys, client.lookup(keys))}
+            codec = client.codec
+        logs = read_replica_logs(cluster.doc["tablets"], table_id)
+        report.add(cluster.whole_again())
+        _judge(report, outcome, logs, hws, codec)
+    finally:
+        if stream is not None:
+            stream.close()
+
+
+def wait_for_bootstrap(stream: ChaosStream, timeout_s: float) -> float | None:
+    """Wait up to ``timeout_s`` until the query wrote its bootstrap (micro-batch 0), so that it tails the
+    changes through the faults; the seconds that took (None: it did not, or the query stopped)."""
+    start = time.monotonic()
+    while 0 not in stream.sink.rows:
+        if stream.failed() or time.monotonic() - start > timeout_s:
+            return None
+        time.sleep(0.1)
+    return round(time.monotonic() - start, 3)
 
 
 def wait_in_sync(cluster: DrillCluster, table_id: int, since: float,
@@ -204,12 +266,9 @@ def wait_in_sync(cluster: DrillCluster, table_id: int, since: float,
     return check, {b: a.leader_id for b, a in state.items()}, None if behind else round(time.time() - since, 3)
 
 
-def _drill(cluster: DrillCluster, client: TableClient, table: str, rounds: int, seed: int,
+def _drill(cluster: DrillCluster, client: TableClient, table: str, writers: AckedWriters, rounds: int, seed: int,
            bound_s: float) -> dict[str, Any]:
-    keys = list(range(KEYS))
-    bucket_of = {k: b for b, _rows, idx in client.split(client.key_batch(keys)) for k in (keys[i] for i in idx)}
-    writers = AckedWriters(client, bucket_of, seed)
-    writers.write({k: k for k in keys})
+    bucket_of = writers.bucket_of
     outages: list[Outage] = []
     scans: list[ScanRecord] = []
     with Lookups(cluster.admin, table, bucket_of, seed) as lookups:
@@ -286,6 +345,10 @@ def _judge(report: Report, outcome: dict[str, Any], logs: ReplicaLogs, hws: dict
         unacknowledged_writes=sum(not w.acked for w in writes), write_failures=dict(writers.failures),
         reads=len(outcome["reads"]), lookup_failures=outcome["lookup_failures"], high_watermarks=hws,
         replicas=sorted(logs))
+
+
+def _progress(text: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
 
 
 def main(cluster_dir: str, json_output: bool = False, **options) -> int:

@@ -1,7 +1,12 @@
 """``kvlease drill tablet-failover`` on a real 3-tablet-server cluster (RF 3, min.insync-replicas 2), with a
-4 s ZooKeeper session timeout so that its two rounds (a kill -9 and a SIGSTOP past the timeout) stay short."""
+4 s ZooKeeper session timeout so that its two rounds (a kill -9 and a SIGSTOP past the timeout) stay short;
+its Spark stream runs on the tests' shared SparkSession."""
 
 from __future__ import annotations
+
+import io
+import json
+from contextlib import redirect_stdout
 
 import pytest
 
@@ -27,17 +32,26 @@ def three_tablets(kvlease_tmp):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(180)
-def test_tablet_failover(three_tablets):
-    from tests.ops.drills.test_drills import assert_checked, drill
+@pytest.mark.timeout(240)
+def test_tablet_failover(spark, three_tablets):
+    from tests.ops.drills.test_drills import _logs, assert_checked
 
-    report = drill(three_tablets, "tablet-failover", "--rounds", "2")
-    assert_checked(report, "back in the ISR", "exactly once", "table of every replica", "committed changelog",
-                   "identical below the high watermark", "serve within 6s", "right data", "typed error or resume")
+    out = io.StringIO()
+    with redirect_stdout(out):
+        code = tablet_failover.main(str(three_tablets), True, rounds=2, spark=spark)
+    report = json.loads(out.getvalue())
+    if code != 0:
+        print(_logs(three_tablets))  # shown with the failure
+    assert code == 0, json.dumps(report, indent=1)
+    assert_checked(report, "back in the ISR", "replica's changelog exactly once", "table of every replica",
+                   "committed changelog", "identical below the high watermark", "serve within 6s", "right data",
+                   "typed error or resume", "ran through every fault", "after the bootstrap",
+                   "(bucket, offset) order equal the table")
     figures = report["figures"]
     assert [f.split(": ")[1].split(" tablet")[0] for f in figures["faults"]] == ["kill -9", "SIGSTOP"]
     assert all(0 < s <= 6 for s in figures["served_again_s"]), figures
     assert figures["acknowledged_writes"] > 0 and figures["replicas"] == ["tablet 1", "tablet 2", "tablet 3"]
+    assert figures["stream_bootstrap_s"] is not None and figures["stream_micro_batches"] > 3  # tailed the faults
 
 
 @pytest.mark.unit
