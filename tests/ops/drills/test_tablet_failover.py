@@ -62,3 +62,22 @@ def test_all_skips_it_on_a_cluster_of_fewer_tablet_servers():
     assert all_drills._shape_skip("tablet-failover", doc) == "drill tablet-failover needs --tablets 3 or more (the " \
                                                              "cluster has 1)"
     assert all_drills._shape_skip("tablet-failover", {**doc, "tablets": [{}, {}, {}]}) is None
+
+
+def _frame(base: int, keys: list[bytes], epoch: int = 1) -> bytes:
+    from common.logentry import encode_payload, frame_header, record_batch
+
+    payload = encode_payload(record_batch([0] * len(keys), keys, [b"v"] * len(keys))).to_pybytes()
+    return frame_header(base, len(keys), payload, 1_700_000_000_000, leader_epoch=epoch) + payload
+
+
+@pytest.mark.unit
+def test_the_replica_log_reader_keeps_whole_frames_and_leaves_a_torn_tail_out():
+    from ops.drills.replica_logs import fingerprints, frames_of
+
+    first, second, third = _frame(0, [b"a", b"b"]), _frame(2, [b"c"]), _frame(3, [b"d"], epoch=2)
+    frames = frames_of(first + second + third[:len(third) - 3])
+    assert [(f.entry.base_offset, f.entry.next_offset) for f in frames] == [(0, 2), (2, 3)]
+    assert [f.data for f in frames] == [first, second]
+    assert fingerprints(frames, below=2) == [(0, first)]  # an entry reaching past the HW is left out
+    assert frames_of(first + b"\0" * 10) == frames_of(first)  # zeros after the last frame: an unwritten tail
