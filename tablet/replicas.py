@@ -98,7 +98,12 @@ class Replica:
     def take_role(self, role: BucketRole) -> bool:
         """Take the coordinator's ``role``; whether this replica stopped leading (its scans must end)."""
         with self.fetch_lock:
-            old, self.role = self.role, role
+            old = self.role
+            if old is not None and (role.leader_epoch, role.bucket_epoch) < (old.leader_epoch, old.bucket_epoch):
+                log.warning("%s: ignoring a push of leader epoch %d / bucket epoch %d older than the %d / %d held",
+                            self.tb, role.leader_epoch, role.bucket_epoch, old.leader_epoch, old.bucket_epoch)
+                return False
+            self.role = role
             was_leading = old is None or old.leads(self.server_id)
             if not self.replicated:
                 self.leader_epoch = role.leader_epoch

@@ -165,6 +165,13 @@ def run(*, rows: int, batch: int, threads: int, rounds: int, latency_writes: int
         shutil.rmtree(base, ignore_errors=True)
 
 
+def snapshot_files(admin, client) -> dict[str, int]:
+    """Trigger a snapshot of the table's bucket; the files of the latest one (path -> size)."""
+    client.trigger_snapshot(wait=True)
+    latest = max(admin.list_kv_snapshots(client.table.table_id), key=lambda s: s.snapshot_id)
+    return {f.path: f.size for f in latest.handle.files}
+
+
 def failovers(directory: str, admin, big_rows: int, kills: int, progress) -> dict[str, Any]:
     from client.table import TableClient
 
@@ -177,11 +184,15 @@ def failovers(directory: str, admin, big_rows: int, kills: int, progress) -> dic
             progress(f"loading {table_rows:,} rows into {name}")
             load(client, table_rows, 10_000, 4)
             wait_in_sync(admin, table.table_id)
+            before = snapshot_files(admin, client)
             times = []
             for kill in range(kills):
                 progress(f"{name}: kill -9 of its leader ({kill + 1} of {kills})")
                 times.append(failover_once(directory, admin, client, table.table_id, table_rows + kill))
-        out[label] = {"rows": table_rows, "served_s": times}
+            after = snapshot_files(admin, client)  # the new leader's first snapshot: its own SST files
+        new = sum(size for path, size in after.items() if path not in before)
+        out[label] = {"rows": table_rows, "served_s": times, "snapshot_bytes": sum(before.values()),
+                      "first_snapshot_after_failover_new_bytes": new}
         admin.drop_table(name)
     return out
 
@@ -206,6 +217,8 @@ def report(result: dict[str, Any]) -> str:
         f"  failover, {fo['big']['rows']:>9,} rows          " + ", ".join(f"{s:.2f} s" for s in fo["big"]["served_s"]),
         f"  big / small (worst of each)      {big / small:>12.2f}   (target: about 1; both <= {bound:g} s: "
         f"{'ok' if max(big, small) <= bound else 'ABOVE'})",
+        f"  first snapshot of a new leader   {fo['big']['first_snapshot_after_failover_new_bytes']:,} new bytes "
+        f"uploaded (the snapshot before the kills: {fo['big']['snapshot_bytes']:,} bytes)",
     ]
     return "\n".join(lines)
 

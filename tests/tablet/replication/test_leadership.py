@@ -1,0 +1,124 @@
+"""One leadership of a replicated bucket over a real store (RocksDB and changelog in a temp dir, no processes):
+writes wait for the ISR, reads wait for a new leader's HW, epochs fence, ISR changes are proposed."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from common import errors
+from common.tables import Column, TableInfo
+from tablet.bucket import BucketStore
+from tablet.replication.leader import Leadership
+from tablet.replication.roles import BucketRole
+
+pytestmark = pytest.mark.unit
+
+TABLE = TableInfo(7, "db", "t", (Column("id", "BIGINT"), Column("v", "STRING")), ("id",), 1,
+                  replication_factor=3, min_insync_replicas=2)
+
+
+def role(isr=(1, 2, 3), epoch=4, min_insync=2) -> BucketRole:
+    table = TableInfo(**{**TABLE.__dict__, "min_insync_replicas": min_insync})
+    return BucketRole(table, 0, epoch, 1, "", (1, 2, 3), tuple(isr), 9)
+
+
+@pytest.fixture
+def store(tmp_path):
+    with BucketStore.open(str(tmp_path / "b"), TABLE, segment_bytes=1 << 20, fsync=False, replicated=True) as s:
+        s.become_leader(4)
+        yield s
+
+
+def put(store, lead, *ids):
+    lead.check_write(None)
+    _base, end = store.write(store.codec.to_batch([{"id": i, "v": str(i)} for i in ids]))
+    lead.appended()
+    return end
+
+
+def found(store, *ids):
+    hits, _rows = store.lookup(store.codec.to_batch([{"id": i} for i in ids]).select(["id"]))
+    return hits.tolist()
+
+
+def test_a_write_is_committed_once_every_isr_member_has_it(store):
+    lead = Leadership(1, role(), store, now_ms=0)
+    end = put(store, lead, 1, 2)
+    with pytest.raises(errors.NotEnoughReplicasError, match="did not commit it"):
+        lead.wait_committed(end, timeout_s=0.05)
+    assert found(store, 1, 2) == [False, False]  # RocksDB holds committed data only
+    assert lead.on_fetch(2, end, now_ms=1)[0] == 0  # follower 3 has not fetched: the HW waits for it
+    hw, news = lead.on_fetch(3, end, now_ms=1)
+    assert (hw, news) == (end, True)
+    lead.wait_committed(end, timeout_s=0)
+    assert found(store, 1, 2) == [True, True] and store.high_watermark == end
+
+
+def test_a_leader_alone_in_its_isr_commits_at_once_and_min_insync_refuses_before_appending(store):
+    alone = Leadership(1, role(isr=(1,), min_insync=1), store, now_ms=0)
+    end = put(store, alone, 5)
+    alone.wait_committed(end, timeout_s=0)
+    assert found(store, 5) == [True]
+    strict = Leadership(1, role(isr=(1,), min_insync=2), store, now_ms=0)
+    with pytest.raises(errors.NotEnoughReplicasError, match="min.insync-replicas 2"):
+        strict.check_write(None)
+    assert store.log_end_offset == end
+
+
+def test_epochs_fence_writes_and_an_ended_leadership_answers_not_leader(store):
+    lead = Leadership(1, role(), store, now_ms=0)
+    with pytest.raises(errors.FencedLeaderEpochError):
+        lead.check_write(3)
+    with pytest.raises(errors.NotLeaderError):
+        lead.check_write(5)
+    lead.check_write(4)
+    end = put(store, lead, 1)
+    outcome = []
+
+    def waiter():
+        try:
+            lead.wait_committed(end, timeout_s=10)
+        except errors.KvLeaseError as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    lead.end()
+    thread.join(5)
+    assert len(outcome) == 1 and isinstance(outcome[0], errors.NotLeaderError)
+    with pytest.raises(errors.NotLeaderError):
+        lead.check_write(None)
+
+
+def test_a_new_leader_serves_reads_once_its_hw_reached_the_log_it_took_over(store):
+    first = Leadership(1, role(), store, now_ms=0)
+    end = put(store, first, 1, 2, 3)  # appended, not committed: the next leader's log holds it uncommitted
+    first.end()
+    store.become_follower(5)
+    store.become_leader(6)
+    second = Leadership(1, role(epoch=6), store, now_ms=0)
+    with pytest.raises(errors.LeaderNotAvailableError, match="catching up"):
+        second.check_read()
+    second.on_fetch(2, end, now_ms=1)
+    second.on_fetch(3, end, now_ms=1)
+    second.check_read()
+    assert found(store, 1, 2, 3) == [True, True, True]
+
+
+def test_isr_changes_shrink_a_lagging_follower_and_expand_one_fetching_at_the_hw(store):
+    lead = Leadership(1, role(isr=(1, 2)), store, now_ms=0)
+    end = put(store, lead, 1)
+    lead.on_fetch(2, 0, now_ms=100)  # follower 2 stays behind
+    assert lead.propose_isr_change(now_ms=500, max_lag_ms=1000) is None
+    assert lead.propose_isr_change(now_ms=5000, max_lag_ms=1000) == ([1], 4, 9)
+    assert lead.propose_isr_change(now_ms=5001, max_lag_ms=1000) is None  # one change in flight
+    lead.isr_changed([1], 10)
+    lead.wait_committed(end, timeout_s=0)  # the slow follower left: the leader alone commits
+    lead.on_fetch(3, end, now_ms=5100)  # replica 3, outside the ISR, is caught up and fetching
+    assert lead.propose_isr_change(now_ms=5200, max_lag_ms=1000) == ([1, 3], 4, 10)
+    lead.isr_change_failed(now_ms=5200)
+    assert lead.propose_isr_change(now_ms=5300, max_lag_ms=1000) is None  # backs off after a failure
+    lead.on_fetch(3, end, now_ms=6200)
+    assert lead.propose_isr_change(now_ms=6300, max_lag_ms=1000) == ([1, 3], 4, 10)
