@@ -110,6 +110,12 @@ class Leadership:
                         f"{sorted(self.view.isr)} did not commit it in the request's time; a resent idempotent "
                         f"batch is answered with its offsets once committed")
                 self._cond.wait(remaining if remaining is not None else 1.0)
+            isr, needed = self.view.isr, self.role.table.min_insync_replicas
+            if not can_write(isr, needed):  # committed by an ISR that shrank meanwhile: not acknowledged
+                raise errors.NotEnoughReplicasError(
+                    f"{self.where}: the write below offset {end_offset} was committed by in-sync replicas "
+                    f"{sorted(isr)}, fewer than min.insync-replicas {needed}: not acknowledged; a resent "
+                    f"idempotent batch is answered with its offsets once enough replicas are in sync", isr=sorted(isr))
 
     # -- followers ---------------------------------------------------------------------
 

@@ -122,3 +122,14 @@ def test_isr_changes_shrink_a_lagging_follower_and_expand_one_fetching_at_the_hw
     assert lead.propose_isr_change(now_ms=5300, max_lag_ms=1000) is None  # backs off after a failure
     lead.on_fetch(3, end, now_ms=6200)
     assert lead.propose_isr_change(now_ms=6300, max_lag_ms=1000) == ([1, 3], 4, 10)
+
+
+def test_a_write_committed_after_the_isr_fell_below_min_insync_is_not_acknowledged(store):
+    lead = Leadership(1, role(isr=(1, 2), min_insync=2), store, now_ms=0)
+    end = put(store, lead, 1)
+    lead.isr_changed([1], 10)  # follower 2 left: the leader alone commits the write ...
+    with pytest.raises(errors.NotEnoughReplicasError, match="fewer than min.insync-replicas 2"):
+        lead.wait_committed(end, timeout_s=1)  # ... but one copy is less than the table asks for
+    assert store.high_watermark == end
+    lead.isr_changed([1, 2], 11)
+    lead.wait_committed(end, timeout_s=0)  # a resend, once enough replicas are in sync, is answered

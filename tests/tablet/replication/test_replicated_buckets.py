@@ -153,3 +153,58 @@ def test_controlled_shutdown_moves_leadership_first(cluster):
         stop.set()
         writer.join(30)
     assert errors_seen == []
+
+
+def test_a_follower_that_stops_fetching_leaves_the_isr_and_rejoins_once_caught_up(cluster):
+    c = cluster
+    table = c.admin.create_table("db.lag", SCHEMA, ["id"], 1, replication_factor=3, min_insync_replicas=2)
+    state = wait_in_sync(c, table.table_id)
+    slow = server_by_id(c, next(r for r in state.replicas if r != state.leader_id))
+    slow.fetchers.stop()  # alive and registered, but it no longer fetches (a stuck follower)
+    with TableClient(c.admin, "db.lag", retry_total_s=30) as client:
+        client.upsert([{"id": 1, "v": "a"}])  # committed once the leader drops the stuck follower (2 s lag)
+        shrunk = bucket_state(c, table.table_id)
+        assert slow.server_id not in shrunk.isr and shrunk.bucket_epoch > state.bucket_epoch
+        slow.fetchers._stop.clear()
+        slow.fetchers.update()
+        rejoined = wait_in_sync(c, table.table_id)
+        assert slow.server_id in rejoined.isr
+        store = slow.replicas.replica(table.table_id, 0).store
+        wait_until(lambda: store.high_watermark == 1, 10, "the follower to apply the write")
+
+
+def test_a_deposed_leaders_uncommitted_entries_are_truncated_when_it_returns(cluster, tmp_path):
+    c = cluster
+    table = c.admin.create_table("db.diverge", SCHEMA, ["id"], 1, replication_factor=3, min_insync_replicas=1)
+    state = wait_in_sync(c, table.table_id)
+    with TableClient(c.admin, "db.diverge", retry_total_s=30) as client:
+        client.upsert([{"id": 1, "v": "committed"}])
+        old = server_by_id(c, state.leader_id)
+        followers = [s for s in c.tablets if s is not old]
+        for server in followers:
+            server.fetchers.stop()
+        stub = pbg.TabletServiceStub(grpc.insecure_channel(old.address))
+        answer = put_with_timeout(stub, table, {"id": 2, "v": "lost"}, timeout_s=0.6)
+        assert answer.error.code == errors.ErrorCode.NOT_ENOUGH_REPLICAS  # appended on the leader alone
+        assert "did not commit it" in answer.error.message
+        old_store = old.replicas.replica(table.table_id, 0).store
+        assert old_store.log_end_offset == 2 and old_store.high_watermark == 1
+        crash(c, old)
+        for server in followers:
+            server.fetchers._stop.clear()
+            server.fetchers.update()
+        wait_until(lambda: bucket_state(c, table.table_id).leader_id not in (old.server_id, -1), 15, "a new leader")
+        client.upsert([{"id": 3, "v": "new leader"}])  # at offset 1, where the old leader holds id 2
+        back = c.tablet(old.server_id, tmp_path / f"t{old.server_id}")
+        wait_in_sync(c, table.table_id)
+        store = back.replicas.replica(table.table_id, 0).store
+        leader = server_by_id(c, bucket_state(c, table.table_id).leader_id)
+        leader_log = leader.replicas.replica(table.table_id, 0).store.fetch_log(0, 1 << 30, committed=False)[0]
+        wait_until(lambda: store.fetch_log(0, 1 << 30, committed=False)[0] == leader_log, 10, "the logs to agree")
+        assert client.lookup([{"id": 2}, {"id": 3}]) == [None, {"id": 3, "v": "new leader"}]
+
+
+def put_with_timeout(stub, table, row, timeout_s):
+    from common.codec import RowCodec, batch_to_ipc
+    request = pb.PutKvRequest(table_id=table.table_id, bucket=0, upserts=batch_to_ipc(RowCodec(table).to_batch([row])))
+    return stub.PutKv(request, timeout=timeout_s)
