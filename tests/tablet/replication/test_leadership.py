@@ -108,7 +108,7 @@ def test_a_new_leader_serves_reads_once_its_hw_reached_the_log_it_took_over(stor
 
 
 def test_isr_changes_shrink_a_lagging_follower_and_expand_one_fetching_at_the_hw(store):
-    lead = Leadership(1, role(isr=(1, 2)), store, now_ms=0)
+    lead = Leadership(1, role(isr=(1, 2), min_insync=1), store, now_ms=0)
     end = put(store, lead, 1)
     lead.on_fetch(2, 0, now_ms=100)  # follower 2 stays behind
     assert lead.propose_isr_change(now_ms=500, max_lag_ms=1000) is None
