@@ -56,18 +56,7 @@ def test_the_demo_passes_cleans_up_and_its_checks_catch_a_lost_change_row(spark,
     text = demo.render(doc)
     assert text.startswith("kvlease demo: PASS") and "[FAIL]" not in text
     assert any("killed the active coordinator" in line for line in lines)
-    # the tablet failover: the leader of bucket 0 killed mid-stream, its buckets led by the other server, then back
-    t = doc["tablet_failover"]
-    assert doc["replication_factor"] == 2 and 0 in t["buckets"] and 0 < t["seconds"] < 30, t
-    assert set(t["new_leaders"]) == {str(b) for b in t["buckets"]} and t["killed_tablet"] not in t["new_leaders"].values()
-    assert t["restarted"] and t["in_sync_after_restart_s"] is not None
-    assert f"tablet server {t['killed_tablet']} (leader of bucket(s)" in text and "started again" in text
-    killed = next(p for p in seen["cluster"]["tablets"] if str(p["id"]) == str(t["killed_tablet"]))
-    assert killed["pid"] != t["killed_pid"]  # the cluster.json after the run: the restarted server
-    assert {c["name"] for c in doc["checks"]} >= {
-        "the changelog holds every acknowledged write once (a retried write is not applied twice)",
-        "the killed tablet server's buckets were served again by another replica",
-        "the killed tablet server was started again and every bucket's ISR is full again"}
+    _assert_tablet_failover(doc, text, seen["cluster"])
     # everything stopped, the temp dir gone, Spark (the caller's) still usable
     assert not seen["work"].exists() and doc["directory"] is None
     procs = [p for role in ("zookeeper", "coordinators", "tablets") for p in seen["cluster"][role]]
@@ -95,6 +84,21 @@ def test_the_demo_passes_cleans_up_and_its_checks_catch_a_lost_change_row(spark,
     assert not tail.ok and "missing" in tail.violations[0]
     victim_id = output["id"][victim].as_py()
     assert feed_check.check_state(planted, table, KEY, VALUES).violations[0].startswith(f"id={victim_id}: ")
+
+
+def _assert_tablet_failover(doc, text, cluster):
+    """The leader of bucket 0 was killed mid-stream, its buckets led by the other server, then it came back."""
+    t = doc["tablet_failover"]
+    assert doc["replication_factor"] == 2 and 0 in t["buckets"] and 0 < t["seconds"] < 30, t
+    assert set(t["new_leaders"]) == {str(b) for b in t["buckets"]} and t["killed_tablet"] not in t["new_leaders"].values()
+    assert t["restarted"] and t["in_sync_after_restart_s"] is not None
+    assert f"tablet server {t['killed_tablet']} (leader of bucket(s)" in text and "started again" in text
+    killed = next(p for p in cluster["tablets"] if str(p["id"]) == str(t["killed_tablet"]))
+    assert killed["pid"] != t["killed_pid"]  # the cluster.json after the run: the restarted server
+    assert {c["name"] for c in doc["checks"]} >= {
+        "the changelog holds every acknowledged write once (a retried write is not applied twice)",
+        "the killed tablet server's buckets were served again by another replica",
+        "the killed tablet server was started again and every bucket's ISR is full again"}
 
 
 @pytest.mark.unit
