@@ -121,6 +121,7 @@ class LeaderKill:
     def _restart(self) -> None:
         victim = self.result["killed"]
         started = time.monotonic()
+        self._check(started + self.timeout_s, "")  # stopped (Ctrl-C): no new process the caller would not stop
         local_cluster.restart(self.cluster_dir, "tablets", victim, ready_timeout_s=self.timeout_s)
         self.result.update(restarted=True, restart_s=time.monotonic() - started)
         deadline = started + self.timeout_s

@@ -1,8 +1,8 @@
-"""A Spark bootstrap-then-tail query across a coordinator failover: the scenario ``kvlease demo`` shows and
-the ``spark-failover`` drill checks.
+"""A Spark bootstrap-then-tail query across a coordinator failover (and, if planned, a tablet server
+failover): the scenario ``kvlease demo`` shows and the ``spark-failover`` drill checks.
 
 :func:`run` works on a running local cluster (``ops.local_cluster``, at least two
-coordinators and one tablet server) and a SparkSession with the kvlease
+coordinators and one tablet server; two for a tablet failover) and a SparkSession with the kvlease
 source registered:
 
 1. creates the table (:mod:`ops.demo.change_writer`), loads ``rows`` rows and
@@ -20,12 +20,19 @@ source registered:
    bootstrap read its snapshots. The writer goes on during the failover;
    its last ``tail_rounds`` rounds wait until the bootstrap is written, so
    that the query tails them;
+4b. if the plan says so (``kill_tablet_after_round``; the demo's table has
+   replication factor 2), after that round, while the query tails, the
+   tablet server leading bucket 0 is killed with SIGKILL in a thread of its
+   own (:mod:`ops.demo.leader_kill`): the writer's and the query's clients
+   follow the new leaders; the server is started again and catches up;
 5. when the writer is done, waits until the query has read up to the
    table's end offsets, stops it and reads the output back with pyarrow;
 6. checks (:mod:`ops.demo.feed_check`): the output applied in offset order equals
    the table, no change record is missing or doubled, the table holds every
-   acknowledged write, and the lease held every bucket's snapshot, survived the
-   failover and was released once the bootstrap was committed.
+   acknowledged write (and the changelog each of them once), the lease held
+   every bucket's snapshot, survived the failover and was released once the
+   bootstrap was committed; the killed tablet server's buckets were served
+   again elsewhere and it came back in sync.
 
 Everything it starts (the query, the writer, the lease watcher) is stopped
 when it returns or raises; the table stays (the caller drops it).
@@ -250,6 +257,8 @@ class _Scenario:
                     query.stop()
                 if writer_thread is not None:
                     writer_thread.join(60)
+                if self.leader_kill is not None:  # it may be starting the server again: not after the caller's
+                    self.leader_kill.join(15)     # cluster stop, which would leave that process running
                 if watch is not None:
                     watch.stop()
 
