@@ -36,17 +36,21 @@ def demo(state: State, directory: str | None, rows: int, keep: bool, json_flag: 
     \b
     1. starts a local cluster: 1 ZooKeeper node, 2 coordinators, 2 tablet
        servers, file:// remote storage, in a temp dir (or --dir D);
-    2. creates the table demo.orders, loads --rows rows and snapshots it;
+    2. creates the table demo.orders (replication factor 2), loads --rows
+       rows and snapshots it;
     3. starts a Spark streaming query that bootstraps from those snapshots
        under a lease, then tails the changelog, writing into Parquet,
        while a writer keeps inserting, updating and deleting rows;
     4. kills the active coordinator with -9 in the middle (the query holds
        and renews its lease meanwhile) and keeps going on the standby;
-    5. lets the query catch up, stops it, and checks that the Parquet change
+    5. while the query tails, kills with -9 the tablet server leading some
+       buckets: the other replicas take over, the writer and the query go
+       on; the killed server is started again and catches up;
+    6. lets the query catch up, stops it, and checks that the Parquet change
        rows, applied in offset order, equal the table.
 
     Progress goes to stderr, then a summary (rows, snapshots leased and
-    released, failover time, PASS/FAIL with the first differences). Exits 1
+    released, both failovers' times, PASS/FAIL with the first differences). Exits 1
     on FAIL. Everything it started is stopped at the end, also on failure or
     Ctrl-C (exit 130), unless --keep.
     """

@@ -48,6 +48,8 @@ class ChangeWriter:
         self.expected: dict[tuple, tuple] = {}  # (id,) -> (customer, amount, version)
         self.loaded = 0
         self.changes = 0  # rows inserted, updated or deleted after the load
+        self.records = 0  # changelog records the acknowledged writes made (an update makes two)
+        self.longest_round_s = 0.0  # the slowest round of run(), its waits for a failover included
         self.rounds_done = 0
         self._next_id = 0
 
@@ -59,6 +61,7 @@ class ChangeWriter:
             ids = np.arange(start, min(rows, start + LOAD_BATCH), dtype=np.int64)
             self._upsert(make_rows(ids, np.zeros(len(ids), dtype=np.int32)))
             self.loaded += len(ids)
+            self.records += len(ids)
             progress(self.loaded)
         self._next_id = max(self._next_id, rows)
 
@@ -80,6 +83,7 @@ class ChangeWriter:
             for i in deletes.tolist():
                 del self.expected[(i,)]
         self.changes += len(updates) + len(inserts) + len(deletes)
+        self.records += 2 * len(updates) + len(inserts) + len(deletes)
         self.rounds_done += 1
 
     def run(self, rounds: int, size: int, interval_s: float, stop: threading.Event, *,
@@ -91,6 +95,7 @@ class ChangeWriter:
             self.change_round(size)
             if snapshot_every and number % snapshot_every == 0:
                 self.client.trigger_snapshot(wait=False)
+            self.longest_round_s = max(self.longest_round_s, time.monotonic() - started)
             on_round(self)
             if number < rounds and stop.wait(max(0.0, interval_s - (time.monotonic() - started))):
                 return

@@ -1,10 +1,12 @@
-"""``kvlease demo``: a local cluster, a live table, a Spark bootstrap-then-tail query into Parquet, and a
-``kill -9`` of the active coordinator in the middle; then a check that the Parquet change rows give the table.
+"""``kvlease demo``: a local cluster, a live table with replication factor 2, a Spark bootstrap-then-tail query
+into Parquet, a ``kill -9`` of the active coordinator during the bootstrap and one of a bucket leader's tablet
+server while the query tails; then a check that the Parquet change rows give the table.
 
 :func:`run_demo` starts an embedded cluster in a directory (1 ZooKeeper node,
 2 coordinators, 2 tablet servers, ``file://`` remote storage, default
 settings) and a local SparkSession, runs :func:`ops.demo.stream_failover.run`
-(the writer, the query, the failover, the checks) and returns a summary
+with :data:`DEMO_PLAN` (the writer, the query, both failovers, the killed
+tablet server started again, the checks) and returns a summary
 (:func:`render` prints it). Whatever happens (a failure, Ctrl-C) it stops
 the query, Spark and every process of the cluster, and removes the directory
 if it made it (unless the run failed: then its logs and output stay), unless
@@ -14,6 +16,7 @@ as a standby) and :func:`keep_hint` says how to use it.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import signal
 import tempfile
@@ -31,6 +34,9 @@ from ops.drills import MAX_SHOWN
 DEFAULT_ROWS = 100_000
 MIN_ROWS = 1_000
 ZK_NODES, COORDINATORS, TABLETS = 1, 2, 2
+#: The demo's scenario: the table on RF 2 (one in-sync replica is enough to write), and the leader of bucket 0
+#: killed after writer round 23 of 30 (the last 10 rounds are tailed), then started again.
+DEMO_PLAN = stream_failover.Plan(replication_factor=2, min_insync_replicas=1, kill_tablet_after_round=23)
 
 Progress = Callable[[str], None]
 
@@ -56,7 +62,7 @@ def run_demo(directory: str | None = None, *, rows: int = DEFAULT_ROWS, keep: bo
         raise errors.InvalidRequestError(f"--rows must be at least {MIN_ROWS:,}, got {rows:,}")
     base, made = _work_dir(directory)
     cluster_dir = base / "cluster"
-    plan = plan or stream_failover.Plan(rows=rows)
+    plan = plan or dataclasses.replace(DEMO_PLAN, rows=rows)
     own_spark = spark is None
     outcome = None
     interrupted = False
@@ -170,9 +176,20 @@ def summary(outcome: stream_failover.Outcome, directory: Path | None, seconds: f
         **{name: _round(value) for name, value in outcome.figures.items() if name != "failover_s"},
         "failover": {"killed_coordinator": failover.get("killed"), "killed_pid": failover.get("killed_pid"),
                      "active_coordinator": failover.get("active"), "seconds": _round(failover.get("seconds"))},
+        "replication_factor": outcome.plan.replication_factor,
+        "tablet_failover": _tablet_failover(outcome.tablet_failover),
         "checks": [{**check.as_dict(), "violations": list(check.violations[:MAX_SHOWN])}
                    for check in outcome.checks],
     }
+
+
+def _tablet_failover(t: Mapping[str, Any]) -> dict[str, Any] | None:
+    if not t:
+        return None
+    return {"killed_tablet": t.get("killed"), "killed_pid": t.get("killed_pid"), "buckets": t.get("buckets"),
+            "new_leaders": {str(b): leader for b, leader in t.get("new_leaders", {}).items()},
+            "seconds": _round(t.get("seconds")), "restarted": bool(t.get("restarted")),
+            "in_sync_after_restart_s": _round(t.get("in_sync_s"))}
 
 
 def _round(value: Any) -> Any:
@@ -193,11 +210,31 @@ def render(doc: Mapping[str, Any]) -> str:
         (f"  failover: coordinator {f['killed_coordinator']} killed with -9, coordinator "
          f"{f['active_coordinator']} serving after {f['seconds']:.1f}s" if f.get("seconds") is not None
          else "  failover: none happened"),
+        *_render_tablet_failover(doc),
     ]
     for check in doc["checks"]:
         lines.append(f"  [{'ok' if check['ok'] else 'FAIL'}] {check['name']} ({check['checked']:,} checked)")
         lines += [f"      - {v}" for v in check["violations"]]
     return "\n".join(lines)
+
+
+def _render_tablet_failover(doc: Mapping[str, Any]) -> list[str]:
+    t = doc.get("tablet_failover")
+    if not t:
+        return []
+    if t.get("seconds") is None:
+        return [f"  tablet failover (replication factor {doc['replication_factor']}): tablet server "
+                f"{t.get('killed_tablet')} killed with -9, its buckets not served again"]
+    buckets = ", ".join(str(b) for b in t["buckets"])
+    leaders = ", ".join(sorted({str(v) for v in t["new_leaders"].values()}))
+    longest = doc.get("writer_longest_round_s")
+    writer = f"; the writer went on (longest round {longest:.1f}s)" if longest is not None else ""
+    back = (f"; tablet server {t['killed_tablet']} started again, every ISR full after "
+            f"{t['in_sync_after_restart_s']:.1f}s" if t.get("in_sync_after_restart_s") is not None
+            else f"; tablet server {t['killed_tablet']} not back in sync")
+    return [f"  tablet failover (replication factor {doc['replication_factor']}): tablet server "
+            f"{t['killed_tablet']} (leader of bucket(s) {buckets}) killed with -9 mid-stream, tablet server "
+            f"{leaders} serving them after {t['seconds']:.1f}s{writer}{back}"]
 
 
 def keep_hint(doc: Mapping[str, Any]) -> str:

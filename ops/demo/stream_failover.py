@@ -1,8 +1,8 @@
-"""A Spark bootstrap-then-tail query across a coordinator failover: the scenario ``kvlease demo`` shows and
-the ``spark-failover`` drill checks.
+"""A Spark bootstrap-then-tail query across a coordinator failover (and, if planned, a tablet server
+failover): the scenario ``kvlease demo`` shows and the ``spark-failover`` drill checks.
 
 :func:`run` works on a running local cluster (``ops.local_cluster``, at least two
-coordinators and one tablet server) and a SparkSession with the kvlease
+coordinators and one tablet server; two for a tablet failover) and a SparkSession with the kvlease
 source registered:
 
 1. creates the table (:mod:`ops.demo.change_writer`), loads ``rows`` rows and
@@ -20,12 +20,19 @@ source registered:
    bootstrap read its snapshots. The writer goes on during the failover;
    its last ``tail_rounds`` rounds wait until the bootstrap is written, so
    that the query tails them;
+4b. if the plan says so (``kill_tablet_after_round``; the demo's table has
+   replication factor 2), after that round, while the query tails, the
+   tablet server leading bucket 0 is killed with SIGKILL in a thread of its
+   own (:mod:`ops.demo.leader_kill`): the writer's and the query's clients
+   follow the new leaders; the server is started again and catches up;
 5. when the writer is done, waits until the query has read up to the
    table's end offsets, stops it and reads the output back with pyarrow;
 6. checks (:mod:`ops.demo.feed_check`): the output applied in offset order equals
    the table, no change record is missing or doubled, the table holds every
-   acknowledged write, and the lease held every bucket's snapshot, survived the
-   failover and was released once the bootstrap was committed.
+   acknowledged write (and the changelog each of them once), the lease held
+   every bucket's snapshot, survived the failover and was released once the
+   bootstrap was committed; the killed tablet server's buckets were served
+   again elsewhere and it came back in sync.
 
 Everything it starts (the query, the writer, the lease watcher) is stopped
 when it returns or raises; the table stays (the caller drops it).
@@ -49,6 +56,7 @@ from ops import local_cluster
 import ops.demo.feed_check as feed_check
 import ops.demo.stream_query as stream_query
 from ops.demo.change_writer import COLUMNS, KEY, VALUES, ChangeWriter
+from ops.demo.leader_kill import LeaderKill
 from ops.drills import Check
 
 Progress = Callable[[str], None]
@@ -74,6 +82,12 @@ class Plan:
     trigger: str = "1 second"
     catch_up_timeout_s: float = 180.0
     failover_timeout_s: float = 60.0
+    replication_factor: int = 1  # the table's; the demo's is 2
+    min_insync_replicas: int = 1
+    #: 0: no tablet failover; else after this writer round (one of the last ``tail_rounds``, while the query
+    #: tails) the tablet server leading bucket 0 is killed with SIGKILL, then started again
+    #: (:mod:`ops.demo.leader_kill`); needs ``replication_factor`` 2 or more
+    kill_tablet_after_round: int = 0
 
 
 @dataclass
@@ -85,6 +99,9 @@ class Outcome:
     checks: list[Check] = field(default_factory=list)
     figures: dict[str, Any] = field(default_factory=dict)
     failover: dict[str, Any] = field(default_factory=dict)  # killed, killed_pid, active, seconds
+    #: the tablet failover (:class:`ops.demo.leader_kill.LeaderKill` ``result``): killed, killed_pid, buckets,
+    #: new_leaders, seconds, restarted, restart_s, in_sync_s; empty when the plan has none
+    tablet_failover: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -204,16 +221,20 @@ class _Scenario:
                                              on_written=lambda batch: self.bootstrapped.set())
         self.admin: AdminClient | None = None
         self.writer: ChangeWriter | None = None
+        self.leader_kill: LeaderKill | None = None  # the plan's tablet failover, if any
 
     def run(self, spark) -> Outcome:
         plan, progress = self.plan, self.progress
         query = watch = writer_thread = None
         with AdminClient(self.addresses, retry_total_s=60) as self.admin:
             try:
-                self.admin.create_table(plan.table, COLUMNS, KEY, plan.buckets)
+                self._create_table()
                 with TableClient(self.admin, plan.table) as client:
                     self.writer = ChangeWriter(client)
                     self._load(client)
+                    if plan.kill_tablet_after_round:
+                        self.leader_kill = LeaderKill(self.cluster_dir, self.admin, client.table.table_id, 0,
+                                                      plan.failover_timeout_s, progress, self.abort)
                     watch = LeaseWatch(self.addresses, self.outcome.lease_id)
                     progress(f"starting the streaming query (bootstrap from leased snapshots, then the changelog; "
                              f"lease {self.outcome.lease_id}) -> Parquet in {self.output_dir}")
@@ -228,29 +249,7 @@ class _Scenario:
                             raise stream_query.failed(query)
                     if self.writer_failed:
                         raise self.writer_failed[0]
-                    final_ends = {b: latest for b, (_, latest) in client.list_offsets().items()}
-                    progress(f"writer done: {self.writer.changes:,} changes after the snapshot; waiting for the "
-                             "query to read up to the end of every bucket")
-                    stream_query.catch_up(query, self.sink, self.checkpoint, final_ends, plan.catch_up_timeout_s,
-                                          self.abort.is_set)
-                    query.stop()
-                    query_s = time.monotonic() - started
-                    progress(f"the query caught up after {self.sink.last_batch + 1} micro-batches; stopped it; "
-                             "checking")
-                    scan = client.scan()
-                    leases_now = {lease.lease_id for lease in self.admin.list_leases()}
-                    listed_at_ms = int(time.time() * 1000)  # after the answer: no earlier than it was gone
-                watch.stop()
-                if "lease_deadline" in self.outcome.failover:
-                    watch.saw_deadline(self.outcome.failover["lease_deadline"])
-                if self.outcome.lease_id not in leases_now:
-                    watch.saw_gone(listed_at_ms)
-                output = stream_query.read_output(self.output_dir)
-                bootstrap = stream_query.checkpoint_offsets(self.checkpoint, 0)
-                self.outcome.checks = _checks(self.outcome, output, scan.to_table(), self.writer, bootstrap,
-                                              final_ends, scan.log_offsets, watch, leases_now)
-                self.outcome.figures.update(_figures(self.outcome, output, self.writer, bootstrap, watch, query_s))
-                return self.outcome
+                    return self._finish(client, query, watch, started)
             finally:
                 self.abort.set()
                 self.stop_writer.set()
@@ -258,8 +257,52 @@ class _Scenario:
                     query.stop()
                 if writer_thread is not None:
                     writer_thread.join(60)
+                if self.leader_kill is not None:  # it may be starting the server again: not after the caller's
+                    self.leader_kill.join(15)     # cluster stop, which would leave that process running
                 if watch is not None:
                     watch.stop()
+
+    def _create_table(self) -> None:
+        plan = self.plan
+        if plan.kill_tablet_after_round and not (
+                plan.replication_factor >= 2 and plan.rounds - plan.tail_rounds < plan.kill_tablet_after_round
+                <= plan.rounds):
+            raise errors.InvalidRequestError(
+                f"a tablet failover needs replication factor 2 or more (got {plan.replication_factor}) and a "
+                f"round among the last {plan.tail_rounds} of {plan.rounds} (got {plan.kill_tablet_after_round})")
+        self.admin.create_table(plan.table, COLUMNS, KEY, plan.buckets, replication_factor=plan.replication_factor,
+                                min_insync_replicas=plan.min_insync_replicas)
+
+    def _finish(self, client: TableClient, query, watch: LeaseWatch, started: float) -> Outcome:
+        """After the writer: the query catches up and stops, the tablet failover ends; the checks."""
+        plan, progress = self.plan, self.progress
+        final_ends = {b: latest for b, (_, latest) in client.list_offsets().items()}
+        progress(f"writer done: {self.writer.changes:,} changes after the snapshot; waiting for the "
+                 "query to read up to the end of every bucket")
+        stream_query.catch_up(query, self.sink, self.checkpoint, final_ends, plan.catch_up_timeout_s,
+                              self.abort.is_set)
+        query.stop()
+        query_s = time.monotonic() - started
+        progress(f"the query caught up after {self.sink.last_batch + 1} micro-batches; stopped it; checking")
+        if self.leader_kill is not None:
+            self.leader_kill.join(2 * plan.failover_timeout_s)
+            self.outcome.tablet_failover = dict(self.leader_kill.result)
+        scan = client.scan()
+        leases_now = {lease.lease_id for lease in self.admin.list_leases()}
+        listed_at_ms = int(time.time() * 1000)  # after the answer: no earlier than it was gone
+        watch.stop()
+        if "lease_deadline" in self.outcome.failover:
+            watch.saw_deadline(self.outcome.failover["lease_deadline"])
+        if self.outcome.lease_id not in leases_now:
+            watch.saw_gone(listed_at_ms)
+        output = stream_query.read_output(self.output_dir)
+        bootstrap = stream_query.checkpoint_offsets(self.checkpoint, 0)
+        self.outcome.checks = _checks(self.outcome, output, scan.to_table(), self.writer, bootstrap,
+                                      final_ends, scan.log_offsets, watch, leases_now)
+        if self.leader_kill is not None:
+            self.outcome.checks += self.leader_kill.checks()
+        self.outcome.figures.update(_figures(self.outcome, output, self.writer, bootstrap, watch, query_s))
+        return self.outcome
 
     def _load(self, client: TableClient) -> None:
         plan, reported = self.plan, [0]
@@ -297,6 +340,8 @@ class _Scenario:
                 self.progress(f"writer: round {done} done; pausing until the query's bootstrap has started and "
                               "the coordinator is killed")
                 self._wait_for(self.killed)
+        if done == plan.kill_tablet_after_round and self.leader_kill is not None:
+            self.leader_kill.trigger()  # in its own thread: the writer goes on at once
         if done == plan.rounds - plan.tail_rounds and self.sink.last_batch is None:
             self.progress(f"writer: pausing until the bootstrap is in Parquet, then the last {plan.tail_rounds} "
                           "rounds (the query tails them)")
@@ -337,6 +382,10 @@ def _checks(outcome: Outcome, output: pa.Table, table: pa.Table, writer: ChangeW
         Check.of("the table was read at the offsets the query reached", moved, len(final_ends)),
         feed_check.check_state(output, table, KEY, VALUES),
         feed_check.check_written(writer.expected, table, KEY, VALUES),
+        Check.of("the changelog holds every acknowledged write once (a retried write is not applied twice)",
+                 [] if sum(final_ends.values()) == writer.records else
+                 [f"the buckets' changelogs hold {sum(final_ends.values()):,} records, the writer's acknowledged "
+                  f"writes make {writer.records:,}"], writer.records),
         Check.of("the bootstrap leased a snapshot of every bucket",
                  [f"bucket {b}: bootstrapped without a snapshot" for b in range(plan.buckets) if b not in leased],
                  plan.buckets),
@@ -358,6 +407,7 @@ def _figures(outcome: Outcome, output: pa.Table, writer: ChangeWriter, bootstrap
     return {
         "rows_loaded": writer.loaded,
         "changes_written": writer.changes,
+        "writer_longest_round_s": writer.longest_round_s,
         "table_rows": len(writer.expected),
         "bootstrap_rows": bootstrap_rows,
         "change_rows": output.num_rows - bootstrap_rows,

@@ -21,6 +21,9 @@ def summary(ok: bool) -> dict:
             "bootstrap_rows": 10, "change_rows": 12, "micro_batches": 3, "snapshots_leased": 4,
             "snapshots_released": 4, "lease_renewals_seen": 1, "query_s": 20.0,
             "failover": {"killed_coordinator": "1", "killed_pid": 5, "active_coordinator": "2", "seconds": 6.1},
+            "replication_factor": 2, "writer_longest_round_s": 5.3,
+            "tablet_failover": {"killed_tablet": 1, "killed_pid": 9, "buckets": [0, 2], "new_leaders": {"0": 2, "2": 2},
+                                "seconds": 4.7, "restarted": True, "in_sync_after_restart_s": 3.2},
             "checks": [c.as_dict() for c in checks]}
 
 
@@ -28,6 +31,7 @@ def test_help_says_what_the_demo_does():
     result = run("demo", "--help")
     assert result.exit_code == 0
     for words in ("2 coordinators", "2 tablet", "file://", "Parquet", "kills the active coordinator",
+                  "replication factor 2", "tablet server leading", "both failovers",
                   "applied in offset order", "--keep", "--rows", "--dir", "--json", "Ctrl-C"):
         assert words in result.stdout, words
 
@@ -57,6 +61,9 @@ def test_the_summary_and_the_exit_code(ok, monkeypatch):
     assert text.exit_code == (0 if ok else 1)
     assert text.stdout.startswith(f"kvlease demo: {'PASS' if ok else 'FAIL'}")
     assert "4 snapshots leased, 4 released" in text.stdout and "serving after 6.1s" in text.stdout
+    assert ("tablet failover (replication factor 2): tablet server 1 (leader of bucket(s) 0, 2) killed with -9 "
+            "mid-stream, tablet server 2 serving them after 4.7s; the writer went on (longest round 5.3s); tablet "
+            "server 1 started again, every ISR full after 3.2s") in text.stdout
     assert ("id=7: not in the output" in text.stdout) != ok
     assert calls[0][0] is None and calls[0][1]["rows"] == 5000 and calls[0][1]["keep"] is False
     as_json = run("demo", "--json")

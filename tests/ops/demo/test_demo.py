@@ -1,9 +1,12 @@
-"""``kvlease demo``'s code path on a small table, on the tests' shared SparkSession: it passes, leaves no
-process or directory behind, and its checkers catch a change row taken out of its Parquet output."""
+"""``kvlease demo``'s code path on a small table, on the tests' shared SparkSession: it passes through both
+failovers (the active coordinator, a bucket leader's tablet server), leaves no process or directory behind, and
+its checkers catch a change row taken out of its Parquet output."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import threading
 import shutil
 import tempfile
 import types
@@ -18,11 +21,13 @@ from ops import local_cluster
 from ops import demo
 from ops.demo import feed_check, stream_failover, stream_query
 from ops.demo.change_writer import KEY, VALUES
+from ops.demo.leader_kill import LeaderKill
 from ops.drills import Check
 
-#: A quick run: small table, short writer, the tests' ZooKeeper session timeout (failover ~4 s).
-SMALL = stream_failover.Plan(rows=2_000, rounds=10, round_interval_s=0.2, snapshot_every=3, kill_after_round=3,
-                             tail_rounds=3, lease_duration="15s")
+#: A quick run: small table on RF 2, short writer, the tests' ZooKeeper session timeout (failovers ~4 s); the
+#: tablet server leading bucket 0 is killed after round 7, while the query tails rounds 7-10.
+SMALL = dataclasses.replace(demo.DEMO_PLAN, rows=2_000, rounds=10, round_interval_s=0.2, snapshot_every=3,
+                            kill_after_round=3, tail_rounds=4, kill_tablet_after_round=7, lease_duration="15s")
 FAST = {"zookeeper.session-timeout": "4s"}
 
 
@@ -51,6 +56,7 @@ def test_the_demo_passes_cleans_up_and_its_checks_catch_a_lost_change_row(spark,
     text = demo.render(doc)
     assert text.startswith("kvlease demo: PASS") and "[FAIL]" not in text
     assert any("killed the active coordinator" in line for line in lines)
+    _assert_tablet_failover(doc, text, seen["cluster"])
     # everything stopped, the temp dir gone, Spark (the caller's) still usable
     assert not seen["work"].exists() and doc["directory"] is None
     procs = [p for role in ("zookeeper", "coordinators", "tablets") for p in seen["cluster"][role]]
@@ -78,6 +84,47 @@ def test_the_demo_passes_cleans_up_and_its_checks_catch_a_lost_change_row(spark,
     assert not tail.ok and "missing" in tail.violations[0]
     victim_id = output["id"][victim].as_py()
     assert feed_check.check_state(planted, table, KEY, VALUES).violations[0].startswith(f"id={victim_id}: ")
+
+
+def _assert_tablet_failover(doc, text, cluster):
+    """The leader of bucket 0 was killed mid-stream, its buckets led by the other server, then it came back."""
+    t = doc["tablet_failover"]
+    assert doc["replication_factor"] == 2 and 0 in t["buckets"] and 0 < t["seconds"] < 30, t
+    assert set(t["new_leaders"]) == {str(b) for b in t["buckets"]} and t["killed_tablet"] not in t["new_leaders"].values()
+    assert t["restarted"] and t["in_sync_after_restart_s"] is not None
+    assert f"tablet server {t['killed_tablet']} (leader of bucket(s)" in text and "started again" in text
+    killed = next(p for p in cluster["tablets"] if str(p["id"]) == str(t["killed_tablet"]))
+    assert killed["pid"] != t["killed_pid"]  # the cluster.json after the run: the restarted server
+    assert {c["name"] for c in doc["checks"]} >= {
+        "the changelog holds every acknowledged write once (a retried write is not applied twice)",
+        "the killed tablet server's buckets were served again by another replica",
+        "the killed tablet server was started again and every bucket's ISR is full again"}
+
+
+@pytest.mark.unit
+def test_a_tablet_failover_that_did_not_happen_or_failed_fails_its_checks():
+    abort = threading.Event()
+    abort.set()  # its thread returns at once: nothing is killed
+    kill = LeaderKill("/nonexistent", None, 1, 0, 1.0, lambda text: None, abort)
+    kill.join(1)
+    assert [list(c.violations) for c in kill.checks()] == [["the writer stopped before the round that triggers the kill"]] * 2
+    kill.trigger()
+    kill.join(1)
+    kill.error = "bucket(s) [0, 2] were not served again within 1s of killing tablet server 1"
+    assert [c.ok for c in kill.checks()] == [False, False]
+    kill.result.update(killed=1, buckets=[0, 2], seconds=4.2)
+    assert [c.ok for c in kill.checks()] == [True, False]
+    kill.result.update(restarted=True, in_sync_s=1.0)
+    kill.error = None
+    assert [c.ok for c in kill.checks()] == [True, True]
+
+
+@pytest.mark.unit
+def test_a_tablet_failover_needs_a_replicated_table_and_a_tailed_round(monkeypatch, tmp_path):
+    monkeypatch.setattr(local_cluster, "bootstrap", lambda cluster_dir: ["127.0.0.1:1"])
+    for plan in (dataclasses.replace(SMALL, replication_factor=1), dataclasses.replace(SMALL, kill_tablet_after_round=5)):
+        with pytest.raises(errors.InvalidRequestError, match="a tablet failover needs replication factor 2"):
+            stream_failover.run("/nonexistent", None, tmp_path, plan)
 
 
 @pytest.mark.unit
