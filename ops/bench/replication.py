@@ -154,8 +154,8 @@ def run(*, rows: int, batch: int, threads: int, rounds: int, latency_writes: int
         return {"rows": rows, "batch_rows": batch, "client_threads": threads, "rounds": rounds,
                 "rf1_rows_per_s": best[1]["rows_per_s"], "rf3_rows_per_s": best[3]["rows_per_s"],
                 "rf3_vs_rf1": best[3]["rows_per_s"] / best[1]["rows_per_s"], "target_ratio": TARGET_RATIO,
-                "servers_cpu_us_per_row": {rf: b["servers_cpu_us_per_row"] for rf, b in best.items()},
-                "latency": {rf: loads[rf][-1]["latency"] for rf in (1, 3)},
+                "servers_cpu_us_per_row": {f"rf{rf}": b["servers_cpu_us_per_row"] for rf, b in best.items()},
+                "latency": {f"rf{rf}": loads[rf][-1]["latency"] for rf in (1, 3)},
                 "failover": failover, "failover_bound_s": SESSION_TIMEOUT_S + FAILOVER_MARGIN_S}
     finally:
         try:
@@ -185,11 +185,12 @@ def failovers(directory: str, admin, big_rows: int, kills: int, progress) -> dic
             load(client, table_rows, 10_000, 4)
             wait_in_sync(admin, table.table_id)
             before = snapshot_files(admin, client)
-            times = []
+            times, after = [], {}
             for kill in range(kills):
                 progress(f"{name}: kill -9 of its leader ({kill + 1} of {kills})")
                 times.append(failover_once(directory, admin, client, table.table_id, table_rows + kill))
-            after = snapshot_files(admin, client)  # the new leader's first snapshot: its own SST files
+                if kill == 0:  # the first snapshot of a replica that never led: its own SST files
+                    after = snapshot_files(admin, client)
         new = sum(size for path, size in after.items() if path not in before)
         out[label] = {"rows": table_rows, "served_s": times, "snapshot_bytes": sum(before.values()),
                       "first_snapshot_after_failover_new_bytes": new}
@@ -207,12 +208,12 @@ def report(result: dict[str, Any]) -> str:
         f"{r['rows']:,} rows (id BIGINT, v STRING 100 B), 1 bucket, batches of {r['batch_rows']:,}, "
         f"{r['client_threads']} client thread(s), best of {r['rounds']} alternating rounds",
         f"  upsert, replication factor 1     {r['rf1_rows_per_s']:>12,.0f} rows/s "
-        f"(tablet servers' CPU {cpu[1]:.2f} us/row)",
+        f"(tablet servers' CPU {cpu['rf1']:.2f} us/row)",
         f"  upsert, replication factor 3     {r['rf3_rows_per_s']:>12,.0f} rows/s "
-        f"(tablet servers' CPU {cpu[3]:.2f} us/row)",
+        f"(tablet servers' CPU {cpu['rf3']:.2f} us/row)",
         f"  ratio                            {r['rf3_vs_rf1']:>12.2f}   (target >= {r['target_ratio']}: {ok})",
-        f"  write latency, 10 rows, RF 1     p50 {lat[1]['p50_ms']:.2f} ms, p99 {lat[1]['p99_ms']:.2f} ms",
-        f"  write latency, 10 rows, RF 3     p50 {lat[3]['p50_ms']:.2f} ms, p99 {lat[3]['p99_ms']:.2f} ms",
+        f"  write latency, 10 rows, RF 1     p50 {lat['rf1']['p50_ms']:.2f} ms, p99 {lat['rf1']['p99_ms']:.2f} ms",
+        f"  write latency, 10 rows, RF 3     p50 {lat['rf3']['p50_ms']:.2f} ms, p99 {lat['rf3']['p99_ms']:.2f} ms",
         f"  failover, {fo['small']['rows']:>9,} rows          " + ", ".join(f"{s:.2f} s" for s in fo["small"]["served_s"]),
         f"  failover, {fo['big']['rows']:>9,} rows          " + ", ".join(f"{s:.2f} s" for s in fo["big"]["served_s"]),
         f"  big / small (worst of each)      {big / small:>12.2f}   (target: about 1; both <= {bound:g} s: "

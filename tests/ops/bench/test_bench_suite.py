@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from ops.bench import bootstrap as bench_bootstrap, leases as bench_leases, plot as bench_plot, scan as bench_scan
+from ops.bench import replication as bench_replication
 from ops.bench import suite as bench_suite, writes as bench_writes
 from ops.bench.suite import MB, Row
 from tests.support.paths import FIXTURES
@@ -22,7 +23,8 @@ from tests.support.paths import FIXTURES
 pytestmark = pytest.mark.unit
 
 RECORDED = json.loads((FIXTURES / "bench_all.json").read_text())
-MODULES = {"leases": bench_leases, "writes": bench_writes, "scan": bench_scan, "bootstrap": bench_bootstrap}
+MODULES = {"leases": bench_leases, "writes": bench_writes, "scan": bench_scan, "bootstrap": bench_bootstrap,
+           "replication": bench_replication}
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
@@ -189,7 +191,7 @@ def test_every_option_is_a_keyword_of_its_run():
 
 
 @pytest.mark.parametrize("name,argv,message", [
-    ("nosuch", (), "unknown benchmark 'nosuch' (available: leases, writes, scan, bootstrap, all)"),
+    ("nosuch", (), "unknown benchmark 'nosuch' (available: leases, writes, scan, bootstrap, replication, all)"),
     ("codec", (), "unknown benchmark 'codec'"),  # the internal micro-benchmark is not in the suite
     ("writes", ("--rows", "ten"), "argument --rows: 'ten' is not a whole number"),
     ("writes", ("--rows", "-5"), "argument --rows: '-5' is not positive"),
