@@ -65,11 +65,14 @@ def prepared_of(changes: dict[bytes, bytes | None]) -> PreparedWrite:
 
 
 class PrewriteBuffer:
-    """The buffered entries of ``[start, end)``; see the module docstring. ``start is None``: not valid."""
+    """The buffered entries of ``[start, end)``; see the module docstring. ``start is None``: not valid.
+
+    Adding and popping an entry is O(1); a write's before-images look through the buffered entries,
+    newest first, only for the keys it touches (a set intersection per entry: the buffer holds the few
+    entries the followers have not acknowledged yet)."""
 
     def __init__(self) -> None:
         self._entries: deque[BufferedEntry] = deque()
-        self._latest: dict[bytes, tuple[bytes | None, int]] = {}  # key -> (state, base of the entry leaving it)
         self.start: int | None = None
         self.end: int | None = None
 
@@ -83,7 +86,6 @@ class PrewriteBuffer:
     def invalidate(self) -> None:
         """Forget everything: it must be rebuilt (:meth:`reset` then :meth:`add`) before use."""
         self._entries.clear()
-        self._latest.clear()
         self.start = self.end = None
 
     def reset(self, offset: int) -> None:
@@ -98,9 +100,6 @@ class PrewriteBuffer:
             self.invalidate()
             return
         self._entries.append(BufferedEntry(base, next_offset, prepared, changes))
-        latest = self._latest
-        for key, state in changes.items():
-            latest[key] = (state, base)
         self.end = next_offset
 
     def first(self) -> BufferedEntry | None:
@@ -109,23 +108,26 @@ class PrewriteBuffer:
     def pop(self) -> BufferedEntry:
         """Remove the oldest entry (RocksDB has just applied it): :attr:`start` moves to its end."""
         entry = self._entries.popleft()
-        latest = self._latest
-        for key in entry.changes:
-            if latest.get(key, (None, -1))[1] == entry.base:
-                del latest[key]
         self.start = entry.next
         return entry
 
     def before_images(self, key_list: list[bytes], olds: pa.Array) -> pa.Array:
         """``olds`` (RocksDB's values of ``key_list``, null where missing) with the buffered state of each
-        key the buffer holds put in its place."""
-        latest = self._latest
-        if not latest:
+        key the buffer holds put in its place (the newest entry touching a key decides)."""
+        if not self._entries:
             return olds
-        hits = [(i, latest[key][0]) for i, key in enumerate(key_list) if key in latest]
-        if not hits:
+        wanted = set(key_list)
+        found: dict[bytes, bytes | None] = {}
+        for entry in reversed(self._entries):
+            for key in wanted.intersection(entry.changes):
+                found[key] = entry.changes[key]
+            wanted.difference_update(found)
+            if not wanted:
+                break
+        if not found:
             return olds
         values = olds.to_pylist()
-        for i, state in hits:
-            values[i] = state
+        for i, key in enumerate(key_list):
+            if key in found:
+                values[i] = found[key]
         return pa.array(values, pa.binary())

@@ -4,7 +4,9 @@ Each thread sends one ``ReplicaFetch`` long poll for every bucket it follows on
 its leader (``tablet/replication/fetch_service.py`` answers), then for each
 bucket, under the replica's fetch lock: truncates on a divergence answer,
 appends the entries byte for byte, applies its store up to the leader's HW.
-A bucket's error (the leader moved, a fenced epoch) waits for the
+Applying to RocksDB is the applier thread's (:class:`Applier`): the next
+fetch, which tells the leader this replica's new log end and so moves the
+HW, does not wait for it. A bucket's error (the leader moved, a fenced epoch) waits for the
 coordinator's next push, which changes the bucket's role; the thread ends
 once no bucket follows its leader. :meth:`Fetchers.update` is called after
 every change of roles.
@@ -40,6 +42,7 @@ class Fetchers:
         self._threads: dict[str, threading.Thread] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self.applier = Applier(self._stop)
 
     def update(self) -> None:
         """Start a fetch thread for every leader followed that has none."""
@@ -61,6 +64,7 @@ class Fetchers:
             threads = list(self._threads.values())
         for thread in threads:
             thread.join(timeout=self.wait_ms / 1000.0 + 5)
+        self.applier.stop()
 
     def _buckets(self, address: str) -> list:
         return [r for r in self.following() if r.role.leader_address == address]
@@ -130,5 +134,48 @@ class Fetchers:
                 return True
             if result.entries:
                 store.append_replicated(list(result.entries))
-            store.advance_high_watermark(min(result.high_watermark, store.log_end_offset))
+        self.applier.due(replica, result.high_watermark)
         return True
+
+
+class Applier:
+    """Applies followed buckets' stores up to their leaders' HW, on a thread of its own."""
+
+    def __init__(self, stop: threading.Event) -> None:
+        self._stop = stop
+        self._due: dict[int, tuple[object, int]] = {}  # id(replica) -> (replica, HW)
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def due(self, replica, high_watermark: int) -> None:
+        with self._cond:
+            if self._thread is None and not self._stop.is_set():
+                self._thread = threading.Thread(target=self._run, name="replica-apply", daemon=True)
+                self._thread.start()
+            _, known = self._due.get(id(replica), (replica, -1))
+            self._due[id(replica)] = (replica, max(known, high_watermark))
+            self._cond.notify()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._due and not self._stop.is_set():
+                    self._cond.wait(0.5)
+                if self._stop.is_set():
+                    return
+                work, self._due = list(self._due.values()), {}
+            for replica, high_watermark in work:
+                try:
+                    with replica.fetch_lock:
+                        if not replica.closed:
+                            store = replica.store
+                            store.advance_high_watermark(min(high_watermark, store.log_end_offset))
+                except Exception as exc:  # its store failed: the next answer tries again
+                    log.warning("applying %s up to %d failed: %s", replica.tb, high_watermark, exc)
