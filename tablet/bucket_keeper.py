@@ -23,39 +23,22 @@ keeper has not reached yet opens it itself.
 from __future__ import annotations
 
 import logging
-import threading
 
 from common import errors
+from tablet.periodic import Periodic
 from tablet.replicas import ReplicaManager
 
 log = logging.getLogger(__name__)
 
 
-class BucketKeeper:
+class BucketKeeper(Periodic):
     """Runs :meth:`run_once` every ``interval_s`` on a daemon thread (:meth:`start`, :meth:`stop`)."""
 
+    name = "bucket-keeper"
+
     def __init__(self, replicas: ReplicaManager, interval_s: float = 0.5) -> None:
+        super().__init__(interval_s)
         self.replicas = replicas
-        self.interval_s = interval_s
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> "BucketKeeper":
-        self._thread = threading.Thread(target=self._loop, name="bucket-keeper", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            try:
-                self.run_once()
-            except Exception:  # keep keeping
-                log.exception("bucket keeper round failed")
 
     def run_once(self) -> int:
         """One round over the unsettled buckets; returns how many it settled."""

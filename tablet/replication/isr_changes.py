@@ -7,45 +7,28 @@ the leadership."""
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from typing import Callable
 
 from common import errors
+from tablet.periodic import Periodic
 
 log = logging.getLogger(__name__)
 
 
-class IsrKeeper:
+class IsrKeeper(Periodic):
+    name = "isr-keeper"
+
     def __init__(self, server_id: int, leaderships: Callable[[], list], alter_isr, *, max_lag_ms: int,
                  interval_s: float = 0.2, clock_ms: Callable[[], int] = lambda: int(time.time() * 1000)) -> None:
         """``leaderships()``: the live :class:`~tablet.replication.leader.Leadership` objects; ``alter_isr``:
         ``AdminClient.alter_isr``."""
+        super().__init__(interval_s)
         self.server_id = server_id
         self.leaderships = leaderships
         self.alter_isr = alter_isr
         self.max_lag_ms = max_lag_ms
-        self.interval_s = interval_s
         self.clock_ms = clock_ms
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> "IsrKeeper":
-        self._thread = threading.Thread(target=self._loop, name="isr-keeper", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            try:
-                self.run_once()
-            except Exception:  # keep keeping
-                log.exception("ISR round failed")
 
     def run_once(self) -> int:
         """Send the ISR changes due now; returns how many were accepted."""

@@ -1,0 +1,44 @@
+"""A tablet server's background rounds: :meth:`Periodic.run_once` every ``interval_s`` on a daemon thread.
+
+The bucket keeper (``tablet/bucket_keeper.py``) and the ISR keeper
+(``tablet/replication/isr_changes.py``) are such rounds: a round that raises
+is logged and the next one runs on time.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+log = logging.getLogger(__name__)
+
+
+class Periodic:
+    """Subclasses define :meth:`run_once`; :meth:`start` and :meth:`stop` run and end the rounds."""
+
+    name = "periodic"
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self):
+        self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def run_once(self) -> int:
+        raise NotImplementedError
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.run_once()
+            except Exception:  # keep going: the next round runs on time
+                log.exception("%s round failed", self.name)
