@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import weakref
 from typing import Iterator, NamedTuple
 
@@ -38,6 +39,8 @@ log = logging.getLogger(__name__)
 
 META_CF = "kvlease-meta"
 APPLIED_KEY = b"applied_offset"
+#: Below this much free space a RocksDB write fails rather than wait for a write stall (see KvStore._commit).
+LOW_SPACE_BYTES = 256 << 20
 _PUT_TYPES = (int(ChangeType.INSERT), int(ChangeType.UPDATE_AFTER))
 _DELETE = int(ChangeType.DELETE)
 _CHUNK_ROWS = 1024  # rows read from an iterator per step of KvSnapshot.rows
@@ -179,6 +182,11 @@ class KvStore:
             write_options = WriteOptions()
             write_options.disable_wal = True  # the changelog is the write-ahead log
             self._db.set_write_options(write_options)
+            #: Near a full disk a write fails instead of waiting for a stall to end: a flush that cannot
+            #: write its SST stalls writes for as long as RocksDB retries it (for ever on a full disk).
+            self._fail_fast = WriteOptions()
+            self._fail_fast.disable_wal = True
+            self._fail_fast.no_slowdown = True
             self._meta_handle = self._db.get_column_family_handle(META_CF)
             self._meta = self._db.get_column_family(META_CF)
             raw = self._meta.get(APPLIED_KEY)
@@ -289,8 +297,19 @@ class KvStore:
 
     def _commit(self, batch: WriteBatch, next_offset: int) -> None:
         batch.put(APPLIED_KEY, next_offset.to_bytes(8, "big"), self._meta_handle)
-        self._db.write(batch)
+        if self._low_space():
+            self._db.write(batch, write_opt=self._fail_fast)  # a stall now would never end: fail instead
+        else:
+            self._db.write(batch)
         self.applied_offset = next_offset
+
+    def _low_space(self) -> bool:
+        """Whether the disk holding RocksDB has less than :data:`LOW_SPACE_BYTES` free."""
+        try:
+            stat = os.statvfs(self.path)
+        except OSError:
+            return True
+        return stat.f_bavail * stat.f_frsize < LOW_SPACE_BYTES
 
     def flush_rows(self) -> None:
         """Flush the rows' memtable (any time: persisted rows may run ahead of the offset)."""
