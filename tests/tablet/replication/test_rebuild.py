@@ -59,14 +59,17 @@ def lose_follower(c, table_id: int):
     return follower.server_id, server_by_id(c, state.leader_id)
 
 
-def come_back_wiped(c, tmp_path, server_id: int, table_id: int):
-    shutil.rmtree(tmp_path / f"t{server_id}")
+def come_back_wiped(c, tmp_path, server_id: int, table_id: int, wipe: bool = True):
+    if wipe:
+        shutil.rmtree(tmp_path / f"t{server_id}")
     back = c.tablet(server_id, tmp_path / f"t{server_id}")
     wait_in_sync(c, table_id)
     return back, back.replicas.replica(table_id, 0).store
 
 
-def test_a_wiped_follower_behind_the_leaders_log_start_is_rebuilt_from_the_snapshot(cluster, tmp_path):
+@pytest.mark.parametrize("wipe", [True, False], ids=["wiped", "stale"])
+def test_a_follower_behind_the_leaders_log_start_is_rebuilt_from_the_snapshot(cluster, tmp_path, wipe):
+    """Wiped: no local data; stale: its data ends below the leader's log start."""
     c = cluster
     table = c.admin.create_table("db.rebuild", SCHEMA, ["id"], 1, replication_factor=3, min_insync_replicas=2)
     with TableClient(c.admin, "db.rebuild", retry_total_s=30) as client:
@@ -80,7 +83,7 @@ def test_a_wiped_follower_behind_the_leaders_log_start_is_rebuilt_from_the_snaps
         assert 0 < log_start <= handle.log_offset  # the log head is gone: fetching from 0 cannot work
         write(client, 180, 60, "c")  # the tail after the snapshot
         client.delete([{"id": 3}])
-        back, store = come_back_wiped(c, tmp_path, server_id, table.table_id)
+        back, store = come_back_wiped(c, tmp_path, server_id, table.table_id, wipe)
         end = leader_store.high_watermark
         wait_until(lambda: store.high_watermark >= end, 20, "the rebuilt follower to catch up")
         assert back.fetchers.rebuilder.rebuilt == 1
