@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, NamedTuple
 
 from common.logentry import LogEntry
+from tablet import snapshot_install
 from tablet.changelog import Changelog
 from tablet.kvstore import BucketStoreError, KvStore
 from tablet.open_buckets import OpenBuckets
@@ -184,6 +185,7 @@ class BucketFiles:
         os.makedirs(self.dir, exist_ok=True)
         s = self.settings
         try:
+            snapshot_install.recover(self.dir, s.fsync)  # an install a crash interrupted: finished or undone
             changelog = Changelog(os.path.join(self.dir, "log"), segment_bytes=s.segment_bytes, fsync=s.fsync,
                                   clock_ms=s.clock_ms)
             try:
@@ -256,6 +258,22 @@ class BucketFiles:
         except Exception as exc:  # recorded by _open: the keeper tries again after the backoff
             log.debug("bucket %s did not open: %s", self.dir, exc)
             return False
+
+    def replace(self, swap: Callable[[], None]) -> None:
+        """Close the files, run ``swap()`` (which replaces them on disk), and leave them to open again on
+        the next use (a failure is cleared). BucketStoreError if closed, or if an operation or a snapshot
+        uses the files now (try again later); ``swap``'s own error otherwise."""
+        with self._lock:
+            if self.closed:
+                raise BucketStoreError(f"bucket {self.dir} is closed", dir=self.dir)
+            if self._users or self.held_by_snapshots():
+                raise BucketStoreError(f"bucket {self.dir} is in use: its files cannot be replaced now",
+                                       dir=self.dir)
+            if self.kv is not None:
+                self._shut(raise_errors=True)
+            self._offsets = None
+            swap()
+            self.failure, self._failures = None, 0
 
     # --- closing ------------------------------------------------------------------------------
 

@@ -26,12 +26,12 @@ import threading
 from typing import Any, Callable
 
 from common.checksum import crc32
-from common.errors import FencedLeaderEpochError, InvalidRequestError
+from common.errors import FencedLeaderEpochError, InvalidRequestError, InvalidSnapshotError
 from common.logentry import CorruptLogError, FrameHeader, read_header
-from tablet import epoch_file
+from tablet import epoch_file, snapshot_install
 from tablet.bucket_files import BucketFiles
 from tablet.changelog import Changelog
-from tablet.kvstore import BucketStoreError, KvStore
+from tablet.kvstore import BucketStoreError, KvStore, checkpoint_log_offset
 from tablet.prewrite_buffer import PrewriteBuffer, entry_changes, prepared_of
 from tablet.replication.epochs import EpochCache, EpochEnd, Truncation
 from tablet.writer_sequences import WriterSequences
@@ -193,6 +193,33 @@ class BucketReplication:
             self._epochs.truncate_from(end)
             self._save_epochs()
             return end
+
+    def install_snapshot(self, checkpoint_dir: str, log_offset: int) -> None:
+        """Replace this replica's RocksDB by the snapshot checkpoint in ``checkpoint_dir`` (moved away)
+        and its changelog by an empty one starting at ``log_offset``, the snapshot's; the epoch cache and
+        the writers' sequences start empty. Durable and crash-safe (``tablet/snapshot_install.py``).
+        InvalidSnapshotError if the checkpoint's applied offset is not ``log_offset``; BucketStoreError if
+        the files are in use now (a scan's snapshot): nothing changed then. Only a replicated store."""
+        self._require_replicated("install_snapshot")
+        try:
+            found = checkpoint_log_offset(checkpoint_dir)
+        except Exception as exc:  # rocksdict raises a bare Exception
+            raise InvalidSnapshotError(f"bucket {self.dir}: {checkpoint_dir} is not a RocksDB checkpoint: "
+                                       f"{exc}") from exc
+        if found != log_offset:
+            raise InvalidSnapshotError(f"bucket {self.dir}: the checkpoint holds the records below offset "
+                                       f"{found}, the snapshot says {log_offset}", log_offset=log_offset)
+        with self.write_lock:
+            self._settle()
+            fsync = self.files.settings.fsync
+            self.files.replace(lambda: snapshot_install.install(self.dir, checkpoint_dir, log_offset, fsync))
+            self._hw = log_offset
+            self.files.replay_limit = log_offset
+            self._epochs = EpochCache()
+            self.writers.reset()
+            self.buffer.invalidate()
+        with self.files.use():
+            pass  # opened now: a bad install shows here, not at the next fetch
 
     def _require_replicated(self, what: str) -> None:
         if not self.replicated:

@@ -124,7 +124,8 @@ class TabletServer:
             credentials = (c[cfg.INTERNAL_USERNAME], c[cfg.INTERNAL_PASSWORD])
         self._replica_channels = Channels(tls=self.tls, credentials=credentials)
         self.fetchers = Fetchers(self.server_id, self.replicas.followed, self._replica_channels,
-                                 wait_ms=c[cfg.REPLICA_FETCH_WAIT_MAX], max_bytes=c[cfg.REPLICA_FETCH_MAX_BYTES])
+                                 wait_ms=c[cfg.REPLICA_FETCH_WAIT_MAX], max_bytes=c[cfg.REPLICA_FETCH_MAX_BYTES],
+                                 storage=self.storage, admin=self.admin, io_threads=c[cfg.SNAPSHOT_UPLOAD_THREADS])
         self.replicas.role_listeners.append(self.fetchers.update)
         self.isr_keeper = IsrKeeper(self.server_id, self.replicas.leaderships, self.admin.alter_isr,
                                     max_lag_ms=c[cfg.REPLICA_MAX_LAG]).start()

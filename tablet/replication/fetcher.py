@@ -25,6 +25,7 @@ from common.proto import tablet_pb2 as pb
 from common.proto import tablet_pb2_grpc as pb_grpc
 from common.wire import error_from_pb, raise_for
 from tablet.replication.fetch_service import answer_of
+from tablet.replication.rebuild import Rebuilder
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +33,11 @@ ERROR_BACKOFF_S = 0.2
 
 
 class Fetchers:
-    def __init__(self, server_id: int, following, channels: Channels, *, wait_ms: int, max_bytes: int) -> None:
-        """``following()``: the replicas this server follows now (``Replica`` objects of the replica manager)."""
+    def __init__(self, server_id: int, following, channels: Channels, *, wait_ms: int, max_bytes: int,
+                 storage=None, admin=None, io_threads: int = 8) -> None:
+        """``following()``: the replicas this server follows now (``Replica`` objects of the replica manager);
+        ``storage`` and ``admin`` (the remote storage, an ``AdminClient``): where a follower whose log cannot
+        continue from its leader's is rebuilt from (``tablet/replication/rebuild.py``; None: it is not)."""
         self.server_id = server_id
         self.following = following
         self.channels = channels
@@ -43,6 +47,8 @@ class Fetchers:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.applier = Applier(self._stop)
+        self.rebuilder = (Rebuilder(storage, admin, self._stop, io_threads=io_threads)
+                          if storage is not None and admin is not None else None)
 
     def update(self) -> None:
         """Start a fetch thread for every leader followed that has none."""
@@ -65,6 +71,8 @@ class Fetchers:
         for thread in threads:
             thread.join(timeout=self.wait_ms / 1000.0 + 5)
         self.applier.stop()
+        if self.rebuilder is not None:
+            self.rebuilder.stop()
 
     def _buckets(self, address: str) -> list:
         return [r for r in self.following() if r.role.leader_address == address]
@@ -90,6 +98,8 @@ class Fetchers:
     def _round(self, address: str, replicas: list) -> None:
         items, asked = [], []
         for replica in replicas:
+            if self.rebuilder is not None and self.rebuilder.busy(replica):
+                continue  # fetched again once rebuilt
             try:
                 with replica.fetch_lock:
                     store = replica.store
@@ -97,7 +107,7 @@ class Fetchers:
                         table_id=replica.table.table_id, bucket=replica.bucket, fetch_offset=store.log_end_offset,
                         leader_epoch=replica.role.leader_epoch, last_fetched_epoch=store.last_epoch,
                         max_bytes=self.max_bytes))
-                    asked.append((replica, replica.role))
+                    asked.append((replica, replica.role, items[-1].fetch_offset))
             except errors.KvLeaseError as exc:  # its files cannot open now: the others go on
                 log.debug("cannot fetch %s: %s", replica.tb, exc)
         if not items:
@@ -111,16 +121,21 @@ class Fetchers:
             raise rpc_error(exc, "ReplicaFetch", address, timeout_s=timeout_s, idempotent=True) from None
         raise_for(response.error)
         failed = False
-        for (replica, role), result in zip(asked, response.buckets):
-            failed |= not self._take(replica, role, result)
+        for (replica, role, fetch_offset), result in zip(asked, response.buckets):
+            failed |= not self._take(replica, role, result, fetch_offset)
         if failed:
             self._stop.wait(ERROR_BACKOFF_S)
 
-    def _take(self, replica, role, result) -> bool:
+    def _take(self, replica, role, result, fetch_offset: int) -> bool:
         """Apply one bucket's answer; False if it was an error (the caller backs off)."""
         error = error_from_pb(result.error)
         if error is not None:
             log.debug("fetch of %s: %s", replica.tb, error)
+            if fetch_offset < result.log_start_offset and self.rebuilder is not None:
+                log.warning("%s asks its leader for offset %d, below the start of the leader's log (%d): "
+                            "rebuilding it from a remote snapshot", replica.tb, fetch_offset, result.log_start_offset)
+                self.rebuilder.due(replica, result.log_start_offset)
+                return True
             return False
         with replica.fetch_lock:
             if replica.role is not role or replica.closed:  # the role changed while the fetch was out

@@ -1,0 +1,134 @@
+"""Installing a remote snapshot as a bucket's files, crash-safely: RocksDB := the snapshot, changelog := empty.
+
+A replica that cannot continue its log from its leader's (DESIGN.md
+"Replication — semantics", "Rebuilding a replica") replaces its bucket's files
+with the latest remote snapshot: ``{dir}/kv`` becomes the snapshot's RocksDB
+checkpoint, ``{dir}/log`` an empty changelog starting at the snapshot's
+``log_offset`` (one empty segment named after it), and the leader-epoch cache
+``{dir}/leader-epochs.json`` empty. The bucket's files are closed meanwhile
+(``BucketFiles.replace``).
+
+Two directories cannot be swapped in one step, so the install rolls forward
+from a durable intent:
+
+1. **stage**: ``{dir}/install/kv`` (the checkpoint, moved there) and
+   ``{dir}/install/log`` (the empty segment), every file and directory fsynced;
+2. **intent**: ``{dir}/install.json`` (``{"log_offset": N}``) written atomically;
+3. **swap**: for ``kv`` then ``log``: the live one moves to ``{dir}/install.old/``,
+   the staged one takes its place; the epoch cache is written empty;
+4. **done**: ``install.old`` and ``install`` are removed, then ``install.json``.
+
+:func:`recover` runs before the bucket's files open: with ``install.json``
+present it finishes steps 3-4 (each is idempotent: a staged directory already
+moved is skipped), so a crash after step 2 ends in the new state; without it,
+leftovers of step 1 are removed, so a crash before ends in the old state.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+
+from tablet import epoch_file
+from tablet.replication.epochs import EpochCache
+from tablet.segment_files import segment_path, sync_dir
+
+log = logging.getLogger(__name__)
+
+STAGED = "install"
+OLD = "install.old"
+INTENT = "install.json"
+PARTS = ("kv", "log")
+
+
+def install(dir: str, checkpoint_dir: str, log_offset: int, fsync: bool = True) -> None:
+    """Replace the bucket files in ``dir`` (closed) by ``checkpoint_dir`` (moved, so on the same file
+    system preferably) and an empty changelog at ``log_offset``; see the module docstring. OSError as
+    raised; a crash at any point leaves what :func:`recover` completes or undoes."""
+    if log_offset < 0:
+        raise ValueError(f"log_offset must be >= 0, got {log_offset}")
+    recover(dir, fsync)  # a former install's leftovers first
+    staged = os.path.join(dir, STAGED)
+    os.makedirs(staged)
+    shutil.move(checkpoint_dir, os.path.join(staged, "kv"))
+    log_dir = os.path.join(staged, "log")
+    os.makedirs(log_dir)
+    os.close(os.open(segment_path(log_dir, log_offset), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644))
+    if fsync:
+        _sync_tree(staged)
+        sync_dir(dir)
+    _write_intent(dir, log_offset, fsync)
+    _roll_forward(dir, log_offset, fsync)
+
+
+def recover(dir: str, fsync: bool = True) -> bool:
+    """Finish an install a crash interrupted after its intent was written, or undo one interrupted
+    before (see the module docstring); True if there was one to finish."""
+    if not os.path.isdir(dir):
+        return False
+    intent = os.path.join(dir, INTENT)
+    if os.path.exists(intent):
+        with open(intent, "rb") as fh:
+            log_offset = int(json.loads(fh.read())["log_offset"])
+        log.warning("bucket %s: finishing the install of a snapshot at log offset %d a crash interrupted",
+                    dir, log_offset)
+        _roll_forward(dir, log_offset, fsync)
+        return True
+    for name in (STAGED, OLD):
+        path = os.path.join(dir, name)
+        if os.path.exists(path):
+            log.warning("bucket %s: removing %s left by an install that did not reach its intent", dir, name)
+            shutil.rmtree(path)
+    return False
+
+
+def _write_intent(dir: str, log_offset: int, fsync: bool) -> None:
+    final = os.path.join(dir, INTENT)
+    tmp = final + ".tmp"
+    with open(tmp, "wb") as fh:
+        fh.write(json.dumps({"log_offset": log_offset}).encode())
+        if fsync:
+            fh.flush()
+            os.fsync(fh.fileno())
+    os.replace(tmp, final)
+    if fsync:
+        sync_dir(dir)
+
+
+def _roll_forward(dir: str, log_offset: int, fsync: bool) -> None:
+    """Steps 3 and 4 of the module docstring; idempotent."""
+    staged, old = os.path.join(dir, STAGED), os.path.join(dir, OLD)
+    os.makedirs(old, exist_ok=True)
+    for part in PARTS:
+        new = os.path.join(staged, part)
+        if not os.path.exists(new):
+            continue  # swapped before the crash
+        live = os.path.join(dir, part)
+        if os.path.exists(live):
+            target = os.path.join(old, part)
+            if os.path.exists(target):
+                shutil.rmtree(target)
+            os.rename(live, target)
+        os.rename(new, live)
+        if fsync:
+            sync_dir(dir)
+    epoch_file.save(dir, EpochCache(), fsync)
+    shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(staged, ignore_errors=True)
+    os.unlink(os.path.join(dir, INTENT))
+    if fsync:
+        sync_dir(dir)
+    log.info("bucket %s: installed a snapshot; the changelog starts empty at offset %d", dir, log_offset)
+
+
+def _sync_tree(root: str) -> None:
+    for path, _dirs, files in os.walk(root):
+        for name in files:
+            fd = os.open(os.path.join(path, name), os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        sync_dir(path)

@@ -1,0 +1,117 @@
+"""Rebuilding a follower from the bucket's remote snapshot (DESIGN.md "Replication — semantics", "Rebuilding a
+replica"): a coordinator and three tablet servers in this process, a real ZooKeeper, real RocksDB, gRPC on
+loopback and file:// remote storage. The leader's log head is removed by a snapshot and changelog retention
+while a follower is down; the follower comes back with a wiped data dir."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+
+import pytest
+
+from client.table import TableClient
+from tests.support.procs import wait_until
+from tests.tablet.replication.test_replicated_buckets import FAST, SCHEMA, bucket_state, crash, server_by_id, wait_in_sync
+from tests.tablet.test_tablet_server import Cluster
+
+pytestmark = pytest.mark.zk
+
+RETENTION = {**FAST, "log.segment.bytes": "4kb", "log.retention": "0ms", "kv.snapshot.interval": "1h"}
+
+
+@pytest.fixture
+def cluster(make_config, tmp_path):
+    c = Cluster(make_config, RETENTION)
+    try:
+        for server_id in (1, 2, 3):
+            c.tablet(server_id, tmp_path / f"t{server_id}")
+        wait_until(lambda: len(c.admin.list_tablet_servers()) == 3, 15, "three tablet servers")
+        yield c
+    finally:
+        c.close()
+
+
+def write(client, start: int, count: int, tag: str) -> None:
+    for i in range(start, start + count, 10):
+        client.upsert([{"id": j, "v": f"{tag}-{j}-" + "x" * 60} for j in range(i, i + 10)])
+
+
+def rows_of(store) -> dict[bytes, bytes]:
+    with store.snapshot() as snapshot:
+        return dict(store.iter_rows(snapshot))
+
+
+def snapshot_and_retain(leader, table_id: int):
+    """A snapshot of bucket 0 on its leader, then its changelog retention: returns the snapshot's handle."""
+    replica = leader.replicas.replica(table_id, 0)
+    handle = leader.replicas.snapshot(replica, force=True)
+    assert handle is not None
+    return handle
+
+
+def lose_follower(c, table_id: int):
+    """Crash a follower of bucket 0: returns (its id, the leader server)."""
+    state = wait_in_sync(c, table_id)
+    follower = server_by_id(c, next(r for r in state.replicas if r != state.leader_id))
+    crash(c, follower)
+    wait_until(lambda: len(bucket_state(c, table_id).isr) == 2, 20, "the ISR to shrink")
+    return follower.server_id, server_by_id(c, state.leader_id)
+
+
+def come_back_wiped(c, tmp_path, server_id: int, table_id: int, wipe: bool = True):
+    if wipe:
+        shutil.rmtree(tmp_path / f"t{server_id}")
+    back = c.tablet(server_id, tmp_path / f"t{server_id}")
+    wait_in_sync(c, table_id)
+    return back, back.replicas.replica(table_id, 0).store
+
+
+@pytest.mark.parametrize("wipe", [True, False], ids=["wiped", "stale"])
+def test_a_follower_behind_the_leaders_log_start_is_rebuilt_from_the_snapshot(cluster, tmp_path, wipe):
+    """Wiped: no local data; stale: its data ends below the leader's log start."""
+    c = cluster
+    table = c.admin.create_table("db.rebuild", SCHEMA, ["id"], 1, replication_factor=3, min_insync_replicas=2)
+    with TableClient(c.admin, "db.rebuild", retry_total_s=30) as client:
+        wait_in_sync(c, table.table_id)
+        write(client, 0, 100, "a")
+        server_id, leader = lose_follower(c, table.table_id)
+        write(client, 50, 150, "b")
+        handle = snapshot_and_retain(leader, table.table_id)
+        leader_store = leader.replicas.replica(table.table_id, 0).store
+        log_start, _ = leader_store.list_offsets()
+        assert 0 < log_start <= handle.log_offset  # the log head is gone: fetching from 0 cannot work
+        write(client, 180, 60, "c")  # the tail after the snapshot
+        client.delete([{"id": 3}])
+        back, store = come_back_wiped(c, tmp_path, server_id, table.table_id, wipe)
+        end = leader_store.high_watermark
+        wait_until(lambda: store.high_watermark >= end, 20, "the rebuilt follower to catch up")
+        assert back.fetchers.rebuilder.rebuilt == 1
+        assert store.list_offsets()[0] == handle.log_offset  # its log starts at the snapshot
+        assert rows_of(store) == rows_of(leader_store)
+        assert len(rows_of(store)) == 239
+        client.upsert([{"id": 1000, "v": "after"}])  # it keeps following
+        wait_until(lambda: store.high_watermark == leader_store.high_watermark, 10, "the follower to apply")
+        assert rows_of(store) == rows_of(leader_store)
+
+
+def test_a_snapshot_with_a_missing_file_is_skipped_for_an_older_one(cluster, tmp_path, caplog):
+    c = cluster
+    table = c.admin.create_table("db.skip", SCHEMA, ["id"], 1, replication_factor=3, min_insync_replicas=2)
+    with TableClient(c.admin, "db.skip", retry_total_s=30) as client:
+        wait_in_sync(c, table.table_id)
+        server_id, leader = lose_follower(c, table.table_id)
+        write(client, 0, 100, "a")
+        older = snapshot_and_retain(leader, table.table_id)
+        write(client, 100, 100, "b")
+        newer = snapshot_and_retain(leader, table.table_id)
+        leader_store = leader.replicas.replica(table.table_id, 0).store
+        assert 0 < leader_store.list_offsets()[0] <= older.log_offset < newer.log_offset
+        private = [f for f in newer.files if "/shared/" not in f.path]
+        leader.storage.delete(private[0].path)
+        with caplog.at_level(logging.WARNING, logger="tablet.replication.rebuild"):
+            back, store = come_back_wiped(c, tmp_path, server_id, table.table_id)
+            wait_until(lambda: store.high_watermark >= leader_store.high_watermark, 20, "the follower to catch up")
+        assert store.list_offsets()[0] == older.log_offset
+        assert f"snapshot {newer.snapshot_id} (log offset {newer.log_offset}) cannot be used" in caplog.text
+        assert rows_of(store) == rows_of(leader_store)
