@@ -59,29 +59,22 @@ class ReplicaFetchService:
                     self._news.wait(remaining)
 
     def _fetch_once(self, request) -> tuple[list, bool]:
-        results, ready = [], False
+        results, told, ready = [], [], False
         for item in request.buckets:
             result = pb.ReplicaFetchBucketResultPb(table_id=item.table_id, bucket=item.bucket)
             try:
-                ready |= self._fetch_bucket(request.replica_id, item, result)
+                news, lead = self._fetch_bucket(request.replica_id, item, result)
+                ready |= news
+                told.append((lead, result.high_watermark))
             except errors.KvLeaseError as exc:
                 del result.entries[:]
                 result.error.CopyFrom(error_pb(exc))
                 ready = True
             results.append(result)
         if ready:  # what is answered now is told: later fetches wait for newer
-            for item, result in zip(request.buckets, results):
-                if not result.HasField("error") or not result.error.code:
-                    lead = self._leadership(item)
-                    if lead is not None:
-                        lead.answered(request.replica_id, result.high_watermark)
+            for lead, high_watermark in told:
+                lead.answered(request.replica_id, high_watermark)
         return results, ready
-
-    def _leadership(self, item):
-        try:
-            return self._led(item).leadership()
-        except errors.KvLeaseError:
-            return None
 
     def _led(self, item):
         """The replica of a bucket this server leads (not :meth:`ReplicaManager.get`: a new leader answers
@@ -92,8 +85,8 @@ class ReplicaFetchService:
                                         f"{item.table_id}", table_id=item.table_id, bucket=item.bucket)
         return replica
 
-    def _fetch_bucket(self, follower: int, item, result) -> bool:
-        """Fill ``result``; whether it is worth answering now."""
+    def _fetch_bucket(self, follower: int, item, result) -> tuple[bool, object]:
+        """Fill ``result``; whether it is worth answering now, and the bucket's leadership."""
         replica = self._led(item)
         lead = replica.leadership()
         if lead is None:
@@ -111,7 +104,7 @@ class ReplicaFetchService:
                 result.diverging_end_offset = answer.end_offset
                 result.high_watermark = lead.high_watermark
                 result.log_end_offset = store.log_end_offset
-                return True
+                return True, lead
         hw, news = lead.on_fetch(follower, item.fetch_offset, self.clock_ms())
         entries: list[bytes] = []
         end = store.log_end_offset
@@ -120,7 +113,7 @@ class ReplicaFetchService:
         result.entries.extend(entries)
         result.log_end_offset = end
         result.high_watermark = hw
-        return bool(entries) or news
+        return bool(entries) or news, lead
 
 
 def answer_of(result) -> EpochEnd:

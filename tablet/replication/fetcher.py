@@ -26,6 +26,7 @@ from common.proto import tablet_pb2_grpc as pb_grpc
 from common.wire import error_from_pb, raise_for
 from tablet.replication.fetch_service import answer_of
 from tablet.replication.rebuild import Rebuilder
+from tablet.replication.worker import ReplicaWorker
 
 log = logging.getLogger(__name__)
 
@@ -153,39 +154,16 @@ class Fetchers:
         return True
 
 
-class Applier:
+class Applier(ReplicaWorker):
     """Applies followed buckets' stores up to their leaders' HW, on a thread of its own."""
 
-    def __init__(self, stop: threading.Event) -> None:
-        self._stop = stop
-        self._due: dict[int, tuple[object, int]] = {}  # id(replica) -> (replica, HW)
-        self._cond = threading.Condition()
-        self._thread: threading.Thread | None = None
+    name = "replica-apply"
 
     def due(self, replica, high_watermark: int) -> None:
-        with self._cond:
-            if self._thread is None and not self._stop.is_set():
-                self._thread = threading.Thread(target=self._run, name="replica-apply", daemon=True)
-                self._thread.start()
-            _, known = self._due.get(id(replica), (replica, -1))
-            self._due[id(replica)] = (replica, max(known, high_watermark))
-            self._cond.notify()
-
-    def stop(self) -> None:
-        with self._cond:
-            self._cond.notify_all()
-            thread = self._thread
-        if thread is not None:
-            thread.join(timeout=30)
+        self._queue(replica, high_watermark, max)
 
     def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._due and not self._stop.is_set():
-                    self._cond.wait(0.5)
-                if self._stop.is_set():
-                    return
-                work, self._due = list(self._due.values()), {}
+        while (work := self._take(one=False)) is not None:
             for replica, high_watermark in work:
                 try:
                     with replica.fetch_lock:

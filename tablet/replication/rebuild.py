@@ -28,6 +28,7 @@ import time
 from common import errors, kvsnapshot
 from common.model import SnapshotHandle
 from common.storage import RemoteStorage
+from tablet.replication.worker import ReplicaWorker
 
 log = logging.getLogger(__name__)
 
@@ -35,19 +36,18 @@ DOWNLOAD_DIR = "rebuild-download"  # inside the bucket's directory: the install 
 RETRY_S = 5.0
 
 
-class Rebuilder:
+class Rebuilder(ReplicaWorker):
     """Rebuilds followed buckets one at a time on a thread of its own (see the module docstring)."""
+
+    name = "replica-rebuild"
 
     def __init__(self, storage: RemoteStorage, admin, stop: threading.Event, *, io_threads: int = 8) -> None:
         """``admin``: a ``client.admin.AdminClient`` (``list_kv_snapshots``)."""
+        super().__init__(stop)
         self.storage = storage
         self.admin = admin
         self.io_threads = io_threads
-        self._stop = stop
-        self._due: dict[int, tuple[object, int]] = {}  # id(replica) -> (replica, the leader's log start)
         self._busy: set[int] = set()  # queued or being rebuilt: not fetched meanwhile
-        self._cond = threading.Condition()
-        self._thread: threading.Thread | None = None
         #: Buckets rebuilt since the start (for tests and status).
         self.rebuilt = 0
 
@@ -59,31 +59,16 @@ class Rebuilder:
     def due(self, replica, log_start: int) -> None:
         """Rebuild ``replica``: its leader's log starts at ``log_start``, above its fetch offset."""
         with self._cond:
-            if id(replica) in self._busy or self._stop.is_set():
+            if id(replica) in self._busy:
                 return
             self._busy.add(id(replica))
-            self._due[id(replica)] = (replica, log_start)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="replica-rebuild", daemon=True)
-                self._thread.start()
-            self._cond.notify()
-
-    def stop(self) -> None:
-        with self._cond:
-            self._cond.notify_all()
-            thread = self._thread
-        if thread is not None:
-            thread.join(timeout=30)
+        if not self._queue(replica, log_start):
+            with self._cond:
+                self._busy.discard(id(replica))
 
     def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._due and not self._stop.is_set():
-                    self._cond.wait(0.5)
-                if self._stop.is_set():
-                    return
-                key = next(iter(self._due))
-                replica, log_start = self._due.pop(key)
+        while (work := self._take(one=True)) is not None:
+            (replica, log_start), = work
             done = False
             try:
                 done = self.rebuild(replica, log_start) is not None or replica.closed or replica.leads
@@ -92,7 +77,7 @@ class Rebuilder:
             if not done:
                 self._stop.wait(RETRY_S)
             with self._cond:
-                self._busy.discard(key)  # the fetcher asks again: a bucket still behind comes back here
+                self._busy.discard(id(replica))  # the fetcher asks again: a bucket still behind comes back here
 
     def rebuild(self, replica, log_start: int) -> int | None:
         """Install the newest usable snapshot of ``replica``'s bucket whose ``log_offset`` is at least
