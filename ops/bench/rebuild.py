@@ -9,7 +9,7 @@ whatever happens) and a follower tablet server in this process, then:
   follower is stopped and ``--rows`` rows (default 1,000,000; batches of
   ``--batch`` from ``--threads``) are loaded into the leader alone;
 - a snapshot is committed; the table keeps no changelog it does not need
-  (``log.retention`` 0 ms, ``log.segment.bytes`` 1 MB), so the leader's log
+  (``log.retention`` 0 ms, ``log.segment.bytes`` 1 MB at 1M rows), so the leader's log
   now starts near the snapshot's ``log_offset``, not at 0: a replica without
   data cannot fetch the whole log and must rebuild from the snapshot;
 - a tail of ``--tail-percent`` (10) % of the rows is updated after the
@@ -62,14 +62,14 @@ TABLE = "bench.rebuild"
 TARGET_RATIO = 0.5  # issue 31
 FOLLOWER_ID = 2
 #: Little changelog kept (the leader's log starts near the snapshot), a manual snapshot only.
-CLUSTER_OVERRIDES = {"kv.snapshot.interval": "1h", "log.retention": "0ms", "log.segment.bytes": "1mb",
-                     "replica.max-lag": "5s"}
+CLUSTER_OVERRIDES = {"kv.snapshot.interval": "1h", "log.retention": "0ms", "replica.max-lag": "5s"}
 POLL_S = 0.005
 REBUILD_TIMEOUT_S = 600.0
 
 OPTIONS = (
     Option("--rows", positive_int, 1_000_000, "rows of the bucket (in its snapshot)"),
-    Option("--tail-percent", positive_int, 10, "rows updated after the snapshot, in % of --rows (the changelog tail)"),
+    Option("--tail-percent", positive_int, 10,
+           "rows updated after the snapshot (the changelog tail), as a percentage of --rows"),
     Option("--batch", positive_int, 10_000, "rows per upsert call"),
     Option("--threads", positive_int, 4, "client threads loading the rows"),
     Option("--rounds", positive_int, 2, "downloads and rebuilds, alternating; the best of each counts"),
@@ -77,6 +77,12 @@ OPTIONS = (
 
 
 # -- the follower in this process -------------------------------------------------------------------
+
+
+def segment_kb(rows: int) -> int:
+    """``log.segment.bytes`` in KB for ``rows`` rows: about 130 segments (1 MB at 1,000,000 rows, at least
+    64 KB), so retention can remove the log below the snapshot whole segments at a time."""
+    return max(64, min(1024, rows // 1000))
 
 
 def follower_config(directory: str, data_dir: str) -> cfg.Config:
@@ -185,7 +191,8 @@ def run(*, rows: int, tail_percent: int, batch: int, threads: int, rounds: int,
     directory = f"{base}/cluster"
     follower = None
     try:
-        doc = local_cluster.start(directory, tablets=1, config_overrides=CLUSTER_OVERRIDES, progress=progress)
+        overrides = {**CLUSTER_OVERRIDES, "log.segment.bytes": f"{segment_kb(rows)}kb"}
+        doc = local_cluster.start(directory, tablets=1, config_overrides=overrides, progress=progress)
         leader_pid = int(doc["tablets"][0]["pid"])
         config = follower_config(directory, f"{base}/follower")
         storage = open_storage(config[cfg.REMOTE_DATA_DIR], config)
