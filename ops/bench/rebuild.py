@@ -179,11 +179,31 @@ def follower_rows(server, table_id: int) -> int:
 # -- the run ----------------------------------------------------------------------------------------
 
 
+def fill(admin, table_id: int, rows: int, tail_rows: int, batch: int, threads: int, progress):
+    """Load ``rows`` rows, commit a snapshot (retention then removes the log below it), update
+    ``tail_rows`` rows after it; returns the snapshot's handle and the leader's log start and end."""
+    from client.table import TableClient
+
+    with TableClient(admin, TABLE, parallelism=threads, retry_total_s=60) as client:
+        progress(f"loading {rows:,} rows into the leader")
+        load(client, rows, batch, threads)
+        progress("committing a snapshot (the changelog below it is removed)")
+        client.trigger_snapshot(wait=True)
+        handle = max(admin.list_kv_snapshots(table_id), key=lambda s: s.snapshot_id).handle
+        progress(f"updating {tail_rows:,} rows after the snapshot (the changelog tail)")
+        for start in range(0, tail_rows, batch):
+            client.upsert(make_batch(np.arange(start, min(start + batch, tail_rows)), salt=1))
+        (log_start, log_end), = client.list_offsets([0]).values()
+    if log_start == 0:
+        raise RuntimeError("the leader's changelog still starts at offset 0 after the snapshot: a wiped "
+                           "follower would fetch it whole instead of rebuilding from the snapshot")
+    return handle, log_start, log_end
+
+
 def run(*, rows: int, tail_percent: int, batch: int, threads: int, rounds: int,
         progress: bench_suite.Progress = lambda text: None) -> dict[str, Any]:
     """The figures (see the module docstring); options as in ``OPTIONS``."""
     from client.admin import AdminClient
-    from client.table import TableClient
     from common.storage import open_storage
 
     tail_rows = max(1, rows * tail_percent // 100)
@@ -205,19 +225,7 @@ def run(*, rows: int, tail_percent: int, batch: int, threads: int, rounds: int,
             wait_for(lambda: len(bucket_state(admin, table_id).isr) == 2, "the follower to join the ISR")
             stop_follower(follower, admin, table_id)
             follower = None
-            with TableClient(admin, TABLE, parallelism=threads, retry_total_s=60) as client:
-                progress(f"loading {rows:,} rows into the leader")
-                load(client, rows, batch, threads)
-                progress("committing a snapshot (the changelog below it is removed)")
-                client.trigger_snapshot(wait=True)
-                handle = max(admin.list_kv_snapshots(table_id), key=lambda s: s.snapshot_id).handle
-                progress(f"updating {tail_rows:,} rows after the snapshot (the changelog tail)")
-                for start in range(0, tail_rows, batch):
-                    client.upsert(make_batch(np.arange(start, min(start + batch, tail_rows)), salt=1))
-                (log_start, log_end), = client.list_offsets([0]).values()
-            if log_start == 0:
-                raise RuntimeError("the leader's changelog still starts at offset 0 after the snapshot: a wiped "
-                                   "follower would fetch it whole instead of rebuilding from the snapshot")
+            handle, log_start, log_end = fill(admin, table_id, rows, tail_rows, batch, threads, progress)
             downloads, rebuilds = [], []
             for round_ in range(1, rounds + 1):
                 wait_idle(leader_pid)
