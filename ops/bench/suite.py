@@ -51,10 +51,12 @@ SUITE = {
     "scan": "live scans (unary, stream) rows/s vs raw RocksDB iteration; tablet server peak RSS",
     "bootstrap": "Spark batch read of a table vs Spark reading the same rows from Parquet; streaming tail",
     "replication": "upserts/s at replication factor 3 vs 1; write latency; tablet failover, 1M rows vs 10k",
+    "rebuild": "rebuild of a wiped replica from the remote snapshot + a changelog tail vs a plain download",
 }
 #: name -> its module (the registry: a new benchmark is a module of ``ops/bench/`` and a line here and in SUITE).
 MODULES = {"leases": "ops.bench.leases", "writes": "ops.bench.writes", "scan": "ops.bench.scan",
-           "bootstrap": "ops.bench.bootstrap", "replication": "ops.bench.replication"}
+           "bootstrap": "ops.bench.bootstrap", "replication": "ops.bench.replication",
+           "rebuild": "ops.bench.rebuild"}
 ALL = "all"
 MB = 1 << 20
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ops.bench import bootstrap as bench_bootstrap, leases as bench_leases, plot as bench_plot, scan as bench_scan
-from ops.bench import replication as bench_replication
+from ops.bench import rebuild as bench_rebuild, replication as bench_replication
 from ops.bench import suite as bench_suite, writes as bench_writes
 from ops.bench.suite import MB, Row
 from tests.support.paths import FIXTURES
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.unit
 
 RECORDED = json.loads((FIXTURES / "bench_all.json").read_text())
 MODULES = {"leases": bench_leases, "writes": bench_writes, "scan": bench_scan, "bootstrap": bench_bootstrap,
-           "replication": bench_replication}
+           "replication": bench_replication, "rebuild": bench_rebuild}
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
@@ -120,6 +120,27 @@ def test_bootstrap_judges_spark_reading_kvlease_against_parquet():
     assert row.value == pytest.approx(0.4) and row.met
 
 
+def test_rebuild_judges_the_rebuild_against_the_download_at_0_5():
+    f = figures("rebuild")
+    f.update(rows=1_000_000, tail_rows=100_000, download_rows_per_s=2_000_000.0, rebuild_rows_per_s=1_000_000.0)
+    (row,) = bench_rebuild.target_rows(f)
+    assert row.metric == "rebuild / download, 1,000,000 rows + 100,000 tail"
+    assert (row.measured, row.anchor, row.unit, row.target) == (1_000_000.0, 2_000_000.0, "rows/s", 0.5)
+    assert row.value == pytest.approx(0.5) and row.met
+    f["rebuild_rows_per_s"] = 990_000.0
+    assert not bench_rebuild.target_rows(f)[0].met
+
+
+def test_rebuild_reports_each_round_and_where_the_best_rebuild_spent_its_time():
+    f = figures("rebuild")
+    f["download_s"] = [0.36, 0.38]
+    f["rebuild"] = [{"installed_s": 0.32, "applied_s": 0.79, "in_isr_s": 0.80, "total_s": 0.80},
+                    {"installed_s": 0.34, "applied_s": 0.68, "in_isr_s": 0.86, "total_s": 0.86}]
+    text = bench_rebuild.report(f)
+    assert "(0.36 s, 0.38 s)" in text and "(0.80 s, 0.86 s)" in text
+    assert "snapshot installed 0.32 s, tail applied 0.79 s, in the ISR 0.80 s" in text
+
+
 @pytest.mark.parametrize("name", list(MODULES))
 def test_every_recorded_benchmark_reports_and_rows_as_recorded(name):
     f = figures(name)
@@ -191,7 +212,7 @@ def test_every_option_is_a_keyword_of_its_run():
 
 
 @pytest.mark.parametrize("name,argv,message", [
-    ("nosuch", (), "unknown benchmark 'nosuch' (available: leases, writes, scan, bootstrap, replication, all)"),
+    ("nosuch", (), "unknown benchmark 'nosuch' (available: leases, writes, scan, bootstrap, replication, rebuild, all)"),
     ("codec", (), "unknown benchmark 'codec'"),  # the internal micro-benchmark is not in the suite
     ("writes", ("--rows", "ten"), "argument --rows: 'ten' is not a whole number"),
     ("writes", ("--rows", "-5"), "argument --rows: '-5' is not positive"),

@@ -1,0 +1,292 @@
+"""``kvlease bench rebuild`` (or ``python -m ops.bench.rebuild``): how fast a wiped replica is rebuilt from
+the bucket's remote snapshot, against a plain download of the same files.
+
+Starts its own ZooKeeper, coordinator and leader tablet server (processes in a
+temp directory, ``file://`` remote storage with fsync; stopped at the end
+whatever happens) and a follower tablet server in this process, then:
+
+- a one-bucket table of replication factor 2 (``min.insync-replicas`` 1); the
+  follower is stopped and ``--rows`` rows (default 1,000,000; batches of
+  ``--batch`` from ``--threads``) are loaded into the leader alone;
+- a snapshot is committed; the table keeps no changelog it does not need
+  (``log.retention`` 0 ms, ``log.segment.bytes`` 1 MB at 1M rows), so the leader's log
+  now starts near the snapshot's ``log_offset``, not at 0: a replica without
+  data cannot fetch the whole log and must rebuild from the snapshot;
+- a tail of ``--tail-percent`` (10) % of the rows is updated after the
+  snapshot (changelog only, not in the snapshot);
+- ``--rounds`` (2) times, alternating, best of each counts:
+  (a) **download**: ``common.kvsnapshot.download`` of the snapshot's files
+  through the storage interface into an empty directory, as the rebuild
+  itself fetches them (same I/O threads);
+  (b) **rebuild**: the follower's data dir is deleted and the follower
+  started again; timed from its start until it is back in the ISR with
+  every changelog offset of the leader applied to its RocksDB. This is the
+  real code path: the fetcher finds its fetch offset below the leader's log
+  start, the ``Rebuilder`` downloads and installs the snapshot, the fetcher
+  fetches and applies the tail, the leader adds it to the ISR. The time is
+  split into snapshot installed / tail applied / back in the ISR; the round
+  fails if the follower was not rebuilt from the snapshot.
+
+rows/s is the bucket's rows (``--rows``) per second, MB/s the snapshot's
+bytes per second, for both; the ratio is rebuild / download (the download's
+seconds over the rebuild's). Target >= 0.5: installing the snapshot and
+applying the tail must not dominate the copy.
+
+The follower runs in this process so that the time is the rebuild's, not a
+Python interpreter's start (the leader serving it is a process of its own).
+
+The suite interface (``OPTIONS``, ``run``, ``target_rows``, ``report``) is
+:mod:`ops.bench.suite`'s.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from common import config as cfg, kvsnapshot
+from common.tables import Column
+import ops.bench.suite as bench_suite
+from ops import local_cluster
+from ops.bench.suite import MB, Option, Row, positive_int, wait_idle
+from ops.bench.writes import load, make_batch
+
+COLUMNS = [Column("id", "BIGINT"), Column("v", "STRING")]
+TABLE = "bench.rebuild"
+TARGET_RATIO = 0.5  # issue 31
+FOLLOWER_ID = 2
+#: Little changelog kept (the leader's log starts near the snapshot), a manual snapshot only.
+CLUSTER_OVERRIDES = {"kv.snapshot.interval": "1h", "log.retention": "0ms", "replica.max-lag": "5s"}
+POLL_S = 0.005
+REBUILD_TIMEOUT_S = 600.0
+
+OPTIONS = (
+    Option("--rows", positive_int, 1_000_000, "rows of the bucket (in its snapshot)"),
+    Option("--tail-percent", positive_int, 10,
+           "rows updated after the snapshot (the changelog tail), as a percentage of --rows"),
+    Option("--batch", positive_int, 10_000, "rows per upsert call"),
+    Option("--threads", positive_int, 4, "client threads loading the rows"),
+    Option("--rounds", positive_int, 2, "downloads and rebuilds, alternating; the best of each counts"),
+)
+
+
+# -- the follower in this process -------------------------------------------------------------------
+
+
+def segment_kb(rows: int) -> int:
+    """``log.segment.bytes`` in KB for ``rows`` rows: about 130 segments (1 MB at 1,000,000 rows, at least
+    64 KB), so retention can remove the log below the snapshot whole segments at a time."""
+    return max(64, min(1024, rows // 1000))
+
+
+def follower_config(directory: str, data_dir: str) -> cfg.Config:
+    """The config of a tablet server of the local cluster in ``directory`` (its first one's, which
+    names ZooKeeper, the remote storage and the overrides) as server :data:`FOLLOWER_ID` in ``data_dir``."""
+    return cfg.Config.load(Path(directory) / "tablet-1" / "config.toml", {
+        cfg.TABLET_ID.name: FOLLOWER_ID, cfg.TABLET_PORT.name: 0, cfg.METRICS_PORT.name: -1,
+        cfg.TABLET_DATA_DIR.name: data_dir}, env={})
+
+
+def start_follower(config: cfg.Config):
+    from tablet.server import TabletServer
+
+    return TabletServer(config).start()
+
+
+def bucket_state(admin, table_id: int):
+    return admin.get_table_assignment(table_id)[1][0]
+
+
+def wait_for(condition, what: str, timeout_s: float = 120.0):
+    deadline = time.monotonic() + timeout_s
+    while not (value := condition()):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {timeout_s:g}s waiting for {what}")
+        time.sleep(0.05)
+    return value
+
+
+def applied_offset(server, table_id: int) -> int:
+    """The follower's first changelog offset not yet in its RocksDB; -1 while it has no replica."""
+    try:
+        return server.replicas.replica(table_id, 0).store.applied_offset
+    except Exception:  # not told of the bucket yet, or its files not open yet
+        return -1
+
+
+def rebuild_once(config: cfg.Config, admin, table_id: int, log_end: int) -> tuple[Any, dict[str, float]]:
+    """Wipe the (stopped) follower's data dir, start it, wait until it is in the ISR with ``log_end``
+    applied; returns the server and the seconds from its start until its snapshot was installed, the
+    tail applied, it was in the ISR (``total_s``: the last of these)."""
+    shutil.rmtree(config[cfg.TABLET_DATA_DIR], ignore_errors=True)
+    marks: dict[str, float] = {}
+    t0 = time.perf_counter()
+    server = start_follower(config)
+    try:
+        deadline = t0 + REBUILD_TIMEOUT_S
+        next_isr_check = 0.0
+        while len(marks) < 3:
+            now = time.perf_counter()
+            if "installed_s" not in marks and server.fetchers.rebuilder.rebuilt:
+                marks["installed_s"] = now - t0
+            if "applied_s" not in marks and applied_offset(server, table_id) >= log_end:
+                marks["applied_s"] = now - t0
+            if "in_isr_s" not in marks and now >= next_isr_check:  # an RPC: asked less often
+                next_isr_check = now + 0.02
+                if FOLLOWER_ID in bucket_state(admin, table_id).isr:
+                    marks["in_isr_s"] = time.perf_counter() - t0
+            if now > deadline:
+                raise RuntimeError(f"the wiped follower was not rebuilt within {REBUILD_TIMEOUT_S:g}s "
+                                   f"(reached so far: {sorted(marks) or 'nothing'})")
+            if "applied_s" in marks and "installed_s" not in marks:
+                raise RuntimeError("the wiped follower caught up without a rebuild from the snapshot: it fetched "
+                                   "the whole changelog (the leader's log still starts at 0?)")
+            time.sleep(POLL_S)
+    except BaseException:
+        server.stop()
+        raise
+    return server, {**marks, "total_s": max(marks.values())}
+
+
+def stop_follower(server, admin, table_id: int) -> None:
+    server.stop()
+    wait_for(lambda: FOLLOWER_ID not in bucket_state(admin, table_id).isr, "the stopped follower to leave the ISR")
+
+
+def download_once(storage, handle, target: str, io_threads: int) -> float:
+    """Seconds of a plain ``kvsnapshot.download`` of ``handle`` into ``target`` (removed after)."""
+    shutil.rmtree(target, ignore_errors=True)
+    try:
+        t0 = time.perf_counter()
+        kvsnapshot.download(storage, handle, target, io_threads=io_threads)
+        return time.perf_counter() - t0
+    finally:
+        shutil.rmtree(target, ignore_errors=True)
+
+
+def follower_rows(server, table_id: int) -> int:
+    store = server.replicas.replica(table_id, 0).store
+    with store.snapshot() as snapshot:
+        return sum(1 for _ in store.iter_rows(snapshot))
+
+
+# -- the run ----------------------------------------------------------------------------------------
+
+
+def fill(admin, table_id: int, rows: int, tail_rows: int, batch: int, threads: int, progress):
+    """Load ``rows`` rows, commit a snapshot (retention then removes the log below it), update
+    ``tail_rows`` rows after it; returns the snapshot's handle and the leader's log start and end."""
+    from client.table import TableClient
+
+    with TableClient(admin, TABLE, parallelism=threads, retry_total_s=60) as client:
+        progress(f"loading {rows:,} rows into the leader")
+        load(client, rows, batch, threads)
+        progress("committing a snapshot (the changelog below it is removed)")
+        client.trigger_snapshot(wait=True)
+        handle = max(admin.list_kv_snapshots(table_id), key=lambda s: s.snapshot_id).handle
+        progress(f"updating {tail_rows:,} rows after the snapshot (the changelog tail)")
+        for start in range(0, tail_rows, batch):
+            client.upsert(make_batch(np.arange(start, min(start + batch, tail_rows)), salt=1))
+        (log_start, log_end), = client.list_offsets([0]).values()
+    if log_start == 0:
+        raise RuntimeError("the leader's changelog still starts at offset 0 after the snapshot: a wiped "
+                           "follower would fetch it whole instead of rebuilding from the snapshot")
+    return handle, log_start, log_end
+
+
+def run(*, rows: int, tail_percent: int, batch: int, threads: int, rounds: int,
+        progress: bench_suite.Progress = lambda text: None) -> dict[str, Any]:
+    """The figures (see the module docstring); options as in ``OPTIONS``."""
+    from client.admin import AdminClient
+    from common.storage import open_storage
+
+    tail_rows = max(1, rows * tail_percent // 100)
+    base = tempfile.mkdtemp(prefix="kvlease-bench-rebuild-")
+    directory = f"{base}/cluster"
+    follower = None
+    try:
+        overrides = {**CLUSTER_OVERRIDES, "log.segment.bytes": f"{segment_kb(rows)}kb"}
+        doc = local_cluster.start(directory, tablets=1, config_overrides=overrides, progress=progress)
+        leader_pid = int(doc["tablets"][0]["pid"])
+        config = follower_config(directory, f"{base}/follower")
+        storage = open_storage(config[cfg.REMOTE_DATA_DIR], config)
+        io_threads = config[cfg.SNAPSHOT_UPLOAD_THREADS]
+        follower = start_follower(config)
+        with AdminClient(local_cluster.bootstrap(directory), retry_total_s=60) as admin:
+            wait_for(lambda: len(admin.list_tablet_servers()) == 2, "the follower to register")
+            table = admin.create_table(TABLE, COLUMNS, ["id"], 1, replication_factor=2, min_insync_replicas=1)
+            table_id = table.table_id
+            wait_for(lambda: len(bucket_state(admin, table_id).isr) == 2, "the follower to join the ISR")
+            stop_follower(follower, admin, table_id)
+            follower = None
+            handle, log_start, log_end = fill(admin, table_id, rows, tail_rows, batch, threads, progress)
+            downloads, rebuilds = [], []
+            for round_ in range(1, rounds + 1):
+                wait_idle(leader_pid)
+                progress(f"round {round_} of {rounds}: downloading the snapshot's files")
+                downloads.append(download_once(storage, handle, f"{base}/download", io_threads))
+                wait_idle(leader_pid)
+                progress(f"round {round_} of {rounds}: rebuilding the wiped follower")
+                follower, marks = rebuild_once(config, admin, table_id, log_end)
+                rebuilds.append(marks)
+                if round_ == rounds:
+                    held = follower_rows(follower, table_id)
+                    if held != rows:
+                        raise RuntimeError(f"the rebuilt follower holds {held:,} rows, the table {rows:,}")
+                stop_follower(follower, admin, table_id)
+                follower = None
+        snapshot_bytes = sum(f.size for f in handle.files)
+        download_s = min(downloads)
+        rebuild_s = min(r["total_s"] for r in rebuilds)
+        return {"rows": rows, "tail_rows": tail_rows, "rounds": rounds, "remote": "file",
+                "snapshot_bytes": snapshot_bytes, "snapshot_files": len(handle.files),
+                "snapshot_log_offset": handle.log_offset, "leader_log_start": log_start, "leader_log_end": log_end,
+                "download_s": downloads, "rebuild": rebuilds,
+                "download_rows_per_s": rows / download_s, "download_mb_per_s": snapshot_bytes / MB / download_s,
+                "rebuild_rows_per_s": rows / rebuild_s, "rebuild_mb_per_s": snapshot_bytes / MB / rebuild_s,
+                "rebuild_vs_download": download_s / rebuild_s, "target_ratio": TARGET_RATIO}
+    finally:
+        if follower is not None:
+            follower.stop()
+        try:
+            local_cluster.stop(directory)
+        except local_cluster.ClusterError:
+            pass  # nothing was started
+        shutil.rmtree(base, ignore_errors=True)
+
+
+# -- the report -------------------------------------------------------------------------------------
+
+
+def report(f: dict[str, Any]) -> str:
+    best = min(f["rebuild"], key=lambda r: r["total_s"])
+    ok = "ok" if f["rebuild_vs_download"] >= f["target_ratio"] else "BELOW TARGET"
+    return "\n".join([
+        f"{f['rows']:,} rows (id BIGINT, v STRING 100 B), 1 bucket, snapshot of {f['snapshot_bytes'] / MB:,.1f} MB "
+        f"in {f['snapshot_files']} files at log offset {f['snapshot_log_offset']:,}; then {f['tail_rows']:,} rows "
+        f"updated (log offsets {f['snapshot_log_offset']:,}-{f['leader_log_end']:,}; the leader's log starts at "
+        f"{f['leader_log_start']:,}); {f['remote']}:// remote storage, best of {f['rounds']} alternating rounds",
+        f"  download of the snapshot's files {f['download_rows_per_s']:>12,.0f} rows/s  "
+        f"{f['download_mb_per_s']:>8,.1f} MB/s  (" + ", ".join(f"{s:.2f} s" for s in f["download_s"]) + ")",
+        f"  rebuild of the wiped follower    {f['rebuild_rows_per_s']:>12,.0f} rows/s  "
+        f"{f['rebuild_mb_per_s']:>8,.1f} MB/s  (" + ", ".join(f"{r['total_s']:.2f} s" for r in f["rebuild"]) + ")",
+        f"  ratio rebuild / download         {f['rebuild_vs_download']:>12.2f}   "
+        f"(target >= {f['target_ratio']}: {ok})",
+        f"  the best rebuild, from the follower's start: snapshot installed {best['installed_s']:.2f} s, "
+        f"tail applied {best['applied_s']:.2f} s, in the ISR {best['in_isr_s']:.2f} s",
+    ])
+
+
+def target_rows(figures: dict[str, Any]) -> list[Row]:
+    return [Row.ratio(f"rebuild / download, {figures['rows']:,} rows + {figures['tail_rows']:,} tail",
+                      figures["rebuild_rows_per_s"], figures["download_rows_per_s"], "rows/s", TARGET_RATIO)]
+
+
+if __name__ == "__main__":
+    bench_suite.module_main("rebuild")
