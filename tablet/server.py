@@ -125,7 +125,8 @@ class TabletServer:
         self._replica_channels = Channels(tls=self.tls, credentials=credentials)
         self.fetchers = Fetchers(self.server_id, self.replicas.followed, self._replica_channels,
                                  wait_ms=c[cfg.REPLICA_FETCH_WAIT_MAX], max_bytes=c[cfg.REPLICA_FETCH_MAX_BYTES],
-                                 storage=self.storage, admin=self.admin, io_threads=c[cfg.SNAPSHOT_UPLOAD_THREADS])
+                                 storage=self.storage, admin=self.admin, io_threads=c[cfg.SNAPSHOT_UPLOAD_THREADS],
+                                 rebuild_bytes_per_s=c[cfg.REPLICA_REBUILD_MAX_BYTES_PER_S])
         self.replicas.role_listeners.append(self.fetchers.update)
         self.isr_keeper = IsrKeeper(self.server_id, self.replicas.leaderships, self.admin.alter_isr,
                                     max_lag_ms=c[cfg.REPLICA_MAX_LAG]).start()
