@@ -148,6 +148,7 @@ class Fetchers:
             if fetch_offset < result.log_start_offset and self.rebuilder is not None:
                 log.warning("%s asks its leader for offset %d, below the start of the leader's log (%d): "
                             "rebuilding it from a remote snapshot", replica.tb, fetch_offset, result.log_start_offset)
+                replica.leader_end = max(replica.leader_end, result.log_start_offset)  # at least that far behind
                 self.rebuilder.due(replica, result.log_start_offset)
                 return True
             return False

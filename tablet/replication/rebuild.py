@@ -51,6 +51,7 @@ log = logging.getLogger(__name__)
 
 DOWNLOAD_DIR = "rebuild-download"  # inside the bucket's directory: the install moves it (same file system)
 RETRY_S = 5.0
+LISTING_S = 1.0  # a table's kept snapshots are listed again after this long
 LEASE_MS = 600_000  # the download's snapshot lease; renewed when half of it passed
 
 # why a replica is rebuilt (the module docstring)
@@ -84,6 +85,7 @@ class Rebuilder(ReplicaWorker):
         self.rebuilt = 0
         self.bytes_downloaded = 0
         self._count_lock = threading.Lock()
+        self._listings: dict[int, tuple[float, list]] = {}  # table id -> (when, its kept snapshots)
 
     @property
     def in_progress(self) -> int:
@@ -127,7 +129,7 @@ class Rebuilder(ReplicaWorker):
         ``log_start``; returns the offset its log continues from, None if nothing was done (no usable
         snapshot, the replica stopped following, the server stops). Raises the coordinator's error if the
         snapshots cannot be listed."""
-        handles = sorted((info.handle for info in self.admin.list_kv_snapshots(replica.table.table_id)
+        handles = sorted((info.handle for info in self._kept(replica.table.table_id, refresh=why == BEHIND)
                           if info.handle.bucket == replica.tb and info.handle.log_offset >= log_start),
                          key=lambda h: h.snapshot_id, reverse=True)
         if why == DAMAGED:
@@ -157,6 +159,15 @@ class Rebuilder(ReplicaWorker):
             log.error("%s cannot be rebuilt: none of its snapshots %s is usable; trying again in %.0fs",
                       replica.tb, [h.snapshot_id for h in handles], RETRY_S)
         return None
+
+    def _kept(self, table_id: int, refresh: bool) -> list:
+        """The table's kept snapshots; asked of the coordinator, or (not ``refresh``) from a listing at most
+        :data:`LISTING_S` old: the new replicas of a new table of many buckets need one listing, not one each."""
+        now = self._monotonic()
+        cached = self._listings.get(table_id)
+        if refresh or cached is None or now - cached[0] > LISTING_S:
+            cached = self._listings[table_id] = (now, self.admin.list_kv_snapshots(table_id))
+        return cached[1]
 
     def _install(self, replica, handle: SnapshotHandle, why: str) -> int | None:
         store = replica.store
