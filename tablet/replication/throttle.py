@@ -3,10 +3,10 @@
 ``replica.rebuild.max-bytes-per-s`` (0: unlimited) is shared by every
 download of the server (:class:`Throttle` is one object, thread-safe). A
 download takes the bytes of a file before fetching it (:meth:`Throttle.take`):
-the bucket holds at most one second's worth, and a take that leaves it in
-debt waits until the debt is paid back, so over any span longer than a file
-the rate stays at or under the limit. The wait ends early when ``stop`` is
-set (a stopping server does not wait for its bandwidth).
+the bucket holds at most one second's worth; a file bigger than that waits for
+a full bucket and leaves it in debt, which later takes wait for, so over any
+span longer than a file the rate stays at or under the limit. The wait ends
+early when ``stop`` is set (a stopping server does not wait for its bandwidth).
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from __future__ import annotations
 import threading
 import time
 from typing import Callable
+
+POLL_S = 0.1  # a waiting take looks again this often (a stop, a new rate)
 
 
 class Throttle:
@@ -29,18 +31,25 @@ class Throttle:
         self._at = clock()
 
     def delay(self, n: int) -> float:
-        """Take ``n`` bytes; returns how long the caller must wait before using them (0: at once)."""
-        if self.rate == 0:
-            return 0.0
+        """Take ``n`` bytes if the bucket has them (a take bigger than the bucket needs it full, and leaves
+        it in debt): 0.0; else nothing is taken and the seconds until it may have them."""
         with self._lock:
+            rate = self.rate
+            if rate == 0:
+                return 0.0
             now = self._clock()
-            self._tokens = min(float(self.rate), self._tokens + (now - self._at) * self.rate) - n
+            self._tokens = min(float(rate), self._tokens + (now - self._at) * rate)
             self._at = now
-            return max(0.0, -self._tokens / self.rate)
+            need = min(n, rate)
+            if self._tokens >= need:
+                self._tokens -= n
+                return 0.0
+            return (need - self._tokens) / rate
 
     def take(self, n: int) -> bool:
-        """Take ``n`` bytes, waiting as long as the limit asks; False if ``stop`` was set meanwhile."""
-        wait = self.delay(n)
-        if wait > 0:
-            return not self._stop.wait(wait)
+        """Take ``n`` bytes, waiting as long as the limit asks (a change of :attr:`rate` is seen within
+        :data:`POLL_S`); False if ``stop`` was set meanwhile."""
+        while (wait := self.delay(n)) > 0:
+            if self._stop.wait(min(wait, POLL_S)):
+                return False
         return not self._stop.is_set()
