@@ -6,6 +6,7 @@ rebuilt follower promoted to leader still knows the idempotent writers' batches 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -190,3 +191,26 @@ def test_a_rebuilt_follower_promoted_to_leader_answers_a_resent_batch_as_a_dupli
                                                 77, 0)).error.code == 0 and r, 20, "the new leader to answer")
         assert (again.base_offset, again.next_offset) == (first.base_offset, first.next_offset)
         assert client.lookup([{"id": 500}])[0]["v"] == "original"
+
+
+def test_a_follower_diverging_below_what_it_applied_is_rebuilt(cluster, tmp_path, caplog):
+    """Its epoch checkpoint claims an epoch its leader never had from offset 0: the leader's answer puts the
+    divergence at the start of its log, below the records it applied (truncating cannot take them back)."""
+    c = cluster
+    table = c.admin.create_table("db.diverged", SCHEMA, ["id"], 1, replication_factor=3, min_insync_replicas=2)
+    with TableClient(c.admin, "db.diverged", retry_total_s=30) as client:
+        wait_in_sync(c, table.table_id)
+        write(client, 0, 100, "a")
+        server_id, leader = lose_follower(c, table.table_id)
+        handle = snapshot_and_retain(leader, table.table_id)
+        write(client, 100, 20, "b")
+        epochs = tmp_path / f"t{server_id}" / str(table.table_id) / "0" / "leader-epochs.json"
+        doc = json.loads(epochs.read_text())
+        epochs.write_text(json.dumps({**doc, "epochs": [[50, 0]]}))
+        with caplog.at_level(logging.INFO):
+            back, store = come_back_wiped(c, tmp_path, server_id, table.table_id, wipe=False)
+        leader_store = leader.replicas.replica(table.table_id, 0).store
+        wait_until(lambda: store.high_watermark >= leader_store.high_watermark, 20, "the follower to catch up")
+        assert "below the" in caplog.text and "(diverged) rebuilt from snapshot" in caplog.text
+        assert store.list_offsets()[0] == handle.log_offset
+        assert rows_of(store) == rows_of(leader_store)
