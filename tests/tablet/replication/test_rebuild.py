@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 
 import grpc
@@ -19,7 +18,6 @@ from common.arrow_ipc import batch_to_ipc
 from common.proto import tablet_pb2 as pb
 from common.proto import tablet_pb2_grpc as pb_grpc
 from tablet.rebuild_progress import progress
-from tablet.replication.rebuild import lease_id
 from tests.support.procs import wait_until
 from tests.tablet.replication.test_replicated_buckets import FAST, SCHEMA, bucket_state, crash, server_by_id, wait_in_sync
 from tests.tablet.test_tablet_server import Cluster
