@@ -15,4 +15,13 @@ try:
 except ImportError:  # no wheel for this platform: zlib's is as correct, only slower
     from zlib import crc32
 
-__all__ = ["crc32"]
+__all__ = ["crc32", "file_crc32"]
+
+
+def file_crc32(path: str, chunk_bytes: int = 1 << 20) -> int:
+    """:func:`crc32` of a whole file, read in ``chunk_bytes`` steps. Raises OSError."""
+    value = 0
+    with open(path, "rb") as fh:
+        while chunk := fh.read(chunk_bytes):
+            value = crc32(chunk, value)
+    return value

@@ -205,6 +205,9 @@ REPLICA_FETCH_MAX_BYTES = _key("replica.fetch.max-bytes", "4mb", parse_size,
                                "changelog bytes one follower fetch asks for")
 REPLICA_MAX_LAG = _key("replica.max-lag", "10s", parse_duration_ms,
                        "a follower not caught up to the leader's log end for this long leaves the ISR")
+REPLICA_REBUILD_MAX_BYTES_PER_S = _key("replica.rebuild.max-bytes-per-s", 104857600, parse_size,
+                                       "download bandwidth of a tablet server's replica rebuilds from remote "
+                                       "snapshots, shared by them all (bytes per second, e.g. 100mb; 0: unlimited)")
 UNCLEAN_LEADER_ELECTION = _key("unclean.leader-election", False, _parse_bool,
                                "with no live in-sync replica, let an out-of-sync one lead (its missing writes "
                                "are lost: logged and counted)")

@@ -7,6 +7,13 @@ read-only. Layout under the storage root (also ``docs/snapshots.md``)::
     kv/{table_id}/{bucket}/shared/{sst}        SST files shared between snapshots
     kv/{table_id}/{bucket}/snap-{id}/...       the snapshot's other files
     kv/{table_id}/{bucket}/snap-{id}/_METADATA its manifest (JSON), written last
+
+Manifests written since issue 31 also carry, still as version 1 (older readers
+ignore them; older manifests lack them): each file's ``crc32`` (checked by a
+download when present) and ``writers``, the idempotent writers' newest batches
+below the snapshot's ``log_offset`` (``[writer_id, first_seq, last_seq,
+base_offset, last_offset, time_ms]`` each), so a replica rebuilt from the
+snapshot still recognises a resent batch the snapshot holds.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from common import errors
+from common.checksum import file_crc32
 from common.storage import RemoteStorage
 from common.model import SnapshotFile, SnapshotHandle, TableBucket
 
@@ -50,6 +58,13 @@ class ManifestFile:
     path: str  # remote, relative to the storage root
     local_name: str  # name inside the checkpoint directory
     size: int
+    crc32: int | None = None  # of the whole file (None: a manifest written before checksums)
+
+    def to_json(self) -> dict:
+        doc = {"path": self.path, "local_name": self.local_name, "size": self.size}
+        if self.crc32 is not None:
+            doc["crc32"] = self.crc32
+        return doc
 
 
 @dataclass(frozen=True)
@@ -59,17 +74,22 @@ class Manifest:
     log_offset: int
     files: tuple[ManifestFile, ...]
     created_ms: int
+    #: ``(writer_id, first_seq, last_seq, base_offset, last_offset, time_ms)`` per batch (module docstring)
+    writers: tuple[tuple[int, int, int, int, int, int], ...] = ()
 
     @property
     def path(self) -> str:
         return manifest_path(self.bucket, self.snapshot_id)
 
     def to_bytes(self) -> bytes:
-        return json.dumps({
+        doc = {
             "version": MANIFEST_VERSION, **self.bucket.to_json(), "snapshot_id": self.snapshot_id,
             "log_offset": self.log_offset, "created_ms": self.created_ms,
-            "files": [{"path": f.path, "local_name": f.local_name, "size": f.size} for f in self.files],
-        }, indent=1).encode()
+            "files": [f.to_json() for f in self.files],
+        }
+        if self.writers:
+            doc["writers"] = [list(w) for w in self.writers]
+        return json.dumps(doc, indent=1).encode()
 
     @classmethod
     def from_bytes(cls, data: bytes, where: str = "") -> "Manifest":
@@ -78,12 +98,16 @@ class Manifest:
             doc = json.loads(data)
             if doc.get("version") != MANIFEST_VERSION:
                 raise ValueError(f"unsupported manifest version {doc.get('version')!r}")
-            files = tuple(ManifestFile(f["path"], f["local_name"], int(f["size"])) for f in doc["files"])
+            files = tuple(ManifestFile(f["path"], f["local_name"], int(f["size"]),
+                                       None if f.get("crc32") is None else int(f["crc32"])) for f in doc["files"])
+            writers = tuple(tuple(int(v) for v in w) for w in doc.get("writers", ()))
+            if any(len(w) != 6 for w in writers):
+                raise ValueError("a writer batch is not [writer_id, first_seq, last_seq, base, last, time_ms]")
             for f in files:
                 if not f.local_name or "/" in f.local_name or f.local_name.startswith("."):
                     raise ValueError(f"bad local name {f.local_name!r}")
             return cls(TableBucket.from_json(doc), int(doc["snapshot_id"]), int(doc["log_offset"]), files,
-                       int(doc["created_ms"]))
+                       int(doc["created_ms"]), writers)
         except (ValueError, KeyError, TypeError) as exc:
             raise errors.InvalidSnapshotError(f"bad snapshot manifest {where}: {exc}") from None
 
@@ -116,7 +140,7 @@ def download(storage: RemoteStorage, source: SnapshotHandle | str, target_dir: s
     """Restore a snapshot (a handle or a manifest path) as a checkpoint directory.
 
     ``target_dir`` must be missing or empty. Each file is fetched to a temp
-    name, size-checked, then renamed. Raises StorageNotFound (a file or the
+    name, checked (:func:`check_file`), then renamed. Raises StorageNotFound (a file or the
     manifest is gone), StorageError, InvalidSnapshotError; on failure the
     files written here are removed.
     """
@@ -130,10 +154,7 @@ def download(storage: RemoteStorage, source: SnapshotHandle | str, target_dir: s
         final = os.path.join(target_dir, f.local_name)
         tmp = f"{final}.part"
         storage.download_file(f.path, tmp)
-        size = os.path.getsize(tmp)
-        if size != f.size:
-            raise errors.StorageError(f"{storage.uri}/{f.path} has {size} bytes, the manifest says {f.size}",
-                                      path=f.path)
+        check_file(storage, f, tmp)
         os.replace(tmp, final)
 
     try:
@@ -143,6 +164,17 @@ def download(storage: RemoteStorage, source: SnapshotHandle | str, target_dir: s
             os.unlink(os.path.join(target_dir, name))
         raise
     return manifest
+
+
+def check_file(storage: RemoteStorage, f: ManifestFile, local_path: str) -> None:
+    """StorageError unless the local copy of ``f`` has the manifest's size and (if it has one) CRC-32."""
+    size = os.path.getsize(local_path)
+    if size != f.size:
+        raise errors.StorageError(f"{storage.uri}/{f.path} has {size} bytes, the manifest says {f.size}",
+                                  path=f.path)
+    if f.crc32 is not None and (crc := file_crc32(local_path)) != f.crc32:
+        raise errors.StorageError(f"{storage.uri}/{f.path} is corrupt: its CRC-32 is {crc:08x}, the manifest "
+                                  f"says {f.crc32:08x}", path=f.path)
 
 
 def open_read_only(checkpoint_dir: str):

@@ -65,7 +65,7 @@ from tablet.replication.epochs import EpochCache
 from tablet.key_ranges import key_range
 from tablet.open_buckets import OpenBuckets
 from tablet.replication.sequences import Duplicate, OutOfOrder
-from tablet.writer_sequences import DEFAULT_WRITER_EXPIRATION_MS, WriterSequences
+from tablet.writer_sequences import DEFAULT_WRITER_EXPIRATION_MS, WriterSequences, load_seed
 from common.codec import RowCodec
 from tablet.kvstore import (APPLIED_KEY, META_CF, BucketStoreError, KvSnapshot, KvStore, PreparedWrite,
                             checkpoint_log_offset)
@@ -128,6 +128,7 @@ class BucketStore(BucketReads, BucketReplication):
     def _opened(self, changelog: Changelog, kv: KvStore) -> None:
         """The files were (re)opened (``BucketFiles.on_open``): no operation runs on them yet."""
         self._epochs = epoch_file.load(self.dir, changelog, self.files.settings.fsync)
+        self.writers.seed = load_seed(self.dir)
         self._hw = max(self._hw, kv.applied_offset)
         self.buffer.invalidate()
 
@@ -179,6 +180,11 @@ class BucketStore(BucketReads, BucketReplication):
                          backoff=backoff, lazy=lazy, on_failure=on_failure, replicated=replicated)
         store.writers.expiration_ms = config[cfg.WRITER_ID_EXPIRATION]
         return store
+
+    def writer_batches(self, offset: int) -> list[tuple[int, ...]]:
+        """The idempotent writers' batches ending below ``offset`` (a snapshot's log offset), for its manifest."""
+        with self.files.use() as (changelog, _kv), self.write_lock:
+            return self.writers.batches_below(changelog, offset)
 
     def close(self) -> None:
         """Close the open snapshots, RocksDB (flushing it) and the changelog. Idempotent."""

@@ -28,7 +28,7 @@ from typing import Any, Callable
 from common.checksum import crc32
 from common.errors import FencedLeaderEpochError, InvalidRequestError, InvalidSnapshotError
 from common.logentry import CorruptLogError, FrameHeader, read_header
-from tablet import epoch_file, snapshot_install
+from tablet import bucket_damage, epoch_file, snapshot_install
 from tablet.bucket_files import BucketFiles
 from tablet.changelog import Changelog
 from tablet.kvstore import BucketStoreError, KvStore, checkpoint_log_offset
@@ -194,10 +194,11 @@ class BucketReplication:
             self._save_epochs()
             return end
 
-    def install_snapshot(self, checkpoint_dir: str, log_offset: int) -> None:
+    def install_snapshot(self, checkpoint_dir: str, log_offset: int,
+                         writers: tuple[tuple[int, ...], ...] = ()) -> None:
         """Replace this replica's RocksDB by the snapshot checkpoint in ``checkpoint_dir`` (moved away)
-        and its changelog by an empty one starting at ``log_offset``, the snapshot's; the epoch cache and
-        the writers' sequences start empty. Durable and crash-safe (``tablet/snapshot_install.py``).
+        and its changelog by an empty one starting at ``log_offset``, the snapshot's; the epoch cache
+        starts empty, the writers' sequences from ``writers`` (the manifest's batches). Durable and crash-safe (``tablet/snapshot_install.py``).
         InvalidSnapshotError if the checkpoint's applied offset is not ``log_offset``; BucketStoreError if
         the files are in use now (a scan's snapshot): nothing changed then. Only a replicated store."""
         self._require_replicated("install_snapshot")
@@ -212,7 +213,8 @@ class BucketReplication:
         with self.write_lock:
             self._settle()
             fsync = self.files.settings.fsync
-            self.files.replace(lambda: snapshot_install.install(self.dir, checkpoint_dir, log_offset, fsync))
+            self.files.replace(lambda: snapshot_install.install(self.dir, checkpoint_dir, log_offset, fsync,
+                                                                writers))
             self._hw = log_offset
             self.files.replay_limit = log_offset
             self._epochs = EpochCache()
@@ -220,6 +222,20 @@ class BucketReplication:
             self.buffer.invalidate()
         with self.files.use():
             pass  # opened now: a bad install shows here, not at the next fetch
+
+    def discard_files(self, why: str) -> None:
+        """Move this replica's files aside (``tablet/bucket_damage.py``) and start empty at offset 0, to be
+        rebuilt (``why`` is logged). BucketStoreError if the files are in use now: nothing changed then."""
+        self._require_replicated("discard_files")
+        with self.write_lock:
+            self._settle()
+            self.files.replace(lambda: bucket_damage.move_aside(self.dir, why))
+            self._hw = 0
+            self.files.replay_limit = 0
+            self._epochs = EpochCache()
+            self.writers.reset()
+            self.writers.seed = ()
+            self.buffer.invalidate()
 
     def _require_replicated(self, what: str) -> None:
         if not self.replicated:

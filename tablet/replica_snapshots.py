@@ -68,8 +68,9 @@ class ReplicaSnapshots:
             replica.next_snapshot_id = snapshot_id + 1  # never reused, even if this attempt fails
             try:
                 log_offset = replica.store.checkpoint(target)
+                writers = replica.store.writer_batches(log_offset)  # a replica rebuilt from it knows them
                 handle = upload_and_commit(replica.uploader, self.admin.commit_kv_snapshot, target,
-                                           snapshot_id, log_offset)
+                                           snapshot_id, log_offset, writers)
             finally:
                 shutil.rmtree(target, ignore_errors=True)
             replica.snapshot_offset = log_offset

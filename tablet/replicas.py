@@ -68,6 +68,10 @@ class Replica:
     #: Held while a role changes and while a follower's fetch answer is applied.
     fetch_lock: threading.RLock = field(default_factory=threading.RLock)
     closed: bool = False
+    #: Replicated and no local data when taken (new replica, wiped dir): rebuilt from the latest snapshot.
+    fresh: bool = False
+    #: A follower's leader's log end, from its last fetch answer (-1: none yet): how far behind it is.
+    leader_end: int = -1
 
     @property
     def leads(self) -> bool:
@@ -292,8 +296,9 @@ class ReplicaManager(ReplicaSnapshots):
         tb = TableBucket(table.table_id, bucket)
         uploader = SnapshotUploader(self.storage, tb, io_threads=self.config[cfg.SNAPSHOT_UPLOAD_THREADS],
                                     clock_ms=self.clock_ms)
+        fresh = role.replicated and not os.path.exists(os.path.join(store.dir, "log"))
         return Replica(table, bucket, store, uploader, role=role, server_id=self.server_id,
-                       on_commit=lambda: self.on_commit())
+                       on_commit=lambda: self.on_commit(), fresh=fresh)
 
     def learn_base(self, replica: Replica) -> None:
         """Learn the bucket's latest committed snapshot from the coordinator, once: the next snapshot

@@ -6,7 +6,8 @@ a lost session); the coordinator then pushes the buckets it leads. Every
 ``kv.snapshot.interval`` each changed bucket is snapshotted to remote storage
 and committed to the coordinator. The bucket keeper (``tablet/bucket_keeper.py``)
 opens newly led buckets and reopens failed ones in the background; the metrics
-endpoint exports the server's health (``tablet/health.py``).
+endpoint exports the server's health (``tablet/health.py``) and its replica rebuilds
+(``tablet/rebuild_progress.py``).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from common.security.server import server_security
 from tablet.bucket_keeper import BucketKeeper
 from tablet.health import HealthCollector
 from tablet.open_buckets import fd_limit
+from tablet.rebuild_progress import RebuildCollector
 from tablet.replicas import ReplicaManager
 from tablet.replication.fetch_service import ReplicaFetchService
 from tablet.replication.fetcher import Fetchers
@@ -88,6 +90,7 @@ class TabletServer:
         self._start_replication()
         self.scans = ScanService(self.replicas, c, security=self.security).start()
         self.scans.metrics.registry.register(HealthCollector(self.replicas))
+        self.scans.metrics.registry.register(RebuildCollector(self.replicas, self.fetchers))
         self.keeper = BucketKeeper(self.replicas).start()
         self._grpc = grpc.server(ThreadPoolExecutor(max_workers=c[cfg.TABLET_RPC_THREADS],
                                                     thread_name_prefix="tablet-rpc"), options=GRPC_OPTIONS,
@@ -125,7 +128,8 @@ class TabletServer:
         self._replica_channels = Channels(tls=self.tls, credentials=credentials)
         self.fetchers = Fetchers(self.server_id, self.replicas.followed, self._replica_channels,
                                  wait_ms=c[cfg.REPLICA_FETCH_WAIT_MAX], max_bytes=c[cfg.REPLICA_FETCH_MAX_BYTES],
-                                 storage=self.storage, admin=self.admin, io_threads=c[cfg.SNAPSHOT_UPLOAD_THREADS])
+                                 storage=self.storage, admin=self.admin, io_threads=c[cfg.SNAPSHOT_UPLOAD_THREADS],
+                                 rebuild_bytes_per_s=c[cfg.REPLICA_REBUILD_MAX_BYTES_PER_S])
         self.replicas.role_listeners.append(self.fetchers.update)
         self.isr_keeper = IsrKeeper(self.server_id, self.replicas.leaderships, self.admin.alter_isr,
                                     max_lag_ms=c[cfg.REPLICA_MAX_LAG]).start()

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from common import errors
+from common.checksum import file_crc32
 from common.storage import RemoteStorage, StorageExists
 from common.model import SnapshotFile, SnapshotHandle, TableBucket
 from common.kvsnapshot import Manifest, ManifestFile, run_all, shared_dir, snapshot_dir
@@ -90,6 +91,7 @@ class SnapshotUploader:
         self.base: SnapshotHandle | None = None
         self._committed: dict[FileKey, SnapshotFile] = {}
         self._pending: dict[FileKey, SnapshotFile] = {}  # uploaded by us, used by no committed snapshot we know
+        self._crcs: dict[FileKey, int] = {}  # whole-file CRC-32 of the SSTs seen (an SST never changes)
         self._lock = threading.Lock()
         self.last_stats: UploadStats | None = None
         if base is not None:
@@ -106,8 +108,12 @@ class SnapshotUploader:
         for key in self._committed:
             self._pending.pop(key, None)
 
-    def upload(self, checkpoint_dir: str, snapshot_id: int, log_offset: int) -> SnapshotHandle:
+    def upload(self, checkpoint_dir: str, snapshot_id: int, log_offset: int,
+               writers: tuple[tuple[int, ...], ...] = ()) -> SnapshotHandle:
         """Upload the checkpoint; returns the handle to commit (nothing is committed here).
+
+        Each file's manifest entry carries its CRC-32 (an SST's is computed once per uploader);
+        ``writers``: the idempotent writers' batches the snapshot holds (``common/kvsnapshot.py``).
 
         New SSTs and the private files go up in parallel, the manifest last
         (``write_new``). On failure the private files and the manifest this
@@ -126,18 +132,24 @@ class SnapshotUploader:
             private: list[ManifestFile] = []
             keys = {name: self._key(checkpoint_dir, name, size) for name, size in local}
             reuse = self._reusable({key for key in keys.values() if key is not None})
+            live = set(keys.values())
+            self._crcs = {k: v for k, v in self._crcs.items() if k in live}
             for name, size in local:
                 key = keys[name]
+                crc = self._crc(checkpoint_dir, name, key)
                 if key is None:
-                    private.append(ManifestFile(f"{snapshot_dir(self.table_bucket, snapshot_id)}/{name}", name, size))
+                    private.append(ManifestFile(f"{snapshot_dir(self.table_bucket, snapshot_id)}/{name}", name, size,
+                                                crc))
                 elif key in reuse:
-                    shared.append(ManifestFile(reuse[key].path, name, size))
+                    shared.append(ManifestFile(reuse[key].path, name, size, crc))
                 else:
-                    entry = ManifestFile(f"{shared_dir(self.table_bucket)}/{shared_name(key, snapshot_id)}", name, size)
+                    entry = ManifestFile(f"{shared_dir(self.table_bucket)}/{shared_name(key, snapshot_id)}", name, size,
+                                         crc)
                     shared.append(entry)
                     new_shared.append((key, entry))
             manifest = Manifest(self.table_bucket, snapshot_id, log_offset,
-                                tuple(sorted(shared + private, key=lambda f: f.local_name)), self.clock_ms())
+                                tuple(sorted(shared + private, key=lambda f: f.local_name)), self.clock_ms(),
+                                tuple(tuple(w) for w in writers))
             data = manifest.to_bytes()
             self._write_all(checkpoint_dir, manifest, data, new_shared, private)
             self.last_stats = UploadStats(
@@ -155,6 +167,14 @@ class SnapshotUploader:
         self.storage.delete_many(sorted(p for p in handle.file_paths() if p.startswith(prefix)))
 
     # -- internals ------------------------------------------------------------------
+
+    def _crc(self, checkpoint_dir: str, name: str, key: FileKey | None) -> int:
+        if key is not None and key in self._crcs:
+            return self._crcs[key]
+        crc = file_crc32(os.path.join(checkpoint_dir, name))
+        if key is not None:
+            self._crcs[key] = crc
+        return crc
 
     def _key(self, checkpoint_dir: str, name: str, size: int) -> FileKey | None:
         if not name.endswith(".sst"):
@@ -219,13 +239,13 @@ class SnapshotUploader:
 
 
 def upload_and_commit(uploader: SnapshotUploader, commit: Callable[[SnapshotHandle], None], checkpoint_dir: str,
-                      snapshot_id: int, log_offset: int) -> SnapshotHandle:
+                      snapshot_id: int, log_offset: int, writers: tuple[tuple[int, ...], ...] = ()) -> SnapshotHandle:
     """Upload, then ``commit(handle)`` (e.g. ``AdminClient.commit_kv_snapshot``), then advance the base.
 
     A refused commit (invalid request, not found) discards the upload; any
     other error may have committed it, so its files stay (at worst orphans).
     """
-    handle = uploader.upload(checkpoint_dir, snapshot_id, log_offset)
+    handle = uploader.upload(checkpoint_dir, snapshot_id, log_offset, writers)
     try:
         commit(handle)
     except (errors.InvalidRequestError, errors.NotFoundError):

@@ -4,8 +4,9 @@ A replica that cannot continue its log from its leader's (DESIGN.md
 "Replication — semantics", "Rebuilding a replica") replaces its bucket's files
 with the latest remote snapshot: ``{dir}/kv`` becomes the snapshot's RocksDB
 checkpoint, ``{dir}/log`` an empty changelog starting at the snapshot's
-``log_offset`` (one empty segment named after it), and the leader-epoch cache
-``{dir}/leader-epochs.json`` empty. The bucket's files are closed meanwhile
+``log_offset`` (one empty segment named after it), the leader-epoch cache
+``{dir}/leader-epochs.json`` empty, and the idempotent writers' seed
+``{dir}/writers.json`` the snapshot's (``tablet/writer_sequences.py``). The bucket's files are closed meanwhile
 (``BucketFiles.replace``).
 
 Two directories cannot be swapped in one step, so the install rolls forward
@@ -13,9 +14,10 @@ from a durable intent:
 
 1. **stage**: ``{dir}/install/kv`` (the checkpoint, moved there) and
    ``{dir}/install/log`` (the empty segment), every file and directory fsynced;
-2. **intent**: ``{dir}/install.json`` (``{"log_offset": N}``) written atomically;
+2. **intent**: ``{dir}/install.json`` (``{"log_offset": N, "writers": [...]}``) written atomically;
 3. **swap**: for ``kv`` then ``log``: the live one moves to ``{dir}/install.old/``,
-   the staged one takes its place; the epoch cache is written empty;
+   the staged one takes its place; the epoch cache is written empty, the writers' seed
+   from the intent;
 4. **done**: ``install.old`` and ``install`` are removed, then ``install.json``.
 
 :func:`recover` runs before the bucket's files open: with ``install.json``
@@ -31,7 +33,7 @@ import logging
 import os
 import shutil
 
-from tablet import epoch_file
+from tablet import epoch_file, writer_sequences
 from tablet.replication.epochs import EpochCache
 from tablet.segment_files import segment_path, sync_dir
 
@@ -43,7 +45,8 @@ INTENT = "install.json"
 PARTS = ("kv", "log")
 
 
-def install(dir: str, checkpoint_dir: str, log_offset: int, fsync: bool = True) -> None:
+def install(dir: str, checkpoint_dir: str, log_offset: int, fsync: bool = True,
+            writers: tuple[tuple[int, ...], ...] = ()) -> None:
     """Replace the bucket files in ``dir`` (closed) by ``checkpoint_dir`` (moved, so on the same file
     system preferably) and an empty changelog at ``log_offset``; see the module docstring. OSError as
     raised; a crash at any point leaves what :func:`recover` completes or undoes."""
@@ -59,8 +62,8 @@ def install(dir: str, checkpoint_dir: str, log_offset: int, fsync: bool = True) 
     if fsync:
         _sync_tree(staged)
         sync_dir(dir)
-    _write_intent(dir, log_offset, fsync)
-    _roll_forward(dir, log_offset, fsync)
+    _write_intent(dir, log_offset, writers, fsync)
+    _roll_forward(dir, log_offset, writers, fsync)
 
 
 def recover(dir: str, fsync: bool = True) -> bool:
@@ -71,10 +74,11 @@ def recover(dir: str, fsync: bool = True) -> bool:
     intent = os.path.join(dir, INTENT)
     if os.path.exists(intent):
         with open(intent, "rb") as fh:
-            log_offset = int(json.loads(fh.read())["log_offset"])
+            doc = json.loads(fh.read())
+        log_offset = int(doc["log_offset"])
         log.warning("bucket %s: finishing the install of a snapshot at log offset %d a crash interrupted",
                     dir, log_offset)
-        _roll_forward(dir, log_offset, fsync)
+        _roll_forward(dir, log_offset, tuple(tuple(w) for w in doc.get("writers", ())), fsync)
         return True
     for name in (STAGED, OLD):
         path = os.path.join(dir, name)
@@ -84,11 +88,11 @@ def recover(dir: str, fsync: bool = True) -> bool:
     return False
 
 
-def _write_intent(dir: str, log_offset: int, fsync: bool) -> None:
+def _write_intent(dir: str, log_offset: int, writers: tuple[tuple[int, ...], ...], fsync: bool) -> None:
     final = os.path.join(dir, INTENT)
     tmp = final + ".tmp"
     with open(tmp, "wb") as fh:
-        fh.write(json.dumps({"log_offset": log_offset}).encode())
+        fh.write(json.dumps({"log_offset": log_offset, "writers": [list(w) for w in writers]}).encode())
         if fsync:
             fh.flush()
             os.fsync(fh.fileno())
@@ -97,7 +101,7 @@ def _write_intent(dir: str, log_offset: int, fsync: bool) -> None:
         sync_dir(dir)
 
 
-def _roll_forward(dir: str, log_offset: int, fsync: bool) -> None:
+def _roll_forward(dir: str, log_offset: int, writers: tuple[tuple[int, ...], ...], fsync: bool) -> None:
     """Steps 3 and 4 of the module docstring; idempotent."""
     staged, old = os.path.join(dir, STAGED), os.path.join(dir, OLD)
     os.makedirs(old, exist_ok=True)
@@ -115,6 +119,7 @@ def _roll_forward(dir: str, log_offset: int, fsync: bool) -> None:
         if fsync:
             sync_dir(dir)
     epoch_file.save(dir, EpochCache(), fsync)
+    writer_sequences.save_seed(dir, writers, fsync)
     shutil.rmtree(old, ignore_errors=True)
     shutil.rmtree(staged, ignore_errors=True)
     os.unlink(os.path.join(dir, INTENT))

@@ -248,6 +248,10 @@ class TextOutput(Output):
                 state = f"{t.get('buckets', 0)} buckets"
                 if t.get("replicas", t.get("buckets", 0)) != t.get("buckets", 0):
                     state += f" led, {t['replicas']} replicas"
+                if t.get("rebuilding") or t.get("offsets_behind"):
+                    state += (f"; rebuilding {t.get('rebuilding', 0)} bucket(s), "
+                              f"{t.get('rebuild_bytes', 0) / 1e6:.1f} MB downloaded, "
+                              f"{t.get('offsets_behind', 0)} offsets behind")
                 if t.get("healthy") is False:
                     serving = f", serves {t['serving']}" if "serving" in t else ""
                     state += f"{serving}; unhealthy: {'; '.join(t.get('problems') or [])}"

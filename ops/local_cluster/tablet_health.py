@@ -25,7 +25,15 @@ _GAUGES = {
     "recovering": "kvlease_tablet_buckets_recovering",
     "open_fds": "kvlease_tablet_open_fds",
     "max_fds": "kvlease_tablet_max_fds",
+    # replica rebuilds (tablet/rebuild_progress.py)
+    "rebuilding": "kvlease_tablet_rebuilds_in_progress",
+    "rebuilt": "kvlease_tablet_rebuilds_total",
+    "rebuild_bytes": "kvlease_tablet_rebuild_bytes_total",
+    "offsets_behind": "kvlease_tablet_follower_offsets_behind",
+    "offsets_behind_max": "kvlease_tablet_follower_offsets_behind_max",
 }
+#: The rebuild fields ``kvlease cluster status`` shows (see :func:`status_fields`).
+REBUILD_FIELDS = ("rebuilding", "rebuilt", "rebuild_bytes", "offsets_behind", "offsets_behind_max")
 
 
 def read_health(metrics_address: str, timeout_s: float = 2.0) -> dict[str, Any]:
@@ -56,7 +64,9 @@ def read_health(metrics_address: str, timeout_s: float = 2.0) -> dict[str, Any]:
 def status_fields(metrics_address: str | None, alive: bool, timeout_s: float = 2.0) -> dict[str, Any]:
     """A tablet server's health fields in ``kvlease cluster status``: ``healthy`` (None: not known:
     not running, no metrics endpoint, or no answer, then ``health_error`` says why), ``problems``,
-    ``serving`` (buckets it leads and serves), ``capacity``, ``open_buckets``, ``open_fds``, ``max_fds``."""
+    ``serving`` (buckets it leads and serves), ``capacity``, ``open_buckets``, ``open_fds``, ``max_fds``,
+    and its replica rebuilds: ``rebuilding`` (buckets now), ``rebuilt``, ``rebuild_bytes`` (downloaded),
+    ``offsets_behind`` (sum over the buckets it follows) and ``offsets_behind_max``."""
     if not alive or not metrics_address:
         return {"healthy": None}
     try:
@@ -66,5 +76,6 @@ def status_fields(metrics_address: str | None, alive: bool, timeout_s: float = 2
     fields = {"healthy": health["healthy"], "problems": health["problems"]}
     if "buckets" in health and "unserved" in health:
         fields["serving"] = health["buckets"] - health["unserved"]
-    fields.update({key: health[key] for key in ("capacity", "open_buckets", "open_fds", "max_fds") if key in health})
+    fields.update({key: health[key] for key in ("capacity", "open_buckets", "open_fds", "max_fds", *REBUILD_FIELDS)
+                   if key in health})
     return fields

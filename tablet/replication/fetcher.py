@@ -25,7 +25,8 @@ from common.proto import tablet_pb2 as pb
 from common.proto import tablet_pb2_grpc as pb_grpc
 from common.wire import error_from_pb, raise_for
 from tablet.replication.fetch_service import answer_of
-from tablet.replication.rebuild import Rebuilder
+from tablet import bucket_damage
+from tablet.replication.rebuild import DAMAGED, DIVERGED, FRESH, Rebuilder
 from tablet.replication.worker import ReplicaWorker
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,7 @@ ERROR_BACKOFF_S = 0.2
 
 class Fetchers:
     def __init__(self, server_id: int, following, channels: Channels, *, wait_ms: int, max_bytes: int,
-                 storage=None, admin=None, io_threads: int = 8) -> None:
+                 storage=None, admin=None, io_threads: int = 8, rebuild_bytes_per_s: int = 0) -> None:
         """``following()``: the replicas this server follows now (``Replica`` objects of the replica manager);
         ``storage`` and ``admin`` (the remote storage, an ``AdminClient``): where a follower whose log cannot
         continue from its leader's is rebuilt from (``tablet/replication/rebuild.py``; None: it is not)."""
@@ -48,7 +49,8 @@ class Fetchers:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.applier = Applier(self._stop)
-        self.rebuilder = (Rebuilder(storage, admin, self._stop, io_threads=io_threads)
+        self.rebuilder = (Rebuilder(storage, admin, self._stop, server_id=server_id,
+                                    max_bytes_per_s=rebuild_bytes_per_s, io_threads=io_threads)
                           if storage is not None and admin is not None else None)
 
     def update(self) -> None:
@@ -99,8 +101,13 @@ class Fetchers:
     def _round(self, address: str, replicas: list) -> None:
         items, asked = [], []
         for replica in replicas:
-            if self.rebuilder is not None and self.rebuilder.busy(replica):
-                continue  # fetched again once rebuilt
+            if self.rebuilder is not None:
+                if self.rebuilder.busy(replica):
+                    continue  # fetched again once rebuilt
+                if replica.fresh:
+                    log.info("%s has no local data: rebuilding it from its latest remote snapshot", replica.tb)
+                    self.rebuilder.due(replica, 0, FRESH)
+                    continue
             try:
                 with replica.fetch_lock:
                     store = replica.store
@@ -110,7 +117,13 @@ class Fetchers:
                         max_bytes=self.max_bytes))
                     asked.append((replica, replica.role, items[-1].fetch_offset))
             except errors.KvLeaseError as exc:  # its files cannot open now: the others go on
-                log.debug("cannot fetch %s: %s", replica.tb, exc)
+                damage = bucket_damage.damage_of(replica.store)
+                if damage is not None and self.rebuilder is not None and not replica.leads:
+                    log.error("%s: its local files are damaged (%s): rebuilding it from a remote snapshot",
+                              replica.tb, damage)
+                    self.rebuilder.due(replica, 0, DAMAGED)
+                else:
+                    log.debug("cannot fetch %s: %s", replica.tb, exc)
         if not items:
             self._stop.wait(ERROR_BACKOFF_S)
             return
@@ -135,6 +148,7 @@ class Fetchers:
             if fetch_offset < result.log_start_offset and self.rebuilder is not None:
                 log.warning("%s asks its leader for offset %d, below the start of the leader's log (%d): "
                             "rebuilding it from a remote snapshot", replica.tb, fetch_offset, result.log_start_offset)
+                replica.leader_end = max(replica.leader_end, result.log_start_offset)  # at least that far behind
                 self.rebuilder.due(replica, result.log_start_offset)
                 return True
             return False
@@ -142,8 +156,15 @@ class Fetchers:
             if replica.role is not role or replica.closed:  # the role changed while the fetch was out
                 return True
             store = replica.store
+            if result.log_end_offset:
+                replica.leader_end = result.log_end_offset
             if result.HasField("diverging_epoch"):
                 step = store.truncation_for(answer_of(result))
+                if step.offset < store.applied_offset and self.rebuilder is not None:
+                    log.error("%s diverges from its leader at offset %d, below the %d records it applied: "
+                              "rebuilding it from a remote snapshot", replica.tb, step.offset, store.applied_offset)
+                    self.rebuilder.due(replica, result.log_start_offset, DIVERGED)
+                    return True
                 log.info("%s diverges from its leader (epoch %s ends at %d there): truncating to %d",
                          replica.tb, result.diverging_epoch, result.diverging_end_offset, step.offset)
                 store.truncate_to(step.offset)

@@ -1,20 +1,35 @@
-"""Rebuilding a followed bucket from its remote snapshot, when its log cannot continue from the leader's.
+"""Rebuilding a followed bucket from its remote snapshot, when its log cannot (or should not) continue.
 
-A follower whose fetch offset is below its leader's log start (retention
-removed the head; a wiped data dir asks from 0) can never catch up by
-fetching. The fetcher (``tablet/replication/fetcher.py``) hands such a
-bucket to the :class:`Rebuilder`, which, on a thread of its own (the other
-buckets' fetches go on), downloads the bucket's newest kept snapshot whose
-``log_offset`` the leader's log still reaches (``common/kvsnapshot.py``,
-through the storage interface), installs it as the bucket's files
-(``BucketStore.install_snapshot``: RocksDB := the snapshot, the changelog
-empty at its ``log_offset``) and hands the bucket back: the fetcher fetches
-from there on and the leader adds it to the ISR once caught up (DESIGN.md
-"Replication — semantics", "Rebuilding a replica").
+A follower is rebuilt (DESIGN.md "Replication — semantics", "Rebuilding a
+replica") when, as the fetcher (``tablet/replication/fetcher.py``) finds:
 
-A snapshot whose files are missing, of the wrong size or that do not open is
-skipped for the next older one, with a warning naming it and why. With none
-usable the bucket is tried again after :data:`RETRY_S`.
+- **behind**: its fetch offset is below its leader's log start (retention
+  removed the head; a stale replica came back) — it can never catch up by
+  fetching;
+- **fresh**: it has no local data for the bucket (a new replica, a wiped data
+  dir) — the latest snapshot plus the tail is cheaper than the whole log;
+- **damaged**: its files are damaged beyond repair at open
+  (``tablet/bucket_damage.py``) — they are moved aside first;
+- **diverged**: its log diverges from its leader's below what it already
+  applied to RocksDB (truncating cannot take applied records back).
+
+The :class:`Rebuilder`, on a thread of its own (the other buckets' fetches go
+on), downloads the bucket's newest kept snapshot whose ``log_offset`` the
+leader's log still reaches (``tablet/replication/snapshot_download.py``:
+bounded by ``replica.rebuild.max-bytes-per-s``, each file checked, aborted
+when the server stops), holding a KV snapshot lease on it meanwhile
+(``rebuild-tablet-{server}-...``: the coordinator cannot delete its files
+mid-download; released after the install or the failure), installs it as the
+bucket's files (``BucketStore.install_snapshot``: RocksDB := the snapshot,
+the changelog empty at its ``log_offset``, the idempotent writers of the
+manifest) and hands the bucket back: the fetcher fetches from there on and the
+leader adds it to the ISR once caught up. With no snapshot at all (fresh,
+damaged or diverged, while the leader's log starts at 0) the replica starts
+empty and fetches the whole log.
+
+A snapshot whose files are missing, of the wrong size or checksum, or that do
+not open is skipped for the next older one, with a warning naming it and why.
+With none usable the bucket is tried again after :data:`RETRY_S`.
 """
 
 from __future__ import annotations
@@ -25,15 +40,28 @@ import shutil
 import threading
 import time
 
-from common import errors, kvsnapshot
-from common.model import SnapshotHandle
+from common import errors
+from common.model import SnapshotHandle, TableBucket
 from common.storage import RemoteStorage
+from tablet.replication import snapshot_download
+from tablet.replication.throttle import Throttle
 from tablet.replication.worker import ReplicaWorker
 
 log = logging.getLogger(__name__)
 
 DOWNLOAD_DIR = "rebuild-download"  # inside the bucket's directory: the install moves it (same file system)
 RETRY_S = 5.0
+LISTING_S = 1.0  # a table's kept snapshots are listed again after this long
+LEASE_MS = 600_000  # the download's snapshot lease; renewed when half of it passed
+
+# why a replica is rebuilt (the module docstring)
+BEHIND, FRESH, DAMAGED, DIVERGED = "behind", "fresh", "damaged", "diverged"
+
+
+def lease_id(server_id: int, tb: TableBucket) -> str:
+    """The lease a rebuild on tablet server ``server_id`` holds on the snapshot of ``tb`` it downloads."""
+    part = "" if tb.partition_id is None else f"-p{tb.partition_id}"
+    return f"rebuild-tablet-{server_id}-t{tb.table_id}{part}-b{tb.bucket}"
 
 
 class Rebuilder(ReplicaWorker):
@@ -41,82 +69,166 @@ class Rebuilder(ReplicaWorker):
 
     name = "replica-rebuild"
 
-    def __init__(self, storage: RemoteStorage, admin, stop: threading.Event, *, io_threads: int = 8) -> None:
-        """``admin``: a ``client.admin.AdminClient`` (``list_kv_snapshots``)."""
+    def __init__(self, storage: RemoteStorage, admin, stop: threading.Event, *, server_id: int = 0,
+                 max_bytes_per_s: int = 0, io_threads: int = 8, monotonic=time.monotonic) -> None:
+        """``admin``: a ``client.admin.AdminClient`` (``list_kv_snapshots``, the lease calls);
+        ``max_bytes_per_s``: ``replica.rebuild.max-bytes-per-s`` (0: unlimited)."""
         super().__init__(stop)
         self.storage = storage
         self.admin = admin
+        self.server_id = server_id
         self.io_threads = io_threads
+        self.throttle = Throttle(max_bytes_per_s, stop)
+        self._monotonic = monotonic
         self._busy: set[int] = set()  # queued or being rebuilt: not fetched meanwhile
-        #: Buckets rebuilt since the start (for tests and status).
+        #: Buckets rebuilt since the start, and the snapshot bytes downloaded (progress, metrics).
         self.rebuilt = 0
+        self.bytes_downloaded = 0
+        self._count_lock = threading.Lock()
+        self._listings: dict[int, tuple[float, list]] = {}  # table id -> (when, its kept snapshots)
+
+    @property
+    def in_progress(self) -> int:
+        """Buckets waiting for or in a rebuild now."""
+        with self._cond:
+            return len(self._busy)
 
     def busy(self, replica) -> bool:
         """Whether ``replica`` waits for or is in a rebuild (its fetches wait)."""
         with self._cond:
             return id(replica) in self._busy
 
-    def due(self, replica, log_start: int) -> None:
-        """Rebuild ``replica``: its leader's log starts at ``log_start``, above its fetch offset."""
+    def due(self, replica, log_start: int, why: str = BEHIND) -> None:
+        """Rebuild ``replica`` for the reason ``why`` (module docstring); its leader's log starts at
+        ``log_start`` (0 if not known)."""
         with self._cond:
             if id(replica) in self._busy:
                 return
             self._busy.add(id(replica))
-        if not self._queue(replica, log_start):
+        if not self._queue(replica, (log_start, why)):
             with self._cond:
                 self._busy.discard(id(replica))
 
     def _run(self) -> None:
         while (work := self._take(one=True)) is not None:
-            (replica, log_start), = work
+            (replica, (log_start, why)), = work
             done = False
             try:
-                done = self.rebuild(replica, log_start) is not None or replica.closed or replica.leads
+                done = self.rebuild(replica, log_start, why) is not None or replica.closed or replica.leads
             except Exception:  # the coordinator cannot list the snapshots now, ...: try again later
                 log.exception("rebuilding %s failed", replica.tb)
-            if not done:
+            if done:
+                replica.fresh = False
+            else:
                 self._stop.wait(RETRY_S)
             with self._cond:
                 self._busy.discard(id(replica))  # the fetcher asks again: a bucket still behind comes back here
 
-    def rebuild(self, replica, log_start: int) -> int | None:
+    def rebuild(self, replica, log_start: int, why: str = BEHIND) -> int | None:
         """Install the newest usable snapshot of ``replica``'s bucket whose ``log_offset`` is at least
-        ``log_start``; returns its log offset, None if none could be installed (or the replica stopped
-        following). Raises the coordinator's error if the snapshots cannot be listed."""
-        handles = sorted((info.handle for info in self.admin.list_kv_snapshots(replica.table.table_id)
+        ``log_start``; returns the offset its log continues from, None if nothing was done (no usable
+        snapshot, the replica stopped following, the server stops). Raises the coordinator's error if the
+        snapshots cannot be listed."""
+        handles = sorted((info.handle for info in self._kept(replica.table.table_id, refresh=why == BEHIND)
                           if info.handle.bucket == replica.tb and info.handle.log_offset >= log_start),
                          key=lambda h: h.snapshot_id, reverse=True)
-        if not handles:
-            log.error("%s cannot be rebuilt: its leader's log starts at offset %d and no kept snapshot reaches "
-                      "that far; trying again in %.0fs", replica.tb, log_start, RETRY_S)
-            return None
+        if why == DAMAGED:
+            with replica.fetch_lock:
+                replica.store.discard_files(f"damaged: {replica.store.files.failure}")
         for handle in handles:
-            if replica.closed or replica.leads:
+            if replica.closed or replica.leads or self._stop.is_set():
                 return None
             try:
-                return self._install(replica, handle)
+                return self._install(replica, handle, why)
+            except snapshot_download.Aborted:
+                log.info("%s: the rebuild from snapshot %d stopped: the server stops", replica.tb, handle.snapshot_id)
+                return None
             except (errors.KvLeaseError, OSError) as exc:
                 log.warning("%s: snapshot %d (log offset %d) cannot be used to rebuild it, trying an older "
                             "one: %s", replica.tb, handle.snapshot_id, handle.log_offset, exc)
-        log.error("%s cannot be rebuilt: none of its snapshots %s is usable; trying again in %.0fs", replica.tb,
-                  [h.snapshot_id for h in handles], RETRY_S)
+        if why != BEHIND and log_start == 0:  # the leader's whole log is there
+            if why == DIVERGED:
+                with replica.fetch_lock:
+                    replica.store.discard_files("diverged from its leader below its applied offset")
+            log.info("%s (%s): no usable snapshot; fetching its leader's log from offset 0", replica.tb, why)
+            return 0
+        if not handles:
+            log.error("%s cannot be rebuilt: its leader's log starts at offset %d and no kept snapshot reaches "
+                      "that far; trying again in %.0fs", replica.tb, log_start, RETRY_S)
+        else:
+            log.error("%s cannot be rebuilt: none of its snapshots %s is usable; trying again in %.0fs",
+                      replica.tb, [h.snapshot_id for h in handles], RETRY_S)
         return None
 
-    def _install(self, replica, handle: SnapshotHandle) -> int | None:
+    def _kept(self, table_id: int, refresh: bool) -> list:
+        """The table's kept snapshots; asked of the coordinator, or (not ``refresh``) from a listing at most
+        :data:`LISTING_S` old: the new replicas of a new table of many buckets need one listing, not one each."""
+        now = self._monotonic()
+        cached = self._listings.get(table_id)
+        if refresh or cached is None or now - cached[0] > LISTING_S:
+            cached = self._listings[table_id] = (now, self.admin.list_kv_snapshots(table_id))
+        return cached[1]
+
+    def _install(self, replica, handle: SnapshotHandle, why: str) -> int | None:
         store = replica.store
         target = os.path.join(store.dir, DOWNLOAD_DIR)
         shutil.rmtree(target, ignore_errors=True)
         started = time.monotonic()
+        lease = _Lease(self.admin, lease_id(self.server_id, handle.bucket), handle, self._monotonic)
         try:
-            manifest = kvsnapshot.download(self.storage, handle, target, io_threads=self.io_threads)
+            lease.acquire()
+            manifest = snapshot_download.download(
+                self.storage, handle, target, throttle=self.throttle, stop=self._stop,
+                on_file=lambda n: (self._count(n), lease.renew_if_due()), io_threads=self.io_threads)
             size = sum(f.size for f in manifest.files)
             with replica.fetch_lock:
                 if replica.closed or replica.leads:
                     return None
-                store.install_snapshot(target, manifest.log_offset)
+                store.install_snapshot(target, manifest.log_offset, manifest.writers)
         finally:
             shutil.rmtree(target, ignore_errors=True)
-        self.rebuilt += 1
-        log.info("%s rebuilt from snapshot %d: %d bytes in %.1fs; its log continues from offset %d", replica.tb,
-                 handle.snapshot_id, size, time.monotonic() - started, manifest.log_offset)
+            lease.release()
+        with self._count_lock:
+            self.rebuilt += 1
+        log.info("%s (%s) rebuilt from snapshot %d: %d bytes in %.1fs; its log continues from offset %d",
+                 replica.tb, why, handle.snapshot_id, size, time.monotonic() - started, manifest.log_offset)
         return manifest.log_offset
+
+    def _count(self, n: int) -> None:
+        with self._count_lock:
+            self.bytes_downloaded += n
+
+
+class _Lease:
+    """The KV snapshot lease a rebuild holds on the snapshot it downloads (DESIGN.md "Leases")."""
+
+    def __init__(self, admin, lease_id: str, handle: SnapshotHandle, monotonic) -> None:
+        self.admin, self.id, self.handle, self._monotonic = admin, lease_id, handle, monotonic
+        self._at: float | None = None  # when acquired or renewed last (None: not held)
+        self._lock = threading.Lock()
+
+    def acquire(self) -> None:
+        """InvalidSnapshotError if the snapshot is gone already (an older one is tried then)."""
+        result = self.admin.acquire_lease(self.id, {self.handle.bucket: self.handle.snapshot_id}, LEASE_MS)
+        self._at = self._monotonic()
+        if self.handle.bucket in result.unavailable:
+            raise errors.InvalidSnapshotError(f"snapshot {self.handle.snapshot_id} of {self.handle.bucket} is "
+                                              f"no longer kept")
+
+    def renew_if_due(self) -> None:
+        with self._lock:
+            if self._at is None or self._monotonic() - self._at < LEASE_MS / 2000.0:
+                return
+            self.admin.renew_lease(self.id, LEASE_MS)
+            self._at = self._monotonic()
+
+    def release(self) -> None:
+        """Idempotent; a failure is logged (the lease expires by itself after :data:`LEASE_MS`)."""
+        if self._at is None:
+            return
+        try:
+            self.admin.release_lease(self.id, [self.handle.bucket])
+            self._at = None
+        except errors.KvLeaseError as exc:
+            log.warning("could not release the rebuild's lease %s (it expires in %ds): %s", self.id,
+                        LEASE_MS // 1000, exc)

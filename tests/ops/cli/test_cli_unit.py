@@ -320,3 +320,15 @@ def test_cluster_status_text_shows_a_failed_question_as_an_error():
     text = buffer.getvalue()
     assert "error: deadline exceeded" in text and "error: no active coordinator" in text
     assert "not registered" not in text and "buckets" not in text
+
+
+def test_cluster_status_text_shows_a_tablet_s_rebuilds():
+    buffer = io.StringIO()
+    out.TextOutput(Console(file=buffer, width=200)).cluster_status({"zookeeper": [], "coordinators": [], "tablets": [
+        {"id": "1", "pid": 5, "address": "a:1", "buckets": 3, "alive": True, "registered": True, "rebuilding": 2,
+         "rebuild_bytes": 12_500_000, "offsets_behind": 340},
+        {"id": "2", "pid": 6, "address": "a:2", "buckets": 3, "alive": True, "registered": True, "rebuilding": 0,
+         "rebuild_bytes": 0, "offsets_behind": 0}]})
+    text = buffer.getvalue()
+    assert "rebuilding 2 bucket(s), 12.5 MB downloaded, 340 offsets behind" in text
+    assert text.count("rebuilding") == 1  # a server in sync says nothing of it

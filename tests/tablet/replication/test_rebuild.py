@@ -1,16 +1,23 @@
 """Rebuilding a follower from the bucket's remote snapshot (DESIGN.md "Replication — semantics", "Rebuilding a
 replica"): a coordinator and three tablet servers in this process, a real ZooKeeper, real RocksDB, gRPC on
 loopback and file:// remote storage. The leader's log head is removed by a snapshot and changelog retention
-while a follower is down; the follower comes back with a wiped data dir."""
+while a follower is down; the follower comes back with a wiped data dir, stale data, or damaged files; a
+rebuilt follower promoted to leader still knows the idempotent writers' batches its snapshot holds."""
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 
+import grpc
 import pytest
 
 from client.table import TableClient
+from common.arrow_ipc import batch_to_ipc
+from common.proto import tablet_pb2 as pb
+from common.proto import tablet_pb2_grpc as pb_grpc
+from tablet.rebuild_progress import progress
 from tests.support.procs import wait_until
 from tests.tablet.replication.test_replicated_buckets import FAST, SCHEMA, bucket_state, crash, server_by_id, wait_in_sync
 from tests.tablet.test_tablet_server import Cluster
@@ -87,6 +94,9 @@ def test_a_follower_behind_the_leaders_log_start_is_rebuilt_from_the_snapshot(cl
         end = leader_store.high_watermark
         wait_until(lambda: store.high_watermark >= end, 20, "the rebuilt follower to catch up")
         assert back.fetchers.rebuilder.rebuilt == 1
+        done = progress(back.replicas, back.fetchers.rebuilder)
+        assert done.rebuilt == 1 and done.bytes_downloaded == sum(f.size for f in handle.files)
+        assert not [lease for lease in c.admin.list_leases() if lease.lease_id.startswith("rebuild-")]
         assert store.list_offsets()[0] == handle.log_offset  # its log starts at the snapshot
         assert rows_of(store) == rows_of(leader_store)
         assert len(rows_of(store)) == 239
@@ -95,7 +105,9 @@ def test_a_follower_behind_the_leaders_log_start_is_rebuilt_from_the_snapshot(cl
         assert rows_of(store) == rows_of(leader_store)
 
 
-def test_a_snapshot_with_a_missing_file_is_skipped_for_an_older_one(cluster, tmp_path, caplog):
+@pytest.mark.parametrize("damage", ["missing", "corrupt"])
+def test_a_snapshot_with_a_missing_or_corrupt_file_is_skipped_for_an_older_one(cluster, tmp_path, caplog, damage):
+    """Corrupt: one byte flipped, the size unchanged: only the manifest's CRC-32 tells."""
     c = cluster
     table = c.admin.create_table("db.skip", SCHEMA, ["id"], 1, replication_factor=3, min_insync_replicas=2)
     with TableClient(c.admin, "db.skip", retry_total_s=30) as client:
@@ -107,11 +119,96 @@ def test_a_snapshot_with_a_missing_file_is_skipped_for_an_older_one(cluster, tmp
         newer = snapshot_and_retain(leader, table.table_id)
         leader_store = leader.replicas.replica(table.table_id, 0).store
         assert 0 < leader_store.list_offsets()[0] <= older.log_offset < newer.log_offset
-        private = [f for f in newer.files if "/shared/" not in f.path]
-        leader.storage.delete(private[0].path)
+        private = sorted((f for f in newer.files if "/shared/" not in f.path), key=lambda f: -f.size)
+        if damage == "missing":
+            leader.storage.delete(private[0].path)
+        else:
+            data = bytearray(leader.storage.read(private[0].path))
+            data[len(data) // 2] ^= 0xFF
+            leader.storage.put(private[0].path, bytes(data))
         with caplog.at_level(logging.WARNING, logger="tablet.replication.rebuild"):
             back, store = come_back_wiped(c, tmp_path, server_id, table.table_id)
             wait_until(lambda: store.high_watermark >= leader_store.high_watermark, 20, "the follower to catch up")
         assert store.list_offsets()[0] == older.log_offset
         assert f"snapshot {newer.snapshot_id} (log offset {newer.log_offset}) cannot be used" in caplog.text
+        assert ("CRC-32" if damage == "corrupt" else "does not exist") in caplog.text
+        assert rows_of(store) == rows_of(leader_store)
+
+
+def test_a_follower_whose_files_are_damaged_is_rebuilt_and_its_files_moved_aside(cluster, tmp_path, caplog):
+    c = cluster
+    table = c.admin.create_table("db.damaged", SCHEMA, ["id"], 1, replication_factor=3, min_insync_replicas=2)
+    with TableClient(c.admin, "db.damaged", retry_total_s=30) as client:
+        wait_in_sync(c, table.table_id)
+        write(client, 0, 100, "a")
+        server_id, leader = lose_follower(c, table.table_id)
+        handle = snapshot_and_retain(leader, table.table_id)
+        write(client, 100, 50, "b")
+        bucket_dir = tmp_path / f"t{server_id}" / str(table.table_id) / "0"
+        (bucket_dir / "kv" / "CURRENT").write_text("garbage\n")  # RocksDB: "Corruption: CURRENT file corrupted"
+        with caplog.at_level(logging.INFO):
+            back, store = come_back_wiped(c, tmp_path, server_id, table.table_id, wipe=False)
+        leader_store = leader.replicas.replica(table.table_id, 0).store
+        wait_until(lambda: store.high_watermark >= leader_store.high_watermark, 20, "the follower to catch up")
+        assert "its local files are damaged" in caplog.text and "(damaged) rebuilt from snapshot" in caplog.text
+        assert (bucket_dir / "damaged" / "kv" / "CURRENT").read_text() == "garbage\n"  # kept for inspection
+        assert store.list_offsets()[0] == handle.log_offset
+        assert rows_of(store) == rows_of(leader_store)
+
+
+def put_kv(server, table_id: int, rows_batch, writer_id: int, sequence: int) -> pb.PutKvResponse:
+    with grpc.insecure_channel(server.address) as channel:
+        return pb_grpc.TabletServiceStub(channel).PutKv(pb.PutKvRequest(
+            table_id=table_id, bucket=0, upserts=batch_to_ipc(rows_batch), writer_id=writer_id, sequence=sequence),
+            timeout=10)
+
+
+def test_a_rebuilt_follower_promoted_to_leader_answers_a_resent_batch_as_a_duplicate(cluster, tmp_path):
+    """The acknowledged batch is below the snapshot: only the manifest's writers carry it to the rebuilt replica."""
+    c = cluster
+    table = c.admin.create_table("db.resend", SCHEMA, ["id"], 1, replication_factor=3, min_insync_replicas=1)
+    with TableClient(c.admin, "db.resend", retry_total_s=30) as client:
+        state = wait_in_sync(c, table.table_id)
+        leader = server_by_id(c, state.leader_id)
+        first = put_kv(leader, table.table_id, client._row_batch([{"id": 500, "v": "original"}]), 77, 0)
+        assert first.error.code == 0
+        write(client, 0, 50, "a")
+        server_id, _ = lose_follower(c, table.table_id)
+        handle = snapshot_and_retain(leader, table.table_id)
+        assert handle.log_offset > first.base_offset
+        back, store = come_back_wiped(c, tmp_path, server_id, table.table_id)
+        assert back.fetchers.rebuilder.rebuilt == 1 and store.list_offsets()[0] == handle.log_offset
+        other = next(s for s in c.tablets if s.server_id not in (server_id, leader.server_id))
+        crash(c, other)
+        wait_until(lambda: set(bucket_state(c, table.table_id).isr) == {leader.server_id, server_id}, 20,
+                   "the ISR without the third server")
+        crash(c, leader)
+        wait_until(lambda: bucket_state(c, table.table_id).leader_id == server_id, 20, "the rebuilt replica to lead")
+        wait_until(lambda: back.replicas.replica(table.table_id, 0).leads, 10, "the push that makes it lead")
+        again = wait_until(lambda: (r := put_kv(back, table.table_id, client._row_batch([{"id": 500, "v": "twice"}]),
+                                                77, 0)).error.code == 0 and r, 20, "the new leader to answer")
+        assert (again.base_offset, again.next_offset) == (first.base_offset, first.next_offset)
+        assert client.lookup([{"id": 500}])[0]["v"] == "original"
+
+
+def test_a_follower_diverging_below_what_it_applied_is_rebuilt(cluster, tmp_path, caplog):
+    """Its epoch checkpoint claims an epoch its leader never had from offset 0: the leader's answer puts the
+    divergence at the start of its log, below the records it applied (truncating cannot take them back)."""
+    c = cluster
+    table = c.admin.create_table("db.diverged", SCHEMA, ["id"], 1, replication_factor=3, min_insync_replicas=2)
+    with TableClient(c.admin, "db.diverged", retry_total_s=30) as client:
+        wait_in_sync(c, table.table_id)
+        write(client, 0, 100, "a")
+        server_id, leader = lose_follower(c, table.table_id)
+        handle = snapshot_and_retain(leader, table.table_id)
+        write(client, 100, 20, "b")
+        epochs = tmp_path / f"t{server_id}" / str(table.table_id) / "0" / "leader-epochs.json"
+        doc = json.loads(epochs.read_text())
+        epochs.write_text(json.dumps({**doc, "epochs": [[50, 0]]}))
+        with caplog.at_level(logging.INFO):
+            back, store = come_back_wiped(c, tmp_path, server_id, table.table_id, wipe=False)
+        leader_store = leader.replicas.replica(table.table_id, 0).store
+        wait_until(lambda: store.high_watermark >= leader_store.high_watermark, 20, "the follower to catch up")
+        assert "below the" in caplog.text and "(diverged) rebuilt from snapshot" in caplog.text
+        assert store.list_offsets()[0] == handle.log_offset
         assert rows_of(store) == rows_of(leader_store)

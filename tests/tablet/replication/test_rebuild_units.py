@@ -1,0 +1,134 @@
+"""Pure and single-process pieces of the replica rebuild: the bandwidth throttle (a fake clock), the manifest's
+checksums and writers (old manifests still load), damage detection on real RocksDB and changelog files, the
+writer seed carried through an install."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+
+import pytest
+
+from common import errors
+from common.checksum import file_crc32
+from common.kvsnapshot import Manifest, ManifestFile, check_file
+from common.logentry import CorruptLogError
+from common.model import TableBucket
+from common.storage import open_storage
+from tablet import bucket_damage, writer_sequences
+from tablet.kvstore import BucketStoreError, KvStore
+from tablet.replication.sequences import WriterBatch
+from tablet.replication.throttle import Throttle
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_throttle_gives_a_second_s_worth_at_once_then_the_rate():
+    clock, stop = FakeClock(), threading.Event()
+    throttle = Throttle(1000, stop, clock=clock)
+    assert throttle.delay(600) == 0.0
+    assert throttle.delay(600) == pytest.approx(0.2)  # 400 left: 200 more bytes at 1000/s
+    clock.now += 0.2
+    assert throttle.delay(600) == 0.0
+    clock.now += 10  # the bucket holds one second's worth at most
+    assert throttle.delay(1000) == 0.0
+    assert throttle.delay(1) == pytest.approx(0.001)
+
+
+def test_a_file_bigger_than_the_bucket_waits_for_a_full_one_and_its_debt_bounds_the_next():
+    clock, stop = FakeClock(), threading.Event()
+    throttle = Throttle(1000, stop, clock=clock)
+    assert throttle.delay(5000) == 0.0  # full bucket: taken, 4000 in debt
+    assert throttle.delay(1) == pytest.approx(4.001)
+    clock.now += 4.001
+    assert throttle.delay(1) == 0.0
+
+
+def test_unlimited_and_a_stop_end_the_wait():
+    stop = threading.Event()
+    assert Throttle(0, stop).take(10**12)
+    slow = Throttle(1, stop)
+    slow.delay(1)
+    stop.set()
+    assert slow.take(10**6) is False  # returns at once: the server stops
+    with pytest.raises(ValueError):
+        Throttle(-1, stop)
+
+
+def manifest(**extra) -> Manifest:
+    files = (ManifestFile("kv/1/0/snap-2/CURRENT", "CURRENT", 16, **extra),)
+    return Manifest(TableBucket(1, 0), 2, 30, files, 1234, ((7, 0, 0, 3, 4, 99),) if extra else ())
+
+
+def test_new_manifests_carry_checksums_and_writers_and_old_ones_still_load():
+    new = manifest(crc32=0xDEADBEEF)
+    assert Manifest.from_bytes(new.to_bytes()) == new
+    old_doc = json.loads(new.to_bytes())
+    del old_doc["writers"], old_doc["files"][0]["crc32"]
+    old = Manifest.from_bytes(json.dumps(old_doc).encode())
+    assert old.files[0].crc32 is None and old.writers == ()
+    assert "crc32" not in json.loads(manifest().to_bytes())["files"][0]  # none given: none written
+    bad = {**old_doc, "writers": [[1, 2]]}
+    with pytest.raises(errors.InvalidSnapshotError):
+        Manifest.from_bytes(json.dumps(bad).encode())
+
+
+def test_a_downloaded_file_is_checked_by_size_and_by_checksum_when_the_manifest_has_one(tmp_path):
+    storage = open_storage(f"file://{tmp_path}/remote")
+    local = tmp_path / "CURRENT"
+    local.write_bytes(b"MANIFEST-000005\n")
+    good = file_crc32(str(local))
+    check_file(storage, ManifestFile("p", "CURRENT", 16, good), str(local))
+    check_file(storage, ManifestFile("p", "CURRENT", 16), str(local))  # an old manifest: size only
+    with pytest.raises(errors.StorageError, match="CRC-32"):
+        check_file(storage, ManifestFile("p", "CURRENT", 16, good ^ 1), str(local))
+    with pytest.raises(errors.StorageError, match="17"):
+        check_file(storage, ManifestFile("p", "CURRENT", 17, good), str(local))
+
+
+def open_error(path: str) -> BaseException:
+    try:
+        KvStore(path).close()
+    except errors.KvLeaseError as exc:
+        return exc
+    raise AssertionError(f"{path} opened")
+
+
+def test_damage_is_corruption_a_reopen_cannot_cure_not_a_passing_failure(tmp_path):
+    path = str(tmp_path / "kv")
+    kv = KvStore(path)
+    kv.close()
+    with open(os.path.join(path, "CURRENT"), "w") as fh:
+        fh.write("garbage\n")
+    assert bucket_damage.is_damage(open_error(path))
+    assert not bucket_damage.is_damage(errors.KvLeaseError("cannot open RocksDB x: IO error: No space left"))
+    assert not bucket_damage.is_damage(None)
+    assert bucket_damage.is_damage(BucketStoreError("applied past the end", dir="d", applied=9, end_offset=3))
+    assert bucket_damage.is_damage(CorruptLogError("changelog x: CRC mismatch"))
+
+
+def test_damaged_files_are_moved_aside_replacing_an_earlier_damage(tmp_path):
+    bucket = tmp_path / "b"
+    for round_ in (1, 2):
+        (bucket / "kv").mkdir(parents=True)
+        (bucket / "kv" / "CURRENT").write_text(f"round {round_}")
+        (bucket / "leader-epochs.json").write_text("{}")
+        target = bucket_damage.move_aside(str(bucket), "test")
+        assert (bucket / "damaged" / "kv" / "CURRENT").read_text() == f"round {round_}"
+        assert not (bucket / "kv").exists() and target == str(bucket / "damaged")
+    assert bucket_damage.move_aside(str(bucket), "nothing there") is None
+
+
+def test_the_writer_seed_round_trips_and_an_empty_one_removes_the_file(tmp_path):
+    batches = [(7, 3, 3, 20, 24, 5), (7, 1, 2, 10, 14, 4)]
+    writer_sequences.save_seed(str(tmp_path), batches, fsync=False)
+    assert writer_sequences.load_seed(str(tmp_path)) == (WriterBatch(7, 1, 2, 10, 14, 4), WriterBatch(7, 3, 3, 20, 24, 5))
+    writer_sequences.save_seed(str(tmp_path), [], fsync=False)
+    assert writer_sequences.load_seed(str(tmp_path)) == ()
