@@ -52,6 +52,9 @@ class Fetchers:
         self.rebuilder = (Rebuilder(storage, admin, self._stop, server_id=server_id,
                                     max_bytes_per_s=rebuild_bytes_per_s, io_threads=io_threads)
                           if storage is not None and admin is not None else None)
+        self._wake = threading.Event()  # a rebuild ended: a fetch thread with nothing to fetch goes on at once
+        if self.rebuilder is not None:
+            self.rebuilder.on_done = self._wake.set
 
     def update(self) -> None:
         """Start a fetch thread for every leader followed that has none."""
@@ -69,6 +72,7 @@ class Fetchers:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         with self._lock:
             threads = list(self._threads.values())
         for thread in threads:
@@ -124,8 +128,9 @@ class Fetchers:
                     self.rebuilder.due(replica, 0, DAMAGED)
                 else:
                     log.debug("cannot fetch %s: %s", replica.tb, exc)
-        if not items:
-            self._stop.wait(ERROR_BACKOFF_S)
+        if not items:  # every bucket is being rebuilt: fetch again when one is done
+            self._wake.wait(ERROR_BACKOFF_S)
+            self._wake.clear()
             return
         timeout_s = self.wait_ms / 1000.0 + 10
         request = pb.ReplicaFetchRequest(replica_id=self.server_id, max_wait_ms=self.wait_ms, buckets=items)

@@ -39,6 +39,7 @@ import os
 import shutil
 import threading
 import time
+from typing import Callable
 
 from common import errors
 from common.model import SnapshotHandle, TableBucket
@@ -81,6 +82,8 @@ class Rebuilder(ReplicaWorker):
         self.throttle = Throttle(max_bytes_per_s, stop)
         self._monotonic = monotonic
         self._busy: set[int] = set()  # queued or being rebuilt: not fetched meanwhile
+        #: Run after each rebuild attempt (the fetchers wake: the bucket is fetched again at once).
+        self.on_done: Callable[[], None] = lambda: None
         #: Buckets rebuilt since the start, and the snapshot bytes downloaded (progress, metrics).
         self.rebuilt = 0
         self.bytes_downloaded = 0
@@ -123,6 +126,7 @@ class Rebuilder(ReplicaWorker):
                 self._stop.wait(RETRY_S)
             with self._cond:
                 self._busy.discard(id(replica))  # the fetcher asks again: a bucket still behind comes back here
+            self.on_done()
 
     def rebuild(self, replica, log_start: int, why: str = BEHIND) -> int | None:
         """Install the newest usable snapshot of ``replica``'s bucket whose ``log_offset`` is at least
