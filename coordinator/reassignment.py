@@ -35,10 +35,12 @@ from common import errors
 from coordinator.assignment import Assignments, BucketAssignment, Changes
 
 
-def check_target(where: str, replication_factor: int, target: Sequence[int], live: Iterable[int]) -> tuple[int, ...]:
+def check_target(where: str, replication_factor: int, target: Sequence[int], live: Iterable[int],
+                 current: Iterable[int] = ()) -> tuple[int, ...]:
     """``target`` as a tuple, if it can be a bucket's replicas: InvalidRequestError (one line naming ``where``)
-    for an empty list, a server twice, a count other than the table's replication factor, a server that is
-    not a live tablet server, or a table with one replica."""
+    for an empty list, a server twice, a count other than the table's replication factor, a new replica
+    (not one of ``current``) that is not a live tablet server, or a table with one replica. A current
+    replica that is down may stay (the move completes once it is back in the ISR)."""
     target = tuple(int(r) for r in target)
     live = set(live)
     if replication_factor <= 1:
@@ -55,7 +57,7 @@ def check_target(where: str, replication_factor: int, target: Sequence[int], liv
         raise errors.InvalidRequestError(
             f"cannot move {where}: {len(target)} replica(s) {list(target)} given, its table has replication factor "
             f"{replication_factor} (name exactly {replication_factor} tablet servers)")
-    not_live = sorted(set(target) - live)
+    not_live = sorted(set(target) - live - set(current))
     if not_live:
         raise errors.InvalidRequestError(
             f"cannot move {where}: tablet server(s) {not_live} are not live (live: {sorted(live) or 'none'})")

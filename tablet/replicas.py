@@ -8,7 +8,8 @@ bucket's leader keeps a :class:`~tablet.replication.leader.Leadership` (HW,
 ISR, writes waiting), made on first use. A leader that becomes a follower
 ends its leadership (writes waiting are answered NOT_LEADER) and its scans.
 Buckets no longer held are closed (their data stays on disk), dropped tables'
-data is deleted. ZooKeeper has the last word (``current_epoch`` and
+data is deleted, and so is a bucket's the push says a completed move took off
+this server (``removed``). ZooKeeper has the last word (``current_epoch`` and
 ``table_gone``, read through the tablet's own session): a push from a
 coordinator epoch newer than the last one confirmed is taken only if it is
 ZooKeeper's current epoch, and a table's data is deleted only once its
@@ -195,6 +196,8 @@ class ReplicaManager(ReplicaSnapshots):
         ZooKeeper still has keeps its data.
         """
         roles = [r if isinstance(r, BucketRole) else BucketRole.led(*r, self.server_id) for r in held]
+        removed = {r.key: r for r in roles if r.removed}
+        roles = [r for r in roles if not r.removed]
         stopped_leading: list[tuple[int, int]] = []
         with self._lock:
             if coordinator_epoch < self.coordinator_epoch:
@@ -232,6 +235,10 @@ class ReplicaManager(ReplicaSnapshots):
                 self._tables = {r.table.table_id: r.table for r in self._replicas.values()}
             for table_id in sorted(gone):
                 shutil.rmtree(os.path.join(self.data_dir, str(table_id)), ignore_errors=True)
+            for key in sorted(set(removed) - set(wanted)):  # closed above if it was open
+                shutil.rmtree(self.bucket_dir(*key), ignore_errors=True)
+                log.info("bucket %d of table %d moved off this tablet server: its local copy is deleted", key[1],
+                         key[0])
         for key in stopped_leading:  # scans of a bucket no longer led end: their clients go to the new leader
             self._tell_closing(key, False)
         for listener in self.role_listeners:

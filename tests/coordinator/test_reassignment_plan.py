@@ -51,8 +51,9 @@ def test_bad_targets_are_refused_in_one_line(target, rf, message):
     assert "\n" not in info.value.message and "bucket 0 of db.t" in info.value.message
 
 
-def test_a_good_target_is_returned_as_a_tuple():
+def test_a_good_target_is_returned_as_a_tuple_and_a_current_replica_may_be_down():
     assert ra.check_target("b", 2, [3, 1], [1, 2, 3]) == (3, 1)
+    assert ra.check_target("b", 2, [3, 1], [2, 3], current=[1, 2]) == (3, 1)
 
 
 # -- the two phases -----------------------------------------------------------------------------------
