@@ -34,7 +34,8 @@ Move = tuple[int, int, tuple[int, ...]]
 @dataclass(frozen=True)
 class Plan:
     moves: list[Move]
-    leaders: dict[tuple[int, int], BucketAssignment]  # (table id, bucket) -> its state after a preferred-leader election
+    #: (table id, bucket) -> its state after a preferred-leader election
+    leaders: dict[tuple[int, int], BucketAssignment]
 
 
 def _target_load(assignments: Assignments) -> Counter[int]:
