@@ -26,6 +26,7 @@ from client.admin_types import (AcquireResult, AlterIsrResult, BucketLeader, Buc
                                 CoordinatorInfo, ReleaseResult, SnapshotInfo, TabletServerInfo)
 from client.bootstrap import parse_bootstrap, refuse_path
 from client.coalescing import BatchInterrupted, Coalescer
+from client.moves_admin import MovesAdmin
 from client.replication_admin import ReplicationAdmin
 from client.security_admin import SecurityAdmin
 from client.transport import (RETRIABLE, Channels, NotServedError, RetryPolicy, UnknownOutcomes, arguments, is_int,
@@ -45,7 +46,7 @@ __all__ = ["AdminClient", "wait_for_active", "parse_bootstrap", "READS", "IDEMPO
 #: Coordinator calls that change nothing: one that timed out is simply asked again.
 READS = frozenset({
     "GetTable", "GetTableAssignment", "ListTables", "ListTabletServers", "GetLatestKvSnapshots", "ListKvSnapshots",
-    "ListKvSnapshotLeases", "DescribeKvSnapshotLease", "ListUsers", "ListAcls",
+    "ListKvSnapshotLeases", "DescribeKvSnapshotLease", "ListUsers", "ListAcls", "ListReassignments",
 })
 
 #: Coordinator calls whose retry after a lost answer has the same outcome: reads, and the lease
@@ -60,6 +61,9 @@ IDEMPOTENT = READS | frozenset({
     # replication (a tablet server's calls): an AlterIsr resent after its answer was lost finds the ISR it
     # asked for and answers it; a controlled shutdown sent again moves what is left
     "AlterIsr", "ControlledShutdown",
+    # moves (client/moves_admin.py): the same target answers the move in progress, a decommission the moves off
+    # the server, a rebalance of a balanced cluster starts nothing
+    "ReassignBucket", "DecommissionTablet", "Rebalance",
 })
 
 
@@ -81,7 +85,7 @@ def _buckets(buckets):
     return buckets
 
 
-class AdminClient(SecurityAdmin, ReplicationAdmin):
+class AdminClient(SecurityAdmin, ReplicationAdmin, MovesAdmin):
     """Thread-safe; one gRPC channel per coordinator address."""
 
     def __init__(self, bootstrap: str | Sequence[str], config: cfg.Config | None = None, *,
@@ -274,7 +278,8 @@ class AdminClient(SecurityAdmin, ReplicationAdmin):
         """The table and each bucket's leader (address empty while its server is gone), replicas and ISR."""
         response = self._call("GetTableAssignment", pb.GetTableAssignmentRequest(table_id=table_id))
         leaders = {b.bucket: BucketLeader(b.bucket, b.leader_id, b.leader_address, b.leader_epoch, tuple(b.replicas),
-                                          tuple(b.isr), b.bucket_epoch)
+                                          tuple(b.isr), b.bucket_epoch,
+                                          tuple(b.reassign_target) if b.reassigning else None)
                    for b in response.buckets}
         return table_from_pb(response.table), leaders
 

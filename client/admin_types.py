@@ -59,6 +59,7 @@ class BucketLeader:
     replicas: tuple[int, ...] = ()  # tablet ids, the preferred leader first
     isr: tuple[int, ...] = ()  # the in-sync replicas (the leader among them)
     bucket_epoch: int = 0  # +1 on every change of leader or ISR
+    reassign_target: tuple[int, ...] | None = None  # a move in progress: the replicas it moves to
 
     @property
     def under_replicated(self) -> bool:

@@ -9,8 +9,9 @@ change of this state).
 ``/tables/{table_id}/assignment`` holds ``{"buckets": {"0": {"replicas": [3, 1], "leader": 3,
 "leader_epoch": 2, "isr": [3, 1], "bucket_epoch": 4}, …}}``. A node written before replication
 has no ``isr`` / ``bucket_epoch``: its replicas and ISR are its leader (none if -1) and its bucket
-epoch is its leader epoch. Leader -1 with no replicas: not assigned yet (a one-replica table created
-while no tablet server was live).
+epoch is its leader epoch. A bucket whose replicas are being moved also has
+``"reassign": {"target": [4, 1]}`` (:mod:`coordinator.reassignment`; omitted when none). Leader -1 with no
+replicas: not assigned yet (a one-replica table created while no tablet server was live).
 
 Capacity: a tablet server registers the most bucket replicas it holds (``max_buckets``,
 ``tablet.buckets.max``); every replica counts. Planning is pure:
@@ -44,6 +45,8 @@ class BucketAssignment:
     replicas: tuple[int, ...] = field(default=None)  # type: ignore[assignment]
     isr: tuple[int, ...] = field(default=None)  # type: ignore[assignment]
     bucket_epoch: int = field(default=None)  # type: ignore[assignment]
+    #: A replica move in progress (:mod:`coordinator.reassignment`): the replicas the bucket moves to; None: none.
+    reassign: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         alone = () if self.leader == UNASSIGNED else (self.leader,)
@@ -51,6 +54,8 @@ class BucketAssignment:
         object.__setattr__(self, "isr", alone if self.isr is None else tuple(self.isr))
         if self.bucket_epoch is None:
             object.__setattr__(self, "bucket_epoch", self.leader_epoch)
+        if self.reassign is not None:
+            object.__setattr__(self, "reassign", tuple(self.reassign))
 
     @property
     def replication_factor(self) -> int:
@@ -67,18 +72,23 @@ class BucketAssignment:
         return tuple(r for r in self.replicas if r in wanted)
 
     def to_json(self) -> dict:
-        return {"leader": self.leader, "leader_epoch": self.leader_epoch, "replicas": list(self.replicas),
+        node = {"leader": self.leader, "leader_epoch": self.leader_epoch, "replicas": list(self.replicas),
                 "isr": list(self.isr), "bucket_epoch": self.bucket_epoch}
+        if self.reassign is not None:
+            node["reassign"] = {"target": list(self.reassign)}
+        return node
 
     @classmethod
     def from_json(cls, node: Mapping) -> "BucketAssignment":
         leader, epoch = int(node["leader"]), int(node["leader_epoch"])
         replicas = node.get("replicas")
         isr = node.get("isr")
+        move = node.get("reassign")
         return cls(leader, epoch,
                    None if replicas is None or isr is None else tuple(int(r) for r in replicas),
                    None if replicas is None or isr is None else tuple(int(r) for r in isr),
-                   int(node["bucket_epoch"]) if "bucket_epoch" in node else epoch)
+                   int(node["bucket_epoch"]) if "bucket_epoch" in node else epoch,
+                   None if move is None else tuple(int(r) for r in move["target"]))
 
 
 Plan = dict[int, BucketAssignment]  # bucket -> its state

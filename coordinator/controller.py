@@ -36,6 +36,7 @@ from coordinator.file_gc import FileCollector
 from coordinator.lease_shell import LeaseShell
 from coordinator.loop import Item, settle
 from coordinator.membership import Membership, Notify
+from coordinator.moves import Moves
 from coordinator.snapshot_checks import LeaderLogEnds
 from coordinator.snapshot_commits import SnapshotCommits
 from coordinator.snapshots import SnapshotStore
@@ -81,6 +82,7 @@ class Controller(Dispatcher):
         self.files = FileCollector(storage)
         catalog = TableCatalog()
         self.members = Membership(zk, catalog, notify, unclean_election=unclean_election, metrics=metrics)
+        self.moves = Moves(self.members)  # replica moves (issue 31): completed as their new replicas catch up
         self.lease_shell = LeaseShell(ls.LeaseState(self, max_lease_ms), LeaseStore(storage), clock_ms=clock_ms,
                                       on_freed=lambda buckets: self.snapshot_commits.reclaim(buckets),
                                       metrics=metrics)
@@ -223,6 +225,7 @@ class Controller(Dispatcher):
     @on(ls.Expire)
     def _expire(self, event: ls.Expire, future: Future | None) -> None:
         self.refresh_metrics()
+        self.moves.tick()
         self.lease_shell.submit(event, future)
 
     # -- queries ---------------------------------------------------------------------------
@@ -304,6 +307,27 @@ class Controller(Dispatcher):
     @_barrier
     def _controlled_shutdown(self, request: rq.ControlledShutdown) -> int:
         return self.members.controlled_shutdown(request.server_id)
+
+    @on(rq.ReassignBucket)
+    @_barrier
+    def _reassign(self, request: rq.ReassignBucket):
+        return self.moves.reassign(self.catalog.get(request.database, request.name), request.bucket,
+                                   request.replicas)
+
+    @on(rq.DecommissionTablet)
+    @_barrier
+    def _decommission(self, request: rq.DecommissionTablet):
+        return self.moves.decommission(request.tablet_id)
+
+    @on(rq.Rebalance)
+    @_barrier
+    def _rebalance(self, _request: rq.Rebalance):
+        return self.moves.rebalance()
+
+    @on(rq.ListReassignments)
+    @_query
+    def _list_reassignments(self, _request: rq.ListReassignments):
+        return self.moves.in_progress()
 
     @on(rq.RemoveOrphanLeaseFiles)
     @_barrier

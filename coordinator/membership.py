@@ -26,12 +26,14 @@ from coordinator.assignment import UNASSIGNED, Assignments, BucketAssignment, Ch
 from coordinator.catalog import TableCatalog
 from coordinator.fencing import FencedWriter, chunks
 from coordinator.placement import plan_new
+from coordinator.reassignment import removed_replicas
 
 log = logging.getLogger(__name__)
 
-#: notify(server_id, address, [(table, bucket, state, leader_address)], dropped_table_ids): the full list of
-#: buckets the server holds a replica of (led or followed)
-Notify = Callable[[int, str, list, list], None]
+#: notify(server_id, address, [(table, bucket, state, leader_address)], dropped_table_ids, removed): the full list
+#: of buckets the server holds a replica of (led or followed); ``removed``: the buckets a completed move took off
+#: it, the same way (it deletes its copy)
+Notify = Callable[[int, str, list, list, list], None]
 
 
 class Membership:
@@ -47,6 +49,9 @@ class Membership:
         self._incarnations: dict[int, tuple[str, str]] = {}
         self.capacity: dict[int, int | None] = {}  # live servers: id -> max_buckets (None: not registered)
         self.writer: FencedWriter | None = None
+        #: Run after every change written (the changed table ids; None: any table, after servers changed): the
+        #: replica moves that can complete then do (coordinator.moves.Moves.progress).
+        self.on_changed: Callable[[Iterable[int] | None], None] = lambda table_ids: None
 
     def load(self) -> None:
         """Failover: load the assignments of the catalog's tables; plan those that have none."""
@@ -140,6 +145,11 @@ class Membership:
             if self.metrics is not None:
                 self.metrics.unclean_elections.inc()
         self._apply(changes, also_tell=joined)
+        self.on_changed(None)
+
+    def apply(self, changes: Changes) -> None:
+        """Write ``changes`` (fenced), apply them and tell the replicas (a move's phases, elections)."""
+        self._apply(changes)
 
     def _apply(self, changes: Changes, also_tell: Iterable[int] = ()) -> None:
         """Write ``changes``, apply what was written, tell every replica of a changed bucket (and
@@ -147,16 +157,22 @@ class Membership:
         before = {t: self.assignments.table(t) for t in changes}
         failure = self._store_changes(changes)
         touched = set(also_tell)
+        removed: dict[int, list[tuple[int, int]]] = {}  # server -> the buckets a completed move took off it
         for table_id, plan in changes.items():
             for bucket, state in plan.items():
                 old = before[table_id].get(bucket)
                 if state != old:
                     touched |= set(state.replicas) | {state.leader} | (set(old.replicas) if old else set())
                     _log_leader_change(table_id, bucket, old, state)
-        self.push(touched - {UNASSIGNED})
+                    if self.assignments.table(table_id).get(bucket) == state:  # written
+                        for server in removed_replicas(old, state):
+                            removed.setdefault(server, []).append((table_id, bucket))
+        self.push(touched - {UNASSIGNED}, removed=removed)
         self.refresh_metrics()
         if failure is not None:
             raise failure
+        if changes:
+            self.on_changed(list(changes))
 
     def _store_changes(self, changes: Changes) -> Exception | None:
         """Write the changed assignments (a server with thousands of tables rejoining changes them all:
@@ -207,16 +223,22 @@ class Membership:
         """Tell every live tablet server what it holds (after becoming active)."""
         self.push(set(self.servers))
 
-    def push(self, server_ids: Iterable[int], dropped: list[int] | None = None) -> None:
+    def push(self, server_ids: Iterable[int], dropped: list[int] | None = None,
+             removed: dict[int, list[tuple[int, int]]] | None = None) -> None:
+        """Tell each server every bucket it holds; ``dropped`` tables; ``removed``: server -> (table id, bucket)
+        a completed move took off it."""
         if self.notify is None:
             return
+        removed = removed or {}
         for server_id in sorted(server_ids):
             address = self.servers.get(server_id)
             if address is None:
                 continue
             held = [(self.catalog.by_id[t], b, a, self.servers.get(a.leader, ""))
                     for t, b, a in self.assignments.held_by(server_id) if t in self.catalog.by_id]
-            self.notify(server_id, address, held, list(dropped or []))
+            gone = [(self.catalog.by_id[t], b, self.assignments.table(t)[b], self.servers.get(
+                     self.assignments.table(t)[b].leader, "")) for t, b in removed.get(server_id, ())]
+            self.notify(server_id, address, held, list(dropped or []), gone)
 
     # -- queries and metrics -----------------------------------------------------------------
 

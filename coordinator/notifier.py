@@ -4,7 +4,9 @@ The controller calls :meth:`LeadershipNotifier.push` with the full set of
 buckets a server holds a replica of, led or followed (each with its leader,
 the leader's address, replicas, ISR and epochs); sending happens on a small thread pool with bounded retries.
 A newer push for the same server replaces an older one not sent yet (dropped
-tables accumulate), so a slow server never sees stale state after fresh.
+tables accumulate, and so do buckets a completed move took off the server,
+unless the newer push holds them again), so a slow server never sees stale
+state after fresh.
 """
 
 from __future__ import annotations
@@ -27,12 +29,13 @@ from coordinator.assignment import BucketAssignment
 log = logging.getLogger(__name__)
 
 
-def bucket_role_pb(table: TableInfo, bucket: int, state: BucketAssignment, leader_address: str) -> pb.BucketLeadershipPb:
+def bucket_role_pb(table: TableInfo, bucket: int, state: BucketAssignment, leader_address: str,
+                   removed: bool = False) -> pb.BucketLeadershipPb:
     """One bucket as its replicas are told it: ``leader`` always set (-1: none), ``leader_address`` "" if
-    the leader is not live."""
+    the leader is not live; ``removed``: told to a server a completed move took the bucket off."""
     return pb.BucketLeadershipPb(table=table_to_pb(table), bucket=bucket, leader_epoch=state.leader_epoch,
                                  leader=state.leader, leader_address=leader_address, replicas=list(state.replicas),
-                                 isr=list(state.isr), bucket_epoch=state.bucket_epoch)
+                                 isr=list(state.isr), bucket_epoch=state.bucket_epoch, removed=removed)
 
 
 class LeadershipNotifier:
@@ -42,15 +45,18 @@ class LeadershipNotifier:
         self.retry_total_s = retry_total_s
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="leadership-push")
         self._lock = threading.Lock()
-        self._pending: dict[int, tuple[str, list, set[int]]] = {}
+        self._pending: dict[int, tuple[str, list, set[int], dict]] = {}
         self._sending: set[int] = set()  # one sender per server keeps pushes in order
         self._closed = threading.Event()
         self._channels = Channels(tls=tls, credentials=credentials)  # as the cluster's own principal
 
-    def push(self, server_id: int, address: str, led: list, dropped: list[int]) -> None:
+    def push(self, server_id: int, address: str, led: list, dropped: list[int], removed: list = ()) -> None:
         with self._lock:
             old = self._pending.get(server_id)
-            self._pending[server_id] = (address, led, (old[2] if old else set()) | set(dropped))
+            held = {(held[0].table_id, held[1]) for held in led}
+            gone = {key: entry for key, entry in (old[3] if old else {}).items() if key not in held}
+            gone.update(((entry[0].table_id, entry[1]), entry) for entry in removed)
+            self._pending[server_id] = (address, led, (old[2] if old else set()) | set(dropped), gone)
             if server_id in self._sending:
                 return
             self._sending.add(server_id)
@@ -70,10 +76,11 @@ class LeadershipNotifier:
                     return
             self._send(server_id, *item)
 
-    def _send(self, server_id: int, address: str, led: list, dropped: set[int]) -> None:
+    def _send(self, server_id: int, address: str, led: list, dropped: set[int], removed: dict) -> None:
         request = pb.UpdateLeadershipRequest(
             coordinator_epoch=self.epoch, server_id=server_id, dropped_tables=sorted(dropped),
-            buckets=[bucket_role_pb(*held) for held in led])
+            buckets=[bucket_role_pb(*held) for held in led]
+            + [bucket_role_pb(*entry, removed=True) for _key, entry in sorted(removed.items())])
         retry = RetryPolicy(self.retry_total_s).retrying((errors.KvLeaseError,), stop_event=self._closed)
         try:
             for attempt in retry:

@@ -15,7 +15,7 @@ from common.tables import TableSpec
 
 __all__ = ["AlterIsr", "CommitSnapshot", "ControlledShutdown", "CreateTable", "DescribeLease", "DropTable", "GetTable", "GetTableAssignment", "Guarded",
            "ListLeases", "ListSnapshots", "ListTables", "ListTabletServers", "RemoveOrphanLeaseFiles",
-           "TabletServersChanged"]
+           "TabletServersChanged", "ReassignBucket", "DecommissionTablet", "Rebalance", "ListReassignments"]
 
 
 @dataclass(frozen=True)
@@ -108,6 +108,33 @@ class ControlledShutdown:
     """A tablet server about to stop: move its leaderships away, take it out of the ISRs."""
 
     server_id: int
+
+
+@dataclass(frozen=True)
+class ReassignBucket:
+    """Move a bucket's replicas to ``replicas`` (coordinator/moves.py)."""
+
+    database: str
+    name: str
+    bucket: int
+    replicas: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class DecommissionTablet:
+    """Move every replica off a tablet server."""
+
+    tablet_id: int
+
+
+@dataclass(frozen=True)
+class Rebalance:
+    """Even out replicas over the live tablet servers; leaders back to their preferred replica."""
+
+
+@dataclass(frozen=True)
+class ListReassignments:
+    pass
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from common.tables import Column, TableSpec
 from common.security.acl import Operation, Resource
 from common.security.server import OPEN
 from coordinator import requests as rq
+from coordinator.reassignment import move_state
 from coordinator.snapshot_checks import check_manifest
 from leases import state as ls
 
@@ -240,7 +241,9 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
             return {"table": table_to_pb(table),
                     "buckets": [pb.BucketAssignmentPb(bucket=b, leader_id=a.leader, leader_address=address,
                                                       leader_epoch=a.leader_epoch, replicas=list(a.replicas),
-                                                      isr=list(a.isr), bucket_epoch=a.bucket_epoch)
+                                                      isr=list(a.isr), bucket_epoch=a.bucket_epoch,
+                                                      reassigning=a.reassign is not None,
+                                                      reassign_target=list(a.reassign or ()))
                                 for b, a, address in rows]}
         return self._run(self._guarded(rq.GetTableAssignment(request.table_id), Operation.DESCRIBE,
                                          [request.table_id]), pb.GetTableAssignmentResponse, build)
@@ -275,6 +278,33 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
         return self._run(rq.ControlledShutdown(request.server_id), pb.ControlledShutdownResponse,
                          lambda remaining: {"remaining_leaders": remaining})
 
+    # -- moving replicas (issue 31): admin operations, ALTER on the cluster ---------------------------
+
+    def ReassignBucket(self, request, context):
+        reassign = rq.ReassignBucket(request.database, request.name, request.bucket, tuple(request.replicas))
+        return self._run(reassign, pb.ReassignBucketResponse, lambda row: {"move": _move_pb(*row)},
+                         check=self._check(Operation.ALTER, Resource.cluster))
+
+    def DecommissionTablet(self, request, context):
+        return self._run(rq.DecommissionTablet(request.tablet_id), pb.DecommissionTabletResponse,
+                         lambda rows: {"moves": [_move_pb(*row) for row in rows]},
+                         check=self._check(Operation.ALTER, Resource.cluster))
+
+    def Rebalance(self, request, context):
+        def build(result):
+            moves, leaders = result
+            return {"moves": [_move_pb(*row) for row in moves],
+                    "leaders": [pb.LeaderMovePb(table_id=t.table_id, table=t.path, bucket=b, old_leader=old,
+                                                new_leader=a.leader, leader_epoch=a.leader_epoch)
+                                for (t, b, a), old in leaders]}
+        return self._run(rq.Rebalance(), pb.RebalanceResponse, build,
+                         check=self._check(Operation.ALTER, Resource.cluster))
+
+    def ListReassignments(self, request, context):
+        return self._run(rq.ListReassignments(), pb.ListReassignmentsResponse,
+                         lambda rows: {"moves": [_move_pb(*row) for row in rows]},
+                         check=self._check(Operation.DESCRIBE, Resource.cluster))
+
     def DescribeKvSnapshotLease(self, request, context):
         return self._run(self._guarded(rq.DescribeLease(request.lease_id), Operation.READ,
                                        lease_id=request.lease_id),
@@ -286,3 +316,8 @@ def _acquired(outcome) -> dict:
     """An acquire's response fields."""
     return {"expiration_time_ms": outcome.expiration_time, "acquired": bucket_snapshots_to_pb(outcome.acquired),
             "unavailable": bucket_snapshots_to_pb(outcome.unavailable)}
+
+
+def _move_pb(table, bucket: int, state) -> pb.BucketMovePb:
+    """A bucket's move as answered (:func:`coordinator.reassignment.move_state`)."""
+    return pb.BucketMovePb(table_id=table.table_id, table=table.path, bucket=bucket, **move_state(state))

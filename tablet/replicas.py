@@ -8,7 +8,8 @@ bucket's leader keeps a :class:`~tablet.replication.leader.Leadership` (HW,
 ISR, writes waiting), made on first use. A leader that becomes a follower
 ends its leadership (writes waiting are answered NOT_LEADER) and its scans.
 Buckets no longer held are closed (their data stays on disk), dropped tables'
-data is deleted. ZooKeeper has the last word (``current_epoch`` and
+data is deleted, and so is a bucket's the push says a completed move took off
+this server (``removed``). ZooKeeper has the last word (``current_epoch`` and
 ``table_gone``, read through the tablet's own session): a push from a
 coordinator epoch newer than the last one confirmed is taken only if it is
 ZooKeeper's current epoch, and a table's data is deleted only once its
@@ -199,6 +200,7 @@ class ReplicaManager(ReplicaSnapshots):
         ZooKeeper still has keeps its data.
         """
         roles = [r if isinstance(r, BucketRole) else BucketRole.led(*r, self.server_id) for r in held]
+        removed, roles = {r.key for r in roles if r.removed}, [r for r in roles if not r.removed]
         stopped_leading: list[tuple[int, int]] = []
         with self._lock:
             if coordinator_epoch < self.coordinator_epoch:
@@ -236,6 +238,7 @@ class ReplicaManager(ReplicaSnapshots):
                 self._tables = {r.table.table_id: r.table for r in self._replicas.values()}
             for table_id in sorted(gone):
                 shutil.rmtree(os.path.join(self.data_dir, str(table_id)), ignore_errors=True)
+            self._delete_moved_off(removed - set(wanted))
         for key in stopped_leading:  # scans of a bucket no longer led end: their clients go to the new leader
             self._tell_closing(key, False)
         for listener in self.role_listeners:
@@ -246,6 +249,12 @@ class ReplicaManager(ReplicaSnapshots):
         led = sum(1 for r in roles if r.leads(self.server_id))
         log.info("holding %d buckets, leading %d (coordinator epoch %d)", len(wanted) - len(self.refused), led,
                  coordinator_epoch)
+
+    def _delete_moved_off(self, keys: set[tuple[int, int]]) -> None:
+        """Delete the local copy of buckets a completed move took off this server (closed already). Hold the lock."""
+        for table_id, bucket in sorted(keys):
+            shutil.rmtree(self.bucket_dir(table_id, bucket), ignore_errors=True)
+            log.info("bucket %d of table %d moved off this tablet server: its local copy is deleted", bucket, table_id)
 
     def _confirm_epoch(self, coordinator_epoch: int) -> None:
         """Take a newer coordinator epoch only if it is ZooKeeper's current one. A confirmed

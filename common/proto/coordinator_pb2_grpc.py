@@ -129,6 +129,26 @@ class CoordinatorServiceStub:
                 request_serializer=common_dot_proto_dot_coordinator__pb2.ControlledShutdownRequest.SerializeToString,
                 response_deserializer=common_dot_proto_dot_coordinator__pb2.ControlledShutdownResponse.FromString,
                 _registered_method=True)
+        self.ReassignBucket = channel.unary_unary(
+                '/kvlease.CoordinatorService/ReassignBucket',
+                request_serializer=common_dot_proto_dot_coordinator__pb2.ReassignBucketRequest.SerializeToString,
+                response_deserializer=common_dot_proto_dot_coordinator__pb2.ReassignBucketResponse.FromString,
+                _registered_method=True)
+        self.DecommissionTablet = channel.unary_unary(
+                '/kvlease.CoordinatorService/DecommissionTablet',
+                request_serializer=common_dot_proto_dot_coordinator__pb2.DecommissionTabletRequest.SerializeToString,
+                response_deserializer=common_dot_proto_dot_coordinator__pb2.DecommissionTabletResponse.FromString,
+                _registered_method=True)
+        self.Rebalance = channel.unary_unary(
+                '/kvlease.CoordinatorService/Rebalance',
+                request_serializer=common_dot_proto_dot_coordinator__pb2.RebalanceRequest.SerializeToString,
+                response_deserializer=common_dot_proto_dot_coordinator__pb2.RebalanceResponse.FromString,
+                _registered_method=True)
+        self.ListReassignments = channel.unary_unary(
+                '/kvlease.CoordinatorService/ListReassignments',
+                request_serializer=common_dot_proto_dot_coordinator__pb2.ListReassignmentsRequest.SerializeToString,
+                response_deserializer=common_dot_proto_dot_coordinator__pb2.ListReassignmentsResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServiceServicer:
@@ -248,6 +268,30 @@ class CoordinatorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReassignBucket(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DecommissionTablet(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Rebalance(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListReassignments(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -345,6 +389,26 @@ def add_CoordinatorServiceServicer_to_server(servicer, server):
                     servicer.ControlledShutdown,
                     request_deserializer=common_dot_proto_dot_coordinator__pb2.ControlledShutdownRequest.FromString,
                     response_serializer=common_dot_proto_dot_coordinator__pb2.ControlledShutdownResponse.SerializeToString,
+            ),
+            'ReassignBucket': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReassignBucket,
+                    request_deserializer=common_dot_proto_dot_coordinator__pb2.ReassignBucketRequest.FromString,
+                    response_serializer=common_dot_proto_dot_coordinator__pb2.ReassignBucketResponse.SerializeToString,
+            ),
+            'DecommissionTablet': grpc.unary_unary_rpc_method_handler(
+                    servicer.DecommissionTablet,
+                    request_deserializer=common_dot_proto_dot_coordinator__pb2.DecommissionTabletRequest.FromString,
+                    response_serializer=common_dot_proto_dot_coordinator__pb2.DecommissionTabletResponse.SerializeToString,
+            ),
+            'Rebalance': grpc.unary_unary_rpc_method_handler(
+                    servicer.Rebalance,
+                    request_deserializer=common_dot_proto_dot_coordinator__pb2.RebalanceRequest.FromString,
+                    response_serializer=common_dot_proto_dot_coordinator__pb2.RebalanceResponse.SerializeToString,
+            ),
+            'ListReassignments': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListReassignments,
+                    request_deserializer=common_dot_proto_dot_coordinator__pb2.ListReassignmentsRequest.FromString,
+                    response_serializer=common_dot_proto_dot_coordinator__pb2.ListReassignmentsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -860,6 +924,114 @@ class CoordinatorService:
             '/kvlease.CoordinatorService/ControlledShutdown',
             common_dot_proto_dot_coordinator__pb2.ControlledShutdownRequest.SerializeToString,
             common_dot_proto_dot_coordinator__pb2.ControlledShutdownResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReassignBucket(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvlease.CoordinatorService/ReassignBucket',
+            common_dot_proto_dot_coordinator__pb2.ReassignBucketRequest.SerializeToString,
+            common_dot_proto_dot_coordinator__pb2.ReassignBucketResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DecommissionTablet(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvlease.CoordinatorService/DecommissionTablet',
+            common_dot_proto_dot_coordinator__pb2.DecommissionTabletRequest.SerializeToString,
+            common_dot_proto_dot_coordinator__pb2.DecommissionTabletResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Rebalance(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvlease.CoordinatorService/Rebalance',
+            common_dot_proto_dot_coordinator__pb2.RebalanceRequest.SerializeToString,
+            common_dot_proto_dot_coordinator__pb2.RebalanceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListReassignments(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvlease.CoordinatorService/ListReassignments',
+            common_dot_proto_dot_coordinator__pb2.ListReassignmentsRequest.SerializeToString,
+            common_dot_proto_dot_coordinator__pb2.ListReassignmentsResponse.FromString,
             options,
             channel_credentials,
             insecure,

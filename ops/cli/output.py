@@ -161,13 +161,19 @@ class TextOutput(Output):
         self._print(grid)
         self._print(columns)
         if doc.get("assignment"):
-            buckets = self._grid("bucket", "leader", "replicas", "ISR", "leader epoch")
+            moving = any(b.get("reassign_target") is not None for b in doc["assignment"])
+            buckets = self._grid("bucket", "leader", "replicas", "ISR", "leader epoch",
+                                 *(["moving to"] if moving else []))
             for b in doc["assignment"]:
                 leader = str(b["leader"]) if b["leader"] >= 0 else "none (offline)"
                 if b["leader"] >= 0 and not b["leader_address"]:
                     leader += " (not live)"
+                target = b.get("reassign_target")
+                move = [] if not moving else ["-" if target is None else ", ".join(map(str, target)) + (
+                    f" (waiting for {', '.join(str(r) for r in target if r not in b['isr'])})"
+                    if set(target) - set(b["isr"]) else "")]
                 buckets.add_row(str(b["bucket"]), leader, ", ".join(map(str, b["replicas"])) or "-",
-                                ", ".join(map(str, b["isr"])) or "-", str(b["leader_epoch"]))
+                                ", ".join(map(str, b["isr"])) or "-", str(b["leader_epoch"]), *move)
             self._print(buckets)
 
     def snapshots(self, doc: Mapping[str, Any]) -> None:
@@ -265,6 +271,12 @@ class TextOutput(Output):
                 shown = ", ".join(f"{b['table']}/{b['bucket']}" for b in doc[key][:20])
                 more = f" and {len(doc[key]) - 20} more" if len(doc[key]) > 20 else ""
                 self._print(f"{what}: {len(doc[key])}: {shown}{more}")
+        if doc.get("reassignments"):
+            moves = doc["reassignments"]
+            shown = "; ".join(f"{m['table']}/{m['bucket']} to {m['target']}"
+                              + (f" (waiting for {m['waiting']})" if m["waiting"] else "") for m in moves[:20])
+            more = f" and {len(moves) - 20} more" if len(moves) > 20 else ""
+            self._print(f"buckets being moved: {len(moves)}: {shown}{more}")
 
     def rows(self, doc: Mapping[str, Any]) -> None:
         found = [row for row in doc["rows"] if row is not None]

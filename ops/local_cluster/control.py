@@ -61,6 +61,7 @@ def status(directory: str | os.PathLike[str], request_timeout_s: float = 2.0) ->
                     for key, buckets in (("offline", health.offline), ("under_replicated", health.under_replicated)):
                         result[key] = [{"table": b.table, "table_id": b.table_id, "bucket": b.bucket} for b in buckets]
                         result[f"{key}_count"] = len(buckets)
+                    result.update(_reassignments(client))
             except KvLeaseError as exc:
                 tablets_error = f"coordinator {active['id']} ({active['address']}): {exc.message}"
     for t, alive in zip(doc.get("tablets", []), tablets_alive):
@@ -74,6 +75,15 @@ def status(directory: str | os.PathLike[str], request_timeout_s: float = 2.0) ->
         entry.update(status_fields(t.get("metrics_address"), alive, request_timeout_s))
         result["tablets"].append(entry)
     return result
+
+
+def _reassignments(client) -> dict[str, Any]:
+    """``{"reassignments": [moves in progress]}`` (issue 31: the buckets being moved, what each waits for), or
+    nothing if the coordinator cannot tell (e.g. one without the call)."""
+    try:
+        return {"reassignments": client.list_reassignments()}
+    except KvLeaseError:
+        return {}
 
 
 ROLES = {"zookeeper": "ZooKeeper node", "coordinators": "coordinator", "tablets": "tablet server"}

@@ -25,6 +25,8 @@ class BucketRole:
     replicas: tuple[int, ...] = ()
     isr: tuple[int, ...] = ()
     bucket_epoch: int = 0
+    #: this server is no longer a replica (a completed move took it off): it deletes its copy
+    removed: bool = False
 
     @property
     def key(self) -> tuple[int, int]:
@@ -48,4 +50,4 @@ class BucketRole:
         if not msg.HasField("leader"):
             return cls.led(table, msg.bucket, msg.leader_epoch, server_id)
         return cls(table, msg.bucket, msg.leader_epoch, msg.leader, msg.leader_address, tuple(msg.replicas),
-                   tuple(msg.isr), msg.bucket_epoch)
+                   tuple(msg.isr), msg.bucket_epoch, msg.removed)

@@ -10,6 +10,7 @@ import pytest
 from client.table import TableClient
 from common import errors
 from common.model import TableBucket
+from common.security.acl import Resource
 from common.tables import Column
 from tests.support.secure_cluster import INTERNAL_PASSWORD, SecureCluster, eventually
 from tests.support.snapshot_manifests import snapshot
@@ -217,3 +218,19 @@ def test_alter_isr_and_controlled_shutdown_are_for_the_cluster_principal_only(se
                                     "bucket_epoch": b.bucket_epoch, "isr": [b.leader_id]}
     assert cluster_admin.controlled_shutdown(b.leader_id) == 0  # one replica: nothing to move, nothing left
     assert secure.admin.get_table_assignment(info.table_id)[1][0] == b
+
+
+def test_moving_replicas_needs_alter_on_the_cluster(secure):
+    """Reassign, decommission and rebalance are admin operations (issue 31); listing the moves needs DESCRIBE."""
+    secure.cluster.create_table("db.m", COLUMNS, ["id"], 1)
+    bob = secure.admin_as("bob", "bob-pw")
+    for call in (lambda a: a.reassign_bucket("db.m", 0, [1]), lambda a: a.decommission_tablet(1),
+                 lambda a: a.rebalance(), lambda a: a.list_reassignments()):
+        with pytest.raises(errors.AuthorizationFailedError, match="User:bob"):
+            call(bob)
+    secure.grant("User:bob", "DESCRIBE", Resource.cluster())
+    assert eventually(lambda: bob.list_reassignments() == [])
+    secure.grant("User:bob", "ALTER", Resource.cluster())
+    assert eventually(lambda: bob.rebalance() == [])  # one tablet server, one replica: nothing to move
+    with pytest.raises(errors.InvalidRequestError, match="replication factor 1"):
+        bob.reassign_bucket("db.m", 0, [2])

@@ -1,0 +1,80 @@
+"""The replica-moving part of the admin client (issue 31): reassign a bucket, decommission a tablet server,
+rebalance, list the moves in progress.
+
+:class:`MovesAdmin` is mixed into :class:`client.admin.AdminClient` and uses its
+transport (``_call``). These are admin operations (with security on: ``ALTER``
+on the cluster; listing: ``DESCRIBE``). Every call is safe to resend after a
+lost answer: a reassign with the same target answers the move in progress (or
+``done``), a decommission answers the moves off the server whenever started, a
+rebalance of a balanced cluster starts nothing.
+
+A move's document: ``{"table", "table_id", "bucket", "replicas", "target", "isr", "leader", "state",
+"waiting", "removing"}`` — ``state`` ``moving`` (``waiting``: target replicas not in the ISR yet;
+``removing``: replicas the move takes the bucket off) or ``done``.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from client.transport import arguments, is_int
+from common import errors
+from common.proto import coordinator_pb2 as pb
+from common.tables import parse_table_path
+
+
+def move_doc(move) -> dict:
+    """A ``BucketMovePb`` as a document (see the module docstring)."""
+    return {"table": move.table, "table_id": move.table_id, "bucket": move.bucket, "replicas": list(move.replicas),
+            "target": list(move.target), "isr": list(move.isr), "leader": move.leader, "state": move.state,
+            "waiting": list(move.waiting), "removing": list(move.removing)}
+
+
+class MovesAdmin:
+    """Mixed into :class:`client.admin.AdminClient` (``admin.reassign_bucket(...)``)."""
+
+    def reassign_bucket(self, path: str, bucket: int, replicas: Sequence[int], partition: str | None = None) -> dict:
+        """Move bucket ``bucket`` of table ``path`` (``DB.NAME``) to the tablet servers ``replicas`` (as many as
+        the table's replication factor, live, the preferred leader first); returns the bucket's move (see the
+        module docstring). The new replicas copy the bucket and join the ISR, then the old ones leave it
+        (:meth:`list_reassignments` shows the progress). InvalidRequestError (one line) for a bad list, a table
+        with one replica, another move of the bucket in progress, or ``partition`` on a table that is not
+        partitioned; TableNotExistError, BucketOutOfRangeError."""
+        db, name = parse_table_path(path)
+        if partition is not None:
+            self.get_table(path)  # type: ignore[attr-defined]  # TableNotExistError first
+            raise errors.InvalidRequestError(f"table {path} is not partitioned", table=path)
+        if not is_int(bucket) or isinstance(replicas, (str, bytes)) or not all(is_int(r) for r in replicas):
+            raise errors.InvalidRequestError(f"reassign_bucket: bucket an int and replicas a list of tablet ids, got "
+                                             f"{errors.show(bucket)} and {errors.show(replicas)}")
+        with arguments("reassign_bucket"):
+            request = pb.ReassignBucketRequest(database=db, name=name, bucket=int(bucket),
+                                               replicas=[int(r) for r in replicas])
+        return move_doc(self._call("ReassignBucket", request).move)  # type: ignore[attr-defined]
+
+    def decommission_tablet(self, tablet_id: int) -> list[dict]:
+        """Move every bucket replica off tablet server ``tablet_id`` (live or gone for good) to the least loaded
+        live servers; returns every move taking a replica off it (started now or by an earlier call; empty once
+        it holds nothing). InvalidRequestError, nothing started, if a bucket cannot move (one replica, no
+        other live server with room)."""
+        if not is_int(tablet_id):
+            raise errors.InvalidRequestError(f"decommission_tablet: a tablet id, got {errors.show(tablet_id)}")
+        with arguments("decommission_tablet"):
+            request = pb.DecommissionTabletRequest(tablet_id=int(tablet_id))
+        return [move_doc(m) for m in self._call("DecommissionTablet", request).moves]  # type: ignore[attr-defined]
+
+    def rebalance(self) -> list[dict]:
+        """Even out the replicas over the live tablet servers (moves) and move leaders back to their preferred
+        replica when it is live and in sync; returns what was started: moves (``"kind": "move"``, a move's
+        document) and leader changes (``"kind": "leader"``: ``table``, ``bucket``, ``old_leader``,
+        ``new_leader``, ``leader_epoch``)."""
+        response = self._call("Rebalance", pb.RebalanceRequest())  # type: ignore[attr-defined]
+        return ([{"kind": "move", **move_doc(m)} for m in response.moves]
+                + [{"kind": "leader", "table": m.table, "table_id": m.table_id, "bucket": m.bucket,
+                    "old_leader": m.old_leader, "new_leader": m.new_leader, "leader_epoch": m.leader_epoch}
+                   for m in response.leaders])
+
+    def list_reassignments(self) -> list[dict]:
+        """Every move in progress (empty when all are done)."""
+        response = self._call("ListReassignments", pb.ListReassignmentsRequest())  # type: ignore[attr-defined]
+        return [move_doc(m) for m in response.moves]

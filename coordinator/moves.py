@@ -1,0 +1,153 @@
+"""Moving bucket replicas on the active coordinator: reassign one bucket, decommission a tablet server,
+rebalance, and completing the moves as their new replicas catch up.
+
+The plans are pure (:mod:`coordinator.reassignment`, :mod:`coordinator.rebalance`);
+this shell writes them through :class:`~coordinator.membership.Membership`
+(fenced, then applied, then every replica of a changed bucket is told; a
+replica a completed move took the bucket off is told to delete its copy).
+A move's state lives in ZooKeeper with the bucket's assignment, so
+:meth:`Moves.progress` — run after every applied change (an AlterIsr that
+added a new replica to the ISR, servers coming and going, a failover's first
+look at the servers) — completes a move wherever it was started. A completion
+whose write failed (not fatally) is tried again on the next expiry tick.
+
+Runs on the event loop's thread, like every part of the controller.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Iterable, Sequence
+
+from common import errors
+from common.tables import TableInfo
+from coordinator import reassignment, rebalance
+from coordinator.assignment import BucketAssignment, Changes
+from coordinator.membership import Membership
+
+log = logging.getLogger(__name__)
+
+_FATAL = (errors.CoordinatorFencedError, errors.OutcomeUnknownError)  # the coordinator steps down
+
+#: One bucket's move as answered: (table, bucket, its state).
+Row = tuple[TableInfo, int, BucketAssignment]
+
+
+class Moves:
+    def __init__(self, members: Membership) -> None:
+        self.members = members
+        self.retry_progress = False  # a completion's write failed: the next tick tries again
+        members.on_changed = self.progress
+
+    @property
+    def _live(self) -> set[int]:
+        return set(self.members.servers)
+
+    def _table(self, table_id: int) -> TableInfo:
+        return self.members.catalog.by_id[table_id]
+
+    def _rf(self, table_id: int) -> int:
+        table = self.members.catalog.by_id.get(table_id)
+        return table.replication_factor if table is not None else 1
+
+    def _name(self, table_id: int) -> str:
+        return self.members.catalog.table_path(table_id) or f"table id {table_id}"
+
+    # -- requests --------------------------------------------------------------------
+
+    def reassign(self, table: TableInfo, bucket: int, target: Sequence[int]) -> Row:
+        """Start moving a bucket's replicas to ``target``; the bucket's state after it (its move in progress, or
+        done). Resent with the same target: the same answer, nothing more written."""
+        plan = self.members.assignments.table(table.table_id)
+        current = plan.get(bucket)
+        if current is None:
+            raise errors.BucketOutOfRangeError(f"table {table.path} has no bucket {bucket} (it has {table.buckets})",
+                                               table=table.path, bucket=bucket)
+        where = f"bucket {bucket} of {table.path}"
+        asked = tuple(int(r) for r in target)
+        if current.reassign != asked and not (current.reassign is None and current.replicas == asked):
+            asked = reassignment.check_target(where, table.replication_factor, asked, self._live, current.replicas)
+            new = reassignment.start(current, asked, where)
+            if new != current:
+                self.members.apply({table.table_id: {**plan, bucket: new}})
+                log.info("%s: moving replicas %s -> %s (leader %d, ISR %s)", where, list(current.replicas),
+                         list(asked), new.leader, list(new.isr))
+        return table, bucket, self.members.assignments.table(table.table_id)[bucket]
+
+    def decommission(self, server_id: int) -> list[Row]:
+        """Start moving every replica off ``server_id``; every move taking one off it (started now or before).
+        Refused as a whole (nothing started) if any of its buckets cannot move."""
+        assignments = self.members.assignments
+        moves = rebalance.decommission(assignments, server_id, self._live, self.members.capacity, self._rf,
+                                       self._name)
+        self._start(moves)
+        if moves:
+            log.info("decommission of tablet server %d: %d move(s) started", server_id, len(moves))
+        return [(self._table(t), b, a) for t, b, a in sorted(assignments.all(), key=lambda x: (x[0], x[1]))
+                if a.reassign is not None and server_id in a.replicas and server_id not in a.reassign]
+
+    def rebalance(self) -> tuple[list[Row], list[tuple[Row, int]]]:
+        """Start the moves and preferred-leader elections of :func:`coordinator.rebalance.rebalance`: (moves
+        started, [(bucket after its election, its old leader)])."""
+        assignments = self.members.assignments
+        plan = rebalance.rebalance(assignments, self._live, self.members.capacity, self._rf)
+        before = {key: assignments.table(key[0])[key[1]] for key in plan.leaders}
+        changes: Changes = {}
+        for (table_id, bucket), elected in sorted(plan.leaders.items()):
+            changes.setdefault(table_id, dict(assignments.table(table_id)))[bucket] = elected
+        self._start(plan.moves, changes)
+        if plan.moves or plan.leaders:
+            log.info("rebalance: %d move(s) started, %d leader(s) moved to their preferred replica",
+                     len(plan.moves), len(plan.leaders))
+        moved = [(self._table(t), b, assignments.table(t)[b]) for t, b, _target in plan.moves]
+        leaders = [((self._table(t), b, assignments.table(t)[b]), before[(t, b)].leader)
+                   for t, b in sorted(plan.leaders)]
+        return moved, leaders
+
+    def in_progress(self) -> list[Row]:
+        """Every bucket being moved."""
+        return [(self._table(t), b, a) for t, b, a in sorted(self.members.assignments.all(), key=lambda x: (x[0], x[1]))
+                if a.reassign is not None and t in self.members.catalog.by_id]
+
+    def _start(self, moves: Iterable[tuple[int, int, tuple[int, ...]]], changes: Changes | None = None) -> None:
+        """Start ``moves`` (checked first, all of them: one that cannot start refuses the lot) together with
+        ``changes``, in one write."""
+        changes = changes if changes is not None else {}
+        assignments = self.members.assignments
+        for table_id, bucket, target in moves:
+            where = f"bucket {bucket} of {self._name(table_id)}"
+            plan = changes.setdefault(table_id, dict(assignments.table(table_id)))
+            reassignment.check_target(where, self._rf(table_id), target, self._live, plan[bucket].replicas)
+            plan[bucket] = reassignment.start(plan[bucket], target, where)
+        if changes:
+            self.members.apply(changes)
+
+    # -- completing moves -------------------------------------------------------------
+
+    def progress(self, table_ids: Iterable[int] | None = None) -> None:
+        """Complete every move (of ``table_ids``; None: all) whose target replicas are all in the ISR. A
+        non-fatal write failure is logged and tried again on the next tick (:meth:`tick`)."""
+        changes = reassignment.progress_all(self.members.assignments, self._live, table_ids)
+        if not changes:
+            return
+        before = {(t, b): self.members.assignments.table(t)[b] for t, plan in changes.items() for b in plan}
+        try:
+            self.members.apply(changes)
+        except _FATAL:
+            raise
+        except errors.KvLeaseError as exc:
+            self.retry_progress = True
+            log.warning("completing replica moves failed (tried again): %s", exc)
+            return
+        for (table_id, bucket), old in sorted(before.items()):
+            new = self.members.assignments.table(table_id).get(bucket)
+            if old.reassign is not None and new is not None and new.reassign is None:
+                log.info("bucket %d of %s: move to %s complete (leader %d, leader epoch %d; removed from %s)", bucket,
+                         self._name(table_id), list(new.replicas), new.leader, new.leader_epoch,
+                         sorted(reassignment.removed_replicas(old, new)))
+
+    def tick(self) -> None:
+        """The expiry tick: try the completions whose write failed again."""
+        if self.retry_progress:
+            self.retry_progress = False
+            self.progress()

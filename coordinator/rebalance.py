@@ -1,0 +1,134 @@
+"""Which moves empty a tablet server or even out the cluster: pure planning, no ZooKeeper.
+
+The moves themselves are :mod:`coordinator.reassignment`'s; this module only
+chooses their targets.
+
+- :func:`decommission`: every bucket replica on a server goes to a live
+  server that does not hold the bucket, has room (``tablet.buckets.max``) and
+  holds the fewest replicas (then leads the fewest, then the lowest id); the
+  replaced server's place in the replica list is taken by the new one, so the
+  preferred leaders stay spread. A bucket whose move is in progress away from
+  the server is left as it is (a resent decommission starts nothing new).
+- :func:`rebalance`: replicas go from the servers holding the most to those
+  holding the fewest until they differ by at most one (e.g. after servers
+  joined); then :func:`preferred_leader` elections move every leader that is not
+  its bucket's preferred one (``replicas[0]``) back to it when that replica is
+  live and in the ISR (a restarted server leads its buckets again).
+
+Only replicated tables' buckets are planned (a bucket with one replica cannot move).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from common import errors
+from coordinator.assignment import Assignments, BucketAssignment, Capacity
+
+#: A planned move: (table id, bucket, target replicas).
+Move = tuple[int, int, tuple[int, ...]]
+
+
+@dataclass(frozen=True)
+class Plan:
+    moves: list[Move]
+    #: (table id, bucket) -> its state after a preferred-leader election
+    leaders: dict[tuple[int, int], BucketAssignment]
+
+
+def _target_load(assignments: Assignments) -> Counter[int]:
+    """Replicas per server once the moves in progress complete."""
+    return Counter(r for _t, _b, a in assignments.all() for r in (a.reassign or a.replicas))
+
+
+def _preferred(assignments: Assignments) -> Counter[int]:
+    return Counter((a.reassign or a.replicas)[0] for _t, _b, a in assignments.all() if a.replicas)
+
+
+def decommission(assignments: Assignments, server: int, live: set[int], capacity: Capacity,
+                 replication_factor: Callable[[int], int], name: Callable[[int], str] = str) -> list[Move]:
+    """The moves that take every replica off ``server``. InvalidRequestError (nothing planned) if a bucket it
+    holds cannot move: its table has one replica, another move of it includes ``server``, or no other live
+    server with room can take it. ``name(table_id)`` names a table in errors."""
+    load, preferred = _target_load(assignments), _preferred(assignments)
+    others = sorted(live - {server})
+    moves: list[Move] = []
+    for table_id, bucket, a in sorted(assignments.all(), key=lambda x: (x[0], x[1])):
+        holds = a.reassign if a.reassign is not None else a.replicas
+        if server not in holds:
+            continue
+        where = f"bucket {bucket} of {name(table_id)}"
+        if replication_factor(table_id) <= 1:
+            raise errors.InvalidRequestError(
+                f"cannot decommission tablet server {server}: it holds {where}, whose table has replication "
+                f"factor 1 (one replica cannot be moved; drop the table or recreate it with replicas first)")
+        if a.reassign is not None:
+            raise errors.InvalidRequestError(
+                f"cannot decommission tablet server {server}: {where} is being moved to {list(a.reassign)}, which "
+                f"holds it; wait until that move completes, then decommission again")
+        free = [s for s in others if s not in a.replicas and (capacity.get(s) is None or load[s] < capacity[s])]
+        if not free:
+            raise errors.InvalidRequestError(
+                f"cannot decommission tablet server {server}: {where} needs {len(a.replicas)} replicas on distinct "
+                f"live tablet servers and no other live server with room can take it (live: {sorted(live)}; "
+                f"their capacity tablet.buckets.max); start another tablet server first")
+        chosen = min(free, key=lambda s: (load[s], preferred[s], s))
+        target = tuple(chosen if r == server else r for r in a.replicas)
+        load[chosen] += 1
+        load[server] -= 1
+        if a.replicas[0] == server:
+            preferred[server] -= 1
+            preferred[chosen] += 1
+        moves.append((table_id, bucket, target))
+    return moves
+
+
+def preferred_leader(a: BucketAssignment, live: set[int]) -> BucketAssignment | None:
+    """``a`` led by its preferred replica (``replicas[0]``) if another leads it and that one is live and in
+    the ISR (leader and bucket epochs +1); None: nothing to change (also while the bucket is being moved)."""
+    if a.reassign is not None or a.offline or not a.replicas:
+        return None
+    first = a.replicas[0]
+    if a.leader == first or first not in live or first not in a.isr:
+        return None
+    return replace(a, leader=first, leader_epoch=a.leader_epoch + 1, bucket_epoch=a.bucket_epoch + 1)
+
+
+def rebalance(assignments: Assignments, live: set[int], capacity: Capacity,
+              replication_factor: Callable[[int], int], max_moves: int = 1000) -> Plan:
+    """Replica moves that even out the live servers' replica counts (to a difference of at most one), then
+    preferred-leader elections of the buckets not moved. Buckets with one replica, offline ones and those
+    being moved are left alone."""
+    load = _target_load(assignments)
+    servers = sorted(live)
+    movable = sorted((t, b, a) for t, b, a in assignments.all()
+                     if a.reassign is None and not a.offline and replication_factor(t) > 1)
+    moves: list[Move] = []
+    moved: set[tuple[int, int]] = set()
+    while servers and len(moves) < max_moves:
+        def room(s: int) -> bool:
+            return capacity.get(s) is None or load[s] < capacity[s]
+        most = max(servers, key=lambda s: (load[s], -s))
+        fewest = [s for s in sorted(servers, key=lambda s: (load[s], s)) if room(s) and load[most] - load[s] > 1]
+        found = None
+        for dst in fewest:
+            found = next(((t, b, a) for t, b, a in movable
+                          if (t, b) not in moved and most in a.replicas and dst not in a.replicas), None)
+            if found is not None:
+                break
+        if found is None:
+            break
+        table_id, bucket, a = found
+        moves.append((table_id, bucket, tuple(dst if r == most else r for r in a.replicas)))
+        moved.add((table_id, bucket))
+        load[most] -= 1
+        load[dst] += 1
+    leaders = {}
+    for table_id, bucket, a in movable:
+        if (table_id, bucket) not in moved:
+            elected = preferred_leader(a, live)
+            if elected is not None:
+                leaders[(table_id, bucket)] = elected
+    return Plan(moves, leaders)

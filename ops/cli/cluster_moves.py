@@ -1,0 +1,121 @@
+"""``kvlease cluster decommission|rebalance|reassignments``: moving bucket replicas between tablet servers.
+
+They talk to the active coordinator (``--cluster`` or ``--bootstrap``), like the
+table commands; the moves are the coordinator's (``client/moves_admin.py``).
+``--wait`` polls the moves in progress until the ones started are done, with
+progress on stderr; past ``--timeout`` it is an error (the moves go on).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Iterable
+
+import click
+
+from common import errors
+from ops.cli.app import State, catch_errors, common_options, pass_state
+from ops.cli.cluster import cluster_group
+from ops.cli.values import POSITIVE_DURATION, int64
+
+#: How often --wait asks for the moves in progress.
+POLL_S = 0.5
+
+
+def move_text(move: dict) -> str:
+    """One move, for people: ``db.t/0: to [3, 1], leaving [2] (waiting for 3 to catch up)``."""
+    where = f"{move['table']}/{move['bucket']}"
+    if move["state"] == "done":
+        return f"{where}: on {move['target']} (no move in progress)"
+    waiting = f"waiting for {', '.join(map(str, move['waiting']))} to catch up" if move["waiting"] else "completing"
+    return f"{where}: to {move['target']}, leaving {move['removing']} ({waiting})"
+
+
+def wait_for_moves(state: State, keys: Iterable[tuple[str, int]], timeout_ms: int,
+                   sleep: Callable[[float], None] = time.sleep) -> None:
+    """Until none of ``keys`` (table path, bucket) is being moved; progress on stderr (text mode).
+    InvalidRequestError naming what is left once ``timeout_ms`` passed."""
+    keys = set(keys)
+    deadline = time.monotonic() + timeout_ms / 1000.0
+    shown = None
+    while True:
+        left = [m for m in state.client.list_reassignments() if (m["table"], m["bucket"]) in keys]
+        if not left:
+            return
+        progress = f"{len(left)} move(s) in progress; " + "; ".join(move_text(m) for m in left[:5])
+        if progress != shown and not state.json_mode:
+            click.echo(f"{progress} …", err=True)
+            shown = progress
+        if time.monotonic() >= deadline:
+            raise errors.InvalidRequestError(
+                f"{len(left)} move(s) not complete within the --timeout (they go on; `kvlease cluster "
+                f"reassignments` shows them): " + "; ".join(move_text(m) for m in left[:5]))
+        sleep(POLL_S)
+
+
+def _moves_summary(moves: list[dict]) -> str:
+    return "; ".join(move_text(m) for m in moves[:20]) + (f" and {len(moves) - 20} more" if len(moves) > 20 else "")
+
+
+@cluster_group.command("decommission")
+@click.option("--tablet", "tablet_id", type=int64(), required=True, metavar="ID",
+              help="The tablet server to empty (live, or gone for good).")
+@click.option("--wait", is_flag=True, help="Wait until every replica left it.")
+@click.option("--timeout", "timeout_ms", type=POSITIVE_DURATION, default="30m", show_default=True,
+              help="How long --wait waits.")
+@common_options
+@pass_state
+@catch_errors
+def cluster_decommission(state: State, tablet_id: int, wait: bool, timeout_ms: int) -> None:
+    """Move every bucket replica off a tablet server to the least loaded live ones (each new replica copies
+    its bucket and joins the ISR, then the server leaves it and deletes its copy). Safe to run again: it
+    answers the moves in progress. Nothing starts if a bucket cannot move (a table with one replica, no
+    other live server with room)."""
+    moves = state.client.decommission_tablet(tablet_id)
+    if wait and moves:
+        wait_for_moves(state, [(m["table"], m["bucket"]) for m in moves], timeout_ms)
+    doc = {"tablet": tablet_id, "moves": moves, "waited": wait}
+    if not moves:
+        text = f"tablet server {tablet_id} holds no bucket replica: nothing to move"
+    elif wait:
+        text = f"tablet server {tablet_id} decommissioned: {len(moves)} replica(s) moved off it"
+    else:
+        text = (f"decommissioning tablet server {tablet_id}: {len(moves)} move(s) in progress: "
+                f"{_moves_summary(moves)}")
+    state.output.message(text, doc)
+
+
+@cluster_group.command("rebalance")
+@click.option("--wait", is_flag=True, help="Wait until the moves started are complete.")
+@click.option("--timeout", "timeout_ms", type=POSITIVE_DURATION, default="30m", show_default=True,
+              help="How long --wait waits.")
+@common_options
+@pass_state
+@catch_errors
+def cluster_rebalance(state: State, wait: bool, timeout_ms: int) -> None:
+    """Even out bucket replicas over the live tablet servers (e.g. after servers joined) and move each leader
+    back to its bucket's preferred replica when that one is live and in sync (e.g. after a restart)."""
+    started = state.client.rebalance()
+    moves = [m for m in started if m["kind"] == "move"]
+    leaders = [m for m in started if m["kind"] == "leader"]
+    if wait and moves:
+        wait_for_moves(state, [(m["table"], m["bucket"]) for m in moves], timeout_ms)
+    parts = []
+    if moves:
+        parts.append(f"{len(moves)} replica move(s) {'done' if wait else 'started'}: {_moves_summary(moves)}")
+    if leaders:
+        parts.append(f"{len(leaders)} leader(s) moved back to their preferred replica: " + ", ".join(
+            f"{m['table']}/{m['bucket']} {m['old_leader']} -> {m['new_leader']}" for m in leaders[:20]))
+    text = "; ".join(parts) if parts else "the cluster is balanced: nothing to move"
+    state.output.message(text, {"moves": moves, "leaders": leaders, "waited": wait})
+
+
+@cluster_group.command("reassignments")
+@common_options
+@pass_state
+@catch_errors
+def cluster_reassignments(state: State) -> None:
+    """The bucket moves in progress: where each goes and which new replicas have not caught up yet."""
+    moves = state.client.list_reassignments()
+    text = f"{len(moves)} move(s) in progress: {_moves_summary(moves)}" if moves else "no move in progress"
+    state.output.message(text, {"moves": moves})
