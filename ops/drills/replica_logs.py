@@ -43,6 +43,19 @@ def read_replica_logs(tablets: Iterable[dict[str, Any]], table_id: int) -> Repli
     return logs
 
 
+def log_starts(tablets: Iterable[dict[str, Any]], table_id: int) -> dict[str, dict[int, int]]:
+    """Every replica's first changelog offset of table ``table_id`` (its first segment's base offset; 0 when
+    it has none), per tablet server of ``tablets``: above 0 for a replica rebuilt from a snapshot."""
+    starts: dict[str, dict[int, int]] = {}
+    for tablet in tablets:
+        data = Path(tablet["log"]).parent / "data" / str(table_id)
+        for bucket_dir in sorted(data.iterdir()) if data.is_dir() else ():
+            segments = sorted((bucket_dir / "log").glob("*.log"))
+            starts.setdefault(f"tablet {tablet['id']}", {})[int(bucket_dir.name)] = (
+                int(segments[0].stem) if segments else 0)
+    return starts
+
+
 def frames_of(buf: bytes) -> list[Frame]:
     """The complete frames of one segment file's bytes, in order (a torn or unwritten tail left out)."""
     frames, pos = [], 0
