@@ -118,7 +118,8 @@ def _judge_replicas(cluster: DrillCluster, client: TableClient, state: dict, hws
     logs = {name: {b: frames for b, frames in buckets.items() if name in assigned.get(b, ())}
             for name, buckets in read_replica_logs(cluster.doc["tablets"], table_id).items()}
     starts = log_starts(cluster.doc["tablets"], table_id)
-    changelogs = {name: {b: change_records(codec, frames, hws.get(b, 0)) for b, frames in buckets.items()}
+    decoded: dict = {}
+    changelogs = {name: {b: change_records(codec, frames, hws.get(b, 0), decoded) for b, frames in buckets.items()}
                   for name, buckets in logs.items()}
     bases = _snapshot_bases(cluster, client, starts, logs)
     tables, unreadable = {}, []

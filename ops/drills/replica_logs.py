@@ -81,11 +81,18 @@ def fingerprints(frames: Iterable[Frame], below: int) -> list[tuple[int, bytes]]
     return [(f.entry.base_offset, f.data) for f in frames if f.entry.next_offset <= below]
 
 
-def change_records(codec: RowCodec, frames: Iterable[Frame], below: int) -> list[ChangeRecord]:
-    """The records below offset ``below``, ``id`` as key and ``v`` as value (None where a record has none)."""
+def change_records(codec: RowCodec, frames: Iterable[Frame], below: int,
+                   decoded: dict[bytes, list[ChangeRecord]] | None = None) -> list[ChangeRecord]:
+    """The records below offset ``below``, ``id`` as key and ``v`` as value (None where a record has none).
+    ``decoded``: frame bytes -> their records, filled and reused (replicas hold the same frames: each is
+    decoded once)."""
+    decoded = {} if decoded is None else decoded
     out: list[ChangeRecord] = []
     for frame in frames:
-        batch = decode_records(codec, entry_records(frame.entry)).to_pylist()
-        out += [ChangeRecord(r["offset"], ChangeType(r["change_type"]).short, r["id"], r.get("v"))
-                for r in batch if r["offset"] < below]
+        records = decoded.get(frame.data)
+        if records is None:
+            batch = decode_records(codec, entry_records(frame.entry)).to_pylist()
+            records = decoded[frame.data] = [
+                ChangeRecord(r["offset"], ChangeType(r["change_type"]).short, r["id"], r.get("v")) for r in batch]
+        out += [r for r in records if r.offset < below]
     return out

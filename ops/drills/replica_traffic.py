@@ -27,7 +27,7 @@ LOOKUP_KEYS = 4  # keys per lookup call, all of one bucket
 LOOKUP_PAUSE_S = 0.02
 SCAN_BATCH_BYTES = 1024
 SCAN_PAUSE_S = 0.05  # between a scan's batches: a scan of a bucket stays open for a few seconds
-WRITE_THINK_S = 0.1  # a writer's mean pause between calls: a few hundred writes in a drill, judged in seconds
+WRITE_THINK_S = 0.15  # a writer's mean pause between calls: a few hundred writes in a drill, judged in seconds
 
 
 class Reader(threading.Thread):
@@ -89,7 +89,7 @@ class Scans(threading.Thread):
         try:
             while (batch := scanner.poll()) is not None:
                 rows += [(r["id"], r["v"]) for r in batch.to_pylist()]
-                time.sleep(SCAN_PAUSE_S)
+                self.stop.wait(SCAN_PAUSE_S)  # once the load stops, the scan is read to its end at once
             complete = True
         except Exception as exc:  # counted and judged: a resuming scan must read to its end
             error = error_name(exc)
