@@ -157,7 +157,8 @@ def _snapshot_bases(cluster: DrillCluster, client: TableClient, starts: dict[str
               if s and b in logs[name]}
     if not wanted:
         return {}
-    handles = {(i.bucket.bucket, i.log_offset): i.handle for i in cluster.admin.list_kv_snapshots(client.table.table_id)}
+    kept = cluster.admin.list_kv_snapshots(client.table.table_id)
+    handles = {(i.bucket.bucket, i.log_offset): i.handle for i in kept}
     bases: dict[tuple[int, int], dict[int, int] | None] = {}
     for at in sorted(wanted):
         handle = handles.get(at)
