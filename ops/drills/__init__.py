@@ -8,8 +8,12 @@ The public module of ``ops/drills/``: the CLI and the demo import from here.
 - :mod:`~ops.drills.cluster`: the cluster as a drill sees it (clients, shape requirements);
 - :mod:`~ops.drills.leases`: the lease workload; :mod:`~ops.drills.lease_layout`,
   :mod:`~ops.drills.zk_txnlog`: reading leases and ZooKeeper's transaction logs back;
-- one module per drill (``coordinator_failover``, ``zk_leader_loss``, ``tablet_restart``,
-  ``remote_outage``, ``spark_failover``, ``chaos`` with ``chaos_plan`` and ``chaos_faults``, ``all``).
+- :mod:`~ops.drills.replica_drill`, :mod:`~ops.drills.replica_traffic`: what the replica drills share (a
+  replicated table under load, every replica's changelog and table judged); their pure checkers in
+  :mod:`~ops.drills.service_checks`, :mod:`~ops.drills.disk_loss_checks`, :mod:`~ops.drills.decommission_checks`;
+- one module per drill (``coordinator_failover``, ``zk_leader_loss``, ``tablet_restart``, ``tablet_failover``,
+  ``rolling_restart``, ``disk_loss``, ``decommission``, ``remote_outage``, ``spark_failover``, ``chaos`` with
+  ``chaos_plan`` and ``chaos_faults``, ``all``).
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ a write's after-image names it); a delete has value None.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import Counter
 from dataclasses import dataclass
 from typing import Hashable, Iterable, Mapping, Sequence
@@ -77,10 +78,11 @@ def _capped(violations: list[str]) -> list[str]:
 # -- acknowledged writes ---------------------------------------------------------------------------------------
 
 
-def _write_problems(write: AckedWrite, records: Sequence[ChangeRecord], seen: Counter) -> list[str]:
-    """What is wrong with one acknowledged write in its bucket's changelog ``records``."""
+def _write_problems(write: AckedWrite, records: Sequence[ChangeRecord], offsets: Sequence[int],
+                    seen: Counter) -> list[str]:
+    """What is wrong with one acknowledged write in its bucket's changelog ``records`` (at ``offsets``)."""
     where = f"write at {write.base_offset}..{write.next_offset - 1} of bucket {write.bucket}"
-    inside = [r for r in records if write.base_offset <= r.offset < write.next_offset]
+    inside = records[bisect_left(offsets, write.base_offset):bisect_left(offsets, write.next_offset)]
     problems = [f"{where}: the changelog has a record of key {r.key}, which it did not write"
                 for r in inside if r.key not in write.rows]
     for key, value in sorted(write.rows.items()):
@@ -94,15 +96,21 @@ def _write_problems(write: AckedWrite, records: Sequence[ChangeRecord], seen: Co
     return problems
 
 
-def acknowledged_writes_in_changelog(acked: Sequence[AckedWrite], changelogs: Mapping[str, Changelogs]) -> Check:
+def acknowledged_writes_in_changelog(acked: Sequence[AckedWrite], changelogs: Mapping[str, Changelogs],
+                                     log_starts: Mapping[str, Mapping[int, int]] | None = None) -> Check:
     """Every acknowledged write is in every replica's changelog exactly once, at the offsets the server
-    answered: each upsert's after-image there (once in the whole bucket), no other key's record there."""
+    answered: each upsert's after-image there (once in the whole bucket), no other key's record there.
+    ``log_starts`` (replica -> bucket -> first offset of its changelog; default 0): a replica rebuilt from a
+    snapshot keeps its changelog from the snapshot's offset, and is not asked for the writes before it."""
     violations: list[str] = []
     for replica, buckets in sorted(changelogs.items()):
         for bucket, records in sorted(buckets.items()):
+            records = sorted(records, key=lambda r: r.offset)
+            offsets = [r.offset for r in records]
             seen = Counter((r.key, r.value) for r in records if r.change in AFTER_IMAGES)
-            for write in (w for w in acked if w.bucket == bucket):
-                violations += [f"{replica}: {p}" for p in _write_problems(write, records, seen)]
+            start = (log_starts or {}).get(replica, {}).get(bucket, 0)
+            for write in (w for w in acked if w.bucket == bucket and w.base_offset >= start):
+                violations += [f"{replica}: {p}" for p in _write_problems(write, records, offsets, seen)]
         missing = sorted({w.bucket for w in acked} - set(buckets))
         violations += [f"{replica}: no changelog of bucket {b}, which has acknowledged writes" for b in missing]
     return Check.of("every acknowledged write in every replica's changelog exactly once", _capped(violations),

@@ -43,6 +43,19 @@ def read_replica_logs(tablets: Iterable[dict[str, Any]], table_id: int) -> Repli
     return logs
 
 
+def log_starts(tablets: Iterable[dict[str, Any]], table_id: int) -> dict[str, dict[int, int]]:
+    """Every replica's first changelog offset of table ``table_id`` (its first segment's base offset; 0 when
+    it has none), per tablet server of ``tablets``: above 0 for a replica rebuilt from a snapshot."""
+    starts: dict[str, dict[int, int]] = {}
+    for tablet in tablets:
+        data = Path(tablet["log"]).parent / "data" / str(table_id)
+        for bucket_dir in sorted(data.iterdir()) if data.is_dir() else ():
+            segments = sorted((bucket_dir / "log").glob("*.log"))
+            starts.setdefault(f"tablet {tablet['id']}", {})[int(bucket_dir.name)] = (
+                int(segments[0].stem) if segments else 0)
+    return starts
+
+
 def frames_of(buf: bytes) -> list[Frame]:
     """The complete frames of one segment file's bytes, in order (a torn or unwritten tail left out)."""
     frames, pos = [], 0
@@ -68,11 +81,18 @@ def fingerprints(frames: Iterable[Frame], below: int) -> list[tuple[int, bytes]]
     return [(f.entry.base_offset, f.data) for f in frames if f.entry.next_offset <= below]
 
 
-def change_records(codec: RowCodec, frames: Iterable[Frame], below: int) -> list[ChangeRecord]:
-    """The records below offset ``below``, ``id`` as key and ``v`` as value (None where a record has none)."""
+def change_records(codec: RowCodec, frames: Iterable[Frame], below: int,
+                   decoded: dict[bytes, list[ChangeRecord]] | None = None) -> list[ChangeRecord]:
+    """The records below offset ``below``, ``id`` as key and ``v`` as value (None where a record has none).
+    ``decoded``: frame bytes -> their records, filled and reused (replicas hold the same frames: each is
+    decoded once)."""
+    decoded = {} if decoded is None else decoded
     out: list[ChangeRecord] = []
     for frame in frames:
-        batch = decode_records(codec, entry_records(frame.entry)).to_pylist()
-        out += [ChangeRecord(r["offset"], ChangeType(r["change_type"]).short, r["id"], r.get("v"))
-                for r in batch if r["offset"] < below]
+        records = decoded.get(frame.data)
+        if records is None:
+            batch = decode_records(codec, entry_records(frame.entry)).to_pylist()
+            records = decoded[frame.data] = [
+                ChangeRecord(r["offset"], ChangeType(r["change_type"]).short, r["id"], r.get("v")) for r in batch]
+        out += [r for r in records if r.offset < below]
     return out

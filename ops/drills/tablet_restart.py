@@ -51,6 +51,8 @@ def check_shape(doc: dict) -> None:
 class Writers:
     """Threads upserting and deleting their own keys; every write recorded per key."""
 
+    think_s = THINK_S  # a writer's mean pause between calls
+
     def __init__(self, client: TableClient, bucket_of: dict[int, int], seed: int) -> None:
         self.client = client
         self.bucket_of = bucket_of
@@ -96,7 +98,7 @@ class Writers:
     def _run(self, index: int, rng: random.Random) -> None:
         mine = [k for k in self.history if k % WRITERS == index]
         sequence = 0
-        while not self._stop.wait(rng.uniform(0, 2 * THINK_S)):
+        while not self._stop.wait(rng.uniform(0, 2 * self.think_s)):
             keys = rng.sample(mine, KEYS_PER_CALL)
             if rng.random() < 0.2:
                 self.write({k: None for k in keys})
