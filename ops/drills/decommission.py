@@ -11,8 +11,7 @@ replica's changelog (a moved replica's from where its rebuild starts) and
 its effect in every replica's table; every value a reader saw committed;
 the replicas' changelogs identical below the high watermark; scans right
 and read to their end. The server is started again at the end (it holds no
-replica of the table then). Needs --tablets 3, and a cluster that can move
-replicas (skipped when the admin client has no ``decommission_tablet``).
+replica of the table then). Needs --tablets 3.
 
 The server decommissioned is the one leading the most of the table's
 buckets. The load and the checks are the replica drills'
@@ -47,18 +46,8 @@ def check_shape(doc: dict) -> None:
     require(doc, NAME, tablets=SERVERS)
 
 
-def check_moves_supported(admin) -> None:
-    """ClusterShapeError (the drill is skipped) unless ``admin`` can decommission and list moves."""
-    missing = [m for m in ("decommission_tablet", "list_reassignments") if not callable(getattr(admin, m, None))]
-    if missing:
-        raise ClusterShapeError(f"drill {NAME} needs replica moves (the admin client has no {', '.join(missing)})")
-
-
 def run(cluster_dir: str, seed: int = 0) -> Report:
     check_shape(local_cluster.load(cluster_dir))
-    from client.admin import AdminClient
-
-    check_moves_supported(AdminClient)
     return run_replica_drill(cluster_dir, NAME, REPLICATION, MIN_INSYNC, seed, _decommission)
 
 

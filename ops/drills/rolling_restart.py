@@ -8,9 +8,8 @@ write exactly once in every replica's changelog and its effect in every
 replica's table; every value a reader saw committed; the replicas'
 changelogs identical below the high watermark; scans right and read to
 their end; every replica back in the ISR after each restart; leaders spread
-over the servers again when the admin client has ``rebalance`` (skipped
-otherwise: a rolling restart leaves the last server restarted leading
-nothing). Needs --tablets 3.
+over the servers again after ``kvlease cluster rebalance`` (a rolling restart
+alone leaves the last server restarted leading nothing). Needs --tablets 3.
 
 The load and the checks are the replica drills' (ops/drills/replica_drill.py).
 """
@@ -66,9 +65,7 @@ def _restart_each(cluster: DrillCluster, client: TableClient, load: Load, report
 
 
 def _rebalance(cluster: DrillCluster, table_id: int, servers: list[int], report: Report) -> str:
-    """``rebalance`` and the check that leaders are spread again, if the admin client has it."""
-    if not callable(getattr(cluster.admin, "rebalance", None)):
-        return "skipped: the admin client has no rebalance"
+    """``rebalance`` and the check that leaders are spread again."""
     started = cluster.admin.rebalance()
     deadline = time.monotonic() + REBALANCE_BOUND_S
     while True:
