@@ -115,6 +115,10 @@ class BucketStore(BucketReads, BucketReplication):
         #: The epoch of this bucket's leadership that its writes are appended under (stamped on each
         #: changelog entry; -1: not known, e.g. a store opened outside a tablet server).
         self.leader_epoch = -1
+        #: Replicated: this replica follows (``become_follower``) and appends only what its leader sent. A
+        #: write that passed its leadership's check before the role changed is refused under the write lock
+        #: (it would be stamped with the new leader's epoch, so no divergence check could find it).
+        self.following = False
         #: Idempotent writers' batches in the changelog (``writer.id.expiration``: from_config sets it).
         self.writers = WriterSequences(DEFAULT_WRITER_EXPIRATION_MS, files.settings.clock_ms or _wall_ms)
         #: Replicated: the published entries above the applied offset, as this leader wrote them.
@@ -291,6 +295,9 @@ class BucketStore(BucketReads, BucketReplication):
                 changes.update(dict.fromkeys(key_list[n_up:]))
         with self.write_lock:
             self.files.check_writable()
+            if self.following:
+                raise errors.NotLeaderError(f"bucket {self.bucket} ({self.dir}) follows its leader now (leader epoch "
+                                            f"{self.leader_epoch}): this write was not appended", bucket=self.bucket)
             if writer is not None and (done := self._resent(changelog, writer)) is not None:
                 return done
             while any(lo <= bounds[1] and bounds[0] <= hi for lo, hi in self._in_flight.values()):

@@ -252,6 +252,7 @@ class BucketReplication:
             self._settle()
             self._note_epoch(epoch, changelog.end_offset)
             self.leader_epoch = epoch
+            self.following = False
             if self.replicated:
                 self._buffer_ready(changelog, kv)
 
@@ -261,6 +262,7 @@ class BucketReplication:
         with self.write_lock:
             self._settle()
             self.leader_epoch = epoch
+            self.following = True
             self.buffer.invalidate()
 
     @property

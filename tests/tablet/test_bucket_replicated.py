@@ -12,7 +12,7 @@ from typing import Iterator
 
 import pytest
 
-from common.errors import FencedLeaderEpochError, InvalidRequestError
+from common.errors import FencedLeaderEpochError, InvalidRequestError, NotLeaderError
 from common.logentry import CorruptLogError
 from tablet import epoch_file
 from tablet.bucket import BucketStore
@@ -245,6 +245,23 @@ def test_a_promoted_follower_answers_a_resent_batch_with_its_original_offsets(bu
         assert follower.log_end_offset == 4
         assert follower.write(rows((3, "d", 0.0)), writer=(7, 2)) == (4, 5)
         assert follower.epochs == EpochCache([(1, 0), (2, 4)])
+
+
+def test_a_write_that_reaches_the_store_after_it_became_a_follower_is_not_appended(bucket_dir):
+    """The leadership check of a client write runs before the store's write lock: a push that makes
+    the replica a follower in between must not let the write in, stamped with the NEW leader's epoch
+    (seen in the rolling-restart drill: the entry then matched the new leader's epoch, so no
+    divergence check found it, and the replica's log differed below the high watermark for good)."""
+    with open_store(bucket_dir) as store:
+        store.become_leader(1)
+        assert store.write(rows((1, "a", 0.0))) == (0, 1)
+        store.become_follower(2)
+        with pytest.raises(NotLeaderError, match="follows its leader now"):
+            store.write(rows((2, "b", 0.0)), writer=(7, 0))
+        assert store.log_end_offset == 1 and store.epochs == EpochCache([(1, 0)])
+        store.become_leader(3)  # leading again: writes go in under the new epoch
+        assert store.write(rows((2, "b", 0.0)), writer=(7, 0)) == (1, 2)
+        assert store.epochs == EpochCache([(1, 0), (3, 1)])
 
 
 def test_writes_and_high_watermark_advances_run_concurrently(bucket_dir):
