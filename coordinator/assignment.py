@@ -27,6 +27,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 from common import zkpaths
+from common.data_loss import DataLoss
 from common.zk import ZkOp, dumps, loads
 
 UNASSIGNED = -1
@@ -44,6 +45,10 @@ class BucketAssignment:
     replicas: tuple[int, ...] = field(default=None)  # type: ignore[assignment]
     isr: tuple[int, ...] = field(default=None)  # type: ignore[assignment]
     bucket_epoch: int = field(default=None)  # type: ignore[assignment]
+    #: Why the bucket has no leader when its data is lost ("": not lost); see coordinator/data_loss.py.
+    offline_reason: str = ""
+    #: The losses operators accepted (restore, unclean election), oldest first.
+    losses: tuple[DataLoss, ...] = ()
 
     def __post_init__(self) -> None:
         alone = () if self.leader == UNASSIGNED else (self.leader,)
@@ -51,6 +56,7 @@ class BucketAssignment:
         object.__setattr__(self, "isr", alone if self.isr is None else tuple(self.isr))
         if self.bucket_epoch is None:
             object.__setattr__(self, "bucket_epoch", self.leader_epoch)
+        object.__setattr__(self, "losses", tuple(self.losses))
 
     @property
     def replication_factor(self) -> int:
@@ -67,8 +73,13 @@ class BucketAssignment:
         return tuple(r for r in self.replicas if r in wanted)
 
     def to_json(self) -> dict:
-        return {"leader": self.leader, "leader_epoch": self.leader_epoch, "replicas": list(self.replicas),
+        node = {"leader": self.leader, "leader_epoch": self.leader_epoch, "replicas": list(self.replicas),
                 "isr": list(self.isr), "bucket_epoch": self.bucket_epoch}
+        if self.offline_reason:
+            node["offline_reason"] = self.offline_reason
+        if self.losses:
+            node["losses"] = [loss.to_json() for loss in self.losses]
+        return node
 
     @classmethod
     def from_json(cls, node: Mapping) -> "BucketAssignment":
@@ -78,7 +89,9 @@ class BucketAssignment:
         return cls(leader, epoch,
                    None if replicas is None or isr is None else tuple(int(r) for r in replicas),
                    None if replicas is None or isr is None else tuple(int(r) for r in isr),
-                   int(node["bucket_epoch"]) if "bucket_epoch" in node else epoch)
+                   int(node["bucket_epoch"]) if "bucket_epoch" in node else epoch,
+                str(node.get("offline_reason", "")),
+                tuple(DataLoss.from_json(loss) for loss in node.get("losses", ())))
 
 
 Plan = dict[int, BucketAssignment]  # bucket -> its state
