@@ -88,6 +88,7 @@ CLASSES = {
     ErrorCode.OUT_OF_ORDER_SEQUENCE: errors.OutOfOrderSequenceError,
     ErrorCode.NOT_ENOUGH_REPLICAS: errors.NotEnoughReplicasError,
     ErrorCode.FENCED_LEADER_EPOCH: errors.FencedLeaderEpochError,
+    ErrorCode.DATA_LOST: errors.DataLostError,
 }
 
 
