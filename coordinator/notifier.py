@@ -20,6 +20,7 @@ from common import errors
 from common.tables import TableInfo
 from common.tls import TlsFiles
 from common.wire import raise_for, table_to_pb
+from common.proto import coordinator_pb2 as coordinator_pb
 from common.proto import tablet_pb2 as pb
 from common.proto import tablet_pb2_grpc as pb_grpc
 from coordinator.assignment import BucketAssignment
@@ -30,9 +31,13 @@ log = logging.getLogger(__name__)
 def bucket_role_pb(table: TableInfo, bucket: int, state: BucketAssignment, leader_address: str) -> pb.BucketLeadershipPb:
     """One bucket as its replicas are told it: ``leader`` always set (-1: none), ``leader_address`` "" if
     the leader is not live."""
-    return pb.BucketLeadershipPb(table=table_to_pb(table), bucket=bucket, leader_epoch=state.leader_epoch,
-                                 leader=state.leader, leader_address=leader_address, replicas=list(state.replicas),
-                                 isr=list(state.isr), bucket_epoch=state.bucket_epoch)
+    msg = pb.BucketLeadershipPb(table=table_to_pb(table), bucket=bucket, leader_epoch=state.leader_epoch,
+                                leader=state.leader, leader_address=leader_address, replicas=list(state.replicas),
+                                isr=list(state.isr), bucket_epoch=state.bucket_epoch,
+                                offline_reason=state.offline_reason)
+    if state.losses:
+        msg.latest_loss.CopyFrom(state.losses[-1].to_pb(coordinator_pb.DataLossPb))
+    return msg
 
 
 class LeadershipNotifier:
