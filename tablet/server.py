@@ -88,6 +88,7 @@ class TabletServer:
         self.replicas = ReplicaManager(c[cfg.TABLET_DATA_DIR], c, self.storage, self.admin,
                                        current_epoch=self._zk_coordinator_epoch, table_gone=self._zk_table_gone,
                                        server_id=self.server_id)
+        self.log_ends = lost_data.LogEndReporter(self.replicas, self.admin)  # how many offsets a restore loses
         self._start_replication()
         self.scans = ScanService(self.replicas, c, security=self.security).start()
         self.scans.metrics.registry.register(HealthCollector(self.replicas))
@@ -292,7 +293,6 @@ class TabletServer:
 
     def _snapshot_timer(self) -> None:
         interval_s = self.config[cfg.SNAPSHOT_INTERVAL] / 1000.0
-        log_ends = lost_data.LogEndReporter(self.replicas, self.admin)  # how many offsets a restore would lose
         while not self._stopping.wait(interval_s):
             self.replicas.snapshot_changed()
-            log_ends.run_once()
+            self.log_ends.run_once()

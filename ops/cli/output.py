@@ -164,11 +164,19 @@ class TextOutput(Output):
             buckets = self._grid("bucket", "leader", "replicas", "ISR", "leader epoch")
             for b in doc["assignment"]:
                 leader = str(b["leader"]) if b["leader"] >= 0 else "none (offline)"
+                if b.get("offline_reason"):
+                    leader = f"none (offline: {b['offline_reason']})"
                 if b["leader"] >= 0 and not b["leader_address"]:
                     leader += " (not live)"
                 buckets.add_row(str(b["bucket"]), leader, ", ".join(map(str, b["replicas"])) or "-",
                                 ", ".join(map(str, b["isr"])) or "-", str(b["leader_epoch"]))
             self._print(buckets)
+            losses = [(b["bucket"], loss) for b in doc["assignment"] for loss in b.get("losses", [])]
+            if losses:
+                grid = self._grid("bucket", "data loss accepted", title="data losses")
+                for bucket, loss in losses:
+                    grid.add_row(str(bucket), loss["text"])
+                self._print(grid)
 
     def snapshots(self, doc: Mapping[str, Any]) -> None:
         if not doc["snapshots"]:
@@ -261,6 +269,9 @@ class TextOutput(Output):
                 shown = ", ".join(f"{b['table']}/{b['bucket']}" for b in doc[key][:20])
                 more = f" and {len(doc[key]) - 20} more" if len(doc[key]) > 20 else ""
                 self._print(f"{what}: {len(doc[key])}: {shown}{more}")
+        for b in doc.get("offline", []):
+            if b.get("offline_reason"):
+                self._print(f"  {b['table']}/{b['bucket']}: {b['offline_reason']}")
 
     def rows(self, doc: Mapping[str, Any]) -> None:
         found = [row for row in doc["rows"] if row is not None]
