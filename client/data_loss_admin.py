@@ -51,6 +51,8 @@ class DataLossAdmin:
     # -- the tablet servers' internal calls ------------------------------------------------------------
 
     def report_replica_loss(self, server_id: int, table_id: int, bucket: int, reason: str) -> None:
+        """Tell the coordinator that ``server_id``'s replica of the bucket lost its data (``reason``): it
+        leaves the ISR, and the bucket goes offline if it was its last in-sync replica."""
         self._call("ReportReplicaLoss", pb.ReportReplicaLossRequest(  # type: ignore[attr-defined]
             server_id=server_id, table_id=table_id, bucket=bucket, reason=reason))
 
