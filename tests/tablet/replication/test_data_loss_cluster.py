@@ -4,6 +4,8 @@ bucket back with the loss recorded; a reader past a lost range fails with DATA_L
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 
 import grpc
@@ -14,6 +16,7 @@ from client.table import TableClient
 from common import errors
 from common.proto import tablet_pb2 as pb
 from common.proto import tablet_pb2_grpc as pbg
+from tests.support.cli_runner import assert_one_line_error, run
 from tests.support.procs import wait_until
 from tests.tablet.replication.test_replicated_buckets import FAST, SCHEMA, bucket_state, crash, server_by_id
 from tests.tablet.test_tablet_server import Cluster
@@ -67,12 +70,15 @@ def test_one_replica_bucket_with_a_wiped_disk_stays_offline_until_restored(clust
         with pytest.raises(errors.LeaderNotAvailableError, match="new data dir"):
             client.lookup([{"id": 1}])
 
-    with pytest.raises(errors.InvalidRequestError, match=r"loses 5 changelog offsets \(10\.\.14\).*--accept-data-loss"):
-        c.admin.restore_bucket("db.one", 0, accept_data_loss=False)
-    first = c.admin.restore_bucket("db.one", 0, accept_data_loss=True)
+    at = ("--bootstrap", c.coordinator.address)
+    refused = assert_one_line_error(run("bucket", "restore", "db.one", "--bucket", "0", *at))
+    assert re.search(r"loses 5 changelog offsets \(10\.\.14\).*--accept-data-loss", refused)
+    restored = run("bucket", "restore", "db.one", "--bucket", "0", "--accept-data-loss", *at)
+    assert restored.exit_code == 0, restored.output
+    assert "restored from snapshot" in restored.output and "5 changelog offsets lost (10..14)" in restored.output
+    first = c.admin.restore_bucket("db.one", 0, accept_data_loss=True)  # a retry answers the same record
     loss = first["loss"]
     assert (loss.kind, loss.from_offset, loss.last_known_end, loss.lost_offsets()) == ("restore", 10, 15, 5)
-    assert c.admin.restore_bucket("db.one", 0, accept_data_loss=True) == first  # a retry answers the same record
 
     with TableClient(c.admin, "db.one") as client:
         rows = wait_until(lambda: _served(client), 20, "the restored bucket to serve")
@@ -81,6 +87,9 @@ def test_one_replica_bucket_with_a_wiped_disk_stays_offline_until_restored(clust
         assert client.list_offsets()[0][1] == 11  # offset 10 is reused by a new change
     described = bucket_state(c, table.table_id)
     assert described.losses == (loss,) and described.offline_reason == ""
+    doc = json.loads(run("table", "describe", "db.one", "--json", *at).stdout)
+    assert [x["lost_offsets"] for x in doc["assignment"][0]["losses"]] == [5]
+    assert "data losses" in run("table", "describe", "db.one", *at).output
 
     with pytest.raises(errors.DataLostError, match=r"offsets 10\.\.14 this query read were lost .* snapshot"):
         LostRanges(c.admin, table.table_id, table.path).check({0: 15}, seen)
@@ -118,11 +127,13 @@ def test_wiped_last_isr_replica_is_not_elected_and_unclean_election_records_the_
     wait_until(lambda: len(c.admin.list_tablet_servers()) == 2, 15, "both registered")
     assert bucket_state(c, table.table_id).leader_id == -1  # not elected: an operator decides
 
-    with pytest.raises(errors.InvalidRequestError, match="--unclean"):
-        c.admin.elect_leader("db.two", 0, unclean=False)
-    elected = c.admin.elect_leader("db.two", 0, unclean=True, tablet=follower)
-    assert (elected["leader"], elected["isr"], elected["loss"].kind) == (follower, [follower], "unclean")
-    assert c.admin.elect_leader("db.two", 0, unclean=True)["loss"] == elected["loss"]  # retried
+    at = ("--bootstrap", c.coordinator.address)
+    assert "--unclean" in assert_one_line_error(run("bucket", "elect", "db.two", "--bucket", "0", *at))
+    answer = run("bucket", "elect", "db.two", "--bucket", "0", "--unclean", "--tablet", str(follower), "--json", *at)
+    elected = json.loads(answer.stdout)
+    assert (elected["leader"], elected["isr"], elected["loss"]["kind"]) == (follower, [follower], "unclean")
+    retried = c.admin.elect_leader("db.two", 0, unclean=True)  # its answer lost: the same record
+    assert (retried["leader"], retried["loss"].leader_epoch) == (follower, elected["loss"]["leader_epoch"])
     done = wait_until(lambda: (s := bucket_state(c, table.table_id)).losses[-1].resolved and s, 20, "the takeover")
     loss = done.losses[-1]
     assert (loss.from_offset, loss.last_known_end, loss.lost_offsets()) == (8, 12, 4)
