@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -51,11 +52,14 @@ class LeadershipNotifier:
         self._sending: set[int] = set()  # one sender per server keeps pushes in order
         self._closed = threading.Event()
         self._channels = Channels(tls=tls, credentials=credentials)  # as the cluster's own principal
+        #: server id -> the data dir id recorded for it ("": none), sent with each push (read when pushed)
+        self.dir_ids: Callable[[int], str] = lambda _server_id: ""
 
     def push(self, server_id: int, address: str, led: list, dropped: list[int]) -> None:
         with self._lock:
             old = self._pending.get(server_id)
-            self._pending[server_id] = (address, led, (old[2] if old else set()) | set(dropped))
+            self._pending[server_id] = (address, led, (old[2] if old else set()) | set(dropped),
+                                        self.dir_ids(server_id))
             if server_id in self._sending:
                 return
             self._sending.add(server_id)
@@ -75,13 +79,18 @@ class LeadershipNotifier:
                     return
             self._send(server_id, *item)
 
-    def _send(self, server_id: int, address: str, led: list, dropped: set[int]) -> None:
+    def _send(self, server_id: int, address: str, led: list, dropped: set[int], dir_id: str) -> None:
         request = pb.UpdateLeadershipRequest(
             coordinator_epoch=self.epoch, server_id=server_id, dropped_tables=sorted(dropped),
-            buckets=[bucket_role_pb(*held) for held in led])
+            buckets=[bucket_role_pb(*held) for held in led], dir_id=dir_id)
         retry = RetryPolicy(self.retry_total_s).retrying((errors.KvLeaseError,), stop_event=self._closed)
         try:
             for attempt in retry:
+                with self._lock:
+                    if server_id in self._pending:
+                        newer = self._pending[server_id]  # it replaces this one (its dropped tables too)
+                        self._pending[server_id] = (*newer[:2], newer[2] | dropped, newer[3])
+                        return
                 with attempt:
                     try:
                         response = self._channels.stub(address, pb_grpc.TabletServiceStub).UpdateLeadership(

@@ -125,14 +125,18 @@ def restore_files(bucket_dir: str, role: BucketRole, storage, admin, server_id: 
 
 
 class LogEndReporter:
-    """Reports the led buckets' committed log ends that moved since the last report."""
+    """Reports the led buckets' committed log ends that moved since the last report (all of them again to a
+    new coordinator: it keeps them in memory only)."""
 
     def __init__(self, replicas, admin) -> None:
         self.replicas = replicas  # tablet.replicas.ReplicaManager
         self.admin = admin
         self._sent: dict[tuple[int, int], tuple[int, int]] = {}
+        self._epoch = -1  # the coordinator epoch they were sent to
 
     def run_once(self) -> int:
+        if self.replicas.coordinator_epoch != self._epoch:
+            self._sent, self._epoch = {}, self.replicas.coordinator_epoch
         ends = []
         for replica in self.replicas.replicas():
             if not replica.store.files.known:

@@ -154,6 +154,7 @@ class ReplicaManager(ReplicaSnapshots):
         RetriableError; None trusts the pushes (no ZooKeeper: unit tests)."""
         self.data_dir = data_dir
         self.server_id = server_id
+        self.dir_id = ""  # this data dir's id (tablet/lost_data.py); a push for another one is refused
         #: Run after every push that changed roles (the follower fetchers start and stop there).
         self.role_listeners: list[Callable[[], None]] = []
         #: Run after a leader's HW moved (waiting follower fetches answer).

@@ -89,6 +89,7 @@ class TabletServer:
                                        current_epoch=self._zk_coordinator_epoch, table_gone=self._zk_table_gone,
                                        server_id=self.server_id)
         self.log_ends = lost_data.LogEndReporter(self.replicas, self.admin)  # how many offsets a restore loses
+        self.replicas.dir_id = self.dir_id
         self._start_replication()
         self.scans = ScanService(self.replicas, c, security=self.security).start()
         self.scans.metrics.registry.register(HealthCollector(self.replicas))

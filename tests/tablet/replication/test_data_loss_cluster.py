@@ -16,6 +16,7 @@ from client.table import TableClient
 from common import errors
 from common.proto import tablet_pb2 as pb
 from common.proto import tablet_pb2_grpc as pbg
+from common.wire import table_to_pb
 from tests.support.cli_runner import assert_one_line_error, run
 from tests.support.procs import wait_until
 from tests.tablet.replication.test_replicated_buckets import FAST, SCHEMA, bucket_state, crash, server_by_id
@@ -60,9 +61,17 @@ def test_one_replica_bucket_with_a_wiped_disk_stays_offline_until_restored(clust
     assert server.log_ends.run_once() == 1
     seen = LostRanges(c.admin, table.table_id, table.path).check({0: 15}, {})  # a reader that read 0..14
 
+    old_dir = server.dir_id
     _restart_wiped(c, 1, tmp_path / "t1")
     state = wait_until(lambda: (s := bucket_state(c, table.table_id)).offline_reason and s, 20, "offline")
     assert state.leader_id == -1 and "tablet server 1" in state.offline_reason and "new data dir" in state.offline_reason
+    # a push queued for the old data dir (sent before the coordinator saw the new one) is refused
+    stale = pb.UpdateLeadershipRequest(coordinator_epoch=c.coordinator.epoch, server_id=1, dir_id=old_dir,
+                                       buckets=[pb.BucketLeadershipPb(table=table_to_pb(table), bucket=0,
+                                                                      leader_epoch=1)])
+    with grpc.insecure_channel(server_by_id(c, 1).address) as channel:
+        answer = pbg.TabletServiceStub(channel).UpdateLeadership(stale, timeout=5)
+    assert answer.error.code == errors.ErrorCode.INVALID_REQUEST and "data dir" in answer.error.message
     error = wait_until(lambda: isinstance(e := _lookup_error(server_by_id(c, 1).address, table.table_id),
                                           errors.LeaderNotAvailableError) and e, 10, "the push")
     assert "new data dir" in error.message  # told it holds the bucket, offline: never served empty
