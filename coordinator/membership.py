@@ -30,9 +30,9 @@ from coordinator.placement import plan_new
 
 log = logging.getLogger(__name__)
 
-#: notify(server_id, address, [(table, bucket, state, leader_address)], dropped_table_ids): the full list of
-#: buckets the server holds a replica of (led or followed)
-Notify = Callable[[int, str, list, list], None]
+#: notify(server_id, address, [(table, bucket, state, leader_address)], dropped_table_ids, dir_id): the full
+#: list of buckets the server holds a replica of (led or followed), and the data dir id recorded for it
+Notify = Callable[[int, str, list, list, str], None]
 
 
 class Membership:
@@ -238,7 +238,7 @@ class Membership:
                 continue
             held = [(self.catalog.by_id[t], b, a, self.servers.get(a.leader, ""))
                     for t, b, a in self.assignments.held_by(server_id) if t in self.catalog.by_id]
-            self.notify(server_id, address, held, list(dropped or []))
+            self.notify(server_id, address, held, list(dropped or []), self.dirs.by_server.get(server_id, ""))
 
     # -- queries and metrics -----------------------------------------------------------------
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -52,14 +51,13 @@ class LeadershipNotifier:
         self._sending: set[int] = set()  # one sender per server keeps pushes in order
         self._closed = threading.Event()
         self._channels = Channels(tls=tls, credentials=credentials)  # as the cluster's own principal
-        #: server id -> the data dir id recorded for it ("": none), sent with each push (read when pushed)
-        self.dir_ids: Callable[[int], str] = lambda _server_id: ""
 
-    def push(self, server_id: int, address: str, led: list, dropped: list[int]) -> None:
+    def push(self, server_id: int, address: str, led: list, dropped: list[int], dir_id: str = "") -> None:
+        """``dir_id``: the data dir id the coordinator recorded for the server ("": none); a server with
+        another one refuses the push."""
         with self._lock:
             old = self._pending.get(server_id)
-            self._pending[server_id] = (address, led, (old[2] if old else set()) | set(dropped),
-                                        self.dir_ids(server_id))
+            self._pending[server_id] = (address, led, (old[2] if old else set()) | set(dropped), dir_id)
             if server_id in self._sending:
                 return
             self._sending.add(server_id)

@@ -234,7 +234,6 @@ class CoordinatorServer:
                                     default_replication=(c[cfg.DEFAULT_REPLICATION_FACTOR],
                                                          c[cfg.DEFAULT_MIN_INSYNC_REPLICAS]),
                                     unclean_election=c[cfg.UNCLEAN_LEADER_ELECTION])
-            notifier.dir_ids = lambda server_id: controller.members.dirs.by_server.get(server_id, "")
             with self._lock:
                 mirror, self._mirror = self._mirror, None
             try:  # the mirror is exact once the epoch is bumped (no lease write can commit any more)

@@ -48,7 +48,7 @@ class Recorder:
     def __init__(self):
         self.pushes = []
 
-    def __call__(self, server_id, address, held, dropped):
+    def __call__(self, server_id, address, held, dropped, dir_id=""):
         self.pushes.append((server_id, address, sorted((t.table_id, b, a.leader_epoch) for t, b, a, _addr in held),
                             sorted(dropped)))
         self.held = getattr(self, "held", {})
