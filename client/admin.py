@@ -27,6 +27,7 @@ from client.admin_types import (AcquireResult, AlterIsrResult, BucketLeader, Buc
 from client.bootstrap import parse_bootstrap, refuse_path
 from client.coalescing import BatchInterrupted, Coalescer
 from client.moves_admin import MovesAdmin
+from client.data_loss_admin import DataLossAdmin, bucket_leader
 from client.replication_admin import ReplicationAdmin
 from client.security_admin import SecurityAdmin
 from client.transport import (RETRIABLE, Channels, NotServedError, RetryPolicy, UnknownOutcomes, arguments, is_int,
@@ -85,7 +86,7 @@ def _buckets(buckets):
     return buckets
 
 
-class AdminClient(SecurityAdmin, ReplicationAdmin, MovesAdmin):
+class AdminClient(SecurityAdmin, ReplicationAdmin, MovesAdmin, DataLossAdmin):
     """Thread-safe; one gRPC channel per coordinator address."""
 
     def __init__(self, bootstrap: str | Sequence[str], config: cfg.Config | None = None, *,
@@ -277,10 +278,7 @@ class AdminClient(SecurityAdmin, ReplicationAdmin, MovesAdmin):
     def get_table_assignment(self, table_id: int) -> tuple[TableInfo, dict[int, BucketLeader]]:
         """The table and each bucket's leader (address empty while its server is gone), replicas and ISR."""
         response = self._call("GetTableAssignment", pb.GetTableAssignmentRequest(table_id=table_id))
-        leaders = {b.bucket: BucketLeader(b.bucket, b.leader_id, b.leader_address, b.leader_epoch, tuple(b.replicas),
-                                          tuple(b.isr), b.bucket_epoch,
-                                          tuple(b.reassign_target) if b.reassigning else None)
-                   for b in response.buckets}
+        leaders = {b.bucket: bucket_leader(b) for b in response.buckets}
         return table_from_pb(response.table), leaders
 
     def list_tablet_servers(self) -> list[TabletServerInfo]:

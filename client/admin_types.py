@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from common import config as cfg
+from common.data_loss import DataLoss
 from common.model import SnapshotHandle, TableBucket
 from common.storage import RemoteStorage, open_storage
 
@@ -60,6 +61,8 @@ class BucketLeader:
     isr: tuple[int, ...] = ()  # the in-sync replicas (the leader among them)
     bucket_epoch: int = 0  # +1 on every change of leader or ISR
     reassign_target: tuple[int, ...] | None = None  # a move in progress: the replicas it moves to
+    offline_reason: str = ""  # no leader because its data is lost: why
+    losses: tuple[DataLoss, ...] = ()  # the losses of committed changes operators accepted, oldest first
 
     @property
     def under_replicated(self) -> bool:
@@ -79,6 +82,7 @@ class BucketRef:
     table_id: int
     table: str  # DB.NAME
     bucket: int
+    offline_reason: str = ""  # offline because its data is lost: why
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ class ReplicationAdmin:
         leader) and the under-replicated ones (a live leader, an ISR smaller than the replicas)."""
         response = self._call("ListTabletServers", pb.ListTabletServersRequest())  # type: ignore[attr-defined]
         def refs(buckets) -> tuple[BucketRef, ...]:
-            return tuple(BucketRef(b.table_id, b.table, b.bucket) for b in buckets)
+            return tuple(BucketRef(b.table_id, b.table, b.bucket, b.offline_reason) for b in buckets)
         return ClusterHealth(tuple(TabletServerInfo(s.id, s.address, s.buckets, s.replicas) for s in response.servers),
                              refs(response.offline), refs(response.under_replicated))
 

@@ -85,9 +85,14 @@ class BucketRouter:
         leader = routing.leaders.get(bucket)
         if leader is None or not leader.leader_address:
             self.stale(routing)
-            who = ("no leader assigned (no tablet server with room to lead it is live: start one, and it takes "
-                   "the bucket when it registers)") if leader is None or leader.leader_id < 0 \
-                else f"its leader, tablet server {leader.leader_id}, is not live"
+            if leader is not None and leader.offline_reason:
+                who = (f"offline: {leader.offline_reason}; an operator brings it back with `kvlease bucket restore "
+                       "--accept-data-loss` (or `kvlease bucket elect --unclean`)")
+            elif leader is None or leader.leader_id < 0:
+                who = ("no leader assigned (no tablet server with room to lead it is live: start one, and it takes "
+                       "the bucket when it registers)")
+            else:
+                who = f"its leader, tablet server {leader.leader_id}, is not live"
             raise errors.LeaderNotAvailableError(f"bucket {bucket} of table {routing.table.path}: {who}",
                                                  bucket=bucket)
         return leader.leader_address

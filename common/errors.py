@@ -64,6 +64,7 @@ class ErrorCode(enum.IntEnum):
     OUT_OF_ORDER_SEQUENCE = 32
     NOT_ENOUGH_REPLICAS = 33
     FENCED_LEADER_EPOCH = 34
+    DATA_LOST = 35
 
 
 class KvLeaseError(Exception):
@@ -155,6 +156,15 @@ class FencedLeaderEpochError(RetriableError):
 
 class InvalidRequestError(KvLeaseError):
     code = ErrorCode.INVALID_REQUEST
+
+
+class DataLostError(KvLeaseError):
+    """Offsets a reader (a streaming query) already read from were lost: the bucket was restored from an
+    older snapshot or took an unclean leader election, and its offsets from there on are reused for
+    different changes. Retrying does not help: start the reader again from a new position.
+    ``details``: ``table``, ``bucket``, ``from_offset``, ``position``, ``kind``."""
+
+    code = ErrorCode.DATA_LOST
 
 
 class InvalidTableError(InvalidRequestError):

@@ -10,6 +10,8 @@ ELECTION = "/coordinators/election"
 ACTIVE = "/coordinators/active"
 EPOCH = "/coordinators/epoch"
 TABLET_SERVERS = "/tabletservers/ids"
+#: Persistent, written by the active coordinator: the data dir id it last saw each tablet server id register with.
+TABLET_DIRS = "/tabletservers/dirs"
 DATABASES = "/databases"
 TABLES = "/tables"
 TABLE_ID_COUNTER = "/tables/id_counter"
@@ -27,6 +29,10 @@ ROOTS = (COORDINATORS, ELECTION, TABLET_SERVERS, DATABASES, TABLES, SNAPSHOTS, L
 
 def tablet_server(server_id: int | str) -> str:
     return f"{TABLET_SERVERS}/{server_id}"
+
+
+def tablet_dir(server_id: int | str) -> str:
+    return f"{TABLET_DIRS}/{server_id}"
 
 
 def database(db: str) -> str:

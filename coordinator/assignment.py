@@ -28,6 +28,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 from common import zkpaths
+from common.data_loss import DataLoss
 from common.zk import ZkOp, dumps, loads
 
 UNASSIGNED = -1
@@ -47,6 +48,10 @@ class BucketAssignment:
     bucket_epoch: int = field(default=None)  # type: ignore[assignment]
     #: A replica move in progress (:mod:`coordinator.reassignment`): the replicas the bucket moves to; None: none.
     reassign: tuple[int, ...] | None = None
+    #: Why the bucket has no leader when its data is lost ("": not lost); see coordinator/data_loss.py.
+    offline_reason: str = ""
+    #: The losses operators accepted (restore, unclean election), oldest first.
+    losses: tuple[DataLoss, ...] = ()
 
     def __post_init__(self) -> None:
         alone = () if self.leader == UNASSIGNED else (self.leader,)
@@ -56,6 +61,7 @@ class BucketAssignment:
             object.__setattr__(self, "bucket_epoch", self.leader_epoch)
         if self.reassign is not None:
             object.__setattr__(self, "reassign", tuple(self.reassign))
+        object.__setattr__(self, "losses", tuple(self.losses))
 
     @property
     def replication_factor(self) -> int:
@@ -76,6 +82,10 @@ class BucketAssignment:
                 "isr": list(self.isr), "bucket_epoch": self.bucket_epoch}
         if self.reassign is not None:
             node["reassign"] = {"target": list(self.reassign)}
+        if self.offline_reason:
+            node["offline_reason"] = self.offline_reason
+        if self.losses:
+            node["losses"] = [loss.to_json() for loss in self.losses]
         return node
 
     @classmethod
@@ -88,7 +98,9 @@ class BucketAssignment:
                    None if replicas is None or isr is None else tuple(int(r) for r in replicas),
                    None if replicas is None or isr is None else tuple(int(r) for r in isr),
                    int(node["bucket_epoch"]) if "bucket_epoch" in node else epoch,
-                   None if move is None else tuple(int(r) for r in move["target"]))
+                   None if move is None else tuple(int(r) for r in move["target"]),
+                   str(node.get("offline_reason", "")),
+                   tuple(DataLoss.from_json(loss) for loss in node.get("losses", ())))
 
 
 Plan = dict[int, BucketAssignment]  # bucket -> its state

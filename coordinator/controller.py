@@ -31,6 +31,7 @@ from common.tls import TlsFiles
 from coordinator import requests as rq
 from coordinator.assignment import Assignments
 from coordinator.catalog import TableCatalog
+from coordinator.data_loss_shell import DataLossShell
 from coordinator.fencing import FencedWriter
 from coordinator.file_gc import FileCollector
 from coordinator.lease_shell import LeaseShell
@@ -92,6 +93,7 @@ class Controller(Dispatcher):
             holders=lambda tb, sid: self.leases.refs.holders(tb, sid))
         self.tables = Tables(catalog, self.members, self.lease_shell, self.snapshot_commits, clock_ms,
                              default_replication)
+        self.losses = DataLossShell(self.members, lambda: self.snapshots, clock_ms, metrics)
         #: Commits' log-end checks (gRPC handler threads, never the loop), over channels kept while active.
         self.log_ends = LeaderLogEnds(tls=tls, credentials=credentials)
 
@@ -271,7 +273,8 @@ class Controller(Dispatcher):
         """(server rows, offline buckets, under-replicated buckets); buckets as (table, bucket)."""
         offline, under = self.members.health()
         def named(buckets):
-            return [(self.catalog.by_id[t], b) for t, b in buckets if t in self.catalog.by_id]
+            return [(self.catalog.by_id[t], b, self.assignments.table(t)[b].offline_reason) for t, b in buckets
+                    if t in self.catalog.by_id]
         return self.members.server_rows(), named(offline), named(under)
 
     # -- barriers --------------------------------------------------------------------------
@@ -328,6 +331,26 @@ class Controller(Dispatcher):
     @_query
     def _list_reassignments(self, _request: rq.ListReassignments):
         return self.moves.in_progress()
+
+    @on(rq.ReportReplicaLoss)
+    @_barrier
+    def _replica_lost(self, request: rq.ReportReplicaLoss):
+        return self.losses.replica_lost(request.server_id, request.table_id, request.bucket, request.reason)
+
+    @on(rq.ReportLogEnds)
+    @_barrier
+    def _log_ends(self, request: rq.ReportLogEnds):
+        return self.losses.log_ends_reported(request.server_id, list(request.ends), request.takeover)
+
+    @on(rq.RestoreBucket)
+    @_barrier
+    def _restore_bucket(self, request: rq.RestoreBucket):
+        return self.losses.restore(request.table_id, request.bucket, request.accept_data_loss)
+
+    @on(rq.ElectLeader)
+    @_barrier
+    def _elect_leader(self, request: rq.ElectLeader):
+        return self.losses.elect(request.table_id, request.bucket, request.unclean, request.tablet)
 
     @on(rq.RemoveOrphanLeaseFiles)
     @_barrier

@@ -73,7 +73,7 @@ def server_joined(a: BucketAssignment, joined: set[int], live: set[int], unclean
     if isr:
         return Outcome(_new_leader(a, isr[0], isr))
     first_live = next((r for r in a.replicas if r in live), None)
-    if unclean and first_live is not None:
+    if unclean and first_live is not None and not a.offline_reason:  # lost data: an operator decides
         return Outcome(_new_leader(a, first_live, [first_live]), unclean=True)
     return None
 

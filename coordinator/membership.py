@@ -21,19 +21,20 @@ from kazoo.exceptions import NoNodeError
 from common import errors, zkpaths
 from common.tables import TableInfo
 from common.zk import ZkOp, loads
-from coordinator import election
+from coordinator import data_loss, election
 from coordinator.assignment import UNASSIGNED, Assignments, BucketAssignment, Changes
 from coordinator.catalog import TableCatalog
+from coordinator.data_dirs import DataDirs
 from coordinator.fencing import FencedWriter, chunks
 from coordinator.placement import plan_new
 from coordinator.reassignment import removed_replicas
 
 log = logging.getLogger(__name__)
 
-#: notify(server_id, address, [(table, bucket, state, leader_address)], dropped_table_ids, removed): the full list
-#: of buckets the server holds a replica of (led or followed); ``removed``: the buckets a completed move took off
-#: it, the same way (it deletes its copy)
-Notify = Callable[[int, str, list, list, list], None]
+#: notify(server_id, address, [(table, bucket, state, leader_address)], dropped_table_ids, removed, dir_id): the
+#: full list of buckets the server holds a replica of (led or followed); ``removed``: the buckets a completed move
+#: took off it, the same way (it deletes its copy); ``dir_id``: the data dir id recorded for it
+Notify = Callable[[int, str, list, list, list, str], None]
 
 
 class Membership:
@@ -52,9 +53,11 @@ class Membership:
         #: Run after every change written (the changed table ids; None: any table, after servers changed): the
         #: replica moves that can complete then do (coordinator.moves.Moves.progress).
         self.on_changed: Callable[[Iterable[int] | None], None] = lambda table_ids: None
+        self.dirs = DataDirs()  # the data dir each server id registered with (a new one: its data is lost)
 
     def load(self) -> None:
         """Failover: load the assignments of the catalog's tables; plan those that have none."""
+        self.dirs.load(self.zk)
         for table_id in self.assignments.load(self.zk, sorted(self.catalog.by_id)):
             plan = plan_new(self.assignments, self.catalog.by_id[table_id].buckets, [])
             self.writer.commit([self.assignments.create_op(table_id, plan)])
@@ -105,9 +108,9 @@ class Membership:
 
     # -- tablet servers -------------------------------------------------------------------
 
-    def read_servers(self) -> dict[int, tuple[str, str, int | None]]:
-        """Live servers: id -> (address, incarnation, max_buckets); a restarted server has a new
-        incarnation; max_buckets is None for a server that registered none."""
+    def read_servers(self) -> dict[int, tuple[str, str, int | None, str]]:
+        """Live servers: id -> (address, incarnation, max_buckets, dir_id); a restarted server has a new
+        incarnation; max_buckets is None for a server that registered none, dir_id "" likewise."""
         try:
             ids = self.zk.get_children(zkpaths.TABLET_SERVERS)
         except NoNodeError:
@@ -120,15 +123,18 @@ class Membership:
                 continue
             capacity = node.get("max_buckets")
             servers[int(name)] = (node["address"], str(node.get("incarnation", "")),
-                                  capacity if isinstance(capacity, int) and capacity >= 0 else None)
+                                  capacity if isinstance(capacity, int) and capacity >= 0 else None,
+                                  str(node.get("dir_id") or ""))
         return servers
 
     def servers_changed(self, servers: Mapping[int, str | tuple]) -> None:
-        """``servers``: id -> address, (address, incarnation) or (address, incarnation, max_buckets).
+        """``servers``: id -> address, (address, incarnation), (address, incarnation, max_buckets) or
+        (address, incarnation, max_buckets, dir_id).
 
         A server that left (or re-registered with a new incarnation unseen: gone, then joined) loses
-        its leaderships and ISR places; one that joined leads offline buckets whose ISR holds it."""
-        seen = {sid: (v, "", None) if isinstance(v, str) else (*v, None)[:3] for sid, v in servers.items()}
+        its leaderships and ISR places; one that joined leads offline buckets whose ISR holds it. One
+        that registered with a new data dir lost every replica placed on it (:mod:`coordinator.data_loss`)."""
+        seen = {sid: (v, "", None, "") if isinstance(v, str) else (*v, None, "")[:4] for sid, v in servers.items()}
         joined = {sid for sid, v in seen.items() if self._incarnations.get(sid) != v[:2]}
         restarted = {sid for sid in joined if sid in self._incarnations}
         left = set(self.servers) - set(seen)
@@ -137,25 +143,37 @@ class Membership:
         self.servers = {sid: v[0] for sid, v in seen.items()}
         if left or restarted:
             log.warning("tablet servers gone: %s, restarted: %s", sorted(left), sorted(restarted))
-        changes, unclean = election.servers_changed(self.assignments, left | restarted, joined, set(self.servers),
+        registered = {sid: v[3] for sid, v in seen.items()}
+        lost = self.dirs.lost(registered)
+        overlay, lost_changes = self.assignments, data_loss.servers_lost(self.assignments, lost, set(self.servers))
+        if lost_changes:
+            log.warning("tablet servers with a new data dir: %s (their replicas' data is lost)", sorted(lost))
+            overlay = Assignments()
+            overlay.by_table = {**self.assignments.by_table, **lost_changes}
+        changes, unclean = election.servers_changed(overlay, left | restarted, joined, set(self.servers),
                                                     self.capacity, self.unclean_election)
+        changes = {**lost_changes, **changes}
         for table_id, bucket in unclean:
             log.warning("unclean leader election: bucket %d of table %d is led by tablet server %d, which was not "
                         "in sync (writes it missed are lost)", bucket, table_id, changes[table_id][bucket].leader)
             if self.metrics is not None:
                 self.metrics.unclean_elections.inc()
-        self._apply(changes, also_tell=joined)
+        dir_ops = self.dirs.ops(registered)
+        self._apply(changes, also_tell=joined, extra_ops=dir_ops,
+                    extra_written=lambda: self.dirs.recorded(registered))
         self.on_changed(None)
 
     def apply(self, changes: Changes) -> None:
         """Write ``changes`` (fenced), apply them and tell the replicas (a move's phases, elections)."""
         self._apply(changes)
 
-    def _apply(self, changes: Changes, also_tell: Iterable[int] = ()) -> None:
-        """Write ``changes``, apply what was written, tell every replica of a changed bucket (and
-        ``also_tell``); raises the first write's error after that."""
+    def _apply(self, changes: Changes, also_tell: Iterable[int] = (), extra_ops: list[ZkOp] = (),
+               extra_written: Callable[[], None] = lambda: None) -> None:
+        """Write ``changes`` (``extra_ops`` in the first multi-op: ``extra_written()`` once written), apply
+        what was written, tell every replica of a changed bucket (and ``also_tell``); raises the first
+        write's error after that."""
         before = {t: self.assignments.table(t) for t in changes}
-        failure = self._store_changes(changes)
+        failure = self._store_changes(changes, list(extra_ops), extra_written)
         touched = set(also_tell)
         removed: dict[int, list[tuple[int, int]]] = {}  # server -> the buckets a completed move took off it
         for table_id, plan in changes.items():
@@ -174,20 +192,24 @@ class Membership:
         if changes:
             self.on_changed(list(changes))
 
-    def _store_changes(self, changes: Changes) -> Exception | None:
+    def _store_changes(self, changes: Changes, extra_ops: list[ZkOp] = (),
+                       extra_written: Callable[[], None] = lambda: None) -> Exception | None:
         """Write the changed assignments (a server with thousands of tables rejoining changes them all:
         in as many fenced multi-ops as ZooKeeper's write limit needs), then apply those written.
         Returns the first write's error, if any (raises Fenced and OutcomeUnknownError)."""
         ops = [self.assignments.set_op(t, plan) for t, plan in sorted(changes.items())]
         table_of = dict(zip((op.path for op in ops), sorted(changes)))
-        batches = chunks(ops)
+        batches = chunks(list(extra_ops) + ops)
         failure = None
         for batch, outcome in zip(batches, self.writer.commit_many(batches) if batches else []):
             if outcome is not None:
                 failure = failure or outcome
                 continue
+            if extra_ops and batch is batches[0]:
+                extra_written()
             for op in batch:
-                self.assignments.set(table_of[op.path], changes[table_of[op.path]])
+                if op.path in table_of:
+                    self.assignments.set(table_of[op.path], changes[table_of[op.path]])
         return failure
 
     # -- a leader's and a stopping server's requests ------------------------------------------
@@ -238,7 +260,7 @@ class Membership:
                     for t, b, a in self.assignments.held_by(server_id) if t in self.catalog.by_id]
             gone = [(self.catalog.by_id[t], b, self.assignments.table(t)[b], self.servers.get(
                      self.assignments.table(t)[b].leader, "")) for t, b in removed.get(server_id, ())]
-            self.notify(server_id, address, held, list(dropped or []), gone)
+            self.notify(server_id, address, held, list(dropped or []), gone, self.dirs.by_server.get(server_id, ""))
 
     # -- queries and metrics -----------------------------------------------------------------
 

@@ -41,6 +41,10 @@ class CoordinatorMetrics(MetricsRegistry):
         self.unclean_elections = Counter("kvlease_coordinator_unclean_elections",
                                          "buckets led by a replica that was not in sync (unclean.leader-election: "
                                          "writes it missed are lost)", registry=r)
+        self.data_losses = Counter("kvlease_coordinator_data_losses",
+                                   "losses of committed changes an operator accepted, by kind (restore: bucket "
+                                   "restore --accept-data-loss; unclean: bucket elect --unclean)", ["kind"],
+                                   registry=r)
         self._tables: set[str] = set()
 
     def set_lease_counts(self, leases: int, leased_snapshots: int, per_table_leases: dict[int, int],

@@ -22,6 +22,7 @@ from common import errors
 from common.tables import TableInfo
 from common.tls import TlsFiles
 from common.wire import raise_for, table_to_pb
+from common.proto import coordinator_pb2 as coordinator_pb
 from common.proto import tablet_pb2 as pb
 from common.proto import tablet_pb2_grpc as pb_grpc
 from coordinator.assignment import BucketAssignment
@@ -33,9 +34,13 @@ def bucket_role_pb(table: TableInfo, bucket: int, state: BucketAssignment, leade
                    removed: bool = False) -> pb.BucketLeadershipPb:
     """One bucket as its replicas are told it: ``leader`` always set (-1: none), ``leader_address`` "" if
     the leader is not live; ``removed``: told to a server a completed move took the bucket off."""
-    return pb.BucketLeadershipPb(table=table_to_pb(table), bucket=bucket, leader_epoch=state.leader_epoch,
-                                 leader=state.leader, leader_address=leader_address, replicas=list(state.replicas),
-                                 isr=list(state.isr), bucket_epoch=state.bucket_epoch, removed=removed)
+    msg = pb.BucketLeadershipPb(table=table_to_pb(table), bucket=bucket, leader_epoch=state.leader_epoch,
+                                leader=state.leader, leader_address=leader_address, replicas=list(state.replicas),
+                                isr=list(state.isr), bucket_epoch=state.bucket_epoch, removed=removed,
+                                offline_reason=state.offline_reason)
+    if state.losses:
+        msg.latest_loss.CopyFrom(state.losses[-1].to_pb(coordinator_pb.DataLossPb))
+    return msg
 
 
 class LeadershipNotifier:
@@ -45,18 +50,21 @@ class LeadershipNotifier:
         self.retry_total_s = retry_total_s
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="leadership-push")
         self._lock = threading.Lock()
-        self._pending: dict[int, tuple[str, list, set[int], dict]] = {}
+        self._pending: dict[int, tuple[str, list, set[int], dict, str]] = {}
         self._sending: set[int] = set()  # one sender per server keeps pushes in order
         self._closed = threading.Event()
         self._channels = Channels(tls=tls, credentials=credentials)  # as the cluster's own principal
 
-    def push(self, server_id: int, address: str, led: list, dropped: list[int], removed: list = ()) -> None:
+    def push(self, server_id: int, address: str, led: list, dropped: list[int], removed: list = (),
+             dir_id: str = "") -> None:
+        """``removed``: buckets a completed move took off the server; ``dir_id``: the data dir id the
+        coordinator recorded for the server ("": none), a server with another one refuses the push."""
         with self._lock:
             old = self._pending.get(server_id)
             held = {(held[0].table_id, held[1]) for held in led}
             gone = {key: entry for key, entry in (old[3] if old else {}).items() if key not in held}
             gone.update(((entry[0].table_id, entry[1]), entry) for entry in removed)
-            self._pending[server_id] = (address, led, (old[2] if old else set()) | set(dropped), gone)
+            self._pending[server_id] = (address, led, (old[2] if old else set()) | set(dropped), gone, dir_id)
             if server_id in self._sending:
                 return
             self._sending.add(server_id)
@@ -76,14 +84,22 @@ class LeadershipNotifier:
                     return
             self._send(server_id, *item)
 
-    def _send(self, server_id: int, address: str, led: list, dropped: set[int], removed: dict) -> None:
+    def _send(self, server_id: int, address: str, led: list, dropped: set[int], removed: dict, dir_id: str) -> None:
         request = pb.UpdateLeadershipRequest(
             coordinator_epoch=self.epoch, server_id=server_id, dropped_tables=sorted(dropped),
             buckets=[bucket_role_pb(*held) for held in led]
-            + [bucket_role_pb(*entry, removed=True) for _key, entry in sorted(removed.items())])
+            + [bucket_role_pb(*entry, removed=True) for _key, entry in sorted(removed.items())], dir_id=dir_id)
         retry = RetryPolicy(self.retry_total_s).retrying((errors.KvLeaseError,), stop_event=self._closed)
         try:
             for attempt in retry:
+                with self._lock:
+                    if server_id in self._pending:
+                        # it replaces this one (with this one's dropped tables, and removed buckets it does not hold)
+                        address_, led_, dropped_, gone_, dir_id_ = self._pending[server_id]
+                        held = {(entry[0].table_id, entry[1]) for entry in led_}
+                        gone_ = {**{k: e for k, e in removed.items() if k not in held}, **gone_}
+                        self._pending[server_id] = (address_, led_, dropped_ | dropped, gone_, dir_id_)
+                        return
                 with attempt:
                     try:
                         response = self._channels.stub(address, pb_grpc.TabletServiceStub).UpdateLeadership(

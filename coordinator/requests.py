@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping
 from common.model import SnapshotHandle
 from common.tables import TableSpec
 
-__all__ = ["AlterIsr", "CommitSnapshot", "ControlledShutdown", "CreateTable", "DescribeLease", "DropTable", "GetTable", "GetTableAssignment", "Guarded",
+__all__ = ["ElectLeader", "ReportLogEnds", "ReportReplicaLoss", "RestoreBucket", "AlterIsr", "CommitSnapshot", "ControlledShutdown", "CreateTable", "DescribeLease", "DropTable", "GetTable", "GetTableAssignment", "Guarded",
            "ListLeases", "ListSnapshots", "ListTables", "ListTabletServers", "RemoveOrphanLeaseFiles",
            "TabletServersChanged", "ReassignBucket", "DecommissionTablet", "Rebalance", "ListReassignments"]
 
@@ -135,6 +135,41 @@ class Rebalance:
 @dataclass(frozen=True)
 class ListReassignments:
     pass
+
+
+@dataclass(frozen=True)
+class ReportReplicaLoss:
+    """A tablet server found its replica of a bucket lost (corrupt or missing files)."""
+
+    server_id: int
+    table_id: int
+    bucket: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class ReportLogEnds:
+    """(table id, bucket, leader epoch, log end) of buckets the server leads; ``takeover``: an unclean
+    leader's log end before it serves."""
+
+    server_id: int
+    ends: tuple[tuple[int, int, int, int], ...]
+    takeover: bool = False
+
+
+@dataclass(frozen=True)
+class RestoreBucket:
+    table_id: int
+    bucket: int
+    accept_data_loss: bool
+
+
+@dataclass(frozen=True)
+class ElectLeader:
+    table_id: int
+    bucket: int
+    unclean: bool
+    tablet: int | None = None
 
 
 @dataclass(frozen=True)

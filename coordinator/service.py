@@ -38,7 +38,8 @@ MAX_ACQUIRES_PER_CALL = 1024
 #: Methods only the cluster's own principal may call (a tablet server committing a snapshot, a leader changing
 #: its bucket's ISR, a stopping tablet server moving its leaderships away).
 INTERNAL_METHODS = ("/kvlease.CoordinatorService/CommitKvSnapshot", "/kvlease.CoordinatorService/AlterIsr",
-                    "/kvlease.CoordinatorService/ControlledShutdown")
+                    "/kvlease.CoordinatorService/ControlledShutdown", "/kvlease.CoordinatorService/ReportReplicaLoss",
+                    "/kvlease.CoordinatorService/ReportLogEnds")
 
 
 @refusing_partition_ids(pb.DESCRIPTOR.services_by_name["CoordinatorService"])
@@ -238,13 +239,7 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
     def GetTableAssignment(self, request, context):
         def build(result):
             table, rows = result
-            return {"table": table_to_pb(table),
-                    "buckets": [pb.BucketAssignmentPb(bucket=b, leader_id=a.leader, leader_address=address,
-                                                      leader_epoch=a.leader_epoch, replicas=list(a.replicas),
-                                                      isr=list(a.isr), bucket_epoch=a.bucket_epoch,
-                                                      reassigning=a.reassign is not None,
-                                                      reassign_target=list(a.reassign or ()))
-                                for b, a, address in rows]}
+            return {"table": table_to_pb(table), "buckets": [assignment_pb(b, a, address) for b, a, address in rows]}
         return self._run(self._guarded(rq.GetTableAssignment(request.table_id), Operation.DESCRIBE,
                                          [request.table_id]), pb.GetTableAssignmentResponse, build)
 
@@ -252,7 +247,8 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
         def build(result):
             rows, offline, under = result
             def refs(buckets):
-                return [pb.BucketRefPb(table_id=t.table_id, table=t.path, bucket=b) for t, b in buckets]
+                return [pb.BucketRefPb(table_id=t.table_id, table=t.path, bucket=b, offline_reason=why)
+                        for t, b, why in buckets]
             return {"servers": [pb.TabletServerPb(id=i, address=a, buckets=led, replicas=held)
                                 for i, a, led, held in rows],
                     "offline": refs(offline), "under_replicated": refs(under)}
@@ -305,11 +301,47 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
                          lambda rows: {"moves": [_move_pb(*row) for row in rows]},
                          check=self._check(Operation.DESCRIBE, Resource.cluster))
 
+    # -- data loss (coordinator/data_loss.py) ----------------------------------------------------
+
+    def ReportReplicaLoss(self, request, context):
+        return self._run(rq.ReportReplicaLoss(request.server_id, request.table_id, request.bucket, request.reason),
+                         pb.ReportReplicaLossResponse, lambda _a: {})
+
+    def ReportLogEnds(self, request, context):
+        ends = tuple((e.table_id, e.bucket, e.leader_epoch, e.log_end) for e in request.buckets)
+        return self._run(rq.ReportLogEnds(request.server_id, ends, request.takeover), pb.ReportLogEndsResponse,
+                         lambda _r: {})
+
+    def RestoreBucket(self, request, context):
+        restore = rq.RestoreBucket(request.table_id, request.bucket, request.accept_data_loss)
+        return self._run(self._guarded(restore, Operation.ALTER, [request.table_id]), pb.RestoreBucketResponse,
+                         lambda r: {"loss": r[0].to_pb(pb.DataLossPb), "bucket": assignment_pb(request.bucket, r[1])})
+
+    def ElectLeader(self, request, context):
+        elect = rq.ElectLeader(request.table_id, request.bucket, request.unclean,
+                               request.tablet if request.HasField("tablet") else None)
+        def build(result):
+            loss, state = result
+            answer = {"bucket": assignment_pb(request.bucket, state)}
+            if loss is not None:
+                answer["loss"] = loss.to_pb(pb.DataLossPb)
+            return answer
+        return self._run(self._guarded(elect, Operation.ALTER, [request.table_id]), pb.ElectLeaderResponse, build)
+
     def DescribeKvSnapshotLease(self, request, context):
         return self._run(self._guarded(rq.DescribeLease(request.lease_id), Operation.READ,
                                        lease_id=request.lease_id),
                          pb.DescribeKvSnapshotLeaseResponse,
                          lambda lease: {"lease": lease_to_pb(lease)})
+
+
+def assignment_pb(bucket: int, a, address: str = "") -> pb.BucketAssignmentPb:
+    """One bucket's state as clients see it (``address``: its leader's, "" if not live)."""
+    return pb.BucketAssignmentPb(bucket=bucket, leader_id=a.leader, leader_address=address,
+                                 leader_epoch=a.leader_epoch, replicas=list(a.replicas), isr=list(a.isr),
+                                 bucket_epoch=a.bucket_epoch, reassigning=a.reassign is not None,
+                                 reassign_target=list(a.reassign or ()), offline_reason=a.offline_reason,
+                                 losses=[loss.to_pb(pb.DataLossPb) for loss in a.losses])
 
 
 def _acquired(outcome) -> dict:

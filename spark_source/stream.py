@@ -49,6 +49,7 @@ from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadM
                                               SupportsTriggerAvailableNow)
 
 from client.admin import AdminClient
+from client.lost_ranges import LostRanges
 from client.table import TableClient
 from common import errors
 from common.model import TableBucket
@@ -110,9 +111,10 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             owner = uuid.uuid4().hex
             lease = LeaseRef(self.options.lease_id or f"spark-stream-{owner}", owner)
             return self._offset(lease, {b: (-1, NOT_STARTED) for b in buckets})
-        _, table = self._connect()
+        admin, table = self._connect()
+        seen = self._check_losses(admin, {}, {b: (-1, NOT_STARTED) for b in buckets})  # a new query adopts them
         starts = start_offsets(table, self.options)
-        return self._offset(None, {b: (-1, starts[b]) for b in buckets})
+        return _offset(None, {b: (-1, starts[b]) for b in buckets}, self.ctx.table.table_id, seen)
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.options.max_rows_per_trigger:
@@ -131,8 +133,9 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         latest = {b: latest for b, (_, latest) in table.list_offsets().items()}
         if self._target is not None:
             latest = {b: min(latest[b], self._target.get(b, latest[b])) for b in latest}
+        seen = self._check_losses(admin, start, starts)  # DATA_LOST: offsets it read were reused
         if any(offset == NOT_STARTED for _, offset in starts.values()):
-            return self._bootstrap_end(admin, table, lease, starts, latest)
+            return self._bootstrap_end(admin, table, lease, starts, latest, seen)
         ends = {b: max(starts[b][1], latest[b]) for b in starts}
         if isinstance(limit, ReadMaxRows):
             ends = _limited({b: o for b, (_, o) in starts.items()}, ends, limit.max_rows)
@@ -140,10 +143,17 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return start  # nothing new: no micro-batch
         # Right after a bootstrap this is a new offset even with no new data: Spark commits a batch's
         # end to the source only when it plans the next one, and that commit releases the lease.
-        return self._offset(lease, {b: (-1, ends[b]) for b in starts})
+        return _offset(lease, {b: (-1, ends[b]) for b in starts}, self.ctx.table.table_id, seen)
+
+    def _check_losses(self, admin: AdminClient, start: dict, starts: dict) -> dict[int, int]:
+        """The loss records of each bucket this query has seen now; DataLostError if one it had not seen
+        reused offsets it read (``client/lost_ranges.py``)."""
+        table = self.ctx.table
+        return LostRanges(admin, table.table_id, table.path).check({b: o for b, (_, o) in starts.items()},
+                                                                   _losses_seen(start))
 
     def _bootstrap_end(self, admin: AdminClient, table: TableClient, lease: LeaseRef | None, starts: dict,
-                       latest: dict[int, int]) -> dict:
+                       latest: dict[int, int], seen: dict[int, int]) -> dict:
         """The end of the bootstrap micro-batch: lease the latest snapshots (the whole bootstrap is one
         micro-batch, whatever the read limit)."""
         lease = _named(lease)
@@ -162,7 +172,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             except BaseException:  # the offset is not logged: nothing would ever read or release the lease
                 give_back(admin, table.table, lease.lease_id, held, lease.owner)
                 raise
-        return self._offset(lease, ends)
+        return _offset(lease, ends, self.ctx.table.table_id, seen)
 
     def _offset(self, lease: LeaseRef | None, buckets: dict[int, tuple[int, int]]) -> dict:
         return _offset(lease, buckets, self.ctx.table.table_id)
@@ -294,12 +304,23 @@ class Renewer:
 # -- offsets as JSON ---------------------------------------------------------------------------------
 
 
-def _offset(lease: LeaseRef | None, buckets: dict[int, tuple[int, int]], table_id: int) -> dict:
+def _offset(lease: LeaseRef | None, buckets: dict[int, tuple[int, int]], table_id: int,
+            losses: dict[int, int] | None = None) -> dict:
+    """``losses``: bucket -> the loss records of the bucket the query has seen (``"losses"`` in each bucket;
+    absent, as in offsets written before it: 0)."""
     doc: dict = {"table": table_id, "lease": None if lease is None else lease.lease_id}
     if lease is not None and lease.owner is not None:
         doc["owner"] = lease.owner
     doc["buckets"] = {str(b): {"snapshot": s, "offset": o} for b, (s, o) in sorted(buckets.items())}
+    for b, seen in (losses or {}).items():
+        if seen and str(b) in doc["buckets"]:
+            doc["buckets"][str(b)]["losses"] = seen
     return doc
+
+
+def _losses_seen(offset: dict) -> dict[int, int]:
+    """bucket -> the loss records an offset has seen (0 when it does not say)."""
+    return {int(b): int(v.get("losses", 0)) for b, v in offset.get("buckets", {}).items() if isinstance(v, dict)}
 
 
 def _named(lease: LeaseRef | None) -> LeaseRef:

@@ -51,6 +51,12 @@ class BucketKeeper(Periodic):
             except errors.KvLeaseError:  # no longer held here
                 self.replicas.unsettled.discard(key)
                 continue
+            if replica.loss_work is not None:
+                try:
+                    self.replicas.settle_loss(replica)
+                except Exception as exc:  # the coordinator or remote storage is away: next round
+                    log.warning("%s: cannot %s yet: %s", replica.tb, replica.loss_work, exc)
+                continue  # a restored bucket's fresh replica is unsettled: the next round opens it
             files = replica.store.files
             if files.failure is not None and not files.retry_in() and files.held_by_snapshots():
                 self.replicas.end_scans(*key)  # scan sessions keep the failed files open

@@ -42,6 +42,7 @@ from common import errors
 from common.storage import RemoteStorage
 from common.tables import TableInfo
 from common.model import TableBucket
+from tablet import lost_data
 from tablet.bucket import BucketStore
 from tablet.open_buckets import OpenBuckets, open_capacity
 from tablet.replica_snapshots import ReplicaSnapshots
@@ -73,6 +74,8 @@ class Replica:
     fresh: bool = False
     #: A follower's leader's log end, from its last fetch answer (-1: none yet): how far behind it is.
     leader_end: int = -1
+    #: A restore or an unclean takeover to carry out before it serves or fetches (tablet/lost_data.py).
+    loss_work: str | None = None
 
     @property
     def leads(self) -> bool:
@@ -156,6 +159,7 @@ class ReplicaManager(ReplicaSnapshots):
         RetriableError; None trusts the pushes (no ZooKeeper: unit tests)."""
         self.data_dir = data_dir
         self.server_id = server_id
+        self.dir_id = ""  # this data dir's id (tablet/lost_data.py); a push for another one is refused
         #: Run after every push that changed roles (the follower fetchers start and stop there).
         self.role_listeners: list[Callable[[], None]] = []
         #: Run after a leader's HW moved (waiting follower fetches answer).
@@ -226,6 +230,7 @@ class ReplicaManager(ReplicaSnapshots):
                     if replica is not None:
                         if replica.take_role(role):
                             stopped_leading.append(key)
+                        self._note_loss(replica, role)
                         continue
                     if len(self._replicas) >= self.max_buckets:
                         self.refused[key] = role.table
@@ -234,6 +239,7 @@ class ReplicaManager(ReplicaSnapshots):
                     self._tables = {**self._tables, role.table.table_id: role.table}  # known before it serves
                     self._replicas[key] = replica
                     self.unsettled.add(key)
+                    self._note_loss(replica, role)
             finally:  # forget the tables no longer held (also when opening a bucket failed)
                 self._tables = {r.table.table_id: r.table for r in self._replicas.values()}
             for table_id in sorted(gone):
@@ -255,6 +261,39 @@ class ReplicaManager(ReplicaSnapshots):
         for table_id, bucket in sorted(keys):
             shutil.rmtree(self.bucket_dir(table_id, bucket), ignore_errors=True)
             log.info("bucket %d of table %d moved off this tablet server: its local copy is deleted", bucket, table_id)
+
+    def _note_loss(self, replica: Replica, role: BucketRole) -> None:
+        """Mark a replica that must be restored or report its takeover before it serves (the keeper does it)."""
+        replica.loss_work = lost_data.work_for(role, self.bucket_dir(*role.key), self.server_id)
+        if replica.loss_work is not None:
+            self.unsettled.add(role.key)
+
+    def settle_loss(self, replica: Replica) -> None:
+        """Carry out ``replica.loss_work`` (the keeper's thread): a restore replaces the replica by one over
+        the restored files; an unclean takeover reports its log end. Raises on failure (tried again)."""
+        key = (replica.table.table_id, replica.bucket)
+        if replica.loss_work == lost_data.UNCLEAN:
+            with replica.store.files.use():
+                end = replica.store.log_end_offset
+            self.admin.report_log_ends(self.server_id, [(*key, replica.role.leader_epoch, end)], takeover=True)
+            replica.loss_work = None
+            log.warning("%s: took over after an unclean election with its log ending at offset %d", replica.tb, end)
+            return
+        with self._lock:
+            if self._replicas.get(key) is not replica:
+                return
+            with replica.fetch_lock, replica.snapshot_lock:
+                replica.closed = True
+                if replica.lead is not None:
+                    replica.lead.end()
+                self._tell_closing(key, False)
+                replica.store.close()
+                lost_data.restore_files(self.bucket_dir(*key), replica.role, self.storage, self.admin, self.server_id,
+                                        self.config[cfg.SNAPSHOT_UPLOAD_THREADS])
+            fresh = self._open(replica.role)
+            self._replicas[key] = fresh
+        for listener in self.role_listeners:
+            listener()
 
     def _confirm_epoch(self, coordinator_epoch: int) -> None:
         """Take a newer coordinator epoch only if it is ZooKeeper's current one. A confirmed
@@ -353,11 +392,15 @@ class ReplicaManager(ReplicaSnapshots):
         replica = self.replica(table_id, bucket)
         if not replica.leads:
             if replica.role.leader == NO_LEADER:
-                raise errors.LeaderNotAvailableError(
-                    f"bucket {bucket} of table {table_id} has no live in-sync replica to lead it",
-                    table_id=table_id, bucket=bucket)
+                why = replica.role.offline_reason or "it has no live in-sync replica to lead it"
+                raise errors.LeaderNotAvailableError(f"bucket {bucket} of table {table_id} is offline: {why}",
+                                                     table_id=table_id, bucket=bucket)
             raise errors.NotLeaderError(f"this tablet server follows bucket {bucket} of table {table_id}; tablet "
                                         f"server {replica.role.leader} leads it", table_id=table_id, bucket=bucket)
+        if replica.loss_work is not None:
+            doing = "restoring" if replica.loss_work == lost_data.RESTORE else "taking over after an unclean election"
+            raise errors.LeaderNotAvailableError(f"bucket {bucket} of table {table_id} is {doing}: it serves once done",
+                                                 table_id=table_id, bucket=bucket)
         if replica.replicated:
             replica.leadership().check_read()  # a new leader serves once it has every committed write
         return replica
@@ -389,11 +432,12 @@ class ReplicaManager(ReplicaSnapshots):
 
     def replicas(self, table_id: int | None = None) -> list[Replica]:
         """The replicas this server leads (of ``table_id``), by table and bucket."""
-        return [r for r in self.all_replicas(table_id) if r.leads]
+        return [r for r in self.all_replicas(table_id) if r.leads and r.loss_work is None]
 
     def followed(self) -> list[Replica]:
         """The replicas this server follows a live leader of."""
-        return [r for r in self.all_replicas() if not r.leads and r.role.leader != NO_LEADER and not r.closed]
+        return [r for r in self.all_replicas()
+                if not r.leads and r.role.leader != NO_LEADER and not r.closed and r.loss_work is None]
 
     def leaderships(self) -> list[Leadership]:
         return [r.lead for r in self.all_replicas() if r.lead is not None and not r.lead.ended]

@@ -34,6 +34,7 @@ from common.zk import dumps, loads, make_client
 from client.admin import AdminClient
 from common.security.client import internal_client_config
 from common.security.server import server_security
+from tablet import lost_data
 from tablet.bucket_keeper import BucketKeeper
 from tablet.health import HealthCollector
 from tablet.open_buckets import fd_limit
@@ -60,6 +61,7 @@ class TabletServer:
         self.storage = storage
         self.address = ""
         self.incarnation = uuid.uuid4().hex
+        self.dir_id = ""
         self.zk = None
         self.admin: AdminClient | None = None
         self.replicas: ReplicaManager | None = None
@@ -84,9 +86,12 @@ class TabletServer:
         self.security.start(self.zk)  # users and ACLs mirrored before the first call is served
         self.admin = AdminClient([self._active_coordinator() or "127.0.0.1:0"], internal_client_config(c),
                                  locate=self._active_coordinator)  # as the cluster's own principal
+        self.dir_id = lost_data.data_dir_id(c[cfg.TABLET_DATA_DIR], self.server_id)  # registered: a new one = lost data
         self.replicas = ReplicaManager(c[cfg.TABLET_DATA_DIR], c, self.storage, self.admin,
                                        current_epoch=self._zk_coordinator_epoch, table_gone=self._zk_table_gone,
                                        server_id=self.server_id)
+        self.log_ends = lost_data.LogEndReporter(self.replicas, self.admin)  # how many offsets a restore loses
+        self.replicas.dir_id = self.dir_id
         self._start_replication()
         self.scans = ScanService(self.replicas, c, security=self.security).start()
         self.scans.metrics.registry.register(HealthCollector(self.replicas))
@@ -253,7 +258,7 @@ class TabletServer:
         path = zkpaths.tablet_server(self.server_id)
         self.zk.ensure_path(zkpaths.TABLET_SERVERS)
         data = dumps({"address": self.address, "incarnation": self.incarnation,
-                      "max_buckets": self.config[cfg.TABLET_MAX_BUCKETS]})
+                      "max_buckets": self.config[cfg.TABLET_MAX_BUCKETS], "dir_id": self.dir_id})
         while True:
             try:
                 self.zk.create(path, data, ephemeral=True)
@@ -295,3 +300,4 @@ class TabletServer:
         interval_s = self.config[cfg.SNAPSHOT_INTERVAL] / 1000.0
         while not self._stopping.wait(interval_s):
             self.replicas.snapshot_changed()
+            self.log_ends.run_once()

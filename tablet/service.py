@@ -75,6 +75,10 @@ class TabletService(pb_grpc.TabletServiceServicer):
     def UpdateLeadership(self, request, context):
         def work():
             me = self.replicas.server_id
+            if request.dir_id and self.replicas.dir_id and request.dir_id != self.replicas.dir_id:
+                raise errors.InvalidRequestError(
+                    f"push for tablet server {me} with data dir {request.dir_id}, but this server's data dir is "
+                    f"{self.replicas.dir_id} (a new one: the coordinator has not seen it yet); refused")
             held = [BucketRole.from_pb(b, table_from_pb(b.table), me) for b in request.buckets]
             self.replicas.update_leadership(request.coordinator_epoch, held, list(request.dropped_tables))
             return {}

@@ -149,6 +149,26 @@ class CoordinatorServiceStub:
                 request_serializer=common_dot_proto_dot_coordinator__pb2.ListReassignmentsRequest.SerializeToString,
                 response_deserializer=common_dot_proto_dot_coordinator__pb2.ListReassignmentsResponse.FromString,
                 _registered_method=True)
+        self.ReportReplicaLoss = channel.unary_unary(
+                '/kvlease.CoordinatorService/ReportReplicaLoss',
+                request_serializer=common_dot_proto_dot_coordinator__pb2.ReportReplicaLossRequest.SerializeToString,
+                response_deserializer=common_dot_proto_dot_coordinator__pb2.ReportReplicaLossResponse.FromString,
+                _registered_method=True)
+        self.ReportLogEnds = channel.unary_unary(
+                '/kvlease.CoordinatorService/ReportLogEnds',
+                request_serializer=common_dot_proto_dot_coordinator__pb2.ReportLogEndsRequest.SerializeToString,
+                response_deserializer=common_dot_proto_dot_coordinator__pb2.ReportLogEndsResponse.FromString,
+                _registered_method=True)
+        self.RestoreBucket = channel.unary_unary(
+                '/kvlease.CoordinatorService/RestoreBucket',
+                request_serializer=common_dot_proto_dot_coordinator__pb2.RestoreBucketRequest.SerializeToString,
+                response_deserializer=common_dot_proto_dot_coordinator__pb2.RestoreBucketResponse.FromString,
+                _registered_method=True)
+        self.ElectLeader = channel.unary_unary(
+                '/kvlease.CoordinatorService/ElectLeader',
+                request_serializer=common_dot_proto_dot_coordinator__pb2.ElectLeaderRequest.SerializeToString,
+                response_deserializer=common_dot_proto_dot_coordinator__pb2.ElectLeaderResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServiceServicer:
@@ -292,6 +312,30 @@ class CoordinatorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportReplicaLoss(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportLogEnds(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RestoreBucket(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ElectLeader(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -409,6 +453,26 @@ def add_CoordinatorServiceServicer_to_server(servicer, server):
                     servicer.ListReassignments,
                     request_deserializer=common_dot_proto_dot_coordinator__pb2.ListReassignmentsRequest.FromString,
                     response_serializer=common_dot_proto_dot_coordinator__pb2.ListReassignmentsResponse.SerializeToString,
+            ),
+            'ReportReplicaLoss': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportReplicaLoss,
+                    request_deserializer=common_dot_proto_dot_coordinator__pb2.ReportReplicaLossRequest.FromString,
+                    response_serializer=common_dot_proto_dot_coordinator__pb2.ReportReplicaLossResponse.SerializeToString,
+            ),
+            'ReportLogEnds': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportLogEnds,
+                    request_deserializer=common_dot_proto_dot_coordinator__pb2.ReportLogEndsRequest.FromString,
+                    response_serializer=common_dot_proto_dot_coordinator__pb2.ReportLogEndsResponse.SerializeToString,
+            ),
+            'RestoreBucket': grpc.unary_unary_rpc_method_handler(
+                    servicer.RestoreBucket,
+                    request_deserializer=common_dot_proto_dot_coordinator__pb2.RestoreBucketRequest.FromString,
+                    response_serializer=common_dot_proto_dot_coordinator__pb2.RestoreBucketResponse.SerializeToString,
+            ),
+            'ElectLeader': grpc.unary_unary_rpc_method_handler(
+                    servicer.ElectLeader,
+                    request_deserializer=common_dot_proto_dot_coordinator__pb2.ElectLeaderRequest.FromString,
+                    response_serializer=common_dot_proto_dot_coordinator__pb2.ElectLeaderResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1032,6 +1096,114 @@ class CoordinatorService:
             '/kvlease.CoordinatorService/ListReassignments',
             common_dot_proto_dot_coordinator__pb2.ListReassignmentsRequest.SerializeToString,
             common_dot_proto_dot_coordinator__pb2.ListReassignmentsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportReplicaLoss(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvlease.CoordinatorService/ReportReplicaLoss',
+            common_dot_proto_dot_coordinator__pb2.ReportReplicaLossRequest.SerializeToString,
+            common_dot_proto_dot_coordinator__pb2.ReportReplicaLossResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportLogEnds(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvlease.CoordinatorService/ReportLogEnds',
+            common_dot_proto_dot_coordinator__pb2.ReportLogEndsRequest.SerializeToString,
+            common_dot_proto_dot_coordinator__pb2.ReportLogEndsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RestoreBucket(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvlease.CoordinatorService/RestoreBucket',
+            common_dot_proto_dot_coordinator__pb2.RestoreBucketRequest.SerializeToString,
+            common_dot_proto_dot_coordinator__pb2.RestoreBucketResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ElectLeader(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvlease.CoordinatorService/ElectLeader',
+            common_dot_proto_dot_coordinator__pb2.ElectLeaderRequest.SerializeToString,
+            common_dot_proto_dot_coordinator__pb2.ElectLeaderResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -12,7 +12,7 @@ import os
 # It reads this when grpc is first imported, which the imports below do.
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
-from ops.cli import bucket, bucket_moves, changelog, cluster, cluster_moves, data, demo, lease, plugins, scan, security, snapshot, table  # noqa: E402,F401  (they add the commands)
+from ops.cli import bucket, bucket_loss, bucket_moves, changelog, cluster, cluster_moves, data, demo, lease, plugins, scan, security, snapshot, table  # noqa: E402,F401  (they add the commands)
 from ops.cli.app import State, kvlease, main  # noqa: E402
 
 __all__ = ["State", "kvlease", "main"]

@@ -39,8 +39,15 @@ def assignment_docs(leaders: Mapping[int, Any]) -> list[dict]:
     live), replicas, ISR and epochs; ``reassign_target`` only while a move takes it elsewhere: its new replicas."""
     return [{"bucket": b, "leader": x.leader_id, "leader_address": x.leader_address, "replicas": list(x.replicas),
              "isr": list(x.isr), "leader_epoch": x.leader_epoch, "bucket_epoch": x.bucket_epoch,
-             **({} if getattr(x, "reassign_target", None) is None else {"reassign_target": list(x.reassign_target)})}
+             **({} if getattr(x, "reassign_target", None) is None else {"reassign_target": list(x.reassign_target)}),
+             **({"offline_reason": x.offline_reason} if getattr(x, "offline_reason", "") else {}),
+             **({"losses": [loss_doc(loss) for loss in x.losses]} if getattr(x, "losses", ()) else {})}
             for b, x in sorted(leaders.items())]
+
+
+def loss_doc(loss) -> dict:
+    """A ``common.data_loss.DataLoss`` and its one-line description (``text``)."""
+    return {**loss.to_json(), "lost_offsets": loss.lost_offsets(), "text": loss.describe()}
 
 
 def tables_doc(infos: Iterable[TableInfo]) -> dict:

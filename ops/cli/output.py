@@ -166,6 +166,8 @@ class TextOutput(Output):
                                  *(["moving to"] if moving else []))
             for b in doc["assignment"]:
                 leader = str(b["leader"]) if b["leader"] >= 0 else "none (offline)"
+                if b.get("offline_reason"):
+                    leader = f"none (offline: {b['offline_reason']})"
                 if b["leader"] >= 0 and not b["leader_address"]:
                     leader += " (not live)"
                 target = b.get("reassign_target")
@@ -175,6 +177,12 @@ class TextOutput(Output):
                 buckets.add_row(str(b["bucket"]), leader, ", ".join(map(str, b["replicas"])) or "-",
                                 ", ".join(map(str, b["isr"])) or "-", str(b["leader_epoch"]), *move)
             self._print(buckets)
+            losses = [(b["bucket"], loss) for b in doc["assignment"] for loss in b.get("losses", [])]
+            if losses:
+                grid = self._grid("bucket", "data loss accepted", title="data losses")
+                for bucket, loss in losses:
+                    grid.add_row(str(bucket), loss["text"])
+                self._print(grid)
 
     def snapshots(self, doc: Mapping[str, Any]) -> None:
         if not doc["snapshots"]:
@@ -271,6 +279,9 @@ class TextOutput(Output):
                 shown = ", ".join(f"{b['table']}/{b['bucket']}" for b in doc[key][:20])
                 more = f" and {len(doc[key]) - 20} more" if len(doc[key]) > 20 else ""
                 self._print(f"{what}: {len(doc[key])}: {shown}{more}")
+        for b in doc.get("offline", []):
+            if b.get("offline_reason"):
+                self._print(f"  {b['table']}/{b['bucket']}: {b['offline_reason']}")
         if doc.get("reassignments"):
             moves = doc["reassignments"]
             shown = "; ".join(f"{m['table']}/{m['bucket']} to {m['target']}"

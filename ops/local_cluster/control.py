@@ -59,7 +59,9 @@ def status(directory: str | os.PathLike[str], request_timeout_s: float = 2.0) ->
                     health = client.cluster_health()
                     servers = {str(s.id): s for s in health.servers}
                     for key, buckets in (("offline", health.offline), ("under_replicated", health.under_replicated)):
-                        result[key] = [{"table": b.table, "table_id": b.table_id, "bucket": b.bucket} for b in buckets]
+                        result[key] = [{"table": b.table, "table_id": b.table_id, "bucket": b.bucket,
+                                        **({"offline_reason": b.offline_reason} if b.offline_reason else {})}
+                                       for b in buckets]
                         result[f"{key}_count"] = len(buckets)
                     result.update(_reassignments(client))
             except KvLeaseError as exc:

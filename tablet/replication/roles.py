@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from common.data_loss import DataLoss
 from common.tables import TableInfo
 
 NO_LEADER = -1
@@ -27,6 +28,8 @@ class BucketRole:
     bucket_epoch: int = 0
     #: this server is no longer a replica (a completed move took it off): it deletes its copy
     removed: bool = False
+    offline_reason: str = ""  # no leader because its data is lost: why
+    latest_loss: DataLoss | None = None  # the bucket's newest accepted loss (tablet/lost_data.py)
 
     @property
     def key(self) -> tuple[int, int]:
@@ -50,4 +53,5 @@ class BucketRole:
         if not msg.HasField("leader"):
             return cls.led(table, msg.bucket, msg.leader_epoch, server_id)
         return cls(table, msg.bucket, msg.leader_epoch, msg.leader, msg.leader_address, tuple(msg.replicas),
-                   tuple(msg.isr), msg.bucket_epoch, msg.removed)
+                   tuple(msg.isr), msg.bucket_epoch, msg.removed, msg.offline_reason,
+                   DataLoss.from_pb(msg.latest_loss) if msg.HasField("latest_loss") else None)

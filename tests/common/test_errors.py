@@ -49,6 +49,7 @@ PINNED = {
     "OUT_OF_ORDER_SEQUENCE": 32,
     "NOT_ENOUGH_REPLICAS": 33,
     "FENCED_LEADER_EPOCH": 34,
+    "DATA_LOST": 35,
 }
 
 #: The exception class each code decodes to.
@@ -87,6 +88,7 @@ CLASSES = {
     ErrorCode.OUT_OF_ORDER_SEQUENCE: errors.OutOfOrderSequenceError,
     ErrorCode.NOT_ENOUGH_REPLICAS: errors.NotEnoughReplicasError,
     ErrorCode.FENCED_LEADER_EPOCH: errors.FencedLeaderEpochError,
+    ErrorCode.DATA_LOST: errors.DataLostError,
 }
 
 

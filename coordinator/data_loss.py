@@ -1,0 +1,180 @@
+"""Lost replicas, restores and operator elections: pure planning, no ZooKeeper (DESIGN.md "Replication").
+
+A replica's data is *lost* when its tablet server registers with a data dir
+other than the one the coordinator recorded for it (a wiped or replaced disk:
+every replica placed there), or when the tablet server reports one bucket's
+files lost (:func:`replica_lost`). Then:
+
+- the replica leaves the ISR at once, also the ISR an offline bucket keeps
+  for its last in-sync replica: it must never be elected as in sync;
+- if it led, the next live ISR member leads (a clean election); with none the
+  bucket is offline (leader -1) with an ``offline_reason`` naming the loss —
+  a one-replica bucket always is: it is never served again from nothing;
+- a lost follower just rebuilds from the remote snapshot and rejoins the ISR.
+
+An operator brings such a bucket back at the price of the lost changes:
+:func:`restore` (the latest kept snapshot; every replica drops its local
+state, the leader installs it) or :func:`elect` with ``unclean`` (an
+out-of-sync replica leads alone). Each appends a :class:`~common.data_loss.DataLoss`
+to the bucket's ``losses``, bumps the leader epoch and is idempotent: sent
+again, it answers the same record. :func:`elect` without ``unclean`` is a
+clean election of an ISR member.
+
+Every function returns the bucket's new state (``a`` itself: nothing to
+change); the caller writes it (fenced) and only then applies it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Iterable, Mapping
+
+from common import errors
+from common.data_loss import RESTORE, UNCLEAN, UNKNOWN, DataLoss
+from coordinator.assignment import UNASSIGNED, Assignments, BucketAssignment, Changes
+
+
+def new_dir_reason(server: int) -> str:
+    return f"data lost on tablet server {server}: it started with a new data dir"
+
+
+def _lost_reason(reason: str, one_replica: bool) -> str:
+    return reason + ("; the bucket has no other replica" if one_replica else "; no other in-sync replica has it")
+
+
+def lost_data(a: BucketAssignment) -> bool:
+    """Offline because its data is lost (what restore and elect --unclean are for)."""
+    return a.offline and bool(a.offline_reason)
+
+
+def replica_lost(a: BucketAssignment, server: int, reason: str, live: Iterable[int]) -> BucketAssignment:
+    """``a`` once ``server``'s replica of it lost its data (``reason`` says how); ``live``: the live servers."""
+    if server not in a.replicas and a.leader != server:
+        return a
+    live = set(live)
+    if a.replication_factor <= 1:
+        if lost_data(a):
+            return a
+        return replace(a, leader=UNASSIGNED, isr=(), leader_epoch=a.leader_epoch + 1,
+                       bucket_epoch=a.bucket_epoch + 1, offline_reason=_lost_reason(reason, True))
+    isr = tuple(r for r in a.isr if r != server)
+    if a.leader != server:  # a follower (or an offline bucket's kept ISR member): out of the ISR
+        if isr == a.isr:
+            return a
+        lost = a.offline and not isr
+        return replace(a, isr=isr, bucket_epoch=a.bucket_epoch + 1,
+                       offline_reason=_lost_reason(reason, False) if lost else a.offline_reason)
+    candidates = [r for r in isr if r in live]
+    if candidates:
+        return replace(a, leader=candidates[0], isr=isr, leader_epoch=a.leader_epoch + 1,
+                       bucket_epoch=a.bucket_epoch + 1)
+    return replace(a, leader=UNASSIGNED, isr=isr, leader_epoch=a.leader_epoch + 1, bucket_epoch=a.bucket_epoch + 1,
+                   offline_reason="" if isr else _lost_reason(reason, False))
+
+
+def restore(a: BucketAssignment, live: Iterable[int], snapshot: tuple[int, int] | None, last_known_end: int,
+            at_ms: int, *, accept_data_loss: bool, where: str) -> tuple[BucketAssignment, DataLoss]:
+    """The bucket restored from ``snapshot`` (``(snapshot_id, log_offset)`` of its latest kept one; None:
+    empty at offset 0) and its loss record. InvalidRequestError: not offline for lost data (a retry of the
+    restore that brought it back answers its record), no live replica, or ``accept_data_loss`` not set
+    (the message says what would be lost)."""
+    latest = a.losses[-1] if a.losses else None
+    if not lost_data(a):
+        if latest is not None and latest.kind == RESTORE and a.leader == latest.leader:
+            return a, latest  # a retried restore: its answer was lost
+        state = "offline, waiting for an in-sync replica to return" if a.offline else f"led by tablet server {a.leader}"
+        raise errors.InvalidRequestError(f"{where} is not offline for lost data ({state}): nothing to restore")
+    from_offset, snapshot_id = (snapshot[1], snapshot[0]) if snapshot is not None else (0, 0)
+    lost = (f"{last_known_end - from_offset} changelog offsets ({from_offset}..{last_known_end - 1})"
+            if last_known_end >= from_offset else "an unknown number of changelog offsets (no log end is known)")
+    source = f"snapshot {snapshot_id} (log offset {from_offset})" if snapshot is not None else "nothing: no snapshot is kept, it restarts empty at offset 0"
+    if not accept_data_loss:
+        raise errors.InvalidRequestError(
+            f"{where} is offline: {a.offline_reason}. Restoring it from {source} loses {lost}; run again with "
+            "--accept-data-loss to accept that")
+    leader = next((r for r in a.replicas if r in set(live)), None)
+    if leader is None:
+        raise errors.InvalidRequestError(f"{where}: none of its replicas {list(a.replicas)} is live; start one "
+                                         "of them first")
+    loss = DataLoss(RESTORE, a.leader_epoch + 1, from_offset, last_known_end, snapshot_id, at_ms, leader)
+    return replace(a, leader=leader, isr=(leader,), leader_epoch=loss.leader_epoch, bucket_epoch=a.bucket_epoch + 1,
+                   offline_reason="", losses=a.losses + (loss,)), loss
+
+
+def elect(a: BucketAssignment, live: Iterable[int], *, unclean: bool, tablet: int | None, last_known_end: int,
+          at_ms: int, where: str) -> tuple[BucketAssignment, DataLoss | None]:
+    """A leader chosen by the operator, and the loss record of an unclean election (None: clean).
+
+    Clean: the first live ISR member (or ``tablet``, which must be one) leads; already leading: nothing
+    changes. Unclean, only for an offline replicated bucket: the first live replica (or ``tablet``) leads
+    alone and the loss's ``from_offset`` stays unknown until it reports its log end. A retried unclean
+    election answers its record. InvalidRequestError otherwise, saying why."""
+    live = set(live)
+    if tablet is not None and tablet not in a.replicas:
+        raise errors.InvalidRequestError(f"{where}: tablet server {tablet} holds no replica of it (replicas "
+                                         f"{list(a.replicas)})")
+    if tablet is not None and tablet not in live:
+        raise errors.InvalidRequestError(f"{where}: tablet server {tablet} is not live")
+    latest = a.losses[-1] if a.losses else None
+    if not unclean:
+        candidates = [r for r in a.isr if r in live and (tablet is None or r == tablet)]
+        if not candidates:
+            why = (f"tablet server {tablet} is not in its ISR {list(a.isr)}" if tablet is not None
+                   else f"no live in-sync replica (ISR {list(a.isr)})")
+            hint = "; --unclean lets an out-of-sync replica lead, losing what it missed" if a.offline else ""
+            raise errors.InvalidRequestError(f"{where}: no clean election possible: {why}{hint}")
+        if a.leader == candidates[0] or (tablet is None and a.leader in candidates):
+            return a, None
+        leader = candidates[0]
+        return replace(a, leader=leader, leader_epoch=a.leader_epoch + 1, bucket_epoch=a.bucket_epoch + 1,
+                       offline_reason=""), None
+    if a.replication_factor <= 1:
+        raise errors.InvalidRequestError(f"{where} has one replica: there is no other replica to elect; use "
+                                         "`kvlease bucket restore --accept-data-loss`")
+    if not a.offline:
+        if latest is not None and latest.kind == UNCLEAN and a.leader == latest.leader \
+                and a.leader_epoch == latest.leader_epoch and (tablet is None or tablet == a.leader):
+            return a, latest  # a retried unclean election: its answer was lost
+        raise errors.InvalidRequestError(f"{where} is led by tablet server {a.leader}: an unclean election is only "
+                                         "for an offline bucket")
+    leader = tablet if tablet is not None else next((r for r in a.replicas if r in live), None)
+    if leader is None:
+        raise errors.InvalidRequestError(f"{where}: none of its replicas {list(a.replicas)} is live; start one "
+                                         "of them first")
+    loss = DataLoss(UNCLEAN, a.leader_epoch + 1, UNKNOWN, last_known_end, 0, at_ms, leader)
+    return replace(a, leader=leader, isr=(leader,), leader_epoch=loss.leader_epoch, bucket_epoch=a.bucket_epoch + 1,
+                   offline_reason="", losses=a.losses + (loss,)), loss
+
+
+def takeover_reported(a: BucketAssignment, server: int, leader_epoch: int, log_end: int) -> BucketAssignment:
+    """The unclean leader ``server`` reported its log end at ``leader_epoch``: the loss's ``from_offset``.
+    Anything else (a stale epoch, a loss already resolved) changes nothing."""
+    latest = a.losses[-1] if a.losses else None
+    if (latest is None or latest.kind != UNCLEAN or latest.resolved or a.leader != server
+            or latest.leader_epoch != leader_epoch or a.leader_epoch != leader_epoch):
+        return a
+    return replace(a, losses=a.losses[:-1] + (replace(latest, from_offset=log_end),),
+                   bucket_epoch=a.bucket_epoch + 1)
+
+
+def pending_takeover(a: BucketAssignment) -> bool:
+    """Led after an unclean election whose leader has not reported its log end yet (it does not serve)."""
+    latest = a.losses[-1] if a.losses else None
+    return (latest is not None and latest.kind == UNCLEAN and not latest.resolved
+            and a.leader == latest.leader and a.leader_epoch == latest.leader_epoch)
+
+
+
+def servers_lost(assignments: Assignments, lost: Mapping[int, str], live: Iterable[int]) -> Changes:
+    """Every table with a bucket changed by the replicas of the ``lost`` servers (id -> reason) losing
+    their data (all its buckets, as :func:`coordinator.election.servers_changed` gives them)."""
+    changes: Changes = {}
+    live = set(live)
+    for table_id, buckets in sorted(assignments.by_table.items()):
+        for bucket, current in sorted(buckets.items()):
+            state = current
+            for server, reason in sorted(lost.items()):
+                state = replica_lost(state, server, reason, live)
+            if state != current:
+                changes.setdefault(table_id, dict(buckets))[bucket] = state
+    return changes

@@ -1,0 +1,116 @@
+"""The coordinator's side of lost data: replica losses reported, leaders' log ends, restores and operator elections.
+
+Runs on the event loop's thread (requests of :mod:`coordinator.requests`,
+routed by :class:`~coordinator.controller.Controller`). Planning is pure
+(:mod:`coordinator.data_loss`); a change is written (fenced) and told to the
+replicas through :class:`~coordinator.membership.Membership` before it is
+answered. The leaders' log ends (``ReportLogEnds``, sent by every tablet
+server every ``kv.snapshot.interval`` for the buckets whose end moved) are
+kept in memory: a restore says from them how many committed offsets it loses
+("unknown" when none was reported since this coordinator became active).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+from common import errors
+from common.data_loss import UNKNOWN, DataLoss
+from common.model import TableBucket
+from coordinator import data_loss
+from coordinator.assignment import BucketAssignment
+from coordinator.membership import Membership
+from coordinator.snapshots import SnapshotStore
+
+log = logging.getLogger(__name__)
+
+
+class DataLossShell:
+    def __init__(self, members: Membership, snapshots: Callable[[], SnapshotStore], clock_ms: Callable[[], int],
+                 metrics=None) -> None:
+        self.members = members
+        self.snapshots = snapshots
+        self.clock_ms = clock_ms
+        self.metrics = metrics
+        #: (table id, bucket) -> (leader epoch, committed log end) as the bucket's leaders last reported it
+        self.log_ends: dict[tuple[int, int], tuple[int, int]] = {}
+        self.since_ms = clock_ms()
+
+    # -- queries ----------------------------------------------------------------------------
+
+    def _bucket(self, table_id: int, bucket: int) -> tuple[str, BucketAssignment]:
+        table = self.members.catalog.get_by_id(table_id)
+        current = self.members.assignments.table(table_id).get(bucket)
+        if current is None:
+            raise errors.BucketOutOfRangeError(f"table {table.path} has buckets 0..{table.buckets - 1}, not {bucket}",
+                                               table=table.path)
+        return f"bucket {bucket} of {table.path}", current
+
+    def last_known_end(self, table_id: int, bucket: int) -> int:
+        known = self.log_ends.get((table_id, bucket))
+        return UNKNOWN if known is None else known[1]
+
+    def _store(self, table_id: int, bucket: int, new: BucketAssignment) -> None:
+        self.members._apply({table_id: {**self.members.assignments.table(table_id), bucket: new}})
+
+    def _count(self, loss: DataLoss, where: str) -> None:
+        log.warning("data loss accepted on %s: %s", where, loss.describe())
+        if self.metrics is not None:
+            self.metrics.data_losses.labels(loss.kind).inc()
+
+    # -- tablet servers -----------------------------------------------------------------------
+
+    def replica_lost(self, server_id: int, table_id: int, bucket: int, reason: str) -> BucketAssignment:
+        """``server_id`` found its replica of the bucket lost: out of the ISR, offline if it was the last."""
+        where, current = self._bucket(table_id, bucket)
+        new = data_loss.replica_lost(current, server_id, f"data lost on tablet server {server_id}: {reason}",
+                                     set(self.members.servers))
+        if new != current:
+            log.warning("%s: tablet server %d reports its replica lost (%s)%s", where, server_id, reason,
+                        f"; offline: {new.offline_reason}" if data_loss.lost_data(new) else "")
+            self._store(table_id, bucket, new)
+        return new
+
+    def log_ends_reported(self, server_id: int, ends: list[tuple[int, int, int, int]], takeover: bool) -> None:
+        """``ends``: (table id, bucket, leader epoch, log end) of buckets ``server_id`` leads. With
+        ``takeover`` each is an unclean leader's log end at takeover: its loss record's from_offset."""
+        for table_id, bucket, leader_epoch, log_end in ends:
+            current = self.members.assignments.table(table_id).get(bucket)
+            if current is None or current.leader != server_id or current.leader_epoch != leader_epoch:
+                continue  # not (or no longer) its leader
+            if takeover:
+                new = data_loss.takeover_reported(current, server_id, leader_epoch, log_end)
+                if new != current:
+                    self._store(table_id, bucket, new)
+                    log.warning("bucket %d of table %d: its unclean leader %d reported its log end: %s", bucket,
+                                table_id, server_id, new.losses[-1].describe())
+            self.log_ends[(table_id, bucket)] = (leader_epoch, log_end)
+
+    # -- operators --------------------------------------------------------------------------------
+
+    def restore(self, table_id: int, bucket: int, accept_data_loss: bool) -> tuple[DataLoss, BucketAssignment]:
+        where, current = self._bucket(table_id, bucket)
+        latest = self.snapshots().latest(TableBucket(table_id, bucket))
+        new, loss = data_loss.restore(current, set(self.members.servers),
+                                      None if latest is None else (latest.snapshot_id, latest.log_offset),
+                                      self.last_known_end(table_id, bucket), self.clock_ms(),
+                                      accept_data_loss=accept_data_loss, where=where)
+        if new != current:
+            self._store(table_id, bucket, new)
+            self._count(loss, where)
+        return loss, new
+
+    def elect(self, table_id: int, bucket: int, unclean: bool, tablet: int | None
+              ) -> tuple[DataLoss | None, BucketAssignment]:
+        where, current = self._bucket(table_id, bucket)
+        new, loss = data_loss.elect(current, set(self.members.servers), unclean=unclean, tablet=tablet,
+                                    last_known_end=self.last_known_end(table_id, bucket), at_ms=self.clock_ms(),
+                                    where=where)
+        if new != current:
+            self._store(table_id, bucket, new)
+            log.warning("%s: %s election by an operator: tablet server %d leads (leader epoch %d)", where,
+                        "unclean" if unclean else "clean", new.leader, new.leader_epoch)
+            if loss is not None:
+                self._count(loss, where)
+        return loss, new

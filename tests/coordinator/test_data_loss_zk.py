@@ -1,0 +1,86 @@
+"""Lost data on a real ZooKeeper with a real controller: a tablet server registering a new data dir, replica
+losses reported, restore and operator elections written fenced and kept across a failover. Tablet servers are
+registered by hand (their ZooKeeper nodes)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from common import errors, zkpaths
+from coordinator import requests as rq
+from tests.coordinator.test_assignment import call
+from tests.coordinator.test_replication import create, make_ctrl, states, stored  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.zk
+
+
+def register(ctrl, dirs: dict[int, str], incarnation: str = "a") -> None:
+    for sid, dir_id in dirs.items():
+        node = json.dumps({"address": f"127.0.0.1:{1000 + sid}", "incarnation": incarnation,
+                           "dir_id": dir_id}).encode()
+        if ctrl.zk.exists(zkpaths.tablet_server(sid)):
+            ctrl.zk.set(zkpaths.tablet_server(sid), node)
+        else:
+            ctrl.zk.create(zkpaths.tablet_server(sid), node, ephemeral=True, makepath=True)
+    call(ctrl, rq.TabletServersChanged())
+
+
+def test_a_new_data_dir_loses_its_replicas_and_restore_brings_the_bucket_back(make_ctrl):
+    ctrl = make_ctrl()
+    register(ctrl, {1: "d1", 2: "d2"})
+    single = create(ctrl, "single", 2, rf=1)
+    replicated = create(ctrl, "rep", 2, rf=2)
+    assert json.loads(ctrl.zk.get(zkpaths.tablet_dir(1))[0]) == {"dir_id": "d1"}  # first sight: recorded
+    on_1 = [b for b, a in states(ctrl, single).items() if a.leader == 1]
+    register(ctrl, {1: "d1"}, incarnation="b")  # a plain restart: nothing lost
+    assert all(not a.offline_reason for a in states(ctrl, single).values())
+
+    register(ctrl, {1: "new"}, incarnation="c")  # a wiped disk
+    lost = states(ctrl, single)
+    assert all(lost[b].leader == -1 and "new data dir" in lost[b].offline_reason for b in on_1)
+    assert all(1 not in a.isr and a.leader != 1 for a in states(ctrl, replicated).values())
+    assert all("offline_reason" in stored(ctrl, single)[b] for b in on_1)  # persisted, fenced
+    assert json.loads(ctrl.zk.get(zkpaths.tablet_dir(1))[0]) == {"dir_id": "new"}
+
+    standby = make_ctrl()  # a failover keeps the dir ids and the offline state: nothing lost again, nothing served
+    assert standby.members.dirs.by_server == {1: "new", 2: "d2"}
+    register(standby, {1: "new"}, incarnation="c")
+    assert {b: states(standby, single)[b] for b in on_1} == {b: lost[b] for b in on_1}  # not lost again
+    bucket = on_1[0]
+    with pytest.raises(errors.InvalidRequestError, match="--accept-data-loss"):
+        call(standby, rq.RestoreBucket(single.table_id, bucket, False))
+    loss, state = call(standby, rq.RestoreBucket(single.table_id, bucket, True))
+    assert (loss.kind, loss.from_offset, loss.snapshot_id, loss.last_known_end) == ("restore", 0, 0, -1)
+    assert (state.leader, state.offline_reason, state.losses) == (1, "", (loss,))
+    assert call(standby, rq.RestoreBucket(single.table_id, bucket, True)) == (loss, state)  # retried
+    assert stored(standby, single)[bucket]["losses"][0]["kind"] == "restore"
+    assert standby.recorder.pushes  # the restore was told to the bucket's server
+
+
+def test_reported_replica_loss_and_log_ends_then_unclean_election(make_ctrl):
+    ctrl = make_ctrl()
+    register(ctrl, {1: "d1", 2: "d2"})
+    t = create(ctrl, "t", 1, rf=2)
+    a = states(ctrl, t)[0]
+    leader, follower = a.leader, next(r for r in a.replicas if r != a.leader)
+    call(ctrl, rq.ReportLogEnds(leader, ((t.table_id, 0, a.leader_epoch, 42),)))
+    assert ctrl.losses.last_known_end(t.table_id, 0) == 42
+    call(ctrl, rq.ReportLogEnds(follower, ((t.table_id, 0, a.leader_epoch, 99),)))  # not its leader: ignored
+    assert ctrl.losses.last_known_end(t.table_id, 0) == 42
+
+    call(ctrl, rq.ReportReplicaLoss(leader, t.table_id, 0, "its files are corrupt"))
+    moved = states(ctrl, t)[0]
+    assert (moved.leader, moved.isr) == (follower, (follower,))  # the next ISR member leads, cleanly
+    call(ctrl, rq.ReportReplicaLoss(follower, t.table_id, 0, "its files are corrupt"))
+    offline = states(ctrl, t)[0]
+    assert offline.leader == -1 and "corrupt" in offline.offline_reason and offline.isr == ()
+    assert call(ctrl, rq.ReportReplicaLoss(follower, t.table_id, 0, "again")) == offline  # idempotent
+
+    loss, state = call(ctrl, rq.ElectLeader(t.table_id, 0, True, follower))
+    assert (state.leader, state.isr, loss.kind, loss.from_offset, loss.last_known_end) == (
+        follower, (follower,), "unclean", -1, 42)
+    call(ctrl, rq.ReportLogEnds(follower, ((t.table_id, 0, state.leader_epoch, 30),), True))
+    resolved = states(ctrl, t)[0].losses[-1]
+    assert (resolved.from_offset, resolved.lost_offsets()) == (30, 12)
