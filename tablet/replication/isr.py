@@ -141,8 +141,13 @@ class LeaderView:
 
     def set_isr(self, isr: Collection[int]) -> bool:
         """The coordinator's ISR (accepted change, or the state it holds): clears the change in flight.
-        Whether the HW advanced (a slow member left)."""
-        self._isr = self._checked_isr(isr)
+        Whether the HW advanced (a slow member left). A member that left has its log end forgotten: the
+        coordinator takes a server that died out of the ISR, and the log end it fetched at before is no
+        proof of what its next incarnation holds (a wiped data dir holds nothing)."""
+        members = self._checked_isr(isr)
+        for gone in self._isr - members:  # its log end is forgotten: only a fetch from now on brings it back
+            self._followers[gone] = FollowerState(last_caught_up_ms=self._followers[gone].last_caught_up_ms)
+        self._isr = members
         self._proposed = None
         return self._advance()
 

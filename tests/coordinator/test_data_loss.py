@@ -135,9 +135,9 @@ def test_unclean_election_leads_alone_until_the_log_end_is_reported():
 
 def test_assignment_json_round_trip_keeps_reason_and_losses_and_omits_defaults():
     loss = DataLoss(RESTORE, 6, 1200, 1500, 4, 99, 2)
-    a = BucketAssignment(2, 6, (2,), (2,), 7, "", (loss,))
+    a = BucketAssignment(2, 6, (2,), (2,), 7, losses=(loss,))
     assert BucketAssignment.from_json(a.to_json()) == a
-    offline = BucketAssignment(-1, 6, (2,), (), 7, "data lost")
+    offline = BucketAssignment(-1, 6, (2,), (), 7, offline_reason="data lost")
     assert BucketAssignment.from_json(offline.to_json()) == offline
     assert "losses" not in offline.to_json() and "offline_reason" not in BucketAssignment(2, 1).to_json()
 

@@ -178,6 +178,19 @@ def test_expand_needs_the_hw_and_the_epoch_start() -> None:
     assert v.expand_candidates() == set()
 
 
+def test_a_member_that_left_the_isr_is_not_expanded_on_its_old_fetches() -> None:
+    """A follower at the HW dies; the coordinator takes it out of the ISR; with no write since, its last
+    fetch still reached the HW. Its next incarnation (a wiped disk holds nothing) must fetch again before
+    it may come back (it was proposed again on the dead one's log end, rebuilt or not)."""
+    v = view(isr=(1, 2, 3), end=30, hw=30, epoch_start=10)
+    v.on_fetch(2, 30, 1, 30)
+    v.on_fetch(3, 30, 1, 30)
+    v.set_isr((1, 3))
+    assert v.expand_candidates() == set()
+    v.on_fetch(2, 30, 2, 30)
+    assert v.expand_candidates() == {2}
+
+
 def test_can_write() -> None:
     assert can_write({1, 2}, 2) and can_write({1}, 1)
     assert not can_write({1}, 2)
