@@ -294,10 +294,7 @@ class BucketStore(BucketReads, BucketReplication):
                 changes = dict(zip(key_list[:n_up], up_list))
                 changes.update(dict.fromkeys(key_list[n_up:]))
         with self.write_lock:
-            self.files.check_writable()
-            if self.following:
-                raise errors.NotLeaderError(f"bucket {self.bucket} ({self.dir}) follows its leader now (leader epoch "
-                                            f"{self.leader_epoch}): this write was not appended", bucket=self.bucket)
+            self._check_leading()
             if writer is not None and (done := self._resent(changelog, writer)) is not None:
                 return done
             while any(lo <= bounds[1] and bounds[0] <= hi for lo, hi in self._in_flight.values()):
@@ -342,6 +339,14 @@ class BucketStore(BucketReads, BucketReplication):
                 del self._in_flight[base]
                 self._settled.notify_all()
             return base, nxt
+
+    def _check_leading(self) -> None:
+        """Under the write lock: the files take writes (else their failure) and this replica leads (else
+        NotLeaderError: a write that passed its leadership's check before a push made it a follower)."""
+        self.files.check_writable()
+        if self.following:
+            raise errors.NotLeaderError(f"bucket {self.bucket} ({self.dir}) follows its leader now (leader epoch "
+                                        f"{self.leader_epoch}): this write was not appended", bucket=self.bucket)
 
     def _records(self, changelog: Changelog, kv: KvStore, keys: pa.Array, up_values: pa.Array,
                  key_list: list[bytes], bounds: tuple[bytes, bytes], prepared: PreparedWrite | None,

@@ -28,6 +28,22 @@ log = logging.getLogger(__name__)
 class ReplicaSnapshots:
     # -- snapshots ---------------------------------------------------------------------------
 
+    def learn_base(self, replica: Replica) -> None:
+        """Learn the bucket's latest committed snapshot from the coordinator, once: the next snapshot
+        id follows it and its SST files are not uploaded again. Raises the coordinator's error."""
+        if replica.base_known:
+            return
+        latest = self.admin.get_latest_kv_snapshots(replica.table.table_id)
+        info = latest.get(replica.tb)
+        with replica.snapshot_lock:
+            if replica.base_known:
+                return
+            if info is not None:
+                replica.uploader.mark_committed(info.handle)
+                replica.next_snapshot_id = max(replica.next_snapshot_id, info.handle.snapshot_id + 1)
+                replica.snapshot_offset = info.handle.log_offset
+            replica.base_known = True
+
     def snapshot(self, replica: Replica, force: bool = False) -> SnapshotHandle | None:
         """Checkpoint, upload and commit one bucket, then apply its changelog retention; None when
         it has not changed."""

@@ -213,13 +213,7 @@ class ReplicaManager(ReplicaSnapshots):
             if coordinator_epoch > self.coordinator_epoch:
                 self._confirm_epoch(coordinator_epoch)
             wanted = {role.key: role for role in roles}
-            gone = set()
-            for table_id in set(dropped_tables) - {k[0] for k in wanted}:
-                if self._gone(table_id):
-                    gone.add(table_id)
-                else:
-                    log.warning("push of coordinator epoch %d drops table %d, which ZooKeeper still has: "
-                                "its data stays", coordinator_epoch, table_id)
+            gone = self._dropped(set(dropped_tables) - {k[0] for k in wanted}, coordinator_epoch)
             self.coordinator_epoch = coordinator_epoch
             try:
                 for key in [k for k in self._replicas if k not in wanted]:
@@ -310,6 +304,14 @@ class ReplicaManager(ReplicaSnapshots):
                 f"leadership from coordinator epoch {coordinator_epoch}, but ZooKeeper's current coordinator "
                 f"epoch is {current}: not sent by the active coordinator, refused")
 
+    def _dropped(self, table_ids: set[int], coordinator_epoch: int) -> set[int]:
+        """The tables of ``table_ids`` (dropped by a push) that ZooKeeper no longer has."""
+        gone = {table_id for table_id in table_ids if self._gone(table_id)}
+        for table_id in sorted(table_ids - gone):
+            log.warning("push of coordinator epoch %d drops table %d, which ZooKeeper still has: its data stays",
+                        coordinator_epoch, table_id)
+        return gone
+
     def _gone(self, table_id: int) -> bool:
         return True if self.table_gone is None else self.table_gone(table_id)
 
@@ -347,22 +349,6 @@ class ReplicaManager(ReplicaSnapshots):
         fresh = role.replicated and not os.path.exists(os.path.join(store.dir, "log"))
         return Replica(table, bucket, store, uploader, role=role, server_id=self.server_id,
                        on_commit=lambda: self.on_commit(), fresh=fresh)
-
-    def learn_base(self, replica: Replica) -> None:
-        """Learn the bucket's latest committed snapshot from the coordinator, once: the next snapshot
-        id follows it and its SST files are not uploaded again. Raises the coordinator's error."""
-        if replica.base_known:
-            return
-        latest = self.admin.get_latest_kv_snapshots(replica.table.table_id)
-        info = latest.get(replica.tb)
-        with replica.snapshot_lock:
-            if replica.base_known:
-                return
-            if info is not None:
-                replica.uploader.mark_committed(info.handle)
-                replica.next_snapshot_id = max(replica.next_snapshot_id, info.handle.snapshot_id + 1)
-                replica.snapshot_offset = info.handle.log_offset
-            replica.base_known = True
 
     def _close(self, key: tuple[int, int], dropped: bool = False) -> None:
         replica = self._replicas.pop(key)
