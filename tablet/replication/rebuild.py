@@ -14,8 +14,12 @@ replica") when, as the fetcher (``tablet/replication/fetcher.py``) finds:
   applied to RocksDB (truncating cannot take applied records back).
 
 The :class:`Rebuilder`, on a thread of its own (the other buckets' fetches go
-on), downloads the bucket's newest kept snapshot whose ``log_offset`` the
-leader's log still reaches (``tablet/replication/snapshot_download.py``:
+on), downloads the bucket's OLDEST kept snapshot whose ``log_offset`` the
+leader's log still reaches, so that the rebuilt replica's changelog reaches
+back as far as its leader's (changelog retention keeps every replica's log
+back to the lowest kept snapshot: any kept snapshot, leased now or later,
+can be read with its changelog from whichever replica leads next)
+(``tablet/replication/snapshot_download.py``:
 bounded by ``replica.rebuild.max-bytes-per-s``, each file checked, aborted
 when the server stops), holding a KV snapshot lease on it meanwhile
 (``rebuild-tablet-{server}-...``: the coordinator cannot delete its files
@@ -28,7 +32,7 @@ damaged or diverged, while the leader's log starts at 0) the replica starts
 empty and fetches the whole log.
 
 A snapshot whose files are missing, of the wrong size or checksum, or that do
-not open is skipped for the next older one, with a warning naming it and why.
+not open is skipped for the next newer one, with a warning naming it and why.
 With none usable the bucket is tried again after :data:`RETRY_S`.
 """
 
@@ -129,13 +133,13 @@ class Rebuilder(ReplicaWorker):
             self.on_done()
 
     def rebuild(self, replica, log_start: int, why: str = BEHIND) -> int | None:
-        """Install the newest usable snapshot of ``replica``'s bucket whose ``log_offset`` is at least
+        """Install the oldest usable snapshot of ``replica``'s bucket whose ``log_offset`` is at least
         ``log_start``; returns the offset its log continues from, None if nothing was done (no usable
         snapshot, the replica stopped following, the server stops). Raises the coordinator's error if the
         snapshots cannot be listed."""
         handles = sorted((info.handle for info in self._kept(replica.table.table_id, refresh=why == BEHIND)
                           if info.handle.bucket == replica.tb and info.handle.log_offset >= log_start),
-                         key=lambda h: h.snapshot_id, reverse=True)
+                         key=lambda h: h.snapshot_id)  # oldest first: the module docstring says why
         if why == DAMAGED:
             with replica.fetch_lock:
                 replica.store.discard_files(f"damaged: {replica.store.files.failure}")
@@ -148,7 +152,7 @@ class Rebuilder(ReplicaWorker):
                 log.info("%s: the rebuild from snapshot %d stopped: the server stops", replica.tb, handle.snapshot_id)
                 return None
             except (errors.KvLeaseError, OSError) as exc:
-                log.warning("%s: snapshot %d (log offset %d) cannot be used to rebuild it, trying an older "
+                log.warning("%s: snapshot %d (log offset %d) cannot be used to rebuild it, trying a newer "
                             "one: %s", replica.tb, handle.snapshot_id, handle.log_offset, exc)
         if why != BEHIND and log_start == 0:  # the leader's whole log is there
             if why == DIVERGED:
@@ -212,7 +216,7 @@ class _Lease:
         self._lock = threading.Lock()
 
     def acquire(self) -> None:
-        """InvalidSnapshotError if the snapshot is gone already (an older one is tried then)."""
+        """InvalidSnapshotError if the snapshot is gone already (a newer one is tried then)."""
         result = self.admin.acquire_lease(self.id, {self.handle.bucket: self.handle.snapshot_id}, LEASE_MS)
         self._at = self._monotonic()
         if self.handle.bucket in result.unavailable:

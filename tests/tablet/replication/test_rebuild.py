@@ -105,9 +105,11 @@ def test_a_follower_behind_the_leaders_log_start_is_rebuilt_from_the_snapshot(cl
         assert rows_of(store) == rows_of(leader_store)
 
 
-@pytest.mark.parametrize("damage", ["missing", "corrupt"])
-def test_a_snapshot_with_a_missing_or_corrupt_file_is_skipped_for_an_older_one(cluster, tmp_path, caplog, damage):
-    """Corrupt: one byte flipped, the size unchanged: only the manifest's CRC-32 tells."""
+@pytest.mark.parametrize("damage", ["none", "missing", "corrupt"])
+def test_the_oldest_kept_snapshot_is_used_and_a_damaged_one_skipped_for_a_newer(cluster, tmp_path, caplog, damage):
+    """The oldest kept snapshot: the rebuilt replica's log then reaches back as far as its leader's (any kept
+    snapshot may be leased and read with its changelog from whichever replica leads next). Corrupt: one byte
+    flipped, the size unchanged: only the manifest's CRC-32 tells."""
     c = cluster
     table = c.admin.create_table("db.skip", SCHEMA, ["id"], 1, replication_factor=3, min_insync_replicas=2)
     with TableClient(c.admin, "db.skip", retry_total_s=30) as client:
@@ -119,19 +121,23 @@ def test_a_snapshot_with_a_missing_or_corrupt_file_is_skipped_for_an_older_one(c
         newer = snapshot_and_retain(leader, table.table_id)
         leader_store = leader.replicas.replica(table.table_id, 0).store
         assert 0 < leader_store.list_offsets()[0] <= older.log_offset < newer.log_offset
-        private = sorted((f for f in newer.files if "/shared/" not in f.path), key=lambda f: -f.size)
+        private = sorted((f for f in older.files if "/shared/" not in f.path), key=lambda f: -f.size)
         if damage == "missing":
             leader.storage.delete(private[0].path)
-        else:
+        elif damage == "corrupt":
             data = bytearray(leader.storage.read(private[0].path))
             data[len(data) // 2] ^= 0xFF
             leader.storage.put(private[0].path, bytes(data))
         with caplog.at_level(logging.WARNING, logger="tablet.replication.rebuild"):
             back, store = come_back_wiped(c, tmp_path, server_id, table.table_id)
             wait_until(lambda: store.high_watermark >= leader_store.high_watermark, 20, "the follower to catch up")
-        assert store.list_offsets()[0] == older.log_offset
-        assert f"snapshot {newer.snapshot_id} (log offset {newer.log_offset}) cannot be used" in caplog.text
-        assert ("CRC-32" if damage == "corrupt" else "does not exist") in caplog.text
+        if damage == "none":
+            assert store.list_offsets()[0] == older.log_offset
+            assert "cannot be used" not in caplog.text
+        else:
+            assert store.list_offsets()[0] == newer.log_offset
+            assert f"snapshot {older.snapshot_id} (log offset {older.log_offset}) cannot be used" in caplog.text
+            assert ("CRC-32" if damage == "corrupt" else "does not exist") in caplog.text
         assert rows_of(store) == rows_of(leader_store)
 
 
