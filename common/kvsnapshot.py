@@ -136,13 +136,15 @@ def read_manifest(storage: RemoteStorage, path: str) -> Manifest:
 # --- download ---------------------------------------------------------------------------
 
 def download(storage: RemoteStorage, source: SnapshotHandle | str, target_dir: str, *,
-             io_threads: int = 8) -> Manifest:
+             io_threads: int = 8, before_file: Callable[[Manifest, ManifestFile], None] = lambda m, f: None,
+             on_file: Callable[[int], None] = lambda n: None) -> Manifest:
     """Restore a snapshot (a handle or a manifest path) as a checkpoint directory.
 
     ``target_dir`` must be missing or empty. Each file is fetched to a temp
-    name, checked (:func:`check_file`), then renamed. Raises StorageNotFound (a file or the
-    manifest is gone), StorageError, InvalidSnapshotError; on failure the
-    files written here are removed.
+    name, checked (:func:`check_file`), then renamed. ``before_file(manifest, file)`` runs before each
+    file is fetched (it may raise to stop the download), ``on_file(bytes)`` after it is in place.
+    Raises StorageNotFound (a file or the manifest is gone), StorageError, InvalidSnapshotError (and
+    what ``before_file`` raises); on failure the files written here are removed.
     """
     path = source.metadata_path if isinstance(source, SnapshotHandle) else source
     manifest = read_manifest(storage, path)
@@ -151,11 +153,13 @@ def download(storage: RemoteStorage, source: SnapshotHandle | str, target_dir: s
         raise errors.InvalidRequestError(f"download target {target_dir} is not empty")
 
     def fetch(f: ManifestFile) -> None:
+        before_file(manifest, f)
         final = os.path.join(target_dir, f.local_name)
         tmp = f"{final}.part"
         storage.download_file(f.path, tmp)
         check_file(storage, f, tmp)
         os.replace(tmp, final)
+        on_file(f.size)
 
     try:
         run_all([lambda f=f: fetch(f) for f in manifest.files], io_threads)

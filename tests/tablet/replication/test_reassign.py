@@ -13,22 +13,16 @@ import pytest
 from client.table import TableClient
 from tests.support.procs import wait_until
 from tests.tablet.replication.test_rebuild import rows_of
-from tests.tablet.replication.test_replicated_buckets import FAST, SCHEMA, bucket_state, server_by_id, wait_in_sync
-from tests.tablet.test_tablet_server import Cluster
+from tests.tablet.replication.test_replicated_buckets import (FAST, SCHEMA, bucket_state, server_by_id, three_servers,
+                                                              wait_in_sync)
 
 pytestmark = pytest.mark.zk
 
 
 @pytest.fixture
 def cluster(make_config, tmp_path):
-    c = Cluster(make_config, FAST)
-    try:
-        for server_id in (1, 2, 3):
-            c.tablet(server_id, tmp_path / f"t{server_id}")
-        wait_until(lambda: len(c.admin.list_tablet_servers()) == 3, 15, "three tablet servers")
+    with three_servers(make_config, tmp_path, FAST) as c:
         yield c
-    finally:
-        c.close()
 
 
 class Writer(threading.Thread):

@@ -19,8 +19,8 @@ from common.proto import tablet_pb2 as pb
 from common.proto import tablet_pb2_grpc as pb_grpc
 from tablet.rebuild_progress import progress
 from tests.support.procs import wait_until
-from tests.tablet.replication.test_replicated_buckets import FAST, SCHEMA, bucket_state, crash, server_by_id, wait_in_sync
-from tests.tablet.test_tablet_server import Cluster
+from tests.tablet.replication.test_replicated_buckets import (FAST, SCHEMA, bucket_state, crash, server_by_id,
+                                                              three_servers, wait_in_sync)
 
 pytestmark = pytest.mark.zk
 
@@ -29,14 +29,8 @@ RETENTION = {**FAST, "log.segment.bytes": "4kb", "log.retention": "0ms", "kv.sna
 
 @pytest.fixture
 def cluster(make_config, tmp_path):
-    c = Cluster(make_config, RETENTION)
-    try:
-        for server_id in (1, 2, 3):
-            c.tablet(server_id, tmp_path / f"t{server_id}")
-        wait_until(lambda: len(c.admin.list_tablet_servers()) == 3, 15, "three tablet servers")
+    with three_servers(make_config, tmp_path, RETENTION) as c:
         yield c
-    finally:
-        c.close()
 
 
 def write(client, start: int, count: int, tag: str) -> None:

@@ -14,8 +14,7 @@ import pytest
 from client.table import TableClient
 from tests.support.procs import wait_until
 from tests.tablet.replication.test_rebuild import RETENTION, lose_follower, rows_of, snapshot_and_retain, write
-from tests.tablet.replication.test_replicated_buckets import SCHEMA, server_by_id, wait_in_sync
-from tests.tablet.test_tablet_server import Cluster
+from tests.tablet.replication.test_replicated_buckets import SCHEMA, server_by_id, three_servers, wait_in_sync
 from tablet.replication.rebuild import DOWNLOAD_DIR
 
 pytestmark = pytest.mark.zk
@@ -27,14 +26,8 @@ SLOW = {**RETENTION, "replica.rebuild.max-bytes-per-s": "1kb", "kv.snapshot.num-
 
 @pytest.fixture
 def cluster(make_config, tmp_path):
-    c = Cluster(make_config, SLOW)
-    try:
-        for server_id in (1, 2, 3):
-            c.tablet(server_id, tmp_path / f"t{server_id}")
-        wait_until(lambda: len(c.admin.list_tablet_servers()) == 3, 15, "three tablet servers")
+    with three_servers(make_config, tmp_path, SLOW) as c:
         yield c
-    finally:
-        c.close()
 
 
 def rebuild_leases(c) -> list:
@@ -77,10 +70,7 @@ def test_the_snapshot_being_downloaded_is_leased_and_survives_newer_snapshots(cl
 
 
 def test_a_server_stopped_mid_download_stops_at_once_and_leaves_no_partial_files(make_config, tmp_path):
-    c = Cluster(make_config, SLOW)
-    try:
-        for server_id in (1, 2, 3):
-            c.tablet(server_id, tmp_path / f"t{server_id}")
+    with three_servers(make_config, tmp_path, SLOW) as c:
         table = c.admin.create_table("db.stopped", SCHEMA, ["id"], 1, replication_factor=3, min_insync_replicas=2)
         with TableClient(c.admin, "db.stopped", retry_total_s=30) as client:
             wait_in_sync(c, table.table_id)
@@ -98,5 +88,3 @@ def test_a_server_stopped_mid_download_stops_at_once_and_leaves_no_partial_files
             assert back.fetchers.rebuilder.rebuilt == 0
             wait_until(lambda: not rebuild_leases(c), 10, "the lease released")
             assert server_by_id(c, leader.server_id) is leader
-    finally:
-        c.close()

@@ -3,7 +3,9 @@ ZooKeeper, real RocksDB and gRPC on loopback (DESIGN.md "Replication — semanti
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from typing import Iterator
 
 import grpc
 import pytest
@@ -23,9 +25,10 @@ SCHEMA = [Column("id", "BIGINT"), Column("v", "STRING")]
 FAST = {"replica.fetch.wait-max": "200ms", "replica.max-lag": "2s", "zookeeper.session-timeout": "4s"}
 
 
-@pytest.fixture
-def cluster(make_config, tmp_path):
-    c = Cluster(make_config, FAST)
+@contextlib.contextmanager
+def three_servers(make_config, tmp_path, config: dict = FAST) -> Iterator[Cluster]:
+    """A coordinator and tablet servers 1, 2, 3 (data in ``tmp_path/t{id}``), all registered; closed after."""
+    c = Cluster(make_config, config)
     try:
         for server_id in (1, 2, 3):
             c.tablet(server_id, tmp_path / f"t{server_id}")
@@ -33,6 +36,12 @@ def cluster(make_config, tmp_path):
         yield c
     finally:
         c.close()
+
+
+@pytest.fixture
+def cluster(make_config, tmp_path):
+    with three_servers(make_config, tmp_path) as c:
+        yield c
 
 
 def crash(c, server) -> None:
