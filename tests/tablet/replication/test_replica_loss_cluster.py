@@ -12,6 +12,7 @@ import pytest
 
 from client.table import TableClient
 from common import errors
+from common.model import TableBucket
 from tests.support.procs import wait_until
 from tests.tablet.replication.test_data_loss_cluster import SETTINGS, _lookup_error, _served
 from tests.tablet.replication.test_replicated_buckets import SCHEMA, bucket_state, crash, server_by_id
@@ -120,3 +121,56 @@ def test_a_bucket_dir_gone_from_a_data_dir_that_held_it_is_a_lost_replica(cluste
     with TableClient(c.admin, "db.gone", retry_total_s=0.5) as client:  # never served empty
         with pytest.raises(errors.LeaderNotAvailableError, match="is gone"):
             client.lookup([{"id": 1}])
+
+
+def test_snapshots_of_a_lost_history_are_dropped_after_an_unclean_election(cluster, tmp_path):
+    c = cluster
+    for server_id in (1, 2):
+        c.tablet(server_id, tmp_path / f"t{server_id}")
+    wait_until(lambda: len(c.admin.list_tablet_servers()) == 2, 15, "two tablet servers")
+    table = c.admin.create_table("db.hist", SCHEMA, ["id"], 1, replication_factor=2)
+    state = wait_until(lambda: len((s := bucket_state(c, table.table_id)).isr) == 2 and s, 20, "in sync")
+    leader, follower = state.leader_id, next(r for r in state.replicas if r != state.leader_id)
+    tb = TableBucket(table.table_id, 0)
+    with TableClient(c.admin, "db.hist") as client:
+        client.upsert([{"id": i, "v": "a"} for i in range(8)])  # offsets 0..7, on both replicas
+    assert server_by_id(c, leader).replicas.snapshot_changed() == 1  # snapshot 1 at log offset 8
+    crash(c, server_by_id(c, follower))
+    wait_until(lambda: bucket_state(c, table.table_id).isr == (leader,), 20, "the follower out of the ISR")
+    with TableClient(c.admin, "db.hist") as client:
+        client.upsert([{"id": i, "v": "b"} for i in range(8, 12)])  # offsets 8..11: only on the leader
+    storage = server_by_id(c, leader).replicas.storage
+    assert server_by_id(c, leader).replicas.snapshot_changed() == 1  # snapshot 2 at log offset 12
+    lost = max((i.handle for i in c.admin.list_kv_snapshots(table.table_id)), key=lambda h: h.snapshot_id)
+    assert (lost.snapshot_id, lost.log_offset) == (2, 12)
+    assert not c.admin.acquire_lease("reader", {tb: 2}, 60_000).unavailable  # a reader reads snapshot 2
+    crash(c, server_by_id(c, leader))
+    wait_until(lambda: bucket_state(c, table.table_id).leader_id == -1, 20, "offline")
+    c.tablet(follower, tmp_path / f"t{follower}")
+    wait_until(lambda: len(c.admin.list_tablet_servers()) == 1, 15, "the follower back")
+
+    elected = c.admin.elect_leader("db.hist", 0, unclean=True, tablet=follower)
+    assert elected["loss"].newest_snapshot_id == 2
+    done = wait_until(lambda: (s := bucket_state(c, table.table_id)).losses[-1].resolved and s, 20, "the takeover")
+    assert done.losses[-1].from_offset == 8
+    # snapshot 2 holds offsets the new leader reuses: no longer kept; its lease still reads its files
+    assert [i.handle.snapshot_id for i in c.admin.list_kv_snapshots(table.table_id)] == [1]
+    assert c.admin.get_latest_kv_snapshots(table.table_id)[tb].handle.snapshot_id == 1
+    assert storage.exists(lost.metadata_path)
+    assert c.admin.acquire_lease("other", {tb: 2}, 60_000).unavailable == {tb: 2}  # not leased anew
+
+    # the old leader comes back with a wiped disk: rebuilt from snapshot 1, not from the lost snapshot 2
+    shutil.rmtree(tmp_path / f"t{leader}")
+    rebuilt = c.tablet(leader, tmp_path / f"t{leader}")
+    wait_until(lambda: len(bucket_state(c, table.table_id).isr) == 2, 30, "the rebuilt replica in sync")
+    assert rebuilt.fetchers.rebuilder.rebuilt == 1
+    c.admin.elect_leader("db.hist", 0, unclean=False, tablet=leader)  # the rebuilt replica leads: its data
+    with TableClient(c.admin, "db.hist") as client:
+        rows = wait_until(lambda: _served(client), 20, "the rebuilt replica to serve")
+        assert [r and r["v"] for r in rows[:12]] == ["a"] * 8 + [None] * 4
+        client.upsert([{"id": 50, "v": "c"}])
+    assert rebuilt.replicas.snapshot_changed() == 1  # a new snapshot commits, with an id never used before
+    assert [i.handle.snapshot_id for i in c.admin.list_kv_snapshots(table.table_id)] == [1, 3]
+
+    c.admin.drop_lease("reader")  # the last lease of snapshot 2 ends: its files go
+    wait_until(lambda: not storage.exists(lost.metadata_path), 10, "the lost snapshot's files deleted")
