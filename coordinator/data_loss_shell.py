@@ -8,6 +8,9 @@ answered. The leaders' log ends (``ReportLogEnds``, sent by every tablet
 server every ``kv.snapshot.interval`` for the buckets whose end moved) are
 kept in memory: a restore says from them how many committed offsets it loses
 ("unknown" when none was reported since this coordinator became active).
+An unclean leader's takeover report resolves its loss; the snapshots of the
+lost history then leave the kept list (``on_resolved``:
+:meth:`~coordinator.snapshot_commits.SnapshotCommits.drop_lost_history`).
 """
 
 from __future__ import annotations
