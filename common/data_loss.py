@@ -29,6 +29,8 @@ class DataLoss:
     snapshot_id: int = 0  # restore: the snapshot restored (0: none, empty at offset 0)
     at_ms: int = 0
     leader: int = -1
+    #: unclean: the newest snapshot id committed before the election (0: none); see :meth:`lost_history`
+    newest_snapshot_id: int = 0
 
     @property
     def resolved(self) -> bool:
@@ -56,13 +58,13 @@ class DataLoss:
     def to_json(self) -> dict:
         return {"kind": self.kind, "leader_epoch": self.leader_epoch, "from_offset": self.from_offset,
                 "last_known_end": self.last_known_end, "snapshot_id": self.snapshot_id, "at_ms": self.at_ms,
-                "leader": self.leader}
+                "leader": self.leader, "newest_snapshot_id": self.newest_snapshot_id}
 
     @classmethod
     def from_json(cls, node: Mapping) -> "DataLoss":
         return cls(str(node["kind"]), int(node["leader_epoch"]), int(node["from_offset"]),
                    int(node.get("last_known_end", UNKNOWN)), int(node.get("snapshot_id", 0)),
-                   int(node.get("at_ms", 0)), int(node.get("leader", -1)))
+                   int(node.get("at_ms", 0)), int(node.get("leader", -1)), int(node.get("newest_snapshot_id", 0)))
 
     def to_pb(self, pb_cls):
         return pb_cls(**self.to_json())
@@ -70,7 +72,19 @@ class DataLoss:
     @classmethod
     def from_pb(cls, msg) -> "DataLoss":
         return cls(msg.kind, msg.leader_epoch, msg.from_offset, msg.last_known_end, msg.snapshot_id, msg.at_ms,
-                   msg.leader)
+                   msg.leader, msg.newest_snapshot_id)
+
+    def lost_history(self, snapshot_id: int, log_offset: int) -> bool:
+        """Whether the snapshot ``snapshot_id`` at ``log_offset`` holds changes this loss took back: one
+        committed before an unclean election (id up to :attr:`newest_snapshot_id`) whose ``log_offset`` is
+        above the new leader's log end (``from_offset``). Never used again as the bucket's latest snapshot
+        or to rebuild a replica."""
+        return (self.resolved and snapshot_id <= self.newest_snapshot_id and log_offset > self.from_offset)
+
+    @property
+    def next_snapshot_id(self) -> int:
+        """The lowest snapshot id the bucket's leaders may use after this loss (ids are never reused)."""
+        return max(self.snapshot_id, self.newest_snapshot_id) + 1
 
 
 def resolved_count(losses: Sequence[DataLoss]) -> int:

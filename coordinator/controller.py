@@ -93,7 +93,8 @@ class Controller(Dispatcher):
             holders=lambda tb, sid: self.leases.refs.holders(tb, sid))
         self.tables = Tables(catalog, self.members, self.lease_shell, self.snapshot_commits, clock_ms,
                              default_replication)
-        self.losses = DataLossShell(self.members, lambda: self.snapshots, clock_ms, metrics)
+        self.losses = DataLossShell(self.members, lambda: self.snapshots, clock_ms, metrics,
+                                    on_resolved=lambda tb, losses: self.snapshot_commits.drop_lost_history(tb, losses))
         #: Commits' log-end checks (gRPC handler threads, never the loop), over channels kept while active.
         self.log_ends = LeaderLogEnds(tls=tls, credentials=credentials)
 
@@ -172,7 +173,11 @@ class Controller(Dispatcher):
             loaded = self.lease_store.load_all(self.zk)
         orphans = [] if defer_orphans else self.lease_store.remove_orphans()
         restored = self.lease_shell.restore(loaded, self.clock_ms(), self.grace_ms, refs)
-        dangling = [(tb, sid) for tb, sid in self.leases.refs.leased() if not self.snapshots.has_snapshot(tb, sid)]
+        for table_id, buckets in sorted(self.assignments.by_table.items()):  # a crash may have left them kept
+            for bucket, state in sorted(buckets.items()):
+                if state.losses:
+                    self.snapshot_commits.drop_lost_history(TableBucket(table_id, bucket), state.losses)
+        dangling = [(tb, sid) for tb, sid in self.leases.refs.leased() if not self.snapshots.holds(tb, sid)]
         for tb, sid in dangling:
             log.warning("lease refers to snapshot %s of %s which is not stored", sid, tb)
         self.snapshot_commits.reclaim({h.bucket for h in self.snapshots.all()})

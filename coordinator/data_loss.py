@@ -102,13 +102,14 @@ def restore(a: BucketAssignment, live: Iterable[int], snapshot: tuple[int, int] 
 
 
 def elect(a: BucketAssignment, live: Iterable[int], *, unclean: bool, tablet: int | None, last_known_end: int,
-          at_ms: int, where: str) -> tuple[BucketAssignment, DataLoss | None]:
+          at_ms: int, where: str, newest_snapshot_id: int = 0) -> tuple[BucketAssignment, DataLoss | None]:
     """A leader chosen by the operator, and the loss record of an unclean election (None: clean).
 
     Clean: the first live ISR member (or ``tablet``, which must be one) leads; already leading: nothing
     changes. Unclean, only for an offline replicated bucket: the first live replica (or ``tablet``) leads
     alone and the loss's ``from_offset`` stays unknown until it reports its log end. A retried unclean
-    election answers its record. InvalidRequestError otherwise, saying why."""
+    election answers its record. ``newest_snapshot_id``: the bucket's newest committed snapshot (0: none),
+    recorded in the loss (:meth:`DataLoss.lost_history`). InvalidRequestError otherwise, saying why."""
     live = set(live)
     if tablet is not None and tablet not in a.replicas:
         raise errors.InvalidRequestError(f"{where}: tablet server {tablet} holds no replica of it (replicas "
@@ -141,7 +142,7 @@ def elect(a: BucketAssignment, live: Iterable[int], *, unclean: bool, tablet: in
     if leader is None:
         raise errors.InvalidRequestError(f"{where}: none of its replicas {list(a.replicas)} is live; start one "
                                          "of them first")
-    loss = DataLoss(UNCLEAN, a.leader_epoch + 1, UNKNOWN, last_known_end, 0, at_ms, leader)
+    loss = DataLoss(UNCLEAN, a.leader_epoch + 1, UNKNOWN, last_known_end, 0, at_ms, leader, newest_snapshot_id)
     return replace(a, leader=leader, isr=(leader,), leader_epoch=loss.leader_epoch, bucket_epoch=a.bucket_epoch + 1,
                    offline_reason="", losses=a.losses + (loss,)), loss
 

@@ -8,6 +8,9 @@ answered. The leaders' log ends (``ReportLogEnds``, sent by every tablet
 server every ``kv.snapshot.interval`` for the buckets whose end moved) are
 kept in memory: a restore says from them how many committed offsets it loses
 ("unknown" when none was reported since this coordinator became active).
+An unclean leader's takeover report resolves its loss; the snapshots of the
+lost history then leave the kept list (``on_resolved``:
+:meth:`~coordinator.snapshot_commits.SnapshotCommits.drop_lost_history`).
 """
 
 from __future__ import annotations
@@ -28,8 +31,12 @@ log = logging.getLogger(__name__)
 
 class DataLossShell:
     def __init__(self, members: Membership, snapshots: Callable[[], SnapshotStore], clock_ms: Callable[[], int],
-                 metrics=None) -> None:
+                 metrics=None, on_resolved: Callable[[TableBucket, tuple[DataLoss, ...]], object] = lambda tb, l: None
+                 ) -> None:
+        """``on_resolved(bucket, losses)``: run once an unclean leader's takeover report resolved a loss, after
+        it was written (the snapshots of the lost history leave the kept list there)."""
         self.members = members
+        self.on_resolved = on_resolved
         self.snapshots = snapshots
         self.clock_ms = clock_ms
         self.metrics = metrics
@@ -85,6 +92,8 @@ class DataLossShell:
                     self._store(table_id, bucket, new)
                     log.warning("bucket %d of table %d: its unclean leader %d reported its log end: %s", bucket,
                                 table_id, server_id, new.losses[-1].describe())
+                if new.losses and new.losses[-1].resolved:  # also a resent report: dropping is idempotent
+                    self.on_resolved(TableBucket(table_id, bucket), new.losses)
             self.log_ends[(table_id, bucket)] = (leader_epoch, log_end)
 
     # -- operators --------------------------------------------------------------------------------
@@ -104,9 +113,10 @@ class DataLossShell:
     def elect(self, table_id: int, bucket: int, unclean: bool, tablet: int | None
               ) -> tuple[DataLoss | None, BucketAssignment]:
         where, current = self._bucket(table_id, bucket)
+        latest = self.snapshots().latest(TableBucket(table_id, bucket))
         new, loss = data_loss.elect(current, set(self.members.servers), unclean=unclean, tablet=tablet,
                                     last_known_end=self.last_known_end(table_id, bucket), at_ms=self.clock_ms(),
-                                    where=where)
+                                    where=where, newest_snapshot_id=0 if latest is None else latest.snapshot_id)
         if new != current:
             self._store(table_id, bucket, new)
             log.warning("%s: %s election by an operator: tablet server %d leads (leader epoch %d)", where,

@@ -17,6 +17,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 from common import errors, zkpaths
+from common.data_loss import DataLoss
 from common.model import SnapshotHandle, TableBucket
 from common.tables import TableInfo
 from common.zk import ZkOp, dumps, loads
@@ -89,6 +90,23 @@ class SnapshotCommits:
 
     # -- deletes ------------------------------------------------------------------------
 
+    def drop_lost_history(self, tb: TableBucket, losses: Iterable[DataLoss]) -> list[SnapshotHandle]:
+        """Take the bucket's snapshots of a lost history (:meth:`DataLoss.lost_history`: committed before an
+        unclean election, above the new leader's log end) out of its kept list, and delete those no lease
+        holds now (the others once their last lease ends); returns the ones taken out. Idempotent: run when
+        a new leader reports its takeover and again at every failover (a crash in between loses nothing).
+        """
+        losses = [loss for loss in losses if loss.resolved and loss.newest_snapshot_id]
+        dropped = self.store.discard(tb, lambda h: any(loss.lost_history(h.snapshot_id, h.log_offset)
+                                                       for loss in losses))
+        if dropped:
+            held = [h.snapshot_id for h in dropped if self.is_protected(tb, h.snapshot_id)]
+            log.warning("bucket %s: snapshots %s hold a history lost by an unclean election: no longer kept%s",
+                        tb, [h.snapshot_id for h in dropped],
+                        f" (deleted once leases release {held})" if held else "")
+            self.reclaim([tb])
+        return dropped
+
     def reclaim(self, buckets: Iterable[TableBucket]) -> None:
         """Delete every snapshot of these buckets that is neither retained nor leased, now.
 
@@ -113,7 +131,8 @@ class SnapshotCommits:
 
     def delete_handles(self, table_id: int) -> None:
         """A table is being dropped: delete its snapshot handles from ZooKeeper (memory: :meth:`forget_table`)."""
-        handles = [h for tb in self.store.table_buckets(table_id) for h in self.store.bucket_snapshots(tb)]
+        handles = [h for tb in self.store.table_buckets(table_id)
+                   for h in self.store.bucket_snapshots(tb) + self.store.discarded(tb)]
         for start in range(0, len(handles), MAX_OPS_PER_MULTI):
             self.writer.commit([ZkOp("delete", zkpaths.snapshot(h.bucket.table_id, h.bucket.bucket, h.snapshot_id))
                                 for h in handles[start:start + MAX_OPS_PER_MULTI]])

@@ -4,6 +4,13 @@ Per bucket it keeps the ``num_retained`` newest snapshots plus every leased
 one; whatever is neither is *reclaimable* and the coordinator deletes it at
 once. A remote file is deleted only when no kept snapshot uses it (SST files
 are shared between a bucket's snapshots).
+
+A snapshot of a *lost history* (committed before an unclean election, above
+the new leader's log end: :meth:`common.data_loss.DataLoss.lost_history`) is
+:meth:`discard`-ed: it leaves the kept list (never the latest, never listed,
+never leased anew, no obstacle to later commits) but its files stay counted
+while a lease holds it (a consistent past state its reader goes on reading);
+it is reclaimable as soon as no lease does.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ class SnapshotStore:
             raise ValueError("kv.snapshot.num-retained must be at least 1")
         self.num_retained = num_retained
         self._by_bucket: dict[TableBucket, dict[int, SnapshotHandle]] = {}
+        self._discarded: dict[TableBucket, dict[int, SnapshotHandle]] = {}  # lost history, still leased
         self._file_refs: Counter[str] = Counter()
 
     # -- queries -------------------------------------------------------------------
@@ -42,11 +50,23 @@ class SnapshotStore:
         return snaps[max(snaps)] if snaps else None
 
     def table_buckets(self, table_id: int) -> list[TableBucket]:
-        return sorted((tb for tb in self._by_bucket if tb.table_id == table_id), key=TableBucket.sort_key)
+        """The table's buckets with a stored snapshot (kept or discarded)."""
+        return sorted((tb for tb in {*self._by_bucket, *self._discarded} if tb.table_id == table_id),
+                      key=TableBucket.sort_key)
 
     def all(self) -> Iterable[SnapshotHandle]:
-        for snaps in self._by_bucket.values():
-            yield from snaps.values()
+        """Every stored snapshot, the discarded ones (still leased) included."""
+        for by_bucket in (self._by_bucket, self._discarded):
+            for snaps in list(by_bucket.values()):
+                yield from snaps.values()
+
+    def discarded(self, tb: TableBucket) -> list[SnapshotHandle]:
+        """The bucket's discarded snapshots (see the module docstring), oldest first."""
+        return [h for _, h in sorted(self._discarded.get(tb, {}).items())]
+
+    def holds(self, tb: TableBucket, snapshot_id: int) -> bool:
+        """Kept or discarded: its files are still there (a lease that holds it reads on)."""
+        return self.has_snapshot(tb, snapshot_id) or snapshot_id in self._discarded.get(tb, {})
 
     def is_retained(self, tb: TableBucket, snapshot_id: int) -> bool:
         """Among the bucket's ``num_retained`` newest snapshots."""
@@ -88,18 +108,36 @@ class SnapshotStore:
         self._file_refs.update(handle.file_paths())
 
     def reclaimable(self, tb: TableBucket, is_leased: IsLeased) -> list[SnapshotHandle]:
-        """Snapshots of ``tb`` neither among the newest ``num_retained`` nor leased."""
+        """Snapshots of ``tb`` neither among the newest ``num_retained`` nor leased, and the discarded ones
+        no lease holds."""
         ids = sorted(self._by_bucket.get(tb, {}), reverse=True)
-        return [self._by_bucket[tb][sid] for sid in ids[self.num_retained:] if not is_leased(tb, sid)]
+        return ([self._by_bucket[tb][sid] for sid in ids[self.num_retained:] if not is_leased(tb, sid)]
+                + [h for h in self.discarded(tb) if not is_leased(tb, h.snapshot_id)])
+
+    def discard(self, tb: TableBucket, lost: Callable[[SnapshotHandle], bool]) -> list[SnapshotHandle]:
+        """Take the kept snapshots of ``tb`` for which ``lost(handle)`` is true out of the kept list (see the
+        module docstring); returns them. Idempotent."""
+        snaps = self._by_bucket.get(tb, {})
+        doomed = [h for _, h in sorted(snaps.items()) if lost(h)]
+        for handle in doomed:
+            del snaps[handle.snapshot_id]
+            self._discarded.setdefault(tb, {})[handle.snapshot_id] = handle
+        if not snaps:
+            self._by_bucket.pop(tb, None)
+        return doomed
 
     def remove(self, handle: SnapshotHandle) -> list[str]:
-        """Forget the snapshot; returns the files no kept snapshot uses any more."""
-        snaps = self._by_bucket.get(handle.bucket, {})
-        stored = snaps.pop(handle.snapshot_id, None)
+        """Forget the snapshot (kept or discarded); returns the files no stored snapshot uses any more."""
+        stored = None
+        for by_bucket in (self._by_bucket, self._discarded):
+            snaps = by_bucket.get(handle.bucket, {})
+            stored = snaps.pop(handle.snapshot_id, None)
+            if stored is not None:
+                if not snaps:
+                    del by_bucket[handle.bucket]
+                break
         if stored is None:
             return []
-        if not snaps:
-            del self._by_bucket[handle.bucket]
         unused = []
         for path in stored.file_paths():  # the files the store counted, not the caller's copy's
             self._file_refs[path] -= 1
@@ -109,7 +147,7 @@ class SnapshotStore:
         return sorted(unused)
 
     def remove_table(self, table_id: int) -> tuple[list[SnapshotHandle], list[str]]:
-        handles = [h for tb in self.table_buckets(table_id) for h in self.bucket_snapshots(tb)]
+        handles = [h for tb in self.table_buckets(table_id) for h in self.bucket_snapshots(tb) + self.discarded(tb)]
         files: list[str] = []
         for handle in handles:
             files.extend(self.remove(handle))
@@ -123,7 +161,9 @@ class SnapshotStore:
             counts.update(handle.file_paths())
         assert counts == self._file_refs, "file refcounts differ from the stored snapshots"
         for tb, sid in leased:
-            assert self.has_snapshot(tb, sid), f"leased snapshot {sid} of {tb} is not stored"
+            assert self.holds(tb, sid), f"leased snapshot {sid} of {tb} is not stored"
+        for tb, snaps in self._discarded.items():
+            assert not set(snaps) & set(self._by_bucket.get(tb, {})), f"bucket {tb}: a snapshot kept and discarded"
         if is_leased is not None:
-            for tb in list(self._by_bucket):
+            for tb in {*self._by_bucket, *self._discarded}:
                 assert not self.reclaimable(tb, is_leased), f"bucket {tb} keeps a reclaimable snapshot"

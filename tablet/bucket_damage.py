@@ -16,7 +16,9 @@ replicated bucket is then rebuilt from the bucket's remote snapshot
 (``tablet/replication/rebuild.py``) after :func:`move_aside` put its files in
 ``{dir}/damaged/`` for inspection (replacing what an earlier damage left
 there). A leader, or a bucket with one replica, is not rebuilt here: losing
-its data loses writes, which is for the data-loss handling to decide.
+its data loses writes, which is for the coordinator to decide: it reports the
+replica lost (``tablet/replica_loss.py``), and its files are moved aside only
+once it is out of the ISR.
 """
 
 from __future__ import annotations

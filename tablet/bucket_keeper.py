@@ -10,7 +10,9 @@ a time, for each bucket in :attr:`ReplicaManager.unsettled`:
 - asks the coordinator for its latest committed snapshot (the next snapshot id
   follows it);
 - reopens it if it failed (a full disk, too many open files) and its backoff
-  passed: a bucket recovers without a request, and without a restart. Live
+  passed: a bucket recovers without a request, and without a restart; a led
+  bucket whose files are damaged beyond a reopen is reported lost instead
+  (``tablet/replica_loss.py``), and an opened one is recorded as held. Live
   scan sessions of a failed bucket are ended first, as a leadership change
   ends them (their clients start the bucket again): their snapshots would
   keep the failed files open.
@@ -25,6 +27,7 @@ from __future__ import annotations
 import logging
 
 from common import errors
+from tablet import bucket_damage, replica_loss
 from tablet.periodic import Periodic
 from tablet.replicas import ReplicaManager
 
@@ -61,8 +64,13 @@ class BucketKeeper(Periodic):
             if files.failure is not None and not files.retry_in() and files.held_by_snapshots():
                 self.replicas.end_scans(*key)  # scan sessions keep the failed files open
             files.repair()
+            damage = bucket_damage.damage_of(replica.store)
+            if damage is not None and replica.leads:  # a reopen cannot cure it: the coordinator decides
+                self.replicas.lose(replica, replica_loss.damaged_reason(damage))
+                continue
             if files.failure is not None or not files.known:
                 continue  # the open failed: tried again after its backoff
+            self.replicas.held.mark(*key)  # its dir exists now: were it gone later, the replica is lost
             try:
                 if replica.leads:
                     self.replicas.learn_base(replica)

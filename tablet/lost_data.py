@@ -29,7 +29,7 @@ import uuid
 
 from common import errors, kvsnapshot
 from common.data_loss import RESTORE, UNCLEAN
-from tablet import snapshot_install
+from tablet import bucket_damage, snapshot_install
 from tablet.replication.roles import BucketRole
 
 __all__ = ["RESTORE", "UNCLEAN", "LogEndReporter", "data_dir_id", "restore_files", "work_for"]
@@ -101,7 +101,7 @@ def restore_files(bucket_dir: str, role: BucketRole, storage, admin, server_id: 
     marker = os.path.join(bucket_dir, RESTORE_FILE)
     _write_json(marker, {"epoch": loss.leader_epoch, "done": False})
     for name in os.listdir(bucket_dir):
-        if name not in (RESTORE_FILE,):
+        if name not in (RESTORE_FILE, bucket_damage.DAMAGED):  # damaged files stay for inspection
             path = os.path.join(bucket_dir, name)
             shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.unlink(path)
     if role.leads(server_id) and loss.snapshot_id:

@@ -42,6 +42,9 @@ class ReplicaSnapshots:
                 replica.uploader.mark_committed(info.handle)
                 replica.next_snapshot_id = max(replica.next_snapshot_id, info.handle.snapshot_id + 1)
                 replica.snapshot_offset = info.handle.log_offset
+            loss = replica.role.latest_loss if replica.role is not None else None
+            if loss is not None:  # the ids of snapshots a loss dropped are never used again
+                replica.next_snapshot_id = max(replica.next_snapshot_id, loss.next_snapshot_id)
             replica.base_known = True
 
     def snapshot(self, replica: Replica, force: bool = False) -> SnapshotHandle | None:

@@ -42,9 +42,10 @@ from common import errors
 from common.storage import RemoteStorage
 from common.tables import TableInfo
 from common.model import TableBucket
-from tablet import lost_data
+from tablet import lost_data, replica_loss
 from tablet.bucket import BucketStore
 from tablet.open_buckets import OpenBuckets, open_capacity
+from tablet.replica_loss import ReplicaLosses
 from tablet.replica_snapshots import ReplicaSnapshots
 from tablet.replication.leader import Leadership
 from tablet.replication.roles import NO_LEADER, BucketRole
@@ -74,8 +75,12 @@ class Replica:
     fresh: bool = False
     #: A follower's leader's log end, from its last fetch answer (-1: none yet): how far behind it is.
     leader_end: int = -1
-    #: A restore or an unclean takeover to carry out before it serves or fetches (tablet/lost_data.py).
+    #: A restore, an unclean takeover or a loss report to carry out before it serves or fetches
+    #: (tablet/lost_data.py, tablet/replica_loss.py).
     loss_work: str | None = None
+    #: Why its data is lost (loss_work REPORT), and whether the coordinator answered the report.
+    lost_reason: str = ""
+    loss_reported: bool = False
 
     @property
     def leads(self) -> bool:
@@ -149,7 +154,7 @@ class Replica:
         return self.store.high_watermark > max(self.snapshot_offset, 0)  # committed changes only
 
 
-class ReplicaManager(ReplicaSnapshots):
+class ReplicaManager(ReplicaSnapshots, ReplicaLosses):
     def __init__(self, data_dir: str, config: cfg.Config, storage: RemoteStorage, admin,
                  clock_ms: Callable[[], int] = lambda: int(time.time() * 1000), *,
                  current_epoch: Callable[[], int] | None = None,
@@ -187,6 +192,8 @@ class ReplicaManager(ReplicaSnapshots):
         #: sessions there).
         self.close_listeners: list[Callable[[int, int, bool], None]] = []
         os.makedirs(data_dir, exist_ok=True)
+        #: The bucket dirs made here: a missing one is a lost replica (tablet/replica_loss.py).
+        self.held = replica_loss.HeldBuckets(data_dir)
 
     # -- leadership -----------------------------------------------------------------------
 
@@ -234,10 +241,13 @@ class ReplicaManager(ReplicaSnapshots):
                     self._replicas[key] = replica
                     self.unsettled.add(key)
                     self._note_loss(replica, role)
+                    if self.held.lost(*key, replica.store.dir):
+                        self.lose(replica, replica_loss.missing_reason(replica.store.dir))
             finally:  # forget the tables no longer held (also when opening a bucket failed)
                 self._tables = {r.table.table_id: r.table for r in self._replicas.values()}
             for table_id in sorted(gone):
                 shutil.rmtree(os.path.join(self.data_dir, str(table_id)), ignore_errors=True)
+                self.held.forget(table_id)
             self._delete_moved_off(removed - set(wanted))
         for key in stopped_leading:  # scans of a bucket no longer led end: their clients go to the new leader
             self._tell_closing(key, False)
@@ -254,40 +264,8 @@ class ReplicaManager(ReplicaSnapshots):
         """Delete the local copy of buckets a completed move took off this server (closed already). Hold the lock."""
         for table_id, bucket in sorted(keys):
             shutil.rmtree(self.bucket_dir(table_id, bucket), ignore_errors=True)
+            self.held.forget(table_id, bucket)
             log.info("bucket %d of table %d moved off this tablet server: its local copy is deleted", bucket, table_id)
-
-    def _note_loss(self, replica: Replica, role: BucketRole) -> None:
-        """Mark a replica that must be restored or report its takeover before it serves (the keeper does it)."""
-        replica.loss_work = lost_data.work_for(role, self.bucket_dir(*role.key), self.server_id)
-        if replica.loss_work is not None:
-            self.unsettled.add(role.key)
-
-    def settle_loss(self, replica: Replica) -> None:
-        """Carry out ``replica.loss_work`` (the keeper's thread): a restore replaces the replica by one over
-        the restored files; an unclean takeover reports its log end. Raises on failure (tried again)."""
-        key = (replica.table.table_id, replica.bucket)
-        if replica.loss_work == lost_data.UNCLEAN:
-            with replica.store.files.use():
-                end = replica.store.log_end_offset
-            self.admin.report_log_ends(self.server_id, [(*key, replica.role.leader_epoch, end)], takeover=True)
-            replica.loss_work = None
-            log.warning("%s: took over after an unclean election with its log ending at offset %d", replica.tb, end)
-            return
-        with self._lock:
-            if self._replicas.get(key) is not replica:
-                return
-            with replica.fetch_lock, replica.snapshot_lock:
-                replica.closed = True
-                if replica.lead is not None:
-                    replica.lead.end()
-                self._tell_closing(key, False)
-                replica.store.close()
-                lost_data.restore_files(self.bucket_dir(*key), replica.role, self.storage, self.admin, self.server_id,
-                                        self.config[cfg.SNAPSHOT_UPLOAD_THREADS])
-            fresh = self._open(replica.role)
-            self._replicas[key] = fresh
-        for listener in self.role_listeners:
-            listener()
 
     def _confirm_epoch(self, coordinator_epoch: int) -> None:
         """Take a newer coordinator epoch only if it is ZooKeeper's current one. A confirmed
@@ -330,6 +308,7 @@ class ReplicaManager(ReplicaSnapshots):
                     continue
                 if self._gone(int(name)):
                     shutil.rmtree(os.path.join(self.data_dir, name), ignore_errors=True)
+                    self.held.forget(int(name))
                     removed.append(int(name))
         if removed:
             log.info("removed the local data of dropped tables %s", removed)
@@ -384,8 +363,7 @@ class ReplicaManager(ReplicaSnapshots):
             raise errors.NotLeaderError(f"this tablet server follows bucket {bucket} of table {table_id}; tablet "
                                         f"server {replica.role.leader} leads it", table_id=table_id, bucket=bucket)
         if replica.loss_work is not None:
-            doing = "restoring" if replica.loss_work == lost_data.RESTORE else "taking over after an unclean election"
-            raise errors.LeaderNotAvailableError(f"bucket {bucket} of table {table_id} is {doing}: it serves once done",
+            raise errors.LeaderNotAvailableError(f"bucket {bucket} of table {table_id} {replica_loss.doing(replica)}",
                                                  table_id=table_id, bucket=bucket)
         if replica.replicated:
             replica.leadership().check_read()  # a new leader serves once it has every committed write

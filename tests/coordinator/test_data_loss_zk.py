@@ -84,3 +84,34 @@ def test_reported_replica_loss_and_log_ends_then_unclean_election(make_ctrl):
     call(ctrl, rq.ReportLogEnds(follower, ((t.table_id, 0, state.leader_epoch, 30),), True))
     resolved = states(ctrl, t)[0].losses[-1]
     assert (resolved.from_offset, resolved.lost_offsets()) == (30, 12)
+
+
+def _handle(table_id: int, sid: int, log_offset: int):
+    from common.model import SnapshotFile, SnapshotHandle, TableBucket
+    return SnapshotHandle(TableBucket(table_id, 0), sid, log_offset, f"kv/{table_id}/0/snap-{sid}/_METADATA",
+                          (SnapshotFile(f"kv/{table_id}/0/shared/{sid}.sst", 1),))
+
+
+def test_snapshots_of_a_lost_history_stay_dropped_across_a_failover(make_ctrl):
+    ctrl = make_ctrl()
+    register(ctrl, {1: "d1", 2: "d2"})
+    t = create(ctrl, "t", 1, rf=2)
+    for sid, offset in ((1, 10), (2, 20)):
+        call(ctrl, rq.CommitSnapshot(_handle(t.table_id, sid, offset)))
+    a = states(ctrl, t)[0]
+    leader, follower = a.leader, next(r for r in a.replicas if r != a.leader)
+    call(ctrl, rq.ReportReplicaLoss(follower, t.table_id, 0, "behind"))
+    call(ctrl, rq.ReportReplicaLoss(leader, t.table_id, 0, "its files are corrupt"))
+    loss, state = call(ctrl, rq.ElectLeader(t.table_id, 0, True, follower))
+    assert loss.newest_snapshot_id == 2
+    ctrl.losses.on_resolved = lambda tb, losses: None  # the coordinator dies between the two writes
+    call(ctrl, rq.ReportLogEnds(follower, ((t.table_id, 0, state.leader_epoch, 15),), True))
+    assert [h.snapshot_id for h, _l, _r in call(ctrl, rq.ListSnapshots(t.table_id))] == [1, 2]
+
+    standby = make_ctrl()  # takes over: the resolved loss drops snapshot 2 (offset 20 > 15), deleted at once
+    assert [h.snapshot_id for h, _l, _r in call(standby, rq.ListSnapshots(t.table_id))] == [1]
+    assert ctrl.zk.get_children(zkpaths.bucket_snapshots(t.table_id, 0)) == ["1"]
+    call(standby, rq.ReportLogEnds(follower, ((t.table_id, 0, state.leader_epoch, 15),), True))  # resent: no-op
+    call(standby, rq.CommitSnapshot(_handle(t.table_id, 3, 16)))  # the new leader's: not blocked by snapshot 2
+    assert [h.snapshot_id for h, _l, _r in call(standby, rq.ListSnapshots(t.table_id))] == [1, 3]
+    standby.snapshots.validate()

@@ -204,3 +204,39 @@ def test_remove_goes_by_the_stored_handle_not_the_callers_copy() -> None:
     assert freed == sorted([stored.metadata_path, "kv/7/0/private/1.sst", "kv/7/0/private/1-b.sst"])
     assert store.file_refcount("kv/7/0/private/1-b.sst") == 0
     store.validate()
+
+
+# -- snapshots of a lost history (an unclean election) -------------------------------------------------------
+
+def test_discarded_snapshots_leave_the_kept_list_and_their_files_stay_while_leased():
+    from common.data_loss import UNCLEAN, DataLoss
+    loss = DataLoss(UNCLEAN, 5, 250, 400, 0, 0, 2, newest_snapshot_id=3)  # snapshots 1..3 at offsets 100..300
+    assert [loss.lost_history(sid, sid * 100) for sid in (1, 2, 3)] == [False, False, True]
+    assert not DataLoss(UNCLEAN, 5, -1, 400, 0, 0, 2, newest_snapshot_id=3).lost_history(3, 300)  # unresolved
+    assert not loss.lost_history(4, 500)  # the new leader's own snapshots come after it
+    assert loss.next_snapshot_id == 4
+
+    store = store_with(snap(1), snap(2), snap(3), num_retained=3)
+    leased = leased_set((B0, 3))
+    dropped = store.discard(B0, lambda h: loss.lost_history(h.snapshot_id, h.log_offset))
+    assert [h.snapshot_id for h in dropped] == [3]
+    assert store.discard(B0, lambda h: loss.lost_history(h.snapshot_id, h.log_offset)) == []  # idempotent
+    assert store.latest(B0).snapshot_id == 2 and [h.snapshot_id for h in store.bucket_snapshots(B0)] == [1, 2]
+    assert not store.has_snapshot(B0, 3) and store.holds(B0, 3)  # not leased anew; its lease reads on
+    assert store.file_refcount("kv/7/0/private/3.sst") == 1  # its files stay while leased
+    assert store.reclaimable(B0, leased) == []
+    store.validate(leased, leased=[(B0, 3)])
+    assert store.check_commit(snap(4, log_offset=260))  # the new leader's commit above the kept latest
+    store.add(snap(4, log_offset=260))
+    (gone,) = store.reclaimable(B0, never)  # the lease ended: it goes
+    assert gone.snapshot_id == 3 and "kv/7/0/private/3.sst" in store.remove(gone)
+    assert not store.holds(B0, 3) and store.file_refcount(SHARED) == 3
+    store.validate(never)
+
+
+def test_a_dropped_table_removes_its_discarded_snapshots_too():
+    store = store_with(snap(1), snap(2), num_retained=2)
+    store.discard(B0, lambda h: h.snapshot_id == 2)
+    handles, files = store.remove_table(7)
+    assert sorted(h.snapshot_id for h in handles) == [1, 2] and SHARED in files
+    assert list(store.all()) == [] and store.table_buckets(7) == []
