@@ -116,9 +116,10 @@ def test_exact_sees_changes_made_right_before_it(env, make_config, round_):
     tb = TableBucket(t.table_id, 0)
     for i in range(10):
         call(active, ls.Acquire(f"L{i}", {tb: 1}, 60_000))
-    m = LeaseMirror(zk, storage, debounce_s=5.0).start()  # a slow refresher: exact() must do the work
+    m = LeaseMirror(zk, storage, debounce_s=0.01).start()
     try:
         wait_until(lambda: len(m._entries) == 10, 10, "initial load")
+        m.debounce_s = 5.0  # a slow refresher from here on (not for the initial load: 5 s): exact() must do the work
         raw = make_client(make_config())
         try:
             raw.set(zkpaths.lease("L1"), _raw_lease(storage, "L1", t.table_id, {tb: 7}, 5_000_000 + round_))

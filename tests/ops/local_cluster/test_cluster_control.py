@@ -20,6 +20,8 @@ from tests.support.procs import wait_until
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 ROWS = 200
+SHAPE = {"zk_nodes": 3, "coordinators": 2, "tablets": 2,
+         "config_overrides": {"zookeeper.session-timeout": "4s"}}  # as every test config: failovers sooner
 
 
 @pytest.fixture
@@ -45,7 +47,7 @@ def lookups(directory) -> int:
 
 
 def test_kill_restart_status_and_readiness(cluster_dir):
-    local_cluster.start(cluster_dir, zk_nodes=3, coordinators=2, tablets=2)
+    local_cluster.start(cluster_dir, **SHAPE)
     # owner only: ZooKeeper's data, the tablets' RocksDB and the default remote storage are files under it
     assert stat.S_IMODE(os.stat(cluster_dir).st_mode) == 0o700
     assert stat.S_IMODE(os.stat(local_cluster.load(cluster_dir)["remote"][len("file://"):]).st_mode) == 0o700
@@ -99,5 +101,5 @@ def test_kill_restart_status_and_readiness(cluster_dir):
             local_cluster.kill(cluster_dir, role, entry["id"])
     stopped = local_cluster.status(cluster_dir, request_timeout_s=0.5)  # all down: nothing asked, nothing failed
     assert [(t["alive"], t["registered"], t["error"]) for t in stopped["tablets"]] == [(False, None, None)] * 2
-    local_cluster.start(cluster_dir, zk_nodes=3, coordinators=2, tablets=2)
+    local_cluster.start(cluster_dir, **SHAPE)
     assert lookups(cluster_dir) == ROWS
