@@ -11,7 +11,8 @@ whatever happens) and a follower tablet server in this process, then:
 - a snapshot is committed; the table keeps no changelog it does not need
   (``log.retention`` 0 ms, ``log.segment.bytes`` 1 MB at 1M rows), so the leader's log
   now starts near the snapshot's ``log_offset``, not at 0: a replica without
-  data cannot fetch the whole log and must rebuild from the snapshot;
+  data could not fetch the whole log anyway (it rebuilds from the snapshot
+  either way: it has no local data);
 - a tail of ``--tail-percent`` (10) % of the rows is updated after the
   snapshot (changelog only, not in the snapshot);
 - ``--rounds`` (2) times, alternating, best of each counts:
@@ -21,10 +22,12 @@ whatever happens) and a follower tablet server in this process, then:
   (b) **rebuild**: the follower's data dir is deleted and the follower
   started again; timed from its start until it is back in the ISR with
   every changelog offset of the leader applied to its RocksDB. This is the
-  real code path: the fetcher finds its fetch offset below the leader's log
-  start, the ``Rebuilder`` downloads and installs the snapshot, the fetcher
+  real code path: the fetcher finds the replica without local data, the
+  ``Rebuilder`` downloads and installs the snapshot, the fetcher
   fetches and applies the tail, the leader adds it to the ISR. The time is
-  split into snapshot installed / tail applied / back in the ISR; the round
+  split into rebuild started / snapshot installed / tail applied / back in
+  the ISR; ``replica.rebuild.max-bytes-per-s`` is 0 (the rebuild's speed,
+  not the operator's bound, is measured); the round
   fails if the follower was not rebuilt from the snapshot.
 
 rows/s is the bucket's rows (``--rows``) per second, MB/s the snapshot's
@@ -62,7 +65,10 @@ TABLE = "bench.rebuild"
 TARGET_RATIO = 0.5  # issue 31
 FOLLOWER_ID = 2
 #: Little changelog kept (the leader's log starts near the snapshot), a manual snapshot only.
-CLUSTER_OVERRIDES = {"kv.snapshot.interval": "1h", "log.retention": "0ms", "replica.max-lag": "5s"}
+#: ``replica.rebuild.max-bytes-per-s`` 0: the rebuild's own speed is measured, not the operator's bound (its
+#: default, 100 MiB/s, alone holds a 123 MB snapshot's download to ~1.2 s).
+CLUSTER_OVERRIDES = {"kv.snapshot.interval": "1h", "log.retention": "0ms", "replica.max-lag": "5s",
+                     "replica.rebuild.max-bytes-per-s": "0"}
 POLL_S = 0.005
 REBUILD_TIMEOUT_S = 600.0
 
@@ -131,8 +137,10 @@ def rebuild_once(config: cfg.Config, admin, table_id: int, log_end: int) -> tupl
     try:
         deadline = t0 + REBUILD_TIMEOUT_S
         next_isr_check = 0.0
-        while len(marks) < 3:
+        while not {"installed_s", "applied_s", "in_isr_s"} <= set(marks):
             now = time.perf_counter()
+            if "started_s" not in marks and (server.fetchers.rebuilder.in_progress or server.fetchers.rebuilder.rebuilt):
+                marks["started_s"] = now - t0
             if "installed_s" not in marks and server.fetchers.rebuilder.rebuilt:
                 marks["installed_s"] = now - t0
             if "applied_s" not in marks and applied_offset(server, table_id) >= log_end:
@@ -278,7 +286,8 @@ def report(f: dict[str, Any]) -> str:
         f"{f['rebuild_mb_per_s']:>8,.1f} MB/s  (" + ", ".join(f"{r['total_s']:.2f} s" for r in f["rebuild"]) + ")",
         f"  ratio rebuild / download         {f['rebuild_vs_download']:>12.2f}   "
         f"(target >= {f['target_ratio']}: {ok})",
-        f"  the best rebuild, from the follower's start: snapshot installed {best['installed_s']:.2f} s, "
+        f"  the best rebuild, from the follower's start: rebuild started {best.get('started_s', 0):.2f} s, "
+        f"snapshot installed {best['installed_s']:.2f} s, "
         f"tail applied {best['applied_s']:.2f} s, in the ISR {best['in_isr_s']:.2f} s",
     ])
 
