@@ -25,6 +25,7 @@ from typing import Callable, Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from client.transport import RetryPolicy
 from common import errors
 from common.codec import RowCodec
 from common.kvsnapshot import download, manifest_path, open_read_only, scan_read_options
@@ -50,20 +51,26 @@ def task_temp_dir() -> str:
 
 @contextmanager
 def open_snapshot(storage: RemoteStorage, tb: TableBucket, snapshot_id: int, *, what: str,
-                  held: Callable[[], bool] = lambda: False) -> Iterator[tuple[int, Iterator[list[bytes]]]]:
+                  held: Callable[[], bool] = lambda: False,
+                  retry: RetryPolicy | None = None) -> Iterator[tuple[int, Iterator[list[bytes]]]]:
     """``(log_offset, chunks of values in key order)`` of the snapshot, while in the ``with``.
 
     ``what`` names the split in errors; ``held()`` says whether the read's lease holds the snapshot now
-    (asked when a file is missing: a lost file of a held snapshot, or a snapshot that was reclaimed). The
-    temp dir is removed on leaving.
+    (asked when a file is missing: a lost file of a held snapshot, or a snapshot that was reclaimed).
+    ``retry``: how long a download that failed on remote storage (an outage: StorageError) is tried again
+    (the client's ``retry.timeout``; None: not retried); a missing file is not retried. The temp dir is
+    removed on leaving.
     """
     target = task_temp_dir()
     db = None
     try:
-        try:
-            manifest = download(storage, manifest_path(tb, snapshot_id), os.path.join(target, "db"))
-        except StorageNotFound as exc:
-            raise _missing(storage, snapshot_id, what, exc, held()) from None
+        def fetch():
+            try:
+                return download(storage, manifest_path(tb, snapshot_id), os.path.join(target, "db"))
+            except StorageNotFound as exc:
+                raise _missing(storage, snapshot_id, what, exc, held()) from None
+
+        manifest = (retry or RetryPolicy(total_s=0)).call(fetch, retry_on=(errors.StorageError,))
         db = open_read_only(os.path.join(target, "db"))
         yield manifest.log_offset, _chunks(db)
     finally:

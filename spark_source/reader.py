@@ -110,7 +110,8 @@ def _hybrid(ctx: ReadContext, admin: AdminClient, table: TableClient, split: Hyb
     if split.release:  # a batch read's split: its lease is the plan's, which this split may be reading again
         _hold(admin, ctx, split, tb, what)
     held = lambda: _held(admin, split, tb) == split.snapshot_id  # noqa: E731
-    with open_snapshot(ctx.storage, tb, split.snapshot_id, what=what, held=held) as (log_offset, chunks):
+    with open_snapshot(ctx.storage, tb, split.snapshot_id, what=what, held=held,
+                       retry=admin.retry) as (log_offset, chunks):
         if log_offset > split.end:
             raise errors.InvalidSnapshotError(f"{what}: snapshot {split.snapshot_id} starts at changelog offset "
                                               f"{log_offset}, after the planned end {split.end}")
