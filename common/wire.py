@@ -117,9 +117,18 @@ def refuse_partition_ids(request: Message) -> None:
     table_id, buckets, partition_id = found
     where = f"bucket {buckets}" if isinstance(buckets, int) else \
         "every bucket" if not buckets else f"buckets {sorted(buckets)}"
+    table = table_id if table_id is not None else _table_path(request)
     raise errors.PartitionNotExistsError(
-        f"partition {partition_id} of table {table_id} ({where}) does not exist: kvlease has no partitioned "
+        f"partition {partition_id} of table {table} ({where}) does not exist: kvlease has no partitioned "
         f"tables yet, leave partition_id unset", table_id=table_id, bucket=buckets, partition_id=partition_id)
+
+
+def _table_path(request: Message) -> str:
+    """The table a request names by ``database`` and ``name`` (ReassignBucket), or "?"."""
+    fields = request.DESCRIPTOR.fields_by_name
+    if "database" in fields and "name" in fields:
+        return f"{request.database}.{request.name}"
+    return "?"
 
 
 def _set_partition(msg: Message, table_id: int | None) -> tuple[int | None, int | list[int], int] | None:

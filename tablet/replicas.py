@@ -132,6 +132,7 @@ class Replica:
                 self.lead = None
             if role.leads(self.server_id):
                 self.base_known = False  # the next snapshot id follows the committed ones of every leader
+                self.fresh = False  # it leads with what it has: not rebuilt when it follows again
                 return False
             if self.store.is_open:
                 self.store.become_follower(role.leader_epoch)
@@ -325,7 +326,10 @@ class ReplicaManager(ReplicaSnapshots, ReplicaLosses):
         tb = TableBucket(table.table_id, bucket)
         uploader = SnapshotUploader(self.storage, tb, io_threads=self.config[cfg.SNAPSHOT_UPLOAD_THREADS],
                                     clock_ms=self.clock_ms)
-        fresh = role.replicated and not os.path.exists(os.path.join(store.dir, "log"))
+        # a follower without files rebuilds from a snapshot; a leader's missing files are a new bucket (or a
+        # lost disk: tablet/lost_data.py), never a reason to rebuild later when it follows
+        fresh = (role.replicated and not role.leads(self.server_id)
+                 and not os.path.exists(os.path.join(store.dir, "log")))
         return Replica(table, bucket, store, uploader, role=role, server_id=self.server_id,
                        on_commit=lambda: self.on_commit(), fresh=fresh)
 

@@ -21,7 +21,8 @@ from tests.tablet.test_tablet_server import SCHEMA, Cluster, lookup, put
 
 #: Every RPC whose request names a table bucket (or a table's buckets), per service.
 COORDINATOR_RPCS = {"CommitKvSnapshot", "GetLatestKvSnapshots", "ListKvSnapshots", "AcquireKvSnapshotLease",
-                    "AcquireKvSnapshotLeases", "ReleaseKvSnapshotLease", "GetTableAssignment", "AlterIsr"}
+                    "AcquireKvSnapshotLeases", "ReleaseKvSnapshotLease", "GetTableAssignment", "AlterIsr",
+                    "ReassignBucket"}
 TABLET_RPCS = {"UpdateLeadership", "PutKv", "Lookup", "FetchLog", "ReplicaFetch", "ListOffsets", "TriggerSnapshot", "ScanKv",
                "ScanKvStream"}
 
@@ -125,6 +126,8 @@ COORDINATOR_REQUESTS = {
     "GetTableAssignment": lambda t, p: cpb.GetTableAssignmentRequest(table_id=t, **_part(p)),
     "AlterIsr": lambda t, p: cpb.AlterIsrRequest(server_id=1, table_id=t, bucket=0, leader_epoch=1, bucket_epoch=1,
                                                  isr=[1], **_part(p)),
+    "ReassignBucket": lambda t, p: cpb.ReassignBucketRequest(database="db", name="t", bucket=0, replicas=[1],
+                                                             **_part(p)),
 }
 
 
@@ -143,12 +146,15 @@ def test_coordinator_refuses_a_set_partition_id_and_changes_nothing(coordinator,
     before = state()
     response = getattr(stub, rpc)(COORDINATOR_REQUESTS[rpc](table.table_id, 0), timeout=10)
     assert response.error.code == errors.ErrorCode.PARTITION_NOT_EXISTS, response.error
-    assert f"partition 0 of table {table.table_id} (" in response.error.message
+    table_named = "db.t" if rpc == "ReassignBucket" else table.table_id  # a request naming the table by its path
+    assert f"partition 0 of table {table_named} (" in response.error.message
     assert state() == before
     # without the partition id: as before
     response = getattr(stub, rpc)(COORDINATOR_REQUESTS[rpc](table.table_id, None), timeout=10)
-    # AlterIsr: no tablet server runs here, so server 1 does not lead bucket 0: refused by its own rule
-    assert response.error.code == (errors.ErrorCode.FENCED_LEADER_EPOCH if rpc == "AlterIsr" else 0), response.error
+    # AlterIsr: no tablet server runs here, so server 1 does not lead bucket 0; ReassignBucket: the table has
+    # one replica, which does not move: each refused by its own rule
+    own_rule = {"AlterIsr": errors.ErrorCode.FENCED_LEADER_EPOCH, "ReassignBucket": errors.ErrorCode.INVALID_REQUEST}
+    assert response.error.code == own_rule.get(rpc, 0), response.error
     assert (state() != before) == (rpc in {"CommitKvSnapshot", "AcquireKvSnapshotLease", "AcquireKvSnapshotLeases",
                                            "ReleaseKvSnapshotLease"})
 

@@ -50,7 +50,8 @@ def _cluster(kvlease_tmp: str, **shape):
     """Start a cluster of ``shape`` in a fresh dir; yield it; stop it and remove the dir."""
     directory = Path(tempfile.mkdtemp(prefix="drills-", dir=kvlease_tmp))
     try:
-        local_cluster.start(directory, config_overrides={"zookeeper.session-timeout": "4s"}, **shape)
+        overrides = {"zookeeper.session-timeout": "4s", **shape.pop("config_overrides", {})}
+        local_cluster.start(directory, config_overrides=overrides, **shape)
         yield directory
     finally:
         try:

@@ -212,3 +212,25 @@ def test_a_follower_diverging_below_what_it_applied_is_rebuilt(cluster, tmp_path
         assert "below the" in caplog.text and "(diverged) rebuilt from snapshot" in caplog.text
         assert store.list_offsets()[0] == handle.log_offset
         assert rows_of(store) == rows_of(leader_store)
+
+
+def test_a_leader_that_becomes_a_follower_keeps_its_data_and_is_not_rebuilt(cluster):
+    """A bucket's first leader opened it with no files (a new table): that is no reason to rebuild it from a
+    snapshot once it follows (it did, discarding its changelog: seen in the tablet-failover drill)."""
+    c = cluster
+    table = c.admin.create_table("db.moved", SCHEMA, ["id"], 1, replication_factor=3, min_insync_replicas=2)
+    with TableClient(c.admin, "db.moved", retry_total_s=30) as client:
+        state = wait_in_sync(c, table.table_id)
+        write(client, 0, 50, "a")
+        first = server_by_id(c, state.leader_id)
+        snapshot_and_retain(first, table.table_id)  # a snapshot a rebuild could take
+        other = next(r for r in state.isr if r != state.leader_id)
+        c.admin.elect_leader("db.moved", 0, unclean=False, tablet=other)
+        wait_until(lambda: not first.replicas.replica(table.table_id, 0).leads, 10, "the push that deposes it")
+        write(client, 50, 20, "b")
+        wait_in_sync(c, table.table_id)
+        store = first.replicas.replica(table.table_id, 0).store
+        assert first.fetchers.rebuilder.rebuilt == 0  # its own files and changelog go on
+        leader_store = server_by_id(c, other).replicas.replica(table.table_id, 0).store
+        wait_until(lambda: store.high_watermark >= leader_store.high_watermark, 10, "the follower to apply")
+        assert rows_of(store) == rows_of(leader_store)
