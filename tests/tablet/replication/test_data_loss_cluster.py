@@ -106,6 +106,17 @@ def test_one_replica_bucket_with_a_wiped_disk_stays_offline_until_restored(clust
     assert c.coordinator.metrics.data_losses.labels("restore")._value.get() == 1
 
 
+def two_in_sync(c, tmp_path, path: str):
+    """Tablet servers 1 and 2 and a one-bucket table of replication factor 2 on them, in sync:
+    ``(table, leader id, follower id)``."""
+    for server_id in (1, 2):
+        c.tablet(server_id, tmp_path / f"t{server_id}")
+    wait_until(lambda: len(c.admin.list_tablet_servers()) == 2, 15, "two tablet servers")
+    table = c.admin.create_table(path, SCHEMA, ["id"], 1, replication_factor=2)
+    state = wait_until(lambda: len((s := bucket_state(c, table.table_id)).isr) == 2 and s, 20, "in sync")
+    return table, state.leader_id, next(r for r in state.replicas if r != state.leader_id)
+
+
 def _served(client):
     try:
         return client.lookup([{"id": i} for i in range(15)])
@@ -115,12 +126,7 @@ def _served(client):
 
 def test_wiped_last_isr_replica_is_not_elected_and_unclean_election_records_the_loss(cluster, tmp_path):
     c = cluster
-    for server_id in (1, 2):
-        c.tablet(server_id, tmp_path / f"t{server_id}")
-    wait_until(lambda: len(c.admin.list_tablet_servers()) == 2, 15, "two tablet servers")
-    table = c.admin.create_table("db.two", SCHEMA, ["id"], 1, replication_factor=2)
-    state = wait_until(lambda: len((s := bucket_state(c, table.table_id)).isr) == 2 and s, 20, "in sync")
-    leader, follower = state.leader_id, next(r for r in state.replicas if r != state.leader_id)
+    table, leader, follower = two_in_sync(c, tmp_path, "db.two")
     with TableClient(c.admin, "db.two") as client:
         client.upsert([{"id": i, "v": "a"} for i in range(8)])
     # the follower falls out of the ISR (it is gone), the leader writes on alone, then loses its disk

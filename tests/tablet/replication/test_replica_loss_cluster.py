@@ -14,7 +14,7 @@ from client.table import TableClient
 from common import errors
 from common.model import TableBucket
 from tests.support.procs import wait_until
-from tests.tablet.replication.test_data_loss_cluster import SETTINGS, _lookup_error, _served
+from tests.tablet.replication.test_data_loss_cluster import SETTINGS, _lookup_error, _served, two_in_sync
 from tests.tablet.replication.test_replicated_buckets import SCHEMA, bucket_state, crash, server_by_id
 from tests.tablet.test_tablet_server import Cluster
 
@@ -45,12 +45,7 @@ def _replaced(files, swap) -> bool:
 
 def test_a_leader_whose_files_are_damaged_at_open_hands_over_to_an_in_sync_replica(cluster, tmp_path):
     c = cluster
-    for server_id in (1, 2):
-        c.tablet(server_id, tmp_path / f"t{server_id}")
-    wait_until(lambda: len(c.admin.list_tablet_servers()) == 2, 15, "two tablet servers")
-    table = c.admin.create_table("db.rep", SCHEMA, ["id"], 1, replication_factor=2)
-    state = wait_until(lambda: len((s := bucket_state(c, table.table_id)).isr) == 2 and s, 20, "in sync")
-    leader, follower = state.leader_id, next(r for r in state.replicas if r != state.leader_id)
+    table, leader, follower = two_in_sync(c, tmp_path, "db.rep")
     with TableClient(c.admin, "db.rep") as client:
         client.upsert([{"id": i, "v": f"v{i}"} for i in range(20)])  # acknowledged: on both replicas
     damaged = server_by_id(c, leader)
@@ -127,12 +122,7 @@ def test_a_bucket_dir_gone_from_a_data_dir_that_held_it_is_a_lost_replica(cluste
 
 def test_snapshots_of_a_lost_history_are_dropped_after_an_unclean_election(cluster, tmp_path):
     c = cluster
-    for server_id in (1, 2):
-        c.tablet(server_id, tmp_path / f"t{server_id}")
-    wait_until(lambda: len(c.admin.list_tablet_servers()) == 2, 15, "two tablet servers")
-    table = c.admin.create_table("db.hist", SCHEMA, ["id"], 1, replication_factor=2)
-    state = wait_until(lambda: len((s := bucket_state(c, table.table_id)).isr) == 2 and s, 20, "in sync")
-    leader, follower = state.leader_id, next(r for r in state.replicas if r != state.leader_id)
+    table, leader, follower = two_in_sync(c, tmp_path, "db.hist")
     tb = TableBucket(table.table_id, 0)
     with TableClient(c.admin, "db.hist") as client:
         client.upsert([{"id": i, "v": "a"} for i in range(8)])  # offsets 0..7, on both replicas
