@@ -14,20 +14,13 @@ from client.table import TableClient
 from common import errors
 from common.model import TableBucket
 from tests.support.procs import wait_until
-from tests.tablet.replication.test_data_loss_cluster import SETTINGS, _lookup_error, _served, two_in_sync
+from tests.tablet.replication.test_data_loss_cluster import (  # noqa: F401  (cluster: the fixture)
+    _lookup_error, _served, cluster, two_in_sync)
 from tests.tablet.replication.test_replicated_buckets import SCHEMA, bucket_state, crash, server_by_id
-from tests.tablet.test_tablet_server import Cluster
 
 pytestmark = pytest.mark.zk
 
 
-@pytest.fixture
-def cluster(make_config, tmp_path):  # tmp_path outlives the servers whose data dirs it holds
-    c = Cluster(make_config, SETTINGS)
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 def _corrupt_rocksdb(bucket_dir) -> None:
