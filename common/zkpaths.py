@@ -17,6 +17,8 @@ TABLES = "/tables"
 TABLE_ID_COUNTER = "/tables/id_counter"
 SNAPSHOTS = "/snapshots"
 LEASES = "/leases/kv_snapshot"
+#: Persistent, written by the active coordinator: the bucket leaders' last reported log ends, per table.
+LOG_ENDS = "/log-ends"
 
 SECURITY = "/security"
 USERS = "/security/users"
@@ -29,6 +31,10 @@ ROOTS = (COORDINATORS, ELECTION, TABLET_SERVERS, DATABASES, TABLES, SNAPSHOTS, L
 
 def tablet_server(server_id: int | str) -> str:
     return f"{TABLET_SERVERS}/{server_id}"
+
+
+def log_ends(table_id: int | str) -> str:
+    return f"{LOG_ENDS}/{table_id}"
 
 
 def tablet_dir(server_id: int | str) -> str:

@@ -163,6 +163,8 @@ class Controller(Dispatcher):
             self.zk.ensure_path(path)
         self.catalog.load(self.zk)
         self.members.load()
+        self.losses.ends.writer = writer
+        self.losses.ends.load(self.zk, self.catalog.by_id)
         self.snapshot_commits.load(self.catalog.by_id.values())
         refs = None
         if mirror is not None:
@@ -233,6 +235,7 @@ class Controller(Dispatcher):
     def _expire(self, event: ls.Expire, future: Future | None) -> None:
         self.refresh_metrics()
         self.moves.tick()
+        self.losses.ends.flush()
         self.lease_shell.submit(event, future)
 
     # -- queries ---------------------------------------------------------------------------
@@ -292,7 +295,10 @@ class Controller(Dispatcher):
     @on(rq.DropTable)
     @_barrier
     def _drop_table(self, request: rq.DropTable):
-        return self.tables.drop(request)
+        before = set(self.catalog.by_id)
+        self.tables.drop(request)
+        for table_id in before - set(self.catalog.by_id):
+            self.losses.ends.table_dropped(table_id)
 
     @on(rq.CommitSnapshot)
     @_barrier

@@ -6,8 +6,9 @@ routed by :class:`~coordinator.controller.Controller`). Planning is pure
 replicas through :class:`~coordinator.membership.Membership` before it is
 answered. The leaders' log ends (``ReportLogEnds``, sent by every tablet
 server every ``kv.snapshot.interval`` for the buckets whose end moved) are
-kept in memory: a restore says from them how many committed offsets it loses
-("unknown" when none was reported since this coordinator became active).
+kept (:mod:`coordinator.log_ends`: in memory and in ZooKeeper): a restore says
+from them how many committed offsets it loses ("unknown" when none was ever
+reported).
 An unclean leader's takeover report resolves its loss; the snapshots of the
 lost history then leave the kept list (``on_resolved``:
 :meth:`~coordinator.snapshot_commits.SnapshotCommits.drop_lost_history`).
@@ -23,6 +24,7 @@ from common.data_loss import UNKNOWN, DataLoss
 from common.model import TableBucket
 from coordinator import data_loss
 from coordinator.assignment import BucketAssignment
+from coordinator.log_ends import LogEnds
 from coordinator.membership import Membership
 from coordinator.snapshots import SnapshotStore
 
@@ -40,9 +42,8 @@ class DataLossShell:
         self.snapshots = snapshots
         self.clock_ms = clock_ms
         self.metrics = metrics
-        #: (table id, bucket) -> (leader epoch, committed log end) as the bucket's leaders last reported it
-        self.log_ends: dict[tuple[int, int], tuple[int, int]] = {}
-        self.since_ms = clock_ms()
+        #: the bucket leaders' last reported committed log ends (persisted: coordinator/log_ends.py)
+        self.ends = LogEnds(clock_ms)
 
     # -- queries ----------------------------------------------------------------------------
 
@@ -55,7 +56,7 @@ class DataLossShell:
         return f"bucket {bucket} of {table.path}", current
 
     def last_known_end(self, table_id: int, bucket: int) -> int:
-        known = self.log_ends.get((table_id, bucket))
+        known = self.ends.get(table_id, bucket)
         return UNKNOWN if known is None else known[1]
 
     def _store(self, table_id: int, bucket: int, new: BucketAssignment) -> None:
@@ -94,7 +95,7 @@ class DataLossShell:
                                 table_id, server_id, new.losses[-1].describe())
                 if new.losses and new.losses[-1].resolved:  # also a resent report: dropping is idempotent
                     self.on_resolved(TableBucket(table_id, bucket), new.losses)
-            self.log_ends[(table_id, bucket)] = (leader_epoch, log_end)
+            self.ends.note(table_id, bucket, leader_epoch, log_end)
 
     # -- operators --------------------------------------------------------------------------------
 

@@ -86,6 +86,33 @@ def test_reported_replica_loss_and_log_ends_then_unclean_election(make_ctrl):
     assert (resolved.from_offset, resolved.lost_offsets()) == (30, 12)
 
 
+def test_reported_log_ends_are_stored_for_a_coordinator_taking_over_and_go_with_their_table(make_ctrl):
+    """The server whose disk is gone reports nothing again: what it reported last must survive a failover,
+    or a restore after one could not say how many offsets it loses."""
+    ctrl = make_ctrl()
+    register(ctrl, {1: "d1"})
+    t = create(ctrl, "t", 2, rf=1)
+    other = create(ctrl, "other", 1, rf=1)
+    ends = tuple((t.table_id, b, a.leader_epoch, 40 + b) for b, a in sorted(states(ctrl, t).items()))
+    call(ctrl, rq.ReportLogEnds(1, ends))
+    assert ctrl.losses.ends.flush() == 0  # not yet: at most every FLUSH_MS
+    assert ctrl.losses.ends.flush(force=True) == 1  # one node: the table whose ends moved
+    assert ctrl.losses.ends.flush(force=True) == 0  # nothing moved since
+    standby = make_ctrl()
+    assert [standby.losses.last_known_end(t.table_id, b) for b in (0, 1)] == [40, 41]
+    assert standby.losses.last_known_end(other.table_id, 0) == -1
+
+    register(standby, {1: "new"}, incarnation="b")  # the disk is gone: bucket 0 offline, restored from nothing
+    loss, _state = call(standby, rq.RestoreBucket(t.table_id, 0, True))
+    assert (loss.from_offset, loss.last_known_end, loss.lost_offsets()) == (0, 40, 40)
+
+    call(standby, rq.DropTable("db", "t"))
+    assert standby.losses.last_known_end(t.table_id, 1) == -1
+    assert standby.zk.exists(zkpaths.log_ends(t.table_id))
+    assert standby.losses.ends.flush(force=True) == 1  # its node deleted
+    assert not standby.zk.exists(zkpaths.log_ends(t.table_id))
+
+
 def _handle(table_id: int, sid: int, log_offset: int):
     from common.model import SnapshotFile, SnapshotHandle, TableBucket
     return SnapshotHandle(TableBucket(table_id, 0), sid, log_offset, f"kv/{table_id}/0/snap-{sid}/_METADATA",

@@ -1,0 +1,105 @@
+"""The bucket leaders' last reported committed log ends: kept in memory, persisted at a low rate.
+
+A restore (:mod:`coordinator.data_loss_shell`) says from them how many
+committed offsets it loses. Tablet servers report them (``ReportLogEnds``)
+every ``kv.snapshot.interval`` for the buckets whose end moved, and all of
+them again to a new active coordinator; a server whose disk is gone reports
+nothing again, so what it reported last is kept in ZooKeeper
+(``/log-ends/{table_id}``: ``{"buckets": {"0": [leader_epoch, log_end]}}``,
+written fenced on the loop's expiry tick, at most every :data:`FLUSH_MS` for
+the tables whose ends moved) and loaded by a coordinator taking over. A
+dropped table's node goes at the next flush.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable, Iterable
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
+
+from common import zkpaths
+from common.zk import ZkOp, dumps, loads
+from coordinator.fencing import FencedWriter, chunks
+
+log = logging.getLogger(__name__)
+
+FLUSH_MS = 10_000
+
+End = tuple[int, int]  # (leader epoch, committed log end)
+
+
+class LogEnds:
+    def __init__(self, clock_ms: Callable[[], int]) -> None:
+        self.clock_ms = clock_ms
+        self.by_bucket: dict[tuple[int, int], End] = {}  # (table id, bucket) -> its end as last reported
+        self.writer: FencedWriter | None = None
+        self._stored: set[int] = set()  # tables whose node exists
+        self._dirty: set[int] = set()  # tables whose ends moved since the last flush
+        self._dropped: set[int] = set()  # dropped tables whose node is still there
+        self._flushed_ms = clock_ms()
+
+    def get(self, table_id: int, bucket: int) -> End | None:
+        return self.by_bucket.get((table_id, bucket))
+
+    def note(self, table_id: int, bucket: int, leader_epoch: int, log_end: int) -> None:
+        if self.by_bucket.get((table_id, bucket)) != (leader_epoch, log_end):
+            self.by_bucket[(table_id, bucket)] = (leader_epoch, log_end)
+            self._dirty.add(table_id)
+
+    def table_dropped(self, table_id: int) -> None:
+        self.by_bucket = {key: end for key, end in self.by_bucket.items() if key[0] != table_id}
+        self._dirty.discard(table_id)
+        if table_id in self._stored:
+            self._dropped.add(table_id)
+
+    def load(self, zk: KazooClient, table_ids: Iterable[int]) -> None:
+        """A coordinator taking over: the ends stored for ``table_ids`` (the catalog's tables); the nodes of
+        other tables (dropped) go at the next flush."""
+        zk.ensure_path(zkpaths.LOG_ENDS)
+        self.by_bucket, self._dirty, self._flushed_ms = {}, set(), self.clock_ms()
+        names = {int(n) for n in zk.get_children(zkpaths.LOG_ENDS) if n.isdigit()}
+        live = set(table_ids)
+        self._stored, self._dropped = names & live, names - live
+        for table_id, result in [(t, zk.get_async(zkpaths.log_ends(t))) for t in sorted(self._stored)]:
+            try:
+                node = loads(result.get()[0]) or {}
+            except NoNodeError:
+                self._stored.discard(table_id)
+                continue
+            for bucket, (epoch, end) in node.get("buckets", {}).items():
+                self.by_bucket[(table_id, int(bucket))] = (int(epoch), int(end))
+
+    def flush(self, force: bool = False) -> int:
+        """Write the tables whose ends moved (and delete dropped tables' nodes), at most every
+        :data:`FLUSH_MS` unless ``force``; returns how many nodes were written. A failed write is tried
+        again at the next flush (CoordinatorFencedError and OutcomeUnknownError are raised)."""
+        if not (self._dirty or self._dropped) or self.writer is None:
+            return 0
+        if not force and self.clock_ms() - self._flushed_ms < FLUSH_MS:
+            return 0
+        ops = [ZkOp("delete", zkpaths.log_ends(t)) for t in sorted(self._dropped)]
+        for table_id in sorted(self._dirty):
+            ends = {str(b): list(end) for (t, b), end in sorted(self.by_bucket.items()) if t == table_id}
+            ops.append(ZkOp("set" if table_id in self._stored else "create", zkpaths.log_ends(table_id),
+                            dumps({"buckets": ends})))
+        written = 0
+        batches = chunks(ops)
+        for batch, outcome in zip(batches, self.writer.commit_many(batches)):
+            if outcome is not None:  # most likely a node there or not against what we knew: the next try flips it
+                log.warning("could not store the leaders' log ends (tried again in %ds): %s", FLUSH_MS // 1000,
+                            outcome)
+            for op in batch:
+                table_id = int(op.path.rsplit("/", 1)[1])
+                if op.kind == "delete":
+                    self._dropped.discard(table_id)
+                    self._stored.discard(table_id)
+                elif outcome is None:
+                    self._dirty.discard(table_id)
+                    self._stored.add(table_id)
+                else:
+                    self._stored.symmetric_difference_update({table_id})
+            written += len(batch) if outcome is None else 0
+        self._flushed_ms = self.clock_ms()
+        return written
