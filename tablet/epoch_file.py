@@ -22,7 +22,7 @@ import os
 from common.logentry import read_header
 from tablet.changelog import Changelog
 from tablet.replication.epochs import EpochCache
-from tablet.segment_files import sync_dir
+from tablet.segment_files import write_durably
 
 log = logging.getLogger(__name__)
 
@@ -36,16 +36,7 @@ def path_in(dir: str) -> str:
 
 def save(dir: str, cache: EpochCache, fsync: bool = True) -> None:
     """Write the checkpoint of ``cache`` into ``dir`` atomically (tmp + fsync + rename + directory fsync)."""
-    final = path_in(dir)
-    tmp = final + ".tmp"
-    with open(tmp, "wb") as fh:
-        fh.write(cache.to_bytes())
-        if fsync:
-            fh.flush()
-            os.fsync(fh.fileno())
-    os.replace(tmp, final)
-    if fsync:
-        sync_dir(dir)
+    write_durably(path_in(dir), cache.to_bytes(), fsync)
 
 
 def load(dir: str, changelog: Changelog, fsync: bool = True) -> EpochCache:

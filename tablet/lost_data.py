@@ -31,6 +31,7 @@ from common import errors, kvsnapshot
 from common.data_loss import RESTORE, UNCLEAN
 from tablet import bucket_damage, snapshot_install
 from tablet.replication.roles import BucketRole
+from tablet.segment_files import write_durably
 
 __all__ = ["RESTORE", "UNCLEAN", "LogEndReporter", "data_dir_id", "restore_files", "work_for"]
 
@@ -42,12 +43,7 @@ DOWNLOAD_DIR = "restore-download"
 
 
 def _write_json(path: str, value: dict) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as fh:
-        json.dump(value, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    write_durably(path, json.dumps(value).encode())
 
 
 def _read_json(path: str) -> dict | None:

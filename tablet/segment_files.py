@@ -39,6 +39,21 @@ def sync_dir(dir: str) -> None:
         os.close(fd)
 
 
+def write_durably(path: str, data: bytes, fsync: bool = True) -> None:
+    """Replace the file ``path`` with ``data`` atomically (a tmp file renamed over it) and, with ``fsync``,
+    durably: the bytes are synced before the rename and the directory after it, so a crash leaves the old
+    file or the new one, never a torn one."""
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        if fsync:
+            fh.flush()
+            os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    if fsync:
+        sync_dir(os.path.dirname(path) or ".")
+
+
 def create(path: str) -> int:
     """A new, empty segment file opened for appending (FileExistsError if there is one)."""
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o644)

@@ -35,7 +35,7 @@ import shutil
 
 from tablet import epoch_file, writer_sequences
 from tablet.replication.epochs import EpochCache
-from tablet.segment_files import segment_path, sync_dir
+from tablet.segment_files import segment_path, sync_dir, write_durably
 
 log = logging.getLogger(__name__)
 
@@ -89,16 +89,8 @@ def recover(dir: str, fsync: bool = True) -> bool:
 
 
 def _write_intent(dir: str, log_offset: int, writers: tuple[tuple[int, ...], ...], fsync: bool) -> None:
-    final = os.path.join(dir, INTENT)
-    tmp = final + ".tmp"
-    with open(tmp, "wb") as fh:
-        fh.write(json.dumps({"log_offset": log_offset, "writers": [list(w) for w in writers]}).encode())
-        if fsync:
-            fh.flush()
-            os.fsync(fh.fileno())
-    os.replace(tmp, final)
-    if fsync:
-        sync_dir(dir)
+    write_durably(os.path.join(dir, INTENT),
+                  json.dumps({"log_offset": log_offset, "writers": [list(w) for w in writers]}).encode(), fsync)
 
 
 def _roll_forward(dir: str, log_offset: int, writers: tuple[tuple[int, ...], ...], fsync: bool) -> None:

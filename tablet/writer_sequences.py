@@ -31,6 +31,7 @@ from typing import Callable, Iterable
 from common.logentry import read_header
 from tablet.changelog import Changelog
 from tablet.replication.sequences import CheckOutcome, SequenceTable, WriterBatch
+from tablet.segment_files import write_durably
 
 #: Bytes of changelog read per step while building the table.
 _READ_BYTES = 4 << 20
@@ -119,10 +120,4 @@ def save_seed(dir: str, batches: Iterable[tuple[int, ...]], fsync: bool = True) 
         if os.path.exists(path):
             os.unlink(path)
         return
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as fh:
-        fh.write(json.dumps(rows).encode())
-        if fsync:
-            fh.flush()
-            os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    write_durably(path, json.dumps(rows).encode(), fsync)
