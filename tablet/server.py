@@ -143,7 +143,9 @@ class TabletServer:
         """Ask the coordinator to move this server's leaderships of replicated buckets away, and wait until
         it did (``tablet.controlled-shutdown.timeout``): a rolling restart then has no unavailability. The
         follower fetches stop first (a stopping follower must not rejoin an ISR); an unreachable coordinator
-        ends the wait at once (nobody can move them then)."""
+        ends the wait at once (nobody can move them then), and so does the last leadership with another
+        in-sync replica going (e.g. the coordinator's push that shrank its ISR to this server alone, as its
+        follower died: the coordinator answers it cannot move that one, and asking again changes nothing)."""
         if self.fetchers is not None:
             self.fetchers.stop()
         if self.replicas is None or self.admin is None or not self._movable_leaderships():
@@ -152,6 +154,9 @@ class TabletServer:
         with AdminClient([self._active_coordinator() or "127.0.0.1:0"], internal_client_config(self.config),
                          locate=self._active_coordinator, retry_total_s=2.0) as admin:
             while time.monotonic() < deadline:
+                if not self._movable_leaderships():
+                    log.info("controlled shutdown: no leadership left with another in-sync replica")
+                    return
                 try:
                     remaining = admin.controlled_shutdown(self.server_id)
                 except errors.KvLeaseError as exc:

@@ -164,6 +164,48 @@ def test_controlled_shutdown_moves_leadership_first(cluster):
     assert errors_seen == []
 
 
+def test_controlled_shutdown_ends_when_the_last_movable_leadership_loses_its_other_in_sync_replica(
+        make_config, tmp_path, monkeypatch):
+    """The follower died just before: the coordinator answers it cannot move the leadership (no other live
+    in-sync replica) until its push shrinks the leader's own ISR view; then the stop goes on at once, not
+    after tablet.controlled-shutdown.timeout (asking again changes nothing)."""
+    from client.admin import AdminClient
+    with three_servers(make_config, tmp_path, {**FAST, "tablet.controlled-shutdown.timeout": "60s"}) as c:
+        table = c.admin.create_table("db.lonely", SCHEMA, ["id"], 1, replication_factor=2, min_insync_replicas=1)
+        state = wait_in_sync(c, table.table_id, members=2)
+        leader = server_by_id(c, state.leader_id)
+        follower = server_by_id(c, next(r for r in state.replicas if r != state.leader_id))
+        gate, asked = threading.Event(), threading.Event()
+        take_push = leader.replicas.update_leadership
+
+        def held_push(*args, **kwargs):
+            gate.wait(60)
+            return take_push(*args, **kwargs)
+
+        ask = AdminClient.controlled_shutdown
+
+        def counted_ask(self, server_id):
+            remaining = ask(self, server_id)
+            asked.set()
+            return remaining
+
+        monkeypatch.setattr(leader.replicas, "update_leadership", held_push)
+        monkeypatch.setattr(AdminClient, "controlled_shutdown", counted_ask)
+        crash(c, follower)
+        wait_until(lambda: bucket_state(c, table.table_id).isr == (leader.server_id,), 20, "the ISR shrunk")
+        c.tablets.remove(leader)
+        stopper = threading.Thread(target=leader.stop)
+        try:
+            stopper.start()
+            assert asked.wait(15)  # the coordinator answered: 1 leadership it cannot move
+            gate.set()  # the leader learns its ISR is itself alone
+            stopper.join(20)
+            assert not stopper.is_alive(), "the stop waited for the controlled-shutdown timeout"
+        finally:
+            gate.set()
+            stopper.join(90)
+
+
 def test_a_follower_that_stops_fetching_leaves_the_isr_and_rejoins_once_caught_up(cluster):
     c = cluster
     table = c.admin.create_table("db.lag", SCHEMA, ["id"], 1, replication_factor=3, min_insync_replicas=2)
