@@ -39,7 +39,7 @@ deps: system-deps $(VENV)/.installed
 # $(1): marker expression (empty: every test); $(2): "tier" if selecting no test is fine.
 define run_pytest
 	@mkdir -p $(dir $(PYTEST_RC)); rm -f $(PYTEST_RC); \
-	$(PY) -m pytest -q $(if $(1),-m "$(1)") $(PYTEST_ARGS); rc=$$?; \
+	$(PY) -m pytest -q --durations=25 $(if $(1),-m "$(1)") $(PYTEST_ARGS); rc=$$?; \
 	echo $$rc > $(PYTEST_RC); \
 	if [ $$rc -eq 5 ]; then \
 	  if [ "$(2)" = tier ]; then echo "make: no test selected by -m '$(1)' $(PYTEST_ARGS): nothing to run"; rc=0; \
