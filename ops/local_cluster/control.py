@@ -21,7 +21,7 @@ def status(directory: str | os.PathLike[str], request_timeout_s: float = 2.0) ->
     """Every recorded process, whether it runs, what each coordinator says about itself, and
     how many buckets each tablet server leads and how many replicas it holds, and the offline and
     under-replicated buckets (``offline`` / ``under_replicated``: asked of the active coordinator, wherever it
-    is in the list) and what each serves (its health, asked of it: :func:`ops.local_cluster.tablet_health.status_fields`).
+    is in the list), whether each tablet server is ``decommissioned`` (it takes no new replicas) and what each serves (its health, asked of it: :func:`ops.local_cluster.tablet_health.status_fields`).
     A question that failed is reported under ``error``, never taken as "no"."""
     from client.admin import AdminClient
 
@@ -45,6 +45,7 @@ def status(directory: str | os.PathLike[str], request_timeout_s: float = 2.0) ->
             result["coordinators"].append(entry)
     servers: dict[str, Any] | None = None
     tablets_error = None
+    decommissioned: set[str] = set()
     tablets_alive = [pid_alive(t["pid"], t.get("proc_start")) for t in doc.get("tablets", [])]
     if doc.get("tablets"):
         active = next((c for c in result["coordinators"] if c["active"]), None)
@@ -58,6 +59,7 @@ def status(directory: str | os.PathLike[str], request_timeout_s: float = 2.0) ->
                                  retry_total_s=0) as client:
                     health = client.cluster_health()
                     servers = {str(s.id): s for s in health.servers}
+                    decommissioned = {str(i) for i in health.decommissioned}
                     for key, buckets in (("offline", health.offline), ("under_replicated", health.under_replicated)):
                         result[key] = [{"table": b.table, "table_id": b.table_id, "bucket": b.bucket,
                                         **({"offline_reason": b.offline_reason} if b.offline_reason else {})}
@@ -73,7 +75,7 @@ def status(directory: str | os.PathLike[str], request_timeout_s: float = 2.0) ->
         else:
             server = servers.get(str(t["id"]))
             entry.update(buckets=server.buckets if server else 0, replicas=server.replicas if server else 0,
-                         registered=server is not None)
+                         registered=server is not None, decommissioned=str(t["id"]) in decommissioned)
         entry.update(status_fields(t.get("metrics_address"), alive, request_timeout_s))
         result["tablets"].append(entry)
     return result
