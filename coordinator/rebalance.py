@@ -12,9 +12,10 @@ chooses their targets.
 - :func:`rebalance`: replicas on a decommissioned server go to the least
   loaded others (where one has room); then replicas go from the servers
   holding the most to those holding the fewest until they differ by at most
-  one (e.g. after servers joined); then :func:`preferred_leader` elections move every leader that is not
-  its bucket's preferred one (``replicas[0]``) back to it when that replica is
-  live and in the ISR (a restarted server leads its buckets again).
+  one (e.g. after servers joined); then :func:`preferred_leader` elections
+  move every leader that is not its bucket's preferred one (``replicas[0]``)
+  back to it when that replica is live, in the ISR and not decommissioned (a
+  restarted server leads its buckets again).
 
 Only replicated tables' buckets are planned (a bucket with one replica cannot move).
 Decommissioned servers (``excluded``, :mod:`coordinator.decommissioned`) are never a destination.
