@@ -63,8 +63,8 @@ IDEMPOTENT = READS | frozenset({
     # asked for and answers it; a controlled shutdown sent again moves what is left
     "AlterIsr", "ControlledShutdown",
     # moves (client/moves_admin.py): the same target answers the move in progress, a decommission the moves off
-    # the server, a rebalance of a balanced cluster starts nothing
-    "ReassignBucket", "DecommissionTablet", "Rebalance",
+    # the server, a rebalance of a balanced cluster starts nothing, a recommission of one not marked answers false
+    "ReassignBucket", "DecommissionTablet", "RecommissionTablet", "Rebalance",
 })
 
 

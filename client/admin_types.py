@@ -75,6 +75,7 @@ class TabletServerInfo:
     address: str
     buckets: int  # buckets it leads
     replicas: int = 0  # bucket replicas it holds (led or followed)
+    decommissioned: bool = False  # `cluster decommission`ed: it takes no new replicas until recommissioned
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,7 @@ class ClusterHealth:
     servers: tuple[TabletServerInfo, ...]
     offline: tuple[BucketRef, ...]
     under_replicated: tuple[BucketRef, ...]
+    decommissioned: tuple[int, ...] = ()  # every decommissioned tablet server id, live or not
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,13 @@
-"""The replica-moving part of the admin client (issue 31): reassign a bucket, decommission a tablet server,
-rebalance, list the moves in progress.
+"""The replica-moving part of the admin client (issue 31): reassign a bucket, decommission a tablet server (and
+recommission it), rebalance, list the moves in progress.
 
 :class:`MovesAdmin` is mixed into :class:`client.admin.AdminClient` and uses its
 transport (``_call``). These are admin operations (with security on: ``ALTER``
 on the cluster; listing: ``DESCRIBE``). Every call is safe to resend after a
 lost answer: a reassign with the same target answers the move in progress (or
 ``done``), a decommission answers the moves off the server whenever started, a
-rebalance of a balanced cluster starts nothing.
+rebalance of a balanced cluster starts nothing, a recommission of a server not
+marked answers False.
 
 A move's document: ``{"table", "table_id", "bucket", "replicas", "target", "isr", "leader", "state",
 "waiting", "removing"}`` — ``state`` ``moving`` (``waiting``: target replicas not in the ISR yet;
@@ -54,14 +55,25 @@ class MovesAdmin:
 
     def decommission_tablet(self, tablet_id: int) -> list[dict]:
         """Move every bucket replica off tablet server ``tablet_id`` (live or gone for good) to the least loaded
-        live servers; returns every move taking a replica off it (started now or by an earlier call; empty once
-        it holds nothing). InvalidRequestError, nothing started, if a bucket cannot move (one replica, no
-        other live server with room)."""
+        live servers and mark it decommissioned (it takes no new replicas until :meth:`recommission_tablet`);
+        returns every move taking a replica off it (started now or by an earlier call; empty once it holds
+        nothing). InvalidRequestError, nothing started or marked, if a bucket cannot move (one replica, no
+        other live server with room) or no tablet server of that id is registered or holds a replica."""
         if not is_int(tablet_id):
             raise errors.InvalidRequestError(f"decommission_tablet: a tablet id, got {errors.show(tablet_id)}")
         with arguments("decommission_tablet"):
             request = pb.DecommissionTabletRequest(tablet_id=int(tablet_id))
         return [move_doc(m) for m in self._call("DecommissionTablet", request).moves]  # type: ignore[attr-defined]
+
+    def recommission_tablet(self, tablet_id: int) -> bool:
+        """Clear tablet server ``tablet_id``'s decommission mark: new tables, rebalances and moves may place
+        replicas on it again (moves already started off it go on). Returns whether it was decommissioned
+        (a resent call: False). InvalidRequestError if no tablet server of that id is known."""
+        if not is_int(tablet_id):
+            raise errors.InvalidRequestError(f"recommission_tablet: a tablet id, got {errors.show(tablet_id)}")
+        with arguments("recommission_tablet"):
+            request = pb.RecommissionTabletRequest(tablet_id=int(tablet_id))
+        return self._call("RecommissionTablet", request).was_decommissioned  # type: ignore[attr-defined]
 
     def rebalance(self) -> list[dict]:
         """Even out the replicas over the live tablet servers (moves) and move leaders back to their preferred

@@ -20,13 +20,16 @@ class ReplicationAdmin:
     """Mixed into :class:`client.admin.AdminClient` (``admin.cluster_health()``)."""
 
     def cluster_health(self) -> ClusterHealth:
-        """The live tablet servers (buckets each leads, replicas each holds), the offline buckets (no live
-        leader) and the under-replicated ones (a live leader, an ISR smaller than the replicas)."""
+        """The live tablet servers (buckets each leads, replicas each holds, whether it is decommissioned), the
+        offline buckets (no live leader), the under-replicated ones (a live leader, an ISR smaller than the
+        replicas) and every decommissioned server id (live or not)."""
         response = self._call("ListTabletServers", pb.ListTabletServersRequest())  # type: ignore[attr-defined]
         def refs(buckets) -> tuple[BucketRef, ...]:
             return tuple(BucketRef(b.table_id, b.table, b.bucket, b.offline_reason) for b in buckets)
-        return ClusterHealth(tuple(TabletServerInfo(s.id, s.address, s.buckets, s.replicas) for s in response.servers),
-                             refs(response.offline), refs(response.under_replicated))
+        servers = tuple(TabletServerInfo(s.id, s.address, s.buckets, s.replicas, s.decommissioned)
+                        for s in response.servers)
+        return ClusterHealth(servers, refs(response.offline), refs(response.under_replicated),
+                             tuple(response.decommissioned))
 
     def alter_isr(self, server_id: int, table_id: int, bucket: int, leader_epoch: int, bucket_epoch: int,
                   isr: Iterable[int]) -> AlterIsrResult:

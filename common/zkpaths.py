@@ -19,6 +19,9 @@ SNAPSHOTS = "/snapshots"
 LEASES = "/leases/kv_snapshot"
 #: Persistent, written by the active coordinator: the bucket leaders' last reported log ends, per table.
 LOG_ENDS = "/log-ends"
+#: Persistent, written by the active coordinator: the tablet servers being retired (``cluster decommission``), one
+#: node per server id; they take no new replicas until ``cluster recommission`` deletes the node.
+DECOMMISSIONED = "/decommissioned"
 
 SECURITY = "/security"
 USERS = "/security/users"
@@ -35,6 +38,10 @@ def tablet_server(server_id: int | str) -> str:
 
 def log_ends(table_id: int | str) -> str:
     return f"{LOG_ENDS}/{table_id}"
+
+
+def decommissioned(server_id: int | str) -> str:
+    return f"{DECOMMISSIONED}/{server_id}"
 
 
 def tablet_dir(server_id: int | str) -> str:

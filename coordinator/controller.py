@@ -278,12 +278,13 @@ class Controller(Dispatcher):
     @on(rq.ListTabletServers)
     @_query
     def _list_servers(self, _request: rq.ListTabletServers):
-        """(server rows, offline buckets, under-replicated buckets); buckets as (table, bucket)."""
+        """(server rows, offline buckets, under-replicated buckets, decommissioned server ids); buckets as
+        (table, bucket, offline reason)."""
         offline, under = self.members.health()
         def named(buckets):
             return [(self.catalog.by_id[t], b, self.assignments.table(t)[b].offline_reason) for t, b in buckets
                     if t in self.catalog.by_id]
-        return self.members.server_rows(), named(offline), named(under)
+        return self.members.server_rows(), named(offline), named(under), sorted(self.members.decommissioned.ids)
 
     # -- barriers --------------------------------------------------------------------------
 
@@ -332,6 +333,11 @@ class Controller(Dispatcher):
     @_barrier
     def _decommission(self, request: rq.DecommissionTablet):
         return self.moves.decommission(request.tablet_id)
+
+    @on(rq.RecommissionTablet)
+    @_barrier
+    def _recommission(self, request: rq.RecommissionTablet) -> bool:
+        return self.moves.recommission(request.tablet_id)
 
     @on(rq.Rebalance)
     @_barrier

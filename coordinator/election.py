@@ -11,7 +11,7 @@
 - A server joined: an offline bucket whose ISR holds it gets a leader again
   (the first live ISR member); a one-replica bucket it leads gets a new
   leader epoch; an unassigned one-replica bucket goes to the live server with
-  room that holds the fewest replicas. Otherwise it is a follower: it rejoins
+  room that holds the fewest replicas (never a decommissioned one). Otherwise it is a follower: it rejoins
   ISRs through the leaders' AlterIsr once caught up.
 - :func:`alter_isr`: the leader's ISR change, fenced by its epochs.
 - :func:`controlled_shutdown`: a stopping server's leaderships move to other live ISR members.
@@ -79,11 +79,12 @@ def server_joined(a: BucketAssignment, joined: set[int], live: set[int], unclean
 
 
 def servers_changed(assignments: Assignments, gone: set[int], joined: set[int], live: set[int],
-                    capacity: Capacity, unclean: bool = False) -> tuple[Changes, list[tuple[int, int]]]:
+                    capacity: Capacity, unclean: bool = False,
+                    excluded: set[int] = frozenset()) -> tuple[Changes, list[tuple[int, int]]]:
     """Every table with a changed bucket (all its buckets), and the (table, bucket) that took an
     unclean election. ``gone`` and ``joined`` may share a server (it re-registered unseen); a server
     not in ``live`` counts as gone whether it is in ``gone`` or not (e.g. gone while no coordinator
-    was active)."""
+    was active). Unassigned buckets are not placed on ``excluded`` servers (decommissioned)."""
     changes: Changes = {}
     unclean_buckets = []
     for table_id, buckets in sorted(assignments.by_table.items()):
@@ -97,7 +98,7 @@ def servers_changed(assignments: Assignments, gone: set[int], joined: set[int], 
                 changes.setdefault(table_id, dict(buckets))[bucket] = state
             if took_unclean:
                 unclean_buckets.append((table_id, bucket))
-    _place_unassigned(assignments, changes, live, capacity)
+    _place_unassigned(assignments, changes, live - set(excluded), capacity)
     return changes, unclean_buckets
 
 

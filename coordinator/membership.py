@@ -7,7 +7,8 @@ create whose replicas do not fit is refused before anything is written.
 Plans are pure (:mod:`coordinator.placement`, :mod:`coordinator.election`);
 they are written to ZooKeeper (epoch-fenced) before they are applied, then
 every live replica of a changed bucket is told the full list of buckets it
-holds (:mod:`coordinator.notifier`).
+holds (:mod:`coordinator.notifier`). A decommissioned server
+(:mod:`coordinator.decommissioned`) is live but takes no new replica.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from coordinator import data_loss, election
 from coordinator.assignment import UNASSIGNED, Assignments, BucketAssignment, Changes
 from coordinator.catalog import TableCatalog
 from coordinator.data_dirs import DataDirs
+from coordinator.decommissioned import Decommissioned
 from coordinator.fencing import FencedWriter, chunks
 from coordinator.placement import plan_new
 from coordinator.reassignment import removed_replicas
@@ -54,28 +56,39 @@ class Membership:
         #: replica moves that can complete then do (coordinator.moves.Moves.progress).
         self.on_changed: Callable[[Iterable[int] | None], None] = lambda table_ids: None
         self.dirs = DataDirs()  # the data dir each server id registered with (a new one: its data is lost)
+        self.decommissioned = Decommissioned()  # the servers that take no new replica
 
     def load(self) -> None:
         """Failover: load the assignments of the catalog's tables; plan those that have none."""
         self.dirs.load(self.zk)
+        self.decommissioned.load(self.zk)
         for table_id in self.assignments.load(self.zk, sorted(self.catalog.by_id)):
             plan = plan_new(self.assignments, self.catalog.by_id[table_id].buckets, [])
             self.writer.commit([self.assignments.create_op(table_id, plan)])
             self.assignments.set(table_id, plan)
         self.refresh_metrics()
 
+    @property
+    def placeable(self) -> set[int]:
+        """The live servers that take new replicas (not decommissioned)."""
+        return set(self.servers) - self.decommissioned.ids
+
     # -- tables coming and going (their catalog writes carry these ops) ------------------------
 
     def plan_table(self, table: TableInfo) -> tuple[dict[int, BucketAssignment], ZkOp]:
         """Replicas and leaders for a new table's buckets, and the op that stores them. InvalidRequestError
         if there are fewer live tablet servers than its replication factor, or they have no room for all
-        its replicas (with none live, a one-replica table's buckets wait unassigned)."""
-        live = sorted(self.servers)
+        its replicas (with none live, a one-replica table's buckets wait unassigned). Decommissioned servers
+        do not count: the error names them."""
+        live = sorted(self.placeable)
+        retired = sorted(set(self.servers) - set(live))
         rf = table.replication_factor
-        if rf > 1 and rf > len(live):
+        if (rf > 1 or retired) and rf > len(live):
+            but = (f" taking new replicas (tablet server(s) {retired} are decommissioned: `kvlease cluster "
+                   f"recommission --tablet ID` lets one take replicas again)" if retired else "")
             raise errors.InvalidRequestError(
                 f"cannot create table {table.path}: replication factor {rf} is more than the {len(live)} live "
-                f"tablet server(s); start more tablet servers or use a smaller --replication-factor",
+                f"tablet server(s){but}; start more tablet servers or use a smaller --replication-factor",
                 table=table.path)
         room = self.assignments.room(live, self.capacity)
         if live and None not in room.values() and sum(room.values()) < table.buckets * rf:
@@ -151,7 +164,8 @@ class Membership:
             overlay = Assignments()
             overlay.by_table = {**self.assignments.by_table, **lost_changes}
         changes, unclean = election.servers_changed(overlay, left | restarted, joined, set(self.servers),
-                                                    self.capacity, self.unclean_election)
+                                                    self.capacity, self.unclean_election,
+                                                    excluded=self.decommissioned.ids)
         changes = {**lost_changes, **changes}
         for table_id, bucket in unclean:
             log.warning("unclean leader election: bucket %d of table %d is led by tablet server %d, which was not "
@@ -163,9 +177,11 @@ class Membership:
                     extra_written=lambda: self.dirs.recorded(registered))
         self.on_changed(None)
 
-    def apply(self, changes: Changes) -> None:
-        """Write ``changes`` (fenced), apply them and tell the replicas (a move's phases, elections)."""
-        self._apply(changes)
+    def apply(self, changes: Changes, extra_ops: list[ZkOp] = (),
+              extra_written: Callable[[], None] = lambda: None) -> None:
+        """Write ``changes`` (fenced; ``extra_ops`` in the first multi-op, then ``extra_written()``), apply them
+        and tell the replicas (a move's phases, elections)."""
+        self._apply(changes, extra_ops=extra_ops, extra_written=extra_written)
 
     def _apply(self, changes: Changes, also_tell: Iterable[int] = (), extra_ops: list[ZkOp] = (),
                extra_written: Callable[[], None] = lambda: None) -> None:
@@ -270,10 +286,11 @@ class Membership:
                 for bucket, a in sorted(self.assignments.table(table.table_id).items())]
         return table, rows
 
-    def server_rows(self) -> list[tuple[int, str, int, int]]:
-        """Live servers: (id, address, buckets led, replicas held)."""
+    def server_rows(self) -> list[tuple[int, str, int, int, bool]]:
+        """Live servers: (id, address, buckets led, replicas held, decommissioned)."""
         leaders, replicas = self.assignments.leaders_per_server(), self.assignments.load_per_server()
-        return [(sid, address, leaders[sid], replicas[sid]) for sid, address in sorted(self.servers.items())]
+        return [(sid, address, leaders[sid], replicas[sid], sid in self.decommissioned)
+                for sid, address in sorted(self.servers.items())]
 
     def health(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
         """(offline, under-replicated) buckets, as (table id, bucket)."""

@@ -11,16 +11,21 @@ added a new replica to the ISR, servers coming and going, a failover's first
 look at the servers) — completes a move wherever it was started. A completion
 whose write failed (not fatally) is tried again on the next expiry tick.
 
+A decommission also marks its server (:mod:`coordinator.decommissioned`, in
+the same write as the moves it starts): no placement chooses it again until
+:meth:`Moves.recommission`; a rebalance moves what is left on it away.
+
 Runs on the event loop's thread, like every part of the controller.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from common import errors
 from common.tables import TableInfo
+from common.zk import ZkOp
 from coordinator import reassignment, rebalance
 from coordinator.assignment import BucketAssignment, Changes
 from coordinator.membership import Membership
@@ -67,6 +72,11 @@ class Moves:
         asked = tuple(int(r) for r in target)
         if current.reassign != asked and not (current.reassign is None and current.replicas == asked):
             asked = reassignment.check_target(where, table.replication_factor, asked, self._live, current.replicas)
+            retired = sorted((set(asked) - set(current.replicas)) & self.members.decommissioned.ids)
+            if retired:
+                raise errors.InvalidRequestError(
+                    f"cannot move {where}: tablet server(s) {retired} are decommissioned and take no new replicas "
+                    f"(`kvlease cluster recommission --tablet ID` first)")
             new = reassignment.start(current, asked, where)
             if new != current:
                 self.members.apply({table.table_id: {**plan, bucket: new}})
@@ -75,22 +85,53 @@ class Moves:
         return table, bucket, self.members.assignments.table(table.table_id)[bucket]
 
     def decommission(self, server_id: int) -> list[Row]:
-        """Start moving every replica off ``server_id``; every move taking one off it (started now or before).
-        Refused as a whole (nothing started) if any of its buckets cannot move."""
-        assignments = self.members.assignments
+        """Mark ``server_id`` decommissioned and start moving every replica off it; every move taking one off it
+        (started now or before). Refused as a whole (nothing started, not marked) if any of its buckets cannot
+        move, or if no server of that id is known (:meth:`_check_known`). Resent: the mark is there, the moves
+        in progress are answered."""
+        self._check_known(server_id, "decommission")
+        assignments, retired = self.members.assignments, self.members.decommissioned
         moves = rebalance.decommission(assignments, server_id, self._live, self.members.capacity, self._rf,
-                                       self._name)
-        self._start(moves)
-        if moves:
-            log.info("decommission of tablet server %d: %d move(s) started", server_id, len(moves))
+                                       self._name, excluded=retired.ids)
+        marking = retired.mark_ops(server_id)
+        self._start(moves, extra_ops=marking, extra_written=lambda: retired.marked(server_id))
+        if moves or marking:
+            log.info("decommission of tablet server %d: %d move(s) started%s", server_id, len(moves),
+                     "; it takes no new replicas" if marking else "")
         return [(self._table(t), b, a) for t, b, a in sorted(assignments.all(), key=lambda x: (x[0], x[1]))
                 if a.reassign is not None and server_id in a.replicas and server_id not in a.reassign]
 
+    def recommission(self, server_id: int) -> bool:
+        """Clear ``server_id``'s decommission mark: placements may choose it again (the moves already started
+        off it go on). Whether it was marked (resent: False). InvalidRequestError if no server of that id is
+        known."""
+        retired = self.members.decommissioned
+        if server_id not in retired:
+            self._check_known(server_id, "recommission")
+            return False
+        self.members.writer.commit(retired.clear_ops(server_id))
+        retired.cleared(server_id)
+        log.info("tablet server %d recommissioned: it takes new replicas again", server_id)
+        return True
+
+    def _check_known(self, server_id: int, verb: str) -> None:
+        """InvalidRequestError unless ``server_id`` is live, holds a replica, is marked, or registered a data dir
+        once (a typo is not marked)."""
+        members = self.members
+        if (server_id in members.servers or server_id in members.decommissioned or server_id in members.dirs.by_server
+                or any(server_id in a.replicas + (a.reassign or ()) for _t, _b, a in members.assignments.all())):
+            return
+        raise errors.InvalidRequestError(
+            f"cannot {verb} tablet server {server_id}: no tablet server with this id is registered or holds a "
+            f"replica (registered: {sorted(members.servers) or 'none'})")
+
     def rebalance(self) -> tuple[list[Row], list[tuple[Row, int]]]:
-        """Start the moves and preferred-leader elections of :func:`coordinator.rebalance.rebalance`: (moves
-        started, [(bucket after its election, its old leader)])."""
+        """Start the moves and preferred-leader elections of :func:`coordinator.rebalance.rebalance` (replicas
+        left on decommissioned servers move first): (moves started, [(bucket after its election, its old
+        leader)])."""
         assignments = self.members.assignments
-        plan = rebalance.rebalance(assignments, self._live, self.members.capacity, self._rf)
+        plan = rebalance.rebalance(assignments, self._live, self.members.capacity, self._rf,
+                                   excluded=self.members.decommissioned.ids)
         before = {key: assignments.table(key[0])[key[1]] for key in plan.leaders}
         changes: Changes = {}
         for (table_id, bucket), elected in sorted(plan.leaders.items()):
@@ -109,9 +150,10 @@ class Moves:
         return [(self._table(t), b, a) for t, b, a in sorted(self.members.assignments.all(), key=lambda x: (x[0], x[1]))
                 if a.reassign is not None and t in self.members.catalog.by_id]
 
-    def _start(self, moves: Iterable[tuple[int, int, tuple[int, ...]]], changes: Changes | None = None) -> None:
+    def _start(self, moves: Iterable[tuple[int, int, tuple[int, ...]]], changes: Changes | None = None,
+               extra_ops: list[ZkOp] = (), extra_written: Callable[[], None] = lambda: None) -> None:
         """Start ``moves`` (checked first, all of them: one that cannot start refuses the lot) together with
-        ``changes``, in one write."""
+        ``changes`` and ``extra_ops`` (then ``extra_written()``), in one write."""
         changes = changes if changes is not None else {}
         assignments = self.members.assignments
         for table_id, bucket, target in moves:
@@ -119,8 +161,8 @@ class Moves:
             plan = changes.setdefault(table_id, dict(assignments.table(table_id)))
             reassignment.check_target(where, self._rf(table_id), target, self._live, plan[bucket].replicas)
             plan[bucket] = reassignment.start(plan[bucket], target, where)
-        if changes:
-            self.members.apply(changes)
+        if changes or extra_ops:
+            self.members.apply(changes, extra_ops, extra_written)
 
     # -- completing moves -------------------------------------------------------------
 

@@ -9,13 +9,16 @@ chooses their targets.
   replaced server's place in the replica list is taken by the new one, so the
   preferred leaders stay spread. A bucket whose move is in progress away from
   the server is left as it is (a resent decommission starts nothing new).
-- :func:`rebalance`: replicas go from the servers holding the most to those
-  holding the fewest until they differ by at most one (e.g. after servers
-  joined); then :func:`preferred_leader` elections move every leader that is not
-  its bucket's preferred one (``replicas[0]``) back to it when that replica is
-  live and in the ISR (a restarted server leads its buckets again).
+- :func:`rebalance`: replicas on a decommissioned server go to the least
+  loaded others (where one has room); then replicas go from the servers
+  holding the most to those holding the fewest until they differ by at most
+  one (e.g. after servers joined); then :func:`preferred_leader` elections
+  move every leader that is not its bucket's preferred one (``replicas[0]``)
+  back to it when that replica is live, in the ISR and not decommissioned (a
+  restarted server leads its buckets again).
 
 Only replicated tables' buckets are planned (a bucket with one replica cannot move).
+Decommissioned servers (``excluded``, :mod:`coordinator.decommissioned`) are never a destination.
 """
 
 from __future__ import annotations
@@ -48,12 +51,15 @@ def _preferred(assignments: Assignments) -> Counter[int]:
 
 
 def decommission(assignments: Assignments, server: int, live: set[int], capacity: Capacity,
-                 replication_factor: Callable[[int], int], name: Callable[[int], str] = str) -> list[Move]:
+                 replication_factor: Callable[[int], int], name: Callable[[int], str] = str,
+                 excluded: set[int] = frozenset()) -> list[Move]:
     """The moves that take every replica off ``server``. InvalidRequestError (nothing planned) if a bucket it
     holds cannot move: its table has one replica, another move of it includes ``server``, or no other live
-    server with room can take it. ``name(table_id)`` names a table in errors."""
+    server with room (and not ``excluded``: decommissioned) can take it. ``name(table_id)`` names a table in
+    errors."""
     load, preferred = _target_load(assignments), _preferred(assignments)
-    others = sorted(live - {server})
+    others = sorted(live - {server} - set(excluded))
+    retired = sorted((live & set(excluded)) - {server})
     moves: list[Move] = []
     for table_id, bucket, a in sorted(assignments.all(), key=lambda x: (x[0], x[1])):
         holds = a.reassign if a.reassign is not None else a.replicas
@@ -72,8 +78,9 @@ def decommission(assignments: Assignments, server: int, live: set[int], capacity
         if not free:
             raise errors.InvalidRequestError(
                 f"cannot decommission tablet server {server}: {where} needs {len(a.replicas)} replicas on distinct "
-                f"live tablet servers and no other live server with room can take it (live: {sorted(live)}; "
-                f"their capacity tablet.buckets.max); start another tablet server first")
+                f"live tablet servers and no other live server with room can take it (live: {sorted(live)}"
+                + (f", decommissioned: {retired}" if retired else "")
+                + "; their capacity tablet.buckets.max); start another tablet server first")
         chosen = min(free, key=lambda s: (load[s], preferred[s], s))
         target = tuple(chosen if r == server else r for r in a.replicas)
         load[chosen] += 1
@@ -97,16 +104,18 @@ def preferred_leader(a: BucketAssignment, live: set[int]) -> BucketAssignment | 
 
 
 def rebalance(assignments: Assignments, live: set[int], capacity: Capacity,
-              replication_factor: Callable[[int], int], max_moves: int = 1000) -> Plan:
-    """Replica moves that even out the live servers' replica counts (to a difference of at most one), then
-    preferred-leader elections of the buckets not moved. Buckets with one replica, offline ones and those
+              replication_factor: Callable[[int], int], max_moves: int = 1000,
+              excluded: set[int] = frozenset()) -> Plan:
+    """Replica moves off the ``excluded`` (decommissioned) servers (:func:`_drain`), then those that even out
+    the other live servers' replica counts (to a difference of at most one), then preferred-leader elections
+    of the buckets not moved (not to an excluded server). Buckets with one replica, offline ones and those
     being moved are left alone."""
     load = _target_load(assignments)
-    servers = sorted(live)
+    servers = sorted(live - set(excluded))
     movable = sorted((t, b, a) for t, b, a in assignments.all()
                      if a.reassign is None and not a.offline and replication_factor(t) > 1)
-    moves: list[Move] = []
-    moved: set[tuple[int, int]] = set()
+    moves = _drain(movable, set(excluded), servers, load, capacity, max_moves)
+    moved = {(t, b) for t, b, _target in moves}
     while servers and len(moves) < max_moves:
         def room(s: int) -> bool:
             return capacity.get(s) is None or load[s] < capacity[s]
@@ -128,7 +137,30 @@ def rebalance(assignments: Assignments, live: set[int], capacity: Capacity,
     leaders = {}
     for table_id, bucket, a in movable:
         if (table_id, bucket) not in moved:
-            elected = preferred_leader(a, live)
+            elected = preferred_leader(a, live - set(excluded))
             if elected is not None:
                 leaders[(table_id, bucket)] = elected
     return Plan(moves, leaders)
+
+
+def _drain(movable: list[tuple[int, int, BucketAssignment]], excluded: set[int], servers: list[int],
+           load: Counter[int], capacity: Capacity, max_moves: int) -> list[Move]:
+    """Moves of the ``movable`` buckets' replicas on ``excluded`` servers, each to the server of ``servers``
+    with room that holds the fewest replicas and not the bucket (``load`` counted as they go); a replica no
+    server can take stays."""
+    moves: list[Move] = []
+    for table_id, bucket, a in movable:
+        if len(moves) >= max_moves:
+            break
+        target = list(a.replicas)
+        for leaving in (r for r in a.replicas if r in excluded):
+            free = [s for s in servers if s not in target and (capacity.get(s) is None or load[s] < capacity[s])]
+            if not free:
+                break
+            chosen = min(free, key=lambda s: (load[s], s))
+            target[target.index(leaving)] = chosen
+            load[chosen] += 1
+            load[leaving] -= 1
+        if tuple(target) != a.replicas:
+            moves.append((table_id, bucket, tuple(target)))
+    return moves

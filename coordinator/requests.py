@@ -15,7 +15,8 @@ from common.tables import TableSpec
 
 __all__ = ["ElectLeader", "ReportLogEnds", "ReportReplicaLoss", "RestoreBucket", "AlterIsr", "CommitSnapshot", "ControlledShutdown", "CreateTable", "DescribeLease", "DropTable", "GetTable", "GetTableAssignment", "Guarded",
            "ListLeases", "ListSnapshots", "ListTables", "ListTabletServers", "RemoveOrphanLeaseFiles",
-           "TabletServersChanged", "ReassignBucket", "DecommissionTablet", "Rebalance", "ListReassignments"]
+           "TabletServersChanged", "ReassignBucket", "DecommissionTablet", "RecommissionTablet", "Rebalance",
+           "ListReassignments"]
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,13 @@ class ReassignBucket:
 @dataclass(frozen=True)
 class DecommissionTablet:
     """Move every replica off a tablet server."""
+
+    tablet_id: int
+
+
+@dataclass(frozen=True)
+class RecommissionTablet:
+    """Clear a tablet server's decommission mark: it takes new replicas again."""
 
     tablet_id: int
 

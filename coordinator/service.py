@@ -245,13 +245,13 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
 
     def ListTabletServers(self, request, context):
         def build(result):
-            rows, offline, under = result
+            rows, offline, under, decommissioned = result
             def refs(buckets):
                 return [pb.BucketRefPb(table_id=t.table_id, table=t.path, bucket=b, offline_reason=why)
                         for t, b, why in buckets]
-            return {"servers": [pb.TabletServerPb(id=i, address=a, buckets=led, replicas=held)
-                                for i, a, led, held in rows],
-                    "offline": refs(offline), "under_replicated": refs(under)}
+            return {"servers": [pb.TabletServerPb(id=i, address=a, buckets=led, replicas=held, decommissioned=retired)
+                                for i, a, led, held, retired in rows],
+                    "offline": refs(offline), "under_replicated": refs(under), "decommissioned": decommissioned}
         return self._run(rq.ListTabletServers(), pb.ListTabletServersResponse, build)
 
     def AlterIsr(self, request, context):
@@ -284,6 +284,11 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
     def DecommissionTablet(self, request, context):
         return self._run(rq.DecommissionTablet(request.tablet_id), pb.DecommissionTabletResponse,
                          lambda rows: {"moves": [_move_pb(*row) for row in rows]},
+                         check=self._check(Operation.ALTER, Resource.cluster))
+
+    def RecommissionTablet(self, request, context):
+        return self._run(rq.RecommissionTablet(request.tablet_id), pb.RecommissionTabletResponse,
+                         lambda was: {"was_decommissioned": was},
                          check=self._check(Operation.ALTER, Resource.cluster))
 
     def Rebalance(self, request, context):

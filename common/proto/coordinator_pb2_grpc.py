@@ -169,6 +169,11 @@ class CoordinatorServiceStub:
                 request_serializer=common_dot_proto_dot_coordinator__pb2.ElectLeaderRequest.SerializeToString,
                 response_deserializer=common_dot_proto_dot_coordinator__pb2.ElectLeaderResponse.FromString,
                 _registered_method=True)
+        self.RecommissionTablet = channel.unary_unary(
+                '/kvlease.CoordinatorService/RecommissionTablet',
+                request_serializer=common_dot_proto_dot_coordinator__pb2.RecommissionTabletRequest.SerializeToString,
+                response_deserializer=common_dot_proto_dot_coordinator__pb2.RecommissionTabletResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServiceServicer:
@@ -336,6 +341,12 @@ class CoordinatorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RecommissionTablet(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -473,6 +484,11 @@ def add_CoordinatorServiceServicer_to_server(servicer, server):
                     servicer.ElectLeader,
                     request_deserializer=common_dot_proto_dot_coordinator__pb2.ElectLeaderRequest.FromString,
                     response_serializer=common_dot_proto_dot_coordinator__pb2.ElectLeaderResponse.SerializeToString,
+            ),
+            'RecommissionTablet': grpc.unary_unary_rpc_method_handler(
+                    servicer.RecommissionTablet,
+                    request_deserializer=common_dot_proto_dot_coordinator__pb2.RecommissionTabletRequest.FromString,
+                    response_serializer=common_dot_proto_dot_coordinator__pb2.RecommissionTabletResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1204,6 +1220,33 @@ class CoordinatorService:
             '/kvlease.CoordinatorService/ElectLeader',
             common_dot_proto_dot_coordinator__pb2.ElectLeaderRequest.SerializeToString,
             common_dot_proto_dot_coordinator__pb2.ElectLeaderResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RecommissionTablet(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvlease.CoordinatorService/RecommissionTablet',
+            common_dot_proto_dot_coordinator__pb2.RecommissionTabletRequest.SerializeToString,
+            common_dot_proto_dot_coordinator__pb2.RecommissionTabletResponse.FromString,
             options,
             channel_credentials,
             insecure,

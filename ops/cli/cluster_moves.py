@@ -1,9 +1,11 @@
-"""``kvlease cluster decommission|rebalance|reassignments``: moving bucket replicas between tablet servers.
+"""``kvlease cluster decommission|recommission|rebalance|reassignments``: moving bucket replicas between tablet
+servers.
 
 They talk to the active coordinator (``--cluster`` or ``--bootstrap``), like the
 table commands; the moves are the coordinator's (``client/moves_admin.py``).
 ``--wait`` polls the moves in progress until the ones started are done, with
-progress on stderr; past ``--timeout`` it is an error (the moves go on).
+progress on stderr; past ``--timeout`` it is an error (the moves go on). A
+decommissioned server takes no new replicas until ``cluster recommission``.
 """
 
 from __future__ import annotations
@@ -68,21 +70,40 @@ def _moves_summary(moves: list[dict]) -> str:
 @catch_errors
 def cluster_decommission(state: State, tablet_id: int, wait: bool, timeout_ms: int) -> None:
     """Move every bucket replica off a tablet server to the least loaded live ones (each new replica copies
-    its bucket and joins the ISR, then the server leaves it and deletes its copy). Safe to run again: it
-    answers the moves in progress. Nothing starts if a bucket cannot move (a table with one replica, no
+    its bucket and joins the ISR, then the server leaves it and deletes its copy), and mark it decommissioned:
+    no new table, rebalance or move places a replica on it until `cluster recommission`. Safe to run again:
+    it answers the moves in progress. Nothing starts if a bucket cannot move (a table with one replica, no
     other live server with room)."""
     moves = state.client.decommission_tablet(tablet_id)
     if wait and moves:
         wait_for_moves(state, [(m["table"], m["bucket"]) for m in moves], timeout_ms)
     doc = {"tablet": tablet_id, "moves": moves, "waited": wait}
     if not moves:
-        text = f"tablet server {tablet_id} holds no bucket replica: nothing to move"
+        text = f"tablet server {tablet_id} holds no bucket replica: nothing to move (decommissioned)"
     elif wait:
         text = f"tablet server {tablet_id} decommissioned: {len(moves)} replica(s) moved off it"
     else:
         text = (f"decommissioning tablet server {tablet_id}: {len(moves)} move(s) in progress: "
                 f"{_moves_summary(moves)}")
     state.output.message(text, doc)
+
+
+@cluster_group.command("recommission")
+@click.option("--tablet", "tablet_id", type=int64(), required=True, metavar="ID",
+              help="The decommissioned tablet server to take new replicas again.")
+@common_options
+@pass_state
+@catch_errors
+def cluster_recommission(state: State, tablet_id: int) -> None:
+    """Let a decommissioned tablet server take new replicas again (new tables, `cluster rebalance`, moves).
+    Moves already started off it go on. Safe to run again."""
+    was = state.client.recommission_tablet(tablet_id)
+    if was:
+        text = (f"tablet server {tablet_id} recommissioned: it takes new replicas again (`kvlease cluster "
+                f"rebalance` moves replicas to it)")
+    else:
+        text = f"tablet server {tablet_id} is not decommissioned: nothing to change"
+    state.output.message(text, {"tablet": tablet_id, "was_decommissioned": was})
 
 
 @cluster_group.command("rebalance")

@@ -271,6 +271,8 @@ class TextOutput(Output):
                     state += f"{serving}; unhealthy: {'; '.join(t.get('problems') or [])}"
             else:
                 state = "not registered"
+            if t.get("decommissioned"):
+                state += ("; " if state else "") + "decommissioned (takes no new replicas)"
             grid.add_row("tablet", str(t["id"]), cell_text(t.get("pid")), t["address"], cell_text(t.get("alive")), state)
         self._print(grid)
         for key, what in (("offline", "offline buckets (no live leader)"),

@@ -11,7 +11,9 @@ replica's changelog (a moved replica's from where its rebuild starts) and
 its effect in every replica's table; every value a reader saw committed;
 the replicas' changelogs identical below the high watermark; scans right
 and read to their end. The server is started again at the end (it holds no
-replica of the table then). Needs --tablets 3.
+replica of the table then): it is still decommissioned (it takes no new
+replicas) until the drill recommissions it, leaving the cluster as it found
+it. Needs --tablets 3.
 
 The server decommissioned is the one leading the most of the table's
 buckets. The load and the checks are the replica drills'
@@ -27,7 +29,7 @@ from typing import Any
 from client.table import TableClient
 from ops import local_cluster
 from ops.drills.cluster import ClusterShapeError, DrillCluster, require
-from ops.drills.decommission_checks import moves_finished, retry_started_nothing_new
+from ops.drills.decommission_checks import mark_kept, moves_finished, retry_started_nothing_new
 from ops.drills.replica_drill import run_replica_drill, wait_in_sync
 from ops.drills.replica_traffic import Load
 from ops.drills.report import Check, Report, finish
@@ -75,6 +77,9 @@ def _decommission(cluster: DrillCluster, client: TableClient, load: Load, report
     report.add(Check.of(f"{check.name}, none on the stopped tablet server {victim}", check.violations,
                         check.checked))
     cluster.restart("tablets", str(victim))
+    marked = cluster.admin.cluster_health().decommissioned
+    recommissioned = cluster.admin.recommission_tablet(victim)
+    report.add(mark_kept(victim, marked, recommissioned, cluster.admin.cluster_health().decommissioned))
     return {"decommissioned": f"tablet {victim}", "leaderships_before": led[victim], "moves_started": len(moves),
             "moves_s": moved_s, "away": {victim}}
 

@@ -1,5 +1,6 @@
-"""Pure checkers of the decommission drill: every replica moved off one tablet server, and a retried
-``decommission_tablet`` started nothing more.
+"""Pure checkers of the decommission drill: every replica moved off one tablet server, a retried
+``decommission_tablet`` started nothing more, and the server stayed decommissioned across its restart
+until recommissioned.
 
 No cluster, clock or I/O in here. A move is what
 ``AdminClient.decommission_tablet`` / ``list_reassignments`` answer: a dict
@@ -38,3 +39,18 @@ def moves_finished(started: Sequence[Any], in_progress: Sequence[Any], waited_s:
     violations = [f"still in progress after {waited_s:.0f}s: {m!r}" for m in in_progress]
     return Check.of("every move of the decommission finished", violations, len(started) + len(in_progress))
 
+
+
+def mark_kept(server: int, after_restart: Sequence[int], recommissioned: bool, after: Sequence[int]) -> Check:
+    """The decommissioned ``server`` is still marked once restarted (``after_restart``: the ids marked then),
+    and its recommission (``recommissioned``: what it answered) cleared the mark (``after``: the ids marked
+    afterwards)."""
+    violations = []
+    if server not in after_restart:
+        violations.append(f"tablet server {server}, restarted, is not decommissioned any more "
+                          f"(decommissioned: {list(after_restart)})")
+    if not recommissioned:
+        violations.append(f"the recommission of tablet server {server} answered it was not decommissioned")
+    if server in after:
+        violations.append(f"tablet server {server} is still decommissioned after its recommission")
+    return Check.of("the server stays decommissioned across its restart until recommissioned", violations, 3)

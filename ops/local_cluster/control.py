@@ -18,10 +18,10 @@ from ops.local_cluster.zookeeper import is_serving, node_command, server_mode
 
 
 def status(directory: str | os.PathLike[str], request_timeout_s: float = 2.0) -> dict[str, Any]:
-    """Every recorded process, whether it runs, what each coordinator says about itself, and
-    how many buckets each tablet server leads and how many replicas it holds, and the offline and
-    under-replicated buckets (``offline`` / ``under_replicated``: asked of the active coordinator, wherever it
-    is in the list) and what each serves (its health, asked of it: :func:`ops.local_cluster.tablet_health.status_fields`).
+    """Every recorded process, whether it runs, what each coordinator says about itself, how many buckets each
+    tablet server leads, how many replicas it holds and whether it is ``decommissioned``, the offline and
+    under-replicated buckets (``offline`` / ``under_replicated``: asked of the active coordinator, wherever it is
+    in the list) and what each serves (its health, asked of it: :func:`ops.local_cluster.tablet_health.status_fields`).
     A question that failed is reported under ``error``, never taken as "no"."""
     from client.admin import AdminClient
 
@@ -56,14 +56,7 @@ def status(directory: str | os.PathLike[str], request_timeout_s: float = 2.0) ->
             try:
                 with AdminClient([active["address"]], client_config(doc), request_timeout_s=request_timeout_s,
                                  retry_total_s=0) as client:
-                    health = client.cluster_health()
-                    servers = {str(s.id): s for s in health.servers}
-                    for key, buckets in (("offline", health.offline), ("under_replicated", health.under_replicated)):
-                        result[key] = [{"table": b.table, "table_id": b.table_id, "bucket": b.bucket,
-                                        **({"offline_reason": b.offline_reason} if b.offline_reason else {})}
-                                       for b in buckets]
-                        result[f"{key}_count"] = len(buckets)
-                    result.update(_reassignments(client))
+                    servers = _health(client, result)
             except KvLeaseError as exc:
                 tablets_error = f"coordinator {active['id']} ({active['address']}): {exc.message}"
     for t, alive in zip(doc.get("tablets", []), tablets_alive):
@@ -73,10 +66,24 @@ def status(directory: str | os.PathLike[str], request_timeout_s: float = 2.0) ->
         else:
             server = servers.get(str(t["id"]))
             entry.update(buckets=server.buckets if server else 0, replicas=server.replicas if server else 0,
-                         registered=server is not None)
+                         registered=server is not None,
+                         decommissioned=str(t["id"]) in map(str, result.get("decommissioned", ())))
         entry.update(status_fields(t.get("metrics_address"), alive, request_timeout_s))
         result["tablets"].append(entry)
     return result
+
+
+def _health(client, result: dict[str, Any]) -> dict[str, Any]:
+    """The registered tablet servers (id as a string -> TabletServerInfo); the offline, under-replicated and
+    decommissioned ones (every id, also those not in the cluster file) and the moves in progress into ``result``."""
+    health = client.cluster_health()
+    result["decommissioned"] = list(health.decommissioned)
+    for key, buckets in (("offline", health.offline), ("under_replicated", health.under_replicated)):
+        result[key] = [{"table": b.table, "table_id": b.table_id, "bucket": b.bucket,
+                        **({"offline_reason": b.offline_reason} if b.offline_reason else {})} for b in buckets]
+        result[f"{key}_count"] = len(buckets)
+    result.update(_reassignments(client))
+    return {str(s.id): s for s in health.servers}
 
 
 def _reassignments(client) -> dict[str, Any]:

@@ -221,16 +221,18 @@ def test_alter_isr_and_controlled_shutdown_are_for_the_cluster_principal_only(se
 
 
 def test_moving_replicas_needs_alter_on_the_cluster(secure):
-    """Reassign, decommission and rebalance are admin operations (issue 31); listing the moves needs DESCRIBE."""
+    """Reassign, decommission, recommission and rebalance are admin operations (issue 31); listing the moves
+    needs DESCRIBE."""
     secure.cluster.create_table("db.m", COLUMNS, ["id"], 1)
     bob = secure.admin_as("bob", "bob-pw")
     for call in (lambda a: a.reassign_bucket("db.m", 0, [1]), lambda a: a.decommission_tablet(1),
-                 lambda a: a.rebalance(), lambda a: a.list_reassignments()):
+                 lambda a: a.recommission_tablet(1), lambda a: a.rebalance(), lambda a: a.list_reassignments()):
         with pytest.raises(errors.AuthorizationFailedError, match="User:bob"):
             call(bob)
     secure.grant("User:bob", "DESCRIBE", Resource.cluster())
     assert eventually(lambda: bob.list_reassignments() == [])
     secure.grant("User:bob", "ALTER", Resource.cluster())
     assert eventually(lambda: bob.rebalance() == [])  # one tablet server, one replica: nothing to move
+    assert bob.recommission_tablet(1) is False  # registered, not decommissioned
     with pytest.raises(errors.InvalidRequestError, match="replication factor 1"):
         bob.reassign_bucket("db.m", 0, [2])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from client.admin_types import BucketLeader
-from ops.drills.decommission_checks import moves_finished, retry_started_nothing_new
+from ops.drills.decommission_checks import mark_kept, moves_finished, retry_started_nothing_new
 from ops.drills.disk_loss_checks import rebuilt_tables_equal, rejoined_within, replica_table
 from ops.drills.failover_checks import AckedWrite, ChangeRecord, acknowledged_writes_in_changelog
 from ops.drills.service_checks import isr_full, leaders_spread, no_client_errors
@@ -110,3 +110,12 @@ def test_moves_finished():
     assert moves_finished([{"bucket": 0}], [], 3.0).ok
     check = moves_finished([{"bucket": 0}], [{"bucket": 0, "state": "catching-up"}], 60.0)
     assert check.violations == ("still in progress after 60s: {'bucket': 0, 'state': 'catching-up'}",)
+
+
+def test_the_decommission_mark_is_kept_across_the_restart_until_recommissioned():
+    assert mark_kept(3, [3], True, []).ok
+    for after_restart, recommissioned, after, fault in (([], True, [], "is not decommissioned any more"),
+                                                        ([3], False, [], "answered it was not decommissioned"),
+                                                        ([3], True, [3], "still decommissioned after")):
+        check = mark_kept(3, after_restart, recommissioned, after)
+        assert not check.ok and len(check.violations) == 1 and fault in check.violations[0]
