@@ -10,11 +10,13 @@ from __future__ import annotations
 import shutil
 
 import pytest
+from pyspark.errors import StreamingQueryException
 
 from client.table import TableClient
+from common import errors
 from tests.spark_source.test_spark_stream import Collector, run
 from tests.support.procs import wait_until
-from tests.tablet.replication.test_replicated_buckets import FAST, SCHEMA, bucket_state, crash, server_by_id
+from tests.tablet.replication.test_replicated_buckets import FAST, SCHEMA, bucket_state, crash
 from tests.tablet.test_tablet_server import Cluster
 
 pytestmark = pytest.mark.slow
@@ -34,7 +36,7 @@ def cluster(make_config, tmp_path):  # tmp_path outlives the server whose data d
 def _served(client, ids):
     try:
         return client.lookup([{"id": i} for i in ids])
-    except Exception:  # the restored leader not serving yet
+    except errors.RetriableError:  # the restored leader not serving yet
         return None
 
 
@@ -46,7 +48,7 @@ def _die(batch_id: int) -> None:
     raise _Killed("killed mid-batch")
 
 
-def _assert_data_lost(error: Exception, snapshot_id: int) -> None:
+def _assert_data_lost(error: StreamingQueryException, snapshot_id: int) -> None:
     """What the user sees in the StreamingQueryException: the error, the bucket and the range read."""
     assert f"DataLostError: bucket 0 of {TABLE}: offsets 10..14 this query read were lost when the bucket was " \
            f"restored from snapshot {snapshot_id} at " in str(error), str(error)
@@ -85,11 +87,11 @@ def test_a_stream_past_the_restored_offset_fails_with_data_lost_and_one_before_i
         client.upsert(new)
 
     again, crashed = Collector(), Collector()
-    with pytest.raises(Exception) as failed:  # its next micro-batch: latestOffset from 15 sees the loss
+    with pytest.raises(StreamingQueryException) as failed:  # planning its next micro-batch from 15
         run(spark, c, tmp_path / "past", again, table=TABLE)
     _assert_data_lost(failed.value, loss.snapshot_id)
     assert again.rows() == []  # none of the new changes at the reused offsets
-    with pytest.raises(Exception) as failed:  # Spark runs the batch it planned before the loss again
+    with pytest.raises(StreamingQueryException) as failed:  # Spark runs its planned batch 0..14 again
         run(spark, c, tmp_path / "crashed", crashed, table=TABLE, startup_mode="earliest")
     _assert_data_lost(failed.value, loss.snapshot_id)
     assert crashed.rows() == []
