@@ -1,8 +1,8 @@
 """Streaming reads: bootstrap, then tail the changelog.
 
 Offsets are JSON: ``{"table": table id, "lease": id, "owner": token,
-"buckets": {"<b>": {"snapshot": id or -1, "offset": n}}}``. ``offset`` is the first changelog
-record of the bucket not yet read; ``-1`` means the bucket is not
+"buckets": {"<b>": {"snapshot": id or -1, "offset": n, "losses": k}}}``.
+``offset`` is the first changelog record of the bucket not yet read; ``-1`` means the bucket is not
 bootstrapped yet. ``snapshot`` is the snapshot the bucket was bootstrapped
 from in the micro-batch that ends at this offset (-1 in every later offset).
 ``table`` ties a checkpoint to the table it read: offsets are positions in
@@ -24,6 +24,12 @@ lease).
   whatever ``initialOffset`` would say.
 - ``partitions(start, end)``: a bucket at -1 in ``start`` reads its hybrid
   split (snapshot + changelog to ``end``); any other reads ``[start, end)``.
+  Both ``latestOffset`` (from ``start``) and ``partitions`` (up to ``end``,
+  with the loss records ``end`` has seen) fail with DATA_LOST if a loss of
+  data reused offsets below: a batch Spark planned before the loss and runs
+  again after it (the query died in it) would read other changes under the
+  planned offsets. (``"losses"`` per bucket: the loss records seen, see
+  ``client/lost_ranges.py``.)
   Planning a bootstrap makes sure the lease still holds its snapshots (renew,
   or re-acquire the same snapshots under the same id after an expiry) and
   starts the renewal thread: every third of ``lease.duration`` until the
@@ -200,6 +206,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict, end: dict) -> list:
         _, starts = self._parse(start)
         lease, ends = self._parse(end)
+        admin, _ = self._connect()
+        self._check_losses(admin, end, ends)  # a batch planned before a loss: its range may be reused now
         splits: list = []
         bootstrapping: dict[int, int] = {}
         ranges: dict[int, tuple[int, int]] = {}
