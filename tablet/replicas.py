@@ -14,7 +14,8 @@ this server (``removed``). ZooKeeper has the last word (``current_epoch`` and
 coordinator epoch newer than the last one confirmed is taken only if it is
 ZooKeeper's current epoch, and a table's data is deleted only once its
 ``/tables/{id}`` node is gone (also for tables dropped while this server was
-down: :meth:`ReplicaManager.remove_dropped_tables`). A snapshot is: RocksDB checkpoint -> upload of the SST files
+down: :meth:`ReplicaManager.remove_dropped_tables`; and the copies of buckets moved off it while it was down,
+after its first push: :meth:`ReplicaManager.remove_stray_copies`). A snapshot is: RocksDB checkpoint -> upload of the SST files
 the last committed snapshot does not have + a manifest -> CommitKvSnapshot.
 
 Thousands of buckets: taking a bucket opens no file (its store opens them on
