@@ -287,10 +287,16 @@ class AdminClient(SecurityAdmin, ReplicationAdmin, MovesAdmin, DataLossAdmin):
 
     # -- snapshots ----------------------------------------------------------------
 
-    def commit_kv_snapshot(self, handle: SnapshotHandle) -> None:
+    def commit_kv_snapshot(self, handle: SnapshotHandle, *, leader_epoch: int | None = None,
+                           server_id: int | None = None) -> None:
         """Record an uploaded snapshot as its bucket's latest (a tablet server's call; with security on, it
-        needs the cluster's own principal). Not retried after a lost answer: OutcomeUnknownError."""
-        self._call("CommitKvSnapshot", pb.CommitKvSnapshotRequest(snapshot=handle_to_pb(handle)))
+        needs the cluster's own principal). Not retried after a lost answer: OutcomeUnknownError. ``leader_epoch``
+        (taken under) and ``server_id`` (the caller): None is not checked; FencedLeaderEpochError (not retried)
+        for an epoch older than the bucket's latest data loss or a server not among its replicas."""
+        request = pb.CommitKvSnapshotRequest(snapshot=handle_to_pb(handle), leader_epoch=leader_epoch,
+                                             server_id=server_id)
+        response = self._call("CommitKvSnapshot", request, answered=(errors.FencedLeaderEpochError,))
+        raise_for(response.error)
 
     def get_latest_kv_snapshots(self, table_id: int) -> dict[TableBucket, SnapshotInfo]:
         """The newest snapshot of each bucket that has one (lease them before reading:

@@ -10,7 +10,9 @@ change of this state).
 "leader_epoch": 2, "isr": [3, 1], "bucket_epoch": 4}, …}}``. A node written before replication
 has no ``isr`` / ``bucket_epoch``: its replicas and ISR are its leader (none if -1) and its bucket
 epoch is its leader epoch. A bucket whose replicas are being moved also has
-``"reassign": {"target": [4, 1]}`` (:mod:`coordinator.reassignment`; omitted when none). Leader -1 with no
+``"reassign": {"target": [4, 1]}`` (:mod:`coordinator.reassignment`; omitted when none), and one whose replicas
+reported their data lost since they last were in sync ``"lost": [2]`` (:mod:`coordinator.data_loss`; omitted
+when none; a replica back in the ISR, or no longer a replica, leaves it). Leader -1 with no
 replicas: not assigned yet (a one-replica table created while no tablet server was live).
 
 Capacity: a tablet server registers the most bucket replicas it holds (``max_buckets``,
@@ -52,6 +54,9 @@ class BucketAssignment:
     offline_reason: str = ""
     #: The losses operators accepted (restore, unclean election), oldest first.
     losses: tuple[DataLoss, ...] = ()
+    #: Replicas that reported their data lost (a wiped dir, damaged files) since they last were in the ISR:
+    #: an unclean election prefers the others (coordinator/data_loss.py). Never an ISR member.
+    lost: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         alone = () if self.leader == UNASSIGNED else (self.leader,)
@@ -62,6 +67,7 @@ class BucketAssignment:
         if self.reassign is not None:
             object.__setattr__(self, "reassign", tuple(self.reassign))
         object.__setattr__(self, "losses", tuple(self.losses))
+        object.__setattr__(self, "lost", tuple(r for r in self.replicas if r in self.lost and r not in self.isr))
 
     @property
     def replication_factor(self) -> int:
@@ -86,6 +92,8 @@ class BucketAssignment:
             node["offline_reason"] = self.offline_reason
         if self.losses:
             node["losses"] = [loss.to_json() for loss in self.losses]
+        if self.lost:
+            node["lost"] = list(self.lost)
         return node
 
     @classmethod
@@ -100,7 +108,8 @@ class BucketAssignment:
                    int(node["bucket_epoch"]) if "bucket_epoch" in node else epoch,
                    None if move is None else tuple(int(r) for r in move["target"]),
                    str(node.get("offline_reason", "")),
-                   tuple(DataLoss.from_json(loss) for loss in node.get("losses", ())))
+                   tuple(DataLoss.from_json(loss) for loss in node.get("losses", ())),
+                   tuple(int(r) for r in node.get("lost", ())))
 
 
 Plan = dict[int, BucketAssignment]  # bucket -> its state

@@ -38,7 +38,7 @@ from coordinator.lease_shell import LeaseShell
 from coordinator.loop import Item, settle
 from coordinator.membership import Membership, Notify
 from coordinator.moves import Moves
-from coordinator.snapshot_checks import LeaderLogEnds
+from coordinator.snapshot_checks import LeaderLogEnds, check_epoch
 from coordinator.snapshot_commits import SnapshotCommits
 from coordinator.snapshots import SnapshotStore
 from coordinator.tables import Tables
@@ -304,7 +304,15 @@ class Controller(Dispatcher):
     @on(rq.CommitSnapshot)
     @_barrier
     def _commit_snapshot(self, request: rq.CommitSnapshot):
-        return self.snapshot_commits.commit(self.catalog.get_by_id(request.handle.bucket.table_id), request.handle)
+        handle = request.handle
+        table = self.catalog.get_by_id(handle.bucket.table_id)
+
+        def fence() -> None:  # a deposed leader's snapshot of a lost history (coordinator/snapshot_checks.py)
+            state = self.assignments.table(table.table_id).get(handle.bucket.bucket)
+            if state is not None:
+                check_epoch(handle, state, request.leader_epoch, request.server_id)
+
+        return self.snapshot_commits.commit(table, handle, fence)
 
     @on(rq.TabletServersChanged)
     @_barrier

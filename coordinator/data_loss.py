@@ -48,28 +48,30 @@ def lost_data(a: BucketAssignment) -> bool:
 
 
 def replica_lost(a: BucketAssignment, server: int, reason: str, live: Iterable[int]) -> BucketAssignment:
-    """``a`` once ``server``'s replica of it lost its data (``reason`` says how); ``live``: the live servers."""
+    """``a`` once ``server``'s replica of it lost its data (``reason`` says how); ``live``: the live servers.
+    The replica is remembered in ``lost`` until it is in sync again (an unclean election prefers others)."""
     if server not in a.replicas and a.leader != server:
         return a
     live = set(live)
+    lost = a.lost + (server,)
     if a.replication_factor <= 1:
         if lost_data(a):
             return a
         return replace(a, leader=UNASSIGNED, isr=(), leader_epoch=a.leader_epoch + 1,
-                       bucket_epoch=a.bucket_epoch + 1, offline_reason=_lost_reason(reason, True))
+                       bucket_epoch=a.bucket_epoch + 1, offline_reason=_lost_reason(reason, True), lost=lost)
     isr = tuple(r for r in a.isr if r != server)
     if a.leader != server:  # a follower (or an offline bucket's kept ISR member): out of the ISR
-        if isr == a.isr:
-            return a
-        lost = a.offline and not isr
+        if isr == a.isr:  # out of sync already: only remembered
+            return a if server in a.lost else replace(a, bucket_epoch=a.bucket_epoch + 1, lost=lost)
+        gone = a.offline and not isr
         return replace(a, isr=isr, bucket_epoch=a.bucket_epoch + 1,
-                       offline_reason=_lost_reason(reason, False) if lost else a.offline_reason)
+                       offline_reason=_lost_reason(reason, False) if gone else a.offline_reason, lost=lost)
     candidates = [r for r in isr if r in live]
     if candidates:
         return replace(a, leader=candidates[0], isr=isr, leader_epoch=a.leader_epoch + 1,
-                       bucket_epoch=a.bucket_epoch + 1)
+                       bucket_epoch=a.bucket_epoch + 1, lost=lost)
     return replace(a, leader=UNASSIGNED, isr=isr, leader_epoch=a.leader_epoch + 1, bucket_epoch=a.bucket_epoch + 1,
-                   offline_reason="" if isr else _lost_reason(reason, False))
+                   offline_reason="" if isr else _lost_reason(reason, False), lost=lost)
 
 
 def restore(a: BucketAssignment, live: Iterable[int], snapshot: tuple[int, int] | None, last_known_end: int,
@@ -106,7 +108,7 @@ def elect(a: BucketAssignment, live: Iterable[int], *, unclean: bool, tablet: in
     """A leader chosen by the operator, and the loss record of an unclean election (None: clean).
 
     Clean: the first live ISR member (or ``tablet``, which must be one) leads; already leading: nothing
-    changes. Unclean, only for an offline replicated bucket: the first live replica (or ``tablet``) leads
+    changes. Unclean, only for an offline replicated bucket: ``tablet`` or :func:`unclean_choice` leads
     alone and the loss's ``from_offset`` stays unknown until it reports its log end. A retried unclean
     election answers its record. ``newest_snapshot_id``: the bucket's newest committed snapshot (0: none),
     recorded in the loss (:meth:`DataLoss.lost_history`). InvalidRequestError otherwise, saying why."""
@@ -138,13 +140,31 @@ def elect(a: BucketAssignment, live: Iterable[int], *, unclean: bool, tablet: in
             return a, latest  # a retried unclean election: its answer was lost
         raise errors.InvalidRequestError(f"{where} is led by tablet server {a.leader}: an unclean election is only "
                                          "for an offline bucket")
-    leader = tablet if tablet is not None else next((r for r in a.replicas if r in live), None)
-    if leader is None:
-        raise errors.InvalidRequestError(f"{where}: none of its replicas {list(a.replicas)} is live; start one "
-                                         "of them first")
+    leader = tablet if tablet is not None else unclean_choice(a, live, where)
     loss = DataLoss(UNCLEAN, a.leader_epoch + 1, UNKNOWN, last_known_end, 0, at_ms, leader, newest_snapshot_id)
     return replace(a, leader=leader, isr=(leader,), leader_epoch=loss.leader_epoch, bucket_epoch=a.bucket_epoch + 1,
                    offline_reason="", losses=a.losses + (loss,)), loss
+
+
+def unclean_choice(a: BucketAssignment, live: set[int], where: str) -> int:
+    """The replica an unclean election without ``--tablet`` makes leader: the first live one (in ``replicas``
+    order) that did not report its data lost since it was last in sync (``a.lost``: it would lead empty,
+    losing everything). The coordinator knows no follower's log end (only leaders report theirs), so the
+    order decides among those; ``--tablet`` picks another. InvalidRequestError when no replica is live, or
+    every live one lost its data (the message says what to do instead)."""
+    alive = [r for r in a.replicas if r in live]
+    if not alive:
+        raise errors.InvalidRequestError(f"{where}: none of its replicas {list(a.replicas)} is live; start one "
+                                         "of them first")
+    kept = [r for r in alive if r not in a.lost]
+    if kept:
+        return kept[0]
+    instead = ("`kvlease bucket restore --accept-data-loss` brings back its latest snapshot, better than an empty "
+               "replica" if lost_data(a) else
+               f"start its in-sync replica(s) {list(a.isr)} again: they have every committed write")
+    raise errors.InvalidRequestError(
+        f"{where}: every live replica {alive} lost its data, so an unclean election would make it lead empty, "
+        f"losing everything; {instead} (or name one with --tablet to accept that)")
 
 
 def takeover_reported(a: BucketAssignment, server: int, leader_epoch: int, log_end: int) -> BucketAssignment:

@@ -5,8 +5,8 @@
   ``replicas`` order) that is live and in the ISR as leader, the ISR loses the
   gone servers, leader and bucket epochs +1. No live ISR member: the bucket is
   offline (leader -1, the ISR kept so that the last in-sync replica leads when
-  it returns) unless unclean election is on (the first live replica leads
-  alone: its missing writes are lost). A bucket it only followed drops it
+  it returns) unless unclean election is on (the first live replica that did
+  not report its data lost leads alone: its missing writes are lost). A bucket it only followed drops it
   from its ISR. One-replica buckets keep their leader (they wait for it).
 - A server joined: an offline bucket whose ISR holds it gets a leader again
   (the first live ISR member); a one-replica bucket it leads gets a new
@@ -49,8 +49,8 @@ def server_gone(a: BucketAssignment, gone: set[int], live: set[int], unclean: bo
         isr = a.in_replica_order(r for r in a.isr if r not in gone and r in live)
         if isr:
             return Outcome(_new_leader(a, isr[0], isr))
-        first_live = next((r for r in a.replicas if r in live and r not in gone), None)
-        if unclean and first_live is not None:
+        first_live = next((r for r in a.replicas if r in live and r not in gone and r not in a.lost), None)
+        if unclean and first_live is not None:  # never one that lost its data: it would lead empty
             return Outcome(_new_leader(a, first_live, [first_live]), unclean=True)
         return Outcome(replace(a, leader=UNASSIGNED, leader_epoch=a.leader_epoch + 1,
                                bucket_epoch=a.bucket_epoch + 1))
@@ -72,7 +72,7 @@ def server_joined(a: BucketAssignment, joined: set[int], live: set[int], unclean
     isr = a.in_replica_order(r for r in a.isr if r in live)
     if isr:
         return Outcome(_new_leader(a, isr[0], isr))
-    first_live = next((r for r in a.replicas if r in live), None)
+    first_live = next((r for r in a.replicas if r in live and r not in a.lost), None)
     if unclean and first_live is not None and not a.offline_reason:  # lost data: an operator decides
         return Outcome(_new_leader(a, first_live, [first_live]), unclean=True)
     return None

@@ -50,6 +50,8 @@ class GetTable:
 @dataclass(frozen=True)
 class CommitSnapshot:
     handle: SnapshotHandle
+    leader_epoch: int | None = None  # the epoch it was taken under (None: an older tablet server, not checked)
+    server_id: int | None = None  # the committing tablet server (None: not checked)
 
 
 @dataclass(frozen=True)

@@ -163,7 +163,10 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
             if leader:  # over the channel the active term keeps for this leader (closed at step-down)
                 loop.controller.log_ends.check(handle, leader, self.timeout_s)
 
-        return self._run(rq.CommitSnapshot(handle), pb.CommitKvSnapshotResponse, lambda _r: {}, check=check)
+        epoch = request.leader_epoch if request.HasField("leader_epoch") else None  # absent: an older tablet server
+        server_id = request.server_id if request.HasField("server_id") else None
+        return self._run(rq.CommitSnapshot(handle, epoch, server_id), pb.CommitKvSnapshotResponse, lambda _r: {},
+                         check=check)
 
     def _snapshots(self, request, response_cls, latest_only):
         return self._run(self._guarded(rq.ListSnapshots(request.table_id, latest_only), Operation.READ,

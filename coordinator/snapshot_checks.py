@@ -21,6 +21,15 @@ when:
   leader answers ListOffsets (:class:`LeaderLogEnds`, one round trip per
   commit over a channel kept per leader, also in the handler's thread). A bucket with no live leader has no
   end to compare with; its commit is judged by its manifest alone.
+- it is of the bucket's present history (:func:`check_epoch`, pure, on the
+  loop): taken under a leader epoch no older than the bucket's latest accepted
+  data loss, by one of its replicas. A deposed leader still running after an
+  unclean election or a restore (a zombie: paused, cut off) would otherwise
+  commit a snapshot of the history the loss gave up, kept and served to
+  readers and rebuilds. Only losses fence: a snapshot of an older epoch of the
+  same history (a clean leader change, a move's epoch bump) holds committed
+  data and is taken. A commit that does not say (an older tablet server) is
+  taken as before.
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ from common.proto import tablet_pb2, tablet_pb2_grpc
 from common.wire import error_from_pb
 from common.kvsnapshot import bucket_dir, manifest_path, missing_files, read_manifest
 from common.model import SnapshotHandle
+from coordinator.assignment import BucketAssignment
 from common.storage import RemoteStorage, StorageNotFound
 
 
@@ -50,6 +60,24 @@ def check_paths(handle: SnapshotHandle) -> None:
             raise errors.InvalidSnapshotError(
                 f"snapshot {handle.snapshot_id} of bucket {handle.bucket} names the file {path!r}: "
                 f"every file of a snapshot must lie under its bucket's directory {prefix}", path=path)
+
+
+def check_epoch(handle: SnapshotHandle, state: BucketAssignment, leader_epoch: int | None,
+                server_id: int | None) -> None:
+    """Raises FencedLeaderEpochError when ``leader_epoch`` (the epoch the snapshot was taken under; None:
+    not said) is older than the leader epoch of the bucket's latest accepted loss (``state.losses``), or
+    ``server_id`` (None: not said) is not one of its replicas."""
+    what = f"snapshot {handle.snapshot_id} of bucket {handle.bucket}"
+    if server_id is not None and server_id not in state.replicas:
+        raise errors.FencedLeaderEpochError(
+            f"{what} is refused: tablet server {server_id} is not one of the bucket's replicas "
+            f"{list(state.replicas)}", leader_epoch=state.leader_epoch)
+    loss = max(state.losses, key=lambda lost: lost.leader_epoch, default=None)
+    if leader_epoch is not None and loss is not None and leader_epoch < loss.leader_epoch:
+        raise errors.FencedLeaderEpochError(
+            f"{what} is refused: it was taken under leader epoch {leader_epoch}, before the bucket's data loss "
+            f"at leader epoch {loss.leader_epoch} ({loss.describe()}): it holds a history the bucket no longer "
+            f"has", leader_epoch=state.leader_epoch)
 
 
 def check_manifest(storage: RemoteStorage, handle: SnapshotHandle) -> None:

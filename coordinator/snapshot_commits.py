@@ -59,12 +59,15 @@ class SnapshotCommits:
 
     # -- commits and listing ---------------------------------------------------------
 
-    def commit(self, table: TableInfo, handle: SnapshotHandle) -> None:
+    def commit(self, table: TableInfo, handle: SnapshotHandle, fence: Callable[[], None] = lambda: None) -> None:
+        """Store ``handle``; ``fence()`` may refuse a new snapshot (never a retry of a stored one: its answer
+        was lost, the tablet server must not delete its files)."""
         if handle.bucket.partition_id is not None or not 0 <= handle.bucket.bucket < table.buckets:
             raise errors.BucketOutOfRangeError(f"bucket {handle.bucket} does not exist in table {table.path}")
         check_paths(handle)  # its files are deleted when it is reclaimed: never any outside its bucket
         if not self.store.check_commit(handle):
             return  # the same snapshot again: an idempotent retry
+        fence()
         if not handle.commit_time_ms:
             handle = SnapshotHandle(handle.bucket, handle.snapshot_id, handle.log_offset, handle.metadata_path,
                                     handle.files, self.clock_ms())

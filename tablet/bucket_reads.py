@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from common.errors import InvalidRequestError
+from common.errors import InvalidRequestError, NotLeaderError
 from common.logentry import LogEntry, read_header
 from tablet import write_checks
 from tablet.bucket_files import BucketFiles
@@ -130,15 +130,28 @@ class BucketReads:
         change exactly once. A changelog that does not fsync each write is
         flushed first, so the records the checkpoint holds are on disk.
         """
+        return self._checkpoint(target_dir, leading=False)[0]
+
+    def leader_checkpoint(self, target_dir: str) -> tuple[int, int]:
+        """:meth:`checkpoint` of a leader's snapshot: its log offset and the leader epoch it was taken under
+        (``leader_epoch``, read under the same write lock; the coordinator refuses one older than the
+        bucket's latest data loss). NotLeaderError if this replica follows by then: a deposed leader's
+        data may be a history its new leader does not have, never to be stamped with the new epoch."""
+        return self._checkpoint(target_dir, leading=True)
+
+    def _checkpoint(self, target_dir: str, leading: bool) -> tuple[int, int]:
         if os.path.lexists(target_dir):
             raise InvalidRequestError(f"checkpoint target {target_dir} already exists")
         with self.files.use() as (changelog, kv):
             kv.flush_rows()  # most of the memtable, outside the lock: less to flush while writes wait
             with self.write_lock:
+                if leading and self.following:
+                    raise NotLeaderError(f"bucket {self.dir} follows (leader epoch {self.leader_epoch}): no "
+                                         f"snapshot", bucket=self.bucket)
                 if not changelog.fsync:
                     changelog.flush()
                 kv.checkpoint(target_dir)
-                return kv.applied_offset
+                return kv.applied_offset, self.leader_epoch
 
     # --- retention -------------------------------------------------------------------------
 

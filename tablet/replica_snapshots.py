@@ -76,6 +76,8 @@ class ReplicaSnapshots:
 
     def _snapshot(self, replica: Replica, force: bool, verify: bool = False) -> SnapshotHandle | None:
         self.learn_base(replica)  # the snapshot id must follow the committed ones
+        if replica.replicated:
+            replica.leadership()  # its store leads (at the role's epoch) before it is stamped: NotLeaderError if not
         with replica.snapshot_lock:
             if not force and not replica.changed() and not (verify and self._lost_files(replica)):
                 return None
@@ -86,10 +88,14 @@ class ReplicaSnapshots:
             shutil.rmtree(target, ignore_errors=True)
             replica.next_snapshot_id = snapshot_id + 1  # never reused, even if this attempt fails
             try:
-                log_offset = replica.store.checkpoint(target)
+                log_offset, epoch = replica.store.leader_checkpoint(target)  # the coordinator fences by epoch
                 writers = replica.store.writer_batches(log_offset)  # a replica rebuilt from it knows them
-                handle = upload_and_commit(replica.uploader, self.admin.commit_kv_snapshot, target,
-                                           snapshot_id, log_offset, writers)
+
+                def commit(handle: SnapshotHandle) -> None:
+                    self.admin.commit_kv_snapshot(handle, leader_epoch=epoch if epoch >= 0 else None,
+                                                  server_id=self.server_id)
+
+                handle = upload_and_commit(replica.uploader, commit, target, snapshot_id, log_offset, writers)
             finally:
                 shutil.rmtree(target, ignore_errors=True)
             replica.snapshot_offset = log_offset

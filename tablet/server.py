@@ -73,6 +73,7 @@ class TabletServer:
         self._grpc = None
         self._stopping = threading.Event()
         self._register_needed = threading.Event()
+        self._strays_checked = False  # the stray copies were removed after this process's first push
         self._threads: list[threading.Thread] = []
 
     def start(self) -> "TabletServer":
@@ -136,6 +137,7 @@ class TabletServer:
                                  storage=self.storage, admin=self.admin, io_threads=c[cfg.SNAPSHOT_UPLOAD_THREADS],
                                  rebuild_bytes_per_s=c[cfg.REPLICA_REBUILD_MAX_BYTES_PER_S])
         self.replicas.role_listeners.append(self.fetchers.update)
+        self.replicas.role_listeners.append(self._remove_stray_copies_once)
         self.isr_keeper = IsrKeeper(self.server_id, self.replicas.leaderships, self.admin.alter_isr,
                                     max_lag_ms=c[cfg.REPLICA_MAX_LAG]).start()
 
@@ -244,6 +246,26 @@ class TabletServer:
             self.replicas.remove_dropped_tables()
         except errors.KvLeaseError as exc:  # tried again at the next registration
             log.warning("cannot remove the data of dropped tables: %s", exc)
+
+    def _remove_stray_copies_once(self) -> None:
+        """After the first push this process took (a role listener: it runs after every push taken whole,
+        i.e. from a confirmed coordinator epoch; before any push it does nothing), delete the copies of buckets moved off this server
+        while it was down (``ReplicaManager.remove_stray_copies``); a ZooKeeper error tries again after
+        the next push.
+
+        Once per start, not on every push: at start no stray bucket was ever opened by this process (no
+        store, fetcher, rebuild or snapshot of it can race the deletion), and a server that is up hears of
+        every move through ``removed``. On every push a push built from a coordinator's passing mistake
+        would delete data at once, and each push would cost a listing of the data dir; a copy missed while
+        the server was merely cut off (a lost session, no restart) only waits for the next restart."""
+        if self._strays_checked:
+            return
+        try:
+            choice = self.replicas.remove_stray_copies()
+        except OSError as exc:  # an unreadable data dir: the push stands, tried again after the next one
+            log.warning("cannot look for stray bucket copies: %s", exc)
+            return
+        self._strays_checked = choice is not None and not choice.unchecked
 
     def _register_at_start(self) -> None:
         """Register; a node left by this server's previous life (kill -9) goes away when

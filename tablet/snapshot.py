@@ -161,10 +161,20 @@ class SnapshotUploader:
             log.info("uploaded snapshot %d of %s: %s", snapshot_id, self.table_bucket, self.last_stats)
             return manifest.to_handle()
 
-    def discard(self, handle: SnapshotHandle) -> None:
-        """Delete the private files and manifest of an upload whose commit was definitely refused."""
+    def discard(self, handle: SnapshotHandle, shared_too: bool = False) -> None:
+        """Delete the private files and manifest of an upload whose commit was definitely refused;
+        ``shared_too``: also the shared SSTs this upload put there (named ``-s{id}``: used by no other
+        snapshot), for an upload no later snapshot of this uploader will reuse (a fenced one)."""
         prefix = snapshot_dir(self.table_bucket, handle.snapshot_id) + "/"
-        self.storage.delete_many(sorted(p for p in handle.file_paths() if p.startswith(prefix)))
+        doomed = [p for p in handle.file_paths() if p.startswith(prefix)]
+        if shared_too:
+            ours = {key: f.path for f in handle.files if (key := parse_shared(f.path)) is not None
+                    and f.path == f"{shared_dir(self.table_bucket)}/{shared_name(key, handle.snapshot_id)}"}
+            with self._lock:
+                for key in ours:
+                    self._pending.pop(key, None)
+            doomed += ours.values()
+        self.storage.delete_many(sorted(doomed))
 
     # -- internals ------------------------------------------------------------------
 
@@ -242,14 +252,20 @@ def upload_and_commit(uploader: SnapshotUploader, commit: Callable[[SnapshotHand
                       snapshot_id: int, log_offset: int, writers: tuple[tuple[int, ...], ...] = ()) -> SnapshotHandle:
     """Upload, then ``commit(handle)`` (e.g. ``AdminClient.commit_kv_snapshot``), then advance the base.
 
-    A refused commit (invalid request, not found) discards the upload; any
-    other error may have committed it, so its files stay (at worst orphans).
+    A refused commit (invalid request, not found) discards the upload; a fenced one (taken under a leader
+    epoch older than the bucket's latest data loss, or by a server that is no longer a replica) also the
+    new shared SSTs only it uses; any other error may have committed it, so its files stay (at worst orphans).
     """
     handle = uploader.upload(checkpoint_dir, snapshot_id, log_offset, writers)
     try:
         commit(handle)
     except (errors.InvalidRequestError, errors.NotFoundError):
         uploader.discard(handle)
+        raise
+    except errors.FencedLeaderEpochError as exc:
+        log.warning("snapshot %d of %s is refused by the coordinator, its uploaded files are deleted: %s",
+                    snapshot_id, uploader.table_bucket, exc.message)
+        uploader.discard(handle, shared_too=True)
         raise
     uploader.mark_committed(handle)
     return handle

@@ -85,9 +85,9 @@ def wrap_commit(monkeypatch, cluster, before_commit) -> None:
     admin = cluster.tablets[1].replicas.admin
     real = admin.commit_kv_snapshot
 
-    def commit(handle: SnapshotHandle) -> None:
+    def commit(handle: SnapshotHandle, **fencing) -> None:
         before_commit(handle)
-        real(handle)
+        real(handle, **fencing)
     monkeypatch.setattr(admin, "commit_kv_snapshot", commit)
 
 
