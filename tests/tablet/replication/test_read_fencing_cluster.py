@@ -93,3 +93,33 @@ def test_a_clean_leader_change_refuses_no_reader(cluster, tmp_path):
         client.upsert([{"id": i, "v": "b"} for i in range(6, 9)])
         read, after = _read_all(client, position, 9)
         assert read == [6, 7, 8] and after.epoch is not None and after.epoch > position.epoch
+
+
+def test_a_split_reading_while_the_bucket_is_restored_stops_at_the_reused_offsets(cluster, tmp_path, monkeypatch):
+    """A Spark split's changelog read (spark_source/changelog.py, without Spark) on real servers: the bucket
+    is wiped and restored, and new changes take offsets the split already read, between two of its fetches."""
+    from spark_source import changelog
+
+    monkeypatch.setattr(changelog, "FETCH_BYTES", 1)  # one entry per fetch
+    c = cluster
+    server = c.tablet(1, tmp_path / "t1")
+    table = c.admin.create_table("db.split", SCHEMA, ["id"], 1)
+    with TableClient(c.admin, "db.split") as reader:
+        for i in range(6):  # one entry per write: offsets 0..5
+            reader.upsert([{"id": i, "v": "old"}])
+        assert server.replicas.snapshot_changed() == 1  # at offset 6
+        for i in range(6, 9):
+            reader.upsert([{"id": i, "v": "old"}])
+        entries = changelog.read_entries(reader, 0, 0, 9, start_epoch=None)
+        read = [next(entries).base_offset for _ in range(8)]  # offsets 0..7 read, 8 not yet
+        server.log_ends.run_once()
+        _restart_wiped(c, 1, tmp_path / "t1")
+        wait_until(lambda: bucket_state(c, table.table_id).offline_reason, 20, "offline")
+        c.admin.restore_bucket("db.split", 0, accept_data_loss=True)
+        with TableClient(c.admin, "db.split") as writer:
+            wait_until(lambda: _served(writer), 20, "the restored bucket to serve")
+            for i in range(20, 24):
+                writer.upsert([{"id": i, "v": "new"}])  # offsets 6..9 of the restored log
+        with pytest.raises(errors.DataLostError, match=r"offsets 6\.\.7 this reader read"):
+            read.extend(e.base_offset for e in entries)  # the split's client goes on with the restored leader
+    assert read == list(range(8))  # nothing of the restored log's offset 8 was handed on
