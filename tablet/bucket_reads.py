@@ -59,10 +59,10 @@ class BucketReads:
         """``(earliest, latest, epoch)``: :meth:`list_offsets` and the leader epoch of the entry just below
         ``latest`` (None: no entry there, or one written without an epoch) — what a reader starting at
         ``latest`` sends as its last fetched epoch."""
-        with self.files.use() as (changelog, _kv), self.write_lock:
-            start, latest = changelog.start_offset, self.high_watermark
+        start, latest = self.list_offsets()  # a parked bucket answers from memory, and keeps its epoch cache
+        with self.write_lock:
             epoch = self._epochs.epoch_at(latest - 1) if latest > start else None
-            return start, latest, epoch
+        return start, latest, epoch
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int:
         """The first changelog offset appended at or after ``timestamp_ms``
