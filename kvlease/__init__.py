@@ -19,6 +19,5 @@ from common.model import Lease, SnapshotHandle, TableBucket
 from common.tables import Column, TableInfo
 
 __all__ = ["AcquireResult", "AdminClient", "Column", "Connection", "KvLeaseError", "Lease", "LogPosition",
-           "ReleaseResult",
-           "SnapshotHandle", "SnapshotInfo", "TableBucket", "TableClient", "TableInfo", "connect", "errors",
-           "read_snapshot"]
+           "ReleaseResult", "SnapshotHandle", "SnapshotInfo", "TableBucket", "TableClient", "TableInfo", "connect",
+           "errors", "read_snapshot"]
