@@ -18,8 +18,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from common.errors import DataLostError, InvalidRequestError
+from common.errors import InvalidRequestError
 from common.logentry import LogEntry, read_header
+from common.errors import DataLostError
 from tablet import write_checks
 from tablet.bucket_files import BucketFiles
 from tablet.changelog import SegmentInfo
