@@ -7,7 +7,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from common.codec import RowCodec
-from common.logentry import LogEntry
+from common.logentry import ChangeType, LogEntry
 
 #: The record's own columns, first in :func:`log_schema`; the table's columns follow. A table
 #: column may have one of these names too: select the table's part by position (``LOG_COLUMNS``
@@ -52,3 +52,15 @@ def decode_records(codec: RowCodec, records: pa.RecordBatch) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(
         [records.column("offset"), records.column("change_type"), records.column("timestamp"), *rows.columns],
         schema=log_schema(codec))
+
+
+_SHORT = {int(ct): ct.short for ct in ChangeType}
+
+
+def log_rows(batch: pa.RecordBatch) -> list[dict]:
+    """Records in :func:`log_schema` as dicts ``{"offset", "change_type" ("+I", ...), "timestamp", "row"}``."""
+    # by position: a table column may share a name with a record column
+    offsets, types, stamps = (batch.column(i).to_pylist() for i in range(len(LOG_COLUMNS)))
+    rows = batch.select(range(len(LOG_COLUMNS), batch.num_columns)).to_pylist()
+    return [{"offset": offset, "change_type": _SHORT[change_type], "timestamp": stamp, "row": row}
+            for offset, change_type, stamp, row in zip(offsets, types, stamps, rows)]

@@ -44,10 +44,11 @@ from common import errors
 from common.proto import tablet_pb2 as pb
 from common.tables import TableInfo
 from common.wire import error_from_pb
-from common.logentry import ChangeType, LogEntry, decode_entry
+from common.logentry import LogEntry, decode_entry
 from common.codec import RowCodec, batch_to_ipc, ipc_to_batch
 from common.errors import show
-from client.log_records import LOG_COLUMNS, decode_records, entry_records, log_schema
+from client.log_position import LogPosition
+from client.log_records import decode_records, entry_records, log_rows, log_schema
 from client.routing import REROUTE, BucketRouter, Routing
 from client.scanner import KvBatchScanner
 from client.snapshot_trigger import COMMITTED, CommittedSnapshot, raise_failed, trigger_snapshots
@@ -62,7 +63,6 @@ from client.transport import RetryPolicy, arguments, rpc_error
 MAX_REQUEST_BYTES = 16 << 20
 DEFAULT_RETRY_TOTAL_S = 30.0
 DEFAULT_FETCH_BYTES = 1 << 20
-_SHORT = {int(ct): ct.short for ct in ChangeType}
 
 
 class TableClient:
@@ -278,8 +278,8 @@ class TableClient:
         rows = batch.to_pylist()
         return [row if hit else None for row, hit in zip(rows, found)]
 
-    def fetch_log_batch(self, bucket: int, from_offset: int,
-                        max_bytes: int = DEFAULT_FETCH_BYTES) -> tuple[pa.RecordBatch, int]:
+    def fetch_log_batch(self, bucket: int, from_offset: int, max_bytes: int = DEFAULT_FETCH_BYTES,
+                        last_fetched_epoch: int | None = None) -> tuple[pa.RecordBatch, int]:
         """``(records, log_end_offset)`` from ``from_offset`` on (at least one entry when there are any).
 
         ``records`` is in :func:`client.log_records.log_schema`: ``offset``
@@ -288,40 +288,44 @@ class TableClient:
         record's changelog entry; null for entries older than format version
         2), then the table's columns: the row of +I/+U, the before-image of
         -U/-D (the key columns only if a record carries no value).
+        ``last_fetched_epoch``: see :meth:`fetch_log_entries`.
         """
-        with arguments("fetch_log"):
-            request = pb.FetchLogRequest(table_id=self.table.table_id, bucket=bucket, from_offset=from_offset,
-                                         max_bytes=max_bytes)
-        response = self._call_bucket(bucket, "FetchLog", request, idempotent=True)
-        entries = [entry_records(decode_entry(data, from_offset=from_offset)) for data in response.entries]
-        entries = [e for e in entries if e.num_rows]
-        if not entries:
-            empty = pa.RecordBatch.from_pylist([], schema=log_schema(self.codec))
-            return empty, response.log_end_offset
-        records = entries[0] if len(entries) == 1 else pa.concat_batches(entries)
-        return decode_records(self.codec, records), response.log_end_offset
+        entries, end = self.fetch_log_entries(bucket, from_offset, max_bytes, last_fetched_epoch)
+        return self._log_batch(entries), end
 
-    def fetch_log(self, bucket: int, from_offset: int,
-                  max_bytes: int = DEFAULT_FETCH_BYTES) -> tuple[list[dict], int]:
+    def _log_batch(self, entries: list[LogEntry]) -> pa.RecordBatch:
+        batches = [b for b in (entry_records(e) for e in entries) if b.num_rows]
+        if not batches:
+            return pa.RecordBatch.from_pylist([], schema=log_schema(self.codec))
+        return decode_records(self.codec, batches[0] if len(batches) == 1 else pa.concat_batches(batches))
+
+    def fetch_log(self, bucket: int, from_offset: int, max_bytes: int = DEFAULT_FETCH_BYTES,
+                  last_fetched_epoch: int | None = None) -> tuple[list[dict], int]:
         """``(records, log_end_offset)``; each record ``{"offset", "change_type" ("+I", "-U", "+U",
         "-D"), "timestamp" (int ms since the epoch, or None for an entry older than format version
-        2), "row"}`` (see :meth:`fetch_log_batch` for what ``row`` holds)."""
-        batch, end = self.fetch_log_batch(bucket, from_offset, max_bytes)
-        if not batch.num_rows:
-            return [], end
-        # by position: a table column may share a name with a record column
-        offsets, types, stamps = (batch.column(i).to_pylist() for i in range(len(LOG_COLUMNS)))
-        rows = batch.select(range(len(LOG_COLUMNS), batch.num_columns)).to_pylist()
-        return [{"offset": offset, "change_type": _SHORT[change_type], "timestamp": stamp, "row": row}
-                for offset, change_type, stamp, row in zip(offsets, types, stamps, rows)], end
+        2), "row"}`` (see :meth:`fetch_log_batch` for what ``row`` holds; :meth:`fetch_log_entries` for
+        ``last_fetched_epoch``; :meth:`fetch_log_from` keeps the epoch for you)."""
+        batch, end = self.fetch_log_batch(bucket, from_offset, max_bytes, last_fetched_epoch)
+        return log_rows(batch), end
 
-    def fetch_log_entries(self, bucket: int, from_offset: int,
-                          max_bytes: int = DEFAULT_FETCH_BYTES) -> tuple[list[LogEntry], int]:
+    def fetch_log_from(self, bucket: int, position: LogPosition,
+                       max_bytes: int = DEFAULT_FETCH_BYTES) -> tuple[list[dict], int, LogPosition]:
+        """:meth:`fetch_log` from ``position`` (:class:`client.log_position.LogPosition`), fenced by its
+        epoch: ``(records, log_end_offset, the position after them)``. DataLostError if offsets read
+        before ``position`` were lost and are reused (not retried)."""
+        entries, end = self.fetch_log_entries(bucket, position.offset, max_bytes, position.epoch)
+        return log_rows(self._log_batch(entries)), end, position.after(entries)
+
+    def fetch_log_entries(self, bucket: int, from_offset: int, max_bytes: int = DEFAULT_FETCH_BYTES,
+                          last_fetched_epoch: int | None = None) -> tuple[list[LogEntry], int]:
         """``(entries, log_end_offset)``: the changelog entries from ``from_offset`` on as they are stored
-        (raw keys and values; records below ``from_offset`` dropped), at least one when there are any."""
+        (raw keys and values; records below ``from_offset`` dropped), at least one when there are any.
+        ``last_fetched_epoch``: the leader epoch of the entry just below ``from_offset`` as this reader
+        read it (the previous answer's last entry's ``leader_epoch``): DataLostError, not retried, if
+        the bucket's log no longer holds it there (``client/log_position.py``). None: not checked."""
         with arguments("fetch_log"):
             request = pb.FetchLogRequest(table_id=self.table.table_id, bucket=bucket, from_offset=from_offset,
-                                         max_bytes=max_bytes)
+                                         max_bytes=max_bytes, last_fetched_epoch=last_fetched_epoch)
         response = self._call_bucket(bucket, "FetchLog", request, idempotent=True)
         return [decode_entry(data, from_offset=from_offset) for data in response.entries], response.log_end_offset
 
@@ -342,6 +346,20 @@ class TableClient:
                                       or timestamp < 0):
             raise errors.InvalidRequestError(f"timestamp must be an int of ms since the epoch (>= 0), "
                                              f"got {show(timestamp)}")
+        answers = self._list_offsets(buckets, timestamp)
+        if timestamp is None:
+            return {b: (o.earliest, o.latest) for b, o in answers.items()}
+        return {b: o.timestamp_offset for b, o in answers.items()}
+
+    def end_positions(self, buckets: Iterable[int] | None = None) -> dict[int, LogPosition]:
+        """``{bucket: LogPosition}``: the end of each bucket's log (``latest`` of :meth:`list_offsets`) and
+        the leader epoch of the entry below it, for a reader that goes on from there
+        (:meth:`fetch_log_from`; the epoch is None for an empty log or a server that does not tell it)."""
+        return {b: LogPosition(o.latest, o.end_epoch if o.HasField("end_epoch") else None)
+                for b, o in self._list_offsets(buckets, None).items()}
+
+    def _list_offsets(self, buckets: Iterable[int] | None, timestamp: int | None) -> dict[int, Any]:
+        """``{bucket: BucketOffsetsPb}`` in bucket order, one request per tablet server."""
         pending = set(range(self.table.buckets) if buckets is None else buckets)
         for bucket in pending:
             self.router.check_bucket(bucket)
@@ -360,11 +378,8 @@ class TableClient:
                         first_error = first_error or error_from_pb(o.error)
                     elif o.bucket not in pending:
                         continue
-                    elif timestamp is None:
-                        result[o.bucket] = (o.earliest, o.latest)
-                        pending.discard(o.bucket)
-                    elif o.HasField("timestamp_offset"):
-                        result[o.bucket] = o.timestamp_offset
+                    elif timestamp is None or o.HasField("timestamp_offset"):
+                        result[o.bucket] = o
                         pending.discard(o.bucket)
                     else:  # a server from before ListOffsets took a timestamp
                         raise errors.UnknownServerError(

@@ -10,6 +10,7 @@
 import client  # noqa: F401  (first: it settles gRPC's fork setting before anything imports grpc)
 from client.admin import AcquireResult, AdminClient, ReleaseResult, SnapshotInfo
 from client.connect import Connection, connect
+from client.log_position import LogPosition
 from client.snapshot_read import read_snapshot
 from client.table import TableClient
 from common import errors
@@ -17,6 +18,6 @@ from common.errors import KvLeaseError
 from common.model import Lease, SnapshotHandle, TableBucket
 from common.tables import Column, TableInfo
 
-__all__ = ["AcquireResult", "AdminClient", "Column", "Connection", "KvLeaseError", "Lease", "ReleaseResult",
-           "SnapshotHandle", "SnapshotInfo", "TableBucket", "TableClient", "TableInfo", "connect", "errors",
-           "read_snapshot"]
+__all__ = ["AcquireResult", "AdminClient", "Column", "Connection", "KvLeaseError", "Lease", "LogPosition",
+           "ReleaseResult", "SnapshotHandle", "SnapshotInfo", "TableBucket", "TableClient", "TableInfo", "connect",
+           "errors", "read_snapshot"]

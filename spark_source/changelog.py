@@ -8,6 +8,13 @@ the bucket and the offsets: a split never returns fewer rows than it was
 planned for. "Not yet" is waited for within the client's retry policy first:
 a leader that just took over may serve up to a high watermark a little behind
 the one the split was planned by, until its followers' next fetches.
+
+Every fetch is fenced by the leader epoch of the entry just below its offset
+(``client/log_position.py``): the first by the epoch the split was planned
+with (None: not checked), each later one by the last entry read. After a
+restore or an unclean election reused offsets the split read (or was planned
+to start after), the fetch fails with DataLostError and nothing of it is
+returned: the split never hands on other changes under offsets it read.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from typing import Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from client.log_position import LogPosition
 from client.table import TableClient
 from common import errors
 from common.logentry import ChangeType, LogEntry
@@ -34,25 +42,30 @@ class _NotReachedYet(errors.RetriableError):
     """The leader serves the changelog up to before the offset asked for (its high watermark)."""
 
 
-def _fetch(table: TableClient, bucket: int, offset: int) -> list[LogEntry]:
-    entries, log_end = table.fetch_log_entries(bucket, offset, FETCH_BYTES)
+def _fetch(table: TableClient, bucket: int, offset: int, epoch: int | None) -> list[LogEntry]:
+    entries, log_end = table.fetch_log_entries(bucket, offset, FETCH_BYTES, last_fetched_epoch=epoch)
     if not entries:
         raise _NotReachedYet(f"table {table.table.path} bucket {bucket}: the changelog ends at {log_end}",
                              log_end=log_end)
     return entries
 
 
-def read_entries(table: TableClient, bucket: int, start: int, end: int) -> Iterator[LogEntry]:
-    """The entries of ``[start, end)``, the last one cut at ``end``."""
-    offset = start
-    while offset < end:
+def read_entries(table: TableClient, bucket: int, start: int, end: int,
+                 start_epoch: int | None = None) -> Iterator[LogEntry]:
+    """The entries of ``[start, end)``, the last one cut at ``end``; ``start_epoch``: the leader epoch of the
+    entry just below ``start`` (see the module docstring)."""
+    position = LogPosition(start, start_epoch)
+    while position.offset < end:
+        offset = position.offset
         try:
-            entries = table.retry.call(_fetch, table, bucket, offset, retry_on=(_NotReachedYet,))
+            entries = table.retry.call(_fetch, table, bucket, offset, position.epoch, retry_on=(_NotReachedYet,))
         except errors.InvalidRequestError as exc:  # the offset fell off the log's start
             raise ChangelogRangeError(f"table {table.table.path} bucket {bucket}: changelog records "
                                       f"{offset}..{end - 1} are no longer kept ({exc})") from None
         except _NotReachedYet as exc:
             raise ChangelogRangeError(f"{exc.message}, the split needs records up to {end - 1}") from None
+        except errors.DataLostError as exc:  # the details do not travel: say where the fetch was refused
+            raise errors.DataLostError(exc.message, **{**exc.details, "bucket": bucket, "position": offset}) from None
         for entry in entries:
             if entry.base_offset >= end:
                 return
@@ -60,7 +73,7 @@ def read_entries(table: TableClient, bucket: int, start: int, end: int) -> Itera
                 entry = dataclasses.replace(entry, records=entry.records.slice(0, end - entry.base_offset))
             if entry.count:
                 yield entry
-            offset = entry.next_offset
+        position = position.after(entries)
 
 
 def final_states(entries: Iterator[LogEntry]) -> dict[bytes, bytes | None]:

@@ -20,6 +20,7 @@ from pyspark.sql.datasource import InputPartition
 
 from client.admin import AdminClient
 from client.log_records import decode_records, entry_records
+from client.lost_ranges import LostRanges
 from client.table import TableClient
 from common import errors
 from common.model import TableBucket
@@ -85,7 +86,8 @@ def _read(ctx: ReadContext, split, schema: pa.Schema) -> Iterator[pa.RecordBatch
             batches = _hybrid(ctx, admin, table, split, schema)
             yield from (_releasing(admin, ctx, split, batches) if split.release else batches)
         elif isinstance(split, LogSplit):
-            yield from (_log_state if split.as_state else _log_changes)(table, split, schema)
+            yield from _loss_named(admin, ctx, split, (_log_state if split.as_state else _log_changes)(
+                table, split, schema))
         elif isinstance(split, LiveSplit):
             yield from _live(table, split, schema)
         else:
@@ -153,13 +155,32 @@ def _hold(admin: AdminClient, ctx: ReadContext, split: HybridSplit, tb: TableBuc
             "table as it is now", lease_id=split.lease_id)
 
 
+def _loss_named(admin: AdminClient, ctx: ReadContext, split: LogSplit,
+                batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """``batches``; a DataLostError (a fetch fenced by its epoch: offsets the query read were reused) is
+    told as the query's loss check tells it (``client/lost_ranges.py``: the range, and how it was
+    lost) when the bucket's loss record says so, else as the tablet server told it."""
+    try:
+        yield from batches
+    except errors.DataLostError as exc:
+        position = int(exc.details.get("position", split.end))
+        try:
+            LostRanges(admin, ctx.table.table_id, ctx.table.path).check({split.bucket: position},
+                                                                        {split.bucket: split.losses_seen})
+        except errors.DataLostError as named:
+            raise named from None
+        except errors.KvLeaseError as failed:  # the record could not be read: the server's word stands
+            log.warning("could not read the loss records of %s: %s", _what(ctx, split.bucket), failed)
+        raise
+
+
 def _log_state(table: TableClient, split: LogSplit, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
-    changes = final_states(read_entries(table, split.bucket, split.start, split.end))
+    changes = final_states(read_entries(table, split.bucket, split.start, split.end, split.start_epoch))
     yield from _state_batches(merge(iter(()), changes, table.codec), split.bucket, split.end, schema)
 
 
 def _log_changes(table: TableClient, split: LogSplit, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
-    for entry in read_entries(table, split.bucket, split.start, split.end):
+    for entry in read_entries(table, split.bucket, split.start, split.end, split.start_epoch):
         yield changes_for_spark(decode_records(table.codec, entry_records(entry)), split.bucket, schema)
 
 

@@ -47,12 +47,17 @@ class HybridSplit(InputPartition):
 @dataclass(frozen=True)
 class LogSplit(InputPartition):
     """Changelog records ``[start, end)`` of a bucket: as change rows, or (``as_state``) as the rows
-    they leave behind (a full read of a bucket that has no snapshot yet)."""
+    they leave behind (a full read of a bucket that has no snapshot yet). ``start_epoch``: the leader
+    epoch of the entry just below ``start`` (None: not known, the first fetch is not fenced; see
+    ``spark_source/changelog.py``); ``losses_seen``: the bucket's loss records the plan had seen (to
+    name a loss the split runs into as the plan's check would)."""
 
     bucket: int
     start: int
     end: int
     as_state: bool = False
+    start_epoch: int | None = None
+    losses_seen: int = 0
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,14 @@ lease).
   again after it (the query died in it) would read other changes under the
   planned offsets. (``"losses"`` per bucket: the loss records seen, see
   ``client/lost_ranges.py``.)
+  ``"epoch"`` per bucket (absent when not known): the leader epoch of the
+  entry just below ``offset``, from ListOffsets when the end was planned at the
+  log's end. The first fetch of the next micro-batch's split sends it, later
+  fetches the last entry's (``spark_source/changelog.py``): a restore or
+  unclean election between planning and reading, or while a split reads, fails
+  the split with DATA_LOST instead of reading other changes under offsets the
+  query read. Offsets written before ``epoch`` (or ends cut by a read limit)
+  are read unfenced up to their first fetch.
   Planning a bootstrap makes sure the lease still holds its snapshots (renew,
   or re-acquire the same snapshots under the same id after an expiry) and
   starts the renewal thread: every third of ``lease.duration`` until the
@@ -43,6 +51,7 @@ lease).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import uuid
@@ -55,6 +64,7 @@ from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadM
                                               SupportsTriggerAvailableNow)
 
 from client.admin import AdminClient
+from client.log_position import LogPosition
 from client.lost_ranges import LostRanges
 from client.table import TableClient
 from common import errors
@@ -85,7 +95,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.options = options
         self.ctx = ctx
         self._clients: tuple[AdminClient, TableClient] | None = None
-        self._target: dict[int, int] | None = None  # Trigger.AvailableNow: offsets not to read past
+        self._target: dict[int, LogPosition] | None = None  # Trigger.AvailableNow: offsets not to read past
         self._renewer: Renewer | None = None
 
     def __getstate__(self) -> dict:  # Spark pickles the reader for read(); clients and threads stay here
@@ -130,18 +140,21 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     @names_table
     def prepareForTriggerAvailableNow(self) -> None:
         _, table = self._connect()
-        self._target = {b: latest for b, (_, latest) in table.list_offsets().items()}
+        self._target = table.end_positions()
 
     @names_table
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         lease, starts = self._parse(start)
         admin, table = self._connect()
-        latest = {b: latest for b, (_, latest) in table.list_offsets().items()}
+        positions = table.end_positions()
+        latest = {b: p.offset for b, p in positions.items()}
+        target = self._target or {}
         if self._target is not None:
-            latest = {b: min(latest[b], self._target.get(b, latest[b])) for b in latest}
+            latest = {b: min(latest[b], target[b].offset if b in target else latest[b]) for b in latest}
         seen = self._check_losses(admin, start, starts)  # DATA_LOST: offsets it read were reused
+        known = ({b: LogPosition(o, e) for b, ((_, o), e) in _with_epochs(starts, start).items()}, positions, target)
         if any(offset == NOT_STARTED for _, offset in starts.values()):
-            return self._bootstrap_end(admin, table, lease, starts, latest, seen)
+            return self._bootstrap_end(admin, table, lease, starts, latest, seen, known)
         ends = {b: max(starts[b][1], latest[b]) for b in starts}
         if isinstance(limit, ReadMaxRows):
             ends = _limited({b: o for b, (_, o) in starts.items()}, ends, limit.max_rows)
@@ -149,7 +162,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return start  # nothing new: no micro-batch
         # Right after a bootstrap this is a new offset even with no new data: Spark commits a batch's
         # end to the source only when it plans the next one, and that commit releases the lease.
-        return _offset(lease, {b: (-1, ends[b]) for b in starts}, self.ctx.table.table_id, seen)
+        return _offset(lease, {b: (-1, ends[b]) for b in starts}, self.ctx.table.table_id, seen,
+                       _end_epochs(ends, *known))
 
     def _check_losses(self, admin: AdminClient, start: dict, starts: dict) -> dict[int, int]:
         """The loss records of each bucket this query has seen now; DataLostError if one it had not seen
@@ -159,7 +173,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                                                    _losses_seen(start))
 
     def _bootstrap_end(self, admin: AdminClient, table: TableClient, lease: LeaseRef | None, starts: dict,
-                       latest: dict[int, int], seen: dict[int, int]) -> dict:
+                       latest: dict[int, int], seen: dict[int, int], known: tuple) -> dict:
         """The end of the bootstrap micro-batch: lease the latest snapshots (the whole bootstrap is one
         micro-batch, whatever the read limit)."""
         lease = _named(lease)
@@ -178,7 +192,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             except BaseException:  # the offset is not logged: nothing would ever read or release the lease
                 give_back(admin, table.table, lease.lease_id, held, lease.owner)
                 raise
-        return _offset(lease, ends, self.ctx.table.table_id, seen)
+        return _offset(lease, ends, self.ctx.table.table_id, seen,
+                       _end_epochs({b: o for b, (_, o) in ends.items()}, *known))
 
     def _offset(self, lease: LeaseRef | None, buckets: dict[int, tuple[int, int]]) -> dict:
         return _offset(lease, buckets, self.ctx.table.table_id)
@@ -207,7 +222,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         _, starts = self._parse(start)
         lease, ends = self._parse(end)
         admin, _ = self._connect()
-        self._check_losses(admin, end, ends)  # a batch planned before a loss: its range may be reused now
+        seen = self._check_losses(admin, end, ends)  # a batch planned before a loss: its range may be reused now
+        epochs = {b: e for b, (_, e) in _with_epochs(starts, start).items()}
         splits: list = []
         bootstrapping: dict[int, int] = {}
         ranges: dict[int, tuple[int, int]] = {}
@@ -219,7 +235,9 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 splits.append(HybridSplit(b, snapshot, end_offset, lease.lease_id, False, lease.owner))
             else:
                 ranges[b] = (max(begin, 0), end_offset)
-        splits.extend(log_splits_for(ranges, self.options.split_max_rows))
+        splits.extend(dataclasses.replace(s, start_epoch=epochs.get(s.bucket) if s.start == ranges[s.bucket][0]
+                                          else None, losses_seen=seen.get(s.bucket, 0))
+                      for s in log_splits_for(ranges, self.options.split_max_rows))
         if bootstrapping:
             self._renew(_named(lease), bootstrapping)
         return splits
@@ -313,9 +331,10 @@ class Renewer:
 
 
 def _offset(lease: LeaseRef | None, buckets: dict[int, tuple[int, int]], table_id: int,
-            losses: dict[int, int] | None = None) -> dict:
+            losses: dict[int, int] | None = None, epochs: dict[int, int | None] | None = None) -> dict:
     """``losses``: bucket -> the loss records of the bucket the query has seen (``"losses"`` in each bucket;
-    absent, as in offsets written before it: 0)."""
+    absent, as in offsets written before it: 0); ``epochs``: bucket -> the leader epoch of the entry below
+    its offset (``"epoch"``; absent when None)."""
     doc: dict = {"table": table_id, "lease": None if lease is None else lease.lease_id}
     if lease is not None and lease.owner is not None:
         doc["owner"] = lease.owner
@@ -323,7 +342,28 @@ def _offset(lease: LeaseRef | None, buckets: dict[int, tuple[int, int]], table_i
     for b, seen in (losses or {}).items():
         if seen and str(b) in doc["buckets"]:
             doc["buckets"][str(b)]["losses"] = seen
+    for b, epoch in (epochs or {}).items():
+        if epoch is not None and str(b) in doc["buckets"]:
+            doc["buckets"][str(b)]["epoch"] = epoch
     return doc
+
+
+def _with_epochs(buckets: dict[int, tuple[int, int]], offset: dict) -> dict[int, tuple[tuple[int, int], int | None]]:
+    """bucket -> ``((snapshot, offset), the epoch below it)`` of a parsed offset and its JSON (None: it does
+    not say, as an offset written before epochs)."""
+    docs = offset.get("buckets", {})
+    out = {}
+    for b, pair in buckets.items():
+        epoch = docs.get(str(b), {}).get("epoch") if isinstance(docs.get(str(b)), dict) else None
+        out[b] = (pair, None if epoch is None or pair[1] == NOT_STARTED else int(epoch))
+    return out
+
+
+def _end_epochs(ends: dict[int, int], *known: dict[int, LogPosition]) -> dict[int, int | None]:
+    """The epoch below each end, where one of the ``known`` positions is at that very offset (else None: an
+    end cut by a read limit, say)."""
+    return {b: next((k[b].epoch for k in known if b in k and k[b].offset == end and k[b].epoch is not None),
+                    None) for b, end in ends.items()}
 
 
 def _losses_seen(offset: dict) -> dict[int, int]:

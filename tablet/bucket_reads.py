@@ -20,11 +20,13 @@ import pyarrow.compute as pc
 
 from common.errors import InvalidRequestError, NotLeaderError
 from common.logentry import LogEntry, read_header
+from common.errors import DataLostError
 from tablet import write_checks
 from tablet.bucket_files import BucketFiles
 from tablet.changelog import SegmentInfo
 from common.codec import RowCodec
 from tablet.kvstore import KvSnapshot
+from tablet.replication.epochs import EpochCache
 
 
 def _ending_by(entries: list[bytes], end: int) -> list[bytes]:
@@ -46,12 +48,22 @@ class BucketReads:
     replicated: bool
     high_watermark: int
     _retained: Callable[[int], None]  # retention moved the log's start to this offset (BucketReplication)
+    _epochs: EpochCache  # the leader-epoch cache (BucketReplication)
 
     def list_offsets(self) -> tuple[int, int]:
         """``(earliest, latest)``: the changelog's start offset and the high watermark (its end offset when
         not replicated)."""
         start, _end, _applied = self.files.offsets()
         return start, self.high_watermark
+
+    def end_epoch(self) -> tuple[int, int, int | None]:
+        """``(earliest, latest, epoch)``: :meth:`list_offsets` and the leader epoch of the entry just below
+        ``latest`` (None: no entry there, or one written without an epoch) — what a reader starting at
+        ``latest`` sends as its last fetched epoch."""
+        start, latest = self.list_offsets()  # a parked bucket answers from memory, and keeps its epoch cache
+        with self.write_lock:
+            epoch = self._epochs.epoch_at(latest - 1) if latest > start else None
+        return start, latest, epoch
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int:
         """The first changelog offset appended at or after ``timestamp_ms``
@@ -74,13 +86,28 @@ class BucketReads:
         found = values.is_valid().to_numpy(zero_copy_only=False)
         return found, self.codec.decode_values(pc.drop_null(values) if values.null_count else values)
 
-    def fetch_log(self, from_offset: int, max_bytes: int, committed: bool = True) -> tuple[list[bytes], int]:
+    def fetch_log(self, from_offset: int, max_bytes: int, committed: bool = True,
+                  last_fetched_epoch: int | None = None) -> tuple[list[bytes], int]:
         """``(entries, end_offset)``: framed changelog entries from ``from_offset`` on (see
         :meth:`Changelog.read_raw`: the first may start before it) and the end offset read after them.
         ``committed`` (clients): only entries ending at or below the high watermark, which is the end
         reported; False (followers): to the log end. The same when not replicated (the high watermark is
-        the end). Raises LogOffsetOutOfRangeError outside the changelog."""
+        the end). Raises LogOffsetOutOfRangeError outside the changelog.
+
+        ``last_fetched_epoch``: the leader epoch of the entry just below ``from_offset`` as the reader
+        read it; DataLostError (details ``bucket``, ``from_offset``: where the range starts, ``position``)
+        if this log does not hold it there (:meth:`EpochCache.reader_divergence`)."""
         with self.files.use() as (changelog, _kv):
+            if last_fetched_epoch is not None:
+                with self.write_lock:
+                    lost = self._epochs.reader_divergence(last_fetched_epoch, from_offset, changelog.end_offset)
+                if lost is not None:
+                    raise DataLostError(
+                        f"offsets {lost}..{from_offset - 1} this reader read (the last under leader epoch "
+                        f"{last_fetched_epoch}) are not in the bucket's log any more: it was restored from an "
+                        f"older snapshot or led by an out-of-sync replica, and reuses them for other changes; "
+                        f"start the reader again from a new position",
+                        bucket=self.bucket, from_offset=lost, position=from_offset)
             if committed and self.replicated:
                 hw = self.high_watermark
                 entries = changelog.read_raw(from_offset, max_bytes) if from_offset < hw else []

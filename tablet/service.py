@@ -126,7 +126,13 @@ class TabletService(pb_grpc.TabletServiceServicer):
             replica = self.replicas.get(request.table_id, request.bucket)
             if request.max_bytes <= 0:
                 raise errors.InvalidRequestError("max_bytes must be positive")
-            entries, end = replica.store.fetch_log(request.from_offset, request.max_bytes)
+            epoch = request.last_fetched_epoch if request.HasField("last_fetched_epoch") else None
+            try:
+                entries, end = replica.store.fetch_log(request.from_offset, request.max_bytes,
+                                                       last_fetched_epoch=epoch)
+            except errors.DataLostError as exc:  # name the table: the message is all that travels
+                raise errors.DataLostError(f"bucket {replica.bucket} of {replica.table.path}: {exc.message}",
+                                           table=replica.table.path, **exc.details) from None
             start, _latest = replica.store.list_offsets()
             return {"entries": entries, "log_start_offset": start, "log_end_offset": end}
         return _answer(pb.FetchLogResponse, work)
@@ -146,11 +152,11 @@ class TabletService(pb_grpc.TabletServiceServicer):
                 try:
                     store = self.replicas.get(request.table_id, bucket).store
                     found = None if timestamp is None else store.offset_for_timestamp(timestamp)
-                    earliest, latest = store.list_offsets()
+                    earliest, latest, end_epoch = store.end_epoch()
                     if found is not None:  # retention may have moved the start since the search
                         found = max(found, earliest)
                     offsets.append(pb.BucketOffsetsPb(bucket=bucket, earliest=earliest, latest=latest,
-                                                      timestamp_offset=found))
+                                                      timestamp_offset=found, end_epoch=end_epoch))
                 except errors.KvLeaseError as exc:
                     offsets.append(pb.BucketOffsetsPb(bucket=bucket, error=error_pb(exc)))
             return {"offsets": offsets}

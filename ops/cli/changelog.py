@@ -8,6 +8,7 @@ import time
 
 import click
 
+from client.log_position import LogPosition
 from common import errors
 import ops.cli.output as out
 from ops.cli.app import State, catch_errors, common_options, kvlease, pass_state
@@ -85,7 +86,9 @@ def _print_line(doc: dict) -> None:
 
 class LogReader:
     """Reads the changelog of ``buckets`` from ``start``: each bucket in offset order, one after another
-    up to the end it had when first asked (:meth:`read_to_end`), then all of them in turns (:meth:`follow`)."""
+    up to the end it had when first asked (:meth:`read_to_end`), then all of them in turns (:meth:`follow`).
+    Each fetch after the first of a bucket is fenced by the leader epoch of the last entry read: DATA_LOST
+    (an error, no more records) if a restore or unclean election gave offsets it printed to other changes."""
 
     def __init__(self, client, buckets: list[int], start: dict[int, int], *, with_bucket: bool) -> None:
         self.client = client
@@ -93,12 +96,14 @@ class LogReader:
         self.start = dict(start)
         self.next = dict(start)
         self.end: dict[int, int] = {}
+        self.epoch: dict[int, int | None] = {}  # the leader epoch of the entry below next: fences the fetch
         self.collected: dict[int, list[dict]] = {b: [] for b in buckets}
         self.with_bucket = with_bucket
 
     def _fetch(self, bucket: int, emit) -> int:
         """One fetch of ``bucket`` from its next offset; each record to ``emit`` (None: collected)."""
-        records, end = self.client.fetch_log(bucket, self.next[bucket])
+        records, end, position = self.client.fetch_log_from(bucket, LogPosition(self.next[bucket],
+                                                                                self.epoch.get(bucket)))
         self.end.setdefault(bucket, end)
         for record in records:
             doc = out.log_record_doc(record)
@@ -109,7 +114,7 @@ class LogReader:
             else:
                 emit(doc)
         if records:
-            self.next[bucket] = records[-1]["offset"] + 1
+            self.next[bucket], self.epoch[bucket] = position.offset, position.epoch
             sys.stdout.flush()
         return len(records)
 

@@ -141,6 +141,32 @@ class EpochCache:
         end = self._starts[i] if i < len(self._starts) else log_end
         return EpochEnd(self._epochs[i - 1], end)
 
+    def reader_divergence(self, epoch: int, from_offset: int, log_end: int) -> int | None:
+        """Where a reader's history left this log: None if it did not, else the first offset of the range
+        ``[returned, from_offset)`` the reader read that this log does not hold (KIP-320's fetch fencing).
+
+        The reader read up to ``from_offset`` and the entry just below it under leader ``epoch``; this log
+        ends at ``log_end``. With ``answer`` = :meth:`end_offset_for` (``epoch``):
+
+        - ``answer.end_offset < from_offset``: this log does not hold ``epoch`` up to ``from_offset``
+          (a restore started the log over at its snapshot's offset, or an unclean leader's log ended
+          earlier): the range starts there.
+        - ``answer.epoch < epoch`` (this log never had the reader's epoch, yet holds offsets up to
+          ``from_offset`` under an older one): the entry just below ``from_offset`` at least differs;
+          the range starts at ``from_offset - 1`` (where the reader's epoch began is not known here).
+        - Every known epoch newer than ``epoch`` and ``from_offset`` at or below the first one's start
+          (the log start of a restored log, say): no divergence — the entries below the start are the
+          snapshot's, which the reader's history holds too (a loss never takes back offsets below the
+          snapshot it restores). An empty cache (no entry since a restore) answers the log end: a
+          reader past it diverged, one at or below it did not.
+        """
+        answer = self.end_offset_for(epoch, log_end)
+        if answer.end_offset < from_offset:
+            return answer.end_offset
+        if answer.epoch is not None and answer.epoch < epoch and from_offset > 0:
+            return from_offset - 1
+        return None
+
     def truncation_for(self, answer: EpochEnd, log_end: int) -> Truncation:
         """The follower's step on the leader's ``answer`` (see the module docstring); this log ends at ``log_end``.
 

@@ -27,7 +27,7 @@ class Leader:
         self.table = SimpleNamespace(path="db.t")
         self.retry = RetryPolicy(total_s, 0.01, time.sleep)
 
-    def fetch_log_entries(self, bucket, offset, max_bytes):
+    def fetch_log_entries(self, bucket, offset, max_bytes, last_fetched_epoch=None):
         self.fetches += 1
         if offset >= 2 and self.behind:
             self.behind -= 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from click.testing import CliRunner
 
+from client.log_position import LogPosition
 from common.codec import RowCodec
 from common.tables import TableInfo
 from ops.cli import kvlease
@@ -41,6 +42,7 @@ class FakeTableClient:
         self.records = [{"offset": i, "change_type": "+I", "timestamp": 1_700_000_000_000 + i if i else None,
                          "row": {"id": i, "name": f"n{i}"}} for i in range(5)]  # offset 0: a v1 entry
         self.fetches: list[int] = []
+        self.epochs_sent: list[int | None] = []  # fetch_log_from: every entry is of leader epoch 3
 
     def _key(self, row):
         return tuple(row[k] for k in self.table.primary_key)
@@ -68,6 +70,11 @@ class FakeTableClient:
     def fetch_log(self, bucket, from_offset, max_bytes=0):
         self.fetches.append(from_offset)
         return self.records[from_offset:from_offset + 2], 5
+
+    def fetch_log_from(self, bucket, position, max_bytes=0):
+        records, end = self.fetch_log(bucket, position.offset, max_bytes)
+        self.epochs_sent.append(position.epoch)
+        return records, end, LogPosition(records[-1]["offset"] + 1 if records else position.offset, 3)
 
     def close(self):
         pass

@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
+from client.log_position import LogPosition
 from common import errors
 from common.tables import Column, TableInfo
 from ops.cli import output as out
@@ -253,6 +254,28 @@ def test_log_prints_json_lines_up_to_the_end(fake_table):
                                  "row": {"id": 3, "name": "n3"}}
     assert run_in("log", "db.w", "--bucket", "0", "--follow", "--json").exit_code == 2
     assert "buckets 0..1, not 2" in assert_one_line_error(run_in("log", "db.w", "--bucket", "2"))
+
+
+def test_log_fences_each_fetch_after_the_first_by_the_epoch_of_the_last_entry_read(fake_table):
+    assert run_in("log", "db.w", "--bucket", "1").exit_code == 0
+    client = fake_table["db.w"]
+    assert client.fetches == [2, 4] and client.epochs_sent == [None, 3]  # a start offset has no epoch
+
+
+def test_log_stops_with_one_line_when_offsets_it_printed_were_lost(fake_table, monkeypatch):
+    def refused(self, bucket, position, max_bytes=0):
+        if position.epoch is not None:
+            raise errors.DataLostError("bucket 1 of db.w: offsets 2..3 this reader read (the last under leader "
+                                       "epoch 3) are not in the bucket's log any more")
+        return self.records[2:4], 5, LogPosition(4, 3)
+
+    monkeypatch.setattr(FakeTableClient, "fetch_log_from", refused)
+    result = run_in("log", "db.w", "--bucket", "1")
+    assert [json.loads(line)["offset"] for line in result.stdout.splitlines()] == [2, 3]
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert [line for line in result.stderr.splitlines() if line] == [
+        "error: bucket 1 of db.w: offsets 2..3 this reader read (the last under leader epoch 3) are not in the "
+        "bucket's log any more"]
 
 
 def test_log_without_bucket_reads_every_bucket_in_order(fake_table):

@@ -1,0 +1,71 @@
+"""A Spark stream's micro-batch whose bucket is restored between its planning and its split's first fetch,
+on real servers (a coordinator and a tablet server in this process, real ZooKeeper, RocksDB, gRPC on
+loopback) driving the stream reader's own calls as Spark would, without the JVM: the plan passes the loss
+check (the loss did not exist yet), so only the split's fetch, fenced by the epoch the batch was planned
+with, stands between the new changes at reused offsets and the sink. It fails with DATA_LOST naming the
+range, as the planning check would, and emits nothing. (With real Spark: test_spark_data_lost.py.)"""
+
+from __future__ import annotations
+
+import pytest
+from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+from client.table import TableClient
+from common import errors
+from spark_source import options as opts
+from spark_source.schema import spark_arrow_schema
+from spark_source.splits import ReadContext
+from spark_source.stream import StreamReader
+from tests.support.procs import wait_until
+from tests.tablet.replication.test_data_loss_cluster import _restart_wiped, _served, cluster  # noqa: F401
+from tests.tablet.replication.test_replicated_buckets import SCHEMA, bucket_state
+
+pytestmark = pytest.mark.zk
+
+TABLE = "db.fenced"
+
+
+def _rows(stream: StreamReader, start: dict, end: dict) -> list[int]:
+    return [i for split in stream.partitions(start, end) for batch in stream.read(split)
+            for i in batch.column("id").to_pylist()]
+
+
+def test_a_batch_planned_before_a_restore_fails_at_its_first_fetch_and_emits_nothing(cluster, tmp_path):
+    c = cluster
+    server = c.tablet(1, tmp_path / "t1")
+    table = c.admin.create_table(TABLE, SCHEMA, ["id"], 1)
+    with TableClient(c.admin, TABLE) as client:
+        client.upsert([{"id": i, "v": "old"} for i in range(10)])  # offsets 0..9
+        assert server.replicas.snapshot_changed() == 1  # the snapshot at log offset 10
+        client.upsert([{"id": i, "v": "tail"} for i in range(10, 15)])  # offsets 10..14: to be lost
+    given = {"bootstrap": c.coordinator.address, "table": TABLE, "startup.mode": "earliest"}
+    ctx = ReadContext((c.coordinator.address,), table, None, tuple(spark_arrow_schema(table, with_changes=True).names))
+    stream = StreamReader(opts.parse(given), ctx)
+    try:
+        start = stream.initialOffset()
+        first = stream.latestOffset(start, ReadAllAvailable())
+        assert first["buckets"]["0"]["offset"] == 15 and "epoch" in first["buckets"]["0"]
+        assert sorted(_rows(stream, start, first)) == list(range(15))  # the query read offsets 0..14
+        stream.commit(first)
+        with TableClient(c.admin, TABLE) as client:
+            client.upsert([{"id": i, "v": "more"} for i in range(15, 18)])  # offsets 15..17
+        second = stream.latestOffset(first, ReadAllAvailable())
+        splits = stream.partitions(first, second)  # planned: offsets 15..17, after the epoch of offset 14
+        assert [(s.start, s.end, s.start_epoch) for s in splits] == [(15, 18, first["buckets"]["0"]["epoch"])]
+
+        assert server.log_ends.run_once() == 1
+        _restart_wiped(c, 1, tmp_path / "t1")
+        wait_until(lambda: bucket_state(c, table.table_id).offline_reason, 20, "offline")
+        c.admin.restore_bucket(TABLE, 0, accept_data_loss=True)
+        with TableClient(c.admin, TABLE) as client:
+            wait_until(lambda: _served(client), 20, "the restored bucket to serve")
+            client.upsert([{"id": i, "v": "new"} for i in range(100, 110)])  # offsets 10..19 of the restored log
+
+        emitted = []
+        with pytest.raises(errors.DataLostError, match=rf"bucket 0 of {TABLE}: offsets 10\.\.14 this query read "
+                                                       rf"were lost when the bucket was restored from snapshot 1"):
+            for batch in stream.read(splits[0]):
+                emitted += batch.column("id").to_pylist()
+        assert emitted == []  # none of the new changes at offsets 15..17
+    finally:
+        stream.stop()

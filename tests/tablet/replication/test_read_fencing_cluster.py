@@ -1,0 +1,125 @@
+"""Log reads fenced by the leader epoch, on real servers (a coordinator and tablet servers in this process, a
+real ZooKeeper, real RocksDB and gRPC on loopback): after a restore or an unclean election reuses offsets, a
+reader that sends the epoch of the last entry it read is refused with DATA_LOST naming the range instead of
+being served the new changes; a clean leader change refuses no one."""
+
+from __future__ import annotations
+
+import pytest
+
+from client.log_position import LogPosition
+from client.table import TableClient
+from common import errors
+from tests.support.procs import wait_until
+from tests.tablet.replication.test_data_loss_cluster import _restart_wiped, _served, cluster, two_in_sync  # noqa: F401
+from tests.tablet.replication.test_replicated_buckets import SCHEMA, bucket_state, crash, server_by_id
+
+pytestmark = pytest.mark.zk
+
+
+def _read_all(client: TableClient, position: LogPosition, end: int) -> tuple[list[int], LogPosition]:
+    """The offsets read from ``position`` up to ``end`` with fenced fetches, and the position after them."""
+    offsets: list[int] = []
+    while position.offset < end:
+        records, _end, position = client.fetch_log_from(0, position)
+        offsets += [r["offset"] for r in records]
+    return offsets, position
+
+
+def test_a_reader_of_a_restored_bucket_is_refused_at_reused_offsets(cluster, tmp_path):
+    c = cluster
+    server = c.tablet(1, tmp_path / "t1")
+    table = c.admin.create_table("db.one", SCHEMA, ["id"], 1)
+    with TableClient(c.admin, "db.one") as client:
+        client.upsert([{"id": i, "v": f"v{i}"} for i in range(10)])
+        assert server.replicas.snapshot_changed() == 1  # snapshot at log offset 10
+        client.upsert([{"id": i, "v": f"w{i}"} for i in range(10, 15)])
+        read, old = _read_all(client, LogPosition(0), 15)
+        assert read == list(range(15)) and old.offset == 15 and old.epoch is not None
+        assert client.end_positions() == {0: old}  # ListOffsets tells the epoch below the end
+    assert server.log_ends.run_once() == 1
+
+    _restart_wiped(c, 1, tmp_path / "t1")
+    wait_until(lambda: bucket_state(c, table.table_id).offline_reason, 20, "offline")
+    c.admin.restore_bucket("db.one", 0, accept_data_loss=True)
+    with TableClient(c.admin, "db.one") as client:
+        wait_until(lambda: _served(client), 20, "the restored bucket to serve")
+        client.upsert([{"id": i, "v": "new"} for i in range(20, 26)])  # offsets 10..15: reused
+        with pytest.raises(errors.DataLostError, match=r"bucket 0 of db\.one: offsets 10\.\.14 this reader read"):
+            client.fetch_log_from(0, old)
+        with pytest.raises(errors.DataLostError, match=r"offsets 10\.\.14"):  # a retry is refused the same
+            client.fetch_log_entries(0, 15, last_fetched_epoch=old.epoch)
+        unfenced, _end = client.fetch_log(0, 15)  # an old client: no epoch, no check
+        assert [r["offset"] for r in unfenced] == [15] and unfenced[0]["row"]["id"] == 25
+        # a reader that had read only what the snapshot holds (0..9) goes on at 10: nothing it read was lost
+        at_snapshot = LogPosition(10, old.epoch)
+        read, new = _read_all(client, at_snapshot, 16)
+        assert read == list(range(10, 16)) and new.epoch is not None and new.epoch > old.epoch
+        assert client.end_positions() == {0: new}
+        assert client.fetch_log_from(0, new)[0] == []  # the right epoch at the end: served, nothing new
+
+
+def test_an_unclean_leader_refuses_a_reader_past_its_log_end(cluster, tmp_path):
+    c = cluster
+    table, leader, follower = two_in_sync(c, tmp_path, "db.two")
+    with TableClient(c.admin, "db.two") as client:
+        client.upsert([{"id": i, "v": "a"} for i in range(8)])
+    crash(c, server_by_id(c, follower))
+    wait_until(lambda: bucket_state(c, table.table_id).isr == (leader,), 20, "the follower out of the ISR")
+    with TableClient(c.admin, "db.two") as client:
+        client.upsert([{"id": i, "v": "b"} for i in range(8, 12)])
+        _read, old = _read_all(client, LogPosition(0), 12)
+    server_by_id(c, leader).log_ends.run_once()
+    _restart_wiped(c, leader, tmp_path / f"t{leader}")
+    wait_until(lambda: bucket_state(c, table.table_id).offline_reason, 20, "offline")
+    c.tablet(follower, tmp_path / f"t{follower}")
+    wait_until(lambda: len(c.admin.list_tablet_servers()) == 2, 15, "both registered")
+    c.admin.elect_leader("db.two", 0, unclean=True, tablet=follower)
+    with TableClient(c.admin, "db.two") as client:
+        wait_until(lambda: _served(client), 20, "the new leader to serve")
+        client.upsert([{"id": i, "v": "c"} for i in range(30, 36)])  # offsets 8..13 under the new epoch
+        with pytest.raises(errors.DataLostError, match=r"offsets 8\.\.11 this reader read"):
+            client.fetch_log_from(0, old)
+
+
+def test_a_clean_leader_change_refuses_no_reader(cluster, tmp_path):
+    c = cluster
+    table, leader, follower = two_in_sync(c, tmp_path, "db.clean")
+    with TableClient(c.admin, "db.clean") as client:
+        client.upsert([{"id": i, "v": "a"} for i in range(6)])
+        _read, position = _read_all(client, LogPosition(0), 6)
+        crash(c, server_by_id(c, leader))  # the in-sync follower takes over
+        wait_until(lambda: bucket_state(c, table.table_id).leader_id == follower, 20, "the follower to lead")
+        client.upsert([{"id": i, "v": "b"} for i in range(6, 9)])
+        read, after = _read_all(client, position, 9)
+        assert read == [6, 7, 8] and after.epoch is not None and after.epoch > position.epoch
+
+
+def test_a_split_reading_while_the_bucket_is_restored_stops_at_the_reused_offsets(cluster, tmp_path, monkeypatch):
+    """A Spark split's changelog read (spark_source/changelog.py, without Spark) on real servers: the bucket
+    is wiped and restored, and new changes take offsets the split already read, between two of its fetches."""
+    from spark_source import changelog
+
+    monkeypatch.setattr(changelog, "FETCH_BYTES", 1)  # one entry per fetch
+    c = cluster
+    server = c.tablet(1, tmp_path / "t1")
+    table = c.admin.create_table("db.split", SCHEMA, ["id"], 1)
+    with TableClient(c.admin, "db.split") as reader:
+        for i in range(6):  # one entry per write: offsets 0..5
+            reader.upsert([{"id": i, "v": "old"}])
+        assert server.replicas.snapshot_changed() == 1  # at offset 6
+        for i in range(6, 9):
+            reader.upsert([{"id": i, "v": "old"}])
+        entries = changelog.read_entries(reader, 0, 0, 9, start_epoch=None)
+        read = [next(entries).base_offset for _ in range(8)]  # offsets 0..7 read, 8 not yet
+        server.log_ends.run_once()
+        _restart_wiped(c, 1, tmp_path / "t1")
+        wait_until(lambda: bucket_state(c, table.table_id).offline_reason, 20, "offline")
+        c.admin.restore_bucket("db.split", 0, accept_data_loss=True)
+        with TableClient(c.admin, "db.split") as writer:
+            wait_until(lambda: _served(writer), 20, "the restored bucket to serve")
+            for i in range(20, 24):
+                writer.upsert([{"id": i, "v": "new"}])  # offsets 6..9 of the restored log
+        with pytest.raises(errors.DataLostError, match=r"offsets 6\.\.7 this reader read"):
+            read.extend(e.base_offset for e in entries)  # the split's client goes on with the restored leader
+    assert read == list(range(8))  # nothing of the restored log's offset 8 was handed on
