@@ -78,8 +78,7 @@ class Moves:
         """Start moving every replica off ``server_id``; every move taking one off it (started now or before).
         Refused as a whole (nothing started) if any of its buckets cannot move."""
         assignments = self.members.assignments
-        moves = rebalance.decommission(assignments, server_id, self._live, self.members.capacity, self._rf,
-                                       self._name)
+        moves = rebalance.decommission(assignments, server_id, self._live, self.members.capacity, self._name)
         self._start(moves)
         if moves:
             log.info("decommission of tablet server %d: %d move(s) started", server_id, len(moves))
@@ -90,7 +89,7 @@ class Moves:
         """Start the moves and preferred-leader elections of :func:`coordinator.rebalance.rebalance`: (moves
         started, [(bucket after its election, its old leader)])."""
         assignments = self.members.assignments
-        plan = rebalance.rebalance(assignments, self._live, self.members.capacity, self._rf)
+        plan = rebalance.rebalance(assignments, self._live, self.members.capacity)
         before = {key: assignments.table(key[0])[key[1]] for key in plan.leaders}
         changes: Changes = {}
         for (table_id, bucket), elected in sorted(plan.leaders.items()):

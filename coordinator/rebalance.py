@@ -15,7 +15,8 @@ chooses their targets.
   its bucket's preferred one (``replicas[0]``) back to it when that replica is
   live and in the ISR (a restarted server leads its buckets again).
 
-Only replicated tables' buckets are planned (a bucket with one replica cannot move).
+Buckets of one-replica tables are planned like the others (they move through
+a second replica, :mod:`coordinator.reassignment`); their only replica leads them.
 """
 
 from __future__ import annotations
@@ -48,10 +49,11 @@ def _preferred(assignments: Assignments) -> Counter[int]:
 
 
 def decommission(assignments: Assignments, server: int, live: set[int], capacity: Capacity,
-                 replication_factor: Callable[[int], int], name: Callable[[int], str] = str) -> list[Move]:
+                 name: Callable[[int], str] = str) -> list[Move]:
     """The moves that take every replica off ``server``. InvalidRequestError (nothing planned) if a bucket it
-    holds cannot move: its table has one replica, another move of it includes ``server``, or no other live
-    server with room can take it. ``name(table_id)`` names a table in errors."""
+    holds cannot move: another move of it includes ``server``, or no other live server with room can take it
+    (a replica down is checked when the moves start: :func:`coordinator.reassignment.check_target`).
+    ``name(table_id)`` names a table in errors."""
     load, preferred = _target_load(assignments), _preferred(assignments)
     others = sorted(live - {server})
     moves: list[Move] = []
@@ -60,10 +62,6 @@ def decommission(assignments: Assignments, server: int, live: set[int], capacity
         if server not in holds:
             continue
         where = f"bucket {bucket} of {name(table_id)}"
-        if replication_factor(table_id) <= 1:
-            raise errors.InvalidRequestError(
-                f"cannot decommission tablet server {server}: it holds {where}, whose table has replication "
-                f"factor 1 (one replica cannot be moved; drop the table or recreate it with replicas first)")
         if a.reassign is not None:
             raise errors.InvalidRequestError(
                 f"cannot decommission tablet server {server}: {where} is being moved to {list(a.reassign)}, which "
@@ -96,15 +94,14 @@ def preferred_leader(a: BucketAssignment, live: set[int]) -> BucketAssignment | 
     return replace(a, leader=first, leader_epoch=a.leader_epoch + 1, bucket_epoch=a.bucket_epoch + 1)
 
 
-def rebalance(assignments: Assignments, live: set[int], capacity: Capacity,
-              replication_factor: Callable[[int], int], max_moves: int = 1000) -> Plan:
+def rebalance(assignments: Assignments, live: set[int], capacity: Capacity, max_moves: int = 1000) -> Plan:
     """Replica moves that even out the live servers' replica counts (to a difference of at most one), then
-    preferred-leader elections of the buckets not moved. Buckets with one replica, offline ones and those
-    being moved are left alone."""
+    preferred-leader elections of the buckets not moved. Offline buckets and those being moved are left
+    alone."""
     load = _target_load(assignments)
     servers = sorted(live)
     movable = sorted((t, b, a) for t, b, a in assignments.all()
-                     if a.reassign is None and not a.offline and replication_factor(t) > 1)
+                     if a.reassign is None and not a.offline)
     moves: list[Move] = []
     moved: set[tuple[int, int]] = set()
     while servers and len(moves) < max_moves:

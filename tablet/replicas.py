@@ -7,7 +7,10 @@ Only a leader serves clients (:meth:`ReplicaManager.get`); a replicated
 bucket's leader keeps a :class:`~tablet.replication.leader.Leadership` (HW,
 ISR, writes waiting), made on first use. A leader that becomes a follower
 ends its leadership (writes waiting are answered NOT_LEADER) and its scans.
-Buckets no longer held are closed (their data stays on disk), dropped tables'
+A bucket is replicated while it has more than one replica (its table's, or a
+one-replica bucket being moved); a push that changes that closes the replica
+and opens it again in the other mode (its files stay; a request that reached
+the closed store is answered NOT_LEADER and retried). Buckets no longer held are closed (their data stays on disk), dropped tables'
 data is deleted, and so is a bucket's the push says a completed move took off
 this server (``removed``). ZooKeeper has the last word (``current_epoch`` and
 ``table_gone``, read through the tablet's own session): a push from a
@@ -88,7 +91,15 @@ class Replica:
 
     @property
     def replicated(self) -> bool:
-        return self.table.replication_factor > 1
+        """Its store's mode, fixed when it opened from the role then pushed (:attr:`BucketRole.replicated`)."""
+        return self.store.replicated
+
+    def changes_mode(self, role: BucketRole) -> bool:
+        """Whether ``role`` (not older than the one held) takes the bucket to the other mode: a one-replica
+        bucket's move gives it a second replica, or takes it back to one (the replica is opened again)."""
+        old = self.role
+        newer = old is None or (role.leader_epoch, role.bucket_epoch) >= (old.leader_epoch, old.bucket_epoch)
+        return newer and role.replicated != self.replicated
 
     def leadership(self) -> Leadership | None:
         """This replicated bucket's leadership (made now if needed: its store opens); None for a bucket with
@@ -229,6 +240,9 @@ class ReplicaManager(ReplicaSnapshots, ReplicaLosses):
                 self.refused = {}
                 for key, role in sorted(wanted.items()):
                     replica = self._replicas.get(key)
+                    if replica is not None and replica.changes_mode(role):
+                        self._reopen(key, role)
+                        continue
                     if replica is not None:
                         if replica.take_role(role):
                             stopped_leading.append(key)
@@ -260,6 +274,20 @@ class ReplicaManager(ReplicaSnapshots, ReplicaLosses):
         led = sum(1 for r in roles if r.leads(self.server_id))
         log.info("holding %d buckets, leading %d (coordinator epoch %d)", len(wanted) - len(self.refused), led,
                  coordinator_epoch)
+
+    def _reopen(self, key: tuple[int, int], role: BucketRole) -> None:
+        """Close a replica whose mode ``role`` changes and open it again in the new one (its files stay): a
+        new store, snapshot uploader and leadership. Writes in flight on the old store finish first (or are
+        answered NOT_LEADER), its live scans end. Hold the lock."""
+        was = "replicated" if self._replicas[key].replicated else "one replica"
+        self._close(key)
+        replica = self._open(role)
+        self._replicas[key] = replica
+        self.unsettled.add(key)
+        self._note_loss(replica, role)
+        log.info("bucket %d of table %d: %s -> %s (replicas %s, leader %d, leader epoch %d)", role.bucket,
+                 role.table.table_id, was, "replicated" if role.replicated else "one replica", list(role.replicas),
+                 role.leader, role.leader_epoch)
 
     def _delete_moved_off(self, keys: set[tuple[int, int]]) -> None:
         """Delete the local copy of buckets a completed move took off this server (closed already). Hold the lock."""

@@ -14,6 +14,7 @@ it: ``tablet/replication/leader.py``); reads see committed data only.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import pyarrow as pa
@@ -26,6 +27,7 @@ from common.codec import batch_to_ipc, ipc_to_batch
 from common.model import SnapshotHandle
 from common.security.server import OPEN
 from tablet.authz import READ, WRITE, TableAccess
+from tablet.kvstore import BucketStoreError
 from tablet.replicas import ReplicaManager
 from tablet.replication.fetch_service import ReplicaFetchService
 from tablet.replication.leader import check_epoch
@@ -51,6 +53,20 @@ def _answer(response_cls, work):
     except Exception as exc:  # a bug: answer it, keep serving
         log.exception("%s failed", response_cls.__name__)
         return response_cls(error=error_pb(errors.UnknownServerError(f"internal error: {exc}")))
+
+
+@contextlib.contextmanager
+def _serving(replica):
+    """NOT_LEADER (the client retries where the bucket is led now) for a request whose store was closed under
+    it: its replica stopped being held here, or was opened again in another mode (tablet/replicas.py)."""
+    try:
+        yield
+    except BucketStoreError:
+        if not replica.closed:
+            raise
+        raise errors.NotLeaderError(f"bucket {replica.bucket} of table {replica.table.table_id} was closed on this "
+                                    "tablet server while the request ran; retry it", table_id=replica.table.table_id,
+                                    bucket=replica.bucket) from None
 
 
 def _batch(data: bytes) -> pa.RecordBatch | None:
@@ -100,7 +116,8 @@ class TabletService(pb_grpc.TabletServiceServicer):
                 check_epoch(replica.leader_epoch, epoch, f"bucket {replica.bucket} of table {replica.table.path}")
             else:
                 lead.check_write(epoch)
-            base, next_ = replica.store.write(upserts, deletes, writer=writer)
+            with _serving(replica):
+                base, next_ = replica.store.write(upserts, deletes, writer=writer)
             if lead is not None:
                 lead.appended()
                 self.fetches.notify()
@@ -116,7 +133,8 @@ class TabletService(pb_grpc.TabletServiceServicer):
             keys = _batch(request.keys)
             if keys is None:
                 return {}
-            found, rows = replica.store.lookup(keys)
+            with _serving(replica):
+                found, rows = replica.store.lookup(keys)
             return {"rows": batch_to_ipc(rows), "found": found.tolist()}
         return _answer(pb.LookupResponse, work)
 
