@@ -7,6 +7,7 @@ every acknowledged write is on it, the old server deletes its copy, and its next
 from __future__ import annotations
 
 import os
+import threading
 
 import pytest
 
@@ -14,7 +15,7 @@ from client.table import TableClient
 from tests.support.procs import wait_until
 from tests.tablet.replication.test_reassign import Writer
 from tests.tablet.replication.test_rebuild import RETENTION, rows_of, snapshot_and_retain, write
-from tests.tablet.replication.test_replicated_buckets import SCHEMA, bucket_state, server_by_id, three_servers
+from tests.tablet.replication.test_replicated_buckets import SCHEMA, bucket_state, crash, server_by_id, three_servers
 
 pytestmark = pytest.mark.zk
 
@@ -126,3 +127,39 @@ def test_decommission_moves_one_replica_and_replicated_buckets_off_a_server(clus
     for path in ("db.one", "db.two"):
         with TableClient(c.admin, path, retry_total_s=30) as client:
             assert all(row is not None for row in client.lookup([{"id": i} for i in range(60)]))
+
+
+def test_the_old_leader_lost_before_the_new_replica_caught_up_takes_the_bucket_offline_until_it_returns(
+        cluster, tmp_path):
+    c = cluster
+    table = c.admin.create_table("db.waits", SCHEMA, ["id"], 1, replication_factor=1)
+    old = leader_of(c, table.table_id)
+    with TableClient(c.admin, "db.waits", retry_total_s=30) as client:
+        write(client, EARLIER, 60, "a")
+    snapshot_and_retain(old, table.table_id)  # the new replica has to rebuild from it
+    target = next(s for s in (1, 2, 3) if s != old.server_id)
+    rebuilder = server_by_id(c, target).fetchers.rebuilder
+    gate, rebuild = threading.Event(), rebuilder.rebuild
+
+    def held_rebuild(*args, **kwargs):  # the new replica cannot catch up until the gate opens
+        gate.wait(30)
+        return rebuild(*args, **kwargs)
+
+    rebuilder.rebuild = held_rebuild
+    try:
+        c.admin.reassign_bucket("db.waits", 0, [target])
+        crash(c, old)
+        offline = wait_until(lambda: (s := bucket_state(c, table.table_id)).leader_id == -1 and s, 15,
+                             "the bucket to go offline")
+        assert list(offline.isr) == [old.server_id] and list(offline.reassign_target) == [target]  # the copy waits
+        back = c.tablet(old.server_id, tmp_path / f"t{old.server_id}")
+        wait_until(lambda: bucket_state(c, table.table_id).leader_id == old.server_id, 15, "the old leader back")
+    finally:
+        gate.set()
+    wait_until(lambda: not c.admin.list_reassignments(), 30, "the move to complete")
+    after = bucket_state(c, table.table_id)
+    assert list(after.replicas) == [target] and after.leader_id == target
+    with TableClient(c.admin, "db.waits", retry_total_s=30) as client:
+        assert all(row is not None for row in client.lookup([{"id": EARLIER + i} for i in range(60)]))
+    wait_until(lambda: not os.path.exists(back.replicas.bucket_dir(table.table_id, 0)), 15,
+               "the old server to delete its copy")
