@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from client.admin_types import BucketLeader
-from ops.drills.decommission_checks import moves_finished, retry_started_nothing_new
+from ops.drills.decommission_checks import moves_finished, one_replica_moved, retry_started_nothing_new
 from ops.drills.disk_loss_checks import rebuilt_tables_equal, rejoined_within, replica_table
 from ops.drills.failover_checks import AckedWrite, ChangeRecord, acknowledged_writes_in_changelog
 from ops.drills.service_checks import isr_full, leaders_spread, no_client_errors
@@ -110,3 +110,16 @@ def test_moves_finished():
     assert moves_finished([{"bucket": 0}], [], 3.0).ok
     check = moves_finished([{"bucket": 0}], [{"bucket": 0, "state": "catching-up"}], 60.0)
     assert check.violations == ("still in progress after 60s: {'bucket': 0, 'state': 'catching-up'}",)
+
+
+def test_one_replica_moved():
+    moved = {0: bucket(0, (2,)), 1: bucket(1, (3,))}
+    rows = {1: 1, 2: 2}
+    assert one_replica_moved(moved, 1, [0], rows, dict(rows)).ok
+    check = one_replica_moved({**moved, 1: bucket(1, (1,))}, 1, [0], rows, {1: 1, 2: None})
+    assert check.violations == ("bucket 1: replicas [1], leader 1 (want one replica, not tablet server 1, leading it)",
+                                "key 2: wrote 2, read None")
+    assert one_replica_moved({0: bucket(0, (2, 3))}, 1, [0], {}, {}).violations == (
+        "bucket 0: replicas [2, 3], leader 2 (want one replica, not tablet server 1, leading it)",)
+    assert one_replica_moved(moved, 1, [], rows, dict(rows)).violations == (
+        "no bucket of the one-replica table was on tablet server 1: none was moved",)
