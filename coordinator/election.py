@@ -6,7 +6,8 @@
   gone servers, leader and bucket epochs +1. No live ISR member: the bucket is
   offline (leader -1, the ISR kept so that the last in-sync replica leads when
   it returns) unless unclean election is on (the first live replica leads
-  alone: its missing writes are lost). A bucket it only followed drops it
+  alone: its missing writes are lost; never a replica a move in progress is
+  adding, which may hold nothing yet, e.g. a one-replica bucket's new copy). A bucket it only followed drops it
   from its ISR. One-replica buckets keep their leader (they wait for it).
 - A server joined: an offline bucket whose ISR holds it gets a leader again
   (the first live ISR member); a one-replica bucket it leads gets a new
@@ -41,6 +42,13 @@ def _new_leader(a: BucketAssignment, leader: int, isr: Iterable[int]) -> BucketA
                    bucket_epoch=a.bucket_epoch + 1)
 
 
+def _unclean_choice(a: BucketAssignment, live: set[int], gone: set[int] = frozenset()) -> int | None:
+    """The first live replica an unclean election may make leader: not one a move in progress is adding (in
+    its target and out of the ISR: it may still be copying the bucket, or not have started)."""
+    adding = set(a.reassign or ()) - set(a.isr)
+    return next((r for r in a.replicas if r in live and r not in gone and r not in adding), None)
+
+
 def server_gone(a: BucketAssignment, gone: set[int], live: set[int], unclean: bool = False) -> Outcome | None:
     """``a`` once the ``gone`` servers are not live any more (``live``: the servers that are); None: unchanged."""
     if a.replication_factor <= 1 or a.offline:
@@ -49,7 +57,7 @@ def server_gone(a: BucketAssignment, gone: set[int], live: set[int], unclean: bo
         isr = a.in_replica_order(r for r in a.isr if r not in gone and r in live)
         if isr:
             return Outcome(_new_leader(a, isr[0], isr))
-        first_live = next((r for r in a.replicas if r in live and r not in gone), None)
+        first_live = _unclean_choice(a, live, gone)
         if unclean and first_live is not None:
             return Outcome(_new_leader(a, first_live, [first_live]), unclean=True)
         return Outcome(replace(a, leader=UNASSIGNED, leader_epoch=a.leader_epoch + 1,
@@ -72,7 +80,7 @@ def server_joined(a: BucketAssignment, joined: set[int], live: set[int], unclean
     isr = a.in_replica_order(r for r in a.isr if r in live)
     if isr:
         return Outcome(_new_leader(a, isr[0], isr))
-    first_live = next((r for r in a.replicas if r in live), None)
+    first_live = _unclean_choice(a, live)
     if unclean and first_live is not None and not a.offline_reason:  # lost data: an operator decides
         return Outcome(_new_leader(a, first_live, [first_live]), unclean=True)
     return None

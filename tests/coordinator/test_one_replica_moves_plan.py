@@ -102,3 +102,13 @@ def test_an_unassigned_one_replica_bucket_is_not_moved():
     a = table_of(BucketAssignment(UNASSIGNED, 1), state([1]), state([1]))
     plan = rb.rebalance(a, {1, 2}, {})
     assert [b for _t, b, _target in plan.moves] == [1]
+
+
+def test_an_unclean_election_never_hands_the_bucket_to_the_replica_a_move_is_adding():
+    moving = ra.start(state([1]), (2,))
+    assert election.server_gone(moving, {1}, {2}, unclean=True).state.offline  # the new copy may hold nothing
+    offline = election.server_gone(moving, {1}, {2}, unclean=False).state
+    assert election.server_joined(offline, {2}, {2}, unclean=True) is None
+    replicated = ra.start(state([1, 2], isr=[1]), (3, 1))  # 2 is out of sync and leaves, 3 is being added
+    took = election.server_gone(replicated, {1}, {2, 3}, unclean=True)
+    assert took.unclean and took.state.leader == 2
