@@ -8,9 +8,9 @@ bucket's leader keeps a :class:`~tablet.replication.leader.Leadership` (HW,
 ISR, writes waiting), made on first use. A leader that becomes a follower
 ends its leadership (writes waiting are answered NOT_LEADER) and its scans.
 A bucket is replicated while it has more than one replica (its table's, or a
-one-replica bucket being moved); a push that changes that closes the replica
-and opens it again in the other mode (its files stay; a request that reached
-the closed store is answered NOT_LEADER and retried). Buckets no longer held are closed (their data stays on disk), dropped tables'
+one-replica bucket being moved): a push changing that opens the replica again
+in the other mode (a request on the closed store is answered NOT_LEADER).
+Buckets no longer held are closed (their data stays on disk), dropped tables'
 data is deleted, and so is a bucket's the push says a completed move took off
 this server (``removed``). ZooKeeper has the last word (``current_epoch`` and
 ``table_gone``, read through the tablet's own session): a push from a
@@ -91,12 +91,12 @@ class Replica:
 
     @property
     def replicated(self) -> bool:
-        """Its store's mode, fixed when it opened from the role then pushed (:attr:`BucketRole.replicated`)."""
+        """Its store's mode, from the role pushed when it opened (:attr:`BucketRole.replicated`)."""
         return self.store.replicated
 
     def changes_mode(self, role: BucketRole) -> bool:
-        """Whether ``role`` (not older than the one held) takes the bucket to the other mode: a one-replica
-        bucket's move gives it a second replica, or takes it back to one (the replica is opened again)."""
+        """Whether ``role`` (not older than the one held) takes the bucket to the other mode (a one-replica
+        bucket's move gives it a second replica, then takes it back to one)."""
         old = self.role
         newer = old is None or (role.leader_epoch, role.bucket_epoch) >= (old.leader_epoch, old.bucket_epoch)
         return newer and role.replicated != self.replicated
@@ -276,9 +276,8 @@ class ReplicaManager(ReplicaSnapshots, ReplicaLosses):
                  coordinator_epoch)
 
     def _reopen(self, key: tuple[int, int], role: BucketRole) -> None:
-        """Close a replica whose mode ``role`` changes and open it again in the new one (its files stay): a
-        new store, snapshot uploader and leadership. Writes in flight on the old store finish first (or are
-        answered NOT_LEADER), its live scans end. Hold the lock."""
+        """Close a replica whose mode ``role`` changes, open it again in the new one (the same files; a new
+        store, uploader and leadership): writes in flight finish first, live scans end. Hold the lock."""
         was = "replicated" if self._replicas[key].replicated else "one replica"
         self._close(key)
         replica = self._open(role)
