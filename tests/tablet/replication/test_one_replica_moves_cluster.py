@@ -12,6 +12,7 @@ import threading
 import pytest
 
 from client.table import TableClient
+from common import errors
 from tests.support.procs import wait_until
 from tests.tablet.replication.test_reassign import Writer
 from tests.tablet.replication.test_rebuild import RETENTION, rows_of, snapshot_and_retain, write
@@ -85,6 +86,10 @@ def test_a_one_replica_bucket_with_a_snapshot_moves_under_writes(cluster):
     assert new.fetchers.rebuilder.rebuilt == 1  # from the remote snapshot: the old log did not reach back to 0
     after = snapshot_and_retain(new, table.table_id)  # its changelog retention and snapshots go on
     assert after.snapshot_id > handle.snapshot_id and after.log_offset > handle.log_offset
+    with TableClient(c.admin, "db.single", retry_total_s=30) as client:
+        write(client, EARLIER + 200, 20, "c")
+    snapshot_and_retain(new, table.table_id)  # the snapshot it was rebuilt from is no longer kept
+    assert new.replicas.replica(table.table_id, 0).store.list_offsets()[0] > handle.log_offset
 
 
 def test_a_one_replica_bucket_without_a_snapshot_is_copied_from_the_log(cluster):
@@ -152,6 +157,9 @@ def test_the_old_leader_lost_before_the_new_replica_caught_up_takes_the_bucket_o
         offline = wait_until(lambda: (s := bucket_state(c, table.table_id)).leader_id == -1 and s, 15,
                              "the bucket to go offline")
         assert list(offline.isr) == [old.server_id] and list(offline.reassign_target) == [target]  # the copy waits
+        with TableClient(c.admin, "db.waits", retry_total_s=1) as client:
+            with pytest.raises(errors.LeaderNotAvailableError):
+                client.lookup([{"id": EARLIER}])
         back = c.tablet(old.server_id, tmp_path / f"t{old.server_id}")
         wait_until(lambda: bucket_state(c, table.table_id).leader_id == old.server_id, 15, "the old leader back")
     finally:
