@@ -4,19 +4,26 @@ given to the ReplicaManager directly, no processes."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from common import config as cfg
 from common import errors
+from common.codec import batch_to_ipc
+from common.errors import ErrorCode
+from common.proto import tablet_pb2 as pb
 from common.storage.file import FileStorage
 from common.tables import Column, TableInfo
 from tablet.kvstore import BucketStoreError
 from tablet.replicas import ReplicaManager
 from tablet.replication.roles import BucketRole
-from tablet.service import _serving
+from tablet.service import TabletService, _serving
 
 pytestmark = pytest.mark.unit
 
+#: What a client retries (tablet/replicas.py: the bucket is being opened again, or not held for a moment).
+RETRIABLE = {ErrorCode.NOT_LEADER, ErrorCode.LEADER_NOT_AVAILABLE}
 TABLE = TableInfo(7, "db", "t", (Column("id", "BIGINT"), Column("v", "STRING")), ("id",), 1)
 
 
@@ -93,3 +100,54 @@ def test_back_to_one_replica_reopens_the_bucket_with_every_entry_of_its_log(mana
     assert single.store.log_end_offset == end and found(single.store, 1, 2) == [True, True]  # its whole log
     _base, more = single.store.write(rows(single.store, 3))
     assert single.store.high_watermark == more
+
+
+def test_writes_racing_the_mode_switches_are_acknowledged_or_retried_and_land_exactly_once(manager):
+    """An idempotent writer through the real PutKv handler while pushes switch the bucket between one replica and
+    two (the old leader's side of a move, over and over): every answer is an acknowledgement or a retriable
+    error, resending the same batch until acknowledged applies each exactly once."""
+    service = TabletService(manager)
+    epoch = [1]
+
+    def push(replicated: bool) -> None:
+        epoch[0] += 1
+        manager.update_leadership(1, [role(epoch[0], [2, 1] if replicated else [1], [1], epoch[0])], [])
+
+    push(False)
+    codec = manager.replica(7, 0).store.codec
+    batches, failures, acked = 120, [], [0]
+    progress = threading.Condition()
+
+    def write() -> None:
+        try:
+            for seq in range(batches):
+                request = pb.PutKvRequest(table_id=7, bucket=0, upserts=batch_to_ipc(codec.to_batch([
+                    {"id": seq, "v": f"v{seq}"}])), writer_id=9, sequence=seq)
+                while (answer := service.PutKv(request, None)).HasField("error") and answer.error.code:
+                    if answer.error.code not in RETRIABLE:
+                        failures.append((seq, answer.error.code, answer.error.message))
+                        return
+                with progress:
+                    acked[0] += 1
+                    progress.notify_all()
+        finally:
+            with progress:
+                acked[0] = batches
+                progress.notify_all()
+
+    writer = threading.Thread(target=write, name="mode-switch-writer")
+    writer.start()
+    switches = 0
+    while True:
+        with progress:  # switch every few acknowledged batches, while writes are in flight
+            assert progress.wait_for(lambda: acked[0] >= 5 * switches or acked[0] >= batches, 20), "writes stalled"
+            if acked[0] >= batches:
+                break
+        push(switches % 2 == 0)
+        switches += 1
+    writer.join(20)
+    assert not failures, failures
+    assert switches >= batches // 5 - 1
+    replica = manager.get(7, 0)
+    assert found(replica.store, *range(batches)) == [True] * batches
+    assert replica.store.log_end_offset == batches  # one +I record per batch: none applied twice
