@@ -7,7 +7,8 @@ PutKv and TriggerSnapshot, READ for Lookup, FetchLog, ListOffsets and scans;
 a denied call is answered ``AUTHORIZATION_FAILED`` and changes nothing.
 UpdateLeadership and ReplicaFetch are the cluster's own (:data:`INTERNAL_METHODS`).
 
-Only a bucket's leader serves it (NOT_LEADER otherwise). A write to a
+Only a bucket's leader serves it (NOT_LEADER otherwise, also for a call whose
+bucket's store closed under it: :func:`_serving`). A write to a
 replicated bucket is answered once its in-sync replicas hold it (the HW passed
 it: ``tablet/replication/leader.py``); reads see committed data only.
 """
@@ -144,8 +145,9 @@ class TabletService(pb_grpc.TabletServiceServicer):
             replica = self.replicas.get(request.table_id, request.bucket)
             if request.max_bytes <= 0:
                 raise errors.InvalidRequestError("max_bytes must be positive")
-            entries, end = replica.store.fetch_log(request.from_offset, request.max_bytes)
-            start, _latest = replica.store.list_offsets()
+            with _serving(replica):
+                entries, end = replica.store.fetch_log(request.from_offset, request.max_bytes)
+                start, _latest = replica.store.list_offsets()
             return {"entries": entries, "log_start_offset": start, "log_end_offset": end}
         return _answer(pb.FetchLogResponse, work)
 
@@ -162,9 +164,11 @@ class TabletService(pb_grpc.TabletServiceServicer):
             offsets = []
             for bucket in request.buckets:
                 try:
-                    store = self.replicas.get(request.table_id, bucket).store
-                    found = None if timestamp is None else store.offset_for_timestamp(timestamp)
-                    earliest, latest = store.list_offsets()
+                    replica = self.replicas.get(request.table_id, bucket)
+                    store = replica.store
+                    with _serving(replica):  # its store may close under the call
+                        found = None if timestamp is None else store.offset_for_timestamp(timestamp)
+                        earliest, latest = store.list_offsets()
                     if found is not None:  # retention may have moved the start since the search
                         found = max(found, earliest)
                     offsets.append(pb.BucketOffsetsPb(bucket=bucket, earliest=earliest, latest=latest,
