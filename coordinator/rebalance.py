@@ -51,9 +51,9 @@ def _preferred(assignments: Assignments) -> Counter[int]:
 def decommission(assignments: Assignments, server: int, live: set[int], capacity: Capacity,
                  name: Callable[[int], str] = str) -> list[Move]:
     """The moves that take every replica off ``server``. InvalidRequestError (nothing planned) if a bucket it
-    holds cannot move: another move of it includes ``server``, or no other live server with room can take it
-    (a replica down is checked when the moves start: :func:`coordinator.reassignment.check_target`).
-    ``name(table_id)`` names a table in errors."""
+    holds cannot move: none of its replicas is live (a one-replica bucket on a stopped ``server``), another
+    move of it includes ``server``, or no other live server with room can take it. ``name(table_id)`` names
+    a table in errors."""
     load, preferred = _target_load(assignments), _preferred(assignments)
     others = sorted(live - {server})
     moves: list[Move] = []
@@ -66,6 +66,10 @@ def decommission(assignments: Assignments, server: int, live: set[int], capacity
             raise errors.InvalidRequestError(
                 f"cannot decommission tablet server {server}: {where} is being moved to {list(a.reassign)}, which "
                 f"holds it; wait until that move completes, then decommission again")
+        if not set(a.replicas) & live:
+            raise errors.InvalidRequestError(
+                f"cannot decommission tablet server {server}: none of the replicas {list(a.replicas)} of {where} is "
+                f"live, so no replica can copy it; start tablet server {server} again first")
         free = [s for s in others if s not in a.replicas and (capacity.get(s) is None or load[s] < capacity[s])]
         if not free:
             raise errors.InvalidRequestError(

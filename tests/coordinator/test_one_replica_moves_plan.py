@@ -112,3 +112,10 @@ def test_an_unclean_election_never_hands_the_bucket_to_the_replica_a_move_is_add
     replicated = ra.start(state([1, 2], isr=[1]), (3, 1))  # 2 is out of sync and leaves, 3 is being added
     took = election.server_gone(replicated, {1}, {2, 3}, unclean=True)
     assert took.unclean and took.state.leader == 2
+
+
+def test_decommission_of_a_stopped_server_holding_a_one_replica_bucket_is_refused():
+    a = table_of(state([1]), state([1, 2]))
+    with pytest.raises(errors.InvalidRequestError, match=r"cannot decommission tablet server 1: none of the replicas "
+                       r"\[1\] of bucket 0 of 1 is live, so no replica can copy it"):
+        rb.decommission(a, 1, {2, 3}, {})
