@@ -7,8 +7,9 @@
   offline (leader -1, the ISR kept so that the last in-sync replica leads when
   it returns) unless unclean election is on (the first live replica leads
   alone: its missing writes are lost; never a replica a move in progress is
-  adding, which may hold nothing yet, e.g. a one-replica bucket's new copy). A bucket it only followed drops it
-  from its ISR. One-replica buckets keep their leader (they wait for it).
+  adding, which may hold nothing yet, e.g. a one-replica bucket's new copy).
+  A bucket it only followed drops it from its ISR. One-replica buckets keep
+  their leader (they wait for it).
 - A server joined: an offline bucket whose ISR holds it gets a leader again
   (the first live ISR member); a one-replica bucket it leads gets a new
   leader epoch; an unassigned one-replica bucket goes to the live server with

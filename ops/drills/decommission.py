@@ -29,9 +29,9 @@ import time
 from typing import Any
 
 from client.table import TableClient
+from common.tables import Column
 from ops import local_cluster
 from ops.drills.cluster import ClusterShapeError, DrillCluster, require
-from common.tables import Column
 from ops.drills.decommission_checks import moves_finished, one_replica_moved, retry_started_nothing_new
 from ops.drills.replica_drill import run_replica_drill, wait_in_sync
 from ops.drills.replica_traffic import Load
