@@ -239,10 +239,7 @@ class ReplicaManager(ReplicaSnapshots, ReplicaLosses):
                     self._close(key, dropped=key[0] in gone)
                 self.refused = {}
                 for key, role in sorted(wanted.items()):
-                    replica = self._replicas.get(key)
-                    if replica is not None and replica.changes_mode(role):
-                        self._reopen(key, role)
-                        continue
+                    replica = self._held(key, role)
                     if replica is not None:
                         if replica.take_role(role):
                             stopped_leading.append(key)
@@ -275,18 +272,19 @@ class ReplicaManager(ReplicaSnapshots, ReplicaLosses):
         log.info("holding %d buckets, leading %d (coordinator epoch %d)", len(wanted) - len(self.refused), led,
                  coordinator_epoch)
 
-    def _reopen(self, key: tuple[int, int], role: BucketRole) -> None:
-        """Close a replica whose mode ``role`` changes, open it again in the new one (the same files; a new
-        store, uploader and leadership): writes in flight finish first, live scans end. Hold the lock."""
-        was = "replicated" if self._replicas[key].replicated else "one replica"
-        self._close(key)
-        replica = self._open(role)
-        self._replicas[key] = replica
-        self.unsettled.add(key)
-        self._note_loss(replica, role)
-        log.info("bucket %d of table %d: %s -> %s (replicas %s, leader %d, leader epoch %d)", role.bucket,
-                 role.table.table_id, was, "replicated" if role.replicated else "one replica", list(role.replicas),
+    def _held(self, key: tuple[int, int], role: BucketRole) -> Replica | None:
+        """The replica held of ``key`` (None: none), closed and opened again in the other mode (the same files;
+        a new store, uploader and leadership) if ``role`` changes it. Hold the lock."""
+        replica = self._replicas.get(key)
+        if replica is None or not replica.changes_mode(role):
+            return replica
+        self._close(key)  # writes in flight finish first, live scans end
+        replica = self._replicas[key] = self._open(role)
+        self.unsettled.add(key)  # the keeper learns its snapshot base again
+        log.info("bucket %d of table %d is %s now (replicas %s, leader %d, leader epoch %d)", role.bucket,
+                 role.table.table_id, "replicated" if role.replicated else "one replica", list(role.replicas),
                  role.leader, role.leader_epoch)
+        return replica
 
     def _delete_moved_off(self, keys: set[tuple[int, int]]) -> None:
         """Delete the local copy of buckets a completed move took off this server (closed already). Hold the lock."""
