@@ -38,9 +38,10 @@ class MovesAdmin:
         """Move bucket ``bucket`` of table ``path`` (``DB.NAME``) to the tablet servers ``replicas`` (as many as
         the table's replication factor, live, the preferred leader first); returns the bucket's move (see the
         module docstring). The new replicas copy the bucket and join the ISR, then the old ones leave it
-        (:meth:`list_reassignments` shows the progress). InvalidRequestError (one line) for a bad list, a table
-        with one replica, another move of the bucket in progress, or ``partition`` on a table that is not
-        partitioned; TableNotExistError, BucketOutOfRangeError."""
+        (:meth:`list_reassignments` shows the progress; a one-replica table's bucket moves through a second
+        replica). InvalidRequestError (one line) for a bad list, a bucket none of whose replicas is live,
+        another move of the bucket in progress, or ``partition`` on a table that is not partitioned;
+        TableNotExistError, BucketOutOfRangeError."""
         db, name = parse_table_path(path)
         if partition is not None:
             self.get_table(path)  # type: ignore[attr-defined]  # TableNotExistError first
@@ -57,8 +58,9 @@ class MovesAdmin:
         """Move every bucket replica off tablet server ``tablet_id`` (live or gone for good) to the least loaded
         live servers and mark it decommissioned (it takes no new replicas until :meth:`recommission_tablet`);
         returns every move taking a replica off it (started now or by an earlier call; empty once it holds
-        nothing). InvalidRequestError, nothing started or marked, if a bucket cannot move (one replica, no
-        other live server with room) or no tablet server of that id is registered or holds a replica."""
+        nothing). InvalidRequestError, nothing started or marked, if a bucket cannot move (no other live server
+        with room, or none of its replicas live) or no tablet server of that id is registered or holds a
+        replica."""
         if not is_int(tablet_id):
             raise errors.InvalidRequestError(f"decommission_tablet: a tablet id, got {errors.show(tablet_id)}")
         with arguments("decommission_tablet"):

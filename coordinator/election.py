@@ -5,9 +5,12 @@
   ``replicas`` order) that is live and in the ISR as leader, the ISR loses the
   gone servers, leader and bucket epochs +1. No live ISR member: the bucket is
   offline (leader -1, the ISR kept so that the last in-sync replica leads when
-  it returns) unless unclean election is on (the first live replica that did
-  not report its data lost leads alone: its missing writes are lost). A bucket it only followed drops it
-  from its ISR. One-replica buckets keep their leader (they wait for it).
+  it returns) unless unclean election is on (the first live replica leads
+  alone: its missing writes are lost; never one that reported its data lost,
+  it would lead empty, nor a replica a move in progress is adding, which may
+  hold nothing yet, e.g. a one-replica bucket's new copy). A bucket it only
+  followed drops it from its ISR. One-replica buckets keep their leader (they
+  wait for it).
 - A server joined: an offline bucket whose ISR holds it gets a leader again
   (the first live ISR member); a one-replica bucket it leads gets a new
   leader epoch; an unassigned one-replica bucket goes to the live server with
@@ -41,6 +44,15 @@ def _new_leader(a: BucketAssignment, leader: int, isr: Iterable[int]) -> BucketA
                    bucket_epoch=a.bucket_epoch + 1)
 
 
+def _unclean_choice(a: BucketAssignment, live: set[int], gone: set[int] = frozenset()) -> int | None:
+    """The first live replica an unclean election may make leader: not one that reported its data lost (it
+    would lead empty), nor one a move in progress is adding (in its target and out of the ISR: it may still
+    be copying the bucket, or not have started)."""
+    adding = set(a.reassign or ()) - set(a.isr)
+    return next((r for r in a.replicas if r in live and r not in gone and r not in adding and r not in a.lost),
+                None)
+
+
 def server_gone(a: BucketAssignment, gone: set[int], live: set[int], unclean: bool = False) -> Outcome | None:
     """``a`` once the ``gone`` servers are not live any more (``live``: the servers that are); None: unchanged."""
     if a.replication_factor <= 1 or a.offline:
@@ -49,8 +61,8 @@ def server_gone(a: BucketAssignment, gone: set[int], live: set[int], unclean: bo
         isr = a.in_replica_order(r for r in a.isr if r not in gone and r in live)
         if isr:
             return Outcome(_new_leader(a, isr[0], isr))
-        first_live = next((r for r in a.replicas if r in live and r not in gone and r not in a.lost), None)
-        if unclean and first_live is not None:  # never one that lost its data: it would lead empty
+        first_live = _unclean_choice(a, live, gone)
+        if unclean and first_live is not None:
             return Outcome(_new_leader(a, first_live, [first_live]), unclean=True)
         return Outcome(replace(a, leader=UNASSIGNED, leader_epoch=a.leader_epoch + 1,
                                bucket_epoch=a.bucket_epoch + 1))
@@ -72,7 +84,7 @@ def server_joined(a: BucketAssignment, joined: set[int], live: set[int], unclean
     isr = a.in_replica_order(r for r in a.isr if r in live)
     if isr:
         return Outcome(_new_leader(a, isr[0], isr))
-    first_live = next((r for r in a.replicas if r in live and r not in a.lost), None)
+    first_live = _unclean_choice(a, live)
     if unclean and first_live is not None and not a.offline_reason:  # lost data: an operator decides
         return Outcome(_new_leader(a, first_live, [first_live]), unclean=True)
     return None

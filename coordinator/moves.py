@@ -91,8 +91,8 @@ class Moves:
         in progress are answered."""
         self._check_known(server_id, "decommission")
         assignments, retired = self.members.assignments, self.members.decommissioned
-        moves = rebalance.decommission(assignments, server_id, self._live, self.members.capacity, self._rf,
-                                       self._name, excluded=retired.ids)
+        moves = rebalance.decommission(assignments, server_id, self._live, self.members.capacity, self._name,
+                                       excluded=retired.ids)
         marking = retired.mark_ops(server_id)
         self._start(moves, extra_ops=marking, extra_written=lambda: retired.marked(server_id))
         if moves or marking:
@@ -130,7 +130,7 @@ class Moves:
         left on decommissioned servers move first): (moves started, [(bucket after its election, its old
         leader)])."""
         assignments = self.members.assignments
-        plan = rebalance.rebalance(assignments, self._live, self.members.capacity, self._rf,
+        plan = rebalance.rebalance(assignments, self._live, self.members.capacity,
                                    excluded=self.members.decommissioned.ids)
         before = {key: assignments.table(key[0])[key[1]] for key in plan.leaders}
         changes: Changes = {}

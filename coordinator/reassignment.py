@@ -19,8 +19,12 @@ epoch (as Kafka's reassignment does): the leader starts a new leadership that
 knows the new replicas, its followers fence anything older. The bucket epoch
 goes +1 on every change as always.
 
-Only replicated tables move this way: a bucket with one replica has no
-follower to copy it (:func:`check_target` refuses it). Moving a bucket whose
+A bucket of a one-replica table moves the same way: during phase 1 it has
+two replicas (the new one, then the old leader) and is replicated on both
+tablet servers (``tablet/replicas.py`` opens a replica again when its mode
+changes), so the new replica copies it like any follower; phase 2 leaves the
+new one as its only replica and leader. Its only replica must be live to
+start (no replica could copy it otherwise). Moving a bucket whose
 move is in progress to another target is refused (wait for it to complete,
 then move again); the same target again answers the move in progress
 (a resent request).
@@ -39,14 +43,16 @@ def check_target(where: str, replication_factor: int, target: Sequence[int], liv
                  current: Iterable[int] = ()) -> tuple[int, ...]:
     """``target`` as a tuple, if it can be a bucket's replicas: InvalidRequestError (one line naming ``where``)
     for an empty list, a server twice, a count other than the table's replication factor, a new replica
-    (not one of ``current``) that is not a live tablet server, or a table with one replica. A current
-    replica that is down may stay (the move completes once it is back in the ISR)."""
+    (not one of ``current``) that is not a live tablet server, or a bucket whose replicas (``current``) are all
+    down (none could copy it). A current replica that is down may stay (the move completes once it is back in
+    the ISR)."""
     target = tuple(int(r) for r in target)
     live = set(live)
-    if replication_factor <= 1:
+    current = tuple(current)
+    if current and not set(current) & live and set(target) != set(current):
         raise errors.InvalidRequestError(
-            f"cannot move {where}: its table has replication factor 1, so there is no follower to copy the bucket "
-            f"to another tablet server (bucket reassignment moves replicas of replicated tables)")
+            f"cannot move {where}: none of its replicas {list(current)} is live, so no replica can copy it "
+            f"(live: {sorted(live) or 'none'}); bring one of them back first")
     if not target:
         raise errors.InvalidRequestError(f"cannot move {where}: the new replica list is empty")
     twice = sorted({r for r in target if target.count(r) > 1})

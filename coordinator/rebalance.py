@@ -17,7 +17,8 @@ chooses their targets.
   back to it when that replica is live, in the ISR and not decommissioned (a
   restarted server leads its buckets again).
 
-Only replicated tables' buckets are planned (a bucket with one replica cannot move).
+Buckets of one-replica tables are planned like the others (they move through
+a second replica, :mod:`coordinator.reassignment`); their only replica leads them.
 Decommissioned servers (``excluded``, :mod:`coordinator.decommissioned`) are never a destination.
 """
 
@@ -51,12 +52,11 @@ def _preferred(assignments: Assignments) -> Counter[int]:
 
 
 def decommission(assignments: Assignments, server: int, live: set[int], capacity: Capacity,
-                 replication_factor: Callable[[int], int], name: Callable[[int], str] = str,
-                 excluded: set[int] = frozenset()) -> list[Move]:
+                 name: Callable[[int], str] = str, excluded: set[int] = frozenset()) -> list[Move]:
     """The moves that take every replica off ``server``. InvalidRequestError (nothing planned) if a bucket it
-    holds cannot move: its table has one replica, another move of it includes ``server``, or no other live
-    server with room (and not ``excluded``: decommissioned) can take it. ``name(table_id)`` names a table in
-    errors."""
+    holds cannot move: none of its replicas is live (a one-replica bucket on a stopped ``server``), another
+    move of it includes ``server``, or no other live server with room (and not ``excluded``: decommissioned)
+    can take it. ``name(table_id)`` names a table in errors."""
     load, preferred = _target_load(assignments), _preferred(assignments)
     others = sorted(live - {server} - set(excluded))
     retired = sorted((live & set(excluded)) - {server})
@@ -66,14 +66,14 @@ def decommission(assignments: Assignments, server: int, live: set[int], capacity
         if server not in holds:
             continue
         where = f"bucket {bucket} of {name(table_id)}"
-        if replication_factor(table_id) <= 1:
-            raise errors.InvalidRequestError(
-                f"cannot decommission tablet server {server}: it holds {where}, whose table has replication "
-                f"factor 1 (one replica cannot be moved; drop the table or recreate it with replicas first)")
         if a.reassign is not None:
             raise errors.InvalidRequestError(
                 f"cannot decommission tablet server {server}: {where} is being moved to {list(a.reassign)}, which "
                 f"holds it; wait until that move completes, then decommission again")
+        if not set(a.replicas) & live:
+            raise errors.InvalidRequestError(
+                f"cannot decommission tablet server {server}: none of the replicas {list(a.replicas)} of {where} is "
+                f"live, so no replica can copy it; start tablet server {server} again first")
         free = [s for s in others if s not in a.replicas and (capacity.get(s) is None or load[s] < capacity[s])]
         if not free:
             raise errors.InvalidRequestError(
@@ -103,17 +103,16 @@ def preferred_leader(a: BucketAssignment, live: set[int]) -> BucketAssignment | 
     return replace(a, leader=first, leader_epoch=a.leader_epoch + 1, bucket_epoch=a.bucket_epoch + 1)
 
 
-def rebalance(assignments: Assignments, live: set[int], capacity: Capacity,
-              replication_factor: Callable[[int], int], max_moves: int = 1000,
+def rebalance(assignments: Assignments, live: set[int], capacity: Capacity, max_moves: int = 1000,
               excluded: set[int] = frozenset()) -> Plan:
     """Replica moves off the ``excluded`` (decommissioned) servers (:func:`_drain`), then those that even out
     the other live servers' replica counts (to a difference of at most one), then preferred-leader elections
-    of the buckets not moved (not to an excluded server). Buckets with one replica, offline ones and those
-    being moved are left alone."""
+    of the buckets not moved (not to an excluded server). Offline buckets and those being moved are left
+    alone."""
     load = _target_load(assignments)
     servers = sorted(live - set(excluded))
     movable = sorted((t, b, a) for t, b, a in assignments.all()
-                     if a.reassign is None and not a.offline and replication_factor(t) > 1)
+                     if a.reassign is None and not a.offline)
     moves = _drain(movable, set(excluded), servers, load, capacity, max_moves)
     moved = {(t, b) for t, b, _target in moves}
     while servers and len(moves) < max_moves:

@@ -7,6 +7,9 @@ Only a leader serves clients (:meth:`ReplicaManager.get`); a replicated
 bucket's leader keeps a :class:`~tablet.replication.leader.Leadership` (HW,
 ISR, writes waiting), made on first use. A leader that becomes a follower
 ends its leadership (writes waiting are answered NOT_LEADER) and its scans.
+A bucket is replicated while it has more than one replica (its table's, or a
+one-replica bucket being moved): a push changing that opens the replica again
+in the other mode (a request on the closed store is answered NOT_LEADER).
 Buckets no longer held are closed (their data stays on disk), dropped tables'
 data is deleted, and so is a bucket's the push says a completed move took off
 this server (``removed``). ZooKeeper has the last word (``current_epoch`` and
@@ -35,7 +38,6 @@ import os
 import shutil
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Callable
 
 from common import config as cfg
@@ -46,6 +48,7 @@ from common.model import TableBucket
 from tablet import lost_data, replica_loss, stray_copies
 from tablet.bucket import BucketStore
 from tablet.open_buckets import OpenBuckets, open_capacity
+from tablet.replica import Replica
 from tablet.replica_loss import ReplicaLosses
 from tablet.replica_snapshots import ReplicaSnapshots
 from tablet.replication.leader import Leadership
@@ -53,107 +56,6 @@ from tablet.replication.roles import NO_LEADER, BucketRole
 from tablet.snapshot import SnapshotUploader
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Replica:
-    table: TableInfo
-    bucket: int
-    store: BucketStore
-    uploader: SnapshotUploader
-    next_snapshot_id: int = 1
-    snapshot_offset: int = -1  # log offset of the last committed snapshot (-1: none)
-    snapshot_lock: threading.Lock = field(default_factory=threading.Lock)
-    base_known: bool = False  # the latest committed snapshot was asked of the coordinator
-    role: BucketRole | None = None  # None: led alone (a store opened outside a push)
-    server_id: int = 0
-    lead: Leadership | None = None  # a replicated bucket's leadership, made on first use
-    on_commit: Callable[[], None] = lambda: None
-    #: Held while a role changes and while a follower's fetch answer is applied.
-    fetch_lock: threading.RLock = field(default_factory=threading.RLock)
-    closed: bool = False
-    #: Replicated and no local data when taken (new replica, wiped dir): rebuilt from the latest snapshot.
-    fresh: bool = False
-    #: A follower's leader's log end, from its last fetch answer (-1: none yet): how far behind it is.
-    leader_end: int = -1
-    #: A restore, an unclean takeover or a loss report to carry out before it serves or fetches
-    #: (tablet/lost_data.py, tablet/replica_loss.py).
-    loss_work: str | None = None
-    #: Why its data is lost (loss_work REPORT), and whether the coordinator answered the report.
-    lost_reason: str = ""
-    loss_reported: bool = False
-
-    @property
-    def leads(self) -> bool:
-        return self.role is None or self.role.leads(self.server_id)
-
-    @property
-    def replicated(self) -> bool:
-        return self.table.replication_factor > 1
-
-    def leadership(self) -> Leadership | None:
-        """This replicated bucket's leadership (made now if needed: its store opens); None for a bucket with
-        one replica. NotLeaderError if this server does not lead it."""
-        if not self.replicated:
-            return None
-        lead = self.lead
-        if lead is not None and not lead.ended:
-            return lead
-        with self.fetch_lock:
-            if self.closed or not self.leads:
-                raise errors.NotLeaderError(f"this tablet server does not lead bucket {self.bucket} of table "
-                                            f"{self.table.table_id}", table_id=self.table.table_id, bucket=self.bucket)
-            if self.lead is None or self.lead.ended:
-                self.store.become_leader(self.role.leader_epoch)
-                self.lead = Leadership(self.server_id, self.role, self.store, int(time.time() * 1000),
-                                       on_commit=self.on_commit)
-            return self.lead
-
-    def take_role(self, role: BucketRole) -> bool:
-        """Take the coordinator's ``role``; whether this replica stopped leading (its scans must end)."""
-        with self.fetch_lock:
-            old = self.role
-            if old is not None and (role.leader_epoch, role.bucket_epoch) < (old.leader_epoch, old.bucket_epoch):
-                log.warning("%s: ignoring a push of leader epoch %d / bucket epoch %d older than the %d / %d held",
-                            self.tb, role.leader_epoch, role.bucket_epoch, old.leader_epoch, old.bucket_epoch)
-                return False
-            self.role = role
-            was_leading = old is None or old.leads(self.server_id)
-            if not self.replicated:
-                self.leader_epoch = role.leader_epoch
-                return False
-            same_leadership = (was_leading and role.leads(self.server_id) and old is not None
-                               and old.leader_epoch == role.leader_epoch)
-            if same_leadership:
-                if self.lead is not None:
-                    self.lead.isr_changed(role.isr, role.bucket_epoch)
-                return False
-            if self.lead is not None:
-                self.lead.end()
-                self.lead = None
-            if role.leads(self.server_id):
-                self.base_known = False  # the next snapshot id follows the committed ones of every leader
-                self.fresh = False  # it leads with what it has: not rebuilt when it follows again
-                return False
-            if self.store.is_open:
-                self.store.become_follower(role.leader_epoch)
-            return was_leading
-
-    @property
-    def leader_epoch(self) -> int:
-        """The epoch of this server's leadership of the bucket: its store stamps it on every entry."""
-        return self.store.leader_epoch
-
-    @leader_epoch.setter
-    def leader_epoch(self, epoch: int) -> None:
-        self.store.leader_epoch = epoch
-
-    @property
-    def tb(self) -> TableBucket:
-        return TableBucket(self.table.table_id, self.bucket)
-
-    def changed(self) -> bool:
-        return self.store.high_watermark > max(self.snapshot_offset, 0)  # committed changes only
 
 
 class ReplicaManager(ReplicaSnapshots, ReplicaLosses):
@@ -229,7 +131,7 @@ class ReplicaManager(ReplicaSnapshots, ReplicaLosses):
                     self._close(key, dropped=key[0] in gone)
                 self.refused = {}
                 for key, role in sorted(wanted.items()):
-                    replica = self._replicas.get(key)
+                    replica = self._held(key, role)
                     if replica is not None:
                         if replica.take_role(role):
                             stopped_leading.append(key)
@@ -261,6 +163,20 @@ class ReplicaManager(ReplicaSnapshots, ReplicaLosses):
         led = sum(1 for r in roles if r.leads(self.server_id))
         log.info("holding %d buckets, leading %d (coordinator epoch %d)", len(wanted) - len(self.refused), led,
                  coordinator_epoch)
+
+    def _held(self, key: tuple[int, int], role: BucketRole) -> Replica | None:
+        """The replica held of ``key`` (None: none), closed and opened again in the other mode (the same files;
+        a new store, uploader and leadership) if ``role`` changes it. Hold the lock."""
+        replica = self._replicas.get(key)
+        if replica is None or not replica.changes_mode(role):
+            return replica
+        self._close(key)  # writes in flight finish first, live scans end
+        replica = self._replicas[key] = self._open(role)
+        self.unsettled.add(key)  # the keeper learns its snapshot base again
+        log.info("bucket %d of table %d is %s now (replicas %s, leader %d, leader epoch %d)", role.bucket,
+                 role.table.table_id, "replicated" if role.replicated else "one replica", list(role.replicas),
+                 role.leader, role.leader_epoch)
+        return replica
 
     def _delete_moved_off(self, keys: set[tuple[int, int]]) -> None:
         """Delete the local copy of buckets a completed move took off this server (closed already). Hold the lock."""

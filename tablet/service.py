@@ -7,13 +7,15 @@ PutKv and TriggerSnapshot, READ for Lookup, FetchLog, ListOffsets and scans;
 a denied call is answered ``AUTHORIZATION_FAILED`` and changes nothing.
 UpdateLeadership and ReplicaFetch are the cluster's own (:data:`INTERNAL_METHODS`).
 
-Only a bucket's leader serves it (NOT_LEADER otherwise). A write to a
+Only a bucket's leader serves it (NOT_LEADER otherwise, also for a call whose
+bucket's store closed under it: :func:`_serving`). A write to a
 replicated bucket is answered once its in-sync replicas hold it (the HW passed
 it: ``tablet/replication/leader.py``); reads see committed data only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import pyarrow as pa
@@ -26,6 +28,7 @@ from common.codec import batch_to_ipc, ipc_to_batch
 from common.model import SnapshotHandle
 from common.security.server import OPEN
 from tablet.authz import READ, WRITE, TableAccess
+from tablet.kvstore import BucketStoreError
 from tablet.replicas import ReplicaManager
 from tablet.replication.fetch_service import ReplicaFetchService
 from tablet.replication.leader import check_epoch
@@ -51,6 +54,20 @@ def _answer(response_cls, work):
     except Exception as exc:  # a bug: answer it, keep serving
         log.exception("%s failed", response_cls.__name__)
         return response_cls(error=error_pb(errors.UnknownServerError(f"internal error: {exc}")))
+
+
+@contextlib.contextmanager
+def _serving(replica):
+    """NOT_LEADER (the client retries where the bucket is led now) for a request whose store was closed under
+    it: its replica stopped being held here, or was opened again in another mode (tablet/replicas.py)."""
+    try:
+        yield
+    except BucketStoreError:
+        if not replica.closed:
+            raise
+        raise errors.NotLeaderError(f"bucket {replica.bucket} of table {replica.table.table_id} was closed on this "
+                                    "tablet server while the request ran; retry it", table_id=replica.table.table_id,
+                                    bucket=replica.bucket) from None
 
 
 def _batch(data: bytes) -> pa.RecordBatch | None:
@@ -100,7 +117,8 @@ class TabletService(pb_grpc.TabletServiceServicer):
                 check_epoch(replica.leader_epoch, epoch, f"bucket {replica.bucket} of table {replica.table.path}")
             else:
                 lead.check_write(epoch)
-            base, next_ = replica.store.write(upserts, deletes, writer=writer)
+            with _serving(replica):
+                base, next_ = replica.store.write(upserts, deletes, writer=writer)
             if lead is not None:
                 lead.appended()
                 self.fetches.notify()
@@ -116,7 +134,8 @@ class TabletService(pb_grpc.TabletServiceServicer):
             keys = _batch(request.keys)
             if keys is None:
                 return {}
-            found, rows = replica.store.lookup(keys)
+            with _serving(replica):
+                found, rows = replica.store.lookup(keys)
             return {"rows": batch_to_ipc(rows), "found": found.tolist()}
         return _answer(pb.LookupResponse, work)
 
@@ -128,12 +147,13 @@ class TabletService(pb_grpc.TabletServiceServicer):
                 raise errors.InvalidRequestError("max_bytes must be positive")
             epoch = request.last_fetched_epoch if request.HasField("last_fetched_epoch") else None
             try:
-                entries, end = replica.store.fetch_log(request.from_offset, request.max_bytes,
-                                                       last_fetched_epoch=epoch)
+                with _serving(replica):
+                    entries, end = replica.store.fetch_log(request.from_offset, request.max_bytes,
+                                                           last_fetched_epoch=epoch)
+                    start, _latest = replica.store.list_offsets()
             except errors.DataLostError as exc:  # name the table: the message is all that travels
                 raise errors.DataLostError(f"bucket {replica.bucket} of {replica.table.path}: {exc.message}",
                                            table=replica.table.path, **exc.details) from None
-            start, _latest = replica.store.list_offsets()
             return {"entries": entries, "log_start_offset": start, "log_end_offset": end}
         return _answer(pb.FetchLogResponse, work)
 
@@ -150,9 +170,11 @@ class TabletService(pb_grpc.TabletServiceServicer):
             offsets = []
             for bucket in request.buckets:
                 try:
-                    store = self.replicas.get(request.table_id, bucket).store
-                    found = None if timestamp is None else store.offset_for_timestamp(timestamp)
-                    earliest, latest, end_epoch = store.end_epoch()
+                    replica = self.replicas.get(request.table_id, bucket)
+                    store = replica.store
+                    with _serving(replica):  # its store may close under the call
+                        found = None if timestamp is None else store.offset_for_timestamp(timestamp)
+                        earliest, latest, end_epoch = store.end_epoch()
                     if found is not None:  # retention may have moved the start since the search
                         found = max(found, earliest)
                     offsets.append(pb.BucketOffsetsPb(bucket=bucket, earliest=earliest, latest=latest,

@@ -72,8 +72,8 @@ def cluster_decommission(state: State, tablet_id: int, wait: bool, timeout_ms: i
     """Move every bucket replica off a tablet server to the least loaded live ones (each new replica copies
     its bucket and joins the ISR, then the server leaves it and deletes its copy), and mark it decommissioned:
     no new table, rebalance or move places a replica on it until `cluster recommission`. Safe to run again:
-    it answers the moves in progress. Nothing starts if a bucket cannot move (a table with one replica, no
-    other live server with room)."""
+    it answers the moves in progress. Nothing starts if a bucket cannot move (no other live server with room,
+    or none of its replicas live)."""
     moves = state.client.decommission_tablet(tablet_id)
     if wait and moves:
         wait_for_moves(state, [(m["table"], m["bucket"]) for m in moves], timeout_ms)

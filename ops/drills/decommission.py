@@ -1,6 +1,7 @@
 """Move every replica off one of three tablet servers (``AdminClient.decommission_tablet``, what ``kvlease
 cluster decommission --tablet ID`` does) under writes, lookups and resuming live scans of a table with
-replication factor 2, wait until no move is in progress, then stop that server.
+replication factor 2, and a one-replica table's buckets with it, wait until no move is in progress, then
+stop that server.
 
 Checks: a retried decommission (its answer lost) starts nothing new; every
 move finished (``list_reassignments`` empty) within 60 s; with the server
@@ -10,10 +11,13 @@ served throughout); every acknowledged write exactly once in every
 replica's changelog (a moved replica's from where its rebuild starts) and
 its effect in every replica's table; every value a reader saw committed;
 the replicas' changelogs identical below the high watermark; scans right
-and read to their end. The server is started again at the end (it holds no
-replica of the table then): it is still decommissioned (it takes no new
-replicas) until the drill recommissions it, leaving the cluster as it found
-it. Needs --tablets 3.
+and read to their end. The one-replica table (3 buckets, rows written before
+the decommission; one of its buckets is first moved to the server if none is
+there): with the server stopped each bucket has one replica, elsewhere, and
+every row reads back as written and takes writes. The server is started again
+at the end (it holds no replica of either table then): it is still
+decommissioned (it takes no new replicas) until the drill recommissions it,
+leaving the cluster as it found it. Needs --tablets 3.
 
 The server decommissioned is the one leading the most of the table's
 buckets. The load and the checks are the replica drills'
@@ -27,9 +31,10 @@ import time
 from typing import Any
 
 from client.table import TableClient
+from common.tables import Column
 from ops import local_cluster
 from ops.drills.cluster import ClusterShapeError, DrillCluster, require
-from ops.drills.decommission_checks import mark_kept, moves_finished, retry_started_nothing_new
+from ops.drills.decommission_checks import mark_kept, moves_finished, one_replica_moved, retry_started_nothing_new
 from ops.drills.replica_drill import run_replica_drill, wait_in_sync
 from ops.drills.replica_traffic import Load
 from ops.drills.report import Check, Report, finish
@@ -42,6 +47,8 @@ REPLICATION = 2
 MIN_INSYNC = 1
 MOVES_BOUND_S = 60.0
 STOPPED_S = 1.0  # the load runs this long with the server stopped
+ONE_REPLICA_BUCKETS = 3
+ONE_REPLICA_ROWS = 30
 
 
 def check_shape(doc: dict) -> None:
@@ -60,6 +67,16 @@ def _decommission(cluster: DrillCluster, client: TableClient, load: Load, report
     for bucket in state.values():
         led[bucket.leader_id] = led.get(bucket.leader_id, 0) + 1
     victim = max(led, key=lambda s: (led[s], -s))
+    one_path = f"{client.table.path}_rf1"
+    try:
+        return _with_one_replica_table(cluster, table_id, victim, led[victim], one_path, report)
+    finally:
+        cluster.drop_table(one_path)
+
+
+def _with_one_replica_table(cluster: DrillCluster, table_id: int, victim: int, leaderships: int, one_path: str,
+                            report: Report) -> dict[str, Any]:
+    one_held = _one_replica_table(cluster, one_path, victim)
     started_at = time.monotonic()
     moves = list(cluster.admin.decommission_tablet(victim))
     retried = list(cluster.admin.decommission_tablet(victim))  # as a client whose answer was lost would
@@ -76,12 +93,43 @@ def _decommission(cluster: DrillCluster, client: TableClient, load: Load, report
     check = isr_full(state, REPLICATION, away={victim})
     report.add(Check.of(f"{check.name}, none on the stopped tablet server {victim}", check.violations,
                         check.checked))
+    report.add(_one_replica_check(cluster, one_path, victim, one_held))
     cluster.restart("tablets", str(victim))
     marked = cluster.admin.cluster_health().decommissioned
     recommissioned = cluster.admin.recommission_tablet(victim)
     report.add(mark_kept(victim, marked, recommissioned, cluster.admin.cluster_health().decommissioned))
-    return {"decommissioned": f"tablet {victim}", "leaderships_before": led[victim], "moves_started": len(moves),
-            "moves_s": moved_s, "away": {victim}}
+    return {"decommissioned": f"tablet {victim}", "leaderships_before": leaderships, "moves_started": len(moves),
+            "moves_s": moved_s, "one_replica_buckets_moved": len(one_held), "away": {victim}}
+
+
+def _one_replica_table(cluster: DrillCluster, path: str, victim: int) -> list[int]:
+    """Create the one-replica table and write its rows; the buckets of it on ``victim`` (one is moved there
+    first if none is)."""
+    columns = [Column("id", "BIGINT"), Column("v", "BIGINT"), Column("pad", "STRING")]
+    table = cluster.admin.create_table(path, columns, ["id"], ONE_REPLICA_BUCKETS, replication_factor=1)
+    with TableClient(cluster.admin, path, request_timeout_s=5.0) as client:
+        client.upsert([{"id": i, "v": i, "pad": "one"} for i in range(ONE_REPLICA_ROWS)])
+    held = [b for b, a in cluster.admin.get_table_assignment(table.table_id)[1].items() if victim in a.replicas]
+    if held:
+        return sorted(held)
+    cluster.admin.reassign_bucket(path, 0, [victim])
+    deadline = time.monotonic() + MOVES_BOUND_S
+    while cluster.admin.list_reassignments() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return [0]
+
+
+def _one_replica_check(cluster: DrillCluster, path: str, victim: int, held: list[int]) -> Check:
+    """With ``victim`` stopped: the one-replica table's buckets and rows (read, then written once more)."""
+    rows = {i: i for i in range(ONE_REPLICA_ROWS)}
+    with TableClient(cluster.admin, path, request_timeout_s=5.0) as client:
+        _table, state = cluster.admin.get_table_assignment(client.table.table_id)
+        found = {i: None if r is None else r["v"] for i, r in zip(rows, client.lookup([{"id": i} for i in rows]))}
+        client.upsert([{"id": i, "v": i, "pad": "after"} for i in range(ONE_REPLICA_ROWS, ONE_REPLICA_ROWS + 10)])
+        more = range(ONE_REPLICA_ROWS, ONE_REPLICA_ROWS + 10)
+        found.update((i, None if r is None else r["v"]) for i, r in zip(more, client.lookup([{"id": i} for i in more])))
+        rows.update((i, i) for i in more)
+    return one_replica_moved(state, victim, held, rows, found)
 
 
 def main(cluster_dir: str, json_output: bool = False, **options) -> int:

@@ -1,6 +1,6 @@
-"""Pure checkers of the decommission drill: every replica moved off one tablet server, a retried
-``decommission_tablet`` started nothing more, and the server stayed decommissioned across its restart
-until recommissioned.
+"""Pure checkers of the decommission drill: every replica moved off one tablet server (a one-replica table's
+too), a retried ``decommission_tablet`` started nothing more, and the server stayed decommissioned across
+its restart until recommissioned.
 
 No cluster, clock or I/O in here. A move is what
 ``AdminClient.decommission_tablet`` / ``list_reassignments`` answer: a dict
@@ -12,7 +12,7 @@ is checked by :func:`ops.drills.service_checks.isr_full` with the server
 
 from __future__ import annotations
 
-from typing import Any, Hashable, Sequence
+from typing import Any, Hashable, Mapping, Sequence
 
 from ops.drills.report import Check
 
@@ -40,7 +40,6 @@ def moves_finished(started: Sequence[Any], in_progress: Sequence[Any], waited_s:
     return Check.of("every move of the decommission finished", violations, len(started) + len(in_progress))
 
 
-
 def mark_kept(server: int, after_restart: Sequence[int], recommissioned: bool, after: Sequence[int]) -> Check:
     """The decommissioned ``server`` is still marked once restarted (``after_restart``: the ids marked then),
     and its recommission (``recommissioned``: what it answered) cleared the mark (``after``: the ids marked
@@ -54,3 +53,21 @@ def mark_kept(server: int, after_restart: Sequence[int], recommissioned: bool, a
     if server in after:
         violations.append(f"tablet server {server} is still decommissioned after its recommission")
     return Check.of("the server stays decommissioned across its restart until recommissioned", violations, 3)
+
+
+def one_replica_moved(state: Mapping[int, Any], away: int, held: Sequence[int], written: Mapping[int, Any],
+                      found: Mapping[int, Any]) -> Check:
+    """A one-replica table after tablet server ``away`` was decommissioned and stopped: ``state`` (bucket ->
+    its ``replicas`` and ``leader_id``) has one replica per bucket, not ``away``, leading it; ``held``: its
+    buckets that were on ``away`` (none: nothing of it was moved, which the drill must not let happen); every
+    key ``written`` reads back (``found``) with its value."""
+    violations = [] if held else [f"no bucket of the one-replica table was on tablet server {away}: none was moved"]
+    for bucket, a in sorted(state.items()):
+        replicas = list(a.replicas)
+        if len(replicas) != 1 or away in replicas or a.leader_id not in replicas:
+            violations.append(f"bucket {bucket}: replicas {replicas}, leader {a.leader_id} (want one replica, not "
+                              f"tablet server {away}, leading it)")
+    violations += [f"key {k}: wrote {v!r}, read {found.get(k)!r}" for k, v in sorted(written.items())
+                   if found.get(k) != v]
+    return Check.of(f"the one-replica table's buckets moved off tablet server {away}, every row read back",
+                    violations, len(state) + len(written))

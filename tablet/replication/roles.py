@@ -4,6 +4,9 @@ Parsed from a push (``BucketLeadershipPb``, ``common/proto/tablet.proto``). A
 bucket of a table with one replica is always led by the server it is on; a
 replicated bucket's push names its leader (``-1``: none, the bucket is
 offline), the leader's address, the replicas, the ISR and the two epochs.
+A bucket is replicated while it has more than one replica: a table's, or a
+one-replica table's bucket while it is being moved (its new replica copies
+it from the old one, ``coordinator/reassignment.py``).
 """
 
 from __future__ import annotations
@@ -37,8 +40,9 @@ class BucketRole:
 
     @property
     def replicated(self) -> bool:
-        """Whether the bucket's table has more than one replica (its store then keeps a pre-write buffer)."""
-        return self.table.replication_factor > 1
+        """Whether the bucket has more than one replica: its table's replication factor, or the replicas
+        pushed (a one-replica bucket being moved). Its store then keeps a pre-write buffer."""
+        return self.table.replication_factor > 1 or len(self.replicas) > 1
 
     def leads(self, server_id: int) -> bool:
         return self.leader == server_id

@@ -28,10 +28,6 @@ def table_of(*states_) -> Assignments:
     return a
 
 
-def rf(_table_id: int) -> int:
-    return 2
-
-
 def members(live, decommissioned=(), capacity=None) -> Membership:
     m = Membership(None, TableCatalog())  # type: ignore[arg-type]  # plan_table reads no ZooKeeper
     m.servers = {s: f"127.0.0.1:{1000 + s}" for s in live}
@@ -79,15 +75,15 @@ def test_an_unassigned_one_replica_bucket_is_not_placed_on_a_decommissioned_serv
 
 def test_another_decommission_does_not_move_replicas_to_a_decommissioned_server():
     a = table_of(state([1, 2]), state([2, 1]), state([1, 4]))
-    moves = rb.decommission(a, 1, {1, 2, 3, 4}, {}, rf, excluded={3})
+    moves = rb.decommission(a, 1, {1, 2, 3, 4}, {}, excluded={3})
     assert len(moves) == 3 and all(3 not in target and 1 not in target for _t, _b, target in moves)
     with pytest.raises(errors.InvalidRequestError, match=r"live: \[1, 2, 3\], decommissioned: \[3\]"):
-        rb.decommission(table_of(state([1, 2])), 1, {1, 2, 3}, {}, rf, excluded={3})
+        rb.decommission(table_of(state([1, 2])), 1, {1, 2, 3}, {}, excluded={3})
 
 
 def test_rebalance_moves_replicas_off_a_decommissioned_server_and_never_onto_one():
     a = table_of(state([1, 2]), state([2, 1]), state([1, 3]), state([3, 2]))
-    plan = rb.rebalance(a, {1, 2, 3, 4}, {}, rf, excluded={1})
+    plan = rb.rebalance(a, {1, 2, 3, 4}, {}, excluded={1})
     targets = {b: target for _t, b, target in plan.moves}
     assert sorted(targets) == [0, 1, 2]  # every bucket on 1
     assert all(1 not in target for target in targets.values())
@@ -98,14 +94,14 @@ def test_rebalance_moves_replicas_off_a_decommissioned_server_and_never_onto_one
             load[r] += 1
     assert max(load.values()) - min(load.values()) <= 1
     assert plan.leaders == {}
-    assert rb.rebalance(table_of(state([1, 2])), {1, 2}, {}, rf, excluded={1}).moves == []  # nowhere to go
+    assert rb.rebalance(table_of(state([1, 2])), {1, 2}, {}, excluded={1}).moves == []  # nowhere to go
 
 
 def test_rebalance_elects_no_decommissioned_preferred_leader_and_fills_no_marked_server():
     led_by_2 = BucketAssignment(2, 3, (1, 2), (1, 2), 5)  # 1 is preferred, in sync
-    plan = rb.rebalance(table_of(led_by_2), {1, 2}, {}, rf, excluded={1})
+    plan = rb.rebalance(table_of(led_by_2), {1, 2}, {}, excluded={1})
     assert plan.leaders == {} and plan.moves == []  # 1 cannot go: nowhere else; nor lead again
-    assert rb.rebalance(table_of(led_by_2), {1, 2}, {}, rf).leaders  # unmarked: it leads again
+    assert rb.rebalance(table_of(led_by_2), {1, 2}, {}).leaders  # unmarked: it leads again
     full = table_of(*(state([1, 2]) for _ in range(4)))
-    plan = rb.rebalance(full, {1, 2, 3}, {}, rf, excluded={3})
+    plan = rb.rebalance(full, {1, 2, 3}, {}, excluded={3})
     assert plan.moves == []  # 3 joined but is marked: nothing moves to it

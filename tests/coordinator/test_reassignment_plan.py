@@ -43,7 +43,7 @@ def test_the_move_round_trips_through_json_and_old_nodes_load():
     ([1, 1], 2, r"tablet server\(s\) \[1\] named more than once"),
     ([1, 2, 3], 2, r"3 replica\(s\) \[1, 2, 3\] given, its table has replication factor 2"),
     ([1, 9], 2, r"tablet server\(s\) \[9\] are not live \(live: \[1, 2, 3\]\)"),
-    ([1], 1, "replication factor 1"),
+    ([2, 3], 1, r"2 replica\(s\) \[2, 3\] given, its table has replication factor 1"),
 ])
 def test_bad_targets_are_refused_in_one_line(target, rf, message):
     with pytest.raises(errors.InvalidRequestError, match=message) as info:
@@ -123,13 +123,9 @@ def test_move_state_says_what_is_waiting_and_what_goes():
 
 # -- decommission --------------------------------------------------------------------------------------
 
-def rf(n):
-    return lambda _table_id: n
-
-
 def test_decommission_moves_every_replica_to_the_least_loaded_servers():
     a = table_of(state([1, 2]), state([2, 3]), state([3, 1]), state([1, 3]))
-    moves = rb.decommission(a, 1, {1, 2, 3, 4}, {}, rf(2))
+    moves = rb.decommission(a, 1, {1, 2, 3, 4}, {})
     assert [b for _t, b, _target in moves] == [0, 2, 3]
     for _t, b, target in moves:
         assert 1 not in target and len(set(target)) == 2
@@ -139,33 +135,33 @@ def test_decommission_moves_every_replica_to_the_least_loaded_servers():
 
 def test_decommission_keeps_the_replaced_place_so_preferred_leaders_stay_spread():
     a = table_of(state([1, 2]), state([1, 3]))
-    moves = rb.decommission(a, 1, {1, 2, 3, 4}, {}, rf(2))
+    moves = rb.decommission(a, 1, {1, 2, 3, 4}, {})
     assert [target[1:] for _t, _b, target in moves] == [(2,), (3,)]
 
 
 def test_decommission_errors_name_the_reason():
     a = table_of(state([1, 2]))
     with pytest.raises(errors.InvalidRequestError, match="no other live server with room"):
-        rb.decommission(a, 1, {1, 2}, {}, rf(2))
+        rb.decommission(a, 1, {1, 2}, {})
     with pytest.raises(errors.InvalidRequestError, match="no other live server with room"):
-        rb.decommission(a, 1, {1, 2, 3}, {3: 0}, rf(2))
-    with pytest.raises(errors.InvalidRequestError, match="replication factor 1"):
-        rb.decommission(table_of(state([1])), 1, {1, 2}, {}, rf(1))
+        rb.decommission(a, 1, {1, 2, 3}, {3: 0})
+    with pytest.raises(errors.InvalidRequestError, match="no other live server with room"):
+        rb.decommission(table_of(state([1])), 1, {1}, {})
     busy = table_of(state([3, 1, 2], reassign=(3, 1)))
     with pytest.raises(errors.InvalidRequestError, match=r"being moved to \[3, 1\]"):
-        rb.decommission(busy, 1, {1, 2, 3, 4}, {}, rf(2))
+        rb.decommission(busy, 1, {1, 2, 3, 4}, {})
 
 
 def test_a_resent_decommission_starts_nothing_new():
     a = table_of(state([4, 1, 2], reassign=(4, 2)), state([2, 3]))
-    assert rb.decommission(a, 1, {1, 2, 3, 4}, {}, rf(2)) == []
+    assert rb.decommission(a, 1, {1, 2, 3, 4}, {}) == []
 
 
 # -- rebalance ------------------------------------------------------------------------------------------
 
 def test_rebalance_evens_out_replicas_after_a_server_joined():
     a = table_of(*(state(r) for r in ([1, 2], [2, 3], [3, 1], [1, 2], [2, 3], [3, 1])))
-    plan = rb.rebalance(a, {1, 2, 3, 4}, {}, rf(2))
+    plan = rb.rebalance(a, {1, 2, 3, 4}, {})
     load = {s: 0 for s in (1, 2, 3, 4)}
     moved = {b: target for _t, b, target in plan.moves}
     for b, s in a.table(1).items():
@@ -176,13 +172,13 @@ def test_rebalance_evens_out_replicas_after_a_server_joined():
         assert len(set(target)) == 2
     balanced = Assignments()
     balanced.set(1, {b: state(moved.get(b, s.replicas)) for b, s in a.table(1).items()})
-    assert rb.rebalance(balanced, {1, 2, 3, 4}, {}, rf(2)).moves == []
+    assert rb.rebalance(balanced, {1, 2, 3, 4}, {}).moves == []
 
 
 def test_rebalance_moves_leaders_back_to_their_preferred_replica():
     a = table_of(state([1, 2], leader=2), state([2, 1], leader=2), state([3, 1], leader=1, isr=[1]),
                  state([2, 3], leader=3))
-    plan = rb.rebalance(a, {1, 2, 3}, {}, rf(2))
+    plan = rb.rebalance(a, {1, 2, 3}, {})
     assert plan.moves == []
     assert set(plan.leaders) == {(1, 0), (1, 3)}  # 3 is not in bucket 2's ISR
     elected = plan.leaders[(1, 0)]

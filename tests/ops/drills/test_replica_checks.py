@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from client.admin_types import BucketLeader
-from ops.drills.decommission_checks import mark_kept, moves_finished, retry_started_nothing_new
+from ops.drills.decommission_checks import mark_kept, moves_finished, one_replica_moved, retry_started_nothing_new
 from ops.drills.disk_loss_checks import rebuilt_tables_equal, rejoined_within, replica_table
 from ops.drills.failover_checks import AckedWrite, ChangeRecord, acknowledged_writes_in_changelog
 from ops.drills.service_checks import isr_full, leaders_spread, no_client_errors
@@ -119,3 +119,16 @@ def test_the_decommission_mark_is_kept_across_the_restart_until_recommissioned()
                                                         ([3], True, [3], "still decommissioned after")):
         check = mark_kept(3, after_restart, recommissioned, after)
         assert not check.ok and len(check.violations) == 1 and fault in check.violations[0]
+
+
+def test_one_replica_moved():
+    moved = {0: bucket(0, (2,)), 1: bucket(1, (3,))}
+    rows = {1: 1, 2: 2}
+    assert one_replica_moved(moved, 1, [0], rows, dict(rows)).ok
+    check = one_replica_moved({**moved, 1: bucket(1, (1,))}, 1, [0], rows, {1: 1, 2: None})
+    assert check.violations == ("bucket 1: replicas [1], leader 1 (want one replica, not tablet server 1, leading it)",
+                                "key 2: wrote 2, read None")
+    assert one_replica_moved({0: bucket(0, (2, 3))}, 1, [0], {}, {}).violations == (
+        "bucket 0: replicas [2, 3], leader 2 (want one replica, not tablet server 1, leading it)",)
+    assert one_replica_moved(moved, 1, [], rows, dict(rows)).violations == (
+        "no bucket of the one-replica table was on tablet server 1: none was moved",)

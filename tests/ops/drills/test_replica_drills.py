@@ -87,6 +87,6 @@ def test_decommission(three_tablets):
     # its ISR check names the stopped server too: "all in the ISR" alone would match it and the one before the stop
     before_stop = [c for c in CHECKED if c != "all in the ISR"]
     assert_checked(report, *before_stop, "a retried decommission starts nothing new", "every move of the decommission",
-                   "all in the ISR, none on the stopped tablet server",
+                   "all in the ISR, none on the stopped tablet server", "the one-replica table's buckets moved off",
                    "stays decommissioned across its restart until recommissioned")
-    assert report["figures"]["moves_started"] > 0
+    assert report["figures"]["moves_started"] > 0 and report["figures"]["one_replica_buckets_moved"] > 0
