@@ -63,6 +63,7 @@ class BucketLeader:
     reassign_target: tuple[int, ...] | None = None  # a move in progress: the replicas it moves to
     offline_reason: str = ""  # no leader because its data is lost: why
     losses: tuple[DataLoss, ...] = ()  # the losses of committed changes operators accepted, oldest first
+    lost: tuple[int, ...] = ()  # replicas that reported their data lost since they were last in sync
 
     @property
     def under_replicated(self) -> bool:

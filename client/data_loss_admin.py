@@ -18,22 +18,28 @@ from common.proto import coordinator_pb2 as pb
 def bucket_leader(b: pb.BucketAssignmentPb) -> BucketLeader:
     return BucketLeader(b.bucket, b.leader_id, b.leader_address, b.leader_epoch, tuple(b.replicas), tuple(b.isr),
                         b.bucket_epoch, reassign_target=tuple(b.reassign_target) if b.reassigning else None,
-                        offline_reason=b.offline_reason, losses=tuple(DataLoss.from_pb(loss) for loss in b.losses))
+                        offline_reason=b.offline_reason, losses=tuple(DataLoss.from_pb(loss) for loss in b.losses),
+                        lost=tuple(b.lost))
 
 
 class DataLossAdmin:
     """Mixed into :class:`client.admin.AdminClient`."""
 
-    def restore_bucket(self, path: str, bucket: int, accept_data_loss: bool) -> dict:
-        """Restore a bucket that is offline because its data is lost from its latest kept snapshot (none:
-        empty at offset 0), accepting the loss of the changes after it. Returns ``{"bucket", "leader",
-        "leader_epoch", "loss": DataLoss}``. InvalidRequestError without ``accept_data_loss`` (its message
-        says what would be lost) or when the bucket is not offline for lost data."""
+    def restore_bucket(self, path: str, bucket: int, accept_data_loss: bool, tablet: int | None = None) -> dict:
+        """Restore a bucket that is offline because its data is lost, or none of its replicas is live (their
+        servers gone for good), from its latest kept snapshot (none: empty at offset 0), accepting the loss
+        of the changes after it. ``tablet``: the live server to restore onto (None: a live replica, else the
+        least loaded live server); one outside the replicas leads and the dead replicas are replaced.
+        Returns ``{"bucket", "leader", "leader_epoch", "replicas", "loss": DataLoss}``. InvalidRequestError
+        without ``accept_data_loss`` (its message says what would be lost) or for a bucket in another state."""
         table = self.get_table(path)  # type: ignore[attr-defined]
-        response = self._call("RestoreBucket", pb.RestoreBucketRequest(  # type: ignore[attr-defined]
-            table_id=table.table_id, bucket=bucket, accept_data_loss=accept_data_loss))
+        request = pb.RestoreBucketRequest(table_id=table.table_id, bucket=bucket, accept_data_loss=accept_data_loss)
+        if tablet is not None:
+            request.tablet = tablet
+        response = self._call("RestoreBucket", request)  # type: ignore[attr-defined]
         return {"table": table.path, "bucket": bucket, "leader": response.bucket.leader_id,
-                "leader_epoch": response.bucket.leader_epoch, "loss": DataLoss.from_pb(response.loss)}
+                "leader_epoch": response.bucket.leader_epoch, "replicas": list(response.bucket.replicas),
+                "replication_factor": table.replication_factor, "loss": DataLoss.from_pb(response.loss)}
 
     def elect_leader(self, path: str, bucket: int, unclean: bool, tablet: int | None = None) -> dict:
         """Elect the bucket's leader: clean (the first live in-sync replica, or ``tablet``), or with

@@ -370,7 +370,7 @@ class Controller(Dispatcher):
     @on(rq.RestoreBucket)
     @_barrier
     def _restore_bucket(self, request: rq.RestoreBucket):
-        return self.losses.restore(request.table_id, request.bucket, request.accept_data_loss)
+        return self.losses.restore(request.table_id, request.bucket, request.accept_data_loss, request.tablet)
 
     @on(rq.ElectLeader)
     @_barrier

@@ -15,7 +15,9 @@ files lost (:func:`replica_lost`). Then:
 An operator brings such a bucket back at the price of the lost changes:
 :func:`restore` (the latest kept snapshot; every replica drops its local
 state, the leader installs it) or :func:`elect` with ``unclean`` (an
-out-of-sync replica leads alone). Each appends a :class:`~common.data_loss.DataLoss`
+out-of-sync replica leads alone). A restore also brings back an offline
+bucket none of whose replicas is live (their servers gone for good): it moves
+onto other live servers (:func:`restore_placement`). Each appends a :class:`~common.data_loss.DataLoss`
 to the bucket's ``losses``, bumps the leader epoch and is idempotent: sent
 again, it answers the same record. :func:`elect` without ``unclean`` is a
 clean election of an ISR member.
@@ -26,7 +28,8 @@ change); the caller writes it (fenced) and only then applies it.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections import Counter
+from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping
 
 from common import errors
@@ -75,32 +78,115 @@ def replica_lost(a: BucketAssignment, server: int, reason: str, live: Iterable[i
 
 
 def restore(a: BucketAssignment, live: Iterable[int], snapshot: tuple[int, int] | None, last_known_end: int,
-            at_ms: int, *, accept_data_loss: bool, where: str) -> tuple[BucketAssignment, DataLoss]:
+            at_ms: int, *, accept_data_loss: bool, where: str, tablet: int | None = None,
+            servers: RestoreServers | None = None) -> tuple[BucketAssignment, DataLoss]:
     """The bucket restored from ``snapshot`` (``(snapshot_id, log_offset)`` of its latest kept one; None:
-    empty at offset 0) and its loss record. InvalidRequestError: not offline for lost data (a retry of the
-    restore that brought it back answers its record), no live replica, or ``accept_data_loss`` not set
-    (the message says what would be lost)."""
+    empty at offset 0) and its loss record. For a bucket offline for lost data, or offline with none of its
+    replicas live (their servers gone for good); where it goes: :func:`restore_placement` (``tablet``: the
+    operator's choice; ``servers``: load, room and decommissioned servers). InvalidRequestError: another
+    state (a retry of the restore that brought it back answers its record; a live replica merely behind
+    is told to wait for the in-sync one or take an unclean election), no server to restore onto, or
+    ``accept_data_loss`` not set (the message says what would be lost)."""
+    live = set(live)
     latest = a.losses[-1] if a.losses else None
-    if not lost_data(a):
-        if latest is not None and latest.kind == RESTORE and a.leader == latest.leader:
+    gone = a.offline and bool(a.replicas) and not live & set(a.replicas)
+    if not lost_data(a) and not gone:
+        if (latest is not None and latest.kind == RESTORE and a.leader == latest.leader
+                and tablet in (None, a.leader)):
             return a, latest  # a retried restore: its answer was lost
-        state = "offline, waiting for an in-sync replica to return" if a.offline else f"led by tablet server {a.leader}"
-        raise errors.InvalidRequestError(f"{where} is not offline for lost data ({state}): nothing to restore")
+        raise errors.InvalidRequestError(_not_restorable(a, live, where))
+    leader, replicas = restore_placement(a, live, tablet, servers or RestoreServers(), where)
     from_offset, snapshot_id = (snapshot[1], snapshot[0]) if snapshot is not None else (0, 0)
     lost = (f"{last_known_end - from_offset} changelog offsets ({from_offset}..{last_known_end - 1})"
             if last_known_end >= from_offset else "an unknown number of changelog offsets (no log end is known)")
     source = f"snapshot {snapshot_id} (log offset {from_offset})" if snapshot is not None else "nothing: no snapshot is kept, it restarts empty at offset 0"
     if not accept_data_loss:
+        why = a.offline_reason or f"none of its replicas {list(a.replicas)} is live"
+        onto = "" if replicas == a.replicas else f" onto tablet server {leader} (replicas {list(replicas)})"
         raise errors.InvalidRequestError(
-            f"{where} is offline: {a.offline_reason}. Restoring it from {source} loses {lost}; run again with "
+            f"{where} is offline: {why}. Restoring it{onto} from {source} loses {lost}; run again with "
             "--accept-data-loss to accept that")
-    leader = next((r for r in a.replicas if r in set(live)), None)
-    if leader is None:
-        raise errors.InvalidRequestError(f"{where}: none of its replicas {list(a.replicas)} is live; start one "
-                                         "of them first")
     loss = DataLoss(RESTORE, a.leader_epoch + 1, from_offset, last_known_end, snapshot_id, at_ms, leader)
-    return replace(a, leader=leader, isr=(leader,), leader_epoch=loss.leader_epoch, bucket_epoch=a.bucket_epoch + 1,
-                   offline_reason="", losses=a.losses + (loss,)), loss
+    return replace(a, leader=leader, replicas=replicas, isr=(leader,), leader_epoch=loss.leader_epoch,
+                   bucket_epoch=a.bucket_epoch + 1, offline_reason="", losses=a.losses + (loss,),
+                   reassign=a.reassign if replicas == a.replicas else None), loss
+
+
+def _not_restorable(a: BucketAssignment, live: set[int], where: str) -> str:
+    if not a.offline:
+        return f"{where} is not offline for lost data (led by tablet server {a.leader}): nothing to restore"
+    if not a.replicas:
+        return f"{where} is not assigned yet: it gets a replica once a tablet server with room is live"
+    behind = [r for r in a.replicas if r in live]
+    waited = f"its in-sync replica(s) {list(a.isr)}" if a.isr else "an in-sync replica"
+    return (f"{where} is not offline for lost data (offline, waiting for {waited} to return) and its live "
+            f"replica(s) {behind} may miss committed writes, so there is nothing to restore: start tablet "
+            f"server(s) {list(a.isr) or list(a.replicas)} again, or let a live replica lead with `kvlease "
+            "bucket elect --unclean` (losing what it missed)")
+
+
+@dataclass(frozen=True)
+class RestoreServers:
+    """What a restore onto other servers needs to know of them: the replicas each holds (``load``), how
+    many more each takes (``room``: absent or None, no limit) and the decommissioned ones (``excluded``)."""
+
+    load: Mapping[int, int] = field(default_factory=dict)
+    room: Mapping[int, "int | None"] = field(default_factory=dict)
+    excluded: frozenset[int] = frozenset()
+
+
+def restore_placement(a: BucketAssignment, live: set[int], tablet: int | None, servers: RestoreServers,
+                      where: str) -> tuple[int, tuple[int, ...]]:
+    """``(leader, replicas)`` of a restored bucket. A live replica (``tablet``, else the first live one)
+    leads it with its replicas unchanged. Otherwise (none is live, or ``tablet`` names another live
+    server) the bucket moves: ``tablet`` (else the least loaded live server that is not decommissioned
+    and has room) leads as its first replica, the live replicas are kept, the others replaced by the
+    least loaded such servers (they rebuild from the leader), as many as the live servers allow; a
+    replica left out is told ``removed`` (or deletes its stray copy when it returns). InvalidRequestError:
+    ``tablet`` not live, decommissioned or full; no live server to restore onto."""
+    alive = [r for r in a.replicas if r in live]
+    if tablet is not None and tablet not in live:
+        raise errors.InvalidRequestError(f"{where}: tablet server {tablet} is not live")
+    if tablet in a.replicas or (tablet is None and alive):
+        return (tablet if tablet is not None else alive[0]), a.replicas
+    load = Counter(servers.load)
+    room = dict(servers.room)
+
+    def free(taken) -> list[int]:
+        return sorted((s for s in live - set(servers.excluded) - set(taken) if room.get(s, 1) is None
+                       or room.get(s, 1) > 0), key=lambda s: (load[s], s))
+
+    def take(server: int) -> int:
+        load[server] += 1
+        if room.get(server) is not None:
+            room[server] -= 1
+        return server
+
+    if tablet is not None and tablet in servers.excluded:
+        raise errors.InvalidRequestError(f"{where}: tablet server {tablet} is decommissioned; `kvlease cluster "
+                                         f"recommission --tablet {tablet}` first, or name another")
+    if tablet is not None and tablet not in free(()):
+        raise errors.InvalidRequestError(f"{where}: tablet server {tablet} holds its most replicas "
+                                         "(tablet.buckets.max); name another")
+    if tablet is None and not free(()):
+        retired = sorted(live & set(servers.excluded))
+        raise errors.InvalidRequestError(
+            f"{where}: none of its replicas {list(a.replicas)} is live and no other live tablet server with "
+            f"room can take it (live: {sorted(live)}" + (f", decommissioned: {retired}" if retired else "")
+            + "); start a tablet server first")
+    leader = take(tablet if tablet is not None else free(())[0])
+    others = [r for r in a.replicas if r != leader]
+    if len(others) >= max(1, a.replication_factor):  # the leader takes a dead replica's place (else the last's)
+        others.remove(next((r for r in others if r not in live), others[-1]))
+    replicas = [leader]
+    for r in others:
+        if r in live:
+            replicas.append(r)
+            continue
+        candidates = free(replicas + others)
+        if candidates:
+            replicas.append(take(candidates[0]))
+    return leader, tuple(replicas)
 
 
 def elect(a: BucketAssignment, live: Iterable[int], *, unclean: bool, tablet: int | None, last_known_end: int,

@@ -99,16 +99,29 @@ class DataLossShell:
 
     # -- operators --------------------------------------------------------------------------------
 
-    def restore(self, table_id: int, bucket: int, accept_data_loss: bool) -> tuple[DataLoss, BucketAssignment]:
+    def restore(self, table_id: int, bucket: int, accept_data_loss: bool, tablet: int | None = None
+                ) -> tuple[DataLoss, BucketAssignment]:
+        """``tablet``: the server to restore onto (None: a live replica, else the least loaded live server)."""
         where, current = self._bucket(table_id, bucket)
         latest = self.snapshots().latest(TableBucket(table_id, bucket))
-        new, loss = data_loss.restore(current, set(self.members.servers),
+        live = set(self.members.servers)
+        assignments = self.members.assignments
+        servers = data_loss.RestoreServers(assignments.load_per_server(),
+                                           assignments.room(sorted(live), self.members.capacity),
+                                           frozenset(self.members.decommissioned.ids))
+        new, loss = data_loss.restore(current, live,
                                       None if latest is None else (latest.snapshot_id, latest.log_offset),
                                       self.last_known_end(table_id, bucket), self.clock_ms(),
-                                      accept_data_loss=accept_data_loss, where=where)
+                                      accept_data_loss=accept_data_loss, where=where, tablet=tablet, servers=servers)
         if new != current:
             self._store(table_id, bucket, new)
             self._count(loss, where)
+            if new.replicas != current.replicas:
+                table = self.members.catalog.get_by_id(table_id)
+                log.warning("%s restored onto tablet server %d: replicas %s -> %s%s", where, new.leader,
+                            list(current.replicas), list(new.replicas),
+                            f" (fewer than its replication factor {table.replication_factor}: no other live "
+                            "tablet server with room)" if len(new.replicas) < table.replication_factor else "")
         return loss, new
 
     def elect(self, table_id: int, bucket: int, unclean: bool, tablet: int | None

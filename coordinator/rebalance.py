@@ -73,7 +73,9 @@ def decommission(assignments: Assignments, server: int, live: set[int], capacity
         if not set(a.replicas) & live:
             raise errors.InvalidRequestError(
                 f"cannot decommission tablet server {server}: none of the replicas {list(a.replicas)} of {where} is "
-                f"live, so no replica can copy it; start tablet server {server} again first")
+                f"live, so no replica can copy it; start tablet server {server} again first, or, if it is gone for "
+                f"good, `kvlease bucket restore {name(table_id)} --bucket {bucket} --accept-data-loss --tablet N` "
+                "brings its latest snapshot back on live tablet server N (losing the changes after it)")
         free = [s for s in others if s not in a.replicas and (capacity.get(s) is None or load[s] < capacity[s])]
         if not free:
             raise errors.InvalidRequestError(

@@ -172,6 +172,7 @@ class RestoreBucket:
     table_id: int
     bucket: int
     accept_data_loss: bool
+    tablet: int | None = None  # the server to restore onto (None: chosen; coordinator/data_loss.py)
 
 
 @dataclass(frozen=True)

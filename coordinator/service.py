@@ -321,7 +321,8 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
                          lambda _r: {})
 
     def RestoreBucket(self, request, context):
-        restore = rq.RestoreBucket(request.table_id, request.bucket, request.accept_data_loss)
+        restore = rq.RestoreBucket(request.table_id, request.bucket, request.accept_data_loss,
+                                   request.tablet if request.HasField("tablet") else None)
         return self._run(self._guarded(restore, Operation.ALTER, [request.table_id]), pb.RestoreBucketResponse,
                          lambda r: {"loss": r[0].to_pb(pb.DataLossPb), "bucket": assignment_pb(request.bucket, r[1])})
 
@@ -349,7 +350,7 @@ def assignment_pb(bucket: int, a, address: str = "") -> pb.BucketAssignmentPb:
                                  leader_epoch=a.leader_epoch, replicas=list(a.replicas), isr=list(a.isr),
                                  bucket_epoch=a.bucket_epoch, reassigning=a.reassign is not None,
                                  reassign_target=list(a.reassign or ()), offline_reason=a.offline_reason,
-                                 losses=[loss.to_pb(pb.DataLossPb) for loss in a.losses])
+                                 losses=[loss.to_pb(pb.DataLossPb) for loss in a.losses], lost=list(a.lost))
 
 
 def _acquired(outcome) -> dict:

@@ -1,11 +1,15 @@
 """``kvlease bucket restore|elect``: bring back a bucket whose data is lost, or choose a bucket's leader.
 
-``restore DB.T --bucket B --accept-data-loss``: only for a bucket offline
-because its data is lost (its disk was wiped, its files are corrupt, and no
-in-sync replica has them): it restarts from its latest kept snapshot (none:
-empty at offset 0), the changes after it are lost, and the loss is recorded
-(``table describe`` shows it; streaming queries that read past it fail with
-DATA_LOST). Without the flag it says what would be lost and changes nothing.
+``restore DB.T --bucket B --accept-data-loss [--tablet N]``: only for a bucket
+offline because its data is lost (its disk was wiped, its files are corrupt,
+and no in-sync replica has them) or because none of its replicas is live (their
+servers gone for good): it restarts from its latest kept snapshot (none: empty
+at offset 0), the changes after it are lost, and the loss is recorded (``table
+describe`` shows it; streaming queries that read past it fail with DATA_LOST).
+With no live replica (or ``--tablet`` naming a server outside them) it moves
+onto ``--tablet`` (default: the least loaded live server with room that is not
+decommissioned), the dead replicas replaced. Without the flag it says what
+would be lost and changes nothing.
 ``elect DB.T --bucket B [--unclean] [--tablet N]``: a clean election of an
 in-sync replica, or with ``--unclean`` (an offline replicated bucket) an
 out-of-sync replica leads and what it missed is lost. Both are idempotent.
@@ -37,19 +41,27 @@ def _lost_text(loss) -> str:
 @click.option("--bucket", type=bucket_number(), required=True, help="The bucket to restore.")
 @click.option("--accept-data-loss", is_flag=True,
               help="Accept losing every change after the latest kept snapshot (required).")
+@click.option("--tablet", type=bucket_number(), default=None, metavar="N",
+              help="The live tablet server to restore onto (default: a live replica, else the least loaded "
+                   "live server).")
 @common_options
 @pass_state
 @catch_errors
-def bucket_restore(state: State, path: str, bucket: int, accept_data_loss: bool) -> None:
-    """Restore a bucket whose data is lost from its latest kept snapshot, accepting the loss."""
-    result = state.client.restore_bucket(path, bucket, accept_data_loss)
+def bucket_restore(state: State, path: str, bucket: int, accept_data_loss: bool, tablet: int | None) -> None:
+    """Restore a bucket whose data is lost, or whose replicas' servers are gone, from its latest kept snapshot."""
+    result = state.client.restore_bucket(path, bucket, accept_data_loss, tablet)
     loss = result["loss"]
     source = f"snapshot {loss.snapshot_id} (log offset {loss.from_offset})" if loss.snapshot_id else \
         "nothing (no snapshot kept: it restarts empty at offset 0)"
     text = (f"bucket {bucket} of {result['table']} restored from {source}; led by tablet server {result['leader']} "
-            f"at leader epoch {result['leader_epoch']}; {_lost_text(loss)}")
+            f"at leader epoch {result['leader_epoch']} (replicas {', '.join(map(str, result['replicas']))}); "
+            f"{_lost_text(loss)}")
+    if len(result["replicas"]) < result["replication_factor"]:
+        text += (f"; only {len(result['replicas'])} of its {result['replication_factor']} replicas: no other live "
+                 "tablet server with room (`kvlease bucket reassign` adds them later)")
     state.output.message(text, {"table": result["table"], "bucket": bucket, "leader": result["leader"],
-                                "leader_epoch": result["leader_epoch"], "loss": loss_doc(loss)})
+                                "leader_epoch": result["leader_epoch"], "replicas": result["replicas"],
+                                "loss": loss_doc(loss)})
 
 
 @bucket_group.command("elect")

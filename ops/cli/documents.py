@@ -36,11 +36,13 @@ def table_doc(info: TableInfo) -> dict:
 
 def assignment_docs(leaders: Mapping[int, Any]) -> list[dict]:
     """Per bucket (``client.admin.BucketLeader``): its leader (-1: none), the leader's address ("" if not
-    live), replicas, ISR and epochs; ``reassign_target`` only while a move takes it elsewhere: its new replicas."""
+    live), replicas, ISR and epochs; ``reassign_target`` only while a move takes it elsewhere: its new replicas;
+    ``lost`` only when some: the replicas that reported their data lost since they were last in sync."""
     return [{"bucket": b, "leader": x.leader_id, "leader_address": x.leader_address, "replicas": list(x.replicas),
              "isr": list(x.isr), "leader_epoch": x.leader_epoch, "bucket_epoch": x.bucket_epoch,
              **({} if getattr(x, "reassign_target", None) is None else {"reassign_target": list(x.reassign_target)}),
              **({"offline_reason": x.offline_reason} if getattr(x, "offline_reason", "") else {}),
+             **({"lost": list(x.lost)} if getattr(x, "lost", ()) else {}),
              **({"losses": [loss_doc(loss) for loss in x.losses]} if getattr(x, "losses", ()) else {})}
             for b, x in sorted(leaders.items())]
 

@@ -174,7 +174,10 @@ class TextOutput(Output):
                 move = [] if not moving else ["-" if target is None else ", ".join(map(str, target)) + (
                     f" (waiting for {', '.join(str(r) for r in target if r not in b['isr'])})"
                     if set(target) - set(b["isr"]) else "")]
-                buckets.add_row(str(b["bucket"]), leader, ", ".join(map(str, b["replicas"])) or "-",
+                replicas = ", ".join(map(str, b["replicas"])) or "-"
+                if b.get("lost"):
+                    replicas += f" (data lost: {', '.join(map(str, b['lost']))})"
+                buckets.add_row(str(b["bucket"]), leader, replicas,
                                 ", ".join(map(str, b["isr"])) or "-", str(b["leader_epoch"]), *move)
             self._print(buckets)
             losses = [(b["bucket"], loss) for b in doc["assignment"] for loss in b.get("losses", [])]
