@@ -81,15 +81,16 @@ def restore(a: BucketAssignment, live: Iterable[int], snapshot: tuple[int, int] 
             at_ms: int, *, accept_data_loss: bool, where: str, tablet: int | None = None,
             servers: RestoreServers | None = None) -> tuple[BucketAssignment, DataLoss]:
     """The bucket restored from ``snapshot`` (``(snapshot_id, log_offset)`` of its latest kept one; None:
-    empty at offset 0) and its loss record. For a bucket offline for lost data, or offline with none of its
-    replicas live (their servers gone for good); where it goes: :func:`restore_placement` (``tablet``: the
+    empty at offset 0) and its loss record. For a bucket offline for lost data, or none of whose replicas is
+    live (their servers gone for good: a restore again after the restored leader's server died too is a new
+    restore, with its own record); where it goes: :func:`restore_placement` (``tablet``: the
     operator's choice; ``servers``: load, room and decommissioned servers). InvalidRequestError: another
     state (a retry of the restore that brought it back answers its record; a live replica merely behind
     is told to wait for the in-sync one or take an unclean election), no server to restore onto, or
     ``accept_data_loss`` not set (the message says what would be lost)."""
     live = set(live)
     latest = a.losses[-1] if a.losses else None
-    gone = a.offline and bool(a.replicas) and not live & set(a.replicas)
+    gone = bool(a.replicas) and not live & set(a.replicas)  # (a one-replica bucket keeps its dead leader)
     if not lost_data(a) and not gone:
         if (latest is not None and latest.kind == RESTORE and a.leader == latest.leader
                 and tablet in (None, a.leader)):
@@ -113,7 +114,7 @@ def restore(a: BucketAssignment, live: Iterable[int], snapshot: tuple[int, int] 
 
 
 def _not_restorable(a: BucketAssignment, live: set[int], where: str) -> str:
-    if not a.offline:
+    if a.leader in live:
         return f"{where} is not offline for lost data (led by tablet server {a.leader}): nothing to restore"
     if not a.replicas:
         return f"{where} is not assigned yet: it gets a replica once a tablet server with room is live"

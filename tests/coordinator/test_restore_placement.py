@@ -20,8 +20,8 @@ def restore(a, live, tablet=None, servers=None, accept=True, snapshot=(4, 1200),
 
 
 def gone_one_replica() -> BucketAssignment:
-    """A one-replica bucket whose server 2 left (offline, its last in-sync replica kept)."""
-    return BucketAssignment(-1, 5, (2,), (2,), 8)
+    """A one-replica bucket whose server 2 left (it keeps its leader: offline while 2 is not live)."""
+    return BucketAssignment(2, 5, (2,), (2,), 8)
 
 
 def test_one_replica_bucket_whose_server_is_gone_moves_to_the_least_loaded_live_server():
@@ -106,3 +106,12 @@ def test_refusals_say_what_to_do_instead():
 def test_restore_without_a_snapshot_or_known_log_end_says_so():
     with pytest.raises(errors.InvalidRequestError, match="no snapshot is kept.*unknown number"):
         restore(gone_one_replica(), {3}, snapshot=None, end=UNKNOWN, accept=False)
+
+
+def test_a_restored_bucket_whose_new_server_is_gone_too_is_restored_again_with_a_new_record():
+    first, loss = restore(gone_one_replica(), {3}, servers=data_loss.RestoreServers())
+    second, again = restore(first, {4}, servers=data_loss.RestoreServers())  # 3 gone as well
+    assert (second.leader, second.replicas, again.leader_epoch) == (4, (4,), loss.leader_epoch + 1)
+    assert second.losses == (loss, again)
+    offline, _ = restore(BucketAssignment(-1, 5, (2,), (), 8), {4})  # offline with no ISR kept: the same
+    assert offline.replicas == (4,)

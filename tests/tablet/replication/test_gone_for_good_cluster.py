@@ -1,0 +1,89 @@
+"""A one-replica bucket whose tablet server is gone for good, on real servers (a coordinator and tablet servers in
+this process, a real ZooKeeper, real RocksDB, gRPC on loopback): decommission refuses and names the way out,
+`bucket restore --accept-data-loss --tablet N` brings the latest snapshot back on another server with the loss
+recorded, and the old server started again (same data dir) deletes its copy instead of serving it."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import pytest
+
+from client.table import TableClient
+from common import errors
+from tests.support.cli_runner import assert_one_line_error, run
+from tests.support.procs import wait_until
+from tests.tablet.replication.test_replicated_buckets import FAST, SCHEMA, bucket_state, crash, server_by_id
+from tests.tablet.test_tablet_server import Cluster
+
+pytestmark = pytest.mark.zk
+
+SETTINGS = {**FAST, "kv.snapshot.interval": "1h"}  # snapshots and log-end reports: called by the test
+
+
+@pytest.fixture
+def cluster(make_config, tmp_path):  # tmp_path outlives the servers whose data dirs it holds
+    c = Cluster(make_config, SETTINGS)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def _rows(client, count: int):
+    try:
+        return client.lookup([{"id": i} for i in range(count)])
+    except errors.RetriableError:
+        return None
+
+
+def test_bucket_of_a_server_gone_for_good_is_restored_elsewhere_and_the_old_copy_never_returns(cluster, tmp_path):
+    c = cluster
+    gone = c.tablet(1, tmp_path / "t1")
+    wait_until(lambda: len(c.admin.list_tablet_servers()) == 1, 15, "tablet server 1")
+    table = c.admin.create_table("db.gone", SCHEMA, ["id"], 1)
+    with TableClient(c.admin, "db.gone") as client:
+        client.upsert([{"id": i, "v": f"v{i}"} for i in range(10)])
+        assert gone.replicas.snapshot_changed() == 1  # snapshot at log offset 10
+        client.upsert([{"id": i, "v": f"w{i}"} for i in range(10, 15)])  # offsets 10..14: not in it
+    assert gone.log_ends.run_once() == 1
+    old_copy = gone.replicas.bucket_dir(table.table_id, 0)
+    c.tablet(2, tmp_path / "t2")
+    wait_until(lambda: len(c.admin.list_tablet_servers()) == 2, 15, "tablet server 2")
+    crash(c, gone)  # and it is not started again until the bucket lives elsewhere
+    wait_until(lambda: [s.id for s in c.admin.list_tablet_servers()] == [2], 20, "server 1 to leave")
+    assert bucket_state(c, table.table_id).leader_address == ""  # its leader 1 is not live: not served
+    assert os.path.isdir(old_copy)
+
+    at = ("--bootstrap", c.coordinator.address)
+    refused = assert_one_line_error(run("cluster", "decommission", "--tablet", "1", *at))
+    assert "bucket restore db.gone --bucket 0 --accept-data-loss --tablet N" in refused
+    asked = assert_one_line_error(run("bucket", "restore", "db.gone", "--bucket", "0", "--tablet", "2", *at))
+    assert re.search(r"none of its replicas \[1\] is live\. Restoring it onto tablet server 2 .*loses 5 changelog "
+                     r"offsets \(10\.\.14\).*--accept-data-loss", asked)
+    assert bucket_state(c, table.table_id).replicas == (1,)  # asking changed nothing
+    answer = run("bucket", "restore", "db.gone", "--bucket", "0", "--accept-data-loss", "--tablet", "2", "--json", *at)
+    assert answer.exit_code == 0, answer.output
+    restored = json.loads(answer.stdout)
+    assert (restored["leader"], restored["replicas"], restored["loss"]["lost_offsets"]) == (2, [2], 5)
+    retried = c.admin.restore_bucket("db.gone", 0, accept_data_loss=True)  # its answer lost: the same record
+    assert (retried["leader"], retried["loss"].leader_epoch) == (2, restored["loss"]["leader_epoch"])
+
+    with TableClient(c.admin, "db.gone") as client:
+        rows = wait_until(lambda: _rows(client, 15), 20, "the restored bucket to serve on server 2")
+        assert rows == [{"id": i, "v": f"v{i}"} for i in range(10)] + [None] * 5
+        client.upsert([{"id": 99, "v": "new"}])
+        assert client.list_offsets()[0][1] == 11  # offset 10 is reused by a new change
+
+    back = c.tablet(1, tmp_path / "t1")  # the same data dir, still holding the old copy
+    wait_until(lambda: not os.path.exists(old_copy), 20, "the returning server to delete its stray copy")
+    assert back.replicas.all_replicas() == []
+    with pytest.raises(errors.NotLeaderError):
+        back.replicas.replica(table.table_id, 0)
+    state = bucket_state(c, table.table_id)
+    assert (state.leader_id, state.replicas, len(state.losses)) == (2, (2,), 1)
+    with TableClient(c.admin, "db.gone") as client:
+        rows = client.lookup([{"id": i} for i in (0, 12, 99)])
+        assert rows == [{"id": 0, "v": "v0"}, None, {"id": 99, "v": "new"}]
