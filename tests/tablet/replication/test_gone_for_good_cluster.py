@@ -87,3 +87,35 @@ def test_bucket_of_a_server_gone_for_good_is_restored_elsewhere_and_the_old_copy
     with TableClient(c.admin, "db.gone") as client:
         rows = client.lookup([{"id": i} for i in (0, 12, 99)])
         assert rows == [{"id": 0, "v": "v0"}, None, {"id": 99, "v": "new"}]
+
+
+def test_replicated_bucket_all_of_whose_servers_are_gone_is_restored_with_its_replication_factor(cluster, tmp_path):
+    c = cluster
+    for server_id in (1, 2):
+        c.tablet(server_id, tmp_path / f"t{server_id}")
+    wait_until(lambda: len(c.admin.list_tablet_servers()) == 2, 15, "tablet servers 1 and 2")
+    table = c.admin.create_table("db.both", SCHEMA, ["id"], 1, replication_factor=2, min_insync_replicas=1)
+    wait_until(lambda: len(bucket_state(c, table.table_id).isr) == 2, 20, "both replicas in sync")
+    leader = server_by_id(c, bucket_state(c, table.table_id).leader_id)
+    with TableClient(c.admin, "db.both") as client:
+        client.upsert([{"id": i, "v": f"v{i}"} for i in range(6)])
+        assert leader.replicas.snapshot_changed() == 1  # snapshot at log offset 6
+        client.upsert([{"id": i, "v": f"w{i}"} for i in range(6, 9)])
+    assert leader.log_ends.run_once() == 1
+    for server_id in (3, 4):
+        c.tablet(server_id, tmp_path / f"t{server_id}")
+    for server_id in (1, 2):
+        crash(c, server_by_id(c, server_id))
+    wait_until(lambda: [s.id for s in c.admin.list_tablet_servers()] == [3, 4], 20, "servers 1 and 2 to leave")
+
+    restored = c.admin.restore_bucket("db.both", 0, accept_data_loss=True)
+    assert (restored["leader"], restored["replicas"], restored["loss"].lost_offsets()) == (3, [3, 4], 3)
+    state = wait_until(lambda: len((s := bucket_state(c, table.table_id)).isr) == 2 and s, 30,
+                       "the new follower to rebuild from the restored leader and join the ISR")
+    assert (state.leader_id, state.replicas) == (3, (3, 4))
+    with TableClient(c.admin, "db.both") as client:
+        rows = wait_until(lambda: _rows(client, 9), 20, "the restored bucket to serve")
+        assert rows == [{"id": i, "v": f"v{i}"} for i in range(6)] + [None] * 3
+        client.upsert([{"id": 50, "v": "new"}])
+    follower = server_by_id(c, 4).replicas.replica(table.table_id, 0).store
+    wait_until(lambda: follower.high_watermark == 7, 15, "the follower to apply the new change")
