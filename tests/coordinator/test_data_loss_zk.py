@@ -142,3 +142,28 @@ def test_snapshots_of_a_lost_history_stay_dropped_across_a_failover(make_ctrl):
     call(standby, rq.CommitSnapshot(_handle(t.table_id, 3, 16)))  # the new leader's: not blocked by snapshot 2
     assert [h.snapshot_id for h, _l, _r in call(standby, rq.ListSnapshots(t.table_id))] == [1, 3]
     standby.snapshots.validate()
+
+
+def test_restore_of_a_bucket_whose_server_is_gone_moves_it_to_a_live_server_not_decommissioned(make_ctrl):
+    ctrl = make_ctrl()
+    register(ctrl, {1: "d1"})
+    t = create(ctrl, "gone", 1, rf=1)
+    assert states(ctrl, t)[0].replicas == (1,)
+    register(ctrl, {2: "d2", 3: "d3"})
+    assert call(ctrl, rq.DecommissionTablet(2)) is not None  # holds nothing: only marked
+    ctrl.zk.delete(zkpaths.tablet_server(1))  # gone for good
+    call(ctrl, rq.TabletServersChanged())
+    with pytest.raises(errors.InvalidRequestError, match="bucket restore db.gone --bucket 0 --accept-data-loss "
+                                                         "--tablet N"):
+        call(ctrl, rq.DecommissionTablet(1))
+    with pytest.raises(errors.InvalidRequestError, match="tablet server 2 is decommissioned"):
+        call(ctrl, rq.RestoreBucket(t.table_id, 0, True, 2))
+    loss, state = call(ctrl, rq.RestoreBucket(t.table_id, 0, True))
+    assert (state.leader, state.replicas, state.isr, loss.leader) == (3, (3,), (3,), 3)
+    assert stored(ctrl, t)[0]["replicas"] == [3]  # persisted, fenced
+    assert ctrl.recorder.held[3][(t.table_id, 0)][0].leader_epoch == loss.leader_epoch  # told to its new server
+
+    standby = make_ctrl()  # a retry after a failover answers the same record (the takeover bumped the epoch)
+    call(standby, rq.TabletServersChanged())
+    again, now = call(standby, rq.RestoreBucket(t.table_id, 0, True))
+    assert (again, now.leader, now.replicas, now.losses) == (loss, 3, (3,), (loss,))
