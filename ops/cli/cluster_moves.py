@@ -73,7 +73,8 @@ def cluster_decommission(state: State, tablet_id: int, wait: bool, timeout_ms: i
     its bucket and joins the ISR, then the server leaves it and deletes its copy), and mark it decommissioned:
     no new table, rebalance or move places a replica on it until `cluster recommission`. Safe to run again:
     it answers the moves in progress. Nothing starts if a bucket cannot move (no other live server with room,
-    or none of its replicas live)."""
+    or none of its replicas live: for a server gone for good, `bucket restore --accept-data-loss --tablet N`
+    brings such a bucket back)."""
     moves = state.client.decommission_tablet(tablet_id)
     if wait and moves:
         wait_for_moves(state, [(m["table"], m["bucket"]) for m in moves], timeout_ms)
