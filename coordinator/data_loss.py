@@ -154,8 +154,9 @@ def restore_placement(a: BucketAssignment, live: set[int], tablet: int | None, s
     room = dict(servers.room)
 
     def free(taken) -> list[int]:
-        return sorted((s for s in live - set(servers.excluded) - set(taken) if room.get(s, 1) is None
-                       or room.get(s, 1) > 0), key=lambda s: (load[s], s))
+        """The live servers not decommissioned nor ``taken`` with room, the least loaded first."""
+        return sorted((s for s in live - set(servers.excluded) - set(taken) if room.get(s) is None or room[s] > 0),
+                      key=lambda s: (load[s], s))
 
     def take(server: int) -> int:
         load[server] += 1
