@@ -6,7 +6,8 @@
   the loss of every replica placed on this server (``coordinator/data_dirs.py``).
 - **Restore** (``kvlease bucket restore --accept-data-loss``): the push names
   the bucket's newest loss. While the bucket's leader epoch is the restore's
-  (or a restore of it was interrupted), each replica drops its local state for
+  (or a restore of it was interrupted, or not carried out yet when a later push
+  raised the epoch), each replica drops its local state for
   the bucket, and its leader installs the restored snapshot (none: empty at
   offset 0), before it serves (``LEADER_NOT_AVAILABLE`` "restoring"
   meanwhile). ``{bucket dir}/restore.json`` (``{"epoch", "done"}``) is written
@@ -74,8 +75,11 @@ def data_dir_id(data_dir: str, server_id: int) -> str:
     return dir_id
 
 
-def work_for(role: BucketRole, bucket_dir: str, server_id: int) -> str | None:
-    """What must happen before this replica serves: RESTORE, UNCLEAN (report the log end) or None."""
+def work_for(role: BucketRole, bucket_dir: str, server_id: int, pending: str | None = None) -> str | None:
+    """What must happen before this replica serves: RESTORE, UNCLEAN (report the log end) or None.
+    ``pending``: the work the replica has not carried out yet. A restore stays pending when a later push
+    raised the leader epoch before it ran (a new coordinator's first push, the server registering again):
+    that push does not undo it, and the marker says when it is done."""
     loss = role.latest_loss
     if loss is None:
         return None
@@ -84,7 +88,7 @@ def work_for(role: BucketRole, bucket_dir: str, server_id: int) -> str | None:
         if int(marker.get("epoch", -1)) == loss.leader_epoch and marker.get("done"):
             return None
         interrupted = int(marker.get("epoch", -1)) == loss.leader_epoch and not marker.get("done")
-        return RESTORE if role.leader_epoch == loss.leader_epoch or interrupted else None
+        return RESTORE if role.leader_epoch == loss.leader_epoch or interrupted or pending == RESTORE else None
     if loss.kind == UNCLEAN and not loss.resolved and role.leads(server_id) and role.leader_epoch == loss.leader_epoch:
         return UNCLEAN
     return None

@@ -123,7 +123,7 @@ class ReplicaLosses:
     def _note_loss(self, replica, role) -> None:
         """Mark a replica that must be restored or report its takeover before it serves (the keeper does it).
         A replica reported lost stays so until it is out of the ISR (a restore comes first)."""
-        work = lost_data.work_for(role, self.bucket_dir(*role.key), self.server_id)
+        work = lost_data.work_for(role, self.bucket_dir(*role.key), self.server_id, pending=replica.loss_work)
         if work is None and replica.loss_work == REPORT:
             work = REPORT
         replica.loss_work = work

@@ -8,11 +8,15 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 
 import pytest
 
+from client.admin import AdminClient
 from client.table import TableClient
 from common import errors
+from coordinator.server import CoordinatorServer
+from tablet import lost_data
 from tests.support.cli_runner import assert_one_line_error, run
 from tests.support.procs import wait_until
 from tests.tablet.replication.test_replicated_buckets import FAST, SCHEMA, bucket_state, crash, server_by_id
@@ -119,3 +123,50 @@ def test_replicated_bucket_all_of_whose_servers_are_gone_is_restored_with_its_re
         client.upsert([{"id": 50, "v": "new"}])
     follower = server_by_id(c, 4).replicas.replica(table.table_id, 0).store
     wait_until(lambda: follower.high_watermark == 7, 15, "the follower to apply the new change")
+
+
+def test_a_restore_not_carried_out_when_a_failover_raises_the_epoch_is_still_carried_out(cluster, make_config,
+                                                                                           tmp_path):
+    """The new coordinator's first push raises a one-replica bucket's leader epoch past the restore's; the
+    restoring server had not run the restore yet: it still installs the snapshot instead of serving empty."""
+    c = cluster
+    gone = c.tablet(1, tmp_path / "t1")
+    wait_until(lambda: len(c.admin.list_tablet_servers()) == 1, 15, "tablet server 1")
+    table = c.admin.create_table("db.failover", SCHEMA, ["id"], 1)
+    with TableClient(c.admin, "db.failover") as client:
+        client.upsert([{"id": i, "v": f"v{i}"} for i in range(4)])
+        assert gone.replicas.snapshot_changed() == 1
+    target = c.tablet(2, tmp_path / "t2")
+    wait_until(lambda: len(c.admin.list_tablet_servers()) == 2, 15, "tablet server 2")
+    crash(c, gone)
+    wait_until(lambda: [s.id for s in c.admin.list_tablet_servers()] == [2], 20, "server 1 to leave")
+
+    go = threading.Event()
+    settle = target.replicas.settle_loss
+    target.replicas.settle_loss = lambda replica: (go.wait(30), settle(replica))  # the keeper waits
+    try:
+        loss = c.admin.restore_bucket("db.failover", 0, accept_data_loss=True)["loss"]
+        replica = wait_until(lambda: _replica(target, table.table_id), 15, "the restore's push")
+        assert replica.loss_work == lost_data.RESTORE
+
+        standby = CoordinatorServer(make_config(SETTINGS)).start()
+        c.coordinator.stop()
+        c.coordinator = standby
+        assert standby.wait_active(20)
+        c.admin.close()
+        c.admin = AdminClient([standby.address], retry_total_s=15)
+        wait_until(lambda: (r := _replica(target, table.table_id)) and r.role.leader_epoch > loss.leader_epoch, 20,
+                   "the new coordinator's push of a higher leader epoch")
+        assert _replica(target, table.table_id).loss_work == lost_data.RESTORE  # still to be carried out
+    finally:
+        go.set()
+    with TableClient(c.admin, "db.failover") as client:
+        rows = wait_until(lambda: _rows(client, 4), 20, "the restored bucket to serve")
+        assert rows == [{"id": i, "v": f"v{i}"} for i in range(4)]
+
+
+def _replica(server, table_id):
+    try:
+        return server.replicas.replica(table_id, 0)
+    except errors.KvLeaseError:
+        return None
