@@ -135,7 +135,10 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return self._offset(lease, {b: (-1, NOT_STARTED) for b in buckets})
         admin, table = self._connect()
         seen = self._check_losses(admin, {}, {b: (-1, NOT_STARTED) for b in buckets})  # a new query adopts them
-        starts = start_positions(table, self.options)  # with the epoch below each start: the first fetch's fence
+        # with the epoch below each start, the first fetch's fence; asked after the adoption: a loss before
+        # the ask moves start and epoch to the new history alike (nothing was read yet), one after it is
+        # the next plan's loss check's and the fenced fetch's
+        starts = start_positions(table, self.options)
         return _offset(None, {b: (-1, starts[b].offset) for b in buckets}, self.ctx.table.table_id, seen,
                        {b: p.epoch for b, p in starts.items()})
 
