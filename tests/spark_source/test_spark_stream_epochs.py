@@ -20,6 +20,7 @@ from common.data_loss import RESTORE, DataLoss
 from common.logentry import ChangeType, decode_entry, encode_payload, frame_header, record_batch
 from common.tables import Column, TableInfo
 from spark_source.changelog import read_entries
+from spark_source.enumerator import plan_changes
 from spark_source.reader import _loss_named
 from spark_source.splits import LogSplit, ReadContext
 from spark_source.stream import StreamReader, _offset, _parse, _with_epochs
@@ -192,3 +193,13 @@ def test_a_startup_position_carries_the_epoch_below_it(mode, offset, epoch):
     assert _with_epochs(_parse(start)[2], start) == {0: ((-1, offset), epoch)}
     # the log's start: nothing of the log below it, nothing asked
     assert ("positions", {0: 3}) not in table.calls
+
+
+def test_a_batch_change_feed_fences_its_first_piece_by_the_start_and_later_ones_by_their_own():
+    table = _Table(EPOCHS)
+    table.table = TABLE
+    options = SimpleNamespace(startup_mode="timestamp", startup_timestamp_ms=0, ending_timestamp_ms=None,
+                              ending_offsets=None, split_max_rows=4)
+    splits = plan_changes(table, options)  # from offset 5 (the timestamp's) to the end, 15
+    assert [(s.start, s.end, s.start_epoch) for s in splits] == [(5, 9, 1), (9, 13, 1), (13, 15, 3)]
+    assert table.calls == [("positions", {0: 5}), ("epochs_at", {0: [9, 13]})]
