@@ -46,7 +46,7 @@ from common.tables import TableInfo
 from common.wire import error_from_pb
 from common.logentry import LogEntry, decode_entry
 from common.codec import RowCodec, batch_to_ipc, ipc_to_batch
-from common.errors import show
+from client.log_offsets import LogOffsets
 from client.log_position import LogPosition
 from client.log_records import decode_records, entry_records, log_rows, log_schema
 from client.routing import REROUTE, BucketRouter, Routing
@@ -65,7 +65,7 @@ DEFAULT_RETRY_TOTAL_S = 30.0
 DEFAULT_FETCH_BYTES = 1 << 20
 
 
-class TableClient:
+class TableClient(LogOffsets):
     """Reads and writes one table; thread-safe. Close it (or use ``with``) to free channels and threads."""
 
     def __init__(self, admin, table: str | int, config: cfg.Config | None = None, *,
@@ -328,70 +328,6 @@ class TableClient:
                                          max_bytes=max_bytes, last_fetched_epoch=last_fetched_epoch)
         response = self._call_bucket(bucket, "FetchLog", request, idempotent=True)
         return [decode_entry(data, from_offset=from_offset) for data in response.entries], response.log_end_offset
-
-    def list_offsets(self, buckets: Iterable[int] | None = None,
-                     timestamp: int | None = None) -> dict[int, tuple[int, int]] | dict[int, int]:
-        """Changelog offsets per bucket, one request per tablet server.
-
-        Without ``timestamp``: ``{bucket: (earliest, latest)}``, the first
-        offset kept and the next offset to be assigned. With ``timestamp``
-        (int ms since the epoch, >= 0): ``{bucket: offset}``, the first offset
-        whose changelog entry was appended at or after it; the earliest kept
-        offset if the time is before everything kept, the end offset (latest)
-        if nothing is that new. Entries written before format version 2 have
-        no time and count as older than any. Raises InvalidRequestError for a
-        timestamp that is not a non-negative int.
-        """
-        if timestamp is not None and (not isinstance(timestamp, (int, np.integer)) or isinstance(timestamp, bool)
-                                      or timestamp < 0):
-            raise errors.InvalidRequestError(f"timestamp must be an int of ms since the epoch (>= 0), "
-                                             f"got {show(timestamp)}")
-        answers = self._list_offsets(buckets, timestamp)
-        if timestamp is None:
-            return {b: (o.earliest, o.latest) for b, o in answers.items()}
-        return {b: o.timestamp_offset for b, o in answers.items()}
-
-    def end_positions(self, buckets: Iterable[int] | None = None) -> dict[int, LogPosition]:
-        """``{bucket: LogPosition}``: the end of each bucket's log (``latest`` of :meth:`list_offsets`) and
-        the leader epoch of the entry below it, for a reader that goes on from there
-        (:meth:`fetch_log_from`; the epoch is None for an empty log or a server that does not tell it)."""
-        return {b: LogPosition(o.latest, o.end_epoch if o.HasField("end_epoch") else None)
-                for b, o in self._list_offsets(buckets, None).items()}
-
-    def _list_offsets(self, buckets: Iterable[int] | None, timestamp: int | None) -> dict[int, Any]:
-        """``{bucket: BucketOffsetsPb}`` in bucket order, one request per tablet server."""
-        pending = set(range(self.table.buckets) if buckets is None else buckets)
-        for bucket in pending:
-            self.router.check_bucket(bucket)
-        result: dict = {}
-
-        def attempt():
-            routing = self.router.routing()
-            for address, group in self.router.by_leader(routing, pending).items():
-                with arguments("list_offsets"):
-                    request = pb.ListOffsetsRequest(table_id=self.table.table_id, buckets=group,
-                                                    timestamp=None if timestamp is None else int(timestamp))
-                response = self.send(routing, address, "ListOffsets", request, idempotent=True)
-                first_error = None
-                for o in response.offsets:
-                    if o.error.code:
-                        first_error = first_error or error_from_pb(o.error)
-                    elif o.bucket not in pending:
-                        continue
-                    elif timestamp is None or o.HasField("timestamp_offset"):
-                        result[o.bucket] = o
-                        pending.discard(o.bucket)
-                    else:  # a server from before ListOffsets took a timestamp
-                        raise errors.UnknownServerError(
-                            f"tablet server {address} does not support ListOffsets by timestamp (bucket "
-                            f"{o.bucket}); upgrade it", bucket=o.bucket)
-                if first_error is not None:
-                    if isinstance(first_error, REROUTE):
-                        self.router.stale(routing)
-                    raise first_error
-            return result
-
-        return dict(sorted(self.retry.call(attempt).items()))
 
     def trigger_snapshot(self, wait: bool = True) -> list[CommittedSnapshot]:
         """Snapshot every changed bucket of the table now, on every leader; with ``wait``, returns

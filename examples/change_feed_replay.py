@@ -9,6 +9,11 @@ its first kept offset (or from where ``--state`` says the last run stopped) to i
 before-image) skipped. A key's changes all live in one source bucket, so applying each bucket in order
 gives every key its final state. Prints a JSON summary.
 
+Every fetch is fenced by the leader epoch of the last change read (``TableClient.fetch_log_from``; the
+state file keeps it with each bucket's next offset): if the source lost data (a bucket restored from an
+older snapshot, or an unclean election) and reuses offsets a run already applied for other changes, the
+replay stops with one line saying which offsets instead of applying those changes as if they came next.
+
 If the changelog no longer starts at offset 0 (older entries were removed), a replay into an empty table
 misses the rows written before: copy the table first (``TableClient.scan()``; its ``log_offsets`` say
 where each bucket's changelog continues) and replay from there.
@@ -23,21 +28,32 @@ from pathlib import Path
 import kvlease  # import kvlease first: it sets gRPC up before anything else imports grpc
 
 
-def replay(source: kvlease.TableClient, target: kvlease.TableClient, start: dict[int, int]) -> dict:
-    """Apply ``source``'s changes from ``start`` ({bucket: offset}; missing: the first kept) to its end."""
+def replay(source: kvlease.TableClient, target: kvlease.TableClient, start: dict[int, kvlease.LogPosition]) -> dict:
+    """Apply ``source``'s changes from ``start`` ({bucket: position}; missing: the first kept) to its end.
+    kvlease.errors.DataLostError if the source reuses offsets already applied (see the module docstring)."""
     ends = source.list_offsets()  # {bucket: (first kept offset, next offset to be written)}
     counts = {"records": 0, "upserts": 0, "deletes": 0}  # records applied
-    next_offsets = {}
+    positions = {}
     for bucket, (earliest, end) in ends.items():
-        offset = max(start.get(bucket, earliest), earliest)
-        while offset < end:
-            records, _ = source.fetch_log(bucket, offset)  # at most ~1 MB of records per call
+        position = start.get(bucket)
+        if position is None or position.offset < earliest:  # nothing read below the log's start: no epoch
+            position = kvlease.LogPosition(earliest)
+        while position.offset < end:
+            # at most ~1 MB of records per call; refused if what was read below position.offset was lost
+            records, _, position = source.fetch_log_from(bucket, position)
             if not records:
                 break
             apply(target, records, counts)
-            offset = records[-1]["offset"] + 1
-        next_offsets[bucket] = offset
-    return {**counts, "next_offsets": next_offsets}
+        positions[bucket] = position
+    return {**counts, "next_offsets": {b: p.offset for b, p in positions.items()},
+            "epochs": {b: p.epoch for b, p in positions.items()}}
+
+
+def load_state(text: str) -> dict[int, kvlease.LogPosition]:
+    """A state file's positions (a file without ``epochs``, from before them: the first fetch unfenced)."""
+    state = json.loads(text)
+    epochs = state.get("epochs", {})
+    return {int(b): kvlease.LogPosition(o, epochs.get(b)) for b, o in state.get("next_offsets", {}).items()}
 
 
 #: What each change does to the target; "-U" (an update's old row) is skipped: its "+U" follows.
@@ -72,17 +88,16 @@ def main() -> None:
     parser.add_argument("--target", required=True, help="DB.NAME to apply them to (created if missing)")
     parser.add_argument("--state", type=Path, help="a JSON file: where to start, and where this run stopped")
     args = parser.parse_args()
-    state = json.loads(args.state.read_text()) if args.state and args.state.exists() else {}
+    start = load_state(args.state.read_text()) if args.state and args.state.exists() else {}
     try:
         with kvlease.connect(cluster=args.cluster, bootstrap=args.bootstrap) as kv:
             info = kv.admin.get_table(args.source)
             kv.admin.create_table(args.target, info.columns, info.primary_key, info.buckets, ignore_if_exists=True)
-            summary = replay(kv.table(args.source), kv.table(args.target),
-                             {int(b): o for b, o in state.get("next_offsets", {}).items()})
+            summary = replay(kv.table(args.source), kv.table(args.target), start)
     except kvlease.KvLeaseError as exc:  # every kvlease error has a one-line message that says what to do
         raise SystemExit(f"error: {exc.message}") from None
     if args.state:
-        args.state.write_text(json.dumps({"next_offsets": summary["next_offsets"]}))
+        args.state.write_text(json.dumps({"next_offsets": summary["next_offsets"], "epochs": summary["epochs"]}))
     print(json.dumps(summary))
 
 

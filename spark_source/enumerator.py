@@ -16,6 +16,7 @@ instead of moving or releasing that reader's snapshots.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Callable, Mapping
@@ -23,6 +24,7 @@ from typing import Callable, Mapping
 import tenacity
 
 from client.admin import AdminClient, SnapshotInfo
+from client.log_position import LogPosition
 from client.table import TableClient
 from common import errors
 from common.model import TableBucket
@@ -129,6 +131,38 @@ def start_offsets(table: TableClient, options: Options) -> dict[int, int]:
     return {b: pair[column] for b, pair in table.list_offsets().items()}
 
 
+def start_positions(table: TableClient, options: Options) -> dict[int, LogPosition]:
+    """:func:`start_offsets` with the leader epoch of the entry just below each (the first fetch's fence,
+    ``client/log_position.py``): ``latest`` as ListOffsets tells the end's, ``timestamp`` asked for the
+    offsets found. ``earliest`` has none: the log's start has nothing of the log below it, so the query
+    read nothing there that a loss could take back (a loss reusing offsets below a start is the loss
+    check's: ``client/lost_ranges.py``)."""
+    if options.startup_mode == "latest":
+        return table.end_positions()
+    starts = start_offsets(table, options)
+    if options.startup_mode == "earliest":
+        return {b: LogPosition(o) for b, o in starts.items()}
+    return table.positions(starts)
+
+
+def fence_pieces(table: TableClient, splits: list[LogSplit], first: Mapping[int, int | None]) -> list[LogSplit]:
+    """``splits`` (:func:`log_splits_for`: each bucket's range in pieces, in order) with the leader epoch
+    of the entry just below each start: ``first[bucket]`` for a bucket's first piece (the epoch its range's
+    start was planned with; None: not known), the epoch there now for a later piece (one ListOffsets,
+    ``TableClient.epochs_at``). The piece before reads that entry: a loss reusing it before the piece's
+    first fetch refuses the fetch with DATA_LOST instead of serving other changes after it."""
+    firsts: dict[int, int] = {}
+    later: dict[int, list[int]] = {}
+    for split in splits:
+        if split.bucket in firsts:
+            later.setdefault(split.bucket, []).append(split.start)
+        else:
+            firsts[split.bucket] = split.start
+    asked = table.epochs_at(later) if later else {}
+    return [dataclasses.replace(split, start_epoch=first.get(split.bucket) if split.start == firsts[split.bucket]
+                                else asked[split.bucket][split.start]) for split in splits]
+
+
 def end_offsets(table: TableClient, options: Options) -> dict[int, int]:
     """Where a batch change feed ends (exclusive): ``ending.offsets``, ``ending.timestamp`` (inclusive
     time), else the latest offsets at planning."""
@@ -186,5 +220,7 @@ def _pieces(sizes: list[int], step: int) -> int:
 
 def plan_changes(table: TableClient, options: Options) -> list[LogSplit]:
     """A batch change-feed read: the changelog records between the start and end offsets."""
-    starts, ends = start_offsets(table, options), end_offsets(table, options)
-    return log_splits_for({b: (starts[b], ends[b]) for b in range(table.table.buckets)}, options.split_max_rows)
+    starts, ends = start_positions(table, options), end_offsets(table, options)
+    splits = log_splits_for({b: (starts[b].offset, ends[b]) for b in range(table.table.buckets)},
+                            options.split_max_rows)
+    return fence_pieces(table, splits, {b: p.epoch for b, p in starts.items()})

@@ -31,13 +31,19 @@ lease).
   planned offsets. (``"losses"`` per bucket: the loss records seen, see
   ``client/lost_ranges.py``.)
   ``"epoch"`` per bucket (absent when not known): the leader epoch of the
-  entry just below ``offset``, from ListOffsets when the end was planned at the
-  log's end. The first fetch of the next micro-batch's split sends it, later
-  fetches the last entry's (``spark_source/changelog.py``): a restore or
-  unclean election between planning and reading, or while a split reads, fails
-  the split with DATA_LOST instead of reading other changes under offsets the
-  query read. Offsets written before ``epoch`` (or ends cut by a read limit)
-  are read unfenced up to their first fetch.
+  entry just below ``offset``, from ListOffsets: its end's epoch when the end
+  was planned at the log's end, else asked for the offset (``epochs_at``: an
+  end cut by ``maxRowsPerTrigger`` or Trigger.AvailableNow, a ``startup.mode``
+  latest or timestamp start; a start at the log's start has nothing below).
+  The first fetch of the next micro-batch's split sends it, later fetches the
+  last entry's (``spark_source/changelog.py``); when ``split.max-rows`` cuts a
+  range in pieces, each later piece starts with the epoch below its start,
+  asked when the batch is planned. A restore or unclean election between
+  planning and reading, or while a split reads, fails the split with
+  DATA_LOST instead of reading other changes under offsets the query read.
+  Epochs are asked before the plan's loss check (``_end_epochs`` says why).
+  Only offsets written before ``epoch`` existed are read unfenced up to their
+  first fetch.
   Planning a bootstrap makes sure the lease still holds its snapshots (renew,
   or re-acquire the same snapshots under the same id after an expiry) and
   starts the renewal thread: every third of ``lease.duration`` until the
@@ -69,7 +75,7 @@ from client.lost_ranges import LostRanges
 from client.table import TableClient
 from common import errors
 from common.model import TableBucket
-from spark_source.enumerator import acquire_latest, give_back, log_splits_for, start_offsets
+from spark_source.enumerator import acquire_latest, fence_pieces, give_back, log_splits_for, start_positions
 from spark_source.options import Options, connect, open_table
 from spark_source.reader import names_table, read_split
 from spark_source.splits import HybridSplit, ReadContext
@@ -129,8 +135,12 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return self._offset(lease, {b: (-1, NOT_STARTED) for b in buckets})
         admin, table = self._connect()
         seen = self._check_losses(admin, {}, {b: (-1, NOT_STARTED) for b in buckets})  # a new query adopts them
-        starts = start_offsets(table, self.options)
-        return _offset(None, {b: (-1, starts[b]) for b in buckets}, self.ctx.table.table_id, seen)
+        # with the epoch below each start, the first fetch's fence; asked after the adoption: a loss before
+        # the ask moves start and epoch to the new history alike (nothing was read yet), one after it is
+        # the next plan's loss check's and the fenced fetch's
+        starts = start_positions(table, self.options)
+        return _offset(None, {b: (-1, starts[b].offset) for b in buckets}, self.ctx.table.table_id, seen,
+                       {b: p.epoch for b, p in starts.items()})
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.options.max_rows_per_trigger:
@@ -151,19 +161,21 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         target = self._target or {}
         if self._target is not None:
             latest = {b: min(latest[b], target[b].offset if b in target else latest[b]) for b in latest}
-        seen = self._check_losses(admin, start, starts)  # DATA_LOST: offsets it read were reused
         known = ({b: LogPosition(o, e) for b, ((_, o), e) in _with_epochs(starts, start).items()}, positions, target)
         if any(offset == NOT_STARTED for _, offset in starts.values()):
+            seen = self._check_losses(admin, start, starts)  # DATA_LOST: offsets it read were reused
             return self._bootstrap_end(admin, table, lease, starts, latest, seen, known)
         ends = {b: max(starts[b][1], latest[b]) for b in starts}
         if isinstance(limit, ReadMaxRows):
             ends = _limited({b: o for b, (_, o) in starts.items()}, ends, limit.max_rows)
-        if all(ends[b] == starts[b][1] and snapshot == -1 for b, (snapshot, _) in starts.items()):
+        new = any(ends[b] != starts[b][1] or snapshot != -1 for b, (snapshot, _) in starts.items())
+        epochs = _end_epochs(table, ends, *known) if new else {}  # before the loss check: see _end_epochs
+        seen = self._check_losses(admin, start, starts)  # DATA_LOST: offsets it read were reused
+        if not new:
             return start  # nothing new: no micro-batch
         # Right after a bootstrap this is a new offset even with no new data: Spark commits a batch's
         # end to the source only when it plans the next one, and that commit releases the lease.
-        return _offset(lease, {b: (-1, ends[b]) for b in starts}, self.ctx.table.table_id, seen,
-                       _end_epochs(ends, *known))
+        return _offset(lease, {b: (-1, ends[b]) for b in starts}, self.ctx.table.table_id, seen, epochs)
 
     def _check_losses(self, admin: AdminClient, start: dict, starts: dict) -> dict[int, int]:
         """The loss records of each bucket this query has seen now; DataLostError if one it had not seen
@@ -193,7 +205,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 give_back(admin, table.table, lease.lease_id, held, lease.owner)
                 raise
         return _offset(lease, ends, self.ctx.table.table_id, seen,
-                       _end_epochs({b: o for b, (_, o) in ends.items()}, *known))
+                       _end_epochs(table, {b: o for b, (_, o) in ends.items()}, *known))
 
     def _offset(self, lease: LeaseRef | None, buckets: dict[int, tuple[int, int]]) -> dict:
         return _offset(lease, buckets, self.ctx.table.table_id)
@@ -221,8 +233,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict, end: dict) -> list:
         _, starts = self._parse(start)
         lease, ends = self._parse(end)
-        admin, _ = self._connect()
-        seen = self._check_losses(admin, end, ends)  # a batch planned before a loss: its range may be reused now
+        admin, table = self._connect()
         epochs = {b: e for b, (_, e) in _with_epochs(starts, start).items()}
         splits: list = []
         bootstrapping: dict[int, int] = {}
@@ -235,9 +246,10 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 splits.append(HybridSplit(b, snapshot, end_offset, lease.lease_id, False, lease.owner))
             else:
                 ranges[b] = (max(begin, 0), end_offset)
-        splits.extend(dataclasses.replace(s, start_epoch=epochs.get(s.bucket) if s.start == ranges[s.bucket][0]
-                                          else None, losses_seen=seen.get(s.bucket, 0))
-                      for s in log_splits_for(ranges, self.options.split_max_rows))
+        # a later piece's epoch is asked before the loss check (see _end_epochs); the first piece's is the start's
+        pieces = fence_pieces(table, log_splits_for(ranges, self.options.split_max_rows), epochs)
+        seen = self._check_losses(admin, end, ends)  # a batch planned before a loss: its range may be reused now
+        splits.extend(dataclasses.replace(s, losses_seen=seen.get(s.bucket, 0)) for s in pieces)
         if bootstrapping:
             self._renew(_named(lease), bootstrapping)
         return splits
@@ -359,11 +371,21 @@ def _with_epochs(buckets: dict[int, tuple[int, int]], offset: dict) -> dict[int,
     return out
 
 
-def _end_epochs(ends: dict[int, int], *known: dict[int, LogPosition]) -> dict[int, int | None]:
-    """The epoch below each end, where one of the ``known`` positions is at that very offset (else None: an
-    end cut by a read limit, say)."""
-    return {b: next((k[b].epoch for k in known if b in k and k[b].offset == end and k[b].epoch is not None),
-                    None) for b, end in ends.items()}
+def _end_epochs(table: TableClient, ends: dict[int, int], *known: dict[int, LogPosition]) -> dict[int, int | None]:
+    """The epoch below each end: one of the ``known`` positions' at that very offset, else asked now
+    (``TableClient.positions``: an end cut by a read limit, say; None at the log's start, nothing below).
+
+    Asked before the plan's loss check, so the epoch is of the history the reader read up to the end:
+    a loss before the ask is seen by that check (DATA_LOST); one after it leaves the epoch of the history
+    before, and the next batch's first fetch from the end, fenced by it, is refused if the loss reused
+    offsets below the end. (The batch reading up to the end meanwhile is fenced by its own start's epoch.)
+    ``partitions`` asks a later split piece's epoch the same way, before its own check."""
+    epochs = {b: next((k[b].epoch for k in known if b in k and k[b].offset == end and k[b].epoch is not None),
+                      None) for b, end in ends.items()}
+    unknown = {b: ends[b] for b, epoch in epochs.items() if epoch is None and ends[b] > 0}
+    if unknown:
+        epochs.update((b, position.epoch) for b, position in table.positions(unknown).items())
+    return epochs
 
 
 def _losses_seen(offset: dict) -> dict[int, int]:

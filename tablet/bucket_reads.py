@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -64,6 +64,15 @@ class BucketReads:
         with self.write_lock:
             epoch = self._epochs.epoch_at(latest - 1) if latest > start else None
         return start, latest, epoch
+
+    def epochs_at(self, offsets: Sequence[int]) -> list[int | None]:
+        """The leader epoch of the entry just below each of ``offsets`` (what a reader starting there sends
+        as its last fetched epoch), from the epoch cache. None where no committed entry of this log is
+        below: at or below the log start (a reader starting there read nothing of this log), above the
+        high watermark (not committed yet), or written without an epoch."""
+        start, latest = self.list_offsets()
+        with self.write_lock:
+            return [self._epochs.epoch_at(o - 1) if start < o <= latest else None for o in offsets]
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int:
         """The first changelog offset appended at or after ``timestamp_ms``

@@ -167,6 +167,9 @@ class TabletService(pb_grpc.TabletServiceServicer):
             timestamp = request.timestamp if request.HasField("timestamp") else None
             if timestamp is not None and timestamp < 0:
                 raise errors.InvalidRequestError(f"timestamp must be ms since the epoch (>= 0), got {timestamp}")
+            wanted: dict[int, list[int]] = {}
+            for at in request.epochs_at:
+                wanted.setdefault(at.bucket, []).append(at.offset)
             offsets = []
             for bucket in request.buckets:
                 try:
@@ -175,10 +178,13 @@ class TabletService(pb_grpc.TabletServiceServicer):
                     with _serving(replica):  # its store may close under the call
                         found = None if timestamp is None else store.offset_for_timestamp(timestamp)
                         earliest, latest, end_epoch = store.end_epoch()
+                        at = wanted.get(bucket, [])
+                        epochs = zip(at, store.epochs_at(at))
                     if found is not None:  # retention may have moved the start since the search
                         found = max(found, earliest)
-                    offsets.append(pb.BucketOffsetsPb(bucket=bucket, earliest=earliest, latest=latest,
-                                                      timestamp_offset=found, end_epoch=end_epoch))
+                    offsets.append(pb.BucketOffsetsPb(
+                        bucket=bucket, earliest=earliest, latest=latest, timestamp_offset=found, end_epoch=end_epoch,
+                        epochs_at=[pb.OffsetEpochPb(offset=o, epoch=e) for o, e in epochs]))
                 except errors.KvLeaseError as exc:
                     offsets.append(pb.BucketOffsetsPb(bucket=bucket, error=error_pb(exc)))
             return {"offsets": offsets}

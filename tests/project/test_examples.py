@@ -16,6 +16,7 @@ import pytest
 from common.tables import Column
 from tests.support.local_cluster import LocalCluster
 from tests.client.test_connect import cluster_dir
+from tests.tablet.replication.test_data_loss_cluster import cluster  # noqa: F401
 from tests.support.paths import REPO
 
 ROOT = REPO
@@ -92,6 +93,43 @@ def test_change_feed_replay_copies_the_table_and_then_only_new_changes(kv, tmp_p
     assert json.loads(proc.stdout)["records"] == 3  # only what changed since the state file
     assert table_rows(kv, "shop.copy") == table_rows(kv, "shop.src")
     assert kv.admin.get_table("shop.copy").primary_key == ("id",)
+
+
+@pytest.mark.zk
+def test_change_feed_replay_stops_where_the_source_reuses_offsets_it_applied(cluster, tmp_path):
+    """The source bucket is restored from an older snapshot between two runs and new changes take offsets
+    the first run applied: the second run is refused at its first fetch and applies none of them."""
+    from client.table import TableClient
+    from common import errors
+    from tests.support.procs import wait_until
+    from tests.tablet.replication.test_data_loss_cluster import _restart_wiped, _served
+    from tests.tablet.replication.test_replicated_buckets import SCHEMA, bucket_state
+
+    example, c = load_example("change_feed_replay"), cluster
+    server = c.tablet(1, tmp_path / "t1")
+    table = c.admin.create_table("shop.src", SCHEMA, ["id"], 1)
+    c.admin.create_table("shop.copy", SCHEMA, ["id"], 1)
+    with TableClient(c.admin, "shop.src") as src, TableClient(c.admin, "shop.copy") as copy:
+        src.upsert([{"id": i, "v": "old"} for i in range(10)])  # offsets 0..9
+        assert server.replicas.snapshot_changed() == 1  # the snapshot at log offset 10
+        src.upsert([{"id": i, "v": "tail"} for i in range(10, 15)])  # offsets 10..14: to be lost
+        summary = example.replay(src, copy, {})
+        assert summary["records"] == 15 and summary["next_offsets"] == {0: 15}
+        state = example.load_state(json.dumps({k: summary[k] for k in ("next_offsets", "epochs")}))
+        assert state[0].offset == 15 and state[0].epoch is not None
+        assert len(copy.trigger_snapshot()) == 1  # the target (on the same server) is restored whole
+    assert server.log_ends.run_once() == 2  # the ends of both tables' buckets
+    _restart_wiped(c, 1, tmp_path / "t1")
+    wait_until(lambda: bucket_state(c, table.table_id).offline_reason, 20, "offline")
+    c.admin.restore_bucket("shop.src", 0, accept_data_loss=True)
+    c.admin.restore_bucket("shop.copy", 0, accept_data_loss=True)
+    with TableClient(c.admin, "shop.src") as src, TableClient(c.admin, "shop.copy") as copy:
+        wait_until(lambda: _served(src) and _served(copy), 20, "the restored buckets to serve")
+        src.upsert([{"id": i, "v": "new"} for i in range(100, 110)])  # offsets 10..19 of the restored log
+        with pytest.raises(errors.DataLostError, match=r"bucket 0 of shop\.src: offsets 10\.\.14 this reader read"):
+            example.replay(src, copy, state)
+        assert sorted(r["id"] for r in copy.scan().rows) == list(range(15))  # none of the new changes applied
+        assert example.load_state('{"next_offsets": {"0": 12}}') == {0: example.kvlease.LogPosition(12)}
 
 
 def test_examples_fail_in_one_line_without_a_cluster(tmp_path):

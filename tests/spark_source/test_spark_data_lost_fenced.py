@@ -8,7 +8,7 @@ range, as the planning check would, and emits nothing. (With real Spark: test_sp
 from __future__ import annotations
 
 import pytest
-from pyspark.sql.streaming.datasource import ReadAllAvailable
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from client.table import TableClient
 from common import errors
@@ -67,5 +67,50 @@ def test_a_batch_planned_before_a_restore_fails_at_its_first_fetch_and_emits_not
             for batch in stream.read(splits[0]):
                 emitted += batch.column("id").to_pylist()
         assert emitted == []  # none of the new changes at offsets 15..17
+    finally:
+        stream.stop()
+
+
+def test_a_batch_after_an_end_cut_by_max_rows_is_fenced_at_the_cut_and_at_each_piece(cluster, tmp_path):
+    """The previous batch's end was cut by maxRowsPerTrigger (not the log's end) and the next batch's range
+    is cut in pieces by split.max-rows: after a restore reuses offsets below the cut, the first piece is
+    refused at its first fetch (the cut's epoch), and so is a later piece (the epoch below its start)."""
+    c = cluster
+    server = c.tablet(1, tmp_path / "t1")
+    table = c.admin.create_table(TABLE, SCHEMA, ["id"], 1)
+    with TableClient(c.admin, TABLE) as client:
+        client.upsert([{"id": i, "v": "old"} for i in range(10)])  # offsets 0..9
+        assert server.replicas.snapshot_changed() == 1  # the snapshot at log offset 10
+        client.upsert([{"id": i, "v": "tail"} for i in range(10, 20)])  # offsets 10..19
+    given = {"bootstrap": c.coordinator.address, "table": TABLE, "startup.mode": "earliest", "split.max-rows": "3"}
+    ctx = ReadContext((c.coordinator.address,), table, None, tuple(spark_arrow_schema(table, with_changes=True).names))
+    stream = StreamReader(opts.parse(given), ctx)
+    try:
+        start = stream.initialOffset()
+        assert start["buckets"]["0"] == {"snapshot": -1, "offset": 0}  # the log's start: nothing below
+        first = stream.latestOffset(start, ReadMaxRows(12))
+        assert first["buckets"]["0"]["offset"] == 12 and "epoch" in first["buckets"]["0"]  # a cut end, fenced
+        assert sorted(_rows(stream, start, first)) == list(range(12))  # the query read offsets 0..11
+        stream.commit(first)
+        second = stream.latestOffset(first, ReadAllAvailable())
+        splits = stream.partitions(first, second)  # 12..19 in pieces of 3, each after the epoch below its start
+        assert [(s.start, s.end) for s in splits] == [(12, 15), (15, 18), (18, 20)]
+        assert all(s.start_epoch == first["buckets"]["0"]["epoch"] for s in splits)
+
+        assert server.log_ends.run_once() == 1
+        _restart_wiped(c, 1, tmp_path / "t1")
+        wait_until(lambda: bucket_state(c, table.table_id).offline_reason, 20, "offline")
+        c.admin.restore_bucket(TABLE, 0, accept_data_loss=True)
+        with TableClient(c.admin, TABLE) as client:
+            wait_until(lambda: _served(client), 20, "the restored bucket to serve")
+            client.upsert([{"id": i, "v": "new"} for i in range(100, 112)])  # offsets 10..21 of the restored log
+
+        for split, lost in zip(splits, ("10..11", "10..14", "10..17")):
+            emitted = []
+            with pytest.raises(errors.DataLostError, match=rf"bucket 0 of {TABLE}: offsets {lost} this query read "
+                                                           rf"were lost when the bucket was restored from snapshot 1"):
+                for batch in stream.read(split):
+                    emitted += batch.column("id").to_pylist()
+            assert emitted == []  # none of the new changes at the reused offsets
     finally:
         stream.stop()

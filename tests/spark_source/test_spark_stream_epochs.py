@@ -1,5 +1,6 @@
 """The Spark stream's fetches fenced by the leader epoch, without Spark: offsets carry per bucket the epoch
-of the entry below the offset (older offsets without it still load), a split's first fetch sends it and
+of the entry below the offset (older offsets without it still load; an end cut by a read limit, a later
+split piece and a startup position ask it before the loss check), a split's first fetch sends it and
 later fetches the last entry's, and a split whose fetch is refused with DATA_LOST emits nothing of it and
 fails naming the range as the query's loss check does. (Real servers: tests/tablet/replication/
 test_read_fencing_cluster.py; the stream on real Spark: tests/spark_source/test_spark_data_lost.py.)"""
@@ -10,6 +11,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
+from pyspark.sql.streaming.datasource import ReadMaxRows
 
 from client.log_position import LogPosition
 from client.transport import RetryPolicy
@@ -18,6 +20,7 @@ from common.data_loss import RESTORE, DataLoss
 from common.logentry import ChangeType, decode_entry, encode_payload, frame_header, record_batch
 from common.tables import Column, TableInfo
 from spark_source.changelog import read_entries
+from spark_source.enumerator import plan_changes
 from spark_source.reader import _loss_named
 from spark_source.splits import LogSplit, ReadContext
 from spark_source.stream import StreamReader, _offset, _parse, _with_epochs
@@ -100,32 +103,103 @@ def test_offsets_carry_the_epoch_below_and_old_offsets_have_none():
 
 
 class _Table:
-    def __init__(self, positions: dict[int, LogPosition]) -> None:
-        self.positions = positions
+    """A one-bucket table's ListOffsets: the log holds entries under ``epochs[offset]`` from ``log_start`` on;
+    records what was asked, and when (``calls``, shared with :class:`_Admin` to see the loss check)."""
+
+    def __init__(self, epochs: list[int], log_start: int = 0, calls: list | None = None) -> None:
+        self.epochs, self.log_start, self.calls = epochs, log_start, [] if calls is None else calls
+
+    def _epoch(self, offset: int) -> int | None:
+        return self.epochs[offset - 1] if self.log_start < offset <= len(self.epochs) else None
 
     def end_positions(self):
-        return dict(self.positions)
+        return {0: LogPosition(len(self.epochs), self._epoch(len(self.epochs)))}
+
+    def list_offsets(self, buckets=None, timestamp=None):
+        return {0: 5} if timestamp is not None else {0: (self.log_start, len(self.epochs))}
+
+    def epochs_at(self, offsets):
+        self.calls.append(("epochs_at", {b: sorted(at) for b, at in offsets.items()}))
+        return {b: {o: self._epoch(o) for o in at} for b, at in offsets.items()}
+
+    def positions(self, offsets):
+        self.calls.append(("positions", dict(offsets)))
+        return {b: LogPosition(o, self._epoch(o)) for b, o in offsets.items()}
 
 
-def _stream(table, split_max_rows=None) -> StreamReader:
-    stream = StreamReader(SimpleNamespace(split_max_rows=split_max_rows), ReadContext((), TABLE, None, ("id",)))
-    stream._clients = (_Admin(), table)
+class _CheckedAdmin(_Admin):
+    def __init__(self, calls: list) -> None:
+        super().__init__()
+        self.calls = calls
+
+    def get_table_assignment(self, table_id):
+        self.calls.append(("loss check",))
+        return super().get_table_assignment(table_id)
+
+
+def _stream(table, split_max_rows=None, **options) -> StreamReader:
+    given = SimpleNamespace(split_max_rows=split_max_rows, startup_mode="earliest", startup_timestamp_ms=None)
+    given.__dict__.update(options)
+    stream = StreamReader(given, ReadContext((), TABLE, None, ("id",)))
+    stream._clients = (_CheckedAdmin(table.calls if table is not None else []), table)
     return stream
 
 
+EPOCHS = [1] * 10 + [2] * 2 + [3] * 3  # offsets 0..9 under epoch 1, 10..11 under 2, 12..14 under 3
+
+
 def test_the_planned_end_carries_the_epoch_list_offsets_told():
-    stream = _stream(_Table({0: LogPosition(12, 3)}))
-    start = _offset(None, {0: (-1, 10)}, 7, None, {0: 2})
+    table = _Table(EPOCHS)
+    stream = _stream(table)
+    start = _offset(None, {0: (-1, 10)}, 7, None, {0: 1})
     end = stream.latestOffset(start, SimpleNamespace())
-    assert end["buckets"]["0"] == {"snapshot": -1, "offset": 12, "epoch": 3}
-    stream._target = {0: LogPosition(11, None)}  # an end not at the log's end: its epoch is not known
-    assert "epoch" not in stream.latestOffset(start, SimpleNamespace())["buckets"]["0"]
+    assert end["buckets"]["0"] == {"snapshot": -1, "offset": 15, "epoch": 3}
+    assert table.calls == [("loss check",)]  # the end's epoch came with the end: nothing asked
 
 
-def test_the_first_split_of_a_range_starts_with_the_epoch_of_the_start_offset():
-    stream = _stream(None, split_max_rows=2)
-    start, end = _offset(None, {0: (-1, 10)}, 7, None, {0: 2}), _offset(None, {0: (-1, 14)}, 7)
+def test_an_end_cut_by_a_read_limit_carries_the_epoch_asked_before_the_loss_check():
+    table = _Table(EPOCHS)
+    stream = _stream(table)
+    start = _offset(None, {0: (-1, 10)}, 7, None, {0: 1})
+    end = stream.latestOffset(start, ReadMaxRows(2))  # maxRowsPerTrigger: 10..11
+    assert end["buckets"]["0"] == {"snapshot": -1, "offset": 12, "epoch": 2}
+    assert table.calls == [("positions", {0: 12}), ("loss check",)]
+    table.calls.clear()
+    stream._target = {0: LogPosition(11, None)}  # Trigger.AvailableNow's target, the log's end when it began
+    assert stream.latestOffset(start, SimpleNamespace())["buckets"]["0"]["epoch"] == 2
+    table.calls.clear()
+    assert stream.latestOffset(end, ReadMaxRows(2)) == end  # nothing new below the target: asks nothing
+    assert table.calls == [("loss check",)]
+
+
+def test_the_first_split_of_a_range_starts_with_the_start_epoch_and_later_pieces_with_the_asked_ones():
+    table = _Table(EPOCHS)
+    stream = _stream(table, split_max_rows=2)
+    start, end = _offset(None, {0: (-1, 9)}, 7, None, {0: 1}), _offset(None, {0: (-1, 14)}, 7)
     splits = stream.partitions(start, end)
-    assert [(s.start, s.end, s.start_epoch) for s in splits] == [(10, 12, 2), (12, 14, None)]
-    old_start = {"table": 7, "lease": None, "buckets": {"0": {"snapshot": -1, "offset": 10}}}
-    assert [s.start_epoch for s in stream.partitions(old_start, end)] == [None, None]
+    assert [(s.start, s.end, s.start_epoch) for s in splits] == [(9, 11, 1), (11, 13, 2), (13, 14, 3)]
+    assert table.calls == [("epochs_at", {0: [11, 13]}), ("loss check",)]
+    old_start = {"table": 7, "lease": None, "buckets": {"0": {"snapshot": -1, "offset": 9}}}
+    assert [s.start_epoch for s in stream.partitions(old_start, end)] == [None, 2, 3]  # only its first: unknown
+    table.calls.clear()
+    assert [s.start_epoch for s in _stream(table).partitions(start, end)] == [1]  # one piece: nothing asked
+    assert table.calls == [("loss check",)]
+
+
+@pytest.mark.parametrize("mode, offset, epoch", [("latest", 15, 3), ("timestamp", 5, 1), ("earliest", 3, None)])
+def test_a_startup_position_carries_the_epoch_below_it(mode, offset, epoch):
+    table = _Table(EPOCHS, log_start=3)
+    start = _stream(table, startup_mode=mode, startup_timestamp_ms=0).initialOffset()
+    assert _with_epochs(_parse(start)[2], start) == {0: ((-1, offset), epoch)}
+    # the log's start: nothing of the log below it, nothing asked
+    assert ("positions", {0: 3}) not in table.calls
+
+
+def test_a_batch_change_feed_fences_its_first_piece_by_the_start_and_later_ones_by_their_own():
+    table = _Table(EPOCHS)
+    table.table = TABLE
+    options = SimpleNamespace(startup_mode="timestamp", startup_timestamp_ms=0, ending_timestamp_ms=None,
+                              ending_offsets=None, split_max_rows=4)
+    splits = plan_changes(table, options)  # from offset 5 (the timestamp's) to the end, 15
+    assert [(s.start, s.end, s.start_epoch) for s in splits] == [(5, 9, 1), (9, 13, 1), (13, 15, 3)]
+    assert table.calls == [("positions", {0: 5}), ("epochs_at", {0: [9, 13]})]

@@ -1,5 +1,6 @@
 """Tier 1: where a reader's history left a bucket's log (EpochCache.reader_divergence, KIP-320's fetch
-fencing) and the reader's position (client/log_position.py).
+fencing), the reader's position (client/log_position.py) and the epoch below a planned start
+(BucketReads.epochs_at, over a real store).
 
 A log is modelled as the list of the epochs its records were written under (as in test_epochs.py); a
 reader sends the epoch of the record just below the offset it reads from.
@@ -14,6 +15,8 @@ from client.log_position import LogPosition
 from common.logentry import NO_ID, LogEntry
 from tablet.replication.epochs import EpochCache
 from tests.tablet.replication.test_epochs import cache_of
+from tests.tablet.test_bucket import bucket_dir, rows  # noqa: F401
+from tests.tablet.test_bucket_replicated import open_store
 
 pytestmark = pytest.mark.unit
 
@@ -68,3 +71,18 @@ def test_a_position_moves_to_the_end_and_epoch_of_the_last_entry_read() -> None:
     assert start.after([]) == start
     assert start.after([_entry(3, 2, 4), _entry(5, 3, 6)]) == LogPosition(8, 6)
     assert LogPosition(8, 6).after([_entry(8, 1, NO_ID)]) == LogPosition(9, None)  # written without an epoch
+
+
+def test_the_epoch_below_a_planned_start_is_told_only_for_committed_entries(bucket_dir):  # noqa: F811
+    with open_store(bucket_dir) as store:
+        store.become_leader(1)
+        store.write(rows((1, "a", 0.0), (2, "b", 0.0)))  # offsets 0, 1 under epoch 1
+        store.become_leader(3)
+        store.write(rows((3, "c", 0.0)))  # offset 2 under epoch 3
+        store.advance_high_watermark(2)
+        # 0: nothing below; 3: offset 2 is above the high watermark; 4: past the log end
+        assert store.epochs_at([0, 1, 2, 3, 4]) == [None, 1, 1, None, None]
+        store.advance_high_watermark(3)
+        assert store.epochs_at([3, 2, 3]) == [3, 1, 3]  # in the order asked, repeats answered
+        assert store.end_epoch() == (0, 3, store.epochs_at([3])[0])
+        assert store.epochs_at([]) == []

@@ -59,6 +59,44 @@ def test_a_reader_of_a_restored_bucket_is_refused_at_reused_offsets(cluster, tmp
         assert client.fetch_log_from(0, new)[0] == []  # the right epoch at the end: served, nothing new
 
 
+def test_a_position_planned_inside_the_log_fences_a_reader_that_starts_there(cluster, tmp_path):
+    """``positions``/``epochs_at`` (ListOffsets' epochs_at): a reader that read up to a planned offset below
+    the end (a cut micro-batch end, a split's start) is fenced there after a restore reused it."""
+    c = cluster
+    server = c.tablet(1, tmp_path / "t1")
+    table = c.admin.create_table("db.cut", SCHEMA, ["id"], 1)
+    with TableClient(c.admin, "db.cut") as client:
+        client.upsert([{"id": i, "v": "a"} for i in range(10)])  # offsets 0..9, one entry
+        assert server.replicas.snapshot_changed() == 1  # snapshot at log offset 10
+        for i in range(10, 15):  # offsets 10..14, one entry each
+            client.upsert([{"id": i, "v": "b"}])
+        end = client.end_positions()[0]
+        at = client.epochs_at({0: [0, 5, 12, 15, 16]})
+        assert at == {0: {0: None, 5: at[0][5], 12: end.epoch, 15: end.epoch, 16: None}} and at[0][5] is not None
+        cut = client.positions({0: 12})
+        assert cut == {0: LogPosition(12, end.epoch)} and client.positions({0: 12}) == cut  # a retry: the same
+        read, position = [], LogPosition(0)
+        while position.offset < 12:  # the batch before the cut read 0..11, one entry per fetch
+            records, _end, position = client.fetch_log_from(0, position, max_bytes=1)
+            read += [r["offset"] for r in records]
+        assert read == list(range(12)) and position == cut[0]  # the planned epoch: the one read there
+    assert server.log_ends.run_once() == 1
+
+    _restart_wiped(c, 1, tmp_path / "t1")
+    wait_until(lambda: bucket_state(c, table.table_id).offline_reason, 20, "offline")
+    c.admin.restore_bucket("db.cut", 0, accept_data_loss=True)
+    with TableClient(c.admin, "db.cut") as client:
+        wait_until(lambda: _served(client), 20, "the restored bucket to serve")
+        client.upsert([{"id": i, "v": "new"} for i in range(20, 26)])  # offsets 10..15: reused
+        with pytest.raises(errors.DataLostError, match=r"bucket 0 of db\.cut: offsets 10\.\.11 this reader read"):
+            client.fetch_log_from(0, cut[0])
+        restored = client.positions({0: 10})[0]
+        assert restored == LogPosition(10, None)  # the restored log's start: nothing of it below
+        records, _end, after = client.fetch_log_from(0, restored)
+        assert [r["row"]["id"] for r in records] == list(range(20, 26)) and after.epoch > end.epoch
+        assert client.positions({0: 12}) == {0: LogPosition(12, after.epoch)}  # the new history's epoch
+
+
 def test_an_unclean_leader_refuses_a_reader_past_its_log_end(cluster, tmp_path):
     c = cluster
     table, leader, follower = two_in_sync(c, tmp_path, "db.two")
