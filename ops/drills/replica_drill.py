@@ -49,7 +49,7 @@ Faults = Callable[[DrillCluster, TableClient, Load, Report], dict[str, Any]]
 def run_replica_drill(cluster_dir: str, name: str, replication: int, min_insync: int, seed: int,
                       faults: Faults, *, snapshot_first: bool = False) -> Report:
     """Run drill ``name``'s ``faults`` on a table of its own; ``snapshot_first``: take a snapshot of every
-    bucket before the load starts (a rebuild may start from it)."""
+    bucket before the load starts and lease the oldest kept one until the end (a rebuild starts from it)."""
     report = Report(name)
     with DrillCluster(cluster_dir, name, retry_total_s=60.0) as cluster:
         path = f"{DRILL_DB}.{name.replace('-', '_')}_{cluster.run_id}"
