@@ -80,8 +80,9 @@ log = logging.getLogger(__name__)
 #: Errors after which the session is gone; ``resume=True`` opens a new scan after ``resume_key``.
 SESSION_LOST: tuple[type[errors.KvLeaseError], ...] = (
     *LEADER_CHANGED, errors.ScannerExpiredError, errors.UnknownScannerIdError, errors.NetworkError)
-#: gRPC status codes of a continuation that is sent again unchanged (the server replays it).
-TRANSPORT_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+#: gRPC status codes of a continuation that is sent again unchanged (the server replays it); CANCELLED: a server
+#: that stops drops the calls reaching it then (client/transport.py rpc_error)
+TRANSPORT_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
 CLOSE_TIMEOUT_S = 5.0
 #: Close calls sent without waiting (from ``__del__``), kept alive until answered.
 _CLOSING: set = set()

@@ -269,7 +269,11 @@ def rpc_error(exc: grpc.RpcError, method: str, address: str, *, timeout_s: float
 
     UNAVAILABLE is a retriable :class:`~common.errors.NetworkError`; a deadline
     is one too for an ``idempotent`` call and :class:`~common.errors.OutcomeUnknownError`
-    otherwise (it may have been applied); a message over the size limit is an
+    otherwise (it may have been applied), and so is CANCELLED: a call this client
+    never cancels ends so when its server drops it as it stops (a gRPC server stopping
+    answers ``CANCELLED`` to calls that reach it at that moment; a rolling restart
+    or a stopped tablet server must not fail a call that its retry would carry to
+    the new leader); a message over the size limit is an
     invalid request; anything else an unknown server error. With ``tls`` (whether
     this client speaks TLS; ``client_cert``: whether it has a client certificate)
     an UNAVAILABLE that looks like a TLS mismatch is checked with :func:`tls_mismatch`,
@@ -300,6 +304,12 @@ def rpc_error(exc: grpc.RpcError, method: str, address: str, *, timeout_s: float
         if idempotent:
             return errors.NetworkError(f"{method} to {peer} {address} timed out{after}", address=address)
         return errors.OutcomeUnknownError(f"{method} to {peer} {address} timed out{after}; "
+                                          "it may or may not have been applied", address=address)
+    if code == grpc.StatusCode.CANCELLED:  # the server dropped the call (it stops): the docstring says why
+        if idempotent:
+            return errors.NetworkError(f"{method} to {peer} {address} was cancelled by the server ({details})",
+                                       address=address)
+        return errors.OutcomeUnknownError(f"{method} to {peer} {address} was cancelled by the server ({details}); "
                                           "it may or may not have been applied", address=address)
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
         return errors.InvalidRequestError(f"{method} to {address}: message too large ({details}); "

@@ -16,7 +16,9 @@ their end. Needs --tablets 3.
 Only the drill table's data dir of the server is deleted (``<tablet
 home>/data/<table id>``): other tables on the cluster keep their data. A
 snapshot of every bucket is taken before the load, so a rebuild may start
-from it. The load and the checks are the replica drills'
+from it; the oldest kept snapshot of every bucket is leased until the drill
+ends (a rebuild starts from it and the judge reads the rebuilt rows from it:
+retention must not delete it meanwhile). The load and the checks are the replica drills'
 (ops/drills/replica_drill.py).
 """
 

@@ -38,6 +38,7 @@ from ops.drills.service_checks import isr_full, no_client_errors
 KEYS = 400
 BUCKETS = 4
 IN_SYNC_BOUND_S = 30.0
+REBUILD_BASE_LEASE_MS = 600_000  # longer than any drill; the lease is dropped at its end
 
 #: ``faults(cluster, client, load, report) -> outcome``: the drill's own part, run under the load; it adds its
 #: own checks to ``report`` and returns figures, with optional keys ``away`` (tablet ids no replica may be on
@@ -48,7 +49,7 @@ Faults = Callable[[DrillCluster, TableClient, Load, Report], dict[str, Any]]
 def run_replica_drill(cluster_dir: str, name: str, replication: int, min_insync: int, seed: int,
                       faults: Faults, *, snapshot_first: bool = False) -> Report:
     """Run drill ``name``'s ``faults`` on a table of its own; ``snapshot_first``: take a snapshot of every
-    bucket before the load starts (a rebuild may start from it)."""
+    bucket before the load starts and lease the oldest kept one until the end (a rebuild starts from it)."""
     report = Report(name)
     with DrillCluster(cluster_dir, name, retry_total_s=60.0) as cluster:
         path = f"{DRILL_DB}.{name.replace('-', '_')}_{cluster.run_id}"
@@ -60,6 +61,8 @@ def run_replica_drill(cluster_dir: str, name: str, replication: int, min_insync:
                 _run(cluster, client, replication, seed, faults, snapshot_first, report)
             report.add(cluster.whole_again())
         finally:
+            if snapshot_first:
+                cluster.admin.drop_lease(_base_lease_id(cluster))
             cluster.drop_table(path)
     return report
 
@@ -78,6 +81,24 @@ def wait_in_sync(cluster: DrillCluster, table_id: int, timeout_s: float = IN_SYN
         time.sleep(0.1)
 
 
+def _lease_rebuild_bases(cluster: DrillCluster, table_id: int) -> None:
+    """Lease the oldest kept snapshot of every bucket (``drill-<name>-<run id>``, dropped before the table) until
+    the drill ends: a rebuild starts from the oldest kept snapshot, and the judge reads a rebuilt replica's rows
+    from it (:func:`_snapshot_bases`). Unleased, ``kv.snapshot.num-retained`` (2) deletes it once two newer
+    ones are taken (one every ``kv.snapshot.interval``, 30 s), which a loaded machine reaches within one drill:
+    the check then failed with "no kept snapshot has that log offset" although no replica lost anything."""
+    oldest: dict = {}
+    for info in cluster.admin.list_kv_snapshots(table_id):
+        if info.bucket not in oldest or info.snapshot_id < oldest[info.bucket]:
+            oldest[info.bucket] = info.snapshot_id
+    if oldest:
+        cluster.admin.acquire_lease(_base_lease_id(cluster), oldest, REBUILD_BASE_LEASE_MS)
+
+
+def _base_lease_id(cluster: DrillCluster) -> str:
+    return f"{DRILL_DB}-{cluster.drill}-{cluster.run_id}"
+
+
 def _run(cluster: DrillCluster, client: TableClient, replication: int, seed: int, faults: Faults,
          snapshot_first: bool, report: Report) -> None:
     table_id = client.table.table_id
@@ -87,6 +108,7 @@ def _run(cluster: DrillCluster, client: TableClient, replication: int, seed: int
     load = Load(client, bucket_of, seed)
     if snapshot_first:
         client.trigger_snapshot(wait=True)
+        _lease_rebuild_bases(cluster, table_id)
     with load:
         time.sleep(0.5)  # the load under way
         outcome = faults(cluster, client, load, report)

@@ -72,7 +72,8 @@ def test_prefetch_keeps_exactly_one_request_in_flight():
 
 @pytest.mark.unit
 @pytest.mark.parametrize("fault", ["lost-request", "lost-answer"])
-@pytest.mark.parametrize("code", [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED])
+@pytest.mark.parametrize("code", [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+                                  grpc.StatusCode.CANCELLED])  # CANCELLED: a server that stops drops calls
 def test_transport_failure_of_a_continuation_replays_the_same_call_seq_id(fault, code):
     tablet = FakeTablet(rows_of(40), rows_per_batch=10)
     tablet.continuation_faults[1] = [(fault, code), (fault, code)]

@@ -328,6 +328,22 @@ def test_errors_are_typed_and_not_retried(failure, expected):
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize("call", ["upsert", "lookup"])
+def test_a_call_the_server_cancelled_as_it_stopped_is_retried(call):
+    """A gRPC server that stops answers CANCELLED to the calls reaching it at that moment (seen in the
+    disk-loss and rolling-restart drills: a write and a scan failed with UnknownServerError): the call is
+    retried (writes are idempotent), not failed."""
+    tablet = FakeTablet("a:1", TABLE, {0, 1, 2, 3}, fail=[grpc.StatusCode.CANCELLED])
+    client, _, sleeps = fake_client(TABLE, [tablet], {b: "a:1" for b in range(4)})
+    if call == "upsert":
+        client.upsert([{"id": 1, "v": "x"}])
+        assert client.lookup([1])[0]["v"] == "x"
+    else:
+        assert client.lookup([1]) == [None]
+    assert len(sleeps) == 1
+
+
+@pytest.mark.unit
 def test_a_timed_out_lookup_is_retried():
     tablet = FakeTablet("a:1", TABLE, {0, 1, 2, 3}, fail=[grpc.StatusCode.DEADLINE_EXCEEDED])
     client, _, sleeps = fake_client(TABLE, [tablet], {b: "a:1" for b in range(4)})

@@ -246,3 +246,22 @@ def test_a_stream_whose_server_went_away_is_not_called_a_tls_mismatch():
     refused = rpc_error(_Failed("failed to connect; last error: UNAVAILABLE: ipv4:127.0.0.1:9: Socket closed"),
                         "Lookup", "127.0.0.1:9", timeout_s=None, idempotent=True)
     assert "is it a TLS mismatch?" in refused.message, refused.message
+
+
+class _Cancelled(grpc.RpcError):
+    def code(self):
+        return grpc.StatusCode.CANCELLED
+
+    def details(self):
+        return "CANCELLED"
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("idempotent, expected", [(True, errors.NetworkError), (False, errors.OutcomeUnknownError)])
+def test_a_call_cancelled_by_a_stopping_server_is_retriable_or_of_unknown_outcome(idempotent, expected):
+    """A gRPC server that stops answers CANCELLED to calls reaching it then: a transport failure, retried
+    when the call is idempotent, else one that may have been applied; never UnknownServerError."""
+    from client.transport import rpc_error
+
+    error = rpc_error(_Cancelled(), "PutKv", "127.0.0.1:9", timeout_s=5.0, idempotent=idempotent)
+    assert type(error) is expected and "cancelled by the server" in error.message
