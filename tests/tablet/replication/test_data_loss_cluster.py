@@ -36,6 +36,17 @@ def cluster(make_config, tmp_path):  # tmp_path outlives the servers whose data 
         c.close()
 
 
+def one_replica_with_tail(c, server, path: str, tail: int = 5):
+    """A one-replica table of one bucket on ``server``: rows 0..9 in its snapshot at log offset 10, then
+    ``tail`` more rows (offsets 10.., in no snapshot). Its TableInfo."""
+    table = c.admin.create_table(path, SCHEMA, ["id"], 1)
+    with TableClient(c.admin, path) as client:
+        client.upsert([{"id": i, "v": f"v{i}"} for i in range(10)])
+        assert server.replicas.snapshot_changed() == 1  # snapshot at log offset 10
+        client.upsert([{"id": i, "v": f"w{i}"} for i in range(10, 10 + tail)])
+    return table
+
+
 def _lookup_error(address: str, table_id: int) -> errors.KvLeaseError | None:
     with grpc.insecure_channel(address) as channel:
         response = pbg.TabletServiceStub(channel).ListOffsets(
@@ -53,11 +64,7 @@ def _restart_wiped(c, server_id: int, data_dir) -> None:
 def test_one_replica_bucket_with_a_wiped_disk_stays_offline_until_restored(cluster, tmp_path):
     c = cluster
     server = c.tablet(1, tmp_path / "t1")
-    table = c.admin.create_table("db.one", SCHEMA, ["id"], 1)
-    with TableClient(c.admin, "db.one") as client:
-        client.upsert([{"id": i, "v": f"v{i}"} for i in range(10)])
-        assert server.replicas.snapshot_changed() == 1  # snapshot at log offset 10
-        client.upsert([{"id": i, "v": f"w{i}"} for i in range(10, 15)])  # offsets 10..14: not in it
+    table = one_replica_with_tail(c, server, "db.one")  # offsets 10..14: in no snapshot
     assert server.log_ends.run_once() == 1
     seen = LostRanges(c.admin, table.table_id, table.path).check({0: 15}, {})  # a reader that read 0..14
 

@@ -19,21 +19,11 @@ from coordinator.server import CoordinatorServer
 from tablet import lost_data
 from tests.support.cli_runner import assert_one_line_error, run
 from tests.support.procs import wait_until
-from tests.tablet.replication.test_replicated_buckets import FAST, SCHEMA, bucket_state, crash, server_by_id
-from tests.tablet.test_tablet_server import Cluster
+from tests.tablet.replication.test_data_loss_cluster import SETTINGS, cluster, one_replica_with_tail  # noqa: F401
+from tests.tablet.replication.test_replicated_buckets import SCHEMA, bucket_state, crash, server_by_id
 
 pytestmark = pytest.mark.zk
 
-SETTINGS = {**FAST, "kv.snapshot.interval": "1h"}  # snapshots and log-end reports: called by the test
-
-
-@pytest.fixture
-def cluster(make_config, tmp_path):  # tmp_path outlives the servers whose data dirs it holds
-    c = Cluster(make_config, SETTINGS)
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 def _rows(client, count: int):
@@ -47,11 +37,7 @@ def test_bucket_of_a_server_gone_for_good_is_restored_elsewhere_and_the_old_copy
     c = cluster
     gone = c.tablet(1, tmp_path / "t1")
     wait_until(lambda: len(c.admin.list_tablet_servers()) == 1, 15, "tablet server 1")
-    table = c.admin.create_table("db.gone", SCHEMA, ["id"], 1)
-    with TableClient(c.admin, "db.gone") as client:
-        client.upsert([{"id": i, "v": f"v{i}"} for i in range(10)])
-        assert gone.replicas.snapshot_changed() == 1  # snapshot at log offset 10
-        client.upsert([{"id": i, "v": f"w{i}"} for i in range(10, 15)])  # offsets 10..14: not in it
+    table = one_replica_with_tail(c, gone, "db.gone")  # offsets 10..14: in no snapshot
     assert gone.log_ends.run_once() == 1
     old_copy = gone.replicas.bucket_dir(table.table_id, 0)
     c.tablet(2, tmp_path / "t2")

@@ -15,7 +15,7 @@ from common import errors
 from common.model import TableBucket
 from tests.support.procs import wait_until
 from tests.tablet.replication.test_data_loss_cluster import (  # noqa: F401  (cluster: the fixture)
-    _lookup_error, _served, cluster, two_in_sync)
+    _lookup_error, _served, cluster, one_replica_with_tail, two_in_sync)
 from tests.tablet.replication.test_replicated_buckets import SCHEMA, bucket_state, crash, server_by_id
 
 pytestmark = pytest.mark.zk
@@ -63,11 +63,7 @@ def test_a_leader_whose_files_are_damaged_at_open_hands_over_to_an_in_sync_repli
 def test_a_one_replica_bucket_with_damaged_files_is_offline_with_the_reason_until_restored(cluster, tmp_path):
     c = cluster
     server = c.tablet(1, tmp_path / "t1")
-    table = c.admin.create_table("db.one", SCHEMA, ["id"], 1)
-    with TableClient(c.admin, "db.one") as client:
-        client.upsert([{"id": i, "v": f"v{i}"} for i in range(10)])
-        assert server.replicas.snapshot_changed() == 1  # snapshot at log offset 10
-        client.upsert([{"id": i, "v": f"w{i}"} for i in range(10, 13)])
+    table = one_replica_with_tail(c, server, "db.one", tail=3)
     bucket_dir = server.replicas.bucket_dir(table.table_id, 0)
     crash(c, server)
     _corrupt_rocksdb(bucket_dir)
