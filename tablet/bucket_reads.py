@@ -18,9 +18,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from common.errors import InvalidRequestError, NotLeaderError
+from common.errors import DataLostError, InvalidRequestError, NotLeaderError
 from common.logentry import LogEntry, read_header
-from common.errors import DataLostError
 from tablet import write_checks
 from tablet.bucket_files import BucketFiles
 from tablet.changelog import SegmentInfo
@@ -61,16 +60,16 @@ class BucketReads:
         ``latest`` (None: no entry there, or one written without an epoch) — what a reader starting at
         ``latest`` sends as its last fetched epoch."""
         start, latest = self.list_offsets()  # a parked bucket answers from memory, and keeps its epoch cache
-        with self.write_lock:
-            epoch = self._epochs.epoch_at(latest - 1) if latest > start else None
-        return start, latest, epoch
+        return start, latest, self._epochs_below([latest], start, latest)[0]
 
     def epochs_at(self, offsets: Sequence[int]) -> list[int | None]:
         """The leader epoch of the entry just below each of ``offsets`` (what a reader starting there sends
         as its last fetched epoch), from the epoch cache. None where no committed entry of this log is
         below: at or below the log start (a reader starting there read nothing of this log), above the
         high watermark (not committed yet), or written without an epoch."""
-        start, latest = self.list_offsets()
+        return self._epochs_below(offsets, *self.list_offsets())
+
+    def _epochs_below(self, offsets: Sequence[int], start: int, latest: int) -> list[int | None]:
         with self.write_lock:
             return [self._epochs.epoch_at(o - 1) if start < o <= latest else None for o in offsets]
 
