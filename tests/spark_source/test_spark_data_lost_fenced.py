@@ -16,9 +16,8 @@ from spark_source import options as opts
 from spark_source.schema import spark_arrow_schema
 from spark_source.splits import ReadContext
 from spark_source.stream import StreamReader
-from tests.support.procs import wait_until
-from tests.tablet.replication.test_data_loss_cluster import _restart_wiped, _served, cluster  # noqa: F401
-from tests.tablet.replication.test_replicated_buckets import SCHEMA, bucket_state
+from tests.tablet.replication.test_data_loss_cluster import (  # noqa: F401
+    cluster, lose_and_restore, one_replica_with_tail)
 
 pytestmark = pytest.mark.zk
 
@@ -33,11 +32,7 @@ def _rows(stream: StreamReader, start: dict, end: dict) -> list[int]:
 def test_a_batch_planned_before_a_restore_fails_at_its_first_fetch_and_emits_nothing(cluster, tmp_path):
     c = cluster
     server = c.tablet(1, tmp_path / "t1")
-    table = c.admin.create_table(TABLE, SCHEMA, ["id"], 1)
-    with TableClient(c.admin, TABLE) as client:
-        client.upsert([{"id": i, "v": "old"} for i in range(10)])  # offsets 0..9
-        assert server.replicas.snapshot_changed() == 1  # the snapshot at log offset 10
-        client.upsert([{"id": i, "v": "tail"} for i in range(10, 15)])  # offsets 10..14: to be lost
+    table = one_replica_with_tail(c, server, TABLE, tail=5)  # snapshot at offset 10, then offsets 10..14: to be lost
     given = {"bootstrap": c.coordinator.address, "table": TABLE, "startup.mode": "earliest"}
     ctx = ReadContext((c.coordinator.address,), table, None, tuple(spark_arrow_schema(table, with_changes=True).names))
     stream = StreamReader(opts.parse(given), ctx)
@@ -54,12 +49,7 @@ def test_a_batch_planned_before_a_restore_fails_at_its_first_fetch_and_emits_not
         assert [(s.start, s.end, s.start_epoch) for s in splits] == [(15, 18, first["buckets"]["0"]["epoch"])]
 
         assert server.log_ends.run_once() == 1
-        _restart_wiped(c, 1, tmp_path / "t1")
-        wait_until(lambda: bucket_state(c, table.table_id).offline_reason, 20, "offline")
-        c.admin.restore_bucket(TABLE, 0, accept_data_loss=True)
-        with TableClient(c.admin, TABLE) as client:
-            wait_until(lambda: _served(client), 20, "the restored bucket to serve")
-            client.upsert([{"id": i, "v": "new"} for i in range(100, 110)])  # offsets 10..19 of the restored log
+        lose_and_restore(c, tmp_path, table, range(100, 110))  # offsets 10..19 of the restored log
 
         emitted = []
         with pytest.raises(errors.DataLostError, match=rf"bucket 0 of {TABLE}: offsets 10\.\.14 this query read "
@@ -77,11 +67,7 @@ def test_a_batch_after_an_end_cut_by_max_rows_is_fenced_at_the_cut_and_at_each_p
     refused at its first fetch (the cut's epoch), and so is a later piece (the epoch below its start)."""
     c = cluster
     server = c.tablet(1, tmp_path / "t1")
-    table = c.admin.create_table(TABLE, SCHEMA, ["id"], 1)
-    with TableClient(c.admin, TABLE) as client:
-        client.upsert([{"id": i, "v": "old"} for i in range(10)])  # offsets 0..9
-        assert server.replicas.snapshot_changed() == 1  # the snapshot at log offset 10
-        client.upsert([{"id": i, "v": "tail"} for i in range(10, 20)])  # offsets 10..19
+    table = one_replica_with_tail(c, server, TABLE, tail=10)  # snapshot at offset 10, then offsets 10..19
     given = {"bootstrap": c.coordinator.address, "table": TABLE, "startup.mode": "earliest", "split.max-rows": "3"}
     ctx = ReadContext((c.coordinator.address,), table, None, tuple(spark_arrow_schema(table, with_changes=True).names))
     stream = StreamReader(opts.parse(given), ctx)
@@ -98,12 +84,7 @@ def test_a_batch_after_an_end_cut_by_max_rows_is_fenced_at_the_cut_and_at_each_p
         assert all(s.start_epoch == first["buckets"]["0"]["epoch"] for s in splits)
 
         assert server.log_ends.run_once() == 1
-        _restart_wiped(c, 1, tmp_path / "t1")
-        wait_until(lambda: bucket_state(c, table.table_id).offline_reason, 20, "offline")
-        c.admin.restore_bucket(TABLE, 0, accept_data_loss=True)
-        with TableClient(c.admin, TABLE) as client:
-            wait_until(lambda: _served(client), 20, "the restored bucket to serve")
-            client.upsert([{"id": i, "v": "new"} for i in range(100, 112)])  # offsets 10..21 of the restored log
+        lose_and_restore(c, tmp_path, table, range(100, 112))  # offsets 10..21 of the restored log
 
         for split, lost in zip(splits, ("10..11", "10..14", "10..17")):
             emitted = []

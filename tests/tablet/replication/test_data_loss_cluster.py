@@ -47,6 +47,18 @@ def one_replica_with_tail(c, server, path: str, tail: int = 5):
     return table
 
 
+def lose_and_restore(c, tmp_path, table, new_ids, server_id: int = 1) -> None:
+    """Tablet server ``server_id`` loses its disk (crashed, its data dir wiped, started again): the bucket is
+    offline until restored with --accept-data-loss; then rows ``new_ids`` are written to the restored log
+    (they take offsets the lost history had)."""
+    _restart_wiped(c, server_id, tmp_path / f"t{server_id}")
+    wait_until(lambda: bucket_state(c, table.table_id).offline_reason, 20, "offline")
+    c.admin.restore_bucket(table.path, 0, accept_data_loss=True)
+    with TableClient(c.admin, table.path) as client:
+        wait_until(lambda: _served(client), 20, "the restored bucket to serve")
+        client.upsert([{"id": i, "v": "new"} for i in new_ids])
+
+
 def _lookup_error(address: str, table_id: int) -> errors.KvLeaseError | None:
     with grpc.insecure_channel(address) as channel:
         response = pbg.TabletServiceStub(channel).ListOffsets(

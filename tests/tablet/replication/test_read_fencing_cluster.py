@@ -11,7 +11,8 @@ from client.log_position import LogPosition
 from client.table import TableClient
 from common import errors
 from tests.support.procs import wait_until
-from tests.tablet.replication.test_data_loss_cluster import _restart_wiped, _served, cluster, two_in_sync  # noqa: F401
+from tests.tablet.replication.test_data_loss_cluster import (  # noqa: F401
+    _restart_wiped, _served, cluster, lose_and_restore, two_in_sync)
 from tests.tablet.replication.test_replicated_buckets import SCHEMA, bucket_state, crash, server_by_id
 
 pytestmark = pytest.mark.zk
@@ -39,12 +40,8 @@ def test_a_reader_of_a_restored_bucket_is_refused_at_reused_offsets(cluster, tmp
         assert client.end_positions() == {0: old}  # ListOffsets tells the epoch below the end
     assert server.log_ends.run_once() == 1
 
-    _restart_wiped(c, 1, tmp_path / "t1")
-    wait_until(lambda: bucket_state(c, table.table_id).offline_reason, 20, "offline")
-    c.admin.restore_bucket("db.one", 0, accept_data_loss=True)
+    lose_and_restore(c, tmp_path, table, range(20, 26))  # offsets 10..15: reused
     with TableClient(c.admin, "db.one") as client:
-        wait_until(lambda: _served(client), 20, "the restored bucket to serve")
-        client.upsert([{"id": i, "v": "new"} for i in range(20, 26)])  # offsets 10..15: reused
         with pytest.raises(errors.DataLostError, match=r"bucket 0 of db\.one: offsets 10\.\.14 this reader read"):
             client.fetch_log_from(0, old)
         with pytest.raises(errors.DataLostError, match=r"offsets 10\.\.14"):  # a retry is refused the same
@@ -82,12 +79,8 @@ def test_a_position_planned_inside_the_log_fences_a_reader_that_starts_there(clu
         assert read == list(range(12)) and position == cut[0]  # the planned epoch: the one read there
     assert server.log_ends.run_once() == 1
 
-    _restart_wiped(c, 1, tmp_path / "t1")
-    wait_until(lambda: bucket_state(c, table.table_id).offline_reason, 20, "offline")
-    c.admin.restore_bucket("db.cut", 0, accept_data_loss=True)
+    lose_and_restore(c, tmp_path, table, range(20, 26))  # offsets 10..15: reused
     with TableClient(c.admin, "db.cut") as client:
-        wait_until(lambda: _served(client), 20, "the restored bucket to serve")
-        client.upsert([{"id": i, "v": "new"} for i in range(20, 26)])  # offsets 10..15: reused
         with pytest.raises(errors.DataLostError, match=r"bucket 0 of db\.cut: offsets 10\.\.11 this reader read"):
             client.fetch_log_from(0, cut[0])
         restored = client.positions({0: 10})[0]
