@@ -137,12 +137,14 @@ def read_manifest(storage: RemoteStorage, path: str) -> Manifest:
 
 def download(storage: RemoteStorage, source: SnapshotHandle | str, target_dir: str, *,
              io_threads: int = 8, before_file: Callable[[Manifest, ManifestFile], None] = lambda m, f: None,
-             on_file: Callable[[int], None] = lambda n: None) -> Manifest:
+             on_file: Callable[[int], None] = lambda n: None, durable: bool = False) -> Manifest:
     """Restore a snapshot (a handle or a manifest path) as a checkpoint directory.
 
     ``target_dir`` must be missing or empty. Each file is fetched to a temp
     name, checked (:func:`check_file`), then renamed. ``before_file(manifest, file)`` runs before each
     file is fetched (it may raise to stop the download), ``on_file(bytes)`` after it is in place.
+    ``durable``: each file is fsynced by the I/O thread that fetched it, while the others still download,
+    and ``target_dir`` once all are in place (a replica's files: installing them then syncs nothing).
     Raises StorageNotFound (a file or the manifest is gone), StorageError, InvalidSnapshotError (and
     what ``before_file`` raises); on failure the files written here are removed.
     """
@@ -158,16 +160,28 @@ def download(storage: RemoteStorage, source: SnapshotHandle | str, target_dir: s
         tmp = f"{final}.part"
         storage.download_file(f.path, tmp)
         check_file(storage, f, tmp)
+        if durable:
+            _fsync(tmp)
         os.replace(tmp, final)
         on_file(f.size)
 
     try:
         run_all([lambda f=f: fetch(f) for f in manifest.files], io_threads)
+        if durable:
+            _fsync(target_dir)
     except BaseException:
         for name in os.listdir(target_dir):
             os.unlink(os.path.join(target_dir, name))
         raise
     return manifest
+
+
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def check_file(storage: RemoteStorage, f: ManifestFile, local_path: str) -> None:

@@ -284,14 +284,23 @@ class KvStore:
         batch = WriteBatch(raw_mode=True)
         for entry in records:
             self._ranges.add_keys(entry.column(1))
-            types = entry.column(0).to_numpy().tolist()
-            for change_type, key, value in zip(types, entry.column(1).to_pylist(), entry.column(2).to_pylist()):
-                if change_type in _PUT_TYPES:
-                    if value is None:
-                        raise BucketStoreError(f"{self.path}: changelog record {ChangeType(change_type)} of key "
-                                               f"{show(key)} has no value")
+            types = entry.column(0).to_numpy(zero_copy_only=False)
+            puts = np.isin(types, _PUT_TYPES)
+            acts = puts | (types == _DELETE)
+            if not acts.all():  # -U records change nothing: left out before their keys and values are converted
+                entry, types, puts = entry.filter(pa.array(acts)), types[acts], puts[acts]
+            keys, values = entry.column(1).to_pylist(), entry.column(2)
+            if values.null_count and (bad := puts & values.is_null().to_numpy(zero_copy_only=False)).any():
+                i = int(bad.argmax())
+                raise BucketStoreError(f"{self.path}: changelog record {ChangeType(int(types[i]))} of key "
+                                       f"{show(keys[i])} has no value")
+            if puts.all():  # inserts and updates only: one pass, no per-record branch
+                collections.deque(map(batch.put, keys, values.to_pylist()), maxlen=0)
+                continue
+            for put, key, value in zip(puts.tolist(), keys, values.to_pylist()):
+                if put:
                     batch.put(key, value)
-                elif change_type == _DELETE:
+                else:
                     batch.delete(key)
         self._commit(batch, next_offset)
 

@@ -1,4 +1,5 @@
-"""A tablet server's background rounds: :meth:`Periodic.run_once` every ``interval_s`` on a daemon thread.
+"""A tablet server's background rounds: :meth:`Periodic.run_once` every ``interval_s`` on a daemon thread,
+or at once after :meth:`Periodic.wake`.
 
 The bucket keeper (``tablet/bucket_keeper.py``) and the ISR keeper
 (``tablet/replication/isr_changes.py``) are such rounds: a round that raises
@@ -21,6 +22,7 @@ class Periodic:
     def __init__(self, interval_s: float) -> None:
         self.interval_s = interval_s
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self):
@@ -28,8 +30,13 @@ class Periodic:
         self._thread.start()
         return self
 
+    def wake(self) -> None:
+        """Run the next round now (a round running already is followed by one more)."""
+        self._wake.set()
+
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
 
@@ -37,7 +44,11 @@ class Periodic:
         raise NotImplementedError
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        while True:
+            self._wake.wait(self.interval_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             try:
                 self.run_once()
             except Exception:  # keep going: the next round runs on time

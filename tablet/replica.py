@@ -41,6 +41,7 @@ class Replica:
     server_id: int = 0
     lead: Leadership | None = None  # a replicated bucket's leadership, made on first use
     on_commit: Callable[[], None] = lambda: None
+    on_isr_due: Callable[[], None] = lambda: None
     #: Held while a role changes and while a follower's fetch answer is applied.
     fetch_lock: threading.RLock = field(default_factory=threading.RLock)
     closed: bool = False
@@ -86,7 +87,7 @@ class Replica:
             if self.lead is None or self.lead.ended:
                 self.store.become_leader(self.role.leader_epoch)
                 self.lead = Leadership(self.server_id, self.role, self.store, int(time.time() * 1000),
-                                       on_commit=self.on_commit)
+                                       on_commit=self.on_commit, on_isr_due=self.on_isr_due)
             return self.lead
 
     def take_role(self, role: BucketRole) -> bool:

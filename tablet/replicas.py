@@ -73,6 +73,8 @@ class ReplicaManager(ReplicaSnapshots, ReplicaLosses):
         self.role_listeners: list[Callable[[], None]] = []
         #: Run after a leader's HW moved (waiting follower fetches answer).
         self.on_commit: Callable[[], None] = lambda: None
+        #: Run when a led bucket's follower is due to join its ISR (the ISR keeper runs at once).
+        self.on_isr_due: Callable[[], None] = lambda: None
         self.current_epoch = current_epoch
         self.table_gone = table_gone
         self.config = config
@@ -268,7 +270,7 @@ class ReplicaManager(ReplicaSnapshots, ReplicaLosses):
         fresh = (role.replicated and not role.leads(self.server_id)
                  and not os.path.exists(os.path.join(store.dir, "log")))
         return Replica(table, bucket, store, uploader, role=role, server_id=self.server_id,
-                       on_commit=lambda: self.on_commit(), fresh=fresh)
+                       on_commit=lambda: self.on_commit(), on_isr_due=lambda: self.on_isr_due(), fresh=fresh)
 
     def _close(self, key: tuple[int, int], dropped: bool = False) -> None:
         replica = self._replicas.pop(key)

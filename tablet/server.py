@@ -140,6 +140,7 @@ class TabletServer:
         self.replicas.role_listeners.append(self._remove_stray_copies_once)
         self.isr_keeper = IsrKeeper(self.server_id, self.replicas.leaderships, self.admin.alter_isr,
                                     max_lag_ms=c[cfg.REPLICA_MAX_LAG]).start()
+        self.replicas.on_isr_due = self.isr_keeper.wake
 
     def _controlled_shutdown(self) -> None:
         """Ask the coordinator to move this server's leaderships of replicated buckets away, and wait until

@@ -2,8 +2,12 @@
 the bucket's remote snapshot, against a plain download of the same files.
 
 Starts its own ZooKeeper, coordinator and leader tablet server (processes in a
-temp directory, ``file://`` remote storage with fsync; stopped at the end
-whatever happens) and a follower tablet server in this process, then:
+temp directory; stopped at the end whatever happens) and a follower tablet
+server in this process, with ``--remote`` storage: ``s3`` (the default) a
+bucket on moto's S3 server in a process of its own (``ops/bench/local_s3.py``:
+the files travel over HTTP through boto3, as from S3), ``file`` a directory of
+the temp directory (with fsync; a "download" is a copy between two page-cached
+files of one disk), then:
 
 - a one-bucket table of replication factor 2 (``min.insync-replicas`` 1); the
   follower is stopped and ``--rows`` rows (default 1,000,000; batches of
@@ -18,7 +22,9 @@ whatever happens) and a follower tablet server in this process, then:
 - ``--rounds`` (2) times, alternating, best of each counts:
   (a) **download**: ``common.kvsnapshot.download`` of the snapshot's files
   through the storage interface into an empty directory, as the rebuild
-  itself fetches them (same I/O threads);
+  itself fetches them (same I/O threads); and the same download with each
+  file fsynced (``durable``, as the rebuild keeps them: shown, not the
+  target's reference);
   (b) **rebuild**: the follower's data dir is deleted and the follower
   started again; timed from its start until it is back in the ISR with
   every changelog offset of the leader applied to its RocksDB. This is the
@@ -44,6 +50,8 @@ The suite interface (``OPTIONS``, ``run``, ``target_rows``, ``report``) is
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import os
 import shutil
 import tempfile
@@ -57,6 +65,7 @@ from common import config as cfg, kvsnapshot
 from common.tables import Column
 import ops.bench.suite as bench_suite
 from ops import local_cluster
+from ops.bench.local_s3 import local_s3
 from ops.bench.suite import MB, Option, Row, positive_int, wait_idle
 from ops.bench.writes import load, make_batch
 
@@ -70,6 +79,15 @@ FOLLOWER_ID = 2
 CLUSTER_OVERRIDES = {"kv.snapshot.interval": "1h", "log.retention": "0ms", "replica.max-lag": "5s",
                      "replica.rebuild.max-bytes-per-s": "0"}
 POLL_S = 0.005
+REMOTES = ("s3", "file")
+
+
+def remote_kind(text: str) -> str:
+    if text not in REMOTES:
+        raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(REMOTES)}")
+    return text
+
+
 REBUILD_TIMEOUT_S = 600.0
 
 OPTIONS = (
@@ -79,6 +97,8 @@ OPTIONS = (
     Option("--batch", positive_int, 10_000, "rows per upsert call"),
     Option("--threads", positive_int, 4, "client threads loading the rows"),
     Option("--rounds", positive_int, 2, "downloads and rebuilds, alternating; the best of each counts"),
+    Option("--remote", remote_kind, "s3", "the remote storage: s3 (moto's S3 server, a process of its own) or "
+           "file (a local directory)", metavar="KIND"),
 )
 
 
@@ -167,12 +187,13 @@ def stop_follower(server, admin, table_id: int) -> None:
     wait_for(lambda: FOLLOWER_ID not in bucket_state(admin, table_id).isr, "the stopped follower to leave the ISR")
 
 
-def download_once(storage, handle, target: str, io_threads: int) -> float:
-    """Seconds of a plain ``kvsnapshot.download`` of ``handle`` into ``target`` (removed after)."""
+def download_once(storage, handle, target: str, io_threads: int, durable: bool = False) -> float:
+    """Seconds of a ``kvsnapshot.download`` of ``handle`` into ``target`` (removed after); ``durable``:
+    each file fsynced, as a rebuild keeps them."""
     shutil.rmtree(target, ignore_errors=True)
     try:
         t0 = time.perf_counter()
-        kvsnapshot.download(storage, handle, target, io_threads=io_threads)
+        kvsnapshot.download(storage, handle, target, io_threads=io_threads, durable=durable)
         return time.perf_counter() - t0
     finally:
         shutil.rmtree(target, ignore_errors=True)
@@ -208,7 +229,7 @@ def fill(admin, table_id: int, rows: int, tail_rows: int, batch: int, threads: i
     return handle, log_start, log_end
 
 
-def run(*, rows: int, tail_percent: int, batch: int, threads: int, rounds: int,
+def run(*, rows: int, tail_percent: int, batch: int, threads: int, rounds: int, remote: str = "s3",
         progress: bench_suite.Progress = lambda text: None) -> dict[str, Any]:
     """The figures (see the module docstring); options as in ``OPTIONS``."""
     from client.admin import AdminClient
@@ -218,9 +239,17 @@ def run(*, rows: int, tail_percent: int, batch: int, threads: int, rounds: int,
     base = tempfile.mkdtemp(prefix="kvlease-bench-rebuild-")
     directory = f"{base}/cluster"
     follower = None
+    stack = contextlib.ExitStack()
     try:
         overrides = {**CLUSTER_OVERRIDES, "log.segment.bytes": f"{segment_kb(rows)}kb"}
-        doc = local_cluster.start(directory, tablets=1, config_overrides=overrides, progress=progress)
+        remote_uri = None
+        if remote == "s3":
+            progress("starting moto's S3 server")
+            s3 = stack.enter_context(local_s3(base))
+            remote_uri = s3.pop(cfg.REMOTE_DATA_DIR.name)
+            overrides.update(s3)
+        doc = local_cluster.start(directory, tablets=1, remote=remote_uri, config_overrides=overrides,
+                                  progress=progress)
         leader_pid = int(doc["tablets"][0]["pid"])
         config = follower_config(directory, f"{base}/follower")
         storage = open_storage(config[cfg.REMOTE_DATA_DIR], config)
@@ -234,11 +263,13 @@ def run(*, rows: int, tail_percent: int, batch: int, threads: int, rounds: int,
             stop_follower(follower, admin, table_id)
             follower = None
             handle, log_start, log_end = fill(admin, table_id, rows, tail_rows, batch, threads, progress)
-            downloads, rebuilds = [], []
+            downloads, durable_downloads, rebuilds = [], [], []
             for round_ in range(1, rounds + 1):
                 wait_idle(leader_pid)
                 progress(f"round {round_} of {rounds}: downloading the snapshot's files")
                 downloads.append(download_once(storage, handle, f"{base}/download", io_threads))
+                durable_downloads.append(download_once(storage, handle, f"{base}/download", io_threads,
+                                                       durable=True))
                 wait_idle(leader_pid)
                 progress(f"round {round_} of {rounds}: rebuilding the wiped follower")
                 follower, marks = rebuild_once(config, admin, table_id, log_end)
@@ -252,10 +283,10 @@ def run(*, rows: int, tail_percent: int, batch: int, threads: int, rounds: int,
         snapshot_bytes = sum(f.size for f in handle.files)
         download_s = min(downloads)
         rebuild_s = min(r["total_s"] for r in rebuilds)
-        return {"rows": rows, "tail_rows": tail_rows, "rounds": rounds, "remote": "file",
+        return {"rows": rows, "tail_rows": tail_rows, "rounds": rounds, "remote": remote,
                 "snapshot_bytes": snapshot_bytes, "snapshot_files": len(handle.files),
                 "snapshot_log_offset": handle.log_offset, "leader_log_start": log_start, "leader_log_end": log_end,
-                "download_s": downloads, "rebuild": rebuilds,
+                "download_s": downloads, "durable_download_s": durable_downloads, "rebuild": rebuilds,
                 "download_rows_per_s": rows / download_s, "download_mb_per_s": snapshot_bytes / MB / download_s,
                 "rebuild_rows_per_s": rows / rebuild_s, "rebuild_mb_per_s": snapshot_bytes / MB / rebuild_s,
                 "rebuild_vs_download": download_s / rebuild_s, "target_ratio": TARGET_RATIO}
@@ -266,6 +297,7 @@ def run(*, rows: int, tail_percent: int, batch: int, threads: int, rounds: int,
             local_cluster.stop(directory)
         except local_cluster.ClusterError:
             pass  # nothing was started
+        stack.close()
         shutil.rmtree(base, ignore_errors=True)
 
 
@@ -274,6 +306,7 @@ def run(*, rows: int, tail_percent: int, batch: int, threads: int, rounds: int,
 
 def report(f: dict[str, Any]) -> str:
     best = min(f["rebuild"], key=lambda r: r["total_s"])
+    durable = f.get("durable_download_s") or f["download_s"]
     ok = "ok" if f["rebuild_vs_download"] >= f["target_ratio"] else "BELOW TARGET"
     return "\n".join([
         f"{f['rows']:,} rows (id BIGINT, v STRING 100 B), 1 bucket, snapshot of {f['snapshot_bytes'] / MB:,.1f} MB "
@@ -282,6 +315,8 @@ def report(f: dict[str, Any]) -> str:
         f"{f['leader_log_start']:,}); {f['remote']}:// remote storage, best of {f['rounds']} alternating rounds",
         f"  download of the snapshot's files {f['download_rows_per_s']:>12,.0f} rows/s  "
         f"{f['download_mb_per_s']:>8,.1f} MB/s  (" + ", ".join(f"{s:.2f} s" for s in f["download_s"]) + ")",
+        f"  the same, each file fsynced      {f['rows'] / min(durable):>12,.0f} rows/s  "
+        f"{f['snapshot_bytes'] / MB / min(durable):>8,.1f} MB/s  (" + ", ".join(f"{s:.2f} s" for s in durable) + ")",
         f"  rebuild of the wiped follower    {f['rebuild_rows_per_s']:>12,.0f} rows/s  "
         f"{f['rebuild_mb_per_s']:>8,.1f} MB/s  (" + ", ".join(f"{r['total_s']:.2f} s" for r in f["rebuild"]) + ")",
         f"  ratio rebuild / download         {f['rebuild_vs_download']:>12.2f}   "

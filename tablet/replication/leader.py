@@ -28,14 +28,17 @@ from tablet.replication.roles import BucketRole
 
 class Leadership:
     def __init__(self, server_id: int, role: BucketRole, store, now_ms: int,
-                 on_commit: Callable[[], None] = lambda: None) -> None:
-        """``store`` is open and was told :meth:`become_leader`; ``on_commit()`` runs after the HW moved."""
+                 on_commit: Callable[[], None] = lambda: None, on_isr_due: Callable[[], None] = lambda: None) -> None:
+        """``store`` is open and was told :meth:`become_leader`; ``on_commit()`` runs after the HW moved,
+        ``on_isr_due()`` when a follower's fetch made it a member to add to the ISR (the ISR keeper runs at
+        once rather than at its next round: a rebuilt or restarted follower is back in sync sooner)."""
         self.server_id = server_id
         self.role = role
         self.epoch = role.leader_epoch
         self.bucket_epoch = role.bucket_epoch
         self.store = store
         self.on_commit = on_commit
+        self.on_isr_due = on_isr_due
         self.ended = False
         self._cond = threading.Condition()
         end = store.log_end_offset
@@ -132,6 +135,9 @@ class Leadership:
                 raise errors.InvalidRequestError(f"{self.where}: {exc}") from None
             hw = self.view.high_watermark()
             news = hw > self._answered_hw.get(follower, -1)
+            if (follower not in self.view.isr and self.view.proposed_isr is None and now_ms >= self._next_change_ms
+                    and follower in self.view.expand_candidates()):
+                self.on_isr_due()
             return hw, news
 
     def answered(self, follower: int, hw: int) -> None:

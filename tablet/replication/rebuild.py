@@ -187,7 +187,8 @@ class Rebuilder(ReplicaWorker):
             lease.acquire()
             manifest = snapshot_download.download(
                 self.storage, handle, target, throttle=self.throttle, stop=self._stop,
-                on_file=lambda n: (self._count(n), lease.renew_if_due()), io_threads=self.io_threads)
+                on_file=lambda n: (self._count(n), lease.renew_if_due()), io_threads=self.io_threads,
+                durable=store.files.settings.fsync)
             size = sum(f.size for f in manifest.files)
             with replica.fetch_lock:
                 if replica.closed or replica.leads:

@@ -33,13 +33,14 @@ class Aborted(errors.KvLeaseError):
 
 def download(storage: RemoteStorage, handle: SnapshotHandle, target_dir: str, *, throttle: Throttle,
              stop: threading.Event, on_file: Callable[[int], None] = lambda n: None,
-             io_threads: int = 8) -> Manifest:
+             io_threads: int = 8, durable: bool = True) -> Manifest:
     """Download the snapshot ``handle`` into ``target_dir`` (missing or empty) as a checkpoint directory;
     returns its manifest. Raises StorageNotFound, StorageError (also a wrong size or checksum),
-    InvalidSnapshotError, Aborted; nothing stays in ``target_dir`` then."""
+    InvalidSnapshotError, Aborted; nothing stays in ``target_dir`` then. ``durable``: each file is fsynced as
+    soon as it is checked, by its I/O thread (the flush of one file overlaps the download of the others)."""
     def before_file(manifest: Manifest, f: ManifestFile) -> None:
         if stop.is_set() or not throttle.take(f.size):
             raise Aborted(f"the download of snapshot {manifest.snapshot_id} of {manifest.bucket} was stopped")
 
     return kvsnapshot.download(storage, handle, target_dir, io_threads=io_threads, before_file=before_file,
-                               on_file=on_file)
+                               on_file=on_file, durable=durable)

@@ -66,6 +66,7 @@ def test_bench_help_says_what_each_benchmark_does():
     ("leases", ["--leases N", "--seconds S", "--raw-writes N", "failover"]),
     ("scan", ["--rows N", "--rounds N", "KvStreamScanner"]),
     ("bootstrap", ["--rows N", "Parquet"]),
+    ("rebuild", ["--rows N", "--tail-percent N", "--remote KIND", "moto"]),
     ("all", ["--leases N", "--rows N", "--rounds N", "writes: rows loaded", "every benchmark that has it"]),
 ])
 def test_bench_name_help_lists_its_options(runs, name, expected):
@@ -90,6 +91,7 @@ def test_bench_name_help_lists_its_options(runs, name, expected):
     (("writes", "--nosuch"), "unrecognized arguments: --nosuch"),
     (("leases", "--rounds", "2"), "unrecognized arguments: --rounds 2"),
     (("all", "--rows", "1e6"), "kvlease bench all: argument --rows: '1e6' is not a whole number"),
+    (("rebuild", "--remote", "gcs"), "argument --remote: 'gcs' is not one of s3, file"),
     (("writes", "--plot", "figures.jpg"), "argument --plot: 'figures.jpg' is not a .png file name"),
     (("all", "--json", "--plot", "{tmp}/missing/figures.png"), "argument --plot: directory '{tmp}/missing' does not exist"),
 ])

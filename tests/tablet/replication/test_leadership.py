@@ -124,6 +124,51 @@ def test_isr_changes_shrink_a_lagging_follower_and_expand_one_fetching_at_the_hw
     assert lead.propose_isr_change(now_ms=6300, max_lag_ms=1000) == ([1, 3], 4, 10)
 
 
+def test_a_fetch_that_makes_a_follower_due_to_join_the_isr_wakes_the_isr_keeper(store):
+    """The ISR keeper runs its rounds every 0.2 s; a follower catching up asks for one at once (a rebuilt or
+    restarted replica is back in sync without waiting for the next round), only while a change can be made."""
+    due = []
+    lead = Leadership(1, role(isr=(1,), min_insync=1), store, now_ms=0, on_isr_due=lambda: due.append(1))
+    end = put(store, lead, 1, 2)
+    lead.on_fetch(2, 0, now_ms=10)  # behind the HW: not due
+    assert due == []
+    lead.on_fetch(2, end, now_ms=20)  # caught up
+    assert due == [1]
+    assert lead.propose_isr_change(now_ms=21, max_lag_ms=1000) == ([1, 2], 4, 9)
+    lead.on_fetch(3, end, now_ms=22)  # a change is in flight: the keeper proposes 3 after it
+    assert due == [1]
+    lead.isr_change_failed(now_ms=30)  # backs off for a second: no wake-ups meanwhile
+    lead.on_fetch(3, end, now_ms=40)
+    assert due == [1]
+    lead.on_fetch(3, end, now_ms=1030)
+    assert due == [1, 1]
+    lead.isr_changed([1, 2, 3], 10)
+    lead.on_fetch(3, end, now_ms=1040)  # a member: nothing to do
+    assert due == [1, 1]
+
+
+def test_a_woken_periodic_runs_its_round_at_once_and_stops_promptly():
+    from tablet.periodic import Periodic
+
+    class Rounds(Periodic):
+        def __init__(self):
+            super().__init__(interval_s=60)
+            self.ran = threading.Event()
+
+        def run_once(self):
+            self.ran.set()
+            return 0
+
+    rounds = Rounds().start()
+    try:
+        assert not rounds.ran.wait(0.2)  # the interval is a minute
+        rounds.wake()
+        assert rounds.ran.wait(5)
+    finally:
+        rounds.stop()
+    assert not rounds._thread.is_alive()
+
+
 def test_a_write_committed_after_the_isr_fell_below_min_insync_is_not_acknowledged(store):
     lead = Leadership(1, role(isr=(1, 2), min_insync=2), store, now_ms=0)
     end = put(store, lead, 1)

@@ -14,7 +14,7 @@ from common import errors
 from common.checksum import file_crc32
 from common.kvsnapshot import Manifest, ManifestFile, check_file
 from common.logentry import CorruptLogError
-from common.model import TableBucket
+from common.model import SnapshotFile, TableBucket
 from common.storage import open_storage
 from tablet import bucket_damage, writer_sequences
 from tablet.kvstore import BucketStoreError, KvStore
@@ -91,6 +91,32 @@ def test_a_downloaded_file_is_checked_by_size_and_by_checksum_when_the_manifest_
         check_file(storage, ManifestFile("p", "CURRENT", 16, good ^ 1), str(local))
     with pytest.raises(errors.StorageError, match="17"):
         check_file(storage, ManifestFile("p", "CURRENT", 17, good), str(local))
+
+
+def test_a_durable_download_fsyncs_each_file_before_its_rename_and_the_directory_last(tmp_path, monkeypatch):
+    """A rebuild's download (``durable``) leaves nothing for the install to flush: each file is synced by its
+    I/O thread under its temp name, the directory once all are in place; a plain download syncs nothing."""
+    from common import kvsnapshot
+    from tests.support.snapshot_manifests import snapshot
+
+    storage = open_storage(f"file://{tmp_path}/remote")
+    tb = TableBucket(5, 0)
+    files = [SnapshotFile(f"kv/5/0/shared/{n:06d}.sst", 100 + n) for n in range(3)]
+    handle = snapshot(storage, tb, 1, 10, files)
+    synced = []
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+    monkeypatch.setattr(os, "fsync", fsync)
+    kvsnapshot.download(storage, handle, str(tmp_path / "plain"))
+    assert synced == []
+    kvsnapshot.download(storage, handle, str(tmp_path / "durable"), durable=True)
+    target = str(tmp_path / "durable")
+    assert sorted(synced[:-1]) == [f"{target}/{n:06d}.sst.part" for n in range(3)]
+    assert synced[-1] == target
+    assert sorted(os.listdir(target)) == [f"{n:06d}.sst" for n in range(3)]
 
 
 def open_error(path: str) -> BaseException:
