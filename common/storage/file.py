@@ -1,13 +1,17 @@
 """``file://`` remote storage: a local directory (or a shared file system mounted on every host).
 
 Writes go to a temp file (``*.tmp-{pid}-{thread}``), are fsync'd, then moved
-into place; listings leave temp files out.
+into place; listings leave temp files out. Files are uploaded and downloaded
+by the kernel (``shutil.copyfile``: ``copy_file_range``/``sendfile``), never
+read whole into memory: an SST file of gigabytes costs no more memory than a
+small one.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import threading
 import urllib.parse
 from typing import Callable, Iterator, Sequence
@@ -80,14 +84,19 @@ class FileStorage(RemoteStorage):
         except OSError as exc:
             raise StorageError(f"cannot read {self.uri}/{path}: {exc}", path=path) from None
 
-    def _write(self, path: str, data: bytes, exclusive: bool, sync: bool = True) -> None:
-        """Write ``data`` to a temp file (fsync'd if ``self.fsync and sync``), then move it into place."""
+    def _write(self, path: str, data: bytes | None, exclusive: bool, sync: bool = True,
+               source: str | None = None) -> None:
+        """Write ``data`` (or copy the local file ``source``) to a temp file (fsync'd if ``self.fsync and
+        sync``), then move it into place."""
         full = self._full(path)
         tmp = f"{full}.tmp-{os.getpid()}-{threading.get_ident()}"
         try:
             _make_dirs(os.path.dirname(full))
-            with open(tmp, "wb") as fh:
-                fh.write(data)
+            if source is not None:
+                shutil.copyfile(source, tmp)
+            with open(tmp, "r+b" if source is not None else "wb") as fh:
+                if data is not None:
+                    fh.write(data)
                 if self.fsync and sync:
                     fh.flush()
                     os.fsync(fh.fileno())
@@ -176,6 +185,23 @@ class FileStorage(RemoteStorage):
 
     def put(self, path: str, data: bytes) -> None:
         self._write(path, data, exclusive=False)
+
+    def upload_file(self, path: str, local_path: str) -> None:
+        """Create or replace ``path`` with a copy of the local file (made by the kernel). StorageError, also
+        when the local file cannot be read."""
+        self._write(path, None, exclusive=False, source=local_path)
+
+    def download_file(self, path: str, local_path: str) -> None:
+        """Copy the object to a local file (by the kernel). StorageNotFound, StorageError."""
+        try:
+            shutil.copyfile(self._full(path), local_path)
+        except FileNotFoundError:
+            if not os.path.exists(self._full(path)):
+                raise StorageNotFound(f"{self.uri}/{path} does not exist", path=path) from None
+            raise StorageError(f"cannot read {self.uri}/{path} into {local_path}: its directory does not exist",
+                               path=path) from None
+        except OSError as exc:
+            raise StorageError(f"cannot read {self.uri}/{path} into {local_path}: {exc}", path=path) from None
 
     def delete(self, path: str) -> None:
         full = self._full(path)

@@ -279,3 +279,24 @@ def test_file_storage_batch_creates_in_place_and_a_failed_item_leaves_nothing_of
     assert "No space left" in str(outcomes[3])
     assert storage.list("") == ["file", "t/a", "t/taken", "u/v/c"]
     assert [storage.read(p) for p in ("t/a", "t/taken", "u/v/c")] == [b"a", b"old", b"c"]
+
+
+@pytest.mark.unit
+def test_file_storage_copies_files_without_reading_them_into_memory_and_says_what_failed(tmp_path, monkeypatch):
+    """upload_file and download_file are kernel copies (an SST of gigabytes is never one bytes object):
+    ``read`` is not used; a missing local source or target directory is a StorageError naming it."""
+    storage = FileStorage(f"file://{tmp_path}/r", fsync=True)
+    monkeypatch.setattr(FileStorage, "read", lambda self, path: pytest.fail("read whole into memory"))
+    local = tmp_path / "big.sst"
+    local.write_bytes(bytes(range(256)) * 4096)
+    storage.upload_file("kv/1/0/shared/big.sst", str(local))
+    storage.download_file("kv/1/0/shared/big.sst", str(tmp_path / "back.sst"))
+    assert (tmp_path / "back.sst").read_bytes() == local.read_bytes()
+    assert [p.name for p in (tmp_path / "r" / "kv" / "1" / "0" / "shared").iterdir()] == ["big.sst"]  # no temp
+    with pytest.raises(StorageError, match="cannot write .*/missing.sst"):
+        storage.upload_file("kv/1/0/shared/missing.sst", str(tmp_path / "nope.sst"))
+    assert not storage.exists("kv/1/0/shared/missing.sst")
+    with pytest.raises(StorageError, match="no-such-dir.*does not exist"):
+        storage.download_file("kv/1/0/shared/big.sst", str(tmp_path / "no-such-dir" / "x.sst"))
+    with pytest.raises(StorageNotFound):
+        storage.download_file("kv/1/0/shared/gone.sst", str(tmp_path / "gone.sst"))
