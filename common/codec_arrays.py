@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from common.errors import InvalidRowError, show  # noqa: F401 (show: used here and by common.codec)
-from common.tables import Column
+from common.tables import INT_RANGE, Column
 
 ARROW_TYPES: dict[str, pa.DataType] = {
     "BOOLEAN": pa.bool_(),
@@ -38,7 +38,6 @@ EMPTY_JOIN = pa.scalar(b"", pa.binary())
 
 CONVERSION_ERRORS = (pa.ArrowException, TypeError, ValueError, OverflowError)
 #: The values an INT or BIGINT column holds.
-INT_RANGE = {"INT": (-(1 << 31), (1 << 31) - 1), "BIGINT": (-(1 << 63), (1 << 63) - 1)}
 ALLOWED = {
     "BOOLEAN": (bool, np.bool_),
     "INT": (int, np.integer),

@@ -7,6 +7,9 @@ from dataclasses import dataclass, field
 
 from common.errors import InvalidRequestError, InvalidTableError, show
 
+#: The values an INT and a BIGINT column hold.
+INT_RANGE = {"INT": (-(1 << 31), (1 << 31) - 1), "BIGINT": (-(1 << 63), (1 << 63) - 1)}
+
 TYPES = ("BOOLEAN", "INT", "BIGINT", "DOUBLE", "STRING", "BYTES", "TIMESTAMP")
 #: A database, table or column name; always used with fullmatch (``$`` also matches before a final newline).
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")

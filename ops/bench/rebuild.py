@@ -229,6 +229,32 @@ def fill(admin, table_id: int, rows: int, tail_rows: int, batch: int, threads: i
     return handle, log_start, log_end
 
 
+def start_cluster(base: str, directory: str, rows: int, remote: str, stack: contextlib.ExitStack, progress):
+    """The local cluster in ``directory`` (its cluster.json document), with moto's S3 server (stopped by
+    ``stack``) as its remote storage for ``remote`` "s3", else a directory of ``directory``."""
+    overrides = {**CLUSTER_OVERRIDES, "log.segment.bytes": f"{segment_kb(rows)}kb"}
+    remote_uri = None
+    if remote == "s3":
+        progress("starting moto's S3 server")
+        s3 = stack.enter_context(local_s3(base))
+        remote_uri = s3.pop(cfg.REMOTE_DATA_DIR.name)
+        overrides.update(s3)
+    return local_cluster.start(directory, tablets=1, remote=remote_uri, config_overrides=overrides, progress=progress)
+
+
+def speeds(rows: int, handle, downloads: list[float], durable_downloads: list[float],
+           rebuilds: list[dict[str, float]]) -> dict[str, Any]:
+    """The rounds' times and the best of each as rows/s, MB/s and the ratio."""
+    snapshot_bytes = sum(f.size for f in handle.files)
+    download_s = min(downloads)
+    rebuild_s = min(r["total_s"] for r in rebuilds)
+    return {"snapshot_bytes": snapshot_bytes, "snapshot_files": len(handle.files),
+            "download_s": downloads, "durable_download_s": durable_downloads, "rebuild": rebuilds,
+            "download_rows_per_s": rows / download_s, "download_mb_per_s": snapshot_bytes / MB / download_s,
+            "rebuild_rows_per_s": rows / rebuild_s, "rebuild_mb_per_s": snapshot_bytes / MB / rebuild_s,
+            "rebuild_vs_download": download_s / rebuild_s, "target_ratio": TARGET_RATIO}
+
+
 def run(*, rows: int, tail_percent: int, batch: int, threads: int, rounds: int, remote: str = "s3",
         progress: bench_suite.Progress = lambda text: None) -> dict[str, Any]:
     """The figures (see the module docstring); options as in ``OPTIONS``."""
@@ -241,15 +267,7 @@ def run(*, rows: int, tail_percent: int, batch: int, threads: int, rounds: int, 
     follower = None
     stack = contextlib.ExitStack()
     try:
-        overrides = {**CLUSTER_OVERRIDES, "log.segment.bytes": f"{segment_kb(rows)}kb"}
-        remote_uri = None
-        if remote == "s3":
-            progress("starting moto's S3 server")
-            s3 = stack.enter_context(local_s3(base))
-            remote_uri = s3.pop(cfg.REMOTE_DATA_DIR.name)
-            overrides.update(s3)
-        doc = local_cluster.start(directory, tablets=1, remote=remote_uri, config_overrides=overrides,
-                                  progress=progress)
+        doc = start_cluster(base, directory, rows, remote, stack, progress)
         leader_pid = int(doc["tablets"][0]["pid"])
         config = follower_config(directory, f"{base}/follower")
         storage = open_storage(config[cfg.REMOTE_DATA_DIR], config)
@@ -280,16 +298,9 @@ def run(*, rows: int, tail_percent: int, batch: int, threads: int, rounds: int, 
                         raise RuntimeError(f"the rebuilt follower holds {held:,} rows, the table {rows:,}")
                 stop_follower(follower, admin, table_id)
                 follower = None
-        snapshot_bytes = sum(f.size for f in handle.files)
-        download_s = min(downloads)
-        rebuild_s = min(r["total_s"] for r in rebuilds)
         return {"rows": rows, "tail_rows": tail_rows, "rounds": rounds, "remote": remote,
-                "snapshot_bytes": snapshot_bytes, "snapshot_files": len(handle.files),
                 "snapshot_log_offset": handle.log_offset, "leader_log_start": log_start, "leader_log_end": log_end,
-                "download_s": downloads, "durable_download_s": durable_downloads, "rebuild": rebuilds,
-                "download_rows_per_s": rows / download_s, "download_mb_per_s": snapshot_bytes / MB / download_s,
-                "rebuild_rows_per_s": rows / rebuild_s, "rebuild_mb_per_s": snapshot_bytes / MB / rebuild_s,
-                "rebuild_vs_download": download_s / rebuild_s, "target_ratio": TARGET_RATIO}
+                **speeds(rows, handle, downloads, durable_downloads, rebuilds)}
     finally:
         if follower is not None:
             follower.stop()

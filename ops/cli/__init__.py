@@ -1,18 +1,43 @@
 """The ``kvlease`` command line (console script ``ops.cli:main``).
 
 :mod:`ops.cli.app` holds the root group, the state the commands share and
-:func:`main`; :mod:`ops.cli.values` parses values from text; every other
+its ``main``; :mod:`ops.cli.values` parses values from text; every other
 module is one command group and adds its commands to the root group when it
-is imported, which this package does below.
+is imported. The root group imports only the modules of the command being run
+(:data:`ops.cli.app.COMMAND_MODULES`): ``kvlease table list`` does not pay for
+Arrow, pandas or Spark, which only the data commands and the demo need.
+Importing this package imports nothing but the standard library: a Ctrl-C at
+any point of a command's start is ``error: interrupted`` and exit code 130,
+never a traceback.
 """
 
+from __future__ import annotations
+
 import os
+import sys
+from typing import Any, Iterable
 
 # gRPC core logs each failed TLS handshake on stderr at INFO; the CLI's one-line error already says so.
-# It reads this when grpc is first imported, which the imports below do.
+# It reads this when grpc is first imported, which the commands do.
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
-from ops.cli import bucket, bucket_loss, bucket_moves, changelog, cluster, cluster_moves, data, demo, lease, plugins, scan, security, snapshot, table  # noqa: E402,F401  (they add the commands)
-from ops.cli.app import State, kvlease, main  # noqa: E402
-
 __all__ = ["State", "kvlease", "main"]
+
+
+def main(argv: Iterable[str] | None = None) -> None:
+    """Console-script entry point."""
+    try:
+        from ops.cli.app import main as run
+    except KeyboardInterrupt:
+        sys.stderr.write("error: interrupted\n")
+        sys.exit(130)
+    run(argv)
+
+
+def __getattr__(name: str) -> Any:
+    """``State`` and ``kvlease`` (the root group) come from :mod:`ops.cli.app`, imported on first use."""
+    if name in ("State", "kvlease"):
+        from ops.cli import app
+
+        return getattr(app, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

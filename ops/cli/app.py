@@ -24,13 +24,16 @@ ZooKeeper are retried until ``--retry-timeout`` runs out, and the message says s
 first asks ``is the cluster running?`` (the coordinator answered: ZooKeeper is the problem).
 
 The commands are in the sibling modules, one per command group; they add
-themselves to :func:`kvlease` when :mod:`ops.cli` imports them.
+themselves to :func:`kvlease` when imported, which the root group does for the
+command being run only (:data:`COMMAND_MODULES`; all of them for the root's
+``--help``).
 """
 
 from __future__ import annotations
 
 import functools
 import getpass
+import importlib
 import os
 import sys
 import traceback
@@ -271,10 +274,29 @@ def _one_line(exc: click.UsageError) -> click.UsageError:
     return OneLineUsageError(exc.format_message(), exc.ctx)
 
 
+#: The modules of ``ops.cli`` that add each top-level command (a group's subcommands may come from several).
+COMMAND_MODULES = {
+    "acl": ("security",), "bench": ("plugins",), "bucket": ("bucket", "bucket_loss", "bucket_moves"),
+    "cluster": ("cluster", "cluster_moves"), "delete": ("data",), "demo": ("demo",), "drill": ("plugins",),
+    "get": ("data",), "lease": ("lease",), "log": ("changelog",), "put": ("data",), "scan": ("scan",),
+    "snapshot": ("snapshot",), "table": ("table",), "user": ("security",),
+}
+
+
 class KvleaseGroup(click.Group):
     """The root group: an argument that is not valid text is a usage error before anything runs, and
     every usage error of any command (bad option syntax, a failed check of a value, an unknown command)
-    is one ``error:`` line, like every other error (click's own is four lines with the usage)."""
+    is one ``error:`` line, like every other error (click's own is four lines with the usage). A command's
+    modules are imported when it is looked up (:data:`COMMAND_MODULES`); Ctrl-C meanwhile is
+    ``error: interrupted``, exit code 130, as in a command."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(super().list_commands(ctx)) | set(COMMAND_MODULES))
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        for module in COMMAND_MODULES.get(name, ()):
+            importlib.import_module(f"ops.cli.{module}")
+        return super().get_command(ctx, name)
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         for arg in args:
@@ -295,6 +317,9 @@ class KvleaseGroup(click.Group):
             return super().invoke(ctx)  # parses and runs the subcommands
         except click.UsageError as exc:
             raise _one_line(exc) from None
+        except KeyboardInterrupt:  # before the command's own handling (catch_errors): importing it
+            click.echo("error: interrupted", err=True)
+            ctx.exit(130)
 
 
 @click.group(cls=KvleaseGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

@@ -19,9 +19,8 @@ import click
 
 from common import config as cfg
 from common import errors
-from common.codec_arrays import INT_RANGE
 from common.model import lease_id_problem, lease_owner_problem
-from common.tables import TableInfo, parse_table_path
+from common.tables import INT_RANGE, TableInfo, parse_table_path
 
 
 # -- parameter types (client-side syntax checks: usage errors, exit 2) -------------------------

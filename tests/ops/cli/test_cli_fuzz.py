@@ -29,8 +29,11 @@ from tests.support.cli_runner import NO_ENV
 
 
 def commands(group: click.Group = kvlease, path: tuple[str, ...] = ()) -> dict[tuple[str, ...], click.Command]:
+    """Every command (the root group imports each one's modules when it is looked up)."""
     found = {}
-    for name, command in group.commands.items():
+    ctx = click.Context(group)
+    for name in group.list_commands(ctx):
+        command = group.get_command(ctx, name)
         if isinstance(command, click.Group):
             found.update(commands(command, path + (name,)))
         else:

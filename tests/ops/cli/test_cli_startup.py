@@ -1,0 +1,71 @@
+"""The CLI's start: only the command being run is imported, and a Ctrl-C at any point of it is one line.
+
+Each case runs a fresh interpreter (what is imported depends on what the process imported before)."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+
+import click
+import pytest
+
+from ops.cli.app import COMMAND_MODULES, kvlease
+
+pytestmark = pytest.mark.unit
+
+#: What the table commands never need (they talk to the coordinator: gRPC is theirs).
+HEAVY = ("pyarrow", "pandas", "numpy", "pyspark", "kazoo", "rocksdict", "boto3")
+
+
+def python(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+
+def test_every_command_module_is_listed_with_the_commands_it_adds():
+    """COMMAND_MODULES names, for each top-level command, every module that adds it or its subcommands: a
+    command added by a module the map does not name would be missing unless something imported it."""
+    for modules in COMMAND_MODULES.values():
+        for module in modules:
+            importlib.import_module(f"ops.cli.{module}")
+    added: dict[str, set[str]] = {}
+    for name, command in kvlease.commands.items():
+        found = {command.callback.__module__} if command.callback else set()
+        if isinstance(command, click.Group):
+            found |= {sub.callback.__module__ for sub in command.commands.values()}
+        added[name] = {m.removeprefix("ops.cli.") for m in found}
+    assert added == {name: set(modules) for name, modules in COMMAND_MODULES.items()}
+
+
+def test_a_command_imports_only_what_it_needs():
+    result = python("import sys\n"
+                    "from ops.cli import main\n"
+                    "try:\n"
+                    "    main(['table', '--help'])\n"
+                    "except SystemExit as exc:\n"
+                    "    assert exc.code == 0, exc.code\n"
+                    f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))\n"
+                    "print('ops.cli.data' in sys.modules, 'ops.demo' in sys.modules)")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-2:] == ["[]", "False False"]
+
+
+@pytest.mark.parametrize("module,argv", [
+    ("ops.cli.app", ["table", "list"]),  # interrupted while the CLI itself loads
+    ("ops.cli.table", ["table", "list"]),  # while the command's module loads
+    ("ops.cli.data", ["get", "db.t", "{}"]),
+])
+def test_ctrl_c_while_the_cli_starts_is_one_line_and_exit_130(module, argv):
+    """A KeyboardInterrupt raised by an import (as a Ctrl-C in the second it may take) is the CLI's usual
+    ``error: interrupted`` and exit code 130, not a traceback."""
+    result = python("import sys\n"
+                    "class Interrupt:\n"
+                    "    def find_spec(self, name, path=None, target=None):\n"
+                    f"        if name == {module!r}:\n"
+                    "            raise KeyboardInterrupt\n"
+                    "sys.meta_path.insert(0, Interrupt())\n"
+                    "from ops.cli import main\n"
+                    f"main({argv!r})\n")
+    assert result.returncode == 130, result.stderr
+    assert result.stderr == "error: interrupted\n"
