@@ -36,6 +36,7 @@ import getpass
 import importlib
 import os
 import sys
+import threading
 import traceback
 from typing import Callable, Iterable
 
@@ -182,6 +183,32 @@ def _message(exc: BaseException, state: State | None) -> str:
     return f"internal error: {type(exc).__name__}: {exc} (set KVLEASE_DEBUG=1 for a traceback)"
 
 
+#: After Ctrl-C, the console script closes its clients for at most this long, then ends whatever is left.
+INTERRUPT_CLOSE_S = 2.0
+_console_script = False  # main() runs: a Ctrl-C ends the process (not so for click's test runner)
+
+
+def interrupted(ctx: click.Context) -> None:
+    """Ctrl-C: ``error: interrupted`` and exit code 130, as for every command. From the console script the
+    process then ends within :data:`INTERRUPT_CLOSE_S`: closing a gRPC channel whose call the interrupt cut
+    short can hang (grpc/grpc#19973), and nothing the command still holds may keep a Ctrl-C from working
+    (its own cleanup ran already, while the interrupt unwound it)."""
+    click.echo("error: interrupted", err=True)
+    if not _console_script:
+        ctx.exit(130)
+    state = ctx.find_object(State)
+    if state is not None:
+        closer = threading.Thread(target=state.close, name="close-on-interrupt", daemon=True)
+        closer.start()
+        closer.join(INTERRUPT_CLOSE_S)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: nothing more can reach it
+            pass
+    os._exit(130)
+
+
 def single_line(text: str) -> str:
     """``text`` on one line: line breaks (from arguments or values quoted in a message) as ``\\n``."""
     return "".join(ch if ch.isprintable() or ch == "\t" else ascii(ch)[1:-1] for ch in text)
@@ -199,8 +226,7 @@ def catch_errors(func: Callable) -> Callable:
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise
         except KeyboardInterrupt:
-            click.echo("error: interrupted", err=True)
-            ctx.exit(130)
+            interrupted(ctx)
         except Exception as exc:
             if state is not None and state.debug:
                 traceback.print_exc()
@@ -318,8 +344,7 @@ class KvleaseGroup(click.Group):
         except click.UsageError as exc:
             raise _one_line(exc) from None
         except KeyboardInterrupt:  # before the command's own handling (catch_errors): importing it
-            click.echo("error: interrupted", err=True)
-            ctx.exit(130)
+            interrupted(ctx)
 
 
 @click.group(cls=KvleaseGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -362,5 +387,7 @@ pass_state = click.make_pass_decorator(State)
 
 
 def main(argv: Iterable[str] | None = None) -> None:
-    """Console-script entry point."""
+    """Console-script entry point (a Ctrl-C ends the process: :func:`interrupted`)."""
+    global _console_script
+    _console_script = True
     kvlease.main(args=list(argv) if argv is not None else None, prog_name="kvlease")

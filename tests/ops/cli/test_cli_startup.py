@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 import subprocess
 import sys
+import time
 
 import click
 import pytest
@@ -69,3 +70,22 @@ def test_ctrl_c_while_the_cli_starts_is_one_line_and_exit_130(module, argv):
                     f"main({argv!r})\n")
     assert result.returncode == 130, result.stderr
     assert result.stderr == "error: interrupted\n"
+
+
+def test_after_ctrl_c_a_close_that_hangs_does_not_keep_the_process_alive():
+    """Closing a gRPC channel whose call a Ctrl-C cut short can hang (grpc/grpc#19973): the console script
+    ends within its bounded close anyway, with the usual line and exit code."""
+    started = time.monotonic()
+    result = python("import sys, time\n"
+                    "import ops.cli.app as app\n"
+                    "def close(self):\n"
+                    "    print('closing', flush=True)\n"
+                    "    time.sleep(600)\n"
+                    "def client(self):\n"
+                    "    raise KeyboardInterrupt  # as a Ctrl-C in the command's first call\n"
+                    "app.State.close = close\n"
+                    "app.State.client = property(client)\n"
+                    "from ops.cli import main\n"
+                    "main(['table', 'list'])\n")
+    assert (result.returncode, result.stderr, result.stdout) == (130, "error: interrupted\n", "closing\n")
+    assert time.monotonic() - started < 60  # the close waited 2 s of its 600, not all of them
