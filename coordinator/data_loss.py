@@ -19,9 +19,9 @@ out-of-sync replica leads alone). A restore also brings back an offline
 bucket none of whose replicas is live (their servers gone for good): it moves
 onto other live servers (:func:`restore_placement`); every replica of the
 restored bucket owes the restore until it confirms it carried it out
-(:func:`restore_confirmed`), across restarts and later epochs. Each appends a :class:`~common.data_loss.DataLoss`
-to the bucket's ``losses``, bumps the leader epoch and is idempotent: sent
-again, it answers the same record. :func:`elect` without ``unclean`` is a
+(:func:`restore_confirmed`), across restarts and later epochs. Each appends
+a :class:`~common.data_loss.DataLoss` to the bucket's ``losses``, bumps the
+leader epoch and is idempotent: sent again, it answers the same record. :func:`elect` without ``unclean`` is a
 clean election of an ISR member.
 
 Every function returns the bucket's new state (``a`` itself: nothing to

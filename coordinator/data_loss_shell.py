@@ -10,7 +10,8 @@ kept (:mod:`coordinator.log_ends`: in memory and in ZooKeeper): a restore says
 from them how many committed offsets it loses ("unknown" when none was ever
 reported).
 A restored bucket's replicas confirm the restore once carried out
-(``ConfirmRestore``): until then each still owes it. An unclean leader's takeover report resolves its loss; the snapshots of the
+(``ConfirmRestore``): until then each still owes it. An unclean leader's
+takeover report resolves its loss; the snapshots of the
 lost history then leave the kept list (``on_resolved``:
 :meth:`~coordinator.snapshot_commits.SnapshotCommits.drop_lost_history`).
 """

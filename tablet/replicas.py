@@ -18,7 +18,8 @@ coordinator epoch newer than the last one confirmed is taken only if it is
 ZooKeeper's current epoch, and a table's data is deleted only once its
 ``/tables/{id}`` node is gone (also for tables dropped while this server was
 down: :meth:`ReplicaManager.remove_dropped_tables`; and the copies of buckets moved off it while it was down
-or cut off from ZooKeeper, after the first push of each registration: :meth:`ReplicaManager.remove_stray_copies`). A snapshot is: RocksDB checkpoint -> upload of the SST files
+or cut off from ZooKeeper, after the first push of each registration:
+:meth:`ReplicaManager.remove_stray_copies`). A snapshot is: RocksDB checkpoint -> upload of the SST files
 the last committed snapshot does not have + a manifest -> CommitKvSnapshot.
 
 Thousands of buckets: taking a bucket opens no file (its store opens them on
