@@ -1,5 +1,5 @@
 """The data-loss part of the admin client: restore a lost bucket, elect a bucket's leader, and the tablet
-servers' internal reports (a replica's data lost, leaders' log ends).
+servers' internal reports (a replica's data lost, leaders' log ends, a restore carried out).
 
 :class:`DataLossAdmin` is mixed into :class:`client.admin.AdminClient`; it uses
 the admin client's transport (its ``_call``). Every call is safe to resend
@@ -62,6 +62,12 @@ class DataLossAdmin:
         leaves the ISR, and the bucket goes offline if it was its last in-sync replica."""
         self._call("ReportReplicaLoss", pb.ReportReplicaLossRequest(  # type: ignore[attr-defined]
             server_id=server_id, table_id=table_id, bucket=bucket, reason=reason))
+
+    def confirm_restore(self, server_id: int, table_id: int, bucket: int, leader_epoch: int) -> None:
+        """Tell the coordinator that ``server_id``'s replica of the bucket carried out the restore that gave
+        it ``leader_epoch``: it no longer owes it. Resending it changes nothing."""
+        self._call("ConfirmRestore", pb.ConfirmRestoreRequest(  # type: ignore[attr-defined]
+            server_id=server_id, table_id=table_id, bucket=bucket, leader_epoch=leader_epoch))
 
     def report_log_ends(self, server_id: int, ends: Iterable[tuple[int, int, int, int]],
                         takeover: bool = False) -> None:

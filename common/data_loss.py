@@ -31,6 +31,10 @@ class DataLoss:
     leader: int = -1
     #: unclean: the newest snapshot id committed before the election (0: none); see :meth:`lost_history`
     newest_snapshot_id: int = 0
+    #: restore: the replicas that have not confirmed yet that they carried it out (dropped their local
+    #: state; the leader installed the snapshot); each still owes it, however many epochs pass. None: not
+    #: known (a record from before this was kept; the coordinator's own, never on the wire)
+    owed_by: tuple[int, ...] | None = None
 
     @property
     def resolved(self) -> bool:
@@ -56,18 +60,34 @@ class DataLoss:
         return f"{how} at {at}, leader epoch {self.leader_epoch}: {count}"
 
     def to_json(self) -> dict:
+        node = self._fields()
+        if self.owed_by is not None:
+            node["owed_by"] = list(self.owed_by)
+        return node
+
+    def _fields(self) -> dict:
         return {"kind": self.kind, "leader_epoch": self.leader_epoch, "from_offset": self.from_offset,
                 "last_known_end": self.last_known_end, "snapshot_id": self.snapshot_id, "at_ms": self.at_ms,
                 "leader": self.leader, "newest_snapshot_id": self.newest_snapshot_id}
 
     @classmethod
     def from_json(cls, node: Mapping) -> "DataLoss":
+        owed = node.get("owed_by")
         return cls(str(node["kind"]), int(node["leader_epoch"]), int(node["from_offset"]),
                    int(node.get("last_known_end", UNKNOWN)), int(node.get("snapshot_id", 0)),
-                   int(node.get("at_ms", 0)), int(node.get("leader", -1)), int(node.get("newest_snapshot_id", 0)))
+                   int(node.get("at_ms", 0)), int(node.get("leader", -1)), int(node.get("newest_snapshot_id", 0)),
+                   None if owed is None else tuple(int(r) for r in owed))
 
     def to_pb(self, pb_cls):
-        return pb_cls(**self.to_json())
+        """The record on the wire (``DataLossPb``): ``owed_by`` stays with the coordinator (each replica is
+        told whether it owes the restore: ``BucketLeadershipPb.restore_owed``)."""
+        return pb_cls(**self._fields())
+
+    def owes(self, server: int) -> bool | None:
+        """Whether ``server`` still owes this restore (None: not known, see :attr:`owed_by`)."""
+        if self.kind != RESTORE or self.owed_by is None:
+            return None
+        return server in self.owed_by
 
     @classmethod
     def from_pb(cls, msg) -> "DataLoss":

@@ -367,6 +367,12 @@ class Controller(Dispatcher):
     def _log_ends(self, request: rq.ReportLogEnds):
         return self.losses.log_ends_reported(request.server_id, list(request.ends), request.takeover)
 
+    @on(rq.ConfirmRestore)
+    @_barrier
+    def _restore_confirmed(self, request: rq.ConfirmRestore):
+        return self.losses.restore_confirmed(request.server_id, request.table_id, request.bucket,
+                                             request.leader_epoch)
+
     @on(rq.RestoreBucket)
     @_barrier
     def _restore_bucket(self, request: rq.RestoreBucket):

@@ -17,9 +17,11 @@ An operator brings such a bucket back at the price of the lost changes:
 state, the leader installs it) or :func:`elect` with ``unclean`` (an
 out-of-sync replica leads alone). A restore also brings back an offline
 bucket none of whose replicas is live (their servers gone for good): it moves
-onto other live servers (:func:`restore_placement`). Each appends a :class:`~common.data_loss.DataLoss`
-to the bucket's ``losses``, bumps the leader epoch and is idempotent: sent
-again, it answers the same record. :func:`elect` without ``unclean`` is a
+onto other live servers (:func:`restore_placement`); every replica of the
+restored bucket owes the restore until it confirms it carried it out
+(:func:`restore_confirmed`), across restarts and later epochs. Each appends
+a :class:`~common.data_loss.DataLoss` to the bucket's ``losses``, bumps the
+leader epoch and is idempotent: sent again, it answers the same record. :func:`elect` without ``unclean`` is a
 clean election of an ISR member.
 
 Every function returns the bucket's new state (``a`` itself: nothing to
@@ -107,7 +109,8 @@ def restore(a: BucketAssignment, live: Iterable[int], snapshot: tuple[int, int] 
         raise errors.InvalidRequestError(
             f"{where} is offline: {why}. Restoring it{onto} from {source} loses {lost}; run again with "
             "--accept-data-loss to accept that")
-    loss = DataLoss(RESTORE, a.leader_epoch + 1, from_offset, last_known_end, snapshot_id, at_ms, leader)
+    loss = DataLoss(RESTORE, a.leader_epoch + 1, from_offset, last_known_end, snapshot_id, at_ms, leader,
+                    owed_by=replicas)
     return replace(a, leader=leader, replicas=replicas, isr=(leader,), leader_epoch=loss.leader_epoch,
                    bucket_epoch=a.bucket_epoch + 1, offline_reason="", losses=a.losses + (loss,),
                    reassign=a.reassign if replicas == a.replicas else None), loss
@@ -264,6 +267,18 @@ def takeover_reported(a: BucketAssignment, server: int, leader_epoch: int, log_e
         return a
     return replace(a, losses=a.losses[:-1] + (replace(latest, from_offset=log_end),),
                    bucket_epoch=a.bucket_epoch + 1)
+
+
+def restore_confirmed(a: BucketAssignment, server: int, leader_epoch: int) -> BucketAssignment:
+    """``server`` carried out the restore that gave the bucket ``leader_epoch``: it no longer owes it
+    (:attr:`~common.data_loss.DataLoss.owed_by`). Anything else (a resent confirmation, another loss, a
+    restore recorded before owed_by was kept) changes nothing. The leader and ISR do not change, so
+    neither does the bucket epoch (a leader's ISR change in flight stays valid)."""
+    for i, loss in enumerate(a.losses):
+        if loss.kind == RESTORE and loss.leader_epoch == leader_epoch and loss.owes(server):
+            owed = tuple(r for r in loss.owed_by if r != server)
+            return replace(a, losses=a.losses[:i] + (replace(loss, owed_by=owed),) + a.losses[i + 1:])
+    return a
 
 
 def pending_takeover(a: BucketAssignment) -> bool:

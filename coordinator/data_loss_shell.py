@@ -9,7 +9,9 @@ server every ``kv.snapshot.interval`` for the buckets whose end moved) are
 kept (:mod:`coordinator.log_ends`: in memory and in ZooKeeper): a restore says
 from them how many committed offsets it loses ("unknown" when none was ever
 reported).
-An unclean leader's takeover report resolves its loss; the snapshots of the
+A restored bucket's replicas confirm the restore once carried out
+(``ConfirmRestore``): until then each still owes it. An unclean leader's
+takeover report resolves its loss; the snapshots of the
 lost history then leave the kept list (``on_resolved``:
 :meth:`~coordinator.snapshot_commits.SnapshotCommits.drop_lost_history`).
 """
@@ -96,6 +98,18 @@ class DataLossShell:
                 if new.losses and new.losses[-1].resolved:  # also a resent report: dropping is idempotent
                     self.on_resolved(TableBucket(table_id, bucket), new.losses)
             self.ends.note(table_id, bucket, leader_epoch, log_end)
+
+    def restore_confirmed(self, server_id: int, table_id: int, bucket: int, leader_epoch: int) -> BucketAssignment:
+        """``server_id`` carried out the restore of ``leader_epoch``: it no longer owes it (written, then
+        told: its pushes say so). A resent confirmation changes nothing."""
+        where, current = self._bucket(table_id, bucket)
+        new = data_loss.restore_confirmed(current, server_id, leader_epoch)
+        if new != current:
+            self._store(table_id, bucket, new)
+            log.info("%s: tablet server %d carried out the restore of leader epoch %d (still owed by %s)", where,
+                     server_id, leader_epoch, list(next(loss.owed_by for loss in new.losses
+                                                        if loss.leader_epoch == leader_epoch)))
+        return new
 
     # -- operators --------------------------------------------------------------------------------
 

@@ -31,15 +31,19 @@ log = logging.getLogger(__name__)
 
 
 def bucket_role_pb(table: TableInfo, bucket: int, state: BucketAssignment, leader_address: str,
-                   removed: bool = False) -> pb.BucketLeadershipPb:
+                   removed: bool = False, server_id: int | None = None) -> pb.BucketLeadershipPb:
     """One bucket as its replicas are told it: ``leader`` always set (-1: none), ``leader_address`` "" if
-    the leader is not live; ``removed``: told to a server a completed move took the bucket off."""
+    the leader is not live; ``removed``: told to a server a completed move took the bucket off;
+    ``server_id``: the server told, whether it still owes the latest restore (``restore_owed``)."""
     msg = pb.BucketLeadershipPb(table=table_to_pb(table), bucket=bucket, leader_epoch=state.leader_epoch,
                                 leader=state.leader, leader_address=leader_address, replicas=list(state.replicas),
                                 isr=list(state.isr), bucket_epoch=state.bucket_epoch, removed=removed,
                                 offline_reason=state.offline_reason)
     if state.losses:
         msg.latest_loss.CopyFrom(state.losses[-1].to_pb(coordinator_pb.DataLossPb))
+        owed = None if server_id is None else state.losses[-1].owes(server_id)
+        if owed is not None:
+            msg.restore_owed = owed
     return msg
 
 
@@ -87,7 +91,7 @@ class LeadershipNotifier:
     def _send(self, server_id: int, address: str, led: list, dropped: set[int], removed: dict, dir_id: str) -> None:
         request = pb.UpdateLeadershipRequest(
             coordinator_epoch=self.epoch, server_id=server_id, dropped_tables=sorted(dropped),
-            buckets=[bucket_role_pb(*held) for held in led]
+            buckets=[bucket_role_pb(*held, server_id=server_id) for held in led]
             + [bucket_role_pb(*entry, removed=True) for _key, entry in sorted(removed.items())], dir_id=dir_id)
         retry = RetryPolicy(self.retry_total_s).retrying((errors.KvLeaseError,), stop_event=self._closed)
         try:

@@ -36,6 +36,7 @@ from dataclasses import replace
 from typing import Iterable, Sequence
 
 from common import errors
+from coordinator import data_loss
 from coordinator.assignment import Assignments, BucketAssignment, Changes
 
 
@@ -97,15 +98,18 @@ def start(a: BucketAssignment, target: Sequence[int], where: str = "the bucket")
 
 def progress(a: BucketAssignment, live: set[int]) -> BucketAssignment | None:
     """``a`` with its move completed, if it can complete now (every target replica in the ISR, a live target
-    replica to lead); None: nothing to do yet (or no move)."""
+    replica to lead, no unclean takeover waiting for its leader's log end); None: nothing to do yet (or no
+    move). The bucket's accepted losses stay with it (a restore still owed by its new leader is carried
+    out, readers and snapshot commits are fenced by them). An unclean leader reports its log end at the
+    loss's leader epoch: completing the move before would bump that epoch and leave the loss unresolved."""
     target = a.reassign
-    if target is None or a.offline or not set(target) <= set(a.isr):
+    if target is None or a.offline or not set(target) <= set(a.isr) or data_loss.pending_takeover(a):
         return None
     leader = a.leader if a.leader in target else next((r for r in target if r in live), None)
     if leader is None:
         return None
-    return BucketAssignment(leader, a.leader_epoch + 1, target, tuple(r for r in target if r in a.isr),
-                            a.bucket_epoch + 1)
+    return replace(a, leader=leader, leader_epoch=a.leader_epoch + 1, replicas=target,
+                   isr=tuple(r for r in target if r in a.isr), bucket_epoch=a.bucket_epoch + 1, reassign=None)
 
 
 def progress_all(assignments: Assignments, live: set[int], table_ids: Iterable[int] | None = None) -> Changes:

@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping
 from common.model import SnapshotHandle
 from common.tables import TableSpec
 
-__all__ = ["ElectLeader", "ReportLogEnds", "ReportReplicaLoss", "RestoreBucket", "AlterIsr", "CommitSnapshot", "ControlledShutdown", "CreateTable", "DescribeLease", "DropTable", "GetTable", "GetTableAssignment", "Guarded",
+__all__ = ["ConfirmRestore", "ElectLeader", "ReportLogEnds", "ReportReplicaLoss", "RestoreBucket", "AlterIsr", "CommitSnapshot", "ControlledShutdown", "CreateTable", "DescribeLease", "DropTable", "GetTable", "GetTableAssignment", "Guarded",
            "ListLeases", "ListSnapshots", "ListTables", "ListTabletServers", "RemoveOrphanLeaseFiles",
            "TabletServersChanged", "ReassignBucket", "DecommissionTablet", "RecommissionTablet", "Rebalance",
            "ListReassignments"]
@@ -165,6 +165,16 @@ class ReportLogEnds:
     server_id: int
     ends: tuple[tuple[int, int, int, int], ...]
     takeover: bool = False
+
+
+@dataclass(frozen=True)
+class ConfirmRestore:
+    """A replica of a restored bucket carried out the restore that gave it ``leader_epoch``."""
+
+    server_id: int
+    table_id: int
+    bucket: int
+    leader_epoch: int
 
 
 @dataclass(frozen=True)

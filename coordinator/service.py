@@ -39,7 +39,7 @@ MAX_ACQUIRES_PER_CALL = 1024
 #: its bucket's ISR, a stopping tablet server moving its leaderships away).
 INTERNAL_METHODS = ("/kvlease.CoordinatorService/CommitKvSnapshot", "/kvlease.CoordinatorService/AlterIsr",
                     "/kvlease.CoordinatorService/ControlledShutdown", "/kvlease.CoordinatorService/ReportReplicaLoss",
-                    "/kvlease.CoordinatorService/ReportLogEnds")
+                    "/kvlease.CoordinatorService/ReportLogEnds", "/kvlease.CoordinatorService/ConfirmRestore")
 
 
 @refusing_partition_ids(pb.DESCRIPTOR.services_by_name["CoordinatorService"])
@@ -319,6 +319,10 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
         ends = tuple((e.table_id, e.bucket, e.leader_epoch, e.log_end) for e in request.buckets)
         return self._run(rq.ReportLogEnds(request.server_id, ends, request.takeover), pb.ReportLogEndsResponse,
                          lambda _r: {})
+
+    def ConfirmRestore(self, request, context):
+        return self._run(rq.ConfirmRestore(request.server_id, request.table_id, request.bucket, request.leader_epoch),
+                         pb.ConfirmRestoreResponse, lambda _a: {})
 
     def RestoreBucket(self, request, context):
         restore = rq.RestoreBucket(request.table_id, request.bucket, request.accept_data_loss,

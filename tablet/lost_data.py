@@ -5,14 +5,22 @@
   disk). The server registers ``dir_id``; the coordinator takes a new one for
   the loss of every replica placed on this server (``coordinator/data_dirs.py``).
 - **Restore** (``kvlease bucket restore --accept-data-loss``): the push names
-  the bucket's newest loss. While the bucket's leader epoch is the restore's
-  (or a restore of it was interrupted, or not carried out yet when a later push
-  raised the epoch), each replica drops its local state for
+  the bucket's newest loss, and tells each replica whether it still owes it
+  (``restore_owed``: the coordinator keeps the replicas that have not
+  confirmed it, ``owed_by``). A replica that owes it drops its local state for
   the bucket, and its leader installs the restored snapshot (none: empty at
-  offset 0), before it serves (``LEADER_NOT_AVAILABLE`` "restoring"
-  meanwhile). ``{bucket dir}/restore.json`` (``{"epoch", "done"}``) is written
-  before anything is removed and marked done at the end: a crash in between
-  restores again at the next start; a restore done is never repeated.
+  offset 0), before it serves or fetches (``LEADER_NOT_AVAILABLE``
+  "restoring" meanwhile); then it confirms (``ConfirmRestore``, sent again
+  each keeper round until answered) and serves. It owes it whatever epochs
+  pass and whether its server restarts in between (a server that crashed
+  after taking the restore comes back to a higher leader epoch and restores
+  all the same). ``{bucket dir}/restore.json`` (``{"epoch", "done"}``) is
+  written before anything is removed and marked done at the end: a restore
+  done and not confirmed yet (a crash in between) is only confirmed, never
+  repeated. A loss the coordinator does not track (recorded before it kept
+  ``owed_by``): restored while the bucket's leader epoch is the restore's, or
+  a restore of it was interrupted, or not carried out yet when a later push
+  raised the epoch.
 - **Unclean takeover** (``kvlease bucket elect --unclean``): the new leader
   reports its log end (the loss's ``from_offset``) before it serves.
 - **Log ends**: every ``kv.snapshot.interval`` the led buckets whose
@@ -34,10 +42,11 @@ from tablet import bucket_damage, snapshot_install
 from tablet.replication.roles import BucketRole
 from tablet.segment_files import write_durably
 
-__all__ = ["RESTORE", "UNCLEAN", "LogEndReporter", "data_dir_id", "restore_files", "work_for"]
+__all__ = ["CONFIRM", "RESTORE", "UNCLEAN", "LogEndReporter", "data_dir_id", "restore_files", "work_for"]
 
 log = logging.getLogger(__name__)
 
+CONFIRM = "confirm"  # work: a restore carried out, the coordinator not told yet (it serves once told)
 SERVER_FILE = "server.json"
 RESTORE_FILE = "restore.json"
 DOWNLOAD_DIR = "restore-download"
@@ -76,19 +85,26 @@ def data_dir_id(data_dir: str, server_id: int) -> str:
 
 
 def work_for(role: BucketRole, bucket_dir: str, server_id: int, pending: str | None = None) -> str | None:
-    """What must happen before this replica serves: RESTORE, UNCLEAN (report the log end) or None.
-    ``pending``: the work the replica has not carried out yet. A restore stays pending when a later push
-    raised the leader epoch before it ran (a new coordinator's first push, the server registering again):
-    that push does not undo it, and the marker says when it is done."""
+    """What must happen before this replica serves: RESTORE, CONFIRM (tell the coordinator the restore is
+    carried out), UNCLEAN (report the log end) or None.
+
+    A restore is the coordinator's to say (``role.restore_owed``): owed, it is carried out (CONFIRM only,
+    if the marker says it was: never twice); not owed, nothing (this replica confirmed it, or joined
+    after it). Unknown (a loss recorded before the coordinator kept track): restored while the leader
+    epoch is the restore's, or its marker says it was interrupted, or ``pending`` (the work the replica
+    has not carried out yet) is RESTORE: a later push raising the epoch before it ran does not undo it."""
     loss = role.latest_loss
     if loss is None:
         return None
     if loss.kind == RESTORE:
         marker = _read_json(os.path.join(bucket_dir, RESTORE_FILE)) or {}
-        if int(marker.get("epoch", -1)) == loss.leader_epoch and marker.get("done"):
+        started = int(marker.get("epoch", -1)) == loss.leader_epoch
+        done = started and bool(marker.get("done"))
+        if role.restore_owed is not None:
+            return (CONFIRM if done else RESTORE) if role.restore_owed else None
+        if done:
             return None
-        interrupted = int(marker.get("epoch", -1)) == loss.leader_epoch and not marker.get("done")
-        return RESTORE if role.leader_epoch == loss.leader_epoch or interrupted or pending == RESTORE else None
+        return RESTORE if role.leader_epoch == loss.leader_epoch or started or pending == RESTORE else None
     if loss.kind == UNCLEAN and not loss.resolved and role.leads(server_id) and role.leader_epoch == loss.leader_epoch:
         return UNCLEAN
     return None

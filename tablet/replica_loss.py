@@ -108,7 +108,7 @@ class HeldBuckets:
 
 def doing(replica) -> str:
     """What a replica with ``loss_work`` does before it serves, for LEADER_NOT_AVAILABLE."""
-    if replica.loss_work == lost_data.RESTORE:
+    if replica.loss_work in (lost_data.RESTORE, lost_data.CONFIRM):
         return "is restoring: it serves once done"
     if replica.loss_work == lost_data.UNCLEAN:
         return "is taking over after an unclean election: it serves once done"
@@ -141,9 +141,18 @@ class ReplicaLosses:
 
     def settle_loss(self, replica) -> None:
         """Carry out ``replica.loss_work`` (the keeper's thread): a restore replaces the replica by one over
-        the restored files; an unclean takeover reports its log end; a lost replica is reported, then
-        (once out of the ISR) started over empty. Raises on failure (tried again)."""
+        the restored files, which confirms it (the next round); an unclean takeover reports its log end; a
+        lost replica is reported, then (once out of the ISR) started over empty. Raises on failure (tried
+        again)."""
         key = (replica.table.table_id, replica.bucket)
+        if replica.loss_work == lost_data.CONFIRM:
+            epoch = replica.role.latest_loss.leader_epoch
+            self.admin.confirm_restore(self.server_id, *key, epoch)
+            with self._lock:  # a push meanwhile may have brought a newer restore: that one stays
+                if replica.loss_work == lost_data.CONFIRM:
+                    replica.loss_work = None
+            log.info("%s: the restore of leader epoch %d is carried out and confirmed: it serves", replica.tb, epoch)
+            return
         if replica.loss_work == lost_data.UNCLEAN:
             with replica.store.files.use():
                 end = replica.store.log_end_offset
@@ -177,5 +186,6 @@ class ReplicaLosses:
             fresh = self._open(replica.role)
             self._replicas[key] = fresh
             self.unsettled.add(key)
+            self._note_loss(fresh, replica.role)  # a restore carried out is confirmed before it serves
         for listener in self.role_listeners:
             listener()

@@ -17,8 +17,9 @@ this server (``removed``). ZooKeeper has the last word (``current_epoch`` and
 coordinator epoch newer than the last one confirmed is taken only if it is
 ZooKeeper's current epoch, and a table's data is deleted only once its
 ``/tables/{id}`` node is gone (also for tables dropped while this server was
-down: :meth:`ReplicaManager.remove_dropped_tables`; and the copies of buckets moved off it while it was down,
-after its first push: :meth:`ReplicaManager.remove_stray_copies`). A snapshot is: RocksDB checkpoint -> upload of the SST files
+down: :meth:`ReplicaManager.remove_dropped_tables`; and the copies of buckets moved off it while it was down
+or cut off from ZooKeeper, after the first push of each registration:
+:meth:`ReplicaManager.remove_stray_copies`). A snapshot is: RocksDB checkpoint -> upload of the SST files
 the last committed snapshot does not have + a manifest -> CommitKvSnapshot.
 
 Thousands of buckets: taking a bucket opens no file (its store opens them on
@@ -236,8 +237,9 @@ class ReplicaManager(ReplicaSnapshots, ReplicaLosses):
 
     def remove_stray_copies(self) -> stray_copies.StrayChoice | None:
         """Delete the bucket dirs of existing tables the last push neither holds nor refused: copies a
-        move took off this server while it was down (tablet/stray_copies.py). None (nothing done) before
-        a push was taken. Run once per start, after the first push (see tablet/server.py)."""
+        move took off this server while it was down or cut off from ZooKeeper (tablet/stray_copies.py).
+        None (nothing done) before a push was taken. Run after the first push of each ZooKeeper session the
+        server registered in (see tablet/server.py)."""
         with self._lock:
             if self.coordinator_epoch == 0:
                 return None
@@ -248,7 +250,7 @@ class ReplicaManager(ReplicaSnapshots, ReplicaLosses):
                 shutil.rmtree(self.bucket_dir(table_id, bucket), ignore_errors=True)
                 self.held.forget(table_id, bucket)
                 log.warning("bucket %d of table %d is no longer assigned to this tablet server (moved off while it "
-                            "was down): its stray local copy is deleted", bucket, table_id)
+                            "was down or cut off from ZooKeeper): its stray local copy is deleted", bucket, table_id)
         if choice.unchecked:
             log.warning("cannot learn from ZooKeeper whether tables %s exist: their unassigned bucket dirs are kept",
                         list(choice.unchecked))

@@ -73,7 +73,8 @@ class TabletServer:
         self._grpc = None
         self._stopping = threading.Event()
         self._register_needed = threading.Event()
-        self._strays_checked = False  # the stray copies were removed after this process's first push
+        self._registrations = 0  # the ZooKeeper sessions this process registered in (a lost one: again)
+        self._strays_checked = 0  # the registration after whose first push the stray copies were removed
         self._threads: list[threading.Thread] = []
 
     def start(self) -> "TabletServer":
@@ -137,7 +138,7 @@ class TabletServer:
                                  storage=self.storage, admin=self.admin, io_threads=c[cfg.SNAPSHOT_UPLOAD_THREADS],
                                  rebuild_bytes_per_s=c[cfg.REPLICA_REBUILD_MAX_BYTES_PER_S])
         self.replicas.role_listeners.append(self.fetchers.update)
-        self.replicas.role_listeners.append(self._remove_stray_copies_once)
+        self.replicas.role_listeners.append(self._remove_stray_copies)
         self.isr_keeper = IsrKeeper(self.server_id, self.replicas.leaderships, self.admin.alter_isr,
                                     max_lag_ms=c[cfg.REPLICA_MAX_LAG]).start()
         self.replicas.on_isr_due = self.isr_keeper.wake
@@ -248,25 +249,30 @@ class TabletServer:
         except errors.KvLeaseError as exc:  # tried again at the next registration
             log.warning("cannot remove the data of dropped tables: %s", exc)
 
-    def _remove_stray_copies_once(self) -> None:
-        """After the first push this process took (a role listener: it runs after every push taken whole,
-        i.e. from a confirmed coordinator epoch; before any push it does nothing), delete the copies of buckets moved off this server
-        while it was down (``ReplicaManager.remove_stray_copies``); a ZooKeeper error tries again after
-        the next push.
+    def _remove_stray_copies(self) -> None:
+        """After the first push this process took since it registered in ZooKeeper (at start, and again
+        in each new session after a lost one; a role listener: it runs after every push taken whole, i.e.
+        from a confirmed coordinator epoch; before any push it does nothing), delete the copies of buckets
+        moved off this server while it was down or cut off (``ReplicaManager.remove_stray_copies``); a
+        ZooKeeper error tries again after the next push.
 
-        Once per start, not on every push: at start no stray bucket was ever opened by this process (no
-        store, fetcher, rebuild or snapshot of it can race the deletion), and a server that is up hears of
-        every move through ``removed``. On every push a push built from a coordinator's passing mistake
-        would delete data at once, and each push would cost a listing of the data dir; a copy missed while
-        the server was merely cut off (a lost session, no restart) only waits for the next restart."""
-        if self._strays_checked:
+        Once per registration, not on every push: a server registered hears of every move through
+        ``removed``; one whose session was lost was no live server to the coordinator, which tells no
+        such server anything, so a move completed meanwhile is learnt only from the push that follows its
+        registration. At start no stray bucket was ever opened by this process; after a lost session the
+        push has closed the buckets it no longer holds before this runs (writes, fetches and snapshots of
+        them ended, as for ``removed``). On every push a push built from a coordinator's passing mistake
+        would delete data at once, and each push would cost a listing of the data dir."""
+        registration = self._registrations
+        if self._strays_checked == registration:
             return
         try:
             choice = self.replicas.remove_stray_copies()
         except OSError as exc:  # an unreadable data dir: the push stands, tried again after the next one
             log.warning("cannot look for stray bucket copies: %s", exc)
             return
-        self._strays_checked = choice is not None and not choice.unchecked
+        if choice is not None and not choice.unchecked:
+            self._strays_checked = registration
 
     def _register_at_start(self) -> None:
         """Register; a node left by this server's previous life (kill -9) goes away when
@@ -290,6 +296,7 @@ class TabletServer:
         while True:
             try:
                 self.zk.create(path, data, ephemeral=True)
+                self._registrations += 1  # a new session: the next push looks for stray copies again
                 return
             except NodeExistsError:
                 try:

@@ -1,9 +1,11 @@
 """Stray copies: bucket directories a tablet server keeps for buckets that are no longer its own.
 
 A completed move tells the replicas it took off a bucket to delete their copy (``removed`` in the
-push). A server that was down then never hears it: when it comes back the push simply does not name
+push). A server that was down then, or cut off from ZooKeeper (its session lost: the coordinator tells
+servers that are not live nothing), never hears it: when it comes back the push simply does not name
 the bucket, and its directory ``{data-dir}/{table_id}/{bucket}`` would stay on disk for ever. After
-the first push a (re)started server takes from a confirmed coordinator, every bucket directory of a
+the first push a (re)started server takes from a confirmed coordinator, and again after the first one
+once it registered in a new ZooKeeper session, every bucket directory of a
 table ZooKeeper still has that the push does not hold (nor refuse for capacity) is such a stray copy
 and is deleted (:meth:`tablet.replicas.ReplicaManager.remove_stray_copies`). Tables ZooKeeper no
 longer has are ``remove_dropped_tables``' business; a table whose existence cannot be checked

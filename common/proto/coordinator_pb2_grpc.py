@@ -174,6 +174,11 @@ class CoordinatorServiceStub:
                 request_serializer=common_dot_proto_dot_coordinator__pb2.RecommissionTabletRequest.SerializeToString,
                 response_deserializer=common_dot_proto_dot_coordinator__pb2.RecommissionTabletResponse.FromString,
                 _registered_method=True)
+        self.ConfirmRestore = channel.unary_unary(
+                '/kvlease.CoordinatorService/ConfirmRestore',
+                request_serializer=common_dot_proto_dot_coordinator__pb2.ConfirmRestoreRequest.SerializeToString,
+                response_deserializer=common_dot_proto_dot_coordinator__pb2.ConfirmRestoreResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServiceServicer:
@@ -347,6 +352,12 @@ class CoordinatorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ConfirmRestore(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -489,6 +500,11 @@ def add_CoordinatorServiceServicer_to_server(servicer, server):
                     servicer.RecommissionTablet,
                     request_deserializer=common_dot_proto_dot_coordinator__pb2.RecommissionTabletRequest.FromString,
                     response_serializer=common_dot_proto_dot_coordinator__pb2.RecommissionTabletResponse.SerializeToString,
+            ),
+            'ConfirmRestore': grpc.unary_unary_rpc_method_handler(
+                    servicer.ConfirmRestore,
+                    request_deserializer=common_dot_proto_dot_coordinator__pb2.ConfirmRestoreRequest.FromString,
+                    response_serializer=common_dot_proto_dot_coordinator__pb2.ConfirmRestoreResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1247,6 +1263,33 @@ class CoordinatorService:
             '/kvlease.CoordinatorService/RecommissionTablet',
             common_dot_proto_dot_coordinator__pb2.RecommissionTabletRequest.SerializeToString,
             common_dot_proto_dot_coordinator__pb2.RecommissionTabletResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ConfirmRestore(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvlease.CoordinatorService/ConfirmRestore',
+            common_dot_proto_dot_coordinator__pb2.ConfirmRestoreRequest.SerializeToString,
+            common_dot_proto_dot_coordinator__pb2.ConfirmRestoreResponse.FromString,
             options,
             channel_credentials,
             insecure,

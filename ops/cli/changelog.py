@@ -42,7 +42,10 @@ def log_command(state: State, path: str, bucket: int | None, from_offset: int | 
     each bucket's log as it was when the command started; --follow then keeps
     polling every bucket read. With --json it prints one document instead
     (not with --follow). Ctrl-C ends it with exit code 130, as any command:
-    what it printed may not reach the end.
+    what it printed may not reach the end. Every fetch is fenced by leader
+    epoch (a --from or --from-timestamp start by the epoch below it): if a
+    bucket restore or unclean election gave offsets below where it reads to
+    other changes, it stops with a DATA_LOST error naming them.
     """
     if follow and state.json_mode:
         raise click.UsageError("--json prints one document; it cannot be combined with --follow")
@@ -56,7 +59,7 @@ def log_command(state: State, path: str, bucket: int | None, from_offset: int | 
     if bucket is not None and bucket >= table.buckets:
         raise errors.BucketOutOfRangeError(f"table {table.path} has buckets 0..{table.buckets - 1}, not {bucket}")
     buckets = [bucket] if bucket is not None else list(range(table.buckets))
-    reader = LogReader(client, buckets, _start_offsets(client, buckets, from_offset, from_timestamp),
+    reader = LogReader(client, buckets, _start_positions(client, buckets, from_offset, from_timestamp),
                        with_bucket=bucket is None)
     try:
         reader.read_to_end(None if state.json_mode else _print_line)
@@ -72,12 +75,18 @@ def log_command(state: State, path: str, bucket: int | None, from_offset: int | 
                               else {"table": table.path, "buckets": docs})
 
 
-def _start_offsets(client, buckets: list[int], from_offset: int | None, from_timestamp: int | None) -> dict[int, int]:
-    if from_offset is not None:
-        return {b: from_offset for b in buckets}
-    if from_timestamp is not None:
-        return dict(client.list_offsets(buckets, timestamp=from_timestamp))
-    return {b: earliest for b, (earliest, _latest) in client.list_offsets(buckets).items()}
+def _start_positions(client, buckets: list[int], from_offset: int | None,
+                     from_timestamp: int | None) -> dict[int, LogPosition]:
+    """Where each bucket is read from. A start inside the log (``--from``, ``--from-timestamp``) comes with
+    the leader epoch of the entry below it (ListOffsets' epochs_at), which fences the first fetch as the
+    last entry read fences the others: a restore or unclean election that reuses offsets below it before
+    then (or while ``--follow`` waits for a first record) fails with DATA_LOST naming them. Nothing is
+    below the earliest kept offset."""
+    if from_offset is None and from_timestamp is None:
+        return {b: LogPosition(earliest) for b, (earliest, _latest) in client.list_offsets(buckets).items()}
+    offsets = ({b: from_offset for b in buckets} if from_offset is not None
+               else dict(client.list_offsets(buckets, timestamp=from_timestamp)))
+    return client.positions(offsets)
 
 
 def _print_line(doc: dict) -> None:
@@ -87,16 +96,18 @@ def _print_line(doc: dict) -> None:
 class LogReader:
     """Reads the changelog of ``buckets`` from ``start``: each bucket in offset order, one after another
     up to the end it had when first asked (:meth:`read_to_end`), then all of them in turns (:meth:`follow`).
-    Each fetch after the first of a bucket is fenced by the leader epoch of the last entry read: DATA_LOST
-    (an error, no more records) if a restore or unclean election gave offsets it printed to other changes."""
+    Each fetch is fenced by the leader epoch of the entry below where it reads (the start position's, then
+    the last entry read's): DATA_LOST (an error, no more records) if a restore or unclean election gave
+    offsets below it to other changes."""
 
-    def __init__(self, client, buckets: list[int], start: dict[int, int], *, with_bucket: bool) -> None:
+    def __init__(self, client, buckets: list[int], start: dict[int, LogPosition], *, with_bucket: bool) -> None:
         self.client = client
         self.buckets = buckets
-        self.start = dict(start)
-        self.next = dict(start)
+        self.start = {b: p.offset for b, p in start.items()}
+        self.next = dict(self.start)
         self.end: dict[int, int] = {}
-        self.epoch: dict[int, int | None] = {}  # the leader epoch of the entry below next: fences the fetch
+        #: the leader epoch of the entry below next (None: not known, not checked): fences the fetch
+        self.epoch: dict[int, int | None] = {b: p.epoch for b, p in start.items()}
         self.collected: dict[int, list[dict]] = {b: [] for b in buckets}
         self.with_bucket = with_bucket
 

@@ -33,6 +33,8 @@ class BucketRole:
     removed: bool = False
     offline_reason: str = ""  # no leader because its data is lost: why
     latest_loss: DataLoss | None = None  # the bucket's newest accepted loss (tablet/lost_data.py)
+    #: whether this server still owes ``latest_loss``, a restore (None: the coordinator does not know)
+    restore_owed: bool | None = None
 
     @property
     def key(self) -> tuple[int, int]:
@@ -58,4 +60,5 @@ class BucketRole:
             return cls.led(table, msg.bucket, msg.leader_epoch, server_id)
         return cls(table, msg.bucket, msg.leader_epoch, msg.leader, msg.leader_address, tuple(msg.replicas),
                    tuple(msg.isr), msg.bucket_epoch, msg.removed, msg.offline_reason,
-                   DataLoss.from_pb(msg.latest_loss) if msg.HasField("latest_loss") else None)
+                   DataLoss.from_pb(msg.latest_loss) if msg.HasField("latest_loss") else None,
+                   msg.restore_owed if msg.HasField("restore_owed") else None)

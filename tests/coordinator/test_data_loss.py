@@ -3,16 +3,22 @@ reader's check of reused offsets (common/data_loss.py)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from common import errors
 from common.data_loss import RESTORE, UNCLEAN, UNKNOWN, DataLoss, resolved_count, unseen_loss
+from common.proto.coordinator_pb2 import DataLossPb
+from common.tables import Column, TableInfo
 from coordinator import data_loss
 from coordinator.assignment import Assignments, BucketAssignment
 from coordinator.data_dirs import DataDirs
 from coordinator.election import servers_changed
+from coordinator.notifier import bucket_role_pb
 
 REASON = data_loss.new_dir_reason(2)
+TABLE = TableInfo(7, "db", "t", [Column("id", "BIGINT")], ["id"], 1, replication_factor=3)
 
 
 def replicated(leader=1, isr=(1, 2, 3), replicas=(1, 2, 3), epoch=5) -> BucketAssignment:
@@ -85,7 +91,7 @@ def test_restore_needs_the_flag_says_what_is_lost_and_is_idempotent():
     with pytest.raises(errors.InvalidRequestError, match=r"loses 300 changelog offsets \(1200\.\.1499\).*--accept"):
         data_loss.restore(offline, {2}, (4, 1200), 1500, 99, accept_data_loss=False, where="bucket 0 of db.t")
     new, loss = data_loss.restore(offline, {2}, (4, 1200), 1500, 99, accept_data_loss=True, where="b")
-    assert loss == DataLoss(RESTORE, 6, 1200, 1500, 4, 99, 2)
+    assert loss == DataLoss(RESTORE, 6, 1200, 1500, 4, 99, 2, owed_by=(2,))  # the replicas owe it
     assert (new.leader, new.isr, new.leader_epoch, new.offline_reason, new.losses) == (2, (2,), 6, "", (loss,))
     again, same = data_loss.restore(new, {2}, (4, 1200), 1500, 123, accept_data_loss=True, where="b")
     assert (again, same) == (new, loss)
@@ -101,6 +107,30 @@ def test_restore_without_snapshot_restarts_empty_and_refuses_a_bucket_not_lost()
         data_loss.restore(replicated(), {1}, None, UNKNOWN, 5, accept_data_loss=True, where="b")
     with pytest.raises(errors.InvalidRequestError, match="is live"):
         data_loss.restore(offline, set(), None, UNKNOWN, 5, accept_data_loss=True, where="b")
+
+
+def test_a_restore_is_owed_by_each_of_its_replicas_until_that_one_confirms_it():
+    offline = data_loss.replica_lost(replicated(leader=2, isr=(2,)), 2, REASON, {1, 2, 3})
+    new, loss = data_loss.restore(offline, {1, 2, 3}, (4, 1200), 1500, 5, accept_data_loss=True, where="b")
+    assert loss.owed_by == (1, 2, 3) and [loss.owes(r) for r in (1, 2, 9)] == [True, True, False]
+    pushed = {r: bucket_role_pb(TABLE, 0, new, "h:1", server_id=r) for r in (1, 2)}
+    assert [pushed[r].restore_owed for r in (1, 2)] == [True, True] and pushed[1].latest_loss.leader_epoch == 7
+
+    one = data_loss.restore_confirmed(new, 2, loss.leader_epoch)
+    assert one.losses[-1].owed_by == (1, 3)
+    assert (one.leader, one.isr, one.leader_epoch, one.bucket_epoch) == (new.leader, new.isr, 7, new.bucket_epoch)
+    assert bucket_role_pb(TABLE, 0, one, "h:1", server_id=2).restore_owed is False
+    assert data_loss.restore_confirmed(one, 2, loss.leader_epoch) == one  # resent: nothing changes
+    assert data_loss.restore_confirmed(one, 1, loss.leader_epoch - 1) == one  # not that restore
+    assert data_loss.restore(one, {1, 2, 3}, (4, 1200), 1500, 6, accept_data_loss=True, where="b")[0] == one
+    assert BucketAssignment.from_json(one.to_json()) == one  # kept in ZooKeeper
+    assert DataLoss.from_pb(loss.to_pb(DataLossPb)).owed_by is None  # the coordinator's own: each replica is told
+
+    before = DataLoss(RESTORE, 7, 1200, 1500, 4, 5, 1)  # recorded before owed_by was kept
+    old = replace(new, losses=(before,))
+    assert before.owes(1) is None and data_loss.restore_confirmed(old, 1, 7) == old
+    assert not bucket_role_pb(TABLE, 0, old, "h:1", server_id=1).HasField("restore_owed")
+    assert DataLoss.from_json({k: v for k, v in loss.to_json().items() if k != "owed_by"}).owed_by is None
 
 
 def test_clean_election_picks_a_live_isr_member_or_refuses():

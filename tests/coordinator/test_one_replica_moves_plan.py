@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from common import errors
-from coordinator import election
+from coordinator import data_loss, election
 from coordinator import reassignment as ra
 from coordinator import rebalance as rb
 from coordinator.assignment import UNASSIGNED, Assignments, BucketAssignment
@@ -74,6 +74,29 @@ def test_the_old_leader_gone_after_the_new_replica_caught_up_hands_the_bucket_to
     done = ra.progress(led, {2})
     assert (done.replicas, done.isr, done.leader, done.reassign) == ((2,), (2,), 2, None)
     assert ra.removed_replicas(led, done) == {1}
+
+
+def test_the_old_leaders_disk_lost_mid_move_is_offline_for_lost_data_and_a_restore_completes_the_move():
+    moving = ra.start(state([1]), (2,))
+    offline = data_loss.replica_lost(moving, 1, data_loss.new_dir_reason(1), {1, 2})
+    assert offline.offline and offline.isr == () and offline.reassign == (2,)  # never led by the copy in progress
+    assert "tablet server 1" in offline.offline_reason and ra.progress(offline, {1, 2}) is None
+    restored, loss = data_loss.restore(offline, {1, 2}, (3, 60), 80, 5, accept_data_loss=True, where="b")
+    assert (restored.leader, restored.isr, restored.reassign, loss.owed_by) == (2, (2,), (2,), (2, 1))
+    done = ra.progress(restored, {1, 2})
+    assert (done.replicas, done.leader, done.reassign, done.losses) == ((2,), 2, None, (loss,))  # the loss stays
+    assert done.leader_epoch == restored.leader_epoch + 1 and ra.removed_replicas(restored, done) == {1}
+
+
+def test_a_move_completes_only_once_an_unclean_leader_reported_its_log_end():
+    moving = ra.start(state([1]), (2,))
+    offline = data_loss.replica_lost(moving, 1, data_loss.new_dir_reason(1), {1, 2})
+    elected, loss = data_loss.elect(offline, {1, 2}, unclean=True, tablet=None, last_known_end=40, at_ms=5, where="b")
+    assert (elected.leader, elected.isr, elected.reassign) == (2, (2,), (2,))
+    assert ra.progress(elected, {1, 2}) is None  # its takeover report names the loss's epoch: wait for it
+    reported = data_loss.takeover_reported(elected, 2, loss.leader_epoch, 40)
+    done = ra.progress(reported, {1, 2})
+    assert (done.replicas, done.leader, done.losses[-1].from_offset) == ((2,), 2, 40)
 
 
 def test_decommission_moves_one_replica_buckets_too():

@@ -31,7 +31,7 @@ def test_one_replica_bucket_whose_server_is_gone_moves_to_the_least_loaded_live_
                              r"\[4\]\) from snapshot 4 \(log offset 1200\) loses 300 changelog offsets"):
         restore(gone_one_replica(), {3, 4, 5}, servers=servers, accept=False)
     new, loss = restore(gone_one_replica(), {3, 4, 5}, servers=servers)
-    assert loss == DataLoss(RESTORE, 6, 1200, 1500, 4, 99, 4)
+    assert loss == DataLoss(RESTORE, 6, 1200, 1500, 4, 99, 4, owed_by=(4,))
     assert (new.leader, new.replicas, new.isr, new.leader_epoch, new.bucket_epoch) == (4, (4,), (4,), 6, 9)
     assert new.offline_reason == "" and new.losses == (loss,)
     assert removed_replicas(gone_one_replica(), new) == {2}  # told `removed` (or deletes its stray copy later)

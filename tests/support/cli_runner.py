@@ -67,6 +67,9 @@ class FakeTableClient:
                     for b in buckets}
         return {b: (2, 5) for b in buckets}
 
+    def positions(self, offsets):  # the epoch below each offset: none at or below the log start (2), past the end
+        return {b: LogPosition(o, 3 if 2 < o <= 5 else None) for b, o in offsets.items()}
+
     def fetch_log(self, bucket, from_offset, max_bytes=0):
         self.fetches.append(from_offset)
         return self.records[from_offset:from_offset + 2], 5

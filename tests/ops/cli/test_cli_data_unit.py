@@ -259,7 +259,10 @@ def test_log_prints_json_lines_up_to_the_end(fake_table):
 def test_log_fences_each_fetch_after_the_first_by_the_epoch_of_the_last_entry_read(fake_table):
     assert run_in("log", "db.w", "--bucket", "1").exit_code == 0
     client = fake_table["db.w"]
-    assert client.fetches == [2, 4] and client.epochs_sent == [None, 3]  # a start offset has no epoch
+    assert client.fetches == [2, 4] and client.epochs_sent == [None, 3]  # nothing below the earliest offset
+    client.fetches, client.epochs_sent = [], []
+    assert run_in("log", "db.w", "--bucket", "1", "--from", "3").exit_code == 0
+    assert client.fetches == [3] and client.epochs_sent == [3]  # a start inside the log: the epoch below it
 
 
 def test_log_stops_with_one_line_when_offsets_it_printed_were_lost(fake_table, monkeypatch):

@@ -14,7 +14,7 @@ import pytest
 
 from client.admin import AdminClient
 from client.table import TableClient
-from common import errors
+from common import errors, zkpaths
 from coordinator.server import CoordinatorServer
 from tablet import lost_data
 from tests.support.cli_runner import assert_one_line_error, run
@@ -109,6 +109,8 @@ def test_replicated_bucket_all_of_whose_servers_are_gone_is_restored_with_its_re
         client.upsert([{"id": 50, "v": "new"}])
     follower = server_by_id(c, 4).replicas.replica(table.table_id, 0).store
     wait_until(lambda: follower.high_watermark == 7, 15, "the follower to apply the new change")
+    node = json.loads(c.coordinator.zk.get(zkpaths.table_assignment(table.table_id))[0])
+    assert node["buckets"]["0"]["losses"][-1]["owed_by"] == []  # each replica confirmed it before serving/fetching
 
 
 def test_a_restore_not_carried_out_when_a_failover_raises_the_epoch_is_still_carried_out(cluster, make_config,

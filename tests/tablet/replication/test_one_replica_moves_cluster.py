@@ -7,6 +7,7 @@ every acknowledged write is on it, the old server deletes its copy, and its next
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 
 import pytest
@@ -171,3 +172,91 @@ def test_the_old_leader_lost_before_the_new_replica_caught_up_takes_the_bucket_o
         assert all(row is not None for row in client.lookup([{"id": EARLIER + i} for i in range(60)]))
     wait_until(lambda: not os.path.exists(back.replicas.bucket_dir(table.table_id, 0)), 15,
                "the old server to delete its copy")
+
+
+def test_the_old_leaders_disk_lost_mid_move_takes_the_bucket_offline_until_restored_then_the_move_completes(
+        cluster, tmp_path):
+    """Replicas (new, old), the old one leading, the new one still rebuilding, and the old one's disk is
+    wiped: never served from an empty or partial copy. Offline with the loss reason until `bucket restore
+    --accept-data-loss`: the new replica leads the restored snapshot, the move completes onto it, and the
+    loss record stays with the bucket."""
+    c = cluster
+    table = c.admin.create_table("db.wiped", SCHEMA, ["id"], 1, replication_factor=1)
+    old = leader_of(c, table.table_id)
+    with TableClient(c.admin, "db.wiped", retry_total_s=30) as client:
+        write(client, EARLIER, 60, "a")
+        snapshot_and_retain(old, table.table_id)  # log offset 60: what a restore brings back
+        write(client, EARLIER + 60, 20, "b")  # in no snapshot: lost with the disk
+    assert old.log_ends.run_once() == 1
+    target = next(s for s in (1, 2, 3) if s != old.server_id)
+    rebuilder = server_by_id(c, target).fetchers.rebuilder
+    gate, rebuild = threading.Event(), rebuilder.rebuild
+    rebuilder.rebuild = lambda *args, **kwargs: (gate.wait(30), rebuild(*args, **kwargs))[1]  # never catches up
+    try:
+        c.admin.reassign_bucket("db.wiped", 0, [target])
+        wait_until(lambda: list(bucket_state(c, table.table_id).replicas) == [target, old.server_id], 15, "phase 1")
+        crash(c, old)
+        shutil.rmtree(tmp_path / f"t{old.server_id}")
+        c.tablet(old.server_id, tmp_path / f"t{old.server_id}")  # a new data dir: its replica's data is lost
+        offline = wait_until(lambda: (s := bucket_state(c, table.table_id)).offline_reason and s, 20, "offline")
+        assert offline.leader_id == -1 and offline.isr == () and list(offline.reassign_target) == [target]
+        assert f"data lost on tablet server {old.server_id}" in offline.offline_reason
+        with TableClient(c.admin, "db.wiped", retry_total_s=1) as client:
+            with pytest.raises(errors.LeaderNotAvailableError, match="new data dir"):
+                client.lookup([{"id": EARLIER}])
+        restored = c.admin.restore_bucket("db.wiped", 0, accept_data_loss=True)
+        assert (restored["leader"], restored["loss"].from_offset, restored["loss"].lost_offsets()) == (target, 60, 20)
+    finally:
+        gate.set()
+    wait_until(lambda: not c.admin.list_reassignments(), 30, "the move to complete")
+    after = bucket_state(c, table.table_id)
+    assert (list(after.replicas), after.leader_id) == ([target], target)
+    assert [loss.kind for loss in after.losses] == ["restore"]  # the move's completion keeps the record
+    with TableClient(c.admin, "db.wiped", retry_total_s=30) as client:
+        rows = wait_until(lambda: _rows(client, range(EARLIER, EARLIER + 80)), 20, "the restored bucket to serve")
+    assert all(row is not None for row in rows[:60]) and rows[60:] == [None] * 20  # the snapshot, not empty
+    wait_until(lambda: not os.path.exists(server_by_id(c, old.server_id).replicas.bucket_dir(table.table_id, 0)),
+               15, "the old server to delete its copy")
+
+
+def test_a_copy_that_caught_up_before_the_old_leaders_disk_was_lost_is_kept_by_an_unclean_election(cluster, tmp_path):
+    """The same loss after the new replica caught up (its leader's AlterIsr had not added it yet): `bucket
+    elect --unclean` lets it lead with what it copied; the move completes once it reported its log end (the
+    loss resolved: nothing lost), not before (it would serve at a later epoch without ever reporting it)."""
+    c = cluster
+    table = c.admin.create_table("db.copied", SCHEMA, ["id"], 1, replication_factor=1)
+    old = leader_of(c, table.table_id)
+    with TableClient(c.admin, "db.copied", retry_total_s=30) as client:
+        write(client, EARLIER, 40, "a")
+    assert old.log_ends.run_once() == 1
+    old.isr_keeper.stop()  # the new replica catches up but never joins the ISR
+    target = next(s for s in (1, 2, 3) if s != old.server_id)
+    c.admin.reassign_bucket("db.copied", 0, [target])
+    copy = wait_until(lambda: _replica(server_by_id(c, target), table.table_id), 15, "the new replica")
+    wait_until(lambda: copy.store.high_watermark == 40, 15, "the new replica to catch up")
+    crash(c, old)
+    shutil.rmtree(tmp_path / f"t{old.server_id}")
+    c.tablet(old.server_id, tmp_path / f"t{old.server_id}")
+    wait_until(lambda: bucket_state(c, table.table_id).offline_reason, 20, "offline for lost data")
+    elected = c.admin.elect_leader("db.copied", 0, unclean=True)
+    assert elected["leader"] == target and elected["loss"].kind == "unclean"
+    wait_until(lambda: not c.admin.list_reassignments(), 30, "the move to complete")
+    after = bucket_state(c, table.table_id)
+    assert (list(after.replicas), after.leader_id) == ([target], target)
+    assert after.losses[-1].resolved and after.losses[-1].lost_offsets() == 0  # it reported its log end first
+    with TableClient(c.admin, "db.copied", retry_total_s=30) as client:
+        assert all(row is not None for row in client.lookup([{"id": EARLIER + i} for i in range(40)]))
+
+
+def _replica(server, table_id):
+    try:
+        return server.replicas.replica(table_id, 0)
+    except errors.KvLeaseError:
+        return None
+
+
+def _rows(client, ids):
+    try:
+        return client.lookup([{"id": i} for i in ids])
+    except errors.RetriableError:
+        return None

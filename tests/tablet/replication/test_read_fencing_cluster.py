@@ -5,14 +5,18 @@ being served the new changes; a clean leader change refuses no one."""
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
 
 from client.log_position import LogPosition
 from client.table import TableClient
 from common import errors
+from tests.support.cli_runner import assert_one_line_error, run
 from tests.support.procs import wait_until
 from tests.tablet.replication.test_data_loss_cluster import (  # noqa: F401
-    _restart_wiped, _served, cluster, lose_and_restore, two_in_sync)
+    _restart_wiped, _served, cluster, lose_and_restore, one_replica_with_tail, two_in_sync)
 from tests.tablet.replication.test_replicated_buckets import SCHEMA, bucket_state, crash, server_by_id
 
 pytestmark = pytest.mark.zk
@@ -154,3 +158,27 @@ def test_a_split_reading_while_the_bucket_is_restored_stops_at_the_reused_offset
         with pytest.raises(errors.DataLostError, match=r"offsets 6\.\.7 this reader read"):
             read.extend(e.base_offset for e in entries)  # the split's client goes on with the restored leader
     assert read == list(range(8))  # nothing of the restored log's offset 8 was handed on
+
+
+def test_kvlease_log_from_an_offset_is_fenced_from_its_first_fetch(cluster, tmp_path, monkeypatch):
+    """`kvlease log --from N` asks the epoch below N first (ListOffsets' epochs_at): a restore that reuses
+    offsets below N before its first fetch fails it with DATA_LOST naming them, instead of printing the new
+    changes under offsets N.. as if they followed what was below."""
+    c = cluster
+    server = c.tablet(1, tmp_path / "t1")
+    table = one_replica_with_tail(c, server, "db.from")  # offsets 0..9 in the snapshot at 10, 10..14 not
+    assert server.log_ends.run_once() == 1
+    at = ("--bootstrap", c.coordinator.address)
+    fetch = TableClient.fetch_log_from
+
+    def lost_first(self, *args, **kwargs):  # the bucket is wiped and restored before the first fetch
+        monkeypatch.setattr(TableClient, "fetch_log_from", fetch)
+        lose_and_restore(c, tmp_path, table, range(20, 26))  # offsets 10..15 of the restored log
+        return fetch(self, *args, **kwargs)
+
+    monkeypatch.setattr(TableClient, "fetch_log_from", lost_first)
+    refused = assert_one_line_error(run("log", "db.from", "--bucket", "0", "--from", "12", *at))
+    assert re.search(r"bucket 0 of db\.from: offsets 10\.\.11 this reader read .* not in the bucket's log", refused)
+    started_after = run("log", "db.from", "--bucket", "0", "--from", "12", "--json", *at)  # the new history
+    assert started_after.exit_code == 0, started_after.output
+    assert [r["row"]["id"] for r in json.loads(started_after.stdout)["records"]] == [22, 23, 24, 25]
