@@ -188,15 +188,15 @@ INTERRUPT_CLOSE_S = 2.0
 _console_script = False  # main() runs: a Ctrl-C ends the process (not so for click's test runner)
 
 
-def interrupted(ctx: click.Context) -> None:
+def interrupted(ctx: click.Context | None) -> None:
     """Ctrl-C: ``error: interrupted`` and exit code 130, as for every command. From the console script the
     process then ends within :data:`INTERRUPT_CLOSE_S`: closing a gRPC channel whose call the interrupt cut
     short can hang (grpc/grpc#19973), and nothing the command still holds may keep a Ctrl-C from working
     (its own cleanup ran already, while the interrupt unwound it)."""
     click.echo("error: interrupted", err=True)
     if not _console_script:
-        ctx.exit(130)
-    state = ctx.find_object(State)
+        raise click.exceptions.Exit(130)
+    state = ctx.find_object(State) if ctx is not None else None
     if state is not None:
         closer = threading.Thread(target=state.close, name="close-on-interrupt", daemon=True)
         closer.start()
@@ -337,6 +337,8 @@ class KvleaseGroup(click.Group):
             return super().make_context(info_name, args, parent=parent, **extra)
         except click.UsageError as exc:
             raise _one_line(exc) from None
+        except KeyboardInterrupt:  # while the global options are read (click's own: "Aborted!", exit 1)
+            interrupted(None)
 
     def invoke(self, ctx: click.Context):
         try:

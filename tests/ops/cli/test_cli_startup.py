@@ -56,6 +56,7 @@ def test_a_command_imports_only_what_it_needs():
     ("ops.cli.app", ["table", "list"]),  # interrupted while the CLI itself loads
     ("ops.cli.table", ["table", "list"]),  # while the command's module loads
     ("ops.cli.data", ["get", "db.t", "{}"]),
+    ("client.admin", ["--bootstrap", "127.0.0.1:1", "table", "list"]),  # while the global options are read
 ])
 def test_ctrl_c_while_the_cli_starts_is_one_line_and_exit_130(module, argv):
     """A KeyboardInterrupt raised by an import (as a Ctrl-C in the second it may take) is the CLI's usual
