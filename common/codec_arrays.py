@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 
+import common.pandas_first  # noqa: F401 (before pyarrow: a Ctrl-C during pandas' import is not lost)
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, NamedTuple
 
+import common.pandas_first  # noqa: F401 (before pyarrow: a Ctrl-C during pandas' import is not lost)
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc

@@ -25,13 +25,16 @@ __all__ = ["State", "kvlease", "main"]
 
 
 def main(argv: Iterable[str] | None = None) -> None:
-    """Console-script entry point."""
+    """Console-script entry point (Ctrl-C: :mod:`ops.cli.interrupts`, installed before anything is loaded)."""
+    from ops.cli import interrupts
+
     try:
-        from ops.cli.app import main as run
+        interrupts.install()
+        from ops.cli.app import kvlease
     except KeyboardInterrupt:
         sys.stderr.write("error: interrupted\n")
         sys.exit(130)
-    run(argv)
+    kvlease.main(args=list(argv) if argv is not None else None, prog_name="kvlease")
 
 
 def __getattr__(name: str) -> Any:

@@ -36,9 +36,8 @@ import getpass
 import importlib
 import os
 import sys
-import threading
 import traceback
-from typing import Callable, Iterable
+from typing import Callable
 
 import click
 from click.core import ParameterSource
@@ -47,6 +46,7 @@ from common import config as cfg
 from common import errors
 from ops import local_cluster
 import ops.cli.output as out
+from ops.cli.interrupts import interrupted
 from ops.cli.values import DURATION
 
 DEFAULT_RETRY_TIMEOUT = "10s"
@@ -181,32 +181,6 @@ def _message(exc: BaseException, state: State | None) -> str:
     if isinstance(exc, errors.KvLeaseError):
         return exc.message
     return f"internal error: {type(exc).__name__}: {exc} (set KVLEASE_DEBUG=1 for a traceback)"
-
-
-#: After Ctrl-C, the console script closes its clients for at most this long, then ends whatever is left.
-INTERRUPT_CLOSE_S = 2.0
-_console_script = False  # main() runs: a Ctrl-C ends the process (not so for click's test runner)
-
-
-def interrupted(ctx: click.Context | None) -> None:
-    """Ctrl-C: ``error: interrupted`` and exit code 130, as for every command. From the console script the
-    process then ends within :data:`INTERRUPT_CLOSE_S`: closing a gRPC channel whose call the interrupt cut
-    short can hang (grpc/grpc#19973), and nothing the command still holds may keep a Ctrl-C from working
-    (its own cleanup ran already, while the interrupt unwound it)."""
-    click.echo("error: interrupted", err=True)
-    if not _console_script:
-        raise click.exceptions.Exit(130)
-    state = ctx.find_object(State) if ctx is not None else None
-    if state is not None:
-        closer = threading.Thread(target=state.close, name="close-on-interrupt", daemon=True)
-        closer.start()
-        closer.join(INTERRUPT_CLOSE_S)
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # a closed pipe: nothing more can reach it
-            pass
-    os._exit(130)
 
 
 def single_line(text: str) -> str:
@@ -386,10 +360,3 @@ def kvlease(ctx: click.Context, cluster_dir: str | None, bootstrap: str | None, 
 
 
 pass_state = click.make_pass_decorator(State)
-
-
-def main(argv: Iterable[str] | None = None) -> None:
-    """Console-script entry point (a Ctrl-C ends the process: :func:`interrupted`)."""
-    global _console_script
-    _console_script = True
-    kvlease.main(args=list(argv) if argv is not None else None, prog_name="kvlease")

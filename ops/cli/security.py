@@ -45,7 +45,10 @@ def _new_password(name: str, from_stdin: bool, given: str | None) -> str:
     if from_stdin and given is not None:
         raise OneLineUsageError("give --password-stdin or --password, not both", ctx)
     if from_stdin:
-        line = sys.stdin.readline()
+        try:
+            line = sys.stdin.readline()
+        except UnicodeDecodeError:
+            raise OneLineUsageError("the password on stdin is not UTF-8 text", ctx) from None
         password = line[:-1] if line.endswith("\n") else line
         password = password[:-1] if password.endswith("\r") else password
     elif given is not None:

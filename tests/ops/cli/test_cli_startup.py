@@ -90,3 +90,27 @@ def test_after_ctrl_c_a_close_that_hangs_does_not_keep_the_process_alive():
                     "main(['table', 'list'])\n")
     assert (result.returncode, result.stderr, result.stdout) == (130, "error: interrupted\n", "closing\n")
     assert time.monotonic() - started < 60  # the close waited 2 s of its 600, not all of them
+
+
+def test_a_ctrl_c_during_an_import_that_drops_exceptions_is_not_lost(tmp_path):
+    """Module code run from C may drop an exception raised inside it (numpy's lazy submodules, Cython module
+    inits, pyarrow's lazy import of pandas): a Ctrl-C arriving then was lost and the command went on. The
+    console script defers it to the end of the import."""
+    (tmp_path / "drops_exceptions.py").write_text(
+        "import os, signal, time\n"
+        "try:\n"
+        "    os.kill(os.getpid(), signal.SIGINT)  # a Ctrl-C while this module is imported ...\n"
+        "    time.sleep(0.5)\n"
+        "except BaseException:\n"
+        "    pass  # ... and a library that drops what it raised\n")
+    result = python(f"import sys\n"
+                    f"sys.path.insert(0, {str(tmp_path)!r})\n"
+                    "class ImportFirst:\n"
+                    "    def find_spec(self, name, path=None, target=None):\n"
+                    "        if name == 'ops.cli.table':\n"
+                    "            import drops_exceptions\n"
+                    "        return None\n"
+                    "sys.meta_path.insert(0, ImportFirst())\n"
+                    "from ops.cli import main\n"
+                    "main(['--bootstrap', '127.0.0.1:1', '--retry-timeout', '30s', 'table', 'list'])\n")
+    assert (result.returncode, result.stderr) == (130, "error: interrupted\n")

@@ -289,6 +289,8 @@ def _cli_bad_input(as_admin) -> None:
         assert expected in assert_one_line_error(run(*as_admin, *args), code=2), args
     result = _run_with_input((*as_admin, "user", "add", "erin", "--password-stdin"), None, "\n")
     assert "must not be empty" in assert_one_line_error(result, code=2)
+    result = _run_with_input((*as_admin, "user", "add", "erin", "--password-stdin"), None, b"\x80secret\n")
+    assert "the password on stdin is not UTF-8 text" in assert_one_line_error(result, code=2)  # found by the fuzz test
 
 
 def _cli_credentials(secure, as_bob, bob_env):
