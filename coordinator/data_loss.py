@@ -90,11 +90,11 @@ def restore(a: BucketAssignment, live: Iterable[int], snapshot: tuple[int, int] 
     empty at offset 0) and its loss record. For a bucket offline for lost data, or none of whose replicas is
     live (their servers gone for good: a restore again after the restored leader's server died too is a new
     restore, with its own record), or offline with no live replica an unclean election may make leader
-    (:func:`unclean_candidates`: each lost its data or owes the latest restore); where it goes: :func:`restore_placement` (``tablet``: the
-    operator's choice; ``servers``: load, room and decommissioned servers). InvalidRequestError: another
-    state (a retry of the restore that brought it back answers its record; a live replica merely behind
-    is told to wait for the in-sync one or take an unclean election), no server to restore onto, or
-    ``accept_data_loss`` not set (the message says what would be lost)."""
+    (:func:`unclean_candidates`: each lost its data or owes the latest restore); where it goes:
+    :func:`restore_placement` (``tablet``: the operator's choice; ``servers``: load, room and decommissioned
+    servers). InvalidRequestError: another state (a retry of the restore that brought it back answers its
+    record; a live replica merely behind is told to wait for the in-sync one or take an unclean election),
+    no server to restore onto, or ``accept_data_loss`` not set (the message says what would be lost)."""
     live = set(live)
     latest = a.losses[-1] if a.losses else None
     gone = bool(a.replicas) and not live & set(a.replicas)  # (a one-replica bucket keeps its dead leader)
@@ -110,7 +110,8 @@ def restore(a: BucketAssignment, live: Iterable[int], snapshot: tuple[int, int] 
             if last_known_end >= from_offset else "an unknown number of changelog offsets (no log end is known)")
     source = f"snapshot {snapshot_id} (log offset {from_offset})" if snapshot is not None else "nothing: no snapshot is kept, it restarts empty at offset 0"
     if not accept_data_loss:
-        why = a.offline_reason or (_none_fit(a, live) if unfit else f"none of its replicas {list(a.replicas)} is live")
+        why = a.offline_reason or (_none_fit(a, live) if unfit
+                                   else f"none of its replicas {list(a.replicas)} is live")
         onto = "" if replicas == a.replicas else f" onto tablet server {leader} (replicas {list(replicas)})"
         raise errors.InvalidRequestError(
             f"{where} is offline: {why}. Restoring it{onto} from {source} loses {lost}; run again with "
