@@ -15,7 +15,8 @@ reported their data lost since they last were in sync ``"lost": [2]`` (:mod:`coo
 when none; a replica back in the ISR, or no longer a replica, leaves it). Leader -1 with no
 replicas: not assigned yet (a one-replica table created while no tablet server was live). A restore's loss
 record keeps the replicas that still owe it (``owed_by``, :attr:`BucketAssignment.restore_owed_by`): a
-replica moved off the bucket leaves it in the same write.
+replica moved off the bucket leaves it in the same write, and so does one that joins the ISR
+(:meth:`BucketAssignment.in_sync`).
 
 Capacity: a tablet server registers the most bucket replicas it holds (``max_buckets``,
 ``tablet.buckets.max``); every replica counts. Planning is pure:
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import Mapping
+from typing import Iterable, Mapping
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
@@ -88,6 +89,18 @@ class BucketAssignment:
         lead without restoring first (coordinator/data_loss.py ``unclean_choice``)."""
         latest = self.latest_restore
         return () if latest is None or latest.owed_by is None else latest.owed_by
+
+    def in_sync(self, joined: Iterable[int]) -> "BucketAssignment":
+        """``self`` once the ``joined`` replicas caught up with the leader (added to the ISR): they hold
+        what it holds, so they owe no restore any more. (A replica owing the latest restore fetches
+        nothing before it carried it out; one that owed it when a later unclean election gave the bucket
+        another leader follows that leader and truncates what it had from before the restore.)"""
+        joined = set(joined)
+        if not joined & set(self.restore_owed_by):
+            return self
+        return replace(self, losses=tuple(loss if loss.owed_by is None else
+                                          replace(loss, owed_by=tuple(r for r in loss.owed_by if r not in joined))
+                                          for loss in self.losses))
 
     @property
     def offline(self) -> bool:

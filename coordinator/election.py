@@ -17,7 +17,8 @@
   leader epoch; an unassigned one-replica bucket goes to the live server with
   room that holds the fewest replicas (never a decommissioned one). Otherwise it is a follower: it rejoins
   ISRs through the leaders' AlterIsr once caught up.
-- :func:`alter_isr`: the leader's ISR change, fenced by its epochs.
+- :func:`alter_isr`: the leader's ISR change, fenced by its epochs (a replica it adds owes no restore
+  any more: it holds what the leader holds).
 - :func:`controlled_shutdown`: a stopping server's leaderships move to other live ISR members.
 
 Every function returns new states; the caller writes them (fenced) and only then applies them.
@@ -169,7 +170,7 @@ def alter_isr(a: BucketAssignment, server_id: int, leader_epoch: int, bucket_epo
     if not_live:
         raise errors.InvalidRequestError(f"AlterIsr of {where}: tablet server(s) {not_live} are not live: they "
                                          "cannot join the ISR")
-    return replace(a, isr=a.in_replica_order(asked), bucket_epoch=a.bucket_epoch + 1)
+    return replace(a, isr=a.in_replica_order(asked), bucket_epoch=a.bucket_epoch + 1).in_sync(set(asked) - set(a.isr))
 
 
 def controlled_shutdown(assignments: Assignments, server_id: int, live: set[int]) -> tuple[Changes, int]:

@@ -137,3 +137,17 @@ def test_a_replica_moved_off_the_bucket_no_longer_owes_its_restores_in_the_same_
     gone = data_loss.restore(BucketAssignment(-1, 8, (2, 3), (), 12, losses=(replace(loss, owed_by=(2, 3)),)),
                              {4, 5}, None, 1400, 6, accept_data_loss=True, where=WHERE)[0]
     assert gone.replicas == (4, 5) and [x.owed_by for x in gone.losses] == [(), (4, 5)]  # restored elsewhere
+
+
+def test_a_replica_that_joins_the_isr_owes_no_restore_and_the_leader_still_owes_its_own():
+    new, loss = restored()
+    own = election.alter_isr(new, 1, new.leader_epoch, new.bucket_epoch, (1,), {1, 2, 3})
+    assert own == new and own.restore_owed_by == (1, 2, 3)  # its own ISR: the leader has not confirmed yet
+    state = data_loss.restore_confirmed(data_loss.restore_confirmed(new, 1, 7), 2, 7)
+    state = election.alter_isr(state, 1, state.leader_epoch, state.bucket_epoch, (1, 2), {1, 2, 3})  # rebuilt
+    state = election.alter_isr(state, 1, state.leader_epoch, state.bucket_epoch, (1,), {1, 2, 3})  # behind
+    chosen, _unclean = elect(election.server_gone(state, {1}, {2, 3}).state, {2})  # 3 down, owing the restore
+    assert (chosen.leader, chosen.restore_owed_by) == (2, (3,))
+    caught_up = election.alter_isr(chosen, 2, chosen.leader_epoch, chosen.bucket_epoch, (2, 3), {2, 3})
+    assert (caught_up.isr, caught_up.restore_owed_by, caught_up.losses[0].owed_by) == ((2, 3), (), ())
+    assert caught_up.in_sync({3}) == caught_up  # idempotent

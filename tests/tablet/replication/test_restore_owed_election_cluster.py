@@ -18,7 +18,7 @@ from tablet.replicas import ReplicaManager
 from tests.support.cli_runner import assert_one_line_error, run
 from tests.support.procs import wait_until
 from tests.tablet.replication.test_data_loss_cluster import _restart_wiped, cluster, two_in_sync  # noqa: F401
-from tests.tablet.replication.test_replicated_buckets import bucket_state, crash, server_by_id
+from tests.tablet.replication.test_replicated_buckets import SCHEMA, bucket_state, crash, server_by_id
 
 pytestmark = pytest.mark.zk
 
@@ -125,3 +125,50 @@ def test_a_replica_moved_off_a_restored_bucket_no_longer_owes_the_restore(cluste
     with TableClient(c.admin, "db.moved") as client:
         rows = wait_until(lambda: _rows(client, range(15)), 20, "the bucket to serve")
     assert rows == SNAPSHOT + [None] * 5
+
+
+def test_a_replica_owing_the_restore_follows_a_later_unclean_leader_and_owes_nothing_once_in_sync(cluster,
+                                                                                                     tmp_path):
+    """Three replicas: the restore leader's follower rebuilt; the third, down, owes the restore. The leader
+    dies while its follower lags: an unclean election makes the follower lead (the third, owing it, is never
+    chosen). The third returns with its rows from before the restore: it follows the new leader, drops them
+    (truncated where the logs diverge) and, once in the ISR, owes nothing; leading, it serves the new rows."""
+    c = cluster
+    for server_id in (1, 2, 3):
+        c.tablet(server_id, tmp_path / f"t{server_id}")
+    wait_until(lambda: len(c.admin.list_tablet_servers()) == 3, 15, "three tablet servers")
+    table = c.admin.create_table("db.later", SCHEMA, ["id"], 1, replication_factor=3, min_insync_replicas=1)
+    state = wait_until(lambda: len((s := bucket_state(c, table.table_id)).isr) == 3 and s, 20, "in sync")
+    leader = state.leader_id
+    rebuilt, owing = [r for r in state.replicas if r != leader]
+    with TableClient(c.admin, "db.later") as client:
+        client.upsert(SNAPSHOT)
+        assert server_by_id(c, leader).replicas.snapshot_changed() == 1
+        client.upsert([{"id": i, "v": f"w{i}"} for i in range(10, 15)])  # on every replica: lost by the restore
+    for server_id in (rebuilt, owing):
+        crash(c, server_by_id(c, server_id))
+    wait_until(lambda: bucket_state(c, table.table_id).isr == (leader,), 20, "the others out of the ISR")
+    _restart_wiped(c, leader, tmp_path / f"t{leader}")
+    wait_until(lambda: bucket_state(c, table.table_id).offline_reason, 20, "offline for lost data")
+    c.tablet(rebuilt, tmp_path / f"t{rebuilt}")
+    wait_until(lambda: len(c.admin.list_tablet_servers()) == 2, 15, "two tablet servers")
+    c.admin.restore_bucket("db.later", 0, accept_data_loss=True, tablet=leader)
+    wait_until(lambda: set(bucket_state(c, table.table_id).isr) == {leader, rebuilt}, 30, "the follower rebuilt")
+    assert _stored(c, table.table_id)["losses"][-1]["owed_by"] == [owing]
+    with TableClient(c.admin, "db.later") as client:
+        client.upsert([{"id": i, "v": f"n{i}"} for i in range(10, 13)])  # offsets 10..12 again
+    crash(c, server_by_id(c, rebuilt))
+    wait_until(lambda: bucket_state(c, table.table_id).isr == (leader,), 20, "the follower out of the ISR")
+    crash(c, server_by_id(c, leader))
+    c.tablet(rebuilt, tmp_path / f"t{rebuilt}")
+    wait_until(lambda: [s.id for s in c.admin.list_tablet_servers()] == [rebuilt], 20, "only the follower live")
+    assert c.admin.elect_leader("db.later", 0, unclean=True)["leader"] == rebuilt
+
+    c.tablet(owing, tmp_path / f"t{owing}")  # rows 0..14 from before the restore on its disk
+    wait_until(lambda: owing in bucket_state(c, table.table_id).isr, 30, "the owing replica in the ISR")
+    assert _stored(c, table.table_id)["losses"][0]["owed_by"] == []  # in the write that added it to the ISR
+    crash(c, server_by_id(c, rebuilt))
+    wait_until(lambda: bucket_state(c, table.table_id).leader_id == owing, 20, "a clean election of it")
+    with TableClient(c.admin, "db.later") as client:
+        rows = wait_until(lambda: _rows(client, range(15)), 20, "the bucket to serve")
+    assert rows == SNAPSHOT + [{"id": i, "v": f"n{i}"} for i in range(10, 13)] + [None] * 2  # never w10..w14
