@@ -23,7 +23,8 @@ restored bucket owes the restore until it confirms it carried it out
 (:func:`restore_confirmed`), across restarts and later epochs; until then an
 unclean election never makes it lead (:func:`unclean_candidates`), and a
 follower that carried it out is ``lost`` (empty) until back in the ISR; a
-replica moved off the bucket owes nothing (coordinator/assignment.py). Each appends
+replica moved off the bucket, or added to the ISR, owes nothing
+(coordinator/assignment.py). Each appends
 a :class:`~common.data_loss.DataLoss` to the bucket's ``losses``, bumps the
 leader epoch and is idempotent: sent again, it answers the same record. :func:`elect` without ``unclean`` is a
 clean election of an ISR member.
@@ -276,12 +277,11 @@ def unclean_choice(a: BucketAssignment, live: set[int], where: str) -> int:
     restore = "`kvlease bucket restore --accept-data-loss` brings back its latest snapshot"
     instead = (f"{restore}, better than an empty replica" if lost_data(a) or not a.isr else
                f"start its in-sync replica(s) {list(a.isr)} again: they have every committed write; or {restore}")
-    owing = [r for r in alive if r in a.restore_owed_by]
-    lost = [r for r in alive if r not in owing]
-    harm = ("lead empty, losing everything" if not owing else
-            "serve what the bucket's restore replaced (or nothing) instead of the restored data and the writes "
-            "since")
-    force = " (or name one that lost its data with --tablet to accept that)" if lost else ""
+    owing = any(r in a.restore_owed_by for r in alive)
+    harm = ("serve what the bucket's restore replaced (or nothing) instead of the restored data and the writes "
+            "since" if owing else "lead empty, losing everything")
+    force = ("" if all(r in a.restore_owed_by for r in alive)  # each refused with --tablet too
+             else " (or name one that lost its data with --tablet to accept that)")
     raise errors.InvalidRequestError(f"{where}: {_none_fit(a, live)}, so an unclean election would make it "
                                      f"{harm}; {instead}{force}")
 
@@ -291,13 +291,11 @@ def _none_fit(a: BucketAssignment, live: set[int]) -> str:
     alive = [r for r in a.replicas if r in live]
     owing = [r for r in alive if r in a.restore_owed_by]
     lost = [r for r in alive if r not in owing]
-    restore = (f"has not carried out the bucket's restore of leader epoch {a.latest_restore.leader_epoch} yet"
-               if owing else "")
     if not owing:
         return f"every live replica {alive} lost its data"
-    if not lost:
-        return f"every live replica {alive} {restore}"
-    return f"every live replica {alive} lost its data ({lost}) or {restore} ({owing})"
+    pending = f"has not carried out the bucket's restore of leader epoch {a.latest_restore.leader_epoch} yet"
+    return (f"every live replica {alive} {pending}" if not lost
+            else f"every live replica {alive} lost its data ({lost}) or {pending} ({owing})")
 
 
 def takeover_reported(a: BucketAssignment, server: int, leader_epoch: int, log_end: int) -> BucketAssignment:
