@@ -13,7 +13,10 @@ epoch is its leader epoch. A bucket whose replicas are being moved also has
 ``"reassign": {"target": [4, 1]}`` (:mod:`coordinator.reassignment`; omitted when none), and one whose replicas
 reported their data lost since they last were in sync ``"lost": [2]`` (:mod:`coordinator.data_loss`; omitted
 when none; a replica back in the ISR, or no longer a replica, leaves it). Leader -1 with no
-replicas: not assigned yet (a one-replica table created while no tablet server was live).
+replicas: not assigned yet (a one-replica table created while no tablet server was live). A restore's loss
+record keeps the replicas that still owe it (``owed_by``, :attr:`BucketAssignment.restore_owed_by`): a
+replica moved off the bucket leaves it in the same write, and so does one that joins the ISR
+(:meth:`BucketAssignment.in_sync`).
 
 Capacity: a tablet server registers the most bucket replicas it holds (``max_buckets``,
 ``tablet.buckets.max``); every replica counts. Planning is pure:
@@ -23,14 +26,14 @@ Capacity: a tablet server registers the most bucket replicas it holds (``max_buc
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
-from typing import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Iterable, Mapping
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 from common import zkpaths
-from common.data_loss import DataLoss
+from common.data_loss import RESTORE, DataLoss
 from common.zk import ZkOp, dumps, loads
 
 UNASSIGNED = -1
@@ -54,8 +57,9 @@ class BucketAssignment:
     offline_reason: str = ""
     #: The losses operators accepted (restore, unclean election), oldest first.
     losses: tuple[DataLoss, ...] = ()
-    #: Replicas that reported their data lost (a wiped dir, damaged files) since they last were in the ISR:
-    #: an unclean election prefers the others (coordinator/data_loss.py). Never an ISR member.
+    #: Replicas that reported their data lost (a wiped dir, damaged files), or dropped it to carry out a
+    #: restore another replica led, since they last were in the ISR: an unclean election prefers the others
+    #: (coordinator/data_loss.py). Never an ISR member.
     lost: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
@@ -66,12 +70,37 @@ class BucketAssignment:
             object.__setattr__(self, "bucket_epoch", self.leader_epoch)
         if self.reassign is not None:
             object.__setattr__(self, "reassign", tuple(self.reassign))
-        object.__setattr__(self, "losses", tuple(self.losses))
+        object.__setattr__(self, "losses", tuple(_owed_only_by(loss, self.replicas) for loss in self.losses))
         object.__setattr__(self, "lost", tuple(r for r in self.replicas if r in self.lost and r not in self.isr))
 
     @property
     def replication_factor(self) -> int:
         return len(self.replicas)
+
+    @property
+    def latest_restore(self) -> DataLoss | None:
+        """The bucket's latest restore (a later unclean election may follow it), None: never restored."""
+        return next((loss for loss in reversed(self.losses) if loss.kind == RESTORE), None)
+
+    @property
+    def restore_owed_by(self) -> tuple[int, ...]:
+        """The replicas that have not carried out the bucket's latest restore yet (its record's ``owed_by``;
+        () when none is known): each holds its data from before the restore, or nothing, so it must never
+        lead without restoring first (coordinator/data_loss.py ``unclean_choice``)."""
+        latest = self.latest_restore
+        return () if latest is None or latest.owed_by is None else latest.owed_by
+
+    def in_sync(self, joined: Iterable[int]) -> "BucketAssignment":
+        """``self`` once the ``joined`` replicas caught up with the leader (added to the ISR): they hold
+        what it holds, so they owe no restore any more. (A replica owing the latest restore fetches
+        nothing before it carried it out; one that owed it when a later unclean election gave the bucket
+        another leader follows that leader and truncates what it had from before the restore.)"""
+        joined = set(joined)
+        if not joined & set(self.restore_owed_by):
+            return self
+        return replace(self, losses=tuple(loss if loss.owed_by is None else
+                                          replace(loss, owed_by=tuple(r for r in loss.owed_by if r not in joined))
+                                          for loss in self.losses))
 
     @property
     def offline(self) -> bool:
@@ -110,6 +139,14 @@ class BucketAssignment:
                    str(node.get("offline_reason", "")),
                    tuple(DataLoss.from_json(loss) for loss in node.get("losses", ())),
                    tuple(int(r) for r in node.get("lost", ())))
+
+
+def _owed_only_by(loss: DataLoss, replicas: tuple[int, ...]) -> DataLoss:
+    """``loss`` owed only by the servers still among ``replicas``: one moved off the bucket (a move, a restore
+    onto other servers) owes nothing any more; it never restores a bucket it no longer holds."""
+    if loss.owed_by is None or set(loss.owed_by) <= set(replicas):
+        return loss
+    return replace(loss, owed_by=tuple(r for r in loss.owed_by if r in replicas))
 
 
 Plan = dict[int, BucketAssignment]  # bucket -> its state

@@ -17,9 +17,14 @@ An operator brings such a bucket back at the price of the lost changes:
 state, the leader installs it) or :func:`elect` with ``unclean`` (an
 out-of-sync replica leads alone). A restore also brings back an offline
 bucket none of whose replicas is live (their servers gone for good): it moves
-onto other live servers (:func:`restore_placement`); every replica of the
+onto other live servers (:func:`restore_placement`), and one offline with no
+live replica an unclean election may make leader. Every replica of the
 restored bucket owes the restore until it confirms it carried it out
-(:func:`restore_confirmed`), across restarts and later epochs. Each appends
+(:func:`restore_confirmed`), across restarts and later epochs; until then an
+unclean election never makes it lead (:func:`unclean_candidates`), and a
+follower that carried it out is ``lost`` (empty) until back in the ISR; a
+replica moved off the bucket, or added to the ISR, owes nothing
+(coordinator/assignment.py). Each appends
 a :class:`~common.data_loss.DataLoss` to the bucket's ``losses``, bumps the
 leader epoch and is idempotent: sent again, it answers the same record. :func:`elect` without ``unclean`` is a
 clean election of an ISR member.
@@ -85,15 +90,17 @@ def restore(a: BucketAssignment, live: Iterable[int], snapshot: tuple[int, int] 
     """The bucket restored from ``snapshot`` (``(snapshot_id, log_offset)`` of its latest kept one; None:
     empty at offset 0) and its loss record. For a bucket offline for lost data, or none of whose replicas is
     live (their servers gone for good: a restore again after the restored leader's server died too is a new
-    restore, with its own record); where it goes: :func:`restore_placement` (``tablet``: the
-    operator's choice; ``servers``: load, room and decommissioned servers). InvalidRequestError: another
-    state (a retry of the restore that brought it back answers its record; a live replica merely behind
-    is told to wait for the in-sync one or take an unclean election), no server to restore onto, or
-    ``accept_data_loss`` not set (the message says what would be lost)."""
+    restore, with its own record), or offline with no live replica an unclean election may make leader
+    (:func:`unclean_candidates`: each lost its data or owes the latest restore); where it goes:
+    :func:`restore_placement` (``tablet``: the operator's choice; ``servers``: load, room and decommissioned
+    servers). InvalidRequestError: another state (a retry of the restore that brought it back answers its
+    record; a live replica merely behind is told to wait for the in-sync one or take an unclean election),
+    no server to restore onto, or ``accept_data_loss`` not set (the message says what would be lost)."""
     live = set(live)
     latest = a.losses[-1] if a.losses else None
     gone = bool(a.replicas) and not live & set(a.replicas)  # (a one-replica bucket keeps its dead leader)
-    if not lost_data(a) and not gone:
+    unfit = a.offline and bool(live & set(a.replicas)) and not unclean_candidates(a, live)  # none may lead
+    if not lost_data(a) and not gone and not unfit:
         if (latest is not None and latest.kind == RESTORE and a.leader == latest.leader
                 and tablet in (None, a.leader)):
             return a, latest  # a retried restore: its answer was lost
@@ -104,7 +111,8 @@ def restore(a: BucketAssignment, live: Iterable[int], snapshot: tuple[int, int] 
             if last_known_end >= from_offset else "an unknown number of changelog offsets (no log end is known)")
     source = f"snapshot {snapshot_id} (log offset {from_offset})" if snapshot is not None else "nothing: no snapshot is kept, it restarts empty at offset 0"
     if not accept_data_loss:
-        why = a.offline_reason or f"none of its replicas {list(a.replicas)} is live"
+        why = a.offline_reason or (_none_fit(a, live) if unfit
+                                   else f"none of its replicas {list(a.replicas)} is live")
         onto = "" if replicas == a.replicas else f" onto tablet server {leader} (replicas {list(replicas)})"
         raise errors.InvalidRequestError(
             f"{where} is offline: {why}. Restoring it{onto} from {source} loses {lost}; run again with "
@@ -200,7 +208,8 @@ def elect(a: BucketAssignment, live: Iterable[int], *, unclean: bool, tablet: in
 
     Clean: the first live ISR member (or ``tablet``, which must be one) leads; already leading: nothing
     changes. Unclean, only for an offline replicated bucket: ``tablet`` or :func:`unclean_choice` leads
-    alone and the loss's ``from_offset`` stays unknown until it reports its log end. A retried unclean
+    alone and the loss's ``from_offset`` stays unknown until it reports its log end; never a ``tablet``
+    that owes the latest restore (it would serve what the restore replaced: refused). A retried unclean
     election answers its record. ``newest_snapshot_id``: the bucket's newest committed snapshot (0: none),
     recorded in the loss (:meth:`DataLoss.lost_history`). InvalidRequestError otherwise, saying why."""
     live = set(live)
@@ -231,31 +240,62 @@ def elect(a: BucketAssignment, live: Iterable[int], *, unclean: bool, tablet: in
             return a, latest  # a retried unclean election: its answer was lost
         raise errors.InvalidRequestError(f"{where} is led by tablet server {a.leader}: an unclean election is only "
                                          "for an offline bucket")
+    if tablet is not None and tablet in a.restore_owed_by:
+        fit = unclean_candidates(a, live)
+        instead = (f"name another replica (without --tablet: tablet server {fit[0]})" if fit else
+                   "`kvlease bucket restore --accept-data-loss` brings back its latest snapshot instead")
+        raise errors.InvalidRequestError(
+            f"{where}: tablet server {tablet} has not carried out the bucket's restore of leader epoch "
+            f"{a.latest_restore.leader_epoch} yet: it holds its data from before the restore (or nothing), which "
+            f"it would serve as leader; {instead}")
     leader = tablet if tablet is not None else unclean_choice(a, live, where)
     loss = DataLoss(UNCLEAN, a.leader_epoch + 1, UNKNOWN, last_known_end, 0, at_ms, leader, newest_snapshot_id)
     return replace(a, leader=leader, isr=(leader,), leader_epoch=loss.leader_epoch, bucket_epoch=a.bucket_epoch + 1,
                    offline_reason="", losses=a.losses + (loss,)), loss
 
 
+def unclean_candidates(a: BucketAssignment, live: set[int]) -> list[int]:
+    """The live replicas (in ``replicas`` order) an unclean election may make leader: not one that lost its
+    data since it was last in sync (``a.lost``: it would lead empty, losing everything), nor one that still
+    owes the bucket's latest restore (``a.restore_owed_by``: it holds its data from before the restore, or
+    nothing, and would serve that instead of the restored data and the writes since)."""
+    return [r for r in a.replicas if r in live and r not in a.lost and r not in a.restore_owed_by]
+
+
 def unclean_choice(a: BucketAssignment, live: set[int], where: str) -> int:
-    """The replica an unclean election without ``--tablet`` makes leader: the first live one (in ``replicas``
-    order) that did not report its data lost since it was last in sync (``a.lost``: it would lead empty,
-    losing everything). The coordinator knows no follower's log end (only leaders report theirs), so the
-    order decides among those; ``--tablet`` picks another. InvalidRequestError when no replica is live, or
-    every live one lost its data (the message says what to do instead)."""
+    """The replica an unclean election without ``--tablet`` makes leader: the first of
+    :func:`unclean_candidates`. The coordinator knows no follower's log end (only leaders report theirs), so
+    the order decides among those; ``--tablet`` picks another. InvalidRequestError when no replica is live,
+    or none of the live ones is a candidate (the message says what to do instead)."""
     alive = [r for r in a.replicas if r in live]
     if not alive:
         raise errors.InvalidRequestError(f"{where}: none of its replicas {list(a.replicas)} is live; start one "
                                          "of them first")
-    kept = [r for r in alive if r not in a.lost]
-    if kept:
-        return kept[0]
-    instead = ("`kvlease bucket restore --accept-data-loss` brings back its latest snapshot, better than an empty "
-               "replica" if lost_data(a) else
-               f"start its in-sync replica(s) {list(a.isr)} again: they have every committed write")
-    raise errors.InvalidRequestError(
-        f"{where}: every live replica {alive} lost its data, so an unclean election would make it lead empty, "
-        f"losing everything; {instead} (or name one with --tablet to accept that)")
+    fit = unclean_candidates(a, live)
+    if fit:
+        return fit[0]
+    restore = "`kvlease bucket restore --accept-data-loss` brings back its latest snapshot"
+    instead = (f"{restore}, better than an empty replica" if lost_data(a) or not a.isr else
+               f"start its in-sync replica(s) {list(a.isr)} again: they have every committed write; or {restore}")
+    owing = any(r in a.restore_owed_by for r in alive)
+    harm = ("serve what the bucket's restore replaced (or nothing) instead of the restored data and the writes "
+            "since" if owing else "lead empty, losing everything")
+    force = ("" if all(r in a.restore_owed_by for r in alive)  # each refused with --tablet too
+             else " (or name one that lost its data with --tablet to accept that)")
+    raise errors.InvalidRequestError(f"{where}: {_none_fit(a, live)}, so an unclean election would make it "
+                                     f"{harm}; {instead}{force}")
+
+
+def _none_fit(a: BucketAssignment, live: set[int]) -> str:
+    """Why none of the live replicas may lead after an unclean election (:func:`unclean_candidates` is empty)."""
+    alive = [r for r in a.replicas if r in live]
+    owing = [r for r in alive if r in a.restore_owed_by]
+    lost = [r for r in alive if r not in owing]
+    if not owing:
+        return f"every live replica {alive} lost its data"
+    pending = f"has not carried out the bucket's restore of leader epoch {a.latest_restore.leader_epoch} yet"
+    return (f"every live replica {alive} {pending}" if not lost
+            else f"every live replica {alive} lost its data ({lost}) or {pending} ({owing})")
 
 
 def takeover_reported(a: BucketAssignment, server: int, leader_epoch: int, log_end: int) -> BucketAssignment:
@@ -271,13 +311,16 @@ def takeover_reported(a: BucketAssignment, server: int, leader_epoch: int, log_e
 
 def restore_confirmed(a: BucketAssignment, server: int, leader_epoch: int) -> BucketAssignment:
     """``server`` carried out the restore that gave the bucket ``leader_epoch``: it no longer owes it
-    (:attr:`~common.data_loss.DataLoss.owed_by`). Anything else (a resent confirmation, another loss, a
+    (:attr:`~common.data_loss.DataLoss.owed_by`). A replica other than the restore's leader only dropped
+    its data (it rebuilds from the leader): it is ``lost`` until it is in the ISR again, so an unclean
+    election meanwhile never makes it lead empty. Anything else (a resent confirmation, another loss, a
     restore recorded before owed_by was kept) changes nothing. The leader and ISR do not change, so
     neither does the bucket epoch (a leader's ISR change in flight stays valid)."""
     for i, loss in enumerate(a.losses):
         if loss.kind == RESTORE and loss.leader_epoch == leader_epoch and loss.owes(server):
             owed = tuple(r for r in loss.owed_by if r != server)
-            return replace(a, losses=a.losses[:i] + (replace(loss, owed_by=owed),) + a.losses[i + 1:])
+            return replace(a, losses=a.losses[:i] + (replace(loss, owed_by=owed),) + a.losses[i + 1:],
+                           lost=a.lost if server == loss.leader else a.lost + (server,))
     return a
 
 

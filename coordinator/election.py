@@ -7,16 +7,18 @@
   offline (leader -1, the ISR kept so that the last in-sync replica leads when
   it returns) unless unclean election is on (the first live replica leads
   alone: its missing writes are lost; never one that reported its data lost,
-  it would lead empty, nor a replica a move in progress is adding, which may
-  hold nothing yet, e.g. a one-replica bucket's new copy). A bucket it only
-  followed drops it from its ISR. One-replica buckets keep their leader (they
-  wait for it).
+  it would lead empty, nor one that still owes the bucket's latest restore,
+  it would serve what the restore replaced, nor a replica a move in progress
+  is adding, which may hold nothing yet, e.g. a one-replica bucket's new
+  copy). A bucket it only followed drops it from its ISR. One-replica
+  buckets keep their leader (they wait for it).
 - A server joined: an offline bucket whose ISR holds it gets a leader again
   (the first live ISR member); a one-replica bucket it leads gets a new
   leader epoch; an unassigned one-replica bucket goes to the live server with
   room that holds the fewest replicas (never a decommissioned one). Otherwise it is a follower: it rejoins
   ISRs through the leaders' AlterIsr once caught up.
-- :func:`alter_isr`: the leader's ISR change, fenced by its epochs.
+- :func:`alter_isr`: the leader's ISR change, fenced by its epochs (a replica it adds owes no restore
+  any more: it holds what the leader holds).
 - :func:`controlled_shutdown`: a stopping server's leaderships move to other live ISR members.
 
 Every function returns new states; the caller writes them (fenced) and only then applies them.
@@ -46,11 +48,12 @@ def _new_leader(a: BucketAssignment, leader: int, isr: Iterable[int]) -> BucketA
 
 def _unclean_choice(a: BucketAssignment, live: set[int], gone: set[int] = frozenset()) -> int | None:
     """The first live replica an unclean election may make leader: not one that reported its data lost (it
-    would lead empty), nor one a move in progress is adding (in its target and out of the ISR: it may still
-    be copying the bucket, or not have started)."""
+    would lead empty), nor one that still owes the bucket's latest restore (it would serve its data from
+    before the restore), nor one a move in progress is adding (in its target and out of the ISR: it may
+    still be copying the bucket, or not have started)."""
     adding = set(a.reassign or ()) - set(a.isr)
-    return next((r for r in a.replicas if r in live and r not in gone and r not in adding and r not in a.lost),
-                None)
+    return next((r for r in a.replicas if r in live and r not in gone and r not in adding and r not in a.lost
+                 and r not in a.restore_owed_by), None)
 
 
 def server_gone(a: BucketAssignment, gone: set[int], live: set[int], unclean: bool = False) -> Outcome | None:
@@ -167,7 +170,7 @@ def alter_isr(a: BucketAssignment, server_id: int, leader_epoch: int, bucket_epo
     if not_live:
         raise errors.InvalidRequestError(f"AlterIsr of {where}: tablet server(s) {not_live} are not live: they "
                                          "cannot join the ISR")
-    return replace(a, isr=a.in_replica_order(asked), bucket_epoch=a.bucket_epoch + 1)
+    return replace(a, isr=a.in_replica_order(asked), bucket_epoch=a.bucket_epoch + 1).in_sync(set(asked) - set(a.isr))
 
 
 def controlled_shutdown(assignments: Assignments, server_id: int, live: set[int]) -> tuple[Changes, int]:
