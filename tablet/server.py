@@ -68,6 +68,7 @@ class TabletServer:
         self.scans: ScanService | None = None
         self.keeper: BucketKeeper | None = None
         self.fetchers: Fetchers | None = None
+        self.fetches_service: ReplicaFetchService | None = None
         self.isr_keeper: IsrKeeper | None = None
         self.metrics_port: int | None = None
         self._grpc = None
@@ -185,6 +186,8 @@ class TabletServer:
         self._register_needed.set()
         for thread in self._threads:
             thread.join(timeout=30)
+        if self.fetches_service is not None:
+            self.fetches_service.close()  # followers' long polls answer now, not at their wait's end
         if self._grpc is not None:
             self._grpc.stop(grace=1).wait()
         if self.keeper is not None:

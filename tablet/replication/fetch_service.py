@@ -9,7 +9,8 @@ offset is its log end, which may move the HW (the leadership applies it);
 then the entries from there on are read whole, byte for byte. The call waits
 up to ``max_wait_ms`` while no bucket has entries or a HW the follower has not
 been told, woken by :meth:`ReplicaFetchService.notify` (every append and HW
-move of a replicated bucket here).
+move of a replicated bucket here); once :meth:`ReplicaFetchService.close` was
+called (the server stops) every call answers at once.
 """
 
 from __future__ import annotations
@@ -34,11 +35,19 @@ class ReplicaFetchService:
         self.clock_ms = clock_ms
         self._news = threading.Condition()
         self._version = 0
+        self._closed = False
 
     def notify(self) -> None:
         """Something a waiting fetch may want happened (an append, a HW move)."""
         with self._news:
             self._version += 1
+            self._news.notify_all()
+
+    def close(self) -> None:
+        """The server stops: waiting calls answer what they have now, later ones do not wait (its gRPC
+        server's stop then has no long poll to wait for)."""
+        with self._news:
+            self._closed = True
             self._news.notify_all()
 
     def fetch(self, request: pb.ReplicaFetchRequest, time_remaining_s: float | None = None) -> pb.ReplicaFetchResponse:
@@ -52,10 +61,10 @@ class ReplicaFetchService:
                 version = self._version
             results, ready = self._fetch_once(request)
             remaining = deadline - time.monotonic()
-            if ready or remaining <= 0:
+            if ready or remaining <= 0 or self._closed:
                 return pb.ReplicaFetchResponse(buckets=results)
             with self._news:
-                if self._version == version:
+                if self._version == version and not self._closed:
                     self._news.wait(remaining)
 
     def _fetch_once(self, request) -> tuple[list, bool]:

@@ -9,7 +9,8 @@ fetch, which tells the leader this replica's new log end and so moves the
 HW, does not wait for it. A bucket's error (the leader moved, a fenced epoch) waits for the
 coordinator's next push, which changes the bucket's role; the thread ends
 once no bucket follows its leader. :meth:`Fetchers.update` is called after
-every change of roles.
+every change of roles; :meth:`Fetchers.stop` closes the channels, which ends
+the long polls in flight (a stopping server does not wait for them).
 """
 
 from __future__ import annotations
@@ -71,12 +72,15 @@ class Fetchers:
                     thread.start()
 
     def stop(self) -> None:
+        """Stop fetching: the long polls in flight are cancelled (by closing the channels), the threads end."""
         self._stop.set()
         self._wake.set()
+        self.channels.close()
         with self._lock:
             threads = list(self._threads.values())
         for thread in threads:
             thread.join(timeout=self.wait_ms / 1000.0 + 5)
+        self.channels.close()  # one a thread opened between the stop and its last round
         self.applier.stop()
         if self.rebuilder is not None:
             self.rebuilder.stop()
@@ -137,6 +141,8 @@ class Fetchers:
         try:
             response = self.channels.stub(address, pb_grpc.TabletServiceStub).ReplicaFetch(request, timeout=timeout_s)
         except grpc.RpcError as exc:
+            if self._stop.is_set():  # cancelled by stop()
+                return
             raise rpc_error(exc, "ReplicaFetch", address, timeout_s=timeout_s, idempotent=True) from None
         raise_for(response.error)
         failed = False

@@ -198,6 +198,23 @@ def test_s3_storage_without_a_prefix(s3_endpoint, s3_bucket):
     assert storage.list("") == ["k/v"] and storage.read("k/v") == b"1"
 
 
+@pytest.mark.unit
+def test_s3_storages_of_a_process_read_the_s3_model_files_once(monkeypatch):
+    """Each storage's client has a session of its own, but the S3 service model (JSON files botocore reads)
+    is read once per process: a client per Spark task cost ~70 ms of reading them again."""
+    import botocore.loaders
+
+    reads = []
+    load_file = botocore.loaders.JSONFileLoader.load_file
+    monkeypatch.setattr(botocore.loaders.JSONFileLoader, "load_file",
+                        lambda self, path, *args: reads.append(path) or load_file(self, path, *args))
+    storages = [S3Storage("s3://bucket/p", endpoint="http://127.0.0.1:1", access_key="a", secret_key="b")
+                for _ in range(3)]
+    first = storages[0].client
+    after_first = len(reads)
+    assert all(s.client is not first for s in storages[1:])  # a client (and session) each
+    assert len(reads) == after_first, reads[after_first:]
+
 def test_docker_minio_round_trip(docker_s3):
     bucket = docker_s3.create_bucket()
     config = Config(docker_s3.overrides(bucket), env={})

@@ -45,10 +45,10 @@ pytestmark = [pytest.mark.timeout(180)]
 
 HOUR_MS = 3_600_000
 SESSION_S = 30  # outlives a node's restart
-#: How long a client may take to reconnect to a restarted node: a connect attempt that reaches the
-#: node in the instant between its port opening and it serving gets no answer, and kazoo waits
-#: the session timeout divided by the hosts it knows (one here) before it tries again.
-RECONNECT_S = SESSION_S + 15
+#: How long a client may take to reconnect to a restarted node: kazoo retries at least every second,
+#: and a node still starting turns it away (ops/local_cluster/zookeeper.py: never silence, which made
+#: kazoo wait the whole session timeout and lose its session).
+RECONNECT_S = 15
 
 
 def _config(address: str, zk_root: str, remote_dir: str) -> Config:

@@ -154,16 +154,18 @@ UNFENCED = (zkpaths.ELECTION, zkpaths.ACTIVE)
 
 
 def zk_tree(zk, root: str = "/") -> dict[str, tuple[bytes, int]]:
-    """Every node under ``root`` (but the unfenced ones) -> (data, mzxid)."""
+    """Every node under ``root`` (but the unfenced ones) -> (data, mzxid). Read a level at a time, each
+    level's requests sent together (one round trip per level, not two per node)."""
     tree: dict[str, tuple[bytes, int]] = {}
-    pending = [root]
-    while pending:
-        path = pending.pop()
-        if any(path == p or path.startswith(p + "/") for p in UNFENCED):
-            continue
-        data, stat = zk.get(path)
-        tree[path] = (data, stat.mzxid)
-        pending.extend(f"{path.rstrip('/')}/{child}" for child in zk.get_children(path))
+    level = [root]
+    while level:
+        asked = [(path, zk.get_async(path), zk.get_children_async(path)) for path in level
+                 if not any(path == p or path.startswith(p + "/") for p in UNFENCED)]
+        level = []
+        for path, got, children in asked:
+            data, stat = got.get()
+            tree[path] = (data, stat.mzxid)
+            level.extend(f"{path.rstrip('/')}/{child}" for child in children.get())
     return tree
 
 

@@ -25,7 +25,7 @@ def db(tmp_path):
     db = Rdict(str(tmp_path / "db"), Options(raw_mode=True))
     rows = {}
     for i in range(5000):
-        value = bytes(rng.randrange(256) for _ in range(rng.choice([0, 1, 5, 40, 300])))
+        value = rng.randbytes(rng.choice([0, 1, 5, 40, 300]))
         rows[i.to_bytes(4, "big")] = value
         db[i.to_bytes(4, "big")] = value
     db.flush()
@@ -79,7 +79,7 @@ def keyed_db(tmp_path):
     db = Rdict(str(tmp_path / "keyed"), Options(raw_mode=True))
     for i in range(5000):
         key = i.to_bytes(4, "big")
-        db[key] = key + bytes(rng.randrange(256) for _ in range(rng.choice([0, 1, 5, 40, 300])))
+        db[key] = key + rng.randbytes(rng.choice([0, 1, 5, 40, 300]))
     db.flush()
     yield db
     db.close()

@@ -64,7 +64,7 @@ def test_a_terminated_benchmark_stops_what_it_started_and_removes_its_temp_direc
     scratch.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVLEASE_") or k == "KVLEASE_TEST_SESSION"}
     env.update(PYTHONPATH=str(ROOT), TMPDIR=str(scratch))
-    proc = subprocess.Popen([sys.executable, "-m", "ops.cli", "bench", "writes", "--rows", "5000000", "--json"],
+    proc = subprocess.Popen([sys.executable, "-m", "ops.cli", "bench", "writes", "--rows", "500000", "--json"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(ROOT), env=env,
                             start_new_session=True)  # its group: what it started goes with it if this test fails
     try:

@@ -90,11 +90,11 @@ def put_get_delete(c: tuple[str, ...], tmp_path: Path) -> None:
 
 def read_the_log(c: tuple[str, ...]) -> tuple[int, int]:
     """``log`` of every bucket, as lines and --json, from a timestamp; returns the bucket of id 7 and its log end."""
-    records = [r for b in range(3) for r in log_lines(*c, "log", "db.t", "--bucket", str(b))]
+    by_bucket = {b: log_lines(*c, "log", "db.t", "--bucket", str(b)) for b in range(3)}
+    records = [r for b in range(3) for r in by_bucket[b]]
     assert len(records) == 300 + 2 + 1
     assert sorted(r["change_type"] for r in records if r["row"]["id"] in (7, 8)) == ["+I", "+I", "+U", "-D", "-U"]
-    bucket_7 = next(b for b in range(3) if any(r["row"]["id"] == 7 for r in log_lines(*c, "log", "db.t",
-                                                                                       "--bucket", str(b))))
+    bucket_7 = next(b for b in range(3) if any(r["row"]["id"] == 7 for r in by_bucket[b]))
     doc = kvlease_json(*c, "log", "db.t", "--bucket", str(bucket_7), "--json")
     changes_7 = [r["change_type"] for r in doc["records"] if r["row"]["id"] == 7]
     assert changes_7 == ["+I", "-U", "+U"] and doc["log_end_offset"] == len(doc["records"])

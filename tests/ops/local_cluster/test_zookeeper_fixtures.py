@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import textwrap
@@ -18,6 +19,7 @@ from common import config as cfg
 from ops.local_cluster import zookeeper
 from ops.local_cluster import ZooKeeperCluster, ZooKeeperError, four_letter, stop_pids
 from tests.support.paths import REPO
+from tests.support.procs import wait_until
 
 REPO = str(REPO)
 
@@ -139,6 +141,40 @@ def test_a_killed_standalone_node_restarts_with_its_data(tmp_path):
         finally:
             client.stop()
             client.close()
+
+
+#: A client's ConnectRequest (protocol 0, no zxid, 30 s, no session, empty password, not read-only), framed.
+_CONNECT = struct.pack(">iqiqi16s?", 0, 0, 30_000, 0, 16, b"\0" * 16, False)
+
+
+def _connect_as_soon_as_the_port_opens(port: int) -> socket.socket:
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return socket.create_connection(("127.0.0.1", port), timeout=1)
+        except ConnectionRefusedError:
+            assert time.monotonic() < deadline, "the node never opened its port"
+            time.sleep(0.002)
+
+
+def test_a_client_connecting_while_a_standalone_node_starts_is_answered_or_turned_away(tmp_path):
+    """A session request sent the moment the port opens (before the node has loaded its data) gets an
+    answer or a closed connection, never silence: kazoo would wait its whole session timeout for it
+    (and lose the session) whenever it reconnected to a restarted node at that moment."""
+    with ZooKeeperCluster.start(str(tmp_path), 1) as cluster:
+        for _ in range(3):  # with ZooKeeper's NIO server most of these were left hanging
+            cluster.kill(0)
+            cluster.restart(0, wait=False)
+            with _connect_as_soon_as_the_port_opens(cluster.nodes[0].client_port) as sock:
+                sock.settimeout(5)
+                sock.sendall(struct.pack(">i", len(_CONNECT)) + _CONNECT)
+                try:
+                    sock.recv(4096)  # an answer, or b"" (closed): either way the client goes on
+                except ConnectionResetError:
+                    pass
+                except socket.timeout:
+                    pytest.fail("the starting node neither answered nor closed the connection within 5 s")
+            wait_until(lambda: cluster.serving(0), 30, "the restarted node serves")
 
 
 def test_start_retries_on_new_ports_when_a_port_was_taken(tmp_path, monkeypatch):

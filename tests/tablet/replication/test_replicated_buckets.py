@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from typing import Iterator
 
 import grpc
@@ -204,6 +205,22 @@ def test_controlled_shutdown_ends_when_the_last_movable_leadership_loses_its_oth
         finally:
             gate.set()
             stopper.join(90)
+
+
+def test_a_stop_does_not_wait_for_the_replication_long_polls(make_config, tmp_path):
+    """A server leading and following replicated buckets stops at once: its own fetches (waiting at the
+    other leaders for up to replica.fetch.wait-max) are cancelled, and the other followers' fetches waiting
+    at it are answered, instead of each running out its wait (then gRPC's one-second grace)."""
+    with three_servers(make_config, tmp_path, {**FAST, "replica.fetch.wait-max": "5s"}) as c:
+        table = c.admin.create_table("db.polls", SCHEMA, ["id"], 3, replication_factor=3, min_insync_replicas=2)
+        states = [wait_in_sync(c, table.table_id, bucket) for bucket in range(3)]
+        stopping = server_by_id(c, states[0].leader_id)
+        assert any(s.leader_id != stopping.server_id for s in states)  # it follows a bucket too
+        c.tablets.remove(stopping)
+        started = time.monotonic()
+        stopping.stop()
+        assert time.monotonic() - started < 3.0  # was over 5 s: the fetches' wait, then the grace
+        assert all(bucket_state(c, table.table_id, b).leader_id not in (-1, stopping.server_id) for b in range(3))
 
 
 def test_a_follower_that_stops_fetching_leaves_the_isr_and_rejoins_once_caught_up(cluster):
