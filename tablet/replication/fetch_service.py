@@ -56,10 +56,12 @@ class ReplicaFetchService:
         if time_remaining_s is not None:
             wait_s = min(wait_s, max(0.0, time_remaining_s - 0.2))
         deadline = time.monotonic() + wait_s
+        first = True  # the follower's progress is taken once, when its fetch arrives
         while True:
             with self._news:
                 version = self._version
-            results, ready = self._fetch_once(request)
+            results, ready = self._fetch_once(request, first)
+            first = False
             remaining = deadline - time.monotonic()
             if ready or remaining <= 0 or self._closed:
                 return pb.ReplicaFetchResponse(buckets=results)
@@ -67,12 +69,12 @@ class ReplicaFetchService:
                 if self._version == version and not self._closed:
                     self._news.wait(remaining)
 
-    def _fetch_once(self, request) -> tuple[list, bool]:
+    def _fetch_once(self, request, first: bool) -> tuple[list, bool]:
         results, told, ready = [], [], False
         for item in request.buckets:
             result = pb.ReplicaFetchBucketResultPb(table_id=item.table_id, bucket=item.bucket)
             try:
-                news, lead = self._fetch_bucket(request.replica_id, item, result)
+                news, lead = self._fetch_bucket(request.replica_id, item, result, first)
                 ready |= news
                 told.append((lead, result.high_watermark))
             except errors.KvLeaseError as exc:
@@ -94,8 +96,12 @@ class ReplicaFetchService:
                                         f"{item.table_id}", table_id=item.table_id, bucket=item.bucket)
         return replica
 
-    def _fetch_bucket(self, follower: int, item, result) -> tuple[bool, object]:
-        """Fill ``result``; whether it is worth answering now, and the bucket's leadership."""
+    def _fetch_bucket(self, follower: int, item, result, first: bool) -> tuple[bool, object]:
+        """Fill ``result``; whether it is worth answering now, and the bucket's leadership. Only the ``first``
+        look of a fetch tells the leadership where the follower is: a long poll that looks again after the
+        follower left the ISR (it died; its channel closed, the call still waits here) must not bring back the
+        log end the leadership forgot then — a wiped replica restarting would join the ISR before it holds
+        anything."""
         replica = self._led(item)
         lead = replica.leadership()
         if lead is None:
@@ -114,7 +120,7 @@ class ReplicaFetchService:
                 result.high_watermark = lead.high_watermark
                 result.log_end_offset = store.log_end_offset
                 return True, lead
-        hw, news = lead.on_fetch(follower, item.fetch_offset, self.clock_ms())
+        hw, news = lead.on_fetch(follower, item.fetch_offset, self.clock_ms()) if first else lead.polled(follower)
         entries: list[bytes] = []
         end = store.log_end_offset
         if item.fetch_offset < end:

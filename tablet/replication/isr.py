@@ -151,6 +151,11 @@ class LeaderView:
         self._proposed = None
         return self._advance()
 
+    def forget(self, followers: Collection[int]) -> None:
+        """What ``followers`` (not in the ISR) fetched is forgotten, as for a member that left it."""
+        for r in set(followers) & (set(self._followers) - self._isr):
+            self._followers[r] = FollowerState(last_caught_up_ms=self._followers[r].last_caught_up_ms)
+
     def isr_change_failed(self) -> bool:
         """The change in flight was refused or failed: the ISR stays. Whether the HW advanced."""
         self._proposed = None

@@ -140,6 +140,15 @@ class Leadership:
                 self.on_isr_due()
             return hw, news
 
+    def polled(self, follower: int) -> tuple[int, bool]:
+        """A follower's fetch waiting here looks again: ``(HW, news)`` as :meth:`on_fetch`, its progress not
+        taken again (it was when the fetch arrived)."""
+        with self._cond:
+            if self.ended:
+                raise errors.NotLeaderError(f"this tablet server no longer leads {self.where}")
+            hw = self.view.high_watermark()
+            return hw, hw > self._answered_hw.get(follower, -1)
+
     def answered(self, follower: int, hw: int) -> None:
         with self._cond:
             self._answered_hw[follower] = max(hw, self._answered_hw.get(follower, -1))
@@ -170,10 +179,15 @@ class Leadership:
             self._cond.notify_all()
 
     def isr_change_failed(self, now_ms: int, backoff_ms: int = 1000) -> None:
+        """The change in flight was refused or failed. The followers it would have added are forgotten: the
+        coordinator refuses one that is not live, and when it is back (restarted, perhaps on a new disk) it
+        must fetch again before it is proposed again."""
         with self._cond:
             self._next_change_ms = now_ms + backoff_ms
+            added = (self.view.proposed_isr or frozenset()) - self.view.isr
             if self.view.isr_change_failed():
                 self._commit()
+            self.view.forget(added)
 
     def end(self) -> None:
         """This leadership is over: writes waiting are answered NOT_LEADER."""

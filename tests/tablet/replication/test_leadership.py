@@ -3,7 +3,9 @@ writes wait for the ISR, reads wait for a new leader's HW, epochs fence, ISR cha
 
 from __future__ import annotations
 
+import itertools
 import threading
+import time
 
 import pytest
 
@@ -145,6 +147,58 @@ def test_a_fetch_that_makes_a_follower_due_to_join_the_isr_wakes_the_isr_keeper(
     lead.isr_changed([1, 2, 3], 10)
     lead.on_fetch(3, end, now_ms=1040)  # a member: nothing to do
     assert due == [1, 1]
+
+
+def test_a_refused_expansion_forgets_the_followers_it_would_have_added(store):
+    """The coordinator refuses to add a server that is not live; when it comes back (perhaps on a new disk,
+    holding nothing) it must fetch again before it is proposed again, not join on what it fetched before."""
+    lead = Leadership(1, role(isr=(1,), min_insync=1), store, now_ms=0)
+    end = put(store, lead, 1)
+    lead.on_fetch(2, end, now_ms=10)
+    assert lead.propose_isr_change(now_ms=20, max_lag_ms=10_000) == ([1, 2], 4, 9)
+    lead.isr_change_failed(now_ms=30)  # "tablet server(s) [2] are not live"
+    assert lead.view.follower(2).log_end is None
+    assert lead.propose_isr_change(now_ms=2000, max_lag_ms=10_000) is None  # what it fetched is forgotten
+    lead.on_fetch(2, end, now_ms=2100)  # it fetches again
+    assert lead.propose_isr_change(now_ms=2200, max_lag_ms=10_000) == ([1, 2], 4, 9)
+
+
+def test_a_waiting_fetch_that_looks_again_does_not_bring_back_a_follower_that_left_the_isr(store):
+    """A follower's long poll waits at the leader after the follower died (its call still runs here): when it
+    looks again (news of another bucket), the log end the leadership forgot when the follower left the ISR
+    must stay forgotten, or the follower restarted on a wiped disk joins the ISR before it holds anything."""
+    import types
+
+    from common.proto import tablet_pb2 as pb
+    from tablet.replication.fetch_service import ReplicaFetchService
+
+    lead = Leadership(1, role(isr=(1, 2), min_insync=1), store, now_ms=0)
+    end = put(store, lead, 1)
+    replica = types.SimpleNamespace(leads=True, leadership=lambda: lead, store=store)
+    service = ReplicaFetchService(types.SimpleNamespace(replica=lambda table_id, bucket: replica),
+                                  clock_ms=itertools.count(1000).__next__)  # each look its own time
+    request = pb.ReplicaFetchRequest(replica_id=2, max_wait_ms=5000, buckets=[pb.ReplicaFetchBucketPb(
+        table_id=TABLE.table_id, bucket=0, fetch_offset=end, leader_epoch=4, last_fetched_epoch=-1, max_bytes=1 << 20)])
+    assert service.fetch(request).buckets[0].high_watermark == end  # caught up: the HW is told at once
+    first_look = lead.view.follower(2).last_fetch_ms
+    answers = []
+    waiting = threading.Thread(target=lambda: answers.append(service.fetch(request)))
+    waiting.start()  # nothing new: it waits
+    try:
+        deadline = time.monotonic() + 5
+        while lead.view.follower(2).last_fetch_ms == first_look and time.monotonic() < deadline:
+            time.sleep(0.01)  # until the waiting fetch arrived (took the follower's progress)
+        assert lead.view.follower(2).last_fetch_ms != first_look
+        lead.isr_changed([1], 10)  # the follower died: the coordinator took it out of the ISR
+        assert lead.view.follower(2).log_end is None
+        service.notify()  # news elsewhere: the waiting fetch looks again
+        time.sleep(0.2)
+        assert lead.view.follower(2).log_end is None
+        assert lead.propose_isr_change(now_ms=2000, max_lag_ms=10_000) is None
+    finally:
+        service.close()
+        waiting.join(10)
+    assert answers and not waiting.is_alive()
 
 
 def test_a_woken_periodic_runs_its_round_at_once_and_stops_promptly():
