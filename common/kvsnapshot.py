@@ -26,6 +26,7 @@ from typing import Callable, Iterable
 
 from common import errors
 from common.checksum import file_crc32
+from common.fsync import fsync_path
 from common.storage import RemoteStorage
 from common.model import SnapshotFile, SnapshotHandle, TableBucket
 
@@ -161,27 +162,19 @@ def download(storage: RemoteStorage, source: SnapshotHandle | str, target_dir: s
         storage.download_file(f.path, tmp)
         check_file(storage, f, tmp)
         if durable:
-            _fsync(tmp)
+            fsync_path(tmp)
         os.replace(tmp, final)
         on_file(f.size)
 
     try:
         run_all([lambda f=f: fetch(f) for f in manifest.files], io_threads)
         if durable:
-            _fsync(target_dir)
+            fsync_path(target_dir)
     except BaseException:
         for name in os.listdir(target_dir):
             os.unlink(os.path.join(target_dir, name))
         raise
     return manifest
-
-
-def _fsync(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def check_file(storage: RemoteStorage, f: ManifestFile, local_path: str) -> None:

@@ -17,6 +17,7 @@ import mmap
 import os
 import re
 
+from common.fsync import fsync_path
 from common.logentry import CorruptLogError, check_frame, valid_frame_after
 from tablet.log_index import NO_TIMESTAMP, SegmentIndex, time_key
 
@@ -32,11 +33,7 @@ def segment_path(dir: str, base_offset: int) -> str:
 
 def sync_dir(dir: str) -> None:
     """fsync the directory: a segment created or deleted in it stays so after a crash."""
-    fd = os.open(dir, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_path(dir)
 
 
 def write_durably(path: str, data: bytes, fsync: bool = True) -> None:

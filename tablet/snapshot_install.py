@@ -33,6 +33,7 @@ import logging
 import os
 import shutil
 
+from common.fsync import fsync_path
 from tablet import epoch_file, writer_sequences
 from tablet.replication.epochs import EpochCache
 from tablet.segment_files import segment_path, sync_dir, write_durably
@@ -123,9 +124,5 @@ def _roll_forward(dir: str, log_offset: int, writers: tuple[tuple[int, ...], ...
 def _sync_tree(root: str) -> None:
     for path, _dirs, files in os.walk(root):
         for name in files:
-            fd = os.open(os.path.join(path, name), os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            fsync_path(os.path.join(path, name))
         sync_dir(path)

@@ -24,18 +24,24 @@ pytestmark = pytest.mark.zk
 CONFIG = {**FAST, "tablet.controlled-shutdown.timeout": "1s"}
 
 
+def two_tables_and_a_follower(c):
+    """``db.moved`` (RF 2) and ``db.kept`` (RF 3), 10 rows each; the follower ``x`` of db.moved's bucket:
+    ``(moved, kept, state of db.moved, x's id, x, x's bucket dir of db.moved)``."""
+    moved = c.admin.create_table("db.moved", SCHEMA, ["id"], 1, replication_factor=2, min_insync_replicas=1)
+    kept = c.admin.create_table("db.kept", SCHEMA, ["id"], 1, replication_factor=3, min_insync_replicas=1)
+    before = wait_in_sync(c, moved.table_id, members=2)
+    wait_in_sync(c, kept.table_id, members=3)
+    for name in ("db.moved", "db.kept"):
+        with TableClient(c.admin, name, retry_total_s=30) as client:
+            client.upsert([{"id": i, "v": f"v{i}"} for i in range(10)])
+    x_id = next(r for r in before.replicas if r != before.leader_id)
+    x = server_by_id(c, x_id)
+    return moved, kept, before, x_id, x, x.replicas.bucket_dir(moved.table_id, 0)
+
+
 def test_a_copy_moved_off_while_its_server_was_down_is_deleted_when_it_returns(make_config, tmp_path):
     with three_servers(make_config, tmp_path, CONFIG) as c:
-        moved = c.admin.create_table("db.moved", SCHEMA, ["id"], 1, replication_factor=2, min_insync_replicas=1)
-        kept = c.admin.create_table("db.kept", SCHEMA, ["id"], 1, replication_factor=3, min_insync_replicas=1)
-        before = wait_in_sync(c, moved.table_id, members=2)
-        wait_in_sync(c, kept.table_id, members=3)
-        for name in ("db.moved", "db.kept"):
-            with TableClient(c.admin, name, retry_total_s=30) as client:
-                client.upsert([{"id": i, "v": f"v{i}"} for i in range(10)])
-        x_id = next(r for r in before.replicas if r != before.leader_id)
-        x = server_by_id(c, x_id)
-        moved_dir = x.replicas.bucket_dir(moved.table_id, 0)
+        moved, kept, before, x_id, x, moved_dir = two_tables_and_a_follower(c)
         kept_dir = x.replicas.bucket_dir(kept.table_id, 0)
         for store in (x.replicas.replica(moved.table_id, 0).store, x.replicas.replica(kept.table_id, 0).store):
             wait_until(lambda: store.high_watermark == 10, 15, f"server {x_id} to apply the writes")
@@ -77,16 +83,7 @@ def test_a_copy_moved_off_while_its_server_was_cut_off_from_zookeeper_is_deleted
     """No restart: the server lost its session, the bucket moved off it meanwhile; the first push after it
     registered again (a new session) removes the stray copy."""
     with three_servers(make_config, tmp_path, CONFIG) as c:
-        moved = c.admin.create_table("db.moved", SCHEMA, ["id"], 1, replication_factor=2, min_insync_replicas=1)
-        kept = c.admin.create_table("db.kept", SCHEMA, ["id"], 1, replication_factor=3, min_insync_replicas=1)
-        before = wait_in_sync(c, moved.table_id, members=2)
-        wait_in_sync(c, kept.table_id, members=3)
-        for name in ("db.moved", "db.kept"):
-            with TableClient(c.admin, name, retry_total_s=30) as client:
-                client.upsert([{"id": i, "v": f"v{i}"} for i in range(10)])
-        x_id = next(r for r in before.replicas if r != before.leader_id)
-        x = server_by_id(c, x_id)
-        moved_dir = x.replicas.bucket_dir(moved.table_id, 0)
+        moved, kept, before, x_id, x, moved_dir = two_tables_and_a_follower(c)
         held_marker = os.path.join(x.config["tablet.data-dir"], "held", f"{moved.table_id}-0")
         wait_until(lambda: os.path.exists(held_marker), 15, "the keeper to mark the bucket held")
 
