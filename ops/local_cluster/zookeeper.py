@@ -1,7 +1,8 @@
 """Run real Apache ZooKeeper servers (the Debian ``zookeeper`` jars) on loopback.
 
-One node runs ``ZooKeeperServerMain``; three (or any N > 1) run
-``QuorumPeerMain`` with ``myid`` files and ``server.N`` lines. Each node lives
+One node runs ``ZooKeeperServerMain`` (serving clients through Netty: see
+``_STANDALONE_FLAGS``); three (or any N > 1) run ``QuorumPeerMain`` with
+``myid`` files and ``server.N`` lines. Each node lives
 in ``{base_dir}/zk-{id}/`` (``zoo.cfg``, ``data/``, ``zookeeper.log``) on free
 loopback ports.
 
