@@ -171,9 +171,13 @@ class LeaderView:
 
     def expand_candidates(self) -> frozenset[int]:
         """Replicas outside the ISR whose log end reached the HW and the start of this leader epoch."""
-        return frozenset(r for r, s in self._followers.items()
-                         if r not in self._isr and s.log_end is not None
-                         and s.log_end >= self._hw and s.log_end >= self.epoch_start_offset)
+        return frozenset(r for r in self._followers if self.can_join(r))
+
+    def can_join(self, replica: int) -> bool:
+        """Whether ``replica`` is one of :meth:`expand_candidates`."""
+        s = self._followers.get(replica)
+        return (s is not None and replica not in self._isr and s.log_end is not None
+                and s.log_end >= self._hw and s.log_end >= self.epoch_start_offset)
 
     # -- inside ---------------------------------------------------------------
 

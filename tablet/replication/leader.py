@@ -133,12 +133,9 @@ class Leadership:
                     self._commit()
             except ValueError as exc:
                 raise errors.InvalidRequestError(f"{self.where}: {exc}") from None
-            hw = self.view.high_watermark()
-            news = hw > self._answered_hw.get(follower, -1)
-            if (follower not in self.view.isr and self.view.proposed_isr is None and now_ms >= self._next_change_ms
-                    and follower in self.view.expand_candidates()):
+            if self.view.proposed_isr is None and now_ms >= self._next_change_ms and self.view.can_join(follower):
                 self.on_isr_due()
-            return hw, news
+            return self._answer(follower)
 
     def polled(self, follower: int) -> tuple[int, bool]:
         """A follower's fetch waiting here looks again: ``(HW, news)`` as :meth:`on_fetch`, its progress not
@@ -146,8 +143,12 @@ class Leadership:
         with self._cond:
             if self.ended:
                 raise errors.NotLeaderError(f"this tablet server no longer leads {self.where}")
-            hw = self.view.high_watermark()
-            return hw, hw > self._answered_hw.get(follower, -1)
+            return self._answer(follower)
+
+    def _answer(self, follower: int) -> tuple[int, bool]:
+        """``(HW, news)``: news when the HW moved past the one last answered to ``follower``. Hold the lock."""
+        hw = self.view.high_watermark()
+        return hw, hw > self._answered_hw.get(follower, -1)
 
     def answered(self, follower: int, hw: int) -> None:
         with self._cond:
