@@ -12,7 +12,8 @@ offsets it already consumed. :func:`unseen_loss` is that check.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Callable
 from typing import Mapping, Sequence
 
 RESTORE = "restore"
@@ -88,6 +89,12 @@ class DataLoss:
         if self.kind != RESTORE or self.owed_by is None:
             return None
         return server in self.owed_by
+
+    def owed_only_by(self, keep: Callable[[int], bool]) -> "DataLoss":
+        """This record with only the servers ``keep`` keeps still owing it (itself if nothing changes)."""
+        if self.owed_by is None or all(keep(r) for r in self.owed_by):
+            return self
+        return replace(self, owed_by=tuple(r for r in self.owed_by if keep(r)))
 
     @classmethod
     def from_pb(cls, msg) -> "DataLoss":

@@ -70,7 +70,10 @@ class BucketAssignment:
             object.__setattr__(self, "bucket_epoch", self.leader_epoch)
         if self.reassign is not None:
             object.__setattr__(self, "reassign", tuple(self.reassign))
-        object.__setattr__(self, "losses", tuple(_owed_only_by(loss, self.replicas) for loss in self.losses))
+        # a server moved off the bucket (a move, a restore onto others) owes nothing: it never restores a
+        # bucket it no longer holds
+        object.__setattr__(self, "losses", tuple(loss.owed_only_by(lambda r: r in self.replicas)
+                                                 for loss in self.losses))
         object.__setattr__(self, "lost", tuple(r for r in self.replicas if r in self.lost and r not in self.isr))
 
     @property
@@ -98,9 +101,7 @@ class BucketAssignment:
         joined = set(joined)
         if not joined & set(self.restore_owed_by):
             return self
-        return replace(self, losses=tuple(loss if loss.owed_by is None else
-                                          replace(loss, owed_by=tuple(r for r in loss.owed_by if r not in joined))
-                                          for loss in self.losses))
+        return replace(self, losses=tuple(loss.owed_only_by(lambda r: r not in joined) for loss in self.losses))
 
     @property
     def offline(self) -> bool:
@@ -139,14 +140,6 @@ class BucketAssignment:
                    str(node.get("offline_reason", "")),
                    tuple(DataLoss.from_json(loss) for loss in node.get("losses", ())),
                    tuple(int(r) for r in node.get("lost", ())))
-
-
-def _owed_only_by(loss: DataLoss, replicas: tuple[int, ...]) -> DataLoss:
-    """``loss`` owed only by the servers still among ``replicas``: one moved off the bucket (a move, a restore
-    onto other servers) owes nothing any more; it never restores a bucket it no longer holds."""
-    if loss.owed_by is None or set(loss.owed_by) <= set(replicas):
-        return loss
-    return replace(loss, owed_by=tuple(r for r in loss.owed_by if r in replicas))
 
 
 Plan = dict[int, BucketAssignment]  # bucket -> its state

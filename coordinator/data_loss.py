@@ -318,8 +318,7 @@ def restore_confirmed(a: BucketAssignment, server: int, leader_epoch: int) -> Bu
     neither does the bucket epoch (a leader's ISR change in flight stays valid)."""
     for i, loss in enumerate(a.losses):
         if loss.kind == RESTORE and loss.leader_epoch == leader_epoch and loss.owes(server):
-            owed = tuple(r for r in loss.owed_by if r != server)
-            return replace(a, losses=a.losses[:i] + (replace(loss, owed_by=owed),) + a.losses[i + 1:],
+            return replace(a, losses=a.losses[:i] + (loss.owed_only_by(lambda r: r != server),) + a.losses[i + 1:],
                            lost=a.lost if server == loss.leader else a.lost + (server,))
     return a
 
