@@ -104,17 +104,15 @@ class LogReader:
         self.client = client
         self.buckets = buckets
         self.start = {b: p.offset for b, p in start.items()}
-        self.next = dict(self.start)
+        #: where each bucket is read next, with the leader epoch of the entry below (None: not checked)
+        self.position = dict(start)
         self.end: dict[int, int] = {}
-        #: the leader epoch of the entry below next (None: not known, not checked): fences the fetch
-        self.epoch: dict[int, int | None] = {b: p.epoch for b, p in start.items()}
         self.collected: dict[int, list[dict]] = {b: [] for b in buckets}
         self.with_bucket = with_bucket
 
     def _fetch(self, bucket: int, emit) -> int:
         """One fetch of ``bucket`` from its next offset; each record to ``emit`` (None: collected)."""
-        records, end, position = self.client.fetch_log_from(bucket, LogPosition(self.next[bucket],
-                                                                                self.epoch.get(bucket)))
+        records, end, position = self.client.fetch_log_from(bucket, self.position[bucket])
         self.end.setdefault(bucket, end)
         for record in records:
             doc = out.log_record_doc(record)
@@ -125,13 +123,13 @@ class LogReader:
             else:
                 emit(doc)
         if records:
-            self.next[bucket], self.epoch[bucket] = position.offset, position.epoch
+            self.position[bucket] = position
             sys.stdout.flush()
         return len(records)
 
     def read_to_end(self, emit) -> None:
         for bucket in self.buckets:
-            while self._fetch(bucket, emit) and self.next[bucket] < self.end[bucket]:
+            while self._fetch(bucket, emit) and self.position[bucket].offset < self.end[bucket]:
                 pass
 
     def follow(self, emit, poll_interval_s: float) -> None:
