@@ -145,7 +145,7 @@ def download(storage: RemoteStorage, source: SnapshotHandle | str, target_dir: s
     name, checked (:func:`check_file`), then renamed. ``before_file(manifest, file)`` runs before each
     file is fetched (it may raise to stop the download), ``on_file(bytes)`` after it is in place.
     ``durable``: each file is fsynced by the I/O thread that fetched it, while the others still download,
-    and ``target_dir`` once all are in place (a replica's files: installing them then syncs nothing).
+    and ``target_dir`` once all are in place (a replica's files: their install finds nothing left to flush).
     Raises StorageNotFound (a file or the manifest is gone), StorageError, InvalidSnapshotError (and
     what ``before_file`` raises); on failure the files written here are removed.
     """

@@ -17,6 +17,7 @@ import urllib.parse
 from typing import Callable, Iterator, Sequence
 
 from common.errors import StorageError
+from common.fsync import fsync_path
 from common.storage.base import RemoteStorage, StorageExists, StorageNotFound, clean_path
 
 
@@ -94,12 +95,14 @@ class FileStorage(RemoteStorage):
             _make_dirs(os.path.dirname(full))
             if source is not None:
                 shutil.copyfile(source, tmp)
-            with open(tmp, "r+b" if source is not None else "wb") as fh:
-                if data is not None:
-                    fh.write(data)
                 if self.fsync and sync:
-                    fh.flush()
-                    os.fsync(fh.fileno())
+                    fsync_path(tmp)
+            else:
+                with open(tmp, "wb") as fh:
+                    fh.write(data)
+                    if self.fsync and sync:
+                        fh.flush()
+                        os.fsync(fh.fileno())
             if exclusive:
                 try:
                     os.link(tmp, full)  # atomic create-if-absent
