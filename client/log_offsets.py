@@ -90,7 +90,7 @@ class LogOffsets:
                     at = [pb.BucketOffsetPb(bucket=b, offset=o) for b in group for o in (epochs_at or {}).get(b, ())]
                     request = pb.ListOffsetsRequest(table_id=self.table.table_id, buckets=group, epochs_at=at,
                                                     timestamp=None if timestamp is None else int(timestamp))
-                response = self.send(routing, address, "ListOffsets", request, idempotent=True)
+                response = self.send(routing, address, "ListOffsets", request, idempotent=True, buckets=group)
                 first_error = None
                 for o in response.offsets:
                     if o.error.code:

@@ -16,7 +16,8 @@ already know the leader).
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from common import errors
@@ -38,6 +39,7 @@ class Routing:
     generation: int
     table: TableInfo
     leaders: dict
+    fetched_at: float = field(default_factory=time.monotonic)
 
 
 class BucketRouter:
@@ -49,6 +51,7 @@ class BucketRouter:
         self.channels = channels or Channels(tls=getattr(admin, "tls", None),  # as secure as the admin's
                                              credentials=getattr(admin, "credentials", None))
         self._lock = threading.Lock()
+        self._fetching = threading.Lock()  # one fetch at a time for calls that watch their leader
         self._generation = 0
         self._current = self._fetch(table_id)
 
@@ -73,6 +76,23 @@ class BucketRouter:
         with self._lock:
             current, stale = self._current, self._stale
         return self._fetch(current.table.table_id) if stale else current
+
+    def moved(self, address: str, buckets: Iterable[int], max_age_s: float = 0.5) -> bool:
+        """Whether the coordinator now names a live leader other than ``address`` for any of ``buckets``: the
+        assignment is fetched again unless a fetch is younger than ``max_age_s`` (calls waiting on a leader
+        share it, client/leader_watch.py). A coordinator that cannot answer says nothing moved."""
+        with self._fetching:
+            current = self._current
+            if time.monotonic() - current.fetched_at >= max_age_s:
+                try:
+                    current = self._fetch(current.table.table_id)
+                except errors.KvLeaseError:
+                    return False
+        for bucket in buckets:
+            leader = current.leaders.get(bucket)
+            if leader is not None and leader.leader_address and leader.leader_address != address:
+                return True
+        return False
 
     def stale(self, routing: Routing) -> None:
         """A call routed by ``routing`` found it out of date: fetch again before the next call."""

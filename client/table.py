@@ -55,6 +55,7 @@ from client.snapshot_trigger import COMMITTED, CommittedSnapshot, raise_failed, 
 from client.stream_scanner import KvStreamScanner
 from client import table_input
 from client.table_scan import scan_table
+from client.leader_watch import call_watching
 from client.transport import RetryPolicy, arguments, rpc_error
 
 #: A bucket's part of a write or lookup bigger than this (Arrow bytes) is sent as several requests.
@@ -124,12 +125,22 @@ class TableClient(LogOffsets):
         return self.router.leaders()
 
     def send(self, routing: Routing, address: str, method: str, request, *, idempotent: bool,
-             timeout_s: float | None = None):
-        """One RPC to ``address``; gRPC failures and response errors become typed exceptions."""
+             timeout_s: float | None = None, buckets: Sequence[int] = ()):
+        """One RPC to ``address``; gRPC failures and response errors become typed exceptions. ``buckets``: the
+        buckets it goes to ``address`` as their leader for: it is given up (NotLeaderError) once the coordinator
+        names another leader of one of them (client/leader_watch.py; an idempotent call only)."""
         self._check_open()
         timeout_s = timeout_s or self.timeout_s
+        call = getattr(self.router.stub(address), method)
         try:
-            response = getattr(self.router.stub(address), method)(request, timeout=timeout_s)
+            if buckets and idempotent:
+                response = call_watching(call, request, timeout_s, lambda: self.router.moved(address, buckets),
+                                         where=f"tablet server {address}, the leader of bucket(s) {list(buckets)}")
+            else:
+                response = call(request, timeout=timeout_s)
+        except errors.NotLeaderError:
+            self.router.stale(routing)
+            raise
         except grpc.RpcError as exc:
             error = rpc_error(exc, method, address, timeout_s=timeout_s, idempotent=idempotent)
             if isinstance(error, REROUTE):
@@ -154,7 +165,8 @@ class TableClient(LogOffsets):
             address = self.router.leader(routing, bucket)
             if fenced:
                 request.leader_epoch = self.router.leader_epoch(routing, bucket)
-            return self.send(routing, address, method, request, idempotent=idempotent, timeout_s=timeout_s)
+            return self.send(routing, address, method, request, idempotent=idempotent, timeout_s=timeout_s,
+                             buckets=(bucket,))
         return self.retry.call(attempt if watch is None else watch(attempt))
 
     def map_parallel(self, func: Callable[[Any], Any], items: list) -> list[tuple[Any, BaseException | None]]:

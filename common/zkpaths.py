@@ -12,6 +12,10 @@ EPOCH = "/coordinators/epoch"
 TABLET_SERVERS = "/tabletservers/ids"
 #: Persistent, written by the active coordinator: the data dir id it last saw each tablet server id register with.
 TABLET_DIRS = "/tabletservers/dirs"
+#: Persistent, made by each tablet server before it registers; the active coordinator bumps a server's node (its
+#: version) before a write that takes a leadership from it: the server's leader lease rests on that version
+#: (tablet/leader_lease.py).
+TABLET_DEMOTIONS = "/tabletservers/demotions"
 DATABASES = "/databases"
 TABLES = "/tables"
 TABLE_ID_COUNTER = "/tables/id_counter"
@@ -42,6 +46,10 @@ def log_ends(table_id: int | str) -> str:
 
 def decommissioned(server_id: int | str) -> str:
     return f"{DECOMMISSIONED}/{server_id}"
+
+
+def tablet_demotions(server_id: int | str) -> str:
+    return f"{TABLET_DEMOTIONS}/{server_id}"
 
 
 def tablet_dir(server_id: int | str) -> str:

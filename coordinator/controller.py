@@ -71,10 +71,12 @@ class Controller(Dispatcher):
     def __init__(self, zk: KazooClient, storage: RemoteStorage, *, num_retained: int, max_lease_ms: int,
                  grace_ms: int, clock_ms: Callable[[], int], metrics=None, notify: Notify | None = None,
                  tls: TlsFiles | None = None, credentials: tuple[str, str] | None = None,
-                 default_replication: tuple[int, int] = (1, 1), unclean_election: bool = False) -> None:
+                 default_replication: tuple[int, int] = (1, 1), unclean_election: bool = False,
+                 leader_lease_ms: int = 4000) -> None:
         """``tls`` and ``credentials`` (the cluster's own): how commits' log ends are asked of leaders.
         ``default_replication``: (default.replication-factor, min.insync-replicas) of a table created without
-        its own; ``unclean_election``: unclean.leader-election."""
+        its own; ``unclean_election``: unclean.leader-election; ``leader_lease_ms``: a tablet server's leader
+        lease when its registration does not say (coordinator/leader_leases.py)."""
         self.zk = zk
         self.storage = storage
         self.clock_ms = clock_ms
@@ -82,7 +84,8 @@ class Controller(Dispatcher):
         self.metrics = metrics
         self.files = FileCollector(storage)
         catalog = TableCatalog()
-        self.members = Membership(zk, catalog, notify, unclean_election=unclean_election, metrics=metrics)
+        self.members = Membership(zk, catalog, notify, unclean_election=unclean_election, metrics=metrics,
+                                  leader_lease_ms=leader_lease_ms)
         self.moves = Moves(self.members)  # replica moves (issue 31): completed as their new replicas catch up
         self.lease_shell = LeaseShell(ls.LeaseState(self, max_lease_ms), LeaseStore(storage), clock_ms=clock_ms,
                                       on_freed=lambda buckets: self.snapshot_commits.reclaim(buckets),
@@ -319,6 +322,11 @@ class Controller(Dispatcher):
     def _servers_changed(self, request: rq.TabletServersChanged):
         servers = self.members.read_servers() if request.servers is None else dict(request.servers)
         return self.members.servers_changed(servers)
+
+    @on(rq.PushDelivered)
+    def _push_delivered(self, request: rq.PushDelivered, future: Future | None) -> None:
+        self.members.push_delivered(request.server_id, request.seq)
+        settle(future)
 
     @on(rq.AlterIsr)
     @_barrier

@@ -28,20 +28,24 @@ from coordinator.catalog import TableCatalog
 from coordinator.data_dirs import DataDirs
 from coordinator.decommissioned import Decommissioned
 from coordinator.fencing import FencedWriter, chunks
+from coordinator.leader_leases import LeaderLeases, ServerLease
 from coordinator.placement import plan_new
 from coordinator.reassignment import removed_replicas
 
 log = logging.getLogger(__name__)
 
-#: notify(server_id, address, [(table, bucket, state, leader_address)], dropped_table_ids, removed, dir_id): the
-#: full list of buckets the server holds a replica of (led or followed); ``removed``: the buckets a completed move
-#: took off it, the same way (it deletes its copy); ``dir_id``: the data dir id recorded for it
-Notify = Callable[[int, str, list, list, list, str], None]
+#: notify(server_id, address, [(table, bucket, state, leader_address)], dropped_table_ids, removed, dir_id, lease=):
+#: the full list of buckets the server holds a replica of (led or followed); ``removed``: the buckets a completed
+#: move took off it, the same way (it deletes its copy); ``dir_id``: the data dir id recorded for it; ``lease``: a
+#: :class:`~coordinator.leader_leases.PushLease`
+Notify = Callable[..., None]
 
 
 class Membership:
     def __init__(self, zk: KazooClient, catalog: TableCatalog, notify: Notify | None = None, *,
-                 unclean_election: bool = False, metrics=None) -> None:
+                 unclean_election: bool = False, metrics=None, leader_lease_ms: int = 4000) -> None:
+        """``leader_lease_ms``: how long a tablet server's leader lease lasts when its registration does not
+        say (coordinator/leader_leases.py)."""
         self.zk = zk
         self.catalog = catalog
         self.notify = notify
@@ -57,6 +61,8 @@ class Membership:
         self.on_changed: Callable[[Iterable[int] | None], None] = lambda table_ids: None
         self.dirs = DataDirs()  # the data dir each server id registered with (a new one: its data is lost)
         self.decommissioned = Decommissioned()  # the servers that take no new replica
+        #: When a new leader may serve: the leases of the leaders it replaces (coordinator/leader_leases.py).
+        self.leader_leases = LeaderLeases(leader_lease_ms)
 
     def load(self) -> None:
         """Failover: load the assignments of the catalog's tables; plan those that have none."""
@@ -66,6 +72,7 @@ class Membership:
             plan = plan_new(self.assignments, self.catalog.by_id[table_id].buckets, [])
             self.writer.commit([self.assignments.create_op(table_id, plan)])
             self.assignments.set(table_id, plan)
+        self.leader_leases.took_over(self.assignments.by_table)
         self.refresh_metrics()
 
     @property
@@ -116,44 +123,61 @@ class Membership:
 
     def table_dropped(self, table_id: int, holders: set[int]) -> None:
         self.assignments.remove(table_id)
+        self.leader_leases.forget_table(table_id)
         self.push(holders, dropped=[table_id])
         self.refresh_metrics()
 
     # -- tablet servers -------------------------------------------------------------------
 
-    def read_servers(self) -> dict[int, tuple[str, str, int | None, str]]:
-        """Live servers: id -> (address, incarnation, max_buckets, dir_id); a restarted server has a new
-        incarnation; max_buckets is None for a server that registered none, dir_id "" likewise."""
+    def read_servers(self) -> dict[int, tuple[str, str, int | None, str, ServerLease]]:
+        """Live servers: id -> (address, incarnation, max_buckets, dir_id, lease); a restarted server has a new
+        incarnation; max_buckets is None for a server that registered none, dir_id "" likewise; ``lease``: its
+        registration's session, its demotions node's version (the node is made if missing) and its lease's
+        duration (coordinator/leader_leases.py)."""
         try:
-            ids = self.zk.get_children(zkpaths.TABLET_SERVERS)
+            ids = [n for n in self.zk.get_children(zkpaths.TABLET_SERVERS) if n.isdigit()]
         except NoNodeError:
             return {}
+        reads = [(n, self.zk.get_async(zkpaths.tablet_server(n)), self.zk.get_async(zkpaths.tablet_demotions(n)))
+                 for n in ids]
         servers = {}
-        for name, result in [(n, self.zk.get_async(zkpaths.tablet_server(n))) for n in ids if n.isdigit()]:
+        for name, result, demotions in reads:
             try:
-                node = loads(result.get()[0])
+                data, stat = result.get()
+                node = loads(data)
             except NoNodeError:
                 continue
-            capacity = node.get("max_buckets")
+            try:
+                version = demotions.get()[1].version
+            except NoNodeError:  # a server made it before it registered; one registered by hand did not
+                self.zk.ensure_path(zkpaths.tablet_demotions(name))
+                version = 0
+            capacity, lease_ms = node.get("max_buckets"), node.get("lease_ms")
+            lease = ServerLease(stat.ephemeralOwner, version, lease_ms if isinstance(lease_ms, int) and lease_ms > 0
+                                else self.leader_leases.default_lease_ms)
             servers[int(name)] = (node["address"], str(node.get("incarnation", "")),
                                   capacity if isinstance(capacity, int) and capacity >= 0 else None,
-                                  str(node.get("dir_id") or ""))
+                                  str(node.get("dir_id") or ""), lease)
         return servers
 
     def servers_changed(self, servers: Mapping[int, str | tuple]) -> None:
-        """``servers``: id -> address, (address, incarnation), (address, incarnation, max_buckets) or
-        (address, incarnation, max_buckets, dir_id).
+        """``servers``: id -> address, or a tuple of :meth:`read_servers`'s first fields (address,
+        incarnation[, max_buckets[, dir_id[, lease]]]).
 
-        A server that left (or re-registered with a new incarnation unseen: gone, then joined) loses
-        its leaderships and ISR places; one that joined leads offline buckets whose ISR holds it. One
-        that registered with a new data dir lost every replica placed on it (:mod:`coordinator.data_loss`)."""
-        seen = {sid: (v, "", None, "") if isinstance(v, str) else (*v, None, "")[:4] for sid, v in servers.items()}
-        joined = {sid for sid, v in seen.items() if self._incarnations.get(sid) != v[:2]}
+        A server that left (or re-registered with a new incarnation or in a new ZooKeeper session unseen:
+        gone, then joined) loses its leaderships and ISR places; one that joined leads offline buckets whose
+        ISR holds it. One that registered with a new data dir lost every replica placed on it
+        (:mod:`coordinator.data_loss`)."""
+        seen = {sid: (v, "", None, "", None) if isinstance(v, str) else (*v, None, "", None)[:5]
+                for sid, v in servers.items()}
+        identity = {sid: (v[0], v[1], v[4].session_id if v[4] is not None else None) for sid, v in seen.items()}
+        joined = {sid for sid in seen if self._incarnations.get(sid) != identity[sid]}
         restarted = {sid for sid in joined if sid in self._incarnations}
         left = set(self.servers) - set(seen)
-        self._incarnations = {sid: v[:2] for sid, v in seen.items()}
+        self._incarnations = identity
         self.capacity = {sid: v[2] for sid, v in seen.items()}
         self.servers = {sid: v[0] for sid, v in seen.items()}
+        self.leader_leases.servers_seen({sid: v[4] for sid, v in seen.items() if v[4] is not None})
         if left or restarted:
             log.warning("tablet servers gone: %s, restarted: %s", sorted(left), sorted(restarted))
         registered = {sid: v[3] for sid, v in seen.items()}
@@ -189,6 +213,7 @@ class Membership:
         what was written, tell every replica of a changed bucket (and ``also_tell``); raises the first
         write's error after that."""
         before = {t: self.assignments.table(t) for t in changes}
+        self._end_leases(changes, before)
         failure = self._store_changes(changes, list(extra_ops), extra_written)
         touched = set(also_tell)
         removed: dict[int, list[tuple[int, int]]] = {}  # server -> the buckets a completed move took off it
@@ -207,6 +232,26 @@ class Membership:
             raise failure
         if changes:
             self.on_changed(list(changes))
+
+    def _end_leases(self, changes: Changes, before: dict[int, dict[int, BucketAssignment]]) -> None:
+        """Before ``changes`` take leaderships from live servers: end those servers' leader leases (their
+        demotions nodes, in a write of its own that must succeed first: coordinator/leader_leases.py)."""
+        demoted = [((t, b), before[t][b].leader) for t, plan in changes.items() for b, state in plan.items()
+                   if b in before[t] and before[t][b].leader not in (UNASSIGNED, state.leader)]
+        ops = self.leader_leases.bump_ops(server for _key, server in demoted)
+        if ops:
+            self.writer.commit(ops)
+        self.leader_leases.bumped([server for _key, server in demoted], demoted)
+
+    def push_delivered(self, server_id: int, seq: int) -> None:
+        """``server_id`` took push ``seq``: tell the new leaders of what it let go that they need not wait."""
+        leaders = set()
+        for table_id, bucket in self.leader_leases.delivered(server_id, seq):
+            state = self.assignments.table(table_id).get(bucket)
+            if state is not None and state.leader != UNASSIGNED:
+                leaders.add(state.leader)
+        if leaders:
+            self.push(leaders)
 
     def _store_changes(self, changes: Changes, extra_ops: list[ZkOp] = (),
                        extra_written: Callable[[], None] = lambda: None) -> Exception | None:
@@ -276,7 +321,10 @@ class Membership:
                     for t, b, a in self.assignments.held_by(server_id) if t in self.catalog.by_id]
             gone = [(self.catalog.by_id[t], b, self.assignments.table(t)[b], self.servers.get(
                      self.assignments.table(t)[b].leader, "")) for t, b in removed.get(server_id, ())]
-            self.notify(server_id, address, held, list(dropped or []), gone, self.dirs.by_server.get(server_id, ""))
+            lease = self.leader_leases.push_for(server_id, [(t.table_id, b) for t, b, a, _ in held
+                                                            if a.leader == server_id])
+            self.notify(server_id, address, held, list(dropped or []), gone, self.dirs.by_server.get(server_id, ""),
+                        lease=lease)
 
     # -- queries and metrics -----------------------------------------------------------------
 

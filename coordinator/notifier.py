@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
 
 import grpc
 
@@ -26,19 +27,21 @@ from common.proto import coordinator_pb2 as coordinator_pb
 from common.proto import tablet_pb2 as pb
 from common.proto import tablet_pb2_grpc as pb_grpc
 from coordinator.assignment import BucketAssignment
+from coordinator.leader_leases import PushLease
 
 log = logging.getLogger(__name__)
 
 
 def bucket_role_pb(table: TableInfo, bucket: int, state: BucketAssignment, leader_address: str,
-                   removed: bool = False, server_id: int | None = None) -> pb.BucketLeadershipPb:
+                   removed: bool = False, server_id: int | None = None, lease_wait_ms: int = 0) -> pb.BucketLeadershipPb:
     """One bucket as its replicas are told it: ``leader`` always set (-1: none), ``leader_address`` "" if
     the leader is not live; ``removed``: told to a server a completed move took the bucket off;
-    ``server_id``: the server told, whether it still owes the latest restore (``restore_owed``)."""
+    ``server_id``: the server told, whether it still owes the latest restore (``restore_owed``);
+    ``lease_wait_ms``: told to its leader (coordinator/leader_leases.py)."""
     msg = pb.BucketLeadershipPb(table=table_to_pb(table), bucket=bucket, leader_epoch=state.leader_epoch,
                                 leader=state.leader, leader_address=leader_address, replicas=list(state.replicas),
                                 isr=list(state.isr), bucket_epoch=state.bucket_epoch, removed=removed,
-                                offline_reason=state.offline_reason)
+                                offline_reason=state.offline_reason, lease_wait_ms=lease_wait_ms)
     if state.losses:
         msg.latest_loss.CopyFrom(state.losses[-1].to_pb(coordinator_pb.DataLossPb))
         owed = None if server_id is None else state.losses[-1].owes(server_id)
@@ -52,23 +55,26 @@ class LeadershipNotifier:
                  tls: TlsFiles | None = None, credentials: tuple[str, str] | None = None) -> None:
         self.epoch = coordinator_epoch
         self.retry_total_s = retry_total_s
+        #: ``on_delivered(server_id, seq)``: the server took the push numbered ``seq`` (its PushLease's).
+        self.on_delivered: Callable[[int, int], None] = lambda server_id, seq: None
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="leadership-push")
         self._lock = threading.Lock()
-        self._pending: dict[int, tuple[str, list, set[int], dict, str]] = {}
+        self._pending: dict[int, tuple[str, list, set[int], dict, str, PushLease | None]] = {}
         self._sending: set[int] = set()  # one sender per server keeps pushes in order
         self._closed = threading.Event()
         self._channels = Channels(tls=tls, credentials=credentials)  # as the cluster's own principal
 
     def push(self, server_id: int, address: str, led: list, dropped: list[int], removed: list = (),
-             dir_id: str = "") -> None:
+             dir_id: str = "", lease: PushLease | None = None) -> None:
         """``removed``: buckets a completed move took off the server; ``dir_id``: the data dir id the
-        coordinator recorded for the server ("": none), a server with another one refuses the push."""
+        coordinator recorded for the server ("": none), a server with another one refuses the push;
+        ``lease``: what it tells of the server's leader lease (coordinator/leader_leases.py)."""
         with self._lock:
             old = self._pending.get(server_id)
             held = {(held[0].table_id, held[1]) for held in led}
             gone = {key: entry for key, entry in (old[3] if old else {}).items() if key not in held}
             gone.update(((entry[0].table_id, entry[1]), entry) for entry in removed)
-            self._pending[server_id] = (address, led, (old[2] if old else set()) | set(dropped), gone, dir_id)
+            self._pending[server_id] = (address, led, (old[2] if old else set()) | set(dropped), gone, dir_id, lease)
             if server_id in self._sending:
                 return
             self._sending.add(server_id)
@@ -88,21 +94,26 @@ class LeadershipNotifier:
                     return
             self._send(server_id, *item)
 
-    def _send(self, server_id: int, address: str, led: list, dropped: set[int], removed: dict, dir_id: str) -> None:
+    def _send(self, server_id: int, address: str, led: list, dropped: set[int], removed: dict, dir_id: str,
+              lease: PushLease | None) -> None:
+        waits = lease.waits if lease is not None else {}
         request = pb.UpdateLeadershipRequest(
             coordinator_epoch=self.epoch, server_id=server_id, dropped_tables=sorted(dropped),
-            buckets=[bucket_role_pb(*held, server_id=server_id) for held in led]
+            buckets=[bucket_role_pb(*held, server_id=server_id, lease_wait_ms=waits.get((held[0].table_id, held[1]), 0))
+                     for held in led]
             + [bucket_role_pb(*entry, removed=True) for _key, entry in sorted(removed.items())], dir_id=dir_id)
+        if lease is not None and lease.session_id is not None:
+            request.session_id, request.demotions = lease.session_id, lease.demotions
         retry = RetryPolicy(self.retry_total_s).retrying((errors.KvLeaseError,), stop_event=self._closed)
         try:
             for attempt in retry:
                 with self._lock:
                     if server_id in self._pending:
                         # it replaces this one (with this one's dropped tables, and removed buckets it does not hold)
-                        address_, led_, dropped_, gone_, dir_id_ = self._pending[server_id]
+                        address_, led_, dropped_, gone_, dir_id_, lease_ = self._pending[server_id]
                         held = {(entry[0].table_id, entry[1]) for entry in led_}
                         gone_ = {**{k: e for k, e in removed.items() if k not in held}, **gone_}
-                        self._pending[server_id] = (address_, led_, dropped_ | dropped, gone_, dir_id_)
+                        self._pending[server_id] = (address_, led_, dropped_ | dropped, gone_, dir_id_, lease_)
                         return
                 with attempt:
                     try:
@@ -113,3 +124,6 @@ class LeadershipNotifier:
                     raise_for(response.error)
         except Exception as exc:  # the server re-registers when it comes back, and gets a new push
             log.warning("could not tell tablet server %d (%s) its buckets: %s", server_id, address, exc)
+            return
+        if lease is not None:
+            self.on_delivered(server_id, lease.seq)

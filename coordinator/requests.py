@@ -15,7 +15,7 @@ from common.tables import TableSpec
 
 __all__ = ["ConfirmRestore", "ElectLeader", "ReportLogEnds", "ReportReplicaLoss", "RestoreBucket", "AlterIsr", "CommitSnapshot", "ControlledShutdown", "CreateTable", "DescribeLease", "DropTable", "GetTable", "GetTableAssignment", "Guarded",
            "ListLeases", "ListSnapshots", "ListTables", "ListTabletServers", "RemoveOrphanLeaseFiles",
-           "TabletServersChanged", "ReassignBucket", "DecommissionTablet", "RecommissionTablet", "Rebalance",
+           "TabletServersChanged", "PushDelivered", "ReassignBucket", "DecommissionTablet", "RecommissionTablet", "Rebalance",
            "ListReassignments"]
 
 
@@ -75,6 +75,14 @@ class TabletServersChanged:
     """The live tablet servers changed; None: read them from ``/tabletservers/ids``."""
 
     servers: Mapping[int, str] | None = None
+
+
+@dataclass(frozen=True)
+class PushDelivered:
+    """A tablet server took the leadership push numbered ``seq`` (coordinator/leader_leases.py)."""
+
+    server_id: int
+    seq: int
 
 
 @dataclass(frozen=True)

@@ -233,7 +233,7 @@ class CoordinatorServer:
                                     tls=self.tls, credentials=self.internal_credentials,
                                     default_replication=(c[cfg.DEFAULT_REPLICATION_FACTOR],
                                                          c[cfg.DEFAULT_MIN_INSYNC_REPLICAS]),
-                                    unclean_election=c[cfg.UNCLEAN_LEADER_ELECTION])
+                                    unclean_election=c[cfg.UNCLEAN_LEADER_ELECTION], leader_lease_ms=c[cfg.ZK_SESSION_TIMEOUT])
             with self._lock:
                 mirror, self._mirror = self._mirror, None
             try:  # the mirror is exact once the epoch is bumped (no lease write can commit any more)
@@ -246,6 +246,7 @@ class CoordinatorServer:
                              tick_interval_ms=c[cfg.LEASE_CHECK_INTERVAL], on_fatal=self._on_fatal,
                              metrics=self.metrics)
             loop.start()
+            notifier.on_delivered = lambda server_id, seq: loop.submit(rq.PushDelivered(server_id, seq))  # (leases)
             loop.submit(rq.TabletServersChanged())  # learn the live servers and tell them what they lead
             threading.Thread(target=self._list_orphans, args=(loop,), name="orphan-lease-files",
                              daemon=True).start()

@@ -55,6 +55,9 @@ class Replica:
     #: Why its data is lost (loss_work REPORT), and whether the coordinator answered the report.
     lost_reason: str = ""
     loss_reported: bool = False
+    #: When (monotonic s) a leadership new to this server may serve: an earlier leader's lease is over by then
+    #: (the push's ``lease_wait_ms``; tablet/leader_lease.py). 0: at once.
+    ready_at: float = 0.0
 
     @property
     def leads(self) -> bool:
@@ -90,8 +93,9 @@ class Replica:
                                        on_commit=self.on_commit, on_isr_due=self.on_isr_due)
             return self.lead
 
-    def take_role(self, role: BucketRole) -> bool:
-        """Take the coordinator's ``role``; whether this replica stopped leading (its scans must end)."""
+    def take_role(self, role: BucketRole, now: float = 0.0) -> bool:
+        """Take the coordinator's ``role`` (received at ``now``, monotonic s); whether this replica stopped
+        leading (its scans must end)."""
         with self.fetch_lock:
             old = self.role
             if old is not None and (role.leader_epoch, role.bucket_epoch) < (old.leader_epoch, old.bucket_epoch):
@@ -100,6 +104,7 @@ class Replica:
                 return False
             self.role = role
             was_leading = old is None or old.leads(self.server_id)
+            self.note_ready(old, role, now)
             if not self.replicated:
                 self.leader_epoch = role.leader_epoch
                 return False
@@ -119,6 +124,30 @@ class Replica:
             if self.store.is_open:
                 self.store.become_follower(role.leader_epoch)
             return was_leading
+
+    def note_ready(self, old: BucketRole | None, role: BucketRole, now: float) -> None:
+        """When a leadership of ``role`` may serve: ``lease_wait_ms`` after a leadership new to this server is
+        heard of; a later push of the same leadership can only make it sooner (the old leader let go)."""
+        if not role.leads(self.server_id):
+            return
+        ready = now + role.lease_wait_ms / 1000.0
+        same = old is not None and old.leads(self.server_id) and old.leader_epoch == role.leader_epoch
+        self.ready_at = min(self.ready_at, ready) if same else ready
+
+    def check_ready(self, now: float) -> None:
+        """LeaderNotAvailableError (retried) while an earlier leader's lease may last (see :attr:`ready_at`)."""
+        if now < self.ready_at:
+            raise errors.LeaderNotAvailableError(
+                f"the new leader of bucket {self.bucket} of table {self.table.table_id} waits up to "
+                f"{self.ready_at - now:.1f} s more for the previous leader's lease to end: retry in a moment",
+                table_id=self.table.table_id, bucket=self.bucket)
+
+    def leads_epoch(self, epoch: int | None) -> bool:
+        """Whether this replica still leads, under leader epoch ``epoch`` (its role's when the request began)."""
+        role = self.role
+        if self.closed or not self.leads or (role.leader_epoch if role is not None else None) != epoch:
+            return False
+        return self.lead is None or not self.lead.ended
 
     @property
     def leader_epoch(self) -> int:

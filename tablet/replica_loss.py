@@ -183,7 +183,8 @@ class ReplicaLosses:
                     log.warning("%s: out of the ISR after its loss (%s): it starts empty%s", replica.tb,
                                 replica.lost_reason, ", rebuilt from the remote snapshot" if replica.replicated
                                 else "; `kvlease bucket restore` brings it back")
-            fresh = self._open(replica.role)
+            fresh = self._open(replica.role, self.monotonic())
+            fresh.ready_at = replica.ready_at  # the same leadership: it may serve when the old one could
             self._replicas[key] = fresh
             self.unsettled.add(key)
             self._note_loss(fresh, replica.role)  # a restore carried out is confirmed before it serves

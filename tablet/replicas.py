@@ -34,12 +34,13 @@ unhealthy.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
 import threading
 import time
-from typing import Callable
+from typing import Callable, Iterator
 
 from common import config as cfg
 from common import errors
@@ -48,6 +49,7 @@ from common.tables import TableInfo
 from common.model import TableBucket
 from tablet import lost_data, replica_loss, stray_copies
 from tablet.bucket import BucketStore
+from tablet.leader_lease import LeaderLease, LeaseBasis
 from tablet.open_buckets import OpenBuckets, open_capacity
 from tablet.replica import Replica
 from tablet.replica_loss import ReplicaLosses
@@ -58,17 +60,25 @@ from tablet.snapshot import SnapshotUploader
 
 log = logging.getLogger(__name__)
 
+#: How long an answer waits for the leader lease to be renewed when it finds it lapsed, before NOT_LEADER.
+LEASE_WAIT_S = 0.5
+
 
 class ReplicaManager(ReplicaSnapshots, ReplicaLosses):
     def __init__(self, data_dir: str, config: cfg.Config, storage: RemoteStorage, admin,
                  clock_ms: Callable[[], int] = lambda: int(time.time() * 1000), *,
                  current_epoch: Callable[[], int] | None = None,
-                 table_gone: Callable[[int], bool] | None = None, server_id: int = 0) -> None:
+                 table_gone: Callable[[int], bool] | None = None, server_id: int = 0,
+                 lease: LeaderLease | None = None, monotonic: Callable[[], float] = time.monotonic) -> None:
         """``current_epoch()``: the active coordinator's epoch as ZooKeeper has it now;
         ``table_gone(table_id)``: ZooKeeper has no ``/tables/{id}``. Both may raise
-        RetriableError; None trusts the pushes (no ZooKeeper: unit tests)."""
+        RetriableError; None trusts the pushes (no ZooKeeper: unit tests). ``lease``: the server's leader
+        lease, which every answer of a bucket led here is checked against (None: always valid, no
+        ZooKeeper)."""
         self.data_dir = data_dir
         self.server_id = server_id
+        self.lease = lease if lease is not None else LeaderLease.unbounded()
+        self.monotonic = monotonic
         self.dir_id = ""  # this data dir's id (tablet/lost_data.py); a push for another one is refused
         #: Run after every push that changed roles (the follower fetchers start and stop there).
         self.role_listeners: list[Callable[[], None]] = []
@@ -108,24 +118,22 @@ class ReplicaManager(ReplicaSnapshots, ReplicaLosses):
         return os.path.join(self.data_dir, str(table_id), str(bucket))
 
     def update_leadership(self, coordinator_epoch: int, held: list[BucketRole | tuple[TableInfo, int, int]],
-                          dropped_tables: list[int]) -> None:
+                          dropped_tables: list[int], basis: LeaseBasis | None = None) -> None:
         """Hold exactly ``held`` (roles, or ``(table, bucket, leader_epoch)`` of buckets led alone); delete
-        dropped tables' data.
+        dropped tables' data. ``basis``: what the leader lease rests on from now on, taken once the roles are
+        (a renewal that finds the demotions a push reports must not serve a leadership the push ended).
 
         Raises CoordinatorFencedError for an epoch older than the last one taken
         or than ZooKeeper's, InvalidRequestError for one newer than ZooKeeper's
         (not a coordinator's): nothing changes then. A dropped table whose node
         ZooKeeper still has keeps its data.
         """
+        now = self.monotonic()
         roles = [r if isinstance(r, BucketRole) else BucketRole.led(*r, self.server_id) for r in held]
         removed, roles = {r.key for r in roles if r.removed}, [r for r in roles if not r.removed]
         stopped_leading: list[tuple[int, int]] = []
         with self._lock:
-            if coordinator_epoch < self.coordinator_epoch:
-                raise errors.CoordinatorFencedError(
-                    f"leadership from coordinator epoch {coordinator_epoch} < {self.coordinator_epoch}")
-            if coordinator_epoch > self.coordinator_epoch:
-                self._confirm_epoch(coordinator_epoch)
+            self._confirm_epoch(coordinator_epoch)
             wanted = {role.key: role for role in roles}
             gone = self._dropped(set(dropped_tables) - {k[0] for k in wanted}, coordinator_epoch)
             self.coordinator_epoch = coordinator_epoch
@@ -136,14 +144,14 @@ class ReplicaManager(ReplicaSnapshots, ReplicaLosses):
                 for key, role in sorted(wanted.items()):
                     replica = self._held(key, role)
                     if replica is not None:
-                        if replica.take_role(role):
+                        if replica.take_role(role, now):
                             stopped_leading.append(key)
                         self._note_loss(replica, role)
                         continue
                     if len(self._replicas) >= self.max_buckets:
                         self.refused[key] = role.table
                         continue
-                    replica = self._open(role)  # no file opened yet: see the module docstring
+                    replica = self._open(role, now)  # no file opened yet: see the module docstring
                     self._tables = {**self._tables, role.table.table_id: role.table}  # known before it serves
                     self._replicas[key] = replica
                     self.unsettled.add(key)
@@ -156,6 +164,8 @@ class ReplicaManager(ReplicaSnapshots, ReplicaLosses):
                 shutil.rmtree(os.path.join(self.data_dir, str(table_id)), ignore_errors=True)
                 self.held.forget(table_id)
             self._delete_moved_off(removed - set(wanted))
+        if basis is not None:
+            self.lease.take(basis)
         for key in stopped_leading:  # scans of a bucket no longer led end: their clients go to the new leader
             self._tell_closing(key, False)
         for listener in self.role_listeners:
@@ -174,7 +184,7 @@ class ReplicaManager(ReplicaSnapshots, ReplicaLosses):
         if replica is None or not replica.changes_mode(role):
             return replica
         self._close(key)  # writes in flight finish first, live scans end
-        replica = self._replicas[key] = self._open(role)
+        replica = self._replicas[key] = self._open(role, self.monotonic())
         self.unsettled.add(key)  # the keeper learns its snapshot base again
         log.info("bucket %d of table %d is %s now (replicas %s, leader %d, leader epoch %d)", role.bucket,
                  role.table.table_id, "replicated" if role.replicated else "one replica", list(role.replicas),
@@ -189,9 +199,13 @@ class ReplicaManager(ReplicaSnapshots, ReplicaLosses):
             log.info("bucket %d of table %d moved off this tablet server: its local copy is deleted", bucket, table_id)
 
     def _confirm_epoch(self, coordinator_epoch: int) -> None:
-        """Take a newer coordinator epoch only if it is ZooKeeper's current one. A confirmed
-        epoch is kept (``self.coordinator_epoch``): pushes of the same epoch read nothing."""
-        if self.current_epoch is None:
+        """Refuse a push of a coordinator epoch older than the last one taken; take a newer one only if it is
+        ZooKeeper's current one. A confirmed epoch is kept (``self.coordinator_epoch``): pushes of the same
+        epoch read nothing. Hold the lock."""
+        if coordinator_epoch < self.coordinator_epoch:
+            raise errors.CoordinatorFencedError(
+                f"leadership from coordinator epoch {coordinator_epoch} < {self.coordinator_epoch}")
+        if coordinator_epoch == self.coordinator_epoch or self.current_epoch is None:
             return
         current = self.current_epoch()
         if coordinator_epoch < current:
@@ -256,7 +270,7 @@ class ReplicaManager(ReplicaSnapshots, ReplicaLosses):
                         list(choice.unchecked))
         return choice
 
-    def _open(self, role: BucketRole) -> Replica:
+    def _open(self, role: BucketRole, now: float) -> Replica:
         table, bucket = role.table, role.bucket
         key = (table.table_id, bucket)
         store = BucketStore.from_config(self.bucket_dir(table.table_id, bucket), table, self.config,
@@ -271,8 +285,10 @@ class ReplicaManager(ReplicaSnapshots, ReplicaLosses):
         # lost disk: tablet/lost_data.py), never a reason to rebuild later when it follows
         fresh = (role.replicated and not role.leads(self.server_id)
                  and not os.path.exists(os.path.join(store.dir, "log")))
-        return Replica(table, bucket, store, uploader, role=role, server_id=self.server_id,
-                       on_commit=lambda: self.on_commit(), on_isr_due=lambda: self.on_isr_due(), fresh=fresh)
+        replica = Replica(table, bucket, store, uploader, role=role, server_id=self.server_id,
+                          on_commit=lambda: self.on_commit(), on_isr_due=lambda: self.on_isr_due(), fresh=fresh)
+        replica.note_ready(None, role, now)  # when it may serve, if it leads
+        return replica
 
     def _close(self, key: tuple[int, int], dropped: bool = False) -> None:
         replica = self._replicas.pop(key)
@@ -310,9 +326,39 @@ class ReplicaManager(ReplicaSnapshots, ReplicaLosses):
         if replica.loss_work is not None:
             raise errors.LeaderNotAvailableError(f"bucket {bucket} of table {table_id} {replica_loss.doing(replica)}",
                                                  table_id=table_id, bucket=bucket)
+        replica.check_ready(self.monotonic())  # an earlier leader's lease is over
         if replica.replicated:
             replica.leadership().check_read()  # a new leader serves once it has every committed write
         return replica
+
+    @contextlib.contextmanager
+    def leading(self, table_id: int, bucket: int) -> Iterator[Replica]:
+        """The replica of a bucket led here (:meth:`get`) for a request to read or write; once the body is
+        done its answer is confirmed (:meth:`confirm`): a leadership that ended or whose lease lapsed
+        meanwhile answers NOT_LEADER instead (docs/architecture.md, "Leader leases")."""
+        replica = self.get(table_id, bucket)
+        epoch = replica.role.leader_epoch if replica.role is not None else None
+        yield replica
+        self.confirm(replica, epoch)
+
+    def confirm(self, replica: Replica, epoch: int | None) -> None:
+        """Raise NotLeaderError unless ``replica`` still leads under leader ``epoch`` (its role's when the
+        request began) and the leader lease is valid now, after the request read what it answers: then no
+        other leader acknowledged a write before now, and the answer is at least as new as any write
+        acknowledged before the request was sent. A lapsed lease is waited for briefly (a renewal in
+        flight), then refused."""
+        where = f"bucket {replica.bucket} of table {replica.table.table_id}"
+        # leased, then leading, then still leased: a push that ended the leadership is taken before its lease
+        # basis, so a lease renewed on that basis never covers the leadership it ended
+        leased = self.lease.wait_valid(LEASE_WAIT_S)
+        if not replica.leads_epoch(epoch):
+            raise errors.NotLeaderError(f"this tablet server stopped leading {where} (leader epoch {epoch}) while "
+                                        f"the request ran: retry it on its leader", table_id=replica.table.table_id,
+                                        bucket=replica.bucket)
+        if not leased or not self.lease.valid():
+            raise errors.NotLeaderError(f"this tablet server cannot answer for {where}: its leader lease lapsed (it "
+                                        f"could not confirm with ZooKeeper that it still leads): retry it on the "
+                                        f"bucket's leader", table_id=replica.table.table_id, bucket=replica.bucket)
 
     def replica(self, table_id: int, bucket: int) -> Replica:
         """The replica of a bucket held here, led or followed; NotLeaderError if none."""

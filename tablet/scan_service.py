@@ -316,7 +316,7 @@ class ScanService(Shell):
         with session.lock:
             try:
                 start = req.start_after_key + b"\x00" if req.HasField("start_after_key") else b""
-                replica, snapshot = self._leader_snapshot(tb, values_from=start)
+                replica, snapshot, epoch = self._leader_snapshot(tb, values_from=start)
                 with self._lock:
                     self.snapshots_open += 1
                 session.snapshot = snapshot
@@ -324,6 +324,8 @@ class ScanService(Shell):
                 # is given it positioned
                 session.reader = scan_batch.ValueReader(replica.store.key_of_value, start)
                 answer = session.build(sid, budget, limit, log_offset=snapshot.log_offset)
+                # the open is the scan's point in time: its snapshot is as new as any write acknowledged before
+                self.replicas.confirm(replica, epoch)  # it was sent (its later batches come from that snapshot)
             except BaseException as exc:
                 self._handle(scan.Failed(sid, scan.OPEN_CALL, self.clock_ms()))
                 self._raise_as(exc, tb)
@@ -331,22 +333,24 @@ class ScanService(Shell):
         return sid, answer
 
     def _leader_snapshot(self, tb: TableBucket, **snapshot_args):
-        """``(replica, snapshot)`` of the bucket led here; NotLeaderError if it changed leader.
+        """``(replica, snapshot, leader epoch)`` of the bucket led here; NotLeaderError if it changed leader.
+        Its answer is confirmed (:meth:`ReplicaManager.confirm`) once built, under that epoch.
 
         Leader check and snapshot under the lock a bucket's store closes under. A bucket leaves the
         replica map before close_bucket ends its sessions (a session being opened included, at the
         end of its call), and only then closes its store.
         """
         replica = self.replicas.get(tb.table_id, tb.bucket)
+        epoch = replica.role.leader_epoch if replica.role is not None else None
         with replica.store.write_lock:
             if self.replicas.get(tb.table_id, tb.bucket) is not replica:
                 raise errors.NotLeaderError(f"bucket {tb.bucket} of table {tb.table_id} changed leader")
-            return replica, replica.store.snapshot(**snapshot_args)
+            return replica, replica.store.snapshot(**snapshot_args), epoch
 
     def _empty_answer(self, req: pb.BucketScanReqPb, tb: TableBucket, limit: int | None) -> scan_wire.Answer | None:
         """The whole answer of an open that reads no row (an empty bucket or range, or limit 0):
         no rows and the snapshot's ``log_offset``; None if there are rows to read."""
-        _replica, snapshot = self._leader_snapshot(tb)
+        replica, snapshot, epoch = self._leader_snapshot(tb)
         try:
             if limit != 0:
                 it = snapshot.seekable()
@@ -358,9 +362,11 @@ class ScanService(Shell):
                 del it
                 if has_rows:
                     return None
-            return scan_wire.answer(scan_batch.EMPTY, log_offset=snapshot.log_offset)
+            answer = scan_wire.answer(scan_batch.EMPTY, log_offset=snapshot.log_offset)
         finally:
             snapshot.close()
+        self.replicas.confirm(replica, epoch)
+        return answer
 
     def _continue(self, sid: bytes, call: int, batch_size_bytes: int) -> scan_wire.Answer:
         outcome, session = self._handle(scan.Continue(sid, call, self.clock_ms()))

@@ -37,6 +37,7 @@ from common.security.server import server_security
 from tablet import lost_data
 from tablet.bucket_keeper import BucketKeeper
 from tablet.health import HealthCollector
+from tablet.leader_lease import LeaderLease, LeaseRenewer, lease_duration_ms
 from tablet.open_buckets import fd_limit
 from tablet.rebuild_progress import RebuildCollector
 from tablet.replicas import ReplicaManager
@@ -77,6 +78,11 @@ class TabletServer:
         self._registrations = 0  # the ZooKeeper sessions this process registered in (a lost one: again)
         self._strays_checked = 0  # the registration after whose first push the stray copies were removed
         self._threads: list[threading.Thread] = []
+        #: How long a renewal of its leader lease lasts (tablet/leader_lease.py); registered, so that the
+        #: coordinator knows how long a new leader of its buckets waits when it may still hold one.
+        self.lease_ms = lease_duration_ms(config[cfg.ZK_SESSION_TIMEOUT])
+        self.lease: LeaderLease | None = None
+        self.lease_renewer: LeaseRenewer | None = None
 
     def start(self) -> "TabletServer":
         c = self.config
@@ -90,9 +96,11 @@ class TabletServer:
         self.admin = AdminClient([self._active_coordinator() or "127.0.0.1:0"], internal_client_config(c),
                                  locate=self._active_coordinator)  # as the cluster's own principal
         self.dir_id = lost_data.data_dir_id(c[cfg.TABLET_DATA_DIR], self.server_id)  # registered: a new one = lost data
+        self.lease = LeaderLease(self.lease_ms / 1000.0)
         self.replicas = ReplicaManager(c[cfg.TABLET_DATA_DIR], c, self.storage, self.admin,
                                        current_epoch=self._zk_coordinator_epoch, table_gone=self._zk_table_gone,
-                                       server_id=self.server_id)
+                                       server_id=self.server_id, lease=self.lease)
+        self.lease_renewer = LeaseRenewer(self.lease, self.zk, self.server_id).start()
         self.log_ends = lost_data.LogEndReporter(self.replicas, self.admin)  # how many offsets a restore loses
         self.replicas.dir_id = self.dir_id
         self._start_replication()
@@ -194,6 +202,8 @@ class TabletServer:
             self.keeper.stop()
         if self.isr_keeper is not None:
             self.isr_keeper.stop()
+        if self.lease_renewer is not None:
+            self.lease_renewer.stop()
         if self.fetchers is not None:
             self.fetchers.stop()
         if self.zk is not None:
@@ -294,8 +304,10 @@ class TabletServer:
     def _register(self) -> None:
         path = zkpaths.tablet_server(self.server_id)
         self.zk.ensure_path(zkpaths.TABLET_SERVERS)
+        self.zk.ensure_path(zkpaths.tablet_demotions(self.server_id))  # before it is live: the coordinator bumps it
         data = dumps({"address": self.address, "incarnation": self.incarnation,
-                      "max_buckets": self.config[cfg.TABLET_MAX_BUCKETS], "dir_id": self.dir_id})
+                      "max_buckets": self.config[cfg.TABLET_MAX_BUCKETS], "dir_id": self.dir_id,
+                      "lease_ms": self.lease_ms})
         while True:
             try:
                 self.zk.create(path, data, ephemeral=True)

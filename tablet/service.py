@@ -10,7 +10,12 @@ UpdateLeadership and ReplicaFetch are the cluster's own (:data:`INTERNAL_METHODS
 Only a bucket's leader serves it (NOT_LEADER otherwise, also for a call whose
 bucket's store closed under it: :func:`_serving`). A write to a
 replicated bucket is answered once its in-sync replicas hold it (the HW passed
-it: ``tablet/replication/leader.py``); reads see committed data only.
+it: ``tablet/replication/leader.py``); reads see committed data only. Every
+answer of a leader (a read, a write's acknowledgement) is confirmed after it was
+made, against the leadership it began under and the server's leader lease
+(:meth:`ReplicaManager.leading`, ``tablet/leader_lease.py``): a leader deposed
+meanwhile answers NOT_LEADER, so no answer is older than a write acknowledged
+before its request was sent.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from common.model import SnapshotHandle
 from common.security.server import OPEN
 from tablet.authz import READ, WRITE, TableAccess
 from tablet.kvstore import BucketStoreError
+from tablet.leader_lease import LeaseBasis
 from tablet.replicas import ReplicaManager
 from tablet.replication.fetch_service import ReplicaFetchService
 from tablet.replication.leader import check_epoch
@@ -97,14 +103,14 @@ class TabletService(pb_grpc.TabletServiceServicer):
                     f"push for tablet server {me} with data dir {request.dir_id}, but this server's data dir is "
                     f"{self.replicas.dir_id} (a new one: the coordinator has not seen it yet); refused")
             held = [BucketRole.from_pb(b, table_from_pb(b.table), me) for b in request.buckets]
-            self.replicas.update_leadership(request.coordinator_epoch, held, list(request.dropped_tables))
+            basis = LeaseBasis(request.session_id, request.demotions) if request.HasField("session_id") else None
+            self.replicas.update_leadership(request.coordinator_epoch, held, list(request.dropped_tables), basis)
             return {}
         return _answer(pb.UpdateLeadershipResponse, work)
 
     def PutKv(self, request, context):
         def work():
             self.access.check(WRITE, request.table_id)
-            replica = self.replicas.get(request.table_id, request.bucket)
             upserts, deletes = _batch(request.upserts), _batch(request.deletes)
             if upserts is None and deletes is None:
                 raise errors.InvalidRequestError("PutKv needs rows to upsert or keys to delete")
@@ -112,29 +118,29 @@ class TabletService(pb_grpc.TabletServiceServicer):
                 raise errors.InvalidRequestError(f"writer_id must be > 0 (0: not idempotent), got {request.writer_id}")
             writer = (request.writer_id, request.sequence) if request.writer_id else None
             epoch = request.leader_epoch if request.HasField("leader_epoch") else None
-            lead = replica.leadership()
-            if lead is None:
-                check_epoch(replica.leader_epoch, epoch, f"bucket {replica.bucket} of table {replica.table.path}")
-            else:
-                lead.check_write(epoch)
-            with _serving(replica):
-                base, next_ = replica.store.write(upserts, deletes, writer=writer)
-            if lead is not None:
-                lead.appended()
-                self.fetches.notify()
-                remaining = context.time_remaining() if context is not None else None
-                lead.wait_committed(next_, COMMIT_WAIT_S if remaining is None else max(0.0, remaining - 0.5))
+            with self.replicas.leading(request.table_id, request.bucket) as replica:  # acknowledged while leased
+                lead = replica.leadership()
+                if lead is None:
+                    check_epoch(replica.leader_epoch, epoch, f"bucket {replica.bucket} of table {replica.table.path}")
+                else:
+                    lead.check_write(epoch)
+                with _serving(replica):
+                    base, next_ = replica.store.write(upserts, deletes, writer=writer)
+                if lead is not None:
+                    lead.appended()
+                    self.fetches.notify()
+                    remaining = context.time_remaining() if context is not None else None
+                    lead.wait_committed(next_, COMMIT_WAIT_S if remaining is None else max(0.0, remaining - 0.5))
             return {"base_offset": base, "next_offset": next_}
         return _answer(pb.PutKvResponse, work)
 
     def Lookup(self, request, context):
         def work():
             self.access.check(READ, request.table_id)
-            replica = self.replicas.get(request.table_id, request.bucket)
             keys = _batch(request.keys)
-            if keys is None:
-                return {}
-            with _serving(replica):
+            with self.replicas.leading(request.table_id, request.bucket) as replica, _serving(replica):
+                if keys is None:
+                    return {}
                 found, rows = replica.store.lookup(keys)
             return {"rows": batch_to_ipc(rows), "found": found.tolist()}
         return _answer(pb.LookupResponse, work)
@@ -142,18 +148,17 @@ class TabletService(pb_grpc.TabletServiceServicer):
     def FetchLog(self, request, context):
         def work():
             self.access.check(READ, request.table_id)
-            replica = self.replicas.get(request.table_id, request.bucket)
             if request.max_bytes <= 0:
                 raise errors.InvalidRequestError("max_bytes must be positive")
             epoch = request.last_fetched_epoch if request.HasField("last_fetched_epoch") else None
-            try:
-                with _serving(replica):
+            with self.replicas.leading(request.table_id, request.bucket) as replica, _serving(replica):
+                try:
                     entries, end = replica.store.fetch_log(request.from_offset, request.max_bytes,
                                                            last_fetched_epoch=epoch)
                     start, _latest = replica.store.list_offsets()
-            except errors.DataLostError as exc:  # name the table: the message is all that travels
-                raise errors.DataLostError(f"bucket {replica.bucket} of {replica.table.path}: {exc.message}",
-                                           table=replica.table.path, **exc.details) from None
+                except errors.DataLostError as exc:  # name the table: the message is all that travels
+                    raise errors.DataLostError(f"bucket {replica.bucket} of {replica.table.path}: {exc.message}",
+                                               table=replica.table.path, **exc.details) from None
             return {"entries": entries, "log_start_offset": start, "log_end_offset": end}
         return _answer(pb.FetchLogResponse, work)
 
@@ -173,13 +178,12 @@ class TabletService(pb_grpc.TabletServiceServicer):
             offsets = []
             for bucket in request.buckets:
                 try:
-                    replica = self.replicas.get(request.table_id, bucket)
-                    store = replica.store
-                    with _serving(replica):  # its store may close under the call
+                    with self.replicas.leading(request.table_id, bucket) as replica, _serving(replica):
+                        store = replica.store  # (_serving: its store may close under the call)
                         found = None if timestamp is None else store.offset_for_timestamp(timestamp)
                         earliest, latest, end_epoch = store.end_epoch()
                         at = wanted.get(bucket, [])
-                        epochs = zip(at, store.epochs_at(at))
+                        epochs = list(zip(at, store.epochs_at(at)))
                     if found is not None:  # retention may have moved the start since the search
                         found = max(found, earliest)
                     offsets.append(pb.BucketOffsetsPb(

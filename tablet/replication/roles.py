@@ -35,6 +35,9 @@ class BucketRole:
     latest_loss: DataLoss | None = None  # the bucket's newest accepted loss (tablet/lost_data.py)
     #: whether this server still owes ``latest_loss``, a restore (None: the coordinator does not know)
     restore_owed: bool | None = None
+    #: told to the leader: how long (ms from receipt) an earlier leader's lease may still last; it serves a
+    #: leadership new to it only after that (tablet/leader_lease.py)
+    lease_wait_ms: int = 0
 
     @property
     def key(self) -> tuple[int, int]:
@@ -61,4 +64,4 @@ class BucketRole:
         return cls(table, msg.bucket, msg.leader_epoch, msg.leader, msg.leader_address, tuple(msg.replicas),
                    tuple(msg.isr), msg.bucket_epoch, msg.removed, msg.offline_reason,
                    DataLoss.from_pb(msg.latest_loss) if msg.HasField("latest_loss") else None,
-                   msg.restore_owed if msg.HasField("restore_owed") else None)
+                   msg.restore_owed if msg.HasField("restore_owed") else None, max(0, msg.lease_wait_ms))

@@ -48,7 +48,9 @@ class Recorder:
     def __init__(self):
         self.pushes = []
 
-    def __call__(self, server_id, address, held, dropped, removed=(), dir_id=""):
+    def __call__(self, server_id, address, held, dropped, removed=(), dir_id="", lease=None):
+        self.leases = getattr(self, "leases", {})
+        self.leases.setdefault(server_id, []).append(lease)
         self.removed = getattr(self, "removed", {})
         self.removed.setdefault(server_id, set()).update((t.table_id, b) for t, b, _a, _addr in removed)
         self.pushes.append((server_id, address, sorted((t.table_id, b, a.leader_epoch) for t, b, a, _addr in held),
