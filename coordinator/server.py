@@ -31,7 +31,7 @@ from common.security.server import server_security
 from common.storage import RemoteStorage, open_storage
 from common.tls import TlsFiles, add_port
 from common.zk import dumps, loads, make_client
-from coordinator.controller import Controller
+from coordinator.controller import Controller, LeaderRebalance
 from coordinator.fencing import FencedWriter, bump_epoch
 from coordinator.loop import EventLoop
 from coordinator.metrics import CoordinatorMetrics
@@ -233,7 +233,10 @@ class CoordinatorServer:
                                     tls=self.tls, credentials=self.internal_credentials,
                                     default_replication=(c[cfg.DEFAULT_REPLICATION_FACTOR],
                                                          c[cfg.DEFAULT_MIN_INSYNC_REPLICAS]),
-                                    unclean_election=c[cfg.UNCLEAN_LEADER_ELECTION])
+                                    unclean_election=c[cfg.UNCLEAN_LEADER_ELECTION],
+                                    leader_rebalance=LeaderRebalance(
+                                        c[cfg.AUTO_LEADER_REBALANCE], c[cfg.LEADER_IMBALANCE_CHECK_INTERVAL],
+                                        c[cfg.LEADER_IMBALANCE_PER_SERVER_PERCENTAGE]))
             with self._lock:
                 mirror, self._mirror = self._mirror, None
             try:  # the mirror is exact once the epoch is bumped (no lease write can commit any more)
