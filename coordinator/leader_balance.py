@@ -139,8 +139,8 @@ def balance(assignments: Assignments, live: Iterable[int], excluded: Iterable[in
         if key in spread.fixed or first == a.replicas[0]:
             continue
         order = (first, *(r for r in a.replicas if r != first))
-        changed[key] = led_by(replace(a, replicas=order, isr=tuple(r for r in order if r in a.isr),
-                                      bucket_epoch=a.bucket_epoch + 1), first)
+        changed[key] = replace(a, replicas=order, isr=tuple(r for r in order if r in a.isr), leader=first,
+                               leader_epoch=a.leader_epoch + (a.leader != first), bucket_epoch=a.bucket_epoch + 1)
     live, excluded = set(live), set(excluded)
     for key, a in sorted(spread.states.items()):
         if key not in changed and key not in spread.fixed:
