@@ -1,5 +1,6 @@
 """Preferred leaders: which buckets a preferred-leader election gives back to their first replica, and which
-replica lists a leader rebalance reorders so that preferred leaders spread. Pure: no ZooKeeper, no clock.
+replica lists a leader rebalance reorders so that preferred leaders spread. Pure: no ZooKeeper, no clock
+(docs/architecture.md "Preferred leaders").
 
 A bucket's **preferred leader** is its first replica (``replicas[0]``).
 Placement spreads them (:mod:`coordinator.placement`) and they stay put:

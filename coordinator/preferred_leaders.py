@@ -1,4 +1,5 @@
-"""Automatic preferred-leader elections on the active coordinator (``auto.leader-rebalance.enabled``).
+"""Automatic preferred-leader elections on the active coordinator (``auto.leader-rebalance.enabled``;
+docs/architecture.md "Preferred leaders").
 
 Leadership goes back to a bucket's preferred replica (its first,
 :mod:`coordinator.leader_balance`) without an operator:
