@@ -6,7 +6,6 @@ are registered by hand; their catching up is the leader's AlterIsr, sent by hand
 
 from __future__ import annotations
 
-from concurrent.futures import Future
 
 import pytest
 
