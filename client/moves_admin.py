@@ -77,12 +77,15 @@ class MovesAdmin:
             request = pb.RecommissionTabletRequest(tablet_id=int(tablet_id))
         return self._call("RecommissionTablet", request).was_decommissioned  # type: ignore[attr-defined]
 
-    def rebalance(self) -> list[dict]:
-        """Even out the replicas over the live tablet servers (moves) and move leaders back to their preferred
-        replica when it is live and in sync; returns what was started: moves (``"kind": "move"``, a move's
-        document) and leader changes (``"kind": "leader"``: ``table``, ``bucket``, ``old_leader``,
-        ``new_leader``, ``leader_epoch``)."""
-        response = self._call("Rebalance", pb.RebalanceRequest())  # type: ignore[attr-defined]
+    def rebalance(self, leaders_only: bool = False) -> list[dict]:
+        """Even out the replicas over the live tablet servers (moves), spread the preferred leaders (first
+        replicas; reordering replica lists, no data moves) and move leaders back to them when they are live and
+        in sync; ``leaders_only``: only the leaders, no moves. Returns what was started: moves (``"kind":
+        "move"``, a move's document) and leader changes (``"kind": "leader"``: ``table``, ``bucket``,
+        ``old_leader``, ``new_leader`` (the bucket's preferred replica now), ``leader_epoch``). Safe to resend:
+        a balanced cluster starts nothing."""
+        request = pb.RebalanceRequest(leaders_only=leaders_only)  # type: ignore[attr-defined]
+        response = self._call("Rebalance", request)
         return ([{"kind": "move", **move_doc(m)} for m in response.moves]
                 + [{"kind": "leader", "table": m.table, "table_id": m.table_id, "bucket": m.bucket,
                     "old_leader": m.old_leader, "new_leader": m.new_leader, "leader_epoch": m.leader_epoch}

@@ -79,6 +79,13 @@ def _parse_int(value: Any) -> int:
     return int(value)
 
 
+def _parse_percent(value: Any) -> int:
+    number = _parse_int(value)
+    if not 0 <= number <= 100:
+        raise ValueError(f"{number} is not a percentage between 0 and 100")
+    return number
+
+
 def _parse_digest(value: Any) -> str:
     """``user:password`` or empty; the message of a bad value does not show it (it is a credential)."""
     text = str(value)
@@ -213,6 +220,18 @@ UNCLEAN_LEADER_ELECTION = _key("unclean.leader-election", False, _parse_bool,
                                "are lost: logged and counted)")
 CONTROLLED_SHUTDOWN_TIMEOUT = _key("tablet.controlled-shutdown.timeout", "30s", parse_duration_ms,
                                    "how long a stopping tablet server waits for its leaderships to move away")
+AUTO_LEADER_REBALANCE = _key("auto.leader-rebalance.enabled", True, _parse_bool,
+                             "the coordinator gives leadership back to a bucket's preferred replica (its first) by "
+                             "itself: once that replica is back in the ISR, and at every "
+                             "leader.imbalance.check-interval for the servers over "
+                             "leader.imbalance.per-server.percentage")
+LEADER_IMBALANCE_CHECK_INTERVAL = _key("leader.imbalance.check-interval", "30s", parse_duration_ms,
+                                       "how often the coordinator checks the servers' leader imbalance "
+                                       "(auto.leader-rebalance.enabled)")
+LEADER_IMBALANCE_PER_SERVER_PERCENTAGE = _key(
+    "leader.imbalance.per-server.percentage", 10, _parse_percent,
+    "a server whose share of the buckets it is the preferred leader of that another server leads exceeds this "
+    "(0-100) gets them back at the next check (Kafka's leader.imbalance.per.broker.percentage)")
 
 # --- live scans (tablet servers) -------------------------------------------------
 SCANNER_TTL = _key("kv.scanner.ttl", "10m", parse_duration_ms, "an idle scanner session is closed after this long")

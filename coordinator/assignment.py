@@ -164,7 +164,13 @@ class Assignments:
         return Counter(r for _t, _b, a in self.all() for r in a.replicas)
 
     def leaders_per_server(self) -> Counter[int]:
+        """Buckets each server leads now."""
         return Counter(a.leader for _t, _b, a in self.all() if a.leader != UNASSIGNED)
+
+    def preferred_per_server(self) -> Counter[int]:
+        """Buckets each server is the preferred leader of: the first replica (of a move in progress, the first
+        of its target), whether it leads now or not (coordinator/leader_balance.py)."""
+        return Counter((a.reassign or a.replicas)[0] for _t, _b, a in self.all() if a.replicas)
 
     def led_by(self, server_id: int) -> list[tuple[int, int, BucketAssignment]]:
         return sorted((t, b, a) for t, b, a in self.all() if a.leader == server_id)

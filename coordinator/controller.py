@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import logging
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Callable
 
 from kazoo.client import KazooClient
@@ -38,6 +39,7 @@ from coordinator.lease_shell import LeaseShell
 from coordinator.loop import Item, settle
 from coordinator.membership import Membership, Notify
 from coordinator.moves import Moves
+from coordinator.preferred_leaders import PreferredLeaders
 from coordinator.snapshot_checks import LeaderLogEnds, check_epoch
 from coordinator.snapshot_commits import SnapshotCommits
 from coordinator.snapshots import SnapshotStore
@@ -48,6 +50,15 @@ from leases.store import LeaseStore
 log = logging.getLogger(__name__)
 
 _FATAL = (errors.CoordinatorFencedError, errors.OutcomeUnknownError)  # the coordinator steps down
+
+
+@dataclass(frozen=True)
+class LeaderRebalance:
+    """auto.leader-rebalance.enabled, leader.imbalance.check-interval, leader.imbalance.per-server.percentage."""
+
+    enabled: bool = True
+    check_interval_ms: int = 30_000
+    threshold_pct: float = 10.0
 
 
 def _query(method):
@@ -72,11 +83,12 @@ class Controller(Dispatcher):
                  grace_ms: int, clock_ms: Callable[[], int], metrics=None, notify: Notify | None = None,
                  tls: TlsFiles | None = None, credentials: tuple[str, str] | None = None,
                  default_replication: tuple[int, int] = (1, 1), unclean_election: bool = False,
-                 leader_lease_ms: int = 4000) -> None:
+                 leader_rebalance: LeaderRebalance = LeaderRebalance(), leader_lease_ms: int = 4000) -> None:
         """``tls`` and ``credentials`` (the cluster's own): how commits' log ends are asked of leaders.
         ``default_replication``: (default.replication-factor, min.insync-replicas) of a table created without
-        its own; ``unclean_election``: unclean.leader-election; ``leader_lease_ms``: a tablet server's leader
-        lease when its registration does not say (coordinator/leader_leases.py)."""
+        its own; ``unclean_election``: unclean.leader-election; ``leader_rebalance``: the automatic
+        preferred-leader elections' settings; ``leader_lease_ms``: a tablet server's leader lease when its
+        registration does not say (coordinator/leader_leases.py)."""
         self.zk = zk
         self.storage = storage
         self.clock_ms = clock_ms
@@ -87,6 +99,9 @@ class Controller(Dispatcher):
         self.members = Membership(zk, catalog, notify, unclean_election=unclean_election, metrics=metrics,
                                   leader_lease_ms=leader_lease_ms)
         self.moves = Moves(self.members)  # replica moves (issue 31): completed as their new replicas catch up
+        self.preferred = PreferredLeaders(self.members, clock_ms, enabled=leader_rebalance.enabled,
+                                          check_interval_ms=leader_rebalance.check_interval_ms,
+                                          threshold_pct=leader_rebalance.threshold_pct, metrics=metrics)
         self.lease_shell = LeaseShell(ls.LeaseState(self, max_lease_ms), LeaseStore(storage), clock_ms=clock_ms,
                                       on_freed=lambda buckets: self.snapshot_commits.reclaim(buckets),
                                       metrics=metrics)
@@ -211,6 +226,7 @@ class Controller(Dispatcher):
                 settle(future, error=exc)
                 if isinstance(exc, _FATAL):
                     raise
+        self.preferred.run_queued()  # the elections the batch's AlterIsrs queued, once those are answered
         self.lease_shell.flush()
         deferred, self.lease_shell.deferred = self.lease_shell.deferred, []
         return deferred
@@ -238,6 +254,7 @@ class Controller(Dispatcher):
     def _expire(self, event: ls.Expire, future: Future | None) -> None:
         self.refresh_metrics()
         self.moves.tick()
+        self.preferred.tick()
         self.losses.ends.flush()
         self.lease_shell.submit(event, future)
 
@@ -331,8 +348,11 @@ class Controller(Dispatcher):
     @on(rq.AlterIsr)
     @_barrier
     def _alter_isr(self, request: rq.AlterIsr):
-        return self.members.alter_isr(request.server_id, request.table_id, request.bucket, request.leader_epoch,
-                                      request.bucket_epoch, request.isr)
+        before = self.assignments.table(request.table_id).get(request.bucket)
+        after = self.members.alter_isr(request.server_id, request.table_id, request.bucket, request.leader_epoch,
+                                       request.bucket_epoch, request.isr)
+        self.preferred.isr_changed(request.table_id, request.bucket, before)
+        return after
 
     @on(rq.ControlledShutdown)
     @_barrier
@@ -357,8 +377,8 @@ class Controller(Dispatcher):
 
     @on(rq.Rebalance)
     @_barrier
-    def _rebalance(self, _request: rq.Rebalance):
-        return self.moves.rebalance()
+    def _rebalance(self, request: rq.Rebalance):
+        return self.moves.rebalance(request.leaders_only)
 
     @on(rq.ListReassignments)
     @_query

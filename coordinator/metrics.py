@@ -41,6 +41,11 @@ class CoordinatorMetrics(MetricsRegistry):
         self.unclean_elections = Counter("kvlease_coordinator_unclean_elections",
                                          "buckets led by a replica that was not in sync (unclean.leader-election: "
                                          "writes it missed are lost)", registry=r)
+        self.preferred_leader_elections = Counter(
+            "kvlease_coordinator_preferred_leader_elections",
+            "buckets whose leadership went back to their preferred replica automatically "
+            "(auto.leader-rebalance.enabled: back in the ISR, or over leader.imbalance.per-server.percentage)",
+            registry=r)
         self.data_losses = Counter("kvlease_coordinator_data_losses",
                                    "losses of committed changes an operator accepted, by kind (restore: bucket "
                                    "restore --accept-data-loss; unclean: bucket elect --unclean)", ["kind"],

@@ -125,21 +125,22 @@ class Moves:
             f"cannot {verb} tablet server {server_id}: no tablet server with this id is registered or holds a "
             f"replica (registered: {sorted(members.servers) or 'none'})")
 
-    def rebalance(self) -> tuple[list[Row], list[tuple[Row, int]]]:
-        """Start the moves and preferred-leader elections of :func:`coordinator.rebalance.rebalance` (replicas
-        left on decommissioned servers move first): (moves started, [(bucket after its election, its old
-        leader)])."""
+    def rebalance(self, leaders_only: bool = False) -> tuple[list[Row], list[tuple[Row, int]]]:
+        """Start the moves and leader changes of :func:`coordinator.rebalance.rebalance` (replicas left on
+        decommissioned servers move first; ``leaders_only``: no moves): (moves started, [(bucket after its
+        leader's change, its old leader)])."""
         assignments = self.members.assignments
         plan = rebalance.rebalance(assignments, self._live, self.members.capacity,
-                                   excluded=self.members.decommissioned.ids)
+                                   excluded=self.members.decommissioned.ids, leaders_only=leaders_only)
         before = {key: assignments.table(key[0])[key[1]] for key in plan.leaders}
         changes: Changes = {}
         for (table_id, bucket), elected in sorted(plan.leaders.items()):
             changes.setdefault(table_id, dict(assignments.table(table_id)))[bucket] = elected
         self._start(plan.moves, changes)
         if plan.moves or plan.leaders:
-            log.info("rebalance: %d move(s) started, %d leader(s) moved to their preferred replica",
-                     len(plan.moves), len(plan.leaders))
+            log.info("rebalance%s: %d move(s) started, %d bucket(s) led by their preferred replica (%d of them with "
+                     "a new one)", " of leaders" if leaders_only else "", len(plan.moves), len(plan.leaders),
+                     sum(a.replicas != before[key].replicas for key, a in plan.leaders.items()))
         moved = [(self._table(t), b, assignments.table(t)[b]) for t, b, _target in plan.moves]
         leaders = [((self._table(t), b, assignments.table(t)[b]), before[(t, b)].leader)
                    for t, b in sorted(plan.leaders)]

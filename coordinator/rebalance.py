@@ -12,10 +12,14 @@ chooses their targets.
 - :func:`rebalance`: replicas on a decommissioned server go to the least
   loaded others (where one has room); then replicas go from the servers
   holding the most to those holding the fewest until they differ by at most
-  one (e.g. after servers joined); then :func:`preferred_leader` elections
-  move every leader that is not its bucket's preferred one (``replicas[0]``)
-  back to it when that replica is live, in the ISR and not decommissioned (a
-  restarted server leads its buckets again).
+  one (e.g. after servers joined); then the leaders
+  (:func:`coordinator.leader_balance.balance`): replica lists are reordered
+  so that preferred leaders (``replicas[0]``) spread evenly, per table and
+  over the cluster, and every leader that is not its bucket's preferred one
+  goes back to it when that replica is live, in the ISR and not
+  decommissioned (a restarted server leads its buckets again). With
+  ``leaders_only`` (``cluster rebalance --leaders``) only the leaders: no
+  replica moves.
 
 Buckets of one-replica tables are planned like the others (they move through
 a second replica, :mod:`coordinator.reassignment`); their only replica leads them.
@@ -25,11 +29,14 @@ Decommissioned servers (``excluded``, :mod:`coordinator.decommissioned`) are nev
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable
 
 from common import errors
 from coordinator.assignment import Assignments, BucketAssignment, Capacity
+from coordinator.leader_balance import balance, preferred_leader
+
+__all__ = ["Move", "Plan", "decommission", "preferred_leader", "rebalance"]
 
 #: A planned move: (table id, bucket, target replicas).
 Move = tuple[int, int, tuple[int, ...]]
@@ -38,7 +45,8 @@ Move = tuple[int, int, tuple[int, ...]]
 @dataclass(frozen=True)
 class Plan:
     moves: list[Move]
-    #: (table id, bucket) -> its state after a preferred-leader election
+    #: (table id, bucket) -> its state after its leader's change: a preferred-leader election, or its replicas
+    #: reordered (a new preferred leader, leading it)
     leaders: dict[tuple[int, int], BucketAssignment]
 
 
@@ -47,17 +55,13 @@ def _target_load(assignments: Assignments) -> Counter[int]:
     return Counter(r for _t, _b, a in assignments.all() for r in (a.reassign or a.replicas))
 
 
-def _preferred(assignments: Assignments) -> Counter[int]:
-    return Counter((a.reassign or a.replicas)[0] for _t, _b, a in assignments.all() if a.replicas)
-
-
 def decommission(assignments: Assignments, server: int, live: set[int], capacity: Capacity,
                  name: Callable[[int], str] = str, excluded: set[int] = frozenset()) -> list[Move]:
     """The moves that take every replica off ``server``. InvalidRequestError (nothing planned) if a bucket it
     holds cannot move: none of its replicas is live (a one-replica bucket on a stopped ``server``), another
     move of it includes ``server``, or no other live server with room (and not ``excluded``: decommissioned)
     can take it. ``name(table_id)`` names a table in errors."""
-    load, preferred = _target_load(assignments), _preferred(assignments)
+    load, preferred = _target_load(assignments), assignments.preferred_per_server()
     others = sorted(live - {server} - set(excluded))
     retired = sorted((live & set(excluded)) - {server})
     moves: list[Move] = []
@@ -94,23 +98,15 @@ def decommission(assignments: Assignments, server: int, live: set[int], capacity
     return moves
 
 
-def preferred_leader(a: BucketAssignment, live: set[int]) -> BucketAssignment | None:
-    """``a`` led by its preferred replica (``replicas[0]``) if another leads it and that one is live and in
-    the ISR (leader and bucket epochs +1); None: nothing to change (also while the bucket is being moved)."""
-    if a.reassign is not None or a.offline or not a.replicas:
-        return None
-    first = a.replicas[0]
-    if a.leader == first or first not in live or first not in a.isr:
-        return None
-    return replace(a, leader=first, leader_epoch=a.leader_epoch + 1, bucket_epoch=a.bucket_epoch + 1)
-
-
 def rebalance(assignments: Assignments, live: set[int], capacity: Capacity, max_moves: int = 1000,
-              excluded: set[int] = frozenset()) -> Plan:
+              excluded: set[int] = frozenset(), leaders_only: bool = False) -> Plan:
     """Replica moves off the ``excluded`` (decommissioned) servers (:func:`_drain`), then those that even out
-    the other live servers' replica counts (to a difference of at most one), then preferred-leader elections
-    of the buckets not moved (not to an excluded server). Offline buckets and those being moved are left
+    the other live servers' replica counts (to a difference of at most one), then the leaders of the buckets
+    not moved (:func:`~coordinator.leader_balance.balance`: preferred leaders spread, never to an excluded
+    server, and elected). ``leaders_only``: no replica moves. Offline buckets and those being moved are left
     alone."""
+    if leaders_only:
+        return Plan([], balance(assignments, live, excluded))
     load = _target_load(assignments)
     servers = sorted(live - set(excluded))
     movable = sorted((t, b, a) for t, b, a in assignments.all()
@@ -135,13 +131,8 @@ def rebalance(assignments: Assignments, live: set[int], capacity: Capacity, max_
         moved.add((table_id, bucket))
         load[most] -= 1
         load[dst] += 1
-    leaders = {}
-    for table_id, bucket, a in movable:
-        if (table_id, bucket) not in moved:
-            elected = preferred_leader(a, live - set(excluded))
-            if elected is not None:
-                leaders[(table_id, bucket)] = elected
-    return Plan(moves, leaders)
+    targets = {(t, b): target for t, b, target in moves}
+    return Plan(moves, balance(assignments, live, excluded, targets))
 
 
 def _drain(movable: list[tuple[int, int, BucketAssignment]], excluded: set[int], servers: list[int],

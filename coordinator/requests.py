@@ -147,7 +147,10 @@ class RecommissionTablet:
 
 @dataclass(frozen=True)
 class Rebalance:
-    """Even out replicas over the live tablet servers; leaders back to their preferred replica."""
+    """Even out replicas over the live tablet servers; spread preferred leaders and move leaders back to them
+    (``leaders_only``: only that, no replica moves)."""
+
+    leaders_only: bool = False
 
 
 @dataclass(frozen=True)

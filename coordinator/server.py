@@ -31,7 +31,7 @@ from common.security.server import server_security
 from common.storage import RemoteStorage, open_storage
 from common.tls import TlsFiles, add_port
 from common.zk import dumps, loads, make_client
-from coordinator.controller import Controller
+from coordinator.controller import Controller, LeaderRebalance
 from coordinator.fencing import FencedWriter, bump_epoch
 from coordinator.loop import EventLoop
 from coordinator.metrics import CoordinatorMetrics
@@ -213,6 +213,20 @@ class CoordinatorServer:
                     log.warning("election round ended: %s", exc)
                     time.sleep(0.2)
 
+    def _controller(self, notifier: LeadershipNotifier) -> Controller:
+        """The controller of this process's term as the active coordinator, from its config."""
+        c = self.config
+        return Controller(self.zk, self.storage, num_retained=c[cfg.SNAPSHOT_NUM_RETAINED],
+                          max_lease_ms=c[cfg.LEASE_MAX_DURATION], grace_ms=c[cfg.LEASE_FAILOVER_GRACE],
+                          clock_ms=self.clock_ms, metrics=self.metrics, notify=notifier.push,
+                          tls=self.tls, credentials=self.internal_credentials,
+                          default_replication=(c[cfg.DEFAULT_REPLICATION_FACTOR], c[cfg.DEFAULT_MIN_INSYNC_REPLICAS]),
+                          unclean_election=c[cfg.UNCLEAN_LEADER_ELECTION],
+                          leader_rebalance=LeaderRebalance(c[cfg.AUTO_LEADER_REBALANCE],
+                                                           c[cfg.LEADER_IMBALANCE_CHECK_INTERVAL],
+                                                           c[cfg.LEADER_IMBALANCE_PER_SERVER_PERCENTAGE]),
+                          leader_lease_ms=c[cfg.ZK_SESSION_TIMEOUT])  # a bound: a tablet's lease is shorter
+
     def _lead(self) -> None:
         if self._stopping.is_set():
             return
@@ -227,13 +241,7 @@ class CoordinatorServer:
             log.info("coordinator %s elected, epoch %d: reinitializing", self.address, epoch)
             c = self.config
             notifier = LeadershipNotifier(epoch, tls=self.tls, credentials=self.internal_credentials)
-            controller = Controller(self.zk, self.storage, num_retained=c[cfg.SNAPSHOT_NUM_RETAINED],
-                                    max_lease_ms=c[cfg.LEASE_MAX_DURATION], grace_ms=c[cfg.LEASE_FAILOVER_GRACE],
-                                    clock_ms=self.clock_ms, metrics=self.metrics, notify=notifier.push,
-                                    tls=self.tls, credentials=self.internal_credentials,
-                                    default_replication=(c[cfg.DEFAULT_REPLICATION_FACTOR],
-                                                         c[cfg.DEFAULT_MIN_INSYNC_REPLICAS]),
-                                    unclean_election=c[cfg.UNCLEAN_LEADER_ELECTION], leader_lease_ms=c[cfg.ZK_SESSION_TIMEOUT])
+            controller = self._controller(notifier)
             with self._lock:
                 mirror, self._mirror = self._mirror, None
             try:  # the mirror is exact once the epoch is bumped (no lease write can commit any more)

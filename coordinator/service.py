@@ -301,7 +301,7 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
                     "leaders": [pb.LeaderMovePb(table_id=t.table_id, table=t.path, bucket=b, old_leader=old,
                                                 new_leader=a.leader, leader_epoch=a.leader_epoch)
                                 for (t, b, a), old in leaders]}
-        return self._run(rq.Rebalance(), pb.RebalanceResponse, build,
+        return self._run(rq.Rebalance(request.leaders_only), pb.RebalanceResponse, build,
                          check=self._check(Operation.ALTER, Resource.cluster))
 
     def ListReassignments(self, request, context):

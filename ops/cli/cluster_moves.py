@@ -108,16 +108,20 @@ def cluster_recommission(state: State, tablet_id: int) -> None:
 
 
 @cluster_group.command("rebalance")
+@click.option("--leaders", "leaders_only", is_flag=True,
+              help="Only the leaders: spread the preferred leaders and elect them; no replica moves.")
 @click.option("--wait", is_flag=True, help="Wait until the moves started are complete.")
 @click.option("--timeout", "timeout_ms", type=POSITIVE_DURATION, default="30m", show_default=True,
               help="How long --wait waits.")
 @common_options
 @pass_state
 @catch_errors
-def cluster_rebalance(state: State, wait: bool, timeout_ms: int) -> None:
-    """Even out bucket replicas over the live tablet servers (e.g. after servers joined) and move each leader
-    back to its bucket's preferred replica when that one is live and in sync (e.g. after a restart)."""
-    started = state.client.rebalance()
+def cluster_rebalance(state: State, leaders_only: bool, wait: bool, timeout_ms: int) -> None:
+    """Even out bucket replicas over the live tablet servers (e.g. after servers joined), spread the buckets'
+    preferred leaders (their first replica: a replica list is reordered, no data moves) and move each leader
+    back to its bucket's preferred replica when that one is live and in sync (e.g. after a restart). With
+    --leaders only the leaders. Safe to run again: a balanced cluster starts nothing."""
+    started = state.client.rebalance(leaders_only=leaders_only)
     moves = [m for m in started if m["kind"] == "move"]
     leaders = [m for m in started if m["kind"] == "leader"]
     if wait and moves:
@@ -126,10 +130,20 @@ def cluster_rebalance(state: State, wait: bool, timeout_ms: int) -> None:
     if moves:
         parts.append(f"{len(moves)} replica move(s) {'done' if wait else 'started'}: {_moves_summary(moves)}")
     if leaders:
-        parts.append(f"{len(leaders)} leader(s) moved back to their preferred replica: " + ", ".join(
-            f"{m['table']}/{m['bucket']} {m['old_leader']} -> {m['new_leader']}" for m in leaders[:20]))
-    text = "; ".join(parts) if parts else "the cluster is balanced: nothing to move"
+        parts.append(f"{len(leaders)} bucket(s) led by their preferred replica: " + ", ".join(
+            leader_text(m) for m in leaders[:20]) + (f" and {len(leaders) - 20} more" if len(leaders) > 20 else ""))
+    balanced = "the leaders are balanced" if leaders_only else "the cluster is balanced"
+    text = "; ".join(parts) if parts else f"{balanced}: nothing to move"
     state.output.message(text, {"moves": moves, "leaders": leaders, "waited": wait})
+
+
+def leader_text(change: dict) -> str:
+    """One leader change: ``db.t/0 2 -> 1``, or ``db.t/0 2 (now preferred)`` when its leader became its
+    preferred replica (its replica list reordered)."""
+    where = f"{change['table']}/{change['bucket']}"
+    if change["old_leader"] == change["new_leader"]:
+        return f"{where} {change['new_leader']} (now preferred)"
+    return f"{where} {change['old_leader']} -> {change['new_leader']}"
 
 
 @cluster_group.command("reassignments")

@@ -45,9 +45,19 @@ def isr_full(state: Mapping[int, BucketLeader], replication: int, away: Iterable
     return Check.of(f"every bucket has {replication} replicas, all in the ISR", violations, len(state))
 
 
+def led_by_preferred(state: Mapping[int, BucketLeader]) -> Check:
+    """Every bucket is led by its preferred replica (its first): where the preferred-leader election puts
+    leadership back after a restart (automatically, or ``cluster rebalance --leaders``)."""
+    violations = [f"bucket {bucket} (replicas {list(b.replicas)}) is led by {b.leader_id}, not its preferred replica "
+                  f"{b.replicas[0] if b.replicas else '-'}" for bucket, b in sorted(state.items())
+                  if not b.replicas or b.leader_id != b.replicas[0]]
+    return Check.of("every bucket led by its preferred replica again", violations, len(state))
+
+
 def leaders_spread(state: Mapping[int, BucketLeader], servers: Sequence[int]) -> Check:
     """The buckets' leaderships are spread over ``servers``: no server leads more than one bucket more than
-    another (after a rolling restart the last server restarted leads none until leaders are rebalanced)."""
+    another (after a rolling restart the last server restarted leads none until its preferred-leader
+    election)."""
     led = {server: 0 for server in servers}
     for b in state.values():
         led[b.leader_id] = led.get(b.leader_id, 0) + 1

@@ -92,6 +92,9 @@ def test_env_override_from_the_process_environment(monkeypatch):
     ("coordinator.port", "http"),
     ("remote.file.fsync", "maybe"),
     ("kv.snapshot.num-retained", False),
+    ("leader.imbalance.per-server.percentage", 101),
+    ("leader.imbalance.per-server.percentage", -1),
+    ("auto.leader-rebalance.enabled", "sometimes"),
 ])
 def test_a_bad_value_names_the_key(name, value):
     with pytest.raises(ConfigError, match=repr(name)) as info:

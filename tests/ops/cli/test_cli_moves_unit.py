@@ -41,9 +41,13 @@ class MovesAdmin(ReplicatedAdmin):
     def decommission_tablet(self, tablet_id):
         return [move(0), move(2)] if tablet_id == 1 else []
 
-    def rebalance(self):
-        return [{"kind": "move", **move(1)}, {"kind": "leader", "table": "db.t", "table_id": 7, "bucket": 2,
-                                               "old_leader": 2, "new_leader": 3, "leader_epoch": 5}]
+    def rebalance(self, leaders_only=False):
+        MovesAdmin.asked.append(("rebalance", leaders_only))
+        leaders = [{"kind": "leader", "table": "db.t", "table_id": 7, "bucket": 2, "old_leader": 2, "new_leader": 3,
+                    "leader_epoch": 5},
+                   {"kind": "leader", "table": "db.t", "table_id": 7, "bucket": 3, "old_leader": 1, "new_leader": 1,
+                    "leader_epoch": 4}]
+        return leaders if leaders_only else [{"kind": "move", **move(1)}, *leaders]
 
     def list_reassignments(self):
         return MovesAdmin.polls.pop(0) if MovesAdmin.polls else []
@@ -104,8 +108,16 @@ def test_decommission_and_rebalance(moves):
     assert "tablet server 1 decommissioned: 2 replica(s) moved off it" in waited.stdout
     text = run(*B, "cluster", "rebalance").stdout
     assert "1 replica move(s) started" in text and "db.t/2 2 -> 3" in text
+    assert "2 bucket(s) led by their preferred replica" in text and "db.t/3 1 (now preferred)" in text
     doc = json.loads(run(*B, "cluster", "rebalance", "--json").stdout)
     assert len(doc["moves"]) == 1 and doc["leaders"][0]["new_leader"] == 3
+
+
+def test_rebalance_of_the_leaders_only_asks_for_no_moves(moves):
+    doc = json.loads(run(*B, "cluster", "rebalance", "--leaders", "--json").stdout)
+    assert MovesAdmin.asked == [("rebalance", True)] and doc["moves"] == [] and len(doc["leaders"]) == 2
+    run(*B, "cluster", "rebalance")
+    assert MovesAdmin.asked[-1] == ("rebalance", False)
 
 
 def test_reassignments_lists_the_moves_in_progress(moves):

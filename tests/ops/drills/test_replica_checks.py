@@ -9,7 +9,7 @@ from client.admin_types import BucketLeader
 from ops.drills.decommission_checks import mark_kept, moves_finished, one_replica_moved, retry_started_nothing_new
 from ops.drills.disk_loss_checks import rebuilt_tables_equal, rejoined_within, replica_table
 from ops.drills.failover_checks import AckedWrite, ChangeRecord, acknowledged_writes_in_changelog
-from ops.drills.service_checks import isr_full, leaders_spread, no_client_errors
+from ops.drills.service_checks import isr_full, leaders_spread, led_by_preferred, no_client_errors
 
 pytestmark = pytest.mark.unit
 
@@ -59,6 +59,13 @@ def test_leaders_spread():
     piled = {b: bucket(b, s.replicas, leader=1) for b, s in FULL.items()}
     assert leaders_spread(piled, [1, 2, 3]).violations == (
         "leaders are not spread: tablet 1 leads 4, tablet 2 leads 0, tablet 3 leads 0",)
+
+
+def test_led_by_preferred_names_each_bucket_led_by_another_replica():
+    assert led_by_preferred(FULL).ok and led_by_preferred(FULL).checked == 4
+    moved = {**FULL, 1: bucket(1, (2, 3, 1), leader=3)}
+    assert led_by_preferred(moved).violations == (
+        "bucket 1 (replicas [2, 3, 1]) is led by 3, not its preferred replica 2",)
 
 
 def test_a_replica_table_is_its_snapshot_with_its_changelog_applied():
