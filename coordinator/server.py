@@ -36,6 +36,7 @@ from coordinator.fencing import FencedWriter, bump_epoch
 from coordinator.loop import EventLoop
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.notifier import LeadershipNotifier
+from coordinator.orphan_files import orphan_timing
 from coordinator import requests as rq
 from coordinator.security_service import SecurityService
 from coordinator.service import INTERNAL_METHODS, CoordinatorService
@@ -233,7 +234,7 @@ class CoordinatorServer:
                                     tls=self.tls, credentials=self.internal_credentials,
                                     default_replication=(c[cfg.DEFAULT_REPLICATION_FACTOR],
                                                          c[cfg.DEFAULT_MIN_INSYNC_REPLICAS]),
-                                    unclean_election=c[cfg.UNCLEAN_LEADER_ELECTION])
+                                    unclean_election=c[cfg.UNCLEAN_LEADER_ELECTION], orphans=orphan_timing(c))
             with self._lock:
                 mirror, self._mirror = self._mirror, None
             try:  # the mirror is exact once the epoch is bumped (no lease write can commit any more)
