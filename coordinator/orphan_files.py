@@ -46,7 +46,7 @@ import logging
 import re
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
@@ -71,8 +71,13 @@ Listing = dict[str, tuple[int, int]]
 
 
 def orphan_timing(config: cfg.Config) -> tuple[int, int]:
-    """(``kv.snapshot.orphan-grace``, ``kv.snapshot.orphan-check-interval``) in ms."""
-    return config[cfg.SNAPSHOT_ORPHAN_GRACE], config[cfg.SNAPSHOT_ORPHAN_CHECK_INTERVAL]
+    """(``kv.snapshot.orphan-grace``, ``kv.snapshot.orphan-check-interval``) in ms; a grace below two snapshot
+    intervals is warned about (an upload takes longer than that now and then: its files would go under it)."""
+    grace, interval = config[cfg.SNAPSHOT_ORPHAN_GRACE], config[cfg.SNAPSHOT_INTERVAL]
+    if grace < 2 * interval:
+        log.warning("kv.snapshot.orphan-grace (%d ms) is below two kv.snapshot.interval (%d ms): the orphan reclaim "
+                    "may delete the files of an upload still under way (its commit is then refused)", grace, interval)
+    return grace, config[cfg.SNAPSHOT_ORPHAN_CHECK_INTERVAL]
 
 
 @dataclass
@@ -149,7 +154,8 @@ class OrphanFiles:
         self.runs_done = 0
         self.last_run: dict = {}  # the figures of the last run done (also logged)
         self._run: _Run | None = None
-        self._deleted: dict[str, int] = {}  # path -> until when a commit naming it is refused (ms)
+        self._deleted: Counter[str] = Counter()  # paths a commit naming them is refused (each run's: _expiry)
+        self._expiry: deque[tuple[int, list[str]]] = deque()  # (until when, paths), oldest first
         self._closed = threading.Event()
         self._buffer = _Buffer(self._closed)
         self._lister = ThreadPoolExecutor(max_workers=1, thread_name_prefix="orphan-list")
@@ -160,8 +166,9 @@ class OrphanFiles:
     def tick(self) -> None:
         """Start a run when one is due; judge the listings that arrived; end the run once all is done."""
         now = self.clock_ms()
-        if self._deleted:
-            self._deleted = {p: until for p, until in self._deleted.items() if until > now}
+        while self._expiry and self._expiry[0][0] <= now:
+            self._deleted.subtract(self._expiry.popleft()[1])
+            self._deleted = +self._deleted  # the paths no run remembers any more leave
         run = self._run
         if run is None:
             if now >= self.next_run_ms and not self._closed.is_set():
@@ -181,7 +188,7 @@ class OrphanFiles:
     def deleted(self, path: str) -> bool:
         """Whether a run of this term deleted ``path`` (or is deleting it) within the last grace: a commit
         naming it is refused."""
-        return path in self._deleted
+        return self._deleted[path] > 0
 
     def _start(self, now: int) -> None:
         self._run = _Run(now)
@@ -209,9 +216,9 @@ class OrphanFiles:
             run.dropped_tables.append(table_id)
         if not doomed:
             return
-        until = now + self.grace_ms
-        for path, _size in doomed:
-            self._deleted[path] = until
+        paths = [path for path, _size in doomed]
+        self._deleted.update(paths)  # a path doomed again (its delete failed) is remembered until the later
+        self._expiry.append((now + self.grace_ms, paths))
         run.doomed += len(doomed)
         reason = "orphan" if live else "dropped_table"
         for start in range(0, len(doomed), DELETE_CHUNK):

@@ -18,17 +18,18 @@ from pathlib import Path
 import grpc
 import pytest
 
+from client.admin import AdminClient
 from client.table import TableClient
 from common import config as cfg
 from common import errors
 from common.model import SnapshotHandle
 from common.proto import tablet_pb2 as pb
 from common.proto import tablet_pb2_grpc as pbg
-from common.storage import open_storage
 from coordinator.notifier import LeadershipNotifier
 from coordinator.server import CoordinatorServer
 from ops.local_cluster import ServerProcess, free_ports
 from tests.support.procs import wait_until
+from tests.support.snapshot_manifests import storage_of
 from tests.tablet.replication.test_replicated_buckets import SCHEMA
 
 pytestmark = [pytest.mark.zk, pytest.mark.slow, pytest.mark.timeout(120)]
@@ -36,7 +37,7 @@ pytestmark = [pytest.mark.zk, pytest.mark.slow, pytest.mark.timeout(120)]
 TABLET = {"zookeeper.session-timeout": "1500ms", "replica.fetch.wait-max": "100ms",
           "replica.max-lag": "2s",  # the new leader drops the paused one from its ISR (the zombie's own try is refused)
           "kv.snapshot.interval": "1h",  # every snapshot is asked for by the test
-          "log.flush.fsync": False, "metrics.port": -1}
+          "log.flush.fsync": False}
 
 
 class HeldPushes:
@@ -112,21 +113,16 @@ def cluster(make_config, tmp_path, monkeypatch):
     tablets = Tablets(make_config, tmp_path)
     try:
         assert coordinator.wait_active(15)
-        from client.admin import AdminClient
-
         with AdminClient([coordinator.address], retry_total_s=20) as admin:
             for server_id in (1, 2):
                 tablets.start(server_id)
             wait_until(lambda: len(admin.list_tablet_servers()) == 2, 30, "two tablet servers")
-            yield admin, tablets, pushes, open_storage(make_config().get(cfg.REMOTE_DATA_DIR))
+            yield admin, tablets, pushes, storage_of(make_config())
     except BaseException:
         print(tablets.logs())
         raise
     finally:
-        for proc in tablets.procs.values():
-            if proc.alive():
-                proc.popen.send_signal(signal.SIGCONT)  # killed below either way
-        tablets.close()
+        tablets.close()  # kill -9, paused or not
         coordinator.stop()
 
 
