@@ -92,6 +92,27 @@ def test_a_second_upload_of_a_snapshot_id_deletes_nothing_of_the_first_even_when
         zombie.close()
 
 
+class ClaimReplyLost(FileStorage):
+    """The manifest's write lands, its reply is lost."""
+
+    def write_new(self, path, data):
+        super().write_new(path, data)
+        if path.endswith("/_METADATA"):
+            raise errors.StorageError(f"writing {path} timed out")
+
+
+def test_a_claim_whose_reply_was_lost_is_recognised_as_its_own(tmp_path):
+    storage = ClaimReplyLost(f"file://{tmp_path}/remote", fsync=False)
+    bucket = Bucket(tmp_path / "db")
+    try:
+        bucket.write(range(300))
+        handle = upload_and_commit(SnapshotUploader(storage, TB), lambda h: None, bucket.checkpoint(), 1,
+                                   bucket.offset, leader_epoch=2)
+        assert set(storage.list(f"kv/{TB.table_id}")) == handle.file_paths()
+    finally:
+        bucket.close()
+
+
 def test_an_upload_whose_leadership_ends_midway_stops_and_deletes_all_it_wrote(tmp_path, file_storage):  # noqa: F811
     bucket = Bucket(tmp_path / "db")
     try:
