@@ -73,6 +73,13 @@ def _parse_row_size(value: Any) -> int:
     return size
 
 
+def _parse_positive_duration(value: Any) -> int:
+    ms = parse_duration_ms(value)
+    if ms <= 0:
+        raise ValueError(f"{show(str(value).strip())} is not above zero")
+    return ms
+
+
 def _parse_int(value: Any) -> int:
     if isinstance(value, bool):
         raise ValueError(f"not an integer: {show(value)}")
@@ -163,6 +170,13 @@ LEASE_FAILOVER_GRACE = _key("kv.snapshot.lease.failover-grace", "30s", parse_dur
                            "extra time for leases that expired while no coordinator was active (granted once)")
 LEASE_MAX_DURATION = _key("kv.snapshot.lease.max-duration", "7d", parse_duration_ms,
                          "longest lease duration an acquire or renew may ask for")
+SNAPSHOT_ORPHAN_GRACE = _key("kv.snapshot.orphan-grace", "1h", _parse_positive_duration,
+                             "a remote snapshot file no stored snapshot names is deleted by the coordinator once "
+                             "it is this old: longer than any upload takes (a tablet server reuses its own "
+                             "uncommitted uploads for half of it); docs/snapshots.md")
+SNAPSHOT_ORPHAN_CHECK_INTERVAL = _key("kv.snapshot.orphan-check-interval", "1h", _parse_positive_duration,
+                                      "how often the coordinator lists each table's remote snapshot files (one "
+                                      "listing per table) to delete orphans and dropped tables' leftovers")
 
 # --- tablet servers --------------------------------------------------------------------
 TABLET_ID = _key("tablet.id", 0, _parse_int, "this tablet server's id (unique in the cluster)")
@@ -385,7 +399,7 @@ def to_toml(values: Mapping[str, Any]) -> str:
     for name, value in values.items():
         if isinstance(value, bool):
             text = "true" if value else "false"
-        elif isinstance(value, int) and name in KEYS and KEYS[name].parse is parse_duration_ms:
+        elif isinstance(value, int) and name in KEYS and KEYS[name].parse in (parse_duration_ms, _parse_positive_duration):
             text = f'"{value}ms"'  # a parsed duration; a bare number would be rejected
         elif isinstance(value, int):
             text = str(value)

@@ -5,8 +5,8 @@ Spark source fetch them through the remote storage interface and open them
 read-only. Layout under the storage root (also ``docs/snapshots.md``)::
 
     kv/{table_id}/{bucket}/shared/{sst}        SST files shared between snapshots
-    kv/{table_id}/{bucket}/snap-{id}/...       the snapshot's other files
-    kv/{table_id}/{bucket}/snap-{id}/_METADATA its manifest (JSON), written last
+    kv/{table_id}/{bucket}/snap-{id}/{tag}/... the snapshot's other files (the upload's own directory)
+    kv/{table_id}/{bucket}/snap-{id}/_METADATA its manifest (JSON), created first (docs/snapshots.md)
 
 Manifests written since issue 31 also carry, still as version 1 (older readers
 ignore them; older manifests lack them): each file's ``crc32`` (checked by a

@@ -39,6 +39,7 @@ from coordinator.lease_shell import LeaseShell
 from coordinator.loop import Item, settle
 from coordinator.membership import Membership, Notify
 from coordinator.moves import Moves
+from coordinator.orphan_files import OrphanFiles
 from coordinator.preferred_leaders import PreferredLeaders
 from coordinator.snapshot_checks import LeaderLogEnds, check_epoch
 from coordinator.snapshot_commits import SnapshotCommits
@@ -83,12 +84,14 @@ class Controller(Dispatcher):
                  grace_ms: int, clock_ms: Callable[[], int], metrics=None, notify: Notify | None = None,
                  tls: TlsFiles | None = None, credentials: tuple[str, str] | None = None,
                  default_replication: tuple[int, int] = (1, 1), unclean_election: bool = False,
-                 leader_rebalance: LeaderRebalance = LeaderRebalance(), leader_lease_ms: int = 4000) -> None:
+                 leader_rebalance: LeaderRebalance = LeaderRebalance(), leader_lease_ms: int = 4000,
+                 orphans: tuple[int, int] = (3_600_000, 3_600_000)) -> None:
         """``tls`` and ``credentials`` (the cluster's own): how commits' log ends are asked of leaders.
         ``default_replication``: (default.replication-factor, min.insync-replicas) of a table created without
         its own; ``unclean_election``: unclean.leader-election; ``leader_rebalance``: the automatic
         preferred-leader elections' settings; ``leader_lease_ms``: a tablet server's leader lease when its
-        registration does not say (coordinator/leader_leases.py)."""
+        registration does not say (coordinator/leader_leases.py); ``orphans``: (kv.snapshot.orphan-grace,
+        kv.snapshot.orphan-check-interval) in ms."""
         self.zk = zk
         self.storage = storage
         self.clock_ms = clock_ms
@@ -108,13 +111,18 @@ class Controller(Dispatcher):
         self.snapshot_commits = SnapshotCommits(
             zk, self.files, num_retained=num_retained, clock_ms=clock_ms,
             is_protected=self._is_protected,
-            holders=lambda tb, sid: self.leases.refs.holders(tb, sid))
+            holders=lambda tb, sid: self.leases.refs.holders(tb, sid),
+            reclaimed=lambda path: self.orphans.deleted(path))  # a commit naming a file the reclaim deleted
         self.tables = Tables(catalog, self.members, self.lease_shell, self.snapshot_commits, clock_ms,
                              default_replication)
         self.losses = DataLossShell(self.members, lambda: self.snapshots, clock_ms, metrics,
                                     on_resolved=lambda tb, losses: self.snapshot_commits.drop_lost_history(tb, losses))
         #: Commits' log-end checks (gRPC handler threads, never the loop), over channels kept while active.
         self.log_ends = LeaderLogEnds(tls=tls, credentials=credentials)
+        #: Remote files no stored snapshot names, deleted after a grace (its timer: the expiry tick).
+        self.orphans = OrphanFiles(storage, grace_ms=orphans[0], interval_ms=orphans[1], clock_ms=clock_ms,
+                                   catalog=lambda: self.catalog, snapshots=lambda: self.snapshots,
+                                   is_protected=self._is_protected, metrics=metrics)
 
     def _is_protected(self, tb: TableBucket, snapshot_id: int) -> bool:
         """Leased (or about to be), or of a table an unreadable lease names (it may hold any of them)."""
@@ -123,6 +131,7 @@ class Controller(Dispatcher):
                 or bool(store.unreadable) and tb.table_id in store.unreadable_tables())
 
     def close(self) -> None:
+        self.orphans.close()
         self.log_ends.close()
         self.lease_shell.close()
         self.files.close()
@@ -256,6 +265,7 @@ class Controller(Dispatcher):
         self.moves.tick()
         self.preferred.tick()
         self.losses.ends.flush()
+        self.orphans.tick()
         self.lease_shell.submit(event, future)
 
     # -- queries ---------------------------------------------------------------------------

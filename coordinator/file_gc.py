@@ -2,7 +2,9 @@
 
 A delete that fails is logged and left: whatever is left over is found again
 (snapshot files at the next change or failover, lease files as orphans at
-the next failover, a dropped table's files by listing ``kv/{table_id}/``).
+the next failover, a dropped table's files by listing ``kv/{table_id}/``), and
+any snapshot file no stored snapshot names by the orphan reclaim
+(``coordinator/orphan_files.py``) once it is older than ``kv.snapshot.orphan-grace``.
 """
 
 from __future__ import annotations

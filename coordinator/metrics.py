@@ -50,6 +50,14 @@ class CoordinatorMetrics(MetricsRegistry):
                                    "losses of committed changes an operator accepted, by kind (restore: bucket "
                                    "restore --accept-data-loss; unclean: bucket elect --unclean)", ["kind"],
                                    registry=r)
+        self.orphan_files_deleted = Counter(
+            "kvlease_coordinator_orphan_files_deleted",
+            "remote snapshot files the orphan reclaim deleted, by reason (orphan: named by no stored snapshot; "
+            "dropped_table: left by a dropped table), each older than kv.snapshot.orphan-grace", ["reason"],
+            registry=r)
+        self.orphan_bytes_deleted = Counter("kvlease_coordinator_orphan_bytes_deleted",
+                                            "bytes of the files the orphan reclaim deleted, by reason", ["reason"],
+                                            registry=r)
         self._tables: set[str] = set()
 
     def set_lease_counts(self, leases: int, leased_snapshots: int, per_table_leases: dict[int, int],

@@ -36,6 +36,7 @@ from coordinator.fencing import FencedWriter, bump_epoch
 from coordinator.loop import EventLoop
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.notifier import LeadershipNotifier
+from coordinator.orphan_files import orphan_timing
 from coordinator import requests as rq
 from coordinator.security_service import SecurityService
 from coordinator.service import INTERNAL_METHODS, CoordinatorService
@@ -225,7 +226,8 @@ class CoordinatorServer:
                           leader_rebalance=LeaderRebalance(c[cfg.AUTO_LEADER_REBALANCE],
                                                            c[cfg.LEADER_IMBALANCE_CHECK_INTERVAL],
                                                            c[cfg.LEADER_IMBALANCE_PER_SERVER_PERCENTAGE]),
-                          leader_lease_ms=c[cfg.ZK_SESSION_TIMEOUT])  # a bound: a tablet's lease is shorter
+                          leader_lease_ms=c[cfg.ZK_SESSION_TIMEOUT],  # a bound: a tablet's lease is shorter
+                          orphans=orphan_timing(c))
 
     def _lead(self) -> None:
         if self._stopping.is_set():

@@ -21,20 +21,26 @@ when:
   leader answers ListOffsets (:class:`LeaderLogEnds`, one round trip per
   commit over a channel kept per leader, also in the handler's thread). A bucket with no live leader has no
   end to compare with; its commit is judged by its manifest alone.
-- it is of the bucket's present history (:func:`check_epoch`, pure, on the
-  loop): taken under a leader epoch no older than the bucket's latest accepted
-  data loss, by one of its replicas. A deposed leader still running after an
-  unclean election or a restore (a zombie: paused, cut off) would otherwise
-  commit a snapshot of the history the loss gave up, kept and served to
-  readers and rebuilds. Only losses fence: a snapshot of an older epoch of the
-  same history (a clean leader change, a move's epoch bump) holds committed
-  data and is taken. A commit that does not say (an older tablet server) is
-  taken as before.
+- it is of the bucket's present leadership (:func:`check_epoch`, pure, on the
+  loop): taken by one of its replicas, under a leader epoch no older than the
+  bucket's current one (and so none older than its latest accepted data
+  loss). A deposed leader still running (a zombie: paused past its session,
+  cut off) would otherwise commit a snapshot the new leader never took, with
+  the id the new leader takes next; after an unclean election or a restore
+  it would even be a snapshot of the history the loss gave up. A snapshot of
+  the leader's own epoch that a clean leader change overtook is refused too:
+  the new leader takes the next one. A commit that does not say its epoch (an
+  older tablet server) is taken as before.
+- none of its files was deleted by the coordinator's orphan reclaim
+  (:func:`check_not_reclaimed`, on the loop: ``coordinator/orphan_files.py``).
+  The listing above ran before the commit reached the loop; a file the
+  reclaim judged an orphan in between is gone (or going) all the same.
 """
 
 from __future__ import annotations
 
 import threading
+from typing import Callable
 
 import grpc
 
@@ -64,20 +70,38 @@ def check_paths(handle: SnapshotHandle) -> None:
 
 def check_epoch(handle: SnapshotHandle, state: BucketAssignment, leader_epoch: int | None,
                 server_id: int | None) -> None:
-    """Raises FencedLeaderEpochError when ``leader_epoch`` (the epoch the snapshot was taken under; None:
-    not said) is older than the leader epoch of the bucket's latest accepted loss (``state.losses``), or
-    ``server_id`` (None: not said) is not one of its replicas."""
+    """Raises FencedLeaderEpochError when ``server_id`` (None: not said) is not one of the bucket's replicas,
+    or ``leader_epoch`` (the epoch the snapshot was taken under; None: not said) is older than the bucket's
+    current leader epoch; the message names the latest accepted loss (``state.losses``) when the epoch is
+    older than that too."""
     what = f"snapshot {handle.snapshot_id} of bucket {handle.bucket}"
     if server_id is not None and server_id not in state.replicas:
         raise errors.FencedLeaderEpochError(
             f"{what} is refused: tablet server {server_id} is not one of the bucket's replicas "
             f"{list(state.replicas)}", leader_epoch=state.leader_epoch)
+    if leader_epoch is None or leader_epoch >= state.leader_epoch:
+        return
     loss = max(state.losses, key=lambda lost: lost.leader_epoch, default=None)
-    if leader_epoch is not None and loss is not None and leader_epoch < loss.leader_epoch:
+    if loss is not None and leader_epoch < loss.leader_epoch:
         raise errors.FencedLeaderEpochError(
             f"{what} is refused: it was taken under leader epoch {leader_epoch}, before the bucket's data loss "
             f"at leader epoch {loss.leader_epoch} ({loss.describe()}): it holds a history the bucket no longer "
             f"has", leader_epoch=state.leader_epoch)
+    raise errors.FencedLeaderEpochError(
+        f"{what} is refused: it was taken under leader epoch {leader_epoch}, the bucket is led at epoch "
+        f"{state.leader_epoch} now (by tablet server {state.leader}): a deposed leader's snapshot",
+        leader_epoch=state.leader_epoch)
+
+
+def check_not_reclaimed(handle: SnapshotHandle, deleted: Callable[[str], bool]) -> None:
+    """Raises InvalidSnapshotError naming the first file of the snapshot the orphan reclaim deleted
+    (``deleted(path)``), as :func:`check_files` names one that is missing."""
+    for path in sorted(handle.file_paths()):
+        if deleted(path):
+            raise errors.InvalidSnapshotError(
+                f"snapshot {handle.snapshot_id} of bucket {handle.bucket} is not committed: its file {path} "
+                f"on remote storage was deleted as an orphan (older than kv.snapshot.orphan-grace, named by "
+                f"no stored snapshot; the next snapshot uploads it again)", path=path)
 
 
 def check_manifest(storage: RemoteStorage, handle: SnapshotHandle) -> None:

@@ -5,7 +5,9 @@ The rules (retention, subsumption, shared files) are the pure
 decisions to ``/snapshots/...`` (epoch-fenced) and hands the files no kept
 snapshot uses to the :class:`~coordinator.file_gc.FileCollector`. A snapshot
 that is neither retained nor leased is deleted as soon as that becomes true:
-on commit, and whenever leases free snapshots.
+on commit, and whenever leases free snapshots. Files no stored snapshot ever
+named (orphans) are :mod:`coordinator.orphan_files`'s; a commit naming one it
+deleted is refused.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from common.tables import TableInfo
 from common.zk import ZkOp, dumps, loads
 from coordinator.fencing import MAX_OPS_PER_MULTI, FencedWriter, check_write_size
 from coordinator.file_gc import FileCollector
-from coordinator.snapshot_checks import check_paths
+from coordinator.snapshot_checks import check_not_reclaimed, check_paths
 from coordinator.snapshots import IsLeased, SnapshotStore
 
 log = logging.getLogger(__name__)
@@ -34,8 +36,11 @@ SnapshotRow = tuple[SnapshotHandle, tuple[str, ...], bool]
 
 class SnapshotCommits:
     def __init__(self, zk: KazooClient, files: FileCollector, *, num_retained: int, clock_ms: Callable[[], int],
-                 is_protected: IsLeased, holders: Callable[[TableBucket, int], Iterable[str]]) -> None:
+                 is_protected: IsLeased, holders: Callable[[TableBucket, int], Iterable[str]],
+                 reclaimed: Callable[[str], bool] = lambda path: False) -> None:
+        """``reclaimed(path)``: the orphan reclaim deleted the file (``coordinator/orphan_files.py``)."""
         self.zk = zk
+        self.reclaimed = reclaimed
         self.files = files
         self.clock_ms = clock_ms
         self.is_protected = is_protected  # leased, or about to be (a lease write in flight names it)
@@ -65,9 +70,11 @@ class SnapshotCommits:
         if handle.bucket.partition_id is not None or not 0 <= handle.bucket.bucket < table.buckets:
             raise errors.BucketOutOfRangeError(f"bucket {handle.bucket} does not exist in table {table.path}")
         check_paths(handle)  # its files are deleted when it is reclaimed: never any outside its bucket
-        if not self.store.check_commit(handle):
+        if self.store.is_stored(handle):
             return  # the same snapshot again: an idempotent retry
-        fence()
+        fence()  # first: a deposed leader is told so (it deletes its upload), whatever else is wrong
+        check_not_reclaimed(handle, self.reclaimed)
+        self.store.check_commit(handle)
         if not handle.commit_time_ms:
             handle = SnapshotHandle(handle.bucket, handle.snapshot_id, handle.log_offset, handle.metadata_path,
                                     handle.files, self.clock_ms())

@@ -78,16 +78,21 @@ class SnapshotStore:
 
     # -- changes ---------------------------------------------------------------------
 
+    def is_stored(self, handle: SnapshotHandle) -> bool:
+        """This exact snapshot is stored already (its commit is sent again)."""
+        existing = self.get(handle.bucket, handle.snapshot_id)
+        return existing is not None and (existing.log_offset, existing.metadata_path, existing.files) == (
+            handle.log_offset, handle.metadata_path, handle.files)
+
     def check_commit(self, handle: SnapshotHandle) -> bool:
         """False if this exact snapshot is already stored (an idempotent retry).
 
         Raises InvalidSnapshotError if it conflicts with what is stored.
         """
+        if self.is_stored(handle):
+            return False
         existing = self.get(handle.bucket, handle.snapshot_id)
         if existing is not None:
-            if (existing.log_offset, existing.metadata_path, existing.files) == (
-                    handle.log_offset, handle.metadata_path, handle.files):
-                return False
             raise errors.InvalidSnapshotError(
                 f"snapshot {handle.snapshot_id} of bucket {handle.bucket} already committed with other content")
         latest = self.latest(handle.bucket)

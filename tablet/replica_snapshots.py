@@ -4,9 +4,13 @@
 A snapshot is taken by a bucket's leader only, from committed state (its
 RocksDB holds nothing above the HW): RocksDB checkpoint -> upload of the SST
 files the last committed snapshot does not have + a manifest ->
-CommitKvSnapshot. Changelog retention is the same on every replica (any of
-them may lead next): segments below the lowest kept snapshot's log offset and
-older than ``log.retention`` go.
+CommitKvSnapshot. Before each step after the checkpoint (the upload's claim
+of the id, every file, the commit) :func:`still_leads` asks whether this
+server still leads the bucket at the epoch the checkpoint was taken under; a
+deposed leader stops and deletes what it uploaded (``docs/snapshots.md``).
+Changelog retention is the same on every replica (any of them may lead next):
+segments below the lowest kept snapshot's log offset and older than
+``log.retention`` go.
 """
 
 from __future__ import annotations
@@ -23,6 +27,23 @@ from common.model import SnapshotHandle
 from tablet.snapshot import upload_and_commit
 
 log = logging.getLogger(__name__)
+
+
+def still_leads(replica: Replica, leader_epoch: int) -> None:
+    """Raises NotLeaderError unless this server still leads ``replica`` at ``leader_epoch`` (the epoch its
+    snapshot's checkpoint was taken under). The one check a snapshot makes before each of its steps, from
+    what this server knows: a push that deposed it or named a newer epoch, a replica closed under it.
+
+    A leader paused past its ZooKeeper session learns it was deposed only from the next push; until then
+    the coordinator refuses its commit (its epoch is older than the bucket's) and its files carry names of
+    their own. A leader lease checked on a monotonic clock (issue 39) belongs here too."""
+    role = replica.role
+    if (replica.closed or not replica.leads or replica.store.following
+            or (role is not None and role.leader_epoch != leader_epoch)):
+        raise errors.NotLeaderError(
+            f"this tablet server no longer leads bucket {replica.bucket} of table {replica.table.table_id} at "
+            f"leader epoch {leader_epoch} (its snapshot stops)", table_id=replica.table.table_id,
+            bucket=replica.bucket)
 
 
 class ReplicaSnapshots:
@@ -90,12 +111,14 @@ class ReplicaSnapshots:
             try:
                 log_offset, epoch = replica.store.leader_checkpoint(target)  # the coordinator fences by epoch
                 writers = replica.store.writer_batches(log_offset)  # a replica rebuilt from it knows them
+                said = epoch if epoch >= 0 else None
 
                 def commit(handle: SnapshotHandle) -> None:
-                    self.admin.commit_kv_snapshot(handle, leader_epoch=epoch if epoch >= 0 else None,
-                                                  server_id=self.server_id)
+                    self.admin.commit_kv_snapshot(handle, leader_epoch=said, server_id=self.server_id)
 
-                handle = upload_and_commit(replica.uploader, commit, target, snapshot_id, log_offset, writers)
+                handle = upload_and_commit(replica.uploader, commit, target, snapshot_id, log_offset, writers,
+                                           leader_epoch=said, check=lambda: still_leads(replica, epoch),
+                                           reuse_pending_ms=self.config[cfg.SNAPSHOT_ORPHAN_GRACE] // 2)
             finally:
                 shutil.rmtree(target, ignore_errors=True)
             replica.snapshot_offset = log_offset

@@ -54,6 +54,21 @@ class RemoteStorage(abc.ABC):
         (the implementations override this default, which reads every object). Raises StorageError."""
         return {path: len(self.read(path)) for path in self.list(prefix)}
 
+    def list_stats(self, prefix: str) -> dict[str, tuple[int, int]]:
+        """``{path: (size in bytes, last modified in ms since the epoch)}`` of every object under ``prefix``
+        (recursive), from one listing: what the coordinator's orphan reclaim ages files by
+        (``coordinator/orphan_files.py``). Raises StorageError, also where the storage cannot say (this
+        default): an age is never guessed."""
+        raise StorageError(f"{self.uri} cannot list modification times")
+
+    def list_dirs(self, prefix: str) -> list[str]:
+        """The names of the directories right under ``prefix`` (sorted; an object's path segments count as
+        directories). This default lists everything under ``prefix``; the implementations override it with
+        one shallow listing. Raises StorageError."""
+        base = prefix.strip("/") + "/"
+        return sorted({path[len(base):].split("/", 1)[0] for path in self.list(prefix)
+                       if path.startswith(base) and "/" in path[len(base):]})
+
     @abc.abstractmethod
     def exists(self, path: str) -> bool:
         """Whether the object exists. Raises StorageError."""

@@ -248,5 +248,29 @@ class FileStorage(RemoteStorage):
                 raise self._fail("stat", path, exc) from None
         return found
 
+    def list_stats(self, prefix: str) -> dict[str, tuple[int, int]]:
+        """One walk, a ``stat`` per file (its ``st_mtime``: a write moves the finished file into place, so
+        that is when it was written); a file deleted meanwhile is left out."""
+        found = {}
+        for path, local in self._files(prefix):
+            try:
+                st = os.stat(local)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise self._fail("stat", path, exc) from None
+            found[path] = (st.st_size, st.st_mtime_ns // 1_000_000)
+        return found
+
+    def list_dirs(self, prefix: str) -> list[str]:
+        base = os.path.join(self.root, prefix.strip("/")) if prefix.strip("/") else self.root
+        try:
+            with os.scandir(base) as entries:
+                return sorted(e.name for e in entries if e.is_dir(follow_symlinks=False))
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise self._fail("list", prefix, exc) from None
+
     def exists(self, path: str) -> bool:
         return os.path.isfile(self._full(path))

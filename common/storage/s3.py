@@ -183,17 +183,41 @@ class S3Storage(RemoteStorage):
         """One ``ListObjectsV2`` listing (a page per 1,000 objects)."""
         return self._objects(prefix)
 
-    def _objects(self, prefix: str) -> dict[str, int]:
+    def list_stats(self, prefix: str) -> dict[str, tuple[int, int]]:
+        """One ``ListObjectsV2`` listing; an object's time is its ``LastModified`` (a multipart upload's is
+        when it began, so an object never looks younger than it is)."""
+        return {path: (obj["Size"], int(obj["LastModified"].timestamp() * 1000))
+                for path, obj in self._listing(prefix).items()}
+
+    def list_dirs(self, prefix: str) -> list[str]:
+        """One ``ListObjectsV2`` listing with ``Delimiter='/'``: a page per 1,000 directories, none per object."""
         from botocore.exceptions import BotoCoreError, ClientError
 
-        clean = prefix.strip("/")
-        key_prefix = "/".join(p for p in (self.prefix, clean) if p)
-        if key_prefix:
-            key_prefix += "/"
+        key_prefix = self._key_prefix(prefix)
+        names = []
+        try:
+            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=key_prefix,
+                                                                              Delimiter="/"):
+                names += [common["Prefix"][len(key_prefix):].rstrip("/") for common in page.get("CommonPrefixes", [])]
+        except (ClientError, BotoCoreError) as exc:
+            raise self._fail("list", prefix, exc) from None
+        return sorted(names)
+
+    def _key_prefix(self, prefix: str) -> str:
+        key_prefix = "/".join(p for p in (self.prefix, prefix.strip("/")) if p)
+        return key_prefix + "/" if key_prefix else key_prefix
+
+    def _objects(self, prefix: str) -> dict[str, int]:
+        return {path: obj["Size"] for path, obj in self._listing(prefix).items()}
+
+    def _listing(self, prefix: str) -> dict[str, dict]:
+        from botocore.exceptions import BotoCoreError, ClientError
+
         found = {}
         try:
-            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=key_prefix):
-                found.update((self._rel(obj["Key"]), obj["Size"]) for obj in page.get("Contents", []))
+            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket,
+                                                                              Prefix=self._key_prefix(prefix)):
+                found.update((self._rel(obj["Key"]), obj) for obj in page.get("Contents", []))
         except (ClientError, BotoCoreError) as exc:
             raise self._fail("list", prefix, exc) from None
         return found

@@ -317,3 +317,21 @@ def test_file_storage_copies_files_without_reading_them_into_memory_and_says_wha
         storage.download_file("kv/1/0/shared/big.sst", str(tmp_path / "no-such-dir" / "x.sst"))
     with pytest.raises(StorageNotFound):
         storage.download_file("kv/1/0/shared/gone.sst", str(tmp_path / "gone.sst"))
+
+
+def test_list_stats_gives_each_objects_size_and_age_and_list_dirs_the_directories_below(storage):
+    import time
+
+    before_ms = int(time.time() * 1000) - 2000  # S3's LastModified has whole seconds; clocks may differ a little
+    storage.put("kv/1/0/shared/a.sst", b"aaa")
+    storage.put("kv/1/0/snap-2/_METADATA", b"{}")
+    storage.put("kv/12/3/snap-4/e1-0a1b2c3d/CURRENT", b"")
+    storage.put("kv/notes.txt", b"x")
+    after_ms = int(time.time() * 1000) + 2000
+    stats = storage.list_stats("kv/1")
+    assert {path: size for path, (size, _ms) in stats.items()} == {"kv/1/0/shared/a.sst": 3,
+                                                                   "kv/1/0/snap-2/_METADATA": 2}
+    assert all(before_ms <= ms <= after_ms for _size, ms in stats.values()), stats
+    assert storage.list_dirs("kv") == ["1", "12"]  # the object beside them is no directory
+    assert storage.list_dirs("kv/12/3") == ["snap-4"]
+    assert storage.list_dirs("kv/nothing") == [] and storage.list_stats("kv/nothing") == {}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import os
+import re
 import random
 import time
 
@@ -82,8 +83,9 @@ def assert_handle_matches_storage(storage: RemoteStorage, handle, checkpoint_dir
         assert len(storage.read(f.path)) == f.size
         if f.local_name.endswith(".sst"):
             assert f.path.startswith(ks.shared_dir(TB) + "/")
-        else:
-            assert f.path == f"{ks.snapshot_dir(TB, manifest.snapshot_id)}/{f.local_name}"
+        else:  # in the upload's own directory, named by the leader epoch and a random token
+            assert re.fullmatch(rf"{ks.snapshot_dir(TB, manifest.snapshot_id)}/e-?\d+-[0-9a-f]{{8}}/"
+                                rf"{re.escape(f.local_name)}", f.path), f.path
 
 
 class FailingStorage(RemoteStorage):

@@ -10,6 +10,7 @@ import pytest
 
 from client.table import TableClient
 from common import errors, zkpaths
+from tablet.snapshot import upload_of
 from tests.support.procs import wait_until
 from tests.support.snapshot_manifests import storage_of
 from tests.tablet.replication.test_replicated_buckets import (FAST, SCHEMA, bucket_state, server_by_id, three_servers,
@@ -60,4 +61,5 @@ def test_a_zombie_leaders_snapshot_of_the_lost_history_is_refused_and_deleted(ma
         storage = storage_of(c.make_config(c.overrides))
         assert storage.list(f"kv/{table.table_id}/0/snap-{snapshot_id}") == []  # its upload is deleted
         assert all(storage.exists(path) for path in first.file_paths())  # the kept one's files stay (shared SSTs)
-        assert not [p for p in storage.list(f"kv/{table.table_id}/0/shared") if p.endswith(f"-s{snapshot_id}.sst")]
+        assert not [p for p in storage.list(f"kv/{table.table_id}/0/shared")  # nor any SST it alone uploaded
+                    if (upload_of(p) or (None,))[0] == snapshot_id]
