@@ -9,6 +9,7 @@ import json
 import pytest
 
 from client.table import TableClient
+from common import errors
 from tests.support.cli_runner import assert_one_line_error, run
 from tests.support.procs import wait_until
 from tests.tablet.replication.test_data_loss_cluster import cluster, two_in_sync  # noqa: F401
@@ -65,3 +66,35 @@ def test_a_put_that_failed_after_writing_some_rows_says_how_many_were_written(cl
     assert (f"(writing lines 1-30: {written} of their 30 row(s) were written, the other {30 - written} were not; "
             f"{written} row(s) written in all)") in line, line
     assert f"tablet server {down}, is not live" in line
+
+
+def test_a_failed_write_counts_the_rows_each_bucket_acknowledged_before_it_failed(cluster, tmp_path, monkeypatch):
+    """A bucket's rows go in several requests (each at most MAX_REQUEST_BYTES); its third request fails (a
+    fault injected on the way to the real server): the error counts the rows of its first two, and of the
+    other bucket, which were written, as the rows found afterwards show."""
+    from client import table as table_module
+
+    c = cluster
+    c.tablet(1, tmp_path / "t1")
+    c.admin.create_table("db.chunks", SCHEMA, ["id"], 2)
+    monkeypatch.setattr(table_module, "MAX_REQUEST_BYTES", 200)
+    call = TableClient._call_bucket
+    sent: dict[int, int] = {}
+
+    def third_of_bucket_0_fails(self, bucket, method, request, **kwargs):
+        sent[bucket] = sent.get(bucket, 0) + 1
+        if method == "PutKv" and bucket == 0 and sent[bucket] == 3:
+            raise errors.InvalidRequestError("injected: the third request of bucket 0 fails")
+        return call(self, bucket, method, request, **kwargs)
+
+    rows = [{"id": i, "v": "x" * 20} for i in range(40)]
+    with TableClient(c.admin, "db.chunks") as client:
+        parts = {bucket: part for bucket, part, _ in client.split(client.codec.to_batch(rows))}
+        monkeypatch.setattr(TableClient, "_call_bucket", third_of_bucket_0_fails)
+        with pytest.raises(errors.InvalidRequestError) as raised:
+            client.upsert(rows)
+        monkeypatch.setattr(TableClient, "_call_bucket", call)
+        counted = raised.value.details["written_rows"]
+        found = {b: sum(r is not None for r in client.lookup(part.select(["id"]))) for b, part in parts.items()}
+    assert counted == found and counted[1] == parts[1].num_rows and 0 < counted[0] < parts[0].num_rows
+    assert set(raised.value.details["written"]) == {1}  # the buckets written whole
