@@ -105,16 +105,8 @@ class BucketRouter:
         leader = routing.leaders.get(bucket)
         if leader is None or not leader.leader_address:
             self.stale(routing)
-            if leader is not None and leader.offline_reason:
-                who = (f"offline: {leader.offline_reason}; an operator brings it back with `kvlease bucket restore "
-                       "--accept-data-loss` (or `kvlease bucket elect --unclean`)")
-            elif leader is None or leader.leader_id < 0:
-                who = ("no leader assigned (no tablet server with room to lead it is live: start one, and it takes "
-                       "the bucket when it registers)")
-            else:
-                who = f"its leader, tablet server {leader.leader_id}, is not live"
-            raise errors.LeaderNotAvailableError(f"bucket {bucket} of table {routing.table.path}: {who}",
-                                                 bucket=bucket)
+            why = _why_no_leader(leader)
+            raise errors.LeaderNotAvailableError(f"bucket {bucket} of table {routing.table.path}: {why}", bucket=bucket)
         return leader.leader_address
 
     def leader_epoch(self, routing: Routing, bucket: int) -> int | None:
@@ -145,6 +137,34 @@ class BucketRouter:
 
     def route(self, bucket: int) -> "BucketRoute":
         return BucketRoute(self, bucket)
+
+
+def _servers(ids) -> str:
+    ids = list(ids)
+    return f"tablet server {ids[0]}" if len(ids) == 1 else f"tablet servers {', '.join(map(str, ids))}"
+
+
+def _why_no_leader(leader) -> str:
+    """Why a bucket (a :class:`client.admin.BucketLeader`, None: not in the assignment) has no live leader, as
+    the coordinator's assignment tells it (docs/architecture.md, "Replication")."""
+    if leader is not None and leader.offline_reason:
+        return (f"offline: {leader.offline_reason}; an operator brings it back with `kvlease bucket restore "
+                "--accept-data-loss` (or `kvlease bucket elect --unclean`)")
+    if leader is not None and leader.leader_id < 0 and leader.isr:
+        # its in-sync replicas are all gone: the ISR is kept, and the first of them to return leads
+        others = [r for r in leader.replicas if r not in leader.isr]
+        one = len(leader.isr) == 1
+        why = (f"offline: it waits for its last in-sync replica{'' if one else 's'}, {_servers(leader.isr)}, to "
+               f"come back (start {'it' if one else 'one of them'})")
+        if others:
+            why += (f"; {_servers(others)} {'is' if len(others) == 1 else 'are'} not in sync: "
+                    f"`kvlease bucket elect --unclean` lets {'it' if len(others) == 1 else 'one of them'} lead, "
+                    f"losing the changes only {_servers(leader.isr)} {'has' if one else 'have'}")
+        return why
+    if leader is None or leader.leader_id < 0:
+        return ("no leader assigned (no tablet server with room to lead it is live: start one, and it takes "
+                "the bucket when it registers)")
+    return f"its leader, tablet server {leader.leader_id}, is not live"
 
 
 class BucketRoute:

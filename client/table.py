@@ -9,7 +9,9 @@ Writes and lookups are split by bucket client-side (``RowCodec.encode_keys``
 + ``bucket_of_keys``, then one Arrow ``take``) and sent as one request per
 bucket, in parallel on a small thread pool. There is no atomicity across
 buckets: when one bucket fails after others succeeded, the error carries the
-buckets that were written in ``details["written"]``.
+buckets that were written in ``details["written"]`` and how many rows of each
+bucket were acknowledged (a failed bucket's first requests too) in
+``details["written_rows"]``.
 
 Routing: ``NOT_LEADER``, ``FENCED_LEADER_EPOCH``, ``LEADER_NOT_AVAILABLE`` and an
 unreachable server mark the cached assignment stale; the next attempt fetches it
@@ -219,6 +221,7 @@ class TableClient(LogOffsets):
     def _write(self, batch: pa.RecordBatch, field: str) -> dict[int, tuple[int, int]]:
         parts = self.split(batch)
         table_id = self.table.table_id
+        acked: dict[int, int] = {}  # bucket -> rows acknowledged
 
         def write_bucket(part) -> tuple[int, int]:
             bucket, rows, _ = part
@@ -229,6 +232,7 @@ class TableClient(LogOffsets):
                     response = writer.send(request, lambda watch: self._call_bucket(
                         bucket, "PutKv", request, idempotent=True, fenced=True, watch=watch))
                     offsets.append((response.base_offset, response.next_offset))
+                    acked[bucket] = acked.get(bucket, 0) + chunk.num_rows
             return offsets[0][0], offsets[-1][1]
 
         results = self.map_parallel(write_bucket, parts)
@@ -239,6 +243,7 @@ class TableClient(LogOffsets):
             if isinstance(error, errors.KvLeaseError):
                 error.details.setdefault("bucket", bucket)
                 error.details["written"] = written
+                error.details["written_rows"] = dict(acked)
             raise error
         return written
 

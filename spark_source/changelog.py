@@ -15,6 +15,16 @@ with (None: not checked), each later one by the last entry read. After a
 restore or an unclean election reused offsets the split read (or was planned
 to start after), the fetch fails with DataLostError and nothing of it is
 returned: the split never hands on other changes under offsets it read.
+
+The range's own entries are checked against the plan too: every entry below
+``end`` was written under a leader epoch no newer than the one below ``end``
+as planned (``end_epoch``; one leader writes under an epoch, and epochs only
+grow along a log). An entry under a newer one means that the log below
+``end`` is no longer the one planned: a loss reused offsets of the range for
+other changes after the plan (a restore starting at or inside the range, an
+out-of-sync replica elected). That fails with DataLostError naming the
+offsets before the entry is handed on: a split never returns other rows than
+the ones its range held when it was planned.
 """
 
 from __future__ import annotations
@@ -50,10 +60,11 @@ def _fetch(table: TableClient, bucket: int, offset: int, epoch: int | None) -> l
     return entries
 
 
-def read_entries(table: TableClient, bucket: int, start: int, end: int,
-                 start_epoch: int | None = None) -> Iterator[LogEntry]:
+def read_entries(table: TableClient, bucket: int, start: int, end: int, start_epoch: int | None = None,
+                 end_epoch: int | None = None) -> Iterator[LogEntry]:
     """The entries of ``[start, end)``, the last one cut at ``end``; ``start_epoch``: the leader epoch of the
-    entry just below ``start`` (see the module docstring)."""
+    entry just below ``start``, ``end_epoch``: the one below ``end`` as planned (or bounds of them; None: not
+    checked; see the module docstring)."""
     position = LogPosition(start, start_epoch)
     while position.offset < end:
         offset = position.offset
@@ -69,11 +80,23 @@ def read_entries(table: TableClient, bucket: int, start: int, end: int,
         for entry in entries:
             if entry.base_offset >= end:
                 return
+            if end_epoch is not None and entry.leader_epoch > end_epoch:
+                raise _rewritten(table, bucket, entry, end, end_epoch)
             if entry.next_offset > end:
                 entry = dataclasses.replace(entry, records=entry.records.slice(0, end - entry.base_offset))
             if entry.count:
                 yield entry
         position = position.after(entries)
+
+
+def _rewritten(table: TableClient, bucket: int, entry: LogEntry, end: int, end_epoch: int) -> errors.DataLostError:
+    first = entry.base_offset
+    return errors.DataLostError(
+        f"bucket {bucket} of {table.table.path}: offsets {first}..{end - 1} were planned when the entry below "
+        f"offset {end} had leader epoch {end_epoch}, but the bucket's log holds other changes there now (written "
+        f"under leader epoch {entry.leader_epoch}): it was restored from an older snapshot or led by an "
+        f"out-of-sync replica, and reuses them for other changes; start the reader again from a new position",
+        bucket=bucket, from_offset=first, position=end)
 
 
 def final_states(entries: Iterator[LogEntry]) -> dict[bytes, bytes | None]:

@@ -115,12 +115,14 @@ def plan_bootstrap(admin: AdminClient, table: TableClient, options: Options, lea
         return [LiveSplit(b) for b in range(info.buckets)]
     held = acquire_latest(admin, info, lease_id, options, owner=owner, sleep=sleep)
     try:
-        ends = {b: latest for b, (_, latest) in table.list_offsets().items()}
+        ends = table.end_positions()
     except BaseException:
         give_back(admin, info, lease_id, held, owner)
         raise
-    return [HybridSplit(b, held[b].snapshot_id, ends[b], lease_id, release, owner) if b in held
-            else LogSplit(b, 0, ends[b], as_state=True) for b in range(info.buckets)]
+    # the end's epoch fences each read, from its first fetch on (client/log_position.py: a bound)
+    return [HybridSplit(b, held[b].snapshot_id, ends[b].offset, lease_id, release, owner, ends[b].epoch) if b in held
+            else LogSplit(b, 0, ends[b].offset, as_state=True, start_epoch=ends[b].epoch, end_epoch=ends[b].epoch)
+            for b in range(info.buckets)]
 
 
 def start_offsets(table: TableClient, options: Options) -> dict[int, int]:
@@ -145,33 +147,61 @@ def start_positions(table: TableClient, options: Options) -> dict[int, LogPositi
     return table.positions(starts)
 
 
-def fence_pieces(table: TableClient, splits: list[LogSplit], first: Mapping[int, int | None]) -> list[LogSplit]:
-    """``splits`` (:func:`log_splits_for`: each bucket's range in pieces, in order) with the leader epoch
-    of the entry just below each start: ``first[bucket]`` for a bucket's first piece (the epoch its range's
-    start was planned with; None: not known), the epoch there now for a later piece (one ListOffsets,
-    ``TableClient.epochs_at``). The piece before reads that entry: a loss reusing it before the piece's
-    first fetch refuses the fetch with DATA_LOST instead of serving other changes after it."""
+def fence_pieces(table: TableClient, splits: list[LogSplit], starts: Mapping[int, int | None],
+                 ends: Mapping[int, int | None]) -> list[LogSplit]:
+    """``splits`` (:func:`log_splits_for`: each bucket's range in pieces, in order) with the leader epochs that
+    fence their reads (``client/log_position.py``, ``spark_source/changelog.py``).
+
+    ``end_epoch``: ``ends[bucket]``, the epoch of the entry below the range's end as planned (None: not known,
+    an offset written before epochs: asked now). ``start_epoch``: the epoch of the entry just below the piece's
+    start: ``starts[bucket]`` for a bucket's first piece (the epoch its range's start was planned with), the
+    epoch there now for a later piece (``TableClient.epochs_at``: one ListOffsets for the pieces and the
+    unknown ends). Where that is not known (a first piece at the log's start or from a checkpoint written
+    before epochs) or the leader cannot tell it (a later piece above its high watermark: a leader that just
+    took over and has not caught up yet, or a log that lost it), the piece starts with the end's epoch: a
+    bound of the same history, which fences as well (``client/log_position.py``). The piece before reads the
+    entries below a start: a loss reusing them before the piece's first fetch refuses the fetch with
+    DATA_LOST instead of serving other changes after it."""
     firsts: dict[int, int] = {}
-    later: dict[int, list[int]] = {}
+    last: dict[int, int] = {}  # each bucket's range end
+    asked_at: dict[int, list[int]] = {}
     for split in splits:
         if split.bucket in firsts:
-            later.setdefault(split.bucket, []).append(split.start)
+            asked_at.setdefault(split.bucket, []).append(split.start)
         else:
             firsts[split.bucket] = split.start
-    asked = table.epochs_at(later) if later else {}
-    return [dataclasses.replace(split, start_epoch=first.get(split.bucket) if split.start == firsts[split.bucket]
-                                else asked[split.bucket][split.start]) for split in splits]
+        last[split.bucket] = split.end
+    for bucket, end in last.items():
+        if ends.get(bucket) is None:
+            asked_at.setdefault(bucket, []).append(end)
+    asked = table.epochs_at(asked_at) if asked_at else {}
+    out = []
+    for split in splits:
+        end_epoch = ends.get(split.bucket)
+        if end_epoch is None:
+            end_epoch = asked[split.bucket][last[split.bucket]]
+        start_epoch = (starts.get(split.bucket) if split.start == firsts[split.bucket]
+                       else asked[split.bucket][split.start])
+        out.append(dataclasses.replace(split, start_epoch=end_epoch if start_epoch is None else start_epoch,
+                                       end_epoch=end_epoch))
+    return out
 
 
-def end_offsets(table: TableClient, options: Options) -> dict[int, int]:
+def end_positions(table: TableClient, options: Options) -> dict[int, LogPosition]:
     """Where a batch change feed ends (exclusive): ``ending.offsets``, ``ending.timestamp`` (inclusive
-    time), else the latest offsets at planning."""
-    latest = {b: pair[1] for b, pair in table.list_offsets().items()}
+    time), else the latest offsets at planning; each with the epoch of the entry below the latest offset
+    (ListOffsets' end epoch), read after the end: a bound of the epochs below the end as well
+    (``client/log_position.py``)."""
+    given = None
     if options.ending_timestamp_ms is not None:
-        return dict(table.list_offsets(timestamp=options.ending_timestamp_ms + 1))
+        given = dict(table.list_offsets(timestamp=options.ending_timestamp_ms + 1))
+    latest = table.end_positions()
     if options.ending_offsets is not None:
-        return _explicit_ends(table.table, options.ending_offsets, latest)
-    return latest
+        given = _explicit_ends(table.table, options.ending_offsets, {b: p.offset for b, p in latest.items()})
+    if given is None:
+        return latest
+    # an end past the latest (the log's end went back between the two asks: a loss) has no bound
+    return {b: LogPosition(o, latest[b].epoch if o <= latest[b].offset else None) for b, o in given.items()}
 
 
 def _explicit_ends(info: TableInfo, given: Mapping[int, int], latest: Mapping[int, int]) -> dict[int, int]:
@@ -220,7 +250,8 @@ def _pieces(sizes: list[int], step: int) -> int:
 
 def plan_changes(table: TableClient, options: Options) -> list[LogSplit]:
     """A batch change-feed read: the changelog records between the start and end offsets."""
-    starts, ends = start_positions(table, options), end_offsets(table, options)
-    splits = log_splits_for({b: (starts[b].offset, ends[b]) for b in range(table.table.buckets)},
+    starts, ends = start_positions(table, options), end_positions(table, options)
+    splits = log_splits_for({b: (starts[b].offset, ends[b].offset) for b in range(table.table.buckets)},
                             options.split_max_rows)
-    return fence_pieces(table, splits, {b: p.epoch for b, p in starts.items()})
+    return fence_pieces(table, splits, {b: p.epoch for b, p in starts.items()},
+                        {b: p.epoch for b, p in ends.items()})

@@ -117,7 +117,9 @@ def _hybrid(ctx: ReadContext, admin: AdminClient, table: TableClient, split: Hyb
         if log_offset > split.end:
             raise errors.InvalidSnapshotError(f"{what}: snapshot {split.snapshot_id} starts at changelog offset "
                                               f"{log_offset}, after the planned end {split.end}")
-        changes = final_states(read_entries(table, split.bucket, log_offset, split.end))
+        # fenced by the end's epoch: a bound of the epoch below the snapshot's offset (client/log_position.py)
+        changes = final_states(read_entries(table, split.bucket, log_offset, split.end, split.end_epoch,
+                                            split.end_epoch))
         yield from _state_batches(merge(chunks, changes, table.codec), split.bucket, split.end, schema)
 
 
@@ -175,12 +177,13 @@ def _loss_named(admin: AdminClient, ctx: ReadContext, split: LogSplit,
 
 
 def _log_state(table: TableClient, split: LogSplit, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
-    changes = final_states(read_entries(table, split.bucket, split.start, split.end, split.start_epoch))
+    changes = final_states(read_entries(table, split.bucket, split.start, split.end, split.start_epoch,
+                                              split.end_epoch))
     yield from _state_batches(merge(iter(()), changes, table.codec), split.bucket, split.end, schema)
 
 
 def _log_changes(table: TableClient, split: LogSplit, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
-    for entry in read_entries(table, split.bucket, split.start, split.end, split.start_epoch):
+    for entry in read_entries(table, split.bucket, split.start, split.end, split.start_epoch, split.end_epoch):
         yield changes_for_spark(decode_records(table.codec, entry_records(entry)), split.bucket, schema)
 
 

@@ -34,6 +34,8 @@ class HybridSplit(InputPartition):
     ``release``: the lease to release the bucket from once read (batch reads); streaming
     reads leave that to the query's commit. ``owner``: the token the lease belongs to (the
     plan's, or the streaming query's; None: an unowned lease, a checkpoint older than owners).
+    ``end_epoch``: the leader epoch of the entry below ``end`` as planned (None: not known); it
+    fences the changelog read, as :class:`LogSplit`'s does.
     """
 
     bucket: int
@@ -42,13 +44,16 @@ class HybridSplit(InputPartition):
     lease_id: str
     release: bool
     owner: str | None = None
+    end_epoch: int | None = None
 
 
 @dataclass(frozen=True)
 class LogSplit(InputPartition):
     """Changelog records ``[start, end)`` of a bucket: as change rows, or (``as_state``) as the rows
     they leave behind (a full read of a bucket that has no snapshot yet). ``start_epoch``: the leader
-    epoch of the entry just below ``start`` (None: not known, the first fetch is not fenced; see
+    epoch of the entry just below ``start``, or a later one of the same history (a bound; None: not
+    known, the first fetch is not fenced); ``end_epoch``: the leader epoch of the entry below the end of
+    the range planned (or a bound), above which no entry the split reads may be (see
     ``spark_source/changelog.py``); ``losses_seen``: the bucket's loss records the plan had seen (to
     name a loss the split runs into as the plan's check would)."""
 
@@ -58,6 +63,7 @@ class LogSplit(InputPartition):
     as_state: bool = False
     start_epoch: int | None = None
     losses_seen: int = 0
+    end_epoch: int | None = None
 
 
 @dataclass(frozen=True)

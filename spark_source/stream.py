@@ -34,16 +34,20 @@ lease).
   entry just below ``offset``, from ListOffsets: its end's epoch when the end
   was planned at the log's end, else asked for the offset (``epochs_at``: an
   end cut by ``maxRowsPerTrigger`` or Trigger.AvailableNow, a ``startup.mode``
-  latest or timestamp start; a start at the log's start has nothing below).
+  latest or timestamp start; a start at the log's start has nothing below);
+  where the leader cannot tell it (above its high watermark), the epoch
+  below the log's end the plan read, a bound (``client/log_position.py``).
   The first fetch of the next micro-batch's split sends it, later fetches the
   last entry's (``spark_source/changelog.py``); when ``split.max-rows`` cuts a
   range in pieces, each later piece starts with the epoch below its start,
-  asked when the batch is planned. A restore or unclean election between
-  planning and reading, or while a split reads, fails the split with
-  DATA_LOST instead of reading other changes under offsets the query read.
-  Epochs are asked before the plan's loss check (``_end_epochs`` says why).
-  Only offsets written before ``epoch`` existed are read unfenced up to their
-  first fetch.
+  asked when the batch is planned (the end's where the leader cannot tell
+  it). Every entry a split reads must be under an epoch no newer than the
+  end's. A restore or unclean election between planning and reading, or
+  while a split reads, fails the split with DATA_LOST instead of reading
+  other changes under offsets the query read or planned. Epochs are asked
+  before the plan's loss check (``_end_epochs`` says why). An offset written
+  before ``epoch`` existed (an older checkpoint) starts with the epoch below
+  the end of the batch that starts there (asked so, if the end lacks it too).
   Planning a bootstrap makes sure the lease still holds its snapshots (renew,
   or re-acquire the same snapshots under the same id after an expiry) and
   starts the renewal thread: every third of ``lease.duration`` until the
@@ -235,6 +239,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         lease, ends = self._parse(end)
         admin, table = self._connect()
         epochs = {b: e for b, (_, e) in _with_epochs(starts, start).items()}
+        end_epochs = {b: e for b, (_, e) in _with_epochs(ends, end).items()}
         splits: list = []
         bootstrapping: dict[int, int] = {}
         ranges: dict[int, tuple[int, int]] = {}
@@ -243,11 +248,12 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if begin == NOT_STARTED and snapshot != -1:
                 bootstrapping[b] = snapshot
                 lease = _named(lease)
-                splits.append(HybridSplit(b, snapshot, end_offset, lease.lease_id, False, lease.owner))
+                splits.append(HybridSplit(b, snapshot, end_offset, lease.lease_id, False, lease.owner, end_epochs[b]))
             else:
                 ranges[b] = (max(begin, 0), end_offset)
-        # a later piece's epoch is asked before the loss check (see _end_epochs); the first piece's is the start's
-        pieces = fence_pieces(table, log_splits_for(ranges, self.options.split_max_rows), epochs)
+        # a later piece's epoch (and an end's that the offset does not tell: a checkpoint written before epochs)
+        # is asked before the loss check (see _end_epochs); the first piece's is the start's, else the end's
+        pieces = fence_pieces(table, log_splits_for(ranges, self.options.split_max_rows), epochs, end_epochs)
         seen = self._check_losses(admin, end, ends)  # a batch planned before a loss: its range may be reused now
         splits.extend(dataclasses.replace(s, losses_seen=seen.get(s.bucket, 0)) for s in pieces)
         if bootstrapping:
@@ -371,20 +377,29 @@ def _with_epochs(buckets: dict[int, tuple[int, int]], offset: dict) -> dict[int,
     return out
 
 
-def _end_epochs(table: TableClient, ends: dict[int, int], *known: dict[int, LogPosition]) -> dict[int, int | None]:
-    """The epoch below each end: one of the ``known`` positions' at that very offset, else asked now
-    (``TableClient.positions``: an end cut by a read limit, say; None at the log's start, nothing below).
+def _end_epochs(table: TableClient, ends: dict[int, int], starts: dict[int, LogPosition],
+                latest: dict[int, LogPosition], target: dict[int, LogPosition]) -> dict[int, int | None]:
+    """The epoch below each end: a known position's at that very offset (the start's, the latest's read by
+    this plan, Trigger.AvailableNow's target), else asked now (``TableClient.positions``: an end cut by a read
+    limit, say; None at the log's start, nothing below). Where the leader cannot tell it (the end above its
+    high watermark: a leader that just took over and has not caught up yet), the epoch below the ``latest``
+    offset this plan read, a bound of the same history that fences as well (``client/log_position.py``).
 
     Asked before the plan's loss check, so the epoch is of the history the reader read up to the end:
     a loss before the ask is seen by that check (DATA_LOST); one after it leaves the epoch of the history
     before, and the next batch's first fetch from the end, fenced by it, is refused if the loss reused
-    offsets below the end. (The batch reading up to the end meanwhile is fenced by its own start's epoch.)
-    ``partitions`` asks a later split piece's epoch the same way, before its own check."""
+    offsets below the end; the batch reading up to the end meanwhile finds the entries the loss put in its
+    range (``spark_source/changelog.py``). ``partitions`` asks a later split piece's epoch the same way,
+    before its own check."""
+    known = (starts, latest, target)
     epochs = {b: next((k[b].epoch for k in known if b in k and k[b].offset == end and k[b].epoch is not None),
                       None) for b, end in ends.items()}
     unknown = {b: ends[b] for b, epoch in epochs.items() if epoch is None and ends[b] > 0}
     if unknown:
         epochs.update((b, position.epoch) for b, position in table.positions(unknown).items())
+    for b, epoch in epochs.items():
+        if epoch is None and b in latest and 0 < ends[b] <= latest[b].offset:
+            epochs[b] = latest[b].epoch
     return epochs
 
 

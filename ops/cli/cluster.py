@@ -120,5 +120,5 @@ def cluster_restart(state: State, directory: str | None, tablet: str | None, coo
     if not state.json_mode:
         click.echo(f"restarting {what} …", err=True)
     entry = local_cluster.restart(directory, role, node_id, ready_timeout_s=timeout_ms / 1000.0, graceful=True)
-    doc = {"restarted": {"role": role, "id": str(entry["id"]), "pid": entry["pid"], "address": entry["address"]}}
+    doc = {"restarted": {"role": role, "id": int(entry["id"]), "pid": entry["pid"], "address": entry["address"]}}
     state.output.message(f"restarted {what} (pid {entry['pid']}, {entry['address']})", doc)

@@ -35,6 +35,9 @@ def put(state: State, path: str, source: BinaryIO, format_: str | None, batch_si
     BYTES values are base64 text, TIMESTAMP values ISO-8601 text (UTC) or
     integer microseconds (in CSV and JSON lines). A bad line (or Parquet row)
     stops the command: nothing of its batch is written (earlier batches are).
+    A write that fails (say, a bucket without a live leader) stops it too,
+    saying how many rows of that batch were written and how many in all: the
+    buckets of a batch are written independently.
     On a terminal, stderr shows how far it got after every batch.
     """
     fmt = source_format(getattr(source, "name", "-"), format_)
@@ -61,7 +64,8 @@ def put(state: State, path: str, source: BinaryIO, format_: str | None, batch_si
 
 
 def _write(client, rows, where: list[int], unit: str, written: int) -> int:
-    """One batch upserted; an error names its lines (or rows) and what was written before them."""
+    """One batch upserted; an error names its lines (or rows), how many of its rows were written and how
+    many in all."""
     span = f"{unit}s {where[0]}-{where[-1]}"
     try:
         batch = rows if isinstance(rows, pa.RecordBatch) else client.codec.to_batch(rows)
@@ -70,9 +74,19 @@ def _write(client, rows, where: list[int], unit: str, written: int) -> int:
         raise errors.InvalidRowError(f"{_at_lines(exc.message, where, unit)} (nothing of {span} was written; "
                                      f"{written} row(s) before them were)") from None
     except errors.KvLeaseError as exc:
-        exc.message = f"{exc.message} (writing {span}; {written} row(s) before them were written)"
+        exc.message = f"{exc.message} ({_partly_written(exc, span, len(where), written)})"
         raise
     return len(where)
+
+
+def _partly_written(exc: errors.KvLeaseError, span: str, count: int, before: int) -> str:
+    """What a batch of ``count`` rows (``span``) that failed left written: the rows its buckets acknowledged
+    (``details["written_rows"]``: the table client's count per bucket, a failed bucket's first requests
+    too; writes are not atomic across buckets), then the ``before`` rows of the batches before it."""
+    done = sum(exc.details.get("written_rows", {}).values())
+    rest = "may or may not have been" if isinstance(exc, errors.OutcomeUnknownError) else "were not"
+    return (f"writing {span}: {done} of their {count} row(s) were written, the other {count - done} {rest}; "
+            f"{before + done} row(s) written in all")
 
 
 def _progress(path: str, written: int, fraction: float | None) -> str:

@@ -18,7 +18,7 @@ from ops.local_cluster.zookeeper import is_serving, node_command, server_mode
 
 
 def status(directory: str | os.PathLike[str], request_timeout_s: float = 2.0) -> dict[str, Any]:
-    """Every recorded process, whether it runs, what each coordinator says about itself, how many buckets each
+    """Every recorded process (its ``id`` an int, as the cluster's APIs tell tablet ids), whether it runs, what each coordinator says about itself, how many buckets each
     tablet server leads, how many replicas it holds and whether it is ``decommissioned``, the offline and
     under-replicated buckets (``offline`` / ``under_replicated``: asked of the active coordinator, wherever it is
     in the list) and what each serves (its health, asked of it: :func:`ops.local_cluster.tablet_health.status_fields`).
@@ -28,13 +28,13 @@ def status(directory: str | os.PathLike[str], request_timeout_s: float = 2.0) ->
     doc = load(directory)
     result: dict[str, Any] = {"zookeeper": [], "coordinators": [], "tablets": []}
     for node in doc.get("zookeeper", []):
-        result["zookeeper"].append({"id": node["id"], "pid": node["pid"], "address": node["address"],
+        result["zookeeper"].append({"id": int(node["id"]), "pid": node["pid"], "address": node["address"],
                                     "alive": pid_alive(node["pid"], node.get("proc_start"))})
     addresses = [c["address"] for c in doc.get("coordinators", [])] or ["127.0.0.1:0"]
     with AdminClient(addresses, client_config(doc), request_timeout_s=request_timeout_s, retry_total_s=0) as client:
         for c in doc.get("coordinators", []):
             alive = pid_alive(c["pid"], c.get("proc_start"))
-            entry = {"id": c["id"], "pid": c["pid"], "address": c["address"], "active": False, "epoch": None,
+            entry = {"id": int(c["id"]), "pid": c["pid"], "address": c["address"], "active": False, "epoch": None,
                      "alive": alive, "log": c.get("log")}
             if alive:
                 try:
@@ -60,7 +60,7 @@ def status(directory: str | os.PathLike[str], request_timeout_s: float = 2.0) ->
             except KvLeaseError as exc:
                 tablets_error = f"coordinator {active['id']} ({active['address']}): {exc.message}"
     for t, alive in zip(doc.get("tablets", []), tablets_alive):
-        entry = {"id": t["id"], "pid": t["pid"], "address": t["address"], "alive": alive, "log": t.get("log")}
+        entry = {"id": int(t["id"]), "pid": t["pid"], "address": t["address"], "alive": alive, "log": t.get("log")}
         if servers is None:
             entry.update(buckets=None, registered=None, error=tablets_error)
         else:

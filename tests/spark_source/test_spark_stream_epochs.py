@@ -62,6 +62,17 @@ def test_each_fetch_sends_the_epoch_of_the_entry_below_it():
     assert leader.sent == [(3, None)]
 
 
+def test_an_entry_under_an_epoch_newer_than_the_planned_ends_fails_the_read_before_it_is_handed_on():
+    leader = Leader([1, 1, 3, 3, 3])  # a loss rewrote offsets 2.. under epoch 3 after the range was planned
+    read = []
+    with pytest.raises(errors.DataLostError, match=r"offsets 2\.\.3 were planned when the entry below offset 4 "
+                                                   r"had leader epoch 1, .* \(written under leader epoch 3\)") as raised:
+        for e in read_entries(leader, 0, 0, 4, start_epoch=None, end_epoch=1):
+            read.append(e.base_offset)
+    assert read == [0, 1] and raised.value.details == {"bucket": 0, "from_offset": 2, "position": 4}
+    assert [e.base_offset for e in read_entries(leader, 0, 0, 4, end_epoch=3)] == [0, 1, 2, 3]  # as planned
+
+
 def test_a_refused_fetch_emits_nothing_and_names_where_it_was_refused():
     leader = Leader([1, 1, 1, 1, 1, 1], lost_at=3)
     read = []
@@ -106,14 +117,17 @@ class _Table:
     """A one-bucket table's ListOffsets: the log holds entries under ``epochs[offset]`` from ``log_start`` on;
     records what was asked, and when (``calls``, shared with :class:`_Admin` to see the loss check)."""
 
-    def __init__(self, epochs: list[int], log_start: int = 0, calls: list | None = None) -> None:
+    def __init__(self, epochs: list[int], log_start: int = 0, calls: list | None = None, hw: int | None = None) -> None:
+        """``hw``: the high watermark of the leader that answers epochs (a new leader not caught up yet;
+        default: the log's end)."""
         self.epochs, self.log_start, self.calls = epochs, log_start, [] if calls is None else calls
+        self.hw = len(epochs) if hw is None else hw
 
     def _epoch(self, offset: int) -> int | None:
-        return self.epochs[offset - 1] if self.log_start < offset <= len(self.epochs) else None
+        return self.epochs[offset - 1] if self.log_start < offset <= self.hw else None
 
     def end_positions(self):
-        return {0: LogPosition(len(self.epochs), self._epoch(len(self.epochs)))}
+        return {0: LogPosition(len(self.epochs), self.epochs[-1] if self.epochs else None)}
 
     def list_offsets(self, buckets=None, timestamp=None):
         return {0: 5} if timestamp is not None else {0: (self.log_start, len(self.epochs))}
@@ -175,15 +189,50 @@ def test_an_end_cut_by_a_read_limit_carries_the_epoch_asked_before_the_loss_chec
 def test_the_first_split_of_a_range_starts_with_the_start_epoch_and_later_pieces_with_the_asked_ones():
     table = _Table(EPOCHS)
     stream = _stream(table, split_max_rows=2)
-    start, end = _offset(None, {0: (-1, 9)}, 7, None, {0: 1}), _offset(None, {0: (-1, 14)}, 7)
+    start, end = _offset(None, {0: (-1, 9)}, 7, None, {0: 1}), _offset(None, {0: (-1, 14)}, 7, None, {0: 3})
     splits = stream.partitions(start, end)
-    assert [(s.start, s.end, s.start_epoch) for s in splits] == [(9, 11, 1), (11, 13, 2), (13, 14, 3)]
+    assert [(s.start, s.end, s.start_epoch, s.end_epoch) for s in splits] == [(9, 11, 1, 3), (11, 13, 2, 3),
+                                                                               (13, 14, 3, 3)]
     assert table.calls == [("epochs_at", {0: [11, 13]}), ("loss check",)]
-    old_start = {"table": 7, "lease": None, "buckets": {"0": {"snapshot": -1, "offset": 9}}}
-    assert [s.start_epoch for s in stream.partitions(old_start, end)] == [None, 2, 3]  # only its first: unknown
     table.calls.clear()
     assert [s.start_epoch for s in _stream(table).partitions(start, end)] == [1]  # one piece: nothing asked
     assert table.calls == [("loss check",)]
+
+
+def test_a_checkpoint_written_before_epochs_is_fenced_from_its_first_fetch_by_the_end_epoch():
+    """An offset without ``"epoch"`` (it still loads): the first piece starts with the epoch below the batch's
+    end, the end's own when the end offset tells it, else asked with the later pieces before the loss check."""
+    table = _Table(EPOCHS)
+    stream = _stream(table, split_max_rows=2)
+    old_start = {"table": 7, "lease": None, "buckets": {"0": {"snapshot": -1, "offset": 9}}}
+    end = _offset(None, {0: (-1, 14)}, 7, None, {0: 3})  # planned by this version: it tells its epoch
+    assert [(s.start, s.start_epoch) for s in stream.partitions(old_start, end)] == [(9, 3), (11, 2), (13, 3)]
+    table.calls.clear()
+    old_end = {"table": 7, "lease": None, "buckets": {"0": {"snapshot": -1, "offset": 13}}}  # replayed as logged
+    splits = stream.partitions(old_start, old_end)
+    assert [(s.start, s.start_epoch, s.end_epoch) for s in splits] == [(9, 3, 3), (11, 2, 3)]
+    assert table.calls == [("epochs_at", {0: [11, 13]}), ("loss check",)]
+
+
+def test_a_piece_above_the_leaders_high_watermark_starts_with_the_end_epoch():
+    """Right after a failover the leader asked may not have caught up to the end the range was planned to
+    (its high watermark below a later piece's start: no epoch there yet): that piece starts with the epoch
+    below the end, a bound of the same history, never unfenced."""
+    table = _Table(EPOCHS, hw=11)
+    start, end = _offset(None, {0: (-1, 7)}, 7, None, {0: 1}), _offset(None, {0: (-1, 15)}, 7, None, {0: 3})
+    splits = _stream(table, split_max_rows=3).partitions(start, end)
+    assert [(s.start, s.start_epoch, s.end_epoch) for s in splits] == [(7, 1, 3), (10, 1, 3), (13, 3, 3)]
+    options = SimpleNamespace(startup_mode="earliest", ending_timestamp_ms=None, ending_offsets=None,
+                              split_max_rows=5)
+    table.table = TABLE
+    assert [(s.start, s.start_epoch, s.end_epoch) for s in plan_changes(table, options)] == [
+        (0, 3, 3), (5, 1, 3), (10, 1, 3)]  # the log's start: the end's epoch too; 10 <= HW: its own
+
+
+def test_an_end_the_leader_cannot_tell_the_epoch_of_takes_the_latest_epoch_as_its_bound():
+    table = _Table(EPOCHS, hw=11)  # the end's epoch is asked of a leader that has not caught up to 12
+    end = _stream(table).latestOffset(_offset(None, {0: (-1, 10)}, 7, None, {0: 1}), ReadMaxRows(2))
+    assert end["buckets"]["0"] == {"snapshot": -1, "offset": 12, "epoch": 3}  # the log's end's (15), a bound
 
 
 @pytest.mark.parametrize("mode, offset, epoch", [("latest", 15, 3), ("timestamp", 5, 1), ("earliest", 3, None)])

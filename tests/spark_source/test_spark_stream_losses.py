@@ -52,13 +52,13 @@ def test_a_batch_planned_before_a_loss_is_not_run_over_the_reused_offsets():
     offset: its planning checks the batch's range against the losses its end offset has not seen."""
     one_bucket = TableInfo(7, "db", "t", (Column("id", "BIGINT"),), ("id",), 1)
     stream = StreamReader(SimpleNamespace(split_max_rows=None), ReadContext((), one_bucket, None, ("id",)))
-    start, end = _offset(None, {0: (-1, 1000)}, 7), _offset(None, {0: (-1, 1534)}, 7)
+    start, end = _offset(None, {0: (-1, 1000)}, 7, None, {0: 2}), _offset(None, {0: (-1, 1534)}, 7, None, {0: 2})
     stream._clients = (_Admin(), None)
     assert [(s.bucket, s.start, s.end) for s in stream.partitions(start, end)] == [(0, 1000, 1534)]
     stream._clients = (_Admin(DataLoss(RESTORE, 3, 1200, 1535, 4, 0, 1)), None)  # lost after the batch was planned
     with pytest.raises(errors.DataLostError, match=r"bucket 0 of db\.t: offsets 1200\.\.1533"):
         stream.partitions(start, end)
-    seen = _offset(None, {0: (-1, 1534)}, 7, {0: 1})  # a batch planned after it (from 1200 on, say)
-    assert len(stream.partitions(_offset(None, {0: (-1, 1200)}, 7, {0: 1}), seen)) == 1
+    seen = _offset(None, {0: (-1, 1534)}, 7, {0: 1}, {0: 3})  # a batch planned after it (from 1200 on, say)
+    assert len(stream.partitions(_offset(None, {0: (-1, 1200)}, 7, {0: 1}, {0: 3}), seen)) == 1
     stream._clients = (_Admin(DataLoss(RESTORE, 3, 1534, 1600, 4, 0, 1)), None)  # past the batch: nothing reused
     assert len(stream.partitions(start, end)) == 1

@@ -62,7 +62,7 @@ def test_restart_each_role_and_status_shows_tablet_health(cluster_dir):  # noqa:
         for option, role in (("--tablet", "tablets"), ("--coordinator", "coordinators"), ("--zookeeper", "zookeeper")):
             before = local_cluster.member(local_cluster.load(d), role, "1")["pid"]
             out = kvlease_json("--json", "cluster", "restart", "--dir", d, option, "1")
-            assert out["restarted"]["id"] == "1" and out["restarted"]["pid"] != before
+            assert out["restarted"]["id"] == 1 and out["restarted"]["pid"] != before
             assert local_cluster.member(local_cluster.load(d), role, "1")["pid"] == out["restarted"]["pid"]
             got = kvlease_json("--cluster", d, "get", "db.t", "7", "--json")  # served again, data intact
             assert got["rows"] == [{"id": 7, "v": "r7"}]

@@ -44,7 +44,7 @@ def walk_the_data_commands(cluster_dir: Path, tmp_path: Path) -> None:
     d = str(cluster_dir)
     kvlease("cluster", "start", "--dir", d, "--tablets", "2")
     status = kvlease_json("cluster", "status", "--dir", d, "--json")
-    assert [t["id"] for t in status["tablets"]] == ["1", "2"]
+    assert [t["id"] for t in status["tablets"]] == [1, 2]  # integers, as in `table describe`
     assert all(t["alive"] and t["address"] for t in status["tablets"])
     assert all((cluster_dir / f"tablet-{t['id']}" / "config.toml").exists() for t in status["tablets"])
 

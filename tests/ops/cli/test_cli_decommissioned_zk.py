@@ -19,12 +19,15 @@ pytestmark = pytest.mark.zk
 
 def status(directory, address) -> dict:
     """``cluster status --json`` of a cluster file naming this coordinator (as running: this process) and the
-    three tablet servers (not running: their registration is asked of the coordinator)."""
-    save(directory, {"zookeeper": [], "coordinators": [{"id": 1, "pid": os.getpid(), "address": address}],
-                     "tablets": [{"id": i, "pid": None, "address": f"127.0.0.1:{1000 + i}"} for i in (1, 2, 3)]})
+    three tablet servers (not running: their registration is asked of the coordinator). The file keeps ids as
+    text, as ``cluster start`` writes them; the document tells them as integers, as ``table describe`` does."""
+    save(directory, {"zookeeper": [], "coordinators": [{"id": "1", "pid": os.getpid(), "address": address}],
+                     "tablets": [{"id": str(i), "pid": None, "address": f"127.0.0.1:{1000 + i}"} for i in (1, 2, 3)]})
     result = run("cluster", "status", "--dir", str(directory), "--json")
     assert result.exit_code == 0, result.output
-    return {t["id"]: t for t in json.loads(result.stdout)["tablets"]}
+    doc = json.loads(result.stdout)
+    assert [c["id"] for c in doc["coordinators"]] == [1] and [t["id"] for t in doc["tablets"]] == [1, 2, 3]
+    return {t["id"]: t for t in doc["tablets"]}
 
 
 def test_decommission_recommission_and_status(coordinator, tmp_path):  # noqa: F811

@@ -62,8 +62,8 @@ def test_kill_restart_status_and_readiness(cluster_dir):
         assert local_cluster.active_coordinator(cluster_dir)["id"] == "2"
         local_cluster.restart(cluster_dir, "coordinators", "1")
     status = local_cluster.status(cluster_dir)
-    assert [(c["id"], c["active"], c["alive"]) for c in status["coordinators"]] == [("1", False, True),
-                                                                                   ("2", True, True)]
+    assert [(c["id"], c["active"], c["alive"]) for c in status["coordinators"]] == [(1, False, True),
+                                                                                   (2, True, True)]
     assert all(t["registered"] and "error" not in t for t in status["tablets"])
     assert sum(t["buckets"] for t in status["tablets"]) == 4
 
