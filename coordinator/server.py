@@ -229,6 +229,16 @@ class CoordinatorServer:
                           leader_lease_ms=c[cfg.ZK_SESSION_TIMEOUT],  # a bound: a tablet's lease is shorter
                           orphans=orphan_timing(c))
 
+    def _start_loop(self, controller: Controller, notifier: LeadershipNotifier) -> EventLoop:
+        """The event loop of this term, started; the notifier hands it the pushes tablet servers took
+        (a new leader then serves without waiting out the old one's lease: coordinator/leader_leases.py)."""
+        c = self.config
+        loop = EventLoop(controller, max_batch=c[cfg.LOOP_MAX_BATCH], tick_interval_ms=c[cfg.LEASE_CHECK_INTERVAL],
+                         on_fatal=self._on_fatal, metrics=self.metrics)
+        loop.start()
+        notifier.on_delivered = lambda server_id, seq: loop.submit(rq.PushDelivered(server_id, seq))
+        return loop
+
     def _lead(self) -> None:
         if self._stopping.is_set():
             return
@@ -241,7 +251,6 @@ class CoordinatorServer:
             self._publish_active(epoch, version)
             self.epoch = epoch
             log.info("coordinator %s elected, epoch %d: reinitializing", self.address, epoch)
-            c = self.config
             notifier = LeadershipNotifier(epoch, tls=self.tls, credentials=self.internal_credentials)
             controller = self._controller(notifier)
             with self._lock:
@@ -252,11 +261,7 @@ class CoordinatorServer:
                 if mirror is not None:
                     log.info("lease mirror at election: %s", mirror.stats)
                     mirror.stop()  # the controller owns the leases now
-            loop = EventLoop(controller, max_batch=c[cfg.LOOP_MAX_BATCH],
-                             tick_interval_ms=c[cfg.LEASE_CHECK_INTERVAL], on_fatal=self._on_fatal,
-                             metrics=self.metrics)
-            loop.start()
-            notifier.on_delivered = lambda server_id, seq: loop.submit(rq.PushDelivered(server_id, seq))  # (leases)
+            loop = self._start_loop(controller, notifier)
             loop.submit(rq.TabletServersChanged())  # learn the live servers and tell them what they lead
             threading.Thread(target=self._list_orphans, args=(loop,), name="orphan-lease-files",
                              daemon=True).start()

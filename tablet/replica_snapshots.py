@@ -29,14 +29,13 @@ from tablet.snapshot import upload_and_commit
 log = logging.getLogger(__name__)
 
 
-def still_leads(replica: Replica, leader_epoch: int) -> None:
+def still_leads(replica: Replica, leader_epoch: int, lease: LeaderLease) -> None:
     """Raises NotLeaderError unless this server still leads ``replica`` at ``leader_epoch`` (the epoch its
-    snapshot's checkpoint was taken under). The one check a snapshot makes before each of its steps, from
-    what this server knows: a push that deposed it or named a newer epoch, a replica closed under it.
-
-    A leader paused past its ZooKeeper session learns it was deposed only from the next push; until then
-    the coordinator refuses its commit (its epoch is older than the bucket's) and its files carry names of
-    their own. A leader lease checked on a monotonic clock (issue 39) belongs here too."""
+    snapshot's checkpoint was taken under) and its leader ``lease`` is valid. The one check a snapshot
+    makes before each of its steps: a push that deposed it or named a newer epoch, a replica closed under
+    it, or a lease that lapsed (a leader paused or cut off, which may have been deposed without hearing it:
+    docs/architecture.md, "Leader leases"). Should it still go on, the coordinator refuses its commit (its
+    epoch is older than the bucket's) and its files carry names of their own."""
     role = replica.role
     if (replica.closed or not replica.leads or replica.store.following
             or (role is not None and role.leader_epoch != leader_epoch)):
@@ -44,6 +43,11 @@ def still_leads(replica: Replica, leader_epoch: int) -> None:
             f"this tablet server no longer leads bucket {replica.bucket} of table {replica.table.table_id} at "
             f"leader epoch {leader_epoch} (its snapshot stops)", table_id=replica.table.table_id,
             bucket=replica.bucket)
+    if not lease.valid():
+        raise errors.NotLeaderError(
+            f"this tablet server's leader lease lapsed: it may have been deposed as leader of bucket "
+            f"{replica.bucket} of table {replica.table.table_id} (its snapshot stops)",
+            table_id=replica.table.table_id, bucket=replica.bucket)
 
 
 class ReplicaSnapshots:
@@ -117,7 +121,7 @@ class ReplicaSnapshots:
                     self.admin.commit_kv_snapshot(handle, leader_epoch=said, server_id=self.server_id)
 
                 handle = upload_and_commit(replica.uploader, commit, target, snapshot_id, log_offset, writers,
-                                           leader_epoch=said, check=lambda: still_leads(replica, epoch),
+                                           leader_epoch=said, check=lambda: still_leads(replica, epoch, self.lease),
                                            reuse_pending_ms=self.config[cfg.SNAPSHOT_ORPHAN_GRACE] // 2)
             finally:
                 shutil.rmtree(target, ignore_errors=True)
