@@ -73,6 +73,7 @@ from common.tables import TableInfo
 from common.wire import error_from_pb
 from common.codec import RowCodec, ipc_to_batch
 from client.routing import LEADER_CHANGED, REROUTE
+from client.leader_watch import call_watching
 from client.transport import RetryPolicy, is_int, rpc_error
 
 log = logging.getLogger(__name__)
@@ -340,8 +341,9 @@ class KvBatchScanner(BucketScanner):
 
         def attempt():
             address, stub = self._route.leader()
-            try:
-                response = stub.ScanKv.future(request, timeout=self._timeout_s).result()
+            try:  # given up once the coordinator names another leader (a paused one holds it to its deadline)
+                response = call_watching(stub.ScanKv, request, self._timeout_s, lambda: self._route.moved_from(address),
+                                         where=f"tablet server {address}, the leader of bucket {self.bucket}")
             except grpc.RpcError as exc:
                 error = rpc_error(exc, "ScanKv", address, timeout_s=self._timeout_s, idempotent=True)
                 if isinstance(error, REROUTE):
