@@ -2,18 +2,20 @@
 
 :class:`ReplicationAdmin` is mixed into :class:`client.admin.AdminClient`; it
 uses the admin client's transport (its ``_call``: the active coordinator,
-retries, errors). ``alter_isr`` and ``controlled_shutdown`` are internal calls
-(with security on, only the cluster's own principal may make them); both are
-safe to resend after a lost answer.
+retries, errors). ``alter_isr``, ``controlled_shutdown`` and
+``resign_leadership`` are internal calls (with security on, only the cluster's
+own principal may make them); each is safe to resend after a lost answer.
 """
 
 from __future__ import annotations
 
 from typing import Iterable
 
-from client.admin_types import AlterIsrResult, BucketRef, ClusterHealth, TabletServerInfo
+from client.admin_types import AlterIsrResult, BucketLeader, BucketRef, ClusterHealth, TabletServerInfo
+from client.data_loss_admin import bucket_leader
 from common import errors
 from common.proto import coordinator_pb2 as pb
+from common.wire import raise_for
 
 
 class ReplicationAdmin:
@@ -56,3 +58,17 @@ class ReplicationAdmin:
         response = self._call("ControlledShutdown",  # type: ignore[attr-defined]
                               pb.ControlledShutdownRequest(server_id=server_id))
         return response.remaining_leaders
+
+    def resign_leadership(self, server_id: int, table_id: int, bucket: int, leader_epoch: int,
+                          reason: str) -> tuple[BucketLeader, str]:
+        """Give up the leadership of a bucket tablet server ``server_id`` leads at ``leader_epoch`` and cannot
+        write (``reason``: its local failure; ``tablet/step_down.py``): another live in-sync replica leads and
+        ``server_id`` leaves the ISR. Returns the bucket's state after the call and why the leadership was kept
+        ("" when it moved, or was over already: a resent call). FencedLeaderEpochError if ``server_id`` leads
+        it at another epoch."""
+        request = pb.ResignLeadershipRequest(server_id=server_id, table_id=table_id, bucket=bucket,
+                                             leader_epoch=leader_epoch, reason=reason)
+        response = self._call("ResignLeadership", request,  # type: ignore[attr-defined]
+                              answered=(errors.FencedLeaderEpochError,))  # not retried: a push tells the epoch
+        raise_for(response.error)
+        return bucket_leader(response.bucket), response.refused

@@ -28,6 +28,7 @@ from common.model import Lease, TableBucket
 from common.statemachine import Dispatcher, on
 from common.storage import RemoteStorage
 from common.tls import TlsFiles
+from coordinator import election
 from coordinator import requests as rq
 from coordinator.assignment import Assignments
 from coordinator.catalog import TableCatalog
@@ -330,6 +331,22 @@ class Controller(Dispatcher):
     @_barrier
     def _controlled_shutdown(self, request: rq.ControlledShutdown) -> int:
         return self.members.controlled_shutdown(request.server_id)
+
+    @on(rq.ResignLeadership)
+    @_barrier
+    def _resign_leadership(self, r: rq.ResignLeadership) -> election.Resignation:
+        """A leader that cannot write hands the bucket to another live in-sync replica, or keeps it if none."""
+        table = self.catalog.get_by_id(r.table_id)
+        current, where = self.assignments.table(table.table_id).get(r.bucket), f"bucket {r.bucket} of {table.path}"
+        if current is None:
+            raise errors.InvalidRequestError(f"table {table.path} has no bucket {r.bucket}", table=table.path)
+        outcome = election.resign_leadership(current, r.server_id, r.leader_epoch, set(self.servers), where)
+        if outcome.state != current:
+            self.members.apply({table.table_id: {**self.assignments.table(table.table_id), r.bucket: outcome.state}})
+        if outcome.state != current or outcome.refused:
+            log.warning("tablet server %d cannot write %s (%s): %s", r.server_id, where, r.reason, outcome.refused
+                        or f"tablet server {outcome.state.leader} leads it now (ISR {list(outcome.state.isr)})")
+        return outcome
 
     @on(rq.ReassignBucket)
     @_barrier

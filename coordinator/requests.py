@@ -16,7 +16,7 @@ from common.tables import TableSpec
 __all__ = ["ConfirmRestore", "ElectLeader", "ReportLogEnds", "ReportReplicaLoss", "RestoreBucket", "AlterIsr", "CommitSnapshot", "ControlledShutdown", "CreateTable", "DescribeLease", "DropTable", "GetTable", "GetTableAssignment", "Guarded",
            "ListLeases", "ListSnapshots", "ListTables", "ListTabletServers", "RemoveOrphanLeaseFiles",
            "TabletServersChanged", "ReassignBucket", "DecommissionTablet", "RecommissionTablet", "Rebalance",
-           "ListReassignments"]
+           "ListReassignments", "ResignLeadership"]
 
 
 @dataclass(frozen=True)
@@ -111,6 +111,18 @@ class ControlledShutdown:
     """A tablet server about to stop: move its leaderships away, take it out of the ISRs."""
 
     server_id: int
+
+
+@dataclass(frozen=True)
+class ResignLeadership:
+    """A bucket's leader that cannot write (a full disk) gives the leadership up (fenced by its leader epoch);
+    ``reason``: its local failure, logged."""
+
+    server_id: int
+    table_id: int
+    bucket: int
+    leader_epoch: int
+    reason: str = ""
 
 
 @dataclass(frozen=True)

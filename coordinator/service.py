@@ -36,10 +36,12 @@ log = logging.getLogger(__name__)
 MAX_ACQUIRES_PER_CALL = 1024
 
 #: Methods only the cluster's own principal may call (a tablet server committing a snapshot, a leader changing
-#: its bucket's ISR, a stopping tablet server moving its leaderships away).
+#: its bucket's ISR, a stopping tablet server moving its leaderships away, a leader that cannot write giving
+#: one up).
 INTERNAL_METHODS = ("/kvlease.CoordinatorService/CommitKvSnapshot", "/kvlease.CoordinatorService/AlterIsr",
                     "/kvlease.CoordinatorService/ControlledShutdown", "/kvlease.CoordinatorService/ReportReplicaLoss",
-                    "/kvlease.CoordinatorService/ReportLogEnds", "/kvlease.CoordinatorService/ConfirmRestore")
+                    "/kvlease.CoordinatorService/ReportLogEnds", "/kvlease.CoordinatorService/ConfirmRestore",
+                    "/kvlease.CoordinatorService/ResignLeadership")
 
 
 @refusing_partition_ids(pb.DESCRIPTOR.services_by_name["CoordinatorService"])
@@ -276,6 +278,13 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
     def ControlledShutdown(self, request, context):
         return self._run(rq.ControlledShutdown(request.server_id), pb.ControlledShutdownResponse,
                          lambda remaining: {"remaining_leaders": remaining})
+
+    def ResignLeadership(self, request, context):
+        """A leader that cannot write gives a bucket up (tablet/step_down.py); ``refused`` says why it keeps it."""
+        resign = rq.ResignLeadership(request.server_id, request.table_id, request.bucket, request.leader_epoch,
+                                     request.reason)
+        return self._run(resign, pb.ResignLeadershipResponse,
+                         lambda r: {"bucket": assignment_pb(request.bucket, r.state), "refused": r.refused})
 
     # -- moving replicas (issue 31): admin operations, ALTER on the cluster ---------------------------
 

@@ -1,0 +1,80 @@
+"""The tablet side of a leader that cannot write: when a led bucket's failures call for a resignation
+(pure, a fake clock), and the short cause a failure is reported by."""
+
+from __future__ import annotations
+
+import errno
+
+import pytest
+
+from common.logentry import ChangelogError
+from tablet.kvstore import BucketStoreError
+from tablet.step_down import StepDowns, cause
+
+pytestmark = pytest.mark.unit
+
+KEY = (7, 0)
+
+
+def test_a_bucket_resigns_once_it_has_failed_for_the_timeout_and_is_failed_now():
+    s = StepDowns(after_s=3.0)
+    assert not s.due(KEY, True, 4, 100.0)
+    assert not s.due(KEY, True, 4, 102.9)
+    assert not s.due(KEY, False, 4, 103.0)  # reopened just now: nothing to resign while it works
+    assert s.due(KEY, True, 4, 103.1)  # failed again right after: the same streak
+    s.resigned(KEY, 4)
+    assert not s.due(KEY, True, 4, 104.0)  # asked and taken for that epoch: the push makes it a follower
+
+
+def test_a_failure_cleared_for_the_timeout_ends_the_streak():
+    s = StepDowns(after_s=3.0)
+    assert not s.due(KEY, True, 4, 100.0)
+    assert not s.due(KEY, False, 4, 101.0)
+    assert not s.due(KEY, False, 4, 103.0)  # no failure for 3 s: over
+    assert not s.due(KEY, True, 4, 103.5)  # a new failure starts a new streak
+    assert not s.due(KEY, True, 4, 106.4)
+    assert s.due(KEY, True, 4, 106.5)
+
+
+def test_a_refused_resignation_is_asked_again_after_the_timeout():
+    s = StepDowns(after_s=3.0)
+    s.due(KEY, True, 4, 100.0)
+    assert s.due(KEY, True, 4, 103.0)
+    s.refused(KEY, 103.0)  # no other in-sync replica (or the coordinator was away)
+    assert not s.due(KEY, True, 4, 105.9)
+    assert s.due(KEY, True, 4, 106.0)
+
+
+def test_a_bucket_led_again_starts_a_new_streak():
+    s = StepDowns(after_s=3.0)
+    s.due(KEY, True, 4, 100.0)
+    assert s.due(KEY, True, 4, 103.0)
+    s.resigned(KEY, 4)
+    s.keep(set())  # it follows now
+    assert s.failing() == set()
+    assert not s.due(KEY, True, 6, 110.0)  # elected back at epoch 6 (its writes worked meanwhile), failing again
+    assert s.due(KEY, True, 6, 113.0)
+
+
+@pytest.mark.parametrize("failure, expected", [
+    (ChangelogError("changelog /d/log: write failed: [Errno 28] No space left on device"),
+     "ENOSPC: No space left on device"),
+    (BucketStoreError("cannot open RocksDB /d/kv: IO error: No space left on device: While appending to file: "
+                      "/d/kv/MANIFEST-000015: No space left on device"), "ENOSPC: No space left on device"),
+    (OSError(errno.EIO, "Input/output error"), "EIO: Input/output error"),
+    (OSError(errno.EROFS, "Read-only file system"), "EROFS: Read-only file system"),
+    (ValueError("x" * 300), "x" * 120),
+    (None, "unknown"),
+], ids=["changelog-enospc", "rocksdb-enospc", "eio", "erofs", "other", "none"])
+def test_a_failure_is_named_by_its_errno(failure, expected):
+    assert cause(failure) == expected
+
+
+def test_a_failure_raised_from_an_oserror_is_named_by_it():
+    try:
+        try:
+            raise OSError(errno.EDQUOT, "Disk quota exceeded")
+        except OSError as exc:
+            raise BucketStoreError("bucket /d: applying failed") from exc
+    except BucketStoreError as wrapped:
+        assert cause(wrapped) == "EDQUOT: Disk quota exceeded"
