@@ -1,5 +1,6 @@
 """The tablet side of a leader that cannot write: when a led bucket's failures call for a resignation
-(pure, a fake clock), and the short cause a failure is reported by."""
+(pure, a fake clock), the short cause a failure is reported by, and its call to the coordinator resent after
+its answer was lost (a stand-in coordinator on loopback)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,12 @@ import errno
 
 import pytest
 
+from client.admin import AdminClient
 from common.logentry import ChangelogError
+from common.proto import coordinator_pb2 as pb
 from tablet.kvstore import BucketStoreError
 from tablet.step_down import StepDowns, cause
+from tests.client.test_admin_retry import TIMEOUT_S, LateFirstAnswer, stand_in
 
 pytestmark = pytest.mark.unit
 
@@ -78,3 +82,18 @@ def test_a_failure_raised_from_an_oserror_is_named_by_it():
             raise BucketStoreError("bucket /d: applying failed") from exc
     except BucketStoreError as wrapped:
         assert cause(wrapped) == "EDQUOT: Disk quota exceeded"
+
+
+class LateResignation(LateFirstAnswer):
+    def ResignLeadership(self, request, context):
+        self._count("ResignLeadership")  # the resent call finds the leadership over: the current state
+        return pb.ResignLeadershipResponse(bucket=pb.BucketAssignmentPb(bucket=0, leader_id=2, leader_epoch=5,
+                                                                        replicas=[1, 2], isr=[2]))
+
+
+def test_a_resignation_whose_answer_was_lost_is_sent_again():
+    servicer = LateResignation()
+    with stand_in(servicer) as address, AdminClient([address], request_timeout_s=TIMEOUT_S, retry_total_s=10) as admin:
+        state, refused = admin.resign_leadership(1, 7, 0, 4, "ENOSPC")
+    assert servicer.calls["ResignLeadership"] == 2
+    assert (state.leader_id, state.isr, refused) == (2, (2,), "")
