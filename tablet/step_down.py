@@ -185,6 +185,8 @@ class StepDown(Periodic):
 
     def _back_in_sync(self) -> None:
         """Forget the stepped-down buckets that are back in the ISR with working files, led again, or gone."""
+        if not self.stepped_down:
+            return
         held = {(r.table.table_id, r.bucket): r for r in self.replicas.all_replicas()}
         for key in list(self.stepped_down):
             replica = held.get(key)
