@@ -9,13 +9,14 @@ own principal may make them); each is safe to resend after a lost answer.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Iterable
 
 from client.admin_types import AlterIsrResult, BucketLeader, BucketRef, ClusterHealth, TabletServerInfo
 from client.data_loss_admin import bucket_leader
 from common import errors
 from common.proto import coordinator_pb2 as pb
-from common.wire import raise_for
+from common.wire import error_from_pb
 
 
 class ReplicationAdmin:
@@ -59,16 +60,28 @@ class ReplicationAdmin:
                               pb.ControlledShutdownRequest(server_id=server_id))
         return response.remaining_leaders
 
-    def resign_leadership(self, server_id: int, table_id: int, bucket: int, leader_epoch: int,
-                          reason: str) -> tuple[BucketLeader, str]:
-        """Give up the leadership of a bucket tablet server ``server_id`` leads at ``leader_epoch`` and cannot
-        write (``reason``: its local failure; ``tablet/step_down.py``): another live in-sync replica leads and
-        ``server_id`` leaves the ISR. Returns the bucket's state after the call and why the leadership was kept
-        ("" when it moved, or was over already: a resent call). FencedLeaderEpochError if ``server_id`` leads
-        it at another epoch."""
-        request = pb.ResignLeadershipRequest(server_id=server_id, table_id=table_id, bucket=bucket,
-                                             leader_epoch=leader_epoch, reason=reason)
-        response = self._call("ResignLeadership", request,  # type: ignore[attr-defined]
-                              answered=(errors.FencedLeaderEpochError,))  # not retried: a push tells the epoch
-        raise_for(response.error)
-        return bucket_leader(response.bucket), response.refused
+    def resign_leadership(self, server_id: int, buckets: Iterable[tuple[int, int, int, str]]) -> list[Resigned]:
+        """Give up the leadership of ``buckets``, ``(table id, bucket, leader epoch, reason)`` each, that tablet
+        server ``server_id`` leads at those epochs and cannot write (``reason``: its local failure;
+        ``tablet/step_down.py``): for each, another live in-sync replica leads and ``server_id`` leaves the ISR.
+        Returns one :class:`Resigned` per bucket, in order."""
+        asked = list(buckets)
+        request = pb.ResignLeadershipRequest(server_id=server_id, buckets=[
+            pb.ResignBucketPb(table_id=t, bucket=b, leader_epoch=epoch, reason=reason) for t, b, epoch, reason in asked])
+        response = self._call("ResignLeadership", request)  # type: ignore[attr-defined]
+        return [Resigned(t, b, None, "", error) if (error := error_from_pb(r.error))
+                else Resigned(t, b, bucket_leader(r.bucket), r.refused, None)
+                for (t, b, _epoch, _reason), r in zip(asked, response.buckets)]
+
+
+@dataclass(frozen=True)
+class Resigned:
+    """One bucket's answer to :meth:`ReplicationAdmin.resign_leadership`: its state after the call and why the
+    leadership was kept ("" when it moved, or was over already: a resent call), or the error that refused it
+    (``state`` None; FencedLeaderEpochError: the server leads it at another epoch)."""
+
+    table_id: int
+    bucket: int
+    state: BucketLeader | None
+    refused: str
+    error: errors.KvLeaseError | None

@@ -334,19 +334,20 @@ class Controller(Dispatcher):
 
     @on(rq.ResignLeadership)
     @_barrier
-    def _resign_leadership(self, r: rq.ResignLeadership) -> election.Resignation:
-        """A leader that cannot write hands the bucket to another live in-sync replica, or keeps it if none."""
-        table = self.catalog.get_by_id(r.table_id)
-        current, where = self.assignments.table(table.table_id).get(r.bucket), f"bucket {r.bucket} of {table.path}"
-        if current is None:
-            raise errors.InvalidRequestError(f"table {table.path} has no bucket {r.bucket}", table=table.path)
-        outcome = election.resign_leadership(current, r.server_id, r.leader_epoch, set(self.servers), where)
-        if outcome.state != current:
-            self.members.apply({table.table_id: {**self.assignments.table(table.table_id), r.bucket: outcome.state}})
-        if outcome.state != current or outcome.refused:
-            log.warning("tablet server %d cannot write %s (%s): %s", r.server_id, where, r.reason, outcome.refused
-                        or f"tablet server {outcome.state.leader} leads it now (ISR {list(outcome.state.isr)})")
-        return outcome
+    def _resign_leadership(self, r: rq.ResignLeadership) -> list:
+        """A leader that cannot write hands buckets to other live in-sync replicas (one write), or keeps those with
+        none: each one's Resignation, or the error that refused it."""
+        changes, outcomes = election.resign_leaderships(
+            self.assignments, r.server_id, [(t, b, epoch) for t, b, epoch, _why in r.buckets], set(self.servers),
+            {t: table.path for t, table in self.catalog.by_id.items()})
+        if changes:
+            self.members.apply(changes)
+        for (table_id, bucket, _epoch, why), outcome in zip(r.buckets, outcomes):
+            if isinstance(outcome, election.Resignation):  # refusals are asked again: logged quieter
+                log.log(logging.INFO if outcome.refused else logging.WARNING, "tablet server %d cannot write bucket "
+                        "%d of table %d (%s): %s", r.server_id, bucket, table_id, why,
+                        outcome.refused or f"tablet server {outcome.state.leader} leads it now")
+        return outcomes
 
     @on(rq.ReassignBucket)
     @_barrier

@@ -21,7 +21,8 @@
   any more: it holds what the leader holds).
 - :func:`controlled_shutdown`: a stopping server's leaderships move to other live ISR members.
 - :func:`resign_leadership`: a leader that cannot write (its disk is full, ``tablet/step_down.py``) hands
-  one bucket to another live ISR member and leaves the ISR, fenced by its leader epoch.
+  a bucket to another live ISR member and leaves the ISR, fenced by its leader epoch
+  (:func:`resign_leaderships`: several buckets, one set of changes).
 
 Every function returns new states; the caller writes them (fenced) and only then applies them.
 """
@@ -29,7 +30,7 @@ Every function returns new states; the caller writes them (fenced) and only then
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Iterable
+from typing import Iterable, Mapping
 
 from common import errors
 from coordinator.assignment import UNASSIGNED, Assignments, BucketAssignment, Capacity, Changes
@@ -233,3 +234,31 @@ def resign_leadership(a: BucketAssignment, server_id: int, leader_epoch: int, li
         return Resignation(a, f"{where} has no other live in-sync replica (ISR {list(a.isr)}, replicas "
                               f"{list(a.replicas)}) to lead it")
     return Resignation(_new_leader(a, others[0], [r for r in a.isr if r != server_id]))
+
+
+def resign_leaderships(assignments: Assignments, server_id: int, asked: Iterable[tuple[int, int, int]], live: set[int],
+                       paths: Mapping[int, str]) -> tuple[Changes, list[Resignation | errors.KvLeaseError]]:
+    """:func:`resign_leadership` of each ``(table id, bucket, leader epoch)`` asked by ``server_id``: the changes
+    to write (every table with a changed bucket, all its buckets) and each one's outcome in order, a
+    Resignation or the error that refused it (FencedLeaderEpochError; TableNotExistError for a table not in
+    ``paths``, table id -> path; InvalidRequestError for a bucket it does not have)."""
+    changes: Changes = {}
+    outcomes: list[Resignation | errors.KvLeaseError] = []
+    for table_id, bucket, leader_epoch in asked:
+        buckets = changes.get(table_id) or assignments.by_table.get(table_id, {})
+        if table_id not in paths:
+            outcomes.append(errors.TableNotExistError(f"table id {table_id} does not exist", table_id=table_id))
+            continue
+        if bucket not in buckets:
+            outcomes.append(errors.InvalidRequestError(f"table {paths[table_id]} has no bucket {bucket}"))
+            continue
+        try:
+            outcome = resign_leadership(buckets[bucket], server_id, leader_epoch, live,
+                                        f"bucket {bucket} of {paths[table_id]}")
+        except errors.FencedLeaderEpochError as exc:
+            outcomes.append(exc)
+            continue
+        if outcome.state != buckets[bucket]:
+            changes[table_id] = {**buckets, bucket: outcome.state}
+        outcomes.append(outcome)
+    return changes, outcomes

@@ -115,14 +115,11 @@ class ControlledShutdown:
 
 @dataclass(frozen=True)
 class ResignLeadership:
-    """A bucket's leader that cannot write (a full disk) gives the leadership up (fenced by its leader epoch);
-    ``reason``: its local failure, logged."""
+    """A leader that cannot write some buckets (a full disk) gives their leadership up: ``(table id, bucket,
+    leader epoch, reason)`` each (fenced by its leader epoch; the reason, its local failure, is logged)."""
 
     server_id: int
-    table_id: int
-    bucket: int
-    leader_epoch: int
-    reason: str = ""
+    buckets: tuple[tuple[int, int, int, str], ...]
 
 
 @dataclass(frozen=True)

@@ -280,11 +280,16 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
                          lambda remaining: {"remaining_leaders": remaining})
 
     def ResignLeadership(self, request, context):
-        """A leader that cannot write gives a bucket up (tablet/step_down.py); ``refused`` says why it keeps it."""
-        resign = rq.ResignLeadership(request.server_id, request.table_id, request.bucket, request.leader_epoch,
-                                     request.reason)
+        """A leader that cannot write gives buckets up (tablet/step_down.py): one answer per bucket, in order."""
+        resign = rq.ResignLeadership(request.server_id, tuple((b.table_id, b.bucket, b.leader_epoch, b.reason)
+                                                              for b in request.buckets))
+
+        def answer(asked, outcome) -> pb.ResignedBucketPb:
+            if isinstance(outcome, errors.KvLeaseError):
+                return pb.ResignedBucketPb(error=error_pb(outcome))
+            return pb.ResignedBucketPb(bucket=assignment_pb(asked.bucket, outcome.state), refused=outcome.refused)
         return self._run(resign, pb.ResignLeadershipResponse,
-                         lambda r: {"bucket": assignment_pb(request.bucket, r.state), "refused": r.refused})
+                         lambda outcomes: {"buckets": [answer(*pair) for pair in zip(request.buckets, outcomes)]})
 
     # -- moving replicas (issue 31): admin operations, ALTER on the cluster ---------------------------
 

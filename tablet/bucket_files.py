@@ -92,10 +92,9 @@ class BucketFiles:
         self.replayed = (0, 0)
         #: Why the bucket cannot write (None: it can); cleared by a successful (re)open.
         self.failure: BaseException | None = None
-        #: Failures recorded since this object exists (never reset), and the last one (kept after a reopen):
-        #: a failure repaired between two looks is still seen (``tablet/step_down.py``).
+        #: Failures recorded since this object exists (never reset): a failure repaired between two looks is
+        #: still seen (``tablet/step_down.py``).
         self.failure_count = 0
-        self.last_failure: BaseException | None = None
         self._failures = 0  # in a row
         self._retry_at = 0.0
         self.closed = False
@@ -230,7 +229,7 @@ class BucketFiles:
             self._on_failure()
 
     def _record(self, exc: BaseException) -> None:
-        self.failure = self.last_failure = exc
+        self.failure = exc
         self.failure_count += 1
         self._failures += 1
         delay = self._backoff.delay(self._failures)

@@ -10,7 +10,8 @@ and while it lasts the leader serves nothing although a follower is in sync. So 
   without one (a reopen that succeeds and a write that fails right after it are one streak); every failure
   the bucket records counts, except damage, which a reopen cannot cure and which is reported as a lost replica
   instead (``tablet/bucket_damage.py``, ``tablet/replica_loss.py``);
-- a bucket failed now and failing for ``replica.leader.failure-timeout`` (3 s) resigns: ``ResignLeadership``
+- a bucket failed now (its files refuse writes until their reopen, so as a follower it does not fetch and
+  rejoin the ISR before that) and failing for ``replica.leader.failure-timeout`` (3 s) resigns: ``ResignLeadership``
   (fenced by its leader epoch, safe to resend) makes the coordinator elect another live in-sync replica and
   take this server out of the ISR in the same write, so it is not elected back while it cannot write. The push
   then makes this server a follower: its unacknowledged tail is truncated by leader epoch as after any
@@ -43,6 +44,7 @@ Key = tuple[int, int]  # (table id, bucket)
 #: The local failures named by their errno when a message (RocksDB's) carries only the text.
 _KNOWN = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EMFILE, errno.ENFILE, errno.EACCES)
 MAX_REASON = 300  # characters of a failure sent to the coordinator
+MAX_PER_CALL = 500  # buckets one ResignLeadership carries
 
 
 def cause(exc: BaseException | None) -> str:
@@ -73,19 +75,20 @@ class StepDowns:
         self.after_s = after_s
         self._streaks: dict[Key, _Streak] = {}
 
-    def due(self, key: Key, failed: bool, leader_epoch: int, now: float) -> bool:
-        """Record whether ``key`` (led at ``leader_epoch``) is failed now (or failed since the last look);
-        True if it should resign now: failed now, failing for ``after_s``, not already resigned at that epoch,
-        and not refused less than ``after_s`` ago."""
+    def due(self, key: Key, failed_now: bool, leader_epoch: int, now: float, failed_between: bool = False) -> bool:
+        """Record whether ``key`` (led at ``leader_epoch``) is failed now (its files refuse writes), or failed
+        since the last look and was reopened meanwhile (``failed_between``); True if it should resign now:
+        failed now (so it cannot fetch as a follower before its reopen: tablet/replication/fetcher.py), failing
+        for ``after_s``, not already resigned at that epoch, and not refused less than ``after_s`` ago."""
         streak = self._streaks.get(key)
-        if not failed:
+        if not (failed_now or failed_between):
             if streak is not None and now - streak.last_failed >= self.after_s:
                 del self._streaks[key]  # no failure for after_s: a later one starts a new streak
             return False
         if streak is None:
             streak = self._streaks[key] = _Streak(now, now)
         streak.last_failed = now
-        return (now - streak.since >= self.after_s and streak.resigned_epoch != leader_epoch
+        return (failed_now and now - streak.since >= self.after_s and streak.resigned_epoch != leader_epoch
                 and now >= streak.retry_at)
 
     def resigned(self, key: Key, leader_epoch: int) -> None:
@@ -122,7 +125,8 @@ class StepDown(Periodic):
 
     def __init__(self, server_id: int, replicas, resign, *, after_s: float, interval_s: float = 0.5,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
-        """``replicas``: the :class:`~tablet.replicas.ReplicaManager`; ``resign``: ``AdminClient.resign_leadership``."""
+        """``replicas``: the :class:`~tablet.replicas.ReplicaManager`; ``resign``: ``AdminClient.resign_leadership``
+        (one call for the buckets due in a round)."""
         super().__init__(interval_s)
         self.server_id = server_id
         self.replicas = replicas
@@ -144,44 +148,53 @@ class StepDown(Periodic):
         self.kept = {k: why for k, why in self.kept.items() if k in led}
         self._counts = {k: n for k, n in self._counts.items() if k in led}
         self._back_in_sync()
-        resigned = 0
+        due: list[tuple[Key, object, BaseException | None]] = []
         for key, replica in led.items():
             files = replica.store.files
-            count = files.failure_count
-            failed = files.failure is not None or count != self._counts.get(key, count)
+            failure, count = files.failure, files.failure_count
+            between = count != self._counts.get(key, count)
             self._counts[key] = count
-            if files.failure is not None and bucket_damage.is_damage(files.failure):
+            if failure is not None and bucket_damage.is_damage(failure):
                 continue  # a reopen cannot cure it: reported lost instead (tablet/replica_loss.py)
-            if not failed:
+            if failure is None and not between:
                 self.kept.pop(key, None)
-            if self.decisions.due(key, failed, replica.role.leader_epoch, now):
-                resigned += self._resign(key, replica, files.failure or files.last_failure, now)
-        return resigned
+            if self.decisions.due(key, failure is not None, replica.role.leader_epoch, now, between):
+                due.append((key, replica, failure))
+        return sum(self._resign(due[i:i + MAX_PER_CALL], now) for i in range(0, len(due), MAX_PER_CALL))
 
-    def _resign(self, key: Key, replica, failure: BaseException | None, now: float) -> int:
-        epoch, where = replica.role.leader_epoch, f"bucket {key[1]} of {replica.table.path}"
+    def _resign(self, due: list[tuple[Key, object, BaseException | None]], now: float) -> int:
+        """Ask the coordinator to move the leadership of the ``due`` buckets; returns how many moved."""
+        asked = [(key[0], key[1], replica.role.leader_epoch, str(failure)[:MAX_REASON])
+                 for key, replica, failure in due]
         try:
-            state, refused = self.resign(self.server_id, key[0], key[1], epoch, str(failure)[:MAX_REASON])
-        except errors.FencedLeaderEpochError as exc:  # it leads at another epoch now: the push says so
-            log.info("resigning the leadership of %s at leader epoch %d refused: %s", where, epoch, exc)
-            self.decisions.refused(key, now)
-            return 0
+            answers = self.resign(self.server_id, asked)
         except errors.KvLeaseError as exc:  # the coordinator is away: asked again later
-            log.warning("cannot resign the leadership of %s (its local writes fail: %s): %s", where, failure, exc)
-            self.decisions.refused(key, now)
+            log.warning("cannot resign the leadership of %d bucket(s) whose local writes fail: %s", len(due), exc)
+            for key, _replica, _failure in due:
+                self.decisions.refused(key, now)
             return 0
-        if refused:
-            self.kept[key] = refused
-            self.decisions.refused(key, now)
-            log.warning("%s cannot write (%s) and keeps its leadership here: %s", where, failure, refused)
-            return 0
-        self.decisions.resigned(key, epoch)
-        self.kept.pop(key, None)
-        self.stepped_down[key] = SteppedDown(replica.table.path, cause(failure))
-        self.resignations += 1
-        log.warning("gave up leading %s: its local writes fail (%s); tablet server %d leads it now (leader epoch "
-                    "%d)", where, failure, state.leader_id, state.leader_epoch)
-        return 1
+        moved = 0
+        for (key, replica, failure), (_t, _b, epoch, _why), answer in zip(due, asked, answers):
+            where = f"bucket {key[1]} of {replica.table.path}"
+            if answer.error is not None:  # it leads at another epoch now: the push says so
+                log.info("resigning the leadership of %s at leader epoch %d refused: %s", where, epoch, answer.error)
+                self.decisions.refused(key, now)
+                continue
+            if answer.refused:  # no one else can lead it: asked again later
+                if self.kept.get(key) != answer.refused:
+                    log.warning("%s cannot write (%s) and keeps its leadership here: %s", where, failure,
+                                answer.refused)
+                self.kept[key] = answer.refused
+                self.decisions.refused(key, now)
+                continue
+            self.decisions.resigned(key, epoch)
+            self.kept.pop(key, None)
+            self.stepped_down[key] = SteppedDown(replica.table.path, cause(failure))
+            self.resignations += 1
+            moved += 1
+            log.warning("gave up leading %s: its local writes fail (%s); tablet server %d leads it now (leader "
+                        "epoch %d)", where, failure, answer.state.leader_id, answer.state.leader_epoch)
+        return moved
 
     def _back_in_sync(self) -> None:
         """Forget the stepped-down buckets that are back in the ISR with working files, led again, or gone."""

@@ -213,3 +213,22 @@ def test_a_resignation_not_by_the_leader_at_its_epoch_is_fenced_with_the_current
     with pytest.raises(errors.FencedLeaderEpochError) as info:
         election.resign_leadership(a, server, epoch, {1, 2})
     assert info.value.details == election.current_state(a)
+
+
+def test_resignations_of_several_buckets_are_one_set_of_changes_with_an_outcome_each():
+    a = Assignments()
+    a.set(1, {0: state(1, [1, 2], [1, 2], 4, 7), 1: state(1, [2, 1], [1, 2], 2, 3), 2: state(1, [1, 2], [1], 1, 1)})
+    a.set(2, {0: state(2, [2, 1], [2, 1], 1, 1)})
+    asked = [(1, 0, 4), (1, 1, 2), (1, 2, 1), (2, 0, 1), (1, 9, 1), (3, 0, 1)]
+    changes, outcomes = election.resign_leaderships(a, 1, asked, {1, 2}, {1: "db.a", 2: "db.b"})
+    assert changes == {1: {0: state(2, [1, 2], [2], 5, 8), 1: state(2, [2, 1], [2], 3, 4),
+                           2: state(1, [1, 2], [1], 1, 1)}}  # both moves of table 1 in one table's changes
+    assert outcomes[:2] == [election.Resignation(changes[1][0]), election.Resignation(changes[1][1])]
+    assert outcomes[2].state == a.table(1)[2] and "no other live in-sync replica" in outcomes[2].refused
+    assert isinstance(outcomes[3], errors.FencedLeaderEpochError)  # tablet server 2 leads it
+    assert isinstance(outcomes[4], errors.InvalidRequestError) and "db.a has no bucket 9" in outcomes[4].message
+    assert isinstance(outcomes[5], errors.TableNotExistError)
+    for table_id, plan in changes.items():
+        a.set(table_id, plan)
+    again = election.resign_leaderships(a, 1, asked[:3], {1, 2}, {1: "db.a", 2: "db.b"})  # resent: nothing new
+    assert again[0] == {} and again[1][:2] == outcomes[:2]

@@ -1,6 +1,7 @@
 """Replicated buckets on a real ZooKeeper with a real controller: create with a replication factor (and its
 errors), election when a server's registration goes, AlterIsr (fenced, stale, resent), controlled shutdown,
-a leader's resignation (written, told, resent, refused), and a standby taking over with the state. Tablet servers are registered by hand (their ZooKeeper nodes)."""
+a leader's resignation (written, told, resent, refused), and a standby taking over with the state. Tablet
+servers are registered by hand (their ZooKeeper nodes)."""
 
 from __future__ import annotations
 
@@ -204,17 +205,18 @@ def test_a_resignation_is_written_and_told_answered_again_when_resent_and_refuse
     a = states(ctrl, t)[0]
     other = next(r for r in a.replicas if r != a.leader)
     pushes = len(ctrl.recorder.pushes)
-    moved = call(ctrl, rq.ResignLeadership(a.leader, t.table_id, 0, a.leader_epoch, "No space left on device"))
+    resign = rq.ResignLeadership(a.leader, ((t.table_id, 0, a.leader_epoch, "No space left on device"),))
+    [moved] = call(ctrl, resign)
     assert moved.refused == "" and (moved.state.leader, moved.state.isr) == (other, (other,))
     assert states(ctrl, t)[0] == moved.state and stored(ctrl, t)[0]["leader"] == other  # written, then applied
     assert {sid for sid, *_ in ctrl.recorder.pushes[pushes:]} >= {a.leader, other}  # both replicas told
-    resent = call(ctrl, rq.ResignLeadership(a.leader, t.table_id, 0, a.leader_epoch, "its answer was lost"))
-    assert resent.state == moved.state and resent.refused == ""
-    # the new leader cannot write either: nobody else is in sync, it keeps the bucket
-    kept = call(ctrl, rq.ResignLeadership(other, t.table_id, 0, moved.state.leader_epoch, "EIO"))
+    assert call(ctrl, resign) == [moved]  # resent after its answer was lost: the same answer
+    # the new leader cannot write either: nobody else is in sync, it keeps the bucket; a bucket it lacks
+    kept, missing = call(ctrl, rq.ResignLeadership(other, ((t.table_id, 0, moved.state.leader_epoch, "EIO"),
+                                                           (t.table_id, 3, 1, "EIO"))))
     assert kept.state == moved.state and "no other live in-sync replica" in kept.refused
-    with pytest.raises(errors.InvalidRequestError, match="has no bucket 3"):
-        call(ctrl, rq.ResignLeadership(other, t.table_id, 3, moved.state.leader_epoch, "EIO"))
+    assert isinstance(missing, errors.InvalidRequestError) and "has no bucket 3" in missing.message
+    assert states(ctrl, t)[0] == moved.state
 
 
 def test_controlled_shutdown_moves_leaderships_and_a_standby_keeps_the_state(make_ctrl):

@@ -205,7 +205,7 @@ def test_the_replication_calls_are_for_the_cluster_principal_only(secure):
     for call, method in ((lambda a: a.alter_isr(b.leader_id, info.table_id, 0, b.leader_epoch, b.bucket_epoch,
                                                  [b.leader_id]), "AlterIsr"),
                          (lambda a: a.controlled_shutdown(b.leader_id), "ControlledShutdown"),
-                         (lambda a: a.resign_leadership(b.leader_id, info.table_id, 0, b.leader_epoch, "EIO"),
+                         (lambda a: a.resign_leadership(b.leader_id, [(info.table_id, 0, b.leader_epoch, "EIO")]),
                           "ResignLeadership")):
         with pytest.raises(errors.AuthorizationFailedError, match=method) as refusal:
             call(secure.admin)  # even a super user
@@ -219,8 +219,8 @@ def test_the_replication_calls_are_for_the_cluster_principal_only(secure):
     assert fenced.value.details == {"leader": b.leader_id, "leader_epoch": b.leader_epoch,
                                     "bucket_epoch": b.bucket_epoch, "isr": [b.leader_id]}
     assert cluster_admin.controlled_shutdown(b.leader_id) == 0  # one replica: nothing to move, nothing left
-    kept, refused = cluster_admin.resign_leadership(b.leader_id, info.table_id, 0, b.leader_epoch, "EIO")
-    assert kept.leader_id == b.leader_id and "one replica" in refused  # nothing to elect: it keeps the bucket
+    [kept] = cluster_admin.resign_leadership(b.leader_id, [(info.table_id, 0, b.leader_epoch, "EIO")])
+    assert kept.state.leader_id == b.leader_id and "one replica" in kept.refused  # nothing to elect: it keeps it
     assert secure.admin.get_table_assignment(info.table_id)[1][0] == b
 
 

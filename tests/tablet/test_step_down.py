@@ -25,7 +25,8 @@ def test_a_bucket_resigns_once_it_has_failed_for_the_timeout_and_is_failed_now()
     assert not s.due(KEY, True, 4, 100.0)
     assert not s.due(KEY, True, 4, 102.9)
     assert not s.due(KEY, False, 4, 103.0)  # reopened just now: nothing to resign while it works
-    assert s.due(KEY, True, 4, 103.1)  # failed again right after: the same streak
+    assert not s.due(KEY, False, 4, 103.1, failed_between=True)  # failed and reopened between two looks
+    assert s.due(KEY, True, 4, 103.2)  # failed again right after: the same streak
     s.resigned(KEY, 4)
     assert not s.due(KEY, True, 4, 104.0)  # asked and taken for that epoch: the push makes it a follower
 
@@ -33,11 +34,14 @@ def test_a_bucket_resigns_once_it_has_failed_for_the_timeout_and_is_failed_now()
 def test_a_failure_cleared_for_the_timeout_ends_the_streak():
     s = StepDowns(after_s=3.0)
     assert not s.due(KEY, True, 4, 100.0)
-    assert not s.due(KEY, False, 4, 101.0)
-    assert not s.due(KEY, False, 4, 103.0)  # no failure for 3 s: over
-    assert not s.due(KEY, True, 4, 103.5)  # a new failure starts a new streak
-    assert not s.due(KEY, True, 4, 106.4)
-    assert s.due(KEY, True, 4, 106.5)
+    assert not s.due(KEY, False, 4, 101.0, failed_between=True)  # a failure between two looks keeps it going
+    assert not s.due(KEY, False, 4, 103.0)
+    assert s.failing() == {KEY}
+    assert not s.due(KEY, False, 4, 104.0)  # no failure for 3 s: over
+    assert s.failing() == set()
+    assert not s.due(KEY, True, 4, 104.5)  # a new failure starts a new streak
+    assert not s.due(KEY, True, 4, 107.4)
+    assert s.due(KEY, True, 4, 107.5)
 
 
 def test_a_refused_resignation_is_asked_again_after_the_timeout():
@@ -87,13 +91,14 @@ def test_a_failure_raised_from_an_oserror_is_named_by_it():
 class LateResignation(LateFirstAnswer):
     def ResignLeadership(self, request, context):
         self._count("ResignLeadership")  # the resent call finds the leadership over: the current state
-        return pb.ResignLeadershipResponse(bucket=pb.BucketAssignmentPb(bucket=0, leader_id=2, leader_epoch=5,
-                                                                        replicas=[1, 2], isr=[2]))
+        return pb.ResignLeadershipResponse(buckets=[pb.ResignedBucketPb(bucket=pb.BucketAssignmentPb(
+            bucket=0, leader_id=2, leader_epoch=5, replicas=[1, 2], isr=[2]))])
 
 
 def test_a_resignation_whose_answer_was_lost_is_sent_again():
     servicer = LateResignation()
     with stand_in(servicer) as address, AdminClient([address], request_timeout_s=TIMEOUT_S, retry_total_s=10) as admin:
-        state, refused = admin.resign_leadership(1, 7, 0, 4, "ENOSPC")
+        [answer] = admin.resign_leadership(1, [(7, 0, 4, "ENOSPC")])
     assert servicer.calls["ResignLeadership"] == 2
-    assert (state.leader_id, state.isr, refused) == (2, (2,), "")
+    assert (answer.table_id, answer.bucket, answer.state.leader_id, answer.state.isr, answer.refused,
+            answer.error) == (7, 0, 2, (2,), "", None)

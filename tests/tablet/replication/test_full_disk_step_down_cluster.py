@@ -43,7 +43,8 @@ def cluster(make_config, tmp_path):
                 tablets[i] = ServerProcess(tmp_path / f"t{i}", "tablet", {
                     **base, "tablet.id": i, "tablet.port": port, "metrics.port": metrics_port,
                     "tablet.data-dir": str(data_dir), "kv.snapshot.interval": "1h",
-                    "tablet.bucket.reopen-backoff": "2s", "tablet.bucket.reopen-backoff.max": "2s"})
+                    # a failed bucket is not reopened for 5 s: the step-down (3 s) comes first
+                    "tablet.bucket.reopen-backoff": "5s", "tablet.bucket.reopen-backoff.max": "5s"})
             with AdminClient([coordinator.address], retry_total_s=30) as admin:
                 wait_until(lambda: {s.id for s in admin.list_tablet_servers()} == {1, 2}, 60, "both registered")
                 yield admin, tablets, disk
@@ -134,7 +135,7 @@ def test_a_leader_on_a_full_disk_steps_down_and_rejoins_as_a_follower_once_it_ha
     assert moved.isr == (2,) and moved.leader_epoch == first.leader_epoch + 1
 
     # the full server says why: its health, its metric, `cluster status --json`'s fields (it cannot reopen and
-    # rejoin before its 2 s reopen backoff passed)
+    # rejoin before its reopen backoff passed)
     health = wait_until(lambda: (h := health_of(tablets[1]))["stepped_down"] and h, 10, "the step-down reported")
     assert not health["healthy"] and health["resignations"] == 1
     assert health["stepped_down"] == [{"table_id": info.table_id, "table": "db.t", "bucket": 0,
