@@ -5,7 +5,8 @@ in-process coordinator on the test's ZooKeeper, the client over gRPC on loopback
 The disk fills: writes fail; within 10 s the in-sync follower leads and takes reads and writes, and the old
 leader reports why in its health; it cannot catch up while its disk is full; once space is freed it rejoins the
 ISR as a follower, and led again it holds exactly the rows the other replica holds, every acknowledged write
-among them."""
+among them. With no other in-sync replica the leader keeps the bucket and says why; a follower on a full disk
+leaves the ISR by lag and rejoins once it has room (in-process servers, their data dirs on the tmpfs)."""
 
 from __future__ import annotations
 
@@ -204,5 +205,32 @@ def test_a_leader_on_a_full_disk_with_no_other_in_sync_replica_keeps_the_bucket_
                 keys = sorted(acked)
                 assert [row["v"] for row in table.lookup(keys)] == [acked[k] for k in keys]
             assert bucket_state(c.admin, info.table_id).leader_id == leader
+        finally:
+            c.close()
+
+
+def test_a_follower_on_a_full_disk_leaves_the_isr_and_rejoins_once_it_has_room(make_config, tmp_path):
+    """In-process servers, the follower's data dir on the tmpfs: it cannot append, leaves the ISR by lag (writes
+    go on), and once space is freed it reopens, catches up and rejoins; led then, it has every write."""
+    with small_disk(tmp_path / "disk", size_mb=30) as disk:
+        c = LocalCluster(make_config, tmp_path, 1, {"replica.max-lag": "1s", "tablet.bucket.reopen-backoff": "100ms",
+                                                    "tablet.bucket.reopen-backoff.max": "200ms"})
+        try:
+            c.tablet_overrides["tablet.data-dir"] = str(disk / "t2")
+            c.start_tablet(2)
+            info = c.admin.create_table("db.t", SCHEMA, ["id"], 1, replication_factor=2)
+            led_by(c.admin, info.table_id, 1)
+            filler = fill(disk, leave_bytes=1 << 20)
+            acked: dict[int, str] = {}
+            with TableClient(c.admin, "db.t", retry_total_s=20) as table:
+                for i in range(30):  # 3 MB: more than the follower's disk has room for
+                    batch = {i * 50 + j: f"{i}-{PAYLOAD}" for j in range(50)}
+                    table.upsert([{"id": k, "v": v} for k, v in batch.items()])
+                    acked.update(batch)
+            assert bucket_state(c.admin, info.table_id).isr == (1,)  # it could not keep up: out by lag
+            filler.unlink()
+            wait_until(lambda: bucket_state(c.admin, info.table_id).isr == (1, 2), 30, "the follower back in sync")
+            led_by(c.admin, info.table_id, 2)
+            assert rows_of(c.admin) == acked
         finally:
             c.close()
