@@ -67,7 +67,7 @@ class ReplicationAdmin:
         Returns one :class:`Resigned` per bucket, in order."""
         asked = list(buckets)
         request = pb.ResignLeadershipRequest(server_id=server_id, buckets=[
-            pb.ResignBucketPb(table_id=t, bucket=b, leader_epoch=epoch, reason=reason) for t, b, epoch, reason in asked])
+            pb.ResignBucketPb(table_id=t, bucket=b, leader_epoch=epoch, reason=why) for t, b, epoch, why in asked])
         response = self._call("ResignLeadership", request)  # type: ignore[attr-defined]
         return [Resigned(t, b, None, "", error) if (error := error_from_pb(r.error))
                 else Resigned(t, b, bucket_leader(r.bucket), r.refused, None)

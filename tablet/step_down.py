@@ -11,11 +11,12 @@ and while it lasts the leader serves nothing although a follower is in sync. So 
   the bucket records counts, except damage, which a reopen cannot cure and which is reported as a lost replica
   instead (``tablet/bucket_damage.py``, ``tablet/replica_loss.py``);
 - a bucket failed now (its files refuse writes until their reopen, so as a follower it does not fetch and
-  rejoin the ISR before that) and failing for ``replica.leader.failure-timeout`` (3 s) resigns: ``ResignLeadership``
-  (fenced by its leader epoch, safe to resend) makes the coordinator elect another live in-sync replica and
-  take this server out of the ISR in the same write, so it is not elected back while it cannot write. The push
-  then makes this server a follower: its unacknowledged tail is truncated by leader epoch as after any
-  election, and once its files reopen it catches up and the new leader's ``AlterIsr`` adds it back;
+  rejoin the ISR before that) and failing for ``replica.leader.failure-timeout`` (3 s) resigns:
+  ``ResignLeadership`` (one call for the buckets due in a round, each fenced by its leader epoch, safe to
+  resend) makes the coordinator elect another live in-sync replica and take this server out of the ISR in the
+  same write, so it is not elected back while it cannot write. The push then makes this server a follower: its
+  unacknowledged tail is truncated by leader epoch as after any election, and once its files reopen it catches
+  up and the new leader's ``AlterIsr`` adds it back;
 - with no other live in-sync replica (or one replica) the coordinator refuses: the bucket stays led here and
   is asked again every ``replica.leader.failure-timeout``.
 
