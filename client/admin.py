@@ -60,8 +60,9 @@ IDEMPOTENT = READS | frozenset({
     # the others answer false when nothing changed (see coordinator/security_service.py)
     "AddUser", "RemoveUser", "AddAcl", "RemoveAcl",
     # replication (a tablet server's calls): an AlterIsr resent after its answer was lost finds the ISR it
-    # asked for and answers it; a controlled shutdown sent again moves what is left
-    "AlterIsr", "ControlledShutdown",
+    # asked for and answers it; a controlled shutdown sent again moves what is left; a resignation resent
+    # finds the leadership over and answers the bucket's state
+    "AlterIsr", "ControlledShutdown", "ResignLeadership",
     # moves (client/moves_admin.py): the same target answers the move in progress, a decommission the moves off
     # the server, a rebalance of a balanced cluster starts nothing, a recommission of one not marked answers false
     "ReassignBucket", "DecommissionTablet", "RecommissionTablet", "Rebalance",

@@ -2,18 +2,21 @@
 
 :class:`ReplicationAdmin` is mixed into :class:`client.admin.AdminClient`; it
 uses the admin client's transport (its ``_call``: the active coordinator,
-retries, errors). ``alter_isr`` and ``controlled_shutdown`` are internal calls
-(with security on, only the cluster's own principal may make them); both are
-safe to resend after a lost answer.
+retries, errors). ``alter_isr``, ``controlled_shutdown`` and
+``resign_leadership`` are internal calls (with security on, only the cluster's
+own principal may make them); each is safe to resend after a lost answer.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Iterable
 
-from client.admin_types import AlterIsrResult, BucketRef, ClusterHealth, TabletServerInfo
+from client.admin_types import AlterIsrResult, BucketLeader, BucketRef, ClusterHealth, TabletServerInfo
+from client.data_loss_admin import bucket_leader
 from common import errors
 from common.proto import coordinator_pb2 as pb
+from common.wire import error_from_pb
 
 
 class ReplicationAdmin:
@@ -56,3 +59,29 @@ class ReplicationAdmin:
         response = self._call("ControlledShutdown",  # type: ignore[attr-defined]
                               pb.ControlledShutdownRequest(server_id=server_id))
         return response.remaining_leaders
+
+    def resign_leadership(self, server_id: int, buckets: Iterable[tuple[int, int, int, str]]) -> list[Resigned]:
+        """Give up the leadership of ``buckets``, ``(table id, bucket, leader epoch, reason)`` each, that tablet
+        server ``server_id`` leads at those epochs and cannot write (``reason``: its local failure;
+        ``tablet/step_down.py``): for each, another live in-sync replica leads and ``server_id`` leaves the ISR.
+        Returns one :class:`Resigned` per bucket, in order."""
+        asked = list(buckets)
+        request = pb.ResignLeadershipRequest(server_id=server_id, buckets=[
+            pb.ResignBucketPb(table_id=t, bucket=b, leader_epoch=epoch, reason=why) for t, b, epoch, why in asked])
+        response = self._call("ResignLeadership", request)  # type: ignore[attr-defined]
+        return [Resigned(t, b, None, "", error) if (error := error_from_pb(r.error))
+                else Resigned(t, b, bucket_leader(r.bucket), r.refused, None)
+                for (t, b, _epoch, _reason), r in zip(asked, response.buckets)]
+
+
+@dataclass(frozen=True)
+class Resigned:
+    """One bucket's answer to :meth:`ReplicationAdmin.resign_leadership`: its state after the call and why the
+    leadership was kept ("" when it moved, or was over already: a resent call), or the error that refused it
+    (``state`` None; FencedLeaderEpochError: the server leads it at another epoch)."""
+
+    table_id: int
+    bucket: int
+    state: BucketLeader | None
+    refused: str
+    error: errors.KvLeaseError | None

@@ -226,6 +226,10 @@ REPLICA_FETCH_MAX_BYTES = _key("replica.fetch.max-bytes", "4mb", parse_size,
                                "changelog bytes one follower fetch asks for")
 REPLICA_MAX_LAG = _key("replica.max-lag", "10s", parse_duration_ms,
                        "a follower not caught up to the leader's log end for this long leaves the ISR")
+REPLICA_LEADER_FAILURE_TIMEOUT = _key("replica.leader.failure-timeout", "3s", parse_duration_ms,
+                                      "a leader whose local writes or opens of a replicated bucket have failed "
+                                      "this long (a full disk, EIO, a read-only remount) gives its leadership to "
+                                      "another in-sync replica")
 REPLICA_REBUILD_MAX_BYTES_PER_S = _key("replica.rebuild.max-bytes-per-s", 104857600, parse_size,
                                        "download bandwidth of a tablet server's replica rebuilds from remote "
                                        "snapshots, shared by them all (bytes per second, e.g. 100mb; 0: unlimited)")

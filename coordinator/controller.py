@@ -29,6 +29,7 @@ from common.model import Lease, TableBucket
 from common.statemachine import Dispatcher, on
 from common.storage import RemoteStorage
 from common.tls import TlsFiles
+from coordinator import election
 from coordinator import requests as rq
 from coordinator.assignment import Assignments
 from coordinator.catalog import TableCatalog
@@ -368,6 +369,23 @@ class Controller(Dispatcher):
     @_barrier
     def _controlled_shutdown(self, request: rq.ControlledShutdown) -> int:
         return self.members.controlled_shutdown(request.server_id)
+
+    @on(rq.ResignLeadership)
+    @_barrier
+    def _resign_leadership(self, r: rq.ResignLeadership) -> list:
+        """A leader that cannot write hands buckets to other live in-sync replicas (one write), or keeps those with
+        none: each one's Resignation, or the error that refused it."""
+        changes, outcomes = election.resign_leaderships(
+            self.assignments, r.server_id, [(t, b, epoch) for t, b, epoch, _why in r.buckets], set(self.servers),
+            {t: table.path for t, table in self.catalog.by_id.items()})
+        if changes:
+            self.members.apply(changes)
+        for (table_id, bucket, _epoch, why), outcome in zip(r.buckets, outcomes):
+            if isinstance(outcome, election.Resignation):  # refusals are asked again: logged quieter
+                log.log(logging.INFO if outcome.refused else logging.WARNING, "tablet server %d cannot write bucket "
+                        "%d of table %d (%s): %s", r.server_id, bucket, table_id, why,
+                        outcome.refused or f"tablet server {outcome.state.leader} leads it now")
+        return outcomes
 
     @on(rq.ReassignBucket)
     @_barrier

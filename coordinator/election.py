@@ -20,6 +20,9 @@
 - :func:`alter_isr`: the leader's ISR change, fenced by its epochs (a replica it adds owes no restore
   any more: it holds what the leader holds).
 - :func:`controlled_shutdown`: a stopping server's leaderships move to other live ISR members.
+- :func:`resign_leadership`: a leader that cannot write (its disk is full, ``tablet/step_down.py``) hands
+  a bucket to another live ISR member and leaves the ISR, fenced by its leader epoch
+  (:func:`resign_leaderships`: several buckets, one set of changes).
 
 Every function returns new states; the caller writes them (fenced) and only then applies them.
 """
@@ -27,7 +30,7 @@ Every function returns new states; the caller writes them (fenced) and only then
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Iterable
+from typing import Iterable, Mapping
 
 from common import errors
 from coordinator.assignment import UNASSIGNED, Assignments, BucketAssignment, Capacity, Changes
@@ -194,3 +197,68 @@ def controlled_shutdown(assignments: Assignments, server_id: int, live: set[int]
                               bucket_epoch=a.bucket_epoch + 1)
             changes.setdefault(table_id, dict(buckets))[bucket] = new
     return changes, remaining
+
+
+@dataclass(frozen=True)
+class Resignation:
+    """The answer to a leader's resignation: the bucket's state after it, and why the leader keeps it
+    (``refused``; "" when it no longer leads at the epoch it named)."""
+
+    state: BucketAssignment
+    refused: str = ""
+
+
+def resign_leadership(a: BucketAssignment, server_id: int, leader_epoch: int, live: set[int],
+                      where: str = "the bucket") -> Resignation:
+    """``server_id``, which leads ``a`` at ``leader_epoch`` and cannot write, gives the leadership up: the first
+    other live ISR member (in replica order) leads, and ``server_id`` leaves the ISR in the same state (it
+    must not be elected back while it cannot write; it rejoins through the new leader's AlterIsr once its
+    writes work and it caught up). Refused, ``a`` unchanged, when no other live in-sync replica exists (or
+    the bucket has one replica): it keeps leading and ``refused`` says why.
+
+    Resent after its answer was lost, or asked of a leadership already over (another server leads, or none,
+    at a later epoch): ``a`` unchanged. FencedLeaderEpochError (its details: the current state) if
+    ``server_id`` leads at another epoch than ``leader_epoch``, or the bucket's epoch is older than it (a
+    request that is not a leader's).
+    """
+    if a.leader != server_id and a.leader_epoch > leader_epoch:
+        return Resignation(a)  # that leadership is over already
+    if a.leader != server_id or a.leader_epoch != leader_epoch:
+        raise errors.FencedLeaderEpochError(
+            f"resignation of {where} by tablet server {server_id} at leader epoch {leader_epoch} refused: the "
+            f"bucket's leader is {a.leader} at leader epoch {a.leader_epoch}", **current_state(a))
+    if a.replication_factor <= 1:
+        return Resignation(a, f"{where} has one replica: no other can lead it")
+    others = [r for r in a.isr if r != server_id and r in live]
+    if not others:
+        return Resignation(a, f"{where} has no other live in-sync replica (ISR {list(a.isr)}, replicas "
+                              f"{list(a.replicas)}) to lead it")
+    return Resignation(_new_leader(a, others[0], [r for r in a.isr if r != server_id]))
+
+
+def resign_leaderships(assignments: Assignments, server_id: int, asked: Iterable[tuple[int, int, int]], live: set[int],
+                       paths: Mapping[int, str]) -> tuple[Changes, list[Resignation | errors.KvLeaseError]]:
+    """:func:`resign_leadership` of each ``(table id, bucket, leader epoch)`` asked by ``server_id``: the changes
+    to write (every table with a changed bucket, all its buckets) and each one's outcome in order, a
+    Resignation or the error that refused it (FencedLeaderEpochError; TableNotExistError for a table not in
+    ``paths``, table id -> path; InvalidRequestError for a bucket it does not have)."""
+    changes: Changes = {}
+    outcomes: list[Resignation | errors.KvLeaseError] = []
+    for table_id, bucket, leader_epoch in asked:
+        buckets = changes.get(table_id) or assignments.by_table.get(table_id, {})
+        if table_id not in paths:
+            outcomes.append(errors.TableNotExistError(f"table id {table_id} does not exist", table_id=table_id))
+            continue
+        if bucket not in buckets:
+            outcomes.append(errors.InvalidRequestError(f"table {paths[table_id]} has no bucket {bucket}"))
+            continue
+        try:
+            outcome = resign_leadership(buckets[bucket], server_id, leader_epoch, live,
+                                        f"bucket {bucket} of {paths[table_id]}")
+        except errors.FencedLeaderEpochError as exc:
+            outcomes.append(exc)
+            continue
+        if outcome.state != buckets[bucket]:
+            changes[table_id] = {**buckets, bucket: outcome.state}
+        outcomes.append(outcome)
+    return changes, outcomes

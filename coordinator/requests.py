@@ -15,8 +15,8 @@ from common.tables import TableSpec
 
 __all__ = ["ConfirmRestore", "ElectLeader", "ReportLogEnds", "ReportReplicaLoss", "RestoreBucket", "AlterIsr", "CommitSnapshot", "ControlledShutdown", "CreateTable", "DescribeLease", "DropTable", "GetTable", "GetTableAssignment", "Guarded",
            "ListLeases", "ListSnapshots", "ListTables", "ListTabletServers", "RemoveOrphanLeaseFiles",
-           "TabletServersChanged", "PushDelivered", "ReassignBucket", "DecommissionTablet", "RecommissionTablet", "Rebalance",
-           "ListReassignments"]
+           "TabletServersChanged", "PushDelivered", "ReassignBucket", "DecommissionTablet", "RecommissionTablet",
+           "Rebalance", "ListReassignments", "ResignLeadership"]
 
 
 @dataclass(frozen=True)
@@ -119,6 +119,15 @@ class ControlledShutdown:
     """A tablet server about to stop: move its leaderships away, take it out of the ISRs."""
 
     server_id: int
+
+
+@dataclass(frozen=True)
+class ResignLeadership:
+    """A leader that cannot write some buckets (a full disk) gives their leadership up: ``(table id, bucket,
+    leader epoch, reason)`` each (fenced by its leader epoch; the reason, its local failure, is logged)."""
+
+    server_id: int
+    buckets: tuple[tuple[int, int, int, str], ...]
 
 
 @dataclass(frozen=True)

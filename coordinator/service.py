@@ -36,10 +36,12 @@ log = logging.getLogger(__name__)
 MAX_ACQUIRES_PER_CALL = 1024
 
 #: Methods only the cluster's own principal may call (a tablet server committing a snapshot, a leader changing
-#: its bucket's ISR, a stopping tablet server moving its leaderships away).
+#: its bucket's ISR, a stopping tablet server moving its leaderships away, a leader that cannot write giving
+#: one up).
 INTERNAL_METHODS = ("/kvlease.CoordinatorService/CommitKvSnapshot", "/kvlease.CoordinatorService/AlterIsr",
                     "/kvlease.CoordinatorService/ControlledShutdown", "/kvlease.CoordinatorService/ReportReplicaLoss",
-                    "/kvlease.CoordinatorService/ReportLogEnds", "/kvlease.CoordinatorService/ConfirmRestore")
+                    "/kvlease.CoordinatorService/ReportLogEnds", "/kvlease.CoordinatorService/ConfirmRestore",
+                    "/kvlease.CoordinatorService/ResignLeadership")
 
 
 @refusing_partition_ids(pb.DESCRIPTOR.services_by_name["CoordinatorService"])
@@ -276,6 +278,18 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
     def ControlledShutdown(self, request, context):
         return self._run(rq.ControlledShutdown(request.server_id), pb.ControlledShutdownResponse,
                          lambda remaining: {"remaining_leaders": remaining})
+
+    def ResignLeadership(self, request, context):
+        """A leader that cannot write gives buckets up (tablet/step_down.py): one answer per bucket, in order."""
+        resign = rq.ResignLeadership(request.server_id, tuple((b.table_id, b.bucket, b.leader_epoch, b.reason)
+                                                              for b in request.buckets))
+
+        def answer(asked, outcome) -> pb.ResignedBucketPb:
+            if isinstance(outcome, errors.KvLeaseError):
+                return pb.ResignedBucketPb(error=error_pb(outcome))
+            return pb.ResignedBucketPb(bucket=assignment_pb(asked.bucket, outcome.state), refused=outcome.refused)
+        return self._run(resign, pb.ResignLeadershipResponse,
+                         lambda outcomes: {"buckets": [answer(*pair) for pair in zip(request.buckets, outcomes)]})
 
     # -- moving replicas (issue 31): admin operations, ALTER on the cluster ---------------------------
 

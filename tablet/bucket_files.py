@@ -92,6 +92,9 @@ class BucketFiles:
         self.replayed = (0, 0)
         #: Why the bucket cannot write (None: it can); cleared by a successful (re)open.
         self.failure: BaseException | None = None
+        #: Failures recorded since this object exists (never reset): a failure repaired between two looks is
+        #: still seen (``tablet/step_down.py``).
+        self.failure_count = 0
         self._failures = 0  # in a row
         self._retry_at = 0.0
         self.closed = False
@@ -227,6 +230,7 @@ class BucketFiles:
 
     def _record(self, exc: BaseException) -> None:
         self.failure = exc
+        self.failure_count += 1
         self._failures += 1
         delay = self._backoff.delay(self._failures)
         self._retry_at = self._monotonic() + delay

@@ -47,6 +47,7 @@ from tablet.replication.isr_changes import IsrKeeper
 from client.transport import Channels
 from tablet import scan_wire
 from tablet.scan_service import ScanService
+from tablet.step_down import StepDown
 from tablet.service import INTERNAL_METHODS, TabletService
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,7 @@ class TabletServer:
         self.fetchers: Fetchers | None = None
         self.fetches_service: ReplicaFetchService | None = None
         self.isr_keeper: IsrKeeper | None = None
+        self.step_down: StepDown | None = None
         self.metrics_port: int | None = None
         self._grpc = None
         self._stopping = threading.Event()
@@ -105,7 +107,7 @@ class TabletServer:
         self.replicas.dir_id = self.dir_id
         self._start_replication()
         self.scans = ScanService(self.replicas, c, security=self.security).start()
-        self.scans.metrics.registry.register(HealthCollector(self.replicas))
+        self.scans.metrics.registry.register(HealthCollector(self.replicas, self.step_down))
         self.scans.metrics.registry.register(RebuildCollector(self.replicas, self.fetchers))
         self.keeper = BucketKeeper(self.replicas).start()
         self._grpc = grpc.server(ThreadPoolExecutor(max_workers=c[cfg.TABLET_RPC_THREADS],
@@ -151,6 +153,8 @@ class TabletServer:
         self.isr_keeper = IsrKeeper(self.server_id, self.replicas.leaderships, self.admin.alter_isr,
                                     max_lag_ms=c[cfg.REPLICA_MAX_LAG]).start()
         self.replicas.on_isr_due = self.isr_keeper.wake
+        self.step_down = StepDown(self.server_id, self.replicas, self.admin.resign_leadership,  # tablet/step_down.py
+                                  after_s=c[cfg.REPLICA_LEADER_FAILURE_TIMEOUT] / 1000.0).start()
 
     def _controlled_shutdown(self) -> None:
         """Ask the coordinator to move this server's leaderships of replicated buckets away, and wait until
@@ -204,6 +208,8 @@ class TabletServer:
             self.isr_keeper.stop()
         if self.lease_renewer is not None:
             self.lease_renewer.stop()
+        if self.step_down is not None:
+            self.step_down.stop()
         if self.fetchers is not None:
             self.fetchers.stop()
         if self.zk is not None:

@@ -179,6 +179,11 @@ class CoordinatorServiceStub:
                 request_serializer=common_dot_proto_dot_coordinator__pb2.ConfirmRestoreRequest.SerializeToString,
                 response_deserializer=common_dot_proto_dot_coordinator__pb2.ConfirmRestoreResponse.FromString,
                 _registered_method=True)
+        self.ResignLeadership = channel.unary_unary(
+                '/kvlease.CoordinatorService/ResignLeadership',
+                request_serializer=common_dot_proto_dot_coordinator__pb2.ResignLeadershipRequest.SerializeToString,
+                response_deserializer=common_dot_proto_dot_coordinator__pb2.ResignLeadershipResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServiceServicer:
@@ -358,6 +363,12 @@ class CoordinatorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ResignLeadership(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -505,6 +516,11 @@ def add_CoordinatorServiceServicer_to_server(servicer, server):
                     servicer.ConfirmRestore,
                     request_deserializer=common_dot_proto_dot_coordinator__pb2.ConfirmRestoreRequest.FromString,
                     response_serializer=common_dot_proto_dot_coordinator__pb2.ConfirmRestoreResponse.SerializeToString,
+            ),
+            'ResignLeadership': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResignLeadership,
+                    request_deserializer=common_dot_proto_dot_coordinator__pb2.ResignLeadershipRequest.FromString,
+                    response_serializer=common_dot_proto_dot_coordinator__pb2.ResignLeadershipResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1290,6 +1306,33 @@ class CoordinatorService:
             '/kvlease.CoordinatorService/ConfirmRestore',
             common_dot_proto_dot_coordinator__pb2.ConfirmRestoreRequest.SerializeToString,
             common_dot_proto_dot_coordinator__pb2.ConfirmRestoreResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResignLeadership(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvlease.CoordinatorService/ResignLeadership',
+            common_dot_proto_dot_coordinator__pb2.ResignLeadershipRequest.SerializeToString,
+            common_dot_proto_dot_coordinator__pb2.ResignLeadershipResponse.FromString,
             options,
             channel_credentials,
             insecure,

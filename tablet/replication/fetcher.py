@@ -119,12 +119,15 @@ class Fetchers:
             try:
                 with replica.fetch_lock:
                     store = replica.store
+                    # failed files (a full disk) cannot append: no fetch, which would count as caught up and
+                    # put it back in the ISR (tablet/step_down.py); the keeper reopens them after their backoff
+                    store.files.check_writable()
                     items.append(pb.ReplicaFetchBucketPb(
                         table_id=replica.table.table_id, bucket=replica.bucket, fetch_offset=store.log_end_offset,
                         leader_epoch=replica.role.leader_epoch, last_fetched_epoch=store.last_epoch,
                         max_bytes=self.max_bytes))
                     asked.append((replica, replica.role, items[-1].fetch_offset))
-            except errors.KvLeaseError as exc:  # its files cannot open now: the others go on
+            except errors.KvLeaseError as exc:  # its files cannot open or write now: the others go on
                 damage = bucket_damage.damage_of(replica.store)
                 if damage is not None and self.rebuilder is not None and not replica.leads:
                     log.error("%s: its local files are damaged (%s): rebuilding it from a remote snapshot",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 
 import pytest
@@ -171,3 +172,63 @@ def test_controlled_shutdown_moves_leaderships_to_live_isr_members_and_is_idempo
     assert remaining == 1
     a.set(1, changes[1])
     assert election.controlled_shutdown(a, 1, {1, 2, 3}) == ({}, 1)
+
+
+# -- a leader that cannot write resigns --------------------------------------------------------------
+
+def test_a_resigning_leader_hands_the_bucket_to_the_first_other_live_isr_member_and_leaves_the_isr():
+    a = state(1, [1, 2, 3], [1, 2, 3], 4, 7)
+    moved = election.resign_leadership(a, 1, 4, {1, 3})  # 2 is in the ISR but not live
+    assert moved == election.Resignation(state(3, [1, 2, 3], [2, 3], 5, 8))
+    assert election.resign_leadership(state(2, [1, 2, 3], [1, 2, 3], 4, 7), 2, 4, {1, 2, 3}).state == state(
+        1, [1, 2, 3], [1, 3], 5, 8)  # replica order: the preferred replica first
+
+
+def test_a_resignation_resent_after_its_answer_was_lost_changes_nothing():
+    a = state(1, [1, 2], [1, 2], 4, 7)
+    after = election.resign_leadership(a, 1, 4, {1, 2}).state
+    assert after == state(2, [1, 2], [2], 5, 8)
+    assert election.resign_leadership(after, 1, 4, {1, 2}) == election.Resignation(after)
+    offline = state(UNASSIGNED, [1, 2], [2], 6, 9)  # the new leader died since: still over for epoch 4
+    assert election.resign_leadership(offline, 1, 4, {1}) == election.Resignation(offline)
+
+
+@pytest.mark.parametrize("a, live, why", [
+    (state(1, [1, 2], [1], 4, 7), {1, 2}, r"no other live in-sync replica \(ISR \[1\], replicas \[1, 2\]\)"),
+    (state(1, [1, 2, 3], [1, 2], 4, 7), {1, 3}, "no other live in-sync replica"),
+    (state(1, [1], [1], 4, 4), {1, 2}, "one replica"),
+], ids=["isr-of-the-leader-alone", "in-sync-replica-not-live", "one-replica"])
+def test_a_resignation_with_no_one_to_take_the_bucket_is_refused_and_changes_nothing(a, live, why):
+    kept = election.resign_leadership(a, 1, 4, live, "bucket 0 of db.t")
+    assert kept.state is a and re.search(why, kept.refused) and kept.refused.startswith("bucket 0 of db.t")
+
+
+@pytest.mark.parametrize("a, server, epoch", [
+    (state(1, [1, 2], [1, 2], 4, 7), 1, 3),  # leads at a newer epoch: a stale request
+    (state(1, [1, 2], [1, 2], 4, 7), 1, 5),  # an epoch the bucket never had
+    (state(1, [1, 2], [1, 2], 4, 7), 2, 4),  # not the leader at that epoch
+    (state(2, [1, 2], [1, 2], 4, 7), 1, 5),
+])
+def test_a_resignation_not_by_the_leader_at_its_epoch_is_fenced_with_the_current_state(a, server, epoch):
+    with pytest.raises(errors.FencedLeaderEpochError) as info:
+        election.resign_leadership(a, server, epoch, {1, 2})
+    assert info.value.details == election.current_state(a)
+
+
+def test_resignations_of_several_buckets_are_one_set_of_changes_with_an_outcome_each():
+    a = Assignments()
+    a.set(1, {0: state(1, [1, 2], [1, 2], 4, 7), 1: state(1, [2, 1], [1, 2], 2, 3), 2: state(1, [1, 2], [1], 1, 1)})
+    a.set(2, {0: state(2, [2, 1], [2, 1], 1, 1)})
+    asked = [(1, 0, 4), (1, 1, 2), (1, 2, 1), (2, 0, 1), (1, 9, 1), (3, 0, 1)]
+    changes, outcomes = election.resign_leaderships(a, 1, asked, {1, 2}, {1: "db.a", 2: "db.b"})
+    assert changes == {1: {0: state(2, [1, 2], [2], 5, 8), 1: state(2, [2, 1], [2], 3, 4),
+                           2: state(1, [1, 2], [1], 1, 1)}}  # both moves of table 1 in one table's changes
+    assert outcomes[:2] == [election.Resignation(changes[1][0]), election.Resignation(changes[1][1])]
+    assert outcomes[2].state == a.table(1)[2] and "no other live in-sync replica" in outcomes[2].refused
+    assert isinstance(outcomes[3], errors.FencedLeaderEpochError)  # tablet server 2 leads it
+    assert isinstance(outcomes[4], errors.InvalidRequestError) and "db.a has no bucket 9" in outcomes[4].message
+    assert isinstance(outcomes[5], errors.TableNotExistError)
+    for table_id, plan in changes.items():
+        a.set(table_id, plan)
+    again = election.resign_leaderships(a, 1, asked[:3], {1, 2}, {1: "db.a", 2: "db.b"})  # resent: nothing new
+    assert again[0] == {} and again[1][:2] == outcomes[:2]

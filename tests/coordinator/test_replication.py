@@ -1,6 +1,7 @@
 """Replicated buckets on a real ZooKeeper with a real controller: create with a replication factor (and its
 errors), election when a server's registration goes, AlterIsr (fenced, stale, resent), controlled shutdown,
-and a standby taking over with the state. Tablet servers are registered by hand (their ZooKeeper nodes)."""
+a leader's resignation (written, told, resent, refused), and a standby taking over with the state. Tablet
+servers are registered by hand (their ZooKeeper nodes)."""
 
 from __future__ import annotations
 
@@ -195,6 +196,27 @@ def test_alter_isr_fenced_stale_resent_and_refused(make_ctrl):
     with pytest.raises(errors.InvalidRequestError, match="not live"):
         call(ctrl, rq.AlterIsr(a.leader, t.table_id, 0, a.leader_epoch, new.bucket_epoch, a.replicas))
     assert states(ctrl, t)[0] == new
+
+
+def test_a_resignation_is_written_and_told_answered_again_when_resent_and_refused_with_no_one_to_lead(make_ctrl):
+    ctrl = make_ctrl()
+    register(ctrl, 1, 2)
+    t = create(ctrl, "t", 1, rf=2)
+    a = states(ctrl, t)[0]
+    other = next(r for r in a.replicas if r != a.leader)
+    pushes = len(ctrl.recorder.pushes)
+    resign = rq.ResignLeadership(a.leader, ((t.table_id, 0, a.leader_epoch, "No space left on device"),))
+    [moved] = call(ctrl, resign)
+    assert moved.refused == "" and (moved.state.leader, moved.state.isr) == (other, (other,))
+    assert states(ctrl, t)[0] == moved.state and stored(ctrl, t)[0]["leader"] == other  # written, then applied
+    assert {sid for sid, *_ in ctrl.recorder.pushes[pushes:]} >= {a.leader, other}  # both replicas told
+    assert call(ctrl, resign) == [moved]  # resent after its answer was lost: the same answer
+    # the new leader cannot write either: nobody else is in sync, it keeps the bucket; a bucket it lacks
+    kept, missing = call(ctrl, rq.ResignLeadership(other, ((t.table_id, 0, moved.state.leader_epoch, "EIO"),
+                                                           (t.table_id, 3, 1, "EIO"))))
+    assert kept.state == moved.state and "no other live in-sync replica" in kept.refused
+    assert isinstance(missing, errors.InvalidRequestError) and "has no bucket 3" in missing.message
+    assert states(ctrl, t)[0] == moved.state
 
 
 def test_controlled_shutdown_moves_leaderships_and_a_standby_keeps_the_state(make_ctrl):

@@ -197,14 +197,16 @@ def test_under_mutual_tls_the_certificate_names_the_caller(make_config, tmp_path
         assert eventually(lambda: anonymous.get_table("db.t")).path == "db.t"
 
 
-def test_alter_isr_and_controlled_shutdown_are_for_the_cluster_principal_only(secure):
+def test_the_replication_calls_are_for_the_cluster_principal_only(secure):
     info = secure.cluster.create_table("db.r", COLUMNS, ["id"], 1)
     _table, leaders = secure.admin.get_table_assignment(info.table_id)
     b = leaders[0]
     assert (b.replicas, b.isr) == ((b.leader_id,), (b.leader_id,))
     for call, method in ((lambda a: a.alter_isr(b.leader_id, info.table_id, 0, b.leader_epoch, b.bucket_epoch,
                                                  [b.leader_id]), "AlterIsr"),
-                         (lambda a: a.controlled_shutdown(b.leader_id), "ControlledShutdown")):
+                         (lambda a: a.controlled_shutdown(b.leader_id), "ControlledShutdown"),
+                         (lambda a: a.resign_leadership(b.leader_id, [(info.table_id, 0, b.leader_epoch, "EIO")]),
+                          "ResignLeadership")):
         with pytest.raises(errors.AuthorizationFailedError, match=method) as refusal:
             call(secure.admin)  # even a super user
         assert "User:admin" in refusal.value.message
@@ -217,6 +219,8 @@ def test_alter_isr_and_controlled_shutdown_are_for_the_cluster_principal_only(se
     assert fenced.value.details == {"leader": b.leader_id, "leader_epoch": b.leader_epoch,
                                     "bucket_epoch": b.bucket_epoch, "isr": [b.leader_id]}
     assert cluster_admin.controlled_shutdown(b.leader_id) == 0  # one replica: nothing to move, nothing left
+    [kept] = cluster_admin.resign_leadership(b.leader_id, [(info.table_id, 0, b.leader_epoch, "EIO")])
+    assert kept.state.leader_id == b.leader_id and "one replica" in kept.refused  # nothing to elect: it keeps it
     assert secure.admin.get_table_assignment(info.table_id)[1][0] == b
 
 

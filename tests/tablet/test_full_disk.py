@@ -106,6 +106,7 @@ def test_a_tablet_server_on_a_full_disk_recovers_its_bucket_by_itself(make_confi
                 # reported at once, and for the 5 s backoff (a reopen before the space is freed may succeed)
                 problems = health()["problems"]
                 assert "bucket 0 of table" in problems[0] and "failed" in problems[0]
+                assert "with one replica: no other can serve it" in problems[0]  # nothing to elect: it waits
 
                 filler.unlink()  # nothing else: the server reopens the bucket by itself
                 c.wait_for(lambda: health()["healthy"], "the bucket reopened")
