@@ -381,6 +381,8 @@ class Controller(Dispatcher):
         if changes:
             self.members.apply(changes)
         for (table_id, bucket, _epoch, why), outcome in zip(r.buckets, outcomes):
+            if isinstance(outcome, election.Resignation) and not outcome.refused:
+                self.preferred.resigned(r.server_id)  # not handed back at once (coordinator/preferred_leaders.py)
             if isinstance(outcome, election.Resignation):  # refusals are asked again: logged quieter
                 log.log(logging.INFO if outcome.refused else logging.WARNING, "tablet server %d cannot write bucket "
                         "%d of table %d (%s): %s", r.server_id, bucket, table_id, why,

@@ -16,7 +16,9 @@ Leadership goes back to a bucket's preferred replica (its first,
   (Kafka's ``leader.imbalance.per.broker.percentage``), e.g. leaderships a
   controlled shutdown moved away from a server that is in sync again.
 
-Only replicas that :func:`~coordinator.leader_balance.may_lead` are elected.
+Only replicas that :func:`~coordinator.leader_balance.may_lead` are elected, and none of a server that
+gave a leadership up because it could not write (``ResignLeadership``, a full disk) within the last check
+interval: back in an ISR it had nothing to write, it would be elected and give it up again.
 The plans are :mod:`coordinator.leader_balance`'s; this shell writes them
 through :meth:`~coordinator.membership.Membership.apply` (fenced, then
 applied, then every replica told). A write that fails (not fatally) is
@@ -49,6 +51,17 @@ class PreferredLeaders:
         self.metrics = metrics
         self._queued: set[tuple[int, int]] = set()
         self._next_check_ms = clock_ms() + check_interval_ms
+        self._resigned: dict[int, int] = {}  # server -> until when (ms) it is not elected
+
+    def resigned(self, server_id: int) -> None:
+        """``server_id`` gave a leadership up because it could not write: not elected for a check interval."""
+        self._resigned[server_id] = self.clock_ms() + self.check_interval_ms
+
+    def _excluded(self) -> set[int]:
+        """Servers not to elect now: decommissioned, or resigned within the last check interval."""
+        now = self.clock_ms()
+        self._resigned = {s: until for s, until in self._resigned.items() if until > now}
+        return set(self.members.decommissioned.ids) | set(self._resigned)
 
     def isr_changed(self, table_id: int, bucket: int, before: BucketAssignment | None) -> None:
         """The bucket's ISR changed from ``before``: queue it if that brought its preferred replica back."""
@@ -61,7 +74,7 @@ class PreferredLeaders:
         if not self._queued:
             return
         queued, self._queued = sorted(self._queued), set()
-        live, excluded = set(self.members.servers), self.members.decommissioned.ids
+        live, excluded = set(self.members.servers), self._excluded()
         elected = {}
         for table_id, bucket in queued:
             a = self.members.assignments.table(table_id).get(bucket)
@@ -76,8 +89,8 @@ class PreferredLeaders:
         if not self.enabled or now < self._next_check_ms:
             return
         self._next_check_ms = now + self.check_interval_ms
-        elected = leader_balance.elections(self.members.assignments, self.members.servers,
-                                           self.members.decommissioned.ids, self.threshold_pct)
+        elected = leader_balance.elections(self.members.assignments, self.members.servers, self._excluded(),
+                                           self.threshold_pct)
         self._elect(elected, f"imbalance above {self.threshold_pct:g}%")
 
     def _elect(self, elected: dict[tuple[int, int], BucketAssignment], why: str) -> None:

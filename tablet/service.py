@@ -26,6 +26,7 @@ import logging
 import pyarrow as pa
 
 from common import errors
+from common.logentry import ChangelogError, CorruptLogError
 from common.proto import tablet_pb2 as pb
 from common.proto import tablet_pb2_grpc as pb_grpc
 from common.wire import error_pb, handle_to_pb, refusing_partition_ids, table_from_pb
@@ -65,15 +66,22 @@ def _answer(response_cls, work):
 @contextlib.contextmanager
 def _serving(replica):
     """NOT_LEADER (the client retries where the bucket is led now) for a request whose store was closed under
-    it: its replica stopped being held here, or was opened again in another mode (tablet/replicas.py)."""
+    it: its replica stopped being held here, or was opened again in another mode (tablet/replicas.py).
+    LEADER_NOT_AVAILABLE (retried too) for one a replicated bucket's local files failed (a full disk, EIO):
+    its leadership goes to another in-sync replica (tablet/step_down.py), where the retry lands."""
     try:
         yield
-    except BucketStoreError:
-        if not replica.closed:
+    except (BucketStoreError, ChangelogError) as exc:
+        if replica.closed:
+            raise errors.NotLeaderError(f"bucket {replica.bucket} of table {replica.table.table_id} was closed on "
+                                        "this tablet server while the request ran; retry it",
+                                        table_id=replica.table.table_id, bucket=replica.bucket) from None
+        if isinstance(exc, CorruptLogError) or not replica.replicated or replica.store.files.failure is None:
             raise
-        raise errors.NotLeaderError(f"bucket {replica.bucket} of table {replica.table.table_id} was closed on this "
-                                    "tablet server while the request ran; retry it", table_id=replica.table.table_id,
-                                    bucket=replica.bucket) from None
+        raise errors.LeaderNotAvailableError(
+            f"bucket {replica.bucket} of table {replica.table.path}: its leader cannot use its local files "
+            f"({exc.message}); it gives its leadership to another in-sync replica: retry",
+            table_id=replica.table.table_id, bucket=replica.bucket) from None
 
 
 def _batch(data: bytes) -> pa.RecordBatch | None:

@@ -146,3 +146,23 @@ def test_rebalance_of_the_leaders_starts_no_replica_move(make_ctrl):
     assert all(a.reassign is None for a in states(ctrl, t).values())
     moves, _leaders = call(ctrl, rq.Rebalance())
     assert moves
+
+
+def test_a_server_that_gave_a_leadership_up_is_not_elected_back_for_a_check_interval(make_ctrl):
+    """A full disk: it resigned (ResignLeadership) and left the ISR; back in it with nothing new to write (its
+    disk may still be full), it is not made leader again at once, only after a check interval."""
+    ctrl = make_ctrl()
+    register(ctrl, 1, 2, 3)
+    t = create(ctrl, "t", 3, rf=3)
+    bucket, a = next((b, a) for b, a in sorted(states(ctrl, t).items()) if a.leader == a.replicas[0])
+    server = a.leader
+    outcomes = call(ctrl, rq.ResignLeadership(server, [(t.table_id, bucket, a.leader_epoch, "ENOSPC (test)")]))
+    assert not outcomes[0].refused and states(ctrl, t)[bucket].leader != server
+    after = states(ctrl, t)[bucket]
+    call(ctrl, rq.AlterIsr(after.leader, t.table_id, bucket, after.leader_epoch, after.bucket_epoch,
+                           tuple(after.isr) + (server,)))
+    assert server in states(ctrl, t)[bucket].isr and states(ctrl, t)[bucket].leader != server  # not at once
+    tick(ctrl, CHECK_MS // 2)
+    assert states(ctrl, t)[bucket].leader != server
+    tick(ctrl, CHECK_MS)  # a check interval after it resigned: the periodic check hands it back
+    assert states(ctrl, t)[bucket].leader == server

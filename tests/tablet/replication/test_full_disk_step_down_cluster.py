@@ -11,6 +11,7 @@ leaves the ISR by lag and rejoins once it has room (in-process servers, their da
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 
 import pytest
@@ -77,8 +78,11 @@ def led_by(admin: AdminClient, table_id: int, leader: int):
     wait_until(lambda: set(bucket_state(admin, table_id).isr) == {1, 2}, 30, "both replicas in sync")
     if bucket_state(admin, table_id).leader_id != leader:
         admin.elect_leader("db.t", 0, unclean=False, tablet=leader)
-    return wait_until(lambda: (s := bucket_state(admin, table_id)).leader_id == leader and s.leader_address and s,
-                      30, f"tablet {leader} to lead")
+    state = wait_until(lambda: (s := bucket_state(admin, table_id)).leader_id == leader and s.leader_address and s,
+                       30, f"tablet {leader} to lead")
+    with TableClient(admin, "db.t", retry_total_s=20) as table:
+        table.lookup([{"id": -1}])  # it serves (it took its push, and no earlier leader's lease lasts)
+    return state
 
 
 def write_until_the_disk_is_full(admin: AdminClient, acked: dict[int, str]) -> errors.KvLeaseError:
@@ -128,10 +132,18 @@ def test_a_leader_on_a_full_disk_steps_down_and_rejoins_as_a_follower_once_it_ha
     assert acked and "No space left on device" in failure.message, failure.message
 
     # clients keep writing (a reopen may succeed: each write fails again); the follower leads within 10 s, the
-    # full server out of the ISR; reads and writes go on there
+    # full server out of the ISR; reads and writes go on there. A client that retries rides through: its write,
+    # refused by the full leader as LEADER_NOT_AVAILABLE, lands on the new one
+    riding: dict[int, str] = {}
+    rider = threading.Thread(target=lambda: write_one(TableClient(admin, "db.t", retry_total_s=30), -10**6, riding,
+                                                      riding.setdefault("refused", [])))
+    rider.start()
     refused: list[str] = []
     moved = keep_writing_until_led_by(admin, info.table_id, 2, acked, refused)
     assert time.monotonic() - failed_at < STEP_DOWN_S
+    rider.join(30)
+    assert -10**6 in riding and not riding["refused"], riding.get("refused")
+    acked[-10**6] = riding[-10**6]
     assert any("No space left on device" in m for m in refused), refused  # the writes meanwhile failed for it
     assert moved.isr == (2,) and moved.leader_epoch == first.leader_epoch + 1
 
@@ -158,8 +170,8 @@ def test_a_leader_on_a_full_disk_steps_down_and_rejoins_as_a_follower_once_it_ha
 
     # room again: it reopens, truncates what it did not commit, catches up and rejoins the ISR as a follower
     filler.unlink()
-    back = wait_until(lambda: (s := bucket_state(admin, info.table_id)).isr == (1, 2) and s, 30, "back in sync")
-    assert back.leader_id == 2
+    wait_until(lambda: set(bucket_state(admin, info.table_id).isr) == {1, 2}, 30, "back in sync")
+    # (led by tablet 2 still, or by tablet 1 again: its preferred replica, in sync, with room)
     wait_until(lambda: health_of(tablets[1])["healthy"], 10, "its health clear again")
     on_the_new_leader = rows_of(admin)
     assert all(on_the_new_leader.get(k) == v for k, v in acked.items())
