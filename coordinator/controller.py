@@ -24,12 +24,13 @@ from typing import Callable
 
 from kazoo.client import KazooClient
 
-from common import errors, zkpaths
+from common import errors
 from common.model import Lease, TableBucket
 from common.statemachine import Dispatcher, on
 from common.storage import RemoteStorage
 from common.tls import TlsFiles
 from coordinator import election
+from coordinator import reinit
 from coordinator import requests as rq
 from coordinator.assignment import Assignments
 from coordinator.catalog import TableCatalog
@@ -111,7 +112,7 @@ class Controller(Dispatcher):
                                       metrics=metrics)
         self.snapshot_commits = SnapshotCommits(
             zk, self.files, num_retained=num_retained, clock_ms=clock_ms,
-            is_protected=self._is_protected,
+            is_protected=self.is_protected,
             holders=lambda tb, sid: self.leases.refs.holders(tb, sid),
             reclaimed=lambda path: self.orphans.deleted(path))  # a commit naming a file the reclaim deleted
         self.tables = Tables(catalog, self.members, self.lease_shell, self.snapshot_commits, clock_ms,
@@ -123,9 +124,9 @@ class Controller(Dispatcher):
         #: Remote files no stored snapshot names, deleted after a grace (its timer: the expiry tick).
         self.orphans = OrphanFiles(storage, grace_ms=orphans[0], interval_ms=orphans[1], clock_ms=clock_ms,
                                    catalog=lambda: self.catalog, snapshots=lambda: self.snapshots,
-                                   is_protected=self._is_protected, metrics=metrics)
+                                   is_protected=self.is_protected, metrics=metrics)
 
-    def _is_protected(self, tb: TableBucket, snapshot_id: int) -> bool:
+    def is_protected(self, tb: TableBucket, snapshot_id: int) -> bool:
         """Leased (or about to be), or of a table an unreadable lease names (it may hold any of them)."""
         store = self.lease_shell.store
         return (self.leases.is_protected(tb, snapshot_id)
@@ -178,47 +179,8 @@ class Controller(Dispatcher):
     # -- reinitialization ------------------------------------------------------------
 
     def reinitialize(self, writer: FencedWriter, mirror=None, defer_orphans: bool = False) -> dict:
-        """Load tables, snapshot handles and leases; rebuild refcounts; clean up. Before serving.
-
-        ``mirror``: a standby's :class:`~leases.mirror.LeaseMirror`, asked for the
-        exact persisted leases instead of reading them all again. ``defer_orphans``:
-        leave orphan lease files for :class:`~coordinator.requests.RemoveOrphanLeaseFiles`
-        (listed in the background once serving) instead of listing them now.
-        """
-        for part in (self.lease_shell, self.snapshot_commits, self.members, self.tables):
-            part.writer = writer
-        for path in zkpaths.ROOTS + (zkpaths.TABLES,):
-            self.zk.ensure_path(path)
-        self.catalog.load(self.zk)
-        self.members.load()
-        self.losses.ends.writer = writer
-        self.losses.ends.load(self.zk, self.catalog.by_id)
-        self.snapshot_commits.load(self.catalog.by_id.values())
-        refs = None
-        if mirror is not None:
-            loaded, layout = mirror.exact()
-            refs = mirror.refs  # the index of exactly those leases: not built again
-            self.lease_store.adopt(layout, mirror.unreadable)
-        else:
-            loaded = self.lease_store.load_all(self.zk)
-        orphans = [] if defer_orphans else self.lease_store.remove_orphans()
-        restored = self.lease_shell.restore(loaded, self.clock_ms(), self.grace_ms, refs)
-        for table_id, buckets in sorted(self.assignments.by_table.items()):  # a crash may have left them kept
-            for bucket, state in sorted(buckets.items()):
-                if state.losses:
-                    self.snapshot_commits.drop_lost_history(TableBucket(table_id, bucket), state.losses)
-        dangling = [(tb, sid) for tb, sid in self.leases.refs.leased() if not self.snapshots.holds(tb, sid)]
-        for tb, sid in dangling:
-            log.warning("lease refers to snapshot %s of %s which is not stored", sid, tb)
-        self.snapshot_commits.reclaim({h.bucket for h in self.snapshots.all()})
-        self.snapshots.validate(self._is_protected)
-        stats = {"tables": len(self.catalog.by_id), "snapshots": sum(1 for _ in self.snapshots.all()),
-                 "leases": len(loaded), "graced": len(restored.graced), "expired": len(restored.expired),
-                 "orphan_files": "deferred" if defer_orphans else len(orphans),
-                 "dangling": len(dangling), "unreadable_leases": sorted(self.lease_store.unreadable)}
-        log.info("reinitialized: %s", stats)
-        self.refresh_metrics()
-        return stats
+        """Load everything this coordinator's term starts from, before serving (:func:`coordinator.reinit.reinitialize`)."""
+        return reinit.reinitialize(self, writer, mirror, defer_orphans)
 
     # -- the batch entry point ---------------------------------------------------------
 

@@ -1,0 +1,63 @@
+"""A new active coordinator's reinitialization: everything its term starts from, loaded before it serves
+(docs/architecture.md "The coordinator: election, epochs, fencing").
+
+Tables, bucket assignments (a bucket that existed then waits one leader lease before a new leader serves:
+coordinator/leader_leases.py), the leaders' log ends, snapshot handles and leases (ZooKeeper + their files, or
+a standby's exact mirror); then the refcounts, orphan lease files, failover grace for leases that expired
+during the gap, the history a data loss dropped, and the snapshots no one keeps.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from common import zkpaths
+from common.model import TableBucket
+from coordinator.fencing import FencedWriter
+
+log = logging.getLogger("coordinator.controller")  # its lines log as they did from the controller
+
+
+def reinitialize(c, writer: FencedWriter, mirror=None, defer_orphans: bool = False) -> dict:
+    """Load tables, snapshot handles and leases into the parts of ``c`` (a
+    :class:`~coordinator.controller.Controller`); rebuild refcounts; clean up. Before serving.
+
+    ``mirror``: a standby's :class:`~leases.mirror.LeaseMirror`, asked for the
+    exact persisted leases instead of reading them all again. ``defer_orphans``:
+    leave orphan lease files for :class:`~coordinator.requests.RemoveOrphanLeaseFiles`
+    (listed in the background once serving) instead of listing them now.
+    """
+    for part in (c.lease_shell, c.snapshot_commits, c.members, c.tables):
+        part.writer = writer
+    for path in zkpaths.ROOTS + (zkpaths.TABLES,):
+        c.zk.ensure_path(path)
+    c.catalog.load(c.zk)
+    c.members.load()
+    c.losses.ends.writer = writer
+    c.losses.ends.load(c.zk, c.catalog.by_id)
+    c.snapshot_commits.load(c.catalog.by_id.values())
+    refs = None
+    if mirror is not None:
+        loaded, layout = mirror.exact()
+        refs = mirror.refs  # the index of exactly those leases: not built again
+        c.lease_store.adopt(layout, mirror.unreadable)
+    else:
+        loaded = c.lease_store.load_all(c.zk)
+    orphans = [] if defer_orphans else c.lease_store.remove_orphans()
+    restored = c.lease_shell.restore(loaded, c.clock_ms(), c.grace_ms, refs)
+    for table_id, buckets in sorted(c.assignments.by_table.items()):  # a crash may have left them kept
+        for bucket, state in sorted(buckets.items()):
+            if state.losses:
+                c.snapshot_commits.drop_lost_history(TableBucket(table_id, bucket), state.losses)
+    dangling = [(tb, sid) for tb, sid in c.leases.refs.leased() if not c.snapshots.holds(tb, sid)]
+    for tb, sid in dangling:
+        log.warning("lease refers to snapshot %s of %s which is not stored", sid, tb)
+    c.snapshot_commits.reclaim({h.bucket for h in c.snapshots.all()})
+    c.snapshots.validate(c.is_protected)
+    stats = {"tables": len(c.catalog.by_id), "snapshots": sum(1 for _ in c.snapshots.all()),
+             "leases": len(loaded), "graced": len(restored.graced), "expired": len(restored.expired),
+             "orphan_files": "deferred" if defer_orphans else len(orphans),
+             "dangling": len(dangling), "unreadable_leases": sorted(c.lease_store.unreadable)}
+    log.info("reinitialized: %s", stats)
+    c.refresh_metrics()
+    return stats
