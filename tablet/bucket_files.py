@@ -14,7 +14,9 @@ Failures (a full disk, too many open files): a failed local write
 (:meth:`BucketFiles.fail`) or a failed open marks the bucket failed. Writes
 are refused, reads go on while the files are open, and after a backoff
 (``tablet.bucket.reopen-backoff``, doubled for each failure in a row up to
-``tablet.bucket.reopen-backoff.max``) the files are closed and opened again:
+``tablet.bucket.reopen-backoff.max``; a failure within that maximum of a
+reopen continues the row, as a reopen on a full disk may succeed and the
+write after it fail) the files are closed and opened again:
 by the first use once no operation runs on the failed files and no snapshot
 of them is open, or by the server's keeper (``tablet/bucket_keeper.py``,
 which first ends the bucket's live scan sessions), so a bucket recovers by
@@ -96,6 +98,7 @@ class BucketFiles:
         #: still seen (``tablet/step_down.py``).
         self.failure_count = 0
         self._failures = 0  # in a row
+        self._reopened_at: float | None = None  # when (monotonic) failed files last opened again
         self._retry_at = 0.0
         self.closed = False
         #: Replay the changelog only up to this offset at open (a replicated bucket's high watermark: what
@@ -210,7 +213,8 @@ class BucketFiles:
         self.changelog, self.kv = changelog, kv
         if self.failure is not None:
             log.info("bucket %s reopened after a failure (%s)", self.dir, self.failure)
-        self.failure, self._failures = None, 0
+            self._reopened_at = self._monotonic()
+        self.failure = None
         if self._budget is not None:
             self._budget.opened(self)
 
@@ -229,11 +233,14 @@ class BucketFiles:
             self._on_failure()
 
     def _record(self, exc: BaseException) -> None:
+        now = self._monotonic()
+        if self._reopened_at is not None and now - self._reopened_at > self._backoff.max_s:
+            self._failures = 0  # it worked for a while since its last reopen: a new row of failures
         self.failure = exc
         self.failure_count += 1
         self._failures += 1
         delay = self._backoff.delay(self._failures)
-        self._retry_at = self._monotonic() + delay
+        self._retry_at = now + delay
         log.warning("bucket %s failed (%s); reopened in %.1fs at the earliest", self.dir, exc, delay)
 
     def check_writable(self) -> None:

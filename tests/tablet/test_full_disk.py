@@ -116,3 +116,28 @@ def test_a_tablet_server_on_a_full_disk_recovers_its_bucket_by_itself(make_confi
                 assert [row["v"] for row in table.lookup(keys)] == [acked[k] for k in keys]
         finally:
             c.close()
+
+
+@pytest.mark.unit
+def test_a_failure_soon_after_a_reopen_continues_the_row_of_failures(tmp_path):
+    """A reopen on a full disk may succeed and the write after it fail (RocksDB's open wrote nothing new):
+    that failure doubles the backoff as one in a row does; one after the bucket worked for longer than the
+    backoff's maximum starts a new row (it was found flaky: the reopen raced RocksDB's own purge)."""
+    clock = Clock()
+    store = BucketStore.open(str(tmp_path / "bucket"), TABLE, segment_bytes=1 << 20, fsync=False,
+                             backoff=Backoff(1.0, 8.0), monotonic=clock)
+    try:
+        files = store.files
+        files.fail(OSError(28, "No space left on device"))
+        assert files.retry_in() == 1.0
+        clock.now += 1.0
+        store.write(rows((1, "a", None)))  # reopened: it writes again
+        files.fail(OSError(28, "No space left on device"))
+        assert files.retry_in() == 2.0  # in a row
+        clock.now += 2.0
+        store.write(rows((2, "b", None)))
+        clock.now += 8.5  # worked longer than the backoff's maximum since its reopen
+        files.fail(OSError(5, "Input/output error"))
+        assert files.retry_in() == 1.0  # a new row
+    finally:
+        store.close()
