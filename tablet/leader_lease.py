@@ -89,12 +89,15 @@ class LeaderLease:
 
     def take(self, basis: LeaseBasis) -> None:
         """A push's basis. The lease granted so far stands (a change since the read that granted it bumped
-        the demotions version, so that read preceded it); renewals must find the new one."""
+        the demotions version, so that read preceded it); renewals must find the new one. A push for another
+        ZooKeeper session ends it (nothing granted in the old session counts in the new one)."""
         if not self.bounded:
             return
         with self._cond:
             if basis == self._basis:
                 return
+            if self._basis is not None and basis.session_id != self._basis.session_id:
+                self._until = -math.inf
             self._basis = basis
         self.on_basis()
 

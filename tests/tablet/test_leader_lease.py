@@ -43,6 +43,10 @@ def test_a_renewal_counts_only_for_the_basis_of_the_last_push_and_lasts_one_dura
     assert not lease.renewed(clock.now, LeaseBasis(-1, 0))  # its registration is not its session's
     lease.take(LeaseBasis(1, 1))  # the push that tells it of the demotion
     assert lease.renewed(clock.now, LeaseBasis(1, 1)) and lease.valid()
+    lease.take(LeaseBasis(1, 2))  # a push of the same session: what was granted stands
+    assert lease.valid()
+    lease.take(LeaseBasis(7, 2))  # a push for a new session: nothing of the old one counts
+    assert not lease.valid()
 
 
 @pytest.mark.unit
