@@ -226,6 +226,7 @@ class Controller(Dispatcher):
     def _expire(self, event: ls.Expire, future: Future | None) -> None:
         self.refresh_metrics()
         self.moves.tick()
+        self.members.repush()
         self.preferred.tick()
         self.losses.ends.flush()
         self.orphans.tick()

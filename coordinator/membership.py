@@ -63,6 +63,7 @@ class Membership:
         self.decommissioned = Decommissioned()  # the servers that take no new replica
         #: When a new leader may serve: the leases of the leaders it replaces (coordinator/leader_leases.py).
         self.leader_leases = LeaderLeases(leader_lease_ms)
+        self._undelivered: set[int] = set()  # servers a push did not reach (pushed again: repush)
 
     def load(self) -> None:
         """Failover: load the assignments of the catalog's tables; plan those that have none."""
@@ -243,8 +244,13 @@ class Membership:
             self.writer.commit(ops)
         self.leader_leases.bumped([server for _key, server in demoted], demoted)
 
-    def push_delivered(self, server_id: int, seq: int) -> None:
-        """``server_id`` took push ``seq``: tell the new leaders of what it let go that they need not wait."""
+    def push_delivered(self, server_id: int, seq: int | None) -> None:
+        """``server_id`` took push ``seq``: tell the new leaders of what it let go that they need not wait.
+        ``seq`` None: a push to it ran out of retries: it is pushed again at the next :meth:`repush`."""
+        if seq is None:
+            self._undelivered.add(server_id)
+            return
+        self._undelivered.discard(server_id)
         leaders = set()
         for table_id, bucket in self.leader_leases.delivered(server_id, seq):
             state = self.assignments.table(table_id).get(bucket)
@@ -252,6 +258,13 @@ class Membership:
                 leaders.add(state.leader)
         if leaders:
             self.push(leaders)
+
+    def repush(self) -> None:
+        """Push again the live servers a push did not reach (a server cut off from this coordinator but not from
+        ZooKeeper would otherwise keep a leadership it lost, its lease lapsed: it would serve nothing)."""
+        owed, self._undelivered = self._undelivered & set(self.servers), set()
+        if owed:
+            self.push(owed)
 
     def _store_changes(self, changes: Changes, extra_ops: list[ZkOp] = (),
                        extra_written: Callable[[], None] = lambda: None) -> Exception | None:

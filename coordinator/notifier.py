@@ -57,6 +57,9 @@ class LeadershipNotifier:
         self.retry_total_s = retry_total_s
         #: ``on_delivered(server_id, seq)``: the server took the push numbered ``seq`` (its PushLease's).
         self.on_delivered: Callable[[int, int], None] = lambda server_id, seq: None
+        #: ``on_undelivered(server_id)``: a push ran out of retries (the coordinator pushes again later: a
+        #: live server that missed one would keep a leadership it lost, unleased).
+        self.on_undelivered: Callable[[int], None] = lambda server_id: None
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="leadership-push")
         self._lock = threading.Lock()
         self._pending: dict[int, tuple[str, list, set[int], dict, str, PushLease | None]] = {}
@@ -122,8 +125,10 @@ class LeadershipNotifier:
                     except grpc.RpcError as exc:
                         raise rpc_error(exc, "UpdateLeadership", address, timeout_s=10, idempotent=True) from None
                     raise_for(response.error)
-        except Exception as exc:  # the server re-registers when it comes back, and gets a new push
+        except Exception as exc:  # told again later (on_undelivered); a restarted server gets a new push anyway
             log.warning("could not tell tablet server %d (%s) its buckets: %s", server_id, address, exc)
+            if not self._closed.is_set():
+                self.on_undelivered(server_id)
             return
         if lease is not None:
             self.on_delivered(server_id, lease.seq)

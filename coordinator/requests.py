@@ -79,10 +79,11 @@ class TabletServersChanged:
 
 @dataclass(frozen=True)
 class PushDelivered:
-    """A tablet server took the leadership push numbered ``seq`` (coordinator/leader_leases.py)."""
+    """A tablet server took the leadership push numbered ``seq`` (coordinator/leader_leases.py); ``seq`` None:
+    a push to it ran out of retries (it is pushed again at the next expiry tick, if live)."""
 
     server_id: int
-    seq: int
+    seq: int | None
 
 
 @dataclass(frozen=True)

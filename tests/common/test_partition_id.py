@@ -22,7 +22,7 @@ from tests.tablet.test_tablet_server import SCHEMA, Cluster, lookup, put
 #: Every RPC whose request names a table bucket (or a table's buckets), per service.
 COORDINATOR_RPCS = {"CommitKvSnapshot", "GetLatestKvSnapshots", "ListKvSnapshots", "AcquireKvSnapshotLease",
                     "AcquireKvSnapshotLeases", "ReleaseKvSnapshotLease", "GetTableAssignment", "AlterIsr",
-                    "ReassignBucket"}
+                    "ReassignBucket", "ResignLeadership"}
 TABLET_RPCS = {"UpdateLeadership", "PutKv", "Lookup", "FetchLog", "ReplicaFetch", "ListOffsets", "TriggerSnapshot", "ScanKv",
                "ScanKvStream"}
 
@@ -128,6 +128,8 @@ COORDINATOR_REQUESTS = {
                                                  isr=[1], **_part(p)),
     "ReassignBucket": lambda t, p: cpb.ReassignBucketRequest(database="db", name="t", bucket=0, replicas=[1],
                                                              **_part(p)),
+    "ResignLeadership": lambda t, p: cpb.ResignLeadershipRequest(server_id=1, buckets=[cpb.ResignBucketPb(
+        table_id=t, bucket=0, leader_epoch=1, reason="test", **_part(p))]),
 }
 
 
