@@ -173,7 +173,9 @@ def _chaos(directory: Path, spark, seed: int) -> dict:
         code = chaos.main(str(directory), True, seed=seed, rounds=CHAOS_ROUNDS, spark=spark)
     report = json.loads(out.getvalue())
     if code != 0 or not report["ok"]:
-        print(_logs(directory))  # shown with the failure
+        print(json.dumps([c for c in report["checks"] if not c["ok"]], indent=1))  # shown with the failure
+        print(json.dumps(report["figures"].get("faults_done"), indent=1))
+        print(_logs(directory))
     assert_checked(report, "read back as acknowledged", "leased snapshot", "deposed coordinator",
                    "acknowledged write present", "exactly once", "equal the table", "ran through every fault",
                    "acknowledged before they were sent", "sent after another was answered")
