@@ -20,8 +20,8 @@ outage (``file://`` remotes), SIGSTOP/SIGCONT of the leader of a bucket of the
 row table (up to the session timeout + 2 s; the table has min(3, tablet
 servers) replicas, so a longer pause makes another server its leader); each
 after a gap of 0-2 s, so it often meets the cluster still recovering from
-the one before. --seed fixes the sequence
-(not the traffic's timing); a failed run prints the command that replays it.
+the one before. --seed fixes the sequence (not the traffic's timing); a
+failed run prints the command that replays it.
 """
 
 from __future__ import annotations
