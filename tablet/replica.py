@@ -112,7 +112,7 @@ class Replica:
                                and old.leader_epoch == role.leader_epoch)
             if same_leadership:
                 if self.lead is not None:
-                    self.lead.isr_changed(role.isr, role.bucket_epoch)
+                    self.lead.isr_pushed(role.isr, role.bucket_epoch)
                 return False
             if self.lead is not None:
                 self.lead.end()

@@ -4,7 +4,8 @@ The public module of ``ops/drills/``: the CLI and the demo import from here.
 
 - :mod:`~ops.drills.registry`: the drill names and their modules (``kvlease drill NAME``);
 - :mod:`~ops.drills.report`: a check, a drill's report, how it is printed and its exit code;
-- :mod:`~ops.drills.checks`, :mod:`~ops.drills.row_checks`: the checkers (pure functions);
+- :mod:`~ops.drills.checks`, :mod:`~ops.drills.row_checks`, :mod:`~ops.drills.read_checks`: the checkers (pure
+  functions);
 - :mod:`~ops.drills.cluster`: the cluster as a drill sees it (clients, shape requirements);
 - :mod:`~ops.drills.leases`: the lease workload; :mod:`~ops.drills.lease_layout`,
   :mod:`~ops.drills.zk_txnlog`: reading leases and ZooKeeper's transaction logs back;
@@ -13,7 +14,7 @@ The public module of ``ops/drills/``: the CLI and the demo import from here.
   :mod:`~ops.drills.service_checks`, :mod:`~ops.drills.disk_loss_checks`, :mod:`~ops.drills.decommission_checks`;
 - one module per drill (``coordinator_failover``, ``zk_leader_loss``, ``tablet_restart``, ``tablet_failover``,
   ``rolling_restart``, ``disk_loss``, ``decommission``, ``remote_outage``, ``spark_failover``, ``chaos`` with
-  ``chaos_plan`` and ``chaos_faults``, ``all``).
+  ``chaos_plan``, ``chaos_faults`` and ``chaos_readers``, ``all``).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A seeded random sequence of the faults the other drills make, --rounds faults (default 6), while lease
-clients, writers and a Spark stream run; every drill's invariants checked at the end.
+clients, writers, readers and a Spark stream run; every drill's invariants checked at the end.
 
 Checks: every acknowledged lease reads back as acknowledged (describe and
 list on the active coordinator, ZooKeeper + files); no file of a leased
@@ -7,15 +7,21 @@ snapshot is deleted; no write is accepted from a deposed coordinator
 (ZooKeeper's transaction log); every acknowledged write is in the table
 (lookup and scan; an unacknowledged one may or may not be); the Spark query's
 bootstrap has one row per key, every change after it is in its output
-exactly once, and its output applied in order equals the table; the cluster
-is whole again. Needs --coordinators 2 and --tablets 1 or more.
+exactly once, and its output applied in order equals the table; every
+lookup made during the faults is linearizable with the writes (it shows the
+write last acknowledged before it was sent or a later one, and no earlier
+write than a lookup answered before it was sent); the cluster is whole
+again. Needs --coordinators 2 and --tablets 1 or more.
 
 The faults (:mod:`ops.drills.chaos_plan`): ZooKeeper node restart, ZooKeeper leader
 loss (3-node ensembles), kill -9 of the active coordinator, SIGSTOP/SIGCONT of
 it (up to the session timeout + 2 s), tablet server restart, remote storage
-outage (``file://`` remotes); each after a gap of 0-2 s, so it often meets
-the cluster still recovering from the one before. --seed fixes the sequence
-(not the traffic's timing); a failed run prints the command that replays it.
+outage (``file://`` remotes), SIGSTOP/SIGCONT of the leader of a bucket of the
+row table (up to the session timeout + 2 s; the table has min(3, tablet
+servers) replicas, so a longer pause makes another server its leader); each
+after a gap of 0-2 s, so it often meets the cluster still recovering from
+the one before. --seed fixes the sequence (not the traffic's timing); a
+failed run prints the command that replays it.
 """
 
 from __future__ import annotations
@@ -33,16 +39,21 @@ import ops.drills.chaos_plan as cp
 from ops.demo import ChaosStream
 from ops import local_cluster
 from ops.drills.report import Check, Report, finish
+from ops.drills.chaos_readers import Readers
 from ops.drills.cluster import DrillCluster, require
 from ops.drills.leases import LeaseDrill
+from ops.drills.read_checks import ReadOp, reads_in_order, reads_see_acknowledged_writes
 from ops.drills.remote_outage import RemoteOutage
 from ops.drills.row_checks import rows_as_acknowledged
+from ops.drills.tablet_failover import wait_in_sync
 from ops.drills.tablet_restart import Writers
 
 NAME = "chaos"
 OPTIONS = ("rounds", "clients", "seed")
 KEYS = 400
 LEASE_CLIENTS = 8
+MAX_REPLICATION = 3
+IN_SYNC_BOUND_S = 30.0
 
 
 def check_shape(doc: dict) -> None:
@@ -83,32 +94,44 @@ def run(cluster_dir: str, rounds: int = 6, clients: int = LEASE_CLIENTS, seed: i
 
 def _run(cluster: DrillCluster, spark, faults: list[cp.Fault], remote: RemoteOutage | None, clients: int,
          seed: int, report: Report) -> None:
-    table = cluster.create_table(suffix="rows")
+    replication = min(MAX_REPLICATION, len(cluster.doc["tablets"]))
+    table = cluster.create_table(cp.ROW_BUCKETS, "rows", replication_factor=replication,
+                                 min_insync_replicas=max(1, replication - 1))
     stream = None
     try:
         with LeaseDrill(cluster, clients, seed, retry_total_s=60.0) as leases, \
                 TableClient(cluster.admin, table, retry_total_s=60.0, request_timeout_s=5.0) as client:
+            wait_in_sync(cluster, client.table.table_id, time.time(), IN_SYNC_BOUND_S)  # a new table's followers join
             keys = list(range(KEYS))
             bucket_of = {k: b for b, _rows, idx in client.split(client.key_batch(keys)) for k in (keys[i] for i in idx)}
             writers = Writers(client, bucket_of, seed)
             writers.write({k: k for k in keys})
             client.trigger_snapshot(wait=True)
             stream = ChaosStream(spark, cluster.addresses, table, _progress)
+            targets = chaos_faults.Targets(remote, client.table.table_id)
             leases.start()
             writers.start()
             done = []
+            readers = None
             try:
+                readers = Readers(cluster.admin, table, keys, seed)
+                readers.start()
                 for number, fault in enumerate(faults, 1):
                     _progress(f"fault {number}/{len(faults)}: {fault.describe()}")
-                    done.append(chaos_faults.inject(cluster, fault, remote))
+                    done.append(chaos_faults.inject(cluster, fault, targets))
                     _snapshot(client)
                     if stream.failed():
                         break
-                time.sleep(1.0)  # writes after the last fault
+                time.sleep(1.0)  # writes and reads after the last fault
             finally:
+                if readers is not None:
+                    readers.stop()
                 writers.stop()
             report.add(Check.of("the Spark query ran through every fault", [f for f in [stream.failed()] if f], 1))
-            report.figures.update(faults_done=done, **_write_figures(writers))
+            report.add(reads_see_acknowledged_writes(writers.history, readers.reads))
+            report.add(reads_in_order(writers.history, readers.reads))
+            report.figures.update(replication_factor=replication, faults_done=done, **_write_figures(writers),
+                                  **_read_figures(readers, done))
             whole = cluster.whole_again(timeout_s=60.0)  # every bucket served again before reading back
             if stream.query.isActive:
                 checks, figures = stream.finish(client)
@@ -139,6 +162,19 @@ def _write_figures(writers: Writers) -> dict[str, Any]:
     writes = [w for ws in writers.history.values() for w in ws]
     return {"write_calls": len(writers.calls), "unacknowledged_writes": sum(not w.acked for w in writes),
             "write_failures": dict(writers.failures)}
+
+
+def _read_figures(readers: Readers, done: list[dict[str, Any]]) -> dict[str, Any]:
+    """How many lookups, what failed, and how many answered lookups were under way while a leader was paused."""
+    pauses = [(d["at"], d["at"] + d["seconds"]) for d in done if d["kind"] == cp.TABLET_PAUSE
+              and d["node"].startswith("tablet")]
+    answered = [r for r in readers.reads if not r.error]
+    return {"read_calls": readers.calls, "reads_checked": len(answered), "read_failures": dict(readers.failures),
+            "tablet_pauses": len(pauses), "reads_across_tablet_pauses": sum(_overlaps(r, pauses) for r in answered)}
+
+
+def _overlaps(read: ReadOp, windows: list[tuple[float, float]]) -> bool:
+    return any(read.t0 < end and read.t1 > start for start, end in windows)
 
 
 def _progress(text: str) -> None:

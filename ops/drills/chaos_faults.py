@@ -4,7 +4,7 @@ Every fault undoes itself before :func:`inject` returns: what was killed is
 started again (and serves), a paused process gets SIGCONT, the remote storage
 is put back, also when the fault itself fails half-way. Whatever is still
 down after an error, :class:`~ops.drills.cluster.DrillCluster` restarts when
-it closes.
+it closes. Each kind is carried out by its entry in :data:`HANDLERS`.
 """
 
 from __future__ import annotations
@@ -12,14 +12,26 @@ from __future__ import annotations
 import os
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from common import config as cfg
 import ops.drills.chaos_plan as cp
 from ops import local_cluster
 from ops.drills.cluster import DrillCluster
 from ops.drills.remote_outage import RemoteOutage
+
+LEADER_WAIT_S = 30.0  # how long a tablet pause waits for its bucket to have a live leader to pause
+
+
+@dataclass(frozen=True)
+class Targets:
+    """What faults strike besides the cluster's processes: the remote storage (None unless ``file://``), and
+    the drill's row table, whose bucket leaders a tablet pause picks from."""
+
+    remote: RemoteOutage | None
+    table_id: int
 
 
 def session_timeout_s(doc: dict[str, Any]) -> float:
@@ -32,47 +44,78 @@ def session_timeout_s(doc: dict[str, Any]) -> float:
     return cfg.Config({}, env={})[cfg.ZK_SESSION_TIMEOUT] / 1000.0
 
 
-def inject(cluster: DrillCluster, fault: cp.Fault, remote: RemoteOutage | None) -> dict[str, Any]:
-    """Wait ``fault.gap_s``, make the fault, undo it; returns what was done (``at``: wall-clock start)."""
+def inject(cluster: DrillCluster, fault: cp.Fault, targets: Targets) -> dict[str, Any]:
+    """Wait ``fault.gap_s``, make the fault, undo it; returns what was done (``at``: wall-clock start,
+    ``seconds``: until it was undone)."""
     time.sleep(fault.gap_s)
     at = time.time()
-    node = _do(cluster, fault, remote)
+    node = HANDLERS[fault.kind](cluster, fault, targets)
     return {"kind": fault.kind, "node": node, "at": round(at, 3), "seconds": round(time.time() - at, 3)}
 
 
-def _do(cluster: DrillCluster, fault: cp.Fault, remote: RemoteOutage | None) -> str:
-    if fault.kind in (cp.ZK_RESTART, cp.ZK_LEADER_LOSS):
-        nodes = cluster.doc["zookeeper"]
-        node = cluster.zk_leader()["id"] if fault.kind == cp.ZK_LEADER_LOSS else nodes[fault.target % len(nodes)]["id"]
-        cluster.kill("zookeeper", node)
+def _zookeeper_kill(cluster: DrillCluster, fault: cp.Fault, targets: Targets) -> str:
+    nodes = cluster.doc["zookeeper"]
+    node = cluster.zk_leader()["id"] if fault.kind == cp.ZK_LEADER_LOSS else nodes[fault.target % len(nodes)]["id"]
+    cluster.kill("zookeeper", node)
+    time.sleep(fault.hold_s)
+    cluster.restart("zookeeper", node)
+    return f"zookeeper {node}"
+
+
+def _coordinator_kill(cluster: DrillCluster, fault: cp.Fault, targets: Targets) -> str:
+    node = cluster.active_coordinator()["id"]
+    cluster.kill("coordinators", node)
+    cluster.restart("coordinators", node)
+    return f"coordinator {node}"
+
+
+def _coordinator_pause(cluster: DrillCluster, fault: cp.Fault, targets: Targets) -> str:
+    entry = cluster.active_coordinator()
+    _pause(entry, fault.hold_s)
+    return f"coordinator {entry['id']}"
+
+
+def _tablet_restart(cluster: DrillCluster, fault: cp.Fault, targets: Targets) -> str:
+    tablets = cluster.doc["tablets"]
+    node = tablets[fault.target % len(tablets)]["id"]
+    cluster.kill("tablets", node)
+    cluster.restart("tablets", node)
+    return f"tablet {node}"
+
+
+def _remote_outage(cluster: DrillCluster, fault: cp.Fault, targets: Targets) -> str:
+    if targets.remote is None:
+        raise ValueError("a remote outage needs a file:// remote")
+    targets.remote.begin()
+    try:
         time.sleep(fault.hold_s)
-        cluster.restart("zookeeper", node)
-        return f"zookeeper {node}"
-    if fault.kind == cp.COORDINATOR_KILL:
-        node = cluster.active_coordinator()["id"]
-        cluster.kill("coordinators", node)
-        cluster.restart("coordinators", node)
-        return f"coordinator {node}"
-    if fault.kind == cp.COORDINATOR_PAUSE:
-        entry = cluster.active_coordinator()
-        _pause(entry, fault.hold_s)
-        return f"coordinator {entry['id']}"
-    if fault.kind == cp.TABLET_RESTART:
-        tablets = cluster.doc["tablets"]
-        node = tablets[fault.target % len(tablets)]["id"]
-        cluster.kill("tablets", node)
-        cluster.restart("tablets", node)
-        return f"tablet {node}"
-    if fault.kind == cp.REMOTE_OUTAGE:
-        if remote is None:
-            raise ValueError("a remote outage needs a file:// remote")
-        remote.begin()
-        try:
-            time.sleep(fault.hold_s)
-        finally:
-            remote.end()
-        return "remote storage"
-    raise ValueError(f"unknown fault kind {fault.kind!r}")
+    finally:
+        targets.remote.end()
+    return "remote storage"
+
+
+def _tablet_pause(cluster: DrillCluster, fault: cp.Fault, targets: Targets) -> str:
+    """SIGSTOP the server leading bucket ``fault.target`` of the row table now; SIGCONT after ``hold_s``."""
+    bucket, leader = _leader_of(cluster, targets.table_id, fault.target)
+    if leader is None:
+        return f"none: bucket {bucket} had no live leader for {LEADER_WAIT_S:g}s"
+    entry = next(t for t in local_cluster.load(cluster.directory)["tablets"] if str(t["id"]) == leader)
+    _pause(entry, fault.hold_s)
+    return f"tablet {leader} (leader of bucket {bucket})"
+
+
+def _leader_of(cluster: DrillCluster, table_id: int, target: int) -> tuple[int, str | None]:
+    """Bucket ``target`` (modulo the table's buckets) and the id of its live leader, waiting up to
+    ``LEADER_WAIT_S`` for one (the fault before may still be recovering); None if there is none."""
+    deadline = time.monotonic() + LEADER_WAIT_S
+    while True:
+        _table, leaders = cluster.admin.get_table_assignment(table_id)
+        bucket = sorted(leaders)[target % len(leaders)]
+        if leaders[bucket].leader_address:
+            return bucket, str(leaders[bucket].leader_id)
+        if time.monotonic() > deadline:
+            return bucket, None
+        time.sleep(0.1)
 
 
 def _pause(entry: dict[str, Any], hold_s: float) -> None:
@@ -85,3 +128,15 @@ def _pause(entry: dict[str, Any], hold_s: float) -> None:
         time.sleep(hold_s)
     finally:
         os.kill(pid, signal.SIGCONT)
+
+
+#: kind -> what carries it out (and undoes it): ``(cluster, fault, targets) -> the node it struck``
+HANDLERS: dict[str, Callable[[DrillCluster, cp.Fault, Targets], str]] = {
+    cp.ZK_RESTART: _zookeeper_kill,
+    cp.ZK_LEADER_LOSS: _zookeeper_kill,
+    cp.COORDINATOR_KILL: _coordinator_kill,
+    cp.COORDINATOR_PAUSE: _coordinator_pause,
+    cp.TABLET_RESTART: _tablet_restart,
+    cp.REMOTE_OUTAGE: _remote_outage,
+    cp.TABLET_PAUSE: _tablet_pause,
+}

@@ -9,13 +9,18 @@ single-fault drill never tries. The same seed and shape give the same plan,
 so a failure is reproduced with ``kvlease drill chaos --seed N --rounds R``
 on a cluster of the same shape (what the processes do meanwhile is not
 deterministic: the seed fixes the faults, not the timing of the traffic).
+
+A new kind of fault is a name in :data:`KINDS`, its condition in
+:func:`allowed_kinds`, how its target and duration are drawn in
+:data:`DRAWS`, its sentence in :data:`SAYS`, and how it is carried out in
+:data:`ops.drills.chaos_faults.HANDLERS`.
 """
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 ZK_RESTART = "zk-restart"  # kill -9 of one ZooKeeper node, started again after hold_s
 ZK_LEADER_LOSS = "zk-leader-loss"  # kill -9 of the ensemble's leader, started again after hold_s
@@ -23,26 +28,60 @@ COORDINATOR_KILL = "coordinator-kill"  # kill -9 of the active coordinator, star
 COORDINATOR_PAUSE = "coordinator-pause"  # SIGSTOP of the active coordinator for hold_s, then SIGCONT
 TABLET_RESTART = "tablet-restart"  # kill -9 of one tablet server, started again at once
 REMOTE_OUTAGE = "remote-outage"  # the file:// remote storage taken away for hold_s
+TABLET_PAUSE = "tablet-pause"  # SIGSTOP of the leader of bucket `target` of the drill's row table for hold_s
 
-KINDS = (ZK_RESTART, ZK_LEADER_LOSS, COORDINATOR_KILL, COORDINATOR_PAUSE, TABLET_RESTART, REMOTE_OUTAGE)
+KINDS = (ZK_RESTART, ZK_LEADER_LOSS, COORDINATOR_KILL, COORDINATOR_PAUSE, TABLET_RESTART, REMOTE_OUTAGE, TABLET_PAUSE)
 MAX_GAP_S = 2.0
+ROW_BUCKETS = 4  # buckets of the drill's row table (the one its writers and readers use)
+MIN_PAUSE_S = 0.5
 
 
 @dataclass(frozen=True)
 class Fault:
     kind: str
-    target: int = 0  # which node of its role, for kinds that do not pick theirs at run time (0-based)
+    target: int = 0  # which node of its role (0-based), or which bucket whose leader it strikes
     hold_s: float = 0.0  # how long the node stays down / paused / the remote away
     gap_s: float = 0.0  # the wait before the fault
 
     def describe(self) -> str:
-        what = {ZK_RESTART: f"kill -9 ZooKeeper node #{self.target + 1}, back after {self.hold_s:.1f}s",
-                ZK_LEADER_LOSS: f"kill -9 the ZooKeeper leader, back after {self.hold_s:.1f}s",
-                COORDINATOR_KILL: "kill -9 the active coordinator, started again at once",
-                COORDINATOR_PAUSE: f"SIGSTOP the active coordinator for {self.hold_s:.1f}s",
-                TABLET_RESTART: f"kill -9 tablet server #{self.target + 1}, started again at once",
-                REMOTE_OUTAGE: f"remote storage away for {self.hold_s:.1f}s"}[self.kind]
-        return f"after {self.gap_s:.1f}s: {what}"
+        return f"after {self.gap_s:.1f}s: {SAYS[self.kind](self)}"
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a plan needs of the cluster: how many ZooKeeper nodes and tablet servers, its session timeout."""
+
+    zookeeper: int
+    tablets: int
+    session_timeout_s: float
+
+
+SAYS: dict[str, Callable[[Fault], str]] = {
+    ZK_RESTART: lambda f: f"kill -9 ZooKeeper node #{f.target + 1}, back after {f.hold_s:.1f}s",
+    ZK_LEADER_LOSS: lambda f: f"kill -9 the ZooKeeper leader, back after {f.hold_s:.1f}s",
+    COORDINATOR_KILL: lambda f: "kill -9 the active coordinator, started again at once",
+    COORDINATOR_PAUSE: lambda f: f"SIGSTOP the active coordinator for {f.hold_s:.1f}s",
+    TABLET_RESTART: lambda f: f"kill -9 tablet server #{f.target + 1}, started again at once",
+    REMOTE_OUTAGE: lambda f: f"remote storage away for {f.hold_s:.1f}s",
+    TABLET_PAUSE: lambda f: f"SIGSTOP the leader of bucket {f.target} for {f.hold_s:.1f}s",
+}
+
+
+def _pause_s(rng: random.Random, shape: Shape) -> float:
+    """Up to the session timeout + 2 s: some pauses outlive the session (another process takes over)."""
+    return round(rng.uniform(MIN_PAUSE_S, shape.session_timeout_s + 2.0), 2)
+
+
+#: kind -> (target, hold_s) drawn for it
+DRAWS: dict[str, Callable[[random.Random, Shape], tuple[int, float]]] = {
+    ZK_RESTART: lambda rng, shape: (rng.randrange(shape.zookeeper), round(rng.uniform(0.0, 3.0), 2)),
+    ZK_LEADER_LOSS: lambda rng, shape: (0, round(rng.uniform(0.0, 3.0), 2)),
+    COORDINATOR_KILL: lambda rng, shape: (0, 0.0),
+    COORDINATOR_PAUSE: lambda rng, shape: (0, _pause_s(rng, shape)),
+    TABLET_RESTART: lambda rng, shape: (rng.randrange(shape.tablets), 0.0),
+    REMOTE_OUTAGE: lambda rng, shape: (0, round(rng.uniform(1.0, 3.0), 2)),
+    TABLET_PAUSE: lambda rng, shape: (rng.randrange(ROW_BUCKETS), _pause_s(rng, shape)),
+}
 
 
 def allowed_kinds(doc: Mapping[str, Any]) -> list[str]:
@@ -57,31 +96,22 @@ def allowed_kinds(doc: Mapping[str, Any]) -> list[str]:
         kinds.append(TABLET_RESTART)
     if str(doc.get("remote", "")).startswith("file://"):
         kinds.append(REMOTE_OUTAGE)
+    if doc.get("tablets"):  # a one-replica bucket is unavailable while paused; a replicated one fails over
+        kinds.append(TABLET_PAUSE)
     return kinds
 
 
 def plan(seed: int, rounds: int, doc: Mapping[str, Any], session_timeout_s: float) -> list[Fault]:
-    """``rounds`` faults for a cluster of shape ``doc``; a coordinator pause lasts up to the ZooKeeper
-    session timeout + 2 s (so some pauses outlive the session: the standby takes over while the paused
-    one still believes it is active)."""
+    """``rounds`` faults for a cluster of shape ``doc``; a pause (of the active coordinator, of a bucket's
+    leader) lasts up to the ZooKeeper session timeout + 2 s, so some pauses outlive the session: another
+    process takes over while the paused one still believes it leads."""
     rng = random.Random(seed)
     kinds = allowed_kinds(doc)
-    counts = {"zookeeper": len(doc.get("zookeeper", [])), "tablets": len(doc.get("tablets", []))}
+    shape = Shape(len(doc.get("zookeeper", [])), len(doc.get("tablets", [])), session_timeout_s)
     faults = []
     for _ in range(rounds):
         kind = rng.choice(kinds)
         gap = round(rng.uniform(0.0, MAX_GAP_S), 2)
-        if kind == ZK_RESTART:
-            fault = Fault(kind, rng.randrange(counts["zookeeper"]), round(rng.uniform(0.0, 3.0), 2), gap)
-        elif kind == ZK_LEADER_LOSS:
-            fault = Fault(kind, 0, round(rng.uniform(0.0, 3.0), 2), gap)
-        elif kind == COORDINATOR_PAUSE:
-            fault = Fault(kind, 0, round(rng.uniform(0.5, session_timeout_s + 2.0), 2), gap)
-        elif kind == TABLET_RESTART:
-            fault = Fault(kind, rng.randrange(counts["tablets"]), 0.0, gap)
-        elif kind == REMOTE_OUTAGE:
-            fault = Fault(kind, 0, round(rng.uniform(1.0, 3.0), 2), gap)
-        else:
-            fault = Fault(kind, 0, 0.0, gap)
-        faults.append(fault)
+        target, hold = DRAWS[kind](rng, shape)
+        faults.append(Fault(kind, target, hold, gap))
     return faults

@@ -144,11 +144,14 @@ class DrillCluster:
 
     # -- a table of its own -------------------------------------------------------------------------
 
-    def create_table(self, buckets: int = 4, suffix: str = "") -> str:
-        """``drill.<drill>_<run id>[_<suffix>]``: id BIGINT, v BIGINT, pad STRING; primary key id."""
+    def create_table(self, buckets: int = 4, suffix: str = "", *, replication_factor: int | None = None,
+                     min_insync_replicas: int | None = None) -> str:
+        """``drill.<drill>_<run id>[_<suffix>]``: id BIGINT, v BIGINT, pad STRING; primary key id (replication:
+        the coordinator's defaults unless given)."""
         path = f"{DRILL_DB}.{self.drill.replace('-', '_')}_{self.run_id}{f'_{suffix}' if suffix else ''}"
         self.admin.create_table(path, [Column("id", "BIGINT"), Column("v", "BIGINT"), Column("pad", "STRING")],
-                                ["id"], buckets)
+                                ["id"], buckets, replication_factor=replication_factor,
+                                min_insync_replicas=min_insync_replicas)
         return path
 
     def drop_table(self, path: str) -> None:

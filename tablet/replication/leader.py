@@ -170,14 +170,30 @@ class Leadership:
             return sorted(isr), self.epoch, self.bucket_epoch
 
     def isr_changed(self, isr, bucket_epoch: int) -> None:
-        """The coordinator's ISR (an accepted change, or a push of this epoch)."""
+        """The coordinator's answer to an ISR change: the ISR it accepted, or its current state when it refused."""
         with self._cond:
             if self.ended or bucket_epoch < self.bucket_epoch:
                 return
-            self.bucket_epoch = bucket_epoch
-            if self.view.set_isr([r for r in isr if r in self.view.replicas] or [self.server_id]):
-                self._commit()
-            self._cond.notify_all()
+            self._set_isr(isr, bucket_epoch)
+
+    def isr_pushed(self, isr, bucket_epoch: int) -> None:
+        """A push's ISR of this leadership's bucket. While an ISR change is in flight, a push of the bucket
+        epoch it was proposed under is older news than the change's answer (the coordinator pushes every
+        bucket of a server when one changes): it is ignored, so the HW keeps waiting for the members the change
+        adds. Taking it would commit writes those members lack, and the coordinator may accept the change and
+        make one of them leader (a preferred-leader election): those acknowledged writes would be lost."""
+        with self._cond:
+            if self.ended or bucket_epoch < self.bucket_epoch or (
+                    bucket_epoch == self.bucket_epoch and self.view.proposed_isr is not None):
+                return
+            self._set_isr(isr, bucket_epoch)
+
+    def _set_isr(self, isr, bucket_epoch: int) -> None:
+        """Take the coordinator's ISR (it clears a change in flight). Hold the lock."""
+        self.bucket_epoch = bucket_epoch
+        if self.view.set_isr([r for r in isr if r in self.view.replicas] or [self.server_id]):
+            self._commit()
+        self._cond.notify_all()
 
     def isr_change_failed(self, now_ms: int, backoff_ms: int = 1000) -> None:
         """The change in flight was refused or failed. The followers it would have added are forgotten: the

@@ -12,6 +12,7 @@ import pytest
 from common import errors
 from common.tables import Column, TableInfo
 from tablet.bucket import BucketStore
+from tablet.replica import Replica
 from tablet.replication.leader import Leadership
 from tablet.replication.roles import BucketRole
 
@@ -232,3 +233,30 @@ def test_a_write_committed_after_the_isr_fell_below_min_insync_is_not_acknowledg
     assert store.high_watermark == end
     lead.isr_changed([1, 2], 11)
     lead.wait_committed(end, timeout_s=0)  # a resend, once enough replicas are in sync, is answered
+
+
+def test_a_push_built_before_an_isr_expansion_leaves_the_hw_waiting_for_the_follower_it_adds(store):
+    """The coordinator pushes every bucket of a server when one of them changes: a push of the bucket epoch an
+    expansion was proposed under, arriving before the change's answer, must not end the HW's wait for the joining
+    follower. The coordinator may accept the change and at once make that follower leader (a preferred-leader
+    election): a write the leader committed alone meanwhile would be acknowledged and lost (found by the chaos
+    drill: docs/drills.md "What the drills found")."""
+    table = TableInfo(**{**TABLE.__dict__, "min_insync_replicas": 1})
+
+    def pushed(isr, bucket_epoch):
+        return BucketRole(table, 0, 4, 1, "", (1, 2, 3), isr, bucket_epoch)
+
+    replica = Replica(table, 0, store, uploader=None, role=pushed((1,), 9), server_id=1)
+    lead = replica.leadership()
+    first = put(store, lead, 1)  # the leader alone in its ISR commits at once
+    lead.on_fetch(2, first, now_ms=1)  # follower 2 caught up: it may join
+    assert lead.propose_isr_change(now_ms=1, max_lag_ms=10_000) == ([1, 2], 4, 9)
+    later = put(store, lead, 2)
+    replica.take_role(pushed((1,), 9))  # built before the change (another bucket of the server changed)
+    with pytest.raises(errors.NotEnoughReplicasError, match="did not commit it"):
+        lead.wait_committed(later, timeout_s=0.05)  # follower 2, perhaps the next leader, lacks it
+    assert found(store, 2) == [False] and lead.view.proposed_isr == {1, 2}
+    replica.take_role(pushed((1, 2), 10))  # the change accepted: the ISR it made
+    assert lead.view.proposed_isr is None and lead.isr == {1, 2}
+    assert lead.on_fetch(2, later, now_ms=2)[0] == later
+    lead.wait_committed(later, timeout_s=0)
