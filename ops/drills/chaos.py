@@ -135,7 +135,7 @@ def _run(cluster: DrillCluster, spark, faults: list[cp.Fault], remote: RemoteOut
             report.add(reads_see_acknowledged_writes(writers.history, readers.reads))
             report.add(reads_in_order(writers.history, readers.reads))
             report.figures.update(replication_factor=replication, faults_done=done, **_write_figures(writers),
-                                  **_read_figures(readers, done), **_disk_figures(done))
+                                  **_read_figures(readers, done), **_disk_figures(done, writers))
             whole = cluster.whole_again(timeout_s=60.0)  # every bucket served again before reading back
             in_sync, _leaders, in_sync_s = wait_in_sync(cluster, client.table.table_id, ended, IN_SYNC_BOUND_S)
             report.figures.update(in_sync_after_s=in_sync_s)
@@ -195,13 +195,17 @@ def _read_figures(readers: Readers, done: list[dict[str, Any]]) -> dict[str, Any
             **({"reads_across_full_disks": sum(_overlaps(r, fulls) for r in answered)} if fulls else {})}
 
 
-def _disk_figures(done: list[dict[str, Any]]) -> dict[str, Any]:
-    """How many full disks, and in how many the leader had given the bucket up by the time it was freed."""
+def _disk_figures(done: list[dict[str, Any]], writers: Writers) -> dict[str, Any]:
+    """How many full disks, in how many the leader had given the bucket up by the time it was freed, and per
+    full disk how many write calls to its bucket were sent while it was full (none: nothing asked the leader to
+    write, so it had no reason to step down)."""
     fulls = [d for d in done if d["kind"] == cp.DISK_FULL and "leader" in d]
     if not fulls:
         return {}
     moved = [d for d in fulls if d["leader_when_freed"] is not None and d["leader_when_freed"] != d["leader"]]
-    return {"disk_fulls": len(fulls), "disk_full_step_downs": len(moved)}
+    sent = [sum(d["at"] <= t0 <= d["at"] + d["seconds"] and d["bucket"] in buckets
+                for t0, _t1, buckets, _acked in writers.calls) for d in fulls]
+    return {"disk_fulls": len(fulls), "disk_full_step_downs": len(moved), "writes_sent_to_full_disks": sent}
 
 
 def _overlaps(read: ReadOp, windows: list[tuple[float, float]]) -> bool:
