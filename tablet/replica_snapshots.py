@@ -160,7 +160,9 @@ class ReplicaSnapshots:
     def apply_retention(self, replicas: list[Replica]) -> int:
         """Delete changelog segments of each bucket below the lowest log offset of its kept
         snapshots (leased ones included) that are also older than ``log.retention``. Asks the
-        coordinator for the kept snapshots once per table; returns how many segments went."""
+        coordinator for the kept snapshots once per table; returns how many segments went. A bucket whose
+        changelog cannot be read now (its files failed and do not reopen: a full disk) is left for the next
+        round; the others go on."""
         by_table: dict[int, list[Replica]] = {}
         for replica in replicas:
             by_table.setdefault(replica.table.table_id, []).append(replica)
@@ -172,7 +174,10 @@ class ReplicaSnapshots:
                 log.warning("cannot learn the kept snapshots of table %d: %s", table_id, exc)
                 continue
             for replica in group:
-                deleted += self._truncate_log(replica, [s for s in kept if s.bucket == replica.tb])
+                try:
+                    deleted += self._truncate_log(replica, [s for s in kept if s.bucket == replica.tb])
+                except Exception as exc:  # its files failed (a full disk): the next round tries again
+                    log.warning("changelog retention of %s failed: %s", replica.tb, exc)
         return deleted
 
     def _truncate_log(self, replica: Replica, kept: list) -> int:

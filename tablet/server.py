@@ -355,5 +355,8 @@ class TabletServer:
     def _snapshot_timer(self) -> None:
         interval_s = self.config[cfg.SNAPSHOT_INTERVAL] / 1000.0
         while not self._stopping.wait(interval_s):
-            self.replicas.snapshot_changed()
-            self.log_ends.run_once()
+            try:  # a round that raises is logged and the next one runs on time (as tablet/periodic.py's)
+                self.replicas.snapshot_changed()
+                self.log_ends.run_once()
+            except Exception:
+                log.exception("snapshot round failed")

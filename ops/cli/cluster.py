@@ -38,11 +38,15 @@ def cluster_dir(state: State, directory: str | None) -> str:
               help="Mutual TLS on every port (a throwaway CA and certificates in D/certs), authentication and "
                    "ACLs, with the super user admin (password in D/admin.password); `kvlease --cluster D …` "
                    "then connects with TLS as admin on its own.")
+@click.option("--tablet-disk", "tablet_disk", metavar="SIZE", callback=lambda ctx, param, value: _disk_size(value),
+              help="Each tablet server's data dir on a tmpfs of SIZE of its own (e.g. 64m; root only), so a drill "
+                   "can fill one server's disk (drill chaos's disk-full) and never the host's. A tmpfs is memory: "
+                   "`cluster stop` unmounts it and its rows are gone.")
 @cluster_dir_options
 @pass_state
 @catch_errors
 def cluster_start(state: State, directory: str | None, zk_nodes: str, coordinators: int, tablets: int,
-                  remote: str | None, timeout_ms: int, secure: bool) -> None:
+                  remote: str | None, timeout_ms: int, secure: bool, tablet_disk: int | None) -> None:
     """Start ZooKeeper, coordinators and tablet servers in the background; returns once a
     coordinator is active, every tablet server is registered and every bucket of every table
     answers on its leader (ready). A stopped cluster started again in D keeps its tables and its
@@ -53,7 +57,7 @@ def cluster_start(state: State, directory: str | None, zk_nodes: str, coordinato
     local_cluster.start(directory, zk_nodes=int(zk_nodes), coordinators=coordinators, tablets=tablets,
                         remote=remote, ready_timeout_s=timeout_ms / 1000.0,
                         progress=lambda text: click.echo(f"{text} …", err=True), secure=secure,
-                        warn=lambda text: click.echo(f"warning: {text}", err=True))
+                        warn=lambda text: click.echo(f"warning: {text}", err=True), tablet_disk=tablet_disk)
     doc = local_cluster.status(directory)
     state.output.cluster_status(doc)
     if not state.json_mode:
@@ -67,6 +71,13 @@ def cluster_start(state: State, directory: str | None, zk_nodes: str, coordinato
                        f"--user {sec['username']} --password-file {sec['password_file']} …; add users with "
                        f"`kvlease --cluster {directory} user add NAME` and grant them with `kvlease acl add`.",
                        err=True)
+
+
+def _disk_size(value: str | None) -> int | None:
+    try:
+        return None if value is None else local_cluster.tablet_disks.parse_size(value)
+    except local_cluster.ClusterError as exc:
+        raise click.BadParameter(exc.message, param_hint="'--tablet-disk'") from None
 
 
 @cluster_group.command("stop")

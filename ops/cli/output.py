@@ -276,6 +276,10 @@ class TextOutput(Output):
                 state = "not registered"
             if t.get("decommissioned"):
                 state += ("; " if state else "") + "decommissioned (takes no new replicas)"
+            if t.get("disk_bytes"):
+                free = t.get("disk_free_bytes")
+                state += (("; " if state else "") + f"tmpfs disk {t['disk_bytes'] / (1 << 20):.0f} MiB"
+                          + (f", {free / (1 << 20):.1f} MiB free" if free is not None else ", unmounted"))
             grid.add_row("tablet", str(t["id"]), cell_text(t.get("pid")), t["address"], cell_text(t.get("alive")), state)
         self._print(grid)
         for key, what in (("offline", "offline buckets (no live leader)"),

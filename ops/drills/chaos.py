@@ -11,16 +11,20 @@ exactly once, and its output applied in order equals the table; every
 lookup made during the faults is linearizable with the writes (it shows the
 write last acknowledged before it was sent or a later one, and no earlier
 write than a lookup answered before it was sent); the cluster is whole
-again. Needs --coordinators 2 and --tablets 1 or more.
+again, every replica of the row table back in its ISR. Needs --coordinators 2
+and --tablets 1 or more.
 
 The faults (:mod:`ops.drills.chaos_plan`): ZooKeeper node restart, ZooKeeper leader
 loss (3-node ensembles), kill -9 of the active coordinator, SIGSTOP/SIGCONT of
 it (up to the session timeout + 2 s), tablet server restart, remote storage
 outage (``file://`` remotes), SIGSTOP/SIGCONT of the leader of a bucket of the
 row table (up to the session timeout + 2 s; the table has min(3, tablet
-servers) replicas, so a longer pause makes another server its leader); each
-after a gap of 0-2 s, so it often meets the cluster still recovering from
-the one before. --seed fixes the sequence (not the traffic's timing); a
+servers) replicas, so a longer pause makes another server its leader), a
+full disk of such a leader (1 s up to replica.leader.failure-timeout + 4 s:
+it steps down in the longer ones; only on tablet servers on small disks of
+their own, kvlease cluster start --tablet-disk SIZE); each after a gap of
+0-2 s, so it often meets the cluster still recovering from the one before.
+--seed fixes the sequence (not the traffic's timing); a
 failed run prints the command that replays it.
 """
 
@@ -34,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from client.table import TableClient
+import ops.drills.chaos_disks as chaos_disks
 import ops.drills.chaos_faults as chaos_faults
 import ops.drills.chaos_plan as cp
 from ops.demo import ChaosStream
@@ -64,12 +69,15 @@ def run(cluster_dir: str, rounds: int = 6, clients: int = LEASE_CLIENTS, seed: i
     """Run the drill; ``spark``: a SparkSession to use (left running), else a local one is started."""
     doc = local_cluster.load(cluster_dir)
     check_shape(doc)
-    faults = cp.plan(seed, rounds, doc, chaos_faults.session_timeout_s(doc))
+    faults = cp.plan(seed, rounds, doc, chaos_faults.session_timeout_s(doc), chaos_faults.failure_timeout_s(doc))
     remote = RemoteOutage(doc["remote"]) if str(doc.get("remote", "")).startswith("file://") else None
     if remote is not None:
         remote.restore_interrupted()
+    freed = chaos_disks.restore_interrupted(cluster_dir, doc)  # a disk a killed drill left full
     report = Report(NAME)
-    report.figures.update(seed=seed, rounds=rounds, plan=[f.describe() for f in faults])
+    report.figures.update(seed=seed, rounds=rounds, plan=[f.describe() for f in faults],
+                          allowed_kinds=cp.allowed_kinds(doc), kinds_left_out=cp.left_out(doc),
+                          **({"interrupted_disk_fills_freed": freed} if freed else {}))
     own_spark = spark is None
     scratch = Path(tempfile.mkdtemp(prefix="kvlease-drill-chaos-spark-"))
     try:
@@ -111,17 +119,13 @@ def _run(cluster: DrillCluster, spark, faults: list[cp.Fault], remote: RemoteOut
             targets = chaos_faults.Targets(remote, client.table.table_id)
             leases.start()
             writers.start()
-            done = []
+            done: list[dict[str, Any]] = []
             readers = None
+            ended = time.time()
             try:
                 readers = Readers(cluster.admin, table, keys, seed)
                 readers.start()
-                for number, fault in enumerate(faults, 1):
-                    _progress(f"fault {number}/{len(faults)}: {fault.describe()}")
-                    done.append(chaos_faults.inject(cluster, fault, targets))
-                    _snapshot(client)
-                    if stream.failed():
-                        break
+                ended = _inject_all(cluster, faults, targets, client, stream, done)
                 time.sleep(1.0)  # writes and reads after the last fault
             finally:
                 if readers is not None:
@@ -131,8 +135,10 @@ def _run(cluster: DrillCluster, spark, faults: list[cp.Fault], remote: RemoteOut
             report.add(reads_see_acknowledged_writes(writers.history, readers.reads))
             report.add(reads_in_order(writers.history, readers.reads))
             report.figures.update(replication_factor=replication, faults_done=done, **_write_figures(writers),
-                                  **_read_figures(readers, done))
+                                  **_read_figures(readers, done), **_disk_figures(done, writers))
             whole = cluster.whole_again(timeout_s=60.0)  # every bucket served again before reading back
+            in_sync, _leaders, in_sync_s = wait_in_sync(cluster, client.table.table_id, ended, IN_SYNC_BOUND_S)
+            report.figures.update(in_sync_after_s=in_sync_s)
             if stream.query.isActive:
                 checks, figures = stream.finish(client)
                 report.checks.extend(checks)
@@ -144,10 +150,24 @@ def _run(cluster: DrillCluster, spark, faults: list[cp.Fault], remote: RemoteOut
                 report.add(check)
             report.figures.update(**leases.figures())
             report.add(whole)
+            report.add(in_sync)
     finally:
         if stream is not None:
             stream.close()
         cluster.drop_table(table)
+
+
+def _inject_all(cluster: DrillCluster, faults: list[cp.Fault], targets: chaos_faults.Targets, client: TableClient,
+                stream: ChaosStream, done: list[dict[str, Any]]) -> float:
+    """Make each fault in turn (what was done into ``done``), until the last or the stream failed; returns when
+    the last one was undone."""
+    for number, fault in enumerate(faults, 1):
+        _progress(f"fault {number}/{len(faults)}: {fault.describe()}")
+        done.append(chaos_faults.inject(cluster, fault, targets))
+        _snapshot(client)
+        if stream.failed():
+            break
+    return time.time()
 
 
 def _snapshot(client: TableClient) -> None:
@@ -165,12 +185,27 @@ def _write_figures(writers: Writers) -> dict[str, Any]:
 
 
 def _read_figures(readers: Readers, done: list[dict[str, Any]]) -> dict[str, Any]:
-    """How many lookups, what failed, and how many answered lookups were under way while a leader was paused."""
-    pauses = [(d["at"], d["at"] + d["seconds"]) for d in done if d["kind"] == cp.TABLET_PAUSE
-              and d["node"].startswith("tablet")]
+    """How many lookups, what failed, and how many answered lookups were under way while a leader was paused
+    or its disk full."""
+    pauses, fulls = ([(d["at"], d["at"] + d["seconds"]) for d in done if d["kind"] == kind
+                      and d["node"].startswith("tablet")] for kind in (cp.TABLET_PAUSE, cp.DISK_FULL))
     answered = [r for r in readers.reads if not r.error]
     return {"read_calls": readers.calls, "reads_checked": len(answered), "read_failures": dict(readers.failures),
-            "tablet_pauses": len(pauses), "reads_across_tablet_pauses": sum(_overlaps(r, pauses) for r in answered)}
+            "tablet_pauses": len(pauses), "reads_across_tablet_pauses": sum(_overlaps(r, pauses) for r in answered),
+            **({"reads_across_full_disks": sum(_overlaps(r, fulls) for r in answered)} if fulls else {})}
+
+
+def _disk_figures(done: list[dict[str, Any]], writers: Writers) -> dict[str, Any]:
+    """How many full disks, in how many the leader had given the bucket up by the time it was freed, and per
+    full disk how many write calls to its bucket were sent while it was full (none: nothing asked the leader to
+    write, so it had no reason to step down)."""
+    fulls = [d for d in done if d["kind"] == cp.DISK_FULL and "leader" in d]
+    if not fulls:
+        return {}
+    moved = [d for d in fulls if d["leader_when_freed"] is not None and d["leader_when_freed"] != d["leader"]]
+    sent = [sum(d["at"] <= t0 <= d["at"] + d["seconds"] and d["bucket"] in buckets
+                for t0, _t1, buckets, _acked in writers.calls) for d in fulls]
+    return {"disk_fulls": len(fulls), "disk_full_step_downs": len(moved), "writes_sent_to_full_disks": sent}
 
 
 def _overlaps(read: ReadOp, windows: list[tuple[float, float]]) -> bool:

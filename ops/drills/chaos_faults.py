@@ -2,9 +2,9 @@
 
 Every fault undoes itself before :func:`inject` returns: what was killed is
 started again (and serves), a paused process gets SIGCONT, the remote storage
-is put back, also when the fault itself fails half-way. Whatever is still
-down after an error, :class:`~ops.drills.cluster.DrillCluster` restarts when
-it closes. Each kind is carried out by its entry in :data:`HANDLERS`.
+is put back, a full disk is freed, also when the fault itself fails half-way.
+Whatever is still down after an error, :class:`~ops.drills.cluster.DrillCluster`
+restarts when it closes. Each kind is carried out by its entry in :data:`HANDLERS`.
 """
 
 from __future__ import annotations
@@ -17,12 +17,15 @@ from pathlib import Path
 from typing import Any, Callable
 
 from common import config as cfg
+from common.errors import KvLeaseError
 import ops.drills.chaos_plan as cp
 from ops import local_cluster
+from ops.drills.chaos_disks import DiskFill
 from ops.drills.cluster import DrillCluster
 from ops.drills.remote_outage import RemoteOutage
 
-LEADER_WAIT_S = 30.0  # how long a tablet pause waits for its bucket to have a live leader to pause
+LEADER_WAIT_S = 30.0  # how long a tablet pause or full disk waits for its bucket to have a live leader to strike
+TOP_UP_EVERY_S = 0.2  # how often a full disk takes the room its server freed meanwhile
 
 
 @dataclass(frozen=True)
@@ -36,21 +39,32 @@ class Targets:
 
 def session_timeout_s(doc: dict[str, Any]) -> float:
     """The ZooKeeper session timeout the cluster's coordinators use (their config file, else the default)."""
-    for coordinator in doc.get("coordinators", []):
-        path = Path(coordinator["log"]).parent / "config.toml"
+    return _seconds(doc, "coordinators", cfg.ZK_SESSION_TIMEOUT)
+
+
+def failure_timeout_s(doc: dict[str, Any]) -> float:
+    """How long the cluster's tablet servers keep leading while their writes fail
+    (``replica.leader.failure-timeout`` of their config file, else the default)."""
+    return _seconds(doc, "tablets", cfg.REPLICA_LEADER_FAILURE_TIMEOUT)
+
+
+def _seconds(doc: dict[str, Any], role: str, key: cfg.Key) -> float:
+    """Duration ``key`` of the first ``role`` process's config file (the default without one), in seconds."""
+    for entry in doc.get(role, []):
+        path = Path(entry["log"]).parent / "config.toml"
         if path.exists():
-            values = cfg.Config(cfg.read_file(path), env={})
-            return values[cfg.ZK_SESSION_TIMEOUT] / 1000.0
-    return cfg.Config({}, env={})[cfg.ZK_SESSION_TIMEOUT] / 1000.0
+            return cfg.Config(cfg.read_file(path), env={})[key] / 1000.0
+    return cfg.Config({}, env={})[key] / 1000.0
 
 
 def inject(cluster: DrillCluster, fault: cp.Fault, targets: Targets) -> dict[str, Any]:
     """Wait ``fault.gap_s``, make the fault, undo it; returns what was done (``at``: wall-clock start,
-    ``seconds``: until it was undone)."""
+    ``seconds``: until it was undone, and what its handler adds)."""
     time.sleep(fault.gap_s)
     at = time.time()
-    node = HANDLERS[fault.kind](cluster, fault, targets)
-    return {"kind": fault.kind, "node": node, "at": round(at, 3), "seconds": round(time.time() - at, 3)}
+    struck = HANDLERS[fault.kind](cluster, fault, targets)
+    node, more = struck if isinstance(struck, tuple) else (struck, {})
+    return {"kind": fault.kind, "node": node, "at": round(at, 3), "seconds": round(time.time() - at, 3), **more}
 
 
 def _zookeeper_kill(cluster: DrillCluster, fault: cp.Fault, targets: Targets) -> str:
@@ -104,6 +118,35 @@ def _tablet_pause(cluster: DrillCluster, fault: cp.Fault, targets: Targets) -> s
     return f"tablet {leader} (leader of bucket {bucket})"
 
 
+def _disk_full(cluster: DrillCluster, fault: cp.Fault, targets: Targets) -> tuple[str, dict[str, Any]]:
+    """Fill the disk of the server leading bucket ``fault.target`` of the row table now (no byte left, kept so
+    for ``hold_s``), then free it; adds the bucket, its leader then and when the disk was freed (another
+    server if it stepped down meanwhile; None if the coordinator did not answer) and the bytes written."""
+    bucket, leader = _leader_of(cluster, targets.table_id, fault.target)
+    if leader is None:
+        return f"none: bucket {bucket} had no live leader for {LEADER_WAIT_S:g}s", {}
+    fill = DiskFill(local_cluster.tablet_disks.data_dir(cluster.directory, leader))
+    fill.begin()
+    try:
+        deadline = time.monotonic() + fault.hold_s
+        while (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(TOP_UP_EVERY_S, left))
+            fill.top_up()
+        then = _leader_now(cluster, targets.table_id, bucket)
+    finally:
+        fill.end()
+    return (f"tablet {leader} (leader of bucket {bucket})",
+            {"bucket": bucket, "leader": int(leader), "leader_when_freed": then, "filled_bytes": fill.written})
+
+
+def _leader_now(cluster: DrillCluster, table_id: int, bucket: int) -> int | None:
+    try:
+        _table, leaders = cluster.admin.get_table_assignment(table_id)
+    except KvLeaseError:
+        return None
+    return leaders[bucket].leader_id if leaders[bucket].leader_address else None
+
+
 def _leader_of(cluster: DrillCluster, table_id: int, target: int) -> tuple[int, str | None]:
     """Bucket ``target`` (modulo the table's buckets) and the id of its live leader, waiting up to
     ``LEADER_WAIT_S`` for one (the fault before may still be recovering); None if there is none."""
@@ -130,8 +173,9 @@ def _pause(entry: dict[str, Any], hold_s: float) -> None:
         os.kill(pid, signal.SIGCONT)
 
 
-#: kind -> what carries it out (and undoes it): ``(cluster, fault, targets) -> the node it struck``
-HANDLERS: dict[str, Callable[[DrillCluster, cp.Fault, Targets], str]] = {
+#: kind -> what carries it out (and undoes it): ``(cluster, fault, targets) -> the node it struck``, or
+#: ``(that, {more of what was done})``
+HANDLERS: dict[str, Callable[[DrillCluster, cp.Fault, Targets], str | tuple[str, dict[str, Any]]]] = {
     cp.ZK_RESTART: _zookeeper_kill,
     cp.ZK_LEADER_LOSS: _zookeeper_kill,
     cp.COORDINATOR_KILL: _coordinator_kill,
@@ -139,4 +183,5 @@ HANDLERS: dict[str, Callable[[DrillCluster, cp.Fault, Targets], str]] = {
     cp.TABLET_RESTART: _tablet_restart,
     cp.REMOTE_OUTAGE: _remote_outage,
     cp.TABLET_PAUSE: _tablet_pause,
+    cp.DISK_FULL: _disk_full,
 }

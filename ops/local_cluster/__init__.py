@@ -12,7 +12,9 @@ modules behind it:
 - :mod:`~ops.local_cluster.zookeeper`: real ZooKeeper servers on loopback;
 - :mod:`~ops.local_cluster.certs`, :mod:`~ops.local_cluster.security`: a throwaway CA and the one
   builder of security settings (servers and clients);
-- :mod:`~ops.local_cluster.tablet_health`: what a tablet server's health endpoint says.
+- :mod:`~ops.local_cluster.tablet_health`: what a tablet server's health endpoint says;
+- :mod:`~ops.local_cluster.tablet_disks` (the module itself, as ``tablet_disks``): tablet servers' small disks
+  of their own (``cluster start --tablet-disk``), where they are, how full.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from ops.local_cluster.launch import start, stop
 from ops.local_cluster.processes import (ClusterError, ServerProcess, child_env, dying_with_parent, free_ports, kept_ports,
                                          log_tail, pid_alive, proc_start, spawn_server, stop_pids, terminate)
 from ops.local_cluster.security import client_settings, server_settings, write_private
+from ops.local_cluster import tablet_disks
 from ops.local_cluster.tablet_health import read_health, status_fields
 from ops.local_cluster.zookeeper import (MAIN_CLASSES, ZooKeeperCluster, ZooKeeperError, four_letter, is_serving,
                                          node_command, server_mode)
@@ -38,5 +41,5 @@ __all__ = [
     "dying_with_parent", "four_letter", "free_ports", "generate_certs", "is_serving", "kept_ports", "kill", "load", "log_tail",
     "member", "node_command", "pid_alive", "proc_start", "read_health", "restart", "running_pids", "save",
     "security_settings", "served_buckets", "server_mode", "server_settings", "spawn_server", "start", "status",
-    "status_fields", "stop", "stop_pids", "terminate", "write_private", "zk_leader",
+    "status_fields", "stop", "stop_pids", "tablet_disks", "terminate", "write_private", "zk_leader",
 ]

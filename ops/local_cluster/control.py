@@ -13,6 +13,7 @@ from typing import Any, Mapping
 from common.errors import KvLeaseError
 from ops.local_cluster.cluster_file import client_config, load, save
 from ops.local_cluster.processes import ClusterError, log_tail, pid_alive, proc_start, spawn_server, terminate
+from ops.local_cluster.tablet_disks import usage as disk_usage
 from ops.local_cluster.tablet_health import status_fields
 from ops.local_cluster.zookeeper import is_serving, node_command, server_mode
 
@@ -21,7 +22,9 @@ def status(directory: str | os.PathLike[str], request_timeout_s: float = 2.0) ->
     """Every recorded process (its ``id`` an int, as the cluster's APIs tell tablet ids), whether it runs, what each coordinator says about itself, how many buckets each
     tablet server leads, how many replicas it holds and whether it is ``decommissioned``, the offline and
     under-replicated buckets (``offline`` / ``under_replicated``: asked of the active coordinator, wherever it is
-    in the list) and what each serves (its health, asked of it: :func:`ops.local_cluster.tablet_health.status_fields`).
+    in the list) and what each serves (its health, asked of it: :func:`ops.local_cluster.tablet_health.status_fields`);
+    a tablet server on a small disk of its own (``--tablet-disk``) its size and free bytes (``disk_bytes``,
+    ``disk_free_bytes``: None once unmounted).
     A question that failed is reported under ``error``, never taken as "no"."""
     from client.admin import AdminClient
 
@@ -69,6 +72,7 @@ def status(directory: str | os.PathLike[str], request_timeout_s: float = 2.0) ->
                          registered=server is not None,
                          decommissioned=str(t["id"]) in map(str, result.get("decommissioned", ())))
         entry.update(status_fields(t.get("metrics_address"), alive, request_timeout_s))
+        entry.update(disk_usage(directory, doc, t["id"]) or {})
         result["tablets"].append(entry)
     return result
 

@@ -45,6 +45,7 @@ from typing import Any, Mapping
 from common import config as cfg
 from common.errors import KvLeaseError
 import ops.local_cluster.security as security
+import ops.local_cluster.tablet_disks as tablet_disks
 from ops.local_cluster.cluster_file import (ZK_ROOT, all_procs, client_config, cluster_file, load, running_pids,
                                             save)
 from ops.local_cluster.control import served_buckets
@@ -93,7 +94,7 @@ def start(directory: str | os.PathLike[str], *, zk_nodes: int = 1, coordinators:
           remote: str | None = None, ready_timeout_s: float = 60.0,
           progress: Progress = lambda text: None,
           config_overrides: Mapping[str, Any] | None = None, secure: bool = False,
-          warn: Progress | None = None) -> dict[str, Any]:
+          warn: Progress | None = None, tablet_disk: int | str | None = None) -> dict[str, Any]:
     """Start ZooKeeper, the coordinators and the tablet servers in ``directory``; returns the
     cluster.json document.
 
@@ -106,14 +107,27 @@ def start(directory: str | os.PathLike[str], *, zk_nodes: int = 1, coordinators:
     A stopped cluster started again in its directory keeps its coordinators' and tablet servers' ports
     (those of cluster.json; ZooKeeper's are new, only the cluster's own processes use them); a port
     another process took meanwhile is replaced by a free one, and ``warn`` (default: ``progress``) says so.
+
+    ``tablet_disk`` (bytes, or a size such as ``"64m"``; root only): each tablet server's data dir on a tmpfs
+    of that size of its own (:mod:`ops.local_cluster.tablet_disks`), unmounted again if the start fails. A
+    stopped cluster whose tablet disks are still mounted keeps them; one whose disks were unmounted cannot be
+    started again.
     """
     overrides = _checked_overrides(zk_nodes, coordinators, tablets, config_overrides)
+    size_bytes = None if tablet_disk is None else tablet_disks.parse_size(tablet_disk)
+    if size_bytes is not None:
+        if not tablets:
+            raise ClusterError("--tablet-disk gives tablet servers a disk each: it needs --tablets 1 or more")
+        tablet_disks.require_root()
     directory = Path(directory).resolve()
     previous = _previous(directory)
+    disks = tablet_disks.kept(directory, previous, size_bytes)
     remote = remote or _default_remote(directory)
     _make_private_dirs(directory, remote)
     doc: dict[str, Any] = {"zookeeper": [], "coordinators": [], "tablets": [], "remote": remote,
                            "zk_root": ZK_ROOT, "zookeeper_connect": ""}
+    if disks is not None or size_bytes is not None:
+        doc[tablet_disks.KEY] = disks or {"size_bytes": size_bytes, "tablets": []}
     if secure:
         secure_overrides, doc["security"] = security.prepare(directory)
         overrides.update(secure_overrides)
@@ -183,6 +197,7 @@ class _Start:
         self.admin_client = functools.partial(AdminClient, config=client_config(doc))
         self.zk: ZooKeeperCluster | None = None
         self.procs: list[subprocess.Popen] = []
+        self.mounted: list[Path] = []  # the tablet disks this start mounted
 
     def zookeeper(self, nodes: int, secure: bool) -> None:
         self.progress(f"starting ZooKeeper ({nodes} node{'s' if nodes > 1 else ''}) in {self.directory / 'zookeeper'}")
@@ -205,6 +220,8 @@ class _Start:
         started = []
         ports = kept_ports(self.previous.get(role, []), count, what, self.warn)
         for i, (port, metrics_port) in enumerate(ports):
+            if role == "tablets" and tablet_disks.KEY in self.doc:
+                self._tablet_disk(str(i + 1))
             entry = _spawn(self.directory, role, i + 1, self.zk.connect_string, self.doc["remote"], port,
                            metrics_port, self.overrides)
             started.append(entry.pop("_popen"))
@@ -212,6 +229,19 @@ class _Start:
             self.doc[role].append(entry)
             save(self.directory, self.doc)
         return started
+
+    def _tablet_disk(self, tablet_id: str) -> None:
+        """Mount tablet server ``tablet_id``'s small disk (recorded first, so a ``stop`` after an interrupted
+        start unmounts it), unless it is still mounted from before."""
+        disks = self.doc[tablet_disks.KEY]
+        path = tablet_disks.data_dir(self.directory, tablet_id)
+        if tablet_id not in disks["tablets"]:
+            disks["tablets"].append(tablet_id)
+            save(self.directory, self.doc)
+        if not os.path.ismount(path):
+            self.progress(f"mounting a {tablet_disks.show_size(disks['size_bytes'])} tmpfs on {path}")
+            tablet_disks.mount(path, disks["size_bytes"])
+            self.mounted.append(path)
 
     def coordinators(self, count: int) -> None:
         from client.admin import wait_for_active
@@ -228,16 +258,23 @@ class _Start:
         _wait_served(self.doc, procs, self.timeout_s)
 
     def undo(self) -> None:
-        """Kill what this start started (ZooKeeper last)."""
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
-        if self.zk is not None:
-            try:
-                self.zk.stop()
-            except Exception:
-                terminate(all_procs(self.doc, "zookeeper"))
+        """Kill what this start started (ZooKeeper last) and unmount the tablet disks it mounted, whatever
+        happens (disks kept from before stay mounted: their rows are there, ``cluster stop`` unmounts them)."""
+        try:
+            for proc in self.procs:
+                if proc.poll() is None:
+                    proc.kill()
+                proc.wait()
+            if self.zk is not None:
+                try:
+                    self.zk.stop()
+                except Exception:
+                    terminate(all_procs(self.doc, "zookeeper"))
+        finally:
+            for path in self.mounted:
+                problem = tablet_disks.unmount(path)
+                if problem:
+                    self.warn(problem)
 
 
 def _wait_active(doc: dict[str, Any], procs: list[subprocess.Popen], timeout_s: float, admin_client,
@@ -312,12 +349,18 @@ def _logs(doc: dict[str, Any], role: str = "coordinators") -> str:
 
 
 def stop(directory: str | os.PathLike[str], timeout_s: float = 10.0) -> dict[str, Any]:
-    """Stop the tablet servers, then the coordinators, then ZooKeeper; fine if already stopped.
+    """Stop the tablet servers, then the coordinators, then ZooKeeper; fine if already stopped. The tablet
+    servers' small disks (``--tablet-disk``) are unmounted whatever happens (their rows go with them).
 
     Returns ``{"stopped": [pids that were running], "pids": [every recorded pid]}``.
     """
     doc = load(directory)
-    stopped = terminate(all_procs(doc, "tablets"), timeout_s)
-    stopped += terminate(all_procs(doc, "coordinators"), timeout_s)
-    stopped += terminate(all_procs(doc, "zookeeper"), timeout_s)
+    try:
+        stopped = terminate(all_procs(doc, "tablets"), timeout_s)
+        stopped += terminate(all_procs(doc, "coordinators"), timeout_s)
+        stopped += terminate(all_procs(doc, "zookeeper"), timeout_s)
+    finally:
+        problems = tablet_disks.unmount_all(directory, doc)
+    if problems:
+        raise ClusterError("; ".join(problems))
     return {"stopped": stopped, "pids": [pid for pid, _ in all_procs(doc, "coordinators", "tablets", "zookeeper")]}

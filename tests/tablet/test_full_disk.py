@@ -11,6 +11,7 @@ from common.errors import KvLeaseError
 from common.tables import Column
 from tablet.bucket import BucketStore, BucketStoreError
 from tablet.bucket_files import Backoff
+from tablet.bucket_keeper import BucketKeeper
 from ops.local_cluster import read_health
 from tests.support.fixtures.small_disk import fill, small_disk
 from tests.support.local_cluster import LocalCluster
@@ -141,3 +142,42 @@ def test_a_failure_soon_after_a_reopen_continues_the_row_of_failures(tmp_path):
         assert files.retry_in() == 1.0  # a new row
     finally:
         store.close()
+
+
+def test_a_snapshot_round_goes_on_past_a_followed_bucket_that_cannot_reopen_on_a_full_disk(make_config, tmp_path):
+    """Found by the chaos drill's disk-full: a snapshot round (the ``snapshot-timer`` thread's work) applies the
+    changelog retention of the buckets the server follows; reading the changelog of one whose files failed on a
+    full disk reopens them, and that reopen's failure raised out of the round, which ended the thread: the
+    server never again took a periodic snapshot nor truncated a changelog. The round now goes on (the bucket's
+    retention waits for the next round). The follower's bucket keeper is held off while the round runs, so the
+    round is what reopens the failed files (as when it comes first)."""
+    with small_disk(tmp_path / "disk", size_mb=30) as disk:
+        c = LocalCluster(make_config, tmp_path, 1, {"tablet.bucket.reopen-backoff": "200ms",
+                                                    "tablet.bucket.reopen-backoff.max": "200ms"})
+        try:
+            c.tablet_overrides["tablet.data-dir"] = str(disk / "t2")
+            follower = c.start_tablet(2)
+            info = c.admin.create_table("db.t", [Column("id", "BIGINT"), Column("v", "STRING")], ["id"], 1,
+                                        replication_factor=2)
+            in_sync = lambda: set(c.admin.get_table_assignment(info.table_id)[1][0].isr) == {1, 2}  # noqa: E731
+            c.wait_for(in_sync, "both replicas in sync")
+            if c.admin.get_table_assignment(info.table_id)[1][0].leader_id != 1:
+                c.admin.elect_leader("db.t", 0, unclean=False, tablet=1)
+            with TableClient(c.admin, "db.t", retry_total_s=10) as table:
+                table.upsert([{"id": i, "v": PAYLOAD} for i in range(50)])
+                table.trigger_snapshot(wait=True)  # a kept snapshot: the follower's retention reads its changelog
+            follower.keeper.stop()
+            filler = fill(disk, leave_bytes=0)
+            with TableClient(c.admin, "db.t", retry_total_s=0, request_timeout_s=1.0) as once:
+                with pytest.raises(KvLeaseError):  # appended by the leader; the follower cannot append it
+                    once.upsert([{"id": -1, "v": PAYLOAD}])
+            failed = c.wait_for(lambda: [r.store.files for r in follower.replicas.followed()
+                                         if r.store.files.known and r.store.files.failure is not None
+                                         and not r.store.files.retry_in()], "the follower's bucket failed")
+            follower.replicas.snapshot_changed()  # raised BucketStoreError: "cannot open RocksDB … No space left"
+            assert failed[0].failure is not None and not failed[0].is_open  # the round's reopen failed
+            filler.unlink()
+            follower.keeper = BucketKeeper(follower.replicas).start()
+            c.wait_for(in_sync, "the follower back in the ISR")
+        finally:
+            c.close()

@@ -332,3 +332,22 @@ def test_cluster_status_text_shows_a_tablet_s_rebuilds():
     text = buffer.getvalue()
     assert "rebuilding 2 bucket(s), 12.5 MB downloaded, 340 offsets behind" in text
     assert text.count("rebuilding") == 1  # a server in sync says nothing of it
+
+
+def test_cluster_start_tablet_disk_that_is_no_size_or_too_small_is_a_usage_error(tmp_path):
+    for size, said in (("3m", "'3m' is too small for the disk of a tablet server: it needs at least 16m"),
+                       ("lots", "'lots' is not a size (use e.g. 64m, 1g)")):
+        result = run("cluster", "start", "--dir", str(tmp_path / "c"), "--tablet-disk", size)
+        assert result.exit_code == 2 and "--tablet-disk" in result.stderr and said in result.stderr, result.output
+    assert not (tmp_path / "c").exists()
+
+
+def test_cluster_status_text_shows_a_tablet_s_small_disk():
+    buffer = io.StringIO()
+    out.TextOutput(Console(file=buffer, width=160)).cluster_status({"zookeeper": [], "coordinators": [], "tablets": [
+        {"id": "1", "pid": 5, "address": "a:1", "buckets": 3, "alive": True, "registered": True,
+         "disk_bytes": 64 << 20, "disk_free_bytes": 41 << 20},
+        {"id": "2", "pid": None, "address": "a:2", "buckets": None, "alive": False, "registered": None,
+         "disk_bytes": 64 << 20, "disk_free_bytes": None}]})
+    text = buffer.getvalue()
+    assert "3 buckets; tmpfs disk 64 MiB, 41.0 MiB free" in text and "tmpfs disk 64 MiB, unmounted" in text

@@ -2,7 +2,9 @@
 
 Two clusters, each shared by the tests of its kind and stopped (whatever
 happens) when they are done: one with 2 coordinators and 2 tablet servers
-(coordinator-failover, tablet-restart, remote-outage) and one with a 3-node
+(coordinator-failover, tablet-restart, remote-outage), each on a 64 MiB tmpfs
+of its own when the tests run as root (``--tablet-disk``, so chaos fills a
+leader's disk), and one with a 3-node
 ZooKeeper ensemble and 2 coordinators (zk-leader-loss, run by ``all``, which
 skips what the shape does not allow). Each drill must pass, report what it checks, and leave the
 cluster whole. The cluster logs are printed when a drill fails.
@@ -71,7 +73,26 @@ def _cluster(kvlease_tmp: str, **shape):
 
 @pytest.fixture(scope="module")
 def cluster(kvlease_tmp):
-    yield from _cluster(kvlease_tmp, coordinators=2, tablets=2)
+    disk = TABLET_DISK if _can_mount(kvlease_tmp) else None
+    yield from _cluster(kvlease_tmp, coordinators=2, tablets=2, tablet_disk=disk)
+
+
+TABLET_DISK = "64m"
+
+
+def _can_mount(kvlease_tmp: str) -> bool:
+    """Whether this process may mount a tmpfs (root, and not a container that forbids it)."""
+    if os.geteuid() != 0:
+        return False
+    path = Path(tempfile.mkdtemp(prefix="mount-probe-", dir=kvlease_tmp))
+    try:
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(path)], capture_output=True)
+        if mounted.returncode:
+            return False
+        subprocess.run(["umount", str(path)], capture_output=True, check=True)
+        return True
+    finally:
+        path.rmdir()
 
 
 @pytest.fixture(scope="module")
@@ -151,15 +172,24 @@ def test_all_runs_what_the_shape_allows_in_one_report_and_zk_leader_loss_passes(
 # session (the row table has 2 replicas there: the other one leads meanwhile); on the ensemble (1 tablet server:
 # 1 replica) the coordinator's, a node's and the leader's kill -9 (test_chaos_plan pins the plans). No remote
 # outage: one during the stream's bootstrap fails the Spark query (StorageError reading the snapshot), seen with
-# seeds 647 and 1326.
-CHAOS_SEEDS = {"one zookeeper": 4552, "ensemble": 4853}
+# seeds 647 and 1326. On small disks (as root) the first seed's plan has a full disk of a bucket's leader
+# instead of the coordinator's kill -9 (5.2 s: past the 3 s replica.leader.failure-timeout, so it usually steps
+# down; the drill reports whether it did, the test does not ask: the contract's bound is 10 s).
+CHAOS_SEEDS = {"one zookeeper": 4552, "one zookeeper on small disks": 736, "ensemble": 4853}
 CHAOS_ROUNDS = 4
 
 
 def test_chaos_on_one_zookeeper_and_two_tablet_servers(cluster, spark):
-    figures = _chaos(cluster, spark, seed=CHAOS_SEEDS["one zookeeper"])
+    small_disks = local_cluster.tablet_disks.every_tablet_has_one(local_cluster.load(cluster))
+    seed = CHAOS_SEEDS["one zookeeper on small disks" if small_disks else "one zookeeper"]
+    figures = _chaos(cluster, spark, seed=seed)
     assert figures["replication_factor"] == 2 and figures["tablet_pauses"] == 1
     assert figures["reads_across_tablet_pauses"] > 0  # lookups were under way while the leader was paused
+    if small_disks:
+        assert figures["disk_fulls"] == 1 and figures["reads_across_full_disks"] > 0
+        (full,) = [d for d in figures["faults_done"] if d["kind"] == "disk-full"]
+        assert full["filled_bytes"] > 0 and not (Path(cluster) / f"tablet-{full['leader']}" / "data" /
+                                                 "kvlease-drill-disk-full.filler").exists()  # freed again
 
 
 def test_chaos_on_a_zookeeper_ensemble(ensemble, spark):
@@ -178,7 +208,7 @@ def _chaos(directory: Path, spark, seed: int) -> dict:
         print(_logs(directory))
     assert_checked(report, "read back as acknowledged", "leased snapshot", "deposed coordinator",
                    "acknowledged write present", "exactly once", "equal the table", "ran through every fault",
-                   "acknowledged before they were sent", "sent after another was answered")
+                   "acknowledged before they were sent", "sent after another was answered", "back in the ISR")
     figures = report["figures"]
     assert figures["seed"] == seed and len(figures["faults_done"]) == CHAOS_ROUNDS
     assert figures["stream_change_rows"] > 0 and figures["acknowledged"] > 0 and figures["reads_checked"] > 0
