@@ -8,6 +8,11 @@
 #   make test-slow   tier 3: multi-process drills, long tests (-m slow)
 #   make test-spark  the Spark source on real Spark, local[2] (-m spark)
 #   make test PYTEST_ARGS="-x -k lease"
+#   make test TEST_WORKERS=0   one process, no pytest-xdist workers
+#
+# Tests run in TEST_WORKERS pytest-xdist processes (default 3: on 2 cores most
+# tests wait on servers); a module's tests stay on one worker, the Spark tests
+# share one (tests/conftest.py).
 #
 # `make test` exits non-zero when pytest does; pytest's own exit code is left
 # in $(PYTEST_RC) (.ci/run reports and returns it). No tests collected
@@ -21,6 +26,7 @@ export JAVA_HOME
 export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON := $(abspath $(PY))
 PYTEST_ARGS ?=
+TEST_WORKERS ?= 3
 PYTEST_RC := .pytest_cache/kvlease-exit-code
 
 .PHONY: test test-unit test-zk test-slow test-spark demo deps system-deps proto clean
@@ -39,7 +45,7 @@ deps: system-deps $(VENV)/.installed
 # $(1): marker expression (empty: every test); $(2): "tier" if selecting no test is fine.
 define run_pytest
 	@mkdir -p $(dir $(PYTEST_RC)); rm -f $(PYTEST_RC); \
-	$(PY) -m pytest -q --durations=25 $(if $(1),-m "$(1)") $(PYTEST_ARGS); rc=$$?; \
+	$(PY) -m pytest -q --durations=25 -n $(TEST_WORKERS) --dist loadgroup $(if $(1),-m "$(1)") $(PYTEST_ARGS); rc=$$?; \
 	echo $$rc > $(PYTEST_RC); \
 	if [ $$rc -eq 5 ]; then \
 	  if [ "$(2)" = tier ]; then echo "make: no test selected by -m '$(1)' $(PYTEST_ARGS): nothing to run"; rc=0; \

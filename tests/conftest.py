@@ -81,6 +81,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                     misplaced.append(f"{item.nodeid} uses {sorted(names & fixtures)}")
     if misplaced:
         raise pytest.UsageError("tests marked `unit` must not use server fixtures:\n  " + "\n  ".join(misplaced))
+    _group_for_workers(items)
+
+
+def _group_for_workers(items: list[pytest.Item]) -> None:
+    """With pytest-xdist (``make test`` runs ``-n``, ``--dist loadgroup``): a module's tests run on one worker,
+    so module-scoped clusters are started once; the tests of the session's SparkSession share one worker (one
+    Spark JVM, not one per worker) and go first, the longest group, then the multi-process tests of
+    ``tests/ops`` (the longest tests), so that short ones fill the workers at the end. Without xdist the
+    markers do nothing."""
+    def rank(item: pytest.Item) -> int:
+        return 0 if item.get_closest_marker("spark") else 1 if item.nodeid.startswith("tests/ops/") else 2
+
+    for item in items:
+        if not item.get_closest_marker("xdist_group"):
+            spark = item.get_closest_marker("spark") is not None
+            item.add_marker(pytest.mark.xdist_group("spark" if spark else item.nodeid.split("::")[0]))
+    items.sort(key=rank)  # stable: files keep their order within a rank
 
 
 @pytest.hookimpl(wrapper=True)

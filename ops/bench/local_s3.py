@@ -24,6 +24,7 @@ from typing import Iterator
 
 from common import config as cfg
 from ops.bench.suite import UsageError
+from ops.local_cluster import free_ports
 
 BUCKET = "kvlease-bench"
 ACCESS_KEY = SECRET_KEY = "testing"  # moto takes any
@@ -32,9 +33,7 @@ START_TIMEOUT_S = 30.0
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
 
 
 def _listening(port: int) -> bool:

@@ -137,8 +137,10 @@ def _judge_replicas(cluster: DrillCluster, client: TableClient, state: dict, hws
     """The data checks on every assigned replica's changelog and table; returns the tables."""
     table_id, codec = client.table.table_id, client.codec
     assigned = {b: {f"tablet {r}" for r in s.replicas} for b, s in state.items()}
-    logs = {name: {b: frames for b, frames in buckets.items() if name in assigned.get(b, ())}
-            for name, buckets in read_replica_logs(cluster.doc["tablets"], table_id).items()}
+    # a server no bucket is assigned to is no replica, even if its data dir still has the table's buckets (a
+    # restarted server that was moved off them deletes them right after it starts: the drill may read first)
+    logs = {name: held for name, buckets in read_replica_logs(cluster.doc["tablets"], table_id).items()
+            if (held := {b: frames for b, frames in buckets.items() if name in assigned.get(b, ())})}
     starts = log_starts(cluster.doc["tablets"], table_id)
     decoded: dict = {}
     changelogs = {name: {b: change_records(codec, frames, hws.get(b, 0), decoded) for b, frames in buckets.items()}

@@ -12,6 +12,7 @@ time). :func:`free_ports` and :func:`log_tail` are the one copy of each.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -97,14 +98,7 @@ def kept_ports(previous: Iterable[Mapping[str, Any]], count: int, what: str,
     recorded = {str(entry["id"]): entry for entry in previous}
     with ExitStack() as stack:
         def hold(port: int) -> int | None:
-            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers bind
-            try:
-                sock.bind(("127.0.0.1", port))
-                sock.listen()
-            except OSError:
-                return None
-            return sock.getsockname()[1]
+            return _hold(stack, port) if port else _hold_free(stack)
 
         picked = []
         for i in range(1, count + 1):
@@ -129,14 +123,50 @@ def _port_of(address: Any) -> int | None:
 
 
 def free_ports(count: int) -> list[int]:
-    """``count`` distinct free loopback ports (held open together, so they differ)."""
+    """``count`` distinct free loopback ports (held open together, so they differ), for servers started later.
+
+    They are picked below the kernel's ephemeral range (``ip_local_port_range``): a port from that range
+    may be handed to any other socket (a client's outgoing connection, a ``bind`` to port 0) in the time
+    between picking it and the server binding it, and the server would then fail to start."""
     with ExitStack() as stack:
-        ports = []
-        for _ in range(count):
-            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            sock.bind(("127.0.0.1", 0))
-            ports.append(sock.getsockname()[1])
-        return ports
+        return [_hold_free(stack) for _ in range(count)]
+
+
+FIXED_PORTS_LOW = 10_000  # fixed ports are picked from here up to the ephemeral range's start
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as fh:
+            return int(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768  # Linux's default
+
+
+def _hold(stack: ExitStack, port: int) -> int | None:
+    """Listen on loopback ``port`` (0: any) until ``stack`` closes; the port, or None if it is taken."""
+    sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers bind
+    try:
+        sock.bind(("127.0.0.1", port))
+        sock.listen()
+    except OSError:
+        return None
+    return sock.getsockname()[1]
+
+
+def _hold_free(stack: ExitStack) -> int:
+    """A free port below the ephemeral range, held by ``stack`` (one from that range if none is found)."""
+    high = _ephemeral_low()
+    if high - FIXED_PORTS_LOW >= 1_000:
+        for _ in range(100):
+            port = _hold(stack, random.randrange(FIXED_PORTS_LOW, high))
+            if port is not None:
+                return port
+    port = _hold(stack, 0)
+    if port is None:
+        raise ClusterError("no free loopback port")
+    return port
 
 
 def log_tail(path: str | os.PathLike[str], lines: int = 20) -> str:
