@@ -209,16 +209,9 @@ def test_frozen_coordinator_resumes_without_writing(make_config, coordinator_pro
         assert not acknowledged, f"the deposed coordinator acknowledged writes: {acknowledged}"
         _assert_stays_standby(procs, frozen, direct, info, new_info)
 
-        # it never wrote after resuming: ZooKeeper is exactly as before, and so is remote storage but for a
-        # lease file a zombie write prepared before its ZooKeeper write failed with an unknown outcome (the
-        # connection of its expired session lost): nothing points at it, the next election reclaims it
+        # it never wrote after resuming: ZooKeeper and remote storage are as before
         assert zk_tree(zk) == tree
-        now = storage.list("")
-        assert set(files) <= set(now), sorted(set(files) - set(now))
-        for path in sorted(set(now) - set(files)):
-            assert path.startswith("lease/") and path.endswith(".metadata"), path
-            name = path.rsplit("/", 1)[1].encode()
-            assert not any(name in data for data, _mzxid in tree.values()), f"ZooKeeper points at {path}"
+        _assert_as_before_but_orphan_lease_files(storage, files, tree)
         _assert_served_as_before(procs, client, zk, storage, kept, table, other, new_info)
         # clients given both addresses (the deposed one first) still work
         both = procs.client([frozen.address, other.address], request_timeout_s=10, retry_total_s=30)
@@ -229,6 +222,18 @@ def test_frozen_coordinator_resumes_without_writing(make_config, coordinator_pro
     finally:
         zk.stop()
         zk.close()
+
+
+def _assert_as_before_but_orphan_lease_files(storage, files: list[str], tree: dict) -> None:
+    """Remote storage holds ``files`` and maybe lease files nothing in ZooKeeper (``tree``) points at: one a
+    zombie write prepared before its ZooKeeper write failed with an unknown outcome (the connection of its
+    expired session lost) stays; the next active coordinator's election reclaims it."""
+    now = storage.list("")
+    assert set(files) <= set(now), sorted(set(files) - set(now))
+    for path in sorted(set(now) - set(files)):
+        assert path.startswith("lease/") and path.endswith(".metadata"), path
+        name = path.rsplit("/", 1)[1].encode()
+        assert not any(name in data for data, _mzxid in tree.values()), f"ZooKeeper points at {path}"
 
 
 def _assert_stays_standby(procs, frozen, direct, info, new_info) -> None:
