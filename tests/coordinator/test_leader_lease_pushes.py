@@ -21,11 +21,16 @@ def _last(ctrl, server_id: int):
     return ctrl.recorder.leases[server_id][-1]
 
 
-def test_moving_a_live_leaders_leadership_ends_its_lease_first_and_its_successor_waits_until_it_let_go(make_ctrl):
-    ctrl = make_ctrl()
+def _three_replica_table(ctrl):
+    """Three servers and a one-bucket table on all of them: the table and its bucket's state."""
     register(ctrl, 1, 2, 3)
     table = create(ctrl, "t", 1, rf=3)
-    old = states(ctrl, table)[0]
+    return table, states(ctrl, table)[0]
+
+
+def test_moving_a_live_leaders_leadership_ends_its_lease_first_and_its_successor_waits_until_it_let_go(make_ctrl):
+    ctrl = make_ctrl()
+    table, old = _three_replica_table(ctrl)
     version = ctrl.zk.exists(zkpaths.tablet_demotions(old.leader)).version
     session = ctrl.zk.exists(zkpaths.tablet_server(old.leader)).ephemeralOwner
     assert (_last(ctrl, old.leader).session_id, _last(ctrl, old.leader).demotions) == (session, version)
@@ -47,9 +52,7 @@ def test_moving_a_live_leaders_leadership_ends_its_lease_first_and_its_successor
 
 def test_a_leader_whose_registration_is_gone_leaves_nothing_to_wait_for(make_ctrl):
     ctrl = make_ctrl()
-    register(ctrl, 1, 2, 3)
-    table = create(ctrl, "t", 1, rf=3)
-    old = states(ctrl, table)[0]
+    table, old = _three_replica_table(ctrl)
     version = ctrl.zk.exists(zkpaths.tablet_demotions(old.leader)).version
     ctrl.zk.delete(zkpaths.tablet_server(old.leader))  # its session expired
     call(ctrl, rq.TabletServersChanged())
@@ -63,9 +66,7 @@ def test_a_registration_in_a_new_session_is_a_server_that_came_back(make_ctrl, z
     from common.zk import make_client
 
     ctrl = make_ctrl()
-    register(ctrl, 1, 2, 3)
-    table = create(ctrl, "t", 1, rf=3)
-    old = states(ctrl, table)[0]
+    table, old = _three_replica_table(ctrl)
     other = make_client(zk_config)  # its session expired and it registered again, unseen in between
     try:
         node = ctrl.zk.get(zkpaths.tablet_server(old.leader))[0]
