@@ -51,7 +51,7 @@ class SnapshotInfo:
 
 @dataclass(frozen=True)
 class BucketLeader:
-    """A bucket's replicas and leader (DESIGN.md "Replication")."""
+    """A bucket's replicas and leader (docs/architecture.md, "Losing and moving replicas")."""
 
     bucket: int
     leader_id: int  # -1: none (not assigned yet, or offline: no live in-sync replica)

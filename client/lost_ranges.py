@@ -1,4 +1,4 @@
-"""A changelog reader's guard against offsets reused after a loss of data (DESIGN.md "Replication").
+"""A changelog reader's guard against offsets reused after a loss of data (docs/architecture.md, "The changelog").
 
 A bucket restored from an older snapshot, or led by an out-of-sync replica
 after an unclean election, gives new changes the offsets from the loss's

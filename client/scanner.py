@@ -1,7 +1,7 @@
 """Live KV scans, client side: one bucket at a time, or a whole table.
 
-:class:`KvBatchScanner` reads one bucket through ScanKv sessions (DESIGN.md
-"Live KV scans"): the first call opens a session on the bucket's leader
+:class:`KvBatchScanner` reads one bucket through ScanKv sessions (docs/live-scans.md): the first call
+opens a session on the bucket's leader
 (RocksDB snapshot + ``log_offset`` taken together), continuations carry
 ``call_seq_id`` 0, 1, 2, … and ``client.scanner.kv.fetch.max-bytes``.
 :class:`KvStreamScanner` reads the same thing over one ScanKvStream call.

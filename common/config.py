@@ -213,7 +213,7 @@ WRITER_ID_EXPIRATION = _key("writer.id.expiration", "1d", parse_duration_ms,
                             "how long a bucket remembers an idempotent writer after its last write (a write resent "
                             "later than that is taken for a new one)")
 
-# --- replication (DESIGN.md "Replication") ------------------------------------------
+# --- replication (docs/bucket-store.md, "Replication") ------------------------------------------
 DEFAULT_REPLICATION_FACTOR = _key("default.replication-factor", 1, _parse_int,
                                   "replicas per bucket of a table created without --replication-factor")
 DEFAULT_MIN_INSYNC_REPLICAS = _key("min.insync-replicas", 1, _parse_int,

@@ -1,6 +1,6 @@
 """The changelog entry format, which the tablet server writes and every client decodes.
 
-Records are numbered 0, 1, 2, … (see "Offsets" in DESIGN.md). One entry holds
+Records are numbered 0, 1, 2, … (docs/architecture.md, "Offsets"). One entry holds
 a whole write batch and the time it was appended. The format (little-endian)
 is in ``docs/changelog.md``; version 3 is written, versions 1, 2 and 3 are read::
 

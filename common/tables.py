@@ -32,7 +32,7 @@ class TableInfo:
     primary_key: tuple[str, ...]
     buckets: int
     created_ms: int = 0
-    #: Replicas per bucket (DESIGN.md "Replication"), and the in-sync replicas a write needs.
+    #: Replicas per bucket (docs/bucket-store.md, "Replication"), and the in-sync replicas a write needs.
     replication_factor: int = 1
     min_insync_replicas: int = 1
 

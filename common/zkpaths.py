@@ -1,6 +1,6 @@
 """ZooKeeper paths (relative to the configured chroot ``zookeeper.path.root``).
 
-See DESIGN.md "ZooKeeper layout".
+See docs/architecture.md, "ZooKeeper layout".
 """
 
 from __future__ import annotations

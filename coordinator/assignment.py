@@ -1,4 +1,5 @@
-"""Bucket replicas and leaders: who holds each bucket, who leads it, who is in sync (DESIGN.md "Replication").
+"""Bucket replicas and leaders: who holds each bucket, who leads it, who is in sync
+(docs/architecture.md, "Losing and moving replicas").
 
 Per bucket: ``replicas`` (ordered tablet ids on distinct servers, the
 preferred leader first), ``leader`` (-1: none), ``leader_epoch`` (+1 on every

@@ -1,4 +1,5 @@
-"""Lost replicas, restores and operator elections: pure planning, no ZooKeeper (DESIGN.md "Replication").
+"""Lost replicas, restores and operator elections: pure planning, no ZooKeeper
+(docs/architecture.md, "Losing and moving replicas").
 
 A replica's data is *lost* when its tablet server registers with a data dir
 other than the one the coordinator recorded for it (a wiped or replaced disk:

@@ -1,4 +1,5 @@
-"""Leaders and in-sync replicas as tablet servers come and go: pure, no ZooKeeper (DESIGN.md "Replication").
+"""Leaders and in-sync replicas as tablet servers come and go: pure, no ZooKeeper
+(docs/architecture.md, "Leader leases").
 
 - A server gone (its ``/tabletservers/ids`` node went, or it re-registered with
   a new incarnation): every bucket it led gets the first replica (in

@@ -1,4 +1,5 @@
-"""Moving a bucket's replicas to other tablet servers: pure planning, no ZooKeeper (DESIGN.md "Rebuilding a replica").
+"""Moving a bucket's replicas to other tablet servers: pure planning, no ZooKeeper
+(docs/architecture.md, "Losing and moving replicas").
 
 Kafka's reassignment, in two phases. Its state is in the bucket's assignment
 (``reassign``: the target replicas, :class:`~coordinator.assignment.BucketAssignment`),

@@ -88,7 +88,7 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
             log.exception("request answered by %s failed", response_cls.__name__)
             return response_cls(error=error_pb(errors.UnknownServerError(f"internal error: {exc}")))
 
-    # -- authorization (DESIGN.md "Security"; every check passes when security is off) ------------
+    # -- authorization (docs/architecture.md, "Security"; every check passes when security is off) ------------
 
     def _check(self, operation: Operation, resource: Callable[[], Resource]) -> Callable[[], None] | None:
         """A ``check`` for :meth:`_run`: the caller may do ``operation`` on ``resource()``."""

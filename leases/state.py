@@ -17,7 +17,7 @@ replies it causes name it) and has one registered handler. The lease requests
 callers send (acquire, renew, release, drop) are these events themselves; a
 caller may leave ``now_ms`` unset and the shell stamps its clock on hand-in.
 
-Retry-safe rules (DESIGN.md "Leases — semantics"):
+Retry-safe rules (docs/architecture.md, "Leases"):
 
 - A lease whose deadline has passed (``expiration_time <= now_ms``) is expired
   for every request, also before the expiry timer dropped it. A request that

@@ -24,7 +24,7 @@ and ``start <= a <= end`` of the changelog. Replaying ``[a, end)`` (put for
 decides its value), so opening the files (``tablet/bucket_files.py``) always
 ends with KV == fold(changelog[0, end)) and applied offset == end.
 
-**Replicated** (``replicated=True``, DESIGN.md "Replication — semantics"):
+**Replicated** (``replicated=True``, docs/bucket-store.md, "Replication"):
 a write is appended, synced and published but not applied; it waits in the
 pre-write buffer (``tablet/prewrite_buffer.py``; later writes read their
 before-images through it) until the high watermark passes it

@@ -1,6 +1,6 @@
 """A bucket's changelog: numbered change records in framed entries, one per write batch, in segment files.
 
-Records are numbered 0, 1, 2, … (see "Offsets" in DESIGN.md). Each append writes ONE entry holding a whole
+Records are numbered 0, 1, 2, … (docs/architecture.md, "Offsets"). Each append writes ONE entry holding a whole
 batch and its append time, so building, writing and reading cost nothing per record in Python. The entry
 format is ``common/logentry.py`` (clients decode it too); entries live in segment files
 ``{base_offset:020d}.log`` (``tablet/segment_files.py``: names, recovery, bytes in and out), indexed in

@@ -69,7 +69,7 @@ class KvSnapshot:
     """A consistent view of a bucket's rows and the changelog offset it corresponds to.
 
     ``log_offset`` is the first changelog record the view does not contain
-    (DESIGN.md "Offsets"). Read it with :meth:`rows` (or
+    (docs/architecture.md, "Offsets"). Read it with :meth:`rows` (or
     ``BucketStore.iter_rows``), one reader at a time: a new ``rows`` call
     re-positions it and ends the previous one. :meth:`close` releases it
     (RocksDB keeps the files and memtables it sees until then); closing the

@@ -1,7 +1,7 @@
 """The pre-write buffer of a replicated bucket's leader: entries in the changelog, not yet committed.
 
-A replicated bucket (``BucketStore(replicated=True)``, DESIGN.md "Readers see
-only committed data") appends and publishes a write's entry but applies it to
+A replicated bucket (``BucketStore(replicated=True)``, docs/bucket-store.md,
+"Replication") appends and publishes a write's entry but applies it to
 RocksDB only once the high watermark passes it. Until then the entry waits
 here, in offset order, as the RocksDB WriteBatch that applies it and the
 state it leaves each key in (its value, or None: deleted). The buffer covers

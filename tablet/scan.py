@@ -1,6 +1,6 @@
 """The pure scanner-session state machine: ``ScannerManager.handle(*events) -> list[Instruction]``.
 
-A live KV scan (DESIGN.md "Live KV scans") is a session on the bucket's
+A live KV scan (docs/live-scans.md) is a session on the bucket's
 leader: a RocksDB snapshot read batch by batch. This module only keeps the
 books — which sessions exist, which call each may serve next, limits, idle
 time, why a session went away. No RocksDB, gRPC or clock inside: time comes

@@ -136,7 +136,8 @@ class TabletServer:
         return self
 
     def _start_replication(self) -> None:
-        """The leader's fetch service, the follower's fetch threads and the ISR keeper (DESIGN.md "Replication")."""
+        """The leader's fetch service, the follower's fetch threads and the ISR keeper (docs/bucket-store.md,
+        "Replication")."""
         c = self.config
         self.fetches_service = ReplicaFetchService(self.replicas)
         self.replicas.on_commit = self.fetches_service.notify

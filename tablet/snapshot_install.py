@@ -1,7 +1,7 @@
 """Installing a remote snapshot as a bucket's files, crash-safely: RocksDB := the snapshot, changelog := empty.
 
-A replica that cannot continue its log from its leader's (DESIGN.md
-"Replication — semantics", "Rebuilding a replica") replaces its bucket's files
+A replica that cannot continue its log from its leader's (docs/bucket-store.md,
+"Replication"; docs/architecture.md, "Losing and moving replicas") replaces its bucket's files
 with the latest remote snapshot: ``{dir}/kv`` becomes the snapshot's RocksDB
 checkpoint, ``{dir}/log`` an empty changelog starting at the snapshot's
 ``log_offset`` (one empty segment named after it), the leader-epoch cache

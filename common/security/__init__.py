@@ -1,4 +1,4 @@
-"""Users, authentication and ACLs (DESIGN.md "Security").
+"""Users, authentication and ACLs (docs/architecture.md, "Security").
 
 Pure cores: :mod:`.passwords` (salted hashes), :mod:`.authn` (checking
 credentials against a user lookup), :mod:`.acl` (the ACL model and the

@@ -1,6 +1,6 @@
 """What the CLI prints: text tables (rich) or exactly one JSON document.
 
-The CLI turns every answer into the JSON document DESIGN.md's "CLI surface"
+The CLI turns every answer into the JSON document docs/architecture.md's "CLI JSON shapes"
 specifies (the ``*_doc`` functions of :mod:`ops.cli.documents`, pure and unit-tested,
 re-exported here); an
 :class:`Output` then renders that document. :class:`JsonOutput` prints it as

@@ -5,7 +5,7 @@ read up to given offsets.
 Micro-batch N goes to ``OUTPUT/batch-N`` (``mode("overwrite")``, so a
 micro-batch Spark runs again replaces its own files) with one more column,
 ``_batch`` = N; micro-batch 0 is the bootstrap. The checkpoint's
-``offsets/N`` holds the source offset micro-batch N ends at (DESIGN.md:
+``offsets/N`` holds the source offset micro-batch N ends at (docs/architecture.md, "The Spark source":
 ``{"lease", "buckets": {"<b>": {"snapshot", "offset"}}}``).
 """
 

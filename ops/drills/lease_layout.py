@@ -1,4 +1,4 @@
-"""Leases as persisted, read from the documented layout (DESIGN.md), not with the coordinator's code.
+"""Leases as persisted, read from the documented layout (docs/architecture.md), not with the coordinator's code.
 
 ``/leases/kv_snapshot/{lease_id}`` holds ``{version, expiration_time, tables:
 [{table_id, metadata_path}]}``; each metadata file (on remote storage, under
@@ -22,7 +22,7 @@ from common.storage import StorageNotFound
 from common.zk import loads
 from ops.drills.checks import LeaseView, PointerSample
 
-LEASE_FILES = "lease/kv-snapshot"  # DESIGN.md "Remote storage layout"
+LEASE_FILES = "lease/kv-snapshot"  # docs/architecture.md, "Remote storage layout"
 
 
 def lease_nodes(zk, prefix: str = "") -> dict[str, tuple[int, dict]]:

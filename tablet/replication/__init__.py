@@ -1,4 +1,4 @@
-"""Replicated buckets (DESIGN.md "Replication — semantics"): the pure building blocks.
+"""Replicated buckets (docs/bucket-store.md, "Replication"): the pure building blocks.
 
 Each module here is pure — no I/O, no clock, no threads; time is passed in —
 so the tablet server's replication shell can be tested apart from them:

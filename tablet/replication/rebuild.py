@@ -1,7 +1,7 @@
 """Rebuilding a followed bucket from its remote snapshot, when its log cannot (or should not) continue.
 
-A follower is rebuilt (DESIGN.md "Replication — semantics", "Rebuilding a
-replica") when, as the fetcher (``tablet/replication/fetcher.py``) finds:
+A follower is rebuilt (docs/bucket-store.md, "Replication"; docs/architecture.md,
+"Losing and moving replicas") when, as the fetcher (``tablet/replication/fetcher.py``) finds:
 
 - **behind**: its fetch offset is below its leader's log start (retention
   removed the head; a stale replica came back) — it can never catch up by
@@ -209,7 +209,7 @@ class Rebuilder(ReplicaWorker):
 
 
 class _Lease:
-    """The KV snapshot lease a rebuild holds on the snapshot it downloads (DESIGN.md "Leases")."""
+    """The KV snapshot lease a rebuild holds on the snapshot it downloads (docs/architecture.md, "Leases")."""
 
     def __init__(self, admin, lease_id: str, handle: SnapshotHandle, monotonic) -> None:
         self.admin, self.id, self.handle, self._monotonic = admin, lease_id, handle, monotonic

@@ -1,4 +1,4 @@
-"""Clients following a failover (DESIGN.md "Replication", bullet "Clients"), on fake tablet servers.
+"""Clients following a failover (docs/architecture.md, "Losing and moving replicas"), on fake tablet servers.
 
 The fakes here are replicas of one changelog: an idempotent batch appended by
 one leader is known to the next (the changelog records (writer, sequence) on

@@ -1,7 +1,7 @@
 """Live KV scans, client side: client/scanner.py and client/stream_scanner.py on a fake server.
 
 The tests run the scanners against :class:`FakeTablet`, an in-memory ScanKv
-server with the semantics of DESIGN.md "Live KV scans" (sessions, call_seq_id
+server with the semantics of docs/live-scans.md (sessions, call_seq_id
 replay, close, limit, start_after_key) and knobs to fail calls; it counts
 requests in flight and sessions open. ``kvlease scan`` on fakes:
 ``test_cli_scan_unit.py``; against a real coordinator and tablet server:

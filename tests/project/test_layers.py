@@ -1,4 +1,4 @@
-"""The import graph follows the layers (DESIGN.md "Top-level layout") and has no cycle.
+"""The import graph follows the layers (docs/architecture.md, "Code layers") and has no cycle.
 
 Layers, lowest first: ``common``; then ``leases`` (the lease domain) and
 ``client`` (what a user process needs), and ``kvlease``, which only

@@ -1,6 +1,6 @@
 """FakeTablet: an in-memory ScanKv / ScanKvStream server for scanner unit tests.
 
-It has the semantics of DESIGN.md "Live KV scans" (sessions, call_seq_id
+It has the semantics of docs/live-scans.md (sessions, call_seq_id
 replay, close, limit, start_after_key), knobs to fail calls, and counts the
 requests in flight and the sessions open.
 """

@@ -1,6 +1,6 @@
-"""Rebuilding a follower from the bucket's remote snapshot (DESIGN.md "Replication — semantics", "Rebuilding a
-replica"): a coordinator and three tablet servers in this process, a real ZooKeeper, real RocksDB, gRPC on
-loopback and file:// remote storage. The leader's log head is removed by a snapshot and changelog retention
+"""Rebuilding a follower from the bucket's remote snapshot (docs/bucket-store.md, "Replication";
+docs/architecture.md, "Losing and moving replicas"): a coordinator and three tablet servers in this process,
+a real ZooKeeper, real RocksDB, gRPC on loopback and file:// remote storage. The leader's log head is removed by a snapshot and changelog retention
 while a follower is down; the follower comes back with a wiped data dir, stale data, or damaged files; a
 rebuilt follower promoted to leader still knows the idempotent writers' batches its snapshot holds."""
 

@@ -1,5 +1,5 @@
 """Replicated buckets on real servers: a coordinator and three tablet servers in this process, a real
-ZooKeeper, real RocksDB and gRPC on loopback (DESIGN.md "Replication — semantics")."""
+ZooKeeper, real RocksDB and gRPC on loopback (docs/bucket-store.md, "Replication")."""
 
 from __future__ import annotations
 
