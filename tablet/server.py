@@ -39,6 +39,7 @@ from tablet.bucket_keeper import BucketKeeper
 from tablet.health import HealthCollector
 from tablet.leader_lease import LeaderLease, LeaseRenewer, lease_duration_ms
 from tablet.open_buckets import fd_limit
+from tablet.periodic import Periodic
 from tablet.rebuild_progress import RebuildCollector
 from tablet.replicas import ReplicaManager
 from tablet.replication.fetch_service import ReplicaFetchService
@@ -73,6 +74,7 @@ class TabletServer:
         self.fetches_service: ReplicaFetchService | None = None
         self.isr_keeper: IsrKeeper | None = None
         self.step_down: StepDown | None = None
+        self.snapshot_rounds: SnapshotRounds | None = None
         self.metrics_port: int | None = None
         self._grpc = None
         self._stopping = threading.Event()
@@ -127,10 +129,10 @@ class TabletServer:
         self._grpc.start()
         self.zk.add_listener(self._on_zk_state)
         self._register_at_start()
-        for target, name in ((self._snapshot_timer, "snapshot-timer"), (self._registrar, "zk-register")):
-            thread = threading.Thread(target=target, name=name, daemon=True)
-            thread.start()
-            self._threads.append(thread)
+        self.snapshot_rounds = SnapshotRounds(c[cfg.SNAPSHOT_INTERVAL] / 1000.0, self.replicas, self.log_ends).start()
+        registrar = threading.Thread(target=self._registrar, name="zk-register", daemon=True)
+        registrar.start()
+        self._threads.append(registrar)
         log.info("tablet server %d serving on %s (at most %d buckets, %d with open files; open-file limit %d)",
                  self.server_id, self.address, self.replicas.max_buckets, self.replicas.budget.capacity, fd_limit())
         return self
@@ -199,6 +201,8 @@ class TabletServer:
         self._register_needed.set()
         for thread in self._threads:
             thread.join(timeout=30)
+        if self.snapshot_rounds is not None:
+            self.snapshot_rounds.stop()
         if self.fetches_service is not None:
             self.fetches_service.close()  # followers' long polls answer now, not at their wait's end
         if self._grpc is not None:
@@ -351,13 +355,19 @@ class TabletServer:
                 log.warning("registration failed: %s", exc)
             self._stopping.wait(0.5)
 
-    # -- snapshots ---------------------------------------------------------------------------
 
-    def _snapshot_timer(self) -> None:
-        interval_s = self.config[cfg.SNAPSHOT_INTERVAL] / 1000.0
-        while not self._stopping.wait(interval_s):
-            try:  # a round that raises is logged and the next one runs on time (as tablet/periodic.py's)
-                self.replicas.snapshot_changed()
-                self.log_ends.run_once()
-            except Exception:
-                log.exception("snapshot round failed")
+class SnapshotRounds(Periodic):
+    """Every ``kv.snapshot.interval``: snapshot the buckets that changed, then report the log ends (a round
+    that raises, a full disk's, is logged and the next one runs on time)."""
+
+    name = "snapshot-timer"
+
+    def __init__(self, interval_s: float, replicas: ReplicaManager, log_ends: lost_data.LogEndReporter) -> None:
+        super().__init__(interval_s)
+        self.replicas = replicas
+        self.log_ends = log_ends
+
+    def run_once(self) -> int:
+        self.replicas.snapshot_changed()
+        self.log_ends.run_once()
+        return 0
