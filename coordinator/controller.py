@@ -319,6 +319,11 @@ class Controller(Dispatcher):
         self.members.push_delivered(request.server_id, request.seq)
         settle(future)
 
+    @on(rq.PushUndelivered)
+    def _push_undelivered(self, request: rq.PushUndelivered, future: Future | None) -> None:
+        self.members.push_undelivered(request.server_id)
+        settle(future)
+
     @on(rq.AlterIsr)
     @_barrier
     def _alter_isr(self, request: rq.AlterIsr):

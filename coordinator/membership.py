@@ -244,12 +244,8 @@ class Membership:
             self.writer.commit(ops)
         self.leader_leases.bumped([server for _key, server in demoted], demoted)
 
-    def push_delivered(self, server_id: int, seq: int | None) -> None:
-        """``server_id`` took push ``seq``: tell the new leaders of what it let go that they need not wait.
-        ``seq`` None: a push to it ran out of retries: it is pushed again at the next :meth:`repush`."""
-        if seq is None:
-            self._undelivered.add(server_id)
-            return
+    def push_delivered(self, server_id: int, seq: int) -> None:
+        """``server_id`` took push ``seq``: tell the new leaders of what it let go that they need not wait."""
         self._undelivered.discard(server_id)
         leaders = set()
         for table_id, bucket in self.leader_leases.delivered(server_id, seq):
@@ -258,6 +254,10 @@ class Membership:
                 leaders.add(state.leader)
         if leaders:
             self.push(leaders)
+
+    def push_undelivered(self, server_id: int) -> None:
+        """A push to ``server_id`` ran out of retries: it is pushed again at the next :meth:`repush`."""
+        self._undelivered.add(server_id)
 
     def repush(self) -> None:
         """Push again the live servers a push did not reach (a server cut off from this coordinator but not from

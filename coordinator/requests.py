@@ -79,11 +79,17 @@ class TabletServersChanged:
 
 @dataclass(frozen=True)
 class PushDelivered:
-    """A tablet server took the leadership push numbered ``seq`` (coordinator/leader_leases.py); ``seq`` None:
-    a push to it ran out of retries (it is pushed again at the next expiry tick, if live)."""
+    """A tablet server took the leadership push numbered ``seq`` (coordinator/leader_leases.py)."""
 
     server_id: int
-    seq: int | None
+    seq: int
+
+
+@dataclass(frozen=True)
+class PushUndelivered:
+    """A push to a tablet server ran out of retries: it is pushed again at the next expiry tick, if live."""
+
+    server_id: int
 
 
 @dataclass(frozen=True)

@@ -237,7 +237,7 @@ class CoordinatorServer:
                          on_fatal=self._on_fatal, metrics=self.metrics)
         loop.start()
         notifier.on_delivered = lambda server_id, seq: loop.submit(rq.PushDelivered(server_id, seq))
-        notifier.on_undelivered = lambda server_id: loop.submit(rq.PushDelivered(server_id, None))
+        notifier.on_undelivered = lambda server_id: loop.submit(rq.PushUndelivered(server_id))
         return loop
 
     def _lead(self) -> None:

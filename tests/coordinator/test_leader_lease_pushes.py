@@ -85,7 +85,7 @@ def test_a_push_that_did_not_arrive_is_sent_again_at_the_next_tick(make_ctrl):
     register(ctrl, 1, 2)
     create(ctrl, "t", 2, rf=2)
     pushes = len(ctrl.recorder.leases[2])
-    call(ctrl, rq.PushDelivered(2, None))  # it ran out of retries
+    call(ctrl, rq.PushUndelivered(2))  # it ran out of retries
     assert len(ctrl.recorder.leases[2]) == pushes
     ctrl.process([(ls.Expire(), None)])
     assert len(ctrl.recorder.leases[2]) == pushes + 1
