@@ -100,6 +100,24 @@ def _group_for_workers(items: list[pytest.Item]) -> None:
     items.sort(key=rank)  # stable: files keep their order within a rank
 
 
+#: How much lower a pytest-xdist worker runs (and the processes it starts) once it runs a test outside the Spark
+#: group. Spark gives a Python worker it starts (a data source planner, a streaming source runner) a fixed 10 s
+#: to import PySpark and connect back, and fails the query otherwise; on 2 busy cores that import alone took
+#: longer. So the worker running the Spark tests (they go first, on one worker) keeps the CPU it needs, and
+#: every other worker yields to it.
+NON_SPARK_NICE = 5
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    global _niced
+    if not _niced and os.environ.get("PYTEST_XDIST_WORKER") and not item.get_closest_marker("spark"):
+        _niced = True
+        os.nice(NON_SPARK_NICE)
+
+
+_niced = False
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
     report = yield

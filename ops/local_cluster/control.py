@@ -112,12 +112,22 @@ def member(doc: Mapping[str, Any], role: str, node_id: str | int) -> dict[str, A
     raise ClusterError(f"the cluster has no {ROLES[role]} {node_id}")
 
 
+#: How long a process may take to go after ``kill -9``, and after a signal it handles (SIGTERM: a tablet
+#: server first hands its leaderships over, for up to ``tablet.controlled-shutdown.timeout``, 30 s by
+#: default, then closes its buckets; on a loaded machine that took longer than 10 s).
+KILLED_WITHIN_S = 10.0
+STOPPED_WITHIN_S = 60.0
+
+
 def kill(directory: str | os.PathLike[str], role: str, node_id: str | int, sig: int = signal.SIGKILL,
-         timeout_s: float = 10.0) -> int | None:
-    """Send ``sig`` (default: ``kill -9``) to one process and wait until it is gone.
+         timeout_s: float | None = None) -> int | None:
+    """Send ``sig`` (default: ``kill -9``) to one process and wait until it is gone: at most ``timeout_s``,
+    by default :data:`KILLED_WITHIN_S` after ``kill -9`` and :data:`STOPPED_WITHIN_S` after any other signal.
 
     Returns its pid, or None if it was not running.
     """
+    if timeout_s is None:
+        timeout_s = KILLED_WITHIN_S if sig == signal.SIGKILL else STOPPED_WITHIN_S
     entry = member(load(directory), role, node_id)
     pid, started = entry.get("pid"), entry.get("proc_start")
     if not pid_alive(pid, started):

@@ -85,6 +85,12 @@ class Fetchers:
         if self.rebuilder is not None:
             self.rebuilder.stop()
 
+    def resume(self) -> None:
+        """Fetch again after :meth:`stop` (a follower that was stuck and goes on): the applier and the
+        rebuilder start their threads again on their next work."""
+        self._stop.clear()
+        self.update()
+
     def _buckets(self, address: str) -> list:
         return [r for r in self.following() if r.role.leader_address == address]
 

@@ -35,7 +35,7 @@ class ReplicaWorker:
         with self._cond:
             if self._stop.is_set():
                 return False
-            if self._thread is None:
+            if self._thread is None or not self._thread.is_alive():  # first use, or stopped and resumed
                 self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
                 self._thread.start()
             key = id(replica)

@@ -233,8 +233,7 @@ def test_a_follower_that_stops_fetching_leaves_the_isr_and_rejoins_once_caught_u
         client.upsert([{"id": 1, "v": "a"}])  # committed once the leader drops the stuck follower (2 s lag)
         shrunk = bucket_state(c, table.table_id)
         assert slow.server_id not in shrunk.isr and shrunk.bucket_epoch > state.bucket_epoch
-        slow.fetchers._stop.clear()
-        slow.fetchers.update()
+        slow.fetchers.resume()
         rejoined = wait_in_sync(c, table.table_id)
         assert slow.server_id in rejoined.isr
         store = slow.replicas.replica(table.table_id, 0).store
@@ -259,8 +258,7 @@ def test_a_deposed_leaders_uncommitted_entries_are_truncated_when_it_returns(clu
         assert old_store.log_end_offset == 2 and old_store.high_watermark == 1
         crash(c, old)
         for server in followers:
-            server.fetchers._stop.clear()
-            server.fetchers.update()
+            server.fetchers.resume()
         wait_until(lambda: bucket_state(c, table.table_id).leader_id not in (old.server_id, -1), 15, "a new leader")
         client.upsert([{"id": 3, "v": "new leader"}])  # at offset 1, where the old leader holds id 2
         back = c.tablet(old.server_id, tmp_path / f"t{old.server_id}")

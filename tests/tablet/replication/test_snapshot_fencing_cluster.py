@@ -43,8 +43,7 @@ def test_a_zombie_leaders_snapshot_of_the_lost_history_is_refused_and_deleted(ma
         old.replicas.update_leadership = deaf
         old.zk.delete(zkpaths.tablet_server(old.server_id))  # taken for gone: the bucket is offline
         wait_until(lambda: bucket_state(c, table.table_id).leader_id == -1, 15, "the bucket to go offline")
-        new.fetchers._stop.clear()
-        new.fetchers.update()
+        new.fetchers.resume()
         c.admin.elect_leader("db.zombie", 0, unclean=True)
         wait_until(lambda: (s := bucket_state(c, table.table_id)).losses and s.losses[-1].resolved, 15,
                    "the unclean leader to report its log end")
