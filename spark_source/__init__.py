@@ -1,4 +1,4 @@
-"""The ``kvlease`` PySpark Data Source: bootstrap-then-tail reads and upsert writes (README "Spark").
+"""The ``kvlease`` PySpark Data Source: bootstrap-then-tail reads and upsert writes (docs/spark.md).
 
     from spark_source import register
     register(spark)

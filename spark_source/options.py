@@ -2,7 +2,7 @@
 
 Option names are case-insensitive (Spark passes them so). An unknown option or
 a bad value raises :class:`OptionError` naming the option; the list of options
-is docs/architecture.md, "The Spark source", and the README's "Spark" section.
+is docs/spark.md, "Options" (and docs/architecture.md, "The Spark source").
 """
 
 from __future__ import annotations

@@ -46,8 +46,8 @@ class KvLeaseDataSource(DataSource):
 
     def schema(self) -> StructType:
         """The table's columns and the four metadata columns. Spark asks one schema for batch and
-        streaming reads alike, so a full batch read carries them too (see README "Spark"). A ``CREATE TABLE``'s
-        schema keeps the OPTIONS, for the table's later reads."""
+        streaming reads alike, so a full batch read carries them too (docs/spark.md, "Output columns"). A
+        ``CREATE TABLE``'s schema keeps the OPTIONS, for the table's later reads."""
         opts.parse(self._given)
         schema = table_schema(self._cluster[0], with_changes=True)
         return catalog.remember(schema, self._given) if catalog.is_create(self.options) else schema

@@ -1,5 +1,5 @@
 """A leader that cannot write steps down: led replicated buckets whose local writes or opens keep failing give
-their leadership to another in-sync replica (docs/deployment.md, "A full disk").
+their leadership to another in-sync replica (docs/operations.md, "A full disk").
 
 A bucket whose local write or open fails (a full disk, EIO, a read-only remount, too many open files) refuses
 writes and is reopened after a backoff (``tablet/bucket_files.py``); a full disk usually fails the reopen too,

@@ -1,4 +1,4 @@
-"""The JSON documents the CLI prints (DESIGN's "CLI surface"), pure functions of the answers, and the
+"""The JSON documents the CLI prints (docs/architecture.md, "CLI JSON shapes"), pure functions of the answers, and the
 time and cell formats the text output shares with them.
 
 :mod:`ops.cli.output` renders these documents (text tables or JSON) and

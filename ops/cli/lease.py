@@ -10,7 +10,7 @@ import ops.cli.output as out
 from ops.cli.app import State, catch_errors, common_options, kvlease, pass_state
 from ops.cli.values import LEASE_ID, LEASE_OWNER, POSITIVE_DURATION, BucketList, BucketSnapshot, table_path
 
-#: ``--owner``: the reader a lease belongs to (see "Lease owners" in the README)
+#: ``--owner``: the reader a lease belongs to (see "Owners" in docs/architecture.md, "Leases")
 owner_option = click.option(
     "--owner", type=LEASE_OWNER, default=None, metavar="TOKEN",
     help="This reader's owner token: a lease owned by another token is left alone (acquire and renew fail, "

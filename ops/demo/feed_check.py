@@ -9,7 +9,7 @@ plain values (Arrow tables, offset maps, dicts) and returns an
 
 - :func:`check_state`: the rows applied in ``(_bucket, _log_offset)`` order
   (upsert ``insert`` and ``update_postimage``, delete ``delete``, skip
-  ``update_preimage``; README "Output columns") equal the table.
+  ``update_preimage``; docs/spark.md, "Output columns") equal the table.
 - :func:`check_tail`: every changelog record after the bootstrap is in the
   output exactly once: bucket b's change rows have offsets
   ``bootstrap_end[b] .. final_end[b] - 1``, each once.

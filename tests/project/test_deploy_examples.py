@@ -1,4 +1,4 @@
-"""The deployment examples in deploy/ (docs/deployment.md) stay valid: every config file loads with kvlease's
+"""The deployment examples in deploy/ (docs/operations.md) stay valid: every config file loads with kvlease's
 own parser (no unknown key, no bad value), each systemd unit starts a real entry point with a config file
 that exists, and the metrics ports the configs give are the ones Prometheus scrapes."""
 
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.unit
 DEPLOY = REPO / "deploy"
 CONFIGS = sorted((DEPLOY / "config").glob("*.toml"))
 UNITS = sorted((DEPLOY / "systemd").glob("*.service"))
-GUIDE = REPO / "docs" / "deployment.md"
+GUIDE = REPO / "docs" / "operations.md"
 
 
 def load(*names: str) -> Config:
@@ -79,6 +79,6 @@ def test_the_guide_names_every_deploy_file():
     guide = GUIDE.read_text()
     files = [p.relative_to(DEPLOY.parent) for p in DEPLOY.rglob("*") if p.is_file()]
     missing = [str(f) for f in files if f"`{f}`" not in guide]
-    assert not missing, f"docs/deployment.md does not mention {missing}"
+    assert not missing, f"docs/operations.md does not mention {missing}"
     for key in re.findall(r'^"([a-z0-9.\-]+)" =', guide, re.M):  # the keys its TOML snippets show are real
         assert key in cfg.KEYS, key

@@ -1,4 +1,4 @@
-"""The README's configuration reference is the one generated from common/config.py."""
+"""docs/configuration.md's configuration reference is the one generated from common/config.py."""
 
 import pytest
 
@@ -8,9 +8,14 @@ from ops import docs
 pytestmark = pytest.mark.unit
 
 
-def test_the_readme_config_reference_matches_the_code():
-    readme = docs.README.read_text()
-    assert docs.render(readme) == readme, "README config reference is stale: run `python -m ops.docs`"
+def test_the_config_page_matches_the_code():
+    page = docs.CONFIG_PAGE.read_text()
+    assert docs.render(page) == page, "docs/configuration.md is stale: run `python -m ops.docs`"
+
+
+def test_the_readme_leaves_the_config_reference_to_its_page():
+    assert docs.BEGIN not in docs.README.read_text()
+    assert "docs/configuration.md" in docs.README.read_text()
 
 
 def test_every_key_is_documented_with_its_default_and_env_var():
@@ -20,16 +25,16 @@ def test_every_key_is_documented_with_its_default_and_env_var():
         assert f"| `{key.name}` |" in reference and key.env_var in reference
 
 
-def test_a_changed_key_makes_the_readme_stale(tmp_path):
-    readme = tmp_path / "README.md"
+def test_a_changed_key_makes_the_page_stale(tmp_path):
+    page = tmp_path / "configuration.md"
     stale = docs.render(f"x\n{docs.BEGIN}\n{docs.END}\ny\n").replace("`6s`", "`7s`")
-    readme.write_text(stale)
-    assert docs.main(["--check", "--readme", str(readme)]) == 1
-    assert docs.main(["--readme", str(readme)]) == 0
-    assert "`6s`" in readme.read_text() and docs.main(["--check", "--readme", str(readme)]) == 0
+    page.write_text(stale)
+    assert docs.main(["--check", "--page", str(page)]) == 1
+    assert docs.main(["--page", str(page)]) == 0
+    assert "`6s`" in page.read_text() and docs.main(["--check", "--page", str(page)]) == 0
 
 
-def test_a_readme_without_markers_is_an_error(tmp_path):
-    readme = tmp_path / "README.md"
-    readme.write_text("no markers\n")
-    assert docs.main(["--check", "--readme", str(readme)]) == 1
+def test_a_page_without_markers_is_an_error(tmp_path):
+    page = tmp_path / "configuration.md"
+    page.write_text("no markers\n")
+    assert docs.main(["--check", "--page", str(page)]) == 1

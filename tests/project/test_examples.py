@@ -176,19 +176,21 @@ def test_spark_job_bootstraps_then_tails(spark, kv, tmp_path):
         ("delete", 2, "n2-v0"), ("update_postimage", 1, "n1-v1"), ("update_preimage", 1, "n1-v0")]
 
 
-def readme_python_blocks() -> list[str]:
-    """The ```python blocks of the README's "Python API" section, in order."""
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("\n## Python API\n"):text.index("\n## Spark\n")]
-    return [part.split("```")[0].split("\n", 1)[1] for part in section.split("```python")[1:]]
+PYTHON_API = ROOT / "docs" / "python-api.md"
 
 
-def test_the_readme_python_api_runs_as_written(kv, capsys):
-    blocks = readme_python_blocks()
+def python_api_blocks() -> list[str]:
+    """The ```python blocks of docs/python-api.md, in order."""
+    text = PYTHON_API.read_text()
+    return [part.split("```")[0].split("\n", 1)[1] for part in text.split("```python")[1:]]
+
+
+def test_the_python_api_page_runs_as_written(kv, capsys):
+    blocks = python_api_blocks()
     assert len(blocks) == 2
     namespace: dict = {}
-    for block in blocks:  # the README's cluster directory is this test's
-        exec(compile(block.replace('"/tmp/kv"', repr(str(kv.dir))), "README.md", "exec"), namespace)
+    for block in blocks:  # the page's cluster directory is this test's
+        exec(compile(block.replace('"/tmp/kv"', repr(str(kv.dir))), "docs/python-api.md", "exec"), namespace)
     assert capsys.readouterr().out == "[{'id': 1, 'name': 'a'}, None]\n"
     assert sorted(namespace["lease"].acquired) == sorted(namespace["latest"])
     assert kv.admin.list_leases() == []  # each bucket released: the lease went with the last one

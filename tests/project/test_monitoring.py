@@ -128,9 +128,12 @@ def test_every_metric_the_dashboard_and_rules_name_is_exported_by_a_running_serv
     unknown = {name: sorted(sources) for name, sources in where.items()
                if name not in coordinator | tablet | PROMETHEUS_SERIES}
     assert not unknown, f"named in deploy/monitoring/ but exported by no server: {unknown}"
-    # the files cover what operators asked for: leases, failovers, tablet health, scanner sessions
+    # the files cover what operators asked for: leases, failovers, tablet health, scanner sessions, replication
     for name in ("kvlease_leases", "kvlease_leases_expired_total", "kvlease_coordinator_failovers_total",
-                 "kvlease_tablet_healthy", "kvlease_scanners_open", "kvlease_tablet_snapshot_lag_records"):
+                 "kvlease_tablet_healthy", "kvlease_scanners_open", "kvlease_tablet_snapshot_lag_records",
+                 "kvlease_coordinator_offline_buckets", "kvlease_coordinator_under_replicated_buckets",
+                 "kvlease_coordinator_unclean_elections_total", "kvlease_coordinator_data_losses_total",
+                 "kvlease_tablet_follower_offsets_behind_max", "kvlease_tablet_rebuilds_in_progress"):
         assert name in where, f"{name} is in neither the dashboard nor the rules"
 
 

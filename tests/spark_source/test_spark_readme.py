@@ -1,5 +1,6 @@
-"""The README's Spark session snippet runs as written (a fresh Python process, its own SparkSession), and a
-session whose Python workers cannot import kvlease is refused by register() naming PYSPARK_PYTHON."""
+"""docs/spark.md's session snippet ("A session, start to end") runs as written (a fresh Python process, its
+own SparkSession), and a session whose Python workers cannot import kvlease is refused by register() naming
+PYSPARK_PYTHON."""
 
 from __future__ import annotations
 
@@ -15,19 +16,20 @@ import pytest
 
 from client.table import TableClient
 from common.tables import Column
-from ops import docs
 from spark_source.workers import WorkerPythonError, missing_modules
+from tests.support.paths import REPO
 from tests.support.spark_tables import kv  # noqa: F401  (a fixture)
 
+SPARK_PAGE = REPO / "docs" / "spark.md"
 MARKER = "<!-- tests/spark_source/test_spark_readme.py runs this block as written"
 COLUMNS = [Column("id", "BIGINT"), Column("customer", "STRING"), Column("amount", "DOUBLE")]
 OTHER_PYTHON = "/usr/bin/python3"  # a python without the project's dependencies
 
 
-def readme_snippet() -> str:
-    """The ```python block right after the README's marker."""
-    text = docs.README.read_text()
-    assert text.count(MARKER) == 1, "the README's tested Spark snippet lost its marker"
+def page_snippet() -> str:
+    """The ```python block right after docs/spark.md's marker."""
+    text = SPARK_PAGE.read_text()
+    assert text.count(MARKER) == 1, "docs/spark.md's tested Spark snippet lost its marker"
     match = re.match(r"[^\n]*\n```python\n(.*?)\n```\n", text[text.index(MARKER):], re.S)
     assert match, "the marker is not followed by a ```python block"
     return match.group(1)
@@ -47,13 +49,13 @@ def without_spark_settings() -> dict[str, str]:
 
 @pytest.mark.spark
 @pytest.mark.slow
-def test_the_readme_session_snippet_runs_as_written(kv, tmp_path):
+def test_the_spark_page_session_snippet_runs_as_written(kv, tmp_path):
     kv.create_table("shop.orders", COLUMNS, ["id"], 2)
     kv.create_table("shop.copy", COLUMNS, ["id"], 2)
     ann, bo = {"id": 1, "customer": "ann", "amount": 12.5}, {"id": 2, "customer": "bo", "amount": 3.0}
     with TableClient(kv.admin, "shop.orders") as client:
         client.upsert([ann, bo])
-    snippet = readme_snippet()
+    snippet = page_snippet()
     assert snippet.count('"/tmp/kv"') == 1
     script = snippet.replace('"/tmp/kv"', repr(cluster_dir(tmp_path / "kv", kv)))
     done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=without_spark_settings(),

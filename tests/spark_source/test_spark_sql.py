@@ -1,6 +1,6 @@
 """SQL and Spark's session catalog on real Spark: CREATE TABLE … USING kvlease OPTIONS (…), then SELECT, INSERT
 INTO, writeTo, saveAsTable, a stream of the table, and a temporary view; and the forms refused, with their
-messages (README "Spark" / "SQL")."""
+messages (docs/spark.md, "SQL")."""
 
 from __future__ import annotations
 
