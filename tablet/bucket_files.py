@@ -40,7 +40,7 @@ from typing import Callable, Iterator, NamedTuple
 from common.logentry import LogEntry
 from tablet import snapshot_install
 from tablet.changelog import Changelog
-from tablet.kvstore import BucketStoreError, KvStore
+from tablet.kvstore import BucketInUseError, BucketStoreError, KvStore
 from tablet.open_buckets import OpenBuckets
 
 log = logging.getLogger(__name__)
@@ -273,12 +273,12 @@ class BucketFiles:
     def replace(self, swap: Callable[[], None]) -> None:
         """Close the files, run ``swap()`` (which replaces them on disk), and leave them to open again on
         the next use (a failure is cleared). BucketStoreError if closed, or if an operation or a snapshot
-        uses the files now (try again later); ``swap``'s own error otherwise."""
+        uses the files now (BucketInUseError: try again in a moment); ``swap``'s own error otherwise."""
         with self._lock:
             if self.closed:
                 raise BucketStoreError(f"bucket {self.dir} is closed", dir=self.dir)
             if self._users or self.held_by_snapshots():
-                raise BucketStoreError(f"bucket {self.dir} is in use: its files cannot be replaced now",
+                raise BucketInUseError(f"bucket {self.dir} is in use: its files cannot be replaced now",
                                        dir=self.dir)
             if self.kv is not None:
                 self._shut(raise_errors=True)

@@ -58,6 +58,11 @@ class BucketStoreError(KvLeaseError):
     """The store cannot serve: closed, failed on a local write (reopen it), or its files disagree."""
 
 
+class BucketInUseError(BucketStoreError):
+    """The bucket's files cannot be replaced now: an operation or a scan's snapshot uses them (it passes:
+    try again in a moment). Nothing changed."""
+
+
 class PreparedWrite(NamedTuple):
     """Puts and deletes ready to commit (:meth:`KvStore.prepare`)."""
 

@@ -33,7 +33,10 @@ empty and fetches the whole log.
 
 A snapshot whose files are missing, of the wrong size or checksum, or that do
 not open is skipped for the next newer one, with a warning naming it and why.
-With none usable the bucket is tried again after :data:`RETRY_S`.
+With none usable the bucket is tried again after :data:`RETRY_S`. Local files
+in use when the download is done (a read of the empty replica holds them a
+moment) are waited for; if they stay in use the rebuild is tried again later,
+from the same snapshot: that says nothing against the snapshot.
 """
 
 from __future__ import annotations
@@ -50,12 +53,15 @@ from common.model import SnapshotHandle, TableBucket
 from common.storage import RemoteStorage
 from tablet.replication import snapshot_download
 from tablet.replication.throttle import Throttle
+from tablet.kvstore import BucketInUseError
 from tablet.replication.worker import ReplicaWorker
 
 log = logging.getLogger(__name__)
 
 DOWNLOAD_DIR = "rebuild-download"  # inside the bucket's directory: the install moves it (same file system)
 RETRY_S = 5.0
+INSTALL_WAIT_S = 5.0  # an install waits this long for the replica's files to be free (then tried again later)
+INSTALL_RETRY_S = 0.05
 LISTING_S = 1.0  # a table's kept snapshots are listed again after this long
 LEASE_MS = 600_000  # the download's snapshot lease; renewed when half of it passed
 
@@ -148,6 +154,10 @@ class Rebuilder(ReplicaWorker):
                 return None
             try:
                 return self._install(replica, handle, why)
+            except BucketInUseError as exc:  # the local files, not the snapshot: the same snapshot, later
+                log.info("%s: its files are in use: the rebuild from snapshot %d is tried again in %.0fs (%s)",
+                         replica.tb, handle.snapshot_id, RETRY_S, exc)
+                return None
             except snapshot_download.Aborted:
                 log.info("%s: the rebuild from snapshot %d stopped: the server stops", replica.tb, handle.snapshot_id)
                 return None
@@ -190,10 +200,8 @@ class Rebuilder(ReplicaWorker):
                 on_file=lambda n: (self._count(n), lease.renew_if_due()), io_threads=self.io_threads,
                 durable=store.files.settings.fsync)
             size = sum(f.size for f in manifest.files)
-            with replica.fetch_lock:
-                if replica.closed or replica.leads:
-                    return None
-                store.install_snapshot(target, manifest.log_offset, manifest.writers)
+            if not self._install_when_free(replica, target, manifest):
+                return None
         finally:
             shutil.rmtree(target, ignore_errors=True)
             lease.release()
@@ -202,6 +210,26 @@ class Rebuilder(ReplicaWorker):
         log.info("%s (%s) rebuilt from snapshot %d: %d bytes in %.1fs; its log continues from offset %d",
                  replica.tb, why, handle.snapshot_id, size, time.monotonic() - started, manifest.log_offset)
         return manifest.log_offset
+
+    def _install_when_free(self, replica, target: str, manifest) -> bool:
+        """Install the downloaded checkpoint ``target`` as ``replica``'s files, waiting up to
+        :data:`INSTALL_WAIT_S` while they are in use (a lookup or a metrics read of the empty replica holds
+        them a moment); False if the replica stopped following or the server stops meanwhile. Raises
+        BucketInUseError if they stay in use: the rebuild is tried again later, from the same oldest snapshot
+        (skipping to a newer one would make the replica's changelog start later than its leader's)."""
+        deadline = self._monotonic() + INSTALL_WAIT_S
+        while True:
+            with replica.fetch_lock:
+                if replica.closed or replica.leads:
+                    return False
+                try:
+                    replica.store.install_snapshot(target, manifest.log_offset, manifest.writers)
+                    return True
+                except BucketInUseError:
+                    if self._monotonic() >= deadline:
+                        raise
+            if self._stop.wait(INSTALL_RETRY_S):
+                return False
 
     def _count(self, n: int) -> None:
         with self._count_lock:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from types import SimpleNamespace
 
 import pytest
 
@@ -14,11 +15,12 @@ from common import errors
 from common.checksum import file_crc32
 from common.kvsnapshot import Manifest, ManifestFile, check_file
 from common.logentry import CorruptLogError
-from common.model import SnapshotFile, TableBucket
+from common.model import SnapshotFile, SnapshotHandle, TableBucket
 from common.storage import open_storage
 from tablet import bucket_damage, writer_sequences
-from tablet.kvstore import BucketStoreError, KvStore
+from tablet.kvstore import BucketInUseError, BucketStoreError, KvStore
 from tablet.replication.sequences import WriterBatch
+from tablet.replication.rebuild import Rebuilder
 from tablet.replication.throttle import Throttle
 
 
@@ -158,3 +160,67 @@ def test_the_writer_seed_round_trips_and_an_empty_one_removes_the_file(tmp_path)
     assert writer_sequences.load_seed(str(tmp_path)) == (WriterBatch(7, 1, 2, 10, 14, 4), WriterBatch(7, 3, 3, 20, 24, 5))
     writer_sequences.save_seed(str(tmp_path), [], fsync=False)
     assert writer_sequences.load_seed(str(tmp_path)) == ()
+
+
+class _InUseStore:
+    """A replica's store whose files are in use for the first ``busy`` installs."""
+
+    def __init__(self, busy: int) -> None:
+        self.busy, self.installs = busy, []
+
+    def install_snapshot(self, target, log_offset, writers) -> None:
+        self.installs.append(log_offset)
+        if len(self.installs) <= self.busy:
+            raise BucketInUseError("bucket /x is in use: its files cannot be replaced now")
+
+
+class _Replica:
+    def __init__(self, store) -> None:
+        self.store, self.closed, self.leads = store, False, False
+        self.fetch_lock = threading.Lock()
+        self.tb = TableBucket(1, 0)
+        self.table = type("T", (), {"table_id": 1})()
+
+
+def _rebuilder(clock) -> Rebuilder:
+    return Rebuilder(storage=None, admin=None, stop=threading.Event(), monotonic=clock)
+
+
+def _manifest_at(log_offset: int) -> Manifest:
+    return Manifest(TableBucket(1, 0), 1, log_offset, (), 0, ())
+
+
+def test_an_install_waits_while_the_replicas_files_are_in_use_then_installs_that_snapshot():
+    clock = FakeClock()
+    store = _InUseStore(busy=2)
+    assert _rebuilder(clock)._install_when_free(_Replica(store), "/download", _manifest_at(100)) is True
+    assert store.installs == [100, 100, 100]
+
+
+def test_files_that_stay_in_use_end_the_wait_with_bucket_in_use():
+    clock = FakeClock()
+    store = _InUseStore(busy=10**6)
+    rebuilder = _rebuilder(clock)
+    rebuilder._stop.wait = lambda s: (setattr(clock, "now", clock.now + 1.0), False)[1]  # 1 s a retry
+    with pytest.raises(BucketInUseError):
+        rebuilder._install_when_free(_Replica(store), "/download", _manifest_at(100))
+    assert 5 <= len(store.installs) <= 7  # INSTALL_WAIT_S (5 s) of retries
+
+
+def test_a_replica_in_use_is_rebuilt_later_from_the_oldest_snapshot_never_from_a_newer_one(monkeypatch):
+    """Its files in use say nothing against the snapshot: skipping to a newer one would start its changelog
+    later than its leader's, and the older snapshots (leased, perhaps) could not be read with its log."""
+    rebuilder = _rebuilder(FakeClock())
+    older = SnapshotHandle(TableBucket(1, 0), 3, 100, "m3")
+    newer = SnapshotHandle(TableBucket(1, 0), 5, 300, "m5")
+    monkeypatch.setattr(rebuilder, "_kept", lambda table_id, refresh: [SimpleNamespace(handle=newer),
+                                                                        SimpleNamespace(handle=older)])
+    tried = []
+
+    def install(replica, handle, why):
+        tried.append(handle.snapshot_id)
+        raise BucketInUseError("bucket /x is in use: its files cannot be replaced now")
+
+    monkeypatch.setattr(rebuilder, "_install", install)
+    assert rebuilder.rebuild(_Replica(_InUseStore(0)), 0, "fresh") is None
+    assert tried == [3]
