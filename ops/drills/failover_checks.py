@@ -15,7 +15,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections import Counter
 from dataclasses import dataclass
-from typing import Hashable, Iterable, Mapping, Sequence
+from typing import Callable, Hashable, Iterable, Mapping, Sequence
 
 from ops.drills.report import Check
 from ops.drills.row_checks import WriteOp, rows_as_acknowledged
@@ -179,10 +179,12 @@ def stream_equals_table(stream: Mapping[int, Sequence[ChangeRecord]], table: Map
 
 
 def replicas_identical(logs: Mapping[str, Mapping[int, Sequence[tuple[int, Hashable]]]],
-                       high_watermarks: Mapping[int, int]) -> Check:
+                       high_watermarks: Mapping[int, int],
+                       describe: Callable[[Hashable], str] = lambda fingerprint: "") -> Check:
     """Every replica's changelog of a bucket is the same below the bucket's high watermark: the same
     entries ``(base offset, fingerprint: entry bytes or CRC)`` from the highest log start of them (retention
-    may differ by a moment) up to the HW, and none misses an entry the others have there."""
+    may differ by a moment) up to the HW, and none misses an entry the others have there. ``describe``
+    names an entry by its fingerprint in a violation (e.g. its leader epoch and writer)."""
     violations, checked = [], 0
     for bucket, hw in sorted(high_watermarks.items()):
         per_replica = {name: list(buckets.get(bucket, ())) for name, buckets in sorted(logs.items())}
@@ -199,8 +201,11 @@ def replicas_identical(logs: Mapping[str, Mapping[int, Sequence[tuple[int, Hasha
                            min(len(entries), len(reference)))
             at = (entries[diverge][0] if diverge < len(entries) else reference[diverge][0]
                   if diverge < len(reference) else hw)
+            there = [f"{n} has {describe(e[diverge][1]) or 'an entry'} at {e[diverge][0]}" if diverge < len(e)
+                     else f"{n} has none" for n, e in ((name, entries), (reference_name, reference))]
             violations.append(f"bucket {bucket}: {name}'s changelog differs from {reference_name}'s at offset {at} "
-                              f"(below the high watermark {hw}: {len(entries)} vs {len(reference)} entries)")
+                              f"(below the high watermark {hw}: {len(entries)} vs {len(reference)} entries; "
+                              f"{', '.join(there)})")
     return Check.of("replicas' changelogs identical below the high watermark", _capped(violations), checked)
 
 

@@ -29,7 +29,7 @@ from ops.drills.cluster import DRILL_DB, DrillCluster
 from ops.drills.disk_loss_checks import replica_table
 from ops.drills.failover_checks import (Read, acknowledged_writes_in_changelog, reads_committed, replicas_identical,
                                         tables_as_acknowledged)
-from ops.drills.replica_logs import change_records, fingerprints, log_starts, read_replica_logs
+from ops.drills.replica_logs import change_records, describe_frame, fingerprints, log_starts, read_replica_logs
 from ops.drills.replica_traffic import Load
 from ops.drills.report import Check, Report
 from ops.drills.row_checks import scans_end_cleanly, scans_match
@@ -166,7 +166,7 @@ def _judge_replicas(cluster: DrillCluster, client: TableClient, state: dict, hws
     if unreadable:
         report.add(Check.of("every replica's table read back", unreadable, len(tables)))
     report.add(reads_committed(reads, committed))
-    report.add(replicas_identical(prints, hws))
+    report.add(replicas_identical(prints, hws, describe_frame))
     report.add(scans_match(load.scans.records, load.writers.history, load.writers.bucket_of))
     report.add(scans_end_cleanly(load.scans.records))
     report.figures["replica_log_starts"] = {n: s for n, s in sorted(starts.items()) if n in logs}

@@ -81,6 +81,16 @@ def fingerprints(frames: Iterable[Frame], below: int) -> list[tuple[int, bytes]]
     return [(f.entry.base_offset, f.data) for f in frames if f.entry.next_offset <= below]
 
 
+def describe_frame(data: bytes) -> str:
+    """A frame's header in words, for a report: its leader epoch and writer batch."""
+    try:
+        header = read_header(data, 0, len(data))
+    except CorruptLogError:
+        return "a damaged entry"
+    writer = f", writer {header.writer_id} batch {header.sequence}" if header.writer_id >= 0 else ""
+    return f"an entry of leader epoch {header.leader_epoch}{writer}"
+
+
 def change_records(codec: RowCodec, frames: Iterable[Frame], below: int,
                    decoded: dict[bytes, list[ChangeRecord]] | None = None) -> list[ChangeRecord]:
     """The records below offset ``below``, ``id`` as key and ``v`` as value (None where a record has none).

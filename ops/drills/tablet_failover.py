@@ -51,7 +51,7 @@ from ops.drills.failover_checks import (AckedWrite, Outage, Read, acknowledged_w
                                         leaders_served_within, reads_committed, replicas_identical,
                                         tables_as_acknowledged)
 from ops.drills.leases import error_name
-from ops.drills.replica_logs import ReplicaLogs, change_records, fingerprints, read_replica_logs
+from ops.drills.replica_logs import ReplicaLogs, change_records, describe_frame, fingerprints, read_replica_logs
 from ops.drills.report import Check, Report, finish
 from ops.drills.row_checks import ScanRecord, WriteOp, scans_end_cleanly, scans_match
 from ops.drills.tablet_restart import PAD, Writers, scan_after_kill
@@ -333,7 +333,7 @@ def _judge(report: Report, outcome: dict[str, Any], logs: ReplicaLogs, hws: dict
     report.add(acknowledged_writes_in_changelog(writers.acked, changelogs))
     report.add(tables_as_acknowledged(writers.history, {"the leaders' lookup": outcome["looked_up"], **tables}))
     report.add(reads_committed(outcome["reads"], committed))
-    report.add(replicas_identical(prints, hws))
+    report.add(replicas_identical(prints, hws, describe_frame))
     check, delays = leaders_served_within(outcome["outages"], outcome["served"], outcome["bound_s"])
     report.add(check)
     report.add(scans_match(outcome["scans"], writers.history, outcome["bucket_of"]))

@@ -81,12 +81,15 @@ def test_replicas_identical_below_the_high_watermark():
     assert replicas_identical({"tablet 1": leader, "tablet 2": follower, "tablet 3": trimmed}, {0: 5}).ok
     diverged = {0: [(0, 111), (2, 999), (4, 333)]}
     short = {0: [(0, 111), (2, 222)]}
-    check = replicas_identical({"tablet 1": leader, "tablet 2": diverged, "tablet 3": short}, {0: 5})
+    check = replicas_identical({"tablet 1": leader, "tablet 2": diverged, "tablet 3": short}, {0: 5},
+                               describe=lambda fingerprint: f"entry #{fingerprint}")
     assert check.violations == (
         "bucket 0: tablet 2's changelog differs from tablet 1's at offset 2 (below the high watermark 5: 3 vs 3 "
-        "entries)",
+        "entries; tablet 2 has entry #999 at 2, tablet 1 has entry #222 at 2)",
         "bucket 0: tablet 3's changelog differs from tablet 1's at offset 4 (below the high watermark 5: 2 vs 3 "
-        "entries)")
+        "entries; tablet 3 has none, tablet 1 has entry #333 at 4)")
+    plain = replicas_identical({"tablet 1": leader, "tablet 2": diverged}, {0: 5})
+    assert plain.violations[0].endswith("tablet 2 has an entry at 2, tablet 1 has an entry at 2)")
 
 
 def test_leaders_served_within_the_bound():
@@ -107,3 +110,15 @@ def test_a_call_sent_before_the_outage_does_not_count_as_served_again():
     check, delays = leaders_served_within([outage], {0: [(99.9, 100.2), (109.5, 110.0)]}, bound_s=8.0)
     assert check.violations == ("round 1: kill -9 tablet 1: bucket 0 served again only after 10.0s",)
     assert delays == [10.0]
+
+
+def test_an_entry_is_described_by_its_leader_epoch_and_writer_batch():
+    from common.logentry import encode_payload, frame_header, record_batch
+    from ops.drills.replica_logs import describe_frame
+
+    payload = encode_payload(record_batch([0], [b"k"], [b"v"]))
+    written = frame_header(7, 1, payload, 1000, leader_epoch=4, writer_id=2, sequence=46) + payload.to_pybytes()
+    assert describe_frame(written) == "an entry of leader epoch 4, writer 2 batch 46"
+    assert describe_frame(frame_header(7, 1, payload, 1000, leader_epoch=5) + payload.to_pybytes()) == (
+        "an entry of leader epoch 5")
+    assert describe_frame(b"junk") == "a damaged entry"

@@ -39,8 +39,12 @@ def _run(module, directory) -> dict:
     from tests.ops.drills.test_drills import _logs
 
     out = io.StringIO()
-    with redirect_stdout(out):
-        code = module.main(str(directory), True)
+    try:
+        with redirect_stdout(out):
+            code = module.main(str(directory), True)
+    except BaseException:
+        print(_logs(directory))  # a drill that stopped with an error (a server that would not stop, …)
+        raise
     report = json.loads(out.getvalue())
     if code != 0:
         print(_logs(directory))  # shown with the failure
