@@ -71,7 +71,7 @@ def run(*, rows: int, seed: int = 11, progress: bench_suite.Progress = lambda te
     """The figures (see the module docstring); options as in ``OPTIONS``."""
     from client.admin import AdminClient
     from client.table import TableClient
-    from ops.demo import local_session, stop_local_session
+    from ops.streaming import local_session, stop_local_session
 
     rng = np.random.default_rng(seed)
     base = tempfile.mkdtemp(prefix="kvlease-bench-bootstrap-")

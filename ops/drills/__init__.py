@@ -20,7 +20,8 @@ The public module of ``ops/drills/``: the CLI and the demo import from here.
 from __future__ import annotations
 
 from ops.drills.registry import DRILLS, SkipError, check_skip, drill_module, drill_names, drill_summary
-from ops.drills.report import EXIT_OK, EXIT_VIOLATED, MAX_SHOWN, Check, Report, finish, render
+from ops.check import MAX_SHOWN, Check
+from ops.drills.report import EXIT_OK, EXIT_VIOLATED, Report, finish, render
 
 __all__ = ["DRILLS", "EXIT_OK", "EXIT_VIOLATED", "MAX_SHOWN", "Check", "Report", "SkipError", "check_skip",
            "drill_module", "drill_names", "drill_summary", "finish", "render"]

@@ -41,9 +41,10 @@ from client.table import TableClient
 import ops.drills.chaos_disks as chaos_disks
 import ops.drills.chaos_faults as chaos_faults
 import ops.drills.chaos_plan as cp
-from ops.demo import ChaosStream
+from ops.streaming import ChaosStream
 from ops import local_cluster
-from ops.drills.report import Check, Report, finish
+from ops.check import Check
+from ops.drills.report import Report, finish
 from ops.drills.chaos_readers import Readers
 from ops.drills.cluster import DrillCluster, require
 from ops.drills.leases import LeaseDrill
@@ -82,7 +83,7 @@ def run(cluster_dir: str, rounds: int = 6, clients: int = LEASE_CLIENTS, seed: i
     scratch = Path(tempfile.mkdtemp(prefix="kvlease-drill-chaos-spark-"))
     try:
         if own_spark:
-            from ops.demo import local_session
+            from ops.streaming import local_session
 
             _progress(f"starting Spark (local[2]; its log: {scratch / 'spark.log'})")
             spark = local_session(scratch, cores=2, app="kvlease-drill-chaos", log_file=scratch / "spark.log")
@@ -90,7 +91,7 @@ def run(cluster_dir: str, rounds: int = 6, clients: int = LEASE_CLIENTS, seed: i
             _run(cluster, spark, faults, remote, clients, seed, report)
     finally:
         if own_spark and spark is not None:
-            from ops.demo import stop_local_session
+            from ops.streaming import stop_local_session
 
             stop_local_session(spark, log_file=scratch / "spark.log")
         shutil.rmtree(scratch, ignore_errors=True)

@@ -26,7 +26,7 @@ from common.tables import Column
 from common.zk import make_client
 from client.admin import AdminClient, wait_for_active
 from ops import local_cluster
-from ops.drills.report import Check
+from ops.check import Check
 from ops.local_cluster import four_letter
 
 DRILL_DB = "drill"

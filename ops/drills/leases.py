@@ -28,7 +28,7 @@ from common.model import TableBucket
 from common.storage import StorageNotFound
 from client.admin import AdminClient
 from client.table import TableClient
-from ops.drills.report import Check
+from ops.check import Check
 from ops.drills.checks import (NOT_FOUND, OK, UNKNOWN, LeaseOp, LeaseView, leased_files_exist,
                               leases_as_acknowledged, no_deposed_writes)
 from ops.drills.cluster import DrillCluster

@@ -31,7 +31,8 @@ from ops.drills.failover_checks import (Read, acknowledged_writes_in_changelog, 
                                         tables_as_acknowledged)
 from ops.drills.replica_logs import change_records, fingerprints, log_starts, read_replica_logs
 from ops.drills.replica_traffic import Load
-from ops.drills.report import Check, Report
+from ops.check import Check
+from ops.drills.report import Report
 from ops.drills.row_checks import scans_end_cleanly, scans_match
 from ops.drills.service_checks import isr_full, no_client_errors
 

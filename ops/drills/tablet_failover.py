@@ -22,8 +22,8 @@ changelog is read from its data dir (ops/drills/replica_logs.py); a replica's
 table is its changelog applied up to the high watermark (its RocksDB is not
 read: the tablet server keeps it open and RocksDB's WAL is off, so memtable
 rows are only in the changelog). The Spark query is the chaos drill's
-(:class:`ops.demo.ChaosStream`: Parquet, one directory per micro-batch,
-checked by ops/demo/feed_check.py once it read every bucket to its end).
+(:class:`ops.streaming.ChaosStream`: Parquet, one directory per micro-batch,
+checked by ops/streaming/feed_check.py once it read every bucket to its end).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from client.table import TableClient
 from common import errors
 from common.tables import Column
 from ops import local_cluster
-from ops.demo import ChaosStream
+from ops.streaming import ChaosStream
 from ops.drills.chaos_faults import session_timeout_s
 from ops.drills.cluster import DRILL_DB, DrillCluster, require
 from ops.drills.failover_checks import (AckedWrite, Outage, Read, acknowledged_writes_in_changelog, apply_changes,
@@ -52,7 +52,8 @@ from ops.drills.failover_checks import (AckedWrite, Outage, Read, acknowledged_w
                                         tables_as_acknowledged)
 from ops.drills.leases import error_name
 from ops.drills.replica_logs import ReplicaLogs, change_records, fingerprints, read_replica_logs
-from ops.drills.report import Check, Report, finish
+from ops.check import Check
+from ops.drills.report import Report, finish
 from ops.drills.row_checks import ScanRecord, WriteOp, scans_end_cleanly, scans_match
 from ops.drills.tablet_restart import PAD, Writers, scan_after_kill
 
@@ -190,7 +191,7 @@ def _spark_session(spark) -> Iterator[Any]:
     if spark is not None:
         yield spark
         return
-    from ops.demo import local_session, stop_local_session
+    from ops.streaming import local_session, stop_local_session
 
     scratch = Path(tempfile.mkdtemp(prefix="kvlease-drill-tablet-failover-spark-"))
     session = None
