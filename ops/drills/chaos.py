@@ -46,13 +46,13 @@ from ops import local_cluster
 from ops.check import Check
 from ops.drills.report import Report, finish
 from ops.drills.chaos_readers import Readers
-from ops.drills.cluster import DrillCluster, require
+from ops.drills.cluster import DrillCluster, failure_timeout_s, require, session_timeout_s
 from ops.drills.leases import LeaseDrill
 from ops.drills.read_checks import ReadOp, reads_in_order, reads_see_acknowledged_writes
-from ops.drills.remote_outage import RemoteOutage
+from ops.drills.faults import RemoteOutage
 from ops.drills.row_checks import rows_as_acknowledged
 from ops.drills.tablet_failover import wait_in_sync
-from ops.drills.tablet_restart import Writers
+from ops.drills.workload import Writers
 
 NAME = "chaos"
 OPTIONS = ("rounds", "clients", "seed")
@@ -70,7 +70,7 @@ def run(cluster_dir: str, rounds: int = 6, clients: int = LEASE_CLIENTS, seed: i
     """Run the drill; ``spark``: a SparkSession to use (left running), else a local one is started."""
     doc = local_cluster.load(cluster_dir)
     check_shape(doc)
-    faults = cp.plan(seed, rounds, doc, chaos_faults.session_timeout_s(doc), chaos_faults.failure_timeout_s(doc))
+    faults = cp.plan(seed, rounds, doc, session_timeout_s(doc), failure_timeout_s(doc))
     remote = RemoteOutage(doc["remote"]) if str(doc.get("remote", "")).startswith("file://") else None
     if remote is not None:
         remote.restore_interrupted()

@@ -8,6 +8,8 @@ ZooKeeper client on the cluster's chroot (reads only), the remote storage as
 the coordinators name it. Faults go through :meth:`DrillCluster.kill`;
 whatever was killed and not restarted yet is restarted on :meth:`close`, so
 a drill leaves the cluster in the shape it found it, also when it fails.
+:func:`session_timeout_s` and :func:`failure_timeout_s` read the timeouts its
+servers' config files set, which size the faults that must outlast them.
 """
 
 from __future__ import annotations
@@ -44,6 +46,26 @@ def zk_config(doc: dict[str, Any], root: str) -> cfg.Config:
             break
     env = {cfg.ZK_DIGEST.env_var: v} if (v := os.environ.get(cfg.ZK_DIGEST.env_var)) else {}
     return cfg.Config(values, env={} if cfg.ZK_DIGEST.name in values else env)
+
+
+def session_timeout_s(doc: dict[str, Any]) -> float:
+    """The ZooKeeper session timeout the cluster's coordinators use (their config file, else the default)."""
+    return _seconds(doc, "coordinators", cfg.ZK_SESSION_TIMEOUT)
+
+
+def failure_timeout_s(doc: dict[str, Any]) -> float:
+    """How long the cluster's tablet servers keep leading while their writes fail
+    (``replica.leader.failure-timeout`` of their config file, else the default)."""
+    return _seconds(doc, "tablets", cfg.REPLICA_LEADER_FAILURE_TIMEOUT)
+
+
+def _seconds(doc: dict[str, Any], role: str, key: cfg.Key) -> float:
+    """Duration ``key`` of the first ``role`` process's config file (the default without one), in seconds."""
+    for entry in doc.get(role, []):
+        path = Path(entry["log"]).parent / "config.toml"
+        if path.exists():
+            return cfg.Config(cfg.read_file(path), env={})[key] / 1000.0
+    return cfg.Config({}, env={})[key] / 1000.0
 
 
 class ClusterShapeError(errors.InvalidRequestError):

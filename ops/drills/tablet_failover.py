@@ -29,10 +29,8 @@ checked by ops/streaming/feed_check.py once it read every bucket to its end).
 from __future__ import annotations
 
 import contextlib
-import os
 import random
 import shutil
-import signal
 import sys
 import tempfile
 import threading
@@ -45,17 +43,16 @@ from common import errors
 from common.tables import Column
 from ops import local_cluster
 from ops.streaming import ChaosStream
-from ops.drills.chaos_faults import session_timeout_s
-from ops.drills.cluster import DRILL_DB, DrillCluster, require
-from ops.drills.failover_checks import (AckedWrite, Outage, Read, acknowledged_writes_in_changelog, apply_changes,
+from ops.drills.cluster import DRILL_DB, DrillCluster, require, session_timeout_s
+from ops.drills.faults import paused
+from ops.drills.failover_checks import (Outage, Read, acknowledged_writes_in_changelog, apply_changes,
                                         leaders_served_within, reads_committed, replicas_identical,
                                         tables_as_acknowledged)
-from ops.drills.leases import error_name
 from ops.drills.replica_logs import ReplicaLogs, change_records, fingerprints, read_replica_logs
 from ops.check import Check
 from ops.drills.report import Report, finish
-from ops.drills.row_checks import ScanRecord, WriteOp, scans_end_cleanly, scans_match
-from ops.drills.tablet_restart import PAD, Writers, scan_after_kill
+from ops.drills.row_checks import ScanRecord, scans_end_cleanly, scans_match
+from ops.drills.workload import AckedWriters, scan_after_kill
 
 NAME = "tablet-failover"
 OPTIONS = ("rounds", "seed")
@@ -72,47 +69,6 @@ STREAM_BOOTSTRAP_BOUND_S = 120.0
 
 def check_shape(doc: dict) -> None:
     require(doc, NAME, tablets=REPLICATION)
-
-
-class AckedWriters(Writers):
-    """The tablet-restart drill's writers, also keeping the offsets each acknowledged write was answered."""
-
-    def __init__(self, client: TableClient, bucket_of: dict[int, int], seed: int) -> None:
-        super().__init__(client, bucket_of, seed)
-        self.acked: list[AckedWrite] = []
-
-    def write(self, values: dict[int, int | None]) -> None:
-        t0 = time.time()
-        deletes = all(v is None for v in values.values())
-        try:
-            offsets = (self.client.delete(list(values)) if deletes else
-                       self.client.upsert([{"id": k, "v": v, "pad": PAD} for k, v in values.items()]))
-            error = None
-        except Exception as exc:  # recorded: the checkers judge what may have happened
-            offsets, error = dict(getattr(exc, "details", {}).get("written", {}) or {}), exc
-        self._record(values, t0, offsets, error)
-
-    def _record(self, values: dict[int, int | None], t0: float, offsets: dict, error: Exception | None) -> None:
-        t1 = time.time()
-        buckets = frozenset(self.bucket_of[k] for k in values)
-        with self._lock:
-            if error is not None:
-                self.failures[error_name(error)] += 1
-            self.calls.append((t0, t1, buckets, set(offsets) == set(buckets)))
-            for bucket, (base, end) in offsets.items():
-                rows = {k: v for k, v in values.items() if self.bucket_of[k] == bucket}
-                self.acked.append(AckedWrite(bucket, base, end, rows))
-        for key, value in values.items():
-            self.history[key].append(WriteOp(key, value, t0, t1, self.bucket_of[key] in offsets))
-
-    def successes(self) -> dict[int, list[tuple[float, float]]]:
-        """bucket -> ``(sent, answered)`` times of the calls that wrote to it."""
-        out: dict[int, list[tuple[float, float]]] = {}
-        with self._lock:
-            for t0, t1, buckets, ok in self.calls:
-                for bucket in buckets if ok else ():
-                    out.setdefault(bucket, []).append((t0, t1))
-        return out
 
 
 class Lookups:
@@ -307,12 +263,9 @@ def _fault(cluster: DrillCluster, client: TableClient, round_no: int, pause: boo
     if pause:
         entry = next(t for t in cluster.doc["tablets"] if str(t["id"]) == victim)
         at = time.time()
-        os.kill(entry["pid"], signal.SIGSTOP)
-        try:
+        with paused(entry["pid"]):
             scan_after_kill(scanner, f"{name} scan", bucket, True, t_open, first, scans)
             time.sleep(max(0.0, at + bound_s - time.time()))  # past the session timeout: it is deposed
-        finally:
-            os.kill(entry["pid"], signal.SIGCONT)
     else:
         at = cluster.kill("tablets", victim)
         scan_after_kill(scanner, f"{name} scan", bucket, True, t_open, first, scans)
