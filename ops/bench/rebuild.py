@@ -230,8 +230,8 @@ def fill(admin, table_id: int, rows: int, tail_rows: int, batch: int, threads: i
 
 
 def start_cluster(base: str, directory: str, rows: int, remote: str, stack: contextlib.ExitStack, progress):
-    """The local cluster in ``directory`` (its cluster.json document), with moto's S3 server (stopped by
-    ``stack``) as its remote storage for ``remote`` "s3", else a directory of ``directory``."""
+    """The local cluster in ``directory`` (its cluster.json document), stopped when ``stack`` closes, with moto's
+    S3 server (stopped after it) as its remote storage for ``remote`` "s3", else a directory of ``directory``."""
     overrides = {**CLUSTER_OVERRIDES, "log.segment.bytes": f"{segment_kb(rows)}kb"}
     remote_uri = None
     if remote == "s3":
@@ -239,7 +239,8 @@ def start_cluster(base: str, directory: str, rows: int, remote: str, stack: cont
         s3 = stack.enter_context(local_s3(base))
         remote_uri = s3.pop(cfg.REMOTE_DATA_DIR.name)
         overrides.update(s3)
-    return local_cluster.start(directory, tablets=1, remote=remote_uri, config_overrides=overrides, progress=progress)
+    return stack.enter_context(local_cluster.running(directory, tablets=1, remote=remote_uri,
+                                                     config_overrides=overrides, progress=progress))
 
 
 def speeds(rows: int, handle, downloads: list[float], durable_downloads: list[float],
@@ -304,11 +305,7 @@ def run(*, rows: int, tail_percent: int, batch: int, threads: int, rounds: int, 
     finally:
         if follower is not None:
             follower.stop()
-        try:
-            local_cluster.stop(directory)
-        except local_cluster.ClusterError:
-            pass  # nothing was started
-        stack.close()
+        stack.close()  # the cluster, then the S3 server
         shutil.rmtree(base, ignore_errors=True)
 
 
