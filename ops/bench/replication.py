@@ -43,6 +43,7 @@ import ops.bench.suite as bench_suite
 from ops import local_cluster
 from ops.bench.suite import Option, Row, cpu_seconds, positive_int, wait_idle
 from ops.bench.writes import load, make_batch
+import ops.wait as ops_wait
 
 COLUMNS = [Column("id", "BIGINT"), Column("v", "STRING")]
 TARGET_RATIO = 0.33  # issue 30
@@ -88,14 +89,15 @@ def leader_of(admin, table_id: int) -> int:
 
 
 def wait_in_sync(admin, table_id: int, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        state = admin.get_table_assignment(table_id)[1][0]
-        if state.leader_id >= 0 and len(state.isr) == len(state.replicas):
-            return
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"table {table_id}: the ISR {state.isr} did not reach {state.replicas}")
-        time.sleep(0.1)
+    """Until bucket 0 of the table has a leader and every replica in its ISR (:func:`ops.wait.wait_in_sync`);
+    RuntimeError if not within ``timeout_s``."""
+    def lagging(state) -> list[str]:
+        b = state[0]
+        return [] if b.leader_id >= 0 and len(b.isr) == len(b.replicas) else [f"the ISR {b.isr} of {b.replicas}"]
+
+    state, _behind, took = ops_wait.wait_in_sync(admin, table_id, timeout_s, lagging=lagging)
+    if took is None:
+        raise RuntimeError(f"table {table_id}: the ISR {state[0].isr} did not reach {state[0].replicas}")
 
 
 def failover_once(directory: str, admin, client, table_id: int, key: int) -> float:

@@ -46,12 +46,11 @@ from ops import local_cluster
 from ops.check import Check
 from ops.drills.report import Report, finish
 from ops.drills.chaos_readers import Readers
-from ops.drills.cluster import DrillCluster, failure_timeout_s, require, session_timeout_s
+from ops.drills.cluster import DrillCluster, failure_timeout_s, in_sync_since, require, session_timeout_s
 from ops.drills.leases import LeaseDrill
 from ops.drills.read_checks import ReadOp, reads_in_order, reads_see_acknowledged_writes
 from ops.drills.faults import RemoteOutage
 from ops.drills.row_checks import rows_as_acknowledged
-from ops.drills.tablet_failover import wait_in_sync
 from ops.drills.workload import Writers
 
 NAME = "chaos"
@@ -110,7 +109,7 @@ def _run(cluster: DrillCluster, spark, faults: list[cp.Fault], remote: RemoteOut
     try:
         with LeaseDrill(cluster, clients, seed, retry_total_s=60.0) as leases, \
                 TableClient(cluster.admin, table, retry_total_s=60.0, request_timeout_s=5.0) as client:
-            wait_in_sync(cluster, client.table.table_id, time.time(), IN_SYNC_BOUND_S)  # a new table's followers join
+            in_sync_since(cluster, client.table.table_id, time.time(), IN_SYNC_BOUND_S)  # a new table's followers join
             keys = list(range(KEYS))
             bucket_of = {k: b for b, _rows, idx in client.split(client.key_batch(keys)) for k in (keys[i] for i in idx)}
             writers = Writers(client, bucket_of, seed)
@@ -138,7 +137,7 @@ def _run(cluster: DrillCluster, spark, faults: list[cp.Fault], remote: RemoteOut
             report.figures.update(replication_factor=replication, faults_done=done, **_write_figures(writers),
                                   **_read_figures(readers, done), **_disk_figures(done, writers))
             whole = cluster.whole_again(timeout_s=60.0)  # every bucket served again before reading back
-            in_sync, _leaders, in_sync_s = wait_in_sync(cluster, client.table.table_id, ended, IN_SYNC_BOUND_S)
+            in_sync, _leaders, in_sync_s = in_sync_since(cluster, client.table.table_id, ended, IN_SYNC_BOUND_S)
             report.figures.update(in_sync_after_s=in_sync_s)
             if stream.query.isActive:
                 checks, figures = stream.finish(client)

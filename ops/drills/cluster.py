@@ -30,6 +30,7 @@ from client.admin import AdminClient, wait_for_active
 from ops import local_cluster
 from ops.check import Check
 from ops.local_cluster import four_letter
+from ops.wait import wait_in_sync
 
 DRILL_DB = "drill"
 
@@ -66,6 +67,16 @@ def _seconds(doc: dict[str, Any], role: str, key: cfg.Key) -> float:
         if path.exists():
             return cfg.Config(cfg.read_file(path), env={})[key] / 1000.0
     return cfg.Config({}, env={})[key] / 1000.0
+
+
+def in_sync_since(cluster: "DrillCluster", table_id: int, since: float,
+                  timeout_s: float) -> tuple[Check, dict[int, int], float | None]:
+    """Wait up to ``timeout_s`` until every bucket has a live leader and every replica in its ISR
+    (:func:`ops.wait.wait_in_sync`). Returns the check, each bucket's leader then, and the seconds from
+    ``since`` (wall clock) until then (None: it did not happen)."""
+    state, behind, took = wait_in_sync(cluster.admin, table_id, timeout_s)
+    check = Check.of(f"every replica back in the ISR within {timeout_s:g}s of the last fault", behind, len(state))
+    return check, {b: a.leader_id for b, a in state.items()}, None if took is None else round(time.time() - since, 3)
 
 
 class ClusterShapeError(errors.InvalidRequestError):

@@ -43,7 +43,7 @@ from common import errors
 from common.tables import Column
 from ops import local_cluster
 from ops.streaming import ChaosStream
-from ops.drills.cluster import DRILL_DB, DrillCluster, require, session_timeout_s
+from ops.drills.cluster import DRILL_DB, DrillCluster, in_sync_since, require, session_timeout_s
 from ops.drills.faults import paused
 from ops.drills.failover_checks import (Outage, Read, acknowledged_writes_in_changelog, apply_changes,
                                         leaders_served_within, reads_committed, replicas_identical,
@@ -167,7 +167,7 @@ def _run(cluster: DrillCluster, spark, table: str, rounds: int, seed: int, bound
     try:
         with TableClient(cluster.admin, table, retry_total_s=60.0, request_timeout_s=5.0) as client:
             table_id = client.table.table_id
-            wait_in_sync(cluster, table_id, time.time(), IN_SYNC_BOUND_S)  # a new table's followers join
+            in_sync_since(cluster, table_id, time.time(), IN_SYNC_BOUND_S)  # a new table's followers join
             keys = list(range(KEYS))
             bucket_of = {k: b for b, _rows, idx in client.split(client.key_batch(keys)) for k in (keys[i] for i in idx)}
             writers = AckedWriters(client, bucket_of, seed)
@@ -177,7 +177,7 @@ def _run(cluster: DrillCluster, spark, table: str, rounds: int, seed: int, bound
             report.figures["stream_bootstrap_s"] = wait_for_bootstrap(stream, STREAM_BOOTSTRAP_BOUND_S)
             outcome = _drill(cluster, client, table, writers, rounds, seed, bound_s)
             report.add(Check.of("the Spark query ran through every fault", [f for f in [stream.failed()] if f], 1))
-            in_sync, outcome["leaders"], outcome["in_sync_s"] = wait_in_sync(
+            in_sync, outcome["leaders"], outcome["in_sync_s"] = in_sync_since(
                 cluster, table_id, outcome["last_fault"], IN_SYNC_BOUND_S)
             report.add(in_sync)
             if stream.query.isActive:
@@ -204,23 +204,6 @@ def wait_for_bootstrap(stream: ChaosStream, timeout_s: float) -> float | None:
             return None
         time.sleep(0.1)
     return round(time.monotonic() - start, 3)
-
-
-def wait_in_sync(cluster: DrillCluster, table_id: int, since: float,
-                 timeout_s: float) -> tuple[Check, dict[int, int], float | None]:
-    """Wait up to ``timeout_s`` until every bucket has a live leader and every replica in its ISR. Returns the
-    check, each bucket's leader then, and the seconds from ``since`` until then (None: it did not happen)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        _table, state = cluster.admin.get_table_assignment(table_id)
-        behind = [f"bucket {b}: in-sync replicas {list(a.isr)} of {list(a.replicas)}"
-                  + ("" if a.leader_address else ", no live leader")
-                  for b, a in sorted(state.items()) if a.under_replicated or not a.leader_address]
-        if not behind or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
-    check = Check.of(f"every replica back in the ISR within {timeout_s:g}s of the last fault", behind, len(state))
-    return check, {b: a.leader_id for b, a in state.items()}, None if behind else round(time.time() - since, 3)
 
 
 def _drill(cluster: DrillCluster, client: TableClient, table: str, writers: AckedWriters, rounds: int, seed: int,
