@@ -24,6 +24,7 @@ The suite interface (``OPTIONS``, ``run``, ``target_rows``, ``report``) is
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import statistics
 import tempfile
@@ -71,15 +72,15 @@ def run(*, rows: int, seed: int = 11, progress: bench_suite.Progress = lambda te
     """The figures (see the module docstring); options as in ``OPTIONS``."""
     from client.admin import AdminClient
     from client.table import TableClient
-    from ops.demo import local_session, stop_local_session
+    from ops.streaming import local_session, stop_local_session
 
     rng = np.random.default_rng(seed)
     base = tempfile.mkdtemp(prefix="kvlease-bench-bootstrap-")
     directory = f"{base}/cluster"
-    spark = None
-    try:
-        local_cluster.start(directory, tablets=2, config_overrides={"kv.snapshot.interval": "1h"},
-                            progress=progress)
+    with contextlib.ExitStack() as stack:  # on leaving: Spark stopped, then the cluster, then base removed
+        stack.callback(shutil.rmtree, base, ignore_errors=True)
+        stack.enter_context(local_cluster.running(directory, tablets=2,
+                                                  config_overrides={"kv.snapshot.interval": "1h"}, progress=progress))
         bootstrap = ",".join(local_cluster.bootstrap(directory))
         with AdminClient(local_cluster.bootstrap(directory), retry_total_s=30) as admin:
             admin.create_table(TABLE, COLUMNS, ["id"], BUCKETS)
@@ -98,6 +99,7 @@ def run(*, rows: int, seed: int = 11, progress: bench_suite.Progress = lambda te
 
                 progress("starting Spark; batch reads of kvlease and Parquet, warm-up + 3 each")
                 spark = local_session(f"{base}/spark", app="kvlease-bench-bootstrap")
+                stack.callback(stop_local_session, spark)
                 source = spark.read.format("kvlease").option("bootstrap", bootstrap).option("table", TABLE)
                 counted = source.load().count()
                 if counted != rows:
@@ -111,14 +113,6 @@ def run(*, rows: int, seed: int = 11, progress: bench_suite.Progress = lambda te
                 "kvlease_s": kv_s, "parquet_s": pq_s, "kvlease_rows_per_s": rows / kv_s,
                 "parquet_rows_per_s": rows / pq_s, "ratio": pq_s / kv_s, "target_ratio": TARGET_RATIO,
                 **tail}
-    finally:
-        if spark is not None:
-            stop_local_session(spark)
-        try:
-            local_cluster.stop(directory)
-        except local_cluster.ClusterError:
-            pass
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def _tail_rate(spark, client, bootstrap: str, rows: int, checkpoint: str) -> dict[str, Any]:

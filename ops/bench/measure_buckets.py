@@ -81,9 +81,14 @@ def _read_row(admin: AdminClient, i: int, expected: str) -> None:
 
 
 def measure(directory: str, buckets: int) -> dict[str, Any]:
-    """The figures (see the module docstring) of a cluster started in ``directory``."""
+    """The figures (see the module docstring) of a cluster started in ``directory``, stopped again at the end."""
     _log(f"starting a cluster in {directory}")
-    local_cluster.start(directory, tablets=1, config_overrides={"kv.snapshot.interval": "1h"})
+    with local_cluster.running(directory, tablets=1, config_overrides={"kv.snapshot.interval": "1h"}):
+        return _measure(directory, buckets)
+
+
+def _measure(directory: str, buckets: int) -> dict[str, Any]:
+    """The figures of the cluster running in ``directory``."""
     figures: dict[str, Any] = {"buckets": buckets}
     pid = _tablet(directory)["pid"]
     figures["fds_empty"] = _fds(pid)
@@ -147,8 +152,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         figures = measure(directory, args.buckets)
     finally:
-        if local_cluster.cluster_file(directory).exists():
-            local_cluster.stop(directory)
         if not (args.keep or args.dir):
             shutil.rmtree(directory, ignore_errors=True)
     if args.json:

@@ -68,6 +68,7 @@ from ops import local_cluster
 from ops.bench.local_s3 import local_s3
 from ops.bench.suite import MB, Option, Row, positive_int, wait_idle
 from ops.bench.writes import load, make_batch
+from ops.wait import wait_until
 
 COLUMNS = [Column("id", "BIGINT"), Column("v", "STRING")]
 TABLE = "bench.rebuild"
@@ -129,15 +130,6 @@ def bucket_state(admin, table_id: int):
     return admin.get_table_assignment(table_id)[1][0]
 
 
-def wait_for(condition, what: str, timeout_s: float = 120.0):
-    deadline = time.monotonic() + timeout_s
-    while not (value := condition()):
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out after {timeout_s:g}s waiting for {what}")
-        time.sleep(0.05)
-    return value
-
-
 def applied_offset(server, table_id: int) -> int:
     """The follower's first changelog offset not yet in its RocksDB; -1 while it has no replica."""
     try:
@@ -184,7 +176,8 @@ def rebuild_once(config: cfg.Config, admin, table_id: int, log_end: int) -> tupl
 
 def stop_follower(server, admin, table_id: int) -> None:
     server.stop()
-    wait_for(lambda: FOLLOWER_ID not in bucket_state(admin, table_id).isr, "the stopped follower to leave the ISR")
+    wait_until(lambda: FOLLOWER_ID not in bucket_state(admin, table_id).isr, 120.0,
+               "the stopped follower to leave the ISR")
 
 
 def download_once(storage, handle, target: str, io_threads: int, durable: bool = False) -> float:
@@ -230,8 +223,8 @@ def fill(admin, table_id: int, rows: int, tail_rows: int, batch: int, threads: i
 
 
 def start_cluster(base: str, directory: str, rows: int, remote: str, stack: contextlib.ExitStack, progress):
-    """The local cluster in ``directory`` (its cluster.json document), with moto's S3 server (stopped by
-    ``stack``) as its remote storage for ``remote`` "s3", else a directory of ``directory``."""
+    """The local cluster in ``directory`` (its cluster.json document), stopped when ``stack`` closes, with moto's
+    S3 server (stopped after it) as its remote storage for ``remote`` "s3", else a directory of ``directory``."""
     overrides = {**CLUSTER_OVERRIDES, "log.segment.bytes": f"{segment_kb(rows)}kb"}
     remote_uri = None
     if remote == "s3":
@@ -239,7 +232,8 @@ def start_cluster(base: str, directory: str, rows: int, remote: str, stack: cont
         s3 = stack.enter_context(local_s3(base))
         remote_uri = s3.pop(cfg.REMOTE_DATA_DIR.name)
         overrides.update(s3)
-    return local_cluster.start(directory, tablets=1, remote=remote_uri, config_overrides=overrides, progress=progress)
+    return stack.enter_context(local_cluster.running(directory, tablets=1, remote=remote_uri,
+                                                     config_overrides=overrides, progress=progress))
 
 
 def speeds(rows: int, handle, downloads: list[float], durable_downloads: list[float],
@@ -274,10 +268,10 @@ def run(*, rows: int, tail_percent: int, batch: int, threads: int, rounds: int, 
         io_threads = config[cfg.SNAPSHOT_UPLOAD_THREADS]
         follower = start_follower(config)
         with AdminClient(local_cluster.bootstrap(directory), retry_total_s=60) as admin:
-            wait_for(lambda: len(admin.list_tablet_servers()) == 2, "the follower to register")
+            wait_until(lambda: len(admin.list_tablet_servers()) == 2, 120.0, "the follower to register")
             table = admin.create_table(TABLE, COLUMNS, ["id"], 1, replication_factor=2, min_insync_replicas=1)
             table_id = table.table_id
-            wait_for(lambda: len(bucket_state(admin, table_id).isr) == 2, "the follower to join the ISR")
+            wait_until(lambda: len(bucket_state(admin, table_id).isr) == 2, 120.0, "the follower to join the ISR")
             stop_follower(follower, admin, table_id)
             follower = None
             handle, log_start, log_end = fill(admin, table_id, rows, tail_rows, batch, threads, progress)
@@ -304,11 +298,7 @@ def run(*, rows: int, tail_percent: int, batch: int, threads: int, rounds: int, 
     finally:
         if follower is not None:
             follower.stop()
-        try:
-            local_cluster.stop(directory)
-        except local_cluster.ClusterError:
-            pass  # nothing was started
-        stack.close()
+        stack.close()  # the cluster, then the S3 server
         shutil.rmtree(base, ignore_errors=True)
 
 

@@ -43,6 +43,7 @@ import ops.bench.suite as bench_suite
 from ops import local_cluster
 from ops.bench.suite import Option, Row, cpu_seconds, positive_int, wait_idle
 from ops.bench.writes import load, make_batch
+import ops.wait as ops_wait
 
 COLUMNS = [Column("id", "BIGINT"), Column("v", "STRING")]
 TARGET_RATIO = 0.33  # issue 30
@@ -88,14 +89,15 @@ def leader_of(admin, table_id: int) -> int:
 
 
 def wait_in_sync(admin, table_id: int, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        state = admin.get_table_assignment(table_id)[1][0]
-        if state.leader_id >= 0 and len(state.isr) == len(state.replicas):
-            return
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"table {table_id}: the ISR {state.isr} did not reach {state.replicas}")
-        time.sleep(0.1)
+    """Until bucket 0 of the table has a leader and every replica in its ISR (:func:`ops.wait.wait_in_sync`);
+    RuntimeError if not within ``timeout_s``."""
+    def lagging(state) -> list[str]:
+        b = state[0]
+        return [] if b.leader_id >= 0 and len(b.isr) == len(b.replicas) else [f"the ISR {b.isr} of {b.replicas}"]
+
+    state, _behind, took = ops_wait.wait_in_sync(admin, table_id, timeout_s, lagging=lagging)
+    if took is None:
+        raise RuntimeError(f"table {table_id}: the ISR {state[0].isr} did not reach {state[0].replicas}")
 
 
 def failover_once(directory: str, admin, client, table_id: int, key: int) -> float:
@@ -126,42 +128,38 @@ def run(*, rows: int, batch: int, threads: int, rounds: int, latency_writes: int
     overrides = {"kv.snapshot.interval": "1h", "zookeeper.session-timeout": f"{SESSION_TIMEOUT_S:g}s"}
     loads: dict[int, list[dict[str, float]]] = {1: [], 3: []}
     try:
-        local_cluster.start(directory, tablets=3, config_overrides=overrides, progress=progress)
-        pids = [int(t["pid"]) for t in local_cluster.load(directory)["tablets"]]
-        with AdminClient(local_cluster.bootstrap(directory), retry_total_s=60) as admin:
-            for round_ in range(1, rounds + 1):
-                for rf in (1, 3):
-                    for pid in pids:
-                        wait_idle(pid)
-                    name = f"bench.rf{rf}_{round_}"
-                    table = admin.create_table(name, COLUMNS, ["id"], 1, replication_factor=rf,
-                                               min_insync_replicas=min(rf, 2))
-                    if rf > 1:
-                        wait_in_sync(admin, table.table_id)
-                    progress(f"round {round_} of {rounds}: {rows:,} rows into an RF {rf} table")
-                    with TableClient(admin, name, parallelism=threads) as client:
-                        cpu = sum(cpu_seconds(p) for p in pids)
-                        figures = load(client, rows, batch, threads)
-                        figures["servers_cpu_us_per_row"] = (sum(cpu_seconds(p) for p in pids) - cpu) / rows * 1e6
-                        loads[rf].append(figures)
-                        if round_ == rounds:
-                            progress(f"latency of {latency_writes:,} writes of {LATENCY_ROWS} rows at RF {rf}")
-                            figures["latency"] = latencies(client, latency_writes)
-                    if round_ < rounds:
-                        admin.drop_table(name)
-            failover = failovers(directory, admin, failover_rows, failover_rounds, progress)
-        best = {rf: max(runs, key=lambda u: u["rows_per_s"]) for rf, runs in loads.items()}
-        return {"rows": rows, "batch_rows": batch, "client_threads": threads, "rounds": rounds,
-                "rf1_rows_per_s": best[1]["rows_per_s"], "rf3_rows_per_s": best[3]["rows_per_s"],
-                "rf3_vs_rf1": best[3]["rows_per_s"] / best[1]["rows_per_s"], "target_ratio": TARGET_RATIO,
-                "servers_cpu_us_per_row": {f"rf{rf}": b["servers_cpu_us_per_row"] for rf, b in best.items()},
-                "latency": {f"rf{rf}": loads[rf][-1]["latency"] for rf in (1, 3)},
-                "failover": failover, "failover_bound_s": SESSION_TIMEOUT_S + FAILOVER_MARGIN_S}
+        with local_cluster.running(directory, tablets=3, config_overrides=overrides, progress=progress):
+            pids = [int(t["pid"]) for t in local_cluster.load(directory)["tablets"]]
+            with AdminClient(local_cluster.bootstrap(directory), retry_total_s=60) as admin:
+                for round_ in range(1, rounds + 1):
+                    for rf in (1, 3):
+                        for pid in pids:
+                            wait_idle(pid)
+                        name = f"bench.rf{rf}_{round_}"
+                        table = admin.create_table(name, COLUMNS, ["id"], 1, replication_factor=rf,
+                                                   min_insync_replicas=min(rf, 2))
+                        if rf > 1:
+                            wait_in_sync(admin, table.table_id)
+                        progress(f"round {round_} of {rounds}: {rows:,} rows into an RF {rf} table")
+                        with TableClient(admin, name, parallelism=threads) as client:
+                            cpu = sum(cpu_seconds(p) for p in pids)
+                            figures = load(client, rows, batch, threads)
+                            figures["servers_cpu_us_per_row"] = (sum(cpu_seconds(p) for p in pids) - cpu) / rows * 1e6
+                            loads[rf].append(figures)
+                            if round_ == rounds:
+                                progress(f"latency of {latency_writes:,} writes of {LATENCY_ROWS} rows at RF {rf}")
+                                figures["latency"] = latencies(client, latency_writes)
+                        if round_ < rounds:
+                            admin.drop_table(name)
+                failover = failovers(directory, admin, failover_rows, failover_rounds, progress)
+            best = {rf: max(runs, key=lambda u: u["rows_per_s"]) for rf, runs in loads.items()}
+            return {"rows": rows, "batch_rows": batch, "client_threads": threads, "rounds": rounds,
+                    "rf1_rows_per_s": best[1]["rows_per_s"], "rf3_rows_per_s": best[3]["rows_per_s"],
+                    "rf3_vs_rf1": best[3]["rows_per_s"] / best[1]["rows_per_s"], "target_ratio": TARGET_RATIO,
+                    "servers_cpu_us_per_row": {f"rf{rf}": b["servers_cpu_us_per_row"] for rf, b in best.items()},
+                    "latency": {f"rf{rf}": loads[rf][-1]["latency"] for rf in (1, 3)},
+                    "failover": failover, "failover_bound_s": SESSION_TIMEOUT_S + FAILOVER_MARGIN_S}
     finally:
-        try:
-            local_cluster.stop(directory)
-        except local_cluster.ClusterError:
-            pass  # nothing was started
         shutil.rmtree(base, ignore_errors=True)
 
 

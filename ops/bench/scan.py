@@ -49,6 +49,7 @@ The suite interface (``OPTIONS``, ``run``, ``target_rows``, ``report``) is
 from __future__ import annotations
 
 import collections
+import contextlib
 import shutil
 import tempfile
 import threading
@@ -324,12 +325,14 @@ def run_secure(rows: int, rounds: int, progress: bench_suite.Progress) -> dict[s
     started: list[str] = []
     admins: list = []
     clients: dict[str, Any] = {}
+    clusters = contextlib.ExitStack()  # both clusters, stopped when it closes
     try:
         for mode in ("plain", "secure"):
             directory = f"{base}/{mode}"
             started.append(directory)
-            local_cluster.start(directory, tablets=1, secure=mode == "secure", progress=progress, config_overrides={
-                "kv.snapshot.interval": "1h", "log.flush.fsync": False})
+            clusters.enter_context(local_cluster.running(
+                directory, tablets=1, secure=mode == "secure", progress=progress, config_overrides={
+                    "kv.snapshot.interval": "1h", "log.flush.fsync": False}))
             clients[mode] = _secure_client(directory, mode, rows, admins, progress)
         for directory in started:
             wait_idle(local_cluster.load(directory)["tablets"][0]["pid"])
@@ -348,11 +351,7 @@ def run_secure(rows: int, rounds: int, progress: bench_suite.Progress) -> dict[s
             client.close()
         for admin in admins:
             admin.close()
-        for directory in started:
-            try:
-                local_cluster.stop(directory)
-            except local_cluster.ClusterError:
-                pass
+        clusters.close()
         shutil.rmtree(base, ignore_errors=True)
 
 
@@ -371,47 +370,43 @@ def run(*, rows: int, rounds: int, secure: bool = False,
         progress(f"raw rocksdict copy of {rows:,} rows")
         codec = RowCodec(TableInfo(0, *TABLE.split("."), tuple(COLUMNS), ("id",), 1))
         raw_db = build_raw(codec, rows, f"{base}/rocksdb")
-        local_cluster.start(directory, tablets=1, config_overrides={
-            "kv.snapshot.interval": "1h", "log.flush.fsync": False}, progress=progress)
-        tablet_pid = local_cluster.load(directory)["tablets"][0]["pid"]
-        with AdminClient(local_cluster.bootstrap(directory), retry_total_s=30) as admin:
-            admin.create_table(TABLE, COLUMNS, ["id"], 1)
-            with TableClient(admin, TABLE) as client:
-                progress(f"upserting {rows:,} rows, snapshot, waiting until the tablet server is idle")
-                load_rate = load(client, rows)
-                client.trigger_snapshot(wait=True)  # memtables flushed, like the raw copy
-                settle_s = wait_idle(tablet_pid)
-                batch_bytes = client.scan_batch_bytes
-                scans = {
-                    "raw": lambda: raw_scan(raw_db)[0],
-                    "unary_decoded": scanner_scan(client, streaming=False, decode=True),
-                    "stream_decoded": scanner_scan(client, streaming=True, decode=True),
-                    "unary_records": scanner_scan(client, streaming=False, decode=False),
-                    "stream_records": scanner_scan(client, streaming=True, decode=False),
-                }
-                best, cpu, memory = _best_of_rounds(scans, rows, rounds, tablet_pid, progress)
-                progress(f"{CONCURRENT_SCANNERS} scanners at once")
-                with PeakRss(tablet_pid) as peak:
-                    concurrent = concurrent_scanners(client, CONCURRENT_SCANNERS, max(1, rows // 5))
-                concurrent["memory"] = peak.doc()
-        raw = best["raw"]
-        ratios = {name: best[name] / raw for name in best if name != "raw"}
-        return {
-            "rows": rows, "key_bytes": 16, "value_bytes": 100, "load_rows_per_s": load_rate,
-            "settle_s": settle_s, "rounds": rounds,
-            "batch_size_bytes": batch_bytes, "rows_per_s": best, "ratio_to_raw": ratios, "cpu": cpu,
-            "targets": {f"{k}_decoded": v for k, v in TARGETS.items()},
-            "ratio_used_for_targets": "decoded",
-            "server_memory": {name: {**doc, "batch_x_scanners": batch_bytes} for name, doc in memory.items()},
-            "concurrent": {**concurrent, "batch_x_scanners": batch_bytes * CONCURRENT_SCANNERS},
-        }
+        with local_cluster.running(directory, tablets=1, config_overrides={
+                "kv.snapshot.interval": "1h", "log.flush.fsync": False}, progress=progress):
+            tablet_pid = local_cluster.load(directory)["tablets"][0]["pid"]
+            with AdminClient(local_cluster.bootstrap(directory), retry_total_s=30) as admin:
+                admin.create_table(TABLE, COLUMNS, ["id"], 1)
+                with TableClient(admin, TABLE) as client:
+                    progress(f"upserting {rows:,} rows, snapshot, waiting until the tablet server is idle")
+                    load_rate = load(client, rows)
+                    client.trigger_snapshot(wait=True)  # memtables flushed, like the raw copy
+                    settle_s = wait_idle(tablet_pid)
+                    batch_bytes = client.scan_batch_bytes
+                    scans = {
+                        "raw": lambda: raw_scan(raw_db)[0],
+                        "unary_decoded": scanner_scan(client, streaming=False, decode=True),
+                        "stream_decoded": scanner_scan(client, streaming=True, decode=True),
+                        "unary_records": scanner_scan(client, streaming=False, decode=False),
+                        "stream_records": scanner_scan(client, streaming=True, decode=False),
+                    }
+                    best, cpu, memory = _best_of_rounds(scans, rows, rounds, tablet_pid, progress)
+                    progress(f"{CONCURRENT_SCANNERS} scanners at once")
+                    with PeakRss(tablet_pid) as peak:
+                        concurrent = concurrent_scanners(client, CONCURRENT_SCANNERS, max(1, rows // 5))
+                    concurrent["memory"] = peak.doc()
+            raw = best["raw"]
+            ratios = {name: best[name] / raw for name in best if name != "raw"}
+            return {
+                "rows": rows, "key_bytes": 16, "value_bytes": 100, "load_rows_per_s": load_rate,
+                "settle_s": settle_s, "rounds": rounds,
+                "batch_size_bytes": batch_bytes, "rows_per_s": best, "ratio_to_raw": ratios, "cpu": cpu,
+                "targets": {f"{k}_decoded": v for k, v in TARGETS.items()},
+                "ratio_used_for_targets": "decoded",
+                "server_memory": {name: {**doc, "batch_x_scanners": batch_bytes} for name, doc in memory.items()},
+                "concurrent": {**concurrent, "batch_x_scanners": batch_bytes * CONCURRENT_SCANNERS},
+            }
     finally:
         if raw_db is not None:
             raw_db.close()
-        try:
-            local_cluster.stop(directory)
-        except local_cluster.ClusterError:
-            pass  # nothing was started
         shutil.rmtree(base, ignore_errors=True)
 
 

@@ -186,44 +186,40 @@ def run(*, rows: int, batch: int, threads: int, lookups: int, rounds: int, seed:
     raws: list[tuple[float, float]] = []
     upserts: list[dict[str, float]] = []
     try:
-        local_cluster.start(directory, tablets=1, config_overrides={"kv.snapshot.interval": "1h"},
-                            progress=progress)
-        tablet_pid = int(local_cluster.load(directory)["tablets"][0]["pid"])
-        with AdminClient(local_cluster.bootstrap(directory), retry_total_s=30) as admin:
-            for round_ in range(1, rounds + 1):
-                wait_idle(tablet_pid)  # the last round's flushes and table drop are done
-                progress(f"round {round_} of {rounds}: raw rocksdict WriteBatch of {rows:,} rows")
-                try:
-                    raws.append(rocksdb_baseline(codec, rows, batch, f"{base}/rocksdb"))
-                finally:
-                    shutil.rmtree(f"{base}/rocksdb", ignore_errors=True)
-                table = TABLE if round_ == rounds else f"{TABLE}_{round_}"
-                admin.create_table(table, COLUMNS, ["id"], 1)
-                with TableClient(admin, table, parallelism=threads) as client:
-                    progress(f"round {round_} of {rounds}: upserting {rows:,} rows from {threads} threads")
-                    upserts.append(load(client, rows, batch, threads, tablet_pid))
-                    if round_ == rounds:
-                        progress(f"{lookups:,} single-key lookups, 20 lookups of 10,000 keys")
-                        read = lookup_rates(client, rows, lookups, batches=20, batch_keys=10_000, rng=rng)
-                        progress("two snapshots, 1% of the rows changed in between")
-                        snapshots = snapshot_sizes(admin, client, rows, max(1, rows // 100), rng)
-                if round_ < rounds:
-                    admin.drop_table(table)  # its RocksDB and changelog go before the next round
-        upsert = max(upserts, key=lambda u: u["rows_per_s"])
-        baseline, baseline_cpu = max(raws)
-        return {"rows": rows, "batch_rows": batch, "client_threads": threads, "rounds": rounds,
-                "upsert_rows_per_s": upsert["rows_per_s"], "rocksdb_writebatch_rows_per_s": baseline,
-                "upsert_vs_rocksdb": upsert["rows_per_s"] / baseline, "target_ratio": TARGET_RATIO,
-                "round_rows_per_s": [{"upsert": u["rows_per_s"], "rocksdb_writebatch": r[0]}
-                                     for u, r in zip(upserts, raws)],
-                "cpu_us_per_row": {"tablet_server": upsert["server_cpu_us_per_row"],
-                                   "client": upsert["client_cpu_us_per_row"], "rocksdb_writebatch": baseline_cpu},
-                "lookup": read, "snapshot": snapshots}
+        with local_cluster.running(directory, tablets=1, config_overrides={"kv.snapshot.interval": "1h"},
+                                   progress=progress):
+            tablet_pid = int(local_cluster.load(directory)["tablets"][0]["pid"])
+            with AdminClient(local_cluster.bootstrap(directory), retry_total_s=30) as admin:
+                for round_ in range(1, rounds + 1):
+                    wait_idle(tablet_pid)  # the last round's flushes and table drop are done
+                    progress(f"round {round_} of {rounds}: raw rocksdict WriteBatch of {rows:,} rows")
+                    try:
+                        raws.append(rocksdb_baseline(codec, rows, batch, f"{base}/rocksdb"))
+                    finally:
+                        shutil.rmtree(f"{base}/rocksdb", ignore_errors=True)
+                    table = TABLE if round_ == rounds else f"{TABLE}_{round_}"
+                    admin.create_table(table, COLUMNS, ["id"], 1)
+                    with TableClient(admin, table, parallelism=threads) as client:
+                        progress(f"round {round_} of {rounds}: upserting {rows:,} rows from {threads} threads")
+                        upserts.append(load(client, rows, batch, threads, tablet_pid))
+                        if round_ == rounds:
+                            progress(f"{lookups:,} single-key lookups, 20 lookups of 10,000 keys")
+                            read = lookup_rates(client, rows, lookups, batches=20, batch_keys=10_000, rng=rng)
+                            progress("two snapshots, 1% of the rows changed in between")
+                            snapshots = snapshot_sizes(admin, client, rows, max(1, rows // 100), rng)
+                    if round_ < rounds:
+                        admin.drop_table(table)  # its RocksDB and changelog go before the next round
+            upsert = max(upserts, key=lambda u: u["rows_per_s"])
+            baseline, baseline_cpu = max(raws)
+            return {"rows": rows, "batch_rows": batch, "client_threads": threads, "rounds": rounds,
+                    "upsert_rows_per_s": upsert["rows_per_s"], "rocksdb_writebatch_rows_per_s": baseline,
+                    "upsert_vs_rocksdb": upsert["rows_per_s"] / baseline, "target_ratio": TARGET_RATIO,
+                    "round_rows_per_s": [{"upsert": u["rows_per_s"], "rocksdb_writebatch": r[0]}
+                                         for u, r in zip(upserts, raws)],
+                    "cpu_us_per_row": {"tablet_server": upsert["server_cpu_us_per_row"],
+                                       "client": upsert["client_cpu_us_per_row"], "rocksdb_writebatch": baseline_cpu},
+                    "lookup": read, "snapshot": snapshots}
     finally:
-        try:
-            local_cluster.stop(directory)
-        except local_cluster.ClusterError:
-            pass  # nothing was started
         shutil.rmtree(base, ignore_errors=True)
 
 

@@ -4,7 +4,7 @@ server while the query tails; then a check that the Parquet change rows give the
 
 :func:`run_demo` starts an embedded cluster in a directory (1 ZooKeeper node,
 2 coordinators, 2 tablet servers, ``file://`` remote storage, default
-settings) and a local SparkSession, runs :func:`ops.demo.stream_failover.run`
+settings) and a local SparkSession, runs :func:`ops.streaming.run_failover`
 with :data:`DEMO_PLAN` (the writer, the query, both failovers, the killed
 tablet server started again, the checks) and returns a summary
 (:func:`render` prints it). Whatever happens (a failure, Ctrl-C) it stops
@@ -28,15 +28,15 @@ from typing import Any, Callable, Iterator, Mapping
 
 from common import errors
 from ops import local_cluster
-import ops.demo.stream_failover as stream_failover
-from ops.drills import MAX_SHOWN
+from ops import streaming
+from ops.check import MAX_SHOWN
 
 DEFAULT_ROWS = 100_000
 MIN_ROWS = 1_000
 ZK_NODES, COORDINATORS, TABLETS = 1, 2, 2
 #: The demo's scenario: the table on RF 2 (one in-sync replica is enough to write), and the leader of bucket 0
 #: killed after writer round 23 of 30 (the last 10 rounds are tailed), then started again.
-DEMO_PLAN = stream_failover.Plan(replication_factor=2, min_insync_replicas=1, kill_tablet_after_round=23)
+DEMO_PLAN = streaming.Plan(replication_factor=2, min_insync_replicas=1, kill_tablet_after_round=23)
 
 Progress = Callable[[str], None]
 
@@ -51,7 +51,7 @@ class Interrupted(KeyboardInterrupt):
 
 def run_demo(directory: str | None = None, *, rows: int = DEFAULT_ROWS, keep: bool = False, spark=None,
              progress: Progress = lambda text: None, config_overrides: Mapping[str, Any] | None = None,
-             plan: stream_failover.Plan | None = None) -> dict[str, Any]:
+             plan: streaming.Plan | None = None) -> dict[str, Any]:
     """Run the demo; returns the summary (``ok`` says PASS). ``directory``: where everything lives (must be
     empty or new; kept afterwards); default a fresh temp dir, removed at the end unless ``keep`` or the run
     did not pass (then its logs and output stay for a look). ``spark``: a SparkSession to use (left
@@ -73,12 +73,12 @@ def run_demo(directory: str | None = None, *, rows: int = DEFAULT_ROWS, keep: bo
         local_cluster.start(cluster_dir, zk_nodes=ZK_NODES, coordinators=COORDINATORS, tablets=TABLETS,
                             config_overrides=config_overrides, progress=lambda text: progress(f"  {text}"))
         if own_spark:
-            from ops.demo.spark import local_session
+            from ops.streaming import local_session
 
             progress(f"starting Spark (local[*]; its log: {base / 'spark.log'})")
             spark = local_session(base / "spark", app="kvlease-demo", log_file=base / "spark.log")
         with _plain_interrupts():
-            outcome = stream_failover.run(str(cluster_dir), spark, base, plan, progress=progress, abort=abort)
+            outcome = streaming.run_failover(str(cluster_dir), spark, base, plan, progress=progress, abort=abort)
         kept = keep or not made or not outcome.ok
         return summary(outcome, base if kept else None, time.monotonic() - started, keep)
     except KeyboardInterrupt:
@@ -111,7 +111,7 @@ def _clean_up(base: Path, cluster_dir: Path, spark, keep: bool, outcome, progres
     """Stop Spark (``spark``: one the demo started) and the cluster (unless ``keep``), remove ``base`` if
     ``remove``; never raises."""
     if spark is not None:
-        from ops.demo.spark import stop_local_session
+        from ops.streaming import stop_local_session
 
         try:
             stop_local_session(spark, log_file=base / "spark.log")
@@ -162,7 +162,7 @@ def _plain_interrupts():
 # -- the summary -----------------------------------------------------------------------------------------
 
 
-def summary(outcome: stream_failover.Outcome, directory: Path | None, seconds: float, kept: bool) -> dict[str, Any]:
+def summary(outcome: streaming.Outcome, directory: Path | None, seconds: float, kept: bool) -> dict[str, Any]:
     """The demo's one JSON document."""
     failover = outcome.failover
     return {

@@ -24,7 +24,8 @@ from common import errors
 from ops import local_cluster
 from ops.drills.cluster import ClusterShapeError, require_whole
 from ops.drills.registry import check_skip, drill_module, drill_names
-from ops.drills.report import Check, Report, finish
+from ops.check import Check
+from ops.drills.report import Report, finish
 
 OPTIONS = ("rounds", "clients", "seed", "outage", "skip")
 _module = drill_module

@@ -41,17 +41,17 @@ from client.table import TableClient
 import ops.drills.chaos_disks as chaos_disks
 import ops.drills.chaos_faults as chaos_faults
 import ops.drills.chaos_plan as cp
-from ops.demo import ChaosStream
+from ops.streaming import ChaosStream
 from ops import local_cluster
-from ops.drills.report import Check, Report, finish
+from ops.check import Check
+from ops.drills.report import Report, finish
 from ops.drills.chaos_readers import Readers
-from ops.drills.cluster import DrillCluster, require
+from ops.drills.cluster import DrillCluster, failure_timeout_s, in_sync_since, require, session_timeout_s
 from ops.drills.leases import LeaseDrill
 from ops.drills.read_checks import ReadOp, reads_in_order, reads_see_acknowledged_writes
-from ops.drills.remote_outage import RemoteOutage
+from ops.drills.faults import RemoteOutage
 from ops.drills.row_checks import rows_as_acknowledged
-from ops.drills.tablet_failover import wait_in_sync
-from ops.drills.tablet_restart import Writers
+from ops.drills.workload import Writers
 
 NAME = "chaos"
 OPTIONS = ("rounds", "clients", "seed")
@@ -69,7 +69,7 @@ def run(cluster_dir: str, rounds: int = 6, clients: int = LEASE_CLIENTS, seed: i
     """Run the drill; ``spark``: a SparkSession to use (left running), else a local one is started."""
     doc = local_cluster.load(cluster_dir)
     check_shape(doc)
-    faults = cp.plan(seed, rounds, doc, chaos_faults.session_timeout_s(doc), chaos_faults.failure_timeout_s(doc))
+    faults = cp.plan(seed, rounds, doc, session_timeout_s(doc), failure_timeout_s(doc))
     remote = RemoteOutage(doc["remote"]) if str(doc.get("remote", "")).startswith("file://") else None
     if remote is not None:
         remote.restore_interrupted()
@@ -82,7 +82,7 @@ def run(cluster_dir: str, rounds: int = 6, clients: int = LEASE_CLIENTS, seed: i
     scratch = Path(tempfile.mkdtemp(prefix="kvlease-drill-chaos-spark-"))
     try:
         if own_spark:
-            from ops.demo import local_session
+            from ops.streaming import local_session
 
             _progress(f"starting Spark (local[2]; its log: {scratch / 'spark.log'})")
             spark = local_session(scratch, cores=2, app="kvlease-drill-chaos", log_file=scratch / "spark.log")
@@ -90,7 +90,7 @@ def run(cluster_dir: str, rounds: int = 6, clients: int = LEASE_CLIENTS, seed: i
             _run(cluster, spark, faults, remote, clients, seed, report)
     finally:
         if own_spark and spark is not None:
-            from ops.demo import stop_local_session
+            from ops.streaming import stop_local_session
 
             stop_local_session(spark, log_file=scratch / "spark.log")
         shutil.rmtree(scratch, ignore_errors=True)
@@ -109,7 +109,7 @@ def _run(cluster: DrillCluster, spark, faults: list[cp.Fault], remote: RemoteOut
     try:
         with LeaseDrill(cluster, clients, seed, retry_total_s=60.0) as leases, \
                 TableClient(cluster.admin, table, retry_total_s=60.0, request_timeout_s=5.0) as client:
-            wait_in_sync(cluster, client.table.table_id, time.time(), IN_SYNC_BOUND_S)  # a new table's followers join
+            in_sync_since(cluster, client.table.table_id, time.time(), IN_SYNC_BOUND_S)  # a new table's followers join
             keys = list(range(KEYS))
             bucket_of = {k: b for b, _rows, idx in client.split(client.key_batch(keys)) for k in (keys[i] for i in idx)}
             writers = Writers(client, bucket_of, seed)
@@ -137,7 +137,7 @@ def _run(cluster: DrillCluster, spark, faults: list[cp.Fault], remote: RemoteOut
             report.figures.update(replication_factor=replication, faults_done=done, **_write_figures(writers),
                                   **_read_figures(readers, done), **_disk_figures(done, writers))
             whole = cluster.whole_again(timeout_s=60.0)  # every bucket served again before reading back
-            in_sync, _leaders, in_sync_s = wait_in_sync(cluster, client.table.table_id, ended, IN_SYNC_BOUND_S)
+            in_sync, _leaders, in_sync_s = in_sync_since(cluster, client.table.table_id, ended, IN_SYNC_BOUND_S)
             report.figures.update(in_sync_after_s=in_sync_s)
             if stream.query.isActive:
                 checks, figures = stream.finish(client)

@@ -9,20 +9,16 @@ restarts when it closes. Each kind is carried out by its entry in :data:`HANDLER
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
-from common import config as cfg
 from common.errors import KvLeaseError
 import ops.drills.chaos_plan as cp
 from ops import local_cluster
 from ops.drills.chaos_disks import DiskFill
 from ops.drills.cluster import DrillCluster
-from ops.drills.remote_outage import RemoteOutage
+from ops.drills.faults import RemoteOutage, paused
 
 LEADER_WAIT_S = 30.0  # how long a tablet pause or full disk waits for its bucket to have a live leader to strike
 TOP_UP_EVERY_S = 0.2  # how often a full disk takes the room its server freed meanwhile
@@ -35,26 +31,6 @@ class Targets:
 
     remote: RemoteOutage | None
     table_id: int
-
-
-def session_timeout_s(doc: dict[str, Any]) -> float:
-    """The ZooKeeper session timeout the cluster's coordinators use (their config file, else the default)."""
-    return _seconds(doc, "coordinators", cfg.ZK_SESSION_TIMEOUT)
-
-
-def failure_timeout_s(doc: dict[str, Any]) -> float:
-    """How long the cluster's tablet servers keep leading while their writes fail
-    (``replica.leader.failure-timeout`` of their config file, else the default)."""
-    return _seconds(doc, "tablets", cfg.REPLICA_LEADER_FAILURE_TIMEOUT)
-
-
-def _seconds(doc: dict[str, Any], role: str, key: cfg.Key) -> float:
-    """Duration ``key`` of the first ``role`` process's config file (the default without one), in seconds."""
-    for entry in doc.get(role, []):
-        path = Path(entry["log"]).parent / "config.toml"
-        if path.exists():
-            return cfg.Config(cfg.read_file(path), env={})[key] / 1000.0
-    return cfg.Config({}, env={})[key] / 1000.0
 
 
 def inject(cluster: DrillCluster, fault: cp.Fault, targets: Targets) -> dict[str, Any]:
@@ -166,11 +142,8 @@ def _pause(entry: dict[str, Any], hold_s: float) -> None:
     pid = entry["pid"]
     if not local_cluster.pid_alive(pid, entry.get("proc_start")):
         return
-    os.kill(pid, signal.SIGSTOP)
-    try:
+    with paused(pid):
         time.sleep(hold_s)
-    finally:
-        os.kill(pid, signal.SIGCONT)
 
 
 #: kind -> what carries it out (and undoes it): ``(cluster, fault, targets) -> the node it struck``, or

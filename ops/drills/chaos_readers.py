@@ -21,8 +21,8 @@ from collections import Counter
 from typing import Sequence
 
 from client.table import TableClient
-from ops.drills.leases import error_name
 from ops.drills.read_checks import ReadOp
+from ops.drills.workload import error_name
 
 READERS = 3
 KEYS_PER_LOOKUP = 4

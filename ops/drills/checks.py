@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping, Sequence
 
 from common.model import TableBucket
-from ops.drills.report import Check
+from ops.check import Check
 from ops.drills.zk_txnlog import Txn
 
 OK, NOT_FOUND, UNKNOWN = "ok", "not_found", "unknown"

@@ -8,6 +8,8 @@ ZooKeeper client on the cluster's chroot (reads only), the remote storage as
 the coordinators name it. Faults go through :meth:`DrillCluster.kill`;
 whatever was killed and not restarted yet is restarted on :meth:`close`, so
 a drill leaves the cluster in the shape it found it, also when it fails.
+:func:`session_timeout_s` and :func:`failure_timeout_s` read the timeouts its
+servers' config files set, which size the faults that must outlast them.
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ from common.tables import Column
 from common.zk import make_client
 from client.admin import AdminClient, wait_for_active
 from ops import local_cluster
-from ops.drills.report import Check
+from ops.check import Check
 from ops.local_cluster import four_letter
+from ops.wait import wait_in_sync
 
 DRILL_DB = "drill"
 
@@ -44,6 +47,36 @@ def zk_config(doc: dict[str, Any], root: str) -> cfg.Config:
             break
     env = {cfg.ZK_DIGEST.env_var: v} if (v := os.environ.get(cfg.ZK_DIGEST.env_var)) else {}
     return cfg.Config(values, env={} if cfg.ZK_DIGEST.name in values else env)
+
+
+def session_timeout_s(doc: dict[str, Any]) -> float:
+    """The ZooKeeper session timeout the cluster's coordinators use (their config file, else the default)."""
+    return _seconds(doc, "coordinators", cfg.ZK_SESSION_TIMEOUT)
+
+
+def failure_timeout_s(doc: dict[str, Any]) -> float:
+    """How long the cluster's tablet servers keep leading while their writes fail
+    (``replica.leader.failure-timeout`` of their config file, else the default)."""
+    return _seconds(doc, "tablets", cfg.REPLICA_LEADER_FAILURE_TIMEOUT)
+
+
+def _seconds(doc: dict[str, Any], role: str, key: cfg.Key) -> float:
+    """Duration ``key`` of the first ``role`` process's config file (the default without one), in seconds."""
+    for entry in doc.get(role, []):
+        path = Path(entry["log"]).parent / "config.toml"
+        if path.exists():
+            return cfg.Config(cfg.read_file(path), env={})[key] / 1000.0
+    return cfg.Config({}, env={})[key] / 1000.0
+
+
+def in_sync_since(cluster: "DrillCluster", table_id: int, since: float,
+                  timeout_s: float) -> tuple[Check, dict[int, int], float | None]:
+    """Wait up to ``timeout_s`` until every bucket has a live leader and every replica in its ISR
+    (:func:`ops.wait.wait_in_sync`). Returns the check, each bucket's leader then, and the seconds from
+    ``since`` (wall clock) until then (None: it did not happen)."""
+    state, behind, took = wait_in_sync(cluster.admin, table_id, timeout_s)
+    check = Check.of(f"every replica back in the ISR within {timeout_s:g}s of the last fault", behind, len(state))
+    return check, {b: a.leader_id for b, a in state.items()}, None if took is None else round(time.time() - since, 3)
 
 
 class ClusterShapeError(errors.InvalidRequestError):

@@ -38,7 +38,8 @@ from ops.drills.cluster import ClusterShapeError, DrillCluster, require
 from ops.drills.decommission_checks import mark_kept, moves_finished, one_replica_moved, retry_started_nothing_new
 from ops.drills.replica_drill import run_replica_drill, wait_in_sync
 from ops.drills.replica_traffic import Load
-from ops.drills.report import Check, Report, finish
+from ops.check import Check
+from ops.drills.report import Report, finish
 from ops.drills.service_checks import isr_full
 
 NAME = "decommission"

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Hashable, Mapping, Sequence
 
-from ops.drills.report import Check
+from ops.check import Check
 
 
 def move_key(move: Any) -> Hashable:

@@ -36,7 +36,8 @@ from ops.drills.cluster import DrillCluster, require
 from ops.drills.disk_loss_checks import rebuilt_tables_equal, rejoined_within
 from ops.drills.replica_drill import IN_SYNC_BOUND_S, run_replica_drill, wait_in_sync
 from ops.drills.replica_traffic import Load
-from ops.drills.report import Check, Report, finish
+from ops.check import Check
+from ops.drills.report import Report, finish
 
 NAME = "disk-loss"
 OPTIONS = ("seed",)

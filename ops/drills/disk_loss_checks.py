@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Iterable, Mapping, Sequence
 
 from ops.drills.failover_checks import AFTER_IMAGES, DELETE, ChangeRecord
-from ops.drills.report import Check
+from ops.check import Check
 
 MAX_LISTED = 20  # differing keys listed per replica
 

@@ -28,11 +28,12 @@ from common.model import TableBucket
 from common.storage import StorageNotFound
 from client.admin import AdminClient
 from client.table import TableClient
-from ops.drills.report import Check
+from ops.check import Check
 from ops.drills.checks import (NOT_FOUND, OK, UNKNOWN, LeaseOp, LeaseView, leased_files_exist,
                               leases_as_acknowledged, no_deposed_writes)
 from ops.drills.cluster import DrillCluster
 from ops.drills.lease_layout import lease_nodes, persisted_views, view_of
+from ops.drills.workload import error_name
 from ops.drills.zk_txnlog import read_txns
 
 DURATION_MS = 10 * 60_000  # nothing expires during a drill
@@ -43,12 +44,6 @@ RECENT_SNAPSHOTS = 4  # a client picks among the newest few (the oldest may be g
 #: Clients back off at most half a second between retries: they find a new active coordinator soon
 #: after it serves, so the recovery time measured is the cluster's, not the clients' backoff.
 CLIENT_CONFIG = cfg.Config({cfg.CLIENT_RETRY_MAX_WAIT.name: "500ms"}, env={})
-
-
-def error_name(exc: BaseException) -> str:
-    if isinstance(exc, errors.KvLeaseError):
-        return type(exc).__name__
-    return f"internal: {type(exc).__name__}: {exc}"
 
 
 class Snapshotter:

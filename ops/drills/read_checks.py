@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
-from ops.drills.report import Check
+from ops.check import Check
 from ops.drills.row_checks import WriteOp
 
 MAX_LISTED = 20  # violations listed per check; the rest are counted

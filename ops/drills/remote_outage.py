@@ -13,24 +13,20 @@ remote root is swapped, atomically (``renameat2(RENAME_EXCHANGE)``), with a
 plain file. Every path under it then fails (ENOTDIR) for every process, and
 swapping back restores it as it was. If a drill is killed mid-outage, the
 next drill on the cluster swaps it back first.
+(:class:`ops.drills.faults.RemoteOutage`, which chaos uses too.)
 """
 
 from __future__ import annotations
 
-import ctypes
-import errno
-import os
 import time
-import urllib.parse
-from pathlib import Path
 
-from common.storage import FileStorage
 from ops import local_cluster
 from ops.drills.report import Report, finish
 from ops.drills.checks import OK, failures_clean, no_orphan_files, pointers_resolve, recovered
-from ops.drills.cluster import ClusterShapeError, DrillCluster, require
+from ops.drills.cluster import DrillCluster, require
+from ops.drills.faults import RemoteOutage
 from ops.drills.leases import LeaseDrill
-from ops.drills.lease_layout import LEASE_FILES, lease_nodes, pointer_sample, pointers
+from ops.drills.lease_layout import lease_nodes, pointer_sample, pointers
 
 NAME = "remote-outage"
 OPTIONS = ("clients", "seed", "outage")
@@ -40,62 +36,10 @@ RECOVERY_BOUND_S = 30.0
 CLEANUP_WAIT_S = 15.0
 REQUEST_TIMEOUT_S = 5.0
 RETRY_TOTAL_S = 2.0  # short, so calls during the outage fail instead of waiting it out
-ASIDE = ".remote-outage"  # suffix of the real directory's name during an outage
-RENAME_EXCHANGE = 2
-AT_FDCWD = -100
 
 
 def check_shape(doc: dict) -> None:
     require(doc, NAME, tablets=1, file_remote=True)
-
-
-def _exchange(a: Path, b: Path) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.renameat2(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE) != 0:
-        code = ctypes.get_errno()
-        if code in (errno.EINVAL, errno.ENOSYS):
-            raise ClusterShapeError(f"the file system of {a} cannot swap two paths atomically "
-                                    f"(renameat2 RENAME_EXCHANGE): {os.strerror(code)}")
-        raise OSError(code, f"cannot swap {a} and {b}: {os.strerror(code)}")
-
-
-class RemoteOutage:
-    """The remote root swapped with a plain file while active; ``real`` is where its files are then."""
-
-    def __init__(self, remote_uri: str) -> None:
-        self.root = Path(urllib.parse.unquote(urllib.parse.urlparse(remote_uri).path))
-        self.aside = self.root.with_name(self.root.name + ASIDE)
-        self.active = False
-
-    @property
-    def real(self) -> Path:
-        return self.aside if self.active else self.root
-
-    def restore_interrupted(self) -> bool:
-        """Swap back an outage a killed drill left behind; True if there was one."""
-        if self.aside.is_dir() and self.root.is_file():
-            _exchange(self.root, self.aside)
-            self.aside.unlink()
-            return True
-        return False
-
-    def begin(self) -> None:
-        self.aside.write_text(f"kvlease drill {NAME}: the remote storage is away; its files are in {self.aside}\n")
-        try:
-            _exchange(self.root, self.aside)
-        except BaseException:
-            self.aside.unlink()
-            raise
-        self.active = True
-
-    def end(self) -> None:
-        if self.active:
-            _exchange(self.root, self.aside)
-            self.active = False
-            self.aside.unlink()
-
-    def lease_files(self) -> list[str]:
-        return FileStorage(self.real.as_uri(), fsync=False).list(LEASE_FILES)
 
 
 def run(cluster_dir: str, clients: int = 16, seed: int = 0, outage: float = 4.0) -> Report:

@@ -31,9 +31,11 @@ from ops.drills.failover_checks import (Read, acknowledged_writes_in_changelog, 
                                         tables_as_acknowledged)
 from ops.drills.replica_logs import change_records, describe_frame, fingerprints, log_starts, read_replica_logs
 from ops.drills.replica_traffic import Load
-from ops.drills.report import Check, Report
+from ops.check import Check
+from ops.drills.report import Report
 from ops.drills.row_checks import scans_end_cleanly, scans_match
 from ops.drills.service_checks import isr_full, no_client_errors
+import ops.wait as ops_wait
 
 KEYS = 400
 BUCKETS = 4
@@ -70,15 +72,13 @@ def run_replica_drill(cluster_dir: str, name: str, replication: int, min_insync:
 def wait_in_sync(cluster: DrillCluster, table_id: int, timeout_s: float = IN_SYNC_BOUND_S,
                  away: frozenset[int] = frozenset()) -> tuple[dict, float | None]:
     """Wait up to ``timeout_s`` until every bucket has a live leader, every replica in its ISR and none on
-    ``away``; returns the buckets' state then and the seconds it took (None: it did not happen)."""
-    start = time.monotonic()
-    while True:
-        _table, state = cluster.admin.get_table_assignment(table_id)
-        if isr_full(state, len(next(iter(state.values())).replicas), away).ok:
-            return state, round(time.monotonic() - start, 3)
-        if time.monotonic() - start > timeout_s:
-            return state, None
-        time.sleep(0.1)
+    ``away`` (:func:`ops.wait.wait_in_sync` with :func:`~ops.drills.service_checks.isr_full` as its rule);
+    returns the buckets' state then and the seconds it took (None: it did not happen)."""
+    def lagging(state: dict) -> list[str]:
+        return list(isr_full(state, len(next(iter(state.values())).replicas), away).violations)
+
+    state, _behind, took = ops_wait.wait_in_sync(cluster.admin, table_id, timeout_s, lagging=lagging)
+    return state, took
 
 
 def _lease_rebuild_bases(cluster: DrillCluster, table_id: int) -> None:

@@ -19,9 +19,8 @@ from collections import Counter
 
 from client.table import TableClient
 from ops.drills.failover_checks import Read
-from ops.drills.leases import error_name
 from ops.drills.row_checks import ScanRecord
-from ops.drills.tablet_failover import AckedWriters
+from ops.drills.workload import AckedWriters, error_name
 
 LOOKUP_KEYS = 4  # keys per lookup call, all of one bucket
 LOOKUP_PAUSE_S = 0.02

@@ -1,9 +1,9 @@
-"""What every failure drill shares: checks, the report, and how it is printed.
+"""What every failure drill shares: the report of its checks, and how it is printed.
 
 A drill (a module of ``ops/drills/`` named in :data:`ops.drills.registry.DRILLS`,
 run by ``kvlease drill <name>``) drives
 traffic through the public clients, injects one fault, and then checks its
-invariants. Each invariant is a :class:`Check` built by a pure checker
+invariants. Each invariant is a :class:`~ops.check.Check` built by a pure checker
 function from what the drill observed (e.g. the leases it was acknowledged
 vs the leases the cluster reads back), so a checker can be fed a planted
 violation in a test. The drill's :class:`Report` collects the checks and the
@@ -16,31 +16,12 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Iterable, TextIO
+from typing import Any, TextIO
+
+from ops.check import MAX_SHOWN, Check
 
 EXIT_OK = 0
 EXIT_VIOLATED = 1
-MAX_SHOWN = 10  # violations listed per check in the text report
-
-
-@dataclass(frozen=True)
-class Check:
-    """One invariant and what broke it (no violations: it held)."""
-
-    name: str
-    violations: tuple[str, ...] = ()
-    checked: int = 0  # how many things were looked at (leases, rows, files, ...)
-
-    @property
-    def ok(self) -> bool:
-        return not self.violations
-
-    @classmethod
-    def of(cls, name: str, violations: Iterable[str], checked: int = 0) -> "Check":
-        return cls(name, tuple(violations), checked)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "ok": self.ok, "checked": self.checked, "violations": list(self.violations)}
 
 
 @dataclass

@@ -31,7 +31,8 @@ from ops import local_cluster
 from ops.drills.cluster import DrillCluster, require
 from ops.drills.replica_drill import IN_SYNC_BOUND_S, run_replica_drill, wait_in_sync
 from ops.drills.replica_traffic import Load
-from ops.drills.report import Check, Report, finish
+from ops.check import Check
+from ops.drills.report import Report, finish
 from ops.drills.service_checks import led_by_preferred, leaders_spread
 
 NAME = "rolling-restart"

@@ -14,7 +14,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from ops.drills.report import Check
+from ops.check import Check
 from ops.drills.checks import UNTYPED
 
 INF = float("inf")

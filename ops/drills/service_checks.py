@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Iterable, Mapping, Sequence
 
 from client.admin_types import BucketLeader
-from ops.drills.report import Check
+from ops.check import Check
 
 
 def no_client_errors(failures: Mapping[str, Mapping[str, int]], calls: Mapping[str, int]) -> Check:

@@ -1,13 +1,13 @@
 """``kvlease drill spark-failover --cluster DIR [--json]``: a Spark bootstrap-then-tail query while the active
 coordinator is killed; the query's output must equal the table.
 
-Runs :func:`ops.demo.stream_failover.run` (the scenario ``kvlease demo`` shows)
+Runs :func:`ops.streaming.run_failover` (the scenario ``kvlease demo`` shows)
 against a running local cluster with at least two coordinators and one
 tablet server, on a table of its own (``drill.spark_failover_<random>``,
 dropped at the end) and a local SparkSession (started and stopped here
 unless one is passed in). Every coordinator that ran before and was killed
 is started again afterwards, so the cluster keeps its shape. Checks: those
-of the scenario (:mod:`ops.demo.feed_check`, the lease), plus that the killed
+of the scenario (:mod:`ops.streaming.feed_check`, the lease), plus that the killed
 coordinator is back. Figures: rows, change rows, micro-batches, snapshots
 leased and released, the failover time.
 """
@@ -24,15 +24,16 @@ from pathlib import Path
 from client.admin import AdminClient
 from common import errors
 from ops import local_cluster
-from ops import demo
-from ops.drills.report import Check, Report, finish
+from ops import streaming
+from ops.check import Check
+from ops.drills.report import Report, finish
 from ops.drills.cluster import DrillCluster, require
 
 NAME = "spark-failover"
 OPTIONS: tuple[str, ...] = ()  # a fixed scenario: one kill (kvlease drill refuses --rounds etc.)
 DEFAULT_ROWS = 20_000
 #: A shorter writer than the demo's: the drill is a check, not a show.
-PLAN = demo.Plan(rows=DEFAULT_ROWS, rounds=16, round_interval_s=0.3, snapshot_every=4,
+PLAN = streaming.Plan(rows=DEFAULT_ROWS, rounds=16, round_interval_s=0.3, snapshot_every=4,
                             kill_after_round=4, tail_rounds=6)
 
 
@@ -46,24 +47,24 @@ def main(cluster_dir: str, json_output: bool = False, *, rows: int = DEFAULT_ROW
     (left running)."""
     running = _running_coordinators(cluster_dir)
     work = Path(tempfile.mkdtemp(prefix="kvlease-drill-spark-failover-"))
-    plan = demo.Plan(**{**PLAN.__dict__, "rows": rows,
+    plan = streaming.Plan(**{**PLAN.__dict__, "rows": rows,
                                    "table": f"drill.spark_failover_{uuid.uuid4().hex[:8]}"})
     own_spark = spark is None
     report = Report(NAME)
     try:
         if own_spark:
-            from ops.demo import local_session
+            from ops.streaming import local_session
 
             _progress(f"starting Spark (local[*]; its log: {work / 'spark.log'})")
             spark = local_session(work / "spark", app="kvlease-drill-spark-failover", log_file=work / "spark.log")
-        outcome = demo.run_failover(cluster_dir, spark, work, plan, progress=_progress)
+        outcome = streaming.run_failover(cluster_dir, spark, work, plan, progress=_progress)
         report.checks.extend(outcome.checks)
         report.figures.update(outcome.figures)
         report.figures["killed_coordinator"] = outcome.failover.get("killed")
         report.figures["active_coordinator"] = outcome.failover.get("active")
     finally:
         if own_spark and spark is not None:
-            from ops.demo import stop_local_session
+            from ops.streaming import stop_local_session
 
             stop_local_session(spark)
         restarted = _restart(cluster_dir, running)

@@ -22,17 +22,15 @@ changelog is read from its data dir (ops/drills/replica_logs.py); a replica's
 table is its changelog applied up to the high watermark (its RocksDB is not
 read: the tablet server keeps it open and RocksDB's WAL is off, so memtable
 rows are only in the changelog). The Spark query is the chaos drill's
-(:class:`ops.demo.ChaosStream`: Parquet, one directory per micro-batch,
-checked by ops/demo/feed_check.py once it read every bucket to its end).
+(:class:`ops.streaming.ChaosStream`: Parquet, one directory per micro-batch,
+checked by ops/streaming/feed_check.py once it read every bucket to its end).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import random
 import shutil
-import signal
 import sys
 import tempfile
 import threading
@@ -44,17 +42,17 @@ from client.table import TableClient
 from common import errors
 from common.tables import Column
 from ops import local_cluster
-from ops.demo import ChaosStream
-from ops.drills.chaos_faults import session_timeout_s
-from ops.drills.cluster import DRILL_DB, DrillCluster, require
-from ops.drills.failover_checks import (AckedWrite, Outage, Read, acknowledged_writes_in_changelog, apply_changes,
+from ops.streaming import ChaosStream
+from ops.drills.cluster import DRILL_DB, DrillCluster, in_sync_since, require, session_timeout_s
+from ops.drills.faults import paused
+from ops.drills.failover_checks import (Outage, Read, acknowledged_writes_in_changelog, apply_changes,
                                         leaders_served_within, reads_committed, replicas_identical,
                                         tables_as_acknowledged)
-from ops.drills.leases import error_name
 from ops.drills.replica_logs import ReplicaLogs, change_records, describe_frame, fingerprints, read_replica_logs
-from ops.drills.report import Check, Report, finish
-from ops.drills.row_checks import ScanRecord, WriteOp, scans_end_cleanly, scans_match
-from ops.drills.tablet_restart import PAD, Writers, scan_after_kill
+from ops.check import Check
+from ops.drills.report import Report, finish
+from ops.drills.row_checks import ScanRecord, scans_end_cleanly, scans_match
+from ops.drills.workload import AckedWriters, scan_after_kill
 
 NAME = "tablet-failover"
 OPTIONS = ("rounds", "seed")
@@ -71,47 +69,6 @@ STREAM_BOOTSTRAP_BOUND_S = 120.0
 
 def check_shape(doc: dict) -> None:
     require(doc, NAME, tablets=REPLICATION)
-
-
-class AckedWriters(Writers):
-    """The tablet-restart drill's writers, also keeping the offsets each acknowledged write was answered."""
-
-    def __init__(self, client: TableClient, bucket_of: dict[int, int], seed: int) -> None:
-        super().__init__(client, bucket_of, seed)
-        self.acked: list[AckedWrite] = []
-
-    def write(self, values: dict[int, int | None]) -> None:
-        t0 = time.time()
-        deletes = all(v is None for v in values.values())
-        try:
-            offsets = (self.client.delete(list(values)) if deletes else
-                       self.client.upsert([{"id": k, "v": v, "pad": PAD} for k, v in values.items()]))
-            error = None
-        except Exception as exc:  # recorded: the checkers judge what may have happened
-            offsets, error = dict(getattr(exc, "details", {}).get("written", {}) or {}), exc
-        self._record(values, t0, offsets, error)
-
-    def _record(self, values: dict[int, int | None], t0: float, offsets: dict, error: Exception | None) -> None:
-        t1 = time.time()
-        buckets = frozenset(self.bucket_of[k] for k in values)
-        with self._lock:
-            if error is not None:
-                self.failures[error_name(error)] += 1
-            self.calls.append((t0, t1, buckets, set(offsets) == set(buckets)))
-            for bucket, (base, end) in offsets.items():
-                rows = {k: v for k, v in values.items() if self.bucket_of[k] == bucket}
-                self.acked.append(AckedWrite(bucket, base, end, rows))
-        for key, value in values.items():
-            self.history[key].append(WriteOp(key, value, t0, t1, self.bucket_of[key] in offsets))
-
-    def successes(self) -> dict[int, list[tuple[float, float]]]:
-        """bucket -> ``(sent, answered)`` times of the calls that wrote to it."""
-        out: dict[int, list[tuple[float, float]]] = {}
-        with self._lock:
-            for t0, t1, buckets, ok in self.calls:
-                for bucket in buckets if ok else ():
-                    out.setdefault(bucket, []).append((t0, t1))
-        return out
 
 
 class Lookups:
@@ -190,7 +147,7 @@ def _spark_session(spark) -> Iterator[Any]:
     if spark is not None:
         yield spark
         return
-    from ops.demo import local_session, stop_local_session
+    from ops.streaming import local_session, stop_local_session
 
     scratch = Path(tempfile.mkdtemp(prefix="kvlease-drill-tablet-failover-spark-"))
     session = None
@@ -210,7 +167,7 @@ def _run(cluster: DrillCluster, spark, table: str, rounds: int, seed: int, bound
     try:
         with TableClient(cluster.admin, table, retry_total_s=60.0, request_timeout_s=5.0) as client:
             table_id = client.table.table_id
-            wait_in_sync(cluster, table_id, time.time(), IN_SYNC_BOUND_S)  # a new table's followers join
+            in_sync_since(cluster, table_id, time.time(), IN_SYNC_BOUND_S)  # a new table's followers join
             keys = list(range(KEYS))
             bucket_of = {k: b for b, _rows, idx in client.split(client.key_batch(keys)) for k in (keys[i] for i in idx)}
             writers = AckedWriters(client, bucket_of, seed)
@@ -220,7 +177,7 @@ def _run(cluster: DrillCluster, spark, table: str, rounds: int, seed: int, bound
             report.figures["stream_bootstrap_s"] = wait_for_bootstrap(stream, STREAM_BOOTSTRAP_BOUND_S)
             outcome = _drill(cluster, client, table, writers, rounds, seed, bound_s)
             report.add(Check.of("the Spark query ran through every fault", [f for f in [stream.failed()] if f], 1))
-            in_sync, outcome["leaders"], outcome["in_sync_s"] = wait_in_sync(
+            in_sync, outcome["leaders"], outcome["in_sync_s"] = in_sync_since(
                 cluster, table_id, outcome["last_fault"], IN_SYNC_BOUND_S)
             report.add(in_sync)
             if stream.query.isActive:
@@ -247,23 +204,6 @@ def wait_for_bootstrap(stream: ChaosStream, timeout_s: float) -> float | None:
             return None
         time.sleep(0.1)
     return round(time.monotonic() - start, 3)
-
-
-def wait_in_sync(cluster: DrillCluster, table_id: int, since: float,
-                 timeout_s: float) -> tuple[Check, dict[int, int], float | None]:
-    """Wait up to ``timeout_s`` until every bucket has a live leader and every replica in its ISR. Returns the
-    check, each bucket's leader then, and the seconds from ``since`` until then (None: it did not happen)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        _table, state = cluster.admin.get_table_assignment(table_id)
-        behind = [f"bucket {b}: in-sync replicas {list(a.isr)} of {list(a.replicas)}"
-                  + ("" if a.leader_address else ", no live leader")
-                  for b, a in sorted(state.items()) if a.under_replicated or not a.leader_address]
-        if not behind or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
-    check = Check.of(f"every replica back in the ISR within {timeout_s:g}s of the last fault", behind, len(state))
-    return check, {b: a.leader_id for b, a in state.items()}, None if behind else round(time.time() - since, 3)
 
 
 def _drill(cluster: DrillCluster, client: TableClient, table: str, writers: AckedWriters, rounds: int, seed: int,
@@ -306,12 +246,9 @@ def _fault(cluster: DrillCluster, client: TableClient, round_no: int, pause: boo
     if pause:
         entry = next(t for t in cluster.doc["tablets"] if str(t["id"]) == victim)
         at = time.time()
-        os.kill(entry["pid"], signal.SIGSTOP)
-        try:
+        with paused(entry["pid"]):
             scan_after_kill(scanner, f"{name} scan", bucket, True, t_open, first, scans)
             time.sleep(max(0.0, at + bound_s - time.time()))  # past the session timeout: it is deposed
-        finally:
-            os.kill(entry["pid"], signal.SIGCONT)
     else:
         at = cluster.kill("tablets", victim)
         scan_after_kill(scanner, f"{name} scan", bucket, True, t_open, first, scans)

@@ -30,7 +30,8 @@ import time
 from client.admin import wait_for_active
 from common import errors
 from ops import local_cluster
-from ops.drills.report import Check, Report, finish
+from ops.check import Check
+from ops.drills.report import Report, finish
 from ops.drills.checks import OK, recovered
 from ops.drills.cluster import DrillCluster, require
 from ops.drills.leases import LeaseDrill

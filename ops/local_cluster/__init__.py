@@ -7,7 +7,8 @@ modules behind it:
 - :mod:`~ops.local_cluster.processes`: the one way to spawn and stop a server
   process, ``free_ports``, ``log_tail``;
 - :mod:`~ops.local_cluster.cluster_file`: ``cluster.json`` (what runs where);
-- :mod:`~ops.local_cluster.launch`: ``start`` and ``stop`` of a whole cluster;
+- :mod:`~ops.local_cluster.launch`: ``start`` and ``stop`` of a whole cluster, and ``running`` (both, around a
+  ``with`` block);
 - :mod:`~ops.local_cluster.control`: status, one process at a time (kill, restart), who leads;
 - :mod:`~ops.local_cluster.zookeeper`: real ZooKeeper servers on loopback;
 - :mod:`~ops.local_cluster.certs`, :mod:`~ops.local_cluster.security`: a throwaway CA and the one
@@ -26,7 +27,7 @@ from ops.local_cluster.cluster_file import (CLUSTER_FILE, ZK_ROOT, bootstrap, cl
                                             running_pids, save)
 from ops.local_cluster.control import (ROLES, active_coordinator, kill, member, restart, served_buckets, status,
                                        zk_leader)
-from ops.local_cluster.launch import start, stop
+from ops.local_cluster.launch import running, start, stop
 from ops.local_cluster.processes import (ClusterError, ServerProcess, child_env, dying_with_parent, free_ports, kept_ports,
                                          log_tail, pid_alive, proc_start, spawn_server, stop_pids, terminate)
 from ops.local_cluster.security import client_settings, server_settings, write_private
@@ -39,7 +40,7 @@ __all__ = [
     "CLUSTER_FILE", "ClusterError", "child_env", "MAIN_CLASSES", "ROLES", "ServerProcess", "ZK_ROOT", "ZooKeeperCluster",
     "ZooKeeperError", "active_coordinator", "bootstrap", "CertPaths", "client_config", "client_settings", "cluster_file",
     "dying_with_parent", "four_letter", "free_ports", "generate_certs", "is_serving", "kept_ports", "kill", "load", "log_tail",
-    "member", "node_command", "pid_alive", "proc_start", "read_health", "restart", "running_pids", "save",
+    "member", "node_command", "pid_alive", "proc_start", "read_health", "restart", "running", "running_pids", "save",
     "security_settings", "served_buckets", "server_mode", "server_settings", "spawn_server", "start", "status",
     "status_fields", "stop", "stop_pids", "tablet_disks", "terminate", "write_private", "zk_leader",
 ]

@@ -23,7 +23,9 @@ files are readable by their owner only (they hold those secrets).
 
 Start order: ZooKeeper, the coordinators (until one is active), then the
 tablet servers (until every one is registered with the active coordinator).
-Stop order is the reverse: tablet servers, coordinators, ZooKeeper.
+Stop order is the reverse: tablet servers, coordinators, ZooKeeper. :func:`running`
+starts a cluster for a ``with`` block and stops it when the block is left (how
+the benchmarks run theirs).
 
 Every process is started detached (its own session) so it outlives the CLI;
 ``cluster.json`` is written as soon as processes exist, so ``stop`` can clean
@@ -34,13 +36,14 @@ launch (a recycled pid is never signalled).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import os
 import subprocess
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from common import config as cfg
 from common.errors import KvLeaseError
@@ -364,3 +367,17 @@ def stop(directory: str | os.PathLike[str], timeout_s: float = 10.0) -> dict[str
     if problems:
         raise ClusterError("; ".join(problems))
     return {"stopped": stopped, "pids": [pid for pid, _ in all_procs(doc, "coordinators", "tablets", "zookeeper")]}
+
+
+@contextlib.contextmanager
+def running(directory: str | os.PathLike[str], **options: Any) -> Iterator[dict[str, Any]]:
+    """A cluster started in ``directory`` (``options`` as for :func:`start`) for the ``with`` block, its
+    cluster.json document as the target; stopped when the block is left, also on an error or Ctrl-C. A
+    ClusterError while stopping (no cluster.json: the start failed before writing it) is not raised."""
+    try:
+        yield start(directory, **options)
+    finally:
+        try:
+            stop(directory)
+        except ClusterError:
+            pass

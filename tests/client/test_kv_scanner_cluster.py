@@ -11,6 +11,7 @@ import pytest
 
 from common import errors
 from common.tables import Column
+from ops.wait import wait_until
 
 
 
@@ -47,12 +48,6 @@ def open_scanners(server) -> int:
     if service is None:
         service = next(v for v in vars(server).values() if type(v).__name__ == "ScanService")
     return service.counts()[0]
-
-
-def wait_until(predicate, timeout_s: float, what: str):
-    from tests.support.local_cluster import LocalCluster
-
-    return LocalCluster.wait_for(predicate, what, timeout_s)
 
 
 def as_dict(rows) -> dict[int, dict]:

@@ -12,8 +12,11 @@ tablet server: ``ops.bench.rebuild`` starts the rebuilt follower in its own proc
 without an interpreter's start, its applied offset and rebuild count read directly).
 
 Inside ``ops``, each sub-package (``ops.cli``, ``ops.local_cluster``,
-``ops.drills``, ``ops.bench``, ``ops.demo``) is one concept: another
+``ops.drills``, ``ops.bench``, ``ops.demo``, ``ops.streaming``) is one concept: another
 sub-package imports it only through its public module, the package itself.
+``ops.demo`` and ``ops.drills`` do not import each other at all: what both
+use is in ``ops.check`` (a check) and ``ops.streaming`` (the Spark query and
+its checkers).
 """
 
 from __future__ import annotations
@@ -42,7 +45,9 @@ ALLOWED = {
 }
 #: module -> further packages it alone may import
 ALLOWED_MODULES = {"ops.bench.seed": {"leases"}, "ops.bench.rebuild": {"tablet"}}
-OPS_ROOMS = ("ops.cli", "ops.local_cluster", "ops.drills", "ops.bench", "ops.demo")
+OPS_ROOMS = ("ops.cli", "ops.local_cluster", "ops.drills", "ops.bench", "ops.demo", "ops.streaming")
+#: ops sub-packages that may not import each other in either direction
+APART = (("ops.demo", "ops.drills"),)
 
 
 def _modules() -> dict[str, Path]:
@@ -115,6 +120,13 @@ def room_violations(graph: dict[str, set[str]]) -> list[str]:
             if _room(target) is not None and _room(target) != _room(module) and target != _room(target)]
 
 
+def apart_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Every import between two ops sub-packages of :data:`APART` (in either direction)."""
+    pairs = {frozenset(pair) for pair in APART}
+    return [f"{module} imports {target}" for module, targets in sorted(graph.items()) for target in sorted(targets)
+            if _room(module) != _room(target) and frozenset((_room(module), _room(target))) in pairs]
+
+
 @pytest.mark.unit
 def test_every_import_follows_the_layers():
     assert layer_violations(import_graph()) == []
@@ -125,6 +137,11 @@ def test_ops_sub_packages_import_each_other_only_through_their_public_module():
     graph = import_graph()
     assert all(any(_room(m) == room for m in graph) for room in OPS_ROOMS)  # every room exists
     assert room_violations(graph) == []
+
+
+@pytest.mark.unit
+def test_the_demo_and_the_drills_do_not_import_each_other():
+    assert apart_violations(import_graph()) == []
 
 
 @pytest.mark.unit
@@ -143,6 +160,9 @@ def test_the_checks_see_a_planted_violation():
     assert room_violations(rooms) == ["ops.docs imports ops.cli.output", "ops.drills.chaos imports ops.demo.spark"]
     assert layer_violations(rooms) == ["ops.bench.scan imports leases.store"]
     assert layer_violations({"ops.bench.seed": {"leases.store"}}) == []
+    apart = {"ops.demo.lifecycle": {"ops.drills", "ops.streaming", "ops.check"}, "ops.drills.chaos": {"ops.demo"},
+             "ops.drills.all": {"ops.drills.report"}, "ops.bench.scan": {"ops.drills"}}
+    assert apart_violations(apart) == ["ops.demo.lifecycle imports ops.drills", "ops.drills.chaos imports ops.demo"]
     assert any("client.table" in targets for targets in import_graph().values())  # the graph is not empty
 
 

@@ -86,7 +86,7 @@ WRONG_WORKERS = textwrap.dedent("""
     os.environ.setdefault("JAVA_HOME", "/usr/lib/jvm/java-17-openjdk-amd64")
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     import spark_source
-    from ops.demo import stop_local_session
+    from ops.streaming import stop_local_session
     from pyspark.sql import SparkSession
 
     spark = (SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")

@@ -3,9 +3,8 @@ over real gRPC on loopback. Tablets can stop and restart."""
 
 from __future__ import annotations
 
-import time
-
 from common.tables import TableInfo
+from ops.wait import wait_until
 
 
 class LocalCluster:
@@ -44,11 +43,7 @@ class LocalCluster:
 
     @staticmethod
     def wait_for(predicate, what: str, timeout_s: float = 30.0):
-        deadline = time.monotonic() + timeout_s
-        while not (value := predicate()):
-            assert time.monotonic() < deadline, f"{what}: not within {timeout_s}s"
-            time.sleep(0.05)
-        return value
+        return wait_until(predicate, timeout_s, what)
 
     def create_table(self, path: str, columns, primary_key, buckets: int) -> TableInfo:
         info = self.admin.create_table(path, columns, primary_key, buckets)

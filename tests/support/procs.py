@@ -29,6 +29,7 @@ from client.admin import AdminClient, CoordinatorInfo
 from common.model import Lease, TableBucket
 from leases.store import LeaseStore
 from ops.local_cluster import ServerProcess, free_ports
+from ops.wait import wait_until  # noqa: F401  (the tests import it from here too)
 
 class CoordinatorProc(ServerProcess):
     """One coordinator process (:class:`ops.local_cluster.ServerProcess`), which a test can also pause."""
@@ -201,19 +202,6 @@ def assert_served_as_persisted(served: list[Lease], zk, storage) -> None:
 def _render(value: Any) -> Any:
     """A parsed config value back into something :func:`common.config.to_toml` writes and Config reads."""
     return value if isinstance(value, (bool, int, str)) else str(value)
-
-
-def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.05) -> Any:
-    """Poll ``predicate`` until it returns something truthy; AssertionError naming ``what`` otherwise."""
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while True:
-        last = predicate()
-        if last:
-            return last
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not reached within {timeout_s}s (last: {last!r})")
-        time.sleep(interval_s)
 
 
 @pytest.fixture

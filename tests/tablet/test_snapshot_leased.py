@@ -8,7 +8,6 @@ upload helpers are shared from test_snapshot_upload.py.
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import Future
 
 import pytest
@@ -23,6 +22,7 @@ from coordinator import requests as rq
 from coordinator.controller import Controller
 from coordinator.fencing import FencedWriter, bump_epoch
 from leases import state as ls
+from ops.wait import wait_until
 from tablet.snapshot import SnapshotUploader, upload_and_commit
 from tests.tablet.test_snapshot_upload import Bucket
 
@@ -46,13 +46,6 @@ def coordinator(request, make_config):
     ctrl.close()
     zk.stop()
     zk.close()
-
-
-def wait_until(predicate, timeout_s=10.0):
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 def test_a_leased_snapshot_keeps_its_files_until_released(coordinator, tmp_path):
@@ -92,7 +85,8 @@ def test_a_leased_snapshot_keeps_its_files_until_released(coordinator, tmp_path)
 
     assert call(ctrl, ls.Release("L", frozenset({tb}))) == ls.ReleaseOutcome(released=True, lease_remains=False)
     assert not ctrl.snapshots.has_snapshot(tb, 1)
-    wait_until(lambda: not storage.list(ks.snapshot_dir(tb, 1)) and not any(map(storage.exists, only_1)))
+    wait_until(lambda: not storage.list(ks.snapshot_dir(tb, 1)) and not any(map(storage.exists, only_1)), 10.0,
+               "snapshot 1's files deleted")
     # exactly the files of the kept snapshots remain, shared ones included
     assert set(storage.list(ks.bucket_dir(tb))) == h2.file_paths() | h3.file_paths()
     assert in_all <= set(storage.list(ks.shared_dir(tb)))

@@ -22,6 +22,7 @@ import pytest
 from client.admin import AdminClient
 from common.model import TableBucket
 from ops import local_cluster
+from ops.wait import wait_until
 from tests.support.snapshot_manifests import commit_snapshot
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -73,14 +74,7 @@ def cluster_dir(tmp_path):
 
 
 def wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(0.3)
-    raise AssertionError(f"{what} not reached within {timeout_s}s (last: {last})")
+    return wait_until(predicate, timeout_s, what, interval_s=0.3)
 
 
 def test_cli_end_to_end(cluster_dir):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import signal
 import threading
-import time
 from collections import Counter
 
 import pytest
@@ -17,6 +16,7 @@ from client.admin import AdminClient
 from client.table import TableClient
 from common.tables import Column
 from ops import local_cluster
+from ops.wait import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -80,11 +80,7 @@ class Writer(threading.Thread):
 
 
 def wait_for(predicate, what: str, timeout_s: float = 30.0):
-    deadline = time.monotonic() + timeout_s
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"{what}: not within {timeout_s:g}s"
-        time.sleep(0.1)
-    return value
+    return wait_until(predicate, timeout_s, what, interval_s=0.1)
 
 
 def create(admin: AdminClient, name: str) -> int:

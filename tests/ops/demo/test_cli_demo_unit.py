@@ -7,7 +7,7 @@ import json
 import pytest
 
 from ops import demo
-from ops.drills import Check
+from ops.check import Check
 from tests.support.cli_runner import assert_one_line_error, run
 
 pytestmark = pytest.mark.unit

@@ -18,11 +18,11 @@ import pytest
 
 from common import errors
 from ops import local_cluster
-from ops import demo
-from ops.demo import feed_check, stream_failover, stream_query
-from ops.demo.change_writer import KEY, VALUES
-from ops.demo.leader_kill import LeaderKill
-from ops.drills import Check
+from ops import demo, streaming
+from ops.streaming import feed_check, stream_failover, stream_query
+from ops.streaming.change_writer import KEY, VALUES
+from ops.streaming.leader_kill import LeaderKill
+from ops.check import Check
 
 #: A quick run: small table on RF 2, short writer, the tests' ZooKeeper session timeout (failovers ~4 s); the
 #: tablet server leading bucket 0 is killed after round 7, while the query tails rounds 7-10.
@@ -44,7 +44,7 @@ def test_the_demo_passes_cleans_up_and_its_checks_catch_a_lost_change_row(spark,
             final=stream_query.checkpoint_offsets(offsets.parent, last))
         return outcome
 
-    monkeypatch.setattr(stream_failover, "run", spy)
+    monkeypatch.setattr(streaming, "run_failover", spy)
     lines = []
     doc = demo.run_demo(spark=spark, plan=SMALL, config_overrides=FAST, progress=lines.append)
 
@@ -155,7 +155,7 @@ def fake_run(monkeypatch, tmp_path):
                                micro_batches=1, snapshots_leased=4, snapshots_released=4, lease_renewals_seen=0)
         return outcome
 
-    monkeypatch.setattr(stream_failover, "run", scenario)
+    monkeypatch.setattr(streaming, "run_failover", scenario)
     return state
 
 

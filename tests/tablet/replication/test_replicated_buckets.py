@@ -16,6 +16,7 @@ from common import errors
 from common.proto import tablet_pb2 as pb
 from common.proto import tablet_pb2_grpc as pbg
 from common.tables import Column
+import ops.wait as ops_wait
 from tablet.changelog import Changelog
 from tests.support.procs import wait_until
 from tests.tablet.test_tablet_server import Cluster, put
@@ -61,8 +62,15 @@ def server_by_id(c, server_id):
 
 
 def wait_in_sync(c, table_id, bucket=0, members=3):
-    return wait_until(lambda: len(bucket_state(c, table_id, bucket).isr) == members and bucket_state(c, table_id,
-                      bucket), 20, f"{members} in-sync replicas")
+    """Bucket ``bucket``'s state once its ISR has ``members`` replicas (ops.wait.wait_in_sync, 20 s)."""
+    def lagging(state):
+        isr = state[bucket].isr
+        return [] if len(isr) == members else [f"bucket {bucket}: in-sync replicas {list(isr)}, not {members}"]
+
+    state, behind, took = ops_wait.wait_in_sync(c.admin, table_id, 20, lagging=lagging, interval_s=0.05)
+    if took is None:
+        raise ops_wait.NotReached(f"{members} in-sync replicas: not reached within 20s (last: {behind})")
+    return state[bucket]
 
 
 def test_writes_reach_every_replica_byte_for_byte(cluster):

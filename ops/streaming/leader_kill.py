@@ -27,7 +27,7 @@ from client.admin import AdminClient
 from client.table import TableClient
 from common import errors
 from ops import local_cluster
-from ops.drills import Check
+from ops.check import Check
 
 Progress = Callable[[str], None]
 POLL_S = 0.05

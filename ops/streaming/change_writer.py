@@ -7,7 +7,7 @@ each round of :meth:`ChangeWriter.run` then updates half of its size in
 live rows (``version`` + 1), inserts a quarter as new ids and deletes a
 quarter of the live rows (random, seeded), one upsert and one delete request
 per round. ``expected`` is the table the acknowledged writes make, the
-:func:`ops.demo.feed_check.check_written` reference.
+:func:`ops.streaming.feed_check.check_written` reference.
 """
 
 from __future__ import annotations

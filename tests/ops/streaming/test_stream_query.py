@@ -1,4 +1,4 @@
-"""The demo's query plumbing without Spark (ops/demo/stream_query.py): one-line errors out of Spark's messages,
+"""The demo's query plumbing without Spark (ops/streaming/stream_query.py): one-line errors out of Spark's messages,
 the checkpoint's offsets, an output with nothing in it."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from common import errors
-from ops.demo import stream_query
+from ops.streaming import stream_query
 
 pytestmark = pytest.mark.unit
 
