@@ -1,39 +1,43 @@
-"""The admin client: tables, snapshots, leases, users and ACLs on the active coordinator.
+"""The admin client: tables, snapshots, leases, users and ACLs, replica moves and data loss on the active
+coordinator.
 
-The users and ACLs calls are :class:`client.security_admin.SecurityAdmin`'s,
-the answer types are in :mod:`client.admin_types`, and the bootstrap list is
-checked by :mod:`client.bootstrap` (all re-exported here).
+:class:`AdminClient` owns one :class:`client.coordinator_caller.CoordinatorCaller`
+(:attr:`AdminClient.caller`: the channels, finding and following the active
+coordinator, retries, which calls are resent) and makes the table, snapshot
+and lease calls itself. The other calls are parts built on that caller, each
+in its own module, which :class:`AdminClient` owns and delegates to method by
+method: users and ACLs (:class:`client.security_admin.SecurityAdmin`), replica
+moves (:class:`client.moves_admin.MovesAdmin`), restores and elections
+(:class:`client.data_loss_admin.DataLossAdmin`) and the cluster's health
+(:class:`client.replication_admin.ReplicationAdmin`). The calls only tablet
+servers make are not here: :class:`client.server_calls.ServerCalls`.
 
-It finds the active coordinator from a bootstrap list, follows
-``NOT_COORDINATOR`` answers to the address they name, and retries retriable
-errors with :class:`client.transport.RetryPolicy` (bounded exponential backoff
-with jitter). Every failure is raised as a :mod:`common.errors` exception.
+The answer types are in :mod:`client.admin_types`, and the bootstrap list is
+checked by :mod:`client.bootstrap` (both re-exported here, with the caller's
+:data:`READS` and :data:`IDEMPOTENT`). Every failure is raised as a
+:mod:`common.errors` exception.
 """
 
 from __future__ import annotations
 
-import threading
 from typing import Callable, Iterable, Mapping, Sequence
 
-import grpc
 import tenacity
 
 from common import config as cfg
 from common import errors
 from common.proto import coordinator_pb2 as pb
-from common.proto import coordinator_pb2_grpc as pb_grpc
-from client.admin_types import (AcquireResult, AlterIsrResult, BucketLeader, BucketRef, ClusterHealth,
-                                CoordinatorInfo, ReleaseResult, SnapshotInfo, TabletServerInfo)
-from client.bootstrap import parse_bootstrap, refuse_path
+from client.admin_types import (AcquireResult, BucketLeader, BucketRef, ClusterHealth, CoordinatorInfo,
+                                ReleaseResult, SnapshotInfo, TabletServerInfo, bucket_leader)
+from client.bootstrap import parse_bootstrap
 from client.coalescing import BatchInterrupted, Coalescer
+from client.coordinator_caller import IDEMPOTENT, READS, RETRIABLE_IF_IDEMPOTENT, CoordinatorCaller
+from client.data_loss_admin import DataLossAdmin
 from client.moves_admin import MovesAdmin
-from client.data_loss_admin import DataLossAdmin, bucket_leader
 from client.replication_admin import ReplicationAdmin
 from client.security_admin import SecurityAdmin
-from client.transport import (RETRIABLE, Channels, NotServedError, RetryPolicy, UnknownOutcomes, arguments, is_int,
-                              rpc_error)
-from common.security.client import credentials
-from common.tls import TlsFiles
+from client.transport import RETRIABLE, NotServedError, RetryPolicy, UnknownOutcomes, arguments, is_int
+from common.security.acl import AclBinding, Operation, Resource
 from common.wire import (bucket_snapshots_from_pb, bucket_snapshots_to_pb, bucket_to_pb, error_from_pb, handle_from_pb,
                          handle_to_pb, lease_from_pb, raise_for, table_from_pb)
 from common.tables import Column, TableInfo, TableSpec, parse_table_path, validate_spec
@@ -41,42 +45,20 @@ from common.model import Lease, SnapshotHandle, TableBucket
 
 #: re-exported: callers import the answer types and parse_bootstrap from here
 __all__ = ["AdminClient", "wait_for_active", "parse_bootstrap", "READS", "IDEMPOTENT", "RETRIABLE_IF_IDEMPOTENT",
-           "AcquireResult", "AlterIsrResult", "BucketLeader", "BucketRef", "ClusterHealth", "CoordinatorInfo",
-           "ReleaseResult", "SnapshotInfo", "TabletServerInfo"]
-
-#: Coordinator calls that change nothing: one that timed out is simply asked again.
-READS = frozenset({
-    "GetTable", "GetTableAssignment", "ListTables", "ListTabletServers", "GetLatestKvSnapshots", "ListKvSnapshots",
-    "ListKvSnapshotLeases", "DescribeKvSnapshotLease", "ListUsers", "ListAcls", "ListReassignments",
-})
-
-#: Coordinator calls whose retry after a lost answer has the same outcome: reads, and the lease
-#: calls (acquire and renew set the same snapshots and a deadline from now; release and drop of
-#: what is already gone answer false). Table DDL and snapshot commits are not resent blindly.
-IDEMPOTENT = READS | frozenset({
-    "AcquireKvSnapshotLease", "AcquireKvSnapshotLeases", "RenewKvSnapshotLease", "ReleaseKvSnapshotLease",
-    "DropKvSnapshotLease",
-    # SecurityService: AddUser of a user that exists with the same password answers created=false,
-    # the others answer false when nothing changed (see coordinator/security_service.py)
-    "AddUser", "RemoveUser", "AddAcl", "RemoveAcl",
-    # replication (a tablet server's calls): an AlterIsr resent after its answer was lost finds the ISR it
-    # asked for and answers it; a controlled shutdown sent again moves what is left; a resignation resent
-    # finds the leadership over and answers the bucket's state
-    "AlterIsr", "ControlledShutdown", "ResignLeadership",
-    # moves (client/moves_admin.py): the same target answers the move in progress, a decommission the moves off
-    # the server, a rebalance of a balanced cluster starts nothing, a recommission of one not marked answers false
-    "ReassignBucket", "DecommissionTablet", "RecommissionTablet", "Rebalance",
-})
+           "AcquireResult", "BucketLeader", "BucketRef", "ClusterHealth", "CoordinatorInfo", "ReleaseResult",
+           "SnapshotInfo", "TabletServerInfo"]
 
 
 #: The answer to an acquire of a batch refused as a whole: its caller sends it alone.
 _SEND_ALONE = object()
 
 
-#: What an idempotent call also retries: an unknown outcome, the client's (its deadline passed) or the
-#: coordinator's own (its ZooKeeper connection dropped during the write, or it did not answer in time;
-#: it steps down): the call is sent again to whoever is active then.
-RETRIABLE_IF_IDEMPOTENT = RETRIABLE + (errors.OutcomeUnknownError,)
+def _documented_by(part_method: Callable) -> Callable[[Callable], Callable]:
+    """Give the decorated delegating method ``part_method``'s docstring (the one text, in the part's module)."""
+    def decorate(method: Callable) -> Callable:
+        method.__doc__ = part_method.__doc__
+        return method
+    return decorate
 
 
 def _buckets(buckets):
@@ -87,8 +69,8 @@ def _buckets(buckets):
     return buckets
 
 
-class AdminClient(SecurityAdmin, ReplicationAdmin, MovesAdmin, DataLossAdmin):
-    """Thread-safe; one gRPC channel per coordinator address."""
+class AdminClient:
+    """Thread-safe; one gRPC channel per coordinator address (its :attr:`caller`'s)."""
 
     def __init__(self, bootstrap: str | Sequence[str], config: cfg.Config | None = None, *,
                  request_timeout_s: float | None = None, retry_total_s: float | None = None,
@@ -97,35 +79,55 @@ class AdminClient(SecurityAdmin, ReplicationAdmin, MovesAdmin, DataLossAdmin):
         is refused: :func:`client.connect.connect` takes one). ``config``: TLS and credentials
         (``security.*``), timeouts; ``locate`` (optional) names the active coordinator's address now
         (e.g. from ZooKeeper); it is asked whenever the current address is unreachable."""
-        config = config or cfg.Config(env={})
-        self._locate = locate
-        refuse_path(bootstrap)
-        self._bootstrap = parse_bootstrap(bootstrap)
-        self._address = self._bootstrap[0]
-        self._next_bootstrap = 1
-        self._timeout_s = request_timeout_s or config[cfg.CLIENT_REQUEST_TIMEOUT] / 1000.0
-        self.retry = RetryPolicy(retry_total_s if retry_total_s is not None else config[cfg.CLIENT_RETRY_TOTAL] / 1000.0,
-                                 config[cfg.CLIENT_RETRY_MAX_WAIT] / 1000.0)
-        self.tls = TlsFiles.from_config(config)  # None: plaintext
-        self.credentials = credentials(config)  # None: security off, or the mutual-TLS certificate identifies us
-        self._channels = Channels(tls=self.tls, credentials=self.credentials)
-        self._closed = False
-        self._lock = threading.Lock()
+        self._caller = CoordinatorCaller(bootstrap, config, request_timeout_s=request_timeout_s,
+                                         retry_total_s=retry_total_s, locate=locate, owner="AdminClient")
+        call = self._caller.call
+        self._security = SecurityAdmin(call, tls=self._caller.tls is not None, bootstrap=self._caller.bootstrap)
+        self._moves = MovesAdmin(call, self.get_table)
+        self._data_loss = DataLossAdmin(call, self.get_table)
+        self._replication = ReplicationAdmin(call)
         #: acquires made by several threads at once travel in one call (client.coalescing), unless the
         #: coordinator turned out not to have that call
-        self._acquires = Coalescer(lambda request: self._call("AcquireKvSnapshotLease", request), self._acquire_many)
+        self._acquires = Coalescer(lambda request: call("AcquireKvSnapshotLease", request), self._acquire_many)
         self._batch_acquires = True
 
-    # -- plumbing ---------------------------------------------------------------
+    # -- the coordinator ----------------------------------------------------------
+
+    @property
+    def caller(self) -> CoordinatorCaller:
+        """The :class:`~client.coordinator_caller.CoordinatorCaller` every call of this client goes through
+        (closed with it); a tablet server builds its :class:`~client.server_calls.ServerCalls` on it."""
+        return self._caller
+
+    @property
+    def retry(self) -> RetryPolicy:
+        """The retry policy of its calls (:class:`client.transport.RetryPolicy`)."""
+        return self._caller.retry
+
+    @property
+    def tls(self):
+        """The TLS files its channels use (:class:`common.tls.TlsFiles`); None: plaintext."""
+        return self._caller.tls
+
+    @property
+    def credentials(self) -> tuple[str, str] | None:
+        """(username, password) sent on every call; None: security off, or the mutual-TLS certificate
+        identifies this client."""
+        return self._caller.credentials
+
+    @property
+    def bootstrap(self) -> list[str]:
+        """The coordinator addresses this client was given."""
+        return self._caller.bootstrap
+
+    @property
+    def address(self) -> str:
+        """The coordinator address requests currently go to."""
+        return self._caller.address
 
     def close(self) -> None:
         """Close its channels (idempotent); a call after it is InvalidRequestError."""
-        self._closed = True
-        self._channels.close()
-
-    def _check_open(self) -> None:
-        if self._closed:  # else a call would open new channels that nothing closes again
-            raise errors.InvalidRequestError("this AdminClient is closed")
+        self._caller.close()
 
     def __enter__(self) -> "AdminClient":
         return self
@@ -133,91 +135,9 @@ class AdminClient(SecurityAdmin, ReplicationAdmin, MovesAdmin, DataLossAdmin):
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _stub(self, address: str, stub_class: type = pb_grpc.CoordinatorServiceStub):
-        return self._channels.stub(address, stub_class)
-
-    def _move_to(self, error: errors.KvLeaseError, tried: str) -> None:
-        with self._lock:
-            if self._address != tried:
-                return  # another thread already moved on
-            active = getattr(error, "active_address", "") or (self._locate() if self._locate else "")
-            if active and active != tried:
-                self._address = active
-            else:
-                self._address = self._bootstrap[self._next_bootstrap % len(self._bootstrap)]
-                self._next_bootstrap += 1
-
-    def _call_once(self, method: str, request, stub_class: type = pb_grpc.CoordinatorServiceStub,
-                   answered: tuple[type[errors.KvLeaseError], ...] = ()):
-        """One call; ``answered``: errors returned in the response (for the caller to read with its other
-        fields) instead of raised."""
-        self._check_open()
-        address = self._address
-        try:
-            response = getattr(self._stub(address, stub_class), method)(request, timeout=self._timeout_s)
-        except grpc.RpcError as exc:
-            # a change that timed out may have been applied (OutcomeUnknownError): resent only if applying
-            # it twice gives the same outcome (IDEMPOTENT); otherwise the caller decides. A read is asked again.
-            err = rpc_error(exc, method, address, timeout_s=self._timeout_s, idempotent=method in READS,
-                            peer="coordinator", tls=self.tls is not None,
-                            client_cert=self.tls is not None and self.tls.cert is not None)
-            if isinstance(err, (errors.NetworkError, errors.OutcomeUnknownError)):
-                self._move_to(err, address)
-            raise err from None
-        if answered and isinstance(error_from_pb(response.error), answered):
-            return response
-        try:
-            raise_for(response.error)
-        except (errors.NotCoordinatorError, errors.CoordinatorFencedError) as exc:
-            self._move_to(exc, address)
-            raise errors.NotCoordinatorError(exc.message, active_address=getattr(exc, "active_address", "")) from None
-        except errors.ZooKeeperUnavailableError as exc:  # another coordinator of the list may reach it
-            self._move_to(exc, address)
-            raise
-        except errors.OutcomeUnknownError as exc:  # the coordinator's own: named like a call that timed out
-            said = "may or may not" in exc.message or method in READS  # a read changes nothing
-            applied = "" if said else "; it may or may not have been applied"
-            raise errors.OutcomeUnknownError(f"{method} to coordinator {address}: {exc.message}{applied}",
-                                             **exc.details) from None
-        return response
-
-    def _call(self, method: str, request, stub_class: type = pb_grpc.CoordinatorServiceStub,
-              answered: tuple[type[errors.KvLeaseError], ...] = ()):
-        """``method`` of the active coordinator's service ``stub_class`` (default CoordinatorService);
-        ``answered``: errors returned in the response instead of raised (see :meth:`_call_once`)."""
-        retry_on = RETRIABLE_IF_IDEMPOTENT if method in IDEMPOTENT else RETRIABLE
-        unknown = UnknownOutcomes()
-        attempt = self._call_once if method in READS else unknown.watch(self._call_once)
-        try:
-            return self.retry.call(attempt, method, request, stub_class, answered, retry_on=retry_on)
-        except RETRIABLE as exc:
-            raise unknown.given_up(exc) from None
-
-    # -- coordinators ---------------------------------------------------------
-
     def coordinator_info(self, address: str | None = None) -> CoordinatorInfo:
         """What ``address`` (default: the current one) says about itself; never retried."""
-        self._check_open()
-        target = address or self._address
-        try:
-            response = self._stub(target).CoordinatorInfo(pb.CoordinatorInfoRequest(), timeout=self._timeout_s)
-        except grpc.RpcError as exc:
-            raise rpc_error(exc, "CoordinatorInfo", target, timeout_s=self._timeout_s, idempotent=True,
-                            peer="coordinator", tls=self.tls is not None,
-                            client_cert=self.tls is not None and self.tls.cert is not None) from None
-        raise_for(response.error)
-        return CoordinatorInfo(response.address, response.active, response.active_address, response.epoch,
-                               response.remote_data_dir, response.s3_endpoint, response.s3_region)
-
-    @property
-    def bootstrap(self) -> list[str]:
-        """The coordinator addresses this client was given."""
-        return list(self._bootstrap)
-
-    @property
-    def address(self) -> str:
-        """The coordinator address requests currently go to."""
-        return self._address
+        return self._caller.coordinator_info(address)
 
     # -- tables -----------------------------------------------------------------
 
@@ -244,7 +164,7 @@ class AdminClient(SecurityAdmin, ReplicationAdmin, MovesAdmin, DataLossAdmin):
         for what, value in (("replication_factor", replication_factor), ("min_insync_replicas", min_insync_replicas)):
             if value is not None and not is_int(value):
                 raise errors.InvalidTableError(f"{what}: an int, got {errors.show(value)}")
-        response = self._call("CreateTable", pb.CreateTableRequest(
+        response = self._caller.call("CreateTable", pb.CreateTableRequest(
             database=db, name=name, columns=[pb.ColumnPb(name=c.name, type=c.type) for c in columns],
             primary_key=list(primary_key), buckets=buckets, ignore_if_exists=ignore_if_exists,
             replication_factor=replication_factor, min_insync_replicas=min_insync_replicas))
@@ -255,7 +175,7 @@ class AdminClient(SecurityAdmin, ReplicationAdmin, MovesAdmin, DataLossAdmin):
         TableNotExistError). The coordinator is asked without its own ignore flag, so it says which."""
         db, name = parse_table_path(path)
         try:
-            self._call("DropTable", pb.DropTableRequest(database=db, name=name))
+            self._caller.call("DropTable", pb.DropTableRequest(database=db, name=name))
         except errors.TableNotExistError:
             if ignore_if_not_exists:
                 return False
@@ -264,21 +184,21 @@ class AdminClient(SecurityAdmin, ReplicationAdmin, MovesAdmin, DataLossAdmin):
 
     def list_tables(self, database: str = "") -> list[TableInfo]:
         """Every table (of ``database`` only, if given)."""
-        response = self._call("ListTables", pb.ListTablesRequest(database=database))
+        response = self._caller.call("ListTables", pb.ListTablesRequest(database=database))
         return [table_from_pb(t) for t in response.tables]
 
     def get_table(self, path: str) -> TableInfo:
         """The table ``DB.NAME``; TableNotExistError if there is none."""
         db, name = parse_table_path(path)
-        return table_from_pb(self._call("GetTable", pb.GetTableRequest(database=db, name=name)).table)
+        return table_from_pb(self._caller.call("GetTable", pb.GetTableRequest(database=db, name=name)).table)
 
     def get_table_by_id(self, table_id: int) -> TableInfo:
         """The table with this id; TableNotExistError if there is none (e.g. it was dropped)."""
-        return table_from_pb(self._call("GetTable", pb.GetTableRequest(table_id=table_id)).table)
+        return table_from_pb(self._caller.call("GetTable", pb.GetTableRequest(table_id=table_id)).table)
 
     def get_table_assignment(self, table_id: int) -> tuple[TableInfo, dict[int, BucketLeader]]:
         """The table and each bucket's leader (address empty while its server is gone), replicas and ISR."""
-        response = self._call("GetTableAssignment", pb.GetTableAssignmentRequest(table_id=table_id))
+        response = self._caller.call("GetTableAssignment", pb.GetTableAssignmentRequest(table_id=table_id))
         leaders = {b.bucket: bucket_leader(b) for b in response.buckets}
         return table_from_pb(response.table), leaders
 
@@ -296,19 +216,19 @@ class AdminClient(SecurityAdmin, ReplicationAdmin, MovesAdmin, DataLossAdmin):
         for an epoch older than the bucket's latest data loss or a server not among its replicas."""
         request = pb.CommitKvSnapshotRequest(snapshot=handle_to_pb(handle), leader_epoch=leader_epoch,
                                              server_id=server_id)
-        response = self._call("CommitKvSnapshot", request, answered=(errors.FencedLeaderEpochError,))
+        response = self._caller.call("CommitKvSnapshot", request, answered=(errors.FencedLeaderEpochError,))
         raise_for(response.error)
 
     def get_latest_kv_snapshots(self, table_id: int) -> dict[TableBucket, SnapshotInfo]:
         """The newest snapshot of each bucket that has one (lease them before reading:
         :meth:`acquire_lease`)."""
-        response = self._call("GetLatestKvSnapshots", pb.GetLatestKvSnapshotsRequest(table_id=table_id))
+        response = self._caller.call("GetLatestKvSnapshots", pb.GetLatestKvSnapshotsRequest(table_id=table_id))
         infos = (SnapshotInfo(handle_from_pb(s), tuple(s.leased_by), s.retained) for s in response.snapshots)
         return {info.bucket: info for info in infos}
 
     def list_kv_snapshots(self, table_id: int) -> list[SnapshotInfo]:
         """Every kept snapshot of every bucket, with the leases that hold each."""
-        response = self._call("ListKvSnapshots", pb.ListKvSnapshotsRequest(table_id=table_id))
+        response = self._caller.call("ListKvSnapshots", pb.ListKvSnapshotsRequest(table_id=table_id))
         return [SnapshotInfo(handle_from_pb(s), tuple(s.leased_by), s.retained) for s in response.snapshots]
 
     # -- leases -------------------------------------------------------------------
@@ -332,7 +252,7 @@ class AdminClient(SecurityAdmin, ReplicationAdmin, MovesAdmin, DataLossAdmin):
         except BatchInterrupted as exc:  # another thread was sending it and was stopped
             raise errors.OutcomeUnknownError(str(exc)) from None
         if response is _SEND_ALONE:
-            response = self._call("AcquireKvSnapshotLease", request)
+            response = self._caller.call("AcquireKvSnapshotLease", request)
         return AcquireResult(
             lease_id, response.expiration_time_ms,
             bucket_snapshots_from_pb(response.acquired),
@@ -355,18 +275,18 @@ class AdminClient(SecurityAdmin, ReplicationAdmin, MovesAdmin, DataLossAdmin):
         last: list = []  # the outcomes of the last attempt the coordinator answered
         unknown = UnknownOutcomes()  # the call's, as a whole
         unknown_each: dict[int, errors.OutcomeUnknownError] = {}  # one acquire's (answered REQUEST_TIMED_OUT)
-        call_once = unknown.watch(self._call_once)
+        call_once = unknown.watch(self._caller.call_once)
 
         def attempt() -> list:
             last.clear()
-            address = self._address
+            address = self._caller.address
             response = call_once("AcquireKvSnapshotLeases", pb.AcquireKvSnapshotLeasesRequest(requests=requests))
             if len(response.responses) != len(requests):
                 raise errors.UnknownServerError(f"{len(response.responses)} answers to {len(requests)} acquires")
             outcomes = [error_from_pb(r.error) or r for r in response.responses]
             for i, outcome in enumerate(outcomes):
                 if isinstance(outcome, (errors.NotCoordinatorError, errors.CoordinatorFencedError)):
-                    self._move_to(outcome, address)  # stepping down meanwhile: as the unary call is followed
+                    self._caller.move_to(outcome, address)  # stepping down meanwhile: as the unary call is followed
                     outcomes[i] = errors.NotCoordinatorError(
                         outcome.message, active_address=getattr(outcome, "active_address", ""))
                 elif isinstance(outcome, errors.OutcomeUnknownError):
@@ -378,7 +298,7 @@ class AdminClient(SecurityAdmin, ReplicationAdmin, MovesAdmin, DataLossAdmin):
             return outcomes
 
         try:
-            return self.retry.call(attempt, retry_on=RETRIABLE_IF_IDEMPOTENT)
+            return self._caller.retry.call(attempt, retry_on=RETRIABLE_IF_IDEMPOTENT)
         except RETRIABLE_IF_IDEMPOTENT as exc:
             if last:  # out of retries: each acquire's last answer, unless an earlier one's outcome was unknown
                 return [unknown.given_up(o, unknown_each.get(i)) if isinstance(o, RETRIABLE) else o
@@ -398,7 +318,7 @@ class AdminClient(SecurityAdmin, ReplicationAdmin, MovesAdmin, DataLossAdmin):
         """
         with arguments("renew_lease"):
             request = pb.RenewKvSnapshotLeaseRequest(lease_id=lease_id, duration_ms=duration_ms, owner=owner or "")
-        return self._call("RenewKvSnapshotLease", request).expiration_time_ms
+        return self._caller.call("RenewKvSnapshotLease", request).expiration_time_ms
 
     def release_lease(self, lease_id: str, buckets: Iterable[TableBucket], *,
                       owner: str | None = None) -> ReleaseResult:
@@ -412,7 +332,7 @@ class AdminClient(SecurityAdmin, ReplicationAdmin, MovesAdmin, DataLossAdmin):
         with arguments("release_lease"):
             request = pb.ReleaseKvSnapshotLeaseRequest(
                 lease_id=lease_id, buckets=[bucket_to_pb(tb) for tb in _buckets(list(buckets))], owner=owner or "")
-        response = self._call("ReleaseKvSnapshotLease", request)
+        response = self._caller.call("ReleaseKvSnapshotLease", request)
         return ReleaseResult(lease_id, response.released, response.lease_remains)
 
     def drop_lease(self, lease_id: str, *, owner: str | None = None) -> bool:
@@ -420,17 +340,75 @@ class AdminClient(SecurityAdmin, ReplicationAdmin, MovesAdmin, DataLossAdmin):
         ``owner``, the lease belongs to another reader (left alone). Without ``owner``, any lease."""
         with arguments("drop_lease"):
             request = pb.DropKvSnapshotLeaseRequest(lease_id=lease_id, owner=owner or "")
-        return self._call("DropKvSnapshotLease", request).dropped
+        return self._caller.call("DropKvSnapshotLease", request).dropped
 
     def list_leases(self) -> list[Lease]:
         """Every live lease, with its deadline and snapshots."""
-        response = self._call("ListKvSnapshotLeases", pb.ListKvSnapshotLeasesRequest())
+        response = self._caller.call("ListKvSnapshotLeases", pb.ListKvSnapshotLeasesRequest())
         return [lease_from_pb(lease) for lease in response.leases]
 
     def describe_lease(self, lease_id: str) -> Lease:
         """The lease ``lease_id``; LeaseNotFoundError if it is unknown or past its deadline."""
-        response = self._call("DescribeKvSnapshotLease", pb.DescribeKvSnapshotLeaseRequest(lease_id=lease_id))
+        response = self._caller.call("DescribeKvSnapshotLease", pb.DescribeKvSnapshotLeaseRequest(lease_id=lease_id))
         return lease_from_pb(response.lease)
+
+    # -- the parts' calls: each delegated to its part, whose docstring it shows ------------------------------
+
+    @_documented_by(SecurityAdmin.add_user)
+    def add_user(self, name: str, password: str) -> bool:
+        return self._security.add_user(name, password)
+
+    @_documented_by(SecurityAdmin.remove_user)
+    def remove_user(self, name: str) -> bool:
+        return self._security.remove_user(name)
+
+    @_documented_by(SecurityAdmin.list_users)
+    def list_users(self) -> list[str]:
+        return self._security.list_users()
+
+    @_documented_by(SecurityAdmin.add_acl)
+    def add_acl(self, resource: Resource, principal: str, operation: Operation | str) -> bool:
+        return self._security.add_acl(resource, principal, operation)
+
+    @_documented_by(SecurityAdmin.remove_acl)
+    def remove_acl(self, resource: Resource, principal: str, operation: Operation | str) -> bool:
+        return self._security.remove_acl(resource, principal, operation)
+
+    @_documented_by(SecurityAdmin.list_acls)
+    def list_acls(self, resource: Resource | None = None) -> list[AclBinding]:
+        return self._security.list_acls(resource)
+
+    @_documented_by(ReplicationAdmin.cluster_health)
+    def cluster_health(self) -> ClusterHealth:
+        return self._replication.cluster_health()
+
+    @_documented_by(MovesAdmin.reassign_bucket)
+    def reassign_bucket(self, path: str, bucket: int, replicas: Sequence[int], partition: str | None = None) -> dict:
+        return self._moves.reassign_bucket(path, bucket, replicas, partition)
+
+    @_documented_by(MovesAdmin.decommission_tablet)
+    def decommission_tablet(self, tablet_id: int) -> list[dict]:
+        return self._moves.decommission_tablet(tablet_id)
+
+    @_documented_by(MovesAdmin.recommission_tablet)
+    def recommission_tablet(self, tablet_id: int) -> bool:
+        return self._moves.recommission_tablet(tablet_id)
+
+    @_documented_by(MovesAdmin.rebalance)
+    def rebalance(self, leaders_only: bool = False) -> list[dict]:
+        return self._moves.rebalance(leaders_only)
+
+    @_documented_by(MovesAdmin.list_reassignments)
+    def list_reassignments(self) -> list[dict]:
+        return self._moves.list_reassignments()
+
+    @_documented_by(DataLossAdmin.restore_bucket)
+    def restore_bucket(self, path: str, bucket: int, accept_data_loss: bool, tablet: int | None = None) -> dict:
+        return self._data_loss.restore_bucket(path, bucket, accept_data_loss, tablet)
+
+    @_documented_by(DataLossAdmin.elect_leader)
+    def elect_leader(self, path: str, bucket: int, unclean: bool, tablet: int | None = None) -> dict:
+        return self._data_loss.elect_leader(path, bucket, unclean, tablet)
 
 
 

@@ -1,4 +1,5 @@
-"""What the admin client (:mod:`client.admin`) answers with: small frozen dataclasses.
+"""What the admin client (:mod:`client.admin`) answers with: small frozen dataclasses (and
+:func:`bucket_leader`, which reads a :class:`BucketLeader` from the wire).
 
 :mod:`client.admin` re-exports them (``from client.admin import SnapshotInfo`` works).
 """
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 from common import config as cfg
 from common.data_loss import DataLoss
 from common.model import SnapshotHandle, TableBucket
+from common.proto import coordinator_pb2 as pb
 from common.storage import RemoteStorage, open_storage
 
 
@@ -70,6 +72,14 @@ class BucketLeader:
         return len(self.isr) < len(self.replicas)
 
 
+def bucket_leader(b: pb.BucketAssignmentPb) -> BucketLeader:
+    """A ``BucketAssignmentPb`` as a :class:`client.admin_types.BucketLeader`."""
+    return BucketLeader(b.bucket, b.leader_id, b.leader_address, b.leader_epoch, tuple(b.replicas), tuple(b.isr),
+                        b.bucket_epoch, reassign_target=tuple(b.reassign_target) if b.reassigning else None,
+                        offline_reason=b.offline_reason, losses=tuple(DataLoss.from_pb(loss) for loss in b.losses),
+                        lost=tuple(b.lost))
+
+
 @dataclass(frozen=True)
 class TabletServerInfo:
     id: int
@@ -96,16 +106,6 @@ class ClusterHealth:
     offline: tuple[BucketRef, ...]
     under_replicated: tuple[BucketRef, ...]
     decommissioned: tuple[int, ...] = ()  # every decommissioned tablet server id, live or not
-
-
-@dataclass(frozen=True)
-class AlterIsrResult:
-    """A bucket's state after an AlterIsr."""
-
-    isr: tuple[int, ...]
-    leader: int
-    leader_epoch: int
-    bucket_epoch: int
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """The replica-moving part of the admin client (issue 31): reassign a bucket, decommission a tablet server (and
 recommission it), rebalance, list the moves in progress.
 
-:class:`MovesAdmin` is mixed into :class:`client.admin.AdminClient` and uses its
-transport (``_call``). These are admin operations (with security on: ``ALTER``
+:class:`MovesAdmin` is a part of :class:`client.admin.AdminClient`, built on a
+coordinator call (:meth:`client.coordinator_caller.CoordinatorCaller.call`) and
+the admin client's ``get_table``. These are admin operations (with security on: ``ALTER``
 on the cluster; listing: ``DESCRIBE``). Every call is safe to resend after a
 lost answer: a reassign with the same target answers the move in progress (or
 ``done``), a decommission answers the moves off the server whenever started, a
@@ -16,12 +17,13 @@ A move's document: ``{"table", "table_id", "bucket", "replicas", "target", "isr"
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
+from client.coordinator_caller import CoordinatorCall
 from client.transport import arguments, is_int
 from common import errors
 from common.proto import coordinator_pb2 as pb
-from common.tables import parse_table_path
+from common.tables import TableInfo, parse_table_path
 
 
 def move_doc(move) -> dict:
@@ -32,7 +34,13 @@ def move_doc(move) -> dict:
 
 
 class MovesAdmin:
-    """Mixed into :class:`client.admin.AdminClient` (``admin.reassign_bucket(...)``)."""
+    """Replica moves; a part of :class:`client.admin.AdminClient` (``admin.reassign_bucket(...)``)."""
+
+    def __init__(self, call: CoordinatorCall, get_table: Callable[[str], TableInfo]) -> None:
+        """``call``: sends a coordinator call; ``get_table``: the table ``DB.NAME`` (TableNotExistError if
+        none)."""
+        self._call = call
+        self._get_table = get_table
 
     def reassign_bucket(self, path: str, bucket: int, replicas: Sequence[int], partition: str | None = None) -> dict:
         """Move bucket ``bucket`` of table ``path`` (``DB.NAME``) to the tablet servers ``replicas`` (as many as
@@ -44,7 +52,7 @@ class MovesAdmin:
         TableNotExistError, BucketOutOfRangeError."""
         db, name = parse_table_path(path)
         if partition is not None:
-            self.get_table(path)  # type: ignore[attr-defined]  # TableNotExistError first
+            self._get_table(path)  # TableNotExistError first
             raise errors.InvalidRequestError(f"table {path} is not partitioned", table=path)
         if not is_int(bucket) or isinstance(replicas, (str, bytes)) or not all(is_int(r) for r in replicas):
             raise errors.InvalidRequestError(f"reassign_bucket: bucket an int and replicas a list of tablet ids, got "
@@ -52,7 +60,7 @@ class MovesAdmin:
         with arguments("reassign_bucket"):
             request = pb.ReassignBucketRequest(database=db, name=name, bucket=int(bucket),
                                                replicas=[int(r) for r in replicas])
-        return move_doc(self._call("ReassignBucket", request).move)  # type: ignore[attr-defined]
+        return move_doc(self._call("ReassignBucket", request).move)
 
     def decommission_tablet(self, tablet_id: int) -> list[dict]:
         """Move every bucket replica off tablet server ``tablet_id`` (live or gone for good) to the least loaded
@@ -65,7 +73,7 @@ class MovesAdmin:
             raise errors.InvalidRequestError(f"decommission_tablet: a tablet id, got {errors.show(tablet_id)}")
         with arguments("decommission_tablet"):
             request = pb.DecommissionTabletRequest(tablet_id=int(tablet_id))
-        return [move_doc(m) for m in self._call("DecommissionTablet", request).moves]  # type: ignore[attr-defined]
+        return [move_doc(m) for m in self._call("DecommissionTablet", request).moves]
 
     def recommission_tablet(self, tablet_id: int) -> bool:
         """Clear tablet server ``tablet_id``'s decommission mark: new tables, rebalances and moves may place
@@ -75,7 +83,7 @@ class MovesAdmin:
             raise errors.InvalidRequestError(f"recommission_tablet: a tablet id, got {errors.show(tablet_id)}")
         with arguments("recommission_tablet"):
             request = pb.RecommissionTabletRequest(tablet_id=int(tablet_id))
-        return self._call("RecommissionTablet", request).was_decommissioned  # type: ignore[attr-defined]
+        return self._call("RecommissionTablet", request).was_decommissioned
 
     def rebalance(self, leaders_only: bool = False) -> list[dict]:
         """Even out the replicas over the live tablet servers (moves), spread the preferred leaders (first
@@ -84,7 +92,7 @@ class MovesAdmin:
         "move"``, a move's document) and leader changes (``"kind": "leader"``: ``table``, ``bucket``,
         ``old_leader``, ``new_leader`` (the bucket's preferred replica now), ``leader_epoch``). Safe to resend:
         a balanced cluster starts nothing."""
-        request = pb.RebalanceRequest(leaders_only=leaders_only)  # type: ignore[attr-defined]
+        request = pb.RebalanceRequest(leaders_only=leaders_only)
         response = self._call("Rebalance", request)
         return ([{"kind": "move", **move_doc(m)} for m in response.moves]
                 + [{"kind": "leader", "table": m.table, "table_id": m.table_id, "bucket": m.bucket,
@@ -93,5 +101,5 @@ class MovesAdmin:
 
     def list_reassignments(self) -> list[dict]:
         """Every move in progress (empty when all are done)."""
-        response = self._call("ListReassignments", pb.ListReassignmentsRequest())  # type: ignore[attr-defined]
+        response = self._call("ListReassignments", pb.ListReassignmentsRequest())
         return [move_doc(m) for m in response.moves]

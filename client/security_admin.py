@@ -1,12 +1,16 @@
-"""The security admin client: users and ACLs, through the active coordinator's SecurityService.
+"""The security part of the admin client: users and ACLs, through the active coordinator's SecurityService.
 
-:class:`SecurityAdmin` is the part of :class:`client.admin.AdminClient` that
-calls the SecurityService (with security on, each call needs ALTER on the
-cluster or resource); it uses the admin client's transport (its
-``_call``: the active coordinator, retries, errors) and TLS settings.
+:class:`SecurityAdmin` calls the SecurityService (with security on, each call
+needs ALTER on the cluster or resource). It is built on a coordinator call
+(:meth:`client.coordinator_caller.CoordinatorCaller.call`: the active
+coordinator, retries, errors), told whether that caller uses TLS and which
+addresses it was given; :class:`client.admin.AdminClient` owns one and
+delegates ``add_user`` … ``list_acls`` to it.
 """
 
 from __future__ import annotations
+
+from typing import Sequence
 
 from common import errors
 from common.proto import security_pb2 as security_pb
@@ -14,20 +18,28 @@ from common.proto import security_pb2_grpc as security_pb_grpc
 from common.security.acl import AclBinding, Operation, Resource
 from common.security.wire import binding_from_pb, binding_to_pb, resource_fields
 from client.bootstrap import is_loopback
+from client.coordinator_caller import CoordinatorCall
 
 
 class SecurityAdmin:
-    """Users and ACLs; mixed into :class:`client.admin.AdminClient` (``admin.add_user(...)``)."""
+    """Users and ACLs; a part of :class:`client.admin.AdminClient` (``admin.add_user(...)``)."""
+
+    def __init__(self, call: CoordinatorCall, *, tls: bool, bootstrap: Sequence[str]) -> None:
+        """``call``: sends a coordinator call; ``tls``: whether it travels over TLS; ``bootstrap``: the
+        coordinator addresses it was given (a password is sent without TLS only to loopback addresses)."""
+        self._call = call
+        self._tls = tls
+        self._bootstrap = list(bootstrap)
 
     def _security(self, method: str, request):
-        return self._call(method, request, security_pb_grpc.SecurityServiceStub)  # type: ignore[attr-defined]
+        return self._call(method, request, security_pb_grpc.SecurityServiceStub)
 
     def add_user(self, name: str, password: str) -> bool:
         """Add a user; False if it exists already with this password (a resent call).
         UserAlreadyExistsError if it exists with another one. Without TLS the password would travel in
         the clear: refused (InvalidRequestError) unless every bootstrap address is this machine's loopback
         (users prepared on a plaintext local cluster before security is turned on)."""
-        if self.tls is None and not all(is_loopback(address) for address in self._bootstrap):
+        if not self._tls and not all(is_loopback(address) for address in self._bootstrap):
             raise errors.InvalidRequestError(
                 f"user {errors.show(name)}: a password is only sent over TLS, and {', '.join(self._bootstrap)} is reached "
                 "without it: add users over TLS (security.tls.* / --ca-file), or from the coordinator's machine "

@@ -144,9 +144,9 @@ class LogEndReporter:
     """Reports the led buckets' committed log ends that moved since the last report (all of them again to a
     new coordinator: it keeps them in memory only)."""
 
-    def __init__(self, replicas, admin) -> None:
+    def __init__(self, replicas, server_calls) -> None:
         self.replicas = replicas  # tablet.replicas.ReplicaManager
-        self.admin = admin
+        self.server_calls = server_calls  # client.server_calls.ServerCalls
         self._sent: dict[tuple[int, int], tuple[int, int]] = {}
         self._epoch = -1  # the coordinator epoch they were sent to
 
@@ -164,7 +164,7 @@ class LogEndReporter:
         if not ends:
             return 0
         try:
-            self.admin.report_log_ends(self.replicas.server_id, ends)
+            self.server_calls.report_log_ends(self.replicas.server_id, ends)
         except errors.KvLeaseError as exc:  # the next round sends them again
             log.debug("cannot report log ends: %s", exc)
             return 0

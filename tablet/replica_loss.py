@@ -147,7 +147,7 @@ class ReplicaLosses:
         key = (replica.table.table_id, replica.bucket)
         if replica.loss_work == lost_data.CONFIRM:
             epoch = replica.role.latest_loss.leader_epoch
-            self.admin.confirm_restore(self.server_id, *key, epoch)
+            self.server_calls.confirm_restore(self.server_id, *key, epoch)
             with self._lock:  # a push meanwhile may have brought a newer restore: that one stays
                 if replica.loss_work == lost_data.CONFIRM:
                     replica.loss_work = None
@@ -156,13 +156,13 @@ class ReplicaLosses:
         if replica.loss_work == lost_data.UNCLEAN:
             with replica.store.files.use():
                 end = replica.store.log_end_offset
-            self.admin.report_log_ends(self.server_id, [(*key, replica.role.leader_epoch, end)], takeover=True)
+            self.server_calls.report_log_ends(self.server_id, [(*key, replica.role.leader_epoch, end)], takeover=True)
             replica.loss_work = None
             log.warning("%s: took over after an unclean election with its log ending at offset %d", replica.tb, end)
             return
         if replica.loss_work == REPORT:
             if not replica.loss_reported:
-                self.admin.report_replica_loss(self.server_id, *key, replica.lost_reason)
+                self.server_calls.report_replica_loss(self.server_id, *key, replica.lost_reason)
                 replica.loss_reported = True
             if not out_of_isr(replica.role, self.server_id):
                 return  # the coordinator's push is on its way: the next round looks again

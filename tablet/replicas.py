@@ -47,6 +47,7 @@ from common import errors
 from common.storage import RemoteStorage
 from common.tables import TableInfo
 from common.model import TableBucket
+from client.server_calls import ServerCalls
 from tablet import lost_data, replica_loss, stray_copies
 from tablet.bucket import BucketStore
 from tablet.leader_lease import LeaderLease, LeaseBasis
@@ -69,12 +70,15 @@ class ReplicaManager(ReplicaSnapshots, ReplicaLosses):
                  clock_ms: Callable[[], int] = lambda: int(time.time() * 1000), *,
                  current_epoch: Callable[[], int] | None = None,
                  table_gone: Callable[[int], bool] | None = None, server_id: int = 0,
-                 lease: LeaderLease | None = None, monotonic: Callable[[], float] = time.monotonic) -> None:
+                 lease: LeaderLease | None = None, monotonic: Callable[[], float] = time.monotonic,
+                 server_calls: ServerCalls | None = None) -> None:
         """``current_epoch()``: the active coordinator's epoch as ZooKeeper has it now;
         ``table_gone(table_id)``: ZooKeeper has no ``/tables/{id}``. Both may raise
         RetriableError; None trusts the pushes (no ZooKeeper: unit tests). ``lease``: the server's leader
         lease, which every answer of a bucket led here is checked against (None: always valid, no
-        ZooKeeper)."""
+        ZooKeeper). ``admin``: a :class:`client.admin.AdminClient` (snapshot commits and listings);
+        ``server_calls``: this server's own coordinator calls (:class:`client.server_calls.ServerCalls`: the
+        loss reports; None: no coordinator, unit tests)."""
         self.data_dir = data_dir
         self.server_id = server_id
         self.lease = lease if lease is not None else LeaderLease.unbounded()
@@ -91,6 +95,7 @@ class ReplicaManager(ReplicaSnapshots, ReplicaLosses):
         self.config = config
         self.storage = storage
         self.admin = admin  # client.admin.AdminClient: snapshot commits and listings
+        self.server_calls = server_calls  # client.server_calls.ServerCalls: the loss reports
         self.clock_ms = clock_ms
         self.coordinator_epoch = 0
         self._replicas: dict[tuple[int, int], Replica] = {}

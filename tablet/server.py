@@ -32,6 +32,8 @@ from common.storage import RemoteStorage, open_storage
 from common.tls import TlsFiles, add_port
 from common.zk import dumps, loads, make_client
 from client.admin import AdminClient
+from client.coordinator_caller import CoordinatorCaller
+from client.server_calls import ServerCalls
 from common.security.client import internal_client_config
 from common.security.server import server_security
 from tablet import lost_data
@@ -67,6 +69,7 @@ class TabletServer:
         self.dir_id = ""
         self.zk = None
         self.admin: AdminClient | None = None
+        self.server_calls: ServerCalls | None = None  # this server's own calls (ISR, shutdown, losses)
         self.replicas: ReplicaManager | None = None
         self.scans: ScanService | None = None
         self.keeper: BucketKeeper | None = None
@@ -99,13 +102,14 @@ class TabletServer:
         self.security.start(self.zk)  # users and ACLs mirrored before the first call is served
         self.admin = AdminClient([self._active_coordinator() or "127.0.0.1:0"], internal_client_config(c),
                                  locate=self._active_coordinator)  # as the cluster's own principal
+        self.server_calls = ServerCalls(self.admin.caller.call)  # the same channels, coordinator and retries
         self.dir_id = lost_data.data_dir_id(c[cfg.TABLET_DATA_DIR], self.server_id)  # registered: a new one = lost data
         self.lease = LeaderLease(self.lease_ms / 1000.0)
         self.replicas = ReplicaManager(c[cfg.TABLET_DATA_DIR], c, self.storage, self.admin,
                                        current_epoch=self._zk_coordinator_epoch, table_gone=self._zk_table_gone,
-                                       server_id=self.server_id, lease=self.lease)
+                                       server_id=self.server_id, lease=self.lease, server_calls=self.server_calls)
         self.lease_renewer = LeaseRenewer(self.lease, self.zk, self.server_id).start()
-        self.log_ends = lost_data.LogEndReporter(self.replicas, self.admin)  # how many offsets a restore loses
+        self.log_ends = lost_data.LogEndReporter(self.replicas, self.server_calls)  # what a restore would lose
         self.replicas.dir_id = self.dir_id
         self._start_replication()
         self.scans = ScanService(self.replicas, c, security=self.security).start()
@@ -153,10 +157,10 @@ class TabletServer:
                                  rebuild_bytes_per_s=c[cfg.REPLICA_REBUILD_MAX_BYTES_PER_S])
         self.replicas.role_listeners.append(self.fetchers.update)
         self.replicas.role_listeners.append(self._remove_stray_copies)
-        self.isr_keeper = IsrKeeper(self.server_id, self.replicas.leaderships, self.admin.alter_isr,
+        self.isr_keeper = IsrKeeper(self.server_id, self.replicas.leaderships, self.server_calls.alter_isr,
                                     max_lag_ms=c[cfg.REPLICA_MAX_LAG]).start()
         self.replicas.on_isr_due = self.isr_keeper.wake
-        self.step_down = StepDown(self.server_id, self.replicas, self.admin.resign_leadership,  # tablet/step_down.py
+        self.step_down = StepDown(self.server_id, self.replicas, self.server_calls.resign_leadership,  # step_down.py
                                   after_s=c[cfg.REPLICA_LEADER_FAILURE_TIMEOUT] / 1000.0).start()
 
     def _controlled_shutdown(self) -> None:
@@ -171,14 +175,15 @@ class TabletServer:
         if self.replicas is None or self.admin is None or not self._movable_leaderships():
             return
         deadline = time.monotonic() + self.config[cfg.CONTROLLED_SHUTDOWN_TIMEOUT] / 1000.0
-        with AdminClient([self._active_coordinator() or "127.0.0.1:0"], internal_client_config(self.config),
-                         locate=self._active_coordinator, retry_total_s=2.0) as admin:
+        with CoordinatorCaller([self._active_coordinator() or "127.0.0.1:0"], internal_client_config(self.config),
+                               locate=self._active_coordinator, retry_total_s=2.0) as caller:
+            calls = ServerCalls(caller.call)
             while time.monotonic() < deadline:
                 if not self._movable_leaderships():
                     log.info("controlled shutdown: no leadership left with another in-sync replica")
                     return
                 try:
-                    remaining = admin.controlled_shutdown(self.server_id)
+                    remaining = calls.controlled_shutdown(self.server_id)
                 except errors.KvLeaseError as exc:
                     log.warning("controlled shutdown: %s (stopping without it)", exc)
                     return

@@ -126,7 +126,7 @@ class StepDown(Periodic):
 
     def __init__(self, server_id: int, replicas, resign, *, after_s: float, interval_s: float = 0.5,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
-        """``replicas``: the :class:`~tablet.replicas.ReplicaManager`; ``resign``: ``AdminClient.resign_leadership``
+        """``replicas``: the :class:`~tablet.replicas.ReplicaManager`; ``resign``: ``ServerCalls.resign_leadership``
         (one call for the buckets due in a round)."""
         super().__init__(interval_s)
         self.server_id = server_id

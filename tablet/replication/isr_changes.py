@@ -22,7 +22,7 @@ class IsrKeeper(Periodic):
     def __init__(self, server_id: int, leaderships: Callable[[], list], alter_isr, *, max_lag_ms: int,
                  interval_s: float = 0.2, clock_ms: Callable[[], int] = lambda: int(time.time() * 1000)) -> None:
         """``leaderships()``: the live :class:`~tablet.replication.leader.Leadership` objects; ``alter_isr``:
-        ``AdminClient.alter_isr``."""
+        ``ServerCalls.alter_isr`` (``client/server_calls.py``)."""
         super().__init__(interval_s)
         self.server_id = server_id
         self.leaderships = leaderships

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from client.server_calls import ServerCalls
 from client.table import TableClient
 from common import errors
 from common.model import TableBucket
@@ -208,18 +209,19 @@ def test_the_replication_calls_are_for_the_cluster_principal_only(secure):
                          (lambda a: a.resign_leadership(b.leader_id, [(info.table_id, 0, b.leader_epoch, "EIO")]),
                           "ResignLeadership")):
         with pytest.raises(errors.AuthorizationFailedError, match=method) as refusal:
-            call(secure.admin)  # even a super user
+            call(ServerCalls(secure.admin.caller.call))  # even a super user
         assert "User:admin" in refusal.value.message
     cluster_admin = secure.admin_as("kvlease", INTERNAL_PASSWORD)
-    same = cluster_admin.alter_isr(b.leader_id, info.table_id, 0, b.leader_epoch, b.bucket_epoch, [b.leader_id])
+    cluster_calls = ServerCalls(cluster_admin.caller.call)  # the tablet servers' calls, as they make them
+    same = cluster_calls.alter_isr(b.leader_id, info.table_id, 0, b.leader_epoch, b.bucket_epoch, [b.leader_id])
     assert (same.leader, same.isr, same.leader_epoch, same.bucket_epoch) == (
         b.leader_id, (b.leader_id,), b.leader_epoch, b.bucket_epoch)
     with pytest.raises(errors.FencedLeaderEpochError) as fenced:  # not the leader: refused with the current state
-        cluster_admin.alter_isr(b.leader_id + 100, info.table_id, 0, b.leader_epoch, b.bucket_epoch, [b.leader_id])
+        cluster_calls.alter_isr(b.leader_id + 100, info.table_id, 0, b.leader_epoch, b.bucket_epoch, [b.leader_id])
     assert fenced.value.details == {"leader": b.leader_id, "leader_epoch": b.leader_epoch,
                                     "bucket_epoch": b.bucket_epoch, "isr": [b.leader_id]}
-    assert cluster_admin.controlled_shutdown(b.leader_id) == 0  # one replica: nothing to move, nothing left
-    [kept] = cluster_admin.resign_leadership(b.leader_id, [(info.table_id, 0, b.leader_epoch, "EIO")])
+    assert cluster_calls.controlled_shutdown(b.leader_id) == 0  # one replica: nothing to move, nothing left
+    [kept] = cluster_calls.resign_leadership(b.leader_id, [(info.table_id, 0, b.leader_epoch, "EIO")])
     assert kept.state.leader_id == b.leader_id and "one replica" in kept.refused  # nothing to elect: it keeps it
     assert secure.admin.get_table_assignment(info.table_id)[1][0] == b
 

@@ -11,6 +11,10 @@ the lease domain: ``ops.bench.seed`` writes leases as the coordinator's store do
 tablet server: ``ops.bench.rebuild`` starts the rebuilt follower in its own process (its rebuild timed
 without an interpreter's start, its applied offset and rebuild count read directly).
 
+Inside ``client``, one module is the tablet servers' alone: ``client.server_calls`` (the coordinator calls
+only a tablet server makes: ISR changes, controlled shutdown, loss reports) is imported by ``tablet`` only,
+never by what users run (``kvlease``, ``spark_source``, ``ops``) nor by the rest of the client.
+
 Inside ``ops``, each sub-package (``ops.cli``, ``ops.local_cluster``,
 ``ops.drills``, ``ops.bench``, ``ops.demo``, ``ops.streaming``) is one concept: another
 sub-package imports it only through its public module, the package itself.
@@ -48,6 +52,8 @@ ALLOWED_MODULES = {"ops.bench.seed": {"leases"}, "ops.bench.rebuild": {"tablet"}
 OPS_ROOMS = ("ops.cli", "ops.local_cluster", "ops.drills", "ops.bench", "ops.demo", "ops.streaming")
 #: ops sub-packages that may not import each other in either direction
 APART = (("ops.demo", "ops.drills"),)
+#: module -> the only packages that may import it
+SERVER_ONLY = {"client.server_calls": {"tablet"}}
 
 
 def _modules() -> dict[str, Path]:
@@ -110,6 +116,12 @@ def layer_violations(graph: dict[str, set[str]]) -> list[str]:
             and target.split(".")[0] not in ALLOWED[module.split(".")[0]] | ALLOWED_MODULES.get(module, set())]
 
 
+def server_only_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of a :data:`SERVER_ONLY` module by a package not named for it."""
+    return [f"{module} imports {target}" for module, targets in sorted(graph.items()) for target in sorted(targets)
+            if target in SERVER_ONLY and module.split(".")[0] not in SERVER_ONLY[target]]
+
+
 def _room(module: str) -> str | None:
     return next((room for room in OPS_ROOMS if module == room or module.startswith(room + ".")), None)
 
@@ -130,6 +142,17 @@ def apart_violations(graph: dict[str, set[str]]) -> list[str]:
 @pytest.mark.unit
 def test_every_import_follows_the_layers():
     assert layer_violations(import_graph()) == []
+
+
+@pytest.mark.unit
+def test_only_tablet_servers_import_their_own_coordinator_calls():
+    graph = import_graph()
+    assert "client.server_calls" in graph["tablet.server"]  # the rule watches a real import
+    assert server_only_violations(graph) == []
+    planted = {"ops.cli.app": {"client.server_calls"}, "spark_source.reader": {"client.server_calls"},
+               "tablet.server": {"client.server_calls"}}
+    assert server_only_violations(planted) == ["ops.cli.app imports client.server_calls",
+                                               "spark_source.reader imports client.server_calls"]
 
 
 @pytest.mark.unit

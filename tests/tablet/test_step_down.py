@@ -8,7 +8,8 @@ import errno
 
 import pytest
 
-from client.admin import AdminClient
+from client.coordinator_caller import CoordinatorCaller
+from client.server_calls import ServerCalls
 from common.logentry import ChangelogError
 from common.proto import coordinator_pb2 as pb
 from tablet.kvstore import BucketStoreError
@@ -97,8 +98,9 @@ class LateResignation(LateFirstAnswer):
 
 def test_a_resignation_whose_answer_was_lost_is_sent_again():
     servicer = LateResignation()
-    with stand_in(servicer) as address, AdminClient([address], request_timeout_s=TIMEOUT_S, retry_total_s=10) as admin:
-        [answer] = admin.resign_leadership(1, [(7, 0, 4, "ENOSPC")])
+    with stand_in(servicer) as address, CoordinatorCaller([address], request_timeout_s=TIMEOUT_S,
+                                                          retry_total_s=10) as caller:
+        [answer] = ServerCalls(caller.call).resign_leadership(1, [(7, 0, 4, "ENOSPC")])
     assert servicer.calls["ResignLeadership"] == 2
     assert (answer.table_id, answer.bucket, answer.state.leader_id, answer.state.isr, answer.refused,
             answer.error) == (7, 0, 2, (2,), "", None)

@@ -10,6 +10,7 @@ import shutil
 
 import pytest
 
+from client.server_calls import ServerCalls
 from client.table import TableClient
 from common import errors
 from common.model import TableBucket
@@ -80,7 +81,8 @@ def test_a_one_replica_bucket_with_damaged_files_is_offline_with_the_reason_unti
             client.lookup([{"id": 1}])
     damaged_current = os.path.join(bucket_dir, "damaged", "kv", "CURRENT")
     wait_until(lambda: os.path.exists(damaged_current), 10, "the damaged files moved aside once offline")
-    c.admin.report_replica_loss(1, table.table_id, 0, "resent after a lost answer")  # idempotent
+    resent = ServerCalls(c.admin.caller.call)  # as tablet server 1 sends it
+    resent.report_replica_loss(1, table.table_id, 0, "resent after a lost answer")  # idempotent
     assert bucket_state(c, table.table_id) == offline
 
     loss = c.admin.restore_bucket("db.one", 0, accept_data_loss=True)["loss"]

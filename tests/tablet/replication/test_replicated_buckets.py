@@ -178,7 +178,7 @@ def test_controlled_shutdown_ends_when_the_last_movable_leadership_loses_its_oth
     """The follower died just before: the coordinator answers it cannot move the leadership (no other live
     in-sync replica) until its push shrinks the leader's own ISR view; then the stop goes on at once, not
     after tablet.controlled-shutdown.timeout (asking again changes nothing)."""
-    from client.admin import AdminClient
+    from client.server_calls import ServerCalls
     with three_servers(make_config, tmp_path, {**FAST, "tablet.controlled-shutdown.timeout": "60s"}) as c:
         table = c.admin.create_table("db.lonely", SCHEMA, ["id"], 1, replication_factor=2, min_insync_replicas=1)
         state = wait_in_sync(c, table.table_id, members=2)
@@ -191,7 +191,7 @@ def test_controlled_shutdown_ends_when_the_last_movable_leadership_loses_its_oth
             gate.wait(60)
             return take_push(*args, **kwargs)
 
-        ask = AdminClient.controlled_shutdown
+        ask = ServerCalls.controlled_shutdown
 
         def counted_ask(self, server_id):
             remaining = ask(self, server_id)
@@ -199,7 +199,7 @@ def test_controlled_shutdown_ends_when_the_last_movable_leadership_loses_its_oth
             return remaining
 
         monkeypatch.setattr(leader.replicas, "update_leadership", held_push)
-        monkeypatch.setattr(AdminClient, "controlled_shutdown", counted_ask)
+        monkeypatch.setattr(ServerCalls, "controlled_shutdown", counted_ask)
         crash(c, follower)
         wait_until(lambda: bucket_state(c, table.table_id).isr == (leader.server_id,), 20, "the ISR shrunk")
         c.tablets.remove(leader)

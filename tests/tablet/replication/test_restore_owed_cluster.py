@@ -11,6 +11,7 @@ import threading
 
 import pytest
 
+from client.server_calls import ServerCalls
 from client.table import TableClient
 from common import errors, zkpaths
 from tablet import lost_data
@@ -76,7 +77,8 @@ def test_a_restore_its_server_took_but_had_not_started_when_it_crashed_is_carrie
     stored, version = wait_until(lambda: (s := _stored_loss(c, table.table_id))[0]["owed_by"] == [] and s, 15,
                                  "the restore's confirmation")
 
-    c.admin.confirm_restore(1, table.table_id, 0, loss.leader_epoch)  # a resent confirmation changes nothing
+    resent = ServerCalls(c.admin.caller.call)  # as tablet server 1 sends it
+    resent.confirm_restore(1, table.table_id, 0, loss.leader_epoch)  # a resent confirmation changes nothing
     assert _stored_loss(c, table.table_id) == (stored, version)
 
     with TableClient(c.admin, "db.owed") as client:  # never restored again: new writes survive a restart

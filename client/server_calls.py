@@ -1,0 +1,115 @@
+"""A tablet server's own calls to the coordinator: ISR changes, controlled shutdown, resigning leaderships,
+and the data-loss reports (a replica's data lost, leaders' log ends, a restore carried out).
+
+These are internal calls: with security on, only the cluster's own principal
+may make them, and no user process makes them, so :class:`ServerCalls` is not
+part of the public :class:`client.admin.AdminClient` (nor of ``kvlease``); the
+tablet server (``tablet/``) uses it. It is built on a coordinator call
+(:meth:`client.coordinator_caller.CoordinatorCaller.call`: the active
+coordinator, retries, errors), in a tablet server the one its admin client
+owns (``ServerCalls(admin.caller.call)``). Every call is safe to resend after a
+lost answer (:data:`client.coordinator_caller.IDEMPOTENT` names the
+replication ones; a resent report changes nothing).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+from client.admin_types import BucketLeader, bucket_leader
+from client.coordinator_caller import CoordinatorCall
+from common import errors
+from common.proto import coordinator_pb2 as pb
+from common.wire import error_from_pb
+
+
+@dataclass(frozen=True)
+class AlterIsrResult:
+    """A bucket's state after an AlterIsr."""
+
+    isr: tuple[int, ...]
+    leader: int
+    leader_epoch: int
+    bucket_epoch: int
+
+
+@dataclass(frozen=True)
+class Resigned:
+    """One bucket's answer to :meth:`ServerCalls.resign_leadership`: its state after the call and why the
+    leadership was kept ("" when it moved, or was over already: a resent call), or the error that refused it
+    (``state`` None; FencedLeaderEpochError: the server leads it at another epoch)."""
+
+    table_id: int
+    bucket: int
+    state: BucketLeader | None
+    refused: str
+    error: errors.KvLeaseError | None
+
+
+class ServerCalls:
+    """The coordinator calls only tablet servers make; thread-safe as its ``call`` is."""
+
+    def __init__(self, call: CoordinatorCall) -> None:
+        """``call``: sends a coordinator call (:meth:`client.coordinator_caller.CoordinatorCaller.call`)."""
+        self._call = call
+
+    # -- replication --------------------------------------------------------------------------------
+
+    def alter_isr(self, server_id: int, table_id: int, bucket: int, leader_epoch: int, bucket_epoch: int,
+                  isr: Iterable[int]) -> AlterIsrResult:
+        """Set the bucket's ISR (the call of its leader, ``server_id``, at ``leader_epoch`` and
+        ``bucket_epoch``); returns the bucket's state after it. FencedLeaderEpochError if the caller does
+        not lead at those epochs (its ``details``: the current ``leader``, ``leader_epoch``,
+        ``bucket_epoch`` and ``isr``); InvalidRequestError for an ISR without the leader, with a
+        server that is not a replica, or adding one that is not live."""
+        request = pb.AlterIsrRequest(server_id=server_id, table_id=table_id, bucket=bucket, leader_epoch=leader_epoch,
+                                     bucket_epoch=bucket_epoch, isr=list(isr))
+        response = self._call("AlterIsr", request, answered=(errors.FencedLeaderEpochError,))
+        result = AlterIsrResult(tuple(response.isr), response.leader, response.leader_epoch, response.bucket_epoch)
+        if response.error.code:
+            raise errors.FencedLeaderEpochError(response.error.message, leader=result.leader,
+                                                leader_epoch=result.leader_epoch, bucket_epoch=result.bucket_epoch,
+                                                isr=list(result.isr))
+        return result
+
+    def controlled_shutdown(self, server_id: int) -> int:
+        """Move the leaderships of tablet server ``server_id`` (about to stop) to other live in-sync replicas
+        and take it out of the ISRs; returns how many buckets it still leads that could not move (0: it may
+        stop). Call it again until 0 (or a timeout)."""
+        response = self._call("ControlledShutdown", pb.ControlledShutdownRequest(server_id=server_id))
+        return response.remaining_leaders
+
+    def resign_leadership(self, server_id: int, buckets: Iterable[tuple[int, int, int, str]]) -> list[Resigned]:
+        """Give up the leadership of ``buckets``, ``(table id, bucket, leader epoch, reason)`` each, that tablet
+        server ``server_id`` leads at those epochs and cannot write (``reason``: its local failure;
+        ``tablet/step_down.py``): for each, another live in-sync replica leads and ``server_id`` leaves the ISR.
+        Returns one :class:`Resigned` per bucket, in order."""
+        asked = list(buckets)
+        request = pb.ResignLeadershipRequest(server_id=server_id, buckets=[
+            pb.ResignBucketPb(table_id=t, bucket=b, leader_epoch=epoch, reason=why) for t, b, epoch, why in asked])
+        response = self._call("ResignLeadership", request)
+        return [Resigned(t, b, None, "", error) if (error := error_from_pb(r.error))
+                else Resigned(t, b, bucket_leader(r.bucket), r.refused, None)
+                for (t, b, _epoch, _reason), r in zip(asked, response.buckets)]
+
+    # -- data loss ------------------------------------------------------------------------------------
+
+    def report_replica_loss(self, server_id: int, table_id: int, bucket: int, reason: str) -> None:
+        """Tell the coordinator that ``server_id``'s replica of the bucket lost its data (``reason``): it
+        leaves the ISR, and the bucket goes offline if it was its last in-sync replica."""
+        self._call("ReportReplicaLoss", pb.ReportReplicaLossRequest(
+            server_id=server_id, table_id=table_id, bucket=bucket, reason=reason))
+
+    def confirm_restore(self, server_id: int, table_id: int, bucket: int, leader_epoch: int) -> None:
+        """Tell the coordinator that ``server_id``'s replica of the bucket carried out the restore that gave
+        it ``leader_epoch``: it no longer owes it. Resending it changes nothing."""
+        self._call("ConfirmRestore", pb.ConfirmRestoreRequest(
+            server_id=server_id, table_id=table_id, bucket=bucket, leader_epoch=leader_epoch))
+
+    def report_log_ends(self, server_id: int, ends: Iterable[tuple[int, int, int, int]],
+                        takeover: bool = False) -> None:
+        """``ends``: (table id, bucket, leader epoch, committed log end) of buckets ``server_id`` leads."""
+        self._call("ReportLogEnds", pb.ReportLogEndsRequest(
+            server_id=server_id, takeover=takeover,
+            buckets=[pb.BucketLogEndPb(table_id=t, bucket=b, leader_epoch=e, log_end=end) for t, b, e, end in ends]))
