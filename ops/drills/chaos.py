@@ -12,7 +12,8 @@ lookup made during the faults is linearizable with the writes (it shows the
 write last acknowledged before it was sent or a later one, and no earlier
 write than a lookup answered before it was sent); the cluster is whole
 again, every replica of the row table back in its ISR. Needs --coordinators 2
-and --tablets 1 or more.
+and --tablets 1 or more. The load and the faults start once the query wrote its
+bootstrap: the query tails the changes through every fault.
 
 The faults (:mod:`ops.drills.chaos_plan`): ZooKeeper node restart, ZooKeeper leader
 loss (3-node ensembles), kill -9 of the active coordinator, SIGSTOP/SIGCONT of
@@ -116,6 +117,7 @@ def _run(cluster: DrillCluster, spark, faults: list[cp.Fault], remote: RemoteOut
             writers.write({k: k for k in keys})
             client.trigger_snapshot(wait=True)
             stream = ChaosStream(spark, cluster.addresses, table, _progress)
+            report.figures["stream_bootstrap_s"] = stream.wait_for_bootstrap()  # then the load and the faults
             targets = chaos_faults.Targets(remote, client.table.table_id)
             leases.start()
             writers.start()

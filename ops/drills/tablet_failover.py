@@ -42,7 +42,7 @@ from client.table import TableClient
 from common import errors
 from common.tables import Column
 from ops import local_cluster
-from ops.streaming import ChaosStream
+from ops.streaming import BOOTSTRAP_BOUND_S, ChaosStream
 from ops.drills.cluster import DRILL_DB, DrillCluster, in_sync_since, require, session_timeout_s
 from ops.drills.faults import paused
 from ops.drills.failover_checks import (Outage, Read, acknowledged_writes_in_changelog, apply_changes,
@@ -64,7 +64,6 @@ SCAN_BATCH_BYTES = 1024
 PROBE_TIMEOUT_S = 0.5  # a lookup of a paused leader gives up this soon; the next one asks for the new leader
 PROBE_KEYS = 4
 IN_SYNC_BOUND_S = 30.0
-STREAM_BOOTSTRAP_BOUND_S = 120.0
 
 
 def check_shape(doc: dict) -> None:
@@ -174,7 +173,7 @@ def _run(cluster: DrillCluster, spark, table: str, rounds: int, seed: int, bound
             writers.write({k: k for k in keys})
             client.trigger_snapshot(wait=True)  # the stream's bootstrap reads it
             stream = ChaosStream(spark, cluster.addresses, table, _progress)
-            report.figures["stream_bootstrap_s"] = wait_for_bootstrap(stream, STREAM_BOOTSTRAP_BOUND_S)
+            report.figures["stream_bootstrap_s"] = stream.wait_for_bootstrap(BOOTSTRAP_BOUND_S)
             outcome = _drill(cluster, client, table, writers, rounds, seed, bound_s)
             report.add(Check.of("the Spark query ran through every fault", [f for f in [stream.failed()] if f], 1))
             in_sync, outcome["leaders"], outcome["in_sync_s"] = in_sync_since(
@@ -193,17 +192,6 @@ def _run(cluster: DrillCluster, spark, table: str, rounds: int, seed: int, bound
     finally:
         if stream is not None:
             stream.close()
-
-
-def wait_for_bootstrap(stream: ChaosStream, timeout_s: float) -> float | None:
-    """Wait up to ``timeout_s`` until the query wrote its bootstrap (micro-batch 0), so that it tails the
-    changes through the faults; the seconds that took (None: it did not, or the query stopped)."""
-    start = time.monotonic()
-    while 0 not in stream.sink.rows:
-        if stream.failed() or time.monotonic() - start > timeout_s:
-            return None
-        time.sleep(0.1)
-    return round(time.monotonic() - start, 3)
 
 
 def _drill(cluster: DrillCluster, client: TableClient, table: str, writers: AckedWriters, rounds: int, seed: int,

@@ -16,9 +16,9 @@ The public module of ``ops/streaming/``: the demo, the drills and the benchmarks
 
 from __future__ import annotations
 
-from ops.streaming.chaos_stream import ChaosStream
+from ops.streaming.chaos_stream import BOOTSTRAP_BOUND_S, ChaosStream
 from ops.streaming.spark import local_session, stop_local_session
 from ops.streaming.stream_failover import Outcome, Plan
 from ops.streaming.stream_failover import run as run_failover
 
-__all__ = ["ChaosStream", "Outcome", "Plan", "local_session", "run_failover", "stop_local_session"]
+__all__ = ["BOOTSTRAP_BOUND_S", "ChaosStream", "Outcome", "Plan", "local_session", "run_failover", "stop_local_session"]

@@ -28,6 +28,7 @@ KEY = ("id",)
 VALUES = ("v", "pad")
 LEASE_DURATION = "30s"  # renewed every third of it while the bootstrap runs
 CATCH_UP_TIMEOUT_S = 180.0
+BOOTSTRAP_BOUND_S = 120.0  # the query's bootstrap (micro-batch 0) is written within this
 
 
 class ChaosStream:
@@ -40,6 +41,18 @@ class ChaosStream:
         self.query = stream_query.start(spark, addresses, table, self.lease_id, LEASE_DURATION, "1 second",
                                         self.sink, self.work / "checkpoint")
         self.started = time.monotonic()
+
+    def wait_for_bootstrap(self, timeout_s: float = BOOTSTRAP_BOUND_S) -> float | None:
+        """Wait up to ``timeout_s`` until the query wrote its bootstrap (micro-batch 0); the seconds that
+        took (None: it did not, or the query stopped). A drill starts its faults after it: Spark starts the
+        source's Python workers as the query starts and gives each a fixed 10 s to connect back, which the
+        faults' load on a small machine could exceed, failing the query for Spark's reason, not the faults'."""
+        start = time.monotonic()
+        while 0 not in self.sink.rows:
+            if self.failed() or time.monotonic() - start > timeout_s:
+                return None
+            time.sleep(0.1)
+        return round(time.monotonic() - start, 3)
 
     def failed(self) -> str:
         """Why the query stopped by itself ("" while it runs)."""

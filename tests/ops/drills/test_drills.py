@@ -212,4 +212,5 @@ def _chaos(directory: Path, spark, seed: int) -> dict:
     figures = report["figures"]
     assert figures["seed"] == seed and len(figures["faults_done"]) == CHAOS_ROUNDS
     assert figures["stream_change_rows"] > 0 and figures["acknowledged"] > 0 and figures["reads_checked"] > 0
+    assert figures["stream_bootstrap_s"] is not None  # the faults began once the query had bootstrapped
     return figures
