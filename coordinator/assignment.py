@@ -11,8 +11,8 @@ change of this state).
 "leader_epoch": 2, "isr": [3, 1], "bucket_epoch": 4}, …}}``. A node written before replication
 has no ``isr`` / ``bucket_epoch``: its replicas and ISR are its leader (none if -1) and its bucket
 epoch is its leader epoch. A bucket whose replicas are being moved also has
-``"reassign": {"target": [4, 1]}`` (:mod:`coordinator.reassignment`; omitted when none), and one whose replicas
-reported their data lost since they last were in sync ``"lost": [2]`` (:mod:`coordinator.data_loss`; omitted
+``"reassign": {"target": [4, 1]}`` (:mod:`coordinator.reassignment_plan`; omitted when none), and one whose replicas
+reported their data lost since they last were in sync ``"lost": [2]`` (:mod:`coordinator.data_loss_plan`; omitted
 when none; a replica back in the ISR, or no longer a replica, leaves it). Leader -1 with no
 replicas: not assigned yet (a one-replica table created while no tablet server was live). A restore's loss
 record keeps the replicas that still owe it (``owed_by``, :attr:`BucketAssignment.restore_owed_by`): a
@@ -21,7 +21,7 @@ replica moved off the bucket leaves it in the same write, and so does one that j
 
 Capacity: a tablet server registers the most bucket replicas it holds (``max_buckets``,
 ``tablet.buckets.max``); every replica counts. Planning is pure:
-:mod:`coordinator.placement` places new tables, :mod:`coordinator.election` moves leaders and ISRs.
+:mod:`coordinator.placement_plan` places new tables, :mod:`coordinator.election_plan` moves leaders and ISRs.
 """
 
 from __future__ import annotations
@@ -52,15 +52,15 @@ class BucketAssignment:
     replicas: tuple[int, ...] = field(default=None)  # type: ignore[assignment]
     isr: tuple[int, ...] = field(default=None)  # type: ignore[assignment]
     bucket_epoch: int = field(default=None)  # type: ignore[assignment]
-    #: A replica move in progress (:mod:`coordinator.reassignment`): the replicas the bucket moves to; None: none.
+    #: A replica move in progress (:mod:`coordinator.reassignment_plan`): the replicas the bucket moves to; None: none.
     reassign: tuple[int, ...] | None = None
-    #: Why the bucket has no leader when its data is lost ("": not lost); see coordinator/data_loss.py.
+    #: Why the bucket has no leader when its data is lost ("": not lost); see coordinator/data_loss_plan.py.
     offline_reason: str = ""
     #: The losses operators accepted (restore, unclean election), oldest first.
     losses: tuple[DataLoss, ...] = ()
     #: Replicas that reported their data lost (a wiped dir, damaged files), or dropped it to carry out a
     #: restore another replica led, since they last were in the ISR: an unclean election prefers the others
-    #: (coordinator/data_loss.py). Never an ISR member.
+    #: (coordinator/data_loss_plan.py). Never an ISR member.
     lost: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
@@ -90,7 +90,7 @@ class BucketAssignment:
     def restore_owed_by(self) -> tuple[int, ...]:
         """The replicas that have not carried out the bucket's latest restore yet (its record's ``owed_by``;
         () when none is known): each holds its data from before the restore, or nothing, so it must never
-        lead without restoring first (coordinator/data_loss.py ``unclean_choice``)."""
+        lead without restoring first (coordinator/data_loss_plan.py ``unclean_choice``)."""
         latest = self.latest_restore
         return () if latest is None or latest.owed_by is None else latest.owed_by
 
@@ -170,7 +170,7 @@ class Assignments:
 
     def preferred_per_server(self) -> Counter[int]:
         """Buckets each server is the preferred leader of: the first replica (of a move in progress, the first
-        of its target), whether it leads now or not (coordinator/leader_balance.py)."""
+        of its target), whether it leads now or not (coordinator/leader_balance_plan.py)."""
         return Counter((a.reassign or a.replicas)[0] for _t, _b, a in self.all() if a.replicas)
 
     def led_by(self, server_id: int) -> list[tuple[int, int, BucketAssignment]]:

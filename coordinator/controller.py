@@ -29,12 +29,12 @@ from common.model import Lease, TableBucket
 from common.statemachine import Dispatcher, on
 from common.storage import RemoteStorage
 from common.tls import TlsFiles
-from coordinator import election
+from coordinator import election_plan
 from coordinator import reinit
 from coordinator import requests as rq
 from coordinator.assignment import Assignments
 from coordinator.catalog import TableCatalog
-from coordinator.data_loss_shell import DataLossShell
+from coordinator.data_loss import DataLossShell
 from coordinator.fencing import FencedWriter
 from coordinator.file_gc import FileCollector
 from coordinator.lease_shell import LeaseShell
@@ -343,15 +343,15 @@ class Controller(Dispatcher):
     def _resign_leadership(self, r: rq.ResignLeadership) -> list:
         """A leader that cannot write hands buckets to other live in-sync replicas (one write), or keeps those with
         none: each one's Resignation, or the error that refused it."""
-        changes, outcomes = election.resign_leaderships(
+        changes, outcomes = election_plan.resign_leaderships(
             self.assignments, r.server_id, [(t, b, epoch) for t, b, epoch, _why in r.buckets], set(self.servers),
             {t: table.path for t, table in self.catalog.by_id.items()})
         if changes:
             self.members.apply(changes)
         for (table_id, bucket, _epoch, why), outcome in zip(r.buckets, outcomes):
-            if isinstance(outcome, election.Resignation) and not outcome.refused:
+            if isinstance(outcome, election_plan.Resignation) and not outcome.refused:
                 self.preferred.resigned(r.server_id)  # not handed back at once (coordinator/preferred_leaders.py)
-            if isinstance(outcome, election.Resignation):  # refusals are asked again: logged quieter
+            if isinstance(outcome, election_plan.Resignation):  # refusals are asked again: logged quieter
                 log.log(logging.INFO if outcome.refused else logging.WARNING, "tablet server %d cannot write bucket "
                         "%d of table %d (%s): %s", r.server_id, bucket, table_id, why,
                         outcome.refused or f"tablet server {outcome.state.leader} leads it now")

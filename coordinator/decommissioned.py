@@ -5,9 +5,9 @@ written fenced in the same multi-op as the first moves it starts) and
 ``cluster recommission --tablet N`` deletes the mark. A marked server keeps
 what it holds until moved off it, but no placement chooses it: a new table's
 replicas (:meth:`coordinator.membership.Membership.plan_table`), an unassigned
-one-replica bucket (:func:`coordinator.election.servers_changed`), a
+one-replica bucket (:func:`coordinator.election_plan.servers_changed`), a
 rebalance's or another decommission's destinations
-(:mod:`coordinator.rebalance`), a reassign's new replicas. The mark is by
+(:mod:`coordinator.rebalance_plan`), a reassign's new replicas. The mark is by
 server id, so it outlives the server's registration (a restart, a new data
 dir) and a coordinator failover (:meth:`Decommissioned.load`).
 """

@@ -1,6 +1,6 @@
 """The bucket leaders' last reported committed log ends: kept in memory, persisted at a low rate.
 
-A restore (:mod:`coordinator.data_loss_shell`) says from them how many
+A restore (:mod:`coordinator.data_loss`) says from them how many
 committed offsets it loses. Tablet servers report them (``ReportLogEnds``)
 every ``kv.snapshot.interval`` for the buckets whose end moved, and all of
 them again to a new active coordinator; a server whose disk is gone reports

@@ -4,7 +4,7 @@ The live servers come from ``/tabletservers/ids`` (ephemeral nodes; a
 restarted server has a new incarnation), each with its capacity
 (``max_buckets``): a new table's replicas go only to servers with room, and a
 create whose replicas do not fit is refused before anything is written.
-Plans are pure (:mod:`coordinator.placement`, :mod:`coordinator.election`);
+Plans are pure (:mod:`coordinator.placement_plan`, :mod:`coordinator.election_plan`);
 they are written to ZooKeeper (epoch-fenced) before they are applied, then
 every live replica of a changed bucket is told the full list of buckets it
 holds (:mod:`coordinator.notifier`). A decommissioned server
@@ -22,15 +22,15 @@ from kazoo.exceptions import NoNodeError
 from common import errors, zkpaths
 from common.tables import TableInfo
 from common.zk import ZkOp, loads
-from coordinator import data_loss, election
+from coordinator import data_loss_plan, election_plan
 from coordinator.assignment import UNASSIGNED, Assignments, BucketAssignment, Changes
 from coordinator.catalog import TableCatalog
 from coordinator.data_dirs import DataDirs
 from coordinator.decommissioned import Decommissioned
 from coordinator.fencing import FencedWriter, chunks
 from coordinator.leader_leases import LeaderLeases, ServerLease
-from coordinator.placement import plan_new
-from coordinator.reassignment import removed_replicas
+from coordinator.placement_plan import plan_new
+from coordinator.reassignment_plan import removed_replicas
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +168,7 @@ class Membership:
         A server that left (or re-registered with a new incarnation or in a new ZooKeeper session unseen:
         gone, then joined) loses its leaderships and ISR places; one that joined leads offline buckets whose
         ISR holds it. One that registered with a new data dir lost every replica placed on it
-        (:mod:`coordinator.data_loss`)."""
+        (:mod:`coordinator.data_loss_plan`)."""
         seen = {sid: (v, "", None, "", None) if isinstance(v, str) else (*v, None, "", None)[:5]
                 for sid, v in servers.items()}
         identity = {sid: (v[0], v[1], v[4].session_id if v[4] is not None else None) for sid, v in seen.items()}
@@ -183,12 +183,12 @@ class Membership:
             log.warning("tablet servers gone: %s, restarted: %s", sorted(left), sorted(restarted))
         registered = {sid: v[3] for sid, v in seen.items()}
         lost = self.dirs.lost(registered)
-        overlay, lost_changes = self.assignments, data_loss.servers_lost(self.assignments, lost, set(self.servers))
+        overlay, lost_changes = self.assignments, data_loss_plan.servers_lost(self.assignments, lost, set(self.servers))
         if lost_changes:
             log.warning("tablet servers with a new data dir: %s (their replicas' data is lost)", sorted(lost))
             overlay = Assignments()
             overlay.by_table = {**self.assignments.by_table, **lost_changes}
-        changes, unclean = election.servers_changed(overlay, left | restarted, joined, set(self.servers),
+        changes, unclean = election_plan.servers_changed(overlay, left | restarted, joined, set(self.servers),
                                                     self.capacity, self.unclean_election,
                                                     excluded=self.decommissioned.ids)
         changes = {**lost_changes, **changes}
@@ -290,13 +290,13 @@ class Membership:
 
     def alter_isr(self, server_id: int, table_id: int, bucket: int, leader_epoch: int, bucket_epoch: int,
                   isr: Iterable[int]) -> BucketAssignment:
-        """The leader's ISR change (:func:`coordinator.election.alter_isr`), written and told; returns the
+        """The leader's ISR change (:func:`coordinator.election_plan.alter_isr`), written and told; returns the
         bucket's state after it."""
         table = self.catalog.get_by_id(table_id)
         current = self.assignments.table(table_id).get(bucket)
         if current is None:
             raise errors.InvalidRequestError(f"table {table.path} has no bucket {bucket}", table=table.path)
-        new = election.alter_isr(current, server_id, leader_epoch, bucket_epoch, isr, set(self.servers),
+        new = election_plan.alter_isr(current, server_id, leader_epoch, bucket_epoch, isr, set(self.servers),
                                  where=f"bucket {bucket} of {table.path}")
         if new != current:
             self._apply({table_id: {**self.assignments.table(table_id), bucket: new}})
@@ -307,7 +307,7 @@ class Membership:
     def controlled_shutdown(self, server_id: int) -> int:
         """Move the server's leaderships away and take it out of the ISRs; the buckets it still leads
         that had no other live in-sync replica."""
-        changes, remaining = election.controlled_shutdown(self.assignments, server_id, set(self.servers))
+        changes, remaining = election_plan.controlled_shutdown(self.assignments, server_id, set(self.servers))
         self._apply(changes)
         log.info("controlled shutdown of tablet server %d: %d bucket(s) changed, %d leadership(s) left", server_id,
                  sum(len(p) for p in changes.values()), remaining)

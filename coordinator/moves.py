@@ -1,7 +1,7 @@
 """Moving bucket replicas on the active coordinator: reassign one bucket, decommission a tablet server,
 rebalance, and completing the moves as their new replicas catch up.
 
-The plans are pure (:mod:`coordinator.reassignment`, :mod:`coordinator.rebalance`);
+The plans are pure (:mod:`coordinator.reassignment_plan`, :mod:`coordinator.rebalance_plan`);
 this shell writes them through :class:`~coordinator.membership.Membership`
 (fenced, then applied, then every replica of a changed bucket is told; a
 replica a completed move took the bucket off is told to delete its copy).
@@ -26,7 +26,7 @@ from typing import Callable, Iterable, Sequence
 from common import errors
 from common.tables import TableInfo
 from common.zk import ZkOp
-from coordinator import reassignment, rebalance
+from coordinator import reassignment_plan, rebalance_plan
 from coordinator.assignment import BucketAssignment, Changes
 from coordinator.membership import Membership
 
@@ -71,13 +71,13 @@ class Moves:
         where = f"bucket {bucket} of {table.path}"
         asked = tuple(int(r) for r in target)
         if current.reassign != asked and not (current.reassign is None and current.replicas == asked):
-            asked = reassignment.check_target(where, table.replication_factor, asked, self._live, current.replicas)
+            asked = reassignment_plan.check_target(where, table.replication_factor, asked, self._live, current.replicas)
             retired = sorted((set(asked) - set(current.replicas)) & self.members.decommissioned.ids)
             if retired:
                 raise errors.InvalidRequestError(
                     f"cannot move {where}: tablet server(s) {retired} are decommissioned and take no new replicas "
                     f"(`kvlease cluster recommission --tablet ID` first)")
-            new = reassignment.start(current, asked, where)
+            new = reassignment_plan.start(current, asked, where)
             if new != current:
                 self.members.apply({table.table_id: {**plan, bucket: new}})
                 log.info("%s: moving replicas %s -> %s (leader %d, ISR %s)", where, list(current.replicas),
@@ -91,7 +91,7 @@ class Moves:
         in progress are answered."""
         self._check_known(server_id, "decommission")
         assignments, retired = self.members.assignments, self.members.decommissioned
-        moves = rebalance.decommission(assignments, server_id, self._live, self.members.capacity, self._name,
+        moves = rebalance_plan.decommission(assignments, server_id, self._live, self.members.capacity, self._name,
                                        excluded=retired.ids)
         marking = retired.mark_ops(server_id)
         self._start(moves, extra_ops=marking, extra_written=lambda: retired.marked(server_id))
@@ -126,11 +126,11 @@ class Moves:
             f"replica (registered: {sorted(members.servers) or 'none'})")
 
     def rebalance(self, leaders_only: bool = False) -> tuple[list[Row], list[tuple[Row, int]]]:
-        """Start the moves and leader changes of :func:`coordinator.rebalance.rebalance` (replicas left on
+        """Start the moves and leader changes of :func:`coordinator.rebalance_plan.rebalance` (replicas left on
         decommissioned servers move first; ``leaders_only``: no moves): (moves started, [(bucket after its
         leader's change, its old leader)])."""
         assignments = self.members.assignments
-        plan = rebalance.rebalance(assignments, self._live, self.members.capacity,
+        plan = rebalance_plan.rebalance(assignments, self._live, self.members.capacity,
                                    excluded=self.members.decommissioned.ids, leaders_only=leaders_only)
         before = {key: assignments.table(key[0])[key[1]] for key in plan.leaders}
         changes: Changes = {}
@@ -160,8 +160,8 @@ class Moves:
         for table_id, bucket, target in moves:
             where = f"bucket {bucket} of {self._name(table_id)}"
             plan = changes.setdefault(table_id, dict(assignments.table(table_id)))
-            reassignment.check_target(where, self._rf(table_id), target, self._live, plan[bucket].replicas)
-            plan[bucket] = reassignment.start(plan[bucket], target, where)
+            reassignment_plan.check_target(where, self._rf(table_id), target, self._live, plan[bucket].replicas)
+            plan[bucket] = reassignment_plan.start(plan[bucket], target, where)
         if changes or extra_ops:
             self.members.apply(changes, extra_ops, extra_written)
 
@@ -170,7 +170,7 @@ class Moves:
     def progress(self, table_ids: Iterable[int] | None = None) -> None:
         """Complete every move (of ``table_ids``; None: all) whose target replicas are all in the ISR. A
         non-fatal write failure is logged and tried again on the next tick (:meth:`tick`)."""
-        changes = reassignment.progress_all(self.members.assignments, self._live, table_ids)
+        changes = reassignment_plan.progress_all(self.members.assignments, self._live, table_ids)
         if not changes:
             return
         before = {(t, b): self.members.assignments.table(t)[b] for t, plan in changes.items() for b in plan}
@@ -187,7 +187,7 @@ class Moves:
             if old.reassign is not None and new is not None and new.reassign is None:
                 log.info("bucket %d of %s: move to %s complete (leader %d, leader epoch %d; removed from %s)", bucket,
                          self._name(table_id), list(new.replicas), new.leader, new.leader_epoch,
-                         sorted(reassignment.removed_replicas(old, new)))
+                         sorted(reassignment_plan.removed_replicas(old, new)))
 
     def tick(self) -> None:
         """The expiry tick: try the completions whose write failed again."""

@@ -2,7 +2,7 @@
 docs/architecture.md "Preferred leaders").
 
 Leadership goes back to a bucket's preferred replica (its first,
-:mod:`coordinator.leader_balance`) without an operator:
+:mod:`coordinator.leader_balance_plan`) without an operator:
 
 - **when it returns**: an ``AlterIsr`` that brings a bucket's preferred
   replica (back) into its ISR while another leads it (a restarted server, or
@@ -16,10 +16,10 @@ Leadership goes back to a bucket's preferred replica (its first,
   (Kafka's ``leader.imbalance.per.broker.percentage``), e.g. leaderships a
   controlled shutdown moved away from a server that is in sync again.
 
-Only replicas that :func:`~coordinator.leader_balance.may_lead` are elected, and none of a server that
+Only replicas that :func:`~coordinator.leader_balance_plan.may_lead` are elected, and none of a server that
 gave a leadership up because it could not write (``ResignLeadership``, a full disk) within the last check
 interval: back in an ISR it had nothing to write, it would be elected and give it up again.
-The plans are :mod:`coordinator.leader_balance`'s; this shell writes them
+The plans are :mod:`coordinator.leader_balance_plan`'s; this shell writes them
 through :meth:`~coordinator.membership.Membership.apply` (fenced, then
 applied, then every replica told). A write that fails (not fatally) is
 logged; the next check tries again. Runs on the event loop's thread.
@@ -31,7 +31,7 @@ import logging
 from typing import Callable
 
 from common import errors
-from coordinator import leader_balance
+from coordinator import leader_balance_plan
 from coordinator.assignment import BucketAssignment, Changes
 from coordinator.membership import Membership
 
@@ -66,7 +66,7 @@ class PreferredLeaders:
     def isr_changed(self, table_id: int, bucket: int, before: BucketAssignment | None) -> None:
         """The bucket's ISR changed from ``before``: queue it if that brought its preferred replica back."""
         after = self.members.assignments.table(table_id).get(bucket)
-        if self.enabled and after is not None and leader_balance.rejoined(before, after):
+        if self.enabled and after is not None and leader_balance_plan.rejoined(before, after):
             self._queued.add((table_id, bucket))
 
     def run_queued(self) -> None:
@@ -78,7 +78,7 @@ class PreferredLeaders:
         elected = {}
         for table_id, bucket in queued:
             a = self.members.assignments.table(table_id).get(bucket)
-            new = None if a is None else leader_balance.preferred_leader(a, live, excluded)
+            new = None if a is None else leader_balance_plan.preferred_leader(a, live, excluded)
             if new is not None:
                 elected[(table_id, bucket)] = new
         self._elect(elected, "back in the ISR")
@@ -89,7 +89,7 @@ class PreferredLeaders:
         if not self.enabled or now < self._next_check_ms:
             return
         self._next_check_ms = now + self.check_interval_ms
-        elected = leader_balance.elections(self.members.assignments, self.members.servers, self._excluded(),
+        elected = leader_balance_plan.elections(self.members.assignments, self.members.servers, self._excluded(),
                                            self.threshold_pct)
         self._elect(elected, f"imbalance above {self.threshold_pct:g}%")
 

@@ -209,7 +209,7 @@ class RestoreBucket:
     table_id: int
     bucket: int
     accept_data_loss: bool
-    tablet: int | None = None  # the server to restore onto (None: chosen; coordinator/data_loss.py)
+    tablet: int | None = None  # the server to restore onto (None: chosen; coordinator/data_loss_plan.py)
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from common.tables import Column, TableSpec
 from common.security.acl import Operation, Resource
 from common.security.server import OPEN
 from coordinator import requests as rq
-from coordinator.reassignment import move_state
+from coordinator.reassignment_plan import move_state
 from coordinator.snapshot_checks import check_manifest
 from leases import state as ls
 
@@ -323,7 +323,7 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
                          lambda rows: {"moves": [_move_pb(*row) for row in rows]},
                          check=self._check(Operation.DESCRIBE, Resource.cluster))
 
-    # -- data loss (coordinator/data_loss.py) ----------------------------------------------------
+    # -- data loss (coordinator/data_loss_plan.py) ----------------------------------------------------
 
     def ReportReplicaLoss(self, request, context):
         return self._run(rq.ReportReplicaLoss(request.server_id, request.table_id, request.bucket, request.reason),
@@ -378,5 +378,5 @@ def _acquired(outcome) -> dict:
 
 
 def _move_pb(table, bucket: int, state) -> pb.BucketMovePb:
-    """A bucket's move as answered (:func:`coordinator.reassignment.move_state`)."""
+    """A bucket's move as answered (:func:`coordinator.reassignment_plan.move_state`)."""
     return pb.BucketMovePb(table_id=table.table_id, table=table.path, bucket=bucket, **move_state(state))

@@ -6,7 +6,7 @@ replicated bucket's push names its leader (``-1``: none, the bucket is
 offline), the leader's address, the replicas, the ISR and the two epochs.
 A bucket is replicated while it has more than one replica: a table's, or a
 one-replica table's bucket while it is being moved (its new replica copies
-it from the old one, ``coordinator/reassignment.py``).
+it from the old one, ``coordinator/reassignment_plan.py``).
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ from common.storage import open_storage
 from common.tables import Column, TableSpec
 from common.zk import loads, make_client
 from coordinator import requests as rq
-from coordinator.placement import plan_new
-from coordinator.election import servers_joined
+from coordinator.placement_plan import plan_new
+from coordinator.election_plan import servers_joined
 from coordinator.assignment import UNASSIGNED, Assignments, BucketAssignment
 from coordinator.controller import Controller
 from coordinator.fencing import FencedWriter, bump_epoch

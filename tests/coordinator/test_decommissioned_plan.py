@@ -8,8 +8,8 @@ import pytest
 
 from common import errors
 from common.tables import Column, TableInfo
-from coordinator import election
-from coordinator import rebalance as rb
+from coordinator import election_plan
+from coordinator import rebalance_plan as rb
 from coordinator.assignment import UNASSIGNED, Assignments, BucketAssignment
 from coordinator.catalog import TableCatalog
 from coordinator.membership import Membership
@@ -67,9 +67,9 @@ def test_a_create_needing_a_decommissioned_server_is_refused_naming_it():
 def test_an_unassigned_one_replica_bucket_is_not_placed_on_a_decommissioned_server():
     a = Assignments()
     a.set(1, {0: BucketAssignment(UNASSIGNED, 0), 1: BucketAssignment(UNASSIGNED, 0)})
-    changes, _unclean = election.servers_changed(a, set(), {1, 2}, {1, 2}, {}, excluded={1})
+    changes, _unclean = election_plan.servers_changed(a, set(), {1, 2}, {1, 2}, {}, excluded={1})
     assert [changes[1][b].leader for b in (0, 1)] == [2, 2]
-    changes, _unclean = election.servers_changed(a, set(), {1}, {1}, {}, excluded={1})
+    changes, _unclean = election_plan.servers_changed(a, set(), {1}, {1}, {}, excluded={1})
     assert changes == {}  # only a marked server is live: they wait
 
 

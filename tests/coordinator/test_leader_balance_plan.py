@@ -1,8 +1,8 @@
 """Preferred leaders in the coordinator's planning (pure, no ZooKeeper): placement spreads the first replicas
-counting every bucket's preferred leader, not who leads now (coordinator/placement.py, issue 39); the elections
+counting every bucket's preferred leader, not who leads now (coordinator/placement_plan.py, issue 39); the elections
 that give leadership back, their imbalance threshold and who may be elected; and the leader part of
-``cluster rebalance``, which reorders replica lists until preferred leaders spread (coordinator/leader_balance.py,
-coordinator/rebalance.py)."""
+``cluster rebalance``, which reorders replica lists until preferred leaders spread (coordinator/leader_balance_plan.py,
+coordinator/rebalance_plan.py)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from dataclasses import replace
 import pytest
 
 from common.data_loss import RESTORE, UNCLEAN, UNKNOWN, DataLoss
-from coordinator import election
-from coordinator import leader_balance as lb
-from coordinator import rebalance as rb
+from coordinator import election_plan
+from coordinator import leader_balance_plan as lb
+from coordinator import rebalance_plan as rb
 from coordinator.assignment import Assignments, BucketAssignment
-from coordinator.placement import plan_new
+from coordinator.placement_plan import plan_new
 
 pytestmark = pytest.mark.unit
 
@@ -48,7 +48,7 @@ def spread(counts: Counter, servers=SERVERS) -> int:
 def fail_over(a: Assignments, server: int) -> None:
     """``server`` was killed (its leaderships go to the next in-sync replica) and came back in sync: it leads
     nothing it did not lead before, as after a kill -9 and a restart without a preferred-leader election."""
-    changes, _unclean = election.servers_changed(a, {server}, set(), set(SERVERS) - {server}, {})
+    changes, _unclean = election_plan.servers_changed(a, {server}, set(), set(SERVERS) - {server}, {})
     for table_id, plan in changes.items():
         a.set(table_id, {b: replace(x, isr=x.replicas) for b, x in plan.items()})
 

@@ -1,5 +1,5 @@
 """Planning the moves of one-replica (RF 1) buckets: reassign, decommission, rebalance, and what elections do to
-such a bucket in the middle of its move (coordinator/reassignment.py, rebalance.py, election.py). Pure: no
+such a bucket in the middle of its move (coordinator/reassignment_plan.py, rebalance.py, election_plan.py). Pure: no
 ZooKeeper, no processes."""
 
 from __future__ import annotations
@@ -9,16 +9,16 @@ from dataclasses import replace
 import pytest
 
 from common import errors
-from coordinator import data_loss, election
-from coordinator import reassignment as ra
-from coordinator import rebalance as rb
+from coordinator import data_loss_plan, election_plan
+from coordinator import reassignment_plan as ra
+from coordinator import rebalance_plan as rb
 from coordinator.assignment import UNASSIGNED, Assignments, BucketAssignment
 from tests.coordinator.test_reassignment_plan import state, table_of
 
 
 def joined_isr(a: BucketAssignment, *servers: int) -> BucketAssignment:
     """``a`` once its leader's AlterIsr added ``servers`` (they caught up)."""
-    return election.alter_isr(a, a.leader, a.leader_epoch, a.bucket_epoch, a.isr + servers, set(a.replicas))
+    return election_plan.alter_isr(a, a.leader, a.leader_epoch, a.bucket_epoch, a.isr + servers, set(a.replicas))
 
 
 def test_a_one_replica_bucket_may_move_to_one_live_server():
@@ -53,12 +53,12 @@ def test_the_old_leader_gone_before_the_new_replica_caught_up_leaves_the_bucket_
     moving = ra.start(state([1]), (2,))
     plan = Assignments()
     plan.set(1, {0: moving})
-    changes, _unclean = election.servers_changed(plan, {1}, set(), {2}, {})
+    changes, _unclean = election_plan.servers_changed(plan, {1}, set(), {2}, {})
     offline = changes[1][0]
     assert offline.offline and offline.isr == (1,) and offline.reassign == (2,)  # not led by the empty copy
     assert ra.progress(offline, {2}) is None
     plan.set(1, {0: offline})
-    changes, _unclean = election.servers_changed(plan, set(), {1}, {1, 2}, {})
+    changes, _unclean = election_plan.servers_changed(plan, set(), {1}, {1, 2}, {})
     back = changes[1][0]
     assert (back.leader, back.isr, back.reassign) == (1, (1,), (2,))  # it leads again; the move goes on
     assert back.leader_epoch > offline.leader_epoch
@@ -70,7 +70,7 @@ def test_the_old_leader_gone_after_the_new_replica_caught_up_hands_the_bucket_to
     caught_up = joined_isr(ra.start(state([1]), (2,)), 2)
     plan = Assignments()
     plan.set(1, {0: caught_up})
-    changes, _unclean = election.servers_changed(plan, {1}, set(), {2}, {})
+    changes, _unclean = election_plan.servers_changed(plan, {1}, set(), {2}, {})
     led = changes[1][0]
     assert (led.leader, led.isr) == (2, (2,))
     done = ra.progress(led, {2})
@@ -80,10 +80,10 @@ def test_the_old_leader_gone_after_the_new_replica_caught_up_hands_the_bucket_to
 
 def test_the_old_leaders_disk_lost_mid_move_is_offline_for_lost_data_and_a_restore_completes_the_move():
     moving = ra.start(state([1]), (2,))
-    offline = data_loss.replica_lost(moving, 1, data_loss.new_dir_reason(1), {1, 2})
+    offline = data_loss_plan.replica_lost(moving, 1, data_loss_plan.new_dir_reason(1), {1, 2})
     assert offline.offline and offline.isr == () and offline.reassign == (2,)  # never led by the copy in progress
     assert "tablet server 1" in offline.offline_reason and ra.progress(offline, {1, 2}) is None
-    restored, loss = data_loss.restore(offline, {1, 2}, (3, 60), 80, 5, accept_data_loss=True, where="b")
+    restored, loss = data_loss_plan.restore(offline, {1, 2}, (3, 60), 80, 5, accept_data_loss=True, where="b")
     assert (restored.leader, restored.isr, restored.reassign, loss.owed_by) == (2, (2,), (2,), (2, 1))
     done = ra.progress(restored, {1, 2})
     assert (done.replicas, done.leader, done.reassign) == ((2,), 2, None)
@@ -93,11 +93,11 @@ def test_the_old_leaders_disk_lost_mid_move_is_offline_for_lost_data_and_a_resto
 
 def test_a_move_completes_only_once_an_unclean_leader_reported_its_log_end():
     moving = ra.start(state([1]), (2,))
-    offline = data_loss.replica_lost(moving, 1, data_loss.new_dir_reason(1), {1, 2})
-    elected, loss = data_loss.elect(offline, {1, 2}, unclean=True, tablet=None, last_known_end=40, at_ms=5, where="b")
+    offline = data_loss_plan.replica_lost(moving, 1, data_loss_plan.new_dir_reason(1), {1, 2})
+    elected, loss = data_loss_plan.elect(offline, {1, 2}, unclean=True, tablet=None, last_known_end=40, at_ms=5, where="b")
     assert (elected.leader, elected.isr, elected.reassign) == (2, (2,), (2,))
     assert ra.progress(elected, {1, 2}) is None  # its takeover report names the loss's epoch: wait for it
-    reported = data_loss.takeover_reported(elected, 2, loss.leader_epoch, 40)
+    reported = data_loss_plan.takeover_reported(elected, 2, loss.leader_epoch, 40)
     done = ra.progress(reported, {1, 2})
     assert (done.replicas, done.leader, done.losses[-1].from_offset) == ((2,), 2, 40)
 
@@ -132,11 +132,11 @@ def test_an_unassigned_one_replica_bucket_is_not_moved():
 
 def test_an_unclean_election_never_hands_the_bucket_to_the_replica_a_move_is_adding():
     moving = ra.start(state([1]), (2,))
-    assert election.server_gone(moving, {1}, {2}, unclean=True).state.offline  # the new copy may hold nothing
-    offline = election.server_gone(moving, {1}, {2}, unclean=False).state
-    assert election.server_joined(offline, {2}, {2}, unclean=True) is None
+    assert election_plan.server_gone(moving, {1}, {2}, unclean=True).state.offline  # the new copy may hold nothing
+    offline = election_plan.server_gone(moving, {1}, {2}, unclean=False).state
+    assert election_plan.server_joined(offline, {2}, {2}, unclean=True) is None
     replicated = ra.start(state([1, 2], isr=[1]), (3, 1))  # 2 is out of sync and leaves, 3 is being added
-    took = election.server_gone(replicated, {1}, {2, 3}, unclean=True)
+    took = election_plan.server_gone(replicated, {1}, {2, 3}, unclean=True)
     assert took.unclean and took.state.leader == 2
 
 

@@ -7,8 +7,8 @@ import pytest
 
 from common import errors, zkpaths
 from coordinator import requests as rq
-from coordinator.placement import plan_new
-from coordinator.election import servers_joined
+from coordinator.placement_plan import plan_new
+from coordinator.election_plan import servers_joined
 from coordinator.assignment import UNASSIGNED, Assignments, BucketAssignment
 from tests.coordinator.test_assignment import call, create, ctrl  # noqa: F401 - the ctrl fixture
 

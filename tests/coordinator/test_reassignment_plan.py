@@ -1,13 +1,13 @@
-"""Pure planning of replica moves (coordinator/reassignment.py) and of decommission / rebalance
-(coordinator/rebalance.py): no ZooKeeper, no processes."""
+"""Pure planning of replica moves (coordinator/reassignment_plan.py) and of decommission / rebalance
+(coordinator/rebalance_plan.py): no ZooKeeper, no processes."""
 
 from __future__ import annotations
 
 import pytest
 
 from common import errors
-from coordinator import reassignment as ra
-from coordinator import rebalance as rb
+from coordinator import reassignment_plan as ra
+from coordinator import rebalance_plan as rb
 from coordinator.assignment import UNASSIGNED, Assignments, BucketAssignment
 
 

@@ -1,5 +1,5 @@
 """An unclean election without ``--tablet`` never picks a replica that lost its data when another can lead
-(coordinator/data_loss.py ``unclean_choice``; the ``lost`` list of coordinator/assignment.py): pure planning,
+(coordinator/data_loss_plan.py ``unclean_choice``; the ``lost`` list of coordinator/assignment.py): pure planning,
 then a real controller on a real ZooKeeper (the list persisted, read after a failover, cleared on rejoining)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from common import errors
 from common.data_loss import UNCLEAN
-from coordinator import data_loss
+from coordinator import data_loss_plan
 from coordinator import requests as rq
 from coordinator.assignment import BucketAssignment
 from tests.coordinator.test_assignment import call
@@ -23,23 +23,23 @@ DAMAGED = "data lost on tablet server 1: its files are damaged"
 
 
 def elect(a, live, tablet=None):
-    return data_loss.elect(a, live, unclean=True, tablet=tablet, last_known_end=50, at_ms=1, where=WHERE)
+    return data_loss_plan.elect(a, live, unclean=True, tablet=tablet, last_known_end=50, at_ms=1, where=WHERE)
 
 
 @pytest.mark.unit
 def test_a_lost_replica_is_remembered_until_it_is_in_sync_again():
     a = BucketAssignment(3, 5, (1, 2, 3), (3, 1), 10)
-    lost = data_loss.replica_lost(a, 1, DAMAGED, {1, 2, 3})
+    lost = data_loss_plan.replica_lost(a, 1, DAMAGED, {1, 2, 3})
     assert (lost.isr, lost.lost, lost.bucket_epoch) == ((3,), (1,), 11)
-    out_of_sync = data_loss.replica_lost(lost, 2, "data lost on tablet server 2", {1, 2, 3})
+    out_of_sync = data_loss_plan.replica_lost(lost, 2, "data lost on tablet server 2", {1, 2, 3})
     assert (out_of_sync.isr, out_of_sync.lost, out_of_sync.bucket_epoch) == ((3,), (1, 2), 12)  # only remembered
-    assert data_loss.replica_lost(out_of_sync, 2, "again", {1, 2, 3}) == out_of_sync  # resent: nothing more
+    assert data_loss_plan.replica_lost(out_of_sync, 2, "again", {1, 2, 3}) == out_of_sync  # resent: nothing more
     rejoined = replace(out_of_sync, isr=(3, 1))  # caught up (rebuilt): in the ISR, no longer lost
     assert rejoined.lost == (2,)
     assert replace(rejoined, replicas=(1, 3)).lost == ()  # moved off: forgotten
     assert BucketAssignment.from_json(out_of_sync.to_json()) == out_of_sync
     assert "lost" not in a.to_json() and BucketAssignment.from_json(a.to_json()).lost == ()
-    led = data_loss.replica_lost(a, 3, DAMAGED, {1, 2, 3})  # the leader: the next ISR member leads
+    led = data_loss_plan.replica_lost(a, 3, DAMAGED, {1, 2, 3})  # the leader: the next ISR member leads
     assert (led.leader, led.lost) == (1, (3,))
 
 
@@ -96,7 +96,7 @@ def test_the_lost_list_is_persisted_and_the_election_on_a_real_controller_skips_
 
 @pytest.mark.unit
 def test_the_automatic_unclean_election_never_picks_a_lost_replica():
-    from coordinator.election import server_gone, server_joined
+    from coordinator.election_plan import server_gone, server_joined
     a = BucketAssignment(3, 5, (1, 2, 3), (3,), 10, lost=(1,))
     outcome = server_gone(a, {3}, {1, 2}, unclean=True)
     assert (outcome.state.leader, outcome.unclean) == (2, True)

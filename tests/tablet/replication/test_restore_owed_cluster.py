@@ -1,6 +1,6 @@
 """A restore is owed by every replica of the restored bucket until that replica carried it out, whatever
 epochs pass and whether its server restarts in between; one carried out is never repeated
-(tablet/lost_data.py, coordinator/data_loss.py ``restore_confirmed``). A coordinator and tablet servers in
+(tablet/lost_data.py, coordinator/data_loss_plan.py ``restore_confirmed``). A coordinator and tablet servers in
 this process, a real ZooKeeper, real RocksDB, gRPC on loopback."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Replicas that still owe a bucket's restore, on real servers (a coordinator and tablet servers in this
 process, a real ZooKeeper, real RocksDB, gRPC on loopback): an unclean election never makes one lead (it
 would serve its data from before the restore), nor a follower that carried it out and is empty
-(coordinator/data_loss.py ``unclean_candidates``); `bucket restore` brings such a bucket back instead; a
+(coordinator/data_loss_plan.py ``unclean_candidates``); `bucket restore` brings such a bucket back instead; a
 replica moved off the bucket no longer owes it (coordinator/assignment.py)."""
 
 from __future__ import annotations

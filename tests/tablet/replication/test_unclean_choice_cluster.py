@@ -1,4 +1,4 @@
-"""An unclean election without ``--tablet`` refuses to make a replica that lost its data lead (coordinator/data_loss.py
+"""An unclean election without ``--tablet`` refuses to make a replica that lost its data lead (coordinator/data_loss_plan.py
 ``unclean_choice``), on real servers: a coordinator and two tablet servers in this process, a real ZooKeeper, real
 RocksDB, gRPC on loopback. The follower's bucket dir is deleted while both servers are down; the follower comes back
 first and reports its replica lost; the in-sync leader's return brings the bucket back with nothing lost."""

@@ -7,7 +7,7 @@ from what the servers hold already (so across tables too):
    (``capacity``: server id -> the most replicas it holds, None: no limit;
    every replica counts) that hold the fewest replicas.
 2. **Preferred leaders** (the first replica: the one that leads the bucket
-   whenever it is live and in sync, :mod:`coordinator.leader_balance`). Of
+   whenever it is live and in sync, :mod:`coordinator.leader_balance_plan`). Of
    the ``rf`` chosen, the first replica is, in order of the keys:
 
    - one still within this table's even share (each live server is the

@@ -3,7 +3,7 @@ replica lists a leader rebalance reorders so that preferred leaders spread. Pure
 (docs/architecture.md "Preferred leaders").
 
 A bucket's **preferred leader** is its first replica (``replicas[0]``).
-Placement spreads them (:mod:`coordinator.placement`) and they stay put:
+Placement spreads them (:mod:`coordinator.placement_plan`) and they stay put:
 a failover, a controlled shutdown or an operator's election moves only the
 leadership, to another in-sync replica, so a server that returns leads
 less than it is preferred for until leadership goes back to it. Giving it
@@ -14,9 +14,9 @@ one (idempotent: exactly once), so no caller sees an error.
 
 - :func:`may_lead`: whether a replica may be made leader by such an
   election: live, in the ISR, not decommissioned, neither reported its data
-  lost nor owes the bucket's latest restore (:mod:`coordinator.data_loss`);
+  lost nor owes the bucket's latest restore (:mod:`coordinator.data_loss_plan`);
   the bucket replicated, led, not being moved (a move hands leadership over
-  itself, :mod:`coordinator.reassignment`) and no unclean leader waiting to
+  itself, :mod:`coordinator.reassignment_plan`) and no unclean leader waiting to
   report its log end.
 - :func:`preferred_leader`: the bucket led by its preferred replica, if it
   may lead and does not already.
@@ -41,7 +41,7 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Iterable, Mapping
 
-from coordinator import data_loss
+from coordinator import data_loss_plan
 from coordinator.assignment import Assignments, BucketAssignment
 
 #: (table id, bucket)
@@ -52,7 +52,7 @@ def may_lead(a: BucketAssignment, server: int, live: Iterable[int], excluded: It
     """Whether a controlled election may make ``server`` the leader of ``a`` (see the module docstring)."""
     return (a.reassign is None and not a.offline and a.replication_factor > 1 and server in a.isr
             and server in set(live) and server not in set(excluded) and server not in a.lost
-            and server not in a.restore_owed_by and not data_loss.pending_takeover(a))
+            and server not in a.restore_owed_by and not data_loss_plan.pending_takeover(a))
 
 
 def led_by(a: BucketAssignment, server: int) -> BucketAssignment:
@@ -118,7 +118,7 @@ def elections(assignments: Assignments, live: Iterable[int], excluded: Iterable[
 def rejoined(before: BucketAssignment | None, after: BucketAssignment) -> bool:
     """Whether the change ``before`` -> ``after`` brought the bucket's preferred replica back into its ISR while
     another leads it. Not a move's change (its new replicas joining, its completion): a move hands leadership
-    over itself (coordinator/reassignment.py), and the periodic check sees the rest."""
+    over itself (coordinator/reassignment_plan.py), and the periodic check sees the rest."""
     if before is None or before.reassign is not None or after.reassign is not None or not after.replicas:
         return False
     first = after.replicas[0]

@@ -8,10 +8,10 @@ from collections import Counter
 import pytest
 
 from common import errors
-from coordinator import election
-from coordinator.placement import plan_new
+from coordinator import election_plan
+from coordinator.placement_plan import plan_new
 from coordinator.assignment import UNASSIGNED, Assignments, BucketAssignment
-from coordinator.placement import place
+from coordinator.placement_plan import place
 
 pytestmark = pytest.mark.unit
 
@@ -65,45 +65,45 @@ def test_old_nodes_load_with_their_leader_as_replicas_and_isr():
 
 def test_a_gone_leader_is_replaced_by_the_first_live_isr_member_in_replica_order():
     a = state(1, [1, 2, 3], [1, 3, 2], 4, 7)
-    out = election.server_gone(a, {1}, {2, 3})
+    out = election_plan.server_gone(a, {1}, {2, 3})
     assert out.state == state(2, [1, 2, 3], [2, 3], 5, 8) and not out.unclean
-    out = election.server_gone(state(1, [1, 2, 3], [1, 3], 4, 7), {1}, {2, 3})
+    out = election_plan.server_gone(state(1, [1, 2, 3], [1, 3], 4, 7), {1}, {2, 3})
     assert out.state == state(3, [1, 2, 3], [3], 5, 8)  # 2 is live but not in sync
 
 
 def test_a_gone_follower_leaves_the_isr_and_a_gone_outsider_changes_nothing():
-    assert election.server_gone(state(1, [1, 2, 3], [1, 2, 3]), {2}, {1, 3}).state == state(1, [1, 2, 3], [1, 3], 1, 2)
-    assert election.server_gone(state(1, [1, 2, 3], [1, 3]), {2}, {1, 3}) is None
-    assert election.server_gone(state(1, [1, 2], [1, 2]), {9}, {1, 2}) is None
+    assert election_plan.server_gone(state(1, [1, 2, 3], [1, 2, 3]), {2}, {1, 3}).state == state(1, [1, 2, 3], [1, 3], 1, 2)
+    assert election_plan.server_gone(state(1, [1, 2, 3], [1, 3]), {2}, {1, 3}) is None
+    assert election_plan.server_gone(state(1, [1, 2], [1, 2]), {9}, {1, 2}) is None
 
 
 def test_no_live_isr_member_makes_the_bucket_offline_keeping_its_isr_and_the_last_in_sync_one_leads_again():
     a = state(1, [1, 2, 3], [1], 4, 7)
-    offline = election.server_gone(a, {1}, {2, 3}).state
+    offline = election_plan.server_gone(a, {1}, {2, 3}).state
     assert offline == state(UNASSIGNED, [1, 2, 3], [1], 5, 8)
-    assert election.server_gone(offline, {2}, {3}) is None  # offline: its ISR stays for server 1
-    assert election.server_joined(offline, {2}, {2, 3}) is None  # not in sync: it may not lead
-    back = election.server_joined(offline, {1}, {1, 2, 3}).state
+    assert election_plan.server_gone(offline, {2}, {3}) is None  # offline: its ISR stays for server 1
+    assert election_plan.server_joined(offline, {2}, {2, 3}) is None  # not in sync: it may not lead
+    back = election_plan.server_joined(offline, {1}, {1, 2, 3}).state
     assert back == state(1, [1, 2, 3], [1], 6, 9)
 
 
 def test_unclean_election_lets_the_first_live_replica_lead_alone():
-    out = election.server_gone(state(1, [1, 2, 3], [1], 4, 7), {1}, {2, 3}, unclean=True)
+    out = election_plan.server_gone(state(1, [1, 2, 3], [1], 4, 7), {1}, {2, 3}, unclean=True)
     assert out.unclean and out.state == state(2, [1, 2, 3], [2], 5, 8)
     offline = state(UNASSIGNED, [1, 2, 3], [1], 5, 8)
-    out = election.server_joined(offline, {3}, {3}, unclean=True)
+    out = election_plan.server_joined(offline, {3}, {3}, unclean=True)
     assert out.unclean and out.state == state(3, [1, 2, 3], [3], 6, 9)
 
 
 def test_one_replica_buckets_wait_for_their_leader_and_its_return_bumps_the_epoch():
     a = state(1, [1], [1], 3, 3)
-    assert election.server_gone(a, {1}, set()) is None
-    assert election.server_joined(a, {1}, {1}).state == state(1, [1], [1], 4, 4)
+    assert election_plan.server_gone(a, {1}, set()) is None
+    assert election_plan.server_joined(a, {1}, {1}).state == state(1, [1], [1], 4, 4)
 
 
 def test_a_server_restarted_unseen_is_gone_then_joined():
     a = assignments(state(1, [1, 2], [1, 2], 4, 7), state(2, [2, 1], [2, 1], 1, 1), state(1, [1], [1], 2, 2))
-    changes, unclean = election.servers_changed(a, {1}, {1}, {1, 2}, {})
+    changes, unclean = election_plan.servers_changed(a, {1}, {1}, {1, 2}, {})
     new = changes[1]
     assert new[0] == state(2, [1, 2], [2], 5, 8)  # led by 1: 2 leads now; 1 rejoins the ISR when caught up
     assert new[1] == state(2, [2, 1], [2], 1, 2)  # followed by 1: out of the ISR
@@ -113,14 +113,14 @@ def test_a_server_restarted_unseen_is_gone_then_joined():
 
 def test_a_leader_not_live_after_a_failover_is_replaced_even_if_nobody_saw_it_go():
     a = assignments(state(1, [1, 2], [1, 2], 4, 7))
-    changes, _ = election.servers_changed(a, set(), {2}, {2}, {})
+    changes, _ = election_plan.servers_changed(a, set(), {2}, {2}, {})
     assert changes[1][0] == state(2, [1, 2], [2], 5, 8)
-    assert election.servers_changed(assignments(state(2, [1, 2], [2], 5, 8)), set(), {2}, {2}, {})[0] == {}
+    assert election_plan.servers_changed(assignments(state(2, [1, 2], [2], 5, 8)), set(), {2}, {2}, {})[0] == {}
 
 
 def test_unassigned_one_replica_buckets_go_to_the_least_loaded_server_with_room():
     a = assignments(BucketAssignment(UNASSIGNED, 0), BucketAssignment(UNASSIGNED, 0), state(1, [1], [1]))
-    changes, _ = election.servers_changed(a, set(), {2}, {1, 2}, {2: 1})
+    changes, _ = election_plan.servers_changed(a, set(), {2}, {1, 2}, {2: 1})
     assert [changes[1][b].leader for b in range(3)] == [2, 1, 1]
 
 
@@ -128,7 +128,7 @@ def test_unassigned_one_replica_buckets_go_to_the_least_loaded_server_with_room(
 
 def test_alter_isr_by_the_current_leader_changes_the_isr_and_bumps_the_bucket_epoch():
     a = state(1, [1, 2, 3], [1], 4, 7)
-    assert election.alter_isr(a, 1, 4, 7, [3, 1], {1, 2, 3}) == state(1, [1, 2, 3], [1, 3], 4, 8)
+    assert election_plan.alter_isr(a, 1, 4, 7, [3, 1], {1, 2, 3}) == state(1, [1, 2, 3], [1, 3], 4, 8)
 
 
 @pytest.mark.parametrize("server, leader_epoch, bucket_epoch", [(2, 4, 7), (1, 3, 7), (1, 4, 6), (1, 5, 7)])
@@ -136,27 +136,27 @@ def test_alter_isr_with_stale_epochs_or_not_by_the_leader_is_fenced_with_the_cur
                                                                                             bucket_epoch):
     a = state(1, [1, 2, 3], [1, 2], 4, 7)
     with pytest.raises(errors.FencedLeaderEpochError) as info:
-        election.alter_isr(a, server, leader_epoch, bucket_epoch, [1, 2, 3], {1, 2, 3})
+        election_plan.alter_isr(a, server, leader_epoch, bucket_epoch, [1, 2, 3], {1, 2, 3})
     assert info.value.details == {"leader": 1, "leader_epoch": 4, "bucket_epoch": 7, "isr": [1, 2]}
 
 
 def test_a_resent_alter_isr_finds_its_isr_and_succeeds_without_change():
     a = state(1, [1, 2, 3], [1, 2, 3], 4, 8)  # the first call made it; its answer was lost
-    assert election.alter_isr(a, 1, 4, 7, [1, 3, 2], {1, 2, 3}) is a
+    assert election_plan.alter_isr(a, 1, 4, 7, [1, 3, 2], {1, 2, 3}) is a
     with pytest.raises(errors.FencedLeaderEpochError):  # an older leader's retry is no retry
-        election.alter_isr(state(2, [1, 2, 3], [1, 2, 3], 5, 9), 1, 4, 7, [1, 2, 3], {1, 2, 3})
+        election_plan.alter_isr(state(2, [1, 2, 3], [1, 2, 3], 5, 9), 1, 4, 7, [1, 2, 3], {1, 2, 3})
 
 
 @pytest.mark.parametrize("isr, message", [([2], "must hold the leader"), ([1, 4], "only replicas"),
                                           ([1, 1], "at most once"), ([1, 3], "not live")])
 def test_alter_isr_refuses_an_isr_that_cannot_be(isr, message):
     with pytest.raises(errors.InvalidRequestError, match=message):
-        election.alter_isr(state(1, [1, 2, 3], [1, 2], 4, 7), 1, 4, 7, isr, {1, 2})
+        election_plan.alter_isr(state(1, [1, 2, 3], [1, 2], 4, 7), 1, 4, 7, isr, {1, 2})
 
 
 def test_an_offline_bucket_takes_no_alter_isr():
     with pytest.raises(errors.FencedLeaderEpochError):
-        election.alter_isr(state(UNASSIGNED, [1, 2], [1], 4, 7), UNASSIGNED, 4, 7, [UNASSIGNED], {2})
+        election_plan.alter_isr(state(UNASSIGNED, [1, 2], [1], 4, 7), UNASSIGNED, 4, 7, [UNASSIGNED], {2})
 
 
 # -- controlled shutdown --------------------------------------------------------------------------
@@ -164,33 +164,33 @@ def test_an_offline_bucket_takes_no_alter_isr():
 def test_controlled_shutdown_moves_leaderships_to_live_isr_members_and_is_idempotent():
     a = assignments(state(1, [1, 2, 3], [1, 3], 4, 7), state(2, [2, 1], [2, 1], 1, 1), state(1, [1, 2], [1], 1, 1),
                     state(1, [1], [1], 1, 1))
-    changes, remaining = election.controlled_shutdown(a, 1, {1, 2, 3})
+    changes, remaining = election_plan.controlled_shutdown(a, 1, {1, 2, 3})
     assert changes[1][0] == state(3, [1, 2, 3], [3], 5, 8)
     assert changes[1][1] == state(2, [2, 1], [2], 1, 2)
     assert changes[1][2] == state(1, [1, 2], [1], 1, 1)  # no one in sync to take it
     assert changes[1][3] == state(1, [1], [1], 1, 1)  # one replica: nothing to move, not counted
     assert remaining == 1
     a.set(1, changes[1])
-    assert election.controlled_shutdown(a, 1, {1, 2, 3}) == ({}, 1)
+    assert election_plan.controlled_shutdown(a, 1, {1, 2, 3}) == ({}, 1)
 
 
 # -- a leader that cannot write resigns --------------------------------------------------------------
 
 def test_a_resigning_leader_hands_the_bucket_to_the_first_other_live_isr_member_and_leaves_the_isr():
     a = state(1, [1, 2, 3], [1, 2, 3], 4, 7)
-    moved = election.resign_leadership(a, 1, 4, {1, 3})  # 2 is in the ISR but not live
-    assert moved == election.Resignation(state(3, [1, 2, 3], [2, 3], 5, 8))
-    assert election.resign_leadership(state(2, [1, 2, 3], [1, 2, 3], 4, 7), 2, 4, {1, 2, 3}).state == state(
+    moved = election_plan.resign_leadership(a, 1, 4, {1, 3})  # 2 is in the ISR but not live
+    assert moved == election_plan.Resignation(state(3, [1, 2, 3], [2, 3], 5, 8))
+    assert election_plan.resign_leadership(state(2, [1, 2, 3], [1, 2, 3], 4, 7), 2, 4, {1, 2, 3}).state == state(
         1, [1, 2, 3], [1, 3], 5, 8)  # replica order: the preferred replica first
 
 
 def test_a_resignation_resent_after_its_answer_was_lost_changes_nothing():
     a = state(1, [1, 2], [1, 2], 4, 7)
-    after = election.resign_leadership(a, 1, 4, {1, 2}).state
+    after = election_plan.resign_leadership(a, 1, 4, {1, 2}).state
     assert after == state(2, [1, 2], [2], 5, 8)
-    assert election.resign_leadership(after, 1, 4, {1, 2}) == election.Resignation(after)
+    assert election_plan.resign_leadership(after, 1, 4, {1, 2}) == election_plan.Resignation(after)
     offline = state(UNASSIGNED, [1, 2], [2], 6, 9)  # the new leader died since: still over for epoch 4
-    assert election.resign_leadership(offline, 1, 4, {1}) == election.Resignation(offline)
+    assert election_plan.resign_leadership(offline, 1, 4, {1}) == election_plan.Resignation(offline)
 
 
 @pytest.mark.parametrize("a, live, why", [
@@ -199,7 +199,7 @@ def test_a_resignation_resent_after_its_answer_was_lost_changes_nothing():
     (state(1, [1], [1], 4, 4), {1, 2}, "one replica"),
 ], ids=["isr-of-the-leader-alone", "in-sync-replica-not-live", "one-replica"])
 def test_a_resignation_with_no_one_to_take_the_bucket_is_refused_and_changes_nothing(a, live, why):
-    kept = election.resign_leadership(a, 1, 4, live, "bucket 0 of db.t")
+    kept = election_plan.resign_leadership(a, 1, 4, live, "bucket 0 of db.t")
     assert kept.state is a and re.search(why, kept.refused) and kept.refused.startswith("bucket 0 of db.t")
 
 
@@ -211,8 +211,8 @@ def test_a_resignation_with_no_one_to_take_the_bucket_is_refused_and_changes_not
 ])
 def test_a_resignation_not_by_the_leader_at_its_epoch_is_fenced_with_the_current_state(a, server, epoch):
     with pytest.raises(errors.FencedLeaderEpochError) as info:
-        election.resign_leadership(a, server, epoch, {1, 2})
-    assert info.value.details == election.current_state(a)
+        election_plan.resign_leadership(a, server, epoch, {1, 2})
+    assert info.value.details == election_plan.current_state(a)
 
 
 def test_resignations_of_several_buckets_are_one_set_of_changes_with_an_outcome_each():
@@ -220,15 +220,15 @@ def test_resignations_of_several_buckets_are_one_set_of_changes_with_an_outcome_
     a.set(1, {0: state(1, [1, 2], [1, 2], 4, 7), 1: state(1, [2, 1], [1, 2], 2, 3), 2: state(1, [1, 2], [1], 1, 1)})
     a.set(2, {0: state(2, [2, 1], [2, 1], 1, 1)})
     asked = [(1, 0, 4), (1, 1, 2), (1, 2, 1), (2, 0, 1), (1, 9, 1), (3, 0, 1)]
-    changes, outcomes = election.resign_leaderships(a, 1, asked, {1, 2}, {1: "db.a", 2: "db.b"})
+    changes, outcomes = election_plan.resign_leaderships(a, 1, asked, {1, 2}, {1: "db.a", 2: "db.b"})
     assert changes == {1: {0: state(2, [1, 2], [2], 5, 8), 1: state(2, [2, 1], [2], 3, 4),
                            2: state(1, [1, 2], [1], 1, 1)}}  # both moves of table 1 in one table's changes
-    assert outcomes[:2] == [election.Resignation(changes[1][0]), election.Resignation(changes[1][1])]
+    assert outcomes[:2] == [election_plan.Resignation(changes[1][0]), election_plan.Resignation(changes[1][1])]
     assert outcomes[2].state == a.table(1)[2] and "no other live in-sync replica" in outcomes[2].refused
     assert isinstance(outcomes[3], errors.FencedLeaderEpochError)  # tablet server 2 leads it
     assert isinstance(outcomes[4], errors.InvalidRequestError) and "db.a has no bucket 9" in outcomes[4].message
     assert isinstance(outcomes[5], errors.TableNotExistError)
     for table_id, plan in changes.items():
         a.set(table_id, plan)
-    again = election.resign_leaderships(a, 1, asked[:3], {1, 2}, {1: "db.a", 2: "db.b"})  # resent: nothing new
+    again = election_plan.resign_leaderships(a, 1, asked[:3], {1, 2}, {1: "db.a", 2: "db.b"})  # resent: nothing new
     assert again[0] == {} and again[1][:2] == outcomes[:2]

@@ -37,7 +37,7 @@ from dataclasses import replace
 from typing import Iterable, Sequence
 
 from common import errors
-from coordinator import data_loss
+from coordinator import data_loss_plan
 from coordinator.assignment import Assignments, BucketAssignment, Changes
 
 
@@ -104,7 +104,7 @@ def progress(a: BucketAssignment, live: set[int]) -> BucketAssignment | None:
     out, readers and snapshot commits are fenced by them). An unclean leader reports its log end at the
     loss's leader epoch: completing the move before would bump that epoch and leave the loss unresolved."""
     target = a.reassign
-    if target is None or a.offline or not set(target) <= set(a.isr) or data_loss.pending_takeover(a):
+    if target is None or a.offline or not set(target) <= set(a.isr) or data_loss_plan.pending_takeover(a):
         return None
     leader = a.leader if a.leader in target else next((r for r in target if r in live), None)
     if leader is None:
