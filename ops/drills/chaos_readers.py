@@ -21,6 +21,7 @@ from collections import Counter
 from typing import Sequence
 
 from client.table import TableClient
+from ops.drills.crew import Crew
 from ops.drills.read_checks import ReadOp
 from ops.drills.workload import error_name
 
@@ -40,7 +41,6 @@ class Readers:
         self.calls = 0
         self.failures: Counter = Counter()
         self._lock = threading.Lock()
-        self._stop = threading.Event()
         self.clients: list[TableClient] = []
         try:
             for _ in range(threads):
@@ -49,19 +49,15 @@ class Readers:
         except BaseException:
             self.close()
             raise
-        self._threads = [threading.Thread(target=self._run, args=(client, random.Random(seed * 100 + 50 + i)),
-                                          name=f"drill-reader-{i}", daemon=True)
-                         for i, client in enumerate(self.clients)]
+        self._crew = Crew("drill-reader", self._run,
+                          [(client, random.Random(seed * 100 + 50 + i)) for i, client in enumerate(self.clients)])
+        self._stop = self._crew.stop_event
 
     def start(self) -> None:
-        for thread in self._threads:
-            thread.start()
+        self._crew.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            if thread.ident is not None:
-                thread.join(timeout=90)
+        self._crew.stop(90)
         self.close()
 
     def close(self) -> None:

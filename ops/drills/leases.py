@@ -32,6 +32,7 @@ from ops.check import Check
 from ops.drills.checks import (NOT_FOUND, OK, UNKNOWN, LeaseOp, LeaseView, leased_files_exist,
                               leases_as_acknowledged, no_deposed_writes)
 from ops.drills.cluster import DrillCluster
+from ops.drills.crew import Crew
 from ops.drills.lease_layout import lease_nodes, persisted_views, view_of
 from ops.drills.workload import error_name
 from ops.drills.zk_txnlog import read_txns
@@ -135,19 +136,14 @@ class LeaseClients:
         self.ops: list[LeaseOp] = []
         self._last_ok_start = [0.0] * count  # per client: when its last acknowledged call started
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, args=(i, random.Random(seed * 1000 + i)),
-                                          name=f"drill-client-{i}", daemon=True) for i in range(count)]
+        self._crew = Crew("drill-client", self._run, [(i, random.Random(seed * 1000 + i)) for i in range(count)])
+        self._stop = self._crew.stop_event
 
     def start(self) -> None:
-        for thread in self._threads:
-            thread.start()
+        self._crew.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(timeout=self.retry_total_s + 2 * self.request_timeout_s + 10)
-        stuck = [t.name for t in self._threads if t.is_alive()]
+        stuck = self._crew.stop(self.retry_total_s + 2 * self.request_timeout_s + 10)
         if stuck:
             raise errors.KvLeaseError(f"drill clients did not stop: {', '.join(stuck)}")
 

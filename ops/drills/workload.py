@@ -20,6 +20,7 @@ from collections import Counter
 
 from client.table import TableClient
 from common import errors
+from ops.drills.crew import Crew
 from ops.drills.failover_checks import AckedWrite
 from ops.drills.row_checks import ScanRecord, WriteOp
 
@@ -48,18 +49,14 @@ class Writers:
         self.calls: list[tuple[float, float, frozenset[int], bool]] = []  # t0, t1, buckets, acknowledged
         self.failures: Counter = Counter()
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, args=(i, random.Random(seed * 100 + i)),
-                                          name=f"drill-writer-{i}", daemon=True) for i in range(WRITERS)]
+        self._crew = Crew("drill-writer", self._run, [(i, random.Random(seed * 100 + i)) for i in range(WRITERS)])
+        self._stop = self._crew.stop_event
 
     def start(self) -> None:
-        for thread in self._threads:
-            thread.start()
+        self._crew.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(timeout=90)
+        self._crew.stop(90)
 
     def write(self, values: dict[int, int | None]) -> None:
         """One upsert call (or delete call when every value is None) and its record."""
