@@ -37,6 +37,7 @@ from client.moves_admin import MovesAdmin
 from client.replication_admin import ReplicationAdmin
 from client.security_admin import SecurityAdmin
 from client.transport import RETRIABLE, NotServedError, RetryPolicy, UnknownOutcomes, arguments, is_int
+from common.parts import documented_by as _documented_by
 from common.security.acl import AclBinding, Operation, Resource
 from common.wire import (bucket_snapshots_from_pb, bucket_snapshots_to_pb, bucket_to_pb, error_from_pb, handle_from_pb,
                          handle_to_pb, lease_from_pb, raise_for, table_from_pb)
@@ -51,14 +52,6 @@ __all__ = ["AdminClient", "wait_for_active", "parse_bootstrap", "READS", "IDEMPO
 
 #: The answer to an acquire of a batch refused as a whole: its caller sends it alone.
 _SEND_ALONE = object()
-
-
-def _documented_by(part_method: Callable) -> Callable[[Callable], Callable]:
-    """Give the decorated delegating method ``part_method``'s docstring (the one text, in the part's module)."""
-    def decorate(method: Callable) -> Callable:
-        method.__doc__ = part_method.__doc__
-        return method
-    return decorate
 
 
 def _buckets(buckets):

@@ -42,46 +42,40 @@ failed (a full disk) reopens them by itself after a backoff
 
 from __future__ import annotations
 
-import logging
-import os
 import threading
 import time
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
+import numpy as np
 import pyarrow as pa
 
 from common import config as cfg
-from common import errors
-from common.errors import InvalidRequestError, RecordTooLargeError
-from common.limits import MAX_ENTRY_BYTES, MAX_ROW_SIZE_BOUND
+from common.codec import RowCodec
+from common.limits import MAX_ROW_SIZE_BOUND
+from common.logentry import LogEntry
+from common.parts import documented_by
 from common.tables import TableInfo
-from tablet import change_records, epoch_file, write_checks
 from tablet.bucket_files import Backoff, BucketFiles, FileSettings
 from tablet.bucket_reads import BucketReads
 from tablet.bucket_replication import BucketReplication
-from tablet.changelog import Changelog
-from tablet.prewrite_buffer import PrewriteBuffer
-from tablet.replication.epochs import EpochCache
-from tablet.key_ranges import key_range
+from tablet.bucket_state import BucketSpec, WriteRole
+from tablet.bucket_writes import BucketWrites
+from tablet.changelog import Changelog, SegmentInfo
+from tablet.epoch_file import EpochFile
+from tablet.kvstore import APPLIED_KEY, META_CF, BucketStoreError, KvSnapshot, KvStore, checkpoint_log_offset
 from tablet.open_buckets import OpenBuckets
-from tablet.replication.sequences import Duplicate, OutOfOrder
+from tablet.prewrite_buffer import PrewriteBuffer
+from tablet.replication.epochs import EpochCache, EpochEnd, Truncation
 from tablet.writer_sequences import DEFAULT_WRITER_EXPIRATION_MS, WriterSequences, load_seed
-from common.codec import RowCodec
-from tablet.kvstore import (APPLIED_KEY, META_CF, BucketStoreError, KvSnapshot, KvStore, PreparedWrite,
-                            checkpoint_log_offset)
 
 __all__ = ["APPLIED_KEY", "META_CF", "BucketStore", "BucketStoreError", "KvSnapshot", "checkpoint_log_offset"]
-
-log = logging.getLogger(__name__)
-
-_EMPTY = pa.array([], pa.binary())
 
 
 def _wall_ms() -> int:
     return int(time.time() * 1000)
 
 
-class BucketStore(BucketReads, BucketReplication):
+class BucketStore:
     """The KV store and changelog of one bucket in ``dir``; see the module docstring.
 
     Thread-safe: writes, checkpoints and snapshots serialize on
@@ -92,6 +86,12 @@ class BucketStore(BucketReads, BucketReplication):
     :class:`~tablet.open_buckets.OpenBuckets` budget with other buckets: every
     method opens them again if they were parked, and a failed store reopens
     them by itself after a backoff.
+
+    It owns three parts and calls them from methods of the same names: :attr:`writes`
+    (:class:`~tablet.bucket_writes.BucketWrites`), :attr:`reads` (:class:`~tablet.bucket_reads.BucketReads`)
+    and :attr:`replication` (:class:`~tablet.bucket_replication.BucketReplication`). Each is given what it
+    uses: the files, the write lock, the writers' sequences, the pre-write buffer, the leader-epoch cache
+    (:attr:`epoch_file`), the role (:attr:`role`) and which bucket it is (``tablet/bucket_state.py``).
     """
 
     def __init__(self, dir: str, table: TableInfo, files: BucketFiles, bucket: int | None = None,
@@ -108,33 +108,46 @@ class BucketStore(BucketReads, BucketReplication):
         self.files = files
         #: Serializes writes; hold it to take a snapshot and read ``log_end_offset`` together.
         self.write_lock = threading.RLock()
-        #: Writes whose changelog entry is written but not yet synced and applied: base offset -> the
-        #: lowest and highest key they touch. A write waits for those whose keys may be its own.
-        self._in_flight: dict[int, tuple[bytes, bytes]] = {}
-        self._settled = threading.Condition(self.write_lock)  # notified as in-flight writes finish
-        #: The epoch of this bucket's leadership that its writes are appended under (stamped on each
-        #: changelog entry; -1: not known, e.g. a store opened outside a tablet server).
-        self.leader_epoch = -1
-        #: Replicated: this replica follows (``become_follower``) and appends only what its leader sent. A
-        #: write that passed its leadership's check before the role changed is refused under the write lock
-        #: (it would be stamped with the new leader's epoch, so no divergence check could find it).
-        self.following = False
+        #: The leader epoch its writes are stamped with and whether it follows (:attr:`leader_epoch`).
+        self.role = WriteRole()
         #: Idempotent writers' batches in the changelog (``writer.id.expiration``: from_config sets it).
         self.writers = WriterSequences(DEFAULT_WRITER_EXPIRATION_MS, files.settings.clock_ms or _wall_ms)
         #: Replicated: the published entries above the applied offset, as this leader wrote them.
         self.buffer = PrewriteBuffer()
-        self._hw = 0  # replicated: the high watermark known (at least the applied offset once open)
-        self._epochs = EpochCache()  # the leader-epoch cache, loaded when the files open
+        #: The leader-epoch cache and its checkpoint, loaded when the files open.
+        self.epoch_file = EpochFile(dir, files.settings.fsync, lambda: files.changelog.end_offset)
+        spec = BucketSpec(dir, bucket, self.codec, max_row_bytes, replicated)
+        self.writes = BucketWrites(spec, files, self.write_lock, self.role, self.writers, self.buffer,
+                                   self.epoch_file)
+        self.replication = BucketReplication(dir, replicated, files, self.write_lock, self.role, self.writers,
+                                             self.buffer, self.epoch_file, self.writes.settle, self.writes.fail)
+        self.reads = BucketReads(spec, files, self.write_lock, self.role, self.epoch_file,
+                                 lambda: self.replication.high_watermark)
         if replicated:
             files.replay_limit = 0  # a new store replays nothing beyond what RocksDB has applied
         files.on_open = self._opened
 
     def _opened(self, changelog: Changelog, kv: KvStore) -> None:
         """The files were (re)opened (``BucketFiles.on_open``): no operation runs on them yet."""
-        self._epochs = epoch_file.load(self.dir, changelog, self.files.settings.fsync)
+        self.epoch_file.opened(changelog)
         self.writers.seed = load_seed(self.dir)
-        self._hw = max(self._hw, kv.applied_offset)
+        self.replication.opened(kv.applied_offset)
         self.buffer.invalidate()
+
+    @property
+    def leader_epoch(self) -> int:
+        """The epoch of this bucket's leadership that its writes are appended under (stamped on each
+        changelog entry; -1: not known, e.g. a store opened outside a tablet server)."""
+        return self.role.leader_epoch
+
+    @leader_epoch.setter
+    def leader_epoch(self, epoch: int) -> None:
+        self.role.leader_epoch = epoch
+
+    @property
+    def following(self) -> bool:
+        """Replicated: this replica follows (:meth:`become_follower`); its writes are refused."""
+        return self.role.following
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -193,8 +206,7 @@ class BucketStore(BucketReads, BucketReplication):
     def close(self) -> None:
         """Close the open snapshots, RocksDB (flushing it) and the changelog. Idempotent."""
         with self.write_lock:
-            while self._in_flight:
-                self._settled.wait()  # writes already in the changelog finish first
+            self.writes.settle()  # writes already in the changelog finish first
             self.files.close()
 
     def __enter__(self) -> "BucketStore":
@@ -234,188 +246,123 @@ class BucketStore(BucketReads, BucketReplication):
         """The first changelog record not yet in RocksDB."""
         return self.files.offsets()[2]
 
-    # --- writes ----------------------------------------------------------------------------
+    # --- writes (tablet/bucket_writes.py) ---------------------------------------------------------
 
+    @documented_by(BucketWrites.write)
     def write(self, upserts: pa.RecordBatch | None = None, deletes: pa.RecordBatch | None = None, *,
               writer: tuple[int, int] | None = None) -> tuple[int, int]:
-        """Upsert then delete rows; returns the changelog ``(base_offset, next_offset)`` written.
+        return self.writes.write(upserts, deletes, writer=writer)
 
-        ``writer``: ``(writer id, sequence)`` of an idempotent batch (:mod:`tablet.writer_sequences`;
-        a resent one is answered with its offsets once published; a no-op records no sequence).
+    # --- reads (tablet/bucket_reads.py) -----------------------------------------------------------
 
-        ``upserts`` are full rows (missing non-key columns are null),
-        ``deletes`` the primary-key columns of the rows to delete (other
-        columns are ignored). The upserts apply in row order, then the
-        deletes; a key written twice ends with its last write and gets the
-        change records of each step. A write that changes nothing (no rows,
-        only deletes of missing keys) appends nothing and returns ``(end,
-        end)``. A rejected batch (InvalidRowError: also a key of another
-        bucket; RecordTooLargeError: a row over ``max_row_bytes``, or a write
-        whose changelog entry would not fit one gRPC message) changes nothing.
+    @documented_by(BucketReads.list_offsets)
+    def list_offsets(self) -> tuple[int, int]:
+        return self.reads.list_offsets()
 
-        Raises ChangelogError if the changelog append failed (the store then
-        refuses writes until its files are reopened, after a backoff);
-        BucketStoreError if applying to RocksDB failed after the append (the
-        write is in the changelog and is applied when the files are reopened),
-        or if the store is closed or failed.
-        """
-        keys, up_values, key_list = _EMPTY, _EMPTY, []
-        if upserts is not None:
-            keys, up_values = self.codec.encode_arrays(upserts)
-            key_list = keys.to_pylist()
-            write_checks.check_bucket(self.codec, self.bucket, key_list, "upsert")
-            write_checks.check_row_sizes(self.codec, self.max_row_bytes, keys, up_values)
-        if deletes is not None:
-            del_keys = self.codec.encode_key_array(deletes)
-            del_list = del_keys.to_pylist()
-            write_checks.check_bucket(self.codec, self.bucket, del_list, "delete")
-            if del_list:
-                keys = pa.concat_arrays([keys, del_keys]) if key_list else del_keys
-                key_list = key_list + del_list
-        with self.files.use() as (changelog, kv):
-            if not key_list:
-                with self.write_lock:
-                    self.files.check_writable()
-                    end = changelog.end_offset
-                    return end, end
-            return self._write(changelog, kv, keys, up_values, key_list, writer)
+    @documented_by(BucketReads.end_epoch)
+    def end_epoch(self) -> tuple[int, int, int | None]:
+        return self.reads.end_epoch()
 
-    def _write(self, changelog: Changelog, kv: KvStore, keys: pa.Array, up_values: pa.Array,
-               key_list: list[bytes], writer: tuple[int, int] | None) -> tuple[int, int]:
-        n_up, prepared, changes = len(up_values), None, None
-        increasing = change_records.increasing(keys)
-        bounds = (key_list[0], key_list[-1]) if increasing else key_range(keys)
-        if increasing or len(set(key_list)) == len(key_list):
-            # Each key's final state is its upsert or its delete whatever it held before: the RocksDB
-            # batch is built here, while another write may hold the lock (deleting a missing key is a no-op).
-            up_list = up_values.to_pylist()
-            prepared = kv.prepare(key_list[:n_up], up_list, key_list[n_up:], bounds if n_up == len(key_list) else None)
-            if self.replicated:
-                changes = dict(zip(key_list[:n_up], up_list))
-                changes.update(dict.fromkeys(key_list[n_up:]))
-        with self.write_lock:
-            self._check_leading()
-            if writer is not None and (done := self._resent(changelog, writer)) is not None:
-                return done
-            while any(lo <= bounds[1] and bounds[0] <= hi for lo, hi in self._in_flight.values()):
-                self._settled.wait()  # an earlier write not yet published may hold keys of this one
-                self.files.check_writable()
-            records, prepared, changes = self._records(changelog, kv, keys, up_values, key_list, bounds,
-                                                       prepared, changes)
-            if not records.num_rows:
-                end = changelog.end_offset
-                return end, end
-            if records.nbytes > MAX_ENTRY_BYTES:
-                raise RecordTooLargeError(
-                    f"this write's changelog entry would be {records.nbytes} bytes, over {MAX_ENTRY_BYTES} "
-                    f"(one gRPC message; an update holds the row twice): send fewer rows per write",
-                    size=records.nbytes)
-            epoch = self.leader_epoch
-            new_epoch = epoch >= 0 and epoch != self._epochs.latest_epoch
-            if new_epoch and self._stale_epoch(epoch):
-                self._note_epoch(epoch, changelog.end_offset)  # raises FencedLeaderEpochError
-            try:
-                pending = changelog.write([records], leader_epoch=epoch, writer=writer)
-                (base, nxt), = pending.ranges
-                if new_epoch:
-                    self._note_epoch(epoch, base)  # before the entry is durable: a crash leaves an epoch past the end
-            except BaseException as exc:
-                self._fail(exc)
-                raise
-            if writer is not None:
-                self.writers.record(*writer, base, nxt, pending.timestamp)
-            self._in_flight[base] = bounds
-        try:
-            changelog.sync(pending)  # unlocked: the next write reads and writes meanwhile; one fsync may cover both
-        except BaseException as exc:
-            with self.write_lock:
-                del self._in_flight[base]
-                self._fail(exc)
-            raise
-        with self.write_lock:
-            try:
-                self._publish(changelog, kv, pending, prepared, base, nxt, changes)
-            finally:
-                del self._in_flight[base]
-                self._settled.notify_all()
-            return base, nxt
+    @documented_by(BucketReads.epochs_at)
+    def epochs_at(self, offsets: Sequence[int]) -> list[int | None]:
+        return self.reads.epochs_at(offsets)
 
-    def _check_leading(self) -> None:
-        """Under the write lock: the files take writes (else their failure) and this replica leads (else
-        NotLeaderError: a write that passed its leadership's check before a push made it a follower)."""
-        self.files.check_writable()
-        if self.following:
-            raise errors.NotLeaderError(f"bucket {self.bucket} ({self.dir}) follows its leader now (leader epoch "
-                                        f"{self.leader_epoch}): this write was not appended", bucket=self.bucket)
+    @documented_by(BucketReads.offset_for_timestamp)
+    def offset_for_timestamp(self, timestamp_ms: int) -> int:
+        return self.reads.offset_for_timestamp(timestamp_ms)
 
-    def _records(self, changelog: Changelog, kv: KvStore, keys: pa.Array, up_values: pa.Array,
-                 key_list: list[bytes], bounds: tuple[bytes, bytes], prepared: PreparedWrite | None,
-                 changes: dict | None) -> tuple[pa.RecordBatch, PreparedWrite, dict | None]:
-        """The write's change records, its RocksDB batch and (replicated) the state it leaves each key in;
-        before-images from RocksDB and, replicated, through the pre-write buffer. Hold the lock."""
-        olds = kv.get_existing(keys, key_list, bounds)
-        if self.replicated:
-            self._buffer_ready(changelog, kv)
-            olds = self.buffer.before_images(key_list, olds)
-        if prepared is not None:
-            return change_records.records_unique(keys, up_values, olds), prepared, changes
-        records, put_keys, put_values, gone = change_records.changes_in_order(
-            key_list, up_values.to_pylist(), olds.to_pylist())
-        if self.replicated:
-            changes = dict(zip(put_keys, put_values))
-            changes.update(dict.fromkeys(gone))
-        return records, kv.prepare(put_keys, put_values, gone), changes
+    @documented_by(BucketReads.lookup)
+    def lookup(self, keys: pa.RecordBatch) -> tuple[np.ndarray, pa.RecordBatch]:
+        return self.reads.lookup(keys)
 
-    def _publish(self, changelog: Changelog, kv: KvStore, pending, prepared: PreparedWrite, base: int,
-                 nxt: int, changes: dict | None) -> None:
-        """Publish a synced entry and apply it to RocksDB (replicated: buffer it), in changelog order.
-        Hold the lock."""
-        while (changelog.end_offset if self.replicated else kv.applied_offset) != base and self.files.failure is None:
-            self._settled.wait()  # published in changelog order
-        if self.files.failure is not None:
-            raise BucketStoreError(f"bucket {self.dir} failed before changelog records {base}..{nxt} "
-                                   f"were applied ({self.files.failure!r}); it is reopened after a backoff",
-                                   dir=self.dir)
-        try:
-            changelog.publish(pending)
-        except BaseException as exc:
-            self._fail(exc)
-            raise
-        if self.replicated:
-            self.buffer.add(base, nxt, prepared, changes)
-            return
-        try:
-            self._apply(kv, prepared, nxt)
-        except BaseException as exc:
-            self._fail(exc)
-            raise BucketStoreError(f"bucket {self.dir}: changelog records {base}..{nxt} were appended "
-                                   f"but RocksDB failed to apply them ({exc!r}); the bucket is reopened "
-                                   f"to replay them", dir=self.dir) from exc
+    @documented_by(BucketReads.fetch_log)
+    def fetch_log(self, from_offset: int, max_bytes: int, committed: bool = True,
+                  last_fetched_epoch: int | None = None) -> tuple[list[bytes], int]:
+        return self.reads.fetch_log(from_offset, max_bytes, committed, last_fetched_epoch)
 
-    def _resent(self, changelog: Changelog, writer: tuple[int, int]) -> tuple[int, int] | None:
-        """The offsets of ``writer``'s batch if it was appended before (waiting until they are published),
-        None if it is the next one. Raises OutOfOrderSequenceError otherwise. Hold the lock."""
-        try:
-            outcome = self.writers.check(changelog, *writer)
-        except ValueError as exc:
-            raise InvalidRequestError(f"idempotent write: {exc}") from None
-        if isinstance(outcome, Duplicate):
-            while changelog.end_offset <= outcome.last_offset and self.files.failure is None:
-                self._settled.wait()  # the original is not published yet: answer once it is
-            self.files.check_writable()
-            return outcome.base_offset, outcome.last_offset + 1
-        if isinstance(outcome, OutOfOrder):
-            raise errors.OutOfOrderSequenceError(
-                f"writer {writer[0]}: batch {writer[1]} is out of order for bucket {self.dir} (expected "
-                f"batch {outcome.expected}); nothing was appended: take a new writer id", expected=outcome.expected)
-        return None
+    @documented_by(BucketReads.read_log)
+    def read_log(self, from_offset: int, max_bytes: int) -> list[LogEntry]:
+        return self.reads.read_log(from_offset, max_bytes)
 
-    def _fail(self, exc: BaseException) -> None:
-        """The store refuses writes until reopened; writes waiting their turn give up. Hold the lock."""
-        self.files.fail(exc)
-        self.writers.reset()  # entries not synced may be gone: built again from the changelog
-        self.buffer.invalidate()
-        self._settled.notify_all()
+    @documented_by(BucketReads.log_segments)
+    def log_segments(self) -> list[SegmentInfo]:
+        return self.reads.log_segments()
 
-    def _apply(self, kv: KvStore, prepared: PreparedWrite, next_offset: int) -> None:
-        kv.commit(prepared, next_offset)
+    @documented_by(BucketReads.snapshot)
+    def snapshot(self, values_from: bytes | None = None) -> KvSnapshot:
+        return self.reads.snapshot(values_from)
+
+    @documented_by(BucketReads.key_of_value)
+    def key_of_value(self, value: bytes) -> bytes:
+        return self.reads.key_of_value(value)
+
+    @documented_by(BucketReads.iter_rows)
+    def iter_rows(self, snapshot: KvSnapshot, from_key: bytes | None = None,
+                  upper: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        return self.reads.iter_rows(snapshot, from_key, upper)
+
+    @documented_by(BucketReads.checkpoint)
+    def checkpoint(self, target_dir: str) -> int:
+        return self.reads.checkpoint(target_dir)
+
+    @documented_by(BucketReads.leader_checkpoint)
+    def leader_checkpoint(self, target_dir: str) -> tuple[int, int]:
+        return self.reads.leader_checkpoint(target_dir)
+
+    @documented_by(BucketReads.truncate_log_before)
+    def truncate_log_before(self, offset: int) -> int:
+        return self.reads.truncate_log_before(offset)
+
+    # --- replication (tablet/bucket_replication.py) -----------------------------------------------
+
+    @property
+    @documented_by(BucketReplication.high_watermark.fget)
+    def high_watermark(self) -> int:
+        return self.replication.high_watermark
+
+    @documented_by(BucketReplication.advance_high_watermark)
+    def advance_high_watermark(self, hw: int) -> int:
+        return self.replication.advance_high_watermark(hw)
+
+    @documented_by(BucketReplication.append_replicated)
+    def append_replicated(self, entries: list[bytes]) -> int:
+        return self.replication.append_replicated(entries)
+
+    @documented_by(BucketReplication.truncate_to)
+    def truncate_to(self, offset: int) -> int:
+        return self.replication.truncate_to(offset)
+
+    @documented_by(BucketReplication.install_snapshot)
+    def install_snapshot(self, checkpoint_dir: str, log_offset: int,
+                         writers: tuple[tuple[int, ...], ...] = ()) -> None:
+        self.replication.install_snapshot(checkpoint_dir, log_offset, writers)
+
+    @documented_by(BucketReplication.discard_files)
+    def discard_files(self, why: str) -> None:
+        self.replication.discard_files(why)
+
+    @documented_by(BucketReplication.become_leader)
+    def become_leader(self, epoch: int) -> None:
+        self.replication.become_leader(epoch)
+
+    @documented_by(BucketReplication.become_follower)
+    def become_follower(self, epoch: int) -> None:
+        self.replication.become_follower(epoch)
+
+    @property
+    @documented_by(BucketReplication.last_epoch.fget)
+    def last_epoch(self) -> int:
+        return self.replication.last_epoch
+
+    @property
+    @documented_by(BucketReplication.epochs.fget)
+    def epochs(self) -> EpochCache:
+        return self.replication.epochs
+
+    @documented_by(BucketReplication.end_offset_for)
+    def end_offset_for(self, epoch: int) -> EpochEnd:
+        return self.replication.end_offset_for(epoch)
+
+    @documented_by(BucketReplication.truncation_for)
+    def truncation_for(self, answer: EpochEnd) -> Truncation:
+        return self.replication.truncation_for(answer)

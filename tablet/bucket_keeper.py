@@ -73,7 +73,7 @@ class BucketKeeper(Periodic):
             self.replicas.held.mark(*key)  # its dir exists now: were it gone later, the replica is lost
             try:
                 if replica.leads:
-                    self.replicas.learn_base(replica)
+                    self.replicas.snapshots.learn_base(replica)
             except errors.KvLeaseError as exc:  # the coordinator is away: next round
                 log.debug("cannot learn the latest snapshot of %s yet: %s", replica.tb, exc)
                 continue

@@ -1,9 +1,10 @@
 """The read side of a bucket store: lookups, log reads, snapshots, checkpoints and log retention.
 
-:class:`BucketReads` is a part of :class:`tablet.bucket.BucketStore` (see
-``tablet/bucket.py``). Everything here sees committed data only: RocksDB (a
-replicated bucket applies an entry only once the high watermark passes it),
-and the changelog up to the high watermark unless a follower asks for more
+:class:`BucketReads` is a part :class:`tablet.bucket.BucketStore` owns
+(see ``tablet/bucket.py``); the store's methods of the same names call it.
+Everything here sees committed data only: RocksDB (a replicated bucket
+applies an entry only once the high watermark passes it), and the changelog
+up to the high watermark unless a follower asks for more
 (``fetch_log(committed=False)``). Not replicated, the high watermark is the
 log end, so nothing is held back.
 """
@@ -22,10 +23,10 @@ from common.errors import DataLostError, InvalidRequestError, NotLeaderError
 from common.logentry import LogEntry, read_header
 from tablet import write_checks
 from tablet.bucket_files import BucketFiles
+from tablet.bucket_state import BucketSpec, WriteRole
 from tablet.changelog import SegmentInfo
-from common.codec import RowCodec
+from tablet.epoch_file import EpochFile
 from tablet.kvstore import KvSnapshot
-from tablet.replication.epochs import EpochCache
 
 
 def _ending_by(entries: list[bytes], end: int) -> list[bytes]:
@@ -38,22 +39,26 @@ def _ending_by(entries: list[bytes], end: int) -> list[bytes]:
 
 
 class BucketReads:
-    """Reads of a :class:`~tablet.bucket.BucketStore` (a part of it; see the module docstring)."""
+    """Reads of a :class:`~tablet.bucket.BucketStore` (a part it owns; see the module docstring).
 
-    files: BucketFiles
-    codec: RowCodec
-    bucket: int | None
-    write_lock: threading.RLock
-    replicated: bool
-    high_watermark: int
-    _retained: Callable[[int], None]  # retention moved the log's start to this offset (BucketReplication)
-    _epochs: EpochCache  # the leader-epoch cache (BucketReplication)
+    ``spec``: the bucket's dir, bucket, codec and mode (:class:`~tablet.bucket_state.BucketSpec`);
+    ``files``, ``write_lock``, ``role`` and ``epoch_file`` (the leader-epoch cache): the store's, shared with
+    its other parts; ``high_watermark()``: the committed end of the log now (the replication part's)."""
+
+    def __init__(self, spec: BucketSpec, files: BucketFiles, write_lock: threading.RLock, role: WriteRole,
+                 epoch_file: EpochFile, high_watermark: Callable[[], int]) -> None:
+        self.spec = spec
+        self.files = files
+        self.write_lock = write_lock
+        self.role = role
+        self.epoch_file = epoch_file
+        self._high_watermark = high_watermark
 
     def list_offsets(self) -> tuple[int, int]:
         """``(earliest, latest)``: the changelog's start offset and the high watermark (its end offset when
         not replicated)."""
         start, _end, _applied = self.files.offsets()
-        return start, self.high_watermark
+        return start, self._high_watermark()
 
     def end_epoch(self) -> tuple[int, int, int | None]:
         """``(earliest, latest, epoch)``: :meth:`list_offsets` and the leader epoch of the entry just below
@@ -71,14 +76,14 @@ class BucketReads:
 
     def _epochs_below(self, offsets: Sequence[int], start: int, latest: int) -> list[int | None]:
         with self.write_lock:
-            return [self._epochs.epoch_at(o - 1) if start < o <= latest else None for o in offsets]
+            return [self.epoch_file.cache.epoch_at(o - 1) if start < o <= latest else None for o in offsets]
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int:
         """The first changelog offset appended at or after ``timestamp_ms``
         (:meth:`Changelog.offset_for_timestamp`), never beyond the high watermark."""
         with self.files.use() as (changelog, _kv):
             offset = changelog.offset_for_timestamp(timestamp_ms)
-        return min(offset, self.high_watermark)
+        return min(offset, self._high_watermark())
 
     def lookup(self, keys: pa.RecordBatch) -> tuple[np.ndarray, pa.RecordBatch]:
         """``(found, rows)``: ``found[i]`` (numpy bool) tells whether key row ``i`` exists;
@@ -87,12 +92,13 @@ class BucketReads:
         ``keys`` holds the primary-key columns (full rows are accepted).
         Raises InvalidRowError for a bad key batch.
         """
-        encoded = self.codec.encode_keys(keys)
-        write_checks.check_bucket(self.codec, self.bucket, encoded, "lookup")
+        codec = self.spec.codec
+        encoded = codec.encode_keys(keys)
+        write_checks.check_bucket(codec, self.spec.bucket, encoded, "lookup")
         with self.files.use() as (_changelog, kv):
             values = pa.array(kv.get(encoded), pa.binary())
         found = values.is_valid().to_numpy(zero_copy_only=False)
-        return found, self.codec.decode_values(pc.drop_null(values) if values.null_count else values)
+        return found, codec.decode_values(pc.drop_null(values) if values.null_count else values)
 
     def fetch_log(self, from_offset: int, max_bytes: int, committed: bool = True,
                   last_fetched_epoch: int | None = None) -> tuple[list[bytes], int]:
@@ -108,16 +114,17 @@ class BucketReads:
         with self.files.use() as (changelog, _kv):
             if last_fetched_epoch is not None:
                 with self.write_lock:
-                    lost = self._epochs.reader_divergence(last_fetched_epoch, from_offset, changelog.end_offset)
+                    cache = self.epoch_file.cache
+                    lost = cache.reader_divergence(last_fetched_epoch, from_offset, changelog.end_offset)
                 if lost is not None:
                     raise DataLostError(
                         f"offsets {lost}..{from_offset - 1} this reader read (the last under leader epoch "
                         f"{last_fetched_epoch}) are not in the bucket's log any more: it was restored from an "
                         f"older snapshot or led by an out-of-sync replica, and reuses them for other changes; "
                         f"start the reader again from a new position",
-                        bucket=self.bucket, from_offset=lost, position=from_offset)
-            if committed and self.replicated:
-                hw = self.high_watermark
+                        bucket=self.spec.bucket, from_offset=lost, position=from_offset)
+            if committed and self.spec.replicated:
+                hw = self._high_watermark()
                 entries = changelog.read_raw(from_offset, max_bytes) if from_offset < hw else []
                 if from_offset >= hw:
                     changelog.read_raw(from_offset, 1)  # LogOffsetOutOfRangeError outside the changelog
@@ -146,7 +153,8 @@ class BucketReads:
     def key_of_value(self, value: bytes) -> bytes:
         """The key a stored value is kept under: the value holds the whole row, primary key included
         (docs/row-encoding.md); InvalidRowError if it is malformed."""
-        return self.codec.encode_keys(self.codec.decode_values([value]))[0]
+        codec = self.spec.codec
+        return codec.encode_keys(codec.decode_values([value]))[0]
 
     def iter_rows(self, snapshot: KvSnapshot, from_key: bytes | None = None,
                   upper: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
@@ -180,13 +188,13 @@ class BucketReads:
         with self.files.use() as (changelog, kv):
             kv.flush_rows()  # most of the memtable, outside the lock: less to flush while writes wait
             with self.write_lock:
-                if leading and self.following:
-                    raise NotLeaderError(f"bucket {self.dir} follows (leader epoch {self.leader_epoch}): no "
-                                         f"snapshot", bucket=self.bucket)
+                if leading and self.role.following:
+                    raise NotLeaderError(f"bucket {self.spec.dir} follows (leader epoch {self.role.leader_epoch}): no "
+                                         f"snapshot", bucket=self.spec.bucket)
                 if not changelog.fsync:
                     changelog.flush()
                 kv.checkpoint(target_dir)
-                return kv.applied_offset, self.leader_epoch
+                return kv.applied_offset, self.role.leader_epoch
 
     # --- retention -------------------------------------------------------------------------
 
@@ -205,5 +213,5 @@ class BucketReads:
             deleted = changelog.truncate_before(min(offset, durable))
             if deleted:
                 with self.write_lock:
-                    self._retained(changelog.start_offset)
+                    self.epoch_file.retained(changelog.start_offset)
             return deleted

@@ -1,7 +1,8 @@
 """A replicated bucket store's side of replication: the high watermark, a follower's log, leader epochs.
 
-:class:`BucketReplication` is a part of :class:`tablet.bucket.BucketStore`
-(see ``tablet/bucket.py`` and ``docs/bucket-store.md``, "Replication"). The
+:class:`BucketReplication` is a part :class:`tablet.bucket.BucketStore` owns
+(see ``tablet/bucket.py`` and ``docs/bucket-store.md``, "Replication"); the
+store's methods of the same names call it. The
 store of a replicated bucket (``replicated=True``) appends and publishes its
 leader's writes without applying them to RocksDB: they wait in the pre-write
 buffer (``tablet/prewrite_buffer.py``) until :meth:`~BucketReplication.advance_high_watermark`
@@ -14,7 +15,8 @@ epochs: :meth:`~BucketReplication.end_offset_for` on the leader,
 holds a record above the high watermark, so nothing a reader saw is taken
 back.
 
-The leader-epoch cache (``tablet/epoch_file.py``) is kept in both modes: a
+The leader-epoch cache (``tablet/epoch_file.py``: :class:`~tablet.epoch_file.EpochFile`,
+which the store shares with its parts) is kept in both modes: a
 new epoch is assigned when its first entry is appended (or when the replica
 becomes leader, at its log end), dropped by truncation, moved by retention,
 and checkpointed on every change.
@@ -26,17 +28,17 @@ import threading
 from typing import Any, Callable
 
 from common.checksum import crc32
-from common.errors import FencedLeaderEpochError, InvalidRequestError, InvalidSnapshotError
+from common.errors import InvalidRequestError, InvalidSnapshotError
 from common.logentry import CorruptLogError, FrameHeader, read_header
-from tablet import bucket_damage, epoch_file, snapshot_install
+from tablet import bucket_damage, snapshot_install
 from tablet.bucket_files import BucketFiles
+from tablet.bucket_state import WriteRole
 from tablet.changelog import Changelog
+from tablet.epoch_file import EpochFile
 from tablet.kvstore import BucketStoreError, KvStore, checkpoint_log_offset
-from tablet.prewrite_buffer import PrewriteBuffer, entry_changes, prepared_of
+from tablet.prewrite_buffer import READ_BYTES, PrewriteBuffer
 from tablet.replication.epochs import EpochCache, EpochEnd, Truncation
 from tablet.writer_sequences import WriterSequences
-
-_READ_BYTES = 4 << 20  # changelog bytes decoded per step when applying or rebuilding the buffer
 
 
 def checked_header(frame: Any) -> FrameHeader:
@@ -52,20 +54,34 @@ def checked_header(frame: Any) -> FrameHeader:
 
 
 class BucketReplication:
-    """Replication methods of a :class:`~tablet.bucket.BucketStore` (a part of it; see the module docstring)."""
+    """Replication of a :class:`~tablet.bucket.BucketStore` (a part it owns; see the module docstring): it
+    keeps the high watermark known.
 
-    dir: str
-    files: BucketFiles
-    write_lock: threading.RLock
-    _settled: threading.Condition
-    _in_flight: dict
-    replicated: bool
-    leader_epoch: int
-    writers: WriterSequences
-    buffer: PrewriteBuffer
-    _hw: int
-    _epochs: EpochCache
-    _fail: Callable[[BaseException], None]  # BucketStore's: refuse writes until the files are reopened
+    ``dir``: the bucket's (named in errors; its files are replaced there); ``replicated``: see
+    :attr:`replicated`; ``files``, ``write_lock``, ``role``, ``writers``, ``buffer`` (the pre-write buffer)
+    and ``epoch_file`` (the leader-epoch cache): the store's, shared with its other parts; ``settle()``
+    waits (under the lock) until no write is between its append and its publication, ``fail(exc)`` makes
+    the store refuse writes until its files are reopened (both the writes part's)."""
+
+    def __init__(self, dir: str, replicated: bool, files: BucketFiles, write_lock: threading.RLock,
+                 role: WriteRole, writers: WriterSequences, buffer: PrewriteBuffer, epoch_file: EpochFile,
+                 settle: Callable[[], None], fail: Callable[[BaseException], None]) -> None:
+        self.dir = dir
+        #: Whether writes wait for the high watermark before RocksDB applies them (False: it is the log end).
+        self.replicated = replicated
+        self.files = files
+        self.write_lock = write_lock
+        self.role = role
+        self.writers = writers
+        self.buffer = buffer
+        self.epoch_file = epoch_file
+        self._settle = settle
+        self._fail = fail
+        self._hw = 0  # replicated: the high watermark known (at least the applied offset once open)
+
+    def opened(self, applied: int) -> None:
+        """The files were (re)opened with RocksDB at ``applied``: the high watermark is at least that."""
+        self._hw = max(self._hw, applied)
 
     # --- the high watermark ----------------------------------------------------------------
 
@@ -104,29 +120,11 @@ class BucketReplication:
                 kv.commit(entry.prepared, entry.next)
                 buffer.pop()
                 continue
-            entries = [e for e in changelog.read(kv.applied_offset, _READ_BYTES) if e.next_offset <= target]
+            entries = [e for e in changelog.read(kv.applied_offset, READ_BYTES) if e.next_offset <= target]
             if not entries:
                 return
             kv.apply_records([e.records for e in entries], entries[-1].next_offset)
             buffer.invalidate()  # it did not hold these: rebuilt before the next write reads through it
-
-    def _buffer_ready(self, changelog: Changelog, kv: KvStore) -> None:
-        """Rebuild the pre-write buffer from the changelog unless it holds exactly ``[applied, end)``."""
-        applied, end = kv.applied_offset, changelog.end_offset
-        if self.buffer.covers(applied, end):
-            return
-        self.buffer.reset(applied)
-        offset = applied
-        while offset < end:
-            for entry in changelog.read(offset, _READ_BYTES):
-                changes = entry_changes(entry)
-                self.buffer.add(entry.base_offset, entry.next_offset, prepared_of(changes), changes)
-                offset = entry.next_offset
-
-    def _settle(self) -> None:
-        """Wait until no write is between its append and its publication. Hold the lock."""
-        while self._in_flight:
-            self._settled.wait()
 
     # --- a follower's log -------------------------------------------------------------------
 
@@ -152,7 +150,7 @@ class BucketReplication:
                 expected += header.count
             for header in headers:
                 if header.leader_epoch >= 0:
-                    self._note_epoch(header.leader_epoch, header.base_offset)
+                    self.epoch_file.note(header.leader_epoch, header.base_offset)
             try:
                 pending = changelog.write_raw(entries, headers)
                 changelog.sync(pending)
@@ -190,15 +188,15 @@ class BucketReplication:
                 self.files.replay_limit = self._hw
             self.writers.reset()
             self.buffer.invalidate()
-            self._epochs.truncate_from(end)
-            self._save_epochs()
+            self.epoch_file.truncated(end)
             return end
 
     def install_snapshot(self, checkpoint_dir: str, log_offset: int,
                          writers: tuple[tuple[int, ...], ...] = ()) -> None:
         """Replace this replica's RocksDB by the snapshot checkpoint in ``checkpoint_dir`` (moved away)
         and its changelog by an empty one starting at ``log_offset``, the snapshot's; the epoch cache
-        starts empty, the writers' sequences from ``writers`` (the manifest's batches). Durable and crash-safe (``tablet/snapshot_install.py``).
+        starts empty, the writers' sequences from ``writers`` (the manifest's batches). Durable and crash-safe
+        (``tablet/snapshot_install.py``).
         InvalidSnapshotError if the checkpoint's applied offset is not ``log_offset``; BucketStoreError if
         the files are in use now (a scan's snapshot): nothing changed then. Only a replicated store."""
         self._require_replicated("install_snapshot")
@@ -217,7 +215,7 @@ class BucketReplication:
                                                                 writers))
             self._hw = log_offset
             self.files.replay_limit = log_offset
-            self._epochs = EpochCache()
+            self.epoch_file.clear()
             self.writers.reset()
             self.buffer.invalidate()
         with self.files.use():
@@ -232,7 +230,7 @@ class BucketReplication:
             self.files.replace(lambda: bucket_damage.move_aside(self.dir, why))
             self._hw = 0
             self.files.replay_limit = 0
-            self._epochs = EpochCache()
+            self.epoch_file.clear()
             self.writers.reset()
             self.writers.seed = ()
             self.buffer.invalidate()
@@ -250,19 +248,19 @@ class BucketReplication:
         end. FencedLeaderEpochError if the log already holds a newer epoch."""
         with self.files.use() as (changelog, kv), self.write_lock:
             self._settle()
-            self._note_epoch(epoch, changelog.end_offset)
-            self.leader_epoch = epoch
-            self.following = False
+            self.epoch_file.note(epoch, changelog.end_offset)
+            self.role.leader_epoch = epoch
+            self.role.following = False
             if self.replicated:
-                self._buffer_ready(changelog, kv)
+                self.buffer.ready(changelog, kv.applied_offset)
 
     def become_follower(self, epoch: int) -> None:
         """Follow the leader of ``epoch``: the pre-write buffer is dropped (its entries stay in the log, to
         be applied by :meth:`advance_high_watermark` or cut by :meth:`truncate_to`)."""
         with self.write_lock:
             self._settle()
-            self.leader_epoch = epoch
-            self.following = True
+            self.role.leader_epoch = epoch
+            self.role.following = True
             self.buffer.invalidate()
 
     @property
@@ -270,54 +268,22 @@ class BucketReplication:
         """The leader epoch of the log's last entry (-1: no entry, or written without an epoch)."""
         with self.files.use() as (changelog, _kv), self.write_lock:
             end = changelog.end_offset
-            epoch = self._epochs.epoch_at(end - 1) if end > 0 else None
+            epoch = self.epoch_file.cache.epoch_at(end - 1) if end > 0 else None
             return -1 if epoch is None else epoch
 
     @property
     def epochs(self) -> EpochCache:
         """A copy of the leader-epoch cache."""
         with self.files.use(), self.write_lock:
-            return EpochCache((e.epoch, e.start_offset) for e in self._epochs.entries)
+            return self.epoch_file.copy()
 
     def end_offset_for(self, epoch: int) -> EpochEnd:
         """The leader's answer to a follower whose latest epoch is ``epoch`` (:meth:`EpochCache.end_offset_for`)."""
         with self.files.use() as (changelog, _kv), self.write_lock:
-            return self._epochs.end_offset_for(epoch, changelog.end_offset)
+            return self.epoch_file.cache.end_offset_for(epoch, changelog.end_offset)
 
     def truncation_for(self, answer: EpochEnd) -> Truncation:
         """The follower's step on its leader's ``answer`` (:meth:`EpochCache.truncation_for`); the caller
         then calls :meth:`truncate_to` with its offset, and asks again unless it is ``done``."""
         with self.files.use() as (changelog, _kv), self.write_lock:
-            return self._epochs.truncation_for(answer, changelog.end_offset)
-
-    def _stale_epoch(self, epoch: int) -> bool:
-        """Whether the log holds entries of an epoch newer than ``epoch``. Hold the lock."""
-        latest = self._epochs.latest_epoch
-        if latest is None or epoch >= latest:
-            return False
-        older = EpochCache((e.epoch, e.start_offset) for e in self._epochs.entries)
-        older.truncate_from(self.files.changelog.end_offset)  # epochs assigned at the end hold no entry
-        return older.latest_epoch is not None and epoch < older.latest_epoch
-
-    def _note_epoch(self, epoch: int, start: int) -> None:
-        """An entry of ``epoch`` is appended at ``start``, the log end (or the replica leads from there):
-        assign the epoch there unless it is the latest; epochs assigned at or after ``start`` hold no entry
-        and are superseded. FencedLeaderEpochError if an older epoch than the log's. Hold the lock."""
-        cache = self._epochs
-        if epoch == cache.latest_epoch:
-            return
-        if self._stale_epoch(epoch):
-            raise FencedLeaderEpochError(f"bucket {self.dir}: leader epoch {epoch} is older than the log's "
-                                         f"latest, {cache.latest_epoch}", leader_epoch=cache.latest_epoch)
-        cache.truncate_from(start)
-        if epoch != cache.latest_epoch:
-            cache.assign(epoch, start)
-        self._save_epochs()
-
-    def _save_epochs(self) -> None:
-        epoch_file.save(self.dir, self._epochs, self.files.settings.fsync)
-
-    def _retained(self, start: int) -> None:
-        """Retention moved the log's start to ``start``. Hold the lock."""
-        self._epochs.truncate_before(start)
-        self._save_epochs()
+            return self.epoch_file.cache.truncation_for(answer, changelog.end_offset)

@@ -17,7 +17,7 @@ Not locked: the bucket store uses it under its write lock. A buffer that no
 longer matches the changelog (after a failure, a truncation, while the replica
 follows) is :meth:`~PrewriteBuffer.invalidate`-d and rebuilt from the
 changelog entries between the applied offset and the end (:func:`entry_changes`)
-before the next write reads through it.
+before the next write reads through it (:meth:`PrewriteBuffer.ready`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,11 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from common.logentry import ChangeType, LogEntry
+from tablet.changelog import Changelog
 from tablet.kvstore import KvStore, PreparedWrite
+
+#: Changelog bytes decoded per step when rebuilding the buffer or applying entries the buffer does not hold.
+READ_BYTES = 4 << 20
 
 _PUT_TYPES = (int(ChangeType.INSERT), int(ChangeType.UPDATE_AFTER))
 _DELETE = int(ChangeType.DELETE)
@@ -92,6 +96,20 @@ class PrewriteBuffer:
         """Empty and valid at ``offset`` (RocksDB's applied offset == the changelog's end so far)."""
         self.invalidate()
         self.start = self.end = offset
+
+    def ready(self, changelog: Changelog, applied: int) -> None:
+        """Rebuild it from ``changelog``'s entries unless it holds exactly ``[applied, end)`` (``applied``:
+        RocksDB's applied offset, ``end``: the changelog's end)."""
+        end = changelog.end_offset
+        if self.covers(applied, end):
+            return
+        self.reset(applied)
+        offset = applied
+        while offset < end:
+            for entry in changelog.read(offset, READ_BYTES):
+                changes = entry_changes(entry)
+                self.add(entry.base_offset, entry.next_offset, prepared_of(changes), changes)
+                offset = entry.next_offset
 
     def add(self, base: int, next_offset: int, prepared: PreparedWrite, changes: dict[bytes, bytes | None]) -> None:
         """Buffer the entry just published at ``base``: it must start at :attr:`end` (else the buffer is

@@ -30,9 +30,14 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+from typing import Callable
 
 from common import config as cfg
+from common.storage import RemoteStorage
 from tablet import bucket_damage, lost_data
+from tablet.replica import Replica
+from tablet.replication.roles import BucketRole
 
 log = logging.getLogger(__name__)
 
@@ -117,12 +122,34 @@ def doing(replica) -> str:
 
 
 class ReplicaLosses:
-    """The lost-data part of :class:`tablet.replicas.ReplicaManager` (a mixin): restores, unclean takeovers
-    (``tablet/lost_data.py``) and the replicas this server finds lost (the module docstring)."""
+    """The lost-data part of :class:`tablet.replicas.ReplicaManager`, which owns it: restores, unclean takeovers
+    (``tablet/lost_data.py``) and the replicas this server finds lost (the module docstring).
 
-    def _note_loss(self, replica, role) -> None:
+    ``server_id``: this server's; ``bucket_dir(table_id, bucket)``: a bucket's local dir; ``unsettled``: the
+    manager's set of buckets the keeper has work for (a bucket with loss work is added); ``lock``: the
+    manager's lock (a push changes the replicas' loss work under it); ``server_calls``: this server's
+    coordinator calls (:class:`client.server_calls.ServerCalls`: the reports); ``storage``, ``admin`` and
+    ``config``: what a restore reads the snapshot with; ``start_over(replica, prepare)``: the manager closes
+    ``replica``, runs ``prepare()`` on its closed files and holds a new replica over them in its place
+    (:meth:`tablet.replicas.ReplicaManager.start_over`)."""
+
+    def __init__(self, server_id: int, bucket_dir: Callable[[int, int], str], unsettled: set[tuple[int, int]],
+                 lock: threading.Lock, server_calls, storage: RemoteStorage, admin, config: cfg.Config,
+                 start_over: Callable[[Replica, Callable[[], None]], None]) -> None:
+        self.server_id = server_id
+        self.bucket_dir = bucket_dir
+        self.unsettled = unsettled
+        self._lock = lock
+        self.server_calls = server_calls
+        self.storage = storage
+        self.admin = admin
+        self.config = config
+        self._start_over = start_over
+
+    def note_loss(self, replica: Replica, role: BucketRole) -> None:
         """Mark a replica that must be restored or report its takeover before it serves (the keeper does it).
-        A replica reported lost stays so until it is out of the ISR (a restore comes first)."""
+        A replica reported lost stays so until it is out of the ISR (a restore comes first). Hold the
+        manager's lock."""
         work = lost_data.work_for(role, self.bucket_dir(*role.key), self.server_id, pending=replica.loss_work)
         if work is None and replica.loss_work == REPORT:
             work = REPORT
@@ -130,7 +157,7 @@ class ReplicaLosses:
         if work is not None:
             self.unsettled.add(role.key)
 
-    def lose(self, replica, reason: str) -> None:
+    def lose(self, replica: Replica, reason: str) -> None:
         """This server found ``replica``'s data lost (``reason``): it stops serving and fetching, and the
         keeper reports it (:meth:`settle_loss`)."""
         if replica.loss_work is not None:
@@ -139,7 +166,7 @@ class ReplicaLosses:
         self.unsettled.add((replica.table.table_id, replica.bucket))
         log.error("%s: this replica's data is lost (%s): reporting it to the coordinator", replica.tb, reason)
 
-    def settle_loss(self, replica) -> None:
+    def settle_loss(self, replica: Replica) -> None:
         """Carry out ``replica.loss_work`` (the keeper's thread): a restore replaces the replica by one over
         the restored files, which confirms it (the next round); an unclean takeover reports its log end; a
         lost replica is reported, then (once out of the ISR) started over empty. Raises on failure (tried
@@ -166,27 +193,17 @@ class ReplicaLosses:
                 replica.loss_reported = True
             if not out_of_isr(replica.role, self.server_id):
                 return  # the coordinator's push is on its way: the next round looks again
-        with self._lock:
-            if self._replicas.get(key) is not replica:
-                return
-            with replica.fetch_lock, replica.snapshot_lock:
-                replica.closed = True
-                if replica.lead is not None:
-                    replica.lead.end()
-                self._tell_closing(key, False)
-                replica.store.close()
-                move_aside(self.bucket_dir(*key), replica.store)
-                if replica.loss_work == lost_data.RESTORE:
-                    lost_data.restore_files(self.bucket_dir(*key), replica.role, self.storage, self.admin,
-                                            self.server_id, self.config[cfg.SNAPSHOT_UPLOAD_THREADS])
-                else:
-                    log.warning("%s: out of the ISR after its loss (%s): it starts empty%s", replica.tb,
-                                replica.lost_reason, ", rebuilt from the remote snapshot" if replica.replicated
-                                else "; `kvlease bucket restore` brings it back")
-            fresh = self._open(replica.role, self.monotonic())
-            fresh.ready_at = replica.ready_at  # the same leadership: it may serve when the old one could
-            self._replicas[key] = fresh
-            self.unsettled.add(key)
-            self._note_loss(fresh, replica.role)  # a restore carried out is confirmed before it serves
-        for listener in self.role_listeners:
-            listener()
+        self._start_over(replica, lambda: self._replace_files(replica))
+
+    def _replace_files(self, replica: Replica) -> None:
+        """The files of a lost (or restored) replica, closed: moved aside if damaged, then restored from
+        the snapshot its restore names, or left to start empty."""
+        bucket_dir = self.bucket_dir(replica.table.table_id, replica.bucket)
+        move_aside(bucket_dir, replica.store)
+        if replica.loss_work == lost_data.RESTORE:
+            lost_data.restore_files(bucket_dir, replica.role, self.storage, self.admin,
+                                    self.server_id, self.config[cfg.SNAPSHOT_UPLOAD_THREADS])
+        else:
+            log.warning("%s: out of the ISR after its loss (%s): it starts empty%s", replica.tb,
+                        replica.lost_reason, ", rebuilt from the remote snapshot" if replica.replicated
+                        else "; `kvlease bucket restore` brings it back")

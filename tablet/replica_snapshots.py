@@ -1,5 +1,5 @@
-"""Snapshots and changelog retention of the buckets a tablet server holds (a mixin of
-:class:`~tablet.replicas.ReplicaManager`).
+"""Snapshots and changelog retention of the buckets a tablet server holds: :class:`ReplicaSnapshots`, a part
+:class:`~tablet.replicas.ReplicaManager` owns (its ``snapshot`` and ``snapshot_changed`` call it).
 
 A snapshot is taken by a bucket's leader only, from committed state (its
 RocksDB holds nothing above the HW): RocksDB checkpoint -> upload of the SST
@@ -19,11 +19,15 @@ import logging
 import os
 import shutil
 import time
+from typing import Callable
 
 from common import config as cfg
 from common import errors
 from common.kvsnapshot import missing_files
 from common.model import SnapshotHandle
+from common.storage import RemoteStorage
+from tablet.leader_lease import LeaderLease
+from tablet.replica import Replica
 from tablet.snapshot import upload_and_commit
 
 log = logging.getLogger(__name__)
@@ -51,6 +55,22 @@ def still_leads(replica: Replica, leader_epoch: int, lease: LeaderLease) -> None
 
 
 class ReplicaSnapshots:
+    """The snapshots and changelog retention of the replicas a tablet server holds (see the module docstring).
+
+    ``admin``: a :class:`client.admin.AdminClient` (the latest snapshots, commits, the kept snapshots);
+    ``storage``: the remote storage; ``config``: the server's (``snapshot.*``, ``log.retention``);
+    ``lease``: the server's leader lease; ``server_id``: this server's; ``bucket_dir(table_id, bucket)``:
+    a bucket's local dir (its checkpoints are made under it)."""
+
+    def __init__(self, admin, storage: RemoteStorage, config: cfg.Config, lease: LeaderLease, server_id: int,
+                 bucket_dir: Callable[[int, int], str]) -> None:
+        self.admin = admin
+        self.storage = storage
+        self.config = config
+        self.lease = lease
+        self.server_id = server_id
+        self.bucket_dir = bucket_dir
+
     # -- snapshots ---------------------------------------------------------------------------
 
     def learn_base(self, replica: Replica) -> None:
@@ -140,11 +160,12 @@ class ReplicaSnapshots:
                         base.snapshot_id, replica.tb, len(missing), missing[0][0])
         return bool(missing)
 
-    def snapshot_changed(self) -> int:
+    def snapshot_changed(self, led: Callable[[], list[Replica]], followed: Callable[[], list[Replica]]) -> int:
         """Snapshot every led bucket that changed since its last snapshot, then apply the changelog
-        retention of those committed (one listing of kept snapshots per table); returns how many."""
+        retention of those committed (one listing of kept snapshots per table); returns how many. ``led()``:
+        the replicas led now, ``followed()`` those followed (asked once the snapshots are taken)."""
         committed = []
-        for replica in self.replicas():
+        for replica in led():
             if not replica.store.files.known:
                 continue  # not opened since this server started: the keeper opens it, the next round looks
             try:
@@ -152,7 +173,7 @@ class ReplicaSnapshots:
                     committed.append(replica)
             except Exception as exc:  # retried at the next interval
                 log.warning("snapshot of %s failed: %s", replica.tb, exc)
-        self.apply_retention(committed + [r for r in self.followed() if r.store.files.known])
+        self.apply_retention(committed + [r for r in followed() if r.store.files.known])
         return len(committed)
 
     # -- changelog retention ------------------------------------------------------------------

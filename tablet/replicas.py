@@ -22,6 +22,11 @@ or cut off from ZooKeeper, after the first push of each registration:
 :meth:`ReplicaManager.remove_stray_copies`). A snapshot is: RocksDB checkpoint -> upload of the SST files
 the last committed snapshot does not have + a manifest -> CommitKvSnapshot.
 
+The manager owns three parts, each given what it uses (none reaches into the manager): its snapshots and
+changelog retention (``tablet/replica_snapshots.py``), the replicas whose data is lost or restored
+(``tablet/replica_loss.py``: the manager starts such a replica over, :meth:`ReplicaManager.start_over`)
+and the local copies of buckets it no longer holds (``tablet/local_copies.py``).
+
 Thousands of buckets: taking a bucket opens no file (its store opens them on
 first use, and the server's :class:`~tablet.open_buckets.OpenBuckets` parks
 idle ones); the keeper (``tablet/bucket_keeper.py``) opens new buckets in the
@@ -37,7 +42,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 import threading
 import time
 from typing import Callable, Iterator
@@ -46,11 +50,13 @@ from common import config as cfg
 from common import errors
 from common.storage import RemoteStorage
 from common.tables import TableInfo
-from common.model import TableBucket
+from common.model import SnapshotHandle, TableBucket
+from common.parts import documented_by
 from client.server_calls import ServerCalls
-from tablet import lost_data, replica_loss, stray_copies
+from tablet import replica_loss, stray_copies
 from tablet.bucket import BucketStore
 from tablet.leader_lease import LeaderLease, LeaseBasis
+from tablet.local_copies import LocalCopies
 from tablet.open_buckets import OpenBuckets, open_capacity
 from tablet.replica import Replica
 from tablet.replica_loss import ReplicaLosses
@@ -65,7 +71,12 @@ log = logging.getLogger(__name__)
 LEASE_WAIT_S = 0.5
 
 
-class ReplicaManager(ReplicaSnapshots, ReplicaLosses):
+class ReplicaManager:
+    """The replicas a tablet server holds (see the module docstring). It owns two parts and calls them from
+    methods of the same names: :attr:`snapshots` (:class:`~tablet.replica_snapshots.ReplicaSnapshots`:
+    snapshots and changelog retention) and :attr:`losses` (:class:`~tablet.replica_loss.ReplicaLosses`:
+    restores, unclean takeovers, replicas found lost)."""
+
     def __init__(self, data_dir: str, config: cfg.Config, storage: RemoteStorage, admin,
                  clock_ms: Callable[[], int] = lambda: int(time.time() * 1000), *,
                  current_epoch: Callable[[], int] | None = None,
@@ -91,10 +102,8 @@ class ReplicaManager(ReplicaSnapshots, ReplicaLosses):
         #: Run when a led bucket's follower is due to join its ISR (the ISR keeper runs at once).
         self.on_isr_due: Callable[[], None] = lambda: None
         self.current_epoch = current_epoch
-        self.table_gone = table_gone
         self.config = config
         self.storage = storage
-        self.admin = admin  # client.admin.AdminClient: snapshot commits and listings
         self.server_calls = server_calls  # client.server_calls.ServerCalls: the loss reports
         self.clock_ms = clock_ms
         self.coordinator_epoch = 0
@@ -116,6 +125,21 @@ class ReplicaManager(ReplicaSnapshots, ReplicaLosses):
         os.makedirs(data_dir, exist_ok=True)
         #: The bucket dirs made here: a missing one is a lost replica (tablet/replica_loss.py).
         self.held = replica_loss.HeldBuckets(data_dir)
+        #: The local copies of buckets not held: dropped tables', moved off, strays (tablet/local_copies.py).
+        self.copies = LocalCopies(data_dir, self.bucket_dir, self.held, table_gone)
+        self.snapshots = ReplicaSnapshots(admin, storage, config, self.lease, server_id, self.bucket_dir)
+        self.losses = ReplicaLosses(server_id, self.bucket_dir, self.unsettled, self._lock, server_calls, storage,
+                                    admin, config, self.start_over)
+
+    @property
+    def admin(self):
+        """The :class:`client.admin.AdminClient` of snapshot commits and listings and of restores (setting
+        it sets its parts')."""
+        return self.snapshots.admin
+
+    @admin.setter
+    def admin(self, admin) -> None:
+        self.snapshots.admin = self.losses.admin = admin
 
     # -- leadership -----------------------------------------------------------------------
 
@@ -140,7 +164,7 @@ class ReplicaManager(ReplicaSnapshots, ReplicaLosses):
         with self._lock:
             self._confirm_epoch(coordinator_epoch)
             wanted = {role.key: role for role in roles}
-            gone = self._dropped(set(dropped_tables) - {k[0] for k in wanted}, coordinator_epoch)
+            gone = self.copies.dropped(set(dropped_tables) - {k[0] for k in wanted}, coordinator_epoch)
             self.coordinator_epoch = coordinator_epoch
             try:
                 for key in [k for k in self._replicas if k not in wanted]:
@@ -151,7 +175,7 @@ class ReplicaManager(ReplicaSnapshots, ReplicaLosses):
                     if replica is not None:
                         if replica.take_role(role, now):
                             stopped_leading.append(key)
-                        self._note_loss(replica, role)
+                        self.losses.note_loss(replica, role)
                         continue
                     if len(self._replicas) >= self.max_buckets:
                         self.refused[key] = role.table
@@ -160,15 +184,13 @@ class ReplicaManager(ReplicaSnapshots, ReplicaLosses):
                     self._tables = {**self._tables, role.table.table_id: role.table}  # known before it serves
                     self._replicas[key] = replica
                     self.unsettled.add(key)
-                    self._note_loss(replica, role)
+                    self.losses.note_loss(replica, role)
                     if self.held.lost(*key, replica.store.dir):
                         self.lose(replica, replica_loss.missing_reason(replica.store.dir))
             finally:  # forget the tables no longer held (also when opening a bucket failed)
                 self._tables = {r.table.table_id: r.table for r in self._replicas.values()}
-            for table_id in sorted(gone):
-                shutil.rmtree(os.path.join(self.data_dir, str(table_id)), ignore_errors=True)
-                self.held.forget(table_id)
-            self._delete_moved_off(removed - set(wanted))
+            self.copies.delete_tables(gone)
+            self.copies.delete_moved_off(removed - set(wanted))
         if basis is not None:
             self.lease.take(basis)
         for key in stopped_leading:  # scans of a bucket no longer led end: their clients go to the new leader
@@ -196,13 +218,6 @@ class ReplicaManager(ReplicaSnapshots, ReplicaLosses):
                  role.leader, role.leader_epoch)
         return replica
 
-    def _delete_moved_off(self, keys: set[tuple[int, int]]) -> None:
-        """Delete the local copy of buckets a completed move took off this server (closed already). Hold the lock."""
-        for table_id, bucket in sorted(keys):
-            shutil.rmtree(self.bucket_dir(table_id, bucket), ignore_errors=True)
-            self.held.forget(table_id, bucket)
-            log.info("bucket %d of table %d moved off this tablet server: its local copy is deleted", bucket, table_id)
-
     def _confirm_epoch(self, coordinator_epoch: int) -> None:
         """Refuse a push of a coordinator epoch older than the last one taken; take a newer one only if it is
         ZooKeeper's current one. A confirmed epoch is kept (``self.coordinator_epoch``): pushes of the same
@@ -222,34 +237,11 @@ class ReplicaManager(ReplicaSnapshots, ReplicaLosses):
                 f"leadership from coordinator epoch {coordinator_epoch}, but ZooKeeper's current coordinator "
                 f"epoch is {current}: not sent by the active coordinator, refused")
 
-    def _dropped(self, table_ids: set[int], coordinator_epoch: int) -> set[int]:
-        """The tables of ``table_ids`` (dropped by a push) that ZooKeeper no longer has."""
-        gone = {table_id for table_id in table_ids if self._gone(table_id)}
-        for table_id in sorted(table_ids - gone):
-            log.warning("push of coordinator epoch %d drops table %d, which ZooKeeper still has: its data stays",
-                        coordinator_epoch, table_id)
-        return gone
-
-    def _gone(self, table_id: int) -> bool:
-        return True if self.table_gone is None else self.table_gone(table_id)
-
     def remove_dropped_tables(self) -> list[int]:
         """Delete the local data of tables ZooKeeper no longer has (dropped while this server was
         down, or a drop push that did not arrive); returns their ids. Table ids are never reused."""
-        removed = []
         with self._lock:
-            led = {table_id for table_id, _bucket in self._replicas}
-            try:
-                names = os.listdir(self.data_dir)
-            except FileNotFoundError:
-                return []
-            for name in sorted(names):
-                if not name.isdigit() or int(name) in led:
-                    continue
-                if self._gone(int(name)):
-                    shutil.rmtree(os.path.join(self.data_dir, name), ignore_errors=True)
-                    self.held.forget(int(name))
-                    removed.append(int(name))
+            removed = self.copies.remove_dropped({table_id for table_id, _bucket in self._replicas})
         if removed:
             log.info("removed the local data of dropped tables %s", removed)
         return removed
@@ -262,14 +254,7 @@ class ReplicaManager(ReplicaSnapshots, ReplicaLosses):
         with self._lock:
             if self.coordinator_epoch == 0:
                 return None
-            held = set(self._replicas) | set(self.refused)
-            choice = stray_copies.choose_strays(stray_copies.bucket_dirs(self.data_dir), held,
-                                                lambda table_id: not self._gone(table_id))
-            for table_id, bucket in choice.strays:
-                shutil.rmtree(self.bucket_dir(table_id, bucket), ignore_errors=True)
-                self.held.forget(table_id, bucket)
-                log.warning("bucket %d of table %d is no longer assigned to this tablet server (moved off while it "
-                            "was down or cut off from ZooKeeper): its stray local copy is deleted", bucket, table_id)
+            choice = self.copies.remove_strays(set(self._replicas) | set(self.refused))
         if choice.unchecked:
             log.warning("cannot learn from ZooKeeper whether tables %s exist: their unassigned bucket dirs are kept",
                         list(choice.unchecked))
@@ -304,6 +289,30 @@ class ReplicaManager(ReplicaSnapshots, ReplicaLosses):
         self._tell_closing(key, dropped)
         with replica.snapshot_lock:
             replica.store.close()
+
+    def start_over(self, replica: Replica, prepare: Callable[[], None]) -> None:
+        """Replace ``replica``, if it is still the one held of its bucket, by a new one over its files (the
+        same role; it may serve when the old one could): the old one is closed (its leadership and live scans
+        end) and ``prepare()`` runs on its closed files, its fetches and snapshot held off; then the role
+        listeners run. For a replica whose data was lost (:meth:`ReplicaLosses.settle_loss`)."""
+        key = (replica.table.table_id, replica.bucket)
+        with self._lock:
+            if self._replicas.get(key) is not replica:
+                return
+            with replica.fetch_lock, replica.snapshot_lock:
+                replica.closed = True
+                if replica.lead is not None:
+                    replica.lead.end()
+                self._tell_closing(key, False)
+                replica.store.close()
+                prepare()
+            fresh = self._open(replica.role, self.monotonic())
+            fresh.ready_at = replica.ready_at  # the same leadership: it may serve when the old one could
+            self._replicas[key] = fresh
+            self.unsettled.add(key)
+            self.losses.note_loss(fresh, replica.role)  # a restore carried out is confirmed before it serves
+        for listener in self.role_listeners:
+            listener()
 
     def end_scans(self, table_id: int, bucket: int) -> None:
         """End the live scan sessions of a bucket that stays led, as a leadership change does (their
@@ -386,7 +395,7 @@ class ReplicaManager(ReplicaSnapshots, ReplicaLosses):
         """TableNotExistError if no bucket of ``table_id`` is led here and ZooKeeper has no such table."""
         if any(key[0] == table_id for key in list(self._replicas)):
             return
-        if self._gone(table_id):
+        if self.copies.gone(table_id):
             raise errors.TableNotExistError(f"table id {table_id} does not exist (never created, or dropped)",
                                             table_id=table_id)
 
@@ -413,3 +422,23 @@ class ReplicaManager(ReplicaSnapshots, ReplicaLosses):
                 self._close(key)
             self._tables = {}
             self.refused = {}
+
+    # -- the parts' calls -------------------------------------------------------------------
+
+    @documented_by(ReplicaSnapshots.snapshot)
+    def snapshot(self, replica: Replica, force: bool = False) -> SnapshotHandle | None:
+        return self.snapshots.snapshot(replica, force)
+
+    def snapshot_changed(self) -> int:
+        """Snapshot every led bucket that changed since its last snapshot, then apply the changelog
+        retention of those committed and of the buckets followed (one listing of kept snapshots per table);
+        returns how many were snapshotted."""
+        return self.snapshots.snapshot_changed(self.replicas, self.followed)
+
+    @documented_by(ReplicaLosses.lose)
+    def lose(self, replica: Replica, reason: str) -> None:
+        self.losses.lose(replica, reason)
+
+    @documented_by(ReplicaLosses.settle_loss)
+    def settle_loss(self, replica: Replica) -> None:
+        self.losses.settle_loss(replica)

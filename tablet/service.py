@@ -214,7 +214,8 @@ class TabletService(pb_grpc.TabletServiceServicer):
                     targets.append(self.replicas.get(request.table_id, bucket))
                 except errors.KvLeaseError as exc:
                     results[bucket] = exc
-            results.update(zip((r.bucket for r in targets), self.replicas.snapshot_each(targets, verify=True)))
+            taken = self.replicas.snapshots.snapshot_each(targets, verify=True)
+            results.update(zip((r.bucket for r in targets), taken))
             failed = sorted((b, r) for b, r in results.items() if isinstance(r, errors.KvLeaseError))
             if failed and not request.bucket_errors:
                 raise failed[0][1]

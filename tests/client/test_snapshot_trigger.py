@@ -116,7 +116,7 @@ def test_progress_reports_a_bucket_committed_while_its_leader_still_works_on_the
     cluster.create_table("db.t", COLUMNS, ["id"], 2)
     replicas = cluster.tablets[1].replicas
     reported_0 = threading.Event()
-    real_snapshot = replicas._snapshot
+    real_snapshot = replicas.snapshots._snapshot
 
     def snapshot(replica, *args):  # the leader takes bucket 1 only once bucket 0's commit was reported
         if replica.bucket == 1:
@@ -132,7 +132,7 @@ def test_progress_reports_a_bucket_committed_while_its_leader_still_works_on_the
 
     with TableClient(cluster.admin, "db.t") as client:
         assert sorted(client.upsert([{"id": i, "v": f"a{i}"} for i in range(50)])) == [0, 1]
-        monkeypatch.setattr(replicas, "_snapshot", snapshot)
+        monkeypatch.setattr(replicas.snapshots, "_snapshot", snapshot)
         outcomes = trigger_snapshots(client, on_outcome=on_outcome, poll_s=0.05)
     assert [(o.bucket, o.state) for o in outcomes] == [(0, COMMITTED), (1, COMMITTED)]
     assert reported == [(0, COMMITTED, 1, 2), (1, COMMITTED, 2, 2)]

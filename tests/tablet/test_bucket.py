@@ -358,7 +358,7 @@ def slow_fsync(monkeypatch):
     def fdatasync(fd):
         state["calls"] += 1
         if state["store"] is not None:
-            state["seen_in_flight"] = max(state["seen_in_flight"], len(state["store"]._in_flight))
+            state["seen_in_flight"] = max(state["seen_in_flight"], len(state["store"].writes._in_flight))
         if state["fail"]:
             state["fail"] = False
             raise OSError(5, "simulated EIO")

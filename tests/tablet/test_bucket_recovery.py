@@ -37,7 +37,7 @@ def test_records_appended_but_not_applied_are_replayed_on_open(bucket_dir, monke
     def crash(*args):
         raise SimulatedCrash()
 
-    monkeypatch.setattr(store, "_apply", crash)
+    monkeypatch.setattr(store.writes, "_apply", crash)
     with pytest.raises(BucketStoreError, match="reopen") as info:
         store.write(rows((1, "A", 1.5), (3, "c", 3.0)), keys(2))
     assert isinstance(info.value.__cause__, SimulatedCrash)
