@@ -106,6 +106,12 @@ class Rebuilder(ReplicaWorker):
         with self._cond:
             return len(self._busy)
 
+    def _dropped(self, replicas: list) -> None:
+        """A rebuild queued and not begun when the fetchers stopped is not due any more: not busy, so the
+        fetcher, resumed, finds the replica still to rebuild and queues it again (else it waited forever)."""
+        for replica in replicas:
+            self._busy.discard(id(replica))
+
     def busy(self, replica) -> bool:
         """Whether ``replica`` waits for or is in a rebuild (its fetches wait)."""
         with self._cond:

@@ -24,11 +24,19 @@ class ReplicaWorker:
         self._thread: threading.Thread | None = None
 
     def stop(self) -> None:
+        """End the thread (the stop event is set by the owner); work still queued is dropped: after a
+        resume (:meth:`tablet.replication.fetcher.Fetchers.resume`) the fetcher queues what is still due."""
         with self._cond:
             self._cond.notify_all()
             thread = self._thread
         if thread is not None:
             thread.join(timeout=30)
+        with self._cond:
+            self._dropped([replica for replica, _item in self._due.values()])
+            self._due.clear()
+
+    def _dropped(self, replicas: list) -> None:
+        """Queued work of ``replicas`` was dropped at a stop. Hold the condition's lock."""
 
     def _queue(self, replica, item, merge: Callable[[object, object], object] = lambda old, new: new) -> bool:
         """Queue ``item`` for ``replica`` (merged with one waiting); False once stopping. Hold no lock."""

@@ -224,3 +224,23 @@ def test_a_replica_in_use_is_rebuilt_later_from_the_oldest_snapshot_never_from_a
     monkeypatch.setattr(rebuilder, "_install", install)
     assert rebuilder.rebuild(_Replica(_InUseStore(0)), 0, "fresh") is None
     assert tried == [3]
+
+
+def test_a_rebuild_queued_when_the_fetchers_stop_is_dropped_and_queued_again_after_a_resume(monkeypatch):
+    """A follower's rebuild queued, not begun, when its fetchers stopped: busy for ever, its fetches skipped, it
+    never rejoined the ISR after the resume."""
+    rebuilder = _rebuilder(FakeClock())
+    replica = _Replica(_InUseStore(0))
+    rebuilt = threading.Event()
+    monkeypatch.setattr(rebuilder, "rebuild", lambda r, log_start, why: rebuilt.set() or 0)
+    with rebuilder._cond:  # queued, not begun: as due() leaves it when the fetchers stop before its thread runs
+        rebuilder._busy.add(id(replica))
+        rebuilder._due[id(replica)] = (replica, (0, "fresh"))
+    rebuilder._stop.set()  # the fetchers stop
+    rebuilder.stop()
+    assert not rebuilder.busy(replica)
+    rebuilder._stop.clear()  # resumed: the fetcher finds it fresh and asks again
+    rebuilder.due(replica, 0, "fresh")
+    assert rebuilt.wait(5)
+    rebuilder._stop.set()
+    rebuilder.stop()
