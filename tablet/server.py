@@ -36,21 +36,21 @@ from client.coordinator_caller import CoordinatorCaller
 from client.server_calls import ServerCalls
 from common.security.client import internal_client_config
 from common.security.server import server_security
-from tablet.replicas import lost_data
-from tablet.replicas.keeper import BucketKeeper
-from tablet.replicas.health import HealthCollector
-from tablet.replication.leader_lease import LeaderLease, LeaseRenewer, lease_duration_ms
 from tablet.bucket.open_buckets import fd_limit
 from tablet.periodic import Periodic
-from tablet.replication.rebuild_progress import RebuildCollector
+from tablet.replicas import lost_data
+from tablet.replicas.health import HealthCollector
+from tablet.replicas.keeper import BucketKeeper
 from tablet.replicas.manager import ReplicaManager
 from tablet.replication.fetch_service import ReplicaFetchService
 from tablet.replication.fetcher import Fetchers
 from tablet.replication.isr_changes import IsrKeeper
+from tablet.replication.leader_lease import LeaderLease, LeaseRenewer, lease_duration_ms
+from tablet.replication.rebuild_progress import RebuildCollector
 from client.transport import Channels
+from tablet.replicas.step_down import StepDown
 from tablet.scan import wire as scan_wire
 from tablet.scan.service import ScanService
-from tablet.replicas.step_down import StepDown
 from tablet.service import INTERNAL_METHODS, TabletService
 
 log = logging.getLogger(__name__)

@@ -34,13 +34,13 @@ from common.codec import batch_to_ipc, ipc_to_batch
 from common.model import SnapshotHandle
 from common.security.server import OPEN
 from tablet.authz import READ, WRITE, TableAccess
-from tablet.store.kvstore import BucketStoreError
-from tablet.replication.leader_lease import LeaseBasis
 from tablet.replicas.manager import ReplicaManager
 from tablet.replication.fetch_service import ReplicaFetchService
 from tablet.replication.leader import check_epoch
+from tablet.replication.leader_lease import LeaseBasis
 from tablet.replication.roles import BucketRole
 from tablet.scan.service import ScanService
+from tablet.store.kvstore import BucketStoreError
 
 log = logging.getLogger(__name__)
 

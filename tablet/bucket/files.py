@@ -38,10 +38,10 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, NamedTuple
 
 from common.logentry import LogEntry
-from tablet.store import snapshot_install
-from tablet.log.changelog import Changelog
-from tablet.store.kvstore import BucketInUseError, BucketStoreError, KvStore
 from tablet.bucket.open_buckets import OpenBuckets
+from tablet.log.changelog import Changelog
+from tablet.store import snapshot_install
+from tablet.store.kvstore import BucketInUseError, BucketStoreError, KvStore
 
 log = logging.getLogger(__name__)
 

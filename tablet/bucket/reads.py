@@ -22,10 +22,8 @@ import pyarrow.compute as pc
 from common.errors import DataLostError, InvalidRequestError, NotLeaderError
 from common.logentry import LogEntry, read_header
 from tablet.bucket import write_checks
-from tablet.bucket.files import BucketFiles
-from tablet.bucket.state import BucketSpec, WriteRole
+from tablet.bucket.state import BucketShared, BucketSpec
 from tablet.log.changelog import SegmentInfo
-from tablet.log.epoch_file import EpochFile
 from tablet.store.kvstore import KvSnapshot
 
 
@@ -45,19 +43,14 @@ class BucketReads:
     ``files``, ``write_lock``, ``role`` and ``epoch_file`` (the leader-epoch cache): the store's, shared with
     its other parts; ``high_watermark()``: the committed end of the log now (the replication part's)."""
 
-    def __init__(self, spec: BucketSpec, files: BucketFiles, write_lock: threading.RLock, role: WriteRole,
-                 epoch_file: EpochFile, high_watermark: Callable[[], int]) -> None:
-        self.spec = spec
-        self.files = files
-        self.write_lock = write_lock
-        self.role = role
-        self.epoch_file = epoch_file
+    def __init__(self, bucket: BucketShared, high_watermark: Callable[[], int]) -> None:
+        self.bucket = bucket
         self._high_watermark = high_watermark
 
     def list_offsets(self) -> tuple[int, int]:
         """``(earliest, latest)``: the changelog's start offset and the high watermark (its end offset when
         not replicated)."""
-        start, _end, _applied = self.files.offsets()
+        start, _end, _applied = self.bucket.files.offsets()
         return start, self._high_watermark()
 
     def end_epoch(self) -> tuple[int, int, int | None]:
@@ -75,13 +68,13 @@ class BucketReads:
         return self._epochs_below(offsets, *self.list_offsets())
 
     def _epochs_below(self, offsets: Sequence[int], start: int, latest: int) -> list[int | None]:
-        with self.write_lock:
-            return [self.epoch_file.cache.epoch_at(o - 1) if start < o <= latest else None for o in offsets]
+        with self.bucket.write_lock:
+            return [self.bucket.epoch_file.cache.epoch_at(o - 1) if start < o <= latest else None for o in offsets]
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int:
         """The first changelog offset appended at or after ``timestamp_ms``
         (:meth:`Changelog.offset_for_timestamp`), never beyond the high watermark."""
-        with self.files.use() as (changelog, _kv):
+        with self.bucket.files.use() as (changelog, _kv):
             offset = changelog.offset_for_timestamp(timestamp_ms)
         return min(offset, self._high_watermark())
 
@@ -92,10 +85,10 @@ class BucketReads:
         ``keys`` holds the primary-key columns (full rows are accepted).
         Raises InvalidRowError for a bad key batch.
         """
-        codec = self.spec.codec
+        codec = self.bucket.spec.codec
         encoded = codec.encode_keys(keys)
-        write_checks.check_bucket(codec, self.spec.bucket, encoded, "lookup")
-        with self.files.use() as (_changelog, kv):
+        write_checks.check_bucket(codec, self.bucket.spec.bucket, encoded, "lookup")
+        with self.bucket.files.use() as (_changelog, kv):
             values = pa.array(kv.get(encoded), pa.binary())
         found = values.is_valid().to_numpy(zero_copy_only=False)
         return found, codec.decode_values(pc.drop_null(values) if values.null_count else values)
@@ -111,10 +104,10 @@ class BucketReads:
         ``last_fetched_epoch``: the leader epoch of the entry just below ``from_offset`` as the reader
         read it; DataLostError (details ``bucket``, ``from_offset``: where the range starts, ``position``)
         if this log does not hold it there (:meth:`EpochCache.reader_divergence`)."""
-        with self.files.use() as (changelog, _kv):
+        with self.bucket.files.use() as (changelog, _kv):
             if last_fetched_epoch is not None:
-                with self.write_lock:
-                    cache = self.epoch_file.cache
+                with self.bucket.write_lock:
+                    cache = self.bucket.epoch_file.cache
                     lost = cache.reader_divergence(last_fetched_epoch, from_offset, changelog.end_offset)
                 if lost is not None:
                     raise DataLostError(
@@ -122,8 +115,8 @@ class BucketReads:
                         f"{last_fetched_epoch}) are not in the bucket's log any more: it was restored from an "
                         f"older snapshot or led by an out-of-sync replica, and reuses them for other changes; "
                         f"start the reader again from a new position",
-                        bucket=self.spec.bucket, from_offset=lost, position=from_offset)
-            if committed and self.spec.replicated:
+                        bucket=self.bucket.spec.bucket, from_offset=lost, position=from_offset)
+            if committed and self.bucket.spec.replicated:
                 hw = self._high_watermark()
                 entries = changelog.read_raw(from_offset, max_bytes) if from_offset < hw else []
                 if from_offset >= hw:
@@ -134,12 +127,12 @@ class BucketReads:
 
     def read_log(self, from_offset: int, max_bytes: int) -> list[LogEntry]:
         """Decoded changelog entries (:meth:`Changelog.read`)."""
-        with self.files.use() as (changelog, _kv):
+        with self.bucket.files.use() as (changelog, _kv):
             return changelog.read(from_offset, max_bytes)
 
     def log_segments(self) -> list[SegmentInfo]:
         """The changelog's segments, oldest first (for time-based retention)."""
-        with self.files.use() as (changelog, _kv):
+        with self.bucket.files.use() as (changelog, _kv):
             return changelog.segments()
 
     # --- snapshots -------------------------------------------------------------------------
@@ -147,13 +140,13 @@ class BucketReads:
     def snapshot(self, values_from: bytes | None = None) -> KvSnapshot:
         """A consistent view of the rows and its ``log_offset``, taken together under the write lock
         (``values_from``: see :meth:`KvStore.snapshot`). An open snapshot keeps the files open."""
-        with self.files.use() as (_changelog, kv), self.write_lock:
+        with self.bucket.files.use() as (_changelog, kv), self.bucket.write_lock:
             return kv.snapshot(kv.applied_offset, values_from)
 
     def key_of_value(self, value: bytes) -> bytes:
         """The key a stored value is kept under: the value holds the whole row, primary key included
         (docs/row-encoding.md); InvalidRowError if it is malformed."""
-        codec = self.spec.codec
+        codec = self.bucket.spec.codec
         return codec.encode_keys(codec.decode_values([value]))[0]
 
     def iter_rows(self, snapshot: KvSnapshot, from_key: bytes | None = None,
@@ -185,16 +178,16 @@ class BucketReads:
     def _checkpoint(self, target_dir: str, leading: bool) -> tuple[int, int]:
         if os.path.lexists(target_dir):
             raise InvalidRequestError(f"checkpoint target {target_dir} already exists")
-        with self.files.use() as (changelog, kv):
+        with self.bucket.files.use() as (changelog, kv):
             kv.flush_rows()  # most of the memtable, outside the lock: less to flush while writes wait
-            with self.write_lock:
-                if leading and self.role.following:
-                    raise NotLeaderError(f"bucket {self.spec.dir} follows (leader epoch {self.role.leader_epoch}): no "
-                                         f"snapshot", bucket=self.spec.bucket)
+            with self.bucket.write_lock:
+                if leading and self.bucket.role.following:
+                    raise NotLeaderError(f"bucket {self.bucket.spec.dir} follows (leader epoch {self.bucket.role.leader_epoch}): no "
+                                         f"snapshot", bucket=self.bucket.spec.bucket)
                 if not changelog.fsync:
                     changelog.flush()
                 kv.checkpoint(target_dir)
-                return kv.applied_offset, self.role.leader_epoch
+                return kv.applied_offset, self.bucket.role.leader_epoch
 
     # --- retention -------------------------------------------------------------------------
 
@@ -205,13 +198,13 @@ class BucketReads:
         the offset is capped at the applied offset flushed. Returns how many
         segments were deleted.
         """
-        with self.files.use() as (changelog, kv):
+        with self.bucket.files.use() as (changelog, kv):
             kv.flush_rows()  # the bulk, while writes go on
-            with self.write_lock:
+            with self.bucket.write_lock:
                 kv.flush()
                 durable = kv.applied_offset
             deleted = changelog.truncate_before(min(offset, durable))
             if deleted:
-                with self.write_lock:
-                    self.epoch_file.retained(changelog.start_offset)
+                with self.bucket.write_lock:
+                    self.bucket.epoch_file.retained(changelog.start_offset)
             return deleted

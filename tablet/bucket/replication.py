@@ -31,15 +31,13 @@ from common.checksum import crc32
 from common.errors import InvalidRequestError, InvalidSnapshotError
 from common.logentry import CorruptLogError, FrameHeader, read_header
 from tablet.bucket import damage as bucket_damage
-from tablet.store import snapshot_install
-from tablet.bucket.files import BucketFiles
-from tablet.bucket.state import WriteRole
+from tablet.bucket.state import BucketShared
 from tablet.log.changelog import Changelog
 from tablet.log.epoch_file import EpochFile
-from tablet.store.kvstore import BucketStoreError, KvStore, checkpoint_log_offset
-from tablet.store.prewrite_buffer import READ_BYTES, PrewriteBuffer
 from tablet.log.epochs import EpochCache, EpochEnd, Truncation
-from tablet.log.writer_sequences import WriterSequences
+from tablet.store import snapshot_install
+from tablet.store.kvstore import BucketStoreError, KvStore, checkpoint_log_offset
+from tablet.store.prewrite_buffer import READ_BYTES
 
 
 def checked_header(frame: Any) -> FrameHeader:
@@ -64,18 +62,9 @@ class BucketReplication:
     waits (under the lock) until no write is between its append and its publication, ``fail(exc)`` makes
     the store refuse writes until its files are reopened (both the writes part's)."""
 
-    def __init__(self, dir: str, replicated: bool, files: BucketFiles, write_lock: threading.RLock,
-                 role: WriteRole, writers: WriterSequences, buffer: PrewriteBuffer, epoch_file: EpochFile,
-                 settle: Callable[[], None], fail: Callable[[BaseException], None]) -> None:
-        self.dir = dir
-        #: Whether writes wait for the high watermark before RocksDB applies them (False: it is the log end).
-        self.replicated = replicated
-        self.files = files
-        self.write_lock = write_lock
-        self.role = role
-        self.writers = writers
-        self.buffer = buffer
-        self.epoch_file = epoch_file
+    def __init__(self, bucket: BucketShared, settle: Callable[[], None],
+                 fail: Callable[[BaseException], None]) -> None:
+        self.bucket = bucket
         self._settle = settle
         self._fail = fail
         self._hw = 0  # replicated: the high watermark known (at least the applied offset once open)
@@ -90,29 +79,29 @@ class BucketReplication:
     def high_watermark(self) -> int:
         """The committed end of the log: every record below it is on every in-sync replica. RocksDB holds
         the entries ending at or below it. Not replicated: the log end."""
-        _start, end, applied = self.files.offsets()
-        return max(self._hw, applied) if self.replicated else end
+        _start, end, applied = self.bucket.files.offsets()
+        return max(self._hw, applied) if self.bucket.spec.replicated else end
 
     def advance_high_watermark(self, hw: int) -> int:
         """HW := max(HW, min(``hw``, log end)); apply every entry ending at or below it to RocksDB in offset
         order (the buffer's prepared batches where it holds them, else decoded from the changelog). Never
         moves back; returns the high watermark. Not replicated: the log end, nothing done."""
-        with self.files.use() as (changelog, kv), self.write_lock:
-            if not self.replicated:
+        with self.bucket.files.use() as (changelog, kv), self.bucket.write_lock:
+            if not self.bucket.spec.replicated:
                 return changelog.end_offset
             target = max(self._hw, kv.applied_offset, min(hw, changelog.end_offset))
-            self._hw = self.files.replay_limit = target  # a reopen replays up to it
+            self._hw = self.bucket.files.replay_limit = target  # a reopen replays up to it
             try:
                 self._apply_up_to(changelog, kv, target)
             except BaseException as exc:
                 self._fail(exc)
-                raise BucketStoreError(f"bucket {self.dir}: applying the changelog up to the high watermark "
+                raise BucketStoreError(f"bucket {self.bucket.spec.dir}: applying the changelog up to the high watermark "
                                        f"{target} failed ({exc!r}); the bucket is reopened to replay it",
-                                       dir=self.dir) from exc
+                                       dir=self.bucket.spec.dir) from exc
             return target
 
     def _apply_up_to(self, changelog: Changelog, kv: KvStore, target: int) -> None:
-        buffer = self.buffer
+        buffer = self.bucket.buffer
         while kv.applied_offset < target:
             entry = buffer.first()
             if entry is not None and buffer.start == kv.applied_offset == entry.base:
@@ -138,20 +127,20 @@ class BucketReplication:
         idempotent writers' batches they carry are known afterwards. Only a replicated store follows.
         """
         headers = [checked_header(frame) for frame in entries]
-        with self.files.use() as (changelog, _kv), self.write_lock:
+        with self.bucket.files.use() as (changelog, _kv), self.bucket.write_lock:
             self._require_replicated("append_replicated")
-            self.files.check_writable()
+            self.bucket.files.check_writable()
             self._settle()
             expected = changelog.end_offset
             for header in headers:
                 if header.base_offset != expected:
-                    raise InvalidRequestError(f"bucket {self.dir}: a replicated entry starts at offset "
+                    raise InvalidRequestError(f"bucket {self.bucket.spec.dir}: a replicated entry starts at offset "
                                               f"{header.base_offset} but this log ends at {expected}",
                                               offset=header.base_offset, end_offset=expected)
                 expected += header.count
             for header in headers:
                 if header.leader_epoch >= 0:
-                    self.epoch_file.note(header.leader_epoch, header.base_offset)
+                    self.bucket.epoch_file.note(header.leader_epoch, header.base_offset)
             try:
                 pending = changelog.write_raw(entries, headers)
                 changelog.sync(pending)
@@ -161,7 +150,7 @@ class BucketReplication:
                 raise
             for h in headers:
                 if h.writer_id >= 0:
-                    self.writers.record(h.writer_id, h.sequence, h.base_offset, h.base_offset + h.count,
+                    self.bucket.writers.record(h.writer_id, h.sequence, h.base_offset, h.base_offset + h.count,
                                         h.timestamp_ms or 0)
             return changelog.end_offset
 
@@ -170,13 +159,13 @@ class BucketReplication:
         returns the new log end. Durable. Refused (InvalidRequestError) if RocksDB holds any of them (below
         the applied offset: committed). Drops their buffered state and epochs; the writer sequences are
         built again from the changelog."""
-        with self.files.use() as (changelog, kv), self.write_lock:
-            self.files.check_writable()
+        with self.bucket.files.use() as (changelog, kv), self.bucket.write_lock:
+            self.bucket.files.check_writable()
             self._settle()
             if offset >= changelog.end_offset:
                 return changelog.end_offset
             if offset < kv.applied_offset:
-                raise InvalidRequestError(f"bucket {self.dir}: cannot truncate the changelog to offset {offset}: "
+                raise InvalidRequestError(f"bucket {self.bucket.spec.dir}: cannot truncate the changelog to offset {offset}: "
                                           f"the records below {kv.applied_offset} are committed and applied",
                                           offset=offset, applied_offset=kv.applied_offset)
             try:
@@ -185,11 +174,11 @@ class BucketReplication:
                 self._fail(exc)
                 raise
             self._hw = min(self._hw, end)
-            if self.replicated:
-                self.files.replay_limit = self._hw
-            self.writers.reset()
-            self.buffer.invalidate()
-            self.epoch_file.truncated(end)
+            if self.bucket.spec.replicated:
+                self.bucket.files.replay_limit = self._hw
+            self.bucket.writers.reset()
+            self.bucket.buffer.invalidate()
+            self.bucket.epoch_file.truncated(end)
             return end
 
     def install_snapshot(self, checkpoint_dir: str, log_offset: int,
@@ -204,41 +193,41 @@ class BucketReplication:
         try:
             found = checkpoint_log_offset(checkpoint_dir)
         except Exception as exc:  # rocksdict raises a bare Exception
-            raise InvalidSnapshotError(f"bucket {self.dir}: {checkpoint_dir} is not a RocksDB checkpoint: "
+            raise InvalidSnapshotError(f"bucket {self.bucket.spec.dir}: {checkpoint_dir} is not a RocksDB checkpoint: "
                                        f"{exc}") from exc
         if found != log_offset:
-            raise InvalidSnapshotError(f"bucket {self.dir}: the checkpoint holds the records below offset "
+            raise InvalidSnapshotError(f"bucket {self.bucket.spec.dir}: the checkpoint holds the records below offset "
                                        f"{found}, the snapshot says {log_offset}", log_offset=log_offset)
-        with self.write_lock:
+        with self.bucket.write_lock:
             self._settle()
-            fsync = self.files.settings.fsync
-            self.files.replace(lambda: snapshot_install.install(self.dir, checkpoint_dir, log_offset, fsync,
+            fsync = self.bucket.files.settings.fsync
+            self.bucket.files.replace(lambda: snapshot_install.install(self.bucket.spec.dir, checkpoint_dir, log_offset, fsync,
                                                                 writers))
             self._hw = log_offset
-            self.files.replay_limit = log_offset
-            self.epoch_file.clear()
-            self.writers.reset()
-            self.buffer.invalidate()
-        with self.files.use():
+            self.bucket.files.replay_limit = log_offset
+            self.bucket.epoch_file.clear()
+            self.bucket.writers.reset()
+            self.bucket.buffer.invalidate()
+        with self.bucket.files.use():
             pass  # opened now: a bad install shows here, not at the next fetch
 
     def discard_files(self, why: str) -> None:
         """Move this replica's files aside (``tablet/bucket/damage.py``) and start empty at offset 0, to be
         rebuilt (``why`` is logged). BucketStoreError if the files are in use now: nothing changed then."""
         self._require_replicated("discard_files")
-        with self.write_lock:
+        with self.bucket.write_lock:
             self._settle()
-            self.files.replace(lambda: bucket_damage.move_aside(self.dir, why))
+            self.bucket.files.replace(lambda: bucket_damage.move_aside(self.bucket.spec.dir, why))
             self._hw = 0
-            self.files.replay_limit = 0
-            self.epoch_file.clear()
-            self.writers.reset()
-            self.writers.seed = ()
-            self.buffer.invalidate()
+            self.bucket.files.replay_limit = 0
+            self.bucket.epoch_file.clear()
+            self.bucket.writers.reset()
+            self.bucket.writers.seed = ()
+            self.bucket.buffer.invalidate()
 
     def _require_replicated(self, what: str) -> None:
-        if not self.replicated:
-            raise InvalidRequestError(f"bucket {self.dir} is not replicated: {what} is for replicas of a "
+        if not self.bucket.spec.replicated:
+            raise InvalidRequestError(f"bucket {self.bucket.spec.dir} is not replicated: {what} is for replicas of a "
                                       f"replicated bucket")
 
     # --- roles and leader epochs ----------------------------------------------------------------
@@ -247,44 +236,44 @@ class BucketReplication:
         """Lead under ``epoch``: stamp it on the writes from now on, assign it at the log end in the epoch
         cache, and rebuild the pre-write buffer from the entries between the applied offset and the log
         end. FencedLeaderEpochError if the log already holds a newer epoch."""
-        with self.files.use() as (changelog, kv), self.write_lock:
+        with self.bucket.files.use() as (changelog, kv), self.bucket.write_lock:
             self._settle()
-            self.epoch_file.note(epoch, changelog.end_offset)
-            self.role.leader_epoch = epoch
-            self.role.following = False
-            if self.replicated:
-                self.buffer.ready(changelog, kv.applied_offset)
+            self.bucket.epoch_file.note(epoch, changelog.end_offset)
+            self.bucket.role.leader_epoch = epoch
+            self.bucket.role.following = False
+            if self.bucket.spec.replicated:
+                self.bucket.buffer.ready(changelog, kv.applied_offset)
 
     def become_follower(self, epoch: int) -> None:
         """Follow the leader of ``epoch``: the pre-write buffer is dropped (its entries stay in the log, to
         be applied by :meth:`advance_high_watermark` or cut by :meth:`truncate_to`)."""
-        with self.write_lock:
+        with self.bucket.write_lock:
             self._settle()
-            self.role.leader_epoch = epoch
-            self.role.following = True
-            self.buffer.invalidate()
+            self.bucket.role.leader_epoch = epoch
+            self.bucket.role.following = True
+            self.bucket.buffer.invalidate()
 
     @property
     def last_epoch(self) -> int:
         """The leader epoch of the log's last entry (-1: no entry, or written without an epoch)."""
-        with self.files.use() as (changelog, _kv), self.write_lock:
+        with self.bucket.files.use() as (changelog, _kv), self.bucket.write_lock:
             end = changelog.end_offset
-            epoch = self.epoch_file.cache.epoch_at(end - 1) if end > 0 else None
+            epoch = self.bucket.epoch_file.cache.epoch_at(end - 1) if end > 0 else None
             return -1 if epoch is None else epoch
 
     @property
     def epochs(self) -> EpochCache:
         """A copy of the leader-epoch cache."""
-        with self.files.use(), self.write_lock:
-            return self.epoch_file.copy()
+        with self.bucket.files.use(), self.bucket.write_lock:
+            return self.bucket.epoch_file.copy()
 
     def end_offset_for(self, epoch: int) -> EpochEnd:
         """The leader's answer to a follower whose latest epoch is ``epoch`` (:meth:`EpochCache.end_offset_for`)."""
-        with self.files.use() as (changelog, _kv), self.write_lock:
-            return self.epoch_file.cache.end_offset_for(epoch, changelog.end_offset)
+        with self.bucket.files.use() as (changelog, _kv), self.bucket.write_lock:
+            return self.bucket.epoch_file.cache.end_offset_for(epoch, changelog.end_offset)
 
     def truncation_for(self, answer: EpochEnd) -> Truncation:
         """The follower's step on its leader's ``answer`` (:meth:`EpochCache.truncation_for`); the caller
         then calls :meth:`truncate_to` with its offset, and asks again unless it is ``done``."""
-        with self.files.use() as (changelog, _kv), self.write_lock:
-            return self.epoch_file.cache.truncation_for(answer, changelog.end_offset)
+        with self.bucket.files.use() as (changelog, _kv), self.bucket.write_lock:
+            return self.bucket.epoch_file.cache.truncation_for(answer, changelog.end_offset)

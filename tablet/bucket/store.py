@@ -56,17 +56,17 @@ from common.logentry import LogEntry
 from common.parts import documented_by
 from common.tables import TableInfo
 from tablet.bucket.files import Backoff, BucketFiles, FileSettings
+from tablet.bucket.open_buckets import OpenBuckets
 from tablet.bucket.reads import BucketReads
 from tablet.bucket.replication import BucketReplication
-from tablet.bucket.state import BucketSpec, WriteRole
+from tablet.bucket.state import BucketShared, BucketSpec, WriteRole
 from tablet.bucket.writes import BucketWrites
 from tablet.log.changelog import Changelog, SegmentInfo
 from tablet.log.epoch_file import EpochFile
-from tablet.store.kvstore import APPLIED_KEY, META_CF, BucketStoreError, KvSnapshot, KvStore, checkpoint_log_offset
-from tablet.bucket.open_buckets import OpenBuckets
-from tablet.store.prewrite_buffer import PrewriteBuffer
 from tablet.log.epochs import EpochCache, EpochEnd, Truncation
 from tablet.log.writer_sequences import DEFAULT_WRITER_EXPIRATION_MS, WriterSequences, load_seed
+from tablet.store.kvstore import APPLIED_KEY, META_CF, BucketStoreError, KvSnapshot, KvStore, checkpoint_log_offset
+from tablet.store.prewrite_buffer import PrewriteBuffer
 
 __all__ = ["APPLIED_KEY", "META_CF", "BucketStore", "BucketStoreError", "KvSnapshot", "checkpoint_log_offset"]
 
@@ -116,13 +116,11 @@ class BucketStore:
         self.buffer = PrewriteBuffer()
         #: The leader-epoch cache and its checkpoint, loaded when the files open.
         self.epoch_file = EpochFile(dir, files.settings.fsync, lambda: files.changelog.end_offset)
-        spec = BucketSpec(dir, bucket, self.codec, max_row_bytes, replicated)
-        self.writes = BucketWrites(spec, files, self.write_lock, self.role, self.writers, self.buffer,
-                                   self.epoch_file)
-        self.replication = BucketReplication(dir, replicated, files, self.write_lock, self.role, self.writers,
-                                             self.buffer, self.epoch_file, self.writes.settle, self.writes.fail)
-        self.reads = BucketReads(spec, files, self.write_lock, self.role, self.epoch_file,
-                                 lambda: self.replication.high_watermark)
+        shared = BucketShared(BucketSpec(dir, bucket, self.codec, max_row_bytes, replicated), files, self.write_lock,
+                              self.role, self.writers, self.buffer, self.epoch_file)
+        self.writes = BucketWrites(shared)
+        self.replication = BucketReplication(shared, self.writes.settle, self.writes.fail)
+        self.reads = BucketReads(shared, lambda: self.replication.high_watermark)
         if replicated:
             files.replay_limit = 0  # a new store replays nothing beyond what RocksDB has applied
         files.on_open = self._opened

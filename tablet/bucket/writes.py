@@ -19,17 +19,13 @@ import pyarrow as pa
 from common import errors
 from common.errors import InvalidRequestError, RecordTooLargeError
 from common.limits import MAX_ENTRY_BYTES
-from tablet.store import change_records
 from tablet.bucket import write_checks
-from tablet.bucket.files import BucketFiles
-from tablet.bucket.state import BucketSpec, WriteRole
+from tablet.bucket.state import BucketShared, WriteRole
 from tablet.log.changelog import Changelog
-from tablet.log.epoch_file import EpochFile
+from tablet.log.sequences import Duplicate, OutOfOrder
+from tablet.store import change_records
 from tablet.store.key_ranges import key_range
 from tablet.store.kvstore import BucketStoreError, KvStore, PreparedWrite
-from tablet.store.prewrite_buffer import PrewriteBuffer
-from tablet.log.sequences import Duplicate, OutOfOrder
-from tablet.log.writer_sequences import WriterSequences
 
 _EMPTY = pa.array([], pa.binary())
 
@@ -38,19 +34,12 @@ class BucketWrites:
     """Writes of a :class:`~tablet.bucket.store.BucketStore` (a part it owns; see the module docstring): they
     serialize on ``write_lock``, the store's, which this part's condition of settled writes shares."""
 
-    def __init__(self, spec: BucketSpec, files: BucketFiles, write_lock: threading.RLock, role: WriteRole,
-                 writers: WriterSequences, buffer: PrewriteBuffer, epoch_file: EpochFile) -> None:
-        self.spec = spec
-        self.files = files
-        self.write_lock = write_lock
-        self.role = role
-        self.writers = writers
-        self.buffer = buffer
-        self.epoch_file = epoch_file
+    def __init__(self, bucket: BucketShared) -> None:
+        self.bucket = bucket
         #: Writes whose changelog entry is written but not yet synced and applied: base offset -> the
         #: lowest and highest key they touch. A write waits for those whose keys may be its own.
         self._in_flight: dict[int, tuple[bytes, bytes]] = {}
-        self._settled = threading.Condition(write_lock)  # notified as in-flight writes finish
+        self._settled = threading.Condition(bucket.write_lock)  # notified as in-flight writes finish
 
     def settle(self) -> None:
         """Wait until no write is between its append and its publication. Hold the lock."""
@@ -59,9 +48,9 @@ class BucketWrites:
 
     def fail(self, exc: BaseException) -> None:
         """The store refuses writes until reopened; writes waiting their turn give up. Hold the lock."""
-        self.files.fail(exc)
-        self.writers.reset()  # entries not synced may be gone: built again from the changelog
-        self.buffer.invalidate()
+        self.bucket.files.fail(exc)
+        self.bucket.writers.reset()  # entries not synced may be gone: built again from the changelog
+        self.bucket.buffer.invalidate()
         self._settled.notify_all()
 
     def write(self, upserts: pa.RecordBatch | None = None, deletes: pa.RecordBatch | None = None, *,
@@ -87,13 +76,13 @@ class BucketWrites:
         write is in the changelog and is applied when the files are reopened),
         or if the store is closed or failed.
         """
-        codec, bucket = self.spec.codec, self.spec.bucket
+        codec, bucket = self.bucket.spec.codec, self.bucket.spec.bucket
         keys, up_values, key_list = _EMPTY, _EMPTY, []
         if upserts is not None:
             keys, up_values = codec.encode_arrays(upserts)
             key_list = keys.to_pylist()
             write_checks.check_bucket(codec, bucket, key_list, "upsert")
-            write_checks.check_row_sizes(codec, self.spec.max_row_bytes, keys, up_values)
+            write_checks.check_row_sizes(codec, self.bucket.spec.max_row_bytes, keys, up_values)
         if deletes is not None:
             del_keys = codec.encode_key_array(deletes)
             del_list = del_keys.to_pylist()
@@ -101,10 +90,10 @@ class BucketWrites:
             if del_list:
                 keys = pa.concat_arrays([keys, del_keys]) if key_list else del_keys
                 key_list = key_list + del_list
-        with self.files.use() as (changelog, kv):
+        with self.bucket.files.use() as (changelog, kv):
             if not key_list:
-                with self.write_lock:
-                    self.files.check_writable()
+                with self.bucket.write_lock:
+                    self.bucket.files.check_writable()
                     end = changelog.end_offset
                     return end, end
             return self._write(changelog, kv, keys, up_values, key_list, writer)
@@ -118,16 +107,16 @@ class BucketWrites:
             # batch is built here, while another write may hold the lock (deleting a missing key is a no-op).
             up_list = up_values.to_pylist()
             prepared = kv.prepare(key_list[:n_up], up_list, key_list[n_up:], bounds if n_up == len(key_list) else None)
-            if self.spec.replicated:
+            if self.bucket.spec.replicated:
                 changes = dict(zip(key_list[:n_up], up_list))
                 changes.update(dict.fromkeys(key_list[n_up:]))
-        with self.write_lock:
+        with self.bucket.write_lock:
             self._check_leading()
             if writer is not None and (done := self._resent(changelog, writer)) is not None:
                 return done
             while any(lo <= bounds[1] and bounds[0] <= hi for lo, hi in self._in_flight.values()):
                 self._settled.wait()  # an earlier write not yet published may hold keys of this one
-                self.files.check_writable()
+                self.bucket.files.check_writable()
             records, prepared, changes = self._records(changelog, kv, keys, up_values, key_list, bounds,
                                                        prepared, changes)
             if not records.num_rows:
@@ -138,29 +127,29 @@ class BucketWrites:
                     f"this write's changelog entry would be {records.nbytes} bytes, over {MAX_ENTRY_BYTES} "
                     f"(one gRPC message; an update holds the row twice): send fewer rows per write",
                     size=records.nbytes)
-            epoch = self.role.leader_epoch
-            new_epoch = epoch >= 0 and epoch != self.epoch_file.cache.latest_epoch
-            if new_epoch and self.epoch_file.stale(epoch):
-                self.epoch_file.note(epoch, changelog.end_offset)  # raises FencedLeaderEpochError
+            epoch = self.bucket.role.leader_epoch
+            new_epoch = epoch >= 0 and epoch != self.bucket.epoch_file.cache.latest_epoch
+            if new_epoch and self.bucket.epoch_file.stale(epoch):
+                self.bucket.epoch_file.note(epoch, changelog.end_offset)  # raises FencedLeaderEpochError
             try:
                 pending = changelog.write([records], leader_epoch=epoch, writer=writer)
                 (base, nxt), = pending.ranges
                 if new_epoch:
-                    self.epoch_file.note(epoch, base)  # before the entry is durable: a crash leaves an epoch past end
+                    self.bucket.epoch_file.note(epoch, base)  # before the entry is durable: a crash leaves an epoch past end
             except BaseException as exc:
                 self.fail(exc)
                 raise
             if writer is not None:
-                self.writers.record(*writer, base, nxt, pending.timestamp)
+                self.bucket.writers.record(*writer, base, nxt, pending.timestamp)
             self._in_flight[base] = bounds
         try:
             changelog.sync(pending)  # unlocked: the next write reads and writes meanwhile; one fsync may cover both
         except BaseException as exc:
-            with self.write_lock:
+            with self.bucket.write_lock:
                 del self._in_flight[base]
                 self.fail(exc)
             raise
-        with self.write_lock:
+        with self.bucket.write_lock:
             try:
                 self._publish(changelog, kv, pending, prepared, base, nxt, changes)
             finally:
@@ -171,11 +160,11 @@ class BucketWrites:
     def _check_leading(self) -> None:
         """Under the write lock: the files take writes (else their failure) and this replica leads (else
         NotLeaderError: a write that passed its leadership's check before a push made it a follower)."""
-        self.files.check_writable()
-        if self.role.following:
-            bucket = self.spec.bucket
-            raise errors.NotLeaderError(f"bucket {bucket} ({self.spec.dir}) follows its leader now (leader epoch "
-                                        f"{self.role.leader_epoch}): this write was not appended", bucket=bucket)
+        self.bucket.files.check_writable()
+        if self.bucket.role.following:
+            bucket = self.bucket.spec.bucket
+            raise errors.NotLeaderError(f"bucket {bucket} ({self.bucket.spec.dir}) follows its leader now (leader epoch "
+                                        f"{self.bucket.role.leader_epoch}): this write was not appended", bucket=bucket)
 
     def _records(self, changelog: Changelog, kv: KvStore, keys: pa.Array, up_values: pa.Array,
                  key_list: list[bytes], bounds: tuple[bytes, bytes], prepared: PreparedWrite | None,
@@ -183,14 +172,14 @@ class BucketWrites:
         """The write's change records, its RocksDB batch and (replicated) the state it leaves each key in;
         before-images from RocksDB and, replicated, through the pre-write buffer. Hold the lock."""
         olds = kv.get_existing(keys, key_list, bounds)
-        if self.spec.replicated:
-            self.buffer.ready(changelog, kv.applied_offset)
-            olds = self.buffer.before_images(key_list, olds)
+        if self.bucket.spec.replicated:
+            self.bucket.buffer.ready(changelog, kv.applied_offset)
+            olds = self.bucket.buffer.before_images(key_list, olds)
         if prepared is not None:
             return change_records.records_unique(keys, up_values, olds), prepared, changes
         records, put_keys, put_values, gone = change_records.changes_in_order(
             key_list, up_values.to_pylist(), olds.to_pylist())
-        if self.spec.replicated:
+        if self.bucket.spec.replicated:
             changes = dict(zip(put_keys, put_values))
             changes.update(dict.fromkeys(gone))
         return records, kv.prepare(put_keys, put_values, gone), changes
@@ -199,44 +188,44 @@ class BucketWrites:
                  nxt: int, changes: dict | None) -> None:
         """Publish a synced entry and apply it to RocksDB (replicated: buffer it), in changelog order.
         Hold the lock."""
-        replicated = self.spec.replicated
-        while (changelog.end_offset if replicated else kv.applied_offset) != base and self.files.failure is None:
+        replicated = self.bucket.spec.replicated
+        while (changelog.end_offset if replicated else kv.applied_offset) != base and self.bucket.files.failure is None:
             self._settled.wait()  # published in changelog order
-        if self.files.failure is not None:
-            raise BucketStoreError(f"bucket {self.spec.dir} failed before changelog records {base}..{nxt} "
-                                   f"were applied ({self.files.failure!r}); it is reopened after a backoff",
-                                   dir=self.spec.dir)
+        if self.bucket.files.failure is not None:
+            raise BucketStoreError(f"bucket {self.bucket.spec.dir} failed before changelog records {base}..{nxt} "
+                                   f"were applied ({self.bucket.files.failure!r}); it is reopened after a backoff",
+                                   dir=self.bucket.spec.dir)
         try:
             changelog.publish(pending)
         except BaseException as exc:
             self.fail(exc)
             raise
         if replicated:
-            self.buffer.add(base, nxt, prepared, changes)
+            self.bucket.buffer.add(base, nxt, prepared, changes)
             return
         try:
             self._apply(kv, prepared, nxt)
         except BaseException as exc:
             self.fail(exc)
-            raise BucketStoreError(f"bucket {self.spec.dir}: changelog records {base}..{nxt} were appended "
+            raise BucketStoreError(f"bucket {self.bucket.spec.dir}: changelog records {base}..{nxt} were appended "
                                    f"but RocksDB failed to apply them ({exc!r}); the bucket is reopened "
-                                   f"to replay them", dir=self.spec.dir) from exc
+                                   f"to replay them", dir=self.bucket.spec.dir) from exc
 
     def _resent(self, changelog: Changelog, writer: tuple[int, int]) -> tuple[int, int] | None:
         """The offsets of ``writer``'s batch if it was appended before (waiting until they are published),
         None if it is the next one. Raises OutOfOrderSequenceError otherwise. Hold the lock."""
         try:
-            outcome = self.writers.check(changelog, *writer)
+            outcome = self.bucket.writers.check(changelog, *writer)
         except ValueError as exc:
             raise InvalidRequestError(f"idempotent write: {exc}") from None
         if isinstance(outcome, Duplicate):
-            while changelog.end_offset <= outcome.last_offset and self.files.failure is None:
+            while changelog.end_offset <= outcome.last_offset and self.bucket.files.failure is None:
                 self._settled.wait()  # the original is not published yet: answer once it is
-            self.files.check_writable()
+            self.bucket.files.check_writable()
             return outcome.base_offset, outcome.last_offset + 1
         if isinstance(outcome, OutOfOrder):
             raise errors.OutOfOrderSequenceError(
-                f"writer {writer[0]}: batch {writer[1]} is out of order for bucket {self.spec.dir} (expected "
+                f"writer {writer[0]}: batch {writer[1]} is out of order for bucket {self.bucket.spec.dir} (expected "
                 f"batch {outcome.expected}); nothing was appended: take a new writer id", expected=outcome.expected)
         return None
 

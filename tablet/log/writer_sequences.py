@@ -30,8 +30,8 @@ from typing import Callable, Iterable
 
 from common.logentry import read_header
 from tablet.log.changelog import Changelog
-from tablet.log.sequences import CheckOutcome, SequenceTable, WriterBatch
 from tablet.log.segment_files import write_durably
+from tablet.log.sequences import CheckOutcome, SequenceTable, WriterBatch
 
 #: Bytes of changelog read per step while building the table.
 _READ_BYTES = 4 << 20

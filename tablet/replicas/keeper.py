@@ -28,8 +28,8 @@ import logging
 
 from common import errors
 from tablet.bucket import damage as bucket_damage
-from tablet.replicas import loss as replica_loss
 from tablet.periodic import Periodic
+from tablet.replicas import loss as replica_loss
 from tablet.replicas.manager import ReplicaManager
 
 log = logging.getLogger(__name__)

@@ -39,9 +39,9 @@ import uuid
 from common import errors, kvsnapshot
 from common.data_loss import RESTORE, UNCLEAN
 from tablet.bucket import damage as bucket_damage
-from tablet.store import snapshot_install
-from tablet.replication.roles import BucketRole
 from tablet.log.segment_files import write_durably
+from tablet.replication.roles import BucketRole
+from tablet.store import snapshot_install
 
 __all__ = ["CONFIRM", "RESTORE", "UNCLEAN", "LogEndReporter", "data_dir_id", "restore_files", "work_for"]
 

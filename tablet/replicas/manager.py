@@ -53,16 +53,16 @@ from common.tables import TableInfo
 from common.model import SnapshotHandle, TableBucket
 from common.parts import documented_by
 from client.server_calls import ServerCalls
+from tablet.bucket.open_buckets import OpenBuckets, open_capacity
+from tablet.bucket.store import BucketStore
 from tablet.replicas import loss as replica_loss
 from tablet.replicas import stray_copies
-from tablet.bucket.store import BucketStore
-from tablet.replication.leader_lease import LeaderLease, LeaseBasis
 from tablet.replicas.local_copies import LocalCopies
-from tablet.bucket.open_buckets import OpenBuckets, open_capacity
-from tablet.replicas.replica import Replica
 from tablet.replicas.loss import ReplicaLosses
+from tablet.replicas.replica import Replica
 from tablet.replicas.snapshots import ReplicaSnapshots
 from tablet.replication.leader import Leadership
+from tablet.replication.leader_lease import LeaderLease, LeaseBasis
 from tablet.replication.roles import NO_LEADER, BucketRole
 from tablet.store.snapshot import SnapshotUploader
 

@@ -26,8 +26,8 @@ from common import errors
 from common.kvsnapshot import missing_files
 from common.model import SnapshotHandle
 from common.storage import RemoteStorage
-from tablet.replication.leader_lease import LeaderLease
 from tablet.replicas.replica import Replica
+from tablet.replication.leader_lease import LeaderLease
 from tablet.store.snapshot import upload_and_commit
 
 log = logging.getLogger(__name__)

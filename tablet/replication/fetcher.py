@@ -25,8 +25,8 @@ from common import errors
 from common.proto import tablet_pb2 as pb
 from common.proto import tablet_pb2_grpc as pb_grpc
 from common.wire import error_from_pb, raise_for
-from tablet.replication.fetch_service import answer_of
 from tablet.bucket import damage as bucket_damage
+from tablet.replication.fetch_service import answer_of
 from tablet.replication.rebuild import DAMAGED, DIVERGED, FRESH, Rebuilder
 from tablet.replication.worker import ReplicaWorker
 

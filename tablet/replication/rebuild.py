@@ -53,8 +53,8 @@ from common.model import SnapshotHandle, TableBucket
 from common.storage import RemoteStorage
 from tablet.replication import snapshot_download
 from tablet.replication.throttle import Throttle
-from tablet.store.kvstore import BucketInUseError
 from tablet.replication.worker import ReplicaWorker
+from tablet.store.kvstore import BucketInUseError
 
 log = logging.getLogger(__name__)
 

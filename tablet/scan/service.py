@@ -43,12 +43,12 @@ from common.wire import error_pb
 from common.model import TableBucket
 from common.statemachine import Shell, on
 from common.security.server import OPEN
-from tablet.scan import manager as scan
-from tablet.scan import batch as scan_batch
-from tablet.scan import wire as scan_wire
 from tablet.authz import TableAccess
 from tablet.bucket.store import BucketStoreError
 from tablet.replicas.manager import ReplicaManager
+from tablet.scan import manager as scan
+from tablet.scan import batch as scan_batch
+from tablet.scan import wire as scan_wire
 from tablet.scan.access import ScanAccess
 from tablet.scan.metrics import ScanMetrics
 from tablet.scan.session import ScanSession

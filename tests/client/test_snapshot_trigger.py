@@ -56,7 +56,7 @@ def test_a_bucket_the_periodic_snapshot_took_just_before_counts_as_done(local_cl
     tablet = cluster.tablets[1]
     with TableClient(cluster.admin, "db.t") as client:
         assert sorted(client.upsert([{"id": i, "v": f"a{i}"} for i in range(200)])) == [0, 1, 2, 3]
-        assert tablet.replicas.manager.snapshot_changed() == 4  # the periodic snapshot (its timer's own call)
+        assert tablet.replicas.snapshot_changed() == 4  # the periodic snapshot (its timer's own call)
         periodic = latest_ids(cluster, table.table_id)
         (changed,) = client.upsert([{"id": 0, "v": "b0"}])  # one bucket changes after it
     result = trigger(cluster, "db.t", "--wait", "--json")

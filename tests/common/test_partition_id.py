@@ -180,9 +180,9 @@ def test_tablet_server_refuses_a_set_partition_id_on_every_rpc_and_changes_nothi
             return tpb.BucketScanReqPb(table_id=t, bucket=0, **_part(p))
 
         def leadership(p):  # the coordinator's own call; applied regardless of p, it would bump the epoch
-            epoch = tablet.replicas.manager.get(t, 0).leader_epoch + (0 if p is None else 1)
+            epoch = tablet.replicas.get(t, 0).leader_epoch + (0 if p is None else 1)
             return tpb.UpdateLeadershipRequest(
-                coordinator_epoch=tablet.replicas.manager.coordinator_epoch, server_id=1,
+                coordinator_epoch=tablet.replicas.coordinator_epoch, server_id=1,
                 buckets=[tpb.BucketLeadershipPb(table=table_to_pb(table), bucket=0, leader_epoch=epoch, **_part(p))])
 
         requests = {
@@ -206,7 +206,7 @@ def test_tablet_server_refuses_a_set_partition_id_on_every_rpc_and_changes_nothi
 
         def state():
             offsets = stub.ListOffsets(tpb.ListOffsetsRequest(table_id=t, buckets=[0]), timeout=10).offsets[0]
-            return (sorted(tablet.replicas.manager._replicas), tablet.replicas.manager.get(t, 0).leader_epoch,
+            return (sorted(tablet.replicas._replicas), tablet.replicas.get(t, 0).leader_epoch,
                     (offsets.error.code, offsets.earliest, offsets.latest), lookup(stub, table, [1, 2]),
                     c.admin.list_kv_snapshots(t), len(tablet.scans._sessions), tablet.scans.snapshots_open)
 

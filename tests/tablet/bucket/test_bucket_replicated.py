@@ -14,8 +14,8 @@ import pytest
 
 from common.errors import FencedLeaderEpochError, InvalidRequestError, NotLeaderError
 from common.logentry import CorruptLogError
-from tablet.log import epoch_file
 from tablet.bucket.store import BucketStore
+from tablet.log import epoch_file
 from tablet.log.epochs import EpochCache, EpochEnd, Truncation
 from tests.tablet.bucket.test_bucket import (TABLE, D, I, UA, UB, bucket_dir, changes, fold, keys, kv_rows,  # noqa: F401
                                       log_records, rows, state)

@@ -9,8 +9,8 @@ import pytest
 from client.table import TableClient
 from common.errors import KvLeaseError
 from common.tables import Column
-from tablet.bucket.store import BucketStore, BucketStoreError
 from tablet.bucket.files import Backoff
+from tablet.bucket.store import BucketStore, BucketStoreError
 from tablet.replicas.keeper import BucketKeeper
 from ops.local_cluster import read_health
 from tests.support.fixtures.small_disk import fill, small_disk

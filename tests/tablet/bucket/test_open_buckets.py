@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from tablet.bucket.open_buckets import OpenBuckets
 from tablet.bucket.store import BucketStore
 from tablet.store.kvstore import FDS_PER_OPEN_BUCKET
-from tablet.bucket.open_buckets import OpenBuckets
 from tests.tablet.bucket.test_bucket import TABLE, bucket_dir, fold, keys, kv_rows, log_records, rows, state  # noqa: F401
 from tests.support.paths import REPO
 

@@ -15,10 +15,10 @@ from common.errors import ErrorCode
 from common.proto import tablet_pb2 as pb
 from common.storage.file import FileStorage
 from common.tables import Column, TableInfo
-from tablet.store.kvstore import BucketStoreError
 from tablet.replicas.manager import ReplicaManager
 from tablet.replication.roles import BucketRole
 from tablet.service import TabletService, _serving
+from tablet.store.kvstore import BucketStoreError
 
 pytestmark = pytest.mark.unit
 

@@ -9,8 +9,8 @@ import pytest
 
 from common import errors, zkpaths
 from common.tables import Column, TableInfo
-from tablet.replication.leader_lease import LeaderLease, LeaseBasis, LeaseRenewer
 from tablet.replicas.replica import Replica
+from tablet.replication.leader_lease import LeaderLease, LeaseBasis, LeaseRenewer
 from tablet.replication.roles import BucketRole
 
 

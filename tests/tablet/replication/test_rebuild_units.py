@@ -19,10 +19,10 @@ from common.model import SnapshotFile, SnapshotHandle, TableBucket
 from common.storage import open_storage
 from tablet.bucket import damage as bucket_damage
 from tablet.log import writer_sequences
-from tablet.store.kvstore import BucketInUseError, BucketStoreError, KvStore
 from tablet.log.sequences import WriterBatch
 from tablet.replication.rebuild import Rebuilder
 from tablet.replication.throttle import Throttle
+from tablet.store.kvstore import BucketInUseError, BucketStoreError, KvStore
 
 
 class FakeClock:
