@@ -3,7 +3,7 @@
 A leader that is paused (a GC pause, SIGSTOP) or cut off keeps the calls sent
 to it waiting until their deadline, although the coordinator elects another
 within the ZooKeeper session timeout; and once it resumes it answers none of
-them (its leader lease lapsed: ``tablet/leader_lease.py``). So a call that
+them (its leader lease lapsed: ``tablet/replication/leader_lease.py``). So a call that
 has not been answered after ``check_s`` is watched: every ``check_s`` the
 bucket's routing is fetched again (shared by the calls of one router, at most
 one fetch at a time), and once it names another leader the call is cancelled

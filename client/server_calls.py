@@ -83,7 +83,7 @@ class ServerCalls:
     def resign_leadership(self, server_id: int, buckets: Iterable[tuple[int, int, int, str]]) -> list[Resigned]:
         """Give up the leadership of ``buckets``, ``(table id, bucket, leader epoch, reason)`` each, that tablet
         server ``server_id`` leads at those epochs and cannot write (``reason``: its local failure;
-        ``tablet/step_down.py``): for each, another live in-sync replica leads and ``server_id`` leaves the ISR.
+        ``tablet/replicas/step_down.py``): for each, another live in-sync replica leads and ``server_id`` leaves the ISR.
         Returns one :class:`Resigned` per bucket, in order."""
         asked = list(buckets)
         request = pb.ResignLeadershipRequest(server_id=server_id, buckets=[

@@ -1,6 +1,6 @@
 """The remote KV snapshot format: where a snapshot's files live, its manifest, and how to fetch it.
 
-Tablet servers write snapshots (``tablet/snapshot.py``); readers such as the
+Tablet servers write snapshots (``tablet/store/snapshot.py``); readers such as the
 Spark source fetch them through the remote storage interface and open them
 read-only. Layout under the storage root (also ``docs/snapshots.md``)::
 

@@ -15,7 +15,7 @@ entry (replicas find where their logs diverge by it); ``writer_id`` and
 ``sequence`` name an idempotent writer's batch (-1: none). An entry of an
 older version reads as -1 for all three. The payload is an Arrow IPC stream of one RecordBatch (change_type
 int8, key binary, value binary nullable). The segment files that hold
-entries are ``tablet/changelog.py``'s business.
+entries are ``tablet/log/changelog.py``'s business.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ TABLET_SERVERS = "/tabletservers/ids"
 TABLET_DIRS = "/tabletservers/dirs"
 #: Persistent, made by each tablet server before it registers; the active coordinator bumps a server's node (its
 #: version) before a write that takes a leadership from it: the server's leader lease rests on that version
-#: (tablet/leader_lease.py).
+#: (tablet/replication/leader_lease.py).
 TABLET_DEMOTIONS = "/tabletservers/demotions"
 DATABASES = "/databases"
 TABLES = "/tables"

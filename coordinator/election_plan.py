@@ -21,7 +21,7 @@
 - :func:`alter_isr`: the leader's ISR change, fenced by its epochs (a replica it adds owes no restore
   any more: it holds what the leader holds).
 - :func:`controlled_shutdown`: a stopping server's leaderships move to other live ISR members.
-- :func:`resign_leadership`: a leader that cannot write (its disk is full, ``tablet/step_down.py``) hands
+- :func:`resign_leadership`: a leader that cannot write (its disk is full, ``tablet/replicas/step_down.py``) hands
   a bucket to another live ISR member and leaves the ISR, fenced by its leader epoch
   (:func:`resign_leaderships`: several buckets, one set of changes).
 

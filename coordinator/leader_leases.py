@@ -1,7 +1,7 @@
 """The coordinator's side of leader leases: when a new leader may serve (docs/architecture.md, "Leader leases").
 
 A tablet server answers for the buckets it leads only while its leader lease
-is valid (``tablet/leader_lease.py``): a renewal reads ZooKeeper and finds the
+is valid (``tablet/replication/leader_lease.py``): a renewal reads ZooKeeper and finds the
 server's registration (by the session the coordinator's last push named) and
 its demotions node ``/tabletservers/demotions/{id}`` at the version the push
 named. So before a write that takes a leadership from a *live* server the

@@ -9,7 +9,7 @@ or was cut short. The active coordinator deletes a file once it is an orphan
 *and* older than ``kv.snapshot.orphan-grace`` by the storage's own modification
 time. An upload in flight is younger than that, so nothing is deleted under its
 uploader; a tablet server reuses its own uncommitted uploads for half the grace
-only (``tablet/snapshot.py``).
+only (``tablet/store/snapshot.py``).
 
 A run every ``kv.snapshot.orphan-check-interval`` (the first one a tenth of an
 interval after the coordinator became active, so one that fails over often

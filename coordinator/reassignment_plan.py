@@ -22,7 +22,7 @@ goes +1 on every change as always.
 
 A bucket of a one-replica table moves the same way: during phase 1 it has
 two replicas (the new one, then the old leader) and is replicated on both
-tablet servers (``tablet/replicas.py`` opens a replica again when its mode
+tablet servers (``tablet/replicas/manager.py`` opens a replica again when its mode
 changes), so the new replica copies it like any follower; phase 2 leaves the
 new one as its only replica and leader. Its only replica must be live to
 start (no replica could copy it otherwise). Moving a bucket whose

@@ -280,7 +280,7 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
                          lambda remaining: {"remaining_leaders": remaining})
 
     def ResignLeadership(self, request, context):
-        """A leader that cannot write gives buckets up (tablet/step_down.py): one answer per bucket, in order."""
+        """A leader that cannot write gives buckets up (tablet/replicas/step_down.py): one answer per bucket, in order."""
         resign = rq.ResignLeadership(request.server_id, tuple((b.table_id, b.bucket, b.leader_epoch, b.reason)
                                                               for b in request.buckets))
 

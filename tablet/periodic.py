@@ -1,7 +1,7 @@
 """A tablet server's background rounds: :meth:`Periodic.run_once` every ``interval_s`` on a daemon thread,
 or at once after :meth:`Periodic.wake`.
 
-The bucket keeper (``tablet/bucket_keeper.py``) and the ISR keeper
+The bucket keeper (``tablet/replicas/keeper.py``) and the ISR keeper
 (``tablet/replication/isr_changes.py``) are such rounds: a round that raises
 is logged and the next one runs on time.
 """

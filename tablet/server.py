@@ -4,10 +4,10 @@ It registers the ephemeral ``/tabletservers/ids/{tablet.id}`` with its
 address and its capacity ``max_buckets`` (``tablet.buckets.max``; again after
 a lost session); the coordinator then pushes the buckets it leads. Every
 ``kv.snapshot.interval`` each changed bucket is snapshotted to remote storage
-and committed to the coordinator. The bucket keeper (``tablet/bucket_keeper.py``)
+and committed to the coordinator. The bucket keeper (``tablet/replicas/keeper.py``)
 opens newly led buckets and reopens failed ones in the background; the metrics
-endpoint exports the server's health (``tablet/health.py``) and its replica rebuilds
-(``tablet/rebuild_progress.py``).
+endpoint exports the server's health (``tablet/replicas/health.py``) and its replica rebuilds
+(``tablet/replication/rebuild_progress.py``).
 """
 
 from __future__ import annotations
@@ -36,21 +36,21 @@ from client.coordinator_caller import CoordinatorCaller
 from client.server_calls import ServerCalls
 from common.security.client import internal_client_config
 from common.security.server import server_security
-from tablet import lost_data
-from tablet.bucket_keeper import BucketKeeper
-from tablet.health import HealthCollector
-from tablet.leader_lease import LeaderLease, LeaseRenewer, lease_duration_ms
-from tablet.open_buckets import fd_limit
+from tablet.bucket.open_buckets import fd_limit
 from tablet.periodic import Periodic
-from tablet.rebuild_progress import RebuildCollector
-from tablet.replicas import ReplicaManager
+from tablet.replicas import lost_data
+from tablet.replicas.health import HealthCollector
+from tablet.replicas.keeper import BucketKeeper
+from tablet.replicas.manager import ReplicaManager
 from tablet.replication.fetch_service import ReplicaFetchService
 from tablet.replication.fetcher import Fetchers
 from tablet.replication.isr_changes import IsrKeeper
+from tablet.replication.leader_lease import LeaderLease, LeaseRenewer, lease_duration_ms
+from tablet.replication.rebuild_progress import RebuildCollector
 from client.transport import Channels
-from tablet import scan_wire
-from tablet.scan_service import ScanService
-from tablet.step_down import StepDown
+from tablet.replicas.step_down import StepDown
+from tablet.scan import wire as scan_wire
+from tablet.scan.service import ScanService
 from tablet.service import INTERNAL_METHODS, TabletService
 
 log = logging.getLogger(__name__)
@@ -85,7 +85,7 @@ class TabletServer:
         self._registrations = 0  # the ZooKeeper sessions this process registered in (a lost one: again)
         self._strays_checked = 0  # the registration after whose first push the stray copies were removed
         self._threads: list[threading.Thread] = []
-        #: How long a renewal of its leader lease lasts (tablet/leader_lease.py); registered, so that the
+        #: How long a renewal of its leader lease lasts (tablet/replication/leader_lease.py); registered, so that the
         #: coordinator knows how long a new leader of its buckets waits when it may still hold one.
         self.lease_ms = lease_duration_ms(config[cfg.ZK_SESSION_TIMEOUT])
         self.lease: LeaderLease | None = None

@@ -13,7 +13,7 @@ replicated bucket is answered once its in-sync replicas hold it (the HW passed
 it: ``tablet/replication/leader.py``); reads see committed data only. Every
 answer of a leader (a read, a write's acknowledgement) is confirmed after it was
 made, against the leadership it began under and the server's leader lease
-(:meth:`ReplicaManager.leading`, ``tablet/leader_lease.py``): a leader deposed
+(:meth:`ReplicaManager.leading`, ``tablet/replication/leader_lease.py``): a leader deposed
 meanwhile answers NOT_LEADER, so no answer is older than a write acknowledged
 before its request was sent.
 """
@@ -34,13 +34,13 @@ from common.codec import batch_to_ipc, ipc_to_batch
 from common.model import SnapshotHandle
 from common.security.server import OPEN
 from tablet.authz import READ, WRITE, TableAccess
-from tablet.kvstore import BucketStoreError
-from tablet.leader_lease import LeaseBasis
-from tablet.replicas import ReplicaManager
+from tablet.replicas.manager import ReplicaManager
 from tablet.replication.fetch_service import ReplicaFetchService
 from tablet.replication.leader import check_epoch
+from tablet.replication.leader_lease import LeaseBasis
 from tablet.replication.roles import BucketRole
-from tablet.scan_service import ScanService
+from tablet.scan.service import ScanService
+from tablet.store.kvstore import BucketStoreError
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +66,9 @@ def _answer(response_cls, work):
 @contextlib.contextmanager
 def _serving(replica):
     """NOT_LEADER (the client retries where the bucket is led now) for a request whose store was closed under
-    it: its replica stopped being held here, or was opened again in another mode (tablet/replicas.py).
+    it: its replica stopped being held here, or was opened again in another mode (tablet/replicas/manager.py).
     LEADER_NOT_AVAILABLE (retried too) for one a replicated bucket's local files failed (a full disk, EIO):
-    its leadership goes to another in-sync replica (tablet/step_down.py), where the retry lands."""
+    its leadership goes to another in-sync replica (tablet/replicas/step_down.py), where the retry lands."""
     try:
         yield
     except (BucketStoreError, ChangelogError) as exc:
@@ -230,7 +230,7 @@ class TabletService(pb_grpc.TabletServiceServicer):
             return answer
         return _answer(pb.TriggerSnapshotResponse, work)
 
-    # -- live KV scans (tablet/scan_service.py) ------------------------------------------------
+    # -- live KV scans (tablet/scan/service.py) ------------------------------------------------
 
     def ScanKv(self, request, context):
         return _answer(pb.ScanKvResponse, lambda: self.scans.scan(request))

@@ -25,13 +25,13 @@ _GAUGES = {
     "recovering": "kvlease_tablet_buckets_recovering",
     "open_fds": "kvlease_tablet_open_fds",
     "max_fds": "kvlease_tablet_max_fds",
-    # replica rebuilds (tablet/rebuild_progress.py)
+    # replica rebuilds (tablet/replication/rebuild_progress.py)
     "rebuilding": "kvlease_tablet_rebuilds_in_progress",
     "rebuilt": "kvlease_tablet_rebuilds_total",
     "rebuild_bytes": "kvlease_tablet_rebuild_bytes_total",
     "offsets_behind": "kvlease_tablet_follower_offsets_behind",
     "offsets_behind_max": "kvlease_tablet_follower_offsets_behind_max",
-    # leaderships given up because a bucket's local writes failed (tablet/step_down.py)
+    # leaderships given up because a bucket's local writes failed (tablet/replicas/step_down.py)
     "resignations": "kvlease_tablet_leader_resignations_total",
 }
 #: The rebuild fields ``kvlease cluster status`` shows (see :func:`status_fields`).

@@ -4,7 +4,7 @@ One request carries every bucket a follower follows on this server. For each:
 the follower's leader epoch is checked (older: FENCED_LEADER_EPOCH, newer:
 NOT_LEADER); its log is checked against this one by the epoch of its last
 entry (a mismatch answers the divergence point, no entries: the follower
-truncates there and asks again, ``tablet/replication/epochs.py``); its fetch
+truncates there and asks again, ``tablet/log/epochs.py``); its fetch
 offset is its log end, which may move the HW (the leadership applies it);
 then the entries from there on are read whole, byte for byte. The call waits
 up to ``max_wait_ms`` while no bucket has entries or a HW the follower has not
@@ -22,7 +22,7 @@ from typing import Callable
 from common import errors
 from common.proto import tablet_pb2 as pb
 from common.wire import error_pb
-from tablet.replication.epochs import EpochEnd
+from tablet.log.epochs import EpochEnd
 from tablet.replication.leader import check_epoch
 
 MAX_WAIT_MS = 30_000
@@ -30,7 +30,7 @@ MAX_WAIT_MS = 30_000
 
 class ReplicaFetchService:
     def __init__(self, replicas, clock_ms: Callable[[], int] = lambda: int(time.time() * 1000)) -> None:
-        """``replicas``: the server's :class:`~tablet.replicas.ReplicaManager`."""
+        """``replicas``: the server's :class:`~tablet.replicas.manager.ReplicaManager`."""
         self.replicas = replicas
         self.clock_ms = clock_ms
         self._news = threading.Condition()

@@ -25,8 +25,8 @@ from common import errors
 from common.proto import tablet_pb2 as pb
 from common.proto import tablet_pb2_grpc as pb_grpc
 from common.wire import error_from_pb, raise_for
+from tablet.bucket import damage as bucket_damage
 from tablet.replication.fetch_service import answer_of
-from tablet import bucket_damage
 from tablet.replication.rebuild import DAMAGED, DIVERGED, FRESH, Rebuilder
 from tablet.replication.worker import ReplicaWorker
 
@@ -126,7 +126,7 @@ class Fetchers:
                 with replica.fetch_lock:
                     store = replica.store
                     # failed files (a full disk) cannot append: no fetch, which would count as caught up and
-                    # put it back in the ISR (tablet/step_down.py); the keeper reopens them after their backoff
+                    # put it back in the ISR (tablet/replicas/step_down.py); the keeper reopens them after their backoff
                     store.files.check_writable()
                     items.append(pb.ReplicaFetchBucketPb(
                         table_id=replica.table.table_id, bucket=replica.bucket, fetch_offset=store.log_end_offset,

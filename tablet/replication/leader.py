@@ -6,7 +6,7 @@ the bucket's store. Writes: :meth:`Leadership.check_write` before the append
 (fenced epoch, NOT_ENOUGH_REPLICAS), :meth:`Leadership.appended` after it,
 :meth:`Leadership.wait_committed` until the HW passed them. Followers'
 fetches move the HW (:meth:`Leadership.on_fetch`); the store applies what the
-HW commits to RocksDB (the pre-write buffer, ``tablet/bucket.py``) before any
+HW commits to RocksDB (the pre-write buffer, ``tablet/bucket/store.py``) before any
 waiting write is answered. ISR changes go to the coordinator one at a time
 (:meth:`Leadership.propose_isr_change`, then :meth:`isr_changed` or
 :meth:`isr_change_failed`).

@@ -9,7 +9,7 @@ A follower is rebuilt (docs/bucket-store.md, "Replication"; docs/architecture.md
 - **fresh**: it has no local data for the bucket (a new replica, a wiped data
   dir) — the latest snapshot plus the tail is cheaper than the whole log;
 - **damaged**: its files are damaged beyond repair at open
-  (``tablet/bucket_damage.py``) — they are moved aside first;
+  (``tablet/bucket/damage.py``) — they are moved aside first;
 - **diverged**: its log diverges from its leader's below what it already
   applied to RocksDB (truncating cannot take applied records back).
 
@@ -53,8 +53,8 @@ from common.model import SnapshotHandle, TableBucket
 from common.storage import RemoteStorage
 from tablet.replication import snapshot_download
 from tablet.replication.throttle import Throttle
-from tablet.kvstore import BucketInUseError
 from tablet.replication.worker import ReplicaWorker
+from tablet.store.kvstore import BucketInUseError
 
 log = logging.getLogger(__name__)
 

@@ -32,11 +32,11 @@ class BucketRole:
     #: this server is no longer a replica (a completed move took it off): it deletes its copy
     removed: bool = False
     offline_reason: str = ""  # no leader because its data is lost: why
-    latest_loss: DataLoss | None = None  # the bucket's newest accepted loss (tablet/lost_data.py)
+    latest_loss: DataLoss | None = None  # the bucket's newest accepted loss (tablet/replicas/lost_data.py)
     #: whether this server still owes ``latest_loss``, a restore (None: the coordinator does not know)
     restore_owed: bool | None = None
     #: told to the leader: how long (ms from receipt) an earlier leader's lease may still last; it serves a
-    #: leadership new to it only after that (tablet/leader_lease.py)
+    #: leadership new to it only after that (tablet/replication/leader_lease.py)
     lease_wait_ms: int = 0
 
     @property

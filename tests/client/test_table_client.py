@@ -23,7 +23,7 @@ from client.admin import BucketLeader
 from client.table import CommittedSnapshot, TableClient
 from common.codec import RowCodec, batch_to_ipc, bucket_of, ipc_to_batch
 from common.logentry import ChangeType, decode_entry, encode_payload, frame_header, record_batch
-from tests.tablet.test_changelog_timestamps import frame_v1
+from tests.tablet.log.test_changelog_timestamps import frame_v1
 
 TABLE = TableInfo(7, "db", "t", (Column("id", "BIGINT"), Column("v", "STRING")), ("id",), 4)
 COMPOSITE = TableInfo(8, "db", "c", (Column("a", "INT"), Column("b", "STRING"), Column("x", "DOUBLE")), ("a", "b"), 3)

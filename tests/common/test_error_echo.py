@@ -90,7 +90,7 @@ def _echo_sites():
     from ops.cli import plugins, values
     from coordinator.catalog import TableCatalog
     from leases import checks as lease_checks
-    from tablet import scan
+    from tablet.scan import manager as scan
 
     huge = "k" * BIG
     table = tables.TableInfo(1, "db", "t", (tables.Column("id", "STRING"), tables.Column("n", "BIGINT")), ("id",), 2)

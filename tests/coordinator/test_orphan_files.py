@@ -114,7 +114,7 @@ def test_orphans_older_than_the_grace_go_and_nothing_else_even_across_a_restart(
         assert figures["young"] == 2 and d in figures["dropped_tables"]
 
         # a commit whose file checks (off the loop) passed before the reclaim deleted one of its files: refused on
-        # the loop (sent after the delete, its file check refuses it: tests/tablet/test_snapshot_files.py)
+        # the loop (sent after the delete, its file check refuses it: tests/tablet/store/test_snapshot_files.py)
         late = snapshot(storage, tb0, 3, 30, [SnapshotFile(f"{shared}/3-30-0a0b0c0d-s3-e1-0000000a.sst", 30)])
         with pytest.raises(errors.InvalidSnapshotError, match=r"s3-e1-0000000a\.sst on remote storage was deleted "
                                                               "as an orphan"):

@@ -21,12 +21,19 @@ sub-package imports it only through its public module, the package itself.
 ``ops.demo`` and ``ops.drills`` do not import each other at all: what both
 use is in ``ops.check`` (a check) and ``ops.streaming`` (the Spark query and
 its checkers).
+
+Inside ``tablet``, each sub-package is one concept and they stack, lowest first: ``tablet.log``, then
+``tablet.store``, ``tablet.bucket``, ``tablet.replication``, ``tablet.replicas``, ``tablet.scan``
+(:data:`TABLET_ROOMS`: what each may import of the rest of ``tablet``); the modules at the top of
+``tablet`` (the process: server, service) may import any of them. Each sub-package's ``__init__`` says
+what it holds and, in a line ``May import …``, the same list.
 """
 
 from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -54,6 +61,15 @@ OPS_ROOMS = ("ops.cli", "ops.local_cluster", "ops.drills", "ops.bench", "ops.dem
 APART = (("ops.demo", "ops.drills"),)
 #: module -> the only packages that may import it
 SERVER_ONLY = {"client.server_calls": {"tablet"}}
+#: tablet sub-package -> the other parts of ``tablet`` it may import
+TABLET_ROOMS = {
+    "tablet.log": set(),
+    "tablet.store": {"tablet.log"},
+    "tablet.bucket": {"tablet.log", "tablet.store"},
+    "tablet.replication": {"tablet.log", "tablet.store", "tablet.bucket", "tablet.periodic"},
+    "tablet.replicas": {"tablet.log", "tablet.store", "tablet.bucket", "tablet.replication", "tablet.periodic"},
+    "tablet.scan": {"tablet.store", "tablet.bucket", "tablet.replicas", "tablet.authz"},
+}
 
 
 def _modules() -> dict[str, Path]:
@@ -139,6 +155,35 @@ def apart_violations(graph: dict[str, set[str]]) -> list[str]:
             if _room(module) != _room(target) and frozenset((_room(module), _room(target))) in pairs]
 
 
+def _tablet_part(module: str) -> str | None:
+    """The sub-package of ``tablet`` (or top-level module of it) ``module`` belongs to."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "tablet" and len(parts) > 1 else None
+
+
+def tablet_room_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Every import by a :data:`TABLET_ROOMS` sub-package of a part of ``tablet`` it may not import."""
+    return [f"{module} imports {target}" for module, targets in sorted(graph.items()) for target in sorted(targets)
+            if (room := _tablet_part(module)) in TABLET_ROOMS and (part := _tablet_part(target)) is not None
+            and part != room and part not in TABLET_ROOMS[room]]
+
+
+@pytest.mark.unit
+def test_tablet_sub_packages_import_only_the_rooms_below_them():
+    assert tablet_room_violations(import_graph()) == []
+
+
+@pytest.mark.unit
+def test_each_tablet_sub_package_says_what_it_holds_and_may_import():
+    for room, allowed in TABLET_ROOMS.items():
+        init = ROOT / room.replace(".", "/") / "__init__.py"
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        stated = doc.split("May import", 1)[1] if "May import" in doc else " nothing"
+        said = {f"tablet.{name}" for name in re.findall(r"``tablet\.(\w+)``", stated)}
+        assert said == allowed, f"{init}: its 'May import' line names {sorted(said)}, the rule {sorted(allowed)}"
+        assert len(doc.split("May import", 1)[0]) > 200, f"{init} does not say what it holds"
+
+
 @pytest.mark.unit
 def test_every_import_follows_the_layers():
     assert layer_violations(import_graph()) == []
@@ -186,6 +231,10 @@ def test_the_checks_see_a_planted_violation():
     apart = {"ops.demo.lifecycle": {"ops.drills", "ops.streaming", "ops.check"}, "ops.drills.chaos": {"ops.demo"},
              "ops.drills.all": {"ops.drills.report"}, "ops.bench.scan": {"ops.drills"}}
     assert apart_violations(apart) == ["ops.demo.lifecycle imports ops.drills", "ops.drills.chaos imports ops.demo"]
+    tablet = {"tablet.log.changelog": {"tablet.store.kvstore"}, "tablet.store.snapshot": {"tablet.log.changelog"},
+              "tablet.bucket.reads": {"tablet.scan.batch", "tablet.bucket.state"}, "tablet.server": {"tablet.scan.service"}}
+    assert tablet_room_violations(tablet) == ["tablet.bucket.reads imports tablet.scan.batch",
+                                              "tablet.log.changelog imports tablet.store.kvstore"]
     assert any("client.table" in targets for targets in import_graph().values())  # the graph is not empty
 
 

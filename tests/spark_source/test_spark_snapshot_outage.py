@@ -15,8 +15,8 @@ from common import errors
 from common.model import TableBucket
 from common.storage import FileStorage
 from spark_source.bootstrap import SnapshotGoneError, open_snapshot
-from tablet.snapshot import SnapshotUploader
-from tests.tablet.test_snapshot_upload import Bucket
+from tablet.store.snapshot import SnapshotUploader
+from tests.tablet.store.test_snapshot_upload import Bucket
 
 pytestmark = pytest.mark.unit
 

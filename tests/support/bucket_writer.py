@@ -1,11 +1,11 @@
-"""Crash-test helper and throughput benchmark for ``tablet/bucket.py``.
+"""Crash-test helper and throughput benchmark for ``tablet/bucket/store.py``.
 
 ``python -m tests.support.bucket_writer DIR SEED`` opens (and so recovers) the bucket in
 DIR with fsync on, small changelog segments and a small memtable (RocksDB
 flushes often), prints ``open REPLAYED_FROM END`` (RocksDB held the records
 below REPLAYED_FROM; the rest was replayed from the changelog), then loops over the writes
 ``write_ops(SEED, 0)``, ``write_ops(SEED, 1)``, … and prints ``i base next``
-flushed once ``write`` returned. ``tests/tablet/test_bucket.py`` kills it with SIGKILL
+flushed once ``write`` returned. ``tests/tablet/bucket/test_bucket.py`` kills it with SIGKILL
 and checks every printed write survived and the changelog and KV agree.
 
 ``python -m tests.support.bucket_writer bench [ROWS [ROUNDS]]`` measures ``BucketStore.write``
@@ -29,7 +29,7 @@ import pyarrow as pa
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
 from common.tables import Column, TableInfo
-from tablet.bucket import BucketStore
+from tablet.bucket.store import BucketStore
 from common.codec import RowCodec
 
 TABLE = TableInfo(7, "crash", "rows", (Column("id", "BIGINT"), Column("v", "STRING")), ("id",), 1)

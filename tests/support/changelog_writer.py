@@ -1,9 +1,9 @@
-"""Crash-test helper and throughput benchmark for ``tablet/changelog.py``.
+"""Crash-test helper and throughput benchmark for ``tablet/log/changelog.py``.
 
 ``python -m tests.support.changelog_writer DIR SEGMENT_BYTES SEED`` opens (and so
 recovers) the changelog in DIR with fsync on, then loops: append a batch of
 random size whose records are :func:`expected_records` of their offsets, and
-print ``base next`` flushed once ``append`` returned. ``tests/tablet/test_changelog.py``
+print ``base next`` flushed once ``append`` returned. ``tests/tablet/log/test_changelog.py``
 kills it with SIGKILL and checks every printed range survived.
 
 ``python -m tests.support.changelog_writer bench [SECONDS]`` measures append and read
@@ -22,7 +22,7 @@ import time
 import numpy as np
 
 from common.logentry import record_batch
-from tablet.changelog import Changelog
+from tablet.log.changelog import Changelog
 
 
 def expected_records(base: int, count: int) -> tuple[list[int], list[bytes], list[bytes | None]]:

@@ -86,7 +86,7 @@ def test_max_row_size_is_bounded_by_the_message_size():
 
 
 def test_an_empty_open_at_the_scanner_limits_gets_its_empty_answer(cluster, tmp_path):
-    from tests.tablet.test_scan_server import Scan
+    from tests.tablet.scan.test_scan_server import Scan
 
     s = Scan(cluster({"kv.scanner.max-per-server": 1}), tmp_path, buckets=2)
     put(s.stubs[0], s.table, [{"id": i, "v": "x"} for i in _ids_of_bucket(s.table, 0, 5)], bucket=0)
@@ -160,7 +160,7 @@ def test_data_of_a_table_dropped_while_the_server_was_down_is_removed_at_registr
 
 
 def test_trigger_snapshot_of_an_unknown_table_and_a_scan_of_a_dropped_table_say_so(cluster, tmp_path):
-    from tests.tablet.test_scan_server import Scan
+    from tests.tablet.scan.test_scan_server import Scan
 
     s = Scan(cluster(), tmp_path)
     put(s.stub, s.table, [{"id": i, "v": "x"} for i in range(10)])

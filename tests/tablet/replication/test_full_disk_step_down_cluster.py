@@ -1,4 +1,4 @@
-"""A leader whose disk is full gives its leadership up (tablet/step_down.py), on real tablet server processes:
+"""A leader whose disk is full gives its leadership up (tablet/replicas/step_down.py), on real tablet server processes:
 one bucket, replication factor 2, the leader's data dir on a 30 MB tmpfs (root only; skipped otherwise), an
 in-process coordinator on the test's ZooKeeper, the client over gRPC on loopback.
 

@@ -16,7 +16,7 @@ from client.admin import AdminClient
 from client.table import TableClient
 from common import errors, zkpaths
 from coordinator.server import CoordinatorServer
-from tablet import lost_data
+from tablet.replicas import lost_data
 from tests.support.cli_runner import assert_one_line_error, run
 from tests.support.procs import wait_until
 from tests.tablet.replication.test_data_loss_cluster import SETTINGS, cluster, one_replica_with_tail  # noqa: F401

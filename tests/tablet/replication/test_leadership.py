@@ -11,8 +11,8 @@ import pytest
 
 from common import errors
 from common.tables import Column, TableInfo
-from tablet.bucket import BucketStore
-from tablet.replica import Replica
+from tablet.bucket.store import BucketStore
+from tablet.replicas.replica import Replica
 from tablet.replication.leader import Leadership
 from tablet.replication.roles import BucketRole
 

@@ -13,10 +13,10 @@ import pytest
 
 from client.log_position import LogPosition
 from common.logentry import NO_ID, LogEntry
-from tablet.replication.epochs import EpochCache
-from tests.tablet.replication.test_epochs import cache_of
-from tests.tablet.test_bucket import bucket_dir, rows  # noqa: F401
-from tests.tablet.test_bucket_replicated import open_store
+from tablet.log.epochs import EpochCache
+from tests.tablet.log.test_epochs import cache_of
+from tests.tablet.bucket.test_bucket import bucket_dir, rows  # noqa: F401
+from tests.tablet.bucket.test_bucket_replicated import open_store
 
 pytestmark = pytest.mark.unit
 

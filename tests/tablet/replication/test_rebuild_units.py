@@ -17,11 +17,12 @@ from common.kvsnapshot import Manifest, ManifestFile, check_file
 from common.logentry import CorruptLogError
 from common.model import SnapshotFile, SnapshotHandle, TableBucket
 from common.storage import open_storage
-from tablet import bucket_damage, writer_sequences
-from tablet.kvstore import BucketInUseError, BucketStoreError, KvStore
-from tablet.replication.sequences import WriterBatch
+from tablet.bucket import damage as bucket_damage
+from tablet.log import writer_sequences
+from tablet.log.sequences import WriterBatch
 from tablet.replication.rebuild import Rebuilder
 from tablet.replication.throttle import Throttle
+from tablet.store.kvstore import BucketInUseError, BucketStoreError, KvStore
 
 
 class FakeClock:

@@ -1,4 +1,4 @@
-"""A replica's data found lost by its own tablet server (tablet/replica_loss.py), on real servers: a coordinator
+"""A replica's data found lost by its own tablet server (tablet/replicas/loss.py), on real servers: a coordinator
 and tablet servers in this process, a real ZooKeeper, real RocksDB and gRPC on loopback. A leader whose files are
 damaged at open reports it: another in-sync replica leads with every acknowledged write, or (one replica) the
 bucket is offline naming the reason until `bucket restore`; a bucket dir gone is the same."""

@@ -1,6 +1,6 @@
 """A restore is owed by every replica of the restored bucket until that replica carried it out, whatever
 epochs pass and whether its server restarts in between; one carried out is never repeated
-(tablet/lost_data.py, coordinator/data_loss_plan.py ``restore_confirmed``). A coordinator and tablet servers in
+(tablet/replicas/lost_data.py, coordinator/data_loss_plan.py ``restore_confirmed``). A coordinator and tablet servers in
 this process, a real ZooKeeper, real RocksDB, gRPC on loopback."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 from client.server_calls import ServerCalls
 from client.table import TableClient
 from common import errors, zkpaths
-from tablet import lost_data
+from tablet.replicas import lost_data
 from tests.support.procs import wait_until
 from tests.tablet.replication.test_data_loss_cluster import (SETTINGS, _restart_wiped, cluster,  # noqa: F401
                                                              one_replica_with_tail)

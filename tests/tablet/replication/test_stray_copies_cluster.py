@@ -1,6 +1,6 @@
 """A replica moved off a tablet server while it was down, or cut off from ZooKeeper (its ``removed`` push
 never arrived): once it restarts, or registers again in a new session, and takes its first push, its stray
-copy is deleted, and nothing else of it (tablet/stray_copies.py). A coordinator and three tablet servers in
+copy is deleted, and nothing else of it (tablet/replicas/stray_copies.py). A coordinator and three tablet servers in
 this process, a real ZooKeeper, real RocksDB, gRPC on loopback."""
 
 from __future__ import annotations

@@ -1,0 +1,86 @@
+"""The tablet server's background care of its buckets: open new ones, learn their snapshots, reopen failed ones.
+
+Taking a bucket opens no file (``tablet/replicas/manager.py``), so a server told it
+leads 10,000 buckets answers the push at once. The keeper then, one bucket at
+a time, for each bucket in :attr:`ReplicaManager.unsettled`:
+
+- opens its files if they never were (recovering it: replaying the changelog
+  into RocksDB; the open-bucket budget parks it again later), so its offsets
+  are known and the snapshot timer sees whether it changed;
+- asks the coordinator for its latest committed snapshot (the next snapshot id
+  follows it);
+- reopens it if it failed (a full disk, too many open files) and its backoff
+  passed: a bucket recovers without a request, and without a restart; a led
+  bucket whose files are damaged beyond a reopen is reported lost instead
+  (``tablet/replicas/loss.py``), and an opened one is recorded as held. Live
+  scan sessions of a failed bucket are ended first, as a leadership change
+  ends them (their clients start the bucket again): their snapshots would
+  keep the failed files open.
+
+A bucket leaves the set once it is open or parked without a failure and its
+snapshot base is known; a failure puts it back. A request for a bucket the
+keeper has not reached yet opens it itself.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from common import errors
+from tablet.bucket import damage as bucket_damage
+from tablet.periodic import Periodic
+from tablet.replicas import loss as replica_loss
+from tablet.replicas.manager import ReplicaManager
+
+log = logging.getLogger(__name__)
+
+
+class BucketKeeper(Periodic):
+    """Runs :meth:`run_once` every ``interval_s`` on a daemon thread (:meth:`start`, :meth:`stop`)."""
+
+    name = "bucket-keeper"
+
+    def __init__(self, replicas: ReplicaManager, interval_s: float = 0.5) -> None:
+        super().__init__(interval_s)
+        self.replicas = replicas
+
+    def run_once(self) -> int:
+        """One round over the unsettled buckets; returns how many it settled."""
+        settled = 0
+        for key in sorted(list(self.replicas.unsettled)):
+            if self._stop.is_set():
+                break
+            try:
+                replica = self.replicas.replica(*key)
+            except errors.KvLeaseError:  # no longer held here
+                self.replicas.unsettled.discard(key)
+                continue
+            if replica.loss_work is not None:
+                try:
+                    self.replicas.settle_loss(replica)
+                except Exception as exc:  # the coordinator or remote storage is away: next round
+                    log.warning("%s: cannot %s yet: %s", replica.tb, replica.loss_work, exc)
+                continue  # a restored bucket's fresh replica is unsettled: the next round opens it
+            files = replica.store.files
+            if files.failure is not None and not files.retry_in() and files.held_by_snapshots():
+                self.replicas.end_scans(*key)  # scan sessions keep the failed files open
+            files.repair()
+            damage = bucket_damage.damage_of(replica.store)
+            if damage is not None and replica.leads:  # a reopen cannot cure it: the coordinator decides
+                self.replicas.lose(replica, replica_loss.damaged_reason(damage))
+                continue
+            if files.failure is not None or not files.known:
+                continue  # the open failed: tried again after its backoff
+            self.replicas.held.mark(*key)  # its dir exists now: were it gone later, the replica is lost
+            try:
+                if replica.leads:
+                    self.replicas.snapshots.learn_base(replica)
+            except errors.KvLeaseError as exc:  # the coordinator is away: next round
+                log.debug("cannot learn the latest snapshot of %s yet: %s", replica.tb, exc)
+                continue
+            self.replicas.unsettled.discard(key)
+            if files.failure is not None:  # failed meanwhile: its failure may have been told before the discard
+                self.replicas.unsettled.add(key)
+                continue
+            settled += 1
+        return settled
