@@ -1,6 +1,6 @@
 """Error messages quote a caller's value capped (``common.errors.show``): a 5 MB key or name never makes a
 5 MB message. Unit tests of the helper and of each place that quotes a value; a real cluster for
-``RECORD_TOO_LARGE`` and the CLI."""
+``RECORD_TOO_LARGE`` and the CLI. Also the other message helpers: ``single_line`` and ``did_you_mean``."""
 
 from __future__ import annotations
 
