@@ -5,8 +5,9 @@ for the table and the leader of every bucket, caches both, and talks to the
 tablet servers directly, one gRPC channel per server address. Rows travel as
 Arrow IPC streams (``docs/row-encoding.md``).
 
-Writes and lookups are split by bucket client-side (``RowCodec.encode_keys``
-+ ``bucket_of_keys``, then one Arrow ``take``) and sent as one request per
+Writes and lookups are split by bucket client-side, in the one pass of
+:mod:`client.table_input` (the input checked and converted, its keys encoded
+and hashed once, then one Arrow ``take``), and sent as one request per
 bucket, in parallel on a small thread pool. There is no atomicity across
 buckets: when one bucket fails after others succeeded, the error carries the
 buckets that were written in ``details["written"]`` and how many rows of each
@@ -212,14 +213,13 @@ class TableClient(LogOffsets):
 
     def upsert(self, rows: Sequence[dict] | pa.RecordBatch | pa.Table) -> dict[int, tuple[int, int]]:
         """Insert or replace full rows; returns ``{bucket: (base_offset, next_offset)}`` of the changelog."""
-        return self._write(self._row_batch(rows), "upserts")
+        return self._write(table_input.rows_by_bucket(self.codec, rows), "upserts")
 
     def delete(self, keys: Sequence[Any] | pa.RecordBatch | pa.Table) -> dict[int, tuple[int, int]]:
         """Delete rows by primary key (missing keys are ignored); offsets like :meth:`upsert`."""
-        return self._write(self.key_batch(keys), "deletes")
+        return self._write(table_input.keys_by_bucket(self.codec, keys), "deletes")
 
-    def _write(self, batch: pa.RecordBatch, field: str) -> dict[int, tuple[int, int]]:
-        parts = self.split(batch)
+    def _write(self, parts: list[table_input.Part], field: str) -> dict[int, tuple[int, int]]:
         table_id = self.table.table_id
         acked: dict[int, int] = {}  # bucket -> rows acknowledged
 
@@ -252,8 +252,7 @@ class TableClient(LogOffsets):
     def lookup_batch(self, keys: Sequence[Any] | pa.RecordBatch | pa.Table) -> pa.RecordBatch:
         """The rows of ``keys``, one per key in input order (table schema); every column is null
         where the key does not exist (a found row never has a null primary-key column)."""
-        key_batch = self.key_batch(keys)
-        parts = self.split(key_batch)
+        parts = table_input.keys_by_bucket(self.codec, keys)
         table_id = self.table.table_id
 
         def lookup_bucket(part) -> tuple[np.ndarray, pa.RecordBatch]:
@@ -271,7 +270,7 @@ class TableClient(LogOffsets):
         for (result, error) in results:
             if error is not None:
                 raise error
-        n = key_batch.num_rows
+        n = sum(len(indices) for _, _, indices in parts)
         position = np.zeros(n, dtype=np.int64)  # index into the concatenated found rows
         found_mask = np.zeros(n, dtype=bool)
         found_rows, base = [], 0

@@ -1,23 +1,42 @@
-"""The table client's input normalisation: what callers pass, as checked Arrow batches split by bucket.
+"""The table client's input: what callers pass, as checked Arrow batches split by bucket, in one pass.
 
 Rows come as dicts, an Arrow RecordBatch or an Arrow Table; keys as dicts,
-tuples (primary-key order), scalars (a one-column key) or a batch. Each
-becomes one batch checked by the table's :class:`~common.codec.RowCodec`
-before anything is sent: a bad one raises
-:class:`~common.errors.InvalidRowError` naming the row and column.
-:func:`split` divides a batch among the table's buckets.
+tuples (primary-key order), scalars (a one-column key) or a batch.
+:func:`rows_by_bucket` and :func:`keys_by_bucket` are what a write or a
+lookup sends: the input is normalised (a Table to one batch, keys of one form
+to one list per key column), checked and converted by the table's
+:class:`~common.codec.RowCodec`, its keys encoded once (not checked again)
+and the rows divided among the buckets. The codec never calls back here. A bad
+row raises :class:`~common.errors.InvalidRowError` naming the row and column
+before anything is sent. :func:`row_batch`, :func:`key_batch` and :func:`split`
+are the steps on their own.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
 
 from common import errors
-from common.codec import RowCodec, bucket_of_keys
+from common.codec import RowCodec, bucket_array
 from common.errors import show
+
+#: ``(bucket, its rows, their indices in the input)``.
+Part = tuple[int, pa.RecordBatch, np.ndarray]
+
+
+def rows_by_bucket(codec: RowCodec, rows: Sequence[dict] | pa.RecordBatch | pa.Table) -> list[Part]:
+    """Rows checked, converted and split by bucket (:func:`row_batch`, then :func:`split` of its keys, which
+    are not checked twice): what an upsert sends."""
+    return _by_bucket(codec, row_batch(codec, rows))
+
+
+def keys_by_bucket(codec: RowCodec, keys: Sequence[Any] | pa.RecordBatch | pa.Table) -> list[Part]:
+    """Keys checked, converted and split by bucket (:func:`key_batch`, then :func:`split`): what a delete or a
+    lookup sends."""
+    return _by_bucket(codec, key_batch(codec, keys))
 
 
 def row_batch(codec: RowCodec, rows: Sequence[dict] | pa.RecordBatch | pa.Table) -> pa.RecordBatch:
@@ -34,10 +53,31 @@ def key_batch(codec: RowCodec, keys: Sequence[Any] | pa.RecordBatch | pa.Table) 
     """Primary-key columns from dicts, tuples (primary-key order), scalars (one-column key), or a batch."""
     if isinstance(keys, pa.Table):
         keys = table_to_batch(keys)
-    if isinstance(keys, pa.RecordBatch):  # checked like rows: names, types, no null key
-        return codec.validate(keys).select(list(codec.table.primary_key))
-    check_collection(keys, "keys", "key", "dicts, tuples or values")
     pk = codec.table.primary_key
+    if isinstance(keys, pa.RecordBatch):  # checked like rows: names, types, no null key
+        return codec.validate(keys).select(list(pk))
+    check_collection(keys, "keys", "key", "dicts, tuples or values")
+    keys = list(keys)
+    columns = _key_columns(pk, keys)
+    if columns is not None:
+        return codec.keys_to_batch(columns)
+    return codec.to_batch(_key_rows(pk, keys)).select(list(pk))
+
+
+def _key_columns(pk: Sequence[str], keys: list) -> list[list] | None:
+    """Keys all of one form, scalars of a one-column key or tuples (lists) of every key column, as one list of
+    values per key column, without a Python step per key; None for dicts or a mix, which go key by key."""
+    kinds = set(map(type, keys))
+    if len(pk) == 1 and not any(issubclass(kind, (dict, tuple, list)) for kind in kinds):
+        return [keys]
+    if kinds and all(issubclass(kind, (tuple, list)) for kind in kinds) and set(map(len, keys)) == {len(pk)}:
+        return [list(column) for column in zip(*keys)]
+    return None
+
+
+def _key_rows(pk: Sequence[str], keys: list) -> list[dict]:
+    """Each key as a row (a dict), for :meth:`RowCodec.to_batch`: a dict key is checked as a row, its other
+    columns too; InvalidRowError for the first key of no form."""
     rows = []
     for i, key in enumerate(keys):
         if isinstance(key, dict):
@@ -52,21 +92,31 @@ def key_batch(codec: RowCodec, keys: Sequence[Any] | pa.RecordBatch | pa.Table) 
         else:
             raise errors.InvalidRowError(f"row {i}: the primary key has {len(pk)} columns "
                                          f"({', '.join(pk)}); give a tuple or a dict, got {show(key)}")
-    return codec.to_batch(rows).select(list(pk))
+    return rows
 
 
-def split(codec: RowCodec, batch: pa.RecordBatch) -> list[tuple[int, pa.RecordBatch, np.ndarray]]:
-    """``[(bucket, rows of that bucket, their indices in batch)]`` for the buckets that get rows.
+def split(codec: RowCodec, batch: pa.RecordBatch) -> list[Part]:
+    """``[(bucket, rows of that bucket, their indices in batch)]`` for the buckets that get rows; the key
+    columns of ``batch`` are checked (:meth:`RowCodec.encode_keys`)."""
+    return _parts(codec.table.buckets, batch, codec.encode_keys)
+
+
+def _by_bucket(codec: RowCodec, checked: pa.RecordBatch) -> list[Part]:
+    """:func:`split` of a batch the codec made or checked: its keys are encoded without a second check."""
+    return _parts(codec.table.buckets, checked, codec.encode_checked_keys)
+
+
+def _parts(n: int, batch: pa.RecordBatch, encode_keys: Callable[[pa.RecordBatch], list[bytes]]) -> list[Part]:
+    """``batch`` divided among ``n`` buckets by its keys (``encode_keys``).
 
     Vectorized: the keys are encoded and hashed once, then one ``take``
     orders the rows by bucket (stable) and each bucket is a zero-copy slice.
     """
-    n = codec.table.buckets
     if batch.num_rows == 0:
         return []
     if n == 1:
         return [(0, batch, np.arange(batch.num_rows))]
-    buckets = np.asarray(bucket_of_keys(codec.encode_keys(batch), n), dtype=np.int64)
+    buckets = bucket_array(encode_keys(batch), n).astype(np.int64)
     order = np.argsort(buckets, kind="stable")
     counts = np.bincount(buckets, minlength=n)
     ordered = batch.take(pa.array(order))

@@ -37,7 +37,7 @@ the row and column; so do bytes that are not a value or key of this table.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -102,9 +102,22 @@ class RowCodec:
             i, name = next((i, k) for i, r in enumerate(rows) for k in r if k not in self._name_set)
             raise InvalidRowError(f"row {i}, column {show(name)}: unknown column (table {self.table.path} has "
                                   f"{', '.join(self._names)})")
+        columns = ([row.get(name) for row in rows] for name in self._names)  # one column's list at a time
+        arrays = self._arrays(self._names, columns, lambda i, name: name not in rows[i])
+        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+
+    def keys_to_batch(self, columns: Sequence[list]) -> pa.RecordBatch:
+        """Primary-key values, one list per key column in primary-key order -> a batch of the key schema;
+        checked as :meth:`to_batch` checks the key columns of rows (a None is ``primary key is null``)."""
+        arrays = self._arrays(list(self.table.primary_key), columns, lambda i, name: False)
+        return pa.RecordBatch.from_arrays(arrays, schema=self.key_schema)
+
+    def _arrays(self, names: list[str], columns: Iterable[list],
+                missing: Callable[[int, str], bool]) -> list[pa.Array]:
+        """Each column of Python values as an Arrow array of its type; InvalidRowError naming the earliest bad
+        row of any column. ``missing(i, name)``: row ``i`` lacks column ``name`` (else its None was given)."""
         arrays, errors = [], []  # errors: (row, message) of each column's first bad value
-        for name in self._names:
-            values = [row.get(name) for row in rows]
+        for name, values in zip(names, columns):
             type_ = self._types[name]
             bad = ca.first_bad_type(values, type_, nullable=name not in self._key_set)
             if bad is None:
@@ -113,19 +126,25 @@ class RowCodec:
                     continue
                 except ca.CONVERSION_ERRORS:
                     bad = len(values)
-            # the error path: an earlier value may be of the right type but out of range
-            error = ca.first_unconvertible(values[:bad], name, type_)
-            if error is None and bad == len(values):
-                error = (0, f"column {name!r}: cannot convert the values to {type_}")
-            elif error is None and values[bad] is None:
-                why = "is null" if name in rows[bad] else "is missing"
-                error = (bad, f"row {bad}, column {name!r}: primary key {why}")
-            elif error is None:
-                error = (bad, f"row {bad}, column {name!r}: expected {type_}, got {show(values[bad])}")
-            errors.append(error)
+            errors.append(self._first_error(name, values, bad, missing))
         if errors:
             raise InvalidRowError(min(errors)[1])
-        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+        return arrays
+
+    def _first_error(self, name: str, values: list, bad: int,
+                     missing: Callable[[int, str], bool]) -> tuple[int, str]:
+        """``(row, message)`` of a column's first bad value: ``bad`` is the first of a type the column does not
+        take (``len(values)`` if Arrow refused them all), but an earlier one may be out of range."""
+        type_ = self._types[name]
+        error = ca.first_unconvertible(values[:bad], name, type_)
+        if error is None and bad == len(values):
+            error = (0, f"column {name!r}: cannot convert the values to {type_}")
+        elif error is None and values[bad] is None:
+            why = "is missing" if missing(bad, name) else "is null"
+            error = (bad, f"row {bad}, column {name!r}: primary key {why}")
+        elif error is None:
+            error = (bad, f"row {bad}, column {name!r}: expected {type_}, got {show(values[bad])}")
+        return error
 
     # ---- server side -------------------------------------------------------
 
@@ -159,6 +178,11 @@ class RowCodec:
     def encode_keys(self, batch: pa.RecordBatch) -> list[bytes]:
         """The order-preserving keys of a full-row or key-only batch."""
         return _chunked(self._encode_keys, self._key_batch(batch))
+
+    def encode_checked_keys(self, batch: pa.RecordBatch) -> list[bytes]:
+        """:meth:`encode_keys` of a batch this codec made or checked (:meth:`to_batch`, :meth:`keys_to_batch`,
+        :meth:`validate`), not checked again: the table client's one pass (:mod:`client.table_input`)."""
+        return _chunked(self._encode_keys, batch.select(list(self.table.primary_key)))
 
     def encode_values(self, batch: pa.RecordBatch) -> list[bytes]:
         """The stored values (full rows) of a batch; validated like :meth:`validate`."""

@@ -18,12 +18,16 @@ Classes are grouped by what a caller does about them:
 
 A message that quotes a caller's value (a key, a name, an argument) quotes it
 through :func:`show`, which caps it: a 5 MB key never makes a 5 MB message.
+A message about a name that is not one of a known few (an option, a mode)
+ends with :func:`did_you_mean`'s hint when one of them is close.
 """
 
 from __future__ import annotations
 
+import difflib
 import enum
 import reprlib
+from typing import Iterable
 
 
 class ErrorCode(enum.IntEnum):
@@ -346,3 +350,24 @@ def show(value: object, limit: int = SHOW_LIMIT) -> str:
     except Exception:  # a repr that fails: the type names the value
         return f"<{type(value).__name__}>"
     return text if len(text) <= limit else text[:limit] + "…"
+
+
+def single_line(text: str) -> str:
+    """``text`` on one line: line breaks (from arguments or values quoted in a message) as ``\\n``."""
+    return "".join(ch if ch.isprintable() or ch == "\t" else ascii(ch)[1:-1] for ch in text)
+
+
+#: How alike (``difflib`` ratio) a name must be to a known one for :func:`did_you_mean` to offer it. Stricter than
+#: difflib's 0.6: kvlease's names share parts (``startup.``, ``ending.``, ``lease.``), and at 0.6 Kafka's
+#: ``startingOffsets`` was offered ``ending.offsets``.
+SUGGEST_CUTOFF = 0.75
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """``did you mean 'table'?`` naming the one of ``choices`` closest to ``word`` (case-insensitive, as the
+    choice is spelled), or ``''`` when none is close enough (:data:`SUGGEST_CUTOFF`)."""
+    spelled = {choice.lower(): choice for choice in choices}
+    if len(word) > SHOW_LIMIT:  # no name is that long; and difflib's time grows with it
+        return ""
+    close = difflib.get_close_matches(word.lower(), spelled, n=1, cutoff=SUGGEST_CUTOFF)
+    return f"did you mean {show(spelled[close[0]])}?" if close else ""

@@ -1,8 +1,10 @@
 """The source's options, parsed and checked once, before any job runs.
 
-Option names are case-insensitive (Spark passes them so). An unknown option or
-a bad value raises :class:`OptionError` naming the option; the list of options
-is docs/spark.md, "Options" (and docs/architecture.md, "The Spark source").
+Option names are case-insensitive (Spark passes them so). An unknown option,
+a bad value or a missing one raises :class:`OptionError`, one line naming the
+option, with ``did you mean 'table'?`` when a known name or value is close
+(:func:`common.errors.did_you_mean`, as the CLI's usage errors do); the list of
+options is docs/spark.md, "Options" (and docs/architecture.md, "The Spark source").
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from client.table import TableClient
 from client.cluster_dir import cluster_dir_bootstrap, cluster_dir_security
 from common import config as cfg
 from common.config import parse_duration_ms
-from common.errors import InvalidRequestError, show
+from common.errors import InvalidRequestError, did_you_mean, show, single_line
 from common.model import lease_id_problem
 from common.tables import parse_table_path
 from common.tls import TlsFiles
@@ -37,6 +39,8 @@ READ_ONLY = ("startup.mode", "startup.timestamp", "ending.timestamp", "ending.of
              "maxrowspertrigger", "split.max-rows")
 #: Options Spark itself sets on a source or sink; they mean nothing here and are ignored.
 SPARK_OWN = ("checkpointlocation", "path")
+#: Option names as the docs spell them, where that is not lower case (Spark hands them over lower-cased).
+SPELLED = {"maxrowspertrigger": "maxRowsPerTrigger", "checkpointlocation": "checkpointLocation"}
 
 
 #: The last millisecond of the year 9999 (what ISO-8601 can write); the end of the range times may take.
@@ -46,7 +50,11 @@ MAX_OFFSET = (1 << 63) - 1
 
 
 class OptionError(InvalidRequestError):
-    """An option is unknown, missing or malformed; the message names it."""
+    """An option is unknown, missing or malformed; the message names it, on one line (a path or a quoted
+    message with a line break in it keeps it as ``\\n``)."""
+
+    def __init__(self, message: str = "", **details: object) -> None:
+        super().__init__(single_line(message), **details)
 
 
 @dataclass(frozen=True)
@@ -78,18 +86,31 @@ class Options:
 def parse(options: Mapping[str, Any], *, reading: bool = True) -> Options:
     """Check and type ``options``; raises :class:`OptionError` naming the first bad one."""
     given = {str(k).lower(): str(v) for k, v in options.items()}
-    allowed = {*CONNECTION, *(READ_ONLY if reading else ())}
-    for name in sorted(given):
-        if name in SPARK_OWN:
-            continue
-        if name not in allowed:
-            if name in READ_ONLY:
-                raise OptionError(f"option '{name}' applies to reads only, not to writes")
-            raise OptionError(f"unknown option '{name}' (known: {', '.join(sorted(allowed))})")
+    check_names(given, reading=reading)
     values: dict[str, Any] = {"bootstrap": _bootstrap(given), "table": _table(given), "security": _security(given)}
     if reading:
         values.update(_read_options(given))
     return Options(**values, given=frozenset(given))
+
+
+def check_names(given: Mapping[str, str], *, reading: bool = True) -> None:
+    """OptionError for the first of ``given`` (lower-cased names) that is not an option of a read (or a
+    write): with the known name it is close to, else the known names."""
+    allowed = {*CONNECTION, *(READ_ONLY if reading else ())}
+    for name in sorted(given):
+        if name in SPARK_OWN or name in allowed:
+            continue
+        if name in READ_ONLY:
+            raise OptionError(f"option '{_spelled(name)}' applies to reads only, not to writes")
+        hint = did_you_mean(name, [_spelled(n) for n in (*allowed, *SPARK_OWN)])
+        if hint:
+            raise OptionError(f"unknown option {show(name)}: {hint}")
+        raise OptionError(f"unknown option {show(name)} (known: {', '.join(sorted(map(_spelled, allowed)))})")
+
+
+def _spelled(name: str) -> str:
+    """An option's name as the docs spell it (``maxRowsPerTrigger``), from the lower-cased one Spark passes."""
+    return SPELLED.get(name, name)
 
 
 def connection(options: Mapping[str, Any]) -> tuple[tuple[str, ...], str, Security]:
@@ -235,12 +256,14 @@ def _read_options(given: Mapping[str, str]) -> dict[str, Any]:
 def _choice(given: Mapping[str, str], name: str, choices: tuple[str, ...], default: str) -> str:
     value = given.get(name, default).strip().lower()
     if value not in choices:
-        raise OptionError(f"option '{name}': {show(given[name])} is not one of {', '.join(choices)}")
+        hint = did_you_mean(value, choices)
+        raise OptionError(f"option '{name}': {show(given[name])} is not one of {', '.join(choices)}"
+                          + (f"; {hint}" if hint else ""))
     return value
 
 
 def _positive_int(given: Mapping[str, str], name: str) -> int:
-    shown = "maxRowsPerTrigger" if name == "maxrowspertrigger" else name
+    shown = _spelled(name)
     try:
         value = int(given[name].strip())
     except ValueError:

@@ -2,14 +2,17 @@
 
 Spark instantiates it in its Python workers; every method checks the options
 first, so an unknown option or a bad value fails the query at planning with
-a message naming it.
+a message naming it. Spark puts the traceback of a source's error in the
+exception it raises; an option error leaves the source with none of its
+frames below the method Spark called (:func:`_option_errors`), so that the
+user reads one line, kvlease's, not the parser's insides.
 """
 
 from __future__ import annotations
 
 import time
 from datetime import datetime, timezone
-from functools import cached_property
+from functools import cached_property, wraps
 
 from pyspark.sql.datasource import DataSource
 from pyspark.sql.types import StructType
@@ -22,6 +25,17 @@ from spark_source.schema import read_columns, table_schema
 from spark_source.splits import ReadContext
 from spark_source.stream import StreamReader
 from spark_source.writer import BatchWriter, StreamWriter, check_schema
+
+
+def _option_errors(method):
+    """``method`` raising an :class:`~spark_source.options.OptionError` without the frames it came through."""
+    @wraps(method)
+    def checked(*args, **kwargs):
+        try:
+            return method(*args, **kwargs)
+        except opts.OptionError as exc:
+            raise exc.with_traceback(None) from None
+    return checked
 
 
 class KvLeaseDataSource(DataSource):
@@ -44,6 +58,7 @@ class KvLeaseDataSource(DataSource):
         with opts.connect(bootstrap, security) as admin:
             return admin.get_table(table), admin.coordinator_info(admin.address).remote_storage()
 
+    @_option_errors
     def schema(self) -> StructType:
         """The table's columns and the four metadata columns. Spark asks one schema for batch and
         streaming reads alike, so a full batch read carries them too (docs/spark.md, "Output columns"). A
@@ -69,10 +84,12 @@ class KvLeaseDataSource(DataSource):
         return ReadContext(parsed.bootstrap, table, storage, columns, parsed.security,
                            tuple(field.nullable for field in schema.fields), parsed.lease_duration_ms)
 
+    @_option_errors
     def reader(self, schema: StructType) -> BatchReader:
         parsed = self._read_options(schema)
         return BatchReader(parsed, self._context(parsed, schema))
 
+    @_option_errors
     def streamReader(self, schema: StructType) -> StreamReader:
         parsed = self._read_options(schema)
         if parsed.bootstrap_mode == "live":
@@ -94,9 +111,11 @@ class KvLeaseDataSource(DataSource):
                                    "time that has passed (startup.mode=latest reads from now on)")
         return StreamReader(parsed, self._context(parsed, schema))
 
+    @_option_errors
     def writer(self, schema: StructType, overwrite: bool) -> BatchWriter:
         return BatchWriter(*self._write_setup(schema, overwrite))
 
+    @_option_errors
     def streamWriter(self, schema: StructType, overwrite: bool) -> StreamWriter:
         return StreamWriter(*self._write_setup(schema, overwrite))
 
@@ -104,6 +123,7 @@ class KvLeaseDataSource(DataSource):
         if overwrite:
             raise opts.OptionError("mode 'overwrite' is not supported (nor INSERT OVERWRITE, writeTo().overwrite()): "
                                    "kvlease upserts by primary key; use mode('append') or INSERT INTO")
+        opts.check_names(self._given, reading=False)  # first: a misspelt 'table' is told so
         if not self._given.keys() & catalog.LOCATING:
             raise opts.OptionError(catalog.WRITE_NEEDS_OPTIONS)
         parsed = opts.parse(self._given, reading=False)

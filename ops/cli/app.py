@@ -44,6 +44,7 @@ from click.core import ParameterSource
 
 from common import config as cfg
 from common import errors
+from common.errors import single_line
 from ops import local_cluster
 import ops.cli.output as out
 from ops.cli.interrupts import interrupted
@@ -181,11 +182,6 @@ def _message(exc: BaseException, state: State | None) -> str:
     if isinstance(exc, errors.KvLeaseError):
         return exc.message
     return f"internal error: {type(exc).__name__}: {exc} (set KVLEASE_DEBUG=1 for a traceback)"
-
-
-def single_line(text: str) -> str:
-    """``text`` on one line: line breaks (from arguments or values quoted in a message) as ``\\n``."""
-    return "".join(ch if ch.isprintable() or ch == "\t" else ascii(ch)[1:-1] for ch in text)
 
 
 def catch_errors(func: Callable) -> Callable:

@@ -344,6 +344,29 @@ def test_encode_keys_checks_key_columns_too():
         c.encode_keys(pa.RecordBatch.from_pydict({"id": pa.array([None], pa.int64())}))
 
 
+@pytest.mark.parametrize("keys, message", [
+    ([1, None], "row 1, column 'id': primary key is null"),
+    ([1, "x"], "row 1, column 'id': expected BIGINT, got 'x'"),
+    ([1, 2, 2**63], "row 2, column 'id': 9223372036854775808 is out of range for BIGINT"),
+])
+def test_keys_to_batch_checks_key_values_as_to_batch_checks_rows(keys, message):
+    c = RowCodec(KV)
+    assert c.keys_to_batch([[3, 1]]).equals(c.to_batch([{"id": 3}, {"id": 1}]).select(["id"]))
+    assert c.keys_to_batch([[]]).schema == c.key_schema
+    with pytest.raises(InvalidRowError) as info:
+        c.keys_to_batch([keys])
+    assert message in str(info.value)
+    with pytest.raises(InvalidRowError) as info:
+        c.to_batch([{"id": k} for k in keys])
+    assert message in str(info.value)
+
+
+def test_encode_checked_keys_are_encode_keys_of_a_batch_the_codec_made():
+    c = RowCodec(KV)
+    batch = good_batch()
+    assert c.encode_checked_keys(batch) == c.encode_keys(batch) == c.encode_checked_keys(batch.select(["id"]))
+
+
 def test_decode_rejects_bytes_that_are_not_rows_of_the_table():
     c = RowCodec(KV)
     keys, values = c.encode(good_batch())

@@ -1,6 +1,6 @@
 """Error messages quote a caller's value capped (``common.errors.show``): a 5 MB key or name never makes a
 5 MB message. Unit tests of the helper and of each place that quotes a value; a real cluster for
-``RECORD_TOO_LARGE`` and the CLI."""
+``RECORD_TOO_LARGE`` and the CLI. Also the other message helpers: ``single_line`` and ``did_you_mean``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from common import errors
-from common.errors import SHOW_LIMIT, show
+from common.errors import SHOW_LIMIT, did_you_mean, show, single_line
 from ops.cli import kvlease
 from tests.support.cli_runner import NO_ENV, assert_one_line_error, run
 
@@ -57,6 +57,26 @@ def test_a_value_whose_repr_fails_is_named_by_its_type():
             raise RuntimeError("no")
 
     assert show(Broken()).startswith("<Broken")
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("word, hint", [
+    ("tabel", "did you mean 'table'?"),
+    ("MAXROWPERTRIGGER", "did you mean 'maxRowsPerTrigger'?"),  # compared case-insensitively, shown as spelled
+    ("startup.mod", "did you mean 'startup.mode'?"),
+    ("startingOffsets", ""),  # not close to any: no guess (at difflib's own 0.6 it was 'ending.offsets')
+    ("colour", ""),
+    ("t" * (SHOW_LIMIT + 1), ""),
+])
+def test_did_you_mean_names_the_closest_known_name_or_nothing(word, hint):
+    known = ["table", "maxRowsPerTrigger", "startup.mode", "startup.timestamp", "ending.offsets", "cluster"]
+    assert did_you_mean(word, known) == hint
+
+
+@pytest.mark.unit
+def test_single_line_escapes_line_breaks_and_keeps_the_rest():
+    assert single_line("a\nb\r\x00c\td é") == "a\\nb\\r\\x00c\td é"
+    assert single_line(single_line("a\nb")) == single_line("a\nb")
 
 
 # -- every place that quotes a caller's value --------------------------------------------------------

@@ -74,6 +74,36 @@ def test_bad_options_name_the_option(given, named):
     assert named in str(info.value)
 
 
+@pytest.mark.parametrize("given, reading, message", [
+    ({"tabel": "shop.orders"}, True, "unknown option 'tabel': did you mean 'table'?"),
+    ({"tabel": "shop.orders"}, False, "unknown option 'tabel': did you mean 'table'?"),
+    ({"Startup.Mod": "full"}, True, "unknown option 'startup.mod': did you mean 'startup.mode'?"),
+    ({"maxRowPerTrigger": "5"}, True, "unknown option 'maxrowpertrigger': did you mean 'maxRowsPerTrigger'?"),
+    ({"checkpointLocaton": "/c"}, False, "unknown option 'checkpointlocaton': did you mean 'checkpointLocation'?"),
+    ({"startup.mode": "earlist"}, True,
+     "option 'startup.mode': 'earlist' is not one of full, earliest, latest, timestamp; did you mean 'earliest'?"),
+    ({"bootstrap.mode": "Liv"}, True, "option 'bootstrap.mode': 'Liv' is not one of snapshot, live; did you mean 'live'?"),
+    ({"bootstrap.mode": "psychic"}, True, "option 'bootstrap.mode': 'psychic' is not one of snapshot, live"),
+    ({"maxRowsPerTrigger": "5"}, False, "option 'maxRowsPerTrigger' applies to reads only, not to writes"),
+    ({"split.max-rows": "many"}, True, "option 'split.max-rows': expected a positive integer, got 'many'"),
+])
+def test_an_option_error_is_one_line_with_the_near_miss(given, reading, message):
+    """As the CLI's usage errors: a near miss names the known option (or value); one line, whatever it quotes."""
+    with pytest.raises(opts.OptionError) as info:
+        opts.parse({**BASE, **given}, reading=reading)
+    assert str(info.value) == message
+
+
+def test_an_unknown_option_far_from_any_lists_the_known_ones():
+    with pytest.raises(opts.OptionError) as info:
+        opts.parse({**BASE, "startingOffsets": "earliest"})
+    assert str(info.value).startswith("unknown option 'startingoffsets' (known: bootstrap, bootstrap.mode, ")
+    assert "maxRowsPerTrigger, " in str(info.value) and "did you mean" not in str(info.value)
+    with pytest.raises(opts.OptionError) as info:  # a path with a line break stays on the one line
+        opts.parse({"cluster": "/no\nwhere", "table": "a.b"})
+    assert str(info.value).startswith("option 'cluster': no cluster in /no\\nwhere") and "\n" not in str(info.value)
+
+
 @pytest.mark.parametrize("name", ["maxRowsPerTrigger", "lease.duration", "startup.timestamp", "ending.offsets",
                                   "bootstrap.mode"])
 def test_a_huge_bad_value_is_quoted_capped_in_the_error(name):
