@@ -6,7 +6,8 @@ modules behind it:
 
 - :mod:`~ops.local_cluster.processes`: the one way to spawn and stop a server
   process, ``free_ports``, ``log_tail``;
-- :mod:`~ops.local_cluster.cluster_file`: ``cluster.json`` (what runs where);
+- :mod:`~ops.local_cluster.cluster_file`: ``cluster.json`` (what runs where), changed under a lock
+  (``updating``);
 - :mod:`~ops.local_cluster.launch`: ``start`` and ``stop`` of a whole cluster, and ``running`` (both, around a
   ``with`` block);
 - :mod:`~ops.local_cluster.control`: status, one process at a time (kill, restart), who leads;
@@ -24,7 +25,7 @@ from client.cluster_dir import security_settings
 from ops.local_cluster.certs import CertPaths
 from ops.local_cluster.certs import generate as generate_certs
 from ops.local_cluster.cluster_file import (CLUSTER_FILE, ZK_ROOT, bootstrap, client_config, cluster_file, load,
-                                            running_pids, save)
+                                            running_pids, save, updating)
 from ops.local_cluster.control import (ROLES, active_coordinator, kill, member, restart, served_buckets, status,
                                        zk_leader)
 from ops.local_cluster.launch import running, start, stop
@@ -42,5 +43,6 @@ __all__ = [
     "dying_with_parent", "four_letter", "free_ports", "generate_certs", "is_serving", "kept_ports", "kill", "load", "log_tail",
     "member", "node_command", "pid_alive", "proc_start", "read_health", "restart", "running", "running_pids", "save",
     "security_settings", "served_buckets", "server_mode", "server_settings", "spawn_server", "start", "status",
-    "status_fields", "stop", "stop_pids", "tablet_disks", "terminate", "write_private", "zk_leader",
+    "status_fields", "stop", "stop_pids", "tablet_disks", "terminate", "updating", "write_private",
+    "zk_leader",
 ]

@@ -3,24 +3,34 @@
 Its name is :data:`client.cluster_dir.CLUSTER_FILE` (clients read the same file
 for its coordinators and TLS settings). :func:`load` checks its shape, so every
 command can read its lists of processes.
+
+Every change goes under the directory's lock (``flock`` of ``cluster.json.lock``):
+:func:`updating` loads, lets the caller change and saves inside it, so that
+concurrent commands (three ``cluster restart`` at once) each keep the others'
+changes; each writer writes a temporary file of its own and renames it over
+``cluster.json``, so readers never see half a file.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
+import tempfile
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from client.cluster_dir import CLUSTER_FILE, read_cluster_file, security_settings
 from common.errors import InvalidRequestError
 from common import config as cfg
 from ops.local_cluster.processes import ClusterError, pid_alive
 
-__all__ = ["CLUSTER_FILE", "ZK_ROOT", "all_procs", "bootstrap", "client_config", "cluster_file", "load",
-           "running_pids", "save"]
+__all__ = ["CLUSTER_FILE", "ZK_ROOT", "all_procs", "bootstrap", "client_config", "cluster_file", "load", "locked",
+           "running_pids", "save", "updating"]
 
 ZK_ROOT = "/kvlease"
+LOCK_FILE = "cluster.json.lock"
 
 
 # -- cluster.json --------------------------------------------------------------------------
@@ -61,11 +71,44 @@ def _shape_problem(doc: Any) -> str | None:
     return None
 
 
+@contextlib.contextmanager
+def locked(directory: str | os.PathLike[str]) -> Iterator[None]:
+    """Hold the cluster directory's lock (an exclusive ``flock`` of ``cluster.json.lock``) for the block."""
+    fd = os.open(Path(directory) / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+@contextlib.contextmanager
+def updating(directory: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
+    """cluster.json to change in the block: loaded under the lock, saved (still under it) when the block ends
+    without an error."""
+    with locked(directory):
+        doc = load(directory)
+        yield doc
+        _write(cluster_file(directory), doc)
+
+
 def save(directory: str | os.PathLike[str], doc: dict[str, Any]) -> None:
-    path = cluster_file(directory)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n")
-    os.replace(tmp, path)
+    """Write ``doc`` as the whole cluster.json (under the lock); :func:`updating` to change a part of it."""
+    with locked(directory):
+        _write(cluster_file(directory), doc)
+
+
+def _write(path: Path, doc: Mapping[str, Any]) -> None:
+    """``doc`` into ``path`` through a temporary file of this writer's own, renamed over it."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(json.dumps(doc, indent=2) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def bootstrap(directory: str | os.PathLike[str]) -> list[str]:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from common.errors import KvLeaseError
-from ops.local_cluster.cluster_file import client_config, load, save
+from ops.local_cluster.cluster_file import client_config, load, updating
 from ops.local_cluster.processes import ClusterError, log_tail, pid_alive, proc_start, spawn_server, terminate
 from ops.local_cluster.tablet_disks import usage as disk_usage
 from ops.local_cluster.tablet_health import status_fields
@@ -151,7 +151,9 @@ def restart(directory: str | os.PathLike[str], role: str, node_id: str | int,
 
     Returns once it serves: a ZooKeeper node answers (an ensemble node needs
     a quorum), a coordinator answers CoordinatorInfo, a tablet server is
-    registered and every bucket it leads answers. Updates cluster.json.
+    registered and every bucket it leads answers. Records its new pid in
+    cluster.json, under the directory's lock (restarts at once each keep the
+    others' pids).
     """
     directory = Path(directory).resolve()
     if graceful:
@@ -159,19 +161,10 @@ def restart(directory: str | os.PathLike[str], role: str, node_id: str | int,
         terminate([(running["pid"], running.get("proc_start"))] if running.get("pid") else [])
     else:
         kill(directory, role, node_id)
-    doc = load(directory)
-    entry = member(doc, role, node_id)
-    if role == "zookeeper":
-        node_dir = Path(entry["log"]).parent
-        cmd = node_command(str(node_dir / "zoo.cfg"), int(entry["id"]), ensemble=len(doc["zookeeper"]) > 1)
-        with open(entry["log"], "ab") as log:
-            proc = subprocess.Popen(cmd, cwd=str(node_dir), stdin=subprocess.DEVNULL, stdout=log,
-                                    stderr=subprocess.STDOUT, close_fds=True, start_new_session=True)
-    else:
-        module = "coordinator" if role == "coordinators" else "tablet"
-        proc = spawn_server(directory / f"{module}-{entry['id']}", module, detached=True)
-    entry.update(pid=proc.pid, proc_start=proc_start(proc.pid))
-    save(directory, doc)
+    with updating(directory) as doc:
+        entry = member(doc, role, node_id)
+        proc = _spawn_again(directory, doc, role, entry)
+        entry.update(pid=proc.pid, proc_start=proc_start(proc.pid))
 
     port = int(entry["address"].rsplit(":", 1)[1])
     what = f"{ROLES[role]} {node_id}"
@@ -192,6 +185,17 @@ def restart(directory: str | os.PathLike[str], role: str, node_id: str | int,
             raise ClusterError(f"{what} did not serve within {ready_timeout_s:g}s of a restart\n"
                                f"--- {entry['log']} ---\n{log_tail(entry['log'])}")
         time.sleep(0.1)
+
+
+def _spawn_again(directory: Path, doc: Mapping[str, Any], role: str, entry: Mapping[str, Any]) -> subprocess.Popen:
+    if role == "zookeeper":
+        node_dir = Path(entry["log"]).parent
+        cmd = node_command(str(node_dir / "zoo.cfg"), int(entry["id"]), ensemble=len(doc["zookeeper"]) > 1)
+        with open(entry["log"], "ab") as log:
+            return subprocess.Popen(cmd, cwd=str(node_dir), stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT, close_fds=True, start_new_session=True)
+    module = "coordinator" if role == "coordinators" else "tablet"
+    return spawn_server(directory / f"{module}-{entry['id']}", module, detached=True)
 
 
 def _answers(doc: Mapping[str, Any], address: str) -> bool:

@@ -1,11 +1,13 @@
 """``kvlease cluster restart --dir D --tablet N|--coordinator N|--zookeeper N`` and the tablet servers'
 health in ``kvlease cluster status``: usage errors in-process, then the real executable on a real
-local cluster (slow)."""
+local cluster (slow): each role restarted, and three tablet servers restarted at once (each new pid
+recorded, `cluster stop` stops them all)."""
 
 from __future__ import annotations
 
 import io
 import json
+import subprocess
 
 import pytest
 from rich.console import Console
@@ -13,7 +15,8 @@ from rich.console import Console
 from ops import local_cluster
 from ops.cli import output as out
 from tests.support.cli_runner import assert_one_line_error, run
-from tests.ops.cli.test_cli_e2e import cluster_dir, kvlease, kvlease_json, print_logs  # noqa: F401 - the fixture
+from tests.ops.cli.test_cli_e2e import (CLI_ENV, KVLEASE, cluster_dir, kvlease, kvlease_json,  # noqa: F401
+                                        print_logs)
 
 
 @pytest.mark.unit
@@ -72,3 +75,42 @@ def test_restart_each_role_and_status_shows_tablet_health(cluster_dir):  # noqa:
     except BaseException:
         print_logs(cluster_dir)
         raise
+
+
+def create_table(d: str, buckets: int, rows: int = 20) -> None:
+    """``db.t`` with one replica per bucket, ``rows`` rows in it."""
+    kvlease("--cluster", d, "table", "create", "db.t", "--schema", "id BIGINT, v STRING", "--primary-key", "id",
+            "--buckets", str(buckets), "--replication-factor", "1")
+    kvlease("--cluster", d, "put", "db.t", "-", input="".join(f'{{"id": {i}, "v": "r{i}"}}\n' for i in range(rows)))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_three_tablet_servers_restarted_at_once_are_all_recorded_and_all_stopped(cluster_dir):  # noqa: F811
+    d = str(cluster_dir)
+    restarts: list[subprocess.Popen] = []
+    try:
+        kvlease("cluster", "start", "--dir", d, "--tablets", "3")
+        create_table(d, 6)
+        before = {int(t["id"]): t["pid"] for t in local_cluster.load(d)["tablets"]}
+        restarts = [subprocess.Popen([KVLEASE, "--json", "cluster", "restart", "--dir", d, "--tablet", str(n)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=CLI_ENV,
+                                     stdin=subprocess.DEVNULL) for n in (1, 2, 3)]
+        outputs = [proc.communicate(timeout=300) for proc in restarts]
+        assert [proc.returncode for proc in restarts] == [0, 0, 0], outputs
+        new = {json.loads(stdout)["restarted"]["id"]: json.loads(stdout)["restarted"]["pid"] for stdout, _ in outputs}
+        assert {int(t["id"]): t["pid"] for t in local_cluster.load(d)["tablets"]} == new  # none lost
+        assert sorted(new) == [1, 2, 3] and not set(new.values()) & set(before.values())
+        assert all(local_cluster.pid_alive(pid) for pid in new.values())
+
+        kvlease("cluster", "stop", "--dir", d)
+        assert not any(local_cluster.pid_alive(pid) for pid in new.values())
+    except BaseException:
+        print_logs(cluster_dir)
+        raise
+    finally:
+        for proc in restarts:  # a restart the test gave up on
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+
