@@ -9,6 +9,12 @@ Every change goes under the directory's lock (``flock`` of ``cluster.json.lock``
 concurrent commands (three ``cluster restart`` at once) each keep the others'
 changes; each writer writes a temporary file of its own and renames it over
 ``cluster.json``, so readers never see half a file.
+
+A start records what it launched in ``cluster.starting.json`` (:func:`record_start`,
+naming the starting process too) and writes ``cluster.json`` only once the cluster
+serves (:func:`finish_start`): a start that fails leaves ``cluster.json`` as it was,
+and ``cluster stop`` still finds the processes of one that was killed half-way
+(:func:`load_starting`).
 """
 
 from __future__ import annotations
@@ -24,13 +30,15 @@ from typing import Any, Iterator, Mapping
 from client.cluster_dir import CLUSTER_FILE, read_cluster_file, security_settings
 from common.errors import InvalidRequestError
 from common import config as cfg
-from ops.local_cluster.processes import ClusterError, pid_alive
+from ops.local_cluster.processes import ClusterError, pid_alive, proc_start
 
-__all__ = ["CLUSTER_FILE", "ZK_ROOT", "all_procs", "bootstrap", "client_config", "cluster_file", "load", "locked",
-           "running_pids", "save", "updating"]
+__all__ = ["CLUSTER_FILE", "STARTING_FILE", "ZK_ROOT", "abandon_start", "all_procs", "begin_start", "bootstrap",
+           "client_config", "cluster_file", "finish_start", "load", "load_starting", "locked", "record_start",
+           "running_pids", "save", "starting_file", "updating"]
 
-ZK_ROOT = "/kvlease"
+STARTING_FILE = "cluster.starting.json"
 LOCK_FILE = "cluster.json.lock"
+ZK_ROOT = "/kvlease"
 
 
 # -- cluster.json --------------------------------------------------------------------------
@@ -109,6 +117,65 @@ def _write(path: Path, doc: Mapping[str, Any]) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+# -- a start under way ---------------------------------------------------------------------
+
+
+def starting_file(directory: str | os.PathLike[str]) -> Path:
+    return Path(directory) / STARTING_FILE
+
+
+def load_starting(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """What a start under way (or one killed half-way) launched so far: a cluster.json document, its
+    ``starter`` the starting process (None: no such start)."""
+    path = starting_file(directory)
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise ClusterError(f"cannot read {path}: {exc}") from None
+    problem = _shape_problem(doc)
+    if problem is not None:
+        raise ClusterError(f"{path} is not a kvlease cluster file: {problem}")
+    return doc
+
+
+def begin_start(directory: str | os.PathLike[str], doc: dict[str, Any]) -> None:
+    """Claim ``directory`` for a start (its record, :func:`record_start`, written first); ClusterError if
+    another start is under way there, or left processes running."""
+    with locked(directory):
+        other = load_starting(directory)
+        if other is not None:
+            starter = other.get("starter") or {}
+            if pid_alive(starter.get("pid"), starter.get("proc_start")):
+                raise ClusterError(f"another start is under way in {directory} (pid {starter['pid']})")
+            left = running_pids(other)
+            if left:
+                raise ClusterError(f"a start in {directory} was interrupted and left processes running (pids "
+                                   f"{', '.join(map(str, left))}); stop them first: kvlease cluster stop --dir "
+                                   f"{directory}")
+        record_start(directory, doc)
+
+
+def record_start(directory: str | os.PathLike[str], doc: Mapping[str, Any]) -> None:
+    """What this start launched so far (``doc``), naming this process as its starter."""
+    pid = os.getpid()
+    _write(starting_file(directory), {**doc, "starter": {"pid": pid, "proc_start": proc_start(pid)}})
+
+
+def finish_start(directory: str | os.PathLike[str], doc: dict[str, Any]) -> None:
+    """The start serves: ``doc`` becomes cluster.json, and the start's record goes."""
+    with locked(directory):
+        _write(cluster_file(directory), doc)
+        starting_file(directory).unlink(missing_ok=True)
+
+
+def abandon_start(directory: str | os.PathLike[str]) -> None:
+    """The start failed and stopped what it launched: its record goes (cluster.json stays as it was)."""
+    with locked(directory):
+        starting_file(directory).unlink(missing_ok=True)
 
 
 def bootstrap(directory: str | os.PathLike[str]) -> list[str]:

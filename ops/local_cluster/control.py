@@ -1,5 +1,6 @@
 """A running local cluster, one question or one process at a time: its status, kill or restart one
-process (drills, the demo), the active coordinator, the ZooKeeper leader, which buckets are served."""
+process (drills, the demo), the active coordinator, the ZooKeeper leader (which buckets are served:
+:mod:`ops.local_cluster.serving`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any, Mapping
 from common.errors import KvLeaseError
 from ops.local_cluster.cluster_file import client_config, load, updating
 from ops.local_cluster.processes import ClusterError, log_tail, pid_alive, proc_start, spawn_server, terminate
+from ops.local_cluster.serving import served_buckets
 from ops.local_cluster.tablet_disks import usage as disk_usage
 from ops.local_cluster.tablet_health import status_fields
 from ops.local_cluster.zookeeper import is_serving, node_command, server_mode
@@ -244,29 +246,3 @@ def zk_leader(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
         if server_mode(int(node["address"].rsplit(":", 1)[1])) == "leader":
             return node
     return None
-
-
-def served_buckets(doc: Mapping[str, Any], request_timeout_s: float = 2.0) -> dict[str, Any]:
-    """``{"registered": {tablet ids}, "buckets": n, "unserved": ["db.t/3: why", …]}``.
-
-    A bucket is served when the tablet server its leader is answers for it
-    (ListOffsets); that is what "ready" means. Raises a KvLeaseError when no
-    coordinator answers.
-    """
-    from client.admin import AdminClient
-    from client.table import TableClient
-
-    addresses = [c["address"] for c in doc["coordinators"]]
-    with AdminClient(addresses, client_config(doc), request_timeout_s=request_timeout_s,
-                     retry_total_s=request_timeout_s) as admin:
-        registered = {str(s.id) for s in admin.list_tablet_servers()}
-        unserved, count = [], 0
-        for table in admin.list_tables():
-            count += table.buckets
-            with TableClient(admin, table.table_id, retry_total_s=0, request_timeout_s=request_timeout_s) as client:
-                for bucket in range(table.buckets):
-                    try:
-                        client.list_offsets([bucket])
-                    except KvLeaseError as exc:
-                        unserved.append(f"{table.path}/{bucket}: {exc.message}")
-    return {"registered": registered, "buckets": count, "unserved": unserved}
