@@ -123,8 +123,9 @@ def cluster_status(state: State, directory: str | None) -> None:
 def cluster_restart(state: State, directory: str | None, tablet: str | None, coordinator: str | None,
                     zookeeper: str | None, timeout_ms: int) -> None:
     """Restart one process (stopped with SIGTERM first if it runs) with its own config, port and data;
-    returns once it serves: a tablet server once every bucket answers, a coordinator once it answers,
-    a ZooKeeper node once it serves."""
+    returns once it serves: a tablet server once it is registered and every bucket answers, but those
+    that wait on another tablet server that is down or on `kvlease bucket restore` (each named: "waiting:
+    …"), a coordinator once it answers, a ZooKeeper node once it serves."""
     chosen = [(role, node_id) for role, node_id in (("tablets", tablet), ("coordinators", coordinator),
                                                     ("zookeeper", zookeeper)) if node_id is not None]
     if len(chosen) != 1:
@@ -137,4 +138,8 @@ def cluster_restart(state: State, directory: str | None, tablet: str | None, coo
         click.echo(f"restarting {what} …", err=True)
     entry = local_cluster.restart(directory, role, node_id, ready_timeout_s=timeout_ms / 1000.0, graceful=True)
     doc = {"restarted": {"role": role, "id": int(entry["id"]), "pid": entry["pid"], "address": entry["address"]}}
-    state.output.message(f"restarted {what} (pid {entry['pid']}, {entry['address']})", doc)
+    lines = [f"restarted {what} (pid {entry['pid']}, {entry['address']})"]
+    if "waiting" in entry:
+        doc["waiting"] = entry["waiting"]
+        lines += [local_cluster.waiting_line(bucket) for bucket in entry["waiting"]]
+    state.output.message("\n".join(lines), doc)

@@ -13,11 +13,12 @@ from typing import Any, Mapping
 
 from common.errors import KvLeaseError
 from ops.local_cluster.cluster_file import client_config, load, updating
-from ops.local_cluster.processes import ClusterError, log_tail, pid_alive, proc_start, spawn_server, terminate
+from ops.local_cluster.processes import ClusterError, pid_alive, proc_start, spawn_server, terminate
 from ops.local_cluster.serving import served_buckets
 from ops.local_cluster.tablet_disks import usage as disk_usage
 from ops.local_cluster.tablet_health import status_fields
 from ops.local_cluster.zookeeper import is_serving, node_command, server_mode
+from ops.wait import poll
 
 
 def status(directory: str | os.PathLike[str], request_timeout_s: float = 2.0) -> dict[str, Any]:
@@ -153,9 +154,13 @@ def restart(directory: str | os.PathLike[str], role: str, node_id: str | int,
 
     Returns once it serves: a ZooKeeper node answers (an ensemble node needs
     a quorum), a coordinator answers CoordinatorInfo, a tablet server is
-    registered and every bucket it leads answers. Records its new pid in
-    cluster.json, under the directory's lock (restarts at once each keep the
-    others' pids).
+    registered and every bucket answers, but those that wait on an operator or
+    on another server that is down (:func:`ops.local_cluster.serving.waits_for`).
+    Records its new pid in cluster.json (under the directory's lock: restarts
+    at once each keep the others' pids). Returns its cluster.json entry, a
+    tablet server's with ``waiting``: the buckets it did not wait for, each
+    ``{"table", "bucket", "why"}``. ClusterError naming its log file if it
+    exits or does not serve within ``ready_timeout_s``.
     """
     directory = Path(directory).resolve()
     if graceful:
@@ -167,26 +172,8 @@ def restart(directory: str | os.PathLike[str], role: str, node_id: str | int,
         entry = member(doc, role, node_id)
         proc = _spawn_again(directory, doc, role, entry)
         entry.update(pid=proc.pid, proc_start=proc_start(proc.pid))
-
-    port = int(entry["address"].rsplit(":", 1)[1])
-    what = f"{ROLES[role]} {node_id}"
-    deadline = time.monotonic() + ready_timeout_s
-    while True:
-        if proc.poll() is not None:
-            raise ClusterError(f"{what} exited with code {proc.returncode} after a restart\n"
-                               f"--- {entry['log']} ---\n{log_tail(entry['log'])}")
-        if role == "zookeeper":
-            ready = is_serving(port)
-        elif role == "coordinators":
-            ready = _answers(doc, entry["address"])
-        else:
-            ready = _tablet_serving(doc, str(entry["id"]))
-        if ready:
-            return entry
-        if time.monotonic() > deadline:
-            raise ClusterError(f"{what} did not serve within {ready_timeout_s:g}s of a restart\n"
-                               f"--- {entry['log']} ---\n{log_tail(entry['log'])}")
-        time.sleep(0.1)
+    waiting = _wait_serving(doc, role, entry, proc, ready_timeout_s)
+    return {**entry, "waiting": waiting} if role == "tablets" else dict(entry)
 
 
 def _spawn_again(directory: Path, doc: Mapping[str, Any], role: str, entry: Mapping[str, Any]) -> subprocess.Popen:
@@ -200,6 +187,34 @@ def _spawn_again(directory: Path, doc: Mapping[str, Any], role: str, entry: Mapp
     return spawn_server(directory / f"{module}-{entry['id']}", module, detached=True)
 
 
+def _wait_serving(doc: Mapping[str, Any], role: str, entry: Mapping[str, Any], proc: subprocess.Popen,
+                  timeout_s: float) -> list[dict[str, Any]]:
+    """Until the restarted process ``proc`` serves (see :func:`restart`); a tablet server's waiting buckets."""
+    what = f"{ROLES[role]} {entry['id']}"
+    port = int(entry["address"].rsplit(":", 1)[1])
+    seen: dict[str, Any] = {"unserved": [], "waiting": []}
+
+    def serves() -> bool:
+        if proc.poll() is not None:
+            raise ClusterError(f"{what} exited with code {proc.returncode} after a restart; its log: {entry['log']}")
+        if role == "zookeeper":
+            return is_serving(port)
+        if role == "coordinators":
+            return _answers(doc, entry["address"])
+        try:
+            seen.update(served_buckets(doc))
+        except KvLeaseError as exc:
+            seen.update(unserved=[exc.message], waiting=[])
+            return False
+        return str(entry["id"]) in seen["registered"] and len(seen["unserved"]) == len(seen["waiting"])
+
+    if not poll(serves, timeout_s, interval_s=0.1)[1]:
+        unserved = "; ".join(seen["unserved"][:5])
+        raise ClusterError(f"{what} did not serve within {timeout_s:g}s of a restart"
+                           + (f" (not served: {unserved})" if unserved else "") + f"; its log: {entry['log']}")
+    return seen["waiting"]
+
+
 def _answers(doc: Mapping[str, Any], address: str) -> bool:
     from client.admin import AdminClient
 
@@ -209,14 +224,6 @@ def _answers(doc: Mapping[str, Any], address: str) -> bool:
             return True
         except KvLeaseError:
             return False
-
-
-def _tablet_serving(doc: Mapping[str, Any], tablet_id: str) -> bool:
-    try:
-        served = served_buckets(doc)
-    except KvLeaseError:
-        return False
-    return served.get("registered", set()) >= {tablet_id} and not served["unserved"]
 
 
 def active_coordinator(directory: str | os.PathLike[str], timeout_s: float = 30.0) -> dict[str, Any]:
