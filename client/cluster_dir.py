@@ -1,4 +1,6 @@
-"""A local cluster directory (made by ``kvlease cluster start``) as a client sees it: its coordinators."""
+"""A local cluster directory (made by ``kvlease cluster start``) as a client sees it: its coordinators, its
+security settings, and whether any of its processes runs (:func:`check_running`: a stopped cluster is told at
+once, not after the client's retries)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from common.errors import InvalidRequestError
+from common.errors import ClusterNotRunningError, InvalidRequestError
 
 CLUSTER_FILE = "cluster.json"
 
@@ -75,3 +77,57 @@ def read_cluster_file(directory: str | os.PathLike[str]) -> dict[str, Any]:
     except (OSError, ValueError) as exc:
         raise InvalidRequestError(f"cannot read {path}: {exc}") from None
     return doc
+
+
+def check_running(directory: str | os.PathLike[str], doc: Mapping[str, Any]) -> None:
+    """ClusterNotRunningError when ``doc`` (``directory``'s cluster.json) records processes by pid and none of
+    them runs: the cluster was stopped (or killed). A cluster of which some run passes, and so does a file that
+    records no pid (coordinators run elsewhere: clients just try them)."""
+    recorded = [entry for role in ("zookeeper", "coordinators", "tablets") for entry in doc.get(role) or []
+                if isinstance(entry, dict) and type(entry.get("pid")) is int]
+    if recorded and not any(pid_alive(entry["pid"], entry.get("proc_start")) for entry in recorded):
+        raise ClusterNotRunningError(
+            f"the cluster in {directory} is not running (none of the {len(recorded)} processes its "
+            f"{CLUSTER_FILE} records runs): start it with: kvlease cluster start --dir {directory}",
+            directory=str(directory))
+
+
+# -- is a recorded process still the one started? ---------------------------------------------------
+
+
+def _proc_stat(pid: int) -> tuple[str, int] | None:
+    """``(state, start time in clock ticks)`` from /proc, or None where there is no /proc."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return ("X", -1)
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2:].split()
+    return fields[0], int(fields[19])
+
+
+def proc_start(pid: int) -> int | None:
+    """When ``pid`` started (clock ticks since boot, from /proc; None where there is no /proc): recorded with a
+    pid, so that a pid the system handed to another process since is not taken for it."""
+    stat = _proc_stat(pid)
+    return stat[1] if stat else None
+
+
+def pid_alive(pid: int | None, start: int | None = None) -> bool:
+    """Whether ``pid`` runs (not a zombie) and, if ``start`` is given, is the process started then."""
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    stat = _proc_stat(pid)
+    if stat is None:
+        return True
+    state, started = stat
+    if state in ("Z", "X"):
+        return False
+    return start is None or started == start

@@ -21,7 +21,8 @@ from typing import Any, Mapping
 from common import config as cfg
 from common import errors
 from client.admin import AdminClient, parse_bootstrap
-from client.cluster_dir import cluster_dir_bootstrap, cluster_dir_security, read_password_file
+from client.cluster_dir import check_running, cluster_dir_bootstrap, cluster_dir_security, read_cluster_file, \
+    read_password_file
 from client.table import TableClient
 
 ENV_BOOTSTRAP = "KVLEASE_BOOTSTRAP"
@@ -53,7 +54,8 @@ def layered_config(env: Mapping[str, str], cluster_settings: Mapping[str, Any] |
 def find_cluster(cluster: str | os.PathLike[str] | None = None, bootstrap: str | list[str] | None = None,
                  env: Mapping[str, str] | None = None) -> tuple[list[str], str | None]:
     """``(coordinator addresses, the cluster directory or None)`` by the module's order; InvalidRequestError
-    for both given, neither found, a directory without a cluster, or a malformed address."""
+    for both given, neither found, a directory without a cluster, or a malformed address, and its
+    ClusterNotRunningError for a directory whose cluster is stopped (none of its recorded processes runs)."""
     env = os.environ if env is None else env
     if cluster is not None and bootstrap is not None:
         raise errors.InvalidRequestError("connect(): give cluster=DIR or bootstrap='HOST:PORT,…', not both")
@@ -73,6 +75,7 @@ def find_cluster(cluster: str | os.PathLike[str] | None = None, bootstrap: str |
     if not os.path.isdir(directory):
         hint = f"; for coordinator addresses use connect(bootstrap={directory!r})" if _is_addresses(directory) else ""
         raise errors.InvalidRequestError(f"cluster={errors.show(directory)}: no such directory{hint}")
+    check_running(directory, read_cluster_file(directory))
     return cluster_dir_bootstrap(directory), directory
 
 
@@ -139,7 +142,8 @@ def connect(cluster: str | os.PathLike[str] | None = None, bootstrap: str | list
     and the security settings). ``retry_timeout``: how long a call retries an unreachable cluster, a duration
     (``"10s"``) or seconds; default ``KVLEASE_RETRY_TIMEOUT``, else ``client.retry.total-timeout`` (60s).
     ``options``: further config keys (``{"client.request-timeout": "5s"}``). ``env`` replaces ``os.environ``.
-    Nothing is sent until the first call. Bad input is InvalidRequestError (ConfigError for a bad value).
+    Nothing is sent until the first call. Bad input is InvalidRequestError (ConfigError for a bad value); a
+    ``cluster`` directory whose processes all stopped is ClusterNotRunningError at once.
     """
     env = os.environ if env is None else env
     addresses, directory = find_cluster(cluster, bootstrap, env)

@@ -162,6 +162,11 @@ class InvalidRequestError(KvLeaseError):
     code = ErrorCode.INVALID_REQUEST
 
 
+class ClusterNotRunningError(InvalidRequestError):
+    """A local cluster directory (``kvlease cluster start``) whose processes all stopped: start it again. Raised
+    by the client before anything is sent; never on the wire."""
+
+
 class DataLostError(KvLeaseError):
     """Offsets a reader (a streaming query) already read from were lost: the bucket was restored from an
     older snapshot or took an unclean leader election, and its offsets from there on are reused for

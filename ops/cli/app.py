@@ -21,7 +21,9 @@ and never sent without TLS.
 An unknown outcome (a request sent and not answered, which may have been applied) is
 ``error: outcome unknown: …``. An unreachable server and a coordinator that cannot reach
 ZooKeeper are retried until ``--retry-timeout`` runs out, and the message says so; only the
-first asks ``is the cluster running?`` (the coordinator answered: ZooKeeper is the problem).
+first asks ``is the cluster running?`` (the coordinator answered: ZooKeeper is the problem). A
+``--cluster`` directory none of whose recorded processes runs is said at once (``the cluster in D is
+not running …``), nothing tried.
 
 The commands are in the sibling modules, one per command group; they add
 themselves to :func:`kvlease` when imported, which the root group does for the
@@ -88,11 +90,14 @@ class State:
         return bool(self.bootstrap and (self.bootstrap_cmdline or not self.cluster_cmdline))
 
     def addresses(self) -> list[str]:
-        from client.admin import parse_bootstrap
-
         if self._uses_bootstrap():
+            from client.admin import parse_bootstrap
+
             return parse_bootstrap(self.bootstrap)
         if self.cluster:
+            from client.cluster_dir import check_running
+
+            check_running(self.cluster, local_cluster.load(self.cluster))  # a stopped cluster: said at once
             return local_cluster.bootstrap(self.cluster)
         raise errors.InvalidRequestError(
             "no cluster given: use --cluster DIR or --bootstrap HOST:PORT[,…] "
@@ -146,10 +151,11 @@ class State:
     @property
     def client(self):
         if self._client is None:
+            addresses = self.addresses()  # first: a stopped cluster is said before the client's imports
             from client.admin import AdminClient
 
             config = self.config()
-            self._client = AdminClient(self.addresses(), config, retry_total_s=self.retry_ms(config) / 1000.0)
+            self._client = AdminClient(addresses, config, retry_total_s=self.retry_ms(config) / 1000.0)
         return self._client
 
     def table_client(self, path: str):

@@ -25,16 +25,18 @@ def cluster_dir(state: State, directory: str | None) -> str:
 
 @cluster_group.command("start")
 @click.option("--dir", "directory", metavar="D", help="Cluster directory (created if missing).")
-@click.option("--zk-nodes", type=click.Choice(["1", "3"]), default="1", show_default=True,
-              help="ZooKeeper ensemble size.")
-@click.option("--coordinators", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--tablets", type=click.IntRange(min=0), default=1, show_default=True,
-              help="Tablet servers (ids 1..N); with 0, tables can be made but not written or read.")
-@click.option("--remote", metavar="URI", help="remote.data.dir (default: file://D/remote).")
+@click.option("--zk-nodes", type=click.Choice(["1", "3"]), default=None,
+              help="ZooKeeper ensemble size.  [default: 1, or a stopped cluster's own]")
+@click.option("--coordinators", type=click.IntRange(min=1), default=None,
+              help="Coordinators (one active, the others standbys).  [default: 1, or a stopped cluster's own]")
+@click.option("--tablets", type=click.IntRange(min=0), default=None,
+              help="Tablet servers (ids 1..N); with 0, tables can be made but not written or read.  [default: 1, "
+                   "or a stopped cluster's own]")
+@click.option("--remote", metavar="URI", help="remote.data.dir (default: file://D/remote, or a stopped cluster's own).")
 @click.option("--timeout", "timeout_ms", type=POSITIVE_DURATION, default="60s", show_default=True,
               help="How long to wait for an active coordinator, then for every tablet server to "
                    "register and every bucket to be served.")
-@click.option("--secure", is_flag=True,
+@click.option("--secure", is_flag=True, default=None,
               help="Mutual TLS on every port (a throwaway CA and certificates in D/certs), authentication and "
                    "ACLs, with the super user admin (password in D/admin.password); `kvlease --cluster D …` "
                    "then connects with TLS as admin on its own.")
@@ -45,25 +47,28 @@ def cluster_dir(state: State, directory: str | None) -> str:
 @cluster_dir_options
 @pass_state
 @catch_errors
-def cluster_start(state: State, directory: str | None, zk_nodes: str, coordinators: int, tablets: int,
-                  remote: str | None, timeout_ms: int, secure: bool, tablet_disk: int | None) -> None:
+def cluster_start(state: State, directory: str | None, zk_nodes: str | None, coordinators: int | None,
+                  tablets: int | None, remote: str | None, timeout_ms: int, secure: bool | None,
+                  tablet_disk: int | None) -> None:
     """Start ZooKeeper, coordinators and tablet servers in the background; returns once a
     coordinator is active, every tablet server is registered and every bucket of every table
-    answers on its leader (ready). A stopped cluster started again in D keeps its tables and its
-    coordinators' and tablet servers' ports (a port taken meanwhile is replaced, with a warning)."""
+    answers on its leader (ready; a bucket that waits on `kvlease bucket restore` is named).
+    A stopped cluster started again in D keeps its shape (the options it was started with,
+    from D/cluster.json: options that differ are refused), its tables and its coordinators' and
+    tablet servers' ports (a port taken meanwhile is replaced, with a warning). A start that
+    fails stops what it started, leaves D/cluster.json as it was and names the log files."""
     directory = cluster_dir(state, directory)
     if remote and not remote.startswith(("file:///", "s3://")):
         raise click.BadParameter(f"{errors.show(remote)} is not file:///PATH or s3://BUCKET/PREFIX", param_hint="'--remote'")
-    local_cluster.start(directory, zk_nodes=int(zk_nodes), coordinators=coordinators, tablets=tablets,
-                        remote=remote, ready_timeout_s=timeout_ms / 1000.0,
-                        progress=lambda text: click.echo(f"{text} …", err=True), secure=secure,
-                        warn=lambda text: click.echo(f"warning: {text}", err=True), tablet_disk=tablet_disk)
-    doc = local_cluster.status(directory)
-    state.output.cluster_status(doc)
+    started = local_cluster.start(
+        directory, zk_nodes=int(zk_nodes) if zk_nodes else None, coordinators=coordinators, tablets=tablets,
+        remote=remote, ready_timeout_s=timeout_ms / 1000.0, progress=lambda text: click.echo(f"{text} …", err=True),
+        secure=secure, warn=lambda text: click.echo(f"warning: {text}", err=True), tablet_disk=tablet_disk)
+    state.output.cluster_status(local_cluster.status(directory))
     if not state.json_mode:
         click.echo(f"cluster running; use it with: kvlease --cluster {directory} …", err=True)
-        if secure:
-            sec = local_cluster.load(directory)["security"]
+        if "security" in started:
+            sec = started["security"]
             address = local_cluster.bootstrap(directory)[0]
             click.echo(f"security is on: `--cluster {directory}` logs in as {sec['username']} (a super user); "
                        f"its password is in {sec['password_file']}. From elsewhere: kvlease --bootstrap {address} "
@@ -118,8 +123,9 @@ def cluster_status(state: State, directory: str | None) -> None:
 def cluster_restart(state: State, directory: str | None, tablet: str | None, coordinator: str | None,
                     zookeeper: str | None, timeout_ms: int) -> None:
     """Restart one process (stopped with SIGTERM first if it runs) with its own config, port and data;
-    returns once it serves: a tablet server once every bucket answers, a coordinator once it answers,
-    a ZooKeeper node once it serves."""
+    returns once it serves: a tablet server once it is registered and every bucket answers, but those
+    that wait on another tablet server that is down or on `kvlease bucket restore` (each named: "waiting:
+    …"), a coordinator once it answers, a ZooKeeper node once it serves."""
     chosen = [(role, node_id) for role, node_id in (("tablets", tablet), ("coordinators", coordinator),
                                                     ("zookeeper", zookeeper)) if node_id is not None]
     if len(chosen) != 1:
@@ -132,4 +138,8 @@ def cluster_restart(state: State, directory: str | None, tablet: str | None, coo
         click.echo(f"restarting {what} …", err=True)
     entry = local_cluster.restart(directory, role, node_id, ready_timeout_s=timeout_ms / 1000.0, graceful=True)
     doc = {"restarted": {"role": role, "id": int(entry["id"]), "pid": entry["pid"], "address": entry["address"]}}
-    state.output.message(f"restarted {what} (pid {entry['pid']}, {entry['address']})", doc)
+    lines = [f"restarted {what} (pid {entry['pid']}, {entry['address']})"]
+    if "waiting" in entry:
+        doc["waiting"] = entry["waiting"]
+        lines += [local_cluster.waiting_line(bucket) for bucket in entry["waiting"]]
+    state.output.message("\n".join(lines), doc)

@@ -6,10 +6,14 @@ modules behind it:
 
 - :mod:`~ops.local_cluster.processes`: the one way to spawn and stop a server
   process, ``free_ports``, ``log_tail``;
-- :mod:`~ops.local_cluster.cluster_file`: ``cluster.json`` (what runs where);
+- :mod:`~ops.local_cluster.cluster_file`: ``cluster.json`` (what runs where), changed under a lock
+  (``updating``), and the record of a start under way;
 - :mod:`~ops.local_cluster.launch`: ``start`` and ``stop`` of a whole cluster, and ``running`` (both, around a
-  ``with`` block);
+  ``with`` block); :mod:`~ops.local_cluster.shape`: the shape a start runs (a stopped cluster's own);
+  :mod:`~ops.local_cluster.start_waits`: what a start waits for;
 - :mod:`~ops.local_cluster.control`: status, one process at a time (kill, restart), who leads;
+- :mod:`~ops.local_cluster.serving`: which buckets are served, and which wait on an operator or a server
+  that is down;
 - :mod:`~ops.local_cluster.zookeeper`: real ZooKeeper servers on loopback;
 - :mod:`~ops.local_cluster.certs`, :mod:`~ops.local_cluster.security`: a throwaway CA and the one
   builder of security settings (servers and clients);
@@ -23,10 +27,11 @@ from __future__ import annotations
 from client.cluster_dir import security_settings
 from ops.local_cluster.certs import CertPaths
 from ops.local_cluster.certs import generate as generate_certs
-from ops.local_cluster.cluster_file import (CLUSTER_FILE, ZK_ROOT, bootstrap, client_config, cluster_file, load,
-                                            running_pids, save)
-from ops.local_cluster.control import (ROLES, active_coordinator, kill, member, restart, served_buckets, status,
-                                       zk_leader)
+from ops.local_cluster.cluster_file import (CLUSTER_FILE, STARTING_FILE, ZK_ROOT, bootstrap, client_config,
+                                            cluster_file, load, running_pids, save, updating)
+from ops.local_cluster.control import ROLES, active_coordinator, kill, member, restart, status, zk_leader
+from ops.local_cluster.serving import served_buckets
+from ops.local_cluster.start_waits import waiting_line
 from ops.local_cluster.launch import running, start, stop
 from ops.local_cluster.processes import (ClusterError, ServerProcess, child_env, dying_with_parent, free_ports, kept_ports,
                                          log_tail, pid_alive, proc_start, spawn_server, stop_pids, terminate)
@@ -37,10 +42,11 @@ from ops.local_cluster.zookeeper import (MAIN_CLASSES, ZooKeeperCluster, ZooKeep
                                          node_command, server_mode)
 
 __all__ = [
-    "CLUSTER_FILE", "ClusterError", "child_env", "MAIN_CLASSES", "ROLES", "ServerProcess", "ZK_ROOT", "ZooKeeperCluster",
+    "CLUSTER_FILE", "STARTING_FILE", "ClusterError", "child_env", "MAIN_CLASSES", "ROLES", "ServerProcess", "ZK_ROOT", "ZooKeeperCluster",
     "ZooKeeperError", "active_coordinator", "bootstrap", "CertPaths", "client_config", "client_settings", "cluster_file",
     "dying_with_parent", "four_letter", "free_ports", "generate_certs", "is_serving", "kept_ports", "kill", "load", "log_tail",
     "member", "node_command", "pid_alive", "proc_start", "read_health", "restart", "running", "running_pids", "save",
     "security_settings", "served_buckets", "server_mode", "server_settings", "spawn_server", "start", "status",
-    "status_fields", "stop", "stop_pids", "tablet_disks", "terminate", "write_private", "zk_leader",
+    "status_fields", "stop", "stop_pids", "tablet_disks", "terminate", "updating", "waiting_line",
+    "write_private", "zk_leader",
 ]

@@ -1,5 +1,6 @@
 """A running local cluster, one question or one process at a time: its status, kill or restart one
-process (drills, the demo), the active coordinator, the ZooKeeper leader, which buckets are served."""
+process (drills, the demo), the active coordinator, the ZooKeeper leader (which buckets are served:
+:mod:`ops.local_cluster.serving`)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from common.errors import KvLeaseError
-from ops.local_cluster.cluster_file import client_config, load, save
-from ops.local_cluster.processes import ClusterError, log_tail, pid_alive, proc_start, spawn_server, terminate
+from ops.local_cluster.cluster_file import client_config, load, updating
+from ops.local_cluster.processes import ClusterError, pid_alive, proc_start, spawn_server, terminate
+from ops.local_cluster.serving import served_buckets
 from ops.local_cluster.tablet_disks import usage as disk_usage
 from ops.local_cluster.tablet_health import status_fields
 from ops.local_cluster.zookeeper import is_serving, node_command, server_mode
+from ops.wait import poll
 
 
 def status(directory: str | os.PathLike[str], request_timeout_s: float = 2.0) -> dict[str, Any]:
@@ -151,7 +154,13 @@ def restart(directory: str | os.PathLike[str], role: str, node_id: str | int,
 
     Returns once it serves: a ZooKeeper node answers (an ensemble node needs
     a quorum), a coordinator answers CoordinatorInfo, a tablet server is
-    registered and every bucket it leads answers. Updates cluster.json.
+    registered and every bucket answers, but those that wait on an operator or
+    on another server that is down (:func:`ops.local_cluster.serving.waits_for`).
+    Records its new pid in cluster.json (under the directory's lock: restarts
+    at once each keep the others' pids). Returns its cluster.json entry, a
+    tablet server's with ``waiting``: the buckets it did not wait for, each
+    ``{"table", "bucket", "why"}``. ClusterError naming its log file if it
+    exits or does not serve within ``ready_timeout_s``.
     """
     directory = Path(directory).resolve()
     if graceful:
@@ -159,39 +168,51 @@ def restart(directory: str | os.PathLike[str], role: str, node_id: str | int,
         terminate([(running["pid"], running.get("proc_start"))] if running.get("pid") else [])
     else:
         kill(directory, role, node_id)
-    doc = load(directory)
-    entry = member(doc, role, node_id)
+    with updating(directory) as doc:
+        entry = member(doc, role, node_id)
+        proc = _spawn_again(directory, doc, role, entry)
+        entry.update(pid=proc.pid, proc_start=proc_start(proc.pid))
+    waiting = _wait_serving(doc, role, entry, proc, ready_timeout_s)
+    return {**entry, "waiting": waiting} if role == "tablets" else dict(entry)
+
+
+def _spawn_again(directory: Path, doc: Mapping[str, Any], role: str, entry: Mapping[str, Any]) -> subprocess.Popen:
     if role == "zookeeper":
         node_dir = Path(entry["log"]).parent
         cmd = node_command(str(node_dir / "zoo.cfg"), int(entry["id"]), ensemble=len(doc["zookeeper"]) > 1)
         with open(entry["log"], "ab") as log:
-            proc = subprocess.Popen(cmd, cwd=str(node_dir), stdin=subprocess.DEVNULL, stdout=log,
+            return subprocess.Popen(cmd, cwd=str(node_dir), stdin=subprocess.DEVNULL, stdout=log,
                                     stderr=subprocess.STDOUT, close_fds=True, start_new_session=True)
-    else:
-        module = "coordinator" if role == "coordinators" else "tablet"
-        proc = spawn_server(directory / f"{module}-{entry['id']}", module, detached=True)
-    entry.update(pid=proc.pid, proc_start=proc_start(proc.pid))
-    save(directory, doc)
+    module = "coordinator" if role == "coordinators" else "tablet"
+    return spawn_server(directory / f"{module}-{entry['id']}", module, detached=True)
 
+
+def _wait_serving(doc: Mapping[str, Any], role: str, entry: Mapping[str, Any], proc: subprocess.Popen,
+                  timeout_s: float) -> list[dict[str, Any]]:
+    """Until the restarted process ``proc`` serves (see :func:`restart`); a tablet server's waiting buckets."""
+    what = f"{ROLES[role]} {entry['id']}"
     port = int(entry["address"].rsplit(":", 1)[1])
-    what = f"{ROLES[role]} {node_id}"
-    deadline = time.monotonic() + ready_timeout_s
-    while True:
+    seen: dict[str, Any] = {"unserved": [], "waiting": []}
+
+    def serves() -> bool:
         if proc.poll() is not None:
-            raise ClusterError(f"{what} exited with code {proc.returncode} after a restart\n"
-                               f"--- {entry['log']} ---\n{log_tail(entry['log'])}")
+            raise ClusterError(f"{what} exited with code {proc.returncode} after a restart; its log: {entry['log']}")
         if role == "zookeeper":
-            ready = is_serving(port)
-        elif role == "coordinators":
-            ready = _answers(doc, entry["address"])
-        else:
-            ready = _tablet_serving(doc, str(entry["id"]))
-        if ready:
-            return entry
-        if time.monotonic() > deadline:
-            raise ClusterError(f"{what} did not serve within {ready_timeout_s:g}s of a restart\n"
-                               f"--- {entry['log']} ---\n{log_tail(entry['log'])}")
-        time.sleep(0.1)
+            return is_serving(port)
+        if role == "coordinators":
+            return _answers(doc, entry["address"])
+        try:
+            seen.update(served_buckets(doc))
+        except KvLeaseError as exc:
+            seen.update(unserved=[exc.message], waiting=[])
+            return False
+        return str(entry["id"]) in seen["registered"] and len(seen["unserved"]) == len(seen["waiting"])
+
+    if not poll(serves, timeout_s, interval_s=0.1)[1]:
+        unserved = "; ".join(seen["unserved"][:5])
+        raise ClusterError(f"{what} did not serve within {timeout_s:g}s of a restart"
+                           + (f" (not served: {unserved})" if unserved else "") + f"; its log: {entry['log']}")
+    return seen["waiting"]
 
 
 def _answers(doc: Mapping[str, Any], address: str) -> bool:
@@ -203,14 +224,6 @@ def _answers(doc: Mapping[str, Any], address: str) -> bool:
             return True
         except KvLeaseError:
             return False
-
-
-def _tablet_serving(doc: Mapping[str, Any], tablet_id: str) -> bool:
-    try:
-        served = served_buckets(doc)
-    except KvLeaseError:
-        return False
-    return served.get("registered", set()) >= {tablet_id} and not served["unserved"]
 
 
 def active_coordinator(directory: str | os.PathLike[str], timeout_s: float = 30.0) -> dict[str, Any]:
@@ -240,29 +253,3 @@ def zk_leader(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
         if server_mode(int(node["address"].rsplit(":", 1)[1])) == "leader":
             return node
     return None
-
-
-def served_buckets(doc: Mapping[str, Any], request_timeout_s: float = 2.0) -> dict[str, Any]:
-    """``{"registered": {tablet ids}, "buckets": n, "unserved": ["db.t/3: why", …]}``.
-
-    A bucket is served when the tablet server its leader is answers for it
-    (ListOffsets); that is what "ready" means. Raises a KvLeaseError when no
-    coordinator answers.
-    """
-    from client.admin import AdminClient
-    from client.table import TableClient
-
-    addresses = [c["address"] for c in doc["coordinators"]]
-    with AdminClient(addresses, client_config(doc), request_timeout_s=request_timeout_s,
-                     retry_total_s=request_timeout_s) as admin:
-        registered = {str(s.id) for s in admin.list_tablet_servers()}
-        unserved, count = [], 0
-        for table in admin.list_tables():
-            count += table.buckets
-            with TableClient(admin, table.table_id, retry_total_s=0, request_timeout_s=request_timeout_s) as client:
-                for bucket in range(table.buckets):
-                    try:
-                        client.list_offsets([bucket])
-                    except KvLeaseError as exc:
-                        unserved.append(f"{table.path}/{bucket}: {exc.message}")
-    return {"registered": registered, "buckets": count, "unserved": unserved}

@@ -3,7 +3,9 @@
 A local cluster lives in one directory ``D``:
 
 ```
-D/cluster.json               what runs where: pids, addresses, the remote dir
+D/cluster.json               what runs where: pids, addresses, the remote dir (written once a start serves)
+D/cluster.starting.json      while a start runs: what it launched so far (ops.local_cluster.cluster_file)
+D/cluster.json.lock          the lock every change of cluster.json holds
 D/zookeeper/...              ZooKeeper's data and logs (ops.local_cluster.zookeeper)
 D/coordinator-{i}/config.toml, coordinator.log, pid
 D/tablet-{i}/config.toml, tablet.log, pid, data/   (tablet.id = i)
@@ -22,14 +24,20 @@ and authenticate as ``admin`` on their own (:func:`client_config`). Config
 files are readable by their owner only (they hold those secrets).
 
 Start order: ZooKeeper, the coordinators (until one is active), then the
-tablet servers (until every one is registered with the active coordinator).
+tablet servers (until every one is registered with the active coordinator and
+every bucket is served: :mod:`ops.local_cluster.start_waits`). A stopped
+cluster starts again in the shape its cluster.json records
+(:mod:`ops.local_cluster.shape`).
 Stop order is the reverse: tablet servers, coordinators, ZooKeeper. :func:`running`
 starts a cluster for a ``with`` block and stops it when the block is left (how
 the benchmarks run theirs).
 
 Every process is started detached (its own session) so it outlives the CLI;
-``cluster.json`` is written as soon as processes exist, so ``stop`` can clean
-up after a start that failed half-way or was interrupted. A pid counts as
+the start's record (``cluster.starting.json``) is written as soon as processes
+exist, so ``stop`` can clean up after a start that was killed half-way, and
+``cluster.json`` only once the cluster serves: a start that fails stops what it
+started and leaves ``cluster.json`` as it was (the next start keeps its ports
+and shape). A pid counts as
 running only if it is not a zombie and its start time is the one recorded at
 launch (a recycled pid is never signalled).
 """
@@ -41,7 +49,6 @@ import functools
 import importlib.util
 import os
 import subprocess
-import time
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
@@ -49,12 +56,13 @@ from common import config as cfg
 from common.errors import KvLeaseError
 import ops.local_cluster.security as security
 import ops.local_cluster.tablet_disks as tablet_disks
-from ops.local_cluster.cluster_file import (ZK_ROOT, all_procs, client_config, cluster_file, load, running_pids,
-                                            save)
-from ops.local_cluster.control import served_buckets
-from ops.local_cluster.processes import (ClusterError, Progress, kept_ports, log_tail, proc_start, spawn_server,
-                                         terminate)
-from ops.local_cluster.zookeeper import ZooKeeperCluster
+from ops.local_cluster.cluster_file import (ZK_ROOT, abandon_start, all_procs, begin_start, client_config,
+                                            cluster_file, finish_start, load, load_starting, record_start,
+                                            running_pids, starting_file)
+from ops.local_cluster.processes import ClusterError, Progress, kept_ports, proc_start, spawn_server, terminate
+from ops.local_cluster.shape import Shape, resolve as resolve_shape
+from ops.local_cluster.start_waits import wait_active, wait_served, wait_tablets
+from ops.local_cluster.zookeeper import ZooKeeperCluster, ZooKeeperError
 
 
 def _write_config(path: Path, values: Mapping[str, Any]) -> None:
@@ -93,19 +101,23 @@ def _default_remote(directory: Path) -> str:
     return (directory / "remote").as_uri()
 
 
-def start(directory: str | os.PathLike[str], *, zk_nodes: int = 1, coordinators: int = 1, tablets: int = 1,
-          remote: str | None = None, ready_timeout_s: float = 60.0,
+def start(directory: str | os.PathLike[str], *, zk_nodes: int | None = None, coordinators: int | None = None,
+          tablets: int | None = None, remote: str | None = None, ready_timeout_s: float = 60.0,
           progress: Progress = lambda text: None,
-          config_overrides: Mapping[str, Any] | None = None, secure: bool = False,
+          config_overrides: Mapping[str, Any] | None = None, secure: bool | None = None,
           warn: Progress | None = None, tablet_disk: int | str | None = None) -> dict[str, Any]:
     """Start ZooKeeper, the coordinators and the tablet servers in ``directory``; returns the
     cluster.json document.
 
-    Returns once a coordinator is active and serving and every tablet server
-    is registered with it. ``config_overrides`` (dotted keys) go into every
-    coordinator's and tablet server's config file. On any failure everything
-    started here is stopped again and a ClusterError carries the log tails.
-    ``secure`` generates certificates in ``directory/certs`` and turns on mutual TLS.
+    Returns once a coordinator is active and serving, every tablet server is registered with it and every
+    bucket is served, but those that wait on an operator (their data was lost: ``warn`` names each). The shape
+    (``zk_nodes``, ``coordinators``, ``tablets``, ``remote``, ``secure``) left out (None) is a stopped cluster's
+    own, as its cluster.json records it (a new directory: 1, 1, 1, ``directory/remote``, no security); given, it
+    must be that one, or ClusterError names what differs before anything starts (:mod:`.shape`).
+    ``config_overrides`` (dotted keys) go into every coordinator's and tablet server's config file. On any
+    failure everything started here is stopped again, cluster.json is left as it was, and a ClusterError
+    names the process that failed and its log file. ``secure`` generates certificates in ``directory/certs``
+    and turns on mutual TLS.
 
     A stopped cluster started again in its directory keeps its coordinators' and tablet servers' ports
     (those of cluster.json; ZooKeeper's are new, only the cluster's own processes use them); a port
@@ -116,45 +128,59 @@ def start(directory: str | os.PathLike[str], *, zk_nodes: int = 1, coordinators:
     stopped cluster whose tablet disks are still mounted keeps them; one whose disks were unmounted cannot be
     started again.
     """
-    overrides = _checked_overrides(zk_nodes, coordinators, tablets, config_overrides)
-    size_bytes = None if tablet_disk is None else tablet_disks.parse_size(tablet_disk)
-    if size_bytes is not None:
-        if not tablets:
-            raise ClusterError("--tablet-disk gives tablet servers a disk each: it needs --tablets 1 or more")
-        tablet_disks.require_root()
     directory = Path(directory).resolve()
     previous = _previous(directory)
+    shape = resolve_shape(directory, previous, _default_remote(directory), zk_nodes=zk_nodes,
+                          coordinators=coordinators, tablets=tablets, remote=remote, secure=secure)
+    overrides = _checked_overrides(shape, config_overrides)
+    size_bytes = None if tablet_disk is None else tablet_disks.parse_size(tablet_disk)
+    if size_bytes is not None:
+        if not shape.tablets:
+            raise ClusterError("--tablet-disk gives tablet servers a disk each: it needs --tablets 1 or more")
+        tablet_disks.require_root()
     disks = tablet_disks.kept(directory, previous, size_bytes)
-    remote = remote or _default_remote(directory)
-    _make_private_dirs(directory, remote)
-    doc: dict[str, Any] = {"zookeeper": [], "coordinators": [], "tablets": [], "remote": remote,
-                           "zk_root": ZK_ROOT, "zookeeper_connect": ""}
-    if disks is not None or size_bytes is not None:
-        doc[tablet_disks.KEY] = disks or {"size_bytes": size_bytes, "tablets": []}
-    if secure:
-        secure_overrides, doc["security"] = security.prepare(directory)
-        overrides.update(secure_overrides)
+    _make_private_dirs(directory, shape.remote)
+    if disks is None and size_bytes is not None:
+        disks = {"size_bytes": size_bytes, "tablets": []}
+    doc = _new_doc(directory, shape, disks, overrides)
+    begin_start(directory, doc)
     run = _Start(directory, doc, overrides, previous, ready_timeout_s, progress, warn or progress)
     try:
-        run.zookeeper(zk_nodes, secure)
-        run.coordinators(coordinators)
-        if tablets:
-            run.tablets(tablets)
+        run.zookeeper(shape.zk_nodes, shape.secure)
+        run.coordinators(shape.coordinators)
+        if shape.tablets:
+            run.tablets(shape.tablets)
+        finish_start(directory, doc)
         return doc
     except BaseException:
-        run.undo()
+        try:
+            run.undo()
+        finally:
+            abandon_start(directory)
         raise
 
 
-def _checked_overrides(zk_nodes: int, coordinators: int, tablets: int,
-                       config_overrides: Mapping[str, Any] | None) -> dict[str, Any]:
-    if zk_nodes not in (1, 3):
-        raise ClusterError(f"--zk-nodes must be 1 or 3, got {zk_nodes}")
-    if coordinators < 1:
-        raise ClusterError(f"a cluster needs at least one coordinator, got {coordinators}")
-    if tablets < 0:
-        raise ClusterError(f"--tablets must be 0 or more, got {tablets}")
-    _tablets_supported(tablets)
+def _new_doc(directory: Path, shape: Shape, disks: dict[str, Any] | None, overrides: dict[str, Any]) -> dict[str, Any]:
+    """The cluster.json document a start fills in (``disks``: its tablet disks, if any); with security on, the
+    certificates and secrets made first and their keys added to ``overrides``."""
+    doc: dict[str, Any] = {"zookeeper": [], "coordinators": [], "tablets": [], "remote": shape.remote,
+                           "zk_root": ZK_ROOT, "zookeeper_connect": ""}
+    if disks is not None:
+        doc[tablet_disks.KEY] = disks
+    if shape.secure:
+        secure_overrides, doc["security"] = security.prepare(directory)
+        overrides.update(secure_overrides)
+    return doc
+
+
+def _checked_overrides(shape: Shape, config_overrides: Mapping[str, Any] | None) -> dict[str, Any]:
+    if shape.zk_nodes not in (1, 3):
+        raise ClusterError(f"--zk-nodes must be 1 or 3, got {shape.zk_nodes}")
+    if shape.coordinators < 1:
+        raise ClusterError(f"a cluster needs at least one coordinator, got {shape.coordinators}")
+    if shape.tablets < 0:
+        raise ClusterError(f"--tablets must be 0 or more, got {shape.tablets}")
+    _tablets_supported(shape.tablets)
     overrides = dict(config_overrides or {})
     unknown = sorted(set(overrides) - set(cfg.KEYS))
     if unknown:
@@ -189,7 +215,8 @@ def _make_private_dirs(directory: Path, remote: str) -> None:
 
 
 class _Start:
-    """One ``start``: its steps in order, each recording what it started in cluster.json; :meth:`undo`."""
+    """One ``start``: its steps in order, each recording what it started in the start's record
+    (``cluster.starting.json``: :func:`~ops.local_cluster.cluster_file.record_start`); :meth:`undo`."""
 
     def __init__(self, directory: Path, doc: dict[str, Any], overrides: dict[str, Any], previous: dict[str, Any],
                  ready_timeout_s: float, progress: Progress, warn: Progress) -> None:
@@ -206,6 +233,10 @@ class _Start:
         self.progress(f"starting ZooKeeper ({nodes} node{'s' if nodes > 1 else ''}) in {self.directory / 'zookeeper'}")
         try:
             self.zk = ZooKeeperCluster.start(self.directory / "zookeeper", nodes=nodes, detached=True)
+        except ZooKeeperError as exc:  # its message ends with the log's last lines: the log file instead
+            what = exc.message.splitlines()[0].split("; last log lines of ")[0]
+            log = f"; its log: {exc.details['log_path']}" if exc.details.get("log_path") else ""
+            raise ClusterError(f"ZooKeeper did not start: {what}{log}") from None
         except KvLeaseError:
             raise
         except Exception as exc:  # the launcher boundary: any failure of the java process
@@ -213,7 +244,7 @@ class _Start:
         self.doc["zookeeper_connect"] = self.zk.connect_string
         self.doc["zookeeper"] = [{"id": str(n.id), "pid": n.pid, "proc_start": proc_start(n.pid),
                                   "address": n.address, "log": str(n.log_path)} for n in self.zk.nodes]
-        save(self.directory, self.doc)
+        record_start(self.directory, self.doc)
         if secure:
             self.progress(f"creating the super user {security.ADMIN}")
             security.create_admin(self.directory, self.zk.connect_string, ZK_ROOT, self.overrides)
@@ -230,7 +261,7 @@ class _Start:
             started.append(entry.pop("_popen"))
             self.procs.append(started[-1])
             self.doc[role].append(entry)
-            save(self.directory, self.doc)
+            record_start(self.directory, self.doc)
         return started
 
     def _tablet_disk(self, tablet_id: str) -> None:
@@ -240,7 +271,7 @@ class _Start:
         path = tablet_disks.data_dir(self.directory, tablet_id)
         if tablet_id not in disks["tablets"]:
             disks["tablets"].append(tablet_id)
-            save(self.directory, self.doc)
+            record_start(self.directory, self.doc)
         if not os.path.ismount(path):
             self.progress(f"mounting a {tablet_disks.show_size(disks['size_bytes'])} tmpfs on {path}")
             tablet_disks.mount(path, disks["size_bytes"])
@@ -251,14 +282,14 @@ class _Start:
 
         procs = self._spawn("coordinators", count, "coordinator")
         self.progress("waiting for an active coordinator")
-        _wait_active(self.doc, procs, self.timeout_s, self.admin_client, wait_for_active)
+        wait_active(self.doc, procs, self.timeout_s, self.admin_client, wait_for_active)
 
     def tablets(self, count: int) -> None:
         procs = self._spawn("tablets", count, "tablet server")
         self.progress("waiting for the tablet servers to register")
-        _wait_tablets(self.doc, procs, self.timeout_s, self.admin_client)
+        wait_tablets(self.doc, procs, self.timeout_s, self.admin_client)
         self.progress("waiting until every bucket has a serving leader")
-        _wait_served(self.doc, procs, self.timeout_s)
+        wait_served(self.doc, procs, self.timeout_s, self.warn)
 
     def undo(self) -> None:
         """Kill what this start started (ZooKeeper last) and unmount the tablet disks it mounted, whatever
@@ -280,100 +311,35 @@ class _Start:
                     self.warn(problem)
 
 
-def _wait_active(doc: dict[str, Any], procs: list[subprocess.Popen], timeout_s: float, admin_client,
-                 wait_for_active) -> None:
-    addresses = [c["address"] for c in doc["coordinators"]]
-    deadline = time.monotonic() + timeout_s
-    with admin_client(addresses, request_timeout_s=1.0, retry_total_s=0) as client:
-        while True:
-            if all(proc.poll() is not None for proc in procs):
-                codes = ", ".join(str(proc.returncode) for proc in procs)
-                raise ClusterError(f"every coordinator exited (exit codes {codes})\n{_logs(doc)}")
-            try:
-                wait_for_active(client, min(1.0, max(0.1, deadline - time.monotonic())))
-                return
-            except KvLeaseError:
-                if time.monotonic() >= deadline:
-                    raise ClusterError(f"no coordinator became active within {timeout_s:.0f}s\n{_logs(doc)}") from None
-
-
-def _fail_if_tablets_exited(doc: dict[str, Any], procs: list[subprocess.Popen]) -> None:
-    dead = [(t, proc.returncode) for t, proc in zip(doc["tablets"], procs) if proc.poll() is not None]
-    if dead:
-        which = ", ".join(f"{t['id']} (exit code {code})" for t, code in dead)
-        raise ClusterError(f"tablet server(s) {which} exited\n{_logs(doc, 'tablets')}")
-
-
-def _wait_tablets(doc: dict[str, Any], procs: list[subprocess.Popen], timeout_s: float, admin_client) -> None:
-    """Until every tablet server of ``doc`` is registered (ListTabletServers of the active coordinator)."""
-    wanted = {int(t["id"]) for t in doc["tablets"]}
-    addresses = [c["address"] for c in doc["coordinators"]]
-    deadline = time.monotonic() + timeout_s
-    registered: set[int] = set()
-    with admin_client(addresses, request_timeout_s=2.0, retry_total_s=0) as client:
-        while True:
-            _fail_if_tablets_exited(doc, procs)
-            try:
-                registered = {s.id for s in client.list_tablet_servers()}
-            except KvLeaseError:
-                pass
-            if wanted <= registered:
-                return
-            if time.monotonic() >= deadline:
-                missing = ", ".join(map(str, sorted(wanted - registered)))
-                raise ClusterError(f"tablet server(s) {missing} did not register within {timeout_s:.0f}s\n"
-                                   f"{_logs(doc, 'tablets')}")
-            time.sleep(0.2)
-
-
-def _wait_served(doc: dict[str, Any], procs: list[subprocess.Popen], timeout_s: float) -> None:
-    """Until the leader of every bucket of every table answers for it (a restarted cluster's
-    tablet servers register well before they have recovered their buckets)."""
-    deadline = time.monotonic() + timeout_s
-    unserved: list[str] = ["(no answer from a coordinator)"]
-    while True:
-        _fail_if_tablets_exited(doc, procs)
-        try:
-            unserved = served_buckets(doc)["unserved"]
-        except KvLeaseError as exc:
-            unserved = [exc.message]
-        if not unserved:
-            return
-        if time.monotonic() >= deadline:
-            shown = "; ".join(unserved[:5]) + (f"; and {len(unserved) - 5} more" if len(unserved) > 5 else "")
-            raise ClusterError(f"not every bucket had a serving leader within {timeout_s:.0f}s: {shown}\n"
-                               f"{_logs(doc, 'tablets')}")
-        time.sleep(0.2)
-
-
-def _logs(doc: dict[str, Any], role: str = "coordinators") -> str:
-    what = "coordinator" if role == "coordinators" else "tablet server"
-    return "\n".join(f"--- {what} {c['id']} ({c['log']}) ---\n{log_tail(c['log'])}" for c in doc[role])
-
-
 def stop(directory: str | os.PathLike[str], timeout_s: float = 10.0) -> dict[str, Any]:
     """Stop the tablet servers, then the coordinators, then ZooKeeper; fine if already stopped. The tablet
-    servers' small disks (``--tablet-disk``) are unmounted whatever happens (their rows go with them).
+    servers' small disks (``--tablet-disk``) are unmounted whatever happens (their rows go with them). The
+    processes of a start killed half-way (its record, ``cluster.starting.json``) are stopped too, and the
+    record goes.
 
     Returns ``{"stopped": [pids that were running], "pids": [every recorded pid]}``.
     """
-    doc = load(directory)
+    starting = load_starting(directory)
+    docs = [load(directory)] if cluster_file(directory).exists() or starting is None else []
+    docs += [starting] if starting is not None else []
     try:
-        stopped = terminate(all_procs(doc, "tablets"), timeout_s)
-        stopped += terminate(all_procs(doc, "coordinators"), timeout_s)
-        stopped += terminate(all_procs(doc, "zookeeper"), timeout_s)
+        stopped = [pid for role in ("tablets", "coordinators", "zookeeper")
+                   for pid in terminate([p for doc in docs for p in all_procs(doc, role)], timeout_s)]
     finally:
-        problems = tablet_disks.unmount_all(directory, doc)
+        problems = [problem for doc in docs for problem in tablet_disks.unmount_all(directory, doc)]
+    if starting is not None and not running_pids(starting):
+        starting_file(directory).unlink(missing_ok=True)
     if problems:
         raise ClusterError("; ".join(problems))
-    return {"stopped": stopped, "pids": [pid for pid, _ in all_procs(doc, "coordinators", "tablets", "zookeeper")]}
+    return {"stopped": stopped,
+            "pids": [pid for doc in docs for pid, _ in all_procs(doc, "coordinators", "tablets", "zookeeper")]}
 
 
 @contextlib.contextmanager
 def running(directory: str | os.PathLike[str], **options: Any) -> Iterator[dict[str, Any]]:
     """A cluster started in ``directory`` (``options`` as for :func:`start`) for the ``with`` block, its
     cluster.json document as the target; stopped when the block is left, also on an error or Ctrl-C. A
-    ClusterError while stopping (no cluster.json: the start failed before writing it) is not raised."""
+    ClusterError while stopping (no cluster.json: the start failed, and wrote none) is not raised."""
     try:
         yield start(directory, **options)
     finally:

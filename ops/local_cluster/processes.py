@@ -6,7 +6,9 @@ own session, it outlives the caller: ``kvlease cluster start``) or dying with
 the thread that started it (tests, benchmarks). :class:`ServerProcess` is one
 such process with ``kill``/``stop``/``log_tail``. :func:`terminate` and
 :func:`stop_pids` stop processes started elsewhere, recorded by pid (and start
-time). :func:`free_ports` and :func:`log_tail` are the one copy of each.
+time: :func:`pid_alive` and :func:`proc_start`, which live with the client,
+``client/cluster_dir.py``, since a client tells a stopped cluster by them).
+:func:`free_ports` and :func:`log_tail` are the one copy of each.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
+from client.cluster_dir import pid_alive, proc_start
 from common import config as cfg
 from common.errors import KvLeaseError
 
@@ -36,42 +39,6 @@ class ClusterError(KvLeaseError):
 
 
 # -- processes ---------------------------------------------------------------------------
-
-
-def _proc_stat(pid: int) -> tuple[str, int] | None:
-    """``(state, start time in clock ticks)`` from /proc, or None where there is no /proc."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return ("X", -1)
-    except OSError:
-        return None
-    fields = text[text.rindex(")") + 2:].split()
-    return fields[0], int(fields[19])
-
-
-def proc_start(pid: int) -> int | None:
-    stat = _proc_stat(pid)
-    return stat[1] if stat else None
-
-
-def pid_alive(pid: int | None, start: int | None = None) -> bool:
-    """Whether ``pid`` runs (not a zombie) and, if ``start`` is given, is the process started then."""
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    stat = _proc_stat(pid)
-    if stat is None:
-        return True
-    state, started = stat
-    if state in ("Z", "X"):
-        return False
-    return start is None or started == start
 
 
 def terminate(procs: Iterable[tuple[int, int | None]], timeout_s: float = 10.0) -> list[int]:

@@ -4,6 +4,8 @@ order), its security settings, bad input as one clear error, and a real cluster 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -62,6 +64,32 @@ def test_bad_input_is_one_clear_error(tmp_path):
             kvlease.connect(cluster, bootstrap, env={})
         assert message in info.value.message, (cluster, bootstrap)
         assert "\n" not in info.value.message
+
+
+@pytest.mark.unit
+def test_a_directory_whose_processes_all_stopped_is_said_at_once(tmp_path):
+    """The pids cluster.json records tell: none alive is ClusterNotRunningError before anything is sent; one
+    alive (a cluster partly running) or none recorded (coordinators run elsewhere) is tried as usual."""
+    dead = _exited_pid()
+    d = cluster_dir(tmp_path / "c", "127.0.0.1:9001")
+    doc = json.loads((d / "cluster.json").read_text())
+    doc["coordinators"][0]["pid"] = dead
+    doc["tablets"] = [{"id": "1", "pid": dead, "address": "127.0.0.1:9002"}]
+    (d / "cluster.json").write_text(json.dumps(doc))
+    with pytest.raises(errors.ClusterNotRunningError) as info:
+        kvlease.connect(cluster=d, env={})
+    assert info.value.message == (f"the cluster in {d} is not running (none of the 2 processes its cluster.json "
+                                  f"records runs): start it with: kvlease cluster start --dir {d}")
+    doc["tablets"][0]["pid"] = os.getpid()  # one of them runs
+    (d / "cluster.json").write_text(json.dumps(doc))
+    assert find_cluster(cluster=d, env={}) == (["127.0.0.1:9001"], str(d))
+
+
+def _exited_pid() -> int:
+    """The pid of a process that ran and was reaped."""
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
 
 
 @pytest.mark.unit

@@ -1,11 +1,17 @@
 """``kvlease cluster restart --dir D --tablet N|--coordinator N|--zookeeper N`` and the tablet servers'
 health in ``kvlease cluster status``: usage errors in-process, then the real executable on a real
-local cluster (slow)."""
+local cluster (slow): each role restarted, three tablet servers restarted at once (each new pid recorded,
+`cluster stop` stops them all), and a restart that names the buckets it does not wait for (their last
+in-sync replica is down, or their data was lost)."""
 
 from __future__ import annotations
 
 import io
 import json
+import shutil
+import signal
+import subprocess
+import time
 
 import pytest
 from rich.console import Console
@@ -13,7 +19,8 @@ from rich.console import Console
 from ops import local_cluster
 from ops.cli import output as out
 from tests.support.cli_runner import assert_one_line_error, run
-from tests.ops.cli.test_cli_e2e import cluster_dir, kvlease, kvlease_json, print_logs  # noqa: F401 - the fixture
+from tests.ops.cli.test_cli_e2e import (CLI_ENV, KVLEASE, cluster_dir, kvlease, kvlease_json,  # noqa: F401
+                                        print_logs, wait_for)
 
 
 @pytest.mark.unit
@@ -69,6 +76,94 @@ def test_restart_each_role_and_status_shows_tablet_health(cluster_dir):  # noqa:
         status = kvlease_json("cluster", "status", "--dir", d, "--json")
         assert all(p["alive"] for role in ("zookeeper", "coordinators", "tablets") for p in status[role])
         assert status["tablets"][0]["healthy"] is True
+    except BaseException:
+        print_logs(cluster_dir)
+        raise
+
+
+def create_table(d: str, buckets: int, rows: int = 20) -> None:
+    """``db.t`` with one replica per bucket, ``rows`` rows in it."""
+    kvlease("--cluster", d, "table", "create", "db.t", "--schema", "id BIGINT, v STRING", "--primary-key", "id",
+            "--buckets", str(buckets), "--replication-factor", "1")
+    kvlease("--cluster", d, "put", "db.t", "-", input="".join(f'{{"id": {i}, "v": "r{i}"}}\n' for i in range(rows)))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_three_tablet_servers_restarted_at_once_are_all_recorded_and_all_stopped(cluster_dir):  # noqa: F811
+    d = str(cluster_dir)
+    restarts: list[subprocess.Popen] = []
+    try:
+        kvlease("cluster", "start", "--dir", d, "--tablets", "3")
+        create_table(d, 6)
+        before = {int(t["id"]): t["pid"] for t in local_cluster.load(d)["tablets"]}
+        restarts = [subprocess.Popen([KVLEASE, "--json", "cluster", "restart", "--dir", d, "--tablet", str(n)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=CLI_ENV,
+                                     stdin=subprocess.DEVNULL) for n in (1, 2, 3)]
+        outputs = [proc.communicate(timeout=300) for proc in restarts]
+        assert [proc.returncode for proc in restarts] == [0, 0, 0], outputs
+        new = {json.loads(stdout)["restarted"]["id"]: json.loads(stdout)["restarted"]["pid"] for stdout, _ in outputs}
+        assert {int(t["id"]): t["pid"] for t in local_cluster.load(d)["tablets"]} == new  # none lost
+        assert sorted(new) == [1, 2, 3] and not set(new.values()) & set(before.values())
+        assert all(local_cluster.pid_alive(pid) for pid in new.values())
+
+        kvlease("cluster", "stop", "--dir", d)
+        assert not any(local_cluster.pid_alive(pid) for pid in new.values())
+    except BaseException:
+        print_logs(cluster_dir)
+        raise
+    finally:
+        for proc in restarts:  # a restart the test gave up on
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+
+
+def buckets_on(d: str) -> dict[int, list[int]]:
+    """Tablet server -> the buckets of ``db.t`` it holds (one replica each)."""
+    held: dict[int, list[int]] = {}
+    for bucket in kvlease_json("--cluster", d, "table", "describe", "db.t", "--json")["assignment"]:
+        held.setdefault(bucket["replicas"][0], []).append(bucket["bucket"])
+    return held
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_restart_names_the_buckets_it_does_not_wait_for(cluster_dir):  # noqa: F811
+    d = str(cluster_dir)
+    try:
+        kvlease("cluster", "start", "--dir", d, "--tablets", "2")
+        create_table(d, 4)
+        held = buckets_on(d)
+        assert sorted(held) == [1, 2], held
+
+        # tablet server 2 stopped: tablet server 1 restarted serves its own buckets and names the others
+        local_cluster.kill(d, "tablets", "2", signal.SIGTERM)
+        began = time.monotonic()
+        restarted = kvlease("cluster", "restart", "--dir", d, "--tablet", "1", "--timeout", "60s")
+        assert time.monotonic() - began < 45, restarted  # not the whole timeout
+        assert restarted.stdout.splitlines()[1:] == [
+            f"waiting: db.t bucket {b} — its last in-sync replica, tablet 2, is down" for b in held[2]]
+        served = local_cluster.served_buckets(local_cluster.load(d))
+        assert [w["bucket"] for w in served["waiting"]] == held[2] and len(served["unserved"]) == len(held[2])
+
+        # tablet server 2 back: nothing waits
+        assert kvlease_json("--json", "cluster", "restart", "--dir", d, "--tablet", "2")["waiting"] == []
+
+        # tablet server 1's data wiped: its buckets wait for `bucket restore`, which the restart names
+        local_cluster.kill(d, "tablets", "1", signal.SIGTERM)
+        shutil.rmtree(cluster_dir / "tablet-1" / "data")
+        began = time.monotonic()
+        restarted = kvlease_json("--json", "cluster", "restart", "--dir", d, "--tablet", "1", "--timeout", "60s")
+        assert time.monotonic() - began < 45, restarted
+        assert restarted["waiting"] == [
+            {"table": "db.t", "bucket": b,
+             "why": f"its data was lost: `kvlease bucket restore db.t --bucket {b} --accept-data-loss`"}
+            for b in held[1]]
+        for b in held[1]:
+            kvlease("--cluster", d, "bucket", "restore", "db.t", "--bucket", str(b), "--accept-data-loss")
+        wait_for(lambda: not local_cluster.served_buckets(local_cluster.load(d))["unserved"], 60,
+                 "every bucket served after the restores")
     except BaseException:
         print_logs(cluster_dir)
         raise

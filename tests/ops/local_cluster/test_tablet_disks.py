@@ -123,14 +123,21 @@ def test_a_tablet_server_on_a_small_disk_keeps_it_through_a_restart_and_stop_unm
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_an_interrupted_start_unmounts_the_disks_it_mounted(cluster_dir):
-    """Ctrl-C (or any failure) once the tablet servers' disks are mounted: the start's undo unmounts them."""
+    """Ctrl-C (or any failure) once the tablet servers' disks are mounted: the start's undo unmounts them (and,
+    a start that failed, writes no cluster.json)."""
+    mounted = []
+
     def interrupt(text: str) -> None:
+        if text.startswith("mounting"):
+            mounted.append(text)
         if text.startswith("waiting for the tablet servers"):
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
         start(cluster_dir, tablets=2, progress=interrupt)
-    doc = local_cluster.load(cluster_dir)
-    assert doc[tablet_disks.KEY]["tablets"] == ["1", "2"]  # they had been mounted
+    assert [text.split()[-1] for text in mounted] == [str(tablet_disks.data_dir(cluster_dir, i)) for i in (1, 2)]
     assert not any(os.path.ismount(tablet_disks.data_dir(cluster_dir, i)) for i in (1, 2))
-    assert local_cluster.running_pids(doc) == []
+    assert not (cluster_dir / local_cluster.CLUSTER_FILE).exists()
+    assert not (cluster_dir / local_cluster.STARTING_FILE).exists()
+    tablet_pids = [int((cluster_dir / f"tablet-{i}" / "pid").read_text()) for i in (1, 2)]
+    assert not any(local_cluster.pid_alive(pid) for pid in tablet_pids)

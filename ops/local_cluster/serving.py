@@ -1,0 +1,79 @@
+"""Which buckets of a local cluster are served, and which wait on something no server of it brings by itself.
+
+A bucket is served when the tablet server its leader is answers for it
+(ListOffsets): what "ready" means to ``cluster start`` and ``cluster restart``.
+Of the buckets that are not, some *wait*, as the coordinator's assignment tells
+(docs/architecture.md, "Losing and moving replicas"): one whose data was lost is
+offline until an operator restores it (``kvlease bucket restore``), and one
+whose in-sync replicas' servers are all down is offline until one of them comes
+back. A start or a restart names those and returns, instead of waiting them out.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Collection, Mapping
+
+from common.errors import KvLeaseError
+from ops.local_cluster.cluster_file import client_config
+
+
+def served_buckets(doc: Mapping[str, Any], request_timeout_s: float = 2.0) -> dict[str, Any]:
+    """``{"registered": {tablet ids}, "buckets": n, "unserved": ["db.t/3: why", …], "waiting": [{"table",
+    "bucket", "why"}, …]}`` of the cluster of ``doc`` (its cluster.json): ``waiting`` are the unserved buckets
+    that wait on an operator or on a tablet server that is not registered (:func:`waits_for`). Raises a
+    KvLeaseError when no coordinator answers."""
+    from client.admin import AdminClient
+    from client.table import TableClient
+
+    addresses = [c["address"] for c in doc["coordinators"]]
+    with AdminClient(addresses, client_config(doc), request_timeout_s=request_timeout_s,
+                     retry_total_s=request_timeout_s) as admin:
+        registered = {str(s.id) for s in admin.list_tablet_servers()}
+        unserved: list[str] = []
+        waiting: list[dict[str, Any]] = []
+        count = 0
+        for table in admin.list_tables():
+            count += table.buckets
+            failed: dict[int, str] = {}
+            with TableClient(admin, table.table_id, retry_total_s=0, request_timeout_s=request_timeout_s) as client:
+                for bucket in range(table.buckets):
+                    try:
+                        client.list_offsets([bucket])
+                    except KvLeaseError as exc:
+                        failed[bucket] = exc.message
+            unserved += [f"{table.path}/{bucket}: {why}" for bucket, why in failed.items()]
+            if failed:
+                waiting += _waiting(admin, table, failed, {int(i) for i in registered})
+    return {"registered": registered, "buckets": count, "unserved": unserved, "waiting": waiting}
+
+
+def _waiting(admin, table, buckets: Collection[int], live: set[int]) -> list[dict[str, Any]]:
+    """Those of ``buckets`` (of ``table``, not served) that wait (:func:`waits_for`)."""
+    try:
+        _info, leaders = admin.get_table_assignment(table.table_id)
+    except KvLeaseError:
+        return []  # nothing known: they may yet be served
+    found = []
+    for bucket in sorted(buckets):
+        why = waits_for(table.path, bucket, leaders.get(bucket), live)
+        if why:
+            found.append({"table": table.path, "bucket": bucket, "why": why})
+    return found
+
+
+def waits_for(path: str, bucket: int, leader: Any, live: Collection[int]) -> str | None:
+    """Why bucket ``bucket`` of table ``path`` is offline for longer than a server's start, as its assignment
+    ``leader`` (a :class:`client.admin_types.BucketLeader`) tells with ``live`` the registered tablet ids: its
+    data was lost (an operator restores it) or its last in-sync replicas are down (a one-replica bucket keeps
+    its leader's id meanwhile). None: its leader is live (and is to serve it), or one of its in-sync
+    replicas is (and is to lead it)."""
+    if leader is None or leader.leader_id in live:
+        return None
+    if leader.offline_reason:
+        return f"its data was lost: `kvlease bucket restore {path} --bucket {bucket} --accept-data-loss`"
+    isr = tuple(leader.isr) or ((leader.leader_id,) if leader.leader_id >= 0 else ())
+    if not isr or any(r in live for r in isr):
+        return None
+    if len(isr) == 1:
+        return f"its last in-sync replica, tablet {isr[0]}, is down"
+    return f"its last in-sync replicas, tablets {', '.join(map(str, isr))}, are down"

@@ -1,0 +1,104 @@
+"""What a ``cluster start`` waits for, in order: an active coordinator, every tablet server registered, every
+bucket served (or waiting on an operator: :mod:`ops.local_cluster.serving`).
+
+Each wait gives up as soon as the processes it waits on all exited, or once its
+timeout passes, with a ClusterError of one line naming what failed and the log
+file of each process concerned (:func:`log_files`), never the logs themselves.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from typing import Any, Callable, Mapping
+
+from common.errors import KvLeaseError
+from ops.local_cluster.processes import ClusterError, Progress
+from ops.local_cluster.serving import served_buckets
+from ops.wait import poll
+
+_WHAT = {"coordinators": "coordinator", "tablets": "tablet server", "zookeeper": "ZooKeeper node"}
+
+
+def log_files(doc: Mapping[str, Any], role: str) -> str:
+    """``logs: coordinator 1 D/coordinator-1/coordinator.log, coordinator 2 …`` of every ``role`` process of
+    ``doc``."""
+    return "logs: " + ", ".join(f"{_WHAT[role]} {entry['id']} {entry['log']}" for entry in doc.get(role, []))
+
+
+def wait_active(doc: dict[str, Any], procs: list[subprocess.Popen], timeout_s: float, admin_client,
+                wait_for_active: Callable) -> None:
+    """Until a coordinator of ``doc`` is active (``procs``: theirs)."""
+    addresses = [c["address"] for c in doc["coordinators"]]
+    with admin_client(addresses, request_timeout_s=1.0, retry_total_s=0) as client:
+        def active() -> bool:
+            if all(proc.poll() is not None for proc in procs):
+                codes = ", ".join(str(proc.returncode) for proc in procs)
+                raise ClusterError(f"every coordinator exited (exit codes {codes}); {log_files(doc, 'coordinators')}")
+            try:
+                wait_for_active(client, 1.0)
+                return True
+            except KvLeaseError:
+                return False
+
+        if not poll(active, timeout_s, interval_s=0.0)[1]:
+            raise ClusterError(f"no coordinator became active within {timeout_s:.0f}s; "
+                               f"{log_files(doc, 'coordinators')}")
+
+
+def fail_if_tablets_exited(doc: Mapping[str, Any], procs: list[subprocess.Popen]) -> None:
+    dead = [(t, proc.returncode) for t, proc in zip(doc["tablets"], procs) if proc.poll() is not None]
+    if dead:
+        which = ", ".join(f"{t['id']} (exit code {code}, log {t['log']})" for t, code in dead)
+        raise ClusterError(f"tablet server(s) {which} exited")
+
+
+def wait_tablets(doc: dict[str, Any], procs: list[subprocess.Popen], timeout_s: float, admin_client) -> None:
+    """Until every tablet server of ``doc`` is registered (ListTabletServers of the active coordinator)."""
+    wanted = {int(t["id"]) for t in doc["tablets"]}
+    addresses = [c["address"] for c in doc["coordinators"]]
+    registered: set[int] = set()
+    with admin_client(addresses, request_timeout_s=2.0, retry_total_s=0) as client:
+        def all_registered() -> bool:
+            fail_if_tablets_exited(doc, procs)
+            try:
+                ids = {s.id for s in client.list_tablet_servers()}
+            except KvLeaseError:
+                return False
+            registered.clear()
+            registered.update(ids)
+            return wanted <= registered
+
+        if not poll(all_registered, timeout_s, interval_s=0.2)[1]:
+            missing = ", ".join(map(str, sorted(wanted - registered)))
+            raise ClusterError(f"tablet server(s) {missing} did not register within {timeout_s:.0f}s; "
+                               f"{log_files(doc, 'tablets')}")
+
+
+def wait_served(doc: dict[str, Any], procs: list[subprocess.Popen], timeout_s: float, warn: Progress) -> None:
+    """Until the leader of every bucket of every table answers for it (a restarted cluster's tablet servers
+    register well before they have recovered their buckets), but the buckets that wait on an operator or on
+    a server that is down: ``warn`` names each of those."""
+    seen: dict[str, Any] = {"unserved": ["(no answer from a coordinator)"], "waiting": []}
+
+    def served() -> bool:
+        fail_if_tablets_exited(doc, procs)
+        try:
+            seen.update(served_buckets(doc))
+        except KvLeaseError as exc:
+            seen.update(unserved=[exc.message], waiting=[])
+            return False
+        return len(seen["unserved"]) == len(seen["waiting"])
+
+    if not poll(served, timeout_s, interval_s=0.2)[1]:
+        unserved = seen["unserved"]
+        shown = "; ".join(unserved[:5]) + (f"; and {len(unserved) - 5} more" if len(unserved) > 5 else "")
+        raise ClusterError(f"not every bucket had a serving leader within {timeout_s:.0f}s: {shown}; "
+                           f"{log_files(doc, 'tablets')}")
+    for bucket in seen["waiting"]:
+        warn(waiting_line(bucket))
+
+
+def waiting_line(bucket: Mapping[str, Any]) -> str:
+    """``waiting: db.t bucket 0 — its last in-sync replica, tablet 2, is down`` (a ``waiting`` entry of
+    :func:`ops.local_cluster.serving.served_buckets`)."""
+    return f"waiting: {bucket['table']} bucket {bucket['bucket']} — {bucket['why']}"
