@@ -172,22 +172,24 @@ class ReplicaManager:
                     self._close(key, dropped=key[0] in gone)
                 self.refused = {}
                 for key, role in sorted(wanted.items()):
+                    # A replica's loss work is known before a reader (unlocked) can see it with its role:
+                    # a bucket to restore never answers from the data it is to replace.
                     replica = self._held(key, role)
                     if replica is not None:
+                        self.losses.note_loss(replica, role)
                         if replica.take_role(role, now):
                             stopped_leading.append(key)
-                        self.losses.note_loss(replica, role)
                         continue
                     if len(self._replicas) >= self.max_buckets:
                         self.refused[key] = role.table
                         continue
                     replica = self._open(role, now)  # no file opened yet: see the module docstring
                     self._tables = {**self._tables, role.table.table_id: role.table}  # known before it serves
-                    self._replicas[key] = replica
                     self.unsettled.add(key)
                     self.losses.note_loss(replica, role)
                     if self.held.lost(*key, replica.store.dir):
                         self.lose(replica, replica_loss.missing_reason(replica.store.dir))
+                    self._replicas[key] = replica
             finally:  # forget the tables no longer held (also when opening a bucket failed)
                 self._tables = {r.table.table_id: r.table for r in self._replicas.values()}
             self.copies.delete_tables(gone)
