@@ -330,7 +330,7 @@ def test_a_forged_update_leadership_is_refused_and_the_table_keeps_its_data(sc, 
     assert response.error.code == AUTHZ, response
     assert "UpdateLeadership" in response.error.message and "cluster's own principal" in response.error.message
     tablet = sc.cluster.tablets[1]
-    assert tablet.replicas.manager.table(table_id) is not None and tablet.replicas.manager.coordinator_epoch < 2 ** 40
+    assert tablet.replicas.table(table_id) is not None and tablet.replicas.coordinator_epoch < 2 ** 40
     assert state(sc, table) == before
 
 

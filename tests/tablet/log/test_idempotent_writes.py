@@ -94,7 +94,7 @@ def test_a_write_whose_answer_was_lost_is_applied_once(make_config, tmp_path):
         tablet = cluster.tablets[1]
         with TableClient(cluster.admin, "db.idem", retry_total_s=20, request_timeout_s=0.5) as client:
             client.upsert([{"id": 0, "v": "warm"}])
-            store = tablet.replicas.manager.replicas()[0].store
+            store = tablet.replicas.replicas()[0].store
             real_write, calls = store.write, []
 
             def write_then_stall(*args, **kwargs):  # the first answer comes after the client gave up on it
