@@ -142,7 +142,7 @@ def _attempt_write(client, write, tb0, tb1, new_snapshot, short) -> None:
     }
     if write == "expire":  # no request: the expiry timer itself tries to delete "short"
         assert time.time() * 1000 < short.expiration_time, "set-up too slow: 'short' expired before the bump"
-        time.sleep(max(0.0, short.expiration_time / 1000 - time.time()) + 0.5)
+        time.sleep(max(0.0, short.expiration_time / 1000 - time.time()) + 0.5)  # past its deadline and a timer run
     else:
         with pytest.raises((errors.NotCoordinatorError, errors.CoordinatorFencedError)):
             attempts[write]()
@@ -240,7 +240,7 @@ def _assert_stays_standby(procs, frozen, direct, info, new_info) -> None:
     """It steps down (or already had) and stays a standby; its expiry timer, which saw "short"
     expire, could not delete it either."""
     wait_until(lambda: (procs.info(frozen) or info).active is False, 15, "the resumed coordinator is a standby")
-    time.sleep(1.0)
+    time.sleep(1.0)  # a negative check: a crash or a return to active would show by now
     assert frozen.alive()
     resumed = procs.info(frozen)
     assert resumed is not None and not resumed.active and resumed.epoch >= new_info.epoch

@@ -287,7 +287,7 @@ def test_idle_scanner_expires_on_access(scans):
     put(s.stub, s.table, ids_rows(10))
     first = s.open(size=1)
     assert s.next(first.scanner_id, 0, 1).error.code == 0
-    time.sleep(0.45)
+    time.sleep(0.45)  # past the ttl (300 ms): the scanner is idle that long
     assert s.counts()[0] == 1  # no reaper ran
     assert s.next(first.scanner_id, 1, 1).error.code == E.SCANNER_EXPIRED
     assert s.counts() == (0, {}, 0)
