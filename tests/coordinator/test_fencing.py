@@ -27,9 +27,10 @@ from coordinator.fencing import bump_epoch
 from coordinator.server import CoordinatorServer
 from common.model import TableBucket
 from leases.store import LEASE_FILES
+from ops.wait import wait_until
 from tests.support.snapshot_manifests import commit_snapshot, snapshot
 from tests.support.procs import (  # noqa: F401 - coordinator_procs is a fixture
-    assert_served_as_persisted, coordinator_procs, lease_view, wait_until, zk_tree)
+    assert_served_as_persisted, coordinator_procs, lease_view, zk_tree)
 
 pytestmark = pytest.mark.zk
 

@@ -27,7 +27,8 @@ from leases.mirror import LeaseMirror
 from leases.refcount import RefcountIndex
 from common.model import TableBucket
 from leases.store import LEASE_FILES, encode_table_file
-from tests.support.procs import persisted_leases, wait_until
+from ops.wait import wait_until
+from tests.support.procs import persisted_leases
 from tests.leases.test_lease_persistence import (  # noqa: F401 - storage_config is a fixture (file and s3)
     Clock, call, commit, make_table, new_controller, storage_config)
 

@@ -29,7 +29,7 @@ from client.admin import AdminClient, CoordinatorInfo
 from common.model import Lease, TableBucket
 from leases.store import LeaseStore
 from ops.local_cluster import ServerProcess, free_ports
-from ops.wait import wait_until  # (the tests import it from here too)
+from ops.wait import wait_until
 
 class CoordinatorProc(ServerProcess):
     """One coordinator process (:class:`ops.local_cluster.ServerProcess`), which a test can also pause."""

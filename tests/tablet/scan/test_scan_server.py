@@ -18,7 +18,8 @@ from common.proto import tablet_pb2 as pb
 from common.model import TableBucket
 from tablet.scan import batch as scan_batch
 from common.codec import RowCodec, bucket_of, ipc_to_batch
-from tests.tablet.test_tablet_server import SCHEMA, Cluster, put, wait_until
+from ops.wait import wait_until
+from tests.tablet.test_tablet_server import SCHEMA, Cluster, put
 from tests.tablet.test_tablet_server import cluster  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.zk

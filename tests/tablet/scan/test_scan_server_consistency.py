@@ -16,7 +16,8 @@ from common.codec import bucket_of
 from common.errors import ErrorCode
 from common.proto import tablet_pb2 as pb
 from common.proto import tablet_pb2_grpc as pbg
-from tests.tablet.test_tablet_server import fetch_all, lookup, put, wait_until
+from ops.wait import wait_until
+from tests.tablet.test_tablet_server import fetch_all, lookup, put
 from tests.tablet.test_tablet_server import cluster  # noqa: F401  (the fixture)
 from tests.tablet.scan.test_scan_server import (  # noqa: F401 - the fixtures and shared helpers
     E, blocking, ids_rows, s_bucket, scans)
