@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -16,6 +15,7 @@ from ops.local_cluster.processes import ClusterError, log_tail, pid_alive, proc_
 from ops.local_cluster.tablet_disks import usage as disk_usage
 from ops.local_cluster.tablet_health import status_fields
 from ops.local_cluster.zookeeper import is_serving, node_command, server_mode
+from ops.wait import poll
 
 
 def status(directory: str | os.PathLike[str], request_timeout_s: float = 2.0) -> dict[str, Any]:
@@ -136,11 +136,8 @@ def kill(directory: str | os.PathLike[str], role: str, node_id: str | int, sig: 
         os.kill(pid, sig)
     except ProcessLookupError:
         return pid
-    deadline = time.monotonic() + timeout_s
-    while pid_alive(pid, started):
-        if time.monotonic() > deadline:
-            raise ClusterError(f"{ROLES[role]} {node_id} (pid {pid}) still runs {timeout_s:g}s after signal {sig}")
-        time.sleep(0.01)
+    if not poll(lambda: not pid_alive(pid, started), timeout_s, interval_s=0.01)[1]:
+        raise ClusterError(f"{ROLES[role]} {node_id} (pid {pid}) still runs {timeout_s:g}s after signal {sig}")
     return pid
 
 
@@ -175,23 +172,20 @@ def restart(directory: str | os.PathLike[str], role: str, node_id: str | int,
 
     port = int(entry["address"].rsplit(":", 1)[1])
     what = f"{ROLES[role]} {node_id}"
-    deadline = time.monotonic() + ready_timeout_s
-    while True:
+
+    def serving() -> bool:
         if proc.poll() is not None:
             raise ClusterError(f"{what} exited with code {proc.returncode} after a restart\n"
                                f"--- {entry['log']} ---\n{log_tail(entry['log'])}")
         if role == "zookeeper":
-            ready = is_serving(port)
-        elif role == "coordinators":
-            ready = _answers(doc, entry["address"])
-        else:
-            ready = _tablet_serving(doc, str(entry["id"]))
-        if ready:
-            return entry
-        if time.monotonic() > deadline:
-            raise ClusterError(f"{what} did not serve within {ready_timeout_s:g}s of a restart\n"
-                               f"--- {entry['log']} ---\n{log_tail(entry['log'])}")
-        time.sleep(0.1)
+            return is_serving(port)
+        if role == "coordinators":
+            return _answers(doc, entry["address"])
+        return _tablet_serving(doc, str(entry["id"]))
+    if not poll(serving, ready_timeout_s, interval_s=0.1)[1]:
+        raise ClusterError(f"{what} did not serve within {ready_timeout_s:g}s of a restart\n"
+                           f"--- {entry['log']} ---\n{log_tail(entry['log'])}")
+    return entry
 
 
 def _answers(doc: Mapping[str, Any], address: str) -> bool:
@@ -217,8 +211,7 @@ def active_coordinator(directory: str | os.PathLike[str], timeout_s: float = 30.
     """The cluster.json entry of the active coordinator, waiting up to ``timeout_s`` for one."""
     from client.admin import AdminClient
 
-    deadline = time.monotonic() + timeout_s
-    while True:
+    def active() -> dict[str, Any] | None:
         doc = load(directory)
         for entry in doc.get("coordinators", []):
             if not pid_alive(entry["pid"], entry.get("proc_start")):
@@ -229,9 +222,11 @@ def active_coordinator(directory: str | os.PathLike[str], timeout_s: float = 30.
                         return entry
                 except KvLeaseError:
                     pass
-        if time.monotonic() > deadline:
-            raise ClusterError(f"no coordinator of the cluster in {directory} became active within {timeout_s:g}s")
-        time.sleep(0.1)
+        return None
+    entry, found = poll(active, timeout_s, interval_s=0.1)
+    if not found:
+        raise ClusterError(f"no coordinator of the cluster in {directory} became active within {timeout_s:g}s")
+    return entry
 
 
 def zk_leader(directory: str | os.PathLike[str]) -> dict[str, Any] | None:

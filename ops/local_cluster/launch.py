@@ -55,6 +55,7 @@ from ops.local_cluster.control import served_buckets
 from ops.local_cluster.processes import (ClusterError, Progress, kept_ports, log_tail, proc_start, spawn_server,
                                          terminate)
 from ops.local_cluster.zookeeper import ZooKeeperCluster
+from ops.wait import poll
 
 
 def _write_config(path: Path, values: Mapping[str, Any]) -> None:
@@ -308,42 +309,39 @@ def _wait_tablets(doc: dict[str, Any], procs: list[subprocess.Popen], timeout_s:
     """Until every tablet server of ``doc`` is registered (ListTabletServers of the active coordinator)."""
     wanted = {int(t["id"]) for t in doc["tablets"]}
     addresses = [c["address"] for c in doc["coordinators"]]
-    deadline = time.monotonic() + timeout_s
     registered: set[int] = set()
     with admin_client(addresses, request_timeout_s=2.0, retry_total_s=0) as client:
-        while True:
+        def all_registered() -> bool:
+            nonlocal registered
             _fail_if_tablets_exited(doc, procs)
             try:
                 registered = {s.id for s in client.list_tablet_servers()}
             except KvLeaseError:
                 pass
-            if wanted <= registered:
-                return
-            if time.monotonic() >= deadline:
-                missing = ", ".join(map(str, sorted(wanted - registered)))
-                raise ClusterError(f"tablet server(s) {missing} did not register within {timeout_s:.0f}s\n"
-                                   f"{_logs(doc, 'tablets')}")
-            time.sleep(0.2)
+            return wanted <= registered
+        if not poll(all_registered, timeout_s, interval_s=0.2)[1]:
+            missing = ", ".join(map(str, sorted(wanted - registered)))
+            raise ClusterError(f"tablet server(s) {missing} did not register within {timeout_s:.0f}s\n"
+                               f"{_logs(doc, 'tablets')}")
 
 
 def _wait_served(doc: dict[str, Any], procs: list[subprocess.Popen], timeout_s: float) -> None:
     """Until the leader of every bucket of every table answers for it (a restarted cluster's
     tablet servers register well before they have recovered their buckets)."""
-    deadline = time.monotonic() + timeout_s
     unserved: list[str] = ["(no answer from a coordinator)"]
-    while True:
+
+    def all_served() -> bool:
+        nonlocal unserved
         _fail_if_tablets_exited(doc, procs)
         try:
             unserved = served_buckets(doc)["unserved"]
         except KvLeaseError as exc:
             unserved = [exc.message]
-        if not unserved:
-            return
-        if time.monotonic() >= deadline:
-            shown = "; ".join(unserved[:5]) + (f"; and {len(unserved) - 5} more" if len(unserved) > 5 else "")
-            raise ClusterError(f"not every bucket had a serving leader within {timeout_s:.0f}s: {shown}\n"
-                               f"{_logs(doc, 'tablets')}")
-        time.sleep(0.2)
+        return not unserved
+    if not poll(all_served, timeout_s, interval_s=0.2)[1]:
+        shown = "; ".join(unserved[:5]) + (f"; and {len(unserved) - 5} more" if len(unserved) > 5 else "")
+        raise ClusterError(f"not every bucket had a serving leader within {timeout_s:.0f}s: {shown}\n"
+                           f"{_logs(doc, 'tablets')}")
 
 
 def _logs(doc: dict[str, Any], role: str = "coordinators") -> str:
