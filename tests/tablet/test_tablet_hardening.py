@@ -121,7 +121,7 @@ def test_a_forged_update_leadership_is_refused_and_the_real_coordinator_still_le
     stale = pb.UpdateLeadershipRequest(coordinator_epoch=c.coordinator.epoch - 1, server_id=1)
     assert stub.UpdateLeadership(stale, timeout=10).error.code == errors.ErrorCode.COORDINATOR_FENCED
     assert table_dir.is_dir() and lookup(stub, table, [1]) == [{"id": 1, "v": "a"}]
-    assert tablet.replicas.manager.coordinator_epoch == c.coordinator.epoch
+    assert tablet.replicas.coordinator_epoch == c.coordinator.epoch
     # the real coordinator's next push is taken
     other = c.admin.create_table("db.after_forgery", SCHEMA, ["id"], 1)
     put(c.stub(other.table_id, 0), other, [{"id": 2, "v": "b"}])
@@ -134,7 +134,7 @@ def test_a_drop_push_for_a_live_table_keeps_its_data(cluster, tmp_path):
     table = c.admin.create_table("db.kept", SCHEMA, ["id"], 1)
     stub = c.stub(table.table_id, 0)
     put(stub, table, [{"id": 1, "v": "a"}])
-    current = tablet.replicas.manager.coordinator_epoch
+    current = tablet.replicas.coordinator_epoch
     forged = pb.UpdateLeadershipRequest(coordinator_epoch=current, server_id=1, dropped_tables=[table.table_id])
     assert stub.UpdateLeadership(forged, timeout=10).error.code == 0  # same epoch: cannot be told apart
     assert (tmp_path / "t1" / str(table.table_id)).is_dir()  # but ZooKeeper has the table: data kept

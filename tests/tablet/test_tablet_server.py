@@ -331,8 +331,8 @@ def test_a_snapshot_round_asks_for_kept_snapshots_once_per_table(cluster, tmp_pa
     c = cluster({"kv.snapshot.interval": "1h", "log.segment.bytes": "4kb", "log.retention": "0ms"})
     tablet = c.tablet(1, tmp_path / "t1")
     tables = [c.admin.create_table("db.a", SCHEMA, ["id"], 3), c.admin.create_table("db.b", SCHEMA, ["id"], 2)]
-    counting = CountingAdmin(tablet.replicas.manager.admin)
-    tablet.replicas.manager.admin = counting
+    counting = CountingAdmin(tablet.replicas.admin)
+    tablet.replicas.admin = counting
 
     def fill(round_):
         for table in tables:
@@ -346,13 +346,13 @@ def test_a_snapshot_round_asks_for_kept_snapshots_once_per_table(cluster, tmp_pa
             return {b: e for b, (e, _) in client.list_offsets().items()}
 
     fill(0)
-    assert tablet.replicas.manager.snapshot_changed() == 5  # every bucket of both tables
+    assert tablet.replicas.snapshot_changed() == 5  # every bucket of both tables
     assert sorted(counting.listed) == sorted(t.table_id for t in tables)
     # retention still applies to every bucket: each changelog lost its old segments
     assert all(offset > 0 for t in tables for offset in earliest(t).values())
 
     counting.listed.clear()
-    assert tablet.replicas.manager.snapshot_changed() == 0  # nothing changed: no snapshot, no listing
+    assert tablet.replicas.snapshot_changed() == 0  # nothing changed: no snapshot, no listing
     assert counting.listed == []
 
     fill(1)
