@@ -4,7 +4,8 @@ table's replicas to be in sync.
 :func:`poll` calls a function until it returns something truthy or a
 deadline passes and gives back the last value; :func:`wait_until` does the
 same but raises :class:`NotReached` (naming what was awaited and the last
-value seen) when the deadline passes. :func:`wait_in_sync` polls a table's
+value seen) when the deadline passes; it may also count given exceptions
+as "not yet" (``retry_on``). :func:`wait_in_sync` polls a table's
 assignment (``AdminClient.get_table_assignment``) until no bucket lags: by
 default, until every bucket has a live leader and every replica in its ISR
 (:func:`out_of_sync`); a caller with a stricter or narrower rule passes its
@@ -37,12 +38,28 @@ def poll(predicate: Callable[[], T], timeout_s: float, interval_s: float = 0.05)
         time.sleep(interval_s)
 
 
-def wait_until(predicate: Callable[[], T], timeout_s: float, what: str, interval_s: float = 0.05) -> T:
+def wait_until(predicate: Callable[[], T], timeout_s: float, what: str, interval_s: float = 0.05, *,
+               retry_on: tuple[type[BaseException], ...] = ()) -> T:
     """``predicate``'s first truthy value (polled as by :func:`poll`); :class:`NotReached` naming ``what``
-    and the last value seen if there is none within ``timeout_s``."""
-    last, reached = poll(predicate, timeout_s, interval_s)
+    and the last value seen if there is none within ``timeout_s``.
+
+    ``retry_on``: exception classes that, raised by ``predicate``, count as "not yet" (a call refused until
+    a grant reaches a cache, a client still reconnecting); if the last call raised one, NotReached names it
+    and is raised from it. Any other exception ends the wait at once."""
+    raised: list[BaseException] = []
+
+    def attempt():
+        raised.clear()
+        try:
+            return predicate()
+        except retry_on as exc:
+            raised.append(exc)
+            return None
+
+    last, reached = poll(attempt, timeout_s, interval_s)
     if not reached:
-        raise NotReached(f"{what}: not reached within {timeout_s:g}s (last: {last!r})")
+        cause = raised[0] if raised else None
+        raise NotReached(f"{what}: not reached within {timeout_s:g}s (last: {cause or last!r})") from cause
     return last
 
 

@@ -26,7 +26,6 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
@@ -36,6 +35,7 @@ import pytest
 from common.config import Config
 from common.zk import make_client
 from ops.local_cluster import ZooKeeperCluster
+from ops.wait import poll
 from tests.support.fixtures.docker import docker_unavailable_reason, minio_container, zookeeper_container
 from tests.support.fixtures.leaks import SESSION_ENV, session_processes
 from tests.support.fixtures.s3 import MotoS3Server, S3Endpoint
@@ -160,9 +160,8 @@ def _no_leaked_processes() -> Iterator[None]:
     """Set up first, torn down last: fails loudly if a started process outlived its test."""
     yield
     marker = os.environ[SESSION_ENV]
-    deadline = time.monotonic() + 3.0
-    while (leaks := session_processes(marker)) and time.monotonic() < deadline:
-        time.sleep(0.1)  # give processes that are exiting right now a moment
+    poll(lambda: not session_processes(marker), 3.0, interval_s=0.1)  # processes exiting right now get a moment
+    leaks = session_processes(marker)
     if not leaks:
         return
     for leak in leaks:

@@ -18,13 +18,13 @@ import importlib.util
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Iterator
 
 from common import config as cfg
 from ops.bench.suite import UsageError
 from ops.local_cluster import free_ports
+from ops.wait import poll
 
 BUCKET = "kvlease-bench"
 ACCESS_KEY = SECRET_KEY = "testing"  # moto takes any
@@ -54,12 +54,10 @@ def local_s3(log_dir: str | Path) -> Iterator[dict[str, str]]:
         proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not _listening(port):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                tail = log_path.read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"moto's S3 server did not start on 127.0.0.1:{port}: {tail}")
-            time.sleep(0.05)
+        poll(lambda: proc.poll() is not None or _listening(port), START_TIMEOUT_S)  # exited, or it serves
+        if proc.poll() is not None or not _listening(port):
+            tail = log_path.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"moto's S3 server did not start on 127.0.0.1:{port}: {tail}")
         endpoint = f"http://127.0.0.1:{port}"
         import boto3
 

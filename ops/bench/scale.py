@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 from client.admin import AdminClient
 from common.model import Lease
+from ops.wait import poll
 
 IDLE_BASE_LEASES = 1_000
 IDLE_SLACK = 1.5
@@ -89,18 +90,18 @@ def wait_orphans_listed(log_path: Path, offset: int, timeout_s: float) -> float:
 
 def _wait_log(log_path: Path, offset: int, found: Callable[[str], bool], timeout_s: float, what: str) -> float:
     t0 = time.perf_counter()
-    while True:
+
+    def logged() -> bool:
         try:
             with open(log_path, "rb") as fh:
                 fh.seek(offset)
                 text = fh.read().decode(errors="replace")
         except OSError:
             text = ""
-        if found(text):
-            return time.perf_counter() - t0
-        if time.perf_counter() - t0 > timeout_s:
-            raise RuntimeError(f"{what} within {timeout_s:g} s")
-        time.sleep(0.2)
+        return found(text)
+    if not poll(logged, timeout_s, interval_s=0.2)[1]:
+        raise RuntimeError(f"{what} within {timeout_s:g} s")
+    return time.perf_counter() - t0
 
 
 def lease_view(address: str) -> dict[str, tuple[int, dict]]:

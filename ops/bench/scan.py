@@ -61,12 +61,14 @@ import numpy as np
 import pyarrow as pa
 
 from common.codec import RowCodec
+from common.errors import AuthorizationFailedError
 from common.kvsnapshot import scan_read_options
 from common.tables import Column, TableInfo
 import ops.bench.suite as bench_suite
 from ops import local_cluster
 from ops.bench.scan_report import SECURE_KINDS, SECURE_TARGET, TARGETS, report, target_rows
 from ops.bench.suite import Option, cpu_seconds, positive_int, wait_idle
+from ops.wait import wait_until
 
 __all__ = ["OPTIONS", "report", "run", "target_rows"]  # what the suite uses
 
@@ -248,20 +250,6 @@ def concurrent_scanners(client, count: int, limit: int) -> dict[str, Any]:
     return {"scanners": count, "rows": rows, "rows_per_s": rows / (time.perf_counter() - t0)}
 
 
-def _until_allowed(call: Callable[[], Any], timeout_s: float = 15.0) -> Any:
-    """``call()`` once a fresh grant has reached the servers' ACL caches (a ZooKeeper watch away)."""
-    from common.errors import AuthorizationFailedError
-
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return call()
-        except AuthorizationFailedError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
-
-
 def _best_of_rounds(scans: dict[str, Callable[[], int]], rows: int, rounds: int, tablet_pid: int,
                     progress: bench_suite.Progress) -> tuple[dict[str, float], dict[str, dict], dict[str, dict]]:
     """Every scan of ``scans``, ``rounds`` times: per scan its best rows/s, the CPU seconds of that best run
@@ -308,10 +296,13 @@ def _secure_client(directory: str, mode: str, rows: int, admins: list, progress:
         config = config.with_overrides({cfg.SECURITY_USERNAME.name: "bench", cfg.SECURITY_PASSWORD.name: password})
     admin = AdminClient(local_cluster.bootstrap(directory), config, retry_total_s=30)
     admins.append(admin)
-    _until_allowed(lambda: admin.create_table(TABLE, COLUMNS, ["id"], 1))
+    # a fresh grant reaches the servers' ACL caches a ZooKeeper watch later
+    wait_until(lambda: admin.create_table(TABLE, COLUMNS, ["id"], 1), 15, "the bench user's CREATE granted",
+               retry_on=(AuthorizationFailedError,))
     client = TableClient(admin, TABLE)
     progress(f"{mode}: upserting {rows:,} rows, snapshot")
-    _until_allowed(lambda: client.upsert(make_batch(0, 1)))  # WRITE has reached the tablet server
+    wait_until(lambda: client.upsert(make_batch(0, 1)), 15, "the bench user's WRITE granted",
+               retry_on=(AuthorizationFailedError,))  # WRITE has reached the tablet server
     load(client, rows)
     client.trigger_snapshot(wait=True)
     return client

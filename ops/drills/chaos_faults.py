@@ -19,6 +19,7 @@ from ops import local_cluster
 from ops.drills.chaos_disks import DiskFill
 from ops.drills.cluster import DrillCluster
 from ops.drills.faults import RemoteOutage, paused
+from ops.wait import poll
 
 LEADER_WAIT_S = 30.0  # how long a tablet pause or full disk waits for its bucket to have a live leader to strike
 TOP_UP_EVERY_S = 0.2  # how often a full disk takes the room its server freed meanwhile
@@ -126,15 +127,15 @@ def _leader_now(cluster: DrillCluster, table_id: int, bucket: int) -> int | None
 def _leader_of(cluster: DrillCluster, table_id: int, target: int) -> tuple[int, str | None]:
     """Bucket ``target`` (modulo the table's buckets) and the id of its live leader, waiting up to
     ``LEADER_WAIT_S`` for one (the fault before may still be recovering); None if there is none."""
-    deadline = time.monotonic() + LEADER_WAIT_S
-    while True:
+    chosen: list[int] = []  # the bucket, as each look found the table
+
+    def leader() -> str | None:
         _table, leaders = cluster.admin.get_table_assignment(table_id)
         bucket = sorted(leaders)[target % len(leaders)]
-        if leaders[bucket].leader_address:
-            return bucket, str(leaders[bucket].leader_id)
-        if time.monotonic() > deadline:
-            return bucket, None
-        time.sleep(0.1)
+        chosen.append(bucket)
+        return str(leaders[bucket].leader_id) if leaders[bucket].leader_address else None
+    leader_id, _led = poll(leader, LEADER_WAIT_S, interval_s=0.1)
+    return chosen[-1], leader_id
 
 
 def _pause(entry: dict[str, Any], hold_s: float) -> None:

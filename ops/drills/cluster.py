@@ -30,7 +30,7 @@ from client.admin import AdminClient, wait_for_active
 from ops import local_cluster
 from ops.check import Check
 from ops.local_cluster import four_letter
-from ops.wait import wait_in_sync
+from ops.wait import poll, wait_in_sync
 
 DRILL_DB = "drill"
 
@@ -154,11 +154,9 @@ class DrillCluster:
         return local_cluster.active_coordinator(self.directory)
 
     def zk_leader(self, timeout_s: float = 30.0) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout_s
-        while (leader := local_cluster.zk_leader(self.directory)) is None:
-            if time.monotonic() > deadline:
-                raise errors.KvLeaseError(f"the ZooKeeper ensemble of {self.directory} has no leader")
-            time.sleep(0.1)
+        leader, found = poll(lambda: local_cluster.zk_leader(self.directory), timeout_s, interval_s=0.1)
+        if not found:
+            raise errors.KvLeaseError(f"the ZooKeeper ensemble of {self.directory} has no leader")
         return leader
 
     # -- what ZooKeeper wrote ----------------------------------------------------------------------
@@ -193,18 +191,20 @@ class DrillCluster:
     def whole_again(self, timeout_s: float = 30.0) -> Check:
         """The cluster is back in the shape the drill found it: every process runs, a coordinator
         is active, every bucket's leader serves it (waiting up to ``timeout_s`` for that)."""
-        deadline = time.monotonic() + timeout_s
-        while True:
+        problems: list[str] = []
+
+        def whole() -> bool:
+            nonlocal problems
             self.doc = local_cluster.load(self.directory)
             problems = [f"{what} is not running" for what in not_running(self.doc)]
             try:
                 problems += [f"bucket {b} is not served" for b in local_cluster.served_buckets(self.doc)["unserved"]]
             except errors.KvLeaseError as exc:
                 problems.append(f"no coordinator answers: {exc.message}")
-            if not problems or time.monotonic() > deadline:
-                return Check.of("the cluster is whole again (every process runs, every bucket served)", problems,
-                                sum(len(self.doc.get(role, [])) for role in local_cluster.ROLES))
-            time.sleep(0.2)
+            return not problems
+        poll(whole, timeout_s, interval_s=0.2)
+        return Check.of("the cluster is whole again (every process runs, every bucket served)", problems,
+                        sum(len(self.doc.get(role, [])) for role in local_cluster.ROLES))
 
     # -- the end ---------------------------------------------------------------------------------
 

@@ -41,6 +41,7 @@ from ops.drills.replica_traffic import Load
 from ops.check import Check
 from ops.drills.report import Report, finish
 from ops.drills.service_checks import isr_full
+from ops.wait import poll
 
 NAME = "decommission"
 OPTIONS = ("seed",)
@@ -85,11 +86,10 @@ def _with_one_replica_table(cluster: DrillCluster, table_id: int, victim: int, l
     moves = list(cluster.admin.decommission_tablet(victim))
     retried = list(cluster.admin.decommission_tablet(victim))  # as a client whose answer was lost would
     report.add(retry_started_nothing_new(moves, retried))
-    in_progress = list(cluster.admin.list_reassignments())
-    while in_progress and time.monotonic() - started_at < MOVES_BOUND_S:
-        time.sleep(0.2)
-        in_progress = list(cluster.admin.list_reassignments())
+    poll(lambda: not cluster.admin.list_reassignments(), MOVES_BOUND_S - (time.monotonic() - started_at),
+         interval_s=0.2)
     moved_s = round(time.monotonic() - started_at, 3)
+    in_progress = list(cluster.admin.list_reassignments())
     report.add(moves_finished(moves, in_progress, moved_s))
     cluster.kill("tablets", str(victim), signal.SIGTERM)
     time.sleep(STOPPED_S)  # reads and writes go on without it
@@ -117,9 +117,7 @@ def _one_replica_table(cluster: DrillCluster, path: str, victim: int) -> list[in
     if held:
         return sorted(held)
     cluster.admin.reassign_bucket(path, 0, [victim])
-    deadline = time.monotonic() + MOVES_BOUND_S
-    while cluster.admin.list_reassignments() and time.monotonic() < deadline:
-        time.sleep(0.2)
+    poll(lambda: not cluster.admin.list_reassignments(), MOVES_BOUND_S, interval_s=0.2)
     return [0]
 
 

@@ -38,6 +38,7 @@ from ops.drills.replica_drill import IN_SYNC_BOUND_S, run_replica_drill, wait_in
 from ops.drills.replica_traffic import Load
 from ops.check import Check
 from ops.drills.report import Report, finish
+from ops.wait import poll
 
 NAME = "disk-loss"
 OPTIONS = ("seed",)
@@ -94,13 +95,12 @@ def _wipe_leader(cluster: DrillCluster, table_id: int, server: int, rejoins: lis
     the seconds the failover took (None: it did not happen)."""
     killed_at = time.monotonic()
     cluster.kill("tablets", str(server))
-    failover_s = None
-    while time.monotonic() - killed_at < FAILOVER_BOUND_S:
+
+    def failed_over() -> bool:
         _table, state = cluster.admin.get_table_assignment(table_id)
-        if all(b.leader_id != server and b.leader_address for b in state.values()):
-            failover_s = round(time.monotonic() - killed_at, 3)
-            break
-        time.sleep(0.1)
+        return all(b.leader_id != server and b.leader_address for b in state.values())
+    moved = poll(failed_over, FAILOVER_BOUND_S - (time.monotonic() - killed_at), interval_s=0.1)[1]
+    failover_s = round(time.monotonic() - killed_at, 3) if moved else None
     _delete_table_data(cluster, table_id, server)
     rejoins.append((f"tablet {server} (a leader)", _restart_and_wait(cluster, table_id, server)))
     return failover_s

@@ -36,6 +36,7 @@ from ops.drills.crew import Crew
 from ops.drills.lease_layout import lease_nodes, persisted_views, view_of
 from ops.drills.workload import error_name
 from ops.drills.zk_txnlog import read_txns
+from ops.wait import poll
 
 DURATION_MS = 10 * 60_000  # nothing expires during a drill
 THINK_S = 0.05  # between two calls of one client
@@ -77,14 +78,13 @@ class Snapshotter:
         """Wait until ``count`` more snapshots than now are committed (so some get subsumed)."""
         with self._lock:
             target = len(self.committed) + count
-        deadline = time.monotonic() + timeout_s
-        while True:
+
+        def committed_or_stopped() -> str | None:
             with self._lock:
                 if len(self.committed) >= target:
-                    return True
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                return False
-            time.sleep(0.02)
+                    return "committed"
+            return None if self._thread.is_alive() else "stopped"
+        return poll(committed_or_stopped, timeout_s, interval_s=0.02)[0] == "committed"
 
     def choices(self) -> dict[int, list[int]]:
         with self._lock:
@@ -158,14 +158,11 @@ class LeaseClients:
 
     def wait_for(self, pred: Callable[[LeaseOp], bool], timeout_s: float, count: int = 1) -> LeaseOp | None:
         """The first call (by end time) matching ``pred`` once ``count`` have, or None after ``timeout_s``."""
-        deadline = time.monotonic() + timeout_s
-        while True:
+        def enough() -> list[LeaseOp] | None:
             matching = sorted((op for op in self.snapshot() if pred(op)), key=lambda op: op.t1)
-            if len(matching) >= count:
-                return matching[0]
-            if time.monotonic() > deadline:
-                return None
-            time.sleep(0.02)
+            return matching if len(matching) >= count else None
+        matching, found = poll(enough, timeout_s, interval_s=0.02)
+        return matching[0] if found else None
 
     def more_acks(self, count: int, timeout_s: float) -> bool:
         """Wait until ``count`` more calls than now are acknowledged; False if not within ``timeout_s``."""
@@ -175,12 +172,7 @@ class LeaseClients:
     def settled(self, after: float, timeout_s: float) -> bool:
         """Wait until every client had a call acknowledged that it sent after ``after`` (no call
         left from before a fault: the next fault then meets only new calls)."""
-        deadline = time.monotonic() + timeout_s
-        while min(self._last_ok_start) <= after:
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.02)
-        return True
+        return poll(lambda: min(self._last_ok_start) > after, timeout_s, interval_s=0.02)[1]
 
     def outcomes(self) -> dict[str, int]:
         counts = Counter(f"{op.kind} {op.outcome if op.outcome != UNKNOWN else op.error}" for op in self.snapshot())

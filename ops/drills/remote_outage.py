@@ -27,6 +27,7 @@ from ops.drills.cluster import DrillCluster, require
 from ops.drills.faults import RemoteOutage
 from ops.drills.leases import LeaseDrill
 from ops.drills.lease_layout import lease_nodes, pointer_sample, pointers
+from ops.wait import poll
 
 NAME = "remote-outage"
 OPTIONS = ("clients", "seed", "outage")
@@ -89,17 +90,16 @@ def run(cluster_dir: str, clients: int = 16, seed: int = 0, outage: float = 4.0)
 def _wait_for_cleanup(cluster: DrillCluster, remote: RemoteOutage) -> tuple[int, list[str], dict]:
     """Wait (up to CLEANUP_WAIT_S) until every lease file is one a lease node names; returns how many
     orphans there were at first, and the last listing and nodes."""
-    first = None
-    deadline = time.monotonic() + CLEANUP_WAIT_S
-    while True:
+    seen: list[tuple[int, list[str], dict]] = []  # (orphans, listing, nodes) of each look
+
+    def clean() -> bool:
         nodes = lease_nodes(cluster.zk)
         listed = remote.lease_files()
         referenced = {path for paths in pointers(nodes).values() for path in paths}
-        orphans = [path for path in listed if path not in referenced]
-        first = len(orphans) if first is None else first
-        if not orphans or time.monotonic() > deadline:
-            return first, listed, nodes
-        time.sleep(0.2)
+        seen.append((len([path for path in listed if path not in referenced]), listed, nodes))
+        return not seen[-1][0]
+    poll(clean, CLEANUP_WAIT_S, interval_s=0.2)
+    return seen[0][0], seen[-1][1], seen[-1][2]
 
 
 def main(cluster_dir: str, json_output: bool = False, **options) -> int:

@@ -23,6 +23,7 @@ from common import errors
 from ops.drills.crew import Crew
 from ops.drills.failover_checks import AckedWrite
 from ops.drills.row_checks import ScanRecord, WriteOp
+from ops.wait import poll
 
 WRITERS = 4
 KEYS_PER_CALL = 16
@@ -93,14 +94,11 @@ class Writers:
 
     def recovery_after(self, killed_at: float, buckets: set[int], timeout_s: float) -> float | None:
         """Seconds from the kill to the first acknowledged write to ``buckets`` sent after it."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        def first_ack() -> float | None:
             with self._lock:
-                done = [t1 for t0, t1, b, ok in self.calls if ok and t0 > killed_at and b & buckets]
-            if done:
-                return round(min(done) - killed_at, 3)
-            time.sleep(0.05)
-        return None
+                return min((t1 for t0, t1, b, ok in self.calls if ok and t0 > killed_at and b & buckets), default=None)
+        acked, found = poll(first_ack, timeout_s)
+        return round(acked - killed_at, 3) if found else None
 
 
 class AckedWriters(Writers):

@@ -35,6 +35,7 @@ from ops.drills.report import Report, finish
 from ops.drills.checks import OK, recovered
 from ops.drills.cluster import DrillCluster, require
 from ops.drills.leases import LeaseDrill
+from ops.wait import poll
 
 NAME = "zk-leader-loss"
 OPTIONS = ("rounds", "clients", "seed")
@@ -105,15 +106,14 @@ def _quiet_fault_then_failover(cluster: DrillCluster, drill: LeaseDrill, report:
 def _took_over(cluster: DrillCluster, victim: str, killed_at: float) -> float | None:
     """Seconds from the kill until a coordinator other than ``victim`` serves as the active one."""
     deadline = time.monotonic() + RECOVERY_BOUND_S
-    while time.monotonic() < deadline:
-        try:
-            info = wait_for_active(cluster.admin, max(0.1, deadline - time.monotonic()))
-        except errors.KvLeaseError:
-            return None
-        if info.address != victim:
-            return round(time.time() - killed_at, 3)
-        time.sleep(0.1)
-    return None
+
+    def another_active() -> bool:
+        return wait_for_active(cluster.admin, max(0.1, deadline - time.monotonic())).address != victim
+    try:
+        took = poll(another_active, RECOVERY_BOUND_S, interval_s=0.1)[1]
+    except errors.KvLeaseError:  # no coordinator became active
+        return None
+    return round(time.time() - killed_at, 3) if took else None
 
 
 def main(cluster_dir: str, json_output: bool = False, **options) -> int:

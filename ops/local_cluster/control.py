@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -139,11 +138,8 @@ def kill(directory: str | os.PathLike[str], role: str, node_id: str | int, sig: 
         os.kill(pid, sig)
     except ProcessLookupError:
         return pid
-    deadline = time.monotonic() + timeout_s
-    while pid_alive(pid, started):
-        if time.monotonic() > deadline:
-            raise ClusterError(f"{ROLES[role]} {node_id} (pid {pid}) still runs {timeout_s:g}s after signal {sig}")
-        time.sleep(0.01)
+    if not poll(lambda: not pid_alive(pid, started), timeout_s, interval_s=0.01)[1]:
+        raise ClusterError(f"{ROLES[role]} {node_id} (pid {pid}) still runs {timeout_s:g}s after signal {sig}")
     return pid
 
 
@@ -230,8 +226,7 @@ def active_coordinator(directory: str | os.PathLike[str], timeout_s: float = 30.
     """The cluster.json entry of the active coordinator, waiting up to ``timeout_s`` for one."""
     from client.admin import AdminClient
 
-    deadline = time.monotonic() + timeout_s
-    while True:
+    def active() -> dict[str, Any] | None:
         doc = load(directory)
         for entry in doc.get("coordinators", []):
             if not pid_alive(entry["pid"], entry.get("proc_start")):
@@ -242,9 +237,11 @@ def active_coordinator(directory: str | os.PathLike[str], timeout_s: float = 30.
                         return entry
                 except KvLeaseError:
                     pass
-        if time.monotonic() > deadline:
-            raise ClusterError(f"no coordinator of the cluster in {directory} became active within {timeout_s:g}s")
-        time.sleep(0.1)
+        return None
+    entry, found = poll(active, timeout_s, interval_s=0.1)
+    if not found:
+        raise ClusterError(f"no coordinator of the cluster in {directory} became active within {timeout_s:g}s")
+    return entry
 
 
 def zk_leader(directory: str | os.PathLike[str]) -> dict[str, Any] | None:

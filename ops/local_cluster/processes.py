@@ -20,7 +20,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
@@ -28,6 +27,7 @@ from typing import Any, Callable, Iterable, Mapping
 from client.cluster_dir import pid_alive, proc_start
 from common import config as cfg
 from common.errors import KvLeaseError
+from ops.wait import poll
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
 
@@ -188,12 +188,8 @@ def stop_pids(pids: list[int], timeout_s: float = 10, *, match: str | None = Non
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
-        deadline = time.monotonic() + wait_s
-        while True:
-            targets = [pid for pid in targets if not _gone(pid)]
-            if not targets or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
+        poll(lambda: all(_gone(pid) for pid in targets), wait_s)
+        targets = [pid for pid in targets if not _gone(pid)]
         if not targets:
             return
     raise ClusterError(f"processes {targets} survived SIGKILL", pids=targets)

@@ -25,12 +25,12 @@ import shutil
 import socket
 import subprocess
 import threading
-import time
 from dataclasses import dataclass
 from typing import Iterable
 
 from common.errors import KvLeaseError
 from ops.local_cluster.processes import dying_with_parent, free_ports, log_tail
+from ops.wait import poll
 
 JAR_DIR = os.environ.get("KVLEASE_ZK_JAR_DIR", "/usr/share/java")
 DEFAULT_JAVA_HOME = "/usr/lib/jvm/java-17-openjdk-amd64"
@@ -276,8 +276,8 @@ class ZooKeeperCluster:
 
     def _wait_serving(self, indexes: Iterable[int], timeout_s: float) -> None:
         waiting = list(indexes)
-        deadline = time.monotonic() + timeout_s
-        while waiting:
+
+        def all_serving() -> bool:
             for index in list(waiting):
                 proc = self._procs[index]
                 if proc is None or proc.poll() is not None:
@@ -285,11 +285,9 @@ class ZooKeeperCluster:
                                + (f" with code {proc.returncode}" if proc is not None else ""))
                 if is_serving(self.nodes[index].client_port):
                     waiting.remove(index)
-            if not waiting:
-                return
-            if time.monotonic() > deadline:
-                self._fail(waiting[0], f"did not serve requests within {timeout_s:g}s")
-            time.sleep(0.1)
+            return not waiting
+        if not poll(all_serving, timeout_s, interval_s=0.1)[1]:
+            self._fail(waiting[0], f"did not serve requests within {timeout_s:g}s")
 
     def _fail(self, index: int, what: str) -> None:
         node = self.nodes[index]

@@ -19,6 +19,7 @@ from common.model import SnapshotHandle, TableBucket
 from common.proto import coordinator_pb2 as pb
 from common.proto import coordinator_pb2_grpc as pb_grpc
 from common.tables import Column
+from ops.wait import wait_until
 
 pytestmark = pytest.mark.unit
 TIMEOUT_S = 0.3
@@ -36,7 +37,7 @@ class LateFirstAnswer(pb_grpc.CoordinatorServiceServicer):
             self.calls[method] = self.calls.get(method, 0) + 1
             n = self.calls[method]
         if n == 1:
-            time.sleep(TIMEOUT_S * 3)
+            time.sleep(TIMEOUT_S * 3)  # past the client's deadline: this answer is lost
         return n
 
     def ReleaseKvSnapshotLease(self, request, context):
@@ -153,7 +154,7 @@ class ZooKeeperGoneAfterFirstCall(pb_grpc.CoordinatorServiceServicer):
         """The response's fields: ``fields`` (the first call late, if ``first_late``), or a refusal."""
         self.calls[method] = self.calls.get(method, 0) + 1
         if self.calls[method] == 1 and first_late:
-            time.sleep(TIMEOUT_S * 3)
+            time.sleep(TIMEOUT_S * 3)  # past the client's deadline: this answer is lost
         elif first_late or self.calls[method] <= 2:
             return {"error": pb.ErrorPb(code=errors.ErrorCode.ZOOKEEPER_UNAVAILABLE,
                                         message="coordinator c:1 cannot reach ZooKeeper at z:2 (zookeeper.address)")}
@@ -282,7 +283,7 @@ class BatchingCoordinator(pb_grpc.CoordinatorServiceServicer):
         if self.mode == "unimplemented":
             context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
         if first and self.mode in ("late", "late-then-zookeeper"):
-            time.sleep(TIMEOUT_S * 3)
+            time.sleep(TIMEOUT_S * 3)  # past the client's deadline: this answer is lost
         elif self.mode == "late-then-zookeeper":  # the coordinator lost ZooKeeper meanwhile, and knows it
             return pb.AcquireKvSnapshotLeasesResponse(error=pb.ErrorPb(
                 code=errors.ErrorCode.ZOOKEEPER_UNAVAILABLE, message="coordinator c:1 cannot reach ZooKeeper"))
@@ -317,18 +318,13 @@ def _acquire_together(mode: str, retry_total_s: float = 10):
         except errors.KvLeaseError as exc:
             return exc
 
-    def until(condition, what: str) -> None:
-        deadline = time.monotonic() + 10
-        while not condition():
-            assert time.monotonic() < deadline, f"not in 10 s: {what}"
-            time.sleep(0.005)
     try:
         with ThreadPoolExecutor(len(ids)) as pool:
             futures = {lease_id: pool.submit(acquire, lease_id) for lease_id in ids[:2]}
-            until(lambda: len(servicer.unary) == 2, "both slots taken")
+            wait_until(lambda: len(servicer.unary) == 2, 10, "both slots taken", interval_s=0.005)
             for n, lease_id in enumerate(ids[2:], start=1):
                 futures[lease_id] = pool.submit(acquire, lease_id)
-                until(lambda: client._acquires.waiting() == n, f"{lease_id} queued")
+                wait_until(lambda: client._acquires.waiting() == n, 10, f"{lease_id} queued", interval_s=0.005)
             servicer.release.set()
             return servicer, client, {lease_id: f.result(30) for lease_id, f in futures.items()}
     finally:

@@ -9,16 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from client.coalescing import BatchInterrupted, Coalescer
+from ops.wait import wait_until
 
 pytestmark = pytest.mark.unit
-
-
-def _until(condition, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.002)
 
 
 class Gate:
@@ -62,11 +55,11 @@ def test_calls_made_while_the_slots_are_busy_go_as_one_batch_each_with_its_own_o
     c = Coalescer(gate.one, gate.many, max_in_flight=2)
     with ThreadPoolExecutor(8) as pool:
         first = [pool.submit(c.call, r) for r in (1, 2)]  # both go alone: two slots
-        _until(lambda: len(gate.sent) == 2)
+        wait_until(lambda: len(gate.sent) == 2, 10, "both sent", interval_s=0.002)
         queued = []
         for r in (3, -4, 5, 6):  # queued in this order
             queued.append(pool.submit(c.call, r))
-            _until(lambda: c.waiting() == len(queued))
+            wait_until(lambda: c.waiting() == len(queued), 10, f"{r} queued", interval_s=0.002)
         assert len(gate.sent) == 2  # nothing else sent while both slots are busy
         gate.open.set()
         assert [f.result(10) for f in first] == [10, 20]
@@ -83,11 +76,11 @@ def test_a_batch_that_fails_as_a_whole_fails_each_of_its_calls_and_the_next_call
     c = Coalescer(gate.one, gate.many, max_in_flight=1)
     with ThreadPoolExecutor(4) as pool:
         head = pool.submit(c.call, 1)
-        _until(lambda: len(gate.sent) == 1)
+        wait_until(lambda: len(gate.sent) == 1, 10, "the first sent", interval_s=0.002)
         tail = []
         for r in (2, 3):
             tail.append(pool.submit(c.call, r))
-            _until(lambda: c.waiting() == len(tail))
+            wait_until(lambda: c.waiting() == len(tail), 10, f"{r} queued", interval_s=0.002)
         gate.open.set()
         assert head.result(10) == 10
         for f in tail:
@@ -113,9 +106,9 @@ def test_a_sender_stopped_mid_batch_leaves_the_others_an_unknown_outcome_and_fre
             return "stopped"
     with ThreadPoolExecutor(4) as pool:
         head = pool.submit(c.call, 1)
-        _until(lambda: len(gate.sent) == 1)
+        wait_until(lambda: len(gate.sent) == 1, 10, "the first sent", interval_s=0.002)
         tail = [pool.submit(call, r) for r in (2, 3)]
-        _until(lambda: c.waiting() == 2)
+        wait_until(lambda: c.waiting() == 2, 10, "both queued", interval_s=0.002)
         gate.open.set()
         assert head.result(10) == 10
         outcomes = []
@@ -134,11 +127,11 @@ def test_batches_are_cut_at_max_batch():
     c = Coalescer(gate.one, gate.many, max_batch=3, max_in_flight=1)
     with ThreadPoolExecutor(10) as pool:
         head = pool.submit(c.call, 0)
-        _until(lambda: len(gate.sent) == 1)
+        wait_until(lambda: len(gate.sent) == 1, 10, "the first sent", interval_s=0.002)
         rest = []
         for r in range(1, 8):  # queued in this order
             rest.append(pool.submit(c.call, r))
-            _until(lambda: c.waiting() == r)
+            wait_until(lambda: c.waiting() == r, 10, f"{r} queued", interval_s=0.002)
         gate.open.set()
         assert [f.result(10) for f in [head, *rest]] == [r * 10 for r in range(8)]
     assert gate.sent == [("one", [0]), ("many", [1, 2, 3]), ("many", [4, 5, 6]), ("one", [7])]
@@ -155,7 +148,7 @@ def test_many_threads_each_get_their_own_answer():
 
     def many(requests):
         sizes.append(len(requests))
-        time.sleep(0.001)
+        time.sleep(0.001)  # a round trip
         return gate.many(requests)
 
     c = Coalescer(one, many)

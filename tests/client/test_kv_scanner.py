@@ -96,7 +96,7 @@ def test_a_replay_that_meets_the_first_attempt_still_running_is_sent_again():
 def test_transport_failure_past_the_budget_is_a_network_error_with_the_resume_key():
     tablet = FakeTablet(rows_of(40), rows_per_batch=10)
     tablet.continuation_faults[1] = [("lost-request", grpc.StatusCode.UNAVAILABLE)] * 1000
-    s = scanner(tablet, retry_total_s=0.2, sleep=lambda _: time.sleep(0.01))
+    s = scanner(tablet, retry_total_s=0.2, sleep=lambda _: time.sleep(0.01))  # the budget is on the real clock
     got = []
     with pytest.raises(errors.NetworkError) as info:
         for batch in s:

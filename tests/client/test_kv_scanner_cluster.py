@@ -104,13 +104,17 @@ def test_log_offsets_plus_changelog_reach_the_current_state_under_concurrent_wri
                 writer.delete([(n * 13) % 2000])
                 written[0] = n
 
+        def more_writes(at_least: int) -> None:
+            done = written[0]
+            wait_until(lambda: written[0] >= done + at_least, 10, f"{at_least} more writes", interval_s=0.005)
+
         thread = threading.Thread(target=write)
         thread.start()
         try:
-            time.sleep(0.2)
-            # small batches, slowly consumed: the writes interleave with the scan
-            result = client.scan(batch_size_bytes=400, on_batch=lambda bucket, batch: time.sleep(0.002))
-            time.sleep(0.2)
+            more_writes(2)
+            # small batches, each taken after one more write: the writes interleave with the scan
+            result = client.scan(batch_size_bytes=400, on_batch=lambda bucket, batch: more_writes(1))
+            more_writes(2)
         finally:
             stop.set()
             thread.join()

@@ -276,7 +276,7 @@ def test_leader_not_available_is_retried_then_raised_typed():
     tablet = FakeTablet("a:1", TABLE, {0, 1, 2, 3})
     client, admin, _ = fake_client(TABLE, [tablet], {0: "", 1: "a:1", 2: "a:1", 3: "a:1"}, retry_total_s=0.5)
     sleeps = []
-    client.retry = client.retry.but(sleep=lambda s: (sleeps.append(s), time.sleep(s)))
+    client.retry = client.retry.but(sleep=lambda s: (sleeps.append(s), time.sleep(s)))  # the budget: real time
     key = next(i for i in range(100) if client.split(client.key_batch([i]))[0][0] == 0)
     with pytest.raises(errors.LeaderNotAvailableError, match="bucket 0 of table db.t"):
         client.lookup([key])

@@ -16,6 +16,7 @@ from common.proto import tablet_pb2_grpc as pb_grpc
 from common.tables import Column
 from client.table import TableClient
 from common.codec import batch_to_ipc
+from ops.wait import wait_until
 from tests.support.local_cluster import LocalCluster
 
 
@@ -164,10 +165,12 @@ def test_a_request_waits_out_a_restart_within_its_budget(local_cluster):
     with TableClient(cluster.admin, "db.t", retry_total_s=30) as client:
         client.upsert([{"id": 1, "v": "x"}])
         cluster.stop_tablet(1)
+        retries, backoff = [], client.retry.sleep
+        client.retry = client.retry.but(sleep=lambda s: (retries.append(s), backoff(s)))
         result = {}
         thread = threading.Thread(target=lambda: result.update(rows=client.lookup([1, 2])))
         thread.start()
-        time.sleep(1.0)
+        wait_until(lambda: len(retries) >= 2, 10, "the lookup retried twice")
         assert thread.is_alive()  # still retrying
         cluster.start_tablet(1)
         thread.join(30)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from common import zkpaths
@@ -14,22 +12,9 @@ from common.security.acl_store import AclCache, AclStore
 from common.security.users import UserCache, UserStore
 from common.security.watched import WatchedDirectory
 from common.zk import make_client
+from ops.wait import wait_until
 
 CHEAP = {"n": 2 ** 4, "r": 1, "p": 1}
-
-
-def eventually(check, timeout_s: float = 10.0):
-    """Poll ``check`` until it holds (returns something other than False and raises nothing) or a deadline."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            result = check()
-            assert result is not False, "still False"
-            return result
-        except (AssertionError, pytest.fail.Exception, AuthenticationFailedError, AuthorizationFailedError):
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.02)
 
 
 @pytest.fixture
@@ -79,23 +64,25 @@ def test_the_user_cache_follows_adds_password_changes_and_removals(zk_client, ot
             cache.authenticate("bob", "pw2")
 
         store.add("bob", "pw2")
-        assert eventually(lambda: cache.authenticate("bob", "pw2")) == "User:bob"
+        assert wait_until(lambda: cache.authenticate("bob", "pw2"), 10, "bob reached the cache",
+                          retry_on=(AuthenticationFailedError,)) == "User:bob"
 
         store.set_password("alice", "pw1b")
-        eventually(lambda: cache.authenticate("alice", "pw1b"))
+        wait_until(lambda: cache.authenticate("alice", "pw1b"), 10, "alice's new password reached the cache",
+                   retry_on=(AuthenticationFailedError,))
         with pytest.raises(AuthenticationFailedError):
             cache.authenticate("alice", "pw1")
 
         store.remove("bob")
 
-        def bob_gone():
-            with pytest.raises(AuthenticationFailedError):
-                cache.authenticate("bob", "pw2")
-        eventually(bob_gone)
+        wait_until(lambda: "bob" not in cache.users(), 10, "bob's removal reached the cache")
+        with pytest.raises(AuthenticationFailedError):
+            cache.authenticate("bob", "pw2")
         assert cache.users() == ["alice"]
 
         store.add("bob", "pw3")  # the same name again
-        eventually(lambda: cache.authenticate("bob", "pw3"))
+        wait_until(lambda: cache.authenticate("bob", "pw3"), 10, "bob, added again, reached the cache",
+                   retry_on=(AuthenticationFailedError,))
     finally:
         cache.stop()
 
@@ -105,7 +92,8 @@ def test_an_unreadable_user_record_cannot_log_in(zk_client):
     try:
         zk_client.create(zkpaths.user("mallory"), b"not json")
         UserStore(zk_client, **CHEAP).add("carol", "pw")
-        eventually(lambda: cache.authenticate("carol", "pw"))
+        wait_until(lambda: cache.authenticate("carol", "pw"), 10, "carol reached the cache",
+                   retry_on=(AuthenticationFailedError,))
         with pytest.raises(AuthenticationFailedError):
             cache.authenticate("mallory", "")
         assert "mallory" not in cache.users()
@@ -118,11 +106,11 @@ def test_a_watched_directory_reads_no_zookeeper_per_lookup(zk_client):
     directory = WatchedDirectory(zk_client, "/w", changes.append)
     try:
         zk_client.create("/w/a", b"1")
-        eventually(lambda: directory.snapshot == {"a": b"1"})
+        wait_until(lambda: directory.snapshot == {"a": b"1"}, 10, "the node's creation mirrored")
         zk_client.set("/w/a", b"2")
-        eventually(lambda: directory.snapshot == {"a": b"2"})
+        wait_until(lambda: directory.snapshot == {"a": b"2"}, 10, "the node's change mirrored")
         zk_client.delete("/w/a")
-        eventually(lambda: directory.snapshot == {})
+        wait_until(lambda: directory.snapshot == {}, 10, "the node's removal mirrored")
         assert changes[-1] == {}
         zk_client.stop()  # no session: the mirror still answers
         assert directory.snapshot == {}
@@ -189,18 +177,22 @@ def test_the_acl_cache_follows_grants_and_revocations(zk_client, other_client):
             cache.check("User:alice", Operation.WRITE, T)
 
         store.add(DB, "User:alice", Operation.WRITE)  # a database grant covers the table
-        eventually(lambda: cache.check("User:alice", Operation.WRITE, T))
+        wait_until(lambda: cache.authorizer.allowed("User:alice", Operation.WRITE, T), 10,
+                   "the database grant reached the cache")
+        cache.check("User:alice", Operation.WRITE, T)
 
         store.remove(T, "User:alice", Operation.READ)
 
-        def read_revoked():
-            with pytest.raises(AuthorizationFailedError, match="READ table db.t"):
-                cache.check("User:alice", Operation.READ, T)
-        eventually(read_revoked)
+        wait_until(lambda: not cache.authorizer.allowed("User:alice", Operation.READ, T), 10,
+                   "the revoke reached the cache")
+        with pytest.raises(AuthorizationFailedError, match="READ table db.t"):
+            cache.check("User:alice", Operation.READ, T)
         cache.check("User:alice", Operation.DESCRIBE, T)  # still implied by the database WRITE
 
         store.add(CLUSTER, "User:*", Operation.READ)
-        eventually(lambda: cache.check("User:bob", Operation.READ, Resource.table("x.y")))
+        wait_until(lambda: cache.authorizer.allowed("User:bob", Operation.READ, Resource.table("x.y")), 10,
+                   "the wildcard cluster grant reached the cache")
+        cache.check("User:bob", Operation.READ, Resource.table("x.y"))
     finally:
         cache.stop()
 
@@ -210,7 +202,8 @@ def test_an_unreadable_acl_node_grants_nothing(zk_client):
     try:
         zk_client.create(zkpaths.acl("table", "db.bad"), b'[{"principal":"User:x","operation":"FLY"}]')
         AclStore(zk_client).add(T, "User:x", Operation.READ)
-        eventually(lambda: cache.check("User:x", Operation.READ, T))
+        wait_until(lambda: cache.authorizer.allowed("User:x", Operation.READ, T), 10, "the grant reached the cache")
+        cache.check("User:x", Operation.READ, T)
         with pytest.raises(AuthorizationFailedError):
             cache.check("User:x", Operation.DESCRIBE, Resource.table("db.bad"))
     finally:

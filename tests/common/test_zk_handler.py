@@ -11,9 +11,11 @@ import threading
 import time
 
 import pytest
+from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import SequentialThreadingHandler
 
 from common.zk import PollHandler, make_client
+from ops.wait import wait_until
 
 
 @pytest.fixture
@@ -99,15 +101,8 @@ def test_make_client_uses_it_against_real_zookeeper(zk_config):
         assert fired.wait(10)
         # a dropped connection: kazoo reconnects (same session) through the handler's select
         client._connection._socket.shutdown(socket.SHUT_RDWR)
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                if client.get("/h/n7")[0] == b"changed":
-                    break
-            except Exception:  # noqa: BLE001 - still reconnecting
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
+        wait_until(lambda: client.get("/h/n7")[0] == b"changed", 20, "the client reconnected", interval_s=0.1,
+                   retry_on=(KazooException,))  # still reconnecting
     finally:
         client.stop()
         client.close()

@@ -19,6 +19,7 @@ from common.tables import Column
 from client.admin import AdminClient, ReleaseResult
 from coordinator.server import CoordinatorServer
 from common.model import SnapshotFile, SnapshotHandle, TableBucket
+from ops.wait import wait_until
 from tests.support.snapshot_manifests import snapshot, write_manifest
 
 pytestmark = pytest.mark.zk
@@ -30,10 +31,8 @@ def pair(make_config):
                           "kv.snapshot.lease.max-duration": "1h", "client.retry.total-timeout": "10s"})
     servers = [CoordinatorServer(config).start(), CoordinatorServer(config).start()]
     try:
-        deadline = time.monotonic() + 15
-        while not any(s.is_active for s in servers) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        active = next(s for s in servers if s.is_active)
+        active = wait_until(lambda: next((s for s in servers if s.is_active), None), 15, "an active coordinator",
+                            interval_s=0.02)
         standby = next(s for s in servers if s is not active)
         yield active, standby
     finally:
@@ -196,10 +195,7 @@ def test_expiry_within_the_check_interval(client, table):
     alive = [lease.lease_id for lease in client.list_leases()]
     if time.monotonic() - started < 0.5:  # read before the deadline: the lease must still be there
         assert alive == ["short"]
-    deadline = time.monotonic() + 5
-    while client.list_leases() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert client.list_leases() == []
+    wait_until(lambda: client.list_leases() == [], 5, "the lease expired", interval_s=0.02)
     # gone no earlier than its expiration time, and within 600 ms + the 100 ms check
     # interval + slack for a loaded machine
     assert time.time() * 1000 >= result.expiration_time
@@ -210,10 +206,13 @@ def test_metrics_endpoint(client, pair, table):
     active, _ = pair
     client.acquire_lease("m1", {TableBucket(table.table_id, 0): 1}, 60_000)
     client.acquire_lease("m2", {TableBucket(table.table_id, 0): 1, TableBucket(table.table_id, 1): 1}, 60_000)
-    time.sleep(0.3)  # gauges refresh on the expiry tick (100 ms here)
-    body = urllib.request.urlopen(f"http://127.0.0.1:{active.metrics_port}/metrics", timeout=5).read().decode()
-    values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in body.splitlines()
-              if line and not line.startswith("#")}
+
+    def scraped() -> dict[str, float]:
+        body = urllib.request.urlopen(f"http://127.0.0.1:{active.metrics_port}/metrics", timeout=5).read().decode()
+        return {line.split(" ")[0]: float(line.split(" ")[1]) for line in body.splitlines()
+                if line and not line.startswith("#")}
+    # gauges refresh on the expiry tick (100 ms here)
+    values = wait_until(lambda: (v := scraped()).get("kvlease_leases") == 2 and v, 5, "the gauges refreshed")
     assert values["kvlease_leases"] == 2
     assert values["kvlease_leased_snapshots"] == 2
     assert values[f'kvlease_table_leases{{table_id="{table.table_id}"}}'] == 2
@@ -319,7 +318,7 @@ def test_a_coordinator_starts_and_serves_with_a_lease_file_deleted(make_config):
             assert "kvlease_lease_files_unreadable 1.0" in response.read().decode()
         assert second.zk.exists(zkpaths.lease("lost"))
         epoch = second.epoch
-        time.sleep(0.5)
+        time.sleep(0.5)  # a negative check: a crash or an election loop would show by now
         assert second.is_active and second.epoch == epoch  # no step-down, no election loop
 
 
@@ -366,7 +365,7 @@ def test_a_snapshot_handle_over_the_zookeeper_limit_is_refused_and_the_coordinat
     files = [SnapshotFile(f"kv/{table.table_id}/0/shared/{i:06d}-" + "y" * 100 + ".sst", 1) for i in range(9_000)]
     with pytest.raises(errors.InvalidRequestError, match="over the 1,000,000-byte limit of a ZooKeeper write"):
         client.commit_kv_snapshot(snapshot(active.storage, tb, 2, 20, files))
-    time.sleep(0.5)
+    time.sleep(0.5)  # a dropped ZooKeeper connection would show as a step-down by now
     assert active.is_active and active.epoch == epoch
     client.commit_kv_snapshot(snapshot(active.storage, tb, 3, 30))
     assert client.get_latest_kv_snapshots(table.table_id)[tb].snapshot_id == 3

@@ -30,9 +30,10 @@ from client.admin import AdminClient
 from common.model import TableBucket
 from leases.store import LEASE_FILES, LeaseStore
 from ops.local_cluster import four_letter
+from ops.wait import wait_until
 from tests.support.snapshot_manifests import commit_snapshot
 from tests.support.procs import (  # noqa: F401 - coordinator_procs is a fixture
-    assert_served_as_persisted, coordinator_procs, persisted_leases, wait_until)
+    assert_served_as_persisted, coordinator_procs, persisted_leases)
 
 pytestmark = [pytest.mark.slow, pytest.mark.zk, pytest.mark.timeout(180)]
 

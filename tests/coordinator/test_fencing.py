@@ -27,9 +27,10 @@ from coordinator.fencing import bump_epoch
 from coordinator.server import CoordinatorServer
 from common.model import TableBucket
 from leases.store import LEASE_FILES
+from ops.wait import wait_until
 from tests.support.snapshot_manifests import commit_snapshot, snapshot
 from tests.support.procs import (  # noqa: F401 - coordinator_procs is a fixture
-    assert_served_as_persisted, coordinator_procs, lease_view, wait_until, zk_tree)
+    assert_served_as_persisted, coordinator_procs, lease_view, zk_tree)
 
 pytestmark = pytest.mark.zk
 
@@ -142,7 +143,7 @@ def _attempt_write(client, write, tb0, tb1, new_snapshot, short) -> None:
     }
     if write == "expire":  # no request: the expiry timer itself tries to delete "short"
         assert time.time() * 1000 < short.expiration_time, "set-up too slow: 'short' expired before the bump"
-        time.sleep(max(0.0, short.expiration_time / 1000 - time.time()) + 0.5)
+        time.sleep(max(0.0, short.expiration_time / 1000 - time.time()) + 0.5)  # past its deadline and a timer run
     else:
         with pytest.raises((errors.NotCoordinatorError, errors.CoordinatorFencedError)):
             attempts[write]()
@@ -240,7 +241,7 @@ def _assert_stays_standby(procs, frozen, direct, info, new_info) -> None:
     """It steps down (or already had) and stays a standby; its expiry timer, which saw "short"
     expire, could not delete it either."""
     wait_until(lambda: (procs.info(frozen) or info).active is False, 15, "the resumed coordinator is a standby")
-    time.sleep(1.0)
+    time.sleep(1.0)  # a negative check: a crash or a return to active would show by now
     assert frozen.alive()
     resumed = procs.info(frozen)
     assert resumed is not None and not resumed.active and resumed.epoch >= new_info.epoch

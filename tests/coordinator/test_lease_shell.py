@@ -17,7 +17,7 @@ from common.zk import loads
 from coordinator.lease_shell import LeaseShell
 from leases import state as ls
 from leases.store import LEASE_FILES, LeaseStore
-from tests.support.procs import wait_until
+from ops.wait import wait_until
 
 pytestmark = pytest.mark.unit
 

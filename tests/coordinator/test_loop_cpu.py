@@ -9,7 +9,7 @@ import pytest
 from coordinator.loop import EventLoop
 from coordinator.metrics import CoordinatorMetrics
 from leases import state as ls
-from tests.support.procs import wait_until
+from ops.wait import wait_until
 
 pytestmark = pytest.mark.unit
 

@@ -23,7 +23,7 @@ from coordinator.catalog import TableCatalog
 from coordinator.orphan_files import OrphanFiles
 from coordinator.server import CoordinatorServer
 from coordinator.snapshots import SnapshotStore
-from tests.support.procs import wait_until
+from ops.wait import wait_until
 from tests.support.snapshot_manifests import snapshot, storage_of
 
 #: runs only when a test asks for one (a_full_run): a run of its own timer overlapping the test's setup deleted the

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from client.server_calls import ServerCalls
@@ -13,7 +11,8 @@ from common import errors
 from common.model import TableBucket
 from common.security.acl import Resource
 from common.tables import Column
-from tests.support.secure_cluster import INTERNAL_PASSWORD, SecureCluster, eventually
+from ops.wait import wait_until
+from tests.support.secure_cluster import ACL_WAIT_S, INTERNAL_PASSWORD, NOT_YET_GRANTED, SecureCluster
 from tests.support.snapshot_manifests import snapshot
 
 COLUMNS = [Column("id", "BIGINT"), Column("v", "STRING")]
@@ -27,16 +26,13 @@ def secure(make_config, tmp_path):
         yield cluster
 
 
-def until_refused(call, timeout_s: float = 10.0) -> None:
-    """Wait until ``call()`` is refused (a revoke reaches the servers' caches by a watch)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            call()
-        except errors.AuthorizationFailedError:
-            return
-        assert time.monotonic() < deadline, "still allowed after the revoke"
-        time.sleep(0.05)
+def is_refused(call) -> bool:
+    """Whether ``call()`` is refused (a revoke reaches the servers' caches by a watch)."""
+    try:
+        call()
+    except errors.AuthorizationFailedError:
+        return True
+    return False
 
 
 def refused(call, operation: str, resource: str) -> errors.AuthorizationFailedError:
@@ -61,13 +57,14 @@ def test_create_needs_create_on_the_database_and_drop_needs_drop_on_the_table(se
     refused(lambda: bob.create_table("db.t", COLUMNS, ["id"], 1), "CREATE", "database db")
     assert secure.admin.list_tables() == []
     secure.grant(BOB, "CREATE", "db")
-    eventually(lambda: bob.create_table("db.t", COLUMNS, ["id"], 1))
+    wait_until(lambda: bob.create_table("db.t", COLUMNS, ["id"], 1), ACL_WAIT_S, "bob creates db.t",
+               retry_on=NOT_YET_GRANTED)
     refused(lambda: bob.create_table("other.t", COLUMNS, ["id"], 1), "CREATE", "database other")
 
     refused(lambda: bob.drop_table("db.t"), "DROP", "table db.t")
     assert [t.path for t in secure.admin.list_tables()] == ["db.t"]
     secure.grant(BOB, "DROP", "db.t")
-    assert eventually(lambda: bob.drop_table("db.t")) is True
+    assert wait_until(lambda: bob.drop_table("db.t"), ACL_WAIT_S, "bob drops db.t", retry_on=NOT_YET_GRANTED) is True
     assert secure.admin.list_tables() == []
 
 
@@ -78,16 +75,17 @@ def test_tables_are_listed_and_described_only_where_the_caller_has_a_grant(secur
     assert bob.list_tables() == []
     refused(lambda: bob.get_table("db.a"), "DESCRIBE", "table db.a")
     secure.grant(BOB, "READ", "db.a")  # any grant allows DESCRIBE
-    eventually(lambda: bob.get_table("db.a"))
+    wait_until(lambda: bob.get_table("db.a"), ACL_WAIT_S, "bob describes db.a", retry_on=NOT_YET_GRANTED)
     assert [t.path for t in bob.list_tables()] == ["db.a"]
     table_b = secure.admin.get_table("db.b")
     refused(lambda: bob.get_table_by_id(table_b.table_id), "DESCRIBE", "table db.b")
     refused(lambda: bob.get_table_assignment(table_b.table_id), "DESCRIBE", "table db.b")
     secure.grant(BOB, "DESCRIBE", "db")  # the database's grant covers its tables
-    eventually(lambda: bob.get_table_assignment(table_b.table_id))
+    wait_until(lambda: bob.get_table_assignment(table_b.table_id), ACL_WAIT_S, "bob describes db.b",
+               retry_on=NOT_YET_GRANTED)
     assert [t.path for t in bob.list_tables()] == ["db.a", "db.b"]
     secure.grant("User:*", "DESCRIBE", "cluster")  # the wildcard principal, on the cluster
-    eventually(lambda: bob.get_table("other.c"))
+    wait_until(lambda: bob.get_table("other.c"), ACL_WAIT_S, "bob describes other.c", retry_on=NOT_YET_GRANTED)
 
 
 def test_snapshot_listing_needs_read(secure):
@@ -96,7 +94,8 @@ def test_snapshot_listing_needs_read(secure):
     refused(lambda: bob.list_kv_snapshots(table_id), "READ", "table db.t")
     refused(lambda: bob.get_latest_kv_snapshots(table_id), "READ", "table db.t")
     secure.grant(BOB, "READ", "db.t")
-    assert len(eventually(lambda: bob.list_kv_snapshots(table_id))) == 1
+    assert len(wait_until(lambda: bob.list_kv_snapshots(table_id), ACL_WAIT_S, "bob lists the snapshots",
+                          retry_on=NOT_YET_GRANTED)) == 1
     assert len(bob.get_latest_kv_snapshots(table_id)) == 1
 
 
@@ -108,13 +107,14 @@ def test_every_lease_operation_needs_read_on_the_leased_tables(secure):
     assert secure.admin.list_leases() == []
 
     secure.grant(BOB, "READ", "db.t")
-    acquired = eventually(lambda: bob.acquire_lease("q1", {tb: info.snapshot_id}, 60_000))
+    acquired = wait_until(lambda: bob.acquire_lease("q1", {tb: info.snapshot_id}, 60_000), ACL_WAIT_S,
+                          "bob acquires q1", retry_on=NOT_YET_GRANTED)
     assert set(acquired.acquired) == {tb}
     assert [lease.lease_id for lease in bob.list_leases()] == ["q1"]
     before = secure.admin.describe_lease("q1")
 
     secure.revoke(BOB, "READ", "db.t")
-    until_refused(lambda: bob.get_table("db.t"))
+    wait_until(lambda: is_refused(lambda: bob.get_table("db.t")), ACL_WAIT_S, "bob refused db.t after the revoke")
     # the lease's own tables count; one bob may not even DESCRIBE is not named (a QA walkthrough learnt
     # another user's table from such a refusal)
     for call in (lambda: bob.renew_lease("q1", 120_000), lambda: bob.describe_lease("q1"),
@@ -122,15 +122,16 @@ def test_every_lease_operation_needs_read_on_the_leased_tables(secure):
         assert "db.t" not in refused(call, "READ", "every table lease q1 holds").message
     refused(lambda: bob.release_lease("q1", [tb]), "READ", "table db.t")  # bob named it
     secure.grant(BOB, "DESCRIBE", "db.t")  # a table bob may see is named
-    eventually(lambda: bob.get_table("db.t"))
+    wait_until(lambda: bob.get_table("db.t"), ACL_WAIT_S, "bob describes db.t", retry_on=NOT_YET_GRANTED)
     refused(lambda: bob.renew_lease("q1", 120_000), "READ", "table db.t")
     secure.revoke(BOB, "DESCRIBE", "db.t")
-    until_refused(lambda: bob.get_table("db.t"))
+    wait_until(lambda: is_refused(lambda: bob.get_table("db.t")), ACL_WAIT_S, "bob refused db.t after the revoke")
     assert bob.list_leases() == []  # hidden, not refused
     assert secure.admin.describe_lease("q1") == before  # nothing changed
 
     secure.grant(BOB, "READ", "db")
-    assert eventually(lambda: bob.renew_lease("q1", 120_000)) > before.expiration_time
+    assert wait_until(lambda: bob.renew_lease("q1", 120_000), ACL_WAIT_S, "bob renews q1",
+                      retry_on=NOT_YET_GRANTED) > before.expiration_time
     assert bob.drop_lease("q1") is True
     assert bob.drop_lease("q1") is False  # a retried drop: the same outcome, no error
     assert bob.release_lease("q1", [tb]).released is False
@@ -195,7 +196,8 @@ def test_under_mutual_tls_the_certificate_names_the_caller(make_config, tmp_path
             anonymous.get_table("db.t")
         assert info.value.message.startswith("User:kvlease-client "), info.value.message
         secure.grant("User:kvlease-client", "DESCRIBE", "db.t")
-        assert eventually(lambda: anonymous.get_table("db.t")).path == "db.t"
+        assert wait_until(lambda: anonymous.get_table("db.t"), ACL_WAIT_S, "the certificate's user describes db.t",
+                          retry_on=NOT_YET_GRANTED).path == "db.t"
 
 
 def test_the_replication_calls_are_for_the_cluster_principal_only(secure):
@@ -236,9 +238,10 @@ def test_moving_replicas_needs_alter_on_the_cluster(secure):
         with pytest.raises(errors.AuthorizationFailedError, match="User:bob"):
             call(bob)
     secure.grant("User:bob", "DESCRIBE", Resource.cluster())
-    assert eventually(lambda: bob.list_reassignments() == [])
+    wait_until(lambda: bob.list_reassignments() == [], ACL_WAIT_S, "bob lists no moves", retry_on=NOT_YET_GRANTED)
     secure.grant("User:bob", "ALTER", Resource.cluster())
-    assert eventually(lambda: bob.rebalance() == [])  # one tablet server, one replica: nothing to move
+    # one tablet server, one replica: nothing to move
+    wait_until(lambda: bob.rebalance() == [], ACL_WAIT_S, "bob's rebalance moving nothing", retry_on=NOT_YET_GRANTED)
     assert bob.recommission_tablet(1) is False  # registered, not decommissioned
     with pytest.raises(errors.InvalidRequestError, match=r"tablet server\(s\) \[2\] are not live"):
         bob.reassign_bucket("db.m", 0, [2])  # authorized: refused for what it asks

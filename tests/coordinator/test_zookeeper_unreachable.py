@@ -20,8 +20,8 @@ from common.proto import coordinator_pb2 as pb
 from common.proto import coordinator_pb2_grpc as pb_grpc
 from common.tables import Column
 from ops.local_cluster import ZooKeeperCluster
+from ops.wait import wait_until
 from tests.support.cli_runner import assert_one_line_error, run
-from tests.support.procs import wait_until
 from tests.support.snapshot_manifests import commit_snapshot
 
 pytestmark = [pytest.mark.zk, pytest.mark.timeout(180)]

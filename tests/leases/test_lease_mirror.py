@@ -27,7 +27,8 @@ from leases.mirror import LeaseMirror
 from leases.refcount import RefcountIndex
 from common.model import TableBucket
 from leases.store import LEASE_FILES, encode_table_file
-from tests.support.procs import persisted_leases, wait_until
+from ops.wait import wait_until
+from tests.support.procs import persisted_leases
 from tests.leases.test_lease_persistence import (  # noqa: F401 - storage_config is a fixture (file and s3)
     Clock, call, commit, make_table, new_controller, storage_config)
 
@@ -287,7 +288,7 @@ def test_a_lease_whose_file_is_missing_is_retried_once_a_round_not_in_a_spin(env
     try:
         wait_until(lambda: "fine" in mirrored(m), 10, "the readable lease")
         reads = m.stats["node_reads"]
-        time.sleep(1.0)
+        time.sleep(1.0)  # a rate: the reads over a second
         assert m.stats["node_reads"] - reads <= 15  # ~one read per 0.1 s round, not thousands
         assert "broken" not in mirrored(m)
         leases, layout = m.exact()

@@ -21,8 +21,9 @@ from common.storage import open_storage
 from common.tables import Column
 from common.zk import make_client
 from coordinator.server import CoordinatorServer
+from ops.wait import wait_until
 from tests.support.cli_runner import assert_one_line_error, run
-from tests.support.procs import persisted_leases, wait_until
+from tests.support.procs import persisted_leases
 from tests.support.snapshot_manifests import commit_snapshot
 
 pytestmark = [pytest.mark.zk, pytest.mark.timeout(120)]

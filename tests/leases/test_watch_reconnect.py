@@ -19,7 +19,6 @@ active coordinator), the user and ACL caches of the security layer.
 from __future__ import annotations
 
 import logging
-import time
 from typing import Callable
 
 import pytest
@@ -38,7 +37,8 @@ from leases.refcount import RefcountIndex
 from common.model import TableBucket
 from ops.local_cluster import ZooKeeperCluster, server_mode
 from tests.conftest import TEST_DEFAULTS
-from tests.support.procs import persisted_leases, wait_until
+from ops.wait import wait_until
+from tests.support.procs import persisted_leases
 from tests.leases.test_lease_persistence import Clock, call, commit, make_table, new_controller
 
 pytestmark = [pytest.mark.timeout(180)]
@@ -92,15 +92,8 @@ class Faults:
 
 def _writable(client, timeout_s: float = 30.0) -> None:
     """Wait until a ``sync`` through ``client`` succeeds: it is connected to a quorum with a leader."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            client.sync("/")
-            return
-        except (ConnectionLoss, SessionExpiredError):
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
+    wait_until(lambda: client.sync("/"), timeout_s, "a sync through the writer", interval_s=0.1,
+               retry_on=(ConnectionLoss, SessionExpiredError))
 
 
 @pytest.fixture(params=["restart", "away"])

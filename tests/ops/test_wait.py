@@ -35,6 +35,27 @@ def test_wait_until_names_what_was_awaited_and_the_last_value():
     assert isinstance(info.value, AssertionError)
 
 
+@pytest.mark.unit
+def test_wait_until_counts_the_exceptions_it_is_given_as_not_yet_and_names_the_last_one():
+    calls = []
+
+    def refused(times: int):
+        def call():
+            calls.append(1)
+            if len(calls) <= times:
+                raise PermissionError(f"refused {len(calls)}")
+            return "allowed"
+        return call
+    assert wait_until(refused(2), 5, "allowed", interval_s=0, retry_on=(PermissionError,)) == "allowed"
+    assert len(calls) == 3
+    last = r"allowed: not reached within 0.01s \(last: PermissionError\('refused \d+'\)\)"
+    with pytest.raises(NotReached, match=last) as info:
+        wait_until(refused(10 ** 6), 0.01, "allowed", interval_s=0.005, retry_on=(PermissionError,))
+    assert isinstance(info.value.__cause__, PermissionError)
+    with pytest.raises(PermissionError):  # an exception not named ends the wait
+        wait_until(refused(10 ** 6), 5, "allowed", retry_on=(KeyError,))
+
+
 def bucket(isr, replicas=(1, 2, 3), leader="127.0.0.1:1", leader_id=1):
     return types.SimpleNamespace(isr=tuple(isr), replicas=tuple(replicas), leader_address=leader, leader_id=leader_id)
 

@@ -101,7 +101,7 @@ def test_change_feed_replay_stops_where_the_source_reuses_offsets_it_applied(clu
     the first run applied: the second run is refused at its first fetch and applies none of them."""
     from client.table import TableClient
     from common import errors
-    from tests.support.procs import wait_until
+    from ops.wait import wait_until
     from tests.tablet.replication.test_data_loss_cluster import _restart_wiped, _served
     from tests.tablet.replication.test_replicated_buckets import SCHEMA, bucket_state
 

@@ -121,7 +121,7 @@ def test_change_feed_from_earliest_with_ending_offsets_and_by_time(spark, kv):
     kv.create_table("shop.orders", ALL_TYPES, ["id"], 2)
     with TableClient(kv.admin, "shop.orders") as client:
         first = client.upsert([row(i) for i in range(20)])
-        time.sleep(0.05)
+        time.sleep(0.05)  # commit times are in ms: the middle is after the first batch's and before the next's
         middle = int(time.time() * 1000)
         time.sleep(0.05)
         client.upsert([row(i, 1) for i in range(5)])

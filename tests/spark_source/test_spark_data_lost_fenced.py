@@ -24,7 +24,7 @@ from spark_source.reader import read_split
 from spark_source.schema import spark_arrow_schema
 from spark_source.splits import ReadContext
 from spark_source.stream import StreamReader
-from tests.support.procs import wait_until
+from ops.wait import wait_until
 from tests.tablet.replication.test_data_loss_cluster import (  # noqa: F401
     _served, cluster, lose_and_restore, one_replica_with_tail, two_in_sync)
 from tests.tablet.replication.test_replicated_buckets import bucket_state, crash, server_by_id

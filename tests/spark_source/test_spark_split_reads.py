@@ -8,6 +8,7 @@ import pytest
 
 from client.table import TableClient
 from common.model import TableBucket
+from ops.wait import wait_until
 from spark_source import options as opts
 from spark_source.bootstrap import SnapshotFileMissingError
 from spark_source.enumerator import plan_bootstrap
@@ -99,8 +100,8 @@ def test_a_table_dropped_under_a_stream_is_named_by_its_name(kv):
         start = stream.initialOffset()
         end = stream.latestOffset(start, None)
         kv.admin.drop_table("shop.orders")
-        kv.wait_for(lambda: all(t.replicas.table(ctx.table.table_id) is None for t in kv.tablets.values()),
-                    "the tablet servers dropped the table")
+        wait_until(lambda: all(t.replicas.table(ctx.table.table_id) is None for t in kv.tablets.values()), 30,
+                   "the tablet servers dropped the table")
         with pytest.raises(Exception, match=f"table shop.orders \\(id {ctx.table.table_id}\\) no longer exists"):
             stream.latestOffset(end, None)
     finally:

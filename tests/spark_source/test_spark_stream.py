@@ -10,7 +10,7 @@ import time
 import pytest
 
 from client.table import TableClient
-from tests.support.procs import wait_until
+from ops.wait import wait_until
 from tests.support.spark_tables import ALL_TYPES, row, seed, spark_row
 from tests.support.local_cluster import LocalCluster
 

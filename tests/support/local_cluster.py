@@ -34,16 +34,12 @@ class LocalCluster:
         from tablet.server import TabletServer
 
         self.tablets[i] = TabletServer(self.tablet_config(i)).start()
-        self.wait_for(lambda: i in {s.id for s in self.admin.list_tablet_servers()}, f"tablet {i} registered")
+        wait_until(lambda: i in {s.id for s in self.admin.list_tablet_servers()}, 30, f"tablet {i} registered")
         return self.tablets[i]
 
     def stop_tablet(self, i: int) -> None:
         self.tablets.pop(i).stop()
-        self.wait_for(lambda: i not in {s.id for s in self.admin.list_tablet_servers()}, f"tablet {i} gone")
-
-    @staticmethod
-    def wait_for(predicate, what: str, timeout_s: float = 30.0):
-        return wait_until(predicate, timeout_s, what)
+        wait_until(lambda: i not in {s.id for s in self.admin.list_tablet_servers()}, 30, f"tablet {i} gone")
 
     def create_table(self, path: str, columns, primary_key, buckets: int) -> TableInfo:
         info = self.admin.create_table(path, columns, primary_key, buckets)
@@ -51,7 +47,7 @@ class LocalCluster:
         def led():  # every bucket has a live leader
             _, leaders = self.admin.get_table_assignment(info.table_id)
             return len(leaders) == buckets and all(b.leader_address for b in leaders.values())
-        self.wait_for(led, f"{path}: every bucket led")
+        wait_until(led, 30, f"{path}: every bucket led")
         return info
 
     def close(self) -> None:

@@ -29,7 +29,7 @@ from client.admin import AdminClient, CoordinatorInfo
 from common.model import Lease, TableBucket
 from leases.store import LeaseStore
 from ops.local_cluster import ServerProcess, free_ports
-from ops.wait import wait_until  # noqa: F401  (the tests import it from here too)
+from ops.wait import wait_until
 
 class CoordinatorProc(ServerProcess):
     """One coordinator process (:class:`ops.local_cluster.ServerProcess`), which a test can also pause."""
@@ -128,20 +128,15 @@ class CoordinatorProcs:
                     min_epoch: int = 0) -> tuple[CoordinatorProc, CoordinatorInfo]:
         """The first coordinator (of ``among``) that says it is active with an epoch >= ``min_epoch``."""
         candidates = among or self.procs
-        deadline = time.monotonic() + timeout_s
-        while True:
+
+        def active() -> tuple[CoordinatorProc, CoordinatorInfo] | None:
             for proc in candidates:
-                if not proc.alive():
-                    continue
-                info = self.info(proc)
+                info = self.info(proc) if proc.alive() else None
                 if info is not None and info.active and info.epoch >= min_epoch:
                     return proc, info
-            if time.monotonic() > deadline:
-                raise AssertionError(f"no coordinator of {candidates} active (epoch >= {min_epoch}) "
-                                     f"within {timeout_s}s")
-            if all(not p.alive() for p in candidates):
-                raise AssertionError(f"every coordinator of {candidates} exited")
-            time.sleep(0.05)
+            assert any(p.alive() for p in candidates), f"every coordinator of {candidates} exited"
+            return None
+        return wait_until(active, timeout_s, f"a coordinator of {candidates} active (epoch >= {min_epoch})")
 
     def logs(self, lines: int = 150) -> str:
         return "\n".join(f"==> {p.name} {p.address} pid {p.pid} "

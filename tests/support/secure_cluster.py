@@ -9,8 +9,6 @@ user. Use as a context manager or call ``close``.
 
 from __future__ import annotations
 
-import time
-
 from client.admin import AdminClient
 from common import errors
 from common.config import Config
@@ -19,25 +17,16 @@ from common.security.acl_store import AclStore
 from common.security.users import UserStore
 from common.zk import make_client
 from ops.local_cluster import certs, client_settings, server_settings
+from ops.wait import wait_until
 from tests.support.local_cluster import LocalCluster
 
 INTERNAL_PASSWORD = "cluster-secret"
 ADMIN, ADMIN_PASSWORD = "admin", "admin-secret"
 CHEAP_HASH = {"n": 2 ** 4, "r": 8, "p": 1}  # scrypt parameters for test users: verifying costs microseconds
 ACL_WAIT_S = 10.0  # the ACL caches follow ZooKeeper watches: a grant or revoke lands within this
-
-
-def eventually(call, timeout_s: float = ACL_WAIT_S):
-    """``call()``'s result once it stops being refused (a grant reaches the servers' caches by a watch);
-    retried on AuthorizationFailedError, bounded."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return call()
-        except errors.AuthorizationFailedError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+#: ``wait_until(call, ACL_WAIT_S, what, retry_on=NOT_YET_GRANTED)``: a call is refused until a grant reaches the
+#: servers' caches (by a watch)
+NOT_YET_GRANTED = (errors.AuthorizationFailedError,)
 
 
 class SecureCluster:
@@ -104,8 +93,7 @@ class SecureCluster:
 
     def _until_servers(self, predicate, what: str) -> None:
         servers = [self.cluster.coordinator, *self.cluster.tablets.values()]
-        self.cluster.wait_for(lambda: all(predicate(server.security) for server in servers),
-                              f"{what} on every server", timeout_s=10)
+        wait_until(lambda: all(predicate(server.security) for server in servers), ACL_WAIT_S, f"{what} on every server")
 
     def close(self) -> None:
         for admin in self._admins:

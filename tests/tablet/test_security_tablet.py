@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-import time
 import uuid
 from pathlib import Path
 
@@ -34,8 +33,9 @@ from common.codec import batch_to_ipc
 from common.security.acl import Operation, Resource
 from common.tls import TlsFiles
 from common.wire import error_from_pb
+from ops.wait import wait_until
 from tests.conftest import TEST_DEFAULTS
-from tests.support.secure_cluster import ACL_WAIT_S, ADMIN, ADMIN_PASSWORD, SecureCluster, eventually
+from tests.support.secure_cluster import ACL_WAIT_S, ADMIN, ADMIN_PASSWORD, NOT_YET_GRANTED, SecureCluster
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -103,7 +103,7 @@ def make_user(sc, stubs):
             except errors.KvLeaseError:  # authenticated, whatever else the answer is
                 pass
             return True
-        sc.cluster.wait_for(known, f"user {name} known to the servers", ACL_WAIT_S)
+        wait_until(known, ACL_WAIT_S, f"user {name} known to the servers")
         return name, password
     return make
 
@@ -234,7 +234,8 @@ def test_reads_are_denied_without_read_and_allowed_with_it(sc, table, make_user,
     assert open_scanners(sc) == 0
 
     sc.grant(f"User:{user[0]}", "READ", table)
-    assert eventually(lambda: client.lookup([1, 999])) == [ROWS[0], None]
+    assert wait_until(lambda: client.lookup([1, 999]), ACL_WAIT_S, "a lookup once READ was granted",
+                      retry_on=NOT_YET_GRANTED) == [ROWS[0], None]
     offsets = client.list_offsets()
     assert sum(latest for _earliest, latest in offsets.values()) > 0
     records, _end = client.fetch_log(0, 0)
@@ -254,7 +255,8 @@ def test_writes_are_denied_without_write_and_change_nothing_and_allowed_with_it(
     assert state(sc, table) == before  # rows, offsets and snapshots as they were
 
     sc.grant(f"User:{user[0]}", "WRITE", table)
-    eventually(lambda: client.upsert([{"id": 1, "v": "changed"}]))
+    wait_until(lambda: client.upsert([{"id": 1, "v": "changed"}]), ACL_WAIT_S, "a write once WRITE was granted",
+               retry_on=NOT_YET_GRANTED)
     client.delete([2])
     assert client.lookup([1, 2, 3]) == [{"id": 1, "v": "changed"}, None, ROWS[2]]
     committed = client.trigger_snapshot()
@@ -268,11 +270,13 @@ def test_writes_are_denied_without_write_and_change_nothing_and_allowed_with_it(
 def test_grants_on_the_database_and_the_cluster_cover_the_table(sc, table, make_user, clients):
     db = table.split(".")[0]
     reader = clients(make_user(("READ", db)), table)
-    assert eventually(lambda: reader.lookup([1])) == [ROWS[0]]
+    assert wait_until(lambda: reader.lookup([1]), ACL_WAIT_S, "a lookup under the database's grant",
+                      retry_on=NOT_YET_GRANTED) == [ROWS[0]]
     denied(lambda: reader.upsert([{"id": 1, "v": "x"}]), "WRITE", table)
 
     writer = clients(make_user(("WRITE", "cluster")), table)
-    eventually(lambda: writer.upsert([{"id": 700, "v": "by cluster grant"}]))
+    wait_until(lambda: writer.upsert([{"id": 700, "v": "by cluster grant"}]), ACL_WAIT_S,
+               "a write under the cluster's grant", retry_on=NOT_YET_GRANTED)
     denied(lambda: writer.lookup([700]), "READ", table)
     assert reader.lookup([700]) == [{"id": 700, "v": "by cluster grant"}]
 
@@ -282,7 +286,8 @@ def test_a_wildcard_grant_covers_every_user_of_that_table_only(sc, table, make_u
     sc.cluster.create_table(other, COLUMNS, ["id"], 1)
     sc.grant("User:*", "READ", table)
     user = make_user(("WRITE", other))
-    assert eventually(lambda: clients(user, table).lookup([3])) == [ROWS[2]]
+    assert wait_until(lambda: clients(user, table).lookup([3]), ACL_WAIT_S, "a lookup under the wildcard grant",
+                      retry_on=NOT_YET_GRANTED) == [ROWS[2]]
     denied(lambda: clients(user, other).lookup([3]), "READ", other)
 
 
@@ -367,7 +372,7 @@ def _close(stub, sid):
 def test_a_scanner_belongs_to_its_opener(sc, table, make_user, stubs):
     table_id = sc.admin.get_table(table).table_id
     alice, bob = stubs(*make_user(("READ", table))), stubs(*make_user(("READ", table)))
-    sid = eventually(lambda: _open_scan(alice, table_id))
+    sid = wait_until(lambda: _open_scan(alice, table_id), ACL_WAIT_S, "alice opens a scan", retry_on=NOT_YET_GRANTED)
     first = raise_for(_next(alice, sid, 0))
 
     for response in (_next(bob, sid, 1), _next(bob, sid, 0), _close(bob, sid)):  # next, replay, close
@@ -397,18 +402,26 @@ def test_a_revoked_read_stops_a_scan_which_its_owner_can_still_close(sc, table, 
     add_rows(sc, table)
     name, password = make_user(("READ", table))
     alice = stubs(name, password)
-    sid = eventually(lambda: _open_scan(alice, table_id))
+    sid = wait_until(lambda: _open_scan(alice, table_id), ACL_WAIT_S, "alice opens a scan", retry_on=NOT_YET_GRANTED)
     sc.revoke(f"User:{name}", "READ", table)
 
-    call, deadline = 0, time.monotonic() + ACL_WAIT_S
-    while (response := _next(alice, sid, call)).error.code != AUTHZ:  # until the cache has the revoke
-        assert response.has_more_results and time.monotonic() < deadline, response
+    call = 0
+
+    def refused():  # the scan goes on, a batch a call, until the tablet server's cache has the revoke
+        nonlocal call
+        response = _next(alice, sid, call)
+        if response.error.code == AUTHZ:
+            return response
+        assert response.has_more_results, response
         call += 1
+        return None
+    response = wait_until(refused, ACL_WAIT_S, "the revoke refuses alice's next batch", interval_s=0)
     assert f"may not READ table {table}" in response.error.message
     assert open_scanners(sc) == 1  # refused, not ended: the session is as it was
 
     sc.grant(f"User:{name}", "READ", table)  # read again: the session goes on where it was
-    assert eventually(lambda: raise_for(_next(alice, sid, call))).record_count == 1
+    assert wait_until(lambda: raise_for(_next(alice, sid, call)), ACL_WAIT_S, "alice's next batch once granted again",
+                      retry_on=NOT_YET_GRANTED).record_count == 1
     sc.revoke(f"User:{name}", "READ", table)
     assert raise_for(_close(alice, sid)).has_more_results is False  # closing needs no READ
     assert open_scanners(sc) == 0
@@ -422,16 +435,14 @@ def test_a_revoked_read_stops_the_clients_scanners(sc, table, make_user, clients
     readable = lambda: cache.allowed(Operation.READ, Resource.table(table), f"User:{name}")  # noqa: E731
     for streaming in (False, True):
         sc.grant(f"User:{name}", "READ", table)
-        sc.cluster.wait_for(readable, "the grant reached the tablet server", ACL_WAIT_S)
+        wait_until(readable, ACL_WAIT_S, "the grant reached the tablet server")
         with client.scanner(0, streaming=streaming, batch_size_bytes=1) as scanner:
-            assert eventually(scanner.poll).num_rows == 1
+            assert wait_until(scanner.poll, ACL_WAIT_S, "the first batch", retry_on=NOT_YET_GRANTED).num_rows == 1
             sc.revoke(f"User:{name}", "READ", table)
             # a scan of 300 one-row batches may end before the revoke reaches the cache (a loaded machine
             # reads them fast): wait for the cache, then the next poll must be refused
-            sc.cluster.wait_for(lambda: not readable(), "the revoke reached the tablet server", ACL_WAIT_S)
-            deadline = time.monotonic() + ACL_WAIT_S
+            wait_until(lambda: not readable(), ACL_WAIT_S, "the revoke reached the tablet server")
             with pytest.raises(errors.AuthorizationFailedError, match=f"may not READ table {table}") as info:
-                while scanner.poll() is not None:
-                    assert time.monotonic() < deadline
+                wait_until(lambda: scanner.poll() is None, ACL_WAIT_S, "the scan refused", interval_s=0)
             assert "lost after" in info.value.message and "resume" not in info.value.message  # none would help
     assert open_scanners(sc) == 0

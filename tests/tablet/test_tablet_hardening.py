@@ -11,7 +11,7 @@ from common.proto import tablet_pb2 as pb
 from common.model import TableBucket
 from common.tables import Column
 from client.table import TableClient
-from tests.support.procs import wait_until
+from ops.wait import wait_until
 from tests.tablet.test_tablet_server import cluster, fetch_all, lookup, put  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.zk

@@ -25,7 +25,7 @@ from ops.local_cluster import dying_with_parent
 from common.logentry import decode_entry
 from common.codec import RowCodec, batch_to_ipc, ipc_to_batch
 from tablet.server import TabletServer
-from tests.support.procs import wait_until
+from ops.wait import wait_until
 from tests.support.paths import REPO
 
 pytestmark = pytest.mark.zk

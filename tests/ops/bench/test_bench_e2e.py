@@ -14,7 +14,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -87,13 +86,15 @@ def test_a_terminated_benchmark_stops_what_it_started_and_removes_its_temp_direc
 
 
 def test_wait_idle_returns_once_a_process_is_idle_and_waits_while_it_computes():
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(30)"],
+                               stdout=subprocess.PIPE, text=True)
     spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
-        time.sleep(0.3)  # past the sleeper's start-up
+        assert sleeper.stdout.readline() == "ready\n"  # past the sleeper's start-up
         assert bench_suite.wait_idle(sleeper.pid, step_s=0.2, timeout_s=5.0) < 1.5
         assert bench_suite.wait_idle(spinner.pid, step_s=0.2, timeout_s=1.0) >= 1.0
     finally:
         for proc in (sleeper, spinner):
             proc.kill()
             proc.wait()
+        sleeper.stdout.close()

@@ -11,10 +11,10 @@ fails.
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
-import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -22,8 +22,9 @@ import pytest
 
 from ops import local_cluster
 from ops.cli.output import iso_time_ms
+from ops.wait import wait_until
 from tests.ops.cli.test_cli_e2e import (  # noqa: F401 (cluster_dir is a fixture)
-    CLI_ENV, KVLEASE, cluster_dir, kvlease, kvlease_json, print_logs, recorded_pids, wait_for)
+    CLI_ENV, KVLEASE, cluster_dir, kvlease, kvlease_json, print_logs, recorded_pids)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -56,7 +57,7 @@ def walk_the_data_commands(cluster_dir: Path, tmp_path: Path) -> None:
 
     put_get_delete(c, tmp_path)
     bucket_7, end_7 = read_the_log(c)
-    follow_log_until_ctrl_c(c, bucket_7, end_7)
+    follow_log_until_ctrl_c(c, bucket_7, end_7, tablets=[t["address"] for t in status["tablets"]])
     snapshot_and_lease(c)
 
     pids = recorded_pids(cluster_dir)
@@ -109,6 +110,23 @@ def read_the_log(c: tuple[str, ...]) -> tuple[int, int]:
     return bucket_7, doc["log_end_offset"]
 
 
+def connected_to(pid: int, ports: set[int]) -> bool:
+    """Whether process ``pid`` holds an established TCP connection to one of ``ports`` (``/proc/net/tcp*``)."""
+    sockets = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            sockets.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except FileNotFoundError:  # closed meanwhile
+            continue
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as fh:  # sl, local address, remote address, state (01: established), ..., inode
+            rows = [line.split() for line in fh.readlines()[1:]]
+        if any(row[3] == "01" and int(row[2].rsplit(":", 1)[1], 16) in ports and f"socket:[{row[9]}]" in sockets
+               for row in rows):
+            return True
+    return False
+
+
 def snapshot_and_lease(c: tuple[str, ...]) -> None:
     """``snapshot trigger --wait`` catches every bucket up; ``lease acquire --latest`` takes those snapshots."""
     ends = {b: kvlease_json(*c, "log", "db.t", "--bucket", str(b), "--json")["log_end_offset"] for b in range(3)}
@@ -134,13 +152,18 @@ def snapshot_and_lease(c: tuple[str, ...]) -> None:
         (b, s["snapshot_id"]) for b, s in latest.items()}
 
 
-def follow_log_until_ctrl_c(c: tuple[str, ...], bucket: int, end: int) -> None:
+def follow_log_until_ctrl_c(c: tuple[str, ...], bucket: int, end: int, tablets: list[str]) -> None:
     """``log --follow`` prints a record written while it runs, and ends on Ctrl-C with exit code 130."""
     proc = subprocess.Popen([KVLEASE, *c, "log", "db.t", "--bucket", str(bucket), "--from", str(end), "--follow",
                              "--poll-interval", "100ms"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=CLI_ENV)
+    ports = {int(address.rsplit(":", 1)[1]) for address in tablets}
+
+    def following() -> bool:  # past its start-up, it asks a tablet server for records
+        assert proc.poll() is None, f"log --follow exited: {proc.stderr.read()}"
+        return connected_to(proc.pid, ports)
     try:
-        time.sleep(1.0)
+        wait_until(following, 60, "log --follow connected to a tablet server")
         before = datetime.now(timezone.utc)
         subprocess.run([KVLEASE, *c, "put", "db.t", "-"], input='{"id": 7, "name": "again"}\n', text=True,
                        capture_output=True, env=CLI_ENV, timeout=60, check=True)
@@ -159,4 +182,4 @@ def follow_log_until_ctrl_c(c: tuple[str, ...], bucket: int, end: int) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    wait_for(lambda: proc.poll() is not None, 5, "log --follow ended")
+    wait_until(lambda: proc.poll() is not None, 5, "log --follow ended")

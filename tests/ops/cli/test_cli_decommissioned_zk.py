@@ -10,9 +10,9 @@ import pytest
 
 from client.admin import AdminClient
 from ops.local_cluster.cluster_file import save
+from ops.wait import wait_until
 from tests.ops.cli.test_cli_moves_zk import coordinator  # noqa: F401  (the fixture: three servers registered)
 from tests.support.cli_runner import assert_one_line_error, run
-from tests.support.procs import wait_until
 
 pytestmark = pytest.mark.zk
 

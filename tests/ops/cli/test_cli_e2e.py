@@ -73,10 +73,6 @@ def cluster_dir(tmp_path):
             os.kill(pid, signal.SIGKILL)
 
 
-def wait_for(predicate, timeout_s: float, what: str):
-    return wait_until(predicate, timeout_s, what, interval_s=0.3)
-
-
 def test_cli_end_to_end(cluster_dir):
     try:
         walk_the_cli(cluster_dir)
@@ -193,7 +189,7 @@ def failover(c: tuple[str, ...], d: str, victim: dict) -> None:
         doc = kvlease_json("cluster", "status", "--dir", d, "--json")
         return [co for co in doc["coordinators"] if co["active"] and co["id"] != victim["id"]]
 
-    took_over = wait_for(new_active, 20, "a new active coordinator")
+    took_over = wait_until(new_active, 20, "a new active coordinator", interval_s=0.3)  # a CLI run a poll
     assert took_over[0]["epoch"] > victim["epoch"]
     dead = [co for co in kvlease_json("cluster", "status", "--dir", d, "--json")["coordinators"]
             if co["id"] == victim["id"]][0]

@@ -76,16 +76,13 @@ class Writer(threading.Thread):
 
     def written_since(self, count: int, at_least: int = 5, timeout_s: float = 30.0) -> None:
         """Wait until at least ``at_least`` more writes than ``count`` were acknowledged."""
-        wait_for(lambda: len(self.acked) >= count + at_least or self.errors, f"{at_least} more writes", timeout_s)
-
-
-def wait_for(predicate, what: str, timeout_s: float = 30.0):
-    return wait_until(predicate, timeout_s, what, interval_s=0.1)
+        wait_until(lambda: len(self.acked) >= count + at_least or self.errors, timeout_s, f"{at_least} more writes",
+                   interval_s=0.1)
 
 
 def create(admin: AdminClient, name: str) -> int:
     info = admin.create_table(f"db.{name}", COLUMNS, ["id"], BUCKETS, replication_factor=3, min_insync_replicas=2)
-    wait_for(lambda: all_in_sync(admin, info.table_id), f"db.{name}: every replica in sync")
+    wait_until(lambda: all_in_sync(admin, info.table_id), 30, f"db.{name}: every replica in sync", interval_s=0.1)
     return info.table_id
 
 
@@ -120,8 +117,8 @@ def led_by_preferred(admin: AdminClient, table_ids) -> bool:
 def test_after_a_kill_and_a_restart_new_preferred_leaders_spread_and_leadership_goes_back(cluster, admin):
     first = create(admin, "before")
     local_cluster.kill(cluster, "tablets", "1", signal.SIGKILL)
-    wait_for(lambda: all(b.leader_id != 1 and b.leader_address for b in assignment(admin, first).values()),
-             "tablet server 1's leaderships failed over")
+    wait_until(lambda: all(b.leader_id != 1 and b.leader_address for b in assignment(admin, first).values()), 30,
+               "tablet server 1's leaderships failed over", interval_s=0.1)
     with Writer(admin, "db.before") as writer:
         writer.written_since(0)
         local_cluster.restart(cluster, "tablets", "1")
@@ -132,7 +129,8 @@ def test_after_a_kill_and_a_restart_new_preferred_leaders_spread_and_leadership_
         tables = [first, *later]
         preferred, _leaders = counts(admin, tables)
         assert_within_one_of_the_mean(preferred, "preferred leaders")
-        wait_for(lambda: led_by_preferred(admin, tables), "the automatic preferred-leader election")
+        wait_until(lambda: led_by_preferred(admin, tables), 30, "the automatic preferred-leader election",
+                   interval_s=0.1)
         writer.written_since(len(writer.acked))
     assert writer.errors == []
     preferred, leaders = counts(admin, tables)

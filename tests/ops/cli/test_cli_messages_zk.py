@@ -10,8 +10,8 @@ import pytest
 
 from client.table import TableClient
 from common import errors
+from ops.wait import wait_until
 from tests.support.cli_runner import assert_one_line_error, run
-from tests.support.procs import wait_until
 from tests.tablet.replication.test_data_loss_cluster import cluster, two_in_sync  # noqa: F401
 from tests.tablet.replication.test_replicated_buckets import SCHEMA, bucket_state, crash, server_by_id
 

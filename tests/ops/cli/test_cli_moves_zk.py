@@ -11,8 +11,8 @@ import pytest
 from common import zkpaths
 from common.zk import make_client
 from coordinator.server import CoordinatorServer
+from ops.wait import wait_until
 from tests.support.cli_runner import assert_one_line_error, run
-from tests.support.procs import wait_until
 
 pytestmark = pytest.mark.zk
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 
 import pytest
 
@@ -21,9 +20,10 @@ from common.proto import security_pb2_grpc as pb_grpc
 from common.security.acl import AclBinding, AclEntry, Operation, Resource
 from common.tls import TlsFiles
 from coordinator.security_service import SecurityService
+from ops.wait import wait_until
 from tests.support.cli_runner import assert_one_line_error, run
 from tests.support.local_cluster import LocalCluster
-from tests.support.secure_cluster import ADMIN, ADMIN_PASSWORD, SecureCluster
+from tests.support.secure_cluster import ACL_WAIT_S, ADMIN, ADMIN_PASSWORD, NOT_YET_GRANTED, SecureCluster
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -37,18 +37,6 @@ def secure(make_config, tmp_path):
     with SecureCluster(make_config, tmp_path, tablets=0) as cluster:
         cluster.add_user("bob", BOB_PASSWORD)
         yield cluster
-
-
-def eventually(check, timeout_s: float = 10.0):
-    """``check()`` until it raises no AuthorizationFailedError/AssertionError (the ACL caches follow by watches)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return check()
-        except (errors.AuthorizationFailedError, AssertionError):
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.02)
 
 
 def assert_denied(call, operation: str, resource: str) -> None:
@@ -68,7 +56,8 @@ def test_users_need_alter_on_the_cluster(secure):
     assert secure.users.list() == [ADMIN, "bob"]  # nothing changed
 
     assert secure.admin.add_acl(Resource.cluster(), "User:bob", Operation.ALTER) is True
-    assert eventually(lambda: bob.add_user("carol", "carol-pw")) is True
+    assert wait_until(lambda: bob.add_user("carol", "carol-pw"), ACL_WAIT_S, "bob adds carol",
+                      retry_on=NOT_YET_GRANTED) is True
     assert bob.list_users() == [ADMIN, "bob", "carol"]
     carol = secure.admin_as("carol", "carol-pw")
     assert carol.list_acls() == []  # carol may authenticate; she sees no entries
@@ -81,7 +70,7 @@ def test_only_a_super_user_may_add_or_remove_a_super_user(secure):
     password of its own and log in as it (the operator locked out, the user a super user)."""
     assert secure.admin.add_acl(Resource.cluster(), "User:bob", Operation.ALTER) is True
     bob = secure.admin_as("bob", BOB_PASSWORD)
-    eventually(bob.list_users)
+    wait_until(bob.list_users, ACL_WAIT_S, "bob lists the users", retry_on=NOT_YET_GRANTED)
     with pytest.raises(errors.AuthorizationFailedError, match=f"User:bob may not add or remove user '{ADMIN}': it "
                                                               f"is a super user"):
         bob.remove_user(ADMIN)
@@ -97,7 +86,8 @@ def test_acl_changes_need_alter_on_their_resource(secure):
     assert secure.acls.list() == {}  # nothing changed
 
     secure.admin.add_acl(DB, "User:bob", Operation.ALTER)  # administers db and its tables
-    assert eventually(lambda: bob.add_acl(T, "User:carol", "READ")) is True
+    assert wait_until(lambda: bob.add_acl(T, "User:carol", "READ"), ACL_WAIT_S, "bob grants carol READ on db.t",
+                      retry_on=NOT_YET_GRANTED) is True
     assert bob.add_acl(DB, "User:*", "DESCRIBE") is True
     assert_denied(lambda: bob.add_acl(Resource.table("other.t"), "User:bob", "READ"), "ALTER", "table other.t")
     assert_denied(lambda: bob.add_acl(Resource.cluster(), "User:bob", "ALL"), "ALTER", "cluster")
@@ -116,8 +106,8 @@ def test_acl_changes_need_alter_on_their_resource(secure):
                                AclBinding(T, "User:carol", Operation.READ)]
     secure.add_user("carol", "carol-pw")
     carol = secure.admin_as("carol", "carol-pw")
-    assert eventually(lambda: carol.list_acls()) == [AclBinding(DB, "User:*", Operation.DESCRIBE),
-                                                     AclBinding(T, "User:carol", Operation.READ)]
+    assert wait_until(carol.list_acls, ACL_WAIT_S, "carol lists her entries", retry_on=NOT_YET_GRANTED) == [
+        AclBinding(DB, "User:*", Operation.DESCRIBE), AclBinding(T, "User:carol", Operation.READ)]
     assert carol.list_acls(T) == [AclBinding(T, "User:carol", Operation.READ)]
     assert_denied(lambda: carol.list_acls(Resource.table("other.t")), "DESCRIBE", "table other.t")
     assert bob.remove_acl(T, "User:carol", "READ") is True
@@ -254,8 +244,9 @@ def _cli_acls(ok, as_admin, as_bob, bob_env):
                    "added": True}
     ok(*as_admin, "acl", "add", "--principal", "User:*", "--operation", "DESCRIBE", "--cluster-wide")
     # bob administers db: he grants carol READ on db.t, and is denied on the cluster
-    eventually(lambda: ok(*as_bob, "acl", "add", "--principal", "User:carol", "--operation", "READ",
-                          "--table", "db.t", env=bob_env))
+    wait_until(lambda: ok(*as_bob, "acl", "add", "--principal", "User:carol", "--operation", "READ", "--table", "db.t",
+                          env=bob_env), ACL_WAIT_S, "bob's grant of READ on db.t to carol",
+               retry_on=(AssertionError,))  # ok() asserts exit code 0: refused until bob's ALTER reached the caches
     denied = run(*as_bob, "acl", "add", "--principal", "User:bob", "--operation", "ALL", "--cluster-wide", env=bob_env)
     line = assert_one_line_error(denied)
     assert "User:bob may not ALTER cluster" in line

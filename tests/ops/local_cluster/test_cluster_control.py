@@ -15,7 +15,7 @@ from client.admin import AdminClient
 from client.table import TableClient
 from common.tables import Column
 from ops import local_cluster
-from tests.support.procs import wait_until
+from ops.wait import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

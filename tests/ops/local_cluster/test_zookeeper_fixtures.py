@@ -10,7 +10,6 @@ import struct
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 from kazoo.client import KazooClient
@@ -18,23 +17,24 @@ from kazoo.client import KazooClient
 from common import config as cfg
 from ops.local_cluster import zookeeper
 from ops.local_cluster import ZooKeeperCluster, ZooKeeperError, four_letter, stop_pids
+from ops.wait import poll, wait_until
 from tests.support.paths import REPO
-from tests.support.procs import wait_until
 
 REPO = str(REPO)
 
 
+def _dead(pid: int) -> bool:
+    """Whether process ``pid`` is gone or a zombie (dead, waiting to be reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
 def _gone(pid: int, timeout_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/stat") as fh:
-                if fh.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
-                    return True
-        except FileNotFoundError:
-            return True
-        time.sleep(0.05)
-    return False
+    """Whether process ``pid`` is dead within ``timeout_s``."""
+    return poll(lambda: _dead(pid), timeout_s)[1]
 
 
 def _client(hosts: str) -> KazooClient:
@@ -148,13 +148,8 @@ _CONNECT = struct.pack(">iqiqi16s?", 0, 0, 30_000, 0, 16, b"\0" * 16, False)
 
 
 def _connect_as_soon_as_the_port_opens(port: int) -> socket.socket:
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            return socket.create_connection(("127.0.0.1", port), timeout=1)
-        except ConnectionRefusedError:
-            assert time.monotonic() < deadline, "the node never opened its port"
-            time.sleep(0.002)
+    return wait_until(lambda: socket.create_connection(("127.0.0.1", port), timeout=1), 30, "the node opened its port",
+                      interval_s=0.002, retry_on=(ConnectionRefusedError,))
 
 
 def test_a_client_connecting_while_a_standalone_node_starts_is_answered_or_turned_away(tmp_path):
@@ -328,14 +323,7 @@ def test_attached_zookeeper_dies_with_a_kill_9_parent(tmp_path):
         jvm = int(parent.stdout.readline())
         parent.kill()
         parent.wait(timeout=10)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and os.path.exists(f"/proc/{jvm}"):
-            with open(f"/proc/{jvm}/stat") as fh:
-                if fh.read().split(")")[-1].split()[0] == "Z":
-                    break  # a zombie waiting for init to reap it: dead
-            time.sleep(0.05)
-        alive = os.path.exists(f"/proc/{jvm}") and open(f"/proc/{jvm}/stat").read().split(")")[-1].split()[0] != "Z"
-        assert not alive, "the JVM outlived its kill -9'd parent"
+        assert _gone(jvm, 10), "the JVM outlived its kill -9'd parent"
     finally:
         if parent.poll() is None:
             parent.kill()

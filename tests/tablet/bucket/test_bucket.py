@@ -362,7 +362,7 @@ def slow_fsync(monkeypatch):
         if state["fail"]:
             state["fail"] = False
             raise OSError(5, "simulated EIO")
-        time.sleep(0.02)
+        time.sleep(0.02)  # a slow disk: the latency is the point
         real(fd)
 
     monkeypatch.setattr(os, "fdatasync", fdatasync)

@@ -26,7 +26,7 @@ from ops.local_cluster import free_ports, log_tail
 from ops.local_cluster import read_health
 from ops.local_cluster import dying_with_parent
 from tablet.store.kvstore import FDS_PER_OPEN_BUCKET
-from tests.support.procs import wait_until
+from ops.wait import wait_until
 from tests.support.paths import REPO
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600),

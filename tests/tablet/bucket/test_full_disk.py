@@ -13,6 +13,7 @@ from tablet.bucket.files import Backoff
 from tablet.bucket.store import BucketStore, BucketStoreError
 from tablet.replicas.keeper import BucketKeeper
 from ops.local_cluster import read_health
+from ops.wait import wait_until
 from tests.support.fixtures.small_disk import fill, small_disk
 from tests.support.local_cluster import LocalCluster
 from tests.tablet.bucket.test_bucket import TABLE, fold, keys, kv_rows, log_records, rows, state
@@ -110,7 +111,7 @@ def test_a_tablet_server_on_a_full_disk_recovers_its_bucket_by_itself(make_confi
                 assert "with one replica: no other can serve it" in problems[0]  # nothing to elect: it waits
 
                 filler.unlink()  # nothing else: the server reopens the bucket by itself
-                c.wait_for(lambda: health()["healthy"], "the bucket reopened")
+                wait_until(lambda: health()["healthy"], 30, "the bucket reopened")
                 table.upsert([{"id": -1, "v": "after"}])
                 acked[-1] = "after"
                 keys = sorted(acked)
@@ -160,7 +161,7 @@ def test_a_snapshot_round_goes_on_past_a_followed_bucket_that_cannot_reopen_on_a
             info = c.admin.create_table("db.t", [Column("id", "BIGINT"), Column("v", "STRING")], ["id"], 1,
                                         replication_factor=2)
             in_sync = lambda: set(c.admin.get_table_assignment(info.table_id)[1][0].isr) == {1, 2}  # noqa: E731
-            c.wait_for(in_sync, "both replicas in sync")
+            wait_until(in_sync, 30, "both replicas in sync")
             if c.admin.get_table_assignment(info.table_id)[1][0].leader_id != 1:
                 c.admin.elect_leader("db.t", 0, unclean=False, tablet=1)
             with TableClient(c.admin, "db.t", retry_total_s=10) as table:
@@ -171,13 +172,13 @@ def test_a_snapshot_round_goes_on_past_a_followed_bucket_that_cannot_reopen_on_a
             with TableClient(c.admin, "db.t", retry_total_s=0, request_timeout_s=1.0) as once:
                 with pytest.raises(KvLeaseError):  # appended by the leader; the follower cannot append it
                     once.upsert([{"id": -1, "v": PAYLOAD}])
-            failed = c.wait_for(lambda: [r.store.files for r in follower.replicas.followed()
+            failed = wait_until(lambda: [r.store.files for r in follower.replicas.followed()
                                          if r.store.files.known and r.store.files.failure is not None
-                                         and not r.store.files.retry_in()], "the follower's bucket failed")
+                                         and not r.store.files.retry_in()], 30, "the follower's bucket failed")
             follower.replicas.snapshot_changed()  # raised BucketStoreError: "cannot open RocksDB … No space left"
             assert failed[0].failure is not None and not failed[0].is_open  # the round's reopen failed
             filler.unlink()
             follower.keeper = BucketKeeper(follower.replicas).start()
-            c.wait_for(in_sync, "the follower back in the ISR")
+            wait_until(in_sync, 30, "the follower back in the ISR")
         finally:
             c.close()

@@ -16,6 +16,7 @@ import pytest
 from client.table import TableClient
 from common import errors
 from common.tables import Column
+from ops.wait import wait_until
 from tablet.bucket.store import BucketStore
 from tests.support.local_cluster import LocalCluster
 from tests.tablet.bucket.test_bucket import TABLE, bucket_dir, changes, keys, kv_rows, rows  # noqa: F401 (fixture)
@@ -64,21 +65,30 @@ def test_a_reopened_store_knows_its_writers_from_the_changelog(bucket_dir):
 @pytest.mark.unit
 def test_a_duplicate_of_a_batch_still_being_written_waits_for_it(bucket_dir):
     with BucketStore.open(bucket_dir, TABLE, segment_bytes=1 << 20, fsync=False) as store:
-        release = threading.Event()
+        syncing, release = threading.Event(), threading.Event()
         changelog = store.files.changelog
         original_sync = changelog.sync
 
         def slow_sync(pending):  # the first write is written but not yet published
+            syncing.set()
             release.wait(5)
             return original_sync(pending)
         changelog.sync = slow_sync
+        checks = []  # the outcomes of writer 9's sequence checks: the first write's, then the resent one's
+        original_check = store.writers.check
+
+        def check(*args):
+            checks.append(original_check(*args))
+            return checks[-1]
+        store.writers.check = check
         answers = []
         first = threading.Thread(target=lambda: answers.append(store.write(rows((1, "a", 0.0)), writer=(9, 0))))
         first.start()
-        time.sleep(0.2)
+        assert syncing.wait(5)
         resent = threading.Thread(target=lambda: answers.append(store.write(rows((1, "a", 0.0)), writer=(9, 0))))
         resent.start()
-        time.sleep(0.2)
+        wait_until(lambda: len(checks) == 2, 5, "the resent batch found its original")
+        time.sleep(0.2)  # a negative check: a resend that did not wait for its original would have answered by now
         assert answers == []  # the resent one does not answer before the original is published
         release.set()
         first.join(5)
@@ -95,13 +105,15 @@ def test_a_write_whose_answer_was_lost_is_applied_once(make_config, tmp_path):
         with TableClient(cluster.admin, "db.idem", retry_total_s=20, request_timeout_s=0.5) as client:
             client.upsert([{"id": 0, "v": "warm"}])
             store = tablet.replicas.replicas()[0].store
-            real_write, calls = store.write, []
+            real_write, calls, resent = store.write, [], threading.Event()
 
-            def write_then_stall(*args, **kwargs):  # the first answer comes after the client gave up on it
-                answer = real_write(*args, **kwargs)
+            def write_then_stall(*args, **kwargs):  # the first answer comes after the client gave up on it and
+                answer = real_write(*args, **kwargs)  # sent the batch again
                 calls.append(kwargs.get("writer"))
                 if len(calls) == 1:
-                    time.sleep(1.5)
+                    resent.wait(30)
+                else:
+                    resent.set()
                 return answer
             store.write = write_then_stall
             offsets = client.upsert([{"id": i, "v": f"v{i}"} for i in range(1, 4)])

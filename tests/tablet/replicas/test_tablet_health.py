@@ -13,6 +13,7 @@ from client.table import TableClient
 from common import errors
 from common.tables import Column
 from ops.local_cluster import read_health
+from ops.wait import wait_until
 from tests.support.local_cluster import LocalCluster
 
 SCHEMA = [Column("id", "BIGINT"), Column("v", "STRING")]
@@ -46,7 +47,7 @@ def test_buckets_over_a_lowered_capacity_are_refused_clearly_and_reported(cluste
     c.stop_tablet(1)
     c.tablet_overrides["tablet.buckets.max"] = 2  # restarted with less room than it leads
     c.start_tablet(1)
-    health = c.wait_for(lambda: (h := health_of(c))["buckets"] == 3 and h, "the push of 3 buckets")
+    health = wait_until(lambda: (h := health_of(c))["buckets"] == 3 and h, 30, "the push of 3 buckets")
     assert not health["healthy"] and (health["unserved"], health["capacity"]) == (3 - 2, 2)
     assert "over its capacity of 2 (tablet.buckets.max)" in health["problems"][0]
     with TableClient(c.admin, "db.t", retry_total_s=0) as table:
@@ -71,7 +72,7 @@ def test_a_bucket_that_cannot_open_is_reported_and_reopens_by_itself_when_fixed(
     log_dir.write_text("not a directory")  # its changelog cannot open
     c.start_tablet(1)
 
-    health = c.wait_for(lambda: (h := health_of(c))["unserved"] and h, "the bucket reported failed")
+    health = wait_until(lambda: (h := health_of(c))["unserved"] and h, 30, "the bucket reported failed")
     assert not health["healthy"] and health["buckets"] == 1
     assert f"bucket 0 of table {info.table_id}" in health["problems"][0]
     with TableClient(c.admin, "db.t", retry_total_s=0) as table, pytest.raises(errors.KvLeaseError):
@@ -79,7 +80,7 @@ def test_a_bucket_that_cannot_open_is_reported_and_reopens_by_itself_when_fixed(
 
     log_dir.unlink()
     os.rename(log_dir.with_name("log.away"), log_dir)  # fixed: no request needed for it to come back
-    c.wait_for(lambda: health_of(c)["healthy"], "the bucket reopened by itself")
+    wait_until(lambda: health_of(c)["healthy"], 30, "the bucket reopened by itself")
     with TableClient(c.admin, "db.t", retry_total_s=10) as table:
         assert table.lookup(list(range(ROWS))) == [{"id": i, "v": str(i)} for i in range(ROWS)]
 
@@ -102,7 +103,7 @@ def test_a_failed_bucket_with_a_live_scan_ends_the_session_reopens_and_the_scan_
         with pytest.raises(errors.KvLeaseError, match="No space left"):
             table.upsert([{"id": -1, "v": "refused"}])
         assert not health_of(c)["healthy"]
-        c.wait_for(lambda: health_of(c)["healthy"], "the bucket reopened, its scan session ended")
+        wait_until(lambda: health_of(c)["healthy"], 30, "the bucket reopened, its scan session ended")
         for batch in scanner:  # the scan goes on: a new session after the key it had reached
             seen += batch.column("id").to_pylist()
         assert sorted(seen) == list(range(2000)) and scanner.resumed >= 1

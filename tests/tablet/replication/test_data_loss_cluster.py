@@ -17,8 +17,8 @@ from common import errors
 from common.proto import tablet_pb2 as pb
 from common.proto import tablet_pb2_grpc as pbg
 from common.wire import table_to_pb
+from ops.wait import wait_until
 from tests.support.cli_runner import assert_one_line_error, run
-from tests.support.procs import wait_until
 from tests.tablet.replication.test_replicated_buckets import FAST, SCHEMA, bucket_state, crash, server_by_id
 from tests.tablet.test_tablet_server import Cluster
 

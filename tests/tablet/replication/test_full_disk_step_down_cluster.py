@@ -22,9 +22,9 @@ from common import errors
 from common.tables import Column
 from coordinator.server import CoordinatorServer
 from ops.local_cluster import ServerProcess, free_ports, read_health, status_fields
+from ops.wait import wait_until
 from tests.support.fixtures.small_disk import fill, small_disk
 from tests.support.local_cluster import LocalCluster
-from tests.support.procs import wait_until
 
 SCHEMA = [Column("id", "BIGINT"), Column("v", "STRING")]
 PAYLOAD = "x" * 2000  # ~100 KB per batch of 50 rows

@@ -20,6 +20,7 @@ from common.codec import batch_to_ipc, ipc_to_batch
 from common.proto import tablet_pb2 as pb
 from common.proto import tablet_pb2_grpc as pbg
 from common.tables import Column
+from ops.wait import wait_until
 from tests.support.local_cluster import LocalCluster
 
 pytestmark = pytest.mark.timeout(120)
@@ -42,13 +43,10 @@ def cluster(make_config, tmp_path):
 
 
 def _leader(c, table):
-    deadline = time.monotonic() + 30
-    while True:
-        leader = c.admin.get_table_assignment(table.table_id)[1][0]
-        if leader.leader_address and len(leader.isr) == 3:
-            return leader
-        assert time.monotonic() < deadline, f"no leader with a full ISR: {leader}"
-        time.sleep(0.05)
+    def led():  # the bucket's state once it has a live leader and a full ISR
+        b = c.admin.get_table_assignment(table.table_id)[1][0]
+        return b if b.leader_address and len(b.isr) == 3 else None
+    return wait_until(led, 30, "a leader with a full ISR")
 
 
 def _lookup(address: str, table_id: int):
@@ -94,11 +92,11 @@ def test_a_leader_the_coordinator_cannot_reach_stops_answering_when_its_leadersh
     assert answers == [errors.ErrorCode.NOT_LEADER] * 5, answers  # still believes it leads: it has no lease
     assert server.replicas.replica(table.table_id, 0).leads  # (it was told nothing)
 
-    cut_off.clear()  # the next push gets through: it follows (and may lead again soon after: it is the
-    deadline = time.monotonic() + 30  # preferred leader, elected back once it rejoins the ISR)
-    while server.replicas.replica(table.table_id, 0).role.leader_epoch == old_epoch:
-        assert time.monotonic() < deadline, "the old leader never took its push"
-        time.sleep(0.05)
+    # the next push gets through: it follows (and may lead again soon after: it is the preferred leader,
+    # elected back once it rejoins the ISR)
+    cut_off.clear()
+    wait_until(lambda: server.replicas.replica(table.table_id, 0).role.leader_epoch != old_epoch, 30,
+               "the old leader took its push")
     assert server.lease.valid() or server.lease.wait_valid(5)  # renewed on the push's new basis
     with TableClient(c.admin, table.path) as reader:
         assert reader.lookup([{"id": 1}])[0]["v"] == "new"

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import itertools
 import threading
-import time
 
 import pytest
 
 from common import errors
 from common.tables import Column, TableInfo
+from ops.wait import wait_until
 from tablet.bucket.store import BucketStore
 from tablet.replicas.replica import Replica
 from tablet.replication.leader import Leadership
@@ -180,20 +180,27 @@ def test_a_waiting_fetch_that_looks_again_does_not_bring_back_a_follower_that_le
                                   clock_ms=itertools.count(1000).__next__)  # each look its own time
     request = pb.ReplicaFetchRequest(replica_id=2, max_wait_ms=5000, buckets=[pb.ReplicaFetchBucketPb(
         table_id=TABLE.table_id, bucket=0, fetch_offset=end, leader_epoch=4, last_fetched_epoch=-1, max_bytes=1 << 20)])
+    looks = []  # each look of a fetch at the bucket: the first takes the follower's progress, later ones poll
+
+    def counting(name):
+        look = getattr(lead, name)
+
+        def counted(*args):
+            answer = look(*args)
+            looks.append(name)
+            return answer
+        return counted
+    lead.on_fetch, lead.polled = counting("on_fetch"), counting("polled")
     assert service.fetch(request).buckets[0].high_watermark == end  # caught up: the HW is told at once
-    first_look = lead.view.follower(2).last_fetch_ms
     answers = []
     waiting = threading.Thread(target=lambda: answers.append(service.fetch(request)))
     waiting.start()  # nothing new: it waits
     try:
-        deadline = time.monotonic() + 5
-        while lead.view.follower(2).last_fetch_ms == first_look and time.monotonic() < deadline:
-            time.sleep(0.01)  # until the waiting fetch arrived (took the follower's progress)
-        assert lead.view.follower(2).last_fetch_ms != first_look
+        wait_until(lambda: len(looks) >= 2, 5, "the waiting fetch arrived (took the follower's progress)")
         lead.isr_changed([1], 10)  # the follower died: the coordinator took it out of the ISR
         assert lead.view.follower(2).log_end is None
         service.notify()  # news elsewhere: the waiting fetch looks again
-        time.sleep(0.2)
+        wait_until(lambda: len(looks) >= 3, 5, "the waiting fetch looked again")
         assert lead.view.follower(2).log_end is None
         assert lead.propose_isr_change(now_ms=2000, max_lag_ms=10_000) is None
     finally:

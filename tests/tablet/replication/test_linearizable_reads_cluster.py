@@ -40,6 +40,7 @@ from common.tables import Column
 from common.zk import make_client
 from ops import local_cluster
 from ops.drills.cluster import zk_config
+from ops.wait import poll, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -75,14 +76,10 @@ def cluster(kvlease_tmp):
 
 def _leader(admin, table) -> tuple[int, str, int]:
     """(leader id, its address, leader epoch) once the bucket has a live leader and a full ISR."""
-    deadline = time.monotonic() + 30
-    while True:
-        _table, leaders = admin.get_table_assignment(table.table_id)
-        b = leaders[0]
-        if b.leader_address and len(b.isr) == 3:
-            return b.leader_id, b.leader_address, b.leader_epoch
-        assert time.monotonic() < deadline, f"no leader with a full ISR: {b}"
-        time.sleep(0.1)
+    def led():
+        b = admin.get_table_assignment(table.table_id)[1][0]
+        return (b.leader_id, b.leader_address, b.leader_epoch) if b.leader_address and len(b.isr) == 3 else None
+    return wait_until(led, 30, "a leader with a full ISR", interval_s=0.1)
 
 
 def _pid(directory: Path, tablet_id: int) -> int:
@@ -120,9 +117,7 @@ class PinnedReader:
     def stop(self, settle_s: float) -> list[Sent]:
         self._stop.set()
         self._thread.join()
-        deadline = time.monotonic() + settle_s
-        while any(s.answer is None for s in self.sent) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        poll(lambda: all(s.answer is not None for s in self.sent), settle_s)  # answered, as far as they will be
         self.channel.close()
         return self.sent
 
@@ -149,14 +144,15 @@ class RoutedReader:
         self._thread.start()
 
     def _run(self) -> None:
-        while not self._stop.is_set():
+        while True:
             sent = time.monotonic()
             try:
                 value = self.client.lookup([{"id": 1}])[0]["v"]
             except errors.KvLeaseError as exc:
                 value = exc
             self.reads.append((sent, time.monotonic(), value))
-            time.sleep(0.02)
+            if self._stop.wait(0.02):
+                return
 
     def stop(self) -> list[tuple[float, float, object]]:
         self._stop.set()
@@ -174,7 +170,7 @@ def _pause_and_update(directory, admin, table, elect_to: int | None = None,
     pid = _pid(directory, leader)
     pinned = PinnedReader(address, table.table_id)
     routed = RoutedReader(admin, table)
-    time.sleep(0.3)
+    wait_until(lambda: any(s.answer is not None for s in pinned.sent) and routed.reads, 30, "both readers answered")
     os.kill(pid, signal.SIGSTOP)
     try:
         if elect_to is not None:
@@ -182,10 +178,10 @@ def _pause_and_update(directory, admin, table, elect_to: int | None = None,
         with TableClient(admin, table.path, QUICK_RETRIES, retry_total_s=60) as writer:
             writer.upsert([{"id": 1, "v": "new"}])  # acknowledged as soon as a new leader serves
         acked = time.monotonic()
-        time.sleep(resume_after_s)
+        time.sleep(resume_after_s)  # the pause under test: lookups sent to the paused leader meanwhile queue there
     finally:
         os.kill(pid, signal.SIGCONT)
-    time.sleep(2.0)
+    time.sleep(2.0)  # lookups go on to the resumed leader: any it answers with the old value fails _check
     return pinned.stop(settle_s=10), routed.stop(), acked, leader
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from client.table import TableClient
 from common import errors
-from tests.support.procs import wait_until
+from ops.wait import wait_until
 from tests.tablet.replication.test_reassign import Writer
 from tests.tablet.replication.test_rebuild import RETENTION, rows_of, snapshot_and_retain, write
 from tests.tablet.replication.test_replicated_buckets import SCHEMA, bucket_state, crash, server_by_id, three_servers

@@ -13,8 +13,8 @@ import pytest
 from client.log_position import LogPosition
 from client.table import TableClient
 from common import errors
+from ops.wait import wait_until
 from tests.support.cli_runner import assert_one_line_error, run
-from tests.support.procs import wait_until
 from tests.tablet.replication.test_data_loss_cluster import (  # noqa: F401
     _restart_wiped, _served, cluster, lose_and_restore, one_replica_with_tail, two_in_sync)
 from tests.tablet.replication.test_replicated_buckets import SCHEMA, bucket_state, crash, server_by_id

@@ -18,7 +18,7 @@ from common.arrow_ipc import batch_to_ipc
 from common.proto import tablet_pb2 as pb
 from common.proto import tablet_pb2_grpc as pb_grpc
 from tablet.replication.rebuild_progress import progress
-from tests.support.procs import wait_until
+from ops.wait import wait_until
 from tests.tablet.replication.test_replicated_buckets import (FAST, SCHEMA, bucket_state, crash, server_by_id,
                                                               three_servers, wait_in_sync)
 

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from client.table import TableClient
-from tests.support.procs import wait_until
+from ops.wait import wait_until
 from tests.tablet.replication.test_rebuild import RETENTION, lose_follower, rows_of, snapshot_and_retain, write
 from tests.tablet.replication.test_replicated_buckets import SCHEMA, server_by_id, three_servers, wait_in_sync
 from tablet.replication.rebuild import DOWNLOAD_DIR

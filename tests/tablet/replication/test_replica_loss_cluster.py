@@ -14,7 +14,7 @@ from client.server_calls import ServerCalls
 from client.table import TableClient
 from common import errors
 from common.model import TableBucket
-from tests.support.procs import wait_until
+from ops.wait import wait_until
 from tests.tablet.replication.test_data_loss_cluster import (  # noqa: F401  (cluster: the fixture)
     _lookup_error, _served, cluster, one_replica_with_tail, two_in_sync)
 from tests.tablet.replication.test_replicated_buckets import SCHEMA, bucket_state, crash, server_by_id

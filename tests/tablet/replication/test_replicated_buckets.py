@@ -18,7 +18,7 @@ from common.proto import tablet_pb2_grpc as pbg
 from common.tables import Column
 import ops.wait as ops_wait
 from tablet.log.changelog import Changelog
-from tests.support.procs import wait_until
+from ops.wait import wait_until
 from tests.tablet.test_tablet_server import Cluster, put
 
 pytestmark = pytest.mark.zk

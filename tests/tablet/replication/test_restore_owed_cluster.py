@@ -15,7 +15,7 @@ from client.server_calls import ServerCalls
 from client.table import TableClient
 from common import errors, zkpaths
 from tablet.replicas import lost_data
-from tests.support.procs import wait_until
+from ops.wait import wait_until
 from tests.tablet.replication.test_data_loss_cluster import (SETTINGS, _restart_wiped, cluster,  # noqa: F401
                                                              one_replica_with_tail)
 from tests.tablet.replication.test_replicated_buckets import bucket_state, crash, server_by_id

@@ -11,7 +11,7 @@ import pytest
 from client.table import TableClient
 from common import errors, zkpaths
 from tablet.store.snapshot import upload_of
-from tests.support.procs import wait_until
+from ops.wait import wait_until
 from tests.support.snapshot_manifests import storage_of
 from tests.tablet.replication.test_replicated_buckets import (FAST, SCHEMA, bucket_state, server_by_id, three_servers,
                                                               wait_in_sync)

@@ -14,7 +14,7 @@ from kazoo.protocol.states import KazooState
 
 from client.table import TableClient
 from common import errors
-from tests.support.procs import wait_until
+from ops.wait import wait_until
 from tests.tablet.replication.test_replicated_buckets import (FAST, SCHEMA, bucket_state, crash, server_by_id,
                                                               three_servers, wait_in_sync)
 

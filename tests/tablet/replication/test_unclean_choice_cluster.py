@@ -12,7 +12,7 @@ import pytest
 from client.table import TableClient
 from common import errors, zkpaths
 from common.zk import loads
-from tests.support.procs import wait_until
+from ops.wait import wait_until
 from tests.tablet.replication.test_data_loss_cluster import _served, cluster, two_in_sync  # noqa: F401  (fixture)
 from tests.tablet.replication.test_replicated_buckets import bucket_state, crash, server_by_id
 

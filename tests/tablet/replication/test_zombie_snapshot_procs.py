@@ -28,7 +28,7 @@ from common.proto import tablet_pb2_grpc as pbg
 from coordinator.notifier import LeadershipNotifier
 from coordinator.server import CoordinatorServer
 from ops.local_cluster import ServerProcess, free_ports
-from tests.support.procs import wait_until
+from ops.wait import wait_until
 from tests.support.snapshot_manifests import storage_of
 from tests.tablet.replication.test_replicated_buckets import SCHEMA
 

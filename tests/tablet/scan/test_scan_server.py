@@ -18,7 +18,8 @@ from common.proto import tablet_pb2 as pb
 from common.model import TableBucket
 from tablet.scan import batch as scan_batch
 from common.codec import RowCodec, bucket_of, ipc_to_batch
-from tests.tablet.test_tablet_server import SCHEMA, Cluster, put, wait_until
+from ops.wait import wait_until
+from tests.tablet.test_tablet_server import SCHEMA, Cluster, put
 from tests.tablet.test_tablet_server import cluster  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.zk
@@ -287,7 +288,7 @@ def test_idle_scanner_expires_on_access(scans):
     put(s.stub, s.table, ids_rows(10))
     first = s.open(size=1)
     assert s.next(first.scanner_id, 0, 1).error.code == 0
-    time.sleep(0.45)
+    time.sleep(0.45)  # past the ttl (300 ms): the scanner is idle that long
     assert s.counts()[0] == 1  # no reaper ran
     assert s.next(first.scanner_id, 1, 1).error.code == E.SCANNER_EXPIRED
     assert s.counts() == (0, {}, 0)

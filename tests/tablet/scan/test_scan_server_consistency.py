@@ -16,7 +16,8 @@ from common.codec import bucket_of
 from common.errors import ErrorCode
 from common.proto import tablet_pb2 as pb
 from common.proto import tablet_pb2_grpc as pbg
-from tests.tablet.test_tablet_server import fetch_all, lookup, put, wait_until
+from ops.wait import wait_until
+from tests.tablet.test_tablet_server import fetch_all, lookup, put
 from tests.tablet.test_tablet_server import cluster  # noqa: F401  (the fixture)
 from tests.tablet.scan.test_scan_server import (  # noqa: F401 - the fixtures and shared helpers
     E, blocking, ids_rows, s_bucket, scans)
@@ -47,7 +48,7 @@ def test_lost_leadership_and_dropped_table_close_sessions(scans, blocking):
     mover = threading.Thread(target=replicas.update_leadership, args=(replicas.coordinator_epoch, keep, []))
     mover.start()
     wait_until(lambda: a.scanner_id not in s.service._sessions, 10, "the idle session to be closed")
-    time.sleep(0.2)
+    time.sleep(0.2)  # a negative check: a mover that did not wait for the call would have finished by now
     assert mover.is_alive()  # waiting for the call in flight before closing the store
     armed.clear()
     gate.set()
@@ -71,7 +72,7 @@ def test_scan_plus_changelog_from_its_log_offset_equals_the_final_state(scans):
     s = scans()
     domain = 3000
     put(s.stub, s.table, ids_rows(domain, width=5))
-    stop = threading.Event()
+    stop, wrote = threading.Event(), threading.Event()
     rng = random.Random(7)
 
     def writer():
@@ -80,23 +81,28 @@ def test_scan_plus_changelog_from_its_log_offset_equals_the_final_state(scans):
             ups = [{"id": rng.randrange(domain), "v": f"w{i}-{j}"} for j in range(20)]
             dels = [{"id": rng.randrange(domain)} for _ in range(5)]
             put(s.stub, s.table, ups, delete_keys=dels)
+            wrote.set()
             i += 1
+
+    def a_write() -> None:  # one more write is done from now on
+        wrote.clear()
+        assert wrote.wait(10), "the writer stopped writing"
 
     thread = threading.Thread(target=writer)
     thread.start()
     try:
-        time.sleep(0.2)
+        a_write()
         first = s.open(size=4 << 10)
         state = {r["id"]: r["v"] for r in s.rows(s.values(first))}
         seq, response = 0, first
         while response.has_more_results:
-            time.sleep(0.01)  # writes go on while the scan reads its snapshot
+            a_write()  # writes go on while the scan reads its snapshot
             response = s.next(first.scanner_id, seq, 4 << 10)
             assert response.error.code == 0
             state.update({r["id"]: r["v"] for r in s.rows(s.values(response))})
             seq += 1
         assert seq > 10
-        time.sleep(0.2)
+        a_write()  # and after it
     finally:
         stop.set()
         thread.join(30)
