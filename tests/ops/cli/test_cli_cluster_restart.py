@@ -19,8 +19,9 @@ from rich.console import Console
 from ops import local_cluster
 from ops.cli import output as out
 from tests.support.cli_runner import assert_one_line_error, run
+from ops.wait import wait_until
 from tests.ops.cli.test_cli_e2e import (CLI_ENV, KVLEASE, cluster_dir, kvlease, kvlease_json,  # noqa: F401
-                                        print_logs, wait_for)
+                                        print_logs)
 
 
 @pytest.mark.unit
@@ -162,7 +163,7 @@ def test_a_restart_names_the_buckets_it_does_not_wait_for(cluster_dir):  # noqa:
             for b in held[1]]
         for b in held[1]:
             kvlease("--cluster", d, "bucket", "restore", "db.t", "--bucket", str(b), "--accept-data-loss")
-        wait_for(lambda: not local_cluster.served_buckets(local_cluster.load(d))["unserved"], 60,
+        wait_until(lambda: not local_cluster.served_buckets(local_cluster.load(d))["unserved"], 60,
                  "every bucket served after the restores")
     except BaseException:
         print_logs(cluster_dir)
