@@ -1,3 +1,3 @@
 """Everything a user process needs to talk to a kvlease cluster, and nothing of the servers."""
 
-import common  # noqa: F401  (first: it settles gRPC's fork setting before anything imports grpc)
+import kvlease.common  # noqa: F401  (first: it settles gRPC's fork setting before anything imports grpc)

@@ -1,21 +1,21 @@
 """The admin client: tables, snapshots, leases, users and ACLs, replica moves and data loss on the active
 coordinator.
 
-:class:`AdminClient` owns one :class:`client.coordinator_caller.CoordinatorCaller`
+:class:`AdminClient` owns one :class:`kvlease.client.coordinator_caller.CoordinatorCaller`
 (:attr:`AdminClient.caller`: the channels, finding and following the active
 coordinator, retries, which calls are resent) and makes the table, snapshot
 and lease calls itself. The other calls are parts built on that caller, each
 in its own module, which :class:`AdminClient` owns and delegates to method by
-method: users and ACLs (:class:`client.security_admin.SecurityAdmin`), replica
-moves (:class:`client.moves_admin.MovesAdmin`), restores and elections
-(:class:`client.data_loss_admin.DataLossAdmin`) and the cluster's health
-(:class:`client.replication_admin.ReplicationAdmin`). The calls only tablet
-servers make are not here: :class:`client.server_calls.ServerCalls`.
+method: users and ACLs (:class:`kvlease.client.security_admin.SecurityAdmin`), replica
+moves (:class:`kvlease.client.moves_admin.MovesAdmin`), restores and elections
+(:class:`kvlease.client.data_loss_admin.DataLossAdmin`) and the cluster's health
+(:class:`kvlease.client.replication_admin.ReplicationAdmin`). The calls only tablet
+servers make are not here: :class:`kvlease.client.server_calls.ServerCalls`.
 
-The answer types are in :mod:`client.admin_types`, and the bootstrap list is
-checked by :mod:`client.bootstrap` (both re-exported here, with the caller's
+The answer types are in :mod:`kvlease.client.admin_types`, and the bootstrap list is
+checked by :mod:`kvlease.client.bootstrap` (both re-exported here, with the caller's
 :data:`READS` and :data:`IDEMPOTENT`). Every failure is raised as a
-:mod:`common.errors` exception.
+:mod:`kvlease.common.errors` exception.
 """
 
 from __future__ import annotations
@@ -24,25 +24,25 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 import tenacity
 
-from common import config as cfg
-from common import errors
-from common.proto import coordinator_pb2 as pb
-from client.admin_types import (AcquireResult, BucketLeader, BucketRef, ClusterHealth, CoordinatorInfo,
+from kvlease.common import config as cfg
+from kvlease.common import errors
+from kvlease.common.proto import coordinator_pb2 as pb
+from kvlease.client.admin_types import (AcquireResult, BucketLeader, BucketRef, ClusterHealth, CoordinatorInfo,
                                 ReleaseResult, SnapshotInfo, TabletServerInfo, bucket_leader)
-from client.bootstrap import parse_bootstrap
-from client.coalescing import BatchInterrupted, Coalescer
-from client.coordinator_caller import IDEMPOTENT, READS, RETRIABLE_IF_IDEMPOTENT, CoordinatorCaller
-from client.data_loss_admin import DataLossAdmin
-from client.moves_admin import MovesAdmin
-from client.replication_admin import ReplicationAdmin
-from client.security_admin import SecurityAdmin
-from client.transport import RETRIABLE, NotServedError, RetryPolicy, UnknownOutcomes, arguments, is_int
-from common.parts import documented_by as _documented_by
-from common.security.acl import AclBinding, Operation, Resource
-from common.wire import (bucket_snapshots_from_pb, bucket_snapshots_to_pb, bucket_to_pb, error_from_pb, handle_from_pb,
+from kvlease.client.bootstrap import parse_bootstrap
+from kvlease.client.coalescing import BatchInterrupted, Coalescer
+from kvlease.client.coordinator_caller import IDEMPOTENT, READS, RETRIABLE_IF_IDEMPOTENT, CoordinatorCaller
+from kvlease.client.data_loss_admin import DataLossAdmin
+from kvlease.client.moves_admin import MovesAdmin
+from kvlease.client.replication_admin import ReplicationAdmin
+from kvlease.client.security_admin import SecurityAdmin
+from kvlease.client.transport import RETRIABLE, NotServedError, RetryPolicy, UnknownOutcomes, arguments, is_int
+from kvlease.common.parts import documented_by as _documented_by
+from kvlease.common.security.acl import AclBinding, Operation, Resource
+from kvlease.common.wire import (bucket_snapshots_from_pb, bucket_snapshots_to_pb, bucket_to_pb, error_from_pb, handle_from_pb,
                          handle_to_pb, lease_from_pb, raise_for, table_from_pb)
-from common.tables import Column, TableInfo, TableSpec, parse_table_path, validate_spec
-from common.model import Lease, SnapshotHandle, TableBucket
+from kvlease.common.tables import Column, TableInfo, TableSpec, parse_table_path, validate_spec
+from kvlease.common.model import Lease, SnapshotHandle, TableBucket
 
 #: re-exported: callers import the answer types and parse_bootstrap from here
 __all__ = ["AdminClient", "wait_for_active", "parse_bootstrap", "READS", "IDEMPOTENT", "RETRIABLE_IF_IDEMPOTENT",
@@ -69,7 +69,7 @@ class AdminClient:
                  request_timeout_s: float | None = None, retry_total_s: float | None = None,
                  locate: Callable[[], str] | None = None) -> None:
         """``bootstrap``: coordinator addresses, ``"host:port[,host:port…]"`` or a list (a cluster directory
-        is refused: :func:`client.connect.connect` takes one). ``config``: TLS and credentials
+        is refused: :func:`kvlease.client.connect.connect` takes one). ``config``: TLS and credentials
         (``security.*``), timeouts; ``locate`` (optional) names the active coordinator's address now
         (e.g. from ZooKeeper); it is asked whenever the current address is unreachable."""
         self._caller = CoordinatorCaller(bootstrap, config, request_timeout_s=request_timeout_s,
@@ -88,18 +88,18 @@ class AdminClient:
 
     @property
     def caller(self) -> CoordinatorCaller:
-        """The :class:`~client.coordinator_caller.CoordinatorCaller` every call of this client goes through
-        (closed with it); a tablet server builds its :class:`~client.server_calls.ServerCalls` on it."""
+        """The :class:`~kvlease.client.coordinator_caller.CoordinatorCaller` every call of this client goes through
+        (closed with it); a tablet server builds its :class:`~kvlease.client.server_calls.ServerCalls` on it."""
         return self._caller
 
     @property
     def retry(self) -> RetryPolicy:
-        """The retry policy of its calls (:class:`client.transport.RetryPolicy`)."""
+        """The retry policy of its calls (:class:`kvlease.client.transport.RetryPolicy`)."""
         return self._caller.retry
 
     @property
     def tls(self):
-        """The TLS files its channels use (:class:`common.tls.TlsFiles`); None: plaintext."""
+        """The TLS files its channels use (:class:`kvlease.common.tls.TlsFiles`); None: plaintext."""
         return self._caller.tls
 
     @property
@@ -137,7 +137,7 @@ class AdminClient:
     def create_table(self, path: str, columns: Sequence[Column], primary_key: Sequence[str], buckets: int,
                      ignore_if_exists: bool = False, *, replication_factor: int | None = None,
                      min_insync_replicas: int | None = None) -> TableInfo:
-        """Create table ``path`` (``DB.NAME``); returns it. ``columns``: :class:`common.tables.Column`
+        """Create table ``path`` (``DB.NAME``); returns it. ``columns``: :class:`kvlease.common.tables.Column`
         objects; ``primary_key``: column names; ``buckets``: how many; ``replication_factor`` /
         ``min_insync_replicas`` (None: the coordinator's default.replication-factor / min.insync-replicas).
         TableAlreadyExistError if it exists (with ``ignore_if_exists``, only if its definition differs: an

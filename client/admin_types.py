@@ -1,18 +1,18 @@
-"""What the admin client (:mod:`client.admin`) answers with: small frozen dataclasses (and
+"""What the admin client (:mod:`kvlease.client.admin`) answers with: small frozen dataclasses (and
 :func:`bucket_leader`, which reads a :class:`BucketLeader` from the wire).
 
-:mod:`client.admin` re-exports them (``from client.admin import SnapshotInfo`` works).
+:mod:`kvlease.client.admin` re-exports them (``from client.admin import SnapshotInfo`` works).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common import config as cfg
-from common.data_loss import DataLoss
-from common.model import SnapshotHandle, TableBucket
-from common.proto import coordinator_pb2 as pb
-from common.storage import RemoteStorage, open_storage
+from kvlease.common import config as cfg
+from kvlease.common.data_loss import DataLoss
+from kvlease.common.model import SnapshotHandle, TableBucket
+from kvlease.common.proto import coordinator_pb2 as pb
+from kvlease.common.storage import RemoteStorage, open_storage
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ class BucketLeader:
 
 
 def bucket_leader(b: pb.BucketAssignmentPb) -> BucketLeader:
-    """A ``BucketAssignmentPb`` as a :class:`client.admin_types.BucketLeader`."""
+    """A ``BucketAssignmentPb`` as a :class:`kvlease.client.admin_types.BucketLeader`."""
     return BucketLeader(b.bucket, b.leader_id, b.leader_address, b.leader_epoch, tuple(b.replicas), tuple(b.isr),
                         b.bucket_epoch, reassign_target=tuple(b.reassign_target) if b.reassigning else None,
                         offline_reason=b.offline_reason, losses=tuple(DataLoss.from_pb(loss) for loss in b.losses),

@@ -7,7 +7,7 @@ import os
 import re
 from typing import Sequence
 
-from common import errors
+from kvlease.common import errors
 
 #: HOST:PORT with a host name, an IPv4 address or a bracketed IPv6 address.
 _ADDRESS = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):([0-9]{1,5})")

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from common.errors import ClusterNotRunningError, InvalidRequestError
+from kvlease.common.errors import ClusterNotRunningError, InvalidRequestError
 
 CLUSTER_FILE = "cluster.json"
 

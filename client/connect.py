@@ -18,12 +18,12 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
-from common import config as cfg
-from common import errors
-from client.admin import AdminClient, parse_bootstrap
-from client.cluster_dir import check_running, cluster_dir_bootstrap, cluster_dir_security, read_cluster_file, \
+from kvlease.common import config as cfg
+from kvlease.common import errors
+from kvlease.client.admin import AdminClient, parse_bootstrap
+from kvlease.client.cluster_dir import check_running, cluster_dir_bootstrap, cluster_dir_security, read_cluster_file, \
     read_password_file
-from client.table import TableClient
+from kvlease.client.table import TableClient
 
 ENV_BOOTSTRAP = "KVLEASE_BOOTSTRAP"
 ENV_CLUSTER = "KVLEASE_CLUSTER"
@@ -88,7 +88,7 @@ def _is_addresses(text: str) -> bool:
 
 
 class Connection:
-    """A cluster: ``.admin`` (an :class:`~client.admin.AdminClient`) and ``.table(name)``; thread-safe.
+    """A cluster: ``.admin`` (an :class:`~kvlease.client.admin.AdminClient`) and ``.table(name)``; thread-safe.
 
     Close it (or use ``with``) to close the admin client and every table client it made.
     """
@@ -108,7 +108,7 @@ class Connection:
         return self.admin.bootstrap
 
     def table(self, name: str | int) -> TableClient:
-        """A :class:`~client.table.TableClient` of table ``DB.NAME`` (or a table id), closed with this
+        """A :class:`~kvlease.client.table.TableClient` of table ``DB.NAME`` (or a table id), closed with this
         connection; TableNotExistError if there is none."""
         client = TableClient(self.admin, name, self.config, retry_total_s=self.retry_total_s)
         self._tables.append(client)

@@ -3,14 +3,14 @@
 It owns the gRPC channels (one per coordinator address), finds the active
 coordinator from a bootstrap list, follows ``NOT_COORDINATOR`` answers to the
 address they name, and retries retriable errors with
-:class:`client.transport.RetryPolicy` (bounded exponential backoff with
+:class:`kvlease.client.transport.RetryPolicy` (bounded exponential backoff with
 jitter). Which calls are resent after a lost answer is decided here, by name
 (:data:`READS`, :data:`IDEMPOTENT`). Every failure is raised as a
-:mod:`common.errors` exception.
+:mod:`kvlease.common.errors` exception.
 
-The admin client (:class:`client.admin.AdminClient`) owns one; its parts
+The admin client (:class:`kvlease.client.admin.AdminClient`) owns one; its parts
 (users and ACLs, moves, data loss, health) and a tablet server's own calls
-(:class:`client.server_calls.ServerCalls`) are given its :meth:`CoordinatorCaller.call`.
+(:class:`kvlease.client.server_calls.ServerCalls`) are given its :meth:`CoordinatorCaller.call`.
 """
 
 from __future__ import annotations
@@ -20,16 +20,16 @@ from typing import Any, Callable, Protocol, Sequence
 
 import grpc
 
-from common import config as cfg
-from common import errors
-from common.proto import coordinator_pb2 as pb
-from common.proto import coordinator_pb2_grpc as pb_grpc
-from common.security.client import credentials
-from common.tls import TlsFiles
-from common.wire import error_from_pb, raise_for
-from client.admin_types import CoordinatorInfo
-from client.bootstrap import parse_bootstrap, refuse_path
-from client.transport import RETRIABLE, Channels, RetryPolicy, UnknownOutcomes, rpc_error
+from kvlease.common import config as cfg
+from kvlease.common import errors
+from kvlease.common.proto import coordinator_pb2 as pb
+from kvlease.common.proto import coordinator_pb2_grpc as pb_grpc
+from kvlease.common.security.client import credentials
+from kvlease.common.tls import TlsFiles
+from kvlease.common.wire import error_from_pb, raise_for
+from kvlease.client.admin_types import CoordinatorInfo
+from kvlease.client.bootstrap import parse_bootstrap, refuse_path
+from kvlease.client.transport import RETRIABLE, Channels, RetryPolicy, UnknownOutcomes, rpc_error
 
 #: Coordinator calls that change nothing: one that timed out is simply asked again.
 READS = frozenset({

@@ -1,25 +1,25 @@
 """The data-loss part of the admin client: restore a lost bucket, elect a bucket's leader.
 
-:class:`DataLossAdmin` is a part of :class:`client.admin.AdminClient`, built on
-a coordinator call (:meth:`client.coordinator_caller.CoordinatorCaller.call`)
+:class:`DataLossAdmin` is a part of :class:`kvlease.client.admin.AdminClient`, built on
+a coordinator call (:meth:`kvlease.client.coordinator_caller.CoordinatorCaller.call`)
 and the admin client's ``get_table``. Every call is safe to resend after a
 lost answer: a retried restore or election answers the same record. (The
 tablet servers' own reports, a replica's data lost, leaders' log ends, a
-restore carried out, are :class:`client.server_calls.ServerCalls`'.)
+restore carried out, are :class:`kvlease.client.server_calls.ServerCalls`'.)
 """
 
 from __future__ import annotations
 
 from typing import Callable
 
-from client.coordinator_caller import CoordinatorCall
-from common.data_loss import DataLoss
-from common.proto import coordinator_pb2 as pb
-from common.tables import TableInfo
+from kvlease.client.coordinator_caller import CoordinatorCall
+from kvlease.common.data_loss import DataLoss
+from kvlease.common.proto import coordinator_pb2 as pb
+from kvlease.common.tables import TableInfo
 
 
 class DataLossAdmin:
-    """Restores and elections; a part of :class:`client.admin.AdminClient` (``admin.restore_bucket(...)``)."""
+    """Restores and elections; a part of :class:`kvlease.client.admin.AdminClient` (``admin.restore_bucket(...)``)."""
 
     def __init__(self, call: CoordinatorCall, get_table: Callable[[str], TableInfo]) -> None:
         """``call``: sends a coordinator call; ``get_table``: the table ``DB.NAME`` (TableNotExistError if

@@ -31,7 +31,7 @@ import secrets
 import threading
 from typing import Callable, Iterator
 
-from common import errors
+from kvlease.common import errors
 
 MAX_SEQUENCE = 2**31 - 1
 #: Answers that say the batch was refused before anything was appended: resending its number is right.

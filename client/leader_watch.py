@@ -7,7 +7,7 @@ them (its leader lease lapsed: ``tablet/replication/leader_lease.py``). So a cal
 has not been answered after ``check_s`` is watched: every ``check_s`` the
 bucket's routing is fetched again (shared by the calls of one router, at most
 one fetch at a time), and once it names another leader the call is cancelled
-and :class:`~common.errors.NotLeaderError` raised, which the caller's retry
+and :class:`~kvlease.common.errors.NotLeaderError` raised, which the caller's retry
 carries to the new leader. A call answered within ``check_s`` costs nothing
 more: it is a plain blocking call (a watched one is sent again, as a future,
 only after that first wait ran out; every call watched is idempotent).
@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import grpc
 
-from common import errors
+from kvlease.common import errors
 
 #: How long a call to a leader waits before the routing is checked, and how often it is checked again.
 CHECK_S = 1.0

@@ -1,7 +1,7 @@
 """A table's changelog offsets per bucket (ListOffsets): the kept range, a start found by time, and the
 positions a reader starts from (an offset with the leader epoch of the entry below it).
 
-:class:`LogOffsets` is a part of :class:`client.table.TableClient` (it uses the client's router, retry
+:class:`LogOffsets` is a part of :class:`kvlease.client.table.TableClient` (it uses the client's router, retry
 policy and ``send``). A position's epoch fences the reader's first fetch from there
 (``client/log_position.py``): after a loss of data reused offsets below it, the fetch is refused with
 DataLostError instead of serving other changes under them. The epochs are answered by each bucket's leader
@@ -14,17 +14,17 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from client.log_position import LogPosition
-from client.routing import REROUTE
-from client.transport import arguments
-from common import errors
-from common.errors import show
-from common.proto import tablet_pb2 as pb
-from common.wire import error_from_pb
+from kvlease.client.log_position import LogPosition
+from kvlease.client.routing import REROUTE
+from kvlease.client.transport import arguments
+from kvlease.common import errors
+from kvlease.common.errors import show
+from kvlease.common.proto import tablet_pb2 as pb
+from kvlease.common.wire import error_from_pb
 
 
 class LogOffsets:
-    """ListOffsets of a :class:`client.table.TableClient`."""
+    """ListOffsets of a :class:`kvlease.client.table.TableClient`."""
 
     def list_offsets(self, buckets: Iterable[int] | None = None,
                      timestamp: int | None = None) -> dict[int, tuple[int, int]] | dict[int, int]:

@@ -4,7 +4,7 @@ After a loss of data (a bucket restored from an older snapshot, or led by an
 out-of-sync replica after an unclean election) the bucket's log reuses offsets
 for other changes. A reader that sends the epoch of the last entry it read with
 its next fetch (``FetchLogRequest.last_fetched_epoch``, Kafka's KIP-320) is
-refused with :class:`~common.errors.DataLostError` instead of being served the
+refused with :class:`~kvlease.common.errors.DataLostError` instead of being served the
 new changes under offsets it already read: the tablet server checks that its
 log holds that epoch up to the offset. ``epoch`` None sends nothing (a position
 from ``list_offsets`` of an empty log, an entry written without an epoch, or
@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from common.logentry import LogEntry
+from kvlease.common.logentry import LogEntry
 
 
 @dataclass(frozen=True)

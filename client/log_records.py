@@ -6,12 +6,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from common.codec import RowCodec
-from common.logentry import ChangeType, LogEntry
+from kvlease.common.codec import RowCodec
+from kvlease.common.logentry import ChangeType, LogEntry
 
 #: The record's own columns, first in :func:`log_schema`; the table's columns follow. A table
 #: column may have one of these names too: select the table's part by position (``LOG_COLUMNS``
-#: onwards), as :meth:`client.table.TableClient.fetch_log` does.
+#: onwards), as :meth:`kvlease.client.table.TableClient.fetch_log` does.
 LOG_COLUMNS = ("offset", "change_type", "timestamp")
 
 

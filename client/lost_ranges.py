@@ -2,10 +2,10 @@
 
 A bucket restored from an older snapshot, or led by an out-of-sync replica
 after an unclean election, gives new changes the offsets from the loss's
-``from_offset`` on (:mod:`common.data_loss`). A reader (a streaming query)
+``from_offset`` on (:mod:`kvlease.common.data_loss`). A reader (a streaming query)
 keeps, per bucket, its position (the next offset it reads) and how many of the
 bucket's loss records it has seen. :meth:`LostRanges.check` fails with
-:class:`~common.errors.DataLostError` naming the range it read that was lost
+:class:`~kvlease.common.errors.DataLostError` naming the range it read that was lost
 when a loss it has not seen starts below its position; a loss at or past its
 position is adopted silently (nothing it read was reused).
 """
@@ -15,8 +15,8 @@ from __future__ import annotations
 import time
 from typing import Mapping
 
-from common import errors
-from common.data_loss import RESTORE, DataLoss, resolved_count, unseen_loss
+from kvlease.common import errors
+from kvlease.common.data_loss import RESTORE, DataLoss, resolved_count, unseen_loss
 
 
 def lost_message(table: str, bucket: int, loss: DataLoss, position: int) -> str:

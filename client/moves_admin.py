@@ -1,8 +1,8 @@
 """The replica-moving part of the admin client (issue 31): reassign a bucket, decommission a tablet server (and
 recommission it), rebalance, list the moves in progress.
 
-:class:`MovesAdmin` is a part of :class:`client.admin.AdminClient`, built on a
-coordinator call (:meth:`client.coordinator_caller.CoordinatorCaller.call`) and
+:class:`MovesAdmin` is a part of :class:`kvlease.client.admin.AdminClient`, built on a
+coordinator call (:meth:`kvlease.client.coordinator_caller.CoordinatorCaller.call`) and
 the admin client's ``get_table``. These are admin operations (with security on: ``ALTER``
 on the cluster; listing: ``DESCRIBE``). Every call is safe to resend after a
 lost answer: a reassign with the same target answers the move in progress (or
@@ -19,11 +19,11 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from client.coordinator_caller import CoordinatorCall
-from client.transport import arguments, is_int
-from common import errors
-from common.proto import coordinator_pb2 as pb
-from common.tables import TableInfo, parse_table_path
+from kvlease.client.coordinator_caller import CoordinatorCall
+from kvlease.client.transport import arguments, is_int
+from kvlease.common import errors
+from kvlease.common.proto import coordinator_pb2 as pb
+from kvlease.common.tables import TableInfo, parse_table_path
 
 
 def move_doc(move) -> dict:
@@ -34,7 +34,7 @@ def move_doc(move) -> dict:
 
 
 class MovesAdmin:
-    """Replica moves; a part of :class:`client.admin.AdminClient` (``admin.reassign_bucket(...)``)."""
+    """Replica moves; a part of :class:`kvlease.client.admin.AdminClient` (``admin.reassign_bucket(...)``)."""
 
     def __init__(self, call: CoordinatorCall, get_table: Callable[[str], TableInfo]) -> None:
         """``call``: sends a coordinator call; ``get_table``: the table ``DB.NAME`` (TableNotExistError if

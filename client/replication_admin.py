@@ -1,22 +1,22 @@
 """The replication part of the admin client: the cluster's health (live servers, offline and under-replicated
 buckets, decommissioned servers).
 
-:class:`ReplicationAdmin` is a part of :class:`client.admin.AdminClient`, built
-on a coordinator call (:meth:`client.coordinator_caller.CoordinatorCaller.call`).
+:class:`ReplicationAdmin` is a part of :class:`kvlease.client.admin.AdminClient`, built
+on a coordinator call (:meth:`kvlease.client.coordinator_caller.CoordinatorCaller.call`).
 The tablet servers' own replication calls (``alter_isr``,
 ``controlled_shutdown``, ``resign_leadership``) are
-:class:`client.server_calls.ServerCalls`'.
+:class:`kvlease.client.server_calls.ServerCalls`'.
 """
 
 from __future__ import annotations
 
-from client.admin_types import BucketRef, ClusterHealth, TabletServerInfo
-from client.coordinator_caller import CoordinatorCall
-from common.proto import coordinator_pb2 as pb
+from kvlease.client.admin_types import BucketRef, ClusterHealth, TabletServerInfo
+from kvlease.client.coordinator_caller import CoordinatorCall
+from kvlease.common.proto import coordinator_pb2 as pb
 
 
 class ReplicationAdmin:
-    """The cluster's health; a part of :class:`client.admin.AdminClient` (``admin.cluster_health()``)."""
+    """The cluster's health; a part of :class:`kvlease.client.admin.AdminClient` (``admin.cluster_health()``)."""
 
     def __init__(self, call: CoordinatorCall) -> None:
         """``call``: sends a coordinator call."""

@@ -20,11 +20,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from common import errors
-from common.proto import tablet_pb2_grpc as pb_grpc
-from common.tables import TableInfo
-from client.scan_wire import TabletStub
-from client.transport import Channels, is_int
+from kvlease.common import errors
+from kvlease.common.proto import tablet_pb2_grpc as pb_grpc
+from kvlease.common.tables import TableInfo
+from kvlease.client.scan_wire import TabletStub
+from kvlease.client.transport import Channels, is_int
 
 #: The answers of a server that is not (or no longer) the bucket's leader: the leader changed.
 LEADER_CHANGED = (errors.NotLeaderError, errors.FencedLeaderEpochError)
@@ -46,7 +46,7 @@ class BucketRouter:
     """The leaders of one table's buckets; thread-safe."""
 
     def __init__(self, admin, table_id: int, channels: Channels | None = None) -> None:
-        """``admin`` is a :class:`client.admin.AdminClient` (anything with ``get_table_assignment``)."""
+        """``admin`` is a :class:`kvlease.client.admin.AdminClient` (anything with ``get_table_assignment``)."""
         self.admin = admin
         self.channels = channels or Channels(tls=getattr(admin, "tls", None),  # as secure as the admin's
                                              credentials=getattr(admin, "credentials", None))
@@ -145,7 +145,7 @@ def _servers(ids) -> str:
 
 
 def _why_no_leader(leader) -> str:
-    """Why a bucket (a :class:`client.admin.BucketLeader`, None: not in the assignment) has no live leader, as
+    """Why a bucket (a :class:`kvlease.client.admin.BucketLeader`, None: not in the assignment) has no live leader, as
     the coordinator's assignment tells it (docs/architecture.md, "Replication")."""
     if leader is not None and leader.offline_reason:
         return (f"offline: {leader.offline_reason}; an operator brings it back with `kvlease bucket restore "

@@ -4,7 +4,7 @@ The generated stub parses a ScanKvResponse into a protobuf message (one copy
 of a multi-MB batch) and reading ``response.records`` copies it again.
 :func:`parse` walks the message's top-level fields instead: the small ones
 are parsed by protobuf, ``records`` becomes a zero-copy ``pyarrow.Buffer``
-slice of the received bytes (what :func:`common.codec.ipc_to_batch` reads).
+slice of the received bytes (what :func:`kvlease.common.codec.ipc_to_batch` reads).
 :class:`TabletStub` is the tablet service's stub with ScanKv and
 ScanKvStream answering such :class:`ScanAnswer` objects.
 """
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from common.proto import tablet_pb2 as pb
-from common.proto import tablet_pb2_grpc as pb_grpc
+from kvlease.common.proto import tablet_pb2 as pb
+from kvlease.common.proto import tablet_pb2_grpc as pb_grpc
 
 _RECORDS = pb.ScanKvResponse.DESCRIPTOR.fields_by_name["records"].number
 _SERVICE = "/kvlease.TabletService/"

@@ -21,7 +21,7 @@ Contract of a scanner:
   batch) on the server's side. The stream variant relies on gRPC's flow
   control for the same overlap.
 - **Opening** is routed to the bucket's leader and retried like any
-  idempotent read of :class:`client.table.TableClient` (routing refreshed on
+  idempotent read of :class:`kvlease.client.table.TableClient` (routing refreshed on
   ``NOT_LEADER`` / ``FENCED_LEADER_EPOCH`` / ``LEADER_NOT_AVAILABLE`` / an
   unreachable server; ``TOO_MANY_SCANNERS`` retried with backoff).
 - **Transport failure of a continuation** (gRPC UNAVAILABLE or
@@ -32,7 +32,7 @@ Contract of a scanner:
   the replays stop: the session is lost (``NOT_LEADER``).
 - **The session is lost mid-scan** (``NOT_LEADER``, ``FENCED_LEADER_EPOCH``, ``SCANNER_EXPIRED``,
   ``UNKNOWN_SCANNER_ID``, or transport retries exhausted): the typed error
-  (:func:`common.errors.error_for`) is raised with ``details``
+  (:func:`kvlease.common.errors.error_for`) is raised with ``details``
   ``bucket``, ``resume_key`` (None if no batch was handed out yet),
   ``rows_delivered`` and ``log_offset``. With ``resume=True`` the scanner
   instead opens a new scan after ``resume_key`` (at most ``max_resumes``
@@ -53,9 +53,9 @@ Contract of a scanner:
   whose answer was lost in transport: it never learned the scanner id, and
   the server's reaper frees that session after ``kv.scanner.ttl``.
 
-A scanner is for one consumer thread. :class:`client.stream_scanner.KvStreamScanner`
-is the streaming variant; :func:`client.table_scan.scan_table` reads every
-bucket of a table and returns a :class:`~client.table_scan.ScanResult`.
+A scanner is for one consumer thread. :class:`kvlease.client.stream_scanner.KvStreamScanner`
+is the streaming variant; :func:`kvlease.client.table_scan.scan_table` reads every
+bucket of a table and returns a :class:`~kvlease.client.table_scan.ScanResult`.
 """
 
 from __future__ import annotations
@@ -66,15 +66,15 @@ from typing import Any, Callable, Iterator
 import grpc
 import pyarrow as pa
 
-from common import config as cfg
-from common import errors
-from common.proto import tablet_pb2 as pb
-from common.tables import TableInfo
-from common.wire import error_from_pb
-from common.codec import RowCodec, ipc_to_batch
-from client.routing import LEADER_CHANGED, REROUTE
-from client.leader_watch import call_watching
-from client.transport import RetryPolicy, is_int, rpc_error
+from kvlease.common import config as cfg
+from kvlease.common import errors
+from kvlease.common.proto import tablet_pb2 as pb
+from kvlease.common.tables import TableInfo
+from kvlease.common.wire import error_from_pb
+from kvlease.common.codec import RowCodec, ipc_to_batch
+from kvlease.client.routing import LEADER_CHANGED, REROUTE
+from kvlease.client.leader_watch import call_watching
+from kvlease.client.transport import RetryPolicy, is_int, rpc_error
 
 log = logging.getLogger(__name__)
 
@@ -117,8 +117,8 @@ class BucketScanner:
                  codec: RowCodec | None = None, request_timeout_s: float | None = None,
                  retry: RetryPolicy | None = None, retry_total_s: float | None = None,
                  retry_max_wait_s: float | None = None, sleep: Callable[[float], None] | None = None) -> None:
-        """``route`` finds the bucket's leader: a :class:`client.routing.BucketRoute` (what
-        :meth:`client.table.TableClient.scanner` passes) or a :class:`client.routing.FixedRoute`.
+        """``route`` finds the bucket's leader: a :class:`kvlease.client.routing.BucketRoute` (what
+        :meth:`kvlease.client.table.TableClient.scanner` passes) or a :class:`kvlease.client.routing.FixedRoute`.
         ``retry`` is the policy for opens and replays; ``retry_total_s``, ``retry_max_wait_s`` and
         ``sleep`` change single fields of it."""
         check_limit(limit)
@@ -309,7 +309,7 @@ class KvBatchScanner(BucketScanner):
     """One bucket through unary ScanKv calls, one request in flight (see the module docstring).
 
     ``KvBatchScanner(route, table_info, bucket)``: ``route`` finds the leader
-    (:meth:`client.table.TableClient.scanner` builds one for you).
+    (:meth:`kvlease.client.table.TableClient.scanner` builds one for you).
     ``limit``: at most this many rows in all. ``batch_size_bytes``: per call
     (default ``client.scanner.kv.fetch.max-bytes``; the server caps it).
     ``start_after_key``: only keys after this encoded key (a new snapshot).

@@ -2,9 +2,9 @@
 
 :class:`SecurityAdmin` calls the SecurityService (with security on, each call
 needs ALTER on the cluster or resource). It is built on a coordinator call
-(:meth:`client.coordinator_caller.CoordinatorCaller.call`: the active
+(:meth:`kvlease.client.coordinator_caller.CoordinatorCaller.call`: the active
 coordinator, retries, errors), told whether that caller uses TLS and which
-addresses it was given; :class:`client.admin.AdminClient` owns one and
+addresses it was given; :class:`kvlease.client.admin.AdminClient` owns one and
 delegates ``add_user`` … ``list_acls`` to it.
 """
 
@@ -12,17 +12,17 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from common import errors
-from common.proto import security_pb2 as security_pb
-from common.proto import security_pb2_grpc as security_pb_grpc
-from common.security.acl import AclBinding, Operation, Resource
-from common.security.wire import binding_from_pb, binding_to_pb, resource_fields
-from client.bootstrap import is_loopback
-from client.coordinator_caller import CoordinatorCall
+from kvlease.common import errors
+from kvlease.common.proto import security_pb2 as security_pb
+from kvlease.common.proto import security_pb2_grpc as security_pb_grpc
+from kvlease.common.security.acl import AclBinding, Operation, Resource
+from kvlease.common.security.wire import binding_from_pb, binding_to_pb, resource_fields
+from kvlease.client.bootstrap import is_loopback
+from kvlease.client.coordinator_caller import CoordinatorCall
 
 
 class SecurityAdmin:
-    """Users and ACLs; a part of :class:`client.admin.AdminClient` (``admin.add_user(...)``)."""
+    """Users and ACLs; a part of :class:`kvlease.client.admin.AdminClient` (``admin.add_user(...)``)."""
 
     def __init__(self, call: CoordinatorCall, *, tls: bool, bootstrap: Sequence[str]) -> None:
         """``call``: sends a coordinator call; ``tls``: whether it travels over TLS; ``bootstrap``: the

@@ -3,12 +3,12 @@ and the data-loss reports (a replica's data lost, leaders' log ends, a restore c
 
 These are internal calls: with security on, only the cluster's own principal
 may make them, and no user process makes them, so :class:`ServerCalls` is not
-part of the public :class:`client.admin.AdminClient` (nor of ``kvlease``); the
+part of the public :class:`kvlease.client.admin.AdminClient` (nor of ``kvlease``); the
 tablet server (``tablet/``) uses it. It is built on a coordinator call
-(:meth:`client.coordinator_caller.CoordinatorCaller.call`: the active
+(:meth:`kvlease.client.coordinator_caller.CoordinatorCaller.call`: the active
 coordinator, retries, errors), in a tablet server the one its admin client
 owns (``ServerCalls(admin.caller.call)``). Every call is safe to resend after a
-lost answer (:data:`client.coordinator_caller.IDEMPOTENT` names the
+lost answer (:data:`kvlease.client.coordinator_caller.IDEMPOTENT` names the
 replication ones; a resent report changes nothing).
 """
 
@@ -17,11 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from client.admin_types import BucketLeader, bucket_leader
-from client.coordinator_caller import CoordinatorCall
-from common import errors
-from common.proto import coordinator_pb2 as pb
-from common.wire import error_from_pb
+from kvlease.client.admin_types import BucketLeader, bucket_leader
+from kvlease.client.coordinator_caller import CoordinatorCall
+from kvlease.common import errors
+from kvlease.common.proto import coordinator_pb2 as pb
+from kvlease.common.wire import error_from_pb
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class ServerCalls:
     """The coordinator calls only tablet servers make; thread-safe as its ``call`` is."""
 
     def __init__(self, call: CoordinatorCall) -> None:
-        """``call``: sends a coordinator call (:meth:`client.coordinator_caller.CoordinatorCaller.call`)."""
+        """``call``: sends a coordinator call (:meth:`kvlease.client.coordinator_caller.CoordinatorCaller.call`)."""
         self._call = call
 
     # -- replication --------------------------------------------------------------------------------

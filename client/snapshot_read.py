@@ -1,6 +1,6 @@
 """Reading a KV snapshot from Python: its files fetched from remote storage, its rows decoded.
 
-Lease the snapshot first (:meth:`client.admin.AdminClient.acquire_lease`): a snapshot nothing leases may be
+Lease the snapshot first (:meth:`kvlease.client.admin.AdminClient.acquire_lease`): a snapshot nothing leases may be
 deleted as soon as newer ones are committed, and its read then fails with StorageError/StorageNotFound.
 """
 
@@ -11,18 +11,18 @@ import tempfile
 
 import pyarrow as pa
 
-from common.codec import RowCodec
-from common.kvsnapshot import download, open_read_only, scan_read_options
-from common.model import SnapshotHandle
-from common.storage import RemoteStorage
-from common.tables import TableInfo
+from kvlease.common.codec import RowCodec
+from kvlease.common.kvsnapshot import download, open_read_only, scan_read_options
+from kvlease.common.model import SnapshotHandle
+from kvlease.common.storage import RemoteStorage
+from kvlease.common.tables import TableInfo
 
 
 def read_snapshot(admin, handle: SnapshotHandle, *, table: TableInfo | None = None,
                   storage: RemoteStorage | None = None) -> pa.Table:
     """The rows of the snapshot ``handle`` (its bucket as of ``handle.log_offset``), in primary-key order.
 
-    ``admin`` (an :class:`~client.admin.AdminClient`) names the table (unless ``table`` is given) and the
+    ``admin`` (an :class:`~kvlease.client.admin.AdminClient`) names the table (unless ``table`` is given) and the
     remote storage (unless ``storage`` is); S3 credentials come from this process's environment. The files
     go to a temp dir that is removed before this returns. The whole bucket is held in memory.
     """

@@ -31,10 +31,10 @@ from __future__ import annotations
 import threading
 from typing import Callable, NamedTuple
 
-from client.routing import REROUTE
-from common import errors
-from common.proto import tablet_pb2 as pb
-from common.wire import error_from_pb
+from kvlease.client.routing import REROUTE
+from kvlease.common import errors
+from kvlease.common.proto import tablet_pb2 as pb
+from kvlease.common.wire import error_from_pb
 
 COMMITTED, UNCHANGED, EMPTY, FAILED = "committed", "unchanged", "empty", "failed"
 
@@ -60,7 +60,7 @@ OnOutcome = Callable[[BucketOutcome, int, int], None]
 
 def trigger_snapshots(table, *, wait: bool = True, on_outcome: OnOutcome | None = None,
                       poll_s: float = 1.0) -> list[BucketOutcome]:
-    """Snapshot every changed bucket of ``table`` (a :class:`client.table.TableClient`) now; the outcome of
+    """Snapshot every changed bucket of ``table`` (a :class:`kvlease.client.table.TableClient`) now; the outcome of
     each bucket, in bucket order. Without ``wait`` the leaders return no snapshots: a bucket that did not
     fail is ``committed`` with no ``snapshot``. Raises only what keeps the table from being routed at all
     (e.g. TableNotExistError)."""

@@ -1,4 +1,4 @@
-"""Live KV scans over one server-streaming ScanKvStream call (the contract is :mod:`client.scanner`'s)."""
+"""Live KV scans over one server-streaming ScanKvStream call (the contract is :mod:`kvlease.client.scanner`'s)."""
 
 from __future__ import annotations
 
@@ -6,13 +6,13 @@ from typing import Any
 
 import grpc
 
-from common import errors
-from common.proto import tablet_pb2 as pb
-from common.tables import TableInfo
-from common.wire import error_from_pb
-from client.routing import REROUTE
-from client.scanner import SESSION_LOST, BucketScanner
-from client.transport import rpc_error
+from kvlease.common import errors
+from kvlease.common.proto import tablet_pb2 as pb
+from kvlease.common.tables import TableInfo
+from kvlease.common.wire import error_from_pb
+from kvlease.client.routing import REROUTE
+from kvlease.client.scanner import SESSION_LOST, BucketScanner
+from kvlease.client.transport import rpc_error
 
 
 class KvStreamScanner(BucketScanner):
@@ -25,7 +25,7 @@ class KvStreamScanner(BucketScanner):
     """
 
     def __init__(self, route, table: TableInfo, bucket: int = 0, **options: Any) -> None:
-        """``options`` as :class:`client.scanner.BucketScanner` takes them."""
+        """``options`` as :class:`kvlease.client.scanner.BucketScanner` takes them."""
         self._call = None
         self._address = ""
         super().__init__(route, table, bucket, **options)

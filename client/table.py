@@ -6,7 +6,7 @@ tablet servers directly, one gRPC channel per server address. Rows travel as
 Arrow IPC streams (``docs/row-encoding.md``).
 
 Writes and lookups are split by bucket client-side, in the one pass of
-:mod:`client.table_input` (the input checked and converted, its keys encoded
+:mod:`kvlease.client.table_input` (the input checked and converted, its keys encoded
 and hashed once, then one Arrow ``take``), and sent as one request per
 bucket, in parallel on a small thread pool. There is no atomicity across
 buckets: when one bucket fails after others succeeded, the error carries the
@@ -18,15 +18,15 @@ Routing: ``NOT_LEADER``, ``FENCED_LEADER_EPOCH``, ``LEADER_NOT_AVAILABLE`` and a
 unreachable server mark the cached assignment stale; the next attempt fetches it
 again (a write carries the leader epoch it was routed by, so a deposed leader
 refuses it instead of writing). Every
-retriable error (:data:`common.errors.RETRIABLE`) is retried with bounded
+retriable error (:data:`kvlease.common.errors.RETRIABLE`) is retried with bounded
 exponential backoff and jitter (tenacity) for ``retry_total_s`` in all, then
 the last error is raised. Every wire error code becomes its typed exception
-(:func:`common.errors.error_for`). Writes are idempotent (:mod:`client.idempotent`:
+(:func:`kvlease.common.errors.error_for`). Writes are idempotent (:mod:`kvlease.client.idempotent`:
 a writer id and a batch number per bucket), so a write that timed out is
 retried like a read and applied once.
 
-Bad rows raise :class:`~common.errors.InvalidRowError` naming the row and
-column before anything is sent (:mod:`client.table_input`) (the server checks again and rejects a bad
+Bad rows raise :class:`~kvlease.common.errors.InvalidRowError` naming the row and
+column before anything is sent (:mod:`kvlease.client.table_input`) (the server checks again and rejects a bad
 batch as a whole).
 """
 
@@ -41,25 +41,25 @@ import numpy as np
 import pyarrow as pa
 import tenacity
 
-from client.idempotent import Writers
-from common import config as cfg
-from common import errors
-from common.proto import tablet_pb2 as pb
-from common.tables import TableInfo
-from common.wire import error_from_pb
-from common.logentry import LogEntry, decode_entry
-from common.codec import RowCodec, batch_to_ipc, ipc_to_batch
-from client.log_offsets import LogOffsets
-from client.log_position import LogPosition
-from client.log_records import decode_records, entry_records, log_rows, log_schema
-from client.routing import REROUTE, BucketRouter, Routing
-from client.scanner import KvBatchScanner
-from client.snapshot_trigger import COMMITTED, CommittedSnapshot, raise_failed, trigger_snapshots
-from client.stream_scanner import KvStreamScanner
-from client import table_input
-from client.table_scan import scan_table
-from client.leader_watch import call_watching
-from client.transport import RetryPolicy, arguments, rpc_error
+from kvlease.client.idempotent import Writers
+from kvlease.common import config as cfg
+from kvlease.common import errors
+from kvlease.common.proto import tablet_pb2 as pb
+from kvlease.common.tables import TableInfo
+from kvlease.common.wire import error_from_pb
+from kvlease.common.logentry import LogEntry, decode_entry
+from kvlease.common.codec import RowCodec, batch_to_ipc, ipc_to_batch
+from kvlease.client.log_offsets import LogOffsets
+from kvlease.client.log_position import LogPosition
+from kvlease.client.log_records import decode_records, entry_records, log_rows, log_schema
+from kvlease.client.routing import REROUTE, BucketRouter, Routing
+from kvlease.client.scanner import KvBatchScanner
+from kvlease.client.snapshot_trigger import COMMITTED, CommittedSnapshot, raise_failed, trigger_snapshots
+from kvlease.client.stream_scanner import KvStreamScanner
+from kvlease.client import table_input
+from kvlease.client.table_scan import scan_table
+from kvlease.client.leader_watch import call_watching
+from kvlease.client.transport import RetryPolicy, arguments, rpc_error
 
 #: A bucket's part of a write or lookup bigger than this (Arrow bytes) is sent as several requests.
 #: An update writes the before- and after-image, so one write's changelog entry stays well under
@@ -76,7 +76,7 @@ class TableClient(LogOffsets):
                  retry_total_s: float | None = None, request_timeout_s: float | None = None,
                  snapshot_timeout_s: float = 600.0, parallelism: int = 8,
                  sleep: Callable[[float], None] | None = None) -> None:
-        """``admin`` is a :class:`client.admin.AdminClient`; ``table`` a ``DB.NAME`` or a table id."""
+        """``admin`` is a :class:`kvlease.client.admin.AdminClient`; ``table`` a ``DB.NAME`` or a table id."""
         config = config or cfg.Config(env={})
         self.admin = admin
         self.retry = RetryPolicy(DEFAULT_RETRY_TOTAL_S if retry_total_s is None else retry_total_s,
@@ -160,7 +160,7 @@ class TableClient(LogOffsets):
                      timeout_s: float | None = None, fenced: bool = False, watch: Callable | None = None):
         """``method`` on the leader of ``bucket``, re-routed and retried as the module docstring says;
         ``fenced``: every attempt's request carries the leader epoch of the routing it goes by;
-        ``watch`` wraps every attempt (:meth:`client.idempotent.BucketWriter.watch`)."""
+        ``watch`` wraps every attempt (:meth:`kvlease.client.idempotent.BucketWriter.watch`)."""
         self.router.check_bucket(bucket)  # else a bucket the table lacks is "no leader" until the retries end
 
         def attempt():
@@ -206,7 +206,7 @@ class TableClient(LogOffsets):
 
     def split(self, batch: pa.RecordBatch) -> list[tuple[int, pa.RecordBatch, np.ndarray]]:
         """``[(bucket, rows of that bucket, their indices in batch)]`` for the buckets that get rows
-        (see :func:`client.table_input.split`)."""
+        (see :func:`kvlease.client.table_input.split`)."""
         return table_input.split(self.codec, batch)
 
     # -- writes --------------------------------------------------------------------------------
@@ -298,8 +298,8 @@ class TableClient(LogOffsets):
                         last_fetched_epoch: int | None = None) -> tuple[pa.RecordBatch, int]:
         """``(records, log_end_offset)`` from ``from_offset`` on (at least one entry when there are any).
 
-        ``records`` is in :func:`client.log_records.log_schema`: ``offset``
-        (int64), ``change_type`` (int8, see :class:`common.logentry.ChangeType`),
+        ``records`` is in :func:`kvlease.client.log_records.log_schema`: ``offset``
+        (int64), ``change_type`` (int8, see :class:`kvlease.common.logentry.ChangeType`),
         ``timestamp`` (int64 ms since the epoch, the append time of the
         record's changelog entry; null for entries older than format version
         2), then the table's columns: the row of +I/+U, the before-image of
@@ -326,7 +326,7 @@ class TableClient(LogOffsets):
 
     def fetch_log_from(self, bucket: int, position: LogPosition,
                        max_bytes: int = DEFAULT_FETCH_BYTES) -> tuple[list[dict], int, LogPosition]:
-        """:meth:`fetch_log` from ``position`` (:class:`client.log_position.LogPosition`), fenced by its
+        """:meth:`fetch_log` from ``position`` (:class:`kvlease.client.log_position.LogPosition`), fenced by its
         epoch: ``(records, log_end_offset, the position after them)``. DataLostError if offsets read
         before ``position`` were lost and are reused (not retried)."""
         entries, end = self.fetch_log_entries(bucket, position.offset, max_bytes, position.epoch)
@@ -348,7 +348,7 @@ class TableClient(LogOffsets):
     def trigger_snapshot(self, wait: bool = True) -> list[CommittedSnapshot]:
         """Snapshot every changed bucket of the table now, on every leader; with ``wait``, returns
         the snapshots committed (buckets unchanged since their last snapshot are skipped). Raises if
-        a bucket was not committed; :func:`client.snapshot_trigger.trigger_snapshots` tells each
+        a bucket was not committed; :func:`kvlease.client.snapshot_trigger.trigger_snapshots` tells each
         bucket's outcome instead, the failed ones too."""
         outcomes = trigger_snapshots(self, wait=wait)
         raise_failed(outcomes, self.table.path)
@@ -357,8 +357,8 @@ class TableClient(LogOffsets):
     # -- live scans (client/scanner.py) ------------------------------------------------------------
 
     def scanner(self, bucket: int, *, streaming: bool = False, **options):
-        """A scanner of one bucket: :class:`client.scanner.KvBatchScanner` (ScanKv sessions, one request
-        in flight) or, with ``streaming``, :class:`client.stream_scanner.KvStreamScanner` (ScanKvStream).
+        """A scanner of one bucket: :class:`kvlease.client.scanner.KvBatchScanner` (ScanKv sessions, one request
+        in flight) or, with ``streaming``, :class:`kvlease.client.stream_scanner.KvStreamScanner` (ScanKvStream).
         ``options``: ``limit``, ``batch_size_bytes``, ``start_after_key``, ``resume``, ``decode``.
         Nothing is sent before the first poll; use it with ``with`` or read it to the end."""
         self._check_open()
@@ -370,9 +370,9 @@ class TableClient(LogOffsets):
 
     def scan(self, limit: int | None = None, buckets: Iterable[int] | None = None, streaming: bool = False,
              **options):
-        """Every live row of the table (or of ``buckets``): a :class:`client.table_scan.ScanResult` with
+        """Every live row of the table (or of ``buckets``): a :class:`kvlease.client.table_scan.ScanResult` with
         ``batches`` and ``log_offsets`` ``{bucket: first changelog offset not in the scan}``. See
-        :func:`client.table_scan.scan_table` (parallel buckets; ``limit`` over the whole table)."""
+        :func:`kvlease.client.table_scan.scan_table` (parallel buckets; ``limit`` over the whole table)."""
         return scan_table(self, limit=limit, buckets=None if buckets is None else list(buckets),
                           streaming=streaming, **options)
 

@@ -5,9 +5,9 @@ tuples (primary-key order), scalars (a one-column key) or a batch.
 :func:`rows_by_bucket` and :func:`keys_by_bucket` are what a write or a
 lookup sends: the input is normalised (a Table to one batch, keys of one form
 to one list per key column), checked and converted by the table's
-:class:`~common.codec.RowCodec`, its keys encoded once (not checked again)
+:class:`~kvlease.common.codec.RowCodec`, its keys encoded once (not checked again)
 and the rows divided among the buckets. The codec never calls back here. A bad
-row raises :class:`~common.errors.InvalidRowError` naming the row and column
+row raises :class:`~kvlease.common.errors.InvalidRowError` naming the row and column
 before anything is sent. :func:`row_batch`, :func:`key_batch` and :func:`split`
 are the steps on their own.
 """
@@ -19,9 +19,9 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 import pyarrow as pa
 
-from common import errors
-from common.codec import RowCodec, bucket_array
-from common.errors import show
+from kvlease.common import errors
+from kvlease.common.codec import RowCodec, bucket_array
+from kvlease.common.errors import show
 
 #: ``(bucket, its rows, their indices in the input)``.
 Part = tuple[int, pa.RecordBatch, np.ndarray]

@@ -10,11 +10,11 @@ from typing import Callable, Sequence
 
 import pyarrow as pa
 
-from client.routing import LEADER_CHANGED
-from client.scanner import DEFAULT_MAX_RESUMES, check_limit
-from common import errors
-from common.codec import RowCodec
-from common.tables import TableInfo
+from kvlease.client.routing import LEADER_CHANGED
+from kvlease.client.scanner import DEFAULT_MAX_RESUMES, check_limit
+from kvlease.common import errors
+from kvlease.common.codec import RowCodec
+from kvlease.common.tables import TableInfo
 
 log = logging.getLogger(__name__)
 #: How a bucket's scan ends when its leader changed (a failover: NOT_LEADER, FENCED_LEADER_EPOCH, the

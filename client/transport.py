@@ -26,12 +26,12 @@ from typing import Any, Callable
 import grpc
 import tenacity
 
-from common import errors
-from common.redaction import protect
-from common.security.grpc_auth import with_credentials
-from common.tls import TlsFiles
+from kvlease.common import errors
+from kvlease.common.redaction import protect
+from kvlease.common.security.grpc_auth import with_credentials
+from kvlease.common.tls import TlsFiles
 
-from common.limits import GRPC_MESSAGE_OPTIONS, MAX_MESSAGE_BYTES  # noqa: F401 (MAX_MESSAGE_BYTES: re-exported)
+from kvlease.common.limits import GRPC_MESSAGE_OPTIONS, MAX_MESSAGE_BYTES  # noqa: F401 (MAX_MESSAGE_BYTES: re-exported)
 
 GRPC_OPTIONS = (
     *GRPC_MESSAGE_OPTIONS,  # the same sizes as every server's
@@ -55,7 +55,7 @@ RETRIABLE: tuple[type[BaseException], ...] = errors.RETRIABLE
 class Channels:
     """One gRPC channel per address, created on first use; ``close`` closes them all.
 
-    With ``tls`` (see :meth:`common.tls.TlsFiles.from_config`) every channel is
+    With ``tls`` (see :meth:`kvlease.common.tls.TlsFiles.from_config`) every channel is
     a TLS channel verifying the server against the CA; this is the one place
     kvlease makes a channel to a coordinator or tablet server.
     """
@@ -267,8 +267,8 @@ def rpc_error(exc: grpc.RpcError, method: str, address: str, *, timeout_s: float
               client_cert: bool = True) -> errors.KvLeaseError:
     """The typed error for a gRPC call to ``peer`` at ``address`` that failed in transport.
 
-    UNAVAILABLE is a retriable :class:`~common.errors.NetworkError`; a deadline
-    is one too for an ``idempotent`` call and :class:`~common.errors.OutcomeUnknownError`
+    UNAVAILABLE is a retriable :class:`~kvlease.common.errors.NetworkError`; a deadline
+    is one too for an ``idempotent`` call and :class:`~kvlease.common.errors.OutcomeUnknownError`
     otherwise (it may have been applied), and so is CANCELLED: a call this client
     never cancels ends so when its server drops it as it stops (a gRPC server stopping
     answers ``CANCELLED`` to calls that reach it at that moment; a rolling restart

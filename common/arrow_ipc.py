@@ -1,13 +1,13 @@
 """Arrow record batches as the bytes of an Arrow IPC stream, the form rows travel in (docs/row-encoding.md).
 
-:mod:`common.codec` re-exports these functions.
+:mod:`kvlease.common.codec` re-exports these functions.
 """
 
 from __future__ import annotations
 
 import pyarrow as pa
 
-from common.errors import InvalidRowError
+from kvlease.common.errors import InvalidRowError
 
 
 def batch_to_ipc(batch: pa.RecordBatch) -> bytes:

@@ -1,7 +1,7 @@
 """Which bucket a row belongs to: the CRC-32 of its encoded primary key, modulo the bucket count.
 
 Stable forever: changing it would move rows between buckets. Keys are encoded
-by :class:`common.codec.RowCodec` (``encode_keys``); :mod:`common.codec`
+by :class:`kvlease.common.codec.RowCodec` (``encode_keys``); :mod:`kvlease.common.codec`
 re-exports these functions.
 """
 

@@ -3,7 +3,7 @@
 A tablet server stores each row of a primary-key table in RocksDB as
 ``key = encode_keys(row)`` and ``value = encode_values(row)``; the changelog
 keeps the same bytes. Rows travel between client and server as Arrow IPC
-RecordBatches (:func:`batch_to_ipc`, :func:`ipc_to_batch`, in :mod:`common.arrow_ipc`).
+RecordBatches (:func:`batch_to_ipc`, :func:`ipc_to_batch`, in :mod:`kvlease.common.arrow_ipc`).
 
 Every encode and decode works on whole columns with numpy and
 ``pyarrow.compute``: no Python code runs per row except the one conversion
@@ -29,7 +29,7 @@ byte, INT 4, BIGINT/DOUBLE/TIMESTAMP 8; DOUBLE keeps its exact bits), STRING
 and BYTES as a uint32 little-endian length then the bytes.
 
 Buckets: ``zlib.crc32(encoded key) % num_buckets`` (crc32 is unsigned in
-Python 3): stable across processes, versions and platforms (:mod:`common.bucketing`).
+Python 3): stable across processes, versions and platforms (:mod:`kvlease.common.bucketing`).
 
 Malformed input (client rows, batches) raises :class:`InvalidRowError` naming
 the row and column; so do bytes that are not a value or key of this table.
@@ -43,13 +43,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from common.errors import InvalidRowError, show
-from common import codec_arrays as ca
-from common.codec_arrays import ARROW_TYPES
-from common.tables import Column, TableInfo
+from kvlease.common.errors import InvalidRowError, show
+from kvlease.common import codec_arrays as ca
+from kvlease.common.codec_arrays import ARROW_TYPES
+from kvlease.common.tables import Column, TableInfo
 # re-exported: callers import the bucket function and the IPC helpers from here
-from common.arrow_ipc import batch_to_ipc, ipc_to_batch  # noqa: F401
-from common.bucketing import bucket_array, bucket_of, bucket_of_keys  # noqa: F401
+from kvlease.common.arrow_ipc import batch_to_ipc, ipc_to_batch  # noqa: F401
+from kvlease.common.bucketing import bucket_array, bucket_of, bucket_of_keys  # noqa: F401
 
 FORMAT_VERSION = 1
 #: Rows encoded or decoded in one vectorized pass; keeps temporaries in cache-sized pieces.
@@ -181,7 +181,7 @@ class RowCodec:
 
     def encode_checked_keys(self, batch: pa.RecordBatch) -> list[bytes]:
         """:meth:`encode_keys` of a batch this codec made or checked (:meth:`to_batch`, :meth:`keys_to_batch`,
-        :meth:`validate`), not checked again: the table client's one pass (:mod:`client.table_input`)."""
+        :meth:`validate`), not checked again: the table client's one pass (:mod:`kvlease.client.table_input`)."""
         return _chunked(self._encode_keys, batch.select(list(self.table.primary_key)))
 
     def encode_values(self, batch: pa.RecordBatch) -> list[bytes]:

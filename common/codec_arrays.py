@@ -1,4 +1,4 @@
-"""Column-level primitives of the row codec (:mod:`common.codec`): numpy and Arrow, no loop per row.
+"""Column-level primitives of the row codec (:mod:`kvlease.common.codec`): numpy and Arrow, no loop per row.
 
 Each function works on a whole Arrow array or numpy buffer: fixed-width
 values and order-preserving key bytes, variable-width pieces with their
@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import datetime
 
-import common.pandas_first  # noqa: F401 (before pyarrow: a Ctrl-C during pandas' import is not lost)
+import kvlease.common.pandas_first  # noqa: F401 (before pyarrow: a Ctrl-C during pandas' import is not lost)
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from common.errors import InvalidRowError, show  # noqa: F401 (show: used here and by common.codec)
-from common.tables import INT_RANGE, Column
+from kvlease.common.errors import InvalidRowError, show  # noqa: F401 (show: used here and by common.codec)
+from kvlease.common.tables import INT_RANGE, Column
 
 ARROW_TYPES: dict[str, pa.DataType] = {
     "BOOLEAN": pa.bool_(),

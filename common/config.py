@@ -20,8 +20,8 @@ import tomllib
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from common.errors import KvLeaseError, show
-from common.limits import MAX_ROW_SIZE_BOUND
+from kvlease.common.errors import KvLeaseError, show
+from kvlease.common.limits import MAX_ROW_SIZE_BOUND
 
 
 class ConfigError(KvLeaseError):
@@ -364,7 +364,7 @@ class Config:
         return {name: REDACTED if name in SECRET_KEYS and value else value for name, value in self._values.items()}
 
     def secrets(self) -> list[str]:
-        """The set credential values (for :mod:`common.redaction`), the digest's password on its own too."""
+        """The set credential values (for :mod:`kvlease.common.redaction`), the digest's password on its own too."""
         values = [self._values[name] for name in sorted(SECRET_KEYS) if self._values[name]]
         digest = self._values[ZK_DIGEST.name]
         return values + ([digest.partition(":")[2]] if digest.partition(":")[2] else [])

@@ -24,11 +24,11 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from common import errors
-from common.checksum import file_crc32
-from common.fsync import fsync_path
-from common.storage import RemoteStorage
-from common.model import SnapshotFile, SnapshotHandle, TableBucket
+from kvlease.common import errors
+from kvlease.common.checksum import file_crc32
+from kvlease.common.fsync import fsync_path
+from kvlease.common.storage import RemoteStorage
+from kvlease.common.model import SnapshotFile, SnapshotHandle, TableBucket
 
 MANIFEST_NAME = "_METADATA"
 MANIFEST_VERSION = 1

@@ -27,13 +27,13 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, NamedTuple
 
-import common.pandas_first  # noqa: F401 (before pyarrow: a Ctrl-C during pandas' import is not lost)
+import kvlease.common.pandas_first  # noqa: F401 (before pyarrow: a Ctrl-C during pandas' import is not lost)
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from common.checksum import crc32
-from common.errors import InvalidRequestError, KvLeaseError
+from kvlease.common.checksum import crc32
+from kvlease.common.errors import InvalidRequestError, KvLeaseError
 
 MAGIC_PREFIX = b"\xc7KL"  # three magic bytes, then the format version
 VERSION = 3  # the version written

@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from common.errors import show
+from kvlease.common.errors import show
 
 #: A lease id; use with fullmatch (``$`` would let a trailing newline through). See :func:`lease_id_problem`.
 LEASE_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")

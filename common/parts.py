@@ -1,6 +1,6 @@
 """Classes composed of parts: the owner delegates to each part method by method, showing the part's text.
 
-An owner (e.g. :class:`client.admin.AdminClient`, :class:`tablet.bucket.store.BucketStore`) holds its parts
+An owner (e.g. :class:`kvlease.client.admin.AdminClient`, :class:`kvlease.tablet.bucket.store.BucketStore`) holds its parts
 and calls them from methods of its own; :func:`documented_by` gives such a method the docstring of the
 part's method it calls, so the text is written once, next to the code it describes.
 """

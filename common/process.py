@@ -1,4 +1,4 @@
-"""Running a server process: ``python -m coordinator|tablet --config FILE``.
+"""Running a server process: ``python -m kvlease.coordinator|tablet --config FILE``.
 
 Parses the arguments, sets up logging, raises the soft open-file limit to
 the hard one (a tablet server holds files of thousands of buckets), loads the
@@ -16,8 +16,8 @@ import sys
 import threading
 from typing import Callable
 
-from common.config import Config, ConfigError
-from common.errors import KvLeaseError
+from kvlease.common.config import Config, ConfigError
+from kvlease.common.errors import KvLeaseError
 
 log = logging.getLogger(__name__)
 

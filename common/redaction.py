@@ -1,14 +1,14 @@
 """Credentials out of log lines and error messages: the values a process holds are blanked wherever they show.
 
 kvlease never logs a credential on purpose (configs are logged through
-:meth:`common.config.Config.redacted`), but libraries may: botocore's debug
+:meth:`kvlease.common.config.Config.redacted`), but libraries may: botocore's debug
 log shows the ``Authorization`` header (the S3 access key id), kazoo's
 lowest level the digest it authenticates with, and a library's error message
 may quote what it was given. So every component that takes a credential
 registers it here (:func:`protect`), and
 
 - :func:`scrub` blanks registered values in a string (error messages sent to
-  clients go through it: :func:`common.wire.error_pb`, storage errors);
+  clients go through it: :func:`kvlease.common.wire.error_pb`, storage errors);
 - a log-record factory, installed by the first :func:`protect`, blanks them in
   every record's message and traceback before any handler sees it, whichever
   logger made it.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from common.errors import InvalidRequestError, InvalidTableError, show
+from kvlease.common.errors import InvalidRequestError, InvalidTableError, show
 
 #: The values an INT and a BIGINT column hold.
 INT_RANGE = {"INT": (-(1 << 31), (1 << 31) - 1), "BIGINT": (-(1 << 63), (1 << 63) - 1)}

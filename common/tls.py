@@ -2,7 +2,7 @@
 
 :meth:`TlsFiles.from_config` is ``None`` when ``security.enabled`` is false;
 otherwise it reads every file at once, so a missing or unreadable one is a
-:class:`~common.config.ConfigError` naming the key and the path when a process
+:class:`~kvlease.common.config.ConfigError` naming the key and the path when a process
 or client starts, never a failure at its first call.
 """
 
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import grpc
 
-from common import config as cfg
-from common.errors import KvLeaseError
+from kvlease.common import config as cfg
+from kvlease.common.errors import KvLeaseError
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 Every response of every service carries an ``ErrorPb`` (code 0 = success);
 servers build it with :func:`error_pb`, clients read it with
 :func:`error_from_pb` / :func:`raise_for`. The other converters map the
-shared vocabulary (:mod:`common.model`, :mod:`common.tables`) to messages.
+shared vocabulary (:mod:`kvlease.common.model`, :mod:`kvlease.common.tables`) to messages.
 :func:`refusing_partition_ids` makes both services refuse a request naming a
 partition (there are no partitioned tables yet).
 """
@@ -18,16 +18,16 @@ from google.protobuf import message_factory
 from google.protobuf.descriptor import MethodDescriptor, ServiceDescriptor
 from google.protobuf.message import Message
 
-from common import errors
-from common.redaction import scrub
-from common.model import Lease, SnapshotFile, SnapshotHandle, TableBucket
-from common.proto import coordinator_pb2 as pb
-from common.tables import Column, TableInfo
+from kvlease.common import errors
+from kvlease.common.redaction import scrub
+from kvlease.common.model import Lease, SnapshotFile, SnapshotHandle, TableBucket
+from kvlease.common.proto import coordinator_pb2 as pb
+from kvlease.common.tables import Column, TableInfo
 
 
 def error_pb(exc: errors.KvLeaseError) -> pb.ErrorPb:
     """The wire form of ``exc`` (with the active coordinator's address, if it names one); a credential the
-    process holds never leaves in the message (:func:`common.redaction.scrub`)."""
+    process holds never leaves in the message (:func:`kvlease.common.redaction.scrub`)."""
     return pb.ErrorPb(code=int(exc.code), message=scrub(exc.message),
                       active_address=str(exc.details.get("active_address", "") or ""))
 

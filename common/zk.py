@@ -11,10 +11,10 @@ from kazoo.client import KazooClient
 from kazoo.handlers.threading import KazooTimeoutError, SequentialThreadingHandler
 from kazoo.retry import KazooRetry
 
-from common import config as cfg
-from common import errors
-from common import zkacl
-from common.redaction import protect
+from kvlease.common import config as cfg
+from kvlease.common import errors
+from kvlease.common import zkacl
+from kvlease.common.redaction import protect
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ def make_client(config: cfg.Config, *, start: bool = True, timeout_s: float = 15
 
     With ``security.zookeeper.digest`` set the client authenticates as that
     digest identity and every node it creates (the chroot too) carries the
-    digest-only ACL of :mod:`common.zkacl`. A started client has checked that
+    digest-only ACL of :mod:`kvlease.common.zkacl`. A started client has checked that
     it may change the tree (securing a tree made before the digest was set);
     raises ConfigError naming the key if ZooKeeper refuses it.
     """

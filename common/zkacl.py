@@ -17,7 +17,7 @@ client has connected:
   repeated by the next process that starts);
 - the chroot is open and we have no digest: fine (security off);
 - otherwise (ZooKeeper refuses to show the ACL, or it names another
-  identity): :class:`~common.config.ConfigError` naming the key.
+  identity): :class:`~kvlease.common.config.ConfigError` naming the key.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError, NodeExistsError, NoNodeError
 from kazoo.security import ACL, Id, Permissions, make_digest_acl, make_digest_acl_credential
 
-from common import config as cfg
+from kvlease.common import config as cfg
 
 log = logging.getLogger(__name__)
 

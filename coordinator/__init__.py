@@ -14,4 +14,4 @@ Its modules come in two kinds, named so a reader can tell them apart:
 The design: docs/architecture.md.
 """
 
-import common  # noqa: F401  (first: it settles gRPC's fork setting before anything imports grpc)
+import kvlease.common  # noqa: F401  (first: it settles gRPC's fork setting before anything imports grpc)

@@ -11,8 +11,8 @@ change of this state).
 "leader_epoch": 2, "isr": [3, 1], "bucket_epoch": 4}, …}}``. A node written before replication
 has no ``isr`` / ``bucket_epoch``: its replicas and ISR are its leader (none if -1) and its bucket
 epoch is its leader epoch. A bucket whose replicas are being moved also has
-``"reassign": {"target": [4, 1]}`` (:mod:`coordinator.reassignment_plan`; omitted when none), and one whose replicas
-reported their data lost since they last were in sync ``"lost": [2]`` (:mod:`coordinator.data_loss_plan`; omitted
+``"reassign": {"target": [4, 1]}`` (:mod:`kvlease.coordinator.reassignment_plan`; omitted when none), and one whose replicas
+reported their data lost since they last were in sync ``"lost": [2]`` (:mod:`kvlease.coordinator.data_loss_plan`; omitted
 when none; a replica back in the ISR, or no longer a replica, leaves it). Leader -1 with no
 replicas: not assigned yet (a one-replica table created while no tablet server was live). A restore's loss
 record keeps the replicas that still owe it (``owed_by``, :attr:`BucketAssignment.restore_owed_by`): a
@@ -21,7 +21,7 @@ replica moved off the bucket leaves it in the same write, and so does one that j
 
 Capacity: a tablet server registers the most bucket replicas it holds (``max_buckets``,
 ``tablet.buckets.max``); every replica counts. Planning is pure:
-:mod:`coordinator.placement_plan` places new tables, :mod:`coordinator.election_plan` moves leaders and ISRs.
+:mod:`kvlease.coordinator.placement_plan` places new tables, :mod:`kvlease.coordinator.election_plan` moves leaders and ISRs.
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ from typing import Iterable, Mapping
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
-from common import zkpaths
-from common.data_loss import RESTORE, DataLoss
-from common.zk import ZkOp, dumps, loads
+from kvlease.common import zkpaths
+from kvlease.common.data_loss import RESTORE, DataLoss
+from kvlease.common.zk import ZkOp, dumps, loads
 
 UNASSIGNED = -1
 
@@ -52,7 +52,7 @@ class BucketAssignment:
     replicas: tuple[int, ...] = field(default=None)  # type: ignore[assignment]
     isr: tuple[int, ...] = field(default=None)  # type: ignore[assignment]
     bucket_epoch: int = field(default=None)  # type: ignore[assignment]
-    #: A replica move in progress (:mod:`coordinator.reassignment_plan`): the replicas the bucket moves to; None: none.
+    #: A replica move in progress (:mod:`kvlease.coordinator.reassignment_plan`): the replicas the bucket moves to; None: none.
     reassign: tuple[int, ...] | None = None
     #: Why the bucket has no leader when its data is lost ("": not lost); see coordinator/data_loss_plan.py.
     offline_reason: str = ""

@@ -9,9 +9,9 @@ from __future__ import annotations
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
-from common import errors, zkpaths
-from common.tables import TableInfo, TableSpec
-from common.zk import ZkOp, dumps, loads
+from kvlease.common import errors, zkpaths
+from kvlease.common.tables import TableInfo, TableSpec
+from kvlease.common.zk import ZkOp, dumps, loads
 
 
 class TableCatalog:

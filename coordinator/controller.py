@@ -1,17 +1,17 @@
 """The active coordinator's state, and the dispatcher that routes a batch of requests.
 
 Everything here runs on the event loop's one thread. Each request type has
-one registered handler (:func:`common.statemachine.on`), which hands it to
+one registered handler (:func:`kvlease.common.statemachine.on`), which hands it to
 the part that owns its concept:
 
-- lease events (:mod:`leases.state`) -> :class:`~coordinator.lease_shell.LeaseShell`:
+- lease events (:mod:`kvlease.leases.state`) -> :class:`~kvlease.coordinator.lease_shell.LeaseShell`:
   gathered over the batch, their writes persisted together at the end of it
   (or at the next barrier), and only then answered;
 - queries: answered from memory at once;
 - barriers (tables, snapshot commits, tablet servers, orphan lease files):
   pending lease writes are flushed first, then
-  :class:`~coordinator.tables.Tables`, :class:`~coordinator.snapshot_commits.SnapshotCommits`
-  or :class:`~coordinator.membership.Membership` carry them out.
+  :class:`~kvlease.coordinator.tables.Tables`, :class:`~kvlease.coordinator.snapshot_commits.SnapshotCommits`
+  or :class:`~kvlease.coordinator.membership.Membership` carry them out.
 """
 
 from __future__ import annotations
@@ -24,31 +24,31 @@ from typing import Callable
 
 from kazoo.client import KazooClient
 
-from common import errors
-from common.model import Lease, TableBucket
-from common.statemachine import Dispatcher, on
-from common.storage import RemoteStorage
-from common.tls import TlsFiles
-from coordinator import election_plan
-from coordinator import reinit
-from coordinator import requests as rq
-from coordinator.assignment import Assignments
-from coordinator.catalog import TableCatalog
-from coordinator.data_loss import DataLossShell
-from coordinator.fencing import FencedWriter
-from coordinator.file_gc import FileCollector
-from coordinator.lease_shell import LeaseShell
-from coordinator.loop import Item, settle
-from coordinator.membership import Membership, Notify
-from coordinator.moves import Moves
-from coordinator.orphan_files import OrphanFiles
-from coordinator.preferred_leaders import PreferredLeaders
-from coordinator.snapshot_checks import LeaderLogEnds, check_epoch
-from coordinator.snapshot_commits import SnapshotCommits
-from coordinator.snapshots import SnapshotStore
-from coordinator.tables import Tables
-from leases import state as ls
-from leases.store import LeaseStore
+from kvlease.common import errors
+from kvlease.common.model import Lease, TableBucket
+from kvlease.common.statemachine import Dispatcher, on
+from kvlease.common.storage import RemoteStorage
+from kvlease.common.tls import TlsFiles
+from kvlease.coordinator import election_plan
+from kvlease.coordinator import reinit
+from kvlease.coordinator import requests as rq
+from kvlease.coordinator.assignment import Assignments
+from kvlease.coordinator.catalog import TableCatalog
+from kvlease.coordinator.data_loss import DataLossShell
+from kvlease.coordinator.fencing import FencedWriter
+from kvlease.coordinator.file_gc import FileCollector
+from kvlease.coordinator.lease_shell import LeaseShell
+from kvlease.coordinator.loop import Item, settle
+from kvlease.coordinator.membership import Membership, Notify
+from kvlease.coordinator.moves import Moves
+from kvlease.coordinator.orphan_files import OrphanFiles
+from kvlease.coordinator.preferred_leaders import PreferredLeaders
+from kvlease.coordinator.snapshot_checks import LeaderLogEnds, check_epoch
+from kvlease.coordinator.snapshot_commits import SnapshotCommits
+from kvlease.coordinator.snapshots import SnapshotStore
+from kvlease.coordinator.tables import Tables
+from kvlease.leases import state as ls
+from kvlease.leases.store import LeaseStore
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +179,7 @@ class Controller(Dispatcher):
     # -- reinitialization ------------------------------------------------------------
 
     def reinitialize(self, writer: FencedWriter, mirror=None, defer_orphans: bool = False) -> dict:
-        """Load everything this coordinator's term starts from, before serving (:func:`coordinator.reinit.reinitialize`)."""
+        """Load everything this coordinator's term starts from, before serving (:func:`kvlease.coordinator.reinit.reinitialize`)."""
         return reinit.reinitialize(self, writer, mirror, defer_orphans)
 
     # -- the batch entry point ---------------------------------------------------------

@@ -7,7 +7,7 @@ per server id in ``/tabletservers/dirs/{id}`` (persistent, written fenced in
 the same multi-op as the assignment changes it causes). A server id seen for
 the first time is just recorded; one registering with another dir id than
 recorded lost the data of every replica placed on it
-(:func:`coordinator.data_loss_plan.servers_lost`). A registration without a dir id
+(:func:`kvlease.coordinator.data_loss_plan.servers_lost`). A registration without a dir id
 (an older tablet server) is never taken for a loss.
 """
 
@@ -19,9 +19,9 @@ from typing import Mapping
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
-from common import zkpaths
-from common.zk import ZkOp, dumps, loads
-from coordinator.data_loss_plan import new_dir_reason
+from kvlease.common import zkpaths
+from kvlease.common.zk import ZkOp, dumps, loads
+from kvlease.coordinator.data_loss_plan import new_dir_reason
 
 log = logging.getLogger(__name__)
 

@@ -1,19 +1,19 @@
 """The coordinator's side of lost data: replica losses reported, leaders' log ends, restores and operator elections.
 
-Runs on the event loop's thread (requests of :mod:`coordinator.requests`,
-routed by :class:`~coordinator.controller.Controller`). Planning is pure
-(:mod:`coordinator.data_loss_plan`); a change is written (fenced) and told to the
-replicas through :class:`~coordinator.membership.Membership` before it is
+Runs on the event loop's thread (requests of :mod:`kvlease.coordinator.requests`,
+routed by :class:`~kvlease.coordinator.controller.Controller`). Planning is pure
+(:mod:`kvlease.coordinator.data_loss_plan`); a change is written (fenced) and told to the
+replicas through :class:`~kvlease.coordinator.membership.Membership` before it is
 answered. The leaders' log ends (``ReportLogEnds``, sent by every tablet
 server every ``kv.snapshot.interval`` for the buckets whose end moved) are
-kept (:mod:`coordinator.log_ends`: in memory and in ZooKeeper): a restore says
+kept (:mod:`kvlease.coordinator.log_ends`: in memory and in ZooKeeper): a restore says
 from them how many committed offsets it loses ("unknown" when none was ever
 reported).
 A restored bucket's replicas confirm the restore once carried out
 (``ConfirmRestore``): until then each still owes it. An unclean leader's
 takeover report resolves its loss; the snapshots of the
 lost history then leave the kept list (``on_resolved``:
-:meth:`~coordinator.snapshot_commits.SnapshotCommits.drop_lost_history`).
+:meth:`~kvlease.coordinator.snapshot_commits.SnapshotCommits.drop_lost_history`).
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
-from common import errors
-from common.data_loss import UNKNOWN, DataLoss
-from common.model import TableBucket
-from coordinator import data_loss_plan
-from coordinator.assignment import BucketAssignment
-from coordinator.log_ends import LogEnds
-from coordinator.membership import Membership
-from coordinator.snapshots import SnapshotStore
+from kvlease.common import errors
+from kvlease.common.data_loss import UNKNOWN, DataLoss
+from kvlease.common.model import TableBucket
+from kvlease.coordinator import data_loss_plan
+from kvlease.coordinator.assignment import BucketAssignment
+from kvlease.coordinator.log_ends import LogEnds
+from kvlease.coordinator.membership import Membership
+from kvlease.coordinator.snapshots import SnapshotStore
 
 log = logging.getLogger(__name__)
 

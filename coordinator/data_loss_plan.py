@@ -26,7 +26,7 @@ unclean election never makes it lead (:func:`unclean_candidates`), and a
 follower that carried it out is ``lost`` (empty) until back in the ISR; a
 replica moved off the bucket, or added to the ISR, owes nothing
 (coordinator/assignment.py). Each appends
-a :class:`~common.data_loss.DataLoss` to the bucket's ``losses``, bumps the
+a :class:`~kvlease.common.data_loss.DataLoss` to the bucket's ``losses``, bumps the
 leader epoch and is idempotent: sent again, it answers the same record. :func:`elect` without ``unclean`` is a
 clean election of an ISR member.
 
@@ -40,9 +40,9 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping
 
-from common import errors
-from common.data_loss import RESTORE, UNCLEAN, UNKNOWN, DataLoss
-from coordinator.assignment import UNASSIGNED, Assignments, BucketAssignment, Changes
+from kvlease.common import errors
+from kvlease.common.data_loss import RESTORE, UNCLEAN, UNKNOWN, DataLoss
+from kvlease.coordinator.assignment import UNASSIGNED, Assignments, BucketAssignment, Changes
 
 
 def new_dir_reason(server: int) -> str:
@@ -312,7 +312,7 @@ def takeover_reported(a: BucketAssignment, server: int, leader_epoch: int, log_e
 
 def restore_confirmed(a: BucketAssignment, server: int, leader_epoch: int) -> BucketAssignment:
     """``server`` carried out the restore that gave the bucket ``leader_epoch``: it no longer owes it
-    (:attr:`~common.data_loss.DataLoss.owed_by`). A replica other than the restore's leader only dropped
+    (:attr:`~kvlease.common.data_loss.DataLoss.owed_by`). A replica other than the restore's leader only dropped
     its data (it rebuilds from the leader): it is ``lost`` until it is in the ISR again, so an unclean
     election meanwhile never makes it lead empty. Anything else (a resent confirmation, another loss, a
     restore recorded before owed_by was kept) changes nothing. The leader and ISR do not change, so
@@ -334,7 +334,7 @@ def pending_takeover(a: BucketAssignment) -> bool:
 
 def servers_lost(assignments: Assignments, lost: Mapping[int, str], live: Iterable[int]) -> Changes:
     """Every table with a bucket changed by the replicas of the ``lost`` servers (id -> reason) losing
-    their data (all its buckets, as :func:`coordinator.election_plan.servers_changed` gives them)."""
+    their data (all its buckets, as :func:`kvlease.coordinator.election_plan.servers_changed` gives them)."""
     changes: Changes = {}
     live = set(live)
     for table_id, buckets in sorted(assignments.by_table.items()):

@@ -4,10 +4,10 @@
 written fenced in the same multi-op as the first moves it starts) and
 ``cluster recommission --tablet N`` deletes the mark. A marked server keeps
 what it holds until moved off it, but no placement chooses it: a new table's
-replicas (:meth:`coordinator.membership.Membership.plan_table`), an unassigned
-one-replica bucket (:func:`coordinator.election_plan.servers_changed`), a
+replicas (:meth:`kvlease.coordinator.membership.Membership.plan_table`), an unassigned
+one-replica bucket (:func:`kvlease.coordinator.election_plan.servers_changed`), a
 rebalance's or another decommission's destinations
-(:mod:`coordinator.rebalance_plan`), a reassign's new replicas. The mark is by
+(:mod:`kvlease.coordinator.rebalance_plan`), a reassign's new replicas. The mark is by
 server id, so it outlives the server's registration (a restart, a new data
 dir) and a coordinator failover (:meth:`Decommissioned.load`).
 """
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from kazoo.client import KazooClient
 
-from common import zkpaths
-from common.zk import ZkOp, dumps
+from kvlease.common import zkpaths
+from kvlease.common.zk import ZkOp, dumps
 
 
 class Decommissioned:

@@ -33,8 +33,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Iterable, Mapping
 
-from common import errors
-from coordinator.assignment import UNASSIGNED, Assignments, BucketAssignment, Capacity, Changes
+from kvlease.common import errors
+from kvlease.coordinator.assignment import UNASSIGNED, Assignments, BucketAssignment, Capacity, Changes
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import (BadArgumentsError, BadVersionError, ConnectionLoss, InvalidACLError, KazooException,
                               NoChildrenForEphemeralsError, RolledBackError, SessionExpiredError)
 
-from common import errors, zkpaths
-from common.zk import ZkOp, dumps, loads
+from kvlease.common import errors, zkpaths
+from kvlease.common.zk import ZkOp, dumps, loads
 
 log = logging.getLogger(__name__)
 

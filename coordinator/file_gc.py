@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 from concurrent.futures import ThreadPoolExecutor
 
-from common import errors
-from common.storage import RemoteStorage
+from kvlease.common import errors
+from kvlease.common.storage import RemoteStorage
 
 log = logging.getLogger(__name__)
 

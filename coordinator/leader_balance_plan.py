@@ -3,7 +3,7 @@ replica lists a leader rebalance reorders so that preferred leaders spread. Pure
 (docs/architecture.md "Preferred leaders").
 
 A bucket's **preferred leader** is its first replica (``replicas[0]``).
-Placement spreads them (:mod:`coordinator.placement_plan`) and they stay put:
+Placement spreads them (:mod:`kvlease.coordinator.placement_plan`) and they stay put:
 a failover, a controlled shutdown or an operator's election moves only the
 leadership, to another in-sync replica, so a server that returns leads
 less than it is preferred for until leadership goes back to it. Giving it
@@ -14,9 +14,9 @@ one (idempotent: exactly once), so no caller sees an error.
 
 - :func:`may_lead`: whether a replica may be made leader by such an
   election: live, in the ISR, not decommissioned, neither reported its data
-  lost nor owes the bucket's latest restore (:mod:`coordinator.data_loss_plan`);
+  lost nor owes the bucket's latest restore (:mod:`kvlease.coordinator.data_loss_plan`);
   the bucket replicated, led, not being moved (a move hands leadership over
-  itself, :mod:`coordinator.reassignment_plan`) and no unclean leader waiting to
+  itself, :mod:`kvlease.coordinator.reassignment_plan`) and no unclean leader waiting to
   report its log end.
 - :func:`preferred_leader`: the bucket led by its preferred replica, if it
   may lead and does not already.
@@ -41,8 +41,8 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Iterable, Mapping
 
-from coordinator import data_loss_plan
-from coordinator.assignment import Assignments, BucketAssignment
+from kvlease.coordinator import data_loss_plan
+from kvlease.coordinator.assignment import Assignments, BucketAssignment
 
 #: (table id, bucket)
 Key = tuple[int, int]

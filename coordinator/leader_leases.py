@@ -30,8 +30,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-from common import zkpaths
-from common.zk import ZkOp
+from kvlease.common import zkpaths
+from kvlease.common.zk import ZkOp
 
 Key = tuple[int, int]  # (table id, bucket)
 

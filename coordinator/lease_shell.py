@@ -1,13 +1,13 @@
 """The shell of the lease state machine: it hands events in and carries out what comes out.
 
 Runs on the event loop's thread. Lease events are gathered over a batch: the
-writes they ask for (:class:`~leases.state.PersistLease`) wait for
+writes they ask for (:class:`~kvlease.leases.state.PersistLease`) wait for
 :meth:`LeaseShell.flush`, which writes their metadata files (one per table the
 batch changes, shared by its writes), sends their ZooKeeper operations
 together (epoch-fenced multi-ops, each write succeeding or failing alone), and
 only then feeds the outcomes back (``WriteDone`` / ``WriteFailed``): persist,
 then apply. Callers are answered
-by the :class:`~leases.state.Reply` their event causes.
+by the :class:`~kvlease.leases.state.Reply` their event causes.
 
 Lease files whose delete failed (remote storage down) are deleted again on a
 worker thread, one attempt in flight at a time: a slow or unreachable remote
@@ -21,15 +21,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Callable, Iterable
 
-from common import errors
-from common.model import Lease, TableBucket
-from common.statemachine import Event, Shell, on
-from common.zk import ZkOp
-from coordinator.fencing import FencedWriter, chunks
-from coordinator.loop import Item, settle
-from leases import state as ls
-from leases.refcount import RefcountIndex
-from leases.store import LeaseStore, PreparedWrite
+from kvlease.common import errors
+from kvlease.common.model import Lease, TableBucket
+from kvlease.common.statemachine import Event, Shell, on
+from kvlease.common.zk import ZkOp
+from kvlease.coordinator.fencing import FencedWriter, chunks
+from kvlease.coordinator.loop import Item, settle
+from kvlease.leases import state as ls
+from kvlease.leases.refcount import RefcountIndex
+from kvlease.leases.store import LeaseStore, PreparedWrite
 
 log = logging.getLogger(__name__)
 

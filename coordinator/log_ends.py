@@ -1,6 +1,6 @@
 """The bucket leaders' last reported committed log ends: kept in memory, persisted at a low rate.
 
-A restore (:mod:`coordinator.data_loss`) says from them how many
+A restore (:mod:`kvlease.coordinator.data_loss`) says from them how many
 committed offsets it loses. Tablet servers report them (``ReportLogEnds``)
 every ``kv.snapshot.interval`` for the buckets whose end moved, and all of
 them again to a new active coordinator; a server whose disk is gone reports
@@ -19,9 +19,9 @@ from typing import Callable, Iterable
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
-from common import zkpaths
-from common.zk import ZkOp, dumps, loads
-from coordinator.fencing import FencedWriter, chunks
+from kvlease.common import zkpaths
+from kvlease.common.zk import ZkOp, dumps, loads
+from kvlease.coordinator.fencing import FencedWriter, chunks
 
 log = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ import time
 from concurrent.futures import Future
 from typing import Callable
 
-from common import errors
-from leases import state as ls
+from kvlease.common import errors
+from kvlease.leases import state as ls
 
 log = logging.getLogger(__name__)
 

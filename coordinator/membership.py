@@ -4,11 +4,11 @@ The live servers come from ``/tabletservers/ids`` (ephemeral nodes; a
 restarted server has a new incarnation), each with its capacity
 (``max_buckets``): a new table's replicas go only to servers with room, and a
 create whose replicas do not fit is refused before anything is written.
-Plans are pure (:mod:`coordinator.placement_plan`, :mod:`coordinator.election_plan`);
+Plans are pure (:mod:`kvlease.coordinator.placement_plan`, :mod:`kvlease.coordinator.election_plan`);
 they are written to ZooKeeper (epoch-fenced) before they are applied, then
 every live replica of a changed bucket is told the full list of buckets it
-holds (:mod:`coordinator.notifier`). A decommissioned server
-(:mod:`coordinator.decommissioned`) is live but takes no new replica.
+holds (:mod:`kvlease.coordinator.notifier`). A decommissioned server
+(:mod:`kvlease.coordinator.decommissioned`) is live but takes no new replica.
 """
 
 from __future__ import annotations
@@ -19,25 +19,25 @@ from typing import Callable, Iterable, Mapping
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
-from common import errors, zkpaths
-from common.tables import TableInfo
-from common.zk import ZkOp, loads
-from coordinator import data_loss_plan, election_plan
-from coordinator.assignment import UNASSIGNED, Assignments, BucketAssignment, Changes
-from coordinator.catalog import TableCatalog
-from coordinator.data_dirs import DataDirs
-from coordinator.decommissioned import Decommissioned
-from coordinator.fencing import FencedWriter, chunks
-from coordinator.leader_leases import LeaderLeases, ServerLease
-from coordinator.placement_plan import plan_new
-from coordinator.reassignment_plan import removed_replicas
+from kvlease.common import errors, zkpaths
+from kvlease.common.tables import TableInfo
+from kvlease.common.zk import ZkOp, loads
+from kvlease.coordinator import data_loss_plan, election_plan
+from kvlease.coordinator.assignment import UNASSIGNED, Assignments, BucketAssignment, Changes
+from kvlease.coordinator.catalog import TableCatalog
+from kvlease.coordinator.data_dirs import DataDirs
+from kvlease.coordinator.decommissioned import Decommissioned
+from kvlease.coordinator.fencing import FencedWriter, chunks
+from kvlease.coordinator.leader_leases import LeaderLeases, ServerLease
+from kvlease.coordinator.placement_plan import plan_new
+from kvlease.coordinator.reassignment_plan import removed_replicas
 
 log = logging.getLogger(__name__)
 
 #: notify(server_id, address, [(table, bucket, state, leader_address)], dropped_table_ids, removed, dir_id, lease=):
 #: the full list of buckets the server holds a replica of (led or followed); ``removed``: the buckets a completed
 #: move took off it, the same way (it deletes its copy); ``dir_id``: the data dir id recorded for it; ``lease``: a
-#: :class:`~coordinator.leader_leases.PushLease`
+#: :class:`~kvlease.coordinator.leader_leases.PushLease`
 Notify = Callable[..., None]
 
 
@@ -168,7 +168,7 @@ class Membership:
         A server that left (or re-registered with a new incarnation or in a new ZooKeeper session unseen:
         gone, then joined) loses its leaderships and ISR places; one that joined leads offline buckets whose
         ISR holds it. One that registered with a new data dir lost every replica placed on it
-        (:mod:`coordinator.data_loss_plan`)."""
+        (:mod:`kvlease.coordinator.data_loss_plan`)."""
         seen = {sid: (v, "", None, "", None) if isinstance(v, str) else (*v, None, "", None)[:5]
                 for sid, v in servers.items()}
         identity = {sid: (v[0], v[1], v[4].session_id if v[4] is not None else None) for sid, v in seen.items()}
@@ -290,7 +290,7 @@ class Membership:
 
     def alter_isr(self, server_id: int, table_id: int, bucket: int, leader_epoch: int, bucket_epoch: int,
                   isr: Iterable[int]) -> BucketAssignment:
-        """The leader's ISR change (:func:`coordinator.election_plan.alter_isr`), written and told; returns the
+        """The leader's ISR change (:func:`kvlease.coordinator.election_plan.alter_isr`), written and told; returns the
         bucket's state after it."""
         table = self.catalog.get_by_id(table_id)
         current = self.assignments.table(table_id).get(bucket)

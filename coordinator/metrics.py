@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge
 
-from common.metrics import MetricsRegistry
+from kvlease.common.metrics import MetricsRegistry
 
 
 class CoordinatorMetrics(MetricsRegistry):

@@ -1,8 +1,8 @@
 """Moving bucket replicas on the active coordinator: reassign one bucket, decommission a tablet server,
 rebalance, and completing the moves as their new replicas catch up.
 
-The plans are pure (:mod:`coordinator.reassignment_plan`, :mod:`coordinator.rebalance_plan`);
-this shell writes them through :class:`~coordinator.membership.Membership`
+The plans are pure (:mod:`kvlease.coordinator.reassignment_plan`, :mod:`kvlease.coordinator.rebalance_plan`);
+this shell writes them through :class:`~kvlease.coordinator.membership.Membership`
 (fenced, then applied, then every replica of a changed bucket is told; a
 replica a completed move took the bucket off is told to delete its copy).
 A move's state lives in ZooKeeper with the bucket's assignment, so
@@ -11,7 +11,7 @@ added a new replica to the ISR, servers coming and going, a failover's first
 look at the servers) — completes a move wherever it was started. A completion
 whose write failed (not fatally) is tried again on the next expiry tick.
 
-A decommission also marks its server (:mod:`coordinator.decommissioned`, in
+A decommission also marks its server (:mod:`kvlease.coordinator.decommissioned`, in
 the same write as the moves it starts): no placement chooses it again until
 :meth:`Moves.recommission`; a rebalance moves what is left on it away.
 
@@ -23,12 +23,12 @@ from __future__ import annotations
 import logging
 from typing import Callable, Iterable, Sequence
 
-from common import errors
-from common.tables import TableInfo
-from common.zk import ZkOp
-from coordinator import reassignment_plan, rebalance_plan
-from coordinator.assignment import BucketAssignment, Changes
-from coordinator.membership import Membership
+from kvlease.common import errors
+from kvlease.common.tables import TableInfo
+from kvlease.common.zk import ZkOp
+from kvlease.coordinator import reassignment_plan, rebalance_plan
+from kvlease.coordinator.assignment import BucketAssignment, Changes
+from kvlease.coordinator.membership import Membership
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ class Moves:
             f"replica (registered: {sorted(members.servers) or 'none'})")
 
     def rebalance(self, leaders_only: bool = False) -> tuple[list[Row], list[tuple[Row, int]]]:
-        """Start the moves and leader changes of :func:`coordinator.rebalance_plan.rebalance` (replicas left on
+        """Start the moves and leader changes of :func:`kvlease.coordinator.rebalance_plan.rebalance` (replicas left on
         decommissioned servers move first; ``leaders_only``: no moves): (moves started, [(bucket after its
         leader's change, its old leader)])."""
         assignments = self.members.assignments

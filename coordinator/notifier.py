@@ -18,16 +18,16 @@ from typing import Callable
 
 import grpc
 
-from client.transport import Channels, RetryPolicy, rpc_error
-from common import errors
-from common.tables import TableInfo
-from common.tls import TlsFiles
-from common.wire import raise_for, table_to_pb
-from common.proto import coordinator_pb2 as coordinator_pb
-from common.proto import tablet_pb2 as pb
-from common.proto import tablet_pb2_grpc as pb_grpc
-from coordinator.assignment import BucketAssignment
-from coordinator.leader_leases import PushLease
+from kvlease.client.transport import Channels, RetryPolicy, rpc_error
+from kvlease.common import errors
+from kvlease.common.tables import TableInfo
+from kvlease.common.tls import TlsFiles
+from kvlease.common.wire import raise_for, table_to_pb
+from kvlease.common.proto import coordinator_pb2 as coordinator_pb
+from kvlease.common.proto import tablet_pb2 as pb
+from kvlease.common.proto import tablet_pb2_grpc as pb_grpc
+from kvlease.coordinator.assignment import BucketAssignment
+from kvlease.coordinator.leader_leases import PushLease
 
 log = logging.getLogger(__name__)
 

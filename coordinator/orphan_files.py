@@ -51,12 +51,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
-from common import config as cfg
-from common import errors
-from common.model import TableBucket
-from common.storage import RemoteStorage
-from coordinator.catalog import TableCatalog
-from coordinator.snapshots import IsLeased, SnapshotStore
+from kvlease.common import config as cfg
+from kvlease.common import errors
+from kvlease.common.model import TableBucket
+from kvlease.common.storage import RemoteStorage
+from kvlease.coordinator.catalog import TableCatalog
+from kvlease.coordinator.snapshots import IsLeased, SnapshotStore
 
 log = logging.getLogger(__name__)
 

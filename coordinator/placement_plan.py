@@ -7,7 +7,7 @@ from what the servers hold already (so across tables too):
    (``capacity``: server id -> the most replicas it holds, None: no limit;
    every replica counts) that hold the fewest replicas.
 2. **Preferred leaders** (the first replica: the one that leads the bucket
-   whenever it is live and in sync, :mod:`coordinator.leader_balance_plan`). Of
+   whenever it is live and in sync, :mod:`kvlease.coordinator.leader_balance_plan`). Of
    the ``rf`` chosen, the first replica is, in order of the keys:
 
    - one still within this table's even share (each live server is the
@@ -36,8 +36,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from common import errors
-from coordinator.assignment import UNASSIGNED, Assignments, BucketAssignment, Capacity
+from kvlease.common import errors
+from kvlease.coordinator.assignment import UNASSIGNED, Assignments, BucketAssignment, Capacity
 
 
 def plan_new(assignments: Assignments, buckets: int, live: list[int], capacity: Capacity | None = None,
@@ -54,7 +54,7 @@ def place(buckets: int, replication_factor: int, live: list[int], replicas_held:
 
     ``preferred_held``: buckets each server is the preferred leader of; ``leading``: buckets each leads now
     (None: as ``preferred_held``). A one-replica bucket no server has room for stays unassigned (it waits for
-    a server: check :meth:`~coordinator.assignment.Assignments.room` first). A bucket of a replicated table
+    a server: check :meth:`~kvlease.coordinator.assignment.Assignments.room` first). A bucket of a replicated table
     that does not find ``replication_factor`` servers with room raises InvalidRequestError.
     """
     replicas_held, preferred_held = Counter(replicas_held), Counter(preferred_held)

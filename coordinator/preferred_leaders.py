@@ -2,7 +2,7 @@
 docs/architecture.md "Preferred leaders").
 
 Leadership goes back to a bucket's preferred replica (its first,
-:mod:`coordinator.leader_balance_plan`) without an operator:
+:mod:`kvlease.coordinator.leader_balance_plan`) without an operator:
 
 - **when it returns**: an ``AlterIsr`` that brings a bucket's preferred
   replica (back) into its ISR while another leads it (a restarted server, or
@@ -16,11 +16,11 @@ Leadership goes back to a bucket's preferred replica (its first,
   (Kafka's ``leader.imbalance.per.broker.percentage``), e.g. leaderships a
   controlled shutdown moved away from a server that is in sync again.
 
-Only replicas that :func:`~coordinator.leader_balance_plan.may_lead` are elected, and none of a server that
+Only replicas that :func:`~kvlease.coordinator.leader_balance_plan.may_lead` are elected, and none of a server that
 gave a leadership up because it could not write (``ResignLeadership``, a full disk) within the last check
 interval: back in an ISR it had nothing to write, it would be elected and give it up again.
-The plans are :mod:`coordinator.leader_balance_plan`'s; this shell writes them
-through :meth:`~coordinator.membership.Membership.apply` (fenced, then
+The plans are :mod:`kvlease.coordinator.leader_balance_plan`'s; this shell writes them
+through :meth:`~kvlease.coordinator.membership.Membership.apply` (fenced, then
 applied, then every replica told). A write that fails (not fatally) is
 logged; the next check tries again. Runs on the event loop's thread.
 """
@@ -30,10 +30,10 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
-from common import errors
-from coordinator import leader_balance_plan
-from coordinator.assignment import BucketAssignment, Changes
-from coordinator.membership import Membership
+from kvlease.common import errors
+from kvlease.coordinator import leader_balance_plan
+from kvlease.coordinator.assignment import BucketAssignment, Changes
+from kvlease.coordinator.membership import Membership
 
 log = logging.getLogger(__name__)
 

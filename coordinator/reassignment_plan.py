@@ -2,7 +2,7 @@
 (docs/architecture.md, "Losing and moving replicas").
 
 Kafka's reassignment, in two phases. Its state is in the bucket's assignment
-(``reassign``: the target replicas, :class:`~coordinator.assignment.BucketAssignment`),
+(``reassign``: the target replicas, :class:`~kvlease.coordinator.assignment.BucketAssignment`),
 written fenced like every change, so a coordinator that takes over resumes a
 move where the last one left it.
 
@@ -36,9 +36,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Iterable, Sequence
 
-from common import errors
-from coordinator import data_loss_plan
-from coordinator.assignment import Assignments, BucketAssignment, Changes
+from kvlease.common import errors
+from kvlease.coordinator import data_loss_plan
+from kvlease.coordinator.assignment import Assignments, BucketAssignment, Changes
 
 
 def check_target(where: str, replication_factor: int, target: Sequence[int], live: Iterable[int],

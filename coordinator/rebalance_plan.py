@@ -1,6 +1,6 @@
 """Which moves empty a tablet server or even out the cluster: pure planning, no ZooKeeper.
 
-The moves themselves are :mod:`coordinator.reassignment_plan`'s; this module only
+The moves themselves are :mod:`kvlease.coordinator.reassignment_plan`'s; this module only
 chooses their targets.
 
 - :func:`decommission`: every bucket replica on a server goes to a live
@@ -13,7 +13,7 @@ chooses their targets.
   loaded others (where one has room); then replicas go from the servers
   holding the most to those holding the fewest until they differ by at most
   one (e.g. after servers joined); then the leaders
-  (:func:`coordinator.leader_balance_plan.balance`): replica lists are reordered
+  (:func:`kvlease.coordinator.leader_balance_plan.balance`): replica lists are reordered
   so that preferred leaders (``replicas[0]``) spread evenly, per table and
   over the cluster, and every leader that is not its bucket's preferred one
   goes back to it when that replica is live, in the ISR and not
@@ -22,8 +22,8 @@ chooses their targets.
   replica moves.
 
 Buckets of one-replica tables are planned like the others (they move through
-a second replica, :mod:`coordinator.reassignment_plan`); their only replica leads them.
-Decommissioned servers (``excluded``, :mod:`coordinator.decommissioned`) are never a destination.
+a second replica, :mod:`kvlease.coordinator.reassignment_plan`); their only replica leads them.
+Decommissioned servers (``excluded``, :mod:`kvlease.coordinator.decommissioned`) are never a destination.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
-from common import errors
-from coordinator.assignment import Assignments, BucketAssignment, Capacity
-from coordinator.leader_balance_plan import balance, preferred_leader
+from kvlease.common import errors
+from kvlease.coordinator.assignment import Assignments, BucketAssignment, Capacity
+from kvlease.coordinator.leader_balance_plan import balance, preferred_leader
 
 __all__ = ["Move", "Plan", "decommission", "preferred_leader", "rebalance"]
 
@@ -102,7 +102,7 @@ def rebalance(assignments: Assignments, live: set[int], capacity: Capacity, max_
               excluded: set[int] = frozenset(), leaders_only: bool = False) -> Plan:
     """Replica moves off the ``excluded`` (decommissioned) servers (:func:`_drain`), then those that even out
     the other live servers' replica counts (to a difference of at most one), then the leaders of the buckets
-    not moved (:func:`~coordinator.leader_balance_plan.balance`: preferred leaders spread, never to an excluded
+    not moved (:func:`~kvlease.coordinator.leader_balance_plan.balance`: preferred leaders spread, never to an excluded
     server, and elected). ``leaders_only``: no replica moves. Offline buckets and those being moved are left
     alone."""
     if leaders_only:

@@ -11,20 +11,20 @@ from __future__ import annotations
 
 import logging
 
-from common import zkpaths
-from common.model import TableBucket
-from coordinator.fencing import FencedWriter
+from kvlease.common import zkpaths
+from kvlease.common.model import TableBucket
+from kvlease.coordinator.fencing import FencedWriter
 
-log = logging.getLogger("coordinator.controller")  # its lines log as they did from the controller
+log = logging.getLogger("kvlease.coordinator.controller")  # its lines log as they did from the controller
 
 
 def reinitialize(c, writer: FencedWriter, mirror=None, defer_orphans: bool = False) -> dict:
     """Load tables, snapshot handles and leases into the parts of ``c`` (a
-    :class:`~coordinator.controller.Controller`); rebuild refcounts; clean up. Before serving.
+    :class:`~kvlease.coordinator.controller.Controller`); rebuild refcounts; clean up. Before serving.
 
-    ``mirror``: a standby's :class:`~leases.mirror.LeaseMirror`, asked for the
+    ``mirror``: a standby's :class:`~kvlease.leases.mirror.LeaseMirror`, asked for the
     exact persisted leases instead of reading them all again. ``defer_orphans``:
-    leave orphan lease files for :class:`~coordinator.requests.RemoveOrphanLeaseFiles`
+    leave orphan lease files for :class:`~kvlease.coordinator.requests.RemoveOrphanLeaseFiles`
     (listed in the background once serving) instead of listing them now.
     """
     for part in (c.lease_shell, c.snapshot_commits, c.members, c.tables):

@@ -1,7 +1,7 @@
 """Requests the gRPC service hands to the event loop (one small frozen dataclass each).
 
 Lease changes are not here: their requests are the lease state machine's own
-events (:class:`leases.state.Acquire`, ``Renew``, ``Release``, ``Drop``, and the
+events (:class:`kvlease.leases.state.Acquire`, ``Renew``, ``Release``, ``Drop``, and the
 timer's ``Expire``), handed to the loop as they are.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from common.model import SnapshotHandle
-from common.tables import TableSpec
+from kvlease.common.model import SnapshotHandle
+from kvlease.common.tables import TableSpec
 
 __all__ = ["ConfirmRestore", "ElectLeader", "ReportLogEnds", "ReportReplicaLoss", "RestoreBucket", "AlterIsr", "CommitSnapshot", "ControlledShutdown", "CreateTable", "DescribeLease", "DropTable", "GetTable", "GetTableAssignment", "Guarded",
            "ListLeases", "ListSnapshots", "ListTables", "ListTabletServers", "RemoveOrphanLeaseFiles",

@@ -1,7 +1,7 @@
 """The coordinator's SecurityService: users and ACLs administered over gRPC, so that changing them is authorized.
 
 Only the active coordinator serves it; a standby answers ``NOT_COORDINATOR``
-with the active address, as :class:`coordinator.service.CoordinatorService`
+with the active address, as :class:`kvlease.coordinator.service.CoordinatorService`
 does, so the admin client's failover works unchanged. Users and ACLs are not
 the coordinator's state: a handler writes ZooKeeper through the stores (one
 node per write; ACL nodes compare-and-set) and every process's caches pick
@@ -33,17 +33,17 @@ from typing import Callable
 
 from kazoo.exceptions import ConnectionLoss, OperationTimeoutError, SessionExpiredError
 
-from common import errors
-from common.proto import security_pb2 as pb
-from common.proto import security_pb2_grpc as pb_grpc
-from common.security.acl import WILDCARD_PRINCIPAL, AclBinding, Operation, Resource
-from common.security.acl_store import AclStore
-from common.security.authn import check_user_name
-from common.security.passwords import verify
-from common.security.server import OPEN
-from common.security.users import UserStore
-from common.security.wire import binding_from_pb, binding_to_pb, resource_of
-from common.wire import error_pb
+from kvlease.common import errors
+from kvlease.common.proto import security_pb2 as pb
+from kvlease.common.proto import security_pb2_grpc as pb_grpc
+from kvlease.common.security.acl import WILDCARD_PRINCIPAL, AclBinding, Operation, Resource
+from kvlease.common.security.acl_store import AclStore
+from kvlease.common.security.authn import check_user_name
+from kvlease.common.security.passwords import verify
+from kvlease.common.security.server import OPEN
+from kvlease.common.security.users import UserStore
+from kvlease.common.security.wire import binding_from_pb, binding_to_pb, resource_of
+from kvlease.common.wire import error_pb
 
 log = logging.getLogger(__name__)
 

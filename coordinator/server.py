@@ -20,28 +20,28 @@ import grpc
 from kazoo.exceptions import NodeExistsError, NoNodeError
 from kazoo.protocol.states import KazooState
 
-from common import config as cfg
-from common import errors, zkpaths
-from common.limits import GRPC_SERVER_OPTIONS
-from common.redaction import protect
-from common.proto import coordinator_pb2_grpc as pb_grpc
-from common.proto import security_pb2_grpc as security_pb_grpc
-from common.security.client import internal_credentials
-from common.security.server import server_security
-from common.storage import RemoteStorage, open_storage
-from common.tls import TlsFiles, add_port
-from common.zk import dumps, loads, make_client
-from coordinator.controller import Controller, LeaderRebalance
-from coordinator.fencing import FencedWriter, bump_epoch
-from coordinator.loop import EventLoop
-from coordinator.metrics import CoordinatorMetrics
-from coordinator.notifier import LeadershipNotifier
-from coordinator.orphan_files import orphan_timing
-from coordinator import requests as rq
-from coordinator.security_service import SecurityService
-from coordinator.service import INTERNAL_METHODS, CoordinatorService
-from leases.mirror import LeaseMirror
-from leases.store import LEASE_FILES
+from kvlease.common import config as cfg
+from kvlease.common import errors, zkpaths
+from kvlease.common.limits import GRPC_SERVER_OPTIONS
+from kvlease.common.redaction import protect
+from kvlease.common.proto import coordinator_pb2_grpc as pb_grpc
+from kvlease.common.proto import security_pb2_grpc as security_pb_grpc
+from kvlease.common.security.client import internal_credentials
+from kvlease.common.security.server import server_security
+from kvlease.common.storage import RemoteStorage, open_storage
+from kvlease.common.tls import TlsFiles, add_port
+from kvlease.common.zk import dumps, loads, make_client
+from kvlease.coordinator.controller import Controller, LeaderRebalance
+from kvlease.coordinator.fencing import FencedWriter, bump_epoch
+from kvlease.coordinator.loop import EventLoop
+from kvlease.coordinator.metrics import CoordinatorMetrics
+from kvlease.coordinator.notifier import LeadershipNotifier
+from kvlease.coordinator.orphan_files import orphan_timing
+from kvlease.coordinator import requests as rq
+from kvlease.coordinator.security_service import SecurityService
+from kvlease.coordinator.service import INTERNAL_METHODS, CoordinatorService
+from kvlease.leases.mirror import LeaseMirror
+from kvlease.leases.store import LEASE_FILES
 
 log = logging.getLogger(__name__)
 

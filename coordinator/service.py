@@ -1,8 +1,8 @@
 """The coordinator's gRPC service: turns requests into loop events, results into responses.
 
 Thin by design: no state here. Lease requests become the lease state
-machine's own events (:mod:`leases.state`; the lease shell stamps their time),
-the others :mod:`coordinator.requests`. A standby answers every request with
+machine's own events (:mod:`kvlease.leases.state`; the lease shell stamps their time),
+the others :mod:`kvlease.coordinator.requests`. A standby answers every request with
 ``NOT_COORDINATOR`` carrying the active coordinator's address. A request that
 sets a ``partition_id`` anywhere is answered ``PARTITION_NOT_EXISTS`` first.
 ``AcquireKvSnapshotLeases`` (a client's concurrent acquires in one call) hands
@@ -17,18 +17,18 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Callable, Iterable
 
-from common import errors
-from common.proto import coordinator_pb2 as pb
-from common.proto import coordinator_pb2_grpc as pb_grpc
-from common.wire import (bucket_from_pb, bucket_snapshots_from_pb, bucket_snapshots_to_pb, error_pb, handle_from_pb,
+from kvlease.common import errors
+from kvlease.common.proto import coordinator_pb2 as pb
+from kvlease.common.proto import coordinator_pb2_grpc as pb_grpc
+from kvlease.common.wire import (bucket_from_pb, bucket_snapshots_from_pb, bucket_snapshots_to_pb, error_pb, handle_from_pb,
                          handle_to_pb, lease_to_pb, refusing_partition_ids, table_to_pb)
-from common.tables import Column, TableSpec
-from common.security.acl import Operation, Resource
-from common.security.server import OPEN
-from coordinator import requests as rq
-from coordinator.reassignment_plan import move_state
-from coordinator.snapshot_checks import check_manifest
-from leases import state as ls
+from kvlease.common.tables import Column, TableSpec
+from kvlease.common.security.acl import Operation, Resource
+from kvlease.common.security.server import OPEN
+from kvlease.coordinator import requests as rq
+from kvlease.coordinator.reassignment_plan import move_state
+from kvlease.coordinator.snapshot_checks import check_manifest
+from kvlease.leases import state as ls
 
 log = logging.getLogger(__name__)
 
@@ -378,5 +378,5 @@ def _acquired(outcome) -> dict:
 
 
 def _move_pb(table, bucket: int, state) -> pb.BucketMovePb:
-    """A bucket's move as answered (:func:`coordinator.reassignment_plan.move_state`)."""
+    """A bucket's move as answered (:func:`kvlease.coordinator.reassignment_plan.move_state`)."""
     return pb.BucketMovePb(table_id=table.table_id, table=table.path, bucket=bucket, **move_state(state))

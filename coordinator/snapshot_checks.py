@@ -44,16 +44,16 @@ from typing import Callable
 
 import grpc
 
-from client.transport import Channels
-from common import errors
-from common.tls import TlsFiles
-from common.limits import GRPC_MESSAGE_OPTIONS
-from common.proto import tablet_pb2, tablet_pb2_grpc
-from common.wire import error_from_pb
-from common.kvsnapshot import bucket_dir, manifest_path, missing_files, read_manifest
-from common.model import SnapshotHandle
-from coordinator.assignment import BucketAssignment
-from common.storage import RemoteStorage, StorageNotFound
+from kvlease.client.transport import Channels
+from kvlease.common import errors
+from kvlease.common.tls import TlsFiles
+from kvlease.common.limits import GRPC_MESSAGE_OPTIONS
+from kvlease.common.proto import tablet_pb2, tablet_pb2_grpc
+from kvlease.common.wire import error_from_pb
+from kvlease.common.kvsnapshot import bucket_dir, manifest_path, missing_files, read_manifest
+from kvlease.common.model import SnapshotHandle
+from kvlease.coordinator.assignment import BucketAssignment
+from kvlease.common.storage import RemoteStorage, StorageNotFound
 
 
 def check_paths(handle: SnapshotHandle) -> None:
@@ -152,7 +152,7 @@ class LeaderLogEnds:
     """Asks buckets' leaders for their changelog end (:meth:`check`) over kept gRPC channels, one per
     leader address, with TLS and the cluster's own credentials as configured.
 
-    The active coordinator's :class:`~coordinator.controller.Controller` owns it
+    The active coordinator's :class:`~kvlease.coordinator.controller.Controller` owns it
     and closes it when the coordinator steps down or stops; a check after that
     raises NotCoordinatorError and opens no channel.
     """

@@ -1,12 +1,12 @@
 """Completed snapshots on ZooKeeper: commits, listing, and eager reclaim.
 
 The rules (retention, subsumption, shared files) are the pure
-:class:`~coordinator.snapshots.SnapshotStore`'s; this module writes its
+:class:`~kvlease.coordinator.snapshots.SnapshotStore`'s; this module writes its
 decisions to ``/snapshots/...`` (epoch-fenced) and hands the files no kept
-snapshot uses to the :class:`~coordinator.file_gc.FileCollector`. A snapshot
+snapshot uses to the :class:`~kvlease.coordinator.file_gc.FileCollector`. A snapshot
 that is neither retained nor leased is deleted as soon as that becomes true:
 on commit, and whenever leases free snapshots. Files no stored snapshot ever
-named (orphans) are :mod:`coordinator.orphan_files`'s; a commit naming one it
+named (orphans) are :mod:`kvlease.coordinator.orphan_files`'s; a commit naming one it
 deleted is refused.
 """
 
@@ -18,15 +18,15 @@ from typing import Callable, Iterable
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
-from common import errors, zkpaths
-from common.data_loss import DataLoss
-from common.model import SnapshotHandle, TableBucket
-from common.tables import TableInfo
-from common.zk import ZkOp, dumps, loads
-from coordinator.fencing import MAX_OPS_PER_MULTI, FencedWriter, check_write_size
-from coordinator.file_gc import FileCollector
-from coordinator.snapshot_checks import check_not_reclaimed, check_paths
-from coordinator.snapshots import IsLeased, SnapshotStore
+from kvlease.common import errors, zkpaths
+from kvlease.common.data_loss import DataLoss
+from kvlease.common.model import SnapshotHandle, TableBucket
+from kvlease.common.tables import TableInfo
+from kvlease.common.zk import ZkOp, dumps, loads
+from kvlease.coordinator.fencing import MAX_OPS_PER_MULTI, FencedWriter, check_write_size
+from kvlease.coordinator.file_gc import FileCollector
+from kvlease.coordinator.snapshot_checks import check_not_reclaimed, check_paths
+from kvlease.coordinator.snapshots import IsLeased, SnapshotStore
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ once. A remote file is deleted only when no kept snapshot uses it (SST files
 are shared between a bucket's snapshots).
 
 A snapshot of a *lost history* (committed before an unclean election, above
-the new leader's log end: :meth:`common.data_loss.DataLoss.lost_history`) is
+the new leader's log end: :meth:`kvlease.common.data_loss.DataLoss.lost_history`) is
 :meth:`discard`-ed: it leaves the kept list (never the latest, never listed,
 never leased anew, no obstacle to later commits) but its files stay counted
 while a lease holds it (a consistent past state its reader goes on reading);
@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Callable, Iterable
 
-from common import errors
-from common.model import SnapshotHandle, TableBucket
+from kvlease.common import errors
+from kvlease.common.model import SnapshotHandle, TableBucket
 
 IsLeased = Callable[[TableBucket, int], bool]
 

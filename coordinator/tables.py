@@ -1,11 +1,11 @@
 """Tables: create, drop, get, list.
 
 The metadata and its ZooKeeper layout are the
-:class:`~coordinator.catalog.TableCatalog`'s; this module orders a table's
+:class:`~kvlease.coordinator.catalog.TableCatalog`'s; this module orders a table's
 changes across the other concepts. Create: the table's nodes and its
 leadership plan in one fenced multi-op, then memory, then the new leaders are
 told. Drop: first no lease may point at the table (the lease machine's
-:class:`~leases.state.RemoveTable`, persisted like a release), then its
+:class:`~kvlease.leases.state.RemoveTable`, persisted like a release), then its
 snapshot handles, then its own nodes, then its files.
 """
 
@@ -14,16 +14,16 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
-from common import errors
-from common.tables import TableInfo, TableSpec, validate_spec
-from common.zk import dumps
-from coordinator import requests as rq
-from coordinator.catalog import TableCatalog
-from coordinator.fencing import FencedWriter, check_write_size
-from coordinator.lease_shell import LeaseShell
-from coordinator.membership import Membership
-from coordinator.snapshot_commits import SnapshotCommits
-from leases import state as ls
+from kvlease.common import errors
+from kvlease.common.tables import TableInfo, TableSpec, validate_spec
+from kvlease.common.zk import dumps
+from kvlease.coordinator import requests as rq
+from kvlease.coordinator.catalog import TableCatalog
+from kvlease.coordinator.fencing import FencedWriter, check_write_size
+from kvlease.coordinator.lease_shell import LeaseShell
+from kvlease.coordinator.membership import Membership
+from kvlease.coordinator.snapshot_commits import SnapshotCommits
+from kvlease.leases import state as ls
 
 log = logging.getLogger(__name__)
 

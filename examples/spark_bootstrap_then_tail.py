@@ -16,9 +16,9 @@ import argparse
 import os
 import sys
 
-import spark_source  # import kvlease's packages first: they set gRPC up before anything imports grpc
-from client.connect import find_cluster
-from common.errors import KvLeaseError
+import kvlease.spark_source  # import kvlease's packages first: they set gRPC up before anything imports grpc
+from kvlease.client.connect import find_cluster
+from kvlease.common.errors import KvLeaseError
 
 
 def start(spark, connection: dict[str, str], table: str, out: str, checkpoint: str, follow: bool = False):

@@ -1,16 +1,16 @@
 """The checks a lease request passes before it touches any lease, and the errors it answers with.
 
 Pure functions of the request and the :class:`Catalog` (what the lease rules
-know of tables and snapshots); :class:`~leases.state.LeaseState`'s handlers
-call them. The owner rules they encode are in :mod:`leases.state`'s docstring.
+know of tables and snapshots); :class:`~kvlease.leases.state.LeaseState`'s handlers
+call them. The owner rules they encode are in :mod:`kvlease.leases.state`'s docstring.
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
-from common import errors
-from common.model import Lease, TableBucket, lease_id_problem, lease_owner_problem
+from kvlease.common import errors
+from kvlease.common.model import Lease, TableBucket, lease_id_problem, lease_owner_problem
 
 
 class Catalog(Protocol):

@@ -1,4 +1,4 @@
-"""What the lease state machine (:mod:`leases.state`) takes in and gives out.
+"""What the lease state machine (:mod:`kvlease.leases.state`) takes in and gives out.
 
 Events are the requests callers send (:class:`Acquire`, :class:`Renew`,
 :class:`Release`, :class:`Drop`) and the shell's own (:class:`Expire`,
@@ -6,7 +6,7 @@ Events are the requests callers send (:class:`Acquire`, :class:`Renew`,
 :class:`WriteDone` / :class:`WriteFailed`). Instructions are what the shell
 carries out (:class:`PersistLease`, :class:`Reply`, :class:`Deferred`,
 :class:`SnapshotsFreed`, :class:`LeasesExpired`); the outcomes are the results
-a :class:`Reply` carries. All are small frozen dataclasses; :mod:`leases.state`
+a :class:`Reply` carries. All are small frozen dataclasses; :mod:`kvlease.leases.state`
 re-exports them, so ``from leases import state as ls; ls.Acquire(...)`` works.
 """
 
@@ -15,10 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-from common import errors
-from common.model import Lease, TableBucket
-from common.statemachine import Event, Instruction
-from leases.refcount import RefcountIndex
+from kvlease.common import errors
+from kvlease.common.model import Lease, TableBucket
+from kvlease.common.statemachine import Event, Instruction
+from kvlease.leases.refcount import RefcountIndex
 
 
 # --- events --------------------------------------------------------------------

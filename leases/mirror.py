@@ -53,13 +53,13 @@ from dataclasses import dataclass
 from kazoo.exceptions import NoNodeError
 from kazoo.protocol.states import Callback, KazooState
 
-from common import zkpaths
-from common.errors import StorageError
-from common.storage import RemoteStorage
-from common.zk import loads
-from common.model import Lease, TableBucket
-from leases.refcount import RefcountIndex
-from leases.store import TableFile, lease_entry, lease_from_node, log_unreadable, read_table_file
+from kvlease.common import zkpaths
+from kvlease.common.errors import StorageError
+from kvlease.common.storage import RemoteStorage
+from kvlease.common.zk import loads
+from kvlease.common.model import Lease, TableBucket
+from kvlease.leases.refcount import RefcountIndex
+from kvlease.leases.store import TableFile, lease_entry, lease_from_node, log_unreadable, read_table_file
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Iterable, Iterator
 
-from common.model import Lease, TableBucket
+from kvlease.common.model import Lease, TableBucket
 
 
 class RefcountIndex:

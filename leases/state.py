@@ -8,11 +8,11 @@ request with the error). One write per lease is in flight at a time; an event
 for a lease with a write in flight yields :class:`Deferred` and the shell
 hands it in again later.
 
-The events and instructions are in :mod:`leases.events` (re-exported
+The events and instructions are in :mod:`kvlease.leases.events` (re-exported
 here); the checks a request passes first, and the errors it answers with, in
-:mod:`leases.checks`.
+:mod:`kvlease.leases.checks`.
 
-Built on :mod:`common.statemachine`: each event carries an ``event_id`` (the
+Built on :mod:`kvlease.common.statemachine`: each event carries an ``event_id`` (the
 replies it causes name it) and has one registered handler. The lease requests
 callers send (acquire, renew, release, drop) are these events themselves; a
 caller may leave ``now_ms`` unset and the shell stamps its clock on hand-in.
@@ -41,7 +41,7 @@ Retry-safe rules (docs/architecture.md, "Leases"):
   any lease (an operator's commands).
 
 Cost does not grow with idle leases: the deadlines are a heap
-(:mod:`leases.deadlines`), so an expiry tick with nothing due is a peek, and
+(:mod:`kvlease.leases.deadlines`), so an expiry tick with nothing due is a peek, and
 the counts the metrics read (leases per table, leased snapshots) are kept up
 to date as leases change (:meth:`LeaseState.lease_counts`). Every change of
 ``leases`` goes through ``_put`` / ``_pop``, which keep both.
@@ -53,18 +53,18 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Iterable
 
-from common import errors
-from common.model import Lease, TableBucket
-from common.statemachine import Event, StateMachine, on
-from leases import deadlines
-from leases.checks import (Catalog, check_bucket, check_duration, check_id, expired, foreign, not_found_error,
+from kvlease.common import errors
+from kvlease.common.model import Lease, TableBucket
+from kvlease.common.statemachine import Event, StateMachine, on
+from kvlease.leases import deadlines
+from kvlease.leases.checks import (Catalog, check_bucket, check_duration, check_id, expired, foreign, not_found_error,
                            owned_error)
-from leases.deadlines import Deadlines
+from kvlease.leases.deadlines import Deadlines
 # the events, instructions and outcomes, re-exported: callers write ``ls.Acquire``, ``ls.Reply``
-from leases.events import (Acquire, AcquireOutcome, Deferred, Drop, Expire, LeasesExpired, PersistLease, Release,
+from kvlease.leases.events import (Acquire, AcquireOutcome, Deferred, Drop, Expire, LeasesExpired, PersistLease, Release,
                            ReleaseOutcome, RemoveTable, Renew, Reply, Restore, RestoreOutcome, SnapshotsFreed,
                            WriteDone, WriteFailed)
-from leases.refcount import RefcountIndex
+from kvlease.leases.refcount import RefcountIndex
 
 __all__ = ["LeaseState", "Catalog", "Acquire", "Renew", "Release", "Drop", "Expire", "RemoveTable", "Restore",
            "WriteDone", "WriteFailed", "PersistLease", "Reply", "Deferred", "SnapshotsFreed", "LeasesExpired",

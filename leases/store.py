@@ -33,12 +33,12 @@ from typing import Iterable
 
 from kazoo.exceptions import NoNodeError
 
-from common import zkpaths
-from common.errors import StorageError
-from common.storage import RemoteStorage, StorageNotFound
-from common.zk import ZkOp, dumps, loads
-from common.model import Lease, TableBucket
-from leases.events import PersistLease
+from kvlease.common import zkpaths
+from kvlease.common.errors import StorageError
+from kvlease.common.storage import RemoteStorage, StorageNotFound
+from kvlease.common.zk import ZkOp, dumps, loads
+from kvlease.common.model import Lease, TableBucket
+from kvlease.leases.events import PersistLease
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +162,7 @@ class LeaseStore:
         be written comes back as the StorageError of one. Then report each
         committed write (:meth:`committed`; a failed one needs nothing) and call
         :meth:`settle`, which deletes the batch's files no lease took. Files go
-        in one :meth:`~common.storage.RemoteStorage.write_new_many` (local
+        in one :meth:`~kvlease.common.storage.RemoteStorage.write_new_many` (local
         files: made durable together), or from pool threads where remote
         storage gains from parallel calls (S3).
         """

@@ -1,5 +1,5 @@
-"""``python -m ops …`` is the ``kvlease`` command."""
+"""``python -m kvlease.ops …`` is the ``kvlease`` command."""
 
-from ops.cli import main
+from kvlease.ops.cli import main
 
 main()

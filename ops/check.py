@@ -1,10 +1,10 @@
 """A check: one invariant and what broke it, as the drills, ``kvlease demo`` and the streaming checkers
-(:mod:`ops.streaming`) report it.
+(:mod:`kvlease.ops.streaming`) report it.
 
 A checker is a pure function from what was observed (e.g. the writes
 acknowledged vs the rows read back) to a :class:`Check`, so a test can feed
 it a planted violation. A drill's report collects its checks
-(:mod:`ops.drills.report`); the demo's summary lists them too. Both show at
+(:mod:`kvlease.ops.drills.report`); the demo's summary lists them too. Both show at
 most :data:`MAX_SHOWN` violations per check.
 """
 

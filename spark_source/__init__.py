@@ -1,15 +1,15 @@
 """The ``kvlease`` PySpark Data Source: bootstrap-then-tail reads and upsert writes (docs/spark.md).
 
-    from spark_source import register
+    from kvlease.spark_source import register
     register(spark)
     spark.read.format("kvlease").option("cluster", d).option("table", "shop.orders").load()
 """
 
 from __future__ import annotations
 
-import common  # noqa: F401  (first: it settles gRPC's fork setting before anything imports grpc)
-from spark_source.source import KvLeaseDataSource
-from spark_source.workers import WorkerPythonError, check_workers
+import kvlease.common  # noqa: F401  (first: it settles gRPC's fork setting before anything imports grpc)
+from kvlease.spark_source.source import KvLeaseDataSource
+from kvlease.spark_source.workers import WorkerPythonError, check_workers
 
 __all__ = ["KvLeaseDataSource", "WorkerPythonError", "register"]
 

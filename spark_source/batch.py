@@ -23,10 +23,10 @@ from typing import Iterator
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader
 
-from spark_source.enumerator import plan_bootstrap, plan_changes
-from spark_source.options import Options, connect, open_table
-from spark_source.reader import names_table, read_split
-from spark_source.splits import ReadContext
+from kvlease.spark_source.enumerator import plan_bootstrap, plan_changes
+from kvlease.spark_source.options import Options, connect, open_table
+from kvlease.spark_source.reader import names_table, read_split
+from kvlease.spark_source.splits import ReadContext
 
 
 class BatchReader(DataSourceReader):

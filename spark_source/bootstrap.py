@@ -25,12 +25,12 @@ from typing import Callable, Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from client.transport import RetryPolicy
-from common import errors
-from common.codec import RowCodec
-from common.kvsnapshot import download, manifest_path, open_read_only, scan_read_options
-from common.model import TableBucket
-from common.storage import RemoteStorage, StorageNotFound
+from kvlease.client.transport import RetryPolicy
+from kvlease.common import errors
+from kvlease.common.codec import RowCodec
+from kvlease.common.kvsnapshot import download, manifest_path, open_read_only, scan_read_options
+from kvlease.common.model import TableBucket
+from kvlease.common.storage import RemoteStorage, StorageNotFound
 
 CHUNK_ROWS = 1 << 16
 

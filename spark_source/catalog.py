@@ -22,7 +22,7 @@ from typing import Mapping
 
 from pyspark.sql.types import StructField, StructType
 
-from spark_source.options import OptionError
+from kvlease.spark_source.options import OptionError
 
 #: Properties Spark's session catalog adds to a ``CREATE TABLE``'s options (TableCatalog.PROP_*, ``path``).
 SPARK_PROPERTIES = frozenset({"provider", "owner", "comment", "location", "path", "external", "is_managed_location",

@@ -35,10 +35,10 @@ from typing import Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from client.log_position import LogPosition
-from client.table import TableClient
-from common import errors
-from common.logentry import ChangeType, LogEntry
+from kvlease.client.log_position import LogPosition
+from kvlease.client.table import TableClient
+from kvlease.common import errors
+from kvlease.common.logentry import ChangeType, LogEntry
 
 FETCH_BYTES = 4 << 20
 _KEEP = pa.array([int(ChangeType.INSERT), int(ChangeType.UPDATE_AFTER), int(ChangeType.DELETE)], pa.int8())

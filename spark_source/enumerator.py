@@ -23,14 +23,14 @@ from typing import Callable, Mapping
 
 import tenacity
 
-from client.admin import AdminClient, SnapshotInfo
-from client.log_position import LogPosition
-from client.table import TableClient
-from common import errors
-from common.model import TableBucket
-from common.tables import TableInfo
-from spark_source.options import Options, OptionError
-from spark_source.splits import HybridSplit, LiveSplit, LogSplit
+from kvlease.client.admin import AdminClient, SnapshotInfo
+from kvlease.client.log_position import LogPosition
+from kvlease.client.table import TableClient
+from kvlease.common import errors
+from kvlease.common.model import TableBucket
+from kvlease.common.tables import TableInfo
+from kvlease.spark_source.options import Options, OptionError
+from kvlease.spark_source.splits import HybridSplit, LiveSplit, LogSplit
 
 
 log = logging.getLogger(__name__)

@@ -3,7 +3,7 @@
 Option names are case-insensitive (Spark passes them so). An unknown option,
 a bad value or a missing one raises :class:`OptionError`, one line naming the
 option, with ``did you mean 'table'?`` when a known name or value is close
-(:func:`common.errors.did_you_mean`, as the CLI's usage errors do); the list of
+(:func:`kvlease.common.errors.did_you_mean`, as the CLI's usage errors do); the list of
 options is docs/spark.md, "Options" (and docs/architecture.md, "The Spark source").
 """
 
@@ -15,16 +15,16 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from client.admin import parse_bootstrap
-from client.admin import AdminClient
-from client.table import TableClient
-from client.cluster_dir import cluster_dir_bootstrap, cluster_dir_security
-from common import config as cfg
-from common.config import parse_duration_ms
-from common.errors import InvalidRequestError, did_you_mean, show, single_line
-from common.model import lease_id_problem
-from common.tables import parse_table_path
-from common.tls import TlsFiles
+from kvlease.client.admin import parse_bootstrap
+from kvlease.client.admin import AdminClient
+from kvlease.client.table import TableClient
+from kvlease.client.cluster_dir import cluster_dir_bootstrap, cluster_dir_security
+from kvlease.common import config as cfg
+from kvlease.common.config import parse_duration_ms
+from kvlease.common.errors import InvalidRequestError, did_you_mean, show, single_line
+from kvlease.common.model import lease_id_problem
+from kvlease.common.tables import parse_table_path
+from kvlease.common.tls import TlsFiles
 
 STARTUP_MODES = ("full", "earliest", "latest", "timestamp")
 BOOTSTRAP_MODES = ("snapshot", "live")

@@ -18,18 +18,18 @@ from typing import Callable, Iterator
 import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
-from client.admin import AdminClient
-from client.log_records import decode_records, entry_records
-from client.lost_ranges import LostRanges
-from client.table import TableClient
-from common import errors
-from common.model import TableBucket
-from common.tables import TableInfo
-from spark_source.bootstrap import SnapshotGoneError, merge, open_snapshot
-from spark_source.changelog import final_states, read_entries
-from spark_source.options import connect, open_table
-from spark_source.schema import changes_for_spark, spark_arrow_schema, state_rows_as_changes
-from spark_source.splits import HybridSplit, LiveSplit, LogSplit, ReadContext
+from kvlease.client.admin import AdminClient
+from kvlease.client.log_records import decode_records, entry_records
+from kvlease.client.lost_ranges import LostRanges
+from kvlease.client.table import TableClient
+from kvlease.common import errors
+from kvlease.common.model import TableBucket
+from kvlease.common.tables import TableInfo
+from kvlease.spark_source.bootstrap import SnapshotGoneError, merge, open_snapshot
+from kvlease.spark_source.changelog import final_states, read_entries
+from kvlease.spark_source.options import connect, open_table
+from kvlease.spark_source.schema import changes_for_spark, spark_arrow_schema, state_rows_as_changes
+from kvlease.spark_source.splits import HybridSplit, LiveSplit, LogSplit, ReadContext
 
 log = logging.getLogger(__name__)
 

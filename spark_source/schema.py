@@ -13,10 +13,10 @@ import pyarrow.compute as pc
 from pyspark.sql.types import (BinaryType, BooleanType, DataType, DoubleType, IntegerType, LongType, StringType,
                                StructField, StructType, TimestampType)
 
-from client.log_records import LOG_COLUMNS
-from common.codec_arrays import ARROW_TYPES
-from common.logentry import ChangeType
-from common.tables import TableInfo
+from kvlease.client.log_records import LOG_COLUMNS
+from kvlease.common.codec_arrays import ARROW_TYPES
+from kvlease.common.logentry import ChangeType
+from kvlease.common.tables import TableInfo
 
 SPARK_TYPES: dict[str, DataType] = {
     "BOOLEAN": BooleanType(), "INT": IntegerType(), "BIGINT": LongType(), "DOUBLE": DoubleType(),
@@ -73,7 +73,7 @@ def rows_for_spark(rows: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
 
 
 def changes_for_spark(records: pa.RecordBatch, bucket: int, schema: pa.Schema) -> pa.RecordBatch:
-    """Decoded changelog records (:func:`client.log_records.log_schema`: ``offset``, ``change_type``,
+    """Decoded changelog records (:func:`kvlease.client.log_records.log_schema`: ``offset``, ``change_type``,
     ``timestamp``, then the table's columns) as change rows: the table's columns, then ``_change_type``,
     ``_bucket``, ``_log_offset``, ``_commit_timestamp``. Columns are taken by position: a table
     column may be named like a record column."""

@@ -17,18 +17,18 @@ from functools import cached_property, wraps
 from pyspark.sql.datasource import DataSource
 from pyspark.sql.types import StructType
 
-from common.tables import TableInfo
-import spark_source.options as opts
-import spark_source.catalog as catalog
-from spark_source.batch import BatchReader
-from spark_source.schema import read_columns, table_schema
-from spark_source.splits import ReadContext
-from spark_source.stream import StreamReader
-from spark_source.writer import BatchWriter, StreamWriter, check_schema
+from kvlease.common.tables import TableInfo
+import kvlease.spark_source.options as opts
+import kvlease.spark_source.catalog as catalog
+from kvlease.spark_source.batch import BatchReader
+from kvlease.spark_source.schema import read_columns, table_schema
+from kvlease.spark_source.splits import ReadContext
+from kvlease.spark_source.stream import StreamReader
+from kvlease.spark_source.writer import BatchWriter, StreamWriter, check_schema
 
 
 def _option_errors(method):
-    """``method`` raising an :class:`~spark_source.options.OptionError` without the frames it came through."""
+    """``method`` raising an :class:`~kvlease.spark_source.options.OptionError` without the frames it came through."""
     @wraps(method)
     def checked(*args, **kwargs):
         try:
@@ -45,7 +45,7 @@ class KvLeaseDataSource(DataSource):
 
     @cached_property
     def _given(self) -> dict[str, str]:
-        """The options: a ``CREATE TABLE``'s OPTIONS, or those of the read or write (:mod:`spark_source.catalog`).
+        """The options: a ``CREATE TABLE``'s OPTIONS, or those of the read or write (:mod:`kvlease.spark_source.catalog`).
         A read of a catalog table replaces them with the table's own first (:meth:`_read_options`)."""
         if catalog.is_create(self.options):
             return catalog.from_create(self.options)

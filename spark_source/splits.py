@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from pyspark.sql.datasource import InputPartition
 
-from common.storage import RemoteStorage
-from common.tables import TableInfo
+from kvlease.common.storage import RemoteStorage
+from kvlease.common.tables import TableInfo
 
 
 @dataclass(frozen=True)

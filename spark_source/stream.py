@@ -73,16 +73,16 @@ from pyspark.sql.datasource import DataSourceStreamReader
 from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadMaxRows,
                                               SupportsTriggerAvailableNow)
 
-from client.admin import AdminClient
-from client.log_position import LogPosition
-from client.lost_ranges import LostRanges
-from client.table import TableClient
-from common import errors
-from common.model import TableBucket
-from spark_source.enumerator import acquire_latest, fence_pieces, give_back, log_splits_for, start_positions
-from spark_source.options import Options, connect, open_table
-from spark_source.reader import names_table, read_split
-from spark_source.splits import HybridSplit, ReadContext
+from kvlease.client.admin import AdminClient
+from kvlease.client.log_position import LogPosition
+from kvlease.client.lost_ranges import LostRanges
+from kvlease.client.table import TableClient
+from kvlease.common import errors
+from kvlease.common.model import TableBucket
+from kvlease.spark_source.enumerator import acquire_latest, fence_pieces, give_back, log_splits_for, start_positions
+from kvlease.spark_source.options import Options, connect, open_table
+from kvlease.spark_source.reader import names_table, read_split
+from kvlease.spark_source.splits import HybridSplit, ReadContext
 
 log = logging.getLogger(__name__)
 NOT_STARTED = -1

@@ -13,7 +13,7 @@ import os
 import subprocess
 import sys
 
-from common.errors import InvalidRequestError
+from kvlease.common.errors import InvalidRequestError
 
 #: What a worker imports to run the source: the project's packages and the libraries they need.
 WORKER_MODULES = ("spark_source", "client", "common", "pyarrow", "grpc", "numpy")

@@ -18,11 +18,11 @@ import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StringType, StructType
 
-from common import errors
-from common.codec import arrow_schema
-from common.tables import TableInfo
-from spark_source.options import OptionError, connect, open_table
-from spark_source.schema import CHANGE_TYPE, METADATA, SPARK_TYPES
+from kvlease.common import errors
+from kvlease.common.codec import arrow_schema
+from kvlease.common.tables import TableInfo
+from kvlease.spark_source.options import OptionError, connect, open_table
+from kvlease.spark_source.schema import CHANGE_TYPE, METADATA, SPARK_TYPES
 
 UPSERT, DELETE, SKIP = 0, 1, 2
 _KINDS = {"insert": UPSERT, "update_postimage": UPSERT, "delete": DELETE, "update_preimage": SKIP}

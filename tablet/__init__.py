@@ -1,1 +1,1 @@
-import common  # noqa: F401  (first: it settles gRPC's fork setting before anything imports grpc)
+import kvlease.common  # noqa: F401  (first: it settles gRPC's fork setting before anything imports grpc)

@@ -1,16 +1,16 @@
-"""``python -m tablet --config FILE``: run one tablet server until SIGTERM/SIGINT."""
+"""``python -m kvlease.tablet --config FILE``: run one tablet server until SIGTERM/SIGINT."""
 
 from __future__ import annotations
 
 import sys
 
-from common.process import run_server
+from kvlease.common.process import run_server
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tablet.server import TabletServer
+    from kvlease.tablet.server import TabletServer
 
-    return run_server("python -m tablet", "Run a kvlease tablet server.", TabletServer,
+    return run_server("python -m kvlease.tablet", "Run a kvlease tablet server.", TabletServer,
                       lambda s: f"tablet server {s.server_id} serving on {s.address} (metrics port {s.metrics_port})",
                       argv)
 

@@ -2,9 +2,9 @@
 
 :class:`TableAccess` checks the caller (the call's principal) against the
 table of a request's ``table_id`` with the server's security
-(:mod:`common.security.server`): WRITE for PutKv and TriggerSnapshot, READ
+(:mod:`kvlease.common.security.server`): WRITE for PutKv and TriggerSnapshot, READ
 for Lookup, FetchLog, ListOffsets and scans. The table is the one the server
-already holds for the id (:meth:`tablet.replicas.manager.ReplicaManager.table`, no
+already holds for the id (:meth:`kvlease.tablet.replicas.manager.ReplicaManager.table`, no
 ZooKeeper read); ACLs come from the security's watched cache.
 
 A table id this server leads no bucket of is not checked: the handler then
@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import functools
 
-from common.security.acl import Operation, Resource
-from common.security.server import OPEN
-from tablet.replicas.manager import ReplicaManager
+from kvlease.common.security.acl import Operation, Resource
+from kvlease.common.security.server import OPEN
+from kvlease.tablet.replicas.manager import ReplicaManager
 
 READ, WRITE = Operation.READ, Operation.WRITE
 

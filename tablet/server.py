@@ -22,36 +22,36 @@ import grpc
 from kazoo.exceptions import NodeExistsError, NoNodeError
 from kazoo.protocol.states import KazooState
 
-from common import config as cfg
-from common import errors, zkpaths
-from common.limits import GRPC_SERVER_OPTIONS
-from common.malloc import limit_arenas
-from common.redaction import protect
-from common.proto import tablet_pb2_grpc as pb_grpc
-from common.storage import RemoteStorage, open_storage
-from common.tls import TlsFiles, add_port
-from common.zk import dumps, loads, make_client
-from client.admin import AdminClient
-from client.coordinator_caller import CoordinatorCaller
-from client.server_calls import ServerCalls
-from common.security.client import internal_client_config
-from common.security.server import server_security
-from tablet.bucket.open_buckets import fd_limit
-from tablet.periodic import Periodic
-from tablet.replicas import lost_data
-from tablet.replicas.health import HealthCollector
-from tablet.replicas.keeper import BucketKeeper
-from tablet.replicas.manager import ReplicaManager
-from tablet.replication.fetch_service import ReplicaFetchService
-from tablet.replication.fetcher import Fetchers
-from tablet.replication.isr_changes import IsrKeeper
-from tablet.replication.leader_lease import LeaderLease, LeaseRenewer, lease_duration_ms
-from tablet.replication.rebuild_progress import RebuildCollector
-from client.transport import Channels
-from tablet.replicas.step_down import StepDown
-from tablet.scan import wire as scan_wire
-from tablet.scan.service import ScanService
-from tablet.service import INTERNAL_METHODS, TabletService
+from kvlease.common import config as cfg
+from kvlease.common import errors, zkpaths
+from kvlease.common.limits import GRPC_SERVER_OPTIONS
+from kvlease.common.malloc import limit_arenas
+from kvlease.common.redaction import protect
+from kvlease.common.proto import tablet_pb2_grpc as pb_grpc
+from kvlease.common.storage import RemoteStorage, open_storage
+from kvlease.common.tls import TlsFiles, add_port
+from kvlease.common.zk import dumps, loads, make_client
+from kvlease.client.admin import AdminClient
+from kvlease.client.coordinator_caller import CoordinatorCaller
+from kvlease.client.server_calls import ServerCalls
+from kvlease.common.security.client import internal_client_config
+from kvlease.common.security.server import server_security
+from kvlease.tablet.bucket.open_buckets import fd_limit
+from kvlease.tablet.periodic import Periodic
+from kvlease.tablet.replicas import lost_data
+from kvlease.tablet.replicas.health import HealthCollector
+from kvlease.tablet.replicas.keeper import BucketKeeper
+from kvlease.tablet.replicas.manager import ReplicaManager
+from kvlease.tablet.replication.fetch_service import ReplicaFetchService
+from kvlease.tablet.replication.fetcher import Fetchers
+from kvlease.tablet.replication.isr_changes import IsrKeeper
+from kvlease.tablet.replication.leader_lease import LeaderLease, LeaseRenewer, lease_duration_ms
+from kvlease.tablet.replication.rebuild_progress import RebuildCollector
+from kvlease.client.transport import Channels
+from kvlease.tablet.replicas.step_down import StepDown
+from kvlease.tablet.scan import wire as scan_wire
+from kvlease.tablet.scan.service import ScanService
+from kvlease.tablet.service import INTERNAL_METHODS, TabletService
 
 log = logging.getLogger(__name__)
 

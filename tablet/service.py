@@ -1,8 +1,8 @@
 """The tablet server's gRPC service: thin, every answer carries a typed error code.
 
 A request that sets a ``partition_id`` anywhere is answered ``PARTITION_NOT_EXISTS``
-before its handler runs (:func:`common.wire.refusing_partition_ids`). Every call
-is authorized before it acts (:mod:`tablet.authz`): WRITE on the table for
+before its handler runs (:func:`kvlease.common.wire.refusing_partition_ids`). Every call
+is authorized before it acts (:mod:`kvlease.tablet.authz`): WRITE on the table for
 PutKv and TriggerSnapshot, READ for Lookup, FetchLog, ListOffsets and scans;
 a denied call is answered ``AUTHORIZATION_FAILED`` and changes nothing.
 UpdateLeadership and ReplicaFetch are the cluster's own (:data:`INTERNAL_METHODS`).
@@ -25,22 +25,22 @@ import logging
 
 import pyarrow as pa
 
-from common import errors
-from common.logentry import ChangelogError, CorruptLogError
-from common.proto import tablet_pb2 as pb
-from common.proto import tablet_pb2_grpc as pb_grpc
-from common.wire import error_pb, handle_to_pb, refusing_partition_ids, table_from_pb
-from common.codec import batch_to_ipc, ipc_to_batch
-from common.model import SnapshotHandle
-from common.security.server import OPEN
-from tablet.authz import READ, WRITE, TableAccess
-from tablet.replicas.manager import ReplicaManager
-from tablet.replication.fetch_service import ReplicaFetchService
-from tablet.replication.leader import check_epoch
-from tablet.replication.leader_lease import LeaseBasis
-from tablet.replication.roles import BucketRole
-from tablet.scan.service import ScanService
-from tablet.store.kvstore import BucketStoreError
+from kvlease.common import errors
+from kvlease.common.logentry import ChangelogError, CorruptLogError
+from kvlease.common.proto import tablet_pb2 as pb
+from kvlease.common.proto import tablet_pb2_grpc as pb_grpc
+from kvlease.common.wire import error_pb, handle_to_pb, refusing_partition_ids, table_from_pb
+from kvlease.common.codec import batch_to_ipc, ipc_to_batch
+from kvlease.common.model import SnapshotHandle
+from kvlease.common.security.server import OPEN
+from kvlease.tablet.authz import READ, WRITE, TableAccess
+from kvlease.tablet.replicas.manager import ReplicaManager
+from kvlease.tablet.replication.fetch_service import ReplicaFetchService
+from kvlease.tablet.replication.leader import check_epoch
+from kvlease.tablet.replication.leader_lease import LeaseBasis
+from kvlease.tablet.replication.roles import BucketRole
+from kvlease.tablet.scan.service import ScanService
+from kvlease.tablet.store.kvstore import BucketStoreError
 
 log = logging.getLogger(__name__)
 

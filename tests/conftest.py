@@ -32,10 +32,10 @@ from typing import Any, Callable, Iterator, Mapping
 
 import pytest
 
-from common.config import Config
-from common.zk import make_client
-from ops.local_cluster import ZooKeeperCluster
-from ops.wait import poll
+from kvlease.common.config import Config
+from kvlease.common.zk import make_client
+from kvlease.ops.local_cluster import ZooKeeperCluster
+from kvlease.ops.wait import poll
 from tests.support.fixtures.docker import docker_unavailable_reason, minio_container, zookeeper_container
 from tests.support.fixtures.leaks import SESSION_ENV, session_processes
 from tests.support.fixtures.s3 import MotoS3Server, S3Endpoint

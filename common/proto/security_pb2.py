@@ -22,14 +22,14 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
-from common.proto import coordinator_pb2 as common_dot_proto_dot_coordinator__pb2
+from kvlease.common.proto import coordinator_pb2 as common_dot_proto_dot_coordinator__pb2
 
 
 DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x63ommon/proto/security.proto\x12\x07kvlease\x1a\x1e\x63ommon/proto/coordinator.proto\"`\n\nAclEntryPb\x12\x15\n\rresource_type\x18\x01 \x01(\t\x12\x15\n\rresource_name\x18\x02 \x01(\t\x12\x11\n\tprincipal\x18\x03 \x01(\t\x12\x11\n\toperation\x18\x04 \x01(\t\"0\n\x0e\x41\x64\x64UserRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08password\x18\x02 \x01(\t\"C\n\x0f\x41\x64\x64UserResponse\x12\x1f\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x10.kvlease.ErrorPb\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"!\n\x11RemoveUserRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"F\n\x12RemoveUserResponse\x12\x1f\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x10.kvlease.ErrorPb\x12\x0f\n\x07removed\x18\x02 \x01(\x08\"\x12\n\x10ListUsersRequest\"C\n\x11ListUsersResponse\x12\x1f\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x10.kvlease.ErrorPb\x12\r\n\x05names\x18\x02 \x03(\t\"3\n\rAddAclRequest\x12\"\n\x05\x65ntry\x18\x01 \x01(\x0b\x32\x13.kvlease.AclEntryPb\"@\n\x0e\x41\x64\x64\x41\x63lResponse\x12\x1f\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x10.kvlease.ErrorPb\x12\r\n\x05\x61\x64\x64\x65\x64\x18\x02 \x01(\x08\"6\n\x10RemoveAclRequest\x12\"\n\x05\x65ntry\x18\x01 \x01(\x0b\x32\x13.kvlease.AclEntryPb\"E\n\x11RemoveAclResponse\x12\x1f\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x10.kvlease.ErrorPb\x12\x0f\n\x07removed\x18\x02 \x01(\x08\"?\n\x0fListAclsRequest\x12\x15\n\rresource_type\x18\x01 \x01(\t\x12\x15\n\rresource_name\x18\x02 \x01(\t\"Y\n\x10ListAclsResponse\x12\x1f\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x10.kvlease.ErrorPb\x12$\n\x07\x65ntries\x18\x02 \x03(\x0b\x32\x13.kvlease.AclEntryPb2\x9a\x03\n\x0fSecurityService\x12<\n\x07\x41\x64\x64User\x12\x17.kvlease.AddUserRequest\x1a\x18.kvlease.AddUserResponse\x12\x45\n\nRemoveUser\x12\x1a.kvlease.RemoveUserRequest\x1a\x1b.kvlease.RemoveUserResponse\x12\x42\n\tListUsers\x12\x19.kvlease.ListUsersRequest\x1a\x1a.kvlease.ListUsersResponse\x12\x39\n\x06\x41\x64\x64\x41\x63l\x12\x16.kvlease.AddAclRequest\x1a\x17.kvlease.AddAclResponse\x12\x42\n\tRemoveAcl\x12\x19.kvlease.RemoveAclRequest\x1a\x1a.kvlease.RemoveAclResponse\x12?\n\x08ListAcls\x12\x18.kvlease.ListAclsRequest\x1a\x19.kvlease.ListAclsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
-_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'common.proto.security_pb2', _globals)
+_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'kvlease.common.proto.security_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_ACLENTRYPB']._serialized_start=72

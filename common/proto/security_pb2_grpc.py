@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from common.proto import security_pb2 as common_dot_proto_dot_security__pb2
+from kvlease.common.proto import security_pb2 as common_dot_proto_dot_security__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__

@@ -17,8 +17,8 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
-from common.errors import AuthorizationFailedError, InvalidRequestError, show
-from common.security.authn import USER_NAME, USER_PREFIX
+from kvlease.common.errors import AuthorizationFailedError, InvalidRequestError, show
+from kvlease.common.security.authn import USER_NAME, USER_PREFIX
 
 _DB_OR_TABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")  # common.tables' name rule
 WILDCARD_PRINCIPAL = USER_PREFIX + "*"

@@ -14,10 +14,10 @@ from typing import Iterable
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
-from common import zkpaths
-from common.errors import InvalidRequestError
-from common.security.acl import AclEntry, Authorizer, Operation, Resource, ResourceType
-from common.security.watched import WatchedDirectory
+from kvlease.common import zkpaths
+from kvlease.common.errors import InvalidRequestError
+from kvlease.common.security.acl import AclEntry, Authorizer, Operation, Resource, ResourceType
+from kvlease.common.security.watched import WatchedDirectory
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ import re
 import threading
 from typing import Callable
 
-from common.errors import AuthenticationFailedError, InvalidRequestError, show
-from common.security.passwords import PasswordHash, hash_password, verify
+from kvlease.common.errors import AuthenticationFailedError, InvalidRequestError, show
+from kvlease.common.security.passwords import PasswordHash, hash_password, verify
 
 #: A user name; always used with fullmatch (``$`` would also match before a final newline).
 USER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.@-]{0,127}")

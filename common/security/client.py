@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from common import config as cfg
+from kvlease.common import config as cfg
 
 
 def credentials(config: cfg.Config) -> tuple[str, str] | None:

@@ -17,8 +17,8 @@ from typing import Callable, Iterable
 import grpc
 from google.protobuf import descriptor_pool, message_factory
 
-from common.errors import AuthenticationFailedError, AuthorizationFailedError
-from common.wire import error_pb
+from kvlease.common.errors import AuthenticationFailedError, AuthorizationFailedError
+from kvlease.common.wire import error_pb
 
 USERNAME_KEY = "username"
 PASSWORD_KEY = "password"

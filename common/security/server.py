@@ -4,10 +4,10 @@
 (every check passes, no interceptor, no ZooKeeper watch) and a
 :class:`ServerSecurity` otherwise. Services call ``check`` / ``allowed`` with
 the operation and resource of each request; the caller is the call's
-principal (:func:`~common.security.grpc_auth.current_principal`), so a check
+principal (:func:`~kvlease.common.security.grpc_auth.current_principal`), so a check
 is a few dictionary reads: users and ACLs are mirrored from ZooKeeper by
-watches (:class:`~common.security.users.UserCache`,
-:class:`~common.security.acl_store.AclCache`), never read per request.
+watches (:class:`~kvlease.common.security.users.UserCache`,
+:class:`~kvlease.common.security.acl_store.AclCache`), never read per request.
 
 The cluster's own principal (``security.internal.username``) authenticates
 with ``security.internal.password`` from config (not a ZooKeeper user: it
@@ -24,13 +24,13 @@ from typing import Iterable
 
 from kazoo.client import KazooClient
 
-from common import config as cfg
-from common.errors import AuthenticationFailedError, AuthorizationFailedError
-from common.security.acl import Authorizer, Operation, Resource, check_principal
-from common.security.acl_store import AclCache
-from common.security.authn import check_user_name, principal_of
-from common.security.grpc_auth import AuthenticatingInterceptor, current_principal
-from common.security.users import UserCache
+from kvlease.common import config as cfg
+from kvlease.common.errors import AuthenticationFailedError, AuthorizationFailedError
+from kvlease.common.security.acl import Authorizer, Operation, Resource, check_principal
+from kvlease.common.security.acl_store import AclCache
+from kvlease.common.security.authn import check_user_name, principal_of
+from kvlease.common.security.grpc_auth import AuthenticatingInterceptor, current_principal
+from kvlease.common.security.users import UserCache
 
 
 def super_users(config: cfg.Config) -> tuple[str, ...]:

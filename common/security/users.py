@@ -8,11 +8,11 @@ import logging
 from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError, NoNodeError
 
-from common import zkpaths
-from common.errors import AlreadyExistsError, NotFoundError
-from common.security.authn import Authenticator, check_user_name
-from common.security.passwords import PasswordHash, hash_password
-from common.security.watched import WatchedDirectory
+from kvlease.common import zkpaths
+from kvlease.common.errors import AlreadyExistsError, NotFoundError
+from kvlease.common.security.authn import Authenticator, check_user_name
+from kvlease.common.security.passwords import PasswordHash, hash_password
+from kvlease.common.security.watched import WatchedDirectory
 
 log = logging.getLogger(__name__)
 

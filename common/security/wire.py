@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from common.errors import InvalidRequestError, show
-from common.proto import security_pb2 as pb
-from common.security.acl import AclBinding, Operation, Resource, ResourceType, check_principal
+from kvlease.common.errors import InvalidRequestError, show
+from kvlease.common.proto import security_pb2 as pb
+from kvlease.common.security.acl import AclBinding, Operation, Resource, ResourceType, check_principal
 
 
 def resource_of(resource_type: str, name: str) -> Resource:

@@ -4,8 +4,8 @@ Paths given to the methods are relative keys (``kv/12/0/shared/a.sst``) under
 the storage root (``remote.data.dir``). Every implementation pickles (cached
 clients are dropped in ``__getstate__``) so Spark executors can use it.
 
-The interface and its errors are in :mod:`common.storage.base`, the
-implementations in :mod:`common.storage.file` and :mod:`common.storage.s3`;
+The interface and its errors are in :mod:`kvlease.common.storage.base`, the
+implementations in :mod:`kvlease.common.storage.file` and :mod:`kvlease.common.storage.s3`;
 import them all from here. :func:`open_storage` picks one by the URI's scheme.
 """
 
@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import urllib.parse
 
-from common import config as cfg
-from common.errors import StorageError
-from common.storage.base import RemoteStorage, StorageExists, StorageNotFound
-from common.storage.file import FileStorage
-from common.storage.s3 import MULTIPART_BYTES, S3Storage
+from kvlease.common import config as cfg
+from kvlease.common.errors import StorageError
+from kvlease.common.storage.base import RemoteStorage, StorageExists, StorageNotFound
+from kvlease.common.storage.file import FileStorage
+from kvlease.common.storage.s3 import MULTIPART_BYTES, S3Storage
 
 __all__ = ["MULTIPART_BYTES", "FileStorage", "RemoteStorage", "S3Storage", "StorageError", "StorageExists",
            "StorageNotFound", "open_storage"]

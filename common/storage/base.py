@@ -10,7 +10,7 @@ from __future__ import annotations
 import abc
 from typing import Sequence
 
-from common.errors import StorageError
+from kvlease.common.errors import StorageError
 
 
 class StorageNotFound(StorageError):

@@ -16,9 +16,9 @@ import threading
 import urllib.parse
 from typing import Callable, Iterator, Sequence
 
-from common.errors import StorageError
-from common.fsync import fsync_path
-from common.storage.base import RemoteStorage, StorageExists, StorageNotFound, clean_path
+from kvlease.common.errors import StorageError
+from kvlease.common.fsync import fsync_path
+from kvlease.common.storage.base import RemoteStorage, StorageExists, StorageNotFound, clean_path
 
 
 def _load_syncfs() -> Callable[[str], None] | None:

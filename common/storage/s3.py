@@ -6,9 +6,9 @@ import threading
 import urllib.parse
 from typing import Any
 
-from common.errors import StorageError
-from common.redaction import protect, scrub
-from common.storage.base import RemoteStorage, StorageExists, StorageNotFound, clean_path
+from kvlease.common.errors import StorageError
+from kvlease.common.redaction import protect, scrub
+from kvlease.common.storage.base import RemoteStorage, StorageExists, StorageNotFound, clean_path
 
 MULTIPART_BYTES = 16 << 20  # files above this go up and down in parts of this size, 4 at a time
 

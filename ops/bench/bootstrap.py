@@ -1,4 +1,4 @@
-"""``kvlease bench bootstrap`` (or ``python -m ops.bench.bootstrap``): Spark reading kvlease vs Parquet, in one run.
+"""``kvlease bench bootstrap`` (or ``python -m kvlease.ops.bench.bootstrap``): Spark reading kvlease vs Parquet, in one run.
 
 Starts its own local cluster (ZooKeeper, one coordinator, two tablet servers,
 ``file://`` remote storage; stopped at the end whatever happens) and a
@@ -19,7 +19,7 @@ reads them through ``foreachBatch`` into ``noop``: changes/s, query start
 included.
 
 The suite interface (``OPTIONS``, ``run``, ``target_rows``, ``report``) is
-:mod:`ops.bench.suite`'s.
+:mod:`kvlease.ops.bench.suite`'s.
 """
 
 from __future__ import annotations
@@ -35,11 +35,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from common.tables import Column
-import ops.bench.suite as bench_suite
-from ops import local_cluster
-from ops.bench.suite import Option, Row, positive_int
-from ops.bench.writes import make_batch
+from kvlease.common.tables import Column
+import kvlease.ops.bench.suite as bench_suite
+from kvlease.ops import local_cluster
+from kvlease.ops.bench.suite import Option, Row, positive_int
+from kvlease.ops.bench.writes import make_batch
 
 TABLE = "bench.bootstrap"
 COLUMNS = [Column("id", "BIGINT"), Column("v", "STRING")]
@@ -70,9 +70,9 @@ def _load(client, ids: np.ndarray, salt: int) -> None:
 
 def run(*, rows: int, seed: int = 11, progress: bench_suite.Progress = lambda text: None) -> dict[str, Any]:
     """The figures (see the module docstring); options as in ``OPTIONS``."""
-    from client.admin import AdminClient
-    from client.table import TableClient
-    from ops.streaming import local_session, stop_local_session
+    from kvlease.client.admin import AdminClient
+    from kvlease.client.table import TableClient
+    from kvlease.ops.streaming import local_session, stop_local_session
 
     rng = np.random.default_rng(seed)
     base = tempfile.mkdtemp(prefix="kvlease-bench-bootstrap-")

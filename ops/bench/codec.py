@@ -1,4 +1,4 @@
-"""``python -m ops.bench.codec [--rows N] [--json]``: rows/s of the row codec.
+"""``python -m kvlease.ops.bench.codec [--rows N] [--json]``: rows/s of the row codec.
 
 One run, one table ``(id BIGINT primary key, value STRING)`` with ~100-byte
 values, N rows (default 1,000,000), each step timed on its own (best of
@@ -22,8 +22,8 @@ from typing import Callable
 
 import pyarrow as pa
 
-from common.tables import Column, TableInfo
-from common.codec import RowCodec, bucket_of_keys
+from kvlease.common.tables import Column, TableInfo
+from kvlease.common.codec import RowCodec, bucket_of_keys
 
 TABLE = TableInfo(1, "bench", "codec", (Column("id", "BIGINT"), Column("value", "STRING")), ("id",), 16)
 

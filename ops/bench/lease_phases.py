@@ -1,4 +1,4 @@
-"""The phases of ``kvlease bench leases`` (:mod:`ops.bench.leases`): its coordinators, a. acquiring
+"""The phases of ``kvlease bench leases`` (:mod:`kvlease.ops.bench.leases`): its coordinators, a. acquiring
 leases, b. raw ZooKeeper writes, c. the failover, d. the idle loop, and seeding leases."""
 
 from __future__ import annotations
@@ -17,16 +17,16 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
 
-from common import config as cfg
-from common import errors
-from common.tables import Column
-from client.admin import AdminClient, wait_for_active
-from common.kvsnapshot import Manifest
-from common.model import TableBucket
-from common.storage import open_storage
-import ops.bench.scale as bench_scale
-from ops.bench.suite import Progress, cpu_seconds
-from ops.local_cluster import ServerProcess, child_env, dying_with_parent
+from kvlease.common import config as cfg
+from kvlease.common import errors
+from kvlease.common.tables import Column
+from kvlease.client.admin import AdminClient, wait_for_active
+from kvlease.common.kvsnapshot import Manifest
+from kvlease.common.model import TableBucket
+from kvlease.common.storage import open_storage
+import kvlease.ops.bench.scale as bench_scale
+from kvlease.ops.bench.suite import Progress, cpu_seconds
+from kvlease.ops.local_cluster import ServerProcess, child_env, dying_with_parent
 
 HOUR_MS = 3_600_000
 TARGET_RATIO = 0.5  # acquires/s over raw ZooKeeper creates/s, at least
@@ -167,11 +167,11 @@ def _acquire_figures(latencies: list[list[float]], failures: list[str], elapsed:
 
 def raw_zk_writes(connect: str, count: int, window: int, session_timeout_s: float) -> dict[str, dict[str, float]]:
     """Pipelined creates, then sets, of ``count`` small nodes (run in its own process), once
-    through kazoo's stock handler and once through :class:`common.zk.PollHandler` (the
+    through kazoo's stock handler and once through :class:`kvlease.common.zk.PollHandler` (the
     coordinator's): per handler ``{"create": per_s, "set": per_s}``."""
     from kazoo.client import KazooClient
 
-    from common.zk import PollHandler
+    from kvlease.common.zk import PollHandler
 
     # about the size of a lease node: {version, expiration_time, tables: [{table_id, metadata_path}]}
     data = json.dumps({"version": 1, "expiration_time": 1_900_000_000_000, "tables": [
@@ -204,7 +204,7 @@ def raw_zk_writes(connect: str, count: int, window: int, session_timeout_s: floa
 
 def raw_phase(connect: str, s: BenchSettings) -> dict[str, Any]:
     """:func:`raw_zk_writes` in a process of its own (its own GIL), through ``--raw-zk``."""
-    cmd = [sys.executable, "-m", "ops.bench.leases", "--raw-zk", connect, str(s.raw_writes), str(s.raw_window),
+    cmd = [sys.executable, "-m", "kvlease.ops.bench.leases", "--raw-zk", connect, str(s.raw_writes), str(s.raw_window),
            str(s.session_timeout_ms)]
     proc = subprocess.run(dying_with_parent(cmd), capture_output=True, text=True, timeout=600, env=child_env())
     if proc.returncode != 0:
@@ -318,8 +318,8 @@ def idle_phase(coordinators: list[Coordinator], held: int, s: BenchSettings) -> 
 
 
 def seed(config_path: Path, table_id: int, buckets: int, count: int, prefix: str, expiration_time: int) -> int:
-    """``python -m ops.bench.seed`` (a process of its own, so this benchmark's process never loads the lease store)."""
-    cmd = [sys.executable, "-m", "ops.bench.seed", "--config", str(config_path), "--table-id", str(table_id),
+    """``python -m kvlease.ops.bench.seed`` (a process of its own, so this benchmark's process never loads the lease store)."""
+    cmd = [sys.executable, "-m", "kvlease.ops.bench.seed", "--config", str(config_path), "--table-id", str(table_id),
            "--buckets", str(buckets), "--count", str(count), "--prefix", prefix,
            "--expiration-time", str(expiration_time)]
     proc = subprocess.run(dying_with_parent(cmd), capture_output=True, text=True, timeout=3600,

@@ -1,12 +1,12 @@
-"""The text report and the target rows of ``kvlease bench leases`` (:mod:`ops.bench.leases`): pure
+"""The text report and the target rows of ``kvlease bench leases`` (:mod:`kvlease.ops.bench.leases`): pure
 functions of its figures."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ops.bench.lease_phases import FAILOVER_SLACK_S, SECURE_TARGET, TARGET_RATIO
-from ops.bench.suite import Row
+from kvlease.ops.bench.lease_phases import FAILOVER_SLACK_S, SECURE_TARGET, TARGET_RATIO
+from kvlease.ops.bench.suite import Row
 
 
 def _secure_report(figures: dict[str, Any]) -> str:

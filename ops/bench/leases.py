@@ -1,4 +1,4 @@
-"""``kvlease bench leases`` (or ``python -m ops.bench.leases``): what leases cost.
+"""``kvlease bench leases`` (or ``python -m kvlease.ops.bench.leases``): what leases cost.
 
 One run starts its own ZooKeeper (``ops.local_cluster.zookeeper``, in a temp dir) and two
 coordinator processes (``file://`` remote storage in the temp dir, fsync on as
@@ -31,18 +31,18 @@ c. failover: with ``--leases`` leases held, ``kill -9`` the active
    then reinitialization. Then every lease must be intact: the new active
    lists exactly the leases (deadlines, buckets) the old one listed.
    If phase a stopped short of ``--leases``, the rest are written straight
-   into their persisted layout (:mod:`ops.bench.seed`; acquiring 100,000
+   into their persisted layout (:mod:`kvlease.ops.bench.seed`; acquiring 100,000
    through the coordinator takes minutes) with both coordinators stopped,
    then both are started again (the active loads them all: "cold start"),
    and the standby's lease mirror is waited for;
-d. idle loop CPU (:mod:`ops.bench.scale`): with 1,000 leases held (before
+d. idle loop CPU (:mod:`kvlease.ops.bench.scale`): with 1,000 leases held (before
    phase a) and with ``--leases`` (before the failover), the active
    coordinator's event-loop CPU per second over ``--idle-seconds`` with no
    request; target: the same within noise (at most 1.5 x + 1 ms/s).
 
 Everything it starts is stopped in ``finally`` (and dies with it on kill -9).
 The suite interface (``OPTIONS``, ``run``, ``target_rows``, ``report``) is
-:mod:`ops.bench.suite`'s.
+:mod:`kvlease.ops.bench.suite`'s.
 """
 
 from __future__ import annotations
@@ -56,16 +56,16 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from common import config as cfg
-import ops.bench.scale as bench_scale
-import ops.bench.suite as bench_suite
-from ops.bench.suite import Option, at_least, positive_float, positive_int
-from ops.bench.lease_phases import (SECURE_TARGET, TARGET_RATIO, BenchSettings, Coordinator, acquire_many, failover_phase,
+from kvlease.common import config as cfg
+import kvlease.ops.bench.scale as bench_scale
+import kvlease.ops.bench.suite as bench_suite
+from kvlease.ops.bench.suite import Option, at_least, positive_float, positive_int
+from kvlease.ops.bench.lease_phases import (SECURE_TARGET, TARGET_RATIO, BenchSettings, Coordinator, acquire_many, failover_phase,
                                      fill_phase, idle_phase, leasable_table, raw_phase, raw_zk_writes, with_cpu)
-from ops.bench.lease_report import report, target_rows
+from kvlease.ops.bench.lease_report import report, target_rows
 
 __all__ = ["OPTIONS", "BenchSettings", "raw_phase", "report", "run", "target_rows"]  # what the suite and the tests use
-from ops.local_cluster import ZooKeeperCluster, free_ports, log_tail
+from kvlease.ops.local_cluster import ZooKeeperCluster, free_ports, log_tail
 
 ZK_ROOT = "/kvlease-bench"
 
@@ -102,8 +102,8 @@ def run(*, leases: int, seconds: float, threads: int, raw_writes: int, secure: b
 def measure_secure(s: BenchSettings, progress: bench_suite.Progress) -> dict[str, Any]:
     """Phase a twice on one ZooKeeper: a plain coordinator, then a secure one (TLS, user ``bench`` with a
     password and a READ grant, not a super user); each on its own chroot and remote directory."""
-    from common.security.acl import Operation, Resource
-    from ops.bench.secure import secure_setup
+    from kvlease.common.security.acl import Operation, Resource
+    from kvlease.ops.bench.secure import secure_setup
 
     with tempfile.TemporaryDirectory(prefix="kvlease-bench-") as tmp:
         base = Path(tmp)

@@ -8,7 +8,7 @@ objects in its own memory: the process is the "remote" (a copy travels through
 HTTP and boto3 as it would from S3, not a page-cache copy).
 
 moto is a development dependency (``pip install -e '.[dev]'``, what ``make``
-installs); without it :class:`~ops.bench.suite.UsageError` says so.
+installs); without it :class:`~kvlease.ops.bench.suite.UsageError` says so.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import sys
 from pathlib import Path
 from typing import Iterator
 
-from common import config as cfg
-from ops.bench.suite import UsageError
-from ops.local_cluster import free_ports
-from ops.wait import poll
+from kvlease.common import config as cfg
+from kvlease.ops.bench.suite import UsageError
+from kvlease.ops.local_cluster import free_ports
+from kvlease.ops.wait import poll
 
 BUCKET = "kvlease-bench"
 ACCESS_KEY = SECRET_KEY = "testing"  # moto takes any

@@ -1,6 +1,6 @@
 """Measure a tablet server with many one-bucket tables: file descriptors per bucket and restart time.
 
-``python -m ops.bench.measure_buckets --buckets 10000 [--dir D] [--keep] [--json]``
+``python -m kvlease.ops.bench.measure_buckets --buckets 10000 [--dir D] [--keep] [--json]``
 starts a local cluster (1 coordinator, 1 tablet server) in ``D`` (default: a
 temp dir), creates N one-bucket tables, writes and reads a row in each,
 counts the tablet server's open file descriptors (``/proc/PID/fd``) and reads
@@ -30,11 +30,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
-from client.admin import AdminClient
-from client.table import TableClient
-from common.tables import Column
-from ops import local_cluster
-from ops.local_cluster import read_health
+from kvlease.client.admin import AdminClient
+from kvlease.client.table import TableClient
+from kvlease.common.tables import Column
+from kvlease.ops import local_cluster
+from kvlease.ops.local_cluster import read_health
 
 SCHEMA = [Column("id", "BIGINT"), Column("v", "STRING")]
 THREADS = 8
@@ -140,7 +140,7 @@ def _watch_recovery(directory: str, buckets: int, started: float, out: dict[str,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ops.bench.measure_buckets", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m kvlease.ops.bench.measure_buckets", description=__doc__.split("\n\n")[0])
     parser.add_argument("--buckets", type=int, default=10_000, help="one-bucket tables to create (default 10000)")
     parser.add_argument("--dir", help="cluster directory (default: a new temp dir, removed at the end)")
     parser.add_argument("--keep", action="store_true", help="keep the cluster directory")

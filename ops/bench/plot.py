@@ -1,8 +1,8 @@
 """``--plot FILE.png`` of ``kvlease bench``: each judged figure as a bar against its target.
 
-Drawn from the suite's JSON document alone (:func:`ops.bench.suite.main`'s
+Drawn from the suite's JSON document alone (:func:`kvlease.ops.bench.suite.main`'s
 ``{"machine", "benchmarks": {NAME: {"rows": [...]}}}``, rows as
-:meth:`ops.bench.suite.Row.doc` writes them) with matplotlib's Agg canvas (no display, no
+:meth:`kvlease.ops.bench.suite.Row.doc` writes them) with matplotlib's Agg canvas (no display, no
 pyplot state). One panel per kind of value: ratios to the anchor, seconds,
 MB. Each bar is the value, green when its target is met and red when not; a
 black line across the bar marks the target, named under the bar: ``>= 0.5``

@@ -1,4 +1,4 @@
-"""``kvlease bench rebuild`` (or ``python -m ops.bench.rebuild``): how fast a wiped replica is rebuilt from
+"""``kvlease bench rebuild`` (or ``python -m kvlease.ops.bench.rebuild``): how fast a wiped replica is rebuilt from
 the bucket's remote snapshot, against a plain download of the same files.
 
 Starts its own ZooKeeper, coordinator and leader tablet server (processes in a
@@ -45,7 +45,7 @@ The follower runs in this process so that the time is the rebuild's, not a
 Python interpreter's start (the leader serving it is a process of its own).
 
 The suite interface (``OPTIONS``, ``run``, ``target_rows``, ``report``) is
-:mod:`ops.bench.suite`'s.
+:mod:`kvlease.ops.bench.suite`'s.
 """
 
 from __future__ import annotations
@@ -61,14 +61,14 @@ from typing import Any
 
 import numpy as np
 
-from common import config as cfg, kvsnapshot
-from common.tables import Column
-import ops.bench.suite as bench_suite
-from ops import local_cluster
-from ops.bench.local_s3 import local_s3
-from ops.bench.suite import MB, Option, Row, positive_int, wait_idle
-from ops.bench.writes import load, make_batch
-from ops.wait import wait_until
+from kvlease.common import config as cfg, kvsnapshot
+from kvlease.common.tables import Column
+import kvlease.ops.bench.suite as bench_suite
+from kvlease.ops import local_cluster
+from kvlease.ops.bench.local_s3 import local_s3
+from kvlease.ops.bench.suite import MB, Option, Row, positive_int, wait_idle
+from kvlease.ops.bench.writes import load, make_batch
+from kvlease.ops.wait import wait_until
 
 COLUMNS = [Column("id", "BIGINT"), Column("v", "STRING")]
 TABLE = "bench.rebuild"
@@ -121,7 +121,7 @@ def follower_config(directory: str, data_dir: str) -> cfg.Config:
 
 
 def start_follower(config: cfg.Config):
-    from tablet.server import TabletServer
+    from kvlease.tablet.server import TabletServer
 
     return TabletServer(config).start()
 
@@ -204,7 +204,7 @@ def follower_rows(server, table_id: int) -> int:
 def fill(admin, table_id: int, rows: int, tail_rows: int, batch: int, threads: int, progress):
     """Load ``rows`` rows, commit a snapshot (retention then removes the log below it), update
     ``tail_rows`` rows after it; returns the snapshot's handle and the leader's log start and end."""
-    from client.table import TableClient
+    from kvlease.client.table import TableClient
 
     with TableClient(admin, TABLE, parallelism=threads, retry_total_s=60) as client:
         progress(f"loading {rows:,} rows into the leader")
@@ -252,8 +252,8 @@ def speeds(rows: int, handle, downloads: list[float], durable_downloads: list[fl
 def run(*, rows: int, tail_percent: int, batch: int, threads: int, rounds: int, remote: str = "s3",
         progress: bench_suite.Progress = lambda text: None) -> dict[str, Any]:
     """The figures (see the module docstring); options as in ``OPTIONS``."""
-    from client.admin import AdminClient
-    from common.storage import open_storage
+    from kvlease.client.admin import AdminClient
+    from kvlease.common.storage import open_storage
 
     tail_rows = max(1, rows * tail_percent // 100)
     base = tempfile.mkdtemp(prefix="kvlease-bench-rebuild-")

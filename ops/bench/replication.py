@@ -1,4 +1,4 @@
-"""``kvlease bench replication`` (or ``python -m ops.bench.replication``): what three replicas cost, and
+"""``kvlease bench replication`` (or ``python -m kvlease.ops.bench.replication``): what three replicas cost, and
 what a tablet failover takes.
 
 Starts its own local cluster (ZooKeeper, one coordinator, three tablet
@@ -25,7 +25,7 @@ and measures in one run:
   ``zookeeper.session-timeout`` + 2 s.
 
 The suite interface (``OPTIONS``, ``run``, ``target_rows``, ``report``) is
-:mod:`ops.bench.suite`'s.
+:mod:`kvlease.ops.bench.suite`'s.
 """
 
 from __future__ import annotations
@@ -38,12 +38,12 @@ from typing import Any
 
 import numpy as np
 
-from common.tables import Column
-import ops.bench.suite as bench_suite
-from ops import local_cluster
-from ops.bench.suite import Option, Row, cpu_seconds, positive_int, wait_idle
-from ops.bench.writes import load, make_batch
-import ops.wait as ops_wait
+from kvlease.common.tables import Column
+import kvlease.ops.bench.suite as bench_suite
+from kvlease.ops import local_cluster
+from kvlease.ops.bench.suite import Option, Row, cpu_seconds, positive_int, wait_idle
+from kvlease.ops.bench.writes import load, make_batch
+import kvlease.ops.wait as ops_wait
 
 COLUMNS = [Column("id", "BIGINT"), Column("v", "STRING")]
 TARGET_RATIO = 0.33  # issue 30
@@ -89,7 +89,7 @@ def leader_of(admin, table_id: int) -> int:
 
 
 def wait_in_sync(admin, table_id: int, timeout_s: float = 120.0) -> None:
-    """Until bucket 0 of the table has a leader and every replica in its ISR (:func:`ops.wait.wait_in_sync`);
+    """Until bucket 0 of the table has a leader and every replica in its ISR (:func:`kvlease.ops.wait.wait_in_sync`);
     RuntimeError if not within ``timeout_s``."""
     def lagging(state) -> list[str]:
         b = state[0]
@@ -120,8 +120,8 @@ def failover_once(directory: str, admin, client, table_id: int, key: int) -> flo
 def run(*, rows: int, batch: int, threads: int, rounds: int, latency_writes: int, failover_rows: int,
         failover_rounds: int, progress: bench_suite.Progress = lambda text: None) -> dict[str, Any]:
     """The figures (see the module docstring); options as in ``OPTIONS``."""
-    from client.admin import AdminClient
-    from client.table import TableClient
+    from kvlease.client.admin import AdminClient
+    from kvlease.client.table import TableClient
 
     base = tempfile.mkdtemp(prefix="kvlease-bench-replication-")
     directory = f"{base}/cluster"
@@ -171,7 +171,7 @@ def snapshot_files(admin, client) -> dict[str, int]:
 
 
 def failovers(directory: str, admin, big_rows: int, kills: int, progress) -> dict[str, Any]:
-    from client.table import TableClient
+    from kvlease.client.table import TableClient
 
     out: dict[str, Any] = {}
     for label, table_rows in (("small", 10_000), ("big", big_rows)):

@@ -20,9 +20,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Callable
 
-from client.admin import AdminClient
-from common.model import Lease
-from ops.wait import poll
+from kvlease.client.admin import AdminClient
+from kvlease.common.model import Lease
+from kvlease.ops.wait import poll
 
 IDLE_BASE_LEASES = 1_000
 IDLE_SLACK = 1.5

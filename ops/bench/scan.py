@@ -1,4 +1,4 @@
-"""``kvlease bench scan`` (or ``python -m ops.bench.scan``): live KV scans (ScanKv) against raw RocksDB iteration.
+"""``kvlease bench scan`` (or ``python -m kvlease.ops.bench.scan``): live KV scans (ScanKv) against raw RocksDB iteration.
 
 Starts its own local cluster (ZooKeeper, one coordinator, one tablet server;
 processes in a temp directory, stopped at the end whatever happens), loads a
@@ -9,9 +9,9 @@ flushed) and waits until the tablet server is idle (its compactions done),
 then measures in one run, each full scan ``--rounds`` times (3),
 interleaved, the best of each counting:
 
-- ``unary``: rows/s of :class:`client.scanner.KvBatchScanner` (ScanKv
+- ``unary``: rows/s of :class:`kvlease.client.scanner.KvBatchScanner` (ScanKv
   sessions, one request in flight: prefetch) reading the whole bucket;
-- ``stream``: rows/s of :class:`client.scanner.KvStreamScanner` (ScanKvStream);
+- ``stream``: rows/s of :class:`kvlease.client.scanner.KvStreamScanner` (ScanKvStream);
 - ``raw``: rows/s of iterating a rocksdict (raw mode) holding the same
   encoded rows, in this process, without filling the block cache as a scan
   session reads: the floor of what reading them costs.
@@ -43,7 +43,7 @@ The RSS before each scan is the server's after the load and the earlier
 scans (what it keeps between scans is in it, what a scan adds is not).
 
 The suite interface (``OPTIONS``, ``run``, ``target_rows``, ``report``) is
-:mod:`ops.bench.suite`'s.
+:mod:`kvlease.ops.bench.suite`'s.
 """
 
 from __future__ import annotations
@@ -60,15 +60,15 @@ from typing import Any, Callable
 import numpy as np
 import pyarrow as pa
 
-from common.codec import RowCodec
-from common.errors import AuthorizationFailedError
-from common.kvsnapshot import scan_read_options
-from common.tables import Column, TableInfo
-import ops.bench.suite as bench_suite
-from ops import local_cluster
-from ops.bench.scan_report import SECURE_KINDS, SECURE_TARGET, TARGETS, report, target_rows
-from ops.bench.suite import Option, cpu_seconds, positive_int, wait_idle
-from ops.wait import wait_until
+from kvlease.common.codec import RowCodec
+from kvlease.common.errors import AuthorizationFailedError
+from kvlease.common.kvsnapshot import scan_read_options
+from kvlease.common.tables import Column, TableInfo
+import kvlease.ops.bench.suite as bench_suite
+from kvlease.ops import local_cluster
+from kvlease.ops.bench.scan_report import SECURE_KINDS, SECURE_TARGET, TARGETS, report, target_rows
+from kvlease.ops.bench.suite import Option, cpu_seconds, positive_int, wait_idle
+from kvlease.ops.wait import wait_until
 
 __all__ = ["OPTIONS", "report", "run", "target_rows"]  # what the suite uses
 
@@ -148,7 +148,7 @@ def build_raw(codec: RowCodec, rows: int, directory: str):
 
 def raw_scan(db) -> tuple[int, int]:
     """(rows, value bytes) of one full forward iteration, reading like a scan session does
-    (:func:`common.kvsnapshot.scan_read_options`: ~20% faster than through the block cache)."""
+    (:func:`kvlease.common.kvsnapshot.scan_read_options`: ~20% faster than through the block cache)."""
     n = size = 0
     for _key, value in db.items(read_opt=scan_read_options()):
         n += 1
@@ -280,10 +280,10 @@ def _secure_client(directory: str, mode: str, rows: int, admins: list, progress:
     the table, ``rows`` rows loaded and snapshotted; its admin client is appended to ``admins``."""
     import secrets
 
-    from client.admin import AdminClient
-    from client.table import TableClient
-    from common import config as cfg
-    from common.security.acl import Operation, Resource
+    from kvlease.client.admin import AdminClient
+    from kvlease.client.table import TableClient
+    from kvlease.common import config as cfg
+    from kvlease.common.security.acl import Operation, Resource
 
     config = local_cluster.client_config(local_cluster.load(directory))
     if mode == "secure":
@@ -351,8 +351,8 @@ def run(*, rows: int, rounds: int, secure: bool = False,
     """The figures (see the module docstring); options as in ``OPTIONS``."""
     if secure:
         return run_secure(rows, rounds, progress)
-    from client.admin import AdminClient
-    from client.table import TableClient
+    from kvlease.client.admin import AdminClient
+    from kvlease.client.table import TableClient
 
     base = tempfile.mkdtemp(prefix="kvlease-bench-scan-")
     directory = f"{base}/cluster"

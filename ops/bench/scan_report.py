@@ -1,11 +1,11 @@
-"""The text report and the target rows of ``kvlease bench scan`` (:mod:`ops.bench.scan`): pure functions
+"""The text report and the target rows of ``kvlease bench scan`` (:mod:`kvlease.ops.bench.scan`): pure functions
 of its figures."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ops.bench.suite import MB, Row
+from kvlease.ops.bench.suite import MB, Row
 
 TARGETS = {"unary": 0.65, "stream": 0.75}  # ratio to raw, decoded rows (issue 12)
 MEMORY_TARGET_FACTOR = 2  # peak RSS above the RSS before <= 2 x (scanners x batch) + 32 MB

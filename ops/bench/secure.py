@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from common import config as cfg
-from common.security.acl import Operation, Resource
-from common.security.acl_store import AclStore
-from common.security.users import UserStore
-from common.zk import make_client
-from ops.local_cluster import client_settings, generate_certs, server_settings
+from kvlease.common import config as cfg
+from kvlease.common.security.acl import Operation, Resource
+from kvlease.common.security.acl_store import AclStore
+from kvlease.common.security.users import UserStore
+from kvlease.common.zk import make_client
+from kvlease.ops.local_cluster import client_settings, generate_certs, server_settings
 
 BENCH_USER = "bench"
 

@@ -9,11 +9,11 @@ to), then the ZooKeeper nodes, a thousand creates per multi-op, pipelined.
 Coordinators must not be running while this writes: an active one would not
 know the leases (it learns them at its next reinitialization).
 
-``python -m ops.bench.seed --config FILE --table-id T --buckets B --count N
+``python -m kvlease.ops.bench.seed --config FILE --table-id T --buckets B --count N
 --prefix P --expiration-time MS`` (the benchmark runs it as a process of its
 own); prints how many it wrote. It is the one module of ``ops`` that imports the
 lease domain (``tests/project/test_layers.py`` allows it by name): it writes what the
-coordinator's own :class:`~leases.store.LeaseStore` writes.
+coordinator's own :class:`~kvlease.leases.store.LeaseStore` writes.
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ import sys
 from collections import deque
 from typing import Callable
 
-from common import config as cfg
-from common import zkpaths
-from common.model import Lease, TableBucket
-from common.storage import open_storage
-from common.zk import make_client
-from leases.events import PersistLease
-from leases.store import LeaseStore
+from kvlease.common import config as cfg
+from kvlease.common import zkpaths
+from kvlease.common.model import Lease, TableBucket
+from kvlease.common.storage import open_storage
+from kvlease.common.zk import make_client
+from kvlease.leases.events import PersistLease
+from kvlease.leases.store import LeaseStore
 
 CHUNK = 1_000  # leases per multi-op (~250 bytes each: well under ZooKeeper's 1 MiB request limit)
 WINDOW = 8  # multi-ops in flight
@@ -74,7 +74,7 @@ def seed_leases(config: cfg.Config, table_id: int, buckets: int, lease_ids: list
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ops.bench.seed", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m kvlease.ops.bench.seed", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True, help="the coordinators' TOML config file")
     parser.add_argument("--table-id", type=int, required=True)
     parser.add_argument("--buckets", type=int, required=True)

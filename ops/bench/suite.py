@@ -18,7 +18,7 @@ Output: the text report of each benchmark, then one table of its rows (for
 ``all``, one combined table); with ``--json`` exactly one JSON document,
 ``{"machine": {...}, "benchmarks": {NAME: {"options", "figures", "rows"} or
 {"options", "error"}}}`` (rows as :meth:`Row.doc` writes them). ``--plot`` draws the rows
-(:mod:`ops.bench.plot`). Progress goes to stderr. Bad options raise
+(:mod:`kvlease.ops.bench.plot`). Progress goes to stderr. Bad options raise
 :class:`UsageError` before anything runs. A benchmark that fails under
 ``all`` is recorded as an error and the others still run; the exit code is
 then 1.
@@ -42,7 +42,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from common import errors
+from kvlease.common import errors
 
 #: name -> what it measures (the ``kvlease bench --help`` line); ``all`` runs them in this order.
 SUITE = {
@@ -54,9 +54,9 @@ SUITE = {
     "rebuild": "rebuild of a wiped replica from the remote snapshot + a changelog tail vs a plain download",
 }
 #: name -> its module (the registry: a new benchmark is a module of ``ops/bench/`` and a line here and in SUITE).
-MODULES = {"leases": "ops.bench.leases", "writes": "ops.bench.writes", "scan": "ops.bench.scan",
-           "bootstrap": "ops.bench.bootstrap", "replication": "ops.bench.replication",
-           "rebuild": "ops.bench.rebuild"}
+MODULES = {"leases": "kvlease.ops.bench.leases", "writes": "kvlease.ops.bench.writes", "scan": "kvlease.ops.bench.scan",
+           "bootstrap": "kvlease.ops.bench.bootstrap", "replication": "kvlease.ops.bench.replication",
+           "rebuild": "kvlease.ops.bench.rebuild"}
 ALL = "all"
 MB = 1 << 20
 
@@ -365,7 +365,7 @@ def main(name: str, argv: Sequence[str] = (), prog: str | None = None, json_outp
     doc["machine"]["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
     print(json.dumps(doc, indent=2) if json_mode else "\n".join(table_lines(doc)), flush=True)
     if plot_file:
-        from ops.bench.plot import plot
+        from kvlease.ops.bench.plot import plot
 
         plot(doc, plot_file)
         progress(f"plot written to {plot_file}")
@@ -393,9 +393,9 @@ def _terminate_as_exit() -> Iterator[None]:
 
 
 def module_main(name: str) -> None:
-    """``python -m ops.bench.<name> [...]``: :func:`main` with ``sys.argv``; bad options are one line on stderr."""
+    """``python -m kvlease.ops.bench.<name> [...]``: :func:`main` with ``sys.argv``; bad options are one line on stderr."""
     try:
-        code = main(name, sys.argv[1:], prog=f"python -m ops.bench.{name}")
+        code = main(name, sys.argv[1:], prog=f"python -m kvlease.ops.bench.{name}")
     except UsageError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         code = 2

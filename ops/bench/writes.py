@@ -1,4 +1,4 @@
-"""``kvlease bench writes`` (or ``python -m ops.bench.writes``): the write and read path end to end.
+"""``kvlease bench writes`` (or ``python -m kvlease.ops.bench.writes``): the write and read path end to end.
 
 Starts its own local cluster (ZooKeeper, one coordinator, one tablet server;
 processes in a temp directory, stopped at the end whatever happens) and
@@ -29,7 +29,7 @@ measures in one run:
 The tablet server runs with its defaults (changelog fsync per write), except
 ``kv.snapshot.interval`` = 1h so that only the two snapshots this benchmark
 triggers exist. The suite interface (``OPTIONS``, ``run``, ``target_rows``, ``report``)
-is :mod:`ops.bench.suite`'s.
+is :mod:`kvlease.ops.bench.suite`'s.
 """
 
 from __future__ import annotations
@@ -44,11 +44,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from common.codec import RowCodec
-from common.tables import Column, TableInfo
-import ops.bench.suite as bench_suite
-from ops import local_cluster
-from ops.bench.suite import Option, Row, cpu_seconds, positive_int, wait_idle
+from kvlease.common.codec import RowCodec
+from kvlease.common.tables import Column, TableInfo
+import kvlease.ops.bench.suite as bench_suite
+from kvlease.ops import local_cluster
+from kvlease.ops.bench.suite import Option, Row, cpu_seconds, positive_int, wait_idle
 
 TABLE = "bench.writes"
 COLUMNS = [Column("id", "BIGINT"), Column("v", "STRING")]
@@ -176,8 +176,8 @@ def snapshot_sizes(admin, client, rows: int, changed: int, rng) -> dict[str, Any
 def run(*, rows: int, batch: int, threads: int, lookups: int, rounds: int, seed: int = 7,
         progress: bench_suite.Progress = lambda text: None) -> dict[str, Any]:
     """The figures (see the module docstring); options as in ``OPTIONS``."""
-    from client.admin import AdminClient
-    from client.table import TableClient
+    from kvlease.client.admin import AdminClient
+    from kvlease.client.table import TableClient
 
     rng = np.random.default_rng(seed)
     base = tempfile.mkdtemp(prefix="kvlease-bench-writes-")

@@ -1,7 +1,7 @@
-"""``python -m ops.cli …`` is the ``kvlease`` command."""
+"""``python -m kvlease.ops.cli …`` is the ``kvlease`` command."""
 
 import sys
 
-from ops.cli import main
+from kvlease.ops.cli import main
 
 main(sys.argv[1:])

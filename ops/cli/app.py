@@ -2,7 +2,7 @@
 
 One click group, :func:`kvlease`, keeps the global options in a :class:`State`
 that builds the admin client (lazily: only commands that talk to a coordinator
-pay for it) and the :class:`ops.cli.output.Output` (text or ``--json``) once.
+pay for it) and the :class:`kvlease.ops.cli.output.Output` (text or ``--json``) once.
 :func:`catch_errors` turns every kvlease error into one line on stderr and exit
 code 1; usage errors (bad option syntax) are click's and exit 2.
 
@@ -44,13 +44,13 @@ from typing import Callable
 import click
 from click.core import ParameterSource
 
-from common import config as cfg
-from common import errors
-from common.errors import single_line
-from ops import local_cluster
-import ops.cli.output as out
-from ops.cli.interrupts import interrupted
-from ops.cli.values import DURATION
+from kvlease.common import config as cfg
+from kvlease.common import errors
+from kvlease.common.errors import single_line
+from kvlease.ops import local_cluster
+import kvlease.ops.cli.output as out
+from kvlease.ops.cli.interrupts import interrupted
+from kvlease.ops.cli.values import DURATION
 
 DEFAULT_RETRY_TIMEOUT = "10s"
 
@@ -91,11 +91,11 @@ class State:
 
     def addresses(self) -> list[str]:
         if self._uses_bootstrap():
-            from client.admin import parse_bootstrap
+            from kvlease.client.admin import parse_bootstrap
 
             return parse_bootstrap(self.bootstrap)
         if self.cluster:
-            from client.cluster_dir import check_running
+            from kvlease.client.cluster_dir import check_running
 
             check_running(self.cluster, local_cluster.load(self.cluster))  # a stopped cluster: said at once
             return local_cluster.bootstrap(self.cluster)
@@ -107,7 +107,7 @@ class State:
         """The client config: the environment, then a cluster directory's security settings (``--cluster``;
         its credentials only if neither ``--user`` nor ``KVLEASE_SECURITY_USERNAME`` names a user), then
         ``--ca-file``/``--cert-file``/``--key-file`` (which turn TLS on), then ``--user``/``--password-file``."""
-        from client.connect import layered_config  # shared with kvlease.connect()
+        from kvlease.client.connect import layered_config  # shared with kvlease.connect()
 
         settings = None
         if self.cluster and not self._uses_bootstrap():
@@ -128,7 +128,7 @@ class State:
             raise errors.InvalidRequestError("--password-file needs --user NAME (or KVLEASE_SECURITY_USERNAME)")
         if self._password is None:
             if self.password_file:
-                from client.cluster_dir import read_password_file
+                from kvlease.client.cluster_dir import read_password_file
 
                 self._password = read_password_file(self.password_file)
             elif os.environ.get(cfg.SECURITY_PASSWORD.env_var):
@@ -152,15 +152,15 @@ class State:
     def client(self):
         if self._client is None:
             addresses = self.addresses()  # first: a stopped cluster is said before the client's imports
-            from client.admin import AdminClient
+            from kvlease.client.admin import AdminClient
 
             config = self.config()
             self._client = AdminClient(addresses, config, retry_total_s=self.retry_ms(config) / 1000.0)
         return self._client
 
     def table_client(self, path: str):
-        """A :class:`client.table.TableClient` on ``path``, retrying as long as the admin client."""
-        from client.table import TableClient
+        """A :class:`kvlease.client.table.TableClient` on ``path``, retrying as long as the admin client."""
+        from kvlease.client.table import TableClient
 
         config = self.config()
         client = TableClient(self.client, path, config, retry_total_s=self.retry_ms(config) / 1000.0)
@@ -214,7 +214,7 @@ def catch_errors(func: Callable) -> Callable:
 
 def checked_bootstrap(ctx: click.Context, param, value: str | None) -> str | None:
     """``--bootstrap`` (or KVLEASE_BOOTSTRAP): a malformed address is a usage error, not 10 s of retries."""
-    from client.admin import parse_bootstrap
+    from kvlease.client.admin import parse_bootstrap
 
     if value is not None:
         try:

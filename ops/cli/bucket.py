@@ -1,13 +1,13 @@
 """``kvlease bucket …``: one bucket's replicas and leader (moves, restores, elections).
 
-The group only; its commands are in :mod:`ops.cli.bucket_moves` (``reassign``)
-and :mod:`ops.cli.bucket_loss` (``restore``, ``elect``), which add themselves
-to it when :mod:`ops.cli` imports them.
+The group only; its commands are in :mod:`kvlease.ops.cli.bucket_moves` (``reassign``)
+and :mod:`kvlease.ops.cli.bucket_loss` (``restore``, ``elect``), which add themselves
+to it when :mod:`kvlease.ops.cli` imports them.
 """
 
 from __future__ import annotations
 
-from ops.cli.app import kvlease
+from kvlease.ops.cli.app import kvlease
 
 
 @kvlease.group("bucket")

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import click
 
-from ops.cli.app import State, catch_errors, common_options, pass_state
-from ops.cli.bucket import bucket_group
-from ops.cli.documents import loss_doc
-from ops.cli.values import bucket_number, table_path
+from kvlease.ops.cli.app import State, catch_errors, common_options, pass_state
+from kvlease.ops.cli.bucket import bucket_group
+from kvlease.ops.cli.documents import loss_doc
+from kvlease.ops.cli.values import bucket_number, table_path
 
 
 def _lost_text(loss) -> str:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import click
 
-from ops.cli.app import State, catch_errors, common_options, pass_state
-from ops.cli.bucket import bucket_group
-from ops.cli.cluster_moves import move_text, wait_for_moves
-from ops.cli.values import POSITIVE_DURATION, bucket_number, table_path
+from kvlease.ops.cli.app import State, catch_errors, common_options, pass_state
+from kvlease.ops.cli.bucket import bucket_group
+from kvlease.ops.cli.cluster_moves import move_text, wait_for_moves
+from kvlease.ops.cli.values import POSITIVE_DURATION, bucket_number, table_path
 
 
 def replica_list(_ctx, _param, value: str) -> list[int]:

@@ -8,11 +8,11 @@ import time
 
 import click
 
-from client.log_position import LogPosition
-from common import errors
-import ops.cli.output as out
-from ops.cli.app import State, catch_errors, common_options, kvlease, pass_state
-from ops.cli.values import EPOCH_MS, POSITIVE_DURATION, bucket_number, int64, table_path
+from kvlease.client.log_position import LogPosition
+from kvlease.common import errors
+import kvlease.ops.cli.output as out
+from kvlease.ops.cli.app import State, catch_errors, common_options, kvlease, pass_state
+from kvlease.ops.cli.values import EPOCH_MS, POSITIVE_DURATION, bucket_number, int64, table_path
 
 
 @kvlease.command("log")

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import click
 
-from common import errors
-from ops import local_cluster
-from ops.cli.app import State, catch_errors, cluster_dir_options, kvlease, pass_state
-from ops.cli.values import POSITIVE_DURATION
+from kvlease.common import errors
+from kvlease.ops import local_cluster
+from kvlease.ops.cli.app import State, catch_errors, cluster_dir_options, kvlease, pass_state
+from kvlease.ops.cli.values import POSITIVE_DURATION
 
 
 @kvlease.group("cluster")

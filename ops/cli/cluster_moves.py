@@ -15,10 +15,10 @@ from typing import Callable, Iterable
 
 import click
 
-from common import errors
-from ops.cli.app import State, catch_errors, common_options, pass_state
-from ops.cli.cluster import cluster_group
-from ops.cli.values import POSITIVE_DURATION, int64
+from kvlease.common import errors
+from kvlease.ops.cli.app import State, catch_errors, common_options, pass_state
+from kvlease.ops.cli.cluster import cluster_group
+from kvlease.ops.cli.values import POSITIVE_DURATION, int64
 
 #: How often --wait asks for the moves in progress.
 POLL_S = 0.5

@@ -1,4 +1,4 @@
-"""The row commands: ``kvlease put``, ``get`` and ``delete`` (``log`` is in :mod:`ops.cli.changelog`)."""
+"""The row commands: ``kvlease put``, ``get`` and ``delete`` (``log`` is in :mod:`kvlease.ops.cli.changelog`)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from typing import BinaryIO
 import click
 import pyarrow as pa
 
-from common import errors
-import ops.cli.output as out
-from ops.cli.app import State, catch_errors, common_options, kvlease, pass_state
-from ops.cli.put_sources import FORMATS, Reader, source_format
-from ops.cli.values import parse_keys, table_path
+from kvlease.common import errors
+import kvlease.ops.cli.output as out
+from kvlease.ops.cli.app import State, catch_errors, common_options, kvlease, pass_state
+from kvlease.ops.cli.put_sources import FORMATS, Reader, source_format
+from kvlease.ops.cli.values import parse_keys, table_path
 
 PUT_BATCH_ROWS = 10_000
 

@@ -1,4 +1,4 @@
-"""``kvlease demo``: the end-to-end demo (:mod:`ops.demo`)."""
+"""``kvlease demo``: the end-to-end demo (:mod:`kvlease.ops.demo`)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import time
 
 import click
 
-from ops import demo as demo_run
-from ops.cli.app import State, catch_errors, kvlease, pass_state
+from kvlease.ops import demo as demo_run
+from kvlease.ops.cli.app import State, catch_errors, kvlease, pass_state
 
 
 def _printer():

@@ -1,7 +1,7 @@
 """The JSON documents the CLI prints (docs/architecture.md, "CLI JSON shapes"), pure functions of the answers, and the
 time and cell formats the text output shares with them.
 
-:mod:`ops.cli.output` renders these documents (text tables or JSON) and
+:mod:`kvlease.ops.cli.output` renders these documents (text tables or JSON) and
 re-exports them, so the commands use one module, ``out``.
 """
 
@@ -14,8 +14,8 @@ from datetime import date, datetime, timedelta, timezone
 from typing import Any, Iterable, Mapping
 
 
-from common.tables import TableInfo
-from common.model import Lease, TableBucket
+from kvlease.common.tables import TableInfo
+from kvlease.common.model import Lease, TableBucket
 
 # -- documents (the JSON contract) ---------------------------------------------------
 
@@ -79,7 +79,7 @@ def acquire_doc(lease_id: str, expiration_time: int, acquired: Mapping[TableBuck
 
 
 def snapshots_doc(table: str, snapshots: Iterable[Any]) -> dict:
-    """``snapshot list``; ``snapshots`` are :class:`client.admin.SnapshotInfo`."""
+    """``snapshot list``; ``snapshots`` are :class:`kvlease.client.admin.SnapshotInfo`."""
     rows = sorted(snapshots, key=lambda s: (s.bucket.sort_key(), s.snapshot_id))
     return {"table": table, "snapshots": [
         {"bucket": s.bucket.bucket, "snapshot_id": s.snapshot_id, "log_offset": s.log_offset,
@@ -127,7 +127,7 @@ def scan_doc(table: str, rows: Iterable[Mapping[str, Any]], log_offsets: Mapping
 
 
 def committed_doc(table: str, outcomes: Iterable[Any], waited: bool) -> dict:
-    """``snapshot trigger``; ``outcomes`` are :class:`client.snapshot_trigger.BucketOutcome`. ``snapshots``:
+    """``snapshot trigger``; ``outcomes`` are :class:`kvlease.client.snapshot_trigger.BucketOutcome`. ``snapshots``:
     each bucket's snapshot as of the trigger, ``new`` if this trigger committed it (else nothing was
     written since); ``empty``: buckets never written; ``not_committed``: the buckets that failed."""
     outcomes = sorted(outcomes)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import click
 
-from common import errors
-from common.model import TableBucket
-import ops.cli.output as out
-from ops.cli.app import State, catch_errors, common_options, kvlease, pass_state
-from ops.cli.values import LEASE_ID, LEASE_OWNER, POSITIVE_DURATION, BucketList, BucketSnapshot, table_path
+from kvlease.common import errors
+from kvlease.common.model import TableBucket
+import kvlease.ops.cli.output as out
+from kvlease.ops.cli.app import State, catch_errors, common_options, kvlease, pass_state
+from kvlease.ops.cli.values import LEASE_ID, LEASE_OWNER, POSITIVE_DURATION, BucketList, BucketSnapshot, table_path
 
 #: ``--owner``: the reader a lease belongs to (see "Owners" in docs/architecture.md, "Leases")
 owner_option = click.option(

@@ -1,7 +1,7 @@
 """What the CLI prints: text tables (rich) or exactly one JSON document.
 
 The CLI turns every answer into the JSON document docs/architecture.md's "CLI JSON shapes"
-specifies (the ``*_doc`` functions of :mod:`ops.cli.documents`, pure and unit-tested,
+specifies (the ``*_doc`` functions of :mod:`kvlease.ops.cli.documents`, pure and unit-tested,
 re-exported here); an
 :class:`Output` then renders that document. :class:`JsonOutput` prints it as
 one JSON document on stdout and refuses a second one; :class:`TextOutput`
@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table as RichTable
 
-from ops.cli.documents import (acquire_doc, bucket_docs, cell_text, committed_doc, format_span, format_time_ms,
+from kvlease.ops.cli.documents import (acquire_doc, bucket_docs, cell_text, committed_doc, format_span, format_time_ms,
                                  iso_time_ms, json_value, lease_doc, leases_doc, log_record_doc, log_record_line,
                                  row_doc, rows_doc, scan_doc, snapshots_doc, table_doc, table_name, tables_doc,
                                  assignment_docs)
@@ -330,9 +330,9 @@ class TextOutput(Output):
             self._print(f"{table}: no bucket changed since its last snapshot; nothing committed")
 
     def scan(self, doc: Mapping[str, Any]) -> None:
-        """Plain aligned text (:mod:`ops.cli.text_table`): a rich table of 200,000 rows took minutes."""
+        """Plain aligned text (:mod:`kvlease.ops.cli.text_table`): a rich table of 200,000 rows took minutes."""
         if doc["rows"]:
-            from ops.cli.text_table import write_rows
+            from kvlease.ops.cli.text_table import write_rows
 
             names = list(doc["rows"][0])
             write_rows(self.console.file, names, list(zip(*map(dict.values, doc["rows"]))))

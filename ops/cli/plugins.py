@@ -1,19 +1,19 @@
 """``kvlease bench NAME`` (the benchmark suite) and ``kvlease drill NAME`` (plug-ins).
 
 ``kvlease bench NAME [ARGS…]`` hands NAME and everything after it to
-:func:`ops.bench.main`, which parses the benchmark's own options, runs
+:func:`kvlease.ops.bench.main`, which parses the benchmark's own options, runs
 it and prints (and plots) the figures; a bad name or option is one line
 ``error: …`` and exit code 2, before anything runs.
 
 Drills: ``kvlease drill NAME`` imports the module the drill registry
-(:data:`ops.drills.DRILLS`) names for NAME (``coordinator-failover`` is
+(:data:`kvlease.ops.drills.DRILLS`) names for NAME (``coordinator-failover`` is
 ``ops/drills/coordinator_failover.py``) and calls ``main(cluster_dir: str,
 json_output: bool, **options)`` with the drill options given on the command
 line (``--rounds``, …; a module that lists the ones it takes in ``OPTIONS``
 gets a usage error for any other). An int
 returned is the exit code (anything else means 0); a module prints its own
 result (one JSON document when ``json_output``) and raises
-:class:`common.errors.KvLeaseError` for failures the CLI should report.
+:class:`kvlease.common.errors.KvLeaseError` for failures the CLI should report.
 ``kvlease drill --help`` lists the drills with the first two paragraphs of
 each module's docstring (read, not imported), by name.
 """
@@ -24,11 +24,11 @@ import re
 
 import click
 
-from common import errors
-from ops import bench as bench_suite
-from ops.cli.app import State, catch_errors, cluster_dir_options, kvlease, pass_state
-from ops.cli.cluster import cluster_dir
-from ops.drills import DRILLS, SkipError, check_skip, drill_module, drill_summary
+from kvlease.common import errors
+from kvlease.ops import bench as bench_suite
+from kvlease.ops.cli.app import State, catch_errors, cluster_dir_options, kvlease, pass_state
+from kvlease.ops.cli.cluster import cluster_dir
+from kvlease.ops.drills import DRILLS, SkipError, check_skip, drill_module, drill_summary
 
 DRILL_NAME = re.compile(r"[a-z][a-z0-9_-]*")  # fullmatch: "$" matches before a final newline
 #: Drill options of the command line -> the keyword a drill's main() gets (given ones only).

@@ -6,7 +6,7 @@ lines, CSV) or an Arrow ``RecordBatch`` of the table's column types (Parquet), `
 (JSON lines, CSV: the line a record starts on) or the row number (Parquet, from 1) of ``rows[i]``. A
 value that cannot be one of its column's type is an InvalidRowError naming the line (or row) and the
 column. CSV: the first record names the columns; an empty field is null, except in a STRING column
-(an empty string); values are read as ``kvlease put`` reads text (:func:`ops.cli.values.convert_value`).
+(an empty string); values are read as ``kvlease put`` reads text (:func:`kvlease.ops.cli.values.convert_value`).
 The standard library's csv reader is used, not pyarrow's, because it knows the line of every record.
 """
 
@@ -19,10 +19,10 @@ from typing import Any, BinaryIO, Iterator
 
 import pyarrow as pa
 
-from common import errors
-from common.codec_arrays import ARROW_TYPES
-from common.tables import TableInfo
-from ops.cli.values import convert_value, parse_json_row
+from kvlease.common import errors
+from kvlease.common.codec_arrays import ARROW_TYPES
+from kvlease.common.tables import TableInfo
+from kvlease.ops.cli.values import convert_value, parse_json_row
 
 FORMATS = ("jsonl", "csv", "parquet")
 _EXTENSIONS = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}

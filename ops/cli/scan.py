@@ -6,10 +6,10 @@ import sys
 
 import click
 
-from common import errors
-import ops.cli.output as out
-from ops.cli.app import State, catch_errors, common_options, kvlease, pass_state
-from ops.cli.values import BucketList, int64, table_path
+from kvlease.common import errors
+import kvlease.ops.cli.output as out
+from kvlease.ops.cli.app import State, catch_errors, common_options, kvlease, pass_state
+from kvlease.ops.cli.values import BucketList, int64, table_path
 
 
 @kvlease.command("scan")

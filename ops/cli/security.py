@@ -16,10 +16,10 @@ import sys
 
 import click
 
-from common import errors
-from common.security.acl import AclBinding, Operation, Resource, check_principal
-from common.security.authn import check_user_name
-from ops.cli.app import OneLineUsageError, State, catch_errors, common_options, kvlease, pass_state
+from kvlease.common import errors
+from kvlease.common.security.acl import AclBinding, Operation, Resource, check_principal
+from kvlease.common.security.authn import check_user_name
+from kvlease.ops.cli.app import OneLineUsageError, State, catch_errors, common_options, kvlease, pass_state
 
 NEW_PASSWORD_ENV = "KVLEASE_NEW_USER_PASSWORD"
 

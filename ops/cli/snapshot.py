@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import click
 
-import ops.cli.output as out
-from ops.cli.app import State, catch_errors, common_options, kvlease, pass_state
-from ops.cli.values import table_path
+import kvlease.ops.cli.output as out
+from kvlease.ops.cli.app import State, catch_errors, common_options, kvlease, pass_state
+from kvlease.ops.cli.values import table_path
 
 
 @kvlease.group("snapshot")
@@ -37,7 +37,7 @@ def snapshot_trigger(state: State, path: str, wait: bool) -> None:
     With --wait: each bucket's snapshot as of now (committed now, or unchanged since an earlier one),
     progress on stderr as buckets finish; exit code 1 naming the buckets not committed, if any.
     """
-    from client.snapshot_trigger import FAILED, raise_failed, trigger_snapshots
+    from kvlease.client.snapshot_trigger import FAILED, raise_failed, trigger_snapshots
 
     client = state.table_client(path)
     table = client.table.path
@@ -49,9 +49,9 @@ def snapshot_trigger(state: State, path: str, wait: bool) -> None:
 
 
 def show_progress(table: str):
-    """An ``on_outcome`` for :func:`client.snapshot_trigger.trigger_snapshots`: a line on stderr per bucket
+    """An ``on_outcome`` for :func:`kvlease.client.snapshot_trigger.trigger_snapshots`: a line on stderr per bucket
     done (failures are listed at the end)."""
-    from client.snapshot_trigger import EMPTY, FAILED, UNCHANGED
+    from kvlease.client.snapshot_trigger import EMPTY, FAILED, UNCHANGED
 
     def show(outcome, done: int, total: int) -> None:
         if outcome.state == FAILED:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import click
 
-from common import errors
-from common.tables import MAX_BUCKETS, TableSpec, parse_schema, parse_table_path, validate_spec
-import ops.cli.output as out
-from ops.cli.app import State, catch_errors, common_options, kvlease, pass_state
-from ops.cli.values import bucket_number, table_path
+from kvlease.common import errors
+from kvlease.common.tables import MAX_BUCKETS, TableSpec, parse_schema, parse_table_path, validate_spec
+import kvlease.ops.cli.output as out
+from kvlease.ops.cli.app import State, catch_errors, common_options, kvlease, pass_state
+from kvlease.ops.cli.values import bucket_number, table_path
 
 
 @kvlease.group("table")

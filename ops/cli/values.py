@@ -3,7 +3,7 @@
 column values, keys and JSON rows for ``put``, ``get`` and ``delete``.
 
 A bad value on the command line is a usage error (exit 2); a bad JSON line of
-``put`` is :class:`common.errors.InvalidRowError` naming the line.
+``put`` is :class:`kvlease.common.errors.InvalidRowError` naming the line.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from typing import Any, Callable, Iterable
 
 import click
 
-from common import config as cfg
-from common import errors
-from common.model import lease_id_problem, lease_owner_problem
-from common.tables import INT_RANGE, TableInfo, parse_table_path
+from kvlease.common import config as cfg
+from kvlease.common import errors
+from kvlease.common.model import lease_id_problem, lease_owner_problem
+from kvlease.common.tables import INT_RANGE, TableInfo, parse_table_path
 
 
 # -- parameter types (client-side syntax checks: usage errors, exit 2) -------------------------

@@ -4,7 +4,7 @@ server while the query tails; then a check that the Parquet change rows give the
 
 :func:`run_demo` starts an embedded cluster in a directory (1 ZooKeeper node,
 2 coordinators, 2 tablet servers, ``file://`` remote storage, default
-settings) and a local SparkSession, runs :func:`ops.streaming.run_failover`
+settings) and a local SparkSession, runs :func:`kvlease.ops.streaming.run_failover`
 with :data:`DEMO_PLAN` (the writer, the query, both failovers, the killed
 tablet server started again, the checks) and returns a summary
 (:func:`render` prints it). Whatever happens (a failure, Ctrl-C) it stops
@@ -26,10 +26,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
-from common import errors
-from ops import local_cluster
-from ops import streaming
-from ops.check import MAX_SHOWN
+from kvlease.common import errors
+from kvlease.ops import local_cluster
+from kvlease.ops import streaming
+from kvlease.ops.check import MAX_SHOWN
 
 DEFAULT_ROWS = 100_000
 MIN_ROWS = 1_000
@@ -73,7 +73,7 @@ def run_demo(directory: str | None = None, *, rows: int = DEFAULT_ROWS, keep: bo
         local_cluster.start(cluster_dir, zk_nodes=ZK_NODES, coordinators=COORDINATORS, tablets=TABLETS,
                             config_overrides=config_overrides, progress=lambda text: progress(f"  {text}"))
         if own_spark:
-            from ops.streaming import local_session
+            from kvlease.ops.streaming import local_session
 
             progress(f"starting Spark (local[*]; its log: {base / 'spark.log'})")
             spark = local_session(base / "spark", app="kvlease-demo", log_file=base / "spark.log")
@@ -111,7 +111,7 @@ def _clean_up(base: Path, cluster_dir: Path, spark, keep: bool, outcome, progres
     """Stop Spark (``spark``: one the demo started) and the cluster (unless ``keep``), remove ``base`` if
     ``remove``; never raises."""
     if spark is not None:
-        from ops.streaming import stop_local_session
+        from kvlease.ops.streaming import stop_local_session
 
         try:
             stop_local_session(spark, log_file=base / "spark.log")

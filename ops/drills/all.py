@@ -6,7 +6,7 @@ spark-failover runs too. Options
 (--rounds, --clients, --seed, --outage) go to the drills that take them.
 
 A drill module may define ``check_shape(doc)`` (raising
-:class:`~ops.drills.cluster.ClusterShapeError`) and ``run(cluster_dir,
+:class:`~kvlease.ops.drills.cluster.ClusterShapeError`) and ``run(cluster_dir,
 **options) -> Report``; without ``run``, its ``main(cluster_dir,
 json_output=True, **options)`` is called and the JSON document it prints is
 read back. A drill that fails to run is a failed check in its report; the
@@ -20,12 +20,12 @@ import io
 import json
 from pathlib import Path
 
-from common import errors
-from ops import local_cluster
-from ops.drills.cluster import ClusterShapeError, require_whole
-from ops.drills.registry import check_skip, drill_module, drill_names
-from ops.check import Check
-from ops.drills.report import Report, finish
+from kvlease.common import errors
+from kvlease.ops import local_cluster
+from kvlease.ops.drills.cluster import ClusterShapeError, require_whole
+from kvlease.ops.drills.registry import check_skip, drill_module, drill_names
+from kvlease.ops.check import Check
+from kvlease.ops.drills.report import Report, finish
 
 OPTIONS = ("rounds", "clients", "seed", "outage", "skip")
 _module = drill_module

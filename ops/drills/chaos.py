@@ -15,7 +15,7 @@ again, every replica of the row table back in its ISR. Needs --coordinators 2
 and --tablets 1 or more. The load and the faults start once the query wrote its
 bootstrap: the query tails the changes through every fault.
 
-The faults (:mod:`ops.drills.chaos_plan`): ZooKeeper node restart, ZooKeeper leader
+The faults (:mod:`kvlease.ops.drills.chaos_plan`): ZooKeeper node restart, ZooKeeper leader
 loss (3-node ensembles), kill -9 of the active coordinator, SIGSTOP/SIGCONT of
 it (up to the session timeout + 2 s), tablet server restart, remote storage
 outage (``file://`` remotes), SIGSTOP/SIGCONT of the leader of a bucket of the
@@ -38,21 +38,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-from client.table import TableClient
-import ops.drills.chaos_disks as chaos_disks
-import ops.drills.chaos_faults as chaos_faults
-import ops.drills.chaos_plan as cp
-from ops.streaming import ChaosStream
-from ops import local_cluster
-from ops.check import Check
-from ops.drills.report import Report, finish
-from ops.drills.chaos_readers import Readers
-from ops.drills.cluster import DrillCluster, failure_timeout_s, in_sync_since, require, session_timeout_s
-from ops.drills.leases import LeaseDrill
-from ops.drills.read_checks import ReadOp, reads_in_order, reads_see_acknowledged_writes
-from ops.drills.faults import RemoteOutage
-from ops.drills.row_checks import rows_as_acknowledged
-from ops.drills.workload import Writers
+from kvlease.client.table import TableClient
+import kvlease.ops.drills.chaos_disks as chaos_disks
+import kvlease.ops.drills.chaos_faults as chaos_faults
+import kvlease.ops.drills.chaos_plan as cp
+from kvlease.ops.streaming import ChaosStream
+from kvlease.ops import local_cluster
+from kvlease.ops.check import Check
+from kvlease.ops.drills.report import Report, finish
+from kvlease.ops.drills.chaos_readers import Readers
+from kvlease.ops.drills.cluster import DrillCluster, failure_timeout_s, in_sync_since, require, session_timeout_s
+from kvlease.ops.drills.leases import LeaseDrill
+from kvlease.ops.drills.read_checks import ReadOp, reads_in_order, reads_see_acknowledged_writes
+from kvlease.ops.drills.faults import RemoteOutage
+from kvlease.ops.drills.row_checks import rows_as_acknowledged
+from kvlease.ops.drills.workload import Writers
 
 NAME = "chaos"
 OPTIONS = ("rounds", "clients", "seed")
@@ -83,7 +83,7 @@ def run(cluster_dir: str, rounds: int = 6, clients: int = LEASE_CLIENTS, seed: i
     scratch = Path(tempfile.mkdtemp(prefix="kvlease-drill-chaos-spark-"))
     try:
         if own_spark:
-            from ops.streaming import local_session
+            from kvlease.ops.streaming import local_session
 
             _progress(f"starting Spark (local[2]; its log: {scratch / 'spark.log'})")
             spark = local_session(scratch, cores=2, app="kvlease-drill-chaos", log_file=scratch / "spark.log")
@@ -91,7 +91,7 @@ def run(cluster_dir: str, rounds: int = 6, clients: int = LEASE_CLIENTS, seed: i
             _run(cluster, spark, faults, remote, clients, seed, report)
     finally:
         if own_spark and spark is not None:
-            from ops.streaming import stop_local_session
+            from kvlease.ops.streaming import stop_local_session
 
             stop_local_session(spark, log_file=scratch / "spark.log")
         shutil.rmtree(scratch, ignore_errors=True)

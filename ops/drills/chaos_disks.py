@@ -2,7 +2,7 @@
 
 Only on a local cluster whose tablet servers keep their data on small disks
 of their own (``kvlease cluster start --tablet-disk SIZE``: a tmpfs on each
-data dir, :mod:`ops.local_cluster.tablet_disks`), never on the host's disk.
+data dir, :mod:`kvlease.ops.local_cluster.tablet_disks`), never on the host's disk.
 One filler file (:data:`FILLER`, in the data dir: the server reads only
 numeric names and its own files there) is written until the disk has no
 byte left, and kept at that while the fault holds (space the server frees,
@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from ops import local_cluster
+from kvlease.ops import local_cluster
 
 FILLER = "kvlease-drill-disk-full.filler"
 _CHUNK = b"\0" * (1 << 20)

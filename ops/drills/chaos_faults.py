@@ -1,9 +1,9 @@
-"""Carrying out one planned fault (:mod:`ops.drills.chaos_plan`) on a running local cluster.
+"""Carrying out one planned fault (:mod:`kvlease.ops.drills.chaos_plan`) on a running local cluster.
 
 Every fault undoes itself before :func:`inject` returns: what was killed is
 started again (and serves), a paused process gets SIGCONT, the remote storage
 is put back, a full disk is freed, also when the fault itself fails half-way.
-Whatever is still down after an error, :class:`~ops.drills.cluster.DrillCluster`
+Whatever is still down after an error, :class:`~kvlease.ops.drills.cluster.DrillCluster`
 restarts when it closes. Each kind is carried out by its entry in :data:`HANDLERS`.
 """
 
@@ -13,13 +13,13 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from common.errors import KvLeaseError
-import ops.drills.chaos_plan as cp
-from ops import local_cluster
-from ops.drills.chaos_disks import DiskFill
-from ops.drills.cluster import DrillCluster
-from ops.drills.faults import RemoteOutage, paused
-from ops.wait import poll
+from kvlease.common.errors import KvLeaseError
+import kvlease.ops.drills.chaos_plan as cp
+from kvlease.ops import local_cluster
+from kvlease.ops.drills.chaos_disks import DiskFill
+from kvlease.ops.drills.cluster import DrillCluster
+from kvlease.ops.drills.faults import RemoteOutage, paused
+from kvlease.ops.wait import poll
 
 LEADER_WAIT_S = 30.0  # how long a tablet pause or full disk waits for its bucket to have a live leader to strike
 TOP_UP_EVERY_S = 0.2  # how often a full disk takes the room its server freed meanwhile

@@ -13,7 +13,7 @@ deterministic: the seed fixes the faults, not the timing of the traffic).
 A new kind of fault is a name in :data:`KINDS`, its condition in
 :func:`allowed_kinds`, how its target and duration are drawn in
 :data:`DRAWS`, its sentence in :data:`SAYS`, and how it is carried out in
-:data:`ops.drills.chaos_faults.HANDLERS`.
+:data:`kvlease.ops.drills.chaos_faults.HANDLERS`.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import random
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from common import config as cfg
-from ops import local_cluster
+from kvlease.common import config as cfg
+from kvlease.ops import local_cluster
 
 ZK_RESTART = "zk-restart"  # kill -9 of one ZooKeeper node, started again after hold_s
 ZK_LEADER_LOSS = "zk-leader-loss"  # kill -9 of the ensemble's leader, started again after hold_s

@@ -6,9 +6,9 @@ at a time, a mean :data:`THINK_S` apart, through a table client of its own
 leader the writers have moved away from (a paused one), as another process's
 client would; only its calls' own answers, and the re-routing of a call to a
 paused leader (``client/leader_watch.py``), bring it up to date. Every key of every lookup is kept as a
-:class:`~ops.drills.read_checks.ReadOp`: the lookup's send and answer times
+:class:`~kvlease.ops.drills.read_checks.ReadOp`: the lookup's send and answer times
 (``time.time()``, the clock of the writers' records), and the value read or
-the typed error's name when the lookup failed. :mod:`ops.drills.read_checks`
+the typed error's name when the lookup failed. :mod:`kvlease.ops.drills.read_checks`
 judges them against the writes.
 """
 
@@ -20,10 +20,10 @@ import time
 from collections import Counter
 from typing import Sequence
 
-from client.table import TableClient
-from ops.drills.crew import Crew
-from ops.drills.read_checks import ReadOp
-from ops.drills.workload import error_name
+from kvlease.client.table import TableClient
+from kvlease.ops.drills.crew import Crew
+from kvlease.ops.drills.read_checks import ReadOp
+from kvlease.ops.drills.workload import error_name
 
 READERS = 3
 KEYS_PER_LOOKUP = 4

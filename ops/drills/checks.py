@@ -1,4 +1,4 @@
-"""The drills' invariants as pure checkers: what a drill observed in, a :class:`~ops.drills.Check` out.
+"""The drills' invariants as pure checkers: what a drill observed in, a :class:`~kvlease.ops.drills.Check` out.
 
 No cluster, clock or I/O in here: a drill records what it did and what it read
 back (frozen records below), and each checker compares. Tests feed them planted
@@ -19,9 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping, Sequence
 
-from common.model import TableBucket
-from ops.check import Check
-from ops.drills.zk_txnlog import Txn
+from kvlease.common.model import TableBucket
+from kvlease.ops.check import Check
+from kvlease.ops.drills.zk_txnlog import Txn
 
 OK, NOT_FOUND, UNKNOWN = "ok", "not_found", "unknown"
 

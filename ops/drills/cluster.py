@@ -22,15 +22,15 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from common import config as cfg
-from common import errors
-from common.tables import Column
-from common.zk import make_client
-from client.admin import AdminClient, wait_for_active
-from ops import local_cluster
-from ops.check import Check
-from ops.local_cluster import four_letter
-from ops.wait import poll, wait_in_sync
+from kvlease.common import config as cfg
+from kvlease.common import errors
+from kvlease.common.tables import Column
+from kvlease.common.zk import make_client
+from kvlease.client.admin import AdminClient, wait_for_active
+from kvlease.ops import local_cluster
+from kvlease.ops.check import Check
+from kvlease.ops.local_cluster import four_letter
+from kvlease.ops.wait import poll, wait_in_sync
 
 DRILL_DB = "drill"
 
@@ -72,7 +72,7 @@ def _seconds(doc: dict[str, Any], role: str, key: cfg.Key) -> float:
 def in_sync_since(cluster: "DrillCluster", table_id: int, since: float,
                   timeout_s: float) -> tuple[Check, dict[int, int], float | None]:
     """Wait up to ``timeout_s`` until every bucket has a live leader and every replica in its ISR
-    (:func:`ops.wait.wait_in_sync`). Returns the check, each bucket's leader then, and the seconds from
+    (:func:`kvlease.ops.wait.wait_in_sync`). Returns the check, each bucket's leader then, and the seconds from
     ``since`` (wall clock) until then (None: it did not happen)."""
     state, behind, took = wait_in_sync(cluster.admin, table_id, timeout_s)
     check = Check.of(f"every replica back in the ISR within {timeout_s:g}s of the last fault", behind, len(state))

@@ -17,11 +17,11 @@ of the cluster (6 s): the killed coordinator's election node lives that long.
 
 from __future__ import annotations
 
-from ops.drills.report import Report, finish
-from ops.drills.checks import OK, recovered
-from ops.drills.cluster import DrillCluster, require
-from ops.drills.leases import LeaseDrill
-from ops import local_cluster
+from kvlease.ops.drills.report import Report, finish
+from kvlease.ops.drills.checks import OK, recovered
+from kvlease.ops.drills.cluster import DrillCluster, require
+from kvlease.ops.drills.leases import LeaseDrill
+from kvlease.ops import local_cluster
 
 NAME = "coordinator-failover"
 OPTIONS = ("rounds", "clients", "seed")

@@ -31,17 +31,17 @@ import signal
 import time
 from typing import Any
 
-from client.table import TableClient
-from common.tables import Column
-from ops import local_cluster
-from ops.drills.cluster import ClusterShapeError, DrillCluster, require
-from ops.drills.decommission_checks import mark_kept, moves_finished, one_replica_moved, retry_started_nothing_new
-from ops.drills.replica_drill import run_replica_drill, wait_in_sync
-from ops.drills.replica_traffic import Load
-from ops.check import Check
-from ops.drills.report import Report, finish
-from ops.drills.service_checks import isr_full
-from ops.wait import poll
+from kvlease.client.table import TableClient
+from kvlease.common.tables import Column
+from kvlease.ops import local_cluster
+from kvlease.ops.drills.cluster import ClusterShapeError, DrillCluster, require
+from kvlease.ops.drills.decommission_checks import mark_kept, moves_finished, one_replica_moved, retry_started_nothing_new
+from kvlease.ops.drills.replica_drill import run_replica_drill, wait_in_sync
+from kvlease.ops.drills.replica_traffic import Load
+from kvlease.ops.check import Check
+from kvlease.ops.drills.report import Report, finish
+from kvlease.ops.drills.service_checks import isr_full
+from kvlease.ops.wait import poll
 
 NAME = "decommission"
 OPTIONS = ("seed",)

@@ -6,7 +6,7 @@ No cluster, clock or I/O in here. A move is what
 ``AdminClient.decommission_tablet`` / ``list_reassignments`` answer: a dict
 naming at least its bucket (and its table, by path or id, and partition when
 it has them) or any other value, compared as it is. Where the buckets end up
-is checked by :func:`ops.drills.service_checks.isr_full` with the server
+is checked by :func:`kvlease.ops.drills.service_checks.isr_full` with the server
 ``away``.
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Hashable, Mapping, Sequence
 
-from ops.check import Check
+from kvlease.ops.check import Check
 
 
 def move_key(move: Any) -> Hashable:

@@ -30,15 +30,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from client.table import TableClient
-from ops import local_cluster
-from ops.drills.cluster import DrillCluster, require
-from ops.drills.disk_loss_checks import rebuilt_tables_equal, rejoined_within
-from ops.drills.replica_drill import IN_SYNC_BOUND_S, run_replica_drill, wait_in_sync
-from ops.drills.replica_traffic import Load
-from ops.check import Check
-from ops.drills.report import Report, finish
-from ops.wait import poll
+from kvlease.client.table import TableClient
+from kvlease.ops import local_cluster
+from kvlease.ops.drills.cluster import DrillCluster, require
+from kvlease.ops.drills.disk_loss_checks import rebuilt_tables_equal, rejoined_within
+from kvlease.ops.drills.replica_drill import IN_SYNC_BOUND_S, run_replica_drill, wait_in_sync
+from kvlease.ops.drills.replica_traffic import Load
+from kvlease.ops.check import Check
+from kvlease.ops.drills.report import Report, finish
+from kvlease.ops.wait import poll
 
 NAME = "disk-loss"
 OPTIONS = ("seed",)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping, Sequence
 
-from ops.drills.failover_checks import AFTER_IMAGES, DELETE, ChangeRecord
-from ops.check import Check
+from kvlease.ops.drills.failover_checks import AFTER_IMAGES, DELETE, ChangeRecord
+from kvlease.ops.check import Check
 
 MAX_LISTED = 20  # differing keys listed per replica
 

@@ -5,7 +5,7 @@ No cluster, clock or I/O in here: the drill records its acknowledged writes
 (with the offsets the server answered), the values its readers saw, the
 Spark stream's change rows, every replica's changelog and table, and the
 kill times and first successes after them; each checker compares and returns
-a :class:`~ops.drills.report.Check` whose violations say what broke in plain
+a :class:`~kvlease.ops.drills.report.Check` whose violations say what broke in plain
 words. Keys and values are ints (a value is unique per write in the drill, so
 a write's after-image names it); a delete has value None.
 """
@@ -17,8 +17,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Hashable, Iterable, Mapping, Sequence
 
-from ops.check import Check
-from ops.drills.row_checks import WriteOp, rows_as_acknowledged
+from kvlease.ops.check import Check
+from kvlease.ops.drills.row_checks import WriteOp, rows_as_acknowledged
 
 INSERT, UPDATE_BEFORE, UPDATE_AFTER, DELETE = "+I", "-U", "+U", "-D"
 AFTER_IMAGES = (INSERT, UPDATE_AFTER)
@@ -120,7 +120,7 @@ def acknowledged_writes_in_changelog(acked: Sequence[AckedWrite], changelogs: Ma
 def tables_as_acknowledged(history: Mapping[int, Sequence[WriteOp]],
                            tables: Mapping[str, Mapping[int, int | None]]) -> Check:
     """Every replica's final table holds what the writes say (an acknowledged write's value unless a later
-    write, acknowledged or not, may have replaced it): :func:`ops.drills.row_checks.rows_as_acknowledged`
+    write, acknowledged or not, may have replaced it): :func:`kvlease.ops.drills.row_checks.rows_as_acknowledged`
     with each replica's table as a source."""
     check = rows_as_acknowledged(history, tables)
     return Check.of("every acknowledged write's effect in the table of every replica", _capped(list(check.violations)),

@@ -21,9 +21,9 @@ import urllib.parse
 from pathlib import Path
 from typing import Iterator
 
-from common.storage import FileStorage
-from ops.drills.cluster import ClusterShapeError
-from ops.drills.lease_layout import LEASE_FILES
+from kvlease.common.storage import FileStorage
+from kvlease.ops.drills.cluster import ClusterShapeError
+from kvlease.ops.drills.lease_layout import LEASE_FILES
 
 ASIDE = ".remote-outage"  # suffix of the real directory's name during an outage
 RENAME_EXCHANGE = 2

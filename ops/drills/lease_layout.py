@@ -16,11 +16,11 @@ from typing import Callable, Mapping
 
 from kazoo.exceptions import NoNodeError
 
-from common import zkpaths
-from common.model import TableBucket
-from common.storage import StorageNotFound
-from common.zk import loads
-from ops.drills.checks import LeaseView, PointerSample
+from kvlease.common import zkpaths
+from kvlease.common.model import TableBucket
+from kvlease.common.storage import StorageNotFound
+from kvlease.common.zk import loads
+from kvlease.ops.drills.checks import LeaseView, PointerSample
 
 LEASE_FILES = "lease/kv-snapshot"  # docs/architecture.md, "Remote storage layout"
 

@@ -3,11 +3,11 @@
 :class:`LeaseDrill` gives a drill its own table with real snapshots, a
 *snapshotter* (writes rows and triggers a snapshot every 0.2 s, so old
 snapshots are subsumed while leases hold some), and *clients*: threads, each
-with its own :class:`~client.admin.AdminClient`, that acquire (random
+with its own :class:`~kvlease.client.admin.AdminClient`, that acquire (random
 snapshots of random buckets), renew, release and drop their own leases and
-record every call (:class:`~ops.drills.checks.LeaseOp`). Once stopped it reads
+record every call (:class:`~kvlease.ops.drills.checks.LeaseOp`). Once stopped it reads
 the leases back from the active coordinator (describe and list) and from
-ZooKeeper + the lease files (:mod:`ops.drills.lease_layout`: the documented layout, not
+ZooKeeper + the lease files (:mod:`kvlease.ops.drills.lease_layout`: the documented layout, not
 the coordinator's code), and the files of every leased snapshot; then
 :meth:`LeaseDrill.checks` runs the checkers. Closing drops the drill's leases
 and its table.
@@ -21,22 +21,22 @@ import time
 from collections import Counter, defaultdict
 from typing import Any, Callable, Mapping
 
-from common import config as cfg
-from common import errors
-from common.kvsnapshot import manifest_path, read_manifest
-from common.model import TableBucket
-from common.storage import StorageNotFound
-from client.admin import AdminClient
-from client.table import TableClient
-from ops.check import Check
-from ops.drills.checks import (NOT_FOUND, OK, UNKNOWN, LeaseOp, LeaseView, leased_files_exist,
+from kvlease.common import config as cfg
+from kvlease.common import errors
+from kvlease.common.kvsnapshot import manifest_path, read_manifest
+from kvlease.common.model import TableBucket
+from kvlease.common.storage import StorageNotFound
+from kvlease.client.admin import AdminClient
+from kvlease.client.table import TableClient
+from kvlease.ops.check import Check
+from kvlease.ops.drills.checks import (NOT_FOUND, OK, UNKNOWN, LeaseOp, LeaseView, leased_files_exist,
                               leases_as_acknowledged, no_deposed_writes)
-from ops.drills.cluster import DrillCluster
-from ops.drills.crew import Crew
-from ops.drills.lease_layout import lease_nodes, persisted_views, view_of
-from ops.drills.workload import error_name
-from ops.drills.zk_txnlog import read_txns
-from ops.wait import poll
+from kvlease.ops.drills.cluster import DrillCluster
+from kvlease.ops.drills.crew import Crew
+from kvlease.ops.drills.lease_layout import lease_nodes, persisted_views, view_of
+from kvlease.ops.drills.workload import error_name
+from kvlease.ops.drills.zk_txnlog import read_txns
+from kvlease.ops.wait import poll
 
 DURATION_MS = 10 * 60_000  # nothing expires during a drill
 THINK_S = 0.05  # between two calls of one client

@@ -1,7 +1,7 @@
 """Pure checkers of lookups made during the faults: reads never go back in time (linearizable reads).
 
 Each key is written by one client thread, one call at a time (as in
-:mod:`ops.drills.row_checks`), so its writes ``w0, w1, …`` have an order, and
+:mod:`kvlease.ops.drills.row_checks`), so its writes ``w0, w1, …`` have an order, and
 its state at any instant is the value of one of them (or no row: before the
 first write, after a delete). A lookup is *sent* at ``t0`` and *answered* at
 ``t1``; its answer is the key's state at some instant between the two. The
@@ -27,8 +27,8 @@ import time
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
-from ops.check import Check
-from ops.drills.row_checks import WriteOp
+from kvlease.ops.check import Check
+from kvlease.ops.drills.row_checks import WriteOp
 
 MAX_LISTED = 20  # violations listed per check; the rest are counted
 

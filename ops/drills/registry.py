@@ -14,21 +14,21 @@ import importlib
 import importlib.util
 from types import ModuleType
 
-from common import errors
+from kvlease.common import errors
 
 #: drill name -> its module, in the order ``all`` runs them (``all`` last).
 DRILLS: dict[str, str] = {
-    "coordinator-failover": "ops.drills.coordinator_failover",
-    "zk-leader-loss": "ops.drills.zk_leader_loss",
-    "tablet-restart": "ops.drills.tablet_restart",
-    "tablet-failover": "ops.drills.tablet_failover",
-    "rolling-restart": "ops.drills.rolling_restart",
-    "disk-loss": "ops.drills.disk_loss",
-    "decommission": "ops.drills.decommission",
-    "remote-outage": "ops.drills.remote_outage",
-    "spark-failover": "ops.drills.spark_failover",
-    "chaos": "ops.drills.chaos",
-    "all": "ops.drills.all",
+    "coordinator-failover": "kvlease.ops.drills.coordinator_failover",
+    "zk-leader-loss": "kvlease.ops.drills.zk_leader_loss",
+    "tablet-restart": "kvlease.ops.drills.tablet_restart",
+    "tablet-failover": "kvlease.ops.drills.tablet_failover",
+    "rolling-restart": "kvlease.ops.drills.rolling_restart",
+    "disk-loss": "kvlease.ops.drills.disk_loss",
+    "decommission": "kvlease.ops.drills.decommission",
+    "remote-outage": "kvlease.ops.drills.remote_outage",
+    "spark-failover": "kvlease.ops.drills.spark_failover",
+    "chaos": "kvlease.ops.drills.chaos",
+    "all": "kvlease.ops.drills.all",
 }
 ALL = "all"
 

@@ -13,21 +13,21 @@ remote root is swapped, atomically (``renameat2(RENAME_EXCHANGE)``), with a
 plain file. Every path under it then fails (ENOTDIR) for every process, and
 swapping back restores it as it was. If a drill is killed mid-outage, the
 next drill on the cluster swaps it back first.
-(:class:`ops.drills.faults.RemoteOutage`, which chaos uses too.)
+(:class:`kvlease.ops.drills.faults.RemoteOutage`, which chaos uses too.)
 """
 
 from __future__ import annotations
 
 import time
 
-from ops import local_cluster
-from ops.drills.report import Report, finish
-from ops.drills.checks import OK, failures_clean, no_orphan_files, pointers_resolve, recovered
-from ops.drills.cluster import DrillCluster, require
-from ops.drills.faults import RemoteOutage
-from ops.drills.leases import LeaseDrill
-from ops.drills.lease_layout import lease_nodes, pointer_sample, pointers
-from ops.wait import poll
+from kvlease.ops import local_cluster
+from kvlease.ops.drills.report import Report, finish
+from kvlease.ops.drills.checks import OK, failures_clean, no_orphan_files, pointers_resolve, recovered
+from kvlease.ops.drills.cluster import DrillCluster, require
+from kvlease.ops.drills.faults import RemoteOutage
+from kvlease.ops.drills.leases import LeaseDrill
+from kvlease.ops.drills.lease_layout import lease_nodes, pointer_sample, pointers
+from kvlease.ops.wait import poll
 
 NAME = "remote-outage"
 OPTIONS = ("clients", "seed", "outage")

@@ -22,20 +22,20 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from client.snapshot_read import read_snapshot
-from client.table import TableClient
-from common.tables import Column
-from ops.drills.cluster import DRILL_DB, DrillCluster
-from ops.drills.disk_loss_checks import replica_table
-from ops.drills.failover_checks import (Read, acknowledged_writes_in_changelog, reads_committed, replicas_identical,
+from kvlease.client.snapshot_read import read_snapshot
+from kvlease.client.table import TableClient
+from kvlease.common.tables import Column
+from kvlease.ops.drills.cluster import DRILL_DB, DrillCluster
+from kvlease.ops.drills.disk_loss_checks import replica_table
+from kvlease.ops.drills.failover_checks import (Read, acknowledged_writes_in_changelog, reads_committed, replicas_identical,
                                         tables_as_acknowledged)
-from ops.drills.replica_logs import change_records, describe_frame, fingerprints, log_starts, read_replica_logs
-from ops.drills.replica_traffic import Load
-from ops.check import Check
-from ops.drills.report import Report
-from ops.drills.row_checks import scans_end_cleanly, scans_match
-from ops.drills.service_checks import isr_full, no_client_errors
-import ops.wait as ops_wait
+from kvlease.ops.drills.replica_logs import change_records, describe_frame, fingerprints, log_starts, read_replica_logs
+from kvlease.ops.drills.replica_traffic import Load
+from kvlease.ops.check import Check
+from kvlease.ops.drills.report import Report
+from kvlease.ops.drills.row_checks import scans_end_cleanly, scans_match
+from kvlease.ops.drills.service_checks import isr_full, no_client_errors
+import kvlease.ops.wait as ops_wait
 
 KEYS = 400
 BUCKETS = 4
@@ -72,7 +72,7 @@ def run_replica_drill(cluster_dir: str, name: str, replication: int, min_insync:
 def wait_in_sync(cluster: DrillCluster, table_id: int, timeout_s: float = IN_SYNC_BOUND_S,
                  away: frozenset[int] = frozenset()) -> tuple[dict, float | None]:
     """Wait up to ``timeout_s`` until every bucket has a live leader, every replica in its ISR and none on
-    ``away`` (:func:`ops.wait.wait_in_sync` with :func:`~ops.drills.service_checks.isr_full` as its rule);
+    ``away`` (:func:`kvlease.ops.wait.wait_in_sync` with :func:`~kvlease.ops.drills.service_checks.isr_full` as its rule);
     returns the buckets' state then and the seconds it took (None: it did not happen)."""
     def lagging(state: dict) -> list[str]:
         return list(isr_full(state, len(next(iter(state.values())).replicas), away).violations)

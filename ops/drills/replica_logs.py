@@ -4,7 +4,7 @@ A bucket's changelog is ``<tablet home>/data/<table id>/<bucket>/log/{base offse
 entries back to back (common/logentry.py, docs/changelog.md). The files are read while the servers run,
 read-only; a frame still being written at a segment's end is left out. Each entry is kept with its frame
 bytes (its fingerprint: replicas append entries byte for byte) and its records decoded with ``id`` as key
-and ``v`` as value (:class:`~ops.drills.failover_checks.ChangeRecord`).
+and ``v`` as value (:class:`~kvlease.ops.drills.failover_checks.ChangeRecord`).
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from client.log_records import decode_records, entry_records
-from common.codec import RowCodec
-from common.logentry import ChangeType, CorruptLogError, LogEntry, decode_entry, read_header
-from ops.drills.failover_checks import ChangeRecord
+from kvlease.client.log_records import decode_records, entry_records
+from kvlease.common.codec import RowCodec
+from kvlease.common.logentry import ChangeType, CorruptLogError, LogEntry, decode_entry, read_header
+from kvlease.ops.drills.failover_checks import ChangeRecord
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The load the replica drills (rolling-restart, disk-loss, decommission) keep up while they move servers.
 
-:class:`Load` runs, through one :class:`~client.table.TableClient` with the
+:class:`Load` runs, through one :class:`~kvlease.client.table.TableClient` with the
 client's own retries, the tablet-failover drill's writers (threads owning
 their keys, idempotent upserts and deletes, every acknowledged write kept
 with the offsets the server answered), a reader looking up keys of every
@@ -17,10 +17,10 @@ import threading
 import time
 from collections import Counter
 
-from client.table import TableClient
-from ops.drills.failover_checks import Read
-from ops.drills.row_checks import ScanRecord
-from ops.drills.workload import AckedWriters, error_name
+from kvlease.client.table import TableClient
+from kvlease.ops.drills.failover_checks import Read
+from kvlease.ops.drills.row_checks import ScanRecord
+from kvlease.ops.drills.workload import AckedWriters, error_name
 
 LOOKUP_KEYS = 4  # keys per lookup call, all of one bucket
 LOOKUP_PAUSE_S = 0.02
@@ -64,7 +64,7 @@ class Reader(threading.Thread):
 
 class Scans(threading.Thread):
     """Resuming live scans (``resume=True``) of one bucket after another until stopped; each recorded as a
-    :class:`~ops.drills.row_checks.ScanRecord`."""
+    :class:`~kvlease.ops.drills.row_checks.ScanRecord`."""
 
     def __init__(self, client: TableClient, buckets: list[int], stop: threading.Event) -> None:
         super().__init__(name="drill-scans", daemon=True)

@@ -1,9 +1,9 @@
 """What every failure drill shares: the report of its checks, and how it is printed.
 
-A drill (a module of ``ops/drills/`` named in :data:`ops.drills.registry.DRILLS`,
+A drill (a module of ``ops/drills/`` named in :data:`kvlease.ops.drills.registry.DRILLS`,
 run by ``kvlease drill <name>``) drives
 traffic through the public clients, injects one fault, and then checks its
-invariants. Each invariant is a :class:`~ops.check.Check` built by a pure checker
+invariants. Each invariant is a :class:`~kvlease.ops.check.Check` built by a pure checker
 function from what the drill observed (e.g. the leases it was acknowledged
 vs the leases the cluster reads back), so a checker can be fed a planted
 violation in a test. The drill's :class:`Report` collects the checks and the
@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from ops.check import MAX_SHOWN, Check
+from kvlease.ops.check import MAX_SHOWN, Check
 
 EXIT_OK = 0
 EXIT_VIOLATED = 1

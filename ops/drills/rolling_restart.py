@@ -26,14 +26,14 @@ import signal
 import time
 from typing import Any
 
-from client.table import TableClient
-from ops import local_cluster
-from ops.drills.cluster import DrillCluster, require
-from ops.drills.replica_drill import IN_SYNC_BOUND_S, run_replica_drill, wait_in_sync
-from ops.drills.replica_traffic import Load
-from ops.check import Check
-from ops.drills.report import Report, finish
-from ops.drills.service_checks import led_by_preferred, leaders_spread
+from kvlease.client.table import TableClient
+from kvlease.ops import local_cluster
+from kvlease.ops.drills.cluster import DrillCluster, require
+from kvlease.ops.drills.replica_drill import IN_SYNC_BOUND_S, run_replica_drill, wait_in_sync
+from kvlease.ops.drills.replica_traffic import Load
+from kvlease.ops.check import Check
+from kvlease.ops.drills.report import Report, finish
+from kvlease.ops.drills.service_checks import led_by_preferred, leaders_spread
 
 NAME = "rolling-restart"
 OPTIONS = ("seed",)

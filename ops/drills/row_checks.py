@@ -14,8 +14,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from ops.check import Check
-from ops.drills.checks import UNTYPED
+from kvlease.ops.check import Check
+from kvlease.ops.drills.checks import UNTYPED
 
 INF = float("inf")
 

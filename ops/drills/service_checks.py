@@ -2,17 +2,17 @@
 refused, and the buckets' replicas, ISRs and leaders read back at the end.
 
 No cluster, clock or I/O in here: a bucket's state is the
-:class:`~client.admin_types.BucketLeader` the coordinator answered (replicas,
+:class:`~kvlease.client.admin_types.BucketLeader` the coordinator answered (replicas,
 ISR, leader), failures are counts per kind of call and error name. Each
-checker returns a :class:`~ops.drills.report.Check` naming what broke.
+checker returns a :class:`~kvlease.ops.drills.report.Check` naming what broke.
 """
 
 from __future__ import annotations
 
 from typing import Iterable, Mapping, Sequence
 
-from client.admin_types import BucketLeader
-from ops.check import Check
+from kvlease.client.admin_types import BucketLeader
+from kvlease.ops.check import Check
 
 
 def no_client_errors(failures: Mapping[str, Mapping[str, int]], calls: Mapping[str, int]) -> Check:

@@ -1,13 +1,13 @@
 """``kvlease drill spark-failover --cluster DIR [--json]``: a Spark bootstrap-then-tail query while the active
 coordinator is killed; the query's output must equal the table.
 
-Runs :func:`ops.streaming.run_failover` (the scenario ``kvlease demo`` shows)
+Runs :func:`kvlease.ops.streaming.run_failover` (the scenario ``kvlease demo`` shows)
 against a running local cluster with at least two coordinators and one
 tablet server, on a table of its own (``drill.spark_failover_<random>``,
 dropped at the end) and a local SparkSession (started and stopped here
 unless one is passed in). Every coordinator that ran before and was killed
 is started again afterwards, so the cluster keeps its shape. Checks: those
-of the scenario (:mod:`ops.streaming.feed_check`, the lease), plus that the killed
+of the scenario (:mod:`kvlease.ops.streaming.feed_check`, the lease), plus that the killed
 coordinator is back. Figures: rows, change rows, micro-batches, snapshots
 leased and released, the failover time.
 """
@@ -21,13 +21,13 @@ import time
 import uuid
 from pathlib import Path
 
-from client.admin import AdminClient
-from common import errors
-from ops import local_cluster
-from ops import streaming
-from ops.check import Check
-from ops.drills.report import Report, finish
-from ops.drills.cluster import DrillCluster, require
+from kvlease.client.admin import AdminClient
+from kvlease.common import errors
+from kvlease.ops import local_cluster
+from kvlease.ops import streaming
+from kvlease.ops.check import Check
+from kvlease.ops.drills.report import Report, finish
+from kvlease.ops.drills.cluster import DrillCluster, require
 
 NAME = "spark-failover"
 OPTIONS: tuple[str, ...] = ()  # a fixed scenario: one kill (kvlease drill refuses --rounds etc.)
@@ -43,7 +43,7 @@ def check_shape(doc: dict) -> None:
 
 
 def main(cluster_dir: str, json_output: bool = False, *, rows: int = DEFAULT_ROWS, spark=None) -> int:
-    """Run the drill; returns the exit code of :func:`ops.drills.finish`. ``spark``: a SparkSession to use
+    """Run the drill; returns the exit code of :func:`kvlease.ops.drills.finish`. ``spark``: a SparkSession to use
     (left running)."""
     running = _running_coordinators(cluster_dir)
     work = Path(tempfile.mkdtemp(prefix="kvlease-drill-spark-failover-"))
@@ -53,7 +53,7 @@ def main(cluster_dir: str, json_output: bool = False, *, rows: int = DEFAULT_ROW
     report = Report(NAME)
     try:
         if own_spark:
-            from ops.streaming import local_session
+            from kvlease.ops.streaming import local_session
 
             _progress(f"starting Spark (local[*]; its log: {work / 'spark.log'})")
             spark = local_session(work / "spark", app="kvlease-drill-spark-failover", log_file=work / "spark.log")
@@ -64,7 +64,7 @@ def main(cluster_dir: str, json_output: bool = False, *, rows: int = DEFAULT_ROW
         report.figures["active_coordinator"] = outcome.failover.get("active")
     finally:
         if own_spark and spark is not None:
-            from ops.streaming import stop_local_session
+            from kvlease.ops.streaming import stop_local_session
 
             stop_local_session(spark)
         restarted = _restart(cluster_dir, running)

@@ -13,7 +13,7 @@ and its rows applied in (bucket, offset) order equal the table. Needs --tablets 
 (a table with replication factor 3 and min.insync-replicas 2).
 
 Writers (threads, each owning its keys) upsert and delete through
-:class:`~client.table.TableClient` with idempotent retries; a reader looks up
+:class:`~kvlease.client.table.TableClient` with idempotent retries; a reader looks up
 keys of every bucket all along, one bucket per call with a short request
 timeout, which also times when a bucket is served again; each round a scanner
 (resume=True) reads one of the victim's buckets, one batch before the fault
@@ -22,7 +22,7 @@ changelog is read from its data dir (ops/drills/replica_logs.py); a replica's
 table is its changelog applied up to the high watermark (its RocksDB is not
 read: the tablet server keeps it open and RocksDB's WAL is off, so memtable
 rows are only in the changelog). The Spark query is the chaos drill's
-(:class:`ops.streaming.ChaosStream`: Parquet, one directory per micro-batch,
+(:class:`kvlease.ops.streaming.ChaosStream`: Parquet, one directory per micro-batch,
 checked by ops/streaming/feed_check.py once it read every bucket to its end).
 """
 
@@ -38,21 +38,21 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from client.table import TableClient
-from common import errors
-from common.tables import Column
-from ops import local_cluster
-from ops.streaming import BOOTSTRAP_BOUND_S, ChaosStream
-from ops.drills.cluster import DRILL_DB, DrillCluster, in_sync_since, require, session_timeout_s
-from ops.drills.faults import paused
-from ops.drills.failover_checks import (Outage, Read, acknowledged_writes_in_changelog, apply_changes,
+from kvlease.client.table import TableClient
+from kvlease.common import errors
+from kvlease.common.tables import Column
+from kvlease.ops import local_cluster
+from kvlease.ops.streaming import BOOTSTRAP_BOUND_S, ChaosStream
+from kvlease.ops.drills.cluster import DRILL_DB, DrillCluster, in_sync_since, require, session_timeout_s
+from kvlease.ops.drills.faults import paused
+from kvlease.ops.drills.failover_checks import (Outage, Read, acknowledged_writes_in_changelog, apply_changes,
                                         leaders_served_within, reads_committed, replicas_identical,
                                         tables_as_acknowledged)
-from ops.drills.replica_logs import ReplicaLogs, change_records, describe_frame, fingerprints, read_replica_logs
-from ops.check import Check
-from ops.drills.report import Report, finish
-from ops.drills.row_checks import ScanRecord, scans_end_cleanly, scans_match
-from ops.drills.workload import AckedWriters, scan_after_kill
+from kvlease.ops.drills.replica_logs import ReplicaLogs, change_records, describe_frame, fingerprints, read_replica_logs
+from kvlease.ops.check import Check
+from kvlease.ops.drills.report import Report, finish
+from kvlease.ops.drills.row_checks import ScanRecord, scans_end_cleanly, scans_match
+from kvlease.ops.drills.workload import AckedWriters, scan_after_kill
 
 NAME = "tablet-failover"
 OPTIONS = ("rounds", "seed")
@@ -146,7 +146,7 @@ def _spark_session(spark) -> Iterator[Any]:
     if spark is not None:
         yield spark
         return
-    from ops.streaming import local_session, stop_local_session
+    from kvlease.ops.streaming import local_session, stop_local_session
 
     scratch = Path(tempfile.mkdtemp(prefix="kvlease-drill-tablet-failover-spark-"))
     session = None

@@ -9,7 +9,7 @@ open); writes to the server's buckets succeed again within 60 s of each kill.
 Needs --tablets 1 or more.
 
 Writers (threads, each owning its keys) upsert and delete through
-:class:`~client.table.TableClient`; the round's server is the next tablet
+:class:`~kvlease.client.table.TableClient`; the round's server is the next tablet
 server in turn; four scanners (batch and stream, with and without resume)
 read one of its buckets in small batches, one batch before the kill and the
 rest after it.
@@ -21,13 +21,13 @@ import threading
 import time
 from typing import Any
 
-from client.table import TableClient
-from ops import local_cluster
-from ops.drills.report import Report, finish
-from ops.drills.checks import recovered
-from ops.drills.cluster import DrillCluster, require
-from ops.drills.row_checks import ScanRecord, rows_as_acknowledged, scans_end_cleanly, scans_match
-from ops.drills.workload import Writers, scan_after_kill
+from kvlease.client.table import TableClient
+from kvlease.ops import local_cluster
+from kvlease.ops.drills.report import Report, finish
+from kvlease.ops.drills.checks import recovered
+from kvlease.ops.drills.cluster import DrillCluster, require
+from kvlease.ops.drills.row_checks import ScanRecord, rows_as_acknowledged, scans_end_cleanly, scans_match
+from kvlease.ops.drills.workload import Writers, scan_after_kill
 
 NAME = "tablet-restart"
 OPTIONS = ("rounds", "seed")

@@ -1,14 +1,14 @@
 """The row traffic several drills share: writers that record every call, and a scan read on after a fault.
 
 :class:`Writers` (threads, each owning its keys) upsert and delete through one
-:class:`~client.table.TableClient` and record every write per key
-(:class:`~ops.drills.row_checks.WriteOp`) and every call; :class:`AckedWriters`
+:class:`~kvlease.client.table.TableClient` and record every write per key
+(:class:`~kvlease.ops.drills.row_checks.WriteOp`) and every call; :class:`AckedWriters`
 also keep the offsets each acknowledged write was answered
-(:class:`~ops.drills.failover_checks.AckedWrite`). :func:`scan_after_kill`
+(:class:`~kvlease.ops.drills.failover_checks.AckedWrite`). :func:`scan_after_kill`
 reads a scanner opened before a fault to its end and records it
-(:class:`~ops.drills.row_checks.ScanRecord`). :func:`error_name` is the name
+(:class:`~kvlease.ops.drills.row_checks.ScanRecord`). :func:`error_name` is the name
 a failed call is counted under. Used by tablet-restart, tablet-failover,
-chaos and the replica drills' load (:mod:`ops.drills.replica_traffic`).
+chaos and the replica drills' load (:mod:`kvlease.ops.drills.replica_traffic`).
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ import threading
 import time
 from collections import Counter
 
-from client.table import TableClient
-from common import errors
-from ops.drills.crew import Crew
-from ops.drills.failover_checks import AckedWrite
-from ops.drills.row_checks import ScanRecord, WriteOp
-from ops.wait import poll
+from kvlease.client.table import TableClient
+from kvlease.common import errors
+from kvlease.ops.drills.crew import Crew
+from kvlease.ops.drills.failover_checks import AckedWrite
+from kvlease.ops.drills.row_checks import ScanRecord, WriteOp
+from kvlease.ops.wait import poll
 
 WRITERS = 4
 KEYS_PER_CALL = 16

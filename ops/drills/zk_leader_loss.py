@@ -27,15 +27,15 @@ from __future__ import annotations
 
 import time
 
-from client.admin import wait_for_active
-from common import errors
-from ops import local_cluster
-from ops.check import Check
-from ops.drills.report import Report, finish
-from ops.drills.checks import OK, recovered
-from ops.drills.cluster import DrillCluster, require
-from ops.drills.leases import LeaseDrill
-from ops.wait import poll
+from kvlease.client.admin import wait_for_active
+from kvlease.common import errors
+from kvlease.ops import local_cluster
+from kvlease.ops.check import Check
+from kvlease.ops.drills.report import Report, finish
+from kvlease.ops.drills.checks import OK, recovered
+from kvlease.ops.drills.cluster import DrillCluster, require
+from kvlease.ops.drills.leases import LeaseDrill
+from kvlease.ops.wait import poll
 
 NAME = "zk-leader-loss"
 OPTIONS = ("rounds", "clients", "seed")

@@ -4,41 +4,41 @@ The public module of ``ops/local_cluster/``: other parts of ``ops`` (the CLI,
 drills, benchmarks, the demo) and the tests import from here, never from the
 modules behind it:
 
-- :mod:`~ops.local_cluster.processes`: the one way to spawn and stop a server
+- :mod:`~kvlease.ops.local_cluster.processes`: the one way to spawn and stop a server
   process, ``free_ports``, ``log_tail``;
-- :mod:`~ops.local_cluster.cluster_file`: ``cluster.json`` (what runs where), changed under a lock
+- :mod:`~kvlease.ops.local_cluster.cluster_file`: ``cluster.json`` (what runs where), changed under a lock
   (``updating``), and the record of a start under way;
-- :mod:`~ops.local_cluster.launch`: ``start`` and ``stop`` of a whole cluster, and ``running`` (both, around a
-  ``with`` block); :mod:`~ops.local_cluster.shape`: the shape a start runs (a stopped cluster's own);
-  :mod:`~ops.local_cluster.start_waits`: what a start waits for;
-- :mod:`~ops.local_cluster.control`: status, one process at a time (kill, restart), who leads;
-- :mod:`~ops.local_cluster.serving`: which buckets are served, and which wait on an operator or a server
+- :mod:`~kvlease.ops.local_cluster.launch`: ``start`` and ``stop`` of a whole cluster, and ``running`` (both, around a
+  ``with`` block); :mod:`~kvlease.ops.local_cluster.shape`: the shape a start runs (a stopped cluster's own);
+  :mod:`~kvlease.ops.local_cluster.start_waits`: what a start waits for;
+- :mod:`~kvlease.ops.local_cluster.control`: status, one process at a time (kill, restart), who leads;
+- :mod:`~kvlease.ops.local_cluster.serving`: which buckets are served, and which wait on an operator or a server
   that is down;
-- :mod:`~ops.local_cluster.zookeeper`: real ZooKeeper servers on loopback;
-- :mod:`~ops.local_cluster.certs`, :mod:`~ops.local_cluster.security`: a throwaway CA and the one
+- :mod:`~kvlease.ops.local_cluster.zookeeper`: real ZooKeeper servers on loopback;
+- :mod:`~kvlease.ops.local_cluster.certs`, :mod:`~kvlease.ops.local_cluster.security`: a throwaway CA and the one
   builder of security settings (servers and clients);
-- :mod:`~ops.local_cluster.tablet_health`: what a tablet server's health endpoint says;
-- :mod:`~ops.local_cluster.tablet_disks` (the module itself, as ``tablet_disks``): tablet servers' small disks
+- :mod:`~kvlease.ops.local_cluster.tablet_health`: what a tablet server's health endpoint says;
+- :mod:`~kvlease.ops.local_cluster.tablet_disks` (the module itself, as ``tablet_disks``): tablet servers' small disks
   of their own (``cluster start --tablet-disk``), where they are, how full.
 """
 
 from __future__ import annotations
 
-from client.cluster_dir import security_settings
-from ops.local_cluster.certs import CertPaths
-from ops.local_cluster.certs import generate as generate_certs
-from ops.local_cluster.cluster_file import (CLUSTER_FILE, STARTING_FILE, ZK_ROOT, bootstrap, client_config,
+from kvlease.client.cluster_dir import security_settings
+from kvlease.ops.local_cluster.certs import CertPaths
+from kvlease.ops.local_cluster.certs import generate as generate_certs
+from kvlease.ops.local_cluster.cluster_file import (CLUSTER_FILE, STARTING_FILE, ZK_ROOT, bootstrap, client_config,
                                             cluster_file, load, running_pids, save, updating)
-from ops.local_cluster.control import ROLES, active_coordinator, kill, member, restart, status, zk_leader
-from ops.local_cluster.serving import served_buckets
-from ops.local_cluster.start_waits import waiting_line
-from ops.local_cluster.launch import running, start, stop
-from ops.local_cluster.processes import (ClusterError, ServerProcess, child_env, dying_with_parent, free_ports, kept_ports,
+from kvlease.ops.local_cluster.control import ROLES, active_coordinator, kill, member, restart, status, zk_leader
+from kvlease.ops.local_cluster.serving import served_buckets
+from kvlease.ops.local_cluster.start_waits import waiting_line
+from kvlease.ops.local_cluster.launch import running, start, stop
+from kvlease.ops.local_cluster.processes import (ClusterError, ServerProcess, child_env, dying_with_parent, free_ports, kept_ports,
                                          log_tail, pid_alive, proc_start, spawn_server, stop_pids, terminate)
-from ops.local_cluster.security import client_settings, server_settings, write_private
-from ops.local_cluster import tablet_disks
-from ops.local_cluster.tablet_health import read_health, status_fields
-from ops.local_cluster.zookeeper import (MAIN_CLASSES, ZooKeeperCluster, ZooKeeperError, four_letter, is_serving,
+from kvlease.ops.local_cluster.security import client_settings, server_settings, write_private
+from kvlease.ops.local_cluster import tablet_disks
+from kvlease.ops.local_cluster.tablet_health import read_health, status_fields
+from kvlease.ops.local_cluster.zookeeper import (MAIN_CLASSES, ZooKeeperCluster, ZooKeeperError, four_letter, is_serving,
                                          node_command, server_mode)
 
 __all__ = [

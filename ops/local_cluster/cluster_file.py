@@ -1,6 +1,6 @@
 """A local cluster's ``cluster.json``: what runs where (pids, addresses, the remote dir, security).
 
-Its name is :data:`client.cluster_dir.CLUSTER_FILE` (clients read the same file
+Its name is :data:`kvlease.client.cluster_dir.CLUSTER_FILE` (clients read the same file
 for its coordinators and TLS settings). :func:`load` checks its shape, so every
 command can read its lists of processes.
 
@@ -27,10 +27,10 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from client.cluster_dir import CLUSTER_FILE, read_cluster_file, security_settings
-from common.errors import InvalidRequestError
-from common import config as cfg
-from ops.local_cluster.processes import ClusterError, pid_alive, proc_start
+from kvlease.client.cluster_dir import CLUSTER_FILE, read_cluster_file, security_settings
+from kvlease.common.errors import InvalidRequestError
+from kvlease.common import config as cfg
+from kvlease.ops.local_cluster.processes import ClusterError, pid_alive, proc_start
 
 __all__ = ["CLUSTER_FILE", "STARTING_FILE", "ZK_ROOT", "abandon_start", "all_procs", "begin_start", "bootstrap",
            "client_config", "cluster_file", "finish_start", "load", "load_starting", "locked", "record_start",

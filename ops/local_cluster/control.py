@@ -1,6 +1,6 @@
 """A running local cluster, one question or one process at a time: its status, kill or restart one
 process (drills, the demo), the active coordinator, the ZooKeeper leader (which buckets are served:
-:mod:`ops.local_cluster.serving`)."""
+:mod:`kvlease.ops.local_cluster.serving`)."""
 
 from __future__ import annotations
 
@@ -10,25 +10,25 @@ import subprocess
 from pathlib import Path
 from typing import Any, Mapping
 
-from common.errors import KvLeaseError
-from ops.local_cluster.cluster_file import client_config, load, updating
-from ops.local_cluster.processes import ClusterError, pid_alive, proc_start, spawn_server, terminate
-from ops.local_cluster.serving import served_buckets
-from ops.local_cluster.tablet_disks import usage as disk_usage
-from ops.local_cluster.tablet_health import status_fields
-from ops.local_cluster.zookeeper import is_serving, node_command, server_mode
-from ops.wait import poll
+from kvlease.common.errors import KvLeaseError
+from kvlease.ops.local_cluster.cluster_file import client_config, load, updating
+from kvlease.ops.local_cluster.processes import ClusterError, pid_alive, proc_start, spawn_server, terminate
+from kvlease.ops.local_cluster.serving import served_buckets
+from kvlease.ops.local_cluster.tablet_disks import usage as disk_usage
+from kvlease.ops.local_cluster.tablet_health import status_fields
+from kvlease.ops.local_cluster.zookeeper import is_serving, node_command, server_mode
+from kvlease.ops.wait import poll
 
 
 def status(directory: str | os.PathLike[str], request_timeout_s: float = 2.0) -> dict[str, Any]:
     """Every recorded process (its ``id`` an int, as the cluster's APIs tell tablet ids), whether it runs, what each coordinator says about itself, how many buckets each
     tablet server leads, how many replicas it holds and whether it is ``decommissioned``, the offline and
     under-replicated buckets (``offline`` / ``under_replicated``: asked of the active coordinator, wherever it is
-    in the list) and what each serves (its health, asked of it: :func:`ops.local_cluster.tablet_health.status_fields`);
+    in the list) and what each serves (its health, asked of it: :func:`kvlease.ops.local_cluster.tablet_health.status_fields`);
     a tablet server on a small disk of its own (``--tablet-disk``) its size and free bytes (``disk_bytes``,
     ``disk_free_bytes``: None once unmounted).
     A question that failed is reported under ``error``, never taken as "no"."""
-    from client.admin import AdminClient
+    from kvlease.client.admin import AdminClient
 
     doc = load(directory)
     result: dict[str, Any] = {"zookeeper": [], "coordinators": [], "tablets": []}
@@ -151,7 +151,7 @@ def restart(directory: str | os.PathLike[str], role: str, node_id: str | int,
     Returns once it serves: a ZooKeeper node answers (an ensemble node needs
     a quorum), a coordinator answers CoordinatorInfo, a tablet server is
     registered and every bucket answers, but those that wait on an operator or
-    on another server that is down (:func:`ops.local_cluster.serving.waits_for`).
+    on another server that is down (:func:`kvlease.ops.local_cluster.serving.waits_for`).
     Records its new pid in cluster.json (under the directory's lock: restarts
     at once each keep the others' pids). Returns its cluster.json entry, a
     tablet server's with ``waiting``: the buckets it did not wait for, each
@@ -212,7 +212,7 @@ def _wait_serving(doc: Mapping[str, Any], role: str, entry: Mapping[str, Any], p
 
 
 def _answers(doc: Mapping[str, Any], address: str) -> bool:
-    from client.admin import AdminClient
+    from kvlease.client.admin import AdminClient
 
     with AdminClient([address], client_config(doc), request_timeout_s=1.0, retry_total_s=0) as client:
         try:
@@ -224,7 +224,7 @@ def _answers(doc: Mapping[str, Any], address: str) -> bool:
 
 def active_coordinator(directory: str | os.PathLike[str], timeout_s: float = 30.0) -> dict[str, Any]:
     """The cluster.json entry of the active coordinator, waiting up to ``timeout_s`` for one."""
-    from client.admin import AdminClient
+    from kvlease.client.admin import AdminClient
 
     def active() -> dict[str, Any] | None:
         doc = load(directory)

@@ -14,7 +14,7 @@ D/certs/                     with --secure: a throwaway CA, the nodes' and the c
 D/secrets.json, D/admin.password   with --secure (0600): the cluster's secrets, the admin's password
 ```
 
-With ``secure=True`` (:mod:`ops.local_cluster.security`) every process gets
+With ``secure=True`` (:mod:`kvlease.ops.local_cluster.security`) every process gets
 ``security.enabled``, mutual TLS (the node certificate), the cluster's own
 password and ZooKeeper digest, and the super user ``admin`` in its config;
 the ``admin`` user (its password in ``D/admin.password``) is created before the
@@ -25,9 +25,9 @@ files are readable by their owner only (they hold those secrets).
 
 Start order: ZooKeeper, the coordinators (until one is active), then the
 tablet servers (until every one is registered with the active coordinator and
-every bucket is served: :mod:`ops.local_cluster.start_waits`). A stopped
+every bucket is served: :mod:`kvlease.ops.local_cluster.start_waits`). A stopped
 cluster starts again in the shape its cluster.json records
-(:mod:`ops.local_cluster.shape`).
+(:mod:`kvlease.ops.local_cluster.shape`).
 Stop order is the reverse: tablet servers, coordinators, ZooKeeper. :func:`running`
 starts a cluster for a ``with`` block and stops it when the block is left (how
 the benchmarks run theirs).
@@ -52,17 +52,17 @@ import subprocess
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from common import config as cfg
-from common.errors import KvLeaseError
-import ops.local_cluster.security as security
-import ops.local_cluster.tablet_disks as tablet_disks
-from ops.local_cluster.cluster_file import (ZK_ROOT, abandon_start, all_procs, begin_start, client_config,
+from kvlease.common import config as cfg
+from kvlease.common.errors import KvLeaseError
+import kvlease.ops.local_cluster.security as security
+import kvlease.ops.local_cluster.tablet_disks as tablet_disks
+from kvlease.ops.local_cluster.cluster_file import (ZK_ROOT, abandon_start, all_procs, begin_start, client_config,
                                             cluster_file, finish_start, load, load_starting, record_start,
                                             running_pids, starting_file)
-from ops.local_cluster.processes import ClusterError, Progress, kept_ports, proc_start, spawn_server, terminate
-from ops.local_cluster.shape import Shape, resolve as resolve_shape
-from ops.local_cluster.start_waits import wait_active, wait_served, wait_tablets
-from ops.local_cluster.zookeeper import ZooKeeperCluster, ZooKeeperError
+from kvlease.ops.local_cluster.processes import ClusterError, Progress, kept_ports, proc_start, spawn_server, terminate
+from kvlease.ops.local_cluster.shape import Shape, resolve as resolve_shape
+from kvlease.ops.local_cluster.start_waits import wait_active, wait_served, wait_tablets
+from kvlease.ops.local_cluster.zookeeper import ZooKeeperCluster, ZooKeeperError
 
 
 def _write_config(path: Path, values: Mapping[str, Any]) -> None:
@@ -92,7 +92,7 @@ def _spawn(directory: Path, role: str, index: int, zk_connect: str, remote: str,
 
 
 def _tablets_supported(count: int) -> None:
-    if count > 0 and importlib.util.find_spec("tablet.__main__") is None:
+    if count > 0 and importlib.util.find_spec("kvlease.tablet.__main__") is None:
         raise ClusterError(f"cannot start {count} tablet server(s): tablet servers are not available yet "
                            "(tablet/__main__.py does not exist); use --tablets 0")
 
@@ -124,7 +124,7 @@ def start(directory: str | os.PathLike[str], *, zk_nodes: int | None = None, coo
     another process took meanwhile is replaced by a free one, and ``warn`` (default: ``progress``) says so.
 
     ``tablet_disk`` (bytes, or a size such as ``"64m"``; root only): each tablet server's data dir on a tmpfs
-    of that size of its own (:mod:`ops.local_cluster.tablet_disks`), unmounted again if the start fails. A
+    of that size of its own (:mod:`kvlease.ops.local_cluster.tablet_disks`), unmounted again if the start fails. A
     stopped cluster whose tablet disks are still mounted keeps them; one whose disks were unmounted cannot be
     started again.
     """
@@ -216,11 +216,11 @@ def _make_private_dirs(directory: Path, remote: str) -> None:
 
 class _Start:
     """One ``start``: its steps in order, each recording what it started in the start's record
-    (``cluster.starting.json``: :func:`~ops.local_cluster.cluster_file.record_start`); :meth:`undo`."""
+    (``cluster.starting.json``: :func:`~kvlease.ops.local_cluster.cluster_file.record_start`); :meth:`undo`."""
 
     def __init__(self, directory: Path, doc: dict[str, Any], overrides: dict[str, Any], previous: dict[str, Any],
                  ready_timeout_s: float, progress: Progress, warn: Progress) -> None:
-        from client.admin import AdminClient
+        from kvlease.client.admin import AdminClient
 
         self.directory, self.doc, self.overrides, self.previous = directory, doc, overrides, previous
         self.timeout_s, self.progress, self.warn = ready_timeout_s, progress, warn
@@ -278,7 +278,7 @@ class _Start:
             self.mounted.append(path)
 
     def coordinators(self, count: int) -> None:
-        from client.admin import wait_for_active
+        from kvlease.client.admin import wait_for_active
 
         procs = self._spawn("coordinators", count, "coordinator")
         self.progress("waiting for an active coordinator")

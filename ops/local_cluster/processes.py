@@ -24,10 +24,10 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-from client.cluster_dir import pid_alive, proc_start
-from common import config as cfg
-from common.errors import KvLeaseError
-from ops.wait import poll
+from kvlease.client.cluster_dir import pid_alive, proc_start
+from kvlease.common import config as cfg
+from kvlease.common.errors import KvLeaseError
+from kvlease.ops.wait import poll
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
 

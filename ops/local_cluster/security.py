@@ -14,7 +14,7 @@ TLS, security on, those secrets, ``security.super-users = User:admin``) and
 cluster.json's ``security`` section, which names the client certificate and
 the admin's credentials file, so that ``kvlease --cluster D …`` connects with
 TLS and authenticates as ``admin`` on its own
-(:func:`client.cluster_dir.security_settings`). Secrets are reused when the
+(:func:`kvlease.client.cluster_dir.security_settings`). Secrets are reused when the
 directory has them already: a restarted cluster keeps its ZooKeeper data, whose
 nodes only the old digest identity may change.
 
@@ -34,8 +34,8 @@ import secrets
 from pathlib import Path
 from typing import Any, Mapping
 
-from common import config as cfg
-from ops.local_cluster.certs import CertPaths
+from kvlease.common import config as cfg
+from kvlease.ops.local_cluster.certs import CertPaths
 
 ADMIN = "admin"
 ADMIN_PASSWORD_FILE = "admin.password"
@@ -110,7 +110,7 @@ def client_settings(paths: CertPaths, username: str | None = None, password: str
 
 def prepare(directory: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(config keys of every cluster process, cluster.json's "security")`` for a secure cluster in ``directory``."""
-    import ops.local_cluster.certs as certs
+    import kvlease.ops.local_cluster.certs as certs
 
     paths = certs.generate(directory / "certs")
     made = _cluster_secrets(directory)
@@ -124,9 +124,9 @@ def prepare(directory: Path) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def create_admin(directory: Path, zk_connect: str, zk_root: str, overrides: Mapping[str, Any]) -> None:
     """Add (or re-password) the ``admin`` user in the cluster's ZooKeeper, before its processes serve."""
-    from common.errors import AlreadyExistsError
-    from common.security.users import UserStore
-    from common.zk import make_client
+    from kvlease.common.errors import AlreadyExistsError
+    from kvlease.common.security.users import UserStore
+    from kvlease.common.zk import make_client
 
     settings = {cfg.ZK_ADDRESS.name: zk_connect, cfg.ZK_ROOT.name: zk_root,
                 cfg.ZK_DIGEST.name: overrides[cfg.ZK_DIGEST.name]}

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any, Collection, Mapping
 
-from common.errors import KvLeaseError
-from ops.local_cluster.cluster_file import client_config
+from kvlease.common.errors import KvLeaseError
+from kvlease.ops.local_cluster.cluster_file import client_config
 
 
 def served_buckets(doc: Mapping[str, Any], request_timeout_s: float = 2.0) -> dict[str, Any]:
@@ -22,8 +22,8 @@ def served_buckets(doc: Mapping[str, Any], request_timeout_s: float = 2.0) -> di
     "bucket", "why"}, …]}`` of the cluster of ``doc`` (its cluster.json): ``waiting`` are the unserved buckets
     that wait on an operator or on a tablet server that is not registered (:func:`waits_for`). Raises a
     KvLeaseError when no coordinator answers."""
-    from client.admin import AdminClient
-    from client.table import TableClient
+    from kvlease.client.admin import AdminClient
+    from kvlease.client.table import TableClient
 
     addresses = [c["address"] for c in doc["coordinators"]]
     with AdminClient(addresses, client_config(doc), request_timeout_s=request_timeout_s,
@@ -63,7 +63,7 @@ def _waiting(admin, table, buckets: Collection[int], live: set[int]) -> list[dic
 
 def waits_for(path: str, bucket: int, leader: Any, live: Collection[int]) -> str | None:
     """Why bucket ``bucket`` of table ``path`` is offline for longer than a server's start, as its assignment
-    ``leader`` (a :class:`client.admin_types.BucketLeader`) tells with ``live`` the registered tablet ids: its
+    ``leader`` (a :class:`kvlease.client.admin_types.BucketLeader`) tells with ``live`` the registered tablet ids: its
     data was lost (an operator restores it) or its last in-sync replicas are down (a one-replica bucket keeps
     its leader's id meanwhile). None: its leader is live (and is to serve it), or one of its in-sync
     replicas is (and is to lead it)."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping
 
-from ops.local_cluster.processes import ClusterError
+from kvlease.ops.local_cluster.processes import ClusterError
 
 #: the option of ``kvlease cluster start`` that sets each part of the shape
 OPTIONS = {"zk_nodes": "--zk-nodes", "coordinators": "--coordinators", "tablets": "--tablets",

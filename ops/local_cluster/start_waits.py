@@ -1,5 +1,5 @@
 """What a ``cluster start`` waits for, in order: an active coordinator, every tablet server registered, every
-bucket served (or waiting on an operator: :mod:`ops.local_cluster.serving`).
+bucket served (or waiting on an operator: :mod:`kvlease.ops.local_cluster.serving`).
 
 Each wait gives up as soon as the processes it waits on all exited, or once its
 timeout passes, with a ClusterError of one line naming what failed and the log
@@ -11,10 +11,10 @@ from __future__ import annotations
 import subprocess
 from typing import Any, Callable, Mapping
 
-from common.errors import KvLeaseError
-from ops.local_cluster.processes import ClusterError, Progress
-from ops.local_cluster.serving import served_buckets
-from ops.wait import poll
+from kvlease.common.errors import KvLeaseError
+from kvlease.ops.local_cluster.processes import ClusterError, Progress
+from kvlease.ops.local_cluster.serving import served_buckets
+from kvlease.ops.wait import poll
 
 _WHAT = {"coordinators": "coordinator", "tablets": "tablet server", "zookeeper": "ZooKeeper node"}
 
@@ -100,5 +100,5 @@ def wait_served(doc: dict[str, Any], procs: list[subprocess.Popen], timeout_s: f
 
 def waiting_line(bucket: Mapping[str, Any]) -> str:
     """``waiting: db.t bucket 0 — its last in-sync replica, tablet 2, is down`` (a ``waiting`` entry of
-    :func:`ops.local_cluster.serving.served_buckets`)."""
+    :func:`kvlease.ops.local_cluster.serving.served_buckets`)."""
     return f"waiting: {bucket['table']} bucket {bucket['bucket']} — {bucket['why']}"

@@ -23,7 +23,7 @@ import subprocess
 from pathlib import Path
 from typing import Any, Mapping
 
-from ops.local_cluster.processes import ClusterError
+from kvlease.ops.local_cluster.processes import ClusterError
 
 KEY = "tablet_disk"
 MIN_BYTES = 16 << 20  # a tablet server's RocksDB files and changelogs of a few buckets, and room to write

@@ -14,7 +14,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from common.errors import NetworkError
+from kvlease.common.errors import NetworkError
 
 _GAUGES = {
     "buckets": "kvlease_tablet_buckets",

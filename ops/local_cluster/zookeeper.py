@@ -14,7 +14,7 @@ Two lifetimes:
   that started the JVM: start clusters from a thread that outlives them
   (pytest's main thread does).
 - detached (``kvlease cluster start``): the JVMs get their own session and
-  outlive the launcher; another process stops them with :func:`ops.local_cluster.processes.stop_pids`.
+  outlive the launcher; another process stops them with :func:`kvlease.ops.local_cluster.processes.stop_pids`.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ import threading
 from dataclasses import dataclass
 from typing import Iterable
 
-from common.errors import KvLeaseError
-from ops.local_cluster.processes import dying_with_parent, free_ports, log_tail
-from ops.wait import poll
+from kvlease.common.errors import KvLeaseError
+from kvlease.ops.local_cluster.processes import dying_with_parent, free_ports, log_tail
+from kvlease.ops.wait import poll
 
 JAR_DIR = os.environ.get("KVLEASE_ZK_JAR_DIR", "/usr/share/java")
 DEFAULT_JAVA_HOME = "/usr/lib/jvm/java-17-openjdk-amd64"

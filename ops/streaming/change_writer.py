@@ -7,7 +7,7 @@ each round of :meth:`ChangeWriter.run` then updates half of its size in
 live rows (``version`` + 1), inserts a quarter as new ids and deletes a
 quarter of the live rows (random, seeded), one upsert and one delete request
 per round. ``expected`` is the table the acknowledged writes make, the
-:func:`ops.streaming.feed_check.check_written` reference.
+:func:`kvlease.ops.streaming.feed_check.check_written` reference.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Callable
 import numpy as np
 import pyarrow as pa
 
-from common.tables import Column
+from kvlease.common.tables import Column
 
 COLUMNS = (Column("id", "BIGINT"), Column("customer", "STRING"), Column("amount", "DOUBLE"),
            Column("version", "INT"))
@@ -40,7 +40,7 @@ def make_rows(ids: np.ndarray, versions: np.ndarray) -> pa.RecordBatch:
 
 
 class ChangeWriter:
-    """Writes through a :class:`client.table.TableClient`; not thread-safe (one writer thread)."""
+    """Writes through a :class:`kvlease.client.table.TableClient`; not thread-safe (one writer thread)."""
 
     def __init__(self, client, seed: int = 7) -> None:
         self.client = client

@@ -1,11 +1,11 @@
 """The chaos drill's Spark query: bootstrap a table from leased snapshots, tail its changes through every
 fault, and check at the end that what it wrote is the table.
 
-:class:`ChaosStream` starts the query of :mod:`ops.streaming.stream_query` (Parquet,
+:class:`ChaosStream` starts the query of :mod:`kvlease.ops.streaming.stream_query` (Parquet,
 one directory per micro-batch) on a table the drill's writers change; once
 the writers stopped, :meth:`ChaosStream.finish` waits until the query has read
 up to the end of every bucket, stops it and runs the checks of
-:mod:`ops.streaming.feed_check`: the bootstrap has one row per key as of its offsets,
+:mod:`kvlease.ops.streaming.feed_check`: the bootstrap has one row per key as of its offsets,
 every change record after it is in the output exactly once, and the output
 applied in ``(bucket, offset)`` order equals the table.
 """
@@ -19,10 +19,10 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
-from client.table import TableClient
-import ops.streaming.feed_check as feed_check
-import ops.streaming.stream_query as stream_query
-from ops.check import Check
+from kvlease.client.table import TableClient
+import kvlease.ops.streaming.feed_check as feed_check
+import kvlease.ops.streaming.stream_query as stream_query
+from kvlease.ops.check import Check
 
 KEY = ("id",)
 VALUES = ("v", "pad")

@@ -5,7 +5,7 @@ The output is what a bootstrap-then-tail query wrote (one Arrow table): the
 table's columns, ``_change_type``, ``_bucket``, ``_log_offset`` and
 ``_batch`` (the micro-batch id; 0 is the bootstrap). Each checker takes
 plain values (Arrow tables, offset maps, dicts) and returns an
-:class:`ops.check.Check`, so a test can feed it a planted violation.
+:class:`kvlease.ops.check.Check`, so a test can feed it a planted violation.
 
 - :func:`check_state`: the rows applied in ``(_bucket, _log_offset)`` order
   (upsert ``insert`` and ``update_postimage``, delete ``delete``, skip
@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ops.check import Check
+from kvlease.ops.check import Check
 
 UPSERTS = frozenset({"insert", "update_postimage"})
 DELETE = "delete"

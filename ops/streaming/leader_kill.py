@@ -8,7 +8,7 @@ a streaming query tails it and a writer writes to it; then the server is started
 2. waits until every bucket it led answers (ListOffsets) on another replica:
    the seconds this took are the failover (about the ZooKeeper session
    timeout plus an election);
-3. starts the killed server again (:func:`ops.local_cluster.restart`: it
+3. starts the killed server again (:func:`kvlease.ops.local_cluster.restart`: it
    registers and every bucket is served) and waits until every bucket's ISR
    holds all its replicas again, so the cluster ends healthy.
 
@@ -23,11 +23,11 @@ import threading
 import time
 from typing import Any, Callable
 
-from client.admin import AdminClient
-from client.table import TableClient
-from common import errors
-from ops import local_cluster
-from ops.check import Check
+from kvlease.client.admin import AdminClient
+from kvlease.client.table import TableClient
+from kvlease.common import errors
+from kvlease.ops import local_cluster
+from kvlease.ops.check import Check
 
 Progress = Callable[[str], None]
 POLL_S = 0.05

@@ -35,7 +35,7 @@ def local_session(work_dir: str | os.PathLike[str], *, cores: int | str = "*", a
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
-    from spark_source import register
+    from kvlease.spark_source import register
 
     spark = (SparkSession.builder.master(f"local[{cores}]").appName(app)
              .config("spark.ui.enabled", "false")

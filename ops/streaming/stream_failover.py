@@ -5,9 +5,9 @@ failover): the scenario ``kvlease demo`` shows and the ``spark-failover`` drill 
 coordinators and one tablet server; two for a tablet failover) and a SparkSession with the kvlease
 source registered:
 
-1. creates the table (:mod:`ops.streaming.change_writer`), loads ``rows`` rows and
+1. creates the table (:mod:`kvlease.ops.streaming.change_writer`), loads ``rows`` rows and
    snapshots every bucket: the bootstrap leases these snapshots;
-2. starts the streaming query of :mod:`ops.streaming.stream_query` (``lease.id``
+2. starts the streaming query of :mod:`kvlease.ops.streaming.stream_query` (``lease.id``
    chosen here; Parquet, one directory per micro-batch) on a
    processing-time trigger;
 3. a writer thread makes ``rows`` more changes (inserts, updates, deletes) in
@@ -23,11 +23,11 @@ source registered:
 4b. if the plan says so (``kill_tablet_after_round``; the demo's table has
    replication factor 2), after that round, while the query tails, the
    tablet server leading bucket 0 is killed with SIGKILL in a thread of its
-   own (:mod:`ops.streaming.leader_kill`): the writer's and the query's clients
+   own (:mod:`kvlease.ops.streaming.leader_kill`): the writer's and the query's clients
    follow the new leaders; the server is started again and catches up;
 5. when the writer is done, waits until the query has read up to the
    table's end offsets, stops it and reads the output back with pyarrow;
-6. checks (:mod:`ops.streaming.feed_check`): the output applied in offset order equals
+6. checks (:mod:`kvlease.ops.streaming.feed_check`): the output applied in offset order equals
    the table, no change record is missing or doubled, the table holds every
    acknowledged write (and the changelog each of them once), the lease held
    every bucket's snapshot, survived the failover and was released once the
@@ -49,15 +49,15 @@ from typing import Any, Callable
 
 import pyarrow as pa
 
-from client.admin import AdminClient
-from client.table import TableClient
-from common import errors
-from ops import local_cluster
-import ops.streaming.feed_check as feed_check
-import ops.streaming.stream_query as stream_query
-from ops.streaming.change_writer import COLUMNS, KEY, VALUES, ChangeWriter
-from ops.streaming.leader_kill import LeaderKill
-from ops.check import Check
+from kvlease.client.admin import AdminClient
+from kvlease.client.table import TableClient
+from kvlease.common import errors
+from kvlease.ops import local_cluster
+import kvlease.ops.streaming.feed_check as feed_check
+import kvlease.ops.streaming.stream_query as stream_query
+from kvlease.ops.streaming.change_writer import COLUMNS, KEY, VALUES, ChangeWriter
+from kvlease.ops.streaming.leader_kill import LeaderKill
+from kvlease.ops.check import Check
 
 Progress = Callable[[str], None]
 
@@ -86,7 +86,7 @@ class Plan:
     min_insync_replicas: int = 1
     #: 0: no tablet failover; else after this writer round (one of the last ``tail_rounds``, while the query
     #: tails) the tablet server leading bucket 0 is killed with SIGKILL, then started again
-    #: (:mod:`ops.streaming.leader_kill`); needs ``replication_factor`` 2 or more
+    #: (:mod:`kvlease.ops.streaming.leader_kill`); needs ``replication_factor`` 2 or more
     kill_tablet_after_round: int = 0
 
 
@@ -99,7 +99,7 @@ class Outcome:
     checks: list[Check] = field(default_factory=list)
     figures: dict[str, Any] = field(default_factory=dict)
     failover: dict[str, Any] = field(default_factory=dict)  # killed, killed_pid, active, seconds
-    #: the tablet failover (:class:`ops.streaming.leader_kill.LeaderKill` ``result``): killed, killed_pid, buckets,
+    #: the tablet failover (:class:`kvlease.ops.streaming.leader_kill.LeaderKill` ``result``): killed, killed_pid, buckets,
     #: new_leaders, seconds, restarted, restart_s, in_sync_s; empty when the plan has none
     tablet_failover: dict[str, Any] = field(default_factory=dict)
 

@@ -21,7 +21,7 @@ from typing import Callable
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from common import errors
+from kvlease.common import errors
 
 Progress = Callable[[str], None]
 

@@ -27,7 +27,7 @@ import logging
 import os
 import shutil
 
-from common.logentry import CorruptLogError
+from kvlease.common.logentry import CorruptLogError
 
 log = logging.getLogger(__name__)
 

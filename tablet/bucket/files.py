@@ -1,10 +1,10 @@
 """A bucket's open files, its changelog and RocksDB: opened on demand, parked when idle, reopened after a failure.
 
 A tablet server leads thousands of buckets, and an open bucket holds up to
-:data:`~tablet.store.kvstore.FDS_PER_OPEN_BUCKET` file descriptors. So a bucket's
+:data:`~kvlease.tablet.store.kvstore.FDS_PER_OPEN_BUCKET` file descriptors. So a bucket's
 files open on first use (:meth:`BucketFiles.use`: the changelog, then
 RocksDB, then the changelog records RocksDB lacks are replayed into it, see
-``tablet/bucket/store.py``), and the server's :class:`~tablet.bucket.open_buckets.OpenBuckets`
+``tablet/bucket/store.py``), and the server's :class:`~kvlease.tablet.bucket.open_buckets.OpenBuckets`
 *parks* the least recently used idle ones: their files close, their offsets
 are remembered, the next use opens them again. A bucket is never parked while
 an operation runs on it, while a snapshot of it is open (a live scan session)
@@ -37,11 +37,11 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterator, NamedTuple
 
-from common.logentry import LogEntry
-from tablet.bucket.open_buckets import OpenBuckets
-from tablet.log.changelog import Changelog
-from tablet.store import snapshot_install
-from tablet.store.kvstore import BucketInUseError, BucketStoreError, KvStore
+from kvlease.common.logentry import LogEntry
+from kvlease.tablet.bucket.open_buckets import OpenBuckets
+from kvlease.tablet.log.changelog import Changelog
+from kvlease.tablet.store import snapshot_install
+from kvlease.tablet.store.kvstore import BucketInUseError, BucketStoreError, KvStore
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class Backoff(NamedTuple):
 class FileSettings:
     """How a bucket's files are opened: ``segment_bytes`` and ``fsync`` of the changelog
     (``log.segment.bytes``, ``log.flush.fsync``), ``clock_ms`` its append times, RocksDB's
-    ``memtable_bytes`` and ``key_width`` (see :class:`~tablet.store.kvstore.KvStore`)."""
+    ``memtable_bytes`` and ``key_width`` (see :class:`~kvlease.tablet.store.kvstore.KvStore`)."""
 
     segment_bytes: int
     fsync: bool = True

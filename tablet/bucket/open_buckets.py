@@ -1,9 +1,9 @@
 """The buckets of a tablet server whose files are open: at most ``capacity``, least recently used parked first.
 
-One open bucket holds up to :data:`~tablet.store.kvstore.FDS_PER_OPEN_BUCKET` file
+One open bucket holds up to :data:`~kvlease.tablet.store.kvstore.FDS_PER_OPEN_BUCKET` file
 descriptors (RocksDB and the changelog); a server leading 10,000 buckets with
 every one open runs out of them. :class:`OpenBuckets` is the server's budget:
-each :class:`~tablet.bucket.files.BucketFiles` reports that it opened, was used
+each :class:`~kvlease.tablet.bucket.files.BucketFiles` reports that it opened, was used
 or closed, and after a use that leaves more than ``capacity`` open, the least
 recently used ones are *parked* (their files closed; the next use opens them
 again). A bucket that cannot be parked right now (an operation runs on it, a
@@ -20,7 +20,7 @@ import threading
 from collections import OrderedDict
 from typing import Protocol
 
-from tablet.store.kvstore import FDS_PER_OPEN_BUCKET
+from kvlease.tablet.store.kvstore import FDS_PER_OPEN_BUCKET
 
 _SEARCH = 8  # buckets tried beyond the number to park, per use (busy ones are skipped)
 AUTO_MAX_OPEN = 1000  # the automatic capacity's ceiling (memory: each open RocksDB has its memtable)

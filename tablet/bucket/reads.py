@@ -1,6 +1,6 @@
 """The read side of a bucket store: lookups, log reads, snapshots, checkpoints and log retention.
 
-:class:`BucketReads` is a part :class:`tablet.bucket.store.BucketStore` owns
+:class:`BucketReads` is a part :class:`kvlease.tablet.bucket.store.BucketStore` owns
 (see ``tablet/bucket/store.py``); the store's methods of the same names call it.
 Everything here sees committed data only: RocksDB (a replicated bucket
 applies an entry only once the high watermark passes it), and the changelog
@@ -19,12 +19,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from common.errors import DataLostError, InvalidRequestError, NotLeaderError
-from common.logentry import LogEntry, read_header
-from tablet.bucket import write_checks
-from tablet.bucket.state import BucketShared, BucketSpec
-from tablet.log.changelog import SegmentInfo
-from tablet.store.kvstore import KvSnapshot
+from kvlease.common.errors import DataLostError, InvalidRequestError, NotLeaderError
+from kvlease.common.logentry import LogEntry, read_header
+from kvlease.tablet.bucket import write_checks
+from kvlease.tablet.bucket.state import BucketShared, BucketSpec
+from kvlease.tablet.log.changelog import SegmentInfo
+from kvlease.tablet.store.kvstore import KvSnapshot
 
 
 def _ending_by(entries: list[bytes], end: int) -> list[bytes]:
@@ -37,9 +37,9 @@ def _ending_by(entries: list[bytes], end: int) -> list[bytes]:
 
 
 class BucketReads:
-    """Reads of a :class:`~tablet.bucket.store.BucketStore` (a part it owns; see the module docstring).
+    """Reads of a :class:`~kvlease.tablet.bucket.store.BucketStore` (a part it owns; see the module docstring).
 
-    ``spec``: the bucket's dir, bucket, codec and mode (:class:`~tablet.bucket.state.BucketSpec`);
+    ``spec``: the bucket's dir, bucket, codec and mode (:class:`~kvlease.tablet.bucket.state.BucketSpec`);
     ``files``, ``write_lock``, ``role`` and ``epoch_file`` (the leader-epoch cache): the store's, shared with
     its other parts; ``high_watermark()``: the committed end of the log now (the replication part's)."""
 

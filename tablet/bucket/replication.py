@@ -1,6 +1,6 @@
 """A replicated bucket store's side of replication: the high watermark, a follower's log, leader epochs.
 
-:class:`BucketReplication` is a part :class:`tablet.bucket.store.BucketStore` owns
+:class:`BucketReplication` is a part :class:`kvlease.tablet.bucket.store.BucketStore` owns
 (see ``tablet/bucket/store.py`` and ``docs/bucket-store.md``, "Replication"); the
 store's methods of the same names call it. The
 store of a replicated bucket (``replicated=True``) appends and publishes its
@@ -15,7 +15,7 @@ epochs: :meth:`~BucketReplication.end_offset_for` on the leader,
 holds a record above the high watermark, so nothing a reader saw is taken
 back.
 
-The leader-epoch cache (``tablet/log/epoch_file.py``: :class:`~tablet.log.epoch_file.EpochFile`,
+The leader-epoch cache (``tablet/log/epoch_file.py``: :class:`~kvlease.tablet.log.epoch_file.EpochFile`,
 which the store shares with its parts) is kept in both modes: a
 new epoch is assigned when its first entry is appended (or when the replica
 becomes leader, at its log end), dropped by truncation, moved by retention,
@@ -27,17 +27,17 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable
 
-from common.checksum import crc32
-from common.errors import InvalidRequestError, InvalidSnapshotError
-from common.logentry import CorruptLogError, FrameHeader, read_header
-from tablet.bucket import damage as bucket_damage
-from tablet.bucket.state import BucketShared
-from tablet.log.changelog import Changelog
-from tablet.log.epoch_file import EpochFile
-from tablet.log.epochs import EpochCache, EpochEnd, Truncation
-from tablet.store import snapshot_install
-from tablet.store.kvstore import BucketStoreError, KvStore, checkpoint_log_offset
-from tablet.store.prewrite_buffer import READ_BYTES
+from kvlease.common.checksum import crc32
+from kvlease.common.errors import InvalidRequestError, InvalidSnapshotError
+from kvlease.common.logentry import CorruptLogError, FrameHeader, read_header
+from kvlease.tablet.bucket import damage as bucket_damage
+from kvlease.tablet.bucket.state import BucketShared
+from kvlease.tablet.log.changelog import Changelog
+from kvlease.tablet.log.epoch_file import EpochFile
+from kvlease.tablet.log.epochs import EpochCache, EpochEnd, Truncation
+from kvlease.tablet.store import snapshot_install
+from kvlease.tablet.store.kvstore import BucketStoreError, KvStore, checkpoint_log_offset
+from kvlease.tablet.store.prewrite_buffer import READ_BYTES
 
 
 def checked_header(frame: Any) -> FrameHeader:
@@ -53,7 +53,7 @@ def checked_header(frame: Any) -> FrameHeader:
 
 
 class BucketReplication:
-    """Replication of a :class:`~tablet.bucket.store.BucketStore` (a part it owns; see the module docstring): it
+    """Replication of a :class:`~kvlease.tablet.bucket.store.BucketStore` (a part it owns; see the module docstring): it
     keeps the high watermark known.
 
     ``dir``: the bucket's (named in errors; its files are replaced there); ``replicated``: see

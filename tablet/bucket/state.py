@@ -1,6 +1,6 @@
 """What a bucket store shares with its parts (``tablet/bucket/store.py``): which bucket it holds, and its role.
 
-:class:`~tablet.bucket.store.BucketStore` owns its parts (writes, reads,
+:class:`~kvlease.tablet.bucket.store.BucketStore` owns its parts (writes, reads,
 replication) and gives each what it uses: the files, the write lock, the
 leader-epoch cache (``tablet/log/epoch_file.py``), and these two small objects, together one
 :class:`BucketShared`: what a part holds as ``self.bucket``.
@@ -12,13 +12,13 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from common.codec import RowCodec
+from kvlease.common.codec import RowCodec
 
 if TYPE_CHECKING:  # the parts import this module; these only annotate
-    from tablet.bucket.files import BucketFiles
-    from tablet.log.epoch_file import EpochFile
-    from tablet.log.writer_sequences import WriterSequences
-    from tablet.store.prewrite_buffer import PrewriteBuffer
+    from kvlease.tablet.bucket.files import BucketFiles
+    from kvlease.tablet.log.epoch_file import EpochFile
+    from kvlease.tablet.log.writer_sequences import WriterSequences
+    from kvlease.tablet.store.prewrite_buffer import PrewriteBuffer
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """One bucket's storage: a RocksDB of the current rows and the changelog of every change.
 
-``{dir}/kv`` is the bucket's RocksDB (:class:`~tablet.store.kvstore.KvStore`: rows,
+``{dir}/kv`` is the bucket's RocksDB (:class:`~kvlease.tablet.store.kvstore.KvStore`: rows,
 and the *applied offset*, the first changelog record it does not contain);
-``{dir}/log`` is its :class:`~tablet.log.changelog.Changelog`. See
+``{dir}/log`` is its :class:`~kvlease.tablet.log.changelog.Changelog`. See
 ``docs/bucket-store.md``.
 
 A write: validate and encode the batch (and, when its keys are distinct,
@@ -49,24 +49,24 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 
-from common import config as cfg
-from common.codec import RowCodec
-from common.limits import MAX_ROW_SIZE_BOUND
-from common.logentry import LogEntry
-from common.parts import documented_by
-from common.tables import TableInfo
-from tablet.bucket.files import Backoff, BucketFiles, FileSettings
-from tablet.bucket.open_buckets import OpenBuckets
-from tablet.bucket.reads import BucketReads
-from tablet.bucket.replication import BucketReplication
-from tablet.bucket.state import BucketShared, BucketSpec, WriteRole
-from tablet.bucket.writes import BucketWrites
-from tablet.log.changelog import Changelog, SegmentInfo
-from tablet.log.epoch_file import EpochFile
-from tablet.log.epochs import EpochCache, EpochEnd, Truncation
-from tablet.log.writer_sequences import DEFAULT_WRITER_EXPIRATION_MS, WriterSequences, load_seed
-from tablet.store.kvstore import APPLIED_KEY, META_CF, BucketStoreError, KvSnapshot, KvStore, checkpoint_log_offset
-from tablet.store.prewrite_buffer import PrewriteBuffer
+from kvlease.common import config as cfg
+from kvlease.common.codec import RowCodec
+from kvlease.common.limits import MAX_ROW_SIZE_BOUND
+from kvlease.common.logentry import LogEntry
+from kvlease.common.parts import documented_by
+from kvlease.common.tables import TableInfo
+from kvlease.tablet.bucket.files import Backoff, BucketFiles, FileSettings
+from kvlease.tablet.bucket.open_buckets import OpenBuckets
+from kvlease.tablet.bucket.reads import BucketReads
+from kvlease.tablet.bucket.replication import BucketReplication
+from kvlease.tablet.bucket.state import BucketShared, BucketSpec, WriteRole
+from kvlease.tablet.bucket.writes import BucketWrites
+from kvlease.tablet.log.changelog import Changelog, SegmentInfo
+from kvlease.tablet.log.epoch_file import EpochFile
+from kvlease.tablet.log.epochs import EpochCache, EpochEnd, Truncation
+from kvlease.tablet.log.writer_sequences import DEFAULT_WRITER_EXPIRATION_MS, WriterSequences, load_seed
+from kvlease.tablet.store.kvstore import APPLIED_KEY, META_CF, BucketStoreError, KvSnapshot, KvStore, checkpoint_log_offset
+from kvlease.tablet.store.prewrite_buffer import PrewriteBuffer
 
 __all__ = ["APPLIED_KEY", "META_CF", "BucketStore", "BucketStoreError", "KvSnapshot", "checkpoint_log_offset"]
 
@@ -83,13 +83,13 @@ class BucketStore:
     lookups and log reads run concurrently with them. Create it with
     :meth:`open`. Its files (:attr:`files`, ``tablet/bucket/files.py``) are
     open only while needed when it shares an
-    :class:`~tablet.bucket.open_buckets.OpenBuckets` budget with other buckets: every
+    :class:`~kvlease.tablet.bucket.open_buckets.OpenBuckets` budget with other buckets: every
     method opens them again if they were parked, and a failed store reopens
     them by itself after a backoff.
 
     It owns three parts and calls them from methods of the same names: :attr:`writes`
-    (:class:`~tablet.bucket.writes.BucketWrites`), :attr:`reads` (:class:`~tablet.bucket.reads.BucketReads`)
-    and :attr:`replication` (:class:`~tablet.bucket.replication.BucketReplication`). Each is given what it
+    (:class:`~kvlease.tablet.bucket.writes.BucketWrites`), :attr:`reads` (:class:`~kvlease.tablet.bucket.reads.BucketReads`)
+    and :attr:`replication` (:class:`~kvlease.tablet.bucket.replication.BucketReplication`). Each is given what it
     uses: the files, the write lock, the writers' sequences, the pre-write buffer, the leader-epoch cache
     (:attr:`epoch_file`), the role (:attr:`role`) and which bucket it is (``tablet/bucket/state.py``).
     """

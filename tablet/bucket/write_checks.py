@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from common.codec import RowCodec, bucket_array
-from common.codec_arrays import value_offsets
-from common.errors import InvalidRowError, RecordTooLargeError, show
+from kvlease.common.codec import RowCodec, bucket_array
+from kvlease.common.codec_arrays import value_offsets
+from kvlease.common.errors import InvalidRowError, RecordTooLargeError, show
 
 
 def check_bucket(codec: RowCodec, bucket: int | None, keys: list[bytes], what: str) -> None:

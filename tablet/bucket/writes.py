@@ -1,13 +1,13 @@
 """The write path of a bucket store: validate, append, fsync unlocked, publish and apply in offset order.
 
-:class:`BucketWrites` is a part of :class:`tablet.bucket.store.BucketStore`, which
+:class:`BucketWrites` is a part of :class:`kvlease.tablet.bucket.store.BucketStore`, which
 owns it (see ``tablet/bucket/store.py`` for the write's steps and the store's
 invariant). It keeps the writes in flight (appended, not yet published), so
 the store and its replication part wait for them (:meth:`BucketWrites.settle`),
 and fails the store's files when a write's append, fsync or apply fails
 (:meth:`BucketWrites.fail`). Under which role the writes are appended (the
 leader epoch stamped on them, whether the replica follows) is a
-:class:`~tablet.bucket.state.WriteRole` the store shares with its other parts.
+:class:`~kvlease.tablet.bucket.state.WriteRole` the store shares with its other parts.
 """
 
 from __future__ import annotations
@@ -16,22 +16,22 @@ import threading
 
 import pyarrow as pa
 
-from common import errors
-from common.errors import InvalidRequestError, RecordTooLargeError
-from common.limits import MAX_ENTRY_BYTES
-from tablet.bucket import write_checks
-from tablet.bucket.state import BucketShared, WriteRole
-from tablet.log.changelog import Changelog
-from tablet.log.sequences import Duplicate, OutOfOrder
-from tablet.store import change_records
-from tablet.store.key_ranges import key_range
-from tablet.store.kvstore import BucketStoreError, KvStore, PreparedWrite
+from kvlease.common import errors
+from kvlease.common.errors import InvalidRequestError, RecordTooLargeError
+from kvlease.common.limits import MAX_ENTRY_BYTES
+from kvlease.tablet.bucket import write_checks
+from kvlease.tablet.bucket.state import BucketShared, WriteRole
+from kvlease.tablet.log.changelog import Changelog
+from kvlease.tablet.log.sequences import Duplicate, OutOfOrder
+from kvlease.tablet.store import change_records
+from kvlease.tablet.store.key_ranges import key_range
+from kvlease.tablet.store.kvstore import BucketStoreError, KvStore, PreparedWrite
 
 _EMPTY = pa.array([], pa.binary())
 
 
 class BucketWrites:
-    """Writes of a :class:`~tablet.bucket.store.BucketStore` (a part it owns; see the module docstring): they
+    """Writes of a :class:`~kvlease.tablet.bucket.store.BucketStore` (a part it owns; see the module docstring): they
     serialize on ``write_lock``, the store's, which this part's condition of settled writes shares."""
 
     def __init__(self, bucket: BucketShared) -> None:
@@ -57,7 +57,7 @@ class BucketWrites:
               writer: tuple[int, int] | None = None) -> tuple[int, int]:
         """Upsert then delete rows; returns the changelog ``(base_offset, next_offset)`` written.
 
-        ``writer``: ``(writer id, sequence)`` of an idempotent batch (:mod:`tablet.log.writer_sequences`;
+        ``writer``: ``(writer id, sequence)`` of an idempotent batch (:mod:`kvlease.tablet.log.writer_sequences`;
         a resent one is answered with its offsets once published; a no-op records no sequence).
 
         ``upserts`` are full rows (missing non-key columns are null),

@@ -1,6 +1,6 @@
 """A replica's leader-epoch cache on disk: ``{bucket dir}/leader-epochs.json``.
 
-The cache (:class:`~tablet.log.epochs.EpochCache`) says under which
+The cache (:class:`~kvlease.tablet.log.epochs.EpochCache`) says under which
 leader epoch each stretch of the changelog was written. The bucket store
 keeps it in memory and writes this checkpoint whenever it changes (a new
 epoch appended or assigned, a truncation), atomically: a temporary file,
@@ -24,11 +24,11 @@ import logging
 import os
 from typing import Callable
 
-from common.errors import FencedLeaderEpochError
-from common.logentry import read_header
-from tablet.log.changelog import Changelog
-from tablet.log.epochs import EpochCache
-from tablet.log.segment_files import write_durably
+from kvlease.common.errors import FencedLeaderEpochError
+from kvlease.common.logentry import read_header
+from kvlease.tablet.log.changelog import Changelog
+from kvlease.tablet.log.epochs import EpochCache
+from kvlease.tablet.log.segment_files import write_durably
 
 log = logging.getLogger(__name__)
 

@@ -1,11 +1,11 @@
 """A changelog's segment files: their names, recovery at open, and moving bytes in and out.
 
 Segments are files ``{base_offset:020d}.log`` in the changelog's directory,
-holding framed entries (:mod:`common.logentry`) back to back; each is indexed
-in memory by :class:`~tablet.log.index.SegmentIndex`. Recovery at open
+holding framed entries (:mod:`kvlease.common.logentry`) back to back; each is indexed
+in memory by :class:`~kvlease.tablet.log.index.SegmentIndex`. Recovery at open
 (:func:`recover`) indexes them from their headers, cuts a torn tail off the
-newest one and raises :class:`~common.logentry.CorruptLogError` for anything
-else that is damaged. :class:`tablet.log.changelog.Changelog` owns the files'
+newest one and raises :class:`~kvlease.common.logentry.CorruptLogError` for anything
+else that is damaged. :class:`kvlease.tablet.log.changelog.Changelog` owns the files'
 life (locks, offsets, rolls, retention) and calls these.
 """
 
@@ -17,9 +17,9 @@ import mmap
 import os
 import re
 
-from common.fsync import fsync_path
-from common.logentry import CorruptLogError, check_frame, valid_frame_after
-from tablet.log.index import NO_TIMESTAMP, SegmentIndex, time_key
+from kvlease.common.fsync import fsync_path
+from kvlease.common.logentry import CorruptLogError, check_frame, valid_frame_after
+from kvlease.tablet.log.index import NO_TIMESTAMP, SegmentIndex, time_key
 
 log = logging.getLogger("tablet.log.changelog.segments")  # under the changelog's logger: its recovery warnings
 

@@ -2,7 +2,7 @@
 
 A table client sends each write of a bucket as ``(writer id, sequence)``;
 every changelog entry records them (format 3). :class:`WriterSequences` keeps
-the bucket's :class:`~tablet.log.sequences.SequenceTable` and answers
+the bucket's :class:`~kvlease.tablet.log.sequences.SequenceTable` and answers
 a new batch: append it, answer a resent one with its original offsets, or
 refuse one out of order. The table is built from the changelog on the first
 idempotent write after the bucket opened or failed (the entries appended
@@ -28,10 +28,10 @@ import json
 import os
 from typing import Callable, Iterable
 
-from common.logentry import read_header
-from tablet.log.changelog import Changelog
-from tablet.log.segment_files import write_durably
-from tablet.log.sequences import CheckOutcome, SequenceTable, WriterBatch
+from kvlease.common.logentry import read_header
+from kvlease.tablet.log.changelog import Changelog
+from kvlease.tablet.log.segment_files import write_durably
+from kvlease.tablet.log.sequences import CheckOutcome, SequenceTable, WriterBatch
 
 #: Bytes of changelog read per step while building the table.
 _READ_BYTES = 4 << 20

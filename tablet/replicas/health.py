@@ -18,9 +18,9 @@ from typing import Mapping
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from tablet.bucket.open_buckets import fd_limit
-from tablet.replicas.manager import ReplicaManager
-from tablet.replicas.step_down import StepDown, SteppedDown
+from kvlease.tablet.bucket.open_buckets import fd_limit
+from kvlease.tablet.replicas.manager import ReplicaManager
+from kvlease.tablet.replicas.step_down import StepDown, SteppedDown
 
 FD_WARNING = 0.9  # open fds above this share of the limit make the server unhealthy
 
@@ -59,7 +59,7 @@ def open_fd_count() -> int:
 
 def health(replicas: ReplicaManager, step_down: StepDown | None = None) -> Health:
     """The server's health now (reads only memory and ``/proc/self/fd``); ``step_down``: the server's
-    :class:`~tablet.replicas.step_down.StepDown` (None: no step-downs to report)."""
+    :class:`~kvlease.tablet.replicas.step_down.StepDown` (None: no step-downs to report)."""
     problems = []
     refused = sorted(replicas.refused)
     if refused:

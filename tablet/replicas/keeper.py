@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import logging
 
-from common import errors
-from tablet.bucket import damage as bucket_damage
-from tablet.periodic import Periodic
-from tablet.replicas import loss as replica_loss
-from tablet.replicas.manager import ReplicaManager
+from kvlease.common import errors
+from kvlease.tablet.bucket import damage as bucket_damage
+from kvlease.tablet.periodic import Periodic
+from kvlease.tablet.replicas import loss as replica_loss
+from kvlease.tablet.replicas.manager import ReplicaManager
 
 log = logging.getLogger(__name__)
 

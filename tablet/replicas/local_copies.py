@@ -1,7 +1,7 @@
 """The local copies a tablet server no longer holds: dropped tables' data, buckets moved off, stray copies.
 
-:class:`LocalCopies` is a part :class:`tablet.replicas.manager.ReplicaManager` owns: it deletes bucket and table
-directories under the data dir (and forgets them in :class:`~tablet.replicas.loss.HeldBuckets`, so their
+:class:`LocalCopies` is a part :class:`kvlease.tablet.replicas.manager.ReplicaManager` owns: it deletes bucket and table
+directories under the data dir (and forgets them in :class:`~kvlease.tablet.replicas.loss.HeldBuckets`, so their
 absence is no loss) once ZooKeeper says so: a table's data goes only once its ``/tables/{id}`` node is
 gone (``table_gone``), and a stray copy (``tablet/replicas/stray_copies.py``) only of a table ZooKeeper still has.
 The manager calls it under its lock, with the buckets it holds.
@@ -14,8 +14,8 @@ import os
 import shutil
 from typing import Callable
 
-from tablet.replicas import stray_copies
-from tablet.replicas.loss import HeldBuckets
+from kvlease.tablet.replicas import stray_copies
+from kvlease.tablet.replicas.loss import HeldBuckets
 
 log = logging.getLogger(__name__)
 

@@ -33,12 +33,12 @@ import os
 import threading
 from typing import Callable
 
-from common import config as cfg
-from common.storage import RemoteStorage
-from tablet.bucket import damage as bucket_damage
-from tablet.replicas import lost_data
-from tablet.replicas.replica import Replica
-from tablet.replication.roles import BucketRole
+from kvlease.common import config as cfg
+from kvlease.common.storage import RemoteStorage
+from kvlease.tablet.bucket import damage as bucket_damage
+from kvlease.tablet.replicas import lost_data
+from kvlease.tablet.replicas.replica import Replica
+from kvlease.tablet.replication.roles import BucketRole
 
 log = logging.getLogger(__name__)
 
@@ -123,16 +123,16 @@ def doing(replica) -> str:
 
 
 class ReplicaLosses:
-    """The lost-data part of :class:`tablet.replicas.manager.ReplicaManager`, which owns it: restores, unclean takeovers
+    """The lost-data part of :class:`kvlease.tablet.replicas.manager.ReplicaManager`, which owns it: restores, unclean takeovers
     (``tablet/replicas/lost_data.py``) and the replicas this server finds lost (the module docstring).
 
     ``server_id``: this server's; ``bucket_dir(table_id, bucket)``: a bucket's local dir; ``unsettled``: the
     manager's set of buckets the keeper has work for (a bucket with loss work is added); ``lock``: the
     manager's lock (a push changes the replicas' loss work under it); ``server_calls``: this server's
-    coordinator calls (:class:`client.server_calls.ServerCalls`: the reports); ``storage``, ``admin`` and
+    coordinator calls (:class:`kvlease.client.server_calls.ServerCalls`: the reports); ``storage``, ``admin`` and
     ``config``: what a restore reads the snapshot with; ``start_over(replica, prepare)``: the manager closes
     ``replica``, runs ``prepare()`` on its closed files and holds a new replica over them in its place
-    (:meth:`tablet.replicas.manager.ReplicaManager.start_over`)."""
+    (:meth:`kvlease.tablet.replicas.manager.ReplicaManager.start_over`)."""
 
     def __init__(self, server_id: int, bucket_dir: Callable[[int, int], str], unsettled: set[tuple[int, int]],
                  lock: threading.Lock, server_calls, storage: RemoteStorage, admin, config: cfg.Config,

@@ -36,12 +36,12 @@ import os
 import shutil
 import uuid
 
-from common import errors, kvsnapshot
-from common.data_loss import RESTORE, UNCLEAN
-from tablet.bucket import damage as bucket_damage
-from tablet.log.segment_files import write_durably
-from tablet.replication.roles import BucketRole
-from tablet.store import snapshot_install
+from kvlease.common import errors, kvsnapshot
+from kvlease.common.data_loss import RESTORE, UNCLEAN
+from kvlease.tablet.bucket import damage as bucket_damage
+from kvlease.tablet.log.segment_files import write_durably
+from kvlease.tablet.replication.roles import BucketRole
+from kvlease.tablet.store import snapshot_install
 
 __all__ = ["CONFIRM", "RESTORE", "UNCLEAN", "LogEndReporter", "data_dir_id", "restore_files", "work_for"]
 

@@ -1,10 +1,10 @@
 """The buckets a tablet server holds a replica of: their stores, roles, snapshots and changelog retention.
 
 The coordinator pushes the full set of buckets held, each with its role
-(:meth:`ReplicaManager.update_leadership`, :class:`~tablet.replication.roles.BucketRole`):
+(:meth:`ReplicaManager.update_leadership`, :class:`~kvlease.tablet.replication.roles.BucketRole`):
 led, or followed (fetching from the leader it names: ``tablet/replication/fetcher.py``).
 Only a leader serves clients (:meth:`ReplicaManager.get`); a replicated
-bucket's leader keeps a :class:`~tablet.replication.leader.Leadership` (HW,
+bucket's leader keeps a :class:`~kvlease.tablet.replication.leader.Leadership` (HW,
 ISR, writes waiting), made on first use. A leader that becomes a follower
 ends its leadership (writes waiting are answered NOT_LEADER) and its scans.
 A bucket is replicated while it has more than one replica (its table's, or a
@@ -28,7 +28,7 @@ changelog retention (``tablet/replicas/snapshots.py``), the replicas whose data 
 and the local copies of buckets it no longer holds (``tablet/replicas/local_copies.py``).
 
 Thousands of buckets: taking a bucket opens no file (its store opens them on
-first use, and the server's :class:`~tablet.bucket.open_buckets.OpenBuckets` parks
+first use, and the server's :class:`~kvlease.tablet.bucket.open_buckets.OpenBuckets` parks
 idle ones); the keeper (``tablet/replicas/keeper.py``) opens new buckets in the
 background, learns their latest snapshot from the coordinator and reopens
 failed ones. At most ``tablet.buckets.max`` buckets are led: a push naming more
@@ -46,25 +46,25 @@ import threading
 import time
 from typing import Callable, Iterator
 
-from common import config as cfg
-from common import errors
-from common.storage import RemoteStorage
-from common.tables import TableInfo
-from common.model import SnapshotHandle, TableBucket
-from common.parts import documented_by
-from client.server_calls import ServerCalls
-from tablet.bucket.open_buckets import OpenBuckets, open_capacity
-from tablet.bucket.store import BucketStore
-from tablet.replicas import loss as replica_loss
-from tablet.replicas import stray_copies
-from tablet.replicas.local_copies import LocalCopies
-from tablet.replicas.loss import ReplicaLosses
-from tablet.replicas.replica import Replica
-from tablet.replicas.snapshots import ReplicaSnapshots
-from tablet.replication.leader import Leadership
-from tablet.replication.leader_lease import LeaderLease, LeaseBasis
-from tablet.replication.roles import NO_LEADER, BucketRole
-from tablet.store.snapshot import SnapshotUploader
+from kvlease.common import config as cfg
+from kvlease.common import errors
+from kvlease.common.storage import RemoteStorage
+from kvlease.common.tables import TableInfo
+from kvlease.common.model import SnapshotHandle, TableBucket
+from kvlease.common.parts import documented_by
+from kvlease.client.server_calls import ServerCalls
+from kvlease.tablet.bucket.open_buckets import OpenBuckets, open_capacity
+from kvlease.tablet.bucket.store import BucketStore
+from kvlease.tablet.replicas import loss as replica_loss
+from kvlease.tablet.replicas import stray_copies
+from kvlease.tablet.replicas.local_copies import LocalCopies
+from kvlease.tablet.replicas.loss import ReplicaLosses
+from kvlease.tablet.replicas.replica import Replica
+from kvlease.tablet.replicas.snapshots import ReplicaSnapshots
+from kvlease.tablet.replication.leader import Leadership
+from kvlease.tablet.replication.leader_lease import LeaderLease, LeaseBasis
+from kvlease.tablet.replication.roles import NO_LEADER, BucketRole
+from kvlease.tablet.store.snapshot import SnapshotUploader
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +74,8 @@ LEASE_WAIT_S = 0.5
 
 class ReplicaManager:
     """The replicas a tablet server holds (see the module docstring). It owns two parts and calls them from
-    methods of the same names: :attr:`snapshots` (:class:`~tablet.replicas.snapshots.ReplicaSnapshots`:
-    snapshots and changelog retention) and :attr:`losses` (:class:`~tablet.replicas.loss.ReplicaLosses`:
+    methods of the same names: :attr:`snapshots` (:class:`~kvlease.tablet.replicas.snapshots.ReplicaSnapshots`:
+    snapshots and changelog retention) and :attr:`losses` (:class:`~kvlease.tablet.replicas.loss.ReplicaLosses`:
     restores, unclean takeovers, replicas found lost)."""
 
     def __init__(self, data_dir: str, config: cfg.Config, storage: RemoteStorage, admin,
@@ -88,8 +88,8 @@ class ReplicaManager:
         ``table_gone(table_id)``: ZooKeeper has no ``/tables/{id}``. Both may raise
         RetriableError; None trusts the pushes (no ZooKeeper: unit tests). ``lease``: the server's leader
         lease, which every answer of a bucket led here is checked against (None: always valid, no
-        ZooKeeper). ``admin``: a :class:`client.admin.AdminClient` (snapshot commits and listings);
-        ``server_calls``: this server's own coordinator calls (:class:`client.server_calls.ServerCalls`: the
+        ZooKeeper). ``admin``: a :class:`kvlease.client.admin.AdminClient` (snapshot commits and listings);
+        ``server_calls``: this server's own coordinator calls (:class:`kvlease.client.server_calls.ServerCalls`: the
         loss reports; None: no coordinator, unit tests)."""
         self.data_dir = data_dir
         self.server_id = server_id
@@ -134,7 +134,7 @@ class ReplicaManager:
 
     @property
     def admin(self):
-        """The :class:`client.admin.AdminClient` of snapshot commits and listings and of restores (setting
+        """The :class:`kvlease.client.admin.AdminClient` of snapshot commits and listings and of restores (setting
         it sets its parts')."""
         return self.snapshots.admin
 

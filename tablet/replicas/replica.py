@@ -1,6 +1,6 @@
 """One bucket replica a tablet server holds: its store, role, leadership and snapshot state.
 
-Made and owned by :class:`~tablet.replicas.manager.ReplicaManager`; a push's role for
+Made and owned by :class:`~kvlease.tablet.replicas.manager.ReplicaManager`; a push's role for
 it is taken by :meth:`Replica.take_role`. Its store is replicated (a pre-write
 buffer, a leadership of its own when it leads) when the table has more than
 one replica or the push names more than one (a one-replica bucket being
@@ -16,15 +16,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from common import errors
-from common.model import TableBucket
-from common.tables import TableInfo
-from tablet.bucket.store import BucketStore
-from tablet.replication.leader import Leadership
-from tablet.replication.roles import BucketRole
-from tablet.store.snapshot import SnapshotUploader
+from kvlease.common import errors
+from kvlease.common.model import TableBucket
+from kvlease.common.tables import TableInfo
+from kvlease.tablet.bucket.store import BucketStore
+from kvlease.tablet.replication.leader import Leadership
+from kvlease.tablet.replication.roles import BucketRole
+from kvlease.tablet.store.snapshot import SnapshotUploader
 
-log = logging.getLogger("tablet.replicas.manager")  # its role changes log with the manager's
+log = logging.getLogger("kvlease.tablet.replicas.manager")  # its role changes log with the manager's
 
 
 @dataclass

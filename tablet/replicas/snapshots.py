@@ -1,5 +1,5 @@
 """Snapshots and changelog retention of the buckets a tablet server holds: :class:`ReplicaSnapshots`, a part
-:class:`~tablet.replicas.manager.ReplicaManager` owns (its ``snapshot`` and ``snapshot_changed`` call it).
+:class:`~kvlease.tablet.replicas.manager.ReplicaManager` owns (its ``snapshot`` and ``snapshot_changed`` call it).
 
 A snapshot is taken by a bucket's leader only, from committed state (its
 RocksDB holds nothing above the HW): RocksDB checkpoint -> upload of the SST
@@ -21,14 +21,14 @@ import shutil
 import time
 from typing import Callable
 
-from common import config as cfg
-from common import errors
-from common.kvsnapshot import missing_files
-from common.model import SnapshotHandle
-from common.storage import RemoteStorage
-from tablet.replicas.replica import Replica
-from tablet.replication.leader_lease import LeaderLease
-from tablet.store.snapshot import upload_and_commit
+from kvlease.common import config as cfg
+from kvlease.common import errors
+from kvlease.common.kvsnapshot import missing_files
+from kvlease.common.model import SnapshotHandle
+from kvlease.common.storage import RemoteStorage
+from kvlease.tablet.replicas.replica import Replica
+from kvlease.tablet.replication.leader_lease import LeaderLease
+from kvlease.tablet.store.snapshot import upload_and_commit
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ def still_leads(replica: Replica, leader_epoch: int, lease: LeaderLease) -> None
 class ReplicaSnapshots:
     """The snapshots and changelog retention of the replicas a tablet server holds (see the module docstring).
 
-    ``admin``: a :class:`client.admin.AdminClient` (the latest snapshots, commits, the kept snapshots);
+    ``admin``: a :class:`kvlease.client.admin.AdminClient` (the latest snapshots, commits, the kept snapshots);
     ``storage``: the remote storage; ``config``: the server's (``snapshot.*``, ``log.retention``);
     ``lease``: the server's leader lease; ``server_id``: this server's; ``bucket_dir(table_id, bucket)``:
     a bucket's local dir (its checkpoints are made under it)."""

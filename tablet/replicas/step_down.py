@@ -34,9 +34,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from common import errors
-from tablet.bucket import damage as bucket_damage
-from tablet.periodic import Periodic
+from kvlease.common import errors
+from kvlease.tablet.bucket import damage as bucket_damage
+from kvlease.tablet.periodic import Periodic
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ class StepDown(Periodic):
 
     def __init__(self, server_id: int, replicas, resign, *, after_s: float, interval_s: float = 0.5,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
-        """``replicas``: the :class:`~tablet.replicas.manager.ReplicaManager`; ``resign``: ``ServerCalls.resign_leadership``
+        """``replicas``: the :class:`~kvlease.tablet.replicas.manager.ReplicaManager`; ``resign``: ``ServerCalls.resign_leadership``
         (one call for the buckets due in a round)."""
         super().__init__(interval_s)
         self.server_id = server_id

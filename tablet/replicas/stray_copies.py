@@ -7,7 +7,7 @@ the bucket, and its directory ``{data-dir}/{table_id}/{bucket}`` would stay on d
 the first push a (re)started server takes from a confirmed coordinator, and again after the first one
 once it registered in a new ZooKeeper session, every bucket directory of a
 table ZooKeeper still has that the push does not hold (nor refuse for capacity) is such a stray copy
-and is deleted (:meth:`tablet.replicas.manager.ReplicaManager.remove_stray_copies`). Tables ZooKeeper no
+and is deleted (:meth:`kvlease.tablet.replicas.manager.ReplicaManager.remove_stray_copies`). Tables ZooKeeper no
 longer has are ``remove_dropped_tables``' business; a table whose existence cannot be checked
 (a ZooKeeper error) keeps its directories.
 
@@ -20,7 +20,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from common import errors
+from kvlease.common import errors
 
 Key = tuple[int, int]  # (table id, bucket)
 

@@ -19,18 +19,18 @@ import threading
 import time
 from typing import Callable
 
-from common import errors
-from common.proto import tablet_pb2 as pb
-from common.wire import error_pb
-from tablet.log.epochs import EpochEnd
-from tablet.replication.leader import check_epoch
+from kvlease.common import errors
+from kvlease.common.proto import tablet_pb2 as pb
+from kvlease.common.wire import error_pb
+from kvlease.tablet.log.epochs import EpochEnd
+from kvlease.tablet.replication.leader import check_epoch
 
 MAX_WAIT_MS = 30_000
 
 
 class ReplicaFetchService:
     def __init__(self, replicas, clock_ms: Callable[[], int] = lambda: int(time.time() * 1000)) -> None:
-        """``replicas``: the server's :class:`~tablet.replicas.manager.ReplicaManager`."""
+        """``replicas``: the server's :class:`~kvlease.tablet.replicas.manager.ReplicaManager`."""
         self.replicas = replicas
         self.clock_ms = clock_ms
         self._news = threading.Condition()

@@ -20,15 +20,15 @@ import threading
 
 import grpc
 
-from client.transport import Channels, rpc_error
-from common import errors
-from common.proto import tablet_pb2 as pb
-from common.proto import tablet_pb2_grpc as pb_grpc
-from common.wire import error_from_pb, raise_for
-from tablet.bucket import damage as bucket_damage
-from tablet.replication.fetch_service import answer_of
-from tablet.replication.rebuild import DAMAGED, DIVERGED, FRESH, Rebuilder
-from tablet.replication.worker import ReplicaWorker
+from kvlease.client.transport import Channels, rpc_error
+from kvlease.common import errors
+from kvlease.common.proto import tablet_pb2 as pb
+from kvlease.common.proto import tablet_pb2_grpc as pb_grpc
+from kvlease.common.wire import error_from_pb, raise_for
+from kvlease.tablet.bucket import damage as bucket_damage
+from kvlease.tablet.replication.fetch_service import answer_of
+from kvlease.tablet.replication.rebuild import DAMAGED, DIVERGED, FRESH, Rebuilder
+from kvlease.tablet.replication.worker import ReplicaWorker
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ import logging
 import time
 from typing import Callable
 
-from common import errors
-from tablet.periodic import Periodic
+from kvlease.common import errors
+from kvlease.tablet.periodic import Periodic
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +21,7 @@ class IsrKeeper(Periodic):
 
     def __init__(self, server_id: int, leaderships: Callable[[], list], alter_isr, *, max_lag_ms: int,
                  interval_s: float = 0.2, clock_ms: Callable[[], int] = lambda: int(time.time() * 1000)) -> None:
-        """``leaderships()``: the live :class:`~tablet.replication.leader.Leadership` objects; ``alter_isr``:
+        """``leaderships()``: the live :class:`~kvlease.tablet.replication.leader.Leadership` objects; ``alter_isr``:
         ``ServerCalls.alter_isr`` (``client/server_calls.py``)."""
         super().__init__(interval_s)
         self.server_id = server_id

@@ -1,7 +1,7 @@
 """One leadership of one replicated bucket on this server: the HW, the ISR it asks for, writes waiting.
 
 A :class:`Leadership` lives for one leader epoch (a new epoch is a new one);
-it wraps the pure :class:`~tablet.replication.isr.LeaderView` with a lock and
+it wraps the pure :class:`~kvlease.tablet.replication.isr.LeaderView` with a lock and
 the bucket's store. Writes: :meth:`Leadership.check_write` before the append
 (fenced epoch, NOT_ENOUGH_REPLICAS), :meth:`Leadership.appended` after it,
 :meth:`Leadership.wait_committed` until the HW passed them. Followers'
@@ -21,9 +21,9 @@ import threading
 import time
 from typing import Callable
 
-from common import errors
-from tablet.replication.isr import LeaderView, can_write
-from tablet.replication.roles import BucketRole
+from kvlease.common import errors
+from kvlease.tablet.replication.isr import LeaderView, can_write
+from kvlease.tablet.replication.roles import BucketRole
 
 
 class Leadership:

@@ -24,7 +24,7 @@ server's leaders refuse (clients retry): no leader answers without knowing
 that no other one can.
 
 :class:`LeaderLease` is the state (any thread); :class:`LeaseRenewer` renews it
-(a :class:`~tablet.periodic.Periodic` round every eighth of a duration, at once
+(a :class:`~kvlease.tablet.periodic.Periodic` round every eighth of a duration, at once
 after a push changed its basis).
 """
 
@@ -37,8 +37,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from common import zkpaths
-from tablet.periodic import Periodic
+from kvlease.common import zkpaths
+from kvlease.tablet.periodic import Periodic
 
 log = logging.getLogger(__name__)
 

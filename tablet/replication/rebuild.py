@@ -48,13 +48,13 @@ import threading
 import time
 from typing import Callable
 
-from common import errors
-from common.model import SnapshotHandle, TableBucket
-from common.storage import RemoteStorage
-from tablet.replication import snapshot_download
-from tablet.replication.throttle import Throttle
-from tablet.replication.worker import ReplicaWorker
-from tablet.store.kvstore import BucketInUseError
+from kvlease.common import errors
+from kvlease.common.model import SnapshotHandle, TableBucket
+from kvlease.common.storage import RemoteStorage
+from kvlease.tablet.replication import snapshot_download
+from kvlease.tablet.replication.throttle import Throttle
+from kvlease.tablet.replication.worker import ReplicaWorker
+from kvlease.tablet.store.kvstore import BucketInUseError
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common.data_loss import DataLoss
-from common.tables import TableInfo
+from kvlease.common.data_loss import DataLoss
+from kvlease.common.tables import TableInfo
 
 NO_LEADER = -1
 

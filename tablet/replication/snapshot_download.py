@@ -3,7 +3,7 @@
 ``common.kvsnapshot.download`` (each file to a temp name, renamed once
 checked), with what a tablet server's rebuild needs on top:
 
-- the bytes of each file are taken from the server's :class:`~tablet.replication.throttle.Throttle`
+- the bytes of each file are taken from the server's :class:`~kvlease.tablet.replication.throttle.Throttle`
   (``replica.rebuild.max-bytes-per-s``) before it is fetched;
 - each file is checked against the manifest: its size, and its CRC-32 when
   the manifest carries one (manifests written before checksums do not);
@@ -20,11 +20,11 @@ from __future__ import annotations
 import threading
 from typing import Callable
 
-from common import errors, kvsnapshot
-from common.kvsnapshot import Manifest, ManifestFile
-from common.model import SnapshotHandle
-from common.storage import RemoteStorage
-from tablet.replication.throttle import Throttle
+from kvlease.common import errors, kvsnapshot
+from kvlease.common.kvsnapshot import Manifest, ManifestFile
+from kvlease.common.model import SnapshotHandle
+from kvlease.common.storage import RemoteStorage
+from kvlease.tablet.replication.throttle import Throttle
 
 
 class Aborted(errors.KvLeaseError):

@@ -25,7 +25,7 @@ class ReplicaWorker:
 
     def stop(self) -> None:
         """End the thread (the stop event is set by the owner); work still queued is dropped: after a
-        resume (:meth:`tablet.replication.fetcher.Fetchers.resume`) the fetcher queues what is still due."""
+        resume (:meth:`kvlease.tablet.replication.fetcher.Fetchers.resume`) the fetcher queues what is still due."""
         with self._cond:
             self._cond.notify_all()
             thread = self._thread

@@ -1,4 +1,4 @@
-"""Who may open, continue and close a live scan (:mod:`tablet.authz` decides READ on a table).
+"""Who may open, continue and close a live scan (:mod:`kvlease.tablet.authz` decides READ on a table).
 
 Opening a scan needs READ on the table. A session belongs to the principal
 that opened it: a continuation or close from another principal is
@@ -14,13 +14,13 @@ from typing import Callable
 
 from prometheus_client import Counter
 
-from common import errors
-from tablet.authz import READ, TableAccess
-from tablet.scan.session import ScanSession
+from kvlease.common import errors
+from kvlease.tablet.authz import READ, TableAccess
+from kvlease.tablet.scan.session import ScanSession
 
 
 class ScanAccess:
-    """The checks :class:`~tablet.scan.service.ScanService` makes before it opens or touches a session."""
+    """The checks :class:`~kvlease.tablet.scan.service.ScanService` makes before it opens or touches a session."""
 
     def __init__(self, access: TableAccess, refused: Counter,
                  session_of: Callable[[bytes], ScanSession | None]) -> None:

@@ -5,7 +5,7 @@
 snapshot iterator, and keeps no Python object per row beyond the step it is
 read in: each step's values are joined into one ``bytes`` (a piece of the
 column's data buffer) and their lengths go into one numpy array (its
-offsets). :mod:`tablet.scan.wire` puts those buffers on the wire;
+offsets). :mod:`kvlease.tablet.scan.wire` puts those buffers on the wire;
 :func:`records_ipc` makes the ``records`` of a list of values (empty answers,
 tests).
 """
@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 from rocksdict import RdictIter
 
-from common.codec import batch_to_ipc
+from kvlease.common.codec import batch_to_ipc
 
 #: The schema of a response's ``records``: the rows' encoded values (docs/row-encoding.md).
 VALUE_SCHEMA = pa.schema([("value", pa.binary())])

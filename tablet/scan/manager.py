@@ -6,7 +6,7 @@ books — which sessions exist, which call each may serve next, limits, idle
 time, why a session went away. No RocksDB, gRPC or clock inside: time comes
 in the events (``now_ms``, monotonic), the shell (``tablet/scan/service.py``)
 owns the snapshots and carries out the instructions. Events, instructions and
-the registered dispatch come from :mod:`common.statemachine`.
+the registered dispatch come from :mod:`kvlease.common.statemachine`.
 
 Calls of a session: the open's batch is call :data:`OPEN_CALL` (-1);
 continuations are ``call_seq_id`` 0, 1, 2, ... Re-sending the last one
@@ -24,9 +24,9 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from common import errors
-from common.model import TableBucket
-from common.statemachine import Event, Instruction, StateMachine, on
+from kvlease.common import errors
+from kvlease.common.model import TableBucket
+from kvlease.common.statemachine import Event, Instruction, StateMachine, on
 
 #: The call number of the batch answered with the open.
 OPEN_CALL = -1

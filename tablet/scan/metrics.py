@@ -1,4 +1,4 @@
-"""The live-scan metrics of a tablet server (:class:`~tablet.scan.service.ScanService` keeps them).
+"""The live-scan metrics of a tablet server (:class:`~kvlease.tablet.scan.service.ScanService` keeps them).
 
 Counters the service bumps as it answers (opened, released, expired, refused,
 read-ahead used or dropped, rows, bytes) and gauges read at scrape time from
@@ -13,8 +13,8 @@ from typing import Callable
 from prometheus_client import Counter
 from prometheus_client.core import GaugeMetricFamily
 
-from common.metrics import MetricsRegistry
-from common.model import TableBucket
+from kvlease.common.metrics import MetricsRegistry
+from kvlease.common.model import TableBucket
 
 #: ``(open sessions, open sessions per bucket, snapshots held)``
 Counts = Callable[[], tuple[int, dict[TableBucket, int], int]]

@@ -1,16 +1,16 @@
 """The shell of live KV scans: session resources, read-ahead, the reaper.
 
-:class:`ScanService` carries out what the pure :class:`~tablet.scan.manager.ScannerManager`
-decides: a :mod:`common.statemachine` shell, one registered executor per
+:class:`ScanService` carries out what the pure :class:`~kvlease.tablet.scan.manager.ScannerManager`
+decides: a :mod:`kvlease.common.statemachine` shell, one registered executor per
 instruction, each carried out inline by the call that handed the event in.
-It creates each session (:class:`~tablet.scan.session.ScanSession`: its RocksDB
+It creates each session (:class:`~kvlease.tablet.scan.session.ScanSession`: its RocksDB
 snapshot from ``BucketStore.snapshot()``, taken under the bucket's write lock,
 and how to answer its last call again), has it build batches
-(:mod:`tablet.scan.batch`) and their answers' bytes (:mod:`tablet.scan.wire`), runs the reaper every
+(:mod:`kvlease.tablet.scan.batch`) and their answers' bytes (:mod:`kvlease.tablet.scan.wire`), runs the reaper every
 ``kv.scanner.expiration-interval`` and ends a bucket's sessions before its
 store closes (it listens to the ReplicaManager). See docs/live-scans.md.
 
-Read-ahead, replays and memory: :mod:`tablet.scan.session`. Only a batch a
+Read-ahead, replays and memory: :mod:`kvlease.tablet.scan.session`. Only a batch a
 unary session ends with is kept (its snapshot is gone), in a cache of
 :data:`FINISHED_CACHE_BYTES` shared by finished sessions.
 
@@ -21,7 +21,7 @@ whose call is in flight is released by that call as it ends, which sets
 ``released``: :meth:`close_bucket` waits for that, so a bucket's store never
 closes under a batch being read.
 
-Authorization: :mod:`tablet.scan.access`. Metrics: :mod:`tablet.scan.metrics`.
+Authorization: :mod:`kvlease.tablet.scan.access`. Metrics: :mod:`kvlease.tablet.scan.metrics`.
 """
 
 from __future__ import annotations
@@ -36,22 +36,22 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from common import config as cfg
-from common import errors
-from common.proto import tablet_pb2 as pb
-from common.wire import error_pb
-from common.model import TableBucket
-from common.statemachine import Shell, on
-from common.security.server import OPEN
-from tablet.authz import TableAccess
-from tablet.bucket.store import BucketStoreError
-from tablet.replicas.manager import ReplicaManager
-from tablet.scan import manager as scan
-from tablet.scan import batch as scan_batch
-from tablet.scan import wire as scan_wire
-from tablet.scan.access import ScanAccess
-from tablet.scan.metrics import ScanMetrics
-from tablet.scan.session import ScanSession
+from kvlease.common import config as cfg
+from kvlease.common import errors
+from kvlease.common.proto import tablet_pb2 as pb
+from kvlease.common.wire import error_pb
+from kvlease.common.model import TableBucket
+from kvlease.common.statemachine import Shell, on
+from kvlease.common.security.server import OPEN
+from kvlease.tablet.authz import TableAccess
+from kvlease.tablet.bucket.store import BucketStoreError
+from kvlease.tablet.replicas.manager import ReplicaManager
+from kvlease.tablet.scan import manager as scan
+from kvlease.tablet.scan import batch as scan_batch
+from kvlease.tablet.scan import wire as scan_wire
+from kvlease.tablet.scan.access import ScanAccess
+from kvlease.tablet.scan.metrics import ScanMetrics
+from kvlease.tablet.scan.session import ScanSession
 
 log = logging.getLogger(__name__)
 
@@ -234,7 +234,7 @@ class ScanService(Shell):
     # -- calls ------------------------------------------------------------------------------------
 
     def scan(self, request: pb.ScanKvRequest) -> bytes | pb.ScanKvResponse:
-        """Answer one ScanKv request (a batch as the bytes of its ScanKvResponse, see :mod:`tablet.scan.wire`);
+        """Answer one ScanKv request (a batch as the bytes of its ScanKvResponse, see :mod:`kvlease.tablet.scan.wire`);
         raises the typed error to answer instead."""
         has_open = request.HasField("bucket_scan_req")
         limit = request.bucket_scan_req.limit if has_open and request.bucket_scan_req.HasField("limit") else None

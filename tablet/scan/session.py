@@ -1,10 +1,10 @@
 """What a live scan session holds besides the scanner manager's books, and how it reads its batches.
 
 A :class:`ScanSession` owns its RocksDB snapshot
-(:class:`~tablet.store.kvstore.KvSnapshot`: a seekable iterator, a forward-only
+(:class:`~kvlease.tablet.store.kvstore.KvSnapshot`: a seekable iterator, a forward-only
 values iterator and the log offset), the reader of its next batch, where it
 has read to, its read-ahead, and how to answer its last call again
-(:class:`Served`). :mod:`tablet.scan.service` creates and frees sessions and
+(:class:`Served`). :mod:`kvlease.tablet.scan.service` creates and frees sessions and
 holds ``lock`` while it calls these methods.
 
 Read-ahead: once a unary call is answered with more rows to come, the next
@@ -12,8 +12,8 @@ batch is built in the background with the same batch size, so the client's
 next call finds it ready (streams need none: gRPC's flow control keeps the
 stream's own thread ahead). A call with another size or row cap drops it and
 seeks the iterator back after the last key served; the session then reads
-with :func:`~tablet.scan.batch.read_batch` on that iterator, because the
-values iterator (:class:`~tablet.scan.batch.ValueReader`, the faster one,
+with :func:`~kvlease.tablet.scan.batch.read_batch` on that iterator, because the
+values iterator (:class:`~kvlease.tablet.scan.batch.ValueReader`, the faster one,
 used until then) cannot go back.
 
 Replays and memory: a replay of the last call reads its batch again from the
@@ -28,10 +28,10 @@ import logging
 import threading
 from dataclasses import dataclass, field
 
-from common.model import TableBucket
-from tablet.scan import batch as scan_batch
-from tablet.scan import wire as scan_wire
-from tablet.store.kvstore import KvSnapshot
+from kvlease.common.model import TableBucket
+from kvlease.tablet.scan import batch as scan_batch
+from kvlease.tablet.scan import wire as scan_wire
+from kvlease.tablet.store.kvstore import KvSnapshot
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ the small fields (``scanner_id``, ``record_count``, ``has_more_results``,
 ``log_offset``, ``resume_key``) serialized by protobuf, then the ``records``
 field written here — protobuf parsers read concatenated serializations as one
 message, and the fields may come in any order. ``records`` is the Arrow IPC
-stream :func:`tablet.scan.batch.records_ipc` would make (byte for byte): the
+stream :func:`kvlease.tablet.scan.batch.records_ipc` would make (byte for byte): the
 schema message (a constant), the record batch message and the end-of-stream
 marker. The record batch message's metadata (a flatbuffer) depends only on
 the row count and the data size, which it holds as int64 at fixed places:
@@ -26,8 +26,8 @@ import grpc
 import numpy as np
 import pyarrow as pa
 
-from common.proto import tablet_pb2 as pb
-from tablet.scan.batch import VALUE_SCHEMA, Batch, records_ipc
+from kvlease.common.proto import tablet_pb2 as pb
+from kvlease.tablet.scan.batch import VALUE_SCHEMA, Batch, records_ipc
 
 #: The methods whose answers may be bytes already serialized.
 METHODS = ("/kvlease.TabletService/ScanKv", "/kvlease.TabletService/ScanKvStream")

@@ -1,6 +1,6 @@
 """The change records of one write: +I, -U/+U and -D with before-images (``docs/changelog.md``).
 
-Pure functions on Arrow arrays, used by :meth:`tablet.bucket.store.BucketStore.write`
+Pure functions on Arrow arrays, used by :meth:`kvlease.tablet.bucket.store.BucketStore.write`
 under its write lock: they read nothing of the store.
 """
 
@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from common.logentry import SCHEMA, ChangeType
+from kvlease.common.logentry import SCHEMA, ChangeType
 
 _INSERT, _UPDATE_BEFORE, _UPDATE_AFTER, _DELETE = (int(ct) for ct in ChangeType)
 

@@ -1,7 +1,7 @@
 """The RocksDB half of a bucket: current rows, the applied changelog offset, snapshots.
 
 A bucket's RocksDB (rocksdict, raw mode) holds each live row as ``key ->
-value`` (the bytes of :mod:`common.codec`) in its ``default`` column family,
+value`` (the bytes of :mod:`kvlease.common.codec`) in its ``default`` column family,
 and in the ``kvlease-meta`` column family :data:`APPLIED_KEY` -> the offset of
 the first changelog record it does not contain (u64 big-endian). Every
 :meth:`KvStore.write` sets both in one WriteBatch. A checkpoint's ``default``
@@ -29,11 +29,11 @@ import pyarrow as pa
 from rocksdict import (AccessType, BlockBasedOptions, Checkpoint, DBCompressionType, Options, Rdict, WriteBatch,
                        WriteOptions)
 
-from common.errors import KvLeaseError, show
-from common.kvsnapshot import scan_read_options
-from common.logentry import ChangeType
-from tablet.store.key_ranges import KeyRanges
-from tablet.store.memtable_filter import MemtableFilterPolicy
+from kvlease.common.errors import KvLeaseError, show
+from kvlease.common.kvsnapshot import scan_read_options
+from kvlease.common.logentry import ChangeType
+from kvlease.tablet.store.key_ranges import KeyRanges
+from kvlease.tablet.store.memtable_filter import MemtableFilterPolicy
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +141,7 @@ class KvSnapshot:
 
     def values(self) -> Iterator[bytes]:
         """The forward-only values iterator taken with this snapshot (``KvStore.snapshot(values_from=)``),
-        at the row after the last one it gave (:class:`tablet.scan.batch.ValueReader` reads it)."""
+        at the row after the last one it gave (:class:`kvlease.tablet.scan.batch.ValueReader` reads it)."""
         if self._iter is None:
             raise BucketStoreError("snapshot is closed")
         if self._values is None:
@@ -168,10 +168,10 @@ class KvStore:
     :meth:`flush`, :meth:`snapshot` and :meth:`checkpoint` under its write lock;
     :meth:`get` and :meth:`flush_rows` may run concurrently with them.
 
-    It keeps :class:`~tablet.store.key_ranges.KeyRanges` covering every row key it
+    It keeps :class:`~kvlease.tablet.store.key_ranges.KeyRanges` covering every row key it
     holds (from its first and last key at open, then every key written), so
     :meth:`get_existing` looks up only keys that may exist, and a
-    :class:`~tablet.store.memtable_filter.MemtableFilterPolicy` that gives new
+    :class:`~kvlease.tablet.store.memtable_filter.MemtableFilterPolicy` that gives new
     memtables a Bloom filter only while writes do look keys up. ``key_width``:
     the length of every key when the table's primary key is fixed-width.
     """

@@ -4,7 +4,7 @@ A memtable Bloom filter (RocksDB's ``memtable_prefix_bloom_size_ratio`` with
 whole-key filtering) answers "not in this memtable" without a skiplist search,
 so the before-image lookup of a *new* random key costs ~40% less. But every
 key written is also added to it, a cache miss per row: with appending keys
-(ids, timestamps), which :mod:`tablet.store.key_ranges` already spares every lookup,
+(ids, timestamps), which :mod:`kvlease.tablet.store.key_ranges` already spares every lookup,
 the filter only costs, ~15-25% of a write's CPU in ``bench writes``.
 
 :class:`MemtableFilterPolicy` watches, per window of :data:`WINDOW_ROWS` written

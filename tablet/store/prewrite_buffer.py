@@ -27,9 +27,9 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from common.logentry import ChangeType, LogEntry
-from tablet.log.changelog import Changelog
-from tablet.store.kvstore import KvStore, PreparedWrite
+from kvlease.common.logentry import ChangeType, LogEntry
+from kvlease.tablet.log.changelog import Changelog
+from kvlease.tablet.store.kvstore import KvStore, PreparedWrite
 
 #: Changelog bytes decoded per step when rebuilding the buffer or applying entries the buffer does not hold.
 READ_BYTES = 4 << 20

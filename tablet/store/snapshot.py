@@ -29,11 +29,11 @@ import zlib
 from dataclasses import dataclass
 from typing import Callable
 
-from common import errors
-from common.checksum import file_crc32
-from common.storage import RemoteStorage, StorageExists
-from common.model import SnapshotFile, SnapshotHandle, TableBucket
-from common.kvsnapshot import Manifest, ManifestFile, read_manifest, run_all, shared_dir, snapshot_dir
+from kvlease.common import errors
+from kvlease.common.checksum import file_crc32
+from kvlease.common.storage import RemoteStorage, StorageExists
+from kvlease.common.model import SnapshotFile, SnapshotHandle, TableBucket
+from kvlease.common.kvsnapshot import Manifest, ManifestFile, read_manifest, run_all, shared_dir, snapshot_dir
 
 log = logging.getLogger(__name__)
 

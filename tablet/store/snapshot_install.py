@@ -33,11 +33,11 @@ import logging
 import os
 import shutil
 
-from common.fsync import fsync_path
-from tablet.log import epoch_file
-from tablet.log import writer_sequences
-from tablet.log.epochs import EpochCache
-from tablet.log.segment_files import segment_path, sync_dir, write_durably
+from kvlease.common.fsync import fsync_path
+from kvlease.tablet.log import epoch_file
+from kvlease.tablet.log import writer_sequences
+from kvlease.tablet.log.epochs import EpochCache
+from kvlease.tablet.log.segment_files import segment_path, sync_dir, write_durably
 
 log = logging.getLogger(__name__)
 

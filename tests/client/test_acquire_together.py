@@ -9,12 +9,12 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-from client.admin import AdminClient
-from common import errors
-from common.model import TableBucket
-from common.proto import coordinator_pb2 as pb
-from common.proto import coordinator_pb2_grpc as pb_grpc
-from common.wire import bucket_snapshots_from_pb
+from kvlease.client.admin import AdminClient
+from kvlease.common import errors
+from kvlease.common.model import TableBucket
+from kvlease.common.proto import coordinator_pb2 as pb
+from kvlease.common.proto import coordinator_pb2_grpc as pb_grpc
+from kvlease.common.wire import bucket_snapshots_from_pb
 from tests.coordinator.test_coordinator_service import client, pair, table  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.zk
@@ -110,7 +110,7 @@ def test_threads_sharing_a_client_acquire_together_and_each_gets_its_own_lease(p
 
 
 def test_a_call_carrying_too_many_acquires_is_refused_whole_and_changes_nothing(pair, table, admin):  # noqa: F811
-    from coordinator.service import MAX_ACQUIRES_PER_CALL
+    from kvlease.coordinator.service import MAX_ACQUIRES_PER_CALL
 
     active, _standby = pair
     batch = [_acquire(f"many-{i}", [(table.table_id, 0, 1)]) for i in range(MAX_ACQUIRES_PER_CALL + 1)]

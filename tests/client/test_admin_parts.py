@@ -7,17 +7,17 @@ import ast
 
 import pytest
 
-from client.admin import AdminClient
-from client.data_loss_admin import DataLossAdmin
-from client.moves_admin import MovesAdmin
-from client.replication_admin import ReplicationAdmin
-from client.security_admin import SecurityAdmin
-from client.server_calls import ServerCalls
-from common import errors
-from common.proto import coordinator_pb2 as pb
-from common.proto import security_pb2_grpc
-from common.security.acl import Resource
-from common.tables import Column, TableInfo
+from kvlease.client.admin import AdminClient
+from kvlease.client.data_loss_admin import DataLossAdmin
+from kvlease.client.moves_admin import MovesAdmin
+from kvlease.client.replication_admin import ReplicationAdmin
+from kvlease.client.security_admin import SecurityAdmin
+from kvlease.client.server_calls import ServerCalls
+from kvlease.common import errors
+from kvlease.common.proto import coordinator_pb2 as pb
+from kvlease.common.proto import security_pb2_grpc
+from kvlease.common.security.acl import Resource
+from kvlease.common.tables import Column, TableInfo
 from tests.support.paths import REPO
 
 pytestmark = pytest.mark.unit

@@ -13,13 +13,13 @@ from typing import Iterator
 import grpc
 import pytest
 
-from client.admin import IDEMPOTENT, AdminClient
-from common import errors
-from common.model import SnapshotHandle, TableBucket
-from common.proto import coordinator_pb2 as pb
-from common.proto import coordinator_pb2_grpc as pb_grpc
-from common.tables import Column
-from ops.wait import wait_until
+from kvlease.client.admin import IDEMPOTENT, AdminClient
+from kvlease.common import errors
+from kvlease.common.model import SnapshotHandle, TableBucket
+from kvlease.common.proto import coordinator_pb2 as pb
+from kvlease.common.proto import coordinator_pb2_grpc as pb_grpc
+from kvlease.common.tables import Column
+from kvlease.ops.wait import wait_until
 
 pytestmark = pytest.mark.unit
 TIMEOUT_S = 0.3
@@ -197,7 +197,7 @@ def test_a_call_refused_because_zookeeper_is_unreachable_is_sent_again_even_tabl
 
 
 def test_retry_policy_runs_the_first_attempt_bare_and_retries_with_the_usual_waits():
-    from client.transport import RetryPolicy
+    from kvlease.client.transport import RetryPolicy
 
     sleeps: list[float] = []
     calls: list[int] = []
@@ -214,7 +214,7 @@ def test_retry_policy_runs_the_first_attempt_bare_and_retries_with_the_usual_wai
 
 
 def test_retry_policy_does_not_retry_past_its_budget_or_a_non_retriable_error():
-    from client.transport import RetryPolicy
+    from kvlease.client.transport import RetryPolicy
 
     sleeps: list[float] = []
     calls: list[str] = []
@@ -231,8 +231,8 @@ def test_retry_policy_does_not_retry_past_its_budget_or_a_non_retriable_error():
 
 
 def test_channels_keep_one_stub_per_address_and_service_until_closed():
-    from client.transport import Channels
-    from common.proto import security_pb2_grpc
+    from kvlease.client.transport import Channels
+    from kvlease.common.proto import security_pb2_grpc
 
     channels = Channels()
     try:

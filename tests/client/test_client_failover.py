@@ -13,15 +13,15 @@ import time
 import grpc
 import pytest
 
-from common import errors
-from common.errors import ErrorCode
-from common.proto import coordinator_pb2 as cpb
-from common.proto import tablet_pb2 as pb
-from client.admin import BucketLeader
-from client.routing import BucketRouter
-from client.scanner import KvBatchScanner
-from client.stream_scanner import KvStreamScanner
-from client.table import TableClient
+from kvlease.common import errors
+from kvlease.common.errors import ErrorCode
+from kvlease.common.proto import coordinator_pb2 as cpb
+from kvlease.common.proto import tablet_pb2 as pb
+from kvlease.client.admin import BucketLeader
+from kvlease.client.routing import BucketRouter
+from kvlease.client.scanner import KvBatchScanner
+from kvlease.client.stream_scanner import KvStreamScanner
+from kvlease.client.table import TableClient
 from tests.client.test_table_client import TABLE, FakeRpcError, FakeTablet
 from tests.support import fake_scan_server as scan_fake
 

@@ -8,8 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from client.coalescing import BatchInterrupted, Coalescer
-from ops.wait import wait_until
+from kvlease.client.coalescing import BatchInterrupted, Coalescer
+from kvlease.ops.wait import wait_until
 
 pytestmark = pytest.mark.unit
 

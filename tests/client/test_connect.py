@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 import kvlease
-from client.connect import ENV_BOOTSTRAP, ENV_CLUSTER, ENV_PASSWORD_FILE, ENV_RETRY_TIMEOUT, ENV_TLS_FILES, \
+from kvlease.client.connect import ENV_BOOTSTRAP, ENV_CLUSTER, ENV_PASSWORD_FILE, ENV_RETRY_TIMEOUT, ENV_TLS_FILES, \
     find_cluster, layered_config
-from common import config as cfg
-from common import errors
-from common.tables import Column
+from kvlease.common import config as cfg
+from kvlease.common import errors
+from kvlease.common.tables import Column
 from tests.support.local_cluster import LocalCluster
 from tests.support.secure_cluster import ADMIN, ADMIN_PASSWORD, SecureCluster
 
@@ -103,7 +103,7 @@ def test_admin_client_given_a_directory_names_connect(tmp_path):
 @pytest.mark.unit
 def test_the_cli_reads_the_same_variables():
     """The CLI's global options and connect() name the same environment variables."""
-    from ops.cli.app import kvlease as cli
+    from kvlease.ops.cli.app import kvlease as cli
 
     envvars = {p.name: p.envvar for p in cli.params}
     assert envvars["cluster_dir"] == ENV_CLUSTER and envvars["bootstrap"] == ENV_BOOTSTRAP

@@ -7,7 +7,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from common import errors
+from kvlease.common import errors
 from tests.client.test_table_client import TABLE, FakeTablet, fake_client
 
 

@@ -17,12 +17,12 @@ import grpc
 import pyarrow as pa
 import pytest
 
-from common import errors
-from common.errors import ErrorCode
-from common.proto import tablet_pb2 as pb
-from client.routing import FixedRoute
-from client.scanner import KvBatchScanner
-from client.stream_scanner import KvStreamScanner
+from kvlease.common import errors
+from kvlease.common.errors import ErrorCode
+from kvlease.common.proto import tablet_pb2 as pb
+from kvlease.client.routing import FixedRoute
+from kvlease.client.scanner import KvBatchScanner
+from kvlease.client.stream_scanner import KvStreamScanner
 from tests.support.fake_scan_server import CODEC, TABLE, FakeTablet
 
 

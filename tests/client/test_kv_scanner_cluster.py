@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from common import errors
-from common.tables import Column
-from ops.wait import wait_until
+from kvlease.common import errors
+from kvlease.common.tables import Column
+from kvlease.ops.wait import wait_until
 
 
 
@@ -36,7 +36,7 @@ def cluster(make_config, tmp_path):  # tmp_path first: the servers stop before i
 
 
 def table_client(c, name: str, buckets: int, retry_total_s: float = 20):
-    from client.table import TableClient
+    from kvlease.client.table import TableClient
 
     c.create_table(name, SCHEMA, ["id"], buckets)  # waits until every bucket has a live leader
     return TableClient(c.admin, name, retry_total_s=retry_total_s)
@@ -89,7 +89,7 @@ def test_limit_over_the_table_and_per_bucket(cluster):
 
 
 def test_log_offsets_plus_changelog_reach_the_current_state_under_concurrent_writes(cluster):
-    from client.table import TableClient
+    from kvlease.client.table import TableClient
 
     c = cluster()
     with table_client(c, "db.live", 3) as client, TableClient(c.admin, "db.live") as writer:

@@ -10,9 +10,9 @@ import threading
 
 import pytest
 
-from client.snapshot_trigger import COMMITTED, trigger_snapshots
-from client.table import TableClient
-from common.tables import Column
+from kvlease.client.snapshot_trigger import COMMITTED, trigger_snapshots
+from kvlease.client.table import TableClient
+from kvlease.common.tables import Column
 from tests.support.cli_runner import run
 from tests.support.local_cluster import LocalCluster
 

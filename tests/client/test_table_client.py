@@ -15,14 +15,14 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from common import errors
-from common.proto import coordinator_pb2 as cpb
-from common.proto import tablet_pb2 as pb
-from common.tables import Column, TableInfo
-from client.admin import BucketLeader
-from client.table import CommittedSnapshot, TableClient
-from common.codec import RowCodec, batch_to_ipc, bucket_of, ipc_to_batch
-from common.logentry import ChangeType, decode_entry, encode_payload, frame_header, record_batch
+from kvlease.common import errors
+from kvlease.common.proto import coordinator_pb2 as cpb
+from kvlease.common.proto import tablet_pb2 as pb
+from kvlease.common.tables import Column, TableInfo
+from kvlease.client.admin import BucketLeader
+from kvlease.client.table import CommittedSnapshot, TableClient
+from kvlease.common.codec import RowCodec, batch_to_ipc, bucket_of, ipc_to_batch
+from kvlease.common.logentry import ChangeType, decode_entry, encode_payload, frame_header, record_batch
 from tests.tablet.log.test_changelog_timestamps import frame_v1
 
 TABLE = TableInfo(7, "db", "t", (Column("id", "BIGINT"), Column("v", "STRING")), ("id",), 4)
@@ -201,7 +201,7 @@ def test_upsert_lookup_delete_on_fakes(two_tablets):
 
 @pytest.mark.unit
 def test_composite_keys_and_big_batches_are_chunked(monkeypatch):
-    import client.table as tc
+    import kvlease.client.table as tc
 
     tablet = FakeTablet("a:1", COMPOSITE, {0, 1, 2})
     client, _, _ = fake_client(COMPOSITE, [tablet], {0: "a:1", 1: "a:1", 2: "a:1"})

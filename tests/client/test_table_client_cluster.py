@@ -10,13 +10,13 @@ import grpc
 import pyarrow as pa
 import pytest
 
-from common import errors
-from common.proto import tablet_pb2 as pb
-from common.proto import tablet_pb2_grpc as pb_grpc
-from common.tables import Column
-from client.table import TableClient
-from common.codec import batch_to_ipc
-from ops.wait import wait_until
+from kvlease.common import errors
+from kvlease.common.proto import tablet_pb2 as pb
+from kvlease.common.proto import tablet_pb2_grpc as pb_grpc
+from kvlease.common.tables import Column
+from kvlease.client.table import TableClient
+from kvlease.common.codec import batch_to_ipc
+from kvlease.ops.wait import wait_until
 from tests.support.local_cluster import LocalCluster
 
 

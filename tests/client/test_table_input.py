@@ -11,10 +11,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from client.table_input import _key_rows, key_batch, keys_by_bucket, row_batch, rows_by_bucket, split
-from common.codec import RowCodec
-from common.errors import InvalidRowError
-from common.tables import Column, TableInfo
+from kvlease.client.table_input import _key_rows, key_batch, keys_by_bucket, row_batch, rows_by_bucket, split
+from kvlease.common.codec import RowCodec
+from kvlease.common.errors import InvalidRowError
+from kvlease.common.tables import Column, TableInfo
 
 pytestmark = pytest.mark.unit
 

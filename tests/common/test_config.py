@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from common import config as cfg
-from common.config import Config, ConfigError, parse_duration_ms, parse_size, to_toml
+from kvlease.common import config as cfg
+from kvlease.common.config import Config, ConfigError, parse_duration_ms, parse_size, to_toml
 
 pytestmark = pytest.mark.unit
 

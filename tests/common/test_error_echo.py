@@ -10,9 +10,9 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from common import errors
-from common.errors import SHOW_LIMIT, did_you_mean, show, single_line
-from ops.cli import kvlease
+from kvlease.common import errors
+from kvlease.common.errors import SHOW_LIMIT, did_you_mean, show, single_line
+from kvlease.ops.cli import kvlease
 from tests.support.cli_runner import NO_ENV, assert_one_line_error, run
 
 BIG = 5 << 20  # 5 MB, the key of issue 27
@@ -102,15 +102,15 @@ def _refusal(instructions) -> Exception:
 
 
 def _echo_sites():
-    from common import config as cfg
-    from common import model, tables
-    from common.codec import RowCodec
-    from common.security import acl, authn
-    from client import admin
-    from ops.cli import plugins, values
-    from coordinator.catalog import TableCatalog
-    from leases import checks as lease_checks
-    from tablet.scan import manager as scan
+    from kvlease.common import config as cfg
+    from kvlease.common import model, tables
+    from kvlease.common.codec import RowCodec
+    from kvlease.common.security import acl, authn
+    from kvlease.client import admin
+    from kvlease.ops.cli import plugins, values
+    from kvlease.coordinator.catalog import TableCatalog
+    from kvlease.leases import checks as lease_checks
+    from kvlease.tablet.scan import manager as scan
 
     huge = "k" * BIG
     table = tables.TableInfo(1, "db", "t", (tables.Column("id", "STRING"), tables.Column("n", "BIGINT")), ("id",), 2)
@@ -168,8 +168,8 @@ def small_rows_cluster(make_config, tmp_path):
 
 
 def test_record_too_large_names_the_row_and_its_size_but_not_a_5_mb_key(small_rows_cluster):
-    from client.table import TableClient
-    from common.tables import Column
+    from kvlease.client.table import TableClient
+    from kvlease.common.tables import Column
 
     c = small_rows_cluster
     c.create_table("db.big_keys", [Column("id", "STRING"), Column("v", "STRING")], ["id"], 1)
@@ -183,7 +183,7 @@ def test_record_too_large_names_the_row_and_its_size_but_not_a_5_mb_key(small_ro
 
 
 def test_the_cli_prints_one_short_line_for_a_5_mb_key(small_rows_cluster):
-    from common.tables import Column
+    from kvlease.common.tables import Column
 
     c = small_rows_cluster
     c.create_table("db.cli_keys", [Column("id", "STRING"), Column("v", "STRING")], ["id"], 1)

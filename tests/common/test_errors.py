@@ -6,8 +6,8 @@ import pickle
 
 import pytest
 
-from common import errors
-from common.errors import ErrorCode, KvLeaseError, error_for
+from kvlease.common import errors
+from kvlease.common.errors import ErrorCode, KvLeaseError, error_for
 
 pytestmark = pytest.mark.unit
 

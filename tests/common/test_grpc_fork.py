@@ -25,7 +25,7 @@ ROOT = REPO
 
 CHILD = r"""
 import os, subprocess, sys, threading
-import client  # noqa: F401  (what a user's process imports first)
+import kvlease.client  # noqa: F401  (what a user's process imports first)
 from concurrent import futures
 import grpc
 

@@ -4,7 +4,7 @@ import platform
 
 import pytest
 
-from common.malloc import limit_arenas
+from kvlease.common.malloc import limit_arenas
 
 
 def test_arena_cap_is_set_on_glibc_and_zero_leaves_the_default():

@@ -8,7 +8,7 @@ import urllib.request
 import pytest
 from prometheus_client import Counter
 
-from common.metrics import STOP_POLL_S, MetricsRegistry
+from kvlease.common.metrics import STOP_POLL_S, MetricsRegistry
 
 pytestmark = pytest.mark.unit
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from common import errors
-from common.model import LEASE_ID
-from common.tables import Column, TableSpec, parse_table_path, validate_spec
-from ops.cli.plugins import load_drill
-from spark_source import options as opts
+from kvlease.common import errors
+from kvlease.common.model import LEASE_ID
+from kvlease.common.tables import Column, TableSpec, parse_table_path, validate_spec
+from kvlease.ops.cli.plugins import load_drill
+from kvlease.spark_source import options as opts
 from tests.support.cli_runner import run
 
 pytestmark = pytest.mark.unit

@@ -7,15 +7,15 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from common import errors
-from common.codec import RowCodec, batch_to_ipc
-from common.model import TableBucket
-from common.proto import coordinator_pb2 as cpb
-from common.proto import coordinator_pb2_grpc as cpb_grpc
-from common.proto import tablet_pb2 as tpb
-from common.wire import refuse_partition_ids, table_to_pb
-from coordinator.server import CoordinatorServer
-from client.admin import AdminClient
+from kvlease.common import errors
+from kvlease.common.codec import RowCodec, batch_to_ipc
+from kvlease.common.model import TableBucket
+from kvlease.common.proto import coordinator_pb2 as cpb
+from kvlease.common.proto import coordinator_pb2_grpc as cpb_grpc
+from kvlease.common.proto import tablet_pb2 as tpb
+from kvlease.common.wire import refuse_partition_ids, table_to_pb
+from kvlease.coordinator.server import CoordinatorServer
+from kvlease.client.admin import AdminClient
 from tests.support.snapshot_manifests import commit_snapshot, snapshot
 from tests.tablet.test_tablet_server import SCHEMA, Cluster, lookup, put
 

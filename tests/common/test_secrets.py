@@ -10,14 +10,14 @@ import stat
 
 import pytest
 
-from client.table import TableClient
-from common import config as cfg
-from common import errors
-from common.model import TableBucket
-from common.redaction import REDACTED, scrub
-from common.storage import open_storage
-from common.tables import Column
-from common.zk import make_client
+from kvlease.client.table import TableClient
+from kvlease.common import config as cfg
+from kvlease.common import errors
+from kvlease.common.model import TableBucket
+from kvlease.common.redaction import REDACTED, scrub
+from kvlease.common.storage import open_storage
+from kvlease.common.tables import Column
+from kvlease.common.zk import make_client
 from tests.support.secure_cluster import ADMIN, ADMIN_PASSWORD, INTERNAL_PASSWORD, SecureCluster
 
 ACCESS_KEY = "AKIAKVLEASE7TESTKEYID"
@@ -116,7 +116,7 @@ def test_a_config_shows_no_credential_and_its_file_is_private(tmp_path):
 
 
 def test_scrub_and_log_records_blank_registered_values(caplog):
-    from common.redaction import protect
+    from kvlease.common.redaction import protect
 
     protect(["Sh0rt", "a-registered-credential-value"])
     assert scrub("x a-registered-credential-value y") == f"x {REDACTED} y"

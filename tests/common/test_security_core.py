@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from common.errors import AuthenticationFailedError, AuthorizationFailedError, InvalidRequestError
-from common.security import passwords
-from common.security.acl import AclEntry, Authorizer, Operation, Resource, ResourceType, check_principal
-from common.security.authn import Authenticator, check_user_name
+from kvlease.common.errors import AuthenticationFailedError, AuthorizationFailedError, InvalidRequestError
+from kvlease.common.security import passwords
+from kvlease.common.security.acl import AclEntry, Authorizer, Operation, Resource, ResourceType, check_principal
+from kvlease.common.security.authn import Authenticator, check_user_name
 
 pytestmark = pytest.mark.unit
 
@@ -116,7 +116,7 @@ def test_a_table_is_covered_by_its_database_and_the_cluster():
 
 
 def test_entries_of_one_principal_sort_and_encode_whatever_their_operations():
-    from common.security.acl_store import decode, encode
+    from kvlease.common.security.acl_store import decode, encode
     entries = {AclEntry("User:a", Operation.WRITE), AclEntry("User:a", Operation.READ),
                AclEntry("User:*", Operation.ALL)}
     assert [(e.principal, e.operation) for e in sorted(entries)] == [
@@ -207,8 +207,8 @@ def test_super_users_must_be_concrete_principals():
 
 def test_a_new_users_password_is_not_sent_in_the_clear_beyond_loopback():
     """Refused before anything is sent (nothing listens at these addresses)."""
-    from client.admin import AdminClient
-    from client.bootstrap import is_loopback as _loopback
+    from kvlease.client.admin import AdminClient
+    from kvlease.client.bootstrap import is_loopback as _loopback
 
     assert [_loopback(a) for a in ("127.0.0.1:1", "127.3.4.5:1", "localhost:1", "[::1]:1", "10.0.0.1:1",
                                    "db.example.com:1")] == [True, True, True, True, False, False]

@@ -7,12 +7,12 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-from common.errors import ErrorCode
-from common.proto import coordinator_pb2 as pb, coordinator_pb2_grpc as pb_grpc
-from common.proto import tablet_pb2 as tpb, tablet_pb2_grpc as tpb_grpc
-from common.security import passwords
-from common.security.authn import Authenticator
-from common.security.grpc_auth import AuthenticatingInterceptor, current_principal, with_credentials
+from kvlease.common.errors import ErrorCode
+from kvlease.common.proto import coordinator_pb2 as pb, coordinator_pb2_grpc as pb_grpc
+from kvlease.common.proto import tablet_pb2 as tpb, tablet_pb2_grpc as tpb_grpc
+from kvlease.common.security import passwords
+from kvlease.common.security.authn import Authenticator
+from kvlease.common.security.grpc_auth import AuthenticatingInterceptor, current_principal, with_credentials
 
 pytestmark = pytest.mark.unit
 

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from common import zkpaths
-from common.errors import AlreadyExistsError, AuthenticationFailedError, AuthorizationFailedError, \
+from kvlease.common import zkpaths
+from kvlease.common.errors import AlreadyExistsError, AuthenticationFailedError, AuthorizationFailedError, \
     InvalidRequestError, NotFoundError
-from common.security.acl import AclEntry, Operation, Resource
-from common.security.acl_store import AclCache, AclStore
-from common.security.users import UserCache, UserStore
-from common.security.watched import WatchedDirectory
-from common.zk import make_client
-from ops.wait import wait_until
+from kvlease.common.security.acl import AclEntry, Operation, Resource
+from kvlease.common.security.acl_store import AclCache, AclStore
+from kvlease.common.security.users import UserCache, UserStore
+from kvlease.common.security.watched import WatchedDirectory
+from kvlease.common.zk import make_client
+from kvlease.ops.wait import wait_until
 
 CHEAP = {"n": 2 ** 4, "r": 1, "p": 1}
 

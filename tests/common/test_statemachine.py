@@ -6,7 +6,7 @@ from dataclasses import FrozenInstanceError, dataclass
 
 import pytest
 
-from common.statemachine import Event, Instruction, Shell, StateMachine, UnhandledError, on
+from kvlease.common.statemachine import Event, Instruction, Shell, StateMachine, UnhandledError, on
 
 pytestmark = pytest.mark.unit
 

@@ -6,11 +6,11 @@ import pickle
 
 import pytest
 
-from common import storage as st
-from common.storage import file as st_file
-from common.config import Config, ConfigError
-from common.errors import StorageError
-from common.storage import FileStorage, S3Storage, StorageExists, StorageNotFound, open_storage
+from kvlease.common import storage as st
+from kvlease.common.storage import file as st_file
+from kvlease.common.config import Config, ConfigError
+from kvlease.common.errors import StorageError
+from kvlease.common.storage import FileStorage, S3Storage, StorageExists, StorageNotFound, open_storage
 
 
 @pytest.fixture(params=[pytest.param("file", marks=pytest.mark.unit),

@@ -9,13 +9,13 @@ import grpc
 import pytest
 from cryptography import x509
 
-from client.admin import AdminClient
-from client.table import TableClient
-from common import errors
-from common.config import Config, ConfigError
-from common.tables import Column
-from common.tls import TlsFiles
-from ops.local_cluster import certs
+from kvlease.client.admin import AdminClient
+from kvlease.client.table import TableClient
+from kvlease.common import errors
+from kvlease.common.config import Config, ConfigError
+from kvlease.common.tables import Column
+from kvlease.common.tls import TlsFiles
+from kvlease.ops.local_cluster import certs
 from tests.support.local_cluster import LocalCluster
 
 
@@ -55,7 +55,7 @@ def test_a_missing_file_is_a_config_error_naming_key_and_path(tmp_path, key):
 
 
 def test_a_server_with_a_missing_cert_refuses_to_start(make_config, tmp_path):
-    from coordinator.server import CoordinatorServer
+    from kvlease.coordinator.server import CoordinatorServer
 
     settings = {**security(certs.generate(tmp_path / "certs")), "security.tls.cert-file": str(tmp_path / "no.pem")}
     with pytest.raises(ConfigError, match="security.tls.cert-file"):
@@ -87,7 +87,7 @@ def test_round_trip_over_tls(make_config, tmp_path, paths, client_auth):
 
 
 def test_mutual_tls_refuses_a_client_without_a_certificate(make_config, tmp_path, paths):
-    from client.transport import TlsMismatchError
+    from kvlease.client.transport import TlsMismatchError
 
     cluster = secure_cluster(make_config, tmp_path, paths, client_auth=True)
     try:
@@ -109,8 +109,8 @@ def test_mutual_tls_refuses_a_client_without_a_certificate(make_config, tmp_path
 
 def test_tls_without_client_auth_serves_a_client_without_a_certificate(make_config, tmp_path, paths):
     """The probe for a missing client certificate does not misread a TLS server that takes any client."""
-    from client.transport import tls_mismatch
-    from coordinator.server import CoordinatorServer
+    from kvlease.client.transport import tls_mismatch
+    from kvlease.coordinator.server import CoordinatorServer
 
     server = CoordinatorServer(make_config(security(paths), **{"coordinator.port": 0})).start()
     try:
@@ -126,8 +126,8 @@ def test_tls_without_client_auth_serves_a_client_without_a_certificate(make_conf
 @pytest.mark.parametrize("client_auth", [False, True], ids=["tls", "mutual-tls"])
 def test_a_plaintext_client_against_tls_is_told_at_once_not_after_its_retries(make_config, tmp_path, paths,
                                                                                client_auth):
-    from client.transport import TlsMismatchError
-    from coordinator.server import CoordinatorServer
+    from kvlease.client.transport import TlsMismatchError
+    from kvlease.coordinator.server import CoordinatorServer
 
     server = CoordinatorServer(make_config(security(paths, client_auth=client_auth),
                                            **{"coordinator.port": 0})).start()
@@ -144,8 +144,8 @@ def test_a_plaintext_client_against_tls_is_told_at_once_not_after_its_retries(ma
 
 
 def test_a_tls_client_against_a_plaintext_coordinator_is_told_at_once(make_config, tmp_path, paths):
-    from client.transport import TlsMismatchError
-    from coordinator.server import CoordinatorServer
+    from kvlease.client.transport import TlsMismatchError
+    from kvlease.coordinator.server import CoordinatorServer
 
     server = CoordinatorServer(make_config(**{"coordinator.port": 0})).start()
     try:
@@ -160,8 +160,8 @@ def test_a_tls_client_against_a_plaintext_coordinator_is_told_at_once(make_confi
 
 
 def test_a_client_with_another_clusters_ca_is_told_at_once(make_config, tmp_path, paths):
-    from client.transport import TlsMismatchError
-    from coordinator.server import CoordinatorServer
+    from kvlease.client.transport import TlsMismatchError
+    from kvlease.coordinator.server import CoordinatorServer
 
     other = certs.generate(tmp_path / "other-certs")
     server = CoordinatorServer(make_config(security(paths), **{"coordinator.port": 0})).start()
@@ -186,7 +186,7 @@ def test_a_key_that_is_not_the_certificates_is_a_config_error(paths, tmp_path):
 
 
 def test_the_tls_probe_cannot_tell_where_nothing_listens():
-    from client.transport import tls_mismatch
+    from kvlease.client.transport import tls_mismatch
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -208,8 +208,8 @@ def test_cli_tls_options_turn_tls_on_and_a_missing_file_is_named(tmp_path):
 def test_a_cluster_dir_names_its_client_certificate(tmp_path):
     import json
 
-    from client.cluster_dir import cluster_dir_security
-    from ops.cli.app import State
+    from kvlease.client.cluster_dir import cluster_dir_security
+    from kvlease.ops.cli.app import State
 
     paths = certs.generate(tmp_path / "certs")
     (tmp_path / "cluster.json").write_text(json.dumps({
@@ -238,7 +238,7 @@ class _Failed(grpc.RpcError):
 def test_a_stream_whose_server_went_away_is_not_called_a_tls_mismatch():
     """A QA walkthrough killed a tablet server mid-stream on a plaintext cluster and was asked 'is it a
     TLS mismatch?'; a connection closed at once (a plaintext client against TLS) still is."""
-    from client.transport import rpc_error
+    from kvlease.client.transport import rpc_error
 
     broke = rpc_error(_Failed("Stream removed (Socket closed)"), "ScanKvStream", "127.0.0.1:9", timeout_s=None,
                       idempotent=True)
@@ -261,7 +261,7 @@ class _Cancelled(grpc.RpcError):
 def test_a_call_cancelled_by_a_stopping_server_is_retriable_or_of_unknown_outcome(idempotent, expected):
     """A gRPC server that stops answers CANCELLED to calls reaching it then: a transport failure, retried
     when the call is idempotent, else one that may have been applied; never UnknownServerError."""
-    from client.transport import rpc_error
+    from kvlease.client.transport import rpc_error
 
     error = rpc_error(_Cancelled(), "PutKv", "127.0.0.1:9", timeout_s=5.0, idempotent=idempotent)
     assert type(error) is expected and "cancelled by the server" in error.message

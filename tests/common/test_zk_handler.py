@@ -14,8 +14,8 @@ import pytest
 from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import SequentialThreadingHandler
 
-from common.zk import PollHandler, make_client
-from ops.wait import wait_until
+from kvlease.common.zk import PollHandler, make_client
+from kvlease.ops.wait import wait_until
 
 
 @pytest.fixture

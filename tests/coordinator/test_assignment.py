@@ -6,16 +6,16 @@ from concurrent.futures import Future
 
 import pytest
 
-from common import zkpaths
-from common.storage import open_storage
-from common.tables import Column, TableSpec
-from common.zk import loads, make_client
-from coordinator import requests as rq
-from coordinator.placement_plan import plan_new
-from coordinator.election_plan import servers_joined
-from coordinator.assignment import UNASSIGNED, Assignments, BucketAssignment
-from coordinator.controller import Controller
-from coordinator.fencing import FencedWriter, bump_epoch
+from kvlease.common import zkpaths
+from kvlease.common.storage import open_storage
+from kvlease.common.tables import Column, TableSpec
+from kvlease.common.zk import loads, make_client
+from kvlease.coordinator import requests as rq
+from kvlease.coordinator.placement_plan import plan_new
+from kvlease.coordinator.election_plan import servers_joined
+from kvlease.coordinator.assignment import UNASSIGNED, Assignments, BucketAssignment
+from kvlease.coordinator.controller import Controller
+from kvlease.coordinator.fencing import FencedWriter, bump_epoch
 
 
 @pytest.mark.unit

@@ -12,14 +12,14 @@ import urllib.request
 import grpc
 import pytest
 
-from common import errors, zkpaths
-from common.proto import coordinator_pb2 as pb
-from common.proto import coordinator_pb2_grpc as pb_grpc
-from common.tables import Column
-from client.admin import AdminClient, ReleaseResult
-from coordinator.server import CoordinatorServer
-from common.model import SnapshotFile, SnapshotHandle, TableBucket
-from ops.wait import wait_until
+from kvlease.common import errors, zkpaths
+from kvlease.common.proto import coordinator_pb2 as pb
+from kvlease.common.proto import coordinator_pb2_grpc as pb_grpc
+from kvlease.common.tables import Column
+from kvlease.client.admin import AdminClient, ReleaseResult
+from kvlease.coordinator.server import CoordinatorServer
+from kvlease.common.model import SnapshotFile, SnapshotHandle, TableBucket
+from kvlease.ops.wait import wait_until
 from tests.support.snapshot_manifests import snapshot, write_manifest
 
 pytestmark = pytest.mark.zk
@@ -157,8 +157,8 @@ def test_a_trailing_newline_is_not_a_name(pair, database, name, column, key):
 
 
 def test_a_zookeeper_bad_argument_is_an_invalid_request_not_retriable(zk_client):
-    from coordinator.fencing import FencedWriter, bump_epoch
-    from common.zk import ZkOp
+    from kvlease.coordinator.fencing import FencedWriter, bump_epoch
+    from kvlease.common.zk import ZkOp
 
     _, version = bump_epoch(zk_client)
     writer = FencedWriter(zk_client, version)

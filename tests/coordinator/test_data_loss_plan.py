@@ -7,15 +7,15 @@ from dataclasses import replace
 
 import pytest
 
-from common import errors
-from common.data_loss import RESTORE, UNCLEAN, UNKNOWN, DataLoss, resolved_count, unseen_loss
-from common.proto.coordinator_pb2 import DataLossPb
-from common.tables import Column, TableInfo
-from coordinator import data_loss_plan
-from coordinator.assignment import Assignments, BucketAssignment
-from coordinator.data_dirs import DataDirs
-from coordinator.election_plan import servers_changed
-from coordinator.notifier import bucket_role_pb
+from kvlease.common import errors
+from kvlease.common.data_loss import RESTORE, UNCLEAN, UNKNOWN, DataLoss, resolved_count, unseen_loss
+from kvlease.common.proto.coordinator_pb2 import DataLossPb
+from kvlease.common.tables import Column, TableInfo
+from kvlease.coordinator import data_loss_plan
+from kvlease.coordinator.assignment import Assignments, BucketAssignment
+from kvlease.coordinator.data_dirs import DataDirs
+from kvlease.coordinator.election_plan import servers_changed
+from kvlease.coordinator.notifier import bucket_role_pb
 
 REASON = data_loss_plan.new_dir_reason(2)
 TABLE = TableInfo(7, "db", "t", [Column("id", "BIGINT")], ["id"], 1, replication_factor=3)

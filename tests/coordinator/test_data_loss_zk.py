@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from common import errors, zkpaths
-from coordinator import requests as rq
+from kvlease.common import errors, zkpaths
+from kvlease.coordinator import requests as rq
 from tests.coordinator.test_assignment import call
 from tests.coordinator.test_replication import create, make_ctrl, states, stored  # noqa: F401  (fixture)
 
@@ -114,7 +114,7 @@ def test_reported_log_ends_are_stored_for_a_coordinator_taking_over_and_go_with_
 
 
 def _handle(table_id: int, sid: int, log_offset: int):
-    from common.model import SnapshotFile, SnapshotHandle, TableBucket
+    from kvlease.common.model import SnapshotFile, SnapshotHandle, TableBucket
     return SnapshotHandle(TableBucket(table_id, 0), sid, log_offset, f"kv/{table_id}/0/snap-{sid}/_METADATA",
                           (SnapshotFile(f"kv/{table_id}/0/shared/{sid}.sst", 1),))
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from common import errors, zkpaths
-from coordinator import requests as rq
+from kvlease.common import errors, zkpaths
+from kvlease.coordinator import requests as rq
 from tests.coordinator.test_assignment import call
 from tests.coordinator.test_reassignment import catch_up, reassign
 from tests.coordinator.test_replication import create, make_ctrl, register, states, unregister  # noqa: F401

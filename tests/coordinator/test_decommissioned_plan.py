@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from common import errors
-from common.tables import Column, TableInfo
-from coordinator import election_plan
-from coordinator import rebalance_plan as rb
-from coordinator.assignment import UNASSIGNED, Assignments, BucketAssignment
-from coordinator.catalog import TableCatalog
-from coordinator.membership import Membership
+from kvlease.common import errors
+from kvlease.common.tables import Column, TableInfo
+from kvlease.coordinator import election_plan
+from kvlease.coordinator import rebalance_plan as rb
+from kvlease.coordinator.assignment import UNASSIGNED, Assignments, BucketAssignment
+from kvlease.coordinator.catalog import TableCatalog
+from kvlease.coordinator.membership import Membership
 
 pytestmark = pytest.mark.unit
 

@@ -7,11 +7,11 @@ from collections import Counter
 
 import pytest
 
-from common import errors
-from coordinator import election_plan
-from coordinator.placement_plan import plan_new
-from coordinator.assignment import UNASSIGNED, Assignments, BucketAssignment
-from coordinator.placement_plan import place
+from kvlease.common import errors
+from kvlease.coordinator import election_plan
+from kvlease.coordinator.placement_plan import plan_new
+from kvlease.coordinator.assignment import UNASSIGNED, Assignments, BucketAssignment
+from kvlease.coordinator.placement_plan import place
 
 pytestmark = pytest.mark.unit
 

@@ -22,15 +22,15 @@ from dataclasses import dataclass, field
 import pytest
 from kazoo.exceptions import ConnectionLoss
 
-from common import errors, zkpaths
-from common.storage import open_storage
-from common.tables import Column
-from common.zk import loads, make_client
-from client.admin import AdminClient
-from common.model import TableBucket
-from leases.store import LEASE_FILES, LeaseStore
-from ops.local_cluster import four_letter
-from ops.wait import wait_until
+from kvlease.common import errors, zkpaths
+from kvlease.common.storage import open_storage
+from kvlease.common.tables import Column
+from kvlease.common.zk import loads, make_client
+from kvlease.client.admin import AdminClient
+from kvlease.common.model import TableBucket
+from kvlease.leases.store import LEASE_FILES, LeaseStore
+from kvlease.ops.local_cluster import four_letter
+from kvlease.ops.wait import wait_until
 from tests.support.snapshot_manifests import commit_snapshot
 from tests.support.procs import (  # noqa: F401 - coordinator_procs is a fixture
     assert_served_as_persisted, coordinator_procs, persisted_leases)

@@ -18,16 +18,16 @@ import time
 
 import pytest
 
-from common import errors, zkpaths
-from common.storage import open_storage
-from common.tables import Column
-from common.zk import make_client
-from client.admin import AdminClient
-from coordinator.fencing import bump_epoch
-from coordinator.server import CoordinatorServer
-from common.model import TableBucket
-from leases.store import LEASE_FILES
-from ops.wait import wait_until
+from kvlease.common import errors, zkpaths
+from kvlease.common.storage import open_storage
+from kvlease.common.tables import Column
+from kvlease.common.zk import make_client
+from kvlease.client.admin import AdminClient
+from kvlease.coordinator.fencing import bump_epoch
+from kvlease.coordinator.server import CoordinatorServer
+from kvlease.common.model import TableBucket
+from kvlease.leases.store import LEASE_FILES
+from kvlease.ops.wait import wait_until
 from tests.support.snapshot_manifests import commit_snapshot, snapshot
 from tests.support.procs import (  # noqa: F401 - coordinator_procs is a fixture
     assert_served_as_persisted, coordinator_procs, lease_view, zk_tree)

@@ -30,14 +30,14 @@ from google.protobuf.descriptor import FieldDescriptor as F
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from client.table import TableClient
-from common import zkpaths
-from common.config import Config
-from common.errors import ErrorCode
-from common.proto import coordinator_pb2, tablet_pb2
-from common.storage import open_storage
-from common.tables import Column
-from common.zk import make_client
+from kvlease.client.table import TableClient
+from kvlease.common import zkpaths
+from kvlease.common.config import Config
+from kvlease.common.errors import ErrorCode
+from kvlease.common.proto import coordinator_pb2, tablet_pb2
+from kvlease.common.storage import open_storage
+from kvlease.common.tables import Column
+from kvlease.common.zk import make_client
 from tests.conftest import TEST_DEFAULTS
 from tests.support.local_cluster import LocalCluster
 from tests.support.procs import zk_tree

@@ -12,12 +12,12 @@ from dataclasses import replace
 
 import pytest
 
-from common.data_loss import RESTORE, UNCLEAN, UNKNOWN, DataLoss
-from coordinator import election_plan
-from coordinator import leader_balance_plan as lb
-from coordinator import rebalance_plan as rb
-from coordinator.assignment import Assignments, BucketAssignment
-from coordinator.placement_plan import plan_new
+from kvlease.common.data_loss import RESTORE, UNCLEAN, UNKNOWN, DataLoss
+from kvlease.coordinator import election_plan
+from kvlease.coordinator import leader_balance_plan as lb
+from kvlease.coordinator import rebalance_plan as rb
+from kvlease.coordinator.assignment import Assignments, BucketAssignment
+from kvlease.coordinator.placement_plan import plan_new
 
 pytestmark = pytest.mark.unit
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from common import zkpaths
-from coordinator import requests as rq
-from leases import state as ls
+from kvlease.common import zkpaths
+from kvlease.coordinator import requests as rq
+from kvlease.leases import state as ls
 from tests.coordinator.test_assignment import call
 from tests.coordinator.test_replication import create, make_ctrl, register, states  # noqa: F401 (fixture)
 
@@ -63,7 +63,7 @@ def test_a_leader_whose_registration_is_gone_leaves_nothing_to_wait_for(make_ctr
 
 
 def test_a_registration_in_a_new_session_is_a_server_that_came_back(make_ctrl, zk_config):
-    from common.zk import make_client
+    from kvlease.common.zk import make_client
 
     ctrl = make_ctrl()
     table, old = _three_replica_table(ctrl)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from common import zkpaths
-from coordinator.leader_leases import LeaderLeases, ServerLease
+from kvlease.common import zkpaths
+from kvlease.coordinator.leader_leases import LeaderLeases, ServerLease
 
 pytestmark = pytest.mark.unit
 

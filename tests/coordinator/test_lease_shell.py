@@ -9,15 +9,15 @@ from dataclasses import dataclass
 
 import pytest
 
-from common import errors
-from common.model import Lease, TableBucket
-from common.statemachine import Instruction, UnhandledError
-from common.storage import FileStorage, open_storage
-from common.zk import loads
-from coordinator.lease_shell import LeaseShell
-from leases import state as ls
-from leases.store import LEASE_FILES, LeaseStore
-from ops.wait import wait_until
+from kvlease.common import errors
+from kvlease.common.model import Lease, TableBucket
+from kvlease.common.statemachine import Instruction, UnhandledError
+from kvlease.common.storage import FileStorage, open_storage
+from kvlease.common.zk import loads
+from kvlease.coordinator.lease_shell import LeaseShell
+from kvlease.leases import state as ls
+from kvlease.leases.store import LEASE_FILES, LeaseStore
+from kvlease.ops.wait import wait_until
 
 pytestmark = pytest.mark.unit
 
@@ -279,9 +279,9 @@ def test_a_hanging_remote_storage_does_not_stall_the_loop_while_deletes_are_retr
 
 
 def test_a_batch_writes_one_synced_file_per_table_and_a_failed_file_fails_only_its_writes(tmp_path, monkeypatch):
-    from common.storage import file as st
-    from leases import store as store_module
-    from leases.store import read_table_file
+    from kvlease.common.storage import file as st
+    from kvlease.leases import store as store_module
+    from kvlease.leases.store import read_table_file
 
     storage = FileStorage(f"file://{tmp_path}", fsync=True)
     store = LeaseStore(storage)

@@ -6,10 +6,10 @@ import threading
 
 import pytest
 
-from coordinator.loop import EventLoop
-from coordinator.metrics import CoordinatorMetrics
-from leases import state as ls
-from ops.wait import wait_until
+from kvlease.coordinator.loop import EventLoop
+from kvlease.coordinator.metrics import CoordinatorMetrics
+from kvlease.leases import state as ls
+from kvlease.ops.wait import wait_until
 
 pytestmark = pytest.mark.unit
 

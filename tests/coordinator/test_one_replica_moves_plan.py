@@ -8,11 +8,11 @@ from dataclasses import replace
 
 import pytest
 
-from common import errors
-from coordinator import data_loss_plan, election_plan
-from coordinator import reassignment_plan as ra
-from coordinator import rebalance_plan as rb
-from coordinator.assignment import UNASSIGNED, Assignments, BucketAssignment
+from kvlease.common import errors
+from kvlease.coordinator import data_loss_plan, election_plan
+from kvlease.coordinator import reassignment_plan as ra
+from kvlease.coordinator import rebalance_plan as rb
+from kvlease.coordinator.assignment import UNASSIGNED, Assignments, BucketAssignment
 from tests.coordinator.test_reassignment_plan import state, table_of
 
 

@@ -13,17 +13,17 @@ import time
 
 import pytest
 
-from client.admin import AdminClient
-from common import errors
-from common.model import SnapshotFile, TableBucket
-from common.tables import Column
-from common.storage import FileStorage
-from coordinator import requests as rq
-from coordinator.catalog import TableCatalog
-from coordinator.orphan_files import OrphanFiles
-from coordinator.server import CoordinatorServer
-from coordinator.snapshots import SnapshotStore
-from ops.wait import wait_until
+from kvlease.client.admin import AdminClient
+from kvlease.common import errors
+from kvlease.common.model import SnapshotFile, TableBucket
+from kvlease.common.tables import Column
+from kvlease.common.storage import FileStorage
+from kvlease.coordinator import requests as rq
+from kvlease.coordinator.catalog import TableCatalog
+from kvlease.coordinator.orphan_files import OrphanFiles
+from kvlease.coordinator.server import CoordinatorServer
+from kvlease.coordinator.snapshots import SnapshotStore
+from kvlease.ops.wait import wait_until
 from tests.support.snapshot_manifests import snapshot, storage_of
 
 #: runs only when a test asks for one (a_full_run): a run of its own timer overlapping the test's setup deleted the

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from common import errors, zkpaths
-from coordinator import requests as rq
-from coordinator.placement_plan import plan_new
-from coordinator.election_plan import servers_joined
-from coordinator.assignment import UNASSIGNED, Assignments, BucketAssignment
+from kvlease.common import errors, zkpaths
+from kvlease.coordinator import requests as rq
+from kvlease.coordinator.placement_plan import plan_new
+from kvlease.coordinator.election_plan import servers_joined
+from kvlease.coordinator.assignment import UNASSIGNED, Assignments, BucketAssignment
 from tests.coordinator.test_assignment import call, create, ctrl  # noqa: F401 - the ctrl fixture
 
 
@@ -62,7 +62,7 @@ def test_a_create_that_does_not_fit_is_refused_naming_the_full_servers(ctrl):  #
 def test_a_server_with_more_buckets_than_one_zookeeper_write_holds_gets_them_all_back(ctrl, monkeypatch):  # noqa: F811
     """Its rejoin bumps every bucket's leader epoch: more than one multi-op can carry (10,000 one-bucket
     tables on a server were 1.5 MB, over ZooKeeper's 1 MB; here the limit is lowered instead)."""
-    from coordinator import fencing
+    from kvlease.coordinator import fencing
 
     monkeypatch.setattr(fencing, "ZK_MAX_WRITE_BYTES", 20_000)
     register(ctrl, 1, 1000)

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import pytest
 
-from common.storage import open_storage
-from coordinator import requests as rq
-from coordinator.controller import Controller, LeaderRebalance
-from coordinator.fencing import FencedWriter, bump_epoch
-from coordinator.metrics import CoordinatorMetrics
-from leases import state as ls
+from kvlease.common.storage import open_storage
+from kvlease.coordinator import requests as rq
+from kvlease.coordinator.controller import Controller, LeaderRebalance
+from kvlease.coordinator.fencing import FencedWriter, bump_epoch
+from kvlease.coordinator.metrics import CoordinatorMetrics
+from kvlease.leases import state as ls
 from tests.coordinator.test_assignment import Recorder, call
 from tests.coordinator.test_replication import create, register, sample, states, stored, unregister
 
@@ -25,7 +25,7 @@ CHECK_MS = 30_000
 
 @pytest.fixture
 def make_ctrl(zk_config):
-    from common.zk import make_client
+    from kvlease.common.zk import make_client
 
     zk = make_client(zk_config)
     made = []

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from common import errors
-from coordinator import requests as rq
-from coordinator.controller import LeaderRebalance
-from coordinator.fencing import FencedWriter, bump_epoch
+from kvlease.common import errors
+from kvlease.coordinator import requests as rq
+from kvlease.coordinator.controller import LeaderRebalance
+from kvlease.coordinator.fencing import FencedWriter, bump_epoch
 from tests.coordinator.test_assignment import call
 from tests.coordinator.test_replication import create, make_ctrl, register, states, stored, unregister  # noqa: F401
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from common import errors
-from coordinator import reassignment_plan as ra
-from coordinator import rebalance_plan as rb
-from coordinator.assignment import UNASSIGNED, Assignments, BucketAssignment
+from kvlease.common import errors
+from kvlease.coordinator import reassignment_plan as ra
+from kvlease.coordinator import rebalance_plan as rb
+from kvlease.coordinator.assignment import UNASSIGNED, Assignments, BucketAssignment
 
 
 def state(replicas, leader=None, isr=None, epoch=3, bucket_epoch=5, reassign=None) -> BucketAssignment:

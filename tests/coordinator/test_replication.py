@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import pytest
 
-from common import errors, zkpaths
-from common.storage import open_storage
-from common.tables import Column, TableSpec
-from common.zk import loads, make_client
-from coordinator import requests as rq
-from coordinator.assignment import UNASSIGNED
-from coordinator.controller import Controller
-from coordinator.fencing import FencedWriter, bump_epoch
-from coordinator.metrics import CoordinatorMetrics
+from kvlease.common import errors, zkpaths
+from kvlease.common.storage import open_storage
+from kvlease.common.tables import Column, TableSpec
+from kvlease.common.zk import loads, make_client
+from kvlease.coordinator import requests as rq
+from kvlease.coordinator.assignment import UNASSIGNED
+from kvlease.coordinator.controller import Controller
+from kvlease.coordinator.fencing import FencedWriter, bump_epoch
+from kvlease.coordinator.metrics import CoordinatorMetrics
 from tests.coordinator.test_assignment import Recorder, call
 
 

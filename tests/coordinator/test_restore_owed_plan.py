@@ -9,11 +9,11 @@ from dataclasses import replace
 
 import pytest
 
-from common import errors
-from common.data_loss import RESTORE, UNCLEAN, DataLoss
-from coordinator import data_loss_plan, election_plan
-from coordinator import reassignment_plan as ra
-from coordinator.assignment import BucketAssignment
+from kvlease.common import errors
+from kvlease.common.data_loss import RESTORE, UNCLEAN, DataLoss
+from kvlease.coordinator import data_loss_plan, election_plan
+from kvlease.coordinator import reassignment_plan as ra
+from kvlease.coordinator.assignment import BucketAssignment
 
 pytestmark = pytest.mark.unit
 

@@ -7,11 +7,11 @@ from dataclasses import replace
 
 import pytest
 
-from common import errors
-from common.data_loss import RESTORE, UNKNOWN, DataLoss
-from coordinator import data_loss_plan
-from coordinator.assignment import BucketAssignment
-from coordinator.reassignment_plan import removed_replicas
+from kvlease.common import errors
+from kvlease.common.data_loss import RESTORE, UNKNOWN, DataLoss
+from kvlease.coordinator import data_loss_plan
+from kvlease.coordinator.assignment import BucketAssignment
+from kvlease.coordinator.reassignment_plan import removed_replicas
 
 WHERE = "bucket 0 of db.t"
 

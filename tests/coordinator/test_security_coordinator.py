@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from client.server_calls import ServerCalls
-from client.table import TableClient
-from common import errors
-from common.model import TableBucket
-from common.security.acl import Resource
-from common.tables import Column
-from ops.wait import wait_until
+from kvlease.client.server_calls import ServerCalls
+from kvlease.client.table import TableClient
+from kvlease.common import errors
+from kvlease.common.model import TableBucket
+from kvlease.common.security.acl import Resource
+from kvlease.common.tables import Column
+from kvlease.ops.wait import wait_until
 from tests.support.secure_cluster import ACL_WAIT_S, INTERNAL_PASSWORD, NOT_YET_GRANTED, SecureCluster
 from tests.support.snapshot_manifests import snapshot
 
@@ -138,8 +138,8 @@ def test_every_lease_operation_needs_read_on_the_leased_tables(secure):
 
 
 def test_acquires_travelling_together_are_each_checked_for_read_on_their_own_tables(secure):
-    from common.proto import coordinator_pb2 as pb
-    from common.wire import bucket_snapshots_to_pb
+    from kvlease.common.proto import coordinator_pb2 as pb
+    from kvlease.common.wire import bucket_snapshots_to_pb
 
     latest = {path: secure.admin.get_latest_kv_snapshots(snapshotted_table(secure, path)) for path in ("db.a", "db.b")}
     secure.grant(BOB, "READ", "db.a")
@@ -181,7 +181,7 @@ def test_bad_credentials_are_refused_and_change_nothing(secure, user, password):
 
 
 def test_a_plaintext_client_cannot_talk_to_a_tls_coordinator(secure):
-    from client.transport import TlsMismatchError
+    from kvlease.client.transport import TlsMismatchError
 
     client = secure.admin_as("bob", "bob-pw", tls=False)
     with pytest.raises(TlsMismatchError, match="it speaks TLS and this client does not"):

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from common import config as cfg
-from common import errors
-from common.process import run_server
-from common.zk import make_client
-from ops.local_cluster import dying_with_parent
+from kvlease.common import config as cfg
+from kvlease.common import errors
+from kvlease.common.process import run_server
+from kvlease.common.zk import make_client
+from kvlease.ops.local_cluster import dying_with_parent
 from tests.support.paths import REPO
 
 PROJECT_ROOT = REPO

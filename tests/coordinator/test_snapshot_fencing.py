@@ -9,12 +9,12 @@ import time
 
 import pytest
 
-from common import errors, zkpaths
-from common.data_loss import RESTORE, UNCLEAN, DataLoss
-from common.model import SnapshotFile, SnapshotHandle, TableBucket
-from coordinator import requests as rq
-from coordinator.assignment import BucketAssignment
-from coordinator.snapshot_checks import check_epoch
+from kvlease.common import errors, zkpaths
+from kvlease.common.data_loss import RESTORE, UNCLEAN, DataLoss
+from kvlease.common.model import SnapshotFile, SnapshotHandle, TableBucket
+from kvlease.coordinator import requests as rq
+from kvlease.coordinator.assignment import BucketAssignment
+from kvlease.coordinator.snapshot_checks import check_epoch
 from tests.coordinator.test_assignment import call
 from tests.coordinator.test_coordinator_service import client, pair, table  # noqa: F401  (fixtures)
 from tests.coordinator.test_data_loss_zk import register

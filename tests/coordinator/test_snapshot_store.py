@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from common import errors
-from coordinator.snapshots import SnapshotStore
-from common.model import SnapshotFile, SnapshotHandle, TableBucket
+from kvlease.common import errors
+from kvlease.coordinator.snapshots import SnapshotStore
+from kvlease.common.model import SnapshotFile, SnapshotHandle, TableBucket
 
 pytestmark = pytest.mark.unit
 
@@ -209,7 +209,7 @@ def test_remove_goes_by_the_stored_handle_not_the_callers_copy() -> None:
 # -- snapshots of a lost history (an unclean election) -------------------------------------------------------
 
 def test_discarded_snapshots_leave_the_kept_list_and_their_files_stay_while_leased():
-    from common.data_loss import UNCLEAN, DataLoss
+    from kvlease.common.data_loss import UNCLEAN, DataLoss
     loss = DataLoss(UNCLEAN, 5, 250, 400, 0, 0, 2, newest_snapshot_id=3)  # snapshots 1..3 at offsets 100..300
     assert [loss.lost_history(sid, sid * 100) for sid in (1, 2, 3)] == [False, False, True]
     assert not DataLoss(UNCLEAN, 5, -1, 400, 0, 0, 2, newest_snapshot_id=3).lost_history(3, 300)  # unresolved

@@ -9,11 +9,11 @@ from dataclasses import replace
 
 import pytest
 
-from common import errors
-from common.data_loss import UNCLEAN
-from coordinator import data_loss_plan
-from coordinator import requests as rq
-from coordinator.assignment import BucketAssignment
+from kvlease.common import errors
+from kvlease.common.data_loss import UNCLEAN
+from kvlease.coordinator import data_loss_plan
+from kvlease.coordinator import requests as rq
+from kvlease.coordinator.assignment import BucketAssignment
 from tests.coordinator.test_assignment import call
 from tests.coordinator.test_data_loss_zk import register
 from tests.coordinator.test_replication import create, make_ctrl, states, stored  # noqa: F401  (fixture)
@@ -96,7 +96,7 @@ def test_the_lost_list_is_persisted_and_the_election_on_a_real_controller_skips_
 
 @pytest.mark.unit
 def test_the_automatic_unclean_election_never_picks_a_lost_replica():
-    from coordinator.election_plan import server_gone, server_joined
+    from kvlease.coordinator.election_plan import server_gone, server_joined
     a = BucketAssignment(3, 5, (1, 2, 3), (3,), 10, lost=(1,))
     outcome = server_gone(a, {3}, {1, 2}, unclean=True)
     assert (outcome.state.leader, outcome.unclean) == (2, True)

@@ -8,13 +8,13 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 from kazoo.security import OPEN_ACL_UNSAFE, Permissions, make_digest_acl_credential
 
-from client.table import TableClient
-from common import zkpaths
-from common.config import Config, ConfigError
-from common.model import TableBucket
-from common.security.users import UserStore
-from common.tables import Column
-from common.zk import make_client
+from kvlease.client.table import TableClient
+from kvlease.common import zkpaths
+from kvlease.common.config import Config, ConfigError
+from kvlease.common.model import TableBucket
+from kvlease.common.security.users import UserStore
+from kvlease.common.tables import Column
+from kvlease.common.zk import make_client
 from tests.support.local_cluster import LocalCluster
 
 DIGEST = "kvlease-zk:zk-pass-Qx7"
@@ -114,8 +114,8 @@ def test_a_cluster_with_the_digest_works_and_its_nodes_are_closed_to_others(dige
 @pytest.mark.parametrize("digest", ["", "kvlease-zk:wrong-password", "someone-else:zk-pass-Qx7"])
 def test_a_process_without_the_right_digest_fails_at_start_naming_the_key(digest_cluster, make_config, tmp_path,
                                                                           digest):
-    from coordinator.server import CoordinatorServer
-    from tablet.server import TabletServer
+    from kvlease.coordinator.server import CoordinatorServer
+    from kvlease.tablet.server import TabletServer
 
     with pytest.raises(ConfigError, match=r"ZooKeeper refused .*: check security\.zookeeper\.digest") as exc:
         make_client(make_config({"security.zookeeper.digest": digest}))

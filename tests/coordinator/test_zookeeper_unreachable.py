@@ -13,14 +13,14 @@ from typing import Iterator
 import grpc
 import pytest
 
-from client.admin import AdminClient
-from common import errors
-from common.model import TableBucket
-from common.proto import coordinator_pb2 as pb
-from common.proto import coordinator_pb2_grpc as pb_grpc
-from common.tables import Column
-from ops.local_cluster import ZooKeeperCluster
-from ops.wait import wait_until
+from kvlease.client.admin import AdminClient
+from kvlease.common import errors
+from kvlease.common.model import TableBucket
+from kvlease.common.proto import coordinator_pb2 as pb
+from kvlease.common.proto import coordinator_pb2_grpc as pb_grpc
+from kvlease.common.tables import Column
+from kvlease.ops.local_cluster import ZooKeeperCluster
+from kvlease.ops.wait import wait_until
 from tests.support.cli_runner import assert_one_line_error, run
 from tests.support.snapshot_manifests import commit_snapshot
 
@@ -47,7 +47,7 @@ def own_zk(kvlease_tmp: str) -> Iterator[ZooKeeperCluster]:
 @pytest.fixture
 def coordinator(make_config, own_zk):
     """A coordinator on ``own_zk`` (with its admin client): ZooKeeper is started again before it stops."""
-    from coordinator.server import CoordinatorServer
+    from kvlease.coordinator.server import CoordinatorServer
 
     def make(session_timeout: str = "4s"):
         config = make_config({"zookeeper.address": own_zk.connect_string, "zookeeper.session-timeout": session_timeout,

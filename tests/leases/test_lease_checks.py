@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from common import errors
+from kvlease.common import errors
 from tests.support.lease_harness import MAX_MS, T1, T3, Harness, only_error, reply_of, tb
 
 pytestmark = pytest.mark.unit

@@ -15,11 +15,11 @@ from collections import Counter
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from common import errors
-from common.model import Lease
-from leases import deadlines
-from leases.deadlines import Deadlines
-from leases.state import Expire, PersistLease, RemoveTable, Restore, WriteDone, WriteFailed
+from kvlease.common import errors
+from kvlease.common.model import Lease
+from kvlease.leases import deadlines
+from kvlease.leases.deadlines import Deadlines
+from kvlease.leases.state import Expire, PersistLease, RemoveTable, Restore, WriteDone, WriteFailed
 from tests.support.lease_harness import T1, T2, T3, Harness, of_type, reply_of, tb
 
 pytestmark = pytest.mark.unit

@@ -16,18 +16,18 @@ import pytest
 from kazoo.client import KazooClient
 from kazoo.protocol.states import KazooState
 
-from common import zkpaths
-from common.storage import open_storage
-from common.zk import dumps, loads, make_client
-from coordinator import requests as rq
-from leases import state as ls
-from coordinator.controller import Controller
-from coordinator.fencing import FencedWriter, bump_epoch
-from leases.mirror import LeaseMirror
-from leases.refcount import RefcountIndex
-from common.model import TableBucket
-from leases.store import LEASE_FILES, encode_table_file
-from ops.wait import wait_until
+from kvlease.common import zkpaths
+from kvlease.common.storage import open_storage
+from kvlease.common.zk import dumps, loads, make_client
+from kvlease.coordinator import requests as rq
+from kvlease.leases import state as ls
+from kvlease.coordinator.controller import Controller
+from kvlease.coordinator.fencing import FencedWriter, bump_epoch
+from kvlease.leases.mirror import LeaseMirror
+from kvlease.leases.refcount import RefcountIndex
+from kvlease.common.model import TableBucket
+from kvlease.leases.store import LEASE_FILES, encode_table_file
+from kvlease.ops.wait import wait_until
 from tests.support.procs import persisted_leases
 from tests.leases.test_lease_persistence import (  # noqa: F401 - storage_config is a fixture (file and s3)
     Clock, call, commit, make_table, new_controller, storage_config)
@@ -299,8 +299,8 @@ def test_a_lease_whose_file_is_missing_is_retried_once_a_round_not_in_a_spin(env
 
 
 def test_leases_sharing_a_file_read_in_many_chunks_read_it_once(env, storage_config, monkeypatch):
-    from leases import mirror as mirror_module
-    from ops.bench.seed import seed_leases
+    from kvlease.leases import mirror as mirror_module
+    from kvlease.ops.bench.seed import seed_leases
 
     active, mirror, zk, storage, clock = env
     t = make_table(active, buckets=4)

@@ -14,9 +14,9 @@ from dataclasses import replace
 
 import pytest
 
-from common import errors
-from common.model import Lease
-from leases.state import AcquireOutcome, Deferred, PersistLease, ReleaseOutcome, Restore, WriteDone
+from kvlease.common import errors
+from kvlease.common.model import Lease
+from kvlease.leases.state import AcquireOutcome, Deferred, PersistLease, ReleaseOutcome, Restore, WriteDone
 from tests.support.lease_harness import T1, Harness, freed_by, of_type, only_error, reply_of, tb
 
 pytestmark = pytest.mark.unit

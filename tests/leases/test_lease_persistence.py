@@ -1,6 +1,6 @@
 """The coordinator's shell on a real ZooKeeper and real remote storage (file:// and s3://).
 
-These drive :class:`coordinator.controller.Controller` directly (no gRPC): a
+These drive :class:`kvlease.coordinator.controller.Controller` directly (no gRPC): a
 request goes in, the writes hit ZooKeeper and storage, and a second controller
 reinitialized from the same ZooKeeper + storage must see the same state.
 """
@@ -12,16 +12,16 @@ from concurrent.futures import Future
 
 import pytest
 
-from common import errors, zkpaths
-from common.storage import RemoteStorage, StorageError, open_storage
-from common.tables import Column, TableSpec
-from common.zk import dumps, loads, make_client
-from coordinator import requests as rq
-from leases import state as ls
-from coordinator.controller import Controller
-from coordinator.fencing import FencedWriter, bump_epoch
-from common.model import SnapshotFile, SnapshotHandle, TableBucket
-from leases.store import LEASE_FILES
+from kvlease.common import errors, zkpaths
+from kvlease.common.storage import RemoteStorage, StorageError, open_storage
+from kvlease.common.tables import Column, TableSpec
+from kvlease.common.zk import dumps, loads, make_client
+from kvlease.coordinator import requests as rq
+from kvlease.leases import state as ls
+from kvlease.coordinator.controller import Controller
+from kvlease.coordinator.fencing import FencedWriter, bump_epoch
+from kvlease.common.model import SnapshotFile, SnapshotHandle, TableBucket
+from kvlease.leases.store import LEASE_FILES
 
 pytestmark = pytest.mark.zk
 

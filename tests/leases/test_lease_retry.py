@@ -14,14 +14,14 @@ import time
 
 import pytest
 
-from client.admin import AdminClient, ReleaseResult
-from common import errors
-from common.model import TableBucket
-from common.storage import open_storage
-from common.tables import Column
-from common.zk import make_client
-from coordinator.server import CoordinatorServer
-from ops.wait import wait_until
+from kvlease.client.admin import AdminClient, ReleaseResult
+from kvlease.common import errors
+from kvlease.common.model import TableBucket
+from kvlease.common.storage import open_storage
+from kvlease.common.tables import Column
+from kvlease.common.zk import make_client
+from kvlease.coordinator.server import CoordinatorServer
+from kvlease.ops.wait import wait_until
 from tests.support.cli_runner import assert_one_line_error, run
 from tests.support.procs import persisted_leases
 from tests.support.snapshot_manifests import commit_snapshot

@@ -11,10 +11,10 @@ from dataclasses import replace
 
 import pytest
 
-from common import errors
-from common.model import Lease
-from leases.refcount import RefcountIndex
-from leases.state import (AcquireOutcome, LeasesExpired, PersistLease, ReleaseOutcome, Reply, SnapshotsFreed, WriteDone,
+from kvlease.common import errors
+from kvlease.common.model import Lease
+from kvlease.leases.refcount import RefcountIndex
+from kvlease.leases.state import (AcquireOutcome, LeasesExpired, PersistLease, ReleaseOutcome, Reply, SnapshotsFreed, WriteDone,
                           WriteFailed)
 from tests.support.lease_harness import T1, T2, Harness, freed_by, of_type, only_error, reply_of, tb
 

@@ -16,10 +16,10 @@ import pytest
 from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from common import errors
-from coordinator.snapshots import SnapshotStore
-from common.model import Lease, SnapshotFile, SnapshotHandle, TableBucket
-from leases.state import (
+from kvlease.common import errors
+from kvlease.coordinator.snapshots import SnapshotStore
+from kvlease.common.model import Lease, SnapshotFile, SnapshotHandle, TableBucket
+from kvlease.leases.state import (
     Acquire, AcquireOutcome, Deferred, Drop, Expire, LeasesExpired, LeaseState, PersistLease, Release, ReleaseOutcome,
     RemoveTable, Renew, Reply, Restore, RestoreOutcome, SnapshotsFreed, WriteDone, WriteFailed,
 )

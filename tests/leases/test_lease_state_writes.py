@@ -11,10 +11,10 @@ from dataclasses import replace
 
 import pytest
 
-from common import errors
-from common.model import Lease
-from leases.refcount import RefcountIndex
-from leases.state import (AcquireOutcome, Deferred, Expire, LeasesExpired, LeaseState, PersistLease, ReleaseOutcome,
+from kvlease.common import errors
+from kvlease.common.model import Lease
+from kvlease.leases.refcount import RefcountIndex
+from kvlease.leases.state import (AcquireOutcome, Deferred, Expire, LeasesExpired, LeaseState, PersistLease, ReleaseOutcome,
                           RemoveTable, Reply, Restore, RestoreOutcome, SnapshotsFreed, WriteDone, WriteFailed)
 from tests.support.lease_harness import MAX_MS, T1, T2, T3, Harness, freed_by, of_type, only_error, reply_of, tb
 

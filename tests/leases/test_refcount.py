@@ -6,8 +6,8 @@ from collections import Counter
 
 import pytest
 
-from common.model import Lease, TableBucket
-from leases.refcount import RefcountIndex
+from kvlease.common.model import Lease, TableBucket
+from kvlease.leases.refcount import RefcountIndex
 
 pytestmark = pytest.mark.unit
 

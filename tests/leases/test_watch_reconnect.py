@@ -24,20 +24,20 @@ from typing import Callable
 import pytest
 from kazoo.exceptions import ConnectionLoss, SessionExpiredError
 
-from common.config import Config
-from common.security.acl import Operation, Resource
-from common.security.acl_store import AclCache, AclStore
-from common.security.users import UserCache, UserStore
-from common.security.watched import WatchedDirectory
-from common.storage import open_storage
-from common.zk import make_client
-from leases import state as ls
-from leases.mirror import LeaseMirror
-from leases.refcount import RefcountIndex
-from common.model import TableBucket
-from ops.local_cluster import ZooKeeperCluster, server_mode
+from kvlease.common.config import Config
+from kvlease.common.security.acl import Operation, Resource
+from kvlease.common.security.acl_store import AclCache, AclStore
+from kvlease.common.security.users import UserCache, UserStore
+from kvlease.common.security.watched import WatchedDirectory
+from kvlease.common.storage import open_storage
+from kvlease.common.zk import make_client
+from kvlease.leases import state as ls
+from kvlease.leases.mirror import LeaseMirror
+from kvlease.leases.refcount import RefcountIndex
+from kvlease.common.model import TableBucket
+from kvlease.ops.local_cluster import ZooKeeperCluster, server_mode
 from tests.conftest import TEST_DEFAULTS
-from ops.wait import wait_until
+from kvlease.ops.wait import wait_until
 from tests.support.procs import persisted_leases
 from tests.leases.test_lease_persistence import Clock, call, commit, make_table, new_controller
 

@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from ops.wait import NotReached, out_of_sync, poll, wait_in_sync, wait_until
+from kvlease.ops.wait import NotReached, out_of_sync, poll, wait_in_sync, wait_until
 
 
 def counter(ready_at: int):

@@ -1,8 +1,8 @@
 """Classes are composed of parts, not assembled from mixins (issue 40).
 
 No class of the project (outside the tests) inherits from more than one class of the project: an owner
-holds its parts and delegates to them (e.g. :class:`tablet.bucket.store.BucketStore`,
-:class:`tablet.replicas.manager.ReplicaManager`, :class:`client.admin.AdminClient`). A base is a project class when
+holds its parts and delegates to them (e.g. :class:`kvlease.tablet.bucket.store.BucketStore`,
+:class:`kvlease.tablet.replicas.manager.ReplicaManager`, :class:`kvlease.client.admin.AdminClient`). A base is a project class when
 its name is imported from a project module or defined in the same module. No exception class needs an
 exemption: each error class has at most one project base (a builtin one besides, such as TimeoutError, is
 not a project class).

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from common import config as cfg
-from common.config import Config
+from kvlease.common import config as cfg
+from kvlease.common.config import Config
 from tests.support.paths import REPO
 
 pytestmark = pytest.mark.unit

@@ -2,15 +2,15 @@
 
 import pytest
 
-from common import config as cfg
-from ops import docs
+from kvlease.common import config as cfg
+from kvlease.ops import docs
 
 pytestmark = pytest.mark.unit
 
 
 def test_the_config_page_matches_the_code():
     page = docs.CONFIG_PAGE.read_text()
-    assert docs.render(page) == page, "docs/configuration.md is stale: run `python -m ops.docs`"
+    assert docs.render(page) == page, "docs/configuration.md is stale: run `python -m kvlease.ops.docs`"
 
 
 def test_the_readme_leaves_the_config_reference_to_its_page():

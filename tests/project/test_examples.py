@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from common.tables import Column
+from kvlease.common.tables import Column
 from tests.support.local_cluster import LocalCluster
 from tests.client.test_connect import cluster_dir
 from tests.tablet.replication.test_data_loss_cluster import cluster  # noqa: F401
@@ -49,14 +49,14 @@ def kv(make_config, tmp_path):
 
 
 def table_rows(kv: LocalCluster, path: str) -> list[dict]:
-    from client.table import TableClient
+    from kvlease.client.table import TableClient
 
     with TableClient(kv.admin, path) as client:
         return sorted(client.scan().rows, key=lambda r: r["id"])
 
 
 def test_lease_guarded_read_reads_the_snapshots_and_leaves_no_lease(kv):
-    from client.table import TableClient
+    from kvlease.client.table import TableClient
 
     kv.create_table("shop.orders", COLUMNS, ["id"], 2)
     with TableClient(kv.admin, "shop.orders") as orders:
@@ -71,7 +71,7 @@ def test_lease_guarded_read_reads_the_snapshots_and_leaves_no_lease(kv):
 
 
 def test_change_feed_replay_copies_the_table_and_then_only_new_changes(kv, tmp_path):
-    from client.table import TableClient
+    from kvlease.client.table import TableClient
 
     kv.create_table("shop.src", COLUMNS, ["id"], 2)
     state = tmp_path / "replay.json"
@@ -99,9 +99,9 @@ def test_change_feed_replay_copies_the_table_and_then_only_new_changes(kv, tmp_p
 def test_change_feed_replay_stops_where_the_source_reuses_offsets_it_applied(cluster, tmp_path):
     """The source bucket is restored from an older snapshot between two runs and new changes take offsets
     the first run applied: the second run is refused at its first fetch and applies none of them."""
-    from client.table import TableClient
-    from common import errors
-    from ops.wait import wait_until
+    from kvlease.client.table import TableClient
+    from kvlease.common import errors
+    from kvlease.ops.wait import wait_until
     from tests.tablet.replication.test_data_loss_cluster import _restart_wiped, _served
     from tests.tablet.replication.test_replicated_buckets import SCHEMA, bucket_state
 
@@ -153,7 +153,7 @@ def load_example(name: str):
 @pytest.mark.spark
 def test_spark_job_bootstraps_then_tails(spark, kv, tmp_path):
     """The job's query (its ``start``), run twice on one checkpoint: the table, then only its changes."""
-    from client.table import TableClient
+    from kvlease.client.table import TableClient
 
     job = load_example("spark_bootstrap_then_tail")
     out, checkpoint = str(tmp_path / "feed"), str(tmp_path / "feed-checkpoint")

@@ -13,9 +13,9 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from client.table import TableClient
-from common.model import TableBucket
-from common.tables import Column
+from kvlease.client.table import TableClient
+from kvlease.common.model import TableBucket
+from kvlease.common.tables import Column
 from tests.support.local_cluster import LocalCluster
 from tests.support.paths import REPO
 

@@ -19,12 +19,12 @@ TYPED_PACKAGES = ("kvlease", "client", "common", "spark_source")
 
 
 def public_classes() -> list[type]:
-    from client.admin import AdminClient
-    from client.connect import Connection
-    from client.scanner import BucketScanner, KvBatchScanner
-    from client.stream_scanner import KvStreamScanner
-    from client.table import TableClient
-    from client.table_scan import ScanResult
+    from kvlease.client.admin import AdminClient
+    from kvlease.client.connect import Connection
+    from kvlease.client.scanner import BucketScanner, KvBatchScanner
+    from kvlease.client.stream_scanner import KvStreamScanner
+    from kvlease.client.table import TableClient
+    from kvlease.client.table_scan import ScanResult
 
     return [AdminClient, TableClient, BucketScanner, KvBatchScanner, KvStreamScanner, ScanResult, Connection]
 
@@ -74,9 +74,9 @@ def test_the_check_finds_a_missing_docstring():
 
 def test_the_kvlease_package_gathers_the_entry_points():
     import kvlease
-    from client.admin import AdminClient
-    from client.connect import connect
-    from client.table import TableClient
+    from kvlease.client.admin import AdminClient
+    from kvlease.client.connect import connect
+    from kvlease.client.table import TableClient
 
     assert (kvlease.connect, kvlease.AdminClient, kvlease.TableClient) == (connect, AdminClient, TableClient)
     assert all(hasattr(kvlease, name) for name in kvlease.__all__)

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from client.table import TableClient
-from ops.local_cluster import free_ports
+from kvlease.client.table import TableClient
+from kvlease.ops.local_cluster import free_ports
 from tests.support.spark_tables import ALL_TYPES, kv, row, rows_of, seed  # noqa: F401  (kv is a fixture)
 
 

@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from common.codec import RowCodec
-from common.tables import Column, TableInfo
-from spark_source.bootstrap import merge
+from kvlease.common.codec import RowCodec
+from kvlease.common.tables import Column, TableInfo
+from kvlease.spark_source.bootstrap import merge
 
 pytestmark = pytest.mark.unit
 

@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from client.transport import RetryPolicy
-from common.logentry import ChangeType, decode_entry, encode_payload, frame_header, record_batch
-from spark_source.changelog import ChangelogRangeError, read_entries
+from kvlease.client.transport import RetryPolicy
+from kvlease.common.logentry import ChangeType, decode_entry, encode_payload, frame_header, record_batch
+from kvlease.spark_source.changelog import ChangelogRangeError, read_entries
 
 
 def entry(offset: int) -> object:

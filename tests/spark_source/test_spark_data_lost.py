@@ -12,9 +12,9 @@ import shutil
 import pytest
 from pyspark.errors import StreamingQueryException
 
-from client.table import TableClient
-from common import errors
-from ops.wait import wait_until
+from kvlease.client.table import TableClient
+from kvlease.common import errors
+from kvlease.ops.wait import wait_until
 from tests.spark_source.test_spark_stream import Collector, run
 from tests.tablet.replication.test_replicated_buckets import FAST, SCHEMA, bucket_state, crash
 from tests.tablet.test_tablet_server import Cluster

@@ -16,15 +16,15 @@ import re
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
-from client.table import TableClient
-from common import errors
-from spark_source import options as opts
-from spark_source.enumerator import fence_pieces, log_splits_for
-from spark_source.reader import read_split
-from spark_source.schema import spark_arrow_schema
-from spark_source.splits import ReadContext
-from spark_source.stream import StreamReader
-from ops.wait import wait_until
+from kvlease.client.table import TableClient
+from kvlease.common import errors
+from kvlease.spark_source import options as opts
+from kvlease.spark_source.enumerator import fence_pieces, log_splits_for
+from kvlease.spark_source.reader import read_split
+from kvlease.spark_source.schema import spark_arrow_schema
+from kvlease.spark_source.splits import ReadContext
+from kvlease.spark_source.stream import StreamReader
+from kvlease.ops.wait import wait_until
 from tests.tablet.replication.test_data_loss_cluster import (  # noqa: F401
     _served, cluster, lose_and_restore, one_replica_with_tail, two_in_sync)
 from tests.tablet.replication.test_replicated_buckets import bucket_state, crash, server_by_id

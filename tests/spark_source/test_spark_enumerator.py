@@ -8,14 +8,14 @@ import time
 
 import pytest
 
-from client.admin import AdminClient
-from client.table import TableClient
-from common.config import CLIENT_RETRY_TOTAL
-from spark_source import bootstrap, options as opts
-from spark_source.bootstrap import SnapshotGoneError
-from spark_source.enumerator import SnapshotUnavailableError, acquire_latest, plan_bootstrap
-from spark_source.reader import read_split
-from spark_source.splits import HybridSplit, ReadContext
+from kvlease.client.admin import AdminClient
+from kvlease.client.table import TableClient
+from kvlease.common.config import CLIENT_RETRY_TOTAL
+from kvlease.spark_source import bootstrap, options as opts
+from kvlease.spark_source.bootstrap import SnapshotGoneError
+from kvlease.spark_source.enumerator import SnapshotUnavailableError, acquire_latest, plan_bootstrap
+from kvlease.spark_source.reader import read_split
+from kvlease.spark_source.splits import HybridSplit, ReadContext
 from tests.support.local_cluster import LocalCluster
 from tests.support.spark_tables import ALL_TYPES, row
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common.tables import Column, TableInfo
-from spark_source import options as opts
-from spark_source.batch import BatchReader
-from spark_source.splits import ReadContext
-from spark_source.stream import LeaseRef, StreamReader, _limited, _offset, _parse
-from spark_source.writer import DELETE, SKIP, UPSERT, _runs
+from kvlease.common.tables import Column, TableInfo
+from kvlease.spark_source import options as opts
+from kvlease.spark_source.batch import BatchReader
+from kvlease.spark_source.splits import ReadContext
+from kvlease.spark_source.stream import LeaseRef, StreamReader, _limited, _offset, _parse
+from kvlease.spark_source.writer import DELETE, SKIP, UPSERT, _runs
 
 pytestmark = pytest.mark.unit
 BASE = {"bootstrap": "127.0.0.1:1", "table": "shop.orders"}
@@ -203,7 +203,7 @@ def test_tls_options_and_a_secure_cluster_directory(tmp_path):
     doc = {"coordinators": [{"address": "127.0.0.1:1"}]}
     (cluster / "cluster.json").write_text(json.dumps(doc))
     assert opts.parse({"cluster": str(cluster), "table": "db.t"}).security == ()
-    from ops.local_cluster import certs
+    from kvlease.ops.local_cluster import certs
 
     made = certs.generate(tmp_path / "certs")  # read and checked at parse (the key must be the certificate's)
     pem = {"ca": made.ca, "client": made.client_cert, "client-key": made.client_key}
@@ -237,7 +237,7 @@ def test_a_malformed_bootstrap_names_the_option(bootstrap):
 
 
 def test_split_max_rows_is_bounded_in_the_number_of_partitions(caplog):
-    from spark_source.enumerator import MAX_LOG_SPLITS, log_splits_for
+    from kvlease.spark_source.enumerator import MAX_LOG_SPLITS, log_splits_for
 
     ranges = {0: (0, 20_000), 1: (5, 5), 2: (100, 1_107)}
     with caplog.at_level("WARNING"):

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from client.table import TableClient
-from common.tables import Column
-from spark_source.workers import WorkerPythonError, missing_modules
+from kvlease.client.table import TableClient
+from kvlease.common.tables import Column
+from kvlease.spark_source.workers import WorkerPythonError, missing_modules
 from tests.support.paths import REPO
 from tests.support.spark_tables import kv  # noqa: F401  (a fixture)
 
@@ -85,8 +85,8 @@ WRONG_WORKERS = textwrap.dedent("""
     os.environ["PYSPARK_PYTHON"] = sys.argv[1]
     os.environ.setdefault("JAVA_HOME", "/usr/lib/jvm/java-17-openjdk-amd64")
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    import spark_source
-    from ops.streaming import stop_local_session
+    import kvlease.spark_source
+    from kvlease.ops.streaming import stop_local_session
     from pyspark.sql import SparkSession
 
     spark = (SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")

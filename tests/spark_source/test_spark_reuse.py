@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from client.table import TableClient
-from common.tables import Column
+from kvlease.client.table import TableClient
+from kvlease.common.tables import Column
 from tests.support.spark_tables import kv, row, seed, spark_row  # noqa: F401  (kv is a fixture)
 
 PUSHDOWN = "spark.sql.python.filterPushdown.enabled"

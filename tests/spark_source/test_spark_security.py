@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from client.table import TableClient
-from common.tables import Column
-from spark_source.schema import table_schema
+from kvlease.client.table import TableClient
+from kvlease.common.tables import Column
+from kvlease.spark_source.schema import table_schema
 from tests.support.secure_cluster import SecureCluster
 
 COLUMNS = [Column("id", "BIGINT"), Column("v", "STRING")]

@@ -10,12 +10,12 @@ import threading
 
 import pytest
 
-from client.transport import RetryPolicy
-from common import errors
-from common.model import TableBucket
-from common.storage import FileStorage
-from spark_source.bootstrap import SnapshotGoneError, open_snapshot
-from tablet.store.snapshot import SnapshotUploader
+from kvlease.client.transport import RetryPolicy
+from kvlease.common import errors
+from kvlease.common.model import TableBucket
+from kvlease.common.storage import FileStorage
+from kvlease.spark_source.bootstrap import SnapshotGoneError, open_snapshot
+from kvlease.tablet.store.snapshot import SnapshotUploader
 from tests.tablet.store.test_snapshot_upload import Bucket
 
 pytestmark = pytest.mark.unit

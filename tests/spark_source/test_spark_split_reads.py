@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import pytest
 
-from client.table import TableClient
-from common.model import TableBucket
-from ops.wait import wait_until
-from spark_source import options as opts
-from spark_source.bootstrap import SnapshotFileMissingError
-from spark_source.enumerator import plan_bootstrap
-from spark_source.reader import read_split
-from spark_source.schema import table_schema
-from spark_source.splits import HybridSplit, ReadContext
+from kvlease.client.table import TableClient
+from kvlease.common.model import TableBucket
+from kvlease.ops.wait import wait_until
+from kvlease.spark_source import options as opts
+from kvlease.spark_source.bootstrap import SnapshotFileMissingError
+from kvlease.spark_source.enumerator import plan_bootstrap
+from kvlease.spark_source.reader import read_split
+from kvlease.spark_source.schema import table_schema
+from kvlease.spark_source.splits import HybridSplit, ReadContext
 from tests.support.spark_tables import kv, row, seed  # noqa: F401  (kv is a fixture)
 
 
@@ -65,7 +65,7 @@ def test_a_missing_file_of_a_held_snapshot_is_named_not_blamed_on_the_lease(kv):
 
 def test_a_split_stopped_early_gives_its_bucket_back(kv, monkeypatch):
     """Spark stops reading a split once a LIMIT has its rows."""
-    from spark_source import bootstrap
+    from kvlease.spark_source import bootstrap
 
     monkeypatch.setattr(bootstrap, "CHUNK_ROWS", 100)  # several batches from a small snapshot
     seed(kv, 1, 300)
@@ -78,7 +78,7 @@ def test_a_split_stopped_early_gives_its_bucket_back(kv, monkeypatch):
 
 def test_tablet_calls_retry_as_long_as_the_retry_timeout_option_says(kv):
     """Driver and executors alike open their table client through the options' settings."""
-    from spark_source.options import connect, open_table
+    from kvlease.spark_source.options import connect, open_table
 
     seed(kv, 1, 1)
     info = kv.admin.get_table("shop.orders")
@@ -89,7 +89,7 @@ def test_tablet_calls_retry_as_long_as_the_retry_timeout_option_says(kv):
 
 
 def test_a_table_dropped_under_a_stream_is_named_by_its_name(kv):
-    from spark_source.stream import StreamReader
+    from kvlease.spark_source.stream import StreamReader
 
     seed(kv, 2, 20)
     options = opts.parse({"bootstrap": kv.coordinator.address, "table": "shop.orders", "startup.mode": "earliest"})

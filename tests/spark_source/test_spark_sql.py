@@ -12,10 +12,10 @@ import pytest
 from pyspark.sql.functions import lit
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from client.table import TableClient
-from spark_source import catalog
-from spark_source.options import OptionError
-from spark_source.schema import table_schema
+from kvlease.client.table import TableClient
+from kvlease.spark_source import catalog
+from kvlease.spark_source.options import OptionError
+from kvlease.spark_source.schema import table_schema
 from tests.support.spark_tables import ALL_TYPES, kv, row, rows_of, seed  # noqa: F401  (kv is a fixture)
 
 COLUMNS = ", ".join(c.name for c in ALL_TYPES)

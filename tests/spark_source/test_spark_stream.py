@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from client.table import TableClient
-from ops.wait import wait_until
+from kvlease.client.table import TableClient
+from kvlease.ops.wait import wait_until
 from tests.support.spark_tables import ALL_TYPES, row, seed, spark_row
 from tests.support.local_cluster import LocalCluster
 

@@ -13,17 +13,17 @@ from types import SimpleNamespace
 import pytest
 from pyspark.sql.streaming.datasource import ReadMaxRows
 
-from client.log_position import LogPosition
-from client.transport import RetryPolicy
-from common import errors
-from common.data_loss import RESTORE, DataLoss
-from common.logentry import ChangeType, decode_entry, encode_payload, frame_header, record_batch
-from common.tables import Column, TableInfo
-from spark_source.changelog import read_entries
-from spark_source.enumerator import plan_changes
-from spark_source.reader import _loss_named
-from spark_source.splits import LogSplit, ReadContext
-from spark_source.stream import StreamReader, _offset, _parse, _with_epochs
+from kvlease.client.log_position import LogPosition
+from kvlease.client.transport import RetryPolicy
+from kvlease.common import errors
+from kvlease.common.data_loss import RESTORE, DataLoss
+from kvlease.common.logentry import ChangeType, decode_entry, encode_payload, frame_header, record_batch
+from kvlease.common.tables import Column, TableInfo
+from kvlease.spark_source.changelog import read_entries
+from kvlease.spark_source.enumerator import plan_changes
+from kvlease.spark_source.reader import _loss_named
+from kvlease.spark_source.splits import LogSplit, ReadContext
+from kvlease.spark_source.stream import StreamReader, _offset, _parse, _with_epochs
 from tests.spark_source.test_spark_stream_losses import _Admin
 
 pytestmark = pytest.mark.unit

@@ -8,12 +8,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from client.lost_ranges import check_losses
-from common import errors
-from common.data_loss import RESTORE, DataLoss
-from common.tables import Column, TableInfo
-from spark_source.splits import ReadContext
-from spark_source.stream import StreamReader, _losses_seen, _offset, _parse
+from kvlease.client.lost_ranges import check_losses
+from kvlease.common import errors
+from kvlease.common.data_loss import RESTORE, DataLoss
+from kvlease.common.tables import Column, TableInfo
+from kvlease.spark_source.splits import ReadContext
+from kvlease.spark_source.stream import StreamReader, _losses_seen, _offset, _parse
 
 
 def test_offsets_carry_the_losses_seen_and_old_offsets_count_none():

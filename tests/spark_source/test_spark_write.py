@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from pyspark.sql.types import LongType, StructField, StructType
 
-from client.table import TableClient
-from spark_source.schema import table_schema
+from kvlease.client.table import TableClient
+from kvlease.spark_source.schema import table_schema
 from tests.support.spark_tables import ALL_TYPES, kv, row, rows_of  # noqa: F401  (kv is a fixture)
 
 

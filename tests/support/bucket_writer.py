@@ -28,9 +28,9 @@ import numpy as np
 import pyarrow as pa
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
-from common.tables import Column, TableInfo
-from tablet.bucket.store import BucketStore
-from common.codec import RowCodec
+from kvlease.common.tables import Column, TableInfo
+from kvlease.tablet.bucket.store import BucketStore
+from kvlease.common.codec import RowCodec
 
 TABLE = TableInfo(7, "crash", "rows", (Column("id", "BIGINT"), Column("v", "STRING")), ("id",), 1)
 KEY_SPACE = 3000

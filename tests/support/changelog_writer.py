@@ -21,8 +21,8 @@ import time
 
 import numpy as np
 
-from common.logentry import record_batch
-from tablet.log.changelog import Changelog
+from kvlease.common.logentry import record_batch
+from kvlease.tablet.log.changelog import Changelog
 
 
 def expected_records(base: int, count: int) -> tuple[list[int], list[bytes], list[bytes | None]]:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from click.testing import CliRunner
 
-from client.log_position import LogPosition
-from common.codec import RowCodec
-from common.tables import TableInfo
-from ops.cli import kvlease
+from kvlease.client.log_position import LogPosition
+from kvlease.common.codec import RowCodec
+from kvlease.common.tables import TableInfo
+from kvlease.ops.cli import kvlease
 
 NO_ENV = {"KVLEASE_CLUSTER": None, "KVLEASE_BOOTSTRAP": None, "KVLEASE_RETRY_TIMEOUT": None,
           "KVLEASE_DEBUG": None, "KVLEASE_CLIENT_RETRY_TOTAL_TIMEOUT": None,

@@ -11,10 +11,10 @@ from __future__ import annotations
 import grpc
 import pyarrow as pa
 
-from common.errors import ErrorCode
-from common.proto import tablet_pb2 as pb
-from common.tables import Column, TableInfo
-from common.codec import RowCodec, batch_to_ipc
+from kvlease.common.errors import ErrorCode
+from kvlease.common.proto import tablet_pb2 as pb
+from kvlease.common.tables import Column, TableInfo
+from kvlease.common.codec import RowCodec, batch_to_ipc
 
 TABLE = TableInfo(7, "db", "t", (Column("id", "BIGINT"), Column("v", "STRING")), ("id",), 1)
 CODEC = RowCodec(TABLE)

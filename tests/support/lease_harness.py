@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import itertools
 
-from common import errors
-from common.model import Lease, SnapshotFile, SnapshotHandle, TableBucket
-from coordinator.snapshots import SnapshotStore
-from leases.state import Acquire, Drop, LeaseState, PersistLease, Release, Renew, Reply, SnapshotsFreed, WriteDone
+from kvlease.common import errors
+from kvlease.common.model import Lease, SnapshotFile, SnapshotHandle, TableBucket
+from kvlease.coordinator.snapshots import SnapshotStore
+from kvlease.leases.state import Acquire, Drop, LeaseState, PersistLease, Release, Renew, Reply, SnapshotsFreed, WriteDone
 
 MAX_MS = 60_000
 T1, T2, T3 = 1, 2, 3  # T1 has 4 buckets, T2 has 2, T3 has 1

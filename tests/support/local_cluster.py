@@ -3,8 +3,8 @@ over real gRPC on loopback. Tablets can stop and restart."""
 
 from __future__ import annotations
 
-from common.tables import TableInfo
-from ops.wait import wait_until
+from kvlease.common.tables import TableInfo
+from kvlease.ops.wait import wait_until
 
 
 class LocalCluster:
@@ -13,8 +13,8 @@ class LocalCluster:
     def __init__(self, make_config, base_dir, tablets: int, tablet_overrides: dict | None = None,
                  client_config=None) -> None:
         """``client_config`` (a Config) is the admin client's, e.g. with TLS settings; default: none."""
-        from client.admin import AdminClient
-        from coordinator.server import CoordinatorServer
+        from kvlease.client.admin import AdminClient
+        from kvlease.coordinator.server import CoordinatorServer
 
         self.make_config = make_config
         self.base_dir = base_dir
@@ -31,7 +31,7 @@ class LocalCluster:
                                  "log.flush.fsync": False, "kv.snapshot.interval": "1h", **self.tablet_overrides})
 
     def start_tablet(self, i: int):
-        from tablet.server import TabletServer
+        from kvlease.tablet.server import TabletServer
 
         self.tablets[i] = TabletServer(self.tablet_config(i)).start()
         wait_until(lambda: i in {s.id for s in self.admin.list_tablet_servers()}, 30, f"tablet {i} registered")

@@ -1,4 +1,4 @@
-"""Coordinator processes for tests: ``python -m coordinator --config FILE`` on loopback.
+"""Coordinator processes for tests: ``python -m kvlease.coordinator --config FILE`` on loopback.
 
 :class:`CoordinatorProcs` starts coordinators from one flat config (each gets
 its own directory with ``config.toml`` and ``coordinator.log``, and a free
@@ -23,16 +23,16 @@ from typing import Any, Callable, Iterator, Mapping
 
 import pytest
 
-from common import config as cfg
-from common import errors, zkpaths
-from client.admin import AdminClient, CoordinatorInfo
-from common.model import Lease, TableBucket
-from leases.store import LeaseStore
-from ops.local_cluster import ServerProcess, free_ports
-from ops.wait import wait_until
+from kvlease.common import config as cfg
+from kvlease.common import errors, zkpaths
+from kvlease.client.admin import AdminClient, CoordinatorInfo
+from kvlease.common.model import Lease, TableBucket
+from kvlease.leases.store import LeaseStore
+from kvlease.ops.local_cluster import ServerProcess, free_ports
+from kvlease.ops.wait import wait_until
 
 class CoordinatorProc(ServerProcess):
-    """One coordinator process (:class:`ops.local_cluster.ServerProcess`), which a test can also pause."""
+    """One coordinator process (:class:`kvlease.ops.local_cluster.ServerProcess`), which a test can also pause."""
 
     def __init__(self, name: str, home: Path, values: Mapping[str, Any]) -> None:
         super().__init__(home, "coordinator", values)
@@ -195,7 +195,7 @@ def assert_served_as_persisted(served: list[Lease], zk, storage) -> None:
 
 
 def _render(value: Any) -> Any:
-    """A parsed config value back into something :func:`common.config.to_toml` writes and Config reads."""
+    """A parsed config value back into something :func:`kvlease.common.config.to_toml` writes and Config reads."""
     return value if isinstance(value, (bool, int, str)) else str(value)
 
 

@@ -9,15 +9,15 @@ user. Use as a context manager or call ``close``.
 
 from __future__ import annotations
 
-from client.admin import AdminClient
-from common import errors
-from common.config import Config
-from common.security.acl import Operation, Resource
-from common.security.acl_store import AclStore
-from common.security.users import UserStore
-from common.zk import make_client
-from ops.local_cluster import certs, client_settings, server_settings
-from ops.wait import wait_until
+from kvlease.client.admin import AdminClient
+from kvlease.common import errors
+from kvlease.common.config import Config
+from kvlease.common.security.acl import Operation, Resource
+from kvlease.common.security.acl_store import AclStore
+from kvlease.common.security.users import UserStore
+from kvlease.common.zk import make_client
+from kvlease.ops.local_cluster import certs, client_settings, server_settings
+from kvlease.ops.wait import wait_until
 from tests.support.local_cluster import LocalCluster
 
 INTERNAL_PASSWORD = "cluster-secret"

@@ -2,7 +2,7 @@
 
 The coordinator accepts a ``CommitKvSnapshot`` only when the snapshot's
 manifest exists at its path and agrees with the commit, and every file it
-names exists with its size (:mod:`coordinator.snapshot_checks`); tests that
+names exists with its size (:mod:`kvlease.coordinator.snapshot_checks`); tests that
 commit made-up snapshots write them first.
 """
 
@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import posixpath
 
-from common import config as cfg
-from common.kvsnapshot import Manifest, ManifestFile, bucket_dir, manifest_path
-from common.model import SnapshotHandle, TableBucket
-from common.storage import RemoteStorage, open_storage
+from kvlease.common import config as cfg
+from kvlease.common.kvsnapshot import Manifest, ManifestFile, bucket_dir, manifest_path
+from kvlease.common.model import SnapshotHandle, TableBucket
+from kvlease.common.storage import RemoteStorage, open_storage
 
 
 def storage_of(config: cfg.Config) -> RemoteStorage:

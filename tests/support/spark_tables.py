@@ -6,7 +6,7 @@ import datetime as dt
 
 import pytest
 
-from common.tables import Column
+from kvlease.common.tables import Column
 from tests.support.local_cluster import LocalCluster
 
 ALL_TYPES = [Column("id", "BIGINT"), Column("name", "STRING"), Column("qty", "INT"), Column("price", "DOUBLE"),
@@ -41,7 +41,7 @@ def rows_of(df) -> dict:
 
 def seed(cluster: LocalCluster, buckets: int, rows: int, table: str = "shop.orders") -> None:
     """Create ``table`` (every type) with rows ``0..rows-1`` and snapshot it."""
-    from client.table import TableClient
+    from kvlease.client.table import TableClient
 
     cluster.create_table(table, ALL_TYPES, ["id"], buckets)
     with TableClient(cluster.admin, table) as client:

@@ -22,18 +22,18 @@ from pathlib import Path
 import grpc
 import pytest
 
-from client.table import TableClient
-from client.transport import Channels
-from common import errors
-from common.config import Config
-from common.proto import tablet_pb2 as pb
-from common.proto import tablet_pb2_grpc as pb_grpc
-from common.tables import Column
-from common.codec import batch_to_ipc
-from common.security.acl import Operation, Resource
-from common.tls import TlsFiles
-from common.wire import error_from_pb
-from ops.wait import wait_until
+from kvlease.client.table import TableClient
+from kvlease.client.transport import Channels
+from kvlease.common import errors
+from kvlease.common.config import Config
+from kvlease.common.proto import tablet_pb2 as pb
+from kvlease.common.proto import tablet_pb2_grpc as pb_grpc
+from kvlease.common.tables import Column
+from kvlease.common.codec import batch_to_ipc
+from kvlease.common.security.acl import Operation, Resource
+from kvlease.common.tls import TlsFiles
+from kvlease.common.wire import error_from_pb
+from kvlease.ops.wait import wait_until
 from tests.conftest import TEST_DEFAULTS
 from tests.support.secure_cluster import ACL_WAIT_S, ADMIN, ADMIN_PASSWORD, NOT_YET_GRANTED, SecureCluster
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from common.errors import AuthorizationFailedError
-from common.security.acl import AclEntry, Authorizer, Operation, Resource
-from common.security.server import OPEN
-from common.tables import Column, TableInfo
-from tablet.authz import READ, WRITE, TableAccess
+from kvlease.common.errors import AuthorizationFailedError
+from kvlease.common.security.acl import AclEntry, Authorizer, Operation, Resource
+from kvlease.common.security.server import OPEN
+from kvlease.common.tables import Column, TableInfo
+from kvlease.tablet.authz import READ, WRITE, TableAccess
 
 pytestmark = pytest.mark.unit
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from common import errors
-from common.codec import RowCodec, batch_to_ipc, bucket_of
-from common.proto import tablet_pb2 as pb
-from common.model import TableBucket
-from common.tables import Column
-from client.table import TableClient
-from ops.wait import wait_until
+from kvlease.common import errors
+from kvlease.common.codec import RowCodec, batch_to_ipc, bucket_of
+from kvlease.common.proto import tablet_pb2 as pb
+from kvlease.common.model import TableBucket
+from kvlease.common.tables import Column
+from kvlease.client.table import TableClient
+from kvlease.ops.wait import wait_until
 from tests.tablet.test_tablet_server import cluster, fetch_all, lookup, put  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.zk
@@ -76,8 +76,8 @@ def test_row_over_max_row_size_is_refused_and_any_entry_can_be_fetched(cluster, 
 
 
 def test_max_row_size_is_bounded_by_the_message_size():
-    from common.config import Config, ConfigError
-    from common.limits import MAX_MESSAGE_BYTES, MAX_ROW_SIZE_BOUND
+    from kvlease.common.config import Config, ConfigError
+    from kvlease.common.limits import MAX_MESSAGE_BYTES, MAX_ROW_SIZE_BOUND
 
     assert Config()["table.max-row-size"] == 8 << 20
     assert 2 * MAX_ROW_SIZE_BOUND < MAX_MESSAGE_BYTES

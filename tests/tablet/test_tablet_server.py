@@ -11,21 +11,21 @@ from pathlib import Path
 import grpc
 import pytest
 
-from common import errors
-from common.config import to_toml
-from common.proto import tablet_pb2 as pb
-from common.proto import tablet_pb2_grpc as pbg
-from common.storage import open_storage
-from common.tables import Column
-from client.admin import AdminClient
-from coordinator.server import CoordinatorServer
-from common.model import SnapshotHandle, TableBucket
-from ops.local_cluster import free_ports
-from ops.local_cluster import dying_with_parent
-from common.logentry import decode_entry
-from common.codec import RowCodec, batch_to_ipc, ipc_to_batch
-from tablet.server import TabletServer
-from ops.wait import wait_until
+from kvlease.common import errors
+from kvlease.common.config import to_toml
+from kvlease.common.proto import tablet_pb2 as pb
+from kvlease.common.proto import tablet_pb2_grpc as pbg
+from kvlease.common.storage import open_storage
+from kvlease.common.tables import Column
+from kvlease.client.admin import AdminClient
+from kvlease.coordinator.server import CoordinatorServer
+from kvlease.common.model import SnapshotHandle, TableBucket
+from kvlease.ops.local_cluster import free_ports
+from kvlease.ops.local_cluster import dying_with_parent
+from kvlease.common.logentry import decode_entry
+from kvlease.common.codec import RowCodec, batch_to_ipc, ipc_to_batch
+from kvlease.tablet.server import TabletServer
+from kvlease.ops.wait import wait_until
 from tests.support.paths import REPO
 
 pytestmark = pytest.mark.zk
@@ -163,8 +163,8 @@ def test_a_previous_lifes_node_expiring_while_it_registers_does_not_stop_the_sta
     before the tablet server reads it (NoNodeError). It must register, not crash (a CI failure)."""
     from kazoo.client import KazooClient
 
-    from common import zkpaths
-    from common.zk import make_client
+    from kvlease.common import zkpaths
+    from kvlease.common.zk import make_client
 
     c = cluster()
     config = make_config({"tablet.id": 7, "tablet.data-dir": str(tmp_path / "t7")})
@@ -326,7 +326,7 @@ class CountingAdmin:
 
 
 def test_a_snapshot_round_asks_for_kept_snapshots_once_per_table(cluster, tmp_path):
-    from client.table import TableClient
+    from kvlease.client.table import TableClient
 
     c = cluster({"kv.snapshot.interval": "1h", "log.segment.bytes": "4kb", "log.retention": "0ms"})
     tablet = c.tablet(1, tmp_path / "t1")
@@ -363,8 +363,8 @@ def test_a_snapshot_round_asks_for_kept_snapshots_once_per_table(cluster, tmp_pa
 
 def test_snapshot_commits_check_the_log_end_over_one_kept_channel_closed_at_step_down(
         cluster, tmp_path, monkeypatch):
-    from client.transport import Channels
-    from coordinator import snapshot_checks
+    from kvlease.client.transport import Channels
+    from kvlease.coordinator import snapshot_checks
 
     made = []
 

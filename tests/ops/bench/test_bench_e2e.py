@@ -1,7 +1,7 @@
 """A real benchmark through the real command line, at small sizes (about 10 s).
 
 ``kvlease bench writes --rows 20000 --lookups 200 --json --plot FILE.png``
-in a child process (``python -m ops.cli``) whose ``TMPDIR`` is a directory of
+in a child process (``python -m kvlease.ops.cli``) whose ``TMPDIR`` is a directory of
 this test: the benchmark starts its own ZooKeeper, coordinator and tablet
 server there and must leave nothing behind (the session's leak guard checks
 the processes).
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from ops.bench import suite as bench_suite
+from kvlease.ops.bench import suite as bench_suite
 
 from tests.support.fixtures.leaks import kill_group
 from tests.support.paths import REPO
@@ -34,7 +34,7 @@ def test_bench_writes_measures_plots_and_cleans_up(tmp_path):
     png = tmp_path / "writes.png"
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVLEASE_") or k == "KVLEASE_TEST_SESSION"}
     env.update(PYTHONPATH=str(ROOT), TMPDIR=str(scratch))
-    proc = subprocess.run([sys.executable, "-m", "ops.cli", "bench", "writes", "--rows", "20000", "--lookups", "200",
+    proc = subprocess.run([sys.executable, "-m", "kvlease.ops.cli", "bench", "writes", "--rows", "20000", "--lookups", "200",
                            "--rounds", "2", "--json", "--plot", str(png)],
                           capture_output=True, text=True, timeout=200, cwd=str(ROOT), env=env)
     assert proc.returncode == 0, proc.stderr
@@ -63,7 +63,7 @@ def test_a_terminated_benchmark_stops_what_it_started_and_removes_its_temp_direc
     scratch.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVLEASE_") or k == "KVLEASE_TEST_SESSION"}
     env.update(PYTHONPATH=str(ROOT), TMPDIR=str(scratch))
-    proc = subprocess.Popen([sys.executable, "-m", "ops.cli", "bench", "writes", "--rows", "500000", "--json"],
+    proc = subprocess.Popen([sys.executable, "-m", "kvlease.ops.cli", "bench", "writes", "--rows", "500000", "--json"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(ROOT), env=env,
                             start_new_session=True)  # its group: what it started goes with it if this test fails
     try:

@@ -8,7 +8,7 @@ import tempfile
 
 import pytest
 
-from ops.bench import rebuild as bench_rebuild
+from kvlease.ops.bench import rebuild as bench_rebuild
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from common.model import Lease, TableBucket
-from ops.bench import leases as bench_leases
-from ops.bench import scale as bench_scale
+from kvlease.common.model import Lease, TableBucket
+from kvlease.ops.bench import leases as bench_leases
+from kvlease.ops.bench import scale as bench_scale
 from tests.support.paths import FIXTURES
 
 RECORDED = json.loads((FIXTURES / "bench_all.json").read_text())
@@ -74,9 +74,9 @@ def test_the_mirror_loaded_line_is_waited_for_after_the_offset(tmp_path):
 @pytest.mark.timeout(120)
 def test_seeded_leases_are_exactly_what_a_coordinator_loads(make_config):
     """``ops.bench.seed`` writes the persisted layout the coordinator's own store writes and reads."""
-    from common.storage import open_storage
-    from common.zk import make_client
-    from ops.bench.seed import CHUNK, seed_leases
+    from kvlease.common.storage import open_storage
+    from kvlease.common.zk import make_client
+    from kvlease.ops.bench.seed import CHUNK, seed_leases
     from tests.support.procs import persisted_leases
 
     config = make_config()
@@ -95,7 +95,7 @@ def test_seeded_leases_are_exactly_what_a_coordinator_loads(make_config):
 
 
 def test_the_raw_phase_measures_both_kazoo_handlers_and_anchors_on_the_faster(zk_client, zk_config):
-    from common.zk import connect_string
+    from kvlease.common.zk import connect_string
 
     settings = bench_leases.BenchSettings(raw_writes=300, raw_window=50, session_timeout_ms=6000)
     raw = bench_leases.raw_phase(connect_string(zk_config), settings)

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from ops.bench import bootstrap as bench_bootstrap, leases as bench_leases, plot as bench_plot, scan as bench_scan
-from ops.bench import rebuild as bench_rebuild, replication as bench_replication
-from ops.bench import suite as bench_suite, writes as bench_writes
-from ops.bench.suite import MB, Row
+from kvlease.ops.bench import bootstrap as bench_bootstrap, leases as bench_leases, plot as bench_plot, scan as bench_scan
+from kvlease.ops.bench import rebuild as bench_rebuild, replication as bench_replication
+from kvlease.ops.bench import suite as bench_suite, writes as bench_writes
+from kvlease.ops.bench.suite import MB, Row
 from tests.support.paths import FIXTURES
 
 pytestmark = pytest.mark.unit

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from ops.bench import bootstrap as bench_bootstrap, leases as bench_leases, scan as bench_scan, writes as bench_writes
-from ops.bench import rebuild as bench_rebuild, replication as bench_replication
+from kvlease.ops.bench import bootstrap as bench_bootstrap, leases as bench_leases, scan as bench_scan, writes as bench_writes
+from kvlease.ops.bench import rebuild as bench_rebuild, replication as bench_replication
 from tests.support.cli_runner import assert_one_line_error, run
 from tests.support.paths import FIXTURES
 
@@ -138,7 +138,7 @@ def test_text_output_is_the_report_then_the_table(runs):
 
 
 def test_a_failing_benchmark_is_an_error_line_and_exit_1(runs, monkeypatch):
-    from common.errors import KvLeaseError
+    from kvlease.common.errors import KvLeaseError
 
     fail_run(monkeypatch, "writes", KvLeaseError("ZooKeeper did not start"))
     result = run("bench", "writes", "--json")

@@ -16,10 +16,10 @@ import time
 import pytest
 from rich.console import Console
 
-from ops import local_cluster
-from ops.cli import output as out
+from kvlease.ops import local_cluster
+from kvlease.ops.cli import output as out
 from tests.support.cli_runner import assert_one_line_error, run
-from ops.wait import wait_until
+from kvlease.ops.wait import wait_until
 from tests.ops.cli.test_cli_e2e import (CLI_ENV, KVLEASE, cluster_dir, kvlease, kvlease_json,  # noqa: F401
                                         print_logs)
 

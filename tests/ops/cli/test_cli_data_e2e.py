@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from ops import local_cluster
-from ops.cli.output import iso_time_ms
-from ops.wait import wait_until
+from kvlease.ops import local_cluster
+from kvlease.ops.cli.output import iso_time_ms
+from kvlease.ops.wait import wait_until
 from tests.ops.cli.test_cli_e2e import (  # noqa: F401 (cluster_dir is a fixture)
     CLI_ENV, KVLEASE, cluster_dir, kvlease, kvlease_json, print_logs, recorded_pids)
 

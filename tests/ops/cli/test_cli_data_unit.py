@@ -12,12 +12,12 @@ import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
-from client.log_position import LogPosition
-from common import errors
-from common.tables import Column, TableInfo
-from ops.cli import output as out
-from ops.cli import changelog, data, kvlease, values
-from ops.cli.app import State
+from kvlease.client.log_position import LogPosition
+from kvlease.common import errors
+from kvlease.common.tables import Column, TableInfo
+from kvlease.ops.cli import output as out
+from kvlease.ops.cli import changelog, data, kvlease, values
+from kvlease.ops.cli.app import State
 from tests.support.cli_runner import NO_ENV, FakeTableClient, assert_one_line_error
 
 pytestmark = pytest.mark.unit
@@ -203,7 +203,7 @@ def test_put_reads_parquet_casting_to_the_column_types(fake_table, tmp_path):
 
 
 def test_put_progress_knows_how_far_through_the_file_it_is(tmp_path):
-    from ops.cli.put_sources import Reader
+    from kvlease.ops.cli.put_sources import Reader
 
     path = tmp_path / "rows.jsonl"
     path.write_text("".join(f'{{"id": {i}}}\n' for i in range(100)))
@@ -381,7 +381,7 @@ def test_iso_time_ms_is_utc_with_milliseconds():
 
 
 def test_snapshot_trigger(fake_table, monkeypatch):
-    from client import snapshot_trigger as st
+    from kvlease.client import snapshot_trigger as st
 
     outcomes = [st.BucketOutcome(1, st.COMMITTED, st.CommittedSnapshot(1, 4, 5)),
                 st.BucketOutcome(0, st.UNCHANGED, st.CommittedSnapshot(0, 3, 7))]
@@ -398,7 +398,7 @@ def test_snapshot_trigger(fake_table, monkeypatch):
 
 
 def test_snapshot_trigger_that_failed_on_some_buckets_lists_both_and_exits_1(fake_table, monkeypatch):
-    from client import snapshot_trigger as st
+    from kvlease.client import snapshot_trigger as st
 
     down = errors.LeaderNotAvailableError("bucket 1 of table db.w: its leader, tablet server 2, is not live")
     outcomes = [st.BucketOutcome(0, st.COMMITTED, st.CommittedSnapshot(0, 3, 7)),

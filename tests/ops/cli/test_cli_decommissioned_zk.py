@@ -8,9 +8,9 @@ import os
 
 import pytest
 
-from client.admin import AdminClient
-from ops.local_cluster.cluster_file import save
-from ops.wait import wait_until
+from kvlease.client.admin import AdminClient
+from kvlease.ops.local_cluster.cluster_file import save
+from kvlease.ops.wait import wait_until
 from tests.ops.cli.test_cli_moves_zk import coordinator  # noqa: F401  (the fixture: three servers registered)
 from tests.support.cli_runner import assert_one_line_error, run
 

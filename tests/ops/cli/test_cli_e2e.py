@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from client.admin import AdminClient
-from common.model import TableBucket
-from ops import local_cluster
-from ops.wait import wait_until
+from kvlease.client.admin import AdminClient
+from kvlease.common.model import TableBucket
+from kvlease.ops import local_cluster
+from kvlease.ops.wait import wait_until
 from tests.support.snapshot_manifests import commit_snapshot
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]

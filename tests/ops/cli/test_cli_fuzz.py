@@ -21,10 +21,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from common.tables import Column
+from kvlease.common.tables import Column
 from click.testing import CliRunner
 
-from ops.cli import kvlease
+from kvlease.ops.cli import kvlease
 from tests.support.cli_runner import NO_ENV
 
 
@@ -91,10 +91,10 @@ def check(result, args) -> None:
 @pytest.fixture
 def stubbed_side_effects(monkeypatch, tmp_path):
     """cluster start/stop, demo, bench and drill check their arguments, then do nothing."""
-    from ops import bench as bench_suite
-    from ops import local_cluster
-    from ops import demo as demo_run
-    from ops.cli import plugins
+    from kvlease.ops import bench as bench_suite
+    from kvlease.ops import local_cluster
+    from kvlease.ops import demo as demo_run
+    from kvlease.ops.cli import plugins
 
     monkeypatch.setattr(local_cluster, "start", lambda *a, **k: None)
     monkeypatch.setattr(local_cluster, "stop", lambda *a, **k: {"stopped": []})

@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-import client.admin as admin
-from common import errors
-from common.tables import Column, TableInfo
-from common.model import Lease, SnapshotHandle, TableBucket
+import kvlease.client.admin as admin
+from kvlease.common import errors
+from kvlease.common.tables import Column, TableInfo
+from kvlease.common.model import Lease, SnapshotHandle, TableBucket
 from tests.support.cli_runner import assert_one_line_error, run
 
 pytestmark = pytest.mark.unit

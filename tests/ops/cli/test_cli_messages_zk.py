@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from client.table import TableClient
-from common import errors
-from ops.wait import wait_until
+from kvlease.client.table import TableClient
+from kvlease.common import errors
+from kvlease.ops.wait import wait_until
 from tests.support.cli_runner import assert_one_line_error, run
 from tests.tablet.replication.test_data_loss_cluster import cluster, two_in_sync  # noqa: F401
 from tests.tablet.replication.test_replicated_buckets import SCHEMA, bucket_state, crash, server_by_id
@@ -72,7 +72,7 @@ def test_a_failed_write_counts_the_rows_each_bucket_acknowledged_before_it_faile
     """A bucket's rows go in several requests (each at most MAX_REQUEST_BYTES); its third request fails (a
     fault injected on the way to the real server): the error counts the rows of its first two, and of the
     other bucket, which were written, as the rows found afterwards show."""
-    from client import table as table_module
+    from kvlease.client import table as table_module
 
     c = cluster
     c.tablet(1, tmp_path / "t1")

@@ -9,10 +9,10 @@ import json
 import pytest
 from rich.console import Console
 
-import client.admin as admin
-from common import errors
-from ops.cli import cluster_moves
-from ops.cli import output as out
+import kvlease.client.admin as admin
+from kvlease.common import errors
+from kvlease.ops.cli import cluster_moves
+from kvlease.ops.cli import output as out
 from tests.ops.cli.test_cli_replication_unit import ReplicatedAdmin
 from tests.support.cli_runner import assert_one_line_error, run
 

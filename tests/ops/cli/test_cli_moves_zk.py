@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from common import zkpaths
-from common.zk import make_client
-from coordinator.server import CoordinatorServer
-from ops.wait import wait_until
+from kvlease.common import zkpaths
+from kvlease.common.zk import make_client
+from kvlease.coordinator.server import CoordinatorServer
+from kvlease.ops.wait import wait_until
 from tests.support.cli_runner import assert_one_line_error, run
 
 pytestmark = pytest.mark.zk

@@ -9,7 +9,7 @@ import socket
 
 import pytest
 
-from ops import local_cluster
+from kvlease.ops import local_cluster
 from tests.ops.cli.test_cli_e2e import cluster_dir, kvlease, kvlease_json, print_logs  # noqa: F401 - the fixture
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]

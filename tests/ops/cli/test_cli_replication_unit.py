@@ -10,8 +10,8 @@ from dataclasses import replace
 import pytest
 from rich.console import Console
 
-import client.admin as admin
-from ops.cli import output as out
+import kvlease.client.admin as admin
+from kvlease.ops.cli import output as out
 from tests.ops.cli.test_cli_lease_unit import FakeAdmin
 from tests.support.cli_runner import run
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from coordinator.server import CoordinatorServer
+from kvlease.coordinator.server import CoordinatorServer
 from tests.support.cli_runner import assert_one_line_error, run
 
 

@@ -8,8 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-import client.admin as admin
-from common.data_loss import RESTORE, DataLoss
+import kvlease.client.admin as admin
+from kvlease.common.data_loss import RESTORE, DataLoss
 from tests.ops.cli.test_cli_lease_unit import FakeAdmin
 from tests.support.cli_runner import run
 

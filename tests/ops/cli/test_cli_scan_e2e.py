@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ops import local_cluster
+from kvlease.ops import local_cluster
 from tests.ops.cli.test_cli_e2e import cluster_dir, kvlease, kvlease_json, print_logs, recorded_pids  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]

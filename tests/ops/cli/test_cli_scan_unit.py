@@ -9,11 +9,11 @@ import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
-from common.tables import Column, TableInfo
-from ops import cli
-from ops.cli import output as out
-from common.codec import RowCodec
-from client.table_scan import ScanResult
+from kvlease.common.tables import Column, TableInfo
+from kvlease.ops import cli
+from kvlease.ops.cli import output as out
+from kvlease.common.codec import RowCodec
+from kvlease.client.table_scan import ScanResult
 
 from tests.client.test_kv_scanner import CODEC, rows_of
 

@@ -12,7 +12,7 @@ import time
 import click
 import pytest
 
-from ops.cli.app import COMMAND_MODULES, kvlease
+from kvlease.ops.cli.app import COMMAND_MODULES, kvlease
 
 pytestmark = pytest.mark.unit
 
@@ -53,10 +53,10 @@ def test_a_command_imports_only_what_it_needs():
 
 
 @pytest.mark.parametrize("module,argv", [
-    ("ops.cli.app", ["table", "list"]),  # interrupted while the CLI itself loads
-    ("ops.cli.table", ["table", "list"]),  # while the command's module loads
-    ("ops.cli.data", ["get", "db.t", "{}"]),
-    ("client.admin", ["--bootstrap", "127.0.0.1:1", "table", "list"]),  # while the global options are read
+    ("kvlease.ops.cli.app", ["table", "list"]),  # interrupted while the CLI itself loads
+    ("kvlease.ops.cli.table", ["table", "list"]),  # while the command's module loads
+    ("kvlease.ops.cli.data", ["get", "db.t", "{}"]),
+    ("kvlease.client.admin", ["--bootstrap", "127.0.0.1:1", "table", "list"]),  # while the global options are read
 ])
 def test_ctrl_c_while_the_cli_starts_is_one_line_and_exit_130(module, argv):
     """A KeyboardInterrupt raised by an import (as a Ctrl-C in the second it may take) is the CLI's usual

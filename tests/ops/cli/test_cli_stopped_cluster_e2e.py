@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 import kvlease as kvlease_api
-from common import errors
-from ops import local_cluster
+from kvlease.common import errors
+from kvlease.ops import local_cluster
 from tests.ops.cli.test_cli_e2e import CLI_ENV, KVLEASE, cluster_dir, kvlease, kvlease_json, print_logs  # noqa: F401
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]

@@ -13,12 +13,12 @@ import socket
 import pytest
 from rich.console import Console
 
-import client.admin as admin
-from common import errors
-from common.tables import MAX_BUCKETS, Column, TableInfo
-from common.model import Lease, SnapshotHandle, TableBucket
-from ops.cli import output as out
-from ops.cli.app import State
+import kvlease.client.admin as admin
+from kvlease.common import errors
+from kvlease.common.tables import MAX_BUCKETS, Column, TableInfo
+from kvlease.common.model import Lease, SnapshotHandle, TableBucket
+from kvlease.ops.cli import output as out
+from kvlease.ops.cli.app import State
 from tests.support.cli_runner import assert_one_line_error, run
 
 pytestmark = pytest.mark.unit
@@ -203,7 +203,7 @@ def test_unreachable_bootstrap_names_the_address():
     (errors.LeaseNotFoundError("lease 'L' not found"), "lease 'L' not found"),
 ])
 def test_an_error_says_what_is_known_of_it(error, says):
-    from ops.cli.app import _message
+    from kvlease.ops.cli.app import _message
 
     assert _message(error, State()) == says
 
@@ -223,7 +223,7 @@ def test_cluster_start_rejects_tablets_it_cannot_start(tmp_path, monkeypatch):
     import importlib.util
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tablet.__main__" else
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "kvlease.tablet.__main__" else
                         real(name, *a))
     message = assert_one_line_error(run("cluster", "start", "--dir", str(tmp_path), "--tablets", "2"))
     assert "tablet" in message and "--tablets 0" in message

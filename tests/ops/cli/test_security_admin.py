@@ -13,14 +13,14 @@ import logging
 
 import pytest
 
-from client.transport import Channels
-from common import errors
-from common.proto import security_pb2 as pb
-from common.proto import security_pb2_grpc as pb_grpc
-from common.security.acl import AclBinding, AclEntry, Operation, Resource
-from common.tls import TlsFiles
-from coordinator.security_service import SecurityService
-from ops.wait import wait_until
+from kvlease.client.transport import Channels
+from kvlease.common import errors
+from kvlease.common.proto import security_pb2 as pb
+from kvlease.common.proto import security_pb2_grpc as pb_grpc
+from kvlease.common.security.acl import AclBinding, AclEntry, Operation, Resource
+from kvlease.common.tls import TlsFiles
+from kvlease.coordinator.security_service import SecurityService
+from kvlease.ops.wait import wait_until
 from tests.support.cli_runner import assert_one_line_error, run
 from tests.support.local_cluster import LocalCluster
 from tests.support.secure_cluster import ACL_WAIT_S, ADMIN, ADMIN_PASSWORD, NOT_YET_GRANTED, SecureCluster
@@ -297,7 +297,7 @@ def _cli_credentials(secure, as_bob, bob_env):
 def _run_with_input(args, env, text):
     from click.testing import CliRunner
 
-    from ops.cli import kvlease
+    from kvlease.ops.cli import kvlease
     from tests.support.cli_runner import NO_ENV
 
     return CliRunner().invoke(kvlease, list(args), env={**NO_ENV, **(env or {})}, prog_name="kvlease", input=text)

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from ops import demo
-from ops.check import Check
+from kvlease.ops import demo
+from kvlease.ops.check import Check
 from tests.support.cli_runner import assert_one_line_error, run
 
 pytestmark = pytest.mark.unit

@@ -16,13 +16,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from common import errors
-from ops import local_cluster
-from ops import demo, streaming
-from ops.streaming import feed_check, stream_failover, stream_query
-from ops.streaming.change_writer import KEY, VALUES
-from ops.streaming.leader_kill import LeaderKill
-from ops.check import Check
+from kvlease.common import errors
+from kvlease.ops import local_cluster
+from kvlease.ops import demo, streaming
+from kvlease.ops.streaming import feed_check, stream_failover, stream_query
+from kvlease.ops.streaming.change_writer import KEY, VALUES
+from kvlease.ops.streaming.leader_kill import LeaderKill
+from kvlease.ops.check import Check
 
 #: A quick run: small table on RF 2, short writer, the tests' ZooKeeper session timeout (failovers ~4 s); the
 #: tablet server leading bucket 0 is killed after round 7, while the query tails rounds 7-10.

@@ -8,7 +8,7 @@ import errno
 
 import pytest
 
-from ops.drills.chaos_disks import FILLER, DiskFill, free_bytes, restore_interrupted
+from kvlease.ops.drills.chaos_disks import FILLER, DiskFill, free_bytes, restore_interrupted
 from tests.support.fixtures.small_disk import fill, small_disk
 
 pytestmark = pytest.mark.unit

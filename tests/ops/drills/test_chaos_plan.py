@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ops.drills import chaos_plan as cp
+from kvlease.ops.drills import chaos_plan as cp
 from tests.ops.drills.test_drills import CHAOS_ROUNDS, CHAOS_SEEDS
 
 pytestmark = pytest.mark.unit
@@ -92,7 +92,7 @@ def test_each_fault_says_what_it_does():
 
 def test_every_kind_is_drawn_described_and_carried_out():
     """The seam a new kind goes through: a draw, a sentence and a handler for each (chaos_faults.HANDLERS)."""
-    from ops.drills.chaos_faults import HANDLERS
+    from kvlease.ops.drills.chaos_faults import HANDLERS
 
     assert set(cp.DRAWS) == set(cp.SAYS) == set(HANDLERS) == set(cp.KINDS)
 

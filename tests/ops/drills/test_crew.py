@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from ops.drills.crew import Crew
+from kvlease.ops.drills.crew import Crew
 
 pytestmark = pytest.mark.unit
 

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from ops.drills import EXIT_OK, EXIT_VIOLATED, Check, Report, finish, render
+from kvlease.ops.drills import EXIT_OK, EXIT_VIOLATED, Check, Report, finish, render
 
 pytestmark = pytest.mark.unit
 

@@ -9,9 +9,9 @@ from contextlib import redirect_stdout
 
 import pytest
 
-from client.admin import AdminClient
-from ops import local_cluster
-from ops.drills import spark_failover as drill_spark_failover
+from kvlease.client.admin import AdminClient
+from kvlease.ops import local_cluster
+from kvlease.ops.drills import spark_failover as drill_spark_failover
 
 
 @pytest.fixture

@@ -30,8 +30,8 @@ from pathlib import Path
 
 import pytest
 
-from ops import local_cluster
-from ops.drills import chaos
+from kvlease.ops import local_cluster
+from kvlease.ops.drills import chaos
 from tests.support.paths import REPO
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]

@@ -7,10 +7,10 @@ import dataclasses
 
 import pytest
 
-from ops.drills.failover_checks import (AckedWrite, ChangeRecord, Outage, Read, acknowledged_writes_in_changelog,
+from kvlease.ops.drills.failover_checks import (AckedWrite, ChangeRecord, Outage, Read, acknowledged_writes_in_changelog,
                                         apply_changes, leaders_served_within, reads_committed, replicas_identical,
                                         stream_equals_table, tables_as_acknowledged)
-from ops.drills.row_checks import WriteOp
+from kvlease.ops.drills.row_checks import WriteOp
 
 pytestmark = pytest.mark.unit
 
@@ -113,8 +113,8 @@ def test_a_call_sent_before_the_outage_does_not_count_as_served_again():
 
 
 def test_an_entry_is_described_by_its_leader_epoch_and_writer_batch():
-    from common.logentry import encode_payload, frame_header, record_batch
-    from ops.drills.replica_logs import describe_frame
+    from kvlease.common.logentry import encode_payload, frame_header, record_batch
+    from kvlease.ops.drills.replica_logs import describe_frame
 
     payload = encode_payload(record_batch([0], [b"k"], [b"v"]))
     written = frame_header(7, 1, payload, 1000, leader_epoch=4, writer_id=2, sequence=46) + payload.to_pybytes()

@@ -8,13 +8,13 @@ import json
 
 import pytest
 
-from common import zkpaths
-from common.model import Lease, TableBucket
-from common.storage import open_storage
-from common.zk import dumps, make_client
-from leases.state import PersistLease
-from leases.store import LeaseStore
-from ops.drills.lease_layout import LEASE_FILES, lease_nodes, persisted_views, pointers, view_of
+from kvlease.common import zkpaths
+from kvlease.common.model import Lease, TableBucket
+from kvlease.common.storage import open_storage
+from kvlease.common.zk import dumps, make_client
+from kvlease.leases.state import PersistLease
+from kvlease.leases.store import LeaseStore
+from kvlease.ops.drills.lease_layout import LEASE_FILES, lease_nodes, persisted_views, pointers, view_of
 
 DEADLINE = 1_900_000_000_000
 

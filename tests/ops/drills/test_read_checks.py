@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ops.drills.read_checks import MAX_LISTED, ReadOp, reads_in_order, reads_see_acknowledged_writes
-from ops.drills.row_checks import WriteOp
+from kvlease.ops.drills.read_checks import MAX_LISTED, ReadOp, reads_in_order, reads_see_acknowledged_writes
+from kvlease.ops.drills.row_checks import WriteOp
 
 pytestmark = pytest.mark.unit
 

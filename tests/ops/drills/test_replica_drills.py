@@ -10,8 +10,8 @@ from contextlib import redirect_stdout
 
 import pytest
 
-from ops.drills import all as all_drills
-from ops.drills import decommission, disk_loss, registry, rolling_restart
+from kvlease.ops.drills import all as all_drills
+from kvlease.ops.drills import decommission, disk_loss, registry, rolling_restart
 
 #: a snapshot of every changed bucket every 2 s: the drills then see (and the disk-loss judge must survive) what a
 #: loaded machine reaches with the default 30 s, snapshots retention deletes during one drill

@@ -10,8 +10,8 @@ from contextlib import redirect_stdout
 
 import pytest
 
-from ops.drills import registry
-from ops.drills import tablet_failover
+from kvlease.ops.drills import registry
+from kvlease.ops.drills import tablet_failover
 
 FAST = {"zookeeper.session-timeout": "4s", "replica.fetch.wait-max": "200ms"}
 
@@ -56,7 +56,7 @@ def test_tablet_failover(spark, three_tablets):
 
 @pytest.mark.unit
 def test_all_skips_it_on_a_cluster_of_fewer_tablet_servers():
-    from ops.drills import all as all_drills
+    from kvlease.ops.drills import all as all_drills
 
     doc = {"zookeeper": [{}], "coordinators": [{}], "tablets": [{}]}
     assert all_drills._shape_skip("tablet-failover", doc) == "drill tablet-failover needs --tablets 3 or more (the " \
@@ -65,7 +65,7 @@ def test_all_skips_it_on_a_cluster_of_fewer_tablet_servers():
 
 
 def _frame(base: int, keys: list[bytes], epoch: int = 1) -> bytes:
-    from common.logentry import encode_payload, frame_header, record_batch
+    from kvlease.common.logentry import encode_payload, frame_header, record_batch
 
     payload = encode_payload(record_batch([0] * len(keys), keys, [b"v"] * len(keys))).to_pybytes()
     return frame_header(base, len(keys), payload, 1_700_000_000_000, leader_epoch=epoch) + payload
@@ -73,7 +73,7 @@ def _frame(base: int, keys: list[bytes], epoch: int = 1) -> bytes:
 
 @pytest.mark.unit
 def test_the_replica_log_reader_keeps_whole_frames_and_leaves_a_torn_tail_out():
-    from ops.drills.replica_logs import fingerprints, frames_of
+    from kvlease.ops.drills.replica_logs import fingerprints, frames_of
 
     first, second, third = _frame(0, [b"a", b"b"]), _frame(2, [b"c"]), _frame(3, [b"d"], epoch=2)
     frames = frames_of(first + second + third[:len(third) - 3])

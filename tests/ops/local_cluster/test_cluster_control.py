@@ -11,11 +11,11 @@ import stat
 
 import pytest
 
-from client.admin import AdminClient
-from client.table import TableClient
-from common.tables import Column
-from ops import local_cluster
-from ops.wait import wait_until
+from kvlease.client.admin import AdminClient
+from kvlease.client.table import TableClient
+from kvlease.common.tables import Column
+from kvlease.ops import local_cluster
+from kvlease.ops.wait import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from ops import local_cluster
+from kvlease.ops import local_cluster
 
 pytestmark = pytest.mark.unit
 
@@ -18,7 +18,7 @@ CHANGES = 200  # enough that writers without the lock lose some (seen: 70 to 100
 #: ``CHANGES`` times: tablet ARGV[2]'s pid + 1, each a change of its own
 BUMP = f"""
 import sys
-from ops import local_cluster
+from kvlease.ops import local_cluster
 for _ in range({CHANGES}):
     with local_cluster.updating(sys.argv[1]) as doc:
         local_cluster.member(doc, "tablets", sys.argv[2])["pid"] += 1

@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from ops.local_cluster import free_ports, kept_ports, processes
+from kvlease.ops.local_cluster import free_ports, kept_ports, processes
 
 pytestmark = pytest.mark.unit
 

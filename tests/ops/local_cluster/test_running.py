@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-import ops.local_cluster.launch as launch
-from ops import local_cluster
+import kvlease.ops.local_cluster.launch as launch
+from kvlease.ops import local_cluster
 
 
 @pytest.fixture

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from client.admin_types import BucketLeader
-from ops.local_cluster.serving import waits_for
+from kvlease.client.admin_types import BucketLeader
+from kvlease.ops.local_cluster.serving import waits_for
 
 pytestmark = pytest.mark.unit
 

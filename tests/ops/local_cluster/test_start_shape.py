@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ops import local_cluster
-from ops.local_cluster.shape import Shape, resolve
+from kvlease.ops import local_cluster
+from kvlease.ops.local_cluster.shape import Shape, resolve
 from tests.support.cli_runner import assert_one_line_error, run
 
 pytestmark = pytest.mark.unit

@@ -11,11 +11,11 @@ import subprocess
 
 import pytest
 
-from client.admin import AdminClient
-from client.table import TableClient
-from common.tables import Column
-from ops import local_cluster
-from ops.local_cluster import tablet_disks
+from kvlease.client.admin import AdminClient
+from kvlease.client.table import TableClient
+from kvlease.common.tables import Column
+from kvlease.ops import local_cluster
+from kvlease.ops.local_cluster import tablet_disks
 
 SIZE = "16m"
 CONFIG = {"zookeeper.session-timeout": "4s"}

@@ -14,10 +14,10 @@ import textwrap
 import pytest
 from kazoo.client import KazooClient
 
-from common import config as cfg
-from ops.local_cluster import zookeeper
-from ops.local_cluster import ZooKeeperCluster, ZooKeeperError, four_letter, stop_pids
-from ops.wait import poll, wait_until
+from kvlease.common import config as cfg
+from kvlease.ops.local_cluster import zookeeper
+from kvlease.ops.local_cluster import ZooKeeperCluster, ZooKeeperError, four_letter, stop_pids
+from kvlease.ops.wait import poll, wait_until
 from tests.support.paths import REPO
 
 REPO = str(REPO)
@@ -227,7 +227,7 @@ def test_start_timeout_raises_and_leaves_no_process(tmp_path, monkeypatch, launc
 def test_attached_jvm_dies_with_its_parent_even_on_kill_9(tmp_path):
     script = textwrap.dedent(f"""
         import json, sys, time
-        from ops.local_cluster import ZooKeeperCluster
+        from kvlease.ops.local_cluster import ZooKeeperCluster
         cluster = ZooKeeperCluster.start({str(tmp_path)!r}, 1)
         print(json.dumps([n.pid for n in cluster.nodes]), flush=True)
         time.sleep(120)
@@ -275,7 +275,7 @@ def test_stop_pids_escalates_to_sigkill(tmp_path):
 
 def test_failing_zk_test_prints_the_log_tail_and_the_guard_catches_leaks(tmp_path):
     (tmp_path / "test_inner.py").write_text(textwrap.dedent("""
-        from ops.local_cluster import ZooKeeperCluster
+        from kvlease.ops.local_cluster import ZooKeeperCluster
 
         def test_fails(zk_client):
             assert zk_client.exists("/") is None

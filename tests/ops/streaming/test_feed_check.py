@@ -6,7 +6,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from ops.streaming import feed_check
+from kvlease.ops.streaming import feed_check
 
 pytestmark = pytest.mark.unit
 
@@ -114,7 +114,7 @@ def test_a_lease_watch_judges_released_from_what_other_clients_saw_too():
     a deadline another client saw and a listing without the lease are evidence too."""
     import time
 
-    from ops.streaming.stream_failover import LeaseWatch
+    from kvlease.ops.streaming.stream_failover import LeaseWatch
 
     watch = LeaseWatch(["127.0.0.1:1"], "L1", interval_s=60)  # nothing answers there: it sees nothing itself
     watch.stop()

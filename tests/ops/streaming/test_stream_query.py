@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from common import errors
-from ops.streaming import stream_query
+from kvlease.common import errors
+from kvlease.ops.streaming import stream_query
 
 pytestmark = pytest.mark.unit
 

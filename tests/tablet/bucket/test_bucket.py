@@ -15,10 +15,10 @@ from typing import Iterator
 import pyarrow as pa
 import pytest
 
-from common.errors import InvalidRowError
-from common.tables import Column, TableInfo
-from tablet.bucket.store import BucketStore, BucketStoreError
-from common.logentry import ChangeType, ChangelogError, decode_entry
+from kvlease.common.errors import InvalidRowError
+from kvlease.common.tables import Column, TableInfo
+from kvlease.tablet.bucket.store import BucketStore, BucketStoreError
+from kvlease.common.logentry import ChangeType, ChangelogError, decode_entry
 from tests.support import bucket_writer
 from tests.support.paths import REPO
 
@@ -423,7 +423,7 @@ def test_a_failed_fsync_fails_the_write_and_the_store_and_a_reopen_is_consistent
 
 def test_flushed_rows_are_stored_uncompressed_and_compacted_ones_lz4(tmp_path):
     """Level 0 (flushes) is uncompressed, the levels below LZ4 (tablet/store/kvstore.py _options)."""
-    from tablet.store.kvstore import KvStore
+    from kvlease.tablet.store.kvstore import KvStore
 
     store = KvStore(str(tmp_path / "kv"))
     try:

@@ -16,17 +16,17 @@ from pathlib import Path
 
 import pytest
 
-from client.admin import AdminClient
-from client.table import TableClient
-from common import errors
-from common.config import to_toml
-from common.tables import Column
-from coordinator.server import CoordinatorServer
-from ops.local_cluster import free_ports, log_tail
-from ops.local_cluster import read_health
-from ops.local_cluster import dying_with_parent
-from tablet.store.kvstore import FDS_PER_OPEN_BUCKET
-from ops.wait import wait_until
+from kvlease.client.admin import AdminClient
+from kvlease.client.table import TableClient
+from kvlease.common import errors
+from kvlease.common.config import to_toml
+from kvlease.common.tables import Column
+from kvlease.coordinator.server import CoordinatorServer
+from kvlease.ops.local_cluster import free_ports, log_tail
+from kvlease.ops.local_cluster import read_health
+from kvlease.ops.local_cluster import dying_with_parent
+from kvlease.tablet.store.kvstore import FDS_PER_OPEN_BUCKET
+from kvlease.ops.wait import wait_until
 from tests.support.paths import REPO
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600),
@@ -43,7 +43,7 @@ SLACK_FDS = 64  # connections and threads that come and go besides the buckets
 
 
 class TabletProcess:
-    """``python -m tablet`` under ``prlimit --nofile=NOFILE:NOFILE``."""
+    """``python -m kvlease.tablet`` under ``prlimit --nofile=NOFILE:NOFILE``."""
 
     def __init__(self, home: Path, values: dict) -> None:
         self.home = home

@@ -11,10 +11,10 @@ import sys
 import pytest
 from rocksdict import Options, Rdict
 
-from ops.local_cluster import dying_with_parent
-from tablet.bucket.store import APPLIED_KEY, META_CF, BucketStore, BucketStoreError
-from common.logentry import ChangelogError
-from tablet.log.changelog import Changelog
+from kvlease.ops.local_cluster import dying_with_parent
+from kvlease.tablet.bucket.store import APPLIED_KEY, META_CF, BucketStore, BucketStoreError
+from kvlease.common.logentry import ChangelogError
+from kvlease.tablet.log.changelog import Changelog
 from tests.support import bucket_writer
 from tests.support.procs import kill_after_reading
 from tests.tablet.bucket.test_bucket import (  # noqa: F401 - the fixtures bucket_dir and store, and shared helpers
@@ -103,7 +103,7 @@ def test_one_store_per_directory_and_closed_stores_refuse(bucket_dir):
 
 _TRUNCATE_THEN_DIE = """
 import os, sys
-from tablet.bucket.store import BucketStore
+from kvlease.tablet.bucket.store import BucketStore
 from tests.tablet.bucket.test_bucket import TABLE, rows
 store = BucketStore.open(sys.argv[1], TABLE, segment_bytes=4096, fsync=True)
 for i in range(40):

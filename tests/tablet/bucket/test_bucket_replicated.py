@@ -12,11 +12,11 @@ from typing import Iterator
 
 import pytest
 
-from common.errors import FencedLeaderEpochError, InvalidRequestError, NotLeaderError
-from common.logentry import CorruptLogError
-from tablet.bucket.store import BucketStore
-from tablet.log import epoch_file
-from tablet.log.epochs import EpochCache, EpochEnd, Truncation
+from kvlease.common.errors import FencedLeaderEpochError, InvalidRequestError, NotLeaderError
+from kvlease.common.logentry import CorruptLogError
+from kvlease.tablet.bucket.store import BucketStore
+from kvlease.tablet.log import epoch_file
+from kvlease.tablet.log.epochs import EpochCache, EpochEnd, Truncation
 from tests.tablet.bucket.test_bucket import (TABLE, D, I, UA, UB, bucket_dir, changes, fold, keys, kv_rows,  # noqa: F401
                                       log_records, rows, state)
 

@@ -14,9 +14,9 @@ import time
 import pytest
 from rocksdict import AccessType, Options, Rdict
 
-from common.errors import InvalidRequestError
-from tablet.bucket.store import BucketStoreError, checkpoint_log_offset
-from tablet.scan import batch as scan_batch
+from kvlease.common.errors import InvalidRequestError
+from kvlease.tablet.bucket.store import BucketStoreError, checkpoint_log_offset
+from kvlease.tablet.scan import batch as scan_batch
 from tests.tablet.bucket.test_bucket import (  # noqa: F401 - the fixtures bucket_dir and store, and shared helpers
     bucket_dir, fold, keys, kv_rows, log_records, rows, state, store)
 

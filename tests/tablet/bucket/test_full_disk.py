@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from client.table import TableClient
-from common.errors import KvLeaseError
-from common.tables import Column
-from tablet.bucket.files import Backoff
-from tablet.bucket.store import BucketStore, BucketStoreError
-from tablet.replicas.keeper import BucketKeeper
-from ops.local_cluster import read_health
-from ops.wait import wait_until
+from kvlease.client.table import TableClient
+from kvlease.common.errors import KvLeaseError
+from kvlease.common.tables import Column
+from kvlease.tablet.bucket.files import Backoff
+from kvlease.tablet.bucket.store import BucketStore, BucketStoreError
+from kvlease.tablet.replicas.keeper import BucketKeeper
+from kvlease.ops.local_cluster import read_health
+from kvlease.ops.wait import wait_until
 from tests.support.fixtures.small_disk import fill, small_disk
 from tests.support.local_cluster import LocalCluster
 from tests.tablet.bucket.test_bucket import TABLE, fold, keys, kv_rows, log_records, rows, state

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tablet.bucket.open_buckets import OpenBuckets
-from tablet.bucket.store import BucketStore
-from tablet.store.kvstore import FDS_PER_OPEN_BUCKET
+from kvlease.tablet.bucket.open_buckets import OpenBuckets
+from kvlease.tablet.bucket.store import BucketStore
+from kvlease.tablet.store.kvstore import FDS_PER_OPEN_BUCKET
 from tests.tablet.bucket.test_bucket import TABLE, bucket_dir, fold, keys, kv_rows, log_records, rows, state  # noqa: F401
 from tests.support.paths import REPO
 
@@ -182,7 +182,7 @@ def test_a_closed_bucket_leaves_the_budget_and_stays_closed(buckets):
 
 
 def test_a_failed_bucket_is_not_reopened_under_an_open_snapshot(bucket_dir, monkeypatch):
-    from tablet.bucket.files import Backoff
+    from kvlease.tablet.bucket.files import Backoff
 
     now = [100.0]
     store = BucketStore.open(bucket_dir, TABLE, segment_bytes=1 << 20, fsync=True, backoff=Backoff(1.0, 1.0),
@@ -212,7 +212,7 @@ def test_a_failed_bucket_is_not_reopened_under_an_open_snapshot(bucket_dir, monk
 
 
 def test_the_automatic_open_bucket_capacity_leaves_a_quarter_of_the_fd_limit():
-    from tablet.bucket.open_buckets import AUTO_MAX_OPEN, open_capacity
+    from kvlease.tablet.bucket.open_buckets import AUTO_MAX_OPEN, open_capacity
 
     assert open_capacity(7, limit=20_000) == 7  # configured
     assert open_capacity(0, limit=20_000) == 15_000 // FDS_PER_OPEN_BUCKET  # worst case 75% of the fds

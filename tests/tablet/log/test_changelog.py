@@ -19,13 +19,13 @@ from typing import Iterator
 import pyarrow as pa
 import pytest
 
-from common import checksum
-from common.config import Config
-from common.errors import InvalidRequestError
-from ops.local_cluster import dying_with_parent
-from common.logentry import (HEADER_SIZE, SCHEMA, ChangeType, ChangelogError, CorruptLogError, decode_entry,
+from kvlease.common import checksum
+from kvlease.common.config import Config
+from kvlease.common.errors import InvalidRequestError
+from kvlease.ops.local_cluster import dying_with_parent
+from kvlease.common.logentry import (HEADER_SIZE, SCHEMA, ChangeType, ChangelogError, CorruptLogError, decode_entry,
                              record_batch)
-from tablet.log.changelog import Changelog, LogOffsetOutOfRangeError
+from kvlease.tablet.log.changelog import Changelog, LogOffsetOutOfRangeError
 from tests.support.changelog_writer import expected_records
 from tests.support.paths import REPO
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from ops.local_cluster import dying_with_parent
-from common.logentry import HEADER_SIZE, CorruptLogError
-from tablet.log.changelog import Changelog, LogOffsetOutOfRangeError
+from kvlease.ops.local_cluster import dying_with_parent
+from kvlease.common.logentry import HEADER_SIZE, CorruptLogError
+from kvlease.tablet.log.changelog import Changelog, LogOffsetOutOfRangeError
 from tests.support.procs import kill_after_reading
 from tests.tablet.log.test_changelog import (  # noqa: F401 - the fixture log_dir and shared helpers
     PROJECT_ROOT, entry_positions, expected_rows, fill, flip_byte, log_dir, read_all, segment_files)
@@ -32,7 +32,7 @@ class TestRecovery:
 
     def _reopen_expecting(self, log_dir: str, end: int, caplog, dropped: bool) -> None:
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="tablet.log.changelog"):
+        with caplog.at_level(logging.WARNING, logger="kvlease.tablet.log.changelog"):
             log = Changelog(log_dir, segment_bytes=1 << 20)
         with log:
             assert log.end_offset == end
@@ -55,7 +55,7 @@ class TestRecovery:
         path = self._three_entries(log_dir)
         last = entry_positions(path)[-1]
         os.truncate(path, last + 100)
-        with caplog.at_level(logging.WARNING, logger="tablet.log.changelog"):
+        with caplog.at_level(logging.WARNING, logger="kvlease.tablet.log.changelog"):
             Changelog(log_dir, segment_bytes=1 << 20).close()
         assert "torn tail of 100 bytes" in caplog.text
 

@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from common.errors import InvalidRequestError
-from common.logentry import ChangeType, read_header
-from tablet.log.changelog import Changelog
+from kvlease.common.errors import InvalidRequestError
+from kvlease.common.logentry import ChangeType, read_header
+from kvlease.tablet.log.changelog import Changelog
 from tests.tablet.log.test_changelog import log_dir  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.unit

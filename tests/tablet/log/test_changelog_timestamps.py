@@ -13,10 +13,10 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from common.errors import InvalidRequestError
-from common.logentry import (HEADER_SIZE, CorruptLogError, decode_entry, encode_payload, frame_header, read_header,
+from kvlease.common.errors import InvalidRequestError
+from kvlease.common.logentry import (HEADER_SIZE, CorruptLogError, decode_entry, encode_payload, frame_header, read_header,
                              record_batch)
-from tablet.log.changelog import Changelog
+from kvlease.tablet.log.changelog import Changelog
 from tests.support.changelog_writer import expected_records
 from tests.tablet.log.test_changelog import expected_rows, fill, flip_byte, log_dir, read_all  # noqa: F401 (fixture)
 
@@ -206,7 +206,7 @@ def test_a_torn_v1_tail_is_dropped(log_dir, caplog, cut):
     end = write_v1_segment(log_dir, 0, [3, 4, 5])
     path = Path(log_dir) / f"{0:020d}.log"
     path.write_bytes(path.read_bytes()[:-cut])
-    with caplog.at_level(logging.WARNING, logger="tablet.log.changelog"):
+    with caplog.at_level(logging.WARNING, logger="kvlease.tablet.log.changelog"):
         log = Changelog(log_dir, segment_bytes=1 << 20)
     with log:
         assert "torn tail" in caplog.text

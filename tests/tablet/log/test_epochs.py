@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from tablet.log.epochs import EpochCache, EpochEnd, EpochEntry, Truncation, divergence
+from kvlease.tablet.log.epochs import EpochCache, EpochEnd, EpochEntry, Truncation, divergence
 
 pytestmark = pytest.mark.unit
 

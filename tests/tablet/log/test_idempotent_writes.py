@@ -13,11 +13,11 @@ import time
 
 import pytest
 
-from client.table import TableClient
-from common import errors
-from common.tables import Column
-from ops.wait import wait_until
-from tablet.bucket.store import BucketStore
+from kvlease.client.table import TableClient
+from kvlease.common import errors
+from kvlease.common.tables import Column
+from kvlease.ops.wait import wait_until
+from kvlease.tablet.bucket.store import BucketStore
 from tests.support.local_cluster import LocalCluster
 from tests.tablet.bucket.test_bucket import TABLE, bucket_dir, changes, keys, kv_rows, rows  # noqa: F401 (fixture)
 

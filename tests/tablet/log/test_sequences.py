@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from tablet.log.sequences import (APPEND, MAX_SEQUENCE, NO_WRITER, BatchMeta, Duplicate, OutOfOrder,
+from kvlease.tablet.log.sequences import (APPEND, MAX_SEQUENCE, NO_WRITER, BatchMeta, Duplicate, OutOfOrder,
                                           SequenceTable, WriterBatch)
 
 pytestmark = pytest.mark.unit

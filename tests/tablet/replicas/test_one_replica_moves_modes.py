@@ -8,17 +8,17 @@ import threading
 
 import pytest
 
-from common import config as cfg
-from common import errors
-from common.codec import batch_to_ipc
-from common.errors import ErrorCode
-from common.proto import tablet_pb2 as pb
-from common.storage.file import FileStorage
-from common.tables import Column, TableInfo
-from tablet.replicas.manager import ReplicaManager
-from tablet.replication.roles import BucketRole
-from tablet.service import TabletService, _serving
-from tablet.store.kvstore import BucketStoreError
+from kvlease.common import config as cfg
+from kvlease.common import errors
+from kvlease.common.codec import batch_to_ipc
+from kvlease.common.errors import ErrorCode
+from kvlease.common.proto import tablet_pb2 as pb
+from kvlease.common.storage.file import FileStorage
+from kvlease.common.tables import Column, TableInfo
+from kvlease.tablet.replicas.manager import ReplicaManager
+from kvlease.tablet.replication.roles import BucketRole
+from kvlease.tablet.service import TabletService, _serving
+from kvlease.tablet.store.kvstore import BucketStoreError
 
 pytestmark = pytest.mark.unit
 

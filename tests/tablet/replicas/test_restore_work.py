@@ -9,10 +9,10 @@ import os
 
 import pytest
 
-from common.data_loss import RESTORE, UNCLEAN, DataLoss
-from common.tables import Column, TableInfo
-from tablet.replicas import lost_data
-from tablet.replication.roles import BucketRole
+from kvlease.common.data_loss import RESTORE, UNCLEAN, DataLoss
+from kvlease.common.tables import Column, TableInfo
+from kvlease.tablet.replicas import lost_data
+from kvlease.tablet.replication.roles import BucketRole
 
 TABLE = TableInfo(7, "db", "t", (Column("id", "BIGINT"),), ("id",), 1)
 LOSS = DataLoss(RESTORE, 6, 10, 15, 1, 0, 1)

@@ -8,12 +8,12 @@ import errno
 
 import pytest
 
-from client.coordinator_caller import CoordinatorCaller
-from client.server_calls import ServerCalls
-from common.logentry import ChangelogError
-from common.proto import coordinator_pb2 as pb
-from tablet.replicas.step_down import StepDowns, cause
-from tablet.store.kvstore import BucketStoreError
+from kvlease.client.coordinator_caller import CoordinatorCaller
+from kvlease.client.server_calls import ServerCalls
+from kvlease.common.logentry import ChangelogError
+from kvlease.common.proto import coordinator_pb2 as pb
+from kvlease.tablet.replicas.step_down import StepDowns, cause
+from kvlease.tablet.store.kvstore import BucketStoreError
 from tests.client.test_admin_retry import TIMEOUT_S, LateFirstAnswer, stand_in
 
 pytestmark = pytest.mark.unit

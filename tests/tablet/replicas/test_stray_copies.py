@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from common import errors
-from tablet.replicas.stray_copies import bucket_dirs, choose_strays
+from kvlease.common import errors
+from kvlease.tablet.replicas.stray_copies import bucket_dirs, choose_strays
 
 
 def test_only_unheld_buckets_of_existing_tables_are_strays():

@@ -9,11 +9,11 @@ import os
 
 import pytest
 
-from client.table import TableClient
-from common import errors
-from common.tables import Column
-from ops.local_cluster import read_health
-from ops.wait import wait_until
+from kvlease.client.table import TableClient
+from kvlease.common import errors
+from kvlease.common.tables import Column
+from kvlease.ops.local_cluster import read_health
+from kvlease.ops.wait import wait_until
 from tests.support.local_cluster import LocalCluster
 
 SCHEMA = [Column("id", "BIGINT"), Column("v", "STRING")]

@@ -11,13 +11,13 @@ import shutil
 import grpc
 import pytest
 
-from client.lost_ranges import LostRanges
-from client.table import TableClient
-from common import errors
-from common.proto import tablet_pb2 as pb
-from common.proto import tablet_pb2_grpc as pbg
-from common.wire import table_to_pb
-from ops.wait import wait_until
+from kvlease.client.lost_ranges import LostRanges
+from kvlease.client.table import TableClient
+from kvlease.common import errors
+from kvlease.common.proto import tablet_pb2 as pb
+from kvlease.common.proto import tablet_pb2_grpc as pbg
+from kvlease.common.wire import table_to_pb
+from kvlease.ops.wait import wait_until
 from tests.support.cli_runner import assert_one_line_error, run
 from tests.tablet.replication.test_replicated_buckets import FAST, SCHEMA, bucket_state, crash, server_by_id
 from tests.tablet.test_tablet_server import Cluster

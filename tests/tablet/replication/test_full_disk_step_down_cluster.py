@@ -16,13 +16,13 @@ import time
 
 import pytest
 
-from client.admin import AdminClient
-from client.table import TableClient
-from common import errors
-from common.tables import Column
-from coordinator.server import CoordinatorServer
-from ops.local_cluster import ServerProcess, free_ports, read_health, status_fields
-from ops.wait import wait_until
+from kvlease.client.admin import AdminClient
+from kvlease.client.table import TableClient
+from kvlease.common import errors
+from kvlease.common.tables import Column
+from kvlease.coordinator.server import CoordinatorServer
+from kvlease.ops.local_cluster import ServerProcess, free_ports, read_health, status_fields
+from kvlease.ops.wait import wait_until
 from tests.support.fixtures.small_disk import fill, small_disk
 from tests.support.local_cluster import LocalCluster
 

@@ -12,12 +12,12 @@ import threading
 
 import pytest
 
-from client.admin import AdminClient
-from client.table import TableClient
-from common import errors, zkpaths
-from coordinator.server import CoordinatorServer
-from tablet.replicas import lost_data
-from ops.wait import wait_until
+from kvlease.client.admin import AdminClient
+from kvlease.client.table import TableClient
+from kvlease.common import errors, zkpaths
+from kvlease.coordinator.server import CoordinatorServer
+from kvlease.tablet.replicas import lost_data
+from kvlease.ops.wait import wait_until
 from tests.support.cli_runner import assert_one_line_error, run
 from tests.tablet.replication.test_data_loss_cluster import SETTINGS, cluster, one_replica_with_tail  # noqa: F401
 from tests.tablet.replication.test_replicated_buckets import SCHEMA, bucket_state, crash, server_by_id

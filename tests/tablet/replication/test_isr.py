@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from tablet.replication.isr import LeaderView, PendingAcks, can_write
+from kvlease.tablet.replication.isr import LeaderView, PendingAcks, can_write
 
 pytestmark = pytest.mark.unit
 

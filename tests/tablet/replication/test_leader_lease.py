@@ -7,11 +7,11 @@ import threading
 
 import pytest
 
-from common import errors, zkpaths
-from common.tables import Column, TableInfo
-from tablet.replicas.replica import Replica
-from tablet.replication.leader_lease import LeaderLease, LeaseBasis, LeaseRenewer
-from tablet.replication.roles import BucketRole
+from kvlease.common import errors, zkpaths
+from kvlease.common.tables import Column, TableInfo
+from kvlease.tablet.replicas.replica import Replica
+from kvlease.tablet.replication.leader_lease import LeaderLease, LeaseBasis, LeaseRenewer
+from kvlease.tablet.replication.roles import BucketRole
 
 
 class Clock:

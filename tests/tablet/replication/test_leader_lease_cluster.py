@@ -13,14 +13,14 @@ import grpc
 import pyarrow as pa
 import pytest
 
-from client.table import TableClient
-from common import config as cfg
-from common import errors, zkpaths
-from common.codec import batch_to_ipc, ipc_to_batch
-from common.proto import tablet_pb2 as pb
-from common.proto import tablet_pb2_grpc as pbg
-from common.tables import Column
-from ops.wait import wait_until
+from kvlease.client.table import TableClient
+from kvlease.common import config as cfg
+from kvlease.common import errors, zkpaths
+from kvlease.common.codec import batch_to_ipc, ipc_to_batch
+from kvlease.common.proto import tablet_pb2 as pb
+from kvlease.common.proto import tablet_pb2_grpc as pbg
+from kvlease.common.tables import Column
+from kvlease.ops.wait import wait_until
 from tests.support.local_cluster import LocalCluster
 
 pytestmark = pytest.mark.timeout(120)

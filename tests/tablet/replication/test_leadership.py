@@ -8,13 +8,13 @@ import threading
 
 import pytest
 
-from common import errors
-from common.tables import Column, TableInfo
-from ops.wait import wait_until
-from tablet.bucket.store import BucketStore
-from tablet.replicas.replica import Replica
-from tablet.replication.leader import Leadership
-from tablet.replication.roles import BucketRole
+from kvlease.common import errors
+from kvlease.common.tables import Column, TableInfo
+from kvlease.ops.wait import wait_until
+from kvlease.tablet.bucket.store import BucketStore
+from kvlease.tablet.replicas.replica import Replica
+from kvlease.tablet.replication.leader import Leadership
+from kvlease.tablet.replication.roles import BucketRole
 
 pytestmark = pytest.mark.unit
 
@@ -170,8 +170,8 @@ def test_a_waiting_fetch_that_looks_again_does_not_bring_back_a_follower_that_le
     must stay forgotten, or the follower restarted on a wiped disk joins the ISR before it holds anything."""
     import types
 
-    from common.proto import tablet_pb2 as pb
-    from tablet.replication.fetch_service import ReplicaFetchService
+    from kvlease.common.proto import tablet_pb2 as pb
+    from kvlease.tablet.replication.fetch_service import ReplicaFetchService
 
     lead = Leadership(1, role(isr=(1, 2), min_insync=1), store, now_ms=0)
     end = put(store, lead, 1)
@@ -210,7 +210,7 @@ def test_a_waiting_fetch_that_looks_again_does_not_bring_back_a_follower_that_le
 
 
 def test_a_woken_periodic_runs_its_round_at_once_and_stops_promptly():
-    from tablet.periodic import Periodic
+    from kvlease.tablet.periodic import Periodic
 
     class Rounds(Periodic):
         def __init__(self):

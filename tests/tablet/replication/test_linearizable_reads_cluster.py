@@ -28,19 +28,19 @@ import grpc
 import pyarrow as pa
 import pytest
 
-from client.admin import AdminClient
-from client.table import TableClient
-from common import errors
-from common.codec import batch_to_ipc, ipc_to_batch
-from common.proto import tablet_pb2 as pb
-from common.proto import tablet_pb2_grpc as pbg
-from common import config as cfg
-from common import zkpaths
-from common.tables import Column
-from common.zk import make_client
-from ops import local_cluster
-from ops.drills.cluster import zk_config
-from ops.wait import poll, wait_until
+from kvlease.client.admin import AdminClient
+from kvlease.client.table import TableClient
+from kvlease.common import errors
+from kvlease.common.codec import batch_to_ipc, ipc_to_batch
+from kvlease.common.proto import tablet_pb2 as pb
+from kvlease.common.proto import tablet_pb2_grpc as pbg
+from kvlease.common import config as cfg
+from kvlease.common import zkpaths
+from kvlease.common.tables import Column
+from kvlease.common.zk import make_client
+from kvlease.ops import local_cluster
+from kvlease.ops.drills.cluster import zk_config
+from kvlease.ops.wait import poll, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 

@@ -12,9 +12,9 @@ import threading
 
 import pytest
 
-from client.table import TableClient
-from common import errors
-from ops.wait import wait_until
+from kvlease.client.table import TableClient
+from kvlease.common import errors
+from kvlease.ops.wait import wait_until
 from tests.tablet.replication.test_reassign import Writer
 from tests.tablet.replication.test_rebuild import RETENTION, rows_of, snapshot_and_retain, write
 from tests.tablet.replication.test_replicated_buckets import SCHEMA, bucket_state, crash, server_by_id, three_servers

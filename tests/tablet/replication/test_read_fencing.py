@@ -11,9 +11,9 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from client.log_position import LogPosition
-from common.logentry import NO_ID, LogEntry
-from tablet.log.epochs import EpochCache
+from kvlease.client.log_position import LogPosition
+from kvlease.common.logentry import NO_ID, LogEntry
+from kvlease.tablet.log.epochs import EpochCache
 from tests.tablet.log.test_epochs import cache_of
 from tests.tablet.bucket.test_bucket import bucket_dir, rows  # noqa: F401
 from tests.tablet.bucket.test_bucket_replicated import open_store

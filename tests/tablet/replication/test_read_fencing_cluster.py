@@ -10,10 +10,10 @@ import re
 
 import pytest
 
-from client.log_position import LogPosition
-from client.table import TableClient
-from common import errors
-from ops.wait import wait_until
+from kvlease.client.log_position import LogPosition
+from kvlease.client.table import TableClient
+from kvlease.common import errors
+from kvlease.ops.wait import wait_until
 from tests.support.cli_runner import assert_one_line_error, run
 from tests.tablet.replication.test_data_loss_cluster import (  # noqa: F401
     _restart_wiped, _served, cluster, lose_and_restore, one_replica_with_tail, two_in_sync)
@@ -133,7 +133,7 @@ def test_a_clean_leader_change_refuses_no_reader(cluster, tmp_path):
 def test_a_split_reading_while_the_bucket_is_restored_stops_at_the_reused_offsets(cluster, tmp_path, monkeypatch):
     """A Spark split's changelog read (spark_source/changelog.py, without Spark) on real servers: the bucket
     is wiped and restored, and new changes take offsets the split already read, between two of its fetches."""
-    from spark_source import changelog
+    from kvlease.spark_source import changelog
 
     monkeypatch.setattr(changelog, "FETCH_BYTES", 1)  # one entry per fetch
     c = cluster

@@ -10,8 +10,8 @@ import threading
 
 import pytest
 
-from client.table import TableClient
-from ops.wait import wait_until
+from kvlease.client.table import TableClient
+from kvlease.ops.wait import wait_until
 from tests.tablet.replication.test_rebuild import rows_of
 from tests.tablet.replication.test_replicated_buckets import (FAST, SCHEMA, bucket_state, server_by_id, three_servers,
                                                               wait_in_sync)

@@ -13,12 +13,12 @@ import shutil
 import grpc
 import pytest
 
-from client.table import TableClient
-from common.arrow_ipc import batch_to_ipc
-from common.proto import tablet_pb2 as pb
-from common.proto import tablet_pb2_grpc as pb_grpc
-from tablet.replication.rebuild_progress import progress
-from ops.wait import wait_until
+from kvlease.client.table import TableClient
+from kvlease.common.arrow_ipc import batch_to_ipc
+from kvlease.common.proto import tablet_pb2 as pb
+from kvlease.common.proto import tablet_pb2_grpc as pb_grpc
+from kvlease.tablet.replication.rebuild_progress import progress
+from kvlease.ops.wait import wait_until
 from tests.tablet.replication.test_replicated_buckets import (FAST, SCHEMA, bucket_state, crash, server_by_id,
                                                               three_servers, wait_in_sync)
 
@@ -122,7 +122,7 @@ def test_the_oldest_kept_snapshot_is_used_and_a_damaged_one_skipped_for_a_newer(
             data = bytearray(leader.storage.read(private[0].path))
             data[len(data) // 2] ^= 0xFF
             leader.storage.put(private[0].path, bytes(data))
-        with caplog.at_level(logging.WARNING, logger="tablet.replication.rebuild"):
+        with caplog.at_level(logging.WARNING, logger="kvlease.tablet.replication.rebuild"):
             back, store = come_back_wiped(c, tmp_path, server_id, table.table_id)
             wait_until(lambda: store.high_watermark >= leader_store.high_watermark, 20, "the follower to catch up")
         if damage == "none":

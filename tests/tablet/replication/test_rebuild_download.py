@@ -11,11 +11,11 @@ import time
 
 import pytest
 
-from client.table import TableClient
-from ops.wait import wait_until
+from kvlease.client.table import TableClient
+from kvlease.ops.wait import wait_until
 from tests.tablet.replication.test_rebuild import RETENTION, lose_follower, rows_of, snapshot_and_retain, write
 from tests.tablet.replication.test_replicated_buckets import SCHEMA, server_by_id, three_servers, wait_in_sync
-from tablet.replication.rebuild import DOWNLOAD_DIR
+from kvlease.tablet.replication.rebuild import DOWNLOAD_DIR
 
 pytestmark = pytest.mark.zk
 
@@ -39,7 +39,7 @@ def kept_ids(c, table_id: int) -> set[int]:
 
 
 def test_the_snapshot_being_downloaded_is_leased_and_survives_newer_snapshots(cluster, tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="tablet.replication.rebuild")
+    caplog.set_level(logging.INFO, logger="kvlease.tablet.replication.rebuild")
     c = cluster
     table = c.admin.create_table("db.leased", SCHEMA, ["id"], 1, replication_factor=3, min_insync_replicas=2)
     with TableClient(c.admin, "db.leased", retry_total_s=30) as client:

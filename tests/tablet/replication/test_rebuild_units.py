@@ -11,18 +11,18 @@ from types import SimpleNamespace
 
 import pytest
 
-from common import errors
-from common.checksum import file_crc32
-from common.kvsnapshot import Manifest, ManifestFile, check_file
-from common.logentry import CorruptLogError
-from common.model import SnapshotFile, SnapshotHandle, TableBucket
-from common.storage import open_storage
-from tablet.bucket import damage as bucket_damage
-from tablet.log import writer_sequences
-from tablet.log.sequences import WriterBatch
-from tablet.replication.rebuild import Rebuilder
-from tablet.replication.throttle import Throttle
-from tablet.store.kvstore import BucketInUseError, BucketStoreError, KvStore
+from kvlease.common import errors
+from kvlease.common.checksum import file_crc32
+from kvlease.common.kvsnapshot import Manifest, ManifestFile, check_file
+from kvlease.common.logentry import CorruptLogError
+from kvlease.common.model import SnapshotFile, SnapshotHandle, TableBucket
+from kvlease.common.storage import open_storage
+from kvlease.tablet.bucket import damage as bucket_damage
+from kvlease.tablet.log import writer_sequences
+from kvlease.tablet.log.sequences import WriterBatch
+from kvlease.tablet.replication.rebuild import Rebuilder
+from kvlease.tablet.replication.throttle import Throttle
+from kvlease.tablet.store.kvstore import BucketInUseError, BucketStoreError, KvStore
 
 
 class FakeClock:
@@ -99,7 +99,7 @@ def test_a_downloaded_file_is_checked_by_size_and_by_checksum_when_the_manifest_
 def test_a_durable_download_fsyncs_each_file_before_its_rename_and_the_directory_last(tmp_path, monkeypatch):
     """A rebuild's download (``durable``) leaves nothing for the install to flush: each file is synced by its
     I/O thread under its temp name, the directory once all are in place; a plain download syncs nothing."""
-    from common import kvsnapshot
+    from kvlease.common import kvsnapshot
     from tests.support.snapshot_manifests import snapshot
 
     storage = open_storage(f"file://{tmp_path}/remote")

@@ -10,11 +10,11 @@ import shutil
 
 import pytest
 
-from client.server_calls import ServerCalls
-from client.table import TableClient
-from common import errors
-from common.model import TableBucket
-from ops.wait import wait_until
+from kvlease.client.server_calls import ServerCalls
+from kvlease.client.table import TableClient
+from kvlease.common import errors
+from kvlease.common.model import TableBucket
+from kvlease.ops.wait import wait_until
 from tests.tablet.replication.test_data_loss_cluster import (  # noqa: F401  (cluster: the fixture)
     _lookup_error, _served, cluster, one_replica_with_tail, two_in_sync)
 from tests.tablet.replication.test_replicated_buckets import SCHEMA, bucket_state, crash, server_by_id

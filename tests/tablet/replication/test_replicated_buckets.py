@@ -11,14 +11,14 @@ from typing import Iterator
 import grpc
 import pytest
 
-from client.table import TableClient
-from common import errors
-from common.proto import tablet_pb2 as pb
-from common.proto import tablet_pb2_grpc as pbg
-from common.tables import Column
-import ops.wait as ops_wait
-from tablet.log.changelog import Changelog
-from ops.wait import wait_until
+from kvlease.client.table import TableClient
+from kvlease.common import errors
+from kvlease.common.proto import tablet_pb2 as pb
+from kvlease.common.proto import tablet_pb2_grpc as pbg
+from kvlease.common.tables import Column
+import kvlease.ops.wait as ops_wait
+from kvlease.tablet.log.changelog import Changelog
+from kvlease.ops.wait import wait_until
 from tests.tablet.test_tablet_server import Cluster, put
 
 pytestmark = pytest.mark.zk
@@ -97,7 +97,7 @@ def test_writes_reach_every_replica_byte_for_byte(cluster):
 
 
 def _keys(table, ids):
-    from common.codec import RowCodec
+    from kvlease.common.codec import RowCodec
     return RowCodec(table).to_batch([{"id": i} for i in ids]).select(["id"])
 
 
@@ -128,7 +128,7 @@ def test_a_stale_leader_epoch_is_fenced_and_writes_need_enough_replicas(cluster)
     leader = server_by_id(c, state.leader_id)
     stub = pbg.TabletServiceStub(grpc.insecure_channel(leader.address))
     put(stub, table, [{"id": 1, "v": "x"}])
-    from common.codec import RowCodec, batch_to_ipc
+    from kvlease.common.codec import RowCodec, batch_to_ipc
     request = pb.PutKvRequest(table_id=table.table_id, bucket=0, leader_epoch=state.leader_epoch - 1,
                               upserts=batch_to_ipc(RowCodec(table).to_batch([{"id": 2, "v": "y"}])))
     response = stub.PutKv(request, timeout=10)
@@ -178,7 +178,7 @@ def test_controlled_shutdown_ends_when_the_last_movable_leadership_loses_its_oth
     """The follower died just before: the coordinator answers it cannot move the leadership (no other live
     in-sync replica) until its push shrinks the leader's own ISR view; then the stop goes on at once, not
     after tablet.controlled-shutdown.timeout (asking again changes nothing)."""
-    from client.server_calls import ServerCalls
+    from kvlease.client.server_calls import ServerCalls
     with three_servers(make_config, tmp_path, {**FAST, "tablet.controlled-shutdown.timeout": "60s"}) as c:
         table = c.admin.create_table("db.lonely", SCHEMA, ["id"], 1, replication_factor=2, min_insync_replicas=1)
         state = wait_in_sync(c, table.table_id, members=2)
@@ -279,6 +279,6 @@ def test_a_deposed_leaders_uncommitted_entries_are_truncated_when_it_returns(clu
 
 
 def put_with_timeout(stub, table, row, timeout_s):
-    from common.codec import RowCodec, batch_to_ipc
+    from kvlease.common.codec import RowCodec, batch_to_ipc
     request = pb.PutKvRequest(table_id=table.table_id, bucket=0, upserts=batch_to_ipc(RowCodec(table).to_batch([row])))
     return stub.PutKv(request, timeout=timeout_s)

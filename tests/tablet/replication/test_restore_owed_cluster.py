@@ -11,11 +11,11 @@ import threading
 
 import pytest
 
-from client.server_calls import ServerCalls
-from client.table import TableClient
-from common import errors, zkpaths
-from tablet.replicas import lost_data
-from ops.wait import wait_until
+from kvlease.client.server_calls import ServerCalls
+from kvlease.client.table import TableClient
+from kvlease.common import errors, zkpaths
+from kvlease.tablet.replicas import lost_data
+from kvlease.ops.wait import wait_until
 from tests.tablet.replication.test_data_loss_cluster import (SETTINGS, _restart_wiped, cluster,  # noqa: F401
                                                              one_replica_with_tail)
 from tests.tablet.replication.test_replicated_buckets import bucket_state, crash, server_by_id

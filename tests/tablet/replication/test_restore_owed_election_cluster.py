@@ -11,11 +11,11 @@ import threading
 
 import pytest
 
-from client.table import TableClient
-from common import errors, zkpaths
-from common.zk import loads
-from tablet.replicas.manager import ReplicaManager
-from ops.wait import wait_until
+from kvlease.client.table import TableClient
+from kvlease.common import errors, zkpaths
+from kvlease.common.zk import loads
+from kvlease.tablet.replicas.manager import ReplicaManager
+from kvlease.ops.wait import wait_until
 from tests.support.cli_runner import assert_one_line_error, run
 from tests.tablet.replication.test_data_loss_cluster import _restart_wiped, cluster, two_in_sync  # noqa: F401
 from tests.tablet.replication.test_replicated_buckets import SCHEMA, bucket_state, crash, server_by_id

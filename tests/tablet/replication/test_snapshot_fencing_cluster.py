@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from client.table import TableClient
-from common import errors, zkpaths
-from tablet.store.snapshot import upload_of
-from ops.wait import wait_until
+from kvlease.client.table import TableClient
+from kvlease.common import errors, zkpaths
+from kvlease.tablet.store.snapshot import upload_of
+from kvlease.ops.wait import wait_until
 from tests.support.snapshot_manifests import storage_of
 from tests.tablet.replication.test_replicated_buckets import (FAST, SCHEMA, bucket_state, server_by_id, three_servers,
                                                               wait_in_sync)

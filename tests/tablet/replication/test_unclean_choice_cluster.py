@@ -9,10 +9,10 @@ import shutil
 
 import pytest
 
-from client.table import TableClient
-from common import errors, zkpaths
-from common.zk import loads
-from ops.wait import wait_until
+from kvlease.client.table import TableClient
+from kvlease.common import errors, zkpaths
+from kvlease.common.zk import loads
+from kvlease.ops.wait import wait_until
 from tests.tablet.replication.test_data_loss_cluster import _served, cluster, two_in_sync  # noqa: F401  (fixture)
 from tests.tablet.replication.test_replicated_buckets import bucket_state, crash, server_by_id
 

@@ -18,17 +18,17 @@ from pathlib import Path
 import grpc
 import pytest
 
-from client.admin import AdminClient
-from client.table import TableClient
-from common import config as cfg
-from common import errors
-from common.model import SnapshotHandle
-from common.proto import tablet_pb2 as pb
-from common.proto import tablet_pb2_grpc as pbg
-from coordinator.notifier import LeadershipNotifier
-from coordinator.server import CoordinatorServer
-from ops.local_cluster import ServerProcess, free_ports
-from ops.wait import wait_until
+from kvlease.client.admin import AdminClient
+from kvlease.client.table import TableClient
+from kvlease.common import config as cfg
+from kvlease.common import errors
+from kvlease.common.model import SnapshotHandle
+from kvlease.common.proto import tablet_pb2 as pb
+from kvlease.common.proto import tablet_pb2_grpc as pbg
+from kvlease.coordinator.notifier import LeadershipNotifier
+from kvlease.coordinator.server import CoordinatorServer
+from kvlease.ops.local_cluster import ServerProcess, free_ports
+from kvlease.ops.wait import wait_until
 from tests.support.snapshot_manifests import storage_of
 from tests.tablet.replication.test_replicated_buckets import SCHEMA
 

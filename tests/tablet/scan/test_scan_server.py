@@ -13,12 +13,12 @@ import pyarrow as pa
 import pytest
 from prometheus_client import generate_latest
 
-from common.errors import ErrorCode
-from common.proto import tablet_pb2 as pb
-from common.model import TableBucket
-from tablet.scan import batch as scan_batch
-from common.codec import RowCodec, bucket_of, ipc_to_batch
-from ops.wait import wait_until
+from kvlease.common.errors import ErrorCode
+from kvlease.common.proto import tablet_pb2 as pb
+from kvlease.common.model import TableBucket
+from kvlease.tablet.scan import batch as scan_batch
+from kvlease.common.codec import RowCodec, bucket_of, ipc_to_batch
+from kvlease.ops.wait import wait_until
 from tests.tablet.test_tablet_server import SCHEMA, Cluster, put
 from tests.tablet.test_tablet_server import cluster  # noqa: F401  (the fixture)
 

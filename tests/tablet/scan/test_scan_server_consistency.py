@@ -12,11 +12,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from common.codec import bucket_of
-from common.errors import ErrorCode
-from common.proto import tablet_pb2 as pb
-from common.proto import tablet_pb2_grpc as pbg
-from ops.wait import wait_until
+from kvlease.common.codec import bucket_of
+from kvlease.common.errors import ErrorCode
+from kvlease.common.proto import tablet_pb2 as pb
+from kvlease.common.proto import tablet_pb2_grpc as pbg
+from kvlease.ops.wait import wait_until
 from tests.tablet.test_tablet_server import fetch_all, lookup, put
 from tests.tablet.test_tablet_server import cluster  # noqa: F401  (the fixture)
 from tests.tablet.scan.test_scan_server import (  # noqa: F401 - the fixtures and shared helpers

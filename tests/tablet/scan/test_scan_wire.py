@@ -11,12 +11,12 @@ import pyarrow as pa
 import pytest
 from rocksdict import Options, Rdict
 
-from client import scan_wire as client_wire
-from common.codec import ipc_to_batch
-from common.proto import tablet_pb2 as pb
-from tablet.scan import batch as scan_batch
-from tablet.scan import wire as scan_wire
-from tablet.scan.batch import IPC_OVERHEAD, ROW_OVERHEAD
+from kvlease.client import scan_wire as client_wire
+from kvlease.common.codec import ipc_to_batch
+from kvlease.common.proto import tablet_pb2 as pb
+from kvlease.tablet.scan import batch as scan_batch
+from kvlease.tablet.scan import wire as scan_wire
+from kvlease.tablet.scan.batch import IPC_OVERHEAD, ROW_OVERHEAD
 
 
 @pytest.fixture

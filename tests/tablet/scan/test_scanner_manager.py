@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common import errors
-from common.model import TableBucket
-from tablet.scan import manager as scan
-from tablet.scan.manager import (OPEN_CALL, Close, CloseAll, CloseBucket, Continue, Failed, Open, Refuse, Release, Replay,
+from kvlease.common import errors
+from kvlease.common.model import TableBucket
+from kvlease.tablet.scan import manager as scan
+from kvlease.tablet.scan.manager import (OPEN_CALL, Close, CloseAll, CloseBucket, Continue, Failed, Open, Refuse, Release, Replay,
                          ScannerManager, Serve, Served, Tick)
 
 pytestmark = pytest.mark.unit
@@ -348,9 +348,9 @@ def test_random_sequences_keep_the_invariants(steps):
 
 @pytest.mark.unit
 def test_the_scan_service_refuses_an_instruction_it_does_not_carry_out():
-    from common.config import Config
-    from common.statemachine import Instruction, UnhandledError
-    from tablet.scan.service import ScanService
+    from kvlease.common.config import Config
+    from kvlease.common.statemachine import Instruction, UnhandledError
+    from kvlease.tablet.scan.service import ScanService
 
     class Unknown(Instruction):
         pass

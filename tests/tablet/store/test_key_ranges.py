@@ -7,7 +7,7 @@ import random
 import pyarrow as pa
 import pytest
 
-from tablet.store.key_ranges import MAX_RANGES, KeyRanges
+from kvlease.tablet.store.key_ranges import MAX_RANGES, KeyRanges
 
 pytestmark = pytest.mark.unit
 

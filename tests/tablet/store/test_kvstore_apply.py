@@ -5,8 +5,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from common.logentry import SCHEMA, ChangeType as C
-from tablet.store.kvstore import BucketStoreError, KvStore
+from kvlease.common.logentry import SCHEMA, ChangeType as C
+from kvlease.tablet.store.kvstore import BucketStoreError, KvStore
 
 pytestmark = pytest.mark.unit
 

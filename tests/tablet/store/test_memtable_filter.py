@@ -11,9 +11,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from common.logentry import ChangeType
-from tablet.bucket.store import BucketStore
-from tablet.store.memtable_filter import OFF_SHARE, ON_SHARE, WINDOW_ROWS, MemtableFilterPolicy
+from kvlease.common.logentry import ChangeType
+from kvlease.tablet.bucket.store import BucketStore
+from kvlease.tablet.store.memtable_filter import OFF_SHARE, ON_SHARE, WINDOW_ROWS, MemtableFilterPolicy
 from tests.support import bucket_writer
 
 pytestmark = pytest.mark.unit

@@ -9,10 +9,10 @@ import os
 
 import pytest
 
-from common import errors
-from common.kvsnapshot import shared_dir
-from common.storage import FileStorage
-from tablet.store.snapshot import SnapshotUploader, parse_shared, upload_and_commit, upload_of
+from kvlease.common import errors
+from kvlease.common.kvsnapshot import shared_dir
+from kvlease.common.storage import FileStorage
+from kvlease.tablet.store.snapshot import SnapshotUploader, parse_shared, upload_and_commit, upload_of
 from tests.tablet.bucket.test_bucket import bucket_dir, rows  # noqa: F401  (fixture)
 from tests.tablet.bucket.test_bucket_replicated import open_store
 from tests.tablet.store.test_snapshot_upload import TB, Bucket, file_storage  # noqa: F401  (fixture)

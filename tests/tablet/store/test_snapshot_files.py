@@ -12,13 +12,13 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from client.table import TableClient
-from common import errors
-from common.codec import RowCodec
-from common.kvsnapshot import download, open_read_only, read_manifest
-from common.model import SnapshotHandle, TableBucket
-from common.storage import RemoteStorage
-from common.tables import Column
+from kvlease.client.table import TableClient
+from kvlease.common import errors
+from kvlease.common.codec import RowCodec
+from kvlease.common.kvsnapshot import download, open_read_only, read_manifest
+from kvlease.common.model import SnapshotHandle, TableBucket
+from kvlease.common.storage import RemoteStorage
+from kvlease.common.tables import Column
 from tests.support.local_cluster import LocalCluster
 from tests.support.snapshot_manifests import storage_of
 

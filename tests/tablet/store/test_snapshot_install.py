@@ -11,8 +11,8 @@ from typing import Iterator
 
 import pytest
 
-from common.errors import InvalidSnapshotError
-from tablet.store import snapshot_install
+from kvlease.common.errors import InvalidSnapshotError
+from kvlease.tablet.store import snapshot_install
 from tests.tablet.bucket.test_bucket import bucket_dir, keys, rows, state  # noqa: F401
 from tests.tablet.bucket.test_bucket_replicated import open_store, replicate
 

@@ -1,6 +1,6 @@
 """A leased snapshot's files on remote storage, with the real coordinator on ZooKeeper.
 
-:class:`coordinator.controller.Controller` commits snapshots uploaded by
+:class:`kvlease.coordinator.controller.Controller` commits snapshots uploaded by
 ``tablet/store/snapshot.py`` (file:// and s3://): past retention, a leased snapshot
 keeps every object until it is released, and then only its own go. The
 upload helpers are shared from test_snapshot_upload.py.
@@ -12,18 +12,18 @@ from concurrent.futures import Future
 
 import pytest
 
-from common import kvsnapshot as ks
-from common.kvsnapshot import download, open_read_only
-from common.model import TableBucket
-from common.storage import open_storage
-from common.tables import Column, TableSpec
-from common.zk import make_client
-from coordinator import requests as rq
-from coordinator.controller import Controller
-from coordinator.fencing import FencedWriter, bump_epoch
-from leases import state as ls
-from ops.wait import wait_until
-from tablet.store.snapshot import SnapshotUploader, upload_and_commit
+from kvlease.common import kvsnapshot as ks
+from kvlease.common.kvsnapshot import download, open_read_only
+from kvlease.common.model import TableBucket
+from kvlease.common.storage import open_storage
+from kvlease.common.tables import Column, TableSpec
+from kvlease.common.zk import make_client
+from kvlease.coordinator import requests as rq
+from kvlease.coordinator.controller import Controller
+from kvlease.coordinator.fencing import FencedWriter, bump_epoch
+from kvlease.leases import state as ls
+from kvlease.ops.wait import wait_until
+from kvlease.tablet.store.snapshot import SnapshotUploader, upload_and_commit
 from tests.tablet.store.test_snapshot_upload import Bucket
 
 

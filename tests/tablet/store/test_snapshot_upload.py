@@ -17,14 +17,14 @@ import time
 import pytest
 from rocksdict import Checkpoint, Options, Rdict, WriteBatch
 
-from common import errors
-from common.config import Config
-from common.storage import MULTIPART_BYTES, FileStorage, RemoteStorage, StorageError, StorageExists, open_storage
-from common.model import TableBucket
-from tablet.store import snapshot as sn
-from common import kvsnapshot as ks
-from common.kvsnapshot import download, open_read_only, read_manifest
-from tablet.store.snapshot import SnapshotUploader, upload_and_commit
+from kvlease.common import errors
+from kvlease.common.config import Config
+from kvlease.common.storage import MULTIPART_BYTES, FileStorage, RemoteStorage, StorageError, StorageExists, open_storage
+from kvlease.common.model import TableBucket
+from kvlease.tablet.store import snapshot as sn
+from kvlease.common import kvsnapshot as ks
+from kvlease.common.kvsnapshot import download, open_read_only, read_manifest
+from kvlease.tablet.store.snapshot import SnapshotUploader, upload_and_commit
 
 TB = TableBucket(7, 3)
 _CHECKPOINTS = itertools.count(1)
