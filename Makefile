@@ -34,7 +34,7 @@ PYTEST_RC := .pytest_cache/kvlease-exit-code
 system-deps:
 	@bash ops/install_system_deps.sh
 
-$(VENV)/.installed: pyproject.toml | system-deps
+$(VENV)/.installed: pyproject.toml setup.py | system-deps
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
@@ -73,7 +73,7 @@ demo: deps
 	$(VENV)/bin/kvlease demo
 
 proto: $(VENV)/.installed
-	$(PY) -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. common/proto/*.proto
+	$(PY) -m kvlease.ops.proto
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -297,7 +297,7 @@ class KvleaseGroup(click.Group):
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         for module in COMMAND_MODULES.get(name, ()):
-            importlib.import_module(f"ops.cli.{module}")
+            importlib.import_module(f"kvlease.ops.cli.{module}")
         return super().get_command(ctx, name)
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:

@@ -218,12 +218,13 @@ def server_env(config_path: Path, *, isolated: bool = False) -> dict[str, str]:
 
 
 def spawn_server(home: Path, module: str, *, detached: bool, isolated_env: bool = False) -> subprocess.Popen:
-    """``python -m module --config home/config.toml`` in ``home``, appending to ``home/<module>.log``.
+    """``python -m kvlease.<module> --config home/config.toml`` in ``home`` (``module``: ``coordinator`` or
+    ``tablet``), appending to ``home/<module>.log``.
 
     ``detached``: its own session, and its pid in ``home/pid`` (it outlives the caller); else it gets
     SIGKILL when the thread that started it dies (:func:`dying_with_parent`)."""
     config_path = home / "config.toml"
-    cmd = [sys.executable, "-m", module, "--config", str(config_path)]
+    cmd = [sys.executable, "-m", f"kvlease.{module}", "--config", str(config_path)]
     with open(home / f"{module}.log", "ab") as log:
         proc = subprocess.Popen(cmd if detached else dying_with_parent(cmd), stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=detached, cwd=str(home),

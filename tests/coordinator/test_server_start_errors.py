@@ -75,7 +75,7 @@ def test_a_coordinator_whose_port_is_taken_says_so_in_one_line(tmp_path):
         (tmp_path / "config.toml").write_text(
             f'"zookeeper.address" = "127.0.0.1:1"\n"coordinator.host" = "127.0.0.1"\n"coordinator.port" = {port}\n'
             f'"metrics.port" = -1\n"remote.data.dir" = "{(tmp_path / "remote").as_uri()}"\n')
-        cmd = [sys.executable, "-m", "coordinator", "--config", str(tmp_path / "config.toml")]
+        cmd = [sys.executable, "-m", "kvlease.coordinator", "--config", str(tmp_path / "config.toml")]
         proc = subprocess.Popen(dying_with_parent(cmd), cwd=PROJECT_ROOT, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
         try:

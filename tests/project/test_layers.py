@@ -1,5 +1,9 @@
 """The import graph follows the layers (docs/architecture.md, "Code layers") and has no cycle.
 
+Every import of the project goes through its one top-level package: ``kvlease.common``, ``kvlease.tablet``…
+(the folders are sub-packages of ``kvlease`` once installed, ``setup.py``), never a bare ``common``. The
+graph below names modules without that prefix (``tablet.log.changelog``).
+
 Layers, lowest first: ``common``; then ``leases`` (the lease domain) and
 ``client`` (what a user process needs), and ``kvlease``, which only
 re-exports the client; then the servers, ``coordinator``
@@ -55,7 +59,8 @@ ALLOWED = {
     "spark_source": {"common", "client"},
 }
 #: module -> further packages it alone may import
-ALLOWED_MODULES = {"ops.bench.seed": {"leases"}, "ops.bench.rebuild": {"tablet"}}
+ALLOWED_MODULES = {"ops.bench.seed": {"leases"}, "ops.bench.rebuild": {"tablet"},
+                   "kvlease.__main__": {"ops"}}  # ``python -m kvlease``: the CLI
 OPS_ROOMS = ("ops.cli", "ops.local_cluster", "ops.drills", "ops.bench", "ops.demo", "ops.streaming")
 #: ops sub-packages that may not import each other in either direction
 APART = (("ops.demo", "ops.drills"),)
@@ -81,6 +86,24 @@ def _modules() -> dict[str, Path]:
     return found
 
 
+def _imported_names(node: ast.AST) -> list[str]:
+    """The dotted names an import statement may bind (a ``from`` import: the module and each module.name)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+        return [f"{node.module}.{alias.name}" for alias in node.names] + [node.module]
+    return []
+
+
+def bare_imports(modules: dict[str, Path] | None = None) -> list[str]:
+    """Every import of a project package without the ``kvlease.`` prefix (``from common.x import y``)."""
+    folders = set(PACKAGES) - {"kvlease"}
+    return [f"{name}: {node.module if isinstance(node, ast.ImportFrom) else node.names[0].name}"
+            for name, path in (modules or _modules()).items()
+            for node in ast.walk(ast.parse(path.read_text(), str(path)))
+            if (names := _imported_names(node)) and names[-1].split(".")[0] in folders]
+
+
 def import_graph() -> dict[str, set[str]]:
     """Module -> the project modules it imports anywhere in its body (also inside functions)."""
     modules = _modules()
@@ -88,11 +111,9 @@ def import_graph() -> dict[str, set[str]]:
     for name, path in modules.items():
         targets: set[str] = set()
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import):
-                candidates = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                candidates = [f"{node.module}.{alias.name}" for alias in node.names] + [node.module]
-            else:
+            candidates = [c.removeprefix("kvlease.") if c.split(".")[1:2] and c.split(".")[1] in PACKAGES else c
+                          for c in _imported_names(node)]
+            if not candidates:
                 continue
             for candidate in candidates:
                 if candidate in modules:
@@ -185,6 +206,11 @@ def test_each_tablet_sub_package_says_what_it_holds_and_may_import():
 
 
 @pytest.mark.unit
+def test_every_import_goes_through_the_kvlease_package():
+    assert bare_imports() == []
+
+
+@pytest.mark.unit
 def test_every_import_follows_the_layers():
     assert layer_violations(import_graph()) == []
 
@@ -215,6 +241,13 @@ def test_the_demo_and_the_drills_do_not_import_each_other():
 @pytest.mark.unit
 def test_the_import_graph_has_no_cycle():
     assert find_cycle(import_graph()) is None
+
+
+@pytest.mark.unit
+def test_the_bare_import_check_sees_a_planted_one(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text("import os\nfrom kvlease.common import config\n\ndef f():\n    from tablet.log import index\n")
+    assert bare_imports({"ops.planted": planted}) == ["ops.planted: tablet.log"]
 
 
 @pytest.mark.unit

@@ -153,7 +153,7 @@ def _spawn_tablet(home: Path, values: dict) -> subprocess.Popen:
     (home / "config.toml").write_text(to_toml(values))
     log = open(home / "tablet.log", "ab")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.Popen(dying_with_parent([sys.executable, "-m", "tablet", "--config", str(home / "config.toml")]),
+    return subprocess.Popen(dying_with_parent([sys.executable, "-m", "kvlease.tablet", "--config", str(home / "config.toml")]),
                             stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(ROOT))
 
 

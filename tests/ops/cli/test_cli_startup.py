@@ -29,7 +29,7 @@ def test_every_command_module_is_listed_with_the_commands_it_adds():
     command added by a module the map does not name would be missing unless something imported it."""
     for modules in COMMAND_MODULES.values():
         for module in modules:
-            importlib.import_module(f"ops.cli.{module}")
+            importlib.import_module(f"kvlease.ops.cli.{module}")
     added: dict[str, set[str]] = {}
     for name, command in kvlease.commands.items():
         found = {command.callback.__module__} if command.callback else set()

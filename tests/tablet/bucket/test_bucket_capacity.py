@@ -55,7 +55,7 @@ class TabletProcess:
 
     def start(self) -> None:
         cmd = ["prlimit", f"--nofile={NOFILE}:{NOFILE}", "--",
-               sys.executable, "-m", "tablet", "--config", str(self.home / "config.toml")]
+               sys.executable, "-m", "kvlease.tablet", "--config", str(self.home / "config.toml")]
         with open(self.home / "tablet.log", "ab") as log:
             self.proc = subprocess.Popen(dying_with_parent(cmd), stdout=log, stderr=subprocess.STDOUT, cwd=str(ROOT),
                                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
