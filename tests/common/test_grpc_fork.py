@@ -80,6 +80,6 @@ def test_children_forked_with_handlers_while_grpc_is_busy_all_reach_exec():
 
 def test_a_setting_given_in_the_environment_is_kept():
     env = dict(os.environ, GRPC_ENABLE_FORK_SUPPORT="true", PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-c", "import client, os; print(os.environ['GRPC_ENABLE_FORK_SUPPORT'])"],
+    proc = subprocess.run([sys.executable, "-c", "import kvlease.client, os; print(os.environ['GRPC_ENABLE_FORK_SUPPORT'])"],
                           capture_output=True, text=True, timeout=60, cwd=str(ROOT), env=env)
     assert proc.stdout.strip() == "true", proc.stderr

@@ -35,19 +35,19 @@ def test_every_command_module_is_listed_with_the_commands_it_adds():
         found = {command.callback.__module__} if command.callback else set()
         if isinstance(command, click.Group):
             found |= {sub.callback.__module__ for sub in command.commands.values()}
-        added[name] = {m.removeprefix("ops.cli.") for m in found}
+        added[name] = {m.removeprefix("kvlease.ops.cli.") for m in found}
     assert added == {name: set(modules) for name, modules in COMMAND_MODULES.items()}
 
 
 def test_a_command_imports_only_what_it_needs():
     result = python("import sys\n"
-                    "from ops.cli import main\n"
+                    "from kvlease.ops.cli import main\n"
                     "try:\n"
                     "    main(['table', '--help'])\n"
                     "except SystemExit as exc:\n"
                     "    assert exc.code == 0, exc.code\n"
                     f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))\n"
-                    "print('ops.cli.data' in sys.modules, 'ops.demo' in sys.modules)")
+                    "print('kvlease.ops.cli.data' in sys.modules, 'kvlease.ops.demo' in sys.modules)")
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[-2:] == ["[]", "False False"]
 
@@ -67,7 +67,7 @@ def test_ctrl_c_while_the_cli_starts_is_one_line_and_exit_130(module, argv):
                     f"        if name == {module!r}:\n"
                     "            raise KeyboardInterrupt\n"
                     "sys.meta_path.insert(0, Interrupt())\n"
-                    "from ops.cli import main\n"
+                    "from kvlease.ops.cli import main\n"
                     f"main({argv!r})\n")
     assert result.returncode == 130, result.stderr
     assert result.stderr == "error: interrupted\n"
@@ -78,7 +78,7 @@ def test_after_ctrl_c_a_close_that_hangs_does_not_keep_the_process_alive():
     ends within its bounded close anyway, with the usual line and exit code."""
     started = time.monotonic()
     result = python("import sys, time\n"
-                    "import ops.cli.app as app\n"
+                    "import kvlease.ops.cli.app as app\n"
                     "def close(self):\n"
                     "    print('closing', flush=True)\n"
                     "    time.sleep(600)\n"
@@ -86,7 +86,7 @@ def test_after_ctrl_c_a_close_that_hangs_does_not_keep_the_process_alive():
                     "    raise KeyboardInterrupt  # as a Ctrl-C in the command's first call\n"
                     "app.State.close = close\n"
                     "app.State.client = property(client)\n"
-                    "from ops.cli import main\n"
+                    "from kvlease.ops.cli import main\n"
                     "main(['table', 'list'])\n")
     assert (result.returncode, result.stderr, result.stdout) == (130, "error: interrupted\n", "closing\n")
     assert time.monotonic() - started < 60  # the close waited 2 s of its 600, not all of them
@@ -107,10 +107,10 @@ def test_a_ctrl_c_during_an_import_that_drops_exceptions_is_not_lost(tmp_path):
                     f"sys.path.insert(0, {str(tmp_path)!r})\n"
                     "class ImportFirst:\n"
                     "    def find_spec(self, name, path=None, target=None):\n"
-                    "        if name == 'ops.cli.table':\n"
+                    "        if name == 'kvlease.ops.cli.table':\n"
                     "            import drops_exceptions\n"
                     "        return None\n"
                     "sys.meta_path.insert(0, ImportFirst())\n"
-                    "from ops.cli import main\n"
+                    "from kvlease.ops.cli import main\n"
                     "main(['--bootstrap', '127.0.0.1:1', '--retry-timeout', '30s', 'table', 'list'])\n")
     assert (result.returncode, result.stderr) == (130, "error: interrupted\n")

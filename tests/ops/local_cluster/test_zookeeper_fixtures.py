@@ -313,7 +313,7 @@ def test_attached_zookeeper_dies_with_a_kill_9_parent(tmp_path):
     """The JVM of an attached cluster goes when the process that started it is killed -9."""
     script = (
         "import sys, time\n"
-        "from ops.local_cluster import ZooKeeperCluster\n"
+        "from kvlease.ops.local_cluster import ZooKeeperCluster\n"
         f"c = ZooKeeperCluster.start({str(tmp_path)!r}, 1)\n"
         "print(c.nodes[0].pid, flush=True)\n"
         "time.sleep(120)\n")
