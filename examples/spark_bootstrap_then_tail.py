@@ -16,7 +16,7 @@ import argparse
 import os
 import sys
 
-import kvlease.spark_source  # import kvlease's packages first: they set gRPC up before anything imports grpc
+from kvlease import spark_source  # import kvlease's packages first: they set gRPC up before anything imports grpc
 from kvlease.client.connect import find_cluster
 from kvlease.common.errors import KvLeaseError
 

@@ -3,7 +3,7 @@
 Spark runs a Python data source in its own Python processes (``PYSPARK_PYTHON``,
 default ``python3`` on the PATH), not in the driver's. When that python lacks
 the project, every ``load()`` fails deep in Spark with ``No module named
-'spark_source'``; :func:`check_workers` turns that into one line naming what to
+'kvlease'``; :func:`check_workers` turns that into one line naming what to
 set. Only a local master's workers run here, so only then can it be checked.
 """
 
@@ -16,7 +16,7 @@ import sys
 from kvlease.common.errors import InvalidRequestError
 
 #: What a worker imports to run the source: the project's packages and the libraries they need.
-WORKER_MODULES = ("spark_source", "client", "common", "pyarrow", "grpc", "numpy")
+WORKER_MODULES = ("kvlease", "pyarrow", "grpc", "numpy")
 _PROBE = ("import importlib.util, sys\n"
           "missing = [m for m in sys.argv[1:] if importlib.util.find_spec(m) is None]\n"
           "print(' '.join(missing))\n")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 NOWHERE = "127.0.0.1:1"  # never reached: every case fails on its options first
-LINE = "spark_source.options.OptionError: "
+LINE = "kvlease.spark_source.options.OptionError: "
 
 
 def kvlease_lines(error: BaseException) -> list[str]:

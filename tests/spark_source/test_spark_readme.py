@@ -75,7 +75,7 @@ def test_missing_modules_of_a_python(tmp_path, monkeypatch):
     if not os.path.exists(OTHER_PYTHON):
         pytest.skip(f"{OTHER_PYTHON} is not installed")
     env = {**os.environ, "PYTHONPATH": ""}  # the project itself out of reach, as without `pip install -e .`
-    assert missing_modules(OTHER_PYTHON, env)[0] == "spark_source"
+    assert missing_modules(OTHER_PYTHON, env)[0] == "kvlease"
     with pytest.raises(WorkerPythonError, match="'/nowhere/python', which does not run"):
         missing_modules("/nowhere/python")
 
@@ -85,7 +85,7 @@ WRONG_WORKERS = textwrap.dedent("""
     os.environ["PYSPARK_PYTHON"] = sys.argv[1]
     os.environ.setdefault("JAVA_HOME", "/usr/lib/jvm/java-17-openjdk-amd64")
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    import kvlease.spark_source
+    from kvlease import spark_source
     from kvlease.ops.streaming import stop_local_session
     from pyspark.sql import SparkSession
 
