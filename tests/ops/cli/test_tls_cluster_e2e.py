@@ -3,8 +3,8 @@
 ``--cluster D`` takes the client certificate and the super user admin's credentials (D/admin.password) from
 cluster.json; ``--bootstrap`` needs ``--ca-file``/``--cert-file``/``--key-file`` and ``--user``/``--password-file``;
 without TLS the CLI gets an error naming TLS. The whole CLI flow runs as admin, then a user bob is added and
-granted, and works within his grants (a write, snapshot trigger, drop or create outside them is denied); Spark
-reads with the directory's credentials and with bob's.
+granted, and works within his grants (a write, snapshot trigger, drop or create outside them is denied). Apart,
+on a secure cluster of its own, Spark reads with the directory's credentials and with bob's.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from tests.ops.cli.test_cli_e2e import (  # noqa: F401 (cluster_dir is a fixture
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
-def test_secure_cluster_and_cli(cluster_dir, tmp_path, spark):
+def test_secure_cluster_and_cli(cluster_dir, tmp_path):
     try:
         d = str(cluster_dir)
         doc, password_file, admin_password = _start_secure(cluster_dir)
@@ -34,6 +34,30 @@ def test_secure_cluster_and_cli(cluster_dir, tmp_path, spark):
         address = doc["coordinators"][0]["address"]
         tls = ("--ca-file", sec["ca_file"], "--cert-file", sec["cert_file"], "--key-file", sec["key_file"])
         _bob_flow(c, ("--bootstrap", address, *tls, "--user", "bob", "--password-file", str(bob_file)), rows)
+        _credentials_elsewhere(cluster_dir, tmp_path, address, tls, password_file, admin_password)
+        kvlease("cluster", "stop", "--dir", d)
+    except BaseException:
+        print_logs(cluster_dir)
+        raise
+
+
+def test_spark_reads_a_secure_cluster_with_its_directory_and_with_a_users_credentials(cluster_dir, tmp_path, spark):
+    """Apart from the CLI flow above (the Spark tests share one worker: this one holds it only for a start)."""
+    try:
+        d = str(cluster_dir)
+        doc, _password_file, _admin_password = _start_secure(cluster_dir)
+        sec = doc["security"]
+        c = ("--cluster", d)
+        kvlease(*c, "table", "create", "db.t", "--schema", "id BIGINT, name STRING", "--primary-key", "id",
+                "--buckets", "2")
+        rows = tmp_path / "rows.jsonl"
+        rows.write_text("".join(json.dumps({"id": i, "name": f"n{i}"}) + "\n" for i in range(1, 11)))
+        kvlease(*c, "put", "db.t", str(rows))
+        bob_file = tmp_path / "bob.password"
+        bob_file.write_text("bob-Secret-42\n")
+        kvlease(*c, "user", "add", "bob", "--password-stdin", input="bob-Secret-42\n")
+        kvlease(*c, "acl", "add", "--principal", "User:bob", "--operation", "READ", "--table", "db.t")
+        address = doc["coordinators"][0]["address"]
 
         # a Spark read with credentials: the cluster directory's (admin), and bob's over --bootstrap
         read = spark.read.format("kvlease").option("cluster", d).option("table", "db.t").load()
@@ -42,7 +66,6 @@ def test_secure_cluster_and_cli(cluster_dir, tmp_path, spark):
                        "cert-file": sec["cert_file"], "key-file": sec["key_file"], "user": "bob",
                        "password-file": str(bob_file)}
         assert spark.read.format("kvlease").options(**bob_options).load().count() == 10
-        _credentials_elsewhere(cluster_dir, tmp_path, address, tls, password_file, admin_password)
         kvlease("cluster", "stop", "--dir", d)
     except BaseException:
         print_logs(cluster_dir)
