@@ -86,17 +86,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def _group_for_workers(items: list[pytest.Item]) -> None:
     """With pytest-xdist (``make test`` runs ``-n``, ``--dist loadgroup``): a module's tests run on one worker,
-    so module-scoped clusters are started once; the tests of the session's SparkSession share one worker (one
-    Spark JVM, not one per worker) and go first, the longest group, then the multi-process tests of
-    ``tests/ops`` (the longest tests), so that short ones fill the workers at the end. Without xdist the
-    markers do nothing."""
+    so module-scoped clusters are started once; the tests of the session's SparkSession share a worker (one
+    Spark JVM per group, not one per worker) and go first, the longest groups, then the multi-process tests of
+    ``tests/ops`` (the longest tests), so that short ones fill the workers at the end. The Spark tests are two
+    groups, :func:`spark_group`: all on one worker made the suite's longest lane (about 20 minutes of tests
+    on 2 cores). Without xdist the markers do nothing."""
     def rank(item: pytest.Item) -> int:
         return 0 if item.get_closest_marker("spark") else 1 if item.nodeid.startswith("tests/ops/") else 2
 
     for item in items:
         if not item.get_closest_marker("xdist_group"):
             spark = item.get_closest_marker("spark") is not None
-            item.add_marker(pytest.mark.xdist_group("spark" if spark else item.nodeid.split("::")[0]))
+            item.add_marker(pytest.mark.xdist_group(spark_group(item.nodeid) if spark else item.nodeid.split("::")[0]))
     items.sort(key=rank)  # stable: files keep their order within a rank
 
 
@@ -111,6 +112,12 @@ def _group_for_workers(items: list[pytest.Item]) -> None:
 #: workers run at nice ``NON_SPARK_NICE`` inside the session they share.
 SPARK_AUTOGROUP_NICE = -5
 NON_SPARK_NICE = 5
+
+
+def spark_group(nodeid: str) -> str:
+    """The worker group of a test that uses the session's SparkSession: the Spark source's own tests, or the
+    drills, demo and CLI tests that also run a Spark query (about half the Spark time each)."""
+    return "spark-ops" if nodeid.startswith("tests/ops/") else "spark"
 
 
 @pytest.hookimpl(tryfirst=True)
