@@ -79,13 +79,26 @@ def read_cluster_file(directory: str | os.PathLike[str]) -> dict[str, Any]:
     return doc
 
 
+def recorded_procs(doc: Mapping[str, Any], *roles: str) -> list[tuple[int, int | None]]:
+    """``(pid, start time)`` of every process of ``roles`` (default: all three) that ``doc`` (a cluster.json)
+    records by pid; entries that are not objects with an int pid are passed over (a client reads the file
+    unchecked)."""
+    return [(entry["pid"], entry.get("proc_start"))
+            for role in roles or ("zookeeper", "coordinators", "tablets") for entry in doc.get(role) or []
+            if isinstance(entry, dict) and type(entry.get("pid")) is int and entry["pid"]]
+
+
+def running_pids(doc: Mapping[str, Any]) -> list[int]:
+    """The pids of the processes ``doc`` records that still run (each the process started then)."""
+    return [pid for pid, start in recorded_procs(doc) if pid_alive(pid, start)]
+
+
 def check_running(directory: str | os.PathLike[str], doc: Mapping[str, Any]) -> None:
     """ClusterNotRunningError when ``doc`` (``directory``'s cluster.json) records processes by pid and none of
     them runs: the cluster was stopped (or killed). A cluster of which some run passes, and so does a file that
     records no pid (coordinators run elsewhere: clients just try them)."""
-    recorded = [entry for role in ("zookeeper", "coordinators", "tablets") for entry in doc.get(role) or []
-                if isinstance(entry, dict) and type(entry.get("pid")) is int]
-    if recorded and not any(pid_alive(entry["pid"], entry.get("proc_start")) for entry in recorded):
+    recorded = recorded_procs(doc)
+    if recorded and not running_pids(doc):
         raise ClusterNotRunningError(
             f"the cluster in {directory} is not running (none of the {len(recorded)} processes its "
             f"{CLUSTER_FILE} records runs): start it with: kvlease cluster start --dir {directory}",

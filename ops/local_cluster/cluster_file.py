@@ -27,14 +27,14 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from kvlease.client.cluster_dir import CLUSTER_FILE, read_cluster_file, security_settings
+from kvlease.client.cluster_dir import CLUSTER_FILE, read_cluster_file, recorded_procs, running_pids, security_settings
 from kvlease.common.errors import InvalidRequestError
 from kvlease.common import config as cfg
 from kvlease.ops.local_cluster.processes import ClusterError, pid_alive, proc_start
 
-__all__ = ["CLUSTER_FILE", "STARTING_FILE", "ZK_ROOT", "abandon_start", "all_procs", "begin_start", "bootstrap",
+__all__ = ["CLUSTER_FILE", "STARTING_FILE", "ZK_ROOT", "abandon_start", "begin_start", "bootstrap",
            "client_config", "cluster_file", "finish_start", "load", "load_starting", "locked", "record_start",
-           "running_pids", "save", "starting_file", "updating"]
+           "recorded_procs", "running_pids", "save", "starting_file", "updating"]
 
 STARTING_FILE = "cluster.starting.json"
 LOCK_FILE = "cluster.json.lock"
@@ -189,11 +189,3 @@ def bootstrap(directory: str | os.PathLike[str]) -> list[str]:
 def client_config(doc: Mapping[str, Any]) -> cfg.Config:
     """The config a client of this cluster needs: its TLS settings, if it has any (the environment ignored)."""
     return cfg.Config(security_settings(doc), env={})
-
-
-def all_procs(doc: dict[str, Any], *roles: str) -> list[tuple[int, int | None]]:
-    return [(p["pid"], p.get("proc_start")) for role in roles for p in doc.get(role, []) if p.get("pid")]
-
-
-def running_pids(doc: dict[str, Any]) -> list[int]:
-    return [pid for pid, start in all_procs(doc, "coordinators", "tablets", "zookeeper") if pid_alive(pid, start)]

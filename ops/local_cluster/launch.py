@@ -56,9 +56,9 @@ from kvlease.common import config as cfg
 from kvlease.common.errors import KvLeaseError
 import kvlease.ops.local_cluster.security as security
 import kvlease.ops.local_cluster.tablet_disks as tablet_disks
-from kvlease.ops.local_cluster.cluster_file import (ZK_ROOT, abandon_start, all_procs, begin_start, client_config,
+from kvlease.ops.local_cluster.cluster_file import (ZK_ROOT, abandon_start, begin_start, client_config,
                                             cluster_file, finish_start, load, load_starting, record_start,
-                                            running_pids, starting_file)
+                                            recorded_procs, running_pids, starting_file)
 from kvlease.ops.local_cluster.processes import ClusterError, Progress, kept_ports, proc_start, spawn_server, terminate
 from kvlease.ops.local_cluster.shape import Shape, resolve as resolve_shape
 from kvlease.ops.local_cluster.start_waits import wait_active, wait_served, wait_tablets
@@ -303,7 +303,7 @@ class _Start:
                 try:
                     self.zk.stop()
                 except Exception:
-                    terminate(all_procs(self.doc, "zookeeper"))
+                    terminate(recorded_procs(self.doc, "zookeeper"))
         finally:
             for path in self.mounted:
                 problem = tablet_disks.unmount(path)
@@ -324,7 +324,7 @@ def stop(directory: str | os.PathLike[str], timeout_s: float = 10.0) -> dict[str
     docs += [starting] if starting is not None else []
     try:
         stopped = [pid for role in ("tablets", "coordinators", "zookeeper")
-                   for pid in terminate([p for doc in docs for p in all_procs(doc, role)], timeout_s)]
+                   for pid in terminate([p for doc in docs for p in recorded_procs(doc, role)], timeout_s)]
     finally:
         problems = [problem for doc in docs for problem in tablet_disks.unmount_all(directory, doc)]
     if starting is not None and not running_pids(starting):
@@ -332,7 +332,7 @@ def stop(directory: str | os.PathLike[str], timeout_s: float = 10.0) -> dict[str
     if problems:
         raise ClusterError("; ".join(problems))
     return {"stopped": stopped,
-            "pids": [pid for doc in docs for pid, _ in all_procs(doc, "coordinators", "tablets", "zookeeper")]}
+            "pids": [pid for doc in docs for pid, _ in recorded_procs(doc, "coordinators", "tablets", "zookeeper")]}
 
 
 @contextlib.contextmanager
