@@ -233,10 +233,9 @@ class _Start:
         self.progress(f"starting ZooKeeper ({nodes} node{'s' if nodes > 1 else ''}) in {self.directory / 'zookeeper'}")
         try:
             self.zk = ZooKeeperCluster.start(self.directory / "zookeeper", nodes=nodes, detached=True)
-        except ZooKeeperError as exc:  # its message ends with the log's last lines: the log file instead
-            what = exc.message.splitlines()[0].split("; last log lines of ")[0]
+        except ZooKeeperError as exc:  # its reason and log file, not the log's last lines
             log = f"; its log: {exc.details['log_path']}" if exc.details.get("log_path") else ""
-            raise ClusterError(f"ZooKeeper did not start: {what}{log}") from None
+            raise ClusterError(f"ZooKeeper did not start: {exc.details.get('reason', exc.message)}{log}") from None
         except KvLeaseError:
             raise
         except Exception as exc:  # the launcher boundary: any failure of the java process

@@ -69,7 +69,8 @@ _BIND_FAILED = "Address already in use"
 
 
 class ZooKeeperError(KvLeaseError):
-    """A ZooKeeper node could not be started; the message carries its log tail."""
+    """A ZooKeeper node could not be started; the message carries its log tail, ``details["reason"]`` the
+    one line without it and ``details["log_path"]`` its log file."""
 
 
 class _PortTaken(ZooKeeperError):
@@ -299,8 +300,9 @@ class ZooKeeperCluster:
         except OSError:
             this_run = ""
         error = _PortTaken if _BIND_FAILED in this_run else ZooKeeperError
-        raise error(f"zookeeper node {node.id} ({node.address}) {what}; last log lines of {node.log_path}:\n{tail}",
-                    node=node.id, log_path=node.log_path)
+        reason = f"zookeeper node {node.id} ({node.address}) {what}"
+        raise error(f"{reason}; last log lines of {node.log_path}:\n{tail}", node=node.id, log_path=node.log_path,
+                    reason=reason)
 
     def _kill_locked(self, index: int) -> None:
         proc = self._procs[index]
