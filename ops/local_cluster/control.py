@@ -13,7 +13,7 @@ from typing import Any, Mapping
 from kvlease.common.errors import KvLeaseError
 from kvlease.ops.local_cluster.cluster_file import client_config, load, updating
 from kvlease.ops.local_cluster.processes import ClusterError, pid_alive, proc_start, spawn_server, terminate
-from kvlease.ops.local_cluster.serving import served_buckets
+from kvlease.ops.local_cluster.serving import all_served, serving_now
 from kvlease.ops.local_cluster.tablet_disks import usage as disk_usage
 from kvlease.ops.local_cluster.tablet_health import status_fields
 from kvlease.ops.local_cluster.zookeeper import is_serving, node_command, server_mode
@@ -197,12 +197,8 @@ def _wait_serving(doc: Mapping[str, Any], role: str, entry: Mapping[str, Any], p
             return is_serving(port)
         if role == "coordinators":
             return _answers(doc, entry["address"])
-        try:
-            seen.update(served_buckets(doc))
-        except KvLeaseError as exc:
-            seen.update(unserved=[exc.message], waiting=[])
-            return False
-        return str(entry["id"]) in seen["registered"] and len(seen["unserved"]) == len(seen["waiting"])
+        seen.update(serving_now(doc))
+        return int(entry["id"]) in seen["registered"] and all_served(seen)
 
     if not poll(serves, timeout_s, interval_s=0.1)[1]:
         unserved = "; ".join(seen["unserved"][:5])

@@ -17,6 +17,21 @@ from kvlease.common.errors import KvLeaseError
 from kvlease.ops.local_cluster.cluster_file import client_config
 
 
+def serving_now(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`served_buckets`, or, when no coordinator answers, the same shape with that as the one unserved
+    line (nothing registered, nothing waiting): one poll of a start's or a restart's wait, with
+    :func:`all_served` its verdict."""
+    try:
+        return served_buckets(doc)
+    except KvLeaseError as exc:
+        return {"registered": set(), "buckets": 0, "unserved": [exc.message], "waiting": []}
+
+
+def all_served(state: Mapping[str, Any]) -> bool:
+    """Whether every bucket of a :func:`serving_now` state is served, but those that wait."""
+    return len(state["unserved"]) == len(state["waiting"])
+
+
 def served_buckets(doc: Mapping[str, Any], request_timeout_s: float = 2.0) -> dict[str, Any]:
     """``{"registered": {tablet ids}, "buckets": n, "unserved": ["db.t/3: why", …], "waiting": [{"table",
     "bucket", "why"}, …]}`` of the cluster of ``doc`` (its cluster.json): ``waiting`` are the unserved buckets
@@ -28,7 +43,7 @@ def served_buckets(doc: Mapping[str, Any], request_timeout_s: float = 2.0) -> di
     addresses = [c["address"] for c in doc["coordinators"]]
     with AdminClient(addresses, client_config(doc), request_timeout_s=request_timeout_s,
                      retry_total_s=request_timeout_s) as admin:
-        registered = {str(s.id) for s in admin.list_tablet_servers()}
+        registered = {s.id for s in admin.list_tablet_servers()}
         unserved: list[str] = []
         waiting: list[dict[str, Any]] = []
         count = 0
@@ -43,7 +58,7 @@ def served_buckets(doc: Mapping[str, Any], request_timeout_s: float = 2.0) -> di
                         failed[bucket] = exc.message
             unserved += [f"{table.path}/{bucket}: {why}" for bucket, why in failed.items()]
             if failed:
-                waiting += _waiting(admin, table, failed, {int(i) for i in registered})
+                waiting += _waiting(admin, table, failed, registered)
     return {"registered": registered, "buckets": count, "unserved": unserved, "waiting": waiting}
 
 

@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping
 
 from kvlease.common.errors import KvLeaseError
 from kvlease.ops.local_cluster.processes import ClusterError, Progress
-from kvlease.ops.local_cluster.serving import served_buckets
+from kvlease.ops.local_cluster.serving import all_served, serving_now
 from kvlease.ops.wait import poll
 
 _WHAT = {"coordinators": "coordinator", "tablets": "tablet server", "zookeeper": "ZooKeeper node"}
@@ -82,12 +82,8 @@ def wait_served(doc: dict[str, Any], procs: list[subprocess.Popen], timeout_s: f
 
     def served() -> bool:
         fail_if_tablets_exited(doc, procs)
-        try:
-            seen.update(served_buckets(doc))
-        except KvLeaseError as exc:
-            seen.update(unserved=[exc.message], waiting=[])
-            return False
-        return len(seen["unserved"]) == len(seen["waiting"])
+        seen.update(serving_now(doc))
+        return all_served(seen)
 
     if not poll(served, timeout_s, interval_s=0.2)[1]:
         unserved = seen["unserved"]
