@@ -20,18 +20,21 @@ from tests.support.paths import REPO
 
 pytestmark = pytest.mark.slow
 
+TIMEOUT_S = 120  # each step; subprocess.run kills what overruns it
+
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("wheel")
     source = tmp / "source"
-    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                           capture_output=True, text=True, check=True).stdout.split()
     for name in files:
         if (REPO / name).is_file():
             (source / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / name, source / name)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                    str(tmp / "dist"), str(source)], check=True, capture_output=True, text=True)
+                    str(tmp / "dist"), str(source)], check=True, capture_output=True, text=True, timeout=TIMEOUT_S)
     (built,) = (tmp / "dist").glob("kvlease-*.whl")
     return built
 
@@ -48,19 +51,22 @@ def test_kvlease_is_the_only_top_level_package(wheel):
 
 def test_the_installed_wheel_imports_and_runs_from_kvlease(wheel, tmp_path):
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=TIMEOUT_S)
     python = venv / "bin" / "python"
     subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q", str(wheel)],
-                   check=True, capture_output=True, text=True)
+                   check=True, capture_output=True, text=True, timeout=TIMEOUT_S)
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": sysconfig.get_paths()["purelib"]}
     probe = ("import kvlease, kvlease.tablet.server, kvlease.coordinator.server, kvlease.spark_source;"
              "print(kvlease.__file__); print(kvlease.connect.__module__)")
-    out = subprocess.run([str(python), "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True)
+    out = subprocess.run([str(python), "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=TIMEOUT_S)
     assert out.returncode == 0, out.stderr
     where, connect_module = out.stdout.split()
     assert Path(where).is_relative_to(venv) and connect_module == "kvlease.client.connect"
     for command in (["-m", "kvlease.tablet", "--help"], ["-m", "kvlease", "--help"]):
-        ran = subprocess.run([str(python), *command], cwd=tmp_path, env=env, capture_output=True, text=True)
+        ran = subprocess.run([str(python), *command], cwd=tmp_path, env=env, capture_output=True, text=True,
+                             timeout=TIMEOUT_S)
         assert ran.returncode == 0, (command, ran.stderr)
-    bare = subprocess.run([str(python), "-c", "import common"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    bare = subprocess.run([str(python), "-c", "import common"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=TIMEOUT_S)
     assert "No module named 'common'" in bare.stderr  # nothing of ours outside kvlease

@@ -5,6 +5,7 @@ module's cluster once per worker; this runs a small session of its own and check
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -39,5 +40,4 @@ def test_a_group_runs_on_one_worker(tmp_path):
 
 
 def _env() -> dict[str, str]:
-    import os
     return {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}

@@ -11,8 +11,7 @@ import sys
 import pytest
 
 from kvlease.ops import local_cluster
-
-pytestmark = pytest.mark.unit
+from tests.support.fixtures.leaks import kill_group
 
 CHANGES = 200  # enough that writers without the lock lose some (seen: 70 to 100 of 200 each)
 #: ``CHANGES`` times: tablet ARGV[2]'s pid + 1, each a change of its own
@@ -29,15 +28,20 @@ def test_changes_of_several_processes_at_once_are_all_kept(tmp_path):
     doc = {"zookeeper": [], "coordinators": [],
            "tablets": [{"id": str(i), "pid": 1000 * i, "address": f"127.0.0.1:{i}"} for i in (1, 2, 3)]}
     local_cluster.save(tmp_path, doc)
-    writers = [subprocess.Popen([sys.executable, "-c", BUMP, str(tmp_path), str(i)], env=local_cluster.child_env())
-               for i in (1, 2, 3)]
-    assert [writer.wait(120) for writer in writers] == [0, 0, 0]
+    writers = [subprocess.Popen([sys.executable, "-c", BUMP, str(tmp_path), str(i)], env=local_cluster.child_env(),
+                                start_new_session=True) for i in (1, 2, 3)]
+    try:
+        assert [writer.wait(120) for writer in writers] == [0, 0, 0]
+    finally:
+        for writer in writers:
+            kill_group(writer)
     assert [t["pid"] for t in local_cluster.load(tmp_path)["tablets"]] == [1000 + CHANGES, 2000 + CHANGES,
                                                                            3000 + CHANGES]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cluster.json", "cluster.json.lock"]  # no temporary left
     json.loads((tmp_path / "cluster.json").read_text())
 
 
+@pytest.mark.unit
 def test_a_change_that_fails_is_not_saved(tmp_path):
     local_cluster.save(tmp_path, {"coordinators": [{"id": "1", "pid": None, "address": "a"}]})
     with pytest.raises(RuntimeError):
