@@ -28,7 +28,7 @@ from kvlease.common import config as cfg
 from kvlease.common import errors
 from kvlease.common.proto import coordinator_pb2 as pb
 from kvlease.client.admin_types import (AcquireResult, BucketLeader, BucketRef, ClusterHealth, CoordinatorInfo,
-                                ReleaseResult, SnapshotInfo, TabletServerInfo, bucket_leader)
+                                        ReleaseResult, SnapshotInfo, TabletServerInfo, bucket_leader)
 from kvlease.client.bootstrap import parse_bootstrap
 from kvlease.client.coalescing import BatchInterrupted, Coalescer
 from kvlease.client.coordinator_caller import IDEMPOTENT, READS, RETRIABLE_IF_IDEMPOTENT, CoordinatorCaller
@@ -39,8 +39,8 @@ from kvlease.client.security_admin import SecurityAdmin
 from kvlease.client.transport import RETRIABLE, NotServedError, RetryPolicy, UnknownOutcomes, arguments, is_int
 from kvlease.common.parts import documented_by as _documented_by
 from kvlease.common.security.acl import AclBinding, Operation, Resource
-from kvlease.common.wire import (bucket_snapshots_from_pb, bucket_snapshots_to_pb, bucket_to_pb, error_from_pb, handle_from_pb,
-                         handle_to_pb, lease_from_pb, raise_for, table_from_pb)
+from kvlease.common.wire import (bucket_snapshots_from_pb, bucket_snapshots_to_pb, bucket_to_pb, error_from_pb,
+                                 handle_from_pb, handle_to_pb, lease_from_pb, raise_for, table_from_pb)
 from kvlease.common.tables import Column, TableInfo, TableSpec, parse_table_path, validate_spec
 from kvlease.common.model import Lease, SnapshotHandle, TableBucket
 

@@ -21,8 +21,8 @@ from typing import Any, Mapping
 from kvlease.common import config as cfg
 from kvlease.common import errors
 from kvlease.client.admin import AdminClient, parse_bootstrap
-from kvlease.client.cluster_dir import check_running, cluster_dir_bootstrap, cluster_dir_security, read_cluster_file, \
-    read_password_file
+from kvlease.client.cluster_dir import (check_running, cluster_dir_bootstrap, cluster_dir_security, read_cluster_file,
+                                       read_password_file)
 from kvlease.client.table import TableClient
 
 ENV_BOOTSTRAP = "KVLEASE_BOOTSTRAP"

@@ -20,8 +20,8 @@ from typing import Callable, Iterable
 from kvlease.common import errors
 from kvlease.common.proto import coordinator_pb2 as pb
 from kvlease.common.proto import coordinator_pb2_grpc as pb_grpc
-from kvlease.common.wire import (bucket_from_pb, bucket_snapshots_from_pb, bucket_snapshots_to_pb, error_pb, handle_from_pb,
-                         handle_to_pb, lease_to_pb, refusing_partition_ids, table_to_pb)
+from kvlease.common.wire import (bucket_from_pb, bucket_snapshots_from_pb, bucket_snapshots_to_pb, error_pb,
+                                 handle_from_pb, handle_to_pb, lease_to_pb, refusing_partition_ids, table_to_pb)
 from kvlease.common.tables import Column, TableSpec
 from kvlease.common.security.acl import Operation, Resource
 from kvlease.common.security.server import OPEN

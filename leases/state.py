@@ -58,12 +58,12 @@ from kvlease.common.model import Lease, TableBucket
 from kvlease.common.statemachine import Event, StateMachine, on
 from kvlease.leases import deadlines
 from kvlease.leases.checks import (Catalog, check_bucket, check_duration, check_id, expired, foreign, not_found_error,
-                           owned_error)
+                                   owned_error)
 from kvlease.leases.deadlines import Deadlines
 # the events, instructions and outcomes, re-exported: callers write ``ls.Acquire``, ``ls.Reply``
-from kvlease.leases.events import (Acquire, AcquireOutcome, Deferred, Drop, Expire, LeasesExpired, PersistLease, Release,
-                           ReleaseOutcome, RemoveTable, Renew, Reply, Restore, RestoreOutcome, SnapshotsFreed,
-                           WriteDone, WriteFailed)
+from kvlease.leases.events import (Acquire, AcquireOutcome, Deferred, Drop, Expire, LeasesExpired, PersistLease,
+                                   Release, ReleaseOutcome, RemoveTable, Renew, Reply, Restore, RestoreOutcome,
+                                   SnapshotsFreed, WriteDone, WriteFailed)
 from kvlease.leases.refcount import RefcountIndex
 
 __all__ = ["LeaseState", "Catalog", "Acquire", "Renew", "Release", "Drop", "Expire", "RemoveTable", "Restore",

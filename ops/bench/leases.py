@@ -60,8 +60,9 @@ from kvlease.common import config as cfg
 import kvlease.ops.bench.scale as bench_scale
 import kvlease.ops.bench.suite as bench_suite
 from kvlease.ops.bench.suite import Option, at_least, positive_float, positive_int
-from kvlease.ops.bench.lease_phases import (SECURE_TARGET, TARGET_RATIO, BenchSettings, Coordinator, acquire_many, failover_phase,
-                                     fill_phase, idle_phase, leasable_table, raw_phase, raw_zk_writes, with_cpu)
+from kvlease.ops.bench.lease_phases import (SECURE_TARGET, TARGET_RATIO, BenchSettings, Coordinator, acquire_many,
+                                            failover_phase, fill_phase, idle_phase, leasable_table, raw_phase,
+                                            raw_zk_writes, with_cpu)
 from kvlease.ops.bench.lease_report import report, target_rows
 
 __all__ = ["OPTIONS", "BenchSettings", "raw_phase", "report", "run", "target_rows"]  # what the suite and the tests use

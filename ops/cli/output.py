@@ -23,9 +23,9 @@ from rich.markup import escape
 from rich.table import Table as RichTable
 
 from kvlease.ops.cli.documents import (acquire_doc, bucket_docs, cell_text, committed_doc, format_span, format_time_ms,
-                                 iso_time_ms, json_value, lease_doc, leases_doc, log_record_doc, log_record_line,
-                                 row_doc, rows_doc, scan_doc, snapshots_doc, table_doc, table_name, tables_doc,
-                                 assignment_docs)
+                                       iso_time_ms, json_value, lease_doc, leases_doc, log_record_doc, log_record_line,
+                                       row_doc, rows_doc, scan_doc, snapshots_doc, table_doc, table_name, tables_doc,
+                                       assignment_docs)
 
 __all__ = [  # the documents are re-exported: the commands use this one module
     "JsonOutput", "Output", "ScanProgress", "TextOutput", "acquire_doc", "bucket_docs", "committed_doc",

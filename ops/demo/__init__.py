@@ -9,6 +9,7 @@ The public module of ``ops/demo/``: the CLI imports from here.
 
 from __future__ import annotations
 
-from kvlease.ops.demo.lifecycle import DEFAULT_ROWS, DEMO_PLAN, MIN_ROWS, Interrupted, keep_hint, render, run_demo, summary
+from kvlease.ops.demo.lifecycle import (DEFAULT_ROWS, DEMO_PLAN, MIN_ROWS, Interrupted, keep_hint, render, run_demo,
+                                        summary)
 
 __all__ = ["DEFAULT_ROWS", "DEMO_PLAN", "Interrupted", "MIN_ROWS", "keep_hint", "render", "run_demo", "summary"]

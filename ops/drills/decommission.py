@@ -35,7 +35,8 @@ from kvlease.client.table import TableClient
 from kvlease.common.tables import Column
 from kvlease.ops import local_cluster
 from kvlease.ops.drills.cluster import ClusterShapeError, DrillCluster, require
-from kvlease.ops.drills.decommission_checks import mark_kept, moves_finished, one_replica_moved, retry_started_nothing_new
+from kvlease.ops.drills.decommission_checks import (mark_kept, moves_finished, one_replica_moved,
+                                                    retry_started_nothing_new)
 from kvlease.ops.drills.replica_drill import run_replica_drill, wait_in_sync
 from kvlease.ops.drills.replica_traffic import Load
 from kvlease.ops.check import Check

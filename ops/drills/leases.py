@@ -30,7 +30,7 @@ from kvlease.client.admin import AdminClient
 from kvlease.client.table import TableClient
 from kvlease.ops.check import Check
 from kvlease.ops.drills.checks import (NOT_FOUND, OK, UNKNOWN, LeaseOp, LeaseView, leased_files_exist,
-                              leases_as_acknowledged, no_deposed_writes)
+                                       leases_as_acknowledged, no_deposed_writes)
 from kvlease.ops.drills.cluster import DrillCluster
 from kvlease.ops.drills.crew import Crew
 from kvlease.ops.drills.lease_layout import lease_nodes, persisted_views, view_of

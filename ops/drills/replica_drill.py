@@ -27,8 +27,8 @@ from kvlease.client.table import TableClient
 from kvlease.common.tables import Column
 from kvlease.ops.drills.cluster import DRILL_DB, DrillCluster
 from kvlease.ops.drills.disk_loss_checks import replica_table
-from kvlease.ops.drills.failover_checks import (Read, acknowledged_writes_in_changelog, reads_committed, replicas_identical,
-                                        tables_as_acknowledged)
+from kvlease.ops.drills.failover_checks import (Read, acknowledged_writes_in_changelog, reads_committed,
+                                                replicas_identical, tables_as_acknowledged)
 from kvlease.ops.drills.replica_logs import change_records, describe_frame, fingerprints, log_starts, read_replica_logs
 from kvlease.ops.drills.replica_traffic import Load
 from kvlease.ops.check import Check

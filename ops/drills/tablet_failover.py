@@ -46,8 +46,8 @@ from kvlease.ops.streaming import BOOTSTRAP_BOUND_S, ChaosStream
 from kvlease.ops.drills.cluster import DRILL_DB, DrillCluster, in_sync_since, require, session_timeout_s
 from kvlease.ops.drills.faults import paused
 from kvlease.ops.drills.failover_checks import (Outage, Read, acknowledged_writes_in_changelog, apply_changes,
-                                        leaders_served_within, reads_committed, replicas_identical,
-                                        tables_as_acknowledged)
+                                                leaders_served_within, reads_committed, replicas_identical,
+                                                tables_as_acknowledged)
 from kvlease.ops.drills.replica_logs import ReplicaLogs, change_records, describe_frame, fingerprints, read_replica_logs
 from kvlease.ops.check import Check
 from kvlease.ops.drills.report import Report, finish

@@ -28,18 +28,19 @@ from kvlease.client.cluster_dir import security_settings
 from kvlease.ops.local_cluster.certs import CertPaths
 from kvlease.ops.local_cluster.certs import generate as generate_certs
 from kvlease.ops.local_cluster.cluster_file import (CLUSTER_FILE, STARTING_FILE, ZK_ROOT, bootstrap, client_config,
-                                            cluster_file, load, running_pids, save, updating)
+                                                    cluster_file, load, running_pids, save, updating)
 from kvlease.ops.local_cluster.control import ROLES, active_coordinator, kill, member, restart, status, zk_leader
 from kvlease.ops.local_cluster.serving import served_buckets
 from kvlease.ops.local_cluster.start_waits import waiting_line
 from kvlease.ops.local_cluster.launch import running, start, stop
-from kvlease.ops.local_cluster.processes import (ClusterError, ServerProcess, child_env, dying_with_parent, free_ports, kept_ports,
-                                         log_tail, pid_alive, proc_start, spawn_server, stop_pids, terminate)
+from kvlease.ops.local_cluster.processes import (ClusterError, ServerProcess, child_env, dying_with_parent,
+                                                 free_ports, kept_ports, log_tail, pid_alive, proc_start,
+                                                 spawn_server, stop_pids, terminate)
 from kvlease.ops.local_cluster.security import client_settings, server_settings, write_private
 from kvlease.ops.local_cluster import tablet_disks
 from kvlease.ops.local_cluster.tablet_health import read_health, status_fields
-from kvlease.ops.local_cluster.zookeeper import (MAIN_CLASSES, ZooKeeperCluster, ZooKeeperError, four_letter, is_serving,
-                                         node_command, server_mode)
+from kvlease.ops.local_cluster.zookeeper import (MAIN_CLASSES, ZooKeeperCluster, ZooKeeperError, four_letter,
+                                                 is_serving, node_command, server_mode)
 
 __all__ = [
     "CLUSTER_FILE", "STARTING_FILE", "ClusterError", "child_env", "MAIN_CLASSES", "ROLES", "ServerProcess", "ZK_ROOT", "ZooKeeperCluster",

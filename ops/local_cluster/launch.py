@@ -57,8 +57,8 @@ from kvlease.common.errors import KvLeaseError
 import kvlease.ops.local_cluster.security as security
 import kvlease.ops.local_cluster.tablet_disks as tablet_disks
 from kvlease.ops.local_cluster.cluster_file import (ZK_ROOT, abandon_start, begin_start, client_config,
-                                            cluster_file, finish_start, load, load_starting, record_start,
-                                            recorded_procs, running_pids, starting_file)
+                                                    cluster_file, finish_start, load, load_starting, record_start,
+                                                    recorded_procs, running_pids, starting_file)
 from kvlease.ops.local_cluster.processes import ClusterError, Progress, kept_ports, proc_start, spawn_server, terminate
 from kvlease.ops.local_cluster.shape import Shape, resolve as resolve_shape
 from kvlease.ops.local_cluster.start_waits import wait_active, wait_served, wait_tablets

@@ -65,7 +65,8 @@ from kvlease.tablet.log.changelog import Changelog, SegmentInfo
 from kvlease.tablet.log.epoch_file import EpochFile
 from kvlease.tablet.log.epochs import EpochCache, EpochEnd, Truncation
 from kvlease.tablet.log.writer_sequences import DEFAULT_WRITER_EXPIRATION_MS, WriterSequences, load_seed
-from kvlease.tablet.store.kvstore import APPLIED_KEY, META_CF, BucketStoreError, KvSnapshot, KvStore, checkpoint_log_offset
+from kvlease.tablet.store.kvstore import (APPLIED_KEY, META_CF, BucketStoreError, KvSnapshot, KvStore,
+                                          checkpoint_log_offset)
 from kvlease.tablet.store.prewrite_buffer import PrewriteBuffer
 
 __all__ = ["APPLIED_KEY", "META_CF", "BucketStore", "BucketStoreError", "KvSnapshot", "checkpoint_log_offset"]

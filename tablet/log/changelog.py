@@ -29,11 +29,11 @@ import pyarrow as pa
 
 from kvlease.common import config as cfg
 from kvlease.common.errors import InvalidRequestError
-from kvlease.common.logentry import (HEADER_SIZE, NO_ID, ChangelogError, CorruptLogError, FrameHeader, LogEntry, conform,
-                             decode_entry, encode_payload, frame_header, record_batch)
+from kvlease.common.logentry import (HEADER_SIZE, NO_ID, ChangelogError, CorruptLogError, FrameHeader, LogEntry,
+                                     conform, decode_entry, encode_payload, frame_header, record_batch)
 from kvlease.tablet.log import segment_files
 from kvlease.tablet.log.index import (PendingAppend, SegmentIndex, SegmentInfo, first_offset_at_or_after, runs_from,
-                              time_key)
+                                      time_key)
 
 log = logging.getLogger(__name__)
 

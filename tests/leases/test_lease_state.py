@@ -14,8 +14,8 @@ import pytest
 from kvlease.common import errors
 from kvlease.common.model import Lease
 from kvlease.leases.refcount import RefcountIndex
-from kvlease.leases.state import (AcquireOutcome, LeasesExpired, PersistLease, ReleaseOutcome, Reply, SnapshotsFreed, WriteDone,
-                          WriteFailed)
+from kvlease.leases.state import (AcquireOutcome, LeasesExpired, PersistLease, ReleaseOutcome, Reply, SnapshotsFreed,
+                                  WriteDone, WriteFailed)
 from tests.support.lease_harness import T1, T2, Harness, freed_by, of_type, only_error, reply_of, tb
 
 pytestmark = pytest.mark.unit

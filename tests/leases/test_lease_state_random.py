@@ -19,10 +19,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from kvlease.common import errors
 from kvlease.coordinator.snapshots import SnapshotStore
 from kvlease.common.model import Lease, SnapshotFile, SnapshotHandle, TableBucket
-from kvlease.leases.state import (
-    Acquire, AcquireOutcome, Deferred, Drop, Expire, LeasesExpired, LeaseState, PersistLease, Release, ReleaseOutcome,
-    RemoveTable, Renew, Reply, Restore, RestoreOutcome, SnapshotsFreed, WriteDone, WriteFailed,
-)
+from kvlease.leases.state import (Acquire, AcquireOutcome, Deferred, Drop, Expire, LeasesExpired, LeaseState,
+                                  PersistLease, Release, ReleaseOutcome, RemoveTable, Renew, Reply, Restore,
+                                  RestoreOutcome, SnapshotsFreed, WriteDone, WriteFailed)
 from tests.support.lease_harness import FakeCatalog, changed_tables_model
 
 pytestmark = pytest.mark.unit

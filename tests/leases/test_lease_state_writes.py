@@ -14,8 +14,9 @@ import pytest
 from kvlease.common import errors
 from kvlease.common.model import Lease
 from kvlease.leases.refcount import RefcountIndex
-from kvlease.leases.state import (AcquireOutcome, Deferred, Expire, LeasesExpired, LeaseState, PersistLease, ReleaseOutcome,
-                          RemoveTable, Reply, Restore, RestoreOutcome, SnapshotsFreed, WriteDone, WriteFailed)
+from kvlease.leases.state import (AcquireOutcome, Deferred, Expire, LeasesExpired, LeaseState, PersistLease,
+                                  ReleaseOutcome, RemoveTable, Reply, Restore, RestoreOutcome, SnapshotsFreed,
+                                  WriteDone, WriteFailed)
 from tests.support.lease_harness import MAX_MS, T1, T2, T3, Harness, freed_by, of_type, only_error, reply_of, tb
 
 pytestmark = pytest.mark.unit

@@ -11,7 +11,8 @@ import itertools
 from kvlease.common import errors
 from kvlease.common.model import Lease, SnapshotFile, SnapshotHandle, TableBucket
 from kvlease.coordinator.snapshots import SnapshotStore
-from kvlease.leases.state import Acquire, Drop, LeaseState, PersistLease, Release, Renew, Reply, SnapshotsFreed, WriteDone
+from kvlease.leases.state import (Acquire, Drop, LeaseState, PersistLease, Release, Renew, Reply, SnapshotsFreed,
+                                  WriteDone)
 
 MAX_MS = 60_000
 T1, T2, T3 = 1, 2, 3  # T1 has 4 buckets, T2 has 2, T3 has 1

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from kvlease.ops.bench import bootstrap as bench_bootstrap, leases as bench_leases, plot as bench_plot, scan as bench_scan
+from kvlease.ops.bench import (bootstrap as bench_bootstrap, leases as bench_leases, plot as bench_plot,
+                               scan as bench_scan)
 from kvlease.ops.bench import rebuild as bench_rebuild, replication as bench_replication
 from kvlease.ops.bench import suite as bench_suite, writes as bench_writes
 from kvlease.ops.bench.suite import MB, Row

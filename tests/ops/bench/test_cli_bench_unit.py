@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from kvlease.ops.bench import bootstrap as bench_bootstrap, leases as bench_leases, scan as bench_scan, writes as bench_writes
+from kvlease.ops.bench import (bootstrap as bench_bootstrap, leases as bench_leases, scan as bench_scan,
+                               writes as bench_writes)
 from kvlease.ops.bench import rebuild as bench_rebuild, replication as bench_replication
 from tests.support.cli_runner import assert_one_line_error, run
 from tests.support.paths import FIXTURES

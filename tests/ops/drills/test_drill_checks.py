@@ -8,11 +8,11 @@ import zlib
 import pytest
 
 from kvlease.common.model import TableBucket
-from kvlease.ops.drills.checks import (NOT_FOUND, OK, UNKNOWN, LeaseOp, PointerSample, failures_clean, leased_files_exist,
-                              leases_as_acknowledged, no_deposed_writes, no_orphan_files, pointers_resolve,
-                              recovered, replay)
-from kvlease.ops.drills.row_checks import (ScanRecord, WriteOp, possible_values, rows_as_acknowledged, scans_end_cleanly,
-                                  scans_match)
+from kvlease.ops.drills.checks import (NOT_FOUND, OK, UNKNOWN, LeaseOp, PointerSample, failures_clean,
+                                       leased_files_exist, leases_as_acknowledged, no_deposed_writes, no_orphan_files,
+                                       pointers_resolve, recovered, replay)
+from kvlease.ops.drills.row_checks import (ScanRecord, WriteOp, possible_values, rows_as_acknowledged,
+                                           scans_end_cleanly, scans_match)
 from kvlease.ops.drills.zk_txnlog import Txn, ZkOp, parse_log
 
 pytestmark = pytest.mark.unit

@@ -7,9 +7,10 @@ import dataclasses
 
 import pytest
 
-from kvlease.ops.drills.failover_checks import (AckedWrite, ChangeRecord, Outage, Read, acknowledged_writes_in_changelog,
-                                        apply_changes, leaders_served_within, reads_committed, replicas_identical,
-                                        stream_equals_table, tables_as_acknowledged)
+from kvlease.ops.drills.failover_checks import (AckedWrite, ChangeRecord, Outage, Read,
+                                                acknowledged_writes_in_changelog, apply_changes,
+                                                leaders_served_within, reads_committed, replicas_identical,
+                                                stream_equals_table, tables_as_acknowledged)
 from kvlease.ops.drills.row_checks import WriteOp
 
 pytestmark = pytest.mark.unit

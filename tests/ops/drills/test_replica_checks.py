@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from kvlease.client.admin_types import BucketLeader
-from kvlease.ops.drills.decommission_checks import mark_kept, moves_finished, one_replica_moved, retry_started_nothing_new
+from kvlease.ops.drills.decommission_checks import (mark_kept, moves_finished, one_replica_moved,
+                                                    retry_started_nothing_new)
 from kvlease.ops.drills.disk_loss_checks import rebuilt_tables_equal, rejoined_within, replica_table
 from kvlease.ops.drills.failover_checks import AckedWrite, ChangeRecord, acknowledged_writes_in_changelog
 from kvlease.ops.drills.service_checks import isr_full, leaders_spread, led_by_preferred, no_client_errors

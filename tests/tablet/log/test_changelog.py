@@ -24,7 +24,7 @@ from kvlease.common.config import Config
 from kvlease.common.errors import InvalidRequestError
 from kvlease.ops.local_cluster import dying_with_parent
 from kvlease.common.logentry import (HEADER_SIZE, SCHEMA, ChangeType, ChangelogError, CorruptLogError, decode_entry,
-                             record_batch)
+                                     record_batch)
 from kvlease.tablet.log.changelog import Changelog, LogOffsetOutOfRangeError
 from tests.support.changelog_writer import expected_records
 from tests.support.paths import REPO

@@ -14,8 +14,8 @@ import pyarrow as pa
 import pytest
 
 from kvlease.common.errors import InvalidRequestError
-from kvlease.common.logentry import (HEADER_SIZE, CorruptLogError, decode_entry, encode_payload, frame_header, read_header,
-                             record_batch)
+from kvlease.common.logentry import (HEADER_SIZE, CorruptLogError, decode_entry, encode_payload, frame_header,
+                                     read_header, record_batch)
 from kvlease.tablet.log.changelog import Changelog
 from tests.support.changelog_writer import expected_records
 from tests.tablet.log.test_changelog import expected_rows, fill, flip_byte, log_dir, read_all  # noqa: F401 (fixture)

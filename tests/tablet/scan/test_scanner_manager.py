@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from kvlease.common import errors
 from kvlease.common.model import TableBucket
 from kvlease.tablet.scan import manager as scan
-from kvlease.tablet.scan.manager import (OPEN_CALL, Close, CloseAll, CloseBucket, Continue, Failed, Open, Refuse, Release, Replay,
-                         ScannerManager, Serve, Served, Tick)
+from kvlease.tablet.scan.manager import (OPEN_CALL, Close, CloseAll, CloseBucket, Continue, Failed, Open, Refuse,
+                                         Release, Replay, ScannerManager, Serve, Served, Tick)
 
 pytestmark = pytest.mark.unit
 

@@ -19,7 +19,8 @@ from rocksdict import Checkpoint, Options, Rdict, WriteBatch
 
 from kvlease.common import errors
 from kvlease.common.config import Config
-from kvlease.common.storage import MULTIPART_BYTES, FileStorage, RemoteStorage, StorageError, StorageExists, open_storage
+from kvlease.common.storage import (MULTIPART_BYTES, FileStorage, RemoteStorage, StorageError, StorageExists,
+                                    open_storage)
 from kvlease.common.model import TableBucket
 from kvlease.tablet.store import snapshot as sn
 from kvlease.common import kvsnapshot as ks
