@@ -90,9 +90,10 @@ class BucketStore:
 
     It owns three parts and calls them from methods of the same names: :attr:`writes`
     (:class:`~kvlease.tablet.bucket.writes.BucketWrites`), :attr:`reads` (:class:`~kvlease.tablet.bucket.reads.BucketReads`)
-    and :attr:`replication` (:class:`~kvlease.tablet.bucket.replication.BucketReplication`). Each is given what it
-    uses: the files, the write lock, the writers' sequences, the pre-write buffer, the leader-epoch cache
-    (:attr:`epoch_file`), the role (:attr:`role`) and which bucket it is (``tablet/bucket/state.py``).
+    and :attr:`replication` (:class:`~kvlease.tablet.bucket.replication.BucketReplication`). Each holds the one
+    :class:`~kvlease.tablet.bucket.state.BucketShared` of what they share: which bucket it is, the files, the write
+    lock, the role (:attr:`role`), the writers' sequences, the pre-write buffer and the leader-epoch cache
+    (:attr:`epoch_file`).
     """
 
     def __init__(self, dir: str, table: TableInfo, files: BucketFiles, bucket: int | None = None,
