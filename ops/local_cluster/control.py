@@ -4,6 +4,7 @@ process (drills, the demo), the active coordinator, the ZooKeeper leader (which 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -13,7 +14,7 @@ from typing import Any, Mapping
 from kvlease.common.errors import KvLeaseError
 from kvlease.ops.local_cluster.cluster_file import client_config, load, updating
 from kvlease.ops.local_cluster.processes import ClusterError, pid_alive, proc_start, spawn_server, terminate
-from kvlease.ops.local_cluster.serving import all_served, serving_now
+from kvlease.ops.local_cluster.serving import all_served, cluster_admin, serving_now
 from kvlease.ops.local_cluster.tablet_disks import usage as disk_usage
 from kvlease.ops.local_cluster.tablet_health import status_fields
 from kvlease.ops.local_cluster.zookeeper import is_serving, node_command, server_mode
@@ -190,17 +191,20 @@ def _wait_serving(doc: Mapping[str, Any], role: str, entry: Mapping[str, Any], p
     port = int(entry["address"].rsplit(":", 1)[1])
     seen: dict[str, Any] = {"unserved": [], "waiting": []}
 
-    def serves() -> bool:
+    def serves(admin) -> bool:
         if proc.poll() is not None:
             raise ClusterError(f"{what} exited with code {proc.returncode} after a restart; its log: {entry['log']}")
         if role == "zookeeper":
             return is_serving(port)
         if role == "coordinators":
             return _answers(doc, entry["address"])
-        seen.update(serving_now(doc))
+        seen.update(serving_now(doc, admin))
         return int(entry["id"]) in seen["registered"] and all_served(seen)
 
-    if not poll(serves, timeout_s, interval_s=0.1)[1]:
+    with contextlib.ExitStack() as stack:  # a tablet server's polls ask through one client
+        admin = stack.enter_context(cluster_admin(doc)) if role == "tablets" else None
+        reached = poll(lambda: serves(admin), timeout_s, interval_s=0.1)[1]
+    if not reached:
         unserved = "; ".join(seen["unserved"][:5])
         raise ClusterError(f"{what} did not serve within {timeout_s:g}s of a restart"
                            + (f" (not served: {unserved})" if unserved else "") + f"; its log: {entry['log']}")

@@ -17,12 +17,21 @@ from kvlease.common.errors import KvLeaseError
 from kvlease.ops.local_cluster.cluster_file import client_config
 
 
-def serving_now(doc: Mapping[str, Any]) -> dict[str, Any]:
-    """:func:`served_buckets`, or, when no coordinator answers, the same shape with that as the one unserved
-    line (nothing registered, nothing waiting): one poll of a start's or a restart's wait, with
-    :func:`all_served` its verdict."""
+def cluster_admin(doc: Mapping[str, Any], request_timeout_s: float = 2.0):
+    """An AdminClient of the cluster of ``doc`` (its cluster.json) that gives up on a coordinator after
+    ``request_timeout_s``: what :func:`served_buckets` asks, one for all the polls of a wait."""
+    from kvlease.client.admin import AdminClient
+
+    return AdminClient([c["address"] for c in doc["coordinators"]], client_config(doc),
+                       request_timeout_s=request_timeout_s, retry_total_s=request_timeout_s)
+
+
+def serving_now(doc: Mapping[str, Any], admin) -> dict[str, Any]:
+    """:func:`served_buckets` (asked through ``admin``, a :func:`cluster_admin`), or, when no coordinator
+    answers, the same shape with that as the one unserved line (nothing registered, nothing waiting): one
+    poll of a start's or a restart's wait, with :func:`all_served` its verdict."""
     try:
-        return served_buckets(doc)
+        return served_buckets(doc, admin=admin)
     except KvLeaseError as exc:
         return {"registered": set(), "buckets": 0, "unserved": [exc.message], "waiting": []}
 
@@ -32,33 +41,33 @@ def all_served(state: Mapping[str, Any]) -> bool:
     return len(state["unserved"]) == len(state["waiting"])
 
 
-def served_buckets(doc: Mapping[str, Any], request_timeout_s: float = 2.0) -> dict[str, Any]:
+def served_buckets(doc: Mapping[str, Any], request_timeout_s: float = 2.0, admin=None) -> dict[str, Any]:
     """``{"registered": {tablet ids}, "buckets": n, "unserved": ["db.t/3: why", …], "waiting": [{"table",
     "bucket", "why"}, …]}`` of the cluster of ``doc`` (its cluster.json): ``waiting`` are the unserved buckets
-    that wait on an operator or on a tablet server that is not registered (:func:`waits_for`). Raises a
-    KvLeaseError when no coordinator answers."""
-    from kvlease.client.admin import AdminClient
+    that wait on an operator or on a tablet server that is not registered (:func:`waits_for`). Asked through
+    ``admin`` (default: a :func:`cluster_admin` of its own). Raises a KvLeaseError when no coordinator
+    answers."""
+    if admin is None:
+        with cluster_admin(doc, request_timeout_s) as own:
+            return served_buckets(doc, request_timeout_s, own)
     from kvlease.client.table import TableClient
 
-    addresses = [c["address"] for c in doc["coordinators"]]
-    with AdminClient(addresses, client_config(doc), request_timeout_s=request_timeout_s,
-                     retry_total_s=request_timeout_s) as admin:
-        registered = {s.id for s in admin.list_tablet_servers()}
-        unserved: list[str] = []
-        waiting: list[dict[str, Any]] = []
-        count = 0
-        for table in admin.list_tables():
-            count += table.buckets
-            failed: dict[int, str] = {}
-            with TableClient(admin, table.table_id, retry_total_s=0, request_timeout_s=request_timeout_s) as client:
-                for bucket in range(table.buckets):
-                    try:
-                        client.list_offsets([bucket])
-                    except KvLeaseError as exc:
-                        failed[bucket] = exc.message
-            unserved += [f"{table.path}/{bucket}: {why}" for bucket, why in failed.items()]
-            if failed:
-                waiting += _waiting(admin, table, failed, registered)
+    registered = {s.id for s in admin.list_tablet_servers()}
+    unserved: list[str] = []
+    waiting: list[dict[str, Any]] = []
+    count = 0
+    for table in admin.list_tables():
+        count += table.buckets
+        failed: dict[int, str] = {}
+        with TableClient(admin, table.table_id, retry_total_s=0, request_timeout_s=request_timeout_s) as client:
+            for bucket in range(table.buckets):
+                try:
+                    client.list_offsets([bucket])
+                except KvLeaseError as exc:
+                    failed[bucket] = exc.message
+        unserved += [f"{table.path}/{bucket}: {why}" for bucket, why in failed.items()]
+        if failed:
+            waiting += _waiting(admin, table, failed, registered)
     return {"registered": registered, "buckets": count, "unserved": unserved, "waiting": waiting}
 
 

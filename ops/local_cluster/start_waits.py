@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping
 
 from kvlease.common.errors import KvLeaseError
 from kvlease.ops.local_cluster.processes import ClusterError, Progress
-from kvlease.ops.local_cluster.serving import all_served, serving_now
+from kvlease.ops.local_cluster.serving import all_served, cluster_admin, serving_now
 from kvlease.ops.wait import poll
 
 _WHAT = {"coordinators": "coordinator", "tablets": "tablet server", "zookeeper": "ZooKeeper node"}
@@ -80,12 +80,14 @@ def wait_served(doc: dict[str, Any], procs: list[subprocess.Popen], timeout_s: f
     a server that is down: ``warn`` names each of those."""
     seen: dict[str, Any] = {"unserved": ["(no answer from a coordinator)"], "waiting": []}
 
-    def served() -> bool:
-        fail_if_tablets_exited(doc, procs)
-        seen.update(serving_now(doc))
-        return all_served(seen)
+    with cluster_admin(doc) as admin:
+        def served() -> bool:
+            fail_if_tablets_exited(doc, procs)
+            seen.update(serving_now(doc, admin))
+            return all_served(seen)
 
-    if not poll(served, timeout_s, interval_s=0.2)[1]:
+        reached = poll(served, timeout_s, interval_s=0.2)[1]
+    if not reached:
         unserved = seen["unserved"]
         shown = "; ".join(unserved[:5]) + (f"; and {len(unserved) - 5} more" if len(unserved) > 5 else "")
         raise ClusterError(f"not every bucket had a serving leader within {timeout_s:.0f}s: {shown}; "
