@@ -1,11 +1,23 @@
-"""Table metadata: columns, primary key, buckets; validation and (de)serialization."""
+"""Table metadata: columns, primary key, buckets, partitioning; validation and (de)serialization.
+
+A partitioned table (docs/partitions.md) has no buckets of its own: each of
+its partitions has the table's bucket count and replication, and its own
+buckets, snapshots and changelogs. Partition ids come from the counter table
+ids come from (``/tables/id_counter``), so one number names the buckets of an
+unpartitioned table or of one partition: its *physical table*. The
+:class:`TableInfo` of a partition is its table's with ``partition_id`` and
+``partition_name`` set (:meth:`TableInfo.of_partition`); the coordinator's
+replica assignments and the tablet servers key buckets by
+:attr:`TableInfo.physical_id`.
+"""
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from kvlease.common.errors import InvalidRequestError, InvalidTableError, show
+from kvlease.common.model import TableBucket
 
 #: The values an INT and a BIGINT column hold.
 INT_RANGE = {"INT": (-(1 << 31), (1 << 31) - 1), "BIGINT": (-(1 << 63), (1 << 63) - 1)}
@@ -15,6 +27,8 @@ TYPES = ("BOOLEAN", "INT", "BIGINT", "DOUBLE", "STRING", "BYTES", "TIMESTAMP")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 NAME_RULE = "1-128 letters, digits and _, not starting with a digit"
 MAX_BUCKETS = 1024
+#: ``table.partition.max``: the most partitions a table has at once, unless its definition says otherwise.
+DEFAULT_MAX_PARTITIONS = 1000
 
 
 @dataclass(frozen=True)
@@ -35,10 +49,39 @@ class TableInfo:
     #: Replicas per bucket (docs/bucket-store.md, "Replication"), and the in-sync replicas a write needs.
     replication_factor: int = 1
     min_insync_replicas: int = 1
+    #: The columns (of the primary key) whose values name a partition; empty: not partitioned.
+    partition_key: tuple[str, ...] = ()
+    #: ``table.partition.max``: the most partitions it has at once.
+    max_partitions: int = DEFAULT_MAX_PARTITIONS
+    #: Set on a partition's view of its table (:meth:`of_partition`): the partition's id and name.
+    partition_id: int | None = None
+    partition_name: str | None = None
 
     @property
     def path(self) -> str:
         return f"{self.database}.{self.name}"
+
+    @property
+    def partitioned(self) -> bool:
+        return bool(self.partition_key)
+
+    @property
+    def physical_id(self) -> int:
+        """The id of the buckets this names: the partition's id on a partition's view, else the table's."""
+        return self.table_id if self.partition_id is None else self.partition_id
+
+    def bucket(self, bucket: int) -> TableBucket:
+        return TableBucket(self.table_id, bucket, self.partition_id)
+
+    def of_partition(self, partition_id: int, partition_name: str) -> "TableInfo":
+        """This (partitioned) table's view of one of its partitions."""
+        return replace(self, partition_id=partition_id, partition_name=partition_name)
+
+    @property
+    def where(self) -> str:
+        """The table, and the partition on a partition's view, for messages: ``shop.orders`` or
+        ``shop.orders partition 20261127``."""
+        return self.path if self.partition_name is None else f"{self.path} partition {self.partition_name}"
 
     def schema_string(self) -> str:
         return ", ".join(f"{c.name} {c.type}" for c in self.columns)
@@ -54,6 +97,8 @@ class TableInfo:
             "created_ms": self.created_ms,
             "replication_factor": self.replication_factor,
             "min_insync_replicas": self.min_insync_replicas,
+            **({"partition_key": list(self.partition_key), "max_partitions": self.max_partitions}
+               if self.partitioned else {}),
         }
 
     @classmethod
@@ -68,6 +113,8 @@ class TableInfo:
             created_ms=int(data.get("created_ms", 0)),
             replication_factor=int(data.get("replication_factor", 1)),
             min_insync_replicas=int(data.get("min_insync_replicas", 1)),
+            partition_key=tuple(data.get("partition_key", ())),
+            max_partitions=int(data.get("max_partitions", DEFAULT_MAX_PARTITIONS)),
         )
 
 
@@ -80,6 +127,8 @@ class TableSpec:
     columns: tuple[Column, ...]
     primary_key: tuple[str, ...]
     buckets: int = field(default=1)
+    partition_key: tuple[str, ...] = ()
+    max_partitions: int = DEFAULT_MAX_PARTITIONS
 
 
 def check_name(what: str, name: str | None) -> None:

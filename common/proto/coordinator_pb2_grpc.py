@@ -184,6 +184,26 @@ class CoordinatorServiceStub:
                 request_serializer=common_dot_proto_dot_coordinator__pb2.ResignLeadershipRequest.SerializeToString,
                 response_deserializer=common_dot_proto_dot_coordinator__pb2.ResignLeadershipResponse.FromString,
                 _registered_method=True)
+        self.CreatePartition = channel.unary_unary(
+                '/kvlease.CoordinatorService/CreatePartition',
+                request_serializer=common_dot_proto_dot_coordinator__pb2.CreatePartitionRequest.SerializeToString,
+                response_deserializer=common_dot_proto_dot_coordinator__pb2.CreatePartitionResponse.FromString,
+                _registered_method=True)
+        self.DropPartition = channel.unary_unary(
+                '/kvlease.CoordinatorService/DropPartition',
+                request_serializer=common_dot_proto_dot_coordinator__pb2.DropPartitionRequest.SerializeToString,
+                response_deserializer=common_dot_proto_dot_coordinator__pb2.DropPartitionResponse.FromString,
+                _registered_method=True)
+        self.ListPartitions = channel.unary_unary(
+                '/kvlease.CoordinatorService/ListPartitions',
+                request_serializer=common_dot_proto_dot_coordinator__pb2.ListPartitionsRequest.SerializeToString,
+                response_deserializer=common_dot_proto_dot_coordinator__pb2.ListPartitionsResponse.FromString,
+                _registered_method=True)
+        self.AlterTable = channel.unary_unary(
+                '/kvlease.CoordinatorService/AlterTable',
+                request_serializer=common_dot_proto_dot_coordinator__pb2.AlterTableRequest.SerializeToString,
+                response_deserializer=common_dot_proto_dot_coordinator__pb2.AlterTableResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServiceServicer:
@@ -369,6 +389,30 @@ class CoordinatorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreatePartition(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DropPartition(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListPartitions(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AlterTable(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -521,6 +565,26 @@ def add_CoordinatorServiceServicer_to_server(servicer, server):
                     servicer.ResignLeadership,
                     request_deserializer=common_dot_proto_dot_coordinator__pb2.ResignLeadershipRequest.FromString,
                     response_serializer=common_dot_proto_dot_coordinator__pb2.ResignLeadershipResponse.SerializeToString,
+            ),
+            'CreatePartition': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreatePartition,
+                    request_deserializer=common_dot_proto_dot_coordinator__pb2.CreatePartitionRequest.FromString,
+                    response_serializer=common_dot_proto_dot_coordinator__pb2.CreatePartitionResponse.SerializeToString,
+            ),
+            'DropPartition': grpc.unary_unary_rpc_method_handler(
+                    servicer.DropPartition,
+                    request_deserializer=common_dot_proto_dot_coordinator__pb2.DropPartitionRequest.FromString,
+                    response_serializer=common_dot_proto_dot_coordinator__pb2.DropPartitionResponse.SerializeToString,
+            ),
+            'ListPartitions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListPartitions,
+                    request_deserializer=common_dot_proto_dot_coordinator__pb2.ListPartitionsRequest.FromString,
+                    response_serializer=common_dot_proto_dot_coordinator__pb2.ListPartitionsResponse.SerializeToString,
+            ),
+            'AlterTable': grpc.unary_unary_rpc_method_handler(
+                    servicer.AlterTable,
+                    request_deserializer=common_dot_proto_dot_coordinator__pb2.AlterTableRequest.FromString,
+                    response_serializer=common_dot_proto_dot_coordinator__pb2.AlterTableResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1333,6 +1397,114 @@ class CoordinatorService:
             '/kvlease.CoordinatorService/ResignLeadership',
             common_dot_proto_dot_coordinator__pb2.ResignLeadershipRequest.SerializeToString,
             common_dot_proto_dot_coordinator__pb2.ResignLeadershipResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreatePartition(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvlease.CoordinatorService/CreatePartition',
+            common_dot_proto_dot_coordinator__pb2.CreatePartitionRequest.SerializeToString,
+            common_dot_proto_dot_coordinator__pb2.CreatePartitionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DropPartition(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvlease.CoordinatorService/DropPartition',
+            common_dot_proto_dot_coordinator__pb2.DropPartitionRequest.SerializeToString,
+            common_dot_proto_dot_coordinator__pb2.DropPartitionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListPartitions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvlease.CoordinatorService/ListPartitions',
+            common_dot_proto_dot_coordinator__pb2.ListPartitionsRequest.SerializeToString,
+            common_dot_proto_dot_coordinator__pb2.ListPartitionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AlterTable(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvlease.CoordinatorService/AlterTable',
+            common_dot_proto_dot_coordinator__pb2.AlterTableRequest.SerializeToString,
+            common_dot_proto_dot_coordinator__pb2.AlterTableResponse.FromString,
             options,
             channel_credentials,
             insecure,
