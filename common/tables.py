@@ -16,8 +16,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
+from kvlease.common.auto_partition import AutoPartition, check_auto_partition_key
 from kvlease.common.errors import InvalidRequestError, InvalidTableError, show
 from kvlease.common.model import TableBucket
+from kvlease.common.partition_names import check_partition_key
 
 #: The values an INT and a BIGINT column hold.
 INT_RANGE = {"INT": (-(1 << 31), (1 << 31) - 1), "BIGINT": (-(1 << 63), (1 << 63) - 1)}
@@ -29,6 +31,8 @@ NAME_RULE = "1-128 letters, digits and _, not starting with a digit"
 MAX_BUCKETS = 1024
 #: ``table.partition.max``: the most partitions a table has at once, unless its definition says otherwise.
 DEFAULT_MAX_PARTITIONS = 1000
+#: The most ``table.partition.max`` may be.
+MAX_PARTITIONS = 10_000
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,8 @@ class TableInfo:
     partition_key: tuple[str, ...] = ()
     #: ``table.partition.max``: the most partitions it has at once.
     max_partitions: int = DEFAULT_MAX_PARTITIONS
+    #: Partitions made ahead and dropped past retention by the coordinator (None: only by hand and by writes).
+    auto_partition: AutoPartition | None = None
     #: Set on a partition's view of its table (:meth:`of_partition`): the partition's id and name.
     partition_id: int | None = None
     partition_name: str | None = None
@@ -99,6 +105,7 @@ class TableInfo:
             "min_insync_replicas": self.min_insync_replicas,
             **({"partition_key": list(self.partition_key), "max_partitions": self.max_partitions}
                if self.partitioned else {}),
+            **({"auto_partition": self.auto_partition.to_json()} if self.auto_partition else {}),
         }
 
     @classmethod
@@ -115,6 +122,7 @@ class TableInfo:
             min_insync_replicas=int(data.get("min_insync_replicas", 1)),
             partition_key=tuple(data.get("partition_key", ())),
             max_partitions=int(data.get("max_partitions", DEFAULT_MAX_PARTITIONS)),
+            auto_partition=AutoPartition.from_json(data["auto_partition"]) if data.get("auto_partition") else None,
         )
 
 
@@ -129,6 +137,7 @@ class TableSpec:
     buckets: int = field(default=1)
     partition_key: tuple[str, ...] = ()
     max_partitions: int = DEFAULT_MAX_PARTITIONS
+    auto_partition: AutoPartition | None = None
 
 
 def check_name(what: str, name: str | None) -> None:
@@ -186,4 +195,21 @@ def validate_spec(spec: TableSpec) -> TableSpec:
         raise InvalidTableError("primary key names a column twice")
     if not 1 <= spec.buckets <= MAX_BUCKETS:
         raise InvalidTableError(f"bucket count must be between 1 and {MAX_BUCKETS}, got {spec.buckets}")
-    return TableSpec(spec.database, spec.name, tuple(columns), tuple(spec.primary_key), spec.buckets)
+    columns = tuple(columns)
+    _check_partitioning(spec, columns)
+    return replace(spec, columns=columns, primary_key=tuple(spec.primary_key), partition_key=tuple(spec.partition_key))
+
+
+def _check_partitioning(spec: TableSpec, columns: tuple[Column, ...]) -> None:
+    """InvalidTableError unless the spec's partitioning fits its columns and keys (docs/partitions.md)."""
+    check_partition_key(columns, spec.primary_key, spec.partition_key)
+    if not spec.partition_key:
+        if spec.auto_partition is not None:
+            raise InvalidTableError("auto-partitioning needs a partition key (--partition-by)")
+        return
+    if not 1 <= spec.max_partitions <= MAX_PARTITIONS:
+        raise InvalidTableError(f"table.partition.max must be between 1 and {MAX_PARTITIONS}, "
+                                f"got {spec.max_partitions}")
+    if spec.auto_partition is not None:
+        check_auto_partition_key(columns, spec.partition_key)
+        spec.auto_partition.check_fits(spec.max_partitions)

@@ -9,6 +9,10 @@ they are written to ZooKeeper (epoch-fenced) before they are applied, then
 every live replica of a changed bucket is told the full list of buckets it
 holds (:mod:`kvlease.coordinator.notifier`). A decommissioned server
 (:mod:`kvlease.coordinator.decommissioned`) is live but takes no new replica.
+
+The table ids here are physical ids (common/tables.py): an unpartitioned
+table's, or one partition's; :attr:`TableCatalog.physical` maps them to the
+(partition's view of the) table.
 """
 
 from __future__ import annotations
@@ -69,8 +73,8 @@ class Membership:
         """Failover: load the assignments of the catalog's tables; plan those that have none."""
         self.dirs.load(self.zk)
         self.decommissioned.load(self.zk)
-        for table_id in self.assignments.load(self.zk, sorted(self.catalog.by_id)):
-            plan = plan_new(self.assignments, self.catalog.by_id[table_id].buckets, [])
+        for table_id in self.assignments.load(self.zk, sorted(self.catalog.physical)):
+            plan = plan_new(self.assignments, self.catalog.physical[table_id].buckets, [])
             self.writer.commit([self.assignments.create_op(table_id, plan)])
             self.assignments.set(table_id, plan)
         self.leader_leases.took_over(self.assignments.by_table)
@@ -112,11 +116,11 @@ class Membership:
         except errors.InvalidRequestError as exc:
             raise errors.InvalidRequestError(f"cannot create table {table.path}: {exc.message}",
                                              table=table.path) from None
-        return plan, self.assignments.create_op(table.table_id, plan)
+        return plan, self.assignments.create_op(table.physical_id, plan)
 
     def table_created(self, table: TableInfo, plan: dict[int, BucketAssignment]) -> None:
-        self.assignments.set(table.table_id, plan)
-        self.push(self.assignments.holders_of(table.table_id))
+        self.assignments.set(table.physical_id, plan)
+        self.push(self.assignments.holders_of(table.physical_id))
         self.refresh_metrics()
 
     def drop_ops(self, table_id: int) -> list[ZkOp]:
@@ -292,15 +296,17 @@ class Membership:
                   isr: Iterable[int]) -> BucketAssignment:
         """The leader's ISR change (:func:`kvlease.coordinator.election_plan.alter_isr`), written and told; returns the
         bucket's state after it."""
-        table = self.catalog.get_by_id(table_id)
+        table = self.catalog.physical.get(table_id)
+        if table is None:
+            raise errors.TableNotExistError(f"table or partition id {table_id} does not exist", table_id=table_id)
         current = self.assignments.table(table_id).get(bucket)
         if current is None:
-            raise errors.InvalidRequestError(f"table {table.path} has no bucket {bucket}", table=table.path)
+            raise errors.InvalidRequestError(f"{table.where} has no bucket {bucket}", table=table.path)
         new = election_plan.alter_isr(current, server_id, leader_epoch, bucket_epoch, isr, set(self.servers),
-                                 where=f"bucket {bucket} of {table.path}")
+                                 where=f"bucket {bucket} of {table.where}")
         if new != current:
             self._apply({table_id: {**self.assignments.table(table_id), bucket: new}})
-            log.info("ISR of bucket %d of %s: %s -> %s (bucket epoch %d)", bucket, table.path, list(current.isr),
+            log.info("ISR of bucket %d of %s: %s -> %s (bucket epoch %d)", bucket, table.where, list(current.isr),
                      list(new.isr), new.bucket_epoch)
         return new
 
@@ -330,11 +336,11 @@ class Membership:
             address = self.servers.get(server_id)
             if address is None:
                 continue
-            held = [(self.catalog.by_id[t], b, a, self.servers.get(a.leader, ""))
-                    for t, b, a in self.assignments.held_by(server_id) if t in self.catalog.by_id]
-            gone = [(self.catalog.by_id[t], b, self.assignments.table(t)[b], self.servers.get(
+            held = [(self.catalog.physical[t], b, a, self.servers.get(a.leader, ""))
+                    for t, b, a in self.assignments.held_by(server_id) if t in self.catalog.physical]
+            gone = [(self.catalog.physical[t], b, self.assignments.table(t)[b], self.servers.get(
                      self.assignments.table(t)[b].leader, "")) for t, b in removed.get(server_id, ())]
-            lease = self.leader_leases.push_for(server_id, [(t.table_id, b) for t, b, a, _ in held
+            lease = self.leader_leases.push_for(server_id, [(t.physical_id, b) for t, b, a, _ in held
                                                             if a.leader == server_id])
             self.notify(server_id, address, held, list(dropped or []), gone, self.dirs.by_server.get(server_id, ""),
                         lease=lease)
@@ -344,7 +350,7 @@ class Membership:
     def assignment_rows(self, table: TableInfo) -> tuple[TableInfo, list[tuple[int, BucketAssignment, str]]]:
         """The table and, per bucket, its state and its leader's address ("" if not live)."""
         rows = [(bucket, a, self.servers.get(a.leader, ""))
-                for bucket, a in sorted(self.assignments.table(table.table_id).items())]
+                for bucket, a in sorted(self.assignments.table(table.physical_id).items())]
         return table, rows
 
     def server_rows(self) -> list[tuple[int, str, int, int, bool]]:

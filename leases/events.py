@@ -64,9 +64,14 @@ class Expire(Event):
 
 @dataclass(frozen=True)
 class RemoveTable(Event):
-    """A table is being dropped: take it out of every lease."""
+    """A table is being dropped, or one of its partitions (``partition_id`` set): take it out of every lease."""
 
     table_id: int
+    partition_id: int | None = None
+
+    def names(self, tb: TableBucket) -> bool:
+        """``tb`` is a bucket of what is being dropped."""
+        return tb.table_id == self.table_id and (self.partition_id is None or tb.partition_id == self.partition_id)
 
 
 @dataclass(frozen=True)

@@ -252,13 +252,15 @@ class LeaseState(StateMachine):
 
     @on(RemoveTable)
     def _on_removetable(self, ev: RemoveTable) -> list[object]:
-        holders = [self.leases[lease_id] for lease_id in sorted(self.refs.holders_of_table(ev.table_id))]
+        holders = [lease for lease in (self.leases[lease_id] for lease_id in
+                                       sorted(self.refs.holders_of_table(ev.table_id)))
+                   if any(ev.names(tb) for tb in lease.buckets)]
         if any(self.busy(lease.lease_id) for lease in holders) or any(
-                w.after is not None and ev.table_id in w.after.tables() for w in self._pending.values()):
+                w.after is not None and any(ev.names(tb) for tb in w.after.buckets) for w in self._pending.values()):
             return [Deferred(ev)]  # also wait for an acquire in flight that adds the table
         changes = []
         for before in holders:
-            remaining = {tb: sid for tb, sid in before.buckets.items() if tb.table_id != ev.table_id}
+            remaining = {tb: sid for tb, sid in before.buckets.items() if not ev.names(tb)}
             changes.append(("drop-table", before, replace(before, buckets=remaining) if remaining else None))
         return self._persist(ev.event_id, changes, None)
 
