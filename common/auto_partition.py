@@ -59,7 +59,7 @@ from typing import Iterable, Mapping, Sequence
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from kvlease.common.errors import InvalidTableError, did_you_mean, show
-from kvlease.common.tables import Column
+from kvlease.common.columns import Column
 
 #: The table options, Fluss's names.
 TIME_UNIT_KEY = "table.auto-partition.time-unit"

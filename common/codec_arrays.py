@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from kvlease.common.errors import InvalidRowError, show  # noqa: F401 (show: used here and by common.codec)
-from kvlease.common.tables import INT_RANGE, Column
+from kvlease.common.columns import INT_RANGE, Column
 
 ARROW_TYPES: dict[str, pa.DataType] = {
     "BOOLEAN": pa.bool_(),

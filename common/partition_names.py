@@ -25,7 +25,7 @@ import re
 from typing import Sequence
 
 from kvlease.common.errors import InvalidRequestError, InvalidTableError, show
-from kvlease.common.tables import INT_RANGE, Column
+from kvlease.common.columns import INT_RANGE, Column
 
 #: The column types whose values can name a partition (a DOUBLE, BYTES or TIMESTAMP value has no one text).
 NAMEABLE_TYPES = ("STRING", "INT", "BIGINT", "BOOLEAN")

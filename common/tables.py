@@ -17,14 +17,11 @@ import re
 from dataclasses import dataclass, field, replace
 
 from kvlease.common.auto_partition import AutoPartition, check_auto_partition_key
+from kvlease.common.columns import TYPES, Column
 from kvlease.common.errors import InvalidRequestError, InvalidTableError, show
 from kvlease.common.model import TableBucket
 from kvlease.common.partition_names import check_partition_key
 
-#: The values an INT and a BIGINT column hold.
-INT_RANGE = {"INT": (-(1 << 31), (1 << 31) - 1), "BIGINT": (-(1 << 63), (1 << 63) - 1)}
-
-TYPES = ("BOOLEAN", "INT", "BIGINT", "DOUBLE", "STRING", "BYTES", "TIMESTAMP")
 #: A database, table or column name; always used with fullmatch (``$`` also matches before a final newline).
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 NAME_RULE = "1-128 letters, digits and _, not starting with a digit"
@@ -33,12 +30,6 @@ MAX_BUCKETS = 1024
 DEFAULT_MAX_PARTITIONS = 1000
 #: The most ``table.partition.max`` may be.
 MAX_PARTITIONS = 10_000
-
-
-@dataclass(frozen=True)
-class Column:
-    name: str
-    type: str
 
 
 @dataclass(frozen=True)

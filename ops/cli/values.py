@@ -20,7 +20,8 @@ import click
 from kvlease.common import config as cfg
 from kvlease.common import errors
 from kvlease.common.model import lease_id_problem, lease_owner_problem
-from kvlease.common.tables import INT_RANGE, TableInfo, parse_table_path
+from kvlease.common.columns import INT_RANGE
+from kvlease.common.tables import TableInfo, parse_table_path
 
 
 # -- parameter types (client-side syntax checks: usage errors, exit 2) -------------------------

@@ -22,7 +22,8 @@ from tests.tablet.test_tablet_server import SCHEMA, Cluster, lookup, put
 #: Every RPC whose request names a table bucket (or a table's buckets), per service.
 COORDINATOR_RPCS = {"CommitKvSnapshot", "GetLatestKvSnapshots", "ListKvSnapshots", "AcquireKvSnapshotLease",
                     "AcquireKvSnapshotLeases", "ReleaseKvSnapshotLease", "GetTableAssignment", "AlterIsr",
-                    "ReassignBucket", "ResignLeadership"}
+                    "ReassignBucket", "ResignLeadership", "ReportReplicaLoss", "ReportLogEnds", "ConfirmRestore",
+                    "RestoreBucket", "ElectLeader"}
 TABLET_RPCS = {"UpdateLeadership", "PutKv", "Lookup", "FetchLog", "ReplicaFetch", "ListOffsets", "TriggerSnapshot", "ScanKv",
                "ScanKvStream"}
 
