@@ -34,14 +34,17 @@ from kvlease.client.coalescing import BatchInterrupted, Coalescer
 from kvlease.client.coordinator_caller import IDEMPOTENT, READS, RETRIABLE_IF_IDEMPOTENT, CoordinatorCaller
 from kvlease.client.data_loss_admin import DataLossAdmin
 from kvlease.client.moves_admin import MovesAdmin
+from kvlease.client.partitions_admin import PartitionInfo, PartitionsAdmin
 from kvlease.client.replication_admin import ReplicationAdmin
 from kvlease.client.security_admin import SecurityAdmin
 from kvlease.client.transport import RETRIABLE, NotServedError, RetryPolicy, UnknownOutcomes, arguments, is_int
 from kvlease.common.parts import documented_by as _documented_by
 from kvlease.common.security.acl import AclBinding, Operation, Resource
 from kvlease.common.wire import (bucket_snapshots_from_pb, bucket_snapshots_to_pb, bucket_to_pb, error_from_pb,
-                                 handle_from_pb, handle_to_pb, lease_from_pb, raise_for, table_from_pb)
-from kvlease.common.tables import Column, TableInfo, TableSpec, parse_table_path, validate_spec
+                                 handle_from_pb, handle_to_pb, lease_from_pb, raise_for, table_from_pb,
+                                 table_spec_to_pb)
+from kvlease.common.auto_partition import AutoPartition
+from kvlease.common.tables import DEFAULT_MAX_PARTITIONS, Column, TableInfo, TableSpec, parse_table_path, validate_spec
 from kvlease.common.model import Lease, SnapshotHandle, TableBucket
 
 #: re-exported: callers import the answer types and parse_bootstrap from here
@@ -77,6 +80,7 @@ class AdminClient:
         call = self._caller.call
         self._security = SecurityAdmin(call, tls=self._caller.tls is not None, bootstrap=self._caller.bootstrap)
         self._moves = MovesAdmin(call, self.get_table)
+        self._partitions = PartitionsAdmin(call)
         self._data_loss = DataLossAdmin(call, self.get_table)
         self._replication = ReplicationAdmin(call)
         #: acquires made by several threads at once travel in one call (client.coalescing), unless the
@@ -136,10 +140,15 @@ class AdminClient:
 
     def create_table(self, path: str, columns: Sequence[Column], primary_key: Sequence[str], buckets: int,
                      ignore_if_exists: bool = False, *, replication_factor: int | None = None,
-                     min_insync_replicas: int | None = None) -> TableInfo:
+                     min_insync_replicas: int | None = None, partition_key: Sequence[str] = (),
+                     auto_partition: AutoPartition | None = None,
+                     max_partitions: int = DEFAULT_MAX_PARTITIONS) -> TableInfo:
         """Create table ``path`` (``DB.NAME``); returns it. ``columns``: :class:`kvlease.common.tables.Column`
-        objects; ``primary_key``: column names; ``buckets``: how many; ``replication_factor`` /
-        ``min_insync_replicas`` (None: the coordinator's default.replication-factor / min.insync-replicas).
+        objects; ``primary_key``: column names; ``buckets``: how many (per partition, for a partitioned
+        table); ``replication_factor`` / ``min_insync_replicas`` (None: the coordinator's
+        default.replication-factor / min.insync-replicas); ``partition_key``: the primary-key columns whose
+        values name a partition, ``auto_partition`` (:class:`kvlease.common.auto_partition.AutoPartition`)
+        and ``max_partitions`` (table.partition.max) its partitioning (docs/partitions.md).
         TableAlreadyExistError if it exists (with ``ignore_if_exists``, only if its definition differs: an
         equal one is returned); InvalidTableError for a bad definition; InvalidRequestError if the
         replication factor is more than the live tablet servers."""
@@ -153,14 +162,18 @@ class AdminClient:
         if not is_int(buckets):
             raise errors.InvalidTableError(f"buckets: an int, got {errors.show(buckets)}")
         buckets = int(buckets)
-        validate_spec(TableSpec(db, name, tuple(columns), tuple(primary_key), buckets))  # the coordinator's rules
-        for what, value in (("replication_factor", replication_factor), ("min_insync_replicas", min_insync_replicas)):
+        if isinstance(partition_key, str):
+            raise errors.InvalidTableError(f"partition_key: a list of column names, e.g. [{errors.show(partition_key)}], "
+                                           f"not a string")
+        for what, value in (("replication_factor", replication_factor), ("min_insync_replicas", min_insync_replicas),
+                            ("max_partitions", max_partitions)):
             if value is not None and not is_int(value):
                 raise errors.InvalidTableError(f"{what}: an int, got {errors.show(value)}")
-        response = self._caller.call("CreateTable", pb.CreateTableRequest(
-            database=db, name=name, columns=[pb.ColumnPb(name=c.name, type=c.type) for c in columns],
-            primary_key=list(primary_key), buckets=buckets, ignore_if_exists=ignore_if_exists,
-            replication_factor=replication_factor, min_insync_replicas=min_insync_replicas))
+        spec = validate_spec(TableSpec(db, name, tuple(columns), tuple(primary_key), buckets, tuple(partition_key),
+                                       int(max_partitions), auto_partition))  # the coordinator's rules
+        response = self._caller.call("CreateTable", table_spec_to_pb(
+            spec, ignore_if_exists=ignore_if_exists, replication_factor=replication_factor,
+            min_insync_replicas=min_insync_replicas))
         return table_from_pb(response.table)
 
     def drop_table(self, path: str, ignore_if_not_exists: bool = False) -> bool:
@@ -189,9 +202,12 @@ class AdminClient:
         """The table with this id; TableNotExistError if there is none (e.g. it was dropped)."""
         return table_from_pb(self._caller.call("GetTable", pb.GetTableRequest(table_id=table_id)).table)
 
-    def get_table_assignment(self, table_id: int) -> tuple[TableInfo, dict[int, BucketLeader]]:
-        """The table and each bucket's leader (address empty while its server is gone), replicas and ISR."""
-        response = self._caller.call("GetTableAssignment", pb.GetTableAssignmentRequest(table_id=table_id))
+    def get_table_assignment(self, table_id: int, partition_id: int | None = None
+                             ) -> tuple[TableInfo, dict[int, BucketLeader]]:
+        """The table and each bucket's leader (address empty while its server is gone), replicas and ISR; of
+        a partitioned table, the buckets of partition ``partition_id`` (PartitionNotExistsError without one)."""
+        response = self._caller.call("GetTableAssignment", pb.GetTableAssignmentRequest(
+            table_id=table_id, partition_id=partition_id))
         leaders = {b.bucket: bucket_leader(b) for b in response.buckets}
         return table_from_pb(response.table), leaders
 
@@ -212,16 +228,20 @@ class AdminClient:
         response = self._caller.call("CommitKvSnapshot", request, answered=(errors.FencedLeaderEpochError,))
         raise_for(response.error)
 
-    def get_latest_kv_snapshots(self, table_id: int) -> dict[TableBucket, SnapshotInfo]:
+    def get_latest_kv_snapshots(self, table_id: int, partition_id: int | None = None
+                                ) -> dict[TableBucket, SnapshotInfo]:
         """The newest snapshot of each bucket that has one (lease them before reading:
-        :meth:`acquire_lease`)."""
-        response = self._caller.call("GetLatestKvSnapshots", pb.GetLatestKvSnapshotsRequest(table_id=table_id))
+        :meth:`acquire_lease`); of a partitioned table, every partition's buckets, or ``partition_id``'s."""
+        response = self._caller.call("GetLatestKvSnapshots", pb.GetLatestKvSnapshotsRequest(
+            table_id=table_id, partition_id=partition_id))
         infos = (SnapshotInfo(handle_from_pb(s), tuple(s.leased_by), s.retained) for s in response.snapshots)
         return {info.bucket: info for info in infos}
 
-    def list_kv_snapshots(self, table_id: int) -> list[SnapshotInfo]:
-        """Every kept snapshot of every bucket, with the leases that hold each."""
-        response = self._caller.call("ListKvSnapshots", pb.ListKvSnapshotsRequest(table_id=table_id))
+    def list_kv_snapshots(self, table_id: int, partition_id: int | None = None) -> list[SnapshotInfo]:
+        """Every kept snapshot of every bucket (of every partition, or ``partition_id``'s), with the leases
+        that hold each."""
+        response = self._caller.call("ListKvSnapshots", pb.ListKvSnapshotsRequest(table_id=table_id,
+                                                                                  partition_id=partition_id))
         return [SnapshotInfo(handle_from_pb(s), tuple(s.leased_by), s.retained) for s in response.snapshots]
 
     # -- leases -------------------------------------------------------------------
@@ -374,6 +394,26 @@ class AdminClient:
     @_documented_by(ReplicationAdmin.cluster_health)
     def cluster_health(self) -> ClusterHealth:
         return self._replication.cluster_health()
+
+    @_documented_by(PartitionsAdmin.create_partition)
+    def create_partition(self, path: str, partition: str, ignore_if_exists: bool = False
+                         ) -> tuple[TableInfo, PartitionInfo]:
+        return self._partitions.create_partition(path, partition, ignore_if_exists)
+
+    @_documented_by(PartitionsAdmin.drop_partition)
+    def drop_partition(self, path: str, partition: str, ignore_if_not_exists: bool = False) -> bool:
+        return self._partitions.drop_partition(path, partition, ignore_if_not_exists)
+
+    @_documented_by(PartitionsAdmin.list_partitions)
+    def list_partitions(self, path: str | None = None, *, table_id: int | None = None
+                        ) -> tuple[TableInfo, list[PartitionInfo]]:
+        return self._partitions.list_partitions(path, table_id=table_id)
+
+    @_documented_by(PartitionsAdmin.alter_table)
+    def alter_table(self, path: str, *, precreate: int | None = None, retention: int | None = None,
+                    max_partitions: int | None = None) -> TableInfo:
+        return self._partitions.alter_table(path, precreate=precreate, retention=retention,
+                                            max_partitions=max_partitions)
 
     @_documented_by(MovesAdmin.reassign_bucket)
     def reassign_bucket(self, path: str, bucket: int, replicas: Sequence[int], partition: str | None = None) -> dict:

@@ -35,6 +35,7 @@ from kvlease.client.transport import RETRIABLE, Channels, RetryPolicy, UnknownOu
 READS = frozenset({
     "GetTable", "GetTableAssignment", "ListTables", "ListTabletServers", "GetLatestKvSnapshots", "ListKvSnapshots",
     "ListKvSnapshotLeases", "DescribeKvSnapshotLease", "ListUsers", "ListAcls", "ListReassignments",
+    "ListPartitions",
 })
 
 #: Coordinator calls whose retry after a lost answer has the same outcome: reads, and the lease
@@ -53,7 +54,13 @@ IDEMPOTENT = READS | frozenset({
     # moves (client/moves_admin.py): the same target answers the move in progress, a decommission the moves off
     # the server, a rebalance of a balanced cluster starts nothing, a recommission of one not marked answers false
     "ReassignBucket", "DecommissionTablet", "RecommissionTablet", "Rebalance",
+    # partitions (client/partitions_admin.py): an alter to the settings the table has changes nothing
+    "AlterTable",
 })
+
+#: Calls that are idempotent when their request says so: a create of a partition that may exist (a writer's
+#: dynamic creation: the partition there is answered).
+IDEMPOTENT_IF = {"CreatePartition": lambda request: request.ignore_if_exists}
 
 #: What an idempotent call also retries: an unknown outcome, the client's (its deadline passed) or the
 #: coordinator's own (its ZooKeeper connection dropped during the write, or it did not answer in time;
@@ -179,7 +186,8 @@ class CoordinatorCaller:
         """``method`` of the active coordinator's service ``stub_class`` (default CoordinatorService), retried
         while retriable (an unknown outcome only for :data:`IDEMPOTENT` calls); ``answered``: errors returned
         in the response instead of raised (see :meth:`call_once`)."""
-        retry_on = RETRIABLE_IF_IDEMPOTENT if method in IDEMPOTENT else RETRIABLE
+        idempotent = method in IDEMPOTENT or (method in IDEMPOTENT_IF and IDEMPOTENT_IF[method](request))
+        retry_on = RETRIABLE_IF_IDEMPOTENT if idempotent else RETRIABLE
         unknown = UnknownOutcomes()
         attempt = self.call_once if method in READS else unknown.watch(self.call_once)
         try:

@@ -177,6 +177,9 @@ SNAPSHOT_ORPHAN_GRACE = _key("kv.snapshot.orphan-grace", "1h", _parse_positive_d
 SNAPSHOT_ORPHAN_CHECK_INTERVAL = _key("kv.snapshot.orphan-check-interval", "1h", _parse_positive_duration,
                                       "how often the coordinator lists each table's remote snapshot files (one "
                                       "listing per table) to delete orphans and dropped tables' leftovers")
+AUTO_PARTITION_CHECK_INTERVAL = _key("auto-partition.check-interval", "10m", _parse_positive_duration,
+                                     "how often the coordinator makes auto-partitioned tables' upcoming partitions "
+                                     "and drops those past retention (docs/partitions.md); also at every failover")
 
 # --- tablet servers --------------------------------------------------------------------
 TABLET_ID = _key("tablet.id", 0, _parse_int, "this tablet server's id (unique in the cluster)")

@@ -69,6 +69,8 @@ class ErrorCode(enum.IntEnum):
     NOT_ENOUGH_REPLICAS = 33
     FENCED_LEADER_EPOCH = 34
     DATA_LOST = 35
+    PARTITION_ALREADY_EXISTS = 36
+    TOO_MANY_PARTITIONS = 37
 
 
 class KvLeaseError(Exception):
@@ -256,9 +258,16 @@ class UnknownScannerIdError(NotFoundError):
 
 
 class PartitionNotExistsError(NotFoundError):
-    """A request named a partition: there are no partitioned tables yet, so none exists."""
+    """A request named a partition that does not exist (never made, or dropped), or named none of a
+    partitioned table."""
 
     code = ErrorCode.PARTITION_NOT_EXISTS
+
+
+class TooManyPartitionsError(KvLeaseError):
+    """A new partition would take a table past its ``table.partition.max``."""
+
+    code = ErrorCode.TOO_MANY_PARTITIONS
 
 
 class AlreadyExistsError(KvLeaseError):
@@ -267,6 +276,10 @@ class AlreadyExistsError(KvLeaseError):
 
 class TableAlreadyExistError(AlreadyExistsError):
     code = ErrorCode.TABLE_ALREADY_EXIST
+
+
+class PartitionAlreadyExistsError(AlreadyExistsError):
+    code = ErrorCode.PARTITION_ALREADY_EXISTS
 
 
 class UserAlreadyExistsError(AlreadyExistsError):

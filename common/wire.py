@@ -22,7 +22,8 @@ from kvlease.common import errors
 from kvlease.common.redaction import scrub
 from kvlease.common.model import Lease, SnapshotFile, SnapshotHandle, TableBucket
 from kvlease.common.proto import coordinator_pb2 as pb
-from kvlease.common.tables import Column, TableInfo
+from kvlease.common.auto_partition import DEFAULT_TIME_ZONE, AutoPartition, TimeUnit
+from kvlease.common.tables import DEFAULT_MAX_PARTITIONS, Column, TableInfo, TableSpec
 
 
 def error_pb(exc: errors.KvLeaseError) -> pb.ErrorPb:
@@ -59,6 +60,18 @@ def bucket_from_pb(msg: pb.TableBucketPb) -> TableBucket:
     return TableBucket(msg.table_id, msg.bucket, msg.partition_id if msg.HasField("partition_id") else None)
 
 
+def physical_id(msg: Message) -> int:
+    """The physical table (common/tables.py) a message naming ``table_id`` and ``partition_id`` means: the
+    partition's id when it names one, else the table's. For the requests of the cluster's own servers,
+    which name only buckets they were told of."""
+    return msg.partition_id if msg.HasField("partition_id") else msg.table_id
+
+
+def partition_id_of(msg: Message) -> int | None:
+    """A message's ``partition_id``; None when unset."""
+    return msg.partition_id if msg.HasField("partition_id") else None
+
+
 def table_to_pb(table: TableInfo) -> pb.TableInfoPb:
     return pb.TableInfoPb(
         table_id=table.table_id, database=table.database, name=table.name,
@@ -71,6 +84,32 @@ def table_from_pb(msg: pb.TableInfoPb) -> TableInfo:
     return TableInfo(msg.table_id, msg.database, msg.name, tuple(Column(c.name, c.type) for c in msg.columns),
                      tuple(msg.primary_key), msg.buckets, msg.created_ms,
                      max(1, msg.replication_factor), max(1, msg.min_insync_replicas))
+
+
+def table_spec_from_pb(msg: pb.CreateTableRequest) -> TableSpec:
+    """The table a create asks for (checked by the coordinator: common/tables.validate_spec)."""
+    auto = None
+    if msg.HasField("auto_partition"):
+        a = msg.auto_partition
+        auto = AutoPartition(TimeUnit.parse(a.time_unit), a.precreate, a.retention, a.time_zone or DEFAULT_TIME_ZONE)
+    return TableSpec(msg.database, msg.name, tuple(Column(c.name, c.type) for c in msg.columns),
+                     tuple(msg.primary_key), msg.buckets, tuple(msg.partition_key),
+                     msg.max_partitions if msg.HasField("max_partitions") else DEFAULT_MAX_PARTITIONS, auto)
+
+
+def table_spec_to_pb(spec: TableSpec, **fields) -> pb.CreateTableRequest:
+    """A create request for ``spec`` (``fields``: the request's others)."""
+    msg = pb.CreateTableRequest(database=spec.database, name=spec.name,
+                                columns=[pb.ColumnPb(name=c.name, type=c.type) for c in spec.columns],
+                                primary_key=list(spec.primary_key), buckets=spec.buckets,
+                                partition_key=list(spec.partition_key), **fields)
+    if spec.partition_key:
+        msg.max_partitions = spec.max_partitions
+    if spec.auto_partition is not None:
+        a = spec.auto_partition
+        msg.auto_partition.CopyFrom(pb.AutoPartitionPb(time_unit=a.unit.name, precreate=a.precreate,
+                                                       retention=a.retention, time_zone=a.time_zone))
+    return msg
 
 
 def handle_to_pb(handle: SnapshotHandle, leased_by: Iterable[str] = (), retained: bool = True) -> pb.KvSnapshotPb:

@@ -49,6 +49,30 @@ class TableCatalog:
         view = self.physical.get(tb.partition_id)
         return view if view is not None and view.table_id == tb.table_id and view.partition_id is not None else None
 
+    def resolve(self, table_id: int, partition_id: int | None) -> TableInfo:
+        """The physical table a request names by ids: TableNotExistError, PartitionNotExistsError (a partition
+        that does not exist, or none of a partitioned table) or InvalidRequestError (a partition of an
+        unpartitioned table) otherwise."""
+        table = self.get_by_id(table_id)
+        if partition_id is None:
+            if table.partitioned:
+                raise errors.PartitionNotExistsError(f"table {table.path} is partitioned: name one of its partitions",
+                                                     table=table.path)
+            return table
+        if not table.partitioned:
+            raise errors.InvalidRequestError(f"table {table.path} is not partitioned (the request names partition id "
+                                             f"{partition_id})", table=table.path)
+        view = self.physical_table(TableBucket(table_id, 0, partition_id))
+        if view is None:
+            raise errors.PartitionNotExistsError(f"partition id {partition_id} of table {table.path} does not exist "
+                                                 f"(dropped, or never made)", table=table.path,
+                                                 partition_id=partition_id)
+        return view
+
+    def views(self, table: TableInfo) -> list[TableInfo]:
+        """The physical tables of a table: itself, or its partitions' views."""
+        return self.partitions_of(table.table_id) if table.partitioned else [table]
+
     def partition(self, table: TableInfo, name: str) -> TableInfo | None:
         """The view of ``table``'s partition ``name``; None if it has none of that name."""
         partition_id = self.partitions.get(table.table_id, {}).get(name)

@@ -38,6 +38,8 @@ from kvlease.coordinator.data_loss import DataLossShell
 from kvlease.coordinator.fencing import FencedWriter
 from kvlease.coordinator.file_gc import FileCollector
 from kvlease.coordinator.lease_shell import LeaseShell
+from kvlease.coordinator.partition_requests import PartitionRequests
+from kvlease.coordinator.partitions import Partitions
 from kvlease.coordinator.loop import Item, settle
 from kvlease.coordinator.membership import Membership, Notify
 from kvlease.coordinator.moves import Moves
@@ -87,13 +89,13 @@ class Controller(Dispatcher):
                  tls: TlsFiles | None = None, credentials: tuple[str, str] | None = None,
                  default_replication: tuple[int, int] = (1, 1), unclean_election: bool = False,
                  leader_rebalance: LeaderRebalance = LeaderRebalance(), leader_lease_ms: int = 4000,
-                 orphans: tuple[int, int] = (3_600_000, 3_600_000)) -> None:
+                 orphans: tuple[int, int] = (3_600_000, 3_600_000), auto_partition_interval_ms: int = 600_000) -> None:
         """``tls`` and ``credentials`` (the cluster's own): how commits' log ends are asked of leaders.
         ``default_replication``: (default.replication-factor, min.insync-replicas) of a table created without
         its own; ``unclean_election``: unclean.leader-election; ``leader_rebalance``: the automatic
         preferred-leader elections' settings; ``leader_lease_ms``: a tablet server's leader lease when its
         registration does not say (coordinator/leader_leases.py); ``orphans``: (kv.snapshot.orphan-grace,
-        kv.snapshot.orphan-check-interval) in ms."""
+        kv.snapshot.orphan-check-interval) in ms; ``auto_partition_interval_ms``: auto-partition.check-interval."""
         self.zk = zk
         self.storage = storage
         self.clock_ms = clock_ms
@@ -108,15 +110,18 @@ class Controller(Dispatcher):
                                           check_interval_ms=leader_rebalance.check_interval_ms,
                                           threshold_pct=leader_rebalance.threshold_pct, metrics=metrics)
         self.lease_shell = LeaseShell(ls.LeaseState(self, max_lease_ms), LeaseStore(storage), clock_ms=clock_ms,
-                                      on_freed=lambda buckets: self.snapshot_commits.reclaim(buckets),
+                                      on_freed=self._freed,
                                       metrics=metrics)
         self.snapshot_commits = SnapshotCommits(
             zk, self.files, num_retained=num_retained, clock_ms=clock_ms,
             is_protected=self.is_protected,
             holders=lambda tb, sid: self.leases.refs.holders(tb, sid),
             reclaimed=lambda path: self.orphans.deleted(path))  # a commit naming a file the reclaim deleted
+        self.partitions = Partitions(catalog, self.members, self.lease_shell, self.snapshot_commits, clock_ms)
+        self.partition_requests = PartitionRequests(self.partitions, self.lease_shell, clock_ms,
+                                                    auto_partition_interval_ms)
         self.tables = Tables(catalog, self.members, self.lease_shell, self.snapshot_commits, clock_ms,
-                             default_replication)
+                             default_replication, self.partitions)
         self.losses = DataLossShell(self.members, lambda: self.snapshots, clock_ms, metrics,
                                     on_resolved=lambda tb, losses: self.snapshot_commits.drop_lost_history(tb, losses))
         #: Commits' log-end checks (gRPC handler threads, never the loop), over channels kept while active.
@@ -167,8 +172,10 @@ class Controller(Dispatcher):
 
     # -- the Catalog protocol of LeaseState ----------------------------------------------
 
-    def bucket_count(self, table_id: int) -> int | None:
-        return self.catalog.bucket_count(table_id)
+    def buckets_of(self, tb: TableBucket) -> tuple[str, int]:
+        """For the lease rules (:class:`kvlease.leases.checks.Catalog`)."""
+        table = self.catalog.resolve(tb.table_id, tb.partition_id)
+        return f"table {table.where}", table.buckets
 
     def table_path(self, table_id: int) -> str | None:
         return self.catalog.table_path(table_id)
@@ -200,13 +207,22 @@ class Controller(Dispatcher):
                     raise
         self.preferred.run_queued()  # the elections the batch's AlterIsrs queued, once those are answered
         self.lease_shell.flush()
+        self.partition_requests.after_batch()
         deferred, self.lease_shell.deferred = self.lease_shell.deferred, []
         return deferred
 
     def dispatch(self, request: object, future: Future | None) -> None:
+        if self.partition_requests.handles(request):
+            return self.partition_requests.dispatch(request, future)
         if type(request) not in self._handlers:
             raise errors.InvalidRequestError(f"unknown request {type(request).__name__}")
-        super().dispatch(request, future)
+        return super().dispatch(request, future)
+
+    def _freed(self, buckets) -> None:
+        """Lease changes freed ``buckets``: their snapshots may be reclaimed, a partition kept past retention
+        for them dropped."""
+        self.snapshot_commits.reclaim(buckets)
+        self.partition_requests.freed(buckets)
 
     def fail_all(self, error: Exception) -> None:
         """The coordinator steps down: answer every request still waiting."""
@@ -230,6 +246,7 @@ class Controller(Dispatcher):
         self.preferred.tick()
         self.losses.ends.flush()
         self.orphans.tick()
+        self.partition_requests.tick()
         self.lease_shell.submit(event, future)
 
     # -- queries ---------------------------------------------------------------------------
@@ -247,7 +264,10 @@ class Controller(Dispatcher):
     @on(rq.ListSnapshots)
     @_query
     def _list_snapshots(self, request: rq.ListSnapshots):
-        return self.snapshot_commits.rows(self.catalog.get_by_id(request.table_id), request.latest_only)
+        table = self.catalog.get_by_id(request.table_id)
+        views = ([self.catalog.resolve(table.table_id, request.partition_id)]
+                 if request.partition_id is not None or not table.partitioned else self.catalog.views(table))
+        return [row for view in views for row in self.snapshot_commits.rows(view, request.latest_only)]
 
     @on(rq.ListLeases)
     @_query
@@ -267,7 +287,10 @@ class Controller(Dispatcher):
     @on(rq.GetTableAssignment)
     @_query
     def _table_assignment(self, request: rq.GetTableAssignment):
-        return self.members.assignment_rows(self.catalog.get_by_id(request.table_id))
+        table = self.catalog.get_by_id(request.table_id)
+        views = ([self.catalog.resolve(table.table_id, request.partition_id)]
+                 if request.partition_id is not None or not table.partitioned else self.catalog.views(table))
+        return table, [row for view in views for row in self.members.assignment_rows(view)]
 
     @on(rq.ListTabletServers)
     @_query
@@ -276,8 +299,8 @@ class Controller(Dispatcher):
         (table, bucket, offline reason)."""
         offline, under = self.members.health()
         def named(buckets):
-            return [(self.catalog.by_id[t], b, self.assignments.table(t)[b].offline_reason) for t, b in buckets
-                    if t in self.catalog.by_id]
+            return [(self.catalog.physical[t], b, self.assignments.table(t)[b].offline_reason) for t, b in buckets
+                    if t in self.catalog.physical]
         return self.members.server_rows(), named(offline), named(under), sorted(self.members.decommissioned.ids)
 
     # -- barriers --------------------------------------------------------------------------
@@ -290,19 +313,19 @@ class Controller(Dispatcher):
     @on(rq.DropTable)
     @_barrier
     def _drop_table(self, request: rq.DropTable):
-        before = set(self.catalog.by_id)
+        before = set(self.catalog.physical)
         self.tables.drop(request)
-        for table_id in before - set(self.catalog.by_id):
+        for table_id in before - set(self.catalog.physical):
             self.losses.ends.table_dropped(table_id)
 
     @on(rq.CommitSnapshot)
     @_barrier
     def _commit_snapshot(self, request: rq.CommitSnapshot):
         handle = request.handle
-        table = self.catalog.get_by_id(handle.bucket.table_id)
+        table = self.catalog.resolve(handle.bucket.table_id, handle.bucket.partition_id)
 
         def fence() -> None:  # a deposed leader's snapshot of a lost history (coordinator/snapshot_checks.py)
-            state = self.assignments.table(table.table_id).get(handle.bucket.bucket)
+            state = self.assignments.table(table.physical_id).get(handle.bucket.bucket)
             if state is not None:
                 check_epoch(handle, state, request.leader_epoch, request.server_id)
 
@@ -345,7 +368,7 @@ class Controller(Dispatcher):
         none: each one's Resignation, or the error that refused it."""
         changes, outcomes = election_plan.resign_leaderships(
             self.assignments, r.server_id, [(t, b, epoch) for t, b, epoch, _why in r.buckets], set(self.servers),
-            {t: table.path for t, table in self.catalog.by_id.items()})
+            {t: table.where for t, table in self.catalog.physical.items()})
         if changes:
             self.members.apply(changes)
         for (table_id, bucket, _epoch, why), outcome in zip(r.buckets, outcomes):
@@ -360,8 +383,15 @@ class Controller(Dispatcher):
     @on(rq.ReassignBucket)
     @_barrier
     def _reassign(self, request: rq.ReassignBucket):
-        return self.moves.reassign(self.catalog.get(request.database, request.name), request.bucket,
-                                   request.replicas)
+        table = self.catalog.get(request.database, request.name)
+        if request.partition:
+            view = self.catalog.partition(table, self.partitions.name_of(table, request.partition, check_time=False))
+            if view is None:
+                raise errors.PartitionNotExistsError(f"partition {request.partition} of table {table.path} does not "
+                                                     f"exist", table=table.path)
+        else:
+            view = self.catalog.resolve(table.table_id, request.partition_id)
+        return self.moves.reassign(view, request.bucket, request.replicas)
 
     @on(rq.DecommissionTablet)
     @_barrier
@@ -402,12 +432,14 @@ class Controller(Dispatcher):
     @on(rq.RestoreBucket)
     @_barrier
     def _restore_bucket(self, request: rq.RestoreBucket):
-        return self.losses.restore(request.table_id, request.bucket, request.accept_data_loss, request.tablet)
+        view = self.catalog.resolve(request.table_id, request.partition_id)
+        return self.losses.restore(view.physical_id, request.bucket, request.accept_data_loss, request.tablet)
 
     @on(rq.ElectLeader)
     @_barrier
     def _elect_leader(self, request: rq.ElectLeader):
-        return self.losses.elect(request.table_id, request.bucket, request.unclean, request.tablet)
+        view = self.catalog.resolve(request.table_id, request.partition_id)
+        return self.losses.elect(view.physical_id, request.bucket, request.unclean, request.tablet)
 
     @on(rq.RemoveOrphanLeaseFiles)
     @_barrier

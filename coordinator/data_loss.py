@@ -24,6 +24,7 @@ from typing import Callable
 from kvlease.common import errors
 from kvlease.common.data_loss import UNKNOWN, DataLoss
 from kvlease.common.model import TableBucket
+from kvlease.common.tables import TableInfo
 from kvlease.coordinator import data_loss_plan
 from kvlease.coordinator.assignment import BucketAssignment
 from kvlease.coordinator.log_ends import LogEnds
@@ -50,12 +51,19 @@ class DataLossShell:
     # -- queries ----------------------------------------------------------------------------
 
     def _bucket(self, table_id: int, bucket: int) -> tuple[str, BucketAssignment]:
-        table = self.members.catalog.get_by_id(table_id)
+        table = self._table(table_id)
         current = self.members.assignments.table(table_id).get(bucket)
         if current is None:
-            raise errors.BucketOutOfRangeError(f"table {table.path} has buckets 0..{table.buckets - 1}, not {bucket}",
+            raise errors.BucketOutOfRangeError(f"{table.where} has buckets 0..{table.buckets - 1}, not {bucket}",
                                                table=table.path)
-        return f"bucket {bucket} of {table.path}", current
+        return f"bucket {bucket} of {table.where}", current
+
+    def _table(self, table_id: int) -> TableInfo:
+        """The physical table of an id (buckets are named by physical ids here: common/tables.py)."""
+        table = self.members.catalog.physical.get(table_id)
+        if table is None:
+            raise errors.TableNotExistError(f"table or partition id {table_id} does not exist", table_id=table_id)
+        return table
 
     def last_known_end(self, table_id: int, bucket: int) -> int:
         known = self.ends.get(table_id, bucket)
@@ -96,7 +104,7 @@ class DataLossShell:
                     log.warning("bucket %d of table %d: its unclean leader %d reported its log end: %s", bucket,
                                 table_id, server_id, new.losses[-1].describe())
                 if new.losses and new.losses[-1].resolved:  # also a resent report: dropping is idempotent
-                    self.on_resolved(TableBucket(table_id, bucket), new.losses)
+                    self.on_resolved(self._table(table_id).bucket(bucket), new.losses)
             self.ends.note(table_id, bucket, leader_epoch, log_end)
 
     def restore_confirmed(self, server_id: int, table_id: int, bucket: int, leader_epoch: int) -> BucketAssignment:
@@ -117,7 +125,7 @@ class DataLossShell:
                 ) -> tuple[DataLoss, BucketAssignment]:
         """``tablet``: the server to restore onto (None: a live replica, else the least loaded live server)."""
         where, current = self._bucket(table_id, bucket)
-        latest = self.snapshots().latest(TableBucket(table_id, bucket))
+        latest = self.snapshots().latest(self._table(table_id).bucket(bucket))
         live = set(self.members.servers)
         assignments = self.members.assignments
         servers = data_loss_plan.RestoreServers(assignments.load_per_server(),
@@ -131,7 +139,7 @@ class DataLossShell:
             self._store(table_id, bucket, new)
             self._count(loss, where)
             if new.replicas != current.replicas:
-                table = self.members.catalog.get_by_id(table_id)
+                table = self._table(table_id)
                 log.warning("%s restored onto tablet server %d: replicas %s -> %s%s", where, new.leader,
                             list(current.replicas), list(new.replicas),
                             f" (fewer than its replication factor {table.replication_factor}: no other live "
@@ -141,7 +149,7 @@ class DataLossShell:
     def elect(self, table_id: int, bucket: int, unclean: bool, tablet: int | None
               ) -> tuple[DataLoss | None, BucketAssignment]:
         where, current = self._bucket(table_id, bucket)
-        latest = self.snapshots().latest(TableBucket(table_id, bucket))
+        latest = self.snapshots().latest(self._table(table_id).bucket(bucket))
         new, loss = data_loss_plan.elect(current, set(self.members.servers), unclean=unclean, tablet=tablet,
                                     last_known_end=self.last_known_end(table_id, bucket), at_ms=self.clock_ms(),
                                     where=where, newest_snapshot_id=0 if latest is None else latest.snapshot_id)

@@ -27,9 +27,11 @@ class FileCollector:
         if paths:
             self._pool.submit(_delete_quietly, self.storage, paths)
 
-    def delete_table(self, table_id: int, files: list[str]) -> None:
-        """``files`` (what the table's snapshot handles named) and anything else under ``kv/{table_id}/``."""
-        self._pool.submit(_delete_table_files, self.storage, table_id, files)
+    def delete_table(self, table_id: int, files: list[str], partition_id: int | None = None) -> None:
+        """``files`` (what the table's snapshot handles named) and anything else under ``kv/{table_id}/``
+        (a partition's: ``kv/{table_id}/p{partition_id}/``)."""
+        where = f"kv/{table_id}" if partition_id is None else f"kv/{table_id}/p{partition_id}"
+        self._pool.submit(_delete_table_files, self.storage, where, files)
 
     def close(self) -> None:
         """Wait for the deletes under way."""
@@ -43,10 +45,10 @@ def _delete_quietly(storage: RemoteStorage, paths: list[str]) -> None:
         log.warning("could not delete %d files: %s", len(paths), exc)
 
 
-def _delete_table_files(storage: RemoteStorage, table_id: int, files: list[str]) -> None:
+def _delete_table_files(storage: RemoteStorage, where: str, files: list[str]) -> None:
     try:
-        leftovers = storage.list(f"kv/{table_id}")
+        leftovers = storage.list(where)
     except errors.StorageError as exc:
-        log.warning("could not list files of dropped table %d: %s", table_id, exc)
+        log.warning("could not list files of dropped %s: %s", where, exc)
         leftovers = []
     _delete_quietly(storage, sorted(set(files) | set(leftovers)))

@@ -87,11 +87,9 @@ class Membership:
 
     # -- tables coming and going (their catalog writes carry these ops) ------------------------
 
-    def plan_table(self, table: TableInfo) -> tuple[dict[int, BucketAssignment], ZkOp]:
-        """Replicas and leaders for a new table's buckets, and the op that stores them. InvalidRequestError
-        if there are fewer live tablet servers than its replication factor, or they have no room for all
-        its replicas (with none live, a one-replica table's buckets wait unassigned). Decommissioned servers
-        do not count: the error names them."""
+    def check_placeable(self, table: TableInfo) -> list[int]:
+        """The live servers taking new replicas; InvalidRequestError if they are fewer than the table's
+        replication factor (a partitioned table's partitions could never be placed)."""
         live = sorted(self.placeable)
         retired = sorted(set(self.servers) - set(live))
         rf = table.replication_factor
@@ -99,22 +97,37 @@ class Membership:
             but = (f" taking new replicas (tablet server(s) {retired} are decommissioned: `kvlease cluster "
                    f"recommission --tablet ID` lets one take replicas again)" if retired else "")
             raise errors.InvalidRequestError(
-                f"cannot create table {table.path}: replication factor {rf} is more than the {len(live)} live "
+                f"cannot create {self._what(table)}: replication factor {rf} is more than the {len(live)} live "
                 f"tablet server(s){but}; start more tablet servers or use a smaller --replication-factor",
                 table=table.path)
+        return live
+
+    @staticmethod
+    def _what(table: TableInfo) -> str:
+        if table.partition_name is None:
+            return f"table {table.path}"
+        return f"partition {table.partition_name} of table {table.path}"
+
+    def plan_table(self, table: TableInfo) -> tuple[dict[int, BucketAssignment], ZkOp]:
+        """Replicas and leaders for a new table's buckets, and the op that stores them. InvalidRequestError
+        if there are fewer live tablet servers than its replication factor, or they have no room for all
+        its replicas (with none live, a one-replica table's buckets wait unassigned). Decommissioned servers
+        do not count: the error names them."""
+        live = self.check_placeable(table)
+        rf = table.replication_factor
         room = self.assignments.room(live, self.capacity)
         if live and None not in room.values() and sum(room.values()) < table.buckets * rf:
             load = self.assignments.load_per_server()
             full = ", ".join(f"tablet server {s} leads {load[s]} of {self.capacity[s]}" for s in live)
             raise errors.InvalidRequestError(
-                f"cannot create table {table.path}: its {table.buckets} bucket(s) x {rf} replica(s) do not fit on "
+                f"cannot create {self._what(table)}: its {table.buckets} bucket(s) x {rf} replica(s) do not fit on "
                 f"the live tablet servers ({sum(room.values())} free; {full} buckets, their capacity "
                 f"tablet.buckets.max); add tablet servers, raise their tablet.buckets.max or drop tables",
                 table=table.path)
         try:
             plan = plan_new(self.assignments, table.buckets, live, self.capacity, rf)
         except errors.InvalidRequestError as exc:
-            raise errors.InvalidRequestError(f"cannot create table {table.path}: {exc.message}",
+            raise errors.InvalidRequestError(f"cannot create {self._what(table)}: {exc.message}",
                                              table=table.path) from None
         return plan, self.assignments.create_op(table.physical_id, plan)
 
@@ -347,11 +360,11 @@ class Membership:
 
     # -- queries and metrics -----------------------------------------------------------------
 
-    def assignment_rows(self, table: TableInfo) -> tuple[TableInfo, list[tuple[int, BucketAssignment, str]]]:
-        """The table and, per bucket, its state and its leader's address ("" if not live)."""
-        rows = [(bucket, a, self.servers.get(a.leader, ""))
+    def assignment_rows(self, table: TableInfo) -> list[tuple[TableInfo, int, BucketAssignment, str]]:
+        """Per bucket of a physical table (an unpartitioned table, a partition's view): the table, the bucket,
+        its state and its leader's address ("" if not live)."""
+        return [(table, bucket, a, self.servers.get(a.leader, ""))
                 for bucket, a in sorted(self.assignments.table(table.physical_id).items())]
-        return table, rows
 
     def server_rows(self) -> list[tuple[int, str, int, int, bool]]:
         """Live servers: (id, address, buckets led, replicas held, decommissioned)."""

@@ -49,26 +49,27 @@ class Moves:
         return set(self.members.servers)
 
     def _table(self, table_id: int) -> TableInfo:
-        return self.members.catalog.by_id[table_id]
+        return self.members.catalog.physical[table_id]
 
     def _rf(self, table_id: int) -> int:
-        table = self.members.catalog.by_id.get(table_id)
+        table = self.members.catalog.physical.get(table_id)
         return table.replication_factor if table is not None else 1
 
     def _name(self, table_id: int) -> str:
-        return self.members.catalog.table_path(table_id) or f"table id {table_id}"
+        table = self.members.catalog.physical.get(table_id)
+        return table.where if table is not None else f"table id {table_id}"
 
     # -- requests --------------------------------------------------------------------
 
     def reassign(self, table: TableInfo, bucket: int, target: Sequence[int]) -> Row:
         """Start moving a bucket's replicas to ``target``; the bucket's state after it (its move in progress, or
         done). Resent with the same target: the same answer, nothing more written."""
-        plan = self.members.assignments.table(table.table_id)
+        plan = self.members.assignments.table(table.physical_id)
         current = plan.get(bucket)
         if current is None:
-            raise errors.BucketOutOfRangeError(f"table {table.path} has no bucket {bucket} (it has {table.buckets})",
+            raise errors.BucketOutOfRangeError(f"{table.where} has no bucket {bucket} (it has {table.buckets})",
                                                table=table.path, bucket=bucket)
-        where = f"bucket {bucket} of {table.path}"
+        where = f"bucket {bucket} of {table.where}"
         asked = tuple(int(r) for r in target)
         if current.reassign != asked and not (current.reassign is None and current.replicas == asked):
             asked = reassignment_plan.check_target(where, table.replication_factor, asked, self._live, current.replicas)
@@ -79,10 +80,10 @@ class Moves:
                     f"(`kvlease cluster recommission --tablet ID` first)")
             new = reassignment_plan.start(current, asked, where)
             if new != current:
-                self.members.apply({table.table_id: {**plan, bucket: new}})
+                self.members.apply({table.physical_id: {**plan, bucket: new}})
                 log.info("%s: moving replicas %s -> %s (leader %d, ISR %s)", where, list(current.replicas),
                          list(asked), new.leader, list(new.isr))
-        return table, bucket, self.members.assignments.table(table.table_id)[bucket]
+        return table, bucket, self.members.assignments.table(table.physical_id)[bucket]
 
     def decommission(self, server_id: int) -> list[Row]:
         """Mark ``server_id`` decommissioned and start moving every replica off it; every move taking one off it
@@ -149,7 +150,7 @@ class Moves:
     def in_progress(self) -> list[Row]:
         """Every bucket being moved."""
         return [(self._table(t), b, a) for t, b, a in sorted(self.members.assignments.all(), key=lambda x: (x[0], x[1]))
-                if a.reassign is not None and t in self.members.catalog.by_id]
+                if a.reassign is not None and t in self.members.catalog.physical]
 
     def _start(self, moves: Iterable[tuple[int, int, tuple[int, ...]]], changes: Changes | None = None,
                extra_ops: list[ZkOp] = (), extra_written: Callable[[], None] = lambda: None) -> None:

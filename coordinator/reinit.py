@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 
 from kvlease.common import zkpaths
-from kvlease.common.model import TableBucket
 from kvlease.coordinator.fencing import FencedWriter
 
 log = logging.getLogger("kvlease.coordinator.controller")  # its lines log as they did from the controller
@@ -27,15 +26,15 @@ def reinitialize(c, writer: FencedWriter, mirror=None, defer_orphans: bool = Fal
     leave orphan lease files for :class:`~kvlease.coordinator.requests.RemoveOrphanLeaseFiles`
     (listed in the background once serving) instead of listing them now.
     """
-    for part in (c.lease_shell, c.snapshot_commits, c.members, c.tables):
+    for part in (c.lease_shell, c.snapshot_commits, c.members, c.tables, c.partitions):
         part.writer = writer
     for path in zkpaths.ROOTS + (zkpaths.TABLES,):
         c.zk.ensure_path(path)
     c.catalog.load(c.zk)
     c.members.load()
     c.losses.ends.writer = writer
-    c.losses.ends.load(c.zk, c.catalog.by_id)
-    c.snapshot_commits.load(c.catalog.by_id.values())
+    c.losses.ends.load(c.zk, c.catalog.physical)
+    c.snapshot_commits.load(c.catalog.physical.values())
     refs = None
     if mirror is not None:
         loaded, layout = mirror.exact()
@@ -47,14 +46,15 @@ def reinitialize(c, writer: FencedWriter, mirror=None, defer_orphans: bool = Fal
     restored = c.lease_shell.restore(loaded, c.clock_ms(), c.grace_ms, refs)
     for table_id, buckets in sorted(c.assignments.by_table.items()):  # a crash may have left them kept
         for bucket, state in sorted(buckets.items()):
-            if state.losses:
-                c.snapshot_commits.drop_lost_history(TableBucket(table_id, bucket), state.losses)
+            if state.losses and table_id in c.catalog.physical:
+                c.snapshot_commits.drop_lost_history(c.catalog.physical[table_id].bucket(bucket), state.losses)
     dangling = [(tb, sid) for tb, sid in c.leases.refs.leased() if not c.snapshots.holds(tb, sid)]
     for tb, sid in dangling:
         log.warning("lease refers to snapshot %s of %s which is not stored", sid, tb)
     c.snapshot_commits.reclaim({h.bucket for h in c.snapshots.all()})
     c.snapshots.validate(c.is_protected)
-    stats = {"tables": len(c.catalog.by_id), "snapshots": sum(1 for _ in c.snapshots.all()),
+    stats = {"tables": len(c.catalog.by_id), "partitions": len(c.catalog.physical) - sum(
+                 not t.partitioned for t in c.catalog.by_id.values()), "snapshots": sum(1 for _ in c.snapshots.all()),
              "leases": len(loaded), "graced": len(restored.graced), "expired": len(restored.expired),
              "orphan_files": "deferred" if defer_orphans else len(orphans),
              "dangling": len(dangling), "unreadable_leases": sorted(c.lease_store.unreadable)}

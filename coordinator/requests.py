@@ -16,7 +16,8 @@ from kvlease.common.tables import TableSpec
 __all__ = ["ConfirmRestore", "ElectLeader", "ReportLogEnds", "ReportReplicaLoss", "RestoreBucket", "AlterIsr", "CommitSnapshot", "ControlledShutdown", "CreateTable", "DescribeLease", "DropTable", "GetTable", "GetTableAssignment", "Guarded",
            "ListLeases", "ListSnapshots", "ListTables", "ListTabletServers", "RemoveOrphanLeaseFiles",
            "TabletServersChanged", "PushDelivered", "ReassignBucket", "DecommissionTablet", "RecommissionTablet",
-           "Rebalance", "ListReassignments", "ResignLeadership"]
+           "Rebalance", "ListReassignments", "ResignLeadership", "CreatePartition", "DropPartition", "ListPartitions",
+           "AlterTable", "CheckAutoPartitions"]
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,8 @@ class CommitSnapshot:
 class ListSnapshots:
     table_id: int
     latest_only: bool = False
+    #: A partitioned table's: that partition's only (None: every partition's)
+    partition_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,7 @@ class RemoveOrphanLeaseFiles:
 @dataclass(frozen=True)
 class GetTableAssignment:
     table_id: int
+    partition_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -145,6 +149,9 @@ class ReassignBucket:
     name: str
     bucket: int
     replicas: tuple[int, ...]
+    #: A partitioned table's bucket: its partition, by name or by id
+    partition: str = ""
+    partition_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -176,7 +183,8 @@ class ListReassignments:
 
 @dataclass(frozen=True)
 class ReportReplicaLoss:
-    """A tablet server found its replica of a bucket lost (corrupt or missing files)."""
+    """A tablet server found its replica of a bucket lost (corrupt or missing files). Requests from tablet
+    servers name buckets by physical id (common/tables.py): the service maps the wire's table and partition."""
 
     server_id: int
     table_id: int
@@ -210,6 +218,7 @@ class RestoreBucket:
     bucket: int
     accept_data_loss: bool
     tablet: int | None = None  # the server to restore onto (None: chosen; coordinator/data_loss_plan.py)
+    partition_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -218,6 +227,48 @@ class ElectLeader:
     bucket: int
     unclean: bool
     tablet: int | None = None
+    partition_id: int | None = None
+
+
+# -- partitions (coordinator/partitions.py) ----------------------------------------------------------
+
+@dataclass(frozen=True)
+class CreatePartition:
+    database: str
+    name: str
+    partition: str
+    ignore_if_exists: bool = False
+
+
+@dataclass(frozen=True)
+class DropPartition:
+    database: str
+    name: str
+    partition: str
+    ignore_if_not_exists: bool = False
+
+
+@dataclass(frozen=True)
+class ListPartitions:
+    database: str = ""
+    name: str = ""
+    table_id: int = 0
+
+
+@dataclass(frozen=True)
+class AlterTable:
+    """Change a partitioned table's settings; None: unchanged."""
+
+    database: str
+    name: str
+    precreate: int | None = None
+    retention: int | None = None
+    max_partitions: int | None = None
+
+
+@dataclass(frozen=True)
+class CheckAutoPartitions:
+    """The auto-partition timer: make the upcoming partitions, drop those past retention no lease holds."""
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,11 @@
 Thin by design: no state here. Lease requests become the lease state
 machine's own events (:mod:`kvlease.leases.state`; the lease shell stamps their time),
 the others :mod:`kvlease.coordinator.requests`. A standby answers every request with
-``NOT_COORDINATOR`` carrying the active coordinator's address. A request that
-sets a ``partition_id`` anywhere is answered ``PARTITION_NOT_EXISTS`` first.
+``NOT_COORDINATOR`` carrying the active coordinator's address. A bucket is
+named by table id and partition id (unset: an unpartitioned table's); the
+cluster's own servers' requests name the buckets they were told of, and are
+mapped to physical ids here (common/tables.py); the others are resolved on
+the loop (``PARTITION_NOT_EXISTS`` for a partition that is not there).
 ``AcquireKvSnapshotLeases`` (a client's concurrent acquires in one call) hands
 every acquire to the loop at once and answers each as its unary call would.
 """
@@ -21,10 +24,11 @@ from kvlease.common import errors
 from kvlease.common.proto import coordinator_pb2 as pb
 from kvlease.common.proto import coordinator_pb2_grpc as pb_grpc
 from kvlease.common.wire import (bucket_from_pb, bucket_snapshots_from_pb, bucket_snapshots_to_pb, error_pb,
-                                 handle_from_pb, handle_to_pb, lease_to_pb, refusing_partition_ids, table_to_pb)
-from kvlease.common.tables import Column, TableSpec
+                                 handle_from_pb, handle_to_pb, lease_to_pb, partition_id_of, physical_id,
+                                 table_spec_from_pb, table_to_pb)
 from kvlease.common.security.acl import Operation, Resource
 from kvlease.common.security.server import OPEN
+from kvlease.coordinator import partition_service
 from kvlease.coordinator import requests as rq
 from kvlease.coordinator.reassignment_plan import move_state
 from kvlease.coordinator.snapshot_checks import check_manifest
@@ -44,7 +48,6 @@ INTERNAL_METHODS = ("/kvlease.CoordinatorService/CommitKvSnapshot", "/kvlease.Co
                     "/kvlease.CoordinatorService/ResignLeadership")
 
 
-@refusing_partition_ids(pb.DESCRIPTOR.services_by_name["CoordinatorService"])
 class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
     def __init__(self, server, timeout_s: float = 30.0, security=OPEN) -> None:
         self.security = security  # common.security.server: OPEN or ServerSecurity
@@ -125,9 +128,7 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
         return pb.CoordinatorInfoResponse(**self.server.info())
 
     def CreateTable(self, request, context):
-        spec = TableSpec(request.database, request.name, tuple(Column(c.name, c.type) for c in request.columns),
-                         tuple(request.primary_key), request.buckets)
-        create = rq.CreateTable(spec, request.ignore_if_exists,
+        create = rq.CreateTable(table_spec_from_pb(request), request.ignore_if_exists,
                                 request.replication_factor if request.HasField("replication_factor") else None,
                                 request.min_insync_replicas if request.HasField("min_insync_replicas") else None)
         return self._run(create, pb.CreateTableResponse,
@@ -160,8 +161,9 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
         def check():
             check_manifest(self.server.storage, handle)
             loop = self.server.serving_loop()
-            _table, rows = loop.submit(rq.GetTableAssignment(handle.bucket.table_id)).result(timeout=self.timeout_s)
-            leader = next((address for bucket, _state, address in rows if bucket == handle.bucket.bucket), "")
+            ask = rq.GetTableAssignment(handle.bucket.table_id, handle.bucket.partition_id)
+            _table, rows = loop.submit(ask).result(timeout=self.timeout_s)
+            leader = next((address for _view, bucket, _state, address in rows if bucket == handle.bucket.bucket), "")
             if leader:  # over the channel the active term keeps for this leader (closed at step-down)
                 loop.controller.log_ends.check(handle, leader, self.timeout_s)
 
@@ -171,7 +173,8 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
                          check=check)
 
     def _snapshots(self, request, response_cls, latest_only):
-        return self._run(self._guarded(rq.ListSnapshots(request.table_id, latest_only), Operation.READ,
+        listing = rq.ListSnapshots(request.table_id, latest_only, partition_id_of(request))
+        return self._run(self._guarded(listing, Operation.READ,
                                          [request.table_id]), response_cls,
                          lambda rows: {"table_id": request.table_id,
                                        "snapshots": [handle_to_pb(h, leased, kept) for h, leased, kept in rows]})
@@ -244,16 +247,18 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
     def GetTableAssignment(self, request, context):
         def build(result):
             table, rows = result
-            return {"table": table_to_pb(table), "buckets": [assignment_pb(b, a, address) for b, a, address in rows]}
-        return self._run(self._guarded(rq.GetTableAssignment(request.table_id), Operation.DESCRIBE,
+            return {"table": table_to_pb(table),
+                    "buckets": [assignment_pb(b, a, address, view.partition_id) for view, b, a, address in rows]}
+        ask = rq.GetTableAssignment(request.table_id, partition_id_of(request))
+        return self._run(self._guarded(ask, Operation.DESCRIBE,
                                          [request.table_id]), pb.GetTableAssignmentResponse, build)
 
     def ListTabletServers(self, request, context):
         def build(result):
             rows, offline, under, decommissioned = result
             def refs(buckets):
-                return [pb.BucketRefPb(table_id=t.table_id, table=t.path, bucket=b, offline_reason=why)
-                        for t, b, why in buckets]
+                return [pb.BucketRefPb(table_id=t.table_id, table=t.path, bucket=b, offline_reason=why,
+                                       **_partition_fields(t)) for t, b, why in buckets]
             return {"servers": [pb.TabletServerPb(id=i, address=a, buckets=led, replicas=held, decommissioned=retired)
                                 for i, a, led, held, retired in rows],
                     "offline": refs(offline), "under_replicated": refs(under), "decommissioned": decommissioned}
@@ -261,7 +266,7 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
 
     def AlterIsr(self, request, context):
         """A leader's ISR change; refused (FENCED_LEADER_EPOCH) with the bucket's current state in the response."""
-        alter = rq.AlterIsr(request.server_id, request.table_id, request.bucket, request.leader_epoch,
+        alter = rq.AlterIsr(request.server_id, physical_id(request), request.bucket, request.leader_epoch,
                             request.bucket_epoch, tuple(request.isr))
         submitted = self._submit(alter)
         response = self._answer(submitted, pb.AlterIsrResponse,
@@ -281,20 +286,22 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
 
     def ResignLeadership(self, request, context):
         """A leader that cannot write gives buckets up (tablet/replicas/step_down.py): one answer per bucket, in order."""
-        resign = rq.ResignLeadership(request.server_id, tuple((b.table_id, b.bucket, b.leader_epoch, b.reason)
+        resign = rq.ResignLeadership(request.server_id, tuple((physical_id(b), b.bucket, b.leader_epoch, b.reason)
                                                               for b in request.buckets))
 
         def answer(asked, outcome) -> pb.ResignedBucketPb:
             if isinstance(outcome, errors.KvLeaseError):
                 return pb.ResignedBucketPb(error=error_pb(outcome))
-            return pb.ResignedBucketPb(bucket=assignment_pb(asked.bucket, outcome.state), refused=outcome.refused)
+            return pb.ResignedBucketPb(bucket=assignment_pb(asked.bucket, outcome.state, "", partition_id_of(asked)),
+                                       refused=outcome.refused)
         return self._run(resign, pb.ResignLeadershipResponse,
                          lambda outcomes: {"buckets": [answer(*pair) for pair in zip(request.buckets, outcomes)]})
 
     # -- moving replicas (issue 31): admin operations, ALTER on the cluster ---------------------------
 
     def ReassignBucket(self, request, context):
-        reassign = rq.ReassignBucket(request.database, request.name, request.bucket, tuple(request.replicas))
+        reassign = rq.ReassignBucket(request.database, request.name, request.bucket, tuple(request.replicas),
+                                     request.partition, partition_id_of(request))
         return self._run(reassign, pb.ReassignBucketResponse, lambda row: {"move": _move_pb(*row)},
                          check=self._check(Operation.ALTER, Resource.cluster))
 
@@ -313,7 +320,7 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
             moves, leaders = result
             return {"moves": [_move_pb(*row) for row in moves],
                     "leaders": [pb.LeaderMovePb(table_id=t.table_id, table=t.path, bucket=b, old_leader=old,
-                                                new_leader=a.leader, leader_epoch=a.leader_epoch)
+                                                new_leader=a.leader, leader_epoch=a.leader_epoch, **_partition_fields(t))
                                 for (t, b, a), old in leaders]}
         return self._run(rq.Rebalance(request.leaders_only), pb.RebalanceResponse, build,
                          check=self._check(Operation.ALTER, Resource.cluster))
@@ -326,34 +333,50 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
     # -- data loss (coordinator/data_loss_plan.py) ----------------------------------------------------
 
     def ReportReplicaLoss(self, request, context):
-        return self._run(rq.ReportReplicaLoss(request.server_id, request.table_id, request.bucket, request.reason),
+        return self._run(rq.ReportReplicaLoss(request.server_id, physical_id(request), request.bucket, request.reason),
                          pb.ReportReplicaLossResponse, lambda _a: {})
 
     def ReportLogEnds(self, request, context):
-        ends = tuple((e.table_id, e.bucket, e.leader_epoch, e.log_end) for e in request.buckets)
+        ends = tuple((physical_id(e), e.bucket, e.leader_epoch, e.log_end) for e in request.buckets)
         return self._run(rq.ReportLogEnds(request.server_id, ends, request.takeover), pb.ReportLogEndsResponse,
                          lambda _r: {})
 
     def ConfirmRestore(self, request, context):
-        return self._run(rq.ConfirmRestore(request.server_id, request.table_id, request.bucket, request.leader_epoch),
+        return self._run(rq.ConfirmRestore(request.server_id, physical_id(request), request.bucket,
+                                           request.leader_epoch),
                          pb.ConfirmRestoreResponse, lambda _a: {})
 
     def RestoreBucket(self, request, context):
         restore = rq.RestoreBucket(request.table_id, request.bucket, request.accept_data_loss,
-                                   request.tablet if request.HasField("tablet") else None)
+                                   request.tablet if request.HasField("tablet") else None, partition_id_of(request))
         return self._run(self._guarded(restore, Operation.ALTER, [request.table_id]), pb.RestoreBucketResponse,
-                         lambda r: {"loss": r[0].to_pb(pb.DataLossPb), "bucket": assignment_pb(request.bucket, r[1])})
+                         lambda r: {"loss": r[0].to_pb(pb.DataLossPb),
+                                    "bucket": assignment_pb(request.bucket, r[1], "", partition_id_of(request))})
 
     def ElectLeader(self, request, context):
         elect = rq.ElectLeader(request.table_id, request.bucket, request.unclean,
-                               request.tablet if request.HasField("tablet") else None)
+                               request.tablet if request.HasField("tablet") else None, partition_id_of(request))
         def build(result):
             loss, state = result
-            answer = {"bucket": assignment_pb(request.bucket, state)}
+            answer = {"bucket": assignment_pb(request.bucket, state, "", partition_id_of(request))}
             if loss is not None:
                 answer["loss"] = loss.to_pb(pb.DataLossPb)
             return answer
         return self._run(self._guarded(elect, Operation.ALTER, [request.table_id]), pb.ElectLeaderResponse, build)
+
+    # -- partitions (coordinator/partition_service.py) ---------------------------------------------
+
+    def CreatePartition(self, request, context):
+        return partition_service.create_partition(self, request)
+
+    def DropPartition(self, request, context):
+        return partition_service.drop_partition(self, request)
+
+    def ListPartitions(self, request, context):
+        return partition_service.list_partitions(self, request)
+
+    def AlterTable(self, request, context):
+        return partition_service.alter_table(self, request)
 
     def DescribeKvSnapshotLease(self, request, context):
         return self._run(self._guarded(rq.DescribeLease(request.lease_id), Operation.READ,
@@ -362,9 +385,9 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
                          lambda lease: {"lease": lease_to_pb(lease)})
 
 
-def assignment_pb(bucket: int, a, address: str = "") -> pb.BucketAssignmentPb:
+def assignment_pb(bucket: int, a, address: str = "", partition_id: int | None = None) -> pb.BucketAssignmentPb:
     """One bucket's state as clients see it (``address``: its leader's, "" if not live)."""
-    return pb.BucketAssignmentPb(bucket=bucket, leader_id=a.leader, leader_address=address,
+    return pb.BucketAssignmentPb(bucket=bucket, partition_id=partition_id, leader_id=a.leader, leader_address=address,
                                  leader_epoch=a.leader_epoch, replicas=list(a.replicas), isr=list(a.isr),
                                  bucket_epoch=a.bucket_epoch, reassigning=a.reassign is not None,
                                  reassign_target=list(a.reassign or ()), offline_reason=a.offline_reason,
@@ -379,4 +402,10 @@ def _acquired(outcome) -> dict:
 
 def _move_pb(table, bucket: int, state) -> pb.BucketMovePb:
     """A bucket's move as answered (:func:`kvlease.coordinator.reassignment_plan.move_state`)."""
-    return pb.BucketMovePb(table_id=table.table_id, table=table.path, bucket=bucket, **move_state(state))
+    return pb.BucketMovePb(table_id=table.table_id, table=table.path, bucket=bucket, **move_state(state),
+                           **_partition_fields(table))
+
+
+def _partition_fields(view) -> dict:
+    """The partition fields of a message naming a bucket of ``view`` (none for an unpartitioned table's)."""
+    return {} if view.partition_id is None else {"partition_id": view.partition_id, "partition": view.partition_name}

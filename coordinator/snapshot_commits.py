@@ -51,7 +51,8 @@ class SnapshotCommits:
     def load(self, tables: Iterable[TableInfo]) -> None:
         """Failover: a new store holding every handle stored under ``/snapshots``."""
         self.store = SnapshotStore(self.store.num_retained)
-        bucket_nodes = [zkpaths.bucket_snapshots(t.table_id, bucket) for t in tables for bucket in range(t.buckets)]
+        bucket_nodes = [zkpaths.bucket_snapshots(t.table_id, bucket, t.partition_id)
+                        for t in tables for bucket in range(t.buckets)]
         listings = [(p, self.zk.get_children_async(p)) for p in bucket_nodes]
         gets = []
         for parent, result in listings:
@@ -67,8 +68,8 @@ class SnapshotCommits:
     def commit(self, table: TableInfo, handle: SnapshotHandle, fence: Callable[[], None] = lambda: None) -> None:
         """Store ``handle``; ``fence()`` may refuse a new snapshot (never a retry of a stored one: its answer
         was lost, the tablet server must not delete its files)."""
-        if handle.bucket.partition_id is not None or not 0 <= handle.bucket.bucket < table.buckets:
-            raise errors.BucketOutOfRangeError(f"bucket {handle.bucket} does not exist in table {table.path}")
+        if handle.bucket.partition_id != table.partition_id or not 0 <= handle.bucket.bucket < table.buckets:
+            raise errors.BucketOutOfRangeError(f"bucket {handle.bucket} does not exist in {table.where}")
         check_paths(handle)  # its files are deleted when it is reclaimed: never any outside its bucket
         if self.store.is_stored(handle):
             return  # the same snapshot again: an idempotent retry
@@ -89,7 +90,7 @@ class SnapshotCommits:
     def rows(self, table: TableInfo, latest_only: bool) -> list[SnapshotRow]:
         rows = []
         for bucket in range(table.buckets):
-            tb = TableBucket(table.table_id, bucket)
+            tb = table.bucket(bucket)
             handles = self.store.bucket_snapshots(tb)
             if latest_only:
                 handles = handles[-1:]
@@ -139,15 +140,17 @@ class SnapshotCommits:
             log.info("reclaimed %d snapshots (%d files)", len(chunk), len(files))
             self.files.delete(files)
 
-    def delete_handles(self, table_id: int) -> None:
-        """A table is being dropped: delete its snapshot handles from ZooKeeper (memory: :meth:`forget_table`)."""
-        handles = [h for tb in self.store.table_buckets(table_id)
+    def delete_handles(self, table_id: int, partition_id: int | None = None) -> None:
+        """A table (or one of its partitions) is being dropped: delete its snapshot handles from ZooKeeper
+        (memory: :meth:`forget_table`)."""
+        handles = [h for tb in self.store.table_buckets(table_id, partition_id)
                    for h in self.store.bucket_snapshots(tb) + self.store.discarded(tb)]
         for start in range(0, len(handles), MAX_OPS_PER_MULTI):
-            self.writer.commit([ZkOp("delete", zkpaths.snapshot(h.bucket.table_id, h.bucket.bucket, h.snapshot_id))
+            self.writer.commit([ZkOp("delete", zkpaths.snapshot(h.bucket.table_id, h.bucket.bucket, h.snapshot_id,
+                                                                h.bucket.partition_id))
                                 for h in handles[start:start + MAX_OPS_PER_MULTI]])
 
-    def forget_table(self, table_id: int) -> None:
-        """The table is dropped: forget its snapshots and delete all its files."""
-        _handles, files = self.store.remove_table(table_id)
-        self.files.delete_table(table_id, files)
+    def forget_table(self, table_id: int, partition_id: int | None = None) -> None:
+        """The table (or one of its partitions) is dropped: forget its snapshots and delete all its files."""
+        _handles, files = self.store.remove_table(table_id, partition_id)
+        self.files.delete_table(table_id, files, partition_id)

@@ -49,10 +49,11 @@ class SnapshotStore:
         snaps = self._by_bucket.get(tb)
         return snaps[max(snaps)] if snaps else None
 
-    def table_buckets(self, table_id: int) -> list[TableBucket]:
-        """The table's buckets with a stored snapshot (kept or discarded)."""
-        return sorted((tb for tb in {*self._by_bucket, *self._discarded} if tb.table_id == table_id),
-                      key=TableBucket.sort_key)
+    def table_buckets(self, table_id: int, partition_id: int | None = None) -> list[TableBucket]:
+        """The table's buckets with a stored snapshot (kept or discarded): every partition's, or
+        ``partition_id``'s only."""
+        return sorted((tb for tb in {*self._by_bucket, *self._discarded} if tb.table_id == table_id
+                       and (partition_id is None or tb.partition_id == partition_id)), key=TableBucket.sort_key)
 
     def all(self) -> Iterable[SnapshotHandle]:
         """Every stored snapshot, the discarded ones (still leased) included."""
@@ -151,8 +152,11 @@ class SnapshotStore:
                 unused.append(path)
         return sorted(unused)
 
-    def remove_table(self, table_id: int) -> tuple[list[SnapshotHandle], list[str]]:
-        handles = [h for tb in self.table_buckets(table_id) for h in self.bucket_snapshots(tb) + self.discarded(tb)]
+    def remove_table(self, table_id: int, partition_id: int | None = None) -> tuple[list[SnapshotHandle], list[str]]:
+        """Forget the table's snapshots (or ``partition_id``'s only): the handles and the files no other
+        snapshot uses."""
+        handles = [h for tb in self.table_buckets(table_id, partition_id)
+                   for h in self.bucket_snapshots(tb) + self.discarded(tb)]
         files: list[str] = []
         for handle in handles:
             files.extend(self.remove(handle))

@@ -22,6 +22,7 @@ from kvlease.coordinator.catalog import TableCatalog
 from kvlease.coordinator.fencing import FencedWriter, check_write_size
 from kvlease.coordinator.lease_shell import LeaseShell
 from kvlease.coordinator.membership import Membership
+from kvlease.coordinator.partitions import Partitions
 from kvlease.coordinator.snapshot_commits import SnapshotCommits
 from kvlease.leases import state as ls
 
@@ -29,8 +30,14 @@ log = logging.getLogger(__name__)
 
 
 def definition_differences(existing: TableInfo, spec: TableSpec) -> list[str]:
-    """How a (validated) create request differs from the table there is: columns, primary key, buckets."""
+    """How a (validated) create request differs from the table there is: columns, keys, buckets, partitioning."""
     differences = []
+    if tuple(existing.partition_key) != tuple(spec.partition_key):
+        there, asked = ", ".join(existing.partition_key) or "none", ", ".join(spec.partition_key) or "none"
+        differences.append(f"partition key ({there}) there, ({asked}) asked")
+    if existing.auto_partition != spec.auto_partition:
+        there, asked = (a.to_json() if a else None for a in (existing.auto_partition, spec.auto_partition))
+        differences.append(f"auto-partitioning {there} there, {asked} asked")
     if tuple(existing.columns) != tuple(spec.columns):
         asked = ", ".join(f"{c.name} {c.type}" for c in spec.columns)
         differences.append(f"columns ({existing.schema_string()}) there, ({asked}) asked")
@@ -67,14 +74,17 @@ def replication(request: rq.CreateTable, defaults: tuple[int, int]) -> tuple[int
 
 class Tables:
     def __init__(self, catalog: TableCatalog, members: Membership, leases: LeaseShell, snapshots: SnapshotCommits,
-                 clock_ms: Callable[[], int], default_replication: tuple[int, int] = (1, 1)) -> None:
-        """``default_replication``: (default.replication-factor, min.insync-replicas), for a create naming none."""
+                 clock_ms: Callable[[], int], default_replication: tuple[int, int] = (1, 1),
+                 partitions: Partitions | None = None) -> None:
+        """``default_replication``: (default.replication-factor, min.insync-replicas), for a create naming none;
+        ``partitions``: what drops a partitioned table's partitions."""
         self.catalog = catalog
         self.members = members
         self.leases = leases
         self.snapshots = snapshots
         self.clock_ms = clock_ms
         self.default_replication = default_replication
+        self.partitions = partitions
         self.writer: FencedWriter | None = None
 
     def get(self, request: rq.GetTable) -> TableInfo:
@@ -99,12 +109,24 @@ class Tables:
             return existing
         table, ops = self.catalog.create_ops(spec, self.clock_ms(), rf, min_isr)
         check_write_size("the table definition", len(dumps(table.to_json())))
-        plan, assignment_op = self.members.plan_table(table)
-        self.writer.commit(ops + [assignment_op])
-        self.catalog.add(table)
-        self.members.table_created(table, plan)
-        log.info("created table %s (id %d, %d buckets, replication factor %d, min in-sync replicas %d)", table.path,
-                 table.table_id, table.buckets, rf, min_isr)
+        if table.partitioned:  # no buckets of its own; its partitions' are placed as they are made
+            self.members.check_placeable(table)
+            self.writer.commit(ops)
+            self.catalog.add(table)
+        else:
+            plan, assignment_op = self.members.plan_table(table)
+            self.writer.commit(ops + [assignment_op])
+            self.catalog.add(table)
+            self.members.table_created(table, plan)
+        log.info("created table %s (id %d, %d buckets%s, replication factor %d, min in-sync replicas %d)", table.path,
+                 table.table_id, table.buckets, " per partition" if table.partitioned else "", rf, min_isr)
+        if table.auto_partition is not None:  # its first partitions now, not at the next check
+            try:
+                self.partitions.check_table(table)
+            except (errors.CoordinatorFencedError, errors.OutcomeUnknownError):
+                raise
+            except errors.KvLeaseError as exc:  # the table is there: the next check makes them
+                log.warning("table %s: its first partitions were not made: %s", table.path, exc.message)
         return table
 
     def drop(self, request: rq.DropTable) -> None:
@@ -117,13 +139,16 @@ class Tables:
             raise
         # 1. no lease may point at the table any more (raises the lease write's error, if any)
         self.leases.call(ls.RemoveTable(table.table_id))
-        # 2. snapshot handles, then the table's own nodes
+        # 2. its partitions, one by one (a drop cut short goes on when asked again), as partition drops do
+        for view in self.catalog.partitions_of(table.table_id):
+            self.partitions.remove(view)
+        # 3. snapshot handles, then the table's own nodes
         self.snapshots.delete_handles(table.table_id)
         holders = self.members.assignments.holders_of(table.table_id)
         self.writer.commit(self.members.drop_ops(table.table_id) + self.catalog.drop_ops(table))
         self.catalog.remove(table)
         self.members.table_dropped(table.table_id, holders)
-        # 3. its files: whatever the handles named, and anything else under kv/{table_id}/
+        # 4. its files: whatever the handles named, and anything else under kv/{table_id}/
         self.snapshots.forget_table(table.table_id)
         log.info("dropped table %s (id %d)", table.path, table.table_id)
         return None

@@ -16,9 +16,11 @@ from kvlease.common.model import Lease, TableBucket, lease_id_problem, lease_own
 class Catalog(Protocol):
     """What the lease rules need to know of tables and snapshots (in memory)."""
 
-    def bucket_count(self, table_id: int) -> int | None: ...
-
-    def table_path(self, table_id: int) -> str | None: ...  # DB.NAME, for messages
+    def buckets_of(self, tb: TableBucket) -> tuple[str, int]:
+        """(where, bucket count) of the table or partition ``tb`` names (``where`` for messages: ``table
+        db.t``, ``table db.t partition 20261127``); TableNotExistError, PartitionNotExistsError (a partition
+        that is not there, or none of a partitioned table) or InvalidRequestError (a partition of an
+        unpartitioned table) otherwise."""
 
     def has_snapshot(self, tb: TableBucket, snapshot_id: int) -> bool: ...
 
@@ -69,13 +71,9 @@ def check_duration(duration_ms: int, max_duration_ms: int) -> None:
 
 
 def check_bucket(catalog: Catalog, tb: TableBucket) -> None:
-    """Raise TableNotExistError, InvalidRequestError or BucketOutOfRangeError unless ``tb`` is a bucket of a table."""
-    count = catalog.bucket_count(tb.table_id)
-    if count is None:
-        raise errors.TableNotExistError(f"table id {tb.table_id} does not exist", table_id=tb.table_id)
-    if tb.partition_id is not None:
-        raise errors.InvalidRequestError(f"table {tb.table_id} is not partitioned (got partition {tb.partition_id})")
+    """Raise TableNotExistError, PartitionNotExistsError, InvalidRequestError or BucketOutOfRangeError unless
+    ``tb`` is a bucket of a table (of a partition of it, for a partitioned table)."""
+    where, count = catalog.buckets_of(tb)
     if not 0 <= tb.bucket < count:
         raise errors.BucketOutOfRangeError(
-            f"bucket {tb.bucket} out of range for table {catalog.table_path(tb.table_id)} (id "
-            f"{tb.table_id}; buckets 0..{count - 1})")
+            f"bucket {tb.bucket} out of range for {where} (id {tb.table_id}; buckets 0..{count - 1})")

@@ -81,6 +81,20 @@ class RefcountIndex:
         return {lease_id for tb, by_snapshot in self._refs.items() if tb.table_id == table_id
                 for holders in by_snapshot.values() for lease_id in holders}
 
+    def holders_of_partition(self, table_id: int, partition_id: int) -> set[str]:
+        """Every lease holding a bucket of the partition."""
+        return {lease_id for tb, by_snapshot in self._refs.items()
+                if tb.table_id == table_id and tb.partition_id == partition_id
+                for holders in by_snapshot.values() for lease_id in holders}
+
+    def held_partitions(self, table_id: int) -> dict[int, set[str]]:
+        """The table's partitions some lease holds a bucket of: partition id -> lease ids (one walk)."""
+        held: dict[int, set[str]] = {}
+        for tb, by_snapshot in self._refs.items():
+            if tb.table_id == table_id and tb.partition_id is not None:
+                held.setdefault(tb.partition_id, set()).update(*by_snapshot.values())
+        return held
+
     def holder_counts_by_table(self) -> Counter[int]:
         """Per table, how many leases hold a bucket of it (set unions in C: cheap even for 100,000)."""
         tables: dict[int, list[set[str]]] = {}

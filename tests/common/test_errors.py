@@ -50,6 +50,8 @@ PINNED = {
     "NOT_ENOUGH_REPLICAS": 33,
     "FENCED_LEADER_EPOCH": 34,
     "DATA_LOST": 35,
+    "PARTITION_ALREADY_EXISTS": 36,
+    "TOO_MANY_PARTITIONS": 37,
 }
 
 #: The exception class each code decodes to.
@@ -89,6 +91,8 @@ CLASSES = {
     ErrorCode.NOT_ENOUGH_REPLICAS: errors.NotEnoughReplicasError,
     ErrorCode.FENCED_LEADER_EPOCH: errors.FencedLeaderEpochError,
     ErrorCode.DATA_LOST: errors.DataLostError,
+    ErrorCode.PARTITION_ALREADY_EXISTS: errors.PartitionAlreadyExistsError,
+    ErrorCode.TOO_MANY_PARTITIONS: errors.TooManyPartitionsError,
 }
 
 

@@ -25,11 +25,10 @@ TB = TableBucket(1, 0)
 
 
 class Catalog:
-    def bucket_count(self, table_id: int) -> int | None:
-        return 2 if table_id in (1, 2) else None
-
-    def table_path(self, table_id: int) -> str | None:
-        return f"db.t{table_id}" if table_id in (1, 2) else None
+    def buckets_of(self, tb: TableBucket) -> tuple[str, int]:
+        if tb.table_id not in (1, 2) or tb.partition_id is not None:
+            raise errors.TableNotExistError(f"table id {tb.table_id} does not exist", table_id=tb.table_id)
+        return f"table db.t{tb.table_id}", 2
 
     def has_snapshot(self, tb: TableBucket, snapshot_id: int) -> bool:
         return snapshot_id == 1

@@ -158,7 +158,7 @@ class LeaseMachine(RuleBasedStateMachine):
     # -- client requests --------------------------------------------------------------------
 
     def bucket_error(self, tb: TableBucket) -> type | None:
-        count = self.catalog.bucket_count(tb.table_id)
+        count = self.catalog.tables.get(tb.table_id)
         if count is None:
             return errors.TableNotExistError
         if not 0 <= tb.bucket < count:

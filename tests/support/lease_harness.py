@@ -27,11 +27,13 @@ class FakeCatalog:
         self.store = store
         self.tables = tables
 
-    def bucket_count(self, table_id: int) -> int | None:
-        return self.tables.get(table_id)
-
-    def table_path(self, table_id: int) -> str | None:
-        return f"db.t{table_id}" if table_id in self.tables else None
+    def buckets_of(self, tb: TableBucket) -> tuple[str, int]:
+        """Unpartitioned tables only (partitioned ones: tests/leases/test_partition_leases.py)."""
+        if tb.table_id not in self.tables:
+            raise errors.TableNotExistError(f"table id {tb.table_id} does not exist", table_id=tb.table_id)
+        if tb.partition_id is not None:
+            raise errors.InvalidRequestError(f"table {tb.table_id} is not partitioned (got partition {tb.partition_id})")
+        return f"table db.t{tb.table_id}", self.tables[tb.table_id]
 
     def has_snapshot(self, bucket: TableBucket, snapshot_id: int) -> bool:
         return self.store.has_snapshot(bucket, snapshot_id)
