@@ -80,15 +80,16 @@ class LogOffsets:
         offsets per bucket to tell the epoch below (``BucketOffsetsPb.epochs_at``)."""
         pending = set(range(self.table.buckets) if buckets is None else buckets)
         for bucket in pending:
-            self.router.check_bucket(bucket)
+            self.physical.check_bucket(bucket)
         result: dict = {}
 
         def attempt():
-            routing = self.router.routing()
-            for address, group in self.router.by_leader(routing, pending).items():
+            routing = self.physical.routing()
+            for address, group in self.physical.by_leader(routing, pending).items():
                 with arguments("list_offsets"):
                     at = [pb.BucketOffsetPb(bucket=b, offset=o) for b in group for o in (epochs_at or {}).get(b, ())]
-                    request = pb.ListOffsetsRequest(table_id=self.table.table_id, buckets=group, epochs_at=at,
+                    request = pb.ListOffsetsRequest(table_id=self.table.table_id, partition_id=self.table.partition_id,
+                                                    buckets=group, epochs_at=at,
                                                     timestamp=None if timestamp is None else int(timestamp))
                 response = self.send(routing, address, "ListOffsets", request, idempotent=True, buckets=group)
                 first_error = None
@@ -106,7 +107,7 @@ class LogOffsets:
                             f"{o.bucket}); upgrade it", bucket=o.bucket)
                 if first_error is not None:
                     if isinstance(first_error, REROUTE):
-                        self.router.stale(routing)
+                        self.physical.stale(routing)
                     raise first_error
             return result
 

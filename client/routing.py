@@ -45,14 +45,16 @@ class Routing:
 class BucketRouter:
     """The leaders of one table's buckets; thread-safe."""
 
-    def __init__(self, admin, table_id: int, channels: Channels | None = None) -> None:
-        """``admin`` is a :class:`kvlease.client.admin.AdminClient` (anything with ``get_table_assignment``)."""
+    def __init__(self, admin, table_id: int, partition_id: int | None = None, channels: Channels | None = None) -> None:
+        """``admin`` is a :class:`kvlease.client.admin.AdminClient` (anything with ``get_table_assignment``);
+        ``partition_id``: the buckets of that partition of a partitioned table."""
         self.admin = admin
         self.channels = channels or Channels(tls=getattr(admin, "tls", None),  # as secure as the admin's
                                              credentials=getattr(admin, "credentials", None))
         self._lock = threading.Lock()
         self._fetching = threading.Lock()  # one fetch at a time for calls that watch their leader
         self._generation = 0
+        self.partition_id = partition_id
         self._current = self._fetch(table_id)
 
     @property
@@ -60,7 +62,8 @@ class BucketRouter:
         return self._current.table
 
     def _fetch(self, table_id: int) -> Routing:
-        table, leaders = self.admin.get_table_assignment(table_id)
+        table, leaders = (self.admin.get_table_assignment(table_id) if self.partition_id is None
+                          else self.admin.get_table_assignment(table_id, self.partition_id))
         with self._lock:
             self._generation += 1
             self._stale = False
@@ -106,7 +109,7 @@ class BucketRouter:
         if leader is None or not leader.leader_address:
             self.stale(routing)
             why = _why_no_leader(leader)
-            raise errors.LeaderNotAvailableError(f"bucket {bucket} of table {routing.table.path}: {why}", bucket=bucket)
+            raise errors.LeaderNotAvailableError(f"bucket {bucket} of {routing.table.where}: {why}", bucket=bucket)
         return leader.leader_address
 
     def leader_epoch(self, routing: Routing, bucket: int) -> int | None:
@@ -132,7 +135,7 @@ class BucketRouter:
     def check_bucket(self, bucket: int) -> None:
         table = self.table
         if not is_int(bucket) or not 0 <= bucket < table.buckets:
-            raise errors.BucketOutOfRangeError(f"table {table.path} has buckets 0..{table.buckets - 1}, "
+            raise errors.BucketOutOfRangeError(f"{table.where} has buckets 0..{table.buckets - 1}, "
                                                f"not {errors.show(bucket)}")
 
     def route(self, bucket: int) -> "BucketRoute":

@@ -243,7 +243,7 @@ class BucketScanner:
         return self._codec.schema if self.decode else pa.schema([pa.field("value", pa.binary())])
 
     def _scan_req(self, start_after_key: bytes | None, limit: int | None) -> pb.BucketScanReqPb:
-        req = pb.BucketScanReqPb(table_id=self.table.table_id, bucket=self.bucket)
+        req = pb.BucketScanReqPb(table_id=self.table.table_id, partition_id=self.table.partition_id, bucket=self.bucket)
         if limit is not None:
             req.limit = limit
         if start_after_key is not None:

@@ -113,7 +113,7 @@ class _Trigger:
     def _round(self) -> None:
         """One request per leader for its pending buckets; raises a retriable error if some are to be
         tried again."""
-        router = self.table.router
+        router = self.table.physical
         routing = router.routing()
         groups: dict[str, list[int]] = {}
         for bucket in range(self.total):
@@ -130,7 +130,7 @@ class _Trigger:
 
     def _leader(self, routing, address: str, buckets: list[int]) -> None:
         request = pb.TriggerSnapshotRequest(table_id=self.table.table.table_id, buckets=buckets, wait=self.wait,
-                                            bucket_errors=True)
+                                            partition_id=self.table.table.partition_id, bucket_errors=True)
         try:
             response = self.table.send(routing, address, "TriggerSnapshot", request, idempotent=True,
                                        timeout_s=self.table.snapshot_timeout_s)
@@ -146,7 +146,7 @@ class _Trigger:
                                                                             s.log_offset))
         failures = {f.bucket: error_from_pb(f.error) for f in response.failed}
         if any(isinstance(e, REROUTE) for e in failures.values()):
-            self.table.router.stale(routing)
+            self.table.physical.stale(routing)
         for bucket in buckets:
             if bucket in failures:
                 self._failed(bucket, failures[bucket])

@@ -52,6 +52,7 @@ from kvlease.common.codec import RowCodec, batch_to_ipc, ipc_to_batch
 from kvlease.client.log_offsets import LogOffsets
 from kvlease.client.log_position import LogPosition
 from kvlease.client.log_records import decode_records, entry_records, log_rows, log_schema
+from kvlease.client.partitioned_table import PartitionedWrites, find_partition
 from kvlease.client.routing import REROUTE, BucketRouter, Routing
 from kvlease.client.scanner import KvBatchScanner
 from kvlease.client.snapshot_trigger import COMMITTED, CommittedSnapshot, raise_failed, trigger_snapshots
@@ -75,8 +76,12 @@ class TableClient(LogOffsets):
     def __init__(self, admin, table: str | int, config: cfg.Config | None = None, *,
                  retry_total_s: float | None = None, request_timeout_s: float | None = None,
                  snapshot_timeout_s: float = 600.0, parallelism: int = 8,
-                 sleep: Callable[[float], None] | None = None) -> None:
-        """``admin`` is a :class:`kvlease.client.admin.AdminClient`; ``table`` a ``DB.NAME`` or a table id."""
+                 sleep: Callable[[float], None] | None = None, partition: str | TableInfo | None = None,
+                 create_partitions: bool = True) -> None:
+        """``admin`` is a :class:`kvlease.client.admin.AdminClient`; ``table`` a ``DB.NAME`` or a table id.
+        Of a partitioned table (docs/partitions.md): without ``partition`` the client writes and looks up
+        rows of every partition (``create_partitions``: a write to a partition that does not exist creates
+        it); with ``partition`` (its name) it reads and writes that partition's buckets, as a table's."""
         config = config or cfg.Config(env={})
         self.admin = admin
         self.retry = RetryPolicy(DEFAULT_RETRY_TOTAL_S if retry_total_s is None else retry_total_s,
@@ -89,16 +94,43 @@ class TableClient(LogOffsets):
         self._closed = False
         self._pool: ThreadPoolExecutor | None = None
         self._writers = Writers()  # idempotent writes: a writer id and batch numbers per bucket
-        table_id = table if isinstance(table, int) else admin.get_table(table).table_id
-        self.router = BucketRouter(admin, table_id)
+        self._options = dict(config=config, retry_total_s=retry_total_s, request_timeout_s=request_timeout_s,
+                             snapshot_timeout_s=snapshot_timeout_s, parallelism=parallelism, sleep=sleep)
+        info = partition if isinstance(partition, TableInfo) else (
+            admin.get_table_by_id(table) if isinstance(table, int) else admin.get_table(table))
+        self.partitions: PartitionedWrites | None = None  # a partitioned table's, opened without a partition
+        self.router: BucketRouter | None = None
+        if info.partitioned and partition is None:
+            self._table, self.codec = info, RowCodec(info)
+            self.partitions = PartitionedWrites(admin, info, self.codec, self._partition_client, create_partitions)
+            return
+        if isinstance(partition, str):
+            info = find_partition(admin, info, partition)
+        elif partition is not None and not info.partitioned:
+            raise errors.InvalidRequestError(f"table {info.path} is not partitioned", table=info.path)
+        self.router = BucketRouter(admin, info.table_id, info.partition_id)
         self.codec = RowCodec(self.table)
+
+    def _partition_client(self, view: TableInfo) -> "TableClient":
+        return TableClient(self.admin, view.table_id, partition=view, **self._options)
 
     # -- plumbing ------------------------------------------------------------------------
 
     @property
     def table(self) -> TableInfo:
-        """The table (columns, primary key, buckets), as the coordinator last described it."""
-        return self.router.table
+        """The table (columns, primary key, buckets; a partition's view when opened on one), as the
+        coordinator last described it."""
+        return self._table if self.router is None else self.router.table
+
+    @property
+    def physical(self) -> BucketRouter:
+        """The bucket router; InvalidRequestError for a partitioned table opened without a partition."""
+        if self.router is None:
+            raise errors.InvalidRequestError(
+                f"table {self.table.path} is partitioned: reading its buckets (changelog, scans, snapshots, "
+                f"offsets) needs a partition, e.g. TableClient(admin, {self.table.path!r}, partition='NAME') "
+                f"(kvlease partition list {self.table.path})", table=self.table.path)
+        return self.router
 
     def close(self) -> None:
         """Close its thread pool and channels (idempotent); a call after it is InvalidRequestError."""
@@ -107,7 +139,10 @@ class TableClient(LogOffsets):
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True)
-        self.router.channels.close()
+        if self.partitions is not None:
+            self.partitions.close()
+        if self.router is not None:
+            self.router.channels.close()
 
     def _check_open(self) -> None:
         if self._closed:  # else a call would open channels (and a pool) that nothing closes again
@@ -121,11 +156,11 @@ class TableClient(LogOffsets):
 
     def refresh(self) -> None:
         """Fetch the bucket assignment again now (it is also refreshed on routing errors)."""
-        self.router.refresh()
+        self.physical.refresh()
 
     def leaders(self) -> dict[int, str]:
         """``bucket -> leader address`` as cached ('' while a leader is not live)."""
-        return self.router.leaders()
+        return self.physical.leaders()
 
     def send(self, routing: Routing, address: str, method: str, request, *, idempotent: bool,
              timeout_s: float | None = None, buckets: Sequence[int] = ()):
@@ -133,26 +168,27 @@ class TableClient(LogOffsets):
         buckets it goes to ``address`` as their leader for: it is given up (NotLeaderError) once the coordinator
         names another leader of one of them (client/leader_watch.py; an idempotent call only)."""
         self._check_open()
+        router = self.physical
         timeout_s = timeout_s or self.timeout_s
-        call = getattr(self.router.stub(address), method)
+        call = getattr(router.stub(address), method)
         try:
             if buckets and idempotent:
-                response = call_watching(call, request, timeout_s, lambda: self.router.moved(address, buckets),
+                response = call_watching(call, request, timeout_s, lambda: router.moved(address, buckets),
                                          where=f"tablet server {address}, the leader of bucket(s) {list(buckets)}")
             else:
                 response = call(request, timeout=timeout_s)
         except errors.NotLeaderError:
-            self.router.stale(routing)
+            router.stale(routing)
             raise
         except grpc.RpcError as exc:
             error = rpc_error(exc, method, address, timeout_s=timeout_s, idempotent=idempotent)
             if isinstance(error, REROUTE):
-                self.router.stale(routing)
+                router.stale(routing)
             raise error from None
         error = error_from_pb(response.error)
         if error is not None:
             if isinstance(error, REROUTE):
-                self.router.stale(routing)
+                router.stale(routing)
             raise error
         return response
 
@@ -161,13 +197,14 @@ class TableClient(LogOffsets):
         """``method`` on the leader of ``bucket``, re-routed and retried as the module docstring says;
         ``fenced``: every attempt's request carries the leader epoch of the routing it goes by;
         ``watch`` wraps every attempt (:meth:`kvlease.client.idempotent.BucketWriter.watch`)."""
-        self.router.check_bucket(bucket)  # else a bucket the table lacks is "no leader" until the retries end
+        router = self.physical
+        router.check_bucket(bucket)  # else a bucket the table lacks is "no leader" until the retries end
 
         def attempt():
-            routing = self.router.routing()
-            address = self.router.leader(routing, bucket)
+            routing = router.routing()
+            address = router.leader(routing, bucket)
             if fenced:
-                request.leader_epoch = self.router.leader_epoch(routing, bucket)
+                request.leader_epoch = router.leader_epoch(routing, bucket)
             return self.send(routing, address, method, request, idempotent=idempotent, timeout_s=timeout_s,
                              buckets=(bucket,))
         return self.retry.call(attempt if watch is None else watch(attempt))
@@ -211,16 +248,21 @@ class TableClient(LogOffsets):
 
     # -- writes --------------------------------------------------------------------------------
 
-    def upsert(self, rows: Sequence[dict] | pa.RecordBatch | pa.Table) -> dict[int, tuple[int, int]]:
-        """Insert or replace full rows; returns ``{bucket: (base_offset, next_offset)}`` of the changelog."""
+    def upsert(self, rows: Sequence[dict] | pa.RecordBatch | pa.Table) -> dict[Any, tuple[int, int]]:
+        """Insert or replace full rows; returns ``{bucket: (base_offset, next_offset)}`` of the changelog
+        (of a partitioned table: ``{(partition, bucket): …}``)."""
+        if self.partitions is not None:
+            return self.partitions.write(table_input.row_batch(self.codec, rows), "upserts")
         return self._write(table_input.rows_by_bucket(self.codec, rows), "upserts")
 
-    def delete(self, keys: Sequence[Any] | pa.RecordBatch | pa.Table) -> dict[int, tuple[int, int]]:
+    def delete(self, keys: Sequence[Any] | pa.RecordBatch | pa.Table) -> dict[Any, tuple[int, int]]:
         """Delete rows by primary key (missing keys are ignored); offsets like :meth:`upsert`."""
+        if self.partitions is not None:
+            return self.partitions.write(table_input.key_batch(self.codec, keys), "deletes")
         return self._write(table_input.keys_by_bucket(self.codec, keys), "deletes")
 
     def _write(self, parts: list[table_input.Part], field: str) -> dict[int, tuple[int, int]]:
-        table_id = self.table.table_id
+        table_id, partition_id = self.table.table_id, self.table.partition_id
         acked: dict[int, int] = {}  # bucket -> rows acknowledged
 
         def write_bucket(part) -> tuple[int, int]:
@@ -228,7 +270,8 @@ class TableClient(LogOffsets):
             offsets = []
             with self._writers.use(bucket) as writer:  # its batches one at a time, in order
                 for chunk in _chunks(rows):
-                    request = pb.PutKvRequest(table_id=table_id, bucket=bucket, **{field: batch_to_ipc(chunk)})
+                    request = pb.PutKvRequest(table_id=table_id, partition_id=partition_id, bucket=bucket,
+                                              **{field: batch_to_ipc(chunk)})
                     response = writer.send(request, lambda watch: self._call_bucket(
                         bucket, "PutKv", request, idempotent=True, fenced=True, watch=watch))
                     offsets.append((response.base_offset, response.next_offset))
@@ -252,19 +295,22 @@ class TableClient(LogOffsets):
     def lookup_batch(self, keys: Sequence[Any] | pa.RecordBatch | pa.Table) -> pa.RecordBatch:
         """The rows of ``keys``, one per key in input order (table schema); every column is null
         where the key does not exist (a found row never has a null primary-key column)."""
+        if self.partitions is not None:
+            return self.partitions.lookup_batch(table_input.key_batch(self.codec, keys))
         parts = table_input.keys_by_bucket(self.codec, keys)
-        table_id = self.table.table_id
+        table_id, partition_id = self.table.table_id, self.table.partition_id
 
         def lookup_bucket(part) -> tuple[np.ndarray, pa.RecordBatch]:
             bucket, rows, _ = part
             found, batches = [], []
             for chunk in _chunks(rows):
-                request = pb.LookupRequest(table_id=table_id, bucket=bucket, keys=batch_to_ipc(chunk))
+                request = pb.LookupRequest(table_id=table_id, partition_id=partition_id, bucket=bucket,
+                                           keys=batch_to_ipc(chunk))
                 response = self._call_bucket(bucket, "Lookup", request, idempotent=True)
                 found.append(np.asarray(response.found, dtype=bool))
                 if response.rows:
                     batches.append(ipc_to_batch(response.rows))
-            return np.concatenate(found), _concat(batches, self.codec.schema)
+            return np.concatenate(found), table_input.concat(batches, self.codec.schema)
 
         results = self.map_parallel(lookup_bucket, parts)
         for (result, error) in results:
@@ -284,7 +330,7 @@ class TableClient(LogOffsets):
             position[hit] = base + np.arange(rows.num_rows)
             base += rows.num_rows
             found_rows.append(rows)
-        everything = _concat(found_rows, self.codec.schema)
+        everything = table_input.concat(found_rows, self.codec.schema)
         return everything.take(pa.array(position, mask=~found_mask))
 
     def lookup(self, keys: Sequence[Any] | pa.RecordBatch | pa.Table) -> list[dict | None]:
@@ -340,7 +386,8 @@ class TableClient(LogOffsets):
         read it (the previous answer's last entry's ``leader_epoch``): DataLostError, not retried, if
         the bucket's log no longer holds it there (``client/log_position.py``). None: not checked."""
         with arguments("fetch_log"):
-            request = pb.FetchLogRequest(table_id=self.table.table_id, bucket=bucket, from_offset=from_offset,
+            request = pb.FetchLogRequest(table_id=self.table.table_id, partition_id=self.table.partition_id,
+                                         bucket=bucket, from_offset=from_offset,
                                          max_bytes=max_bytes, last_fetched_epoch=last_fetched_epoch)
         response = self._call_bucket(bucket, "FetchLog", request, idempotent=True)
         return [decode_entry(data, from_offset=from_offset) for data in response.entries], response.log_end_offset
@@ -362,11 +409,11 @@ class TableClient(LogOffsets):
         ``options``: ``limit``, ``batch_size_bytes``, ``start_after_key``, ``resume``, ``decode``.
         Nothing is sent before the first poll; use it with ``with`` or read it to the end."""
         self._check_open()
-        self.router.check_bucket(bucket)
+        self.physical.check_bucket(bucket)
         options.setdefault("batch_size_bytes", self.scan_batch_bytes)
         options.setdefault("request_timeout_s", self.timeout_s)
         return (KvStreamScanner if streaming else KvBatchScanner)(
-            self.router.route(bucket), self.table, bucket, codec=self.codec, retry=self.retry, **options)
+            self.physical.route(bucket), self.table, bucket, codec=self.codec, retry=self.retry, **options)
 
     def scan(self, limit: int | None = None, buckets: Iterable[int] | None = None, streaming: bool = False,
              **options):
@@ -389,8 +436,3 @@ def _chunks(batch: pa.RecordBatch) -> list[pa.RecordBatch]:
     step = -(-batch.num_rows // pieces)
     return [batch.slice(start, step) for start in range(0, batch.num_rows, step)]
 
-
-def _concat(batches: list[pa.RecordBatch], schema: pa.Schema) -> pa.RecordBatch:
-    if not batches:
-        return pa.RecordBatch.from_pylist([], schema=schema)
-    return batches[0] if len(batches) == 1 else pa.concat_batches(batches)

@@ -141,3 +141,10 @@ def table_to_batch(table: pa.Table) -> pa.RecordBatch:
     if not batches:
         return pa.RecordBatch.from_pylist([], schema=table.schema)
     return batches[0] if len(batches) == 1 else pa.concat_batches(batches)
+
+
+def concat(batches: list[pa.RecordBatch], schema: pa.Schema) -> pa.RecordBatch:
+    """One batch of ``schema`` with the rows of ``batches`` in order (an empty one for none)."""
+    if not batches:
+        return pa.RecordBatch.from_pylist([], schema=schema)
+    return batches[0] if len(batches) == 1 else pa.concat_batches(batches)

@@ -75,7 +75,7 @@ def scan_table(client, *, limit: int | None = None, buckets: Sequence[int] | Non
     check_limit(limit)
     wanted = list(range(table.buckets)) if buckets is None else sorted(set(buckets))
     for bucket in wanted:
-        client.router.check_bucket(bucket)
+        client.physical.check_bucket(bucket)
     stop = threading.Event()
 
     def scan_session(bucket: int, bucket_limit: int | None) -> tuple[list[pa.RecordBatch], int, int]:

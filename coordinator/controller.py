@@ -290,7 +290,8 @@ class Controller(Dispatcher):
         table = self.catalog.get_by_id(request.table_id)
         views = ([self.catalog.resolve(table.table_id, request.partition_id)]
                  if request.partition_id is not None or not table.partitioned else self.catalog.views(table))
-        return table, [row for view in views for row in self.members.assignment_rows(view)]
+        shown = views[0] if request.partition_id is not None else table  # one partition's: its view
+        return shown, [row for view in views for row in self.members.assignment_rows(view)]
 
     @on(rq.ListTabletServers)
     @_query

@@ -58,6 +58,12 @@ class Partitions:
                 return table, existing
             raise errors.PartitionAlreadyExistsError(f"partition {name} of table {table.path} already exists",
                                                      table=table.path, partition=name)
+        auto = table.auto_partition
+        cutoff = None if auto is None else auto_partition.retention_cutoff(auto, self.clock_ms())
+        if cutoff is not None and name < cutoff:  # the next check would drop it again
+            raise errors.InvalidRequestError(f"partition {name} of table {table.path} is past the table's retention "
+                                             f"({auto.retention} {auto.unit.name.lower()}s: the oldest kept is "
+                                             f"{cutoff}): not made", table=table.path, partition=name)
         return table, self.make(table, name)
 
     def make(self, table: TableInfo, name: str) -> TableInfo:

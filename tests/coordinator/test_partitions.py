@@ -1,0 +1,220 @@
+"""Partitioned tables on real coordinators (ZooKeeper, gRPC on loopback), no tablet servers: DDL, ids, the
+partition cap, auto-partitioning and retention that never drops what a lease holds (docs/partitions.md).
+
+The coordinators share a clock the tests move: auto-partition checks run every 100 ms of real time, and
+"days" pass when a test says so.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import datetime, timezone
+
+import pytest
+
+from kvlease.client.admin import AdminClient
+from kvlease.common import errors
+from kvlease.common.auto_partition import AutoPartition, TimeUnit
+from kvlease.common.model import TableBucket
+from kvlease.common.tables import Column
+from kvlease.coordinator.server import CoordinatorServer
+from kvlease.ops.wait import wait_until
+from tests.support.snapshot_manifests import commit_snapshot
+
+pytestmark = pytest.mark.zk
+
+DAY_MS = 86_400_000
+COLUMNS = [Column("day", "STRING"), Column("id", "BIGINT"), Column("v", "STRING")]
+
+
+class Clock:
+    """Milliseconds since the epoch, moved by the test (thread-safe)."""
+
+    def __init__(self, at: datetime) -> None:
+        self._ms = int(at.timestamp() * 1000)
+        self._lock = threading.Lock()
+
+    def __call__(self) -> int:
+        with self._lock:
+            return self._ms
+
+    def advance(self, ms: int) -> None:
+        with self._lock:
+            self._ms += ms
+
+
+@pytest.fixture
+def clock():
+    return Clock(datetime(2026, 11, 27, 12, tzinfo=timezone.utc))
+
+
+@pytest.fixture
+def pair(make_config, clock):
+    config = make_config({"metrics.port": 0, "kv.snapshot.lease.expiration-check-interval": "100ms",
+                          "auto-partition.check-interval": "100ms", "client.retry.total-timeout": "15s"})
+    servers = [CoordinatorServer(config, clock_ms=clock).start(), CoordinatorServer(config, clock_ms=clock).start()]
+    try:
+        wait_until(lambda: any(s.is_active for s in servers), 15, "an active coordinator", interval_s=0.02)
+        yield servers
+    finally:
+        for server in servers:
+            server.stop()
+
+
+@pytest.fixture
+def admin(pair):
+    with AdminClient([s.address for s in pair], retry_total_s=15) as client:
+        yield client
+
+
+def names(admin, path="db.orders"):
+    return [p.name for p in admin.list_partitions(path)[1]]
+
+
+def daily(admin, precreate=2, retention=1, path="db.orders"):
+    return admin.create_table(path, COLUMNS, ["day", "id"], 2, partition_key=["day"],
+                              auto_partition=AutoPartition(TimeUnit.DAY, precreate, retention))
+
+
+def test_a_partitioned_table_is_made_and_its_partitions_added_listed_and_dropped(admin):
+    table = admin.create_table("db.orders", COLUMNS, ["day", "id"], 2, partition_key=["day"])
+    assert table.partition_key == ("day",) and table.max_partitions == 1000 and table.auto_partition is None
+    assert names(admin) == []
+    _table, made = admin.create_partition("db.orders", "2026-11-27")
+    assert made.name == "2026-11-27" and made.partition_id > table.table_id
+    again = admin.create_partition("db.orders", "2026-11-27", ignore_if_exists=True)[1]  # a writer's retry
+    assert again.partition_id == made.partition_id
+    with pytest.raises(errors.PartitionAlreadyExistsError):
+        admin.create_partition("db.orders", "2026-11-27")
+    admin.create_partition("db.orders", "2026-11-28")
+    assert names(admin) == ["2026-11-27", "2026-11-28"]
+    leaders = admin.get_table_assignment(table.table_id, made.partition_id)[1]
+    assert sorted(leaders) == [0, 1]
+    with pytest.raises(errors.PartitionNotExistsError):  # a partitioned table's buckets are its partitions'
+        admin.get_table_assignment(table.table_id)
+    assert admin.drop_partition("db.orders", "2026-11-27")
+    assert names(admin) == ["2026-11-28"]
+    assert not admin.drop_partition("db.orders", "2026-11-27", ignore_if_not_exists=True)  # a retried drop
+    with pytest.raises(errors.PartitionNotExistsError):
+        admin.drop_partition("db.orders", "2026-11-27")
+    with pytest.raises(errors.PartitionNotExistsError):
+        admin.get_table_assignment(table.table_id, made.partition_id)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"primary_key": ["id"], "partition_key": ["day"]}, "primary key"),
+    ({"primary_key": ["day"], "partition_key": ["day"]}, "primary key"),
+    ({"primary_key": ["day", "id"], "partition_key": ["nope"]}, "nope"),
+    ({"primary_key": ["day", "id"], "partition_key": ["day"], "max_partitions": 0}, "table.partition.max"),
+    ({"primary_key": ["id", "v"], "partition_key": ["v"],
+      "auto_partition": AutoPartition(TimeUnit.DAY, 2, 7, "Mars/Olympus")}, "time zone"),
+])
+def test_bad_partitioned_table_definitions_are_refused_with_one_line(admin, kwargs, message):
+    primary_key = kwargs.pop("primary_key")
+    with pytest.raises(errors.InvalidTableError) as refused:
+        admin.create_table("db.bad", COLUMNS, primary_key, 1, **kwargs)
+    assert message in refused.value.message and "\n" not in refused.value.message
+    assert "db.bad" not in [t.path for t in admin.list_tables()]
+
+
+def test_bad_partition_names_and_partitions_of_unpartitioned_tables_are_refused(admin):
+    admin.create_table("db.orders", COLUMNS, ["day", "id"], 1, partition_key=["day"])
+    admin.create_table("db.flat", COLUMNS, ["id"], 1)
+    for bad in ("a b", "x/y", ".", "é", "a" * 65):
+        with pytest.raises(errors.InvalidRequestError):
+            admin.create_partition("db.orders", bad)
+    with pytest.raises(errors.InvalidRequestError) as refused:
+        admin.create_partition("db.flat", "20261127")
+    assert "not partitioned" in refused.value.message
+    assert names(admin) == []
+
+
+def test_partition_ids_are_never_reused_also_across_a_table_dropped_and_made_again(admin):
+    admin.create_table("db.orders", COLUMNS, ["day", "id"], 1, partition_key=["day"])
+    first = admin.create_partition("db.orders", "a")[1].partition_id
+    admin.drop_partition("db.orders", "a")
+    second = admin.create_partition("db.orders", "a")[1].partition_id
+    assert second > first
+    admin.drop_table("db.orders")
+    table = admin.create_table("db.orders", COLUMNS, ["day", "id"], 1, partition_key=["day"])
+    third = admin.create_partition("db.orders", "a")[1].partition_id
+    assert table.table_id > second and third > table.table_id
+
+
+def test_the_partition_cap_refuses_one_more_with_a_clear_error(admin):
+    admin.create_table("db.orders", COLUMNS, ["day", "id"], 1, partition_key=["day"], max_partitions=2)
+    admin.create_partition("db.orders", "a")
+    admin.create_partition("db.orders", "b")
+    with pytest.raises(errors.TooManyPartitionsError) as refused:
+        admin.create_partition("db.orders", "c")
+    assert "table.partition.max 2" in refused.value.message
+    admin.alter_table("db.orders", max_partitions=3)
+    admin.create_partition("db.orders", "c")
+    assert names(admin) == ["a", "b", "c"]
+
+
+def test_auto_partitioning_makes_partitions_ahead_and_drops_those_past_retention(admin, clock):
+    daily(admin, precreate=2, retention=1)
+    assert names(admin) == ["20261127", "20261128"]  # made with the table, not at the next check
+    with pytest.raises(errors.InvalidRequestError):  # an auto-partitioned table's values are its unit's
+        admin.create_partition("db.orders", "2026-11-29")
+    clock.advance(2 * DAY_MS)  # 2026-11-29: keeps one day back (20261128), makes 20261129 and 20261130
+    wait_until(lambda: names(admin) == ["20261128", "20261129", "20261130"], 10, "the check")
+    admin.alter_table("db.orders", precreate=3, retention=0)
+    wait_until(lambda: names(admin) == ["20261129", "20261130", "20261201"], 10, "the altered check")
+
+
+def held_partition(admin, clock, lease_ms=10 * DAY_MS):
+    """A daily table whose partition 20261127 a lease holds a snapshot of, then three days on: past
+    retention (1). Returns (the partition's bucket, its id)."""
+    table = daily(admin, precreate=2, retention=1)
+    old, _next = admin.list_partitions("db.orders")[1]
+    tb = TableBucket(table.table_id, 0, old.partition_id)
+    commit_snapshot(admin, tb, 1, 10)
+    assert not admin.acquire_lease("reader", {tb: 1}, lease_ms).unavailable
+    clock.advance(3 * DAY_MS)
+    wait_until(lambda: "20261130" in names(admin), 10, "the check after three days")
+    return tb, old.partition_id
+
+
+def test_a_partition_past_retention_that_a_lease_holds_is_kept_until_the_release(admin, clock):
+    tb, partition_id = held_partition(admin, clock)
+    (kept,) = [p for p in admin.list_partitions("db.orders")[1] if p.partition_id == partition_id]
+    assert kept.held_by == ("reader",) and "20261128" not in names(admin)  # its unleased neighbour went
+    assert admin.describe_lease("reader").buckets == {tb: 1}
+    admin.release_lease("reader", [tb])
+    wait_until(lambda: "20261127" not in names(admin), 10, "the drop after the release")
+    assert admin.list_kv_snapshots(tb.table_id) == []
+
+
+def test_a_partition_past_retention_is_dropped_when_the_lease_holding_it_expires(admin, clock):
+    _tb, _partition_id = held_partition(admin, clock, lease_ms=4 * DAY_MS)
+    assert "20261127" in names(admin)
+    clock.advance(DAY_MS + 1)  # past the lease's deadline
+    wait_until(lambda: "20261127" not in names(admin), 10, "the drop after the expiry")
+
+
+def test_a_coordinator_failover_between_the_hold_and_the_release_still_drops_it(admin, clock, pair):
+    tb, _partition_id = held_partition(admin, clock)
+    active = next(s for s in pair if s.is_active)
+    active.stop()
+    standby = next(s for s in pair if s is not active)
+    wait_until(lambda: standby.is_active, 20, "the standby to take over")
+    assert "20261127" in names(admin)  # the new term's first check finds it held, and keeps it
+    admin.release_lease("reader", [tb])
+    wait_until(lambda: "20261127" not in names(admin), 10, "the drop after the release")
+
+
+def test_dropping_a_partition_by_hand_takes_it_out_of_every_lease(admin):
+    table = admin.create_table("db.orders", COLUMNS, ["day", "id"], 1, partition_key=["day"])
+    a = admin.create_partition("db.orders", "a")[1]
+    b = admin.create_partition("db.orders", "b")[1]
+    tb_a, tb_b = TableBucket(table.table_id, 0, a.partition_id), TableBucket(table.table_id, 0, b.partition_id)
+    commit_snapshot(admin, tb_a, 1, 5)
+    commit_snapshot(admin, tb_b, 1, 5)
+    admin.acquire_lease("reader", {tb_a: 1, tb_b: 1}, 60_000)
+    admin.drop_partition("db.orders", "a")
+    assert admin.describe_lease("reader").buckets == {tb_b: 1}  # partition b untouched
+    assert [i.bucket for i in admin.list_kv_snapshots(table.table_id)] == [tb_b]
+    with pytest.raises(errors.PartitionNotExistsError):
+        admin.acquire_lease("reader", {tb_a: 1}, 60_000)
