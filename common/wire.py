@@ -4,8 +4,9 @@ Every response of every service carries an ``ErrorPb`` (code 0 = success);
 servers build it with :func:`error_pb`, clients read it with
 :func:`error_from_pb` / :func:`raise_for`. The other converters map the
 shared vocabulary (:mod:`kvlease.common.model`, :mod:`kvlease.common.tables`) to messages.
-:func:`refusing_partition_ids` makes both services refuse a request naming a
-partition (there are no partitioned tables yet).
+:func:`refusing_partition_ids` makes a service refuse every request naming a
+partition (the coordinator's, until it serves partitions; the tablet service
+resolves partitions itself: ``tablet/replicas/held_tables.py``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from kvlease.common import errors
 from kvlease.common.redaction import scrub
 from kvlease.common.model import Lease, SnapshotFile, SnapshotHandle, TableBucket
 from kvlease.common.proto import coordinator_pb2 as pb
-from kvlease.common.tables import Column, TableInfo
+from kvlease.common.auto_partition import DEFAULT_TIME_ZONE, AutoPartition, TimeUnit
+from kvlease.common.tables import DEFAULT_MAX_PARTITIONS, Column, TableInfo
 
 
 def error_pb(exc: errors.KvLeaseError) -> pb.ErrorPb:
@@ -60,17 +62,36 @@ def bucket_from_pb(msg: pb.TableBucketPb) -> TableBucket:
 
 
 def table_to_pb(table: TableInfo) -> pb.TableInfoPb:
-    return pb.TableInfoPb(
+    """The wire form of a table, or of a partition's view of its table (``partition_id`` and ``partition_name``)."""
+    msg = pb.TableInfoPb(
         table_id=table.table_id, database=table.database, name=table.name,
         columns=[{"name": c.name, "type": c.type} for c in table.columns],
         primary_key=list(table.primary_key), buckets=table.buckets, created_ms=table.created_ms,
-        replication_factor=table.replication_factor, min_insync_replicas=table.min_insync_replicas)
+        replication_factor=table.replication_factor, min_insync_replicas=table.min_insync_replicas,
+        partition_key=list(table.partition_key), partition_id=table.partition_id,
+        partition_name=table.partition_name or "")
+    if table.partitioned:
+        msg.max_partitions = table.max_partitions
+    if table.auto_partition is not None:
+        auto = table.auto_partition
+        msg.auto_partition.CopyFrom(pb.AutoPartitionPb(time_unit=auto.unit.name, precreate=auto.precreate,
+                                                       retention=auto.retention, time_zone=auto.time_zone))
+    return msg
 
 
 def table_from_pb(msg: pb.TableInfoPb) -> TableInfo:
+    """The table (or partition's view) :func:`table_to_pb` sent; InvalidTableError for bad auto-partitioning."""
+    auto = None
+    if msg.HasField("auto_partition"):
+        a = msg.auto_partition
+        auto = AutoPartition(TimeUnit.parse(a.time_unit), a.precreate, a.retention, a.time_zone or DEFAULT_TIME_ZONE)
+    view = msg.HasField("partition_id")  # a partition's view of its table
     return TableInfo(msg.table_id, msg.database, msg.name, tuple(Column(c.name, c.type) for c in msg.columns),
                      tuple(msg.primary_key), msg.buckets, msg.created_ms,
-                     max(1, msg.replication_factor), max(1, msg.min_insync_replicas))
+                     max(1, msg.replication_factor), max(1, msg.min_insync_replicas),
+                     partition_key=tuple(msg.partition_key),
+                     max_partitions=msg.max_partitions or DEFAULT_MAX_PARTITIONS, auto_partition=auto,
+                     partition_id=msg.partition_id if view else None, partition_name=msg.partition_name if view else None)
 
 
 def handle_to_pb(handle: SnapshotHandle, leased_by: Iterable[str] = (), retained: bool = True) -> pb.KvSnapshotPb:
