@@ -4,8 +4,9 @@ Every response of every service carries an ``ErrorPb`` (code 0 = success);
 servers build it with :func:`error_pb`, clients read it with
 :func:`error_from_pb` / :func:`raise_for`. The other converters map the
 shared vocabulary (:mod:`kvlease.common.model`, :mod:`kvlease.common.tables`) to messages.
-:func:`refusing_partition_ids` makes both services refuse a request naming a
-partition (there are no partitioned tables yet).
+:func:`refusing_partition_ids` makes a service refuse every request naming a
+partition (the coordinator's, until it serves partitions; the tablet service
+resolves partitions itself: ``tablet/replicas/held_tables.py``).
 """
 
 from __future__ import annotations
@@ -73,25 +74,49 @@ def partition_id_of(msg: Message) -> int | None:
 
 
 def table_to_pb(table: TableInfo) -> pb.TableInfoPb:
-    return pb.TableInfoPb(
+    """The wire form of a table, or of a partition's view of its table (``partition_id`` and ``partition_name``)."""
+    msg = pb.TableInfoPb(
         table_id=table.table_id, database=table.database, name=table.name,
         columns=[{"name": c.name, "type": c.type} for c in table.columns],
         primary_key=list(table.primary_key), buckets=table.buckets, created_ms=table.created_ms,
-        replication_factor=table.replication_factor, min_insync_replicas=table.min_insync_replicas)
+        replication_factor=table.replication_factor, min_insync_replicas=table.min_insync_replicas,
+        partition_key=list(table.partition_key), partition_id=table.partition_id,
+        partition_name=table.partition_name or "")
+    if table.partitioned:
+        msg.max_partitions = table.max_partitions
+    if table.auto_partition is not None:
+        msg.auto_partition.CopyFrom(auto_partition_to_pb(table.auto_partition))
+    return msg
+
+
+def auto_partition_to_pb(auto: AutoPartition) -> pb.AutoPartitionPb:
+    return pb.AutoPartitionPb(time_unit=auto.unit.name, precreate=auto.precreate, retention=auto.retention,
+                              time_zone=auto.time_zone)
+
+
+def auto_partition_from_pb(msg: Message) -> AutoPartition | None:
+    """A message's ``auto_partition`` (None when unset); InvalidTableError for a bad unit, zone or number."""
+    if not msg.HasField("auto_partition"):
+        return None
+    a = msg.auto_partition
+    return AutoPartition(TimeUnit.parse(a.time_unit), a.precreate, a.retention, a.time_zone or DEFAULT_TIME_ZONE)
 
 
 def table_from_pb(msg: pb.TableInfoPb) -> TableInfo:
+    """The table (or partition's view) :func:`table_to_pb` sent; InvalidTableError for bad auto-partitioning."""
+    auto = auto_partition_from_pb(msg)
+    view = msg.HasField("partition_id")  # a partition's view of its table
     return TableInfo(msg.table_id, msg.database, msg.name, tuple(Column(c.name, c.type) for c in msg.columns),
                      tuple(msg.primary_key), msg.buckets, msg.created_ms,
-                     max(1, msg.replication_factor), max(1, msg.min_insync_replicas))
+                     max(1, msg.replication_factor), max(1, msg.min_insync_replicas),
+                     partition_key=tuple(msg.partition_key),
+                     max_partitions=msg.max_partitions or DEFAULT_MAX_PARTITIONS, auto_partition=auto,
+                     partition_id=msg.partition_id if view else None, partition_name=msg.partition_name if view else None)
 
 
 def table_spec_from_pb(msg: pb.CreateTableRequest) -> TableSpec:
     """The table a create asks for (checked by the coordinator: common/tables.validate_spec)."""
-    auto = None
-    if msg.HasField("auto_partition"):
-        a = msg.auto_partition
-        auto = AutoPartition(TimeUnit.parse(a.time_unit), a.precreate, a.retention, a.time_zone or DEFAULT_TIME_ZONE)
+    auto = auto_partition_from_pb(msg)
     return TableSpec(msg.database, msg.name, tuple(Column(c.name, c.type) for c in msg.columns),
                      tuple(msg.primary_key), msg.buckets, tuple(msg.partition_key),
                      msg.max_partitions if msg.HasField("max_partitions") else DEFAULT_MAX_PARTITIONS, auto)
@@ -106,9 +131,7 @@ def table_spec_to_pb(spec: TableSpec, **fields) -> pb.CreateTableRequest:
     if spec.partition_key:
         msg.max_partitions = spec.max_partitions
     if spec.auto_partition is not None:
-        a = spec.auto_partition
-        msg.auto_partition.CopyFrom(pb.AutoPartitionPb(time_unit=a.unit.name, precreate=a.precreate,
-                                                       retention=a.retention, time_zone=a.time_zone))
+        msg.auto_partition.CopyFrom(auto_partition_to_pb(spec.auto_partition))
     return msg
 
 

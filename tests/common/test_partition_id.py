@@ -1,5 +1,9 @@
-"""``partition_id``: every request naming a table bucket carries it; until partitioned tables exist, both
-services answer a SET one with PARTITION_NOT_EXISTS and change nothing, and an unset one works as before.
+"""``partition_id``: every request naming a table bucket carries it; an unset one works as before.
+
+Until it serves partitions, the coordinator answers a SET one with PARTITION_NOT_EXISTS and changes nothing
+(``common/wire.py``'s refusal). A tablet server resolves it against the partitions it holds
+(``tablet/replicas/held_tables.py``; partitions it holds: tests/tablet/test_partition_buckets.py): naming one of
+an unpartitioned table is refused as INVALID_REQUEST and changes nothing.
 """
 
 from __future__ import annotations
@@ -164,8 +168,47 @@ def test_coordinator_refuses_a_set_partition_id_and_changes_nothing(coordinator,
 
 # -- tier 2: a tablet server over gRPC -------------------------------------------------------------
 
+def _tablet_requests(tablet, table) -> dict:
+    """rpc -> ``partition -> request`` naming bucket 0 of ``table`` (and ``partition``, if not None)."""
+    t = table.table_id
+    codec = RowCodec(table)
+    row = batch_to_ipc(codec.to_batch([{"id": 2, "v": "b"}]))
+    key = batch_to_ipc(codec.to_batch([{"id": 1}]).select(["id"]))
+
+    def scan_req(p):
+        return tpb.BucketScanReqPb(table_id=t, bucket=0, **_part(p))
+
+    def leadership(p):  # the coordinator's own call; applied regardless of p, it would bump the epoch
+        epoch = tablet.replicas.get(t, 0).leader_epoch + (0 if p is None else 1)
+        return tpb.UpdateLeadershipRequest(
+            coordinator_epoch=tablet.replicas.coordinator_epoch, server_id=1,
+            buckets=[tpb.BucketLeadershipPb(table=table_to_pb(table), bucket=0, leader_epoch=epoch, **_part(p))])
+
+    return {
+        "UpdateLeadership": leadership,
+        "PutKv": lambda p: tpb.PutKvRequest(table_id=t, bucket=0, upserts=row, **_part(p)),
+        "Lookup": lambda p: tpb.LookupRequest(table_id=t, bucket=0, keys=key, **_part(p)),
+        "FetchLog": lambda p: tpb.FetchLogRequest(table_id=t, bucket=0, from_offset=0, max_bytes=1 << 20, **_part(p)),
+        "ReplicaFetch": lambda p: tpb.ReplicaFetchRequest(replica_id=2, buckets=[tpb.ReplicaFetchBucketPb(
+            table_id=t, bucket=0, max_bytes=1 << 20, **_part(p))]),
+        "ListOffsets": lambda p: tpb.ListOffsetsRequest(table_id=t, buckets=[0], **_part(p)),
+        "TriggerSnapshot": lambda p: tpb.TriggerSnapshotRequest(table_id=t, buckets=[0], wait=True, **_part(p)),
+        "ScanKv": lambda p: tpb.ScanKvRequest(bucket_scan_req=scan_req(p), batch_size_bytes=1 << 20),
+        "ScanKvStream": lambda p: tpb.ScanKvStreamRequest(bucket_scan_req=scan_req(p), batch_size_bytes=1 << 20),
+    }
+
+
+#: rpc -> (code, words) of its refusal of partition 3 of an unpartitioned table; the others: INVALID_REQUEST, "not
+#: partitioned". The push names its table's view with no partition; a follower's fetch finds no such bucket.
+TABLET_REFUSALS = {
+    "UpdateLeadership": (errors.ErrorCode.INVALID_REQUEST, "with partition_id 3, but its table is not partitioned"),
+    "ReplicaFetch": (errors.ErrorCode.NOT_LEADER, "does not lead bucket 0 of partition 3 of table"),
+}
+
+
 @pytest.mark.zk
-def test_tablet_server_refuses_a_set_partition_id_on_every_rpc_and_changes_nothing(make_config, tmp_path):
+def test_tablet_server_refuses_a_partition_of_an_unpartitioned_table_on_every_rpc_and_changes_nothing(
+        make_config, tmp_path):
     c = Cluster(make_config)
     try:
         tablet = c.tablet(1, tmp_path / "t1")
@@ -173,32 +216,7 @@ def test_tablet_server_refuses_a_set_partition_id_on_every_rpc_and_changes_nothi
         t = table.table_id
         stub = c.stub(t, 0)
         put(stub, table, [{"id": 1, "v": "a"}])
-        codec = RowCodec(table)
-        row = batch_to_ipc(codec.to_batch([{"id": 2, "v": "b"}]))
-        key = batch_to_ipc(codec.to_batch([{"id": 1}]).select(["id"]))
-
-        def scan_req(p):
-            return tpb.BucketScanReqPb(table_id=t, bucket=0, **_part(p))
-
-        def leadership(p):  # the coordinator's own call; applied regardless of p, it would bump the epoch
-            epoch = tablet.replicas.get(t, 0).leader_epoch + (0 if p is None else 1)
-            return tpb.UpdateLeadershipRequest(
-                coordinator_epoch=tablet.replicas.coordinator_epoch, server_id=1,
-                buckets=[tpb.BucketLeadershipPb(table=table_to_pb(table), bucket=0, leader_epoch=epoch, **_part(p))])
-
-        requests = {
-            "UpdateLeadership": leadership,
-            "PutKv": lambda p: tpb.PutKvRequest(table_id=t, bucket=0, upserts=row, **_part(p)),
-            "Lookup": lambda p: tpb.LookupRequest(table_id=t, bucket=0, keys=key, **_part(p)),
-            "FetchLog": lambda p: tpb.FetchLogRequest(table_id=t, bucket=0, from_offset=0, max_bytes=1 << 20,
-                                                      **_part(p)),
-            "ReplicaFetch": lambda p: tpb.ReplicaFetchRequest(replica_id=2, buckets=[tpb.ReplicaFetchBucketPb(
-                table_id=t, bucket=0, max_bytes=1 << 20, **_part(p))]),
-            "ListOffsets": lambda p: tpb.ListOffsetsRequest(table_id=t, buckets=[0], **_part(p)),
-            "TriggerSnapshot": lambda p: tpb.TriggerSnapshotRequest(table_id=t, buckets=[0], wait=True, **_part(p)),
-            "ScanKv": lambda p: tpb.ScanKvRequest(bucket_scan_req=scan_req(p), batch_size_bytes=1 << 20),
-            "ScanKvStream": lambda p: tpb.ScanKvStreamRequest(bucket_scan_req=scan_req(p), batch_size_bytes=1 << 20),
-        }
+        requests = _tablet_requests(tablet, table)
         assert set(requests) == TABLET_RPCS
 
         def call(rpc, partition):
@@ -214,11 +232,18 @@ def test_tablet_server_refuses_a_set_partition_id_on_every_rpc_and_changes_nothi
         for rpc in sorted(requests):
             before = state()
             response = call(rpc, 3)
-            assert response.error.code == errors.ErrorCode.PARTITION_NOT_EXISTS, (rpc, response.error)
-            assert f"partition 3 of table {t} (bucket" in response.error.message, rpc
+            if rpc == "ReplicaFetch":  # answered per bucket
+                assert not response.error.code, response.error
+                response = response.buckets[0]
+            code, words = TABLET_REFUSALS.get(rpc, (errors.ErrorCode.INVALID_REQUEST,
+                                                    f"table {t} is not partitioned: leave partition_id unset (it is 3)"))
+            assert response.error.code == code, (rpc, response.error)
+            assert words in response.error.message, (rpc, response.error.message)
             assert state() == before, rpc
             response = call(rpc, None)  # without the partition id: as before
             assert response.error.code == 0, (rpc, response.error)
+            if rpc == "ReplicaFetch":  # one replica: not fetched from, by its own rule
+                assert response.buckets[0].error.code == errors.ErrorCode.INVALID_REQUEST, response.buckets[0]
         assert lookup(stub, table, [2]) == [{"id": 2, "v": "b"}]  # the unpartitioned PutKv wrote
         assert c.admin.get_latest_kv_snapshots(t)  # the unpartitioned TriggerSnapshot committed
     finally:
