@@ -1,7 +1,7 @@
 """``partition_id``: every request naming a table bucket carries it; an unset one works as before.
 
-Until it serves partitions, the coordinator answers a SET one with PARTITION_NOT_EXISTS and changes nothing
-(``common/wire.py``'s refusal). A tablet server resolves it against the partitions it holds
+The coordinator resolves it against its partitions (tests/coordinator/test_partitions.py): naming one of an
+unpartitioned table is refused and changes nothing. A tablet server resolves it against the partitions it holds
 (``tablet/replicas/held_tables.py``; partitions it holds: tests/tablet/test_partition_buckets.py): naming one of
 an unpartitioned table is refused as INVALID_REQUEST and changes nothing.
 """
@@ -17,7 +17,7 @@ from kvlease.common.model import TableBucket
 from kvlease.common.proto import coordinator_pb2 as cpb
 from kvlease.common.proto import coordinator_pb2_grpc as cpb_grpc
 from kvlease.common.proto import tablet_pb2 as tpb
-from kvlease.common.wire import refuse_partition_ids, table_to_pb
+from kvlease.common.wire import table_to_pb
 from kvlease.coordinator.server import CoordinatorServer
 from kvlease.client.admin import AdminClient
 from tests.support.snapshot_manifests import commit_snapshot, snapshot
@@ -55,41 +55,6 @@ def test_every_rpc_naming_a_bucket_carries_partition_id(module, service, rpcs):
         for f in m.input_type.fields:
             if f.name == "partition_id":
                 assert f.has_presence, f"{m.input_type.name}.partition_id"
-
-
-@pytest.mark.unit
-@pytest.mark.parametrize("request_, where", [
-    (tpb.PutKvRequest(table_id=3, bucket=1, partition_id=0), "(bucket 1)"),
-    (tpb.ListOffsetsRequest(table_id=3, buckets=[2, 0], partition_id=0), "(buckets [0, 2])"),
-    (tpb.TriggerSnapshotRequest(table_id=3, partition_id=0), "(every bucket)"),
-    (tpb.ScanKvRequest(bucket_scan_req=tpb.BucketScanReqPb(table_id=3, bucket=1, partition_id=0)), "(bucket 1)"),
-    (tpb.UpdateLeadershipRequest(buckets=[tpb.BucketLeadershipPb(table=cpb.TableInfoPb(table_id=3), bucket=1,
-                                                                 partition_id=0)]), "(bucket 1)"),
-    (cpb.AcquireKvSnapshotLeaseRequest(lease_id="l", snapshots=[cpb.BucketSnapshotPb(
-        bucket=cpb.TableBucketPb(table_id=3, bucket=1, partition_id=0), snapshot_id=1)]), "(bucket 1)"),
-])
-def test_a_set_partition_id_even_zero_is_refused_naming_table_bucket_and_partition(request_, where):
-    with pytest.raises(errors.PartitionNotExistsError) as info:
-        refuse_partition_ids(request_)
-    assert info.value.code == errors.ErrorCode.PARTITION_NOT_EXISTS == 26
-    assert f"partition 0 of table 3 {where}" in info.value.message
-
-
-@pytest.mark.unit
-def test_an_unset_partition_id_passes():
-    refuse_partition_ids(tpb.PutKvRequest(table_id=3, bucket=1))
-    refuse_partition_ids(cpb.ReleaseKvSnapshotLeaseRequest(lease_id="l", buckets=[cpb.TableBucketPb(table_id=3)]))
-    refuse_partition_ids(cpb.ListTablesRequest())
-
-
-@pytest.mark.unit
-def test_a_partition_id_set_only_in_the_last_of_many_buckets_is_found_and_named():
-    snapshots = [cpb.BucketSnapshotPb(bucket=cpb.TableBucketPb(table_id=3, bucket=b), snapshot_id=1) for b in range(15)]
-    snapshots.append(cpb.BucketSnapshotPb(bucket=cpb.TableBucketPb(table_id=4, bucket=15, partition_id=7), snapshot_id=1))
-    with pytest.raises(errors.PartitionNotExistsError) as info:
-        refuse_partition_ids(cpb.AcquireKvSnapshotLeaseRequest(lease_id="l", snapshots=snapshots))
-    assert "partition 7 of table 4 (bucket 15)" in info.value.message
-    refuse_partition_ids(cpb.AcquireKvSnapshotLeaseRequest(lease_id="l", snapshots=snapshots[:15]))
 
 
 # -- tier 2: the coordinator over gRPC ------------------------------------------------------------
@@ -135,7 +100,27 @@ COORDINATOR_REQUESTS = {
                                                              **_part(p)),
     "ResignLeadership": lambda t, p: cpb.ResignLeadershipRequest(server_id=1, buckets=[cpb.ResignBucketPb(
         table_id=t, bucket=0, leader_epoch=1, reason="test", **_part(p))]),
+    "ReportReplicaLoss": lambda t, p: cpb.ReportReplicaLossRequest(server_id=1, table_id=t, bucket=0, reason="test",
+                                                                   **_part(p)),
+    "ReportLogEnds": lambda t, p: cpb.ReportLogEndsRequest(server_id=1, buckets=[cpb.BucketLogEndPb(
+        table_id=t, bucket=0, leader_epoch=1, log_end=5, **_part(p))]),
+    "ConfirmRestore": lambda t, p: cpb.ConfirmRestoreRequest(server_id=1, table_id=t, bucket=0, leader_epoch=1,
+                                                             **_part(p)),
+    "RestoreBucket": lambda t, p: cpb.RestoreBucketRequest(table_id=t, bucket=0, accept_data_loss=True, **_part(p)),
+    "ElectLeader": lambda t, p: cpb.ElectLeaderRequest(table_id=t, bucket=0, unclean=True, **_part(p)),
 }
+
+#: How each RPC answers a partition of the unpartitioned table, if not INVALID_REQUEST ("not partitioned"): the
+#: cluster's own servers' requests name a physical id (common/tables.py; partition id 0 names none); ReportLogEnds
+#: changes nothing either way (the end of a bucket no server leads) and succeeds; a commit's manifest must lie
+#: under the partition's bucket directory, checked first.
+COORDINATOR_REFUSALS = {
+    "AlterIsr": errors.ErrorCode.TABLE_NOT_EXIST, "ResignLeadership": errors.ErrorCode.TABLE_NOT_EXIST,
+    "ReportReplicaLoss": errors.ErrorCode.TABLE_NOT_EXIST, "ConfirmRestore": errors.ErrorCode.TABLE_NOT_EXIST,
+    "ReportLogEnds": 0, "CommitKvSnapshot": errors.ErrorCode.INVALID_SNAPSHOT,
+}
+#: RPCs that answer per item: where the answer to the item naming the partition is.
+PER_ITEM = {"ResignLeadership": lambda r: r.buckets[0], "AcquireKvSnapshotLeases": lambda r: r.responses[1]}
 
 
 def test_coordinator_requests_cover_every_rpc_naming_a_bucket():
@@ -144,28 +129,21 @@ def test_coordinator_requests_cover_every_rpc_naming_a_bucket():
 
 @pytest.mark.zk
 @pytest.mark.parametrize("rpc", sorted(COORDINATOR_REQUESTS))
-def test_coordinator_refuses_a_set_partition_id_and_changes_nothing(coordinator, rpc):
+def test_coordinator_refuses_a_partition_of_an_unpartitioned_table_and_changes_nothing(coordinator, rpc):
     admin, stub, table = coordinator
 
     def state():
-        return admin.list_kv_snapshots(table.table_id), admin.list_leases()
+        return admin.list_kv_snapshots(table.table_id), admin.list_leases(), admin.get_table_assignment(table.table_id)
 
     before = state()
     response = getattr(stub, rpc)(COORDINATOR_REQUESTS[rpc](table.table_id, 0), timeout=10)
-    assert response.error.code == errors.ErrorCode.PARTITION_NOT_EXISTS, response.error
-    table_named = "db.t" if rpc == "ReassignBucket" else table.table_id  # a request naming the table by its path
-    assert f"partition 0 of table {table_named} (" in response.error.message
-    assert state() == before
-    # without the partition id: as before
-    response = getattr(stub, rpc)(COORDINATOR_REQUESTS[rpc](table.table_id, None), timeout=10)
-    # AlterIsr: no tablet server runs here, so server 1 does not lead bucket 0; ReassignBucket: the table has
-    # one replica, which does not move: each refused by its own rule
-    own_rule = {"AlterIsr": errors.ErrorCode.FENCED_LEADER_EPOCH, "ReassignBucket": errors.ErrorCode.INVALID_REQUEST}
-    assert response.error.code == own_rule.get(rpc, 0), response.error
-    assert (state() != before) == (rpc in {"CommitKvSnapshot", "AcquireKvSnapshotLease", "AcquireKvSnapshotLeases",
-                                           "ReleaseKvSnapshotLease"})
-
-
+    expected = COORDINATOR_REFUSALS.get(rpc, errors.ErrorCode.INVALID_REQUEST)
+    answer = PER_ITEM.get(rpc, lambda r: r)(response)
+    assert answer.error.code == expected, response
+    if expected == errors.ErrorCode.INVALID_REQUEST:
+        assert "not partitioned" in answer.error.message, answer.error.message
+    if rpc != "AcquireKvSnapshotLeases":  # its other acquire, of no partition, takes a lease
+        assert state() == before
 # -- tier 2: a tablet server over gRPC -------------------------------------------------------------
 
 def _tablet_requests(tablet, table) -> dict:
