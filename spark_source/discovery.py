@@ -27,7 +27,8 @@ from kvlease.spark_source.stream_offsets import NOT_STARTED
 
 class PartitionDiscovery:
     """Lists a partitioned table's partitions at the first :meth:`poll` and then at most every ``interval_ms``
-    (``clock``: seconds, monotonic)."""
+    (``clock``: seconds, monotonic). A :meth:`listing` asked for outside a poll (a query's start) is what the
+    next poll answers."""
 
     def __init__(self, admin: AdminClient, table: TableInfo, interval_ms: int,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -36,18 +37,22 @@ class PartitionDiscovery:
         self.interval_s = interval_ms / 1000.0
         self.clock = clock
         self._last: float | None = None
+        self._unpolled: dict[int, str] | None = None
 
     def listing(self) -> dict[int, str]:
-        """The table's partitions now (id -> name); the next :meth:`poll` is an interval from now."""
+        """The table's partitions now (id -> name); the next :meth:`poll` answers them, and lists again an
+        interval from now."""
         self._last = self.clock()
         _table, partitions = self.admin.list_partitions(table_id=self.table.table_id)
-        return {p.partition_id: p.name for p in partitions}
+        self._unpolled = {p.partition_id: p.name for p in partitions}
+        return dict(self._unpolled)
 
     def poll(self) -> dict[int, str] | None:
-        """:meth:`listing` if it is due, else None."""
-        if self._last is not None and self.clock() - self._last < self.interval_s:
-            return None
-        return self.listing()
+        """The listing not polled yet, or a new one if it is due; else None."""
+        if self._unpolled is None and (self._last is None or self.clock() - self._last >= self.interval_s):
+            self.listing()
+        listed, self._unpolled = self._unpolled, None
+        return listed
 
 
 def follow(names: Mapping[int, str], starts: Mapping[BucketKey, tuple[int, int]], listing: Mapping[int, str] | None,

@@ -128,16 +128,27 @@ def test_a_catalog_table_shows_its_partition_column_and_each_query_prunes_on_its
 def test_a_stream_copies_a_partitioned_table_into_one_whose_partitions_it_creates(spark, kv, tmp_path):
     state = events(kv)
     kv.admin.create_table("shop.copy", EVENTS, ["day", "id"], 2, partition_key=["day"])
-    query = (spark.readStream.format("kvlease").option("bootstrap", kv.coordinator.address)
-             .option("table", "shop.events").load()
-             .writeStream.format("kvlease").option("bootstrap", kv.coordinator.address).option("table", "shop.copy")
-             .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
-    try:
-        assert query.awaitTermination(120)
-    finally:
-        query.stop()
+
+    def copy() -> None:
+        query = (spark.readStream.format("kvlease").option("bootstrap", kv.coordinator.address)
+                 .option("table", "shop.events").load()
+                 .writeStream.format("kvlease").option("bootstrap", kv.coordinator.address)
+                 .option("table", "shop.copy").option("checkpointLocation", str(tmp_path / "ck"))
+                 .trigger(availableNow=True).start())
+        try:
+            assert query.awaitTermination(120)
+        finally:
+            query.stop()
+
+    copy()
     assert sorted(p.name for p in kv.admin.list_partitions("shop.copy")[1]) == list(DAYS)
     assert rows(read(spark, kv, "shop.copy")) == state
+    with TableClient(kv.admin, "shop.events") as client:  # a new partition, and changes to an old one
+        client.upsert([{"day": d, "id": 7, "v": "again"} for d in ("20261128", DAYS[0])])
+    state.update({(d, 7): "again" for d in ("20261128", DAYS[0])})
+    copy()  # restarted from its checkpoint: the new partition from its beginning, the others from their offsets
+    assert rows(read(spark, kv, "shop.copy")) == state
+    assert _joins(tmp_path / "ck") == {p.partition_id: 1 for p in kv.admin.list_partitions("shop.events")[1]}
 
     bad = spark.createDataFrame([("20261128", 1, "x"), ("no way", 2, "y")], "day STRING, id BIGINT, v STRING") \
         .coalesce(1)
@@ -146,7 +157,7 @@ def test_a_stream_copies_a_partitioned_table_into_one_whose_partitions_it_create
             .mode("append").save()
     assert ("table shop.copy: row 1 of partition 0: partition column 'day': bad partition value 'no way'"
             in str(raised.value))
-    assert sorted(p.name for p in kv.admin.list_partitions("shop.copy")[1]) == list(DAYS)  # nothing written
+    assert sorted(p.name for p in kv.admin.list_partitions("shop.copy")[1]) == [*DAYS, "20261128"]  # none made
     wait_until(lambda: kv.admin.list_leases() == [], 30, "the stream's lease released")
 
 
@@ -282,9 +293,15 @@ def _applied(rows: list[dict]) -> dict[str, dict[int, int]]:
 
 
 def _assert_read_once(rows: list[dict], checkpoint) -> None:
-    """No change row twice, and each partition joins the offsets once, and never comes back once it left."""
+    """No change row twice, and each partition joined the offsets once."""
     seen = [(r["sec"], r["_bucket"], r["_log_offset"], r["id"], r["_change_type"]) for r in rows]
     assert len(seen) == len(set(seen))
+    assert set(_joins(checkpoint).values()) == {1}
+
+
+def _joins(checkpoint) -> dict[int, int]:
+    """partition id -> how many times it joined a query's offsets (read from its beginning); AssertionError if
+    one came back after it left them."""
     joined: dict[int, int] = {}
     left: set[int] = set()
     before: set[int] = set()
@@ -297,7 +314,7 @@ def _assert_read_once(rows: list[dict], checkpoint) -> None:
             joined[p] = joined.get(p, 0) + 1
         left |= before - now
         before = now
-    assert joined and all(n == 1 for n in joined.values())
+    return joined
 
 
 # -- the pure parts, without Spark or a cluster --------------------------------------------------------------
@@ -379,10 +396,12 @@ def test_discovery_lists_at_first_then_every_interval_and_partitions_join_once_a
     admin.now = {12: "a", 13: "b"}
     discovery = PartitionDiscovery(admin, PARTITIONED, 10_000, clock=lambda: clock[0])
     assert discovery.poll() == {12: "a", 13: "b"} and discovery.poll() is None
+    assert discovery.listing() == {12: "a", 13: "b"} and Admin.listed == 2  # at a query's start: polled next
+    assert discovery.poll() == {12: "a", 13: "b"} and discovery.poll() is None and Admin.listed == 2
     clock[0] += 10
     admin.now = {13: "b", 14: "c"}
     listing = discovery.poll()
-    assert listing == {13: "b", 14: "c"} and Admin.listed == 2
+    assert listing == {13: "b", 14: "c"} and Admin.listed == 3
     names, starts = follow({12: "a", 13: "b"}, {(12, 0): (-1, 9), (12, 1): (-1, 9), (13, 0): (-1, 4),
                                                 (13, 1): (-1, 5)}, listing, 2)
     assert names == {13: "b", 14: "c"}
