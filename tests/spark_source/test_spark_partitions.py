@@ -103,6 +103,13 @@ def test_a_batch_read_leases_every_kept_partition_under_one_lease_and_filters_pr
                         (f"day LIKE '2026112%' AND NOT day = '{DAYS[0]}'", lambda d, i: d != DAYS[0]),
                         ("day = '20990101'", lambda d, i: False)):
         assert rows(read(spark, kv).where(where)) == {k: v for k, v in state.items() if keep(*k)}, where
+    # a change feed is pruned too, and applied gives the partition; ending.offsets names an unpartitioned table's
+    changes = read(spark, kv, startup_mode="earliest").where(f"day = '{DAYS[2]}'").collect()
+    assert {r["day"] for r in changes} == {DAYS[2]}
+    assert _applied([{**r.asDict(), "sec": r["day"]} for r in changes])[DAYS[2]] == {
+        i: v for (d, i), v in state.items() if d == DAYS[2]}
+    with pytest.raises(Exception, match="option 'ending.offsets' names buckets of an unpartitioned table"):
+        read(spark, kv, startup_mode="earliest", ending_offsets='{"0": 1}').collect()
     assert kv.admin.list_leases() == []
 
 
