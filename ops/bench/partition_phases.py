@@ -175,7 +175,7 @@ class Committer:
 
     def _run(self) -> None:
         with AdminClient(self.addresses, request_timeout_s=10.0, retry_total_s=60.0) as admin:
-            n = 0
+            n, origin = 0, self.started
             while not self.stop_event.is_set():
                 tb = self.tbs[n % len(self.tbs)]
                 n += 1
@@ -187,9 +187,9 @@ class Committer:
                     self.errors += 1
                     if len(self.first_errors) < 5:
                         self.first_errors.append(f"{type(exc).__name__}: {exc.message}")
-                delay = self.started + n / self.rate - time.perf_counter()
+                delay = origin + n / self.rate - time.perf_counter()
                 if delay < 0:  # behind: the schedule starts again from now
-                    self.started -= delay
+                    origin -= delay
                 self.stop_event.wait(max(0.0, delay))
 
     def figures(self) -> dict[str, Any]:
