@@ -31,6 +31,7 @@ LATEST_TARGET = 10.0  # lease acquire --latest on the big table, at most this x 
 RETENTION_TARGET_S = 30.0  # retention dropping --expiring partitions at once, at most this long
 RETENTION_ROOM = 10  # the expiring table keeps this many hours more than it has partitions, until altered
 ROLES = ("coordinators", "tablets", "zookeeper")
+COMMIT_ATTEMPTS = 3  # a commit whose answer was lost (timed out) is sent again, at most this often
 
 
 @dataclass(frozen=True)
@@ -120,10 +121,16 @@ def commit_handle(admin: AdminClient, storage: RemoteStorage, tb: TableBucket, s
     upload: its manifest (no files, log offset 0) written to remote storage, then the handle committed."""
     manifest = Manifest(tb, snapshot_id, 0, (), 0)
     storage.put(manifest.path, manifest.to_bytes())
-    admin.commit_kv_snapshot(manifest.to_handle())
+    for attempt in range(COMMIT_ATTEMPTS):
+        try:
+            admin.commit_kv_snapshot(manifest.to_handle())
+            return
+        except errors.OutcomeUnknownError:  # a commit of a stored handle again is answered as done
+            if attempt == COMMIT_ATTEMPTS - 1:
+                raise
 
 
-def commit_all(addresses: list[str], remote: str, tbs: list[TableBucket], threads: int = 4) -> dict[str, Any]:
+def commit_all(addresses: list[str], remote: str, tbs: list[TableBucket], threads: int = 8) -> dict[str, Any]:
     """Snapshot 1 of every bucket of ``tbs``, from ``threads`` threads sharing a client; the first error
     (once every thread stopped) is raised."""
     storage = open_storage(remote)
@@ -202,16 +209,38 @@ class Committer:
 # -- the idle loop, lease acquire --latest -------------------------------------------------------------
 
 
+def isr_changes(directory: str) -> int:
+    """How many ISR changes the coordinators logged so far ("ISR of bucket …": a follower fell behind or caught
+    up; each is a ZooKeeper write and a push of every bucket to the bucket's holders)."""
+    count = 0
+    for entry in local_cluster.load(directory)["coordinators"]:
+        try:
+            with open(entry["log"], "rb") as fh:
+                count += sum(line.count(b"] ISR of bucket ") for line in fh)
+        except OSError:
+            continue
+    return count
+
+
+def settle(directory: str, timeout_s: float = 180.0) -> float:
+    """Wait until the active coordinator is idle (the pushes of the last creates sent, the tablet servers'
+    answers taken); the seconds waited. The tablet servers are not waited for: with thousands of buckets
+    each keeps working in the background (followers' fetches, ISR and lease rounds), see :func:`idle_loop`."""
+    return wait_idle(int(local_cluster.active_coordinator(directory)["pid"]), busy_below=0.05, timeout_s=timeout_s)
+
+
 def idle_loop(directory: str, seconds: float, leases: int) -> dict[str, Any]:
-    """The active coordinator's event-loop CPU per second with no request, once the tablet servers settled."""
-    doc = local_cluster.load(directory)
+    """The active coordinator's event-loop CPU per second with no client request, once it settled; the
+    tablet servers' CPU per second meanwhile (their background work, and what they ask of the coordinator)."""
+    settled = settle(directory)
     active = local_cluster.active_coordinator(directory)
-    settle = [wait_idle(int(p["pid"]), busy_below=0.05, timeout_s=120.0)  # opening buckets, the last pushes
-              for p in [*doc["tablets"], active]]
-    port = int(active["metrics_address"].rsplit(":", 1)[1])
-    pid = int(active["pid"])
+    tablets = [int(t["pid"]) for t in local_cluster.load(directory)["tablets"]]
+    port, pid = int(active["metrics_address"].rsplit(":", 1)[1]), int(active["pid"])
+    cpu0, isr0, t0 = sum(map(cpu_seconds, tablets)), isr_changes(directory), time.perf_counter()
     idle = bench_scale.idle_loop_cpu(port, lambda: bench_scale.threads_cpu_s(pid), leases, seconds)
-    return {**idle, "settled_after_s": round(sum(settle), 1)}
+    tablets_ms = (sum(map(cpu_seconds, tablets)) - cpu0) * 1000 / (time.perf_counter() - t0) / len(tablets)
+    return {**idle, "settled_after_s": round(settled, 1), "tablet_cpu_ms_per_s": round(tablets_ms, 1),
+            "isr_changes": isr_changes(directory) - isr0}
 
 
 def lease_latest(admin: AdminClient, table_id: int, lease_id: str) -> dict[str, float]:

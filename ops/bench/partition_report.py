@@ -45,8 +45,9 @@ def report(figures: dict[str, Any]) -> str:
         f"tablet servers; 2 coordinators; session timeout {s['session_timeout_ms'] / 1000:g} s)",
         f"creating the partitions  {c['seconds']:.1f} s ({c['per_s']:.1f} /s; a create took "
         f"{c['first_tenth_mean_ms']:.1f} ms on average over the first tenth, {c['last_tenth_mean_ms']:.1f} ms over "
-        f"the last)",
-        "   CPU per partition: " + ", ".join(f"{role} {ms:.1f} ms" for role, ms in cpu.items()),
+        f"the last; the coordinator idle again {c['settled_after_s']:.1f} s after the last)",
+        "   CPU per partition: " + ", ".join(f"{role} {ms:.1f} ms" for role, ms in cpu.items())
+        + f"; {c['isr_changes']:,} ISR changes meanwhile",
         f"   snapshot 1 of every bucket: {figures['initial_commits']['snapshots']:,} commits in "
         f"{figures['initial_commits']['seconds']:.1f} s",
         *_idle_lines(figures),
@@ -69,9 +70,10 @@ def _idle_lines(figures: dict[str, Any]) -> list[str]:
     return [f"idle loop CPU   {big['loop_cpu_ms_per_s']:.3f} ms/s with the partitions vs "
             f"{one['loop_cpu_ms_per_s']:.3f} ms/s with one table: {row.value:.2f} x, target <= {IDLE_TARGET:g} x: "
             f"{_met(row.met)}",
-            f"   whole coordinator process {big['process_cpu_ms_per_s']:.3f} vs {one['process_cpu_ms_per_s']:.3f} ms/s "
-            f"(sampled {big['seconds']:.1f} s each, after the tablet servers settled: {big['settled_after_s']:.0f} s "
-            f"vs {one['settled_after_s']:.0f} s)"]
+            f"   whole coordinator process {big['process_cpu_ms_per_s']:.3f} vs {one['process_cpu_ms_per_s']:.3f} ms/s; "
+            f"each tablet server meanwhile {big['tablet_cpu_ms_per_s']:.0f} vs {one['tablet_cpu_ms_per_s']:.0f} ms/s; "
+            f"ISR changes {big['isr_changes']} vs {one['isr_changes']} (sampled {big['seconds']:.1f} s each, after "
+            f"the coordinator settled: {big['settled_after_s']:.0f} s vs {one['settled_after_s']:.0f} s)"]
 
 
 def _latest_lines(figures: dict[str, Any]) -> list[str]:

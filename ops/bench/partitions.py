@@ -115,8 +115,11 @@ def measure(directory: str, s: Settings, progress: bench_suite.Progress) -> dict
         big_id = phases.create_partitioned(admin, BIG, s, max_partitions=max(DEFAULT_MAX_PARTITIONS, s.partitions))
         progress(f"2. creating {s.partitions:,} partitions x {s.buckets} buckets x RF {s.replication_factor} "
                  f"on {s.tablets} tablet servers")
+        isr0 = phases.isr_changes(directory)
         created = phases.create_partitions(admin, BIG, phases.partition_names(s.partitions), pids, progress)
         big_buckets = phases.buckets_of(big_id, created.pop("ids").values(), s.buckets)
+        created["settled_after_s"] = round(phases.settle(directory), 1)
+        created["isr_changes"] = phases.isr_changes(directory) - isr0
         progress(f"2. committing snapshot 1 of {len(big_buckets):,} buckets")
         initial = phases.commit_all(addresses, remote, big_buckets)
         progress(f"3. idle loop CPU with {s.partitions:,} partitions, {s.idle_seconds:g} s")
