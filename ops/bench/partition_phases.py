@@ -31,7 +31,8 @@ LATEST_TARGET = 10.0  # lease acquire --latest on the big table, at most this x 
 RETENTION_TARGET_S = 30.0  # retention dropping --expiring partitions at once, at most this long
 RETENTION_ROOM = 10  # the expiring table keeps this many hours more than it has partitions, until altered
 ROLES = ("coordinators", "tablets", "zookeeper")
-COMMIT_ATTEMPTS = 3  # a commit whose answer was lost (timed out) is sent again, at most this often
+COMMIT_ATTEMPTS = 5  # a commit whose answer was lost (timed out) is sent again, at most this often
+COMMIT_TIMEOUT_S = 120.0  # a commit waits for its leader's log end (ListOffsets): slow on a server thrashing
 
 
 @dataclass(frozen=True)
@@ -146,7 +147,7 @@ def commit_all(addresses: list[str], remote: str, tbs: list[TableBucket], thread
             failures.append(exc)
 
     t0 = time.perf_counter()
-    with AdminClient(addresses, request_timeout_s=30.0, retry_total_s=60.0) as admin:
+    with AdminClient(addresses, request_timeout_s=COMMIT_TIMEOUT_S, retry_total_s=COMMIT_TIMEOUT_S) as admin:
         workers = [threading.Thread(target=commit, args=(tbs[i::threads],)) for i in range(threads)]
         for w in workers:
             w.start()
@@ -222,7 +223,7 @@ def isr_changes(directory: str) -> int:
     return count
 
 
-def settle(directory: str, timeout_s: float = 180.0) -> float:
+def settle(directory: str, timeout_s: float = 120.0) -> float:
     """Wait until the active coordinator is idle (the pushes of the last creates sent, the tablet servers'
     answers taken); the seconds waited. The tablet servers are not waited for: with thousands of buckets
     each keeps working in the background (followers' fetches, ISR and lease rounds), see :func:`idle_loop`."""
@@ -240,7 +241,21 @@ def idle_loop(directory: str, seconds: float, leases: int) -> dict[str, Any]:
     idle = bench_scale.idle_loop_cpu(port, lambda: bench_scale.threads_cpu_s(pid), leases, seconds)
     tablets_ms = (sum(map(cpu_seconds, tablets)) - cpu0) * 1000 / (time.perf_counter() - t0) / len(tablets)
     return {**idle, "settled_after_s": round(settled, 1), "tablet_cpu_ms_per_s": round(tablets_ms, 1),
-            "isr_changes": isr_changes(directory) - isr0}
+            "isr_changes": isr_changes(directory) - isr0, "tablets": tablet_buckets(directory)}
+
+
+def tablet_buckets(directory: str) -> list[dict[str, Any]]:
+    """What each tablet server says: the buckets it leads, those with open files and the most it keeps open
+    (``tablet.buckets.max-open``; beyond it, buckets are closed and reopened on use)."""
+    out = []
+    for entry in local_cluster.load(directory)["tablets"]:
+        try:
+            health = local_cluster.read_health(entry["metrics_address"], timeout_s=10.0)
+        except errors.KvLeaseError as exc:
+            out.append({"error": exc.message})
+            continue
+        out.append({key: health.get(key) for key in ("buckets", "open_buckets", "max_open_buckets")})
+    return out
 
 
 def lease_latest(admin: AdminClient, table_id: int, lease_id: str) -> dict[str, float]:
@@ -336,8 +351,9 @@ def past_hours(count: int, now_ms: int) -> list[str]:
 def retention(directory: str, admin: AdminClient, s: Settings, pids: dict[str, list[int]],
               progress: Progress) -> dict[str, Any]:
     """An HOUR-partitioned table with ``--expiring`` partitions of the past hours (kept: retention is longer);
-    then its retention lowered to 0, so that the next check (every ``auto-partition.check-interval``) finds
-    them all expired at once: the time from the alter until none is listed."""
+    then its retention lowered to 0, so that the check of the altered table (at once, and every
+    ``auto-partition.check-interval``) finds them all expired together: the time from the alter until none
+    is listed."""
     kept = s.expiring + RETENTION_ROOM
     auto = auto_partition.AutoPartition(auto_partition.TimeUnit.HOUR, precreate=0, retention=kept)
     create_partitioned(admin, EXPIRING, s, auto_partition=auto, max_partitions=max(DEFAULT_MAX_PARTITIONS, kept + 1))

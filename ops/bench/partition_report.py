@@ -73,7 +73,10 @@ def _idle_lines(figures: dict[str, Any]) -> list[str]:
             f"   whole coordinator process {big['process_cpu_ms_per_s']:.3f} vs {one['process_cpu_ms_per_s']:.3f} ms/s; "
             f"each tablet server meanwhile {big['tablet_cpu_ms_per_s']:.0f} vs {one['tablet_cpu_ms_per_s']:.0f} ms/s; "
             f"ISR changes {big['isr_changes']} vs {one['isr_changes']} (sampled {big['seconds']:.1f} s each, after "
-            f"the coordinator settled: {big['settled_after_s']:.0f} s vs {one['settled_after_s']:.0f} s)"]
+            f"the coordinator settled: {big['settled_after_s']:.0f} s vs {one['settled_after_s']:.0f} s)",
+            f"   tablet servers (of {figures['bucket_replicas'] // figures['settings']['tablets']:,} replicas each): "
+            + ", ".join(f"{t.get('buckets')} led, {t.get('open_buckets')} open of at most {t.get('max_open_buckets')}"
+                        if "error" not in t else t["error"] for t in big.get("tablets", []))]
 
 
 def _latest_lines(figures: dict[str, Any]) -> list[str]:

@@ -30,10 +30,11 @@ at the end whatever happens) and measures in one run:
    the session timeout + 2 s; the leases the new active lists must be those
    the old one listed (ids, deadlines, buckets): 0 lost or changed;
 6. retention: an HOUR auto-partitioned table (precreate 0) with
-   ``--expiring`` (100) partitions of the past hours made by hand, then its
-   retention lowered to 0 (``alter_table``): the next check finds them all
-   expired at once; the time from the alter until none is listed, target at
-   most 30 s.
+   ``--expiring`` (100) partitions of the past hours made by hand (its
+   retention, 110 hours, keeps them), then its retention lowered to 0
+   (``alter_table``: the coordinator checks an altered table at once, as its
+   next timed check would): they are all expired together; the time from
+   the alter until none is listed, target at most 30 s.
 
 The suite interface (``OPTIONS``, ``run``, ``target_rows``, ``report``) is
 :mod:`kvlease.ops.bench.suite`'s.
