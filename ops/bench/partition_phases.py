@@ -272,19 +272,25 @@ def lease_latest(admin: AdminClient, table_id: int, lease_id: str) -> dict[str, 
     return {"total_s": t2 - t0, "latest_s": t1 - t0, "acquire_s": t2 - t1, "buckets": len(latest)}
 
 
-def lease_rounds(admin: AdminClient, tables: dict[str, int], rounds: int) -> dict[str, Any]:
+def lease_rounds(directory: str, admin: AdminClient, tables: dict[str, int], rounds: int) -> dict[str, Any]:
     """``rounds`` times, alternating, :func:`lease_latest` of each of ``tables`` (label -> table id), a new
-    lease each time (they stay held: the failover's leases); per table the median and every round."""
+    lease each time (they stay held: the failover's leases); per table the medians (wall, and the CPU the
+    active coordinator and this process spent) and every round."""
+    coordinator = int(local_cluster.active_coordinator(directory)["pid"])
     runs: dict[str, list[dict[str, float]]] = {label: [] for label in tables}
     for r in range(rounds):
         for label, table_id in tables.items():
-            runs[label].append(lease_latest(admin, table_id, f"latest-{label}-{r}"))
+            cpu0 = (cpu_seconds(coordinator), time.process_time())
+            sample = lease_latest(admin, table_id, f"latest-{label}-{r}")
+            sample["coordinator_cpu_s"] = cpu_seconds(coordinator) - cpu0[0]
+            sample["client_cpu_s"] = time.process_time() - cpu0[1]
+            runs[label].append(sample)
     out = {}
     for label, samples in runs.items():
         out[label] = {"buckets": samples[0]["buckets"],
                       "rounds_ms": [round(x["total_s"] * 1000, 2) for x in samples],
                       **{f"median_{key[:-2]}_ms": round(statistics.median(x[key] for x in samples) * 1000, 2)
-                         for key in ("total_s", "latest_s", "acquire_s")}}
+                         for key in ("total_s", "latest_s", "acquire_s", "coordinator_cpu_s", "client_cpu_s")}}
     return out
 
 
@@ -322,6 +328,8 @@ def failover(directory: str, known_lease: str, s: Settings) -> dict[str, Any]:
         result["kill_to_elected_s"] = round(events["elected"] - wall_kill, 3)
         if "active" in events:
             result["reinit_s"] = round(events["active"] - events["elected"], 3)
+    if "stats" in events:
+        result["reinit_stats"] = str(events["stats"])
     return result
 
 

@@ -70,7 +70,8 @@ def _idle_lines(figures: dict[str, Any]) -> list[str]:
     return [f"idle loop CPU   {big['loop_cpu_ms_per_s']:.3f} ms/s with the partitions vs "
             f"{one['loop_cpu_ms_per_s']:.3f} ms/s with one table: {row.value:.2f} x, target <= {IDLE_TARGET:g} x: "
             f"{_met(row.met)}",
-            f"   whole coordinator process {big['process_cpu_ms_per_s']:.3f} vs {one['process_cpu_ms_per_s']:.3f} ms/s; "
+            f"   whole coordinator process {big['process_cpu_ms_per_s']:.3f} vs "
+            f"{one['process_cpu_ms_per_s']:.3f} ms/s; "
             f"each tablet server meanwhile {big['tablet_cpu_ms_per_s']:.0f} vs {one['tablet_cpu_ms_per_s']:.0f} ms/s; "
             f"ISR changes {big['isr_changes']} vs {one['isr_changes']} (sampled {big['seconds']:.1f} s each, after "
             f"the coordinator settled: {big['settled_after_s']:.0f} s vs {one['settled_after_s']:.0f} s)",
@@ -87,7 +88,10 @@ def _latest_lines(figures: dict[str, Any]) -> list[str]:
             f"{_met(row.met)}",
             f"   medians of {len(big['rounds_ms'])}: latest snapshots {big['median_latest_ms']:.1f} vs "
             f"{one['median_latest_ms']:.1f} ms, acquire {big['median_acquire_ms']:.1f} vs "
-            f"{one['median_acquire_ms']:.1f} ms; rounds {big['rounds_ms']} vs {one['rounds_ms']} ms"]
+            f"{one['median_acquire_ms']:.1f} ms; CPU of the active coordinator "
+            f"{big.get('median_coordinator_cpu_ms', 0):.0f} vs {one.get('median_coordinator_cpu_ms', 0):.0f} ms, of the "
+            f"client {big.get('median_client_cpu_ms', 0):.0f} vs {one.get('median_client_cpu_ms', 0):.0f} ms; rounds "
+            f"{big['rounds_ms']} vs {one['rounds_ms']} ms"]
 
 
 def _failover_lines(figures: dict[str, Any]) -> list[str]:
@@ -99,6 +103,7 @@ def _failover_lines(figures: dict[str, Any]) -> list[str]:
             f", reinitialization {f['reinit_s']:.3f} s" if "reinit_s" in f else "")
     return [f"failover        {f['failover_s']:.3f} s, target <= {f['target_s']:g} s (session timeout + 2 s): "
             f"{_met(f['failover_s'] <= f['target_s'])}{split}",
+            *([f"   {f['reinit_stats']}"] if "reinit_stats" in f else []),
             f"   leases after it: {'intact' if leases['intact'] else 'NOT intact'} ({leases['after']} of "
             f"{leases['before']} holding {f['lease_buckets']:,} buckets; missing {leases['missing']}, extra "
             f"{leases['extra']}, changed {leases['changed']})"]

@@ -128,7 +128,7 @@ def measure(directory: str, s: Settings, progress: bench_suite.Progress) -> dict
         with phases.Committer(addresses, remote, big_buckets, s.commit_rate) as committer:
             progress(f"4. lease acquire --latest, {s.rounds} rounds of each table (committing "
                      f"{s.commit_rate:g} snapshots/s)")
-            latest = phases.lease_rounds(admin, {"one": one_id, "big": big_id}, s.rounds)
+            latest = phases.lease_rounds(directory, admin, {"one": one_id, "big": big_id}, s.rounds)
             progress("5. kill -9 of the active coordinator")
             failover = phases.failover(directory, "latest-big-0", s)
             progress(f"6. retention dropping {s.expiring} partitions at once")

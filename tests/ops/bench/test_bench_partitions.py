@@ -44,7 +44,8 @@ def test_a_tiny_run_computes_every_target_row_and_cleans_up(tmp_path, monkeypatc
         assert math.isfinite(row.value) and row.value >= 0 and row.at_most
     assert rows[0].target == f["failover"]["session_timeout_s"] + 2 and rows[1].target == 0
     assert (rows[2].target, rows[3].target, rows[4].target) == (2.0, 10.0, 30.0)
-    assert rows[2].value == pytest.approx(f["idle"]["big"]["loop_cpu_ms_per_s"] / f["idle"]["one_table"]["loop_cpu_ms_per_s"])
+    idle = f["idle"]
+    assert rows[2].value == pytest.approx(idle["big"]["loop_cpu_ms_per_s"] / idle["one_table"]["loop_cpu_ms_per_s"])
     text = bench_partitions.report(f)
     for words in ("creating the partitions", "idle loop CPU", "lease acquire --latest", "failover", "retention",
                   "snapshots committed meanwhile"):
