@@ -64,13 +64,21 @@ def test_the_moves_and_data_loss_parts_ask_for_the_table_through_what_they_were_
 
     call = Coordinator(RestoreBucket=pb.RestoreBucketResponse(bucket=pb.BucketAssignmentPb(
         bucket=1, leader_id=2, leader_epoch=5, replicas=[2, 3])), ListReassignments=pb.ListReassignmentsResponse())
-    restored = DataLossAdmin(call, get_table).restore_bucket("db.t", 1, accept_data_loss=True, tablet=2)
+    def find_partition(table: TableInfo, name: str) -> TableInfo:
+        return table.of_partition(70, name)
+
+    data_loss = DataLossAdmin(call, get_table, find_partition)
+    restored = data_loss.restore_bucket("db.t", 1, accept_data_loss=True, tablet=2)
     assert (restored["leader"], restored["replicas"], restored["replication_factor"]) == (2, [2, 3], 3)
+    assert restored["partition"] is None
     assert call.asked[0][1] == pb.RestoreBucketRequest(table_id=7, bucket=1, accept_data_loss=True, tablet=2)
+    of_partition = data_loss.restore_bucket("db.t", 1, accept_data_loss=True, partition="d1")
+    assert of_partition["partition"] == "d1"  # the partition's id goes on the wire
+    assert call.asked[1][1] == pb.RestoreBucketRequest(table_id=7, bucket=1, accept_data_loss=True, partition_id=70)
     moves = MovesAdmin(call, get_table)
     with pytest.raises(errors.InvalidRequestError, match="not partitioned"):
         moves.reassign_bucket("db.t", 0, [1, 2, 3], partition="p=1")
-    assert tables == ["db.t", "db.t"] and moves.list_reassignments() == []
+    assert tables == ["db.t", "db.t", "db.t"] and moves.list_reassignments() == []
 
 
 def test_the_replication_part_reads_the_cluster_health():
