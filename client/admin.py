@@ -37,14 +37,14 @@ from kvlease.client.moves_admin import MovesAdmin
 from kvlease.client.partitions_admin import PartitionInfo, PartitionsAdmin, find_partition
 from kvlease.client.replication_admin import ReplicationAdmin
 from kvlease.client.security_admin import SecurityAdmin
-from kvlease.client.transport import RETRIABLE, NotServedError, RetryPolicy, UnknownOutcomes, arguments, is_int
+from kvlease.client.tables_admin import TablesAdmin
+from kvlease.client.transport import RETRIABLE, NotServedError, RetryPolicy, UnknownOutcomes, arguments
 from kvlease.common.parts import documented_by as _documented_by
 from kvlease.common.security.acl import AclBinding, Operation, Resource
 from kvlease.common.wire import (bucket_snapshots_from_pb, bucket_snapshots_to_pb, bucket_to_pb, error_from_pb,
-                                 handle_from_pb, handle_to_pb, lease_from_pb, raise_for, table_from_pb,
-                                 table_spec_to_pb)
+                                 handle_from_pb, handle_to_pb, lease_from_pb, raise_for, table_from_pb)
 from kvlease.common.auto_partition import AutoPartition
-from kvlease.common.tables import DEFAULT_MAX_PARTITIONS, Column, TableInfo, TableSpec, parse_table_path, validate_spec
+from kvlease.common.tables import DEFAULT_MAX_PARTITIONS, Column, TableInfo, parse_table_path
 from kvlease.common.model import Lease, SnapshotHandle, TableBucket
 
 #: re-exported: callers import the answer types and parse_bootstrap from here
@@ -79,6 +79,7 @@ class AdminClient:
                                          retry_total_s=retry_total_s, locate=locate, owner="AdminClient")
         call = self._caller.call
         self._security = SecurityAdmin(call, tls=self._caller.tls is not None, bootstrap=self._caller.bootstrap)
+        self._tables = TablesAdmin(call)
         self._moves = MovesAdmin(call, self.get_table)
         self._partitions = PartitionsAdmin(call)
         self._data_loss = DataLossAdmin(call, self.get_table, lambda table, name: find_partition(self, table, name))
@@ -138,55 +139,20 @@ class AdminClient:
 
     # -- tables -----------------------------------------------------------------
 
+    @_documented_by(TablesAdmin.create_table)
     def create_table(self, path: str, columns: Sequence[Column], primary_key: Sequence[str], buckets: int,
                      ignore_if_exists: bool = False, *, replication_factor: int | None = None,
                      min_insync_replicas: int | None = None, partition_key: Sequence[str] = (),
                      auto_partition: AutoPartition | None = None,
                      max_partitions: int = DEFAULT_MAX_PARTITIONS) -> TableInfo:
-        """Create table ``path`` (``DB.NAME``); returns it. ``columns``: :class:`kvlease.common.tables.Column`
-        objects; ``primary_key``: column names; ``buckets``: how many (per partition, for a partitioned
-        table); ``replication_factor`` / ``min_insync_replicas`` (None: the coordinator's
-        default.replication-factor / min.insync-replicas); ``partition_key``: the primary-key columns whose
-        values name a partition, ``auto_partition`` (:class:`kvlease.common.auto_partition.AutoPartition`)
-        and ``max_partitions`` (table.partition.max) its partitioning (docs/partitions.md).
-        TableAlreadyExistError if it exists (with ``ignore_if_exists``, only if its definition differs: an
-        equal one is returned); InvalidTableError for a bad definition; InvalidRequestError if the
-        replication factor is more than the live tablet servers."""
-        db, name = parse_table_path(path)
-        if isinstance(primary_key, str):  # list("id") would be the key ('i', 'd')
-            raise errors.InvalidTableError(f"primary_key: a list of column names, e.g. [{errors.show(primary_key)}], not a "
-                                           f"string")
-        if not all(isinstance(c, Column) for c in columns):
-            raise errors.InvalidTableError("columns: common.tables.Column(name, type) objects, e.g. "
-                                           "Column('id', 'BIGINT')")
-        if not is_int(buckets):
-            raise errors.InvalidTableError(f"buckets: an int, got {errors.show(buckets)}")
-        buckets = int(buckets)
-        if isinstance(partition_key, str):
-            raise errors.InvalidTableError(f"partition_key: a list of column names, e.g. [{errors.show(partition_key)}], "
-                                           f"not a string")
-        for what, value in (("replication_factor", replication_factor), ("min_insync_replicas", min_insync_replicas),
-                            ("max_partitions", max_partitions)):
-            if value is not None and not is_int(value):
-                raise errors.InvalidTableError(f"{what}: an int, got {errors.show(value)}")
-        spec = validate_spec(TableSpec(db, name, tuple(columns), tuple(primary_key), buckets, tuple(partition_key),
-                                       int(max_partitions), auto_partition))  # the coordinator's rules
-        response = self._caller.call("CreateTable", table_spec_to_pb(
-            spec, ignore_if_exists=ignore_if_exists, replication_factor=replication_factor,
-            min_insync_replicas=min_insync_replicas))
-        return table_from_pb(response.table)
+        return self._tables.create_table(path, columns, primary_key, buckets, ignore_if_exists,
+                                         replication_factor=replication_factor,
+                                         min_insync_replicas=min_insync_replicas, partition_key=partition_key,
+                                         auto_partition=auto_partition, max_partitions=max_partitions)
 
+    @_documented_by(TablesAdmin.drop_table)
     def drop_table(self, path: str, ignore_if_not_exists: bool = False) -> bool:
-        """True if it dropped the table; False if there was none (with ``ignore_if_not_exists``, else
-        TableNotExistError). The coordinator is asked without its own ignore flag, so it says which."""
-        db, name = parse_table_path(path)
-        try:
-            self._caller.call("DropTable", pb.DropTableRequest(database=db, name=name))
-        except errors.TableNotExistError:
-            if ignore_if_not_exists:
-                return False
-            raise
-        return True
+        return self._tables.drop_table(path, ignore_if_not_exists)
 
     def list_tables(self, database: str = "") -> list[TableInfo]:
         """Every table (of ``database`` only, if given)."""

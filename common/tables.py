@@ -76,9 +76,10 @@ class TableInfo:
 
     @property
     def where(self) -> str:
-        """The table, and the partition on a partition's view, for messages: ``shop.orders`` or
-        ``shop.orders partition 20261127``."""
-        return self.path if self.partition_name is None else f"{self.path} partition {self.partition_name}"
+        """The table, and the partition on a partition's view, for messages: ``table shop.orders`` or
+        ``table shop.orders partition 20261127``."""
+        table = f"table {self.path}"
+        return table if self.partition_name is None else f"{table} partition {self.partition_name}"
 
     def schema_string(self) -> str:
         return ", ".join(f"{c.name} {c.type}" for c in self.columns)

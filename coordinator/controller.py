@@ -11,7 +11,10 @@ the part that owns its concept:
 - barriers (tables, snapshot commits, tablet servers, orphan lease files):
   pending lease writes are flushed first, then
   :class:`~kvlease.coordinator.tables.Tables`, :class:`~kvlease.coordinator.snapshot_commits.SnapshotCommits`
-  or :class:`~kvlease.coordinator.membership.Membership` carry them out.
+  or :class:`~kvlease.coordinator.membership.Membership` carry them out;
+- partition and data-loss requests go to the dispatchers that own them,
+  :class:`~kvlease.coordinator.partition_requests.PartitionRequests` and
+  :class:`~kvlease.coordinator.data_loss_requests.DataLossRequests`.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from kvlease.coordinator import requests as rq
 from kvlease.coordinator.assignment import Assignments
 from kvlease.coordinator.catalog import TableCatalog
 from kvlease.coordinator.data_loss import DataLossShell
+from kvlease.coordinator.data_loss_requests import DataLossRequests
 from kvlease.coordinator.fencing import FencedWriter
 from kvlease.coordinator.file_gc import FileCollector
 from kvlease.coordinator.lease_shell import LeaseShell
@@ -122,8 +126,10 @@ class Controller(Dispatcher):
                                                     auto_partition_interval_ms)
         self.tables = Tables(catalog, self.members, self.lease_shell, self.snapshot_commits, clock_ms,
                              default_replication, self.partitions)
+        self.partitions.on_removed = lambda partition_id: self.losses.ends.table_dropped(partition_id)
         self.losses = DataLossShell(self.members, lambda: self.snapshots, clock_ms, metrics,
                                     on_resolved=lambda tb, losses: self.snapshot_commits.drop_lost_history(tb, losses))
+        self.loss_requests = DataLossRequests(self.losses, catalog, self.lease_shell)
         #: Commits' log-end checks (gRPC handler threads, never the loop), over channels kept while active.
         self.log_ends = LeaderLogEnds(tls=tls, credentials=credentials)
         #: Remote files no stored snapshot names, deleted after a grace (its timer: the expiry tick).
@@ -175,7 +181,7 @@ class Controller(Dispatcher):
     def buckets_of(self, tb: TableBucket) -> tuple[str, int]:
         """For the lease rules (:class:`kvlease.leases.checks.Catalog`)."""
         table = self.catalog.resolve(tb.table_id, tb.partition_id)
-        return f"table {table.where}", table.buckets
+        return table.where, table.buckets
 
     def table_path(self, table_id: int) -> str | None:
         return self.catalog.table_path(table_id)
@@ -212,8 +218,9 @@ class Controller(Dispatcher):
         return deferred
 
     def dispatch(self, request: object, future: Future | None) -> None:
-        if self.partition_requests.handles(request):
-            return self.partition_requests.dispatch(request, future)
+        for part in (self.partition_requests, self.loss_requests):
+            if part.handles(request):
+                return part.dispatch(request, future)
         if type(request) not in self._handlers:
             raise errors.InvalidRequestError(f"unknown request {type(request).__name__}")
         return super().dispatch(request, future)
@@ -413,34 +420,6 @@ class Controller(Dispatcher):
     @_query
     def _list_reassignments(self, _request: rq.ListReassignments):
         return self.moves.in_progress()
-
-    @on(rq.ReportReplicaLoss)
-    @_barrier
-    def _replica_lost(self, request: rq.ReportReplicaLoss):
-        return self.losses.replica_lost(request.server_id, request.table_id, request.bucket, request.reason)
-
-    @on(rq.ReportLogEnds)
-    @_barrier
-    def _log_ends(self, request: rq.ReportLogEnds):
-        return self.losses.log_ends_reported(request.server_id, list(request.ends), request.takeover)
-
-    @on(rq.ConfirmRestore)
-    @_barrier
-    def _restore_confirmed(self, request: rq.ConfirmRestore):
-        return self.losses.restore_confirmed(request.server_id, request.table_id, request.bucket,
-                                             request.leader_epoch)
-
-    @on(rq.RestoreBucket)
-    @_barrier
-    def _restore_bucket(self, request: rq.RestoreBucket):
-        view = self.catalog.resolve(request.table_id, request.partition_id)
-        return self.losses.restore(view.physical_id, request.bucket, request.accept_data_loss, request.tablet)
-
-    @on(rq.ElectLeader)
-    @_barrier
-    def _elect_leader(self, request: rq.ElectLeader):
-        view = self.catalog.resolve(request.table_id, request.partition_id)
-        return self.losses.elect(view.physical_id, request.bucket, request.unclean, request.tablet)
 
     @on(rq.RemoveOrphanLeaseFiles)
     @_barrier

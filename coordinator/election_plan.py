@@ -242,7 +242,8 @@ def resign_leaderships(assignments: Assignments, server_id: int, asked: Iterable
     """:func:`resign_leadership` of each ``(table id, bucket, leader epoch)`` asked by ``server_id``: the changes
     to write (every table with a changed bucket, all its buckets) and each one's outcome in order, a
     Resignation or the error that refused it (FencedLeaderEpochError; TableNotExistError for a table not in
-    ``paths``, table id -> path; InvalidRequestError for a bucket it does not have)."""
+    ``paths``, physical table id -> its name in messages, ``table db.t [partition P]``; InvalidRequestError for
+    a bucket it does not have)."""
     changes: Changes = {}
     outcomes: list[Resignation | errors.KvLeaseError] = []
     for table_id, bucket, leader_epoch in asked:
@@ -251,7 +252,7 @@ def resign_leaderships(assignments: Assignments, server_id: int, asked: Iterable
             outcomes.append(errors.TableNotExistError(f"table id {table_id} does not exist", table_id=table_id))
             continue
         if bucket not in buckets:
-            outcomes.append(errors.InvalidRequestError(f"table {paths[table_id]} has no bucket {bucket}"))
+            outcomes.append(errors.InvalidRequestError(f"{paths[table_id]} has no bucket {bucket}"))
             continue
         try:
             outcome = resign_leadership(buckets[bucket], server_id, leader_epoch, live,

@@ -44,6 +44,8 @@ class Partitions:
         self.writer: FencedWriter | None = None
         #: Partitions past retention that a lease holds: partition id -> the holding leases when last checked.
         self.held: dict[int, set[str]] = {}
+        #: Run with a dropped partition's id (its bucket leaders' stored log ends go: coordinator/log_ends.py).
+        self.on_removed: Callable[[int], None] = lambda partition_id: None
 
     # -- by hand (and by writes) ----------------------------------------------------------
 
@@ -106,6 +108,7 @@ class Partitions:
         self.catalog.remove_partition(view)
         self.held.pop(view.partition_id, None)
         self.members.table_dropped(view.partition_id, holders)
+        self.on_removed(view.partition_id)
         self.snapshots.forget_table(view.table_id, view.partition_id)
         log.info("dropped partition %s of table %s (id %d)", view.partition_name, view.path, view.partition_id)
 

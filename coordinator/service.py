@@ -128,7 +128,11 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
         return pb.CoordinatorInfoResponse(**self.server.info())
 
     def CreateTable(self, request, context):
-        create = rq.CreateTable(table_spec_from_pb(request), request.ignore_if_exists,
+        try:
+            spec = table_spec_from_pb(request)
+        except errors.KvLeaseError as exc:  # a bad time unit or zone: refused like any bad definition
+            return pb.CreateTableResponse(error=error_pb(exc))
+        create = rq.CreateTable(spec, request.ignore_if_exists,
                                 request.replication_factor if request.HasField("replication_factor") else None,
                                 request.min_insync_replicas if request.HasField("min_insync_replicas") else None)
         return self._run(create, pb.CreateTableResponse,

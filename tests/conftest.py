@@ -106,10 +106,10 @@ def _group_for_workers(items: list[pytest.Item]) -> None:
 #: The kernel shares the CPU between autogroups (one per session: ``setsid``) before it looks at nice values,
 #: and every process of a local cluster started by ``kvlease cluster start`` (drills, CLI tests) is detached
 #: into a session of its own: eight busy ones left the session of the pytest workers a ninth of the CPU, and
-#: the import took 2.6 s instead of 0.45 s on 2 cores (a tenfold load: past 10 s). So the worker that runs the
-#: Spark tests (they go first, all on one worker) moves into a session of its own before the Spark session
-#: starts, and raises that autogroup's weight where it may (root: ``SPARK_AUTOGROUP_NICE``); the other
-#: workers run at nice ``NON_SPARK_NICE`` inside the session they share.
+#: the import took 2.6 s instead of 0.45 s on 2 cores (a tenfold load: past 10 s). So a worker moves into a
+#: session of its own as it starts the Spark session (the ``spark`` fixture, whatever test it ran first), and
+#: raises that autogroup's weight where it may (root: ``SPARK_AUTOGROUP_NICE``); the workers run at nice
+#: ``NON_SPARK_NICE`` inside the session they share until then.
 SPARK_AUTOGROUP_NICE = -5
 NON_SPARK_NICE = 5
 
@@ -126,23 +126,25 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if _placed or not os.environ.get("PYTEST_XDIST_WORKER"):
         return
     _placed = True
-    if item.get_closest_marker("spark"):
-        _own_autogroup(SPARK_AUTOGROUP_NICE)
-    else:
-        os.nice(NON_SPARK_NICE)
+    os.nice(NON_SPARK_NICE)
 
 
 def _own_autogroup(nice: int) -> None:
-    """Move this process into a new session (so a new autogroup), then set that autogroup's nice value: both
-    only where the system lets it (a process group leader cannot ``setsid``; only root may lower a nice)."""
+    """Move this process into a new session (so a new autogroup) at nice 0, then set that autogroup's nice
+    value: each only where the system lets it (a process group leader cannot ``setsid``; only root may lower
+    a nice). Processes it starts afterwards (the Spark JVM and its Python workers) are in the new session."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # a plain pytest run: its terminal's session, not ours to leave
     try:
         os.setsid()
     except OSError:
         return  # stays in the session it shares: the autogroup's weight is not ours to change
-    try:
-        Path("/proc/self/autogroup").write_text(f"{nice}\n")
-    except OSError:
-        pass  # no autogroups, or not root: a session of its own already weighs as much as any other
+    for set_nice in (lambda: os.setpriority(os.PRIO_PROCESS, 0, 0),
+                     lambda: Path("/proc/self/autogroup").write_text(f"{nice}\n")):
+        try:
+            set_nice()
+        except OSError:
+            pass  # no autogroups, or not root: a session of its own already weighs as much as any other
 
 
 _placed = False
@@ -386,6 +388,7 @@ def docker_s3(docker_engine: None) -> Iterator[S3Endpoint]:
 def spark(kvlease_tmp: str) -> Iterator[Any]:
     """A real SparkSession (local[2]) with the kvlease source registered; one per test session."""
     work_dir = Path(tempfile.mkdtemp(prefix="spark-", dir=kvlease_tmp))
+    _own_autogroup(SPARK_AUTOGROUP_NICE)
     session = start_spark(work_dir)
     try:
         yield session

@@ -9,6 +9,7 @@ exits, so :func:`stop_local_session` shuts the gateway down and kills the JVM
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -31,7 +32,7 @@ def local_session(work_dir: str | os.PathLike[str], *, cores: int | str = "*", a
             return local_session(work_dir, cores=cores, app=app, shuffle_partitions=shuffle_partitions)
     os.environ.setdefault("JAVA_HOME", JAVA_HOME)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_PYTHON"] = worker_python(work_dir)
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
@@ -51,6 +52,31 @@ def local_session(work_dir: str | os.PathLike[str], *, cores: int | str = "*", a
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     return spark
+
+
+def worker_python(work_dir: Path) -> str:
+    """The Python that Spark starts its workers with: this interpreter, importing PySpark from its installed
+    package, where its modules are compiled once, rather than from ``pyspark.zip``, which Spark puts first
+    on a worker's ``PYTHONPATH`` and whose modules are compiled again by every worker it starts (1.3 s of
+    CPU instead of 0.4 s). It matters beyond speed: Spark gives a worker it starts for a data source a fixed
+    10 s to connect back ("Python worker failed to connect back"). The installed package is the same
+    release as the zip (the zip ships inside it); where there is none, Spark's path is left as it is."""
+    import pyspark
+
+    installed = Path(pyspark.__file__).parent
+    if not (installed / "python" / "lib" / "pyspark.zip").is_file():
+        return sys.executable
+    launcher = work_dir / "worker-python"
+    work_dir.mkdir(parents=True, exist_ok=True)
+    zips = shlex.quote(f"{installed}/python/lib/")
+    launcher.write_text(
+        "#!/bin/sh\n"
+        "# Spark's Python workers: PySpark from its installed package, not the zips Spark puts on PYTHONPATH\n"
+        f"PYTHONPATH=$(printf %s \"$PYTHONPATH\" | tr : '\\n' | grep -vF {zips} | paste -sd: -)\n"
+        "export PYTHONPATH\n"
+        f"exec {shlex.quote(sys.executable)} \"$@\"\n")
+    launcher.chmod(0o755)
+    return str(launcher)
 
 
 @contextmanager

@@ -220,7 +220,7 @@ def test_resignations_of_several_buckets_are_one_set_of_changes_with_an_outcome_
     a.set(1, {0: state(1, [1, 2], [1, 2], 4, 7), 1: state(1, [2, 1], [1, 2], 2, 3), 2: state(1, [1, 2], [1], 1, 1)})
     a.set(2, {0: state(2, [2, 1], [2, 1], 1, 1)})
     asked = [(1, 0, 4), (1, 1, 2), (1, 2, 1), (2, 0, 1), (1, 9, 1), (3, 0, 1)]
-    changes, outcomes = election_plan.resign_leaderships(a, 1, asked, {1, 2}, {1: "db.a", 2: "db.b"})
+    changes, outcomes = election_plan.resign_leaderships(a, 1, asked, {1, 2}, {1: "table db.a", 2: "table db.b"})
     assert changes == {1: {0: state(2, [1, 2], [2], 5, 8), 1: state(2, [2, 1], [2], 3, 4),
                            2: state(1, [1, 2], [1], 1, 1)}}  # both moves of table 1 in one table's changes
     assert outcomes[:2] == [election_plan.Resignation(changes[1][0]), election_plan.Resignation(changes[1][1])]
@@ -230,5 +230,5 @@ def test_resignations_of_several_buckets_are_one_set_of_changes_with_an_outcome_
     assert isinstance(outcomes[5], errors.TableNotExistError)
     for table_id, plan in changes.items():
         a.set(table_id, plan)
-    again = election_plan.resign_leaderships(a, 1, asked[:3], {1, 2}, {1: "db.a", 2: "db.b"})  # resent: nothing new
+    again = election_plan.resign_leaderships(a, 1, asked[:3], {1, 2}, {1: "table db.a", 2: "table db.b"})  # resent: nothing new
     assert again[0] == {} and again[1][:2] == outcomes[:2]

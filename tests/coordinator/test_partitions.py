@@ -16,6 +16,7 @@ from kvlease.client.admin import AdminClient
 from kvlease.common import errors
 from kvlease.common.auto_partition import AutoPartition, TimeUnit
 from kvlease.common.model import TableBucket
+from kvlease.common.proto import coordinator_pb2 as pb
 from kvlease.common.tables import Column
 from kvlease.coordinator.server import CoordinatorServer
 from kvlease.ops.wait import wait_until
@@ -106,8 +107,8 @@ def test_a_partitioned_table_is_made_and_its_partitions_added_listed_and_dropped
     ({"primary_key": ["day"], "partition_key": ["day"]}, "primary key"),
     ({"primary_key": ["day", "id"], "partition_key": ["nope"]}, "nope"),
     ({"primary_key": ["day", "id"], "partition_key": ["day"], "max_partitions": 0}, "table.partition.max"),
-    ({"primary_key": ["id", "v"], "partition_key": ["v"],
-      "auto_partition": AutoPartition(TimeUnit.DAY, 2, 7, "Mars/Olympus")}, "time zone"),
+    ({"primary_key": ["day", "id"], "partition_key": ["id"],
+      "auto_partition": AutoPartition(TimeUnit.DAY, 2, 7)}, "STRING"),
 ])
 def test_bad_partitioned_table_definitions_are_refused_with_one_line(admin, kwargs, message):
     primary_key = kwargs.pop("primary_key")
@@ -218,3 +219,16 @@ def test_dropping_a_partition_by_hand_takes_it_out_of_every_lease(admin):
     assert [i.bucket for i in admin.list_kv_snapshots(table.table_id)] == [tb_b]
     with pytest.raises(errors.PartitionNotExistsError):
         admin.acquire_lease("reader", {tb_a: 1}, 60_000)
+
+
+def test_a_create_naming_an_unknown_time_unit_or_zone_is_refused_by_the_coordinator(admin):
+    """What a client that skips the checks sends: the coordinator answers one line, nothing is made."""
+    for auto, message in ((pb.AutoPartitionPb(time_unit="WEEK"), "WEEK"),
+                          (pb.AutoPartitionPb(time_unit="DAY", time_zone="Mars/Olympus"), "Mars/Olympus")):
+        request = pb.CreateTableRequest(database="db", name="bad", columns=[pb.ColumnPb(name=c.name, type=c.type)
+                                        for c in COLUMNS], primary_key=["day", "id"], buckets=1,
+                                        partition_key=["day"], auto_partition=auto)
+        with pytest.raises(errors.InvalidTableError) as refused:
+            admin.caller.call("CreateTable", request)
+        assert message in refused.value.message and "\n" not in refused.value.message
+    assert admin.list_tables() == []

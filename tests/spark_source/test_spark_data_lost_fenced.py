@@ -141,6 +141,8 @@ def test_pieces_planned_above_an_unclean_leaders_high_watermark_are_fenced(clust
     splits = log_splits_for({0: (start.offset, end.offset)}, 4)
     crash(c, server_by_id(c, leader))
     c.tablet(follower, tmp_path / f"t{follower}")
+    # the coordinator learns of the restarted server from ZooKeeper's watch, after start() returned
+    wait_until(lambda: [s.id for s in c.admin.list_tablet_servers()] == [follower], 15, "only the follower live")
     c.admin.elect_leader(TABLE, 0, unclean=True, tablet=follower)
     with TableClient(c.admin, TABLE) as client:
         wait_until(lambda: _served(client), 20, "the unclean leader to serve")

@@ -10,6 +10,7 @@ import pytest
 
 from kvlease.common import zkpaths
 from kvlease.common.zk import make_client
+from kvlease.client.admin import AdminClient
 from kvlease.coordinator.server import CoordinatorServer
 from kvlease.ops.wait import wait_until
 from tests.support.cli_runner import assert_one_line_error, run
@@ -27,6 +28,8 @@ def coordinator(make_config):
         for sid in (1, 2, 3):
             zk.create(zkpaths.tablet_server(sid), f'{{"address": "127.0.0.1:{1000 + sid}"}}'.encode(),
                       ephemeral=True, makepath=True)
+        with AdminClient(server.address) as admin:  # the coordinator learns of them from its ZooKeeper watch
+            wait_until(lambda: len(admin.list_tablet_servers()) == 3, 15, "the three tablet servers registered")
         yield server
     finally:
         zk.stop()
