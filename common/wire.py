@@ -72,26 +72,50 @@ def partition_id_of(msg: Message) -> int | None:
     return msg.partition_id if msg.HasField("partition_id") else None
 
 
+def _auto_partition_pb(auto: AutoPartition) -> pb.AutoPartitionPb:
+    return pb.AutoPartitionPb(time_unit=auto.unit.name, precreate=auto.precreate, retention=auto.retention,
+                              time_zone=auto.time_zone)
+
+
+def _auto_partition_from_pb(msg: pb.AutoPartitionPb) -> AutoPartition:
+    return AutoPartition(TimeUnit.parse(msg.time_unit), msg.precreate, msg.retention,
+                         msg.time_zone or DEFAULT_TIME_ZONE)
+
+
 def table_to_pb(table: TableInfo) -> pb.TableInfoPb:
-    return pb.TableInfoPb(
+    """A table, with its partitioning (docs/partitions.md); a partition's view also with its id and name."""
+    msg = pb.TableInfoPb(
         table_id=table.table_id, database=table.database, name=table.name,
         columns=[{"name": c.name, "type": c.type} for c in table.columns],
         primary_key=list(table.primary_key), buckets=table.buckets, created_ms=table.created_ms,
-        replication_factor=table.replication_factor, min_insync_replicas=table.min_insync_replicas)
+        replication_factor=table.replication_factor, min_insync_replicas=table.min_insync_replicas,
+        partition_key=list(table.partition_key), partition_id=table.partition_id,
+        partition_name=table.partition_name or "")
+    if table.partitioned:
+        msg.max_partitions = table.max_partitions
+    if table.auto_partition is not None:
+        msg.auto_partition.CopyFrom(_auto_partition_pb(table.auto_partition))
+    return msg
 
 
 def table_from_pb(msg: pb.TableInfoPb) -> TableInfo:
+    """The table :func:`table_to_pb` sent (an unset max_partitions: table.partition.max's default)."""
+    partitioned = {}
+    if msg.partition_key:
+        partitioned = {"partition_key": tuple(msg.partition_key),
+                       "max_partitions": msg.max_partitions or DEFAULT_MAX_PARTITIONS,
+                       "auto_partition": _auto_partition_from_pb(msg.auto_partition)
+                       if msg.HasField("auto_partition") else None}
+    if msg.HasField("partition_id"):
+        partitioned.update(partition_id=msg.partition_id, partition_name=msg.partition_name)
     return TableInfo(msg.table_id, msg.database, msg.name, tuple(Column(c.name, c.type) for c in msg.columns),
                      tuple(msg.primary_key), msg.buckets, msg.created_ms,
-                     max(1, msg.replication_factor), max(1, msg.min_insync_replicas))
+                     max(1, msg.replication_factor), max(1, msg.min_insync_replicas), **partitioned)
 
 
 def table_spec_from_pb(msg: pb.CreateTableRequest) -> TableSpec:
     """The table a create asks for (checked by the coordinator: common/tables.validate_spec)."""
-    auto = None
-    if msg.HasField("auto_partition"):
-        a = msg.auto_partition
-        auto = AutoPartition(TimeUnit.parse(a.time_unit), a.precreate, a.retention, a.time_zone or DEFAULT_TIME_ZONE)
+    auto = _auto_partition_from_pb(msg.auto_partition) if msg.HasField("auto_partition") else None
     return TableSpec(msg.database, msg.name, tuple(Column(c.name, c.type) for c in msg.columns),
                      tuple(msg.primary_key), msg.buckets, tuple(msg.partition_key),
                      msg.max_partitions if msg.HasField("max_partitions") else DEFAULT_MAX_PARTITIONS, auto)
@@ -106,9 +130,7 @@ def table_spec_to_pb(spec: TableSpec, **fields) -> pb.CreateTableRequest:
     if spec.partition_key:
         msg.max_partitions = spec.max_partitions
     if spec.auto_partition is not None:
-        a = spec.auto_partition
-        msg.auto_partition.CopyFrom(pb.AutoPartitionPb(time_unit=a.unit.name, precreate=a.precreate,
-                                                       retention=a.retention, time_zone=a.time_zone))
+        msg.auto_partition.CopyFrom(_auto_partition_pb(spec.auto_partition))
     return msg
 
 
