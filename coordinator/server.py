@@ -227,7 +227,7 @@ class CoordinatorServer:
                                                            c[cfg.LEADER_IMBALANCE_CHECK_INTERVAL],
                                                            c[cfg.LEADER_IMBALANCE_PER_SERVER_PERCENTAGE]),
                           leader_lease_ms=c[cfg.ZK_SESSION_TIMEOUT],  # a bound: a tablet's lease is shorter
-                          orphans=orphan_timing(c))
+                          orphans=orphan_timing(c), auto_partition_interval_ms=c[cfg.AUTO_PARTITION_CHECK_INTERVAL])
 
     def _start_loop(self, controller: Controller, notifier: LeadershipNotifier) -> EventLoop:
         """The event loop of this term, started; the notifier hands it the pushes tablet servers took

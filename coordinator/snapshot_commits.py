@@ -79,7 +79,7 @@ class SnapshotCommits:
         if not handle.commit_time_ms:
             handle = SnapshotHandle(handle.bucket, handle.snapshot_id, handle.log_offset, handle.metadata_path,
                                     handle.files, self.clock_ms())
-        path = zkpaths.snapshot(table.table_id, handle.bucket.bucket, handle.snapshot_id)
+        path = zkpaths.snapshot(table.table_id, handle.bucket.bucket, handle.snapshot_id, table.partition_id)
         data = dumps(handle.to_json())
         check_write_size(f"the handle of snapshot {handle.snapshot_id} of bucket {handle.bucket} "
                          f"({len(handle.files)} files)", len(data))
