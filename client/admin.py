@@ -170,12 +170,27 @@ class AdminClient:
 
     def get_table_assignment(self, table_id: int, partition_id: int | None = None
                              ) -> tuple[TableInfo, dict[int, BucketLeader]]:
-        """The table and each bucket's leader (address empty while its server is gone), replicas and ISR; of
-        a partitioned table, the buckets of partition ``partition_id`` (PartitionNotExistsError without one)."""
+        """The table (a partition's view, given ``partition_id``) and each bucket's leader (address empty while
+        its server is gone), replicas and ISR. A partitioned table's buckets are its partitions': without
+        ``partition_id`` it is PartitionNotExistsError (:meth:`partition_assignments` has them all)."""
+        table, by_partition = self._assignment(table_id, partition_id)
+        if partition_id is None and table.partitioned:
+            raise errors.PartitionNotExistsError(f"table {table.path} is partitioned: name one of its partitions",
+                                                 table=table.path)
+        return table, by_partition.get(partition_id, {})
+
+    def partition_assignments(self, table_id: int) -> tuple[TableInfo, dict[int | None, dict[int, BucketLeader]]]:
+        """The table and, per partition id (None: an unpartitioned table's own buckets), each bucket's leader."""
+        return self._assignment(table_id, None)
+
+    def _assignment(self, table_id: int, partition_id: int | None):
         response = self._caller.call("GetTableAssignment", pb.GetTableAssignmentRequest(
             table_id=table_id, partition_id=partition_id))
-        leaders = {b.bucket: bucket_leader(b) for b in response.buckets}
-        return table_from_pb(response.table), leaders
+        by_partition: dict[int | None, dict[int, BucketLeader]] = {}
+        for b in response.buckets:
+            part = b.partition_id if b.HasField("partition_id") else None
+            by_partition.setdefault(part, {})[b.bucket] = bucket_leader(b)
+        return table_from_pb(response.table), by_partition
 
     def list_tablet_servers(self) -> list[TabletServerInfo]:
         """The live tablet servers: id, address, how many buckets each leads and how many replicas it holds."""

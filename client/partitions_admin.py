@@ -99,8 +99,8 @@ class PartitionsAdmin:
     def alter_table(self, path: str, *, precreate: int | None = None, retention: int | None = None,
                     max_partitions: int | None = None) -> TableInfo:
         """Change a partitioned table's auto-partition ``precreate`` / ``retention`` (a negative retention:
-        none) or its ``table.partition.max`` (None: unchanged); returns the table. The coordinator's next
-        auto-partition check applies them."""
+        none) or its ``table.partition.max`` (None: unchanged); returns the table. The coordinator checks the
+        table with them at once."""
         db, name = parse_table_path(path)
         fields = {"precreate": precreate, "retention": retention, "max_partitions": max_partitions}
         for what, value in fields.items():

@@ -10,12 +10,15 @@ coordinator, retries, errors), in a tablet server the one its admin client
 owns (``ServerCalls(admin.caller.call)``). Every call is safe to resend after a
 lost answer (:data:`kvlease.client.coordinator_caller.IDEMPOTENT` names the
 replication ones; a resent report changes nothing).
+
+A bucket is named by its table's id and, for a bucket of a partitioned table's partition, the
+partition's id (``partition_id``; None: an unpartitioned table's bucket), as every request does.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, NamedTuple
 
 from kvlease.client.admin_types import BucketLeader, bucket_leader
 from kvlease.client.coordinator_caller import CoordinatorCall
@@ -45,6 +48,27 @@ class Resigned:
     state: BucketLeader | None
     refused: str
     error: errors.KvLeaseError | None
+    partition_id: int | None = None
+
+
+class ResignBucket(NamedTuple):
+    """A bucket :meth:`ServerCalls.resign_leadership` gives up (a plain tuple of its fields will do)."""
+
+    table_id: int
+    bucket: int
+    leader_epoch: int
+    reason: str
+    partition_id: int | None = None
+
+
+class LogEnd(NamedTuple):
+    """A led bucket's committed log end for :meth:`ServerCalls.report_log_ends` (a plain tuple will do)."""
+
+    table_id: int
+    bucket: int
+    leader_epoch: int
+    log_end: int
+    partition_id: int | None = None
 
 
 class ServerCalls:
@@ -57,14 +81,14 @@ class ServerCalls:
     # -- replication --------------------------------------------------------------------------------
 
     def alter_isr(self, server_id: int, table_id: int, bucket: int, leader_epoch: int, bucket_epoch: int,
-                  isr: Iterable[int]) -> AlterIsrResult:
+                  isr: Iterable[int], *, partition_id: int | None = None) -> AlterIsrResult:
         """Set the bucket's ISR (the call of its leader, ``server_id``, at ``leader_epoch`` and
         ``bucket_epoch``); returns the bucket's state after it. FencedLeaderEpochError if the caller does
         not lead at those epochs (its ``details``: the current ``leader``, ``leader_epoch``,
         ``bucket_epoch`` and ``isr``); InvalidRequestError for an ISR without the leader, with a
         server that is not a replica, or adding one that is not live."""
         request = pb.AlterIsrRequest(server_id=server_id, table_id=table_id, bucket=bucket, leader_epoch=leader_epoch,
-                                     bucket_epoch=bucket_epoch, isr=list(isr))
+                                     bucket_epoch=bucket_epoch, isr=list(isr), partition_id=partition_id)
         response = self._call("AlterIsr", request, answered=(errors.FencedLeaderEpochError,))
         result = AlterIsrResult(tuple(response.isr), response.leader, response.leader_epoch, response.bucket_epoch)
         if response.error.code:
@@ -80,36 +104,39 @@ class ServerCalls:
         response = self._call("ControlledShutdown", pb.ControlledShutdownRequest(server_id=server_id))
         return response.remaining_leaders
 
-    def resign_leadership(self, server_id: int, buckets: Iterable[tuple[int, int, int, str]]) -> list[Resigned]:
-        """Give up the leadership of ``buckets``, ``(table id, bucket, leader epoch, reason)`` each, that tablet
-        server ``server_id`` leads at those epochs and cannot write (``reason``: its local failure;
-        ``tablet/replicas/step_down.py``): for each, another live in-sync replica leads and ``server_id`` leaves the ISR.
-        Returns one :class:`Resigned` per bucket, in order."""
-        asked = list(buckets)
+    def resign_leadership(self, server_id: int, buckets: Iterable[ResignBucket | tuple]) -> list[Resigned]:
+        """Give up the leadership of ``buckets`` (:class:`ResignBucket` each) that tablet server ``server_id``
+        leads at those epochs and cannot write (``reason``: its local failure; ``tablet/replicas/step_down.py``):
+        for each, another live in-sync replica leads and ``server_id`` leaves the ISR. Returns one
+        :class:`Resigned` per bucket, in order."""
+        asked = [ResignBucket(*bucket) for bucket in buckets]
         request = pb.ResignLeadershipRequest(server_id=server_id, buckets=[
-            pb.ResignBucketPb(table_id=t, bucket=b, leader_epoch=epoch, reason=why) for t, b, epoch, why in asked])
+            pb.ResignBucketPb(table_id=a.table_id, bucket=a.bucket, leader_epoch=a.leader_epoch, reason=a.reason,
+                              partition_id=a.partition_id) for a in asked])
         response = self._call("ResignLeadership", request)
-        return [Resigned(t, b, None, "", error) if (error := error_from_pb(r.error))
-                else Resigned(t, b, bucket_leader(r.bucket), r.refused, None)
-                for (t, b, _epoch, _reason), r in zip(asked, response.buckets)]
+        return [Resigned(a.table_id, a.bucket, None, "", error, a.partition_id) if (error := error_from_pb(r.error))
+                else Resigned(a.table_id, a.bucket, bucket_leader(r.bucket), r.refused, None, a.partition_id)
+                for a, r in zip(asked, response.buckets)]
 
     # -- data loss ------------------------------------------------------------------------------------
 
-    def report_replica_loss(self, server_id: int, table_id: int, bucket: int, reason: str) -> None:
+    def report_replica_loss(self, server_id: int, table_id: int, bucket: int, reason: str, *,
+                            partition_id: int | None = None) -> None:
         """Tell the coordinator that ``server_id``'s replica of the bucket lost its data (``reason``): it
         leaves the ISR, and the bucket goes offline if it was its last in-sync replica."""
         self._call("ReportReplicaLoss", pb.ReportReplicaLossRequest(
-            server_id=server_id, table_id=table_id, bucket=bucket, reason=reason))
+            server_id=server_id, table_id=table_id, bucket=bucket, reason=reason, partition_id=partition_id))
 
-    def confirm_restore(self, server_id: int, table_id: int, bucket: int, leader_epoch: int) -> None:
+    def confirm_restore(self, server_id: int, table_id: int, bucket: int, leader_epoch: int, *,
+                        partition_id: int | None = None) -> None:
         """Tell the coordinator that ``server_id``'s replica of the bucket carried out the restore that gave
         it ``leader_epoch``: it no longer owes it. Resending it changes nothing."""
         self._call("ConfirmRestore", pb.ConfirmRestoreRequest(
-            server_id=server_id, table_id=table_id, bucket=bucket, leader_epoch=leader_epoch))
+            server_id=server_id, table_id=table_id, bucket=bucket, leader_epoch=leader_epoch,
+            partition_id=partition_id))
 
-    def report_log_ends(self, server_id: int, ends: Iterable[tuple[int, int, int, int]],
-                        takeover: bool = False) -> None:
-        """``ends``: (table id, bucket, leader epoch, committed log end) of buckets ``server_id`` leads."""
-        self._call("ReportLogEnds", pb.ReportLogEndsRequest(
-            server_id=server_id, takeover=takeover,
-            buckets=[pb.BucketLogEndPb(table_id=t, bucket=b, leader_epoch=e, log_end=end) for t, b, e, end in ends]))
+    def report_log_ends(self, server_id: int, ends: Iterable[LogEnd | tuple], takeover: bool = False) -> None:
+        """``ends``: the committed log ends of buckets ``server_id`` leads (:class:`LogEnd` each)."""
+        self._call("ReportLogEnds", pb.ReportLogEndsRequest(server_id=server_id, takeover=takeover, buckets=[
+            pb.BucketLogEndPb(table_id=e.table_id, bucket=e.bucket, leader_epoch=e.leader_epoch, log_end=e.log_end,
+                              partition_id=e.partition_id) for e in (LogEnd(*end) for end in ends)]))

@@ -31,11 +31,17 @@ def lease_owner_problem(owner: object) -> str | None:
 
 @dataclass(frozen=True, order=True)
 class TableBucket:
-    """``(table_id, partition_id or None, bucket)``; partitions come later."""
+    """``(table_id, partition_id or None, bucket)``: a bucket of an unpartitioned table, or of one partition
+    of a partitioned table (``table_id`` is the table's, ``partition_id`` the partition's)."""
 
     table_id: int
     bucket: int
     partition_id: int | None = None
+
+    @property
+    def physical_id(self) -> int:
+        """The id its bucket is kept under (common/tables.py): the partition's, else the table's."""
+        return self.table_id if self.partition_id is None else self.partition_id
 
     def sort_key(self) -> tuple[int, int, int]:
         return (self.table_id, -1 if self.partition_id is None else self.partition_id, self.bucket)

@@ -4,18 +4,15 @@ Every response of every service carries an ``ErrorPb`` (code 0 = success);
 servers build it with :func:`error_pb`, clients read it with
 :func:`error_from_pb` / :func:`raise_for`. The other converters map the
 shared vocabulary (:mod:`kvlease.common.model`, :mod:`kvlease.common.tables`) to messages.
-:func:`refusing_partition_ids` makes both services refuse a request naming a
-partition (there are no partitioned tables yet).
+A bucket is named by ``table_id`` and ``partition_id`` (unset: an
+unpartitioned table's); :func:`physical_id` is the one id the servers keep a
+bucket under (docs/partitions.md, "Partition ids").
 """
 
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass
 from typing import Iterable, Mapping
 
-from google.protobuf import message_factory
-from google.protobuf.descriptor import MethodDescriptor, ServiceDescriptor
 from google.protobuf.message import Message
 
 from kvlease.common import errors
@@ -72,18 +69,8 @@ def partition_id_of(msg: Message) -> int | None:
     return msg.partition_id if msg.HasField("partition_id") else None
 
 
-def _auto_partition_pb(auto: AutoPartition) -> pb.AutoPartitionPb:
-    return pb.AutoPartitionPb(time_unit=auto.unit.name, precreate=auto.precreate, retention=auto.retention,
-                              time_zone=auto.time_zone)
-
-
-def _auto_partition_from_pb(msg: pb.AutoPartitionPb) -> AutoPartition:
-    return AutoPartition(TimeUnit.parse(msg.time_unit), msg.precreate, msg.retention,
-                         msg.time_zone or DEFAULT_TIME_ZONE)
-
-
 def table_to_pb(table: TableInfo) -> pb.TableInfoPb:
-    """A table, with its partitioning (docs/partitions.md); a partition's view also with its id and name."""
+    """The wire form of a table, or of a partition's view of its table (``partition_id`` and ``partition_name``)."""
     msg = pb.TableInfoPb(
         table_id=table.table_id, database=table.database, name=table.name,
         columns=[{"name": c.name, "type": c.type} for c in table.columns],
@@ -94,28 +81,38 @@ def table_to_pb(table: TableInfo) -> pb.TableInfoPb:
     if table.partitioned:
         msg.max_partitions = table.max_partitions
     if table.auto_partition is not None:
-        msg.auto_partition.CopyFrom(_auto_partition_pb(table.auto_partition))
+        msg.auto_partition.CopyFrom(auto_partition_to_pb(table.auto_partition))
     return msg
 
 
+def auto_partition_to_pb(auto: AutoPartition) -> pb.AutoPartitionPb:
+    return pb.AutoPartitionPb(time_unit=auto.unit.name, precreate=auto.precreate, retention=auto.retention,
+                              time_zone=auto.time_zone)
+
+
+def auto_partition_from_pb(msg: Message) -> AutoPartition | None:
+    """A message's ``auto_partition`` (None when unset); InvalidTableError for a bad unit, zone or number."""
+    if not msg.HasField("auto_partition"):
+        return None
+    a = msg.auto_partition
+    return AutoPartition(TimeUnit.parse(a.time_unit), a.precreate, a.retention, a.time_zone or DEFAULT_TIME_ZONE)
+
+
 def table_from_pb(msg: pb.TableInfoPb) -> TableInfo:
-    """The table :func:`table_to_pb` sent (an unset max_partitions: table.partition.max's default)."""
-    partitioned = {}
-    if msg.partition_key:
-        partitioned = {"partition_key": tuple(msg.partition_key),
-                       "max_partitions": msg.max_partitions or DEFAULT_MAX_PARTITIONS,
-                       "auto_partition": _auto_partition_from_pb(msg.auto_partition)
-                       if msg.HasField("auto_partition") else None}
-    if msg.HasField("partition_id"):
-        partitioned.update(partition_id=msg.partition_id, partition_name=msg.partition_name)
+    """The table (or partition's view) :func:`table_to_pb` sent; InvalidTableError for bad auto-partitioning."""
+    auto = auto_partition_from_pb(msg)
+    view = msg.HasField("partition_id")  # a partition's view of its table
     return TableInfo(msg.table_id, msg.database, msg.name, tuple(Column(c.name, c.type) for c in msg.columns),
                      tuple(msg.primary_key), msg.buckets, msg.created_ms,
-                     max(1, msg.replication_factor), max(1, msg.min_insync_replicas), **partitioned)
+                     max(1, msg.replication_factor), max(1, msg.min_insync_replicas),
+                     partition_key=tuple(msg.partition_key),
+                     max_partitions=msg.max_partitions or DEFAULT_MAX_PARTITIONS, auto_partition=auto,
+                     partition_id=msg.partition_id if view else None, partition_name=msg.partition_name if view else None)
 
 
 def table_spec_from_pb(msg: pb.CreateTableRequest) -> TableSpec:
     """The table a create asks for (checked by the coordinator: common/tables.validate_spec)."""
-    auto = _auto_partition_from_pb(msg.auto_partition) if msg.HasField("auto_partition") else None
+    auto = auto_partition_from_pb(msg)
     return TableSpec(msg.database, msg.name, tuple(Column(c.name, c.type) for c in msg.columns),
                      tuple(msg.primary_key), msg.buckets, tuple(msg.partition_key),
                      msg.max_partitions if msg.HasField("max_partitions") else DEFAULT_MAX_PARTITIONS, auto)
@@ -130,7 +127,7 @@ def table_spec_to_pb(spec: TableSpec, **fields) -> pb.CreateTableRequest:
     if spec.partition_key:
         msg.max_partitions = spec.max_partitions
     if spec.auto_partition is not None:
-        msg.auto_partition.CopyFrom(_auto_partition_pb(spec.auto_partition))
+        msg.auto_partition.CopyFrom(auto_partition_to_pb(spec.auto_partition))
     return msg
 
 
@@ -163,114 +160,3 @@ def lease_to_pb(lease: Lease) -> pb.KvSnapshotLeasePb:
 
 def lease_from_pb(msg: pb.KvSnapshotLeasePb) -> Lease:
     return Lease(msg.lease_id, msg.expiration_time_ms, bucket_snapshots_from_pb(msg.buckets), owner=msg.owner or None)
-
-
-def refuse_partition_ids(request: Message) -> None:
-    """Raise PartitionNotExistsError if ``request`` sets a ``partition_id`` anywhere (nested messages included).
-
-    There are no partitioned tables yet, so every partition a request names is
-    one that does not exist; an unset ``partition_id`` is the unpartitioned
-    bucket. The error names the table, the bucket(s) and the partition.
-    """
-    found = _set_partition(request, None)
-    if found is None:
-        return
-    table_id, buckets, partition_id = found
-    where = f"bucket {buckets}" if isinstance(buckets, int) else \
-        "every bucket" if not buckets else f"buckets {sorted(buckets)}"
-    table = table_id if table_id is not None else _table_path(request)
-    raise errors.PartitionNotExistsError(
-        f"partition {partition_id} of table {table} ({where}) does not exist: kvlease has no partitioned "
-        f"tables yet, leave partition_id unset", table_id=table_id, bucket=buckets, partition_id=partition_id)
-
-
-def _table_path(request: Message) -> str:
-    """The table a request names by ``database`` and ``name`` (ReassignBucket), or "?"."""
-    fields = request.DESCRIPTOR.fields_by_name
-    if "database" in fields and "name" in fields:
-        return f"{request.database}.{request.name}"
-    return "?"
-
-
-def _set_partition(msg: Message, table_id: int | None) -> tuple[int | None, int | list[int], int] | None:
-    """``(table_id, bucket or buckets, partition_id)`` of the first set ``partition_id`` under ``msg``."""
-    plan = _partition_plan(msg.DESCRIPTOR)
-    if plan.table_id:
-        table_id = msg.table_id
-    elif plan.table and msg.HasField("table"):
-        table_id = msg.table.table_id
-    if plan.partition_id and msg.HasField("partition_id"):
-        buckets = msg.bucket if plan.bucket and isinstance(msg.bucket, int) else \
-            list(msg.buckets) if plan.buckets else []
-        return table_id, buckets, msg.partition_id
-    for name, repeated in plan.nested:
-        if repeated:
-            children = getattr(msg, name)
-        elif msg.HasField(name):
-            children = (getattr(msg, name),)
-        else:
-            continue
-        for child in children:
-            found = _set_partition(child, table_id)
-            if found is not None:
-                return found
-    return None
-
-
-@dataclass(frozen=True)
-class _PartitionPlan:
-    """What :func:`_set_partition` looks at in a message type: its own fields, and the message fields
-    (in field-number order) whose type can hold a ``partition_id`` somewhere (no others are walked)."""
-    table_id: bool
-    table: bool
-    partition_id: bool
-    bucket: bool
-    buckets: bool
-    nested: tuple[tuple[str, bool], ...]  # (field name, repeated)
-
-
-@functools.cache
-def _partition_plan(descriptor) -> _PartitionPlan:
-    names = descriptor.fields_by_name
-    nested = tuple((field.name, field.is_repeated) for field in sorted(descriptor.fields, key=lambda f: f.number)
-                   if field.message_type is not None and _holds_partition_id(field.message_type))
-    return _PartitionPlan("table_id" in names, "table" in names, "partition_id" in names, "bucket" in names,
-                          "buckets" in names, nested)
-
-
-@functools.cache
-def _holds_partition_id(descriptor, _seen: frozenset = frozenset()) -> bool:
-    """A message of this type can set a ``partition_id`` (its own, or a nested message's)."""
-    if "partition_id" in descriptor.fields_by_name:
-        return True
-    seen = _seen | {descriptor.full_name}
-    return any(field.message_type is not None and field.message_type.full_name not in seen
-               and _holds_partition_id(field.message_type, seen) for field in descriptor.fields)
-
-
-def refusing_partition_ids(service: ServiceDescriptor):
-    """Class decorator for a gRPC servicer: each RPC of ``service`` first refuses a set partition id.
-
-    The one place a service checks ``partition_id``: a request that sets one
-    anywhere is answered ``PARTITION_NOT_EXISTS`` (a streaming RPC: a stream of
-    that one response) before its handler runs, so it changes nothing.
-    """
-    def decorate(cls):
-        for method in service.methods:
-            setattr(cls, method.name, _refusing_partition_ids(getattr(cls, method.name), method))
-        return cls
-    return decorate
-
-
-def _refusing_partition_ids(handler, method: MethodDescriptor):
-    response_cls = message_factory.GetMessageClass(method.output_type)
-
-    @functools.wraps(handler)
-    def guarded(self, request, context):
-        try:
-            refuse_partition_ids(request)
-        except errors.PartitionNotExistsError as exc:
-            response = response_cls(error=error_pb(exc))
-            return iter([response]) if method.server_streaming else response
-        return handler(self, request, context)
-    return guarded

@@ -1,13 +1,14 @@
 """Who may do what to the tables this tablet server leads: one check per call, before it acts.
 
 :class:`TableAccess` checks the caller (the call's principal) against the
-table of a request's ``table_id`` with the server's security
+table of a request's physical table (its ``table_id``'s, or its
+``partition_id``'s: a partition's ACLs are its table's) with the server's security
 (:mod:`kvlease.common.security.server`): WRITE for PutKv and TriggerSnapshot, READ
 for Lookup, FetchLog, ListOffsets and scans. The table is the one the server
 already holds for the id (:meth:`kvlease.tablet.replicas.manager.ReplicaManager.table`, no
 ZooKeeper read); ACLs come from the security's watched cache.
 
-A table id this server leads no bucket of is not checked: the handler then
+A physical table this server holds no bucket of is not checked: the handler then
 answers what it answers anyone (``NOT_LEADER``, ``TABLE_NOT_EXIST``) and acts
 on nothing, since a bucket's table is known before the bucket serves a call
 and forgotten only after it stopped. With security off (:data:`OPEN`) a
@@ -40,15 +41,16 @@ class TableAccess:
         """The caller's principal (None with security off)."""
         return self.security.principal() if self.enabled else None
 
-    def resource(self, table_id: int) -> Resource | None:
-        """The led table ``table_id`` as an ACL resource; None if no bucket of it is led here."""
-        table = self.replicas.table(table_id)
+    def resource(self, physical_id: int) -> Resource | None:
+        """The table of the physical table ``physical_id`` (a table's or a partition's id) as an ACL resource;
+        None if no bucket of it is held here."""
+        table = self.replicas.table(physical_id)
         return None if table is None else table_resource(table.path)
 
-    def check(self, operation: Operation, table_id: int) -> None:
+    def check(self, operation: Operation, physical_id: int) -> None:
         """AuthorizationFailedError (naming operation and table) unless the caller may; see the module doc."""
         if not self.enabled:
             return
-        resource = self.resource(table_id)
+        resource = self.resource(physical_id)
         if resource is not None:
             self.security.check(operation, resource)

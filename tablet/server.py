@@ -107,7 +107,8 @@ class TabletServer:
         self.lease = LeaderLease(self.lease_ms / 1000.0)
         self.replicas = ReplicaManager(c[cfg.TABLET_DATA_DIR], c, self.storage, self.admin,
                                        current_epoch=self._zk_coordinator_epoch, table_gone=self._zk_table_gone,
-                                       server_id=self.server_id, lease=self.lease, server_calls=self.server_calls)
+                                       server_id=self.server_id, lease=self.lease, server_calls=self.server_calls,
+                                       partition_table=self._zk_partition_table)
         self.lease_renewer = LeaseRenewer(self.lease, self.zk, self.server_id).start()
         self.log_ends = lost_data.LogEndReporter(self.replicas, self.server_calls)  # what a restore would lose
         self.replicas.dir_id = self.dir_id
@@ -262,15 +263,32 @@ class TabletServer:
         except (ValueError, TypeError, AttributeError):
             return stat.version
 
-    def _zk_table_gone(self, table_id: int) -> bool:
-        """ZooKeeper has no ``/tables/{table_id}``: the table was dropped (ids are never reused)."""
-        path = zkpaths.table(table_id)
+    def _zk_table_gone(self, physical_id: int) -> bool:
+        """ZooKeeper has no ``/tables/{physical_id}``: the table, or the partition (the coordinator keeps a
+        partition's node by its id), was dropped (ids are never reused)."""
+        path = zkpaths.table(physical_id)
         try:
             self.zk.sync(path)
             return self.zk.exists(path) is None
         except Exception as exc:
-            raise errors.NetworkError(f"cannot learn from ZooKeeper whether table {table_id} exists: "
+            raise errors.NetworkError(f"cannot learn from ZooKeeper whether table (or partition) {physical_id} "
+                                      f"exists: {exc!r}") from None
+
+    def _zk_partition_table(self, partition_id: int) -> int | None:
+        """The id of the table ZooKeeper has partition ``partition_id`` of (its ``/tables/{partition_id}`` node
+        names it); None if it has no such partition (no node, or a table's)."""
+        path = zkpaths.table(partition_id)
+        try:
+            self.zk.sync(path)
+            data, _stat = self.zk.get(path)
+        except NoNodeError:
+            return None
+        except Exception as exc:
+            raise errors.NetworkError(f"cannot learn from ZooKeeper whether partition {partition_id} exists: "
                                       f"{exc!r}") from None
+        node = loads(data) or {}
+        is_partition = isinstance(node, dict) and node.get("partition_id") == partition_id
+        return node.get("table_id") if is_partition and isinstance(node.get("table_id"), int) else None
 
     def _remove_dropped_tables(self) -> None:
         try:

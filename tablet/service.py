@@ -1,7 +1,12 @@
 """The tablet server's gRPC service: thin, every answer carries a typed error code.
 
-A request that sets a ``partition_id`` anywhere is answered ``PARTITION_NOT_EXISTS``
-before its handler runs (:func:`kvlease.common.wire.refusing_partition_ids`). Every call
+A request names its buckets by ``table_id`` and, for a partitioned table's, ``partition_id``; buckets are held
+by physical id (the partition's, else the table's). Each handler first resolves the physical table its
+request names (:meth:`kvlease.tablet.replicas.held_tables.HeldTables.resolve`): one that names a partition
+this server does not hold of that table, none of a partitioned table, or one of an unpartitioned table is
+answered ``PARTITION_NOT_EXISTS`` (``NOT_LEADER`` if ZooKeeper has that partition: a client routing by
+stale metadata retries), ``TABLE_NOT_EXIST`` or ``INVALID_REQUEST`` and changes nothing; a bucket of a
+physical table held here that this server does not lead is ``NOT_LEADER`` as ever. Then every call
 is authorized before it acts (:mod:`kvlease.tablet.authz`): WRITE on the table for
 PutKv and TriggerSnapshot, READ for Lookup, FetchLog, ListOffsets and scans;
 a denied call is answered ``AUTHORIZATION_FAILED`` and changes nothing.
@@ -29,11 +34,12 @@ from kvlease.common import errors
 from kvlease.common.logentry import ChangelogError, CorruptLogError
 from kvlease.common.proto import tablet_pb2 as pb
 from kvlease.common.proto import tablet_pb2_grpc as pb_grpc
-from kvlease.common.wire import error_pb, handle_to_pb, refusing_partition_ids, table_from_pb
+from kvlease.common.wire import error_pb, handle_to_pb, table_from_pb
 from kvlease.common.codec import batch_to_ipc, ipc_to_batch
 from kvlease.common.model import SnapshotHandle
 from kvlease.common.security.server import OPEN
 from kvlease.tablet.authz import READ, WRITE, TableAccess
+from kvlease.tablet.replicas.held_tables import partition_of
 from kvlease.tablet.replicas.manager import ReplicaManager
 from kvlease.tablet.replication.fetch_service import ReplicaFetchService
 from kvlease.tablet.replication.leader import check_epoch
@@ -73,15 +79,13 @@ def _serving(replica):
         yield
     except (BucketStoreError, ChangelogError) as exc:
         if replica.closed:
-            raise errors.NotLeaderError(f"bucket {replica.bucket} of table {replica.table.table_id} was closed on "
-                                        "this tablet server while the request ran; retry it",
-                                        table_id=replica.table.table_id, bucket=replica.bucket) from None
+            raise errors.NotLeaderError(f"{replica.where} was closed on this tablet server while the request ran; "
+                                        "retry it", **replica.details) from None
         if isinstance(exc, CorruptLogError) or not replica.replicated or replica.store.files.failure is None:
             raise
         raise errors.LeaderNotAvailableError(
-            f"bucket {replica.bucket} of table {replica.table.path}: its leader cannot use its local files "
-            f"({exc.message}); it gives its leadership to another in-sync replica: retry",
-            table_id=replica.table.table_id, bucket=replica.bucket) from None
+            f"{replica.where}: its leader cannot use its local files ({exc.message}); it gives its leadership to "
+            f"another in-sync replica: retry", **replica.details) from None
 
 
 def _batch(data: bytes) -> pa.RecordBatch | None:
@@ -93,7 +97,6 @@ def _batch(data: bytes) -> pa.RecordBatch | None:
         raise errors.InvalidRowError(f"the request's rows are not a valid Arrow IPC stream: {exc}") from None
 
 
-@refusing_partition_ids(pb.DESCRIPTOR.services_by_name["TabletService"])
 class TabletService(pb_grpc.TabletServiceServicer):
     def __init__(self, replicas: ReplicaManager, scans: ScanService | None = None, security=OPEN,
                  fetches: ReplicaFetchService | None = None) -> None:
@@ -102,6 +105,10 @@ class TabletService(pb_grpc.TabletServiceServicer):
         self.security = security  # common.security.server: OPEN or ServerSecurity
         self.access = TableAccess(replicas, security)
         self.scans = scans if scans is not None else ScanService(replicas, replicas.config, security=security)
+
+    def _physical(self, request) -> int:
+        """The physical table ``request`` names by ``table_id`` and ``partition_id`` (see the module docstring)."""
+        return self.replicas.tables.resolve(request.table_id, partition_of(request))
 
     def UpdateLeadership(self, request, context):
         def work():
@@ -118,7 +125,8 @@ class TabletService(pb_grpc.TabletServiceServicer):
 
     def PutKv(self, request, context):
         def work():
-            self.access.check(WRITE, request.table_id)
+            physical = self._physical(request)
+            self.access.check(WRITE, physical)
             upserts, deletes = _batch(request.upserts), _batch(request.deletes)
             if upserts is None and deletes is None:
                 raise errors.InvalidRequestError("PutKv needs rows to upsert or keys to delete")
@@ -126,10 +134,10 @@ class TabletService(pb_grpc.TabletServiceServicer):
                 raise errors.InvalidRequestError(f"writer_id must be > 0 (0: not idempotent), got {request.writer_id}")
             writer = (request.writer_id, request.sequence) if request.writer_id else None
             epoch = request.leader_epoch if request.HasField("leader_epoch") else None
-            with self.replicas.leading(request.table_id, request.bucket) as replica:  # acknowledged while leased
+            with self.replicas.leading(physical, request.bucket) as replica:  # acknowledged while leased
                 lead = replica.leadership()
                 if lead is None:
-                    check_epoch(replica.leader_epoch, epoch, f"bucket {replica.bucket} of table {replica.table.path}")
+                    check_epoch(replica.leader_epoch, epoch, replica.where)
                 else:
                     lead.check_write(epoch)
                 with _serving(replica):
@@ -144,9 +152,10 @@ class TabletService(pb_grpc.TabletServiceServicer):
 
     def Lookup(self, request, context):
         def work():
-            self.access.check(READ, request.table_id)
+            physical = self._physical(request)
+            self.access.check(READ, physical)
             keys = _batch(request.keys)
-            with self.replicas.leading(request.table_id, request.bucket) as replica, _serving(replica):
+            with self.replicas.leading(physical, request.bucket) as replica, _serving(replica):
                 if keys is None:
                     return {}
                 found, rows = replica.store.lookup(keys)
@@ -155,17 +164,18 @@ class TabletService(pb_grpc.TabletServiceServicer):
 
     def FetchLog(self, request, context):
         def work():
-            self.access.check(READ, request.table_id)
+            physical = self._physical(request)
+            self.access.check(READ, physical)
             if request.max_bytes <= 0:
                 raise errors.InvalidRequestError("max_bytes must be positive")
             epoch = request.last_fetched_epoch if request.HasField("last_fetched_epoch") else None
-            with self.replicas.leading(request.table_id, request.bucket) as replica, _serving(replica):
+            with self.replicas.leading(physical, request.bucket) as replica, _serving(replica):
                 try:
                     entries, end = replica.store.fetch_log(request.from_offset, request.max_bytes,
                                                            last_fetched_epoch=epoch)
                     start, _latest = replica.store.list_offsets()
                 except errors.DataLostError as exc:  # name the table: the message is all that travels
-                    raise errors.DataLostError(f"bucket {replica.bucket} of {replica.table.path}: {exc.message}",
+                    raise errors.DataLostError(f"bucket {replica.bucket} of {replica.table.where}: {exc.message}",
                                                table=replica.table.path, **exc.details) from None
             return {"entries": entries, "log_start_offset": start, "log_end_offset": end}
         return _answer(pb.FetchLogResponse, work)
@@ -176,7 +186,8 @@ class TabletService(pb_grpc.TabletServiceServicer):
 
     def ListOffsets(self, request, context):
         def work():
-            self.access.check(READ, request.table_id)
+            physical, partition_id = self._physical(request), partition_of(request)
+            self.access.check(READ, physical)
             timestamp = request.timestamp if request.HasField("timestamp") else None
             if timestamp is not None and timestamp < 0:
                 raise errors.InvalidRequestError(f"timestamp must be ms since the epoch (>= 0), got {timestamp}")
@@ -186,7 +197,7 @@ class TabletService(pb_grpc.TabletServiceServicer):
             offsets = []
             for bucket in request.buckets:
                 try:
-                    with self.replicas.leading(request.table_id, bucket) as replica, _serving(replica):
+                    with self.replicas.leading(physical, bucket) as replica, _serving(replica):
                         store = replica.store  # (_serving: its store may close under the call)
                         found = None if timestamp is None else store.offset_for_timestamp(timestamp)
                         earliest, latest, end_epoch = store.end_epoch()
@@ -195,23 +206,25 @@ class TabletService(pb_grpc.TabletServiceServicer):
                     if found is not None:  # retention may have moved the start since the search
                         found = max(found, earliest)
                     offsets.append(pb.BucketOffsetsPb(
-                        bucket=bucket, earliest=earliest, latest=latest, timestamp_offset=found, end_epoch=end_epoch,
+                        bucket=bucket, partition_id=partition_id, earliest=earliest, latest=latest,
+                        timestamp_offset=found, end_epoch=end_epoch,
                         epochs_at=[pb.OffsetEpochPb(offset=o, epoch=e) for o, e in epochs]))
                 except errors.KvLeaseError as exc:
-                    offsets.append(pb.BucketOffsetsPb(bucket=bucket, error=error_pb(exc)))
+                    offsets.append(pb.BucketOffsetsPb(bucket=bucket, partition_id=partition_id, error=error_pb(exc)))
             return {"offsets": offsets}
         return _answer(pb.ListOffsetsResponse, work)
 
     def TriggerSnapshot(self, request, context):
         def work():
-            self.access.check(WRITE, request.table_id)
-            self.replicas.check_table(request.table_id)
-            buckets = list(request.buckets) or [r.bucket for r in self.replicas.replicas(request.table_id)]
+            physical, partition_id = self._physical(request), partition_of(request)
+            self.access.check(WRITE, physical)
+            self.replicas.check_table(physical)
+            buckets = list(request.buckets) or [r.bucket for r in self.replicas.replicas(physical)]
             results: dict[int, object] = {}
             targets = []
             for bucket in buckets:
                 try:
-                    targets.append(self.replicas.get(request.table_id, bucket))
+                    targets.append(self.replicas.get(physical, bucket))
                 except errors.KvLeaseError as exc:
                     results[bucket] = exc
             taken = self.replicas.snapshots.snapshot_each(targets, verify=True)
@@ -219,7 +232,8 @@ class TabletService(pb_grpc.TabletServiceServicer):
             failed = sorted((b, r) for b, r in results.items() if isinstance(r, errors.KvLeaseError))
             if failed and not request.bucket_errors:
                 raise failed[0][1]
-            answer = {"failed": [pb.BucketErrorPb(bucket=b, error=error_pb(e)) for b, e in failed]}
+            answer = {"failed": [pb.BucketErrorPb(bucket=b, partition_id=partition_id, error=error_pb(e))
+                                 for b, e in failed]}
             if request.wait:
                 # a bucket unchanged since its latest snapshot (the periodic one may have just taken it) is done
                 led = {r.bucket: r for r in targets}

@@ -23,8 +23,9 @@ def check_bucket(codec: RowCodec, bucket: int | None, keys: list[bytes], what: s
         return
     i = int(wrong[0])
     key = codec.decode_keys([keys[i]]).to_pylist()[0]
+    part = "" if table.partition_id is None else f" partition {table.partition_name} (id {table.partition_id})"
     raise InvalidRowError(f"{what} row {i} (key {show(key)}) belongs to bucket {int(buckets[i])} of table "
-                          f"{table.table_id}, not to bucket {bucket}; {len(wrong)} of {len(keys)} "
+                          f"{table.table_id}{part}, not to bucket {bucket}; {len(wrong)} of {len(keys)} "
                           f"rows are of another bucket (bucket = crc32(encoded key) % {n})",
                           row=i, bucket=int(buckets[i]))
 

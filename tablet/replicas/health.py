@@ -18,6 +18,7 @@ from typing import Mapping
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from kvlease.common.tables import TableInfo
 from kvlease.tablet.bucket.open_buckets import fd_limit
 from kvlease.tablet.replicas.manager import ReplicaManager
 from kvlease.tablet.replicas.step_down import StepDown, SteppedDown
@@ -41,7 +42,7 @@ class Health:
     #: offsets are known without opening them); a reader bootstrapping it replays that many
     snapshot_lag_records: int = 0
     #: buckets that gave up their leadership because their local writes failed, not back in sync yet:
-    #: (table id, bucket) -> table path and cause (tablet/replicas/step_down.py)
+    #: (physical id, bucket) -> table path, partition and cause (tablet/replicas/step_down.py)
     stepped_down: Mapping[tuple[int, int], SteppedDown] = field(default_factory=dict)
     resignations: int = 0  # leaderships given up so far
 
@@ -57,23 +58,29 @@ def open_fd_count() -> int:
         return 0
 
 
+def _named(table: TableInfo, bucket: int) -> str:
+    """``bucket 0 of table 3``, or ``bucket 0 of table 3 partition 20261127 (id 7)`` of a partition's view."""
+    part = "" if table.partition_id is None else f" partition {table.partition_name} (id {table.partition_id})"
+    return f"bucket {bucket} of table {table.table_id}{part}"
+
+
 def health(replicas: ReplicaManager, step_down: StepDown | None = None) -> Health:
     """The server's health now (reads only memory and ``/proc/self/fd``); ``step_down``: the server's
     :class:`~kvlease.tablet.replicas.step_down.StepDown` (None: no step-downs to report)."""
     problems = []
     refused = sorted(replicas.refused)
     if refused:
-        table_id, bucket = refused[0]
-        problems.append(f"{len(refused)} bucket(s) over its capacity of {replicas.max_buckets} "
-                        f"(tablet.buckets.max) are not served, e.g. bucket {bucket} of table {table_id}")
+        first_refused = refused[0]
+        problems.append(f"{len(refused)} bucket(s) over its capacity of {replicas.max_buckets} (tablet.buckets.max) "
+                        f"are not served, e.g. {_named(replicas.refused[first_refused], first_refused[1])}")
     led = replicas.replicas()
     failed = [r for r in led if r.store.files.failure is not None]
     if failed:
         first = failed[0]
         alone = sum(not r.replicated for r in failed)
         note = f" ({alone} with one replica: no other can serve it meanwhile)" if alone else ""
-        problems.append(f"{len(failed)} bucket(s) failed and wait to be reopened{note}, e.g. bucket {first.bucket} "
-                        f"of table {first.table.table_id}: {first.store.files.failure}")
+        problems.append(f"{len(failed)} bucket(s) failed and wait to be reopened{note}, e.g. "
+                        f"{_named(first.table, first.bucket)}: {first.store.files.failure}")
     stepped_down = dict(step_down.stepped_down) if step_down is not None else {}
     problems += step_down_problems(stepped_down, dict(step_down.kept) if step_down is not None else {})
     fds, limit = open_fd_count(), fd_limit()
@@ -93,7 +100,8 @@ def step_down_problems(stepped_down: Mapping[tuple[int, int], SteppedDown], kept
     in sync) and those that keep it for want of another in-sync replica; ``shown`` of each named."""
     problems = []
     if stepped_down:
-        named = ", ".join(f"bucket {b} of {s.table} ({s.cause})" for (_t, b), s in sorted(stepped_down.items())[:shown])
+        named = ", ".join(f"bucket {b} of {s.table}{f' partition {s.partition}' if s.partition else ''} ({s.cause})"
+                          for (_t, b), s in sorted(stepped_down.items())[:shown])
         more = f" and {len(stepped_down) - shown} more" if len(stepped_down) > shown else ""
         problems.append(f"gave up leading {len(stepped_down)} bucket(s) whose local writes failed: {named}{more}; "
                         "each follows its new leader until its writes work and it is back in sync")
@@ -148,9 +156,9 @@ class HealthCollector:
                                   "bucket's local writes failed (tablet/replicas/step_down.py)", value=h.resignations)
         stepped = GaugeMetricFamily("kvlease_tablet_bucket_stepped_down", "1 for each bucket that gave up its "
                                     "leadership because its local writes failed, until it is back in sync",
-                                    labels=["table_id", "table", "bucket", "cause"])
-        for (table_id, bucket), s in sorted(h.stepped_down.items()):
-            stepped.add_metric([str(table_id), s.table, str(bucket), s.cause], 1)
+                                    labels=["table_id", "table", "partition", "bucket", "cause"])
+        for (physical_id, bucket), s in sorted(h.stepped_down.items()):
+            stepped.add_metric([str(s.table_id or physical_id), s.table, s.partition, str(bucket), s.cause], 1)
         yield stepped
         problems = GaugeMetricFamily("kvlease_tablet_problem", "why the server is unhealthy (one series each)",
                                      labels=["problem"])

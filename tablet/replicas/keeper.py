@@ -63,7 +63,7 @@ class BucketKeeper(Periodic):
                 continue  # a restored bucket's fresh replica is unsettled: the next round opens it
             files = replica.store.files
             if files.failure is not None and not files.retry_in() and files.held_by_snapshots():
-                self.replicas.end_scans(*key)  # scan sessions keep the failed files open
+                self.replicas.end_scans(replica)  # scan sessions keep the failed files open
             files.repair()
             damage = bucket_damage.damage_of(replica.store)
             if damage is not None and replica.leads:  # a reopen cannot cure it: the coordinator decides

@@ -4,7 +4,8 @@
 directories under the data dir (and forgets them in :class:`~kvlease.tablet.replicas.loss.HeldBuckets`, so their
 absence is no loss) once ZooKeeper says so: a table's data goes only once its ``/tables/{id}`` node is
 gone (``table_gone``), and a stray copy (``tablet/replicas/stray_copies.py``) only of a table ZooKeeper still has.
-The manager calls it under its lock, with the buckets it holds.
+The manager calls it under its lock, with the buckets it holds. Ids are physical (``common/tables.py``): a
+partition's directory and node are named by the partition's id, and the same checks hold for them.
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ class LocalCopies:
         """The tables of ``table_ids`` (dropped by a push) that ZooKeeper no longer has."""
         gone = {table_id for table_id in table_ids if self.gone(table_id)}
         for table_id in sorted(table_ids - gone):
-            log.warning("push of coordinator epoch %d drops table %d, which ZooKeeper still has: its data stays",
-                        coordinator_epoch, table_id)
+            log.warning("push of coordinator epoch %d drops table (or partition) %d, which ZooKeeper still has: its "
+                        "data stays", coordinator_epoch, table_id)
         return gone
 
     def delete_tables(self, table_ids: set[int]) -> None:
@@ -55,7 +56,8 @@ class LocalCopies:
         for table_id, bucket in sorted(keys):
             shutil.rmtree(self.bucket_dir(table_id, bucket), ignore_errors=True)
             self.held.forget(table_id, bucket)
-            log.info("bucket %d of table %d moved off this tablet server: its local copy is deleted", bucket, table_id)
+            log.info("bucket %d of table (or partition) %d moved off this tablet server: its local copy is deleted",
+                     bucket, table_id)
 
     def remove_dropped(self, led: set[int]) -> list[int]:
         """Delete the local data of the tables ZooKeeper no longer has, but those of ``led`` (the tables of the
@@ -72,6 +74,8 @@ class LocalCopies:
                 shutil.rmtree(os.path.join(self.data_dir, name), ignore_errors=True)
                 self.held.forget(int(name))
                 removed.append(int(name))
+        if removed:
+            log.info("removed the local data of dropped tables and partitions %s", removed)
         return removed
 
     def remove_strays(self, held: set[tuple[int, int]]) -> stray_copies.StrayChoice:
@@ -82,6 +86,11 @@ class LocalCopies:
         for table_id, bucket in choice.strays:
             shutil.rmtree(self.bucket_dir(table_id, bucket), ignore_errors=True)
             self.held.forget(table_id, bucket)
-            log.warning("bucket %d of table %d is no longer assigned to this tablet server (moved off while it "
-                        "was down or cut off from ZooKeeper): its stray local copy is deleted", bucket, table_id)
+            log.warning("bucket %d of table (or partition) %d is no longer assigned to this tablet server (moved off "
+                        "while it was down or cut off from ZooKeeper): its stray local copy is deleted", bucket,
+                        table_id)
+        if choice.unchecked:
+            log.warning("cannot learn from ZooKeeper whether tables (or partitions) %s exist: their unassigned bucket "
+                        "dirs are kept",
+                        list(choice.unchecked))
         return choice

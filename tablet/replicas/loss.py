@@ -10,7 +10,7 @@ data dir is fine (a whole wiped data dir is caught by its id instead:
   follower's damaged files are rebuilt at once (``tablet/replication/rebuild.py``);
   a leader's hold writes no other copy may have, so the coordinator decides;
 - **a missing bucket dir** the data dir says it had: :class:`HeldBuckets`
-  keeps ``{tablet.data-dir}/held/{table_id}-{bucket}``, an empty file made
+  keeps ``{tablet.data-dir}/held/{physical_id}-{bucket}``, an empty file made
   once the bucket's files first opened and removed with the bucket's
   directory (a dropped table, a completed move off the server).
 
@@ -35,6 +35,7 @@ from typing import Callable
 
 from kvlease.common import config as cfg
 from kvlease.common.storage import RemoteStorage
+from kvlease.client.server_calls import LogEnd
 from kvlease.tablet.bucket import damage as bucket_damage
 from kvlease.tablet.replicas import lost_data
 from kvlease.tablet.replicas.replica import Replica
@@ -126,7 +127,7 @@ class ReplicaLosses:
     """The lost-data part of :class:`kvlease.tablet.replicas.manager.ReplicaManager`, which owns it: restores, unclean takeovers
     (``tablet/replicas/lost_data.py``) and the replicas this server finds lost (the module docstring).
 
-    ``server_id``: this server's; ``bucket_dir(table_id, bucket)``: a bucket's local dir; ``unsettled``: the
+    ``server_id``: this server's; ``bucket_dir(physical_id, bucket)``: a bucket's local dir; ``unsettled``: the
     manager's set of buckets the keeper has work for (a bucket with loss work is added); ``lock``: the
     manager's lock (a push changes the replicas' loss work under it); ``server_calls``: this server's
     coordinator calls (:class:`kvlease.client.server_calls.ServerCalls`: the reports); ``storage``, ``admin`` and
@@ -164,7 +165,7 @@ class ReplicaLosses:
         if replica.loss_work is not None:
             return
         replica.lost_reason, replica.loss_reported, replica.loss_work = reason, False, REPORT
-        self.unsettled.add((replica.table.table_id, replica.bucket))
+        self.unsettled.add(replica.key)
         log.error("%s: this replica's data is lost (%s): reporting it to the coordinator", replica.tb, reason)
 
     def settle_loss(self, replica: Replica) -> None:
@@ -172,10 +173,11 @@ class ReplicaLosses:
         the restored files, which confirms it (the next round); an unclean takeover reports its log end; a
         lost replica is reported, then (once out of the ISR) started over empty. Raises on failure (tried
         again)."""
-        key = (replica.table.table_id, replica.bucket)
+        tb = replica.tb
         if replica.loss_work == lost_data.CONFIRM:
             epoch = replica.role.latest_loss.leader_epoch
-            self.server_calls.confirm_restore(self.server_id, *key, epoch)
+            self.server_calls.confirm_restore(self.server_id, tb.table_id, tb.bucket, epoch,
+                                              partition_id=tb.partition_id)
             with self._lock:  # a push meanwhile may have brought a newer restore: that one stays
                 if replica.loss_work == lost_data.CONFIRM:
                     replica.loss_work = None
@@ -184,13 +186,16 @@ class ReplicaLosses:
         if replica.loss_work == lost_data.UNCLEAN:
             with replica.store.files.use():
                 end = replica.store.log_end_offset
-            self.server_calls.report_log_ends(self.server_id, [(*key, replica.role.leader_epoch, end)], takeover=True)
+            self.server_calls.report_log_ends(
+                self.server_id, [LogEnd(tb.table_id, tb.bucket, replica.role.leader_epoch, end, tb.partition_id)],
+                takeover=True)
             replica.loss_work = None
             log.warning("%s: took over after an unclean election with its log ending at offset %d", replica.tb, end)
             return
         if replica.loss_work == REPORT:
             if not replica.loss_reported:
-                self.server_calls.report_replica_loss(self.server_id, *key, replica.lost_reason)
+                self.server_calls.report_replica_loss(self.server_id, tb.table_id, tb.bucket, replica.lost_reason,
+                                                      partition_id=tb.partition_id)
                 replica.loss_reported = True
             if not out_of_isr(replica.role, self.server_id):
                 return  # the coordinator's push is on its way: the next round looks again
@@ -199,7 +204,7 @@ class ReplicaLosses:
     def _replace_files(self, replica: Replica) -> None:
         """The files of a lost (or restored) replica, closed: moved aside if damaged, then restored from
         the snapshot its restore names, or left to start empty."""
-        bucket_dir = self.bucket_dir(replica.table.table_id, replica.bucket)
+        bucket_dir = self.bucket_dir(*replica.key)
         move_aside(bucket_dir, replica.store)
         if replica.loss_work == lost_data.RESTORE:
             lost_data.restore_files(bucket_dir, replica.role, self.storage, self.admin,

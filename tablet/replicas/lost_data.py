@@ -38,6 +38,7 @@ import uuid
 
 from kvlease.common import errors, kvsnapshot
 from kvlease.common.data_loss import RESTORE, UNCLEAN
+from kvlease.client.server_calls import LogEnd
 from kvlease.tablet.bucket import damage as bucket_damage
 from kvlease.tablet.log.segment_files import write_durably
 from kvlease.tablet.replication.roles import BucketRole
@@ -122,12 +123,12 @@ def restore_files(bucket_dir: str, role: BucketRole, storage, admin, server_id: 
             path = os.path.join(bucket_dir, name)
             shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.unlink(path)
     if role.leads(server_id) and loss.snapshot_id:
+        tb = role.table.bucket(role.bucket)  # (a partitioned table's listing is every partition's)
         handle = next((info.handle for info in admin.list_kv_snapshots(role.table.table_id)
-                       if info.handle.bucket.bucket == role.bucket and info.handle.snapshot_id == loss.snapshot_id),
-                      None)
+                       if info.handle.bucket == tb and info.handle.snapshot_id == loss.snapshot_id), None)
         if handle is None:
             raise errors.SnapshotNotFoundError(f"snapshot {loss.snapshot_id} of bucket {role.bucket} of "
-                                               f"{role.table.path} to restore is not kept any more")
+                                               f"{role.table.where} to restore is not kept any more")
         target = os.path.join(bucket_dir, DOWNLOAD_DIR)
         try:
             manifest = kvsnapshot.download(storage, handle, target, io_threads=io_threads)
@@ -136,7 +137,7 @@ def restore_files(bucket_dir: str, role: BucketRole, storage, admin, server_id: 
             shutil.rmtree(target, ignore_errors=True)
     _write_json(marker, {"epoch": loss.leader_epoch, "done": True})
     log.warning("bucket %d of %s: local state dropped for the restore at leader epoch %d%s", role.bucket,
-                role.table.path, loss.leader_epoch,
+                role.table.where, loss.leader_epoch,
                 f"; snapshot {loss.snapshot_id} installed (log offset {loss.from_offset})"
                 if role.leads(server_id) and loss.snapshot_id else "")
 
@@ -160,14 +161,14 @@ class LogEndReporter:
                 continue
             end = (replica.role.leader_epoch if replica.role is not None else replica.leader_epoch,
                    replica.store.high_watermark)
-            if self._sent.get((replica.table.table_id, replica.bucket)) != end:
-                ends.append((replica.table.table_id, replica.bucket, *end))
+            if self._sent.get(replica.key) != end:
+                ends.append((replica, LogEnd(replica.table.table_id, replica.bucket, *end, replica.table.partition_id)))
         if not ends:
             return 0
         try:
-            self.server_calls.report_log_ends(self.replicas.server_id, ends)
+            self.server_calls.report_log_ends(self.replicas.server_id, [end for _replica, end in ends])
         except errors.KvLeaseError as exc:  # the next round sends them again
             log.debug("cannot report log ends: %s", exc)
             return 0
-        self._sent.update({(t, b): (e, end) for t, b, e, end in ends})
+        self._sent.update({replica.key: (end.leader_epoch, end.log_end) for replica, end in ends})
         return len(ends)

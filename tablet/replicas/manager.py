@@ -22,8 +22,13 @@ or cut off from ZooKeeper, after the first push of each registration:
 :meth:`ReplicaManager.remove_stray_copies`). A snapshot is: RocksDB checkpoint -> upload of the SST files
 the last committed snapshot does not have + a manifest -> CommitKvSnapshot.
 
-The manager owns three parts, each given what it uses (none reaches into the manager): its snapshots and
-changelog retention (``tablet/replicas/snapshots.py``), the replicas whose data is lost or restored
+Buckets are held by physical id (``common/tables.py``; a partition's in ``{data dir}/{partition id}/{bucket}``).
+The coordinator keeps a partition's node at ``/tables/{partition id}``, so the checks above hold for partitions;
+a push dropping a partitioned table's id drops the partitions of it held here.
+
+The manager owns four parts, each given what it uses (none reaches into the manager): the views of the
+physical tables held, which say which one a request names (``tablet/replicas/held_tables.py``), its snapshots
+and changelog retention (``tablet/replicas/snapshots.py``), the replicas whose data is lost or restored
 (``tablet/replicas/loss.py``: the manager starts such a replica over, :meth:`ReplicaManager.start_over`)
 and the local copies of buckets it no longer holds (``tablet/replicas/local_copies.py``).
 
@@ -57,9 +62,10 @@ from kvlease.tablet.bucket.open_buckets import OpenBuckets, open_capacity
 from kvlease.tablet.bucket.store import BucketStore
 from kvlease.tablet.replicas import loss as replica_loss
 from kvlease.tablet.replicas import stray_copies
+from kvlease.tablet.replicas.held_tables import HeldTables
 from kvlease.tablet.replicas.local_copies import LocalCopies
 from kvlease.tablet.replicas.loss import ReplicaLosses
-from kvlease.tablet.replicas.replica import Replica
+from kvlease.tablet.replicas.replica import Replica, bucket_details
 from kvlease.tablet.replicas.snapshots import ReplicaSnapshots
 from kvlease.tablet.replication.leader import Leadership
 from kvlease.tablet.replication.leader_lease import LeaderLease, LeaseBasis
@@ -83,9 +89,11 @@ class ReplicaManager:
                  current_epoch: Callable[[], int] | None = None,
                  table_gone: Callable[[int], bool] | None = None, server_id: int = 0,
                  lease: LeaderLease | None = None, monotonic: Callable[[], float] = time.monotonic,
-                 server_calls: ServerCalls | None = None) -> None:
+                 server_calls: ServerCalls | None = None,
+                 partition_table: Callable[[int], int | None] | None = None) -> None:
         """``current_epoch()``: the active coordinator's epoch as ZooKeeper has it now;
-        ``table_gone(table_id)``: ZooKeeper has no ``/tables/{id}``. Both may raise
+        ``table_gone(physical_id)``: ZooKeeper has no ``/tables/{id}``; ``partition_table(partition_id)``: the
+        table ZooKeeper has that partition of (None: no such partition). Each may raise
         RetriableError; None trusts the pushes (no ZooKeeper: unit tests). ``lease``: the server's leader
         lease, which every answer of a bucket led here is checked against (None: always valid, no
         ZooKeeper). ``admin``: a :class:`kvlease.client.admin.AdminClient` (snapshot commits and listings);
@@ -108,8 +116,9 @@ class ReplicaManager:
         self.server_calls = server_calls  # client.server_calls.ServerCalls: the loss reports
         self.clock_ms = clock_ms
         self.coordinator_epoch = 0
-        self._replicas: dict[tuple[int, int], Replica] = {}
-        self._tables: dict[int, TableInfo] = {}  # the tables of the led buckets; replaced whole, read unlocked
+        self._replicas: dict[tuple[int, int], Replica] = {}  # by (physical id, bucket)
+        #: The views of the physical tables of the buckets held (and refused), and which one a request names.
+        self.tables = HeldTables(partition_table)
         self._lock = threading.Lock()
         #: ``tablet.buckets.max``: the most buckets led; the rest of a push is refused (see the module docstring).
         self.max_buckets = config[cfg.TABLET_MAX_BUCKETS]
@@ -119,10 +128,10 @@ class ReplicaManager:
         self.refused: dict[tuple[int, int], TableInfo] = {}
         #: Buckets the keeper has work for (new, failed, snapshot base unknown); it removes them when done.
         self.unsettled: set[tuple[int, int]] = set()
-        #: ``(table_id, bucket, dropped)`` callbacks run as a bucket stops being led (``dropped``: its
-        #: table was dropped), after it left the map and before its store closes (live scans end their
-        #: sessions there).
-        self.close_listeners: list[Callable[[int, int, bool], None]] = []
+        #: ``(bucket, dropped)`` callbacks (a TableBucket, with its partition) run as a bucket stops being led
+        #: (``dropped``: its table was dropped), after it left the map and before its store closes (live scans
+        #: end their sessions there).
+        self.close_listeners: list[Callable[[TableBucket, bool], None]] = []
         os.makedirs(data_dir, exist_ok=True)
         #: The bucket dirs made here: a missing one is a lost replica (tablet/replicas/loss.py).
         self.held = replica_loss.HeldBuckets(data_dir)
@@ -144,14 +153,15 @@ class ReplicaManager:
 
     # -- leadership -----------------------------------------------------------------------
 
-    def bucket_dir(self, table_id: int, bucket: int) -> str:
-        return os.path.join(self.data_dir, str(table_id), str(bucket))
+    def bucket_dir(self, physical_id: int, bucket: int) -> str:
+        return os.path.join(self.data_dir, str(physical_id), str(bucket))
 
     def update_leadership(self, coordinator_epoch: int, held: list[BucketRole | tuple[TableInfo, int, int]],
                           dropped_tables: list[int], basis: LeaseBasis | None = None) -> None:
         """Hold exactly ``held`` (roles, or ``(table, bucket, leader_epoch)`` of buckets led alone); delete
-        dropped tables' data. ``basis``: what the leader lease rests on from now on, taken once the roles are
-        (a renewal that finds the demotions a push reports must not serve a leadership the push ended).
+        dropped tables' data (physical ids: the module docstring). ``basis``: what the leader lease rests on from
+        now on, taken once the roles are (a renewal that finds the demotions a push reports must not serve a
+        leadership the push ended).
 
         Raises CoordinatorFencedError for an epoch older than the last one taken
         or than ZooKeeper's, InvalidRequestError for one newer than ZooKeeper's
@@ -161,11 +171,11 @@ class ReplicaManager:
         now = self.monotonic()
         roles = [r if isinstance(r, BucketRole) else BucketRole.led(*r, self.server_id) for r in held]
         removed, roles = {r.key for r in roles if r.removed}, [r for r in roles if not r.removed]
-        stopped_leading: list[tuple[int, int]] = []
+        stopped_leading: list[Replica] = []
         with self._lock:
             self._confirm_epoch(coordinator_epoch)
             wanted = {role.key: role for role in roles}
-            gone = self.copies.dropped(set(dropped_tables) - {k[0] for k in wanted}, coordinator_epoch)
+            gone = self.copies.dropped(self.tables.dropped(dropped_tables) - {k[0] for k in wanted}, coordinator_epoch)
             self.coordinator_epoch = coordinator_epoch
             try:
                 for key in [k for k in self._replicas if k not in wanted]:
@@ -178,26 +188,26 @@ class ReplicaManager:
                     if replica is not None:
                         self.losses.note_loss(replica, role)
                         if replica.take_role(role, now):
-                            stopped_leading.append(key)
+                            stopped_leading.append(replica)
                         continue
                     if len(self._replicas) >= self.max_buckets:
                         self.refused[key] = role.table
                         continue
                     replica = self._open(role, now)  # no file opened yet: see the module docstring
-                    self._tables = {**self._tables, role.table.table_id: role.table}  # known before it serves
+                    self.tables.add(role.table)  # known before it serves
                     self.unsettled.add(key)
                     self.losses.note_loss(replica, role)
                     if self.held.lost(*key, replica.store.dir):
                         self.lose(replica, replica_loss.missing_reason(replica.store.dir))
                     self._replicas[key] = replica
             finally:  # forget the tables no longer held (also when opening a bucket failed)
-                self._tables = {r.table.table_id: r.table for r in self._replicas.values()}
+                self.tables.keep([*(r.table for r in self._replicas.values()), *self.refused.values()])
             self.copies.delete_tables(gone)
             self.copies.delete_moved_off(removed - set(wanted))
         if basis is not None:
             self.lease.take(basis)
-        for key in stopped_leading:  # scans of a bucket no longer led end: their clients go to the new leader
-            self._tell_closing(key, False)
+        for replica in stopped_leading:  # scans of a bucket no longer led end: their clients go to the new leader
+            self._tell_closing(replica, False)
         for listener in self.role_listeners:
             listener()
         if self.refused:
@@ -216,8 +226,8 @@ class ReplicaManager:
         self._close(key)  # writes in flight finish first, live scans end
         replica = self._replicas[key] = self._open(role, self.monotonic())
         self.unsettled.add(key)  # the keeper learns its snapshot base again
-        log.info("bucket %d of table %d is %s now (replicas %s, leader %d, leader epoch %d)", role.bucket,
-                 role.table.table_id, "replicated" if role.replicated else "one replica", list(role.replicas),
+        log.info("bucket %d of table %s is %s now (replicas %s, leader %d, leader epoch %d)", role.bucket,
+                 role.table.where, "replicated" if role.replicated else "one replica", list(role.replicas),
                  role.leader, role.leader_epoch)
         return replica
 
@@ -241,13 +251,10 @@ class ReplicaManager:
                 f"epoch is {current}: not sent by the active coordinator, refused")
 
     def remove_dropped_tables(self) -> list[int]:
-        """Delete the local data of tables ZooKeeper no longer has (dropped while this server was
-        down, or a drop push that did not arrive); returns their ids. Table ids are never reused."""
+        """Delete the local data of physical tables ZooKeeper no longer has (dropped while this server was
+        down, or a drop push that did not arrive); returns their ids. Table and partition ids are never reused."""
         with self._lock:
-            removed = self.copies.remove_dropped({table_id for table_id, _bucket in self._replicas})
-        if removed:
-            log.info("removed the local data of dropped tables %s", removed)
-        return removed
+            return self.copies.remove_dropped({physical_id for physical_id, _bucket in self._replicas})
 
     def remove_stray_copies(self) -> stray_copies.StrayChoice | None:
         """Delete the bucket dirs of existing tables the last push neither holds nor refused: copies a
@@ -257,23 +264,18 @@ class ReplicaManager:
         with self._lock:
             if self.coordinator_epoch == 0:
                 return None
-            choice = self.copies.remove_strays(set(self._replicas) | set(self.refused))
-        if choice.unchecked:
-            log.warning("cannot learn from ZooKeeper whether tables %s exist: their unassigned bucket dirs are kept",
-                        list(choice.unchecked))
-        return choice
+            return self.copies.remove_strays(set(self._replicas) | set(self.refused))
 
     def _open(self, role: BucketRole, now: float) -> Replica:
         table, bucket = role.table, role.bucket
-        key = (table.table_id, bucket)
-        store = BucketStore.from_config(self.bucket_dir(table.table_id, bucket), table, self.config,
+        key = role.key
+        store = BucketStore.from_config(self.bucket_dir(*key), table, self.config,
                                         clock_ms=self.clock_ms, bucket=bucket, budget=self.budget, lazy=True,
                                         on_failure=lambda: self.unsettled.add(key), replicated=role.replicated)
         if not role.replicated:
             store.leader_epoch = role.leader_epoch  # stamped on every changelog entry it appends
-        tb = TableBucket(table.table_id, bucket)
-        uploader = SnapshotUploader(self.storage, tb, io_threads=self.config[cfg.SNAPSHOT_UPLOAD_THREADS],
-                                    clock_ms=self.clock_ms)
+        uploader = SnapshotUploader(self.storage, table.bucket(bucket),  # a partition's: its files name it
+                                    io_threads=self.config[cfg.SNAPSHOT_UPLOAD_THREADS], clock_ms=self.clock_ms)
         # a follower without files rebuilds from a snapshot; a leader's missing files are a new bucket (or a
         # lost disk: tablet/replicas/lost_data.py), never a reason to rebuild later when it follows
         fresh = (role.replicated and not role.leads(self.server_id)
@@ -289,7 +291,7 @@ class ReplicaManager:
             replica.closed = True
             if replica.lead is not None:
                 replica.lead.end()
-        self._tell_closing(key, dropped)
+        self._tell_closing(replica, dropped)
         with replica.snapshot_lock:
             replica.store.close()
 
@@ -298,7 +300,7 @@ class ReplicaManager:
         same role; it may serve when the old one could): the old one is closed (its leadership and live scans
         end) and ``prepare()`` runs on its closed files, its fetches and snapshot held off; then the role
         listeners run. For a replica whose data was lost (:meth:`ReplicaLosses.settle_loss`)."""
-        key = (replica.table.table_id, replica.bucket)
+        key = replica.key
         with self._lock:
             if self._replicas.get(key) is not replica:
                 return
@@ -306,7 +308,7 @@ class ReplicaManager:
                 replica.closed = True
                 if replica.lead is not None:
                     replica.lead.end()
-                self._tell_closing(key, False)
+                self._tell_closing(replica, False)
                 replica.store.close()
                 prepare()
             fresh = self._open(replica.role, self.monotonic())
@@ -317,43 +319,41 @@ class ReplicaManager:
         for listener in self.role_listeners:
             listener()
 
-    def end_scans(self, table_id: int, bucket: int) -> None:
+    def end_scans(self, replica: Replica) -> None:
         """End the live scan sessions of a bucket that stays led, as a leadership change does (their
         clients start the bucket again): its failed files can then be reopened."""
-        self._tell_closing((table_id, bucket), False)
+        self._tell_closing(replica, False)
 
-    def _tell_closing(self, key: tuple[int, int], dropped: bool) -> None:
+    def _tell_closing(self, replica: Replica, dropped: bool) -> None:
         for listener in self.close_listeners:
             try:
-                listener(*key, dropped)
+                listener(replica.tb, dropped)
             except Exception:  # the store closes anyway
-                log.exception("close listener of bucket %s failed", key)
+                log.exception("close listener of bucket %s failed", replica.tb)
 
-    def get(self, table_id: int, bucket: int) -> Replica:
+    def get(self, physical_id: int, bucket: int) -> Replica:
         """The replica of a bucket this server leads; NotLeaderError (LeaderNotAvailableError: the bucket has
         no leader now) otherwise."""
-        replica = self.replica(table_id, bucket)
+        replica = self.replica(physical_id, bucket)
         if not replica.leads:
             if replica.role.leader == NO_LEADER:
                 why = replica.role.offline_reason or "it has no live in-sync replica to lead it"
-                raise errors.LeaderNotAvailableError(f"bucket {bucket} of table {table_id} is offline: {why}",
-                                                     table_id=table_id, bucket=bucket)
-            raise errors.NotLeaderError(f"this tablet server follows bucket {bucket} of table {table_id}; tablet "
-                                        f"server {replica.role.leader} leads it", table_id=table_id, bucket=bucket)
+                raise errors.LeaderNotAvailableError(f"{replica.where} is offline: {why}", **replica.details)
+            raise errors.NotLeaderError(f"this tablet server follows {replica.where}; tablet server "
+                                        f"{replica.role.leader} leads it", **replica.details)
         if replica.loss_work is not None:
-            raise errors.LeaderNotAvailableError(f"bucket {bucket} of table {table_id} {replica_loss.doing(replica)}",
-                                                 table_id=table_id, bucket=bucket)
+            raise errors.LeaderNotAvailableError(f"{replica.where} {replica_loss.doing(replica)}", **replica.details)
         replica.check_ready(self.monotonic())  # an earlier leader's lease is over
         if replica.replicated:
             replica.leadership().check_read()  # a new leader serves once it has every committed write
         return replica
 
     @contextlib.contextmanager
-    def leading(self, table_id: int, bucket: int) -> Iterator[Replica]:
+    def leading(self, physical_id: int, bucket: int) -> Iterator[Replica]:
         """The replica of a bucket led here (:meth:`get`) for a request to read or write; once the body is
         done its answer is confirmed (:meth:`confirm`): a leadership that ended or whose lease lapsed
         meanwhile answers NOT_LEADER instead (docs/architecture.md, "Leader leases")."""
-        replica = self.get(table_id, bucket)
+        replica = self.get(physical_id, bucket)
         epoch = replica.role.leader_epoch if replica.role is not None else None
         yield replica
         self.confirm(replica, epoch)
@@ -364,47 +364,47 @@ class ReplicaManager:
         other leader acknowledged a write before now, and the answer is at least as new as any write
         acknowledged before the request was sent. A lapsed lease is waited for briefly (a renewal in
         flight), then refused."""
-        where = f"bucket {replica.bucket} of table {replica.table.table_id}"
         # leased, then leading, then still leased: a push that ended the leadership is taken before its lease
         # basis, so a lease renewed on that basis never covers the leadership it ended
         leased = self.lease.wait_valid(LEASE_WAIT_S)
         if not replica.leads_epoch(epoch):
-            raise errors.NotLeaderError(f"this tablet server stopped leading {where} (leader epoch {epoch}) while "
-                                        f"the request ran: retry it on its leader", table_id=replica.table.table_id,
-                                        bucket=replica.bucket)
+            raise errors.NotLeaderError(f"this tablet server stopped leading {replica.where} (leader epoch {epoch}) "
+                                        f"while the request ran: retry it on its leader", **replica.details)
         if not leased or not self.lease.valid():
-            raise errors.NotLeaderError(f"this tablet server cannot answer for {where}: its leader lease lapsed (it "
-                                        f"could not confirm with ZooKeeper that it still leads): retry it on the "
-                                        f"bucket's leader", table_id=replica.table.table_id, bucket=replica.bucket)
+            raise errors.NotLeaderError(f"this tablet server cannot answer for {replica.where}: its leader lease "
+                                        f"lapsed (it could not confirm with ZooKeeper that it still leads): retry it "
+                                        f"on the bucket's leader", **replica.details)
 
-    def replica(self, table_id: int, bucket: int) -> Replica:
+    def replica(self, physical_id: int, bucket: int) -> Replica:
         """The replica of a bucket held here, led or followed; NotLeaderError if none."""
-        replica = self._replicas.get((table_id, bucket))
-        if replica is None and (table_id, bucket) in self.refused:
+        replica = self._replicas.get((physical_id, bucket))
+        if replica is not None:
+            return replica
+        view = self.tables.get(physical_id)
+        where = f"bucket {bucket} of table " + (view.where if view is not None else str(physical_id))
+        details = bucket_details(view, bucket) if view is not None else {"table_id": physical_id, "bucket": bucket}
+        if (physical_id, bucket) in self.refused:
             raise errors.LeaderNotAvailableError(
-                f"bucket {bucket} of table {table_id} is assigned to this tablet server, which cannot serve it: "
-                f"it leads its capacity of {self.max_buckets} buckets (tablet.buckets.max)",
-                table_id=table_id, bucket=bucket)
-        if replica is None:
-            raise errors.NotLeaderError(f"this tablet server does not lead bucket {bucket} of table {table_id}",
-                                        table_id=table_id, bucket=bucket)
-        return replica
+                f"{where} is assigned to this tablet server, which cannot serve it: it leads its capacity of "
+                f"{self.max_buckets} buckets (tablet.buckets.max)", **details)
+        raise errors.NotLeaderError(f"this tablet server does not lead {where}", **details)
 
-    def table(self, table_id: int) -> TableInfo | None:
-        """The table ``table_id`` if this server leads a bucket of it, else None (no ZooKeeper read)."""
-        return self._tables.get(table_id)
+    def table(self, physical_id: int) -> TableInfo | None:
+        """The view of the physical table ``physical_id`` if this server holds a bucket of it, else None (no
+        ZooKeeper read)."""
+        return self.tables.get(physical_id)
 
-    def check_table(self, table_id: int) -> None:
-        """TableNotExistError if no bucket of ``table_id`` is led here and ZooKeeper has no such table."""
-        if any(key[0] == table_id for key in list(self._replicas)):
+    def check_table(self, physical_id: int) -> None:
+        """TableNotExistError if no bucket of ``physical_id`` is held here and ZooKeeper has no such table."""
+        if any(key[0] == physical_id for key in list(self._replicas)):
             return
-        if self.copies.gone(table_id):
-            raise errors.TableNotExistError(f"table id {table_id} does not exist (never created, or dropped)",
-                                            table_id=table_id)
+        if self.copies.gone(physical_id):
+            raise errors.TableNotExistError(f"table id {physical_id} does not exist (never created, or dropped)",
+                                            table_id=physical_id)
 
-    def replicas(self, table_id: int | None = None) -> list[Replica]:
-        """The replicas this server leads (of ``table_id``), by table and bucket."""
-        return [r for r in self.all_replicas(table_id) if r.leads and r.loss_work is None]
+    def replicas(self, physical_id: int | None = None) -> list[Replica]:
+        """The replicas this server leads (of ``physical_id``), by physical table and bucket."""
+        return [r for r in self.all_replicas(physical_id) if r.leads and r.loss_work is None]
 
     def followed(self) -> list[Replica]:
         """The replicas this server follows a live leader of."""
@@ -414,16 +414,16 @@ class ReplicaManager:
     def leaderships(self) -> list[Leadership]:
         return [r.lead for r in self.all_replicas() if r.lead is not None and not r.lead.ended]
 
-    def all_replicas(self, table_id: int | None = None) -> list[Replica]:
-        """Every replica held here, led or followed."""
-        return sorted((r for r in list(self._replicas.values()) if table_id is None or r.table.table_id == table_id),
-                      key=lambda r: (r.table.table_id, r.bucket))
+    def all_replicas(self, physical_id: int | None = None) -> list[Replica]:
+        """Every replica held here, led or followed (of ``physical_id``)."""
+        return sorted((r for r in list(self._replicas.values()) if physical_id is None or r.key[0] == physical_id),
+                      key=lambda r: r.key)
 
     def close(self) -> None:
         with self._lock:
             for key in list(self._replicas):
                 self._close(key)
-            self._tables = {}
+            self.tables.keep(())
             self.refused = {}
 
     # -- the parts' calls -------------------------------------------------------------------

@@ -27,6 +27,15 @@ from kvlease.tablet.store.snapshot import SnapshotUploader
 log = logging.getLogger("kvlease.tablet.replicas.manager")  # its role changes log with the manager's
 
 
+def bucket_details(table: TableInfo, bucket: int) -> dict:
+    """An error's details naming a bucket of ``table`` (a table's, or a partition's view): its table's id, the
+    bucket, and the partition's id if it is a partition's."""
+    details = {"table_id": table.table_id, "bucket": bucket}
+    if table.partition_id is not None:
+        details["partition_id"] = table.partition_id
+    return details
+
+
 @dataclass
 class Replica:
     table: TableInfo
@@ -85,8 +94,7 @@ class Replica:
             return lead
         with self.fetch_lock:
             if self.closed or not self.leads:
-                raise errors.NotLeaderError(f"this tablet server does not lead bucket {self.bucket} of table "
-                                            f"{self.table.table_id}", table_id=self.table.table_id, bucket=self.bucket)
+                raise errors.NotLeaderError(f"this tablet server does not lead {self.where}", **self.details)
             if self.lead is None or self.lead.ended:
                 self.store.become_leader(self.role.leader_epoch)
                 self.lead = Leadership(self.server_id, self.role, self.store, int(time.time() * 1000),
@@ -138,9 +146,8 @@ class Replica:
         """LeaderNotAvailableError (retried) while an earlier leader's lease may last (see :attr:`ready_at`)."""
         if now < self.ready_at:
             raise errors.LeaderNotAvailableError(
-                f"the new leader of bucket {self.bucket} of table {self.table.table_id} waits up to "
-                f"{self.ready_at - now:.1f} s more for the previous leader's lease to end: retry in a moment",
-                table_id=self.table.table_id, bucket=self.bucket)
+                f"the new leader of {self.where} waits up to {self.ready_at - now:.1f} s more for the previous "
+                f"leader's lease to end: retry in a moment", **self.details)
 
     def leads_epoch(self, epoch: int | None) -> bool:
         """Whether this replica still leads, under leader epoch ``epoch`` (its role's when the request began)."""
@@ -159,8 +166,26 @@ class Replica:
         self.store.leader_epoch = epoch
 
     @property
+    def key(self) -> tuple[int, int]:
+        """``(physical id, bucket)``: what the replica manager holds it by (a partition's bucket by the
+        partition's id: ``common/tables.py``)."""
+        return self.table.physical_id, self.bucket
+
+    @property
     def tb(self) -> TableBucket:
-        return TableBucket(self.table.table_id, self.bucket)
+        """The bucket, with its partition (what it is named by on the wire and in snapshots)."""
+        return self.table.bucket(self.bucket)
+
+    @property
+    def where(self) -> str:
+        """``bucket 0 of table shop.orders`` or ``bucket 0 of table shop.orders partition 20261127``, for
+        messages."""
+        return f"bucket {self.bucket} of table {self.table.where}"
+
+    @property
+    def details(self) -> dict:
+        """An error's details naming this bucket (:func:`bucket_details`)."""
+        return bucket_details(self.table, self.bucket)
 
     def changed(self) -> bool:
         return self.store.high_watermark > max(self.snapshot_offset, 0)  # committed changes only

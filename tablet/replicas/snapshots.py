@@ -43,15 +43,11 @@ def still_leads(replica: Replica, leader_epoch: int, lease: LeaderLease) -> None
     role = replica.role
     if (replica.closed or not replica.leads or replica.store.following
             or (role is not None and role.leader_epoch != leader_epoch)):
-        raise errors.NotLeaderError(
-            f"this tablet server no longer leads bucket {replica.bucket} of table {replica.table.table_id} at "
-            f"leader epoch {leader_epoch} (its snapshot stops)", table_id=replica.table.table_id,
-            bucket=replica.bucket)
+        raise errors.NotLeaderError(f"this tablet server no longer leads {replica.where} at leader epoch "
+                                    f"{leader_epoch} (its snapshot stops)", **replica.details)
     if not lease.valid():
-        raise errors.NotLeaderError(
-            f"this tablet server's leader lease lapsed: it may have been deposed as leader of bucket "
-            f"{replica.bucket} of table {replica.table.table_id} (its snapshot stops)",
-            table_id=replica.table.table_id, bucket=replica.bucket)
+        raise errors.NotLeaderError(f"this tablet server's leader lease lapsed: it may have been deposed as leader "
+                                    f"of {replica.where} (its snapshot stops)", **replica.details)
 
 
 class ReplicaSnapshots:
@@ -59,8 +55,11 @@ class ReplicaSnapshots:
 
     ``admin``: a :class:`kvlease.client.admin.AdminClient` (the latest snapshots, commits, the kept snapshots);
     ``storage``: the remote storage; ``config``: the server's (``snapshot.*``, ``log.retention``);
-    ``lease``: the server's leader lease; ``server_id``: this server's; ``bucket_dir(table_id, bucket)``:
-    a bucket's local dir (its checkpoints are made under it)."""
+    ``lease``: the server's leader lease; ``server_id``: this server's; ``bucket_dir(physical_id, bucket)``:
+    a bucket's local dir (its checkpoints are made under it).
+
+    The coordinator is asked for a table's snapshots by its id: for a partitioned table that answers every
+    partition's, and each replica takes those of its own bucket (:attr:`Replica.tb`, with its partition)."""
 
     def __init__(self, admin, storage: RemoteStorage, config: cfg.Config, lease: LeaderLease, server_id: int,
                  bucket_dir: Callable[[int, int], str]) -> None:
@@ -127,7 +126,7 @@ class ReplicaSnapshots:
             if not force and not replica.changed() and not (verify and self._lost_files(replica)):
                 return None
             snapshot_id = replica.next_snapshot_id
-            work = os.path.join(self.bucket_dir(replica.table.table_id, replica.bucket), "checkpoints")
+            work = os.path.join(self.bucket_dir(*replica.key), "checkpoints")
             os.makedirs(work, exist_ok=True)
             target = os.path.join(work, f"snap-{snapshot_id}")
             shutil.rmtree(target, ignore_errors=True)
@@ -181,7 +180,8 @@ class ReplicaSnapshots:
     def apply_retention(self, replicas: list[Replica]) -> int:
         """Delete changelog segments of each bucket below the lowest log offset of its kept
         snapshots (leased ones included) that are also older than ``log.retention``. Asks the
-        coordinator for the kept snapshots once per table; returns how many segments went. A bucket whose
+        coordinator for the kept snapshots once per table (every partition's of a partitioned one); returns how
+        many segments went. A bucket whose
         changelog cannot be read now (its files failed and do not reopen: a full disk) is left for the next
         round; the others go on."""
         by_table: dict[int, list[Replica]] = {}

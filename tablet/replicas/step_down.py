@@ -35,12 +35,13 @@ from dataclasses import dataclass
 from typing import Callable
 
 from kvlease.common import errors
+from kvlease.client.server_calls import ResignBucket
 from kvlease.tablet.bucket import damage as bucket_damage
 from kvlease.tablet.periodic import Periodic
 
 log = logging.getLogger(__name__)
 
-Key = tuple[int, int]  # (table id, bucket)
+Key = tuple[int, int]  # (physical id, bucket): a partition's bucket by the partition's id
 
 #: The local failures named by their errno when a message (RocksDB's) carries only the text.
 _KNOWN = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EMFILE, errno.ENFILE, errno.EACCES)
@@ -113,10 +114,13 @@ class StepDowns:
 
 @dataclass(frozen=True)
 class SteppedDown:
-    """A bucket this server gave up leading: its table's path and the failure's short name."""
+    """A bucket this server gave up leading: its table's path and the failure's short name; its table's id and
+    partition's name ("": an unpartitioned table's bucket)."""
 
     table: str
     cause: str
+    table_id: int = 0
+    partition: str = ""
 
 
 class StepDown(Periodic):
@@ -144,7 +148,7 @@ class StepDown(Periodic):
     def run_once(self) -> int:
         """One look at the led replicated buckets; returns how many resigned."""
         now = self.monotonic()
-        led = {(r.table.table_id, r.bucket): r for r in self.replicas.replicas() if r.replicated and r.role}
+        led = {r.key: r for r in self.replicas.replicas() if r.replicated and r.role}
         self.decisions.keep(set(led))
         self.kept = {k: why for k, why in self.kept.items() if k in led}
         self._counts = {k: n for k, n in self._counts.items() if k in led}
@@ -165,8 +169,8 @@ class StepDown(Periodic):
 
     def _resign(self, due: list[tuple[Key, object, BaseException | None]], now: float) -> int:
         """Ask the coordinator to move the leadership of the ``due`` buckets; returns how many moved."""
-        asked = [(key[0], key[1], replica.role.leader_epoch, str(failure)[:MAX_REASON])
-                 for key, replica, failure in due]
+        asked = [ResignBucket(replica.table.table_id, replica.bucket, replica.role.leader_epoch,
+                              str(failure)[:MAX_REASON], replica.table.partition_id) for _key, replica, failure in due]
         try:
             answers = self.resign(self.server_id, asked)
         except errors.KvLeaseError as exc:  # the coordinator is away: asked again later
@@ -175,8 +179,8 @@ class StepDown(Periodic):
                 self.decisions.refused(key, now)
             return 0
         moved = 0
-        for (key, replica, failure), (_t, _b, epoch, _why), answer in zip(due, asked, answers):
-            where = f"bucket {key[1]} of {replica.table.path}"
+        for (key, replica, failure), (_t, _b, epoch, *_), answer in zip(due, asked, answers):
+            where = replica.where
             if answer.error is not None:  # it leads at another epoch now: the push says so
                 log.info("resigning the leadership of %s at leader epoch %d refused: %s", where, epoch, answer.error)
                 self.decisions.refused(key, now)
@@ -190,7 +194,8 @@ class StepDown(Periodic):
                 continue
             self.decisions.resigned(key, epoch)
             self.kept.pop(key, None)
-            self.stepped_down[key] = SteppedDown(replica.table.path, cause(failure))
+            self.stepped_down[key] = SteppedDown(replica.table.path, cause(failure), replica.table.table_id,
+                                                 replica.table.partition_name or "")
             self.resignations += 1
             moved += 1
             log.warning("gave up leading %s: its local writes fail (%s); tablet server %d leads it now (leader "
@@ -201,7 +206,7 @@ class StepDown(Periodic):
         """Forget the stepped-down buckets that are back in the ISR with working files, led again, or gone."""
         if not self.stepped_down:
             return
-        held = {(r.table.table_id, r.bucket): r for r in self.replicas.all_replicas()}
+        held = {r.key: r for r in self.replicas.all_replicas()}
         for key in list(self.stepped_down):
             replica = held.get(key)
             if (replica is None or replica.role is None or replica.leads

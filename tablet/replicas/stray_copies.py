@@ -3,13 +3,14 @@
 A completed move tells the replicas it took off a bucket to delete their copy (``removed`` in the
 push). A server that was down then, or cut off from ZooKeeper (its session lost: the coordinator tells
 servers that are not live nothing), never hears it: when it comes back the push simply does not name
-the bucket, and its directory ``{data-dir}/{table_id}/{bucket}`` would stay on disk for ever. After
+the bucket, and its directory ``{data-dir}/{physical_id}/{bucket}`` would stay on disk for ever. After
 the first push a (re)started server takes from a confirmed coordinator, and again after the first one
 once it registered in a new ZooKeeper session, every bucket directory of a
 table ZooKeeper still has that the push does not hold (nor refuse for capacity) is such a stray copy
 and is deleted (:meth:`kvlease.tablet.replicas.manager.ReplicaManager.remove_stray_copies`). Tables ZooKeeper no
 longer has are ``remove_dropped_tables``' business; a table whose existence cannot be checked
-(a ZooKeeper error) keeps its directories.
+(a ZooKeeper error) keeps its directories. A partition's directories are named by the partition's id
+and ZooKeeper keeps its node at ``/tables/{partition id}``, so a partition is such a "table" here.
 
 This module is the choice alone: no ZooKeeper, no deletion.
 """
@@ -22,7 +23,7 @@ from typing import Callable, Iterable
 
 from kvlease.common import errors
 
-Key = tuple[int, int]  # (table id, bucket)
+Key = tuple[int, int]  # (physical id: a table's or a partition's, bucket)
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,7 @@ class StrayChoice:
 
 
 def bucket_dirs(data_dir: str) -> list[Key]:
-    """The ``{table_id}/{bucket}`` directories under ``data_dir`` (numeric names only: ``held/``,
+    """The ``{physical_id}/{bucket}`` directories under ``data_dir`` (numeric names only: ``held/``,
     ``server.json`` and the like are not buckets), by table and bucket."""
     found = []
     try:

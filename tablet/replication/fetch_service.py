@@ -72,7 +72,8 @@ class ReplicaFetchService:
     def _fetch_once(self, request, first: bool) -> tuple[list, bool]:
         results, told, ready = [], [], False
         for item in request.buckets:
-            result = pb.ReplicaFetchBucketResultPb(table_id=item.table_id, bucket=item.bucket)
+            result = pb.ReplicaFetchBucketResultPb(table_id=item.table_id, bucket=item.bucket,
+                                                   partition_id=_partition(item))
             try:
                 news, lead = self._fetch_bucket(request.replica_id, item, result, first)
                 ready |= news
@@ -89,11 +90,20 @@ class ReplicaFetchService:
 
     def _led(self, item):
         """The replica of a bucket this server leads (not :meth:`ReplicaManager.get`: a new leader answers
-        its followers before it serves reads — their fetches move its HW)."""
-        replica = self.replicas.replica(item.table_id, item.bucket)
-        if not replica.leads:
-            raise errors.NotLeaderError(f"this tablet server does not lead bucket {item.bucket} of table "
+        its followers before it serves reads — their fetches move its HW). A partition's bucket is held by the
+        partition's id; one held of another table than the fetch names is not the bucket asked for (no
+        ZooKeeper read: a follower whose leader lost the bucket waits for the coordinator's next push)."""
+        partition_id = _partition(item)
+        try:
+            replica = self.replicas.replica(item.table_id if partition_id is None else partition_id, item.bucket)
+        except errors.NotLeaderError:
+            replica = None
+        if replica is None or (replica.table.table_id, replica.table.partition_id) != (item.table_id, partition_id):
+            part = "" if partition_id is None else f"partition {partition_id} of "
+            raise errors.NotLeaderError(f"this tablet server does not lead bucket {item.bucket} of {part}table "
                                         f"{item.table_id}", table_id=item.table_id, bucket=item.bucket)
+        if not replica.leads:
+            raise errors.NotLeaderError(f"this tablet server does not lead {replica.where}", **replica.details)
         return replica
 
     def _fetch_bucket(self, follower: int, item, result, first: bool) -> tuple[bool, object]:
@@ -105,7 +115,7 @@ class ReplicaFetchService:
         replica = self._led(item)
         lead = replica.leadership()
         if lead is None:
-            raise errors.InvalidRequestError(f"bucket {item.bucket} of table {item.table_id} has one replica")
+            raise errors.InvalidRequestError(f"{replica.where} has one replica")
         check_epoch(lead.epoch, item.leader_epoch, lead.where)
         if follower not in lead.view.replicas or follower == lead.server_id:
             raise errors.InvalidRequestError(f"tablet server {follower} is not a follower of {lead.where}")
@@ -129,6 +139,11 @@ class ReplicaFetchService:
         result.log_end_offset = end
         result.high_watermark = hw
         return bool(entries) or news, lead
+
+
+def _partition(item) -> int | None:
+    """The partition a fetched bucket is of (None: an unpartitioned table's)."""
+    return item.partition_id if item.HasField("partition_id") else None
 
 
 def answer_of(result) -> EpochEnd:

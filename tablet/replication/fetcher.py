@@ -129,7 +129,8 @@ class Fetchers:
                     # put it back in the ISR (tablet/replicas/step_down.py); the keeper reopens them after their backoff
                     store.files.check_writable()
                     items.append(pb.ReplicaFetchBucketPb(
-                        table_id=replica.table.table_id, bucket=replica.bucket, fetch_offset=store.log_end_offset,
+                        table_id=replica.table.table_id, bucket=replica.bucket,
+                        partition_id=replica.table.partition_id, fetch_offset=store.log_end_offset,
                         leader_epoch=replica.role.leader_epoch, last_fetched_epoch=store.last_epoch,
                         max_bytes=self.max_bytes))
                     asked.append((replica, replica.role, items[-1].fetch_offset))

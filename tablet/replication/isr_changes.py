@@ -40,7 +40,8 @@ class IsrKeeper(Periodic):
             isr, epoch, bucket_epoch = change
             role = lead.role
             try:
-                state = self.alter_isr(self.server_id, role.table.table_id, role.bucket, epoch, bucket_epoch, isr)
+                state = self.alter_isr(self.server_id, role.table.table_id, role.bucket, epoch, bucket_epoch, isr,
+                                       partition_id=role.table.partition_id)
             except errors.FencedLeaderEpochError as exc:
                 lead.isr_change_failed(self.clock_ms())
                 current = exc.details

@@ -7,12 +7,18 @@ offline), the leader's address, the replicas, the ISR and the two epochs.
 A bucket is replicated while it has more than one replica: a table's, or a
 one-replica table's bucket while it is being moved (its new replica copies
 it from the old one, ``coordinator/reassignment_plan.py``).
+
+A bucket of a partitioned table's partition is pushed with the partition's view of its table
+(``TableInfoPb.partition_id`` and ``partition_name`` set, ``table_id`` the table's): a push naming a
+partitioned table's own buckets, a partition of an unpartitioned table, or a ``partition_id`` beside the
+view that differs from the view's, is refused whole (:func:`check_view`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvlease.common import errors
 from kvlease.common.data_loss import DataLoss
 from kvlease.common.tables import TableInfo
 
@@ -41,7 +47,8 @@ class BucketRole:
 
     @property
     def key(self) -> tuple[int, int]:
-        return self.table.table_id, self.bucket
+        """``(physical id, bucket)``: a partition's bucket is held by the partition's id (``common/tables.py``)."""
+        return self.table.physical_id, self.bucket
 
     @property
     def replicated(self) -> bool:
@@ -59,9 +66,28 @@ class BucketRole:
 
     @classmethod
     def from_pb(cls, msg, table: TableInfo, server_id: int) -> "BucketRole":
+        """The role a ``BucketLeadershipPb`` pushes, of a bucket of ``table`` (its view, read from ``msg.table``);
+        InvalidRequestError if they do not agree (:func:`check_view`)."""
+        check_view(msg, table)
         if not msg.HasField("leader"):
             return cls.led(table, msg.bucket, msg.leader_epoch, server_id)
         return cls(table, msg.bucket, msg.leader_epoch, msg.leader, msg.leader_address, tuple(msg.replicas),
                    tuple(msg.isr), msg.bucket_epoch, msg.removed, msg.offline_reason,
                    DataLoss.from_pb(msg.latest_loss) if msg.HasField("latest_loss") else None,
                    msg.restore_owed if msg.HasField("restore_owed") else None, max(0, msg.lease_wait_ms))
+
+
+def check_view(msg, table: TableInfo) -> None:
+    """InvalidRequestError unless ``table`` (read from a ``BucketLeadershipPb``'s ``table``) is an unpartitioned
+    table or a partition's view, and the message's own ``partition_id``, if set, is the view's."""
+    where = f"bucket {msg.bucket} of {table.path} (table id {table.table_id})"
+    if table.partitioned and table.partition_id is None:
+        raise errors.InvalidRequestError(f"push names {where}, but a partitioned table has no buckets of its own: "
+                                         "a partition's view (partition_id) was expected")
+    if not table.partitioned and table.partition_id is not None:
+        raise errors.InvalidRequestError(f"push names {where} of partition {table.partition_id}, but the table is "
+                                         "not partitioned")
+    if msg.HasField("partition_id") and msg.partition_id != table.partition_id:
+        view = "is not partitioned" if table.partition_id is None else f"view is of partition {table.partition_id}"
+        raise errors.InvalidRequestError(f"push names {where} with partition_id {msg.partition_id}, but its table "
+                                         f"{view}")

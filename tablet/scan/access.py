@@ -28,10 +28,11 @@ class ScanAccess:
         self.refused = refused  # the refusals counter, by error code
         self.session_of = session_of  # the open (or kept finished) session of an id
 
-    def check_open(self, table_id: int) -> None:
-        """READ on the table, or AuthorizationFailedError (nothing opened)."""
+    def check_open(self, physical_id: int) -> None:
+        """READ on the table (of the partition ``physical_id`` names), or AuthorizationFailedError (nothing
+        opened)."""
         try:
-            self.access.check(READ, table_id)
+            self.access.check(READ, physical_id)
         except errors.AuthorizationFailedError as exc:
             self.refused.labels(exc.code.name).inc()
             raise
@@ -48,13 +49,13 @@ class ScanAccess:
         try:
             principal = self.access.principal()
             if session.owner != principal:
-                resource = self.access.resource(session.bucket.table_id)
+                resource = self.access.resource(session.bucket.physical_id)
                 what = str(resource) if resource is not None else f"table id {session.bucket.table_id}"
                 raise errors.AuthorizationFailedError(
                     f"{principal} may not {'continue' if read else 'close'} scanner {sid.hex()} of {what}: "
                     "another principal opened it", principal=principal, operation=READ.value, resource=what)
             if read:
-                self.access.check(READ, session.bucket.table_id)
+                self.access.check(READ, session.bucket.physical_id)
         except errors.AuthorizationFailedError as exc:
             self.refused.labels(exc.code.name).inc()
             raise

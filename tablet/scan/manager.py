@@ -176,6 +176,11 @@ class Refuse(Instruction):
 
 # --- state -------------------------------------------------------------------------------
 
+def _table(tb: TableBucket) -> str:
+    """``table 3``, or ``partition 7 of table 3`` for a partition's bucket."""
+    return f"table {tb.table_id}" if tb.partition_id is None else f"partition {tb.partition_id} of table {tb.table_id}"
+
+
 @dataclass
 class Session:
     bucket: TableBucket
@@ -220,7 +225,7 @@ class ScannerManager(StateMachine):
                 f"this tablet server has {len(self.sessions)} open scanners (kv.scanner.max-per-server)"))]
         if self.per_bucket.get(ev.bucket, 0) >= self.max_per_bucket:
             return [Refuse(ev.scanner_id, errors.TooManyScannersError(
-                f"bucket {ev.bucket.bucket} of table {ev.bucket.table_id} has {self.per_bucket[ev.bucket]} open "
+                f"bucket {ev.bucket.bucket} of {_table(ev.bucket)} has {self.per_bucket[ev.bucket]} open "
                 f"scanners (kv.scanner.max-per-bucket)"))]
         self.sessions[ev.scanner_id] = Session(ev.bucket, ev.limit, ev.now_ms)
         self.per_bucket[ev.bucket] = self.per_bucket.get(ev.bucket, 0) + 1

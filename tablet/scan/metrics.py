@@ -49,9 +49,10 @@ class ScanMetrics(MetricsRegistry):
         total, per_bucket, snapshots = self._counts()
         yield GaugeMetricFamily("kvlease_scanners_open", "open scan sessions on this server", value=total)
         by_bucket = GaugeMetricFamily("kvlease_bucket_scanners_open", "open scan sessions per bucket",
-                                      labels=["table_id", "bucket"])
-        for tb, n in sorted(per_bucket.items(), key=lambda kv: kv[0].sort_key()):
-            by_bucket.add_metric([str(tb.table_id), str(tb.bucket)], n)
+                                      labels=["table_id", "partition_id", "bucket"])
+        for tb, n in sorted(per_bucket.items(), key=lambda kv: kv[0].sort_key()):  # partition_id "": none
+            by_bucket.add_metric([str(tb.table_id), "" if tb.partition_id is None else str(tb.partition_id),
+                                  str(tb.bucket)], n)
         yield by_bucket
         yield GaugeMetricFamily("kvlease_scan_snapshots_open", "RocksDB snapshots held by scan sessions",
                                 value=snapshots)

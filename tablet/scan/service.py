@@ -136,10 +136,9 @@ class ScanService(Shell):
         self._free(released)
         return len(released)
 
-    def close_bucket(self, table_id: int, bucket: int, dropped: bool = False) -> None:
+    def close_bucket(self, tb: TableBucket, dropped: bool = False) -> None:
         """End the bucket's sessions (it is no longer led here, or its table was ``dropped``);
         returns once none reads its store."""
-        tb = TableBucket(table_id, bucket)
         self._end(scan.CloseBucket(tb, self.clock_ms(), dropped), tb)
 
     def _end(self, event: object, bucket: TableBucket | None) -> None:
@@ -241,7 +240,6 @@ class ScanService(Shell):
         kind = scan.request_kind(has_open, request.HasField("scanner_id"), request.close_scanner,
                                  request.batch_size_bytes, limit)
         if kind == scan.OPEN:
-            self.authz.check_open(request.bucket_scan_req.table_id)
             return self._open(request.bucket_scan_req, request.batch_size_bytes, stream=False)[1].data
         if kind == scan.CLOSE:
             self.authz.check_call(request.scanner_id, read=False)
@@ -262,7 +260,6 @@ class ScanService(Shell):
             req = request.bucket_scan_req
             scan.request_kind(request.HasField("bucket_scan_req"), False, False, request.batch_size_bytes,
                               req.limit if req.HasField("limit") else None)
-            self.authz.check_open(req.table_id)
             sid, answer = self._open(req, request.batch_size_bytes, stream=True)
             more, data = answer.has_more_results, answer.data
             del answer  # only gRPC holds a batch sent (until the next one is built)
@@ -298,8 +295,9 @@ class ScanService(Shell):
         return max(min(batch_size_bytes, self.max_batch_bytes) - scan_batch.IPC_OVERHEAD, 0)
 
     def _open(self, req: pb.BucketScanReqPb, batch_size_bytes: int, stream: bool) -> tuple[bytes, scan_wire.Answer]:
+        tb = self.replicas.tables.bucket_of(req)  # with its partition: the errors of a request naming none held
+        self.authz.check_open(tb.physical_id)
         sid = self.new_id()
-        tb = TableBucket(req.table_id, req.bucket)
         limit = req.limit if req.HasField("limit") else None
         session = ScanSession(tb, limit, stream, owner=self.access.principal())
         with self._lock:
@@ -342,11 +340,11 @@ class ScanService(Shell):
         replica map before close_bucket ends its sessions (a session being opened included, at the
         end of its call), and only then closes its store.
         """
-        replica = self.replicas.get(tb.table_id, tb.bucket)
+        replica = self.replicas.get(tb.physical_id, tb.bucket)
         epoch = replica.role.leader_epoch if replica.role is not None else None
         with replica.store.write_lock:
-            if self.replicas.get(tb.table_id, tb.bucket) is not replica:
-                raise errors.NotLeaderError(f"bucket {tb.bucket} of table {tb.table_id} changed leader")
+            if self.replicas.get(tb.physical_id, tb.bucket) is not replica:
+                raise errors.NotLeaderError(f"{replica.where} changed leader", **replica.details)
             return replica, replica.store.snapshot(**snapshot_args), epoch
 
     def _empty_answer(self, req: pb.BucketScanReqPb, tb: TableBucket, limit: int | None) -> scan_wire.Answer | None:
@@ -443,8 +441,8 @@ class ScanService(Shell):
                                               and not isinstance(exc, BucketStoreError)):
             raise exc
         try:
-            self.replicas.get(tb.table_id, tb.bucket)
+            replica = self.replicas.get(tb.physical_id, tb.bucket)
         except errors.NotLeaderError as not_leader:
             raise not_leader from exc
         log.error("scan of %s failed", tb, exc_info=exc)
-        raise errors.UnknownServerError(f"scan of bucket {tb.bucket} of table {tb.table_id} failed: {exc}") from exc
+        raise errors.UnknownServerError(f"scan of {replica.where} failed: {exc}") from exc

@@ -1,5 +1,9 @@
-"""``partition_id``: every request naming a table bucket carries it; until partitioned tables exist, both
-services answer a SET one with PARTITION_NOT_EXISTS and change nothing, and an unset one works as before.
+"""``partition_id``: every request naming a table bucket carries it; an unset one works as before.
+
+The coordinator resolves it against its partitions (tests/coordinator/test_partitions.py): naming one of an
+unpartitioned table is refused and changes nothing. A tablet server resolves it against the partitions it holds
+(``tablet/replicas/held_tables.py``; partitions it holds: tests/tablet/test_partition_buckets.py): naming one of
+an unpartitioned table is refused as INVALID_REQUEST and changes nothing.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from kvlease.common.model import TableBucket
 from kvlease.common.proto import coordinator_pb2 as cpb
 from kvlease.common.proto import coordinator_pb2_grpc as cpb_grpc
 from kvlease.common.proto import tablet_pb2 as tpb
-from kvlease.common.wire import refuse_partition_ids, table_to_pb
+from kvlease.common.wire import table_to_pb
 from kvlease.coordinator.server import CoordinatorServer
 from kvlease.client.admin import AdminClient
 from tests.support.snapshot_manifests import commit_snapshot, snapshot
@@ -51,41 +55,6 @@ def test_every_rpc_naming_a_bucket_carries_partition_id(module, service, rpcs):
         for f in m.input_type.fields:
             if f.name == "partition_id":
                 assert f.has_presence, f"{m.input_type.name}.partition_id"
-
-
-@pytest.mark.unit
-@pytest.mark.parametrize("request_, where", [
-    (tpb.PutKvRequest(table_id=3, bucket=1, partition_id=0), "(bucket 1)"),
-    (tpb.ListOffsetsRequest(table_id=3, buckets=[2, 0], partition_id=0), "(buckets [0, 2])"),
-    (tpb.TriggerSnapshotRequest(table_id=3, partition_id=0), "(every bucket)"),
-    (tpb.ScanKvRequest(bucket_scan_req=tpb.BucketScanReqPb(table_id=3, bucket=1, partition_id=0)), "(bucket 1)"),
-    (tpb.UpdateLeadershipRequest(buckets=[tpb.BucketLeadershipPb(table=cpb.TableInfoPb(table_id=3), bucket=1,
-                                                                 partition_id=0)]), "(bucket 1)"),
-    (cpb.AcquireKvSnapshotLeaseRequest(lease_id="l", snapshots=[cpb.BucketSnapshotPb(
-        bucket=cpb.TableBucketPb(table_id=3, bucket=1, partition_id=0), snapshot_id=1)]), "(bucket 1)"),
-])
-def test_a_set_partition_id_even_zero_is_refused_naming_table_bucket_and_partition(request_, where):
-    with pytest.raises(errors.PartitionNotExistsError) as info:
-        refuse_partition_ids(request_)
-    assert info.value.code == errors.ErrorCode.PARTITION_NOT_EXISTS == 26
-    assert f"partition 0 of table 3 {where}" in info.value.message
-
-
-@pytest.mark.unit
-def test_an_unset_partition_id_passes():
-    refuse_partition_ids(tpb.PutKvRequest(table_id=3, bucket=1))
-    refuse_partition_ids(cpb.ReleaseKvSnapshotLeaseRequest(lease_id="l", buckets=[cpb.TableBucketPb(table_id=3)]))
-    refuse_partition_ids(cpb.ListTablesRequest())
-
-
-@pytest.mark.unit
-def test_a_partition_id_set_only_in_the_last_of_many_buckets_is_found_and_named():
-    snapshots = [cpb.BucketSnapshotPb(bucket=cpb.TableBucketPb(table_id=3, bucket=b), snapshot_id=1) for b in range(15)]
-    snapshots.append(cpb.BucketSnapshotPb(bucket=cpb.TableBucketPb(table_id=4, bucket=15, partition_id=7), snapshot_id=1))
-    with pytest.raises(errors.PartitionNotExistsError) as info:
-        refuse_partition_ids(cpb.AcquireKvSnapshotLeaseRequest(lease_id="l", snapshots=snapshots))
-    assert "partition 7 of table 4 (bucket 15)" in info.value.message
-    refuse_partition_ids(cpb.AcquireKvSnapshotLeaseRequest(lease_id="l", snapshots=snapshots[:15]))
 
 
 # -- tier 2: the coordinator over gRPC ------------------------------------------------------------
@@ -131,7 +100,27 @@ COORDINATOR_REQUESTS = {
                                                              **_part(p)),
     "ResignLeadership": lambda t, p: cpb.ResignLeadershipRequest(server_id=1, buckets=[cpb.ResignBucketPb(
         table_id=t, bucket=0, leader_epoch=1, reason="test", **_part(p))]),
+    "ReportReplicaLoss": lambda t, p: cpb.ReportReplicaLossRequest(server_id=1, table_id=t, bucket=0, reason="test",
+                                                                   **_part(p)),
+    "ReportLogEnds": lambda t, p: cpb.ReportLogEndsRequest(server_id=1, buckets=[cpb.BucketLogEndPb(
+        table_id=t, bucket=0, leader_epoch=1, log_end=5, **_part(p))]),
+    "ConfirmRestore": lambda t, p: cpb.ConfirmRestoreRequest(server_id=1, table_id=t, bucket=0, leader_epoch=1,
+                                                             **_part(p)),
+    "RestoreBucket": lambda t, p: cpb.RestoreBucketRequest(table_id=t, bucket=0, accept_data_loss=True, **_part(p)),
+    "ElectLeader": lambda t, p: cpb.ElectLeaderRequest(table_id=t, bucket=0, unclean=True, **_part(p)),
 }
+
+#: How each RPC answers a partition of the unpartitioned table, if not INVALID_REQUEST ("not partitioned"): the
+#: cluster's own servers' requests name a physical id (common/tables.py; partition id 0 names none); ReportLogEnds
+#: changes nothing either way (the end of a bucket no server leads) and succeeds; a commit's manifest must lie
+#: under the partition's bucket directory, checked first.
+COORDINATOR_REFUSALS = {
+    "AlterIsr": errors.ErrorCode.TABLE_NOT_EXIST, "ResignLeadership": errors.ErrorCode.TABLE_NOT_EXIST,
+    "ReportReplicaLoss": errors.ErrorCode.TABLE_NOT_EXIST, "ConfirmRestore": errors.ErrorCode.TABLE_NOT_EXIST,
+    "ReportLogEnds": 0, "CommitKvSnapshot": errors.ErrorCode.INVALID_SNAPSHOT,
+}
+#: RPCs that answer per item: where the answer to the item naming the partition is.
+PER_ITEM = {"ResignLeadership": lambda r: r.buckets[0], "AcquireKvSnapshotLeases": lambda r: r.responses[1]}
 
 
 def test_coordinator_requests_cover_every_rpc_naming_a_bucket():
@@ -140,32 +129,64 @@ def test_coordinator_requests_cover_every_rpc_naming_a_bucket():
 
 @pytest.mark.zk
 @pytest.mark.parametrize("rpc", sorted(COORDINATOR_REQUESTS))
-def test_coordinator_refuses_a_set_partition_id_and_changes_nothing(coordinator, rpc):
+def test_coordinator_refuses_a_partition_of_an_unpartitioned_table_and_changes_nothing(coordinator, rpc):
     admin, stub, table = coordinator
 
     def state():
-        return admin.list_kv_snapshots(table.table_id), admin.list_leases()
+        return admin.list_kv_snapshots(table.table_id), admin.list_leases(), admin.get_table_assignment(table.table_id)
 
     before = state()
     response = getattr(stub, rpc)(COORDINATOR_REQUESTS[rpc](table.table_id, 0), timeout=10)
-    assert response.error.code == errors.ErrorCode.PARTITION_NOT_EXISTS, response.error
-    table_named = "db.t" if rpc == "ReassignBucket" else table.table_id  # a request naming the table by its path
-    assert f"partition 0 of table {table_named} (" in response.error.message
-    assert state() == before
-    # without the partition id: as before
-    response = getattr(stub, rpc)(COORDINATOR_REQUESTS[rpc](table.table_id, None), timeout=10)
-    # AlterIsr: no tablet server runs here, so server 1 does not lead bucket 0; ReassignBucket: the table has
-    # one replica, which does not move: each refused by its own rule
-    own_rule = {"AlterIsr": errors.ErrorCode.FENCED_LEADER_EPOCH, "ReassignBucket": errors.ErrorCode.INVALID_REQUEST}
-    assert response.error.code == own_rule.get(rpc, 0), response.error
-    assert (state() != before) == (rpc in {"CommitKvSnapshot", "AcquireKvSnapshotLease", "AcquireKvSnapshotLeases",
-                                           "ReleaseKvSnapshotLease"})
-
-
+    expected = COORDINATOR_REFUSALS.get(rpc, errors.ErrorCode.INVALID_REQUEST)
+    answer = PER_ITEM.get(rpc, lambda r: r)(response)
+    assert answer.error.code == expected, response
+    if expected == errors.ErrorCode.INVALID_REQUEST:
+        assert "not partitioned" in answer.error.message, answer.error.message
+    if rpc != "AcquireKvSnapshotLeases":  # its other acquire, of no partition, takes a lease
+        assert state() == before
 # -- tier 2: a tablet server over gRPC -------------------------------------------------------------
 
+def _tablet_requests(tablet, table) -> dict:
+    """rpc -> ``partition -> request`` naming bucket 0 of ``table`` (and ``partition``, if not None)."""
+    t = table.table_id
+    codec = RowCodec(table)
+    row = batch_to_ipc(codec.to_batch([{"id": 2, "v": "b"}]))
+    key = batch_to_ipc(codec.to_batch([{"id": 1}]).select(["id"]))
+
+    def scan_req(p):
+        return tpb.BucketScanReqPb(table_id=t, bucket=0, **_part(p))
+
+    def leadership(p):  # the coordinator's own call; applied regardless of p, it would bump the epoch
+        epoch = tablet.replicas.get(t, 0).leader_epoch + (0 if p is None else 1)
+        return tpb.UpdateLeadershipRequest(
+            coordinator_epoch=tablet.replicas.coordinator_epoch, server_id=1,
+            buckets=[tpb.BucketLeadershipPb(table=table_to_pb(table), bucket=0, leader_epoch=epoch, **_part(p))])
+
+    return {
+        "UpdateLeadership": leadership,
+        "PutKv": lambda p: tpb.PutKvRequest(table_id=t, bucket=0, upserts=row, **_part(p)),
+        "Lookup": lambda p: tpb.LookupRequest(table_id=t, bucket=0, keys=key, **_part(p)),
+        "FetchLog": lambda p: tpb.FetchLogRequest(table_id=t, bucket=0, from_offset=0, max_bytes=1 << 20, **_part(p)),
+        "ReplicaFetch": lambda p: tpb.ReplicaFetchRequest(replica_id=2, buckets=[tpb.ReplicaFetchBucketPb(
+            table_id=t, bucket=0, max_bytes=1 << 20, **_part(p))]),
+        "ListOffsets": lambda p: tpb.ListOffsetsRequest(table_id=t, buckets=[0], **_part(p)),
+        "TriggerSnapshot": lambda p: tpb.TriggerSnapshotRequest(table_id=t, buckets=[0], wait=True, **_part(p)),
+        "ScanKv": lambda p: tpb.ScanKvRequest(bucket_scan_req=scan_req(p), batch_size_bytes=1 << 20),
+        "ScanKvStream": lambda p: tpb.ScanKvStreamRequest(bucket_scan_req=scan_req(p), batch_size_bytes=1 << 20),
+    }
+
+
+#: rpc -> (code, words) of its refusal of partition 3 of an unpartitioned table; the others: INVALID_REQUEST, "not
+#: partitioned". The push names its table's view with no partition; a follower's fetch finds no such bucket.
+TABLET_REFUSALS = {
+    "UpdateLeadership": (errors.ErrorCode.INVALID_REQUEST, "with partition_id 3, but its table is not partitioned"),
+    "ReplicaFetch": (errors.ErrorCode.NOT_LEADER, "does not lead bucket 0 of partition 3 of table"),
+}
+
+
 @pytest.mark.zk
-def test_tablet_server_refuses_a_set_partition_id_on_every_rpc_and_changes_nothing(make_config, tmp_path):
+def test_tablet_server_refuses_a_partition_of_an_unpartitioned_table_on_every_rpc_and_changes_nothing(
+        make_config, tmp_path):
     c = Cluster(make_config)
     try:
         tablet = c.tablet(1, tmp_path / "t1")
@@ -173,32 +194,7 @@ def test_tablet_server_refuses_a_set_partition_id_on_every_rpc_and_changes_nothi
         t = table.table_id
         stub = c.stub(t, 0)
         put(stub, table, [{"id": 1, "v": "a"}])
-        codec = RowCodec(table)
-        row = batch_to_ipc(codec.to_batch([{"id": 2, "v": "b"}]))
-        key = batch_to_ipc(codec.to_batch([{"id": 1}]).select(["id"]))
-
-        def scan_req(p):
-            return tpb.BucketScanReqPb(table_id=t, bucket=0, **_part(p))
-
-        def leadership(p):  # the coordinator's own call; applied regardless of p, it would bump the epoch
-            epoch = tablet.replicas.get(t, 0).leader_epoch + (0 if p is None else 1)
-            return tpb.UpdateLeadershipRequest(
-                coordinator_epoch=tablet.replicas.coordinator_epoch, server_id=1,
-                buckets=[tpb.BucketLeadershipPb(table=table_to_pb(table), bucket=0, leader_epoch=epoch, **_part(p))])
-
-        requests = {
-            "UpdateLeadership": leadership,
-            "PutKv": lambda p: tpb.PutKvRequest(table_id=t, bucket=0, upserts=row, **_part(p)),
-            "Lookup": lambda p: tpb.LookupRequest(table_id=t, bucket=0, keys=key, **_part(p)),
-            "FetchLog": lambda p: tpb.FetchLogRequest(table_id=t, bucket=0, from_offset=0, max_bytes=1 << 20,
-                                                      **_part(p)),
-            "ReplicaFetch": lambda p: tpb.ReplicaFetchRequest(replica_id=2, buckets=[tpb.ReplicaFetchBucketPb(
-                table_id=t, bucket=0, max_bytes=1 << 20, **_part(p))]),
-            "ListOffsets": lambda p: tpb.ListOffsetsRequest(table_id=t, buckets=[0], **_part(p)),
-            "TriggerSnapshot": lambda p: tpb.TriggerSnapshotRequest(table_id=t, buckets=[0], wait=True, **_part(p)),
-            "ScanKv": lambda p: tpb.ScanKvRequest(bucket_scan_req=scan_req(p), batch_size_bytes=1 << 20),
-            "ScanKvStream": lambda p: tpb.ScanKvStreamRequest(bucket_scan_req=scan_req(p), batch_size_bytes=1 << 20),
-        }
+        requests = _tablet_requests(tablet, table)
         assert set(requests) == TABLET_RPCS
 
         def call(rpc, partition):
@@ -214,11 +210,18 @@ def test_tablet_server_refuses_a_set_partition_id_on_every_rpc_and_changes_nothi
         for rpc in sorted(requests):
             before = state()
             response = call(rpc, 3)
-            assert response.error.code == errors.ErrorCode.PARTITION_NOT_EXISTS, (rpc, response.error)
-            assert f"partition 3 of table {t} (bucket" in response.error.message, rpc
+            if rpc == "ReplicaFetch":  # answered per bucket
+                assert not response.error.code, response.error
+                response = response.buckets[0]
+            code, words = TABLET_REFUSALS.get(rpc, (errors.ErrorCode.INVALID_REQUEST,
+                                                    f"table {t} is not partitioned: leave partition_id unset (it is 3)"))
+            assert response.error.code == code, (rpc, response.error)
+            assert words in response.error.message, (rpc, response.error.message)
             assert state() == before, rpc
             response = call(rpc, None)  # without the partition id: as before
             assert response.error.code == 0, (rpc, response.error)
+            if rpc == "ReplicaFetch":  # one replica: not fetched from, by its own rule
+                assert response.buckets[0].error.code == errors.ErrorCode.INVALID_REQUEST, response.buckets[0]
         assert lookup(stub, table, [2]) == [{"id": 2, "v": "b"}]  # the unpartitioned PutKv wrote
         assert c.admin.get_latest_kv_snapshots(t)  # the unpartitioned TriggerSnapshot committed
     finally:

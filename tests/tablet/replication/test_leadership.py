@@ -175,7 +175,7 @@ def test_a_waiting_fetch_that_looks_again_does_not_bring_back_a_follower_that_le
 
     lead = Leadership(1, role(isr=(1, 2), min_insync=1), store, now_ms=0)
     end = put(store, lead, 1)
-    replica = types.SimpleNamespace(leads=True, leadership=lambda: lead, store=store)
+    replica = types.SimpleNamespace(leads=True, leadership=lambda: lead, store=store, table=TABLE)
     service = ReplicaFetchService(types.SimpleNamespace(replica=lambda table_id, bucket: replica),
                                   clock_ms=itertools.count(1000).__next__)  # each look its own time
     request = pb.ReplicaFetchRequest(replica_id=2, max_wait_ms=5000, buckets=[pb.ReplicaFetchBucketPb(
