@@ -190,13 +190,9 @@ def table_describe(state: State, path: str) -> None:
         _table, leaders = state.client.get_table_assignment(info.table_id)
         state.output.table({**out.table_doc(info), "assignment": out.assignment_docs(leaders)})
         return
-    partitions = []
-    for partition in state.client.list_partitions(table_id=info.table_id)[1]:
-        try:
-            _view, leaders = state.client.get_table_assignment(info.table_id, partition.partition_id)
-        except errors.PartitionNotExistsError:  # dropped since it was listed
-            continue
-        partitions.append({**out.partition_doc(partition), "assignment": out.assignment_docs(leaders)})
+    _table, assignments = state.client.partition_assignments(info.table_id)
+    partitions = [{**out.partition_doc(p), "assignment": out.assignment_docs(assignments.get(p.partition_id, {}))}
+                  for p in state.client.list_partitions(table_id=info.table_id)[1]]
     state.output.table({**out.table_doc(info), "assignment": [], "partitions": partitions})
 
 
@@ -214,12 +210,12 @@ def table_describe(state: State, path: str) -> None:
 def table_alter(state: State, path: str, precreate: int | None, retention: int | None,
                 max_partitions: int | None) -> None:
     """Change a partitioned table's auto-partitioning (--precreate, --retention) or its partition limit
-    (--max-partitions); the coordinator's next auto-partition check applies them."""
+    (--max-partitions); the coordinator checks the table's partitions with them at once."""
     if precreate is None and retention is None and max_partitions is None:
         raise click.UsageError("nothing to change: give --precreate N, --retention N or --max-partitions N")
     info = state.client.alter_table(path, precreate=precreate, retention=retention, max_partitions=max_partitions)
     text = (f"altered table {info.path}: partitioned by {out.partitioning_text(out.table_doc(info))}, at most "
-            f"{info.max_partitions} partitions (the coordinator's next auto-partition check applies it)")
+            f"{info.max_partitions} partitions (the coordinator checks its partitions with these at once)")
     state.output.message(text, out.table_doc(info))
 
 
