@@ -140,3 +140,17 @@ def test_no_class_of_the_client_is_assembled_from_mixins():
                for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ClassDef)
                and len(node.bases) > 1]
     assert several == []
+
+
+def test_a_partitions_bucket_moves_by_its_partitions_name_and_its_move_names_it():
+    partitioned = TableInfo(7, "db", "p", (Column("day", "STRING"), Column("id", "BIGINT")), ("day", "id"), 2,
+                            partition_key=("day",))
+    move = pb.BucketMovePb(table_id=7, table="db.p", bucket=0, replicas=[1], target=[2], state="moving",
+                           partition_id=70, partition="d1")
+    call = Coordinator(ReassignBucket=pb.ReassignBucketResponse(move=move))
+    doc = MovesAdmin(call, lambda path: partitioned).reassign_bucket("db.p", 0, [2], partition="d1")
+    assert call.asked[0][1] == pb.ReassignBucketRequest(database="db", name="p", bucket=0, replicas=[2], partition="d1")
+    assert (doc["partition"], doc["partition_id"], doc["bucket"]) == ("d1", 70, 0)
+    unpartitioned = MovesAdmin(Coordinator(ReassignBucket=pb.ReassignBucketResponse(move=pb.BucketMovePb(
+        table="db.t", bucket=0))), lambda path: TABLE).reassign_bucket("db.t", 0, [2])
+    assert "partition" not in unpartitioned and "partition_id" not in unpartitioned

@@ -296,3 +296,38 @@ def test_describe_and_partition_list_text_name_partitions_and_the_leases_holding
     lines = console.file.getvalue().splitlines()
     assert lines[0].strip() == "db.p" and lines[2].split()[0] == "d-old" and lines[2].split()[-1] == "reader-1"
     assert lines[3].split()[0] == "d01" and lines[3].split()[-1] == "-"
+
+
+def test_the_bucket_commands_hand_the_partition_on_and_name_it(partitioned, monkeypatch):
+    from kvlease.common.data_loss import DataLoss
+
+    asked = []
+
+    def restore_bucket(self, path, bucket, accept_data_loss, tablet=None, partition=None):
+        asked.append(("restore", path, bucket, partition))
+        return {"table": path, "partition": partition, "bucket": bucket, "leader": 1, "leader_epoch": 4,
+                "replicas": [1], "replication_factor": 1, "loss": DataLoss("RESTORE", 4, 0, 5)}
+
+    def elect_leader(self, path, bucket, unclean, tablet=None, partition=None):
+        asked.append(("elect", path, bucket, partition))
+        return {"table": path, "partition": partition, "bucket": bucket, "leader": 2, "leader_epoch": 5, "isr": [2],
+                "loss": None}
+
+    def reassign_bucket(self, path, bucket, replicas, partition=None):
+        asked.append(("reassign", path, bucket, partition))
+        return {"table": path, "table_id": 7, "partition": partition, "partition_id": 103, "bucket": bucket,
+                "replicas": [1], "target": list(replicas), "isr": [1], "leader": 1, "state": "moving",
+                "waiting": [2], "removing": [1]}
+
+    for name, method in (("restore_bucket", restore_bucket), ("elect_leader", elect_leader),
+                         ("reassign_bucket", reassign_bucket)):
+        monkeypatch.setattr(PartitionedAdmin, name, method, raising=False)
+    restored = run(*B, "bucket", "restore", "db.p", "--partition", "d03", "--bucket", "1", "--accept-data-loss")
+    assert restored.exit_code == 0, restored.output
+    assert restored.stdout.startswith("bucket 1 of db.p partition d03 restored from nothing")
+    elected = json.loads(run(*B, "--json", "bucket", "elect", "db.p", "--partition", "d03", "--bucket", "0").stdout)
+    assert (elected["table"], elected["partition"], elected["leader"]) == ("db.p", "d03", 2)
+    moved = run(*B, "bucket", "reassign", "db.p", "--partition", "d03", "--bucket", "0", "--replicas", "2")
+    assert moved.exit_code == 0, moved.output
+    assert moved.stdout.startswith("moving bucket 0 of db.p partition d03: db.p/d03/0: to [2], leaving [1]")
+    assert asked == [("restore", "db.p", 1, "d03"), ("elect", "db.p", 0, "d03"), ("reassign", "db.p", 0, "d03")]
