@@ -51,9 +51,10 @@ class DataLossAdmin:
         if tablet is not None:
             request.tablet = tablet
         response = self._call("RestoreBucket", request)
-        return {"table": table.path, "partition": table.partition_name, "bucket": bucket, "leader": response.bucket.leader_id,
-                "leader_epoch": response.bucket.leader_epoch, "replicas": list(response.bucket.replicas),
-                "replication_factor": table.replication_factor, "loss": DataLoss.from_pb(response.loss)}
+        return {"table": table.path, "partition": table.partition_name, "bucket": bucket,
+                "leader": response.bucket.leader_id, "leader_epoch": response.bucket.leader_epoch,
+                "replicas": list(response.bucket.replicas), "replication_factor": table.replication_factor,
+                "loss": DataLoss.from_pb(response.loss)}
 
     def elect_leader(self, path: str, bucket: int, unclean: bool, tablet: int | None = None,
                      partition: str | None = None) -> dict:
@@ -67,6 +68,7 @@ class DataLossAdmin:
         if tablet is not None:
             request.tablet = tablet
         response = self._call("ElectLeader", request)
-        return {"table": table.path, "partition": table.partition_name, "bucket": bucket, "leader": response.bucket.leader_id,
-                "leader_epoch": response.bucket.leader_epoch, "isr": list(response.bucket.isr),
+        return {"table": table.path, "partition": table.partition_name, "bucket": bucket,
+                "leader": response.bucket.leader_id, "leader_epoch": response.bucket.leader_epoch,
+                "isr": list(response.bucket.isr),
                 "loss": DataLoss.from_pb(response.loss) if response.HasField("loss") else None}

@@ -11,8 +11,9 @@ rebalance of a balanced cluster starts nothing, a recommission of a server not
 marked answers False.
 
 A move's document: ``{"table", "table_id", "partition"?, "partition_id"?, "bucket", "replicas", "target",
-"isr", "leader", "state", "waiting", "removing"}`` (``partition``: a partition's bucket only) — ``state`` ``moving`` (``waiting``: target replicas not in the ISR yet;
-``removing``: replicas the move takes the bucket off) or ``done``.
+"isr", "leader", "state", "waiting", "removing"}`` (``partition``: a partition's bucket only) —
+``state`` ``moving`` (``waiting``: target replicas not in the ISR yet; ``removing``: replicas the move
+takes the bucket off) or ``done``.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from kvlease.common.tables import TableInfo, parse_table_path
 def move_doc(move) -> dict:
     """A ``BucketMovePb`` as a document (see the module docstring); a partition's bucket also has ``partition``
     (its name) and ``partition_id``."""
-    partition = {"partition": move.partition, "partition_id": move.partition_id} if move.HasField("partition_id") else {}
+    partition = ({"partition": move.partition, "partition_id": move.partition_id}
+                 if move.HasField("partition_id") else {})
     return {"table": move.table, "table_id": move.table_id, **partition, "bucket": move.bucket,
             "replicas": list(move.replicas), "target": list(move.target), "isr": list(move.isr), "leader": move.leader,
             "state": move.state, "waiting": list(move.waiting), "removing": list(move.removing)}

@@ -40,7 +40,8 @@ def cluster_dir(state: State, directory: str | None) -> str:
               help="Mutual TLS on every port (a throwaway CA and certificates in D/certs), authentication and "
                    "ACLs, with the super user admin (password in D/admin.password); `kvlease --cluster D …` "
                    "then connects with TLS as admin on its own.")
-@click.option("--set", "settings", multiple=True, metavar="KEY=VALUE", callback=lambda ctx, param, value: _settings(value),
+@click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
+              callback=lambda ctx, param, value: _settings(value),
               help="A config key of every coordinator and tablet server (repeatable), checked as in a config file, "
                    "e.g. auto-partition.check-interval=1s. Kept for later starts of D (and restarts); a later --set "
                    "of a key replaces it.")

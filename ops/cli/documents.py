@@ -30,7 +30,8 @@ def partition_fields(tb: TableBucket, partitions: Mapping[int, str] | None) -> d
     name; ``#<id>`` if unknown, e.g. just dropped); nothing for an unpartitioned table's bucket."""
     if tb.partition_id is None:
         return {}
-    return {"partition": (partitions or {}).get(tb.partition_id, f"#{tb.partition_id}"), "partition_id": tb.partition_id}
+    name = (partitions or {}).get(tb.partition_id, f"#{tb.partition_id}")
+    return {"partition": name, "partition_id": tb.partition_id}
 
 
 def where(doc: Mapping[str, Any]) -> str:

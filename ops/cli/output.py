@@ -169,8 +169,8 @@ class TextOutput(Output):
         partitioned = any("partition" in row for row in rows)
         grid = self._grid("table", *(["partition"] if partitioned else []), "bucket", "snapshot", title=title)
         for row in rows:
-            grid.add_row(row["table"], *([escape(row.get("partition", "-"))] if partitioned else []), str(row["bucket"]),
-                         cell_text(row.get("snapshot_id")))
+            partition = [escape(row.get("partition", "-"))] if partitioned else []
+            grid.add_row(row["table"], *partition, str(row["bucket"]), cell_text(row.get("snapshot_id")))
         return grid
 
     def acquired(self, doc: Mapping[str, Any]) -> None:

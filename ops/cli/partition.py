@@ -36,7 +36,8 @@ def partition_add(state: State, path: str, name: str, if_not_exists: bool) -> No
     existed = if_not_exists and _exists(state, path, name)
     table, partition = state.client.create_partition(path, name, ignore_if_exists=if_not_exists)
     if existed:
-        text = f"partition {partition.name} of {table.path} already exists (id {partition.partition_id}): nothing created"
+        text = (f"partition {partition.name} of {table.path} already exists (id {partition.partition_id}): "
+                "nothing created")
     else:
         text = (f"created partition {partition.name} of {table.path} (id {partition.partition_id}, "
                 f"{table.buckets} buckets)")

@@ -129,7 +129,8 @@ def _created_text(info: TableInfo, existed: bool, partitions: list[dict] | None)
         text += f", replication factor {info.replication_factor}, min in-sync replicas {info.min_insync_replicas}"
     text += ")"
     if info.partitioned:
-        text += f", partitioned by {out.partitioning_text(out.table_doc(info))}, at most {info.max_partitions} partitions"
+        text += (f", partitioned by {out.partitioning_text(out.table_doc(info))}, at most {info.max_partitions} "
+                 "partitions")
     if info.auto_partition is not None:
         names = [p["partition"] for p in partitions or ()]
         text += f"; partitions now: {', '.join(names) if names else 'none'}"

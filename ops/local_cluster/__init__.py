@@ -46,7 +46,8 @@ from kvlease.ops.local_cluster.zookeeper import (MAIN_CLASSES, ZooKeeperCluster,
 
 __all__ = [
     "CLUSTER_FILE", "STARTING_FILE", "ClusterError", "check_settings", "child_env", "MAIN_CLASSES", "ROLES",
-    "ServerProcess", "ZK_ROOT", "ZooKeeperCluster", "ZooKeeperError", "active_coordinator", "bootstrap", "CertPaths", "client_config", "client_settings", "cluster_file",
+    "ServerProcess", "ZK_ROOT", "ZooKeeperCluster", "ZooKeeperError", "active_coordinator", "bootstrap", "CertPaths",
+    "client_config", "client_settings", "cluster_file",
     "dying_with_parent", "four_letter", "free_ports", "generate_certs", "is_serving", "kept_ports", "kill", "load", "log_tail",
     "member", "node_command", "parse_setting", "pid_alive", "proc_start", "read_health", "restart", "running",
     "running_pids", "save",

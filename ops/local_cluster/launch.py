@@ -3,7 +3,8 @@
 A local cluster lives in one directory ``D``:
 
 ```
-D/cluster.json               what runs where: pids, addresses, the remote dir, --set settings (written once a start serves)
+D/cluster.json               what runs where: pids, addresses, the remote dir, --set settings (written once
+                             a start serves)
 D/cluster.starting.json      while a start runs: what it launched so far (ops.local_cluster.cluster_file)
 D/cluster.json.lock          the lock every change of cluster.json holds
 D/zookeeper/...              ZooKeeper's data and logs (ops.local_cluster.zookeeper)
