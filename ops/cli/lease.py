@@ -8,7 +8,7 @@ from kvlease.common import errors
 from kvlease.common.model import TableBucket
 import kvlease.ops.cli.output as out
 from kvlease.ops.cli.app import State, catch_errors, common_options, kvlease, pass_state
-from kvlease.ops.cli.partition_option import chosen, label, names_of, partition_option
+from kvlease.ops.cli.partition_option import chosen, label, names_of, partition_names, partition_option
 from kvlease.ops.cli.values import LEASE_ID, LEASE_OWNER, POSITIVE_DURATION, BucketList, BucketSnapshot, table_path
 
 #: ``--owner``: the reader a lease belongs to (see "Owners" in docs/architecture.md, "Leases")
@@ -47,11 +47,12 @@ def lease_acquire(state: State, lease_id: str, path: str, snapshots: tuple[tuple
     if len(set(buckets_seen)) != len(buckets_seen):
         raise click.BadParameter("a bucket is named twice", param_hint="'--snapshot'")
     view = chosen(state, state.client.get_table(path), partition, required=not latest)
+    partitions = partition_names(state, view)
     no_snapshot: list[TableBucket] = []
     if latest:
         wanted = {tb: s.snapshot_id for tb, s in
                   state.client.get_latest_kv_snapshots(view.table_id, view.partition_id).items()}
-        no_snapshot = [tb for tb in _buckets(state, view) if tb not in wanted]
+        no_snapshot = [tb for tb in _buckets(view, partitions) if tb not in wanted]
         if not wanted:
             every = " of any partition" if view.partitioned and view.partition_id is None else ""
             raise errors.SnapshotNotFoundError(f"{view.where} has no snapshot in any bucket{every} yet; "
@@ -59,18 +60,16 @@ def lease_acquire(state: State, lease_id: str, path: str, snapshots: tuple[tuple
     else:
         wanted = {view.bucket(b): sid for b, sid in snapshots}
     result = state.client.acquire_lease(lease_id, wanted, duration, owner=owner)
-    partitions = names_of(state, wanted)[1] if view.partitioned else {}
     state.output.acquired(out.acquire_doc(result.lease_id, result.expiration_time, result.acquired,
                                           result.unavailable, {view.table_id: view.path}, no_snapshot, partitions))
 
 
-def _buckets(state: State, view) -> list[TableBucket]:
-    """Every bucket of ``view``: an unpartitioned table's, a partition's, or every partition's of a partitioned
-    table."""
+def _buckets(view, partitions: dict[int, str]) -> list[TableBucket]:
+    """Every bucket of ``view``: an unpartitioned table's, a partition's, or, of a partitioned table, those of
+    every one of its ``partitions`` (partition id -> name)."""
     if not view.partitioned or view.partition_id is not None:
         return [view.bucket(b) for b in range(view.buckets)]
-    _table, partitions = state.client.list_partitions(table_id=view.table_id)
-    return [TableBucket(view.table_id, b, p.partition_id) for p in partitions for b in range(view.buckets)]
+    return [TableBucket(view.table_id, b, partition_id) for partition_id in partitions for b in range(view.buckets)]
 
 
 @lease_group.command("renew")

@@ -66,6 +66,16 @@ def bucket_client(state: State, path: str, name: str | None):
     return client
 
 
+def partition_names(state: State, table: TableInfo) -> dict[int, str]:
+    """``partition id -> name`` of a partitioned ``table``'s partitions (a partition's view: its own); none of
+    an unpartitioned table."""
+    if table.partition_id is not None:
+        return {table.partition_id: table.partition_name}
+    if not table.partitioned:
+        return {}
+    return {p.partition_id: p.name for p in state.client.list_partitions(table_id=table.table_id)[1]}
+
+
 def names_of(state: State, buckets: Iterable[TableBucket]) -> tuple[dict[int, str], dict[int, str]]:
     """``(table id -> DB.NAME, partition id -> partition name)`` for printing ``buckets``: every table, and the
     partitions of the tables some of whose partitions' buckets are among them (one listing each)."""

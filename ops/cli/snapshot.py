@@ -6,7 +6,7 @@ import click
 
 import kvlease.ops.cli.output as out
 from kvlease.ops.cli.app import State, catch_errors, common_options, kvlease, pass_state
-from kvlease.ops.cli.partition_option import bucket_client, chosen, label, names_of, partition_option
+from kvlease.ops.cli.partition_option import bucket_client, chosen, label, partition_names, partition_option
 from kvlease.ops.cli.values import table_path
 
 
@@ -26,8 +26,7 @@ def snapshot_list(state: State, path: str, partition: str | None) -> None:
     partition (each named), or of --partition NAME's buckets."""
     view = chosen(state, state.client.get_table(path), partition, required=False)
     snapshots = state.client.list_kv_snapshots(view.table_id, view.partition_id)
-    _tables, partitions = names_of(state, [s.bucket for s in snapshots]) if view.partitioned else ({}, {})
-    state.output.snapshots(out.snapshots_doc(view.path, snapshots, partitions, view.partition_name))
+    state.output.snapshots(out.snapshots_doc(view.path, snapshots, partition_names(state, view), view.partition_name))
 
 
 @snapshot_group.command("trigger")

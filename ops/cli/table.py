@@ -91,8 +91,9 @@ def table_create(state: State, path: str, schema: str, primary_key: str, buckets
 
 def _partitioning(partition_by: str | None, unit: str | None, precreate: int | None, retention: int | None,
                   time_zone: str | None, max_partitions: int | None) -> dict:
-    """The partitioning fields of a TableSpec from ``table create``'s options; a usage error for an option that
-    needs another one (InvalidTableError, from the coordinator's own rules, for a bad unit or zone)."""
+    """The partitioning fields of a TableSpec from ``table create``'s options: a usage error for an option that
+    needs another one and for a bad unit or zone (named on its option); InvalidTableError from the coordinator's
+    own rules for the rest (AutoPartition's checks)."""
     auto_options = [flag for flag, value in (("--precreate", precreate), ("--retention", retention),
                                              ("--time-zone", time_zone)) if value is not None]
     if partition_by is None:

@@ -331,3 +331,23 @@ def test_the_bucket_commands_hand_the_partition_on_and_name_it(partitioned, monk
     assert moved.exit_code == 0, moved.output
     assert moved.stdout.startswith("moving bucket 0 of db.p partition d03: db.p/d03/0: to [2], leaving [1]")
     assert asked == [("restore", "db.p", 1, "d03"), ("elect", "db.p", 0, "d03"), ("reassign", "db.p", 0, "d03")]
+
+
+def test_snapshot_list_without_a_partition_lists_every_partitions_snapshots(partitioned, monkeypatch):
+    asked = []
+
+    def list_kv_snapshots(self, table_id, partition_id=None):
+        asked.append(partition_id)
+        handles = [SnapshotHandle(TableBucket(7, b, pid), 2, 30, "m") for pid in (101, 100) for b in (1, 0)]
+        return [admin.SnapshotInfo(h, ("L1",) if h.bucket.partition_id == 101 else ())
+                for h in handles if partition_id in (None, h.bucket.partition_id)]
+
+    monkeypatch.setattr(PartitionedAdmin, "list_kv_snapshots", list_kv_snapshots, raising=False)
+    every = json.loads(run(*B, "--json", "snapshot", "list", "db.p").stdout)
+    assert "partition" not in every and asked == [None]
+    assert [(s["partition"], s["bucket"], s["leased_by"]) for s in every["snapshots"]] == [
+        ("d00", 0, []), ("d00", 1, []), ("d01", 0, ["L1"]), ("d01", 1, ["L1"])]
+    one = json.loads(run(*B, "--json", "snapshot", "list", "db.p", "--partition", "d01").stdout)
+    assert one["partition"] == "d01" and asked == [None, 101] and {s["partition"] for s in one["snapshots"]} == {"d01"}
+    text = run(*B, "snapshot", "list", "db.p").stdout.splitlines()
+    assert text[1].split()[:2] == ["partition", "bucket"] and text[2].split()[:2] == ["d00", "0"]
