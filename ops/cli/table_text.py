@@ -60,6 +60,8 @@ def describe_table(grid: Grid, show: Show, doc: Mapping[str, Any]) -> None:
         columns.add_row(c["name"], c["type"], key if c["name"] in doc["primary_key"] else "")
     show(rows)
     show(columns)
+    if doc.get("partitions"):
+        show(partitions_grid(grid, doc["partitions"], "partitions"))
     if partitioned:
         buckets = [(p["partition"], b) for p in doc.get("partitions", []) for b in p["assignment"]]
     else:
@@ -104,8 +106,12 @@ def list_partitions(grid: Grid, show: Show, doc: Mapping[str, Any]) -> None:
     if not doc["partitions"]:
         show(f"{doc['table']}: no partitions")
         return
-    table = grid("partition", "id", "created", "held by (past retention)", title=doc["table"])
-    for p in doc["partitions"]:
+    show(partitions_grid(grid, doc["partitions"], doc["table"]))
+
+
+def partitions_grid(grid: Grid, partitions: list[Mapping[str, Any]], title: str) -> Any:
+    table = grid("partition", "id", "created", "held by (past retention)", title=title)
+    for p in partitions:
         table.add_row(escape(p["partition"]), str(p["partition_id"]), local_time(p["created_ms"]),
                       escape(cell_text(p["held_by"])))
-    show(table)
+    return table
