@@ -166,8 +166,9 @@ class LeaderLogEnds:
         """Raises InvalidSnapshotError when ``handle.log_offset`` is beyond the changelog end the bucket's
         leader (at ``leader_address``) reports; the leader's own error (e.g. NOT_LEADER) if it has one;
         LeaderNotAvailableError when the leader cannot be reached."""
-        request = tablet_pb2.ListOffsetsRequest(table_id=handle.bucket.table_id, buckets=[handle.bucket.bucket],
-                                                partition_id=handle.bucket.partition_id)
+        bucket = handle.bucket  # a partition's bucket is asked of the partition (its partition_id)
+        request = tablet_pb2.ListOffsetsRequest(table_id=bucket.table_id, partition_id=bucket.partition_id,
+                                                buckets=[bucket.bucket])
         with self._lock:
             if self._closed:
                 raise errors.NotCoordinatorError("the coordinator stepped down")
