@@ -161,38 +161,37 @@ def _release(held: Held, watch: PartitionWatch, interval: float, report: Report)
     report.add(checks.dropped_after_release(held.name, held.dropped_after_s, bound))
 
 
-def _scan(cluster: DrillCluster, table_id: int) -> dict[str, int]:
-    """Every local bucket dir of a partition id above ``table_id`` and remote dir of the table's partitions
-    holding a file: path -> partition id."""
-    found: dict[str, int] = {}
+def _scan(cluster: DrillCluster, table_id: int) -> tuple[dict[str, int], dict[str, int]]:
+    """Every local bucket dir of a partition id above ``table_id`` (any tablet server) and every remote dir of
+    the table's partitions that holds a file: (local, remote), each path -> partition id."""
+    local: dict[str, int] = {}
     for tablet in cluster.doc["tablets"]:
         home = local_cluster.tablet_disks.data_dir(cluster.directory, tablet["id"])
         for entry in home.iterdir() if home.is_dir() else ():
             if entry.is_dir() and entry.name.isdigit() and int(entry.name) > table_id:
-                found[f"tablet {tablet['id']} {entry}"] = int(entry.name)
-    remote = Path(unquote(urlparse(cluster.doc["remote"]).path)) / "kv" / str(table_id)
-    for entry in remote.iterdir() if remote.is_dir() else ():
+                local[str(entry)] = int(entry.name)
+    remote: dict[str, int] = {}
+    root = Path(unquote(urlparse(cluster.doc["remote"]).path)) / "kv" / str(table_id)
+    for entry in root.iterdir() if root.is_dir() else ():
         if entry.name.startswith("p") and entry.name[1:].isdigit() and any(p.is_file() for p in entry.rglob("*")):
-            found[str(entry)] = int(entry.name[1:])
-    return found
+            remote[str(entry)] = int(entry.name[1:])
+    return local, remote
 
 
 def _orphans(cluster: DrillCluster, table_id: int, watch: PartitionWatch, interval: float) -> checks.Check:
     """Poll until no dir of a partition that no longer exists is left (or 3 check intervals + 10 s)."""
-    leftovers: dict[str, int] = {}
+    leftovers: tuple[dict[str, int], dict[str, int]] = ({}, {})
     scanned = 0
 
     def settled() -> bool:
         nonlocal leftovers, scanned
-        found = _scan(cluster, table_id)
-        existing = {s.partition_id for s in watch.current().values()}
-        scanned = len(found)
-        leftovers = {p: pid for p, pid in found.items() if pid not in existing}
-        return not leftovers
+        local, remote = _scan(cluster, table_id)
+        existing = {s.partition_id for s in watch.current().values()}  # listed after the scan
+        scanned = len(local) + len(remote)
+        leftovers = tuple({p: pid for p, pid in found.items() if pid not in existing} for found in (local, remote))
+        return not any(leftovers)
     poll(settled, 3 * interval + 10.0, interval_s=0.5)
-    local = {p: pid for p, pid in leftovers.items() if p.startswith("tablet ")}
-    remote = {p: pid for p, pid in leftovers.items() if not p.startswith("tablet ")}
-    return checks.no_orphans(local, remote, watch.seen, scanned)
+    return checks.no_orphans(leftovers[0], leftovers[1], watch.seen, scanned)
 
 
 def main(cluster_dir: str, json_output: bool = False, **options) -> int:
