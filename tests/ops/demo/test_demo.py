@@ -59,7 +59,7 @@ def test_the_demo_passes_cleans_up_and_its_checks_catch_a_lost_change_row(spark,
     assert any("killed the active coordinator" in line for line in lines)
     partitioned = doc["partitioned"]  # the partitioned table: a partition per day written, one read back
     assert [p["name"] for p in partitioned["partitions"]] == ["20261127", "20261128", "20261129"]
-    assert partitioned["rows_read"] == 1_000 and "partitioned table demo.orders_by_day" in text
+    assert partitioned["rows_read"] == 1_000 and "partitioned table demo.orders_by_day" in text, text
     _assert_tablet_failover(doc, text, seen["cluster"])
     # everything stopped, the temp dir gone, Spark (the caller's) still usable
     assert not seen["work"].exists() and doc["directory"] is None
