@@ -34,7 +34,7 @@ from kvlease.client.coalescing import BatchInterrupted, Coalescer
 from kvlease.client.coordinator_caller import IDEMPOTENT, READS, RETRIABLE_IF_IDEMPOTENT, CoordinatorCaller
 from kvlease.client.data_loss_admin import DataLossAdmin
 from kvlease.client.moves_admin import MovesAdmin
-from kvlease.client.partitions_admin import PartitionInfo, PartitionsAdmin
+from kvlease.client.partitions_admin import PartitionInfo, PartitionsAdmin, find_partition
 from kvlease.client.replication_admin import ReplicationAdmin
 from kvlease.client.security_admin import SecurityAdmin
 from kvlease.client.tables_admin import TablesAdmin
@@ -82,7 +82,7 @@ class AdminClient:
         self._tables = TablesAdmin(call)
         self._moves = MovesAdmin(call, self.get_table)
         self._partitions = PartitionsAdmin(call)
-        self._data_loss = DataLossAdmin(call, self.get_table)
+        self._data_loss = DataLossAdmin(call, self.get_table, lambda table, name: find_partition(self, table, name))
         self._replication = ReplicationAdmin(call)
         #: acquires made by several threads at once travel in one call (client.coalescing), unless the
         #: coordinator turned out not to have that call
@@ -417,12 +417,14 @@ class AdminClient:
         return self._moves.list_reassignments()
 
     @_documented_by(DataLossAdmin.restore_bucket)
-    def restore_bucket(self, path: str, bucket: int, accept_data_loss: bool, tablet: int | None = None) -> dict:
-        return self._data_loss.restore_bucket(path, bucket, accept_data_loss, tablet)
+    def restore_bucket(self, path: str, bucket: int, accept_data_loss: bool, tablet: int | None = None,
+                       partition: str | None = None) -> dict:
+        return self._data_loss.restore_bucket(path, bucket, accept_data_loss, tablet, partition)
 
     @_documented_by(DataLossAdmin.elect_leader)
-    def elect_leader(self, path: str, bucket: int, unclean: bool, tablet: int | None = None) -> dict:
-        return self._data_loss.elect_leader(path, bucket, unclean, tablet)
+    def elect_leader(self, path: str, bucket: int, unclean: bool, tablet: int | None = None,
+                     partition: str | None = None) -> dict:
+        return self._data_loss.elect_leader(path, bucket, unclean, tablet, partition)
 
 
 
