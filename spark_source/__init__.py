@@ -14,11 +14,18 @@ from kvlease.spark_source.workers import WorkerPythonError, check_workers
 __all__ = ["KvLeaseDataSource", "WorkerPythonError", "register"]
 
 
+#: The setting under which Spark (4.3) hands a Python source's reader the filters of a query.
+FILTER_PUSHDOWN = "spark.sql.python.filterPushdown.enabled"
+
+
 def register(spark) -> None:
-    """Register the source as ``kvlease`` on ``spark``. It pushes no filter (Spark applies them all), so
-    it reads the same with ``spark.sql.python.filterPushdown.enabled`` on or off; this leaves it as is.
+    """Register the source as ``kvlease`` on ``spark``, and turn on :data:`FILTER_PUSHDOWN`: a read of a
+    partitioned table prunes partitions by the filters Spark pushes (Spark gives every one back to be
+    applied to the rows read), and Spark refuses such a read while the setting is off. A read of an
+    unpartitioned table pushes no filter and reads the same either way (docs/spark.md, "Filters").
 
     With a local master, first checks that Spark's Python workers (``PYSPARK_PYTHON``) can import the
     source, and raises :class:`WorkerPythonError` saying what to set if they cannot."""
     check_workers(spark)
     spark.dataSource.register(KvLeaseDataSource)
+    spark.conf.set(FILTER_PUSHDOWN, "true")

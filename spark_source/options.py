@@ -23,7 +23,7 @@ from kvlease.common import config as cfg
 from kvlease.common.config import parse_duration_ms
 from kvlease.common.errors import InvalidRequestError, did_you_mean, show, single_line
 from kvlease.common.model import lease_id_problem
-from kvlease.common.tables import parse_table_path
+from kvlease.common.tables import TableInfo, parse_table_path
 from kvlease.common.tls import TlsFiles
 
 STARTUP_MODES = ("full", "earliest", "latest", "timestamp")
@@ -36,7 +36,7 @@ TLS_OPTIONS = {"ca-file": cfg.TLS_CA_FILE.name, "cert-file": cfg.TLS_CERT_FILE.n
 Security = tuple[tuple[str, Any], ...]
 READ_ONLY = ("startup.mode", "startup.timestamp", "ending.timestamp", "ending.offsets", "bootstrap.mode",
              "lease.id", "lease.duration", "lease.acquire.max-attempts", "lease.acquire.max-wait",
-             "maxrowspertrigger", "split.max-rows")
+             "maxrowspertrigger", "split.max-rows", "partition.discovery.interval")
 #: Options Spark itself sets on a source or sink; they mean nothing here and are ignored.
 SPARK_OWN = ("checkpointlocation", "path")
 #: Option names as the docs spell them, where that is not lower case (Spark hands them over lower-cased).
@@ -74,6 +74,7 @@ class Options:
     acquire_max_wait_s: float = 30.0
     max_rows_per_trigger: int | None = None
     split_max_rows: int | None = None
+    partition_discovery_interval_ms: int = 10_000  # streaming reads of a partitioned table: how often to list them
     security: Security = ()  # TLS settings (a --secure cluster directory's, or the ca/cert/key-file options)
     given: frozenset[str] = field(default=frozenset(), compare=False)
 
@@ -125,12 +126,15 @@ def connect(bootstrap: tuple[str, ...], security: Security = ()) -> AdminClient:
     return AdminClient(list(bootstrap), cfg.Config(dict(security), env={}))
 
 
-def open_table(admin: AdminClient, table_id: int, security: Security = ()) -> TableClient:
+def open_table(admin: AdminClient, table_id: int, security: Security = (),
+               partition: TableInfo | None = None) -> TableClient:
     """The table client of a read or write on ``admin``'s cluster: its calls to tablet servers retry as
-    long as ``retry.timeout`` says, like the admin client's calls to the coordinator."""
+    long as ``retry.timeout`` says, like the admin client's calls to the coordinator. ``partition``: a
+    partition's view of the table (``TableInfo.of_partition``): the client reads that partition's buckets."""
     settings = dict(security)
     return TableClient(admin, table_id, cfg.Config(settings, env={}),
-                       retry_total_s=admin.retry.total_s if cfg.CLIENT_RETRY_TOTAL.name in settings else None)
+                       retry_total_s=admin.retry.total_s if cfg.CLIENT_RETRY_TOTAL.name in settings else None,
+                       partition=partition)
 
 
 def _security(given: Mapping[str, str]) -> Security:
@@ -244,6 +248,8 @@ def _read_options(given: Mapping[str, str]) -> dict[str, Any]:
         out["lease_id"] = given["lease.id"]
     if "lease.duration" in given:
         out["lease_duration_ms"] = _positive_duration(given, "lease.duration")
+    if "partition.discovery.interval" in given:
+        out["partition_discovery_interval_ms"] = _positive_duration(given, "partition.discovery.interval")
     if "lease.acquire.max-wait" in given:
         out["acquire_max_wait_s"] = _positive_duration(given, "lease.acquire.max-wait") / 1000.0
     for name, key in (("lease.acquire.max-attempts", "acquire_max_attempts"),

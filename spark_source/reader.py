@@ -5,6 +5,11 @@ live no longer than the task). A hybrid split of a batch read releases its
 bucket from the lease once every row was handed to Spark; a failure to
 release is logged, not raised (the rows are read; the lease's expiry frees
 the snapshot anyway).
+
+A split of a partition reads that partition's buckets (``splits.split_table``).
+If the partition is dropped while the split reads it (retention, or by hand:
+docs/partitions.md), the split ends where it is, with a warning, instead of
+failing the query: the partition's rows went with it.
 """
 
 from __future__ import annotations
@@ -20,16 +25,17 @@ from pyspark.sql.datasource import InputPartition
 
 from kvlease.client.admin import AdminClient
 from kvlease.client.log_records import decode_records, entry_records
-from kvlease.client.lost_ranges import LostRanges
 from kvlease.client.table import TableClient
 from kvlease.common import errors
 from kvlease.common.model import TableBucket
 from kvlease.common.tables import TableInfo
 from kvlease.spark_source.bootstrap import SnapshotGoneError, merge, open_snapshot
 from kvlease.spark_source.changelog import final_states, read_entries
+from kvlease.spark_source.enumerator import release_buckets
 from kvlease.spark_source.options import connect, open_table
 from kvlease.spark_source.schema import changes_for_spark, spark_arrow_schema, state_rows_as_changes
-from kvlease.spark_source.splits import HybridSplit, LiveSplit, LogSplit, ReadContext
+from kvlease.spark_source.partitions import check_table_losses, key_of
+from kvlease.spark_source.splits import HybridSplit, LiveSplit, LogSplit, ReadContext, split_table
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +69,28 @@ def read_split(ctx: ReadContext, split) -> Iterator[pa.RecordBatch]:
     schema = spark_arrow_schema(ctx.table, with_changes=True)
     wanted = output_schema(schema, ctx)
     with table_named(ctx.table):
-        for batch in _read(ctx, split, schema):
-            if tuple(batch.schema.names) != ctx.columns:
-                batch = batch.select(list(ctx.columns))
-            yield batch if batch.schema.equals(wanted) else pa.RecordBatch.from_arrays(batch.columns, schema=wanted)
+        try:
+            for batch in _read(ctx, split, schema):
+                if tuple(batch.schema.names) != ctx.columns:
+                    batch = batch.select(list(ctx.columns))
+                yield batch if batch.schema.equals(wanted) else pa.RecordBatch.from_arrays(batch.columns,
+                                                                                           schema=wanted)
+        except errors.KvLeaseError as exc:
+            partition = getattr(split, "partition_id", None)
+            if partition is None or not _dropped(ctx, partition):
+                raise
+            log.warning("%s: the partition was dropped while this split read it; its part of the read ends here "
+                        "(%s)", _what(ctx, split), exc.message)
+
+
+def _dropped(ctx: ReadContext, partition_id: int) -> bool:
+    """Whether partition ``partition_id`` of the table no longer exists (False if that cannot be told)."""
+    try:
+        with connect(ctx.bootstrap, ctx.security) as admin:
+            _table, partitions = admin.list_partitions(table_id=ctx.table.table_id)
+    except errors.KvLeaseError:
+        return False
+    return all(p.partition_id != partition_id for p in partitions)
 
 
 def output_schema(schema: pa.Schema, ctx: ReadContext) -> pa.Schema:
@@ -81,7 +105,9 @@ def output_schema(schema: pa.Schema, ctx: ReadContext) -> pa.Schema:
 def _read(ctx: ReadContext, split, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     with ExitStack() as stack:
         admin = stack.enter_context(connect(ctx.bootstrap, ctx.security))
-        table = stack.enter_context(open_table(admin, ctx.table.table_id, ctx.security))
+        view = split_table(ctx.table, split)
+        table = stack.enter_context(open_table(admin, ctx.table.table_id, ctx.security,
+                                               partition=view if view.partition_id is not None else None))
         if isinstance(split, HybridSplit):
             batches = _hybrid(ctx, admin, table, split, schema)
             yield from (_releasing(admin, ctx, split, batches) if split.release else batches)
@@ -94,8 +120,8 @@ def _read(ctx: ReadContext, split, schema: pa.Schema) -> Iterator[pa.RecordBatch
             raise errors.InvalidRequestError(f"not a kvlease split: {split!r}")
 
 
-def _what(ctx: ReadContext, bucket: int) -> str:
-    return f"table {ctx.table.path} bucket {bucket}"
+def _what(ctx: ReadContext, split) -> str:
+    return f"table {split_table(ctx.table, split).where} bucket {split.bucket}"
 
 
 def _state_batches(rows: Iterator[pa.RecordBatch], bucket: int, end: int,
@@ -107,8 +133,8 @@ def _state_batches(rows: Iterator[pa.RecordBatch], bucket: int, end: int,
 
 def _hybrid(ctx: ReadContext, admin: AdminClient, table: TableClient, split: HybridSplit,
             schema: pa.Schema) -> Iterator[pa.RecordBatch]:
-    tb = TableBucket(ctx.table.table_id, split.bucket)
-    what = f"{_what(ctx, split.bucket)} (lease {split.lease_id})"
+    tb = split_table(ctx.table, split).bucket(split.bucket)
+    what = f"{_what(ctx, split)} (lease {split.lease_id})"
     if split.release:  # a batch read's split: its lease is the plan's, which this split may be reading again
         _hold(admin, ctx, split, tb, what)
     held = lambda: _held(admin, split, tb) == split.snapshot_id  # noqa: E731
@@ -166,13 +192,14 @@ def _loss_named(admin: AdminClient, ctx: ReadContext, split: LogSplit,
         yield from batches
     except errors.DataLostError as exc:
         position = int(exc.details.get("position", split.end))
+        key = key_of(split.partition_id, split.bucket)
         try:
-            LostRanges(admin, ctx.table.table_id, ctx.table.path).check({split.bucket: position},
-                                                                        {split.bucket: split.losses_seen})
+            check_table_losses(admin, ctx.table, {key: position}, {key: split.losses_seen},
+                               {split.partition_id: split.partition_name} if split.partition_name else None)
         except errors.DataLostError as named:
             raise named from None
         except errors.KvLeaseError as failed:  # the record could not be read: the server's word stands
-            log.warning("could not read the loss records of %s: %s", _what(ctx, split.bucket), failed)
+            log.warning("could not read the loss records of %s: %s", _what(ctx, split), failed)
         raise
 
 
@@ -220,8 +247,8 @@ def _releasing(admin: AdminClient, ctx: ReadContext, split: HybridSplit,
 
 
 def _release(admin: AdminClient, ctx: ReadContext, split: HybridSplit) -> None:
-    try:
-        admin.release_lease(split.lease_id, [TableBucket(ctx.table.table_id, split.bucket)], owner=split.owner)
+    try:  # (a partition dropped meanwhile is in no lease any more: its release is refused, and not needed)
+        release_buckets(admin, split.lease_id, [split_table(ctx.table, split).bucket(split.bucket)], split.owner)
     except errors.KvLeaseError as exc:
         log.warning("%s: could not release lease %s (its expiry frees the snapshot): %s",
-                    _what(ctx, split.bucket), split.lease_id, exc)
+                    _what(ctx, split), split.lease_id, exc)

@@ -32,12 +32,19 @@ _NAMES = pa.array([CHANGE_NAMES[ct] for ct in sorted(CHANGE_NAMES)], pa.string()
 
 
 def table_schema(table: TableInfo, *, with_changes: bool) -> StructType:
-    """The table's columns; with ``with_changes``, then the four metadata columns."""
-    fields = [StructField(c.name, SPARK_TYPES[c.type], True) for c in table.columns]
+    """The table's columns; with ``with_changes``, then the four metadata columns. A partition column of a
+    partitioned table carries a comment saying so (``DESCRIBE`` shows it)."""
+    fields = [StructField(c.name, SPARK_TYPES[c.type], True, _comment(table, c.name)) for c in table.columns]
     if with_changes:
         fields += [StructField(CHANGE_TYPE, StringType(), False), StructField(BUCKET, IntegerType(), False),
                    StructField(LOG_OFFSET, LongType(), False), StructField(COMMIT_TIMESTAMP, TimestampType(), True)]
     return StructType(fields)
+
+
+def _comment(table: TableInfo, column: str) -> dict | None:
+    if column not in table.partition_key:
+        return None
+    return {"comment": f"partition key ({', '.join(table.partition_key)}) of kvlease table {table.path}"}
 
 
 def read_columns(table: TableInfo, requested: StructType) -> tuple[str, ...]:

@@ -20,7 +20,7 @@ from pyspark.sql.types import StructType
 from kvlease.common.tables import TableInfo
 import kvlease.spark_source.options as opts
 import kvlease.spark_source.catalog as catalog
-from kvlease.spark_source.batch import BatchReader
+from kvlease.spark_source.batch import BatchReader, PartitionedBatchReader
 from kvlease.spark_source.schema import read_columns, table_schema
 from kvlease.spark_source.splits import ReadContext
 from kvlease.spark_source.stream import StreamReader
@@ -86,8 +86,14 @@ class KvLeaseDataSource(DataSource):
 
     @_option_errors
     def reader(self, schema: StructType) -> BatchReader:
+        """A partitioned table's reader prunes partitions by the filters Spark pushes (``batch.py``)."""
         parsed = self._read_options(schema)
-        return BatchReader(parsed, self._context(parsed, schema))
+        table = self._cluster[0]
+        if table.partitioned and parsed.ending_offsets is not None:
+            raise opts.OptionError(f"option 'ending.offsets' names buckets of an unpartitioned table; table "
+                                   f"{table.path} is partitioned: end its change feed with 'ending.timestamp'")
+        reader = PartitionedBatchReader if table.partitioned else BatchReader
+        return reader(parsed, self._context(parsed, schema))
 
     @_option_errors
     def streamReader(self, schema: StructType) -> StreamReader:

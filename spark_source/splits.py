@@ -4,6 +4,10 @@ Everything an executor needs besides the split travels in :class:`ReadContext`
 (held by the reader Spark pickles to every task): the coordinator addresses,
 the table, and the remote storage (URI, endpoint, region; credentials come
 from the executor's environment). Nothing refers to the driver's local disk.
+
+A split of a partitioned table names its partition (``partition_id`` and
+``partition_name``; None for an unpartitioned table): every client call it
+makes goes to that partition's buckets (:func:`split_table`).
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ class HybridSplit(InputPartition):
     release: bool
     owner: str | None = None
     end_epoch: int | None = None
+    partition_id: int | None = None
+    partition_name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -64,6 +70,8 @@ class LogSplit(InputPartition):
     start_epoch: int | None = None
     losses_seen: int = 0
     end_epoch: int | None = None
+    partition_id: int | None = None
+    partition_name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -71,3 +79,12 @@ class LiveSplit(InputPartition):
     """A live scan (ScanKv) of a bucket: its rows as of the scan."""
 
     bucket: int
+    partition_id: int | None = None
+    partition_name: str | None = None
+
+
+def split_table(table: TableInfo, split) -> TableInfo:
+    """The physical table a split reads: ``table``, or its partition's view for a split of a partition."""
+    if split.partition_id is None:
+        return table
+    return table.of_partition(split.partition_id, split.partition_name or str(split.partition_id))

@@ -5,10 +5,15 @@ A ``_change_type`` column makes a change feed replayable into another table:
 ``update_preimage`` is skipped. Rows are applied in their order within a task:
 each run of rows of the same kind is one write. The other change-feed columns
 (``_bucket``, ``_log_offset``, ``_commit_timestamp``) are ignored.
+
+Rows of a partitioned table go to their partitions, which the table client
+creates when missing (docs/partitions.md, "Writing and reading"); a row whose
+partition value cannot name a partition fails its task naming the row.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -83,13 +88,26 @@ class _Writes:
                 for start, stop, kind in _runs(kinds):
                     part = rows.slice(start, stop - start)
                     if kind == UPSERT:
-                        client.upsert(part)
+                        self._apply(client.upsert, part, seen + start)
                         upserted += part.num_rows
                     elif kind == DELETE:
-                        client.delete(part.select(list(self.table.primary_key)))
+                        self._apply(client.delete, part.select(list(self.table.primary_key)), seen + start)
                         deleted += part.num_rows
                 seen += batch.num_rows
         return WriteStats(upserted, deleted)
+
+    def _apply(self, write, rows: pa.RecordBatch, first: int) -> None:
+        """``write(rows)``; a row the table client refuses (a partitioned table's: a partition value that cannot
+        name a partition, or not of the auto-partitioning's time unit) is named by its row of the task."""
+        try:
+            write(rows)
+        except errors.InvalidRowError as exc:
+            row = exc.details.get("row")
+            if not isinstance(row, int):
+                raise
+            reason = re.sub(r"^row \d+: ", "", exc.message)
+            raise errors.InvalidRowError(f"table {self.table.path}: row {first + row} of {_task()}: {reason}",
+                                         row=first + row) from None
 
     def _check_keys(self, rows: pa.RecordBatch, seen: int) -> None:
         for name in self.table.primary_key:

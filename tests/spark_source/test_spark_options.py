@@ -9,7 +9,8 @@ from kvlease.common.tables import Column, TableInfo
 from kvlease.spark_source import options as opts
 from kvlease.spark_source.batch import BatchReader
 from kvlease.spark_source.splits import ReadContext
-from kvlease.spark_source.stream import LeaseRef, StreamReader, _limited, _offset, _parse
+from kvlease.spark_source.stream import StreamReader
+from kvlease.spark_source.stream_offsets import LeaseRef, _limited, _offset, _parse
 from kvlease.spark_source.writer import DELETE, SKIP, UPSERT, _runs
 
 pytestmark = pytest.mark.unit

@@ -54,8 +54,8 @@ def result(value):
 
 
 def test_queries_on_one_dataframe_and_one_view_equal_fresh_reads(spark, kv):
-    """With filter pushdown on (as register() used to set it: pushed key filters leaked into later queries)
-    and then off (the reader failed to plan), on the same DataFrame and view."""
+    """With filter pushdown on (as register() sets it; when the source pushed key filters, they leaked into later
+    queries) and then off (the reader failed to plan), on the same DataFrame and view."""
     seed(kv, 2, 300)  # 2 buckets, not 4: a query's 2 tasks run at once on local[2]
     with TableClient(kv.admin, "shop.orders") as client:
         client.upsert([row(i, 1) for i in range(0, 300, 7)])  # the changelog on top of the snapshot
@@ -95,7 +95,8 @@ def test_equality_on_a_double_key_finds_what_sparks_own_filter_finds(spark, kv):
     with TableClient(kv.admin, "shop.d") as client:
         client.upsert([{"d": d, "v": f"v{i}"} for i, d in enumerate(keys)])
         client.trigger_snapshot()
-    spark.conf.set(PUSHDOWN, "true")  # as register() set it until the source stopped pushing filters
+    previous = spark.conf.get(PUSHDOWN, "false")
+    spark.conf.set(PUSHDOWN, "true")  # as register() sets it
     try:
         df = load(spark, kv, "shop.d")
         assert sorted(r["v"] for r in df.where("d = 0.0").collect()) == ["v0"]
@@ -103,4 +104,4 @@ def test_equality_on_a_double_key_finds_what_sparks_own_filter_finds(spark, kv):
         assert sorted(r["v"] for r in df.where("d IN (0.0, -2.0)").collect()) == ["v0", "v3"]
         assert df.count() == 4
     finally:
-        spark.conf.unset(PUSHDOWN)
+        spark.conf.set(PUSHDOWN, previous)

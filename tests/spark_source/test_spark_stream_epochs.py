@@ -23,7 +23,8 @@ from kvlease.spark_source.changelog import read_entries
 from kvlease.spark_source.enumerator import plan_changes
 from kvlease.spark_source.reader import _loss_named
 from kvlease.spark_source.splits import LogSplit, ReadContext
-from kvlease.spark_source.stream import StreamReader, _offset, _parse, _with_epochs
+from kvlease.spark_source.stream import StreamReader
+from kvlease.spark_source.stream_offsets import _offset, _parse, _with_epochs
 from tests.spark_source.test_spark_stream_losses import _Admin
 
 pytestmark = pytest.mark.unit

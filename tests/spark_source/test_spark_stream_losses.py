@@ -13,7 +13,8 @@ from kvlease.common import errors
 from kvlease.common.data_loss import RESTORE, DataLoss
 from kvlease.common.tables import Column, TableInfo
 from kvlease.spark_source.splits import ReadContext
-from kvlease.spark_source.stream import StreamReader, _losses_seen, _offset, _parse
+from kvlease.spark_source.stream import StreamReader
+from kvlease.spark_source.stream_offsets import _losses_seen, _offset, _parse
 
 
 def test_offsets_carry_the_losses_seen_and_old_offsets_count_none():
