@@ -34,7 +34,7 @@ from kvlease.client.coalescing import BatchInterrupted, Coalescer
 from kvlease.client.coordinator_caller import IDEMPOTENT, READS, RETRIABLE_IF_IDEMPOTENT, CoordinatorCaller
 from kvlease.client.data_loss_admin import DataLossAdmin
 from kvlease.client.moves_admin import MovesAdmin
-from kvlease.client.partitions_admin import PartitionInfo, PartitionsAdmin
+from kvlease.client.partitions_admin import PartitionInfo, PartitionsAdmin, find_partition
 from kvlease.client.replication_admin import ReplicationAdmin
 from kvlease.client.security_admin import SecurityAdmin
 from kvlease.client.tables_admin import TablesAdmin
@@ -82,7 +82,7 @@ class AdminClient:
         self._tables = TablesAdmin(call)
         self._moves = MovesAdmin(call, self.get_table)
         self._partitions = PartitionsAdmin(call)
-        self._data_loss = DataLossAdmin(call, self.get_table)
+        self._data_loss = DataLossAdmin(call, self.get_table, lambda table, name: find_partition(self, table, name))
         self._replication = ReplicationAdmin(call)
         #: acquires made by several threads at once travel in one call (client.coalescing), unless the
         #: coordinator turned out not to have that call
@@ -170,12 +170,27 @@ class AdminClient:
 
     def get_table_assignment(self, table_id: int, partition_id: int | None = None
                              ) -> tuple[TableInfo, dict[int, BucketLeader]]:
-        """The table and each bucket's leader (address empty while its server is gone), replicas and ISR; of
-        a partitioned table, the buckets of partition ``partition_id`` (PartitionNotExistsError without one)."""
+        """The table (a partition's view, given ``partition_id``) and each bucket's leader (address empty while
+        its server is gone), replicas and ISR. A partitioned table's buckets are its partitions': without
+        ``partition_id`` it is PartitionNotExistsError (:meth:`partition_assignments` has them all)."""
+        table, by_partition = self._assignment(table_id, partition_id)
+        if partition_id is None and table.partitioned:
+            raise errors.PartitionNotExistsError(f"table {table.path} is partitioned: name one of its partitions",
+                                                 table=table.path)
+        return table, by_partition.get(partition_id, {})
+
+    def partition_assignments(self, table_id: int) -> tuple[TableInfo, dict[int | None, dict[int, BucketLeader]]]:
+        """The table and, per partition id (None: an unpartitioned table's own buckets), each bucket's leader."""
+        return self._assignment(table_id, None)
+
+    def _assignment(self, table_id: int, partition_id: int | None):
         response = self._caller.call("GetTableAssignment", pb.GetTableAssignmentRequest(
             table_id=table_id, partition_id=partition_id))
-        leaders = {b.bucket: bucket_leader(b) for b in response.buckets}
-        return table_from_pb(response.table), leaders
+        by_partition: dict[int | None, dict[int, BucketLeader]] = {}
+        for b in response.buckets:
+            part = b.partition_id if b.HasField("partition_id") else None
+            by_partition.setdefault(part, {})[b.bucket] = bucket_leader(b)
+        return table_from_pb(response.table), by_partition
 
     def list_tablet_servers(self) -> list[TabletServerInfo]:
         """The live tablet servers: id, address, how many buckets each leads and how many replicas it holds."""
@@ -402,12 +417,14 @@ class AdminClient:
         return self._moves.list_reassignments()
 
     @_documented_by(DataLossAdmin.restore_bucket)
-    def restore_bucket(self, path: str, bucket: int, accept_data_loss: bool, tablet: int | None = None) -> dict:
-        return self._data_loss.restore_bucket(path, bucket, accept_data_loss, tablet)
+    def restore_bucket(self, path: str, bucket: int, accept_data_loss: bool, tablet: int | None = None,
+                       partition: str | None = None) -> dict:
+        return self._data_loss.restore_bucket(path, bucket, accept_data_loss, tablet, partition)
 
     @_documented_by(DataLossAdmin.elect_leader)
-    def elect_leader(self, path: str, bucket: int, unclean: bool, tablet: int | None = None) -> dict:
-        return self._data_loss.elect_leader(path, bucket, unclean, tablet)
+    def elect_leader(self, path: str, bucket: int, unclean: bool, tablet: int | None = None,
+                     partition: str | None = None) -> dict:
+        return self._data_loss.elect_leader(path, bucket, unclean, tablet, partition)
 
 
 

@@ -10,9 +10,10 @@ lost answer: a reassign with the same target answers the move in progress (or
 rebalance of a balanced cluster starts nothing, a recommission of a server not
 marked answers False.
 
-A move's document: ``{"table", "table_id", "bucket", "replicas", "target", "isr", "leader", "state",
-"waiting", "removing"}`` — ``state`` ``moving`` (``waiting``: target replicas not in the ISR yet;
-``removing``: replicas the move takes the bucket off) or ``done``.
+A move's document: ``{"table", "table_id", "partition"?, "partition_id"?, "bucket", "replicas", "target",
+"isr", "leader", "state", "waiting", "removing"}`` (``partition``: a partition's bucket only) —
+``state`` ``moving`` (``waiting``: target replicas not in the ISR yet; ``removing``: replicas the move
+takes the bucket off) or ``done``.
 """
 
 from __future__ import annotations
@@ -27,10 +28,13 @@ from kvlease.common.tables import TableInfo, parse_table_path
 
 
 def move_doc(move) -> dict:
-    """A ``BucketMovePb`` as a document (see the module docstring)."""
-    return {"table": move.table, "table_id": move.table_id, "bucket": move.bucket, "replicas": list(move.replicas),
-            "target": list(move.target), "isr": list(move.isr), "leader": move.leader, "state": move.state,
-            "waiting": list(move.waiting), "removing": list(move.removing)}
+    """A ``BucketMovePb`` as a document (see the module docstring); a partition's bucket also has ``partition``
+    (its name) and ``partition_id``."""
+    partition = ({"partition": move.partition, "partition_id": move.partition_id}
+                 if move.HasField("partition_id") else {})
+    return {"table": move.table, "table_id": move.table_id, **partition, "bucket": move.bucket,
+            "replicas": list(move.replicas), "target": list(move.target), "isr": list(move.isr), "leader": move.leader,
+            "state": move.state, "waiting": list(move.waiting), "removing": list(move.removing)}
 
 
 class MovesAdmin:
@@ -47,19 +51,19 @@ class MovesAdmin:
         the table's replication factor, live, the preferred leader first); returns the bucket's move (see the
         module docstring). The new replicas copy the bucket and join the ISR, then the old ones leave it
         (:meth:`list_reassignments` shows the progress; a one-replica table's bucket moves through a second
-        replica). InvalidRequestError (one line) for a bad list, a bucket none of whose replicas is live,
-        another move of the bucket in progress, or ``partition`` on a table that is not partitioned;
-        TableNotExistError, BucketOutOfRangeError."""
+        replica). ``partition``: the name of the partition whose bucket moves (a partitioned table's).
+        InvalidRequestError (one line) for a bad list, a bucket none of whose replicas is live, another move
+        of the bucket in progress, or ``partition`` on a table that is not partitioned; TableNotExistError,
+        BucketOutOfRangeError, PartitionNotExistsError (a partitioned table: the partition named, or none)."""
         db, name = parse_table_path(path)
-        if partition is not None:
-            self._get_table(path)  # TableNotExistError first
+        if partition is not None and not self._get_table(path).partitioned:  # TableNotExistError first
             raise errors.InvalidRequestError(f"table {path} is not partitioned", table=path)
         if not is_int(bucket) or isinstance(replicas, (str, bytes)) or not all(is_int(r) for r in replicas):
             raise errors.InvalidRequestError(f"reassign_bucket: bucket an int and replicas a list of tablet ids, got "
                                              f"{errors.show(bucket)} and {errors.show(replicas)}")
         with arguments("reassign_bucket"):
             request = pb.ReassignBucketRequest(database=db, name=name, bucket=int(bucket),
-                                               replicas=[int(r) for r in replicas])
+                                               replicas=[int(r) for r in replicas], partition=partition or "")
         return move_doc(self._call("ReassignBucket", request).move)
 
     def decommission_tablet(self, tablet_id: int) -> list[dict]:

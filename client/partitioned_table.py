@@ -24,29 +24,11 @@ from kvlease.client import table_input
 from kvlease.common import errors
 from kvlease.common.auto_partition import value_problem
 from kvlease.common.codec import RowCodec
-from kvlease.common.partition_names import parse_partition_name, partition_name, value_text
+from kvlease.common.partition_names import partition_name, value_text
 from kvlease.common.tables import TableInfo
 
 #: Partitions a write may make at once: a batch naming more is refused (it is almost surely a wrong column).
 MAX_NEW_PARTITIONS_PER_WRITE = 100
-
-
-def find_partition(admin, table: TableInfo, name: str) -> TableInfo:
-    """The view of ``table``'s partition named ``name`` (normalised as the coordinator names it);
-    PartitionNotExistsError naming the partitions there, InvalidRequestError if the table is not
-    partitioned or the name is malformed."""
-    if not table.partitioned:
-        raise errors.InvalidRequestError(f"table {table.path} is not partitioned: leave the partition out",
-                                         table=table.path)
-    wanted = partition_name(table.partition_key, parse_partition_name(table.partition_key, name))
-    _table, partitions = admin.list_partitions(table_id=table.table_id)
-    for p in partitions:
-        if p.name == wanted:
-            return table.of_partition(p.partition_id, p.name)
-    there = ", ".join(p.name for p in partitions[:10]) or "none"
-    raise errors.PartitionNotExistsError(f"partition {wanted} of table {table.path} does not exist (partitions: "
-                                         f"{there}{', …' if len(partitions) > 10 else ''})", table=table.path,
-                                         partition=wanted)
 
 
 class PartitionedWrites:

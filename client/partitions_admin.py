@@ -15,6 +15,7 @@ from kvlease.client.coordinator_caller import CoordinatorCall
 from kvlease.client.transport import is_int
 from kvlease.common import errors
 from kvlease.common.proto import coordinator_pb2 as pb
+from kvlease.common.partition_names import parse_partition_name, partition_name
 from kvlease.common.tables import TableInfo, parse_table_path
 from kvlease.common.wire import table_from_pb
 
@@ -30,6 +31,25 @@ class PartitionInfo:
 
 def partition_info(msg: pb.PartitionPb) -> PartitionInfo:
     return PartitionInfo(msg.partition_id, msg.name, msg.created_ms, tuple(msg.held_by))
+
+
+def find_partition(admin, table: TableInfo, name: str) -> TableInfo:
+    """The view of ``table``'s partition named ``name`` (normalised as the coordinator names it), asked of
+    ``admin`` (anything with ``list_partitions(table_id=…)``, e.g. an AdminClient); PartitionNotExistsError
+    naming the partitions there, InvalidRequestError if the table is not partitioned or the name is
+    malformed."""
+    if not table.partitioned:
+        raise errors.InvalidRequestError(f"table {table.path} is not partitioned: leave the partition out",
+                                         table=table.path)
+    wanted = partition_name(table.partition_key, parse_partition_name(table.partition_key, name))
+    _table, partitions = admin.list_partitions(table_id=table.table_id)
+    for p in partitions:
+        if p.name == wanted:
+            return table.of_partition(p.partition_id, p.name)
+    there = ", ".join(p.name for p in partitions[:10]) or "none"
+    raise errors.PartitionNotExistsError(f"partition {wanted} of table {table.path} does not exist (partitions: "
+                                         f"{there}{', …' if len(partitions) > 10 else ''})", table=table.path,
+                                         partition=wanted)
 
 
 class PartitionsAdmin:
@@ -79,8 +99,8 @@ class PartitionsAdmin:
     def alter_table(self, path: str, *, precreate: int | None = None, retention: int | None = None,
                     max_partitions: int | None = None) -> TableInfo:
         """Change a partitioned table's auto-partition ``precreate`` / ``retention`` (a negative retention:
-        none) or its ``table.partition.max`` (None: unchanged); returns the table. The coordinator's next
-        auto-partition check applies them."""
+        none) or its ``table.partition.max`` (None: unchanged); returns the table. The coordinator checks the
+        table with them at once."""
         db, name = parse_table_path(path)
         fields = {"precreate": precreate, "retention": retention, "max_partitions": max_partitions}
         for what, value in fields.items():

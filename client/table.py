@@ -52,7 +52,8 @@ from kvlease.common.codec import RowCodec, batch_to_ipc, ipc_to_batch
 from kvlease.client.log_offsets import LogOffsets
 from kvlease.client.log_position import LogPosition
 from kvlease.client.log_records import decode_records, entry_records, log_rows, log_schema
-from kvlease.client.partitioned_table import PartitionedWrites, find_partition
+from kvlease.client.partitioned_table import PartitionedWrites
+from kvlease.client.partitions_admin import find_partition
 from kvlease.client.routing import REROUTE, BucketRouter, Routing
 from kvlease.client.scanner import KvBatchScanner
 from kvlease.client.snapshot_trigger import COMMITTED, CommittedSnapshot, raise_failed, trigger_snapshots

@@ -59,6 +59,13 @@ class Moves:
         table = self.members.catalog.physical.get(table_id)
         return table.where if table is not None else f"table id {table_id}"
 
+    def _restore_args(self, table_id: int) -> str:
+        """What ``kvlease bucket restore`` names a physical table by: ``DB.T`` [``--partition P``]."""
+        table = self.members.catalog.physical.get(table_id)
+        if table is None:
+            return f"<table id {table_id}>"
+        return table.path if table.partition_name is None else f"{table.path} --partition {table.partition_name}"
+
     # -- requests --------------------------------------------------------------------
 
     def reassign(self, table: TableInfo, bucket: int, target: Sequence[int]) -> Row:
@@ -93,7 +100,7 @@ class Moves:
         self._check_known(server_id, "decommission")
         assignments, retired = self.members.assignments, self.members.decommissioned
         moves = rebalance_plan.decommission(assignments, server_id, self._live, self.members.capacity, self._name,
-                                       excluded=retired.ids)
+                                            excluded=retired.ids, restore_args=self._restore_args)
         marking = retired.mark_ops(server_id)
         self._start(moves, extra_ops=marking, extra_written=lambda: retired.marked(server_id))
         if moves or marking:

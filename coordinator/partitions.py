@@ -121,7 +121,7 @@ class Partitions:
         return table, rows
 
     def alter(self, request: rq.AlterTable) -> TableInfo:
-        """Change a partitioned table's precreate, retention or partition cap; the next check applies them."""
+        """Change a partitioned table's precreate, retention or partition cap; applied at once."""
         table = self._partitioned(request.database, request.name)
         auto = table.auto_partition
         if auto is None and (request.precreate is not None or request.retention is not None):
@@ -143,7 +143,19 @@ class Partitions:
         self.catalog.replace(altered)
         log.info("altered table %s: auto-partition %s, table.partition.max %d", table.path,
                  auto.to_json() if auto else None, cap)
+        if auto is not None:
+            self.check_now(altered)
         return altered
+
+    def check_now(self, table: TableInfo) -> None:
+        """One table's check at once (a table just made or altered); a failure is logged, the next check
+        tries again."""
+        try:
+            self.check_table(table)
+        except (errors.CoordinatorFencedError, errors.OutcomeUnknownError):
+            raise
+        except errors.KvLeaseError as exc:
+            log.warning("auto-partitioning of table %s: %s", table.path, exc.message)
 
     # -- the timer: auto-partitioning and retention ---------------------------------------
 

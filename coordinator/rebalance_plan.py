@@ -56,11 +56,13 @@ def _target_load(assignments: Assignments) -> Counter[int]:
 
 
 def decommission(assignments: Assignments, server: int, live: set[int], capacity: Capacity,
-                 name: Callable[[int], str] = str, excluded: set[int] = frozenset()) -> list[Move]:
+                 name: Callable[[int], str] = str, excluded: set[int] = frozenset(),
+                 restore_args: Callable[[int], str] = str) -> list[Move]:
     """The moves that take every replica off ``server``. InvalidRequestError (nothing planned) if a bucket it
     holds cannot move: none of its replicas is live (a one-replica bucket on a stopped ``server``), another
     move of it includes ``server``, or no other live server with room (and not ``excluded``: decommissioned)
-    can take it. ``name(table_id)`` names a table in errors."""
+    can take it. ``name(table_id)`` names a table (or partition) in errors, ``restore_args(table_id)`` in the
+    ``kvlease bucket restore`` command an error suggests."""
     load, preferred = _target_load(assignments), assignments.preferred_per_server()
     others = sorted(live - {server} - set(excluded))
     retired = sorted((live & set(excluded)) - {server})
@@ -78,7 +80,8 @@ def decommission(assignments: Assignments, server: int, live: set[int], capacity
             raise errors.InvalidRequestError(
                 f"cannot decommission tablet server {server}: none of the replicas {list(a.replicas)} of {where} is "
                 f"live, so no replica can copy it; start tablet server {server} again first, or, if it is gone for "
-                f"good, `kvlease bucket restore {name(table_id)} --bucket {bucket} --accept-data-loss --tablet N` "
+                f"good, `kvlease bucket restore {restore_args(table_id)} --bucket {bucket} --accept-data-loss "
+                f"--tablet N` "
                 "brings its latest snapshot back on live tablet server N (losing the changes after it)")
         free = [s for s in others if s not in a.replicas and (capacity.get(s) is None or load[s] < capacity[s])]
         if not free:

@@ -120,13 +120,8 @@ class Tables:
             self.members.table_created(table, plan)
         log.info("created table %s (id %d, %d buckets%s, replication factor %d, min in-sync replicas %d)", table.path,
                  table.table_id, table.buckets, " per partition" if table.partitioned else "", rf, min_isr)
-        if table.auto_partition is not None:  # its first partitions now, not at the next check
-            try:
-                self.partitions.check_table(table)
-            except (errors.CoordinatorFencedError, errors.OutcomeUnknownError):
-                raise
-            except errors.KvLeaseError as exc:  # the table is there: the next check makes them
-                log.warning("table %s: its first partitions were not made: %s", table.path, exc.message)
+        if table.auto_partition is not None:
+            self.partitions.check_now(table)  # its first partitions now, not at the next check
         return table
 
     def drop(self, request: rq.DropTable) -> None:

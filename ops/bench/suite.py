@@ -52,11 +52,13 @@ SUITE = {
     "bootstrap": "Spark batch read of a table vs Spark reading the same rows from Parquet; streaming tail",
     "replication": "upserts/s at replication factor 3 vs 1; write latency; tablet failover, 1M rows vs 10k",
     "rebuild": "rebuild of a wiped replica from the remote snapshot + a changelog tail vs a plain download",
+    "partitions": "1,000 partitions: coordinator failover, idle loop CPU and lease acquire --latest vs one "
+                  "table; retention dropping 100 at once",
 }
 #: name -> its module (the registry: a new benchmark is a module of ``ops/bench/`` and a line here and in SUITE).
 MODULES = {"leases": "kvlease.ops.bench.leases", "writes": "kvlease.ops.bench.writes", "scan": "kvlease.ops.bench.scan",
            "bootstrap": "kvlease.ops.bench.bootstrap", "replication": "kvlease.ops.bench.replication",
-           "rebuild": "kvlease.ops.bench.rebuild"}
+           "rebuild": "kvlease.ops.bench.rebuild", "partitions": "kvlease.ops.bench.partitions"}
 ALL = "all"
 MB = 1 << 20
 
@@ -88,6 +90,17 @@ def at_least(low: int, why: str) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"{errors.show(text)} is below {low:,}: {why}")
         return value
     parse.__name__ = f"at_least_{low}"
+    return parse
+
+
+def at_most(high: int, why: str) -> Callable[[str], int]:
+    """An option type: a positive whole number of at most ``high`` (``why`` says why in the error)."""
+    def parse(text: str) -> int:
+        value = positive_int(text)
+        if value > high:
+            raise argparse.ArgumentTypeError(f"{errors.show(text)} is above {high:,}: {why}")
+        return value
+    parse.__name__ = f"at_most_{high}"
     return parse
 
 

@@ -158,12 +158,14 @@ class State:
             self._client = AdminClient(addresses, config, retry_total_s=self.retry_ms(config) / 1000.0)
         return self._client
 
-    def table_client(self, path: str):
-        """A :class:`kvlease.client.table.TableClient` on ``path``, retrying as long as the admin client."""
+    def table_client(self, path: str, partition=None):
+        """A :class:`kvlease.client.table.TableClient` on ``path`` (``partition``: its view of one partition, a
+        :class:`kvlease.common.tables.TableInfo`), retrying as long as the admin client."""
         from kvlease.client.table import TableClient
 
         config = self.config()
-        client = TableClient(self.client, path, config, retry_total_s=self.retry_ms(config) / 1000.0)
+        client = TableClient(self.client, path, config, retry_total_s=self.retry_ms(config) / 1000.0,
+                             partition=partition)
         self._table_clients.append(client)
         return client
 
@@ -172,9 +174,6 @@ class State:
             table_client.close()
         if self._client is not None:
             self._client.close()
-
-    def table_names(self) -> dict[int, str]:
-        return {info.table_id: info.path for info in self.client.list_tables()}
 
 
 def _message(exc: BaseException, state: State | None) -> str:
@@ -280,8 +279,8 @@ def _one_line(exc: click.UsageError) -> click.UsageError:
 COMMAND_MODULES = {
     "acl": ("security",), "bench": ("plugins",), "bucket": ("bucket", "bucket_loss", "bucket_moves"),
     "cluster": ("cluster", "cluster_moves"), "delete": ("data",), "demo": ("demo",), "drill": ("plugins",),
-    "get": ("data",), "lease": ("lease",), "log": ("changelog",), "put": ("data",), "scan": ("scan",),
-    "snapshot": ("snapshot",), "table": ("table",), "user": ("security",),
+    "get": ("data",), "lease": ("lease",), "log": ("changelog",), "partition": ("partition",), "put": ("data",),
+    "scan": ("scan",), "snapshot": ("snapshot",), "table": ("table",), "user": ("security",),
 }
 
 

@@ -1,6 +1,6 @@
 """``kvlease bucket restore|elect``: bring back a bucket whose data is lost, or choose a bucket's leader.
 
-``restore DB.T --bucket B --accept-data-loss [--tablet N]``: only for a bucket
+``restore DB.T --bucket B --accept-data-loss [--tablet N] [--partition P]``: only for a bucket
 offline because its data is lost (its disk was wiped, its files are corrupt,
 and no in-sync replica has them) or because none of its replicas is live (their
 servers gone for good): it restarts from its latest kept snapshot (none: empty
@@ -10,9 +10,10 @@ With no live replica (or ``--tablet`` naming a server outside them) it moves
 onto ``--tablet`` (default: the least loaded live server with room that is not
 decommissioned), the dead replicas replaced. Without the flag it says what
 would be lost and changes nothing.
-``elect DB.T --bucket B [--unclean] [--tablet N]``: a clean election of an
+``elect DB.T --bucket B [--unclean] [--tablet N] [--partition P]``: a clean election of an
 in-sync replica, or with ``--unclean`` (an offline replicated bucket) an
-out-of-sync replica leads and what it missed is lost. Both are idempotent.
+out-of-sync replica leads and what it missed is lost. Both are idempotent. A
+partitioned table's bucket is its partition's: ``--partition`` names it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import click
 
 from kvlease.ops.cli.app import State, catch_errors, common_options, pass_state
 from kvlease.ops.cli.bucket import bucket_group
-from kvlease.ops.cli.documents import loss_doc
+from kvlease.ops.cli.documents import loss_doc, where
+from kvlease.ops.cli.partition_option import chosen, partition_option
 from kvlease.ops.cli.values import bucket_number, table_path
 
 
@@ -36,6 +38,17 @@ def _lost_text(loss) -> str:
             "coordinator started)")
 
 
+def _check_partition(state: State, path: str, partition: str | None) -> None:
+    """A partitioned table's bucket needs ``--partition`` (a usage error naming its partitions)."""
+    if partition is None:
+        chosen(state, state.client.get_table(path), None)
+
+
+def _head(result: dict) -> dict:
+    """``{"table", "partition"?}`` of a restore's or an election's answer."""
+    return {"table": result["table"], **({"partition": result["partition"]} if result.get("partition") else {})}
+
+
 @bucket_group.command("restore")
 @click.argument("path", metavar="DB.NAME", callback=table_path)
 @click.option("--bucket", type=bucket_number(), required=True, help="The bucket to restore.")
@@ -44,22 +57,25 @@ def _lost_text(loss) -> str:
 @click.option("--tablet", type=bucket_number(), default=None, metavar="N",
               help="The live tablet server to restore onto (default: a live replica, else the least loaded "
                    "live server).")
+@partition_option
 @common_options
 @pass_state
 @catch_errors
-def bucket_restore(state: State, path: str, bucket: int, accept_data_loss: bool, tablet: int | None) -> None:
+def bucket_restore(state: State, path: str, bucket: int, accept_data_loss: bool, tablet: int | None,
+                   partition: str | None) -> None:
     """Restore a bucket whose data is lost, or whose replicas' servers are gone, from its latest kept snapshot."""
-    result = state.client.restore_bucket(path, bucket, accept_data_loss, tablet)
+    _check_partition(state, path, partition)
+    result = state.client.restore_bucket(path, bucket, accept_data_loss, tablet, partition)
     loss = result["loss"]
     source = f"snapshot {loss.snapshot_id} (log offset {loss.from_offset})" if loss.snapshot_id else \
         "nothing (no snapshot kept: it restarts empty at offset 0)"
-    text = (f"bucket {bucket} of {result['table']} restored from {source}; led by tablet server {result['leader']} "
+    text = (f"bucket {bucket} of {where(result)} restored from {source}; led by tablet server {result['leader']} "
             f"at leader epoch {result['leader_epoch']} (replicas {', '.join(map(str, result['replicas']))}); "
             f"{_lost_text(loss)}")
     if len(result["replicas"]) < result["replication_factor"]:
         text += (f"; only {len(result['replicas'])} of its {result['replication_factor']} replicas: no other live "
                  "tablet server with room (`kvlease bucket reassign` adds them later)")
-    state.output.message(text, {"table": result["table"], "bucket": bucket, "leader": result["leader"],
+    state.output.message(text, {**_head(result), "bucket": bucket, "leader": result["leader"],
                                 "leader_epoch": result["leader_epoch"], "replicas": result["replicas"],
                                 "loss": loss_doc(loss)})
 
@@ -71,17 +87,20 @@ def bucket_restore(state: State, path: str, bucket: int, accept_data_loss: bool,
               help="An offline bucket: let an out-of-sync replica lead, losing what it missed.")
 @click.option("--tablet", type=bucket_number(), default=None, metavar="N",
               help="The tablet server to lead (default: the first live candidate).")
+@partition_option
 @common_options
 @pass_state
 @catch_errors
-def bucket_elect(state: State, path: str, bucket: int, unclean: bool, tablet: int | None) -> None:
+def bucket_elect(state: State, path: str, bucket: int, unclean: bool, tablet: int | None,
+                 partition: str | None) -> None:
     """Elect a bucket's leader: an in-sync replica, or with --unclean any live replica of an offline bucket."""
-    result = state.client.elect_leader(path, bucket, unclean, tablet)
+    _check_partition(state, path, partition)
+    result = state.client.elect_leader(path, bucket, unclean, tablet, partition)
     loss = result["loss"]
-    text = (f"bucket {bucket} of {result['table']}: led by tablet server {result['leader']} at leader epoch "
+    text = (f"bucket {bucket} of {where(result)}: led by tablet server {result['leader']} at leader epoch "
             f"{result['leader_epoch']} (ISR {', '.join(map(str, result['isr']))})")
     if loss is not None:
         text += f"; unclean election: {_lost_text(loss)}"
-    state.output.message(text, {"table": result["table"], "bucket": bucket, "leader": result["leader"],
+    state.output.message(text, {**_head(result), "bucket": bucket, "leader": result["leader"],
                                 "leader_epoch": result["leader_epoch"], "isr": result["isr"],
                                 "loss": None if loss is None else loss_doc(loss)})

@@ -12,6 +12,7 @@ from kvlease.client.log_position import LogPosition
 from kvlease.common import errors
 import kvlease.ops.cli.output as out
 from kvlease.ops.cli.app import State, catch_errors, common_options, kvlease, pass_state
+from kvlease.ops.cli.partition_option import bucket_client, partition_option
 from kvlease.ops.cli.values import EPOCH_MS, POSITIVE_DURATION, bucket_number, int64, table_path
 
 
@@ -26,11 +27,12 @@ from kvlease.ops.cli.values import EPOCH_MS, POSITIVE_DURATION, bucket_number, i
 @click.option("--follow", is_flag=True, help="Keep polling for new records until Ctrl-C.")
 @click.option("--poll-interval", type=POSITIVE_DURATION, default="500ms", show_default=True, metavar="DURATION",
               help="How often --follow asks for new records.")
+@partition_option
 @common_options
 @pass_state
 @catch_errors
 def log_command(state: State, path: str, bucket: int | None, from_offset: int | None, from_timestamp: int | None,
-                follow: bool, poll_interval: int) -> None:
+                follow: bool, poll_interval: int, partition: str | None) -> None:
     """Print change records as JSON lines {offset, change_type, timestamp, row}.
 
     Without --bucket: every bucket, each in offset order, bucket 0 first, and
@@ -38,7 +40,8 @@ def log_command(state: State, path: str, bucket: int | None, from_offset: int | 
     (update: before / after image) or -D (delete: the deleted row).
     timestamp is when the record was appended: ISO-8601 UTC with
     milliseconds (ms since the epoch with --json), null for records written
-    before the changelog kept times. Without --follow it stops at the end of
+    before the changelog kept times. A partitioned table's changelogs are its
+    partitions': name one with --partition NAME. Without --follow it stops at the end of
     each bucket's log as it was when the command started; --follow then keeps
     polling every bucket read. With --json it prints one document instead
     (not with --follow). Ctrl-C ends it with exit code 130, as any command:
@@ -54,10 +57,10 @@ def log_command(state: State, path: str, bucket: int | None, from_offset: int | 
     if from_offset is not None and bucket is None:
         raise click.UsageError("--from N is an offset of one bucket: give --bucket B too "
                                "(or --from-timestamp TIME, which every bucket has)")
-    client = state.table_client(path)
+    client = bucket_client(state, path, partition)
     table = client.table
     if bucket is not None and bucket >= table.buckets:
-        raise errors.BucketOutOfRangeError(f"table {table.path} has buckets 0..{table.buckets - 1}, not {bucket}")
+        raise errors.BucketOutOfRangeError(f"{table.where} has buckets 0..{table.buckets - 1}, not {bucket}")
     buckets = [bucket] if bucket is not None else list(range(table.buckets))
     reader = LogReader(client, buckets, _start_positions(client, buckets, from_offset, from_timestamp),
                        with_bucket=bucket is None)
@@ -71,8 +74,8 @@ def log_command(state: State, path: str, bucket: int | None, from_offset: int | 
     if state.json_mode:
         docs = [{"bucket": b, "from_offset": reader.start[b], "log_end_offset": reader.end[b],
                  "records": reader.collected[b]} for b in buckets]
-        state.output.document({"table": table.path, **docs[0]} if bucket is not None
-                              else {"table": table.path, "buckets": docs})
+        head = {"table": table.path, **({"partition": table.partition_name} if table.partition_name else {})}
+        state.output.document({**head, **docs[0]} if bucket is not None else {**head, "buckets": docs})
 
 
 def _start_positions(client, buckets: list[int], from_offset: int | None,

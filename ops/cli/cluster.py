@@ -40,6 +40,11 @@ def cluster_dir(state: State, directory: str | None) -> str:
               help="Mutual TLS on every port (a throwaway CA and certificates in D/certs), authentication and "
                    "ACLs, with the super user admin (password in D/admin.password); `kvlease --cluster D …` "
                    "then connects with TLS as admin on its own.")
+@click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
+              callback=lambda ctx, param, value: _settings(value),
+              help="A config key of every coordinator and tablet server (repeatable), checked as in a config file, "
+                   "e.g. auto-partition.check-interval=1s. Kept for later starts of D (and restarts); a later --set "
+                   "of a key replaces it.")
 @click.option("--tablet-disk", "tablet_disk", metavar="SIZE", callback=lambda ctx, param, value: _disk_size(value),
               help="Each tablet server's data dir on a tmpfs of SIZE of its own (e.g. 64m; root only), so a drill "
                    "can fill one server's disk (drill chaos's disk-full) and never the host's. A tmpfs is memory: "
@@ -49,13 +54,13 @@ def cluster_dir(state: State, directory: str | None) -> str:
 @catch_errors
 def cluster_start(state: State, directory: str | None, zk_nodes: str | None, coordinators: int | None,
                   tablets: int | None, remote: str | None, timeout_ms: int, secure: bool | None,
-                  tablet_disk: int | None) -> None:
+                  settings: dict[str, str], tablet_disk: int | None) -> None:
     """Start ZooKeeper, coordinators and tablet servers in the background; returns once a
     coordinator is active, every tablet server is registered and every bucket of every table
     answers on its leader (ready; a bucket that waits on `kvlease bucket restore` is named).
     A stopped cluster started again in D keeps its shape (the options it was started with,
-    from D/cluster.json: options that differ are refused), its tables and its coordinators' and
-    tablet servers' ports (a port taken meanwhile is replaced, with a warning). A start that
+    from D/cluster.json: options that differ are refused), its --set settings, its tables and its
+    coordinators' and tablet servers' ports (a port taken meanwhile is replaced, with a warning). A start that
     fails stops what it started, leaves D/cluster.json as it was and names the log files."""
     directory = cluster_dir(state, directory)
     if remote and not remote.startswith(("file:///", "s3://")):
@@ -63,7 +68,8 @@ def cluster_start(state: State, directory: str | None, zk_nodes: str | None, coo
     started = local_cluster.start(
         directory, zk_nodes=int(zk_nodes) if zk_nodes else None, coordinators=coordinators, tablets=tablets,
         remote=remote, ready_timeout_s=timeout_ms / 1000.0, progress=lambda text: click.echo(f"{text} …", err=True),
-        secure=secure, warn=lambda text: click.echo(f"warning: {text}", err=True), tablet_disk=tablet_disk)
+        secure=secure, warn=lambda text: click.echo(f"warning: {text}", err=True), tablet_disk=tablet_disk,
+        config_overrides=settings)
     state.output.cluster_status(local_cluster.status(directory))
     if not state.json_mode:
         click.echo(f"cluster running; use it with: kvlease --cluster {directory} …", err=True)
@@ -76,6 +82,14 @@ def cluster_start(state: State, directory: str | None, zk_nodes: str | None, coo
                        f"--user {sec['username']} --password-file {sec['password_file']} …; add users with "
                        f"`kvlease --cluster {directory} user add NAME` and grant them with `kvlease acl add`.",
                        err=True)
+
+
+def _settings(values: tuple[str, ...]) -> dict[str, str]:
+    """``--set KEY=VALUE`` (repeated) as config settings; a usage error naming the first bad one."""
+    try:
+        return local_cluster.check_settings(dict(local_cluster.parse_setting(text) for text in values))
+    except local_cluster.ClusterError as exc:
+        raise click.BadParameter(exc.message, param_hint="'--set'") from None
 
 
 def _disk_size(value: str | None) -> int | None:

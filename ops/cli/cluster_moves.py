@@ -24,24 +24,30 @@ from kvlease.ops.cli.values import POSITIVE_DURATION, int64
 POLL_S = 0.5
 
 
+def move_key(move: dict) -> tuple[str, str | None, int]:
+    """What a move moves: (table path, partition name or None, bucket)."""
+    return move["table"], move.get("partition"), move["bucket"]
+
+
 def move_text(move: dict) -> str:
-    """One move, for people: ``db.t/0: to [3, 1], leaving [2] (waiting for 3 to catch up)``."""
-    where = f"{move['table']}/{move['bucket']}"
+    """One move, for people: ``db.t/0: to [3, 1], leaving [2] (waiting for 3 to catch up)`` (a partition's bucket:
+    ``db.t/20261127/0: …``)."""
+    where = f"{move['table']}/{move['partition'] + '/' if move.get('partition') else ''}{move['bucket']}"
     if move["state"] == "done":
         return f"{where}: on {move['target']} (no move in progress)"
     waiting = f"waiting for {', '.join(map(str, move['waiting']))} to catch up" if move["waiting"] else "completing"
     return f"{where}: to {move['target']}, leaving {move['removing']} ({waiting})"
 
 
-def wait_for_moves(state: State, keys: Iterable[tuple[str, int]], timeout_ms: int,
+def wait_for_moves(state: State, keys: Iterable[tuple[str, str | None, int]], timeout_ms: int,
                    sleep: Callable[[float], None] = time.sleep) -> None:
-    """Until none of ``keys`` (table path, bucket) is being moved; progress on stderr (text mode).
+    """Until none of ``keys`` (:func:`move_key`) is being moved; progress on stderr (text mode).
     InvalidRequestError naming what is left once ``timeout_ms`` passed."""
     keys = set(keys)
     deadline = time.monotonic() + timeout_ms / 1000.0
     shown = None
     while True:
-        left = [m for m in state.client.list_reassignments() if (m["table"], m["bucket"]) in keys]
+        left = [m for m in state.client.list_reassignments() if move_key(m) in keys]
         if not left:
             return
         progress = f"{len(left)} move(s) in progress; " + "; ".join(move_text(m) for m in left[:5])
@@ -77,7 +83,7 @@ def cluster_decommission(state: State, tablet_id: int, wait: bool, timeout_ms: i
     brings such a bucket back)."""
     moves = state.client.decommission_tablet(tablet_id)
     if wait and moves:
-        wait_for_moves(state, [(m["table"], m["bucket"]) for m in moves], timeout_ms)
+        wait_for_moves(state, [move_key(m) for m in moves], timeout_ms)
     doc = {"tablet": tablet_id, "moves": moves, "waited": wait}
     if not moves:
         text = f"tablet server {tablet_id} holds no bucket replica: nothing to move (decommissioned)"
@@ -125,7 +131,7 @@ def cluster_rebalance(state: State, leaders_only: bool, wait: bool, timeout_ms: 
     moves = [m for m in started if m["kind"] == "move"]
     leaders = [m for m in started if m["kind"] == "leader"]
     if wait and moves:
-        wait_for_moves(state, [(m["table"], m["bucket"]) for m in moves], timeout_ms)
+        wait_for_moves(state, [move_key(m) for m in moves], timeout_ms)
     parts = []
     if moves:
         parts.append(f"{len(moves)} replica move(s) {'done' if wait else 'started'}: {_moves_summary(moves)}")

@@ -25,9 +25,25 @@ def table_name(names: Mapping[int, str], table_id: int) -> str:
     return names.get(table_id, f"#{table_id}")
 
 
-def bucket_docs(buckets: Mapping[TableBucket, int], names: Mapping[int, str]) -> list[dict]:
-    return [{"table": table_name(names, tb.table_id), "bucket": tb.bucket, "snapshot_id": sid}
-            for tb, sid in sorted(buckets.items(), key=lambda item: item[0].sort_key())]
+def partition_fields(tb: TableBucket, partitions: Mapping[int, str] | None) -> dict:
+    """``{"partition", "partition_id"}`` of a partition's bucket (its name from ``partitions``, partition id ->
+    name; ``#<id>`` if unknown, e.g. just dropped); nothing for an unpartitioned table's bucket."""
+    if tb.partition_id is None:
+        return {}
+    name = (partitions or {}).get(tb.partition_id, f"#{tb.partition_id}")
+    return {"partition": name, "partition_id": tb.partition_id}
+
+
+def where(doc: Mapping[str, Any]) -> str:
+    """The table a document is of, and its partition if it names one: ``db.t`` or ``db.t partition 20261127``."""
+    return f"{doc['table']} partition {doc['partition']}" if doc.get("partition") else doc["table"]
+
+
+def bucket_docs(buckets: Mapping[TableBucket, int], names: Mapping[int, str],
+                partitions: Mapping[int, str] | None = None) -> list[dict]:
+    """Buckets and the snapshot each holds; a partition's bucket also names its partition (:func:`partition_fields`)."""
+    return [{"table": table_name(names, tb.table_id), **partition_fields(tb, partitions), "bucket": tb.bucket,
+             "snapshot_id": sid} for tb, sid in sorted(buckets.items(), key=lambda item: item[0].sort_key())]
 
 
 def table_doc(info: TableInfo) -> dict:
@@ -56,34 +72,50 @@ def tables_doc(infos: Iterable[TableInfo]) -> dict:
     return {"tables": [table_doc(info) for info in sorted(infos, key=lambda i: i.path)]}
 
 
-def lease_doc(lease: Lease, names: Mapping[int, str]) -> dict:
+def lease_doc(lease: Lease, names: Mapping[int, str], partitions: Mapping[int, str] | None = None) -> dict:
     """``owner``: the token of the reader the lease belongs to, null when unowned."""
     return {"lease_id": lease.lease_id, "expiration_time": lease.expiration_time, "owner": lease.owner,
-            "buckets": bucket_docs(lease.buckets, names)}
+            "buckets": bucket_docs(lease.buckets, names, partitions)}
 
 
-def leases_doc(leases: Iterable[Lease], names: Mapping[int, str]) -> dict:
-    return {"leases": [lease_doc(lease, names) for lease in sorted(leases, key=lambda l: l.lease_id)]}
+def leases_doc(leases: Iterable[Lease], names: Mapping[int, str], partitions: Mapping[int, str] | None = None) -> dict:
+    return {"leases": [lease_doc(lease, names, partitions) for lease in sorted(leases, key=lambda l: l.lease_id)]}
 
 
 def acquire_doc(lease_id: str, expiration_time: int, acquired: Mapping[TableBucket, int],
                 unavailable: Mapping[TableBucket, int], names: Mapping[int, str],
-                no_snapshot: Iterable[TableBucket] = ()) -> dict:
+                no_snapshot: Iterable[TableBucket] = (), partitions: Mapping[int, str] | None = None) -> dict:
     """``lease acquire``; ``no_snapshot`` (``--latest`` only) lists buckets that have no snapshot yet."""
     doc = {"lease_id": lease_id, "expiration_time": expiration_time,
-           "acquired": bucket_docs(acquired, names), "unavailable": bucket_docs(unavailable, names)}
+           "acquired": bucket_docs(acquired, names, partitions),
+           "unavailable": bucket_docs(unavailable, names, partitions)}
     missing = sorted(no_snapshot, key=TableBucket.sort_key)
     if missing:
-        doc["no_snapshot"] = [{"table": table_name(names, tb.table_id), "bucket": tb.bucket} for tb in missing]
+        doc["no_snapshot"] = [{"table": table_name(names, tb.table_id), **partition_fields(tb, partitions),
+                               "bucket": tb.bucket} for tb in missing]
     return doc
 
 
-def snapshots_doc(table: str, snapshots: Iterable[Any]) -> dict:
-    """``snapshot list``; ``snapshots`` are :class:`kvlease.client.admin.SnapshotInfo`."""
+def snapshots_doc(table: str, snapshots: Iterable[Any], partitions: Mapping[int, str] | None = None,
+                  partition: str | None = None) -> dict:
+    """``snapshot list``; ``snapshots`` are :class:`kvlease.client.admin.SnapshotInfo`; a partition's also name it
+    (``partitions``: partition id -> name); ``partition``: the one partition listed, if one was asked for."""
     rows = sorted(snapshots, key=lambda s: (s.bucket.sort_key(), s.snapshot_id))
-    return {"table": table, "snapshots": [
-        {"bucket": s.bucket.bucket, "snapshot_id": s.snapshot_id, "log_offset": s.log_offset,
-         "leased_by": sorted(s.leased_by), "retained": bool(s.retained)} for s in rows]}
+    return {"table": table, **({"partition": partition} if partition else {}), "snapshots": [
+        {**partition_fields(s.bucket, partitions), "bucket": s.bucket.bucket, "snapshot_id": s.snapshot_id,
+         "log_offset": s.log_offset, "leased_by": sorted(s.leased_by), "retained": bool(s.retained)} for s in rows]}
+
+
+def partition_doc(partition: Any) -> dict:
+    """A :class:`kvlease.client.partitions_admin.PartitionInfo`: ``held_by``, the leases that keep it past its
+    table's retention (empty: none does)."""
+    return {"partition": partition.name, "partition_id": partition.partition_id, "created_ms": partition.created_ms,
+            "held_by": list(partition.held_by)}
+
+
+def partitions_doc(table: str, partitions: Iterable[Any]) -> dict:
+    """``partition list``: a table's partitions, by name."""
+    return {"table": table, "partitions": [partition_doc(p) for p in sorted(partitions, key=lambda p: p.name)]}
 
 
 def json_value(value: Any) -> Any:
@@ -120,18 +152,21 @@ def log_record_line(doc: Mapping[str, Any]) -> dict:
     return {**doc, "timestamp": iso_time_ms(doc["timestamp"])}
 
 
-def scan_doc(table: str, rows: Iterable[Mapping[str, Any]], log_offsets: Mapping[int, int]) -> dict:
-    """``scan``: the rows read and, per bucket read, the first changelog offset not in them."""
-    return {"table": table, "rows": [row_doc(r) for r in rows],
+def scan_doc(table: str, rows: Iterable[Mapping[str, Any]], log_offsets: Mapping[int, int],
+             partition: str | None = None) -> dict:
+    """``scan``: the rows read and, per bucket read, the first changelog offset not in them; ``partition``: the
+    partition read (a partitioned table's)."""
+    return {"table": table, **({"partition": partition} if partition else {}), "rows": [row_doc(r) for r in rows],
             "log_offsets": {str(b): offset for b, offset in sorted(log_offsets.items())}}
 
 
-def committed_doc(table: str, outcomes: Iterable[Any], waited: bool) -> dict:
+def committed_doc(table: str, outcomes: Iterable[Any], waited: bool, partition: str | None = None) -> dict:
     """``snapshot trigger``; ``outcomes`` are :class:`kvlease.client.snapshot_trigger.BucketOutcome`. ``snapshots``:
     each bucket's snapshot as of the trigger, ``new`` if this trigger committed it (else nothing was
-    written since); ``empty``: buckets never written; ``not_committed``: the buckets that failed."""
+    written since); ``empty``: buckets never written; ``not_committed``: the buckets that failed;
+    ``partition``: the partition whose buckets these are (a partitioned table's)."""
     outcomes = sorted(outcomes)
-    return {"table": table, "waited": waited,
+    return {"table": table, **({"partition": partition} if partition else {}), "waited": waited,
             "snapshots": [{"bucket": o.bucket, "snapshot_id": o.snapshot.snapshot_id,
                            "log_offset": o.snapshot.log_offset, "new": o.state == "committed"}
                           for o in outcomes if o.snapshot is not None],

@@ -8,6 +8,7 @@ from kvlease.common import errors
 from kvlease.common.model import TableBucket
 import kvlease.ops.cli.output as out
 from kvlease.ops.cli.app import State, catch_errors, common_options, kvlease, pass_state
+from kvlease.ops.cli.partition_option import chosen, label, names_of, partition_names, partition_option
 from kvlease.ops.cli.values import LEASE_ID, LEASE_OWNER, POSITIVE_DURATION, BucketList, BucketSnapshot, table_path
 
 #: ``--owner``: the reader a lease belongs to (see "Owners" in docs/architecture.md, "Leases")
@@ -27,35 +28,48 @@ def lease_group() -> None:
 @click.option("--table", "path", required=True, metavar="DB.NAME", callback=table_path)
 @click.option("--snapshot", "snapshots", type=BucketSnapshot(), multiple=True,
               help="Bucket and snapshot to hold, B=ID; repeat for more buckets.")
-@click.option("--latest", is_flag=True, help="Hold the latest snapshot of every bucket.")
+@click.option("--latest", is_flag=True,
+              help="Hold the latest snapshot of every bucket (of a partitioned table without --partition: of "
+                   "every bucket of every partition).")
 @click.option("--duration", type=POSITIVE_DURATION, required=True, help="Lease duration from now, e.g. 10m.")
+@partition_option
 @owner_option
 @common_options
 @pass_state
 @catch_errors
 def lease_acquire(state: State, lease_id: str, path: str, snapshots: tuple[tuple[int, int], ...], latest: bool,
-                  duration: int, owner: str | None) -> None:
-    """Create or update a lease on snapshots of a table."""
+                  duration: int, partition: str | None, owner: str | None) -> None:
+    """Create or update a lease on snapshots of a table (of a partitioned table: of --partition NAME's
+    buckets, or with --latest alone of every partition's)."""
     if bool(snapshots) == latest:
         raise click.UsageError("give either --snapshot B=ID (one or more) or --latest")
     buckets_seen = [b for b, _ in snapshots]
     if len(set(buckets_seen)) != len(buckets_seen):
         raise click.BadParameter("a bucket is named twice", param_hint="'--snapshot'")
-    info = state.client.get_table(path)
+    view = chosen(state, state.client.get_table(path), partition, required=not latest)
+    partitions = partition_names(state, view)
     no_snapshot: list[TableBucket] = []
     if latest:
-        latest_snapshots = state.client.get_latest_kv_snapshots(info.table_id)
-        wanted = {tb: s.snapshot_id for tb, s in latest_snapshots.items()}
-        no_snapshot = [TableBucket(info.table_id, b) for b in range(info.buckets)
-                       if TableBucket(info.table_id, b) not in wanted]
+        wanted = {tb: s.snapshot_id for tb, s in
+                  state.client.get_latest_kv_snapshots(view.table_id, view.partition_id).items()}
+        no_snapshot = [tb for tb in _buckets(view, partitions) if tb not in wanted]
         if not wanted:
-            raise errors.SnapshotNotFoundError(f"table {info.path} has no snapshot in any bucket yet; nothing to lease")
+            every = " of any partition" if view.partitioned and view.partition_id is None else ""
+            raise errors.SnapshotNotFoundError(f"{view.where} has no snapshot in any bucket{every} yet; "
+                                               "nothing to lease")
     else:
-        wanted = {TableBucket(info.table_id, b): sid for b, sid in snapshots}
+        wanted = {view.bucket(b): sid for b, sid in snapshots}
     result = state.client.acquire_lease(lease_id, wanted, duration, owner=owner)
-    names = {info.table_id: info.path}
     state.output.acquired(out.acquire_doc(result.lease_id, result.expiration_time, result.acquired,
-                                          result.unavailable, names, no_snapshot))
+                                          result.unavailable, {view.table_id: view.path}, no_snapshot, partitions))
+
+
+def _buckets(view, partitions: dict[int, str]) -> list[TableBucket]:
+    """Every bucket of ``view``: an unpartitioned table's, a partition's, or, of a partitioned table, those of
+    every one of its ``partitions`` (partition id -> name)."""
+    if not view.partitioned or view.partition_id is not None:
+        return [view.bucket(b) for b in range(view.buckets)]
+    return [TableBucket(view.table_id, b, partition_id) for partition_id in partitions for b in range(view.buckets)]
 
 
 @lease_group.command("renew")
@@ -77,20 +91,22 @@ def lease_renew(state: State, lease_id: str, duration: int, owner: str | None) -
 @click.option("--table", "path", required=True, metavar="DB.NAME", callback=table_path)
 @click.option("--bucket", "buckets", type=BucketList(), multiple=True, required=True,
               help="Bucket(s) to free: repeat, or B,B,….")
+@partition_option
 @owner_option
 @common_options
 @pass_state
 @catch_errors
-def lease_release(state: State, lease_id: str, path: str, buckets: tuple[list[int], ...], owner: str | None) -> None:
+def lease_release(state: State, lease_id: str, path: str, buckets: tuple[list[int], ...], partition: str | None,
+                  owner: str | None) -> None:
     """Free some buckets of a lease; a lease left empty disappears.
 
     Safe to repeat: buckets the lease does not hold, or no such lease, are not
     an error (nothing is released, and it says so).
     """
-    info = state.client.get_table(path)
+    info = chosen(state, state.client.get_table(path), partition)
     numbers = sorted({b for group in buckets for b in group})
-    result = state.client.release_lease(lease_id, [TableBucket(info.table_id, b) for b in numbers], owner=owner)
-    named = f"{info.path} bucket(s) {', '.join(map(str, numbers))}"
+    result = state.client.release_lease(lease_id, [info.bucket(b) for b in numbers], owner=owner)
+    named = f"{label(info)} bucket(s) {', '.join(map(str, numbers))}"
     if result.released:
         text = f"released {named} from lease {lease_id}"
         text += "" if result.lease_remains else f"; lease {lease_id} holds nothing more and is gone"
@@ -98,7 +114,8 @@ def lease_release(state: State, lease_id: str, path: str, buckets: tuple[list[in
         text = f"lease {lease_id} holds none of {named}: nothing released"
     else:
         text = f"no lease {lease_id}{' of owner ' + owner if owner else ''} (nothing to release)"
-    state.output.message(text, {"lease_id": lease_id, "table": info.path, "buckets": numbers,
+    partition_doc = {"partition": info.partition_name} if info.partition_name else {}
+    state.output.message(text, {"lease_id": lease_id, "table": info.path, **partition_doc, "buckets": numbers,
                                 "released": result.released, "lease_remains": result.lease_remains})
 
 
@@ -123,8 +140,8 @@ def lease_drop(state: State, lease_id: str, owner: str | None) -> None:
 def lease_list(state: State) -> None:
     """Every lease, with its deadline and buckets."""
     leases = state.client.list_leases()
-    names = state.table_names() if leases else {}
-    state.output.leases(out.leases_doc(leases, names))
+    names, partitions = names_of(state, [tb for lease in leases for tb in lease.buckets])
+    state.output.leases(out.leases_doc(leases, names, partitions))
 
 
 @lease_group.command("describe")
@@ -135,4 +152,5 @@ def lease_list(state: State) -> None:
 def lease_describe(state: State, lease_id: str) -> None:
     """One lease: its deadline and the snapshot it holds per bucket."""
     lease = state.client.describe_lease(lease_id)
-    state.output.lease(out.lease_doc(lease, state.table_names()))
+    names, partitions = names_of(state, lease.buckets)
+    state.output.lease(out.lease_doc(lease, names, partitions))

@@ -15,7 +15,6 @@ import json
 import sys
 import threading
 from abc import ABC, abstractmethod
-from datetime import datetime
 from typing import Any, Mapping, TextIO
 
 from rich.console import Console
@@ -24,14 +23,15 @@ from rich.table import Table as RichTable
 
 from kvlease.ops.cli.documents import (acquire_doc, bucket_docs, cell_text, committed_doc, format_span, format_time_ms,
                                        iso_time_ms, json_value, lease_doc, leases_doc, log_record_doc, log_record_line,
-                                       row_doc, rows_doc, scan_doc, snapshots_doc, table_doc, table_name, tables_doc,
-                                       assignment_docs)
+                                       partition_doc, partitions_doc, row_doc, rows_doc, scan_doc, snapshots_doc,
+                                       table_doc, table_name, tables_doc, assignment_docs, where)
+from kvlease.ops.cli.table_text import describe_table, list_partitions, partitioning_text
 
 __all__ = [  # the documents are re-exported: the commands use this one module
     "JsonOutput", "Output", "ScanProgress", "TextOutput", "acquire_doc", "bucket_docs", "committed_doc",
     "format_span", "format_time_ms", "iso_time_ms", "json_value", "lease_doc", "leases_doc", "log_record_doc",
-    "log_record_line", "make_output", "row_doc", "rows_doc", "scan_doc", "snapshots_doc", "table_doc", "assignment_docs",
-    "table_name", "tables_doc",
+    "log_record_line", "make_output", "partition_doc", "partitions_doc", "row_doc", "rows_doc", "scan_doc",
+    "snapshots_doc", "table_doc", "assignment_docs", "table_name", "tables_doc", "where",
 ]
 
 # -- outputs ---------------------------------------------------------------------------------
@@ -53,6 +53,9 @@ class Output(ABC):
 
     @abstractmethod
     def table(self, doc: Mapping[str, Any]) -> None: ...
+
+    @abstractmethod
+    def partitions(self, doc: Mapping[str, Any]) -> None: ...
 
     @abstractmethod
     def snapshots(self, doc: Mapping[str, Any]) -> None: ...
@@ -107,7 +110,7 @@ class JsonOutput(Output):
         self._out(doc if doc is not None else {"message": text})
 
     tables = table = snapshots = acquired = lease = leases = cluster_status = rows = committed = scan = document
-    users = acls = document
+    users = acls = partitions = document
 
 
 class TextOutput(Output):
@@ -138,69 +141,36 @@ class TextOutput(Output):
         if not doc["tables"]:
             self._print("no tables")
             return
-        grid = self._grid("table", "id", "buckets", "primary key", "schema")
+        grid = self._grid("table", "id", "buckets", "primary key", "partitioned by", "schema")
         for t in doc["tables"]:
             grid.add_row(t["table"], str(t["table_id"]), str(t["buckets"]), ", ".join(t["primary_key"]),
-                         ", ".join(f"{c['name']} {c['type']}" for c in t["schema"]))
+                         partitioning_text(t, short=True), ", ".join(f"{c['name']} {c['type']}" for c in t["schema"]))
         self._print(grid)
 
     def table(self, doc: Mapping[str, Any]) -> None:
-        grid = self._grid("", "")
-        grid.show_header = False
-        grid.add_row("table", doc["table"])
-        grid.add_row("id", str(doc["table_id"]))
-        grid.add_row("buckets", str(doc["buckets"]))
-        grid.add_row("replication factor", str(doc.get("replication_factor", 1)))
-        grid.add_row("min in-sync replicas", str(doc.get("min_insync_replicas", 1)))
-        grid.add_row("primary key", ", ".join(doc["primary_key"]))
-        if doc.get("created_ms"):
-            grid.add_row("created", datetime.fromtimestamp(doc["created_ms"] / 1000).strftime("%Y-%m-%d %H:%M:%S"))
-        columns = self._grid("column", "type", "key")
-        for c in doc["schema"]:
-            columns.add_row(c["name"], c["type"], "PK" if c["name"] in doc["primary_key"] else "")
-        self._print(grid)
-        self._print(columns)
-        if doc.get("assignment"):
-            moving = any(b.get("reassign_target") is not None for b in doc["assignment"])
-            buckets = self._grid("bucket", "leader", "replicas", "ISR", "leader epoch",
-                                 *(["moving to"] if moving else []))
-            for b in doc["assignment"]:
-                leader = str(b["leader"]) if b["leader"] >= 0 else "none (offline)"
-                if b.get("offline_reason"):
-                    leader = f"none (offline: {b['offline_reason']})"
-                if b["leader"] >= 0 and not b["leader_address"]:
-                    leader += " (not live)"
-                target = b.get("reassign_target")
-                move = [] if not moving else ["-" if target is None else ", ".join(map(str, target)) + (
-                    f" (waiting for {', '.join(str(r) for r in target if r not in b['isr'])})"
-                    if set(target) - set(b["isr"]) else "")]
-                replicas = ", ".join(map(str, b["replicas"])) or "-"
-                if b.get("lost"):
-                    replicas += f" (data lost: {', '.join(map(str, b['lost']))})"
-                buckets.add_row(str(b["bucket"]), leader, replicas,
-                                ", ".join(map(str, b["isr"])) or "-", str(b["leader_epoch"]), *move)
-            self._print(buckets)
-            losses = [(b["bucket"], loss) for b in doc["assignment"] for loss in b.get("losses", [])]
-            if losses:
-                grid = self._grid("bucket", "data loss accepted", title="data losses")
-                for bucket, loss in losses:
-                    grid.add_row(str(bucket), loss["text"])
-                self._print(grid)
+        describe_table(self._grid, self._print, doc)
+
+    def partitions(self, doc: Mapping[str, Any]) -> None:
+        list_partitions(self._grid, self._print, doc)
 
     def snapshots(self, doc: Mapping[str, Any]) -> None:
         if not doc["snapshots"]:
-            self._print(f"{doc['table']}: no snapshots")
+            self._print(f"{where(doc)}: no snapshots")
             return
-        grid = self._grid("bucket", "snapshot", "log offset", "retained", "leased by", title=doc["table"])
+        partitioned = any("partition" in s for s in doc["snapshots"])
+        grid = self._grid(*(["partition"] if partitioned else []), "bucket", "snapshot", "log offset", "retained",
+                          "leased by", title=where(doc))
         for s in doc["snapshots"]:
-            grid.add_row(str(s["bucket"]), str(s["snapshot_id"]), str(s["log_offset"]), cell_text(s["retained"]),
-                         cell_text(s["leased_by"]))
+            grid.add_row(*([escape(s["partition"])] if partitioned else []), str(s["bucket"]), str(s["snapshot_id"]),
+                         str(s["log_offset"]), cell_text(s["retained"]), cell_text(s["leased_by"]))
         self._print(grid)
 
     def _buckets(self, rows: list[dict], title: str) -> RichTable:
-        grid = self._grid("table", "bucket", "snapshot", title=title)
+        partitioned = any("partition" in row for row in rows)
+        grid = self._grid("table", *(["partition"] if partitioned else []), "bucket", "snapshot", title=title)
         for row in rows:
-            grid.add_row(row["table"], str(row["bucket"]), cell_text(row.get("snapshot_id")))
+            partition = [escape(row.get("partition", "-"))] if partitioned else []
+            grid.add_row(row["table"], *partition, str(row["bucket"]), cell_text(row.get("snapshot_id")))
         return grid
 
     def acquired(self, doc: Mapping[str, Any]) -> None:
@@ -226,7 +196,8 @@ class TextOutput(Output):
             return
         grid = self._grid("lease", "expires", "buckets")
         for lease in doc["leases"]:
-            held = ", ".join(f"{b['table']}/{b['bucket']}={b['snapshot_id']}" for b in lease["buckets"])
+            held = ", ".join(f"{b['table']}/{b['partition'] + '/' if 'partition' in b else ''}{b['bucket']}="
+                             f"{b['snapshot_id']}" for b in lease["buckets"])
             grid.add_row(lease["lease_id"], format_time_ms(lease["expiration_time"]), held or "-")
         self._print(grid)
 
@@ -282,6 +253,9 @@ class TextOutput(Output):
                           + (f", {free / (1 << 20):.1f} MiB free" if free is not None else ", unmounted"))
             grid.add_row("tablet", str(t["id"]), cell_text(t.get("pid")), t["address"], cell_text(t.get("alive")), state)
         self._print(grid)
+        if doc.get("settings"):
+            shown = ", ".join(f"{key}={value}" for key, value in doc["settings"].items())
+            self._print(f"settings of every server (cluster start --set): {escape(shown)}")
         for key, what in (("offline", "offline buckets (no live leader)"),
                           ("under_replicated", "under-replicated buckets (ISR smaller than replicas)")):
             if doc.get(key):
@@ -310,7 +284,7 @@ class TextOutput(Output):
             self._print(escape(f"not found: {', '.join(missing)}"))
 
     def committed(self, doc: Mapping[str, Any]) -> None:
-        table, failed = doc["table"], doc["not_committed"]
+        table, failed = where(doc), doc["not_committed"]
         if doc["snapshots"]:
             grid = self._grid("bucket", "snapshot", "log offset", "state", title=f"{table}: snapshots")
             for snap in doc["snapshots"]:
@@ -338,7 +312,7 @@ class TextOutput(Output):
             write_rows(self.console.file, names, list(zip(*map(dict.values, doc["rows"]))))
         offsets = ", ".join(f"bucket {b}: {o}" for b, o in doc["log_offsets"].items()) or "-"
         count = f"{len(doc['rows'])} row(s)" if doc["rows"] else "no rows"
-        self._print(f"{doc['table']}: {count}; log offsets {offsets}")
+        self._print(f"{where(doc)}: {count}; log offsets {offsets}")
 
 
 class ScanProgress:

@@ -32,7 +32,7 @@ from kvlease.ops.drills import DRILLS, SkipError, check_skip, drill_module, dril
 
 DRILL_NAME = re.compile(r"[a-z][a-z0-9_-]*")  # fullmatch: "$" matches before a final newline
 #: Drill options of the command line -> the keyword a drill's main() gets (given ones only).
-DRILL_OPTIONS = ("rounds", "clients", "seed", "outage", "skip")
+DRILL_OPTIONS = ("rounds", "clients", "seed", "outage", "seconds", "skip")
 
 
 BENCH_HELP = "\n".join([
@@ -105,6 +105,8 @@ def load_drill(name: str):
 @click.option("--seed", type=int, help="Seed of the clients' random choices (default 0).")
 @click.option("--outage", type=click.FloatRange(min=0.5), metavar="SECONDS",
               help="How long remote storage stays away (remote-outage; default 4).")
+@click.option("--seconds", type=click.FloatRange(min=5), metavar="SECONDS",
+              help="How long the writers write (partitions; default 30).")
 @click.option("--skip", multiple=True, metavar="NAME", help="A drill `all` leaves out (repeatable).")
 @cluster_dir_options
 @pass_state

@@ -1,11 +1,21 @@
-"""``kvlease table create|list|describe|drop``."""
+"""``kvlease table create|alter|list|describe|drop``.
+
+A partitioned table (docs/partitions.md) is made with ``--partition-by`` (and,
+auto-partitioned by time, ``--auto-partition UNIT``); its definition is checked
+by the coordinator's own rules before anything is sent, so a bad one is a
+usage error. ``alter`` changes its auto-partitioning and partition limit;
+``describe`` shows its partitions and each one's buckets.
+"""
 
 from __future__ import annotations
 
 import click
 
 from kvlease.common import errors
-from kvlease.common.tables import MAX_BUCKETS, TableSpec, parse_schema, parse_table_path, validate_spec
+from kvlease.common.auto_partition import (DEFAULT_PRECREATE, DEFAULT_RETENTION, DEFAULT_TIME_ZONE, AutoPartition,
+                                           TimeUnit, zone)
+from kvlease.common.tables import (DEFAULT_MAX_PARTITIONS, MAX_BUCKETS, MAX_PARTITIONS, TableInfo, TableSpec,
+                                   parse_schema, parse_table_path, validate_spec)
 import kvlease.ops.cli.output as out
 from kvlease.ops.cli.app import State, catch_errors, common_options, kvlease, pass_state
 from kvlease.ops.cli.values import bucket_number, table_path
@@ -28,12 +38,28 @@ def table_group() -> None:
               help="In-sync replicas a write needs (default: min.insync-replicas, 1; at most N).")
 @click.option("--if-not-exists", is_flag=True,
               help="Succeed if the table exists already with this definition (an error if it differs).")
+@click.option("--partition-by", metavar="COL[,COL…]",
+              help="Partition key: primary-key columns (STRING, INT, BIGINT or BOOLEAN) whose values name a "
+                   "partition; each partition has --buckets buckets of its own.")
+@click.option("--auto-partition", "unit", metavar="UNIT",
+              help=f"Partitions by time, made ahead and dropped past retention by the coordinator: "
+                   f"{', '.join(TimeUnit.__members__)} (one STRING partition column).")
+@click.option("--precreate", type=click.IntRange(min=0), metavar="N",
+              help=f"Auto-partitioning: the current partition and the next N-1 exist (default {DEFAULT_PRECREATE}).")
+@click.option("--retention", type=int, metavar="N",
+              help=f"Auto-partitioning: keep the N partitions before the current one, drop older ones "
+                   f"(default {DEFAULT_RETENTION}; negative: drop none).")
+@click.option("--time-zone", metavar="ZONE",
+              help=f"Auto-partitioning: the IANA time zone of partition values (default {DEFAULT_TIME_ZONE}).")
+@click.option("--max-partitions", type=int, metavar="N",
+              help=f"table.partition.max: the most partitions at once (default {DEFAULT_MAX_PARTITIONS}, "
+                   f"at most {MAX_PARTITIONS}).")
 @common_options
 @pass_state
 @catch_errors
 def table_create(state: State, path: str, schema: str, primary_key: str, buckets: int, if_not_exists: bool,
-                 replication_factor: int | None, min_insync_replicas: int | None) -> None:
-    """Create a primary-key table."""
+                 replication_factor: int | None, min_insync_replicas: int | None, **partitioning) -> None:
+    """Create a primary-key table (partitioned with --partition-by)."""
     if replication_factor and min_insync_replicas and min_insync_replicas > replication_factor:
         raise click.UsageError(f"--min-insync-replicas {min_insync_replicas} is more than --replication-factor "
                                f"{replication_factor}")
@@ -44,29 +70,80 @@ def table_create(state: State, path: str, schema: str, primary_key: str, buckets
     keys = [k.strip() for k in primary_key.split(",") if k.strip()]
     db, name = parse_table_path(path)
     try:  # the coordinator's own rules, before anything is sent: a definition it would refuse is a usage error
-        validate_spec(TableSpec(db, name, columns, tuple(keys), buckets))
+        spec = validate_spec(TableSpec(db, name, columns, tuple(keys), buckets, **_partitioning(**partitioning)))
     except errors.InvalidTableError as exc:
         raise click.UsageError(exc.message) from None
     existed = if_not_exists and _exists(state, path)
-    replication = {k: v for k, v in (("replication_factor", replication_factor),
-                                     ("min_insync_replicas", min_insync_replicas)) if v is not None}
-    info = state.client.create_table(path, columns, keys, buckets, ignore_if_exists=if_not_exists, **replication)
-    if existed:  # the coordinator checked that its definition is the one asked for
-        text = f"table {info.path} already exists with this definition (id {info.table_id}): nothing created"
-    else:
-        text = f"created table {info.path} (id {info.table_id}, {info.buckets} buckets)"
-        if info.replication_factor > 1:
-            text = (f"{text[:-1]}, replication factor {info.replication_factor}, min in-sync replicas "
-                    f"{info.min_insync_replicas})")
-    no_leader = _without_leader(state, info.table_id)
-    state.output.message(text, {**out.table_doc(info), "created": not existed, "no_leader": no_leader})
+    options = {k: v for k, v in (("replication_factor", replication_factor),
+                                 ("min_insync_replicas", min_insync_replicas)) if v is not None}
+    if spec.partition_key:
+        options.update(partition_key=spec.partition_key, auto_partition=spec.auto_partition,
+                       max_partitions=spec.max_partitions)
+    info = state.client.create_table(path, columns, keys, buckets, ignore_if_exists=if_not_exists, **options)
+    doc = {**out.table_doc(info), "created": not existed}
+    if info.partitioned:  # an auto-partitioned table's first ones are made with it
+        doc["partitions"] = [out.partition_doc(p) for p in state.client.list_partitions(table_id=info.table_id)[1]]
+    no_leader = _without_leader(state, info)
+    state.output.message(_created_text(info, existed, doc.get("partitions")), {**doc, "no_leader": no_leader})
     if no_leader:
         click.echo(f"warning: {_no_leader_warning(state, info.path, no_leader)}", err=True)
 
 
-def _without_leader(state: State, table_id: int) -> list[int]:
-    """The buckets of a table that no tablet server leads (the coordinator found none live with room)."""
-    _, leaders = state.client.get_table_assignment(table_id)
+def _partitioning(partition_by: str | None, unit: str | None, precreate: int | None, retention: int | None,
+                  time_zone: str | None, max_partitions: int | None) -> dict:
+    """The partitioning fields of a TableSpec from ``table create``'s options: a usage error for an option that
+    needs another one and for a bad unit or zone (named on its option); InvalidTableError from the coordinator's
+    own rules for the rest (AutoPartition's checks)."""
+    auto_options = [flag for flag, value in (("--precreate", precreate), ("--retention", retention),
+                                             ("--time-zone", time_zone)) if value is not None]
+    if partition_by is None:
+        needing = [flag for flag, value in (("--auto-partition", unit), ("--max-partitions", max_partitions))
+                   if value is not None] + auto_options
+        if needing:
+            raise click.UsageError(f"{', '.join(needing)} need{'s' if len(needing) == 1 else ''} --partition-by COL "
+                                   "(they are settings of a partitioned table)")
+        return {}
+    if unit is None and auto_options:
+        raise click.UsageError(f"{', '.join(auto_options)} need{'s' if len(auto_options) == 1 else ''} "
+                               "--auto-partition UNIT (they are settings of auto-partitioning)")
+    auto = None
+    if unit is not None:
+        for flag, check, value in (("--auto-partition", TimeUnit.parse, unit), ("--time-zone", zone, time_zone)):
+            try:
+                if value is not None:
+                    check(value)
+            except errors.InvalidTableError as exc:
+                raise click.BadParameter(exc.message, param_hint=f"'{flag}'") from None
+        auto = AutoPartition(TimeUnit.parse(unit), DEFAULT_PRECREATE if precreate is None else precreate,
+                             DEFAULT_RETENTION if retention is None else retention, time_zone or DEFAULT_TIME_ZONE)
+    key = tuple(k.strip() for k in partition_by.split(",") if k.strip())
+    return {"partition_key": key, "auto_partition": auto,
+            "max_partitions": DEFAULT_MAX_PARTITIONS if max_partitions is None else max_partitions}
+
+
+def _created_text(info: TableInfo, existed: bool, partitions: list[dict] | None) -> str:
+    if existed:  # the coordinator checked that its definition is the one asked for
+        return f"table {info.path} already exists with this definition (id {info.table_id}): nothing created"
+    per = " per partition" if info.partitioned else ""
+    text = f"created table {info.path} (id {info.table_id}, {info.buckets} buckets{per}"
+    if info.replication_factor > 1:
+        text += f", replication factor {info.replication_factor}, min in-sync replicas {info.min_insync_replicas}"
+    text += ")"
+    if info.partitioned:
+        text += (f", partitioned by {out.partitioning_text(out.table_doc(info))}, at most {info.max_partitions} "
+                 "partitions")
+    if info.auto_partition is not None:
+        names = [p["partition"] for p in partitions or ()]
+        text += f"; partitions now: {', '.join(names) if names else 'none'}"
+    return text
+
+
+def _without_leader(state: State, info: TableInfo) -> list[int]:
+    """The buckets of a table that no tablet server leads (the coordinator found none live with room); none
+    for a partitioned table, which has no buckets of its own (its partitions have)."""
+    if info.partitioned:
+        return []
+    _, leaders = state.client.get_table_assignment(info.table_id)
     return [b for b, leader in sorted(leaders.items()) if leader.leader_id < 0]
 
 
@@ -109,10 +186,39 @@ def table_list(state: State, database: str) -> None:
 @catch_errors
 def table_describe(state: State, path: str) -> None:
     """Show a table's schema, primary key, replication, and per bucket its replicas, leader, ISR and leader
-    epoch."""
+    epoch; a partitioned table's partitioning, and per partition its id, when it was made and its buckets."""
     info = state.client.get_table(path)
-    _table, leaders = state.client.get_table_assignment(info.table_id)
-    state.output.table({**out.table_doc(info), "assignment": out.assignment_docs(leaders)})
+    if not info.partitioned:
+        _table, leaders = state.client.get_table_assignment(info.table_id)
+        state.output.table({**out.table_doc(info), "assignment": out.assignment_docs(leaders)})
+        return
+    _table, assignments = state.client.partition_assignments(info.table_id)
+    partitions = [{**out.partition_doc(p), "assignment": out.assignment_docs(assignments.get(p.partition_id, {}))}
+                  for p in state.client.list_partitions(table_id=info.table_id)[1]]
+    state.output.table({**out.table_doc(info), "assignment": [], "partitions": partitions})
+
+
+@table_group.command("alter")
+@click.argument("path", metavar="DB.NAME", callback=table_path)
+@click.option("--precreate", type=click.IntRange(min=0), metavar="N",
+              help="Auto-partitioning: the current partition and the next N-1 exist.")
+@click.option("--retention", type=int, metavar="N",
+              help="Auto-partitioning: keep the N partitions before the current one (negative: drop none).")
+@click.option("--max-partitions", type=click.IntRange(1, MAX_PARTITIONS), metavar="N",
+              help="table.partition.max: the most partitions the table has at once.")
+@common_options
+@pass_state
+@catch_errors
+def table_alter(state: State, path: str, precreate: int | None, retention: int | None,
+                max_partitions: int | None) -> None:
+    """Change a partitioned table's auto-partitioning (--precreate, --retention) or its partition limit
+    (--max-partitions); the coordinator checks the table's partitions with them at once."""
+    if precreate is None and retention is None and max_partitions is None:
+        raise click.UsageError("nothing to change: give --precreate N, --retention N or --max-partitions N")
+    info = state.client.alter_table(path, precreate=precreate, retention=retention, max_partitions=max_partitions)
+    text = (f"altered table {info.path}: partitioned by {out.partitioning_text(out.table_doc(info))}, at most "
+            f"{info.max_partitions} partitions (the coordinator checks its partitions with these at once)")
+    state.output.message(text, out.table_doc(info))
 
 
 @table_group.command("drop")

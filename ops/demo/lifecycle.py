@@ -1,6 +1,7 @@
 """``kvlease demo``: a local cluster, a live table with replication factor 2, a Spark bootstrap-then-tail query
 into Parquet, a ``kill -9`` of the active coordinator during the bootstrap and one of a bucket leader's tablet
-server while the query tails; then a check that the Parquet change rows give the table.
+server while the query tails; then a check that the Parquet change rows give the table, and a partitioned table
+(orders by day: written, its partitions listed, one read; :mod:`kvlease.ops.demo.partitioned`).
 
 :func:`run_demo` starts an embedded cluster in a directory (1 ZooKeeper node,
 2 coordinators, 2 tablet servers, ``file://`` remote storage, default
@@ -30,6 +31,7 @@ from kvlease.common import errors
 from kvlease.ops import local_cluster
 from kvlease.ops import streaming
 from kvlease.ops.check import MAX_SHOWN
+import kvlease.ops.demo.partitioned as partitioned_table
 
 DEFAULT_ROWS = 100_000
 MIN_ROWS = 1_000
@@ -79,8 +81,10 @@ def run_demo(directory: str | None = None, *, rows: int = DEFAULT_ROWS, keep: bo
             spark = local_session(base / "spark", app="kvlease-demo", log_file=base / "spark.log")
         with _plain_interrupts():
             outcome = streaming.run_failover(str(cluster_dir), spark, base, plan, progress=progress, abort=abort)
+            partitioned, check = partitioned_table.show_partitioned(str(cluster_dir), progress)
+            outcome.checks.append(check)
         kept = keep or not made or not outcome.ok
-        return summary(outcome, base if kept else None, time.monotonic() - started, keep)
+        return summary(outcome, base if kept else None, time.monotonic() - started, keep, partitioned)
     except KeyboardInterrupt:
         interrupted = True
         if keep:
@@ -162,8 +166,9 @@ def _plain_interrupts():
 # -- the summary -----------------------------------------------------------------------------------------
 
 
-def summary(outcome: streaming.Outcome, directory: Path | None, seconds: float, kept: bool) -> dict[str, Any]:
-    """The demo's one JSON document."""
+def summary(outcome: streaming.Outcome, directory: Path | None, seconds: float, kept: bool,
+            partitioned: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The demo's one JSON document (``partitioned``: what :func:`show_partitioned` saw)."""
     failover = outcome.failover
     return {
         "ok": outcome.ok,
@@ -178,6 +183,7 @@ def summary(outcome: streaming.Outcome, directory: Path | None, seconds: float, 
                      "active_coordinator": failover.get("active"), "seconds": _round(failover.get("seconds"))},
         "replication_factor": outcome.plan.replication_factor,
         "tablet_failover": _tablet_failover(outcome.tablet_failover),
+        "partitioned": dict(partitioned) if partitioned else None,
         "checks": [{**check.as_dict(), "violations": list(check.violations[:MAX_SHOWN])}
                    for check in outcome.checks],
     }
@@ -211,6 +217,7 @@ def render(doc: Mapping[str, Any]) -> str:
          f"{f['active_coordinator']} serving after {f['seconds']:.1f}s" if f.get("seconds") is not None
          else "  failover: none happened"),
         *_render_tablet_failover(doc),
+        *_render_partitioned(doc),
     ]
     for check in doc["checks"]:
         lines.append(f"  [{'ok' if check['ok'] else 'FAIL'}] {check['name']} ({check['checked']:,} checked)")
@@ -235,6 +242,15 @@ def _render_tablet_failover(doc: Mapping[str, Any]) -> list[str]:
     return [f"  tablet failover (replication factor {doc['replication_factor']}): tablet server "
             f"{t['killed_tablet']} (leader of bucket(s) {buckets}) killed with -9 mid-stream, tablet server "
             f"{leaders} serving them after {t['seconds']:.1f}s{writer}{back}"]
+
+
+def _render_partitioned(doc: Mapping[str, Any]) -> list[str]:
+    p = doc.get("partitioned")
+    if not p:
+        return []
+    names = ", ".join(f"{q['name']} (id {q['id']})" for q in p["partitions"])
+    return [f"  partitioned table {p['table']} (by day): partitions {names}; partition {p['read_partition']} "
+            f"read: {p['rows_read']:,} rows"]
 
 
 def keep_hint(doc: Mapping[str, Any]) -> str:

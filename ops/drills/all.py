@@ -27,7 +27,7 @@ from kvlease.ops.drills.registry import check_skip, drill_module, drill_names
 from kvlease.ops.check import Check
 from kvlease.ops.drills.report import Report, finish
 
-OPTIONS = ("rounds", "clients", "seed", "outage", "skip")
+OPTIONS = ("rounds", "clients", "seed", "outage", "seconds", "skip")
 _module = drill_module
 
 

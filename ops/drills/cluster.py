@@ -9,7 +9,8 @@ the coordinators name it. Faults go through :meth:`DrillCluster.kill`;
 whatever was killed and not restarted yet is restarted on :meth:`close`, so
 a drill leaves the cluster in the shape it found it, also when it fails.
 :func:`session_timeout_s` and :func:`failure_timeout_s` read the timeouts its
-servers' config files set, which size the faults that must outlast them.
+servers' config files set, which size the faults that must outlast them;
+:func:`auto_partition_interval_s` the coordinators' auto-partition check interval.
 """
 
 from __future__ import annotations
@@ -52,6 +53,12 @@ def zk_config(doc: dict[str, Any], root: str) -> cfg.Config:
 def session_timeout_s(doc: dict[str, Any]) -> float:
     """The ZooKeeper session timeout the cluster's coordinators use (their config file, else the default)."""
     return _seconds(doc, "coordinators", cfg.ZK_SESSION_TIMEOUT)
+
+
+def auto_partition_interval_s(doc: dict[str, Any]) -> float:
+    """How often the cluster's active coordinator checks auto-partitioned tables (``auto-partition.check-interval``
+    of a coordinator's config file, else the default), in seconds."""
+    return _seconds(doc, "coordinators", cfg.AUTO_PARTITION_CHECK_INTERVAL)
 
 
 def failure_timeout_s(doc: dict[str, Any]) -> float:

@@ -26,6 +26,7 @@ DRILLS: dict[str, str] = {
     "disk-loss": "kvlease.ops.drills.disk_loss",
     "decommission": "kvlease.ops.drills.decommission",
     "remote-outage": "kvlease.ops.drills.remote_outage",
+    "partitions": "kvlease.ops.drills.partitions",
     "spark-failover": "kvlease.ops.drills.spark_failover",
     "chaos": "kvlease.ops.drills.chaos",
     "all": "kvlease.ops.drills.all",

@@ -10,6 +10,7 @@ modules behind it:
   (``updating``), and the record of a start under way;
 - :mod:`~kvlease.ops.local_cluster.launch`: ``start`` and ``stop`` of a whole cluster, and ``running`` (both, around a
   ``with`` block); :mod:`~kvlease.ops.local_cluster.shape`: the shape a start runs (a stopped cluster's own);
+  :mod:`~kvlease.ops.local_cluster.settings`: the config settings every server gets (``--set``), checked, kept;
   :mod:`~kvlease.ops.local_cluster.start_waits`: what a start waits for;
 - :mod:`~kvlease.ops.local_cluster.control`: status, one process at a time (kill, restart), who leads;
 - :mod:`~kvlease.ops.local_cluster.serving`: which buckets are served, and which wait on an operator or a server
@@ -31,6 +32,7 @@ from kvlease.ops.local_cluster.cluster_file import (CLUSTER_FILE, STARTING_FILE,
                                                     cluster_file, load, running_pids, save, updating)
 from kvlease.ops.local_cluster.control import ROLES, active_coordinator, kill, member, restart, status, zk_leader
 from kvlease.ops.local_cluster.serving import served_buckets
+from kvlease.ops.local_cluster.settings import check_settings, parse_setting
 from kvlease.ops.local_cluster.start_waits import waiting_line
 from kvlease.ops.local_cluster.launch import running, start, stop
 from kvlease.ops.local_cluster.processes import (ClusterError, ServerProcess, child_env, dying_with_parent,
@@ -43,10 +45,12 @@ from kvlease.ops.local_cluster.zookeeper import (MAIN_CLASSES, ZooKeeperCluster,
                                                  is_serving, node_command, server_mode)
 
 __all__ = [
-    "CLUSTER_FILE", "STARTING_FILE", "ClusterError", "child_env", "MAIN_CLASSES", "ROLES", "ServerProcess", "ZK_ROOT", "ZooKeeperCluster",
-    "ZooKeeperError", "active_coordinator", "bootstrap", "CertPaths", "client_config", "client_settings", "cluster_file",
+    "CLUSTER_FILE", "STARTING_FILE", "ClusterError", "check_settings", "child_env", "MAIN_CLASSES", "ROLES",
+    "ServerProcess", "ZK_ROOT", "ZooKeeperCluster", "ZooKeeperError", "active_coordinator", "bootstrap", "CertPaths",
+    "client_config", "client_settings", "cluster_file",
     "dying_with_parent", "four_letter", "free_ports", "generate_certs", "is_serving", "kept_ports", "kill", "load", "log_tail",
-    "member", "node_command", "pid_alive", "proc_start", "read_health", "restart", "running", "running_pids", "save",
+    "member", "node_command", "parse_setting", "pid_alive", "proc_start", "read_health", "restart", "running",
+    "running_pids", "save",
     "security_settings", "served_buckets", "server_mode", "server_settings", "spawn_server", "start", "status",
     "status_fields", "stop", "stop_pids", "tablet_disks", "terminate", "updating", "waiting_line",
     "write_private", "zk_leader",

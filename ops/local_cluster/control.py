@@ -27,12 +27,13 @@ def status(directory: str | os.PathLike[str], request_timeout_s: float = 2.0) ->
     under-replicated buckets (``offline`` / ``under_replicated``: asked of the active coordinator, wherever it is
     in the list) and what each serves (its health, asked of it: :func:`kvlease.ops.local_cluster.tablet_health.status_fields`);
     a tablet server on a small disk of its own (``--tablet-disk``) its size and free bytes (``disk_bytes``,
-    ``disk_free_bytes``: None once unmounted).
-    A question that failed is reported under ``error``, never taken as "no"."""
+    ``disk_free_bytes``: None once unmounted); the ``settings`` every server was started with (``cluster start
+    --set``). A question that failed is reported under ``error``, never taken as "no"."""
     from kvlease.client.admin import AdminClient
 
     doc = load(directory)
-    result: dict[str, Any] = {"zookeeper": [], "coordinators": [], "tablets": []}
+    result: dict[str, Any] = {"zookeeper": [], "coordinators": [], "tablets": [],
+                              "settings": dict(doc.get("settings") or {})}
     for node in doc.get("zookeeper", []):
         result["zookeeper"].append({"id": int(node["id"]), "pid": node["pid"], "address": node["address"],
                                     "alive": pid_alive(node["pid"], node.get("proc_start"))})

@@ -3,7 +3,8 @@
 A local cluster lives in one directory ``D``:
 
 ```
-D/cluster.json               what runs where: pids, addresses, the remote dir (written once a start serves)
+D/cluster.json               what runs where: pids, addresses, the remote dir, --set settings (written once
+                             a start serves)
 D/cluster.starting.json      while a start runs: what it launched so far (ops.local_cluster.cluster_file)
 D/cluster.json.lock          the lock every change of cluster.json holds
 D/zookeeper/...              ZooKeeper's data and logs (ops.local_cluster.zookeeper)
@@ -55,6 +56,7 @@ from typing import Any, Iterator, Mapping
 from kvlease.common import config as cfg
 from kvlease.common.errors import KvLeaseError
 import kvlease.ops.local_cluster.security as security
+import kvlease.ops.local_cluster.settings as settings
 import kvlease.ops.local_cluster.tablet_disks as tablet_disks
 from kvlease.ops.local_cluster.cluster_file import (ZK_ROOT, abandon_start, begin_start, client_config,
                                                     cluster_file, finish_start, load, load_starting, record_start,
@@ -114,7 +116,9 @@ def start(directory: str | os.PathLike[str], *, zk_nodes: int | None = None, coo
     (``zk_nodes``, ``coordinators``, ``tablets``, ``remote``, ``secure``) left out (None) is a stopped cluster's
     own, as its cluster.json records it (a new directory: 1, 1, 1, ``directory/remote``, no security); given, it
     must be that one, or ClusterError names what differs before anything starts (:mod:`.shape`).
-    ``config_overrides`` (dotted keys) go into every coordinator's and tablet server's config file. On any
+    ``config_overrides`` (dotted keys, checked: :mod:`kvlease.ops.local_cluster.settings`) go into every
+    coordinator's and tablet server's config file, with those a stopped cluster's cluster.json records (a key
+    given replaces its recorded value), and are recorded for later starts (``settings``). On any
     failure everything started here is stopped again, cluster.json is left as it was, and a ClusterError
     names the process that failed and its log file. ``secure`` generates certificates in ``directory/certs``
     and turns on mutual TLS.
@@ -132,7 +136,7 @@ def start(directory: str | os.PathLike[str], *, zk_nodes: int | None = None, coo
     previous = _previous(directory)
     shape = resolve_shape(directory, previous, _default_remote(directory), zk_nodes=zk_nodes,
                           coordinators=coordinators, tablets=tablets, remote=remote, secure=secure)
-    overrides = _checked_overrides(shape, config_overrides)
+    overrides = _checked_overrides(shape, settings.merged(previous, config_overrides))
     size_bytes = None if tablet_disk is None else tablet_disks.parse_size(tablet_disk)
     if size_bytes is not None:
         if not shape.tablets:
@@ -161,10 +165,11 @@ def start(directory: str | os.PathLike[str], *, zk_nodes: int | None = None, coo
 
 
 def _new_doc(directory: Path, shape: Shape, disks: dict[str, Any] | None, overrides: dict[str, Any]) -> dict[str, Any]:
-    """The cluster.json document a start fills in (``disks``: its tablet disks, if any); with security on, the
-    certificates and secrets made first and their keys added to ``overrides``."""
+    """The cluster.json document a start fills in (``disks``: its tablet disks, if any; ``settings``: the
+    ``overrides`` given, before security's); with security on, the certificates and secrets made first and
+    their keys added to ``overrides``."""
     doc: dict[str, Any] = {"zookeeper": [], "coordinators": [], "tablets": [], "remote": shape.remote,
-                           "zk_root": ZK_ROOT, "zookeeper_connect": ""}
+                           "zk_root": ZK_ROOT, "zookeeper_connect": "", settings.KEY: dict(overrides)}
     if disks is not None:
         doc[tablet_disks.KEY] = disks
     if shape.secure:
@@ -173,7 +178,7 @@ def _new_doc(directory: Path, shape: Shape, disks: dict[str, Any] | None, overri
     return doc
 
 
-def _checked_overrides(shape: Shape, config_overrides: Mapping[str, Any] | None) -> dict[str, Any]:
+def _checked_overrides(shape: Shape, config_overrides: Mapping[str, Any]) -> dict[str, Any]:
     if shape.zk_nodes not in (1, 3):
         raise ClusterError(f"--zk-nodes must be 1 or 3, got {shape.zk_nodes}")
     if shape.coordinators < 1:
@@ -181,11 +186,7 @@ def _checked_overrides(shape: Shape, config_overrides: Mapping[str, Any] | None)
     if shape.tablets < 0:
         raise ClusterError(f"--tablets must be 0 or more, got {shape.tablets}")
     _tablets_supported(shape.tablets)
-    overrides = dict(config_overrides or {})
-    unknown = sorted(set(overrides) - set(cfg.KEYS))
-    if unknown:
-        raise ClusterError(f"unknown config key(s): {', '.join(unknown)}")
-    return overrides
+    return dict(config_overrides)
 
 
 def _previous(directory: Path) -> dict[str, Any]:

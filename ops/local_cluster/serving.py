@@ -7,6 +7,8 @@ Of the buckets that are not, some *wait*, as the coordinator's assignment tells
 offline until an operator restores it (``kvlease bucket restore``), and one
 whose in-sync replicas' servers are all down is offline until one of them comes
 back. A start or a restart names those and returns, instead of waiting them out.
+A partitioned table's buckets are its partitions' (docs/partitions.md): each
+partition's are asked, and named with their partition.
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ def all_served(state: Mapping[str, Any]) -> bool:
 
 def served_buckets(doc: Mapping[str, Any], request_timeout_s: float = 2.0, admin=None) -> dict[str, Any]:
     """``{"registered": {tablet ids}, "buckets": n, "unserved": ["db.t/3: why", …], "waiting": [{"table",
-    "bucket", "why"}, …]}`` of the cluster of ``doc`` (its cluster.json): ``waiting`` are the unserved buckets
+    "partition"?, "bucket", "why"}, …]}`` of the cluster of ``doc`` (its cluster.json; a partition's bucket is
+    ``db.t/20261127/3``, its waiting entry names its partition): ``waiting`` are the unserved buckets
     that wait on an operator or on a tablet server that is not registered (:func:`waits_for`). Asked through
     ``admin`` (default: a :func:`cluster_admin` of its own). Raises a KvLeaseError when no coordinator
     answers."""
@@ -56,45 +59,65 @@ def served_buckets(doc: Mapping[str, Any], request_timeout_s: float = 2.0, admin
     unserved: list[str] = []
     waiting: list[dict[str, Any]] = []
     count = 0
-    for table in admin.list_tables():
+    for table in _physical_tables(admin):
         count += table.buckets
         failed: dict[int, str] = {}
-        with TableClient(admin, table.table_id, retry_total_s=0, request_timeout_s=request_timeout_s) as client:
+        with TableClient(admin, table.table_id, retry_total_s=0, request_timeout_s=request_timeout_s,
+                         partition=table if table.partition_id is not None else None) as client:
             for bucket in range(table.buckets):
                 try:
                     client.list_offsets([bucket])
                 except KvLeaseError as exc:
                     failed[bucket] = exc.message
-        unserved += [f"{table.path}/{bucket}: {why}" for bucket, why in failed.items()]
+        where = table.path if table.partition_name is None else f"{table.path}/{table.partition_name}"
+        unserved += [f"{where}/{bucket}: {why}" for bucket, why in failed.items()]
         if failed:
             waiting += _waiting(admin, table, failed, registered)
     return {"registered": registered, "buckets": count, "unserved": unserved, "waiting": waiting}
 
 
-def _waiting(admin, table, buckets: Collection[int], live: set[int]) -> list[dict[str, Any]]:
-    """Those of ``buckets`` (of ``table``, not served) that wait (:func:`waits_for`)."""
-    try:
-        _info, leaders = admin.get_table_assignment(table.table_id)
-    except KvLeaseError:
-        return []  # nothing known: they may yet be served
+def _physical_tables(admin) -> list:
+    """Every unpartitioned table and every partition (its table's view of it): what has buckets."""
     found = []
-    for bucket in sorted(buckets):
-        why = waits_for(table.path, bucket, leaders.get(bucket), live)
-        if why:
-            found.append({"table": table.path, "bucket": bucket, "why": why})
+    for table in admin.list_tables():
+        if not table.partitioned:
+            found.append(table)
+            continue
+        try:
+            _table, partitions = admin.list_partitions(table_id=table.table_id)
+        except KvLeaseError:  # dropped since it was listed
+            continue
+        found += [table.of_partition(p.partition_id, p.name) for p in partitions]
     return found
 
 
-def waits_for(path: str, bucket: int, leader: Any, live: Collection[int]) -> str | None:
+def _waiting(admin, table, buckets: Collection[int], live: set[int]) -> list[dict[str, Any]]:
+    """Those of ``buckets`` (of ``table``, an unpartitioned table or a partition's view, not served) that wait
+    (:func:`waits_for`)."""
+    try:
+        _info, leaders = admin.get_table_assignment(table.table_id, table.partition_id)
+    except KvLeaseError:
+        return []  # nothing known: they may yet be served
+    found = []
+    partition = {} if table.partition_name is None else {"partition": table.partition_name}
+    for bucket in sorted(buckets):
+        why = waits_for(table.path, bucket, leaders.get(bucket), live, table.partition_name)
+        if why:
+            found.append({"table": table.path, **partition, "bucket": bucket, "why": why})
+    return found
+
+
+def waits_for(path: str, bucket: int, leader: Any, live: Collection[int], partition: str | None = None) -> str | None:
     """Why bucket ``bucket`` of table ``path`` is offline for longer than a server's start, as its assignment
     ``leader`` (a :class:`kvlease.client.admin_types.BucketLeader`) tells with ``live`` the registered tablet ids: its
     data was lost (an operator restores it) or its last in-sync replicas are down (a one-replica bucket keeps
     its leader's id meanwhile). None: its leader is live (and is to serve it), or one of its in-sync
-    replicas is (and is to lead it)."""
+    replicas is (and is to lead it). ``partition``: the partition whose bucket it is (a partitioned table's)."""
     if leader is None or leader.leader_id in live:
         return None
     if leader.offline_reason:
-        return f"its data was lost: `kvlease bucket restore {path} --bucket {bucket} --accept-data-loss`"
+        named = "" if partition is None else f" --partition {partition}"
+        return f"its data was lost: `kvlease bucket restore {path}{named} --bucket {bucket} --accept-data-loss`"
     isr = tuple(leader.isr) or ((leader.leader_id,) if leader.leader_id >= 0 else ())
     if not isr or any(r in live for r in isr):
         return None

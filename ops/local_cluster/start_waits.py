@@ -99,4 +99,5 @@ def wait_served(doc: dict[str, Any], procs: list[subprocess.Popen], timeout_s: f
 def waiting_line(bucket: Mapping[str, Any]) -> str:
     """``waiting: db.t bucket 0 — its last in-sync replica, tablet 2, is down`` (a ``waiting`` entry of
     :func:`kvlease.ops.local_cluster.serving.served_buckets`)."""
-    return f"waiting: {bucket['table']} bucket {bucket['bucket']} — {bucket['why']}"
+    partition = f" partition {bucket['partition']}" if bucket.get("partition") else ""
+    return f"waiting: {bucket['table']}{partition} bucket {bucket['bucket']} — {bucket['why']}"

@@ -100,7 +100,7 @@ def step_down_problems(stepped_down: Mapping[tuple[int, int], SteppedDown], kept
     in sync) and those that keep it for want of another in-sync replica; ``shown`` of each named."""
     problems = []
     if stepped_down:
-        named = ", ".join(f"bucket {b} of {s.table}{f' partition {s.partition}' if s.partition else ''} ({s.cause})"
+        named = ", ".join(f"bucket {b} of table {s.table}{f' partition {s.partition}' if s.partition else ''} ({s.cause})"
                           for (_t, b), s in sorted(stepped_down.items())[:shown])
         more = f" and {len(stepped_down) - shown} more" if len(stepped_down) > shown else ""
         problems.append(f"gave up leading {len(stepped_down)} bucket(s) whose local writes failed: {named}{more}; "

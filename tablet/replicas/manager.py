@@ -226,7 +226,7 @@ class ReplicaManager:
         self._close(key)  # writes in flight finish first, live scans end
         replica = self._replicas[key] = self._open(role, self.monotonic())
         self.unsettled.add(key)  # the keeper learns its snapshot base again
-        log.info("bucket %d of table %s is %s now (replicas %s, leader %d, leader epoch %d)", role.bucket,
+        log.info("bucket %d of %s is %s now (replicas %s, leader %d, leader epoch %d)", role.bucket,
                  role.table.where, "replicated" if role.replicated else "one replica", list(role.replicas),
                  role.leader, role.leader_epoch)
         return replica
@@ -381,7 +381,7 @@ class ReplicaManager:
         if replica is not None:
             return replica
         view = self.tables.get(physical_id)
-        where = f"bucket {bucket} of table " + (view.where if view is not None else str(physical_id))
+        where = f"bucket {bucket} of " + (view.where if view is not None else f"table {physical_id}")
         details = bucket_details(view, bucket) if view is not None else {"table_id": physical_id, "bucket": bucket}
         if (physical_id, bucket) in self.refused:
             raise errors.LeaderNotAvailableError(

@@ -180,7 +180,7 @@ class Replica:
     def where(self) -> str:
         """``bucket 0 of table shop.orders`` or ``bucket 0 of table shop.orders partition 20261127``, for
         messages."""
-        return f"bucket {self.bucket} of table {self.table.where}"
+        return f"bucket {self.bucket} of {self.table.where}"
 
     @property
     def details(self) -> dict:

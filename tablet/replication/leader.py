@@ -51,7 +51,7 @@ class Leadership:
 
     @property
     def where(self) -> str:
-        return f"bucket {self.role.bucket} of table {self.role.table.where}"
+        return f"bucket {self.role.bucket} of {self.role.table.where}"
 
     @property
     def high_watermark(self) -> int:

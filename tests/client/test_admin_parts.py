@@ -64,13 +64,21 @@ def test_the_moves_and_data_loss_parts_ask_for_the_table_through_what_they_were_
 
     call = Coordinator(RestoreBucket=pb.RestoreBucketResponse(bucket=pb.BucketAssignmentPb(
         bucket=1, leader_id=2, leader_epoch=5, replicas=[2, 3])), ListReassignments=pb.ListReassignmentsResponse())
-    restored = DataLossAdmin(call, get_table).restore_bucket("db.t", 1, accept_data_loss=True, tablet=2)
+    def find_partition(table: TableInfo, name: str) -> TableInfo:
+        return table.of_partition(70, name)
+
+    data_loss = DataLossAdmin(call, get_table, find_partition)
+    restored = data_loss.restore_bucket("db.t", 1, accept_data_loss=True, tablet=2)
     assert (restored["leader"], restored["replicas"], restored["replication_factor"]) == (2, [2, 3], 3)
+    assert restored["partition"] is None
     assert call.asked[0][1] == pb.RestoreBucketRequest(table_id=7, bucket=1, accept_data_loss=True, tablet=2)
+    of_partition = data_loss.restore_bucket("db.t", 1, accept_data_loss=True, partition="d1")
+    assert of_partition["partition"] == "d1"  # the partition's id goes on the wire
+    assert call.asked[1][1] == pb.RestoreBucketRequest(table_id=7, bucket=1, accept_data_loss=True, partition_id=70)
     moves = MovesAdmin(call, get_table)
     with pytest.raises(errors.InvalidRequestError, match="not partitioned"):
         moves.reassign_bucket("db.t", 0, [1, 2, 3], partition="p=1")
-    assert tables == ["db.t", "db.t"] and moves.list_reassignments() == []
+    assert tables == ["db.t", "db.t", "db.t"] and moves.list_reassignments() == []
 
 
 def test_the_replication_part_reads_the_cluster_health():
@@ -132,3 +140,17 @@ def test_no_class_of_the_client_is_assembled_from_mixins():
                for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ClassDef)
                and len(node.bases) > 1]
     assert several == []
+
+
+def test_a_partitions_bucket_moves_by_its_partitions_name_and_its_move_names_it():
+    partitioned = TableInfo(7, "db", "p", (Column("day", "STRING"), Column("id", "BIGINT")), ("day", "id"), 2,
+                            partition_key=("day",))
+    move = pb.BucketMovePb(table_id=7, table="db.p", bucket=0, replicas=[1], target=[2], state="moving",
+                           partition_id=70, partition="d1")
+    call = Coordinator(ReassignBucket=pb.ReassignBucketResponse(move=move))
+    doc = MovesAdmin(call, lambda path: partitioned).reassign_bucket("db.p", 0, [2], partition="d1")
+    assert call.asked[0][1] == pb.ReassignBucketRequest(database="db", name="p", bucket=0, replicas=[2], partition="d1")
+    assert (doc["partition"], doc["partition_id"], doc["bucket"]) == ("d1", 70, 0)
+    unpartitioned = MovesAdmin(Coordinator(ReassignBucket=pb.ReassignBucketResponse(move=pb.BucketMovePb(
+        table="db.t", bucket=0))), lambda path: TABLE).reassign_bucket("db.t", 0, [2])
+    assert "partition" not in unpartitioned and "partition_id" not in unpartitioned

@@ -52,9 +52,9 @@ def test_rows_go_to_their_partitions_which_writes_create(cluster):
             client.fetch_log(0, 0)  # a partitioned table's changelogs are its partitions'
     with TableClient(cluster.admin, "db.orders", partition="d1") as d1:
         assert d1.table.partition_name == "d1" and d1.table.partition_id is not None
-        scanned = sorted(r["id"] for r in d1.scan().to_pylist())
+        scanned = sorted(r["id"] for r in d1.scan().rows)
         assert scanned == [i for i in range(10) if i != 3]  # d1's rows only
-        records = sum(len(d1.fetch_log(b, 0)) for b in range(table.buckets))
+        records = sum(len(d1.fetch_log(b, 0)[0]) for b in range(table.buckets))
         assert records == 11  # 10 inserts and a delete
 
 

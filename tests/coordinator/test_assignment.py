@@ -94,16 +94,16 @@ def create(ctrl, name, buckets):
 def test_assignment_lifecycle(ctrl):
     early = create(ctrl, "early", 2)  # no tablet server yet
     _table, rows = call(ctrl, rq.GetTableAssignment(early.table_id))
-    assert [r[1].leader for r in rows] == [UNASSIGNED, UNASSIGNED]
+    assert [r[2].leader for r in rows] == [UNASSIGNED, UNASSIGNED]
 
     register(ctrl, 1, "127.0.0.1:1001")
     register(ctrl, 2, "127.0.0.1:1002")
     _table, rows = call(ctrl, rq.GetTableAssignment(early.table_id))
-    assert {r[1].leader for r in rows} <= {1, 2} and all(r[1].leader_epoch == 1 for r in rows)
+    assert {r[2].leader for r in rows} <= {1, 2} and all(r[2].leader_epoch == 1 for r in rows)
 
     t = create(ctrl, "t", 4)
     _table, rows = call(ctrl, rq.GetTableAssignment(t.table_id))
-    leaders = [r[1].leader for r in rows]
+    leaders = [r[2].leader for r in rows]
     total = ctrl.assignments.load_per_server()
     assert total[1] == total[2] == 3  # early's 2 buckets went to server 1 (alone then): t evens it out
     node = loads(ctrl.zk.get(zkpaths.table_assignment(t.table_id))[0])
@@ -116,13 +116,13 @@ def test_assignment_lifecycle(ctrl):
     ctrl.zk.delete(zkpaths.tablet_server(2))
     call(ctrl, rq.TabletServersChanged())
     _table, rows = call(ctrl, rq.GetTableAssignment(t.table_id))
-    assert [r[1].leader for r in rows] == leaders
-    assert all((r[2] == "") == (r[1].leader == 2) for r in rows)
+    assert [r[2].leader for r in rows] == leaders
+    assert all((r[3] == "") == (r[2].leader == 2) for r in rows)
 
     # it returns: same buckets, new leader epochs, and it is told
     register(ctrl, 2, "127.0.0.1:1002")
     _table, rows = call(ctrl, rq.GetTableAssignment(t.table_id))
-    assert all(r[1].leader_epoch == (2 if r[1].leader == 2 else 1) for r in rows)
+    assert all(r[2].leader_epoch == (2 if r[2].leader == 2 else 1) for r in rows)
     assert ctrl.recorder.pushes[-1][0] == 2
 
     # a failover keeps the assignment

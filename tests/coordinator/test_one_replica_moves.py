@@ -62,7 +62,7 @@ def test_a_bucket_whose_only_replica_is_down_is_not_moved(make_ctrl):
     with pytest.raises(errors.InvalidRequestError, match=rf"none of its replicas \[{gone}\] is live"):
         reassign(ctrl, t, 0, (3,))
     with pytest.raises(errors.InvalidRequestError, match=rf"cannot decommission tablet server {gone}: none of the "
-                       rf"replicas \[{gone}\] of bucket 0 of db.one is live"):
+                       rf"replicas \[{gone}\] of bucket 0 of table db.one is live"):
         call(ctrl, rq.DecommissionTablet(gone))
     assert all(a.reassign is None for a in states(ctrl, t).values())  # nothing started
 

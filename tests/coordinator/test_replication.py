@@ -70,7 +70,7 @@ def sample(metrics, name):
 
 def states(ctrl, table):
     _table, rows = call(ctrl, rq.GetTableAssignment(table.table_id))
-    return {bucket: a for bucket, a, _address in rows}
+    return {bucket: a for _table, bucket, a, _address in rows}
 
 
 def stored(ctrl, table):

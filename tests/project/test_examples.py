@@ -126,7 +126,7 @@ def test_change_feed_replay_stops_where_the_source_reuses_offsets_it_applied(clu
     with TableClient(c.admin, "shop.src") as src, TableClient(c.admin, "shop.copy") as copy:
         wait_until(lambda: _served(src) and _served(copy), 20, "the restored buckets to serve")
         src.upsert([{"id": i, "v": "new"} for i in range(100, 110)])  # offsets 10..19 of the restored log
-        with pytest.raises(errors.DataLostError, match=r"bucket 0 of shop\.src: offsets 10\.\.14 this reader read"):
+        with pytest.raises(errors.DataLostError, match=r"bucket 0 of table shop\.src: offsets 10\.\.14 this reader read"):
             example.replay(src, copy, state)
         assert sorted(r["id"] for r in copy.scan().rows) == list(range(15))  # none of the new changes applied
         assert example.load_state('{"next_offsets": {"0": 12}}') == {0: example.kvlease.LogPosition(12)}

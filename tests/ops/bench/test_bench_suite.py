@@ -2,8 +2,9 @@
 
 ``fixtures/bench_all.json`` is the document of a real ``kvlease bench all
 --json`` at reduced sizes (``--leases 2000 --seconds 3 --raw-writes 5000
---rows 20000 --lookups 200 --rounds 1``), so the figures have the shapes the
-benchmarks really produce.
+--rows 20000 --lookups 200 --rounds 1``) with, added to it, that of a real ``kvlease bench partitions
+--partitions 20 --buckets 2 --expiring 10 --idle-seconds 1 --rounds 2 --json``, so the figures have the
+shapes the benchmarks really produce.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 
 from kvlease.ops.bench import (bootstrap as bench_bootstrap, leases as bench_leases, plot as bench_plot,
                                scan as bench_scan)
-from kvlease.ops.bench import rebuild as bench_rebuild, replication as bench_replication
+from kvlease.ops.bench import partitions as bench_partitions, rebuild as bench_rebuild, replication as bench_replication
 from kvlease.ops.bench import suite as bench_suite, writes as bench_writes
 from kvlease.ops.bench.suite import MB, Row
 from tests.support.paths import FIXTURES
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.unit
 
 RECORDED = json.loads((FIXTURES / "bench_all.json").read_text())
 MODULES = {"leases": bench_leases, "writes": bench_writes, "scan": bench_scan, "bootstrap": bench_bootstrap,
-           "replication": bench_replication, "rebuild": bench_rebuild}
+           "replication": bench_replication, "rebuild": bench_rebuild, "partitions": bench_partitions}
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
@@ -213,7 +214,7 @@ def test_every_option_is_a_keyword_of_its_run():
 
 
 @pytest.mark.parametrize("name,argv,message", [
-    ("nosuch", (), "unknown benchmark 'nosuch' (available: leases, writes, scan, bootstrap, replication, rebuild, all)"),
+    ("nosuch", (), "unknown benchmark 'nosuch' (available: leases, writes, scan, bootstrap, replication, rebuild, partitions, all)"),
     ("codec", (), "unknown benchmark 'codec'"),  # the internal micro-benchmark is not in the suite
     ("writes", ("--rows", "ten"), "argument --rows: 'ten' is not a whole number"),
     ("writes", ("--rows", "-5"), "argument --rows: '-5' is not positive"),

@@ -66,7 +66,7 @@ class FakeAdmin:
             return False
         raise errors.TableNotExistError(f"table {path} does not exist")
 
-    def get_latest_kv_snapshots(self, table_id):
+    def get_latest_kv_snapshots(self, table_id, partition_id=None):
         handle = SnapshotHandle(TableBucket(7, 0), 5, 10, "m")
         return {handle.bucket: admin.SnapshotInfo(handle)}
 

@@ -26,7 +26,7 @@ class RestoreAdmin(FakeAdmin):
     asked: list = []
     live = (4, 5, 6)
 
-    def restore_bucket(self, path, bucket, accept_data_loss, tablet=None):
+    def restore_bucket(self, path, bucket, accept_data_loss, tablet=None, partition=None):
         RestoreAdmin.asked.append((path, bucket, accept_data_loss, tablet))
         return {"table": path, "bucket": bucket, "leader": tablet or 4, "leader_epoch": 6,
                 "replicas": list(self.live), "replication_factor": 3, "loss": LOSS}

@@ -19,6 +19,7 @@ import pytest
 from kvlease.common import errors
 from kvlease.ops import local_cluster
 from kvlease.ops import demo, streaming
+from kvlease.ops.demo import partitioned
 from kvlease.ops.streaming import feed_check, stream_failover, stream_query
 from kvlease.ops.streaming.change_writer import KEY, VALUES
 from kvlease.ops.streaming.leader_kill import LeaderKill
@@ -56,6 +57,9 @@ def test_the_demo_passes_cleans_up_and_its_checks_catch_a_lost_change_row(spark,
     text = demo.render(doc)
     assert text.startswith("kvlease demo: PASS") and "[FAIL]" not in text
     assert any("killed the active coordinator" in line for line in lines)
+    partitioned = doc["partitioned"]  # the partitioned table: a partition per day written, one read back
+    assert [p["name"] for p in partitioned["partitions"]] == ["20261127", "20261128", "20261129"]
+    assert partitioned["rows_read"] == 1_000 and "partitioned table demo.orders_by_day" in text, text
     _assert_tablet_failover(doc, text, seen["cluster"])
     # everything stopped, the temp dir gone, Spark (the caller's) still usable
     assert not seen["work"].exists() and doc["directory"] is None
@@ -142,7 +146,8 @@ def test_a_directory_in_use_is_refused_before_anything_starts(tmp_path):
 
 @pytest.fixture
 def fake_run(monkeypatch, tmp_path):
-    """run_demo with a temp dir under tmp_path, no cluster, and a scenario that does ``fake_run.what``."""
+    """run_demo with a temp dir under tmp_path, no cluster, a scenario that does ``fake_run.what`` and no
+    partitioned table."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     monkeypatch.setattr(local_cluster, "start", lambda *args, **kwargs: None)
     state = types.SimpleNamespace(what=None)
@@ -156,6 +161,7 @@ def fake_run(monkeypatch, tmp_path):
         return outcome
 
     monkeypatch.setattr(streaming, "run_failover", scenario)
+    monkeypatch.setattr(partitioned, "show_partitioned", lambda cluster_dir, progress: ({}, Check.of("p", [])))
     return state
 
 

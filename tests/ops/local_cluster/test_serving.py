@@ -20,6 +20,8 @@ def test_a_bucket_waits_for_a_restore_or_for_its_last_in_sync_replicas():
     live = {1}
     assert waits_for("db.t", 0, bucket(-1, (1,), (), "data lost on tablet server 1"), live) == \
         "its data was lost: `kvlease bucket restore db.t --bucket 0 --accept-data-loss`"
+    assert waits_for("db.t", 0, bucket(-1, (1,), (), "data lost on tablet server 1"), live, "20261127") == \
+        "its data was lost: `kvlease bucket restore db.t --partition 20261127 --bucket 0 --accept-data-loss`"
     # one replica: the coordinator keeps its leader's id while its server is down
     assert waits_for("db.t", 0, bucket(2, (2,), (2,)), live) == "its last in-sync replica, tablet 2, is down"
     assert waits_for("db.t", 0, bucket(-1, (1, 2, 3), (2, 3)), live) == \

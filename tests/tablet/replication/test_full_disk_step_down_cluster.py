@@ -153,7 +153,7 @@ def test_a_leader_on_a_full_disk_steps_down_and_rejoins_as_a_follower_once_it_ha
     assert not health["healthy"] and health["resignations"] == 1
     assert health["stepped_down"] == [{"table_id": info.table_id, "table": "db.t", "bucket": 0,
                                        "cause": "ENOSPC: No space left on device"}]
-    assert any("gave up leading 1 bucket(s)" in p and "bucket 0 of db.t (ENOSPC" in p for p in health["problems"])
+    assert any("gave up leading 1 bucket(s)" in p and "bucket 0 of table db.t (ENOSPC" in p for p in health["problems"])
     status = status_fields(f"127.0.0.1:{tablets[1].values['metrics.port']}", True)
     assert status["stepped_down"] == health["stepped_down"]
 
@@ -206,7 +206,7 @@ def test_a_leader_on_a_full_disk_with_no_other_in_sync_replica_keeps_the_bucket_
                     write_one(table, next(keys), acked, refused)
                     return next((p for p in read_health(metrics)["problems"] if "keep their leadership" in p), None)
                 problem = wait_until(kept, 10, "the refusal reported")
-            assert "bucket 0 of db.t has no other live in-sync replica" in problem, problem
+            assert "bucket 0 of table db.t has no other live in-sync replica" in problem, problem
             assert bucket_state(c.admin, info.table_id).leader_id == leader
 
             filler.unlink()  # it reopens by itself, still the leader

@@ -46,7 +46,7 @@ def test_a_reader_of_a_restored_bucket_is_refused_at_reused_offsets(cluster, tmp
 
     lose_and_restore(c, tmp_path, table, range(20, 26))  # offsets 10..15: reused
     with TableClient(c.admin, "db.one") as client:
-        with pytest.raises(errors.DataLostError, match=r"bucket 0 of db\.one: offsets 10\.\.14 this reader read"):
+        with pytest.raises(errors.DataLostError, match=r"bucket 0 of table db\.one: offsets 10\.\.14 this reader read"):
             client.fetch_log_from(0, old)
         with pytest.raises(errors.DataLostError, match=r"offsets 10\.\.14"):  # a retry is refused the same
             client.fetch_log_entries(0, 15, last_fetched_epoch=old.epoch)
@@ -85,7 +85,7 @@ def test_a_position_planned_inside_the_log_fences_a_reader_that_starts_there(clu
 
     lose_and_restore(c, tmp_path, table, range(20, 26))  # offsets 10..15: reused
     with TableClient(c.admin, "db.cut") as client:
-        with pytest.raises(errors.DataLostError, match=r"bucket 0 of db\.cut: offsets 10\.\.11 this reader read"):
+        with pytest.raises(errors.DataLostError, match=r"bucket 0 of table db\.cut: offsets 10\.\.11 this reader read"):
             client.fetch_log_from(0, cut[0])
         restored = client.positions({0: 10})[0]
         assert restored == LogPosition(10, None)  # the restored log's start: nothing of it below
@@ -178,7 +178,7 @@ def test_kvlease_log_from_an_offset_is_fenced_from_its_first_fetch(cluster, tmp_
 
     monkeypatch.setattr(TableClient, "fetch_log_from", lost_first)
     refused = assert_one_line_error(run("log", "db.from", "--bucket", "0", "--from", "12", *at))
-    assert re.search(r"bucket 0 of db\.from: offsets 10\.\.11 this reader read .* not in the bucket's log", refused)
+    assert re.search(r"bucket 0 of table db\.from: offsets 10\.\.11 this reader read .* not in the bucket's log", refused)
     started_after = run("log", "db.from", "--bucket", "0", "--from", "12", "--json", *at)  # the new history
     assert started_after.exit_code == 0, started_after.output
     assert [r["row"]["id"] for r in json.loads(started_after.stdout)["records"]] == [22, 23, 24, 25]
