@@ -14,30 +14,35 @@ overridden: Spark applies every filter itself, and reads work with
 ``spark.sql.python.filterPushdown.enabled`` on or off), and a split read
 again takes its snapshot back under the plan's lease (``reader.py``).
 
-The reader of a partitioned table (:class:`PartitionedBatchReader`) prunes
-partitions by the filters Spark pushes (``spark_source/pruning.py``) before
-it leases anything, and gives every filter back to Spark, which applies them
-to the rows read. Spark 4.3 calls ``pushFilters`` only with
-``spark.sql.python.filterPushdown.enabled`` on (``register()`` turns it on),
-and refuses a read by a reader that overrides it while that setting is off
-(``DATA_SOURCE_PUSHDOWN_DISABLED``). Its plan is kept on the DataFrame like
-any other: a later query of the same DataFrame that pushes no filter reads
-the partitions the newest filtered query kept (docs/spark.md, "Partitioned
-tables").
+The reader of a partitioned table (:class:`PartitionedBatchReader`) reads
+the partitions option ``partitions`` names (every partition without it):
+the others are neither leased nor read (docs/spark.md, "Partitioned
+tables"). A filter on the partition column does not prune in Spark 4.3:
+Spark keeps the plan a reader made while the filters of one query were
+pushed to it on the DataFrame's source, and a later query of that DataFrame
+that pushes no filter reads that plan again, so a plan pruned for
+``day = 'X'`` would answer a plain ``count()`` with partition X's rows only.
+Spark releases whose readers have ``pushLimit`` keep such a plan with its
+own query's scan (SPARK-58551); there :func:`partitioned_reader` gives the
+reader that prunes by pushed filters too (:class:`PruningBatchReader`,
+``spark_source/pruning.py``), and ``register()`` turns pushdown on.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, Filter
 
 from kvlease.client.admin import AdminClient
+from kvlease.common import errors
+from kvlease.common.partition_names import parse_partition_name, partition_name
+from kvlease.common.tables import TableInfo
 from kvlease.spark_source.enumerator import plan_bootstrap, plan_changes
-from kvlease.spark_source.options import Options, connect, open_table
+from kvlease.spark_source.options import OptionError, Options, connect, open_table, option_errors
 from kvlease.spark_source.partitions import PartitionedTables, name_splits
 from kvlease.spark_source.pruning import kept
 from kvlease.spark_source.reader import names_table, read_split
@@ -51,6 +56,7 @@ class BatchReader(DataSourceReader):
         self.options = options
         self.ctx = ctx
 
+    @option_errors
     @names_table
     def partitions(self) -> list:
         ctx = self.ctx
@@ -81,7 +87,25 @@ class BatchReader(DataSourceReader):
 
 
 class PartitionedBatchReader(BatchReader):
-    """A partitioned table's batch reader: the partitions the pushed filters keep, all under one lease."""
+    """A partitioned table's batch reader: the partitions option ``partitions`` names, else every one, all
+    under one lease."""
+
+    def _kept_partitions(self, admin: AdminClient) -> dict[int, str]:
+        names = super()._kept_partitions(admin)
+        if not self.options.partitions:
+            return names
+        by_name = {name: partition_id for partition_id, name in names.items()}
+        wanted = canonical_names(self.ctx.table, self.options.partitions)
+        if missing := [name for name in wanted if name not in by_name]:
+            raise OptionError(f"option 'partitions': table {self.ctx.table.path} has no partition "
+                              f"{', '.join(missing)} (it has {len(names)}; kvlease partition list "
+                              f"{self.ctx.table.path})")
+        return {by_name[name]: name for name in wanted}
+
+
+class PruningBatchReader(PartitionedBatchReader):
+    """A partitioned table's batch reader that also leaves out the partitions the pushed filters exclude
+    (only where Spark keeps a pushdown's plan with its own scan: :func:`partitioned_reader`)."""
 
     def __init__(self, options: Options, ctx: ReadContext) -> None:
         super().__init__(options, ctx)
@@ -94,9 +118,42 @@ class PartitionedBatchReader(BatchReader):
         return filters
 
     def _kept_partitions(self, admin: AdminClient) -> dict[int, str]:
-        _table, partitions = admin.list_partitions(table_id=self.ctx.table.table_id)
-        names = kept(self.ctx.table, [(p.partition_id, p.name) for p in partitions], self.filters)
-        if len(names) < len(partitions):
-            log.info("table %s: the query's filters keep %d of %d partitions (%s)", self.ctx.table.path, len(names),
-                     len(partitions), ", ".join(sorted(names.values())[:10]))
-        return names
+        names = super()._kept_partitions(admin)
+        pruned = kept(self.ctx.table, names.items(), self.filters)
+        if len(pruned) < len(names):
+            log.info("table %s: the query's filters keep %d of %d partitions (%s)", self.ctx.table.path,
+                     len(pruned), len(names), ", ".join(sorted(pruned.values())[:10]))
+        return pruned
+
+
+#: Whether this Spark keeps the plan a reader made while a query's filters were pushed with that query's scan
+#: (the release that brought ``DataSourceReader.pushLimit`` did, SPARK-58551), rather than on the DataFrame's
+#: source for every later query (4.3).
+PUSHDOWN_PLANS_PER_SCAN = hasattr(DataSourceReader, "pushLimit")
+
+
+def partitioned_reader() -> type[PartitionedBatchReader]:
+    """The reader class of a partitioned table's batch reads on this Spark."""
+    return PruningBatchReader if PUSHDOWN_PLANS_PER_SCAN else PartitionedBatchReader
+
+
+def canonical_names(table: TableInfo, names: Iterable[str]) -> list[str]:
+    """``names`` as the table names its partitions (a key of several columns in key order), each once;
+    OptionError naming the first that is not a name of the table's partition key."""
+    out = []
+    for name in names:
+        try:
+            values = parse_partition_name(table.partition_key, name)
+        except errors.InvalidRequestError as exc:
+            raise OptionError(f"option 'partitions': {exc.message}") from None
+        out.append(partition_name(table.partition_key, values))
+    return list(dict.fromkeys(out))
+
+
+def check_partition_names(table: TableInfo, names: tuple[str, ...]) -> None:
+    """OptionError if option ``partitions`` is given for an unpartitioned table, or names no partition of the
+    table's key (whether each exists is checked when the read is planned)."""
+    if names and not table.partitioned:
+        raise OptionError(f"option 'partitions' selects partitions of a partitioned table; table {table.path} "
+                          "is not partitioned")
+    canonical_names(table, names)

@@ -10,6 +10,7 @@ options is docs/spark.md, "Options" (and docs/architecture.md, "The Spark source
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import re
 from dataclasses import dataclass, field
@@ -36,7 +37,7 @@ TLS_OPTIONS = {"ca-file": cfg.TLS_CA_FILE.name, "cert-file": cfg.TLS_CERT_FILE.n
 Security = tuple[tuple[str, Any], ...]
 READ_ONLY = ("startup.mode", "startup.timestamp", "ending.timestamp", "ending.offsets", "bootstrap.mode",
              "lease.id", "lease.duration", "lease.acquire.max-attempts", "lease.acquire.max-wait",
-             "maxrowspertrigger", "split.max-rows", "partition.discovery.interval")
+             "maxrowspertrigger", "split.max-rows", "partition.discovery.interval", "partitions")
 #: Options Spark itself sets on a source or sink; they mean nothing here and are ignored.
 SPARK_OWN = ("checkpointlocation", "path")
 #: Option names as the docs spell them, where that is not lower case (Spark hands them over lower-cased).
@@ -75,6 +76,7 @@ class Options:
     max_rows_per_trigger: int | None = None
     split_max_rows: int | None = None
     partition_discovery_interval_ms: int = 10_000  # streaming reads of a partitioned table: how often to list them
+    partitions: tuple[str, ...] = ()  # a batch read of a partitioned table: these partitions only (names)
     security: Security = ()  # TLS settings (a --secure cluster directory's, or the ca/cert/key-file options)
     given: frozenset[str] = field(default=frozenset(), compare=False)
 
@@ -82,6 +84,18 @@ class Options:
     def change_feed(self) -> bool:
         """A batch read of change rows (``startup.mode`` other than ``full``) rather than of the table."""
         return self.startup_mode != "full"
+
+
+def option_errors(method):
+    """``method`` raising an :class:`OptionError` without the frames it came through (Spark shows a source's
+    traceback: the user reads one line, kvlease's)."""
+    @functools.wraps(method)
+    def checked(*args, **kwargs):
+        try:
+            return method(*args, **kwargs)
+        except OptionError as exc:
+            raise exc.with_traceback(None) from None
+    return checked
 
 
 def parse(options: Mapping[str, Any], *, reading: bool = True) -> Options:
@@ -250,6 +264,8 @@ def _read_options(given: Mapping[str, str]) -> dict[str, Any]:
         out["lease_duration_ms"] = _positive_duration(given, "lease.duration")
     if "partition.discovery.interval" in given:
         out["partition_discovery_interval_ms"] = _positive_duration(given, "partition.discovery.interval")
+    if "partitions" in given:
+        out["partitions"] = _names(given["partitions"])
     if "lease.acquire.max-wait" in given:
         out["acquire_max_wait_s"] = _positive_duration(given, "lease.acquire.max-wait") / 1000.0
     for name, key in (("lease.acquire.max-attempts", "acquire_max_attempts"),
@@ -257,6 +273,16 @@ def _read_options(given: Mapping[str, str]) -> dict[str, Any]:
         if name in given:
             out[key] = _positive_int(given, name)
     return out
+
+
+def _names(text: str) -> tuple[str, ...]:
+    """The partition names of option ``partitions`` (comma-separated, each once, in the order given); whether
+    each is a name of the table's partition key is the reader's check (it knows the table)."""
+    names = [name.strip() for name in text.split(",")]
+    if not all(names):
+        raise OptionError(f"option 'partitions': expected partition names separated by commas (like "
+                          f"20261128,20261129, or k1=v1/k2=v2 for a key of two columns), got {show(text)}")
+    return tuple(dict.fromkeys(names))
 
 
 def _choice(given: Mapping[str, str], name: str, choices: tuple[str, ...], default: str) -> str:

@@ -4,7 +4,7 @@ Spark instantiates it in its Python workers; every method checks the options
 first, so an unknown option or a bad value fails the query at planning with
 a message naming it. Spark puts the traceback of a source's error in the
 exception it raises; an option error leaves the source with none of its
-frames below the method Spark called (:func:`_option_errors`), so that the
+frames below the method Spark called (:func:`~kvlease.spark_source.options.option_errors`), so that the
 user reads one line, kvlease's, not the parser's insides.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from datetime import datetime, timezone
-from functools import cached_property, wraps
+from functools import cached_property
 
 from pyspark.sql.datasource import DataSource
 from pyspark.sql.types import StructType
@@ -20,22 +20,11 @@ from pyspark.sql.types import StructType
 from kvlease.common.tables import TableInfo
 import kvlease.spark_source.options as opts
 import kvlease.spark_source.catalog as catalog
-from kvlease.spark_source.batch import BatchReader, PartitionedBatchReader
+from kvlease.spark_source.batch import BatchReader, check_partition_names, partitioned_reader
 from kvlease.spark_source.schema import read_columns, table_schema
 from kvlease.spark_source.splits import ReadContext
 from kvlease.spark_source.stream import StreamReader
 from kvlease.spark_source.writer import BatchWriter, StreamWriter, check_schema
-
-
-def _option_errors(method):
-    """``method`` raising an :class:`~kvlease.spark_source.options.OptionError` without the frames it came through."""
-    @wraps(method)
-    def checked(*args, **kwargs):
-        try:
-            return method(*args, **kwargs)
-        except opts.OptionError as exc:
-            raise exc.with_traceback(None) from None
-    return checked
 
 
 class KvLeaseDataSource(DataSource):
@@ -58,7 +47,7 @@ class KvLeaseDataSource(DataSource):
         with opts.connect(bootstrap, security) as admin:
             return admin.get_table(table), admin.coordinator_info(admin.address).remote_storage()
 
-    @_option_errors
+    @opts.option_errors
     def schema(self) -> StructType:
         """The table's columns and the four metadata columns. Spark asks one schema for batch and
         streaming reads alike, so a full batch read carries them too (docs/spark.md, "Output columns"). A
@@ -84,18 +73,20 @@ class KvLeaseDataSource(DataSource):
         return ReadContext(parsed.bootstrap, table, storage, columns, parsed.security,
                            tuple(field.nullable for field in schema.fields), parsed.lease_duration_ms)
 
-    @_option_errors
+    @opts.option_errors
     def reader(self, schema: StructType) -> BatchReader:
-        """A partitioned table's reader prunes partitions by the filters Spark pushes (``batch.py``)."""
+        """A partitioned table's reader reads the partitions option ``partitions`` names, else every one
+        (``batch.py``)."""
         parsed = self._read_options(schema)
         table = self._cluster[0]
         if table.partitioned and parsed.ending_offsets is not None:
             raise opts.OptionError(f"option 'ending.offsets' names buckets of an unpartitioned table; table "
                                    f"{table.path} is partitioned: end its change feed with 'ending.timestamp'")
-        reader = PartitionedBatchReader if table.partitioned else BatchReader
+        check_partition_names(table, parsed.partitions)
+        reader = partitioned_reader() if table.partitioned else BatchReader
         return reader(parsed, self._context(parsed, schema))
 
-    @_option_errors
+    @opts.option_errors
     def streamReader(self, schema: StructType) -> StreamReader:
         parsed = self._read_options(schema)
         if parsed.bootstrap_mode == "live":
@@ -105,6 +96,9 @@ class KvLeaseDataSource(DataSource):
         for name in ("ending.timestamp", "ending.offsets"):
             if name in parsed.given:
                 raise opts.OptionError(f"option '{name}' ends a batch change feed; a streaming query has no end")
+        if parsed.partitions:
+            raise opts.OptionError("option 'partitions' selects partitions for a batch read; a streaming query "
+                                   "reads every partition of the table, those created later too")
         at = parsed.startup_timestamp_ms
         if parsed.startup_mode == "timestamp" and at > time.time() * 1000:
             # the first record at or after it does not exist yet: starting at the end would read the
@@ -117,11 +111,11 @@ class KvLeaseDataSource(DataSource):
                                    "time that has passed (startup.mode=latest reads from now on)")
         return StreamReader(parsed, self._context(parsed, schema))
 
-    @_option_errors
+    @opts.option_errors
     def writer(self, schema: StructType, overwrite: bool) -> BatchWriter:
         return BatchWriter(*self._write_setup(schema, overwrite))
 
-    @_option_errors
+    @opts.option_errors
     def streamWriter(self, schema: StructType, overwrite: bool) -> StreamWriter:
         return StreamWriter(*self._write_setup(schema, overwrite))
 

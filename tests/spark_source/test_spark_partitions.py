@@ -1,7 +1,8 @@
-"""Partitioned tables through the Spark source (docs/spark.md, "Partitioned tables"): pruning by the filters
-Spark pushes before anything is leased, one lease over every kept partition, a stream that finds new
-partitions and outlives dropped ones, and writes that create partitions. (Pruning, offset keys, discovery and
-the one acquire without Spark: tests/spark_source/test_spark_partitions_unit.py.)"""
+"""Partitioned tables through the Spark source (docs/spark.md, "Partitioned tables"): the partitions option
+``partitions`` names read and leased alone, filters on the partition column right after any other query of
+the DataFrame, one lease over every kept partition, a stream that finds new partitions and outlives dropped
+ones, and writes that create partitions. (Pruning, offset keys, discovery and the one acquire without Spark:
+tests/spark_source/test_spark_partitions_unit.py.)"""
 
 from __future__ import annotations
 
@@ -78,26 +79,40 @@ def planned(kv, df, lease_id: str) -> tuple[int, set[str]]:
     return splits, leased
 
 
-def test_a_batch_read_leases_every_kept_partition_under_one_lease_and_filters_prune_before_leasing(spark, kv):
+def test_a_batch_read_leases_every_kept_partition_under_one_lease_and_reads_the_partitions_it_names(spark, kv):
     state = events(kv)
 
     assert rows(read(spark, kv)) == state  # snapshots + changelog, and the changelog-only partition
     assert kv.admin.list_leases() == []  # every split gave its bucket back
     # the plan of a read without a filter: one lease over the snapshotted partitions' buckets, a split per bucket
     assert planned(kv, read(spark, kv, lease_id="all"), "all") == (6, set(DAYS[:2]))
-    # a filter on the partition column: only the kept partitions are planned and leased
-    assert planned(kv, read(spark, kv, lease_id="one").where(f"day = '{DAYS[1]}'"), "one") == (2, {DAYS[1]})
-    assert planned(kv, read(spark, kv, lease_id="in").where(f"day IN ('{DAYS[0]}', '{DAYS[2]}') AND id > 3"),
-                   "in") == (4, {DAYS[0]})
-    assert planned(kv, read(spark, kv, lease_id="none").where("day = '20990101'"), "none")[1] == set()
+    # option partitions: only the partitions it names are planned and leased
+    assert planned(kv, read(spark, kv, lease_id="one", partitions=DAYS[1]), "one") == (2, {DAYS[1]})
+    assert planned(kv, read(spark, kv, lease_id="two", partitions=f"{DAYS[2]}, {DAYS[0]},{DAYS[0]}"),
+                   "two") == (4, {DAYS[0]})
+    two = read(spark, kv, partitions=f"{DAYS[0]},{DAYS[2]}")
+    assert rows(two) == {k: v for k, v in state.items() if k[0] != DAYS[1]}
+    assert rows(two.where("id < 10")) == {k: v for k, v in state.items() if k[0] != DAYS[1] and k[1] < 10}
+    for bad, message in (({"partitions": "20990101"}, "table shop.events has no partition 20990101"),
+                         ({"partitions": "2026/11"}, "option 'partitions': bad partition name"),
+                         ({"partitions": "a,,b"}, "option 'partitions': expected partition names")):
+        with pytest.raises(Exception, match=message):
+            read(spark, kv, **bad).collect()
+    with pytest.raises(Exception, match="table shop.flat is not partitioned"):
+        kv.admin.create_table("shop.flat", EVENTS, ["day", "id"], 1)
+        read(spark, kv, "shop.flat", partitions=DAYS[0]).collect()
 
+    # a filter on the partition column is Spark's to apply: right whatever ran on the DataFrame before
+    df = read(spark, kv)
     for where, keep in ((f"day IN ('{DAYS[0]}', '{DAYS[2]}')", lambda d, i: d != DAYS[1]),
                         (f"day < '{DAYS[2]}' AND id < 10", lambda d, i: d < DAYS[2] and i < 10),
                         (f"day LIKE '2026112%' AND NOT day = '{DAYS[0]}'", lambda d, i: d != DAYS[0]),
                         ("day = '20990101'", lambda d, i: False)):
-        assert rows(read(spark, kv).where(where)) == {k: v for k, v in state.items() if keep(*k)}, where
-    # a change feed is pruned too, and applied gives the partition; ending.offsets names an unpartitioned table's
-    changes = read(spark, kv, startup_mode="earliest").where(f"day = '{DAYS[2]}'").collect()
+        assert rows(df.where(where)) == {k: v for k, v in state.items() if keep(*k)}, where
+        assert df.count() == len(state), where  # not the plan of the filtered query before it
+    # a change feed of named partitions, applied, gives the partition; ending.offsets names an unpartitioned
+    # table's buckets
+    changes = read(spark, kv, startup_mode="earliest", partitions=DAYS[2]).collect()
     assert {r["day"] for r in changes} == {DAYS[2]}
     assert _applied([{**r.asDict(), "sec": r["day"]} for r in changes])[DAYS[2]] == {
         i: v for (d, i), v in state.items() if d == DAYS[2]}
@@ -106,7 +121,7 @@ def test_a_batch_read_leases_every_kept_partition_under_one_lease_and_filters_pr
     assert kv.admin.list_leases() == []
 
 
-def test_a_catalog_table_shows_its_partition_column_and_each_query_prunes_on_its_own(spark, kv):
+def test_a_catalog_table_shows_its_partition_column_and_each_query_reads_the_table(spark, kv):
     state = events(kv)
     name = f"events_{uuid.uuid4().hex[:8]}"
     spark.sql(f"CREATE TABLE {name} USING kvlease OPTIONS (bootstrap '{kv.coordinator.address}', "
@@ -118,7 +133,6 @@ def test_a_catalog_table_shows_its_partition_column_and_each_query_prunes_on_its
         assert described["id"]["comment"] is None
         one = spark.sql(f"SELECT day, id, v FROM {name} WHERE day = '{DAYS[2]}'")
         assert rows(one) == {k: v for k, v in state.items() if k[0] == DAYS[2]}
-        # a later query of the table is planned on its own, not on the pruned plan of the one before
         assert spark.sql(f"SELECT count(*) FROM {name}").collect()[0][0] == len(state)
     finally:
         spark.sql(f"DROP TABLE IF EXISTS {name}")

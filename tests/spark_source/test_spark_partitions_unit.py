@@ -46,13 +46,34 @@ def test_filters_on_the_partition_column_prune_and_the_others_keep_every_partiti
     assert evaluate(Not(EqualTo(("v",), "a")), {"day": "x"}) is None
 
 
-def test_a_partitioned_tables_reader_keeps_the_filters_and_gives_every_one_back_to_spark():
-    from kvlease.spark_source.batch import BatchReader, PartitionedBatchReader
+def test_a_partitioned_tables_reader_prunes_by_pushed_filters_only_where_spark_keeps_the_plan_with_its_query():
+    """Spark 4.3 reads the plan made for one query's pushed filters again for a later query of the DataFrame
+    that pushes none: a reader that pruned there would answer that query with the pruned partitions' rows."""
+    from pyspark.sql.datasource import DataSourceReader
 
-    reader = PartitionedBatchReader(None, ReadContext((), PARTITIONED, None, ("id",)))
+    from kvlease.spark_source.batch import PruningBatchReader, partitioned_reader
+
+    if hasattr(DataSourceReader, "pushLimit"):  # the release that keeps a pushdown's plan with its scan
+        assert partitioned_reader() is PruningBatchReader
+    else:
+        assert partitioned_reader().pushFilters is DataSourceReader.pushFilters
+    reader = PruningBatchReader(None, ReadContext((), PARTITIONED, None, ("id",)))
     filters = [EqualTo(("day",), "20261126"), EqualTo(("id",), 5)]
     assert reader.pushFilters(filters) is filters and reader.filters == tuple(filters)
-    assert PartitionedBatchReader.pushFilters is not BatchReader.pushFilters
+
+
+def test_option_partitions_names_partitions_of_the_tables_key():
+    from kvlease.spark_source.batch import canonical_names, check_partition_names
+    from kvlease.spark_source.options import OptionError, parse
+
+    assert parse({"bootstrap": "h:1", "table": "a.b", "partitions": " x , y,x"}).partitions == ("x", "y")
+    two = TableInfo(9, "db", "t", (Column("region", "STRING"), Column("day", "STRING"), Column("id", "BIGINT")),
+                    ("region", "day", "id"), 1, partition_key=("region", "day"))
+    assert canonical_names(two, ["day=1/region=eu", "region=eu/day=1"]) == ["region=eu/day=1"]
+    with pytest.raises(OptionError, match="option 'partitions': bad partition name 'eu'"):
+        check_partition_names(two, ("eu",))
+    with pytest.raises(OptionError, match="option 'partitions' selects partitions of a partitioned table"):
+        check_partition_names(TableInfo(3, "db", "u", two.columns, ("id",), 1), ("x",))
 
 
 def test_partition_values_are_typed_as_their_columns():
