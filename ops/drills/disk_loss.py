@@ -24,6 +24,7 @@ retention must not delete it meanwhile). The load and the checks are the replica
 
 from __future__ import annotations
 
+import logging
 import shutil
 import signal
 import time
@@ -40,6 +41,7 @@ from kvlease.ops.check import Check
 from kvlease.ops.drills.report import Report, finish
 from kvlease.ops.wait import poll
 
+log = logging.getLogger(__name__)
 NAME = "disk-loss"
 OPTIONS = ("seed",)
 REPLICATION = 3
@@ -107,8 +109,14 @@ def _wipe_leader(cluster: DrillCluster, table_id: int, server: int, rejoins: lis
 
 
 def _delete_table_data(cluster: DrillCluster, table_id: int, server: int) -> None:
+    """Delete the server's data of the table. A server with none on disk (it never opened a replica of it, e.g.
+    one started again just before) has lost nothing more: the drill goes on, and logs that it found none."""
     entry = local_cluster.member(cluster.doc, "tablets", server)
-    shutil.rmtree(Path(entry["log"]).parent / "data" / str(table_id))
+    data = Path(entry["log"]).parent / "data" / str(table_id)
+    if data.is_dir():
+        shutil.rmtree(data)
+    else:
+        log.warning("tablet %s has no data of table %s to delete (%s)", server, table_id, data)
 
 
 def _restart_and_wait(cluster: DrillCluster, table_id: int, server: int) -> float | None:
