@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Mapping
+
 from prometheus_client import Counter, Gauge
 
 from kvlease.common.metrics import MetricsRegistry
+from kvlease.common.tables import TableInfo
+
+#: The labels of the per-partition lease gauges: the table's id, the partition's id (never reused) and name.
+PARTITION_LABELS = ("table_id", "partition_id", "partition")
 
 
 class CoordinatorMetrics(MetricsRegistry):
@@ -18,6 +24,11 @@ class CoordinatorMetrics(MetricsRegistry):
                                   registry=r)
         self.table_leased_snapshots = Gauge("kvlease_table_leased_snapshots", "leased snapshots of the table",
                                             ["table_id"], registry=r)
+        self.partition_leases = Gauge("kvlease_partition_leases", "leases holding a bucket of the partition (of a "
+                                      "partitioned table; one series per partition some lease holds)",
+                                      PARTITION_LABELS, registry=r)
+        self.partition_leased_snapshots = Gauge("kvlease_partition_leased_snapshots",
+                                                "leased snapshots of the partition", PARTITION_LABELS, registry=r)
         self.leases_expired = Counter("kvlease_leases_expired", "leases dropped because they expired", registry=r)
         self.failovers = Counter("kvlease_coordinator_failovers", "times this process took over as the active coordinator from an earlier one "
                                  "(epoch > 1; the cluster's first active does not count)",
@@ -59,6 +70,7 @@ class CoordinatorMetrics(MetricsRegistry):
                                             "bytes of the files the orphan reclaim deleted, by reason", ["reason"],
                                             registry=r)
         self._tables: set[str] = set()
+        self._partitions: dict[tuple[int, int], tuple[str, str, str]] = {}  # (table, partition) -> its labels
 
     def set_lease_counts(self, leases: int, leased_snapshots: int, per_table_leases: dict[int, int],
                          per_table_snapshots: dict[int, int]) -> None:
@@ -72,3 +84,21 @@ class CoordinatorMetrics(MetricsRegistry):
             self.table_leases.labels(table_id).set(per_table_leases.get(int(table_id), 0))
             self.table_leased_snapshots.labels(table_id).set(per_table_snapshots.get(int(table_id), 0))
         self._tables = tables
+
+    def set_partition_lease_counts(self, leases: Mapping[tuple[int, int], int],
+                                   snapshots: Mapping[tuple[int, int], int], physical: Mapping[int, TableInfo]) -> None:
+        """The per-partition gauges, by (table id, partition id): a series for each partition some lease holds
+        (``physical``: the catalog's physical tables, for the partition's name); a partition no lease holds any
+        more (released, expired, dropped) loses its series."""
+        held = leases.keys() | snapshots.keys()
+        for gone in self._partitions.keys() - held:
+            labels = self._partitions.pop(gone)
+            self.partition_leases.remove(*labels)
+            self.partition_leased_snapshots.remove(*labels)
+        for key in held:
+            labels = self._partitions.get(key)
+            if labels is None:
+                name = getattr(physical.get(key[1]), "partition_name", None) or ""
+                labels = self._partitions[key] = (str(key[0]), str(key[1]), name)
+            self.partition_leases.labels(*labels).set(leases.get(key, 0))
+            self.partition_leased_snapshots.labels(*labels).set(snapshots.get(key, 0))
