@@ -240,13 +240,17 @@ def test_a_create_naming_an_unknown_time_unit_or_zone_is_refused_by_the_coordina
     assert admin.list_tables() == []
 
 
-def lease_samples(pair) -> list:
-    """The active coordinator's per-partition and per-table lease gauges' samples."""
+def samples(pair, *prefixes: str) -> list:
+    """The active coordinator's samples whose names start with one of ``prefixes``."""
     active = next(s for s in pair if s.is_active)
     with urllib.request.urlopen(f"http://127.0.0.1:{active.metrics_port}/metrics", timeout=5) as response:
         text = response.read().decode()
-    return [s for family in text_string_to_metric_families(text) for s in family.samples
-            if s.name.startswith(("kvlease_partition_", "kvlease_table_"))]
+    return [s for family in text_string_to_metric_families(text) for s in family.samples if s.name.startswith(prefixes)]
+
+
+def lease_samples(pair) -> list:
+    """The per-partition and per-table lease gauges' samples."""
+    return samples(pair, "kvlease_partition_", "kvlease_table_")
 
 
 def lease_series(pair) -> dict[tuple[str, str], float]:
@@ -277,3 +281,25 @@ def test_the_lease_gauges_count_per_partition_and_a_dropped_partition_loses_its_
     wait_until(lambda: lease_series(pair) == expected, 10, "the dropped partition's series gone")
     admin.release_lease("r1", [b0])
     wait_until(lambda: lease_series(pair) == {}, 10, "no series once no lease holds a partition")
+
+
+def test_the_offline_bucket_gauges_name_each_table_and_partition(admin, pair):
+    """No tablet server runs: every bucket is offline, counted per table or partition, a dropped partition's
+    series gone with it."""
+    table = admin.create_table("db.orders", COLUMNS, ["day", "id"], 2, partition_key=["day"])
+    a, b = (admin.create_partition("db.orders", name)[1] for name in ("a", "b"))
+    flat = admin.create_table("db.flat", COLUMNS, ["id"], 1)
+
+    def offline():
+        return {(s.labels["table"], s.labels["partition"], s.labels["partition_id"], s.labels["table_id"]): s.value
+                for s in samples(pair, "kvlease_coordinator_table_offline_buckets")}
+    t = str(table.table_id)
+    expected = {("db.orders", "a", str(a.partition_id), t): 2, ("db.orders", "b", str(b.partition_id), t): 2,
+                ("db.flat", "", "", str(flat.table_id)): 1}
+    wait_until(lambda: offline() == expected, 10, "the offline buckets of each table and partition")
+    assert [s.value for s in samples(pair, "kvlease_coordinator_offline_buckets")] == [5]
+    admin.drop_partition("db.orders", "a")
+    del expected["db.orders", "a", str(a.partition_id), t]
+    wait_until(lambda: offline() == expected, 10, "the dropped partition's series gone")
+    assert [s.value for s in samples(pair, "kvlease_coordinator_offline_buckets")] == [3]
+    assert samples(pair, "kvlease_coordinator_table_under_replicated_buckets") == []

@@ -184,7 +184,8 @@ def test_every_metric_the_dashboard_and_rules_name_is_exported_by_a_running_serv
                  "kvlease_coordinator_unclean_elections_total", "kvlease_coordinator_data_losses_total",
                  "kvlease_tablet_follower_offsets_behind_max", "kvlease_tablet_rebuilds_in_progress",
                  "kvlease_partition_leases", "kvlease_partition_leased_snapshots",
-                 "kvlease_tablet_bucket_stepped_down"):
+                 "kvlease_tablet_bucket_stepped_down", "kvlease_coordinator_table_offline_buckets",
+                 "kvlease_coordinator_table_under_replicated_buckets"):
         assert name in where, f"{name} is in neither the dashboard nor the rules"
     unknown = unknown_legend_labels({**labels, **labels_of(cluster.tablets[1].metrics_port)})
     assert not unknown, f"dashboard legends naming labels their metrics do not carry: {unknown}"
