@@ -95,6 +95,8 @@ class BucketRef:
     table: str  # DB.NAME
     bucket: int
     offline_reason: str = ""  # offline because its data is lost: why
+    partition_id: int | None = None  # a partition's bucket: the partition's id and name (None: of a table)
+    partition: str | None = None
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,9 @@ class ReplicationAdmin:
         replicas) and every decommissioned server id (live or not)."""
         response = self._call("ListTabletServers", pb.ListTabletServersRequest())
         def refs(buckets) -> tuple[BucketRef, ...]:
-            return tuple(BucketRef(b.table_id, b.table, b.bucket, b.offline_reason) for b in buckets)
+            return tuple(BucketRef(b.table_id, b.table, b.bucket, b.offline_reason,
+                                   *((b.partition_id, b.partition) if b.HasField("partition_id") else ()))
+                         for b in buckets)
         servers = tuple(TabletServerInfo(s.id, s.address, s.buckets, s.replicas, s.decommissioned)
                         for s in response.servers)
         return ClusterHealth(servers, refs(response.offline), refs(response.under_replicated),

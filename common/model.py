@@ -83,6 +83,10 @@ class Lease:
     def tables(self) -> set[int]:
         return {tb.table_id for tb in self.buckets}
 
+    def partitions(self) -> set[tuple[int, int]]:
+        """(table id, partition id) of every partition it holds a bucket of."""
+        return {(tb.table_id, tb.partition_id) for tb in self.buckets if tb.partition_id is not None}
+
     def table_buckets(self, table_id: int) -> dict[TableBucket, int]:
         return {tb: sid for tb, sid in self.buckets.items() if tb.table_id == table_id}
 

@@ -439,10 +439,11 @@ class Controller(Dispatcher):
     # -- metrics ------------------------------------------------------------------------------
 
     def refresh_metrics(self) -> None:
-        """Publish the lease counts (run every expiry tick): O(tables), from counts the state keeps."""
+        """Publish the lease counts (every expiry tick): O(tables + partitions held), from counts the state keeps."""
         if self.metrics is None:
             return
-        leases, per_table = self.leases.lease_counts()
-        self.metrics.set_lease_counts(leases, self.leases.refs.leased_count(), per_table,
-                                      dict(self.leases.refs.leased_count_by_table()))
+        (leases, per_table), refs = self.leases.lease_counts(), self.leases.refs
+        self.metrics.set_lease_counts(leases, refs.leased_count(), per_table, dict(refs.leased_count_by_table()))
+        self.metrics.set_partition_lease_counts(self.leases.partition_lease_counts(),
+                                                refs.leased_count_by_partition(), self.catalog.physical)
         self.metrics.lease_files_unreadable.set(sum(map(len, self.lease_store.unreadable.values())))

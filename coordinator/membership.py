@@ -379,9 +379,7 @@ class Membership:
     def refresh_metrics(self) -> None:
         if self.metrics is None:
             return
-        offline, under = self.health()
-        self.metrics.offline_buckets.set(len(offline))
-        self.metrics.under_replicated_buckets.set(len(under))
+        self.metrics.set_bucket_health(*self.health(), self.catalog.physical)
 
 
 def _log_leader_change(table_id: int, bucket: int, old: BucketAssignment | None, new: BucketAssignment) -> None:

@@ -1,7 +1,7 @@
 """The refcount index: ``TableBucket -> snapshot_id -> set(lease_id)``.
 
 A snapshot is protected while its set is non-empty. The number of leased
-snapshots, in all and per table, is kept as references come and go (the
+snapshots, in all, per table and per partition, is kept as references come and go (the
 metrics read it every tick: it must not cost a walk over the index).
 """
 
@@ -18,6 +18,7 @@ class RefcountIndex:
         self._refs: dict[TableBucket, dict[int, set[str]]] = {}
         self._leased = 0  # (bucket, snapshot) pairs with at least one holder
         self._leased_by_table: Counter[int] = Counter()
+        self._leased_by_partition: Counter[tuple[int, int]] = Counter()  # (table id, partition id)
 
     @classmethod
     def from_leases(cls, leases: Iterable[Lease]) -> "RefcountIndex":
@@ -35,7 +36,7 @@ class RefcountIndex:
                     by_snapshot[sid] = {lease_id}
                 else:
                     holders.add(lease_id)
-        index._leased, index._leased_by_table = index.recount()
+        index._leased, index._leased_by_table, index._leased_by_partition = index.recount()
         return index
 
     def add(self, lease_id: str, tb: TableBucket, snapshot_id: int) -> None:
@@ -45,6 +46,8 @@ class RefcountIndex:
             holders = by_snapshot[snapshot_id] = set()
             self._leased += 1
             self._leased_by_table[tb.table_id] += 1
+            if tb.partition_id is not None:
+                self._leased_by_partition[tb.table_id, tb.partition_id] += 1
         holders.add(lease_id)
 
     def remove(self, lease_id: str, tb: TableBucket, snapshot_id: int) -> bool:
@@ -63,6 +66,10 @@ class RefcountIndex:
         self._leased_by_table[tb.table_id] -= 1
         if not self._leased_by_table[tb.table_id]:
             del self._leased_by_table[tb.table_id]
+        if tb.partition_id is not None:
+            self._leased_by_partition[tb.table_id, tb.partition_id] -= 1
+            if not self._leased_by_partition[tb.table_id, tb.partition_id]:
+                del self._leased_by_partition[tb.table_id, tb.partition_id]
         return True
 
     def holders(self, tb: TableBucket, snapshot_id: int) -> frozenset[str]:
@@ -110,12 +117,20 @@ class RefcountIndex:
         """:meth:`leased_count` per table (kept up to date: O(tables))."""
         return Counter(self._leased_by_table)
 
-    def recount(self) -> tuple[int, Counter[int]]:
-        """:meth:`leased_count` and :meth:`leased_count_by_table` counted again from the index."""
+    def leased_count_by_partition(self) -> Counter[tuple[int, int]]:
+        """:meth:`leased_count` per partition, by (table id, partition id) (kept up to date: O(partitions))."""
+        return Counter(self._leased_by_partition)
+
+    def recount(self) -> tuple[int, Counter[int], Counter[tuple[int, int]]]:
+        """:meth:`leased_count`, :meth:`leased_count_by_table` and :meth:`leased_count_by_partition` counted
+        again from the index."""
         counts: Counter[int] = Counter()
+        partitions: Counter[tuple[int, int]] = Counter()
         for tb, by_snapshot in self._refs.items():
             counts[tb.table_id] += len(by_snapshot)
-        return sum(counts.values()), +counts
+            if tb.partition_id is not None:
+                partitions[tb.table_id, tb.partition_id] += len(by_snapshot)
+        return sum(counts.values()), +counts, +partitions
 
     def as_dict(self) -> dict[TableBucket, dict[int, frozenset[str]]]:
         return {tb: {sid: frozenset(h) for sid, h in s.items()} for tb, s in self._refs.items()}

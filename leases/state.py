@@ -92,6 +92,7 @@ class LeaseState(StateMachine):
     _parents: dict[int, _Parent] = field(default_factory=dict)
     _deadlines: Deadlines = field(default_factory=Deadlines)
     _table_leases: Counter[int] = field(default_factory=Counter)  # table -> leases holding a bucket of it
+    _partition_leases: Counter[tuple[int, int]] = field(default_factory=Counter)  # (table, partition) -> leases
 
     # -- queries (the entry point is StateMachine.handle) ------------------------
 
@@ -110,6 +111,10 @@ class LeaseState(StateMachine):
     def lease_counts(self) -> tuple[int, dict[int, int]]:
         """How many leases there are, and per table how many hold a bucket of it (O(tables))."""
         return len(self.leases), dict(self._table_leases)
+
+    def partition_lease_counts(self) -> dict[tuple[int, int], int]:
+        """Per (table id, partition id), how many leases hold a bucket of the partition (O(partitions held))."""
+        return dict(self._partition_leases)
 
     def live_leases(self, now_ms: int) -> list[Lease]:
         """Every lease whose deadline has not passed at ``now_ms``, by id."""
@@ -372,6 +377,7 @@ class LeaseState(StateMachine):
         self.refs = refs if refs is not None else RefcountIndex.from_leases(self.leases.values())
         self._deadlines = Deadlines([(lease.expiration_time, lease_id) for lease_id, lease in self.leases.items()])
         self._table_leases = self.refs.holder_counts_by_table()
+        self._partition_leases = Counter(p for lease in self.leases.values() for p in lease.partitions())
 
     def _put(self, lease: Lease) -> None:
         before = self.leases.get(lease.lease_id)
@@ -391,14 +397,16 @@ class LeaseState(StateMachine):
         self._deadlines.maybe_compact(len(self.leases), self._heap_entries)
 
     def _count_tables(self, before: Lease | None, after: Lease | None) -> None:
-        old = before.tables() if before is not None else set()
-        new = after.tables() if after is not None else set()
-        for table_id in new - old:
-            self._table_leases[table_id] += 1
-        for table_id in old - new:
-            self._table_leases[table_id] -= 1
-            if not self._table_leases[table_id]:
-                del self._table_leases[table_id]
+        """The leases per table and per partition, as ``before`` becomes ``after``."""
+        for counts, held in ((self._table_leases, Lease.tables), (self._partition_leases, Lease.partitions)):
+            old = held(before) if before is not None else set()
+            new = held(after) if after is not None else set()
+            for key in new - old:
+                counts[key] += 1
+            for key in old - new:
+                counts[key] -= 1
+                if not counts[key]:
+                    del counts[key]
 
     def _heap_entries(self) -> Iterable[tuple[int, str]]:
         return ((lease.expiration_time, lease_id) for lease_id, lease in self.leases.items())
@@ -421,7 +429,10 @@ class LeaseState(StateMachine):
             "stale deadlines were not compacted"
         tables = Counter(t for lease in self.leases.values() for t in lease.tables())
         assert tables == self._table_leases, "leases-per-table counts differ from the leases"
-        assert self.refs.recount() == (self.refs.leased_count(), self.refs.leased_count_by_table()), \
+        partitions = Counter(p for lease in self.leases.values() for p in lease.partitions())
+        assert partitions == self._partition_leases, "leases-per-partition counts differ from the leases"
+        assert self.refs.recount() == (self.refs.leased_count(), self.refs.leased_count_by_table(),
+                                       self.refs.leased_count_by_partition()), \
             "leased-snapshot counts differ from the refcount index"
         assert self._pending_leases == {w.lease_id for w in self._pending.values()}, "pending lease set drifted"
         assert len(self._pending_leases) == len(self._pending), "two writes in flight for one lease"

@@ -39,6 +39,11 @@ def where(doc: Mapping[str, Any]) -> str:
     return f"{doc['table']} partition {doc['partition']}" if doc.get("partition") else doc["table"]
 
 
+def bucket_text(doc: Mapping[str, Any]) -> str:
+    """A bucket a document names: ``db.t/2``, or a partition's ``db.t partition 20261127 bucket 2``."""
+    return f"{where(doc)} bucket {doc['bucket']}" if doc.get("partition") else f"{doc['table']}/{doc['bucket']}"
+
+
 def bucket_docs(buckets: Mapping[TableBucket, int], names: Mapping[int, str],
                 partitions: Mapping[int, str] | None = None) -> list[dict]:
     """Buckets and the snapshot each holds; a partition's bucket also names its partition (:func:`partition_fields`)."""

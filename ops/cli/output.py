@@ -21,10 +21,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table as RichTable
 
-from kvlease.ops.cli.documents import (acquire_doc, bucket_docs, cell_text, committed_doc, format_span, format_time_ms,
-                                       iso_time_ms, json_value, lease_doc, leases_doc, log_record_doc, log_record_line,
-                                       partition_doc, partitions_doc, row_doc, rows_doc, scan_doc, snapshots_doc,
-                                       table_doc, table_name, tables_doc, assignment_docs, where)
+from kvlease.ops.cli.documents import (acquire_doc, bucket_docs, bucket_text, cell_text, committed_doc, format_span,
+                                       format_time_ms, iso_time_ms, json_value, lease_doc, leases_doc, log_record_doc,
+                                       log_record_line, partition_doc, partitions_doc, row_doc, rows_doc, scan_doc,
+                                       snapshots_doc, table_doc, table_name, tables_doc, assignment_docs, where)
 from kvlease.ops.cli.table_text import describe_table, list_partitions, partitioning_text
 
 __all__ = [  # the documents are re-exported: the commands use this one module
@@ -35,6 +35,26 @@ __all__ = [  # the documents are re-exported: the commands use this one module
 ]
 
 # -- outputs ---------------------------------------------------------------------------------
+
+
+def bucket_health_lines(doc: Mapping[str, Any]) -> list[str]:
+    """``cluster status``'s lines after the processes: the offline and under-replicated buckets (counted, the
+    first 20 named), why an offline one's data is lost, the moves in progress; a partition's bucket is named
+    with its partition (:func:`bucket_text`)."""
+    lines = []
+    for key, what in (("offline", "offline buckets (no live leader)"),
+                      ("under_replicated", "under-replicated buckets (ISR smaller than replicas)")):
+        if doc.get(key):
+            more = f" and {len(doc[key]) - 20} more" if len(doc[key]) > 20 else ""
+            lines.append(f"{what}: {len(doc[key])}: {', '.join(map(bucket_text, doc[key][:20]))}{more}")
+    lines += [f"  {bucket_text(b)}: {b['offline_reason']}" for b in doc.get("offline", []) if b.get("offline_reason")]
+    if doc.get("reassignments"):
+        moves = doc["reassignments"]
+        shown = "; ".join(f"{bucket_text(m)} to {m['target']}"
+                          + (f" (waiting for {m['waiting']})" if m["waiting"] else "") for m in moves[:20])
+        more = f" and {len(moves) - 20} more" if len(moves) > 20 else ""
+        lines.append(f"buckets being moved: {len(moves)}: {shown}{more}")
+    return lines
 
 
 class Output(ABC):
@@ -256,21 +276,8 @@ class TextOutput(Output):
         if doc.get("settings"):
             shown = ", ".join(f"{key}={value}" for key, value in doc["settings"].items())
             self._print(f"settings of every server (cluster start --set): {escape(shown)}")
-        for key, what in (("offline", "offline buckets (no live leader)"),
-                          ("under_replicated", "under-replicated buckets (ISR smaller than replicas)")):
-            if doc.get(key):
-                shown = ", ".join(f"{b['table']}/{b['bucket']}" for b in doc[key][:20])
-                more = f" and {len(doc[key]) - 20} more" if len(doc[key]) > 20 else ""
-                self._print(f"{what}: {len(doc[key])}: {shown}{more}")
-        for b in doc.get("offline", []):
-            if b.get("offline_reason"):
-                self._print(f"  {b['table']}/{b['bucket']}: {b['offline_reason']}")
-        if doc.get("reassignments"):
-            moves = doc["reassignments"]
-            shown = "; ".join(f"{m['table']}/{m['bucket']} to {m['target']}"
-                              + (f" (waiting for {m['waiting']})" if m["waiting"] else "") for m in moves[:20])
-            more = f" and {len(moves) - 20} more" if len(moves) > 20 else ""
-            self._print(f"buckets being moved: {len(moves)}: {shown}{more}")
+        for line in bucket_health_lines(doc):
+            self._print(escape(line))
 
     def rows(self, doc: Mapping[str, Any]) -> None:
         found = [row for row in doc["rows"] if row is not None]

@@ -88,6 +88,8 @@ def _health(client, result: dict[str, Any]) -> dict[str, Any]:
     result["decommissioned"] = list(health.decommissioned)
     for key, buckets in (("offline", health.offline), ("under_replicated", health.under_replicated)):
         result[key] = [{"table": b.table, "table_id": b.table_id, "bucket": b.bucket,
+                        **({} if b.partition_id is None else {"partition": b.partition,
+                                                               "partition_id": b.partition_id}),
                         **({"offline_reason": b.offline_reason} if b.offline_reason else {})} for b in buckets]
         result[f"{key}_count"] = len(buckets)
     result.update(_reassignments(client))

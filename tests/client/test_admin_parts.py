@@ -84,10 +84,14 @@ def test_the_moves_and_data_loss_parts_ask_for_the_table_through_what_they_were_
 def test_the_replication_part_reads_the_cluster_health():
     call = Coordinator(ListTabletServers=pb.ListTabletServersResponse(
         servers=[pb.TabletServerPb(id=1, address="h:1", buckets=2, replicas=3)], decommissioned=[4],
-        offline=[pb.BucketRefPb(table_id=7, table="db.t", bucket=0, offline_reason="lost")]))
+        offline=[pb.BucketRefPb(table_id=7, table="db.t", bucket=0, offline_reason="lost")],
+        under_replicated=[pb.BucketRefPb(table_id=9, table="shop.events", bucket=1, partition_id=12,
+                                         partition="20261129")]))
     health = ReplicationAdmin(call).cluster_health()
     assert [s.id for s in health.servers] == [1] and health.decommissioned == (4,)
-    assert [(b.table, b.offline_reason) for b in health.offline] == [("db.t", "lost")]
+    assert [(b.table, b.offline_reason, b.partition_id) for b in health.offline] == [("db.t", "lost", None)]
+    assert [(b.table, b.partition, b.partition_id, b.bucket) for b in health.under_replicated] == [
+        ("shop.events", "20261129", 12, 1)]
 
 
 def test_server_calls_read_a_fenced_alter_isr_and_each_resignation():

@@ -1,5 +1,6 @@
 """Partitioned tables on real coordinators (ZooKeeper, gRPC on loopback), no tablet servers: DDL, ids, the
-partition cap, auto-partitioning and retention that never drops what a lease holds (docs/partitions.md).
+partition cap, auto-partitioning, retention that never drops what a lease holds (docs/partitions.md) and the
+per-partition lease gauges (docs/operations.md).
 
 The coordinators share a clock the tests move: auto-partition checks run every 100 ms of real time, and
 "days" pass when a test says so.
@@ -8,9 +9,11 @@ The coordinators share a clock the tests move: auto-partition checks run every 1
 from __future__ import annotations
 
 import threading
+import urllib.request
 from datetime import datetime, timezone
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from kvlease.client.admin import AdminClient
 from kvlease.common import errors
@@ -235,3 +238,68 @@ def test_a_create_naming_an_unknown_time_unit_or_zone_is_refused_by_the_coordina
             admin.caller.call("CreateTable", request)
         assert message in refused.value.message and "\n" not in refused.value.message
     assert admin.list_tables() == []
+
+
+def samples(pair, *prefixes: str) -> list:
+    """The active coordinator's samples whose names start with one of ``prefixes``."""
+    active = next(s for s in pair if s.is_active)
+    with urllib.request.urlopen(f"http://127.0.0.1:{active.metrics_port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return [s for family in text_string_to_metric_families(text) for s in family.samples if s.name.startswith(prefixes)]
+
+
+def lease_samples(pair) -> list:
+    """The per-partition and per-table lease gauges' samples."""
+    return samples(pair, "kvlease_partition_", "kvlease_table_")
+
+
+def lease_series(pair) -> dict[tuple[str, str], float]:
+    """(sample name, partition name or table id) -> value."""
+    return {(s.name, s.labels.get("partition", s.labels.get("table_id"))): s.value for s in lease_samples(pair)}
+
+
+def test_the_lease_gauges_count_per_partition_and_a_dropped_partition_loses_its_series(admin, pair):
+    table = admin.create_table("db.orders", COLUMNS, ["day", "id"], 2, partition_key=["day"])
+    a, b = (admin.create_partition("db.orders", name)[1] for name in ("20261127", "20261128"))
+    a0, a1, b0 = (TableBucket(table.table_id, n, p.partition_id) for p, n in ((a, 0), (a, 1), (b, 0)))
+    for tb in (a0, a1, b0):
+        commit_snapshot(admin, tb, 1, 5)
+    admin.acquire_lease("r1", {a0: 1, b0: 1}, 60_000)
+    admin.acquire_lease("r2", {a0: 1, a1: 1}, 60_000)
+    t = str(table.table_id)
+    expected = {("kvlease_partition_leases", "20261127"): 2, ("kvlease_partition_leased_snapshots", "20261127"): 2,
+                ("kvlease_partition_leases", "20261128"): 1, ("kvlease_partition_leased_snapshots", "20261128"): 1,
+                ("kvlease_table_leases", t): 2, ("kvlease_table_leased_snapshots", t): 3}
+    wait_until(lambda: lease_series(pair) == expected, 10, "the gauges of both partitions")
+    labels = [s.labels for s in lease_samples(pair) if s.name == "kvlease_partition_leases"]
+    assert sorted(labels, key=lambda row: row["partition"]) == [
+        {"table_id": t, "partition_id": str(a.partition_id), "partition": "20261127"},
+        {"table_id": t, "partition_id": str(b.partition_id), "partition": "20261128"}]
+    admin.drop_partition("db.orders", "20261127")  # out of both leases: r2 held nothing else
+    expected = {("kvlease_partition_leases", "20261128"): 1, ("kvlease_partition_leased_snapshots", "20261128"): 1,
+                ("kvlease_table_leases", t): 1, ("kvlease_table_leased_snapshots", t): 1}
+    wait_until(lambda: lease_series(pair) == expected, 10, "the dropped partition's series gone")
+    admin.release_lease("r1", [b0])
+    wait_until(lambda: lease_series(pair) == {}, 10, "no series once no lease holds a partition")
+
+
+def test_the_offline_bucket_gauges_name_each_table_and_partition(admin, pair):
+    """No tablet server runs: every bucket is offline, counted per table or partition, a dropped partition's
+    series gone with it."""
+    table = admin.create_table("db.orders", COLUMNS, ["day", "id"], 2, partition_key=["day"])
+    a, b = (admin.create_partition("db.orders", name)[1] for name in ("a", "b"))
+    flat = admin.create_table("db.flat", COLUMNS, ["id"], 1)
+
+    def offline():
+        return {(s.labels["table"], s.labels["partition"], s.labels["partition_id"], s.labels["table_id"]): s.value
+                for s in samples(pair, "kvlease_coordinator_table_offline_buckets")}
+    t = str(table.table_id)
+    expected = {("db.orders", "a", str(a.partition_id), t): 2, ("db.orders", "b", str(b.partition_id), t): 2,
+                ("db.flat", "", "", str(flat.table_id)): 1}
+    wait_until(lambda: offline() == expected, 10, "the offline buckets of each table and partition")
+    assert [s.value for s in samples(pair, "kvlease_coordinator_offline_buckets")] == [5]
+    admin.drop_partition("db.orders", "a")
+    del expected["db.orders", "a", str(a.partition_id), t]
+    wait_until(lambda: offline() == expected, 10, "the dropped partition's series gone")
+    assert [s.value for s in samples(pair, "kvlease_coordinator_offline_buckets")] == [3]
+    assert samples(pair, "kvlease_coordinator_table_under_replicated_buckets") == []

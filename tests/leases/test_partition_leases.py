@@ -83,3 +83,22 @@ def test_dropping_one_partition_takes_only_its_buckets_out_of_the_leases(h):
     assert h.state.get("a").buckets == {tb(P2, 0): 1, tb(None, 1, table=FLAT): 1}
     assert h.state.get("b") is None  # it held only the dropped partition
     assert h.state.refs.held_partitions(TABLE) == {P2: {"a"}}
+
+
+def test_the_leases_and_leased_snapshots_per_partition_follow_acquires_releases_and_drops(h):
+    """What kvlease_partition_leases / kvlease_partition_leased_snapshots publish: a lease counts once per
+    partition it holds a bucket of; a partition no lease holds has no count (validate() recounts both)."""
+    for bucket in (tb(P1, 0), tb(P1, 1), tb(P2, 0), tb(None, 0, table=FLAT)):
+        h.commit(bucket, 1)
+    h.commit(tb(P1, 0), 2)
+    h.lease("a", {tb(P1, 0): 1, tb(P1, 1): 1, tb(P2, 0): 1, tb(None, 0, table=FLAT): 1})
+    h.lease("b", {tb(P1, 0): 2})
+    assert h.state.partition_lease_counts() == {(TABLE, P1): 2, (TABLE, P2): 1}  # FLAT is not partitioned
+    assert h.state.refs.leased_count_by_partition() == {(TABLE, P1): 3, (TABLE, P2): 1}
+    assert h.state.lease_counts() == (2, {TABLE: 2, FLAT: 1})
+    h.run(h.release("a", tb(P2, 0)))
+    assert h.state.partition_lease_counts() == {(TABLE, P1): 2}
+    assert h.state.refs.leased_count_by_partition() == {(TABLE, P1): 3}
+    h.run(RemoveTable(TABLE, P1, event_id=h.next_id()))
+    assert h.state.partition_lease_counts() == {} and h.state.refs.leased_count_by_partition() == {}
+    assert h.state.lease_counts() == (1, {FLAT: 1})

@@ -76,6 +76,11 @@ def test_counts() -> None:
     index.add("N", P, 2)
     assert index.leased_count() == 5
     assert index.leased_count_by_table() == Counter({1: 4, 2: 1})
+    assert index.leased_count_by_partition() == Counter({(1, 3): 1})  # A, B and C are of no partition
+    index.add("N", P, 3)
+    assert index.remove("N", P, 2) and index.leased_count_by_partition() == Counter({(1, 3): 1})
+    assert index.remove("N", P, 3) and index.leased_count_by_partition() == Counter()
+    assert index.recount() == (index.leased_count(), index.leased_count_by_table(), Counter())
 
 
 def test_from_leases_equals_adding_by_hand() -> None:

@@ -1,6 +1,7 @@
 """The Grafana dashboard and Prometheus alert rules in deploy/monitoring/ name only metrics a running
-coordinator and tablet server export: a real coordinator and tablet server (real ZooKeeper, gRPC and
-RocksDB) are started, given some traffic (a lease, a scan), and their /metrics endpoints scraped."""
+coordinator and tablet server export, and the dashboard's legends only labels those metrics carry: a real
+coordinator and tablet server (real ZooKeeper, gRPC and RocksDB) are started, given some traffic (a lease
+of a table and of a partition, a scan), and their /metrics endpoints scraped."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvlease.client.table import TableClient
 from kvlease.common.model import TableBucket
 from kvlease.common.tables import Column
+from kvlease.ops.wait import wait_until
 from tests.support.local_cluster import LocalCluster
 from tests.support.paths import REPO
 
@@ -87,16 +89,46 @@ def referenced() -> dict[str, set[str]]:
 # -- what the servers export --------------------------------------------------------------------------
 
 
+def scrape(metrics_port: int) -> list:
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as response:
+        return list(text_string_to_metric_families(response.read().decode()))
+
+
 def exported(metrics_port: int) -> set[str]:
     """The sample names one server's /metrics exports: every sample, and for every declared family the
     names its type makes (a labelled family with no series yet is declared, with no samples)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as response:
-        text = response.read().decode()
     names = set()
-    for family in text_string_to_metric_families(text):
+    for family in scrape(metrics_port):
         names |= {sample.name for sample in family.samples}
         names |= {family.name + suffix for suffix in SUFFIXES.get(family.type, ("",))}
     return names
+
+
+def labels_of(metrics_port: int) -> dict[str, set[str]]:
+    """Sample name -> the labels its series carry (only names with a series)."""
+    labels: dict[str, set[str]] = {}
+    for family in scrape(metrics_port):
+        for sample in family.samples:
+            labels.setdefault(sample.name, set()).update(sample.labels)
+    return labels
+
+
+def unknown_legend_labels(labels: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Dashboard legends naming a label that none of their expression's metrics carries: legend -> labels.
+    Only expressions whose metrics all have a series in ``labels`` are checked; ``instance`` and ``job`` are
+    Prometheus's own, and ``label_replace`` may make one."""
+    doc = json.loads(DASHBOARD.read_text())
+    unknown = {}
+    for target in (t for p in doc["panels"] for t in p.get("targets", []) if t.get("legendFormat")):
+        names = metric_names(target["expr"])
+        if not names or not names <= labels.keys():
+            continue
+        known = {"instance", "job"} | set().union(*(labels[n] for n in names))
+        known |= set(re.findall(r'label_replace\(.*?,\s*"(\w+)"', target["expr"]))
+        named = set(re.findall(r"\{\{\s*(\w+)\s*\}\}", target["legendFormat"]))
+        if named - known:
+            unknown[target["legendFormat"]] = named - known
+    return unknown
 
 
 @pytest.fixture
@@ -110,6 +142,18 @@ def cluster(make_config, tmp_path):
     c.close()
 
 
+def lease_a_partition(cluster) -> None:
+    """A partitioned table's partition written, snapshotted and leased: its per-partition series."""
+    info = cluster.admin.create_table("db.p", [Column("day", "STRING"), Column("id", "BIGINT")], ["day", "id"], 1,
+                                      partition_key=["day"])
+    with TableClient(cluster.admin, "db.p", retry_total_s=10) as table:
+        table.upsert([{"day": "20261129", "id": i} for i in range(10)])
+    with TableClient(cluster.admin, "db.p", partition="20261129", retry_total_s=10) as partition:
+        partition.trigger_snapshot(wait=True)
+        latest = cluster.admin.get_latest_kv_snapshots(info.table_id, partition.table.partition_id)
+    cluster.admin.acquire_lease("monitoring-partition", {tb: s.snapshot_id for tb, s in latest.items()}, 60_000)
+
+
 def test_every_metric_the_dashboard_and_rules_name_is_exported_by_a_running_server(cluster):
     info = cluster.create_table("db.t", [Column("id", "BIGINT"), Column("v", "STRING")], ["id"], 2)
     with TableClient(cluster.admin, "db.t", retry_total_s=10) as table:
@@ -118,7 +162,12 @@ def test_every_metric_the_dashboard_and_rules_name_is_exported_by_a_running_serv
         latest = cluster.admin.get_latest_kv_snapshots(info.table_id)
         cluster.admin.acquire_lease("monitoring", {tb: s.snapshot_id for tb, s in latest.items()}, 60_000)
         assert len(table.scan().rows) == 100
-    coordinator = exported(cluster.coordinator.metrics_port)
+    lease_a_partition(cluster)
+    port = cluster.coordinator.metrics_port
+    labels = wait_until(lambda: "kvlease_partition_leases" in (found := labels_of(port)) and found, 10,
+                        "the per-partition lease gauges refreshed")  # on the coordinator's expiry tick
+    assert labels["kvlease_partition_leases"] == {"table_id", "partition_id", "partition"}
+    coordinator = exported(port)
     tablet = exported(cluster.tablets[1].metrics_port)
     assert {"kvlease_leases", "kvlease_table_leases"} <= coordinator  # the traffic made its series
     assert {"kvlease_tablet_healthy", "kvlease_scanners_opened_total"} <= tablet
@@ -133,8 +182,13 @@ def test_every_metric_the_dashboard_and_rules_name_is_exported_by_a_running_serv
                  "kvlease_tablet_healthy", "kvlease_scanners_open", "kvlease_tablet_snapshot_lag_records",
                  "kvlease_coordinator_offline_buckets", "kvlease_coordinator_under_replicated_buckets",
                  "kvlease_coordinator_unclean_elections_total", "kvlease_coordinator_data_losses_total",
-                 "kvlease_tablet_follower_offsets_behind_max", "kvlease_tablet_rebuilds_in_progress"):
+                 "kvlease_tablet_follower_offsets_behind_max", "kvlease_tablet_rebuilds_in_progress",
+                 "kvlease_partition_leases", "kvlease_partition_leased_snapshots",
+                 "kvlease_tablet_bucket_stepped_down", "kvlease_coordinator_table_offline_buckets",
+                 "kvlease_coordinator_table_under_replicated_buckets"):
         assert name in where, f"{name} is in neither the dashboard nor the rules"
+    unknown = unknown_legend_labels({**labels, **labels_of(cluster.tablets[1].metrics_port)})
+    assert not unknown, f"dashboard legends naming labels their metrics do not carry: {unknown}"
 
 
 def gauge(metrics_port: int, name: str) -> float:

@@ -90,3 +90,19 @@ def test_status_text_counts_and_lists_offline_and_under_replicated_buckets():
     assert "2 buckets led, 6 replicas" in text
     assert "offline buckets (no live leader): 1: db.t/2" in text
     assert "under-replicated buckets (ISR smaller than replicas): 2: db.t/1, db.u/0" in text
+
+
+def test_status_text_names_the_partition_of_a_partition_s_bucket():
+    """Not its physical id: the table, the partition's name and the bucket, also in an offline reason."""
+    buffer = io.StringIO()
+    events = {"table": "shop.events", "table_id": 9, "partition": "20261129", "partition_id": 4242}
+    out.TextOutput(Console(file=buffer, width=300)).cluster_status({
+        "zookeeper": [], "coordinators": [], "tablets": [],
+        "offline": [{**events, "bucket": 3, "offline_reason": "data lost on tablet server 2"},
+                    {"table": "db.t", "table_id": 7, "bucket": 2}], "offline_count": 2,
+        "under_replicated": [{**events, "bucket": 1}], "under_replicated_count": 1})
+    text = buffer.getvalue()
+    assert "offline buckets (no live leader): 2: shop.events partition 20261129 bucket 3, db.t/2" in text
+    assert "  shop.events partition 20261129 bucket 3: data lost on tablet server 2" in text
+    assert "under-replicated buckets (ISR smaller than replicas): 1: shop.events partition 20261129 bucket 1" in text
+    assert "4242" not in text  # the partition's id is in --json only
