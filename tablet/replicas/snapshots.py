@@ -208,6 +208,9 @@ class ReplicaSnapshots:
         if not kept:
             return 0  # no snapshot: the changelog is the only copy
         keep_from = min(s.log_offset for s in kept)
+        known = replica.store.files.known_offsets()  # from memory while parked
+        if known is not None and known[0] >= keep_from:
+            return 0  # no record below keep_from: nothing to delete, and a parked bucket is not opened to list
         cutoff_s = time.time() - self.config[cfg.LOG_RETENTION] / 1000.0
         segments = replica.store.log_segments()
         old_enough = [s for s in segments if s.end_offset <= keep_from and s.mtime <= cutoff_s]
