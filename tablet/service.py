@@ -34,7 +34,7 @@ from kvlease.common import errors
 from kvlease.common.logentry import ChangelogError, CorruptLogError
 from kvlease.common.proto import tablet_pb2 as pb
 from kvlease.common.proto import tablet_pb2_grpc as pb_grpc
-from kvlease.common.wire import error_pb, handle_to_pb, table_from_pb
+from kvlease.common.wire import error_pb, handle_to_pb
 from kvlease.common.codec import batch_to_ipc, ipc_to_batch
 from kvlease.common.model import SnapshotHandle
 from kvlease.common.security.server import OPEN
@@ -44,7 +44,7 @@ from kvlease.tablet.replicas.manager import ReplicaManager
 from kvlease.tablet.replication.fetch_service import ReplicaFetchService
 from kvlease.tablet.replication.leader import check_epoch
 from kvlease.tablet.replication.leader_lease import LeaseBasis
-from kvlease.tablet.replication.roles import BucketRole
+from kvlease.tablet.replication.roles import PushedRoles
 from kvlease.tablet.scan.service import ScanService
 from kvlease.tablet.store.kvstore import BucketStoreError
 
@@ -105,6 +105,7 @@ class TabletService(pb_grpc.TabletServiceServicer):
         self.security = security  # common.security.server: OPEN or ServerSecurity
         self.access = TableAccess(replicas, security)
         self.scans = scans if scans is not None else ScanService(replicas, replicas.config, security=security)
+        self.pushed = PushedRoles(replicas.server_id)  # a push's buckets parsed, the unchanged ones reused
 
     def _physical(self, request) -> int:
         """The physical table ``request`` names by ``table_id`` and ``partition_id`` (see the module docstring)."""
@@ -117,7 +118,7 @@ class TabletService(pb_grpc.TabletServiceServicer):
                 raise errors.InvalidRequestError(
                     f"push for tablet server {me} with data dir {request.dir_id}, but this server's data dir is "
                     f"{self.replicas.dir_id} (a new one: the coordinator has not seen it yet); refused")
-            held = [BucketRole.from_pb(b, table_from_pb(b.table), me) for b in request.buckets]
+            held = self.pushed.parse(request.buckets)  # an unchanged bucket is the role taken before
             basis = LeaseBasis(request.session_id, request.demotions) if request.HasField("session_id") else None
             self.replicas.update_leadership(request.coordinator_epoch, held, list(request.dropped_tables), basis)
             return {}

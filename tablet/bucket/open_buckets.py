@@ -58,6 +58,8 @@ class OpenBuckets:
         self._lock = threading.Lock()
         #: Buckets parked so far (for metrics: a high rate means the capacity is too small for the load).
         self.parked = 0
+        #: Bucket files opened so far, first opens and reopens of parked ones alike.
+        self.opens = 0
 
     def __len__(self) -> int:
         return len(self._open)
@@ -66,6 +68,7 @@ class OpenBuckets:
         """``files`` opened: the most recently used now (the caller's :meth:`used` parks others)."""
         with self._lock:
             self._open[files] = None
+            self.opens += 1
 
     def closed(self, files: Parkable) -> None:
         with self._lock:

@@ -85,7 +85,17 @@ class BucketReplication:
     def advance_high_watermark(self, hw: int) -> int:
         """HW := max(HW, min(``hw``, log end)); apply every entry ending at or below it to RocksDB in offset
         order (the buffer's prepared batches where it holds them, else decoded from the changelog). Never
-        moves back; returns the high watermark. Not replicated: the log end, nothing done."""
+        moves back; returns the high watermark. Not replicated: the log end, nothing done. A HW that does not
+        move opens nothing: a parked follower told its leader's unchanged HW stays parked (every entry the HW
+        passed was applied before it was parked, or is replayed when it opens: :attr:`BucketFiles.replay_limit`)."""
+        with self.bucket.write_lock:
+            known = self.bucket.files.known_offsets()  # from memory while parked; None: opened below
+            if known is not None and self.bucket.files.failure is None:  # failed: the apply is tried again
+                _start, end, applied = known
+                if not self.bucket.spec.replicated:
+                    return end
+                if min(hw, end) <= max(self._hw, applied):
+                    return max(self._hw, applied)
         with self.bucket.files.use() as (changelog, kv), self.bucket.write_lock:
             if not self.bucket.spec.replicated:
                 return changelog.end_offset
@@ -253,11 +263,22 @@ class BucketReplication:
             self.bucket.role.following = True
             self.bucket.buffer.invalidate()
 
+    def _log_end(self) -> int:
+        """The changelog's end; a parked bucket answers from memory, opening nothing. The caller holds the
+        write lock: every change of the log or of the epoch cache takes it with the files open, so the end
+        and the cache (kept in memory while parked, the same as the checkpoint a reopen loads) agree."""
+        known = self.bucket.files.known_offsets()
+        if known is not None:
+            return known[1]
+        with self.bucket.files.use() as (changelog, _kv):  # never opened (or failed, closed): it opens
+            return changelog.end_offset
+
     @property
     def last_epoch(self) -> int:
-        """The leader epoch of the log's last entry (-1: no entry, or written without an epoch)."""
-        with self.bucket.files.use() as (changelog, _kv), self.bucket.write_lock:
-            end = changelog.end_offset
+        """The leader epoch of the log's last entry (-1: no entry, or written without an epoch). A parked
+        bucket answers from memory (what a follower's fetch round asks of every bucket it follows)."""
+        with self.bucket.write_lock:
+            end = self._log_end()
             epoch = self.bucket.epoch_file.cache.epoch_at(end - 1) if end > 0 else None
             return -1 if epoch is None else epoch
 
@@ -268,9 +289,10 @@ class BucketReplication:
             return self.bucket.epoch_file.copy()
 
     def end_offset_for(self, epoch: int) -> EpochEnd:
-        """The leader's answer to a follower whose latest epoch is ``epoch`` (:meth:`EpochCache.end_offset_for`)."""
-        with self.bucket.files.use() as (changelog, _kv), self.bucket.write_lock:
-            return self.bucket.epoch_file.cache.end_offset_for(epoch, changelog.end_offset)
+        """The leader's answer to a follower whose latest epoch is ``epoch`` (:meth:`EpochCache.end_offset_for`);
+        a parked bucket answers from memory (every follower's fetch asks it of every bucket)."""
+        with self.bucket.write_lock:
+            return self.bucket.epoch_file.cache.end_offset_for(epoch, self._log_end())
 
     def truncation_for(self, answer: EpochEnd) -> Truncation:
         """The follower's step on its leader's ``answer`` (:meth:`EpochCache.truncation_for`); the caller

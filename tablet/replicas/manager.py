@@ -32,14 +32,12 @@ and changelog retention (``tablet/replicas/snapshots.py``), the replicas whose d
 (``tablet/replicas/loss.py``: the manager starts such a replica over, :meth:`ReplicaManager.start_over`)
 and the local copies of buckets it no longer holds (``tablet/replicas/local_copies.py``).
 
-Thousands of buckets: taking a bucket opens no file (its store opens them on
-first use, and the server's :class:`~kvlease.tablet.bucket.open_buckets.OpenBuckets` parks
-idle ones); the keeper (``tablet/replicas/keeper.py``) opens new buckets in the
-background, learns their latest snapshot from the coordinator and reopens
-failed ones. At most ``tablet.buckets.max`` buckets are led: a push naming more
-(the coordinator places no more than that, so only one that did not know it)
-leaves the newest ones refused, answered with a clear error and reported
-unhealthy.
+Thousands of buckets: taking a bucket opens no file (its store opens them on first use, and the server's
+:class:`~kvlease.tablet.bucket.open_buckets.OpenBuckets` parks idle ones); the keeper (``tablet/replicas/keeper.py``)
+opens new buckets in the background, learns their latest snapshot from the coordinator and reopens failed ones.
+A push's bucket whose role is the one taken already is skipped. At most ``tablet.buckets.max`` buckets are led: a
+push naming more (the coordinator places no more than that, so only one that did not know it) leaves the newest
+ones refused, answered with a clear error and reported unhealthy.
 """
 
 from __future__ import annotations
@@ -51,8 +49,7 @@ import threading
 import time
 from typing import Callable, Iterator
 
-from kvlease.common import config as cfg
-from kvlease.common import errors
+from kvlease.common import config as cfg, errors
 from kvlease.common.storage import RemoteStorage
 from kvlease.common.tables import TableInfo
 from kvlease.common.model import SnapshotHandle, TableBucket
@@ -60,8 +57,7 @@ from kvlease.common.parts import documented_by
 from kvlease.client.server_calls import ServerCalls
 from kvlease.tablet.bucket.open_buckets import OpenBuckets, open_capacity
 from kvlease.tablet.bucket.store import BucketStore
-from kvlease.tablet.replicas import loss as replica_loss
-from kvlease.tablet.replicas import stray_copies
+from kvlease.tablet.replicas import loss as replica_loss, stray_copies
 from kvlease.tablet.replicas.held_tables import HeldTables
 from kvlease.tablet.replicas.local_copies import LocalCopies
 from kvlease.tablet.replicas.loss import ReplicaLosses
@@ -182,24 +178,8 @@ class ReplicaManager:
                     self._close(key, dropped=key[0] in gone)
                 self.refused = {}
                 for key, role in sorted(wanted.items()):
-                    # A replica's loss work is known before a reader (unlocked) can see it with its role:
-                    # a bucket to restore never answers from the data it is to replace.
-                    replica = self._held(key, role)
-                    if replica is not None:
-                        self.losses.note_loss(replica, role)
-                        if replica.take_role(role, now):
-                            stopped_leading.append(replica)
-                        continue
-                    if len(self._replicas) >= self.max_buckets:
-                        self.refused[key] = role.table
-                        continue
-                    replica = self._open(role, now)  # no file opened yet: see the module docstring
-                    self.tables.add(role.table)  # known before it serves
-                    self.unsettled.add(key)
-                    self.losses.note_loss(replica, role)
-                    if self.held.lost(*key, replica.store.dir):
-                        self.lose(replica, replica_loss.missing_reason(replica.store.dir))
-                    self._replicas[key] = replica
+                    if self._take(key, role, now):
+                        stopped_leading.append(self._replicas[key])
             finally:  # forget the tables no longer held (also when opening a bucket failed)
                 self.tables.keep([*(r.table for r in self._replicas.values()), *self.refused.values()])
             self.copies.delete_tables(gone)
@@ -216,6 +196,30 @@ class ReplicaManager:
         led = sum(1 for r in roles if r.leads(self.server_id))
         log.info("holding %d buckets, leading %d (coordinator epoch %d)", len(wanted) - len(self.refused), led,
                  coordinator_epoch)
+
+    def _take(self, key: tuple[int, int], role: BucketRole, now: float) -> bool:
+        """Hold ``key`` in a push's ``role`` (received at ``now``): whether its replica stopped leading. The role it
+        took (the same object: ``PushedRoles``), if it names no loss, is skipped. Hold the lock."""
+        replica = self._replicas.get(key)
+        if replica is not None and replica.role is role and role.latest_loss is None:
+            return False
+        # A replica's loss work is known before a reader (unlocked) can see it with its role:
+        # a bucket to restore never answers from the data it is to replace.
+        replica = self._held(key, role)
+        if replica is not None:
+            self.losses.note_loss(replica, role)
+            return replica.take_role(role, now)
+        if len(self._replicas) >= self.max_buckets:
+            self.refused[key] = role.table
+            return False
+        replica = self._open(role, now)  # no file opened yet: see the module docstring
+        self.tables.add(role.table)  # known before it serves
+        self.unsettled.add(key)
+        self.losses.note_loss(replica, role)
+        if self.held.lost(*key, replica.store.dir):
+            self.lose(replica, replica_loss.missing_reason(replica.store.dir))
+        self._replicas[key] = replica
+        return False
 
     def _held(self, key: tuple[int, int], role: BucketRole) -> Replica | None:
         """The replica held of ``key`` (None: none), closed and opened again in the other mode (the same files;
@@ -390,8 +394,7 @@ class ReplicaManager:
         raise errors.NotLeaderError(f"this tablet server does not lead {where}", **details)
 
     def table(self, physical_id: int) -> TableInfo | None:
-        """The view of the physical table ``physical_id`` if this server holds a bucket of it, else None (no
-        ZooKeeper read)."""
+        """The view of physical table ``physical_id`` if a bucket of it is held here, else None (no ZooKeeper read)."""
         return self.tables.get(physical_id)
 
     def check_table(self, physical_id: int) -> None:

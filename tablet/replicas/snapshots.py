@@ -58,8 +58,10 @@ class ReplicaSnapshots:
     ``lease``: the server's leader lease; ``server_id``: this server's; ``bucket_dir(physical_id, bucket)``:
     a bucket's local dir (its checkpoints are made under it).
 
-    The coordinator is asked for a table's snapshots by its id: for a partitioned table that answers every
-    partition's, and each replica takes those of its own bucket (:attr:`Replica.tb`, with its partition)."""
+    A bucket's latest snapshot is asked of the coordinator with its table's id and its partition's (None for
+    an unpartitioned table), so the answer lists that partition's buckets only; the kept snapshots (changelog
+    retention) are asked once per table, every partition's at once, and each replica takes those of its own
+    bucket (:attr:`Replica.tb`, with its partition)."""
 
     def __init__(self, admin, storage: RemoteStorage, config: cfg.Config, lease: LeaderLease, server_id: int,
                  bucket_dir: Callable[[int, int], str]) -> None:
@@ -77,7 +79,8 @@ class ReplicaSnapshots:
         id follows it and its SST files are not uploaded again. Raises the coordinator's error."""
         if replica.base_known:
             return
-        latest = self.admin.get_latest_kv_snapshots(replica.table.table_id)
+        # a partition's bucket asks for its partition's snapshots only (not every partition's of its table)
+        latest = self.admin.get_latest_kv_snapshots(replica.table.table_id, replica.table.partition_id)
         info = latest.get(replica.tb)
         with replica.snapshot_lock:
             if replica.base_known:
@@ -205,6 +208,9 @@ class ReplicaSnapshots:
         if not kept:
             return 0  # no snapshot: the changelog is the only copy
         keep_from = min(s.log_offset for s in kept)
+        known = replica.store.files.known_offsets()  # from memory while parked
+        if known is not None and known[0] >= keep_from:
+            return 0  # no record below keep_from: nothing to delete, and a parked bucket is not opened to list
         cutoff_s = time.time() - self.config[cfg.LOG_RETENTION] / 1000.0
         segments = replica.store.log_segments()
         old_enough = [s for s in segments if s.end_offset <= keep_from and s.mtime <= cutoff_s]

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from kvlease.common import errors
 from kvlease.common.data_loss import DataLoss
 from kvlease.common.tables import TableInfo
+from kvlease.common.wire import table_from_pb
 
 NO_LEADER = -1
 
@@ -91,3 +92,33 @@ def check_view(msg, table: TableInfo) -> None:
         view = "is not partitioned" if table.partition_id is None else f"view is of partition {table.partition_id}"
         raise errors.InvalidRequestError(f"push names {where} with partition_id {msg.partition_id}, but its table "
                                          f"{view}")
+
+
+class PushedRoles:
+    """The roles of a push's ``BucketLeadershipPb`` messages, of this server ``server_id``: a message equal byte
+    for byte to one of the previous push gives the role parsed from it then (the same object); the others are
+    parsed (:meth:`BucketRole.from_pb`), each table view once per push. Thread-safe: pushes taken at once may
+    only parse more."""
+
+    def __init__(self, server_id: int) -> None:
+        self.server_id = server_id
+        self._last: dict[bytes, BucketRole] = {}  # the previous push's roles by their messages' bytes
+
+    def parse(self, msgs) -> list[BucketRole]:
+        """The roles of ``msgs``; InvalidRequestError (:func:`check_view`) if one is refused (then nothing
+        is remembered)."""
+        last, now, views = self._last, {}, {}
+        roles = []
+        for msg in msgs:
+            raw = msg.SerializeToString()
+            role = last.get(raw)
+            if role is None:
+                view_raw = msg.table.SerializeToString()
+                table = views.get(view_raw)
+                if table is None:
+                    table = views[view_raw] = table_from_pb(msg.table)
+                role = BucketRole.from_pb(msg, table, self.server_id)
+            now[raw] = role
+            roles.append(role)
+        self._last = now
+        return roles

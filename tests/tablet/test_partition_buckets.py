@@ -44,19 +44,24 @@ FAST = {"kv.snapshot.interval": "1h", "replica.fetch.wait-max": "100ms"}
 
 class SnapshotCoordinator:
     """Stands in for the coordinator's snapshot calls (commit, latest, list): it keeps what is committed and
-    answers a table's id with every partition's snapshots, as the coordinator does for a partitioned table."""
+    answers as the coordinator does: a table's id alone with every partition's snapshots, with a partition's
+    id with that partition's. It records the ``(table_id, partition_id)`` of each latest-snapshots ask."""
 
     def __init__(self) -> None:
         self.committed: list = []
+        self.latest_asked: list[tuple[int, int | None]] = []
 
     def commit_kv_snapshot(self, handle, *, leader_epoch=None, server_id=None) -> None:
         self.committed.append(handle)
 
-    def list_kv_snapshots(self, table_id: int) -> list[SnapshotInfo]:
-        return [SnapshotInfo(h) for h in self.committed if h.bucket.table_id == table_id]
+    def list_kv_snapshots(self, table_id: int, partition_id: int | None = None) -> list[SnapshotInfo]:
+        return [SnapshotInfo(h) for h in self.committed if h.bucket.table_id == table_id
+                and partition_id in (None, h.bucket.partition_id)]
 
-    def get_latest_kv_snapshots(self, table_id: int) -> dict:
-        return {info.bucket: info for info in sorted(self.list_kv_snapshots(table_id), key=lambda i: i.snapshot_id)}
+    def get_latest_kv_snapshots(self, table_id: int, partition_id: int | None = None) -> dict:
+        self.latest_asked.append((table_id, partition_id))
+        listed = sorted(self.list_kv_snapshots(table_id, partition_id), key=lambda i: i.snapshot_id)
+        return {info.bucket: info for info in listed}
 
 
 class Tablet:
@@ -296,6 +301,9 @@ def test_a_snapshot_of_a_partition_bucket_commits_a_handle_naming_its_partition(
     assert sorted((s.bucket.partition_id, s.bucket.bucket) for s in again.snapshots) == [(5, 0)]  # 1 is empty
     assert [h.bucket for h in tablet.coordinator.committed] == [TableBucket(3, 0, 4), TableBucket(3, 0, 5)]
     assert tablet.coordinator.committed[1].snapshot_id == 1  # each partition's bucket counts its own snapshots
+    # each bucket learned its latest snapshot asking for its partition's only, not every partition's of table 3
+    asked = set(tablet.coordinator.latest_asked)
+    assert {(3, 4), (3, 5)} <= asked and (3, None) not in asked
     unchanged = tablet.stub.TriggerSnapshot(pb.TriggerSnapshotRequest(table_id=3, partition_id=4, buckets=[0],
                                                                       wait=True), timeout=30)
     assert [u.bucket.partition_id for u in unchanged.unchanged] == [4] and len(tablet.coordinator.committed) == 2

@@ -234,6 +234,39 @@ def test_a_diverged_follower_truncates_where_its_epochs_part_from_the_leaders(bu
         assert kv_rows(follower) == kv_rows(leader) and 500 not in state(follower)
 
 
+def test_a_parked_replica_answers_a_fetch_round_from_memory_and_opens_only_to_apply(bucket_dir, other_dir):
+    # what a fetch round asks: the follower its log end and last epoch, the leader its offsets and the end of
+    # the follower's epoch; an unchanged HW applies nothing. Parked, both answer the same without opening.
+    with open_store(bucket_dir) as leader, open_store(other_dir) as follower:
+        leader.become_leader(1)
+        write_records(leader, 0, 3)
+        leader.become_leader(2)
+        write_records(leader, 100, 2)
+        leader.write(rows((200, "x", 0.0), (201, "y", 0.0)))  # one entry of two records: [5, 7)
+        replicate(leader, follower)
+        follower.become_follower(2)
+        assert follower.advance_high_watermark(6) == 6  # inside the last entry: applied up to 5 only
+        leader.advance_high_watermark(6)
+
+        def asked():
+            return (follower.log_end_offset, follower.last_epoch, follower.high_watermark, follower.list_offsets(),
+                    leader.end_offset_for(1), leader.end_offset_for(2), leader.list_offsets(), leader.log_end_offset)
+
+        expected = (7, 2, 6, (0, 6), EpochEnd(1, 3), EpochEnd(2, 7), (0, 6), 7)
+        assert asked() == expected and follower.applied_offset == 5
+        assert follower.files.park() and leader.files.park()
+        assert asked() == expected
+        assert follower.advance_high_watermark(6) == 6 and follower.advance_high_watermark(4) == 6
+        assert not follower.is_open and not leader.is_open and follower.applied_offset == 5
+
+        assert follower.advance_high_watermark(7) == 7 and follower.is_open  # an entry to apply: it opens
+        leader.advance_high_watermark(7)
+        assert follower.applied_offset == 7 and kv_rows(follower) == kv_rows(leader)
+        assert follower.files.park() and follower.advance_high_watermark(7) == 7 and not follower.is_open
+    with open_store(other_dir) as reopened:  # what memory answered is what the files hold
+        assert (reopened.log_end_offset, reopened.last_epoch, reopened.applied_offset) == (7, 2, 7)
+
+
 def test_a_promoted_follower_answers_a_resent_batch_with_its_original_offsets(bucket_dir, other_dir):
     with open_store(bucket_dir) as leader, open_store(other_dir) as follower:
         leader.become_leader(1)
