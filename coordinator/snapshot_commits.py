@@ -88,13 +88,17 @@ class SnapshotCommits:
         self.reclaim([handle.bucket])
 
     def rows(self, table: TableInfo, latest_only: bool) -> list[SnapshotRow]:
+        """Per bucket of the physical table, oldest first: (handle, the leases holding it, retained); with
+        ``latest_only`` the latest of each bucket that has one (always retained: it is among the newest)."""
         rows = []
         for bucket in range(table.buckets):
             tb = table.bucket(bucket)
-            handles = self.store.bucket_snapshots(tb)
             if latest_only:
-                handles = handles[-1:]
-            for h in handles:
+                latest = self.store.latest(tb)
+                if latest is not None:
+                    rows.append((latest, tuple(sorted(self.holders(tb, latest.snapshot_id))), True))
+                continue
+            for h in self.store.bucket_snapshots(tb):
                 rows.append((h, tuple(sorted(self.holders(tb, h.snapshot_id))),
                              self.store.is_retained(tb, h.snapshot_id)))
         return rows

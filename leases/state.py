@@ -143,8 +143,9 @@ class LeaseState(StateMachine):
             if not ev.snapshots:
                 raise errors.InvalidRequestError("acquire needs at least one bucket snapshot")
             check_duration(ev.duration_ms, self.max_duration_ms)
+            known: dict = {}
             for tb, sid in ev.snapshots.items():
-                check_bucket(self.catalog, tb)
+                check_bucket(self.catalog, tb, known)
                 if sid < 0:
                     raise errors.InvalidRequestError(f"bad snapshot id {sid} for bucket {tb}")
         except errors.KvLeaseError as exc:
@@ -153,7 +154,8 @@ class LeaseState(StateMachine):
             return [Deferred(ev)]
         now = self._now(ev)
         acquired = {tb: sid for tb, sid in ev.snapshots.items() if self.catalog.has_snapshot(tb, sid)}
-        unavailable = {tb: sid for tb, sid in ev.snapshots.items() if tb not in acquired}
+        unavailable = ({} if len(acquired) == len(ev.snapshots)
+                       else {tb: sid for tb, sid in ev.snapshots.items() if tb not in acquired})
         before = self.leases.get(ev.lease_id)
         reason = "acquire"
         held = dict(before.buckets) if before else {}
@@ -196,8 +198,9 @@ class LeaseState(StateMachine):
             check_id(ev.lease_id, ev.owner)
             if not ev.buckets:
                 raise errors.InvalidRequestError("release needs at least one bucket")
+            known: dict = {}
             for tb in sorted(ev.buckets, key=TableBucket.sort_key):
-                check_bucket(self.catalog, tb)
+                check_bucket(self.catalog, tb, known)
         except errors.KvLeaseError as exc:
             return [Reply(ev.event_id, error=exc)]
         if self.busy(ev.lease_id):
