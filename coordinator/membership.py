@@ -377,11 +377,13 @@ class Membership:
         return self.assignments.health(set(self.servers))
 
     def refresh_metrics(self) -> None:
+        """Publish the offline and under-replicated bucket counts (after every change: O(servers), from the
+        counts :class:`Assignments` keeps)."""
         if self.metrics is None:
             return
-        offline, under = self.health()
-        self.metrics.offline_buckets.set(len(offline))
-        self.metrics.under_replicated_buckets.set(len(under))
+        offline, under = self.assignments.health_counts(set(self.servers))
+        self.metrics.offline_buckets.set(offline)
+        self.metrics.under_replicated_buckets.set(under)
 
 
 def _log_leader_change(table_id: int, bucket: int, old: BucketAssignment | None, new: BucketAssignment) -> None:
