@@ -50,10 +50,18 @@ class SnapshotCommits:
 
     def load(self, tables: Iterable[TableInfo]) -> None:
         """Failover: a new store holding every handle stored under ``/snapshots``."""
+        self.finish_load(self.start_load(tables))
+
+    def start_load(self, tables: Iterable[TableInfo]) -> list:
+        """The first half of :meth:`load`: every bucket's listing asked (pipelined), not waited for, so a
+        reinitialization reads other nodes meanwhile. Hand what it returns to :meth:`finish_load`."""
+        return [(p, self.zk.get_children_async(p)) for p in
+                (zkpaths.bucket_snapshots(t.table_id, bucket, t.partition_id) for t in tables
+                 for bucket in range(t.buckets))]
+
+    def finish_load(self, listings: list) -> None:
+        """The second half of :meth:`load`: each listed handle read (asked as its bucket's listing arrives)."""
         self.store = SnapshotStore(self.store.num_retained)
-        bucket_nodes = [zkpaths.bucket_snapshots(t.table_id, bucket, t.partition_id)
-                        for t in tables for bucket in range(t.buckets)]
-        listings = [(p, self.zk.get_children_async(p)) for p in bucket_nodes]
         gets = []
         for parent, result in listings:
             try:
