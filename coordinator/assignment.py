@@ -36,6 +36,7 @@ from kazoo.exceptions import NoNodeError
 from kvlease.common import zkpaths
 from kvlease.common.data_loss import RESTORE, DataLoss
 from kvlease.common.zk import ZkOp, dumps, loads
+from kvlease.coordinator.zk_reads import DATA, read_many
 
 UNASSIGNED = -1
 
@@ -272,14 +273,14 @@ class Assignments:
         before assignments existed), which the caller assigns."""
         tables: dict[int, Plan] = {}
         missing = []
-        pending = [(t, zk.get_async(zkpaths.table_assignment(t))) for t in table_ids]
-        for table_id, result in pending:
-            try:
-                data, _ = result.get()
-            except NoNodeError:
+        answers = read_many(zk, [(DATA, zkpaths.table_assignment(t)) for t in table_ids])  # a few requests
+        for table_id, answer in zip(table_ids, answers):
+            if isinstance(answer, NoNodeError):
                 missing.append(table_id)
                 continue
-            node = loads(data)
+            if isinstance(answer, Exception):
+                raise answer
+            node = loads(answer[0])
             tables[table_id] = {int(b): BucketAssignment.from_json(a) for b, a in node["buckets"].items()}
         self.by_table = tables
         return missing
