@@ -334,9 +334,8 @@ class LeaseState(StateMachine):
         for tb, sid in old.items():
             if new.get(tb) != sid and self.refs.remove(write.lease_id, tb, sid):
                 freed.append((tb, sid))
-        for tb, sid in new.items():
-            if old.get(tb) != sid:
-                self.refs.add(write.lease_id, tb, sid)
+        self.refs.add_all(write.lease_id, [(tb, sid) for tb, sid in new.items() if old.get(tb) != sid] if old
+                          else new.items())
         if after is None:
             self._pop(write.lease_id)
         else:
