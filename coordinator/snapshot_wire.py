@@ -80,10 +80,16 @@ class SnapshotRowEncoder:
         """``response_cls(table_id=table_id, snapshots=[handle_to_pb(h, leased, kept) for h, leased, kept in rows])``."""
         parts = [bytes((_TABLE_ID,)) + varint(table_id)] if table_id else []
         handle_bytes = self.handle_bytes
+        leases: dict[tuple[str, ...], bytes] = {}  # the buckets of one listing share a few lease sets
         for handle, leased_by, retained in rows:
             row = handle_bytes(handle)
             if leased_by:
-                row += b"".join(_field(_LEASED_BY, lease_id.encode()) for lease_id in sorted(leased_by))
+                key = tuple(leased_by)
+                held = leases.get(key)
+                if held is None:
+                    held = leases[key] = b"".join(_field(_LEASED_BY, lease_id.encode())
+                                                  for lease_id in sorted(leased_by))
+                row += held
             if retained:
                 row += _RETAINED
             parts.append(bytes((_SNAPSHOTS,)) + varint(len(row)) + row)
