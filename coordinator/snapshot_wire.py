@@ -77,7 +77,8 @@ class SnapshotRowEncoder:
         return data
 
     def response(self, response_cls, table_id: int, rows: Iterable[tuple[SnapshotHandle, Iterable[str], bool]]):
-        """``response_cls(table_id=table_id, snapshots=[handle_to_pb(h, leased, kept) for h, leased, kept in rows])``."""
+        """What ``response_cls(table_id=table_id, snapshots=[handle_to_pb(h, leased, kept) for h, leased, kept
+        in rows])`` builds."""
         parts = [bytes((_TABLE_ID,)) + varint(table_id)] if table_id else []
         handle_bytes = self.handle_bytes
         leases: dict[tuple[str, ...], bytes] = {}  # the buckets of one listing share a few lease sets
