@@ -29,6 +29,7 @@ from kvlease.common import errors
 from kvlease.common.proto import coordinator_pb2 as pb
 from kvlease.client.admin_types import (AcquireResult, BucketLeader, BucketRef, ClusterHealth, CoordinatorInfo,
                                         ReleaseResult, SnapshotInfo, TabletServerInfo, bucket_leader)
+from kvlease.client import lease_wire
 from kvlease.client.bootstrap import parse_bootstrap
 from kvlease.client.coalescing import BatchInterrupted, Coalescer
 from kvlease.client.coordinator_caller import IDEMPOTENT, READS, RETRIABLE_IF_IDEMPOTENT, CoordinatorCaller
@@ -41,8 +42,8 @@ from kvlease.client.tables_admin import TablesAdmin
 from kvlease.client.transport import RETRIABLE, NotServedError, RetryPolicy, UnknownOutcomes, arguments
 from kvlease.common.parts import documented_by as _documented_by
 from kvlease.common.security.acl import AclBinding, Operation, Resource
-from kvlease.common.wire import (bucket_snapshots_from_pb, bucket_snapshots_to_pb, bucket_to_pb, error_from_pb,
-                                 handle_from_pb, handle_to_pb, lease_from_pb, raise_for, table_from_pb)
+from kvlease.common.wire import (bucket_to_pb, error_from_pb, handle_from_pb, handle_to_pb, lease_from_pb, raise_for,
+                                 table_from_pb)
 from kvlease.common.auto_partition import AutoPartition
 from kvlease.common.tables import DEFAULT_MAX_PARTITIONS, Column, TableInfo, parse_table_path
 from kvlease.common.model import Lease, SnapshotHandle, TableBucket
@@ -215,8 +216,7 @@ class AdminClient:
         :meth:`acquire_lease`); of a partitioned table, every partition's buckets, or ``partition_id``'s."""
         response = self._caller.call("GetLatestKvSnapshots", pb.GetLatestKvSnapshotsRequest(
             table_id=table_id, partition_id=partition_id))
-        infos = (SnapshotInfo(handle_from_pb(s), tuple(s.leased_by), s.retained) for s in response.snapshots)
-        return {info.bucket: info for info in infos}
+        return lease_wire.snapshot_infos(response.snapshots)
 
     def list_kv_snapshots(self, table_id: int, partition_id: int | None = None) -> list[SnapshotInfo]:
         """Every kept snapshot of every bucket (of every partition, or ``partition_id``'s), with the leases
@@ -238,19 +238,15 @@ class AdminClient:
         belongs to ``owner``. Retrying with the same owner is safe.
         """
         with arguments("acquire_lease"):
-            request = pb.AcquireKvSnapshotLeaseRequest(
-                lease_id=lease_id, snapshots=bucket_snapshots_to_pb(_buckets(snapshots)), duration_ms=duration_ms,
-                owner=owner or "")
+            request = lease_wire.acquire_request(lease_id, _buckets(snapshots), duration_ms, owner or "")
         try:
             response = self._acquires.call(request) if self._batch_acquires else _SEND_ALONE
         except BatchInterrupted as exc:  # another thread was sending it and was stopped
             raise errors.OutcomeUnknownError(str(exc)) from None
         if response is _SEND_ALONE:
             response = self._caller.call("AcquireKvSnapshotLease", request)
-        return AcquireResult(
-            lease_id, response.expiration_time_ms,
-            bucket_snapshots_from_pb(response.acquired),
-            bucket_snapshots_from_pb(response.unavailable))
+        return AcquireResult(lease_id, response.expiration_time_ms, lease_wire.acquired(response, snapshots),
+                             lease_wire.bucket_snapshots(response.unavailable))
 
     def _acquire_many(self, requests: list[pb.AcquireKvSnapshotLeaseRequest]) -> list:
         """Several threads' acquires in one call: per request its response, its error, or

@@ -17,6 +17,7 @@ from kvlease.common import errors, zkpaths
 from kvlease.common.model import TableBucket
 from kvlease.common.tables import TableInfo, TableSpec
 from kvlease.common.zk import ZkOp, dumps, loads
+from kvlease.coordinator.zk_reads import DATA, read_many
 
 
 class TableCatalog:
@@ -214,9 +215,10 @@ class TableCatalog:
         except NoNodeError:
             names = []
         partitions = []
-        for name, result in [(n, zk.get_async(zkpaths.table(int(n)))) for n in names]:
-            data, _ = result.get()
-            node = loads(data)
+        for answer in read_many(zk, [(DATA, zkpaths.table(int(n))) for n in names]):  # a few requests
+            if isinstance(answer, Exception):
+                raise answer
+            node = loads(answer[0])
             if "partition_id" in node:
                 partitions.append(node)
             else:

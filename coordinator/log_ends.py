@@ -22,6 +22,7 @@ from kazoo.exceptions import NoNodeError
 from kvlease.common import zkpaths
 from kvlease.common.zk import ZkOp, dumps, loads
 from kvlease.coordinator.fencing import FencedWriter, chunks
+from kvlease.coordinator.zk_reads import DATA, read_many
 
 log = logging.getLogger(__name__)
 
@@ -62,12 +63,14 @@ class LogEnds:
         names = {int(n) for n in zk.get_children(zkpaths.LOG_ENDS) if n.isdigit()}
         live = set(table_ids)
         self._stored, self._dropped = names & live, names - live
-        for table_id, result in [(t, zk.get_async(zkpaths.log_ends(t))) for t in sorted(self._stored)]:
-            try:
-                node = loads(result.get()[0]) or {}
-            except NoNodeError:
+        stored = sorted(self._stored)
+        for table_id, answer in zip(stored, read_many(zk, [(DATA, zkpaths.log_ends(t)) for t in stored])):
+            if isinstance(answer, NoNodeError):
                 self._stored.discard(table_id)
                 continue
+            if isinstance(answer, Exception):
+                raise answer
+            node = loads(answer[0]) or {}
             for bucket, (epoch, end) in node.get("buckets", {}).items():
                 self.by_bucket[(table_id, int(bucket))] = (int(epoch), int(end))
 

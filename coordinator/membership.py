@@ -377,9 +377,14 @@ class Membership:
         return self.assignments.health(set(self.servers))
 
     def refresh_metrics(self) -> None:
+        """Publish the offline and under-replicated bucket counts, in all and per table or partition (after
+        every change: O(servers) from the counts :class:`Assignments` keeps while every bucket is healthy)."""
         if self.metrics is None:
             return
-        self.metrics.set_bucket_health(*self.health(), self.catalog.physical)
+        if self.assignments.health_counts(set(self.servers)) == (0, 0):
+            self.metrics.set_bucket_health((), (), self.catalog.physical)  # all healthy: nothing to walk
+        else:  # which tables and partitions: a walk of the buckets, only while some are unhealthy
+            self.metrics.set_bucket_health(*self.health(), self.catalog.physical)
 
 
 def _log_leader_change(table_id: int, bucket: int, old: BucketAssignment | None, new: BucketAssignment) -> None:

@@ -20,34 +20,14 @@ import grpc
 
 from kvlease.client.transport import Channels, RetryPolicy, rpc_error
 from kvlease.common import errors
-from kvlease.common.tables import TableInfo
 from kvlease.common.tls import TlsFiles
-from kvlease.common.wire import raise_for, table_to_pb
-from kvlease.common.proto import coordinator_pb2 as coordinator_pb
+from kvlease.common.wire import raise_for
 from kvlease.common.proto import tablet_pb2 as pb
 from kvlease.common.proto import tablet_pb2_grpc as pb_grpc
-from kvlease.coordinator.assignment import BucketAssignment
 from kvlease.coordinator.leader_leases import PushLease
+from kvlease.coordinator.leadership_wire import BucketRoles, bucket_role_pb  # noqa: F401  (re-exported)
 
 log = logging.getLogger(__name__)
-
-
-def bucket_role_pb(table: TableInfo, bucket: int, state: BucketAssignment, leader_address: str,
-                   removed: bool = False, server_id: int | None = None, lease_wait_ms: int = 0) -> pb.BucketLeadershipPb:
-    """One bucket as its replicas are told it: ``leader`` always set (-1: none), ``leader_address`` "" if
-    the leader is not live; ``removed``: told to a server a completed move took the bucket off;
-    ``server_id``: the server told, whether it still owes the latest restore (``restore_owed``);
-    ``lease_wait_ms``: told to its leader (coordinator/leader_leases.py)."""
-    msg = pb.BucketLeadershipPb(table=table_to_pb(table), bucket=bucket, leader_epoch=state.leader_epoch,
-                                leader=state.leader, leader_address=leader_address, replicas=list(state.replicas),
-                                isr=list(state.isr), bucket_epoch=state.bucket_epoch, removed=removed,
-                                offline_reason=state.offline_reason, lease_wait_ms=lease_wait_ms)
-    if state.losses:
-        msg.latest_loss.CopyFrom(state.losses[-1].to_pb(coordinator_pb.DataLossPb))
-        owed = None if server_id is None else state.losses[-1].owes(server_id)
-        if owed is not None:
-            msg.restore_owed = owed
-    return msg
 
 
 class LeadershipNotifier:
@@ -66,6 +46,7 @@ class LeadershipNotifier:
         self._sending: set[int] = set()  # one sender per server keeps pushes in order
         self._closed = threading.Event()
         self._channels = Channels(tls=tls, credentials=credentials)  # as the cluster's own principal
+        self.roles = BucketRoles()  # each bucket's entry encoded once per state, not per push
 
     def push(self, server_id: int, address: str, led: list, dropped: list[int], removed: list = (),
              dir_id: str = "", lease: PushLease | None = None) -> None:
@@ -74,9 +55,9 @@ class LeadershipNotifier:
         ``lease``: what it tells of the server's leader lease (coordinator/leader_leases.py)."""
         with self._lock:
             old = self._pending.get(server_id)
-            held = {(held[0].table_id, held[1]) for held in led}
+            held = {(held[0].physical_id, held[1]) for held in led}
             gone = {key: entry for key, entry in (old[3] if old else {}).items() if key not in held}
-            gone.update(((entry[0].table_id, entry[1]), entry) for entry in removed)
+            gone.update(((entry[0].physical_id, entry[1]), entry) for entry in removed)
             self._pending[server_id] = (address, led, (old[2] if old else set()) | set(dropped), gone, dir_id, lease)
             if server_id in self._sending:
                 return
@@ -100,13 +81,14 @@ class LeadershipNotifier:
     def _send(self, server_id: int, address: str, led: list, dropped: set[int], removed: dict, dir_id: str,
               lease: PushLease | None) -> None:
         waits = lease.waits if lease is not None else {}
-        request = pb.UpdateLeadershipRequest(
-            coordinator_epoch=self.epoch, server_id=server_id, dropped_tables=sorted(dropped),
-            buckets=[bucket_role_pb(*held, server_id=server_id, lease_wait_ms=waits.get((held[0].table_id, held[1]), 0))
-                     for held in led]
-            + [bucket_role_pb(*entry, removed=True) for _key, entry in sorted(removed.items())], dir_id=dir_id)
+        header = pb.UpdateLeadershipRequest(coordinator_epoch=self.epoch, server_id=server_id,
+                                            dropped_tables=sorted(dropped), dir_id=dir_id)
         if lease is not None and lease.session_id is not None:
-            request.session_id, request.demotions = lease.session_id, lease.demotions
+            header.session_id, header.demotions = lease.session_id, lease.demotions
+        entry = self.roles.entry  # waits and removed buckets by physical id: a partition's, or the table's
+        request = self.roles.request(header, [
+            entry(*held, server_id=server_id, lease_wait_ms=waits.get((held[0].physical_id, held[1]), 0))
+            for held in led] + [entry(*gone, removed=True) for _key, gone in sorted(removed.items())])
         retry = RetryPolicy(self.retry_total_s).retrying((errors.KvLeaseError,), stop_event=self._closed)
         try:
             for attempt in retry:
@@ -114,7 +96,7 @@ class LeadershipNotifier:
                     if server_id in self._pending:
                         # it replaces this one (with this one's dropped tables, and removed buckets it does not hold)
                         address_, led_, dropped_, gone_, dir_id_, lease_ = self._pending[server_id]
-                        held = {(entry[0].table_id, entry[1]) for entry in led_}
+                        held = {(entry[0].physical_id, entry[1]) for entry in led_}
                         gone_ = {**{k: e for k, e in removed.items() if k not in held}, **gone_}
                         self._pending[server_id] = (address_, led_, dropped_ | dropped, gone_, dir_id_, lease_)
                         return

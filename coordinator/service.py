@@ -20,18 +20,19 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Callable, Iterable
 
+from kvlease.client import lease_wire
 from kvlease.common import errors
 from kvlease.common.proto import coordinator_pb2 as pb
 from kvlease.common.proto import coordinator_pb2_grpc as pb_grpc
-from kvlease.common.wire import (bucket_from_pb, bucket_snapshots_from_pb, bucket_snapshots_to_pb, error_pb,
-                                 handle_from_pb, handle_to_pb, lease_to_pb, partition_id_of, physical_id,
-                                 table_spec_from_pb, table_to_pb)
+from kvlease.common.wire import (bucket_from_pb, error_pb, handle_from_pb, lease_to_pb,
+                                 partition_id_of, physical_id, table_spec_from_pb, table_to_pb)
 from kvlease.common.security.acl import Operation, Resource
 from kvlease.common.security.server import OPEN
 from kvlease.coordinator import partition_service
 from kvlease.coordinator import requests as rq
 from kvlease.coordinator.reassignment_plan import move_state
 from kvlease.coordinator.snapshot_checks import check_manifest
+from kvlease.coordinator.snapshot_wire import SnapshotRowEncoder, acquire_response
 from kvlease.leases import state as ls
 
 log = logging.getLogger(__name__)
@@ -53,9 +54,10 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
         self.security = security  # common.security.server: OPEN or ServerSecurity
         self.server = server  # coordinator.server.CoordinatorServer
         self.timeout_s = timeout_s
+        self.snapshot_rows = SnapshotRowEncoder()  # listings' rows, encoded once per stored handle
 
     def _run(self, request, response_cls, build, check=None):
-        """Submit ``request`` to the loop; ``build(result)`` gives the response's fields.
+        """Submit ``request`` to the loop; ``build(result)`` gives the response's fields (or the response).
 
         ``check()``: run in this (the gRPC handler's) thread once this coordinator is
         known to serve, before the request enters the loop (remote reads, never on the loop).
@@ -78,7 +80,8 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
             if isinstance(submitted, Exception):
                 raise submitted
             result = submitted.result(timeout=max(0.0, deadline - time.monotonic()))
-            return response_cls(**build(result))
+            built = build(result)
+            return built if isinstance(built, response_cls) else response_cls(**built)
         except errors.KvLeaseError as exc:
             return response_cls(error=error_pb(exc))
         except FutureTimeout:
@@ -180,8 +183,7 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
         listing = rq.ListSnapshots(request.table_id, latest_only, partition_id_of(request))
         return self._run(self._guarded(listing, Operation.READ,
                                          [request.table_id]), response_cls,
-                         lambda rows: {"table_id": request.table_id,
-                                       "snapshots": [handle_to_pb(h, leased, kept) for h, leased, kept in rows]})
+                         lambda rows: self.snapshot_rows.response(response_cls, request.table_id, rows))
 
     def GetLatestKvSnapshots(self, request, context):
         return self._snapshots(request, pb.GetLatestKvSnapshotsResponse, True)
@@ -190,8 +192,8 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
         return self._snapshots(request, pb.ListKvSnapshotsResponse, False)
 
     def AcquireKvSnapshotLease(self, request, context):
-        return self._answer(self._submit_acquire(request), pb.AcquireKvSnapshotLeaseResponse, _acquired,
-                            time.monotonic() + self.timeout_s)
+        return self._answer(self._submit_acquire(request), pb.AcquireKvSnapshotLeaseResponse,
+                            lambda outcome: acquire_response(request, outcome), time.monotonic() + self.timeout_s)
 
     def AcquireKvSnapshotLeases(self, request, context):
         """Each acquire of the batch handled as if it came alone, all in the loop at once."""
@@ -205,10 +207,11 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
         deadline = time.monotonic() + self.timeout_s
         submitted = [self._submit_acquire(r) for r in request.requests]
         return pb.AcquireKvSnapshotLeasesResponse(responses=[
-            self._answer(s, pb.AcquireKvSnapshotLeaseResponse, _acquired, deadline) for s in submitted])
+            self._answer(s, pb.AcquireKvSnapshotLeaseResponse, lambda outcome, r=r: acquire_response(r, outcome),
+                         deadline) for r, s in zip(request.requests, submitted)])
 
     def _submit_acquire(self, request) -> Future | Exception:
-        snapshots = bucket_snapshots_from_pb(request.snapshots)
+        snapshots = lease_wire.bucket_snapshots(request.snapshots)
         if len(snapshots) != len(request.snapshots):
             return errors.InvalidRequestError("a bucket appears twice in the acquire request")
         return self._submit(self._guarded(ls.Acquire(request.lease_id, snapshots, request.duration_ms,
@@ -396,12 +399,6 @@ def assignment_pb(bucket: int, a, address: str = "", partition_id: int | None = 
                                  bucket_epoch=a.bucket_epoch, reassigning=a.reassign is not None,
                                  reassign_target=list(a.reassign or ()), offline_reason=a.offline_reason,
                                  losses=[loss.to_pb(pb.DataLossPb) for loss in a.losses], lost=list(a.lost))
-
-
-def _acquired(outcome) -> dict:
-    """An acquire's response fields."""
-    return {"expiration_time_ms": outcome.expiration_time, "acquired": bucket_snapshots_to_pb(outcome.acquired),
-            "unavailable": bucket_snapshots_to_pb(outcome.unavailable)}
 
 
 def _move_pb(table, bucket: int, state) -> pb.BucketMovePb:

@@ -49,7 +49,7 @@ from kvlease.common import errors
 from kvlease.common.tls import TlsFiles
 from kvlease.common.limits import GRPC_MESSAGE_OPTIONS
 from kvlease.common.proto import tablet_pb2, tablet_pb2_grpc
-from kvlease.common.wire import error_from_pb
+from kvlease.common.wire import error_from_pb, raise_for
 from kvlease.common.kvsnapshot import bucket_dir, manifest_path, missing_files, read_manifest
 from kvlease.common.model import SnapshotHandle
 from kvlease.coordinator.assignment import BucketAssignment
@@ -180,6 +180,11 @@ class LeaderLogEnds:
             raise errors.LeaderNotAvailableError(
                 f"cannot ask the leader of bucket {handle.bucket} ({leader_address}) for its log end: "
                 f"{reason}") from None
+        raise_for(response.error)  # e.g. NOT_LEADER: the leader has not taken the push naming its partition yet
+        if len(response.offsets) != 1:
+            raise errors.LeaderNotAvailableError(
+                f"the leader of bucket {handle.bucket} ({leader_address}) answered {len(response.offsets)} log ends "
+                f"for one bucket")
         (offsets,) = response.offsets
         if offsets.error.code:
             raise error_from_pb(offsets.error)

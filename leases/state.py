@@ -148,8 +148,9 @@ class LeaseState(StateMachine):
             if not ev.snapshots:
                 raise errors.InvalidRequestError("acquire needs at least one bucket snapshot")
             check_duration(ev.duration_ms, self.max_duration_ms)
+            known: dict = {}
             for tb, sid in ev.snapshots.items():
-                check_bucket(self.catalog, tb)
+                check_bucket(self.catalog, tb, known)
                 if sid < 0:
                     raise errors.InvalidRequestError(f"bad snapshot id {sid} for bucket {tb}")
         except errors.KvLeaseError as exc:
@@ -158,7 +159,8 @@ class LeaseState(StateMachine):
             return [Deferred(ev)]
         now = self._now(ev)
         acquired = {tb: sid for tb, sid in ev.snapshots.items() if self.catalog.has_snapshot(tb, sid)}
-        unavailable = {tb: sid for tb, sid in ev.snapshots.items() if tb not in acquired}
+        unavailable = ({} if len(acquired) == len(ev.snapshots)
+                       else {tb: sid for tb, sid in ev.snapshots.items() if tb not in acquired})
         before = self.leases.get(ev.lease_id)
         reason = "acquire"
         held = dict(before.buckets) if before else {}
@@ -201,8 +203,9 @@ class LeaseState(StateMachine):
             check_id(ev.lease_id, ev.owner)
             if not ev.buckets:
                 raise errors.InvalidRequestError("release needs at least one bucket")
+            known: dict = {}
             for tb in sorted(ev.buckets, key=TableBucket.sort_key):
-                check_bucket(self.catalog, tb)
+                check_bucket(self.catalog, tb, known)
         except errors.KvLeaseError as exc:
             return [Reply(ev.event_id, error=exc)]
         if self.busy(ev.lease_id):
@@ -336,9 +339,8 @@ class LeaseState(StateMachine):
         for tb, sid in old.items():
             if new.get(tb) != sid and self.refs.remove(write.lease_id, tb, sid):
                 freed.append((tb, sid))
-        for tb, sid in new.items():
-            if old.get(tb) != sid:
-                self.refs.add(write.lease_id, tb, sid)
+        self.refs.add_all(write.lease_id, [(tb, sid) for tb, sid in new.items() if old.get(tb) != sid] if old
+                          else new.items())
         if after is None:
             self._pop(write.lease_id)
         else:

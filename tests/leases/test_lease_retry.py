@@ -221,6 +221,8 @@ def test_the_failover_grace_is_persisted_and_not_granted_again(coordinators, per
     assert coordinators.active() is second
     served_at = time.time() * 1000
     assert (second.reinit_stats["graced"], second.reinit_stats["expired"]) == (1, 0)
+    # where the reinitialization's time went, step by step (logged with the stats)
+    assert list(second.reinit_stats["ms"]) == ["tables", "assignments", "log_ends", "snapshots", "leases", "checks"]
     with AdminClient([second.address], retry_total_s=10) as client:
         lease = client.describe_lease("gap")
         assert stopping_at + GRACE_MS <= lease.expiration_time <= served_at + GRACE_MS

@@ -100,6 +100,20 @@ def test_from_leases_equals_adding_by_hand() -> None:
     assert RefcountIndex.from_leases([]) == RefcountIndex()
 
 
+def test_add_all_equals_adding_one_by_one_counts_included() -> None:
+    pairs = [(A, 5), (B, 1), (A, 6), (P, 5)]
+    one_by_one, at_once = RefcountIndex(), RefcountIndex()
+    for index in (one_by_one, at_once):
+        index.add("M", A, 5)  # held already by another lease
+    for tb, sid in pairs:
+        one_by_one.add("L", tb, sid)
+    at_once.add_all("L", pairs)
+    at_once.add_all("L", [(A, 5)])  # again: still one holder
+    assert at_once == one_by_one and at_once.holders(A, 5) == {"L", "M"}
+    counts = (at_once.leased_count(), at_once.leased_count_by_table(), at_once.leased_count_by_partition())
+    assert counts == at_once.recount() == (4, Counter({1: 4}), Counter({(1, 3): 1}))
+
+
 def test_equality_compares_contents() -> None:
     one, two = RefcountIndex(), RefcountIndex()
     one.add("L", A, 5)

@@ -1,0 +1,108 @@
+"""The wire form of snapshot listings and acquire answers, built per bucket in microseconds.
+
+A ``GetLatestKvSnapshots`` of a 1,000-partition table lists 4,000 snapshots; building a
+``KvSnapshotPb`` message per row cost ~30 us (protobuf messages built from keyword arguments,
+a nested bucket message each). A stored handle never changes, so its encoded fields 1-6 are
+kept (:class:`SnapshotRowEncoder`), and a listing is those bytes, each row's ``leased_by`` and
+``retained`` appended, and the rows framed as the response's repeated field: parsed once into
+the response message (in C). Protobuf encodes a message as its fields in any order, so the
+bytes mean exactly what :func:`kvlease.common.wire.handle_to_pb` builds (a test compares them).
+
+An acquire that got every snapshot it asked for answers ``acquired`` with the request's own
+``snapshots`` (copied as one field) instead of building a message per bucket.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Iterable
+
+from kvlease.common.model import SnapshotHandle, TableBucket
+from kvlease.common.proto import coordinator_pb2 as pb
+from kvlease.common.wire import bucket_snapshots_to_pb, handle_to_pb
+
+#: Encoded handles kept at most (one per stored snapshot listed; beyond it the cache starts again).
+MAX_CACHED = 262_144
+
+_UINT64 = (1 << 64) - 1
+
+
+_ONE_BYTE = [bytes((i,)) for i in range(128)]
+
+
+def varint(value: int) -> bytes:
+    """``value`` as a protobuf varint (a negative int64 as its 10-byte two's complement)."""
+    if 0 <= value < 128:
+        return _ONE_BYTE[value]
+    value &= _UINT64
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _field(tag: int, payload: bytes) -> bytes:
+    """A length-delimited field: its tag byte, the length, the payload."""
+    return bytes((tag,)) + varint(len(payload)) + payload
+
+
+_LEASED_BY = 0x3A  # KvSnapshotPb.leased_by (7, length-delimited)
+_RETAINED = b"\x40\x01"  # KvSnapshotPb.retained (8, varint) = true
+_SNAPSHOTS = 0x1A  # Get/ListKvSnapshotsResponse.snapshots (3, length-delimited)
+_TABLE_ID = 0x10  # Get/ListKvSnapshotsResponse.table_id (2, varint)
+
+
+class SnapshotRowEncoder:
+    """Listing rows ``(handle, leased_by, retained)`` as a Get/ListKvSnapshotsResponse; thread-safe (the gRPC
+    handlers share one)."""
+
+    def __init__(self, max_cached: int = MAX_CACHED) -> None:
+        self.max_cached = max_cached
+        self._cache: dict[tuple[TableBucket, int], tuple[SnapshotHandle, bytes]] = {}
+        self._lock = threading.Lock()
+
+    def handle_bytes(self, handle: SnapshotHandle) -> bytes:
+        """The handle's fields 1-6 encoded (kept while the store holds this very handle)."""
+        key = (handle.bucket, handle.snapshot_id)
+        cached = self._cache.get(key)
+        if cached is not None and cached[0] is handle:
+            return cached[1]
+        data = handle_to_pb(handle, (), False).SerializeToString()
+        with self._lock:
+            if len(self._cache) >= self.max_cached:
+                self._cache.clear()
+            self._cache[key] = (handle, data)
+        return data
+
+    def response(self, response_cls, table_id: int, rows: Iterable[tuple[SnapshotHandle, Iterable[str], bool]]):
+        """What ``response_cls(table_id=table_id, snapshots=[handle_to_pb(h, leased, kept) for h, leased, kept
+        in rows])`` builds."""
+        parts = [bytes((_TABLE_ID,)) + varint(table_id)] if table_id else []
+        handle_bytes = self.handle_bytes
+        leases: dict[tuple[str, ...], bytes] = {}  # the buckets of one listing share a few lease sets
+        for handle, leased_by, retained in rows:
+            row = handle_bytes(handle)
+            if leased_by:
+                key = tuple(leased_by)
+                held = leases.get(key)
+                if held is None:
+                    held = leases[key] = b"".join(_field(_LEASED_BY, lease_id.encode())
+                                                  for lease_id in sorted(leased_by))
+                row += held
+            if retained:
+                row += _RETAINED
+            parts.append(bytes((_SNAPSHOTS,)) + varint(len(row)) + row)
+        return response_cls.FromString(b"".join(parts))
+
+
+def acquire_response(request: pb.AcquireKvSnapshotLeaseRequest, outcome) -> pb.AcquireKvSnapshotLeaseResponse:
+    """An acquire's answer (``outcome``: :class:`kvlease.leases.events.AcquireOutcome`): with nothing unavailable,
+    what it acquired is what it asked for, the request's own ``snapshots`` (every bucket once: checked before)."""
+    if not outcome.unavailable and len(outcome.acquired) == len(request.snapshots):
+        return pb.AcquireKvSnapshotLeaseResponse(expiration_time_ms=outcome.expiration_time,
+                                                 acquired=request.snapshots)
+    return pb.AcquireKvSnapshotLeaseResponse(expiration_time_ms=outcome.expiration_time,
+                                             acquired=bucket_snapshots_to_pb(outcome.acquired),
+                                             unavailable=bucket_snapshots_to_pb(outcome.unavailable))
