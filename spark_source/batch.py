@@ -42,7 +42,8 @@ from kvlease.common import errors
 from kvlease.common.partition_names import parse_partition_name, partition_name
 from kvlease.common.tables import TableInfo
 from kvlease.spark_source.enumerator import plan_bootstrap, plan_changes
-from kvlease.spark_source.options import OptionError, Options, connect, open_table, option_errors
+from kvlease.spark_source.options import OptionError, Options, connect, open_table
+from kvlease.spark_source.user_errors import option_errors
 from kvlease.spark_source.partitions import PartitionedTables, name_splits
 from kvlease.spark_source.pruning import kept
 from kvlease.spark_source.reader import names_table, read_split

@@ -10,7 +10,6 @@ options is docs/spark.md, "Options" (and docs/architecture.md, "The Spark source
 from __future__ import annotations
 
 import datetime as dt
-import functools
 import json
 import re
 from dataclasses import dataclass, field
@@ -84,18 +83,6 @@ class Options:
     def change_feed(self) -> bool:
         """A batch read of change rows (``startup.mode`` other than ``full``) rather than of the table."""
         return self.startup_mode != "full"
-
-
-def option_errors(method):
-    """``method`` raising an :class:`OptionError` without the frames it came through (Spark shows a source's
-    traceback: the user reads one line, kvlease's)."""
-    @functools.wraps(method)
-    def checked(*args, **kwargs):
-        try:
-            return method(*args, **kwargs)
-        except OptionError as exc:
-            raise exc.with_traceback(None) from None
-    return checked
 
 
 def parse(options: Mapping[str, Any], *, reading: bool = True) -> Options:

@@ -4,8 +4,9 @@ Spark instantiates it in its Python workers; every method checks the options
 first, so an unknown option or a bad value fails the query at planning with
 a message naming it. Spark puts the traceback of a source's error in the
 exception it raises; an option error leaves the source with none of its
-frames below the method Spark called (:func:`~kvlease.spark_source.options.option_errors`), so that the
-user reads one line, kvlease's, not the parser's insides.
+frames below the method Spark called
+(:func:`~kvlease.spark_source.user_errors.option_errors`), so that the user
+reads one line, kvlease's, not the parser's insides.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from kvlease.spark_source.batch import BatchReader, check_partition_names, parti
 from kvlease.spark_source.schema import read_columns, table_schema
 from kvlease.spark_source.splits import ReadContext
 from kvlease.spark_source.stream import StreamReader
+from kvlease.spark_source.user_errors import option_errors
 from kvlease.spark_source.writer import BatchWriter, StreamWriter, check_schema
 
 
@@ -47,7 +49,7 @@ class KvLeaseDataSource(DataSource):
         with opts.connect(bootstrap, security) as admin:
             return admin.get_table(table), admin.coordinator_info(admin.address).remote_storage()
 
-    @opts.option_errors
+    @option_errors
     def schema(self) -> StructType:
         """The table's columns and the four metadata columns. Spark asks one schema for batch and
         streaming reads alike, so a full batch read carries them too (docs/spark.md, "Output columns"). A
@@ -73,7 +75,7 @@ class KvLeaseDataSource(DataSource):
         return ReadContext(parsed.bootstrap, table, storage, columns, parsed.security,
                            tuple(field.nullable for field in schema.fields), parsed.lease_duration_ms)
 
-    @opts.option_errors
+    @option_errors
     def reader(self, schema: StructType) -> BatchReader:
         """A partitioned table's reader reads the partitions option ``partitions`` names, else every one
         (``batch.py``)."""
@@ -86,7 +88,7 @@ class KvLeaseDataSource(DataSource):
         reader = partitioned_reader() if table.partitioned else BatchReader
         return reader(parsed, self._context(parsed, schema))
 
-    @opts.option_errors
+    @option_errors
     def streamReader(self, schema: StructType) -> StreamReader:
         parsed = self._read_options(schema)
         if parsed.bootstrap_mode == "live":
@@ -111,11 +113,11 @@ class KvLeaseDataSource(DataSource):
                                    "time that has passed (startup.mode=latest reads from now on)")
         return StreamReader(parsed, self._context(parsed, schema))
 
-    @opts.option_errors
+    @option_errors
     def writer(self, schema: StructType, overwrite: bool) -> BatchWriter:
         return BatchWriter(*self._write_setup(schema, overwrite))
 
-    @opts.option_errors
+    @option_errors
     def streamWriter(self, schema: StructType, overwrite: bool) -> StreamWriter:
         return StreamWriter(*self._write_setup(schema, overwrite))
 
