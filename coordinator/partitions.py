@@ -116,9 +116,20 @@ class Partitions:
         """The table and its partitions: (view, created ms, leases holding it past retention)."""
         table = (self.catalog.get(request.database, request.name) if request.database or request.name
                  else self.catalog.get_by_id(request.table_id))
+        held = self._held_past_retention(table)
         rows = [(view, self.catalog.partition_created_ms.get(view.partition_id, 0),
-                 tuple(sorted(self.held.get(view.partition_id, ())))) for view in self.catalog.partitions_of(table.table_id)]
+                 tuple(sorted(held.get(view.partition_id, ())))) for view in self.catalog.partitions_of(table.table_id)]
         return table, rows
+
+    def _held_past_retention(self, table: TableInfo) -> dict[int, set[str]]:
+        """``partition id -> leases`` of the table's partitions past retention that leases hold, as of now (not
+        of the last check: a coordinator that took over lists them before its first check)."""
+        if table.auto_partition is None:
+            return {}
+        names = self.catalog.partitions.get(table.table_id, {})
+        held_by = self.leases.state.refs.held_partitions(table.table_id)
+        expired = (names[name] for name in auto_partition.expired(table.auto_partition, self.clock_ms(), list(names)))
+        return {pid: held_by[pid] for pid in expired if held_by.get(pid)}
 
     def alter(self, request: rq.AlterTable) -> TableInfo:
         """Change a partitioned table's precreate, retention or partition cap; applied at once."""
