@@ -87,7 +87,8 @@ def _drill(cluster: DrillCluster, path: str, table_id: int, seconds: float, roun
             cluster.restart("coordinators", victim["id"])
             held.read()
         time.sleep(max(0.0, started + seconds - time.time()))
-        writers.stop()
+        writers.wait_for_acks(len(writers.ack_times) + WRITERS, 30.0)  # rows within retention to look for: a
+        writers.stop()  # run that ends inside the write pause after the last kill would have none
         report.add(_within_retention(cluster, path, writers))
         report.add(checks.writers_only_retriable(writers.errors, writers.calls))
         _release(held, watch, interval, report)
