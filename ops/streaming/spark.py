@@ -69,10 +69,11 @@ def worker_python(work_dir: Path) -> str:
     launcher = work_dir / "worker-python"
     work_dir.mkdir(parents=True, exist_ok=True)
     zips = shlex.quote(f"{installed}/python/lib/")
-    launcher.write_text(
+    launcher.write_text(  # shell builtins only: no process but the worker's per start
         "#!/bin/sh\n"
         "# Spark's Python workers: PySpark from its installed package, not the zips Spark puts on PYTHONPATH\n"
-        f"PYTHONPATH=$(printf %s \"$PYTHONPATH\" | tr : '\\n' | grep -vF {zips} | paste -sd: -)\n"
+        f"set -f; zips={zips}; given=$PYTHONPATH; PYTHONPATH=; IFS=:\n"
+        "for entry in $given; do case $entry in \"$zips\"*) ;; *) PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$entry;; esac; done\n"
         "export PYTHONPATH\n"
         f"exec {shlex.quote(sys.executable)} \"$@\"\n")
     launcher.chmod(0o755)
