@@ -22,14 +22,18 @@ def snapshot_infos(snapshots: Iterable[pb.KvSnapshotPb]) -> dict[TableBucket, Sn
     out = {}
     for msg in snapshots:
         f = {d.number: v for d, v in msg.ListFields()}
-        bucket = f.get(1)
-        b = {} if bucket is None else {d.number: v for d, v in bucket.ListFields()}
-        tb = TableBucket(b.get(1, 0), b.get(3, 0), b.get(2))
+        tb = _table_bucket(f.get(1))
         files = f.get(5)
         handle = SnapshotHandle(tb, f.get(2, 0), f.get(3, 0), f.get(4, ""),
                                 tuple([SnapshotFile(x.path, x.size) for x in files]) if files else (), f.get(6, 0))
         out[tb] = SnapshotInfo(handle, tuple(f.get(7, ())), f.get(8, False))
     return out
+
+
+def _table_bucket(bucket: pb.TableBucketPb | None) -> TableBucket:
+    """A bucket message's TableBucket (fields 1 table_id, 2 partition_id, 3 bucket; None: all unset)."""
+    b = {} if bucket is None else {d.number: v for d, v in bucket.ListFields()}
+    return TableBucket(b.get(1, 0), b.get(3, 0), b.get(2))
 
 
 def acquire_request(lease_id: str, snapshots: Mapping[TableBucket, int], duration_ms: int,
@@ -53,9 +57,7 @@ def bucket_snapshots(entries: Iterable[pb.BucketSnapshotPb]) -> dict[TableBucket
     out = {}
     for msg in entries:
         f = {d.number: v for d, v in msg.ListFields()}
-        bucket = f.get(1)
-        b = {} if bucket is None else {d.number: v for d, v in bucket.ListFields()}
-        out[TableBucket(b.get(1, 0), b.get(3, 0), b.get(2))] = f.get(2, 0)
+        out[_table_bucket(f.get(1))] = f.get(2, 0)
     return out
 
 

@@ -22,21 +22,10 @@ class RefcountIndex:
 
     @classmethod
     def from_leases(cls, leases: Iterable[Lease]) -> "RefcountIndex":
-        """The index of these leases (at failover: 100,000 of them, so :meth:`add` inlined)."""
+        """The index of these leases (at failover: 100,000 of them, each added by :meth:`add_all`)."""
         index = cls()
-        refs = index._refs
         for lease in leases:
-            lease_id = lease.lease_id
-            for tb, sid in lease.buckets.items():
-                by_snapshot = refs.get(tb)
-                if by_snapshot is None:
-                    by_snapshot = refs[tb] = {}
-                holders = by_snapshot.get(sid)
-                if holders is None:
-                    by_snapshot[sid] = {lease_id}
-                else:
-                    holders.add(lease_id)
-        index._leased, index._leased_by_table, index._leased_by_partition = index.recount()
+            index.add_all(lease.lease_id, lease.buckets.items())
         return index
 
     def add(self, lease_id: str, tb: TableBucket, snapshot_id: int) -> None:

@@ -65,6 +65,11 @@ def cluster_dir(tmp_path):
     """A cluster directory; whatever the test leaves running there is stopped afterwards."""
     directory = tmp_path / "cluster"
     yield directory
+    stop_everything(directory)
+
+
+def stop_everything(directory: Path) -> None:
+    """Stop whatever runs in the cluster directory: ``cluster stop``, then SIGKILL for any process left."""
     pids = recorded_pids(directory)
     if pids:
         kvlease("cluster", "stop", "--dir", str(directory), check=False)

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
-import signal
 import tempfile
 from pathlib import Path
 from typing import Iterator
@@ -25,7 +23,7 @@ import pytest
 from kvlease.client.admin import AdminClient
 from kvlease.ops import local_cluster
 from kvlease.ops.wait import wait_until
-from tests.ops.cli.test_cli_e2e import kvlease, kvlease_json, print_logs, recorded_pids
+from tests.ops.cli.test_cli_e2e import kvlease, kvlease_json, print_logs, stop_everything
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -40,12 +38,7 @@ def cluster(kvlease_tmp: str) -> Iterator[Path]:
             kvlease("cluster", "start", "--dir", str(directory), "--tablets", "1", "--set", SETTING)
         yield directory
     finally:
-        pids = recorded_pids(directory)
-        if pids:
-            kvlease("cluster", "stop", "--dir", str(directory), check=False)
-        for pid in pids:  # last resort: the CLI's stop itself may be what failed
-            if local_cluster.pid_alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        stop_everything(directory)
         shutil.rmtree(directory.parent, ignore_errors=True)
 
 
