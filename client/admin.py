@@ -42,8 +42,8 @@ from kvlease.client.tables_admin import TablesAdmin
 from kvlease.client.transport import RETRIABLE, NotServedError, RetryPolicy, UnknownOutcomes, arguments
 from kvlease.common.parts import documented_by as _documented_by
 from kvlease.common.security.acl import AclBinding, Operation, Resource
-from kvlease.common.wire import (bucket_to_pb, error_from_pb, handle_from_pb, handle_to_pb, lease_from_pb, raise_for,
-                                 table_from_pb)
+from kvlease.common.wire import (bucket_snapshots_from_pb, bucket_to_pb, error_from_pb, handle_from_pb, handle_to_pb,
+                                 lease_from_pb, raise_for, table_from_pb)
 from kvlease.common.auto_partition import AutoPartition
 from kvlease.common.tables import DEFAULT_MAX_PARTITIONS, Column, TableInfo, parse_table_path
 from kvlease.common.model import Lease, SnapshotHandle, TableBucket
@@ -246,7 +246,7 @@ class AdminClient:
         if response is _SEND_ALONE:
             response = self._caller.call("AcquireKvSnapshotLease", request)
         return AcquireResult(lease_id, response.expiration_time_ms, lease_wire.acquired(response, snapshots),
-                             lease_wire.bucket_snapshots(response.unavailable))
+                             bucket_snapshots_from_pb(response.unavailable))
 
     def _acquire_many(self, requests: list[pb.AcquireKvSnapshotLeaseRequest]) -> list:
         """Several threads' acquires in one call: per request its response, its error, or

@@ -15,6 +15,7 @@ from typing import Iterable, Mapping
 from kvlease.client.admin_types import SnapshotInfo
 from kvlease.common.model import SnapshotFile, SnapshotHandle, TableBucket
 from kvlease.common.proto import coordinator_pb2 as pb
+from kvlease.common.wire import bucket_snapshots_from_pb, table_bucket_of_fields
 
 
 def snapshot_infos(snapshots: Iterable[pb.KvSnapshotPb]) -> dict[TableBucket, SnapshotInfo]:
@@ -22,18 +23,12 @@ def snapshot_infos(snapshots: Iterable[pb.KvSnapshotPb]) -> dict[TableBucket, Sn
     out = {}
     for msg in snapshots:
         f = {d.number: v for d, v in msg.ListFields()}
-        tb = _table_bucket(f.get(1))
+        tb = table_bucket_of_fields(f.get(1))
         files = f.get(5)
         handle = SnapshotHandle(tb, f.get(2, 0), f.get(3, 0), f.get(4, ""),
                                 tuple([SnapshotFile(x.path, x.size) for x in files]) if files else (), f.get(6, 0))
         out[tb] = SnapshotInfo(handle, tuple(f.get(7, ())), f.get(8, False))
     return out
-
-
-def _table_bucket(bucket: pb.TableBucketPb | None) -> TableBucket:
-    """A bucket message's TableBucket (fields 1 table_id, 2 partition_id, 3 bucket; None: all unset)."""
-    b = {} if bucket is None else {d.number: v for d, v in bucket.ListFields()}
-    return TableBucket(b.get(1, 0), b.get(3, 0), b.get(2))
 
 
 def acquire_request(lease_id: str, snapshots: Mapping[TableBucket, int], duration_ms: int,
@@ -52,18 +47,9 @@ def acquire_request(lease_id: str, snapshots: Mapping[TableBucket, int], duratio
     return request
 
 
-def bucket_snapshots(entries: Iterable[pb.BucketSnapshotPb]) -> dict[TableBucket, int]:
-    """:func:`kvlease.common.wire.bucket_snapshots_from_pb`, read faster."""
-    out = {}
-    for msg in entries:
-        f = {d.number: v for d, v in msg.ListFields()}
-        out[_table_bucket(f.get(1))] = f.get(2, 0)
-    return out
-
-
 def acquired(response: pb.AcquireKvSnapshotLeaseResponse, asked: Mapping[TableBucket, int]) -> dict[TableBucket, int]:
     """The snapshots an acquire answered it holds. The coordinator answers every snapshot asked for, in
     ``acquired`` or ``unavailable``: with none unavailable, ``acquired`` is what was asked (not read again)."""
     if not response.unavailable and len(response.acquired) == len(asked):
         return dict(asked)
-    return bucket_snapshots(response.acquired)
+    return bucket_snapshots_from_pb(response.acquired)

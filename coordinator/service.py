@@ -20,11 +20,10 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Callable, Iterable
 
-from kvlease.client import lease_wire
 from kvlease.common import errors
 from kvlease.common.proto import coordinator_pb2 as pb
 from kvlease.common.proto import coordinator_pb2_grpc as pb_grpc
-from kvlease.common.wire import (bucket_from_pb, error_pb, handle_from_pb, lease_to_pb,
+from kvlease.common.wire import (bucket_from_pb, bucket_snapshots_from_pb, error_pb, handle_from_pb, lease_to_pb,
                                  partition_id_of, physical_id, table_spec_from_pb, table_to_pb)
 from kvlease.common.security.acl import Operation, Resource
 from kvlease.common.security.server import OPEN
@@ -211,7 +210,7 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
                          deadline) for r, s in zip(request.requests, submitted)])
 
     def _submit_acquire(self, request) -> Future | Exception:
-        snapshots = lease_wire.bucket_snapshots(request.snapshots)
+        snapshots = bucket_snapshots_from_pb(request.snapshots)
         if len(snapshots) != len(request.snapshots):
             return errors.InvalidRequestError("a bucket appears twice in the acquire request")
         return self._submit(self._guarded(ls.Acquire(request.lease_id, snapshots, request.duration_ms,

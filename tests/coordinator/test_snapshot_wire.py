@@ -74,7 +74,8 @@ def test_an_acquire_request_is_the_one_common_wire_builds():
     got = lease_wire.acquire_request("lease-1", SNAPSHOTS, 60_000, "me")
     assert got == pb.AcquireKvSnapshotLeaseRequest(lease_id="lease-1", snapshots=wire.bucket_snapshots_to_pb(SNAPSHOTS),
                                                    duration_ms=60_000, owner="me")
-    assert lease_wire.bucket_snapshots(got.snapshots) == wire.bucket_snapshots_from_pb(got.snapshots) == SNAPSHOTS
+    slow = {wire.bucket_from_pb(b.bucket): b.snapshot_id for b in got.snapshots}  # field by field
+    assert wire.bucket_snapshots_from_pb(got.snapshots) == slow == SNAPSHOTS
     with pytest.raises(TypeError):
         lease_wire.acquire_request("lease-1", {TableBucket(7, 0): "1"}, 60_000, "")
 
@@ -96,4 +97,4 @@ def test_an_acquire_answer_with_some_unavailable_names_each_side():
                                                          acquired=wire.bucket_snapshots_to_pb(held),
                                                          unavailable=wire.bucket_snapshots_to_pb(missing))
     assert lease_wire.acquired(response, SNAPSHOTS) == held
-    assert lease_wire.bucket_snapshots(response.unavailable) == missing
+    assert wire.bucket_snapshots_from_pb(response.unavailable) == missing
