@@ -124,12 +124,17 @@ class Partitions:
     def _held_past_retention(self, table: TableInfo) -> dict[int, set[str]]:
         """``partition id -> leases`` of the table's partitions past retention that leases hold, as of now (not
         of the last check: a coordinator that took over lists them before its first check)."""
+        return {pid: holders for _name, pid, holders in self._expired(table, self.clock_ms()) if holders}
+
+    def _expired(self, table: TableInfo, now: int) -> list[tuple[str, int, set[str]]]:
+        """``(name, partition id, leases holding it)`` of each of the auto-partitioned table's partitions past
+        retention at ``now`` (the lease index is walked only if there is one)."""
         if table.auto_partition is None:
-            return {}
+            return []
         names = self.catalog.partitions.get(table.table_id, {})
-        held_by = self.leases.state.refs.held_partitions(table.table_id)
-        expired = (names[name] for name in auto_partition.expired(table.auto_partition, self.clock_ms(), list(names)))
-        return {pid: held_by[pid] for pid in expired if held_by.get(pid)}
+        expired = auto_partition.expired(table.auto_partition, now, list(names))
+        held_by = self.leases.state.refs.held_partitions(table.table_id) if expired else {}
+        return [(name, names[name], held_by.get(names[name], set())) for name in expired]
 
     def alter(self, request: rq.AlterTable) -> TableInfo:
         """Change a partitioned table's precreate, retention or partition cap; applied at once."""
@@ -189,11 +194,8 @@ class Partitions:
         now = self.clock_ms() if now is None else now
         done = {"created": 0, "dropped": 0, "held": 0} if done is None else done
         auto = table.auto_partition
-        names = self.catalog.partitions.get(table.table_id, {})
-        held_by = self.leases.state.refs.held_partitions(table.table_id)
-        for name in auto_partition.expired(auto, now, list(names)):
-            view = self.catalog.physical[names[name]]
-            holders = held_by.get(view.partition_id)
+        for name, partition_id, holders in self._expired(table, now):
+            view = self.catalog.physical[partition_id]
             if holders:
                 if view.partition_id not in self.held:
                     log.info("partition %s of table %s is past retention; kept while leases %s hold it", name,

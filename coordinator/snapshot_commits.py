@@ -49,10 +49,6 @@ class SnapshotCommits:
         self.store = SnapshotStore(num_retained)
         self.writer: FencedWriter | None = None
 
-    def load(self, tables: Iterable[TableInfo]) -> None:
-        """Failover: a new store holding every handle stored under ``/snapshots``."""
-        self.finish_load(self.start_load(tables))
-
     def start_load(self, tables: Iterable[TableInfo]) -> tuple[list[str], Reads]:
         """The first half of :meth:`load`: every bucket's listing asked (in multiReads:
         :mod:`kvlease.coordinator.zk_reads`), not waited for, so a reinitialization reads other nodes

@@ -399,7 +399,9 @@ class LeaseState(StateMachine):
         self._deadlines.maybe_compact(len(self.leases), self._heap_entries)
 
     def _count_tables(self, before: Lease | None, after: Lease | None) -> None:
-        """The leases per table and per partition, as ``before`` becomes ``after``."""
+        """The leases per table and per partition, as ``before`` becomes ``after`` (a renew: unchanged)."""
+        if before is not None and after is not None and before.buckets is after.buckets:
+            return
         for counts, held in ((self._table_leases, Lease.tables), (self._partition_leases, Lease.partitions)):
             old = held(before) if before is not None else set()
             new = held(after) if after is not None else set()
