@@ -263,22 +263,23 @@ class BucketReplication:
             self.bucket.role.following = True
             self.bucket.buffer.invalidate()
 
-    def _log_end(self) -> int:
-        """The changelog's end; a parked bucket answers from memory, opening nothing. The caller holds the
-        write lock: every change of the log or of the epoch cache takes it with the files open, so the end
-        and the cache (kept in memory while parked, the same as the checkpoint a reopen loads) agree."""
-        known = self.bucket.files.known_offsets()
-        if known is not None:
-            return known[1]
-        with self.bucket.files.use() as (changelog, _kv):  # never opened (or failed, closed): it opens
-            return changelog.end_offset
+    def _known_end(self) -> None:
+        """Open a bucket whose offsets are not in memory (never opened since the start, or failed) before the
+        write lock is taken (an open replays the changelog); a parked one opens nothing. Under the lock,
+        ``files.offsets()`` then answers from memory: every change of the log or of the epoch cache takes
+        the lock with the files open, so the end and the cache (kept while parked, the same as the checkpoint
+        a reopen loads) agree."""
+        if self.bucket.files.known_offsets() is None:
+            with self.bucket.files.use():
+                pass
 
     @property
     def last_epoch(self) -> int:
         """The leader epoch of the log's last entry (-1: no entry, or written without an epoch). A parked
         bucket answers from memory (what a follower's fetch round asks of every bucket it follows)."""
+        self._known_end()
         with self.bucket.write_lock:
-            end = self._log_end()
+            end = self.bucket.files.offsets()[1]
             epoch = self.bucket.epoch_file.cache.epoch_at(end - 1) if end > 0 else None
             return -1 if epoch is None else epoch
 
@@ -291,8 +292,9 @@ class BucketReplication:
     def end_offset_for(self, epoch: int) -> EpochEnd:
         """The leader's answer to a follower whose latest epoch is ``epoch`` (:meth:`EpochCache.end_offset_for`);
         a parked bucket answers from memory (every follower's fetch asks it of every bucket)."""
+        self._known_end()
         with self.bucket.write_lock:
-            return self.bucket.epoch_file.cache.end_offset_for(epoch, self._log_end())
+            return self.bucket.epoch_file.cache.end_offset_for(epoch, self.bucket.files.offsets()[1])
 
     def truncation_for(self, answer: EpochEnd) -> Truncation:
         """The follower's step on its leader's ``answer`` (:meth:`EpochCache.truncation_for`); the caller

@@ -123,8 +123,8 @@ def restore_files(bucket_dir: str, role: BucketRole, storage, admin, server_id: 
             path = os.path.join(bucket_dir, name)
             shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.unlink(path)
     if role.leads(server_id) and loss.snapshot_id:
-        tb = role.table.bucket(role.bucket)  # (a partitioned table's listing is every partition's)
-        handle = next((info.handle for info in admin.list_kv_snapshots(role.table.table_id)
+        tb = role.table.bucket(role.bucket)
+        handle = next((info.handle for info in admin.list_kv_snapshots(role.table.table_id, role.table.partition_id)
                        if info.handle.bucket == tb and info.handle.snapshot_id == loss.snapshot_id), None)
         if handle is None:
             raise errors.SnapshotNotFoundError(f"snapshot {loss.snapshot_id} of bucket {role.bucket} of "
