@@ -92,10 +92,10 @@ def check_table_losses(admin: AdminClient, table: TableInfo, positions: Mapping[
     if not table.partitioned:
         return LostRanges(admin, table.table_id, table.path).check(positions, seen)
     out: dict[BucketKey, int] = {}
+    _table, assignments = admin.partition_assignments(table.table_id)  # every partition's, in one call
     for partition, group in sorted(_by_partition(positions).items()):
-        try:
-            _view, leaders = admin.get_table_assignment(table.table_id, partition)
-        except errors.PartitionNotExistsError:
+        leaders = assignments.get(partition)
+        if leaders is None:  # dropped
             continue
         where = table.of_partition(partition, (names or {}).get(partition, str(partition))).where
         found = check_losses(where, {b: leaders[b].losses for b in group if b in leaders},
@@ -166,7 +166,9 @@ class PartitionedTables:
                 log.info("table %s: partition %s was dropped: %s", self.table.path,
                          self.names.get(partition, partition), exc.message)
                 self.gone.add(partition)
-                self._clients.pop(partition, None)
+                client = self._clients.pop(partition, None)
+                if client is not None:
+                    client.close()
                 continue
             out.update({(partition, b): value for b, value in answer.items()})
         return out

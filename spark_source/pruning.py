@@ -58,7 +58,7 @@ def _typed(type_: str, text: str) -> Any:
 
 def _same_type(column_value: Any, value: Any) -> bool:
     """Whether ``value`` compares with ``column_value`` as Spark compares them (a bool is not an int here)."""
-    return type(column_value) is type(value) or (type(column_value) is int and type(value) is int)
+    return type(column_value) is type(value)
 
 
 def evaluate(filter_: Filter, values: Mapping[str, Any]) -> bool | None:

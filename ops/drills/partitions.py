@@ -163,13 +163,15 @@ def _release(held: Held, watch: PartitionWatch, interval: float, report: Report)
 
 
 def _scan(cluster: DrillCluster, table_id: int) -> tuple[dict[str, int], dict[str, int]]:
-    """Every local bucket dir of a partition id above ``table_id`` (any tablet server) and every remote dir of
-    the table's partitions that holds a file: (local, remote), each path -> partition id."""
+    """Every local bucket dir of a physical id above ``table_id`` that is not another table's or another
+    table's partition (any tablet server: ids of tables and partitions share one counter), and every remote
+    dir of the table's partitions that holds a file: (local, remote), each path -> partition id."""
+    others = _other_physical_ids(cluster, table_id)
     local: dict[str, int] = {}
     for tablet in cluster.doc["tablets"]:
         home = local_cluster.tablet_disks.data_dir(cluster.directory, tablet["id"])
         for entry in home.iterdir() if home.is_dir() else ():
-            if entry.is_dir() and entry.name.isdigit() and int(entry.name) > table_id:
+            if entry.is_dir() and entry.name.isdigit() and int(entry.name) > table_id and int(entry.name) not in others:
                 local[str(entry)] = int(entry.name)
     remote: dict[str, int] = {}
     root = Path(unquote(urlparse(cluster.doc["remote"]).path)) / "kv" / str(table_id)
@@ -193,6 +195,17 @@ def _orphans(cluster: DrillCluster, table_id: int, watch: PartitionWatch, interv
         return not any(leftovers)
     poll(settled, 3 * interval + 10.0, interval_s=0.5)
     return checks.no_orphans(leftovers[0], leftovers[1], watch.seen, scanned)
+
+
+def _other_physical_ids(cluster: DrillCluster, table_id: int) -> set[int]:
+    """The ids of the cluster's other tables and of their partitions."""
+    others = set()
+    for table in cluster.admin.list_tables():
+        if table.table_id != table_id:
+            others.add(table.table_id)
+            if table.partitioned:
+                others.update(p.partition_id for p in cluster.admin.list_partitions(table_id=table.table_id)[1])
+    return others
 
 
 def main(cluster_dir: str, json_output: bool = False, **options) -> int:

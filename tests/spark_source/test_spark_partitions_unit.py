@@ -46,20 +46,21 @@ def test_filters_on_the_partition_column_prune_and_the_others_keep_every_partiti
     assert evaluate(Not(EqualTo(("v",), "a")), {"day": "x"}) is None
 
 
-def test_a_partitioned_tables_reader_prunes_by_pushed_filters_only_where_spark_keeps_the_plan_with_its_query():
+def test_a_partitioned_tables_reader_prunes_by_pushed_filters_only_where_spark_keeps_the_plan_with_its_query(
+        monkeypatch):
     """Spark 4.3 reads the plan made for one query's pushed filters again for a later query of the DataFrame
     that pushes none: a reader that pruned there would answer that query with the pruned partitions' rows."""
     from pyspark.sql.datasource import DataSourceReader
 
-    from kvlease.spark_source.batch import PruningBatchReader, partitioned_reader
+    from kvlease.spark_source import batch
 
-    if hasattr(DataSourceReader, "pushLimit"):  # the release that keeps a pushdown's plan with its scan
-        assert partitioned_reader() is PruningBatchReader
-    else:
-        assert partitioned_reader().pushFilters is DataSourceReader.pushFilters
-    reader = PruningBatchReader(None, ReadContext((), PARTITIONED, None, ("id",)))
+    monkeypatch.setattr(batch, "PUSHDOWN_PLANS_PER_SCAN", False)
+    assert batch.partitioned_reader().pushFilters is DataSourceReader.pushFilters  # Spark pushes it nothing
+    monkeypatch.setattr(batch, "PUSHDOWN_PLANS_PER_SCAN", True)
+    assert batch.partitioned_reader() is batch.PruningBatchReader
+    reader = batch.PruningBatchReader(None, ReadContext((), PARTITIONED, None, ("id",)))
     filters = [EqualTo(("day",), "20261126"), EqualTo(("id",), 5)]
-    assert reader.pushFilters(filters) is filters and reader.filters == tuple(filters)
+    assert reader.pushFilters(filters) == filters and reader.filters == tuple(filters)  # every one given back
 
 
 def test_option_partitions_names_partitions_of_the_tables_key():
