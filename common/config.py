@@ -212,6 +212,9 @@ MAX_ROW_SIZE = _key("table.max-row-size", "8mb", _parse_row_size,
                     "RECORD_TOO_LARGE (at most 127mb: an update's changelog entry holds the row twice)")
 LOG_RETENTION = _key("log.retention", "7d", parse_duration_ms,
                      "keep changelog this long beyond what kept snapshots need")
+LOG_RETENTION_CHECK_INTERVAL = _key("log.retention.check-interval", "5m", parse_duration_ms,
+                                    "how often every bucket's changelog is checked against its kept snapshots "
+                                    "(a leader's bucket is also checked after each snapshot it commits)")
 WRITER_ID_EXPIRATION = _key("writer.id.expiration", "1d", parse_duration_ms,
                             "how long a bucket remembers an idempotent writer after its last write (a write resent "
                             "later than that is taken for a new one)")

@@ -437,7 +437,7 @@ class ReplicaManager:
 
     def snapshot_changed(self) -> int:
         """Snapshot every led bucket that changed since its last snapshot, then apply the changelog
-        retention of those committed and of the buckets followed (one listing of kept snapshots per table);
+        retention of those committed (of every bucket held, once every ``log.retention.check-interval``);
         returns how many were snapshotted."""
         return self.snapshots.snapshot_changed(self.replicas, self.followed)
 

@@ -24,13 +24,15 @@ from typing import Callable
 from kvlease.common import config as cfg
 from kvlease.common import errors
 from kvlease.common.kvsnapshot import missing_files
-from kvlease.common.model import SnapshotHandle
+from kvlease.common.model import SnapshotHandle, TableBucket
 from kvlease.common.storage import RemoteStorage
 from kvlease.tablet.replicas.replica import Replica
 from kvlease.tablet.replication.leader_lease import LeaderLease
 from kvlease.tablet.store.snapshot import upload_and_commit
 
 log = logging.getLogger(__name__)
+
+PARTITION_LISTINGS_MAX = 8  # a retention round asks per partition up to this many partitions of a table, else once
 
 
 def still_leads(replica: Replica, leader_epoch: int, lease: LeaderLease) -> None:
@@ -60,8 +62,8 @@ class ReplicaSnapshots:
 
     A bucket's latest snapshot is asked of the coordinator with its table's id and its partition's (None for
     an unpartitioned table), so the answer lists that partition's buckets only; the kept snapshots (changelog
-    retention) are asked once per table, every partition's at once, and each replica takes those of its own
-    bucket (:attr:`Replica.tb`, with its partition)."""
+    retention) are asked once per table, or per partition for a few (:meth:`apply_retention`), and each
+    replica takes those of its own bucket (:attr:`Replica.tb`, with its partition)."""
 
     def __init__(self, admin, storage: RemoteStorage, config: cfg.Config, lease: LeaderLease, server_id: int,
                  bucket_dir: Callable[[int, int], str]) -> None:
@@ -71,6 +73,7 @@ class ReplicaSnapshots:
         self.lease = lease
         self.server_id = server_id
         self.bucket_dir = bucket_dir
+        self._every_bucket_at = 0.0  # monotonic time the next retention of every bucket held is due
 
     # -- snapshots ---------------------------------------------------------------------------
 
@@ -164,47 +167,75 @@ class ReplicaSnapshots:
 
     def snapshot_changed(self, led: Callable[[], list[Replica]], followed: Callable[[], list[Replica]]) -> int:
         """Snapshot every led bucket that changed since its last snapshot, then apply the changelog
-        retention of those committed (one listing of kept snapshots per table); returns how many. ``led()``:
-        the replicas led now, ``followed()`` those followed (asked once the snapshots are taken)."""
-        committed = []
+        retention of those committed, and once every ``log.retention.check-interval`` of every bucket held
+        (followed ones, and led ones that did not change: their segments age past ``log.retention`` too);
+        returns how many committed. ``led()``: the replicas led now, ``followed()`` those followed (asked
+        once the snapshots are taken)."""
+        committed, unchanged = [], []
         for replica in led():
             if not replica.store.files.known:
                 continue  # not opened since this server started: the keeper opens it, the next round looks
             try:
-                if self._snapshot(replica, force=False) is not None:
-                    committed.append(replica)
+                (committed if self._snapshot(replica, force=False) is not None else unchanged).append(replica)
             except Exception as exc:  # retried at the next interval
                 log.warning("snapshot of %s failed: %s", replica.tb, exc)
-        self.apply_retention(committed + [r for r in followed() if r.store.files.known])
+        checked = committed
+        if self._every_bucket_due():
+            checked = committed + unchanged + [r for r in followed() if r.store.files.known]
+        self.apply_retention(checked)
         return len(committed)
+
+    def _every_bucket_due(self) -> bool:
+        """Whether the retention of every bucket held is due (the first round, then once an interval)."""
+        now = time.monotonic()
+        if now < self._every_bucket_at:
+            return False
+        self._every_bucket_at = now + self.config[cfg.LOG_RETENTION_CHECK_INTERVAL] / 1000.0
+        return True
 
     # -- changelog retention ------------------------------------------------------------------
 
     def apply_retention(self, replicas: list[Replica]) -> int:
         """Delete changelog segments of each bucket below the lowest log offset of its kept
-        snapshots (leased ones included) that are also older than ``log.retention``. Asks the
-        coordinator for the kept snapshots once per table (every partition's of a partitioned one); returns how
-        many segments went. A bucket whose
-        changelog cannot be read now (its files failed and do not reopen: a full disk) is left for the next
-        round; the others go on."""
+        snapshots (leased ones included) that are also older than ``log.retention``; returns how many
+        segments went. A bucket whose changelog is known to be empty is skipped (nothing to delete, no
+        question asked). The coordinator is asked for the kept snapshots once per table, or once per
+        partition when the buckets are of a few partitions of a partitioned table (the usual round: writes
+        go to the latest partitions). A bucket whose changelog cannot be read now (its files failed and do
+        not reopen: a full disk) is left for the next round; the others go on."""
         by_table: dict[int, list[Replica]] = {}
         for replica in replicas:
-            by_table.setdefault(replica.table.table_id, []).append(replica)
+            known = replica.store.files.known_offsets()
+            if known is None or known[0] < known[1]:
+                by_table.setdefault(replica.table.table_id, []).append(replica)
         deleted = 0
         for table_id, group in sorted(by_table.items()):
             try:
-                kept = self.admin.list_kv_snapshots(table_id)
+                kept = self._kept_by_bucket(table_id, group)
             except errors.KvLeaseError as exc:
                 log.warning("cannot learn the kept snapshots of table %d: %s", table_id, exc)
                 continue
             for replica in group:
                 try:
-                    deleted += self._truncate_log(replica, [s for s in kept if s.bucket == replica.tb])
+                    deleted += self._truncate_log(replica, kept.get(replica.tb, ()))
                 except Exception as exc:  # its files failed (a full disk): the next round tries again
                     log.warning("changelog retention of %s failed: %s", replica.tb, exc)
         return deleted
 
-    def _truncate_log(self, replica: Replica, kept: list) -> int:
+    def _kept_by_bucket(self, table_id: int, group: list[Replica]) -> dict[TableBucket, list]:
+        """The kept snapshots of the buckets of ``group`` (replicas of table ``table_id``), by bucket."""
+        partitions = {replica.table.partition_id for replica in group}
+        if None in partitions or len(partitions) > PARTITION_LISTINGS_MAX:
+            listings = [self.admin.list_kv_snapshots(table_id)]
+        else:
+            listings = [self.admin.list_kv_snapshots(table_id, pid) for pid in sorted(partitions)]
+        kept: dict[TableBucket, list] = {}
+        for listing in listings:
+            for info in listing:
+                kept.setdefault(info.bucket, []).append(info)
+        return kept
+
+    def _truncate_log(self, replica: Replica, kept) -> int:
         if not kept:
             return 0  # no snapshot: the changelog is the only copy
         keep_from = min(s.log_offset for s in kept)

@@ -29,6 +29,7 @@ from kvlease.common.tables import Column, TableInfo
 from kvlease.common.wire import table_to_pb
 from kvlease.common.zk import dumps, make_client
 from kvlease.ops.wait import wait_until
+from kvlease.tablet.replicas import snapshots as snapshots_module
 from kvlease.tablet.server import TabletServer
 
 EPOCH = 1  # the coordinator epoch ZooKeeper has and the pushes carry
@@ -50,17 +51,22 @@ class SnapshotCoordinator:
     def __init__(self) -> None:
         self.committed: list = []
         self.latest_asked: list[tuple[int, int | None]] = []
+        self.kept_asked: list[tuple[int, int | None]] = []
 
     def commit_kv_snapshot(self, handle, *, leader_epoch=None, server_id=None) -> None:
         self.committed.append(handle)
 
     def list_kv_snapshots(self, table_id: int, partition_id: int | None = None) -> list[SnapshotInfo]:
+        self.kept_asked.append((table_id, partition_id))
+        return self._listed(table_id, partition_id)
+
+    def _listed(self, table_id: int, partition_id: int | None) -> list[SnapshotInfo]:
         return [SnapshotInfo(h) for h in self.committed if h.bucket.table_id == table_id
                 and partition_id in (None, h.bucket.partition_id)]
 
     def get_latest_kv_snapshots(self, table_id: int, partition_id: int | None = None) -> dict:
         self.latest_asked.append((table_id, partition_id))
-        listed = sorted(self.list_kv_snapshots(table_id, partition_id), key=lambda i: i.snapshot_id)
+        listed = sorted(self._listed(table_id, partition_id), key=lambda i: i.snapshot_id)
         return {info.bucket: info for info in listed}
 
 
@@ -307,6 +313,29 @@ def test_a_snapshot_of_a_partition_bucket_commits_a_handle_naming_its_partition(
     unchanged = tablet.stub.TriggerSnapshot(pb.TriggerSnapshotRequest(table_id=3, partition_id=4, buckets=[0],
                                                                       wait=True), timeout=30)
     assert [u.bucket.partition_id for u in unchanged.unchanged] == [4] and len(tablet.coordinator.committed) == 2
+
+
+def test_changelog_retention_asks_for_the_kept_snapshots_of_the_partitions_it_checks_only(tablet, monkeypatch):
+    coordinator, replicas = tablet.coordinator, tablet.server.replicas
+    assert not put(tablet, P1, 0, by_bucket(P1, rows(P1, range(20), "a"))[0]).error.code
+    response = tablet.stub.TriggerSnapshot(pb.TriggerSnapshotRequest(table_id=3, partition_id=4, buckets=[0],
+                                                                     wait=True), timeout=30)
+    assert not response.error.code and len(coordinator.committed) == 1
+    assert coordinator.kept_asked == [(3, 4)]  # the committed bucket's partition's: not every partition's of 3
+
+    coordinator.kept_asked.clear()
+    assert not put(tablet, P2, 0, by_bucket(P2, rows(P2, range(20), "b"))[0]).error.code
+    assert replicas.snapshot_changed() == 1  # P2's bucket 0; the first round checks every bucket held
+    # P1's bucket 0 is unchanged but has a changelog; the buckets with an empty one (OTHER, PLAIN, bucket 1 of
+    # each partition) are not asked for
+    assert sorted(coordinator.kept_asked) == [(3, 4), (3, 5)]
+
+    coordinator.kept_asked.clear()
+    assert replicas.snapshot_changed() == 0 and coordinator.kept_asked == []  # nothing changed, none due
+
+    monkeypatch.setattr(snapshots_module, "PARTITION_LISTINGS_MAX", 1)  # more partitions than that: one listing
+    monkeypatch.setattr(replicas.snapshots, "_every_bucket_at", 0.0)  # the interval is over
+    assert replicas.snapshot_changed() == 0 and coordinator.kept_asked == [(3, None)]
 
 
 # -- pushes, drops and the tablet server's own calls -----------------------------------------------------------
