@@ -156,6 +156,8 @@ class Assignments:
         self._by_table: dict[int, Plan] = {}
         self._led: Counter[int] = Counter()  # leader (UNASSIGNED: none) -> the buckets it leads
         self._short: Counter[int] = Counter()  # leader -> those of its buckets whose ISR is short of the replicas
+        self._preferred: Counter[int] = Counter()  # first replica -> the replicated buckets not moving it is first of
+        self._not_led: Counter[int] = Counter()  # first replica -> those of them another server leads, or none
 
     @property
     def by_table(self) -> dict[int, Plan]:
@@ -166,7 +168,7 @@ class Assignments:
     @by_table.setter
     def by_table(self, tables: dict[int, Plan]) -> None:
         self._by_table = tables
-        self._led, self._short = Counter(), Counter()
+        self._led, self._short, self._preferred, self._not_led = Counter(), Counter(), Counter(), Counter()
         for plan in tables.values():
             self._count(plan, 1)
 
@@ -175,6 +177,9 @@ class Assignments:
             self._led[a.leader] += sign
             if len(a.isr) < len(a.replicas):
                 self._short[a.leader] += sign
+            if a.replication_factor > 1 and a.reassign is None:
+                self._preferred[a.replicas[0]] += sign
+                self._not_led[a.replicas[0]] += sign * (a.leader != a.replicas[0])
 
     # -- queries --------------------------------------------------------------------
 
@@ -216,6 +221,12 @@ class Assignments:
         """How many more replicas each live server takes (None: no limit)."""
         load = self.load_per_server()
         return {s: None if capacity.get(s) is None else max(0, capacity[s] - load[s]) for s in sorted(live)}
+
+    def preferred_leaderships(self) -> dict[int, tuple[int, int]]:
+        """server -> (replicated buckets not being moved whose first replica it is, those of them it does not
+        lead), for every server first of one: from the kept counts, O(servers)
+        (coordinator/leader_balance_plan.py, ``imbalance``)."""
+        return {s: (n, self._not_led[s]) for s, n in sorted(self._preferred.items()) if n > 0}
 
     def health_counts(self, live: set[int]) -> tuple[int, int]:
         """How many buckets :meth:`health` lists, from the kept counts: O(servers)."""

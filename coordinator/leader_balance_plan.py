@@ -85,14 +85,9 @@ class Imbalance:
 
 
 def imbalance(assignments: Assignments) -> dict[int, Imbalance]:
-    """server -> its :class:`Imbalance`, for every server that is the preferred leader of a replicated bucket."""
-    preferred: Counter[int] = Counter()
-    not_led: Counter[int] = Counter()
-    for _t, _b, a in assignments.all():
-        if a.replication_factor > 1 and a.reassign is None:
-            preferred[a.replicas[0]] += 1
-            not_led[a.replicas[0]] += a.leader != a.replicas[0]
-    return {s: Imbalance(n, not_led[s]) for s, n in sorted(preferred.items())}
+    """server -> its :class:`Imbalance`, for every server that is the preferred leader of a replicated bucket
+    (from the counts ``assignments`` keeps: the periodic check walks no bucket while no server is over)."""
+    return {s: Imbalance(n, not_led) for s, (n, not_led) in assignments.preferred_leaderships().items()}
 
 
 def elections(assignments: Assignments, live: Iterable[int], excluded: Iterable[int] = (),

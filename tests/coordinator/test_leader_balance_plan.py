@@ -116,6 +116,35 @@ def test_the_imbalance_threshold_elects_only_the_servers_over_it():
     assert lb.elections(a, SERVERS, threshold_pct=0, excluded={1}) == {(1, 9): lb.led_by(a.table(1)[9], 2)}
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_the_imbalance_kept_as_buckets_change_is_what_a_walk_of_every_bucket_counts(seed):
+    rng = random.Random(seed)
+    assignments = Assignments()
+
+    def walked() -> dict[int, lb.Imbalance]:
+        first, not_led = Counter(), Counter()
+        for _t, _b, a in assignments.all():
+            if a.replication_factor > 1 and a.reassign is None:
+                first[a.replicas[0]] += 1
+                not_led[a.replicas[0]] += a.leader != a.replicas[0]
+        return {s: lb.Imbalance(n, not_led[s]) for s, n in sorted(first.items())}
+
+    for _ in range(60):
+        table_id = rng.randint(1, 6)
+        if rng.random() < 0.2:
+            assignments.remove(table_id)
+        else:
+            plan = {}
+            for bucket in range(rng.randint(1, 4)):
+                replicas = rng.sample(SERVERS, rng.randint(1, 3))
+                reassign = tuple(rng.sample(SERVERS, 2)) if rng.random() < 0.2 else None
+                plan[bucket] = state(replicas, leader=rng.choice(replicas + [-1]), reassign=reassign)
+            assignments.set(table_id, plan)
+        assert lb.imbalance(assignments) == walked()
+    assignments.by_table = dict(assignments.by_table)  # counted again from scratch: the same
+    assert lb.imbalance(assignments) == walked()
+
+
 def test_a_preferred_replica_back_in_the_isr_is_seen_but_not_a_moves_new_replica():
     out = state([1, 2, 3], leader=2, isr=[2, 3])
     back = replace(out, isr=(1, 2, 3), bucket_epoch=6)
