@@ -42,7 +42,7 @@ class Settings:
     tablets: int = 3
     replication_factor: int = 2
     commit_rate: float = 20.0  # snapshot handles committed per second in the background
-    idle_seconds: float = 5.0
+    idle_seconds: float = 30.0  # kv.snapshot.interval and leader.imbalance.check-interval: each sample has one of each
     rounds: int = 5  # lease acquire --latest of each table, alternating; the median counts
     expiring: int = 100  # partitions retention drops at once
     session_timeout_ms: int = 6_000  # the default zookeeper.session-timeout
