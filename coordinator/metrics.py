@@ -59,6 +59,7 @@ class CoordinatorMetrics(MetricsRegistry):
                                             registry=r)
         self._tables: set[str] = set()
         self._partitions: dict[tuple[int, int], tuple[str, str, str]] = {}  # (table, partition) -> its labels
+        self._partition_counts: dict[tuple[int, int], tuple[int, int]] = {}  # -> the (leases, snapshots) published
         self._unhealthy: dict[str, set[tuple[str, ...]]] = {}  # "offline", "under" -> the label sets it has
 
     def _replication_gauges(self, r: CollectorRegistry) -> None:
@@ -104,19 +105,25 @@ class CoordinatorMetrics(MetricsRegistry):
                                    snapshots: Mapping[tuple[int, int], int], physical: Mapping[int, TableInfo]) -> None:
         """The per-partition gauges, by (table id, partition id): a series for each partition some lease holds
         (``physical``: the catalog's physical tables, for the partition's name); a partition no lease holds any
-        more (released, expired, dropped) loses its series."""
+        more (released, expired, dropped) loses its series. Only the counts that changed are set (this runs
+        every expiry tick: a gauge set per partition held was ~2 us each, every second)."""
         held = leases.keys() | snapshots.keys()
         for gone in self._partitions.keys() - held:
             labels = self._partitions.pop(gone)
+            del self._partition_counts[gone]
             self.partition_leases.remove(*labels)
             self.partition_leased_snapshots.remove(*labels)
         for key in held:
+            counts = (leases.get(key, 0), snapshots.get(key, 0))
+            if self._partition_counts.get(key) == counts:
+                continue
             labels = self._partitions.get(key)
             if labels is None:
                 name = getattr(physical.get(key[1]), "partition_name", None) or ""
                 labels = self._partitions[key] = (str(key[0]), str(key[1]), name)
-            self.partition_leases.labels(*labels).set(leases.get(key, 0))
-            self.partition_leased_snapshots.labels(*labels).set(snapshots.get(key, 0))
+            self._partition_counts[key] = counts
+            self.partition_leases.labels(*labels).set(counts[0])
+            self.partition_leased_snapshots.labels(*labels).set(counts[1])
 
     def set_bucket_health(self, offline: Sequence[tuple[int, int]], under: Sequence[tuple[int, int]],
                           physical: Mapping[int, TableInfo]) -> None:

@@ -275,6 +275,11 @@ def test_the_lease_gauges_count_per_partition_and_a_dropped_partition_loses_its_
     assert sorted(labels, key=lambda row: row["partition"]) == [
         {"table_id": t, "partition_id": str(a.partition_id), "partition": "20261127"},
         {"table_id": t, "partition_id": str(b.partition_id), "partition": "20261128"}]
+    admin.acquire_lease("r3", {b0: 1}, 60_000)  # a count published already changes: it is published again
+    more = {**expected, ("kvlease_partition_leases", "20261128"): 2, ("kvlease_table_leases", t): 3}
+    wait_until(lambda: lease_series(pair) == more, 10, "the partition's count going up")
+    admin.release_lease("r3", [b0])
+    wait_until(lambda: lease_series(pair) == expected, 10, "and down again")
     admin.drop_partition("db.orders", "20261127")  # out of both leases: r2 held nothing else
     expected = {("kvlease_partition_leases", "20261128"): 1, ("kvlease_partition_leased_snapshots", "20261128"): 1,
                 ("kvlease_table_leases", t): 1, ("kvlease_table_leased_snapshots", t): 1}
