@@ -16,14 +16,16 @@ else ``KVLEASE_PASSWORD_FILE``, else ``KVLEASE_SECURITY_PASSWORD``). A password 
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from kvlease.common import config as cfg
 from kvlease.common import errors
 from kvlease.client.admin import AdminClient, parse_bootstrap
 from kvlease.client.cluster_dir import (check_running, cluster_dir_bootstrap, cluster_dir_security, read_cluster_file,
                                        read_password_file)
-from kvlease.client.table import TableClient
+
+if TYPE_CHECKING:  # imported by Connection.table(): Arrow and pandas only for a command that reads or writes rows
+    from kvlease.client.table import TableClient
 
 ENV_BOOTSTRAP = "KVLEASE_BOOTSTRAP"
 ENV_CLUSTER = "KVLEASE_CLUSTER"
@@ -110,6 +112,8 @@ class Connection:
     def table(self, name: str | int) -> TableClient:
         """A :class:`~kvlease.client.table.TableClient` of table ``DB.NAME`` (or a table id), closed with this
         connection; TableNotExistError if there is none."""
+        from kvlease.client.table import TableClient
+
         client = TableClient(self.admin, name, self.config, retry_total_s=self.retry_total_s)
         self._tables.append(client)
         return client

@@ -52,6 +52,22 @@ def test_a_command_imports_only_what_it_needs():
     assert result.stdout.splitlines()[-2:] == ["[]", "False False"]
 
 
+@pytest.mark.parametrize("argv", [["table", "list"], ["lease", "list"], ["partition", "list", "db.t"],
+                                  ["snapshot", "list", "db.t"]])
+def test_a_command_that_asks_the_coordinator_loads_no_arrow_or_pandas(argv):
+    """The commands that talk to the coordinator only (no cluster answers here: each fails at once) load
+    neither Arrow nor pandas, which take about a second of CPU to import."""
+    result = python("import sys\n"
+                    "from kvlease.ops.cli import main\n"
+                    "try:\n"
+                    f"    main(['--bootstrap', '127.0.0.1:1', '--retry-timeout', '0s', *{argv!r}])\n"
+                    "except SystemExit as exc:\n"
+                    "    assert exc.code == 1, exc.code\n"
+                    f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "[]"
+
+
 @pytest.mark.parametrize("module,argv", [
     ("kvlease.ops.cli.app", ["table", "list"]),  # interrupted while the CLI itself loads
     ("kvlease.ops.cli.table", ["table", "list"]),  # while the command's module loads
