@@ -17,9 +17,11 @@ a time, for each bucket in :attr:`ReplicaManager.unsettled`:
   ends them (their clients start the bucket again): their snapshots would
   keep the failed files open.
 
-A bucket leaves the set once it is open or parked without a failure and its
-snapshot base is known; a failure puts it back. A request for a bucket the
-keeper has not reached yet opens it itself.
+A round takes each bucket off the set before it looks at its replica and puts
+it back unless it is open or parked without a failure and its snapshot base is
+known, so what a push (loss work, a reopened replica) or a failure adds
+meanwhile is kept for the next round. A request for a bucket the keeper has
+not reached yet opens it itself.
 """
 
 from __future__ import annotations
@@ -50,37 +52,42 @@ class BucketKeeper(Periodic):
         for key in sorted(list(self.replicas.unsettled)):
             if self._stop.is_set():
                 break
+            # taken off before its replica is looked at: a push (loss work, a reopened replica) or a failure
+            # adding it meanwhile keeps it for the next round, instead of being undone by a discard at the end
+            self.replicas.unsettled.discard(key)
             try:
                 replica = self.replicas.replica(*key)
             except errors.KvLeaseError:  # no longer held here
-                self.replicas.unsettled.discard(key)
                 continue
-            if replica.loss_work is not None:
-                try:
-                    self.replicas.settle_loss(replica)
-                except Exception as exc:  # the coordinator or remote storage is away: next round
-                    log.warning("%s: cannot %s yet: %s", replica.tb, replica.loss_work, exc)
-                continue  # a restored bucket's fresh replica is unsettled: the next round opens it
-            files = replica.store.files
-            if files.failure is not None and not files.retry_in() and files.held_by_snapshots():
-                self.replicas.end_scans(replica)  # scan sessions keep the failed files open
-            files.repair()
-            damage = bucket_damage.damage_of(replica.store)
-            if damage is not None and replica.leads:  # a reopen cannot cure it: the coordinator decides
-                self.replicas.lose(replica, replica_loss.damaged_reason(damage))
-                continue
-            if files.failure is not None or not files.known:
-                continue  # the open failed: tried again after its backoff
-            self.replicas.held.mark(*key)  # its dir exists now: were it gone later, the replica is lost
-            try:
-                if replica.leads:
-                    self.replicas.snapshots.learn_base(replica)
-            except errors.KvLeaseError as exc:  # the coordinator is away: next round
-                log.debug("cannot learn the latest snapshot of %s yet: %s", replica.tb, exc)
-                continue
-            self.replicas.unsettled.discard(key)
-            if files.failure is not None:  # failed meanwhile: its failure may have been told before the discard
+            if self._settle(replica):
+                settled += 1
+            else:
                 self.replicas.unsettled.add(key)
-                continue
-            settled += 1
         return settled
+
+    def _settle(self, replica) -> bool:
+        """Carry out what ``replica`` needs; whether it is settled (else it stays unsettled)."""
+        if replica.loss_work is not None:
+            try:
+                self.replicas.settle_loss(replica)
+            except Exception as exc:  # the coordinator or remote storage is away: next round
+                log.warning("%s: cannot %s yet: %s", replica.tb, replica.loss_work, exc)
+            return False  # a restored bucket's fresh replica is unsettled: the next round opens it
+        files = replica.store.files
+        if files.failure is not None and not files.retry_in() and files.held_by_snapshots():
+            self.replicas.end_scans(replica)  # scan sessions keep the failed files open
+        files.repair()
+        damage = bucket_damage.damage_of(replica.store)
+        if damage is not None and replica.leads:  # a reopen cannot cure it: the coordinator decides
+            self.replicas.lose(replica, replica_loss.damaged_reason(damage))
+            return False
+        if files.failure is not None or not files.known:
+            return False  # the open failed: tried again after its backoff
+        self.replicas.held.mark(*replica.key)  # its dir exists now: were it gone later, the replica is lost
+        try:
+            if replica.leads:
+                self.replicas.snapshots.learn_base(replica)
+        except errors.KvLeaseError as exc:  # the coordinator is away: next round
+            log.debug("cannot learn the latest snapshot of %s yet: %s", replica.tb, exc)
+            return False
+        return files.failure is None  # failed meanwhile: its failure may have been told before the key was taken

@@ -6,7 +6,10 @@ NOT_LEADER); its log is checked against this one by the epoch of its last
 entry (a mismatch answers the divergence point, no entries: the follower
 truncates there and asks again, ``tablet/log/epochs.py``); its fetch
 offset is its log end, which may move the HW (the leadership applies it);
-then the entries from there on are read whole, byte for byte. The call waits
+then the entries from there on are read whole, byte for byte. A leader with
+loss work (a restore or unclean takeover not carried out and confirmed yet, a
+replica it found lost: ``tablet/replicas/loss.py``) answers LEADER_NOT_AVAILABLE
+instead: what it holds is not the bucket's yet. The call waits
 up to ``max_wait_ms`` while no bucket has entries or a HW the follower has not
 been told, woken by :meth:`ReplicaFetchService.notify` (every append and HW
 move of a replicated bucket here); once :meth:`ReplicaFetchService.close` was
@@ -104,6 +107,11 @@ class ReplicaFetchService:
                                         f"{item.table_id}", table_id=item.table_id, bucket=item.bucket)
         if not replica.leads:
             raise errors.NotLeaderError(f"this tablet server does not lead {replica.where}", **replica.details)
+        if replica.loss_work is not None:  # what it holds is not the bucket's yet (tablet/replicas/lost_data.py)
+            raise errors.LeaderNotAvailableError(
+                f"the leader of {replica.where} answers its followers once it has carried out (and the coordinator "
+                "knows) its restore or unclean takeover, or the coordinator took its lost replica out of the ISR",
+                **replica.details)
         return replica
 
     def _fetch_bucket(self, follower: int, item, result, first: bool) -> tuple[bool, object]:

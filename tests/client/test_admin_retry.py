@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterator
 
@@ -22,7 +21,18 @@ from kvlease.common.tables import Column
 from kvlease.ops.wait import wait_until
 
 pytestmark = pytest.mark.unit
-TIMEOUT_S = 0.3
+#: The clients' per-attempt deadline. A late answer waits for the call to end (:func:`lost_answer`), so it is
+#: lost however slowly either side runs; every other answer, a retry's too, must come back within it on a
+#: loaded machine (at 0.3 s a resent call sometimes timed out as well and was sent a third time).
+TIMEOUT_S = 1.0
+
+
+def lost_answer(context) -> None:
+    """Return only once the client gave up on this call (its deadline passed): the answer made next is lost.
+    (A fixed sleep past the deadline was not enough: a client that ran late received it.)"""
+    ended = threading.Event()
+    if context.add_callback(ended.set):  # False: the call has ended already
+        ended.wait(60)
 
 
 class LateFirstAnswer(pb_grpc.CoordinatorServiceServicer):
@@ -32,24 +42,24 @@ class LateFirstAnswer(pb_grpc.CoordinatorServiceServicer):
         self.calls: dict[str, int] = {}
         self.lock = threading.Lock()
 
-    def _count(self, method: str) -> int:
+    def _count(self, method: str, context) -> int:
         with self.lock:
             self.calls[method] = self.calls.get(method, 0) + 1
             n = self.calls[method]
         if n == 1:
-            time.sleep(TIMEOUT_S * 3)  # past the client's deadline: this answer is lost
+            lost_answer(context)
         return n
 
     def ReleaseKvSnapshotLease(self, request, context):
-        n = self._count("ReleaseKvSnapshotLease")
+        n = self._count("ReleaseKvSnapshotLease", context)
         return pb.ReleaseKvSnapshotLeaseResponse(released=n == 1, lease_remains=False)
 
     def DropKvSnapshotLease(self, request, context):
-        n = self._count("DropKvSnapshotLease")
+        n = self._count("DropKvSnapshotLease", context)
         return pb.DropKvSnapshotLeaseResponse(dropped=n == 1)
 
     def CreateTable(self, request, context):
-        self._count("CreateTable")
+        self._count("CreateTable", context)
         return pb.CreateTableResponse()
 
 
@@ -150,21 +160,22 @@ class ZooKeeperGoneAfterFirstCall(pb_grpc.CoordinatorServiceServicer):
     def __init__(self) -> None:
         self.calls: dict[str, int] = {}
 
-    def _answer(self, method: str, first_late: bool, **fields):
+    def _answer(self, method: str, first_late: bool, context, **fields):
         """The response's fields: ``fields`` (the first call late, if ``first_late``), or a refusal."""
         self.calls[method] = self.calls.get(method, 0) + 1
         if self.calls[method] == 1 and first_late:
-            time.sleep(TIMEOUT_S * 3)  # past the client's deadline: this answer is lost
+            lost_answer(context)
         elif first_late or self.calls[method] <= 2:
             return {"error": pb.ErrorPb(code=errors.ErrorCode.ZOOKEEPER_UNAVAILABLE,
                                         message="coordinator c:1 cannot reach ZooKeeper at z:2 (zookeeper.address)")}
         return fields
 
     def RenewKvSnapshotLease(self, request, context):
-        return pb.RenewKvSnapshotLeaseResponse(**self._answer("RenewKvSnapshotLease", True, expiration_time_ms=9))
+        return pb.RenewKvSnapshotLeaseResponse(**self._answer("RenewKvSnapshotLease", True, context,
+                                                              expiration_time_ms=9))
 
     def CreateTable(self, request, context):
-        return pb.CreateTableResponse(**self._answer("CreateTable", False, table=pb.TableInfoPb(
+        return pb.CreateTableResponse(**self._answer("CreateTable", False, context, table=pb.TableInfoPb(
             table_id=4, database="db", name="t", columns=[pb.ColumnPb(name="id", type="BIGINT")],
             primary_key=["id"], buckets=1)))
 
@@ -283,7 +294,7 @@ class BatchingCoordinator(pb_grpc.CoordinatorServiceServicer):
         if self.mode == "unimplemented":
             context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
         if first and self.mode in ("late", "late-then-zookeeper"):
-            time.sleep(TIMEOUT_S * 3)  # past the client's deadline: this answer is lost
+            lost_answer(context)
         elif self.mode == "late-then-zookeeper":  # the coordinator lost ZooKeeper meanwhile, and knows it
             return pb.AcquireKvSnapshotLeasesResponse(error=pb.ErrorPb(
                 code=errors.ErrorCode.ZOOKEEPER_UNAVAILABLE, message="coordinator c:1 cannot reach ZooKeeper"))
@@ -375,7 +386,7 @@ def test_out_of_retries_each_acquire_made_together_gets_its_own_last_answer():
 
 
 def test_acquires_made_together_unanswered_then_refused_until_the_retries_run_out_have_an_unknown_outcome():
-    servicer, _client, outcomes = _acquire_together("late-then-zookeeper", retry_total_s=1.0)
+    servicer, _client, outcomes = _acquire_together("late-then-zookeeper", retry_total_s=TIMEOUT_S * 3)
     assert {k: outcomes.pop(k) for k in ("L1", "L2")} == {"L1": 1001, "L2": 1002}  # alone, answered
     for lease_id, outcome in outcomes.items():  # the first batch may have been applied: said, not hidden
         assert isinstance(outcome, errors.OutcomeUnknownError), (lease_id, outcome)

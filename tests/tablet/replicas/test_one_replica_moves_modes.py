@@ -115,12 +115,17 @@ def test_writes_racing_the_mode_switches_are_acknowledged_or_retried_and_land_ex
 
     push(False)
     codec = manager.replica(7, 0).store.codec
-    batches, failures, acked = 120, [], [0]
-    progress = threading.Condition()
+    batches, window, failures, acked, switched = 120, 5, [], [0], [0]
+    progress = threading.Condition()  # guards acked and switched; the writer and the switcher pace each other
 
     def write() -> None:
         try:
             for seq in range(batches):
+                with progress:  # at most one window ahead of the switches: the switcher's pace is not the test's
+                    if not progress.wait_for(lambda: switched[0] >= seq // window or switched[0] < 0, 20):
+                        failures.append((seq, "no switch for 20 s"))
+                    if switched[0] < 0 or failures:
+                        return
                 request = pb.PutKvRequest(table_id=7, bucket=0, upserts=batch_to_ipc(codec.to_batch([
                     {"id": seq, "v": f"v{seq}"}])), writer_id=9, sequence=seq)
                 while (answer := service.PutKv(request, None)).HasField("error") and answer.error.code:
@@ -135,19 +140,25 @@ def test_writes_racing_the_mode_switches_are_acknowledged_or_retried_and_land_ex
                 acked[0] = batches
                 progress.notify_all()
 
-    writer = threading.Thread(target=write, name="mode-switch-writer")
-    writer.start()
-    switches = 0
-    while True:
-        with progress:  # switch every few acknowledged batches, while writes are in flight
-            assert progress.wait_for(lambda: acked[0] >= 5 * switches or acked[0] >= batches, 20), "writes stalled"
-            if acked[0] >= batches:
-                break
-        push(switches % 2 == 0)
-        switches += 1
-    writer.join(20)
+    (writer := threading.Thread(target=write, name="mode-switch-writer")).start()
+    try:
+        while True:
+            with progress:  # switch once a window is acknowledged, while the next window's writes are in flight
+                assert progress.wait_for(lambda: acked[0] >= window * switched[0] or acked[0] >= batches, 20), \
+                    "writes stalled"
+                if acked[0] >= batches:
+                    break
+            push(switched[0] % 2 == 0)
+            with progress:
+                switched[0] += 1
+                progress.notify_all()
+    finally:
+        with progress:
+            switches, switched[0] = switched[0], -1  # a writer still waiting for a switch leaves
+            progress.notify_all()
+        writer.join(20)
     assert not failures, failures
-    assert switches >= batches // 5 - 1
+    assert switches >= batches // window - 1  # the last window's writes waited for the switch before them
     replica = manager.get(7, 0)
     assert found(replica.store, *range(batches)) == [True] * batches
     assert replica.store.log_end_offset == batches  # one +I record per batch: none applied twice

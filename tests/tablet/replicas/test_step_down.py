@@ -91,7 +91,7 @@ def test_a_failure_raised_from_an_oserror_is_named_by_it():
 
 class LateResignation(LateFirstAnswer):
     def ResignLeadership(self, request, context):
-        self._count("ResignLeadership")  # the resent call finds the leadership over: the current state
+        self._count("ResignLeadership", context)  # the resent call finds the leadership over: the current state
         return pb.ResignLeadershipResponse(buckets=[pb.ResignedBucketPb(bucket=pb.BucketAssignmentPb(
             bucket=0, leader_id=2, leader_epoch=5, replicas=[1, 2], isr=[2]))])
 

@@ -175,7 +175,7 @@ def test_a_waiting_fetch_that_looks_again_does_not_bring_back_a_follower_that_le
 
     lead = Leadership(1, role(isr=(1, 2), min_insync=1), store, now_ms=0)
     end = put(store, lead, 1)
-    replica = types.SimpleNamespace(leads=True, leadership=lambda: lead, store=store, table=TABLE)
+    replica = types.SimpleNamespace(leads=True, leadership=lambda: lead, store=store, table=TABLE, loss_work=None)
     service = ReplicaFetchService(types.SimpleNamespace(replica=lambda table_id, bucket: replica),
                                   clock_ms=itertools.count(1000).__next__)  # each look its own time
     request = pb.ReplicaFetchRequest(replica_id=2, max_wait_ms=5000, buckets=[pb.ReplicaFetchBucketPb(
@@ -207,6 +207,38 @@ def test_a_waiting_fetch_that_looks_again_does_not_bring_back_a_follower_that_le
         service.close()
         waiting.join(10)
     assert answers and not waiting.is_alive()
+
+
+def test_a_leader_with_loss_work_answers_its_followers_nothing_until_it_is_done(store):
+    """A restored bucket's leader whose restore is not carried out and confirmed yet: its follower's fetch is
+    answered LEADER_NOT_AVAILABLE, and the leadership hears nothing of it (no ISR expansion), so no follower
+    joins the ISR of a leader that still owes the restore, nor copies the data the restore replaces."""
+    import types
+
+    from kvlease.common.errors import ErrorCode
+    from kvlease.common.proto import tablet_pb2 as pb
+    from kvlease.tablet.replicas import lost_data
+    from kvlease.tablet.replication.fetch_service import ReplicaFetchService
+
+    lead = Leadership(1, role(isr=(1,), min_insync=1), store, now_ms=0)
+    end = put(store, lead, 1)
+    replica = types.SimpleNamespace(leads=True, leadership=lambda: lead, store=store, table=TABLE, bucket=0,
+                                    loss_work=lost_data.CONFIRM, where="bucket 0 of table db.t",
+                                    details={"table_id": TABLE.table_id, "bucket": 0})
+    service = ReplicaFetchService(types.SimpleNamespace(replica=lambda table_id, bucket: replica),
+                                  clock_ms=itertools.count(1000).__next__)
+    request = pb.ReplicaFetchRequest(replica_id=2, max_wait_ms=0, buckets=[pb.ReplicaFetchBucketPb(
+        table_id=TABLE.table_id, bucket=0, fetch_offset=end, leader_epoch=4, last_fetched_epoch=-1, max_bytes=1 << 20)])
+    try:
+        [refused] = service.fetch(request).buckets
+        assert refused.error.code == ErrorCode.LEADER_NOT_AVAILABLE and not refused.entries
+        assert lead.view.follower(2).log_end is None and lead.propose_isr_change(now_ms=2000, max_lag_ms=10_000) is None
+        replica.loss_work = None  # confirmed: it answers
+        [answered] = service.fetch(request).buckets
+        assert not answered.error.code and answered.high_watermark == end
+        assert lead.propose_isr_change(now_ms=3000, max_lag_ms=10_000) is not None  # the follower joins now
+    finally:
+        service.close()
 
 
 def test_a_woken_periodic_runs_its_round_at_once_and_stops_promptly():
