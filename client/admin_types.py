@@ -32,7 +32,7 @@ class CoordinatorInfo:
         return open_storage(self.remote_data_dir, cfg.Config(overrides))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: made 4,000 at a time (a listing of 1,000 partitions)
 class SnapshotInfo:
     handle: SnapshotHandle
     leased_by: tuple[str, ...] = ()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 from kvlease.common.auto_partition import AutoPartition, check_auto_partition_key
 from kvlease.common.columns import TYPES, Column
@@ -69,6 +70,12 @@ class TableInfo:
 
     def bucket(self, bucket: int) -> TableBucket:
         return TableBucket(self.table_id, bucket, self.partition_id)
+
+    @cached_property
+    def all_buckets(self) -> tuple[TableBucket, ...]:
+        """Every bucket of this physical table, by number (made once per table or partition view: a listing
+        of a 1,000-partition table's latest snapshots walks 4,000)."""
+        return tuple(TableBucket(self.table_id, bucket, self.partition_id) for bucket in range(self.buckets))
 
     def of_partition(self, partition_id: int, partition_name: str) -> "TableInfo":
         """This (partitioned) table's view of one of its partitions."""

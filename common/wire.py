@@ -151,19 +151,15 @@ def bucket_snapshots_to_pb(snapshots: Mapping[TableBucket, int]) -> list[pb.Buck
 
 def bucket_snapshots_from_pb(msgs: Iterable[pb.BucketSnapshotPb]) -> dict[TableBucket, int]:
     """``bucket -> snapshot id`` (a bucket twice: the last). An acquire carries 4,000 of them for a table of
-    1,000 partitions: each message's set fields are read in one ``ListFields()`` call (a field read is a
-    Python call of its own; unset proto3 fields are their defaults, ``partition_id`` is set or not)."""
+    1,000 partitions: read in one loop, :func:`bucket_from_pb` inlined (with upb's messages a field read
+    costs less than the dict a ``ListFields()`` call makes; ``partition_id`` is set or not, and only a
+    zero needs ``HasField`` to tell)."""
     out = {}
     for msg in msgs:
-        f = {d.number: v for d, v in msg.ListFields()}
-        out[table_bucket_of_fields(f.get(1))] = f.get(2, 0)
+        b = msg.bucket
+        pid = b.partition_id
+        out[TableBucket(b.table_id, b.bucket, pid if pid or b.HasField("partition_id") else None)] = msg.snapshot_id
     return out
-
-
-def table_bucket_of_fields(msg: pb.TableBucketPb | None) -> TableBucket:
-    """:func:`bucket_from_pb` read in one ``ListFields()`` call (None: a bucket message with no field set)."""
-    b = {} if msg is None else {d.number: v for d, v in msg.ListFields()}
-    return TableBucket(b.get(1, 0), b.get(3, 0), b.get(2))
 
 
 def lease_to_pb(lease: Lease) -> pb.KvSnapshotLeasePb:

@@ -37,7 +37,7 @@ SnapshotRow = tuple[SnapshotHandle, tuple[str, ...], bool]
 
 class SnapshotCommits:
     def __init__(self, zk: KazooClient, files: FileCollector, *, num_retained: int, clock_ms: Callable[[], int],
-                 is_protected: IsLeased, holders: Callable[[TableBucket, int], Iterable[str]],
+                 is_protected: IsLeased, holders: Callable[[TableBucket, int], frozenset[str]],
                  reclaimed: Callable[[str], bool] = lambda path: False) -> None:
         """``reclaimed(path)``: the orphan reclaim deleted the file (``coordinator/orphan_files.py``)."""
         self.zk = zk
@@ -102,12 +102,16 @@ class SnapshotCommits:
         ``latest_only`` the latest of each bucket that has one (always retained: it is among the newest)."""
         rows = []
         if latest_only:  # 4,000 buckets for a 1,000-partition table's lease acquire --latest: kept lean
-            latest, holders = self.store.latest, self.holders
-            for tb in map(table.bucket, range(table.buckets)):
-                handle = latest(tb)
-                if handle is not None:
-                    held = holders(tb, handle.snapshot_id)
-                    rows.append((handle, tuple(sorted(held)) if held else (), True))
+            holders, ordered = self.holders, {}  # the buckets share a few holder sets: each sorted once
+            for handle in self.store.latest_of(table.all_buckets):
+                held = holders(handle.bucket, handle.snapshot_id)
+                if held:
+                    names = ordered.get(held)
+                    if names is None:
+                        names = ordered[held] = tuple(sorted(held))
+                    rows.append((handle, names, True))
+                else:
+                    rows.append((handle, (), True))
             return rows
         for bucket in range(table.buckets):
             tb = table.bucket(bucket)

@@ -50,7 +50,7 @@ def _field(tag: int, payload: bytes) -> bytes:
 
 _LEASED_BY = 0x3A  # KvSnapshotPb.leased_by (7, length-delimited)
 _RETAINED = b"\x40\x01"  # KvSnapshotPb.retained (8, varint) = true
-_SNAPSHOTS = 0x1A  # Get/ListKvSnapshotsResponse.snapshots (3, length-delimited)
+_SNAPSHOTS_TAG = b"\x1a"  # Get/ListKvSnapshotsResponse.snapshots (3, length-delimited)
 _TABLE_ID = 0x10  # Get/ListKvSnapshotsResponse.table_id (2, varint)
 
 
@@ -81,19 +81,18 @@ class SnapshotRowEncoder:
         in rows])`` builds."""
         parts = [bytes((_TABLE_ID,)) + varint(table_id)] if table_id else []
         handle_bytes = self.handle_bytes
-        leases: dict[tuple[str, ...], bytes] = {}  # the buckets of one listing share a few lease sets
+        # a row is its handle's bytes, then its fields 7 and 8 (leased_by, retained): the rows of one listing
+        # share a few of those, each encoded once (by leased_by, for rows not retained and retained)
+        tails: tuple[dict, dict] = ({}, {})
         for handle, leased_by, retained in rows:
             row = handle_bytes(handle)
-            if leased_by:
-                key = tuple(leased_by)
-                held = leases.get(key)
-                if held is None:
-                    held = leases[key] = b"".join(_field(_LEASED_BY, lease_id.encode())
-                                                  for lease_id in sorted(leased_by))
-                row += held
-            if retained:
-                row += _RETAINED
-            parts.append(bytes((_SNAPSHOTS,)) + varint(len(row)) + row)
+            known = tails[bool(retained)]
+            key = tuple(leased_by)
+            tail = known.get(key)
+            if tail is None:
+                tail = known[key] = b"".join([_field(_LEASED_BY, lease_id.encode()) for lease_id in sorted(key)]
+                                             + ([_RETAINED] if retained else []))
+            parts += (_SNAPSHOTS_TAG, varint(len(row) + len(tail)), row, tail)
         return response_cls.FromString(b"".join(parts))
 
 

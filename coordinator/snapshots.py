@@ -49,6 +49,16 @@ class SnapshotStore:
         snaps = self._by_bucket.get(tb)
         return snaps[max(snaps)] if snaps else None
 
+    def latest_of(self, tbs: Iterable[TableBucket]) -> list[SnapshotHandle]:
+        """:meth:`latest` of each of ``tbs`` that has a snapshot, in their order (one call for a listing)."""
+        by_bucket = self._by_bucket
+        out = []
+        for tb in tbs:
+            snaps = by_bucket.get(tb)
+            if snaps:
+                out.append(snaps[max(snaps)])
+        return out
+
     def table_buckets(self, table_id: int, partition_id: int | None = None) -> list[TableBucket]:
         """The table's buckets with a stored snapshot (kept or discarded): every partition's, or
         ``partition_id``'s only."""

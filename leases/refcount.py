@@ -12,6 +12,8 @@ from typing import Iterable, Iterator
 
 from kvlease.common.model import Lease, TableBucket
 
+_NONE: frozenset[str] = frozenset()
+
 
 class RefcountIndex:
     def __init__(self) -> None:
@@ -79,7 +81,9 @@ class RefcountIndex:
         return True
 
     def holders(self, tb: TableBucket, snapshot_id: int) -> frozenset[str]:
-        return frozenset(self._refs.get(tb, {}).get(snapshot_id, ()))
+        by_snapshot = self._refs.get(tb)
+        held = by_snapshot.get(snapshot_id) if by_snapshot else None
+        return frozenset(held) if held else _NONE
 
     def is_leased(self, tb: TableBucket, snapshot_id: int) -> bool:
         return bool(self._refs.get(tb, {}).get(snapshot_id))

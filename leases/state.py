@@ -57,8 +57,8 @@ from kvlease.common import errors
 from kvlease.common.model import Lease, TableBucket
 from kvlease.common.statemachine import Event, StateMachine, on
 from kvlease.leases import deadlines
-from kvlease.leases.checks import (Catalog, check_bucket, check_duration, check_id, expired, foreign, not_found_error,
-                                   owned_error)
+from kvlease.leases.checks import (Catalog, check_bucket, check_duration, check_id, check_snapshots, expired, foreign,
+                                   not_found_error, owned_error)
 from kvlease.leases.deadlines import Deadlines
 # the events, instructions and outcomes, re-exported: callers write ``ls.Acquire``, ``ls.Reply``
 from kvlease.leases.events import (Acquire, AcquireOutcome, Deferred, Drop, Expire, LeasesExpired, PersistLease,
@@ -148,17 +148,14 @@ class LeaseState(StateMachine):
             if not ev.snapshots:
                 raise errors.InvalidRequestError("acquire needs at least one bucket snapshot")
             check_duration(ev.duration_ms, self.max_duration_ms)
-            known: dict = {}
-            for tb, sid in ev.snapshots.items():
-                check_bucket(self.catalog, tb, known)
-                if sid < 0:
-                    raise errors.InvalidRequestError(f"bad snapshot id {sid} for bucket {tb}")
+            check_snapshots(self.catalog, ev.snapshots)
         except errors.KvLeaseError as exc:
             return [Reply(ev.event_id, error=exc)]
         if self.busy(ev.lease_id):
             return [Deferred(ev)]
         now = self._now(ev)
-        acquired = {tb: sid for tb, sid in ev.snapshots.items() if self.catalog.has_snapshot(tb, sid)}
+        has_snapshot = self.catalog.has_snapshot
+        acquired = {tb: sid for tb, sid in ev.snapshots.items() if has_snapshot(tb, sid)}
         unavailable = ({} if len(acquired) == len(ev.snapshots)
                        else {tb: sid for tb, sid in ev.snapshots.items() if tb not in acquired})
         before = self.leases.get(ev.lease_id)
