@@ -210,8 +210,7 @@ class AdminClient:
         response = self._caller.call("CommitKvSnapshot", request, answered=(errors.FencedLeaderEpochError,))
         raise_for(response.error)
 
-    def get_latest_kv_snapshots(self, table_id: int, partition_id: int | None = None
-                                ) -> dict[TableBucket, SnapshotInfo]:
+    def get_latest_kv_snapshots(self, table_id: int, partition_id: int | None = None) -> dict[TableBucket, SnapshotInfo]:
         """The newest snapshot of each bucket that has one (lease them before reading:
         :meth:`acquire_lease`); of a partitioned table, every partition's buckets, or ``partition_id``'s."""
         response = self._caller.call("GetLatestKvSnapshots", pb.GetLatestKvSnapshotsRequest(
@@ -247,6 +246,17 @@ class AdminClient:
             response = self._caller.call("AcquireKvSnapshotLease", request)
         return AcquireResult(lease_id, response.expiration_time_ms, lease_wire.acquired(response, snapshots),
                              bucket_snapshots_from_pb(response.unavailable))
+
+    def acquire_latest_lease(self, lease_id: str, table_id: int, duration_ms: int, *,
+                             partition_id: int | None = None, owner: str | None = None) -> AcquireResult:
+        """:meth:`acquire_lease` of the latest snapshot of each bucket of the table (of ``partition_id``'s, or of
+        every partition's) that has one, chosen by the coordinator as it acquires them (docs/leases.md):
+        SnapshotNotFoundError if none has one; a retry acquires those latest at that moment."""
+        with arguments("acquire_latest_lease"):
+            request = pb.AcquireKvSnapshotLeaseRequest(lease_id=lease_id, duration_ms=duration_ms, owner=owner or "",
+                                                       latest={"table_id": table_id, "partition_id": partition_id})
+        response = self._caller.call("AcquireKvSnapshotLease", request)
+        return AcquireResult(lease_id, response.expiration_time_ms, bucket_snapshots_from_pb(response.acquired), {})
 
     def _acquire_many(self, requests: list[pb.AcquireKvSnapshotLeaseRequest]) -> list:
         """Several threads' acquires in one call: per request its response, its error, or

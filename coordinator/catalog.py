@@ -74,6 +74,14 @@ class TableCatalog:
         """The physical tables of a table: itself, or its partitions' views."""
         return self.partitions_of(table.table_id) if table.partitioned else [table]
 
+    def views_named(self, table_id: int, partition_id: int | None) -> list[TableInfo]:
+        """The physical tables a request names by ids: one partition's view, or every one of a table's
+        (:meth:`views`); the errors of :meth:`resolve`."""
+        table = self.get_by_id(table_id)
+        if partition_id is not None or not table.partitioned:
+            return [self.resolve(table_id, partition_id)]
+        return self.views(table)
+
     def partition(self, table: TableInfo, name: str) -> TableInfo | None:
         """The view of ``table``'s partition ``name``; None if it has none of that name."""
         partition_id = self.partitions.get(table.table_id, {}).get(name)

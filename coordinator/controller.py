@@ -241,8 +241,11 @@ class Controller(Dispatcher):
 
     # -- lease writes: answered once persisted -------------------------------------------
 
-    @on(ls.Acquire, ls.Renew, ls.Release, ls.Drop)
+    @on(ls.Acquire, ls.Renew, ls.Release, ls.Drop, rq.AcquireLatest)
     def _lease_write(self, event, future: Future | None) -> None:
+        if type(event) is rq.AcquireLatest:  # chosen here, on the loop: no snapshot goes between choice and acquire
+            views = self.catalog.views_named(event.table_id, event.partition_id)
+            event = event.acquire(self.snapshot_commits.latest_ids(views), views, self.catalog.get_by_id(event.table_id))
         self.lease_shell.submit(event, future)
 
     @on(ls.Expire)
@@ -271,9 +274,7 @@ class Controller(Dispatcher):
     @on(rq.ListSnapshots)
     @_query
     def _list_snapshots(self, request: rq.ListSnapshots):
-        table = self.catalog.get_by_id(request.table_id)
-        views = ([self.catalog.resolve(table.table_id, request.partition_id)]
-                 if request.partition_id is not None or not table.partitioned else self.catalog.views(table))
+        views = self.catalog.views_named(request.table_id, request.partition_id)
         return [row for view in views for row in self.snapshot_commits.rows(view, request.latest_only)]
 
     @on(rq.ListLeases)
@@ -294,10 +295,8 @@ class Controller(Dispatcher):
     @on(rq.GetTableAssignment)
     @_query
     def _table_assignment(self, request: rq.GetTableAssignment):
-        table = self.catalog.get_by_id(request.table_id)
-        views = ([self.catalog.resolve(table.table_id, request.partition_id)]
-                 if request.partition_id is not None or not table.partitioned else self.catalog.views(table))
-        shown = views[0] if request.partition_id is not None else table  # one partition's: its view
+        views = self.catalog.views_named(request.table_id, request.partition_id)
+        shown = views[0] if request.partition_id is not None else self.catalog.get_by_id(request.table_id)
         return shown, [row for view in views for row in self.members.assignment_rows(view)]
 
     @on(rq.ListTabletServers)

@@ -10,14 +10,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from kvlease.common.model import SnapshotHandle
-from kvlease.common.tables import TableSpec
+from kvlease.common import errors
+from kvlease.common.model import SnapshotHandle, TableBucket
+from kvlease.leases.events import Acquire
+from kvlease.common.tables import TableInfo, TableSpec
 
 __all__ = ["ConfirmRestore", "ElectLeader", "ReportLogEnds", "ReportReplicaLoss", "RestoreBucket", "AlterIsr", "CommitSnapshot", "ControlledShutdown", "CreateTable", "DescribeLease", "DropTable", "GetTable", "GetTableAssignment", "Guarded",
            "ListLeases", "ListSnapshots", "ListTables", "ListTabletServers", "RemoveOrphanLeaseFiles",
            "TabletServersChanged", "PushDelivered", "ReassignBucket", "DecommissionTablet", "RecommissionTablet",
            "Rebalance", "ListReassignments", "ResignLeadership", "CreatePartition", "DropPartition", "ListPartitions",
-           "AlterTable", "CheckAutoPartitions"]
+           "AlterTable", "CheckAutoPartitions", "AcquireLatest"]
 
 
 @dataclass(frozen=True)
@@ -279,3 +281,25 @@ class Guarded:
 
     request: Any
     guard: Callable[[Any], None]
+
+
+@dataclass(frozen=True)
+class AcquireLatest:
+    """``lease acquire --latest``: an acquire of the latest snapshot of every bucket of table ``table_id`` (of
+    partition ``partition_id``'s, or of every partition's) that has one, chosen on the loop as it is acquired."""
+
+    lease_id: str
+    table_id: int
+    partition_id: int | None
+    duration_ms: int
+    owner: str | None = None
+
+    def acquire(self, snapshots: Mapping[TableBucket, int], views: list[TableInfo], table: TableInfo) -> Acquire:
+        """The lease state machine's acquire of ``snapshots``, the latest of the buckets of ``views`` (the
+        physical tables named: ``table``'s or one partition's; none: SnapshotNotFoundError, nothing to hold)."""
+        if not snapshots:
+            where = views[0].where if self.partition_id is not None else table.where
+            every = " of any partition" if table.partitioned and self.partition_id is None else ""
+            raise errors.SnapshotNotFoundError(f"{where} has no snapshot in any bucket{every} yet; nothing to lease",
+                                               table_id=self.table_id)
+        return Acquire(self.lease_id, snapshots, self.duration_ms, owner=self.owner)

@@ -210,6 +210,14 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
                          deadline) for r, s in zip(request.requests, submitted)])
 
     def _submit_acquire(self, request) -> Future | Exception:
+        if request.HasField("latest"):  # lease acquire --latest: the coordinator chooses the snapshots
+            if request.snapshots:
+                return errors.InvalidRequestError("an acquire names either its snapshots or latest, not both")
+            latest = request.latest
+            acquire = rq.AcquireLatest(request.lease_id, latest.table_id,
+                                       latest.partition_id if latest.HasField("partition_id") else None,
+                                       request.duration_ms, owner=request.owner or None)
+            return self._submit(self._guarded(acquire, Operation.READ, {latest.table_id}, request.lease_id))
         snapshots = bucket_snapshots_from_pb(request.snapshots)
         if len(snapshots) != len(request.snapshots):
             return errors.InvalidRequestError("a bucket appears twice in the acquire request")

@@ -97,6 +97,10 @@ class SnapshotCommits:
         self.store.add(handle)
         self.reclaim([handle.bucket])
 
+    def latest_ids(self, tables: Iterable[TableInfo]) -> dict[TableBucket, int]:
+        """bucket -> its latest snapshot's id, for every bucket of the physical ``tables`` that has one."""
+        return {h.bucket: h.snapshot_id for table in tables for h in self.store.latest_of(table.all_buckets)}
+
     def rows(self, table: TableInfo, latest_only: bool) -> list[SnapshotRow]:
         """Per bucket of the physical table, oldest first: (handle, the leases holding it, retained); with
         ``latest_only`` the latest of each bucket that has one (always retained: it is among the newest)."""

@@ -86,9 +86,7 @@ def _latest_lines(figures: dict[str, Any]) -> list[str]:
     return [f"lease acquire --latest  {big['median_total_ms']:.1f} ms for {big['buckets']:,} buckets vs "
             f"{one['median_total_ms']:.1f} ms for {one['buckets']}: {row.value:.1f} x, target <= {LATEST_TARGET:g} x: "
             f"{_met(row.met)}",
-            f"   medians of {len(big['rounds_ms'])}: latest snapshots {big['median_latest_ms']:.1f} vs "
-            f"{one['median_latest_ms']:.1f} ms, acquire {big['median_acquire_ms']:.1f} vs "
-            f"{one['median_acquire_ms']:.1f} ms; CPU of the active coordinator "
+            f"   medians of {len(big['rounds_ms'])}: CPU of the active coordinator "
             f"{big.get('median_coordinator_cpu_ms', 0):.0f} vs {one.get('median_coordinator_cpu_ms', 0):.0f} ms, of the "
             f"client {big.get('median_client_cpu_ms', 0):.0f} vs {one.get('median_client_cpu_ms', 0):.0f} ms; rounds "
             f"{big['rounds_ms']} vs {one['rounds_ms']} ms"]

@@ -21,8 +21,8 @@ at the end whatever happens) and measures in one run:
    at ``--commit-rate`` (20) per second, round robin, as tablet servers
    would after their uploads (a manifest on remote storage, then
    ``CommitKvSnapshot``; no rows are written, no files uploaded):
-   ``lease acquire --latest`` (``get_latest_kv_snapshots`` of the table and
-   one acquire of all its buckets' snapshots) of the big table and of the
+   ``lease acquire --latest`` (``acquire_latest_lease``: one acquire of the
+   latest snapshot of each of its buckets, chosen by the coordinator) of the big table and of the
    one-partition table, ``--rounds`` (5) times alternating, a new lease each
    time: target median big / median one at most 10;
 5. coordinator failover: ``kill -9`` of the active coordinator with those

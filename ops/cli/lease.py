@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import click
 
-from kvlease.common import errors
 from kvlease.common.model import TableBucket
 import kvlease.ops.cli.output as out
 from kvlease.ops.cli.app import State, catch_errors, common_options, kvlease, pass_state
@@ -49,17 +48,13 @@ def lease_acquire(state: State, lease_id: str, path: str, snapshots: tuple[tuple
     view = chosen(state, state.client.get_table(path), partition, required=not latest)
     partitions = partition_names(state, view)
     no_snapshot: list[TableBucket] = []
-    if latest:
-        wanted = {tb: s.snapshot_id for tb, s in
-                  state.client.get_latest_kv_snapshots(view.table_id, view.partition_id).items()}
-        no_snapshot = [tb for tb in _buckets(view, partitions) if tb not in wanted]
-        if not wanted:
-            every = " of any partition" if view.partitioned and view.partition_id is None else ""
-            raise errors.SnapshotNotFoundError(f"{view.where} has no snapshot in any bucket{every} yet; "
-                                               "nothing to lease")
+    if latest:  # chosen by the coordinator as it acquires them
+        result = state.client.acquire_latest_lease(lease_id, view.table_id, duration,
+                                                   partition_id=view.partition_id, owner=owner)
+        no_snapshot = [tb for tb in _buckets(view, partitions) if tb not in result.acquired]
     else:
-        wanted = {view.bucket(b): sid for b, sid in snapshots}
-    result = state.client.acquire_lease(lease_id, wanted, duration, owner=owner)
+        result = state.client.acquire_lease(lease_id, {view.bucket(b): sid for b, sid in snapshots}, duration,
+                                            owner=owner)
     state.output.acquired(out.acquire_doc(result.lease_id, result.expiration_time, result.acquired,
                                           result.unavailable, {view.table_id: view.path}, no_snapshot, partitions))
 

@@ -288,6 +288,32 @@ def test_the_lease_gauges_count_per_partition_and_a_dropped_partition_loses_its_
     wait_until(lambda: lease_series(pair) == {}, 10, "no series once no lease holds a partition")
 
 
+def test_acquire_latest_leases_what_the_coordinator_holds_latest_and_a_retry_holds_the_same(admin):
+    table = admin.create_table("db.orders", COLUMNS, ["day", "id"], 2, partition_key=["day"])
+    a, b = (admin.create_partition("db.orders", name)[1] for name in ("20261127", "20261128"))
+    a0, a1, b0 = (TableBucket(table.table_id, n, p.partition_id) for p, n in ((a, 0), (a, 1), (b, 0)))
+    with pytest.raises(errors.SnapshotNotFoundError, match="table db.orders has no snapshot in any bucket of any "
+                                                           "partition yet; nothing to lease"):
+        admin.acquire_latest_lease("L0", table.table_id, 60_000)
+    for tb, sid in ((a0, 1), (a0, 2), (b0, 1)):  # a1 has none
+        commit_snapshot(admin, tb, sid, 5 * sid)
+    result = admin.acquire_latest_lease("L1", table.table_id, 60_000, owner="job1")
+    assert result.acquired == {a0: 2, b0: 1} and result.unavailable == {}
+    assert admin.describe_lease("L1").buckets == {a0: 2, b0: 1}
+    again = admin.acquire_latest_lease("L1", table.table_id, 60_000, owner="job1")  # its answer lost: sent again
+    assert again.acquired == {a0: 2, b0: 1} and admin.describe_lease("L1").buckets == {a0: 2, b0: 1}
+    one = admin.acquire_latest_lease("L2", table.table_id, 60_000, partition_id=a.partition_id)
+    assert one.acquired == {a0: 2}
+    empty = admin.create_partition("db.orders", "20261129")[1]
+    with pytest.raises(errors.SnapshotNotFoundError, match="partition 20261129 has no snapshot in any bucket yet"):
+        admin.acquire_latest_lease("L2", table.table_id, 60_000, partition_id=empty.partition_id)
+    plain = admin.create_table("db.plain", COLUMNS, ["day", "id"], 1)
+    commit_snapshot(admin, TableBucket(plain.table_id, 0), 3, 9)
+    assert admin.acquire_latest_lease("L3", plain.table_id, 60_000).acquired == {TableBucket(plain.table_id, 0): 3}
+    with pytest.raises(errors.TableNotExistError):
+        admin.acquire_latest_lease("L4", 999_999, 60_000)
+
+
 def test_the_offline_bucket_gauges_name_each_table_and_partition(admin, pair):
     """No tablet server runs: every bucket is offline, counted per table or partition, a dropped partition's
     series gone with it."""

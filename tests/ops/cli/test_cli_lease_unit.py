@@ -76,6 +76,13 @@ class FakeAdmin:
         self.leases[lease_id] = Lease(lease_id, 1000 + duration_ms, acquired, owner=owner)
         return admin.AcquireResult(lease_id, 1000 + duration_ms, acquired, unavailable)
 
+    def acquire_latest_lease(self, lease_id, table_id, duration_ms, *, partition_id=None, owner=None):
+        """Like the coordinator: the latest snapshot of each bucket of db.t that has one (bucket 0's)."""
+        assert (table_id, partition_id) == (7, None)
+        acquired = {tb: info.snapshot_id for tb, info in self.get_latest_kv_snapshots(table_id).items()}
+        self.leases[lease_id] = Lease(lease_id, 1000 + duration_ms, acquired, owner=owner)
+        return admin.AcquireResult(lease_id, 1000 + duration_ms, acquired, {})
+
     def renew_lease(self, lease_id, duration_ms, *, owner=None):
         raise errors.LeaseNotFoundError(f"lease {lease_id} not found")
 
