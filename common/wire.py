@@ -149,6 +149,19 @@ def bucket_snapshots_to_pb(snapshots: Mapping[TableBucket, int]) -> list[pb.Buck
             for tb, sid in sorted(snapshots.items(), key=lambda item: item[0].sort_key())]
 
 
+def add_bucket_snapshots(field, snapshots: Mapping[TableBucket, int]) -> None:
+    """:func:`bucket_snapshots_to_pb` added to the repeated ``field`` in place: with upb's messages, filling
+    entries the field made costs less than half of making messages and copying them in (4,000 entries of a
+    ``lease acquire --latest`` answer: ~6 ms instead of ~14)."""
+    add = field.add
+    for tb, sid in sorted(snapshots.items(), key=lambda item: item[0].sort_key()):
+        bucket = add(snapshot_id=sid).bucket
+        bucket.table_id = tb.table_id
+        bucket.bucket = tb.bucket
+        if tb.partition_id is not None:
+            bucket.partition_id = tb.partition_id
+
+
 def bucket_snapshots_from_pb(msgs: Iterable[pb.BucketSnapshotPb]) -> dict[TableBucket, int]:
     """``bucket -> snapshot id`` (a bucket twice: the last). An acquire carries 4,000 of them for a table of
     1,000 partitions: read in one loop, :func:`bucket_from_pb` inlined (with upb's messages a field read
@@ -163,8 +176,10 @@ def bucket_snapshots_from_pb(msgs: Iterable[pb.BucketSnapshotPb]) -> dict[TableB
 
 
 def lease_to_pb(lease: Lease) -> pb.KvSnapshotLeasePb:
-    return pb.KvSnapshotLeasePb(lease_id=lease.lease_id, expiration_time_ms=lease.expiration_time,
-                                buckets=bucket_snapshots_to_pb(lease.buckets), owner=lease.owner or "")
+    msg = pb.KvSnapshotLeasePb(lease_id=lease.lease_id, expiration_time_ms=lease.expiration_time,
+                               owner=lease.owner or "")
+    add_bucket_snapshots(msg.buckets, lease.buckets)
+    return msg
 
 
 def lease_from_pb(msg: pb.KvSnapshotLeasePb) -> Lease:

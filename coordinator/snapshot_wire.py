@@ -19,7 +19,7 @@ from typing import Iterable
 
 from kvlease.common.model import SnapshotHandle, TableBucket
 from kvlease.common.proto import coordinator_pb2 as pb
-from kvlease.common.wire import bucket_snapshots_to_pb, handle_to_pb
+from kvlease.common.wire import add_bucket_snapshots, handle_to_pb
 
 #: Encoded handles kept at most (one per stored snapshot listed; beyond it the cache starts again).
 MAX_CACHED = 262_144
@@ -102,6 +102,7 @@ def acquire_response(request: pb.AcquireKvSnapshotLeaseRequest, outcome) -> pb.A
     if not outcome.unavailable and len(outcome.acquired) == len(request.snapshots):
         return pb.AcquireKvSnapshotLeaseResponse(expiration_time_ms=outcome.expiration_time,
                                                  acquired=request.snapshots)
-    return pb.AcquireKvSnapshotLeaseResponse(expiration_time_ms=outcome.expiration_time,
-                                             acquired=bucket_snapshots_to_pb(outcome.acquired),
-                                             unavailable=bucket_snapshots_to_pb(outcome.unavailable))
+    response = pb.AcquireKvSnapshotLeaseResponse(expiration_time_ms=outcome.expiration_time)
+    add_bucket_snapshots(response.acquired, outcome.acquired)
+    add_bucket_snapshots(response.unavailable, outcome.unavailable)
+    return response
