@@ -171,6 +171,13 @@ class PartitionedAdmin:
         PartitionedAdmin.acquired = dict(snapshots)
         return admin.AcquireResult(lease_id, 60_000, dict(snapshots), {})
 
+    def acquire_latest_lease(self, lease_id, table_id, duration_ms, *, partition_id=None, owner=None):
+        """Like the coordinator: the latest snapshot of each bucket of the table (or partition) that has one."""
+        self.calls.append("acquire_latest_lease")
+        latest = {tb: info.snapshot_id for tb, info in self.get_latest_kv_snapshots(table_id, partition_id).items()}
+        PartitionedAdmin.acquired = latest
+        return admin.AcquireResult(lease_id, 60_000, latest, {})
+
     def describe_lease(self, lease_id):
         return Lease(lease_id, 60_000, {TableBucket(7, 1, 103): 4, TableBucket(8, 0): 2, TableBucket(7, 0, 555): 1})
 
@@ -230,7 +237,7 @@ def test_a_partition_of_an_unpartitioned_table_is_one_line(partitioned, args):
 def test_lease_acquire_latest_without_a_partition_holds_every_partitions_buckets_in_one_lease(partitioned):
     result = run(*B, "--json", "lease", "acquire", "L1", "--table", "db.p", "--latest", "--duration", "1m")
     assert result.exit_code == 0, result.output
-    assert PartitionedAdmin.calls.count("acquire_lease") == 1
+    assert PartitionedAdmin.calls.count("acquire_latest_lease") == 1  # one request: the coordinator chooses them
     assert PartitionedAdmin.acquired == {TableBucket(7, 0, p.partition_id): 5 for p in PARTITIONS}
     doc = json.loads(result.stdout)
     assert [(b["partition"], b["partition_id"], b["bucket"]) for b in doc["acquired"]] == [
