@@ -86,6 +86,21 @@ def test_reported_replica_loss_and_log_ends_then_unclean_election(make_ctrl):
     assert (resolved.from_offset, resolved.lost_offsets()) == (30, 12)
 
 
+def test_one_flush_stores_each_tables_ends_in_its_own_node(make_ctrl):
+    ctrl = make_ctrl()
+    register(ctrl, {1: "d1"})
+    t, other = create(ctrl, "t", 3, rf=1), create(ctrl, "other", 2, rf=1)
+    ends = tuple((table.table_id, b, a.leader_epoch, 10 * table.table_id + b)
+                 for table in (t, other) for b, a in sorted(states(ctrl, table).items()))
+    call(ctrl, rq.ReportLogEnds(1, ends))
+    assert ctrl.losses.ends.flush(force=True) == 2
+    for table in (t, other):
+        node = json.loads(ctrl.zk.get(zkpaths.log_ends(table.table_id))[0])
+        assert sorted(node["buckets"]) == [str(b) for b in range(table.buckets)]
+        assert [end for _epoch, end in node["buckets"].values()] == [10 * table.table_id + b
+                                                                     for b in range(table.buckets)]
+
+
 def test_reported_log_ends_are_stored_for_a_coordinator_taking_over_and_go_with_their_table(make_ctrl):
     """The server whose disk is gone reports nothing again: what it reported last must survive a failover,
     or a restore after one could not say how many offsets it loses."""
