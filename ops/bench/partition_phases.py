@@ -32,6 +32,9 @@ RETENTION_TARGET_S = 30.0  # retention dropping --expiring partitions at once, a
 RETENTION_ROOM = 10  # the expiring table keeps this many hours more than it has partitions, until altered
 ROLES = ("coordinators", "tablets", "zookeeper")
 COMMIT_ATTEMPTS = 5  # a commit whose answer was lost (timed out) is sent again, at most this often
+# the coordinator writes the log ends the last commits moved at most every 10 s (FLUSH_MS of
+# coordinator/log_ends.py): that write is the commits' tail, not idle work, so an idle sample starts after it
+WRITES_TAIL_S = 11.0
 COMMIT_TIMEOUT_S = 120.0  # a commit waits for its leader's log end (ListOffsets): slow on a server thrashing
 
 
@@ -233,7 +236,8 @@ def settle(directory: str, timeout_s: float = 120.0) -> float:
 def idle_loop(directory: str, seconds: float, leases: int) -> dict[str, Any]:
     """The active coordinator's event-loop CPU per second with no client request, once it settled; the
     tablet servers' CPU per second meanwhile (their background work, and what they ask of the coordinator)."""
-    settled = settle(directory)
+    time.sleep(WRITES_TAIL_S)
+    settled = WRITES_TAIL_S + settle(directory)
     active = local_cluster.active_coordinator(directory)
     tablets = [int(t["pid"]) for t in local_cluster.load(directory)["tablets"]]
     port, pid = int(active["metrics_address"].rsplit(":", 1)[1]), int(active["pid"])
