@@ -46,7 +46,8 @@ class Settings:
     replication_factor: int = 2
     commit_rate: float = 20.0  # snapshot handles committed per second in the background
     idle_seconds: float = 30.0  # kv.snapshot.interval and leader.imbalance.check-interval: each sample has one of each
-    rounds: int = 5  # lease acquire --latest of each table, alternating; the median counts
+    rounds: int = 9  # lease acquire --latest of each table, alternating; the median counts (the rounds wait behind
+    # the committer's commits on the loop now and then: 9 keep the medians steady)
     expiring: int = 100  # partitions retention drops at once
     session_timeout_ms: int = 6_000  # the default zookeeper.session-timeout
     check_interval_ms: int = 1_000  # auto-partition.check-interval (default 10 min)

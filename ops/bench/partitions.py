@@ -23,7 +23,7 @@ at the end whatever happens) and measures in one run:
    ``CommitKvSnapshot``; no rows are written, no files uploaded):
    ``lease acquire --latest`` (``acquire_latest_lease``: one acquire of the
    latest snapshot of each of its buckets, chosen by the coordinator) of the big table and of the
-   one-partition table, ``--rounds`` (5) times alternating, a new lease each
+   one-partition table, ``--rounds`` (9) times alternating, a new lease each
    time: target median big / median one at most 10;
 5. coordinator failover: ``kill -9`` of the active coordinator with those
    leases held, until the standby serves ``describe_lease``: target at most
