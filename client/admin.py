@@ -250,7 +250,7 @@ class AdminClient:
     def acquire_latest_lease(self, lease_id: str, table_id: int, duration_ms: int, *,
                              partition_id: int | None = None, owner: str | None = None) -> AcquireResult:
         """:meth:`acquire_lease` of the latest snapshot of each bucket of the table (of ``partition_id``'s, or of
-        every partition's) that has one, chosen by the coordinator as it acquires them (docs/leases.md):
+        every partition's) that has one, chosen by the coordinator as it acquires them (docs/python-api.md):
         SnapshotNotFoundError if none has one; a retry acquires those latest at that moment."""
         with arguments("acquire_latest_lease"):
             request = pb.AcquireKvSnapshotLeaseRequest(lease_id=lease_id, duration_ms=duration_ms, owner=owner or "",

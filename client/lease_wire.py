@@ -15,7 +15,7 @@ from typing import Iterable, Mapping
 from kvlease.client.admin_types import SnapshotInfo
 from kvlease.common.model import SnapshotFile, SnapshotHandle, TableBucket
 from kvlease.common.proto import coordinator_pb2 as pb
-from kvlease.common.wire import bucket_snapshots_from_pb
+from kvlease.common.wire import add_bucket_snapshots, bucket_snapshots_from_pb
 
 
 def snapshot_infos(snapshots: Iterable[pb.KvSnapshotPb]) -> dict[TableBucket, SnapshotInfo]:
@@ -38,14 +38,7 @@ def acquire_request(lease_id: str, snapshots: Mapping[TableBucket, int], duratio
     """The acquire request, its buckets in :meth:`TableBucket.sort_key` order. Raises what protobuf raises for
     a bad value (TypeError, ValueError)."""
     request = pb.AcquireKvSnapshotLeaseRequest(lease_id=lease_id, duration_ms=duration_ms, owner=owner)
-    add = request.snapshots.add
-    for tb, sid in sorted(snapshots.items(), key=lambda item: item[0].sort_key()):
-        entry = add(snapshot_id=sid)
-        bucket = entry.bucket
-        bucket.table_id = tb.table_id
-        bucket.bucket = tb.bucket
-        if tb.partition_id is not None:
-            bucket.partition_id = tb.partition_id
+    add_bucket_snapshots(request.snapshots, snapshots)
     return request
 
 

@@ -74,13 +74,13 @@ class TableCatalog:
         """The physical tables of a table: itself, or its partitions' views."""
         return self.partitions_of(table.table_id) if table.partitioned else [table]
 
-    def views_named(self, table_id: int, partition_id: int | None) -> list[TableInfo]:
-        """The physical tables a request names by ids: one partition's view, or every one of a table's
-        (:meth:`views`); the errors of :meth:`resolve`."""
+    def views_named(self, table_id: int, partition_id: int | None) -> tuple[TableInfo, list[TableInfo]]:
+        """The table a request names by ids and the physical tables it means: one partition's view, or every
+        one of the table's (:meth:`views`); the errors of :meth:`resolve`."""
         table = self.get_by_id(table_id)
         if partition_id is not None or not table.partitioned:
-            return [self.resolve(table_id, partition_id)]
-        return self.views(table)
+            return table, [self.resolve(table_id, partition_id)]
+        return table, self.views(table)
 
     def partition(self, table: TableInfo, name: str) -> TableInfo | None:
         """The view of ``table``'s partition ``name``; None if it has none of that name."""

@@ -114,8 +114,7 @@ class Controller(Dispatcher):
                                           check_interval_ms=leader_rebalance.check_interval_ms,
                                           threshold_pct=leader_rebalance.threshold_pct, metrics=metrics)
         self.lease_shell = LeaseShell(ls.LeaseState(self, max_lease_ms), LeaseStore(storage), clock_ms=clock_ms,
-                                      on_freed=self._freed,
-                                      metrics=metrics)
+                                      on_freed=self._freed, metrics=metrics)
         self.snapshot_commits = SnapshotCommits(
             zk, self.files, num_retained=num_retained, clock_ms=clock_ms,
             is_protected=self.is_protected,
@@ -241,12 +240,15 @@ class Controller(Dispatcher):
 
     # -- lease writes: answered once persisted -------------------------------------------
 
-    @on(ls.Acquire, ls.Renew, ls.Release, ls.Drop, rq.AcquireLatest)
+    @on(ls.Acquire, ls.Renew, ls.Release, ls.Drop)
     def _lease_write(self, event, future: Future | None) -> None:
-        if type(event) is rq.AcquireLatest:  # chosen here, on the loop: no snapshot goes between choice and acquire
-            views = self.catalog.views_named(event.table_id, event.partition_id)
-            event = event.acquire(self.snapshot_commits.latest_ids(views), views, self.catalog.get_by_id(event.table_id))
         self.lease_shell.submit(event, future)
+
+    @on(rq.AcquireLatest)
+    def _acquire_latest(self, request: rq.AcquireLatest, future: Future | None) -> None:
+        """The snapshots chosen here, on the loop, and acquired in the same batch: none goes in between."""
+        table, views = self.catalog.views_named(request.table_id, request.partition_id)
+        self.lease_shell.submit(request.acquire(self.snapshot_commits.latest_ids(views), table, views), future)
 
     @on(ls.Expire)
     def _expire(self, event: ls.Expire, future: Future | None) -> None:
@@ -274,7 +276,7 @@ class Controller(Dispatcher):
     @on(rq.ListSnapshots)
     @_query
     def _list_snapshots(self, request: rq.ListSnapshots):
-        views = self.catalog.views_named(request.table_id, request.partition_id)
+        _table, views = self.catalog.views_named(request.table_id, request.partition_id)
         return [row for view in views for row in self.snapshot_commits.rows(view, request.latest_only)]
 
     @on(rq.ListLeases)
@@ -295,8 +297,8 @@ class Controller(Dispatcher):
     @on(rq.GetTableAssignment)
     @_query
     def _table_assignment(self, request: rq.GetTableAssignment):
-        views = self.catalog.views_named(request.table_id, request.partition_id)
-        shown = views[0] if request.partition_id is not None else self.catalog.get_by_id(request.table_id)
+        table, views = self.catalog.views_named(request.table_id, request.partition_id)
+        shown = views[0] if request.partition_id is not None else table  # one partition's: its view
         return shown, [row for view in views for row in self.members.assignment_rows(view)]
 
     @on(rq.ListTabletServers)

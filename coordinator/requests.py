@@ -2,7 +2,8 @@
 
 Lease changes are not here: their requests are the lease state machine's own
 events (:class:`kvlease.leases.state.Acquire`, ``Renew``, ``Release``, ``Drop``, and the
-timer's ``Expire``), handed to the loop as they are.
+timer's ``Expire``), handed to the loop as they are. The one exception,
+:class:`AcquireLatest`, becomes an ``Acquire`` on the loop once its snapshots are chosen.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from typing import Any, Callable, Mapping
 
 from kvlease.common import errors
 from kvlease.common.model import SnapshotHandle, TableBucket
-from kvlease.leases.events import Acquire
 from kvlease.common.tables import TableInfo, TableSpec
+from kvlease.leases.events import Acquire
 
 __all__ = ["ConfirmRestore", "ElectLeader", "ReportLogEnds", "ReportReplicaLoss", "RestoreBucket", "AlterIsr", "CommitSnapshot", "ControlledShutdown", "CreateTable", "DescribeLease", "DropTable", "GetTable", "GetTableAssignment", "Guarded",
            "ListLeases", "ListSnapshots", "ListTables", "ListTabletServers", "RemoveOrphanLeaseFiles",
@@ -294,7 +295,7 @@ class AcquireLatest:
     duration_ms: int
     owner: str | None = None
 
-    def acquire(self, snapshots: Mapping[TableBucket, int], views: list[TableInfo], table: TableInfo) -> Acquire:
+    def acquire(self, snapshots: Mapping[TableBucket, int], table: TableInfo, views: list[TableInfo]) -> Acquire:
         """The lease state machine's acquire of ``snapshots``, the latest of the buckets of ``views`` (the
         physical tables named: ``table``'s or one partition's; none: SnapshotNotFoundError, nothing to hold)."""
         if not snapshots:

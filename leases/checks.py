@@ -81,27 +81,18 @@ def check_bucket(catalog: Catalog, tb: TableBucket, known: dict | None = None) -
     found = known.get(key)
     if found is None:
         found = known[key] = catalog.buckets_of(tb)
-    _check_range(tb, *found)
+    if not 0 <= tb.bucket < found[1]:  # (the usual answer without a call: 4,000 buckets an acquire)
+        _check_range(tb, *found)
 
 
 def check_snapshots(catalog: Catalog, snapshots: Mapping[TableBucket, int]) -> None:
     """:func:`check_bucket` of each bucket of an acquire, and InvalidRequestError for a snapshot id below 0:
-    the first bad one in order raises. In one loop, the catalog asked once per table or partition (an
-    acquire of a 1,000-partition table names 4,000 buckets of 1,000 partitions)."""
-    if min(snapshots.values(), default=0) < 0:  # rare: bucket by bucket, to find which comes first
-        known: dict = {}
-        for tb, sid in snapshots.items():
-            check_bucket(catalog, tb, known)
-            if sid < 0:
-                raise errors.InvalidRequestError(f"bad snapshot id {sid} for bucket {tb}")
-    known_counts: dict[tuple[int, int | None], tuple[str, int]] = {}
-    for tb in snapshots:
-        key = (tb.table_id, tb.partition_id)
-        found = known_counts.get(key)
-        if found is None:
-            found = known_counts[key] = catalog.buckets_of(tb)
-        if not 0 <= tb.bucket < found[1]:
-            _check_range(tb, *found)
+    the first bad one in order raises; the catalog is asked once per table or partition."""
+    known: dict = {}
+    for tb, sid in snapshots.items():
+        check_bucket(catalog, tb, known)
+        if sid < 0:
+            raise errors.InvalidRequestError(f"bad snapshot id {sid} for bucket {tb}")
 
 
 def _check_range(tb: TableBucket, where: str, count: int) -> None:

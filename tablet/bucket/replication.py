@@ -263,7 +263,7 @@ class BucketReplication:
             self.bucket.role.following = True
             self.bucket.buffer.invalidate()
 
-    def _known_end(self) -> None:
+    def _open_unless_known(self) -> None:
         """Open a bucket whose offsets are not in memory (never opened since the start, or failed) before the
         write lock is taken (an open replays the changelog); a parked one opens nothing. Under the lock,
         ``files.offsets()`` then answers from memory: every change of the log or of the epoch cache takes
@@ -277,7 +277,7 @@ class BucketReplication:
     def last_epoch(self) -> int:
         """The leader epoch of the log's last entry (-1: no entry, or written without an epoch). A parked
         bucket answers from memory (what a follower's fetch round asks of every bucket it follows)."""
-        self._known_end()
+        self._open_unless_known()
         with self.bucket.write_lock:
             end = self.bucket.files.offsets()[1]
             epoch = self.bucket.epoch_file.cache.epoch_at(end - 1) if end > 0 else None
@@ -292,7 +292,7 @@ class BucketReplication:
     def end_offset_for(self, epoch: int) -> EpochEnd:
         """The leader's answer to a follower whose latest epoch is ``epoch`` (:meth:`EpochCache.end_offset_for`);
         a parked bucket answers from memory (every follower's fetch asks it of every bucket)."""
-        self._known_end()
+        self._open_unless_known()
         with self.bucket.write_lock:
             return self.bucket.epoch_file.cache.end_offset_for(epoch, self.bucket.files.offsets()[1])
 
