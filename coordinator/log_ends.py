@@ -34,7 +34,7 @@ End = tuple[int, int]  # (leader epoch, committed log end)
 class LogEnds:
     def __init__(self, clock_ms: Callable[[], int]) -> None:
         self.clock_ms = clock_ms
-        self.by_bucket: dict[tuple[int, int], End] = {}  # (table id, bucket) -> its end as last reported
+        self.by_table: dict[int, dict[int, End]] = {}  # table id -> bucket -> its end as last reported
         self.writer: FencedWriter | None = None
         self._stored: set[int] = set()  # tables whose node exists
         self._dirty: set[int] = set()  # tables whose ends moved since the last flush
@@ -42,15 +42,16 @@ class LogEnds:
         self._flushed_ms = clock_ms()
 
     def get(self, table_id: int, bucket: int) -> End | None:
-        return self.by_bucket.get((table_id, bucket))
+        return self.by_table.get(table_id, {}).get(bucket)
 
     def note(self, table_id: int, bucket: int, leader_epoch: int, log_end: int) -> None:
-        if self.by_bucket.get((table_id, bucket)) != (leader_epoch, log_end):
-            self.by_bucket[(table_id, bucket)] = (leader_epoch, log_end)
+        ends = self.by_table.setdefault(table_id, {})
+        if ends.get(bucket) != (leader_epoch, log_end):
+            ends[bucket] = (leader_epoch, log_end)
             self._dirty.add(table_id)
 
     def table_dropped(self, table_id: int) -> None:
-        self.by_bucket = {key: end for key, end in self.by_bucket.items() if key[0] != table_id}
+        self.by_table.pop(table_id, None)
         self._dirty.discard(table_id)
         if table_id in self._stored:
             self._dropped.add(table_id)
@@ -59,7 +60,7 @@ class LogEnds:
         """A coordinator taking over: the ends stored for ``table_ids`` (the catalog's tables); the nodes of
         other tables (dropped) go at the next flush."""
         zk.ensure_path(zkpaths.LOG_ENDS)
-        self.by_bucket, self._dirty, self._flushed_ms = {}, set(), self.clock_ms()
+        self.by_table, self._dirty, self._flushed_ms = {}, set(), self.clock_ms()
         names = {int(n) for n in zk.get_children(zkpaths.LOG_ENDS) if n.isdigit()}
         live = set(table_ids)
         self._stored, self._dropped = names & live, names - live
@@ -71,8 +72,8 @@ class LogEnds:
             if isinstance(answer, Exception):
                 raise answer
             node = loads(answer[0]) or {}
-            for bucket, (epoch, end) in node.get("buckets", {}).items():
-                self.by_bucket[(table_id, int(bucket))] = (int(epoch), int(end))
+            self.by_table[table_id] = {int(bucket): (int(epoch), int(end))
+                                       for bucket, (epoch, end) in node.get("buckets", {}).items()}
 
     def flush(self, force: bool = False) -> int:
         """Write the tables whose ends moved (and delete dropped tables' nodes), at most every
@@ -83,11 +84,8 @@ class LogEnds:
         if not force and self.clock_ms() - self._flushed_ms < FLUSH_MS:
             return 0
         ops = [ZkOp("delete", zkpaths.log_ends(t)) for t in sorted(self._dropped)]
-        dirty: dict[int, dict[str, list[int]]] = {t: {} for t in sorted(self._dirty)}
-        for (t, b), end in sorted(self.by_bucket.items()):  # one pass (a walk per table: 1,000 partitions
-            if t in dirty:                                   # x 4,000 buckets after every bucket's end moved)
-                dirty[t][str(b)] = list(end)
-        for table_id, ends in dirty.items():
+        for table_id in sorted(self._dirty):  # the moved tables' buckets only (not every table's: 1,000 partitions)
+            ends = {str(b): list(end) for b, end in sorted(self.by_table.get(table_id, {}).items())}
             ops.append(ZkOp("set" if table_id in self._stored else "create", zkpaths.log_ends(table_id),
                             dumps({"buckets": ends})))
         written = 0

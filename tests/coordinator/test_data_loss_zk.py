@@ -99,6 +99,14 @@ def test_one_flush_stores_each_tables_ends_in_its_own_node(make_ctrl):
         assert sorted(node["buckets"]) == [str(b) for b in range(table.buckets)]
         assert [end for _epoch, end in node["buckets"].values()] == [10 * table.table_id + b
                                                                      for b in range(table.buckets)]
+    # one end of one table moves: that table's node is written again (all its buckets), the other is not
+    other_version = ctrl.zk.get(zkpaths.log_ends(other.table_id))[1].version
+    (_t, bucket, epoch, end), *_ = ends
+    call(ctrl, rq.ReportLogEnds(1, ((t.table_id, bucket, epoch, end + 5),)))
+    assert ctrl.losses.ends.flush(force=True) == 1
+    node = json.loads(ctrl.zk.get(zkpaths.log_ends(t.table_id))[0])
+    assert node["buckets"][str(bucket)][1] == end + 5 and len(node["buckets"]) == t.buckets
+    assert ctrl.zk.get(zkpaths.log_ends(other.table_id))[1].version == other_version
 
 
 def test_reported_log_ends_are_stored_for_a_coordinator_taking_over_and_go_with_their_table(make_ctrl):
