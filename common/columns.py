@@ -4,10 +4,27 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvlease.common.errors import InvalidTableError, show
+from kvlease.common.types import parse_type
+
 #: The values an INT and a BIGINT column hold.
 INT_RANGE = {"INT": (-(1 << 31), (1 << 31) - 1), "BIGINT": (-(1 << 63), (1 << 63) - 1)}
 
+#: The types a table's columns may have (the row codec stores these: docs/row-encoding.md).
 TYPES = ("BOOLEAN", "INT", "BIGINT", "DOUBLE", "STRING", "BYTES", "TIMESTAMP")
+
+
+def column_type(column: str, text: str) -> str:
+    """The canonical text of column ``column``'s type ``text`` (common/types.py); InvalidTableError unless it
+    is a type a table may have."""
+    try:
+        type_ = parse_type(text)
+    except InvalidTableError as exc:
+        raise InvalidTableError(f"column {show(column)}: {exc.message}") from None
+    if type_.name not in TYPES:
+        raise InvalidTableError(f"column {show(column)} has type {type_}, which a table cannot have yet "
+                                f"(one of {', '.join(TYPES)})")
+    return str(type_)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from kvlease.common.auto_partition import AutoPartition, check_auto_partition_key
-from kvlease.common.columns import TYPES, Column
+from kvlease.common.columns import Column, column_type
+from kvlease.common.types import parse_type
 from kvlease.common.errors import InvalidRequestError, InvalidTableError, show
 from kvlease.common.model import TableBucket
 from kvlease.common.partition_names import check_partition_key
@@ -156,15 +157,31 @@ def parse_table_path(path: str) -> tuple[str, str]:
 
 
 def parse_schema(text: str) -> tuple[Column, ...]:
-    """``'id BIGINT, name STRING'`` -> columns; raises InvalidTableError naming the bad part."""
+    """``'id BIGINT, price DECIMAL(12,2), tags ARRAY<STRING>'`` -> columns (types in canonical text); raises
+    InvalidTableError naming the bad part."""
     columns = []
-    for part in text.split(","):
-        words = part.split()
+    for part in split_top_level(text):
+        words = part.split(None, 1)
         if len(words) != 2:
             raise InvalidTableError(f"bad column definition {show(part.strip())}: expected 'NAME TYPE'")
         check_name("column", words[0])
-        columns.append(Column(words[0], words[1].upper()))
+        columns.append(Column(words[0], column_type(words[0], words[1])))
     return tuple(columns)
+
+
+def split_top_level(text: str) -> list[str]:
+    """``text`` split at the commas outside ``<>`` and ``()`` (``DECIMAL(12,2)``, ``MAP<K,V>`` stay whole)."""
+    parts, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        if char in "<(":
+            depth += 1
+        elif char in ">)":
+            depth -= 1
+        elif char == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return parts
 
 
 def validate_spec(spec: TableSpec) -> TableSpec:
@@ -180,16 +197,16 @@ def validate_spec(spec: TableSpec) -> TableSpec:
         if column.name in seen:
             raise InvalidTableError(f"duplicate column {show(column.name)}")
         seen.add(column.name)
-        type_ = column.type.upper()
-        if type_ not in TYPES:
-            raise InvalidTableError(f"column {show(column.name)} has unknown type {show(column.type)} "
-                                    f"(one of {', '.join(TYPES)})")
-        columns.append(Column(column.name, type_))
+        columns.append(Column(column.name, column_type(column.name, column.type)))
     if not spec.primary_key:
         raise InvalidTableError("a table needs a primary key")
+    types = {column.name: column.type for column in columns}
     for key in spec.primary_key:
         if key not in seen:
             raise InvalidTableError(f"primary key column {show(key)} is not a column of the table")
+        if not parse_type(types[key]).keyable:
+            raise InvalidTableError(f"primary key column {show(key)} is of type {types[key]}: a key column cannot "
+                                    f"be an ARRAY, a MAP or a STRUCT")
     if len(set(spec.primary_key)) != len(spec.primary_key):
         raise InvalidTableError("primary key names a column twice")
     if not 1 <= spec.buckets <= MAX_BUCKETS:

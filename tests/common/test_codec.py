@@ -18,7 +18,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from kvlease.common.errors import InvalidRowError
-from kvlease.common.tables import TYPES, Column, TableInfo
+from kvlease.common.columns import TYPES
+from kvlease.common.tables import Column, TableInfo
 from kvlease.common import codec
 from kvlease.common.codec import (TIMESTAMP_MAX_US, TIMESTAMP_MIN_US, RowCodec, arrow_schema, batch_to_ipc, bucket_of,
                                   bucket_of_keys, ipc_to_batch, key_schema)

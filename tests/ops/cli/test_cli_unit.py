@@ -126,7 +126,7 @@ def test_a_usage_error_is_one_line_naming_the_help_to_read(args, says):
     (("--buckets", "100000"), f"bucket count must be between 1 and {MAX_BUCKETS}, got 100000"),
     (("--buckets", "2", "--primary-key", "nope"), "primary key column 'nope' is not a column of the table"),
     (("--buckets", "2", "--schema", "id BIGINT, id STRING"), "duplicate column 'id'"),
-    (("--buckets", "2", "--schema", "id BIGINT, x FLOAT9"), "column 'x' has unknown type 'FLOAT9'"),
+    (("--buckets", "2", "--schema", "id BIGINT, x FLOAT9"), "column 'x': bad column type 'FLOAT9': unknown type"),
 ])
 def test_a_table_definition_the_cluster_would_refuse_is_a_usage_error_before_anything_is_sent(args, says):
     """Checked in the CLI with the coordinator's own rules (common.tables.validate_spec): exit 2, nothing sent
