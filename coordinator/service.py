@@ -31,7 +31,7 @@ from kvlease.coordinator import partition_service
 from kvlease.coordinator import requests as rq
 from kvlease.coordinator.reassignment_plan import move_state
 from kvlease.coordinator.snapshot_checks import check_manifest
-from kvlease.coordinator.snapshot_wire import SnapshotRowEncoder, acquire_response
+from kvlease.coordinator.snapshot_wire import AcquireAnswers, SnapshotRowEncoder
 from kvlease.leases import state as ls
 
 log = logging.getLogger(__name__)
@@ -54,6 +54,7 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
         self.server = server  # coordinator.server.CoordinatorServer
         self.timeout_s = timeout_s
         self.snapshot_rows = SnapshotRowEncoder()  # listings' rows, encoded once per stored handle
+        self.acquire_answers = AcquireAnswers()  # acquired entries, encoded once per (bucket, snapshot)
 
     def _run(self, request, response_cls, build, check=None):
         """Submit ``request`` to the loop; ``build(result)`` gives the response's fields (or the response).
@@ -191,8 +192,9 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
         return self._snapshots(request, pb.ListKvSnapshotsResponse, False)
 
     def AcquireKvSnapshotLease(self, request, context):
+        answer = self.acquire_answers.response
         return self._answer(self._submit_acquire(request), pb.AcquireKvSnapshotLeaseResponse,
-                            lambda outcome: acquire_response(request, outcome), time.monotonic() + self.timeout_s)
+                            lambda outcome: answer(request, outcome), time.monotonic() + self.timeout_s)
 
     def AcquireKvSnapshotLeases(self, request, context):
         """Each acquire of the batch handled as if it came alone, all in the loop at once."""
@@ -204,10 +206,10 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
         except errors.KvLeaseError as exc:  # none handled (a standby: the client moves on to the active one)
             return pb.AcquireKvSnapshotLeasesResponse(error=error_pb(exc))
         deadline = time.monotonic() + self.timeout_s
-        submitted = [self._submit_acquire(r) for r in request.requests]
+        submitted, answer = [self._submit_acquire(r) for r in request.requests], self.acquire_answers.response
         return pb.AcquireKvSnapshotLeasesResponse(responses=[
-            self._answer(s, pb.AcquireKvSnapshotLeaseResponse, lambda outcome, r=r: acquire_response(r, outcome),
-                         deadline) for r, s in zip(request.requests, submitted)])
+            self._answer(s, pb.AcquireKvSnapshotLeaseResponse, lambda outcome, r=r: answer(r, outcome), deadline)
+            for r, s in zip(request.requests, submitted)])
 
     def _submit_acquire(self, request) -> Future | Exception:
         if request.HasField("latest"):  # lease acquire --latest: the coordinator chooses the snapshots

@@ -99,7 +99,7 @@ class SnapshotCommits:
 
     def latest_ids(self, tables: Iterable[TableInfo]) -> dict[TableBucket, int]:
         """bucket -> its latest snapshot's id, for every bucket of the physical ``tables`` that has one."""
-        return {h.bucket: h.snapshot_id for table in tables for h in self.store.latest_of(table.all_buckets)}
+        return self.store.latest_ids(table.physical_id for table in tables)
 
     def rows(self, table: TableInfo, latest_only: bool) -> list[SnapshotRow]:
         """Per bucket of the physical table, oldest first: (handle, the leases holding it, retained); with

@@ -240,3 +240,32 @@ def test_a_dropped_table_removes_its_discarded_snapshots_too():
     handles, files = store.remove_table(7)
     assert sorted(h.snapshot_id for h in handles) == [1, 2] and SHARED in files
     assert list(store.all()) == [] and store.table_buckets(7) == []
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_latest_ids_of_physical_tables_follow_commits_discards_removals_and_drops(seed) -> None:
+    """latest_ids (what lease acquire --latest takes) against each bucket's max kept id, after random
+    commits, discards, removals and table/partition drops; validate() checks the index too."""
+    import random
+    rng, store, next_id = random.Random(seed), SnapshotStore(2), {}
+    buckets = [TableBucket(7, b, p) for p in (20, 21) for b in range(3)] + [TableBucket(9, b) for b in range(2)]
+    for _ in range(300):
+        tb, op = rng.choice(buckets), rng.random()
+        if op < 0.55:
+            sid = next_id[tb] = next_id.get(tb, -1) + 1
+            store.add(snap(sid, tb, log_offset=sid, shared=False))
+            for handle in store.reclaimable(tb, never):
+                store.remove(handle)
+        elif op < 0.7 and store.latest(tb) is not None:
+            store.discard(tb, lambda h: h.snapshot_id == store.latest(tb).snapshot_id)
+            for handle in store.discarded(tb):
+                store.remove(handle)
+        elif op < 0.8 and store.bucket_snapshots(tb):
+            store.remove(rng.choice(store.bucket_snapshots(tb)))
+        elif op < 0.83:
+            store.remove_table(tb.table_id, tb.partition_id)
+        store.validate()
+        for physical in ([20], [21], [20, 21], [9], [5]):
+            expected = {b: store.latest(b).snapshot_id for b in buckets
+                        if b.physical_id in physical and store.latest(b) is not None}
+            assert store.latest_ids(physical) == expected

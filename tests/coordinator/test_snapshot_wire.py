@@ -10,7 +10,7 @@ from kvlease.client.admin_types import SnapshotInfo
 from kvlease.common import wire
 from kvlease.common.model import SnapshotFile, SnapshotHandle, TableBucket
 from kvlease.common.proto import coordinator_pb2 as pb
-from kvlease.coordinator.snapshot_wire import SnapshotRowEncoder, acquire_response, varint
+from kvlease.coordinator.snapshot_wire import AcquireAnswers, SnapshotRowEncoder, acquire_response, varint
 from kvlease.leases.events import AcquireOutcome
 
 pytestmark = pytest.mark.unit
@@ -98,3 +98,24 @@ def test_an_acquire_answer_with_some_unavailable_names_each_side():
                                                          unavailable=wire.bucket_snapshots_to_pb(missing))
     assert lease_wire.acquired(response, SNAPSHOTS) == held
     assert wire.bucket_snapshots_from_pb(response.unavailable) == missing
+
+
+def test_a_latest_acquire_answer_from_kept_entries_means_what_the_plain_builder_builds():
+    """``lease acquire --latest`` names no snapshot: its answer is built from each (bucket, snapshot)'s kept entry,
+    in sort_key order; a bucket's newer snapshot gets its own entry, and a full cache starts again."""
+    answers = AcquireAnswers(max_cached=6)
+    latest = pb.AcquireKvSnapshotLeaseRequest(lease_id="l", latest=pb.LatestSnapshotsPb(table_id=7))
+    held = {TableBucket(7, 2, 300): 2**40, TableBucket(7, 0): 0, TableBucket(7, 1, 0): 5, TableBucket(7, 0, 300): 1,
+            TableBucket(7, 127, 2**33): 128}
+    missing = {TableBucket(7, 3, 300): 4}
+
+    def plain_answer(acquired, unavailable):
+        return pb.AcquireKvSnapshotLeaseResponse(expiration_time_ms=99, acquired=wire.bucket_snapshots_to_pb(acquired),
+                                                 unavailable=wire.bucket_snapshots_to_pb(unavailable))
+
+    first = answers.response(latest, AcquireOutcome(99, held, missing))
+    assert first == plain_answer(held, missing)
+    assert answers.response(latest, AcquireOutcome(99, dict(reversed(held.items())), {})) == plain_answer(held, {})
+    newer = {**held, TableBucket(7, 0): 9}  # a newer snapshot of one bucket; 6 entries: the cache is full, starts again
+    assert answers.response(latest, AcquireOutcome(99, newer, {})) == plain_answer(newer, {})
+    assert answers.response(latest, AcquireOutcome(99, held, {})) == plain_answer(held, {})
