@@ -53,13 +53,13 @@ def served_buckets(doc: Mapping[str, Any], request_timeout_s: float = 2.0, admin
     if admin is None:
         with cluster_admin(doc, request_timeout_s) as own:
             return served_buckets(doc, request_timeout_s, own)
-    from kvlease.client.table import TableClient
-
     registered = {s.id for s in admin.list_tablet_servers()}
     unserved: list[str] = []
     waiting: list[dict[str, Any]] = []
     count = 0
     for table in _physical_tables(admin):
+        from kvlease.client.table import TableClient  # with a table only: it imports pyarrow (0.5 s of CPU)
+
         count += table.buckets
         failed: dict[int, str] = {}
         with TableClient(admin, table.table_id, retry_total_s=0, request_timeout_s=request_timeout_s,

@@ -36,6 +36,7 @@ what it holds and, in a line ``May import …``, the same list.
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import re
 import subprocess
@@ -95,22 +96,31 @@ def _imported_names(node: ast.AST) -> list[str]:
     return []
 
 
+@functools.lru_cache(maxsize=None)
+def _imports(path: Path) -> tuple[ast.AST, ...]:
+    """The import statements of the file at ``path``, anywhere in it (parsed once for all the tests here)."""
+    return tuple(node for node in ast.walk(ast.parse(path.read_text(), str(path)))
+                 if isinstance(node, (ast.Import, ast.ImportFrom)))
+
+
 def bare_imports(modules: dict[str, Path] | None = None) -> list[str]:
     """Every import of a project package without the ``kvlease.`` prefix (``from common.x import y``)."""
     folders = set(PACKAGES) - {"kvlease"}
     return [f"{name}: {node.module if isinstance(node, ast.ImportFrom) else node.names[0].name}"
             for name, path in (modules or _modules()).items()
-            for node in ast.walk(ast.parse(path.read_text(), str(path)))
+            for node in _imports(path)
             if (names := _imported_names(node)) and names[-1].split(".")[0] in folders]
 
 
+@functools.lru_cache(maxsize=None)
 def import_graph() -> dict[str, set[str]]:
-    """Module -> the project modules it imports anywhere in its body (also inside functions)."""
+    """Module -> the project modules it imports anywhere in its body (also inside functions); made once (the
+    tests only read it)."""
     modules = _modules()
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         targets: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in _imports(path):
             candidates = [c.removeprefix("kvlease.") if c.split(".")[1:2] and c.split(".")[1] in PACKAGES else c
                           for c in _imported_names(node)]
             if not candidates:
