@@ -22,7 +22,8 @@ SIMPLE = ("BOOLEAN", "TINYINT", "SMALLINT", "INT", "BIGINT", "FLOAT", "DOUBLE", 
 NESTED = ("ARRAY", "MAP", "STRUCT")
 #: Other spellings accepted on input (never written back).
 ALIASES = {"INTEGER": "INT", "BOOL": "BOOLEAN", "REAL": "FLOAT", "VARCHAR": "STRING", "TEXT": "STRING",
-           "BINARY": "BYTES", "VARBINARY": "BYTES", "TIMESTAMP_LTZ": "TIMESTAMP"}
+           "BINARY": "BYTES", "VARBINARY": "BYTES", "TIMESTAMP_LTZ": "TIMESTAMP", "NUMERIC": "DECIMAL",
+           "DEC": "DECIMAL"}
 MAX_DECIMAL_PRECISION = 38
 DEFAULT_DECIMAL = (10, 0)  # DECIMAL without a precision, as Spark and Fluss take it
 #: The integer types by width: each widens to any after it.
@@ -135,7 +136,7 @@ class _Parser:
         name = ALIASES.get(word, word)
         if name in SIMPLE:
             return DataType(name)
-        if name in ("DECIMAL", "NUMERIC", "DEC"):
+        if name == "DECIMAL":
             return self.decimal()
         if name == "ARRAY":
             self.take("<")

@@ -99,14 +99,6 @@ class SnapshotRowEncoder:
         return response_cls.FromString(b"".join(parts))
 
 
-_ACQUIRED_TAG = 0x1A  # AcquireKvSnapshotLeaseResponse.acquired (3, length-delimited)
-
-
-def _bucket_order(item: tuple[TableBucket, int]) -> tuple[int, int, int]:
-    tb = item[0]  # TableBucket.sort_key, without a method call per entry
-    return tb[0], -1 if tb[2] is None else tb[2], tb[1]
-
-
 class AcquireAnswers:
     """Acquires' answers (see the module docstring); thread-safe (the gRPC handlers share one)."""
 
@@ -123,7 +115,8 @@ class AcquireAnswers:
             return pb.AcquireKvSnapshotLeaseResponse(expiration_time_ms=outcome.expiration_time,
                                                      acquired=request.snapshots)
         known, entry = self._entries.get, self._entry
-        data = b"".join([known(item) or entry(item) for item in sorted(outcome.acquired.items(), key=_bucket_order)])
+        data = b"".join([known(item) or entry(item)
+                         for item in sorted(outcome.acquired.items(), key=lambda item: item[0].sort_key())])
         response = pb.AcquireKvSnapshotLeaseResponse.FromString(data)  # the acquired entries, parsed in C
         response.expiration_time_ms = outcome.expiration_time
         add_bucket_snapshots(response.unavailable, outcome.unavailable)
@@ -131,20 +124,12 @@ class AcquireAnswers:
 
     def _entry(self, item: tuple[TableBucket, int]) -> bytes:
         """``acquired``'s entry for (bucket, snapshot id), framed, and kept."""
-        tb, snapshot_id = item
-        message = pb.BucketSnapshotPb(snapshot_id=snapshot_id)
-        message.bucket.table_id, message.bucket.bucket = tb.table_id, tb.bucket
-        if tb.partition_id is not None:
-            message.bucket.partition_id = tb.partition_id
-        payload = message.SerializeToString()
-        data = bytes((_ACQUIRED_TAG,)) + varint(len(payload)) + payload
+        alone = pb.AcquireKvSnapshotLeaseResponse()  # an answer of this entry only: its bytes are the entry, framed
+        add_bucket_snapshots(alone.acquired, dict([item]))
+        data = alone.SerializeToString()
         with self._lock:
             if len(self._entries) >= self.max_cached:
                 self._entries.clear()
             self._entries[item] = data
         return data
 
-
-def acquire_response(request: pb.AcquireKvSnapshotLeaseRequest, outcome) -> pb.AcquireKvSnapshotLeaseResponse:
-    """:meth:`AcquireAnswers.response` without a kept cache (one answer)."""
-    return AcquireAnswers().response(request, outcome)

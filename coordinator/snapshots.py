@@ -49,18 +49,12 @@ class SnapshotStore:
         return [h for _, h in sorted(self._by_bucket.get(tb, {}).items())]
 
     def latest(self, tb: TableBucket) -> SnapshotHandle | None:
-        snaps = self._by_bucket.get(tb)
-        return snaps[max(snaps)] if snaps else None
+        snapshot_id = self._latest.get(tb.physical_id, {}).get(tb)
+        return None if snapshot_id is None else self._by_bucket[tb][snapshot_id]
 
     def latest_of(self, tbs: Iterable[TableBucket]) -> list[SnapshotHandle]:
         """:meth:`latest` of each of ``tbs`` that has a snapshot, in their order (one call for a listing)."""
-        by_bucket = self._by_bucket
-        out = []
-        for tb in tbs:
-            snaps = by_bucket.get(tb)
-            if snaps:
-                out.append(snaps[max(snaps)])
-        return out
+        return [handle for handle in map(self.latest, tbs) if handle is not None]
 
     def latest_ids(self, physical_ids: Iterable[int]) -> dict[TableBucket, int]:
         """bucket -> its latest kept snapshot's id, for every bucket of the physical tables ``physical_ids`` (an

@@ -10,7 +10,7 @@ from kvlease.client.admin_types import SnapshotInfo
 from kvlease.common import wire
 from kvlease.common.model import SnapshotFile, SnapshotHandle, TableBucket
 from kvlease.common.proto import coordinator_pb2 as pb
-from kvlease.coordinator.snapshot_wire import AcquireAnswers, SnapshotRowEncoder, acquire_response, varint
+from kvlease.coordinator.snapshot_wire import AcquireAnswers, SnapshotRowEncoder, varint
 from kvlease.leases.events import AcquireOutcome
 
 pytestmark = pytest.mark.unit
@@ -82,7 +82,7 @@ def test_an_acquire_request_is_the_one_common_wire_builds():
 
 def test_an_acquire_answer_with_everything_acquired_is_its_request_s_snapshots():
     request = lease_wire.acquire_request("lease-1", SNAPSHOTS, 60_000, "")
-    response = acquire_response(request, AcquireOutcome(99, dict(SNAPSHOTS), {}))
+    response = AcquireAnswers().response(request, AcquireOutcome(99, dict(SNAPSHOTS), {}))
     assert response.expiration_time_ms == 99 and not response.unavailable
     assert wire.bucket_snapshots_from_pb(response.acquired) == SNAPSHOTS
     assert lease_wire.acquired(response, SNAPSHOTS) == SNAPSHOTS
@@ -92,7 +92,7 @@ def test_an_acquire_answer_with_some_unavailable_names_each_side():
     request = lease_wire.acquire_request("lease-1", SNAPSHOTS, 60_000, "")
     missing = {TableBucket(7, 0): 0}
     held = {tb: sid for tb, sid in SNAPSHOTS.items() if tb not in missing}
-    response = acquire_response(request, AcquireOutcome(99, held, missing))
+    response = AcquireAnswers().response(request, AcquireOutcome(99, held, missing))
     assert response == pb.AcquireKvSnapshotLeaseResponse(expiration_time_ms=99,
                                                          acquired=wire.bucket_snapshots_to_pb(held),
                                                          unavailable=wire.bucket_snapshots_to_pb(missing))
