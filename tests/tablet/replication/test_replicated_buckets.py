@@ -179,7 +179,10 @@ def test_controlled_shutdown_ends_when_the_last_movable_leadership_loses_its_oth
     in-sync replica) until its push shrinks the leader's own ISR view; then the stop goes on at once, not
     after tablet.controlled-shutdown.timeout (asking again changes nothing)."""
     from kvlease.client.server_calls import ServerCalls
-    with three_servers(make_config, tmp_path, {**FAST, "tablet.controlled-shutdown.timeout": "60s"}) as c:
+    # replica.max-lag is long: the leader's own ISR keeper must not shrink its view before the coordinator's
+    # (held) push does, or it has nothing movable and never asks (the race a loaded CI machine lost)
+    slow_lag = {**FAST, "tablet.controlled-shutdown.timeout": "60s", "replica.max-lag": "120s"}
+    with three_servers(make_config, tmp_path, slow_lag) as c:
         table = c.admin.create_table("db.lonely", SCHEMA, ["id"], 1, replication_factor=2, min_insync_replicas=1)
         state = wait_in_sync(c, table.table_id, members=2)
         leader = server_by_id(c, state.leader_id)
@@ -202,6 +205,7 @@ def test_controlled_shutdown_ends_when_the_last_movable_leadership_loses_its_oth
         monkeypatch.setattr(ServerCalls, "controlled_shutdown", counted_ask)
         crash(c, follower)
         wait_until(lambda: bucket_state(c, table.table_id).isr == (leader.server_id,), 20, "the ISR shrunk")
+        assert leader._movable_leaderships()  # its own view still holds the dead follower
         c.tablets.remove(leader)
         stopper = threading.Thread(target=leader.stop)
         try:
