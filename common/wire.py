@@ -108,8 +108,9 @@ def table_from_pb(msg: pb.TableInfoPb) -> TableInfo:
                      max(1, msg.replication_factor), max(1, msg.min_insync_replicas),
                      partition_key=tuple(msg.partition_key),
                      max_partitions=msg.max_partitions or DEFAULT_MAX_PARTITIONS, auto_partition=auto,
-                     partition_id=msg.partition_id if view else None, partition_name=msg.partition_name if view else None,
-                     schema_id=msg.schema_id or 1, comment=msg.comment)
+                     partition_id=msg.partition_id if view else None,
+                     partition_name=msg.partition_name if view else None, schema_id=msg.schema_id or 1,
+                     comment=msg.comment)
 
 
 def columns_to_pb(columns: Iterable[Column]) -> list[pb.ColumnPb]:
