@@ -4,6 +4,7 @@ outcome, no second version), and every refusal."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from kvlease.common import columns as columns_module
 from kvlease.common import schema_changes as sc
@@ -195,3 +196,34 @@ def test_a_retried_rename_is_not_mistaken_for_one_never_made():
     assert t(RenameColumn("label", "v")).version is None  # the retry of the second
     with pytest.raises(InvalidTableError, match="has no column nope"):
         t(DropColumn("nope"))  # never a column: not a retry of a drop
+
+
+NAMES = ("a", "b", "c", "v", "n")
+TYPES = ("TINYINT", "INT", "BIGINT", "STRING")
+CHANGES = st.one_of(
+    st.builds(lambda n, t: AddColumn(f"{n} {t}"), st.sampled_from(NAMES), st.sampled_from(TYPES)),
+    st.builds(RenameColumn, st.sampled_from(NAMES), st.sampled_from(NAMES)),
+    st.builds(lambda n, t: WidenColumn(f"{n} {t}"), st.sampled_from(NAMES), st.sampled_from(TYPES)),
+    st.builds(DropColumn, st.sampled_from(NAMES)),
+    st.builds(SetComment, st.sampled_from(("", "x", "y"))))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(CHANGES, max_size=25))
+def test_any_sequence_of_changes_each_sent_twice_makes_one_version_each_and_never_reuses_a_field_id(changes):
+    t = Evolving(table())
+    used = {c.id for c in t.table.columns}
+    for change in changes:
+        try:
+            outcome = t(change)
+        except InvalidTableError:
+            continue
+        assert t(change).version is None and t.table == outcome.table  # its retry: the same, no new version
+        if outcome.version is not None:
+            new_ids = {c.id for c in outcome.table.columns} - used
+            assert all(i > max(used) for i in new_ids) and len(new_ids) <= 1
+            used |= new_ids
+        ids = [c.id for c in t.table.columns]
+        assert len(set(ids)) == len(ids) and len({c.name for c in t.table.columns}) == len(ids)
+        assert t.table.column("id") == Column("id", "BIGINT", 0)  # the key column never changes
+    assert [v.schema_id for v in t.history] == list(range(1, len(t.history) + 1)) and t.table.schema_id == len(t.history)
