@@ -61,8 +61,12 @@ class TableInfo:
     comment: str = ""
 
     def __post_init__(self) -> None:
-        if any(c.id == UNASSIGNED for c in self.columns):  # made of Column(name, type): ids by position
-            columns = tuple(c if c.id != UNASSIGNED else replace(c, id=i) for i, c in enumerate(self.columns))
+        """Columns without a field id (``Column(name, type)``) get one: their position if none has one, else
+        the next ids after the highest there is."""
+        if any(c.id == UNASSIGNED for c in self.columns):
+            assigned = [c.id for c in self.columns if c.id != UNASSIGNED]
+            ids = iter(range(len(self.columns)) if not assigned else range(max(assigned) + 1, 1 << 31))
+            columns = tuple(c if c.id != UNASSIGNED else replace(c, id=next(ids)) for c in self.columns)
             object.__setattr__(self, "columns", columns)
 
     @property

@@ -4,7 +4,7 @@ The rules are :mod:`kvlease.common.schema_changes`'s (pure); this module carries
 changes are: the table's node and the new version's (coordinator/schema_history.py) in one multi-op
 fenced by the coordinator epoch, then memory (the catalog's table and its partitions' views), then every
 tablet server holding a bucket of the table or of one of its partitions is pushed its buckets again with
-the new view (tablet/replicas/manager.py takes it). A change the table has already (a retry whose answer was
+the new view (tablet/replicas/replica.py takes it). A change the table has already (a retry whose answer was
 lost, also one a deposed coordinator wrote just before it went) writes nothing and answers the table.
 """
 

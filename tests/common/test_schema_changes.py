@@ -47,6 +47,8 @@ def every_type(monkeypatch):
 def test_a_table_numbers_its_columns_by_position_and_a_version_round_trips_through_json():
     t = table()
     assert [c.id for c in t.columns] == [0, 1, 2] and t.schema_id == 1
+    mixed = table(Column("id", "BIGINT", 4), Column("v", "STRING"), Column("n", "INT", 1), Column("m", "INT"))
+    assert [c.id for c in mixed.columns] == [4, 5, 1, 6]  # unnumbered ones: after the highest id there is
     version = SchemaVersion(3, (Column("id", "BIGINT", 0), Column("c", "INT", 4, "it's")), "add column c INT", 9,
                             "a table")
     assert SchemaVersion.from_json(version.to_json()) == version
