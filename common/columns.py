@@ -27,6 +27,9 @@ def column_type(column: str, text: str) -> str:
     return str(type_)
 
 
+#: The longest comment kept (a column's or a table's).
+MAX_COMMENT = 1024
+
 #: A column's field id before its table assigns one (:class:`~kvlease.common.tables.TableInfo` gives such a
 #: column its position).
 UNASSIGNED = -1

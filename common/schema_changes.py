@@ -29,13 +29,11 @@ import re
 from dataclasses import dataclass, replace
 from typing import Sequence, Union
 
-from kvlease.common.columns import Column, column_type
+from kvlease.common.columns import MAX_COMMENT, Column, column_type
 from kvlease.common.errors import InvalidTableError, show
 from kvlease.common.tables import TableInfo, check_name, columns_from_json, columns_to_json
 from kvlease.common.types import parse_type, widens
 
-#: The longest comment kept (a column's or the table's).
-MAX_COMMENT = 1024
 #: ``name TYPE COMMENT 'text'`` ('' inside the text is one quote); the type is what is between.
 _COMMENT = re.compile(r"\s+COMMENT\s+'((?:[^']|'')*)'\s*$", re.IGNORECASE | re.DOTALL)
 

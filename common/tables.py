@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from kvlease.common.auto_partition import AutoPartition, check_auto_partition_key
-from kvlease.common.columns import UNASSIGNED, Column, column_type
+from kvlease.common.columns import MAX_COMMENT, UNASSIGNED, Column, column_type
 from kvlease.common.types import parse_type
 from kvlease.common.errors import InvalidRequestError, InvalidTableError, show
 from kvlease.common.model import TableBucket
@@ -230,6 +230,9 @@ def validate_spec(spec: TableSpec) -> TableSpec:
         if column.name in seen:
             raise InvalidTableError(f"duplicate column {show(column.name)}")
         seen.add(column.name)
+        if not isinstance(column.comment, str) or len(column.comment) > MAX_COMMENT:
+            raise InvalidTableError(f"column {column.name}'s comment: a text of at most {MAX_COMMENT} characters, "
+                                    f"got {show(column.comment)}")
         columns.append(replace(column, type=column_type(column.name, column.type), id=UNASSIGNED))  # 0..n-1 at create
     if not spec.primary_key:
         raise InvalidTableError("a table needs a primary key")

@@ -11,7 +11,7 @@ from kvlease.common import schema_changes as sc
 from kvlease.common.errors import InvalidTableError
 from kvlease.common.schema_changes import (AddColumn, DropColumn, RenameColumn, SchemaVersion, SetComment,
                                            WidenColumn)
-from kvlease.common.tables import Column, TableInfo
+from kvlease.common.tables import Column, TableInfo, TableSpec, validate_spec
 from kvlease.common.types import NESTED, SIMPLE
 
 pytestmark = pytest.mark.unit
@@ -52,6 +52,13 @@ def test_a_table_numbers_its_columns_by_position_and_a_version_round_trips_throu
     version = SchemaVersion(3, (Column("id", "BIGINT", 0), Column("c", "INT", 4, "it's")), "add column c INT", 9,
                             "a table")
     assert SchemaVersion.from_json(version.to_json()) == version
+
+
+def test_a_create_keeps_its_columns_comments_and_refuses_one_too_long():
+    spec = validate_spec(TableSpec("db", "t", (Column("id", "BIGINT", 7, "the key"),), ("id",)))
+    assert spec.columns == (Column("id", "BIGINT", comment="the key"),)  # ids are the table's to number
+    with pytest.raises(InvalidTableError, match="column id's comment: a text of at most 1024 characters"):
+        validate_spec(TableSpec("db", "t", (Column("id", "BIGINT", comment="x" * 1025),), ("id",)))
 
 
 def test_add_column_appends_a_nullable_column_with_a_new_field_id_and_a_retry_changes_nothing():

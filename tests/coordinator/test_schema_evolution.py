@@ -78,6 +78,13 @@ def test_each_change_makes_a_version_the_client_and_a_new_coordinator_see(admin,
     assert admin.schema_history("db.t") == (final, history)
 
 
+def test_a_columns_comment_given_at_create_is_kept(admin):
+    made = admin.create_table("db.c", [Column("id", "BIGINT", comment="the order's id"), Column("v", "STRING")],
+                              ["id"], 1)
+    assert made.columns == (Column("id", "BIGINT", 0, "the order's id"), Column("v", "STRING", 1))
+    assert admin.get_table("db.c") == made
+
+
 def test_the_same_alter_sent_again_answers_the_same_schema_id_and_writes_nothing(admin, zk_client):
     table = admin.create_table("db.t", COLUMNS, ["id"], 1)
     for change in ({"add_column": "c INT"}, {"rename_column": ("c", "d")}, {"widen_column": "d BIGINT"},
