@@ -76,6 +76,15 @@ def table_assignment(table_id: int) -> str:
     return f"{TABLES}/{table_id}/assignment"
 
 
+def table_schemas(table_id: int) -> str:
+    """A table's schema versions (docs/schemas.md, "Schema evolution"): one child per version."""
+    return f"{TABLES}/{table_id}/schemas"
+
+
+def table_schema(table_id: int, schema_id: int) -> str:
+    return f"{TABLES}/{table_id}/schemas/{schema_id}"
+
+
 def table_snapshots(table_id: int) -> str:
     return f"{SNAPSHOTS}/{table_id}"
 
