@@ -59,6 +59,10 @@ class TableInfo:
     schema_id: int = 1
     #: The table's comment (``table alter --comment``).
     comment: str = ""
+    #: ``(schema_id, columns)`` of each earlier version of its columns, oldest first: the rows stored then carry
+    #: that schema id and are read through it (docs/schemas.md, "Reading rows of earlier schemas"). Filled by the
+    #: coordinator from the table's history; not part of its stored definition nor of its equality.
+    past_schemas: tuple[tuple[int, tuple[Column, ...]], ...] = field(default=(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
         """Columns without a field id (``Column(name, type)``) get one: their position if none has one, else
@@ -104,6 +108,12 @@ class TableInfo:
 
     def schema_string(self) -> str:
         return ", ".join(f"{c.name} {c.type}" for c in self.columns)
+
+    def columns_of(self, schema_id: int) -> tuple[Column, ...] | None:
+        """The columns of its schema ``schema_id`` (the current one or an earlier one); None if unknown here."""
+        if schema_id == self.schema_id:
+            return self.columns
+        return next((columns for sid, columns in self.past_schemas if sid == schema_id), None)
 
     def column(self, name: str) -> Column | None:
         """The column named ``name``; None if it has none."""

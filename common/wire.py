@@ -78,7 +78,9 @@ def table_to_pb(table: TableInfo) -> pb.TableInfoPb:
         primary_key=list(table.primary_key), buckets=table.buckets, created_ms=table.created_ms,
         replication_factor=table.replication_factor, min_insync_replicas=table.min_insync_replicas,
         partition_key=list(table.partition_key), partition_id=table.partition_id,
-        partition_name=table.partition_name or "", schema_id=table.schema_id, comment=table.comment)
+        partition_name=table.partition_name or "", schema_id=table.schema_id, comment=table.comment,
+        past_schemas=[pb.PastSchemaPb(schema_id=sid, columns=columns_to_pb(columns))
+                      for sid, columns in table.past_schemas])
     if table.partitioned:
         msg.max_partitions = table.max_partitions
     if table.auto_partition is not None:
@@ -110,7 +112,8 @@ def table_from_pb(msg: pb.TableInfoPb) -> TableInfo:
                      max_partitions=msg.max_partitions or DEFAULT_MAX_PARTITIONS, auto_partition=auto,
                      partition_id=msg.partition_id if view else None,
                      partition_name=msg.partition_name if view else None, schema_id=msg.schema_id or 1,
-                     comment=msg.comment)
+                     comment=msg.comment,
+                     past_schemas=tuple((p.schema_id, columns_from_pb(p.columns)) for p in msg.past_schemas))
 
 
 def columns_to_pb(columns: Iterable[Column]) -> list[pb.ColumnPb]:

@@ -171,7 +171,9 @@ class TableCatalog:
         return [ZkOp("set", zkpaths.table(table.table_id), dumps(table.to_json()))]
 
     def replace(self, table: TableInfo) -> None:
-        """Take a table's changed definition; its partitions' views follow it."""
+        """Take a table's changed definition (with its earlier schemas, from the history); its partitions' views
+        follow it."""
+        table = self.history.with_past(table)
         self.add_loaded(table)
         for name, pid in self.partitions.get(table.table_id, {}).items():
             self.physical[pid] = table.of_partition(pid, name)
@@ -242,6 +244,9 @@ class TableCatalog:
                 view = table.of_partition(int(node["partition_id"]), node["partition_name"])
                 self._add_partition(view, int(node.get("created_ms", 0)))
         self.history.load(zk, sorted(self.by_id))
+        for table_id in list(self.history.by_table):  # the altered tables learn their earlier schemas
+            if table_id in self.by_id:
+                self.replace(self.by_id[table_id])
 
     def add_loaded(self, table: TableInfo) -> None:
         self.by_id[table.table_id] = table

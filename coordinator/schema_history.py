@@ -12,6 +12,8 @@ the controller's loop is the only writer.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
@@ -30,6 +32,13 @@ class SchemaHistory:
     def of(self, table: TableInfo) -> list[SchemaVersion]:
         """``table``'s versions, oldest first (never altered: its one version, from its own node)."""
         return list(self.by_table.get(table.table_id) or [SchemaVersion.current(table)])
+
+    def with_past(self, table: TableInfo) -> TableInfo:
+        """``table`` knowing the columns of its earlier schema ids (``TableInfo.past_schemas``), which every
+        reader of its rows needs."""
+        past = tuple((v.schema_id, v.columns) for v in self.by_table.get(table.table_id, ())
+                     if v.schema_id < table.schema_id)
+        return replace(table, past_schemas=past) if past != table.past_schemas else table
 
     def record_ops(self, table: TableInfo, version: SchemaVersion) -> list[ZkOp]:
         """The nodes that add ``version`` to the history of ``table`` (as it is before the change); with the

@@ -137,10 +137,12 @@ class Replica:
     def take_table(self, table: TableInfo) -> None:
         """Hold ``table``'s view (the same table, a later schema: docs/schemas.md) instead of the one held; an
         older schema (a push that a later one overtook) is ignored. Requests find it through the replica
-        manager's held tables; the store keeps the codec it opened with (reading rows of every schema is the
-        codec's: value format v2)."""
+        manager's held tables, and the store's writes and reads use it from now on (rows of earlier schemas are
+        read through it: common/codec.py)."""
         if table.schema_id > self.table.schema_id and table.physical_id == self.table.physical_id:
             self.table = table
+            if self.store is not None:
+                self.store.take_table(table)
 
     def note_ready(self, old: BucketRole | None, role: BucketRole, now: float) -> None:
         """When a leadership of ``role`` may serve: ``lease_wait_ms`` after a leadership new to this server is

@@ -74,8 +74,13 @@ def test_each_change_makes_a_version_the_client_and_a_new_coordinator_see(admin,
     assert sorted(zk_client.get_children(zkpaths.table_schemas(table.table_id)), key=int) == list("123456")
     node = loads(zk_client.get(zkpaths.table(table.table_id))[0])
     assert node["schema_id"] == 6 and node["comment"] == "one row per thing"
+    # every reader learns the columns of the earlier schema ids its rows may carry, also from a new coordinator
+    past = [(v.schema_id, v.columns) for v in history[:-1]]
+    assert list(admin.get_table("db.t").past_schemas) == past
     fail_over(pair)
     assert admin.schema_history("db.t") == (final, history)
+    assert list(admin.get_table("db.t").past_schemas) == past
+    assert admin.get_table("db.t").columns_of(2) == history[1].columns and final.columns_of(9) is None
 
 
 def test_a_columns_comment_given_at_create_is_kept(admin):
@@ -126,6 +131,7 @@ def test_a_partitioned_tables_alter_reaches_every_partition_view(admin):
     _table, partitions = admin.list_partitions("db.p")
     view, _buckets = admin.get_table_assignment(table.table_id, partitions[0].partition_id)
     assert view.schema_id == altered.schema_id == 2 and view.columns == altered.columns
+    assert view.past_schemas == ((1, table.columns),)  # a partition's rows are read as its table's
     later = admin.create_partition("db.p", "20261128")[1]  # a partition made after the alter
     assert admin.get_table_assignment(table.table_id, later.partition_id)[0].columns == altered.columns
     assert admin.alter_table("db.p", max_partitions=5).max_partitions == 5  # the partitioning alter still works
