@@ -7,9 +7,8 @@ AUTHORIZATION_FAILED naming the operation and the table, and changes nothing
 opened it; a revoked READ stops its continuation. UpdateLeadership is the
 cluster's own.
 
-One SecureCluster for the module; each test has its own tables and users.
-Clients of a user are TableClients (the user's real path) and, where a test
-needs one exact call, raw tablet stubs over TLS with the user's credentials.
+One SecureCluster for the module; each test has its own tables and users. Clients of a user are
+TableClients (its real path) and, for one exact call, raw tablet stubs over TLS with its credentials.
 """
 
 from __future__ import annotations
@@ -429,19 +428,13 @@ def test_a_revoked_read_stops_a_scan_which_its_owner_can_still_close(sc, table, 
 
 
 def test_a_revoked_read_stops_the_clients_scanners(sc, table, make_user, clients, monkeypatch):
-    add_rows(sc, table)
     name, password = make_user(("READ", table))
     client = clients((name, password), table)
     cache = sc.cluster.tablets[1].security  # the tablet server's watched ACL cache (in-process)
     readable = lambda: cache.allowed(Operation.READ, Resource.table(table), f"User:{name}")  # noqa: E731
-    scans = sc.cluster.tablets[1].scans
-    gate, take_batch = threading.Event(), scans._continue
-
-    def held_batch(*args, **kwargs):  # the server reads no batch past the first until the revoke is in its cache:
-        gate.wait(ACL_WAIT_S)  # else it may stream (or read ahead) every batch before, and the scan just ends
-        return take_batch(*args, **kwargs)
-
-    monkeypatch.setattr(scans, "_continue", held_batch)
+    scans, gate = sc.cluster.tablets[1].scans, threading.Event()
+    # no batch past the first is read before the revoke is in the cache (else all may be sent before it)
+    monkeypatch.setattr(scans, "_continue", lambda *a, take=scans._continue: (gate.wait(ACL_WAIT_S), take(*a))[1])
     for streaming in (False, True):
         gate.clear()
         sc.grant(f"User:{name}", "READ", table)
@@ -454,5 +447,4 @@ def test_a_revoked_read_stops_the_clients_scanners(sc, table, make_user, clients
             with pytest.raises(errors.AuthorizationFailedError, match=f"may not READ table {table}") as info:
                 wait_until(lambda: scanner.poll() is None, ACL_WAIT_S, "the scan refused", interval_s=0)
             assert "lost after" in info.value.message and "resume" not in info.value.message  # none would help
-    # the stream's session is freed by the server once its call ends, after the client read the error
-    wait_until(lambda: open_scanners(sc) == 0, ACL_WAIT_S, "the scan sessions freed")
+    wait_until(lambda: open_scanners(sc) == 0, ACL_WAIT_S, "the sessions freed")  # once each call ended
