@@ -179,10 +179,7 @@ def test_controlled_shutdown_ends_when_the_last_movable_leadership_loses_its_oth
     in-sync replica) until its push shrinks the leader's own ISR view; then the stop goes on at once, not
     after tablet.controlled-shutdown.timeout (asking again changes nothing)."""
     from kvlease.client.server_calls import ServerCalls
-    # replica.max-lag is long: the leader's own ISR keeper must not shrink its view before the coordinator's
-    # (held) push does, or it has nothing movable and never asks (the race a loaded CI machine lost)
-    slow_lag = {**FAST, "tablet.controlled-shutdown.timeout": "60s", "replica.max-lag": "120s"}
-    with three_servers(make_config, tmp_path, slow_lag) as c:
+    with three_servers(make_config, tmp_path, {**FAST, "tablet.controlled-shutdown.timeout": "60s"}) as c:
         table = c.admin.create_table("db.lonely", SCHEMA, ["id"], 1, replication_factor=2, min_insync_replicas=1)
         state = wait_in_sync(c, table.table_id, members=2)
         leader = server_by_id(c, state.leader_id)
@@ -201,6 +198,9 @@ def test_controlled_shutdown_ends_when_the_last_movable_leadership_loses_its_oth
             asked.set()
             return remaining
 
+        # only the coordinator's (held) push may shrink the leader's own ISR view: its ISR keeper's changes
+        # (a shrink, or the answer to one in flight) would leave it nothing movable to ask about
+        leader.isr_keeper.stop()
         monkeypatch.setattr(leader.replicas, "update_leadership", held_push)
         monkeypatch.setattr(ServerCalls, "controlled_shutdown", counted_ask)
         crash(c, follower)
