@@ -51,8 +51,8 @@ def value_bytes(array: pa.Array, layout: Layout) -> np.ndarray:
     if layout.name == "DECIMAL":
         words = decimal_words(array)
         chosen = words if layout.value_dtype == "V16" else np.ascontiguousarray(words[:, 0])
-        return chosen.view(np.uint8).reshape(n, -1)
-    return fixed_values(array, layout.value_dtype).view(np.uint8).reshape(n, -1)
+        return chosen.view(np.uint8).reshape(n, layout.width)
+    return fixed_values(array, layout.value_dtype).view(np.uint8).reshape(n, layout.width)
 
 
 def key_bytes(array: pa.Array, layout: Layout) -> np.ndarray:

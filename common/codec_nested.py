@@ -66,7 +66,7 @@ def _struct_payloads(array: pa.StructArray, type_: DataType) -> pa.Array:
         length = np.diff(ca.value_offsets(piece))
         sizes[:, j] = length if not piece.null_count else np.where(np.asarray(piece.is_valid()), length, NULL_SIZE)
         pieces.append(piece)
-    head = ca.fixed_binary(sizes.view(np.uint8).reshape(n, -1), None)
+    head = ca.fixed_binary(sizes.view(np.uint8).reshape(n, 4 * len(fields)), None)
     joined = pc.binary_join_element_wise(head, *pieces, _EMPTY, null_handling="skip")
     return _with_validity(joined, array)
 

@@ -72,6 +72,11 @@ def to_array(values: list, text: str) -> pa.Array:
         raise ValueError("TIME takes a time without a zone")
     if name == "DECIMAL":
         check_decimals(values, text)
+    elif name == "STRUCT":
+        fields = {field for field, _ in layout(text).type.fields}
+        unknown = next((set(v) - fields for v in values if isinstance(v, dict) and not set(v) <= fields), None)
+        if unknown:
+            raise ValueError(f"no field {', '.join(sorted(map(str, unknown)))} in the STRUCT")
     return pa.array(values, type=arrow_type(text))
 
 
