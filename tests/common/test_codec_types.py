@@ -317,7 +317,8 @@ WIDE = make_table([("k", "BIGINT"), ("i", "INT"), ("s", "SMALLINT"), ("d", "DOUB
 @pytest.mark.parametrize("name, array, expected", [
     ("k", pa.array([1], pa.int8()), 1), ("k", pa.array([1], pa.int32()), 1), ("k", pa.array([1], pa.uint32()), 1),
     ("i", pa.array([-3], pa.int16()), -3), ("i", pa.array([3], pa.uint16()), 3), ("s", pa.array([-3], pa.int8()), -3),
-    ("d", pa.array([0.5], pa.float32()), 0.5), ("dec", pa.array([Decimal("1.5")], pa.decimal128(5, 1)), Decimal("1.50")),
+    ("d", pa.array([0.5], pa.float32()), 0.5),
+    ("dec", pa.array([Decimal("1.5")], pa.decimal128(5, 1)), Decimal("1.50")),
     ("dec", pa.array([7], pa.int32()), Decimal("7.00")),
     ("ts", pa.array([1000], pa.timestamp("ms", tz="Europe/Paris")), dt.datetime(1970, 1, 1, 0, 0, 1)),
     ("ntz", pa.array([2], pa.timestamp("s")), dt.datetime(1970, 1, 1, 0, 0, 2)),
@@ -365,7 +366,8 @@ def test_lossy_or_unknown_types_are_refused_naming_the_column_and_both_types(nam
 def test_values_a_reader_could_not_read_back_are_refused():
     c = RowCodec(make_table([("k", "INT"), ("d", "DATE"), ("a", "ARRAY<TIMESTAMP>"), ("x", "DECIMAL(3,0)")], ("k",)))
     cases = [("d", pa.array([3_000_000], pa.date32()), "row 0, column 'd': 3000000 days since the epoch is outside"),
-             ("a", pa.array([[2**62]], pa.list_(pa.timestamp("us"))), "column 'a': an element holds 4611686018427387904"),
+             ("a", pa.array([[2**62]], pa.list_(pa.timestamp("us"))),
+              "column 'a': an element holds 4611686018427387904"),
              ("x", pa.array([Decimal(99999)], pa.decimal128(5, 0)).cast(pa.decimal128(3, 0), safe=False),
               "column 'x': a value does not fit DECIMAL(3,0)")]
     for name, array, message in cases:
