@@ -90,7 +90,11 @@ def check_decimals(values: list, text: str) -> None:
             continue
         if not value.is_finite():
             raise ValueError(f"{value} is not a number a DECIMAL holds")
-        sign, digits, exponent = value.normalize().as_tuple() if value else (0, (0,), 0)
+        _, digits, exponent = value.as_tuple() if value else (0, (0,), 0)  # not normalize(): it rounds
+        digits = list(digits)
+        while exponent < 0 and len(digits) > 1 and digits[-1] == 0:  # 1.50 fits DECIMAL(5,1)
+            digits.pop()
+            exponent += 1
         scale = max(-exponent, 0)
         integer_digits = max(len(digits) + exponent, 0) if value else 0
         if scale > type_.scale or integer_digits > type_.precision - type_.scale:

@@ -1,12 +1,20 @@
 """Stored values (full rows) <-> Arrow batches of one column list, vectorized.
 
-A value (docs/row-encoding.md) is ``[0x02][schema id: uint32 LE][null bitmap][columns]``: format version 2.
-Version 1 (``[0x01][null bitmap][columns]``, written before schema ids) still decodes; its rows count as
-schema id 1. The null bitmap has ``ceil(columns / 8)`` bytes (bit ``i % 8`` of byte ``i // 8`` set: column
-``i`` is null); each non-null column follows in column order: a fixed-width type as its bytes (little-endian;
-a DECIMAL as its unscaled value: 8 bytes up to precision 18, else 16), STRING, BYTES and the nested types as
-a uint32 little-endian length then the bytes (for a nested type, the payload of
-:mod:`kvlease.common.codec_nested`).
+A value (docs/row-encoding.md) in format 2:
+
+    [0x02][schema id: uint32 LE][null bitmap][fixed part][uint32 LE length of each variable-width column]
+    [the bytes of each variable-width column]
+
+The null bitmap has ``ceil(columns / 8)`` bytes (bit ``i % 8`` of byte ``i // 8`` set: column ``i`` is
+null). The fixed part holds every fixed-width column in table order, each its width, whether null or not
+(zeros when null; a DECIMAL is its unscaled value: 8 bytes up to precision 18, else 16). Then come the
+lengths of the STRING, BYTES and nested columns (0 when null), in table order, then their bytes (for a
+nested type, the payload of :mod:`kvlease.common.codec_nested`). So every fixed-width column and every
+length lies at the same offset in every value of a schema: decoding gathers one block per row and slices
+it, encoding writes one (rows, width) block and joins the variable-width columns to it.
+
+Format 1 (``[0x01][null bitmap][columns]``, written before schema ids) still decodes
+(:mod:`kvlease.common.codec_values_v1`); its rows count as schema id 1.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import pyarrow.compute as pc
 from kvlease.common import codec_arrays as ca
 from kvlease.common import codec_nested as nested
 from kvlease.common.codec_types import layout
+from kvlease.common.codec_values_v1 import decode_v1, var_arrays
 from kvlease.common.columns import Column
 from kvlease.common.errors import InvalidRowError
 
@@ -64,53 +73,53 @@ class ValueCodec:
         self.columns, self.schema, self.schema_id = tuple(columns), schema, schema_id
         self._layouts = [layout(c.type) for c in self.columns]
         self._bitmap = (len(self.columns) + 7) // 8
+        #: Where each column lies in the fixed part of a value: (offset from the value's start, width); a
+        #: variable-width column's entry is its length's.
+        self._offsets: list[tuple[int, int]] = []
+        offset = HEADER[FORMAT_VERSION] + self._bitmap
+        for lay in self._layouts:
+            if lay.fixed:
+                self._offsets.append((offset, lay.width))
+                offset += lay.width
+        self._var = [j for j, lay in enumerate(self._layouts) if not lay.fixed]
+        for _ in self._var:
+            self._offsets.append((offset, 4))
+            offset += 4
+        order = [j for j, lay in enumerate(self._layouts) if lay.fixed] + self._var
+        self._offsets = [place for _, place in sorted(zip(order, self._offsets))]
+        #: The bytes of the header and the fixed part (the lengths included).
+        self._head = offset
+        self._id_bytes = np.frombuffer(np.uint32(schema_id).astype("<u4").tobytes(), np.uint8)
 
     # ---- encoding ------------------------------------------------------------
 
     def encode(self, batch: pa.RecordBatch) -> pa.Array:
         """The values of a checked batch of these columns, as a binary array."""
-        n, columns = batch.num_rows, self.columns
-        valids = [np.asarray(a.is_valid()) if a.null_count else None for a in batch.columns]
-        header = np.zeros((n, HEADER[FORMAT_VERSION] + self._bitmap), np.uint8)
-        header[:, 0] = FORMAT_VERSION
-        header[:, 1:5] = np.frombuffer(np.uint32(self.schema_id).astype("<u4").tobytes(), np.uint8)
-        if any(v is not None for v in valids):
-            nulls = np.zeros((n, len(columns)), bool)
-            for j, valid in enumerate(valids):
-                if valid is not None:
-                    nulls[:, j] = ~valid
-            header[:, 5:] = np.packbits(nulls, axis=1, bitorder="little")
-        # Pieces joined row by row. Fixed-width bytes of columns without nulls (the header, numbers,
-        # string lengths) that follow each other become one (rows, width) block: the join's cost grows
-        # with its pieces. A piece of a column with nulls keeps its own validity (a null piece adds no bytes).
-        pieces: list[pa.Array] = []
-        block: list[np.ndarray] = [header]
-
-        def add(piece: pa.Array | None) -> None:
-            if block:
-                pieces.append(ca.fixed_binary(np.hstack(block) if len(block) > 1 else block[0], None))
-                block.clear()
-            if piece is not None:
-                pieces.append(piece)
-
-        for lay, array, valid in zip(self._layouts, batch.columns, valids):
-            validity = None if valid is None else pa.py_buffer(np.packbits(valid, bitorder="little"))
-            raw = None
+        n = batch.num_rows
+        block = np.zeros((n, self._head), np.uint8)
+        block[:, 0] = FORMAT_VERSION
+        block[:, 1:5] = self._id_bytes
+        nulls = np.zeros((n, len(self.columns)), bool)
+        pieces = []
+        for j, (lay, array) in enumerate(zip(self._layouts, batch.columns)):
+            valid = np.asarray(array.is_valid()) if array.null_count else None
+            if valid is not None:
+                nulls[:, j] = ~valid
+            offset, width = self._offsets[j]
             if lay.fixed:
-                fixed = ca.value_bytes(array, lay)
-            else:  # a uint32 length, then the bytes (a null slot's length is never stored: its piece is null)
-                raw = array.view(pa.binary()) if lay.name in ("STRING", "BYTES") else nested.payloads(array, lay.type)
-                fixed = np.diff(ca.value_offsets(raw)).astype("<u4").view(np.uint8).reshape(n, 4)
-            if validity is None:
-                block.append(fixed)
+                block[:, offset:offset + width] = ca.value_bytes(array, lay)
             else:
-                add(ca.fixed_binary(fixed, validity))
-            if raw is not None:
-                add(raw)
-        add(None)
-        if len(pieces) == 1:
-            return pieces[0]
-        return pc.binary_join_element_wise(*pieces, ca.EMPTY_JOIN, null_handling="skip")
+                raw = array.view(pa.binary()) if lay.name in ("STRING", "BYTES") else nested.payloads(array, lay.type)
+                block[:, offset:offset + 4] = np.diff(ca.value_offsets(raw)).astype("<u4").view(np.uint8).reshape(n, 4)
+                pieces.append(raw)
+            if valid is not None:
+                block[~valid, offset:offset + width] = 0  # a null takes zeros (its length: 0)
+        if nulls.any():
+            block[:, 5:5 + self._bitmap] = np.packbits(nulls, axis=1, bitorder="little")
+        head = ca.fixed_binary(block, None)
+        if not pieces:
+            return head
+        return pc.binary_join_element_wise(head, *pieces, ca.EMPTY_JOIN, null_handling="skip")
 
     # ---- decoding ------------------------------------------------------------
 
@@ -127,49 +136,47 @@ class ValueCodec:
         return self.decode_same_schema(array, base)
 
     def decode_same_schema(self, array: pa.Array, base: int) -> pa.RecordBatch:
-        """Rows from values known to hold these columns (whatever schema id they carry; version 1 or 2)."""
-        n, columns = len(array), self.columns
+        """Rows from values known to hold these columns (whatever schema id they carry; format 1 or 2)."""
         starts, ends, data = ca.layout(array)
-        version = data[starts] if n else np.zeros(0, np.uint8)
-        head = np.where(version == 1, HEADER[1], HEADER[2]).astype(np.int64)
-        short = ends - starts < head + self._bitmap
+        version = data[starts] if len(array) else np.zeros(0, np.uint8)
+        old = version == 1
+        if not old.any():
+            return self._decode_v2(array, base)
+        if old.all():
+            return decode_v1(self.columns, self._layouts, self.schema, array, base)
+        rows = [np.flatnonzero(old), np.flatnonzero(~old)]  # both formats: each decoded, then put back in order
+        parts = [decode_v1(self.columns, self._layouts, self.schema, array.take(pa.array(rows[0])), base),
+                 self._decode_v2(array.take(pa.array(rows[1])), base)]
+        order = np.empty(len(array), np.int64)
+        order[np.concatenate(rows)] = np.arange(len(array))
+        return pa.concat_batches(parts).take(pa.array(order))
+
+    def _decode_v2(self, array: pa.Array, base: int) -> pa.RecordBatch:
+        n = len(array)
+        starts, ends, data = ca.layout(array)
+        short = ends - starts < self._head
         if short.any():
             ca.corrupt("value", base + ca.first(short), "shorter than its header")
-        bitmap = np.stack([data[starts + head + b] for b in range(self._bitmap)], axis=1)
-        nulls = np.unpackbits(bitmap, axis=1, count=len(columns), bitorder="little").view(bool)
-        valids = [None if not nulls[:, j].any() else ~nulls[:, j] for j in range(len(columns))]
-        pos = starts + head + self._bitmap
-        # loaded: per column, its values (fixed width) or (begin, end) of its bytes in each row
-        loaded = []
-        for column, lay, valid in zip(columns, self._layouts, valids):
-            dtype = np.dtype(lay.value_dtype or "<u4")  # var-width: the length
-            end = pos + (dtype.itemsize if valid is None else dtype.itemsize * valid)
-            ca.check_within(end, ends, base, "value", column.name)
-            value = ca.load(data, pos, valid, dtype)
+        version = data[starts]
+        if np.any(version != FORMAT_VERSION):
+            i = ca.first(version != FORMAT_VERSION)
+            ca.corrupt("value", base + i, f"format version {version[i]}, expected 1 or {FORMAT_VERSION}")
+        block = ca.load(data, starts, None, f"V{self._head}").view(np.uint8).reshape(n, self._head)
+        nulls = np.unpackbits(block[:, 5:5 + self._bitmap], axis=1, count=len(self.columns),
+                              bitorder="little").view(bool)
+        valids = [None if not nulls[:, j].any() else ~nulls[:, j] for j in range(len(self.columns))]
+        loaded, pos = [], starts + self._head
+        for lay, (offset, width) in zip(self._layouts, self._offsets):
+            raw = np.ascontiguousarray(block[:, offset:offset + width])
             if lay.fixed:
-                loaded.append(value)
-            else:
-                begin, end = end, end + value
-                ca.check_within(end, ends, base, "value", column.name)
-                loaded.append((begin, end))
-            pos = end
+                loaded.append(raw if lay.value_dtype == "V16" else raw.view(lay.value_dtype).ravel())
+            else:  # the bytes of the variable-width columns follow each other in column order
+                end = pos + raw.view("<u4").ravel()
+                loaded.append((pos, end))
+                pos = end
         if np.any(pos != ends):
-            ca.corrupt("value", base + ca.first(pos != ends), "has trailing bytes")
-        return pa.RecordBatch.from_arrays(self._arrays(array, starts, ends, loaded, valids, base), schema=self.schema)
-
-    def _arrays(self, array: pa.Array, starts, ends, loaded: list, valids: list, base: int) -> list[pa.Array]:
-        strings = [(j, bounds) for j, (lay, bounds) in enumerate(zip(self._layouts, loaded))
-                   if lay.name in ("STRING", "BYTES")]
-        pieces = ca.take_pieces(array, starts, ends, [b for _, b in strings]) if strings else None
-        string_index = {j: k for k, (j, _) in enumerate(strings)}
-        arrays = []
-        for j, (column, lay, value, valid) in enumerate(zip(self.columns, self._layouts, loaded, valids)):
-            if lay.fixed:
-                arrays.append(ca.fixed_array(value, lay, valid))
-            elif j in string_index:
-                arrays.append(ca.var_array(pieces, len(strings), string_index[j], column, valid, escaped=False))
-            else:
-                src = nested.Source(ca.data_bytes(array), array.buffers()[2], column.name, base)
-                mask = np.ones(len(array), bool) if valid is None else valid
-                arrays.append(nested.decode(src, lay.type, value[0], value[1], mask, np.arange(len(array))))
-        return arrays
+            bad = pos != ends
+            ca.corrupt("value", base + ca.first(bad), "has trailing bytes" if pos[ca.first(bad)] < ends[ca.first(bad)]
+                       else f"ends inside column {self.columns[self._var[-1]].name!r}")
+        return pa.RecordBatch.from_arrays(var_arrays(self.columns, self._layouts, array, starts, ends, loaded, valids,
+                                                     base), schema=self.schema)

@@ -244,11 +244,12 @@ def test_nested_payload_layout_is_pinned():
                                          "s": {"x": None, "y": "q"}}]))[0]
     assert value.hex(" ") == (
         "02 01 00 00 00 00 "  # version 2, schema id 1, no nulls
-        "01 00 00 00 "  # k
-        "0e 00 00 00 02 00 00 00 02 00 00 00 ff ff ff ff 68 69 "  # a: n=2, sizes 2 and -1 (null), "hi"
-        "0a 00 00 00 02 00 00 00 00 01 07 00 00 00 "  # i: n=2, null flags 0 1, values 7 and 0
-        "0e 00 00 00 01 00 00 00 01 00 00 00 7a 00 05 00 00 00 "  # m: n=1, keys: size 1 "z"; values: flag, 5
-        "09 00 00 00 ff ff ff ff 01 00 00 00 71")  # s: sizes -1 (null x) and 1, then "q"
+        "01 00 00 00 "  # the fixed part: k
+        "0e 00 00 00 0a 00 00 00 0e 00 00 00 09 00 00 00 "  # the lengths of a, i, m and s
+        "02 00 00 00 02 00 00 00 ff ff ff ff 68 69 "  # a: n=2, sizes 2 and -1 (null), "hi"
+        "02 00 00 00 00 01 07 00 00 00 "  # i: n=2, null flags 0 1, values 7 and 0
+        "01 00 00 00 01 00 00 00 7a 00 05 00 00 00 "  # m: n=1, keys: size 1 "z"; values: flag, 5
+        "ff ff ff ff 01 00 00 00 71")  # s: sizes -1 (null x) and 1, then "q"
 
 
 @FAST
@@ -405,3 +406,13 @@ def test_arrow_type_of_any_type_text_and_arrow_types_computes_on_a_miss():
     assert codec_types.ARROW_TYPES["STRUCT<a TIME>"] == pa.struct([("a", pa.time64("us"))])
     with pytest.raises(InvalidTableError, match="unknown type"):
         codec_types.ARROW_TYPES["NOPE"]
+
+
+def test_decimals_of_38_digits_fit_exactly_and_one_more_does_not():
+    c = RowCodec(make_table([("k", "INT"), ("d", "DECIMAL(38,10)")], ("k",)))
+    most = Decimal("9999999999999999999999999999.9999999999")  # 38 digits: more than a context's 28
+    rows = [{"k": 1, "d": most}, {"k": 2, "d": -most}, {"k": 3, "d": Decimal("1.5000000000000")}]
+    assert [r["d"] for r in c.decode_values(c.encode_values(c.to_batch(rows))).to_pylist()] == [
+        most, -most, Decimal("1.5")]
+    with pytest.raises(InvalidRowError, match="does not fit DECIMAL"):
+        c.to_batch([{"k": 1, "d": most * 10}])
