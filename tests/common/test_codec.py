@@ -256,11 +256,8 @@ def test_value_layout_is_pinned():
     assert values[0].hex(" ") == ("02 "  # format version
                                   "01 00 00 00 "  # schema id 1, uint32 little-endian
                                   "04 "  # null bitmap: column 2 (d) is null
-                                  "02 00 00 00 "  # INT 2, little-endian (the fixed part, in table order)
-                                  "00 00 00 00 00 00 00 00 "  # DOUBLE: null, zeros
-                                  "00 "  # BOOLEAN False
-                                  "03 00 00 00 "  # the STRING's length, uint32 little-endian
-                                  "68 c3 a9")  # the STRING: UTF-8
+                                  "02 00 00 00 00 00 00 00 00 00 00 00 00 "  # fixed part: INT 2, DOUBLE null (zeros),
+                                  "03 00 00 00 68 c3 a9")  # BOOLEAN False; the STRING's length (uint32), its UTF-8
 
 
 # ---- errors -----------------------------------------------------------------
