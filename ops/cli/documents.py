@@ -7,7 +7,6 @@ re-exports them, so the commands use one module, ``out``.
 
 from __future__ import annotations
 
-import json
 import time
 from datetime import datetime, timedelta, timezone
 from typing import Any, Iterable, Mapping
@@ -204,8 +203,6 @@ def cell_text(value: Any) -> str:
         return "-"
     if isinstance(value, bool):
         return "yes" if value else "no"
-    if isinstance(value, list) and any(isinstance(v, (list, dict)) for v in value) or isinstance(value, dict):
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))  # a nested column value
     if isinstance(value, (list, tuple)):
         return ", ".join(str(v) for v in value) or "-"
     return str(value)
