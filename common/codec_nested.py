@@ -30,6 +30,7 @@ import pyarrow.compute as pc
 
 from kvlease.common import codec_arrays as ca
 from kvlease.common.codec_types import layout_of
+from kvlease.common.errors import InvalidRowError
 from kvlease.common.types import DataType
 
 NULL_SIZE = -1
@@ -96,7 +97,6 @@ def _sequence(child: pa.Array, offsets: np.ndarray, type_: DataType) -> list[pa.
 def _ranges(data: np.ndarray, offsets: np.ndarray) -> pa.Array:
     """A binary array whose element i is ``data[offsets[i]:offsets[i + 1]]`` (zero-copy)."""
     if offsets[-1] >= 1 << 31:
-        from kvlease.common.errors import InvalidRowError
         raise InvalidRowError("nested values of a batch take more than 2 GiB: write fewer rows at once")
     return pa.Array.from_buffers(pa.binary(), len(offsets) - 1,
                                  [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data)])
@@ -223,7 +223,6 @@ def _binary(src: Source, type_: DataType, starts: np.ndarray, ends: np.ndarray, 
     try:
         return taken.cast(pa.string())
     except pa.ArrowInvalid as e:
-        from kvlease.common.errors import InvalidRowError
         raise InvalidRowError(f"column {src.column!r}: stored STRING is not valid UTF-8 ({e})") from None
 
 
