@@ -55,6 +55,26 @@ def value_bytes(array: pa.Array, layout: Layout) -> np.ndarray:
     return fixed_values(array, layout.value_dtype).view(np.uint8).reshape(n, layout.width)
 
 
+def value_array(array: pa.Array, layout: Layout) -> np.ndarray:
+    """The stored values of a fixed-width column as a 1-D array of ``layout.value_dtype`` (null slots hold
+    anything): BOOLEAN as 0/1 bytes, a DECIMAL as its unscaled int64 (precision up to 18) or 16 bytes."""
+    if layout.name == "DECIMAL":
+        words = decimal_words(array)
+        return words[:, 0] if layout.value_dtype != "V16" else np.ascontiguousarray(words).view("V16").ravel()
+    return fixed_values(array, layout.value_dtype)
+
+
+def valid_mask(array: pa.Array) -> np.ndarray | None:
+    """Where ``array`` is not null (a bool per slot), from its validity bitmap; None when it has no nulls."""
+    if not array.null_count:
+        return None
+    bitmap = array.buffers()[0]
+    if bitmap is None:  # a type without a validity bitmap (all null)
+        return np.asarray(array.is_valid())
+    bits = np.frombuffer(bitmap, np.uint8)
+    return np.unpackbits(bits, count=array.offset + len(array), bitorder="little")[array.offset:].view(bool)
+
+
 def key_bytes(array: pa.Array, layout: Layout) -> np.ndarray:
     """(rows, width) uint8: the order-preserving bytes of a fixed-width key column."""
     n, width = len(array), layout.key_width

@@ -65,7 +65,7 @@ def _struct_payloads(array: pa.StructArray, type_: DataType) -> pa.Array:
     for j, (field, (_, field_type)) in enumerate(zip(fields, type_.fields)):
         piece = payloads(field, field_type)
         length = np.diff(ca.value_offsets(piece))
-        sizes[:, j] = length if not piece.null_count else np.where(np.asarray(piece.is_valid()), length, NULL_SIZE)
+        sizes[:, j] = length if not piece.null_count else np.where(ca.valid_mask(piece), length, NULL_SIZE)
         pieces.append(piece)
     head = ca.fixed_binary(sizes.view(np.uint8).reshape(n, 4 * len(fields)), None)
     joined = pc.binary_join_element_wise(head, *pieces, _EMPTY, null_handling="skip")
@@ -75,7 +75,7 @@ def _struct_payloads(array: pa.StructArray, type_: DataType) -> pa.Array:
 def _sequence(child: pa.Array, offsets: np.ndarray, type_: DataType) -> list[pa.Array]:
     """Pieces whose element-wise join is, per row, the sequence of ``child[offsets[i]:offsets[i + 1]]``."""
     lay = layout_of(type_)
-    valid = np.asarray(child.is_valid()) if child.null_count else None
+    valid = ca.valid_mask(child)
     if lay.fixed:
         flags = np.zeros(len(child), np.uint8) if valid is None else (~valid).astype(np.uint8)
         data = ca.value_bytes(child, lay)
@@ -83,11 +83,13 @@ def _sequence(child: pa.Array, offsets: np.ndarray, type_: DataType) -> list[pa.
             data = np.where(valid[:, None], data, 0).astype(np.uint8)
         return [_ranges(flags, offsets), _ranges(np.ascontiguousarray(data).ravel(), offsets * lay.width)]
     piece = payloads(child, type_)
-    valid = np.asarray(piece.is_valid()) if piece.null_count else None
-    if valid is not None:  # a null item takes no bytes
-        piece = pc.fill_null(piece, _EMPTY)
+    valid = ca.valid_mask(piece)
     piece_offsets = ca.value_offsets(piece).astype(np.int64)
     sizes = np.diff(piece_offsets)
+    if valid is not None and np.any(sizes[~valid]):  # a null item takes no bytes (its slot may hold some)
+        piece = pc.fill_null(piece, _EMPTY)
+        piece_offsets = ca.value_offsets(piece).astype(np.int64)
+        sizes = np.diff(piece_offsets)
     if valid is not None:
         sizes = np.where(valid, sizes, NULL_SIZE)
     data = ca.data_bytes(piece)
@@ -105,7 +107,9 @@ def _ranges(data: np.ndarray, offsets: np.ndarray) -> pa.Array:
 def _validity(array: pa.Array) -> pa.Buffer | None:
     if not array.null_count:
         return None
-    return pa.py_buffer(np.packbits(np.asarray(array.is_valid()), bitorder="little"))
+    if array.offset == 0 and array.buffers()[0] is not None:
+        return array.buffers()[0]
+    return pa.py_buffer(np.packbits(ca.valid_mask(array), bitorder="little"))
 
 
 def _with_validity(joined: pa.Array, array: pa.Array) -> pa.Array:

@@ -73,53 +73,48 @@ class ValueCodec:
         self.columns, self.schema, self.schema_id = tuple(columns), schema, schema_id
         self._layouts = [layout(c.type) for c in self.columns]
         self._bitmap = (len(self.columns) + 7) // 8
-        #: Where each column lies in the fixed part of a value: (offset from the value's start, width); a
-        #: variable-width column's entry is its length's.
-        self._offsets: list[tuple[int, int]] = []
-        offset = HEADER[FORMAT_VERSION] + self._bitmap
-        for lay in self._layouts:
-            if lay.fixed:
-                self._offsets.append((offset, lay.width))
-                offset += lay.width
+        #: The header and the fixed part of a value (the variable-width columns' lengths included) as a numpy
+        #: structured type: field ``c{j}`` is column j (a variable-width one's: its length).
         self._var = [j for j, lay in enumerate(self._layouts) if not lay.fixed]
-        for _ in self._var:
-            self._offsets.append((offset, 4))
-            offset += 4
-        order = [j for j, lay in enumerate(self._layouts) if lay.fixed] + self._var
-        self._offsets = [place for _, place in sorted(zip(order, self._offsets))]
-        #: The bytes of the header and the fixed part (the lengths included).
+        names, formats, offsets = ["version", "schema_id", "bitmap"], ["u1", "<u4", ("u1", (self._bitmap,))], [0, 1, 5]
+        offset = HEADER[FORMAT_VERSION] + self._bitmap
+        for j in [j for j, lay in enumerate(self._layouts) if lay.fixed] + self._var:
+            dtype = self._layouts[j].value_dtype or "<u4"
+            names.append(f"c{j}")
+            formats.append(dtype)
+            offsets.append(offset)
+            offset += np.dtype(dtype).itemsize
         self._head = offset
-        self._id_bytes = np.frombuffer(np.uint32(schema_id).astype("<u4").tobytes(), np.uint8)
+        self._dtype = np.dtype({"names": names, "formats": formats, "offsets": offsets, "itemsize": offset})
 
     # ---- encoding ------------------------------------------------------------
 
     def encode(self, batch: pa.RecordBatch) -> pa.Array:
         """The values of a checked batch of these columns, as a binary array."""
         n = batch.num_rows
-        block = np.zeros((n, self._head), np.uint8)
-        block[:, 0] = FORMAT_VERSION
-        block[:, 1:5] = self._id_bytes
-        nulls = np.zeros((n, len(self.columns)), bool)
-        pieces = []
+        head = np.zeros(n, self._dtype)  # one typed copy per column into it (a strided copy of bytes is slower)
+        head["version"] = FORMAT_VERSION
+        head["schema_id"] = self.schema_id
+        nulls, pieces = None, []
         for j, (lay, array) in enumerate(zip(self._layouts, batch.columns)):
-            valid = np.asarray(array.is_valid()) if array.null_count else None
-            if valid is not None:
-                nulls[:, j] = ~valid
-            offset, width = self._offsets[j]
+            valid = ca.valid_mask(array)
             if lay.fixed:
-                block[:, offset:offset + width] = ca.value_bytes(array, lay)
+                values = ca.value_array(array, lay)
             else:
                 raw = array.view(pa.binary()) if lay.name in ("STRING", "BYTES") else nested.payloads(array, lay.type)
-                block[:, offset:offset + 4] = np.diff(ca.value_offsets(raw)).astype("<u4").view(np.uint8).reshape(n, 4)
+                values = np.diff(ca.value_offsets(raw)).astype("<u4")
                 pieces.append(raw)
-            if valid is not None:
-                block[~valid, offset:offset + width] = 0  # a null takes zeros (its length: 0)
-        if nulls.any():
-            block[:, 5:5 + self._bitmap] = np.packbits(nulls, axis=1, bitorder="little")
-        head = ca.fixed_binary(block, None)
+            if valid is not None:  # a null takes zeros (its length: 0)
+                nulls = np.zeros((n, len(self.columns)), bool) if nulls is None else nulls
+                nulls[:, j] = ~valid
+                values = _zero_nulls(values, valid)
+            head[f"c{j}"] = values
+        if nulls is not None:
+            head["bitmap"] = np.packbits(nulls, axis=1, bitorder="little")
+        block = ca.fixed_binary(head.view(np.uint8).reshape(n, self._head), None)
         if not pieces:
-            return head
-        return pc.binary_join_element_wise(head, *pieces, ca.EMPTY_JOIN, null_handling="skip")
+            return block
+        return pc.binary_join_element_wise(block, *pieces, ca.EMPTY_JOIN, null_handling="skip")
 
     # ---- decoding ------------------------------------------------------------
 
@@ -161,17 +156,17 @@ class ValueCodec:
         if np.any(version != FORMAT_VERSION):
             i = ca.first(version != FORMAT_VERSION)
             ca.corrupt("value", base + i, f"format version {version[i]}, expected 1 or {FORMAT_VERSION}")
-        block = ca.load(data, starts, None, f"V{self._head}").view(np.uint8).reshape(n, self._head)
-        nulls = np.unpackbits(block[:, 5:5 + self._bitmap], axis=1, count=len(self.columns),
+        head = ca.load(data, starts, None, f"V{self._head}").view(self._dtype)
+        nulls = np.unpackbits(head["bitmap"].reshape(n, self._bitmap), axis=1, count=len(self.columns),
                               bitorder="little").view(bool)
         valids = [None if not nulls[:, j].any() else ~nulls[:, j] for j in range(len(self.columns))]
         loaded, pos = [], starts + self._head
-        for lay, (offset, width) in zip(self._layouts, self._offsets):
-            raw = np.ascontiguousarray(block[:, offset:offset + width])
+        for j, lay in enumerate(self._layouts):
+            values = np.ascontiguousarray(head[f"c{j}"])
             if lay.fixed:
-                loaded.append(raw if lay.value_dtype == "V16" else raw.view(lay.value_dtype).ravel())
+                loaded.append(values)
             else:  # the bytes of the variable-width columns follow each other in column order
-                end = pos + raw.view("<u4").ravel()
+                end = pos + values
                 loaded.append((pos, end))
                 pos = end
         if np.any(pos != ends):
@@ -180,3 +175,11 @@ class ValueCodec:
                        else f"ends inside column {self.columns[self._var[-1]].name!r}")
         return pa.RecordBatch.from_arrays(var_arrays(self.columns, self._layouts, array, starts, ends, loaded, valids,
                                                      base), schema=self.schema)
+
+
+def _zero_nulls(values: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """``values`` with zeros where not ``valid`` (a null's slot holds whatever its array held)."""
+    if values.dtype.kind == "V":  # a 16-byte DECIMAL
+        words = values.view("<i8").reshape(-1, 2)
+        return np.where(valid[:, None], words, 0).astype("<i8").view("V16").ravel()
+    return np.where(valid, values, 0).astype(values.dtype, copy=False)
