@@ -2,11 +2,13 @@
 
 Each kvlease type has one Spark type (:func:`spark_type`; docs/schemas.md): TINYINT ``tinyint``, SMALLINT
 ``smallint``, INT ``int``, BIGINT ``bigint``, FLOAT ``float``, DOUBLE ``double``, DECIMAL(p,s)
-``decimal(p,s)``, BOOLEAN ``boolean``, STRING ``string``, BYTES ``binary``, DATE ``date``, TIME ``time(6)``,
-TIMESTAMP ``timestamp``, TIMESTAMP_NTZ ``timestamp_ntz``, ARRAY/MAP/STRUCT ``array``/``map``/``struct`` of
-those. A kvlease TIMESTAMP is int64 microseconds since the epoch (UTC); Spark's TIMESTAMP is the same with a
-time zone, so timestamp columns (also inside nested ones) travel as Arrow ``timestamp[us, tz=UTC]``; Spark
-takes a TIME as Arrow ``time64[ns]`` (:func:`spark_arrow_type`).
+``decimal(p,s)``, BOOLEAN ``boolean``, STRING ``string``, BYTES ``binary``, DATE ``date``, TIME ``bigint``
+(microseconds since midnight: Spark 4.3 has a ``time`` type, but refuses a streaming query with a column
+of it, ``UNSUPPORTED_TIME_TYPE``, and a source gives batch and streaming reads one schema), TIMESTAMP
+``timestamp``, TIMESTAMP_NTZ ``timestamp_ntz``, ARRAY/MAP/STRUCT ``array``/``map``/``struct`` of those. A
+kvlease TIMESTAMP is int64 microseconds since the epoch (UTC); Spark's TIMESTAMP is the same with a time
+zone, so timestamp columns (also inside nested ones) travel as Arrow ``timestamp[us, tz=UTC]``, and TIME
+ones as ``int64`` (:func:`spark_arrow_type`; a write casts them back).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.types import (ArrayType, BinaryType, BooleanType, ByteType, DataType, DateType, DecimalType,
                                DoubleType, FloatType, IntegerType, LongType, MapType, ShortType, StringType,
-                               StructField, StructType, TimestampNTZType, TimestampType, TimeType)
+                               StructField, StructType, TimestampNTZType, TimestampType)
 
 from kvlease.client.log_records import LOG_COLUMNS
 from kvlease.common.codec_types import SIMPLE_ARROW, to_arrow
@@ -29,7 +31,7 @@ from kvlease.common.types import DataType as KvType, parse_type
 _SIMPLE_SPARK = {
     "BOOLEAN": BooleanType(), "TINYINT": ByteType(), "SMALLINT": ShortType(), "INT": IntegerType(),
     "BIGINT": LongType(), "FLOAT": FloatType(), "DOUBLE": DoubleType(), "STRING": StringType(),
-    "BYTES": BinaryType(), "DATE": DateType(), "TIME": TimeType(6), "TIMESTAMP": TimestampType(),
+    "BYTES": BinaryType(), "DATE": DateType(), "TIME": LongType(), "TIMESTAMP": TimestampType(),
     "TIMESTAMP_NTZ": TimestampNTZType(),
 }
 
@@ -66,7 +68,7 @@ SPARK_TYPES: dict[str, DataType] = SparkTypes()
 @lru_cache(maxsize=1024)
 def spark_arrow_type(text: str) -> pa.DataType:
     """The Arrow type of a column of type ``text`` in the batches Spark takes and gives: the codec's, with
-    timestamps in UTC and TIME in nanoseconds."""
+    timestamps in UTC and TIME as int64 microseconds."""
     return _spark_arrow(parse_type(text))
 
 
@@ -74,7 +76,7 @@ def _spark_arrow(type_: KvType) -> pa.DataType:
     if type_.name == "TIMESTAMP":
         return UTC_MICROS
     if type_.name == "TIME":
-        return pa.time64("ns")
+        return pa.int64()
     if type_.name in SIMPLE_ARROW or type_.name == "DECIMAL":
         return to_arrow(type_)
     if type_.name == "ARRAY":
@@ -135,7 +137,7 @@ def spark_arrow_schema(table: TableInfo, *, with_changes: bool) -> pa.Schema:
 
 
 def rows_for_spark(rows: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
-    """Table rows (the codec's schema) as Spark takes them: timestamps with a zone (no copy), TIME in ns."""
+    """Table rows (the codec's schema) as Spark takes them: timestamps with a zone, TIME as int64 (no copy)."""
     columns = [rows.column(i) if rows.column(i).type == field.type else rows.column(i).cast(field.type)
                for i, field in enumerate(schema.field(n) for n in rows.schema.names)]
     return pa.RecordBatch.from_arrays(columns, schema=pa.schema([schema.field(n) for n in rows.schema.names]))

@@ -22,7 +22,7 @@ TYPES = [Column("id", "BIGINT"), Column("t8", "TINYINT"), Column("s16", "SMALLIN
          Column("tags", "ARRAY<STRING>"), Column("attrs", "MAP<STRING,BIGINT>"),
          Column("line", "STRUCT<sku STRING,qty INT,when DATE>"), Column("stamps", "ARRAY<TIMESTAMP>")]
 SPARK_TYPES = {"id": "bigint", "t8": "tinyint", "s16": "smallint", "f": "float", "amount": "decimal(12,2)",
-               "big": "decimal(38,10)", "day": "date", "tod": "time(6)", "at": "timestamp", "local": "timestamp_ntz",
+               "big": "decimal(38,10)", "day": "date", "tod": "bigint", "at": "timestamp", "local": "timestamp_ntz",
                "tags": "array<string>", "attrs": "map<string,bigint>",
                "line": "struct<sku:string,qty:int,when:date>", "stamps": "array<timestamp>"}
 BASE = dt.datetime(2026, 3, 1, 12, 0, 0)
@@ -40,8 +40,11 @@ def typed_row(i: int, version: int = 0) -> dict:
 
 
 def as_stored(r: dict) -> dict:
-    """A row as Spark gives it back, made comparable with a table row: timestamps naive UTC, maps as dicts."""
+    """A row as Spark gives it back, made comparable with a table row: timestamps naive UTC, maps as dicts, a
+    TIME (Spark: microseconds since midnight) as a time."""
     out = dict(r)
+    if isinstance(out["tod"], int):
+        out["tod"] = (dt.datetime.min + dt.timedelta(microseconds=out["tod"])).time()
     for name in ("at",):
         if out[name] is not None and out[name].tzinfo is not None:
             out[name] = out[name].astimezone(dt.timezone.utc).replace(tzinfo=None)
@@ -121,3 +124,32 @@ def test_every_type_reads_writes_and_describes_through_spark(spark, kv):
     assert table_schema(kv.admin.get_table("shop.typed"), with_changes=False).simpleString().startswith(
         "struct<id:bigint,t8:tinyint")
     assert kv.admin.list_leases() == []
+
+
+def test_a_stream_copies_every_type_bootstrap_then_changes(spark, kv, tmp_path):
+    kv.create_table("shop.typed", TYPES, ["id"], 2)
+    kv.create_table("shop.streamed", TYPES, ["id"], 2)
+    with TableClient(kv.admin, "shop.typed") as client:
+        client.upsert([typed_row(i) for i in range(40)])
+        client.trigger_snapshot()
+
+    def copy() -> None:
+        query = (spark.readStream.format("kvlease").option("bootstrap", kv.coordinator.address)
+                 .option("table", "shop.typed").load()
+                 .writeStream.format("kvlease").option("bootstrap", kv.coordinator.address)
+                 .option("table", "shop.streamed").option("checkpointLocation", str(tmp_path / "ck"))
+                 .trigger(availableNow=True).start())
+        try:
+            assert query.awaitTermination(120)
+        finally:
+            query.stop()
+
+    copy()  # the bootstrap from the snapshots
+    with TableClient(kv.admin, "shop.typed") as client:
+        client.upsert([typed_row(i, 3) for i in range(0, 40, 3)] + [typed_row(i) for i in range(40, 50)])
+        client.delete([5, 6])
+        expected = lookups(client, range(50))
+    copy()  # restarted from its checkpoint: the changelog since
+    with TableClient(kv.admin, "shop.streamed") as client:
+        assert lookups(client, range(50)) == expected
+    assert len(expected) == 48 and expected[3]["tod"] == dt.time(3, 30, 15, 123456)
