@@ -15,7 +15,6 @@ Safe widenings (cast on write; anything else is an InvalidRowError naming the co
 
 from __future__ import annotations
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
