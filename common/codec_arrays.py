@@ -7,75 +7,21 @@ offsets, and the checks that name the first bad row of a column.
 
 from __future__ import annotations
 
-import datetime
-
 import kvlease.common.pandas_first  # noqa: F401 (before pyarrow: a Ctrl-C during pandas' import is not lost)
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from kvlease.common.errors import InvalidRowError, show  # noqa: F401 (show: used here and by common.codec)
-from kvlease.common.columns import INT_RANGE, Column
+from kvlease.common.columns import Column
+from kvlease.common.codec_types import ARROW_TYPES, Layout  # noqa: F401 (ARROW_TYPES: re-exported)
 
-ARROW_TYPES: dict[str, pa.DataType] = {
-    "BOOLEAN": pa.bool_(),
-    "INT": pa.int32(),
-    "BIGINT": pa.int64(),
-    "DOUBLE": pa.float64(),
-    "STRING": pa.string(),
-    "BYTES": pa.binary(),
-    "TIMESTAMP": pa.timestamp("us"),
-}
-#: numpy dtype of each fixed-width type as stored in a value (little-endian).
-VALUE_DTYPE = {"BOOLEAN": "u1", "INT": "<i4", "BIGINT": "<i8", "DOUBLE": "<f8", "TIMESTAMP": "<i8"}
-#: numpy dtype of the unsigned big-endian integer a key column becomes.
-KEY_DTYPE = {"BOOLEAN": "u1", "INT": ">u4", "BIGINT": ">u8", "DOUBLE": ">u8", "TIMESTAMP": ">u8"}
-SIGN = {"INT": np.uint32(1 << 31), "BIGINT": np.uint64(1 << 63), "TIMESTAMP": np.uint64(1 << 63)}
-TOP = np.uint64(1 << 63)
-CANONICAL_NAN = np.uint64(0x7FF8000000000000)
+#: The sign bit of an unsigned integer of each width (bytes), and the one NaN a FLOAT / DOUBLE key stores.
+SIGN = {1: np.uint8(1 << 7), 2: np.uint16(1 << 15), 4: np.uint32(1 << 31), 8: np.uint64(1 << 63)}
+TOP = SIGN[8]
+CANONICAL_NAN = {4: np.uint32(0x7FC00000), 8: np.uint64(0x7FF8000000000000)}
 ESCAPE, ESCAPED, TERMINATOR = b"\x00", b"\x00\xff", b"\x00\x01"
 EMPTY_JOIN = pa.scalar(b"", pa.binary())
-
-
-CONVERSION_ERRORS = (pa.ArrowException, TypeError, ValueError, OverflowError)
-#: The values an INT or BIGINT column holds.
-ALLOWED = {
-    "BOOLEAN": (bool, np.bool_),
-    "INT": (int, np.integer),
-    "BIGINT": (int, np.integer),
-    "DOUBLE": (float, int, np.floating, np.integer),
-    "STRING": (str,),
-    "BYTES": (bytes, bytearray, memoryview),
-    "TIMESTAMP": (datetime.datetime, int, np.integer),
-}
-
-
-def first_bad_type(values: list, type_: str, nullable: bool) -> int | None:
-    """Index of the first value whose Python type ``type_`` does not take (None if all fit)."""
-    allowed = ALLOWED[type_]
-
-    def ok(t: type) -> bool:
-        if t is type(None):
-            return nullable
-        return issubclass(t, allowed) and (type_ == "BOOLEAN" or not issubclass(t, (bool, np.bool_)))
-
-    if all(ok(t) for t in set(map(type, values))):  # one pass in C over the values
-        return None
-    return next(i for i, v in enumerate(values) if not ok(type(v)))
-
-
-def first_unconvertible(values: list, name: str, type_: str) -> tuple[int, str] | None:
-    """(row, message) of the first value Arrow cannot convert to ``type_`` (e.g. out of range)."""
-    for i, value in enumerate(values):
-        if type_ in INT_RANGE and isinstance(value, int) and not isinstance(value, bool):
-            low, high = INT_RANGE[type_]
-            if not low <= value <= high:
-                return i, f"row {i}, column {name!r}: {show(value)} is out of range for {type_} ({low}..{high})"
-        try:
-            pa.array([value], type=ARROW_TYPES[type_])
-        except CONVERSION_ERRORS as e:
-            return i, f"row {i}, column {name!r}: expected {type_}, got {show(value)} ({e})"
-    return None
 
 
 # ---- helpers: encoding -----------------------------------------------------
@@ -93,19 +39,61 @@ def fixed_values(array: pa.Array, dtype: str) -> np.ndarray:
     return np.frombuffer(array.buffers()[1], dtype, count=offset + n)[offset:]  # Arrow data is little-endian
 
 
-def key_bytes(array: pa.Array, type_: str) -> np.ndarray:
-    """(rows, width) uint8: the order-preserving bytes of a fixed-width key column."""
+def decimal_words(array: pa.Array) -> np.ndarray:
+    """(rows, 2) little-endian int64 of a decimal128 array: the low and the high word of each unscaled value."""
+    n, offset = len(array), array.offset
+    return np.frombuffer(array.buffers()[1], "<i8", count=2 * (offset + n))[2 * offset:].reshape(n, 2)
+
+
+def value_bytes(array: pa.Array, layout: Layout) -> np.ndarray:
+    """(rows, width) uint8: the stored bytes of a fixed-width column (null slots hold anything)."""
     n = len(array)
-    if type_ == "BOOLEAN":
+    if layout.name == "DECIMAL":
+        words = decimal_words(array)
+        chosen = words if layout.value_dtype == "V16" else np.ascontiguousarray(words[:, 0])
+        return chosen.view(np.uint8).reshape(n, layout.width)
+    return fixed_values(array, layout.value_dtype).view(np.uint8).reshape(n, layout.width)
+
+
+def value_array(array: pa.Array, layout: Layout) -> np.ndarray:
+    """The stored values of a fixed-width column as a 1-D array of ``layout.value_dtype`` (null slots hold
+    anything): BOOLEAN as 0/1 bytes, a DECIMAL as its unscaled int64 (precision up to 18) or 16 bytes."""
+    if layout.name == "DECIMAL":
+        words = decimal_words(array)
+        return words[:, 0] if layout.value_dtype != "V16" else np.ascontiguousarray(words).view("V16").ravel()
+    return fixed_values(array, layout.value_dtype)
+
+
+def valid_mask(array: pa.Array) -> np.ndarray | None:
+    """Where ``array`` is not null (a bool per slot), from its validity bitmap; None when it has no nulls."""
+    if not array.null_count:
+        return None
+    bitmap = array.buffers()[0]
+    if bitmap is None:  # a type without a validity bitmap (all null)
+        return np.asarray(array.is_valid())
+    bits = np.frombuffer(bitmap, np.uint8)
+    return np.unpackbits(bits, count=array.offset + len(array), bitorder="little")[array.offset:].view(bool)
+
+
+def key_bytes(array: pa.Array, layout: Layout) -> np.ndarray:
+    """(rows, width) uint8: the order-preserving bytes of a fixed-width key column."""
+    n, width = len(array), layout.key_width
+    if layout.name == "BOOLEAN":
         return fixed_values(array, "u1").reshape(n, 1)
-    if type_ == "DOUBLE":
-        bits = fixed_values(array, "<f8").view(np.uint64)
-        bits = np.where(np.isnan(bits.view(np.float64)), CANONICAL_NAN, bits)
-        flipped = np.where(bits & TOP != 0, ~bits, bits | TOP)
+    if layout.key_dtype == "V16":  # a 16-byte DECIMAL: the high word sign-flipped, then the low one
+        words = decimal_words(array).view("<u8")
+        out = np.empty((n, 2), ">u8")
+        out[:, 0], out[:, 1] = words[:, 1] ^ TOP, words[:, 0]
+        return out.view(np.uint8).reshape(n, 16)
+    unsigned = f"<u{width}"
+    if layout.name in ("FLOAT", "DOUBLE"):
+        floats = fixed_values(array, layout.value_dtype)
+        bits = np.where(np.isnan(floats), CANONICAL_NAN[width], floats.view(unsigned))
+        flipped = np.where(bits & SIGN[width] != 0, ~bits, bits | SIGN[width])
     else:
-        unsigned = fixed_values(array, VALUE_DTYPE[type_]).view(KEY_DTYPE[type_].replace(">", "<"))
-        flipped = unsigned ^ SIGN[type_]
-    return flipped.astype(KEY_DTYPE[type_]).view(np.uint8).reshape(n, -1)
+        source = decimal_words(array)[:, 0] if layout.name == "DECIMAL" else fixed_values(array, layout.value_dtype)
+        flipped = source.view(unsigned) ^ SIGN[width]
+    return flipped.astype(layout.key_dtype).view(np.uint8).reshape(n, -1)
 
 
 def fixed_binary(rows: np.ndarray, validity: pa.Buffer | None) -> pa.Array:
@@ -208,14 +196,21 @@ def take_pieces(array: pa.Array, starts, ends, bounds) -> pa.Array:
                                  [None, pa.py_buffer(flat), array.buffers()[2]])
 
 
-def fixed_array(values: np.ndarray, type_: str, valid: np.ndarray | None) -> pa.Array:
-    """An Arrow array of a fixed-width type from its values (``valid`` None: no nulls)."""
+def fixed_array(values: np.ndarray, layout: Layout, valid: np.ndarray | None) -> pa.Array:
+    """An Arrow array of a fixed-width type from its stored values (``valid`` None: no nulls): numbers in
+    native order, a DECIMAL as its int64 unscaled values (precision up to 18) or 16 bytes each."""
     validity = None if valid is None else pa.py_buffer(np.packbits(valid, bitorder="little"))
-    if type_ == "BOOLEAN":
+    if layout.name == "BOOLEAN":
         data = np.packbits(values != 0, bitorder="little")
+    elif layout.name == "DECIMAL" and layout.value_dtype != "V16":
+        data = np.empty((len(values), 2), "<i8")
+        data[:, 0] = values
+        data[:, 1] = values >> 63  # sign-extended to 128 bits
+    elif layout.name == "DECIMAL":
+        data = np.ascontiguousarray(values)
     else:
         data = values.astype(values.dtype.newbyteorder("="), copy=False)
-    return pa.Array.from_buffers(ARROW_TYPES[type_], len(values), [validity, pa.py_buffer(data)])
+    return pa.Array.from_buffers(layout.arrow, len(values), [validity, pa.py_buffer(data)])
 
 
 def var_array(pieces: pa.Array, k: int, j: int, column: Column, valid: np.ndarray | None, escaped: bool) -> pa.Array:
@@ -235,11 +230,19 @@ def var_array(pieces: pa.Array, k: int, j: int, column: Column, valid: np.ndarra
         raise InvalidRowError(f"column {column.name!r}: stored STRING is not valid UTF-8 ({e})") from None
 
 
-def from_key(values: np.ndarray, type_: str) -> np.ndarray:
-    """Order-preserving big-endian key values back to their type (native byte order)."""
+def from_key(values: np.ndarray, layout: Layout) -> np.ndarray:
+    """Order-preserving key values (as loaded with ``layout.key_dtype``) back to what :func:`fixed_array` takes."""
+    if layout.key_dtype == "V16":
+        raw = np.ascontiguousarray(values).view(np.uint8).reshape(len(values), 16)
+        words = np.empty((len(values), 2), "<u8")
+        words[:, 1] = np.ascontiguousarray(raw[:, :8]).view(">u8").ravel() ^ TOP
+        words[:, 0] = np.ascontiguousarray(raw[:, 8:]).view(">u8").ravel()
+        return words
     unsigned = values.astype(values.dtype.newbyteorder("="))
-    if type_ == "BOOLEAN":
+    if layout.name == "BOOLEAN":
         return unsigned
-    if type_ == "DOUBLE":
-        return np.where(unsigned & TOP != 0, unsigned ^ TOP, ~unsigned).view(np.float64)
-    return (unsigned ^ SIGN[type_]).view(VALUE_DTYPE[type_])
+    width = layout.key_width
+    native = "<i8" if layout.name == "DECIMAL" else layout.value_dtype
+    if layout.name in ("FLOAT", "DOUBLE"):
+        return np.where(unsigned & SIGN[width] != 0, unsigned ^ SIGN[width], ~unsigned).view(native)
+    return (unsigned ^ SIGN[width]).view(native)

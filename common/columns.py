@@ -5,13 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvlease.common.errors import InvalidTableError, show
-from kvlease.common.types import parse_type
+from kvlease.common.types import NESTED, SIMPLE, parse_type
 
-#: The values an INT and a BIGINT column hold.
-INT_RANGE = {"INT": (-(1 << 31), (1 << 31) - 1), "BIGINT": (-(1 << 63), (1 << 63) - 1)}
+#: The values an integer column holds, by type.
+INT_RANGE = {"TINYINT": (-(1 << 7), (1 << 7) - 1), "SMALLINT": (-(1 << 15), (1 << 15) - 1),
+             "INT": (-(1 << 31), (1 << 31) - 1), "BIGINT": (-(1 << 63), (1 << 63) - 1)}
 
-#: The types a table's columns may have (the row codec stores these: docs/row-encoding.md).
-TYPES = ("BOOLEAN", "INT", "BIGINT", "DOUBLE", "STRING", "BYTES", "TIMESTAMP")
+#: The types a table's columns may have: every type of common/types.py (the row codec stores them all:
+#: docs/row-encoding.md). ARRAY, MAP and STRUCT may not be in a primary key (common/tables.py checks it).
+TYPES = SIMPLE + ("DECIMAL",) + NESTED
 
 
 def column_type(column: str, text: str) -> str:

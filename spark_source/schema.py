@@ -1,27 +1,91 @@
 """Spark's view of a table: its columns, the change-feed metadata columns, and Arrow batches as Spark takes them.
 
-A kvlease TIMESTAMP is int64 microseconds since the epoch (UTC); Spark's
-TIMESTAMP is the same with a time zone, so timestamp columns travel as Arrow
-``timestamp[us, tz=UTC]``.
+Each kvlease type has one Spark type (:func:`spark_type`; docs/schemas.md): TINYINT ``tinyint``, SMALLINT
+``smallint``, INT ``int``, BIGINT ``bigint``, FLOAT ``float``, DOUBLE ``double``, DECIMAL(p,s)
+``decimal(p,s)``, BOOLEAN ``boolean``, STRING ``string``, BYTES ``binary``, DATE ``date``, TIME ``bigint``
+(microseconds since midnight: Spark 4.3 has a ``time`` type, but refuses a streaming query with a column
+of it, ``UNSUPPORTED_TIME_TYPE``, and a source gives batch and streaming reads one schema), TIMESTAMP
+``timestamp``, TIMESTAMP_NTZ ``timestamp_ntz``, ARRAY/MAP/STRUCT ``array``/``map``/``struct`` of those. A
+kvlease TIMESTAMP is int64 microseconds since the epoch (UTC); Spark's TIMESTAMP is the same with a time
+zone, so timestamp columns (also inside nested ones) travel as Arrow ``timestamp[us, tz=UTC]``, and TIME
+ones as ``int64`` (:func:`spark_arrow_type`; a write casts them back).
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql.types import (BinaryType, BooleanType, DataType, DoubleType, IntegerType, LongType, StringType,
-                               StructField, StructType, TimestampType)
+from pyspark.sql.types import (ArrayType, BinaryType, BooleanType, ByteType, DataType, DateType, DecimalType,
+                               DoubleType, FloatType, IntegerType, LongType, MapType, ShortType, StringType,
+                               StructField, StructType, TimestampNTZType, TimestampType)
 
 from kvlease.client.log_records import LOG_COLUMNS
-from kvlease.common.codec_arrays import ARROW_TYPES
+from kvlease.common.codec_types import SIMPLE_ARROW, to_arrow
 from kvlease.common.logentry import ChangeType
 from kvlease.common.tables import TableInfo
+from kvlease.common.types import DataType as KvType, parse_type
 
-SPARK_TYPES: dict[str, DataType] = {
-    "BOOLEAN": BooleanType(), "INT": IntegerType(), "BIGINT": LongType(), "DOUBLE": DoubleType(),
-    "STRING": StringType(), "BYTES": BinaryType(), "TIMESTAMP": TimestampType(),
+_SIMPLE_SPARK = {
+    "BOOLEAN": BooleanType(), "TINYINT": ByteType(), "SMALLINT": ShortType(), "INT": IntegerType(),
+    "BIGINT": LongType(), "FLOAT": FloatType(), "DOUBLE": DoubleType(), "STRING": StringType(),
+    "BYTES": BinaryType(), "DATE": DateType(), "TIME": LongType(), "TIMESTAMP": TimestampType(),
+    "TIMESTAMP_NTZ": TimestampNTZType(),
 }
+
+
+@lru_cache(maxsize=1024)
+def spark_type(text: str) -> DataType:
+    """The Spark type of the kvlease column type ``text``."""
+    return _spark(parse_type(text))
+
+
+def _spark(type_: KvType) -> DataType:
+    if type_.name in _SIMPLE_SPARK:
+        return _SIMPLE_SPARK[type_.name]
+    if type_.name == "DECIMAL":
+        return DecimalType(type_.precision, type_.scale)
+    if type_.name == "ARRAY":
+        return ArrayType(_spark(type_.element), True)
+    if type_.name == "MAP":
+        return MapType(_spark(type_.key), _spark(type_.value), True)
+    return StructType([StructField(name, _spark(field), True) for name, field in type_.fields])
+
+
+class SparkTypes(dict):
+    """``{kvlease type text: Spark type}`` for every type text, computed the first time one is asked for."""
+
+    def __missing__(self, text: str) -> DataType:
+        self[text] = spark_type(text)
+        return self[text]
+
+
+SPARK_TYPES: dict[str, DataType] = SparkTypes()
+
+
+@lru_cache(maxsize=1024)
+def spark_arrow_type(text: str) -> pa.DataType:
+    """The Arrow type of a column of type ``text`` in the batches Spark takes and gives: the codec's, with
+    timestamps in UTC and TIME as int64 microseconds."""
+    return _spark_arrow(parse_type(text))
+
+
+def _spark_arrow(type_: KvType) -> pa.DataType:
+    if type_.name == "TIMESTAMP":
+        return UTC_MICROS
+    if type_.name == "TIME":
+        return pa.int64()
+    if type_.name in SIMPLE_ARROW or type_.name == "DECIMAL":
+        return to_arrow(type_)
+    if type_.name == "ARRAY":
+        return pa.list_(pa.field("element", _spark_arrow(type_.element)))
+    if type_.name == "MAP":
+        return pa.map_(_spark_arrow(type_.key), _spark_arrow(type_.value))
+    return pa.struct([pa.field(name, _spark_arrow(field)) for name, field in type_.fields])
+
+
 CHANGE_TYPE, BUCKET, LOG_OFFSET, COMMIT_TIMESTAMP = "_change_type", "_bucket", "_log_offset", "_commit_timestamp"
 METADATA = (CHANGE_TYPE, BUCKET, LOG_OFFSET, COMMIT_TIMESTAMP)
 #: ``_change_type`` of each changelog record type, as in Delta's change data feed.
@@ -34,7 +98,7 @@ _NAMES = pa.array([CHANGE_NAMES[ct] for ct in sorted(CHANGE_NAMES)], pa.string()
 def table_schema(table: TableInfo, *, with_changes: bool) -> StructType:
     """The table's columns; with ``with_changes``, then the four metadata columns. A partition column of a
     partitioned table carries a comment saying so (``DESCRIBE`` shows it)."""
-    fields = [StructField(c.name, SPARK_TYPES[c.type], True, _comment(table, c.name)) for c in table.columns]
+    fields = [StructField(c.name, spark_type(c.type), True, _comment(table, c.name)) for c in table.columns]
     if with_changes:
         fields += [StructField(CHANGE_TYPE, StringType(), False), StructField(BUCKET, IntegerType(), False),
                    StructField(LOG_OFFSET, LongType(), False), StructField(COMMIT_TIMESTAMP, TimestampType(), True)]
@@ -65,7 +129,7 @@ def read_columns(table: TableInfo, requested: StructType) -> tuple[str, ...]:
 
 def spark_arrow_schema(table: TableInfo, *, with_changes: bool) -> pa.Schema:
     """The Arrow schema of the batches a reader yields (matches :func:`table_schema`)."""
-    fields = [pa.field(c.name, UTC_MICROS if c.type == "TIMESTAMP" else ARROW_TYPES[c.type]) for c in table.columns]
+    fields = [pa.field(c.name, spark_arrow_type(c.type)) for c in table.columns]
     if with_changes:
         fields += [pa.field(CHANGE_TYPE, pa.string(), False), pa.field(BUCKET, pa.int32(), False),
                    pa.field(LOG_OFFSET, pa.int64(), False), pa.field(COMMIT_TIMESTAMP, UTC_MICROS)]
@@ -73,7 +137,7 @@ def spark_arrow_schema(table: TableInfo, *, with_changes: bool) -> pa.Schema:
 
 
 def rows_for_spark(rows: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
-    """Table rows (the codec's schema) as Spark takes them: timestamps with a zone (no copy)."""
+    """Table rows (the codec's schema) as Spark takes them: timestamps with a zone, TIME as int64 (no copy)."""
     columns = [rows.column(i) if rows.column(i).type == field.type else rows.column(i).cast(field.type)
                for i, field in enumerate(schema.field(n) for n in rows.schema.names)]
     return pa.RecordBatch.from_arrays(columns, schema=pa.schema([schema.field(n) for n in rows.schema.names]))

@@ -21,13 +21,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
-from pyspark.sql.types import StringType, StructType
+from pyspark.sql.types import DataType, StringType, StructType
 
 from kvlease.common import errors
 from kvlease.common.codec import arrow_schema
 from kvlease.common.tables import TableInfo
 from kvlease.spark_source.options import OptionError, connect, open_table
-from kvlease.spark_source.schema import CHANGE_TYPE, METADATA, SPARK_TYPES
+from kvlease.common.codec_conform import widens_to
+from kvlease.common.types import parse_type
+from kvlease.spark_source.schema import CHANGE_TYPE, METADATA, spark_type
 
 UPSERT, DELETE, SKIP = 0, 1, 2
 _KINDS = {"insert": UPSERT, "update_postimage": UPSERT, "delete": DELETE, "update_preimage": SKIP}
@@ -48,11 +50,11 @@ def check_schema(table: TableInfo, schema: StructType) -> dict[str, str]:
         if field is None:
             raise OptionError(f"column '{column.name}' of table {table.path} is missing from the DataFrame "
                               "(writes upsert whole rows)")
-        expected = SPARK_TYPES[column.type]
-        if field.dataType != expected:
+        expected = spark_type(column.type)
+        if field.dataType != expected and not _widens(field.dataType, column.type):
             raise OptionError(f"column '{field.name}': table {table.path} stores {column.type} "
                               f"({expected.simpleString()}), the DataFrame has {field.dataType.simpleString()}: "
-                              "cast it first")
+                              "cast it first (a column takes its own type or a safe widening of it: docs/schemas.md)")
         columns[column.name] = field.name
     change = given.pop(CHANGE_TYPE, None)
     if change is not None and change.dataType != StringType():
@@ -65,6 +67,19 @@ def check_schema(table: TableInfo, schema: StructType) -> dict[str, str]:
     if change is not None:
         columns[CHANGE_TYPE] = change.name
     return columns
+
+
+def _widens(given: DataType, text: str) -> bool:
+    """A DataFrame column of Spark type ``given`` is written to a column of type ``text`` without loss (the
+    codec's safe widenings: an ``int`` column takes ``short`` and ``byte``, ``double`` takes ``float``, a
+    ``decimal`` one that fits, …)."""
+    from pyspark.sql.pandas.types import to_arrow_type
+
+    try:
+        arrow = to_arrow_type(given, timezone="UTC")
+    except (TypeError, ValueError, NotImplementedError):
+        return False
+    return widens_to(arrow, parse_type(text))
 
 
 class _Writes:

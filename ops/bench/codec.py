@@ -29,22 +29,22 @@ TABLE = TableInfo(1, "bench", "codec", (Column("id", "BIGINT"), Column("value", 
 
 
 def python_encode(ids: list[int], texts: list[str]) -> tuple[list[bytes], list[bytes]]:
-    key, head = struct.Struct(">Q"), struct.Struct("<BBqI")
+    key, head = struct.Struct(">Q"), struct.Struct("<BIBqI")  # value format 2: version, schema id, bitmap
     keys, values = [], []
     for i, text in zip(ids, texts):
         keys.append(key.pack(i + (1 << 63)))  # sign bit flipped
         data = text.encode()
-        values.append(head.pack(1, 0, i, len(data)) + data)
+        values.append(head.pack(2, 1, 0, i, len(data)) + data)
     return keys, values
 
 
 def python_decode(values: list[bytes]) -> tuple[list[int], list[str]]:
-    head = struct.Struct("<BBqI")
+    head = struct.Struct("<BIBqI")
     ids, texts = [], []
     for value in values:
-        _, _, i, length = head.unpack_from(value)
+        _, _, _, i, length = head.unpack_from(value)
         ids.append(i)
-        texts.append(value[14:14 + length].decode())
+        texts.append(value[head.size:head.size + length].decode())
     return ids, texts
 
 

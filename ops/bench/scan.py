@@ -3,7 +3,8 @@
 Starts its own local cluster (ZooKeeper, one coordinator, one tablet server;
 processes in a temp directory, stopped at the end whatever happens), loads a
 one-bucket table ``(id STRING of 16 chars primary key, v STRING of 100 random
-hex digits)`` with ``--rows`` rows (default 1,000,000) through
+hex digits)`` (``--schema wide``: 20 columns of mixed types, :mod:`kvlease.ops.bench.wide_schema`; the
+target is then stream >= 0.6 only) with ``--rows`` rows (default 1,000,000) through
 ``TableClient.upsert`` (changelog fsync off), snapshots it (memtables
 flushed) and waits until the tablet server is idle (its compactions done),
 then measures in one run, each full scan ``--rounds`` times (3),
@@ -66,8 +67,9 @@ from kvlease.common.kvsnapshot import scan_read_options
 from kvlease.common.tables import Column, TableInfo
 import kvlease.ops.bench.suite as bench_suite
 from kvlease.ops import local_cluster
-from kvlease.ops.bench.scan_report import SECURE_KINDS, SECURE_TARGET, TARGETS, report, target_rows
+from kvlease.ops.bench.scan_report import SECURE_KINDS, SECURE_TARGET, TARGETS, WIDE_TARGETS, report, target_rows
 from kvlease.ops.bench.suite import Option, cpu_seconds, positive_int, wait_idle
+from kvlease.ops.bench.wide_schema import WIDE_COLUMNS, schema_name, wide_batch
 from kvlease.ops.wait import wait_until
 
 __all__ = ["OPTIONS", "report", "run", "target_rows"]  # what the suite uses
@@ -83,6 +85,8 @@ OPTIONS = (
     Option("--secure", bool, False, "instead: decoded rows/s of both scanners on a secure cluster (mutual TLS, "
            "a user with a password and READ/WRITE grants) vs a plain one, both up in the same run, rounds "
            "interleaved (target secure >= 0.8 of plain)"),
+    Option("--schema", schema_name, "narrow", "the table: narrow (id STRING 16, v STRING 100 B) or wide (20 columns "
+           "of mixed types: DECIMAL, DATE, TIMESTAMP, ARRAY, …)", metavar="NAME"),
 )
 
 
@@ -102,7 +106,12 @@ def make_batch(start: int, count: int) -> pa.RecordBatch:
     return pa.record_batch({"id": strings(id_bytes, 16), "v": strings(v_bytes, 100)})
 
 
-def load(client, rows: int, threads: int = 2) -> float:
+def wide_rows(start: int, count: int) -> pa.RecordBatch:
+    """The wide rows ``start..start+count-1`` (``--schema wide``)."""
+    return wide_batch(np.arange(start, start + count, dtype=np.int64))
+
+
+def load(client, rows: int, threads: int = 2, make=make_batch) -> float:
     """Upsert rows 0..rows-1 in batches from ``threads`` threads; returns rows/s."""
     queue = collections.deque(range(0, rows, LOAD_BATCH_ROWS))
     lock, failures = threading.Lock(), []
@@ -114,7 +123,7 @@ def load(client, rows: int, threads: int = 2) -> float:
                     return
                 start = queue.popleft()
             try:
-                client.upsert(make_batch(start, min(LOAD_BATCH_ROWS, rows - start)))
+                client.upsert(make(start, min(LOAD_BATCH_ROWS, rows - start)))
             except BaseException as exc:  # reported by the caller
                 failures.append(exc)
                 return
@@ -130,7 +139,7 @@ def load(client, rows: int, threads: int = 2) -> float:
     return rows / (time.perf_counter() - t0)
 
 
-def build_raw(codec: RowCodec, rows: int, directory: str):
+def build_raw(codec: RowCodec, rows: int, directory: str, make=make_batch):
     """A rocksdict (raw mode) with the same encoded rows, flushed to SST files like a served bucket."""
     from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
@@ -138,7 +147,7 @@ def build_raw(codec: RowCodec, rows: int, directory: str):
     no_wal = WriteOptions()
     no_wal.disable_wal = True  # like the tablet server: the changelog is its log
     for start in range(0, rows, LOAD_BATCH_ROWS):
-        keys, values = codec.encode(make_batch(start, min(LOAD_BATCH_ROWS, rows - start)))
+        keys, values = codec.encode(make(start, min(LOAD_BATCH_ROWS, rows - start)))
         batch = WriteBatch(raw_mode=True)
         collections.deque(map(batch.put, keys, values), maxlen=0)
         db.write(batch, no_wal)
@@ -346,7 +355,7 @@ def run_secure(rows: int, rounds: int, progress: bench_suite.Progress) -> dict[s
         shutil.rmtree(base, ignore_errors=True)
 
 
-def run(*, rows: int, rounds: int, secure: bool = False,
+def run(*, rows: int, rounds: int, secure: bool = False, schema: str = "narrow",
         progress: bench_suite.Progress = lambda text: None) -> dict[str, Any]:
     """The figures (see the module docstring); options as in ``OPTIONS``."""
     if secure:
@@ -359,16 +368,17 @@ def run(*, rows: int, rounds: int, secure: bool = False,
     raw_db = None
     try:
         progress(f"raw rocksdict copy of {rows:,} rows")
-        codec = RowCodec(TableInfo(0, *TABLE.split("."), tuple(COLUMNS), ("id",), 1))
-        raw_db = build_raw(codec, rows, f"{base}/rocksdb")
+        columns, make = (COLUMNS, make_batch) if schema == "narrow" else (WIDE_COLUMNS, wide_rows)
+        codec = RowCodec(TableInfo(0, *TABLE.split("."), tuple(columns), ("id",), 1))
+        raw_db = build_raw(codec, rows, f"{base}/rocksdb", make)
         with local_cluster.running(directory, tablets=1, config_overrides={
                 "kv.snapshot.interval": "1h", "log.flush.fsync": False}, progress=progress):
             tablet_pid = local_cluster.load(directory)["tablets"][0]["pid"]
             with AdminClient(local_cluster.bootstrap(directory), retry_total_s=30) as admin:
-                admin.create_table(TABLE, COLUMNS, ["id"], 1)
+                admin.create_table(TABLE, columns, ["id"], 1)
                 with TableClient(admin, TABLE) as client:
                     progress(f"upserting {rows:,} rows, snapshot, waiting until the tablet server is idle")
-                    load_rate = load(client, rows)
+                    load_rate = load(client, rows, make=make)
                     client.trigger_snapshot(wait=True)  # memtables flushed, like the raw copy
                     settle_s = wait_idle(tablet_pid)
                     batch_bytes = client.scan_batch_bytes
@@ -387,10 +397,11 @@ def run(*, rows: int, rounds: int, secure: bool = False,
             raw = best["raw"]
             ratios = {name: best[name] / raw for name in best if name != "raw"}
             return {
-                "rows": rows, "key_bytes": 16, "value_bytes": 100, "load_rows_per_s": load_rate,
+                "rows": rows, "schema": schema, "key_bytes": 16 if schema == "narrow" else 8,
+                "value_bytes": 100 if schema == "narrow" else None, "load_rows_per_s": load_rate,
                 "settle_s": settle_s, "rounds": rounds,
                 "batch_size_bytes": batch_bytes, "rows_per_s": best, "ratio_to_raw": ratios, "cpu": cpu,
-                "targets": {f"{k}_decoded": v for k, v in TARGETS.items()},
+                "targets": {f"{k}_decoded": v for k, v in (TARGETS if schema == "narrow" else WIDE_TARGETS).items()},
                 "ratio_used_for_targets": "decoded",
                 "server_memory": {name: {**doc, "batch_x_scanners": batch_bytes} for name, doc in memory.items()},
                 "concurrent": {**concurrent, "batch_x_scanners": batch_bytes * CONCURRENT_SCANNERS},

@@ -8,6 +8,7 @@ from typing import Any
 from kvlease.ops.bench.suite import MB, Row
 
 TARGETS = {"unary": 0.65, "stream": 0.75}  # ratio to raw, decoded rows (issue 12)
+WIDE_TARGETS = {"stream": 0.6}  # --schema wide (issue 42)
 MEMORY_TARGET_FACTOR = 2  # peak RSS above the RSS before <= 2 x (scanners x batch) + 32 MB
 MEMORY_TARGET_SLACK = 32 * MB
 SECURE_TARGET = 0.8  # secure rows/s over plain, at least
@@ -37,7 +38,8 @@ def report(r: dict[str, Any]) -> str:
             return ""
         return f"(target >= {target}: {'ok' if ratio[name] >= target else 'BELOW TARGET'})"
 
-    lines = [f"{r['rows']:,} rows (id STRING 16 chars, v STRING 100 B), 1 bucket, batches of "
+    table = "20 columns of mixed types" if r.get("schema") == "wide" else "id STRING 16 chars, v STRING 100 B"
+    lines = [f"{r['rows']:,} rows ({table}), 1 bucket, batches of "
              f"{r['batch_size_bytes'] / mb:g} MB; loaded at {r['load_rows_per_s']:,.0f} rows/s; best of {r['rounds']} "
              "interleaved runs",
              f"  raw rocksdict iteration in-process    {rate['raw']:>12,.0f} rows/s"]
@@ -78,9 +80,13 @@ def target_rows(figures: dict[str, Any]) -> list[Row]:
     one = max(doc["peak_above_before"] for doc in figures["server_memory"].values())
     concurrent = figures["concurrent"]
     scanners = concurrent["scanners"]
-    return [
-        Row.ratio("stream, decoded / raw iteration", rate["stream_decoded"], raw, "rows/s", TARGETS["stream"]),
-        Row.ratio("unary, decoded / raw iteration", rate["unary_decoded"], raw, "rows/s", TARGETS["unary"]),
+    if figures.get("schema") == "wide":
+        ratios = [Row.ratio("stream, decoded / raw iteration (wide rows)", rate["stream_decoded"], raw, "rows/s",
+                            WIDE_TARGETS["stream"])]
+    else:
+        ratios = [Row.ratio("stream, decoded / raw iteration", rate["stream_decoded"], raw, "rows/s", TARGETS["stream"]),
+                  Row.ratio("unary, decoded / raw iteration", rate["unary_decoded"], raw, "rows/s", TARGETS["unary"])]
+    return ratios + [
         Row.limit(f"server peak RSS above before, 1 scanner (worst kind); <= {memory_formula(1, batch)}",
                   one / MB, batch / MB, "MB", memory_target(1, batch) / MB),
         Row.limit(f"server peak RSS above before, {scanners} scanners; <= {memory_formula(scanners, batch)}",

@@ -7,14 +7,13 @@ re-exports them, so the commands use one module, ``out``.
 
 from __future__ import annotations
 
-import base64
-import math
 import time
-from datetime import date, datetime, timedelta, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any, Iterable, Mapping
 
 
 from kvlease.common.tables import TableInfo
+from kvlease.ops.cli.column_values import json_value  # noqa: F401 (re-exported)
 from kvlease.common.model import Lease, TableBucket
 
 # -- documents (the JSON contract) ---------------------------------------------------
@@ -121,18 +120,6 @@ def partition_doc(partition: Any) -> dict:
 def partitions_doc(table: str, partitions: Iterable[Any]) -> dict:
     """``partition list``: a table's partitions, by name."""
     return {"table": table, "partitions": [partition_doc(p) for p in sorted(partitions, key=lambda p: p.name)]}
-
-
-def json_value(value: Any) -> Any:
-    """A column value as JSON: TIMESTAMP -> ISO-8601 text (UTC, no zone), BYTES -> base64 text,
-    a NaN or infinite DOUBLE -> the text ``"NaN"``, ``"Infinity"``, ``"-Infinity"``."""
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return base64.b64encode(bytes(value)).decode("ascii")
-    if isinstance(value, (datetime, date)):
-        return value.isoformat()
-    if isinstance(value, float) and not math.isfinite(value):
-        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
-    return value
 
 
 def row_doc(row: Mapping[str, Any] | None) -> dict | None:

@@ -280,11 +280,13 @@ class TextOutput(Output):
             self._print(escape(line))
 
     def rows(self, doc: Mapping[str, Any]) -> None:
+        from kvlease.ops.cli.text_table import cell_text as value_text  # as scan shows values: nested as JSON
+
         found = [row for row in doc["rows"] if row is not None]
         if found:
             grid = self._grid(*found[0].keys())
             for row in found:
-                grid.add_row(*(escape(cell_text(v)) for v in row.values()))
+                grid.add_row(*(escape(value_text(v)) for v in row.values()))
             self._print(grid)
         missing = [key for key, row in zip(doc["keys"], doc["rows"]) if row is None]
         if missing:

@@ -182,6 +182,9 @@ def _conform(batch: pa.RecordBatch, table: TableInfo, first_row: int) -> pa.Reco
             raise errors.InvalidRowError(f"column {errors.show(name)}: unknown column (table {table.path} has "
                                          f"{', '.join(c.name for c in table.columns)})")
         target = ARROW_TYPES[types[name]]
+        if pa.types.is_decimal(target) and pa.types.is_floating(array.type):
+            raise errors.InvalidRowError(f"column {name!r}: the file's {array.type} values cannot be read as "
+                                         f"{types[name]}: a DECIMAL is read exactly, never through a float")
         if array.type != target:
             try:
                 array = array.cast(target)

@@ -30,7 +30,11 @@ def table_group() -> None:
 
 @table_group.command("create")
 @click.argument("path", metavar="DB.NAME", callback=table_path)
-@click.option("--schema", required=True, help='Columns, e.g. "id BIGINT, name STRING".')
+@click.option("--schema", required=True,
+              help='Columns, e.g. "id BIGINT, amount DECIMAL(12,2), day DATE, tags ARRAY<STRING>". Types: BOOLEAN, '
+                   "TINYINT, SMALLINT, INT, BIGINT, FLOAT, DOUBLE, DECIMAL(p,s), STRING, BYTES, DATE, TIME, TIMESTAMP, "
+                   "TIMESTAMP_NTZ, ARRAY<T>, MAP<K,V>, STRUCT<name T, ...> (not in the primary key: the last three); "
+                   "docs/schemas.md.")
 @click.option("--primary-key", required=True, metavar="COL[,COL…]", help="Primary key column(s).")
 @click.option("--buckets", type=bucket_number(1), required=True, help=f"Number of buckets (at most {MAX_BUCKETS}).")
 @click.option("--replication-factor", type=click.IntRange(min=1), metavar="N",

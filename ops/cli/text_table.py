@@ -9,6 +9,7 @@ wide character counts two), a column of numbers is right-aligned, and the lines 
 
 from __future__ import annotations
 
+import json
 from itertools import islice, repeat
 from typing import Any, Iterator, Sequence, TextIO
 
@@ -20,12 +21,15 @@ _NUMBERS = frozenset({int, float, type(None)})
 
 
 def cell_text(value: Any) -> str:
-    """A value as one line of text: ``-`` for null, ``yes``/``no`` for booleans, control characters
-    (a newline, a tab) escaped as Python writes them."""
+    """A value as one line of text: ``-`` for null, ``yes``/``no`` for booleans, an ARRAY, MAP or STRUCT
+    (a list or dict of JSON values) as compact JSON, control characters (a newline, a tab) escaped as
+    Python writes them."""
     if value is None:
         return "-"
     if isinstance(value, bool):
         return "yes" if value else "no"
+    if isinstance(value, (list, dict)):
+        value = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
     text = value if isinstance(value, str) else str(value)
     if not text.isprintable():
         text = "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)

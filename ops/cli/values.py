@@ -8,8 +8,6 @@ A bad value on the command line is a usage error (exit 2); a bad JSON line of
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import re
 from datetime import datetime, timedelta, timezone
@@ -20,7 +18,7 @@ import click
 from kvlease.common import config as cfg
 from kvlease.common import errors
 from kvlease.common.model import lease_id_problem, lease_owner_problem
-from kvlease.common.columns import INT_RANGE
+from kvlease.ops.cli.column_values import DOUBLE_TEXTS, convert_value, loads  # noqa: F401 (convert_value: re-exported)
 from kvlease.common.tables import TableInfo, parse_table_path
 
 
@@ -154,66 +152,8 @@ EPOCH_MS = EpochMs()
 
 # -- column values from text and JSON (put, get, delete) -------------------------------------------
 
-_INTEGER = re.compile(r"\s*[+-]?[0-9]+\s*")  # fullmatch; [0-9], not \d: int() rejects some Unicode digits
-_TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
-#: Column types whose JSON form is not what the codec takes (text -> datetime / bytes).
-_JSON_CONVERTED = ("TIMESTAMP", "BYTES")
-#: The texts a NaN or infinite DOUBLE prints as (JSON has no such numbers); ``put`` takes them back.
-_DOUBLE_TEXTS = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
-
-
-def convert_value(value: Any, type_: str) -> Any:
-    """A column value from a JSON value or command-line text -> what ``RowCodec.to_batch`` takes.
-
-    BOOLEAN: true/false (or 1/0, yes/no as text); INT/BIGINT: an integer;
-    DOUBLE: a number (text also NaN, inf); STRING: text; BYTES: base64 text;
-    TIMESTAMP: ISO-8601 text (no zone = UTC) or integer microseconds since the epoch.
-    Raises ValueError saying what was expected.
-    """
-    if value is None:
-        return None
-    text = isinstance(value, str)
-    if type_ == "BOOLEAN":
-        if isinstance(value, bool):
-            return value
-        if text and value.strip().lower() in _TRUE + _FALSE:
-            return value.strip().lower() in _TRUE
-    elif type_ in INT_RANGE:
-        number = int(value) if text and _INTEGER.fullmatch(value) else value
-        if isinstance(number, int) and not isinstance(number, bool):
-            lo, hi = INT_RANGE[type_]
-            if not lo <= number <= hi:
-                raise ValueError(f"{number} is out of range for {type_}")
-            return number
-    elif type_ == "DOUBLE":
-        if text:
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-    elif type_ == "STRING":
-        if text:
-            return value
-    elif type_ == "BYTES":
-        if text:
-            try:
-                return base64.b64decode(value, validate=True)
-            except (binascii.Error, ValueError):
-                raise ValueError(f"expected base64 text for BYTES, got {errors.show(value)}") from None
-    elif type_ == "TIMESTAMP":
-        if text and _INTEGER.fullmatch(value):
-            return int(value)
-        if text:
-            try:
-                return datetime.fromisoformat(value.strip())
-            except ValueError:
-                pass
-        elif isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise ValueError(f"expected ISO-8601 text or integer microseconds for TIMESTAMP, got {errors.show(value)}")
-    raise ValueError(f"expected {type_}, got {errors.show(value)}")
+#: Column types whose JSON value ``put`` passes to the codec as it is (the codec checks it).
+_AS_IS = ("BOOLEAN", "TINYINT", "SMALLINT", "INT", "BIGINT", "STRING")
 
 
 def parse_key(text: str, table: TableInfo) -> dict[str, Any]:
@@ -229,7 +169,7 @@ def parse_key(text: str, table: TableInfo) -> dict[str, Any]:
         parts: list[Any] = [text]
     elif text.lstrip().startswith("["):
         try:
-            parts = json.loads(text)
+            parts = loads(text)
         except ValueError as exc:
             raise ValueError(f"not a JSON array: {exc}") from None
         if not isinstance(parts, list):
@@ -264,20 +204,23 @@ def parse_keys(texts: Iterable[str], table: TableInfo) -> list[dict[str, Any]]:
 def parse_json_row(line: str, number: int, table: TableInfo) -> dict[str, Any]:
     """One JSON line of ``put`` -> a row for ``RowCodec.to_batch``; InvalidRowError names the line."""
     try:
-        row = json.loads(line)
+        row = loads(line) if any("DECIMAL" in c.type for c in table.columns) else json.loads(line)
     except ValueError as exc:
         raise errors.InvalidRowError(f"line {number}: not valid JSON ({exc})") from None
     if not isinstance(row, dict):
         raise errors.InvalidRowError(f"line {number}: expected a JSON object (column -> value), "
                                      f"got {type(row).__name__}")
     for column in table.columns:
-        if column.type == "DOUBLE" and isinstance(row.get(column.name), str) and row[column.name] in _DOUBLE_TEXTS:
-            row[column.name] = _DOUBLE_TEXTS[row[column.name]]
-        elif column.type in _JSON_CONVERTED and row.get(column.name) is not None:
-            try:
-                row[column.name] = convert_value(row[column.name], column.type)
-            except ValueError as exc:
-                raise errors.InvalidRowError(f"line {number}, column {column.name!r}: {exc}") from None
+        value = row.get(column.name)
+        if value is None or column.type in _AS_IS:
+            continue
+        if column.type in ("FLOAT", "DOUBLE") and (type(value) is float or (type(value) is str
+                                                                           and value not in DOUBLE_TEXTS)):
+            continue  # a number, or text the codec refuses: JSON takes only the texts --json prints
+        try:
+            row[column.name] = convert_value(value, column.type)
+        except ValueError as exc:
+            raise errors.InvalidRowError(f"line {number}, column {column.name!r}: {exc}") from None
     return row
 
 

@@ -183,7 +183,7 @@ def parse(name: str, *argv: str) -> dict:
 def test_options_not_given_keep_the_benchmarks_defaults():
     assert parse("writes") == {}
     assert bench_suite.options_for(bench_writes, {}) == {"rows": 1_000_000, "batch": 10_000, "threads": 4,
-                                                         "lookups": 2000, "rounds": 3}
+                                                         "lookups": 2000, "rounds": 3, "schema": "narrow"}
     assert bench_suite.options_for(bench_leases, parse("leases", "--leases", "100_000")) == {
         "leases": 100_000, "seconds": 8.0, "threads": 64, "raw_writes": 20_000, "secure": False, "idle_seconds": 5.0}
 
@@ -201,7 +201,15 @@ def test_an_option_of_all_goes_to_every_benchmark_that_has_it():
     assert options["writes"]["rows"] == options["scan"]["rows"] == options["bootstrap"]["rows"] == 20_000
     assert options["writes"]["threads"] == options["leases"]["threads"] == 2
     assert options["leases"]["leases"] == 2500 and "rows" not in options["leases"]
-    assert options["scan"] == {"rows": 20_000, "rounds": 3, "secure": False}
+    assert options["scan"] == {"rows": 20_000, "rounds": 3, "secure": False, "schema": "narrow"}
+
+
+def test_schema_wide_goes_to_writes_and_scan_and_a_bad_one_is_a_usage_error():
+    given = parse("all", "--schema", "wide")
+    assert bench_suite.options_for(bench_writes, given)["schema"] == "wide"
+    assert bench_suite.options_for(MODULES["scan"], given)["schema"] == "wide"
+    with pytest.raises(bench_suite.UsageError, match="unknown schema 'huge': one of narrow, wide"):
+        parse("writes", "--schema", "huge")
 
 
 def test_every_option_is_a_keyword_of_its_run():

@@ -72,7 +72,7 @@ def test_json_values_of_rows():
     doc = out.rows_doc("db.w", ["1", "2"], [
         {"id": 1, "ts": datetime(2024, 1, 2, 3, 4, 5), "b": b"hi", "d": float("nan"), "e": float("-inf")}, None])
     assert doc == {"table": "db.w", "keys": ["1", "2"], "found": 1, "rows": [
-        {"id": 1, "ts": "2024-01-02T03:04:05", "b": "aGk=", "d": "NaN", "e": "-Infinity"}, None]}
+        {"id": 1, "ts": "2024-01-02T03:04:05.000000", "b": "aGk=", "d": "NaN", "e": "-Infinity"}, None]}
     json.dumps(doc, allow_nan=False)
 
 

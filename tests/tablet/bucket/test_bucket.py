@@ -244,7 +244,7 @@ def test_new_key_ranges_are_not_looked_up_and_before_images_stay_exact(bucket_di
 # --- rejected batches ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("upserts, deletes", [
-    (pa.RecordBatch.from_arrays([pa.array([5], pa.int32())], names=["id"]), None),  # wrong type
+    (pa.RecordBatch.from_arrays([pa.array([5], pa.uint64())], names=["id"]), None),  # wrong type (int32: a widening)
     (pa.RecordBatch.from_arrays([pa.array([5, None], pa.int64())], names=["id"]), None),  # null key
     (pa.RecordBatch.from_arrays([pa.array([5]), pa.array([1])], names=["id", "nope"]), None),  # unknown column
     (pa.RecordBatch.from_arrays([pa.array(["x"])], names=["name"]), None),  # no key column
