@@ -37,10 +37,11 @@ from kvlease.client.data_loss_admin import DataLossAdmin
 from kvlease.client.moves_admin import MovesAdmin
 from kvlease.client.partitions_admin import PartitionInfo, PartitionsAdmin, find_partition
 from kvlease.client.replication_admin import ReplicationAdmin
+from kvlease.client.schemas_admin import SchemasAdmin
 from kvlease.client.security_admin import SecurityAdmin
 from kvlease.client.tables_admin import TablesAdmin
 from kvlease.client.transport import RETRIABLE, NotServedError, RetryPolicy, UnknownOutcomes, arguments
-from kvlease.common.parts import documented_by as _documented_by
+from kvlease.common.parts import delegate as _delegate, documented_by as _documented_by
 from kvlease.common.security.acl import AclBinding, Operation, Resource
 from kvlease.common.wire import (bucket_snapshots_from_pb, bucket_to_pb, error_from_pb, handle_from_pb, handle_to_pb,
                                  lease_from_pb, raise_for, table_from_pb)
@@ -83,6 +84,7 @@ class AdminClient:
         self._tables = TablesAdmin(call)
         self._moves = MovesAdmin(call, self.get_table)
         self._partitions = PartitionsAdmin(call)
+        self._schemas = SchemasAdmin(call, self._partitions.alter_table)
         self._data_loss = DataLossAdmin(call, self.get_table, lambda table, name: find_partition(self, table, name))
         self._replication = ReplicationAdmin(call)
         #: acquires made by several threads at once travel in one call (client.coalescing), unless the
@@ -396,11 +398,8 @@ class AdminClient:
                         ) -> tuple[TableInfo, list[PartitionInfo]]:
         return self._partitions.list_partitions(path, table_id=table_id)
 
-    @_documented_by(PartitionsAdmin.alter_table)
-    def alter_table(self, path: str, *, precreate: int | None = None, retention: int | None = None,
-                    max_partitions: int | None = None) -> TableInfo:
-        return self._partitions.alter_table(path, precreate=precreate, retention=retention,
-                                            max_partitions=max_partitions)
+    alter_table = _delegate("_schemas", SchemasAdmin.alter_table)
+    schema_history = _delegate("_schemas", SchemasAdmin.schema_history)
 
     @_documented_by(MovesAdmin.reassign_bucket)
     def reassign_bucket(self, path: str, bucket: int, replicas: Sequence[int], partition: str | None = None) -> dict:

@@ -35,7 +35,7 @@ from kvlease.client.transport import RETRIABLE, Channels, RetryPolicy, UnknownOu
 READS = frozenset({
     "GetTable", "GetTableAssignment", "ListTables", "ListTabletServers", "GetLatestKvSnapshots", "ListKvSnapshots",
     "ListKvSnapshotLeases", "DescribeKvSnapshotLease", "ListUsers", "ListAcls", "ListReassignments",
-    "ListPartitions",
+    "ListPartitions", "GetSchemaHistory",
 })
 
 #: Coordinator calls whose retry after a lost answer has the same outcome: reads, and the lease
@@ -54,7 +54,8 @@ IDEMPOTENT = READS | frozenset({
     # moves (client/moves_admin.py): the same target answers the move in progress, a decommission the moves off
     # the server, a rebalance of a balanced cluster starts nothing, a recommission of one not marked answers false
     "ReassignBucket", "DecommissionTablet", "RecommissionTablet", "Rebalance",
-    # partitions (client/partitions_admin.py): an alter to the settings the table has changes nothing
+    # partitions (client/partitions_admin.py): an alter to the settings the table has changes nothing; a schema
+    # change (client/schemas_admin.py) sent again finds itself made and answers the table (common/schema_changes.py)
     "AlterTable",
 })
 

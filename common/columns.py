@@ -29,7 +29,22 @@ def column_type(column: str, text: str) -> str:
     return str(type_)
 
 
+#: The longest comment kept (a column's or a table's).
+MAX_COMMENT = 1024
+
+#: A column's field id before its table assigns one (:class:`~kvlease.common.tables.TableInfo` gives such a
+#: column its position).
+UNASSIGNED = -1
+
+
 @dataclass(frozen=True)
 class Column:
+    """A table's column: its ``name``, its ``type`` (canonical text, common/types.py), its field ``id`` and its
+    ``comment``. The field id names the column's data for good: a rename keeps it, a column added later gets one
+    never used before in its table (docs/schemas.md, "Schema evolution"). ``Column(name, type)`` leaves it
+    unassigned: a table made of such columns numbers them 0, 1, … by position."""
+
     name: str
     type: str
+    id: int = UNASSIGNED
+    comment: str = ""

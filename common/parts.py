@@ -7,6 +7,7 @@ part's method it calls, so the text is written once, next to the code it describ
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 
@@ -16,3 +17,12 @@ def documented_by(part_method: Callable) -> Callable[[Callable], Callable]:
         method.__doc__ = part_method.__doc__
         return method
     return decorate
+
+
+def delegate(part: str, part_method: Callable) -> Callable:
+    """A method of the owner that calls ``part_method`` on its part ``self.<part>``, with that method's name,
+    docstring and signature (for a part method whose keyword arguments the owner would only copy)."""
+    @functools.wraps(part_method)
+    def call(self, *args, **kwargs):
+        return getattr(getattr(self, part), part_method.__name__)(*args, **kwargs)
+    return call

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from kvlease.common.auto_partition import AutoPartition, check_auto_partition_key
-from kvlease.common.columns import Column, column_type
+from kvlease.common.columns import MAX_COMMENT, UNASSIGNED, Column, column_type
 from kvlease.common.types import parse_type
 from kvlease.common.errors import InvalidRequestError, InvalidTableError, show
 from kvlease.common.model import TableBucket
@@ -55,6 +55,23 @@ class TableInfo:
     #: Set on a partition's view of its table (:meth:`of_partition`): the partition's id and name.
     partition_id: int | None = None
     partition_name: str | None = None
+    #: The version of its columns (docs/schemas.md, "Schema evolution"): 1 when made, + 1 by every alter of them.
+    schema_id: int = 1
+    #: The table's comment (``table alter --comment``).
+    comment: str = ""
+    #: ``(schema_id, columns)`` of each earlier version of its columns, oldest first: the rows stored then carry
+    #: that schema id and are read through it (docs/schemas.md, "Reading rows of earlier schemas"). Filled by the
+    #: coordinator from the table's history; not part of its stored definition nor of its equality.
+    past_schemas: tuple[tuple[int, tuple[Column, ...]], ...] = field(default=(), compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        """Columns without a field id (``Column(name, type)``) get one: their position if none has one, else
+        the next ids after the highest there is."""
+        if any(c.id == UNASSIGNED for c in self.columns):
+            assigned = [c.id for c in self.columns if c.id != UNASSIGNED]
+            ids = iter(range(len(self.columns)) if not assigned else range(max(assigned) + 1, 1 << 31))
+            columns = tuple(c if c.id != UNASSIGNED else replace(c, id=next(ids)) for c in self.columns)
+            object.__setattr__(self, "columns", columns)
 
     @property
     def path(self) -> str:
@@ -92,12 +109,24 @@ class TableInfo:
     def schema_string(self) -> str:
         return ", ".join(f"{c.name} {c.type}" for c in self.columns)
 
+    def columns_of(self, schema_id: int) -> tuple[Column, ...] | None:
+        """The columns of its schema ``schema_id`` (the current one or an earlier one); None if unknown here."""
+        if schema_id == self.schema_id:
+            return self.columns
+        return next((columns for sid, columns in self.past_schemas if sid == schema_id), None)
+
+    def column(self, name: str) -> Column | None:
+        """The column named ``name``; None if it has none."""
+        return next((c for c in self.columns if c.name == name), None)
+
     def to_json(self) -> dict:
         return {
             "table_id": self.table_id,
             "db": self.database,
             "name": self.name,
-            "schema": [{"name": c.name, "type": c.type} for c in self.columns],
+            "schema": columns_to_json(self.columns),
+            "schema_id": self.schema_id,
+            **({"comment": self.comment} if self.comment else {}),
             "primary_key": list(self.primary_key),
             "buckets": self.buckets,
             "created_ms": self.created_ms,
@@ -114,7 +143,7 @@ class TableInfo:
             table_id=int(data["table_id"]),
             database=data["db"],
             name=data["name"],
-            columns=tuple(Column(c["name"], c["type"]) for c in data["schema"]),
+            columns=columns_from_json(data["schema"]),
             primary_key=tuple(data["primary_key"]),
             buckets=int(data["buckets"]),
             created_ms=int(data.get("created_ms", 0)),
@@ -123,7 +152,21 @@ class TableInfo:
             partition_key=tuple(data.get("partition_key", ())),
             max_partitions=int(data.get("max_partitions", DEFAULT_MAX_PARTITIONS)),
             auto_partition=AutoPartition.from_json(data["auto_partition"]) if data.get("auto_partition") else None,
+            schema_id=int(data.get("schema_id", 1)),
+            comment=str(data.get("comment", "")),
         )
+
+
+def columns_to_json(columns: tuple[Column, ...]) -> list[dict]:
+    """Columns as stored in ZooKeeper: name, type, field id, and the comment if it has one."""
+    return [{"name": c.name, "type": c.type, "id": c.id, **({"comment": c.comment} if c.comment else {})}
+            for c in columns]
+
+
+def columns_from_json(data: list[dict]) -> tuple[Column, ...]:
+    """What :func:`columns_to_json` stored; a column stored before field ids existed takes its position."""
+    return tuple(Column(c["name"], c["type"], int(c.get("id", i)), str(c.get("comment", "")))
+                 for i, c in enumerate(data))
 
 
 @dataclass(frozen=True)
@@ -197,7 +240,10 @@ def validate_spec(spec: TableSpec) -> TableSpec:
         if column.name in seen:
             raise InvalidTableError(f"duplicate column {show(column.name)}")
         seen.add(column.name)
-        columns.append(Column(column.name, column_type(column.name, column.type)))
+        if not isinstance(column.comment, str) or len(column.comment) > MAX_COMMENT:
+            raise InvalidTableError(f"column {column.name}'s comment: a text of at most {MAX_COMMENT} characters, "
+                                    f"got {show(column.comment)}")
+        columns.append(replace(column, type=column_type(column.name, column.type), id=UNASSIGNED))  # 0..n-1 at create
     if not spec.primary_key:
         raise InvalidTableError("a table needs a primary key")
     types = {column.name: column.type for column in columns}

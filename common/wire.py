@@ -20,6 +20,7 @@ from kvlease.common.redaction import scrub
 from kvlease.common.model import Lease, SnapshotFile, SnapshotHandle, TableBucket
 from kvlease.common.proto import coordinator_pb2 as pb
 from kvlease.common.auto_partition import DEFAULT_TIME_ZONE, AutoPartition, TimeUnit
+from kvlease.common.columns import UNASSIGNED
 from kvlease.common.tables import DEFAULT_MAX_PARTITIONS, Column, TableInfo, TableSpec
 
 
@@ -73,11 +74,13 @@ def table_to_pb(table: TableInfo) -> pb.TableInfoPb:
     """The wire form of a table, or of a partition's view of its table (``partition_id`` and ``partition_name``)."""
     msg = pb.TableInfoPb(
         table_id=table.table_id, database=table.database, name=table.name,
-        columns=[{"name": c.name, "type": c.type} for c in table.columns],
+        columns=columns_to_pb(table.columns),
         primary_key=list(table.primary_key), buckets=table.buckets, created_ms=table.created_ms,
         replication_factor=table.replication_factor, min_insync_replicas=table.min_insync_replicas,
         partition_key=list(table.partition_key), partition_id=table.partition_id,
-        partition_name=table.partition_name or "")
+        partition_name=table.partition_name or "", schema_id=table.schema_id, comment=table.comment,
+        past_schemas=[pb.PastSchemaPb(schema_id=sid, columns=columns_to_pb(columns))
+                      for sid, columns in table.past_schemas])
     if table.partitioned:
         msg.max_partitions = table.max_partitions
     if table.auto_partition is not None:
@@ -102,18 +105,32 @@ def table_from_pb(msg: pb.TableInfoPb) -> TableInfo:
     """The table (or partition's view) :func:`table_to_pb` sent; InvalidTableError for bad auto-partitioning."""
     auto = auto_partition_from_pb(msg)
     view = msg.HasField("partition_id")  # a partition's view of its table
-    return TableInfo(msg.table_id, msg.database, msg.name, tuple(Column(c.name, c.type) for c in msg.columns),
+    return TableInfo(msg.table_id, msg.database, msg.name, columns_from_pb(msg.columns),
                      tuple(msg.primary_key), msg.buckets, msg.created_ms,
                      max(1, msg.replication_factor), max(1, msg.min_insync_replicas),
                      partition_key=tuple(msg.partition_key),
                      max_partitions=msg.max_partitions or DEFAULT_MAX_PARTITIONS, auto_partition=auto,
-                     partition_id=msg.partition_id if view else None, partition_name=msg.partition_name if view else None)
+                     partition_id=msg.partition_id if view else None,
+                     partition_name=msg.partition_name if view else None, schema_id=msg.schema_id or 1,
+                     comment=msg.comment,
+                     past_schemas=tuple((p.schema_id, columns_from_pb(p.columns)) for p in msg.past_schemas))
+
+
+def columns_to_pb(columns: Iterable[Column]) -> list[pb.ColumnPb]:
+    """Columns on the wire: a column whose table has not numbered it yet (a create's) is sent without an id."""
+    return [pb.ColumnPb(name=c.name, type=c.type, comment=c.comment, id=None if c.id == UNASSIGNED else c.id)
+            for c in columns]
+
+
+def columns_from_pb(msgs) -> tuple[Column, ...]:
+    """The columns :func:`columns_to_pb` sent (one without an id: unassigned, its table numbers it by position)."""
+    return tuple(Column(c.name, c.type, c.id if c.HasField("id") else UNASSIGNED, c.comment) for c in msgs)
 
 
 def table_spec_from_pb(msg: pb.CreateTableRequest) -> TableSpec:
     """The table a create asks for (checked by the coordinator: common/tables.validate_spec)."""
     auto = auto_partition_from_pb(msg)
-    return TableSpec(msg.database, msg.name, tuple(Column(c.name, c.type) for c in msg.columns),
+    return TableSpec(msg.database, msg.name, columns_from_pb(msg.columns),
                      tuple(msg.primary_key), msg.buckets, tuple(msg.partition_key),
                      msg.max_partitions if msg.HasField("max_partitions") else DEFAULT_MAX_PARTITIONS, auto)
 
@@ -121,7 +138,7 @@ def table_spec_from_pb(msg: pb.CreateTableRequest) -> TableSpec:
 def table_spec_to_pb(spec: TableSpec, **fields) -> pb.CreateTableRequest:
     """A create request for ``spec`` (``fields``: the request's others)."""
     msg = pb.CreateTableRequest(database=spec.database, name=spec.name,
-                                columns=[pb.ColumnPb(name=c.name, type=c.type) for c in spec.columns],
+                                columns=columns_to_pb(spec.columns),
                                 primary_key=list(spec.primary_key), buckets=spec.buckets,
                                 partition_key=list(spec.partition_key), **fields)
     if spec.partition_key:

@@ -12,6 +12,9 @@ EPOCH = "/coordinators/epoch"
 TABLET_SERVERS = "/tabletservers/ids"
 #: Persistent, written by the active coordinator: the data dir id it last saw each tablet server id register with.
 TABLET_DIRS = "/tabletservers/dirs"
+#: Persistent, written by the active coordinator: the incarnation of each tablet server it last saw registered
+#: (coordinator/seen_servers.py), so a new active coordinator knows which servers restarted meanwhile.
+TABLET_SEEN = "/tabletservers/seen"
 #: Persistent, made by each tablet server before it registers; the active coordinator bumps a server's node (its
 #: version) before a write that takes a leadership from it: the server's leader lease rests on that version
 #: (tablet/replication/leader_lease.py).
@@ -74,6 +77,15 @@ def table(table_id: int) -> str:
 
 def table_assignment(table_id: int) -> str:
     return f"{TABLES}/{table_id}/assignment"
+
+
+def table_schemas(table_id: int) -> str:
+    """A table's schema versions (docs/schemas.md, "Schema evolution"): one child per version."""
+    return f"{TABLES}/{table_id}/schemas"
+
+
+def table_schema(table_id: int, schema_id: int) -> str:
+    return f"{TABLES}/{table_id}/schemas/{schema_id}"
 
 
 def table_snapshots(table_id: int) -> str:

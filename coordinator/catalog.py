@@ -17,6 +17,7 @@ from kvlease.common import errors, zkpaths
 from kvlease.common.model import TableBucket
 from kvlease.common.tables import TableInfo, TableSpec
 from kvlease.common.zk import ZkOp, dumps, loads
+from kvlease.coordinator.schema_history import SchemaHistory
 from kvlease.coordinator.zk_reads import DATA, read_many
 
 
@@ -33,6 +34,8 @@ class TableCatalog:
         self.databases: set[str] = set()
         self.last_id = 0
         self.counter_version = -1  # -1: the counter node does not exist yet
+        #: Each table's schema versions (coordinator/schema_history.py).
+        self.history = SchemaHistory()
 
     # -- queries ----------------------------------------------------------------
 
@@ -151,22 +154,26 @@ class TableCatalog:
         """Nodes of the table itself (its partitions, and its snapshot handles, are deleted before these)."""
         ops = ([] if table.partitioned else
                [ZkOp("delete", zkpaths.bucket_snapshots(table.table_id, b)) for b in range(table.buckets)])
-        return ops + [ZkOp("delete", zkpaths.table_snapshots(table.table_id)),
-                      ZkOp("delete", zkpaths.table_name(table.database, table.name)),
-                      ZkOp("delete", zkpaths.table(table.table_id))]
+        return ops + self.history.drop_ops(table.table_id) + [
+            ZkOp("delete", zkpaths.table_snapshots(table.table_id)),
+            ZkOp("delete", zkpaths.table_name(table.database, table.name)),
+            ZkOp("delete", zkpaths.table(table.table_id))]
 
     def remove(self, table: TableInfo) -> None:
         self.by_id.pop(table.table_id, None)
         self.by_name.pop((table.database, table.name), None)
         self.physical.pop(table.table_id, None)
         self.partitions.pop(table.table_id, None)
+        self.history.forget(table.table_id)
 
     def alter_ops(self, table: TableInfo) -> list[ZkOp]:
         """Store a table's changed definition (same id and name)."""
         return [ZkOp("set", zkpaths.table(table.table_id), dumps(table.to_json()))]
 
     def replace(self, table: TableInfo) -> None:
-        """Take a table's changed definition; its partitions' views follow it."""
+        """Take a table's changed definition (with its earlier schemas, from the history); its partitions' views
+        follow it."""
+        table = self.history.with_past(table)
         self.add_loaded(table)
         for name, pid in self.partitions.get(table.table_id, {}).items():
             self.physical[pid] = table.of_partition(pid, name)
@@ -236,6 +243,10 @@ class TableCatalog:
             if table is not None:  # else a partition its table's drop did not reach: the drop goes on
                 view = table.of_partition(int(node["partition_id"]), node["partition_name"])
                 self._add_partition(view, int(node.get("created_ms", 0)))
+        self.history.load(zk, sorted(self.by_id))
+        for table_id in list(self.history.by_table):  # the altered tables learn their earlier schemas
+            if table_id in self.by_id:
+                self.replace(self.by_id[table_id])
 
     def add_loaded(self, table: TableInfo) -> None:
         self.by_id[table.table_id] = table

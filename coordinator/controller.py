@@ -8,13 +8,11 @@ the part that owns its concept:
   gathered over the batch, their writes persisted together at the end of it
   (or at the next barrier), and only then answered;
 - queries: answered from memory at once;
-- barriers (tables, snapshot commits, tablet servers, orphan lease files):
-  pending lease writes are flushed first, then
-  :class:`~kvlease.coordinator.tables.Tables`, :class:`~kvlease.coordinator.snapshot_commits.SnapshotCommits`
-  or :class:`~kvlease.coordinator.membership.Membership` carry them out;
-- partition and data-loss requests go to the dispatchers that own them,
-  :class:`~kvlease.coordinator.partition_requests.PartitionRequests` and
-  :class:`~kvlease.coordinator.data_loss_requests.DataLossRequests`.
+- barriers (tables, snapshot commits, tablet servers, orphan lease files): pending lease writes are
+  flushed first, then :class:`~kvlease.coordinator.tables.Tables`, :class:`~kvlease.coordinator.
+  snapshot_commits.SnapshotCommits` or :class:`~kvlease.coordinator.membership.Membership` carry them out;
+- partition, data-loss and schema requests go to the dispatchers that own them (``partition_requests``,
+  ``data_loss_requests``, ``schemas``: :class:`~kvlease.coordinator.schemas.Schemas`).
 """
 
 from __future__ import annotations
@@ -49,6 +47,7 @@ from kvlease.coordinator.membership import Membership, Notify
 from kvlease.coordinator.moves import Moves
 from kvlease.coordinator.orphan_files import OrphanFiles
 from kvlease.coordinator.preferred_leaders import PreferredLeaders
+from kvlease.coordinator.schemas import Schemas
 from kvlease.coordinator.snapshot_checks import LeaderLogEnds, check_epoch
 from kvlease.coordinator.snapshot_commits import SnapshotCommits
 from kvlease.coordinator.snapshots import SnapshotStore
@@ -126,6 +125,7 @@ class Controller(Dispatcher):
         self.tables = Tables(catalog, self.members, self.lease_shell, self.snapshot_commits, clock_ms,
                              default_replication, self.partitions)
         self.partitions.on_removed = lambda partition_id: self.losses.ends.table_dropped(partition_id)
+        self.schemas = Schemas(catalog, self.members, self.lease_shell, clock_ms)  # coordinator/schemas.py
         self.losses = DataLossShell(self.members, lambda: self.snapshots, clock_ms, metrics,
                                     on_resolved=lambda tb, losses: self.snapshot_commits.drop_lost_history(tb, losses))
         self.loss_requests = DataLossRequests(self.losses, catalog, self.lease_shell)
@@ -217,7 +217,7 @@ class Controller(Dispatcher):
         return deferred
 
     def dispatch(self, request: object, future: Future | None) -> None:
-        for part in (self.partition_requests, self.loss_requests):
+        for part in (self.partition_requests, self.loss_requests, self.schemas):
             if part.handles(request):
                 return part.dispatch(request, future)
         if type(request) not in self._handlers:

@@ -30,6 +30,7 @@ from kvlease.coordinator import data_loss_plan, election_plan
 from kvlease.coordinator.assignment import UNASSIGNED, Assignments, BucketAssignment, Changes
 from kvlease.coordinator.catalog import TableCatalog
 from kvlease.coordinator.data_dirs import DataDirs
+from kvlease.coordinator.seen_servers import SeenServers
 from kvlease.coordinator.decommissioned import Decommissioned
 from kvlease.coordinator.fencing import FencedWriter, chunks
 from kvlease.coordinator.leader_leases import LeaderLeases, ServerLease
@@ -57,7 +58,8 @@ class Membership:
         self.metrics = metrics  # coordinator.metrics.CoordinatorMetrics, or None
         self.assignments = Assignments()
         self.servers: dict[int, str] = {}  # live tablet servers: id -> address
-        self._incarnations: dict[int, tuple[str, str]] = {}
+        self._incarnations: dict[int, tuple] = {}  # live servers: id -> identity (coordinator/seen_servers.py)
+        self.seen = SeenServers()  # the identities recorded, for the next active coordinator
         self.capacity: dict[int, int | None] = {}  # live servers: id -> max_buckets (None: not registered)
         self.writer: FencedWriter | None = None
         #: Run after every change written (the changed table ids; None: any table, after servers changed): the
@@ -72,6 +74,7 @@ class Membership:
     def load(self) -> None:
         """Failover: load the assignments of the catalog's tables; plan those that have none."""
         self.dirs.load(self.zk)
+        self._incarnations = self.seen.load(self.zk)  # registered as then: not restarted, their leaders serve on
         self.decommissioned.load(self.zk)
         for table_id in self.assignments.load(self.zk, sorted(self.catalog.physical)):
             plan = plan_new(self.assignments, self.catalog.physical[table_id].buckets, [])
@@ -214,9 +217,13 @@ class Membership:
                         "in sync (writes it missed are lost)", bucket, table_id, changes[table_id][bucket].leader)
             if self.metrics is not None:
                 self.metrics.unclean_elections.inc()
-        dir_ops = self.dirs.ops(registered)
-        self._apply(changes, also_tell=joined, extra_ops=dir_ops,
-                    extra_written=lambda: self.dirs.recorded(registered))
+        extra_ops = self.dirs.ops(registered) + self.seen.ops(identity)
+
+        def written() -> None:
+            self.dirs.recorded(registered)
+            self.seen.written(identity)
+
+        self._apply(changes, also_tell=joined, extra_ops=extra_ops, extra_written=written)
         self.on_changed(None)
 
     def apply(self, changes: Changes, extra_ops: list[ZkOp] = (),

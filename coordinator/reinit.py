@@ -27,7 +27,7 @@ def reinitialize(c, writer: FencedWriter, mirror=None, defer_orphans: bool = Fal
     leave orphan lease files for :class:`~kvlease.coordinator.requests.RemoveOrphanLeaseFiles`
     (listed in the background once serving) instead of listing them now.
     """
-    for part in (c.lease_shell, c.snapshot_commits, c.members, c.tables, c.partitions):
+    for part in (c.lease_shell, c.snapshot_commits, c.members, c.tables, c.partitions, c.schemas):
         part.writer = writer
     phases = _Phases()
     for path in zkpaths.ROOTS + (zkpaths.TABLES,):

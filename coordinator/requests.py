@@ -13,6 +13,7 @@ from typing import Any, Callable, Mapping
 
 from kvlease.common import errors
 from kvlease.common.model import SnapshotHandle, TableBucket
+from kvlease.common.schema_changes import Change
 from kvlease.common.tables import TableInfo, TableSpec
 from kvlease.leases.events import Acquire
 
@@ -20,7 +21,7 @@ __all__ = ["ConfirmRestore", "ElectLeader", "ReportLogEnds", "ReportReplicaLoss"
            "ListLeases", "ListSnapshots", "ListTables", "ListTabletServers", "RemoveOrphanLeaseFiles",
            "TabletServersChanged", "PushDelivered", "ReassignBucket", "DecommissionTablet", "RecommissionTablet",
            "Rebalance", "ListReassignments", "ResignLeadership", "CreatePartition", "DropPartition", "ListPartitions",
-           "AlterTable", "CheckAutoPartitions", "AcquireLatest"]
+           "AlterTable", "CheckAutoPartitions", "AcquireLatest", "AlterSchema", "GetSchemaHistory"]
 
 
 @dataclass(frozen=True)
@@ -267,6 +268,23 @@ class AlterTable:
     precreate: int | None = None
     retention: int | None = None
     max_partitions: int | None = None
+
+
+@dataclass(frozen=True)
+class AlterSchema:
+    """One change of a table's schema (coordinator/schemas.py; the rules: common/schema_changes.py)."""
+
+    database: str
+    name: str
+    change: Change
+
+
+@dataclass(frozen=True)
+class GetSchemaHistory:
+    """A table and every version of its schema."""
+
+    database: str
+    name: str
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from kvlease.common.security.acl import Operation, Resource
 from kvlease.common.security.server import OPEN
 from kvlease.coordinator import partition_service
 from kvlease.coordinator import requests as rq
+from kvlease.coordinator import schema_service
 from kvlease.coordinator.reassignment_plan import move_state
 from kvlease.coordinator.snapshot_checks import check_manifest
 from kvlease.coordinator.snapshot_wire import AcquireAnswers, SnapshotRowEncoder
@@ -391,8 +392,11 @@ class CoordinatorService(pb_grpc.CoordinatorServiceServicer):
     def ListPartitions(self, request, context):
         return partition_service.list_partitions(self, request)
 
-    def AlterTable(self, request, context):
-        return partition_service.alter_table(self, request)
+    def AlterTable(self, request, context):  # partitioning settings, or one schema change
+        return schema_service.alter_table(self, request)
+
+    def GetSchemaHistory(self, request, context):
+        return schema_service.get_schema_history(self, request)
 
     def DescribeKvSnapshotLease(self, request, context):
         return self._run(self._guarded(rq.DescribeLease(request.lease_id), Operation.READ,

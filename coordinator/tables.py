@@ -38,7 +38,7 @@ def definition_differences(existing: TableInfo, spec: TableSpec) -> list[str]:
     if existing.auto_partition != spec.auto_partition:
         there, asked = (a.to_json() if a else None for a in (existing.auto_partition, spec.auto_partition))
         differences.append(f"auto-partitioning {there} there, {asked} asked")
-    if tuple(existing.columns) != tuple(spec.columns):
+    if [(c.name, c.type) for c in existing.columns] != [(c.name, c.type) for c in spec.columns]:  # not field ids
         asked = ", ".join(f"{c.name} {c.type}" for c in spec.columns)
         differences.append(f"columns ({existing.schema_string()}) there, ({asked}) asked")
     if tuple(existing.primary_key) != tuple(spec.primary_key):

@@ -204,6 +204,11 @@ class CoordinatorServiceStub:
                 request_serializer=common_dot_proto_dot_coordinator__pb2.AlterTableRequest.SerializeToString,
                 response_deserializer=common_dot_proto_dot_coordinator__pb2.AlterTableResponse.FromString,
                 _registered_method=True)
+        self.GetSchemaHistory = channel.unary_unary(
+                '/kvlease.CoordinatorService/GetSchemaHistory',
+                request_serializer=common_dot_proto_dot_coordinator__pb2.GetSchemaHistoryRequest.SerializeToString,
+                response_deserializer=common_dot_proto_dot_coordinator__pb2.GetSchemaHistoryResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServiceServicer:
@@ -413,6 +418,12 @@ class CoordinatorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetSchemaHistory(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -585,6 +596,11 @@ def add_CoordinatorServiceServicer_to_server(servicer, server):
                     servicer.AlterTable,
                     request_deserializer=common_dot_proto_dot_coordinator__pb2.AlterTableRequest.FromString,
                     response_serializer=common_dot_proto_dot_coordinator__pb2.AlterTableResponse.SerializeToString,
+            ),
+            'GetSchemaHistory': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSchemaHistory,
+                    request_deserializer=common_dot_proto_dot_coordinator__pb2.GetSchemaHistoryRequest.FromString,
+                    response_serializer=common_dot_proto_dot_coordinator__pb2.GetSchemaHistoryResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1505,6 +1521,33 @@ class CoordinatorService:
             '/kvlease.CoordinatorService/AlterTable',
             common_dot_proto_dot_coordinator__pb2.AlterTableRequest.SerializeToString,
             common_dot_proto_dot_coordinator__pb2.AlterTableResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSchemaHistory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvlease.CoordinatorService/GetSchemaHistory',
+            common_dot_proto_dot_coordinator__pb2.GetSchemaHistoryRequest.SerializeToString,
+            common_dot_proto_dot_coordinator__pb2.GetSchemaHistoryResponse.FromString,
             options,
             channel_credentials,
             insecure,

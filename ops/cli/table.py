@@ -3,8 +3,9 @@
 A partitioned table (docs/partitions.md) is made with ``--partition-by`` (and,
 auto-partitioned by time, ``--auto-partition UNIT``); its definition is checked
 by the coordinator's own rules before anything is sent, so a bad one is a
-usage error. ``alter`` changes its auto-partitioning and partition limit;
-``describe`` shows its partitions and each one's buckets.
+usage error. ``alter`` changes its schema, one change at a time (docs/schemas.md,
+"Schema evolution"), or its auto-partitioning and partition limit; ``describe``
+shows its schema and the schema's history, its partitions and each one's buckets.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from kvlease.common.auto_partition import (DEFAULT_PRECREATE, DEFAULT_RETENTION,
                                            TimeUnit, zone)
 from kvlease.common.tables import (DEFAULT_MAX_PARTITIONS, MAX_BUCKETS, MAX_PARTITIONS, TableInfo, TableSpec,
                                    parse_schema, parse_table_path, validate_spec)
+from kvlease.common.schema_changes import parse_definition
 import kvlease.ops.cli.output as out
 from kvlease.ops.cli.app import State, catch_errors, common_options, kvlease, pass_state
 from kvlease.ops.cli.values import bucket_number, table_path
@@ -23,7 +25,7 @@ from kvlease.ops.cli.values import bucket_number, table_path
 
 @kvlease.group("table")
 def table_group() -> None:
-    """Create, list, describe and drop tables."""
+    """Create, list, describe, alter and drop tables."""
 
 
 @table_group.command("create")
@@ -189,21 +191,31 @@ def table_list(state: State, database: str) -> None:
 @pass_state
 @catch_errors
 def table_describe(state: State, path: str) -> None:
-    """Show a table's schema, primary key, replication, and per bucket its replicas, leader, ISR and leader
-    epoch; a partitioned table's partitioning, and per partition its id, when it was made and its buckets."""
-    info = state.client.get_table(path)
+    """Show a table's schema (types, field ids, comments), schema id and the history of its schema, its primary
+    key, replication, and per bucket its replicas, leader, ISR and leader epoch; a partitioned table's
+    partitioning, and per partition its id, when it was made and its buckets."""
+    info, versions = state.client.schema_history(path)
+    doc = {**out.table_doc(info), "history": [v.to_json() for v in versions]}
     if not info.partitioned:
         _table, leaders = state.client.get_table_assignment(info.table_id)
-        state.output.table({**out.table_doc(info), "assignment": out.assignment_docs(leaders)})
+        state.output.table({**doc, "assignment": out.assignment_docs(leaders)})
         return
     _table, assignments = state.client.partition_assignments(info.table_id)
     partitions = [{**out.partition_doc(p), "assignment": out.assignment_docs(assignments.get(p.partition_id, {}))}
                   for p in state.client.list_partitions(table_id=info.table_id)[1]]
-    state.output.table({**out.table_doc(info), "assignment": [], "partitions": partitions})
+    state.output.table({**doc, "assignment": [], "partitions": partitions})
 
 
 @table_group.command("alter")
 @click.argument("path", metavar="DB.NAME", callback=table_path)
+@click.option("--add-column", metavar="\"NAME TYPE [COMMENT '…']\"",
+              help="Add a nullable column at the end (docs/schemas.md, \"Schema evolution\").")
+@click.option("--rename-column", nargs=2, metavar="OLD NEW", help="Rename a column (not a key column).")
+@click.option("--widen-column", metavar="\"NAME TYPE\"",
+              help="Give a column a wider type: TINYINT -> SMALLINT -> INT -> BIGINT, FLOAT -> DOUBLE, a DECIMAL's "
+                   "precision up (same scale).")
+@click.option("--drop-column", metavar="NAME", help="Drop a column (not a key column); its data is no longer read.")
+@click.option("--comment", metavar="TEXT", help="Set the table's comment (\"\": none).")
 @click.option("--precreate", type=click.IntRange(min=0), metavar="N",
               help="Auto-partitioning: the current partition and the next N-1 exist.")
 @click.option("--retention", type=int, metavar="N",
@@ -214,15 +226,45 @@ def table_describe(state: State, path: str) -> None:
 @pass_state
 @catch_errors
 def table_alter(state: State, path: str, precreate: int | None, retention: int | None,
-                max_partitions: int | None) -> None:
-    """Change a partitioned table's auto-partitioning (--precreate, --retention) or its partition limit
-    (--max-partitions); the coordinator checks the table's partitions with them at once."""
-    if precreate is None and retention is None and max_partitions is None:
-        raise click.UsageError("nothing to change: give --precreate N, --retention N or --max-partitions N")
-    info = state.client.alter_table(path, precreate=precreate, retention=retention, max_partitions=max_partitions)
+                max_partitions: int | None, **schema) -> None:
+    """Change a table's schema, one change at a time (--add-column, --rename-column, --widen-column,
+    --drop-column, --comment: each makes its schema id one more), or a partitioned table's
+    auto-partitioning (--precreate, --retention) or partition limit (--max-partitions); the coordinator checks
+    the table's partitions with these at once."""
+    changes = {k: v for k, v in schema.items() if v is not None}
+    partitioning = {k: v for k, v in (("precreate", precreate), ("retention", retention),
+                                      ("max_partitions", max_partitions)) if v is not None}
+    if not changes and not partitioning:
+        raise click.UsageError("nothing to change: give --add-column, --rename-column, --widen-column, "
+                               "--drop-column, --comment, --precreate, --retention or --max-partitions")
+    if changes:
+        _check_one_change(changes, partitioning)
+        info = state.client.alter_table(path, **changes)
+        asked = ", ".join(f"{_flag(k)} {' '.join(v) if isinstance(v, tuple) else repr(v)}" for k, v in changes.items())
+        state.output.message(f"altered table {info.path}: {asked} (schema id {info.schema_id})", out.table_doc(info))
+        return
+    info = state.client.alter_table(path, **partitioning)
     text = (f"altered table {info.path}: partitioned by {out.partitioning_text(out.table_doc(info))}, at most "
             f"{info.max_partitions} partitions (the coordinator checks its partitions with these at once)")
     state.output.message(text, out.table_doc(info))
+
+
+def _flag(option: str) -> str:
+    return "--" + option.replace("_", "-")
+
+
+def _check_one_change(changes: dict, partitioning: dict) -> None:
+    """A usage error unless ``changes`` is one schema change, without partitioning settings, whose column
+    definition (``--add-column``, ``--widen-column``) reads (the coordinator's own parser)."""
+    flags = [_flag(k) for k in [*changes, *partitioning]]
+    if len(flags) > 1:
+        raise click.UsageError(f"one schema change at a time, and no other setting with it: got {', '.join(flags)}")
+    for option in ("add_column", "widen_column"):
+        if option in changes:
+            try:
+                parse_definition(changes[option])
+            except errors.InvalidTableError as exc:
+                raise click.BadParameter(exc.message, param_hint=f"'{_flag(option)}'") from None
 
 
 @table_group.command("drop")

@@ -1,5 +1,6 @@
-"""The text form of ``table describe`` and ``partition list``: a table's definition, its partitioning, and per
-bucket (per partition's bucket, for a partitioned table) its leader, replicas and ISR.
+"""The text form of ``table describe`` and ``partition list``: a table's definition, its schema and the schema's
+history, its partitioning, and per bucket (per partition's bucket, for a partitioned table) its leader, replicas
+and ISR.
 
 :class:`kvlease.ops.cli.output.TextOutput` renders those two documents with these functions; each takes
 its ``grid`` (columns -> an empty rich table) and ``show`` (print renderables), so the look is the output's.
@@ -48,18 +49,24 @@ def describe_table(grid: Grid, show: Show, doc: Mapping[str, Any]) -> None:
     rows.add_row("replication factor", str(doc.get("replication_factor", 1)))
     rows.add_row("min in-sync replicas", str(doc.get("min_insync_replicas", 1)))
     rows.add_row("primary key", ", ".join(doc["primary_key"]))
+    rows.add_row("schema id", str(doc.get("schema_id", 1)))
+    if doc.get("comment"):
+        rows.add_row("comment", escape(doc["comment"]))
     if partitioned:
         rows.add_row("partitioned by", partitioning_text(doc))
         rows.add_row("max partitions", str(doc["max_partitions"]))
         rows.add_row("partitions", str(len(doc.get("partitions", []))))
     if doc.get("created_ms"):
         rows.add_row("created", local_time(doc["created_ms"]))
-    columns = grid("column", "type", "key")
+    columns = grid("column", "type", "key", "field id", "comment")
     for c in doc["schema"]:
         key = "PK" + (", partition" if c["name"] in doc.get("partition_key", ()) else "")
-        columns.add_row(c["name"], c["type"], key if c["name"] in doc["primary_key"] else "")
+        columns.add_row(c["name"], escape(c["type"]), key if c["name"] in doc["primary_key"] else "",
+                        str(c.get("id", "")), escape(c.get("comment", "")))
     show(rows)
     show(columns)
+    if doc.get("history"):
+        show(history_grid(grid, doc["history"]))
     if doc.get("partitions"):
         show(partitions_grid(grid, doc["partitions"], "partitions"))
     if partitioned:
@@ -74,6 +81,15 @@ def describe_table(grid: Grid, show: Show, doc: Mapping[str, Any]) -> None:
             for partition, bucket, loss in losses:
                 lost.add_row(*([partition] if partitioned else []), str(bucket), loss["text"])
             show(lost)
+
+
+def history_grid(grid: Grid, versions: list[Mapping[str, Any]]) -> Any:
+    """``table describe``'s schema history: per version its id, when, what changed and its columns."""
+    history = grid("schema id", "when", "change", "columns", title="schema history")
+    for v in versions:
+        history.add_row(str(v["schema_id"]), local_time(v["time_ms"]), escape(v["change"]),
+                        escape(", ".join(f"{c['name']} {c['type']}" for c in v["schema"])))
+    return history
 
 
 def bucket_grid(grid: Grid, buckets: list[tuple[str | None, Mapping[str, Any]]], partitioned: bool) -> Any:

@@ -61,7 +61,8 @@ import kvlease.ops.local_cluster.tablet_disks as tablet_disks
 from kvlease.ops.local_cluster.cluster_file import (ZK_ROOT, abandon_start, begin_start, client_config,
                                                     cluster_file, finish_start, load, load_starting, record_start,
                                                     recorded_procs, running_pids, starting_file)
-from kvlease.ops.local_cluster.processes import ClusterError, Progress, kept_ports, proc_start, spawn_server, terminate
+from kvlease.ops.local_cluster.processes import (ClusterError, Progress, free_ports, kept_ports, proc_start,
+                                                spawn_server, terminate)
 from kvlease.ops.local_cluster.shape import Shape, resolve as resolve_shape
 from kvlease.ops.local_cluster.start_waits import wait_active, wait_served, wait_tablets
 from kvlease.ops.local_cluster.zookeeper import ZooKeeperCluster, ZooKeeperError
@@ -91,6 +92,23 @@ def _spawn(directory: Path, role: str, index: int, zk_connect: str, remote: str,
     return {"id": str(index), "pid": proc.pid, "proc_start": proc_start(proc.pid),
             "address": f"127.0.0.1:{port}", "metrics_address": f"127.0.0.1:{metrics_port}",
             "log": str(home / f"{module}.log"), "_popen": proc}
+
+
+#: Times one process is started again on new ports after losing the race for its port.
+PORT_RETRIES = 3
+_ROLE_NAMES = {"coordinators": "coordinator", "tablets": "tablet server"}
+
+
+def _lost_its_port(log: Path, start: int, address: str) -> bool:
+    """The part of ``log`` written since ``start`` (its size when the process was launched) says the process
+    could not listen on ``address`` (common/tls.py ``add_port``'s message)."""
+    try:
+        with open(log, "rb") as fh:
+            fh.seek(start)
+            written = fh.read(1 << 20).decode("utf-8", "replace")
+    except OSError:
+        return False
+    return f"cannot listen on {address} " in written
 
 
 def _tablets_supported(count: int) -> None:
@@ -125,7 +143,8 @@ def start(directory: str | os.PathLike[str], *, zk_nodes: int | None = None, coo
 
     A stopped cluster started again in its directory keeps its coordinators' and tablet servers' ports
     (those of cluster.json; ZooKeeper's are new, only the cluster's own processes use them); a port
-    another process took meanwhile is replaced by a free one, and ``warn`` (default: ``progress``) says so.
+    another process took meanwhile is replaced by a free one, and ``warn`` (default: ``progress``) says so;
+    so is the port of a server that exits because another process bound it as the server started.
 
     ``tablet_disk`` (bytes, or a size such as ``"64m"``; root only): each tablet server's data dir on a tmpfs
     of that size of its own (:mod:`kvlease.ops.local_cluster.tablet_disks`), unmounted again if the start fails. A
@@ -229,6 +248,8 @@ class _Start:
         self.zk: ZooKeeperCluster | None = None
         self.procs: list[subprocess.Popen] = []
         self.mounted: list[Path] = []  # the tablet disks this start mounted
+        self.log_starts: dict[tuple[str, int], int] = {}  # (role, index) -> its log's size at its launch
+        self.relaunches: dict[tuple[str, int], int] = {}
 
     def zookeeper(self, nodes: int, secure: bool) -> None:
         self.progress(f"starting ZooKeeper ({nodes} node{'s' if nodes > 1 else ''}) in {self.directory / 'zookeeper'}")
@@ -256,13 +277,38 @@ class _Start:
         for i, (port, metrics_port) in enumerate(ports):
             if role == "tablets" and tablet_disks.KEY in self.doc:
                 self._tablet_disk(str(i + 1))
-            entry = _spawn(self.directory, role, i + 1, self.zk.connect_string, self.doc["remote"], port,
-                           metrics_port, self.overrides)
-            started.append(entry.pop("_popen"))
-            self.procs.append(started[-1])
-            self.doc[role].append(entry)
-            record_start(self.directory, self.doc)
+            self.doc[role].append({})
+            started.append(self._launch(role, i, port, metrics_port))
         return started
+
+    def _launch(self, role: str, i: int, port: int, metrics_port: int) -> subprocess.Popen:
+        """Start process ``i`` of ``role`` on ``port``, recorded as ``doc[role][i]`` (and in the start's record)."""
+        log = self.directory / f"{'coordinator' if role == 'coordinators' else 'tablet'}-{i + 1}" / (
+            "coordinator.log" if role == "coordinators" else "tablet.log")
+        self.log_starts[(role, i)] = log.stat().st_size if log.exists() else 0
+        entry = _spawn(self.directory, role, i + 1, self.zk.connect_string, self.doc["remote"], port,
+                       metrics_port, self.overrides)
+        proc = entry.pop("_popen")
+        self.procs.append(proc)
+        self.doc[role][i] = entry
+        record_start(self.directory, self.doc)
+        return proc
+
+    def relaunch_port_losers(self, role: str, procs: list[subprocess.Popen]) -> None:
+        """Start again, on new ports, each process of ``procs`` that exited because another process took its
+        port between the start picking it and the process binding it (its log says it cannot listen there):
+        the race ZooKeeper's start also retries. At most :data:`PORT_RETRIES` times each."""
+        for i, proc in enumerate(procs):
+            if proc.poll() is None or self.relaunches.get((role, i), 0) >= PORT_RETRIES:
+                continue
+            entry = self.doc[role][i]
+            if not _lost_its_port(Path(entry["log"]), self.log_starts[(role, i)], entry["address"]):
+                continue
+            self.relaunches[(role, i)] = self.relaunches.get((role, i), 0) + 1
+            port, metrics_port = free_ports(2)
+            self.warn(f"{_ROLE_NAMES[role]} {i + 1}: its port {entry['address'].rsplit(':', 1)[1]} was taken as it "
+                      f"started, so it starts again on {port} (its address changes)")
+            procs[i] = self._launch(role, i, port, metrics_port)
 
     def _tablet_disk(self, tablet_id: str) -> None:
         """Mount tablet server ``tablet_id``'s small disk (recorded first, so a ``stop`` after an interrupted
@@ -282,12 +328,14 @@ class _Start:
 
         procs = self._spawn("coordinators", count, "coordinator")
         self.progress("waiting for an active coordinator")
-        wait_active(self.doc, procs, self.timeout_s, self.admin_client, wait_for_active)
+        wait_active(self.doc, procs, self.timeout_s, self.admin_client, wait_for_active,
+                    functools.partial(self.relaunch_port_losers, "coordinators"))
 
     def tablets(self, count: int) -> None:
         procs = self._spawn("tablets", count, "tablet server")
         self.progress("waiting for the tablet servers to register")
-        wait_tablets(self.doc, procs, self.timeout_s, self.admin_client)
+        wait_tablets(self.doc, procs, self.timeout_s, self.admin_client,
+                     functools.partial(self.relaunch_port_losers, "tablets"))
         self.progress("waiting until every bucket has a serving leader")
         wait_served(self.doc, procs, self.timeout_s, self.warn)
 

@@ -8,6 +8,7 @@ file of each process concerned (:func:`log_files`), never the logs themselves.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 from typing import Any, Callable, Mapping
 
@@ -16,6 +17,8 @@ from kvlease.ops.local_cluster.processes import ClusterError, Progress
 from kvlease.ops.local_cluster.serving import all_served, cluster_admin, serving_now
 from kvlease.ops.wait import poll
 
+#: Starts again, in place, the processes of a list that lost the race for their port.
+Relaunch = Callable[[list[subprocess.Popen]], None]
 _WHAT = {"coordinators": "coordinator", "tablets": "tablet server", "zookeeper": "ZooKeeper node"}
 
 
@@ -26,11 +29,18 @@ def log_files(doc: Mapping[str, Any], role: str) -> str:
 
 
 def wait_active(doc: dict[str, Any], procs: list[subprocess.Popen], timeout_s: float, admin_client,
-                wait_for_active: Callable) -> None:
-    """Until a coordinator of ``doc`` is active (``procs``: theirs)."""
-    addresses = [c["address"] for c in doc["coordinators"]]
-    with admin_client(addresses, request_timeout_s=1.0, retry_total_s=0) as client:
+                wait_for_active: Callable, relaunch: Relaunch = lambda procs: None) -> None:
+    """Until a coordinator of ``doc`` is active (``procs``: theirs; ``relaunch(procs)`` first starts again those
+    that lost the race for their port, replacing them in ``procs`` and ``doc``)."""
+    clients: dict[tuple[str, ...], Any] = {}
+    with contextlib.ExitStack() as stack:
         def active() -> bool:
+            relaunch(procs)
+            addresses = tuple(c["address"] for c in doc["coordinators"])
+            if addresses not in clients:  # the first poll, or a coordinator started again on another port
+                clients[addresses] = stack.enter_context(admin_client(list(addresses), request_timeout_s=1.0,
+                                                                      retry_total_s=0))
+            client = clients[addresses]
             if all(proc.poll() is not None for proc in procs):
                 codes = ", ".join(str(proc.returncode) for proc in procs)
                 raise ClusterError(f"every coordinator exited (exit codes {codes}); {log_files(doc, 'coordinators')}")
@@ -52,13 +62,16 @@ def fail_if_tablets_exited(doc: Mapping[str, Any], procs: list[subprocess.Popen]
         raise ClusterError(f"tablet server(s) {which} exited")
 
 
-def wait_tablets(doc: dict[str, Any], procs: list[subprocess.Popen], timeout_s: float, admin_client) -> None:
-    """Until every tablet server of ``doc`` is registered (ListTabletServers of the active coordinator)."""
+def wait_tablets(doc: dict[str, Any], procs: list[subprocess.Popen], timeout_s: float, admin_client,
+                 relaunch: Relaunch = lambda procs: None) -> None:
+    """Until every tablet server of ``doc`` is registered (ListTabletServers of the active coordinator);
+    ``relaunch(procs)`` first starts again those that lost the race for their port."""
     wanted = {int(t["id"]) for t in doc["tablets"]}
     addresses = [c["address"] for c in doc["coordinators"]]
     registered: set[int] = set()
     with admin_client(addresses, request_timeout_s=2.0, retry_total_s=0) as client:
         def all_registered() -> bool:
+            relaunch(procs)
             fail_if_tablets_exited(doc, procs)
             try:
                 ids = {s.id for s in client.list_tablet_servers()}

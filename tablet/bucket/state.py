@@ -21,12 +21,13 @@ if TYPE_CHECKING:  # the parts import this module; these only annotate
     from kvlease.tablet.store.prewrite_buffer import PrewriteBuffer
 
 
-@dataclass(frozen=True)
+@dataclass
 class BucketSpec:
     """The bucket a store holds: its ``dir`` (named in errors), its ``bucket`` (every key written or looked
     up must hash to it; None: not checked), its table's ``codec``, the largest row a write may carry
     (``max_row_bytes``, ``table.max-row-size``) and whether it is ``replicated`` (writes wait for the high
-    watermark before RocksDB applies them)."""
+    watermark before RocksDB applies them). Only ``codec`` changes: the store replaces it, under its write
+    lock, when its table's schema changes (docs/schemas.md); the parts read it at each use."""
 
     dir: str
     bucket: int | None

@@ -118,14 +118,23 @@ class BucketStore:
         self.buffer = PrewriteBuffer()
         #: The leader-epoch cache and its checkpoint, loaded when the files open.
         self.epoch_file = EpochFile(dir, files.settings.fsync, lambda: files.changelog.end_offset)
-        shared = BucketShared(BucketSpec(dir, bucket, self.codec, max_row_bytes, replicated), files, self.write_lock,
-                              self.role, self.writers, self.buffer, self.epoch_file)
+        spec = BucketSpec(dir, bucket, self.codec, max_row_bytes, replicated)
+        self._shared = shared = BucketShared(spec, files, self.write_lock, self.role, self.writers, self.buffer,
+                                             self.epoch_file)
         self.writes = BucketWrites(shared)
         self.replication = BucketReplication(shared, self.writes.settle, self.writes.fail)
         self.reads = BucketReads(shared, lambda: self.replication.high_watermark)
         if replicated:
             files.replay_limit = 0  # a new store replays nothing beyond what RocksDB has applied
         files.on_open = self._opened
+
+    def take_table(self, table: TableInfo) -> None:
+        """Write and read with ``table``'s later schema from now on (docs/schemas.md, "Schema evolution"): rows
+        written from here carry its schema id; rows of earlier schemas are read through it."""
+        codec = RowCodec(table)
+        with self.write_lock:
+            self.table, self.codec = table, codec
+            self._shared.spec.codec = codec
 
     def _opened(self, changelog: Changelog, kv: KvStore) -> None:
         """The files were (re)opened (``BucketFiles.on_open``): no operation runs on them yet."""

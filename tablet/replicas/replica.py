@@ -103,8 +103,9 @@ class Replica:
 
     def take_role(self, role: BucketRole, now: float = 0.0) -> bool:
         """Take the coordinator's ``role`` (received at ``now``, monotonic s); whether this replica stopped
-        leading (its scans must end)."""
+        leading (its scans must end). A newer schema of its table (``table alter``) is taken with it."""
         with self.fetch_lock:
+            self.take_table(role.table)
             old = self.role
             if old is not None and (role.leader_epoch, role.bucket_epoch) < (old.leader_epoch, old.bucket_epoch):
                 log.warning("%s: ignoring a push of leader epoch %d / bucket epoch %d older than the %d / %d held",
@@ -132,6 +133,16 @@ class Replica:
             if self.store.is_open:
                 self.store.become_follower(role.leader_epoch)
             return was_leading
+
+    def take_table(self, table: TableInfo) -> None:
+        """Hold ``table``'s view (the same table, a later schema: docs/schemas.md) instead of the one held; an
+        older schema (a push that a later one overtook) is ignored. Requests find it through the replica
+        manager's held tables, and the store's writes and reads use it from now on (rows of earlier schemas are
+        read through it: common/codec.py)."""
+        if table.schema_id > self.table.schema_id and table.physical_id == self.table.physical_id:
+            self.table = table
+            if self.store is not None:
+                self.store.take_table(table)
 
     def note_ready(self, old: BucketRole | None, role: BucketRole, now: float) -> None:
         """When a leadership of ``role`` may serve: ``lease_wait_ms`` after a leadership new to this server is

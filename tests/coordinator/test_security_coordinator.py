@@ -88,6 +88,18 @@ def test_tables_are_listed_and_described_only_where_the_caller_has_a_grant(secur
     wait_until(lambda: bob.get_table("other.c"), ACL_WAIT_S, "bob describes other.c", retry_on=NOT_YET_GRANTED)
 
 
+def test_altering_a_schema_needs_alter_on_the_table_and_its_history_describe(secure):
+    secure.cluster.create_table("db.t", COLUMNS, ["id"], 1)
+    bob = secure.admin_as("bob", "bob-pw")
+    refused(lambda: bob.schema_history("db.t"), "DESCRIBE", "table db.t")
+    refused(lambda: bob.alter_table("db.t", add_column="c INT"), "ALTER", "table db.t")
+    assert secure.admin.get_table("db.t").schema_id == 1
+    secure.grant(BOB, "ALTER", "db.t")
+    altered = wait_until(lambda: bob.alter_table("db.t", add_column="c INT"), ACL_WAIT_S, "bob alters db.t",
+                         retry_on=NOT_YET_GRANTED)
+    assert altered.schema_id == 2 and [v.schema_id for v in bob.schema_history("db.t")[1]] == [1, 2]
+
+
 def test_snapshot_listing_needs_read(secure):
     table_id = snapshotted_table(secure, "db.t")
     bob = secure.admin_as("bob", "bob-pw")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import threading
 import uuid
 from pathlib import Path
 
@@ -427,22 +428,31 @@ def test_a_revoked_read_stops_a_scan_which_its_owner_can_still_close(sc, table, 
     assert open_scanners(sc) == 0
 
 
-def test_a_revoked_read_stops_the_clients_scanners(sc, table, make_user, clients):
+def test_a_revoked_read_stops_the_clients_scanners(sc, table, make_user, clients, monkeypatch):
     add_rows(sc, table)
     name, password = make_user(("READ", table))
     client = clients((name, password), table)
     cache = sc.cluster.tablets[1].security  # the tablet server's watched ACL cache (in-process)
     readable = lambda: cache.allowed(Operation.READ, Resource.table(table), f"User:{name}")  # noqa: E731
+    scans = sc.cluster.tablets[1].scans
+    gate, take_batch = threading.Event(), scans._continue
+
+    def held_batch(*args, **kwargs):  # the server reads no batch past the first until the revoke is in its cache:
+        gate.wait(ACL_WAIT_S)  # else it may stream (or read ahead) every batch before, and the scan just ends
+        return take_batch(*args, **kwargs)
+
+    monkeypatch.setattr(scans, "_continue", held_batch)
     for streaming in (False, True):
+        gate.clear()
         sc.grant(f"User:{name}", "READ", table)
         wait_until(readable, ACL_WAIT_S, "the grant reached the tablet server")
         with client.scanner(0, streaming=streaming, batch_size_bytes=1) as scanner:
             assert wait_until(scanner.poll, ACL_WAIT_S, "the first batch", retry_on=NOT_YET_GRANTED).num_rows == 1
             sc.revoke(f"User:{name}", "READ", table)
-            # a scan of 300 one-row batches may end before the revoke reaches the cache (a loaded machine
-            # reads them fast): wait for the cache, then the next poll must be refused
             wait_until(lambda: not readable(), ACL_WAIT_S, "the revoke reached the tablet server")
+            gate.set()  # a batch whose READ was checked before the revoke may still come; none after it
             with pytest.raises(errors.AuthorizationFailedError, match=f"may not READ table {table}") as info:
                 wait_until(lambda: scanner.poll() is None, ACL_WAIT_S, "the scan refused", interval_s=0)
             assert "lost after" in info.value.message and "resume" not in info.value.message  # none would help
-    assert open_scanners(sc) == 0
+    # the stream's session is freed by the server once its call ends, after the client read the error
+    wait_until(lambda: open_scanners(sc) == 0, ACL_WAIT_S, "the scan sessions freed")

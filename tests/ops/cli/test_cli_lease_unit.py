@@ -9,6 +9,7 @@ import pytest
 
 import kvlease.client.admin as admin
 from kvlease.common import errors
+from kvlease.common.schema_changes import SchemaVersion
 from kvlease.common.tables import Column, TableInfo
 from kvlease.common.model import Lease, SnapshotHandle, TableBucket
 from tests.support.cli_runner import assert_one_line_error, run
@@ -38,6 +39,10 @@ class FakeAdmin:
 
     def list_tables(self, database=""):
         return [self.info]
+
+    def schema_history(self, path):
+        info = self.get_table(path)
+        return info, [SchemaVersion.current(info)]
 
     def create_table(self, path, columns, primary_key, buckets, ignore_if_exists=False):
         """Like the coordinator: db.t exists; another table is created (id 8)."""

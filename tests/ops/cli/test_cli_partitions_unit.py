@@ -20,6 +20,7 @@ from kvlease.client.partitions_admin import PartitionInfo
 from kvlease.common import errors
 from kvlease.common.auto_partition import AutoPartition, TimeUnit
 from kvlease.common.model import Lease, SnapshotHandle, TableBucket
+from kvlease.common.schema_changes import SchemaVersion
 from kvlease.common.tables import Column, TableInfo
 from kvlease.ops.local_cluster import ClusterError, check_settings
 from kvlease.ops.local_cluster.settings import merged
@@ -86,7 +87,8 @@ def test_auto_partitioning_needs_one_string_column(nothing_sent):
 
 def test_table_alter_needs_something_to_change(nothing_sent):
     line = assert_one_line_error(run(*B, "table", "alter", "db.p"), code=2)
-    assert "nothing to change: give --precreate N, --retention N or --max-partitions N" in line
+    assert ("nothing to change: give --add-column, --rename-column, --widen-column, --drop-column, --comment, "
+            "--precreate, --retention or --max-partitions") in line
     assert "'--max-partitions'" in assert_one_line_error(run(*B, "table", "alter", "db.p", "--max-partitions", "0"),
                                                          code=2)
 
@@ -155,6 +157,10 @@ class PartitionedAdmin:
 
     def list_tables(self, database=""):
         return list(self.tables.values())
+
+    def schema_history(self, path):
+        info = self.get_table(path)
+        return info, [SchemaVersion.current(info)]
 
     def list_partitions(self, path=None, *, table_id=None):
         self.calls.append("list_partitions")

@@ -11,6 +11,7 @@ import re
 import threading
 
 import pytest
+from kazoo.exceptions import KazooException
 
 from kvlease.client.admin import AdminClient
 from kvlease.client.table import TableClient
@@ -21,6 +22,7 @@ from kvlease.ops.wait import wait_until
 from tests.support.cli_runner import assert_one_line_error, run
 from tests.tablet.replication.test_data_loss_cluster import SETTINGS, cluster, one_replica_with_tail  # noqa: F401
 from tests.tablet.replication.test_replicated_buckets import SCHEMA, bucket_state, crash, server_by_id
+from tests.tablet.replication.test_stray_copies_cluster import _expire_session
 
 pytestmark = pytest.mark.zk
 
@@ -115,8 +117,9 @@ def test_replicated_bucket_all_of_whose_servers_are_gone_is_restored_with_its_re
 
 def test_a_restore_not_carried_out_when_a_failover_raises_the_epoch_is_still_carried_out(cluster, make_config,
                                                                                            tmp_path):
-    """The new coordinator's first push raises a one-replica bucket's leader epoch past the restore's; the
-    restoring server had not run the restore yet: it still installs the snapshot instead of serving empty."""
+    """The new coordinator's first push raises a one-replica bucket's leader epoch past the restore's (its
+    server registered again while no coordinator was active); the restoring server had not run the restore
+    yet: it still installs the snapshot instead of serving empty."""
     c = cluster
     gone = c.tablet(1, tmp_path / "t1")
     wait_until(lambda: len(c.admin.list_tablet_servers()) == 1, 15, "tablet server 1")
@@ -137,8 +140,10 @@ def test_a_restore_not_carried_out_when_a_failover_raises_the_epoch_is_still_car
         replica = wait_until(lambda: _replica(target, table.table_id), 15, "the restore's push")
         assert replica.loss_work == lost_data.RESTORE
 
+        c.coordinator.stop()  # while no coordinator is active the server re-registers in a new session: the
+        _expire_session(target)  # next coordinator sees it restarted and raises its one-replica bucket's epoch
+        wait_until(lambda: _registered(target), 20, "it registered again")
         standby = CoordinatorServer(make_config(SETTINGS)).start()
-        c.coordinator.stop()
         c.coordinator = standby
         assert standby.wait_active(20)
         c.admin.close()
@@ -151,6 +156,13 @@ def test_a_restore_not_carried_out_when_a_failover_raises_the_epoch_is_still_car
     with TableClient(c.admin, "db.failover") as client:
         rows = wait_until(lambda: _rows(client, 4), 20, "the restored bucket to serve")
         assert rows == [{"id": i, "v": f"v{i}"} for i in range(4)]
+
+
+def _registered(server) -> bool:
+    try:
+        return server.zk.exists(zkpaths.tablet_server(server.server_id)) is not None
+    except KazooException:  # its session is being replaced
+        return False
 
 
 def _replica(server, table_id):
