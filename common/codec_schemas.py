@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 from kvlease.common.codec_types import arrow_type
 from kvlease.common.codec_values import ValueCodec
 from kvlease.common.columns import Column
-from kvlease.common.errors import InvalidRowError, show
+from kvlease.common.errors import InvalidRowError, LeaderNotAvailableError, show
 from kvlease.common.tables import TableInfo
 
 
@@ -116,3 +116,28 @@ class SchemaReader:
                     Projection(columns, self.target, self.schema))
             self._parts[schema_id] = part
         return part
+
+
+def batch_as_current(batch: pa.RecordBatch, schema_id: int, table: TableInfo) -> pa.RecordBatch:
+    """A write's rows named by the columns of ``table``'s schema ``schema_id`` (a writer opened before a
+    change), named by its current columns: by field id, a renamed column takes its new name and a dropped
+    one is left out (a widened one is the codec's safe widening on write). A name that schema does not have
+    stays, for the codec to refuse. A later schema than ``table``'s: LeaderNotAvailableError (retried: the
+    coordinator's push of it has not reached this server yet)."""
+    if schema_id == table.schema_id:
+        return batch
+    columns = table.columns_of(schema_id)
+    if columns is None:
+        if schema_id > table.schema_id:
+            raise LeaderNotAvailableError(f"the schema id {schema_id} of {table.where} has not reached this tablet "
+                                          f"server yet (it holds {table.schema_id}): retry in a moment")
+        raise InvalidRowError(f"the rows are of schema id {schema_id}, which {table.where} never had")
+    ids = {c.name: c.id for c in columns}
+    current = {c.id: c.name for c in table.columns}
+    names, arrays = [], []
+    for name, array in zip(batch.schema.names, batch.columns):
+        if name in ids and ids[name] not in current:
+            continue  # dropped since: not stored
+        names.append(current.get(ids.get(name), name))
+        arrays.append(array)
+    return pa.RecordBatch.from_arrays(arrays, names=names)
