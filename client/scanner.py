@@ -138,7 +138,8 @@ class BucketScanner:
         self.max_resumes = max_resumes
         self.decode = decode
         self._route = route
-        self._codec = (codec if codec is not None and codec.table is table else RowCodec(table)) if decode else None
+        same = codec is not None and codec.table.physical_id == table.physical_id  # the client's, with its schemas
+        self._codec = (codec if same else RowCodec(table)) if decode else None
         self._timeout_s = request_timeout_s or 30.0
         changes = {name: value for name, value in (("total_s", retry_total_s), ("max_wait_s", retry_max_wait_s),
                                                     ("sleep", sleep)) if value is not None}

@@ -78,11 +78,12 @@ class TableClient(LogOffsets):
                  retry_total_s: float | None = None, request_timeout_s: float | None = None,
                  snapshot_timeout_s: float = 600.0, parallelism: int = 8,
                  sleep: Callable[[float], None] | None = None, partition: str | TableInfo | None = None,
-                 create_partitions: bool = True) -> None:
+                 create_partitions: bool = True, read_as: tuple | None = None) -> None:
         """``admin`` is a :class:`kvlease.client.admin.AdminClient`; ``table`` a ``DB.NAME`` or a table id.
         Of a partitioned table (docs/partitions.md): without ``partition`` the client writes and looks up
         rows of every partition (``create_partitions``: a write to a partition that does not exist creates
-        it); with ``partition`` (its name) it reads and writes that partition's buckets, as a table's."""
+        it); with ``partition`` (its name) it reads and writes that partition's buckets, as a table's. Rows
+        of any schema are read as its schema when opened, or as ``read_as`` (docs/schemas.md)."""
         config = config or cfg.Config(env={})
         self.admin = admin
         self.retry = RetryPolicy(DEFAULT_RETRY_TOTAL_S if retry_total_s is None else retry_total_s,
@@ -101,8 +102,9 @@ class TableClient(LogOffsets):
             admin.get_table_by_id(table) if isinstance(table, int) else admin.get_table(table))
         self.partitions: PartitionedWrites | None = None  # a partitioned table's, opened without a partition
         self.router: BucketRouter | None = None
+        self._read_as = read_as
         if info.partitioned and partition is None:
-            self._table, self.codec = info, RowCodec(info)
+            self._table, self.codec = info, self._codec(info)
             self.partitions = PartitionedWrites(admin, info, self.codec, self._partition_client, create_partitions)
             return
         if isinstance(partition, str):
@@ -110,10 +112,18 @@ class TableClient(LogOffsets):
         elif partition is not None and not info.partitioned:
             raise errors.InvalidRequestError(f"table {info.path} is not partitioned", table=info.path)
         self.router = BucketRouter(admin, info.table_id, info.partition_id)
-        self.codec = RowCodec(self.table)
+        self.codec = self._codec(self.table)
+
+    def _codec(self, info: TableInfo) -> RowCodec:
+        """The codec of ``info``'s rows; a row of a schema it does not know makes it ask for the table again."""
+        def latest() -> TableInfo:
+            table = self.admin.get_table_by_id(info.table_id)
+            return table if info.partition_id is None else table.of_partition(info.partition_id, info.partition_name)
+
+        return RowCodec(info, read_as=self._read_as, refresh=latest)
 
     def _partition_client(self, view: TableInfo) -> "TableClient":
-        return TableClient(self.admin, view.table_id, partition=view, **self._options)
+        return TableClient(self.admin, view.table_id, partition=view, read_as=self._read_as, **self._options)
 
     # -- plumbing ------------------------------------------------------------------------
 
@@ -272,7 +282,7 @@ class TableClient(LogOffsets):
             with self._writers.use(bucket) as writer:  # its batches one at a time, in order
                 for chunk in _chunks(rows):
                     request = pb.PutKvRequest(table_id=table_id, partition_id=partition_id, bucket=bucket,
-                                              **{field: batch_to_ipc(chunk)})
+                                              schema_id=self.codec.schema_id, **{field: batch_to_ipc(chunk)})
                     response = writer.send(request, lambda watch: self._call_bucket(
                         bucket, "PutKv", request, idempotent=True, fenced=True, watch=watch))
                     offsets.append((response.base_offset, response.next_offset))

@@ -34,7 +34,9 @@ from kvlease.common import codec_python as cp
 from kvlease.common.codec_conform import TIMESTAMP_MAX_US, TIMESTAMP_MIN_US, check_values, conform  # noqa: F401
 from kvlease.common.codec_keys import KeyCodec
 from kvlease.common.codec_types import ARROW_TYPES, arrow_type  # noqa: F401 (ARROW_TYPES: re-exported)
+from kvlease.common.codec_schemas import SchemaReader, UnknownSchemaError, columns_schema  # noqa: F401
 from kvlease.common.codec_values import FORMAT_VERSION, ValueCodec, value_schema_ids  # noqa: F401
+from kvlease.common.columns import Column
 from kvlease.common.tables import TableInfo
 from kvlease.common.types import parse_type
 # re-exported: callers import the bucket function and the IPC helpers from here
@@ -59,11 +61,21 @@ def key_schema(table: TableInfo) -> pa.Schema:
 class RowCodec:
     """Encodes and decodes the rows of one table; see the module docstring for the layouts."""
 
-    def __init__(self, table: TableInfo, schema_id: int | None = None) -> None:
+    def __init__(self, table: TableInfo, schema_id: int | None = None, *, read_as: Sequence[Column] | None = None,
+                 refresh: Callable[[], TableInfo] | None = None) -> None:
+        """``read_as``: the columns rows are read as (default: the table's; a reader that keeps an earlier
+        schema passes that one's); ``refresh``: the table read again, for a row of a schema id the table
+        does not know yet (common/codec_schemas.py)."""
         self.table = table
-        #: The schema id the values it writes carry, and the one it reads.
-        self.schema_id = schema_id if schema_id is not None else getattr(table, "schema_id", 1)
-        self.schema = arrow_schema(table)
+        #: The schema id the values it writes carry (rows of every other schema id are read through
+        #: :attr:`reader`).
+        self.schema_id = schema_id if schema_id is not None else table.schema_id
+        target = tuple(read_as) if read_as is not None else table.columns
+        #: The Arrow schema of the rows it reads (of the columns it writes: ``values.schema``).
+        self.schema = columns_schema(target)
+        self.reader = SchemaReader(table, target, self.schema, refresh)
+        #: Values of its own schema id decode straight into the rows read (no projection).
+        self._own_is_target = target == table.columns and self.schema_id == table.schema_id
         self.key_schema = key_schema(table)
         self._types = {c.name: c.type for c in table.columns}
         self._names = [c.name for c in table.columns]
@@ -71,7 +83,8 @@ class RowCodec:
         self._key_set = frozenset(table.primary_key)
         self.keys = KeyCodec(tuple(next(c for c in table.columns if c.name == k) for k in table.primary_key),
                              self.key_schema)
-        self.values = ValueCodec(table.columns, self.schema, self.schema_id)
+        self.values = ValueCodec(table.columns, self.schema if self._own_is_target else columns_schema(table.columns),
+                                 self.schema_id)
         #: The length of every encoded key when all primary-key columns are fixed-width, else None.
         self.key_width = self.keys.width
 
@@ -96,7 +109,7 @@ class RowCodec:
                                   f"{', '.join(self._names)})")
         columns = ([row.get(name) for row in rows] for name in self._names)  # one column's list at a time
         arrays = self._arrays(self._names, columns, lambda i, name: name not in rows[i])
-        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+        return pa.RecordBatch.from_arrays(arrays, schema=self.values.schema)
 
     def keys_to_batch(self, columns: Sequence[list]) -> pa.RecordBatch:
         """Primary-key values, one list per key column in primary-key order -> a batch of the key schema;
@@ -149,7 +162,7 @@ class RowCodec:
         null primary key (naming the first such row).
         """
         arrays = self._columns(batch, self._names, required=self._key_set)
-        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+        return pa.RecordBatch.from_arrays(arrays, schema=self.values.schema)
 
     def encode(self, batch: pa.RecordBatch) -> tuple[list[bytes], list[bytes]]:
         """(keys, values) of a client's batch, after :meth:`validate`."""
@@ -181,8 +194,14 @@ class RowCodec:
         return _chunked(self._encode_values, self.validate(batch))
 
     def decode_values(self, values: Sequence[bytes] | pa.Array | pa.ChunkedArray) -> pa.RecordBatch:
-        """Full rows (table schema) from stored values; InvalidRowError if one is malformed."""
-        return _decode_chunked(self.values.decode, ca.binary_array(values, "value"), self.schema)
+        """Full rows (the columns read: the table's, or ``read_as``) from stored values of any schema id of
+        the table; InvalidRowError if one is malformed."""
+        return _decode_chunked(self._decode_values, ca.binary_array(values, "value"), self.schema)
+
+    def _decode_values(self, array: pa.Array, base: int) -> pa.RecordBatch:
+        if not self._own_is_target:
+            return self.reader.read(array, value_schema_ids(array), base)
+        return self.values.decode(array, base, self.reader.read)
 
     def decode_keys(self, keys: Sequence[bytes] | pa.Array | pa.ChunkedArray) -> pa.RecordBatch:
         """Primary-key columns (key schema) from encoded keys; InvalidRowError if one is malformed."""
@@ -192,7 +211,7 @@ class RowCodec:
         """Like :meth:`decode_values` for values known to hold this codec's columns, whatever schema id they
         carry (the seam for reading values of an older schema: decode them with that schema's codec, then
         project)."""
-        return _decode_chunked(self.values.decode_same_schema, ca.binary_array(values, "value"), self.schema)
+        return _decode_chunked(self.values.decode_same_schema, ca.binary_array(values, "value"), self.values.schema)
 
     # ---- internals ---------------------------------------------------------
 

@@ -19,7 +19,7 @@ Format 1 (``[0x01][null bitmap][columns]``, written before schema ids) still dec
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -118,16 +118,20 @@ class ValueCodec:
 
     # ---- decoding ------------------------------------------------------------
 
-    def decode(self, array: pa.Array, base: int) -> pa.RecordBatch:
-        """Rows from a binary array of values written with this codec's schema id; ``base`` is the index of its
-        first row (for errors). A value of another schema id is an InvalidRowError (for now)."""
+    def decode(self, array: pa.Array, base: int,
+               others: Callable[[pa.Array, np.ndarray, int], pa.RecordBatch] | None = None) -> pa.RecordBatch:
+        """Rows from a binary array of values; ``base`` is the index of its first row (for errors). Values of
+        other schema ids than this codec's go, all of them, to ``others(array, schema ids, base)``
+        (common/codec_schemas.py); without it they are an InvalidRowError."""
         starts, ends, data = ca.layout(array)
         ids = _schema_ids(starts, ends, data, base)
         other = ids != self.schema_id
         if other.any():
+            if others is not None:
+                return others(array, ids, base)
             i = ca.first(other)
             raise InvalidRowError(f"row {base + i}: the value was written with schema id {ids[i]}, and this reader "
-                                  f"reads schema id {self.schema_id} only (decoding older schemas comes later)")
+                                  f"reads schema id {self.schema_id} only")
         return self.decode_same_schema(array, base)
 
     def decode_same_schema(self, array: pa.Array, base: int) -> pa.RecordBatch:

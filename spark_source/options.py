@@ -128,14 +128,16 @@ def connect(bootstrap: tuple[str, ...], security: Security = ()) -> AdminClient:
 
 
 def open_table(admin: AdminClient, table_id: int, security: Security = (),
-               partition: TableInfo | None = None) -> TableClient:
+               partition: TableInfo | None = None, read_as: tuple | None = None) -> TableClient:
     """The table client of a read or write on ``admin``'s cluster: its calls to tablet servers retry as
     long as ``retry.timeout`` says, like the admin client's calls to the coordinator. ``partition``: a
-    partition's view of the table (``TableInfo.of_partition``): the client reads that partition's buckets."""
+    partition's view of the table (``TableInfo.of_partition``): the client reads that partition's buckets.
+    ``read_as``: the columns of the schema the query read its schema from (rows written since a later
+    change are read as that schema: docs/spark.md, "Schema changes")."""
     settings = dict(security)
     return TableClient(admin, table_id, cfg.Config(settings, env={}),
                        retry_total_s=admin.retry.total_s if cfg.CLIENT_RETRY_TOTAL.name in settings else None,
-                       partition=partition)
+                       partition=partition, read_as=read_as)
 
 
 def _security(given: Mapping[str, str]) -> Security:

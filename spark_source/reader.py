@@ -107,7 +107,8 @@ def _read(ctx: ReadContext, split, schema: pa.Schema) -> Iterator[pa.RecordBatch
         admin = stack.enter_context(connect(ctx.bootstrap, ctx.security))
         view = split_table(ctx.table, split)
         table = stack.enter_context(open_table(admin, ctx.table.table_id, ctx.security,
-                                               partition=view if view.partition_id is not None else None))
+                                               partition=view if view.partition_id is not None else None,
+                                               read_as=ctx.table.columns))  # the query's schema
         if isinstance(split, HybridSplit):
             batches = _hybrid(ctx, admin, table, split, schema)
             yield from (_releasing(admin, ctx, split, batches) if split.release else batches)

@@ -95,6 +95,7 @@ from kvlease.spark_source.partitions import (BucketKey, PartitionedTables, bucke
                                              name_splits, partition_of, table_bucket)
 from kvlease.spark_source.reader import names_table, read_split
 from kvlease.spark_source.splits import HybridSplit, ReadContext
+from kvlease.spark_source.stream_schema import SchemaCheck
 from kvlease.spark_source.stream_lease import Renewer, ensure_lease
 from kvlease.spark_source.stream_offsets import (NOT_STARTED, LeaseRef, _limited, _losses_seen, _named, _offset, _parse,
                                                  _with_epochs, partition_names)
@@ -113,10 +114,11 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._admitted: set[int] | None = None  # Trigger.AvailableNow: the partitions it reads
         self._renewer: Renewer | None = None
         self._discovery: PartitionDiscovery | None = None
+        self._schema_check = SchemaCheck(ctx.table)
 
     def __getstate__(self) -> dict:  # Spark pickles the reader for read(); clients and threads stay here
         return {"options": self.options, "ctx": self.ctx, "_clients": None, "_target": None, "_admitted": None,
-                "_renewer": None, "_discovery": None}
+                "_renewer": None, "_discovery": None, "_schema_check": None}
 
     # -- clients ---------------------------------------------------------------------------------
 
@@ -195,6 +197,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         lease, starts = self._parse(start)
         names = partition_names(start)
         admin, _ = self._connect()
+        self._schema_check.poll(admin)
         if self.ctx.table.partitioned:
             names, starts = follow(names, starts, self._listing(), self.ctx.table.buckets, self._admitted)
         tables = self._tables(names)

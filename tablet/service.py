@@ -36,6 +36,7 @@ from kvlease.common.proto import tablet_pb2 as pb
 from kvlease.common.proto import tablet_pb2_grpc as pb_grpc
 from kvlease.common.wire import error_pb, handle_to_pb
 from kvlease.common.codec import batch_to_ipc, ipc_to_batch
+from kvlease.common.codec_schemas import batch_as_current
 from kvlease.common.model import SnapshotHandle
 from kvlease.common.security.server import OPEN
 from kvlease.tablet.authz import READ, WRITE, TableAccess
@@ -142,6 +143,8 @@ class TabletService(pb_grpc.TabletServiceServicer):
                 else:
                     lead.check_write(epoch)
                 with _serving(replica):
+                    if upserts is not None and request.schema_id:  # the columns of the writer's schema
+                        upserts = batch_as_current(upserts, request.schema_id, replica.table)
                     base, next_ = replica.store.write(upserts, deletes, writer=writer)
                 if lead is not None:
                     lead.appended()
