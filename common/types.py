@@ -192,9 +192,10 @@ class _Parser:
 
 
 def widens(old: DataType, new: DataType) -> bool:
-    """``new`` holds every value of ``old`` exactly, and a stored ``old`` value reads as ``new`` (what ``table
-    alter --widen-column`` allows): a wider integer, FLOAT to DOUBLE, a DECIMAL with as many digits before
-    and after the point or more. The same type is not a widening."""
+    """``new`` holds every value of ``old`` exactly, and a stored ``old`` value reads as ``new``: a wider
+    integer, FLOAT to DOUBLE, a DECIMAL with as many digits before and after the point or more. The same type
+    is not a widening. ``table alter --widen-column`` takes these but keeps a DECIMAL's scale
+    (common/schema_changes.py)."""
     if old == new:
         return False
     if old.name in INTEGERS and new.name in INTEGERS:

@@ -136,7 +136,9 @@ def test_a_stale_leader_epoch_is_fenced_and_writes_need_enough_replicas(cluster)
     follower = next(s for s in c.tablets if s.server_id != state.leader_id)
     crash(c, follower)  # the ISR shrinks to 2 < min.insync-replicas 3 once the leader notices (replica.max-lag 2s)
     wait_until(lambda: len(bucket_state(c, table.table_id).isr) == 2, 20, "the ISR to shrink")
-    with pytest.raises(errors.NotEnoughReplicasError):
+    replica = leader.replicas.replica(table.table_id, 0)  # and the leader to know it (the push may be on its way:
+    wait_until(lambda: len(replica.lead.isr) == 2, 20, "the leader's ISR to shrink")  # a write appended before
+    with pytest.raises(errors.NotEnoughReplicasError):  # it would be refused only after the append, in its log)
         put(stub, table, [{"id": 3, "v": "z"}])
     end = leader.replicas.replica(table.table_id, 0).store.log_end_offset
     assert end == 1  # nothing appended by the refused writes
