@@ -60,6 +60,7 @@ class Membership:
         self.servers: dict[int, str] = {}  # live tablet servers: id -> address
         self._incarnations: dict[int, tuple] = {}  # live servers: id -> identity (coordinator/seen_servers.py)
         self.seen = SeenServers()  # the identities recorded, for the next active coordinator
+        self._told_all = True
         self.capacity: dict[int, int | None] = {}  # live servers: id -> max_buckets (None: not registered)
         self.writer: FencedWriter | None = None
         #: Run after every change written (the changed table ids; None: any table, after servers changed): the
@@ -75,6 +76,7 @@ class Membership:
         """Failover: load the assignments of the catalog's tables; plan those that have none."""
         self.dirs.load(self.zk)
         self._incarnations = self.seen.load(self.zk)  # registered as then: not restarted, their leaders serve on
+        self._told_all = False  # the first servers_changed after taking over tells every live server
         self.decommissioned.load(self.zk)
         for table_id in self.assignments.load(self.zk, sorted(self.catalog.physical)):
             plan = plan_new(self.assignments, self.catalog.physical[table_id].buckets, [])
@@ -223,7 +225,9 @@ class Membership:
             self.dirs.recorded(registered)
             self.seen.written(identity)
 
-        self._apply(changes, also_tell=joined, extra_ops=extra_ops, extra_written=written)
+        told = joined if self._told_all else set(seen)  # a new active coordinator: every live server hears of it
+        self._told_all = True
+        self._apply(changes, also_tell=told, extra_ops=extra_ops, extra_written=written)
         self.on_changed(None)
 
     def apply(self, changes: Changes, extra_ops: list[ZkOp] = (),

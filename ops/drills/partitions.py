@@ -74,7 +74,7 @@ def run(cluster_dir: str, seconds: float = 30.0, rounds: int = 2) -> Report:
 def _drill(cluster: DrillCluster, path: str, table_id: int, seconds: float, rounds: int, interval: float,
            report: Report) -> None:
     lease_id = f"drill-partitions-{cluster.run_id}"
-    with PartitionWatch(cluster.admin, path) as watch, Writers(cluster.admin, path, WRITERS) as writers:
+    with PartitionWatch(cluster.admin, path) as watch, Writers(cluster.admin, path, WRITERS, RETENTION) as writers:
         started = time.time()
         writers.wait_for_acks(1, 30.0)
         time.sleep(1.5)
@@ -97,6 +97,7 @@ def _drill(cluster: DrillCluster, path: str, table_id: int, seconds: float, roun
         report.figures.update(
             seconds=seconds, kills=len(kills), writers=WRITERS, write_calls=writers.calls,
             rows_acknowledged=writers.rows, retriable_errors=writers.retriable,
+            writes_past_retention=writers.expired,
             write_gap_after_kill_s=[writers.gap_after(at) for at in kills], partitions_seen=len(watch.seen),
             partitions_dropped=sum(1 for s in watch.seen.values() if s.gone is not None),
             leased_partition=held.name, leased_rows=held.first_rows, snapshot_reads=len(held.reads) + 1,

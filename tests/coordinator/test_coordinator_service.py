@@ -126,7 +126,7 @@ def test_tables(client, table):
     with pytest.raises(errors.TableAlreadyExistError):
         client.create_table("db.orders", [Column("id", "BIGINT")], ["id"], 1)
     with pytest.raises(errors.InvalidTableError):
-        client.create_table("db.bad", [Column("id", "DECIMAL")], ["id"], 1)
+        client.create_table("db.bad", [Column("id", "DECIMAL(39,0)")], ["id"], 1)  # past 38 digits
     with pytest.raises(errors.InvalidTableError):
         client.create_table("db.bad", [Column("id", "BIGINT")], ["nope"], 1)
     with pytest.raises(errors.InvalidTableError):

@@ -21,8 +21,8 @@ from kvlease.common.auto_partition import AutoPartition, TimeUnit
 from kvlease.common.model import TableBucket
 from kvlease.common.proto import coordinator_pb2 as pb
 from kvlease.common.tables import Column
-from kvlease.coordinator.server import CoordinatorServer
 from kvlease.ops.wait import wait_until
+from tests.support import coordinators
 from tests.support.snapshot_manifests import commit_snapshot
 
 pytestmark = pytest.mark.zk
@@ -56,13 +56,8 @@ def clock():
 def pair(make_config, clock):
     config = make_config({"metrics.port": 0, "kv.snapshot.lease.expiration-check-interval": "100ms",
                           "auto-partition.check-interval": "100ms", "client.retry.total-timeout": "15s"})
-    servers = [CoordinatorServer(config, clock_ms=clock).start(), CoordinatorServer(config, clock_ms=clock).start()]
-    try:
-        wait_until(lambda: any(s.is_active for s in servers), 15, "an active coordinator", interval_s=0.02)
+    with coordinators.pair(config, clock_ms=clock) as servers:
         yield servers
-    finally:
-        for server in servers:
-            server.stop()
 
 
 @pytest.fixture

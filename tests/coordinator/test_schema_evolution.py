@@ -15,6 +15,7 @@ from kvlease.common.tables import Column
 from kvlease.common.zk import dumps, loads
 from kvlease.coordinator.server import CoordinatorServer
 from kvlease.ops.wait import wait_until
+from tests.support import coordinators
 
 pytestmark = pytest.mark.zk
 
@@ -25,13 +26,8 @@ COLUMNS = [Column("id", "BIGINT"), Column("v", "STRING"), Column("n", "INT")]
 def pair(make_config):
     config = make_config({"kv.snapshot.lease.expiration-check-interval": "100ms",
                           "client.retry.total-timeout": "20s", "zookeeper.session-timeout": "3s"})
-    servers = [CoordinatorServer(config).start(), CoordinatorServer(config).start()]
-    try:
-        wait_until(lambda: any(s.is_active for s in servers), 15, "an active coordinator", interval_s=0.02)
+    with coordinators.pair(config) as servers:
         yield servers
-    finally:
-        for server in servers:
-            server.stop()
 
 
 @pytest.fixture

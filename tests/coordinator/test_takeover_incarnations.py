@@ -43,6 +43,8 @@ def test_a_failover_keeps_the_leader_epochs_of_servers_registered_as_they_were(m
         _take_over(c)
         wait_until(lambda: 1 in {s.id for s in c.admin.list_tablet_servers()}, 30, "the server seen again")
         assert _epochs(c, table.table_id) == before  # the same leaders, the same epochs
+        server = c.tablets[1]  # told all it holds by the new coordinator all the same
+        wait_until(lambda: server.replicas.coordinator_epoch == c.coordinator.epoch, 15, "the new coordinator's push")
         with TableClient(c.admin, "db.t", retry_total_s=0) as client:  # no lease to wait out: served at once
             assert client.lookup([{"id": 1}]) == [{"id": 1, "v": "a"}]
 

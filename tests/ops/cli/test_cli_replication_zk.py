@@ -7,18 +7,14 @@ import json
 
 import pytest
 
-from kvlease.coordinator.server import CoordinatorServer
+from tests.support import coordinators
 from tests.support.cli_runner import assert_one_line_error, run
 
 
 @pytest.fixture
 def coordinator(make_config):
-    server = CoordinatorServer(make_config()).start()
-    try:
-        assert server.wait_active(15)
+    with coordinators.serving(make_config()) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def test_a_replication_factor_above_the_live_servers_is_a_clear_error(coordinator):

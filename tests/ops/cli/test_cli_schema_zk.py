@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kvlease.coordinator.server import CoordinatorServer
+from tests.support import coordinators
 
 pytestmark = [pytest.mark.zk, pytest.mark.timeout(300)]
 
@@ -22,12 +22,8 @@ CLI_ENV = {k: v for k, v in os.environ.items() if not k.startswith("KVLEASE_")}
 
 @pytest.fixture
 def coordinator(make_config):
-    server = CoordinatorServer(make_config()).start()
-    try:
-        assert server.wait_active(15)
+    with coordinators.serving(make_config()) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def kvlease(coordinator, *args: str, columns: int = 80) -> subprocess.CompletedProcess:

@@ -5,8 +5,6 @@ instead of failing the whole start."""
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
 import socket
 
 import pytest
@@ -14,12 +12,13 @@ import pytest
 from kvlease.client.admin import AdminClient
 from kvlease.ops import local_cluster
 from kvlease.ops.local_cluster import launch
+from tests.ops.local_cluster.test_cluster_control import cluster_dir  # noqa: F401 (a fixture: stops what started)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 
-def test_a_server_whose_port_is_taken_as_it_starts_is_started_again_on_a_new_one(tmp_path, monkeypatch):
-    directory = tmp_path / "cluster"
+def test_a_server_whose_port_is_taken_as_it_starts_is_started_again_on_a_new_one(cluster_dir, monkeypatch):
+    directory = cluster_dir
     squatted: dict[str, int] = {}
     real_spawn = launch._spawn
     with contextlib.ExitStack() as squatters:
@@ -33,22 +32,13 @@ def test_a_server_whose_port_is_taken_as_it_starts_is_started_again_on_a_new_one
 
         monkeypatch.setattr(launch, "_spawn", racing_spawn)
         warnings: list[str] = []
-        try:
-            doc = local_cluster.start(directory, zk_nodes=1, coordinators=1, tablets=1, warn=warnings.append,
-                                      config_overrides={"zookeeper.session-timeout": "4s"})
-            coordinator, tablet = doc["coordinators"][0]["address"], doc["tablets"][0]["address"]
-            assert coordinator != f"127.0.0.1:{squatted['coordinators']}"
-            assert tablet != f"127.0.0.1:{squatted['tablets']}"
-            assert any(f"coordinator 1: its port {squatted['coordinators']} was taken" in w for w in warnings), warnings
-            assert any(f"tablet server 1: its port {squatted['tablets']} was taken" in w for w in warnings), warnings
-            assert local_cluster.load(directory)["tablets"][0]["address"] == tablet  # what clients read
-            with AdminClient(local_cluster.bootstrap(directory), retry_total_s=10) as admin:
-                assert [s.address for s in admin.list_tablet_servers()] == [tablet]
-        finally:
-            if local_cluster.cluster_file(directory).exists():
-                recorded = local_cluster.load(directory)
-                try:
-                    local_cluster.stop(directory)
-                finally:
-                    for pid in local_cluster.running_pids(recorded):  # last resort
-                        os.kill(pid, signal.SIGKILL)
+        doc = local_cluster.start(directory, zk_nodes=1, coordinators=1, tablets=1, warn=warnings.append,
+                                  config_overrides={"zookeeper.session-timeout": "4s"})
+        coordinator, tablet = doc["coordinators"][0]["address"], doc["tablets"][0]["address"]
+        assert coordinator != f"127.0.0.1:{squatted['coordinators']}"
+        assert tablet != f"127.0.0.1:{squatted['tablets']}"
+        assert any(f"coordinator 1: its port {squatted['coordinators']} was taken" in w for w in warnings), warnings
+        assert any(f"tablet server 1: its port {squatted['tablets']} was taken" in w for w in warnings), warnings
+        assert local_cluster.load(directory)["tablets"][0]["address"] == tablet  # what clients read
+        with AdminClient(local_cluster.bootstrap(directory), retry_total_s=10) as admin:
+            assert [s.address for s in admin.list_tablet_servers()] == [tablet]
