@@ -42,9 +42,13 @@ def cluster_dir(path: Path, kv) -> str:
     return str(path)
 
 
-def without_spark_settings() -> dict[str, str]:
-    """This process's environment without what the snippet must set itself."""
-    return {k: v for k, v in os.environ.items() if k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")}
+def without_spark_settings(scratch) -> dict[str, str]:
+    """This process's environment without what the snippet must set itself; Spark's scratch space (its local
+    dirs and the JVM's temp dir, /tmp by default, which a JVM ended by its Python leaves behind) in
+    ``scratch``, which the test's tmp_path removes."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")}
+    return {**env, "SPARK_LOCAL_DIRS": str(scratch), "JDK_JAVA_OPTIONS": f"-Djava.io.tmpdir={scratch}",
+            "TMPDIR": str(scratch)}
 
 
 @pytest.mark.spark
@@ -58,7 +62,7 @@ def test_the_spark_page_session_snippet_runs_as_written(kv, tmp_path):
     snippet = page_snippet()
     assert snippet.count('"/tmp/kv"') == 1
     script = snippet.replace('"/tmp/kv"', repr(cluster_dir(tmp_path / "kv", kv)))
-    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=without_spark_settings(),
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=without_spark_settings(tmp_path),
                           capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     assert re.search(r"\|\s*1\|\s*ann\|\s*12.5\|", done.stdout), done.stdout  # show() of the batch read
@@ -113,7 +117,7 @@ def test_register_refuses_workers_that_cannot_import_the_source(tmp_path):
     if not os.path.exists(OTHER_PYTHON):
         pytest.skip(f"{OTHER_PYTHON} is not installed")
     done = subprocess.run([sys.executable, "-c", WRONG_WORKERS, OTHER_PYTHON], cwd=tmp_path,
-                          env=without_spark_settings(), capture_output=True, text=True, timeout=240)
+                          env=without_spark_settings(tmp_path), capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
     refused = next((line for line in lines if line.startswith("REFUSED ")), None)
