@@ -49,7 +49,7 @@ CHUNK_ROWS = 1 << 16
 
 def arrow_schema(table: TableInfo) -> pa.Schema:
     """The Arrow schema of a full row of ``table`` (every field nullable)."""
-    return pa.schema([pa.field(c.name, arrow_type(c.type)) for c in table.columns])
+    return columns_schema(table.columns)
 
 
 def key_schema(table: TableInfo) -> pa.Schema:
@@ -206,12 +206,6 @@ class RowCodec:
     def decode_keys(self, keys: Sequence[bytes] | pa.Array | pa.ChunkedArray) -> pa.RecordBatch:
         """Primary-key columns (key schema) from encoded keys; InvalidRowError if one is malformed."""
         return _decode_chunked(self.keys.decode, ca.binary_array(keys, "key"), self.key_schema)
-
-    def decode_same_schema(self, values: Sequence[bytes] | pa.Array | pa.ChunkedArray) -> pa.RecordBatch:
-        """Like :meth:`decode_values` for values known to hold this codec's columns, whatever schema id they
-        carry (the seam for reading values of an older schema: decode them with that schema's codec, then
-        project)."""
-        return _decode_chunked(self.values.decode_same_schema, ca.binary_array(values, "value"), self.values.schema)
 
     # ---- internals ---------------------------------------------------------
 

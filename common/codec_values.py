@@ -123,8 +123,8 @@ class ValueCodec:
         """Rows from a binary array of values; ``base`` is the index of its first row (for errors). Values of
         other schema ids than this codec's go, all of them, to ``others(array, schema ids, base)``
         (common/codec_schemas.py); without it they are an InvalidRowError."""
-        starts, ends, data = ca.layout(array)
-        ids = _schema_ids(starts, ends, data, base)
+        where = ca.layout(array)  # once: the steps below take it
+        ids = _schema_ids(*where, base)
         other = ids != self.schema_id
         if other.any():
             if others is not None:
@@ -132,15 +132,18 @@ class ValueCodec:
             i = ca.first(other)
             raise InvalidRowError(f"row {base + i}: the value was written with schema id {ids[i]}, and this reader "
                                   f"reads schema id {self.schema_id} only")
-        return self.decode_same_schema(array, base)
+        return self.decode_same_schema(array, base, where)
 
-    def decode_same_schema(self, array: pa.Array, base: int) -> pa.RecordBatch:
-        """Rows from values known to hold these columns (whatever schema id they carry; format 1 or 2)."""
-        starts, ends, data = ca.layout(array)
+    def decode_same_schema(self, array: pa.Array, base: int,
+                           where: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> pa.RecordBatch:
+        """Rows from values known to hold these columns (whatever schema id they carry; format 1 or 2);
+        ``where``: the array's :func:`~kvlease.common.codec_arrays.layout`, if the caller has it."""
+        where = where if where is not None else ca.layout(array)
+        starts, _ends, data = where
         version = data[starts] if len(array) else np.zeros(0, np.uint8)
         old = version == 1
         if not old.any():
-            return self._decode_v2(array, base)
+            return self._decode_v2(array, base, where)
         if old.all():
             return decode_v1(self.columns, self._layouts, self.schema, array, base)
         rows = [np.flatnonzero(old), np.flatnonzero(~old)]  # both formats: each decoded, then put back in order
@@ -150,9 +153,10 @@ class ValueCodec:
         order[np.concatenate(rows)] = np.arange(len(array))
         return pa.concat_batches(parts).take(pa.array(order))
 
-    def _decode_v2(self, array: pa.Array, base: int) -> pa.RecordBatch:
+    def _decode_v2(self, array: pa.Array, base: int,
+                   where: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> pa.RecordBatch:
         n = len(array)
-        starts, ends, data = ca.layout(array)
+        starts, ends, data = where if where is not None else ca.layout(array)
         short = ends - starts < self._head
         if short.any():
             ca.corrupt("value", base + ca.first(short), "shorter than its header")

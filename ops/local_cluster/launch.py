@@ -88,10 +88,12 @@ def _spawn(directory: Path, role: str, index: int, zk_connect: str, remote: str,
     values = {**overrides, cfg.ZK_ADDRESS.name: zk_connect, cfg.ZK_ROOT.name: ZK_ROOT, **own,
               cfg.METRICS_PORT.name: metrics_port, cfg.REMOTE_DATA_DIR.name: remote}
     _write_config(home / "config.toml", values)
+    log = home / f"{module}.log"
+    log_from = log.stat().st_size if log.exists() else 0  # what this process writes comes after
     proc = spawn_server(home, module, detached=True)
     return {"id": str(index), "pid": proc.pid, "proc_start": proc_start(proc.pid),
             "address": f"127.0.0.1:{port}", "metrics_address": f"127.0.0.1:{metrics_port}",
-            "log": str(home / f"{module}.log"), "_popen": proc}
+            "log": str(log), "_popen": proc, "_log_from": log_from}
 
 
 #: Times one process is started again on new ports after losing the race for its port.
@@ -250,6 +252,7 @@ class _Start:
         self.mounted: list[Path] = []  # the tablet disks this start mounted
         self.log_starts: dict[tuple[str, int], int] = {}  # (role, index) -> its log's size at its launch
         self.relaunches: dict[tuple[str, int], int] = {}
+        self.examined: set[int] = set()  # pids of exited processes whose log was read (once is enough)
 
     def zookeeper(self, nodes: int, secure: bool) -> None:
         self.progress(f"starting ZooKeeper ({nodes} node{'s' if nodes > 1 else ''}) in {self.directory / 'zookeeper'}")
@@ -283,11 +286,9 @@ class _Start:
 
     def _launch(self, role: str, i: int, port: int, metrics_port: int) -> subprocess.Popen:
         """Start process ``i`` of ``role`` on ``port``, recorded as ``doc[role][i]`` (and in the start's record)."""
-        log = self.directory / f"{'coordinator' if role == 'coordinators' else 'tablet'}-{i + 1}" / (
-            "coordinator.log" if role == "coordinators" else "tablet.log")
-        self.log_starts[(role, i)] = log.stat().st_size if log.exists() else 0
         entry = _spawn(self.directory, role, i + 1, self.zk.connect_string, self.doc["remote"], port,
                        metrics_port, self.overrides)
+        self.log_starts[(role, i)] = entry.pop("_log_from")
         proc = entry.pop("_popen")
         self.procs.append(proc)
         self.doc[role][i] = entry
@@ -299,8 +300,9 @@ class _Start:
         port between the start picking it and the process binding it (its log says it cannot listen there):
         the race ZooKeeper's start also retries. At most :data:`PORT_RETRIES` times each."""
         for i, proc in enumerate(procs):
-            if proc.poll() is None or self.relaunches.get((role, i), 0) >= PORT_RETRIES:
+            if proc.poll() is None or proc.pid in self.examined or self.relaunches.get((role, i), 0) >= PORT_RETRIES:
                 continue
+            self.examined.add(proc.pid)
             entry = self.doc[role][i]
             if not _lost_its_port(Path(entry["log"]), self.log_starts[(role, i)], entry["address"]):
                 continue

@@ -106,7 +106,6 @@ class BucketStore:
         self.bucket = bucket
         #: The largest row (encoded key + value) a write may carry (``table.max-row-size``).
         self.max_row_bytes = max_row_bytes
-        self.codec = RowCodec(table)
         self.files = files
         #: Serializes writes; hold it to take a snapshot and read ``log_end_offset`` together.
         self.write_lock = threading.RLock()
@@ -118,7 +117,7 @@ class BucketStore:
         self.buffer = PrewriteBuffer()
         #: The leader-epoch cache and its checkpoint, loaded when the files open.
         self.epoch_file = EpochFile(dir, files.settings.fsync, lambda: files.changelog.end_offset)
-        spec = BucketSpec(dir, bucket, self.codec, max_row_bytes, replicated)
+        spec = BucketSpec(dir, bucket, RowCodec(table), max_row_bytes, replicated)
         self._shared = shared = BucketShared(spec, files, self.write_lock, self.role, self.writers, self.buffer,
                                              self.epoch_file)
         self.writes = BucketWrites(shared)
@@ -133,8 +132,13 @@ class BucketStore:
         written from here carry its schema id; rows of earlier schemas are read through it."""
         codec = RowCodec(table)
         with self.write_lock:
-            self.table, self.codec = table, codec
+            self.table = table
             self._shared.spec.codec = codec
+
+    @property
+    def codec(self) -> RowCodec:
+        """The codec its writes and reads use (the table's latest schema it holds)."""
+        return self._shared.spec.codec
 
     def _opened(self, changelog: Changelog, kv: KvStore) -> None:
         """The files were (re)opened (``BucketFiles.on_open``): no operation runs on them yet."""
