@@ -30,12 +30,12 @@ from kvlease.coordinator import data_loss_plan, election_plan
 from kvlease.coordinator.assignment import UNASSIGNED, Assignments, BucketAssignment, Changes
 from kvlease.coordinator.catalog import TableCatalog
 from kvlease.coordinator.data_dirs import DataDirs
-from kvlease.coordinator.seen_servers import SeenServers
 from kvlease.coordinator.decommissioned import Decommissioned
 from kvlease.coordinator.fencing import FencedWriter, chunks
 from kvlease.coordinator.leader_leases import LeaderLeases, ServerLease
 from kvlease.coordinator.placement_plan import plan_new
 from kvlease.coordinator.reassignment_plan import removed_replicas
+from kvlease.coordinator.seen_servers import SeenServers
 
 log = logging.getLogger(__name__)
 
