@@ -46,6 +46,7 @@ from kvlease.common.security.acl import AclBinding, Operation, Resource
 from kvlease.common.wire import (bucket_snapshots_from_pb, bucket_to_pb, error_from_pb, handle_from_pb, handle_to_pb,
                                  lease_from_pb, raise_for, table_from_pb)
 from kvlease.common.auto_partition import AutoPartition
+from kvlease.common.row_ttl import RowTtl
 from kvlease.common.tables import DEFAULT_MAX_PARTITIONS, Column, TableInfo, parse_table_path
 from kvlease.common.model import Lease, SnapshotHandle, TableBucket
 
@@ -147,11 +148,12 @@ class AdminClient:
                      ignore_if_exists: bool = False, *, replication_factor: int | None = None,
                      min_insync_replicas: int | None = None, partition_key: Sequence[str] = (),
                      auto_partition: AutoPartition | None = None,
-                     max_partitions: int = DEFAULT_MAX_PARTITIONS) -> TableInfo:
+                     max_partitions: int = DEFAULT_MAX_PARTITIONS, row_ttl: RowTtl | None = None) -> TableInfo:
         return self._tables.create_table(path, columns, primary_key, buckets, ignore_if_exists,
                                          replication_factor=replication_factor,
                                          min_insync_replicas=min_insync_replicas, partition_key=partition_key,
-                                         auto_partition=auto_partition, max_partitions=max_partitions)
+                                         auto_partition=auto_partition, max_partitions=max_partitions,
+                                         row_ttl=row_ttl)
 
     @_documented_by(TablesAdmin.drop_table)
     def drop_table(self, path: str, ignore_if_not_exists: bool = False) -> bool:

@@ -23,6 +23,7 @@ from kvlease.common.types import parse_type
 from kvlease.common.errors import InvalidRequestError, InvalidTableError, show
 from kvlease.common.model import TableBucket
 from kvlease.common.partition_names import check_partition_key
+from kvlease.common.row_ttl import RowTtl, check_row_ttl, with_ttl_column
 
 #: A database, table or column name; always used with fullmatch (``$`` also matches before a final newline).
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
@@ -63,6 +64,8 @@ class TableInfo:
     #: that schema id and are read through it (docs/schemas.md, "Reading rows of earlier schemas"). Filled by the
     #: coordinator from the table's history; not part of its stored definition nor of its equality.
     past_schemas: tuple[tuple[int, tuple[Column, ...]], ...] = field(default=(), compare=False, repr=False)
+    #: Rows expire this long after a column's value or their write time (common/row_ttl.py); None: never.
+    row_ttl: RowTtl | None = None
 
     def __post_init__(self) -> None:
         """Columns without a field id (``Column(name, type)``) get one: their position if none has one, else
@@ -135,6 +138,7 @@ class TableInfo:
             **({"partition_key": list(self.partition_key), "max_partitions": self.max_partitions}
                if self.partitioned else {}),
             **({"auto_partition": self.auto_partition.to_json()} if self.auto_partition else {}),
+            **({"row_ttl": self.row_ttl.to_json()} if self.row_ttl else {}),
         }
 
     @classmethod
@@ -154,6 +158,7 @@ class TableInfo:
             auto_partition=AutoPartition.from_json(data["auto_partition"]) if data.get("auto_partition") else None,
             schema_id=int(data.get("schema_id", 1)),
             comment=str(data.get("comment", "")),
+            row_ttl=RowTtl.from_json(data["row_ttl"]) if data.get("row_ttl") else None,
         )
 
 
@@ -181,6 +186,8 @@ class TableSpec:
     partition_key: tuple[str, ...] = ()
     max_partitions: int = DEFAULT_MAX_PARTITIONS
     auto_partition: AutoPartition | None = None
+    #: ``--ttl``: see :attr:`TableInfo.row_ttl` (a write-time TTL's column is added by :func:`validate_spec`).
+    row_ttl: RowTtl | None = None
 
 
 def check_name(what: str, name: str | None) -> None:
@@ -233,6 +240,7 @@ def validate_spec(spec: TableSpec) -> TableSpec:
         check_name(what, part)
     if not spec.columns:
         raise InvalidTableError("a table needs at least one column")
+    spec = replace(spec, columns=with_ttl_column(spec.row_ttl, tuple(spec.columns), Column))
     seen: set[str] = set()
     columns = []
     for column in spec.columns:
@@ -259,6 +267,7 @@ def validate_spec(spec: TableSpec) -> TableSpec:
         raise InvalidTableError(f"bucket count must be between 1 and {MAX_BUCKETS}, got {spec.buckets}")
     columns = tuple(columns)
     _check_partitioning(spec, columns)
+    check_row_ttl(spec.row_ttl, {c.name: c.type for c in columns})
     return replace(spec, columns=columns, primary_key=tuple(spec.primary_key), partition_key=tuple(spec.partition_key))
 
 

@@ -21,6 +21,7 @@ from kvlease.common.model import Lease, SnapshotFile, SnapshotHandle, TableBucke
 from kvlease.common.proto import coordinator_pb2 as pb
 from kvlease.common.auto_partition import DEFAULT_TIME_ZONE, AutoPartition, TimeUnit
 from kvlease.common.columns import UNASSIGNED
+from kvlease.common.row_ttl import RowTtl
 from kvlease.common.tables import DEFAULT_MAX_PARTITIONS, Column, TableInfo, TableSpec
 
 
@@ -85,7 +86,21 @@ def table_to_pb(table: TableInfo) -> pb.TableInfoPb:
         msg.max_partitions = table.max_partitions
     if table.auto_partition is not None:
         msg.auto_partition.CopyFrom(auto_partition_to_pb(table.auto_partition))
+    if table.row_ttl is not None:
+        msg.row_ttl.CopyFrom(row_ttl_to_pb(table.row_ttl))
     return msg
+
+
+def row_ttl_to_pb(ttl: RowTtl) -> pb.RowTtlPb:
+    return pb.RowTtlPb(ttl_ms=ttl.ttl_ms, column=ttl.column, write_time=ttl.write_time, changelog=ttl.changelog)
+
+
+def row_ttl_from_pb(msg: Message) -> RowTtl | None:
+    """A message's ``row_ttl`` (None when unset); checked against the columns by ``validate_spec``."""
+    if not msg.HasField("row_ttl"):
+        return None
+    t = msg.row_ttl
+    return RowTtl(t.ttl_ms, t.column, t.write_time, t.changelog or "delete")
 
 
 def auto_partition_to_pb(auto: AutoPartition) -> pb.AutoPartitionPb:
@@ -113,7 +128,8 @@ def table_from_pb(msg: pb.TableInfoPb) -> TableInfo:
                      partition_id=msg.partition_id if view else None,
                      partition_name=msg.partition_name if view else None, schema_id=msg.schema_id or 1,
                      comment=msg.comment,
-                     past_schemas=tuple((p.schema_id, columns_from_pb(p.columns)) for p in msg.past_schemas))
+                     past_schemas=tuple((p.schema_id, columns_from_pb(p.columns)) for p in msg.past_schemas),
+                     row_ttl=row_ttl_from_pb(msg))
 
 
 def columns_to_pb(columns: Iterable[Column]) -> list[pb.ColumnPb]:
@@ -132,7 +148,8 @@ def table_spec_from_pb(msg: pb.CreateTableRequest) -> TableSpec:
     auto = auto_partition_from_pb(msg)
     return TableSpec(msg.database, msg.name, columns_from_pb(msg.columns),
                      tuple(msg.primary_key), msg.buckets, tuple(msg.partition_key),
-                     msg.max_partitions if msg.HasField("max_partitions") else DEFAULT_MAX_PARTITIONS, auto)
+                     msg.max_partitions if msg.HasField("max_partitions") else DEFAULT_MAX_PARTITIONS, auto,
+                     row_ttl=row_ttl_from_pb(msg))
 
 
 def table_spec_to_pb(spec: TableSpec, **fields) -> pb.CreateTableRequest:
@@ -145,6 +162,8 @@ def table_spec_to_pb(spec: TableSpec, **fields) -> pb.CreateTableRequest:
         msg.max_partitions = spec.max_partitions
     if spec.auto_partition is not None:
         msg.auto_partition.CopyFrom(auto_partition_to_pb(spec.auto_partition))
+    if spec.row_ttl is not None:
+        msg.row_ttl.CopyFrom(row_ttl_to_pb(spec.row_ttl))
     return msg
 
 

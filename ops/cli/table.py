@@ -17,6 +17,7 @@ from kvlease.common.auto_partition import (DEFAULT_PRECREATE, DEFAULT_RETENTION,
                                            TimeUnit, zone)
 from kvlease.common.tables import (DEFAULT_MAX_PARTITIONS, MAX_BUCKETS, MAX_PARTITIONS, TableInfo, TableSpec,
                                    parse_schema, parse_table_path, validate_spec)
+from kvlease.common.row_ttl import CHANGELOG_MODES, row_ttl
 from kvlease.common.schema_changes import parse_definition
 import kvlease.ops.cli.output as out
 from kvlease.ops.cli.app import State, catch_errors, common_options, kvlease, pass_state
@@ -60,11 +61,20 @@ def table_group() -> None:
 @click.option("--max-partitions", type=int, metavar="N",
               help=f"table.partition.max: the most partitions at once (default {DEFAULT_MAX_PARTITIONS}, "
                    f"at most {MAX_PARTITIONS}).")
+@click.option("--ttl", metavar="DURATION",
+              help="Row TTL, e.g. 7d, 12h, 30m, 90s: a row expires this long after its --ttl-column value (else "
+                   "its write time); lookups and scans skip it, the leader deletes it (docs/changelog.md, 'Row TTL').")
+@click.option("--ttl-column", metavar="COL",
+              help="The TIMESTAMP (TIMESTAMP_LTZ) or BIGINT epoch-ms column the TTL counts from (default: the "
+                   "write time, kept in an added column _write_time).")
+@click.option("--ttl-changelog", type=click.Choice(CHANGELOG_MODES), metavar="|".join(CHANGELOG_MODES),
+              help="delete (default): expiry deletes are -D records of the change feed; none: the feed skips them.")
 @common_options
 @pass_state
 @catch_errors
 def table_create(state: State, path: str, schema: str, primary_key: str, buckets: int, if_not_exists: bool,
-                 replication_factor: int | None, min_insync_replicas: int | None, **partitioning) -> None:
+                 replication_factor: int | None, min_insync_replicas: int | None, ttl: str | None,
+                 ttl_column: str | None, ttl_changelog: str | None, **partitioning) -> None:
     """Create a primary-key table (partitioned with --partition-by)."""
     if replication_factor and min_insync_replicas and min_insync_replicas > replication_factor:
         raise click.UsageError(f"--min-insync-replicas {min_insync_replicas} is more than --replication-factor "
@@ -75,13 +85,18 @@ def table_create(state: State, path: str, schema: str, primary_key: str, buckets
         raise click.BadParameter(exc.message, param_hint="'--schema'") from None
     keys = [k.strip() for k in primary_key.split(",") if k.strip()]
     db, name = parse_table_path(path)
+    if ttl is None and (ttl_column or ttl_changelog):
+        raise click.UsageError("--ttl-column and --ttl-changelog need --ttl DURATION")
     try:  # the coordinator's own rules, before anything is sent: a definition it would refuse is a usage error
-        spec = validate_spec(TableSpec(db, name, columns, tuple(keys), buckets, **_partitioning(**partitioning)))
+        expiry = None if ttl is None else row_ttl(ttl, ttl_column, ttl_changelog)
+        spec = validate_spec(TableSpec(db, name, columns, tuple(keys), buckets, **_partitioning(**partitioning),
+                                       row_ttl=expiry))
     except errors.InvalidTableError as exc:
         raise click.UsageError(exc.message) from None
     existed = if_not_exists and _exists(state, path)
     options = {k: v for k, v in (("replication_factor", replication_factor),
-                                 ("min_insync_replicas", min_insync_replicas)) if v is not None}
+                                 ("min_insync_replicas", min_insync_replicas), ("row_ttl", spec.row_ttl))
+               if v is not None}
     if spec.partition_key:
         options.update(partition_key=spec.partition_key, auto_partition=spec.auto_partition,
                        max_partitions=spec.max_partitions)
@@ -135,6 +150,8 @@ def _created_text(info: TableInfo, existed: bool, partitions: list[dict] | None)
     if info.replication_factor > 1:
         text += f", replication factor {info.replication_factor}, min in-sync replicas {info.min_insync_replicas}"
     text += ")"
+    if info.row_ttl is not None:
+        text += f", row TTL {info.row_ttl.describe()}"
     if info.partitioned:
         text += (f", partitioned by {out.partitioning_text(out.table_doc(info))}, at most {info.max_partitions} "
                  "partitions")
