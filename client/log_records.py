@@ -24,11 +24,18 @@ def log_schema(codec: RowCodec) -> pa.Schema:
 
 
 def entry_records(entry: LogEntry) -> pa.RecordBatch:
-    """An entry's records as ``offset``, ``change_type``, ``timestamp``, ``key``, ``value``."""
+    """An entry's records as ``offset``, ``change_type``, ``timestamp``, ``key``, ``value``; without the -D
+    records that carry no before-image: a row TTL's deletes of a ``--ttl-changelog none`` table, which the
+    change feed skips (docs/changelog.md, "Row TTL"; their offsets are gaps)."""
     records = entry.records
-    return pa.RecordBatch.from_arrays(
+    batch = pa.RecordBatch.from_arrays(
         [entry.offsets(), records.column("change_type"), entry.timestamps(), records.column("key"),
          records.column("value")], names=["offset", "change_type", "timestamp", "key", "value"])
+    values = records.column("value")
+    if not values.null_count:
+        return batch
+    hidden = pc.and_(pc.equal(records.column("change_type"), int(ChangeType.DELETE)), pc.is_null(values))
+    return batch.filter(pc.invert(hidden)) if pc.any(hidden).as_py() else batch
 
 
 def decode_records(codec: RowCodec, records: pa.RecordBatch) -> pa.RecordBatch:

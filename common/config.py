@@ -219,6 +219,21 @@ WRITER_ID_EXPIRATION = _key("writer.id.expiration", "1d", parse_duration_ms,
                             "how long a bucket remembers an idempotent writer after its last write (a write resent "
                             "later than that is taken for a new one)")
 
+def _parse_positive_int(value: Any) -> int:
+    number = _parse_int(value)
+    if number <= 0:
+        raise ValueError(f"{number} is not above zero")
+    return number
+
+
+# --- row TTL (docs/changelog.md, "Row TTL") ------------------------------------------------------
+ROW_TTL_CHECK_INTERVAL = _key("row-ttl.check-interval", "10s", _parse_positive_duration,
+                              "how often a tablet server looks for expired rows in the buckets it leads of tables "
+                              "with a row TTL (and deletes them)")
+ROW_TTL_MAX_ROWS = _key("row-ttl.max-rows-per-check", 10000, _parse_positive_int,
+                        "the most rows one such check reads (and so deletes), over all those buckets, each from "
+                        "where the last check stopped: at most this many per check-interval")
+
 # --- replication (docs/bucket-store.md, "Replication") ------------------------------------------
 DEFAULT_REPLICATION_FACTOR = _key("default.replication-factor", 1, _parse_int,
                                   "replicas per bucket of a table created without --replication-factor")

@@ -40,6 +40,18 @@ def live_rows(ttl: RowTtl | None, rows: pa.RecordBatch, now_ms: int) -> pa.Recor
     return rows.filter(pa.array(~expired)) if expired.any() else rows
 
 
+def live_lookup(ttl: RowTtl, found: np.ndarray, rows: pa.RecordBatch, now_ms: int
+                ) -> tuple[np.ndarray, pa.RecordBatch]:
+    """A lookup's ``(found, rows)`` (``found`` per key; ``rows``: the found ones, in order) without the expired
+    rows: their keys count as not found."""
+    expired = expired_mask(ttl, rows, now_ms)
+    if not expired.any():
+        return found, rows
+    found = found.copy()
+    found[np.flatnonzero(found)[expired]] = False
+    return found, rows.filter(pa.array(~expired))
+
+
 def stamp_write_time(ttl: RowTtl | None, schema: pa.Schema, upserts: pa.RecordBatch, now_ms: int) -> pa.RecordBatch:
     """A write-time TTL's upserts with :data:`WRITE_TIME_COLUMN` set to ``now_ms`` (the leader's clock), added
     when missing; other tables' as they are. ``schema``: the table's Arrow schema."""

@@ -19,6 +19,7 @@ import itertools
 import os
 import shutil
 import tempfile
+import time
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
@@ -30,6 +31,7 @@ from kvlease.common import errors
 from kvlease.common.codec import RowCodec
 from kvlease.common.kvsnapshot import download, manifest_path, open_read_only, scan_read_options
 from kvlease.common.model import TableBucket
+from kvlease.common.row_expiry import live_rows
 from kvlease.common.storage import RemoteStorage, StorageNotFound
 
 CHUNK_ROWS = 1 << 16
@@ -103,7 +105,15 @@ def _chunks(db) -> Iterator[list[bytes]]:
 
 def merge(chunks: Iterator[list[bytes]], changes: dict[bytes, bytes | None], codec: RowCodec) -> Iterator[
         pa.RecordBatch]:
-    """The rows (decoded) of the snapshot's value chunks with ``changes`` applied, in key order."""
+    """The rows (decoded) of the snapshot's value chunks with ``changes`` applied, in key order; a table with a
+    row TTL's without the rows expired now (this process's clock; common/row_ttl.py)."""
+    ttl = codec.table.row_ttl
+    for rows in _merged(chunks, changes, codec):
+        yield rows if ttl is None else live_rows(ttl, rows, int(time.time() * 1000))
+
+
+def _merged(chunks: Iterator[list[bytes]], changes: dict[bytes, bytes | None], codec: RowCodec) -> Iterator[
+        pa.RecordBatch]:
     change_keys = sorted(changes)
     done = 0
     for values in chunks:

@@ -37,6 +37,7 @@ from kvlease.client.server_calls import ServerCalls
 from kvlease.common.security.client import internal_client_config
 from kvlease.common.security.server import server_security
 from kvlease.tablet.bucket.open_buckets import fd_limit
+from kvlease.tablet.expiry import ExpiryRounds
 from kvlease.tablet.periodic import Periodic
 from kvlease.tablet.replicas import lost_data
 from kvlease.tablet.replicas.health import HealthCollector
@@ -78,6 +79,7 @@ class TabletServer:
         self.isr_keeper: IsrKeeper | None = None
         self.step_down: StepDown | None = None
         self.snapshot_rounds: SnapshotRounds | None = None
+        self.expiry_rounds: ExpiryRounds | None = None
         self.metrics_port: int | None = None
         self._grpc = None
         self._stopping = threading.Event()
@@ -135,6 +137,8 @@ class TabletServer:
         self.zk.add_listener(self._on_zk_state)
         self._register_at_start()
         self.snapshot_rounds = SnapshotRounds(c[cfg.SNAPSHOT_INTERVAL] / 1000.0, self.replicas, self.log_ends).start()
+        self.expiry_rounds = ExpiryRounds(c[cfg.ROW_TTL_CHECK_INTERVAL] / 1000.0, c[cfg.ROW_TTL_MAX_ROWS],
+                                          self.replicas, self.fetches_service.notify).start()  # tablet/expiry.py
         registrar = threading.Thread(target=self._registrar, name="zk-register", daemon=True)
         registrar.start()
         self._threads.append(registrar)
@@ -209,6 +213,8 @@ class TabletServer:
             thread.join(timeout=30)
         if self.snapshot_rounds is not None:
             self.snapshot_rounds.stop()
+        if self.expiry_rounds is not None:
+            self.expiry_rounds.stop()
         if self.fetches_service is not None:
             self.fetches_service.close()  # followers' long polls answer now, not at their wait's end
         if self._grpc is not None:

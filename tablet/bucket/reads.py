@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
@@ -21,6 +22,7 @@ import pyarrow.compute as pc
 
 from kvlease.common.errors import DataLostError, InvalidRequestError, NotLeaderError
 from kvlease.common.logentry import LogEntry, read_header
+from kvlease.common.row_expiry import live_lookup
 from kvlease.tablet.bucket import write_checks
 from kvlease.tablet.bucket.state import BucketShared, BucketSpec
 from kvlease.tablet.log.changelog import SegmentInfo
@@ -83,6 +85,7 @@ class BucketReads:
         ``rows`` holds the full rows of the found keys in input order (``found.sum()`` rows).
 
         ``keys`` holds the primary-key columns (full rows are accepted).
+        A row its table's row TTL has expired counts as missing.
         Raises InvalidRowError for a bad key batch.
         """
         codec = self.bucket.spec.codec
@@ -91,7 +94,13 @@ class BucketReads:
         with self.bucket.files.use() as (_changelog, kv):
             values = pa.array(kv.get(encoded), pa.binary())
         found = values.is_valid().to_numpy(zero_copy_only=False)
-        return found, codec.decode_values(pc.drop_null(values) if values.null_count else values)
+        rows = codec.decode_values(pc.drop_null(values) if values.null_count else values)
+        if codec.table.row_ttl is not None:  # an expired row not deleted yet is not found (common/row_ttl.py)
+            found, rows = live_lookup(codec.table.row_ttl, found, rows, self._now_ms())
+        return found, rows
+
+    def _now_ms(self) -> int:
+        return (self.bucket.files.settings.clock_ms or (lambda: int(time.time() * 1000)))()
 
     def fetch_log(self, from_offset: int, max_bytes: int, committed: bool = True,
                   last_fetched_epoch: int | None = None) -> tuple[list[bytes], int]:

@@ -13,12 +13,14 @@ leader epoch stamped on them, whether the replica follows) is a
 from __future__ import annotations
 
 import threading
+import time
 
 import pyarrow as pa
 
 from kvlease.common import errors
 from kvlease.common.errors import InvalidRequestError, RecordTooLargeError
 from kvlease.common.limits import MAX_ENTRY_BYTES
+from kvlease.common.row_expiry import stamp_write_time
 from kvlease.tablet.bucket import write_checks
 from kvlease.tablet.bucket.state import BucketShared, WriteRole
 from kvlease.tablet.log.changelog import Changelog
@@ -54,8 +56,13 @@ class BucketWrites:
         self._settled.notify_all()
 
     def write(self, upserts: pa.RecordBatch | None = None, deletes: pa.RecordBatch | None = None, *,
-              writer: tuple[int, int] | None = None) -> tuple[int, int]:
+              writer: tuple[int, int] | None = None, only_if=None) -> tuple[int, int]:
         """Upsert then delete rows; returns the changelog ``(base_offset, next_offset)`` written.
+
+        ``only_if`` (deletes only): a :class:`kvlease.tablet.bucket.expiry_deletes.ExpiredOnly`, which keeps
+        the deletes of the keys whose current value (read under the write lock) is still expired and marks
+        their records (row TTL: a write that refreshed a row meanwhile keeps it). A write-time TTL table's
+        upserts get the leader's clock in their ``_write_time`` column (common/row_ttl.py).
 
         ``writer``: ``(writer id, sequence)`` of an idempotent batch (:mod:`kvlease.tablet.log.writer_sequences`;
         a resent one is answered with its offsets once published; a no-op records no sequence).
@@ -78,6 +85,9 @@ class BucketWrites:
         """
         codec, bucket = self.bucket.spec.codec, self.bucket.spec.bucket
         keys, up_values, key_list = _EMPTY, _EMPTY, []
+        if upserts is not None and codec.table.row_ttl is not None:
+            now = (self.bucket.files.settings.clock_ms or (lambda: int(time.time() * 1000)))()
+            upserts = stamp_write_time(codec.table.row_ttl, codec.schema, upserts, now)
         if upserts is not None:
             keys, up_values = codec.encode_arrays(upserts)
             key_list = keys.to_pylist()
@@ -96,13 +106,14 @@ class BucketWrites:
                     self.bucket.files.check_writable()
                     end = changelog.end_offset
                     return end, end
-            return self._write(changelog, kv, keys, up_values, key_list, writer)
+            return self._write(changelog, kv, keys, up_values, key_list, writer, only_if)
+
     def _write(self, changelog: Changelog, kv: KvStore, keys: pa.Array, up_values: pa.Array,
-               key_list: list[bytes], writer: tuple[int, int] | None) -> tuple[int, int]:
+               key_list: list[bytes], writer: tuple[int, int] | None, only_if=None) -> tuple[int, int]:
         n_up, prepared, changes = len(up_values), None, None
         increasing = change_records.increasing(keys)
         bounds = (key_list[0], key_list[-1]) if increasing else key_range(keys)
-        if increasing or len(set(key_list)) == len(key_list):
+        if only_if is None and (increasing or len(set(key_list)) == len(key_list)):
             # Each key's final state is its upsert or its delete whatever it held before: the RocksDB
             # batch is built here, while another write may hold the lock (deleting a missing key is a no-op).
             up_list = up_values.to_pylist()
@@ -118,7 +129,7 @@ class BucketWrites:
                 self._settled.wait()  # an earlier write not yet published may hold keys of this one
                 self.bucket.files.check_writable()
             records, prepared, changes = self._records(changelog, kv, keys, up_values, key_list, bounds,
-                                                       prepared, changes)
+                                                       prepared, changes, only_if)
             if not records.num_rows:
                 end = changelog.end_offset
                 return end, end
@@ -168,7 +179,7 @@ class BucketWrites:
 
     def _records(self, changelog: Changelog, kv: KvStore, keys: pa.Array, up_values: pa.Array,
                  key_list: list[bytes], bounds: tuple[bytes, bytes], prepared: PreparedWrite | None,
-                 changes: dict | None) -> tuple[pa.RecordBatch, PreparedWrite, dict | None]:
+                 changes: dict | None, only_if=None) -> tuple[pa.RecordBatch, PreparedWrite, dict | None]:
         """The write's change records, its RocksDB batch and (replicated) the state it leaves each key in;
         before-images from RocksDB and, replicated, through the pre-write buffer. Hold the lock."""
         olds = kv.get_existing(keys, key_list, bounds)
@@ -177,8 +188,13 @@ class BucketWrites:
             olds = self.bucket.buffer.before_images(key_list, olds)
         if prepared is not None:
             return change_records.records_unique(keys, up_values, olds), prepared, changes
+        if only_if is not None:  # a conditional delete (row TTL): the keys still expired now
+            keys, olds = only_if.narrow(keys, olds)
+            key_list = keys.to_pylist()
         records, put_keys, put_values, gone = change_records.changes_in_order(
             key_list, up_values.to_pylist(), olds.to_pylist())
+        if only_if is not None:
+            records = only_if.mark(records)
         if self.bucket.spec.replicated:
             changes = dict(zip(put_keys, put_values))
             changes.update(dict.fromkeys(gone))

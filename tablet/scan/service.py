@@ -46,6 +46,7 @@ from kvlease.common.security.server import OPEN
 from kvlease.tablet.authz import TableAccess
 from kvlease.tablet.bucket.store import BucketStoreError
 from kvlease.tablet.replicas.manager import ReplicaManager
+from kvlease.tablet.scan.ttl_filter import ttl_filter
 from kvlease.tablet.scan import manager as scan
 from kvlease.tablet.scan import batch as scan_batch
 from kvlease.tablet.scan import wire as scan_wire
@@ -323,6 +324,7 @@ class ScanService(Shell):
                 # the reader seeks the snapshot's iterator itself; read_batch, after a dropped read-ahead,
                 # is given it positioned
                 session.reader = scan_batch.ValueReader(replica.store.key_of_value, start)
+                session.keep = ttl_filter(replica.store.codec)  # row TTL: expired rows left out
                 answer = session.build(sid, budget, limit, log_offset=snapshot.log_offset)
                 # the open is the scan's point in time: its snapshot is as new as any write acknowledged before
                 self.replicas.confirm(replica, epoch)  # it was sent (its later batches come from that snapshot)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
+from typing import Callable
 
 from kvlease.common.model import TableBucket
 from kvlease.tablet.scan import batch as scan_batch
@@ -68,6 +69,7 @@ class ScanSession:
     read_to: bytes = b""  # the last key read from the snapshot (answered or read ahead)
     ahead_token: object | None = None  # the read-ahead scheduled (None: none, or it is cancelled)
     ahead: tuple[tuple, scan_wire.Answer | None] | None = None  # ((call, budget, max_rows), batch or failed)
+    keep: Callable[[scan_batch.Batch], scan_batch.Batch] | None = None  # row TTL: drops expired rows (ttl_filter.py)
 
     def build(self, sid: bytes, budget: int, max_rows: int | None,
               log_offset: int | None = None) -> scan_wire.Answer:
@@ -80,6 +82,8 @@ class ScanSession:
         del it  # no iterator reference outlives the batch: closing the snapshot frees it
         if batch.count:
             self.read_to = batch.last_key
+        if self.keep is not None:
+            batch = self.keep(batch)
         return scan_wire.answer(batch, scanner_id=sid if batch.has_more and not self.stream else b"",
                                 log_offset=log_offset)
 
@@ -90,6 +94,8 @@ class ScanSession:
         batch = scan_batch.read_batch(it, last.budget, last.max_rows)
         it.seek(self.read_to + b"\x00")
         del it
+        if self.keep is not None:
+            batch = self.keep(batch)
         return scan_wire.answer(batch, scanner_id=sid if batch.has_more else b"")
 
     def book(self, call: int, budget: int, max_rows: int | None, answer: scan_wire.Answer) -> None:
