@@ -152,8 +152,7 @@ class AdminClient:
         return self._tables.create_table(path, columns, primary_key, buckets, ignore_if_exists,
                                          replication_factor=replication_factor,
                                          min_insync_replicas=min_insync_replicas, partition_key=partition_key,
-                                         auto_partition=auto_partition, max_partitions=max_partitions,
-                                         row_ttl=row_ttl)
+                                         auto_partition=auto_partition, max_partitions=max_partitions, row_ttl=row_ttl)
 
     @_documented_by(TablesAdmin.drop_table)
     def drop_table(self, path: str, ignore_if_not_exists: bool = False) -> bool:
