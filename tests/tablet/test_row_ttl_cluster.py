@@ -8,6 +8,7 @@ and ``active`` (two tablet servers, replication factor 2, a round every 200 ms o
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 import time
@@ -23,6 +24,7 @@ from kvlease.common.row_ttl import row_ttl
 from kvlease.common.tables import Column
 from kvlease.ops.wait import wait_until
 from tests.conftest import TEST_DEFAULTS
+from tests.support.cli_runner import run
 from tests.support.local_cluster import LocalCluster
 
 pytestmark = pytest.mark.timeout(120)
@@ -206,3 +208,17 @@ def test_after_a_failover_the_new_leader_deletes(active):
             assert list(store.iter_rows(snapshot)) == []
         assert new != old
     active.admin.drop_table(path)
+
+
+def test_the_cli_creates_and_describes_a_ttl_table(idle):
+    bootstrap = ("--bootstrap", idle.coordinator.address)
+    made = run(*bootstrap, "table", "create", "cli.t", "--schema", "id BIGINT, v STRING", "--primary-key", "id",
+               "--buckets", "1", "--ttl", "90s", "--ttl-changelog", "none")
+    assert made.exit_code == 0, made.output
+    assert "row TTL 90s after the write time (column _write_time); expired rows deleted without" in made.stdout
+    described = run(*bootstrap, "table", "describe", "cli.t", "--json")
+    assert json.loads(described.stdout)["row_ttl"] == {"ttl_ms": 90_000, "column": "_write_time", "write_time": True,
+                                                       "changelog": "none"}
+    assert "_write_time" in json.dumps(json.loads(described.stdout)["schema"])
+    assert "row TTL" in run(*bootstrap, "table", "describe", "cli.t").stdout
+    idle.admin.drop_table("cli.t")

@@ -127,6 +127,10 @@ def test_a_usage_error_is_one_line_naming_the_help_to_read(args, says):
     (("--buckets", "2", "--primary-key", "nope"), "primary key column 'nope' is not a column of the table"),
     (("--buckets", "2", "--schema", "id BIGINT, id STRING"), "duplicate column 'id'"),
     (("--buckets", "2", "--schema", "id BIGINT, x FLOAT9"), "column 'x': bad column type 'FLOAT9': unknown type"),
+    (("--buckets", "2", "--ttl", "7 days"), "bad --ttl '7 days': not a duration"),
+    (("--buckets", "2", "--ttl", "7d", "--ttl-column", "name"), "TTL column 'name' is of type STRING"),
+    (("--buckets", "2", "--ttl", "7d", "--ttl-column", "nope"), "TTL column 'nope' is not a column of the table"),
+    (("--buckets", "2", "--ttl-changelog", "none"), "--ttl-column and --ttl-changelog need --ttl DURATION"),
 ])
 def test_a_table_definition_the_cluster_would_refuse_is_a_usage_error_before_anything_is_sent(args, says):
     """Checked in the CLI with the coordinator's own rules (common.tables.validate_spec): exit 2, nothing sent
