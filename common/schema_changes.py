@@ -224,6 +224,8 @@ def _check_not_key(table: TableInfo, name: str, what: str) -> None:
         raise InvalidTableError(f"column {name} of table {table.path} is a partition key column: it cannot be {what}")
     if name in table.primary_key:
         raise InvalidTableError(f"column {name} of table {table.path} is a primary key column: it cannot be {what}")
+    if table.row_ttl is not None and name == table.row_ttl.column:
+        raise InvalidTableError(f"column {name} of table {table.path} is its row TTL column: it cannot be {what}")
 
 
 def _dropped(table: TableInfo, history: list[SchemaVersion]) -> dict[str, Column]:

@@ -9,10 +9,12 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from kvlease.common import schema_changes
 from kvlease.common.codec import RowCodec
 from kvlease.common.errors import InvalidTableError
 from kvlease.common.row_expiry import expired_mask, live_lookup, live_rows, stamp_write_time
 from kvlease.common.row_ttl import WRITE_TIME_COLUMN, RowTtl, format_duration, row_ttl
+from kvlease.common.schema_changes import DropColumn, RenameColumn
 from kvlease.common.tables import TableInfo, TableSpec, parse_schema, validate_spec
 from kvlease.common.wire import table_from_pb, table_spec_from_pb, table_spec_to_pb, table_to_pb
 from kvlease.tablet.scan.batch import Batch
@@ -130,3 +132,12 @@ def test_a_scan_batch_loses_its_expired_rows_but_keeps_its_last_key():
     assert ttl_filter(codec, lambda: NOW + 10_000)(batch).count == 0
     assert ttl_filter(codec, lambda: NOW - 10_000)(batch) is batch
     assert ttl_filter(RowCodec(TableInfo(2, "db", "u", info.columns, ("id",), 1))) is None
+
+
+@pytest.mark.parametrize("change, what", [(DropColumn("ts"), "dropped"), (RenameColumn("ts", "t2"), "renamed")])
+def test_the_ttl_column_cannot_be_dropped_or_renamed(change, what):
+    info = TableInfo(1, "db", "t", parse_schema("id BIGINT, ts BIGINT, v STRING"), ("id",), 1,
+                     row_ttl=RowTtl(1000, "ts", False))
+    with pytest.raises(InvalidTableError, match=f"column ts of table db.t is its row TTL column: it cannot be {what}"):
+        schema_changes.apply(info, [], change, NOW)
+    assert schema_changes.apply(info, [], DropColumn("v"), NOW).version is not None
