@@ -47,6 +47,9 @@ def check_schema(table: TableInfo, schema: StructType) -> dict[str, str]:
     columns = {}
     for column in table.columns:
         field = given.pop(column.name.lower(), None)
+        if field is None and table.row_ttl is not None and column.name == table.row_ttl.column \
+                and table.row_ttl.write_time:
+            continue  # the leader sets a write-time TTL's column (common/row_ttl.py)
         if field is None:
             raise OptionError(f"column '{column.name}' of table {table.path} is missing from the DataFrame "
                               "(writes upsert whole rows)")
@@ -97,7 +100,8 @@ class _Writes:
                 open_table(admin, self.table.table_id, self.security) as client:
             for batch in iterator:
                 rows = pa.RecordBatch.from_arrays(
-                    [batch.column(self.columns[f.name]).cast(f.type) for f in target], schema=target)
+                    [batch.column(self.columns[f.name]).cast(f.type) if f.name in self.columns
+                     else pa.nulls(batch.num_rows, f.type) for f in target], schema=target)
                 self._check_keys(rows, seen)
                 kinds = self._kinds(batch, seen)
                 for start, stop, kind in _runs(kinds):

@@ -55,3 +55,21 @@ def test_a_streams_copy_drops_the_rows_that_expire(spark, kv, tmp_path):
     assert sorted(r["id"] for r in deletes) == list(range(10))
     assert all(r["v"] == f"old{r['id']}" for r in deletes)  # the -D rows carry the before-image
     assert _state(sink.rows()) == {i: f"v{i}" for i in range(10, 15)}
+
+
+def test_a_spark_write_needs_no_write_time_column():
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    from kvlease.common.tables import TableInfo, TableSpec, validate_spec
+    from kvlease.spark_source.options import OptionError
+    from kvlease.spark_source.writer import check_schema
+
+    spec = validate_spec(TableSpec("shop", "w", (Column("id", "BIGINT"), Column("v", "STRING")), ("id",), 1,
+                                   row_ttl=row_ttl("1d")))
+    table = TableInfo(1, "shop", "w", spec.columns, ("id",), 1, row_ttl=spec.row_ttl)
+    frame = StructType([StructField("id", LongType()), StructField("v", StringType())])
+    assert check_schema(table, frame) == {"id": "id", "v": "v"}
+    column_ttl = TableInfo(2, "shop", "c", (*spec.columns[:2], Column("ts", "BIGINT")), ("id",), 1,
+                           row_ttl=row_ttl("1d", "ts"))
+    with pytest.raises(OptionError, match="column 'ts' of table shop.c is missing from the DataFrame"):
+        check_schema(column_ttl, frame)
