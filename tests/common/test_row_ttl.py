@@ -20,6 +20,8 @@ from kvlease.common.wire import table_from_pb, table_spec_from_pb, table_spec_to
 from kvlease.tablet.scan.batch import Batch
 from kvlease.tablet.scan.ttl_filter import ttl_filter
 
+pytestmark = pytest.mark.unit
+
 NOW = 1_800_000_000_000
 
 
