@@ -69,7 +69,7 @@ class ScanSession:
     read_to: bytes = b""  # the last key read from the snapshot (answered or read ahead)
     ahead_token: object | None = None  # the read-ahead scheduled (None: none, or it is cancelled)
     ahead: tuple[tuple, scan_wire.Answer | None] | None = None  # ((call, budget, max_rows), batch or failed)
-    keep: Callable[[scan_batch.Batch], scan_batch.Batch] | None = None  # row TTL: drops expired rows (ttl_filter.py)
+    keep: Callable[[scan_batch.Batch, int | None], scan_batch.Batch] | None = None  # row TTL: ttl_filter.py
 
     def build(self, sid: bytes, budget: int, max_rows: int | None,
               log_offset: int | None = None) -> scan_wire.Answer:
@@ -83,7 +83,7 @@ class ScanSession:
         if batch.count:
             self.read_to = batch.last_key
         if self.keep is not None:
-            batch = self.keep(batch)
+            batch = self.keep(batch, max_rows)
         return scan_wire.answer(batch, scanner_id=sid if batch.has_more and not self.stream else b"",
                                 log_offset=log_offset)
 
@@ -95,7 +95,7 @@ class ScanSession:
         it.seek(self.read_to + b"\x00")
         del it
         if self.keep is not None:
-            batch = self.keep(batch)
+            batch = self.keep(batch, last.max_rows)
         return scan_wire.answer(batch, scanner_id=sid if batch.has_more else b"")
 
     def book(self, call: int, budget: int, max_rows: int | None, answer: scan_wire.Answer) -> None:

@@ -22,14 +22,17 @@ from kvlease.common.row_expiry import expired_mask
 from kvlease.tablet.scan.batch import Batch
 
 
-def ttl_filter(codec: RowCodec, clock_ms: Callable[[], int] | None = None) -> Callable[[Batch], Batch] | None:
-    """The filter of ``codec``'s table's scans (None: the table has no row TTL)."""
+def ttl_filter(codec: RowCodec, clock_ms: Callable[[], int] | None = None
+               ) -> Callable[[Batch, int | None], Batch] | None:
+    """The filter of ``codec``'s table's scans (None: the table has no row TTL): ``keep(batch, max_rows)``
+    (the cap the batch was read with). A batch that lost rows and had been cut by its cap says it has more,
+    so a scan with a limit asks again for the rows the expired ones took the place of."""
     ttl = codec.table.row_ttl
     if ttl is None:
         return None
     clock = clock_ms or (lambda: int(time.time() * 1000))
 
-    def keep(batch: Batch) -> Batch:
+    def keep(batch: Batch, max_rows: int | None = None) -> Batch:
         if not batch.count:
             return batch
         values = pa.Array.from_buffers(pa.binary(), batch.count,
@@ -43,6 +46,7 @@ def ttl_filter(codec: RowCodec, clock_ms: Callable[[], int] | None = None) -> Ca
         data = live.buffers()[2]
         start, end = int(offsets[0]), int(offsets[-1])
         chunk = data.to_pybytes()[start:end] if data is not None else b""
-        return Batch([chunk] if chunk else [], (offsets - start).astype(np.int32), batch.last_key, batch.has_more)
+        more = batch.has_more or (max_rows is not None and batch.count >= max_rows)
+        return Batch([chunk] if chunk else [], (offsets - start).astype(np.int32), batch.last_key, more)
 
     return keep

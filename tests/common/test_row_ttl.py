@@ -131,6 +131,10 @@ def test_a_scan_batch_loses_its_expired_rows_but_keeps_its_last_key():
     kept = ttl_filter(codec, lambda: NOW)(batch)
     assert kept.count == 2 and kept.values() == [data[0], data[2]]
     assert kept.last_key == b"last" and kept.has_more
+    capped = Batch(batch.chunks, offsets, b"last", False)  # cut by a cap of 4 rows
+    assert ttl_filter(codec, lambda: NOW)(capped, 4).has_more  # two rows short: ask again
+    assert not ttl_filter(codec, lambda: NOW)(capped, 5).has_more  # not cut: the end
+    assert not ttl_filter(codec, lambda: NOW)(capped).has_more
     assert ttl_filter(codec, lambda: NOW + 10_000)(batch).count == 0
     assert ttl_filter(codec, lambda: NOW - 10_000)(batch) is batch
     assert ttl_filter(RowCodec(TableInfo(2, "db", "u", info.columns, ("id",), 1))) is None

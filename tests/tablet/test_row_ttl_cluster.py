@@ -115,6 +115,9 @@ def test_expired_rows_vanish_at_once_and_a_round_deletes_a_bounded_number(idle):
         assert client.lookup([0, 11, 100, 102]) == [None, None, {"id": 100, "ts": now, "v": "new0"},
                                                     {"id": 102, "ts": now, "v": "new2"}]
         assert sorted(r["id"] for b in client.scan().batches for r in b.to_pylist()) == [100, 101, 102]
+        assert [r["id"] for b in client.scan(limit=2).batches for r in b.to_pylist()] == [100, 101]
+        streamed = client.scan(streaming=True, limit=3).batches
+        assert [r["id"] for b in streamed for r in b.to_pylist()] == [100, 101, 102]
         assert {r["change_type"] for r in _log(client)} == {"+I"}  # nothing deleted yet: only left out
         deleted = [rounds.run_once() for _ in range(4)]
         assert deleted == [5, 5, 2, 0] and rounds.last_round == (0, 0)  # 5 rows read per round at most
