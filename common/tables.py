@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
+from kvlease.common.bucket_keys import check_bucket_key
 from kvlease.common.auto_partition import AutoPartition, check_auto_partition_key
 from kvlease.common.columns import MAX_COMMENT, UNASSIGNED, Column, column_type
 from kvlease.common.types import parse_type
@@ -59,6 +60,9 @@ class TableInfo:
     schema_id: int = 1
     #: The table's comment (``table alter --comment``).
     comment: str = ""
+    #: The leading primary-key columns whose values pick a row's bucket (``table create --bucket-key``;
+    #: docs/row-encoding.md, "Buckets"); empty: the whole primary key.
+    bucket_key: tuple[str, ...] = ()
     #: ``(schema_id, columns)`` of each earlier version of its columns, oldest first: the rows stored then carry
     #: that schema id and are read through it (docs/schemas.md, "Reading rows of earlier schemas"). Filled by the
     #: coordinator from the table's history; not part of its stored definition nor of its equality.
@@ -135,6 +139,7 @@ class TableInfo:
             **({"partition_key": list(self.partition_key), "max_partitions": self.max_partitions}
                if self.partitioned else {}),
             **({"auto_partition": self.auto_partition.to_json()} if self.auto_partition else {}),
+            **({"bucket_key": list(self.bucket_key)} if self.bucket_key else {}),
         }
 
     @classmethod
@@ -154,6 +159,7 @@ class TableInfo:
             auto_partition=AutoPartition.from_json(data["auto_partition"]) if data.get("auto_partition") else None,
             schema_id=int(data.get("schema_id", 1)),
             comment=str(data.get("comment", "")),
+            bucket_key=tuple(data.get("bucket_key", ())),
         )
 
 
@@ -181,6 +187,7 @@ class TableSpec:
     partition_key: tuple[str, ...] = ()
     max_partitions: int = DEFAULT_MAX_PARTITIONS
     auto_partition: AutoPartition | None = None
+    bucket_key: tuple[str, ...] = ()
 
 
 def check_name(what: str, name: str | None) -> None:
@@ -259,7 +266,9 @@ def validate_spec(spec: TableSpec) -> TableSpec:
         raise InvalidTableError(f"bucket count must be between 1 and {MAX_BUCKETS}, got {spec.buckets}")
     columns = tuple(columns)
     _check_partitioning(spec, columns)
-    return replace(spec, columns=columns, primary_key=tuple(spec.primary_key), partition_key=tuple(spec.partition_key))
+    check_bucket_key(spec.primary_key, spec.partition_key, spec.bucket_key)
+    return replace(spec, columns=columns, primary_key=tuple(spec.primary_key), partition_key=tuple(spec.partition_key),
+                   bucket_key=tuple(spec.bucket_key))
 
 
 def _check_partitioning(spec: TableSpec, columns: tuple[Column, ...]) -> None:
