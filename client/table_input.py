@@ -150,3 +150,13 @@ def concat(batches: list[pa.RecordBatch], schema: pa.Schema) -> pa.RecordBatch:
     if not batches:
         return pa.RecordBatch.from_pylist([], schema=schema)
     return batches[0] if len(batches) == 1 else pa.concat_batches(batches)
+
+
+def chunks(batch: pa.RecordBatch, max_bytes: int) -> list[pa.RecordBatch]:
+    """``batch`` in slices of at most about ``max_bytes`` (Arrow bytes) each: one request's worth."""
+    size = batch.nbytes
+    if size <= max_bytes or batch.num_rows <= 1:
+        return [batch]
+    pieces = -(-size // max_bytes)
+    step = -(-batch.num_rows // pieces)
+    return [batch.slice(start, step) for start in range(0, batch.num_rows, step)]

@@ -132,6 +132,22 @@ class RowCodec:
         arrays = self._arrays(list(self.table.primary_key), columns, lambda i, name: False)
         return pa.RecordBatch.from_arrays(arrays, schema=self.key_schema)
 
+    def columns_to_batch(self, names: Sequence[str], columns: Sequence[list]) -> pa.RecordBatch:
+        """Values of some key columns (``names``, e.g. the bucket key), one list per column -> a batch of them,
+        checked as :meth:`keys_to_batch` checks key columns."""
+        arrays = self._arrays(list(names), columns, lambda i, name: False)
+        return pa.RecordBatch.from_arrays(arrays, schema=self.key_schema_of(names))
+
+    def checked_key_columns(self, batch: pa.RecordBatch, names: Sequence[str]) -> pa.RecordBatch:
+        """The key columns ``names`` of an Arrow batch, checked as :meth:`encode_keys` checks key columns."""
+        required = frozenset(names)
+        return pa.RecordBatch.from_arrays(self._columns(batch, list(names), required),
+                                          schema=self.key_schema_of(names))
+
+    def key_schema_of(self, names: Sequence[str]) -> pa.Schema:
+        """The Arrow schema of key columns ``names`` (a leading part of :attr:`key_schema`)."""
+        return pa.schema([self.key_schema.field(name) for name in names])
+
     def _arrays(self, names: list[str], columns: Iterable[list],
                 missing: Callable[[int, str], bool]) -> list[pa.Array]:
         """Each column of Python values as an Arrow array of its type; InvalidRowError naming the earliest bad
