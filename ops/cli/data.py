@@ -129,8 +129,10 @@ def get(state: State, path: str, keys: tuple[str, ...], prefix: tuple[str, ...])
     With --prefix COL=VALUE (per bucket-key column), every row whose key starts
     with those values, in key order.
     """
-    if bool(keys) == bool(prefix):
-        raise click.UsageError("give KEY… or --prefix COL=VALUE, not both" if keys else "give KEY… or --prefix COL=VALUE")
+    if keys and prefix:
+        raise click.UsageError("give KEY… or --prefix COL=VALUE, not both")
+    if not keys and not prefix:
+        raise click.UsageError("Missing argument 'KEY…' (or --prefix COL=VALUE: a bucket-key prefix)")
     client = state.table_client(path)
     if prefix:
         values = parse_prefix(prefix, client.table)
