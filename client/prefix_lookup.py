@@ -43,8 +43,8 @@ def _per_prefix(client, batch: pa.RecordBatch, max_bytes: int) -> list[pa.Record
     encoded = coder.encode(batch)
     buckets = coder.buckets(encoded).astype(np.int64) if client.table.buckets > 1 else np.zeros(len(encoded), int)
     groups = [(int(b), np.flatnonzero(buckets == b)) for b in np.unique(buckets)]
-    results = client.map_parallel(lambda group: _bucket_rows(client, group[0], batch.take(pa.array(group[1])),
-                                                             max_bytes), groups)
+    results = client.map_parallel(lambda group: bucket_rows(client, group[0], batch.take(pa.array(group[1])),
+                                                            max_bytes)[0], groups)
     per_prefix = [_empty(client)] * batch.num_rows
     for (_bucket, indices), (found, error) in zip(groups, results):
         if error is not None:
@@ -58,12 +58,14 @@ def _empty(client) -> pa.RecordBatch:
     return pa.RecordBatch.from_pylist([], schema=client.codec.schema)
 
 
-def _bucket_rows(client, bucket: int, prefixes: pa.RecordBatch, max_bytes: int) -> list[pa.RecordBatch]:
-    """The rows of each of ``prefixes`` (all of ``bucket``), one batch per prefix: requests until every prefix
+def bucket_rows(client, bucket: int, prefixes: pa.RecordBatch,
+                max_bytes: int = ANSWER_BYTES) -> tuple[list[pa.RecordBatch], int]:
+    """The rows of each of ``prefixes`` (a checked batch, all of ``bucket``), one batch per prefix, and the
+    first changelog offset not in the views read (the latest of its answers'): requests until every prefix
     is answered, each from the first prefix not answered yet (after the key an answer was cut at)."""
     table = client.table
     out: list[list[pa.RecordBatch]] = [[] for _ in range(prefixes.num_rows)]
-    start, after = 0, b""
+    start, after, log_offset = 0, b"", 0
     while start < prefixes.num_rows:
         request = pb.PrefixLookupRequest(table_id=table.table_id, partition_id=table.partition_id, bucket=bucket,
                                          prefixes=batch_to_ipc(prefixes.slice(start)), start_after_key=after,
@@ -80,9 +82,9 @@ def _bucket_rows(client, bucket: int, prefixes: pa.RecordBatch, max_bytes: int) 
             if count:
                 out[start + i].append(rows.slice(offset, count))
             offset += count
-        after = response.resume_key
+        after, log_offset = response.resume_key, max(log_offset, response.log_offset)
         start += len(counts) - (1 if after else 0)
-    return [table_input.concat(parts, client.codec.schema) for parts in out]
+    return [table_input.concat(parts, client.codec.schema) for parts in out], log_offset
 
 
 def _by_partition(client, batch: pa.RecordBatch, max_bytes: int) -> list[pa.RecordBatch]:

@@ -175,7 +175,8 @@ class TabletService(pb_grpc.TabletServiceServicer):
                 if prefixes is None:
                     return {}
                 found = replica.store.prefix_lookup(prefixes, request.start_after_key, request.max_bytes)
-            return {"rows": batch_to_ipc(found.rows), "counts": found.counts, "resume_key": found.resume_key}
+            return {"rows": batch_to_ipc(found.rows), "counts": found.counts, "resume_key": found.resume_key,
+                    "log_offset": found.log_offset}
         return _answer(pb.PrefixLookupResponse, work)
 
     def FetchLog(self, request, context):

@@ -28,6 +28,7 @@ class PrefixRows(NamedTuple):
     rows: pa.RecordBatch  # the rows found, prefix by prefix, each prefix's in key order
     counts: list[int]  # rows of each of the first len(counts) prefixes
     resume_key: bytes  # b"" unless the last counted prefix has more rows: its last key answered
+    log_offset: int  # the first changelog offset not in the view read
 
 
 def prefix_rows(bucket: BucketShared, prefixes: pa.RecordBatch, start_after: bytes = b"",
@@ -64,7 +65,7 @@ def prefix_rows(bucket: BucketShared, prefixes: pa.RecordBatch, start_after: byt
                 if cut:
                     resume = last
                     break
-    return PrefixRows(codec.decode_values(values), counts, resume)
+    return PrefixRows(codec.decode_values(values), counts, resume, snapshot.log_offset)
 
 
 def _check_bucket(prefix_codec: PrefixCodec, bucket: int | None, encoded: list[bytes]) -> None:
