@@ -22,10 +22,10 @@ from rich.markup import escape
 from rich.table import Table as RichTable
 
 from kvlease.ops.cli.documents import (acquire_doc, bucket_docs, bucket_text, cell_text, committed_doc, format_span,
-                                       format_time_ms, iso_time_ms, json_value, lease_doc, leases_doc, log_record_doc,
-                                       log_record_line, partition_doc, partitions_doc, prefix_rows_doc, row_doc, rows_doc,
-                                       scan_doc,
-                                       snapshots_doc, table_doc, table_name, tables_doc, assignment_docs, where)
+                                       format_time_ms, iso_time_ms, json_value, lease_doc, leases_doc,
+                                       log_record_doc, log_record_line, partition_doc, partitions_doc,
+                                       prefix_rows_doc, row_doc, rows_doc, scan_doc, snapshots_doc, table_doc,
+                                       table_name, tables_doc, assignment_docs, where)
 from kvlease.ops.cli.table_text import describe_table, list_partitions, partitioning_text
 
 __all__ = [  # the documents are re-exported: the commands use this one module

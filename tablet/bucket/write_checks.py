@@ -17,6 +17,7 @@ def check_bucket(codec: RowCodec, bucket: int | None, keys: list[bytes], what: s
     if bucket is None or not keys or table.buckets == 1:
         return  # one bucket: every key is its
     n = table.buckets
+    hashed = "bucket key" if table.bucket_key else "key"
     buckets = codec.buckets(keys)
     wrong = np.flatnonzero(buckets != bucket)
     if not wrong.size:
@@ -26,7 +27,7 @@ def check_bucket(codec: RowCodec, bucket: int | None, keys: list[bytes], what: s
     part = "" if table.partition_id is None else f" partition {table.partition_name} (id {table.partition_id})"
     raise InvalidRowError(f"{what} row {i} (key {show(key)}) belongs to bucket {int(buckets[i])} of table "
                           f"{table.table_id}{part}, not to bucket {bucket}; {len(wrong)} of {len(keys)} "
-                          f"rows are of another bucket (bucket = crc32(encoded {'bucket key' if table.bucket_key else 'key'}) % {n})",
+                          f"rows are of another bucket (bucket = crc32(encoded {hashed}) % {n})",
                           row=i, bucket=int(buckets[i]))
 
 
