@@ -9,12 +9,15 @@ from __future__ import annotations
 import random
 import threading
 import time
+import zlib
 
 import pytest
 
 from kvlease.client import prefix_lookup
 from kvlease.client.table import TableClient
 from kvlease.common import errors
+from kvlease.common.codec import batch_to_ipc
+from kvlease.common.proto import tablet_pb2 as pb
 from kvlease.common.tables import Column
 from kvlease.ops.wait import wait_until
 from tests.support.local_cluster import LocalCluster
@@ -164,3 +167,30 @@ def test_prefix_lookup_after_a_leader_failover(cluster):
                            for b in cluster.admin.get_table_assignment(info.table_id)[1].values()), 20, "new leaders")
     with TableClient(cluster.admin, "db.events") as client:
         assert client.lookup_prefix(USERS) == expected(rows, USERS)
+
+
+def test_the_server_hashes_the_bucket_key_for_writes_and_prefix_lookups(cluster):
+    make_table(cluster, buckets=8)
+    with TableClient(cluster.admin, "db.events") as client:
+        codec = client.codec
+        rows = codec.to_batch([{"user": "ab", "seq": s, "v": "x"} for s in range(40)])
+        right = int(codec.buckets(codec.encode_keys(rows))[0])
+        # by the whole key the rows would spread over buckets; by the bucket key all are in one
+        assert len({zlib.crc32(k) % 8 for k in codec.encode_keys(rows)}) > 1
+        wrong = (right + 1) % 8
+        for bucket, fine in ((right, True), (wrong, False)):
+            request = pb.PutKvRequest(table_id=client.table.table_id, bucket=bucket, upserts=batch_to_ipc(rows))
+            if fine:
+                client._call_bucket(bucket, "PutKv", request, idempotent=False)
+                continue
+            with pytest.raises(errors.InvalidRowError, match=r"belongs to bucket \d+ .*crc32\(encoded bucket key\)"):
+                client._call_bucket(bucket, "PutKv", request, idempotent=False)
+        prefixes = batch_to_ipc(rows.select(["user"]).slice(0, 1))
+        with pytest.raises(errors.InvalidRowError, match=f"prefix 0 .* belongs to bucket {right}, not to bucket"):
+            client._call_bucket(wrong, "PrefixLookup", pb.PrefixLookupRequest(
+                table_id=client.table.table_id, bucket=wrong, prefixes=prefixes), idempotent=True)
+        with pytest.raises(errors.InvalidRequestError, match="start_after_key is not a key of the first prefix"):
+            client._call_bucket(right, "PrefixLookup", pb.PrefixLookupRequest(
+                table_id=client.table.table_id, bucket=right, prefixes=prefixes, start_after_key=b"zz"),
+                idempotent=True)
+        assert [r["seq"] for r in client.lookup_prefix(["ab"])] == list(range(40))
