@@ -148,11 +148,13 @@ class AdminClient:
                      ignore_if_exists: bool = False, *, replication_factor: int | None = None,
                      min_insync_replicas: int | None = None, partition_key: Sequence[str] = (),
                      auto_partition: AutoPartition | None = None,
-                     max_partitions: int = DEFAULT_MAX_PARTITIONS, row_ttl: RowTtl | None = None) -> TableInfo:
+                     max_partitions: int = DEFAULT_MAX_PARTITIONS, row_ttl: RowTtl | None = None,
+                     bucket_key: Sequence[str] = ()) -> TableInfo:
         return self._tables.create_table(path, columns, primary_key, buckets, ignore_if_exists,
                                          replication_factor=replication_factor,
                                          min_insync_replicas=min_insync_replicas, partition_key=partition_key,
-                                         auto_partition=auto_partition, max_partitions=max_partitions, row_ttl=row_ttl)
+                                         auto_partition=auto_partition, max_partitions=max_partitions, row_ttl=row_ttl,
+                                         bucket_key=bucket_key)
 
     @_documented_by(TablesAdmin.drop_table)
     def drop_table(self, path: str, ignore_if_not_exists: bool = False) -> bool:

@@ -58,7 +58,7 @@ from kvlease.client.routing import REROUTE, BucketRouter, Routing
 from kvlease.client.scanner import KvBatchScanner
 from kvlease.client.snapshot_trigger import COMMITTED, CommittedSnapshot, raise_failed, trigger_snapshots
 from kvlease.client.stream_scanner import KvStreamScanner
-from kvlease.client import table_input
+from kvlease.client import prefix_lookup, table_input
 from kvlease.client.table_scan import scan_table
 from kvlease.client.leader_watch import call_watching
 from kvlease.client.transport import RetryPolicy, arguments, rpc_error
@@ -280,7 +280,7 @@ class TableClient(LogOffsets):
             bucket, rows, _ = part
             offsets = []
             with self._writers.use(bucket) as writer:  # its batches one at a time, in order
-                for chunk in _chunks(rows):
+                for chunk in table_input.chunks(rows, MAX_REQUEST_BYTES):
                     request = pb.PutKvRequest(table_id=table_id, partition_id=partition_id, bucket=bucket,
                                               schema_id=self.codec.schema_id, **{field: batch_to_ipc(chunk)})
                     response = writer.send(request, lambda watch: self._call_bucket(
@@ -314,7 +314,7 @@ class TableClient(LogOffsets):
         def lookup_bucket(part) -> tuple[np.ndarray, pa.RecordBatch]:
             bucket, rows, _ = part
             found, batches = [], []
-            for chunk in _chunks(rows):
+            for chunk in table_input.chunks(rows, MAX_REQUEST_BYTES):
                 request = pb.LookupRequest(table_id=table_id, partition_id=partition_id, bucket=bucket,
                                            keys=batch_to_ipc(chunk))
                 response = self._call_bucket(bucket, "Lookup", request, idempotent=True)
@@ -343,6 +343,15 @@ class TableClient(LogOffsets):
             found_rows.append(rows)
         everything = table_input.concat(found_rows, self.codec.schema)
         return everything.take(pa.array(position, mask=~found_mask))
+
+    def lookup_prefix_batch(self, prefixes: Any) -> pa.RecordBatch:
+        """Every row whose key starts with one of ``prefixes`` (values of the table's bucket key: dicts, tuples,
+        bare values of a one-column bucket key, or an Arrow batch), prefix by prefix (client/prefix_lookup.py)."""
+        return prefix_lookup.lookup_prefix_batch(self, prefixes)
+
+    def lookup_prefix(self, prefixes: Any) -> list[dict]:
+        """:meth:`lookup_prefix_batch` as dicts."""
+        return self.lookup_prefix_batch(prefixes).to_pylist()
 
     def lookup(self, keys: Sequence[Any] | pa.RecordBatch | pa.Table) -> list[dict | None]:
         """The row (a dict) of every key, None where it does not exist; aligned with ``keys``."""
@@ -433,17 +442,4 @@ class TableClient(LogOffsets):
         :func:`kvlease.client.table_scan.scan_table` (parallel buckets; ``limit`` over the whole table)."""
         return scan_table(self, limit=limit, buckets=None if buckets is None else list(buckets),
                           streaming=streaming, **options)
-
-
-# -- helpers ------------------------------------------------------------------------------------
-
-
-def _chunks(batch: pa.RecordBatch) -> list[pa.RecordBatch]:
-    """``batch`` in slices of at most about :data:`MAX_REQUEST_BYTES` each."""
-    size = batch.nbytes
-    if size <= MAX_REQUEST_BYTES or batch.num_rows <= 1:
-        return [batch]
-    pieces = -(-size // MAX_REQUEST_BYTES)
-    step = -(-batch.num_rows // pieces)
-    return [batch.slice(start, step) for start in range(0, batch.num_rows, step)]
 

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from kvlease.common import errors
-from kvlease.common.codec import RowCodec, bucket_array
+from kvlease.common.codec import RowCodec
 from kvlease.common.errors import show
 
 #: ``(bucket, its rows, their indices in the input)``.
@@ -98,25 +98,27 @@ def _key_rows(pk: Sequence[str], keys: list) -> list[dict]:
 def split(codec: RowCodec, batch: pa.RecordBatch) -> list[Part]:
     """``[(bucket, rows of that bucket, their indices in batch)]`` for the buckets that get rows; the key
     columns of ``batch`` are checked (:meth:`RowCodec.encode_keys`)."""
-    return _parts(codec.table.buckets, batch, codec.encode_keys)
+    return _parts(codec, batch, codec.encode_keys)
 
 
 def _by_bucket(codec: RowCodec, checked: pa.RecordBatch) -> list[Part]:
     """:func:`split` of a batch the codec made or checked: its keys are encoded without a second check."""
-    return _parts(codec.table.buckets, checked, codec.encode_checked_keys)
+    return _parts(codec, checked, codec.encode_checked_keys)
 
 
-def _parts(n: int, batch: pa.RecordBatch, encode_keys: Callable[[pa.RecordBatch], list[bytes]]) -> list[Part]:
-    """``batch`` divided among ``n`` buckets by its keys (``encode_keys``).
+def _parts(codec: RowCodec, batch: pa.RecordBatch, encode_keys: Callable[[pa.RecordBatch], list[bytes]]) -> list[Part]:
+    """``batch`` divided among its table's buckets by its keys (``encode_keys``; the bucket key's part of each
+    when the table has one: :meth:`RowCodec.buckets`).
 
     Vectorized: the keys are encoded and hashed once, then one ``take``
     orders the rows by bucket (stable) and each bucket is a zero-copy slice.
     """
+    n = codec.table.buckets
     if batch.num_rows == 0:
         return []
     if n == 1:
         return [(0, batch, np.arange(batch.num_rows))]
-    buckets = bucket_array(encode_keys(batch), n).astype(np.int64)
+    buckets = codec.buckets(encode_keys(batch)).astype(np.int64)
     order = np.argsort(buckets, kind="stable")
     counts = np.bincount(buckets, minlength=n)
     ordered = batch.take(pa.array(order))
@@ -148,3 +150,13 @@ def concat(batches: list[pa.RecordBatch], schema: pa.Schema) -> pa.RecordBatch:
     if not batches:
         return pa.RecordBatch.from_pylist([], schema=schema)
     return batches[0] if len(batches) == 1 else pa.concat_batches(batches)
+
+
+def chunks(batch: pa.RecordBatch, max_bytes: int) -> list[pa.RecordBatch]:
+    """``batch`` in slices of at most about ``max_bytes`` (Arrow bytes) each: one request's worth."""
+    size = batch.nbytes
+    if size <= max_bytes or batch.num_rows <= 1:
+        return [batch]
+    pieces = -(-size // max_bytes)
+    step = -(-batch.num_rows // pieces)
+    return [batch.slice(start, step) for start in range(0, batch.num_rows, step)]

@@ -30,14 +30,17 @@ class TablesAdmin:
                      ignore_if_exists: bool = False, *, replication_factor: int | None = None,
                      min_insync_replicas: int | None = None, partition_key: Sequence[str] = (),
                      auto_partition: AutoPartition | None = None,
-                     max_partitions: int = DEFAULT_MAX_PARTITIONS, row_ttl: RowTtl | None = None) -> TableInfo:
+                     max_partitions: int = DEFAULT_MAX_PARTITIONS, row_ttl: RowTtl | None = None,
+                     bucket_key: Sequence[str] = ()) -> TableInfo:
         """Create table ``path`` (``DB.NAME``); returns it. ``columns``: :class:`kvlease.common.tables.Column`
         objects; ``primary_key``: column names; ``buckets``: how many (per partition, for a partitioned
         table); ``replication_factor`` / ``min_insync_replicas`` (None: the coordinator's
         default.replication-factor / min.insync-replicas); ``partition_key``: the primary-key columns whose
         values name a partition, ``auto_partition`` (:class:`kvlease.common.auto_partition.AutoPartition`)
         and ``max_partitions`` (table.partition.max) its partitioning (docs/partitions.md); ``row_ttl``
-        (:func:`kvlease.common.row_ttl.row_ttl`, e.g. ``row_ttl("7d", "ts")``) its row TTL (docs/changelog.md).
+        (:func:`kvlease.common.row_ttl.row_ttl`, e.g. ``row_ttl("7d", "ts")``) its row TTL (docs/changelog.md); ``bucket_key``: the
+        first primary-key columns whose values pick a row's bucket (default: the whole key), for
+        ``TableClient.lookup_prefix`` (docs/python-api.md).
         TableAlreadyExistError if it exists (with ``ignore_if_exists``, only if its definition differs: an
         equal one is returned); InvalidTableError for a bad definition; InvalidRequestError if the
         replication factor is more than the live tablet servers."""
@@ -61,7 +64,8 @@ class TablesAdmin:
             if value is not None and not is_int(value):
                 raise errors.InvalidTableError(f"{what}: an int, got {errors.show(value)}")
         spec = validate_spec(TableSpec(db, name, tuple(columns), tuple(primary_key), buckets, tuple(partition_key),
-                                       int(max_partitions), auto_partition, row_ttl))  # the coordinator's rules
+                                       int(max_partitions), auto_partition, row_ttl=row_ttl,  # the coordinator's rules
+                                       bucket_key=bucket_key if isinstance(bucket_key, str) else tuple(bucket_key)))
         response = self._call("CreateTable", table_spec_to_pb(
             spec, ignore_if_exists=ignore_if_exists, replication_factor=replication_factor,
             min_insync_replicas=min_insync_replicas))

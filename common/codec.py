@@ -15,7 +15,9 @@ keys in :mod:`kvlease.common.codec_keys`, values in :mod:`kvlease.common.codec_v
 :mod:`kvlease.common.codec_conform`.
 
 Buckets: ``zlib.crc32(encoded key) % num_buckets`` (crc32 is unsigned in
-Python 3): stable across processes, versions and platforms (:mod:`kvlease.common.bucketing`).
+Python 3): stable across processes, versions and platforms (:mod:`kvlease.common.bucketing`); for a table
+with a bucket key, the crc32 of the encoded bucket-key columns, a byte prefix of the key
+(:meth:`RowCodec.buckets`, :mod:`kvlease.common.bucket_keys`).
 
 Malformed input (client rows, batches) raises :class:`InvalidRowError` naming
 the row and column; so do bytes that are not a value or key of this table.
@@ -32,6 +34,7 @@ from kvlease.common.errors import InvalidRowError, show
 from kvlease.common import codec_arrays as ca
 from kvlease.common import codec_python as cp
 from kvlease.common.codec_conform import TIMESTAMP_MAX_US, TIMESTAMP_MIN_US, check_values, conform  # noqa: F401
+from kvlease.common.bucket_keys import KeyPrefix
 from kvlease.common.codec_keys import KeyCodec
 from kvlease.common.codec_types import ARROW_TYPES, arrow_type  # noqa: F401 (ARROW_TYPES: re-exported)
 from kvlease.common.codec_schemas import SchemaReader, UnknownSchemaError, columns_schema  # noqa: F401
@@ -87,6 +90,18 @@ class RowCodec:
                                  self.schema_id)
         #: The length of every encoded key when all primary-key columns are fixed-width, else None.
         self.key_width = self.keys.width
+        #: Cuts a key's bucket-key bytes out (common/bucket_keys.py); None: the whole key picks the bucket.
+        self.bucket_prefix = (KeyPrefix([lay.key_width if lay.fixed else None for lay in self.keys.layouts],
+                                        len(table.bucket_key)) if table.bucket_key else None)
+
+    def bucket_keys(self, keys: list[bytes]) -> list[bytes]:
+        """The bytes of encoded ``keys`` that pick their bucket: the encoded bucket-key columns (a byte prefix
+        of each key), or the whole key for a table without a bucket key."""
+        return keys if self.bucket_prefix is None else self.bucket_prefix.cut(keys)
+
+    def buckets(self, keys: list[bytes]) -> np.ndarray:
+        """The bucket of each encoded key (numpy ``uint64``): ``crc32(bucket_keys(keys)) % buckets``."""
+        return bucket_array(self.bucket_keys(keys), self.table.buckets)
 
     # ---- client side -------------------------------------------------------
 
@@ -116,6 +131,22 @@ class RowCodec:
         checked as :meth:`to_batch` checks the key columns of rows (a None is ``primary key is null``)."""
         arrays = self._arrays(list(self.table.primary_key), columns, lambda i, name: False)
         return pa.RecordBatch.from_arrays(arrays, schema=self.key_schema)
+
+    def columns_to_batch(self, names: Sequence[str], columns: Sequence[list]) -> pa.RecordBatch:
+        """Values of some key columns (``names``, e.g. the bucket key), one list per column -> a batch of them,
+        checked as :meth:`keys_to_batch` checks key columns."""
+        arrays = self._arrays(list(names), columns, lambda i, name: False)
+        return pa.RecordBatch.from_arrays(arrays, schema=self.key_schema_of(names))
+
+    def checked_key_columns(self, batch: pa.RecordBatch, names: Sequence[str]) -> pa.RecordBatch:
+        """The key columns ``names`` of an Arrow batch, checked as :meth:`encode_keys` checks key columns."""
+        required = frozenset(names)
+        return pa.RecordBatch.from_arrays(self._columns(batch, list(names), required),
+                                          schema=self.key_schema_of(names))
+
+    def key_schema_of(self, names: Sequence[str]) -> pa.Schema:
+        """The Arrow schema of key columns ``names`` (a leading part of :attr:`key_schema`)."""
+        return pa.schema([self.key_schema.field(name) for name in names])
 
     def _arrays(self, names: list[str], columns: Iterable[list],
                 missing: Callable[[int, str], bool]) -> list[pa.Array]:

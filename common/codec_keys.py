@@ -22,9 +22,9 @@ class KeyCodec:
 
     def __init__(self, columns: tuple[Column, ...], schema: pa.Schema) -> None:
         self.columns, self.schema = columns, schema
-        self._layouts = [layout(c.type) for c in columns]
+        self.layouts = [layout(c.type) for c in columns]
         #: The length of every encoded key when all primary-key columns are fixed-width, else None.
-        self.width = sum(lay.key_width for lay in self._layouts) if all(l.fixed for l in self._layouts) else None
+        self.width = sum(lay.key_width for lay in self.layouts) if all(l.fixed for l in self.layouts) else None
 
     def encode_list(self, keys: pa.RecordBatch) -> list[bytes]:
         fixed, pieces = self._pieces(keys)
@@ -42,7 +42,7 @@ class KeyCodec:
         """``(rows, [])``: a (rows, width) uint8 array when every key column is fixed-width;
         else ``(None, pieces)`` whose element-wise join is the keys."""
         fixed, pieces = [], []  # runs of fixed-width columns become one (rows, width) array
-        for lay, array in zip(self._layouts, keys.columns):
+        for lay, array in zip(self.layouts, keys.columns):
             if lay.fixed:
                 fixed.append(ca.key_bytes(array, lay))
                 continue
@@ -64,7 +64,7 @@ class KeyCodec:
         starts, ends, data = ca.layout(array)
         # loaded: per column, its values (fixed width) or its index in var_bounds (STRING/BYTES)
         pos, loaded, var_bounds, terminators = starts, [], [], None
-        for column, lay in zip(self.columns, self._layouts):
+        for column, lay in zip(self.columns, self.layouts):
             if lay.fixed:
                 end = pos + lay.key_width
                 ca.check_within(end, ends, base, "key", column.name)
@@ -83,5 +83,5 @@ class KeyCodec:
         pieces = ca.take_pieces(array, starts, ends, var_bounds) if var_bounds else None
         arrays = [ca.fixed_array(value, lay, None) if lay.fixed
                   else ca.var_array(pieces, len(var_bounds), value, column, None, escaped=True)
-                  for column, lay, value in zip(self.columns, self._layouts, loaded)]
+                  for column, lay, value in zip(self.columns, self.layouts, loaded)]
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)

@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
+from kvlease.common.bucket_keys import check_bucket_key
 from kvlease.common.auto_partition import AutoPartition, check_auto_partition_key
 from kvlease.common.columns import MAX_COMMENT, UNASSIGNED, Column, column_type
 from kvlease.common.types import parse_type
@@ -60,6 +61,9 @@ class TableInfo:
     schema_id: int = 1
     #: The table's comment (``table alter --comment``).
     comment: str = ""
+    #: The leading primary-key columns whose values pick a row's bucket (``table create --bucket-key``;
+    #: docs/row-encoding.md, "Buckets"); empty: the whole primary key.
+    bucket_key: tuple[str, ...] = ()
     #: ``(schema_id, columns)`` of each earlier version of its columns, oldest first: the rows stored then carry
     #: that schema id and are read through it (docs/schemas.md, "Reading rows of earlier schemas"). Filled by the
     #: coordinator from the table's history; not part of its stored definition nor of its equality.
@@ -139,6 +143,7 @@ class TableInfo:
                if self.partitioned else {}),
             **({"auto_partition": self.auto_partition.to_json()} if self.auto_partition else {}),
             **({"row_ttl": self.row_ttl.to_json()} if self.row_ttl else {}),
+            **({"bucket_key": list(self.bucket_key)} if self.bucket_key else {}),
         }
 
     @classmethod
@@ -159,6 +164,7 @@ class TableInfo:
             schema_id=int(data.get("schema_id", 1)),
             comment=str(data.get("comment", "")),
             row_ttl=RowTtl.from_json(data["row_ttl"]) if data.get("row_ttl") else None,
+            bucket_key=tuple(data.get("bucket_key", ())),
         )
 
 
@@ -188,6 +194,7 @@ class TableSpec:
     auto_partition: AutoPartition | None = None
     #: ``--ttl``: see :attr:`TableInfo.row_ttl` (a write-time TTL's column is added by :func:`validate_spec`).
     row_ttl: RowTtl | None = None
+    bucket_key: tuple[str, ...] = ()
 
 
 def check_name(what: str, name: str | None) -> None:
@@ -268,7 +275,9 @@ def validate_spec(spec: TableSpec) -> TableSpec:
     columns = tuple(columns)
     _check_partitioning(spec, columns)
     check_row_ttl(spec.row_ttl, {c.name: c.type for c in columns})
-    return replace(spec, columns=columns, primary_key=tuple(spec.primary_key), partition_key=tuple(spec.partition_key))
+    check_bucket_key(spec.primary_key, spec.partition_key, spec.bucket_key)
+    return replace(spec, columns=columns, primary_key=tuple(spec.primary_key), partition_key=tuple(spec.partition_key),
+                   bucket_key=tuple(spec.bucket_key))
 
 
 def _check_partitioning(spec: TableSpec, columns: tuple[Column, ...]) -> None:

@@ -81,7 +81,7 @@ def table_to_pb(table: TableInfo) -> pb.TableInfoPb:
         partition_key=list(table.partition_key), partition_id=table.partition_id,
         partition_name=table.partition_name or "", schema_id=table.schema_id, comment=table.comment,
         past_schemas=[pb.PastSchemaPb(schema_id=sid, columns=columns_to_pb(columns))
-                      for sid, columns in table.past_schemas])
+                      for sid, columns in table.past_schemas], bucket_key=list(table.bucket_key))
     if table.partitioned:
         msg.max_partitions = table.max_partitions
     if table.auto_partition is not None:
@@ -129,7 +129,7 @@ def table_from_pb(msg: pb.TableInfoPb) -> TableInfo:
                      partition_name=msg.partition_name if view else None, schema_id=msg.schema_id or 1,
                      comment=msg.comment,
                      past_schemas=tuple((p.schema_id, columns_from_pb(p.columns)) for p in msg.past_schemas),
-                     row_ttl=row_ttl_from_pb(msg))
+                     row_ttl=row_ttl_from_pb(msg), bucket_key=tuple(msg.bucket_key))
 
 
 def columns_to_pb(columns: Iterable[Column]) -> list[pb.ColumnPb]:
@@ -149,7 +149,7 @@ def table_spec_from_pb(msg: pb.CreateTableRequest) -> TableSpec:
     return TableSpec(msg.database, msg.name, columns_from_pb(msg.columns),
                      tuple(msg.primary_key), msg.buckets, tuple(msg.partition_key),
                      msg.max_partitions if msg.HasField("max_partitions") else DEFAULT_MAX_PARTITIONS, auto,
-                     row_ttl=row_ttl_from_pb(msg))
+                     row_ttl=row_ttl_from_pb(msg), bucket_key=tuple(msg.bucket_key))
 
 
 def table_spec_to_pb(spec: TableSpec, **fields) -> pb.CreateTableRequest:
@@ -157,7 +157,7 @@ def table_spec_to_pb(spec: TableSpec, **fields) -> pb.CreateTableRequest:
     msg = pb.CreateTableRequest(database=spec.database, name=spec.name,
                                 columns=columns_to_pb(spec.columns),
                                 primary_key=list(spec.primary_key), buckets=spec.buckets,
-                                partition_key=list(spec.partition_key), **fields)
+                                partition_key=list(spec.partition_key), bucket_key=list(spec.bucket_key), **fields)
     if spec.partition_key:
         msg.max_partitions = spec.max_partitions
     if spec.auto_partition is not None:

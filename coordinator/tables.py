@@ -49,6 +49,9 @@ def definition_differences(existing: TableInfo, spec: TableSpec) -> list[str]:
         differences.append(f"primary key ({there}) there, ({asked}) asked")
     if existing.buckets != spec.buckets:
         differences.append(f"buckets {existing.buckets} there, {spec.buckets} asked")
+    if tuple(existing.bucket_key) != tuple(spec.bucket_key):
+        there, asked = ", ".join(existing.bucket_key) or "none", ", ".join(spec.bucket_key) or "none"
+        differences.append(f"bucket key ({there}) there, ({asked}) asked")
     return differences
 
 

@@ -45,6 +45,7 @@ from kvlease.spark_source.enumerator import plan_bootstrap, plan_changes
 from kvlease.spark_source.options import OptionError, Options, connect, open_table
 from kvlease.spark_source.user_errors import option_errors
 from kvlease.spark_source.partitions import PartitionedTables, name_splits
+from kvlease.spark_source.prefix_pruning import filter_prefixes, parse_prefix_option, prefix_splits
 from kvlease.spark_source.pruning import kept
 from kvlease.spark_source.reader import names_table, read_split
 from kvlease.spark_source.splits import ReadContext
@@ -53,6 +54,9 @@ log = logging.getLogger(__name__)
 
 
 class BatchReader(DataSourceReader):
+    #: The filters Spark pushed (only to a reader that takes them: :class:`KeyPruningBatchReader`, …).
+    filters: tuple[Filter, ...] = ()
+
     def __init__(self, options: Options, ctx: ReadContext) -> None:
         self.options = options
         self.ctx = ctx
@@ -66,10 +70,30 @@ class BatchReader(DataSourceReader):
                 names = self._kept_partitions(admin)
                 if not names:
                     return []  # no partition can hold a row the query keeps: nothing to lease or read
+                by_prefix = self._prefix_plan({name: partition_id for partition_id, name in names.items()})
+                if by_prefix is not None:
+                    return by_prefix
                 with PartitionedTables(admin, ctx.table, ctx.security, names) as tables:
                     return name_splits(self._plan(admin, tables), names)
+            by_prefix = self._prefix_plan(None)
+            if by_prefix is not None:
+                return by_prefix
             with open_table(admin, ctx.table.table_id, ctx.security) as table:
                 return self._plan(admin, table)
+
+    def _prefix_plan(self, partitions: dict[str, int] | None) -> list | None:
+        """Prefix splits of a full read narrowed to some bucket-key prefixes (option ``prefix``, or the pushed
+        filters: spark_source/prefix_pruning.py); None: the read is not narrowed."""
+        if self.options.change_feed:
+            return None
+        prefixes = (parse_prefix_option(self.ctx.table, self.options.prefix) if self.options.prefix is not None
+                    else filter_prefixes(self.ctx.table, self.filters))
+        if prefixes is None:
+            return None
+        splits = prefix_splits(self.ctx.table, prefixes, partitions)
+        log.info("table %s: %d bucket-key prefix(es) read from %d bucket(s)", self.ctx.table.path, len(prefixes),
+                 len(splits))
+        return splits
 
     def _plan(self, admin: AdminClient, table) -> list:
         if self.options.change_feed:
@@ -102,6 +126,16 @@ class PartitionedBatchReader(BatchReader):
                               f"{', '.join(missing)} (it has {len(names)}; kvlease partition list "
                               f"{self.ctx.table.path})")
         return {by_name[name]: name for name in wanted}
+
+
+class KeyPruningBatchReader(BatchReader):
+    """An unpartitioned table's batch reader that reads only the bucket-key prefixes the pushed filters pin
+    (only where Spark keeps a pushdown's plan with its own scan: :func:`unpartitioned_reader`)."""
+
+    def pushFilters(self, filters: list[Filter]) -> list[Filter]:
+        """Keep ``filters`` to narrow the plan by; give every one back: Spark applies them all to the rows read."""
+        self.filters = tuple(filters)
+        return filters
 
 
 class PruningBatchReader(PartitionedBatchReader):
@@ -138,6 +172,11 @@ def partitioned_reader() -> type[PartitionedBatchReader]:
     return PruningBatchReader if PUSHDOWN_PLANS_PER_SCAN else PartitionedBatchReader
 
 
+def unpartitioned_reader() -> type[BatchReader]:
+    """The reader class of an unpartitioned table's batch reads on this Spark."""
+    return KeyPruningBatchReader if PUSHDOWN_PLANS_PER_SCAN else BatchReader
+
+
 def canonical_names(table: TableInfo, names: Iterable[str]) -> list[str]:
     """``names`` as the table names its partitions (a key of several columns in key order), each once;
     OptionError naming the first that is not a name of the table's partition key."""
@@ -158,3 +197,17 @@ def check_partition_names(table: TableInfo, names: tuple[str, ...]) -> None:
         raise OptionError(f"option 'partitions' selects partitions of a partitioned table; table {table.path} "
                           "is not partitioned")
     canonical_names(table, names)
+
+
+def check_prefix_option(table: TableInfo, options: Options) -> None:
+    """OptionError for a bad option ``prefix`` (a table without a bucket key, a value of the wrong type, a
+    bucket-key column missing), or one on a change feed (it narrows a full read of the table)."""
+    if options.prefix is None:
+        return
+    if options.change_feed:
+        raise OptionError("option 'prefix' narrows a full read (startup.mode=full) to some bucket-key prefixes; "
+                          "a change feed reads every row's changes")
+    try:
+        parse_prefix_option(table, options.prefix)
+    except errors.KvLeaseError as exc:
+        raise OptionError(f"option 'prefix': {exc.message}") from None

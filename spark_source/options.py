@@ -36,7 +36,7 @@ TLS_OPTIONS = {"ca-file": cfg.TLS_CA_FILE.name, "cert-file": cfg.TLS_CERT_FILE.n
 Security = tuple[tuple[str, Any], ...]
 READ_ONLY = ("startup.mode", "startup.timestamp", "ending.timestamp", "ending.offsets", "bootstrap.mode",
              "lease.id", "lease.duration", "lease.acquire.max-attempts", "lease.acquire.max-wait",
-             "maxrowspertrigger", "split.max-rows", "partition.discovery.interval", "partitions")
+             "maxrowspertrigger", "split.max-rows", "partition.discovery.interval", "partitions", "prefix")
 #: Options Spark itself sets on a source or sink; they mean nothing here and are ignored.
 SPARK_OWN = ("checkpointlocation", "path")
 #: Option names as the docs spell them, where that is not lower case (Spark hands them over lower-cased).
@@ -76,6 +76,7 @@ class Options:
     split_max_rows: int | None = None
     partition_discovery_interval_ms: int = 10_000  # streaming reads of a partitioned table: how often to list them
     partitions: tuple[str, ...] = ()  # a batch read of a partitioned table: these partitions only (names)
+    prefix: str | None = None  # a full batch read: these bucket-key prefixes only (spark_source/prefix_pruning.py)
     security: Security = ()  # TLS settings (a --secure cluster directory's, or the ca/cert/key-file options)
     given: frozenset[str] = field(default=frozenset(), compare=False)
 
@@ -255,6 +256,8 @@ def _read_options(given: Mapping[str, str]) -> dict[str, Any]:
         out["partition_discovery_interval_ms"] = _positive_duration(given, "partition.discovery.interval")
     if "partitions" in given:
         out["partitions"] = _names(given["partitions"])
+    if "prefix" in given:
+        out["prefix"] = given["prefix"]
     if "lease.acquire.max-wait" in given:
         out["acquire_max_wait_s"] = _positive_duration(given, "lease.acquire.max-wait") / 1000.0
     for name, key in (("lease.acquire.max-attempts", "acquire_max_attempts"),

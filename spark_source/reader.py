@@ -26,7 +26,9 @@ from pyspark.sql.datasource import InputPartition
 from kvlease.client.admin import AdminClient
 from kvlease.client.log_records import decode_records, entry_records
 from kvlease.client.table import TableClient
+from kvlease.client.prefix_lookup import bucket_rows
 from kvlease.common import errors
+from kvlease.common.prefix_codec import PrefixCodec
 from kvlease.common.model import TableBucket
 from kvlease.common.tables import TableInfo
 from kvlease.spark_source.bootstrap import SnapshotGoneError, merge, open_snapshot
@@ -35,7 +37,7 @@ from kvlease.spark_source.enumerator import release_buckets
 from kvlease.spark_source.options import connect, open_table
 from kvlease.spark_source.schema import changes_for_spark, spark_arrow_schema, state_rows_as_changes
 from kvlease.spark_source.partitions import check_table_losses, key_of
-from kvlease.spark_source.splits import HybridSplit, LiveSplit, LogSplit, ReadContext, split_table
+from kvlease.spark_source.splits import HybridSplit, LiveSplit, LogSplit, PrefixSplit, ReadContext, split_table
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +119,8 @@ def _read(ctx: ReadContext, split, schema: pa.Schema) -> Iterator[pa.RecordBatch
                 table, split, schema))
         elif isinstance(split, LiveSplit):
             yield from _live(table, split, schema)
+        elif isinstance(split, PrefixSplit):
+            yield from _prefixes(table, split, schema)
         else:
             raise errors.InvalidRequestError(f"not a kvlease split: {split!r}")
 
@@ -221,6 +225,14 @@ def _live(table: TableClient, split: LiveSplit, schema: pa.Schema) -> Iterator[p
         for batch in scanner:
             if batch.num_rows:
                 yield state_rows_as_changes(batch, split.bucket, scanner.log_offset, schema)
+
+
+def _prefixes(table: TableClient, split: PrefixSplit, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """The rows of the split's prefixes, as of the prefix lookups' ``log_offset``."""
+    found, log_offset = bucket_rows(table, split.bucket, PrefixCodec(table.codec).to_batch(list(split.prefixes)))
+    for batch in found:
+        if batch.num_rows:
+            yield state_rows_as_changes(batch, split.bucket, log_offset, schema)
 
 
 def _releasing(admin: AdminClient, ctx: ReadContext, split: HybridSplit,

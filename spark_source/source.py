@@ -21,7 +21,8 @@ from pyspark.sql.types import StructType
 from kvlease.common.tables import TableInfo
 import kvlease.spark_source.options as opts
 import kvlease.spark_source.catalog as catalog
-from kvlease.spark_source.batch import BatchReader, check_partition_names, partitioned_reader
+from kvlease.spark_source.batch import (BatchReader, check_partition_names, check_prefix_option, partitioned_reader,
+                                       unpartitioned_reader)
 from kvlease.spark_source.schema import read_columns, table_schema
 from kvlease.spark_source.splits import ReadContext
 from kvlease.spark_source.stream import StreamReader
@@ -85,7 +86,8 @@ class KvLeaseDataSource(DataSource):
             raise opts.OptionError(f"option 'ending.offsets' names buckets of an unpartitioned table; table "
                                    f"{table.path} is partitioned: end its change feed with 'ending.timestamp'")
         check_partition_names(table, parsed.partitions)
-        reader = partitioned_reader() if table.partitioned else BatchReader
+        check_prefix_option(table, parsed)
+        reader = partitioned_reader() if table.partitioned else unpartitioned_reader()
         return reader(parsed, self._context(parsed, schema))
 
     @option_errors
@@ -101,6 +103,9 @@ class KvLeaseDataSource(DataSource):
         if parsed.partitions:
             raise opts.OptionError("option 'partitions' selects partitions for a batch read; a streaming query "
                                    "reads every partition of the table, those created later too")
+        if parsed.prefix is not None:
+            raise opts.OptionError("option 'prefix' narrows a batch read of the table; a streaming query reads "
+                                   "every row's changes")
         at = parsed.startup_timestamp_ms
         if parsed.startup_mode == "timestamp" and at > time.time() * 1000:
             # the first record at or after it does not exist yet: starting at the end would read the

@@ -83,6 +83,17 @@ class LiveSplit(InputPartition):
     partition_name: str | None = None
 
 
+@dataclass(frozen=True)
+class PrefixSplit(InputPartition):
+    """The rows of some bucket-key prefixes (tuples in bucket-key order) of one bucket, by prefix lookups on
+    its leader: the rows as of the read (spark_source/prefix_pruning.py)."""
+
+    bucket: int
+    prefixes: tuple[tuple, ...]
+    partition_id: int | None = None
+    partition_name: str | None = None
+
+
 def split_table(table: TableInfo, split) -> TableInfo:
     """The physical table a split reads: ``table``, or its partition's view for a split of a partition."""
     if split.partition_id is None:

@@ -8,7 +8,7 @@ answered ``PARTITION_NOT_EXISTS`` (``NOT_LEADER`` if ZooKeeper has that partitio
 stale metadata retries), ``TABLE_NOT_EXIST`` or ``INVALID_REQUEST`` and changes nothing; a bucket of a
 physical table held here that this server does not lead is ``NOT_LEADER`` as ever. Then every call
 is authorized before it acts (:mod:`kvlease.tablet.authz`): WRITE on the table for
-PutKv and TriggerSnapshot, READ for Lookup, FetchLog, ListOffsets and scans;
+PutKv and TriggerSnapshot, READ for Lookup, PrefixLookup, FetchLog, ListOffsets and scans;
 a denied call is answered ``AUTHORIZATION_FAILED`` and changes nothing.
 UpdateLeadership and ReplicaFetch are the cluster's own (:data:`INTERNAL_METHODS`).
 
@@ -165,6 +165,19 @@ class TabletService(pb_grpc.TabletServiceServicer):
                 found, rows = replica.store.lookup(keys)
             return {"rows": batch_to_ipc(rows), "found": found.tolist()}
         return _answer(pb.LookupResponse, work)
+
+    def PrefixLookup(self, request, context):
+        def work():
+            physical = self._physical(request)
+            self.access.check(READ, physical)
+            prefixes = _batch(request.prefixes)
+            with self.replicas.leading(physical, request.bucket) as replica, _serving(replica):
+                if prefixes is None:
+                    return {}
+                found = replica.store.prefix_lookup(prefixes, request.start_after_key, request.max_bytes)
+            return {"rows": batch_to_ipc(found.rows), "counts": found.counts, "resume_key": found.resume_key,
+                    "log_offset": found.log_offset}
+        return _answer(pb.PrefixLookupResponse, work)
 
     def FetchLog(self, request, context):
         def work():

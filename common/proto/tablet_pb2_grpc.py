@@ -49,6 +49,11 @@ class TabletServiceStub:
                 request_serializer=common_dot_proto_dot_tablet__pb2.LookupRequest.SerializeToString,
                 response_deserializer=common_dot_proto_dot_tablet__pb2.LookupResponse.FromString,
                 _registered_method=True)
+        self.PrefixLookup = channel.unary_unary(
+                '/kvlease.TabletService/PrefixLookup',
+                request_serializer=common_dot_proto_dot_tablet__pb2.PrefixLookupRequest.SerializeToString,
+                response_deserializer=common_dot_proto_dot_tablet__pb2.PrefixLookupResponse.FromString,
+                _registered_method=True)
         self.FetchLog = channel.unary_unary(
                 '/kvlease.TabletService/FetchLog',
                 request_serializer=common_dot_proto_dot_tablet__pb2.FetchLogRequest.SerializeToString,
@@ -97,6 +102,12 @@ class TabletServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Lookup(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PrefixLookup(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -155,6 +166,11 @@ def add_TabletServiceServicer_to_server(servicer, server):
                     servicer.Lookup,
                     request_deserializer=common_dot_proto_dot_tablet__pb2.LookupRequest.FromString,
                     response_serializer=common_dot_proto_dot_tablet__pb2.LookupResponse.SerializeToString,
+            ),
+            'PrefixLookup': grpc.unary_unary_rpc_method_handler(
+                    servicer.PrefixLookup,
+                    request_deserializer=common_dot_proto_dot_tablet__pb2.PrefixLookupRequest.FromString,
+                    response_serializer=common_dot_proto_dot_tablet__pb2.PrefixLookupResponse.SerializeToString,
             ),
             'FetchLog': grpc.unary_unary_rpc_method_handler(
                     servicer.FetchLog,
@@ -268,6 +284,33 @@ class TabletService:
             '/kvlease.TabletService/Lookup',
             common_dot_proto_dot_tablet__pb2.LookupRequest.SerializeToString,
             common_dot_proto_dot_tablet__pb2.LookupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PrefixLookup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvlease.TabletService/PrefixLookup',
+            common_dot_proto_dot_tablet__pb2.PrefixLookupRequest.SerializeToString,
+            common_dot_proto_dot_tablet__pb2.PrefixLookupResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -54,11 +54,13 @@ SUITE = {
     "rebuild": "rebuild of a wiped replica from the remote snapshot + a changelog tail vs a plain download",
     "partitions": "1,000 partitions: coordinator failover, idle loop CPU and lease acquire --latest vs one "
                   "table; retention dropping 100 at once",
+    "lookups": "point lookups rows/s; with --prefix, prefix lookups of the same rows and their ratio",
 }
 #: name -> its module (the registry: a new benchmark is a module of ``ops/bench/`` and a line here and in SUITE).
 MODULES = {"leases": "kvlease.ops.bench.leases", "writes": "kvlease.ops.bench.writes", "scan": "kvlease.ops.bench.scan",
            "bootstrap": "kvlease.ops.bench.bootstrap", "replication": "kvlease.ops.bench.replication",
-           "rebuild": "kvlease.ops.bench.rebuild", "partitions": "kvlease.ops.bench.partitions"}
+           "rebuild": "kvlease.ops.bench.rebuild", "partitions": "kvlease.ops.bench.partitions",
+           "lookups": "kvlease.ops.bench.lookups"}
 ALL = "all"
 MB = 1 << 20
 

@@ -13,7 +13,7 @@ from kvlease.common import errors
 import kvlease.ops.cli.output as out
 from kvlease.ops.cli.app import State, catch_errors, common_options, kvlease, pass_state
 from kvlease.ops.cli.put_sources import FORMATS, Reader, source_format
-from kvlease.ops.cli.values import parse_keys, table_path
+from kvlease.ops.cli.values import parse_keys, parse_prefix, table_path
 
 PUT_BATCH_ROWS = 10_000
 
@@ -112,14 +112,33 @@ def _key_command(func):
     return func
 
 
-@_key_command
-def get(state: State, path: str, keys: tuple[str, ...]) -> None:
-    """Look up rows by primary key.
+@kvlease.command(context_settings={"ignore_unknown_options": True})
+@click.argument("path", metavar="DB.NAME", callback=table_path)
+@click.argument("keys", metavar="[KEY…]", nargs=-1)
+@click.option("--prefix", "prefix", metavar="COL=VALUE", multiple=True,
+              help="Instead of keys: every row whose bucket-key columns have these values (one --prefix per "
+                   "bucket-key column; the table needs a bucket key: table create --bucket-key).")
+@common_options
+@pass_state
+@catch_errors
+def get(state: State, path: str, keys: tuple[str, ...], prefix: tuple[str, ...]) -> None:
+    """Look up rows by primary key, or by a bucket-key prefix (--prefix).
 
     KEY is the primary-key value; for a composite key, the values in
     primary-key order comma-separated (7,abc) or as a JSON array ('[7,"a,b"]').
+    With --prefix COL=VALUE (per bucket-key column), every row whose key starts
+    with those values, in key order.
     """
+    if keys and prefix:
+        raise click.UsageError("give KEY… or --prefix COL=VALUE, not both")
+    if not keys and not prefix:
+        raise click.UsageError("Missing argument 'KEY…' (or --prefix COL=VALUE: a bucket-key prefix)")
     client = state.table_client(path)
+    if prefix:
+        values = parse_prefix(prefix, client.table)
+        rows = client.lookup_prefix([values])
+        state.output.rows(out.prefix_rows_doc(client.table.path, values, rows))
+        return
     rows = client.lookup(parse_keys(keys, client.table))
     state.output.rows(out.rows_doc(client.table.path, keys, rows))
 

@@ -132,6 +132,13 @@ def rows_doc(table: str, keys: Iterable[str], rows: Iterable[Mapping[str, Any] |
     return {"table": table, "keys": keys, "rows": rows, "found": sum(r is not None for r in rows)}
 
 
+def prefix_rows_doc(table: str, prefix: Mapping[str, Any], rows: Iterable[Mapping[str, Any]]) -> dict:
+    """``get --prefix``: every row of the prefix (``{bucket-key column: value}``), in key order."""
+    rows = [row_doc(r) for r in rows]
+    return {"table": table, "prefix": {k: json_value(v) for k, v in prefix.items()}, "keys": [], "rows": rows,
+            "found": len(rows)}
+
+
 def log_record_doc(record: Mapping[str, Any]) -> dict:
     """One change record of ``log``: ``{"offset", "change_type", "timestamp", "row"}``; ``timestamp`` is
     the append time in ms since the epoch (null for a record written before changelog format v2)."""

@@ -22,15 +22,17 @@ from rich.markup import escape
 from rich.table import Table as RichTable
 
 from kvlease.ops.cli.documents import (acquire_doc, bucket_docs, bucket_text, cell_text, committed_doc, format_span,
-                                       format_time_ms, iso_time_ms, json_value, lease_doc, leases_doc, log_record_doc,
-                                       log_record_line, partition_doc, partitions_doc, row_doc, rows_doc, scan_doc,
-                                       snapshots_doc, table_doc, table_name, tables_doc, assignment_docs, where)
+                                       format_time_ms, iso_time_ms, json_value, lease_doc, leases_doc,
+                                       log_record_doc, log_record_line, partition_doc, partitions_doc,
+                                       prefix_rows_doc, row_doc, rows_doc, scan_doc, snapshots_doc, table_doc,
+                                       table_name, tables_doc, assignment_docs, where)
 from kvlease.ops.cli.table_text import describe_table, list_partitions, partitioning_text
 
 __all__ = [  # the documents are re-exported: the commands use this one module
     "JsonOutput", "Output", "ScanProgress", "TextOutput", "acquire_doc", "bucket_docs", "committed_doc",
     "format_span", "format_time_ms", "iso_time_ms", "json_value", "lease_doc", "leases_doc", "log_record_doc",
-    "log_record_line", "make_output", "partition_doc", "partitions_doc", "row_doc", "rows_doc", "scan_doc",
+    "log_record_line", "make_output", "partition_doc", "partitions_doc", "prefix_rows_doc", "row_doc", "rows_doc",
+    "scan_doc",
     "snapshots_doc", "table_doc", "assignment_docs", "table_name", "tables_doc", "where",
 ]
 
@@ -291,6 +293,8 @@ class TextOutput(Output):
         missing = [key for key, row in zip(doc["keys"], doc["rows"]) if row is None]
         if missing:
             self._print(escape(f"not found: {', '.join(missing)}"))
+        if "prefix" in doc and not found:
+            self._print(escape(f"no rows with {', '.join(f'{k}={v}' for k, v in doc['prefix'].items())}"))
 
     def committed(self, doc: Mapping[str, Any]) -> None:
         table, failed = where(doc), doc["not_committed"]

@@ -69,12 +69,16 @@ def table_group() -> None:
                    "write time, kept in an added column _write_time).")
 @click.option("--ttl-changelog", type=click.Choice(CHANGELOG_MODES), metavar="|".join(CHANGELOG_MODES),
               help="delete (default): expiry deletes are -D records of the change feed; none: the feed skips them.")
+@click.option("--bucket-key", metavar="COL[,COL…]",
+              help="The first primary-key column(s) whose values pick a row's bucket (default: the whole key): rows "
+                   "with the same values share a bucket, and `kvlease get --prefix` reads them in one range scan.")
 @common_options
 @pass_state
 @catch_errors
 def table_create(state: State, path: str, schema: str, primary_key: str, buckets: int, if_not_exists: bool,
                  replication_factor: int | None, min_insync_replicas: int | None, ttl: str | None,
-                 ttl_column: str | None, ttl_changelog: str | None, **partitioning) -> None:
+                 ttl_column: str | None, ttl_changelog: str | None, bucket_key: str | None,
+                 **partitioning) -> None:
     """Create a primary-key table (partitioned with --partition-by)."""
     if replication_factor and min_insync_replicas and min_insync_replicas > replication_factor:
         raise click.UsageError(f"--min-insync-replicas {min_insync_replicas} is more than --replication-factor "
@@ -90,7 +94,8 @@ def table_create(state: State, path: str, schema: str, primary_key: str, buckets
     try:  # the coordinator's own rules, before anything is sent: a definition it would refuse is a usage error
         expiry = None if ttl is None else row_ttl(ttl, ttl_column, ttl_changelog)
         spec = validate_spec(TableSpec(db, name, columns, tuple(keys), buckets, **_partitioning(**partitioning),
-                                       row_ttl=expiry))
+                                       row_ttl=expiry,
+                                       bucket_key=tuple(k.strip() for k in (bucket_key or "").split(",") if k.strip())))
     except errors.InvalidTableError as exc:
         raise click.UsageError(exc.message) from None
     existed = if_not_exists and _exists(state, path)
@@ -100,6 +105,8 @@ def table_create(state: State, path: str, schema: str, primary_key: str, buckets
     if spec.partition_key:
         options.update(partition_key=spec.partition_key, auto_partition=spec.auto_partition,
                        max_partitions=spec.max_partitions)
+    if spec.bucket_key:
+        options["bucket_key"] = spec.bucket_key
     info = state.client.create_table(path, columns, keys, buckets, ignore_if_exists=if_not_exists, **options)
     doc = {**out.table_doc(info), "created": not existed}
     if info.partitioned:  # an auto-partitioned table's first ones are made with it

@@ -50,6 +50,8 @@ def describe_table(grid: Grid, show: Show, doc: Mapping[str, Any]) -> None:
     rows.add_row("replication factor", str(doc.get("replication_factor", 1)))
     rows.add_row("min in-sync replicas", str(doc.get("min_insync_replicas", 1)))
     rows.add_row("primary key", ", ".join(doc["primary_key"]))
+    if doc.get("bucket_key"):
+        rows.add_row("bucket key", ", ".join(doc["bucket_key"]))
     rows.add_row("schema id", str(doc.get("schema_id", 1)))
     if doc.get("comment"):
         rows.add_row("comment", escape(doc["comment"]))

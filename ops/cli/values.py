@@ -201,6 +201,27 @@ def parse_keys(texts: Iterable[str], table: TableInfo) -> list[dict[str, Any]]:
     return keys
 
 
+def parse_prefix(texts: Iterable[str], table: TableInfo) -> dict[str, Any]:
+    """``--prefix COL=VALUE`` options -> ``{bucket-key column: value}``, typed by the columns; a usage error naming
+    the option for a bad one (the client says which bucket-key column is missing or not one)."""
+    types = {c.name: c.type for c in table.columns}
+    values: dict[str, Any] = {}
+    for text in texts:
+        name, sep, value = text.partition("=")
+        name = name.strip()
+        try:
+            if not sep or not name:
+                raise ValueError("expected COL=VALUE")
+            if name not in types:
+                raise ValueError(f"table {table.path} has no column {name!r}")
+            if name in values:
+                raise ValueError(f"column {name!r} is given twice")
+            values[name] = convert_value(value, types[name])
+        except ValueError as exc:
+            raise click.BadParameter(f"{errors.show(text)}: {exc}", param_hint="'--prefix'") from None
+    return values
+
+
 def parse_json_row(line: str, number: int, table: TableInfo) -> dict[str, Any]:
     """One JSON line of ``put`` -> a row for ``RowCodec.to_batch``; InvalidRowError names the line."""
     try:

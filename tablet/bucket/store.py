@@ -57,6 +57,7 @@ from kvlease.common.parts import documented_by
 from kvlease.common.tables import TableInfo
 from kvlease.tablet.bucket.files import Backoff, BucketFiles, FileSettings
 from kvlease.tablet.bucket.open_buckets import OpenBuckets
+from kvlease.tablet.bucket.prefix_reads import PrefixRows, prefix_rows
 from kvlease.tablet.bucket.reads import BucketReads
 from kvlease.tablet.bucket.replication import BucketReplication
 from kvlease.tablet.bucket.state import BucketShared, BucketSpec, WriteRole
@@ -287,6 +288,11 @@ class BucketStore:
     @documented_by(BucketReads.lookup)
     def lookup(self, keys: pa.RecordBatch) -> tuple[np.ndarray, pa.RecordBatch]:
         return self.reads.lookup(keys)
+
+    def prefix_lookup(self, prefixes: pa.RecordBatch, start_after: bytes = b"", max_bytes: int = 0) -> PrefixRows:
+        """Every row whose key starts with one of ``prefixes`` (bucket-key columns): see
+        :func:`kvlease.tablet.bucket.prefix_reads.prefix_rows`."""
+        return prefix_rows(self._shared, prefixes, start_after, max_bytes)
 
     @documented_by(BucketReads.fetch_log)
     def fetch_log(self, from_offset: int, max_bytes: int, committed: bool = True,

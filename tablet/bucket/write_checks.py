@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from kvlease.common.codec import RowCodec, bucket_array
+from kvlease.common.codec import RowCodec
 from kvlease.common.codec_arrays import value_offsets
 from kvlease.common.errors import InvalidRowError, RecordTooLargeError, show
 
@@ -17,7 +17,8 @@ def check_bucket(codec: RowCodec, bucket: int | None, keys: list[bytes], what: s
     if bucket is None or not keys or table.buckets == 1:
         return  # one bucket: every key is its
     n = table.buckets
-    buckets = bucket_array(keys, n)
+    hashed = "bucket key" if table.bucket_key else "key"
+    buckets = codec.buckets(keys)
     wrong = np.flatnonzero(buckets != bucket)
     if not wrong.size:
         return
@@ -26,7 +27,7 @@ def check_bucket(codec: RowCodec, bucket: int | None, keys: list[bytes], what: s
     part = "" if table.partition_id is None else f" partition {table.partition_name} (id {table.partition_id})"
     raise InvalidRowError(f"{what} row {i} (key {show(key)}) belongs to bucket {int(buckets[i])} of table "
                           f"{table.table_id}{part}, not to bucket {bucket}; {len(wrong)} of {len(keys)} "
-                          f"rows are of another bucket (bucket = crc32(encoded key) % {n})",
+                          f"rows are of another bucket (bucket = crc32(encoded {hashed}) % {n})",
                           row=i, bucket=int(buckets[i]))
 
 

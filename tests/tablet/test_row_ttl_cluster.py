@@ -130,6 +130,20 @@ def test_expired_rows_vanish_at_once_and_a_round_deletes_a_bounded_number(idle):
     idle.admin.drop_table(path)
 
 
+def test_prefix_lookups_leave_expired_rows_out(idle):
+    path = f"d{uuid.uuid4().hex[:8]}.t"
+    columns = [Column("u", "STRING"), *COLUMNS]
+    idle.admin.create_table(path, columns, ["u", "id"], 2, replication_factor=1, row_ttl=row_ttl("1h", "ts"),
+                            bucket_key=["u"])
+    now = _now()
+    with TableClient(idle.admin, path) as client:
+        client.upsert([{"u": u, "id": i, "ts": now - (7_200_000 if i % 2 else 0), "v": f"{u}{i}"}
+                       for u in ("a", "b") for i in range(5)])
+        assert [(r["u"], r["id"]) for r in client.lookup_prefix(["b", "a"])] == [
+            ("b", 0), ("b", 2), ("b", 4), ("a", 0), ("a", 2), ("a", 4)]  # the odd ones expired an hour ago
+    idle.admin.drop_table(path)
+
+
 def _wait_records(client: TableClient, count: int, bucket: int = 0, timeout: float = 10) -> None:
     wait_until(lambda: client.list_offsets()[bucket][1] >= count, timeout, f"{count} records in bucket {bucket}",
                interval_s=0.1)
