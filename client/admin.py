@@ -45,9 +45,7 @@ from kvlease.common.parts import delegate as _delegate, documented_by as _docume
 from kvlease.common.security.acl import AclBinding, Operation, Resource
 from kvlease.common.wire import (bucket_snapshots_from_pb, bucket_to_pb, error_from_pb, handle_from_pb, handle_to_pb,
                                  lease_from_pb, raise_for, table_from_pb)
-from kvlease.common.auto_partition import AutoPartition
-from kvlease.common.row_ttl import RowTtl
-from kvlease.common.tables import DEFAULT_MAX_PARTITIONS, Column, TableInfo, parse_table_path
+from kvlease.common.tables import Column, TableInfo, parse_table_path
 from kvlease.common.model import Lease, SnapshotHandle, TableBucket
 
 #: re-exported: callers import the answer types and parse_bootstrap from here
@@ -145,16 +143,8 @@ class AdminClient:
 
     @_documented_by(TablesAdmin.create_table)
     def create_table(self, path: str, columns: Sequence[Column], primary_key: Sequence[str], buckets: int,
-                     ignore_if_exists: bool = False, *, replication_factor: int | None = None,
-                     min_insync_replicas: int | None = None, partition_key: Sequence[str] = (),
-                     auto_partition: AutoPartition | None = None,
-                     max_partitions: int = DEFAULT_MAX_PARTITIONS, row_ttl: RowTtl | None = None,
-                     bucket_key: Sequence[str] = ()) -> TableInfo:
-        return self._tables.create_table(path, columns, primary_key, buckets, ignore_if_exists,
-                                         replication_factor=replication_factor,
-                                         min_insync_replicas=min_insync_replicas, partition_key=partition_key,
-                                         auto_partition=auto_partition, max_partitions=max_partitions, row_ttl=row_ttl,
-                                         bucket_key=bucket_key)
+                     ignore_if_exists: bool = False, **options) -> TableInfo:
+        return self._tables.create_table(path, columns, primary_key, buckets, ignore_if_exists, **options)
 
     @_documented_by(TablesAdmin.drop_table)
     def drop_table(self, path: str, ignore_if_not_exists: bool = False) -> bool:
