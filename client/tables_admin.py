@@ -14,6 +14,7 @@ from kvlease.client.coordinator_caller import CoordinatorCall
 from kvlease.client.transport import is_int
 from kvlease.common import errors
 from kvlease.common.auto_partition import AutoPartition
+from kvlease.common.merge_engine import MergeEngine
 from kvlease.common.proto import coordinator_pb2 as pb
 from kvlease.common.tables import DEFAULT_MAX_PARTITIONS, Column, TableInfo, TableSpec, parse_table_path, validate_spec
 from kvlease.common.wire import table_from_pb, table_spec_to_pb
@@ -29,13 +30,16 @@ class TablesAdmin:
                      ignore_if_exists: bool = False, *, replication_factor: int | None = None,
                      min_insync_replicas: int | None = None, partition_key: Sequence[str] = (),
                      auto_partition: AutoPartition | None = None,
-                     max_partitions: int = DEFAULT_MAX_PARTITIONS) -> TableInfo:
+                     max_partitions: int = DEFAULT_MAX_PARTITIONS,
+                     merge_engine: MergeEngine | None = None) -> TableInfo:
         """Create table ``path`` (``DB.NAME``); returns it. ``columns``: :class:`kvlease.common.tables.Column`
         objects; ``primary_key``: column names; ``buckets``: how many (per partition, for a partitioned
         table); ``replication_factor`` / ``min_insync_replicas`` (None: the coordinator's
         default.replication-factor / min.insync-replicas); ``partition_key``: the primary-key columns whose
         values name a partition, ``auto_partition`` (:class:`kvlease.common.auto_partition.AutoPartition`)
-        and ``max_partitions`` (table.partition.max) its partitioning (docs/partitions.md).
+        and ``max_partitions`` (table.partition.max) its partitioning (docs/partitions.md); ``merge_engine``
+        (:class:`kvlease.common.merge_engine.MergeEngine`, e.g. ``parse_engine("aggregation", aggregates={"n":
+        "sum"})``; None: the last write wins) what a write to an existing key does (docs/merge-engines.md).
         TableAlreadyExistError if it exists (with ``ignore_if_exists``, only if its definition differs: an
         equal one is returned); InvalidTableError for a bad definition; InvalidRequestError if the
         replication factor is more than the live tablet servers."""
@@ -57,7 +61,7 @@ class TablesAdmin:
             if value is not None and not is_int(value):
                 raise errors.InvalidTableError(f"{what}: an int, got {errors.show(value)}")
         spec = validate_spec(TableSpec(db, name, tuple(columns), tuple(primary_key), buckets, tuple(partition_key),
-                                       int(max_partitions), auto_partition))  # the coordinator's rules
+                                       int(max_partitions), auto_partition, merge_engine))  # the coordinator's rules
         response = self._call("CreateTable", table_spec_to_pb(
             spec, ignore_if_exists=ignore_if_exists, replication_factor=replication_factor,
             min_insync_replicas=min_insync_replicas))

@@ -21,6 +21,7 @@ from kvlease.common.auto_partition import AutoPartition, check_auto_partition_ke
 from kvlease.common.columns import MAX_COMMENT, UNASSIGNED, Column, column_type
 from kvlease.common.types import parse_type
 from kvlease.common.errors import InvalidRequestError, InvalidTableError, show
+from kvlease.common.merge_engine import MergeEngine, check_engine, normalized
 from kvlease.common.model import TableBucket
 from kvlease.common.partition_names import check_partition_key
 
@@ -63,6 +64,8 @@ class TableInfo:
     #: that schema id and are read through it (docs/schemas.md, "Reading rows of earlier schemas"). Filled by the
     #: coordinator from the table's history; not part of its stored definition nor of its equality.
     past_schemas: tuple[tuple[int, tuple[Column, ...]], ...] = field(default=(), compare=False, repr=False)
+    #: What a write to an existing key does (common/merge_engine.py); None: the last write wins.
+    merge_engine: MergeEngine | None = None
 
     def __post_init__(self) -> None:
         """Columns without a field id (``Column(name, type)``) get one: their position if none has one, else
@@ -135,6 +138,7 @@ class TableInfo:
             **({"partition_key": list(self.partition_key), "max_partitions": self.max_partitions}
                if self.partitioned else {}),
             **({"auto_partition": self.auto_partition.to_json()} if self.auto_partition else {}),
+            **({"merge_engine": self.merge_engine.to_json()} if self.merge_engine else {}),
         }
 
     @classmethod
@@ -154,6 +158,7 @@ class TableInfo:
             auto_partition=AutoPartition.from_json(data["auto_partition"]) if data.get("auto_partition") else None,
             schema_id=int(data.get("schema_id", 1)),
             comment=str(data.get("comment", "")),
+            merge_engine=MergeEngine.from_json(data["merge_engine"]) if data.get("merge_engine") else None,
         )
 
 
@@ -181,6 +186,7 @@ class TableSpec:
     partition_key: tuple[str, ...] = ()
     max_partitions: int = DEFAULT_MAX_PARTITIONS
     auto_partition: AutoPartition | None = None
+    merge_engine: MergeEngine | None = None
 
 
 def check_name(what: str, name: str | None) -> None:
@@ -259,7 +265,9 @@ def validate_spec(spec: TableSpec) -> TableSpec:
         raise InvalidTableError(f"bucket count must be between 1 and {MAX_BUCKETS}, got {spec.buckets}")
     columns = tuple(columns)
     _check_partitioning(spec, columns)
-    return replace(spec, columns=columns, primary_key=tuple(spec.primary_key), partition_key=tuple(spec.partition_key))
+    check_engine(spec.merge_engine, columns, tuple(spec.primary_key))
+    return replace(spec, columns=columns, primary_key=tuple(spec.primary_key), partition_key=tuple(spec.partition_key),
+                   merge_engine=normalized(spec.merge_engine, columns))
 
 
 def _check_partitioning(spec: TableSpec, columns: tuple[Column, ...]) -> None:

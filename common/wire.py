@@ -21,6 +21,7 @@ from kvlease.common.model import Lease, SnapshotFile, SnapshotHandle, TableBucke
 from kvlease.common.proto import coordinator_pb2 as pb
 from kvlease.common.auto_partition import DEFAULT_TIME_ZONE, AutoPartition, TimeUnit
 from kvlease.common.columns import UNASSIGNED
+from kvlease.common.merge_engine import MergeEngine, parse_engine
 from kvlease.common.tables import DEFAULT_MAX_PARTITIONS, Column, TableInfo, TableSpec
 
 
@@ -85,7 +86,24 @@ def table_to_pb(table: TableInfo) -> pb.TableInfoPb:
         msg.max_partitions = table.max_partitions
     if table.auto_partition is not None:
         msg.auto_partition.CopyFrom(auto_partition_to_pb(table.auto_partition))
+    if table.merge_engine is not None:
+        msg.merge_engine.CopyFrom(merge_engine_to_pb(table.merge_engine))
     return msg
+
+
+def merge_engine_to_pb(engine: MergeEngine) -> pb.MergeEnginePb:
+    return pb.MergeEnginePb(kind=engine.kind.value, version_column=engine.version_column or "",
+                            aggregates=[pb.AggregatePb(column=c, function=f) for c, f in engine.aggregates],
+                            delete_behavior=engine.delete_behavior.value)
+
+
+def merge_engine_from_pb(msg: Message) -> MergeEngine | None:
+    """A message's ``merge_engine`` (None when unset); InvalidTableError for an unknown kind or option."""
+    if not msg.HasField("merge_engine"):
+        return None
+    m = msg.merge_engine
+    return parse_engine(m.kind, m.version_column or None, {a.column: a.function for a in m.aggregates},
+                        m.delete_behavior or None if m.kind != "first_row" else None)
 
 
 def auto_partition_to_pb(auto: AutoPartition) -> pb.AutoPartitionPb:
@@ -112,7 +130,7 @@ def table_from_pb(msg: pb.TableInfoPb) -> TableInfo:
                      max_partitions=msg.max_partitions or DEFAULT_MAX_PARTITIONS, auto_partition=auto,
                      partition_id=msg.partition_id if view else None,
                      partition_name=msg.partition_name if view else None, schema_id=msg.schema_id or 1,
-                     comment=msg.comment,
+                     comment=msg.comment, merge_engine=merge_engine_from_pb(msg),
                      past_schemas=tuple((p.schema_id, columns_from_pb(p.columns)) for p in msg.past_schemas))
 
 
@@ -132,7 +150,8 @@ def table_spec_from_pb(msg: pb.CreateTableRequest) -> TableSpec:
     auto = auto_partition_from_pb(msg)
     return TableSpec(msg.database, msg.name, columns_from_pb(msg.columns),
                      tuple(msg.primary_key), msg.buckets, tuple(msg.partition_key),
-                     msg.max_partitions if msg.HasField("max_partitions") else DEFAULT_MAX_PARTITIONS, auto)
+                     msg.max_partitions if msg.HasField("max_partitions") else DEFAULT_MAX_PARTITIONS, auto,
+                     merge_engine_from_pb(msg))
 
 
 def table_spec_to_pb(spec: TableSpec, **fields) -> pb.CreateTableRequest:
@@ -145,6 +164,8 @@ def table_spec_to_pb(spec: TableSpec, **fields) -> pb.CreateTableRequest:
         msg.max_partitions = spec.max_partitions
     if spec.auto_partition is not None:
         msg.auto_partition.CopyFrom(auto_partition_to_pb(spec.auto_partition))
+    if spec.merge_engine is not None:
+        msg.merge_engine.CopyFrom(merge_engine_to_pb(spec.merge_engine))
     return msg
 
 

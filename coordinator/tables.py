@@ -38,6 +38,9 @@ def definition_differences(existing: TableInfo, spec: TableSpec) -> list[str]:
     if existing.auto_partition != spec.auto_partition:
         there, asked = (a.to_json() if a else None for a in (existing.auto_partition, spec.auto_partition))
         differences.append(f"auto-partitioning {there} there, {asked} asked")
+    if existing.merge_engine != spec.merge_engine:
+        there, asked = (e.describe() if e else "last write wins" for e in (existing.merge_engine, spec.merge_engine))
+        differences.append(f"merge engine {there} there, {asked} asked")
     if [(c.name, c.type) for c in existing.columns] != [(c.name, c.type) for c in spec.columns]:  # not field ids
         asked = ", ".join(f"{c.name} {c.type}" for c in spec.columns)
         differences.append(f"columns ({existing.schema_string()}) there, ({asked}) asked")
