@@ -19,7 +19,7 @@ import pyarrow as pa
 from kvlease.common import errors
 from kvlease.common.errors import InvalidRequestError, RecordTooLargeError
 from kvlease.common.limits import MAX_ENTRY_BYTES
-from kvlease.tablet.bucket import write_checks
+from kvlease.tablet.bucket import merge_writes, write_checks
 from kvlease.tablet.bucket.state import BucketShared, WriteRole
 from kvlease.tablet.log.changelog import Changelog
 from kvlease.tablet.log.sequences import Duplicate, OutOfOrder
@@ -54,7 +54,8 @@ class BucketWrites:
         self._settled.notify_all()
 
     def write(self, upserts: pa.RecordBatch | None = None, deletes: pa.RecordBatch | None = None, *,
-              writer: tuple[int, int] | None = None) -> tuple[int, int]:
+              writer: tuple[int, int] | None = None, retracts: pa.RecordBatch | None = None,
+              partial: bool = False) -> tuple[int, int]:
         """Upsert then delete rows; returns the changelog ``(base_offset, next_offset)`` written.
 
         ``writer``: ``(writer id, sequence)`` of an idempotent batch (:mod:`kvlease.tablet.log.writer_sequences`;
@@ -70,6 +71,10 @@ class BucketWrites:
         bucket; RecordTooLargeError: a row over ``max_row_bytes``, or a write
         whose changelog entry would not fit one gRPC message) changes nothing.
 
+        A table with a merge engine, a partial update (``partial``: the upserts' columns are the ones
+        written) and ``retracts`` (aggregation) go through :mod:`kvlease.tablet.bucket.merge_writes`
+        (upserts, then retracts, then deletes; docs/merge-engines.md).
+
         Raises ChangelogError if the changelog append failed (the store then
         refuses writes until its files are reopened, after a backoff);
         BucketStoreError if applying to RocksDB failed after the append (the
@@ -77,6 +82,8 @@ class BucketWrites:
         or if the store is closed or failed.
         """
         codec, bucket = self.bucket.spec.codec, self.bucket.spec.bucket
+        if codec.table.merge_engine is not None or partial or retracts is not None:
+            return self._write_merged(upserts, deletes, retracts, partial, writer)
         keys, up_values, key_list = _EMPTY, _EMPTY, []
         if upserts is not None:
             keys, up_values = codec.encode_arrays(upserts)
@@ -97,12 +104,28 @@ class BucketWrites:
                     end = changelog.end_offset
                     return end, end
             return self._write(changelog, kv, keys, up_values, key_list, writer)
+
+    def _write_merged(self, upserts: pa.RecordBatch | None, deletes: pa.RecordBatch | None,
+                      retracts: pa.RecordBatch | None, partial: bool, writer: tuple[int, int] | None) -> tuple[int, int]:
+        """:meth:`write` through the table's merge engine or as a partial update (see the class docstring)."""
+        codec, bucket = self.bucket.spec.codec, self.bucket.spec.bucket
+        merge, keys, key_list = merge_writes.prepare(codec, upserts, retracts, deletes, partial)
+        write_checks.check_bucket(codec, bucket, key_list, "write")
+        with self.bucket.files.use() as (changelog, kv):
+            if not key_list:
+                with self.bucket.write_lock:
+                    self.bucket.files.check_writable()
+                    end = changelog.end_offset
+                    return end, end
+            return self._write(changelog, kv, keys, _EMPTY, key_list, writer, merge)
+
     def _write(self, changelog: Changelog, kv: KvStore, keys: pa.Array, up_values: pa.Array,
-               key_list: list[bytes], writer: tuple[int, int] | None) -> tuple[int, int]:
+               key_list: list[bytes], writer: tuple[int, int] | None,
+               merge: merge_writes.MergeWrite | None = None) -> tuple[int, int]:
         n_up, prepared, changes = len(up_values), None, None
         increasing = change_records.increasing(keys)
         bounds = (key_list[0], key_list[-1]) if increasing else key_range(keys)
-        if increasing or len(set(key_list)) == len(key_list):
+        if merge is None and (increasing or len(set(key_list)) == len(key_list)):
             # Each key's final state is its upsert or its delete whatever it held before: the RocksDB
             # batch is built here, while another write may hold the lock (deleting a missing key is a no-op).
             up_list = up_values.to_pylist()
@@ -118,7 +141,7 @@ class BucketWrites:
                 self._settled.wait()  # an earlier write not yet published may hold keys of this one
                 self.bucket.files.check_writable()
             records, prepared, changes = self._records(changelog, kv, keys, up_values, key_list, bounds,
-                                                       prepared, changes)
+                                                       prepared, changes, merge)
             if not records.num_rows:
                 end = changelog.end_offset
                 return end, end
@@ -168,7 +191,8 @@ class BucketWrites:
 
     def _records(self, changelog: Changelog, kv: KvStore, keys: pa.Array, up_values: pa.Array,
                  key_list: list[bytes], bounds: tuple[bytes, bytes], prepared: PreparedWrite | None,
-                 changes: dict | None) -> tuple[pa.RecordBatch, PreparedWrite, dict | None]:
+                 changes: dict | None, merge: merge_writes.MergeWrite | None = None
+                 ) -> tuple[pa.RecordBatch, PreparedWrite, dict | None]:
         """The write's change records, its RocksDB batch and (replicated) the state it leaves each key in;
         before-images from RocksDB and, replicated, through the pre-write buffer. Hold the lock."""
         olds = kv.get_existing(keys, key_list, bounds)
@@ -177,8 +201,12 @@ class BucketWrites:
             olds = self.bucket.buffer.before_images(key_list, olds)
         if prepared is not None:
             return change_records.records_unique(keys, up_values, olds), prepared, changes
-        records, put_keys, put_values, gone = change_records.changes_in_order(
-            key_list, up_values.to_pylist(), olds.to_pylist())
+        if merge is not None:  # the engine's rows, from the before-images
+            records, put_keys, put_values, gone = merge.changes(key_list, keys, olds)
+            merge_writes.check_sizes(merge.codec, self.bucket.spec.max_row_bytes, put_keys, put_values)
+        else:
+            records, put_keys, put_values, gone = change_records.changes_in_order(
+                key_list, up_values.to_pylist(), olds.to_pylist())
         if self.bucket.spec.replicated:
             changes = dict(zip(put_keys, put_values))
             changes.update(dict.fromkeys(gone))
