@@ -12,10 +12,9 @@ moves (:class:`kvlease.client.moves_admin.MovesAdmin`), restores and elections
 (:class:`kvlease.client.replication_admin.ReplicationAdmin`). The calls only tablet
 servers make are not here: :class:`kvlease.client.server_calls.ServerCalls`.
 
-The answer types are in :mod:`kvlease.client.admin_types`, and the bootstrap list is
-checked by :mod:`kvlease.client.bootstrap` (both re-exported here, with the caller's
-:data:`READS` and :data:`IDEMPOTENT`). Every failure is raised as a
-:mod:`kvlease.common.errors` exception.
+The answer types are in :mod:`kvlease.client.admin_types`, and the bootstrap list is checked by
+:mod:`kvlease.client.bootstrap` (both re-exported here, with the caller's :data:`READS` and :data:`IDEMPOTENT`).
+Every failure is raised as a :mod:`kvlease.common.errors` exception.
 """
 
 from __future__ import annotations
@@ -46,6 +45,7 @@ from kvlease.common.security.acl import AclBinding, Operation, Resource
 from kvlease.common.wire import (bucket_snapshots_from_pb, bucket_to_pb, error_from_pb, handle_from_pb, handle_to_pb,
                                  lease_from_pb, raise_for, table_from_pb)
 from kvlease.common.auto_partition import AutoPartition
+from kvlease.common.merge_engine import MergeEngine
 from kvlease.common.tables import DEFAULT_MAX_PARTITIONS, Column, TableInfo, parse_table_path
 from kvlease.common.model import Lease, SnapshotHandle, TableBucket
 
@@ -147,11 +147,12 @@ class AdminClient:
                      ignore_if_exists: bool = False, *, replication_factor: int | None = None,
                      min_insync_replicas: int | None = None, partition_key: Sequence[str] = (),
                      auto_partition: AutoPartition | None = None,
-                     max_partitions: int = DEFAULT_MAX_PARTITIONS) -> TableInfo:
+                     max_partitions: int = DEFAULT_MAX_PARTITIONS, merge_engine: MergeEngine | None = None) -> TableInfo:
         return self._tables.create_table(path, columns, primary_key, buckets, ignore_if_exists,
                                          replication_factor=replication_factor,
                                          min_insync_replicas=min_insync_replicas, partition_key=partition_key,
-                                         auto_partition=auto_partition, max_partitions=max_partitions)
+                                         auto_partition=auto_partition, max_partitions=max_partitions,
+                                         merge_engine=merge_engine)
 
     @_documented_by(TablesAdmin.drop_table)
     def drop_table(self, path: str, ignore_if_not_exists: bool = False) -> bool:

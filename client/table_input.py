@@ -101,6 +101,11 @@ def split(codec: RowCodec, batch: pa.RecordBatch) -> list[Part]:
     return _parts(codec.table.buckets, batch, codec.encode_keys)
 
 
+def split_checked(codec: RowCodec, checked: pa.RecordBatch) -> list[Part]:
+    """:func:`split` of a batch the codec made or checked (its keys are not checked again)."""
+    return _by_bucket(codec, checked)
+
+
 def _by_bucket(codec: RowCodec, checked: pa.RecordBatch) -> list[Part]:
     """:func:`split` of a batch the codec made or checked: its keys are encoded without a second check."""
     return _parts(codec.table.buckets, checked, codec.encode_checked_keys)
