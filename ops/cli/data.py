@@ -73,8 +73,7 @@ def put(state: State, path: str, source: BinaryIO, format_: str | None, batch_si
             click.echo(_progress(table.path, written, reader.fraction()), err=True)
     verb = "retracted" if retract else "wrote"
     state.output.message(f"{verb} {written} row(s) {'from' if retract else 'to'} {table.path}",
-                         {"table": table.path, "rows": written,
-                                                                   **({"mode": mode} if mode != "upsert" else {})})
+                         {"table": table.path, "rows": written, **({"mode": mode} if mode != "upsert" else {})})
 
 
 def _write(client, rows, where: list[int], unit: str, written: int, mode: str = "upsert") -> int:
