@@ -26,6 +26,7 @@ from kvlease.spark_source.schema import read_columns, table_schema
 from kvlease.spark_source.splits import ReadContext
 from kvlease.spark_source.stream import StreamReader
 from kvlease.spark_source.user_errors import option_errors
+from kvlease.spark_source import write_options
 from kvlease.spark_source.writer import BatchWriter, StreamWriter, check_schema
 
 
@@ -130,4 +131,7 @@ class KvLeaseDataSource(DataSource):
             raise opts.OptionError(catalog.WRITE_NEEDS_OPTIONS)
         parsed = opts.parse(self._given, reading=False)
         table = self._cluster[0]
-        return parsed.bootstrap, table, check_schema(table, schema), parsed.security
+        given = {str(k).lower(): str(v) for k, v in self._given.items()}
+        write_options.check_engine(given, table)
+        partial = write_options.partial_update(given)
+        return parsed.bootstrap, table, check_schema(table, schema, partial), parsed.security, partial
