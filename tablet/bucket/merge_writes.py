@@ -24,7 +24,7 @@ from kvlease.common.errors import InvalidRequestError
 from kvlease.common.logentry import SCHEMA, ChangeType
 from kvlease.common.merge_engine import DeleteBehavior, EngineKind
 from kvlease.tablet.bucket import write_checks
-from kvlease.tablet.store import merge_fold
+from kvlease.tablet.store import change_records, merge_fold
 
 _INSERT, _UPDATE_BEFORE, _UPDATE_AFTER, _DELETE = (int(ct) for ct in ChangeType)
 
@@ -72,7 +72,7 @@ class MergeWrite:
     def changes(self, key_list: list[bytes], keys: pa.Array, olds: pa.Array):
         """``(records, put keys, put values, deleted keys)``: the change records and the RocksDB effects of the
         write, given each key's stored value ``olds`` (null where missing), keys in operation order."""
-        if len(set(key_list)) == len(key_list):
+        if change_records.increasing(keys) or len(set(key_list)) == len(key_list):
             news, changed = self._step(keys, olds, 0, len(key_list))
             return _effects(keys, olds, news, changed)
         return self._in_runs(key_list, keys, olds)
@@ -139,6 +139,8 @@ class MergeWrite:
         where = np.flatnonzero(existed)
         if not len(where):
             return pa.RecordBatch.from_arrays([pa.nulls(len(olds), f.type) for f in schema], schema=schema)
+        if len(where) == len(olds):  # every key has its row (an update pass): aligned already
+            return pa.RecordBatch.from_arrays(self.codec.decode_values(olds).columns, schema=schema)
         decoded = self.codec.decode_values(olds.filter(pa.array(existed)))
         decoded = pa.RecordBatch.from_arrays(decoded.columns, schema=schema)
         index = np.full(len(olds), -1, np.int64)
@@ -157,6 +159,8 @@ def _effects(keys: pa.Array, olds: pa.Array, news: pa.Array, changed: np.ndarray
     records = _records(keys, olds, news, changed)
     put = changed & news.is_valid().to_numpy(zero_copy_only=False)
     gone = changed & ~put & olds.is_valid().to_numpy(zero_copy_only=False)
+    if put.all():
+        return records, keys.to_pylist(), news.to_pylist(), []
     mask_put, mask_gone = pa.array(put), pa.array(gone)
     return (records, keys.filter(mask_put).to_pylist(), news.filter(mask_put).to_pylist(),
             keys.filter(mask_gone).to_pylist())
