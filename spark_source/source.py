@@ -26,7 +26,7 @@ from kvlease.spark_source.schema import read_columns, table_schema
 from kvlease.spark_source.splits import ReadContext
 from kvlease.spark_source.stream import StreamReader
 from kvlease.spark_source.user_errors import option_errors
-from kvlease.spark_source import write_options
+import kvlease.spark_source.write_options as write_options
 from kvlease.spark_source.writer import BatchWriter, StreamWriter, check_schema
 
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from kvlease.common.codec import RowCodec
-from kvlease.common.errors import InvalidRequestError, InvalidRowError
+from kvlease.common.errors import InvalidRequestError, InvalidRowError, InvalidTableError
 from kvlease.common.logentry import ChangeType
 from kvlease.common.merge_engine import parse_engine
 from kvlease.common.tables import TableInfo, TableSpec, parse_schema, validate_spec
@@ -238,3 +238,20 @@ def test_rows_of_an_earlier_schema_fold_as_the_current_columns():
     after.rows = dict(before.rows)  # values of schema id 1
     after.write([{"id": 1, "n": 3, "extra": "x"}])
     assert after.table() == {1: {"id": 1, "n": 7, "extra": "x"}}
+
+
+@pytest.mark.parametrize("change, column", [("rename", "total"), ("drop", "total"), ("drop", "ver")])
+def test_a_column_the_engine_names_cannot_be_renamed_or_dropped(change, column):
+    from kvlease.common import schema_changes as sc
+
+    for kind, options in (("aggregation", {"aggregates": {"total": "sum"}}), ("versioned", {"version_column": "ver"})):
+        codec = make_codec("id BIGINT, ver BIGINT, total BIGINT, other STRING", kind, **options)
+        table = codec.table
+        named = column == "total" and kind == "aggregation" or column == "ver" and kind == "versioned"
+        step = sc.RenameColumn(column, "renamed") if change == "rename" else sc.DropColumn(column)
+        if named:
+            with pytest.raises(InvalidTableError, match="is named by its merge engine"):
+                sc.apply(table, [sc.SchemaVersion.current(table)], step, 1)
+        else:
+            assert sc.apply(table, [sc.SchemaVersion.current(table)], step, 1).version is not None
+        assert sc.apply(table, [sc.SchemaVersion.current(table)], sc.DropColumn("other"), 1).version is not None
