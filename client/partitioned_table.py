@@ -147,7 +147,7 @@ class PartitionedWrites:
                     table=self.table.path, partition=name, written=written)
             part = batch.take(pa.array(rows))
             try:
-                offsets = (client.upsert(part, partial=partial) if field == "upserts" else
+                offsets = (client.upsert(part, **({"partial": True} if partial else {})) if field == "upserts" else
                            client.retract(part) if field == "retracts" else client.delete(part))
             except errors.PartitionNotExistsError:
                 self.forget(name)

@@ -12,7 +12,8 @@ from kvlease.common.merge_engine import parse_engine
 from kvlease.common.tables import parse_schema
 from kvlease.ops.wait import wait_until
 from tests.client.test_table_client_cluster import local_cluster  # noqa: F401 (fixture)
-from tests.tablet.replication.test_rebuild import rows_of
+from tests.tablet.replication.test_rebuild import (RETENTION, come_back_wiped, lose_follower, rows_of,
+                                                  snapshot_and_retain)
 from tests.tablet.replication.test_replicated_buckets import bucket_state, crash, server_by_id, three_servers, wait_in_sync
 
 COLUMNS = parse_schema("id BIGINT, ver BIGINT, total BIGINT, n INT, tags STRING, top BIGINT, note STRING")
@@ -132,3 +133,38 @@ def test_aggregation_survives_a_leader_failover_and_the_followers_agree(make_con
 def _rows(server, table) -> dict[bytes, bytes]:
     """The rows a tablet server's replica of bucket 0 holds in RocksDB (followed or led), encoded."""
     return rows_of(server.replicas.replica(table.physical_id, 0).store)
+
+
+def test_a_wiped_follower_of_an_aggregation_table_is_rebuilt_with_the_leaders_sums(make_config, tmp_path):
+    """The follower comes back with no data after the leader's log head was removed (snapshot + retention): it
+    is rebuilt from the snapshot and the changelog's tail, and holds the leader's rows, sums included."""
+    with three_servers(make_config, tmp_path, RETENTION) as c:
+        table = c.admin.create_table("db.rebuilt", COLUMNS, ["id"], 1, replication_factor=3, min_insync_replicas=2,
+                                     merge_engine=parse_engine("aggregation", aggregates=AGGREGATES))
+        with TableClient(c.admin, "db.rebuilt", retry_total_s=30) as client:
+            wait_in_sync(c, table.table_id)
+            for i in range(10):
+                client.upsert([{"id": k, "total": i, "note": "x" * 200} for k in range(20)])
+            server_id, leader = lose_follower(c, table.table_id)
+            for i in range(10, 20):
+                client.upsert([{"id": k, "total": i} for k in range(20)])
+            snapshot_and_retain(leader, table.table_id)
+            client.retract([{"id": k, "total": 100} for k in range(10)])  # the tail after the snapshot
+            _, store = come_back_wiped(c, tmp_path, server_id, table.table_id)
+            leader_store = leader.replicas.replica(table.table_id, 0).store
+            wait_until(lambda: store.high_watermark >= leader_store.high_watermark, 20, "the rebuilt follower")
+            assert rows_of(store) == rows_of(leader_store)
+            assert [r["total"] for r in client.lookup([0, 19])] == [sum(range(20)) - 100, sum(range(20))]
+
+
+def test_partial_updates_and_retracts_of_a_partitioned_table(local_cluster):
+    cluster = local_cluster(1)
+    columns = parse_schema("day STRING, id BIGINT, total BIGINT, note STRING")
+    cluster.admin.create_table("db.days", columns, ["day", "id"], 2, partition_key=["day"],
+                               merge_engine=parse_engine("aggregation", aggregates={"total": "sum"}))
+    with TableClient(cluster.admin, "db.days") as client:
+        client.upsert([{"day": "a", "id": 1, "total": 5, "note": "n"}, {"day": "b", "id": 1, "total": 7}])
+        client.upsert([{"day": "a", "id": 1, "total": 1}, {"day": "b", "id": 1, "total": 1}], partial=True)
+        client.retract([{"day": "b", "id": 1, "total": 2}])
+        assert client.lookup([("a", 1), ("b", 1)]) == [{"day": "a", "id": 1, "total": 6, "note": "n"},
+                                                       {"day": "b", "id": 1, "total": 6, "note": None}]
