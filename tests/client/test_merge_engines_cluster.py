@@ -150,9 +150,11 @@ def test_a_wiped_follower_of_an_aggregation_table_is_rebuilt_with_the_leaders_su
                 client.upsert([{"id": k, "total": i} for k in range(20)])
             snapshot_and_retain(leader, table.table_id)
             client.retract([{"id": k, "total": 100} for k in range(10)])  # the tail after the snapshot
-            _, store = come_back_wiped(c, tmp_path, server_id, table.table_id)
             leader_store = leader.replicas.replica(table.table_id, 0).store
+            assert leader_store.list_offsets()[0] > 0  # the log head is gone: fetching from 0 cannot work
+            back, store = come_back_wiped(c, tmp_path, server_id, table.table_id)
             wait_until(lambda: store.high_watermark >= leader_store.high_watermark, 20, "the rebuilt follower")
+            assert back.fetchers.rebuilder.rebuilt == 1
             assert rows_of(store) == rows_of(leader_store)
             assert [r["total"] for r in client.lookup([0, 19])] == [sum(range(20)) - 100, sum(range(20))]
 

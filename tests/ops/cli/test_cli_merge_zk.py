@@ -9,7 +9,6 @@ import json
 import pytest
 
 from kvlease.client.table import TableClient
-from kvlease.common.tables import parse_schema
 from tests.client.test_table_client_cluster import local_cluster  # noqa: F401 (fixture)
 from tests.ops.cli.test_cli_schema_zk import kvlease
 
@@ -42,19 +41,19 @@ def _with_input(server, stdin: str, *args: str):
 def test_create_describe_put_partial_and_retract(local_cluster):
     cluster = local_cluster(1)
     coordinator = cluster.coordinator
-    said = ok(coordinator, "table", "create", "shop.sales", "--schema",
-              "id BIGINT, total BIGINT, hits INT, who STRING, note STRING", "--primary-key", "id", "--buckets", "2",
-              "--merge-engine", "aggregation", "--agg", "total=sum", "--agg", "hits=sum", "--agg", "who=listagg",
-              "--delete-behavior", "disable")
-    assert "merge engine aggregation (total=sum, hits=sum, who=listagg, deletes disable)" in said
-    described = json.loads(ok(coordinator, "table", "describe", "shop.sales", "--json"))
-    assert described["merge_engine"] == {"kind": "aggregation", "aggregates": {"total": "sum", "hits": "sum",
-                                                                                "who": "listagg"},
-                                         "delete_behavior": "disable"}
-    assert "aggregation (total=sum, hits=sum, who=listagg, deletes disable)" in ok(
+    created = json.loads(ok(coordinator, "table", "create", "shop.sales", "--schema",
+                            "id BIGINT, total BIGINT, hits INT, who STRING, note STRING", "--primary-key", "id",
+                            "--buckets", "2", "--merge-engine", "aggregation", "--agg", "total=sum", "--agg",
+                            "hits=sum", "--agg", "who=listagg", "--agg", "note=last_value", "--delete-behavior", "disable",
+                            "--json"))
+    assert created["merge_engine"] == {"kind": "aggregation", "aggregates": {"total": "sum", "hits": "sum",
+                                                                             "who": "listagg", "note": "last_value"},
+                                       "delete_behavior": "disable"}
+    assert "aggregation (total=sum, hits=sum, who=listagg, note=last_value, deletes disable)" in ok(
         coordinator, "table", "describe", "shop.sales")
     ok(coordinator, "put", "shop.sales", stdin='{"id": 1, "total": 10, "hits": 1, "who": "ann", "note": "a"}\n'
-                                               '{"id": 2, "total": 3, "hits": 1, "who": "bob"}\n')
+                                               '{"id": 2, "total": 3, "hits": 1, "who": "bob", "note": "b"}\n')
+    # 1: only total written (note kept); 2: note written as null (last_value takes it; total kept)
     ok(coordinator, "put", "shop.sales", "--partial", stdin='{"id": 1, "total": 5}\n{"id": 2, "note": null}\n')
     said = ok(coordinator, "put", "shop.sales", "--retract", stdin='{"id": 1, "total": 4, "hits": 1}\n')
     assert said.strip() == "retracted 1 row(s) from shop.sales"
@@ -64,10 +63,3 @@ def test_create_describe_put_partial_and_retract(local_cluster):
     assert "column 'who': listagg cannot take a retract" in one_line_error(
         coordinator, "put", "shop.sales", "--retract", stdin='{"id": 1, "who": "ann"}\n')
     assert "refuses deletes" in one_line_error(coordinator, "delete", "shop.sales", "1")
-    cluster.create_table("shop.plain", parse_schema("id BIGINT, v STRING, w STRING"), ["id"], 1)
-    with TableClient(cluster.admin, "shop.plain") as client:
-        client.upsert([{"id": 1, "v": "a", "w": "b"}])
-        ok(coordinator, "put", "shop.plain", "--partial", stdin='{"id": 1, "w": "c"}\n')
-        assert client.lookup([1]) == [{"id": 1, "v": "a", "w": "c"}]
-    assert "cannot take a retract: it needs the aggregation merge engine" in one_line_error(
-        coordinator, "put", "shop.plain", "--retract", stdin='{"id": 1}\n')
