@@ -255,3 +255,22 @@ def test_a_column_the_engine_names_cannot_be_renamed_or_dropped(change, column):
         else:
             assert sc.apply(table, [sc.SchemaVersion.current(table)], step, 1).version is not None
         assert sc.apply(table, [sc.SchemaVersion.current(table)], sc.DropColumn("other"), 1).version is not None
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.tuples(keys, st.integers(0, 4), st.sampled_from(["a", "b", None])), max_size=5),
+                min_size=1, max_size=6))
+def test_first_row_and_versioned_fold_as_the_reference(batches):
+    first = Store(make_codec("id BIGINT, ver BIGINT, v STRING", "first_row"))
+    versioned = Store(make_codec("id BIGINT, ver BIGINT, v STRING", "versioned", version_column="ver"))
+    expected_first, expected_versioned = {}, {}
+    for batch in batches:
+        rows = [{"id": k, "ver": ver, "v": v} for k, ver, v in batch]
+        for row in rows:
+            expected_first.setdefault(row["id"], row)
+            if row["id"] not in expected_versioned or row["ver"] >= expected_versioned[row["id"]]["ver"]:
+                expected_versioned[row["id"]] = row
+        if rows:
+            first.write(rows)
+            versioned.write(rows)
+        assert first.table() == expected_first and versioned.table() == expected_versioned
