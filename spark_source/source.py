@@ -54,10 +54,14 @@ class KvLeaseDataSource(DataSource):
     def schema(self) -> StructType:
         """The table's columns and the four metadata columns. Spark asks one schema for batch and
         streaming reads alike, so a full batch read carries them too (docs/spark.md, "Output columns"). A
-        ``CREATE TABLE``'s schema keeps the OPTIONS, for the table's later reads."""
+        ``CREATE TABLE``'s schema keeps the OPTIONS, for the table's later reads; merge engine options that
+        disagree with the table's refuse it (as they refuse a write)."""
         opts.parse(self._given)
         schema = table_schema(self._cluster[0], with_changes=True)
-        return catalog.remember(schema, self._given) if catalog.is_create(self.options) else schema
+        if not catalog.is_create(self.options):
+            return schema
+        write_options.check_engine(self._given, self._cluster[0])
+        return catalog.remember(schema, self._given)
 
     def _read_options(self, schema: StructType) -> opts.Options:
         """The read's options, checked; a catalog table's read takes the table's own from ``schema``."""

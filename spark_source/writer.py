@@ -196,7 +196,7 @@ class BatchWriter(_Writes, DataSourceArrowWriter):
 
 class StreamWriter(_Writes, DataSourceStreamArrowWriter):
     """``writeStream.format("kvlease")``: each micro-batch upserted; a replayed micro-batch writes the same rows
-    again, which upserts make harmless."""
+    again, which upserts make harmless (into an aggregation table they are folded again: docs/spark.md)."""
 
     def commit(self, messages, batchId: int) -> None:
         pass

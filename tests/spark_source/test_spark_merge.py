@@ -4,6 +4,8 @@ and engine options that disagree with the table are refused."""
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
@@ -43,3 +45,13 @@ def test_retracts_partial_updates_and_engine_options(spark, kv):
     with pytest.raises(Exception, match="say first_row, but table shop.sums has aggregation"):
         writer(notes, kv, partial_update="true", merge_engine="first_row").save()
     writer(notes, kv, partial_update="true", merge_engine="aggregation", agg="total=sum").save()  # agrees
+    name = f"sums_{uuid.uuid4().hex[:8]}"
+    opts = f"bootstrap '{kv.coordinator.address}', table 'shop.sums'"
+    with pytest.raises(Exception, match="say versioned .*but table shop.sums has aggregation"):
+        spark.sql(f"CREATE TABLE {name} USING kvlease OPTIONS ({opts}, 'merge-engine' 'versioned', "
+                  f"'version-column' 'total')")
+    try:
+        spark.sql(f"CREATE TABLE {name} USING kvlease OPTIONS ({opts}, 'merge-engine' 'aggregation', 'agg' 'total=sum')")
+        assert {r.id for r in spark.table(name).collect()} == {1, 2}  # a read takes the engine options too
+    finally:
+        spark.sql(f"DROP TABLE IF EXISTS {name}")
