@@ -12,10 +12,9 @@ moves (:class:`kvlease.client.moves_admin.MovesAdmin`), restores and elections
 (:class:`kvlease.client.replication_admin.ReplicationAdmin`). The calls only tablet
 servers make are not here: :class:`kvlease.client.server_calls.ServerCalls`.
 
-The answer types are in :mod:`kvlease.client.admin_types`, and the bootstrap list is
-checked by :mod:`kvlease.client.bootstrap` (both re-exported here, with the caller's
-:data:`READS` and :data:`IDEMPOTENT`). Every failure is raised as a
-:mod:`kvlease.common.errors` exception.
+The answer types are in :mod:`kvlease.client.admin_types`, and the bootstrap list is checked by
+:mod:`kvlease.client.bootstrap` (both re-exported here, with the caller's :data:`READS` and :data:`IDEMPOTENT`).
+Every failure is raised as a :mod:`kvlease.common.errors` exception.
 """
 
 from __future__ import annotations

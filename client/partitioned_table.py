@@ -130,8 +130,9 @@ class PartitionedWrites:
 
     # -- writes and lookups -------------------------------------------------------------------------
 
-    def write(self, batch: pa.RecordBatch, field: str) -> dict[tuple[str, int], tuple[int, int]]:
-        """Upsert (``field`` "upserts") or delete ("deletes") a checked batch: ``{(partition, bucket):
+    def write(self, batch: pa.RecordBatch, field: str, partial: bool = False) -> dict[tuple[str, int], tuple[int, int]]:
+        """Upsert (``field`` "upserts", ``partial``: the batch's columns are the ones written), retract ("retracts")
+        or delete ("deletes") a checked batch: ``{(partition, bucket):
         (base_offset, next_offset)}``. A partition that fails stops the write: the error carries the parts
         written (``details["written"]``)."""
         groups = self.by_partition(batch)
@@ -146,7 +147,8 @@ class PartitionedWrites:
                     table=self.table.path, partition=name, written=written)
             part = batch.take(pa.array(rows))
             try:
-                offsets = client.upsert(part) if field == "upserts" else client.delete(part)
+                offsets = (client.upsert(part, **({"partial": True} if partial else {})) if field == "upserts" else
+                           client.retract(part) if field == "retracts" else client.delete(part))
             except errors.PartitionNotExistsError:
                 self.forget(name)
                 raise

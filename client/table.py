@@ -58,15 +58,12 @@ from kvlease.client.routing import REROUTE, BucketRouter, Routing
 from kvlease.client.scanner import KvBatchScanner
 from kvlease.client.snapshot_trigger import COMMITTED, CommittedSnapshot, raise_failed, trigger_snapshots
 from kvlease.client.stream_scanner import KvStreamScanner
-from kvlease.client import prefix_lookup, table_input
+from kvlease.client import prefix_lookup, table_input, table_writes
+from kvlease.client.table_writes import MAX_REQUEST_BYTES  # noqa: F401 (re-exported)
 from kvlease.client.table_scan import scan_table
 from kvlease.client.leader_watch import call_watching
 from kvlease.client.transport import RetryPolicy, arguments, rpc_error
 
-#: A bucket's part of a write or lookup bigger than this (Arrow bytes) is sent as several requests.
-#: An update writes the before- and after-image, so one write's changelog entry stays well under
-#: common.limits.MAX_ENTRY_BYTES and FetchLog can always return it.
-MAX_REQUEST_BYTES = 16 << 20
 DEFAULT_RETRY_TOTAL_S = 30.0
 DEFAULT_FETCH_BYTES = 1 << 20
 
@@ -259,47 +256,42 @@ class TableClient(LogOffsets):
 
     # -- writes --------------------------------------------------------------------------------
 
-    def upsert(self, rows: Sequence[dict] | pa.RecordBatch | pa.Table) -> dict[Any, tuple[int, int]]:
-        """Insert or replace full rows; returns ``{bucket: (base_offset, next_offset)}`` of the changelog
-        (of a partitioned table: ``{(partition, bucket): …}``)."""
+    def upsert(self, rows: Sequence[dict] | pa.RecordBatch | pa.Table, *, partial: bool = False
+               ) -> dict[Any, tuple[int, int]]:
+        """Insert or replace rows; returns ``{bucket: (base_offset, next_offset)}`` of the changelog (of a
+        partitioned table: ``{(partition, bucket): …}``; several runs of a partial update: the last run's).
+        A full row's missing columns are null; with ``partial``, a row's columns not given keep their values
+        (a new key: null): a dict's missing key is not written, its ``None`` is a null; an Arrow batch's
+        columns are the ones written (docs/merge-engines.md). A table's merge engine decides what a write to
+        an existing key does."""
+        if partial:
+            written: dict = {}
+            for batch in table_writes.partial_batches(self.codec, rows):
+                written.update(self._write_batch(batch, "upserts", partial=True))
+            return written
         if self.partitions is not None:
             return self.partitions.write(table_input.row_batch(self.codec, rows), "upserts")
-        return self._write(table_input.rows_by_bucket(self.codec, rows), "upserts")
+        return table_writes.write_parts(self, table_input.rows_by_bucket(self.codec, rows), "upserts")
+
+    def retract(self, rows: Sequence[dict] | pa.RecordBatch | pa.Table) -> dict[Any, tuple[int, int]]:
+        """Take rows' values back out of an aggregation table (sum: subtracted, product: divided, last_value:
+        cleared; a null or missing column: nothing); offsets like :meth:`upsert`. InvalidRequestError on a
+        table without the aggregation merge engine, InvalidRowError for a column whose function keeps no
+        history (max, min, first_value, listagg, bool_*) (docs/merge-engines.md, "Retract")."""
+        return self._write_batch(table_input.row_batch(self.codec, rows), "retracts")
 
     def delete(self, keys: Sequence[Any] | pa.RecordBatch | pa.Table) -> dict[Any, tuple[int, int]]:
-        """Delete rows by primary key (missing keys are ignored); offsets like :meth:`upsert`."""
+        """Delete rows by primary key (missing keys are ignored; a merge engine's delete behaviour may ignore
+        or refuse them); offsets like :meth:`upsert`."""
         if self.partitions is not None:
             return self.partitions.write(table_input.key_batch(self.codec, keys), "deletes")
-        return self._write(table_input.keys_by_bucket(self.codec, keys), "deletes")
+        return table_writes.write_parts(self, table_input.keys_by_bucket(self.codec, keys), "deletes")
 
-    def _write(self, parts: list[table_input.Part], field: str) -> dict[int, tuple[int, int]]:
-        table_id, partition_id = self.table.table_id, self.table.partition_id
-        acked: dict[int, int] = {}  # bucket -> rows acknowledged
-
-        def write_bucket(part) -> tuple[int, int]:
-            bucket, rows, _ = part
-            offsets = []
-            with self._writers.use(bucket) as writer:  # its batches one at a time, in order
-                for chunk in table_input.chunks(rows, MAX_REQUEST_BYTES):
-                    request = pb.PutKvRequest(table_id=table_id, partition_id=partition_id, bucket=bucket,
-                                              schema_id=self.codec.schema_id, **{field: batch_to_ipc(chunk)})
-                    response = writer.send(request, lambda watch: self._call_bucket(
-                        bucket, "PutKv", request, idempotent=True, fenced=True, watch=watch))
-                    offsets.append((response.base_offset, response.next_offset))
-                    acked[bucket] = acked.get(bucket, 0) + chunk.num_rows
-            return offsets[0][0], offsets[-1][1]
-
-        results = self.map_parallel(write_bucket, parts)
-        written = {part[0]: result for part, (result, error) in zip(parts, results) if error is None}
-        failed = [(part[0], error) for part, (_, error) in zip(parts, results) if error is not None]
-        if failed:
-            bucket, error = failed[0]
-            if isinstance(error, errors.KvLeaseError):
-                error.details.setdefault("bucket", bucket)
-                error.details["written"] = written
-                error.details["written_rows"] = dict(acked)
-            raise error
-        return written
+    def _write_batch(self, batch: pa.RecordBatch, field: str, partial: bool = False) -> dict[Any, tuple[int, int]]:
+        """A checked batch sent as ``field`` (of a partitioned table: through its partitions' clients)."""
+        if self.partitions is not None:
+            return self.partitions.write(batch, field, partial=partial)
+        return table_writes.write_parts(self, table_input.split_checked(self.codec, batch), field, partial)
 
     # -- reads ---------------------------------------------------------------------------------
 
@@ -314,7 +306,7 @@ class TableClient(LogOffsets):
         def lookup_bucket(part) -> tuple[np.ndarray, pa.RecordBatch]:
             bucket, rows, _ = part
             found, batches = [], []
-            for chunk in table_input.chunks(rows, MAX_REQUEST_BYTES):
+            for chunk in table_writes.chunks(rows):
                 request = pb.LookupRequest(table_id=table_id, partition_id=partition_id, bucket=bucket,
                                            keys=batch_to_ipc(chunk))
                 response = self._call_bucket(bucket, "Lookup", request, idempotent=True)

@@ -101,6 +101,11 @@ def split(codec: RowCodec, batch: pa.RecordBatch) -> list[Part]:
     return _parts(codec, batch, codec.encode_keys)
 
 
+def split_checked(codec: RowCodec, checked: pa.RecordBatch) -> list[Part]:
+    """:func:`split` of a batch the codec made or checked (its keys are not checked again)."""
+    return _by_bucket(codec, checked)
+
+
 def _by_bucket(codec: RowCodec, checked: pa.RecordBatch) -> list[Part]:
     """:func:`split` of a batch the codec made or checked: its keys are encoded without a second check."""
     return _parts(codec, checked, codec.encode_checked_keys)
@@ -151,12 +156,3 @@ def concat(batches: list[pa.RecordBatch], schema: pa.Schema) -> pa.RecordBatch:
         return pa.RecordBatch.from_pylist([], schema=schema)
     return batches[0] if len(batches) == 1 else pa.concat_batches(batches)
 
-
-def chunks(batch: pa.RecordBatch, max_bytes: int) -> list[pa.RecordBatch]:
-    """``batch`` in slices of at most about ``max_bytes`` (Arrow bytes) each: one request's worth."""
-    size = batch.nbytes
-    if size <= max_bytes or batch.num_rows <= 1:
-        return [batch]
-    pieces = -(-size // max_bytes)
-    step = -(-batch.num_rows // pieces)
-    return [batch.slice(start, step) for start in range(0, batch.num_rows, step)]

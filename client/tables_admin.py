@@ -14,6 +14,7 @@ from kvlease.client.coordinator_caller import CoordinatorCall
 from kvlease.client.transport import is_int
 from kvlease.common import errors
 from kvlease.common.auto_partition import AutoPartition
+from kvlease.common.merge_engine import MergeEngine
 from kvlease.common.proto import coordinator_pb2 as pb
 from kvlease.common.row_ttl import RowTtl
 from kvlease.common.tables import DEFAULT_MAX_PARTITIONS, Column, TableInfo, TableSpec, parse_table_path, validate_spec
@@ -31,7 +32,7 @@ class TablesAdmin:
                      min_insync_replicas: int | None = None, partition_key: Sequence[str] = (),
                      auto_partition: AutoPartition | None = None,
                      max_partitions: int = DEFAULT_MAX_PARTITIONS, row_ttl: RowTtl | None = None,
-                     bucket_key: Sequence[str] = ()) -> TableInfo:
+                     bucket_key: Sequence[str] = (), merge_engine: MergeEngine | None = None) -> TableInfo:
         """Create table ``path`` (``DB.NAME``); returns it. ``columns``: :class:`kvlease.common.tables.Column`
         objects; ``primary_key``: column names; ``buckets``: how many (per partition, for a partitioned
         table); ``replication_factor`` / ``min_insync_replicas`` (None: the coordinator's
@@ -40,7 +41,9 @@ class TablesAdmin:
         and ``max_partitions`` (table.partition.max) its partitioning (docs/partitions.md); ``row_ttl``
         (:func:`kvlease.common.row_ttl.row_ttl`, e.g. ``row_ttl("7d", "ts")``) its row TTL (docs/changelog.md); ``bucket_key``: the
         first primary-key columns whose values pick a row's bucket (default: the whole key), for
-        ``TableClient.lookup_prefix`` (docs/python-api.md).
+        ``TableClient.lookup_prefix`` (docs/python-api.md); ``merge_engine``
+        (:class:`kvlease.common.merge_engine.MergeEngine`, e.g. ``parse_engine("aggregation", aggregates={"n":
+        "sum"})``; None: the last write wins) what a write to an existing key does (docs/merge-engines.md).
         TableAlreadyExistError if it exists (with ``ignore_if_exists``, only if its definition differs: an
         equal one is returned); InvalidTableError for a bad definition; InvalidRequestError if the
         replication factor is more than the live tablet servers."""
@@ -65,7 +68,8 @@ class TablesAdmin:
                 raise errors.InvalidTableError(f"{what}: an int, got {errors.show(value)}")
         spec = validate_spec(TableSpec(db, name, tuple(columns), tuple(primary_key), buckets, tuple(partition_key),
                                        int(max_partitions), auto_partition, row_ttl=row_ttl,  # the coordinator's rules
-                                       bucket_key=bucket_key if isinstance(bucket_key, str) else tuple(bucket_key)))
+                                       bucket_key=bucket_key if isinstance(bucket_key, str) else tuple(bucket_key),
+                                       merge_engine=merge_engine))
         response = self._call("CreateTable", table_spec_to_pb(
             spec, ignore_if_exists=ignore_if_exists, replication_factor=replication_factor,
             min_insync_replicas=min_insync_replicas))

@@ -169,6 +169,7 @@ def _rename(table: TableInfo, history: list[SchemaVersion], change: RenameColumn
     if change.old == change.new:
         raise InvalidTableError(f"column {change.old} is named {change.new} already")
     _check_not_key(table, change.old, "renamed")
+    _check_not_merged(table, change.old, "renamed")
     if table.column(change.new) is not None:
         raise InvalidTableError(f"cannot rename column {change.old} to {change.new}: table {table.path} has a "
                                 f"column {change.new}")
@@ -203,6 +204,7 @@ def _drop(table: TableInfo, history: list[SchemaVersion], change: DropColumn):
             return None  # dropped already (a retry)
         raise InvalidTableError(f"table {table.path} has no column {change.name}")
     _check_not_key(table, change.name, "dropped")
+    _check_not_merged(table, change.name, "dropped")
     if len(table.columns) == 1:
         raise InvalidTableError(f"cannot drop column {change.name}: it is the last column of table {table.path}")
     columns = tuple(c for c in table.columns if c.name != change.name)
@@ -226,6 +228,15 @@ def _check_not_key(table: TableInfo, name: str, what: str) -> None:
         raise InvalidTableError(f"column {name} of table {table.path} is a primary key column: it cannot be {what}")
     if table.row_ttl is not None and name == table.row_ttl.column:
         raise InvalidTableError(f"column {name} of table {table.path} is its row TTL column: it cannot be {what}")
+
+
+def _check_not_merged(table: TableInfo, name: str, what: str) -> None:
+    """InvalidTableError if the table's merge engine names column ``name`` (its version column, or a column
+    with an aggregate function of its own): the engine keeps the name (docs/merge-engines.md)."""
+    engine = table.merge_engine
+    if engine is not None and (name == engine.version_column or name in dict(engine.aggregates)):
+        raise InvalidTableError(f"column {name} of table {table.path} is named by its merge engine "
+                                f"({engine.describe()}): it cannot be {what}")
 
 
 def _dropped(table: TableInfo, history: list[SchemaVersion]) -> dict[str, Column]:

@@ -22,6 +22,7 @@ from kvlease.common.auto_partition import AutoPartition, check_auto_partition_ke
 from kvlease.common.columns import MAX_COMMENT, UNASSIGNED, Column, column_type
 from kvlease.common.types import parse_type
 from kvlease.common.errors import InvalidRequestError, InvalidTableError, show
+from kvlease.common.merge_engine import MergeEngine, check_engine, normalized
 from kvlease.common.model import TableBucket
 from kvlease.common.partition_names import check_partition_key
 from kvlease.common.row_ttl import RowTtl, check_row_ttl, with_ttl_column
@@ -70,6 +71,8 @@ class TableInfo:
     past_schemas: tuple[tuple[int, tuple[Column, ...]], ...] = field(default=(), compare=False, repr=False)
     #: Rows expire this long after a column's value or their write time (common/row_ttl.py); None: never.
     row_ttl: RowTtl | None = None
+    #: What a write to an existing key does (common/merge_engine.py); None: the last write wins.
+    merge_engine: MergeEngine | None = None
 
     def __post_init__(self) -> None:
         """Columns without a field id (``Column(name, type)``) get one: their position if none has one, else
@@ -144,6 +147,7 @@ class TableInfo:
             **({"auto_partition": self.auto_partition.to_json()} if self.auto_partition else {}),
             **({"row_ttl": self.row_ttl.to_json()} if self.row_ttl else {}),
             **({"bucket_key": list(self.bucket_key)} if self.bucket_key else {}),
+            **({"merge_engine": self.merge_engine.to_json()} if self.merge_engine else {}),
         }
 
     @classmethod
@@ -165,6 +169,7 @@ class TableInfo:
             comment=str(data.get("comment", "")),
             row_ttl=RowTtl.from_json(data["row_ttl"]) if data.get("row_ttl") else None,
             bucket_key=tuple(data.get("bucket_key", ())),
+            merge_engine=MergeEngine.from_json(data["merge_engine"]) if data.get("merge_engine") else None,
         )
 
 
@@ -195,6 +200,7 @@ class TableSpec:
     #: ``--ttl``: see :attr:`TableInfo.row_ttl` (a write-time TTL's column is added by :func:`validate_spec`).
     row_ttl: RowTtl | None = None
     bucket_key: tuple[str, ...] = ()
+    merge_engine: MergeEngine | None = None
 
 
 def check_name(what: str, name: str | None) -> None:
@@ -276,8 +282,9 @@ def validate_spec(spec: TableSpec) -> TableSpec:
     _check_partitioning(spec, columns)
     check_row_ttl(spec.row_ttl, {c.name: c.type for c in columns})
     check_bucket_key(spec.primary_key, spec.partition_key, spec.bucket_key)
+    check_engine(spec.merge_engine, columns, tuple(spec.primary_key))
     return replace(spec, columns=columns, primary_key=tuple(spec.primary_key), partition_key=tuple(spec.partition_key),
-                   bucket_key=tuple(spec.bucket_key))
+                   bucket_key=tuple(spec.bucket_key), merge_engine=normalized(spec.merge_engine, columns))
 
 
 def _check_partitioning(spec: TableSpec, columns: tuple[Column, ...]) -> None:

@@ -22,6 +22,7 @@ from kvlease.common.proto import coordinator_pb2 as pb
 from kvlease.common.auto_partition import DEFAULT_TIME_ZONE, AutoPartition, TimeUnit
 from kvlease.common.columns import UNASSIGNED
 from kvlease.common.row_ttl import RowTtl
+from kvlease.common.merge_engine import MergeEngine, parse_engine
 from kvlease.common.tables import DEFAULT_MAX_PARTITIONS, Column, TableInfo, TableSpec
 
 
@@ -88,6 +89,8 @@ def table_to_pb(table: TableInfo) -> pb.TableInfoPb:
         msg.auto_partition.CopyFrom(auto_partition_to_pb(table.auto_partition))
     if table.row_ttl is not None:
         msg.row_ttl.CopyFrom(row_ttl_to_pb(table.row_ttl))
+    if table.merge_engine is not None:
+        msg.merge_engine.CopyFrom(merge_engine_to_pb(table.merge_engine))
     return msg
 
 
@@ -101,6 +104,21 @@ def row_ttl_from_pb(msg: Message) -> RowTtl | None:
         return None
     t = msg.row_ttl
     return RowTtl(t.ttl_ms, t.column, t.write_time, t.changelog or "delete")
+
+
+def merge_engine_to_pb(engine: MergeEngine) -> pb.MergeEnginePb:
+    return pb.MergeEnginePb(kind=engine.kind.value, version_column=engine.version_column or "",
+                            aggregates=[pb.AggregatePb(column=c, function=f) for c, f in engine.aggregates],
+                            delete_behavior=engine.delete_behavior.value)
+
+
+def merge_engine_from_pb(msg: Message) -> MergeEngine | None:
+    """A message's ``merge_engine`` (None when unset); InvalidTableError for an unknown kind or option."""
+    if not msg.HasField("merge_engine"):
+        return None
+    m = msg.merge_engine
+    return parse_engine(m.kind, m.version_column or None, {a.column: a.function for a in m.aggregates},
+                        m.delete_behavior or None if m.kind != "first_row" else None)
 
 
 def auto_partition_to_pb(auto: AutoPartition) -> pb.AutoPartitionPb:
@@ -129,7 +147,8 @@ def table_from_pb(msg: pb.TableInfoPb) -> TableInfo:
                      partition_name=msg.partition_name if view else None, schema_id=msg.schema_id or 1,
                      comment=msg.comment,
                      past_schemas=tuple((p.schema_id, columns_from_pb(p.columns)) for p in msg.past_schemas),
-                     row_ttl=row_ttl_from_pb(msg), bucket_key=tuple(msg.bucket_key))
+                     row_ttl=row_ttl_from_pb(msg), bucket_key=tuple(msg.bucket_key),
+                     merge_engine=merge_engine_from_pb(msg))
 
 
 def columns_to_pb(columns: Iterable[Column]) -> list[pb.ColumnPb]:
@@ -149,7 +168,8 @@ def table_spec_from_pb(msg: pb.CreateTableRequest) -> TableSpec:
     return TableSpec(msg.database, msg.name, columns_from_pb(msg.columns),
                      tuple(msg.primary_key), msg.buckets, tuple(msg.partition_key),
                      msg.max_partitions if msg.HasField("max_partitions") else DEFAULT_MAX_PARTITIONS, auto,
-                     row_ttl=row_ttl_from_pb(msg), bucket_key=tuple(msg.bucket_key))
+                     row_ttl=row_ttl_from_pb(msg), bucket_key=tuple(msg.bucket_key),
+                     merge_engine=merge_engine_from_pb(msg))
 
 
 def table_spec_to_pb(spec: TableSpec, **fields) -> pb.CreateTableRequest:
@@ -164,6 +184,8 @@ def table_spec_to_pb(spec: TableSpec, **fields) -> pb.CreateTableRequest:
         msg.auto_partition.CopyFrom(auto_partition_to_pb(spec.auto_partition))
     if spec.row_ttl is not None:
         msg.row_ttl.CopyFrom(row_ttl_to_pb(spec.row_ttl))
+    if spec.merge_engine is not None:
+        msg.merge_engine.CopyFrom(merge_engine_to_pb(spec.merge_engine))
     return msg
 
 

@@ -124,7 +124,8 @@ class TableCatalog:
         table = TableInfo(self.last_id + 1, spec.database, spec.name, spec.columns, spec.primary_key,
                           spec.buckets, now_ms, replication_factor, min_insync_replicas,
                           partition_key=spec.partition_key, max_partitions=spec.max_partitions,
-                          auto_partition=spec.auto_partition, row_ttl=spec.row_ttl, bucket_key=spec.bucket_key)
+                          auto_partition=spec.auto_partition, row_ttl=spec.row_ttl, bucket_key=spec.bucket_key,
+                          merge_engine=spec.merge_engine)
         ops = [self._counter_op(table.table_id)]
         if spec.database not in self.databases:
             ops += [ZkOp("create", zkpaths.database(spec.database)),

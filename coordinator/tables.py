@@ -41,6 +41,9 @@ def definition_differences(existing: TableInfo, spec: TableSpec) -> list[str]:
     if existing.row_ttl != spec.row_ttl:
         there, asked = (t.describe() if t else "none" for t in (existing.row_ttl, spec.row_ttl))
         differences.append(f"row TTL ({there}) there, ({asked}) asked")
+    if existing.merge_engine != spec.merge_engine:
+        there, asked = (e.describe() if e else "last write wins" for e in (existing.merge_engine, spec.merge_engine))
+        differences.append(f"merge engine {there} there, {asked} asked")
     if [(c.name, c.type) for c in existing.columns] != [(c.name, c.type) for c in spec.columns]:  # not field ids
         asked = ", ".join(f"{c.name} {c.type}" for c in spec.columns)
         differences.append(f"columns ({existing.schema_string()}) there, ({asked}) asked")

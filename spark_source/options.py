@@ -37,6 +37,10 @@ Security = tuple[tuple[str, Any], ...]
 READ_ONLY = ("startup.mode", "startup.timestamp", "ending.timestamp", "ending.offsets", "bootstrap.mode",
              "lease.id", "lease.duration", "lease.acquire.max-attempts", "lease.acquire.max-wait",
              "maxrowspertrigger", "split.max-rows", "partition.discovery.interval", "partitions", "prefix")
+#: Options stating a table's merge engine (kvlease.spark_source.write_options: ignored by reads, checked by
+#: writes) and those of writes only.
+ENGINE_OPTIONS = ("merge-engine", "version-column", "agg", "delete-behavior")
+WRITE_OPTIONS = ("partial-update",)
 #: Options Spark itself sets on a source or sink; they mean nothing here and are ignored.
 SPARK_OWN = ("checkpointlocation", "path")
 #: Option names as the docs spell them, where that is not lower case (Spark hands them over lower-cased).
@@ -99,7 +103,7 @@ def parse(options: Mapping[str, Any], *, reading: bool = True) -> Options:
 def check_names(given: Mapping[str, str], *, reading: bool = True) -> None:
     """OptionError for the first of ``given`` (lower-cased names) that is not an option of a read (or a
     write): with the known name it is close to, else the known names."""
-    allowed = {*CONNECTION, *(READ_ONLY if reading else ())}
+    allowed = {*CONNECTION, *ENGINE_OPTIONS, *(READ_ONLY if reading else WRITE_OPTIONS)}
     for name in sorted(given):
         if name in SPARK_OWN or name in allowed:
             continue

@@ -27,6 +27,7 @@ from kvlease.spark_source.schema import read_columns, table_schema
 from kvlease.spark_source.splits import ReadContext
 from kvlease.spark_source.stream import StreamReader
 from kvlease.spark_source.user_errors import option_errors
+import kvlease.spark_source.write_options as write_options
 from kvlease.spark_source.writer import BatchWriter, StreamWriter, check_schema
 
 
@@ -54,10 +55,14 @@ class KvLeaseDataSource(DataSource):
     def schema(self) -> StructType:
         """The table's columns and the four metadata columns. Spark asks one schema for batch and
         streaming reads alike, so a full batch read carries them too (docs/spark.md, "Output columns"). A
-        ``CREATE TABLE``'s schema keeps the OPTIONS, for the table's later reads."""
+        ``CREATE TABLE``'s schema keeps the OPTIONS, for the table's later reads; merge engine options that
+        disagree with the table's refuse it (as they refuse a write)."""
         opts.parse(self._given)
         schema = table_schema(self._cluster[0], with_changes=True)
-        return catalog.remember(schema, self._given) if catalog.is_create(self.options) else schema
+        if not catalog.is_create(self.options):
+            return schema
+        write_options.check_engine(self._given, self._cluster[0])
+        return catalog.remember(schema, self._given)
 
     def _read_options(self, schema: StructType) -> opts.Options:
         """The read's options, checked; a catalog table's read takes the table's own from ``schema``."""
@@ -135,4 +140,7 @@ class KvLeaseDataSource(DataSource):
             raise opts.OptionError(catalog.WRITE_NEEDS_OPTIONS)
         parsed = opts.parse(self._given, reading=False)
         table = self._cluster[0]
-        return parsed.bootstrap, table, check_schema(table, schema), parsed.security
+        given = {str(k).lower(): str(v) for k, v in self._given.items()}
+        write_options.check_engine(given, table)
+        partial = write_options.partial_update(given)
+        return parsed.bootstrap, table, check_schema(table, schema, partial), parsed.security, partial

@@ -2,7 +2,10 @@
 
 A ``_change_type`` column makes a change feed replayable into another table:
 ``insert`` / ``update_postimage`` (or null) upsert, ``delete`` deletes the key,
-``update_preimage`` is skipped. Rows are applied in their order within a task:
+``update_preimage`` is skipped (the short forms ``+I``, ``+U``, ``-D``, ``-U`` too). Into a table with the
+aggregation merge engine, ``update_preimage`` and ``delete`` rows are retracted instead (their values taken
+back: docs/merge-engines.md). With ``partial-update`` the DataFrame's columns are the ones written (the key
+always), the others keep their values. Rows are applied in their order within a task:
 each run of rows of the same kind is one write. The other change-feed columns
 (``_bucket``, ``_log_offset``, ``_commit_timestamp``) are ignored.
 
@@ -31,18 +34,22 @@ from kvlease.common.codec_conform import widens_to
 from kvlease.common.types import parse_type
 from kvlease.spark_source.schema import CHANGE_TYPE, METADATA, spark_type
 
-UPSERT, DELETE, SKIP = 0, 1, 2
-_KINDS = {"insert": UPSERT, "update_postimage": UPSERT, "delete": DELETE, "update_preimage": SKIP}
+UPSERT, DELETE, SKIP, RETRACT = 0, 1, 2, 3
+_KINDS = {"insert": UPSERT, "update_postimage": UPSERT, "delete": DELETE, "update_preimage": SKIP,
+          "+I": UPSERT, "+U": UPSERT, "-D": DELETE, "-U": SKIP}
+#: Into an aggregation table: a row leaving the source is taken back out.
+_RETRACTING = {"delete": RETRACT, "update_preimage": RETRACT, "-D": RETRACT, "-U": RETRACT}
 
 
 @dataclass(frozen=True)
 class WriteStats(WriterCommitMessage):
     upserted: int
-    deleted: int
+    deleted: int  # deleted or retracted
 
 
-def check_schema(table: TableInfo, schema: StructType) -> dict[str, str]:
-    """``table column -> DataFrame column``; raises OptionError naming the first column that does not fit."""
+def check_schema(table: TableInfo, schema: StructType, partial: bool = False) -> dict[str, str]:
+    """``table column -> DataFrame column``; raises OptionError naming the first column that does not fit
+    (``partial``: a partial update, where only the primary key columns must be there)."""
     given = {f.name.lower(): f for f in schema.fields}
     columns = {}
     for column in table.columns:
@@ -50,9 +57,13 @@ def check_schema(table: TableInfo, schema: StructType) -> dict[str, str]:
         if field is None and table.row_ttl is not None and column.name == table.row_ttl.column \
                 and table.row_ttl.write_time:
             continue  # the leader sets a write-time TTL's column (common/row_ttl.py)
+        if field is None and partial and column.name not in table.primary_key:
+            continue
         if field is None:
             raise OptionError(f"column '{column.name}' of table {table.path} is missing from the DataFrame "
-                              "(writes upsert whole rows)")
+                              + ("(a partial update writes the primary key always)" if partial else
+                                 "(writes upsert whole rows; option('partial-update', 'true') writes only the "
+                                 "DataFrame's columns)"))
         expected = spark_type(column.type)
         if field.dataType != expected and not _widens(field.dataType, column.type):
             raise OptionError(f"column '{field.name}': table {table.path} stores {column.type} "
@@ -87,14 +98,17 @@ def _widens(given: DataType, text: str) -> bool:
 
 class _Writes:
     def __init__(self, bootstrap: tuple[str, ...], table: TableInfo, columns: dict[str, str],
-                 security: tuple = ()) -> None:
+                 security: tuple = (), partial: bool = False) -> None:
         self.bootstrap = bootstrap
         self.security = security  # spark_source.options.Security
         self.table = table
         self.columns = columns
+        self.partial = partial
+        engine = table.merge_engine
+        self.kinds = {**_KINDS, **(_RETRACTING if engine is not None and engine.kind.value == "aggregation" else {})}
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteStats:
-        target = arrow_schema(self.table)
+        target = pa.schema([f for f in arrow_schema(self.table) if f.name in self.columns])
         upserted = deleted = seen = 0
         with connect(self.bootstrap, self.security) as admin, \
                 open_table(admin, self.table.table_id, self.security) as client:
@@ -107,8 +121,11 @@ class _Writes:
                 for start, stop, kind in _runs(kinds):
                     part = rows.slice(start, stop - start)
                     if kind == UPSERT:
-                        self._apply(client.upsert, part, seen + start)
+                        self._apply(partial_upsert(client) if self.partial else client.upsert, part, seen + start)
                         upserted += part.num_rows
+                    elif kind == RETRACT:
+                        self._apply(client.retract, part, seen + start)
+                        deleted += part.num_rows
                     elif kind == DELETE:
                         self._apply(client.delete, part.select(list(self.table.primary_key)), seen + start)
                         deleted += part.num_rows
@@ -140,15 +157,19 @@ class _Writes:
         if CHANGE_TYPE not in self.columns:
             return np.zeros(batch.num_rows, dtype=np.int8)
         names = batch.column(self.columns[CHANGE_TYPE])
-        known = pa.array(list(_KINDS), pa.string())
+        known = pa.array(list(self.kinds), pa.string())
         index = pc.index_in(names, value_set=known)
         bad = pc.and_(pc.is_null(index), pc.is_valid(names))
         if pc.any(bad).as_py():
             first = int(np.flatnonzero(bad.to_numpy(zero_copy_only=False))[0])
             raise errors.InvalidRowError(f"row {seen + first} of {_task()}: _change_type {names[first].as_py()!r} "
-                                         f"is not one of {', '.join(_KINDS)}")
-        lookup = np.array(list(_KINDS.values()), dtype=np.int8)
+                                         f"is not one of {', '.join(self.kinds)}")
+        lookup = np.array(list(self.kinds.values()), dtype=np.int8)
         return lookup[index.fill_null(0).to_numpy(zero_copy_only=False)]
+
+
+def partial_upsert(client):
+    return lambda rows: client.upsert(rows, partial=True)
 
 
 def _runs(kinds: np.ndarray) -> Iterator[tuple[int, int, int]]:
@@ -179,7 +200,7 @@ class BatchWriter(_Writes, DataSourceArrowWriter):
 
 class StreamWriter(_Writes, DataSourceStreamArrowWriter):
     """``writeStream.format("kvlease")``: each micro-batch upserted; a replayed micro-batch writes the same rows
-    again, which upserts make harmless."""
+    again, which upserts make harmless (into an aggregation table they are folded again: docs/spark.md)."""
 
     def commit(self, messages, batchId: int) -> None:
         pass

@@ -129,9 +129,9 @@ class TabletService(pb_grpc.TabletServiceServicer):
         def work():
             physical = self._physical(request)
             self.access.check(WRITE, physical)
-            upserts, deletes = _batch(request.upserts), _batch(request.deletes)
-            if upserts is None and deletes is None:
-                raise errors.InvalidRequestError("PutKv needs rows to upsert or keys to delete")
+            upserts, deletes, retracts = _batch(request.upserts), _batch(request.deletes), _batch(request.retracts)
+            if upserts is None and deletes is None and retracts is None:
+                raise errors.InvalidRequestError("PutKv needs rows to upsert or retract or keys to delete")
             if request.writer_id < 0:
                 raise errors.InvalidRequestError(f"writer_id must be > 0 (0: not idempotent), got {request.writer_id}")
             writer = (request.writer_id, request.sequence) if request.writer_id else None
@@ -143,9 +143,11 @@ class TabletService(pb_grpc.TabletServiceServicer):
                 else:
                     lead.check_write(epoch)
                 with _serving(replica):
-                    if upserts is not None and request.schema_id:  # the columns of the writer's schema
-                        upserts = batch_as_current(upserts, request.schema_id, replica.table)
-                    base, next_ = replica.store.write(upserts, deletes, writer=writer)
+                    if request.schema_id:  # the columns of the writer's schema
+                        upserts, retracts = (None if b is None else batch_as_current(b, request.schema_id, replica.table)
+                                             for b in (upserts, retracts))
+                    base, next_ = replica.store.write(upserts, deletes, writer=writer, retracts=retracts,
+                                                      partial=request.partial)
                 if lead is not None:
                     lead.appended()
                     self.fetches.notify()

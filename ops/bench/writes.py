@@ -26,6 +26,8 @@ measures in one run:
 - ``snapshot``: the bytes uploaded by a snapshot after changing 1% of the
   rows, against the first (full) snapshot: the sizes of the files that are
   new in snapshot 2 (not in snapshot 1) vs all files of snapshot 1.
+- with ``--engine aggregation`` and/or ``--partial``: ``merge``, writes through a merge engine or as partial
+  updates next to last-write-wins in each round (:mod:`kvlease.ops.bench.merge_writes`).
 
 The tablet server runs with its defaults (changelog fsync per write), except
 ``kv.snapshot.interval`` = 1h so that only the two snapshots this benchmark
@@ -49,6 +51,7 @@ from kvlease.common.codec import RowCodec
 from kvlease.common.tables import Column, TableInfo
 import kvlease.ops.bench.suite as bench_suite
 from kvlease.ops import local_cluster
+from kvlease.ops.bench import merge_writes
 from kvlease.ops.bench.suite import Option, Row, cpu_seconds, positive_int, wait_idle
 from kvlease.ops.bench.wide_schema import WIDE_COLUMNS, schema_name, wide_batch
 
@@ -63,6 +66,9 @@ OPTIONS = (
     Option("--threads", positive_int, 4, "client threads loading the rows"),
     Option("--lookups", positive_int, 2000, "single-key lookups timed"),
     Option("--rounds", positive_int, 3, "loads of each kind (upsert, raw WriteBatch), alternating; the best counts"),
+    Option("--engine", merge_writes.engine_name, "none", "also load a table with this merge engine (aggregation) "
+           "next to last-write-wins, each twice (insert, update)", metavar="NAME"),
+    Option("--partial", bool, False, "also load a table by partial updates next to last-write-wins"),
     Option("--schema", schema_name, "narrow", "the table: narrow (id BIGINT, v STRING 100 B) or wide (20 columns "
            "of mixed types: DECIMAL, DATE, TIMESTAMP, ARRAY, …)", metavar="NAME"),
 )
@@ -185,6 +191,7 @@ def snapshot_sizes(admin, client, rows: int, changed: int, rng, make=make_batch)
 
 
 def run(*, rows: int, batch: int, threads: int, lookups: int, rounds: int, schema: str = "narrow", seed: int = 7,
+        engine: str = "none", partial: bool = False,
         progress: bench_suite.Progress = lambda text: None) -> dict[str, Any]:
     """The figures (see the module docstring); options as in ``OPTIONS``."""
     from kvlease.client.admin import AdminClient
@@ -197,6 +204,7 @@ def run(*, rows: int, batch: int, threads: int, lookups: int, rounds: int, schem
     codec = RowCodec(TableInfo(0, *TABLE.split("."), tuple(columns), ("id",), 1))
     raws: list[tuple[float, float]] = []
     upserts: list[dict[str, float]] = []
+    merges: list[dict[str, float]] = []
     try:
         with local_cluster.running(directory, tablets=1, config_overrides={"kv.snapshot.interval": "1h"},
                                    progress=progress):
@@ -221,6 +229,9 @@ def run(*, rows: int, batch: int, threads: int, lookups: int, rounds: int, schem
                             snapshots = snapshot_sizes(admin, client, rows, max(1, rows // 100), rng, make)
                     if round_ < rounds:
                         admin.drop_table(table)  # its RocksDB and changelog go before the next round
+                    if engine != "none" or partial:
+                        merges.append(merge_writes.one_round(admin, round_, engine, partial, rows, batch, threads,
+                                                             tablet_pid, load, make_batch, progress))
             upsert = max(upserts, key=lambda u: u["rows_per_s"])
             baseline, baseline_cpu = max(raws)
             return {"rows": rows, "batch_rows": batch, "client_threads": threads, "rounds": rounds, "schema": schema,
@@ -231,7 +242,8 @@ def run(*, rows: int, batch: int, threads: int, lookups: int, rounds: int, schem
                                          for u, r in zip(upserts, raws)],
                     "cpu_us_per_row": {"tablet_server": upsert["server_cpu_us_per_row"],
                                        "client": upsert["client_cpu_us_per_row"], "rocksdb_writebatch": baseline_cpu},
-                    "lookup": read, "snapshot": snapshots}
+                    "lookup": read, "snapshot": snapshots,
+                    **({"merge": merge_writes.figures(merges, baseline, engine, partial)} if merges else {})}
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
@@ -262,13 +274,16 @@ def report(result: dict[str, Any]) -> str:
     if cpu is not None:
         lines.insert(4, f"  CPU per row: tablet server {cpu['tablet_server']:.2f} us + client {cpu['client']:.2f} us "
                         f"(raw WriteBatch {cpu['rocksdb_writebatch']:.2f} us)")
+    if r.get("merge"):
+        lines += merge_writes.report(r["merge"])
     return "\n".join(lines)
 
 
 def target_rows(figures: dict[str, Any]) -> list[Row]:
     wide = figures.get("schema") == "wide"
     return [Row.ratio("PutKv upsert / raw WriteBatch" + (" (wide rows)" if wide else ""), figures["upsert_rows_per_s"],
-                      figures["rocksdb_writebatch_rows_per_s"], "rows/s", TARGET_RATIO_WIDE if wide else TARGET_RATIO)]
+                      figures["rocksdb_writebatch_rows_per_s"], "rows/s", TARGET_RATIO_WIDE if wide else TARGET_RATIO),
+            *(merge_writes.target_rows(figures["merge"]) if figures.get("merge") else [])]
 
 
 if __name__ == "__main__":

@@ -25,10 +25,17 @@ PUT_BATCH_ROWS = 10_000
               help="What FILE holds (default: by its extension: .csv, .parquet or .pq; else JSON lines).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=PUT_BATCH_ROWS, show_default=True,
               help="Rows per write (each write is one request per bucket).")
+@click.option("--partial", is_flag=True,
+              help="A partial update: only the columns a row names are written, the others keep their values "
+                   "(JSON lines: a missing key is not written, null is a null; CSV and Parquet: the file's columns).")
+@click.option("--retract", is_flag=True,
+              help="Retract the rows from an aggregation table (sum: subtracted, product: divided, last_value: "
+                   "cleared) instead of upserting them.")
 @common_options
 @pass_state
 @catch_errors
-def put(state: State, path: str, source: BinaryIO, format_: str | None, batch_size: int) -> None:
+def put(state: State, path: str, source: BinaryIO, format_: str | None, batch_size: int, partial: bool,
+        retract: bool) -> None:
     """Upsert rows from FILE or stdin: JSON lines (one object per line: column -> value), CSV (a header
     line naming the columns) or Parquet.
 
@@ -39,7 +46,11 @@ def put(state: State, path: str, source: BinaryIO, format_: str | None, batch_si
     saying how many rows of that batch were written and how many in all: the
     buckets of a batch are written independently.
     On a terminal, stderr shows how far it got after every batch.
+    --partial and --retract: see docs/merge-engines.md.
     """
+    if partial and retract:
+        raise click.UsageError("--partial and --retract exclude each other: a retract names the values to take back")
+    mode = "retract" if retract else "partial" if partial else "upsert"
     fmt = source_format(getattr(source, "name", "-"), format_)
     if fmt == "parquet" and not source.seekable():
         raise click.UsageError("Parquet is read from a file, not from stdin or a pipe: give its path")
@@ -57,19 +68,24 @@ def put(state: State, path: str, source: BinaryIO, format_: str | None, batch_si
             first = f"{reader.unit} {reader.pending}"
             exc.message += f" (the {written} row(s) before {first} were written, nothing from {first} on)"
             raise
-        written += _write(client, rows, where, reader.unit, written)
+        written += _write(client, rows, where, reader.unit, written, mode)
         if show_progress:
             click.echo(_progress(table.path, written, reader.fraction()), err=True)
-    state.output.message(f"wrote {written} row(s) to {table.path}", {"table": table.path, "rows": written})
+    verb = "retracted" if retract else "wrote"
+    state.output.message(f"{verb} {written} row(s) {'from' if retract else 'to'} {table.path}",
+                         {"table": table.path, "rows": written, **({"mode": mode} if mode != "upsert" else {})})
 
 
-def _write(client, rows, where: list[int], unit: str, written: int) -> int:
-    """One batch upserted; an error names its lines (or rows), how many of its rows were written and how
-    many in all."""
+def _write(client, rows, where: list[int], unit: str, written: int, mode: str = "upsert") -> int:
+    """One batch upserted (``mode`` "partial": a partial update, "retract": retracted); an error names its lines
+    (or rows), how many of its rows were written and how many in all."""
     span = f"{unit}s {where[0]}-{where[-1]}"
     try:
+        if mode == "partial":  # dict rows as they are: a missing key is a column not written
+            client.upsert(rows, partial=True)
+            return len(where)
         batch = rows if isinstance(rows, pa.RecordBatch) else client.codec.to_batch(rows)
-        client.upsert(batch)
+        client.retract(batch) if mode == "retract" else client.upsert(batch)
     except errors.InvalidRowError as exc:
         raise errors.InvalidRowError(f"{_at_lines(exc.message, where, unit)} (nothing of {span} was written; "
                                      f"{written} row(s) before them were)") from None

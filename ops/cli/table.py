@@ -18,6 +18,7 @@ from kvlease.common.auto_partition import (DEFAULT_PRECREATE, DEFAULT_RETENTION,
 from kvlease.common.tables import (DEFAULT_MAX_PARTITIONS, MAX_BUCKETS, MAX_PARTITIONS, TableInfo, TableSpec,
                                    parse_schema, parse_table_path, validate_spec)
 from kvlease.common.row_ttl import CHANGELOG_MODES, row_ttl
+from kvlease.common.merge_engine import parse_engine
 from kvlease.common.schema_changes import parse_definition
 import kvlease.ops.cli.output as out
 from kvlease.ops.cli.app import State, catch_errors, common_options, kvlease, pass_state
@@ -72,14 +73,23 @@ def table_group() -> None:
 @click.option("--bucket-key", metavar="COL[,COL…]",
               help="The first primary-key column(s) whose values pick a row's bucket (default: the whole key): rows "
                    "with the same values share a bucket, and `kvlease get --prefix` reads them in one range scan.")
+@click.option("--merge-engine", type=click.Choice(["first_row", "versioned", "aggregation"]),
+              help="What a write to an existing key does (default: the last write wins): keep the first row, keep "
+                   "the highest --version-column, or aggregate per column (--agg); docs/merge-engines.md.")
+@click.option("--version-column", metavar="COL", help="versioned: the INT, BIGINT or TIMESTAMP column that decides.")
+@click.option("--agg", "aggregates", metavar="COL=FUNCTION", multiple=True,
+              help="aggregation: a column's function (repeatable): sum, product, max, min, last_value, "
+                   "last_value_ignore_nulls (the default), first_value, first_value_ignore_nulls, listagg, "
+                   "bool_and, bool_or.")
+@click.option("--delete-behavior", type=click.Choice(["allow", "ignore", "disable"]),
+              help="versioned and aggregation: what a delete by key does (default allow).")
 @common_options
 @pass_state
 @catch_errors
 def table_create(state: State, path: str, schema: str, primary_key: str, buckets: int, if_not_exists: bool,
-                 replication_factor: int | None, min_insync_replicas: int | None, ttl: str | None,
-                 ttl_column: str | None, ttl_changelog: str | None, bucket_key: str | None,
-                 **partitioning) -> None:
-    """Create a primary-key table (partitioned with --partition-by)."""
+                 replication_factor: int | None, min_insync_replicas: int | None, **definition) -> None:
+    """Create a primary-key table (partitioned with --partition-by, a merge engine with --merge-engine, a row TTL
+    with --ttl, a bucket key with --bucket-key)."""
     if replication_factor and min_insync_replicas and min_insync_replicas > replication_factor:
         raise click.UsageError(f"--min-insync-replicas {min_insync_replicas} is more than --replication-factor "
                                f"{replication_factor}")
@@ -88,20 +98,11 @@ def table_create(state: State, path: str, schema: str, primary_key: str, buckets
     except errors.KvLeaseError as exc:
         raise click.BadParameter(exc.message, param_hint="'--schema'") from None
     keys = [k.strip() for k in primary_key.split(",") if k.strip()]
-    db, name = parse_table_path(path)
-    if ttl is None and (ttl_column or ttl_changelog):
-        raise click.UsageError("--ttl-column and --ttl-changelog need --ttl DURATION")
-    try:  # the coordinator's own rules, before anything is sent: a definition it would refuse is a usage error
-        expiry = None if ttl is None else row_ttl(ttl, ttl_column, ttl_changelog)
-        spec = validate_spec(TableSpec(db, name, columns, tuple(keys), buckets, **_partitioning(**partitioning),
-                                       row_ttl=expiry,
-                                       bucket_key=tuple(k.strip() for k in (bucket_key or "").split(",") if k.strip())))
-    except errors.InvalidTableError as exc:
-        raise click.UsageError(exc.message) from None
+    spec = _spec(path, columns, keys, buckets, **definition)
     existed = if_not_exists and _exists(state, path)
     options = {k: v for k, v in (("replication_factor", replication_factor),
-                                 ("min_insync_replicas", min_insync_replicas), ("row_ttl", spec.row_ttl))
-               if v is not None}
+                                 ("min_insync_replicas", min_insync_replicas), ("row_ttl", spec.row_ttl),
+                                 ("merge_engine", spec.merge_engine)) if v is not None}
     if spec.partition_key:
         options.update(partition_key=spec.partition_key, auto_partition=spec.auto_partition,
                        max_partitions=spec.max_partitions)
@@ -115,6 +116,37 @@ def table_create(state: State, path: str, schema: str, primary_key: str, buckets
     state.output.message(_created_text(info, existed, doc.get("partitions")), {**doc, "no_leader": no_leader})
     if no_leader:
         click.echo(f"warning: {_no_leader_warning(state, info.path, no_leader)}", err=True)
+
+
+def _spec(path: str, columns, keys: list[str], buckets: int, ttl: str | None, ttl_column: str | None,
+          ttl_changelog: str | None, bucket_key: str | None, merge_engine: str | None, version_column: str | None,
+          aggregates: tuple[str, ...], delete_behavior: str | None, **partitioning) -> TableSpec:
+    """The table ``table create``'s options define, checked by the coordinator's own rules before anything is
+    sent: a definition it would refuse is a usage error."""
+    db, name = parse_table_path(path)
+    if ttl is None and (ttl_column or ttl_changelog):
+        raise click.UsageError("--ttl-column and --ttl-changelog need --ttl DURATION")
+    try:
+        expiry = None if ttl is None else row_ttl(ttl, ttl_column, ttl_changelog)
+        engine = parse_engine(merge_engine, version_column, _aggregates(aggregates), delete_behavior)
+        return validate_spec(TableSpec(db, name, columns, tuple(keys), buckets, **_partitioning(**partitioning),
+                                       row_ttl=expiry, merge_engine=engine,
+                                       bucket_key=tuple(k.strip() for k in (bucket_key or "").split(",") if k.strip())))
+    except errors.InvalidTableError as exc:
+        raise click.UsageError(exc.message) from None
+
+
+def _aggregates(given: tuple[str, ...]) -> dict[str, str]:
+    """``--agg COL=FUNCTION`` options as ``{column: function}``; a usage error for one without ``=``."""
+    out_ = {}
+    for item in given:
+        column, sep, function = item.partition("=")
+        if not sep or not column.strip() or not function.strip():
+            raise click.BadParameter(f"{errors.show(item)}: expected COL=FUNCTION, e.g. total=sum", param_hint="'--agg'")
+        if column.strip() in out_:
+            raise click.BadParameter(f"column {column.strip()!r} is named twice", param_hint="'--agg'")
+        out_[column.strip()] = function.strip()
+    return out_
 
 
 def _partitioning(partition_by: str | None, unit: str | None, precreate: int | None, retention: int | None,
@@ -162,6 +194,8 @@ def _created_text(info: TableInfo, existed: bool, partitions: list[dict] | None)
     if info.partitioned:
         text += (f", partitioned by {out.partitioning_text(out.table_doc(info))}, at most {info.max_partitions} "
                  "partitions")
+    if info.merge_engine is not None:
+        text += f", merge engine {info.merge_engine.describe()}"
     if info.auto_partition is not None:
         names = [p["partition"] for p in partitions or ()]
         text += f"; partitions now: {', '.join(names) if names else 'none'}"

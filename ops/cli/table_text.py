@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping
 from rich.markup import escape
 
 from kvlease.common.row_ttl import RowTtl
+from kvlease.common.merge_engine import MergeEngine
 from kvlease.ops.cli.documents import cell_text
 
 Grid = Callable[..., Any]
@@ -57,6 +58,8 @@ def describe_table(grid: Grid, show: Show, doc: Mapping[str, Any]) -> None:
         rows.add_row("comment", escape(doc["comment"]))
     if doc.get("row_ttl"):
         rows.add_row("row TTL", escape(RowTtl.from_json(doc["row_ttl"]).describe()))
+    rows.add_row("merge engine", escape(MergeEngine.from_json(doc["merge_engine"]).describe())
+                 if doc.get("merge_engine") else "none (the last write wins)")
     if partitioned:
         rows.add_row("partitioned by", partitioning_text(doc))
         rows.add_row("max partitions", str(doc["max_partitions"]))

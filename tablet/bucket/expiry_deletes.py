@@ -21,6 +21,7 @@ from kvlease.common.codec import RowCodec
 from kvlease.common.logentry import SCHEMA
 from kvlease.common.row_expiry import expired_mask
 from kvlease.common.row_ttl import RowTtl
+from kvlease.tablet.store import change_records
 
 
 class ExpiredOnly:
@@ -30,6 +31,13 @@ class ExpiredOnly:
         self.codec = codec
         self.ttl = ttl
         self.now_ms = now_ms
+
+    def changes(self, key_list: list[bytes], keys: pa.Array, olds: pa.Array):
+        """``(records, put keys, put values, deleted keys)`` of deleting the keys still expired (``olds``: their
+        current values), records marked (:meth:`mark`)."""
+        keys, olds = self.narrow(keys, olds)
+        records, put_keys, put_values, gone = change_records.changes_in_order(keys.to_pylist(), [], olds.to_pylist())
+        return self.mark(records), put_keys, put_values, gone
 
     def narrow(self, keys: pa.Array, olds: pa.Array) -> tuple[pa.Array, pa.Array]:
         """``(keys, olds)`` of the keys whose current value (``olds``, null: missing) is expired now."""

@@ -264,8 +264,9 @@ class BucketStore:
 
     @documented_by(BucketWrites.write)
     def write(self, upserts: pa.RecordBatch | None = None, deletes: pa.RecordBatch | None = None, *,
-              writer: tuple[int, int] | None = None) -> tuple[int, int]:
-        return self.writes.write(upserts, deletes, writer=writer)
+              writer: tuple[int, int] | None = None, retracts: pa.RecordBatch | None = None,
+              partial: bool = False) -> tuple[int, int]:
+        return self.writes.write(upserts, deletes, writer=writer, retracts=retracts, partial=partial)
 
     # --- reads (tablet/bucket/reads.py) -----------------------------------------------------------
 

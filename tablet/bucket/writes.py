@@ -21,7 +21,8 @@ from kvlease.common import errors
 from kvlease.common.errors import InvalidRequestError, RecordTooLargeError
 from kvlease.common.limits import MAX_ENTRY_BYTES
 from kvlease.common.row_expiry import stamp_write_time
-from kvlease.tablet.bucket import write_checks
+from kvlease.tablet.bucket import merge_writes, write_checks
+from kvlease.tablet.bucket.expiry_deletes import ExpiredOnly
 from kvlease.tablet.bucket.state import BucketShared, WriteRole
 from kvlease.tablet.log.changelog import Changelog
 from kvlease.tablet.log.sequences import Duplicate, OutOfOrder
@@ -30,6 +31,8 @@ from kvlease.tablet.store.key_ranges import key_range
 from kvlease.tablet.store.kvstore import BucketStoreError, KvStore, PreparedWrite
 
 _EMPTY = pa.array([], pa.binary())
+#: What computes a write's change records and RocksDB effects from its keys' before-images.
+Fold = merge_writes.MergeWrite | ExpiredOnly
 
 
 class BucketWrites:
@@ -56,7 +59,8 @@ class BucketWrites:
         self._settled.notify_all()
 
     def write(self, upserts: pa.RecordBatch | None = None, deletes: pa.RecordBatch | None = None, *,
-              writer: tuple[int, int] | None = None, only_if=None) -> tuple[int, int]:
+              writer: tuple[int, int] | None = None, retracts: pa.RecordBatch | None = None, partial: bool = False,
+              only_if: ExpiredOnly | None = None) -> tuple[int, int]:
         """Upsert then delete rows; returns the changelog ``(base_offset, next_offset)`` written.
 
         ``only_if`` (deletes only): a :class:`kvlease.tablet.bucket.expiry_deletes.ExpiredOnly`, which keeps
@@ -77,6 +81,10 @@ class BucketWrites:
         bucket; RecordTooLargeError: a row over ``max_row_bytes``, or a write
         whose changelog entry would not fit one gRPC message) changes nothing.
 
+        A table with a merge engine, a partial update (``partial``: the upserts' columns are the ones
+        written) and ``retracts`` (aggregation) go through :mod:`kvlease.tablet.bucket.merge_writes`
+        (upserts, then retracts, then deletes; docs/merge-engines.md); an expiry delete (``only_if``) does not.
+
         Raises ChangelogError if the changelog append failed (the store then
         refuses writes until its files are reopened, after a backoff);
         BucketStoreError if applying to RocksDB failed after the append (the
@@ -86,8 +94,9 @@ class BucketWrites:
         codec, bucket = self.bucket.spec.codec, self.bucket.spec.bucket
         keys, up_values, key_list = _EMPTY, _EMPTY, []
         if upserts is not None and codec.table.row_ttl is not None:
-            now = (self.bucket.files.settings.clock_ms or (lambda: int(time.time() * 1000)))()
-            upserts = stamp_write_time(codec.table.row_ttl, codec.schema, upserts, now)
+            upserts = stamp_write_time(codec.table.row_ttl, codec.schema, upserts, self._now_ms())
+        if only_if is None and (codec.table.merge_engine is not None or partial or retracts is not None):
+            return self._write_merged(upserts, deletes, retracts, partial, writer)
         if upserts is not None:
             keys, up_values = codec.encode_arrays(upserts)
             key_list = keys.to_pylist()
@@ -108,12 +117,32 @@ class BucketWrites:
                     return end, end
             return self._write(changelog, kv, keys, up_values, key_list, writer, only_if)
 
+    def _write_merged(self, upserts: pa.RecordBatch | None, deletes: pa.RecordBatch | None,
+                      retracts: pa.RecordBatch | None, partial: bool, writer: tuple[int, int] | None) -> tuple[int, int]:
+        """:meth:`write` through the table's merge engine or as a partial update (see its docstring)."""
+        codec, bucket = self.bucket.spec.codec, self.bucket.spec.bucket
+        merge, keys, key_list = merge_writes.prepare(codec, upserts, retracts, deletes, partial,
+                                                     max_row_bytes=self.bucket.spec.max_row_bytes, now_ms=self._now_ms())
+        write_checks.check_bucket(codec, bucket, key_list, "write")
+        with self.bucket.files.use() as (changelog, kv):
+            if not key_list:
+                with self.bucket.write_lock:
+                    self.bucket.files.check_writable()
+                    end = changelog.end_offset
+                    return end, end
+            return self._write(changelog, kv, keys, _EMPTY, key_list, writer, merge)
+
+    def _now_ms(self) -> int:
+        return (self.bucket.files.settings.clock_ms or (lambda: int(time.time() * 1000)))()
+
     def _write(self, changelog: Changelog, kv: KvStore, keys: pa.Array, up_values: pa.Array,
-               key_list: list[bytes], writer: tuple[int, int] | None, only_if=None) -> tuple[int, int]:
+               key_list: list[bytes], writer: tuple[int, int] | None, fold: Fold | None = None) -> tuple[int, int]:
+        """``fold``: the write's rows come from the before-images (a merge engine, a partial update, an expiry
+        delete) instead of replacing them."""
         n_up, prepared, changes = len(up_values), None, None
         increasing = change_records.increasing(keys)
         bounds = (key_list[0], key_list[-1]) if increasing else key_range(keys)
-        if only_if is None and (increasing or len(set(key_list)) == len(key_list)):
+        if fold is None and (increasing or len(set(key_list)) == len(key_list)):
             # Each key's final state is its upsert or its delete whatever it held before: the RocksDB
             # batch is built here, while another write may hold the lock (deleting a missing key is a no-op).
             up_list = up_values.to_pylist()
@@ -129,7 +158,7 @@ class BucketWrites:
                 self._settled.wait()  # an earlier write not yet published may hold keys of this one
                 self.bucket.files.check_writable()
             records, prepared, changes = self._records(changelog, kv, keys, up_values, key_list, bounds,
-                                                       prepared, changes, only_if)
+                                                       prepared, changes, fold)
             if not records.num_rows:
                 end = changelog.end_offset
                 return end, end
@@ -179,7 +208,7 @@ class BucketWrites:
 
     def _records(self, changelog: Changelog, kv: KvStore, keys: pa.Array, up_values: pa.Array,
                  key_list: list[bytes], bounds: tuple[bytes, bytes], prepared: PreparedWrite | None,
-                 changes: dict | None, only_if=None) -> tuple[pa.RecordBatch, PreparedWrite, dict | None]:
+                 changes: dict | None, fold: Fold | None = None) -> tuple[pa.RecordBatch, PreparedWrite, dict | None]:
         """The write's change records, its RocksDB batch and (replicated) the state it leaves each key in;
         before-images from RocksDB and, replicated, through the pre-write buffer. Hold the lock."""
         olds = kv.get_existing(keys, key_list, bounds)
@@ -188,13 +217,11 @@ class BucketWrites:
             olds = self.bucket.buffer.before_images(key_list, olds)
         if prepared is not None:
             return change_records.records_unique(keys, up_values, olds), prepared, changes
-        if only_if is not None:  # a conditional delete (row TTL): the keys still expired now
-            keys, olds = only_if.narrow(keys, olds)
-            key_list = keys.to_pylist()
-        records, put_keys, put_values, gone = change_records.changes_in_order(
-            key_list, up_values.to_pylist(), olds.to_pylist())
-        if only_if is not None:
-            records = only_if.mark(records)
+        if fold is not None:  # the write's rows from the before-images
+            records, put_keys, put_values, gone = fold.changes(key_list, keys, olds)
+        else:
+            records, put_keys, put_values, gone = change_records.changes_in_order(
+                key_list, up_values.to_pylist(), olds.to_pylist())
         if self.bucket.spec.replicated:
             changes = dict(zip(put_keys, put_values))
             changes.update(dict.fromkeys(gone))

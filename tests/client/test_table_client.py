@@ -201,7 +201,7 @@ def test_upsert_lookup_delete_on_fakes(two_tablets):
 
 @pytest.mark.unit
 def test_composite_keys_and_big_batches_are_chunked(monkeypatch):
-    import kvlease.client.table as tc
+    import kvlease.client.table_writes as tc
 
     tablet = FakeTablet("a:1", COMPOSITE, {0, 1, 2})
     client, _, _ = fake_client(COMPOSITE, [tablet], {0: "a:1", 1: "a:1", 2: "a:1"})

@@ -187,11 +187,12 @@ def python_api_blocks() -> list[str]:
 
 def test_the_python_api_page_runs_as_written(kv, capsys):
     blocks = python_api_blocks()
-    assert len(blocks) == 3
+    assert len(blocks) == 4
     namespace: dict = {}
     for block in blocks:  # the page's cluster directory is this test's
         exec(compile(block.replace('"/tmp/kv"', repr(str(kv.dir))), "docs/python-api.md", "exec"), namespace)
     assert capsys.readouterr().out == ("[{'id': 1, 'name': 'a'}, None]\n"
+                                       "[{'id': 1, 'total': 12, 'note': 'refunded'}]\n"
                                        "[('bob', 1), ('bob', 2), ('ann', 1), ('ann', 2)]\n")
     assert sorted(namespace["lease"].acquired) == sorted(namespace["latest"])
     assert kv.admin.list_leases() == []  # each bucket released: the lease went with the last one

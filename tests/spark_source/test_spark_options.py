@@ -98,7 +98,7 @@ def test_an_option_error_is_one_line_with_the_near_miss(given, reading, message)
 def test_an_unknown_option_far_from_any_lists_the_known_ones():
     with pytest.raises(opts.OptionError) as info:
         opts.parse({**BASE, "startingOffsets": "earliest"})
-    assert str(info.value).startswith("unknown option 'startingoffsets' (known: bootstrap, bootstrap.mode, ")
+    assert str(info.value).startswith("unknown option 'startingoffsets' (known: agg, bootstrap, bootstrap.mode, ")
     assert "maxRowsPerTrigger, " in str(info.value) and "did you mean" not in str(info.value)
     with pytest.raises(opts.OptionError) as info:  # a path with a line break stays on the one line
         opts.parse({"cluster": "/no\nwhere", "table": "a.b"})

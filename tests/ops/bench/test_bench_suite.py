@@ -183,7 +183,8 @@ def parse(name: str, *argv: str) -> dict:
 def test_options_not_given_keep_the_benchmarks_defaults():
     assert parse("writes") == {}
     assert bench_suite.options_for(bench_writes, {}) == {"rows": 1_000_000, "batch": 10_000, "threads": 4,
-                                                         "lookups": 2000, "rounds": 3, "schema": "narrow"}
+                                                         "lookups": 2000, "rounds": 3, "engine": "none",
+                                                         "partial": False, "schema": "narrow"}
     assert bench_suite.options_for(bench_leases, parse("leases", "--leases", "100_000")) == {
         "leases": 100_000, "seconds": 8.0, "threads": 64, "raw_writes": 20_000, "secure": False, "idle_seconds": 5.0}
 

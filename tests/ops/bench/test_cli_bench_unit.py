@@ -113,7 +113,7 @@ def test_json_and_plot_of_one_benchmark(runs, tmp_path):
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)  # exactly one document
     assert runs == [("writes", {"rows": 20_000, "batch": 10_000, "threads": 4, "lookups": 2000, "rounds": 3,
-                                "schema": "narrow"})]
+                                "engine": "none", "partial": False, "schema": "narrow"})]
     assert set(doc) == {"machine", "benchmarks"} and list(doc["benchmarks"]) == ["writes"]
     entry = doc["benchmarks"]["writes"]
     assert entry["options"]["rows"] == 20_000 and entry["figures"] == RECORDED["benchmarks"]["writes"]["figures"]

@@ -72,7 +72,7 @@ def test_a_failed_write_counts_the_rows_each_bucket_acknowledged_before_it_faile
     """A bucket's rows go in several requests (each at most MAX_REQUEST_BYTES); its third request fails (a
     fault injected on the way to the real server): the error counts the rows of its first two, and of the
     other bucket, which were written, as the rows found afterwards show."""
-    from kvlease.client import table as table_module
+    from kvlease.client import table_writes as table_module
 
     c = cluster
     c.tablet(1, tmp_path / "t1")
