@@ -20,6 +20,7 @@ import pytest
 from kvlease.client.table import TableClient
 from kvlease.common.config import Config
 from kvlease.common.logentry import ChangeType
+from kvlease.common.merge_engine import parse_engine
 from kvlease.common.row_ttl import row_ttl
 from kvlease.common.tables import Column
 from kvlease.ops.wait import wait_until
@@ -142,6 +143,29 @@ def test_prefix_lookups_leave_expired_rows_out(idle):
         assert [(r["u"], r["id"]) for r in client.lookup_prefix(["b", "a"])] == [
             ("b", 0), ("b", 2), ("b", 4), ("a", 0), ("a", 2), ("a", 4)]  # the odd ones expired an hour ago
     idle.admin.drop_table(path)
+
+
+def test_merge_engines_fold_an_expired_row_as_a_missing_one_and_expiry_deletes_bypass_them(idle):
+    now = _now()
+    engines = {"sum": parse_engine("aggregation", aggregates={"n": "sum"}), "first": parse_engine("first_row")}
+    paths = {}
+    for name, engine in engines.items():
+        paths[name] = f"d{uuid.uuid4().hex[:8]}.t"
+        idle.admin.create_table(paths[name], [Column("id", "BIGINT"), Column("ts", "BIGINT"), Column("n", "BIGINT")],
+                                ["id"], 1, replication_factor=1, row_ttl=row_ttl("1h", "ts"), merge_engine=engine)
+    with TableClient(idle.admin, paths["sum"]) as sums, TableClient(idle.admin, paths["first"]) as firsts:
+        for client in (sums, firsts):
+            client.upsert([{"id": 1, "ts": now - 7_200_000, "n": 5}, {"id": 2, "ts": now, "n": 5}])
+            client.upsert([{"id": 1, "ts": now, "n": 3}, {"id": 2, "ts": now, "n": 3}])
+        # the expired row 1 is gone for the engines: a new sum, a new first row; row 2 folds as usual
+        assert sums.lookup([1, 2]) == [{"id": 1, "ts": now, "n": 3}, {"id": 2, "ts": now, "n": 8}]
+        assert firsts.lookup([1, 2]) == [{"id": 1, "ts": now, "n": 3}, {"id": 2, "ts": now, "n": 5}]
+        assert [r["change_type"] for r in _log(sums)][-4:] == ["-U", "+U", "-U", "+U"]  # before-images kept
+        firsts.upsert([{"id": 3, "ts": now - 7_200_000, "n": 1}])
+        assert idle.tablets[1].expiry_rounds.run_once() >= 1  # a first_row table refuses deletes, not expiry
+        assert [(r["change_type"], r["row"]["id"]) for r in _log(firsts)][-1] == ("-D", 3)
+    for path in paths.values():
+        idle.admin.drop_table(path)
 
 
 def _wait_records(client: TableClient, count: int, bucket: int = 0, timeout: float = 10) -> None:
