@@ -137,8 +137,7 @@ class BucketWrites:
 
     def _write(self, changelog: Changelog, kv: KvStore, keys: pa.Array, up_values: pa.Array,
                key_list: list[bytes], writer: tuple[int, int] | None, fold: Fold | None = None) -> tuple[int, int]:
-        """``fold``: the write's rows come from the before-images (a merge engine, a partial update, an expiry
-        delete) instead of replacing them."""
+        """``fold``: the write's rows come from the before-images (engine, partial update, expiry delete)."""
         n_up, prepared, changes = len(up_values), None, None
         increasing = change_records.increasing(keys)
         bounds = (key_list[0], key_list[-1]) if increasing else key_range(keys)
