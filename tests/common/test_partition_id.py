@@ -29,7 +29,7 @@ COORDINATOR_RPCS = {"CommitKvSnapshot", "GetLatestKvSnapshots", "ListKvSnapshots
                     "ReassignBucket", "ResignLeadership", "ReportReplicaLoss", "ReportLogEnds", "ConfirmRestore",
                     "RestoreBucket", "ElectLeader"}
 TABLET_RPCS = {"UpdateLeadership", "PutKv", "Lookup", "FetchLog", "ReplicaFetch", "ListOffsets", "TriggerSnapshot", "ScanKv",
-               "ScanKvStream"}
+               "ScanKvStream", "PrefixLookup"}
 
 
 def _part(partition):
@@ -173,6 +173,7 @@ def _tablet_requests(tablet, table) -> dict:
         "TriggerSnapshot": lambda p: tpb.TriggerSnapshotRequest(table_id=t, buckets=[0], wait=True, **_part(p)),
         "ScanKv": lambda p: tpb.ScanKvRequest(bucket_scan_req=scan_req(p), batch_size_bytes=1 << 20),
         "ScanKvStream": lambda p: tpb.ScanKvStreamRequest(bucket_scan_req=scan_req(p), batch_size_bytes=1 << 20),
+        "PrefixLookup": lambda p: tpb.PrefixLookupRequest(table_id=t, bucket=0, prefixes=key, **_part(p)),
     }
 
 
@@ -219,6 +220,9 @@ def test_tablet_server_refuses_a_partition_of_an_unpartitioned_table_on_every_rp
             assert words in response.error.message, (rpc, response.error.message)
             assert state() == before, rpc
             response = call(rpc, None)  # without the partition id: as before
+            if rpc == "PrefixLookup":  # this table has no bucket key: refused by the rpc's own rule
+                assert "has no bucket key" in response.error.message, response.error
+                continue
             assert response.error.code == 0, (rpc, response.error)
             if rpc == "ReplicaFetch":  # one replica: not fetched from, by its own rule
                 assert response.buckets[0].error.code == errors.ErrorCode.INVALID_REQUEST, response.buckets[0]
