@@ -41,7 +41,7 @@ def test_bench_writes_measures_plots_and_cleans_up(tmp_path):
     doc = json.loads(proc.stdout)  # exactly one JSON document on stdout
     entry = doc["benchmarks"]["writes"]
     assert entry["options"] == {"rows": 20_000, "batch": 10_000, "threads": 4, "lookups": 200, "rounds": 2,
-                                "schema": "narrow"}
+                                "schema": "narrow", "engine": "none", "partial": False}
     figures = entry["figures"]
     assert figures["rows"] == 20_000 and figures["lookup"]["single_count"] == 200
     assert figures["upsert_rows_per_s"] > 0 and figures["rocksdb_writebatch_rows_per_s"] > 0
