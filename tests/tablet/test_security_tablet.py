@@ -124,16 +124,19 @@ def clients(sc):
 
 @pytest.fixture
 def stubs(sc):
-    """``stubs(user=None, password=None) -> TabletServiceStub`` over TLS to the tablet server, with credentials."""
-    made = []
+    """``stubs(user=None, password=None) -> TabletServiceStub`` over TLS to the tablet server, with credentials:
+    one channel per user, so a test's call goes over the connection ``make_user`` saw answered (a new channel's
+    TLS handshake may be cut short on a loaded machine, which a client library's retry covers and a raw stub
+    does not)."""
+    made: dict[tuple, Channels] = {}
 
     def make(user=None, password=None):
-        channels = Channels(tls=TlsFiles.from_config(sc.client_config()),
-                            credentials=None if user is None else (user, password))
-        made.append(channels)
-        return channels.stub(sc.cluster.tablets[1].address, pb_grpc.TabletServiceStub)
+        if (user, password) not in made:
+            made[user, password] = Channels(tls=TlsFiles.from_config(sc.client_config()),
+                                            credentials=None if user is None else (user, password))
+        return made[user, password].stub(sc.cluster.tablets[1].address, pb_grpc.TabletServiceStub)
     yield make
-    for channels in made:
+    for channels in made.values():
         channels.close()
 
 
