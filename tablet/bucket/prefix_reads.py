@@ -11,7 +11,7 @@ An answer carries about ``max_bytes`` of rows; a prefix cut short is resumed aft
 from __future__ import annotations
 
 import time
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -21,6 +21,7 @@ from kvlease.common.errors import InvalidRequestError, InvalidRowError, show
 from kvlease.common.prefix_codec import PrefixCodec
 from kvlease.common.row_expiry import expired_mask
 from kvlease.tablet.bucket.state import BucketShared
+from kvlease.tablet.store.kvstore import KvStore
 
 #: An answer's rows, about (the row that crosses it is the last), when the request names no size.
 DEFAULT_MAX_BYTES = 4 << 20
@@ -34,7 +35,7 @@ class PrefixRows(NamedTuple):
 
 
 def prefix_rows(bucket: BucketShared, prefixes: pa.RecordBatch, start_after: bytes = b"",
-                max_bytes: int = 0) -> PrefixRows:
+                max_bytes: int = 0, check_current: Callable[[KvStore], None] = lambda kv: None) -> PrefixRows:
     """The rows of ``prefixes`` (a batch of the bucket-key columns) in this bucket; ``start_after``: the first
     prefix's rows after that key only. InvalidRequestError for a table without a bucket key, InvalidRowError
     for a bad prefix or one of another bucket."""
@@ -50,6 +51,7 @@ def prefix_rows(bucket: BucketShared, prefixes: pa.RecordBatch, start_after: byt
     resume, size = b"", 0
     with bucket.files.use() as (_changelog, kv):
         with bucket.write_lock:
+            check_current(kv)  # BucketReads.check_current: failed files behind the high watermark are not read
             snapshot = kv.snapshot(kv.applied_offset)
         with snapshot:
             for i, prefix in enumerate(encoded):

@@ -26,7 +26,7 @@ from kvlease.common.row_expiry import live_lookup
 from kvlease.tablet.bucket import write_checks
 from kvlease.tablet.bucket.state import BucketShared, BucketSpec
 from kvlease.tablet.log.changelog import SegmentInfo
-from kvlease.tablet.store.kvstore import KvSnapshot
+from kvlease.tablet.store.kvstore import BucketStoreError, KvSnapshot, KvStore
 
 
 def _ending_by(entries: list[bytes], end: int) -> list[bytes]:
@@ -92,6 +92,7 @@ class BucketReads:
         encoded = codec.encode_keys(keys)
         write_checks.check_bucket(codec, self.bucket.spec.bucket, encoded, "lookup")
         with self.bucket.files.use() as (_changelog, kv):
+            self.check_current(kv)
             values = pa.array(kv.get(encoded), pa.binary())
         found = values.is_valid().to_numpy(zero_copy_only=False)
         rows = codec.decode_values(pc.drop_null(values) if values.null_count else values)
@@ -150,7 +151,20 @@ class BucketReads:
         """A consistent view of the rows and its ``log_offset``, taken together under the write lock
         (``values_from``: see :meth:`KvStore.snapshot`). An open snapshot keeps the files open."""
         with self.bucket.files.use() as (_changelog, kv), self.bucket.write_lock:
+            self.check_current(kv)
             return kv.snapshot(kv.applied_offset, values_from)
+
+    def check_current(self, kv: KvStore) -> None:
+        """BucketStoreError while failed files still serve reads (a full disk) but RocksDB lacks entries the high
+        watermark committed (it moved while they could not be applied: acknowledged writes): a read never
+        goes back in time. The tablet server answers LEADER_NOT_AVAILABLE (retried) for a replicated bucket."""
+        if not self.bucket.spec.replicated or self.bucket.files.failure is None:
+            return
+        hw = self._high_watermark()
+        if kv.applied_offset < hw:
+            raise BucketStoreError(f"bucket {self.bucket.spec.dir} failed ({self.bucket.files.failure}) before "
+                                   f"applying changelog records {kv.applied_offset}..{hw}, which are committed: "
+                                   f"it serves reads again once reopened", dir=self.bucket.spec.dir)
 
     def key_of_value(self, value: bytes) -> bytes:
         """The key a stored value is kept under: the value holds the whole row, primary key included

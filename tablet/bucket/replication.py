@@ -24,6 +24,7 @@ and checkpointed on every change.
 
 from __future__ import annotations
 
+
 import threading
 from typing import Any, Callable
 
@@ -96,19 +97,39 @@ class BucketReplication:
                     return end
                 if min(hw, end) <= max(self._hw, applied):
                     return max(self._hw, applied)
-        with self.bucket.files.use() as (changelog, kv), self.bucket.write_lock:
-            if not self.bucket.spec.replicated:
-                return changelog.end_offset
-            target = max(self._hw, kv.applied_offset, min(hw, changelog.end_offset))
-            self._hw = self.bucket.files.replay_limit = target  # a reopen replays up to it
-            try:
-                self._apply_up_to(changelog, kv, target)
-            except BaseException as exc:
-                self._fail(exc)
-                raise BucketStoreError(f"bucket {self.bucket.spec.dir}: applying the changelog up to the high watermark "
-                                       f"{target} failed ({exc!r}); the bucket is reopened to replay it",
-                                       dir=self.bucket.spec.dir) from exc
-            return target
+        opened = False
+        try:
+            with self.bucket.files.use() as (changelog, kv), self.bucket.write_lock:
+                opened = True
+                return self._advance(changelog, kv, hw)
+        except BucketStoreError:
+            if not opened:  # the files cannot open now: a reopen replays up to the HW all the same
+                self._remember(hw)
+            raise
+
+    def _advance(self, changelog: Changelog, kv: KvStore, hw: int) -> int:
+        if not self.bucket.spec.replicated:
+            return changelog.end_offset
+        target = max(self._hw, kv.applied_offset, min(hw, changelog.end_offset))
+        self._hw = self.bucket.files.replay_limit = target  # a reopen replays up to it
+        try:
+            self._apply_up_to(changelog, kv, target)
+        except BaseException as exc:
+            self._fail(exc)
+            raise BucketStoreError(f"bucket {self.bucket.spec.dir}: applying the changelog up to the high watermark "
+                                   f"{target} failed ({exc!r}); the bucket is reopened to replay it",
+                                   dir=self.bucket.spec.dir) from exc
+        return target
+
+    def _remember(self, hw: int) -> None:
+        """The files cannot open (a full disk, say) while the high watermark moves to ``hw``: the entries it
+        commits were acknowledged, so the reopen replays up to it (the callers' ``hw`` is at most the log end
+        they know: every entry below it is published and durable). Without it a reopen stopped at the old
+        high watermark, and with no later move RocksDB never got the last acknowledged writes."""
+        if self.bucket.spec.replicated:
+            with self.bucket.write_lock:
+                self._hw = max(self._hw, hw)
+                self.bucket.files.replay_limit = max(self.bucket.files.replay_limit or 0, self._hw)
 
     def _apply_up_to(self, changelog: Changelog, kv: KvStore, target: int) -> None:
         buffer = self.bucket.buffer

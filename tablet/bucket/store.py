@@ -293,7 +293,7 @@ class BucketStore:
     def prefix_lookup(self, prefixes: pa.RecordBatch, start_after: bytes = b"", max_bytes: int = 0) -> PrefixRows:
         """Every row whose key starts with one of ``prefixes`` (bucket-key columns): see
         :func:`kvlease.tablet.bucket.prefix_reads.prefix_rows`."""
-        return prefix_rows(self._shared, prefixes, start_after, max_bytes)
+        return prefix_rows(self._shared, prefixes, start_after, max_bytes, self.reads.check_current)
 
     @documented_by(BucketReads.fetch_log)
     def fetch_log(self, from_offset: int, max_bytes: int, committed: bool = True,

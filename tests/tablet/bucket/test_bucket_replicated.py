@@ -9,12 +9,14 @@ import shutil
 import tempfile
 import threading
 from typing import Iterator
+from unittest import mock
 
 import pytest
 
 from kvlease.common.errors import FencedLeaderEpochError, InvalidRequestError, NotLeaderError
 from kvlease.common.logentry import CorruptLogError
-from kvlease.tablet.bucket.store import BucketStore
+from kvlease.tablet.bucket.files import Backoff
+from kvlease.tablet.bucket.store import BucketStore, BucketStoreError
 from kvlease.tablet.log import epoch_file
 from kvlease.tablet.log.epochs import EpochCache, EpochEnd, Truncation
 from tests.tablet.bucket.test_bucket import (TABLE, D, I, UA, UB, bucket_dir, changes, fold, keys, kv_rows,  # noqa: F401
@@ -392,5 +394,50 @@ def test_random_writes_advances_truncations_and_reopens_match_a_model(bucket_dir
         store.advance_high_watermark(model.end)
         assert {k: v[1] for k, v in state(store).items()} == model.fold(model.end)
         assert kv_rows(store) == fold(log_records(store))
+    finally:
+        store.close()
+
+
+def test_a_high_watermark_that_moves_while_the_files_cannot_open_is_replayed_by_the_reopen(bucket_dir):
+    """The leader's HW moves (the writes are acknowledged) while its files cannot open (a full disk): the reopen
+    replays up to that HW, though nothing moves it again (the last writes of a load)."""
+    clock = [1000.0]
+    store = BucketStore.open(bucket_dir, TABLE, segment_bytes=1 << 20, fsync=False, replicated=True,
+                             backoff=Backoff(1.0, 8.0), monotonic=lambda: clock[0])
+    try:
+        store.write(rows((1, "a", 1.0)))
+        store.write(rows((2, "b", 2.0)))
+        assert store.advance_high_watermark(1) == 1
+        store.files.fail(OSError(28, "No space left on device"))
+        clock[0] += 2  # past the backoff: the next use reopens, and that open fails
+        with mock.patch("kvlease.tablet.bucket.files.KvStore", side_effect=BucketStoreError("disk full")):
+            with pytest.raises(BucketStoreError):
+                store.advance_high_watermark(2)  # the follower has entry 2: acknowledged
+        clock[0] += 10
+        assert store.lookup(keys(1, 2))[0].tolist() == [True, True]  # reopened, replayed up to 2
+        assert store.applied_offset == store.high_watermark == 2
+    finally:
+        store.close()
+
+
+def test_failed_files_behind_the_high_watermark_refuse_reads_until_reopened(bucket_dir):
+    """Failed files still serve reads, but not while RocksDB lacks entries the high watermark committed (their
+    apply failed): a lookup and a snapshot (scans; prefix reads check the same) refuse instead of going back."""
+    clock = [1000.0]
+    store = BucketStore.open(bucket_dir, TABLE, segment_bytes=1 << 20, fsync=False, replicated=True,
+                             backoff=Backoff(1.0, 8.0), monotonic=lambda: clock[0])
+    try:
+        store.write(rows((1, "a", 1.0)))
+        store.write(rows((2, "b", 2.0)))
+        assert store.advance_high_watermark(1) == 1
+        with mock.patch("kvlease.tablet.store.kvstore.KvStore.commit", side_effect=OSError(28, "No space left")):
+            with pytest.raises(BucketStoreError, match="applying the changelog up to the high watermark 2"):
+                store.advance_high_watermark(2)
+        with pytest.raises(BucketStoreError, match=r"before applying changelog records 1\.\.2"):
+            store.lookup(keys(1))
+        with pytest.raises(BucketStoreError, match="committed"):
+            store.snapshot()
+        clock[0] += 2  # past the backoff: reopened, replayed up to the high watermark
+        assert store.lookup(keys(1, 2))[0].tolist() == [True, True]
     finally:
         store.close()
