@@ -31,6 +31,16 @@ from kvlease.leases.store import LeaseStore
 from kvlease.ops.local_cluster import ServerProcess, free_ports
 from kvlease.ops.wait import wait_until
 
+def _all_stopped(pid: int) -> bool:
+    """Whether every thread of ``pid`` is in the stopped state (``T`` in ``/proc/PID/task/TID/stat``)."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+        states = [Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()[0] for tid in tasks]
+    except (OSError, IndexError):
+        return False
+    return bool(states) and all(state in ("T", "t") for state in states)
+
+
 class CoordinatorProc(ServerProcess):
     """One coordinator process (:class:`kvlease.ops.local_cluster.ServerProcess`), which a test can also pause."""
 
@@ -40,7 +50,11 @@ class CoordinatorProc(ServerProcess):
         self.address = f"127.0.0.1:{values[cfg.COORDINATOR_PORT.name]}"
 
     def pause(self) -> None:
+        """SIGSTOP, and wait until every thread of the process is stopped: ``kill`` returns once the signal is
+        queued, and a request a test sends right after could be handled by a thread not yet stopped (a zombie
+        write that was no zombie's)."""
         os.kill(self.pid, signal.SIGSTOP)
+        wait_until(lambda: _all_stopped(self.pid), 10, f"{self.name} (pid {self.pid}) stopped", interval_s=0.005)
 
     def resume(self) -> None:
         if self.alive():

@@ -124,10 +124,8 @@ def clients(sc):
 
 @pytest.fixture
 def stubs(sc):
-    """``stubs(user=None, password=None) -> TabletServiceStub`` over TLS to the tablet server, with credentials:
-    one channel per user, so a test's call goes over the connection ``make_user`` saw answered (a new channel's
-    TLS handshake may be cut short on a loaded machine, which a client library's retry covers and a raw stub
-    does not)."""
+    """``stubs(user=None, password=None) -> TabletServiceStub`` over TLS, with credentials: one channel per user,
+    the one ``make_user`` saw answered (a new channel's handshake may be cut short under load: UNAVAILABLE)."""
     made: dict[tuple, Channels] = {}
 
     def make(user=None, password=None):
