@@ -1,11 +1,9 @@
 """Per-RPC authorization on the tablet server, on a real SecureCluster (ZooKeeper, gRPC over TLS).
 
-WRITE on the table for PutKv (put and delete) and TriggerSnapshot; READ for
-Lookup, FetchLog, ListOffsets, ScanKv and ScanKvStream. A denied call is
-AUTHORIZATION_FAILED naming the operation and the table, and changes nothing
-(checked through the super user). A scanner belongs to the principal that
-opened it; a revoked READ stops its continuation. UpdateLeadership is the
-cluster's own.
+WRITE on the table for PutKv (put and delete) and TriggerSnapshot; READ for Lookup, PrefixLookup, FetchLog,
+ListOffsets, ScanKv and ScanKvStream. A denied call is AUTHORIZATION_FAILED naming the operation and the table,
+and changes nothing (checked through the super user). A scanner belongs to the principal that opened it; a
+revoked READ stops its continuation. UpdateLeadership is the cluster's own.
 
 One SecureCluster for the module; each test has its own tables and users. Clients of a user are
 TableClients (its real path) and, for one exact call, raw tablet stubs over TLS with its credentials.
@@ -124,8 +122,8 @@ def clients(sc):
 
 @pytest.fixture
 def stubs(sc):
-    """``stubs(user=None, password=None) -> TabletServiceStub`` over TLS, with credentials: one channel per user,
-    the one ``make_user`` saw answered (a new channel's handshake may be cut short under load: UNAVAILABLE)."""
+    """TLS stubs with credentials, one channel per user: the one ``make_user`` saw answered (a new one's handshake
+    may be cut short under load)."""
     made: dict[tuple, Channels] = {}
 
     def make(user=None, password=None):
