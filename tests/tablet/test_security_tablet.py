@@ -179,6 +179,7 @@ def _requests(table_id: int, codec_batches):
         "delete": ("PutKv", pb.PutKvRequest(table_id=table_id, bucket=0, deletes=keys), "WRITE"),
         "trigger snapshot": ("TriggerSnapshot", pb.TriggerSnapshotRequest(table_id=table_id, wait=True), "WRITE"),
         "lookup": ("Lookup", pb.LookupRequest(table_id=table_id, bucket=0, keys=keys), "READ"),
+        "prefix lookup": ("PrefixLookup", pb.PrefixLookupRequest(table_id=table_id, bucket=0, prefixes=keys), "READ"),
         "fetch log": ("FetchLog", pb.FetchLogRequest(table_id=table_id, bucket=0, from_offset=0, max_bytes=1 << 20),
                       "READ"),
         "list offsets": ("ListOffsets", pb.ListOffsetsRequest(table_id=table_id, buckets=[0, 1]), "READ"),
