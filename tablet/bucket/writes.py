@@ -109,13 +109,7 @@ class BucketWrites:
             if del_list:
                 keys = pa.concat_arrays([keys, del_keys]) if key_list else del_keys
                 key_list = key_list + del_list
-        with self.bucket.files.use() as (changelog, kv):
-            if not key_list:
-                with self.bucket.write_lock:
-                    self.bucket.files.check_writable()
-                    end = changelog.end_offset
-                    return end, end
-            return self._write(changelog, kv, keys, up_values, key_list, writer, only_if)
+        return self._write_keys(keys, up_values, key_list, writer, only_if)
 
     def _write_merged(self, upserts: pa.RecordBatch | None, deletes: pa.RecordBatch | None,
                       retracts: pa.RecordBatch | None, partial: bool, writer: tuple[int, int] | None) -> tuple[int, int]:
@@ -124,13 +118,18 @@ class BucketWrites:
         merge, keys, key_list = merge_writes.prepare(codec, upserts, retracts, deletes, partial,
                                                      max_row_bytes=self.bucket.spec.max_row_bytes, now_ms=self._now_ms())
         write_checks.check_bucket(codec, bucket, key_list, "write")
+        return self._write_keys(keys, _EMPTY, key_list, writer, merge)
+
+    def _write_keys(self, keys: pa.Array, up_values: pa.Array, key_list: list[bytes], writer: tuple[int, int] | None,
+                    fold: Fold | None) -> tuple[int, int]:
+        """The checked write of ``keys`` (upserts' values first): nothing to write answers the log end."""
         with self.bucket.files.use() as (changelog, kv):
             if not key_list:
                 with self.bucket.write_lock:
                     self.bucket.files.check_writable()
                     end = changelog.end_offset
                     return end, end
-            return self._write(changelog, kv, keys, _EMPTY, key_list, writer, merge)
+            return self._write(changelog, kv, keys, up_values, key_list, writer, fold)
 
     def _now_ms(self) -> int:
         return (self.bucket.files.settings.clock_ms or (lambda: int(time.time() * 1000)))()

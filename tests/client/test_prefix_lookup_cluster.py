@@ -21,6 +21,7 @@ from kvlease.common.proto import tablet_pb2 as pb
 from kvlease.common.tables import Column
 from kvlease.ops.wait import wait_until
 from tests.support.local_cluster import LocalCluster
+from tests.support.spark_tables import kv  # noqa: F401 (fixture: 2 tablet servers)
 
 pytestmark = pytest.mark.zk
 
@@ -29,12 +30,8 @@ USERS = ["", "a", "ab", "abc", "a\x00", "a\x00b", "b", "\xff", "zz"]
 
 
 @pytest.fixture
-def cluster(make_config, tmp_path):
-    c = LocalCluster(make_config, tmp_path, 2)
-    try:
-        yield c
-    finally:
-        c.close()
+def cluster(kv) -> LocalCluster:
+    return kv
 
 
 def make_table(cluster: LocalCluster, path: str = "db.events", buckets: int = 4, **options):

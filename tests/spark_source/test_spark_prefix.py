@@ -14,19 +14,11 @@ from kvlease.spark_source import batch
 from kvlease.spark_source.reader import read_split
 from kvlease.spark_source.source import KvLeaseDataSource
 from kvlease.spark_source.splits import HybridSplit, LogSplit, PrefixSplit
-from tests.support.local_cluster import LocalCluster
+from tests.support.spark_tables import kv  # noqa: F401 (fixture: 2 tablet servers)
 
 COLUMNS = [Column("user", "STRING"), Column("seq", "BIGINT"), Column("v", "STRING")]
 USERS = ("a", "ab", "b", "c", "d", "e")
 
-
-@pytest.fixture
-def kv(make_config, tmp_path):
-    cluster = LocalCluster(make_config, tmp_path, 2)
-    try:
-        yield cluster
-    finally:
-        cluster.close()
 
 
 def events(kv) -> dict:

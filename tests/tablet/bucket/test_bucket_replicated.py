@@ -398,16 +398,22 @@ def test_random_writes_advances_truncations_and_reopens_match_a_model(bucket_dir
         store.close()
 
 
+def _two_entries_one_committed(bucket_dir: str, clock: list[float]) -> BucketStore:
+    """A replicated store on ``clock`` (a reopen backoff of 1 s) with entries 0 and 1, the high watermark at 1."""
+    store = BucketStore.open(bucket_dir, TABLE, segment_bytes=1 << 20, fsync=False, replicated=True,
+                             backoff=Backoff(1.0, 8.0), monotonic=lambda: clock[0])
+    store.write(rows((1, "a", 1.0)))
+    store.write(rows((2, "b", 2.0)))
+    assert store.advance_high_watermark(1) == 1
+    return store
+
+
 def test_a_high_watermark_that_moves_while_the_files_cannot_open_is_replayed_by_the_reopen(bucket_dir):
     """The leader's HW moves (the writes are acknowledged) while its files cannot open (a full disk): the reopen
     replays up to that HW, though nothing moves it again (the last writes of a load)."""
     clock = [1000.0]
-    store = BucketStore.open(bucket_dir, TABLE, segment_bytes=1 << 20, fsync=False, replicated=True,
-                             backoff=Backoff(1.0, 8.0), monotonic=lambda: clock[0])
+    store = _two_entries_one_committed(bucket_dir, clock)
     try:
-        store.write(rows((1, "a", 1.0)))
-        store.write(rows((2, "b", 2.0)))
-        assert store.advance_high_watermark(1) == 1
         store.files.fail(OSError(28, "No space left on device"))
         clock[0] += 2  # past the backoff: the next use reopens, and that open fails
         with mock.patch("kvlease.tablet.bucket.files.KvStore", side_effect=BucketStoreError("disk full")):
@@ -424,12 +430,8 @@ def test_failed_files_behind_the_high_watermark_refuse_reads_until_reopened(buck
     """Failed files still serve reads, but not while RocksDB lacks entries the high watermark committed (their
     apply failed): a lookup and a snapshot (scans; prefix reads check the same) refuse instead of going back."""
     clock = [1000.0]
-    store = BucketStore.open(bucket_dir, TABLE, segment_bytes=1 << 20, fsync=False, replicated=True,
-                             backoff=Backoff(1.0, 8.0), monotonic=lambda: clock[0])
+    store = _two_entries_one_committed(bucket_dir, clock)
     try:
-        store.write(rows((1, "a", 1.0)))
-        store.write(rows((2, "b", 2.0)))
-        assert store.advance_high_watermark(1) == 1
         with mock.patch("kvlease.tablet.store.kvstore.KvStore.commit", side_effect=OSError(28, "No space left")):
             with pytest.raises(BucketStoreError, match="applying the changelog up to the high watermark 2"):
                 store.advance_high_watermark(2)
