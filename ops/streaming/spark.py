@@ -47,7 +47,8 @@ def local_session(work_dir: str | os.PathLike[str], *, cores: int | str = "*", a
              .config("spark.local.dir", str(work_dir / "local"))
              .config("spark.sql.warehouse.dir", str(work_dir / "warehouse"))
              .config("spark.sql.session.timeZone", "UTC")
-             .config("spark.driver.extraJavaOptions", f"-Djava.io.tmpdir={work_dir}")
+             # no /tmp/hsperfdata_* file left behind by a JVM that does not exit by itself
+             .config("spark.driver.extraJavaOptions", f"-Djava.io.tmpdir={work_dir} -XX:-UsePerfData")
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
