@@ -47,7 +47,7 @@ def without_spark_settings(scratch) -> dict[str, str]:
     dirs and the JVM's temp dir, /tmp by default, which a JVM ended by its Python leaves behind) in
     ``scratch``, which the test's tmp_path removes."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")}
-    return {**env, "SPARK_LOCAL_DIRS": str(scratch), "JDK_JAVA_OPTIONS": f"-Djava.io.tmpdir={scratch}",
+    return {**env, "SPARK_LOCAL_DIRS": str(scratch), "JDK_JAVA_OPTIONS": f"-Djava.io.tmpdir={scratch} -XX:-UsePerfData",
             "TMPDIR": str(scratch)}
 
 
