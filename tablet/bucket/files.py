@@ -70,6 +70,11 @@ class FileSettings:
     key_width: int | None = None
     clock_ms: Callable[[], int] | None = None
 
+    def now_ms(self) -> int:
+        """The bucket's wall clock, ms since the epoch: ``clock_ms`` (a test's), else the system's. Append times,
+        writer expiry and row TTL (the write-time stamp, what lookups and writes take as expired) read it."""
+        return self.clock_ms() if self.clock_ms is not None else int(time.time() * 1000)
+
 
 class BucketFiles:
     """The changelog and RocksDB of the bucket in ``dir``; see the module docstring. Thread-safe."""

@@ -10,7 +10,6 @@ An answer carries about ``max_bytes`` of rows; a prefix cut short is resumed aft
 
 from __future__ import annotations
 
-import time
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -77,8 +76,7 @@ def prefix_rows(bucket: BucketShared, prefixes: pa.RecordBatch, start_after: byt
 
 def _live(bucket: BucketShared, rows: pa.RecordBatch, counts: list[int]) -> tuple[pa.RecordBatch, list[int]]:
     """``rows`` without those the table's row TTL expired, and each prefix's count of the rest."""
-    now_ms = (bucket.files.settings.clock_ms or (lambda: int(time.time() * 1000)))()
-    expired = expired_mask(bucket.spec.codec.table.row_ttl, rows, now_ms)
+    expired = expired_mask(bucket.spec.codec.table.row_ttl, rows, bucket.files.settings.now_ms())
     if not expired.any():
         return rows, counts
     starts = np.cumsum([0, *counts])

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
@@ -97,11 +96,8 @@ class BucketReads:
         found = values.is_valid().to_numpy(zero_copy_only=False)
         rows = codec.decode_values(pc.drop_null(values) if values.null_count else values)
         if codec.table.row_ttl is not None:  # an expired row not deleted yet is not found (common/row_ttl.py)
-            found, rows = live_lookup(codec.table.row_ttl, found, rows, self._now_ms())
+            found, rows = live_lookup(codec.table.row_ttl, found, rows, self.bucket.files.settings.now_ms())
         return found, rows
-
-    def _now_ms(self) -> int:
-        return (self.bucket.files.settings.clock_ms or (lambda: int(time.time() * 1000)))()
 
     def fetch_log(self, from_offset: int, max_bytes: int, committed: bool = True,
                   last_fetched_epoch: int | None = None) -> tuple[list[bytes], int]:

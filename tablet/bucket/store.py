@@ -73,10 +73,6 @@ from kvlease.tablet.store.prewrite_buffer import PrewriteBuffer
 __all__ = ["APPLIED_KEY", "META_CF", "BucketStore", "BucketStoreError", "KvSnapshot", "checkpoint_log_offset"]
 
 
-def _wall_ms() -> int:
-    return int(time.time() * 1000)
-
-
 class BucketStore:
     """The KV store and changelog of one bucket in ``dir``; see the module docstring.
 
@@ -113,7 +109,7 @@ class BucketStore:
         #: The leader epoch its writes are stamped with and whether it follows (:attr:`leader_epoch`).
         self.role = WriteRole()
         #: Idempotent writers' batches in the changelog (``writer.id.expiration``: from_config sets it).
-        self.writers = WriterSequences(DEFAULT_WRITER_EXPIRATION_MS, files.settings.clock_ms or _wall_ms)
+        self.writers = WriterSequences(DEFAULT_WRITER_EXPIRATION_MS, files.settings.now_ms)
         #: Replicated: the published entries above the applied offset, as this leader wrote them.
         self.buffer = PrewriteBuffer()
         #: The leader-epoch cache and its checkpoint, loaded when the files open.

@@ -13,7 +13,6 @@ leader epoch stamped on them, whether the replica follows) is a
 from __future__ import annotations
 
 import threading
-import time
 
 import pyarrow as pa
 
@@ -94,7 +93,7 @@ class BucketWrites:
         codec, bucket = self.bucket.spec.codec, self.bucket.spec.bucket
         keys, up_values, key_list = _EMPTY, _EMPTY, []
         if upserts is not None and codec.table.row_ttl is not None:
-            upserts = stamp_write_time(codec.table.row_ttl, codec.schema, upserts, self._now_ms())
+            upserts = stamp_write_time(codec.table.row_ttl, codec.schema, upserts, self.bucket.files.settings.now_ms())
         if only_if is None and (codec.table.merge_engine is not None or partial or retracts is not None):
             return self._write_merged(upserts, deletes, retracts, partial, writer)
         if upserts is not None:
@@ -116,7 +115,7 @@ class BucketWrites:
         """:meth:`write` through the table's merge engine or as a partial update (see its docstring)."""
         codec, bucket = self.bucket.spec.codec, self.bucket.spec.bucket
         merge, keys, key_list = merge_writes.prepare(codec, upserts, retracts, deletes, partial,
-                                                     max_row_bytes=self.bucket.spec.max_row_bytes, now_ms=self._now_ms())
+                                                     max_row_bytes=self.bucket.spec.max_row_bytes, now_ms=self.bucket.files.settings.now_ms())
         write_checks.check_bucket(codec, bucket, key_list, "write")
         return self._write_keys(keys, _EMPTY, key_list, writer, merge)
 
@@ -130,9 +129,6 @@ class BucketWrites:
                     end = changelog.end_offset
                     return end, end
             return self._write(changelog, kv, keys, up_values, key_list, writer, fold)
-
-    def _now_ms(self) -> int:
-        return (self.bucket.files.settings.clock_ms or (lambda: int(time.time() * 1000)))()
 
     def _write(self, changelog: Changelog, kv: KvStore, keys: pa.Array, up_values: pa.Array,
                key_list: list[bytes], writer: tuple[int, int] | None, fold: Fold | None = None) -> tuple[int, int]:
