@@ -45,7 +45,7 @@ def ttl_filter(codec: RowCodec, clock_ms: Callable[[], int] | None = None
         offsets = np.frombuffer(live.buffers()[1], np.int32)[live.offset:live.offset + len(live) + 1]
         data = live.buffers()[2]
         start, end = int(offsets[0]), int(offsets[-1])
-        chunk = data.to_pybytes()[start:end] if data is not None else b""
+        chunk = data.slice(start, end - start).to_pybytes() if data is not None else b""  # the live bytes only
         more = batch.has_more or (max_rows is not None and batch.count >= max_rows)
         return Batch([chunk] if chunk else [], (offsets - start).astype(np.int32), batch.last_key, more)
 
