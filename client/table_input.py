@@ -30,13 +30,13 @@ Part = tuple[int, pa.RecordBatch, np.ndarray]
 def rows_by_bucket(codec: RowCodec, rows: Sequence[dict] | pa.RecordBatch | pa.Table) -> list[Part]:
     """Rows checked, converted and split by bucket (:func:`row_batch`, then :func:`split` of its keys, which
     are not checked twice): what an upsert sends."""
-    return _by_bucket(codec, row_batch(codec, rows))
+    return split_checked(codec, row_batch(codec, rows))
 
 
 def keys_by_bucket(codec: RowCodec, keys: Sequence[Any] | pa.RecordBatch | pa.Table) -> list[Part]:
     """Keys checked, converted and split by bucket (:func:`key_batch`, then :func:`split`): what a delete or a
     lookup sends."""
-    return _by_bucket(codec, key_batch(codec, keys))
+    return split_checked(codec, key_batch(codec, keys))
 
 
 def row_batch(codec: RowCodec, rows: Sequence[dict] | pa.RecordBatch | pa.Table) -> pa.RecordBatch:
@@ -102,11 +102,6 @@ def split(codec: RowCodec, batch: pa.RecordBatch) -> list[Part]:
 
 
 def split_checked(codec: RowCodec, checked: pa.RecordBatch) -> list[Part]:
-    """:func:`split` of a batch the codec made or checked (its keys are not checked again)."""
-    return _by_bucket(codec, checked)
-
-
-def _by_bucket(codec: RowCodec, checked: pa.RecordBatch) -> list[Part]:
     """:func:`split` of a batch the codec made or checked: its keys are encoded without a second check."""
     return _parts(codec, checked, codec.encode_checked_keys)
 
@@ -155,4 +150,3 @@ def concat(batches: list[pa.RecordBatch], schema: pa.Schema) -> pa.RecordBatch:
     if not batches:
         return pa.RecordBatch.from_pylist([], schema=schema)
     return batches[0] if len(batches) == 1 else pa.concat_batches(batches)
-
