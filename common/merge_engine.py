@@ -93,6 +93,21 @@ class MergeEngine:
                    DeleteBehavior(data.get("delete_behavior", "allow")))
 
 
+def parse_aggregates(items) -> dict[str, str]:
+    """``COL=FUNCTION`` items (the CLI's ``--agg`` options, the Spark option ``agg`` split at commas) as
+    ``{column: function}``; InvalidTableError for an item without a column or a function, or a column named
+    twice. The functions are checked by :func:`parse_engine`, the columns by :func:`check_engine`."""
+    aggregates: dict[str, str] = {}
+    for item in items:
+        column, sep, function = (part.strip() for part in item.partition("="))
+        if not sep or not column or not function:
+            raise InvalidTableError(f"{show(item)}: expected COL=FUNCTION, e.g. total=sum")
+        if column in aggregates:
+            raise InvalidTableError(f"column {column!r} is named twice")
+        aggregates[column] = function
+    return aggregates
+
+
 def parse_engine(kind: str | None, version_column: str | None = None, aggregates: dict[str, str] | None = None,
                  delete_behavior: str | None = None) -> MergeEngine | None:
     """The engine a user's options name (None: last write wins); InvalidTableError for an unknown name or an

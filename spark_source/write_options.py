@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from kvlease.common import errors
-from kvlease.common.merge_engine import normalized, parse_engine
+from kvlease.common.merge_engine import normalized, parse_aggregates, parse_engine
 from kvlease.common.tables import TableInfo
 from kvlease.spark_source.options import ENGINE_OPTIONS, OptionError
 
@@ -40,13 +40,11 @@ def check_engine(given: Mapping[str, str], table: TableInfo) -> None:
 
 
 def _aggregates(text: str) -> dict[str, str]:
-    out = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        column, sep, function = item.partition("=")
-        if not sep:
-            raise OptionError(f"option 'agg': {errors.show(item)} is not COL=FUNCTION (e.g. 'total=sum,n=max')")
-        out[column.strip()] = function.strip()
-    return out
+    """Option ``agg`` (``'total=sum,n=max'``) as ``{column: function}``."""
+    try:
+        return parse_aggregates(filter(None, (part.strip() for part in text.split(","))))
+    except errors.InvalidTableError as exc:
+        raise OptionError(f"option 'agg': {exc.message}") from None
 
 
 def partial_update(given: Mapping[str, str]) -> bool:

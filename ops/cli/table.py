@@ -18,7 +18,7 @@ from kvlease.common.auto_partition import (DEFAULT_PRECREATE, DEFAULT_RETENTION,
 from kvlease.common.tables import (DEFAULT_MAX_PARTITIONS, MAX_BUCKETS, MAX_PARTITIONS, TableInfo, TableSpec,
                                    parse_schema, parse_table_path, validate_spec)
 from kvlease.common.row_ttl import CHANGELOG_MODES, row_ttl
-from kvlease.common.merge_engine import parse_engine
+from kvlease.common.merge_engine import parse_aggregates, parse_engine
 from kvlease.common.schema_changes import parse_definition
 import kvlease.ops.cli.output as out
 from kvlease.ops.cli.app import State, catch_errors, common_options, kvlease, pass_state
@@ -118,6 +118,13 @@ def table_create(state: State, path: str, schema: str, primary_key: str, buckets
         click.echo(f"warning: {_no_leader_warning(state, info.path, no_leader)}", err=True)
 
 
+def _agg_options(given: tuple[str, ...]) -> dict[str, str]:
+    """``--agg COL=FUNCTION`` options as ``{column: function}``; a usage error naming the option."""
+    try:
+        return parse_aggregates(given)
+    except errors.InvalidTableError as exc:
+        raise click.BadParameter(exc.message, param_hint="'--agg'") from None
+
 def _spec(path: str, columns, keys: list[str], buckets: int, ttl: str | None, ttl_column: str | None,
           ttl_changelog: str | None, bucket_key: str | None, merge_engine: str | None, version_column: str | None,
           aggregates: tuple[str, ...], delete_behavior: str | None, **partitioning) -> TableSpec:
@@ -128,25 +135,12 @@ def _spec(path: str, columns, keys: list[str], buckets: int, ttl: str | None, tt
         raise click.UsageError("--ttl-column and --ttl-changelog need --ttl DURATION")
     try:
         expiry = None if ttl is None else row_ttl(ttl, ttl_column, ttl_changelog)
-        engine = parse_engine(merge_engine, version_column, _aggregates(aggregates), delete_behavior)
+        engine = parse_engine(merge_engine, version_column, _agg_options(aggregates), delete_behavior)
         return validate_spec(TableSpec(db, name, columns, tuple(keys), buckets, **_partitioning(**partitioning),
                                        row_ttl=expiry, merge_engine=engine,
                                        bucket_key=tuple(k.strip() for k in (bucket_key or "").split(",") if k.strip())))
     except errors.InvalidTableError as exc:
         raise click.UsageError(exc.message) from None
-
-
-def _aggregates(given: tuple[str, ...]) -> dict[str, str]:
-    """``--agg COL=FUNCTION`` options as ``{column: function}``; a usage error for one without ``=``."""
-    out_ = {}
-    for item in given:
-        column, sep, function = item.partition("=")
-        if not sep or not column.strip() or not function.strip():
-            raise click.BadParameter(f"{errors.show(item)}: expected COL=FUNCTION, e.g. total=sum", param_hint="'--agg'")
-        if column.strip() in out_:
-            raise click.BadParameter(f"column {column.strip()!r} is named twice", param_hint="'--agg'")
-        out_[column.strip()] = function.strip()
-    return out_
 
 
 def _partitioning(partition_by: str | None, unit: str | None, precreate: int | None, retention: int | None,

@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 from kvlease.common.codec import RowCodec
 from kvlease.common.errors import InvalidRequestError, InvalidRowError, InvalidTableError
 from kvlease.common.logentry import ChangeType
-from kvlease.common.merge_engine import parse_engine
+from kvlease.common.merge_engine import parse_aggregates, parse_engine
 from kvlease.common.tables import TableInfo, TableSpec, parse_schema, validate_spec
 from kvlease.tablet.bucket import merge_writes
 
@@ -274,3 +274,18 @@ def test_first_row_and_versioned_fold_as_the_reference(batches):
             first.write(rows)
             versioned.write(rows)
         assert first.table() == expected_first and versioned.table() == expected_versioned
+
+
+@pytest.mark.unit
+def test_agg_options_of_the_cli_and_of_spark_are_read_by_one_parser():
+    from kvlease.spark_source.options import OptionError
+    from kvlease.spark_source.write_options import _aggregates
+
+    assert parse_aggregates([" total = sum", "n=max"]) == {"total": "sum", "n": "max"}
+    for items, words in ((["total"], "expected COL=FUNCTION"), (["=sum"], "expected COL=FUNCTION"),
+                         (["a=sum", "a=max"], "column 'a' is named twice")):
+        with pytest.raises(InvalidTableError, match=words):
+            parse_aggregates(items)
+    assert _aggregates("total=sum, n=max,") == {"total": "sum", "n": "max"}
+    with pytest.raises(OptionError, match="option 'agg': column 'a' is named twice"):
+        _aggregates("a=sum,a=max")
