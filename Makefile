@@ -9,6 +9,7 @@
 #   make test-spark  the Spark source on real Spark, local[2] (-m spark)
 #   make test PYTEST_ARGS="-x -k lease"
 #   make test TEST_WORKERS=0   one process, no pytest-xdist workers
+#   make bench       every benchmark; rewrites README's performance table
 #
 # Tests run in TEST_WORKERS pytest-xdist processes (default 3: on 2 cores most
 # tests wait on servers); a module's tests stay on one worker, the Spark tests
@@ -29,7 +30,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 3
 PYTEST_RC := .pytest_cache/kvlease-exit-code
 
-.PHONY: test test-unit test-zk test-slow test-spark demo deps system-deps proto clean
+.PHONY: test test-unit test-zk test-slow test-spark demo bench deps system-deps proto clean
 
 system-deps:
 	@bash ops/install_system_deps.sh
@@ -71,6 +72,13 @@ test-spark: deps
 
 demo: deps
 	$(VENV)/bin/kvlease demo
+
+# every benchmark, one run (~20 min on 2 cores: keep the machine otherwise idle); the
+# README's performance table and docs/bench-all.png are regenerated from its JSON
+bench: deps
+	$(VENV)/bin/kvlease bench all --json --plot docs/bench-all.png > docs/bench-all.json.new
+	mv docs/bench-all.json.new docs/bench-all.json
+	$(PY) -m kvlease.ops.bench.readme_table
 
 proto: $(VENV)/.installed
 	$(PY) -m kvlease.ops.proto

@@ -263,7 +263,7 @@ class Row:
         return cls(**{f.name: doc[f.name] for f in fields(cls)})
 
 
-def _number(value: float | None, unit: str) -> str:
+def figure_text(value: float | None, unit: str) -> str:
     if value is None:
         return "-"
     text = f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
@@ -280,9 +280,9 @@ def table_lines(doc: dict[str, Any]) -> list[str]:
             failures.append(f"{name}: error: {entry['error']}")
             continue
         for row in map(Row.from_doc, entry["rows"]):
-            lines.append((name, row.metric, _number(row.measured, row.unit), _number(row.anchor, row.unit),
-                          _number(row.value, row.value_unit),
-                          f"{'<=' if row.at_most else '>='} {_number(row.target, row.value_unit)}",
+            lines.append((name, row.metric, figure_text(row.measured, row.unit), figure_text(row.anchor, row.unit),
+                          figure_text(row.value, row.value_unit),
+                          f"{'<=' if row.at_most else '>='} {figure_text(row.target, row.value_unit)}",
                           "yes" if row.met else "NO"))
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     return ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in lines] + failures
