@@ -55,7 +55,16 @@ def markdown(doc: dict[str, Any]) -> str:
             cells = (name, row.metric, figure_text(row.measured, row.unit), figure_text(row.anchor, row.unit),
                      figure_text(row.value, row.value_unit), target, "yes" if row.met else "**no**")
             lines.append("| " + " | ".join(map(_cell, cells)) + " |")
-    return "\n".join(lines)
+    return "\n".join([*lines, "", _options_line(doc)])
+
+
+def _options_line(doc: dict[str, Any]) -> str:
+    """The options each benchmark ran with (``kvlease bench NAME --help`` says what each means)."""
+    parts = []
+    for name, entry in doc["benchmarks"].items():
+        given = ", ".join(f"{key.replace('_', '-')} {value}" for key, value in sorted(entry.get("options", {}).items()))
+        parts.append(f"{name}: {given or 'defaults'}")
+    return "Options: " + "; ".join(parts) + "."
 
 
 def render(page: str, doc: dict[str, Any]) -> str:
