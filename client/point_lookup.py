@@ -43,11 +43,13 @@ def lookup_batch(client, keys: Sequence[Any] | pa.RecordBatch | pa.Table, packed
     batch = table_input.key_batch(codec, keys)
     if batch.num_rows == 0:
         return table_input.concat([], codec.schema)
-    parts = split_keys(codec, batch, codec.encode_key_array(batch))
+    parts = split_keys(codec, batch, codec.encode_checked_key_array(batch))
     results = client.map_parallel(lambda part: _lookup_bucket(client, part, packed), parts)
     for _result, error in results:
         if error is not None:
             raise error
+    if len(parts) == 1 and results[0][0][0].all():  # every key found, in input order already
+        return results[0][0][1]
     position = np.zeros(batch.num_rows, dtype=np.int64)  # index into the concatenated found rows
     found_mask = np.zeros(batch.num_rows, dtype=bool)
     found_rows, base = [], 0
@@ -83,7 +85,7 @@ def split_keys(codec, batch: pa.RecordBatch, encoded: pa.Array) -> list[KeyPart]
 
 def _chunks(keys: pa.Array) -> list[tuple[int, int]]:
     """``(start, length)`` of slices of ``keys`` of at most about :data:`MAX_REQUEST_BYTES` each."""
-    size = keys.nbytes
+    size = keys.get_total_buffer_size()
     if size <= MAX_REQUEST_BYTES or len(keys) <= 1:
         return [(0, len(keys))]
     step = -(-len(keys) // -(-size // MAX_REQUEST_BYTES))
