@@ -41,7 +41,7 @@ import kvlease.ops.bench.suite as bench_suite
 from kvlease.common.tables import Column
 from kvlease.ops import local_cluster
 from kvlease.ops.bench import point_lookups
-from kvlease.ops.bench.suite import Option, Row, positive_int
+from kvlease.ops.bench.suite import Option, Row, positive_int, wait_idle
 from kvlease.ops.bench.writes import make_batch
 
 TABLE = "bench.lookups"
@@ -111,7 +111,8 @@ def run(*, rows: int, batch_keys: int = 10_000, batches: int = 20, singles: int 
                 raw = point_lookups.RawAnchor(f"{base}/raw", rows)
                 try:
                     for factor in factors:
-                        figures[f"rf{factor}"] = _point_figures(admin, raw, factor, rows=rows, batch_keys=batch_keys,
+                        figures[f"rf{factor}"] = _point_figures(admin, raw, factor, f"{base}/cluster", rows=rows,
+                                                                batch_keys=batch_keys,
                                                                 batches=batches, singles=singles, threads=threads,
                                                                 buckets=buckets, rounds=rounds, rng=rng,
                                                                 progress=progress)
@@ -125,8 +126,8 @@ def run(*, rows: int, batch_keys: int = 10_000, batches: int = 20, singles: int 
     return figures
 
 
-def _point_figures(admin, raw, factor: int, *, rows: int, buckets: int, progress: bench_suite.Progress,
-                   **options: Any) -> dict[str, Any]:
+def _point_figures(admin, raw, factor: int, directory: str, *, rows: int, buckets: int,
+                   progress: bench_suite.Progress, **options: Any) -> dict[str, Any]:
     from kvlease.client.table import TableClient
 
     one, many = f"{POINT_TABLE}_rf{factor}", f"{POINT_TABLE}4_rf{factor}"
@@ -136,6 +137,8 @@ def _point_figures(admin, raw, factor: int, *, rows: int, buckets: int, progress
         progress(f"RF {factor}: loading {rows:,} rows into a table of 1 bucket and one of {buckets}")
         point_lookups.load(client, rows)
         point_lookups.load(client4, rows)
+        for tablet in local_cluster.load(directory)["tablets"]:  # the loads' flushes and compactions done
+            wait_idle(int(tablet["pid"]))
         return point_lookups.measure(client, client4, raw, rows=rows, progress=progress, label=f"RF {factor}",
                                      **options)
 
