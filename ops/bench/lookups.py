@@ -181,7 +181,8 @@ def report(result: dict[str, Any]) -> str:
             continue
         lines += [f"  RF {factor}: raw rocksdict multi-get        {f['raw_multi_get_rows_per_s']:>12,.0f} rows/s",
                   f"  RF {factor}: batch lookups                  {f['batch_rows_per_s']:>12,.0f} rows/s  "
-                  f"({f['batch_rows_per_s'] / f['raw_multi_get_rows_per_s']:.2f} of raw, target >= {TARGET_BATCH_VS_RAW})",
+                  f"({f['batch_rows_per_s'] / f['raw_multi_get_rows_per_s']:.2f} of raw, "
+                  f"target >= {TARGET_BATCH_VS_RAW})",
                   f"  RF {factor}: single-key lookup              p50 {f['single_p50_ms']:.3f} ms, p99 "
                   f"{f['single_p99_ms']:.3f} ms (raw get p50 {f['raw_get_p50_ms'] * 1000:.1f} us)",
                   f"  RF {factor}: single-key lookups, 1 thread   {f['one_thread_per_s']:>12,.0f} /s",

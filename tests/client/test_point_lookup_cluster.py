@@ -19,7 +19,8 @@ from kvlease.common import errors
 from kvlease.common.row_ttl import row_ttl
 from kvlease.common.tables import parse_schema
 from kvlease.ops.wait import wait_until
-from tests.tablet.replication.test_replicated_buckets import bucket_state, crash, server_by_id, three_servers, wait_in_sync
+from tests.tablet.replication.test_replicated_buckets import (bucket_state, crash, server_by_id, three_servers,
+                                                              wait_in_sync)
 
 COLUMNS = parse_schema("id BIGINT, name STRING, v STRING, n INT")
 KEY = ["id", "name"]
