@@ -147,7 +147,7 @@ def measure(client, client4, raw: RawAnchor, *, rows: int, batches: int, batch_k
     ms = single_ms(client, single_ids)
     progress(f"{label}: {singles:,} single-key lookups from 1 thread, then {threads} threads")
     single_ms(client4, single_ids[:20])
-    one = len(single_ids) / (single_ms(client4, single_ids).sum() / 1000)
+    one = float(len(single_ids) / (single_ms(client4, single_ids).sum() / 1000))
     many = concurrent_per_s(client4, single_ids, threads)
     return {"batch_rows_per_s": max(lookups), "raw_multi_get_rows_per_s": max(raws),
             "batch_vs_raw": max(lookups) / max(raws),

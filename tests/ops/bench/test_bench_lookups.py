@@ -3,6 +3,8 @@ and a tiny run of its point-lookup measurements against a raw rocksdict (no clus
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -80,6 +82,7 @@ def test_a_tiny_run_measures_every_figure(tmp_path):
     assert figures["threads_per_s"] > 0 and figures["one_thread_per_s"] > 0
     rows = bench_lookups.target_rows({**FIGURES, "rf1": figures})
     assert [r.unit for r in rows] == ["rows/s", "ms", "ms", "lookups/s"]
+    json.dumps({"figures": figures, "rows": [r.doc() for r in rows]})  # what --json prints
 
 
 def test_a_wrong_answer_fails_the_run(tmp_path):
@@ -96,3 +99,12 @@ def test_a_wrong_answer_fails_the_run(tmp_path):
             point_lookups.batch_rows_per_s(shifted, [keys])
     finally:
         raw.close()
+
+
+def test_figures_of_a_run_before_point_lookups_give_their_prefix_row():
+    old = {"rows": 20000, "per_prefix": 100, "users_per_call": 20, "calls": 50, "buckets": 4, "rounds": 3,
+           "point_rows_per_s": 100_000.0, "round_point_rows_per_s": [100_000.0], "prefix_rows_per_s": 120_000.0,
+           "round_prefix_rows_per_s": [120_000.0], "prefix_vs_point": 1.2, "target_ratio": 1.0}
+    (row,) = bench_lookups.target_rows(old)
+    assert (row.measured, row.anchor, row.met) == (120_000.0, 100_000.0, True)
+    assert "1.20   (target >= 1.0: ok)" in bench_lookups.report(old)
