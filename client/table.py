@@ -48,7 +48,7 @@ from kvlease.common.proto import tablet_pb2 as pb
 from kvlease.common.tables import TableInfo
 from kvlease.common.wire import error_from_pb
 from kvlease.common.logentry import LogEntry, decode_entry
-from kvlease.common.codec import RowCodec, batch_to_ipc, ipc_to_batch
+from kvlease.common.codec import RowCodec
 from kvlease.client.log_offsets import LogOffsets
 from kvlease.client.log_position import LogPosition
 from kvlease.client.log_records import decode_records, entry_records, log_rows, log_schema
@@ -58,7 +58,7 @@ from kvlease.client.routing import REROUTE, BucketRouter, Routing
 from kvlease.client.scanner import KvBatchScanner
 from kvlease.client.snapshot_trigger import COMMITTED, CommittedSnapshot, raise_failed, trigger_snapshots
 from kvlease.client.stream_scanner import KvStreamScanner
-from kvlease.client import prefix_lookup, table_input, table_writes
+from kvlease.client import point_lookup, prefix_lookup, table_input, table_writes
 from kvlease.client.table_writes import MAX_REQUEST_BYTES  # noqa: F401 (re-exported)
 from kvlease.client.table_scan import scan_table
 from kvlease.client.leader_watch import call_watching
@@ -75,12 +75,14 @@ class TableClient(LogOffsets):
                  retry_total_s: float | None = None, request_timeout_s: float | None = None,
                  snapshot_timeout_s: float = 600.0, parallelism: int = 8,
                  sleep: Callable[[float], None] | None = None, partition: str | TableInfo | None = None,
-                 create_partitions: bool = True, read_as: tuple | None = None) -> None:
+                 create_partitions: bool = True, read_as: tuple | None = None, packed_lookups: bool = True) -> None:
         """``admin`` is a :class:`kvlease.client.admin.AdminClient`; ``table`` a ``DB.NAME`` or a table id.
         Of a partitioned table (docs/partitions.md): without ``partition`` the client writes and looks up
         rows of every partition (``create_partitions``: a write to a partition that does not exist creates
         it); with ``partition`` (its name) it reads and writes that partition's buckets, as a table's. Rows
-        of any schema are read as its schema when opened, or as ``read_as`` (docs/schemas.md)."""
+        of any schema are read as its schema when opened, or as ``read_as`` (docs/schemas.md). ``packed_lookups``:
+        lookups send encoded keys and decode the stored values answered (client/point_lookup.py; False: Arrow IPC
+        both ways, the plain form, which a client with ``read_as`` always uses)."""
         config = config or cfg.Config(env={})
         self.admin = admin
         self.retry = RetryPolicy(DEFAULT_RETRY_TOTAL_S if retry_total_s is None else retry_total_s,
@@ -94,7 +96,9 @@ class TableClient(LogOffsets):
         self._pool: ThreadPoolExecutor | None = None
         self._writers = Writers()  # idempotent writes: a writer id and batch numbers per bucket
         self._options = dict(config=config, retry_total_s=retry_total_s, request_timeout_s=request_timeout_s,
-                             snapshot_timeout_s=snapshot_timeout_s, parallelism=parallelism, sleep=sleep)
+                             snapshot_timeout_s=snapshot_timeout_s, parallelism=parallelism, sleep=sleep,
+                             packed_lookups=packed_lookups)
+        self.packed_lookups = packed_lookups and read_as is None
         info = partition if isinstance(partition, TableInfo) else (
             admin.get_table_by_id(table) if isinstance(table, int) else admin.get_table(table))
         self.partitions: PartitionedWrites | None = None  # a partitioned table's, opened without a partition
@@ -297,44 +301,11 @@ class TableClient(LogOffsets):
 
     def lookup_batch(self, keys: Sequence[Any] | pa.RecordBatch | pa.Table) -> pa.RecordBatch:
         """The rows of ``keys``, one per key in input order (table schema); every column is null
-        where the key does not exist (a found row never has a null primary-key column)."""
+        where the key does not exist (a found row never has a null primary-key column)
+        (client/point_lookup.py)."""
         if self.partitions is not None:
             return self.partitions.lookup_batch(table_input.key_batch(self.codec, keys))
-        parts = table_input.keys_by_bucket(self.codec, keys)
-        table_id, partition_id = self.table.table_id, self.table.partition_id
-
-        def lookup_bucket(part) -> tuple[np.ndarray, pa.RecordBatch]:
-            bucket, rows, _ = part
-            found, batches = [], []
-            for chunk in table_writes.chunks(rows):
-                request = pb.LookupRequest(table_id=table_id, partition_id=partition_id, bucket=bucket,
-                                           keys=batch_to_ipc(chunk))
-                response = self._call_bucket(bucket, "Lookup", request, idempotent=True)
-                found.append(np.asarray(response.found, dtype=bool))
-                if response.rows:
-                    batches.append(ipc_to_batch(response.rows))
-            return np.concatenate(found), table_input.concat(batches, self.codec.schema)
-
-        results = self.map_parallel(lookup_bucket, parts)
-        for (result, error) in results:
-            if error is not None:
-                raise error
-        n = sum(len(indices) for _, _, indices in parts)
-        position = np.zeros(n, dtype=np.int64)  # index into the concatenated found rows
-        found_mask = np.zeros(n, dtype=bool)
-        found_rows, base = [], 0
-        for (bucket, _, indices), (result, _) in zip(parts, results):
-            found, rows = result
-            if len(found) != len(indices) or int(found.sum()) != rows.num_rows:
-                raise errors.UnknownServerError(f"bucket {bucket}: Lookup answered {len(found)} flags and "
-                                                f"{rows.num_rows} rows for {len(indices)} keys")
-            hit = indices[found]
-            found_mask[hit] = True
-            position[hit] = base + np.arange(rows.num_rows)
-            base += rows.num_rows
-            found_rows.append(rows)
-        everything = table_input.concat(found_rows, self.codec.schema)
-        return everything.take(pa.array(position, mask=~found_mask))
+        return point_lookup.lookup_batch(self, keys, packed=self.packed_lookups)
 
     def lookup_prefix_batch(self, prefixes: Any) -> pa.RecordBatch:
         """Every row whose key starts with one of ``prefixes`` (values of the table's bucket key: dicts, tuples,

@@ -220,6 +220,10 @@ class RowCodec:
         :meth:`validate`), not checked again: the table client's one pass (:mod:`kvlease.client.table_input`)."""
         return _chunked(self._encode_keys, batch.select(list(self.table.primary_key)))
 
+    def encode_checked_key_array(self, batch: pa.RecordBatch) -> pa.Array:
+        """:meth:`encode_checked_keys` as an Arrow binary array."""
+        return _chunked_array(self._encode_key_array, batch.select(list(self.table.primary_key)))
+
     def encode_values(self, batch: pa.RecordBatch) -> list[bytes]:
         """The stored values (full rows) of a batch; validated like :meth:`validate`."""
         return _chunked(self._encode_values, self.validate(batch))

@@ -30,7 +30,7 @@ import logging
 
 import pyarrow as pa
 
-from kvlease.common import errors
+from kvlease.common import errors, lookup_wire
 from kvlease.common.logentry import ChangelogError, CorruptLogError
 from kvlease.common.proto import tablet_pb2 as pb
 from kvlease.common.proto import tablet_pb2_grpc as pb_grpc
@@ -160,6 +160,13 @@ class TabletService(pb_grpc.TabletServiceServicer):
         def work():
             physical = self._physical(request)
             self.access.check(READ, physical)
+            if request.key_offsets:  # encoded keys: answered with stored values, decoded by the client (issue 44)
+                keys = lookup_wire.unpack(request.key_data, request.key_offsets, "LookupRequest.key_data")
+                with self.replicas.leading(physical, request.bucket) as replica, _serving(replica):
+                    found, values, schema_id = replica.store.lookup_values(keys.to_pylist())
+                data, offsets = lookup_wire.pack(values)
+                return pb.LookupResponse(values=data, value_offsets=offsets, schema_id=schema_id,
+                                         found_mask=lookup_wire.pack_mask(found))
             keys = _batch(request.keys)
             with self.replicas.leading(physical, request.bucket) as replica, _serving(replica):
                 if keys is None:

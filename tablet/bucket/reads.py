@@ -20,8 +20,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from kvlease.common.errors import DataLostError, InvalidRequestError, NotLeaderError
+from kvlease.common.codec import RowCodec
 from kvlease.common.logentry import LogEntry, read_header
-from kvlease.common.row_expiry import live_lookup
+from kvlease.common.row_expiry import expired_mask
 from kvlease.tablet.bucket import write_checks
 from kvlease.tablet.bucket.state import BucketShared, BucketSpec
 from kvlease.tablet.log.changelog import SegmentInfo
@@ -88,16 +89,41 @@ class BucketReads:
         Raises InvalidRowError for a bad key batch.
         """
         codec = self.bucket.spec.codec
-        encoded = codec.encode_keys(keys)
+        found, _values, rows = self._lookup(codec, codec.encode_keys(keys), decode=True)
+        return found, rows
+
+    def lookup_values(self, encoded: list[bytes]) -> tuple[np.ndarray, pa.Array, int]:
+        """:meth:`lookup` of encoded keys, answering the found rows' stored values (a binary array, input order)
+        instead of decoded rows: ``(found, values, schema_id)``, ``found.sum()`` values, and the table schema
+        id :meth:`lookup` would have decoded them as. The same rows as :meth:`lookup` (both are
+        :meth:`_lookup`): committed ones, a row the row TTL expired not found. InvalidRowError for a key of
+        another bucket."""
+        codec = self.bucket.spec.codec  # (the store replaces it when the table's schema changes)
+        found, values, _rows = self._lookup(codec, encoded, decode=False)
+        return found, values, codec.table.schema_id
+
+    def _lookup(self, codec: RowCodec, encoded: list[bytes], decode: bool
+                ) -> tuple[np.ndarray, pa.Array, pa.RecordBatch | None]:
+        """``(found, values, rows)``: one multi-get of RocksDB (committed rows only), the rows the row TTL
+        expired dropped; ``rows`` the values decoded by ``codec`` when ``decode`` (else None unless the TTL
+        decoded them)."""
         write_checks.check_bucket(codec, self.bucket.spec.bucket, encoded, "lookup")
         with self.bucket.files.use() as (_changelog, kv):
             self.check_current(kv)
             values = pa.array(kv.get(encoded), pa.binary())
         found = values.is_valid().to_numpy(zero_copy_only=False)
-        rows = codec.decode_values(pc.drop_null(values) if values.null_count else values)
-        if codec.table.row_ttl is not None:  # an expired row not deleted yet is not found (common/row_ttl.py)
-            found, rows = live_lookup(codec.table.row_ttl, found, rows, self.bucket.files.settings.now_ms())
-        return found, rows
+        if values.null_count:
+            values = pc.drop_null(values)
+        ttl = codec.table.row_ttl
+        rows = codec.decode_values(values) if decode or ttl is not None else None
+        if ttl is not None:  # an expired row not deleted yet is not found (common/row_ttl.py)
+            expired = expired_mask(ttl, rows, self.bucket.files.settings.now_ms())
+            if expired.any():
+                found = found.copy()
+                found[np.flatnonzero(found)[expired]] = False
+                keep = pa.array(~expired)
+                values, rows = values.filter(keep), rows.filter(keep)
+        return found, values, rows
 
     def fetch_log(self, from_offset: int, max_bytes: int, committed: bool = True,
                   last_fetched_epoch: int | None = None) -> tuple[list[bytes], int]:

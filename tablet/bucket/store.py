@@ -286,6 +286,10 @@ class BucketStore:
     def lookup(self, keys: pa.RecordBatch) -> tuple[np.ndarray, pa.RecordBatch]:
         return self.reads.lookup(keys)
 
+    @documented_by(BucketReads.lookup_values)
+    def lookup_values(self, encoded: list[bytes]) -> tuple[np.ndarray, pa.Array, int]:
+        return self.reads.lookup_values(encoded)
+
     def prefix_lookup(self, prefixes: pa.RecordBatch, start_after: bytes = b"", max_bytes: int = 0) -> PrefixRows:
         """Every row whose key starts with one of ``prefixes`` (bucket-key columns): see
         :func:`kvlease.tablet.bucket.prefix_reads.prefix_rows`."""

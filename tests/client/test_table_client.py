@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from kvlease.common import errors
+from kvlease.common import errors, lookup_wire
 from kvlease.common.proto import coordinator_pb2 as cpb
 from kvlease.common.proto import tablet_pb2 as pb
 from kvlease.common.tables import Column, TableInfo
@@ -94,6 +94,15 @@ class FakeTablet:
             return pb.LookupResponse(error=error)
         codec = RowCodec(self.table)
         store = self.rows.get(request.bucket, {})
+        if request.key_offsets:  # packed (client/point_lookup.py): stored values answered
+            keys = lookup_wire.unpack(request.key_data, request.key_offsets, "keys").to_pylist()
+            rows = [store.get(k) for k in keys]
+            found = [r for r in rows if r is not None]
+            values = pa.array(codec.encode_values(pa.RecordBatch.from_pylist(found, schema=codec.schema)) if found
+                              else [], pa.binary())
+            data, offsets = lookup_wire.pack(values)
+            return pb.LookupResponse(values=data, value_offsets=offsets, schema_id=self.table.schema_id,
+                                     found_mask=lookup_wire.pack_mask(np.array([r is not None for r in rows])))
         rows = [store.get(k) for k in codec.encode_keys(ipc_to_batch(request.keys))]
         found = [r for r in rows if r is not None]
         return pb.LookupResponse(rows=batch_to_ipc(pa.RecordBatch.from_pylist(found, schema=codec.schema)),

@@ -1,0 +1,157 @@
+"""The point-lookup figures of ``kvlease bench lookups``: kvlease against raw rocksdict of the same keys.
+
+For one table (``(id BIGINT, v STRING of 100 bytes)``, ``rows`` rows) this measures, in one run:
+
+- the anchor: a raw rocksdict (``Options(raw_mode=True)``, in this process) loaded with the same encoded keys
+  and values in the same batches; its multi-get rows/s of the same key batches, and its single ``get`` latency
+  of the same single keys;
+- ``lookup_batch`` rows/s of ``batches`` batches of ``batch_keys`` random keys each (one bucket);
+- ``lookup([key])`` latency p50/p99 of ``singles`` random keys, one call at a time;
+- lookups/s of ``threads`` client threads each doing single-key lookups on a ``buckets``-bucket table (the
+  same rows), against the one-thread lookups/s of the same client.
+
+Raw multi-gets and kvlease batch lookups alternate for ``rounds`` rounds, the best of each counts (this VM's
+speed drifts); every answer is checked (each key found, its row's ``id`` the key).
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from typing import Any, Callable
+
+import numpy as np
+import pyarrow as pa
+
+from kvlease.common.codec import RowCodec
+from kvlease.common.tables import Column, TableInfo
+from kvlease.ops.bench.writes import make_batch
+
+COLUMNS = [Column("id", "BIGINT"), Column("v", "STRING")]
+LOAD_BATCH = 10_000
+
+
+def load(client, rows: int) -> None:
+    for start in range(0, rows, LOAD_BATCH):
+        client.upsert(make_batch(np.arange(start, min(start + LOAD_BATCH, rows))))
+
+
+class RawAnchor:
+    """A raw rocksdict in ``directory`` holding the encoded rows ``0..rows-1`` of :func:`make_batch` (loaded
+    as kvlease loads them, :data:`LOAD_BATCH` rows per WriteBatch). Close it."""
+
+    def __init__(self, directory: str, rows: int) -> None:
+        from rocksdict import Options, Rdict, WriteBatch
+
+        self.directory = directory
+        self.codec = RowCodec(TableInfo(0, "bench", "raw", tuple(COLUMNS), ("id",), 1))
+        self.db = Rdict(directory, Options(raw_mode=True))
+        for start in range(0, rows, LOAD_BATCH):
+            keys, values = self.codec.encode(make_batch(np.arange(start, min(start + LOAD_BATCH, rows))))
+            batch = WriteBatch(raw_mode=True)
+            for key, value in zip(keys, values):
+                batch.put(key, value)
+            self.db.write(batch)
+
+    def keys(self, ids: np.ndarray) -> list[bytes]:
+        return self.codec.encode_keys(pa.record_batch({"id": pa.array(ids, pa.int64())}))
+
+    def multi_get_rows_per_s(self, batches: list[list[bytes]]) -> float:
+        rows = 0
+        t0 = time.perf_counter()
+        for keys in batches:
+            values = self.db.get(keys)
+            rows += len(values) - values.count(None)
+        return rows / (time.perf_counter() - t0)
+
+    def get_ms(self, keys: list[bytes]) -> np.ndarray:
+        out = np.empty(len(keys))
+        for i, key in enumerate(keys):
+            t0 = time.perf_counter()
+            if self.db.get(key) is None:
+                raise RuntimeError("raw rocksdict lost a key it was loaded with")
+            out[i] = time.perf_counter() - t0
+        return out * 1000
+
+    def close(self) -> None:
+        self.db.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def batch_rows_per_s(client, batches: list[pa.RecordBatch]) -> float:
+    rows = 0
+    t0 = time.perf_counter()
+    for keys in batches:
+        found = client.lookup_batch(keys)
+        rows += found.num_rows
+        if found.column("id").null_count or not found.column("id").equals(keys.column("id")):
+            raise RuntimeError("a batch lookup answered other rows than the keys asked for")
+    return rows / (time.perf_counter() - t0)
+
+
+def single_ms(client, ids: list[int]) -> np.ndarray:
+    out = np.empty(len(ids))
+    for i, key in enumerate(ids):
+        t0 = time.perf_counter()
+        found = client.lookup([key])
+        out[i] = time.perf_counter() - t0
+        if found[0] is None or found[0]["id"] != key:
+            raise RuntimeError(f"lookup of key {key} answered {found[0]}")
+    return out * 1000
+
+
+def concurrent_per_s(client, ids: list[int], threads: int) -> float:
+    """Single-key lookups/s of ``threads`` threads sharing ``client``, ``ids`` split between them."""
+    failures: list[BaseException] = []
+    parts = [ids[i::threads] for i in range(threads)]
+    start = threading.Barrier(threads + 1)
+
+    def worker(part: list[int]) -> None:
+        start.wait()
+        try:
+            single_ms(client, part)
+        except BaseException as exc:  # reported below
+            failures.append(exc)
+
+    workers = [threading.Thread(target=worker, args=(p,), name=f"bench-lookup-{i}") for i, p in enumerate(parts)]
+    for w in workers:
+        w.start()
+    start.wait()
+    t0 = time.perf_counter()
+    for w in workers:
+        w.join()
+    elapsed = time.perf_counter() - t0
+    if failures:
+        raise failures[0]
+    return len(ids) / elapsed
+
+
+def measure(client, client4, raw: RawAnchor, *, rows: int, batches: int, batch_keys: int, singles: int,
+            threads: int, rounds: int, rng, progress: Callable[[str], None], label: str) -> dict[str, Any]:
+    """The figures of one replication factor (see the module docstring): ``client`` on the one-bucket table,
+    ``client4`` on the table of several buckets, ``raw`` the anchor of the same rows."""
+    key_ids = [rng.integers(0, rows, batch_keys) for _ in range(batches)]
+    key_batches = [pa.record_batch({"id": pa.array(ids, pa.int64())}) for ids in key_ids]
+    raw_batches = [raw.keys(ids) for ids in key_ids]
+    single_ids = rng.integers(0, rows, singles).tolist()
+    client.lookup_batch(key_batches[0])  # channels, routing and caches warm, on both sides
+    single_ms(client, single_ids[:20])
+    raws, lookups = [], []
+    for round_ in range(1, rounds + 1):
+        progress(f"{label}: round {round_} of {rounds}: {batches} multi-gets / lookups of {batch_keys:,} keys")
+        raws.append(raw.multi_get_rows_per_s(raw_batches))
+        lookups.append(batch_rows_per_s(client, key_batches))
+    progress(f"{label}: {singles:,} single-key lookups, raw gets of the same keys")
+    raw_ms = raw.get_ms(raw.keys(np.array(single_ids)))
+    ms = single_ms(client, single_ids)
+    progress(f"{label}: {singles:,} single-key lookups from 1 thread, then {threads} threads")
+    single_ms(client4, single_ids[:20])
+    one = float(len(single_ids) / (single_ms(client4, single_ids).sum() / 1000))
+    many = concurrent_per_s(client4, single_ids, threads)
+    return {"batch_rows_per_s": max(lookups), "raw_multi_get_rows_per_s": max(raws),
+            "batch_vs_raw": max(lookups) / max(raws),
+            "round_rows_per_s": [{"lookup": lk, "raw": r} for lk, r in zip(lookups, raws)],
+            "single_p50_ms": float(np.percentile(ms, 50)), "single_p99_ms": float(np.percentile(ms, 99)),
+            "raw_get_p50_ms": float(np.percentile(raw_ms, 50)), "raw_get_p99_ms": float(np.percentile(raw_ms, 99)),
+            "one_thread_per_s": one, "threads_per_s": many}
