@@ -249,7 +249,8 @@ class BucketReplication:
         the same rows as before, in the snapshot's SST files plus new ones (``tablet/store/kv_rebase.py``).
         InvalidSnapshotError if the checkpoint's applied offset is not ``log_offset``, or if the changelog does
         not reach from ``log_offset`` to the applied offset (nothing changed then); BucketStoreError if the files
-        are in use now (BucketInUseError: try again). Only a replicated store that follows."""
+        are in use now (BucketInUseError: try again). Only a replicated store; the caller makes sure this replica
+        follows (``tablet/replication/rebase.py``: under its fetch lock)."""
         self._require_replicated("rebase_kv")
         try:
             found = checkpoint_log_offset(checkpoint_dir)
@@ -262,8 +263,6 @@ class BucketReplication:
         with self.bucket.files.use() as (changelog, kv):
             start, applied = changelog.start_offset, kv.applied_offset
         with self.bucket.write_lock:
-            if not self.bucket.role.following:
-                raise InvalidRequestError(f"bucket {self.bucket.spec.dir} leads: only a follower re-bases its RocksDB")
             if not start <= log_offset <= applied:
                 raise InvalidSnapshotError(f"bucket {self.bucket.spec.dir}: a snapshot at offset {log_offset} cannot "
                                            f"re-base RocksDB (applied up to {applied}, the changelog starts at {start})",

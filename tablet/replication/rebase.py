@@ -154,6 +154,10 @@ class Rebaser:
         if thread is not None:
             thread.join(timeout=timeout_s)
 
+    def based_on(self, replica) -> int | None:
+        """The id of the latest snapshot seen whose every SST ``replica``'s RocksDB holds (None: none yet)."""
+        return self._based.get(id(replica))
+
     def busy(self, replica) -> bool:
         """Whether ``replica`` is being re-based now (the fetcher skips it meanwhile)."""
         with self._lock:
