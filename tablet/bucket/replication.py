@@ -270,10 +270,19 @@ class BucketReplication:
             self._settle()
             fsync = self.bucket.files.settings.fsync
             self.bucket.files.replay_limit = max(self.bucket.files.replay_limit or 0, applied)
-            self.bucket.files.replace(lambda: kv_rebase.rebase(self.bucket.spec.dir, checkpoint_dir, log_offset, fsync))
+            self.bucket.files.replace(lambda: self._swap_kv(checkpoint_dir, log_offset, fsync))
             self.bucket.buffer.invalidate()
         with self.bucket.files.use():
             pass  # reopened now, the changelog replayed: a bad snapshot shows here, not at the next fetch
+
+    def _swap_kv(self, checkpoint_dir: str, log_offset: int, fsync: bool) -> None:
+        """:meth:`rebase_kv`'s swap, the files closed: the changelog must still start at or below ``log_offset``
+        (its retention may have run since it was looked at), else nothing changes."""
+        start = kv_rebase.log_start(self.bucket.spec.dir)
+        if start is None or start > log_offset:
+            raise InvalidSnapshotError(f"bucket {self.bucket.spec.dir}: its changelog starts at {start}, above the "
+                                       f"snapshot's offset {log_offset}: RocksDB is not re-based", log_offset=log_offset)
+        kv_rebase.rebase(self.bucket.spec.dir, checkpoint_dir, log_offset, fsync)
 
     def discard_files(self, why: str) -> None:
         """Move this replica's files aside (``tablet/bucket/damage.py``) and start empty at offset 0, to be

@@ -37,7 +37,7 @@ import os
 import shutil
 
 from kvlease.common.fsync import fsync_path
-from kvlease.tablet.log.segment_files import sync_dir, write_durably
+from kvlease.tablet.log.segment_files import SEGMENT_NAME, sync_dir, write_durably
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,17 @@ def rebase(dir: str, checkpoint_dir: str, log_offset: int, fsync: bool = True) -
         sync_dir(dir)
     write_durably(os.path.join(dir, INTENT), json.dumps({"log_offset": log_offset}).encode(), fsync)
     _roll_forward(dir, log_offset, fsync)
+
+
+def log_start(dir: str) -> int | None:
+    """The first offset of the changelog in ``{dir}/log`` (closed), from its segments' names; None if it has none.
+    Read while the files are closed: nothing (changelog retention included) can move it meanwhile."""
+    try:
+        names = os.listdir(os.path.join(dir, "log"))
+    except FileNotFoundError:
+        return None
+    bases = [int(m.group(1)) for name in names if (m := SEGMENT_NAME.match(name))]
+    return min(bases, default=None)
 
 
 def recover(dir: str, fsync: bool = True) -> bool:
