@@ -58,7 +58,7 @@ class Fetchers:
                                     max_bytes_per_s=rebuild_bytes_per_s, io_threads=io_threads)
                           if storage is not None and admin is not None else None)
         self.rebaser = (Rebaser(storage, admin, following, self._stop, interval_ms=rebase_interval_ms,
-                                max_bytes_per_s=rebuild_bytes_per_s, io_threads=io_threads)
+                                server_id=server_id, max_bytes_per_s=rebuild_bytes_per_s, io_threads=io_threads)
                         if storage is not None and admin is not None and rebase_interval_ms > 0 else None)
         self._wake = threading.Event()  # a rebuild ended: a fetch thread with nothing to fetch goes on at once
         if self.rebuilder is not None:

@@ -35,13 +35,14 @@ the next round takes the newer one.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 from kvlease.common import errors, kvsnapshot
 from kvlease.common.fsync import fsync_path
@@ -57,6 +58,8 @@ log = logging.getLogger(__name__)
 STAGE_DIR = "rebase-download"  # inside the bucket's directory: the swap moves it (same file system)
 SWAP_WAIT_S = 5.0  # the swap waits this long for the bucket's files to be free (else: the next round)
 SWAP_RETRY_S = 0.05
+MANIFESTS_CACHED = 1024
+LEASE_MS = 600_000  # the lease on the snapshot while its files download (longer downloads: the next round)
 
 
 class Stopped(errors.KvLeaseError):
@@ -85,6 +88,21 @@ class RebaseTotals:
     downloaded_bytes: int = 0
     linked_bytes: int = 0
     seconds: float = 0.0
+
+
+def lease_id(server_id: int, tb) -> str:
+    """The lease a re-base on tablet server ``server_id`` holds on the snapshot of ``tb`` it fetches."""
+    part = "" if tb.partition_id is None else f"-p{tb.partition_id}"
+    return f"rebase-tablet-{server_id}-t{tb.table_id}{part}-b{tb.bucket}"
+
+
+def of_this_history(replica, handle: SnapshotHandle) -> bool:
+    """Whether ``handle`` was committed after the bucket's latest data loss (an unclean election, a restore:
+    docs/replication.md, "Lost data"), so its records below its ``log_offset`` are the ones this replica
+    applied (without a loss every committed snapshot is of the one committed history). One committed
+    before it may hold history the loss gave up: never a base (the replica is rebuilt or restored anyway)."""
+    loss = replica.role.latest_loss if replica.role is not None else None
+    return loss is None or handle.snapshot_id >= loss.next_snapshot_id
 
 
 def local_ssts(kv_dir: str, wanted: dict[tuple[str, int], int]) -> dict[FileKey, str]:
@@ -122,7 +140,7 @@ class Rebaser:
     """Re-bases followed buckets on their latest remote snapshot (module docstring), on a thread of its own."""
 
     def __init__(self, storage: RemoteStorage, admin, following: Callable[[], list], stop: threading.Event, *,
-                 interval_ms: int, max_bytes_per_s: int = 0, io_threads: int = 8,
+                 interval_ms: int, server_id: int = 0, max_bytes_per_s: int = 0, io_threads: int = 8,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
         """``following()``: the replicas this server follows now; ``interval_ms``: ``replica.rebase.interval``
         (0: never: :meth:`start` starts nothing)."""
@@ -131,12 +149,14 @@ class Rebaser:
         self.following = following
         self.interval_s = interval_ms / 1000.0
         self.io_threads = io_threads
+        self.server_id = server_id
         self._stop = stop
         self.throttle = Throttle(max_bytes_per_s, stop)
         self._monotonic = monotonic
         self._based: dict[int, int] = {}  # id(replica) -> the snapshot id its RocksDB holds every SST of
         self._last: dict[int, float] = {}  # id(replica) -> when (monotonic) it was last re-based
         self._busy: set[int] = set()
+        self._manifests: dict[str, Manifest] = {}
         self._lock = threading.Lock()
         self.totals = RebaseTotals()
         self.last: RebaseStats | None = None
@@ -200,11 +220,11 @@ class Rebaser:
         if key not in self._last:  # first look since the start: a crashed re-base's download goes
             self._last[key] = -float("inf")
             shutil.rmtree(os.path.join(replica.store.dir, STAGE_DIR), ignore_errors=True)
-        if self._based.get(key) == handle.snapshot_id:
+        if self._based.get(key) == handle.snapshot_id or not of_this_history(replica, handle):
             return None
         if not force and self._monotonic() - self._last[key] < self.interval_s:
             return None
-        manifest = kvsnapshot.read_manifest(self.storage, handle.metadata_path)
+        manifest = self._manifest(handle)
         shared = shared_keys(manifest)
         local = local_ssts(os.path.join(replica.store.dir, "kv"), {(k[0], k[1]): k[2] for k in shared})
         if all(k in local for k in shared):
@@ -233,6 +253,16 @@ class Rebaser:
                  stats.bytes, stats.downloaded_bytes, stats.linked_bytes, stats.stage_s, stats.swap_s)
         return stats
 
+    def _manifest(self, handle: SnapshotHandle) -> Manifest:
+        """The snapshot's manifest, read once (a bucket not re-based yet is looked at again every round)."""
+        manifest = self._manifests.get(handle.metadata_path)
+        if manifest is None:
+            if len(self._manifests) >= MANIFESTS_CACHED:
+                self._manifests.clear()
+            manifest = self._manifests[handle.metadata_path] = kvsnapshot.read_manifest(self.storage,
+                                                                                        handle.metadata_path)
+        return manifest
+
     def _rebase(self, replica, manifest: Manifest, shared: dict[FileKey, ManifestFile],
                 local: dict[FileKey, str]) -> RebaseStats:
         stage = os.path.join(replica.store.dir, STAGE_DIR)
@@ -241,7 +271,8 @@ class Rebaser:
         started = time.monotonic()
         try:
             linked = {f.local_name: local[k] for k, f in shared.items() if k in local}
-            downloaded = self._stage(manifest, stage, linked)
+            with self._leased(manifest):
+                downloaded = self._stage(manifest, stage, linked)
             staged = time.monotonic()
             self._swap(replica, stage, manifest.log_offset)
         finally:
@@ -249,6 +280,24 @@ class Rebaser:
         return RebaseStats(manifest.snapshot_id, manifest.log_offset, sum(f.size for f in manifest.files),
                            downloaded, sum(f.size for f in manifest.files if f.local_name in linked),
                            staged - started, time.monotonic() - staged)
+
+    @contextlib.contextmanager
+    def _leased(self, manifest: Manifest) -> Iterator[None]:
+        """A KV snapshot lease on the snapshot while its files are fetched (the coordinator keeps them for
+        :data:`LEASE_MS`); InvalidSnapshotError if it is no longer kept (the next round takes a newer one)."""
+        tb = manifest.bucket
+        lease = lease_id(self.server_id, tb)
+        result = self.admin.acquire_lease(lease, {tb: manifest.snapshot_id}, LEASE_MS)
+        try:
+            if tb in result.unavailable:
+                raise errors.InvalidSnapshotError(f"snapshot {manifest.snapshot_id} of {tb} is no longer kept")
+            yield
+        finally:
+            try:
+                self.admin.release_lease(lease, [tb])
+            except errors.KvLeaseError as exc:
+                log.warning("could not release the re-base's lease %s (it expires in %ds): %s", lease,
+                            LEASE_MS // 1000, exc)
 
     def _stage(self, manifest: Manifest, stage: str, linked: dict[str, str]) -> int:
         """Hard-link ``linked`` (local name -> live path) into ``stage`` and download the other files of

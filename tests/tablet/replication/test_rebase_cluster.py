@@ -79,6 +79,7 @@ def test_the_first_snapshot_after_a_failover_uploads_about_the_changed_data(make
                 last = server.fetchers.rebaser.last
                 assert last is not None and last.snapshot_id == first.snapshot_id
                 assert last.downloaded_bytes + last.linked_bytes == full
+            assert not [lease for lease in c.admin.list_leases() if lease.lease_id.startswith("rebase-")]
             old = rows_of(leader.replicas.replica(table.table_id, 0).store)
             write(client, range(0, ROWS, ROWS // CHANGED), "b")
             client.delete([{"id": i} for i in range(1, DELETED * 7, 7)])

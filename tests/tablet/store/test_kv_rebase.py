@@ -141,3 +141,21 @@ def test_log_start_reads_the_segment_names(tmp_path):
         (tmp_path / "log" / f"{base:020d}.log").write_bytes(b"")
     (tmp_path / "log" / "notes.txt").write_bytes(b"")
     assert kv_rebase.log_start(str(tmp_path)) == 12
+
+
+def test_only_a_snapshot_committed_after_the_latest_loss_is_a_base():
+    from types import SimpleNamespace
+
+    from kvlease.common.data_loss import DataLoss
+    from kvlease.tablet.replication.rebase import of_this_history
+
+    def replica(loss):
+        return SimpleNamespace(role=SimpleNamespace(latest_loss=loss))
+
+    handle = SimpleNamespace(snapshot_id=7)
+    assert of_this_history(replica(None), handle)
+    unclean = DataLoss("UNCLEAN", 5, 100, newest_snapshot_id=7)  # snapshot 7 may hold the lost history
+    assert not of_this_history(replica(unclean), handle)
+    assert of_this_history(replica(unclean), SimpleNamespace(snapshot_id=8))
+    restore = DataLoss("RESTORE", 5, 100, snapshot_id=9)
+    assert not of_this_history(replica(restore), SimpleNamespace(snapshot_id=9))
