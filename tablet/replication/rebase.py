@@ -8,10 +8,12 @@ without this, the first snapshot of a follower that becomes leader uploads the
 whole bucket again (docs/snapshots.md, "Incremental after a failover").
 
 The :class:`Rebaser` (one thread per tablet server, owned by the fetchers)
-looks every ``replica.rebase.interval`` at the latest committed snapshot of
-each bucket the server follows (``GetLatestKvSnapshots``, one call per table,
-or per partition). A follower whose RocksDB lacks one of that snapshot's SST
-files is re-based on it, at most once per interval:
+looks every ``replica.rebase.interval``, or every :data:`POLL_S` if that is
+shorter, at the latest committed snapshot of each bucket the server follows
+(``GetLatestKvSnapshots``, one call per table, or per partition). A follower
+whose RocksDB lacks one of that snapshot's SST files is re-based on it, at
+most about once per interval (its last re-base at least the interval minus
+the poll period ago):
 
 1. into ``{bucket dir}/rebase-download``: each SST of the snapshot the live
    RocksDB holds too (same name, size and tail CRC) is hard-linked (SSTs never
@@ -59,6 +61,7 @@ STAGE_DIR = "rebase-download"  # inside the bucket's directory: the swap moves i
 SWAP_WAIT_S = 5.0  # the swap waits this long for the bucket's files to be free (else: the next round)
 SWAP_RETRY_S = 0.05
 MANIFESTS_CACHED = 1024
+POLL_S = 5.0  # the latest snapshots are asked for at least this often (a re-base soon after each commit)
 LEASE_MS = 600_000  # the lease on the snapshot while its files download (longer downloads: the next round)
 
 
@@ -148,6 +151,7 @@ class Rebaser:
         self.admin = admin
         self.following = following
         self.interval_s = interval_ms / 1000.0
+        self.poll_s = min(self.interval_s, POLL_S)  # new snapshots are looked for this often
         self.io_threads = io_threads
         self.server_id = server_id
         self._stop = stop
@@ -184,7 +188,7 @@ class Rebaser:
             return id(replica) in self._busy
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        while not self._stop.wait(self.poll_s):
             try:
                 self.round()
             except Exception:  # the coordinator cannot answer now, ...: the next round
@@ -222,7 +226,7 @@ class Rebaser:
             shutil.rmtree(os.path.join(replica.store.dir, STAGE_DIR), ignore_errors=True)
         if self._based.get(key) == handle.snapshot_id or not of_this_history(replica, handle):
             return None
-        if not force and self._monotonic() - self._last[key] < self.interval_s:
+        if not force and self._monotonic() - self._last[key] < self.interval_s - self.poll_s:
             return None
         manifest = self._manifest(handle)
         shared = shared_keys(manifest)
