@@ -197,9 +197,13 @@ class Rebaser:
     def round(self) -> list[RebaseStats]:
         """Look at every followed bucket once; the re-bases done."""
         groups: dict[tuple[int, int | None], list] = {}
-        for replica in self.following():
+        followed = self.following()
+        for replica in followed:
             if replica.replicated and not replica.leads and not replica.closed and not replica.fresh:
                 groups.setdefault((replica.table.table_id, replica.table.partition_id), []).append(replica)
+        held = {id(replica) for replica in followed}  # a replica closed or led now is forgotten (ids are reused)
+        self._based = {k: v for k, v in self._based.items() if k in held}
+        self._last = {k: v for k, v in self._last.items() if k in held}
         done = []
         for (table_id, partition_id), replicas in sorted(groups.items(), key=lambda g: (g[0][0], g[0][1] or -1)):
             latest = self.admin.get_latest_kv_snapshots(table_id, partition_id)
