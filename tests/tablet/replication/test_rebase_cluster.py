@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 
 import pytest
 
@@ -153,3 +154,36 @@ def test_a_follower_killed_during_a_rebase_comes_back_with_its_rows_and_log(make
 
 def _killed(*_args, **_kwargs):
     raise OSError("killed")
+
+
+def test_a_rebuilt_follower_that_leads_next_uploads_only_what_changed_without_a_rebase(make_config, tmp_path):
+    """A rebuild installs the snapshot's own files, so with re-bases off (`0ms`) a follower rebuilt from the latest
+    snapshot already keeps the new leader's first snapshot incremental (docs/snapshots.md)."""
+    config = {**FAST, "kv.snapshot.interval": "1h", "replica.rebase.interval": "0ms"}
+    with three_servers(make_config, tmp_path, config) as c:
+        table = c.admin.create_table("db.rebuilt", SCHEMA, ["id"], 1, replication_factor=3, min_insync_replicas=1)
+        with TableClient(c.admin, "db.rebuilt", retry_total_s=60) as client:
+            leader, (wiped, other) = followers(c, table.table_id)
+            assert wiped.fetchers.rebaser is None
+            write(client, range(10_000), "a")
+            crash(c, wiped)
+            first = leader.replicas.snapshot(leader.replicas.replica(table.table_id, 0), force=True)
+            old = rows_of(leader.replicas.replica(table.table_id, 0).store)
+            write(client, range(0, 10_000, 50), "b")
+            expected = rows_of(leader.replicas.replica(table.table_id, 0).store)
+            shutil.rmtree(tmp_path / f"t{wiped.server_id}")
+            back = c.tablet(wiped.server_id, tmp_path / f"t{wiped.server_id}")
+            wait_in_sync(c, table.table_id)
+            assert back.fetchers.rebuilder.rebuilt == 1
+            crash(c, other)
+            wait_until(lambda: set(bucket_state(c, table.table_id).isr) == {leader.server_id, back.server_id}, 20,
+                       "the ISR without the third server")
+            crash(c, leader)
+            wait_until(lambda: bucket_state(c, table.table_id).leader_id == back.server_id, 20, "the rebuilt one to lead")
+            replica = back.replicas.replica(table.table_id, 0)
+            wait_until(lambda: replica.leads, 10, "the push that makes it lead")
+            second = wait_until(lambda: _snapshot(back, replica), 20, "the new leader's first snapshot")
+            stats = replica.uploader.last_stats
+            assert stats.snapshot_id == second.snapshot_id
+            assert stats.uploaded_bytes <= 2 * changed_bytes(old, expected) + PRIVATE_BYTES, (stats, first)
+            assert snapshot_rows(back.storage, second, tmp_path / "read") == expected
