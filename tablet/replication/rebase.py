@@ -213,6 +213,9 @@ class Rebaser:
                     continue
                 try:
                     stats = self.consider(replica, info.handle)
+                except Stopped as exc:  # it leads now, or the server stops: nothing went wrong
+                    log.info("%s", exc.message)
+                    continue
                 except (errors.KvLeaseError, OSError) as exc:
                     log.warning("%s: re-base on snapshot %d failed (the next round tries again): %s",
                                 replica.tb, info.handle.snapshot_id, exc)

@@ -1,6 +1,6 @@
 """Followers re-base their RocksDB on the latest remote snapshot (tablet/replication/rebase.py; docs/snapshots.md,
 "Incremental after a failover"): a coordinator and three tablet servers in this process, a real ZooKeeper, real
-RocksDB, gRPC on loopback and file:// remote storage. After a leader's kill the new leader's first snapshot uploads
+RocksDB, gRPC on loopback and file:// remote storage (the first case on the local moto S3 server too). After a leader's kill the new leader's first snapshot uploads
 about the data changed since the last snapshot, not the table; its readers see exactly the leader's rows; a follower
 killed in the middle of a re-base comes back with the same rows and log."""
 
@@ -66,9 +66,18 @@ def wait_rebased(servers, table_id: int, snapshot_id: int) -> None:
                    f"server {server.server_id} to re-base on snapshot {snapshot_id}")
 
 
-def test_the_first_snapshot_after_a_failover_uploads_about_the_changed_data(make_config, tmp_path):
+@pytest.fixture(params=["file", pytest.param("s3", marks=pytest.mark.s3)])
+def any_remote(request, make_config):
+    """``make_config`` on ``file://``, or on the local moto S3 server."""
+    if request.param == "file":
+        return make_config
+    s3 = request.getfixturevalue("s3_overrides")
+    return lambda overrides=None, /, **more: make_config({**s3, **(overrides or {})}, **more)
+
+
+def test_the_first_snapshot_after_a_failover_uploads_about_the_changed_data(any_remote, tmp_path):
     config = {**FAST, "kv.snapshot.interval": "1h", "replica.rebase.interval": "200ms"}
-    with three_servers(make_config, tmp_path, config) as c:
+    with three_servers(any_remote, tmp_path, config) as c:
         table = c.admin.create_table("db.rebase", SCHEMA, ["id"], 1, replication_factor=3, min_insync_replicas=2)
         with TableClient(c.admin, "db.rebase", retry_total_s=60) as client:
             leader, others = followers(c, table.table_id)
