@@ -251,7 +251,7 @@ class Rebaser:
         finally:
             with self._lock:
                 self._busy.discard(key)
-        self._last[key] = self._monotonic()
+            self._last[key] = self._monotonic()  # a failure too: tried again an interval later
         self._based[key] = handle.snapshot_id
         with self._lock:
             self.totals.rebases += 1
