@@ -12,6 +12,7 @@ import shutil
 
 import pytest
 
+from kvlease.client.snapshot_read import read_snapshot
 from kvlease.client.table import TableClient
 from kvlease.common import kvsnapshot
 from kvlease.ops.wait import wait_until
@@ -112,6 +113,13 @@ def test_the_first_snapshot_after_a_failover_uploads_about_the_changed_data(any_
             assert rows_of(replica.store) == before
             assert snapshot_rows(new.storage, second, tmp_path / "read") == before
             assert len(before) == ROWS - DELETED
+            table_rows = read_snapshot(c.admin, second).to_pylist()  # client/snapshot_read.py
+            assert len(table_rows) == ROWS - DELETED and {r["id"] for r in table_rows} == (
+                set(range(ROWS)) - set(range(1, DELETED * 7, 7)))
+            assert table_rows == sorted(table_rows, key=lambda r: r["id"])
+            probe = [3, 8, 50, ROWS - 1, ROWS + 5, 1, 7 * (DELETED - 1) + 1]  # present, changed, absent, deleted
+            by_id = {r["id"]: r for r in table_rows}
+            assert client.lookup([{"id": i} for i in probe]) == [by_id.get(i) for i in probe]
 
 
 def _snapshot(server, replica):
