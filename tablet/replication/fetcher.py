@@ -57,9 +57,9 @@ class Fetchers:
         self.rebuilder = (Rebuilder(storage, admin, self._stop, server_id=server_id,
                                     max_bytes_per_s=rebuild_bytes_per_s, io_threads=io_threads)
                           if storage is not None and admin is not None else None)
-        self.rebaser = (Rebaser(storage, admin, following, self._stop, interval_ms=rebase_interval_ms,
-                                server_id=server_id, max_bytes_per_s=rebuild_bytes_per_s, io_threads=io_threads)
-                        if storage is not None and admin is not None and rebase_interval_ms > 0 else None)
+        self.rebaser = (Rebaser(storage, following, self._stop, interval_ms=rebase_interval_ms,
+                                max_bytes_per_s=rebuild_bytes_per_s, io_threads=io_threads)
+                        if storage is not None and rebase_interval_ms > 0 else None)
         self._wake = threading.Event()  # a rebuild ended: a fetch thread with nothing to fetch goes on at once
         if self.rebuilder is not None:
             self.rebuilder.on_done = self._wake.set
@@ -192,6 +192,8 @@ class Fetchers:
             store = replica.store
             if result.log_end_offset:
                 replica.leader_end = result.log_end_offset
+            if self.rebaser is not None and result.latest_snapshot_id:
+                self.rebaser.note(replica, result.latest_snapshot_id)
             if result.HasField("diverging_epoch"):
                 step = store.truncation_for(answer_of(result))
                 if step.offset < store.applied_offset and self.rebuilder is not None:

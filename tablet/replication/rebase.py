@@ -7,19 +7,22 @@ applied the same records but flushed and compacted them into other files. So
 without this, the first snapshot of a follower that becomes leader uploads the
 whole bucket again (docs/snapshots.md, "Incremental after a failover").
 
-The :class:`Rebaser` (one thread per tablet server, owned by the fetchers)
-looks every ``replica.rebase.interval``, or every :data:`POLL_S` if that is
-shorter, at the latest committed snapshot of each bucket the server follows
-(``GetLatestKvSnapshots``, one call per table, or per partition). A follower
-whose RocksDB lacks one of that snapshot's SST files is re-based on it, at
-most about once per interval (its last re-base at least the interval minus
-the poll period ago):
+A leader tells its followers the id of the bucket's latest snapshot it
+committed or learned in every fetch answer (``ReplicaFetchBucketResultPb.latest_snapshot_id``,
+field 40; :meth:`Rebaser.note`). The :class:`Rebaser` (one thread per tablet
+server, owned by the fetchers) looks every ``replica.rebase.interval``, or
+every :data:`POLL_S` if that is shorter, at the buckets the server follows
+(memory only: no coordinator call). A follower whose RocksDB lacks one of
+that snapshot's SST files (its manifest read from remote storage, once) is
+re-based on it, at most about once per interval (its last re-base at least
+the interval minus the poll period ago):
 
 1. into ``{bucket dir}/rebase-download``: each SST of the snapshot the live
    RocksDB holds too (same name, size and tail CRC) is hard-linked (SSTs never
    change), every other file downloaded (``replica.rebuild.max-bytes-per-s``
    bounds it, a separate budget from the rebuilds'), checked against the
-   manifest (size, CRC-32), fsynced;
+   manifest (size, CRC-32), fsynced. SSTs downloaded by an attempt that
+   failed stay there for the next one (a newer snapshot shares most);
 2. under the replica's fetch lock (its fetches and applies wait; the other
    buckets go on): ``BucketStore.rebase_kv`` swaps RocksDB for it crash-safely
    (``tablet/store/kv_rebase.py``) and reopens the files, which replays the
@@ -29,27 +32,26 @@ the poll period ago):
 It needs the changelog from the snapshot's ``log_offset`` on (changelog
 retention keeps it back to the oldest kept snapshot on every replica) and a
 RocksDB that applied at least that far (else: the next round). A failure
-leaves the old RocksDB (the next round tries again); a crash is finished or
-undone when the bucket opens. The snapshot is not leased during the download:
-a file the coordinator deleted meanwhile (a newer snapshot came) fails it, and
-the next round takes the newer one.
+leaves the old RocksDB (tried again an interval later); a crash is finished or
+undone when the bucket opens. The snapshot is not leased (a lease would show in
+every lease listing, and keep snapshots past ``kv.snapshot.num-retained``): a
+file the coordinator deleted meanwhile (two newer snapshots came) fails the
+attempt, and the next one takes the newest, keeping what was downloaded.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import shutil
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable
 
 from kvlease.common import errors, kvsnapshot
 from kvlease.common.fsync import fsync_path
 from kvlease.common.kvsnapshot import Manifest, ManifestFile
-from kvlease.common.model import SnapshotHandle
 from kvlease.common.storage import RemoteStorage
 from kvlease.tablet.replication.throttle import Throttle
 from kvlease.tablet.store.kvstore import BucketInUseError
@@ -61,8 +63,7 @@ STAGE_DIR = "rebase-download"  # inside the bucket's directory: the swap moves i
 SWAP_WAIT_S = 5.0  # the swap waits this long for the bucket's files to be free (else: the next round)
 SWAP_RETRY_S = 0.05
 MANIFESTS_CACHED = 1024
-POLL_S = 5.0  # the latest snapshots are asked for at least this often (a re-base soon after each commit)
-LEASE_MS = 600_000  # the lease on the snapshot while its files download (longer downloads: the next round)
+POLL_S = 5.0  # the followed buckets are looked at at least this often (a re-base soon after each commit)
 
 
 class Stopped(errors.KvLeaseError):
@@ -93,19 +94,13 @@ class RebaseTotals:
     seconds: float = 0.0
 
 
-def lease_id(server_id: int, tb) -> str:
-    """The lease a re-base on tablet server ``server_id`` holds on the snapshot of ``tb`` it fetches."""
-    part = "" if tb.partition_id is None else f"-p{tb.partition_id}"
-    return f"rebase-tablet-{server_id}-t{tb.table_id}{part}-b{tb.bucket}"
-
-
-def of_this_history(replica, handle: SnapshotHandle) -> bool:
-    """Whether ``handle`` was committed after the bucket's latest data loss (an unclean election, a restore:
+def of_this_history(replica, snapshot_id: int) -> bool:
+    """Whether snapshot ``snapshot_id`` was committed after the bucket's latest data loss (an unclean election, a restore:
     docs/replication.md, "Lost data"), so its records below its ``log_offset`` are the ones this replica
     applied (without a loss every committed snapshot is of the one committed history). One committed
     before it may hold history the loss gave up: never a base (the replica is rebuilt or restored anyway)."""
     loss = replica.role.latest_loss if replica.role is not None else None
-    return loss is None or handle.snapshot_id >= loss.next_snapshot_id
+    return loss is None or snapshot_id >= loss.next_snapshot_id
 
 
 def local_ssts(kv_dir: str, wanted: dict[tuple[str, int], int]) -> dict[FileKey, str]:
@@ -129,6 +124,20 @@ def local_ssts(kv_dir: str, wanted: dict[tuple[str, int], int]) -> dict[FileKey,
     return found
 
 
+def keep_staged(stage: str, shared: dict[FileKey, ManifestFile]) -> set[str]:
+    """Prepare ``stage`` for a re-base on the snapshot of ``shared`` (its SSTs by key): the SSTs an earlier
+    attempt left there that are this snapshot's (by key) stay, everything else goes; their names."""
+    os.makedirs(stage, exist_ok=True)
+    keep = set(local_ssts(stage, {(k[0], k[1]): k[2] for k in shared}).values())
+    for entry in os.scandir(stage):
+        if entry.path not in keep:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path)
+            else:
+                os.unlink(entry.path)
+    return {os.path.basename(path) for path in keep}
+
+
 def shared_keys(manifest: Manifest) -> dict[FileKey, ManifestFile]:
     """The manifest's SST files by key (its other files are private: always downloaded)."""
     keys = {}
@@ -142,21 +151,20 @@ def shared_keys(manifest: Manifest) -> dict[FileKey, ManifestFile]:
 class Rebaser:
     """Re-bases followed buckets on their latest remote snapshot (module docstring), on a thread of its own."""
 
-    def __init__(self, storage: RemoteStorage, admin, following: Callable[[], list], stop: threading.Event, *,
-                 interval_ms: int, server_id: int = 0, max_bytes_per_s: int = 0, io_threads: int = 8,
+    def __init__(self, storage: RemoteStorage, following: Callable[[], list], stop: threading.Event, *,
+                 interval_ms: int, max_bytes_per_s: int = 0, io_threads: int = 8,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
         """``following()``: the replicas this server follows now; ``interval_ms``: ``replica.rebase.interval``
         (0: never: :meth:`start` starts nothing)."""
         self.storage = storage
-        self.admin = admin
         self.following = following
         self.interval_s = interval_ms / 1000.0
         self.poll_s = min(self.interval_s, POLL_S)  # new snapshots are looked for this often
         self.io_threads = io_threads
-        self.server_id = server_id
         self._stop = stop
         self.throttle = Throttle(max_bytes_per_s, stop)
         self._monotonic = monotonic
+        self._noted: dict[int, int] = {}  # id(replica) -> its leader's latest snapshot id (fetch answers)
         self._based: dict[int, int] = {}  # id(replica) -> the snapshot id its RocksDB holds every SST of
         self._last: dict[int, float] = {}  # id(replica) -> when (monotonic) it was last re-based
         self._busy: set[int] = set()
@@ -178,6 +186,10 @@ class Rebaser:
         if thread is not None:
             thread.join(timeout=timeout_s)
 
+    def note(self, replica, snapshot_id: int) -> None:
+        """``replica``'s leader says the bucket's latest snapshot is ``snapshot_id`` (its fetch answer)."""
+        self._noted[id(replica)] = snapshot_id
+
     def based_on(self, replica) -> int | None:
         """The id of the latest snapshot seen whose every SST ``replica``'s RocksDB holds (None: none yet)."""
         return self._based.get(id(replica))
@@ -191,55 +203,52 @@ class Rebaser:
         while not self._stop.wait(self.poll_s):
             try:
                 self.round()
-            except Exception:  # the coordinator cannot answer now, ...: the next round
+            except Exception:  # a bug: logged, the next round goes on
                 log.exception("a re-base round failed")
 
     def round(self) -> list[RebaseStats]:
-        """Look at every followed bucket once; the re-bases done."""
-        groups: dict[tuple[int, int | None], list] = {}
+        """Look at every followed bucket once (the snapshot its leader named last); the re-bases done."""
         followed = self.following()
-        for replica in followed:
-            if replica.replicated and not replica.leads and not replica.closed and not replica.fresh:
-                groups.setdefault((replica.table.table_id, replica.table.partition_id), []).append(replica)
         held = {id(replica) for replica in followed}  # a replica closed or led now is forgotten (ids are reused)
-        self._based = {k: v for k, v in self._based.items() if k in held}
-        self._last = {k: v for k, v in self._last.items() if k in held}
+        for memo in (self._noted, self._based, self._last):
+            for key in [k for k in memo if k not in held]:
+                memo.pop(key, None)
         done = []
-        for (table_id, partition_id), replicas in sorted(groups.items(), key=lambda g: (g[0][0], g[0][1] or -1)):
-            latest = self.admin.get_latest_kv_snapshots(table_id, partition_id)
-            for replica in replicas:
-                info = latest.get(replica.tb)
-                if info is None or self._stop.is_set():
-                    continue
-                try:
-                    stats = self.consider(replica, info.handle)
-                except Stopped as exc:  # it leads now, or the server stops: nothing went wrong
-                    log.info("%s", exc.message)
-                    continue
-                except (errors.KvLeaseError, OSError) as exc:
-                    log.warning("%s: re-base on snapshot %d failed (the next round tries again): %s",
-                                replica.tb, info.handle.snapshot_id, exc)
-                    continue
-                if stats is not None:
-                    done.append(stats)
+        for replica in followed:
+            snapshot_id = self._noted.get(id(replica), 0)
+            if (not snapshot_id or self._stop.is_set() or not replica.replicated or replica.leads or replica.closed
+                    or replica.fresh):
+                continue
+            try:
+                stats = self.consider(replica, snapshot_id)
+            except Stopped as exc:  # it leads now, or the server stops: nothing went wrong
+                log.info("%s", exc.message)
+                continue
+            except (errors.KvLeaseError, OSError) as exc:
+                log.warning("%s: re-base on snapshot %d failed (tried again in %.0fs): %s", replica.tb, snapshot_id,
+                            self.interval_s, exc)
+                continue
+            if stats is not None:
+                done.append(stats)
         return done
 
-    def consider(self, replica, handle: SnapshotHandle, force: bool = False) -> RebaseStats | None:
-        """Re-base ``replica`` on ``handle`` if its RocksDB lacks one of its SST files and the interval since
-        its last re-base passed (``force``: whatever the interval); None if not done."""
+    def consider(self, replica, snapshot_id: int, force: bool = False) -> RebaseStats | None:
+        """Re-base ``replica`` on its bucket's snapshot ``snapshot_id`` (committed) if its RocksDB lacks one of
+        its SST files and the interval since its last re-base passed (``force``: whatever the interval); None if
+        not done."""
         key = id(replica)
         if key not in self._last:  # first look since the start: a crashed re-base's download goes
             self._last[key] = -float("inf")
             shutil.rmtree(os.path.join(replica.store.dir, STAGE_DIR), ignore_errors=True)
-        if self._based.get(key) == handle.snapshot_id or not of_this_history(replica, handle):
+        if self._based.get(key) == snapshot_id or not of_this_history(replica, snapshot_id):
             return None
         if not force and self._monotonic() - self._last[key] < self.interval_s - self.poll_s:
             return None
-        manifest = self._manifest(handle)
+        manifest = self._manifest(kvsnapshot.manifest_path(replica.tb, snapshot_id))
         shared = shared_keys(manifest)
         local = local_ssts(os.path.join(replica.store.dir, "kv"), {(k[0], k[1]): k[2] for k in shared})
         if all(k in local for k in shared):
-            self._based[key] = handle.snapshot_id  # its RocksDB holds every SST of it already
+            self._based[key] = snapshot_id  # its RocksDB holds every SST of it already
             return None
         offsets = replica.store.files.known_offsets()
         if offsets is None or not offsets[0] <= manifest.log_offset <= offsets[2]:
@@ -252,7 +261,7 @@ class Rebaser:
             with self._lock:
                 self._busy.discard(key)
             self._last[key] = self._monotonic()  # a failure too: tried again an interval later
-        self._based[key] = handle.snapshot_id
+        self._based[key] = snapshot_id
         with self._lock:
             self.totals.rebases += 1
             self.totals.downloaded_bytes += stats.downloaded_bytes
@@ -264,27 +273,24 @@ class Rebaser:
                  stats.bytes, stats.downloaded_bytes, stats.linked_bytes, stats.stage_s, stats.swap_s)
         return stats
 
-    def _manifest(self, handle: SnapshotHandle) -> Manifest:
-        """The snapshot's manifest, read once (a bucket not re-based yet is looked at again every round)."""
-        manifest = self._manifests.get(handle.metadata_path)
+    def _manifest(self, path: str) -> Manifest:
+        """The manifest at ``path``, read once (a bucket not re-based yet is looked at again every round)."""
+        manifest = self._manifests.get(path)
         if manifest is None:
             if len(self._manifests) >= MANIFESTS_CACHED:
                 self._manifests.clear()
-            manifest = self._manifests[handle.metadata_path] = kvsnapshot.read_manifest(self.storage,
-                                                                                        handle.metadata_path)
+            manifest = self._manifests[path] = kvsnapshot.read_manifest(self.storage, path)
         return manifest
 
     def _rebase(self, replica, manifest: Manifest, shared: dict[FileKey, ManifestFile],
                 local: dict[FileKey, str]) -> RebaseStats:
         stage = os.path.join(replica.store.dir, STAGE_DIR)
-        shutil.rmtree(stage, ignore_errors=True)
-        os.makedirs(stage)
+        kept = keep_staged(stage, shared)
         started = time.monotonic()
+        linked = {f.local_name: local[k] for k, f in shared.items() if k in local and f.local_name not in kept}
+        downloaded = self._stage(manifest, stage, linked, kept)
+        staged = time.monotonic()
         try:
-            linked = {f.local_name: local[k] for k, f in shared.items() if k in local}
-            with self._leased(manifest):
-                downloaded = self._stage(manifest, stage, linked)
-            staged = time.monotonic()
             self._swap(replica, stage, manifest.log_offset)
         finally:
             shutil.rmtree(stage, ignore_errors=True)
@@ -292,29 +298,14 @@ class Rebaser:
                            downloaded, sum(f.size for f in manifest.files if f.local_name in linked),
                            staged - started, time.monotonic() - staged)
 
-    @contextlib.contextmanager
-    def _leased(self, manifest: Manifest) -> Iterator[None]:
-        """A KV snapshot lease on the snapshot while its files are fetched (the coordinator keeps them for
-        :data:`LEASE_MS`); InvalidSnapshotError if it is no longer kept (the next round takes a newer one)."""
-        tb = manifest.bucket
-        lease = lease_id(self.server_id, tb)
-        result = self.admin.acquire_lease(lease, {tb: manifest.snapshot_id}, LEASE_MS)
-        try:
-            if tb in result.unavailable:
-                raise errors.InvalidSnapshotError(f"snapshot {manifest.snapshot_id} of {tb} is no longer kept")
-            yield
-        finally:
-            try:
-                self.admin.release_lease(lease, [tb])
-            except errors.KvLeaseError as exc:
-                log.warning("could not release the re-base's lease %s (it expires in %ds): %s", lease,
-                            LEASE_MS // 1000, exc)
-
-    def _stage(self, manifest: Manifest, stage: str, linked: dict[str, str]) -> int:
-        """Hard-link ``linked`` (local name -> live path) into ``stage`` and download the other files of
-        ``manifest`` there, each checked; returns the bytes downloaded."""
+    def _stage(self, manifest: Manifest, stage: str, linked: dict[str, str], kept: set[str]) -> int:
+        """Hard-link ``linked`` (local name -> live path) into ``stage`` and download the files of ``manifest``
+        neither linked nor ``kept`` (staged by an earlier attempt) there, each checked; returns the bytes
+        downloaded."""
         fetched = []
         for f in manifest.files:
+            if f.local_name in kept:
+                continue
             source = linked.get(f.local_name)
             if source is not None:
                 try:

@@ -152,10 +152,28 @@ def test_only_a_snapshot_committed_after_the_latest_loss_is_a_base():
     def replica(loss):
         return SimpleNamespace(role=SimpleNamespace(latest_loss=loss))
 
-    handle = SimpleNamespace(snapshot_id=7)
-    assert of_this_history(replica(None), handle)
+    assert of_this_history(replica(None), 7)
     unclean = DataLoss("UNCLEAN", 5, 100, newest_snapshot_id=7)  # snapshot 7 may hold the lost history
-    assert not of_this_history(replica(unclean), handle)
-    assert of_this_history(replica(unclean), SimpleNamespace(snapshot_id=8))
+    assert not of_this_history(replica(unclean), 7)
+    assert of_this_history(replica(unclean), 8)
     restore = DataLoss("RESTORE", 5, 100, snapshot_id=9)
-    assert not of_this_history(replica(restore), SimpleNamespace(snapshot_id=9))
+    assert not of_this_history(replica(restore), 9)
+
+
+def test_an_earlier_attempts_staged_ssts_of_the_snapshot_are_kept_and_the_rest_removed(tmp_path):
+    from kvlease.common.kvsnapshot import ManifestFile
+    from kvlease.tablet.replication.rebase import keep_staged
+    from kvlease.tablet.store.snapshot import fingerprint
+
+    stage = tmp_path / "rebase-download"
+    stage.mkdir()
+    for name, body in (("000007.sst", b"a" * 70_000), ("000008.sst", b"b" * 100), ("000009.sst", b"c" * 50),
+                       ("MANIFEST-000004", b"m"), ("000010.sst.part", b"p")):
+        (stage / name).write_bytes(body)
+    (stage / "junk").mkdir()
+    keys = {(name, size, fingerprint(str(stage / name), size)): ManifestFile(f"kv/1/0/shared/{name}", name, size)
+            for name, size in (("000007.sst", 70_000), ("000008.sst", 100))}
+    keys[("000009.sst", 50, 0)] = ManifestFile("kv/1/0/shared/x", "000009.sst", 50)  # another file of that name
+    assert keep_staged(str(stage), keys) == {"000007.sst", "000008.sst"}
+    assert sorted(p.name for p in stage.iterdir()) == ["000007.sst", "000008.sst"]
+    assert keep_staged(str(tmp_path / "new"), keys) == set() and (tmp_path / "new").is_dir()
