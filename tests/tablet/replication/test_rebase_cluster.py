@@ -14,7 +14,7 @@ import pytest
 
 from kvlease.client.snapshot_read import read_snapshot
 from kvlease.client.table import TableClient
-from kvlease.common import kvsnapshot
+from kvlease.common import errors, kvsnapshot
 from kvlease.ops.wait import wait_until
 from kvlease.tablet.store import kv_rebase
 from tests.tablet.replication.test_replicated_buckets import (FAST, SCHEMA, bucket_state, crash, server_by_id,
@@ -206,3 +206,35 @@ def test_a_rebuilt_follower_that_leads_next_uploads_only_what_changed_without_a_
             assert stats.snapshot_id == second.snapshot_id
             assert stats.uploaded_bytes <= 2 * changed_bytes(old, expected) + PRIVATE_BYTES, (stats, first)
             assert snapshot_rows(back.storage, second, tmp_path / "read") == expected
+
+
+def test_a_rebase_whose_snapshot_lost_a_file_leaves_rocksdb_as_it_was_and_the_next_snapshot_rebases(
+        make_config, tmp_path):
+    config = {**FAST, "kv.snapshot.interval": "1h", "replica.rebase.interval": "1h"}  # re-based by the test
+    with three_servers(make_config, tmp_path, config) as c:
+        table = c.admin.create_table("db.lost", SCHEMA, ["id"], 1, replication_factor=3, min_insync_replicas=2)
+        with TableClient(c.admin, "db.lost", retry_total_s=60) as client:
+            leader, (follower, _) = followers(c, table.table_id)
+            write(client, range(3000), "a")
+            leader_replica = leader.replicas.replica(table.table_id, 0)
+            first = leader.replicas.snapshot(leader_replica, force=True)
+            shared = sorted((f for f in first.files if "/shared/" in f.path), key=lambda f: -f.size)
+            leader.storage.delete(shared[0].path)  # behind the cluster's back
+            write(client, range(0, 3000, 7), "b")
+            wait_in_sync(c, table.table_id)
+            replica = follower.replicas.replica(table.table_id, 0)
+            wait_until(lambda: replica.store.high_watermark == leader_replica.store.high_watermark, 10, "the apply")
+            kv = tmp_path / f"t{follower.server_id}" / str(table.table_id) / "0" / "kv"
+            own = {p.name for p in kv.iterdir()}
+            with pytest.raises(errors.StorageError):
+                follower.fetchers.rebaser.consider(replica, first.snapshot_id, force=True)
+            assert {p.name for p in kv.iterdir()} == own  # its RocksDB was not touched
+            assert rows_of(replica.store) == rows_of(leader_replica.store)
+            second = leader.replicas.snapshot(leader_replica, force=True)  # uploads the lost file again
+            stats = follower.fetchers.rebaser.consider(replica, second.snapshot_id, force=True)
+            assert stats is not None and stats.snapshot_id == second.snapshot_id
+            ssts = {f.path.rsplit("/", 1)[-1].split("-")[0] + ".sst" for f in second.files if "/shared/" in f.path}
+            assert ssts <= {p.name for p in kv.iterdir()}
+            write(client, range(0, 3000, 11), "c")
+            wait_until(lambda: replica.store.high_watermark == leader_replica.store.high_watermark, 10, "the apply")
+            assert rows_of(replica.store) == rows_of(leader_replica.store)
