@@ -33,8 +33,10 @@ from kvlease.ops.bench.writes import make_batch
 ROW_BYTES = 8 + 100
 REBASE_INTERVAL = "1s"  # replica.rebase.interval of the bench's cluster
 REBASE_WAIT_S = 300.0
-_COUNTERS = {"rebases": "kvlease_tablet_rebases_total", "downloaded_bytes": "kvlease_tablet_rebase_download_bytes_total",
-             "linked_bytes": "kvlease_tablet_rebase_linked_bytes_total", "seconds": "kvlease_tablet_rebase_seconds_total"}
+_COUNTERS = {"rebases": "kvlease_tablet_rebases_total",
+             "downloaded_bytes": "kvlease_tablet_rebase_download_bytes_total",
+             "linked_bytes": "kvlease_tablet_rebase_linked_bytes_total",
+             "seconds": "kvlease_tablet_rebase_seconds_total"}
 
 
 def rebase_totals(directory: str) -> dict[str, float]:

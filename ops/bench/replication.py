@@ -60,8 +60,8 @@ SESSION_TIMEOUT_S = 6.0
 FAILOVER_MARGIN_S = 2.0
 LATENCY_ROWS = 10
 TARGET_FIRST_SNAPSHOT = 2.0  # issue 44: the new leader's first snapshot / the data changed since the last one
-TARGET_REBASE_DOWNLOAD = 1.5
-TARGET_REBASE_S = 5.0  # a re-base on a 1% change, its bucket's fetches held for part of it  # a follower's re-base downloads about what the leader uploaded
+TARGET_REBASE_DOWNLOAD = 1.5  # a follower's re-base downloads about what the leader uploaded
+TARGET_REBASE_S = 5.0  # a re-base on a 1% change (its bucket's fetches are held for part of it)
 
 OPTIONS = (
     Option("--rows", positive_int, 300_000, "rows loaded per throughput round"),
@@ -255,8 +255,8 @@ def incremental_lines(inc: dict[str, Any]) -> list[str]:
         f"  new leader's first snapshot      {first:,} B uploaded; data changed since the last snapshot "
         f"{changed:,} B ({inc['changed_rows']:,} rows): {first / changed:.2f}x (target <= {TARGET_FIRST_SNAPSHOT:g}x: "
         f"{ok}); full snapshot {full:,} B: {first / full:.4f} of it",
-        f"  follower re-base, first snapshot {initial['downloaded_bytes']:,.0f} B downloaded, {initial['seconds']:.2f} s "
-        f"(per follower)",
+        f"  follower re-base, first snapshot {initial['downloaded_bytes']:,.0f} B downloaded, "
+        f"{initial['seconds']:.2f} s (per follower)",
         f"  follower re-base, next snapshot  {steady['downloaded_bytes']:,.0f} B downloaded "
         f"({steady['downloaded_bytes'] / max(upload, 1):.2f}x the leader's upload of {upload:,} B), "
         f"{steady['linked_bytes']:,.0f} B linked, {steady['seconds']:.2f} s (per follower)",

@@ -95,8 +95,8 @@ class RebaseTotals:
 
 
 def of_this_history(replica, snapshot_id: int) -> bool:
-    """Whether snapshot ``snapshot_id`` was committed after the bucket's latest data loss (an unclean election, a restore:
-    docs/replication.md, "Lost data"), so its records below its ``log_offset`` are the ones this replica
+    """Whether snapshot ``snapshot_id`` was committed after the bucket's latest data loss (an unclean election,
+    a restore: docs/replication.md, "Lost data"), so its records below its ``log_offset`` are the ones this replica
     applied (without a loss every committed snapshot is of the one committed history). One committed
     before it may hold history the loss gave up: never a base (the replica is rebuilt or restored anyway)."""
     loss = replica.role.latest_loss if replica.role is not None else None
@@ -367,6 +367,7 @@ class RebaseCollector:
         yield CounterMetricFamily("kvlease_tablet_rebase_download_bytes",
                                   "snapshot bytes downloaded by re-bases", value=totals.downloaded_bytes)
         yield CounterMetricFamily("kvlease_tablet_rebase_linked_bytes",
-                                  "snapshot bytes re-bases hard-linked from the live RocksDB", value=totals.linked_bytes)
+                                  "snapshot bytes re-bases hard-linked from the live RocksDB",
+                                  value=totals.linked_bytes)
         yield CounterMetricFamily("kvlease_tablet_rebase_seconds",
                                   "seconds re-bases spent (staging, swapping and replaying)", value=totals.seconds)

@@ -1,8 +1,9 @@
 """Followers re-base their RocksDB on the latest remote snapshot (tablet/replication/rebase.py; docs/snapshots.md,
 "Incremental after a failover"): a coordinator and three tablet servers in this process, a real ZooKeeper, real
-RocksDB, gRPC on loopback and file:// remote storage (the first case on the local moto S3 server too). After a leader's kill the new leader's first snapshot uploads
-about the data changed since the last snapshot, not the table; its readers see exactly the leader's rows; a follower
-killed in the middle of a re-base comes back with the same rows and log."""
+RocksDB, gRPC on loopback and file:// remote storage (the first case on the local moto S3 server too). After a
+leader's kill the new leader's first snapshot uploads about the data changed since the last snapshot, not the table;
+its readers see exactly the leader's rows; a follower killed in the middle of a re-base comes back with the same rows
+and log; a re-base whose snapshot lost a file changes nothing."""
 
 from __future__ import annotations
 
@@ -198,7 +199,8 @@ def test_a_rebuilt_follower_that_leads_next_uploads_only_what_changed_without_a_
             wait_until(lambda: set(bucket_state(c, table.table_id).isr) == {leader.server_id, back.server_id}, 20,
                        "the ISR without the third server")
             crash(c, leader)
-            wait_until(lambda: bucket_state(c, table.table_id).leader_id == back.server_id, 20, "the rebuilt one to lead")
+            wait_until(lambda: bucket_state(c, table.table_id).leader_id == back.server_id, 20,
+                       "the rebuilt one to lead")
             replica = back.replicas.replica(table.table_id, 0)
             wait_until(lambda: replica.leads, 10, "the push that makes it lead")
             second = wait_until(lambda: _snapshot(back, replica), 20, "the new leader's first snapshot")
