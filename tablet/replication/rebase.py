@@ -211,7 +211,7 @@ class Rebaser:
         followed = self.following()
         held = {id(replica) for replica in followed}  # a replica closed or led now is forgotten (ids are reused)
         for memo in (self._noted, self._based, self._last):
-            for key in [k for k in memo if k not in held]:
+            for key in [k for k in list(memo) if k not in held]:  # (a copy: fetch threads note meanwhile)
                 memo.pop(key, None)
         done = []
         for replica in followed:
