@@ -58,7 +58,8 @@ class Fetchers:
                                     max_bytes_per_s=rebuild_bytes_per_s, io_threads=io_threads)
                           if storage is not None and admin is not None else None)
         self.rebaser = (Rebaser(storage, following, self._stop, interval_ms=rebase_interval_ms,
-                                max_bytes_per_s=rebuild_bytes_per_s, io_threads=io_threads)
+                                max_bytes_per_s=rebuild_bytes_per_s, io_threads=io_threads,
+                                rebuilding=lambda r: self.rebuilder is not None and self.rebuilder.busy(r))
                         if storage is not None and rebase_interval_ms > 0 else None)
         self._wake = threading.Event()  # a rebuild ended: a fetch thread with nothing to fetch goes on at once
         if self.rebuilder is not None:

@@ -153,9 +153,11 @@ class Rebaser:
 
     def __init__(self, storage: RemoteStorage, following: Callable[[], list], stop: threading.Event, *,
                  interval_ms: int, max_bytes_per_s: int = 0, io_threads: int = 8,
+                 rebuilding: Callable[[object], bool] = lambda replica: False,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
         """``following()``: the replicas this server follows now; ``interval_ms``: ``replica.rebase.interval``
-        (0: never: :meth:`start` starts nothing)."""
+        (0: never: :meth:`start` starts nothing); ``rebuilding(replica)``: whether a rebuild waits for or
+        works on it (the rebuilder's ``busy``: it is left alone meanwhile)."""
         self.storage = storage
         self.following = following
         self.interval_s = interval_ms / 1000.0
@@ -164,6 +166,7 @@ class Rebaser:
         self._stop = stop
         self.throttle = Throttle(max_bytes_per_s, stop)
         self._monotonic = monotonic
+        self._rebuilding = rebuilding
         self._noted: dict[int, int] = {}  # id(replica) -> its leader's latest snapshot id (fetch answers)
         self._based: dict[int, int] = {}  # id(replica) -> the snapshot id its RocksDB holds every SST of
         self._last: dict[int, float] = {}  # id(replica) -> when (monotonic) it was last re-based
@@ -217,7 +220,7 @@ class Rebaser:
         for replica in followed:
             snapshot_id = self._noted.get(id(replica), 0)
             if (not snapshot_id or self._stop.is_set() or not replica.replicated or replica.leads or replica.closed
-                    or replica.fresh):
+                    or replica.fresh or self._rebuilding(replica)):
                 continue
             try:
                 stats = self.consider(replica, snapshot_id)
