@@ -254,6 +254,12 @@ REPLICA_LEADER_FAILURE_TIMEOUT = _key("replica.leader.failure-timeout", "3s", pa
 REPLICA_REBUILD_MAX_BYTES_PER_S = _key("replica.rebuild.max-bytes-per-s", 104857600, parse_size,
                                        "download bandwidth of a tablet server's replica rebuilds from remote "
                                        "snapshots, shared by them all (bytes per second, e.g. 100mb; 0: unlimited)")
+REPLICA_REBASE_INTERVAL = _key("replica.rebase.interval", "30s", parse_duration_ms,
+                               "a follower re-bases its RocksDB on each followed bucket's latest remote snapshot "
+                               "(its leader names it in fetch answers; the follower downloads the snapshot's new SST "
+                               "files, reopens, replays its changelog since) at most about once per bucket per this "
+                               "interval, looking every 5s or this if shorter, so its first snapshot as leader after "
+                               "a failover stays incremental (0: never)")
 UNCLEAN_LEADER_ELECTION = _key("unclean.leader-election", False, _parse_bool,
                                "with no live in-sync replica, let an out-of-sync one lead (its missing writes "
                                "are lost: logged and counted)")

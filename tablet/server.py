@@ -47,6 +47,7 @@ from kvlease.tablet.replication.fetch_service import ReplicaFetchService
 from kvlease.tablet.replication.fetcher import Fetchers
 from kvlease.tablet.replication.isr_changes import IsrKeeper
 from kvlease.tablet.replication.leader_lease import LeaderLease, LeaseRenewer, lease_duration_ms
+from kvlease.tablet.replication.rebase import RebaseCollector
 from kvlease.tablet.replication.rebuild_progress import RebuildCollector
 from kvlease.client.transport import Channels
 from kvlease.tablet.replicas.step_down import StepDown
@@ -118,6 +119,7 @@ class TabletServer:
         self.scans = ScanService(self.replicas, c, security=self.security).start()
         self.scans.metrics.registry.register(HealthCollector(self.replicas, self.step_down))
         self.scans.metrics.registry.register(RebuildCollector(self.replicas, self.fetchers))
+        self.scans.metrics.registry.register(RebaseCollector(self.fetchers))
         self.keeper = BucketKeeper(self.replicas).start()
         self._grpc = grpc.server(ThreadPoolExecutor(max_workers=c[cfg.TABLET_RPC_THREADS],
                                                     thread_name_prefix="tablet-rpc"), options=GRPC_OPTIONS,
@@ -159,7 +161,8 @@ class TabletServer:
         self.fetchers = Fetchers(self.server_id, self.replicas.followed, self._replica_channels,
                                  wait_ms=c[cfg.REPLICA_FETCH_WAIT_MAX], max_bytes=c[cfg.REPLICA_FETCH_MAX_BYTES],
                                  storage=self.storage, admin=self.admin, io_threads=c[cfg.SNAPSHOT_UPLOAD_THREADS],
-                                 rebuild_bytes_per_s=c[cfg.REPLICA_REBUILD_MAX_BYTES_PER_S])
+                                 rebuild_bytes_per_s=c[cfg.REPLICA_REBUILD_MAX_BYTES_PER_S],
+                                 rebase_interval_ms=c[cfg.REPLICA_REBASE_INTERVAL])
         self.replicas.role_listeners.append(self.fetchers.update)
         self.replicas.role_listeners.append(self._remove_stray_copies)
         self.isr_keeper = IsrKeeper(self.server_id, self.replicas.leaderships, self.server_calls.alter_isr,

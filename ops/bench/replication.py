@@ -23,6 +23,14 @@ and measures in one run:
   Target: the big table's time within noise of the small one's (hot
   standbys: nothing is downloaded or replayed), and both <=
   ``zookeeper.session-timeout`` + 2 s.
+- ``incremental``: on the big table, ``--change-percent`` (1) of its rows
+  updated after the last snapshot, the bytes the new leader's first snapshot
+  uploads after the first kill, against those rows' bytes (target <= 2x:
+  its followers re-base on every snapshot, ``replica.rebase.interval`` 1 s
+  here) and against the full snapshot; and what the re-bases cost a follower:
+  bytes downloaded and seconds, on the first snapshot (all of it) and on an
+  incremental one (target: <= 1.5x what the leader uploaded for it)
+  (:mod:`kvlease.ops.bench.failover_snapshots`).
 
 The suite interface (``OPTIONS``, ``run``, ``target_rows``, ``report``) is
 :mod:`kvlease.ops.bench.suite`'s.
@@ -41,6 +49,7 @@ import numpy as np
 from kvlease.common.tables import Column
 import kvlease.ops.bench.suite as bench_suite
 from kvlease.ops import local_cluster
+from kvlease.ops.bench import failover_snapshots
 from kvlease.ops.bench.suite import Option, Row, cpu_seconds, positive_int, wait_idle
 from kvlease.ops.bench.writes import load, make_batch
 import kvlease.ops.wait as ops_wait
@@ -50,6 +59,9 @@ TARGET_RATIO = 0.33  # issue 30
 SESSION_TIMEOUT_S = 6.0
 FAILOVER_MARGIN_S = 2.0
 LATENCY_ROWS = 10
+TARGET_FIRST_SNAPSHOT = 2.0  # issue 44: the new leader's first snapshot / the data changed since the last one
+TARGET_REBASE_DOWNLOAD = 1.5  # a follower's re-base downloads about what the leader uploaded
+TARGET_REBASE_S = 5.0  # a re-base on a 1% change (its bucket's fetches are held for part of it)
 
 OPTIONS = (
     Option("--rows", positive_int, 300_000, "rows loaded per throughput round"),
@@ -59,6 +71,7 @@ OPTIONS = (
     Option("--latency-writes", positive_int, 1_000, "writes of 10 rows timed per replication factor"),
     Option("--failover-rows", positive_int, 1_000_000, "rows of the big table killed under"),
     Option("--failover-rounds", positive_int, 2, "kills per table size"),
+    Option("--change-percent", positive_int, 1, "percent of the big table's rows updated after its last snapshot"),
 )
 
 
@@ -100,9 +113,9 @@ def wait_in_sync(admin, table_id: int, timeout_s: float = 120.0) -> None:
         raise RuntimeError(f"table {table_id}: the ISR {state[0].isr} did not reach {state[0].replicas}")
 
 
-def failover_once(directory: str, admin, client, table_id: int, key: int) -> float:
+def failover_once(directory: str, admin, client, table_id: int, key: int, before_restart=None) -> float:
     """kill -9 the bucket's leader; seconds until a write and a lookup succeed again. The killed server
-    restarts and rejoins the ISR before this returns."""
+    restarts (after ``before_restart()``, if given) and rejoins the ISR before this returns."""
     victim = leader_of(admin, table_id)
     row = make_batch(np.array([key]), salt=3)
     killed = time.monotonic()
@@ -112,20 +125,24 @@ def failover_once(directory: str, admin, client, table_id: int, key: int) -> flo
     served_s = time.monotonic() - killed
     if found[0] is None:
         raise RuntimeError(f"the row written after the failover of table {table_id} is missing")
+    if before_restart is not None:
+        before_restart()
     local_cluster.restart(directory, "tablets", victim)
     wait_in_sync(admin, table_id)
     return served_s
 
 
 def run(*, rows: int, batch: int, threads: int, rounds: int, latency_writes: int, failover_rows: int,
-        failover_rounds: int, progress: bench_suite.Progress = lambda text: None) -> dict[str, Any]:
+        failover_rounds: int, change_percent: int = 1,
+        progress: bench_suite.Progress = lambda text: None) -> dict[str, Any]:
     """The figures (see the module docstring); options as in ``OPTIONS``."""
     from kvlease.client.admin import AdminClient
     from kvlease.client.table import TableClient
 
     base = tempfile.mkdtemp(prefix="kvlease-bench-replication-")
     directory = f"{base}/cluster"
-    overrides = {"kv.snapshot.interval": "1h", "zookeeper.session-timeout": f"{SESSION_TIMEOUT_S:g}s"}
+    overrides = {"kv.snapshot.interval": "1h", "zookeeper.session-timeout": f"{SESSION_TIMEOUT_S:g}s",
+                 "replica.rebase.interval": failover_snapshots.REBASE_INTERVAL}
     loads: dict[int, list[dict[str, float]]] = {1: [], 3: []}
     try:
         with local_cluster.running(directory, tablets=3, config_overrides=overrides, progress=progress):
@@ -151,7 +168,8 @@ def run(*, rows: int, batch: int, threads: int, rounds: int, latency_writes: int
                                 figures["latency"] = latencies(client, latency_writes)
                         if round_ < rounds:
                             admin.drop_table(name)
-                failover = failovers(directory, admin, failover_rows, failover_rounds, progress)
+                failover = failovers(directory, admin, failover_rows, failover_rounds, progress,
+                                     max(1, failover_rows * change_percent // 100))
             best = {rf: max(runs, key=lambda u: u["rows_per_s"]) for rf, runs in loads.items()}
             return {"rows": rows, "batch_rows": batch, "client_threads": threads, "rounds": rounds,
                     "rf1_rows_per_s": best[1]["rows_per_s"], "rf3_rows_per_s": best[3]["rows_per_s"],
@@ -170,7 +188,9 @@ def snapshot_files(admin, client) -> dict[str, int]:
     return {f.path: f.size for f in latest.handle.files}
 
 
-def failovers(directory: str, admin, big_rows: int, kills: int, progress) -> dict[str, Any]:
+def failovers(directory: str, admin, big_rows: int, kills: int, progress, changed: int = 1) -> dict[str, Any]:
+    """The failover times of a small and a big table, and the big one's snapshot figures (``incremental``:
+    :mod:`kvlease.ops.bench.failover_snapshots`, ``changed`` rows updated after its last snapshot)."""
     from kvlease.client.table import TableClient
 
     out: dict[str, Any] = {}
@@ -182,16 +202,22 @@ def failovers(directory: str, admin, big_rows: int, kills: int, progress) -> dic
             progress(f"loading {table_rows:,} rows into {name}")
             load(client, table_rows, 10_000, 4)
             wait_in_sync(admin, table.table_id)
+            start = failover_snapshots.rebase_totals(directory)
             before = snapshot_files(admin, client)
-            times, after = [], {}
+            incremental, hook = None, None
+            if label == "big":
+                incremental = failover_snapshots.prepare(directory, client, lambda: snapshot_files(admin, client),
+                                                         table_rows, changed, before, start, progress)
+                hook = lambda: failover_snapshots.after_failover(incremental,  # noqa: E731
+                                                                 lambda: snapshot_files(admin, client))
+            times = []
             for kill in range(kills):
                 progress(f"{name}: kill -9 of its leader ({kill + 1} of {kills})")
-                times.append(failover_once(directory, admin, client, table.table_id, table_rows + kill))
-                if kill == 0:  # the first snapshot of a replica that never led: its own SST files
-                    after = snapshot_files(admin, client)
-        new = sum(size for path, size in after.items() if path not in before)
-        out[label] = {"rows": table_rows, "served_s": times, "snapshot_bytes": sum(before.values()),
-                      "first_snapshot_after_failover_new_bytes": new}
+                times.append(failover_once(directory, admin, client, table.table_id, table_rows + kill,
+                                           hook if kill == 0 else None))
+        out[label] = {"rows": table_rows, "served_s": times, "snapshot_bytes": sum(before.values())}
+        if incremental is not None:
+            out["incremental"] = incremental
         admin.drop_table(name)
     return out
 
@@ -216,10 +242,25 @@ def report(result: dict[str, Any]) -> str:
         f"  failover, {fo['big']['rows']:>9,} rows          " + ", ".join(f"{s:.2f} s" for s in fo["big"]["served_s"]),
         f"  big / small (worst of each)      {big / small:>12.2f}   (target: about 1; both <= {bound:g} s: "
         f"{'ok' if max(big, small) <= bound else 'ABOVE'})",
-        f"  first snapshot of a new leader   {fo['big']['first_snapshot_after_failover_new_bytes']:,} new bytes "
-        f"uploaded (the snapshot before the kills: {fo['big']['snapshot_bytes']:,} bytes)",
-    ]
+    ] + incremental_lines(fo["incremental"])
     return "\n".join(lines)
+
+
+def incremental_lines(inc: dict[str, Any]) -> list[str]:
+    first, changed, full = inc["first_snapshot_bytes"], inc["changed_bytes"], inc["full_snapshot_bytes"]
+    ok = "ok" if first <= TARGET_FIRST_SNAPSHOT * changed else "ABOVE"
+    initial, steady = inc["rebase_initial"], inc["rebase_steady"]
+    upload = inc["second_snapshot_upload_bytes"]
+    return [
+        f"  new leader's first snapshot      {first:,} B uploaded; data changed since the last snapshot "
+        f"{changed:,} B ({inc['changed_rows']:,} rows): {first / changed:.2f}x (target <= {TARGET_FIRST_SNAPSHOT:g}x: "
+        f"{ok}); full snapshot {full:,} B: {first / full:.4f} of it",
+        f"  follower re-base, first snapshot {initial['downloaded_bytes']:,.0f} B downloaded, "
+        f"{initial['seconds']:.2f} s (per follower)",
+        f"  follower re-base, next snapshot  {steady['downloaded_bytes']:,.0f} B downloaded "
+        f"({steady['downloaded_bytes'] / max(upload, 1):.2f}x the leader's upload of {upload:,} B), "
+        f"{steady['linked_bytes']:,.0f} B linked, {steady['seconds']:.2f} s (per follower)",
+    ]
 
 
 def target_rows(figures: dict[str, Any]) -> list[Row]:
@@ -228,7 +269,23 @@ def target_rows(figures: dict[str, Any]) -> list[Row]:
     return [Row.ratio("PutKv upsert RF 3 / RF 1", figures["rf3_rows_per_s"], figures["rf1_rows_per_s"], "rows/s",
                       TARGET_RATIO),
             Row.limit(f"tablet failover, {fo['big']['rows']:,} rows per bucket", big, small, "s",
-                      figures["failover_bound_s"])]
+                      figures["failover_bound_s"])] + incremental_rows(fo["incremental"], fo["big"]["rows"])
+
+
+def incremental_rows(inc: dict[str, Any], rows: int) -> list[Row]:
+    """The new leader's first snapshot / the data changed (at most 2x), / the full snapshot (reported, at most
+    the changed share of the table times the same 2x), and a follower's re-base download / the leader's upload."""
+    first, changed, full = inc["first_snapshot_bytes"], inc["changed_bytes"], inc["full_snapshot_bytes"]
+    upload, steady = inc["second_snapshot_upload_bytes"], inc["rebase_steady"]
+    share = inc["changed_rows"] / rows
+    return [Row(f"first snapshot after failover / data changed, {rows:,} rows", first, changed, "B",
+                first / changed, TARGET_FIRST_SNAPSHOT, at_most=True),
+            Row(f"first snapshot after failover / full snapshot ({share:.0%} changed)", first, full, "B",
+                first / full, TARGET_FIRST_SNAPSHOT * share, at_most=True),
+            Row("follower re-base download / leader's snapshot upload", steady["downloaded_bytes"], upload, "B",
+                steady["downloaded_bytes"] / max(upload, 1), TARGET_REBASE_DOWNLOAD, at_most=True),
+            Row.limit("follower re-base on a snapshot (download, reopen, replay)", steady["seconds"], None, "s",
+                      TARGET_REBASE_S)]
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ from typing import Callable, Iterator, NamedTuple
 from kvlease.common.logentry import LogEntry
 from kvlease.tablet.bucket.open_buckets import OpenBuckets
 from kvlease.tablet.log.changelog import Changelog
-from kvlease.tablet.store import snapshot_install
+from kvlease.tablet.store import kv_rebase, snapshot_install
 from kvlease.tablet.store.kvstore import BucketInUseError, BucketStoreError, KvStore
 
 log = logging.getLogger(__name__)
@@ -197,6 +197,7 @@ class BucketFiles:
         s = self.settings
         try:
             snapshot_install.recover(self.dir, s.fsync)  # an install a crash interrupted: finished or undone
+            kv_rebase.recover(self.dir, s.fsync)  # a re-base of RocksDB likewise (tablet/store/kv_rebase.py)
             changelog = Changelog(os.path.join(self.dir, "log"), segment_bytes=s.segment_bytes, fsync=s.fsync,
                                   clock_ms=s.clock_ms)
             try:

@@ -36,7 +36,7 @@ from kvlease.tablet.bucket.state import BucketShared
 from kvlease.tablet.log.changelog import Changelog
 from kvlease.tablet.log.epoch_file import EpochFile
 from kvlease.tablet.log.epochs import EpochCache, EpochEnd, Truncation
-from kvlease.tablet.store import snapshot_install
+from kvlease.tablet.store import kv_rebase, snapshot_install
 from kvlease.tablet.store.kvstore import BucketStoreError, KvStore, checkpoint_log_offset
 from kvlease.tablet.store.prewrite_buffer import READ_BYTES
 
@@ -241,6 +241,48 @@ class BucketReplication:
             self.bucket.buffer.invalidate()
         with self.bucket.files.use():
             pass  # opened now: a bad install shows here, not at the next fetch
+
+    def rebase_kv(self, checkpoint_dir: str, log_offset: int) -> None:
+        """Replace this follower's RocksDB by the snapshot checkpoint in ``checkpoint_dir`` (moved away) whose
+        applied offset is ``log_offset``, keeping its changelog, epochs, writers and high watermark; the files
+        reopen at once and replay the changelog from ``log_offset`` up to the high watermark, so RocksDB holds
+        the same rows as before, in the snapshot's SST files plus new ones (``tablet/store/kv_rebase.py``).
+        InvalidSnapshotError if the checkpoint's applied offset is not ``log_offset``, or if the changelog does
+        not reach from ``log_offset`` to the applied offset (nothing changed then); BucketStoreError if the files
+        are in use now (BucketInUseError: try again). Only a replicated store; the caller makes sure this replica
+        follows (``tablet/replication/rebase.py``: under its fetch lock)."""
+        self._require_replicated("rebase_kv")
+        try:
+            found = checkpoint_log_offset(checkpoint_dir)
+        except Exception as exc:  # rocksdict raises a bare Exception
+            raise InvalidSnapshotError(f"bucket {self.bucket.spec.dir}: {checkpoint_dir} is not a RocksDB checkpoint: "
+                                       f"{exc}") from exc
+        if found != log_offset:
+            raise InvalidSnapshotError(f"bucket {self.bucket.spec.dir}: the checkpoint holds the records below offset "
+                                       f"{found}, the snapshot says {log_offset}", log_offset=log_offset)
+        with self.bucket.files.use() as (changelog, kv):
+            start, applied = changelog.start_offset, kv.applied_offset
+        with self.bucket.write_lock:
+            if not start <= log_offset <= applied:
+                raise InvalidSnapshotError(f"bucket {self.bucket.spec.dir}: a snapshot at offset {log_offset} cannot "
+                                           f"re-base RocksDB (applied up to {applied}, the changelog starts at {start})",
+                                           log_offset=log_offset)
+            self._settle()
+            fsync = self.bucket.files.settings.fsync
+            self.bucket.files.replay_limit = max(self.bucket.files.replay_limit or 0, applied)
+            self.bucket.files.replace(lambda: self._swap_kv(checkpoint_dir, log_offset, fsync))
+            self.bucket.buffer.invalidate()
+        with self.bucket.files.use():
+            pass  # reopened now, the changelog replayed: a bad snapshot shows here, not at the next fetch
+
+    def _swap_kv(self, checkpoint_dir: str, log_offset: int, fsync: bool) -> None:
+        """:meth:`rebase_kv`'s swap, the files closed: the changelog must still start at or below ``log_offset``
+        (its retention may have run since it was looked at), else nothing changes."""
+        start = kv_rebase.log_start(self.bucket.spec.dir)
+        if start is None or start > log_offset:
+            raise InvalidSnapshotError(f"bucket {self.bucket.spec.dir}: its changelog starts at {start}, above the "
+                                       f"snapshot's offset {log_offset}: RocksDB is not re-based", log_offset=log_offset)
+        kv_rebase.rebase(self.bucket.spec.dir, checkpoint_dir, log_offset, fsync)
 
     def discard_files(self, why: str) -> None:
         """Move this replica's files aside (``tablet/bucket/damage.py``) and start empty at offset 0, to be

@@ -357,6 +357,10 @@ class BucketStore:
                          writers: tuple[tuple[int, ...], ...] = ()) -> None:
         self.replication.install_snapshot(checkpoint_dir, log_offset, writers)
 
+    @documented_by(BucketReplication.rebase_kv)
+    def rebase_kv(self, checkpoint_dir: str, log_offset: int) -> None:
+        self.replication.rebase_kv(checkpoint_dir, log_offset)
+
     @documented_by(BucketReplication.discard_files)
     def discard_files(self, why: str) -> None:
         self.replication.discard_files(why)

@@ -130,6 +130,8 @@ class ReplicaFetchService:
         store = replica.store
         start, _ = store.list_offsets()
         result.log_start_offset = start
+        base = replica.uploader.base  # its followers re-base on it (tablet/replication/rebase.py)
+        result.latest_snapshot_id = base.snapshot_id if base is not None else 0
         if item.last_fetched_epoch >= 0 and item.fetch_offset > 0:
             answer = store.end_offset_for(item.last_fetched_epoch)
             if answer.epoch != item.last_fetched_epoch or answer.end_offset < item.fetch_offset:

@@ -27,6 +27,7 @@ from kvlease.common.proto import tablet_pb2_grpc as pb_grpc
 from kvlease.common.wire import error_from_pb, raise_for
 from kvlease.tablet.bucket import damage as bucket_damage
 from kvlease.tablet.replication.fetch_service import answer_of
+from kvlease.tablet.replication.rebase import Rebaser
 from kvlease.tablet.replication.rebuild import DAMAGED, DIVERGED, FRESH, Rebuilder
 from kvlease.tablet.replication.worker import ReplicaWorker
 
@@ -37,10 +38,13 @@ ERROR_BACKOFF_S = 0.2
 
 class Fetchers:
     def __init__(self, server_id: int, following, channels: Channels, *, wait_ms: int, max_bytes: int,
-                 storage=None, admin=None, io_threads: int = 8, rebuild_bytes_per_s: int = 0) -> None:
+                 storage=None, admin=None, io_threads: int = 8, rebuild_bytes_per_s: int = 0,
+                 rebase_interval_ms: int = 0) -> None:
         """``following()``: the replicas this server follows now (``Replica`` objects of the replica manager);
         ``storage`` and ``admin`` (the remote storage, an ``AdminClient``): where a follower whose log cannot
-        continue from its leader's is rebuilt from (``tablet/replication/rebuild.py``; None: it is not)."""
+        continue from its leader's is rebuilt from (``tablet/replication/rebuild.py``; None: it is not), and
+        what a follower re-bases its RocksDB on every ``rebase_interval_ms`` (``tablet/replication/rebase.py``;
+        0: never)."""
         self.server_id = server_id
         self.following = following
         self.channels = channels
@@ -53,6 +57,10 @@ class Fetchers:
         self.rebuilder = (Rebuilder(storage, admin, self._stop, server_id=server_id,
                                     max_bytes_per_s=rebuild_bytes_per_s, io_threads=io_threads)
                           if storage is not None and admin is not None else None)
+        self.rebaser = (Rebaser(storage, following, self._stop, interval_ms=rebase_interval_ms,
+                                max_bytes_per_s=rebuild_bytes_per_s, io_threads=io_threads,
+                                rebuilding=lambda r: self.rebuilder is not None and self.rebuilder.busy(r))
+                        if storage is not None and rebase_interval_ms > 0 else None)
         self._wake = threading.Event()  # a rebuild ended: a fetch thread with nothing to fetch goes on at once
         if self.rebuilder is not None:
             self.rebuilder.on_done = self._wake.set
@@ -61,6 +69,8 @@ class Fetchers:
         """Start a fetch thread for every leader followed that has none."""
         if self._stop.is_set():
             return
+        if self.rebaser is not None:
+            self.rebaser.start()
         with self._lock:
             addresses = {r.role.leader_address for r in self.following() if r.role.leader_address}
             for address in sorted(addresses):
@@ -84,6 +94,8 @@ class Fetchers:
         self.applier.stop()
         if self.rebuilder is not None:
             self.rebuilder.stop()
+        if self.rebaser is not None:
+            self.rebaser.join()
 
     def resume(self) -> None:
         """Fetch again after :meth:`stop` (a follower that was stuck and goes on): the applier and the
@@ -115,6 +127,8 @@ class Fetchers:
     def _round(self, address: str, replicas: list) -> None:
         items, asked = [], []
         for replica in replicas:
+            if self.rebaser is not None and self.rebaser.busy(replica):
+                continue  # its RocksDB is swapped now: fetched again once re-based
             if self.rebuilder is not None:
                 if self.rebuilder.busy(replica):
                     continue  # fetched again once rebuilt
@@ -179,6 +193,8 @@ class Fetchers:
             store = replica.store
             if result.log_end_offset:
                 replica.leader_end = result.log_end_offset
+            if self.rebaser is not None and result.latest_snapshot_id:
+                self.rebaser.note(replica, result.latest_snapshot_id)
             if result.HasField("diverging_epoch"):
                 step = store.truncation_for(answer_of(result))
                 if step.offset < store.applied_offset and self.rebuilder is not None:

@@ -163,7 +163,7 @@ def test_all_runs_every_benchmark_in_order_with_its_options_and_one_table(runs):
     assert options["leases"]["leases"] == 2000 and "rows" not in options["leases"]
     assert options["writes"]["rows"] == options["scan"]["rows"] == options["bootstrap"]["rows"] == 20_000
     table = result.stdout.split("\n\nbenchmark ")[-1].splitlines()
-    assert [line.split()[0] for line in table[1:]] == ["leases"] * 4 + ["writes"] + ["scan"] * 4 + ["bootstrap"] + ["replication"] * 2 + ["rebuild"] + ["partitions"] * 5 + ["lookups"]
+    assert [line.split()[0] for line in table[1:]] == ["leases"] * 4 + ["writes"] + ["scan"] * 4 + ["bootstrap"] + ["replication"] * 6 + ["rebuild"] + ["partitions"] * 5 + ["lookups"]
     for name in MODULES:
         assert f"== {name} ==" in result.stdout
 

@@ -175,7 +175,8 @@ def test_a_waiting_fetch_that_looks_again_does_not_bring_back_a_follower_that_le
 
     lead = Leadership(1, role(isr=(1, 2), min_insync=1), store, now_ms=0)
     end = put(store, lead, 1)
-    replica = types.SimpleNamespace(leads=True, leadership=lambda: lead, store=store, table=TABLE, loss_work=None)
+    replica = types.SimpleNamespace(leads=True, leadership=lambda: lead, store=store, table=TABLE, loss_work=None,
+                                    uploader=types.SimpleNamespace(base=None))  # no snapshot yet
     service = ReplicaFetchService(types.SimpleNamespace(replica=lambda table_id, bucket: replica),
                                   clock_ms=itertools.count(1000).__next__)  # each look its own time
     request = pb.ReplicaFetchRequest(replica_id=2, max_wait_ms=5000, buckets=[pb.ReplicaFetchBucketPb(
@@ -224,7 +225,8 @@ def test_a_leader_with_loss_work_answers_its_followers_nothing_until_it_is_done(
     end = put(store, lead, 1)
     replica = types.SimpleNamespace(leads=True, leadership=lambda: lead, store=store, table=TABLE, bucket=0,
                                     loss_work=lost_data.CONFIRM, where="bucket 0 of table db.t",
-                                    details={"table_id": TABLE.table_id, "bucket": 0})
+                                    details={"table_id": TABLE.table_id, "bucket": 0},
+                                    uploader=types.SimpleNamespace(base=None))
     service = ReplicaFetchService(types.SimpleNamespace(replica=lambda table_id, bucket: replica),
                                   clock_ms=itertools.count(1000).__next__)
     request = pb.ReplicaFetchRequest(replica_id=2, max_wait_ms=0, buckets=[pb.ReplicaFetchBucketPb(
