@@ -26,7 +26,8 @@ from kvlease.ops.cli.values import EPOCH_MS, POSITIVE_DURATION, bucket_number, i
                    "UTC unless it names a zone), in every bucket read.")
 @click.option("--follow", is_flag=True, help="Keep polling for new records until Ctrl-C.")
 @click.option("--poll-interval", type=POSITIVE_DURATION, default="500ms", show_default=True, metavar="DURATION",
-              help="How often --follow asks for new records.")
+              help="How long --follow waits for new records per round of the buckets read (a long poll: a "
+                   "record committed in the bucket waited on is printed at once).")
 @partition_option
 @common_options
 @pass_state
@@ -113,9 +114,14 @@ class LogReader:
         self.collected: dict[int, list[dict]] = {b: [] for b in buckets}
         self.with_bucket = with_bucket
 
-    def _fetch(self, bucket: int, emit) -> int:
-        """One fetch of ``bucket`` from its next offset; each record to ``emit`` (None: collected)."""
-        records, end, position = self.client.fetch_log_from(bucket, self.position[bucket])
+    def _fetch(self, bucket: int, emit, wait_ms: int = 0) -> int:
+        """One fetch of ``bucket`` from its next offset; each record to ``emit`` (None: collected). ``wait_ms``:
+        a long poll (answered as soon as a record is committed); an empty answer sooner than that (a server
+        that does not wait) is followed by a sleep for the rest, so a reader never spins."""
+        t0 = time.monotonic()
+        records, end, position = self.client.fetch_log_from(bucket, self.position[bucket], max_wait_ms=wait_ms)
+        if not records and wait_ms:
+            time.sleep(max(0.0, wait_ms / 1000.0 - (time.monotonic() - t0)))
         self.end.setdefault(bucket, end)
         for record in records:
             doc = out.log_record_doc(record)
@@ -136,7 +142,10 @@ class LogReader:
                 pass
 
     def follow(self, emit, poll_interval_s: float) -> None:
-        """Until interrupted: every bucket in turn, sleeping when none had a new record."""
+        """Until interrupted: every bucket in turn, each fetch a long poll of the poll interval shared among the
+        buckets: a record committed in the bucket waited on is printed at once, in another at most one poll
+        interval later (as when it slept the interval between rounds)."""
+        wait_ms = max(1, int(poll_interval_s * 1000 / len(self.buckets)))
         while True:
-            if not sum(self._fetch(bucket, emit) for bucket in self.buckets):
-                time.sleep(poll_interval_s)
+            for bucket in self.buckets:
+                self._fetch(bucket, emit, wait_ms)
