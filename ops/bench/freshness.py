@@ -135,7 +135,8 @@ def _line(label: str, f: dict[str, Any], target_ms: float | None) -> str:
     judged = "" if target_ms is None else (f"  (p99 target <= {target_ms:g} ms: "
                                            f"{'ok' if f['p99_ms'] <= target_ms else 'MISSED'})")
     return (f"  {label:<34} p50 {f['p50_ms']:8.1f} ms  p99 {f['p99_ms']:8.1f} ms  max {f['max_ms']:8.1f} ms  "
-            f"({f['keys']:,} writes, {f['achieved_rate']:,.0f}/s){judged}")
+            f"({f['keys']:,} writes, {f['achieved_rate']:,.0f}/s, {f['seen_before_ack'] / max(1, f['keys']):.0%} seen "
+            f"before acknowledged){judged}")
 
 
 def report(result: dict[str, Any]) -> str:
