@@ -152,6 +152,8 @@ def report(result: dict[str, Any]) -> str:
         s = r["spark"]
         lines.append(_line(f"Spark micro-batch, {s['rate']:,} writes/s", s, targets["spark_p99"])
                      + f"  [{s['batches']} micro-batches with rows]")
+        lines.append("    a micro-batch's steps, median ms: " + ", ".join(
+            f"{step} {ms:,.0f}" for step, ms in s.get("batch_steps_ms", {}).items()))
     else:
         lines.append("  Spark micro-batch: not measured (--no-spark)")
     return "\n".join(lines)

@@ -11,6 +11,7 @@ the query runs (its first micro-batch is behind it) when the writer starts.
 from __future__ import annotations
 
 import time
+from statistics import median
 from typing import Any
 
 from kvlease.ops.bench.freshness_probe import PacedWriter, Seen, freshness
@@ -43,11 +44,23 @@ def spark_freshness(spark, client, bootstrap: str, table: str, rate: int, second
         if not seen.wait_all(DRAIN_TIMEOUT_S):
             raise RuntimeError(f"the streaming query did not see every write within {DRAIN_TIMEOUT_S:g} s")
         _check(query)
+        steps = batch_steps(query.recentProgress)
     finally:
         query.stop()
     figures = freshness(writer.acked, seen.times)
     return {**figures, "rate": rate, "achieved_rate": writer.achieved_rate, "batches": len(batches),
-            "rows_per_batch": writer.n / max(1, len(batches))}
+            "rows_per_batch": writer.n / max(1, len(batches)), "batch_steps_ms": steps}
+
+
+def batch_steps(progress) -> dict[str, float]:
+    """Where a micro-batch's time goes: the median ms of each step Spark times (``durationMs`` of its progress
+    reports: ``latestOffset``, ``queryPlanning``, ``addBatch`` (the read and ``foreachBatch``), ``walCommit``,
+    ``commitOffsets``, ``triggerExecution`` the whole) over the micro-batches that had rows, the first such
+    (workers starting) left out."""
+    reports = [p for p in progress if p.numInputRows > 0][1:]
+    steps = ("latestOffset", "queryPlanning", "addBatch", "walCommit", "commitOffsets", "triggerExecution")
+    return {step: float(median([p.durationMs.get(step, 0) for p in reports])) if reports else float("nan")
+            for step in steps}
 
 
 def _await_first_row(query, client, seen: Seen, key: int) -> None:
