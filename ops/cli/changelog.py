@@ -16,6 +16,11 @@ from kvlease.ops.cli.partition_option import bucket_client, partition_option
 from kvlease.ops.cli.values import EPOCH_MS, POSITIVE_DURATION, bucket_number, int64, table_path
 
 
+#: An empty long poll answered sooner than half of this (or of its wait) was not a wait: the server does not
+#: long-poll (older than FetchLog's max_wait_ms), and the reader sleeps instead.
+NOT_WAITED_S = 0.4
+
+
 @kvlease.command("log")
 @click.argument("path", metavar="DB.NAME", callback=table_path)
 @click.option("--bucket", type=bucket_number(), help="Only this bucket's changelog (default: every bucket).")
@@ -116,12 +121,14 @@ class LogReader:
 
     def _fetch(self, bucket: int, emit, wait_ms: int = 0) -> int:
         """One fetch of ``bucket`` from its next offset; each record to ``emit`` (None: collected). ``wait_ms``:
-        a long poll (answered as soon as a record is committed); an empty answer sooner than that (a server
-        that does not wait) is followed by a sleep for the rest, so a reader never spins."""
+        a long poll (answered as soon as a record is committed; an empty answer after the wait, or after about
+        0.8 s, the call's first deadline). An empty answer much sooner (a server that does not wait) is followed
+        by a sleep for the rest of the wait, so a reader never spins."""
         t0 = time.monotonic()
         records, end, position = self.client.fetch_log_from(bucket, self.position[bucket], max_wait_ms=wait_ms)
-        if not records and wait_ms:
-            time.sleep(max(0.0, wait_ms / 1000.0 - (time.monotonic() - t0)))
+        took = time.monotonic() - t0
+        if not records and wait_ms and took < min(wait_ms / 1000.0, NOT_WAITED_S) / 2:
+            time.sleep(wait_ms / 1000.0 - took)
         self.end.setdefault(bucket, end)
         for record in records:
             doc = out.log_record_doc(record)
