@@ -93,6 +93,13 @@ def test_a_tiny_run_measures_every_line_and_leaves_nothing(tmp_path, monkeypatch
 
 
 @pytest.mark.unit
+def test_rates_out_of_order_are_refused_before_anything_starts():
+    with pytest.raises(bench_suite.UsageError, match="--low-rate 1,000 must be below --high-rate 1,000"):
+        bench_freshness.run(seconds=1.0, low_rate=1_000, high_rate=1_000, wait_ms=500, spark_rate=100,
+                            spark_seconds=1.0, no_spark=True)
+
+
+@pytest.mark.unit
 def test_freshness_is_in_the_suite_after_lookups_with_its_spark_switch():
     assert bench_suite.MODULES["freshness"] == "kvlease.ops.bench.freshness"
     assert list(bench_suite.SUITE).index("freshness") == list(bench_suite.SUITE).index("lookups") + 1
