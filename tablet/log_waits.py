@@ -15,8 +15,11 @@ once.
 One condition for the whole server: a notify wakes every waiting reader, each
 of which fetches again (a read of its bucket's committed end, nothing when
 nothing is new) and waits again. A waiting call holds one of the server's RPC
-threads (``tablet.rpc.threads``), so readers keep waits short (``kvlease log
---follow`` waits its poll interval).
+threads (``tablet.rpc.threads``), so at most ``max_waiting`` calls wait at once
+(the server gives half its RPC threads): one more answers at once, as a plain
+FetchLog, and writes always find a thread. Readers keep waits short
+(``kvlease log --follow`` waits its poll interval, and sleeps after an answer
+that came far sooner).
 """
 
 from __future__ import annotations
@@ -43,10 +46,12 @@ def wait_seconds(max_wait_ms: int, time_remaining_s: float | None) -> float:
 
 
 class LogWaits:
-    def __init__(self) -> None:
+    def __init__(self, max_waiting: int = 16) -> None:
         self._news = threading.Condition()
         self._version = 0
         self._closed = False
+        self.max_waiting = max_waiting
+        self.waiting = 0  # calls in poll() that may wait
 
     def notify(self) -> None:
         """The committed end of a log here may have moved: waiting readers fetch again."""
@@ -63,7 +68,19 @@ class LogWaits:
     def poll(self, fetch: Callable[[], T], ready: Callable[[T], bool], wait_s: float) -> T:
         """``fetch()`` until ``ready`` of its answer, for up to ``wait_s``; the last answer. Each fetch after
         the first follows a :meth:`notify` (the version is read before fetching, so news that comes while
-        it fetches is not missed). An exception of ``fetch`` is raised at once."""
+        it fetches is not missed). An exception of ``fetch`` is raised at once. With ``max_waiting`` calls
+        waiting already, the first answer is returned whatever it is."""
+        with self._news:
+            may_wait = wait_s > 0 and self.waiting < self.max_waiting
+            self.waiting += may_wait
+        try:
+            return self._poll(fetch, ready, wait_s if may_wait else 0.0)
+        finally:
+            if may_wait:
+                with self._news:
+                    self.waiting -= 1
+
+    def _poll(self, fetch: Callable[[], T], ready: Callable[[T], bool], wait_s: float) -> T:
         deadline = time.monotonic() + wait_s
         while True:
             with self._news:

@@ -158,7 +158,7 @@ class TabletServer:
         "Replication")."""
         c = self.config
         self.fetches_service = ReplicaFetchService(self.replicas)
-        self.log_waits = LogWaits()  # clients' FetchLog long polls (tablet/log_waits.py)
+        self.log_waits = LogWaits(max(1, c[cfg.TABLET_RPC_THREADS] // 2))  # FetchLog long polls (tablet/log_waits.py)
         self.replicas.on_commit = self._notify_news
         credentials = None
         if c[cfg.SECURITY_ENABLED]:

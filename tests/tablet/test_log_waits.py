@@ -63,3 +63,16 @@ def test_closing_ends_waiting_polls_and_later_ones_do_not_wait():
     assert answered == [""]
     t0 = time.monotonic()
     assert waits.poll(lambda: "", bool, 30.0) == "" and time.monotonic() - t0 < 1.0
+
+
+def test_at_most_max_waiting_calls_wait_and_one_more_answers_at_once():
+    waits, answered = LogWaits(max_waiting=1), []
+    poll = threading.Thread(target=lambda: answered.append(waits.poll(lambda: "", bool, 30.0)))
+    poll.start()
+    time.sleep(0.1)
+    assert waits.waiting == 1
+    t0 = time.monotonic()
+    assert waits.poll(lambda: "", bool, 30.0) == "" and time.monotonic() - t0 < 1.0  # the RPC threads' share is used
+    waits.close()
+    poll.join(5)
+    assert answered == [""] and waits.waiting == 0
