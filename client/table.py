@@ -324,7 +324,7 @@ class TableClient(LogOffsets):
         return [row if hit else None for row, hit in zip(rows, found)]
 
     def fetch_log_batch(self, bucket: int, from_offset: int, max_bytes: int = DEFAULT_FETCH_BYTES,
-                        last_fetched_epoch: int | None = None) -> tuple[pa.RecordBatch, int]:
+                        last_fetched_epoch: int | None = None, max_wait_ms: int = 0) -> tuple[pa.RecordBatch, int]:
         """``(records, log_end_offset)`` from ``from_offset`` on (at least one entry when there are any).
 
         ``records`` is in :func:`kvlease.client.log_records.log_schema`: ``offset``
@@ -333,9 +333,9 @@ class TableClient(LogOffsets):
         record's changelog entry; null for entries older than format version
         2), then the table's columns: the row of +I/+U, the before-image of
         -U/-D (the key columns only if a record carries no value).
-        ``last_fetched_epoch``: see :meth:`fetch_log_entries`.
+        ``last_fetched_epoch``, ``max_wait_ms``: see :meth:`fetch_log_entries`.
         """
-        entries, end = self.fetch_log_entries(bucket, from_offset, max_bytes, last_fetched_epoch)
+        entries, end = self.fetch_log_entries(bucket, from_offset, max_bytes, last_fetched_epoch, max_wait_ms)
         return self._log_batch(entries), end
 
     def _log_batch(self, entries: list[LogEntry]) -> pa.RecordBatch:
@@ -345,34 +345,42 @@ class TableClient(LogOffsets):
         return decode_records(self.codec, batches[0] if len(batches) == 1 else pa.concat_batches(batches))
 
     def fetch_log(self, bucket: int, from_offset: int, max_bytes: int = DEFAULT_FETCH_BYTES,
-                  last_fetched_epoch: int | None = None) -> tuple[list[dict], int]:
+                  last_fetched_epoch: int | None = None, max_wait_ms: int = 0) -> tuple[list[dict], int]:
         """``(records, log_end_offset)``; each record ``{"offset", "change_type" ("+I", "-U", "+U",
         "-D"), "timestamp" (int ms since the epoch, or None for an entry older than format version
         2), "row"}`` (see :meth:`fetch_log_batch` for what ``row`` holds; :meth:`fetch_log_entries` for
-        ``last_fetched_epoch``; :meth:`fetch_log_from` keeps the epoch for you)."""
-        batch, end = self.fetch_log_batch(bucket, from_offset, max_bytes, last_fetched_epoch)
+        ``last_fetched_epoch`` and ``max_wait_ms``; :meth:`fetch_log_from` keeps the epoch for you)."""
+        batch, end = self.fetch_log_batch(bucket, from_offset, max_bytes, last_fetched_epoch, max_wait_ms)
         return log_rows(batch), end
 
-    def fetch_log_from(self, bucket: int, position: LogPosition,
-                       max_bytes: int = DEFAULT_FETCH_BYTES) -> tuple[list[dict], int, LogPosition]:
+    def fetch_log_from(self, bucket: int, position: LogPosition, max_bytes: int = DEFAULT_FETCH_BYTES,
+                       max_wait_ms: int = 0) -> tuple[list[dict], int, LogPosition]:
         """:meth:`fetch_log` from ``position`` (:class:`kvlease.client.log_position.LogPosition`), fenced by its
         epoch: ``(records, log_end_offset, the position after them)``. DataLostError if offsets read
-        before ``position`` were lost and are reused (not retried)."""
-        entries, end = self.fetch_log_entries(bucket, position.offset, max_bytes, position.epoch)
+        before ``position`` were lost and are reused (not retried). ``max_wait_ms``: see :meth:`fetch_log_entries`."""
+        entries, end = self.fetch_log_entries(bucket, position.offset, max_bytes, position.epoch, max_wait_ms)
         return log_rows(self._log_batch(entries)), end, position.after(entries)
 
     def fetch_log_entries(self, bucket: int, from_offset: int, max_bytes: int = DEFAULT_FETCH_BYTES,
-                          last_fetched_epoch: int | None = None) -> tuple[list[LogEntry], int]:
+                          last_fetched_epoch: int | None = None, max_wait_ms: int = 0) -> tuple[list[LogEntry], int]:
         """``(entries, log_end_offset)``: the changelog entries from ``from_offset`` on as they are stored
         (raw keys and values; records below ``from_offset`` dropped), at least one when there are any.
         ``last_fetched_epoch``: the leader epoch of the entry just below ``from_offset`` as this reader
         read it (the previous answer's last entry's ``leader_epoch``): DataLostError, not retried, if
-        the bucket's log no longer holds it there (``client/log_position.py``). None: not checked."""
+        the bucket's log no longer holds it there (``client/log_position.py``). None: not checked.
+        ``max_wait_ms`` > 0: a long poll: with nothing committed at or above ``from_offset`` yet, the leader
+        answers as soon as something is (or after that long, with no entries); the same answer as without it,
+        only sooner than polling (``tablet/log_waits.py``; at most 30 s). The leader ends a wait before the
+        call's deadline, and this client's first deadline is 1 s (it then asks the coordinator whether the
+        leader moved: client/leader_watch.py), so an empty answer comes after about 0.8 s at most."""
         with arguments("fetch_log"):
+            if max_wait_ms < 0:
+                raise errors.InvalidRequestError(f"max_wait_ms must be >= 0, got {max_wait_ms}")
             request = pb.FetchLogRequest(table_id=self.table.table_id, partition_id=self.table.partition_id,
-                                         bucket=bucket, from_offset=from_offset,
-                                         max_bytes=max_bytes, last_fetched_epoch=last_fetched_epoch)
-        response = self._call_bucket(bucket, "FetchLog", request, idempotent=True)
+                                         bucket=bucket, from_offset=from_offset, max_bytes=max_bytes,
+                                         last_fetched_epoch=last_fetched_epoch, max_wait_ms=max_wait_ms)
+        timeout_s = self.timeout_s + max_wait_ms / 1000.0 if max_wait_ms else None  # the wait is not a timeout
+        response = self._call_bucket(bucket, "FetchLog", request, idempotent=True, timeout_s=timeout_s)
         return [decode_entry(data, from_offset=from_offset) for data in response.entries], response.log_end_offset
 
     def trigger_snapshot(self, wait: bool = True) -> list[CommittedSnapshot]:

@@ -42,7 +42,7 @@ def _wall_ms() -> int:
 
 class ExpiryRounds(Periodic):
     """See the module docstring. ``replicas``: the server's ReplicaManager; ``notify()``: wake the followers'
-    fetches after a delete was appended; ``clock_ms``: now, in ms since the epoch."""
+    fetches and clients' FetchLog long polls after a delete was appended; ``clock_ms``: now, in ms since the epoch."""
 
     name = "row-ttl"
 
@@ -107,7 +107,8 @@ class ExpiryRounds(Periodic):
             if not keys:
                 return len(rows), 0
             base, end = store.writes.write(None, codec.decode_keys(keys), only_if=ExpiredOnly(codec, ttl, now))
-            if lead is not None and end > base:
-                lead.appended()
-                self.notify()
+            if end > base:
+                if lead is not None:
+                    lead.appended()
+                self.notify()  # followers' fetches, clients' FetchLog long polls
             return len(rows), end - base

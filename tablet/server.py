@@ -43,6 +43,7 @@ from kvlease.tablet.replicas import lost_data
 from kvlease.tablet.replicas.health import HealthCollector
 from kvlease.tablet.replicas.keeper import BucketKeeper
 from kvlease.tablet.replicas.manager import ReplicaManager
+from kvlease.tablet.log_waits import LogWaits
 from kvlease.tablet.replication.fetch_service import ReplicaFetchService
 from kvlease.tablet.replication.fetcher import Fetchers
 from kvlease.tablet.replication.isr_changes import IsrKeeper
@@ -126,7 +127,8 @@ class TabletServer:
                                  interceptors=[*self.security.interceptors(INTERNAL_METHODS),
                                                scan_wire.SerializedScans()])
         pb_grpc.add_TabletServiceServicer_to_server(
-            TabletService(self.replicas, self.scans, self.security, fetches=self.fetches_service), self._grpc)
+            TabletService(self.replicas, self.scans, self.security, fetches=self.fetches_service,
+                          log_waits=self.log_waits), self._grpc)
         host = c[cfg.TABLET_HOST]
         port = add_port(self._grpc, c, cfg.TABLET_HOST, cfg.TABLET_PORT, self.tls)
         self.address = f"{host}:{port}"
@@ -140,7 +142,7 @@ class TabletServer:
         self._register_at_start()
         self.snapshot_rounds = SnapshotRounds(c[cfg.SNAPSHOT_INTERVAL] / 1000.0, self.replicas, self.log_ends).start()
         self.expiry_rounds = ExpiryRounds(c[cfg.ROW_TTL_CHECK_INTERVAL] / 1000.0, c[cfg.ROW_TTL_MAX_ROWS],
-                                          self.replicas, self.fetches_service.notify).start()  # tablet/expiry.py
+                                          self.replicas, self._notify_news).start()  # tablet/expiry.py
         registrar = threading.Thread(target=self._registrar, name="zk-register", daemon=True)
         registrar.start()
         self._threads.append(registrar)
@@ -148,12 +150,18 @@ class TabletServer:
                  self.server_id, self.address, self.replicas.max_buckets, self.replicas.budget.capacity, fd_limit())
         return self
 
+    def _notify_news(self) -> None:
+        """A log here grew or its HW moved: wake followers' fetches and clients' FetchLog long polls."""
+        self.fetches_service.notify()
+        self.log_waits.notify()
+
     def _start_replication(self) -> None:
         """The leader's fetch service, the follower's fetch threads and the ISR keeper (docs/bucket-store.md,
         "Replication")."""
         c = self.config
         self.fetches_service = ReplicaFetchService(self.replicas)
-        self.replicas.on_commit = self.fetches_service.notify
+        self.log_waits = LogWaits(max(1, c[cfg.TABLET_RPC_THREADS] // 2))  # FetchLog long polls (tablet/log_waits.py)
+        self.replicas.on_commit = self._notify_news
         credentials = None
         if c[cfg.SECURITY_ENABLED]:
             credentials = (c[cfg.INTERNAL_USERNAME], c[cfg.INTERNAL_PASSWORD])
@@ -220,6 +228,7 @@ class TabletServer:
             self.expiry_rounds.stop()
         if self.fetches_service is not None:
             self.fetches_service.close()  # followers' long polls answer now, not at their wait's end
+            self.log_waits.close()  # and clients' FetchLog long polls
         if self._grpc is not None:
             self._grpc.stop(grace=1).wait()
         if self.keeper is not None:

@@ -20,7 +20,8 @@ answer of a leader (a read, a write's acknowledgement) is confirmed after it was
 made, against the leadership it began under and the server's leader lease
 (:meth:`ReplicaManager.leading`, ``tablet/replication/leader_lease.py``): a leader deposed
 meanwhile answers NOT_LEADER, so no answer is older than a write acknowledged
-before its request was sent.
+before its request was sent. A FetchLog with ``max_wait_ms`` that finds nothing new waits for the
+bucket's committed end to move (``tablet/log_waits.py``), then answers as a plain FetchLog does.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from kvlease.common.codec_schemas import batch_as_current
 from kvlease.common.model import SnapshotHandle
 from kvlease.common.security.server import OPEN
 from kvlease.tablet.authz import READ, WRITE, TableAccess
+from kvlease.tablet.log_waits import LogWaits, wait_seconds
 from kvlease.tablet.replicas.held_tables import partition_of
 from kvlease.tablet.replicas.manager import ReplicaManager
 from kvlease.tablet.replication.fetch_service import ReplicaFetchService
@@ -100,9 +102,10 @@ def _batch(data: bytes) -> pa.RecordBatch | None:
 
 class TabletService(pb_grpc.TabletServiceServicer):
     def __init__(self, replicas: ReplicaManager, scans: ScanService | None = None, security=OPEN,
-                 fetches: ReplicaFetchService | None = None) -> None:
+                 fetches: ReplicaFetchService | None = None, log_waits: LogWaits | None = None) -> None:
         self.replicas = replicas
         self.fetches = fetches if fetches is not None else ReplicaFetchService(replicas)
+        self.log_waits = log_waits if log_waits is not None else LogWaits()  # FetchLog long polls
         self.security = security  # common.security.server: OPEN or ServerSecurity
         self.access = TableAccess(replicas, security)
         self.scans = scans if scans is not None else ScanService(replicas, replicas.config, security=security)
@@ -148,7 +151,9 @@ class TabletService(pb_grpc.TabletServiceServicer):
                                              for b in (upserts, retracts))
                     base, next_ = replica.store.write(upserts, deletes, writer=writer, retracts=retracts,
                                                       partial=request.partial)
-                if lead is not None:
+                if lead is None:
+                    self.log_waits.notify()  # published: FetchLog long polls look again
+                else:
                     lead.appended()
                     self.fetches.notify()
                     remaining = context.time_remaining() if context is not None else None
@@ -194,17 +199,25 @@ class TabletService(pb_grpc.TabletServiceServicer):
             self.access.check(READ, physical)
             if request.max_bytes <= 0:
                 raise errors.InvalidRequestError("max_bytes must be positive")
+            if request.max_wait_ms < 0:
+                raise errors.InvalidRequestError(f"max_wait_ms must be >= 0, got {request.max_wait_ms}")
             epoch = request.last_fetched_epoch if request.HasField("last_fetched_epoch") else None
-            with self.replicas.leading(physical, request.bucket) as replica, _serving(replica):
-                try:
-                    entries, end = replica.store.fetch_log(request.from_offset, request.max_bytes,
-                                                           last_fetched_epoch=epoch)
-                    start, _latest = replica.store.list_offsets()
-                except errors.DataLostError as exc:  # name the table: the message is all that travels
-                    raise errors.DataLostError(f"bucket {replica.bucket} of {replica.table.where}: {exc.message}",
-                                               table=replica.table.path, **exc.details) from None
-            return {"entries": entries, "log_start_offset": start, "log_end_offset": end}
+            remaining = context.time_remaining() if context is not None else None
+            return self.log_waits.poll(lambda: self._fetch_log(physical, request, epoch), lambda a: bool(a["entries"]),
+                                       wait_seconds(request.max_wait_ms, remaining))  # tablet/log_waits.py
         return _answer(pb.FetchLogResponse, work)
+
+    def _fetch_log(self, physical: int, request, epoch: int | None) -> dict:
+        """One plain FetchLog read (a long poll repeats it, each under its own leadership check)."""
+        with self.replicas.leading(physical, request.bucket) as replica, _serving(replica):
+            try:
+                entries, end = replica.store.fetch_log(request.from_offset, request.max_bytes,
+                                                       last_fetched_epoch=epoch)
+                start, _latest = replica.store.list_offsets()
+            except errors.DataLostError as exc:  # name the table: the message is all that travels
+                raise errors.DataLostError(f"bucket {replica.bucket} of {replica.table.where}: {exc.message}",
+                                           table=replica.table.path, **exc.details) from None
+        return {"entries": entries, "log_start_offset": start, "log_end_offset": end}
 
     def ReplicaFetch(self, request, context):
         remaining = context.time_remaining() if context is not None else None

@@ -55,12 +55,14 @@ SUITE = {
     "partitions": "1,000 partitions: coordinator failover, idle loop CPU and lease acquire --latest vs one "
                   "table; retention dropping 100 at once",
     "lookups": "point lookups rows/s; with --prefix, prefix lookups of the same rows and their ratio",
+    "freshness": "change feed: ms from a write's acknowledgement to a long-polling log reader (RF 1, 3) and to Spark",
 }
 #: name -> its module (the registry: a new benchmark is a module of ``ops/bench/`` and a line here and in SUITE).
 MODULES = {"leases": "kvlease.ops.bench.leases", "writes": "kvlease.ops.bench.writes", "scan": "kvlease.ops.bench.scan",
            "bootstrap": "kvlease.ops.bench.bootstrap", "replication": "kvlease.ops.bench.replication",
            "rebuild": "kvlease.ops.bench.rebuild", "partitions": "kvlease.ops.bench.partitions",
-           "lookups": "kvlease.ops.bench.lookups"}
+           "lookups": "kvlease.ops.bench.lookups",
+           "freshness": "kvlease.ops.bench.freshness"}
 ALL = "all"
 MB = 1 << 20
 

@@ -16,6 +16,11 @@ from kvlease.ops.cli.partition_option import bucket_client, partition_option
 from kvlease.ops.cli.values import EPOCH_MS, POSITIVE_DURATION, bucket_number, int64, table_path
 
 
+#: An empty long poll answered sooner than half of this (or of its wait) was not a wait: the server does not
+#: long-poll (older than FetchLog's max_wait_ms), and the reader sleeps instead.
+NOT_WAITED_S = 0.4
+
+
 @kvlease.command("log")
 @click.argument("path", metavar="DB.NAME", callback=table_path)
 @click.option("--bucket", type=bucket_number(), help="Only this bucket's changelog (default: every bucket).")
@@ -26,7 +31,8 @@ from kvlease.ops.cli.values import EPOCH_MS, POSITIVE_DURATION, bucket_number, i
                    "UTC unless it names a zone), in every bucket read.")
 @click.option("--follow", is_flag=True, help="Keep polling for new records until Ctrl-C.")
 @click.option("--poll-interval", type=POSITIVE_DURATION, default="500ms", show_default=True, metavar="DURATION",
-              help="How often --follow asks for new records.")
+              help="How long --follow waits for new records per round of the buckets read (a long poll: a "
+                   "record committed in the bucket waited on is printed at once).")
 @partition_option
 @common_options
 @pass_state
@@ -113,9 +119,16 @@ class LogReader:
         self.collected: dict[int, list[dict]] = {b: [] for b in buckets}
         self.with_bucket = with_bucket
 
-    def _fetch(self, bucket: int, emit) -> int:
-        """One fetch of ``bucket`` from its next offset; each record to ``emit`` (None: collected)."""
-        records, end, position = self.client.fetch_log_from(bucket, self.position[bucket])
+    def _fetch(self, bucket: int, emit, wait_ms: int = 0) -> int:
+        """One fetch of ``bucket`` from its next offset; each record to ``emit`` (None: collected). ``wait_ms``:
+        a long poll (answered as soon as a record is committed; an empty answer after the wait, or after about
+        0.8 s, the call's first deadline). An empty answer much sooner (a server that does not wait) is followed
+        by a sleep for the rest of the wait, so a reader never spins."""
+        t0 = time.monotonic()
+        records, end, position = self.client.fetch_log_from(bucket, self.position[bucket], max_wait_ms=wait_ms)
+        took = time.monotonic() - t0
+        if not records and wait_ms and took < min(wait_ms / 1000.0, NOT_WAITED_S) / 2:
+            time.sleep(wait_ms / 1000.0 - took)
         self.end.setdefault(bucket, end)
         for record in records:
             doc = out.log_record_doc(record)
@@ -136,7 +149,10 @@ class LogReader:
                 pass
 
     def follow(self, emit, poll_interval_s: float) -> None:
-        """Until interrupted: every bucket in turn, sleeping when none had a new record."""
+        """Until interrupted: every bucket in turn, each fetch a long poll of the poll interval shared among the
+        buckets: a record committed in the bucket waited on is printed at once, in another at most one poll
+        interval later (as when it slept the interval between rounds)."""
+        wait_ms = max(1, int(poll_interval_s * 1000 / len(self.buckets)))
         while True:
-            if not sum(self._fetch(bucket, emit) for bucket in self.buckets):
-                time.sleep(poll_interval_s)
+            for bucket in self.buckets:
+                self._fetch(bucket, emit, wait_ms)

@@ -43,6 +43,7 @@ class FakeTableClient:
                          "row": {"id": i, "name": f"n{i}"}} for i in range(5)]  # offset 0: a v1 entry
         self.fetches: list[int] = []
         self.epochs_sent: list[int | None] = []  # fetch_log_from: every entry is of leader epoch 3
+        self.waits_sent: list[int] = []  # fetch_log_from's max_wait_ms (answered at once, as an old server does)
 
     def _key(self, row):
         return tuple(row[k] for k in self.table.primary_key)
@@ -74,9 +75,10 @@ class FakeTableClient:
         self.fetches.append(from_offset)
         return self.records[from_offset:from_offset + 2], 5
 
-    def fetch_log_from(self, bucket, position, max_bytes=0):
+    def fetch_log_from(self, bucket, position, max_bytes=0, max_wait_ms=0):
         records, end = self.fetch_log(bucket, position.offset, max_bytes)
         self.epochs_sent.append(position.epoch)
+        self.waits_sent.append(max_wait_ms)
         return records, end, LogPosition(records[-1]["offset"] + 1 if records else position.offset, 3)
 
     def close(self):

@@ -223,7 +223,7 @@ def test_every_option_is_a_keyword_of_its_run():
 
 
 @pytest.mark.parametrize("name,argv,message", [
-    ("nosuch", (), "unknown benchmark 'nosuch' (available: leases, writes, scan, bootstrap, replication, rebuild, partitions, lookups, all)"),
+    ("nosuch", (), "unknown benchmark 'nosuch' (available: leases, writes, scan, bootstrap, replication, rebuild, partitions, lookups, freshness, all)"),
     ("codec", (), "unknown benchmark 'codec'"),  # the internal micro-benchmark is not in the suite
     ("writes", ("--rows", "ten"), "argument --rows: 'ten' is not a whole number"),
     ("writes", ("--rows", "-5"), "argument --rows: '-5' is not positive"),

@@ -16,7 +16,7 @@ import pytest
 from kvlease.ops.bench import (bootstrap as bench_bootstrap, leases as bench_leases, scan as bench_scan,
                                writes as bench_writes)
 from kvlease.ops.bench import lookups as bench_lookups, partitions as bench_partitions, rebuild as bench_rebuild
-from kvlease.ops.bench import replication as bench_replication
+from kvlease.ops.bench import freshness as bench_freshness, replication as bench_replication
 from tests.support.cli_runner import assert_one_line_error, run
 from tests.support.paths import FIXTURES
 
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.unit
 RECORDED = json.loads((FIXTURES / "bench_all.json").read_text())
 MODULES = {"leases": bench_leases, "writes": bench_writes, "scan": bench_scan, "bootstrap": bench_bootstrap,
            "replication": bench_replication, "rebuild": bench_rebuild, "partitions": bench_partitions,
-           "lookups": bench_lookups}
+           "lookups": bench_lookups, "freshness": bench_freshness}
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
@@ -86,7 +86,7 @@ def test_bench_name_help_lists_its_options(runs, name, expected):
 
 
 @pytest.mark.parametrize("args,message", [
-    ((), "which benchmark? kvlease bench NAME, NAME one of leases, writes, scan, bootstrap, replication, rebuild, partitions, lookups, all"),
+    ((), "which benchmark? kvlease bench NAME, NAME one of leases, writes, scan, bootstrap, replication, rebuild, partitions, lookups, freshness, all"),
     (("nosuch",), "unknown benchmark 'nosuch'"),
     (("Bad-Name", "--json"), "unknown benchmark 'Bad-Name'"),
     (("writes", "--rows", "abc"), "kvlease bench writes: argument --rows: 'abc' is not a whole number"),
@@ -158,12 +158,12 @@ def test_all_runs_every_benchmark_in_order_with_its_options_and_one_table(runs):
     result = run("bench", "all", "--rows", "20000", "--leases", "2000")
     assert result.exit_code == 0, result.output
     assert [name for name, _ in runs] == ["leases", "writes", "scan", "bootstrap", "replication", "rebuild", "partitions",
-                                          "lookups"]
+                                          "lookups", "freshness"]
     options = dict(runs)
     assert options["leases"]["leases"] == 2000 and "rows" not in options["leases"]
     assert options["writes"]["rows"] == options["scan"]["rows"] == options["bootstrap"]["rows"] == 20_000
     table = result.stdout.split("\n\nbenchmark ")[-1].splitlines()
-    assert [line.split()[0] for line in table[1:]] == ["leases"] * 4 + ["writes"] + ["scan"] * 4 + ["bootstrap"] + ["replication"] * 6 + ["rebuild"] + ["partitions"] * 5 + ["lookups"]
+    assert [line.split()[0] for line in table[1:]] == ["leases"] * 4 + ["writes"] + ["scan"] * 4 + ["bootstrap"] + ["replication"] * 6 + ["rebuild"] + ["partitions"] * 5 + ["lookups"] + ["freshness"] * 10
     for name in MODULES:
         assert f"== {name} ==" in result.stdout
 
@@ -175,7 +175,7 @@ def test_all_goes_on_after_a_failure_and_exits_1(runs, monkeypatch, tmp_path):
     assert result.exit_code == 1
     doc = json.loads(result.stdout)
     assert list(doc["benchmarks"]) == ["leases", "writes", "scan", "bootstrap", "replication", "rebuild", "partitions",
-                                          "lookups"]
+                                          "lookups", "freshness"]
     assert doc["benchmarks"]["scan"]["error"] == "RuntimeError: a full scan returned 3 rows, expected 20000"
     assert doc["benchmarks"]["bootstrap"]["rows"] == RECORDED["benchmarks"]["bootstrap"]["rows"]
     assert "error: bench scan failed: RuntimeError" in result.stderr
