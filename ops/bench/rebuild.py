@@ -131,11 +131,14 @@ def bucket_state(admin, table_id: int):
 
 
 def applied_offset(server, table_id: int) -> int:
-    """The follower's first changelog offset not yet in its RocksDB; -1 while it has no replica."""
+    """The follower's first changelog offset not yet in its RocksDB; -1 while it has no replica or its files
+    are not open. Read from memory: asking the store would open its files (the fresh replica's empty
+    RocksDB, created only to be replaced) and hold them, so that the install waits for this poll."""
     try:
-        return server.replicas.replica(table_id, 0).store.applied_offset
-    except Exception:  # not told of the bucket yet, or its files not open yet
+        known = server.replicas.replica(table_id, 0).store.files.known_offsets()
+    except Exception:  # not told of the bucket yet
         return -1
+    return -1 if known is None else known[2]
 
 
 def rebuild_once(config: cfg.Config, admin, table_id: int, log_end: int) -> tuple[Any, dict[str, float]]:
