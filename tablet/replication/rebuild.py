@@ -109,6 +109,7 @@ class Rebuilder(ReplicaWorker):
         #: Buckets rebuilt since the start, and the snapshot bytes downloaded (progress, metrics).
         self.rebuilt = 0
         self.bytes_downloaded = 0
+        self.tail_records = 0  # changelog records appended from the tails fetched during the downloads
         self._count_lock = threading.Lock()
         self._listings: dict[int, tuple[float, list]] = {}  # table id -> (when, its kept snapshots)
 
@@ -242,6 +243,7 @@ class Rebuilder(ReplicaWorker):
             self.on_tail(replica, min(hw, end))
         with self._count_lock:
             self.rebuilt += 1
+            self.tail_records += end - manifest.log_offset
         log.info("%s (%s) rebuilt from snapshot %d: %d bytes in %.1fs; its log continues from offset %d "
                  "(%d tail records fetched during the download)", replica.tb, why, handle.snapshot_id, size,
                  time.monotonic() - started, end, end - manifest.log_offset)

@@ -71,8 +71,12 @@ class TailPrefetch:
         return self.entries, self.high_watermark
 
     def _run(self) -> None:
+        first = True  # the first call is made whatever: a short download still gets the tail
         try:
-            while not (self._done.is_set() or self._stop.is_set()) and self.bytes < self.max_total_bytes:
+            while not self._stop.is_set() and self.bytes < self.max_total_bytes:
+                if not first and self._done.is_set():
+                    return
+                first = False
                 if not self._fetch_once():
                     self._done.wait(IDLE_WAIT_S)
         except Exception as exc:  # best effort: the fetcher fetches from wherever this stopped

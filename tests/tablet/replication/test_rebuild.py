@@ -88,6 +88,8 @@ def test_a_follower_behind_the_leaders_log_start_is_rebuilt_from_the_snapshot(cl
         end = leader_store.high_watermark
         wait_until(lambda: store.high_watermark >= end, 20, "the rebuilt follower to catch up")
         assert back.fetchers.rebuilder.rebuilt == 1
+        # the tail after the snapshot was fetched while the snapshot downloaded, appended with its install
+        assert 0 < back.fetchers.rebuilder.tail_records <= end - handle.log_offset
         done = progress(back.replicas, back.fetchers.rebuilder)
         assert done.rebuilt == 1 and done.bytes_downloaded == sum(f.size for f in handle.files)
         assert not [lease for lease in c.admin.list_leases() if lease.lease_id.startswith("rebuild-")]
