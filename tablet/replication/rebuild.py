@@ -227,7 +227,7 @@ class Rebuilder(ReplicaWorker):
                 durable=store.files.settings.fsync)
             acquiring.result()
             size = sum(f.size for f in manifest.files)
-            installed = self._install_when_free(replica, target, manifest)
+            installed = self._install_when_free(replica, target, manifest, synced=store.files.settings.fsync)
         finally:
             entries, hw = tail.finish() if tail is not None else ([], 0)
             shutil.rmtree(target, ignore_errors=True)
@@ -280,7 +280,7 @@ class Rebuilder(ReplicaWorker):
         while self._held:
             self._held.pop().release()
 
-    def _install_when_free(self, replica, target: str, manifest) -> bool:
+    def _install_when_free(self, replica, target: str, manifest, synced: bool = False) -> bool:
         """Install the downloaded checkpoint ``target`` as ``replica``'s files, waiting up to
         :data:`INSTALL_WAIT_S` while they are in use (a lookup or a metrics read of the empty replica holds
         them a moment); False if the replica stopped following or the server stops meanwhile. Raises
@@ -292,7 +292,7 @@ class Rebuilder(ReplicaWorker):
                 if replica.closed or replica.leads:
                     return False
                 try:
-                    replica.store.install_snapshot(target, manifest.log_offset, manifest.writers)
+                    replica.store.install_snapshot(target, manifest.log_offset, manifest.writers, synced=synced)
                     return True
                 except BucketInUseError:
                     if self._monotonic() >= deadline:
