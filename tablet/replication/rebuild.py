@@ -23,11 +23,15 @@ can be read with its changelog from whichever replica leads next)
 bounded by ``replica.rebuild.max-bytes-per-s``, each file checked, aborted
 when the server stops), holding a KV snapshot lease on it meanwhile
 (``rebuild-tablet-{server}-...``: the coordinator cannot delete its files
-mid-download; released after the install or the failure), installs it as the
+mid-download; asked for on a thread of its own while the first files
+download, required before the install; released after a failure, or once
+the installed bucket is back with its fetcher), installs it as the
 bucket's files (``BucketStore.install_snapshot``: RocksDB := the snapshot,
 the changelog empty at its ``log_offset``, the idempotent writers of the
-manifest) and hands the bucket back: the fetcher fetches from there on and the
-leader adds it to the ISR once caught up. With no snapshot at all (fresh,
+manifest), appends the changelog tail fetched from the leader while the
+files downloaded (``tablet/replication/tail_prefetch.py``) and hands the
+bucket back: the fetcher fetches from there on, its applier applies the
+tail, and the leader adds it to the ISR once caught up. With no snapshot at all (fresh,
 damaged or diverged, while the leader's log starts at 0) the replica starts
 empty and fetches the whole log.
 
