@@ -38,7 +38,7 @@ of one disk). Then:
   fails if the follower was not rebuilt from the snapshot.
 
 Each remote's rounds run twice: **quiet** (the leader idle), and **busy**: a
-writer (``ops/bench/paced_writer.py``) upserts ``--load-rows-per-s`` (10,000)
+writer (``ops/bench/paced_writer.py``, a process of its own: a client elsewhere) upserts ``--load-rows-per-s`` (10,000)
 rows/s of the table into the leader during the downloads and the rebuilds
 (the rebuild then ends once the follower is in the ISR with every offset the
 leader had at its start applied). Four cases, each a target row.
@@ -291,7 +291,8 @@ def measure(ctx: dict[str, Any], load: str, load_rows_per_s: int, rows: int, rou
     admin, table_id, handle, storage, base = ctx["admin"], ctx["table_id"], ctx["handle"], ctx["storage"], ctx["base"]
     downloads, durable_downloads, rebuilds = [], [], []
     wait_idle(ctx["leader_pid"])
-    with (paced_writer(admin, TABLE, rows, load_rows_per_s) if load == "busy" else contextlib.nullcontext()) as writer:
+    busy = paced_writer(ctx["bootstrap"], TABLE, rows, load_rows_per_s) if load == "busy" else contextlib.nullcontext()
+    with busy as writer:
         for round_ in range(1, rounds + 1):
             if writer is None:
                 wait_idle(ctx["leader_pid"])
@@ -333,7 +334,8 @@ def run_remote(remote: str, *, rows: int, tail_rows: int, batch: int, threads: i
         ctx["storage"] = open_storage(config[cfg.REMOTE_DATA_DIR], config)
         ctx["io_threads"] = config[cfg.SNAPSHOT_UPLOAD_THREADS]
         ctx["follower"] = start_follower(config)
-        with AdminClient(local_cluster.bootstrap(directory), retry_total_s=60) as admin:
+        ctx["bootstrap"] = local_cluster.bootstrap(directory)
+        with AdminClient(ctx["bootstrap"], retry_total_s=60) as admin:
             ctx["admin"] = admin
             wait_until(lambda: len(admin.list_tablet_servers()) == 2, 120.0, "the follower to register")
             table = admin.create_table(TABLE, COLUMNS, ["id"], 1, replication_factor=2, min_insync_replicas=1)
