@@ -113,9 +113,10 @@ def _line(process: subprocess.Popen, what: str) -> dict:
 
 @contextlib.contextmanager
 def paced_writer(bootstrap, table: str, ids: int, rows_per_s: int) -> Iterator[Written]:
-    """A :class:`PacedWriter` on ``table`` of the cluster at ``bootstrap`` (``local_cluster.bootstrap``'s), in a process of its own (a
-    client elsewhere: its CPU is not the measured process's, nor its interpreter lock), running for the
-    block; the :class:`Written` it yields is filled at the block's end (RuntimeError if a write failed)."""
+    """A :class:`PacedWriter` on ``table`` of the cluster at ``bootstrap`` (``local_cluster.bootstrap``'s), in a
+    process of its own (a client elsewhere: its CPU is not the measured process's, nor its interpreter lock),
+    running for the block; the :class:`Written` it yields is filled at the block's end (RuntimeError if a
+    write failed)."""
     command = [sys.executable, "-m", "kvlease.ops.bench.paced_writer", json.dumps(bootstrap), table, str(ids),
                str(rows_per_s)]
     process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)

@@ -176,9 +176,10 @@ def rebuild_once(config: cfg.Config, admin, table_id: int, log_end: int) -> tupl
         next_isr_check = 0.0
         while not {"installed_s", "applied_s", "in_isr_s"} <= set(marks):
             now = time.perf_counter()
-            if "started_s" not in marks and (server.fetchers.rebuilder.in_progress or server.fetchers.rebuilder.rebuilt):
+            rebuilder = server.fetchers.rebuilder
+            if "started_s" not in marks and (rebuilder.in_progress or rebuilder.rebuilt):
                 marks["started_s"] = now - t0
-            if "installed_s" not in marks and server.fetchers.rebuilder.rebuilt:
+            if "installed_s" not in marks and rebuilder.rebuilt:
                 marks["installed_s"] = now - t0
             if "applied_s" not in marks and applied_offset(server, table_id) >= log_end:
                 marks["applied_s"] = now - t0

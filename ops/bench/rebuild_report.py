@@ -34,7 +34,8 @@ def _case_report(figures: dict[str, Any], case: dict[str, Any]) -> list[str]:
         f"  the same, each file fsynced      {rows / min(durable):>12,.0f} rows/s  "
         f"{size / min(durable):>8,.1f} MB/s  (" + ", ".join(f"{s:.2f} s" for s in durable) + ")",
         f"  rebuild of the wiped follower    {case['rebuild_rows_per_s']:>12,.0f} rows/s  "
-        f"{case['rebuild_mb_per_s']:>8,.1f} MB/s  (" + ", ".join(f"{r['total_s']:.2f} s" for r in case["rebuild"]) + ")",
+        f"{case['rebuild_mb_per_s']:>8,.1f} MB/s  ("
+        + ", ".join(f"{r['total_s']:.2f} s" for r in case["rebuild"]) + ")",
         f"  ratio rebuild / download         {case['rebuild_vs_download']:>12.2f}   "
         f"(target >= {case['target_ratio']}: {ok})",
         f"  the best rebuild, from the follower's start: rebuild started {best.get('started_s', 0):.2f} s, "

@@ -243,11 +243,11 @@ class Rebuilder(ReplicaWorker):
         if not installed:
             return None
         end = self._append_tail(replica, manifest.log_offset, entries)
-        if end > manifest.log_offset:
-            self.on_tail(replica, min(hw, end))
-        with self._count_lock:
+        with self._count_lock:  # counted before the tail can be applied: rebuilt, then caught up
             self.rebuilt += 1
             self.tail_records += end - manifest.log_offset
+        if end > manifest.log_offset:
+            self.on_tail(replica, min(hw, end))
         log.info("%s (%s) rebuilt from snapshot %d: %d bytes in %.1fs; its log continues from offset %d "
                  "(%d tail records fetched during the download)", replica.tb, why, handle.snapshot_id, size,
                  time.monotonic() - started, end, end - manifest.log_offset)

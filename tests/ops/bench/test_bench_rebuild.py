@@ -1,7 +1,7 @@
-"""``bench rebuild`` for real at small sizes (about 30 s on a quiet machine): for file:// and for moto's S3 server (a process), its own
-ZooKeeper, coordinator and leader tablet server processes, the follower in this process, 5,000 rows and a 10%
-tail, quiet and with a writer loading the leader; nothing left behind (the session's leak guard checks the
-processes, this test the temp directory)."""
+"""``bench rebuild`` for real at small sizes (about 30 s on a quiet machine): for file:// and for moto's S3
+server (a process), its own ZooKeeper, coordinator and leader tablet server processes, the follower in this
+process, 5,000 rows and a 10% tail, quiet and with a writer (a process) loading the leader; nothing left behind
+(the session's leak guard checks the processes, this test the temp directory)."""
 
 from __future__ import annotations
 
