@@ -149,22 +149,20 @@ class BucketReplication:
 
     # --- a follower's log -------------------------------------------------------------------
 
-    def append_replicated(self, entries: list[bytes], prepared: list | None = None) -> int:
+    def append_replicated(self, entries: list[bytes]) -> int:
         """Append the leader's framed entries (as :meth:`fetch_log` returns them) byte for byte, fsync and
         publish them (RocksDB gets them from :meth:`advance_high_watermark`); returns the new log end.
 
         The first must start at this log's end and each at the end of the one before (InvalidRequestError
         naming both offsets); a bad size or CRC raises CorruptLogError. Nothing is appended then. The
         idempotent writers' batches they carry are known afterwards. Only a replicated store follows.
-        ``prepared``: the entries' ``prewrite_buffer.buffered_entry`` forms, one each (a rebuild's prefetched
-        tail): buffered when nothing is left to apply before them, so that the apply commits them as built.
         """
         headers = [checked_header(frame) for frame in entries]
-        with self.bucket.files.use() as (changelog, kv), self.bucket.write_lock:
+        with self.bucket.files.use() as (changelog, _kv), self.bucket.write_lock:
             self._require_replicated("append_replicated")
             self.bucket.files.check_writable()
             self._settle()
-            start = expected = changelog.end_offset
+            expected = changelog.end_offset
             for header in headers:
                 if header.base_offset != expected:
                     raise InvalidRequestError(f"bucket {self.bucket.spec.dir}: a replicated entry starts at offset "
@@ -181,27 +179,11 @@ class BucketReplication:
             except BaseException as exc:
                 self._fail(exc)
                 raise
-            if prepared is not None:
-                self._buffer_prepared(prepared, headers, start, kv.applied_offset)
             for h in headers:
                 if h.writer_id >= 0:
                     self.bucket.writers.record(h.writer_id, h.sequence, h.base_offset, h.base_offset + h.count,
                                         h.timestamp_ms or 0)
             return changelog.end_offset
-
-    def _buffer_prepared(self, prepared: list, headers: list[FrameHeader], start: int, applied: int) -> None:
-        """Buffer ``prepared`` (the entries just appended at ``start``) if they line up with the entries and
-        nothing before ``start`` is left to apply; else nothing (the apply decodes them from the changelog)."""
-        buffer = self.bucket.buffer
-        if len(prepared) != len(headers) or any(p.base != h.base_offset or p.next != h.base_offset + h.count
-                                                for p, h in zip(prepared, headers)):
-            return
-        if buffer.end != start or buffer.start != applied:
-            if applied != start:
-                return
-            buffer.reset(start)
-        for p in prepared:
-            buffer.add(p.base, p.next, p.prepared, p.changes)
 
     def truncate_to(self, offset: int) -> int:
         """Remove every entry whose records reach ``offset`` or beyond (one holding ``offset`` goes whole);

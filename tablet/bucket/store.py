@@ -341,8 +341,8 @@ class BucketStore:
         return self.replication.advance_high_watermark(hw)
 
     @documented_by(BucketReplication.append_replicated)
-    def append_replicated(self, entries: list[bytes], prepared: list | None = None) -> int:
-        return self.replication.append_replicated(entries, prepared)
+    def append_replicated(self, entries: list[bytes]) -> int:
+        return self.replication.append_replicated(entries)
 
     @documented_by(BucketReplication.truncate_to)
     def truncate_to(self, offset: int) -> int:

@@ -69,7 +69,7 @@ INSTALL_WAIT_S = 5.0  # an install waits this long for the replica's files to be
 INSTALL_RETRY_S = 0.05
 LISTING_S = 1.0  # a table's kept snapshots are listed again after this long
 LEASE_MS = 600_000  # the download's snapshot lease; renewed when half of it passed
-TAIL_MAX_BYTES = 128 << 20  # the changelog tail fetched (and prepared) during a download, at most
+TAIL_MAX_BYTES = 256 << 20  # the changelog tail fetched during a download, at most (the fetcher gets the rest)
 
 # why a replica is rebuilt (the module docstring)
 BEHIND, FRESH, DAMAGED, DIVERGED = "behind", "fresh", "damaged", "diverged"
@@ -234,7 +234,6 @@ class Rebuilder(ReplicaWorker):
             installed = self._install_when_free(replica, target, manifest, synced=store.files.settings.fsync)
         finally:
             entries, hw = tail.finish() if tail is not None else ([], 0)
-            prepared = tail.prepared if tail is not None else None
             shutil.rmtree(target, ignore_errors=True)
             acquiring.wait()
             if installed:
@@ -243,7 +242,7 @@ class Rebuilder(ReplicaWorker):
                 lease.release()
         if not installed:
             return None
-        end = self._append_tail(replica, manifest.log_offset, entries, prepared)
+        end = self._append_tail(replica, manifest.log_offset, entries)
         with self._count_lock:  # counted before the tail can be applied: rebuilt, then caught up
             self.rebuilt += 1
             self.tail_records += end - manifest.log_offset
@@ -263,7 +262,7 @@ class Rebuilder(ReplicaWorker):
                             replica.table.partition_id, handle.log_offset, max_bytes=self.tail_fetch_bytes,
                             max_total_bytes=TAIL_MAX_BYTES, stop=self._stop).start()
 
-    def _append_tail(self, replica, log_offset: int, entries: list[bytes], prepared: list | None = None) -> int:
+    def _append_tail(self, replica, log_offset: int, entries: list[bytes]) -> int:
         """Append the prefetched ``entries`` (from ``log_offset`` on) to the installed replica as its
         fetcher appends (checked, fsynced; RocksDB gets them when the fetcher next learns the high
         watermark); its log end. A failure is logged: the fetcher fetches them then."""
@@ -273,7 +272,7 @@ class Rebuilder(ReplicaWorker):
             if replica.closed or replica.leads:
                 return log_offset
             try:
-                return replica.store.append_replicated(entries, prepared)
+                return replica.store.append_replicated(entries)
             except Exception as exc:  # noqa: BLE001 - the fetcher fetches the tail itself
                 log.warning("%s: the changelog tail fetched during the download was not appended (the fetcher "
                             "fetches it): %s", replica.tb, exc)

@@ -5,12 +5,10 @@ continues its log from the snapshot's ``log_offset``: everything its leader
 appended since is the tail it fetches once the snapshot is installed. The
 snapshot's ``log_offset`` is known before its files are, so
 :class:`TailPrefetch` asks the leader for the tail at once, on a thread of its
-own, while the files download, and builds each entry's RocksDB batch
-meanwhile (``prewrite_buffer.buffered_entry``): the install then appends what
-it holds in one write (``BucketStore.append_replicated``, the fetcher's own
-path: checked, fsynced, epochs and idempotent writers noted) with those
-batches buffered, so that applying the tail is one RocksDB write per entry,
-and the fetcher goes on from there instead of from the snapshot's offset.
+own, while the files download: the install then appends what it holds in one
+write (``BucketStore.append_replicated``, the fetcher's own path: checked,
+fsynced, epochs and idempotent writers noted) and the fetcher goes on from
+there instead of from the snapshot's offset.
 
 It reads as a reader does (``FetchLog``: committed entries only, byte for
 byte as the leader framed them), not as a follower (``ReplicaFetch``): a
@@ -37,7 +35,6 @@ from kvlease.common.logentry import read_header
 from kvlease.common.proto import tablet_pb2 as pb
 from kvlease.common.proto import tablet_pb2_grpc as pb_grpc
 from kvlease.common.wire import error_from_pb
-from kvlease.tablet.store.prewrite_buffer import buffered_entry
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +53,6 @@ class TailPrefetch:
         self.next_offset = from_offset
         self.max_bytes, self.max_total_bytes = max(1, max_bytes), max_total_bytes
         self.entries: list[bytes] = []
-        #: each entry's ``prewrite_buffer.buffered_entry`` form, built here (while the snapshot downloads); None
-        #: once one could not be built (the apply then decodes the entries from the changelog)
-        self.prepared: list | None = []
         self.bytes = 0
         self.high_watermark = 0  # the leader's, as its last answer said (every entry here ends at or below it)
         self._stop = stop
@@ -71,8 +65,7 @@ class TailPrefetch:
 
     def finish(self) -> tuple[list[bytes], int]:
         """Stop fetching (the call in flight ends first); the entries fetched (framed, contiguous from the
-        snapshot's offset, committed on the leader) and the leader's high watermark last seen. Their prepared
-        forms are then in :attr:`prepared`."""
+        snapshot's offset, committed on the leader) and the leader's high watermark last seen."""
         self._done.set()
         self._thread.join()
         return self.entries, self.high_watermark
@@ -108,13 +101,6 @@ class TailPrefetch:
         for entry in response.entries:
             self.entries.append(entry)
             self.bytes += len(entry)
-            if self.prepared is not None:
-                try:
-                    self.prepared.append(buffered_entry(entry))
-                except Exception as exc:  # noqa: BLE001 - a bad entry is refused by the append, with its error
-                    log.info("the tail prefetch of bucket %d of table %d does not prepare its entries: %s",
-                             self.bucket, self.table_id, exc)
-                    self.prepared = None
         self.next_offset = _entry_end(response.entries[-1])
         return True
 

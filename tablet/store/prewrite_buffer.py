@@ -13,12 +13,6 @@ a key written by a buffered entry has the value the newest such entry left,
 whatever RocksDB holds. When the high watermark passes an entry, the store
 commits its batch and pops it (:meth:`PrewriteBuffer.pop`).
 
-A follower's buffer is empty and invalid (its entries are applied from the
-changelog), except after a rebuild: the changelog tail it fetched while the
-snapshot downloaded is appended with its batches prepared meanwhile
-(:func:`buffered_entry`), buffered from the installed snapshot's offset on,
-so that applying it is one RocksDB write per entry.
-
 Not locked: the bucket store uses it under its write lock. A buffer that no
 longer matches the changelog (after a failure, a truncation, while the replica
 follows) is :meth:`~PrewriteBuffer.invalidate`-d and rebuilt from the
@@ -33,7 +27,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from kvlease.common.logentry import ChangeType, LogEntry, decode_entry
+from kvlease.common.logentry import ChangeType, LogEntry
 from kvlease.tablet.log.changelog import Changelog
 from kvlease.tablet.store.kvstore import KvStore, PreparedWrite
 
@@ -72,14 +66,6 @@ def prepared_of(changes: dict[bytes, bytes | None]) -> PreparedWrite:
     """The RocksDB batch that leaves each key of ``changes`` in its state."""
     puts = [k for k, v in changes.items() if v is not None]
     return KvStore.prepare(puts, [changes[k] for k in puts], [k for k, v in changes.items() if v is None])
-
-
-def buffered_entry(frame: bytes) -> BufferedEntry:
-    """The buffered form of one framed changelog entry (its CRC checked): built ahead of its append, by any thread
-    (a rebuild prepares its prefetched tail while the snapshot downloads)."""
-    entry = decode_entry(frame)
-    changes = entry_changes(entry)
-    return BufferedEntry(entry.base_offset, entry.next_offset, prepared_of(changes), changes)
 
 
 class PrewriteBuffer:

@@ -145,32 +145,3 @@ def test_a_checkpoint_already_durable_is_not_fsynced_again_but_what_the_install_
         with open_store(bucket_dir) as follower:
             assert follower.list_offsets() == (6, 6) and follower.applied_offset == 6
             assert state(follower) == {1: (1, "A", 1.5), 3: (3, "c", 3.0)}
-
-
-def test_a_tail_appended_with_its_batches_prepared_is_applied_as_built_and_reads_the_same(bucket_dir, leader_dir,
-                                                                                         monkeypatch):
-    """A rebuild appends the tail it prefetched with each entry's batch prepared while the snapshot downloaded:
-    the apply commits those batches (no decode), and the rows are the leader's; batches that do not line up
-    with the entries are ignored (the apply decodes the changelog), with the same rows."""
-    from kvlease.tablet.store.kvstore import KvStore
-    from kvlease.tablet.store.prewrite_buffer import buffered_entry
-
-    leader, checkpoint = leader_with_checkpoint(leader_dir)
-    with leader, stale_follower(bucket_dir) as follower:
-        follower.install_snapshot(checkpoint, 6)
-        entries = leader.fetch_log(6, 1 << 20)[0]
-        decoded = []
-        real = KvStore.apply_records
-        monkeypatch.setattr(KvStore, "apply_records", lambda kv, *a: (decoded.append(a), real(kv, *a))[1])
-        assert follower.append_replicated(entries, [buffered_entry(e) for e in entries]) == leader.log_end_offset
-        follower.advance_high_watermark(leader.high_watermark)
-        assert decoded == []  # committed as prepared
-        assert state(follower) == state(leader) and follower.applied_offset == leader.high_watermark
-        leader.write(rows((5, "e", 5.0)), keys(1))
-        leader.advance_high_watermark(leader.log_end_offset)
-        more = leader.fetch_log(follower.log_end_offset, 1 << 20)[0]
-        wrong = [buffered_entry(e) for e in entries]  # another entry's batches
-        follower.append_replicated(more, wrong[:len(more)])
-        follower.advance_high_watermark(leader.high_watermark)
-        assert decoded  # decoded from the changelog
-        assert state(follower) == state(leader)
