@@ -276,13 +276,17 @@ class Rebuilder(ReplicaWorker):
             except Exception as exc:  # noqa: BLE001 - the fetcher fetches the tail itself
                 log.warning("%s: the changelog tail fetched during the download was not appended (the fetcher "
                             "fetches it): %s", replica.tb, exc)
-                return replica.store.log_end_offset
+                return log_offset
 
     def release_held(self) -> None:
         """Release the leases of the snapshots installed (the worker thread, once the buckets are back
         with their fetchers)."""
         while self._held:
-            self._held.pop().release()
+            lease = self._held.pop()
+            try:
+                lease.release()
+            except Exception:  # noqa: BLE001 - not this thread's end: the lease expires by itself
+                log.exception("releasing the rebuild's lease %s failed", lease.id)
 
     def _install_when_free(self, replica, target: str, manifest, synced: bool = False) -> bool:
         """Install the downloaded checkpoint ``target`` as ``replica``'s files, waiting up to
