@@ -1,13 +1,14 @@
 """``kvlease bench rebuild`` (or ``python -m kvlease.ops.bench.rebuild``): how fast a wiped replica is rebuilt from
 the bucket's remote snapshot, against a plain download of the same files.
 
-Starts its own ZooKeeper, coordinator and leader tablet server (processes in a
-temp directory; stopped at the end whatever happens) and a follower tablet
-server in this process, with ``--remote`` storage: ``s3`` (the default) a
-bucket on moto's S3 server in a process of its own (``ops/bench/local_s3.py``:
-the files travel over HTTP through boto3, as from S3), ``file`` a directory of
-the temp directory (with fsync; a "download" is a copy between two page-cached
-files of one disk), then:
+For each ``--remote`` storage (``both``, the default: ``file`` then ``s3``), a
+cluster of its own: its own ZooKeeper, coordinator and leader tablet server
+(processes in a temp directory; stopped at the end whatever happens) and a
+follower tablet server in this process; ``s3`` is a bucket on moto's S3
+server in a process of its own (``ops/bench/local_s3.py``: the files travel
+over HTTP through boto3, as from S3), ``file`` a directory of the temp
+directory (with fsync; a "download" is a copy between two page-cached files
+of one disk). Then:
 
 - a one-bucket table of replication factor 2 (``min.insync-replicas`` 1); the
   follower is stopped and ``--rows`` rows (default 1,000,000; batches of
@@ -35,6 +36,12 @@ files of one disk), then:
   the ISR; ``replica.rebuild.max-bytes-per-s`` is 0 (the rebuild's speed,
   not the operator's bound, is measured); the round
   fails if the follower was not rebuilt from the snapshot.
+
+Each remote's rounds run twice: **quiet** (the leader idle), and **busy**: a
+writer (``ops/bench/paced_writer.py``, a process of its own: a client elsewhere) upserts ``--load-rows-per-s`` (10,000)
+rows/s of the table into the leader during the downloads and the rebuilds
+(the rebuild then ends once the follower is in the ISR with every offset the
+leader had at its start applied). Four cases, each a target row.
 
 rows/s is the bucket's rows (``--rows``) per second, MB/s the snapshot's
 bytes per second, for both; the ratio is rebuild / download (the download's
@@ -66,13 +73,13 @@ from kvlease.common.tables import Column
 import kvlease.ops.bench.suite as bench_suite
 from kvlease.ops import local_cluster
 from kvlease.ops.bench.local_s3 import local_s3
-from kvlease.ops.bench.suite import MB, Option, Row, positive_int, wait_idle
+from kvlease.ops.bench.rebuild_report import TARGET_RATIO, report, target_rows
+from kvlease.ops.bench.suite import MB, Option, positive_int, wait_idle
 from kvlease.ops.bench.writes import load, make_batch
 from kvlease.ops.wait import wait_until
 
 COLUMNS = [Column("id", "BIGINT"), Column("v", "STRING")]
 TABLE = "bench.rebuild"
-TARGET_RATIO = 0.5  # issue 31
 FOLLOWER_ID = 2
 #: Little changelog kept (the leader's log starts near the snapshot), a manual snapshot only.
 #: ``replica.rebuild.max-bytes-per-s`` 0: the rebuild's own speed is measured, not the operator's bound (its
@@ -80,13 +87,26 @@ FOLLOWER_ID = 2
 CLUSTER_OVERRIDES = {"kv.snapshot.interval": "1h", "log.retention": "0ms", "replica.max-lag": "5s",
                      "replica.rebuild.max-bytes-per-s": "0"}
 POLL_S = 0.005
-REMOTES = ("s3", "file")
+REMOTES = ("file", "s3")
+LOADS = ("quiet", "busy")
 
 
 def remote_kind(text: str) -> str:
-    if text not in REMOTES:
-        raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(REMOTES)}")
+    """``--remote``: one of :data:`REMOTES`, or ``both`` (each, a cluster of its own, one after the other)."""
+    if text != "both" and text not in REMOTES:
+        raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(REMOTES)} or both")
     return text
+
+
+def rate(text: str) -> int:
+    """``--load-rows-per-s``: a count >= 0 (0: no run with a writer)."""
+    try:
+        value = int(text.replace(",", "").replace("_", ""))
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 0")
+    return value
 
 
 REBUILD_TIMEOUT_S = 600.0
@@ -98,8 +118,10 @@ OPTIONS = (
     Option("--batch", positive_int, 10_000, "rows per upsert call"),
     Option("--threads", positive_int, 4, "client threads loading the rows"),
     Option("--rounds", positive_int, 2, "downloads and rebuilds, alternating; the best of each counts"),
-    Option("--remote", remote_kind, "s3", "the remote storage: s3 (moto's S3 server, a process of its own) or "
-           "file (a local directory)", metavar="KIND"),
+    Option("--remote", remote_kind, "both", "the remote storage: file (a local directory), s3 (moto's S3 "
+           "server, a process of its own) or both (a cluster each)", metavar="KIND"),
+    Option("--load-rows-per-s", rate, 10_000, "the busy runs: a writer upserts this many rows/s into the leader "
+           "during the downloads and the rebuilds (0: quiet runs only)"),
 )
 
 
@@ -131,11 +153,14 @@ def bucket_state(admin, table_id: int):
 
 
 def applied_offset(server, table_id: int) -> int:
-    """The follower's first changelog offset not yet in its RocksDB; -1 while it has no replica."""
+    """The follower's first changelog offset not yet in its RocksDB; -1 while it has no replica or its files
+    are not open. Read from memory: asking the store would open its files (the fresh replica's empty
+    RocksDB, created only to be replaced) and hold them, so that the install waits for this poll."""
     try:
-        return server.replicas.replica(table_id, 0).store.applied_offset
-    except Exception:  # not told of the bucket yet, or its files not open yet
+        known = server.replicas.replica(table_id, 0).store.files.known_offsets()
+    except Exception:  # not told of the bucket yet
         return -1
+    return -1 if known is None else known[2]
 
 
 def rebuild_once(config: cfg.Config, admin, table_id: int, log_end: int) -> tuple[Any, dict[str, float]]:
@@ -151,9 +176,10 @@ def rebuild_once(config: cfg.Config, admin, table_id: int, log_end: int) -> tupl
         next_isr_check = 0.0
         while not {"installed_s", "applied_s", "in_isr_s"} <= set(marks):
             now = time.perf_counter()
-            if "started_s" not in marks and (server.fetchers.rebuilder.in_progress or server.fetchers.rebuilder.rebuilt):
+            rebuilder = server.fetchers.rebuilder
+            if "started_s" not in marks and (rebuilder.in_progress or rebuilder.rebuilt):
                 marks["started_s"] = now - t0
-            if "installed_s" not in marks and server.fetchers.rebuilder.rebuilt:
+            if "installed_s" not in marks and rebuilder.rebuilt:
                 marks["installed_s"] = now - t0
             if "applied_s" not in marks and applied_offset(server, table_id) >= log_end:
                 marks["applied_s"] = now - t0
@@ -249,88 +275,100 @@ def speeds(rows: int, handle, downloads: list[float], durable_downloads: list[fl
             "rebuild_vs_download": download_s / rebuild_s, "target_ratio": TARGET_RATIO}
 
 
-def run(*, rows: int, tail_percent: int, batch: int, threads: int, rounds: int, remote: str = "s3",
-        progress: bench_suite.Progress = lambda text: None) -> dict[str, Any]:
-    """The figures (see the module docstring); options as in ``OPTIONS``."""
+def log_end(admin) -> int:
+    """The leader's changelog end now."""
+    from kvlease.client.table import TableClient
+
+    with TableClient(admin, TABLE, retry_total_s=60) as client:
+        (_start, end), = client.list_offsets([0]).values()
+    return end
+
+
+def measure(ctx: dict[str, Any], load: str, load_rows_per_s: int, rows: int, rounds: int, progress) -> dict:
+    """``rounds`` alternating downloads and rebuilds (``ctx``: the cluster's), with a writer loading the
+    leader at ``load_rows_per_s`` for ``load`` "busy"; the case's figures."""
+    from kvlease.ops.bench.paced_writer import paced_writer
+
+    admin, table_id, handle, storage, base = ctx["admin"], ctx["table_id"], ctx["handle"], ctx["storage"], ctx["base"]
+    downloads, durable_downloads, rebuilds = [], [], []
+    wait_idle(ctx["leader_pid"])
+    busy = paced_writer(ctx["bootstrap"], TABLE, rows, load_rows_per_s) if load == "busy" else contextlib.nullcontext()
+    with busy as writer:
+        for round_ in range(1, rounds + 1):
+            if writer is None:
+                wait_idle(ctx["leader_pid"])
+            what = f"{ctx['remote']}://, {load}, round {round_} of {rounds}"
+            progress(f"{what}: downloading the snapshot's files")
+            downloads.append(download_once(storage, handle, f"{base}/download", ctx["io_threads"]))
+            durable_downloads.append(download_once(storage, handle, f"{base}/download", ctx["io_threads"],
+                                                   durable=True))
+            if writer is None:
+                wait_idle(ctx["leader_pid"])
+            progress(f"{what}: rebuilding the wiped follower")
+            end = log_end(admin)
+            follower, marks = rebuild_once(ctx["config"], admin, table_id, end)
+            ctx["follower"] = follower
+            rebuilds.append({**marks, "log_end": end})
+            if round_ == rounds and (held := follower_rows(follower, table_id)) != rows:
+                raise RuntimeError(f"the rebuilt follower holds {held:,} rows, the table {rows:,}")
+            stop_follower(follower, admin, table_id)
+            ctx["follower"] = None
+    written = {"writer_rows": writer.rows, "writer_rows_per_s": writer.rows / writer.seconds} if writer else {}
+    return {"remote": ctx["remote"], "load": load, **written,
+            **speeds(rows, handle, downloads, durable_downloads, rebuilds)}
+
+
+def run_remote(remote: str, *, rows: int, tail_rows: int, batch: int, threads: int, rounds: int,
+               load_rows_per_s: int, progress) -> dict[str, Any]:
+    """A cluster with ``remote`` storage: the snapshot and its tail, then the quiet and the busy cases."""
     from kvlease.client.admin import AdminClient
     from kvlease.common.storage import open_storage
 
-    tail_rows = max(1, rows * tail_percent // 100)
     base = tempfile.mkdtemp(prefix="kvlease-bench-rebuild-")
     directory = f"{base}/cluster"
-    follower = None
+    ctx: dict[str, Any] = {"remote": remote, "base": base, "follower": None}
     stack = contextlib.ExitStack()
     try:
         doc = start_cluster(base, directory, rows, remote, stack, progress)
-        leader_pid = int(doc["tablets"][0]["pid"])
-        config = follower_config(directory, f"{base}/follower")
-        storage = open_storage(config[cfg.REMOTE_DATA_DIR], config)
-        io_threads = config[cfg.SNAPSHOT_UPLOAD_THREADS]
-        follower = start_follower(config)
-        with AdminClient(local_cluster.bootstrap(directory), retry_total_s=60) as admin:
+        ctx["leader_pid"] = int(doc["tablets"][0]["pid"])
+        config = ctx["config"] = follower_config(directory, f"{base}/follower")
+        ctx["storage"] = open_storage(config[cfg.REMOTE_DATA_DIR], config)
+        ctx["io_threads"] = config[cfg.SNAPSHOT_UPLOAD_THREADS]
+        ctx["follower"] = start_follower(config)
+        ctx["bootstrap"] = local_cluster.bootstrap(directory)
+        with AdminClient(ctx["bootstrap"], retry_total_s=60) as admin:
+            ctx["admin"] = admin
             wait_until(lambda: len(admin.list_tablet_servers()) == 2, 120.0, "the follower to register")
             table = admin.create_table(TABLE, COLUMNS, ["id"], 1, replication_factor=2, min_insync_replicas=1)
-            table_id = table.table_id
+            table_id = ctx["table_id"] = table.table_id
             wait_until(lambda: len(bucket_state(admin, table_id).isr) == 2, 120.0, "the follower to join the ISR")
-            stop_follower(follower, admin, table_id)
-            follower = None
-            handle, log_start, log_end = fill(admin, table_id, rows, tail_rows, batch, threads, progress)
-            downloads, durable_downloads, rebuilds = [], [], []
-            for round_ in range(1, rounds + 1):
-                wait_idle(leader_pid)
-                progress(f"round {round_} of {rounds}: downloading the snapshot's files")
-                downloads.append(download_once(storage, handle, f"{base}/download", io_threads))
-                durable_downloads.append(download_once(storage, handle, f"{base}/download", io_threads,
-                                                       durable=True))
-                wait_idle(leader_pid)
-                progress(f"round {round_} of {rounds}: rebuilding the wiped follower")
-                follower, marks = rebuild_once(config, admin, table_id, log_end)
-                rebuilds.append(marks)
-                if round_ == rounds:
-                    held = follower_rows(follower, table_id)
-                    if held != rows:
-                        raise RuntimeError(f"the rebuilt follower holds {held:,} rows, the table {rows:,}")
-                stop_follower(follower, admin, table_id)
-                follower = None
-        return {"rows": rows, "tail_rows": tail_rows, "rounds": rounds, "remote": remote,
-                "snapshot_log_offset": handle.log_offset, "leader_log_start": log_start, "leader_log_end": log_end,
-                **speeds(rows, handle, downloads, durable_downloads, rebuilds)}
+            stop_follower(ctx["follower"], admin, table_id)
+            ctx["follower"] = None
+            handle, log_start, end = fill(admin, table_id, rows, tail_rows, batch, threads, progress)
+            ctx["handle"] = handle
+            loads = LOADS if load_rows_per_s > 0 else LOADS[:1]
+            cases = [measure(ctx, load, load_rows_per_s, rows, rounds, progress) for load in loads]
+        return {"remote": remote, "snapshot_log_offset": handle.log_offset, "leader_log_start": log_start,
+                "leader_log_end": end, "cases": cases}
     finally:
-        if follower is not None:
-            follower.stop()
+        if ctx["follower"] is not None:
+            ctx["follower"].stop()
         stack.close()  # the cluster, then the S3 server
         shutil.rmtree(base, ignore_errors=True)
 
 
-# -- the report -------------------------------------------------------------------------------------
+def run(*, rows: int, tail_percent: int, batch: int, threads: int, rounds: int, remote: str = "both",
+        load_rows_per_s: int = 10_000, progress: bench_suite.Progress = lambda text: None) -> dict[str, Any]:
+    """The figures (see the module docstring); options as in ``OPTIONS``."""
+    tail_rows = max(1, rows * tail_percent // 100)
+    remotes = REMOTES if remote == "both" else (remote,)
+    runs = [run_remote(kind, rows=rows, tail_rows=tail_rows, batch=batch, threads=threads, rounds=rounds,
+                       load_rows_per_s=load_rows_per_s, progress=progress) for kind in remotes]
+    return {"rows": rows, "tail_rows": tail_rows, "rounds": rounds, "remotes": list(remotes),
+            "load_rows_per_s": load_rows_per_s, "runs": runs}
 
 
-def report(f: dict[str, Any]) -> str:
-    best = min(f["rebuild"], key=lambda r: r["total_s"])
-    durable = f.get("durable_download_s") or f["download_s"]
-    ok = "ok" if f["rebuild_vs_download"] >= f["target_ratio"] else "BELOW TARGET"
-    return "\n".join([
-        f"{f['rows']:,} rows (id BIGINT, v STRING 100 B), 1 bucket, snapshot of {f['snapshot_bytes'] / MB:,.1f} MB "
-        f"in {f['snapshot_files']} files at log offset {f['snapshot_log_offset']:,}; then {f['tail_rows']:,} rows "
-        f"updated (log offsets {f['snapshot_log_offset']:,}-{f['leader_log_end']:,}; the leader's log starts at "
-        f"{f['leader_log_start']:,}); {f['remote']}:// remote storage, best of {f['rounds']} alternating rounds",
-        f"  download of the snapshot's files {f['download_rows_per_s']:>12,.0f} rows/s  "
-        f"{f['download_mb_per_s']:>8,.1f} MB/s  (" + ", ".join(f"{s:.2f} s" for s in f["download_s"]) + ")",
-        f"  the same, each file fsynced      {f['rows'] / min(durable):>12,.0f} rows/s  "
-        f"{f['snapshot_bytes'] / MB / min(durable):>8,.1f} MB/s  (" + ", ".join(f"{s:.2f} s" for s in durable) + ")",
-        f"  rebuild of the wiped follower    {f['rebuild_rows_per_s']:>12,.0f} rows/s  "
-        f"{f['rebuild_mb_per_s']:>8,.1f} MB/s  (" + ", ".join(f"{r['total_s']:.2f} s" for r in f["rebuild"]) + ")",
-        f"  ratio rebuild / download         {f['rebuild_vs_download']:>12.2f}   "
-        f"(target >= {f['target_ratio']}: {ok})",
-        f"  the best rebuild, from the follower's start: rebuild started {best.get('started_s', 0):.2f} s, "
-        f"snapshot installed {best['installed_s']:.2f} s, "
-        f"tail applied {best['applied_s']:.2f} s, in the ISR {best['in_isr_s']:.2f} s",
-    ])
-
-
-def target_rows(figures: dict[str, Any]) -> list[Row]:
-    return [Row.ratio(f"rebuild / download, {figures['rows']:,} rows + {figures['tail_rows']:,} tail",
-                      figures["rebuild_rows_per_s"], figures["download_rows_per_s"], "rows/s", TARGET_RATIO)]
+__all__ = ["OPTIONS", "report", "run", "target_rows"]  # the suite's interface
 
 
 if __name__ == "__main__":

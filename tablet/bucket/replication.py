@@ -213,11 +213,11 @@ class BucketReplication:
             return end
 
     def install_snapshot(self, checkpoint_dir: str, log_offset: int,
-                         writers: tuple[tuple[int, ...], ...] = ()) -> None:
+                         writers: tuple[tuple[int, ...], ...] = (), synced: bool = False) -> None:
         """Replace this replica's RocksDB by the snapshot checkpoint in ``checkpoint_dir`` (moved away)
         and its changelog by an empty one starting at ``log_offset``, the snapshot's; the epoch cache
         starts empty, the writers' sequences from ``writers`` (the manifest's batches). Durable and crash-safe
-        (``tablet/store/snapshot_install.py``).
+        (``tablet/store/snapshot_install.py``; ``synced``: the checkpoint's files are fsynced already).
         InvalidSnapshotError if the checkpoint's applied offset is not ``log_offset``; BucketStoreError if
         the files are in use now (a scan's snapshot): nothing changed then. Only a replicated store."""
         self._require_replicated("install_snapshot")
@@ -233,7 +233,7 @@ class BucketReplication:
             self._settle()
             fsync = self.bucket.files.settings.fsync
             self.bucket.files.replace(lambda: snapshot_install.install(self.bucket.spec.dir, checkpoint_dir, log_offset, fsync,
-                                                                writers))
+                                                                writers, synced))
             self._hw = log_offset
             self.bucket.files.replay_limit = log_offset
             self.bucket.epoch_file.clear()

@@ -354,8 +354,8 @@ class BucketStore:
 
     @documented_by(BucketReplication.install_snapshot)
     def install_snapshot(self, checkpoint_dir: str, log_offset: int,
-                         writers: tuple[tuple[int, ...], ...] = ()) -> None:
-        self.replication.install_snapshot(checkpoint_dir, log_offset, writers)
+                         writers: tuple[tuple[int, ...], ...] = (), synced: bool = False) -> None:
+        self.replication.install_snapshot(checkpoint_dir, log_offset, writers, synced)
 
     @documented_by(BucketReplication.rebase_kv)
     def rebase_kv(self, checkpoint_dir: str, log_offset: int) -> None:

@@ -55,7 +55,8 @@ class Fetchers:
         self._stop = threading.Event()
         self.applier = Applier(self._stop)
         self.rebuilder = (Rebuilder(storage, admin, self._stop, server_id=server_id,
-                                    max_bytes_per_s=rebuild_bytes_per_s, io_threads=io_threads)
+                                    max_bytes_per_s=rebuild_bytes_per_s, io_threads=io_threads,
+                                    channels=channels, tail_fetch_bytes=max_bytes)
                           if storage is not None and admin is not None else None)
         self.rebaser = (Rebaser(storage, following, self._stop, interval_ms=rebase_interval_ms,
                                 max_bytes_per_s=rebuild_bytes_per_s, io_threads=io_threads,
@@ -64,6 +65,7 @@ class Fetchers:
         self._wake = threading.Event()  # a rebuild ended: a fetch thread with nothing to fetch goes on at once
         if self.rebuilder is not None:
             self.rebuilder.on_done = self._wake.set
+            self.rebuilder.on_tail = self.applier.due
 
     def update(self) -> None:
         """Start a fetch thread for every leader followed that has none."""

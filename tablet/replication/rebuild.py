@@ -23,11 +23,15 @@ can be read with its changelog from whichever replica leads next)
 bounded by ``replica.rebuild.max-bytes-per-s``, each file checked, aborted
 when the server stops), holding a KV snapshot lease on it meanwhile
 (``rebuild-tablet-{server}-...``: the coordinator cannot delete its files
-mid-download; released after the install or the failure), installs it as the
+mid-download; asked for on a thread of its own while the first files
+download, required before the install; released after a failure, or once
+the installed bucket is back with its fetcher), installs it as the
 bucket's files (``BucketStore.install_snapshot``: RocksDB := the snapshot,
 the changelog empty at its ``log_offset``, the idempotent writers of the
-manifest) and hands the bucket back: the fetcher fetches from there on and the
-leader adds it to the ISR once caught up. With no snapshot at all (fresh,
+manifest), appends the changelog tail fetched from the leader while the
+files downloaded (``tablet/replication/tail_prefetch.py``) and hands the
+bucket back: the fetcher fetches from there on, its applier applies the
+tail, and the leader adds it to the ISR once caught up. With no snapshot at all (fresh,
 damaged or diverged, while the leader's log starts at 0) the replica starts
 empty and fetches the whole log.
 
@@ -52,6 +56,7 @@ from kvlease.common import errors
 from kvlease.common.model import SnapshotHandle, TableBucket
 from kvlease.common.storage import RemoteStorage
 from kvlease.tablet.replication import snapshot_download
+from kvlease.tablet.replication.tail_prefetch import TailPrefetch
 from kvlease.tablet.replication.throttle import Throttle
 from kvlease.tablet.replication.worker import ReplicaWorker
 from kvlease.tablet.store.kvstore import BucketInUseError
@@ -64,6 +69,7 @@ INSTALL_WAIT_S = 5.0  # an install waits this long for the replica's files to be
 INSTALL_RETRY_S = 0.05
 LISTING_S = 1.0  # a table's kept snapshots are listed again after this long
 LEASE_MS = 600_000  # the download's snapshot lease; renewed when half of it passed
+TAIL_MAX_BYTES = 256 << 20  # the changelog tail fetched during a download, at most (the fetcher gets the rest)
 
 # why a replica is rebuilt (the module docstring)
 BEHIND, FRESH, DAMAGED, DIVERGED = "behind", "fresh", "damaged", "diverged"
@@ -81,22 +87,33 @@ class Rebuilder(ReplicaWorker):
     name = "replica-rebuild"
 
     def __init__(self, storage: RemoteStorage, admin, stop: threading.Event, *, server_id: int = 0,
-                 max_bytes_per_s: int = 0, io_threads: int = 8, monotonic=time.monotonic) -> None:
+                 max_bytes_per_s: int = 0, io_threads: int = 8, monotonic=time.monotonic, channels=None,
+                 tail_fetch_bytes: int = 4 << 20) -> None:
         """``admin``: a ``client.admin.AdminClient`` (``list_kv_snapshots``, the lease calls);
-        ``max_bytes_per_s``: ``replica.rebuild.max-bytes-per-s`` (0: unlimited)."""
+        ``max_bytes_per_s``: ``replica.rebuild.max-bytes-per-s`` (0: unlimited); ``channels``: the
+        fetchers' (``client.transport.Channels``), to fetch the changelog tail while the snapshot downloads
+        (``tablet/replication/tail_prefetch.py``, ``tail_fetch_bytes`` a call; None: the fetcher fetches it
+        after the install)."""
         super().__init__(stop)
         self.storage = storage
         self.admin = admin
         self.server_id = server_id
         self.io_threads = io_threads
+        self.channels = channels
+        self.tail_fetch_bytes = tail_fetch_bytes
+        self._held: list[_Lease] = []  # leases of installed snapshots, released once the bucket is handed back
         self.throttle = Throttle(max_bytes_per_s, stop)
         self._monotonic = monotonic
         self._busy: set[int] = set()  # queued or being rebuilt: not fetched meanwhile
         #: Run after each rebuild attempt (the fetchers wake: the bucket is fetched again at once).
         self.on_done: Callable[[], None] = lambda: None
+        #: Run with (replica, high watermark) once a prefetched tail is appended (the fetchers' applier applies
+        #: it to RocksDB: the entries are committed, the leader said so when it served them).
+        self.on_tail: Callable[[object, int], None] = lambda replica, hw: None
         #: Buckets rebuilt since the start, and the snapshot bytes downloaded (progress, metrics).
         self.rebuilt = 0
         self.bytes_downloaded = 0
+        self.tail_records = 0  # changelog records appended from the tails fetched during the downloads
         self._count_lock = threading.Lock()
         self._listings: dict[int, tuple[float, list]] = {}  # table id -> (when, its kept snapshots)
 
@@ -143,6 +160,7 @@ class Rebuilder(ReplicaWorker):
             with self._cond:
                 self._busy.discard(id(replica))  # the fetcher asks again: a bucket still behind comes back here
             self.on_done()
+            self.release_held()  # a coordinator call: after the fetcher has the bucket back, not before
 
     def rebuild(self, replica, log_start: int, why: str = BEHIND) -> int | None:
         """Install the oldest usable snapshot of ``replica``'s bucket whose ``log_offset`` is at least
@@ -194,30 +212,83 @@ class Rebuilder(ReplicaWorker):
         return cached[1]
 
     def _install(self, replica, handle: SnapshotHandle, why: str) -> int | None:
+        """Download ``handle`` (its lease acquired and its changelog tail fetched meanwhile), install it,
+        append the tail; the offset the replica's log continues from, None if not installed."""
         store = replica.store
         target = os.path.join(store.dir, DOWNLOAD_DIR)
         shutil.rmtree(target, ignore_errors=True)
         started = time.monotonic()
         lease = _Lease(self.admin, lease_id(self.server_id, handle.bucket), handle, self._monotonic)
+        # the lease is asked for while the files download: a file the coordinator deletes before it is held fails
+        # its download or its check (the snapshot is skipped, as when the lease says it is gone)
+        acquiring = _Call(lease.acquire)
+        tail = self._prefetch(replica, handle)
+        installed = False
         try:
-            lease.acquire()
             manifest = snapshot_download.download(
                 self.storage, handle, target, throttle=self.throttle, stop=self._stop,
                 on_file=lambda n: (self._count(n), lease.renew_if_due()), io_threads=self.io_threads,
                 durable=store.files.settings.fsync)
+            acquiring.result()
             size = sum(f.size for f in manifest.files)
-            if not self._install_when_free(replica, target, manifest):
-                return None
+            installed = self._install_when_free(replica, target, manifest, synced=store.files.settings.fsync)
         finally:
+            entries, hw = tail.finish() if tail is not None else ([], 0)
             shutil.rmtree(target, ignore_errors=True)
-            lease.release()
-        with self._count_lock:
+            acquiring.wait()
+            if installed:
+                self._held.append(lease)
+            else:
+                lease.release()
+        if not installed:
+            return None
+        end = self._append_tail(replica, manifest.log_offset, entries)
+        with self._count_lock:  # counted before the tail can be applied: rebuilt, then caught up
             self.rebuilt += 1
-        log.info("%s (%s) rebuilt from snapshot %d: %d bytes in %.1fs; its log continues from offset %d",
-                 replica.tb, why, handle.snapshot_id, size, time.monotonic() - started, manifest.log_offset)
+            self.tail_records += end - manifest.log_offset
+        if end > manifest.log_offset:
+            self.on_tail(replica, min(hw, end))
+        log.info("%s (%s) rebuilt from snapshot %d: %d bytes in %.1fs; its log continues from offset %d "
+                 "(%d tail records fetched during the download)", replica.tb, why, handle.snapshot_id, size,
+                 time.monotonic() - started, end, end - manifest.log_offset)
         return manifest.log_offset
 
-    def _install_when_free(self, replica, target: str, manifest) -> bool:
+    def _prefetch(self, replica, handle: SnapshotHandle) -> TailPrefetch | None:
+        """The tail fetch of ``replica`` from ``handle``'s offset, started; None without channels or leader."""
+        address = replica.role.leader_address if getattr(replica, "role", None) is not None else ""
+        if self.channels is None or not address:
+            return None
+        return TailPrefetch(self.channels, address, replica.table.table_id, replica.tb.bucket,
+                            replica.table.partition_id, handle.log_offset, max_bytes=self.tail_fetch_bytes,
+                            max_total_bytes=TAIL_MAX_BYTES, stop=self._stop).start()
+
+    def _append_tail(self, replica, log_offset: int, entries: list[bytes]) -> int:
+        """Append the prefetched ``entries`` (from ``log_offset`` on) to the installed replica as its
+        fetcher appends (checked, fsynced; RocksDB gets them when the fetcher next learns the high
+        watermark); its log end. A failure is logged: the fetcher fetches them then."""
+        if not entries:
+            return log_offset
+        with replica.fetch_lock:
+            if replica.closed or replica.leads:
+                return log_offset
+            try:
+                return replica.store.append_replicated(entries)
+            except Exception as exc:  # noqa: BLE001 - the fetcher fetches the tail itself
+                log.warning("%s: the changelog tail fetched during the download was not appended (the fetcher "
+                            "fetches it): %s", replica.tb, exc)
+                return log_offset
+
+    def release_held(self) -> None:
+        """Release the leases of the snapshots installed (the worker thread, once the buckets are back
+        with their fetchers)."""
+        while self._held:
+            lease = self._held.pop()
+            try:
+                lease.release()
+            except Exception:  # noqa: BLE001 - not this thread's end: the lease expires by itself
+                log.exception("releasing the rebuild's lease %s failed", lease.id)
+
+    def _install_when_free(self, replica, target: str, manifest, synced: bool = False) -> bool:
         """Install the downloaded checkpoint ``target`` as ``replica``'s files, waiting up to
         :data:`INSTALL_WAIT_S` while they are in use (a lookup or a metrics read of the empty replica holds
         them a moment); False if the replica stopped following or the server stops meanwhile. Raises
@@ -229,7 +300,7 @@ class Rebuilder(ReplicaWorker):
                 if replica.closed or replica.leads:
                     return False
                 try:
-                    replica.store.install_snapshot(target, manifest.log_offset, manifest.writers)
+                    replica.store.install_snapshot(target, manifest.log_offset, manifest.writers, synced=synced)
                     return True
                 except BucketInUseError:
                     if self._monotonic() >= deadline:
@@ -275,3 +346,27 @@ class _Lease:
         except errors.KvLeaseError as exc:
             log.warning("could not release the rebuild's lease %s (it expires in %ds): %s", self.id,
                         LEASE_MS // 1000, exc)
+
+
+class _Call:
+    """``fn()`` on a thread of its own: :meth:`result` waits and returns or raises what it did."""
+
+    def __init__(self, fn: Callable[[], object]) -> None:
+        self._fn, self._value, self._error = fn, None, None
+        self._thread = threading.Thread(target=self._run, daemon=True, name="rebuild-lease")
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._value = self._fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to result()
+            self._error = exc
+
+    def wait(self) -> None:
+        self._thread.join()
+
+    def result(self):
+        self.wait()
+        if self._error is not None:
+            raise self._error
+        return self._value

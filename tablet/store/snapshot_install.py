@@ -48,10 +48,13 @@ PARTS = ("kv", "log")
 
 
 def install(dir: str, checkpoint_dir: str, log_offset: int, fsync: bool = True,
-            writers: tuple[tuple[int, ...], ...] = ()) -> None:
+            writers: tuple[tuple[int, ...], ...] = (), synced: bool = False) -> None:
     """Replace the bucket files in ``dir`` (closed) by ``checkpoint_dir`` (moved, so on the same file
-    system preferably) and an empty changelog at ``log_offset``; see the module docstring. OSError as
-    raised; a crash at any point leaves what :func:`recover` completes or undoes."""
+    system preferably) and an empty changelog at ``log_offset``; see the module docstring. ``synced``: every
+    file of ``checkpoint_dir`` and the directory itself are durable already (a download with ``durable``
+    fsynced each as it landed): step 1 then fsyncs only what it creates or moves (the directories, the empty
+    segment), not the checkpoint's bytes again. OSError as raised; a crash at any point leaves what
+    :func:`recover` completes or undoes."""
     if log_offset < 0:
         raise ValueError(f"log_offset must be >= 0, got {log_offset}")
     recover(dir, fsync)  # a former install's leftovers first
@@ -62,7 +65,12 @@ def install(dir: str, checkpoint_dir: str, log_offset: int, fsync: bool = True,
     os.makedirs(log_dir)
     os.close(os.open(segment_path(log_dir, log_offset), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644))
     if fsync:
-        _sync_tree(staged)
+        if synced:
+            fsync_path(segment_path(log_dir, log_offset))
+            for path in (log_dir, staged):
+                sync_dir(path)
+        else:
+            _sync_tree(staged)
         sync_dir(dir)
     _write_intent(dir, log_offset, writers, fsync)
     _roll_forward(dir, log_offset, writers, fsync)

@@ -122,25 +122,34 @@ def test_bootstrap_judges_spark_reading_kvlease_against_parquet():
     assert row.value == pytest.approx(0.4) and row.met
 
 
-def test_rebuild_judges_the_rebuild_against_the_download_at_0_5():
+def test_rebuild_judges_each_remote_and_load_against_its_download_at_0_5():
     f = figures("rebuild")
-    f.update(rows=1_000_000, tail_rows=100_000, download_rows_per_s=2_000_000.0, rebuild_rows_per_s=1_000_000.0)
-    (row,) = bench_rebuild.target_rows(f)
-    assert row.metric == "rebuild / download, 1,000,000 rows + 100,000 tail"
-    assert (row.measured, row.anchor, row.unit, row.target) == (1_000_000.0, 2_000_000.0, "rows/s", 0.5)
-    assert row.value == pytest.approx(0.5) and row.met
-    f["rebuild_rows_per_s"] = 990_000.0
+    f.update(rows=1_000_000, tail_rows=100_000, load_rows_per_s=10_000)
+    case = f["runs"][0]["cases"][0]
+    case.update(download_rows_per_s=2_000_000.0, rebuild_rows_per_s=1_000_000.0)
+    rows = bench_rebuild.target_rows(f)
+    assert [r.metric for r in rows] == [
+        "rebuild / download, file://, quiet, 1,000,000 rows + 100,000 tail",
+        "rebuild / download, file://, a writer at 10,000 rows/s, 1,000,000 rows + 100,000 tail",
+        "rebuild / download, s3://, quiet, 1,000,000 rows + 100,000 tail",
+        "rebuild / download, s3://, a writer at 10,000 rows/s, 1,000,000 rows + 100,000 tail"]
+    assert (rows[0].measured, rows[0].anchor, rows[0].unit, rows[0].target) == (1_000_000.0, 2_000_000.0, "rows/s", 0.5)
+    assert rows[0].value == pytest.approx(0.5) and rows[0].met
+    assert all(r.target == 0.5 for r in rows)
+    case["rebuild_rows_per_s"] = 990_000.0
     assert not bench_rebuild.target_rows(f)[0].met
 
 
 def test_rebuild_reports_each_round_and_where_the_best_rebuild_spent_its_time():
     f = figures("rebuild")
-    f["download_s"] = [0.36, 0.38]
-    f["rebuild"] = [{"installed_s": 0.32, "applied_s": 0.79, "in_isr_s": 0.80, "total_s": 0.80},
-                    {"installed_s": 0.34, "applied_s": 0.68, "in_isr_s": 0.86, "total_s": 0.86}]
+    case = f["runs"][0]["cases"][0]
+    case["download_s"] = [0.36, 0.38]
+    case["rebuild"] = [{"installed_s": 0.32, "applied_s": 0.79, "in_isr_s": 0.80, "total_s": 0.80, "log_end": 24_000},
+                       {"installed_s": 0.34, "applied_s": 0.68, "in_isr_s": 0.86, "total_s": 0.86, "log_end": 24_000}]
     text = bench_rebuild.report(f)
     assert "(0.36 s, 0.38 s)" in text and "(0.80 s, 0.86 s)" in text
-    assert "snapshot installed 0.32 s, tail applied 0.79 s, in the ISR 0.80 s" in text
+    assert "snapshot installed 0.32 s, tail applied 0.79 s (to offset 24,000), in the ISR 0.80 s" in text
+    assert "file://, quiet" in text and "s3://, a writer at" in text
 
 
 @pytest.mark.parametrize("name", list(MODULES))

@@ -69,7 +69,7 @@ def test_bench_help_says_what_each_benchmark_does():
     ("leases", ["--leases N", "--seconds S", "--raw-writes N", "failover"]),
     ("scan", ["--rows N", "--rounds N", "KvStreamScanner"]),
     ("bootstrap", ["--rows N", "Parquet"]),
-    ("rebuild", ["--rows N", "--tail-percent N", "--remote KIND", "moto"]),
+    ("rebuild", ["--rows N", "--tail-percent N", "--remote KIND", "moto", "--load-rows-per-s N"]),
     ("partitions", ["--partitions N", "--buckets N", "--tablets N", "--commit-rate R", "--expiring N", "kill -9"]),
     ("all", ["--leases N", "--rows N", "--rounds N", "writes: rows loaded", "every benchmark that has it"]),
 ])
@@ -95,7 +95,8 @@ def test_bench_name_help_lists_its_options(runs, name, expected):
     (("writes", "--nosuch"), "unrecognized arguments: --nosuch"),
     (("leases", "--rounds", "2"), "unrecognized arguments: --rounds 2"),
     (("all", "--rows", "1e6"), "kvlease bench all: argument --rows: '1e6' is not a whole number"),
-    (("rebuild", "--remote", "gcs"), "argument --remote: 'gcs' is not one of s3, file"),
+    (("rebuild", "--remote", "gcs"), "argument --remote: 'gcs' is not one of file, s3 or both"),
+    (("rebuild", "--load-rows-per-s", "-5"), "argument --load-rows-per-s: '-5' is not a whole number >= 0"),
     (("writes", "--plot", "figures.jpg"), "argument --plot: 'figures.jpg' is not a .png file name"),
     (("all", "--json", "--plot", "{tmp}/missing/figures.png"), "argument --plot: directory '{tmp}/missing' does not exist"),
 ])
@@ -163,7 +164,7 @@ def test_all_runs_every_benchmark_in_order_with_its_options_and_one_table(runs):
     assert options["leases"]["leases"] == 2000 and "rows" not in options["leases"]
     assert options["writes"]["rows"] == options["scan"]["rows"] == options["bootstrap"]["rows"] == 20_000
     table = result.stdout.split("\n\nbenchmark ")[-1].splitlines()
-    assert [line.split()[0] for line in table[1:]] == ["leases"] * 4 + ["writes"] + ["scan"] * 4 + ["bootstrap"] + ["replication"] * 6 + ["rebuild"] + ["partitions"] * 5 + ["lookups"] + ["freshness"] * 10
+    assert [line.split()[0] for line in table[1:]] == ["leases"] * 4 + ["writes"] + ["scan"] * 4 + ["bootstrap"] + ["replication"] * 6 + ["rebuild"] * 4 + ["partitions"] * 5 + ["lookups"] + ["freshness"] * 10
     for name in MODULES:
         assert f"== {name} ==" in result.stdout
 

@@ -9,15 +9,18 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import threading
 
 import grpc
 import pytest
 
 from kvlease.client.table import TableClient
+from kvlease.client.transport import Channels
 from kvlease.common.arrow_ipc import batch_to_ipc
 from kvlease.common.proto import tablet_pb2 as pb
 from kvlease.common.proto import tablet_pb2_grpc as pb_grpc
 from kvlease.tablet.replication.rebuild_progress import progress
+from kvlease.tablet.replication.tail_prefetch import TailPrefetch
 from kvlease.ops.wait import wait_until
 from tests.tablet.replication.test_replicated_buckets import (FAST, SCHEMA, bucket_state, crash, server_by_id,
                                                               three_servers, wait_in_sync)
@@ -88,6 +91,8 @@ def test_a_follower_behind_the_leaders_log_start_is_rebuilt_from_the_snapshot(cl
         end = leader_store.high_watermark
         wait_until(lambda: store.high_watermark >= end, 20, "the rebuilt follower to catch up")
         assert back.fetchers.rebuilder.rebuilt == 1
+        # the tail after the snapshot was fetched while the snapshot downloaded, appended with its install
+        assert 0 < back.fetchers.rebuilder.tail_records <= end - handle.log_offset
         done = progress(back.replicas, back.fetchers.rebuilder)
         assert done.rebuilt == 1 and done.bytes_downloaded == sum(f.size for f in handle.files)
         assert not [lease for lease in c.admin.list_leases() if lease.lease_id.startswith("rebuild-")]
@@ -234,3 +239,38 @@ def test_a_leader_that_becomes_a_follower_keeps_its_data_and_is_not_rebuilt(clus
         leader_store = server_by_id(c, other).replicas.replica(table.table_id, 0).store
         wait_until(lambda: store.high_watermark >= leader_store.high_watermark, 10, "the follower to apply")
         assert rows_of(store) == rows_of(leader_store)
+
+
+def test_the_tail_prefetch_reads_the_leaders_committed_log_byte_for_byte_and_stops_quietly_on_an_error(cluster):
+    """What a rebuild appends after its install is exactly the leader's committed log from the snapshot's offset on
+    (the fetcher's own bytes); an offset the leader's log no longer holds, or a server that does not lead the
+    bucket, ends the prefetch with nothing (the fetcher then fetches the tail itself), not with an error."""
+    c = cluster
+    table = c.admin.create_table("db.prefetch", SCHEMA, ["id"], 1, replication_factor=3, min_insync_replicas=2)
+    with TableClient(c.admin, "db.prefetch", retry_total_s=30) as client:
+        state = wait_in_sync(c, table.table_id)
+        leader = server_by_id(c, state.leader_id)
+        other = server_by_id(c, next(r for r in state.replicas if r != state.leader_id))
+        write(client, 0, 100, "a")
+        handle = snapshot_and_retain(leader, table.table_id)
+        write(client, 100, 50, "b")
+        client.delete([{"id": 7}])
+        store = leader.replicas.replica(table.table_id, 0).store
+        channels = Channels()
+        try:
+            def prefetch(address: str, offset: int, max_bytes: int = 300):
+                tail = TailPrefetch(channels, address, table.table_id, 0, None, offset, max_bytes=max_bytes,
+                                    max_total_bytes=1 << 30, stop=threading.Event()).start()
+                wait_until(lambda: tail.next_offset >= store.high_watermark or not tail._thread.is_alive(), 10,
+                           "the prefetch to catch up")
+                return tail.finish()
+
+            entries, hw = prefetch(leader.address, handle.log_offset)
+            assert hw == store.high_watermark and len(entries) > 2  # many calls of 300 bytes
+            assert entries == store.fetch_log(handle.log_offset, 1 << 30)[0]  # committed, byte for byte
+            log_start, _ = store.list_offsets()
+            assert log_start > 0  # retention removed the log's head
+            assert prefetch(leader.address, log_start - 1) == ([], 0)  # below the leader's log start
+            assert prefetch(other.address, handle.log_offset) == ([], 0)  # not the leader
+        finally:
+            channels.close()

@@ -169,7 +169,7 @@ class _InUseStore:
     def __init__(self, busy: int) -> None:
         self.busy, self.installs = busy, []
 
-    def install_snapshot(self, target, log_offset, writers) -> None:
+    def install_snapshot(self, target, log_offset, writers, synced=False) -> None:
         self.installs.append(log_offset)
         if len(self.installs) <= self.busy:
             raise BucketInUseError("bucket /x is in use: its files cannot be replaced now")
@@ -245,3 +245,23 @@ def test_a_rebuild_queued_when_the_fetchers_stop_is_dropped_and_queued_again_aft
     assert rebuilt.wait(5)
     rebuilder._stop.set()
     rebuilder.stop()
+
+
+def test_the_leases_of_installed_snapshots_are_released_after_the_hand_back_and_a_failure_ends_nothing():
+    """An installed snapshot's lease is released by the worker thread after the bucket is back with its fetcher
+    (a coordinator call off the rebuild's path); a release that fails (the server stops) must not end that thread."""
+    rebuilder = _rebuilder(FakeClock())
+    released = []
+
+    class Lease:
+        def __init__(self, id_, fail):
+            self.id, self.fail = id_, fail
+
+        def release(self):
+            released.append(self.id)
+            if self.fail:
+                raise RuntimeError("channel closed")
+
+    rebuilder._held.extend([Lease("a", False), Lease("b", True), Lease("c", False)])
+    rebuilder.release_held()
+    assert sorted(released) == ["a", "b", "c"] and rebuilder._held == []

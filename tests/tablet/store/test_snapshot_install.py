@@ -125,3 +125,23 @@ def _plant_crash(monkeypatch, crash_at: str) -> None:
         monkeypatch.setattr(snapshot_install.os, "rename", rename)
     else:
         monkeypatch.setattr(snapshot_install, crash_at, crash)
+
+
+@pytest.mark.parametrize("synced", [False, True])
+def test_a_checkpoint_already_durable_is_not_fsynced_again_but_what_the_install_creates_is(
+        bucket_dir, leader_dir, monkeypatch, synced):
+    """``synced`` (a rebuild's download fsynced every file as it landed): the install fsyncs the directories it
+    moves the checkpoint through and the empty segment it creates, not the checkpoint's bytes a second time."""
+    leader, checkpoint = leader_with_checkpoint(leader_dir)
+    checkpoint_files = set(os.listdir(checkpoint))
+    synced_paths: list[str] = []
+    real = snapshot_install.fsync_path
+    monkeypatch.setattr(snapshot_install, "fsync_path", lambda path: (synced_paths.append(path), real(path))[1])
+    with leader:
+        snapshot_install.install(bucket_dir, checkpoint, 6, fsync=True, synced=synced)
+        again = {os.path.basename(p) for p in synced_paths} & checkpoint_files
+        assert bool(again) is not synced  # every checkpoint file fsynced again unless synced
+        assert any(p.endswith(f"{6:020d}.log") for p in synced_paths)  # the empty segment it creates, either way
+        with open_store(bucket_dir) as follower:
+            assert follower.list_offsets() == (6, 6) and follower.applied_offset == 6
+            assert state(follower) == {1: (1, "A", 1.5), 3: (3, "c", 3.0)}
