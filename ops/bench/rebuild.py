@@ -23,9 +23,10 @@ of one disk). Then:
 - ``--rounds`` (2) times, alternating, best of each counts:
   (a) **download**: ``common.kvsnapshot.download`` of the snapshot's files
   through the storage interface into an empty directory, as the rebuild
-  itself fetches them (same I/O threads); and the same download with each
-  file fsynced (``durable``, as the rebuild keeps them: shown, not the
-  target's reference);
+  itself fetches them (same I/O threads), each file fsynced (``durable``:
+  a replica's files must be durable, and the rebuild fsyncs each one as it
+  lands): the target's anchor; and the same download into the page cache
+  only (nothing durable), shown beside it;
   (b) **rebuild**: the follower's data dir is deleted and the follower
   started again; timed from its start until it is back in the ISR with
   every changelog offset of the leader applied to its RocksDB. This is the
@@ -264,15 +265,19 @@ def start_cluster(base: str, directory: str, rows: int, remote: str, stack: cont
 
 def speeds(rows: int, handle, downloads: list[float], durable_downloads: list[float],
            rebuilds: list[dict[str, float]]) -> dict[str, Any]:
-    """The rounds' times and the best of each as rows/s, MB/s and the ratio."""
+    """The rounds' times and the best of each as rows/s, MB/s and the ratio. The anchor is the durable download
+    (each file fsynced, as a replica must keep them: the rebuild does the same); the page-cache-only download
+    is reported beside it."""
     snapshot_bytes = sum(f.size for f in handle.files)
-    download_s = min(downloads)
+    download_s, page_cache_s = min(durable_downloads), min(downloads)
     rebuild_s = min(r["total_s"] for r in rebuilds)
     return {"snapshot_bytes": snapshot_bytes, "snapshot_files": len(handle.files),
             "download_s": downloads, "durable_download_s": durable_downloads, "rebuild": rebuilds,
             "download_rows_per_s": rows / download_s, "download_mb_per_s": snapshot_bytes / MB / download_s,
+            "page_cache_download_rows_per_s": rows / page_cache_s,
             "rebuild_rows_per_s": rows / rebuild_s, "rebuild_mb_per_s": snapshot_bytes / MB / rebuild_s,
-            "rebuild_vs_download": download_s / rebuild_s, "target_ratio": TARGET_RATIO}
+            "rebuild_vs_download": download_s / rebuild_s, "rebuild_vs_page_cache_download": page_cache_s / rebuild_s,
+            "target_ratio": TARGET_RATIO}
 
 
 def log_end(admin) -> int:

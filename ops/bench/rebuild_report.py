@@ -20,6 +20,11 @@ def case_name(figures: dict[str, Any], case: dict[str, Any]) -> str:
     return f"{case['remote']}://, {load}"
 
 
+def page_cache_ratio(case: dict[str, Any]) -> float:
+    """Rebuild over the page-cache-only download (recorded runs before the durable anchor lack the figure)."""
+    return case.get("rebuild_vs_page_cache_download", min(case["download_s"]) / min(r["total_s"] for r in case["rebuild"]))
+
+
 def _case_report(figures: dict[str, Any], case: dict[str, Any]) -> list[str]:
     best = min(case["rebuild"], key=lambda r: r["total_s"])
     durable = case["durable_download_s"]
@@ -29,15 +34,16 @@ def _case_report(figures: dict[str, Any], case: dict[str, Any]) -> list[str]:
               if "writer_rows" in case else "")
     return [
         f"{case_name(figures, case)}{writer}",
-        f"  download of the snapshot's files {case['download_rows_per_s']:>12,.0f} rows/s  "
-        f"{case['download_mb_per_s']:>8,.1f} MB/s  (" + ", ".join(f"{s:.2f} s" for s in case["download_s"]) + ")",
-        f"  the same, each file fsynced      {rows / min(durable):>12,.0f} rows/s  "
-        f"{size / min(durable):>8,.1f} MB/s  (" + ", ".join(f"{s:.2f} s" for s in durable) + ")",
+        f"  download, each file fsynced      {case['download_rows_per_s']:>12,.0f} rows/s  "
+        f"{case['download_mb_per_s']:>8,.1f} MB/s  (" + ", ".join(f"{s:.2f} s" for s in durable) + ")  the anchor",
+        f"  the same into the page cache     {rows / min(case['download_s']):>12,.0f} rows/s  "
+        f"{size / min(case['download_s']):>8,.1f} MB/s  (" + ", ".join(f"{s:.2f} s" for s in case["download_s"])
+        + ")  not durable",
         f"  rebuild of the wiped follower    {case['rebuild_rows_per_s']:>12,.0f} rows/s  "
         f"{case['rebuild_mb_per_s']:>8,.1f} MB/s  ("
         + ", ".join(f"{r['total_s']:.2f} s" for r in case["rebuild"]) + ")",
         f"  ratio rebuild / download         {case['rebuild_vs_download']:>12.2f}   "
-        f"(target >= {case['target_ratio']}: {ok})",
+        f"(target >= {case['target_ratio']}: {ok}; {page_cache_ratio(case):.2f} of the page-cache copy)",
         f"  the best rebuild, from the follower's start: rebuild started {best.get('started_s', 0):.2f} s, "
         f"snapshot installed {best['installed_s']:.2f} s, tail applied {best['applied_s']:.2f} s (to offset "
         f"{best['log_end']:,}), in the ISR {best['in_isr_s']:.2f} s",
@@ -61,6 +67,6 @@ def report(figures: dict[str, Any]) -> str:
 
 
 def target_rows(figures: dict[str, Any]) -> list[Row]:
-    return [Row.ratio(f"rebuild / download, {case_name(figures, case)}, {figures['rows']:,} rows + "
+    return [Row.ratio(f"rebuild / durable download, {case_name(figures, case)}, {figures['rows']:,} rows + "
                       f"{figures['tail_rows']:,} tail", case["rebuild_rows_per_s"], case["download_rows_per_s"],
                       "rows/s", TARGET_RATIO) for case in cases(figures)]

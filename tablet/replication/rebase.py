@@ -178,14 +178,20 @@ class Rebaser:
         self._thread: threading.Thread | None = None
 
     def start(self) -> "Rebaser":
-        if self.interval_s > 0 and (self._thread is None or not self._thread.is_alive()):
-            self._thread = threading.Thread(target=self._run, name="replica-rebase", daemon=True)
-            self._thread.start()
+        """Start the thread unless it runs or the owner stopped (a leadership change may call this while the
+        owner stops: :meth:`join` then sees either no thread or a started one, never one not yet started)."""
+        with self._lock:
+            running = self._thread is not None and self._thread.is_alive()
+            if self.interval_s > 0 and not self._stop.is_set() and not running:
+                thread = threading.Thread(target=self._run, name="replica-rebase", daemon=True)
+                thread.start()
+                self._thread = thread
         return self
 
     def join(self, timeout_s: float = 30.0) -> None:
         """Wait for the thread to end (the owner sets the stop event first)."""
-        thread = self._thread
+        with self._lock:
+            thread = self._thread
         if thread is not None:
             thread.join(timeout=timeout_s)
 

@@ -37,8 +37,10 @@ def test_a_wiped_follower_is_rebuilt_from_the_snapshot_and_timed_against_the_dow
         # rebuilt from the snapshot (rebuild_once fails otherwise) before the tail was applied
         assert 0 < rebuild["installed_s"] <= rebuild["applied_s"] <= rebuild["total_s"]
         assert rebuild["total_s"] == max(rebuild["applied_s"], rebuild["in_isr_s"])
-        assert case["rebuild_vs_download"] == pytest.approx(download_s / rebuild["total_s"])
-        assert case["download_mb_per_s"] == pytest.approx(case["snapshot_bytes"] / bench_rebuild.MB / download_s)
+        # the anchor is the durable download; the page-cache copy is shown beside it
+        assert case["rebuild_vs_download"] == pytest.approx(durable_s / rebuild["total_s"])
+        assert case["rebuild_vs_page_cache_download"] == pytest.approx(download_s / rebuild["total_s"])
+        assert case["download_mb_per_s"] == pytest.approx(case["snapshot_bytes"] / bench_rebuild.MB / durable_s)
     quiet, busy = cases(f)[:2]
     assert "writer_rows" not in quiet and busy["writer_rows"] > 0  # the writer ran during the busy case only
     assert busy["rebuild"][0]["log_end"] > f["runs"][0]["leader_log_end"]  # its writes are in what was applied

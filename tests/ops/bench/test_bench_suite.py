@@ -129,10 +129,10 @@ def test_rebuild_judges_each_remote_and_load_against_its_download_at_0_5():
     case.update(download_rows_per_s=2_000_000.0, rebuild_rows_per_s=1_000_000.0)
     rows = bench_rebuild.target_rows(f)
     assert [r.metric for r in rows] == [
-        "rebuild / download, file://, quiet, 1,000,000 rows + 100,000 tail",
-        "rebuild / download, file://, a writer at 10,000 rows/s, 1,000,000 rows + 100,000 tail",
-        "rebuild / download, s3://, quiet, 1,000,000 rows + 100,000 tail",
-        "rebuild / download, s3://, a writer at 10,000 rows/s, 1,000,000 rows + 100,000 tail"]
+        "rebuild / durable download, file://, quiet, 1,000,000 rows + 100,000 tail",
+        "rebuild / durable download, file://, a writer at 10,000 rows/s, 1,000,000 rows + 100,000 tail",
+        "rebuild / durable download, s3://, quiet, 1,000,000 rows + 100,000 tail",
+        "rebuild / durable download, s3://, a writer at 10,000 rows/s, 1,000,000 rows + 100,000 tail"]
     assert (rows[0].measured, rows[0].anchor, rows[0].unit, rows[0].target) == (1_000_000.0, 2_000_000.0, "rows/s", 0.5)
     assert rows[0].value == pytest.approx(0.5) and rows[0].met
     assert all(r.target == 0.5 for r in rows)
