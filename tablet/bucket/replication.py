@@ -221,14 +221,7 @@ class BucketReplication:
         InvalidSnapshotError if the checkpoint's applied offset is not ``log_offset``; BucketStoreError if
         the files are in use now (a scan's snapshot): nothing changed then. Only a replicated store."""
         self._require_replicated("install_snapshot")
-        try:
-            found = checkpoint_log_offset(checkpoint_dir)
-        except Exception as exc:  # rocksdict raises a bare Exception
-            raise InvalidSnapshotError(f"bucket {self.bucket.spec.dir}: {checkpoint_dir} is not a RocksDB checkpoint: "
-                                       f"{exc}") from exc
-        if found != log_offset:
-            raise InvalidSnapshotError(f"bucket {self.bucket.spec.dir}: the checkpoint holds the records below offset "
-                                       f"{found}, the snapshot says {log_offset}", log_offset=log_offset)
+        self._check_checkpoint(checkpoint_dir, log_offset)
         with self.bucket.write_lock:
             self._settle()
             fsync = self.bucket.files.settings.fsync
@@ -242,6 +235,17 @@ class BucketReplication:
         with self.bucket.files.use():
             pass  # opened now: a bad install shows here, not at the next fetch
 
+    def _check_checkpoint(self, checkpoint_dir: str, log_offset: int) -> None:
+        """InvalidSnapshotError unless ``checkpoint_dir`` is a RocksDB checkpoint applied up to ``log_offset``."""
+        try:
+            found = checkpoint_log_offset(checkpoint_dir)
+        except Exception as exc:  # rocksdict raises a bare Exception
+            raise InvalidSnapshotError(f"bucket {self.bucket.spec.dir}: {checkpoint_dir} is not a RocksDB checkpoint: "
+                                       f"{exc}") from exc
+        if found != log_offset:
+            raise InvalidSnapshotError(f"bucket {self.bucket.spec.dir}: the checkpoint holds the records below offset "
+                                       f"{found}, the snapshot says {log_offset}", log_offset=log_offset)
+
     def rebase_kv(self, checkpoint_dir: str, log_offset: int) -> None:
         """Replace this follower's RocksDB by the snapshot checkpoint in ``checkpoint_dir`` (moved away) whose
         applied offset is ``log_offset``, keeping its changelog, epochs, writers and high watermark; the files
@@ -252,14 +256,7 @@ class BucketReplication:
         are in use now (BucketInUseError: try again). Only a replicated store; the caller makes sure this replica
         follows (``tablet/replication/rebase.py``: under its fetch lock)."""
         self._require_replicated("rebase_kv")
-        try:
-            found = checkpoint_log_offset(checkpoint_dir)
-        except Exception as exc:  # rocksdict raises a bare Exception
-            raise InvalidSnapshotError(f"bucket {self.bucket.spec.dir}: {checkpoint_dir} is not a RocksDB checkpoint: "
-                                       f"{exc}") from exc
-        if found != log_offset:
-            raise InvalidSnapshotError(f"bucket {self.bucket.spec.dir}: the checkpoint holds the records below offset "
-                                       f"{found}, the snapshot says {log_offset}", log_offset=log_offset)
+        self._check_checkpoint(checkpoint_dir, log_offset)
         with self.bucket.files.use() as (changelog, kv):
             start, applied = changelog.start_offset, kv.applied_offset
         with self.bucket.write_lock:
