@@ -38,14 +38,20 @@ def config_reference() -> str:
     return "\n".join(lines)
 
 
+def between_markers(page: str, begin: str, end: str, body: str) -> str:
+    """``page`` with the text between the lines ``begin`` and ``end`` replaced by ``body``; ValueError if the
+    page lacks them (a generated part of a page: this reference, the README's performance table)."""
+    try:
+        head, rest = page.split(begin, 1)
+        _, tail = rest.split(end, 1)
+    except ValueError:
+        raise ValueError(f"the page lacks the markers {begin!r} … {end!r}") from None
+    return f"{head}{begin}\n{body}\n{end}{tail}"
+
+
 def render(page: str) -> str:
     """``page`` with the text between the markers replaced by the current reference."""
-    try:
-        head, rest = page.split(BEGIN, 1)
-        _, tail = rest.split(END, 1)
-    except ValueError:
-        raise ValueError(f"the page lacks the markers {BEGIN!r} … {END!r}") from None
-    return f"{head}{BEGIN}\n{config_reference()}\n{END}{tail}"
+    return between_markers(page, BEGIN, END, config_reference())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from kvlease.ops.bench.suite import Row, figure_text
+from kvlease.ops.docs import between_markers
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 README = ROOT / "README.md"
@@ -69,12 +70,7 @@ def _options_line(doc: dict[str, Any]) -> str:
 
 def render(page: str, doc: dict[str, Any]) -> str:
     """``page`` with the text between the markers replaced by :func:`markdown` of ``doc``."""
-    try:
-        head, rest = page.split(BEGIN, 1)
-        _, tail = rest.split(END, 1)
-    except ValueError:
-        raise ValueError(f"the page lacks the markers {BEGIN!r} … {END!r}") from None
-    return f"{head}{BEGIN}\n{markdown(doc)}\n{END}{tail}"
+    return between_markers(page, BEGIN, END, markdown(doc))
 
 
 def main(argv: list[str] | None = None) -> int:
