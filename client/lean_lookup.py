@@ -48,7 +48,8 @@ def lookup(client, keys: Any) -> list[dict | None] | None:
     encoded = lean_keys.encode(keys)
     if encoded is None:
         return None
-    buckets = {bucket_of(key, codec.table.buckets) for key in codec.bucket_keys(encoded)}
+    count = codec.table.buckets
+    buckets = {bucket_of(key, count) for key in codec.bucket_keys(encoded)} if count > 1 else {0}
     if len(buckets) != 1 or sum(map(len, encoded)) > MAX_REQUEST_BYTES:
         return None
     bucket = buckets.pop()
