@@ -58,7 +58,7 @@ from kvlease.client.routing import REROUTE, BucketRouter, Routing
 from kvlease.client.scanner import KvBatchScanner
 from kvlease.client.snapshot_trigger import COMMITTED, CommittedSnapshot, raise_failed, trigger_snapshots
 from kvlease.client.stream_scanner import KvStreamScanner
-from kvlease.client import point_lookup, prefix_lookup, table_input, table_writes
+from kvlease.client import lean_lookup, point_lookup, prefix_lookup, table_input, table_writes
 from kvlease.client.table_writes import MAX_REQUEST_BYTES  # noqa: F401 (re-exported)
 from kvlease.client.table_scan import scan_table
 from kvlease.client.leader_watch import call_watching
@@ -317,7 +317,11 @@ class TableClient(LogOffsets):
         return self.lookup_prefix_batch(prefixes).to_pylist()
 
     def lookup(self, keys: Sequence[Any] | pa.RecordBatch | pa.Table) -> list[dict | None]:
-        """The row (a dict) of every key, None where it does not exist; aligned with ``keys``."""
+        """The row (a dict) of every key, None where it does not exist; aligned with ``keys``. A few keys
+        of one bucket go without Arrow (client/lean_lookup.py), with the same answer."""
+        rows = lean_lookup.lookup(self, keys)
+        if rows is not None:
+            return rows
         batch = self.lookup_batch(keys)
         found = batch.column(self.table.primary_key[0]).is_valid().to_numpy(zero_copy_only=False)
         rows = batch.to_pylist()

@@ -79,6 +79,9 @@ class RowCodec:
         self.reader = SchemaReader(table, target, self.schema, refresh)
         #: Values of its own schema id decode straight into the rows read (no projection).
         self._own_is_target = target == table.columns and self.schema_id == table.schema_id
+        #: True when it reads rows as the table's columns and writes the table's schema id: a value of that
+        #: id decodes straight into a row read (:mod:`kvlease.common.codec_lean` relies on it).
+        self.reads_own_schema = self._own_is_target
         self.key_schema = key_schema(table)
         self._types = {c.name: c.type for c in table.columns}
         self._names = [c.name for c in table.columns]

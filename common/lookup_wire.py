@@ -5,10 +5,15 @@ columns, and its answer then carries the found rows' stored values instead of de
 (``LookupRequest.key_data`` / ``key_offsets``, ``LookupResponse.values`` / ``value_offsets`` / ``found_mask``
 in tablet.proto). Either list of byte strings travels as two ``bytes`` fields: the strings one after another,
 and their ``n + 1`` offsets (little-endian int32, the first 0, the last the data's length): an Arrow binary
-array's two buffers, so packing and unpacking copy no string one by one in Python.
+array's two buffers, so packing and unpacking copy no string one by one in Python. A few strings (at most
+:data:`FEW`: a single-key lookup) are packed and unpacked with ``struct`` instead (:func:`unpack_list`,
+:func:`pack_list`): the same bytes, without numpy's and Arrow's fixed costs.
 """
 
 from __future__ import annotations
+
+import struct
+from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -16,6 +21,8 @@ import pyarrow as pa
 from kvlease.common import errors
 
 _OFFSET = np.dtype("<i4")
+#: At most this many strings go through :func:`unpack_list` / :func:`pack_list` without numpy or Arrow.
+FEW = 8
 
 
 def pack(array: pa.Array) -> tuple[bytes, bytes]:
@@ -45,11 +52,34 @@ def unpack(data: bytes, offsets: bytes, what: str) -> pa.Array:
     return pa.Array.from_buffers(pa.binary(), len(at) - 1, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
 
 
-def pack_mask(mask: np.ndarray) -> bytes:
-    """One byte per item of a numpy bool mask (1: true)."""
+def pack_mask(mask: np.ndarray | Sequence[bool]) -> bytes:
+    """One byte per item of a numpy bool mask or a list of bools (1: true)."""
+    if isinstance(mask, list):
+        return bytes(map(bool, mask))
     return np.ascontiguousarray(mask, dtype=bool).view(np.uint8).tobytes()
 
 
 def unpack_mask(data: bytes) -> np.ndarray:
     """The numpy bool mask :func:`pack_mask` made."""
     return np.frombuffer(data, np.uint8).astype(bool)
+
+
+def unpack_list(data: bytes, offsets: bytes, what: str) -> list[bytes]:
+    """The strings of :func:`unpack` as a list of bytes (the same checks, the same error)."""
+    count = len(offsets) // _OFFSET.itemsize - 1
+    if len(offsets) % _OFFSET.itemsize or not 0 <= count <= FEW:
+        return unpack(data, offsets, what).to_pylist()
+    at = struct.unpack(f"<{count + 1}i", offsets)
+    if at[0] != 0 or at[-1] != len(data) or any(end < start for start, end in zip(at, at[1:])):
+        return unpack(data, offsets, what).to_pylist()  # raises its InvalidRequestError
+    return [data[start:end] for start, end in zip(at, at[1:])]
+
+
+def pack_list(values: Sequence[bytes] | pa.Array) -> tuple[bytes, bytes]:
+    """:func:`pack` of a list of bytes (or of a binary array: :func:`pack` itself)."""
+    if isinstance(values, pa.Array):
+        return pack(values)
+    offsets = [0]
+    for value in values:
+        offsets.append(offsets[-1] + len(value))
+    return b"".join(values), struct.pack(f"<{len(offsets)}i", *offsets)

@@ -166,10 +166,10 @@ class TabletService(pb_grpc.TabletServiceServicer):
             physical = self._physical(request)
             self.access.check(READ, physical)
             if request.key_offsets:  # encoded keys: answered with stored values, decoded by the client (issue 44)
-                keys = lookup_wire.unpack(request.key_data, request.key_offsets, "LookupRequest.key_data")
+                keys = lookup_wire.unpack_list(request.key_data, request.key_offsets, "LookupRequest.key_data")
                 with self.replicas.leading(physical, request.bucket) as replica, _serving(replica):
-                    found, values, schema_id = replica.store.lookup_values(keys.to_pylist())
-                data, offsets = lookup_wire.pack(values)
+                    found, values, schema_id = replica.store.lookup_values(keys)
+                data, offsets = lookup_wire.pack_list(values)
                 return pb.LookupResponse(values=data, value_offsets=offsets, schema_id=schema_id,
                                          found_mask=lookup_wire.pack_mask(found))
             keys = _batch(request.keys)

@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from kvlease.common.lookup_wire import FEW as FEW_KEYS
 from kvlease.common.errors import DataLostError, InvalidRequestError, NotLeaderError
 from kvlease.common.codec import RowCodec
 from kvlease.common.logentry import LogEntry, read_header
@@ -92,15 +93,28 @@ class BucketReads:
         found, _values, rows = self._lookup(codec, codec.encode_keys(keys), decode=True)
         return found, rows
 
-    def lookup_values(self, encoded: list[bytes]) -> tuple[np.ndarray, pa.Array, int]:
+    def lookup_values(self, encoded: list[bytes]) -> tuple[np.ndarray | list[bool], pa.Array | list[bytes], int]:
         """:meth:`lookup` of encoded keys, answering the found rows' stored values (a binary array, input order)
         instead of decoded rows: ``(found, values, schema_id)``, ``found.sum()`` values, and the table schema
-        id :meth:`lookup` would have decoded them as. The same rows as :meth:`lookup` (both are
+        id :meth:`lookup` would have decoded them as (at most :data:`FEW_KEYS` keys of a table without a row
+        TTL: ``found`` a list of bools, ``values`` a list of bytes). The same rows as :meth:`lookup` (both are
         :meth:`_lookup`): committed ones, a row the row TTL expired not found. InvalidRowError for a key of
         another bucket."""
         codec = self.bucket.spec.codec  # (the store replaces it when the table's schema changes)
+        if len(encoded) <= FEW_KEYS and codec.table.row_ttl is None:
+            found, values = self._lookup_few(codec, encoded)
+            return found, values, codec.table.schema_id
         found, values, _rows = self._lookup(codec, encoded, decode=False)
         return found, values, codec.table.schema_id
+
+    def _lookup_few(self, codec: RowCodec, encoded: list[bytes]) -> tuple[list[bool], list[bytes]]:
+        """:meth:`_lookup` of a few keys of a table without a row TTL (nothing to decode), as lists: the same
+        checks and the same multi-get, without numpy's and Arrow's fixed costs (a single-key lookup)."""
+        write_checks.check_bucket(codec, self.bucket.spec.bucket, encoded, "lookup")
+        with self.bucket.files.use() as (_changelog, kv):
+            self.check_current(kv)
+            got = kv.get(encoded)
+        return [value is not None for value in got], [value for value in got if value is not None]
 
     def _lookup(self, codec: RowCodec, encoded: list[bytes], decode: bool
                 ) -> tuple[np.ndarray, pa.Array, pa.RecordBatch | None]:

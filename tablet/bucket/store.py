@@ -287,7 +287,7 @@ class BucketStore:
         return self.reads.lookup(keys)
 
     @documented_by(BucketReads.lookup_values)
-    def lookup_values(self, encoded: list[bytes]) -> tuple[np.ndarray, pa.Array, int]:
+    def lookup_values(self, encoded: list[bytes]) -> tuple[np.ndarray | list[bool], pa.Array | list[bytes], int]:
         return self.reads.lookup_values(encoded)
 
     def prefix_lookup(self, prefixes: pa.RecordBatch, start_after: bytes = b"", max_bytes: int = 0) -> PrefixRows:

@@ -6,9 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from kvlease.common.bucketing import bucket_of
 from kvlease.common.codec import RowCodec
 from kvlease.common.codec_arrays import value_offsets
 from kvlease.common.errors import InvalidRowError, RecordTooLargeError, show
+from kvlease.common.lookup_wire import FEW as FEW_KEYS
 
 
 def check_bucket(codec: RowCodec, bucket: int | None, keys: list[bytes], what: str) -> None:
@@ -18,9 +20,13 @@ def check_bucket(codec: RowCodec, bucket: int | None, keys: list[bytes], what: s
         return  # one bucket: every key is its
     n = table.buckets
     hashed = "bucket key" if table.bucket_key else "key"
-    buckets = codec.buckets(keys)
-    wrong = np.flatnonzero(buckets != bucket)
-    if not wrong.size:
+    if len(keys) <= FEW_KEYS:  # a single-key lookup: no numpy fixed costs
+        buckets = [bucket_of(key, n) for key in codec.bucket_keys(keys)]
+        wrong = [i for i, got in enumerate(buckets) if got != bucket]
+    else:
+        buckets = codec.buckets(keys)
+        wrong = np.flatnonzero(buckets != bucket).tolist()
+    if not wrong:
         return
     i = int(wrong[0])
     key = codec.decode_keys([keys[i]]).to_pylist()[0]

@@ -144,6 +144,9 @@ def test_lookups_during_a_leader_failover_are_right_or_a_retriable_error(make_co
             present = np.setdiff1d(np.arange(1000), deleted)
             batches = [key_mix(rng, present, deleted, 200) for _ in range(4)]
             expected = [reference(plain, keys) for keys in batches]
+            singles = [(k["id"], k["name"]) for k in batches[0].to_pylist()[:40]]
+            single_rows = expected[0][:40]
+            assert any(row is None for row in single_rows) and any(row is not None for row in single_rows)
             answers, failures, stop = {"right": 0, "retriable": 0}, [], threading.Event()
 
             def reader() -> None:
@@ -161,6 +164,14 @@ def test_lookups_during_a_leader_failover_are_right_or_a_retriable_error(make_co
                         i += 1
                     if got != expected[(i - 1) % len(batches)]:
                         failures.append(AssertionError("a lookup during the failover answered other rows"))
+                    j = i % len(singles)  # a single key too: the lean path (client/lean_lookup.py)
+                    try:
+                        if fast.lookup([singles[j]]) != [single_rows[j]]:
+                            failures.append(AssertionError("a single-key lookup during the failover answered "
+                                                           "another row"))
+                    except errors.KvLeaseError as exc:
+                        if not exc.retriable:
+                            failures.append(exc)
                     answers["right"] += 1
 
             thread = threading.Thread(target=reader)
