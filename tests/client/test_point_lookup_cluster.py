@@ -131,6 +131,16 @@ def test_a_changed_schema_and_a_row_ttl_answer_as_plain_lookups_do(make_config, 
             assert [r is not None for r in got] == [i < 40 and i % 2 == 0 for i in range(45)]
 
 
+def check_single(client, key, want, failures: list) -> None:
+    """``client.lookup([key])`` is ``[want]`` or a retriable error; anything else goes to ``failures``."""
+    try:
+        if client.lookup([key]) != [want]:
+            failures.append(AssertionError("a single-key lookup during the failover answered another row"))
+    except errors.KvLeaseError as exc:
+        if not exc.retriable:
+            failures.append(exc)
+
+
 def test_lookups_during_a_leader_failover_are_right_or_a_retriable_error(make_config, tmp_path):
     rng = np.random.default_rng(7)
     with three_servers(make_config, tmp_path) as c:
@@ -165,13 +175,7 @@ def test_lookups_during_a_leader_failover_are_right_or_a_retriable_error(make_co
                     if got != expected[(i - 1) % len(batches)]:
                         failures.append(AssertionError("a lookup during the failover answered other rows"))
                     j = i % len(singles)  # a single key too: the lean path (client/lean_lookup.py)
-                    try:
-                        if fast.lookup([singles[j]]) != [single_rows[j]]:
-                            failures.append(AssertionError("a single-key lookup during the failover answered "
-                                                           "another row"))
-                    except errors.KvLeaseError as exc:
-                        if not exc.retriable:
-                            failures.append(exc)
+                    check_single(fast, singles[j], single_rows[j], failures)
                     answers["right"] += 1
 
             thread = threading.Thread(target=reader)
