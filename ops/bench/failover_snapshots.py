@@ -7,12 +7,18 @@ On the big failover table, once loaded and snapshotted (``S1``, full):
    cost, what a rebuild downloads);
 2. ``changed`` rows are updated and the leader takes ``S2`` (it uploads about
    them); the followers re-base on ``S2``: they download what the leader
-   uploaded and hard-link the rest (the steady cost, each snapshot);
+   uploaded and hard-link the rest (the steady cost, each snapshot); then,
+   once every tablet server's compactions have ended, the leader takes
+   ``S2'``: a compaction since ``S2`` (the first L0 -> L1 one of a freshly
+   loaded table rewrites every row) is uploaded there by the old leader, as
+   any leader's next snapshot would, and the followers re-base on it
+   (``compaction_snapshot_upload_bytes``: the compaction's output and one
+   row written so that there is something new to snapshot);
 3. ``changed`` rows are updated again, then the leader is killed
    (``replication.failover_once``); before it restarts, the new leader's first
-   snapshot ``S3`` is taken: its new files are what it uploaded.
+   snapshot ``S3`` is taken: its new files (not in ``S2'``) are what it uploaded.
 
-Data changed since the last snapshot: the rows written after ``S2`` (the
+Data changed since the last snapshot: the rows written after ``S2'`` (the
 changed rows and the failover's one row), :data:`ROW_BYTES` each (the 8-byte
 id and the 100-byte value: ``writes.make_batch``). The re-bases are read from
 the tablet servers' metrics (``kvlease_tablet_rebase*``).
@@ -28,6 +34,7 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvlease.ops import local_cluster
+from kvlease.ops.bench.suite import wait_idle
 from kvlease.ops.bench.writes import make_batch
 
 ROW_BYTES = 8 + 100
@@ -96,11 +103,31 @@ def prepare(directory: str, client, snapshot_files, rows: int, changed: int, fir
     change(client, rows, changed, salt=7)
     second = snapshot_files()
     steady = wait_rebases(directory, _plus(start, initial), 2)
+    settled, compaction = settle(directory, lambda: change(client, rows, 1, salt=9), snapshot_files, second,
+                                 _plus(_plus(start, initial), steady), progress)
     progress(f"updating {changed:,} rows more (the data changed since the last snapshot)")
     change(client, rows, changed, salt=8)
     return {"full_snapshot_bytes": sum(first.values()), "second_snapshot_upload_bytes": new_files(first, second),
+            "compaction_snapshot_upload_bytes": compaction,
             "rebase_initial": _per_follower(initial), "rebase_steady": _per_follower(steady),
-            "changed_rows": changed, "_second": second}
+            "changed_rows": changed, "_second": settled}
+
+
+def settle(directory: str, touch, snapshot_files, second: dict[str, int], since: dict[str, float],
+           progress) -> tuple[dict[str, int], int]:
+    """Let RocksDB's compactions after ``second`` end on every tablet server, then snapshot again: a compaction
+    (the first L0 -> L1 one of a freshly loaded table rewrites every row) makes any leader's next snapshot upload
+    what it rewrote, failover or not, so it is taken here by the old leader and the followers re-base on it
+    before the changes the failover's snapshot is judged by (``touch()`` writes a row first: a snapshot of
+    nothing new is not taken). The snapshot's files, and the bytes it uploaded."""
+    progress("waiting for the tablet servers' compactions to end, snapshot again")
+    for tablet in local_cluster.load(directory)["tablets"]:
+        if tablet.get("pid"):
+            wait_idle(int(tablet["pid"]), timeout_s=60.0)
+    touch()
+    settled = snapshot_files()
+    wait_rebases(directory, since, 2)
+    return settled, new_files(second, settled)
 
 
 def after_failover(figures: dict[str, Any], snapshot_files, timeout_s: float = 60.0) -> None:

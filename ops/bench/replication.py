@@ -260,6 +260,8 @@ def incremental_lines(inc: dict[str, Any]) -> list[str]:
         f"  follower re-base, next snapshot  {steady['downloaded_bytes']:,.0f} B downloaded "
         f"({steady['downloaded_bytes'] / max(upload, 1):.2f}x the leader's upload of {upload:,} B), "
         f"{steady['linked_bytes']:,.0f} B linked, {steady['seconds']:.2f} s (per follower)",
+        f"  a compaction's snapshot (S2')    {inc.get('compaction_snapshot_upload_bytes', 0):,} B uploaded by the old "
+        f"leader before the failover (what any leader's next snapshot uploads after a compaction)",
     ]
 
 
