@@ -192,6 +192,9 @@ def report(result: dict[str, Any]) -> str:
                   f"target >= {TARGET_BATCH_VS_RAW})",
                   f"  RF {factor}: single-key lookup              p50 {f['single_p50_ms']:.3f} ms, p99 "
                   f"{f['single_p99_ms']:.3f} ms (raw get p50 {f['raw_get_p50_ms'] * 1000:.1f} us)",
+                  *([f"  RF {factor}: bare gRPC echo round trip     p50 {f['echo_p50_ms']:.3f} ms, p99 "
+                     f"{f['echo_p99_ms']:.3f} ms (the floor: a Python gRPC call to another process)"]
+                    if "echo_p50_ms" in f else []),
                   f"  RF {factor}: single-key lookups, 1 thread   {f['one_thread_per_s']:>12,.0f} /s",
                   f"  RF {factor}: single-key lookups, {r['threads']} threads  {f['threads_per_s']:>12,.0f} /s"]
     p = r.get("prefix")

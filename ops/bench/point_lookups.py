@@ -6,7 +6,8 @@ For one table (``(id BIGINT, v STRING of 100 bytes)``, ``rows`` rows) this measu
   and values in the same batches; its multi-get rows/s of the same key batches, and its single ``get`` latency
   of the same single keys;
 - ``lookup_batch`` rows/s of ``batches`` batches of ``batch_keys`` random keys each (one bucket);
-- ``lookup([key])`` latency p50/p99 of ``singles`` random keys, one call at a time;
+- ``lookup([key])`` latency p50/p99 of ``singles`` random keys, one call at a time, and the same number of bare
+  gRPC echo round trips to a process of its own (:mod:`kvlease.ops.bench.grpc_floor`: the floor, reported);
 - lookups/s of ``threads`` client threads each doing single-key lookups on a ``buckets``-bucket table (the
   same rows), against the one-thread lookups/s of the same client.
 
@@ -26,6 +27,7 @@ import pyarrow as pa
 
 from kvlease.common.codec import RowCodec
 from kvlease.common.tables import Column, TableInfo
+from kvlease.ops.bench import grpc_floor
 from kvlease.ops.bench.writes import make_batch
 
 COLUMNS = [Column("id", "BIGINT"), Column("v", "STRING")]
@@ -145,6 +147,8 @@ def measure(client, client4, raw: RawAnchor, *, rows: int, batches: int, batch_k
     progress(f"{label}: {singles:,} single-key lookups, raw gets of the same keys")
     raw_ms = raw.get_ms(raw.keys(np.array(single_ids)))
     ms = single_ms(client, single_ids)
+    progress(f"{label}: {singles:,} bare gRPC echo round trips (the floor)")
+    echo = grpc_floor.echo_ms(singles)
     progress(f"{label}: {singles:,} single-key lookups from 1 thread, then {threads} threads")
     single_ms(client4, single_ids[:20])
     one = float(len(single_ids) / (single_ms(client4, single_ids).sum() / 1000))
@@ -154,4 +158,5 @@ def measure(client, client4, raw: RawAnchor, *, rows: int, batches: int, batch_k
             "round_rows_per_s": [{"lookup": lk, "raw": r} for lk, r in zip(lookups, raws)],
             "single_p50_ms": float(np.percentile(ms, 50)), "single_p99_ms": float(np.percentile(ms, 99)),
             "raw_get_p50_ms": float(np.percentile(raw_ms, 50)), "raw_get_p99_ms": float(np.percentile(raw_ms, 99)),
+            "echo_p50_ms": float(np.percentile(echo, 50)), "echo_p99_ms": float(np.percentile(echo, 99)),
             "one_thread_per_s": one, "threads_per_s": many}
