@@ -355,11 +355,15 @@ def run_remote(remote: str, *, rows: int, tail_rows: int, batch: int, threads: i
             cases = [measure(ctx, load, load_rows_per_s, rows, rounds, progress) for load in loads]
         return {"remote": remote, "snapshot_log_offset": handle.log_offset, "leader_log_start": log_start,
                 "leader_log_end": end, "cases": cases}
-    finally:
-        if ctx["follower"] is not None:
-            ctx["follower"].stop()
-        stack.close()  # the cluster, then the S3 server
-        shutil.rmtree(base, ignore_errors=True)
+    finally:  # each step whatever the one before raised: nothing is left running or on disk
+        try:
+            if ctx["follower"] is not None:
+                ctx["follower"].stop()
+        finally:
+            try:
+                stack.close()  # the cluster, then the S3 server
+            finally:
+                shutil.rmtree(base, ignore_errors=True)
 
 
 def run(*, rows: int, tail_percent: int, batch: int, threads: int, rounds: int, remote: str = "both",
