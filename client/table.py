@@ -374,7 +374,7 @@ class TableClient(LogOffsets):
         the bucket's log no longer holds it there (``client/log_position.py``). None: not checked.
         ``max_wait_ms`` > 0: a long poll: with nothing committed at or above ``from_offset`` yet, the leader
         answers as soon as something is (or after that long, with no entries); the same answer as without it,
-        only sooner than polling (``tablet/log_waits.py``; at most 30 s). The leader ends a wait before the
+        only sooner than polling (``tablet/log/waits.py``; at most 30 s). The leader ends a wait before the
         call's deadline, and this client's first deadline is 1 s (it then asks the coordinator whether the
         leader moved: client/leader_watch.py), so an empty answer comes after about 0.8 s at most."""
         with arguments("fetch_log"):

@@ -43,7 +43,7 @@ from kvlease.tablet.replicas import lost_data
 from kvlease.tablet.replicas.health import HealthCollector
 from kvlease.tablet.replicas.keeper import BucketKeeper
 from kvlease.tablet.replicas.manager import ReplicaManager
-from kvlease.tablet.log_waits import LogWaits
+from kvlease.tablet.log.waits import LogWaits
 from kvlease.tablet.replication.fetch_service import ReplicaFetchService
 from kvlease.tablet.replication.fetcher import Fetchers
 from kvlease.tablet.replication.isr_changes import IsrKeeper
@@ -160,7 +160,7 @@ class TabletServer:
         "Replication")."""
         c = self.config
         self.fetches_service = ReplicaFetchService(self.replicas)
-        self.log_waits = LogWaits(max(1, c[cfg.TABLET_RPC_THREADS] // 2))  # FetchLog long polls (tablet/log_waits.py)
+        self.log_waits = LogWaits(max(1, c[cfg.TABLET_RPC_THREADS] // 2))  # FetchLog long polls (tablet/log/waits.py)
         self.replicas.on_commit = self._notify_news
         credentials = None
         if c[cfg.SECURITY_ENABLED]:

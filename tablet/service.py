@@ -21,7 +21,7 @@ made, against the leadership it began under and the server's leader lease
 (:meth:`ReplicaManager.leading`, ``tablet/replication/leader_lease.py``): a leader deposed
 meanwhile answers NOT_LEADER, so no answer is older than a write acknowledged
 before its request was sent. A FetchLog with ``max_wait_ms`` that finds nothing new waits for the
-bucket's committed end to move (``tablet/log_waits.py``), then answers as a plain FetchLog does.
+bucket's committed end to move (``tablet/log/waits.py``), then answers as a plain FetchLog does.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from kvlease.common.codec_schemas import batch_as_current
 from kvlease.common.model import SnapshotHandle
 from kvlease.common.security.server import OPEN
 from kvlease.tablet.authz import READ, WRITE, TableAccess
-from kvlease.tablet.log_waits import LogWaits, wait_seconds
+from kvlease.tablet.log.waits import LogWaits, wait_seconds
 from kvlease.tablet.replicas.held_tables import partition_of
 from kvlease.tablet.replicas.manager import ReplicaManager
 from kvlease.tablet.replication.fetch_service import ReplicaFetchService
@@ -204,7 +204,7 @@ class TabletService(pb_grpc.TabletServiceServicer):
             epoch = request.last_fetched_epoch if request.HasField("last_fetched_epoch") else None
             remaining = context.time_remaining() if context is not None else None
             return self.log_waits.poll(lambda: self._fetch_log(physical, request, epoch), lambda a: bool(a["entries"]),
-                                       wait_seconds(request.max_wait_ms, remaining))  # tablet/log_waits.py
+                                       wait_seconds(request.max_wait_ms, remaining))  # tablet/log/waits.py
         return _answer(pb.FetchLogResponse, work)
 
     def _fetch_log(self, physical: int, request, epoch: int | None) -> dict:

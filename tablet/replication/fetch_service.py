@@ -18,7 +18,6 @@ called (the server stops) every call answers at once.
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Callable
 
@@ -26,9 +25,8 @@ from kvlease.common import errors
 from kvlease.common.proto import tablet_pb2 as pb
 from kvlease.common.wire import error_pb
 from kvlease.tablet.log.epochs import EpochEnd
+from kvlease.tablet.log.waits import LogWaits, wait_seconds
 from kvlease.tablet.replication.leader import check_epoch
-
-MAX_WAIT_MS = 30_000
 
 
 class ReplicaFetchService:
@@ -36,41 +34,29 @@ class ReplicaFetchService:
         """``replicas``: the server's :class:`~kvlease.tablet.replicas.manager.ReplicaManager`."""
         self.replicas = replicas
         self.clock_ms = clock_ms
-        self._news = threading.Condition()
-        self._version = 0
-        self._closed = False
+        self._waits = LogWaits(max_waiting=None)  # every follower's fetch may wait (one call per follower)
 
     def notify(self) -> None:
         """Something a waiting fetch may want happened (an append, a HW move)."""
-        with self._news:
-            self._version += 1
-            self._news.notify_all()
+        self._waits.notify()
 
     def close(self) -> None:
         """The server stops: waiting calls answer what they have now, later ones do not wait (its gRPC
         server's stop then has no long poll to wait for)."""
-        with self._news:
-            self._closed = True
-            self._news.notify_all()
+        self._waits.close()
 
     def fetch(self, request: pb.ReplicaFetchRequest, time_remaining_s: float | None = None) -> pb.ReplicaFetchResponse:
         """``time_remaining_s``: the call's own deadline (the wait ends before it)."""
-        wait_s = min(max(request.max_wait_ms, 0), MAX_WAIT_MS) / 1000.0 if request.buckets else 0.0
-        if time_remaining_s is not None:
-            wait_s = min(wait_s, max(0.0, time_remaining_s - 0.2))
-        deadline = time.monotonic() + wait_s
-        first = True  # the follower's progress is taken once, when its fetch arrives
-        while True:
-            with self._news:
-                version = self._version
-            results, ready = self._fetch_once(request, first)
-            first = False
-            remaining = deadline - time.monotonic()
-            if ready or remaining <= 0 or self._closed:
-                return pb.ReplicaFetchResponse(buckets=results)
-            with self._news:
-                if self._version == version and not self._closed:
-                    self._news.wait(remaining)
+        wait_s = wait_seconds(request.max_wait_ms, time_remaining_s) if request.buckets else 0.0
+        first = [True]  # the follower's progress is taken once, when its fetch arrives
+
+        def once() -> tuple[list, bool]:
+            answer = self._fetch_once(request, first[0])
+            first[0] = False
+            return answer
+
+        results, _ready = self._waits.poll(once, lambda answer: answer[1], wait_s)
+        return pb.ReplicaFetchResponse(buckets=results)
 
     def _fetch_once(self, request, first: bool) -> tuple[list, bool]:
         results, told, ready = [], [], False

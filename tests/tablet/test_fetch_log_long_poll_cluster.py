@@ -1,4 +1,4 @@
-"""FetchLog long polls (``max_wait_ms``, tablet/log_waits.py) on real servers: a coordinator and three tablet
+"""FetchLog long polls (``max_wait_ms``, tablet/log/waits.py) on real servers: a coordinator and three tablet
 servers in this process, real ZooKeeper, RocksDB and gRPC. A long poll answers exactly what a plain FetchLog
 answers (every offset of a history of upserts, updates and deletes, out of range, at the end), at once when
 there is something to answer, as soon as a write is committed when there is not (at replication factor 1 and

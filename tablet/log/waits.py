@@ -1,4 +1,8 @@
-"""Long polls of ``FetchLog``: a reader at the committed end of a bucket's log waits for news, not for a poll.
+"""Long polls of log readers: one at the committed end of a bucket's log waits for news, not for a poll.
+
+Clients' ``FetchLog`` (below) and followers' ``ReplicaFetch`` (``tablet/replication/fetch_service.py``,
+without a bound on the calls waiting: one per follower) wait the same way, each with a :class:`LogWaits` of
+its own.
 
 A ``FetchLog`` request with ``max_wait_ms`` > 0 that finds no entry (the
 reader is at the high watermark) waits up to that long (at most
@@ -46,7 +50,9 @@ def wait_seconds(max_wait_ms: int, time_remaining_s: float | None) -> float:
 
 
 class LogWaits:
-    def __init__(self, max_waiting: int = 16) -> None:
+    def __init__(self, max_waiting: int | None = 16) -> None:
+        """``max_waiting``: the most calls that may wait at once (None: no bound; the leader's answers to its
+        followers' ``ReplicaFetch`` long polls, ``tablet/replication/fetch_service.py``, wait the same way)."""
         self._news = threading.Condition()
         self._version = 0
         self._closed = False
@@ -71,7 +77,7 @@ class LogWaits:
         it fetches is not missed). An exception of ``fetch`` is raised at once. With ``max_waiting`` calls
         waiting already, the first answer is returned whatever it is."""
         with self._news:
-            may_wait = wait_s > 0 and self.waiting < self.max_waiting
+            may_wait = wait_s > 0 and (self.max_waiting is None or self.waiting < self.max_waiting)
             self.waiting += may_wait
         try:
             return self._poll(fetch, ready, wait_s if may_wait else 0.0)

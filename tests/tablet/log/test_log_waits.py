@@ -1,4 +1,4 @@
-"""tablet/log_waits.py: a FetchLog long poll fetches again on news, answers when ready, its wait capped."""
+"""tablet/log/waits.py: a FetchLog long poll fetches again on news, answers when ready, its wait capped."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from kvlease.tablet.log_waits import MAX_WAIT_MS, LogWaits, wait_seconds
+from kvlease.tablet.log.waits import MAX_WAIT_MS, LogWaits, wait_seconds
 
 pytestmark = pytest.mark.unit
 
