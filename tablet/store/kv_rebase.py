@@ -36,8 +36,8 @@ import logging
 import os
 import shutil
 
-from kvlease.common.fsync import fsync_path
 from kvlease.tablet.log.segment_files import SEGMENT_NAME, sync_dir, write_durably
+from kvlease.tablet.store.snapshot_install import swap_in, sync_tree
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ def rebase(dir: str, checkpoint_dir: str, log_offset: int, fsync: bool = True) -
     os.makedirs(staged)
     shutil.move(checkpoint_dir, os.path.join(staged, "kv"))
     if fsync:
-        _sync_tree(staged)
+        sync_tree(staged)
         sync_dir(dir)
     write_durably(os.path.join(dir, INTENT), json.dumps({"log_offset": log_offset}).encode(), fsync)
     _roll_forward(dir, log_offset, fsync)
@@ -98,18 +98,7 @@ def recover(dir: str, fsync: bool = True) -> bool:
 def _roll_forward(dir: str, log_offset: int, fsync: bool) -> None:
     """Steps 3 and 4 of the module docstring; idempotent."""
     staged, old = os.path.join(dir, STAGED), os.path.join(dir, OLD)
-    new = os.path.join(staged, "kv")
-    if os.path.exists(new):  # else swapped before the crash
-        os.makedirs(old, exist_ok=True)
-        live = os.path.join(dir, "kv")
-        if os.path.exists(live):
-            target = os.path.join(old, "kv")
-            if os.path.exists(target):
-                shutil.rmtree(target)
-            os.rename(live, target)
-        os.rename(new, live)
-        if fsync:
-            sync_dir(dir)
+    swap_in(dir, staged, old, ("kv",), fsync)
     shutil.rmtree(old, ignore_errors=True)
     shutil.rmtree(staged, ignore_errors=True)
     os.unlink(os.path.join(dir, INTENT))
@@ -117,10 +106,3 @@ def _roll_forward(dir: str, log_offset: int, fsync: bool) -> None:
         sync_dir(dir)
     log.info("bucket %s: RocksDB re-based on a snapshot at log offset %d; the changelog is replayed into it",
              dir, log_offset)
-
-
-def _sync_tree(root: str) -> None:
-    for path, _dirs, files in os.walk(root):
-        for name in files:
-            fsync_path(os.path.join(path, name))
-        sync_dir(path)

@@ -70,7 +70,7 @@ def install(dir: str, checkpoint_dir: str, log_offset: int, fsync: bool = True,
             for path in (log_dir, staged):
                 sync_dir(path)
         else:
-            _sync_tree(staged)
+            sync_tree(staged)
         sync_dir(dir)
     _write_intent(dir, log_offset, writers, fsync)
     _roll_forward(dir, log_offset, writers, fsync)
@@ -106,8 +106,23 @@ def _write_intent(dir: str, log_offset: int, writers: tuple[tuple[int, ...], ...
 def _roll_forward(dir: str, log_offset: int, writers: tuple[tuple[int, ...], ...], fsync: bool) -> None:
     """Steps 3 and 4 of the module docstring; idempotent."""
     staged, old = os.path.join(dir, STAGED), os.path.join(dir, OLD)
+    swap_in(dir, staged, old, PARTS, fsync)
+    epoch_file.save(dir, EpochCache(), fsync)
+    writer_sequences.save_seed(dir, writers, fsync)
+    shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(staged, ignore_errors=True)
+    os.unlink(os.path.join(dir, INTENT))
+    if fsync:
+        sync_dir(dir)
+    log.info("bucket %s: installed a snapshot; the changelog starts empty at offset %d", dir, log_offset)
+
+
+def swap_in(dir: str, staged: str, old: str, parts: tuple[str, ...], fsync: bool) -> None:
+    """Each of ``parts`` staged in ``staged`` renamed into ``dir``, the live one moved to ``old`` first; a part
+    no longer staged was swapped before a crash (idempotent: the roll-forward of an install and of a
+    re-base, ``tablet/store/kv_rebase.py``)."""
     os.makedirs(old, exist_ok=True)
-    for part in PARTS:
+    for part in parts:
         new = os.path.join(staged, part)
         if not os.path.exists(new):
             continue  # swapped before the crash
@@ -120,17 +135,10 @@ def _roll_forward(dir: str, log_offset: int, writers: tuple[tuple[int, ...], ...
         os.rename(new, live)
         if fsync:
             sync_dir(dir)
-    epoch_file.save(dir, EpochCache(), fsync)
-    writer_sequences.save_seed(dir, writers, fsync)
-    shutil.rmtree(old, ignore_errors=True)
-    shutil.rmtree(staged, ignore_errors=True)
-    os.unlink(os.path.join(dir, INTENT))
-    if fsync:
-        sync_dir(dir)
-    log.info("bucket %s: installed a snapshot; the changelog starts empty at offset %d", dir, log_offset)
 
 
-def _sync_tree(root: str) -> None:
+def sync_tree(root: str) -> None:
+    """fsync every file and directory below ``root``."""
     for path, _dirs, files in os.walk(root):
         for name in files:
             fsync_path(os.path.join(path, name))
