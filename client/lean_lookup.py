@@ -20,13 +20,13 @@ are decoded by the vectorized codec (``RowCodec.decode_values``), as the vectori
 
 from __future__ import annotations
 
-import struct
 import weakref
 from typing import Any, Sequence
 
 import pyarrow as pa
 
 from kvlease.client.table_writes import MAX_REQUEST_BYTES
+from kvlease.common import errors, lookup_wire
 from kvlease.common.bucketing import bucket_of
 from kvlease.common.codec_lean import LeanKeys, LeanValues
 from kvlease.common.proto import tablet_pb2 as pb
@@ -54,11 +54,9 @@ def lookup(client, keys: Any) -> list[dict | None] | None:
         return None
     bucket = buckets.pop()
     table = client.table
-    offsets = [0]
-    for key in encoded:
-        offsets.append(offsets[-1] + len(key))
+    key_data, key_offsets = lookup_wire.pack_list(encoded)
     request = pb.LookupRequest(table_id=table.table_id, partition_id=table.partition_id, bucket=bucket,
-                               key_data=b"".join(encoded), key_offsets=struct.pack(f"<{len(offsets)}i", *offsets))
+                               key_data=key_data, key_offsets=key_offsets)
     response = client._call_bucket(bucket, "Lookup", request, idempotent=True)
     if not response.value_offsets or response.schema_id != codec.table.schema_id:
         return None
@@ -86,9 +84,7 @@ def _lean(codec) -> tuple[LeanKeys, LeanValues]:
 
 def _values(data: bytes, offsets: bytes) -> list[bytes] | None:
     """The byte strings of a packed answer; None if the offsets do not describe ``data``."""
-    if len(offsets) % 4 or not offsets:
+    try:
+        return lookup_wire.unpack_list(data, offsets, "LookupResponse.values")
+    except errors.InvalidRequestError:
         return None
-    at = struct.unpack(f"<{len(offsets) // 4}i", offsets)
-    if at[0] != 0 or at[-1] != len(data) or any(b < a for a, b in zip(at, at[1:])):
-        return None
-    return [data[a:b] for a, b in zip(at, at[1:])]

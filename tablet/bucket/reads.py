@@ -101,30 +101,25 @@ class BucketReads:
         :meth:`_lookup`): committed ones, a row the row TTL expired not found. InvalidRowError for a key of
         another bucket."""
         codec = self.bucket.spec.codec  # (the store replaces it when the table's schema changes)
-        if len(encoded) <= FEW_KEYS and codec.table.row_ttl is None:
-            found, values = self._lookup_few(codec, encoded)
-            return found, values, codec.table.schema_id
-        found, values, _rows = self._lookup(codec, encoded, decode=False)
+        if len(encoded) <= FEW_KEYS and codec.table.row_ttl is None:  # nothing to decode: lists, no numpy/Arrow
+            got = self._get(codec, encoded)
+            found, values = [value is not None for value in got], [value for value in got if value is not None]
+        else:
+            found, values, _rows = self._lookup(codec, encoded, decode=False)
         return found, values, codec.table.schema_id
 
-    def _lookup_few(self, codec: RowCodec, encoded: list[bytes]) -> tuple[list[bool], list[bytes]]:
-        """:meth:`_lookup` of a few keys of a table without a row TTL (nothing to decode), as lists: the same
-        checks and the same multi-get, without numpy's and Arrow's fixed costs (a single-key lookup)."""
+    def _get(self, codec: RowCodec, encoded: list[bytes]) -> list[bytes | None]:
+        """One multi-get of RocksDB (committed rows only) of keys of this bucket, while the files are current."""
         write_checks.check_bucket(codec, self.bucket.spec.bucket, encoded, "lookup")
         with self.bucket.files.use() as (_changelog, kv):
             self.check_current(kv)
-            got = kv.get(encoded)
-        return [value is not None for value in got], [value for value in got if value is not None]
+            return kv.get(encoded)
 
     def _lookup(self, codec: RowCodec, encoded: list[bytes], decode: bool
                 ) -> tuple[np.ndarray, pa.Array, pa.RecordBatch | None]:
-        """``(found, values, rows)``: one multi-get of RocksDB (committed rows only), the rows the row TTL
-        expired dropped; ``rows`` the values decoded by ``codec`` when ``decode`` (else None unless the TTL
-        decoded them)."""
-        write_checks.check_bucket(codec, self.bucket.spec.bucket, encoded, "lookup")
-        with self.bucket.files.use() as (_changelog, kv):
-            self.check_current(kv)
-            values = pa.array(kv.get(encoded), pa.binary())
+        """``(found, values, rows)``: :meth:`_get`, the rows the row TTL expired dropped; ``rows`` the values
+        decoded by ``codec`` when ``decode`` (else None unless the TTL decoded them)."""
+        values = pa.array(self._get(codec, encoded), pa.binary())
         found = values.is_valid().to_numpy(zero_copy_only=False)
         if values.null_count:
             values = pc.drop_null(values)
