@@ -50,6 +50,7 @@ import os
 import shutil
 import threading
 import time
+from concurrent import futures
 from typing import Callable
 
 from kvlease.common import errors
@@ -221,7 +222,7 @@ class Rebuilder(ReplicaWorker):
         lease = _Lease(self.admin, lease_id(self.server_id, handle.bucket), handle, self._monotonic)
         # the lease is asked for while the files download: a file the coordinator deletes before it is held fails
         # its download or its check (the snapshot is skipped, as when the lease says it is gone)
-        acquiring = _Call(lease.acquire)
+        acquiring = _on_a_thread(lease.acquire, "rebuild-lease")
         tail = self._prefetch(replica, handle)
         installed = False
         try:
@@ -235,7 +236,7 @@ class Rebuilder(ReplicaWorker):
         finally:
             entries, hw = tail.finish() if tail is not None else ([], 0)
             shutil.rmtree(target, ignore_errors=True)
-            acquiring.wait()
+            futures.wait([acquiring])
             if installed:
                 self._held.append(lease)
             else:
@@ -348,25 +349,10 @@ class _Lease:
                         LEASE_MS // 1000, exc)
 
 
-class _Call:
-    """``fn()`` on a thread of its own: :meth:`result` waits and returns or raises what it did."""
-
-    def __init__(self, fn: Callable[[], object]) -> None:
-        self._fn, self._value, self._error = fn, None, None
-        self._thread = threading.Thread(target=self._run, daemon=True, name="rebuild-lease")
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            self._value = self._fn()
-        except BaseException as exc:  # noqa: BLE001 - handed to result()
-            self._error = exc
-
-    def wait(self) -> None:
-        self._thread.join()
-
-    def result(self):
-        self.wait()
-        if self._error is not None:
-            raise self._error
-        return self._value
+def _on_a_thread(fn: Callable[[], object], name: str) -> futures.Future:
+    """``fn()`` started on a thread of its own (named ``name``): its future."""
+    pool = futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+    try:
+        return pool.submit(fn)
+    finally:
+        pool.shutdown(wait=False)  # the thread ends with fn
