@@ -39,13 +39,17 @@ def test_news_makes_it_fetch_again_and_nothing_new_ends_after_the_wait():
         fetches.append(time.monotonic())
         return next(answers)
 
-    def notify_twice():
-        for _ in range(2):
-            time.sleep(0.1)
+    def notify_twice():  # each news after the fetch before it (news earlier is simply seen by that fetch)
+        for seen in (1, 2):
+            while len(fetches) < seen:
+                time.sleep(0.01)
+            time.sleep(0.05)
             waits.notify()
-    threading.Thread(target=notify_twice).start()
+    notifier = threading.Thread(target=notify_twice)
+    notifier.start()
     t0 = time.monotonic()
     assert waits.poll(fetch, bool, 10.0) == "new"
+    notifier.join(5)
     assert len(fetches) == 3 and time.monotonic() - t0 < 5.0  # woken twice, not by the wait's end
 
     t0 = time.monotonic()
