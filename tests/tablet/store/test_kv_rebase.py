@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
-from typing import Iterator
 
 import pytest
 
@@ -16,17 +14,9 @@ from kvlease.common.errors import InvalidSnapshotError
 from kvlease.tablet.store import kv_rebase
 from tests.tablet.bucket.test_bucket import bucket_dir, keys, rows, state  # noqa: F401
 from tests.tablet.bucket.test_bucket_replicated import open_store, replicate
+from tests.tablet.store.test_snapshot_install import leader_dir  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.unit
-
-
-@pytest.fixture
-def leader_dir(kvlease_tmp: str) -> Iterator[str]:
-    path = tempfile.mkdtemp(prefix="leader-", dir=kvlease_tmp)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def leader_and_follower(leader_dir: str, follower_dir: str):
