@@ -254,14 +254,14 @@ class Rebaser:
         if not force and self._monotonic() - self._last[key] < self.interval_s - self.poll_s:
             return None
         manifest = self._manifest(kvsnapshot.manifest_path(replica.tb, snapshot_id))
+        offsets = replica.store.files.known_offsets()  # (in memory: checked before any file is read)
+        if offsets is None or not offsets[0] <= manifest.log_offset <= offsets[2]:
+            return None  # not applied that far yet, or the log does not reach back: a later round
         shared = shared_keys(manifest)
         local = local_ssts(os.path.join(replica.store.dir, "kv"), {(k[0], k[1]): k[2] for k in shared})
         if all(k in local for k in shared):
             self._based[key] = snapshot_id  # its RocksDB holds every SST of it already
             return None
-        offsets = replica.store.files.known_offsets()
-        if offsets is None or not offsets[0] <= manifest.log_offset <= offsets[2]:
-            return None  # not applied that far yet, or the log does not reach back: a later round
         with self._lock:
             self._busy.add(key)
         try:
