@@ -195,6 +195,9 @@ def report(result: dict[str, Any]) -> str:
                   *([f"  RF {factor}: bare gRPC echo round trip     p50 {f['echo_p50_ms']:.3f} ms, p99 "
                      f"{f['echo_p99_ms']:.3f} ms (the floor: a Python gRPC call to another process)"]
                     if "echo_p50_ms" in f else []),
+                  *([f"  RF {factor}: machine busy before them    {f['machine_busy_before_singles']:>12.0%}   "
+                     f"(of its CPUs, over a second: the singles wait for < 10 %)"]
+                    if "machine_busy_before_singles" in f else []),
                   f"  RF {factor}: single-key lookups, 1 thread   {f['one_thread_per_s']:>12,.0f} /s",
                   f"  RF {factor}: single-key lookups, {r['threads']} threads  {f['threads_per_s']:>12,.0f} /s"]
     p = r.get("prefix")

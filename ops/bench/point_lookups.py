@@ -7,7 +7,9 @@ For one table (``(id BIGINT, v STRING of 100 bytes)``, ``rows`` rows) this measu
   of the same single keys;
 - ``lookup_batch`` rows/s of ``batches`` batches of ``batch_keys`` random keys each (one bucket);
 - ``lookup([key])`` latency p50/p99 of ``singles`` random keys, one call at a time, and the same number of bare
-  gRPC echo round trips to a process of its own (:mod:`kvlease.ops.bench.grpc_floor`: the floor, reported);
+  gRPC echo round trips to a process of its own (:mod:`kvlease.ops.bench.grpc_floor`: the floor, reported),
+  in alternating chunks, started once the whole machine is idle (busy < 10 % of its CPUs over a second, or
+  after a minute; the targets are for low load, and another benchmark's cluster may still be stopping);
 - lookups/s of ``threads`` client threads each doing single-key lookups on a ``buckets``-bucket table (the
   same rows), against the one-thread lookups/s of the same client.
 
@@ -28,10 +30,12 @@ import pyarrow as pa
 from kvlease.common.codec import RowCodec
 from kvlease.common.tables import Column, TableInfo
 from kvlease.ops.bench import grpc_floor
+from kvlease.ops.bench.suite import wait_machine_idle
 from kvlease.ops.bench.writes import make_batch
 
 COLUMNS = [Column("id", "BIGINT"), Column("v", "STRING")]
 LOAD_BATCH = 10_000
+CHUNKS = 4  # single-key lookups and echo round trips alternate in this many chunks
 
 
 def load(client, rows: int) -> None:
@@ -103,6 +107,20 @@ def single_ms(client, ids: list[int]) -> np.ndarray:
     return out * 1000
 
 
+def singles_and_floor(client, ids: list[int], idle_wait_s: float = 60.0) -> tuple[np.ndarray, np.ndarray, float]:
+    """The single-key lookup latencies (ms) of ``ids`` and as many echo round trips (ms), in
+    :data:`CHUNKS` alternating chunks, so that both meet the same moments of the machine; started once the
+    machine is idle, or after ``idle_wait_s`` (the single-key targets hold at low load: the machine's busy
+    fraction then is returned)."""
+    with grpc_floor.EchoServer() as echo:
+        busy = wait_machine_idle(step_s=min(1.0, max(0.1, idle_wait_s)), timeout_s=idle_wait_s)
+        lookups, echoes = [], []
+        for chunk in np.array_split(np.array(ids, dtype=np.int64), CHUNKS):
+            lookups.append(single_ms(client, chunk.tolist()))
+            echoes.append(echo.ms(len(chunk)))
+    return np.concatenate(lookups), np.concatenate(echoes), busy
+
+
 def concurrent_per_s(client, ids: list[int], threads: int) -> float:
     """Single-key lookups/s of ``threads`` threads sharing ``client``, ``ids`` split between them."""
     failures: list[BaseException] = []
@@ -130,7 +148,8 @@ def concurrent_per_s(client, ids: list[int], threads: int) -> float:
 
 
 def measure(client, client4, raw: RawAnchor, *, rows: int, batches: int, batch_keys: int, singles: int,
-            threads: int, rounds: int, rng, progress: Callable[[str], None], label: str) -> dict[str, Any]:
+            threads: int, rounds: int, rng, progress: Callable[[str], None], label: str,
+            idle_wait_s: float = 60.0) -> dict[str, Any]:
     """The figures of one replication factor (see the module docstring): ``client`` on the one-bucket table,
     ``client4`` on the table of several buckets, ``raw`` the anchor of the same rows."""
     key_ids = [rng.integers(0, rows, batch_keys) for _ in range(batches)]
@@ -144,11 +163,10 @@ def measure(client, client4, raw: RawAnchor, *, rows: int, batches: int, batch_k
         progress(f"{label}: round {round_} of {rounds}: {batches} multi-gets / lookups of {batch_keys:,} keys")
         raws.append(raw.multi_get_rows_per_s(raw_batches))
         lookups.append(batch_rows_per_s(client, key_batches))
-    progress(f"{label}: {singles:,} single-key lookups, raw gets of the same keys")
+    progress(f"{label}: {singles:,} single-key lookups and as many bare gRPC echo round trips (the floor), "
+             f"interleaved, on an idle machine; raw gets of the same keys")
     raw_ms = raw.get_ms(raw.keys(np.array(single_ids)))
-    ms = single_ms(client, single_ids)
-    progress(f"{label}: {singles:,} bare gRPC echo round trips (the floor)")
-    echo = grpc_floor.echo_ms(singles)
+    ms, echo, busy = singles_and_floor(client, single_ids, idle_wait_s)
     progress(f"{label}: {singles:,} single-key lookups from 1 thread, then {threads} threads")
     single_ms(client4, single_ids[:20])
     one = float(len(single_ids) / (single_ms(client4, single_ids).sum() / 1000))
@@ -159,4 +177,5 @@ def measure(client, client4, raw: RawAnchor, *, rows: int, batches: int, batch_k
             "single_p50_ms": float(np.percentile(ms, 50)), "single_p99_ms": float(np.percentile(ms, 99)),
             "raw_get_p50_ms": float(np.percentile(raw_ms, 50)), "raw_get_p99_ms": float(np.percentile(raw_ms, 99)),
             "echo_p50_ms": float(np.percentile(echo, 50)), "echo_p99_ms": float(np.percentile(echo, 99)),
+            "machine_busy_before_singles": busy,
             "one_thread_per_s": one, "threads_per_s": many}

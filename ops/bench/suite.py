@@ -316,6 +316,27 @@ def wait_idle(pid: int, busy_below: float = 0.05, step_s: float = 1.0, timeout_s
     return time.monotonic() - t0
 
 
+def machine_cpu() -> tuple[float, float]:
+    """(busy, all) CPU ticks of the whole machine so far (``/proc/stat``; idle and iowait are not busy)."""
+    with open("/proc/stat") as fh:
+        ticks = [int(x) for x in fh.readline().split()[1:]]
+    return sum(ticks) - ticks[3] - ticks[4], sum(ticks)
+
+
+def wait_machine_idle(busy_below: float = 0.1, step_s: float = 1.0, timeout_s: float = 60.0) -> float:
+    """Wait until the whole machine is busy less than ``busy_below`` of its CPUs over ``step_s`` (another
+    benchmark's cluster gone, the page cache written back) or ``timeout_s`` passed; returns the busy fraction
+    of the last step."""
+    t0 = time.monotonic()
+    while True:
+        busy, total = machine_cpu()
+        time.sleep(step_s)
+        busy2, total2 = machine_cpu()
+        fraction = (busy2 - busy) / max(1, total2 - total)
+        if fraction < busy_below or time.monotonic() - t0 >= timeout_s:
+            return fraction
+
+
 def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
     try:
         with open(cpuinfo) as fh:

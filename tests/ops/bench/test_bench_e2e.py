@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -99,3 +100,15 @@ def test_wait_idle_returns_once_a_process_is_idle_and_waits_while_it_computes():
             proc.kill()
             proc.wait()
         sleeper.stdout.close()
+
+
+def test_wait_machine_idle_waits_while_a_core_computes_and_says_how_busy_the_machine_was():
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        t0 = time.monotonic()
+        busy = bench_suite.wait_machine_idle(busy_below=0.5 / os.cpu_count(), step_s=0.2, timeout_s=0.6)
+        assert time.monotonic() - t0 >= 0.6  # never idle enough: it waited its whole timeout
+        assert 0.8 / os.cpu_count() <= busy <= 1.0  # the spinning core at least
+    finally:
+        spinner.kill()
+        spinner.wait()
