@@ -121,14 +121,14 @@ def run(*, seconds: float, low_rate: int, high_rate: int, wait_ms: int, spark_ra
 
 def _spark(admin, directory: str, base: str, rate: int, seconds: float, progress) -> dict[str, Any]:
     from kvlease.client.table import TableClient
-    from kvlease.ops.bench.freshness_spark import LOCAL_CHECKPOINT_CONF, spark_freshness
+    from kvlease.ops.bench.freshness_spark import LOW_LATENCY_CONF, spark_freshness
     from kvlease.ops.streaming import local_session, stop_local_session
 
     name = "bench.fresh_spark"
     admin.create_table(name, COLUMNS, ["k"], 1)
     progress("starting Spark (local mode) and a streaming query of the change feed")
     spark = local_session(f"{base}/spark", app="kvlease-bench-freshness", log_file=f"{base}/spark.log",
-                          conf=LOCAL_CHECKPOINT_CONF)
+                          conf=LOW_LATENCY_CONF)
     try:
         with TableClient(admin, name) as client:
             return spark_freshness(spark, client, ",".join(local_cluster.bootstrap(directory)), name, rate, seconds,

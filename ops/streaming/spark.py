@@ -24,7 +24,7 @@ def local_session(work_dir: str | os.PathLike[str], *, cores: int | str = "*", a
     """A SparkSession on this machine: loopback only, no UI, scratch space under ``work_dir``.
 
     ``conf``: more settings for the session's builder (e.g. the freshness benchmark's
-    :data:`~kvlease.ops.bench.freshness_spark.LOCAL_CHECKPOINT_CONF`).
+    :data:`~kvlease.ops.bench.freshness_spark.LOW_LATENCY_CONF`).
 
     ``log_file``: the JVM's stdout and stderr (its start-up notes, Spark's
     log, and those of the Python workers it starts) go there instead of this
