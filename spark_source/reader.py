@@ -1,7 +1,9 @@
 """Executor side: read one split into Arrow RecordBatches of the source's schema.
 
-Each task opens its own admin and table clients (they are not picklable and
-live no longer than the task). A hybrid split of a batch read releases its
+A task borrows its admin and table clients (they are not picklable) from
+those a finished task of the same read left in the worker, or makes them
+(``spark_source/worker_clients.py``): a streaming query's micro-batches
+reuse them. A hybrid split of a batch read releases its
 bucket from the lease once every row was handed to Spark; a failure to
 release is logged, not raised (the rows are read; the lease's expiry frees
 the snapshot anyway).
@@ -17,7 +19,7 @@ from __future__ import annotations
 import functools
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from typing import Callable, Iterator
 
 import pyarrow as pa
@@ -34,12 +36,15 @@ from kvlease.common.tables import TableInfo
 from kvlease.spark_source.bootstrap import SnapshotGoneError, merge, open_snapshot
 from kvlease.spark_source.changelog import final_states, read_entries
 from kvlease.spark_source.enumerator import release_buckets
-from kvlease.spark_source.options import connect, open_table
+from kvlease.spark_source.options import connect
 from kvlease.spark_source.schema import changes_for_spark, spark_arrow_schema, state_rows_as_changes
 from kvlease.spark_source.partitions import check_table_losses, key_of
 from kvlease.spark_source.splits import HybridSplit, LiveSplit, LogSplit, PrefixSplit, ReadContext, split_table
+from kvlease.spark_source.worker_clients import clients
 
 log = logging.getLogger(__name__)
+#: A change feed's read joins its changelog entries' rows into batches of about this many rows (:func:`_joined`).
+JOINED_ROWS = 65_536
 
 
 @contextmanager
@@ -105,12 +110,8 @@ def output_schema(schema: pa.Schema, ctx: ReadContext) -> pa.Schema:
 
 
 def _read(ctx: ReadContext, split, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
-    with ExitStack() as stack:
-        admin = stack.enter_context(connect(ctx.bootstrap, ctx.security))
-        view = split_table(ctx.table, split)
-        table = stack.enter_context(open_table(admin, ctx.table.table_id, ctx.security,
-                                               partition=view if view.partition_id is not None else None,
-                                               read_as=ctx.table.columns))  # the query's schema
+    # the query's schema; the clients a finished task of the same read left in this worker, or new ones
+    with clients(ctx.bootstrap, ctx.security, ctx.table, split_table(ctx.table, split)) as (admin, table):
         if isinstance(split, HybridSplit):
             batches = _hybrid(ctx, admin, table, split, schema)
             yield from (_releasing(admin, ctx, split, batches) if split.release else batches)
@@ -215,8 +216,36 @@ def _log_state(table: TableClient, split: LogSplit, schema: pa.Schema) -> Iterat
 
 
 def _log_changes(table: TableClient, split: LogSplit, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
-    for entry in read_entries(table, split.bucket, split.start, split.end, split.start_epoch, split.end_epoch):
-        yield changes_for_spark(decode_records(table.codec, entry_records(entry)), split.bucket, schema)
+    entries = read_entries(table, split.bucket, split.start, split.end, split.start_epoch, split.end_epoch)
+    for records in _joined((decode_records(table.codec, entry_records(entry)) for entry in entries), JOINED_ROWS):
+        yield changes_for_spark(records, split.bucket, schema)
+
+
+def _joined(batches: Iterator[pa.RecordBatch], rows: int) -> Iterator[pa.RecordBatch]:
+    """The batches' rows in their order, consecutive batches of one schema joined until they hold ``rows``
+    rows. A changelog entry is a write's rows, one at a low write rate: Spark takes each batch a read yields
+    as an Arrow message of its own, and converting and sending an entry's batch cost more than its rows. The
+    rows before an error are handed on before it, as they were batch by batch (a split of a partition dropped
+    while it reads ends quietly with them: ``read_split``)."""
+    pending: list[pa.RecordBatch] = []
+    count = 0
+    try:
+        for batch in batches:
+            if pending and (count >= rows or not batch.schema.equals(pending[0].schema)):
+                yield _concat(pending)
+                pending, count = [], 0
+            pending.append(batch)
+            count += batch.num_rows
+    except Exception:
+        if pending:
+            yield _concat(pending)
+        raise
+    if pending:
+        yield _concat(pending)
+
+
+def _concat(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
+    return batches[0] if len(batches) == 1 else pa.concat_batches(batches)
 
 
 def _live(table: TableClient, split: LiveSplit, schema: pa.Schema) -> Iterator[pa.RecordBatch]:

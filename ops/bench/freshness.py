@@ -13,6 +13,7 @@ hold it), a reader stamps it when it sees it; keys seen before the writer was an
   1 and 3 (``min.insync-replicas`` 2): the feed shows committed records only, so at RF 3 a follower's fetch
   and the high watermark's advance are part of the figure. The first half second of each run is not
   counted (connections, caches).
+  ``--no-feed`` leaves these runs out.
 - ``spark`` (unless ``--no-spark``: Spark takes a while to start): a streaming query of the kvlease source
   (``startup.mode`` latest, the default trigger, local mode) with ``foreachBatch`` collecting each
   micro-batch's keys, while new keys are written at ``--spark-rate`` (100 writes/s) for
@@ -51,6 +52,7 @@ OPTIONS = (
     Option("--spark-rate", positive_int, 100, "writes/s while the Spark streaming query runs"),
     Option("--spark-seconds", positive_float, 20.0, "seconds of writes while the Spark streaming query runs", "S"),
     Option("--no-spark", bool, False, "leave out the Spark streaming query (it takes a while to start)"),
+    Option("--no-feed", bool, False, "leave out the feed's runs (the Spark streaming query alone)"),
 )
 
 
@@ -78,7 +80,7 @@ def feed_once(admin, table: str, rate: int, seconds: float, wait_ms: int) -> dic
 
 
 def run(*, seconds: float, low_rate: int, high_rate: int, wait_ms: int, spark_rate: int, spark_seconds: float,
-        no_spark: bool = False, progress: bench_suite.Progress = lambda text: None) -> dict[str, Any]:
+        no_spark: bool = False, no_feed: bool = False, progress: bench_suite.Progress = lambda text: None) -> dict[str, Any]:
     """The figures (see the module docstring); options as in ``OPTIONS``."""
     from kvlease.client.admin import AdminClient
     from kvlease.ops.bench.replication import wait_in_sync
@@ -94,7 +96,7 @@ def run(*, seconds: float, low_rate: int, high_rate: int, wait_ms: int, spark_ra
         with local_cluster.running(directory, tablets=3, config_overrides={"kv.snapshot.interval": "1h"},
                                    progress=progress):
             with AdminClient(local_cluster.bootstrap(directory), retry_total_s=60) as admin:
-                for rf in (1, 3):
+                for rf in () if no_feed else (1, 3):
                     for rate in (low_rate, high_rate):
                         name = f"bench.fresh_rf{rf}_{rate}"
                         table = admin.create_table(name, COLUMNS, ["k"], 1, replication_factor=rf,
@@ -119,13 +121,14 @@ def run(*, seconds: float, low_rate: int, high_rate: int, wait_ms: int, spark_ra
 
 def _spark(admin, directory: str, base: str, rate: int, seconds: float, progress) -> dict[str, Any]:
     from kvlease.client.table import TableClient
-    from kvlease.ops.bench.freshness_spark import spark_freshness
+    from kvlease.ops.bench.freshness_spark import LOW_LATENCY_CONF, spark_freshness
     from kvlease.ops.streaming import local_session, stop_local_session
 
     name = "bench.fresh_spark"
     admin.create_table(name, COLUMNS, ["k"], 1)
     progress("starting Spark (local mode) and a streaming query of the change feed")
-    spark = local_session(f"{base}/spark", app="kvlease-bench-freshness", log_file=f"{base}/spark.log")
+    spark = local_session(f"{base}/spark", app="kvlease-bench-freshness", log_file=f"{base}/spark.log",
+                          conf=LOW_LATENCY_CONF)
     try:
         with TableClient(admin, name) as client:
             return spark_freshness(spark, client, ",".join(local_cluster.bootstrap(directory)), name, rate, seconds,
@@ -148,7 +151,9 @@ def report(result: dict[str, Any]) -> str:
              f"per line, batches every 10 ms; the feed reader long-polls fetch_log {r['wait_ms']} ms)"]
     for rf in (1, 3):
         for rate, target in ((r["low_rate"], targets["low_rate_p99"]), (r["high_rate"], targets["high_rate_p99"])):
-            f = r["feed"][f"rf{rf}_{rate}"]
+            f = r["feed"].get(f"rf{rf}_{rate}")
+            if f is None:
+                continue  # --no-feed
             lines.append(_line(f"feed, RF {rf}, {rate:,} writes/s", f, target)
                          + f"  [{f['fetches_per_s']:,.0f} fetches/s]")
     if "spark" in r:
@@ -168,7 +173,9 @@ def target_rows(figures: dict[str, Any]) -> list[Row]:
     for rf in (1, 3):
         for rate, target in ((figures["low_rate"], targets["low_rate_p99"]),
                              (figures["high_rate"], targets["high_rate_p99"])):
-            f = figures["feed"][f"rf{rf}_{rate}"]
+            f = figures["feed"].get(f"rf{rf}_{rate}")
+            if f is None:
+                continue  # --no-feed
             rows += [Row.limit(f"feed {q}, RF {rf}, {rate:,} writes/s", f[f"{q}_ms"], None, "ms", target)
                      for q in ("p50", "p99")]
     if "spark" in figures:

@@ -6,6 +6,11 @@ something new) runs ``foreachBatch`` in this process (PySpark runs it in the dri
 batch's keys and stamps them with ``time.monotonic()``, the clock the writer stamps its acknowledgements
 with (:mod:`kvlease.ops.bench.freshness_probe`). A first row, written before the timed ones, is waited for:
 the query runs (its first micro-batch is behind it) when the writer starts.
+
+The session has :data:`LOW_LATENCY_CONF`, docs/spark.md's "Low-latency streaming" settings: without them,
+writing the offset and commit logs of a micro-batch (``walCommit`` + ``commitOffsets``) took 60-100 ms of its
+200-450 ms here (20 processes started), with them 10-15 ms (2 processes), and each task's input reached its
+Python worker ~42 ms late (TCP), with them at once (a Unix domain socket).
 """
 
 from __future__ import annotations
@@ -16,6 +21,23 @@ from typing import Any
 
 from kvlease.ops.bench.freshness_probe import PacedWriter, Seen, freshness
 
+#: docs/spark.md's "Low-latency streaming" settings. A checkpoint on the local disk (``file:``): Hadoop's local
+#: filesystem, without its native library (PySpark from pip has none), starts a process for some file
+#: operations: ``readlink`` each time Spark's default checkpoint file manager (FileContext) resolves a path,
+#: ``chmod`` for each file it creates. Writing a micro-batch's offset and commit logs so started 20 processes
+#: (16 ``readlink``, 4 ``chmod``: the two log files and their ``.crc`` checksum files) from the driver's JVM,
+#: 60-100 ms of the micro-batch on 2 cores. With the FileSystem API's checkpoint file manager (no path
+#: resolution) and raw local files (no ``.crc``) 2 remain (a ``chmod`` per log file). (Counted with ``strace -f
+#: -e execve`` on the driver's JVM; a checkpoint on HDFS or an object store starts none.) Unix domain sockets
+#: between the JVM and its Python workers: on TCP, a task's input (the split, a few hundred bytes) reached the
+#: worker ~42 ms after the worker asked for it, every task (Nagle's algorithm meeting a delayed ACK), before
+#: the read could start.
+LOW_LATENCY_CONF = {
+    "spark.sql.streaming.checkpointFileManagerClass":
+        "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager",
+    "spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
+    "spark.python.unix.domain.socket.enabled": "true",
+}
 START_TIMEOUT_S = 120.0
 DRAIN_TIMEOUT_S = 60.0
 

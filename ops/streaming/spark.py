@@ -13,14 +13,18 @@ import shlex
 import sys
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Mapping
 
 JAVA_HOME = "/usr/lib/jvm/java-17-openjdk-amd64"
 
 
 def local_session(work_dir: str | os.PathLike[str], *, cores: int | str = "*", app: str = "kvlease",
-                  shuffle_partitions: int = 2, log_file: str | os.PathLike[str] | None = None):
+                  shuffle_partitions: int = 2, log_file: str | os.PathLike[str] | None = None,
+                  conf: Mapping[str, str] | None = None):
     """A SparkSession on this machine: loopback only, no UI, scratch space under ``work_dir``.
+
+    ``conf``: more settings for the session's builder (e.g. the freshness benchmark's
+    :data:`~kvlease.ops.bench.freshness_spark.LOW_LATENCY_CONF`).
 
     ``log_file``: the JVM's stdout and stderr (its start-up notes, Spark's
     log, and those of the Python workers it starts) go there instead of this
@@ -29,7 +33,7 @@ def local_session(work_dir: str | os.PathLike[str], *, cores: int | str = "*", a
     work_dir = Path(work_dir)
     if log_file is not None:
         with _output_to(log_file):
-            return local_session(work_dir, cores=cores, app=app, shuffle_partitions=shuffle_partitions)
+            return local_session(work_dir, cores=cores, app=app, shuffle_partitions=shuffle_partitions, conf=conf)
     os.environ.setdefault("JAVA_HOME", JAVA_HOME)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ["PYSPARK_PYTHON"] = worker_python(work_dir)
@@ -38,7 +42,10 @@ def local_session(work_dir: str | os.PathLike[str], *, cores: int | str = "*", a
 
     from kvlease.spark_source import register
 
-    spark = (SparkSession.builder.master(f"local[{cores}]").appName(app)
+    builder = SparkSession.builder
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    spark = (builder.master(f"local[{cores}]").appName(app)
              .config("spark.ui.enabled", "false")
              .config("spark.ui.showConsoleProgress", "false")
              .config("spark.driver.host", "127.0.0.1")

@@ -39,6 +39,10 @@ def test_every_line_is_a_p50_and_a_p99_row_judged_against_its_target():
         ("Spark micro-batch p50, 100 writes/s", 300.0, True), ("Spark micro-batch p99, 100 writes/s", 700.0, True)]
     text = bench_freshness.report(with_spark)
     assert "Spark micro-batch, 100 writes/s" in text and "addBatch 200" in text and "MISSED" in text
+    spark_only = {**with_spark, "feed": {}}  # --no-feed
+    assert [r.metric for r in bench_freshness.target_rows(spark_only)] == [
+        "Spark micro-batch p50, 100 writes/s", "Spark micro-batch p99, 100 writes/s"]
+    assert "feed, RF" not in bench_freshness.report(spark_only)
 
 
 @pytest.mark.unit
@@ -100,7 +104,31 @@ def test_rates_out_of_order_are_refused_before_anything_starts():
 
 
 @pytest.mark.unit
-def test_freshness_is_in_the_suite_after_lookups_with_its_spark_switch():
+def test_freshness_is_in_the_suite_after_lookups_with_its_spark_and_feed_switches():
     assert bench_suite.MODULES["freshness"] == "kvlease.ops.bench.freshness"
     assert list(bench_suite.SUITE).index("freshness") == list(bench_suite.SUITE).index("lookups") + 1
     assert {o.flag: o.type for o in bench_freshness.OPTIONS}["--no-spark"] is bool
+    assert {o.flag: o.type for o in bench_freshness.OPTIONS}["--no-feed"] is bool
+
+
+@pytest.mark.unit
+def test_the_low_latency_settings_name_classes_and_a_setting_that_pyspark_ships():
+    """A misspelt class would fail the session's first checkpoint write, a misspelt setting change nothing."""
+    import zipfile
+    from pathlib import Path
+
+    import pyspark
+
+    from kvlease.ops.bench.freshness_spark import LOW_LATENCY_CONF
+
+    jars = Path(pyspark.__file__).parent / "jars"
+    names, python_settings = set(), b""
+    for jar in [*jars.glob("spark-sql_*.jar"), *jars.glob("hadoop-client-api-*.jar"), *jars.glob("spark-core_*.jar")]:
+        with zipfile.ZipFile(jar) as z:
+            names |= set(z.namelist())
+            python_settings += b"".join(z.read(n) for n in z.namelist()
+                                        if n.startswith("org/apache/spark/internal/config/Python"))
+    conf = dict(LOW_LATENCY_CONF)
+    assert conf.pop("spark.python.unix.domain.socket.enabled") == "true"
+    assert b"spark.python.unix.domain.socket.enabled" in python_settings
+    assert {name.replace(".", "/") + ".class" for name in conf.values()} <= names
