@@ -69,6 +69,7 @@ from kvlease.tablet.log.writer_sequences import DEFAULT_WRITER_EXPIRATION_MS, Wr
 from kvlease.tablet.store.kvstore import (APPLIED_KEY, META_CF, BucketStoreError, KvSnapshot, KvStore,
                                           checkpoint_log_offset)
 from kvlease.tablet.store.prewrite_buffer import PrewriteBuffer
+from kvlease.tablet.store.tail_sst import TailSst
 
 __all__ = ["APPLIED_KEY", "META_CF", "BucketStore", "BucketStoreError", "KvSnapshot", "checkpoint_log_offset"]
 
@@ -347,6 +348,10 @@ class BucketStore:
     @documented_by(BucketReplication.append_replicated)
     def append_replicated(self, entries: list[bytes]) -> int:
         return self.replication.append_replicated(entries)
+
+    @documented_by(BucketReplication.ingest_tail)
+    def ingest_tail(self, tail: TailSst) -> int:
+        return self.replication.ingest_tail(tail)
 
     @documented_by(BucketReplication.truncate_to)
     def truncate_to(self, offset: int) -> int:

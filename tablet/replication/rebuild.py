@@ -60,17 +60,23 @@ from kvlease.tablet.replication import snapshot_download
 from kvlease.tablet.replication.tail_prefetch import TailPrefetch
 from kvlease.tablet.replication.throttle import Throttle
 from kvlease.tablet.replication.worker import ReplicaWorker
+from kvlease.tablet.store import tail_sst
 from kvlease.tablet.store.kvstore import BucketInUseError
+from kvlease.tablet.store.tail_sst import TailSst
 
 log = logging.getLogger(__name__)
 
 DOWNLOAD_DIR = "rebuild-download"  # inside the bucket's directory: the install moves it (same file system)
+TAIL_DIR = "rebuild-tail"  # inside the bucket's directory: the tail's SST file, which RocksDB's ingest moves
+#: A prefetched tail this big or more is ingested as an SST file built during the download; a smaller one is applied.
+TAIL_SST_MIN_BYTES = 256 << 10
 RETRY_S = 5.0
 INSTALL_WAIT_S = 5.0  # an install waits this long for the replica's files to be free (then tried again later)
 INSTALL_RETRY_S = 0.05
 LISTING_S = 1.0  # a table's kept snapshots are listed again after this long
 LEASE_MS = 600_000  # the download's snapshot lease; renewed when half of it passed
 TAIL_MAX_BYTES = 256 << 20  # the changelog tail fetched during a download, at most (the fetcher gets the rest)
+TAIL_CALL_BYTES = 16 << 20  # the tail fetched per call at least (fewer round trips than the fetcher's max bytes)
 
 # why a replica is rebuilt (the module docstring)
 BEHIND, FRESH, DAMAGED, DIVERGED = "behind", "fresh", "damaged", "diverged"
@@ -89,12 +95,13 @@ class Rebuilder(ReplicaWorker):
 
     def __init__(self, storage: RemoteStorage, admin, stop: threading.Event, *, server_id: int = 0,
                  max_bytes_per_s: int = 0, io_threads: int = 8, monotonic=time.monotonic, channels=None,
-                 tail_fetch_bytes: int = 4 << 20) -> None:
+                 tail_fetch_bytes: int = 4 << 20, tail_sst_min_bytes: int | None = None) -> None:
         """``admin``: a ``client.admin.AdminClient`` (``list_kv_snapshots``, the lease calls);
         ``max_bytes_per_s``: ``replica.rebuild.max-bytes-per-s`` (0: unlimited); ``channels``: the
         fetchers' (``client.transport.Channels``), to fetch the changelog tail while the snapshot downloads
-        (``tablet/replication/tail_prefetch.py``, ``tail_fetch_bytes`` a call; None: the fetcher fetches it
-        after the install)."""
+        (``tablet/replication/tail_prefetch.py``, ``tail_fetch_bytes`` a call at least; None: the fetcher fetches
+        it after the install); a prefetched tail of ``tail_sst_min_bytes`` (default :data:`TAIL_SST_MIN_BYTES`) or
+        more is turned into an SST file while the snapshot downloads and ingested after the install."""
         super().__init__(stop)
         self.storage = storage
         self.admin = admin
@@ -102,6 +109,7 @@ class Rebuilder(ReplicaWorker):
         self.io_threads = io_threads
         self.channels = channels
         self.tail_fetch_bytes = tail_fetch_bytes
+        self.tail_sst_min_bytes = TAIL_SST_MIN_BYTES if tail_sst_min_bytes is None else tail_sst_min_bytes
         self._held: list[_Lease] = []  # leases of installed snapshots, released once the bucket is handed back
         self.throttle = Throttle(max_bytes_per_s, stop)
         self._monotonic = monotonic
@@ -115,6 +123,7 @@ class Rebuilder(ReplicaWorker):
         self.rebuilt = 0
         self.bytes_downloaded = 0
         self.tail_records = 0  # changelog records appended from the tails fetched during the downloads
+        self.tail_ingested = 0  # of these, records applied by ingesting their SST file (tablet/store/tail_sst.py)
         self._count_lock = threading.Lock()
         self._listings: dict[int, tuple[float, list]] = {}  # table id -> (when, its kept snapshots)
 
@@ -216,52 +225,88 @@ class Rebuilder(ReplicaWorker):
         """Download ``handle`` (its lease acquired and its changelog tail fetched meanwhile), install it,
         append the tail; the offset the replica's log continues from, None if not installed."""
         store = replica.store
-        target = os.path.join(store.dir, DOWNLOAD_DIR)
-        shutil.rmtree(target, ignore_errors=True)
+        target, tail_dir = os.path.join(store.dir, DOWNLOAD_DIR), os.path.join(store.dir, TAIL_DIR)
+        for path in (target, tail_dir):
+            shutil.rmtree(path, ignore_errors=True)
         started = time.monotonic()
         lease = _Lease(self.admin, lease_id(self.server_id, handle.bucket), handle, self._monotonic)
         # the lease is asked for while the files download: a file the coordinator deletes before it is held fails
         # its download or its check (the snapshot is skipped, as when the lease says it is gone)
         acquiring = _on_a_thread(lease.acquire, "rebuild-lease")
-        tail = self._prefetch(replica, handle)
+        tail = self._prefetch(replica, handle, tail_dir)
         installed = False
         try:
-            manifest = snapshot_download.download(
-                self.storage, handle, target, throttle=self.throttle, stop=self._stop,
-                on_file=lambda n: (self._count(n), lease.renew_if_due()), io_threads=self.io_threads,
-                durable=store.files.settings.fsync)
-            acquiring.result()
-            size = sum(f.size for f in manifest.files)
-            installed = self._install_when_free(replica, target, manifest, synced=store.files.settings.fsync)
+            try:
+                manifest = snapshot_download.download(
+                    self.storage, handle, target, throttle=self.throttle, stop=self._stop,
+                    on_file=lambda n: (self._count(n), lease.renew_if_due()), io_threads=self.io_threads,
+                    durable=store.files.settings.fsync)
+                acquiring.result()
+                installed = self._install_when_free(replica, target, manifest, synced=store.files.settings.fsync)
+            finally:
+                entries, hw = tail.finish() if tail is not None else ([], 0)
+                shutil.rmtree(target, ignore_errors=True)
+                futures.wait([acquiring])
+                if installed:
+                    self._held.append(lease)
+                else:
+                    lease.release()
+            if not installed:
+                return None
+            end = self._finish_tail(replica, manifest.log_offset, entries, hw, tail.prepared if tail else None)
         finally:
-            entries, hw = tail.finish() if tail is not None else ([], 0)
-            shutil.rmtree(target, ignore_errors=True)
-            futures.wait([acquiring])
-            if installed:
-                self._held.append(lease)
-            else:
-                lease.release()
-        if not installed:
-            return None
-        end = self._append_tail(replica, manifest.log_offset, entries)
-        with self._count_lock:  # counted before the tail can be applied: rebuilt, then caught up
-            self.rebuilt += 1
-            self.tail_records += end - manifest.log_offset
-        if end > manifest.log_offset:
-            self.on_tail(replica, min(hw, end))
+            shutil.rmtree(tail_dir, ignore_errors=True)
         log.info("%s (%s) rebuilt from snapshot %d: %d bytes in %.1fs; its log continues from offset %d "
-                 "(%d tail records fetched during the download)", replica.tb, why, handle.snapshot_id, size,
-                 time.monotonic() - started, end, end - manifest.log_offset)
+                 "(%d tail records fetched during the download)", replica.tb, why, handle.snapshot_id,
+                 sum(f.size for f in manifest.files), time.monotonic() - started, end, end - manifest.log_offset)
         return manifest.log_offset
 
-    def _prefetch(self, replica, handle: SnapshotHandle) -> TailPrefetch | None:
-        """The tail fetch of ``replica`` from ``handle``'s offset, started; None without channels or leader."""
+    def _prefetch(self, replica, handle: SnapshotHandle, tail_dir: str) -> TailPrefetch | None:
+        """The tail fetch of ``replica`` from ``handle``'s offset, started (its SST file prepared in
+        ``tail_dir`` once caught up); None without channels or leader."""
         address = replica.role.leader_address if getattr(replica, "role", None) is not None else ""
         if self.channels is None or not address:
             return None
+        fsync = replica.store.files.settings.fsync
         return TailPrefetch(self.channels, address, replica.table.table_id, replica.tb.bucket,
-                            replica.table.partition_id, handle.log_offset, max_bytes=self.tail_fetch_bytes,
-                            max_total_bytes=TAIL_MAX_BYTES, stop=self._stop).start()
+                            replica.table.partition_id, handle.log_offset, max_bytes=max(self.tail_fetch_bytes, TAIL_CALL_BYTES),
+                            max_total_bytes=TAIL_MAX_BYTES, stop=self._stop,
+                            prepare=lambda entries: self._tail_sst(entries, handle.log_offset, tail_dir, fsync)).start()
+
+    def _tail_sst(self, entries: list[bytes], log_offset: int, tail_dir: str, fsync: bool) -> TailSst | None:
+        """The prefetched ``entries`` (from ``log_offset`` on) as an SST file in ``tail_dir``, built while the
+        snapshot downloads; None below :attr:`tail_sst_min_bytes` (applying them costs less than an ingest)."""
+        if sum(map(len, entries)) < self.tail_sst_min_bytes:
+            return None
+        os.makedirs(tail_dir, exist_ok=True)
+        return tail_sst.build(entries, log_offset, os.path.join(tail_dir, "tail.sst"), fsync=fsync)
+
+    def _finish_tail(self, replica, log_offset: int, entries: list[bytes], hw: int, sst: TailSst | None) -> int:
+        """Append the prefetched ``entries`` to the installed replica, count it rebuilt, ingest the records
+        ``sst`` holds and hand the rest to the applier; the log end."""
+        end = self._append_tail(replica, log_offset, entries)
+        with self._count_lock:  # counted before the tail can be applied: rebuilt, then caught up
+            self.rebuilt += 1
+            self.tail_records += end - log_offset
+        if sst is not None and sst.next_offset <= end:
+            self._ingest_tail(replica, sst)
+        if end > log_offset:
+            self.on_tail(replica, min(hw, end))  # what the SST did not hold, if anything
+        return end
+
+    def _ingest_tail(self, replica, sst: TailSst) -> None:
+        """Apply the records of ``sst`` to the installed replica by ingesting it; a failure is logged (the
+        applier applies them then, from the log)."""
+        with replica.fetch_lock:
+            if replica.closed or replica.leads:
+                return
+            try:
+                replica.store.ingest_tail(sst)
+                with self._count_lock:
+                    self.tail_ingested += sst.next_offset - sst.from_offset
+            except Exception as exc:  # noqa: BLE001 - applied from the log instead
+                log.warning("%s: the changelog tail %d to %d was not ingested (it is applied from the log): %s",
+                            replica.tb, sst.from_offset, sst.next_offset, exc)
 
     def _append_tail(self, replica, log_offset: int, entries: list[bytes]) -> int:
         """Append the prefetched ``entries`` (from ``log_offset`` on) to the installed replica as its

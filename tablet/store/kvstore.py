@@ -26,8 +26,8 @@ from typing import Iterator, NamedTuple
 
 import numpy as np
 import pyarrow as pa
-from rocksdict import (AccessType, BlockBasedOptions, Checkpoint, DBCompressionType, Options, Rdict, WriteBatch,
-                       WriteOptions)
+from rocksdict import (AccessType, BlockBasedOptions, Checkpoint, DBCompressionType, IngestExternalFileOptions,
+                       Options, Rdict, WriteBatch, WriteOptions)
 
 from kvlease.common.errors import KvLeaseError, show
 from kvlease.common.kvsnapshot import scan_read_options
@@ -309,6 +309,19 @@ class KvStore:
                     batch.delete(key)
         self._commit(batch, next_offset)
 
+    def ingest(self, sst_path: str, key_range: tuple[bytes, bytes] | None, next_offset: int) -> None:
+        """Ingest the SST file ``sst_path`` (``tablet/store/tail_sst.py``: the effect of the changelog records
+        from the applied offset up to ``next_offset``, keys in ``key_range``) into the rows, newer than all they
+        hold, and set the applied offset to ``next_offset``. The file is moved into RocksDB (same file
+        system) or copied. The ingest is durable at once, the offset as any write's (the changelog replays
+        the records if it is lost: rows ahead of the offset are replayed to the same state)."""
+        if key_range is not None:
+            self._ranges.add(*key_range)
+        options = IngestExternalFileOptions()
+        options.set_move_files(True)
+        self._db.ingest_external_file([sst_path], options)
+        self._commit(WriteBatch(raw_mode=True), next_offset)
+
     def _commit(self, batch: WriteBatch, next_offset: int) -> None:
         batch.put(APPLIED_KEY, next_offset.to_bytes(8, "big"), self._meta_handle)
         if self._low_space():
@@ -381,6 +394,24 @@ def checkpoint_log_offset(checkpoint_dir: str) -> int:
     return int.from_bytes(raw, "big") if raw is not None else 0
 
 
+def sst_options() -> Options:
+    """The options of an SST file written to be ingested into a bucket's RocksDB
+    (``tablet/store/tail_sst.py``): its table format (Bloom filters), uncompressed as level 0 is."""
+    options = Options(raw_mode=True)
+    options.set_block_based_table_factory(_table_options())
+    options.set_compression_type(DBCompressionType.none())
+    return options
+
+
+def _table_options() -> BlockBasedOptions:
+    # Bloom filters in SST files: the multi-get of a write mostly looks for keys that do not exist
+    # yet (inserts), and a filter answers those without a search. Memtables get one only while
+    # writes look keys up (KvStore._observe_lookups): it starts off, see tablet/store/memtable_filter.py.
+    table_options = BlockBasedOptions()
+    table_options.set_bloom_filter(10, False)
+    return table_options
+
+
 def _options(memtable_bytes: int | None) -> Options:
     options = Options(raw_mode=True)
     options.create_if_missing(True)
@@ -389,12 +420,7 @@ def _options(memtable_bytes: int | None) -> Options:
     # Few open files per bucket: a tablet server holds thousands of buckets (docs/bucket-store.md).
     options.set_max_open_files(MAX_OPEN_FILES)
     options.set_table_cache_num_shard_bits(0)
-    # Bloom filters in SST files: the multi-get of a write mostly looks for keys that do not exist
-    # yet (inserts), and a filter answers those without a search. Memtables get one only while
-    # writes look keys up (KvStore._observe_lookups): it starts off, see tablet/store/memtable_filter.py.
-    table_options = BlockBasedOptions()
-    table_options.set_bloom_filter(10, False)
-    options.set_block_based_table_factory(table_options)
+    options.set_block_based_table_factory(_table_options())
     # Level 0 (memtable flushes, compacted into level 1 soon after) uncompressed, the other levels LZ4:
     # a write's flush was ~10% of a write-heavy tablet server's CPU in Snappy, mostly for data that
     # lives in level 0 for seconds (RocksDB's tuning guide does the same for write-heavy loads).
