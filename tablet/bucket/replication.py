@@ -26,11 +26,10 @@ from __future__ import annotations
 
 
 import threading
-from typing import Any, Callable
+from typing import Callable
 
-from kvlease.common.checksum import crc32
 from kvlease.common.errors import InvalidRequestError, InvalidSnapshotError
-from kvlease.common.logentry import CorruptLogError, FrameHeader, read_header
+from kvlease.common.logentry import checked_header
 from kvlease.tablet.bucket import damage as bucket_damage
 from kvlease.tablet.bucket.state import BucketShared
 from kvlease.tablet.log.changelog import Changelog
@@ -40,18 +39,6 @@ from kvlease.tablet.store import kv_rebase, snapshot_install
 from kvlease.tablet.store.kvstore import BucketStoreError, KvStore, checkpoint_log_offset
 from kvlease.tablet.store.prewrite_buffer import READ_BYTES
 from kvlease.tablet.store.tail_sst import TailSst
-
-
-def checked_header(frame: Any) -> FrameHeader:
-    """The header of a framed entry whose size and CRC are right (CorruptLogError otherwise)."""
-    view = memoryview(frame)
-    header = read_header(view, 0, len(view))
-    if len(view) != header.size + header.payload_len or not header.count:
-        raise CorruptLogError(f"replicated entry at offset {header.base_offset}: {len(view)} bytes with "
-                              f"{header.count} records, its header says {header.size + header.payload_len} bytes")
-    if crc32(view[header.size:], crc32(view[:header.size - 4])) != header.crc:
-        raise CorruptLogError(f"replicated entry at offset {header.base_offset}: CRC mismatch")
-    return header
 
 
 class BucketReplication:
@@ -239,11 +226,13 @@ class BucketReplication:
             self.bucket.epoch_file.truncated(end)
             return end
 
-    def install_snapshot(self, checkpoint_dir: str, log_offset: int,
-                         writers: tuple[tuple[int, ...], ...] = (), synced: bool = False) -> None:
+    def install_snapshot(self, checkpoint_dir: str, log_offset: int, writers: tuple[tuple[int, ...], ...] = (),
+                         synced: bool = False, tail_log: snapshot_install.StagedLog | None = None) -> None:
         """Replace this replica's RocksDB by the snapshot checkpoint in ``checkpoint_dir`` (moved away)
-        and its changelog by an empty one starting at ``log_offset``, the snapshot's; the epoch cache
-        starts empty, the writers' sequences from ``writers`` (the manifest's batches). Durable and crash-safe
+        and its changelog by an empty one starting at ``log_offset``, the snapshot's (or by ``tail_log``, staged
+        from there with entries its leader committed: ``snapshot_install.stage_log``); the epoch cache
+        starts empty (or with the staged entries' epochs), the writers' sequences from ``writers`` (the
+        manifest's batches, then the log). Durable and crash-safe
         (``tablet/store/snapshot_install.py``; ``synced``: the checkpoint's files are fsynced already).
         InvalidSnapshotError if the checkpoint's applied offset is not ``log_offset``; BucketStoreError if
         the files are in use now (a scan's snapshot): nothing changed then. Only a replicated store."""
@@ -253,7 +242,7 @@ class BucketReplication:
             self._settle()
             fsync = self.bucket.files.settings.fsync
             self.bucket.files.replace(lambda: snapshot_install.install(self.bucket.spec.dir, checkpoint_dir, log_offset, fsync,
-                                                                writers, synced))
+                                                                writers, synced, tail_log))
             self._hw = log_offset
             self.bucket.files.replay_limit = log_offset
             self.bucket.epoch_file.clear()

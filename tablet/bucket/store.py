@@ -69,6 +69,7 @@ from kvlease.tablet.log.writer_sequences import DEFAULT_WRITER_EXPIRATION_MS, Wr
 from kvlease.tablet.store.kvstore import (APPLIED_KEY, META_CF, BucketStoreError, KvSnapshot, KvStore,
                                           checkpoint_log_offset)
 from kvlease.tablet.store.prewrite_buffer import PrewriteBuffer
+from kvlease.tablet.store.snapshot_install import StagedLog
 from kvlease.tablet.store.tail_sst import TailSst
 
 __all__ = ["APPLIED_KEY", "META_CF", "BucketStore", "BucketStoreError", "KvSnapshot", "checkpoint_log_offset"]
@@ -358,9 +359,9 @@ class BucketStore:
         return self.replication.truncate_to(offset)
 
     @documented_by(BucketReplication.install_snapshot)
-    def install_snapshot(self, checkpoint_dir: str, log_offset: int,
-                         writers: tuple[tuple[int, ...], ...] = (), synced: bool = False) -> None:
-        self.replication.install_snapshot(checkpoint_dir, log_offset, writers, synced)
+    def install_snapshot(self, checkpoint_dir: str, log_offset: int, writers: tuple[tuple[int, ...], ...] = (),
+                         synced: bool = False, tail_log: StagedLog | None = None) -> None:
+        self.replication.install_snapshot(checkpoint_dir, log_offset, writers, synced, tail_log)
 
     @documented_by(BucketReplication.rebase_kv)
     def rebase_kv(self, checkpoint_dir: str, log_offset: int) -> None:

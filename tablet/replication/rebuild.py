@@ -60,15 +60,17 @@ from kvlease.tablet.replication import snapshot_download
 from kvlease.tablet.replication.tail_prefetch import TailPrefetch
 from kvlease.tablet.replication.throttle import Throttle
 from kvlease.tablet.replication.worker import ReplicaWorker
-from kvlease.tablet.store import tail_sst
+from kvlease.tablet.replication import tail_stage
+from kvlease.tablet.replication.tail_stage import StagedTail
 from kvlease.tablet.store.kvstore import BucketInUseError
 from kvlease.tablet.store.tail_sst import TailSst
 
 log = logging.getLogger(__name__)
 
 DOWNLOAD_DIR = "rebuild-download"  # inside the bucket's directory: the install moves it (same file system)
-TAIL_DIR = "rebuild-tail"  # inside the bucket's directory: the tail's SST file, which RocksDB's ingest moves
-#: A prefetched tail this big or more is ingested as an SST file built during the download; a smaller one is applied.
+TAIL_DIR = "rebuild-tail"  # inside the bucket's directory: the staged tail (its changelog and SST, moved in)
+#: A prefetched tail this big or more is staged during the download (tablet/replication/tail_stage.py); a smaller
+#: one is appended and applied after the install.
 TAIL_SST_MIN_BYTES = 256 << 10
 RETRY_S = 5.0
 INSTALL_WAIT_S = 5.0  # an install waits this long for the replica's files to be free (then tried again later)
@@ -237,14 +239,10 @@ class Rebuilder(ReplicaWorker):
         installed = False
         try:
             try:
-                manifest = snapshot_download.download(
-                    self.storage, handle, target, throttle=self.throttle, stop=self._stop,
-                    on_file=lambda n: (self._count(n), lease.renew_if_due()), io_threads=self.io_threads,
-                    durable=store.files.settings.fsync)
-                acquiring.result()
-                installed = self._install_when_free(replica, target, manifest, synced=store.files.settings.fsync)
+                manifest, entries, hw, staged = self._download(replica, handle, target, lease, acquiring, tail)
+                installed = self._install_when_free(replica, target, manifest, synced=store.files.settings.fsync,
+                                                    staged=staged)
             finally:
-                entries, hw = tail.finish() if tail is not None else ([], 0)
                 shutil.rmtree(target, ignore_errors=True)
                 futures.wait([acquiring])
                 if installed:
@@ -253,7 +251,7 @@ class Rebuilder(ReplicaWorker):
                     lease.release()
             if not installed:
                 return None
-            end = self._finish_tail(replica, manifest.log_offset, entries, hw, tail.prepared if tail else None)
+            end = self._finish_tail(replica, manifest.log_offset, entries, hw, staged)
         finally:
             shutil.rmtree(tail_dir, ignore_errors=True)
         log.info("%s (%s) rebuilt from snapshot %d: %d bytes in %.1fs; its log continues from offset %d "
@@ -261,35 +259,60 @@ class Rebuilder(ReplicaWorker):
                  sum(f.size for f in manifest.files), time.monotonic() - started, end, end - manifest.log_offset)
         return manifest.log_offset
 
+    def _download(self, replica, handle: SnapshotHandle, target: str, lease: "_Lease", acquiring: futures.Future,
+                  tail: TailPrefetch | None) -> tuple:
+        """Download ``handle`` into ``target`` while ``tail`` is fetched and staged, then require the lease;
+        ``(manifest, tail entries, the leader's HW they end at or below, the staged tail or None)``."""
+        try:
+            manifest = snapshot_download.download(
+                self.storage, handle, target, throttle=self.throttle, stop=self._stop,
+                on_file=lambda n: (self._count(n), lease.renew_if_due()), io_threads=self.io_threads,
+                durable=replica.store.files.settings.fsync)
+            acquiring.result()
+        except BaseException:
+            if tail is not None:
+                tail.finish(prepare=False)
+            raise
+        if tail is None:
+            return manifest, [], 0, None
+        entries, hw = tail.finish()
+        return manifest, entries, hw, tail.prepared
+
     def _prefetch(self, replica, handle: SnapshotHandle, tail_dir: str) -> TailPrefetch | None:
-        """The tail fetch of ``replica`` from ``handle``'s offset, started (its SST file prepared in
-        ``tail_dir`` once caught up); None without channels or leader."""
+        """The tail fetch of ``replica`` from ``handle``'s offset, started (staged in ``tail_dir`` once caught
+        up: ``tablet/replication/tail_stage.py``); None without channels or leader."""
         address = replica.role.leader_address if getattr(replica, "role", None) is not None else ""
         if self.channels is None or not address:
             return None
-        fsync = replica.store.files.settings.fsync
+        settings = replica.store.files.settings
         return TailPrefetch(self.channels, address, replica.table.table_id, replica.tb.bucket,
-                            replica.table.partition_id, handle.log_offset, max_bytes=max(self.tail_fetch_bytes, TAIL_CALL_BYTES),
-                            max_total_bytes=TAIL_MAX_BYTES, stop=self._stop,
-                            prepare=lambda entries: self._tail_sst(entries, handle.log_offset, tail_dir, fsync)).start()
+                            replica.table.partition_id, handle.log_offset,
+                            max_bytes=max(self.tail_fetch_bytes, TAIL_CALL_BYTES), max_total_bytes=TAIL_MAX_BYTES,
+                            stop=self._stop, prepare=lambda entries: self._stage_tail(entries, handle.log_offset,
+                                                                                      tail_dir, settings)).start()
 
-    def _tail_sst(self, entries: list[bytes], log_offset: int, tail_dir: str, fsync: bool) -> TailSst | None:
-        """The prefetched ``entries`` (from ``log_offset`` on) as an SST file in ``tail_dir``, built while the
-        snapshot downloads; None below :attr:`tail_sst_min_bytes` (applying them costs less than an ingest)."""
+    def _stage_tail(self, entries: list[bytes], log_offset: int, tail_dir: str, settings) -> StagedTail | None:
+        """The prefetched ``entries`` (from ``log_offset`` on) staged in ``tail_dir`` while the snapshot downloads;
+        None below :attr:`tail_sst_min_bytes` (appending and applying them after the install costs less)."""
         if sum(map(len, entries)) < self.tail_sst_min_bytes:
             return None
-        os.makedirs(tail_dir, exist_ok=True)
-        return tail_sst.build(entries, log_offset, os.path.join(tail_dir, "tail.sst"), fsync=fsync)
+        try:
+            return tail_stage.stage(entries, log_offset, tail_dir, segment_bytes=settings.segment_bytes,
+                                    fsync=settings.fsync)
+        except BaseException:
+            shutil.rmtree(tail_dir, ignore_errors=True)
+            raise
 
-    def _finish_tail(self, replica, log_offset: int, entries: list[bytes], hw: int, sst: TailSst | None) -> int:
-        """Append the prefetched ``entries`` to the installed replica, count it rebuilt, ingest the records
-        ``sst`` holds and hand the rest to the applier; the log end."""
-        end = self._append_tail(replica, log_offset, entries)
+    def _finish_tail(self, replica, log_offset: int, entries: list[bytes], hw: int, staged: StagedTail | None) -> int:
+        """After the install (with ``staged``'s changelog, if any): append the prefetched ``entries`` it does not
+        hold, count the replica rebuilt, ingest ``staged``'s SST file and hand the rest to the applier; the log end."""
+        start, rest = (staged.next_offset, entries[staged.count:]) if staged is not None else (log_offset, entries)
+        end = self._append_tail(replica, start, rest)
         with self._count_lock:  # counted before the tail can be applied: rebuilt, then caught up
             self.rebuilt += 1
             self.tail_records += end - log_offset
-        if sst is not None and sst.next_offset <= end:
-            self._ingest_tail(replica, sst)
+        if staged is not None and staged.sst is not None:
+            self._ingest_tail(replica, staged.sst)
         if end > log_offset:
             self.on_tail(replica, min(hw, end))  # what the SST did not hold, if anything
         return end
@@ -334,7 +357,8 @@ class Rebuilder(ReplicaWorker):
             except Exception:  # noqa: BLE001 - not this thread's end: the lease expires by itself
                 log.exception("releasing the rebuild's lease %s failed", lease.id)
 
-    def _install_when_free(self, replica, target: str, manifest, synced: bool = False) -> bool:
+    def _install_when_free(self, replica, target: str, manifest, synced: bool = False,
+                           staged: StagedTail | None = None) -> bool:
         """Install the downloaded checkpoint ``target`` as ``replica``'s files, waiting up to
         :data:`INSTALL_WAIT_S` while they are in use (a lookup or a metrics read of the empty replica holds
         them a moment); False if the replica stopped following or the server stops meanwhile. Raises
@@ -346,7 +370,8 @@ class Rebuilder(ReplicaWorker):
                 if replica.closed or replica.leads:
                     return False
                 try:
-                    replica.store.install_snapshot(target, manifest.log_offset, manifest.writers, synced=synced)
+                    replica.store.install_snapshot(target, manifest.log_offset, manifest.writers, synced=synced,
+                                                   tail_log=staged.log if staged is not None else None)
                     return True
                 except BucketInUseError:
                     if self._monotonic() >= deadline:

@@ -77,13 +77,15 @@ class TailPrefetch:
         self._thread.start()
         return self
 
-    def finish(self) -> tuple[list[bytes], int]:
+    def finish(self, prepare: bool = True) -> tuple[list[bytes], int]:
         """Stop fetching (the call in flight ends first); the entries fetched (framed, contiguous from the
         snapshot's offset, committed on the leader) and the leader's high watermark last seen. ``prepare``,
-        if not called yet (the download ended first), is called now, on this thread."""
+        if not called yet (the download ended first), is called now, on this thread (unless not ``prepare``:
+        the download failed)."""
         self._done.set()
         self._thread.join()
-        self._prepare_once(finishing=True)
+        if prepare:
+            self._prepare_once(finishing=True)
         return self.entries, self.high_watermark
 
     def _run(self) -> None:

@@ -132,6 +132,8 @@ def test_a_rebuilt_follower_ingests_its_tail_as_an_sst_and_holds_the_leaders_row
         assert not os.path.exists(os.path.join(store.dir, rebuild.TAIL_DIR))  # moved into RocksDB, nothing left
         assert rows_of(store) == rows_of(leader_store)
         assert len(rows_of(store)) == 178  # 0..179, less 6 and 150 (5 and 3 came back)
+        assert store.list_offsets()[0] == handle.log_offset and store.last_epoch == leader_store.last_epoch
+        assert store.fetch_log(handle.log_offset, 1 << 30)[0] == leader_store.fetch_log(handle.log_offset, 1 << 30)[0]
         client.upsert([{"id": 1000, "v": "after"}])  # it keeps following
         wait_until(lambda: store.high_watermark == leader_store.high_watermark, 10, "the follower to apply")
         assert rows_of(store) == rows_of(leader_store)
