@@ -230,7 +230,7 @@ class BucketReplication:
                          synced: bool = False, tail_log: snapshot_install.StagedLog | None = None) -> None:
         """Replace this replica's RocksDB by the snapshot checkpoint in ``checkpoint_dir`` (moved away)
         and its changelog by an empty one starting at ``log_offset``, the snapshot's (or by ``tail_log``, staged
-        from there with entries its leader committed: ``snapshot_install.stage_log``); the epoch cache
+        from there with entries its leader committed: ``tablet/replication/tail_stage.py``); the epoch cache
         starts empty (or with the staged entries' epochs), the writers' sequences from ``writers`` (the
         manifest's batches, then the log). Durable and crash-safe
         (``tablet/store/snapshot_install.py``; ``synced``: the checkpoint's files are fsynced already).

@@ -71,7 +71,7 @@ DOWNLOAD_DIR = "rebuild-download"  # inside the bucket's directory: the install 
 TAIL_DIR = "rebuild-tail"  # inside the bucket's directory: the staged tail (its changelog and SST, moved in)
 #: A prefetched tail this big or more is staged during the download (tablet/replication/tail_stage.py); a smaller
 #: one is appended and applied after the install.
-TAIL_SST_MIN_BYTES = 256 << 10
+TAIL_STAGE_MIN_BYTES = 256 << 10
 RETRY_S = 5.0
 INSTALL_WAIT_S = 5.0  # an install waits this long for the replica's files to be free (then tried again later)
 INSTALL_RETRY_S = 0.05
@@ -97,13 +97,14 @@ class Rebuilder(ReplicaWorker):
 
     def __init__(self, storage: RemoteStorage, admin, stop: threading.Event, *, server_id: int = 0,
                  max_bytes_per_s: int = 0, io_threads: int = 8, monotonic=time.monotonic, channels=None,
-                 tail_fetch_bytes: int = 4 << 20, tail_sst_min_bytes: int | None = None) -> None:
+                 tail_fetch_bytes: int = 4 << 20, tail_stage_min_bytes: int | None = None) -> None:
         """``admin``: a ``client.admin.AdminClient`` (``list_kv_snapshots``, the lease calls);
         ``max_bytes_per_s``: ``replica.rebuild.max-bytes-per-s`` (0: unlimited); ``channels``: the
         fetchers' (``client.transport.Channels``), to fetch the changelog tail while the snapshot downloads
         (``tablet/replication/tail_prefetch.py``, ``tail_fetch_bytes`` a call at least; None: the fetcher fetches
-        it after the install); a prefetched tail of ``tail_sst_min_bytes`` (default :data:`TAIL_SST_MIN_BYTES`) or
-        more is turned into an SST file while the snapshot downloads and ingested after the install."""
+        it after the install); once the prefetched tail holds ``tail_stage_min_bytes`` (default
+        :data:`TAIL_STAGE_MIN_BYTES`) it is staged as it arrives (``tablet/replication/tail_stage.py``: its changelog
+        written, its records as SST files), installed with the snapshot and ingested."""
         super().__init__(stop)
         self.storage = storage
         self.admin = admin
@@ -111,7 +112,7 @@ class Rebuilder(ReplicaWorker):
         self.io_threads = io_threads
         self.channels = channels
         self.tail_fetch_bytes = tail_fetch_bytes
-        self.tail_sst_min_bytes = TAIL_SST_MIN_BYTES if tail_sst_min_bytes is None else tail_sst_min_bytes
+        self.tail_stage_min_bytes = TAIL_STAGE_MIN_BYTES if tail_stage_min_bytes is None else tail_stage_min_bytes
         self._held: list[_Lease] = []  # leases of installed snapshots, released once the bucket is handed back
         self.throttle = Throttle(max_bytes_per_s, stop)
         self._monotonic = monotonic
@@ -235,11 +236,13 @@ class Rebuilder(ReplicaWorker):
         # the lease is asked for while the files download: a file the coordinator deletes before it is held fails
         # its download or its check (the snapshot is skipped, as when the lease says it is gone)
         acquiring = _on_a_thread(lease.acquire, "rebuild-lease")
-        tail = self._prefetch(replica, handle, tail_dir)
+        stager = tail_stage.TailStager(tail_dir, handle.log_offset, segment_bytes=store.files.settings.segment_bytes,
+                                       fsync=store.files.settings.fsync, min_bytes=self.tail_stage_min_bytes)
+        tail = self._prefetch(replica, handle, stager)
         installed = False
         try:
             try:
-                manifest, entries, hw, staged = self._download(replica, handle, target, lease, acquiring, tail)
+                manifest, entries, hw, staged = self._download(replica, handle, target, lease, acquiring, tail, stager)
                 installed = self._install_when_free(replica, target, manifest, synced=store.files.settings.fsync,
                                                     staged=staged)
             finally:
@@ -260,48 +263,32 @@ class Rebuilder(ReplicaWorker):
         return manifest.log_offset
 
     def _download(self, replica, handle: SnapshotHandle, target: str, lease: "_Lease", acquiring: futures.Future,
-                  tail: TailPrefetch | None) -> tuple:
+                  tail: TailPrefetch | None, stager: tail_stage.TailStager) -> tuple:
         """Download ``handle`` into ``target`` while ``tail`` is fetched and staged, then require the lease;
         ``(manifest, tail entries, the leader's HW they end at or below, the staged tail or None)``."""
         try:
-            manifest = snapshot_download.download(
-                self.storage, handle, target, throttle=self.throttle, stop=self._stop,
-                on_file=lambda n: (self._count(n), lease.renew_if_due()), io_threads=self.io_threads,
-                durable=replica.store.files.settings.fsync)
-            acquiring.result()
-        except BaseException:
-            if tail is not None:
-                tail.finish(prepare=False)
-            raise
-        if tail is None:
-            return manifest, [], 0, None
-        entries, hw = tail.finish()
-        return manifest, entries, hw, tail.prepared
+            try:
+                manifest = snapshot_download.download(
+                    self.storage, handle, target, throttle=self.throttle, stop=self._stop,
+                    on_file=lambda n: (self._count(n), lease.renew_if_due()), io_threads=self.io_threads,
+                    durable=replica.store.files.settings.fsync)
+                acquiring.result()
+            finally:
+                entries, hw = tail.finish() if tail is not None else ([], 0)
+        finally:
+            staged = stager.finish()  # waits for the stager's thread whatever happened
+        return manifest, entries, hw, staged
 
-    def _prefetch(self, replica, handle: SnapshotHandle, tail_dir: str) -> TailPrefetch | None:
-        """The tail fetch of ``replica`` from ``handle``'s offset, started (staged in ``tail_dir`` once caught
-        up: ``tablet/replication/tail_stage.py``); None without channels or leader."""
+    def _prefetch(self, replica, handle: SnapshotHandle, stager: tail_stage.TailStager) -> TailPrefetch | None:
+        """The tail fetch of ``replica`` from ``handle``'s offset, started (each answer handed to ``stager``);
+        None without channels or leader."""
         address = replica.role.leader_address if getattr(replica, "role", None) is not None else ""
         if self.channels is None or not address:
             return None
-        settings = replica.store.files.settings
         return TailPrefetch(self.channels, address, replica.table.table_id, replica.tb.bucket,
                             replica.table.partition_id, handle.log_offset,
                             max_bytes=max(self.tail_fetch_bytes, TAIL_CALL_BYTES), max_total_bytes=TAIL_MAX_BYTES,
-                            stop=self._stop, prepare=lambda entries: self._stage_tail(entries, handle.log_offset,
-                                                                                      tail_dir, settings)).start()
-
-    def _stage_tail(self, entries: list[bytes], log_offset: int, tail_dir: str, settings) -> StagedTail | None:
-        """The prefetched ``entries`` (from ``log_offset`` on) staged in ``tail_dir`` while the snapshot downloads;
-        None below :attr:`tail_sst_min_bytes` (appending and applying them after the install costs less)."""
-        if sum(map(len, entries)) < self.tail_sst_min_bytes:
-            return None
-        try:
-            return tail_stage.stage(entries, log_offset, tail_dir, segment_bytes=settings.segment_bytes,
-                                    fsync=settings.fsync)
-        except BaseException:
-            shutil.rmtree(tail_dir, ignore_errors=True)
-            raise
+                            stop=self._stop, on_entries=stager.add).start()
 
     def _finish_tail(self, replica, log_offset: int, entries: list[bytes], hw: int, staged: StagedTail | None) -> int:
         """After the install (with ``staged``'s changelog, if any): append the prefetched ``entries`` it does not
@@ -311,25 +298,28 @@ class Rebuilder(ReplicaWorker):
         with self._count_lock:  # counted before the tail can be applied: rebuilt, then caught up
             self.rebuilt += 1
             self.tail_records += end - log_offset
-        if staged is not None and staged.sst is not None:
-            self._ingest_tail(replica, staged.sst)
+        for sst in staged.ssts if staged is not None else ():
+            if not self._ingest_tail(replica, sst):
+                break  # the later files need this one's records first: all are applied from the log
         if end > log_offset:
             self.on_tail(replica, min(hw, end))  # what the SST did not hold, if anything
         return end
 
-    def _ingest_tail(self, replica, sst: TailSst) -> None:
-        """Apply the records of ``sst`` to the installed replica by ingesting it; a failure is logged (the
-        applier applies them then, from the log)."""
+    def _ingest_tail(self, replica, sst: TailSst) -> bool:
+        """Apply the records of ``sst`` to the installed replica by ingesting it; whether it was. A failure is
+        logged (the applier applies them then, from the log)."""
         with replica.fetch_lock:
             if replica.closed or replica.leads:
-                return
+                return False
             try:
                 replica.store.ingest_tail(sst)
-                with self._count_lock:
-                    self.tail_ingested += sst.next_offset - sst.from_offset
             except Exception as exc:  # noqa: BLE001 - applied from the log instead
                 log.warning("%s: the changelog tail %d to %d was not ingested (it is applied from the log): %s",
                             replica.tb, sst.from_offset, sst.next_offset, exc)
+                return False
+        with self._count_lock:
+            self.tail_ingested += sst.next_offset - sst.from_offset
+        return True
 
     def _append_tail(self, replica, log_offset: int, entries: list[bytes]) -> int:
         """Append the prefetched ``entries`` (from ``log_offset`` on) to the installed replica as its

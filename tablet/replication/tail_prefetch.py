@@ -17,26 +17,22 @@ which would count toward the high watermark and the ISR before the entries
 are durable here. Committed entries are on every in-sync replica, so
 appending them to the rebuilt replica is what its fetcher would have done.
 
-Once it has caught up with the leader (an answer with no entries) or holds
-``max_total_bytes``, while the download still runs, it calls ``prepare`` with
-a copy of the entries it holds, once (at :meth:`~TailPrefetch.finish` if the
-download ended first), and keeps what it returns
-(:attr:`TailPrefetch.prepared`): a rebuild turns them into one SST file to
-ingest (``tablet/store/tail_sst.py``) instead of applying them after the
-install. Entries fetched after that are only appended.
+Each answer's entries are also handed to ``on_entries`` (on the prefetch's
+thread, in log order) as they arrive: a rebuild stages them while the
+download runs (``tablet/replication/tail_stage.py``: the changelog written,
+the records turned into SST files to ingest).
 
 Bounded: at most ``max_total_bytes`` (the fetcher gets the rest). Best
 effort: an error (the leader moved, its log no longer reaches the offset,
 the server stops) ends the prefetch with what it holds so far; the fetcher
-then fetches from the end of that, as it would have anyway. An error of
-``prepare`` is logged and leaves :attr:`~TailPrefetch.prepared` None.
+then fetches from the end of that, as it would have anyway.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable
+from typing import Callable
 
 import grpc
 
@@ -58,7 +54,7 @@ class TailPrefetch:
 
     def __init__(self, channels: Channels, address: str, table_id: int, bucket: int, partition_id: int | None,
                  from_offset: int, *, max_bytes: int, max_total_bytes: int, stop: threading.Event,
-                 prepare: Callable[[list[bytes]], Any] | None = None) -> None:
+                 on_entries: Callable[[list[bytes]], None] = lambda entries: None) -> None:
         self.channels, self.address = channels, address
         self.table_id, self.bucket, self.partition_id = table_id, bucket, partition_id
         self.next_offset = from_offset
@@ -66,9 +62,7 @@ class TailPrefetch:
         self.entries: list[bytes] = []
         self.bytes = 0
         self.high_watermark = 0  # the leader's, as its last answer said (every entry here ends at or below it)
-        self._prepare = prepare
-        #: What ``prepare`` returned (None: not called, it failed, or it returned None).
-        self.prepared: Any = None
+        self._on_entries = on_entries
         self._stop = stop
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="rebuild-tail-prefetch")
@@ -77,15 +71,11 @@ class TailPrefetch:
         self._thread.start()
         return self
 
-    def finish(self, prepare: bool = True) -> tuple[list[bytes], int]:
+    def finish(self) -> tuple[list[bytes], int]:
         """Stop fetching (the call in flight ends first); the entries fetched (framed, contiguous from the
-        snapshot's offset, committed on the leader) and the leader's high watermark last seen. ``prepare``,
-        if not called yet (the download ended first), is called now, on this thread (unless not ``prepare``:
-        the download failed)."""
+        snapshot's offset, committed on the leader) and the leader's high watermark last seen."""
         self._done.set()
         self._thread.join()
-        if prepare:
-            self._prepare_once(finishing=True)
         return self.entries, self.high_watermark
 
     def _run(self) -> None:
@@ -96,23 +86,10 @@ class TailPrefetch:
                     return
                 first = False
                 if not self._fetch_once():
-                    self._prepare_once()
                     self._done.wait(IDLE_WAIT_S)
-            self._prepare_once()  # the bound reached
         except Exception as exc:  # best effort: the fetcher fetches from wherever this stopped
             log.info("the tail prefetch of bucket %d of table %d stopped at offset %d: %s", self.bucket,
                      self.table_id, self.next_offset, exc)
-
-    def _prepare_once(self, finishing: bool = False) -> None:
-        """Call ``prepare`` on the entries held, the first time only (while the download runs, or ``finishing``)."""
-        if self._prepare is None or not self.entries or self._stop.is_set() or (self._done.is_set() and not finishing):
-            return
-        prepare, self._prepare = self._prepare, None
-        try:
-            self.prepared = prepare(list(self.entries))
-        except Exception as exc:  # noqa: BLE001 - the tail is applied as usual then
-            log.warning("preparing the tail of bucket %d of table %d (%d entries, up to offset %d) failed: %s",
-                        self.bucket, self.table_id, len(self.entries), self.next_offset, exc)
 
     def _fetch_once(self) -> bool:
         """One FetchLog call; whether it brought entries."""
@@ -129,10 +106,11 @@ class TailPrefetch:
         self.high_watermark = max(self.high_watermark, response.log_end_offset)
         if not response.entries:
             return False
-        for entry in response.entries:
-            self.entries.append(entry)
-            self.bytes += len(entry)
-        self.next_offset = _entry_end(response.entries[-1])
+        entries = list(response.entries)
+        self.entries += entries
+        self.bytes += sum(map(len, entries))
+        self.next_offset = _entry_end(entries[-1])
+        self._on_entries(entries)
         return True
 
 

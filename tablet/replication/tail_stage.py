@@ -1,57 +1,143 @@
-"""A rebuild's changelog tail made ready while the snapshot downloads: its changelog and its SST file.
+"""A rebuild's changelog tail made ready while the snapshot downloads: its changelog and its SST files.
 
 A rebuilt replica must hold its leader's log from the snapshot's offset on and
 RocksDB must apply it (``tablet/replication/rebuild.py``). Done after the
 install, the tail's append (written, fsynced) and its apply are on the
-rebuild's critical path. :func:`stage` does both while the download still
-runs, as soon as the tail prefetch has caught up
-(``tablet/replication/tail_prefetch.py``), in the rebuild's own directory:
+rebuild's critical path. A :class:`TailStager` does both while the download
+runs, on a thread of its own, one answer of the tail prefetch at a time as
+they arrive (``tablet/replication/tail_prefetch.py``), in the rebuild's own
+directory:
 
 - the **changelog**: a new changelog starting at the snapshot's offset holding
-  the entries byte for byte, durable, with their leader epochs
-  (``snapshot_install.stage_log``): the install moves it in instead of an
-  empty one;
-- the **SST file** of their records (``tablet/store/tail_sst.py``), built on a
-  second thread meanwhile: ingested once the replica's files are open instead
-  of applying the records one by one.
+  the entries byte for byte (``snapshot_install.start_log``, appended as a
+  follower appends), durable once staged, with their leader epochs: the
+  install moves it in instead of an empty one;
+- an **SST file** of each answer's records (``tablet/store/tail_sst.py``):
+  ingested in order once the replica's files are open, instead of applying
+  the records one by one (the ingest of a later file is newer, as its records
+  are). An answer whose records one file cannot hold exactly (``tail_sst.build``
+  says None) ends the files there: the records from it on are applied from the
+  log.
 
-Entries fetched after that are appended and applied as the fetcher does.
+Staging starts once the prefetched tail holds ``min_bytes``: a small tail is
+appended and applied after the install as before (:meth:`TailStager.finish`
+returns None). Any error ends the staging (logged): the rebuild then appends
+and applies the whole tail itself.
 """
 
 from __future__ import annotations
 
+import logging
 import os
-from concurrent.futures import ThreadPoolExecutor
+import queue
+import shutil
+import threading
 from dataclasses import dataclass
 
-from kvlease.common.logentry import read_header
+from kvlease.common.fsync import fsync_path
+from kvlease.common.kvsnapshot import run_all
+from kvlease.common.logentry import checked_header
+from kvlease.tablet.log.epochs import EpochCache
 from kvlease.tablet.store import snapshot_install, tail_sst
 from kvlease.tablet.store.snapshot_install import StagedLog
 from kvlease.tablet.store.tail_sst import TailSst
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class StagedTail:
     """The first ``count`` entries of a prefetched tail (records ``from_offset`` … ``next_offset - 1``),
-    staged: ``log`` to install, ``sst`` (None: nothing to ingest, they are applied from the log) to ingest."""
+    staged: ``log`` to install, ``ssts`` to ingest in order (records a file lacks are applied from the log)."""
 
     count: int
     from_offset: int
     next_offset: int
     log: StagedLog
-    sst: TailSst | None
+    ssts: tuple[TailSst, ...]
 
 
-def stage(entries: list[bytes], from_offset: int, directory: str, *, segment_bytes: int,
-          fsync: bool = True) -> StagedTail:
-    """Stage ``entries`` (framed, from ``from_offset`` on) in ``directory`` (created; the bucket's, for the
-    install's renames): see the module docstring. Raises what ``stage_log`` or ``tail_sst.build`` raise
-    (a damaged entry, a gap, an I/O error); the caller removes ``directory`` then."""
-    os.makedirs(directory, exist_ok=True)
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="rebuild-tail-sst") as pool:
-        building = pool.submit(tail_sst.build, entries, from_offset, os.path.join(directory, "tail.sst"), fsync=fsync)
-        log = snapshot_install.stage_log(os.path.join(directory, "log"), from_offset, entries,
-                                         segment_bytes=segment_bytes, fsync=fsync)
-        sst = building.result()
-    last = read_header(memoryview(entries[-1]), 0, len(entries[-1]))  # stage_log checked them all
-    return StagedTail(len(entries), from_offset, last.base_offset + last.count, log, sst)
+class TailStager:
+    """Stages the entries :meth:`add` is given in ``directory`` (see the module docstring)."""
+
+    def __init__(self, directory: str, from_offset: int, *, segment_bytes: int, fsync: bool, min_bytes: int) -> None:
+        self.directory, self.from_offset = directory, from_offset
+        self.segment_bytes, self.fsync, self.min_bytes = segment_bytes, fsync, min_bytes
+        self._waiting: list[bytes] = []  # entries held back until min_bytes is reached
+        self._bytes = 0
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._changelog = None
+        self._epochs = EpochCache()
+        self._count, self._next = 0, from_offset
+        self._ssts: list[TailSst] = []
+        self._sst_gap: int | None = None  # the offset from which no SST file is made (one could not be)
+        self._failed: BaseException | None = None
+
+    def add(self, entries: list[bytes]) -> None:
+        """The next entries of the tail (the prefetch's thread): staged on the stager's own thread."""
+        self._waiting += entries
+        self._bytes += sum(map(len, entries))
+        if self._bytes < self.min_bytes:
+            return
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="rebuild-tail-stage", daemon=True)
+            self._thread.start()
+        self._queue.put(self._waiting)
+        self._waiting = []
+
+    def finish(self) -> StagedTail | None:
+        """Wait for what was added to be staged and make it durable; the staged tail, or None (nothing staged,
+        or the staging failed: ``directory`` is removed then)."""
+        if self._thread is None:
+            return None
+        self._queue.put(None)
+        self._thread.join()
+        try:
+            if self._changelog is not None:
+                self._changelog.close()
+            if self._failed is None and self._count and self.fsync:
+                log_dir = os.path.join(self.directory, "log")
+                paths = [os.path.join(log_dir, name) for name in os.listdir(log_dir)] + [s.path for s in self._ssts]
+                run_all([lambda p=p: fsync_path(p) for p in paths], 8)
+                for path in (log_dir, self.directory):
+                    fsync_path(path)
+        except Exception as exc:  # noqa: BLE001 - appended and applied after the install instead
+            self._failed = exc
+        if self._failed is not None or not self._count:
+            if self._failed is not None:
+                log.warning("staging the rebuild's changelog tail in %s failed (it is appended and applied after "
+                            "the install): %s", self.directory, self._failed)
+            shutil.rmtree(self.directory, ignore_errors=True)
+            return None
+        epochs = tuple((e.epoch, e.start_offset) for e in self._epochs.entries)
+        return StagedTail(self._count, self.from_offset, self._next,
+                          StagedLog(os.path.join(self.directory, "log"), epochs), tuple(self._ssts))
+
+    def _run(self) -> None:
+        while (entries := self._queue.get()) is not None:
+            if self._failed is None:
+                try:
+                    self._stage(entries)
+                except Exception as exc:  # noqa: BLE001 - reported by finish
+                    self._failed = exc
+
+    def _stage(self, entries: list[bytes]) -> None:
+        headers = [checked_header(frame) for frame in entries]
+        if self._changelog is None:
+            os.makedirs(self.directory, exist_ok=True)
+            self._changelog = snapshot_install.start_log(os.path.join(self.directory, "log"), self.from_offset,
+                                                         segment_bytes=self.segment_bytes)
+        self._changelog.publish(self._changelog.write_raw(entries, headers))
+        for header in headers:  # as the follower's epoch file notes them on append (tablet/log/epoch_file.py)
+            if header.leader_epoch >= 0 and header.leader_epoch != self._epochs.latest_epoch:
+                self._epochs.assign(header.leader_epoch, header.base_offset)
+        if self._sst_gap is None:  # each file starts where the one before ends (its records ingested after it)
+            sst = tail_sst.build(entries, self._next, os.path.join(self.directory, f"tail-{len(self._ssts)}.sst"),
+                                 fsync=False)  # made durable with the log by finish
+            if sst is None:
+                self._sst_gap = self._next  # applied from the log from here on
+            else:
+                self._ssts.append(sst)
+        self._count += len(entries)
+        self._next = headers[-1].base_offset + headers[-1].count

@@ -35,7 +35,6 @@ import shutil
 from typing import NamedTuple
 
 from kvlease.common.fsync import fsync_path
-from kvlease.common.logentry import checked_header
 from kvlease.tablet.log import epoch_file
 from kvlease.tablet.log import writer_sequences
 from kvlease.tablet.log import segment_files
@@ -52,43 +51,29 @@ PARTS = ("kv", "log")
 
 
 class StagedLog(NamedTuple):
-    """A changelog staged for an install (:func:`stage_log`): its directory, starting at the snapshot's offset and
-    durable, and the leader epochs of its entries (``(epoch, start offset)`` pairs)."""
+    """A changelog staged for an install (begun with :func:`start_log`): its directory, starting at the
+    snapshot's offset and durable, and the leader epochs of its entries (``(epoch, start offset)`` pairs)."""
 
     dir: str
     epochs: tuple[tuple[int, int], ...]
 
 
-def stage_log(log_dir: str, log_offset: int, entries: list[bytes], *, segment_bytes: int,
-              fsync: bool = True) -> StagedLog:
-    """A new changelog in ``log_dir`` starting at ``log_offset`` that holds the leader's framed ``entries``
-    (checked: CorruptLogError; contiguous from ``log_offset``: InvalidRequestError), written as a follower appends
-    them (``Changelog.write_raw``, segments of ``segment_bytes``) and, with ``fsync``, every file and the directory
-    durable: what :func:`install` moves in instead of an empty changelog (a rebuild stages the changelog tail it
-    fetched while the snapshot downloaded)."""
-    headers = [checked_header(frame) for frame in entries]
+def start_log(log_dir: str, log_offset: int, *, segment_bytes: int) -> Changelog:
+    """A new, empty changelog in ``log_dir`` (created) starting at ``log_offset``, open to append a leader's
+    entries to (``Changelog.write_raw``, as a follower appends them) without fsync: what :func:`install` moves in
+    instead of an empty changelog once closed and made durable (a rebuild stages the changelog tail it fetches
+    while the snapshot downloads: ``tablet/replication/tail_stage.py``)."""
     os.makedirs(log_dir)
     os.close(os.open(segment_path(log_dir, log_offset), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644))
-    changelog = Changelog(log_dir, segment_bytes=segment_bytes, fsync=False)
-    try:
-        changelog.publish(changelog.write_raw(entries, headers))
-    finally:
-        changelog.close()
-    if fsync:
-        sync_tree(log_dir)
-    epochs = EpochCache()
-    for header in headers:  # as the follower's epoch file notes them on append (tablet/log/epoch_file.py)
-        if header.leader_epoch >= 0 and header.leader_epoch != epochs.latest_epoch:
-            epochs.assign(header.leader_epoch, header.base_offset)
-    return StagedLog(log_dir, tuple((e.epoch, e.start_offset) for e in epochs.entries))
+    return Changelog(log_dir, segment_bytes=segment_bytes, fsync=False)
 
 
 def install(dir: str, checkpoint_dir: str, log_offset: int, fsync: bool = True,
             writers: tuple[tuple[int, ...], ...] = (), synced: bool = False,
             tail_log: StagedLog | None = None) -> None:
     """Replace the bucket files in ``dir`` (closed) by ``checkpoint_dir`` (moved, so on the same file
-    system preferably) and an empty changelog at ``log_offset`` (or ``tail_log``, a changelog :func:`stage_log` staged
-    from ``log_offset`` on, moved, with its epochs); see the module docstring. ``synced``: every
+    system preferably) and an empty changelog at ``log_offset`` (or ``tail_log``, a durable changelog from
+    ``log_offset`` on, begun with :func:`start_log`, moved, with its epochs); see the module docstring. ``synced``: every
     file of ``checkpoint_dir`` and the directory itself are durable already (a download with ``durable``
     fsynced each as it landed): step 1 then fsyncs only what it creates or moves (the directories, the empty
     segment), not the checkpoint's bytes again. OSError as raised; a crash at any point leaves what
@@ -103,7 +88,7 @@ def install(dir: str, checkpoint_dir: str, log_offset: int, fsync: bool = True,
     shutil.move(checkpoint_dir, os.path.join(staged, "kv"))
     log_dir = os.path.join(staged, "log")
     if tail_log is not None:
-        shutil.move(tail_log.dir, log_dir)  # durable already (stage_log)
+        shutil.move(tail_log.dir, log_dir)  # durable already (StagedLog)
     else:
         os.makedirs(log_dir)
         os.close(os.open(segment_path(log_dir, log_offset), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,

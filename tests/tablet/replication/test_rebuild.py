@@ -109,7 +109,7 @@ def test_a_follower_behind_the_leaders_log_start_is_rebuilt_from_the_snapshot(cl
 def test_a_rebuilt_follower_ingests_its_tail_as_an_sst_and_holds_the_leaders_rows(cluster, tmp_path, monkeypatch):
     """The tail fetched during the download, ingested as one SST file (tablet/store/tail_sst.py) instead of applied
     record by record: updates, deletes and re-inserts of rows in the snapshot and after it end as on the leader."""
-    monkeypatch.setattr(rebuild, "TAIL_SST_MIN_BYTES", 0)  # any tail, however small
+    monkeypatch.setattr(rebuild, "TAIL_STAGE_MIN_BYTES", 0)  # any tail, however small
     c = cluster
     table = c.admin.create_table("db.ingest", SCHEMA, ["id"], 1, replication_factor=3, min_insync_replicas=2)
     with TableClient(c.admin, "db.ingest", retry_total_s=30) as client:
