@@ -9,9 +9,9 @@ they arrive (``tablet/replication/tail_prefetch.py``), in the rebuild's own
 directory:
 
 - the **changelog**: a new changelog starting at the snapshot's offset holding
-  the entries byte for byte (``snapshot_install.start_log``, appended as a
-  follower appends), durable once staged, with their leader epochs: the
-  install moves it in instead of an empty one;
+  the entries byte for byte (``snapshot_install.start_log``, appended and
+  fsynced as a follower appends them), with their leader epochs: the install
+  moves it in instead of an empty one;
 - an **SST file** of each answer's records (``tablet/store/tail_sst.py``):
   ingested in order once the replica's files are open, instead of applying
   the records one by one (the ingest of a later file is newer, as its records
@@ -35,7 +35,6 @@ import threading
 from dataclasses import dataclass
 
 from kvlease.common.fsync import fsync_path
-from kvlease.common.kvsnapshot import run_all
 from kvlease.common.logentry import checked_header
 from kvlease.tablet.log.epochs import EpochCache
 from kvlease.tablet.store import snapshot_install, tail_sst
@@ -96,11 +95,8 @@ class TailStager:
         try:
             if self._changelog is not None:
                 self._changelog.close()
-            if self._failed is None and self._count and self.fsync:
-                log_dir = os.path.join(self.directory, "log")
-                paths = [os.path.join(log_dir, name) for name in os.listdir(log_dir)] + [s.path for s in self._ssts]
-                run_all([lambda p=p: fsync_path(p) for p in paths], 8)
-                for path in (log_dir, self.directory):
+            if self._failed is None and self._count and self.fsync:  # the files were synced as they were staged
+                for path in (os.path.join(self.directory, "log"), self.directory):
                     fsync_path(path)
         except Exception as exc:  # noqa: BLE001 - appended and applied after the install instead
             self._failed = exc
@@ -127,14 +123,16 @@ class TailStager:
         if self._changelog is None:
             os.makedirs(self.directory, exist_ok=True)
             self._changelog = snapshot_install.start_log(os.path.join(self.directory, "log"), self.from_offset,
-                                                         segment_bytes=self.segment_bytes)
-        self._changelog.publish(self._changelog.write_raw(entries, headers))
+                                                         segment_bytes=self.segment_bytes, fsync=self.fsync)
+        pending = self._changelog.write_raw(entries, headers)
+        self._changelog.sync(pending)  # durable as it is staged: the waits overlap the download, not follow it
+        self._changelog.publish(pending)
         for header in headers:  # as the follower's epoch file notes them on append (tablet/log/epoch_file.py)
             if header.leader_epoch >= 0 and header.leader_epoch != self._epochs.latest_epoch:
                 self._epochs.assign(header.leader_epoch, header.base_offset)
         if self._sst_gap is None:  # each file starts where the one before ends (its records ingested after it)
             sst = tail_sst.build(entries, self._next, os.path.join(self.directory, f"tail-{len(self._ssts)}.sst"),
-                                 fsync=False)  # made durable with the log by finish
+                                 fsync=self.fsync)
             if sst is None:
                 self._sst_gap = self._next  # applied from the log from here on
             else:

@@ -58,14 +58,14 @@ class StagedLog(NamedTuple):
     epochs: tuple[tuple[int, int], ...]
 
 
-def start_log(log_dir: str, log_offset: int, *, segment_bytes: int) -> Changelog:
+def start_log(log_dir: str, log_offset: int, *, segment_bytes: int, fsync: bool = True) -> Changelog:
     """A new, empty changelog in ``log_dir`` (created) starting at ``log_offset``, open to append a leader's
-    entries to (``Changelog.write_raw``, as a follower appends them) without fsync: what :func:`install` moves in
-    instead of an empty changelog once closed and made durable (a rebuild stages the changelog tail it fetches
-    while the snapshot downloads: ``tablet/replication/tail_stage.py``)."""
+    entries to (``Changelog.write_raw``, ``sync``, ``publish``: as a follower appends them): what :func:`install`
+    moves in instead of an empty changelog once closed and ``log_dir`` fsynced (a rebuild stages the changelog
+    tail it fetches while the snapshot downloads: ``tablet/replication/tail_stage.py``)."""
     os.makedirs(log_dir)
     os.close(os.open(segment_path(log_dir, log_offset), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644))
-    return Changelog(log_dir, segment_bytes=segment_bytes, fsync=False)
+    return Changelog(log_dir, segment_bytes=segment_bytes, fsync=fsync)
 
 
 def install(dir: str, checkpoint_dir: str, log_offset: int, fsync: bool = True,
