@@ -63,12 +63,11 @@ from kvlease.tablet.replication.worker import ReplicaWorker
 from kvlease.tablet.replication import tail_stage
 from kvlease.tablet.replication.tail_stage import StagedTail
 from kvlease.tablet.store.kvstore import BucketInUseError
-from kvlease.tablet.store.tail_sst import TailSst
 
 log = logging.getLogger(__name__)
 
 DOWNLOAD_DIR = "rebuild-download"  # inside the bucket's directory: the install moves it (same file system)
-TAIL_DIR = "rebuild-tail"  # inside the bucket's directory: the staged tail (its changelog and SST, moved in)
+TAIL_DIR = "rebuild-tail"  # inside the bucket's directory: the staged tail's changelog (the install moves it)
 #: A prefetched tail this big or more is staged during the download (tablet/replication/tail_stage.py); a smaller
 #: one is appended and applied after the install.
 TAIL_STAGE_MIN_BYTES = 256 << 10
@@ -104,7 +103,7 @@ class Rebuilder(ReplicaWorker):
         (``tablet/replication/tail_prefetch.py``, ``tail_fetch_bytes`` a call at least; None: the fetcher fetches
         it after the install); once the prefetched tail holds ``tail_stage_min_bytes`` (default
         :data:`TAIL_STAGE_MIN_BYTES`) it is staged as it arrives (``tablet/replication/tail_stage.py``: its changelog
-        written, its records as SST files), installed with the snapshot and ingested."""
+        written, its records' RocksDB writes prepared), installed with the snapshot, its writes committed."""
         super().__init__(stop)
         self.storage = storage
         self.admin = admin
@@ -126,7 +125,7 @@ class Rebuilder(ReplicaWorker):
         self.rebuilt = 0
         self.bytes_downloaded = 0
         self.tail_records = 0  # changelog records appended from the tails fetched during the downloads
-        self.tail_ingested = 0  # of these, records applied by ingesting their SST file (tablet/store/tail_sst.py)
+        self.tail_prepared = 0  # of these, records applied from writes prepared during the downloads
         self._count_lock = threading.Lock()
         self._listings: dict[int, tuple[float, list]] = {}  # table id -> (when, its kept snapshots)
 
@@ -292,33 +291,34 @@ class Rebuilder(ReplicaWorker):
 
     def _finish_tail(self, replica, log_offset: int, entries: list[bytes], hw: int, staged: StagedTail | None) -> int:
         """After the install (with ``staged``'s changelog, if any): append the prefetched ``entries`` it does not
-        hold, count the replica rebuilt, ingest ``staged``'s SST file and hand the rest to the applier; the log end."""
+        hold, count the replica rebuilt, commit ``staged``'s prepared writes and hand the rest to the applier; the log
+        end."""
         start, rest = (staged.next_offset, entries[staged.count:]) if staged is not None else (log_offset, entries)
         end = self._append_tail(replica, start, rest)
         with self._count_lock:  # counted before the tail can be applied: rebuilt, then caught up
             self.rebuilt += 1
             self.tail_records += end - log_offset
-        for sst in staged.ssts if staged is not None else ():
-            if not self._ingest_tail(replica, sst):
-                break  # the later files need this one's records first: all are applied from the log
+        for write in staged.writes if staged is not None else ():
+            if not self._apply_staged(replica, write):
+                break  # the later writes need this one's records first: the applier applies them from the log
         if end > log_offset:
-            self.on_tail(replica, min(hw, end))  # what the SST did not hold, if anything
+            self.on_tail(replica, min(hw, end))  # what the staged writes did not hold, if anything
         return end
 
-    def _ingest_tail(self, replica, sst: TailSst) -> bool:
-        """Apply the records of ``sst`` to the installed replica by ingesting it; whether it was. A failure is
-        logged (the applier applies them then, from the log)."""
+    def _apply_staged(self, replica, write: tail_stage.PreparedRecords) -> bool:
+        """Apply the records of ``write`` (prepared during the download) to the installed replica; whether they
+        were. A failure is logged (the applier applies them then, from the log)."""
         with replica.fetch_lock:
             if replica.closed or replica.leads:
                 return False
             try:
-                replica.store.ingest_tail(sst)
+                replica.store.apply_prepared(write.write, write.from_offset, write.next_offset)
             except Exception as exc:  # noqa: BLE001 - applied from the log instead
-                log.warning("%s: the changelog tail %d to %d was not ingested (it is applied from the log): %s",
-                            replica.tb, sst.from_offset, sst.next_offset, exc)
+                log.warning("%s: the changelog tail %d to %d prepared during the download was not applied (it is "
+                            "applied from the log): %s", replica.tb, write.from_offset, write.next_offset, exc)
                 return False
         with self._count_lock:
-            self.tail_ingested += sst.next_offset - sst.from_offset
+            self.tail_prepared += write.next_offset - write.from_offset
         return True
 
     def _append_tail(self, replica, log_offset: int, entries: list[bytes]) -> int:

@@ -20,7 +20,7 @@ appending them to the rebuilt replica is what its fetcher would have done.
 Each answer's entries are also handed to ``on_entries`` (on the prefetch's
 thread, in log order) as they arrive: a rebuild stages them while the
 download runs (``tablet/replication/tail_stage.py``: the changelog written,
-the records turned into SST files to ingest).
+the records' RocksDB writes prepared).
 
 Bounded: at most ``max_total_bytes`` (the fetcher gets the rest). Best
 effort: an error (the leader moved, its log no longer reaches the offset,

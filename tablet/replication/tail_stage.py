@@ -1,4 +1,4 @@
-"""A rebuild's changelog tail made ready while the snapshot downloads: its changelog and its SST files.
+"""A rebuild's changelog tail made ready while the snapshot downloads: its changelog and its RocksDB writes.
 
 A rebuilt replica must hold its leader's log from the snapshot's offset on and
 RocksDB must apply it (``tablet/replication/rebuild.py``). Done after the
@@ -12,12 +12,12 @@ directory:
   the entries byte for byte (``snapshot_install.start_log``, appended and
   fsynced as a follower appends them), with their leader epochs: the install
   moves it in instead of an empty one;
-- an **SST file** of each answer's records (``tablet/store/tail_sst.py``):
-  ingested in order once the replica's files are open, instead of applying
-  the records one by one (the ingest of a later file is newer, as its records
-  are). An answer whose records one file cannot hold exactly (``tail_sst.build``
-  says None) ends the files there: the records from it on are applied from the
-  log.
+- the **write** of each answer's records (``KvStore.prepare_records``: the
+  WriteBatch the follower's apply would build, in log order): committed in
+  order once the replica's files are open, instead of decoding and applying
+  the records after the install. An answer whose records cannot be prepared
+  (a put without a value) ends the writes there: the records from it on are
+  applied from the log (where the apply refuses them as ever).
 
 Staging starts once the prefetched tail holds ``min_bytes``: a small tail is
 appended and applied after the install as before (:meth:`TailStager.finish`
@@ -34,26 +34,36 @@ import shutil
 import threading
 from dataclasses import dataclass
 
+from kvlease.common.errors import KvLeaseError
 from kvlease.common.fsync import fsync_path
-from kvlease.common.logentry import checked_header
+from kvlease.common.logentry import checked_header, decode_entry
 from kvlease.tablet.log.epochs import EpochCache
-from kvlease.tablet.store import snapshot_install, tail_sst
+from kvlease.tablet.store import snapshot_install
+from kvlease.tablet.store.kvstore import KvStore, PreparedWrite
 from kvlease.tablet.store.snapshot_install import StagedLog
-from kvlease.tablet.store.tail_sst import TailSst
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
+class PreparedRecords:
+    """The write of the records ``from_offset`` … ``next_offset - 1`` (``KvStore.prepare_records``)."""
+
+    from_offset: int
+    next_offset: int
+    write: PreparedWrite
+
+
+@dataclass(frozen=True)
 class StagedTail:
     """The first ``count`` entries of a prefetched tail (records ``from_offset`` … ``next_offset - 1``),
-    staged: ``log`` to install, ``ssts`` to ingest in order (records a file lacks are applied from the log)."""
+    staged: ``log`` to install, ``writes`` to commit in order (records they lack are applied from the log)."""
 
     count: int
     from_offset: int
     next_offset: int
     log: StagedLog
-    ssts: tuple[TailSst, ...]
+    writes: tuple[PreparedRecords, ...]
 
 
 class TailStager:
@@ -69,8 +79,8 @@ class TailStager:
         self._changelog = None
         self._epochs = EpochCache()
         self._count, self._next = 0, from_offset
-        self._ssts: list[TailSst] = []
-        self._sst_gap: int | None = None  # the offset from which no SST file is made (one could not be)
+        self._writes: list[PreparedRecords] = []
+        self._write_gap: int | None = None  # the offset from which no write is prepared (one could not be)
         self._failed: BaseException | None = None
 
     def add(self, entries: list[bytes]) -> None:
@@ -108,7 +118,7 @@ class TailStager:
             return None
         epochs = tuple((e.epoch, e.start_offset) for e in self._epochs.entries)
         return StagedTail(self._count, self.from_offset, self._next,
-                          StagedLog(os.path.join(self.directory, "log"), epochs), tuple(self._ssts))
+                          StagedLog(os.path.join(self.directory, "log"), epochs), tuple(self._writes))
 
     def _run(self) -> None:
         while (entries := self._queue.get()) is not None:
@@ -130,12 +140,13 @@ class TailStager:
         for header in headers:  # as the follower's epoch file notes them on append (tablet/log/epoch_file.py)
             if header.leader_epoch >= 0 and header.leader_epoch != self._epochs.latest_epoch:
                 self._epochs.assign(header.leader_epoch, header.base_offset)
-        if self._sst_gap is None:  # each file starts where the one before ends (its records ingested after it)
-            sst = tail_sst.build(entries, self._next, os.path.join(self.directory, f"tail-{len(self._ssts)}.sst"),
-                                 fsync=self.fsync)
-            if sst is None:
-                self._sst_gap = self._next  # applied from the log from here on
-            else:
-                self._ssts.append(sst)
+        end = headers[-1].base_offset + headers[-1].count
+        if self._write_gap is None:  # each write starts where the one before ends (committed after it)
+            try:
+                write = KvStore.prepare_records([decode_entry(frame).records for frame in entries], self.directory)
+                self._writes.append(PreparedRecords(self._next, end, write))
+            except KvLeaseError as exc:  # a put without a value: the apply from the log says so
+                log.info("the rebuild's tail from offset %d is applied from the log: %s", self._next, exc)
+                self._write_gap = self._next
         self._count += len(entries)
-        self._next = headers[-1].base_offset + headers[-1].count
+        self._next = end

@@ -26,13 +26,13 @@ from typing import Iterator, NamedTuple
 
 import numpy as np
 import pyarrow as pa
-from rocksdict import (AccessType, BlockBasedOptions, Checkpoint, DBCompressionType, IngestExternalFileOptions,
-                       Options, Rdict, WriteBatch, WriteOptions)
+from rocksdict import (AccessType, BlockBasedOptions, Checkpoint, DBCompressionType, Options, Rdict, WriteBatch,
+                       WriteOptions)
 
 from kvlease.common.errors import KvLeaseError, show
 from kvlease.common.kvsnapshot import scan_read_options
 from kvlease.common.logentry import ChangeType
-from kvlease.tablet.store.key_ranges import KeyRanges
+from kvlease.tablet.store.key_ranges import KeyRanges, key_range
 from kvlease.tablet.store.memtable_filter import MemtableFilterPolicy
 
 log = logging.getLogger(__name__)
@@ -289,38 +289,22 @@ class KvStore:
         batch = WriteBatch(raw_mode=True)
         for entry in records:
             self._ranges.add_keys(entry.column(1))
-            types = entry.column(0).to_numpy(zero_copy_only=False)
-            puts = np.isin(types, _PUT_TYPES)
-            acts = puts | (types == _DELETE)
-            if not acts.all():  # -U records change nothing: left out before their keys and values are converted
-                entry, types, puts = entry.filter(pa.array(acts)), types[acts], puts[acts]
-            keys, values = entry.column(1).to_pylist(), entry.column(2)
-            if values.null_count and (bad := puts & values.is_null().to_numpy(zero_copy_only=False)).any():
-                i = int(bad.argmax())
-                raise BucketStoreError(f"{self.path}: changelog record {ChangeType(int(types[i]))} of key "
-                                       f"{show(keys[i])} has no value")
-            if puts.all():  # inserts and updates only: one pass, no per-record branch
-                collections.deque(map(batch.put, keys, values.to_pylist()), maxlen=0)
-                continue
-            for put, key, value in zip(puts.tolist(), keys, values.to_pylist()):
-                if put:
-                    batch.put(key, value)
-                else:
-                    batch.delete(key)
+            _add_records(batch, entry, self.path)
         self._commit(batch, next_offset)
 
-    def ingest(self, sst_path: str, key_range: tuple[bytes, bytes] | None, next_offset: int) -> None:
-        """Ingest the SST file ``sst_path`` (``tablet/store/tail_sst.py``: the effect of the changelog records
-        from the applied offset up to ``next_offset``, keys in ``key_range``) into the rows, newer than all they
-        hold, and set the applied offset to ``next_offset``. The file is moved into RocksDB (same file
-        system) or copied. The ingest is durable at once, the offset as any write's (the changelog replays
-        the records if it is lost: rows ahead of the offset are replayed to the same state)."""
-        if key_range is not None:
-            self._ranges.add(*key_range)
-        options = IngestExternalFileOptions()
-        options.set_move_files(True)
-        self._db.ingest_external_file([sst_path], options)
-        self._commit(WriteBatch(raw_mode=True), next_offset)
+    @staticmethod
+    def prepare_records(records: list[pa.RecordBatch], where: str = "") -> PreparedWrite:
+        """:meth:`apply_records`' write of ``records``, built without the store (any thread, as :meth:`prepare`;
+        ``where`` names them in an error): :meth:`commit` gives the rows and offset ``apply_records`` would (its
+        key range: from the lowest to the highest key of the records). A rebuild prepares the changelog tail it
+        fetched while the snapshot downloads (``tablet/replication/tail_stage.py``)."""
+        batch, low, high = WriteBatch(raw_mode=True), None, None
+        for entry in records:
+            if entry.num_rows:
+                lo, hi = key_range(entry.column(1))
+                low, high = (lo, hi) if low is None else (min(low, lo), max(high, hi))
+            _add_records(batch, entry, where)
+        return PreparedWrite(batch, None if low is None else (low, high))
 
     def _commit(self, batch: WriteBatch, next_offset: int) -> None:
         batch.put(APPLIED_KEY, next_offset.to_bytes(8, "big"), self._meta_handle)
@@ -383,6 +367,29 @@ class KvStore:
             self._db.close()
 
 
+def _add_records(batch: WriteBatch, entry: pa.RecordBatch, where: str) -> None:
+    """Add changelog records to ``batch`` in order: +I/+U put the value, -D deletes, -U nothing. BucketStoreError
+    (naming ``where``) for a put without a value."""
+    types = entry.column(0).to_numpy(zero_copy_only=False)
+    puts = np.isin(types, _PUT_TYPES)
+    acts = puts | (types == _DELETE)
+    if not acts.all():  # -U records change nothing: left out before their keys and values are converted
+        entry, types, puts = entry.filter(pa.array(acts)), types[acts], puts[acts]
+    keys, values = entry.column(1).to_pylist(), entry.column(2)
+    if values.null_count and (bad := puts & values.is_null().to_numpy(zero_copy_only=False)).any():
+        i = int(bad.argmax())
+        raise BucketStoreError(f"{where}: changelog record {ChangeType(int(types[i]))} of key "
+                               f"{show(keys[i])} has no value")
+    if puts.all():  # inserts and updates only: one pass, no per-record branch
+        collections.deque(map(batch.put, keys, values.to_pylist()), maxlen=0)
+        return
+    for put, key, value in zip(puts.tolist(), keys, values.to_pylist()):
+        if put:
+            batch.put(key, value)
+        else:
+            batch.delete(key)
+
+
 def checkpoint_log_offset(checkpoint_dir: str) -> int:
     """The applied offset stored in a checkpoint made by ``BucketStore.checkpoint``."""
     db = Rdict(checkpoint_dir, Options(raw_mode=True), access_type=AccessType.read_only(),
@@ -394,24 +401,6 @@ def checkpoint_log_offset(checkpoint_dir: str) -> int:
     return int.from_bytes(raw, "big") if raw is not None else 0
 
 
-def sst_options() -> Options:
-    """The options of an SST file written to be ingested into a bucket's RocksDB
-    (``tablet/store/tail_sst.py``): its table format (Bloom filters), uncompressed as level 0 is."""
-    options = Options(raw_mode=True)
-    options.set_block_based_table_factory(_table_options())
-    options.set_compression_type(DBCompressionType.none())
-    return options
-
-
-def _table_options() -> BlockBasedOptions:
-    # Bloom filters in SST files: the multi-get of a write mostly looks for keys that do not exist
-    # yet (inserts), and a filter answers those without a search. Memtables get one only while
-    # writes look keys up (KvStore._observe_lookups): it starts off, see tablet/store/memtable_filter.py.
-    table_options = BlockBasedOptions()
-    table_options.set_bloom_filter(10, False)
-    return table_options
-
-
 def _options(memtable_bytes: int | None) -> Options:
     options = Options(raw_mode=True)
     options.create_if_missing(True)
@@ -420,7 +409,12 @@ def _options(memtable_bytes: int | None) -> Options:
     # Few open files per bucket: a tablet server holds thousands of buckets (docs/bucket-store.md).
     options.set_max_open_files(MAX_OPEN_FILES)
     options.set_table_cache_num_shard_bits(0)
-    options.set_block_based_table_factory(_table_options())
+    # Bloom filters in SST files: the multi-get of a write mostly looks for keys that do not exist
+    # yet (inserts), and a filter answers those without a search. Memtables get one only while
+    # writes look keys up (KvStore._observe_lookups): it starts off, see tablet/store/memtable_filter.py.
+    table_options = BlockBasedOptions()
+    table_options.set_bloom_filter(10, False)
+    options.set_block_based_table_factory(table_options)
     # Level 0 (memtable flushes, compacted into level 1 soon after) uncompressed, the other levels LZ4:
     # a write's flush was ~10% of a write-heavy tablet server's CPU in Snappy, mostly for data that
     # lives in level 0 for seconds (RocksDB's tuning guide does the same for write-heavy loads).

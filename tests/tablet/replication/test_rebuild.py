@@ -106,9 +106,11 @@ def test_a_follower_behind_the_leaders_log_start_is_rebuilt_from_the_snapshot(cl
         assert rows_of(store) == rows_of(leader_store)
 
 
-def test_a_rebuilt_follower_ingests_its_tail_as_an_sst_and_holds_the_leaders_rows(cluster, tmp_path, monkeypatch):
-    """The tail fetched during the download, ingested as one SST file (tablet/store/tail_sst.py) instead of applied
-    record by record: updates, deletes and re-inserts of rows in the snapshot and after it end as on the leader."""
+def test_a_rebuilt_follower_stages_its_tail_during_the_download_and_holds_the_leaders_log_and_rows(
+        cluster, tmp_path, monkeypatch):
+    """The tail fetched during the download, staged as it arrives (tablet/replication/tail_stage.py: its changelog
+    installed with the snapshot, its writes prepared and committed after): updates, deletes and re-inserts of rows in
+    the snapshot and after it end as on the leader, the log and its epochs too."""
     monkeypatch.setattr(rebuild, "TAIL_STAGE_MIN_BYTES", 0)  # any tail, however small
     c = cluster
     table = c.admin.create_table("db.ingest", SCHEMA, ["id"], 1, replication_factor=3, min_insync_replicas=2)
@@ -127,9 +129,9 @@ def test_a_rebuilt_follower_ingests_its_tail_as_an_sst_and_holds_the_leaders_row
         end = leader_store.high_watermark
         wait_until(lambda: store.high_watermark >= end, 20, "the rebuilt follower to catch up")
         rebuilder = back.fetchers.rebuilder
-        assert rebuilder.rebuilt == 1 and 0 < rebuilder.tail_ingested <= rebuilder.tail_records
-        assert rebuilder.tail_ingested <= end - handle.log_offset
-        assert not os.path.exists(os.path.join(store.dir, rebuild.TAIL_DIR))  # moved into RocksDB, nothing left
+        assert rebuilder.rebuilt == 1 and 0 < rebuilder.tail_prepared <= rebuilder.tail_records
+        assert rebuilder.tail_prepared <= end - handle.log_offset
+        assert not os.path.exists(os.path.join(store.dir, rebuild.TAIL_DIR))  # installed, nothing left
         assert rows_of(store) == rows_of(leader_store)
         assert len(rows_of(store)) == 178  # 0..179, less 6 and 150 (5 and 3 came back)
         assert store.list_offsets()[0] == handle.log_offset and store.last_epoch == leader_store.last_epoch

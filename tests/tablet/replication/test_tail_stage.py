@@ -1,7 +1,7 @@
 """Staging a rebuild's changelog tail as it arrives (tablet/replication/tail_stage.py): real RocksDB and changelogs
-in temp dirs. The staged changelog and SST files, installed and ingested, give the follower the leader's log byte
-for byte and its rows; a file that cannot be made ends the files there (the rest is applied from the log); a
-small tail is not staged; a damaged entry ends the staging with nothing left behind."""
+in temp dirs. The staged changelog and prepared writes, installed and committed, give the follower the leader's log
+byte for byte and its rows; a write that cannot be prepared ends the writes there (the rest is applied from the
+log); a small tail is not staged; a damaged entry ends the staging with nothing left behind."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from kvlease.tablet.replication.tail_stage import TailStager
 from tests.tablet.bucket.test_bucket import bucket_dir, keys, rows  # noqa: F401
 from tests.tablet.bucket.test_bucket_replicated import open_store
 from tests.tablet.store.test_snapshot_install import leader_dir  # noqa: F401
-from tests.tablet.store.test_tail_sst import frame, state_rows
+from tests.tablet.store.test_prepared_records import frame, state_rows
 
 pytestmark = pytest.mark.unit
 
@@ -55,31 +55,31 @@ def test_a_tail_staged_answer_by_answer_installs_and_ingests_to_the_leaders_log_
         stager.add(entries)
     staged = stager.finish()
     assert staged is not None and staged.count == sum(map(len, answers)) and staged.next_offset == leader.high_watermark
-    assert len(staged.ssts) == len(answers)  # one file per answer, each starting where the one before ends
-    assert [s.from_offset for s in staged.ssts[1:]] == [s.next_offset for s in staged.ssts[:-1]]
+    assert len(staged.writes) == len(answers)  # one write per answer, each starting where the one before ends
+    assert [w.from_offset for w in staged.writes[1:]] == [w.next_offset for w in staged.writes[:-1]]
     assert staged.log.epochs == ((1, offset),)
     follower = open_store(bucket_dir)
     try:
         follower.become_follower(1)
         follower.install_snapshot(checkpoint, offset, tail_log=staged.log)
         assert follower.fetch_log(offset, 1 << 30, committed=False)[0] == [e for a in answers for e in a]
-        for sst in staged.ssts:
-            follower.ingest_tail(sst)
+        for write in staged.writes:
+            follower.apply_prepared(write.write, write.from_offset, write.next_offset)
         assert follower.applied_offset == leader.applied_offset and state_rows(follower) == state_rows(leader)
     finally:
         follower.close()
         leader.close()
 
 
-def test_a_file_that_cannot_be_made_ends_the_files_there_and_a_small_tail_is_not_staged(tmp_path):
+def test_a_write_that_cannot_be_prepared_ends_the_writes_there_and_a_small_tail_is_not_staged(tmp_path):
     answers = [[frame(10, [0, 0], [b"a", b"b"], [b"1", b"2"])], [frame(12, [1], [b"a"], [b"1"])],  # -U only
-               [frame(13, [3], [b"b"], [None])]]
+               [frame(13, [0], [b"b"], [None])], [frame(14, [3], [b"b"], [None])]]  # a put without a value
     stager = TailStager(str(tmp_path / "staged"), 10, segment_bytes=1 << 20, fsync=False, min_bytes=0)
     for entries in answers:
         stager.add(entries)
     staged = stager.finish()
-    assert staged is not None and staged.count == 3 and staged.next_offset == 14
-    assert [(s.from_offset, s.next_offset) for s in staged.ssts] == [(10, 12)]  # from 12 on: applied from the log
+    assert staged is not None and staged.count == 4 and staged.next_offset == 15
+    assert [(w.from_offset, w.next_offset) for w in staged.writes] == [(10, 12), (12, 13)]  # from 13: from the log
     small = TailStager(str(tmp_path / "small"), 10, segment_bytes=1 << 20, fsync=False, min_bytes=1 << 20)
     small.add(answers[0])
     assert small.finish() is None and not os.path.exists(tmp_path / "small")

@@ -1,8 +1,8 @@
-"""A run of changelog entries as one SST file (tablet/store/tail_sst.py) against applying them record by record
-(``KvStore.apply_records``, a follower's apply): real RocksDB in temp dirs, random records of every change type
+"""Changelog records applied from a write prepared ahead (``KvStore.prepare_records``, then ``commit``) against applying
+them (``KvStore.apply_records``, a follower's apply): real RocksDB in temp dirs, random records of every change type
 over a few keys (updates, deletes of present and absent keys, re-inserts, -U before-images), on top of rows the
 tail overwrites and rows it leaves alone; then the whole path of a rebuilt replica (a snapshot installed, the tail
-appended, its SST ingested) against the leader's rows."""
+appended, part of it applied from prepared writes) against the leader's rows."""
 
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ import os
 import random
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from kvlease.common.errors import InvalidRequestError
+from kvlease.tablet.store.kvstore import BucketStoreError
 from kvlease.common.logentry import ChangeType, decode_entry, encode_payload, frame_header, read_header, record_batch
-from kvlease.tablet.store import tail_sst
 from kvlease.tablet.store.kvstore import KvStore
 from tests.tablet.bucket.test_bucket import bucket_dir, keys, rows  # noqa: F401
 from tests.tablet.bucket.test_bucket_replicated import open_store
@@ -58,45 +59,41 @@ def base_store(path: str) -> KvStore:
 
 
 @pytest.mark.parametrize("seed", range(8))
-def test_ingesting_the_sst_of_a_tail_gives_the_rows_and_offset_of_applying_it(tmp_path, seed):
+def test_a_prepared_write_gives_the_rows_and_offset_of_applying_the_records(tmp_path, seed):
     rng = random.Random(seed)
-    frames = random_tail(rng, 100, rng.randint(1, 12))
-    entries = [decode_entry(f) for f in frames]
-    applied, ingested = base_store(str(tmp_path / "applied")), base_store(str(tmp_path / "ingested"))
+    records = [decode_entry(f).records for f in random_tail(rng, 100, rng.randint(1, 12))]
+    end = 100 + sum(r.num_rows for r in records)
+    applied, prepared = base_store(str(tmp_path / "applied")), base_store(str(tmp_path / "prepared"))
     try:
-        applied.apply_records([e.records for e in entries], entries[-1].next_offset)
+        applied.apply_records(records, end)
         expected = kv_rows(applied)
-        sst = tail_sst.build(frames, 100, str(tmp_path / "tail.sst"))
-        assert sst is not None and sst.from_offset == 100 and sst.next_offset == entries[-1].next_offset
-        ingested.ingest(sst.path, sst.key_range, sst.next_offset)
-        assert kv_rows(ingested) == expected
-        assert ingested.applied_offset == applied.applied_offset == sst.next_offset
-        for key in [b"k%d" % i for i in range(45)]:  # point reads too (the Bloom filters of the ingested file)
-            assert ingested.get([key]) == applied.get([key])
+        prepared.commit(KvStore.prepare_records(records), end)  # built without the store, committed after
+        assert kv_rows(prepared) == expected and prepared.applied_offset == applied.applied_offset == end
+        for key in [b"k%d" % i for i in range(45)]:
+            assert prepared.get([key]) == applied.get([key])
+        covered = prepared._ranges.maybe_stored(pa.array(list(expected), pa.binary()))  # what a write looks up
+        assert covered is not None and covered.all()
     finally:
         applied.close()
-        ingested.close()
-    reopened = KvStore(str(tmp_path / "ingested"))  # closed (flushed) and opened again: the same
+        prepared.close()
+    reopened = KvStore(str(tmp_path / "prepared"))  # closed (flushed) and opened again: the same
     try:
-        assert reopened.applied_offset == sst.next_offset and kv_rows(reopened) == expected
+        assert reopened.applied_offset == end and kv_rows(reopened) == expected
     finally:
         reopened.close()
 
 
-def test_what_the_sst_cannot_hold_exactly_is_left_to_the_plain_apply(tmp_path):
-    frames = [frame(10, [0, 0], [b"a", b"b"], [b"1", b"2"]), frame(12, [3], [b"a"], [None])]
-    assert tail_sst.build(frames, 9, str(tmp_path / "a.sst")) is None  # not from the offset asked
-    assert tail_sst.build(frames[1:] + frames[:1], 12, str(tmp_path / "b.sst")) is None  # not contiguous
-    assert tail_sst.build([frame(10, [1], [b"a"], [b"old"])], 10, str(tmp_path / "c.sst")) is None  # -U only
-    assert tail_sst.build([frame(10, [0], [b"a"], [None])], 10, str(tmp_path / "d.sst")) is None  # a put, no value
-    assert not os.listdir(tmp_path)
-    sst = tail_sst.build(frames, 10, str(tmp_path / "e.sst"))
-    assert sst is not None and (sst.next_offset, sst.keys, sst.key_range) == (13, 2, (b"a", b"b"))
+def test_a_put_without_a_value_is_refused_as_the_apply_refuses_it(tmp_path):
+    records = [decode_entry(frame(10, [0, 0], [b"a", b"b"], [b"1", None])).records]
+    with pytest.raises(BucketStoreError, match="has no value"):
+        KvStore.prepare_records(records, "the tail")
+    assert KvStore.prepare_records([decode_entry(frame(10, [1, 3], [b"a", b"b"], [b"1", None])).records]) \
+        .key_range == (b"a", b"b")  # -U and -D: a range all the same (the apply adds every key it is given)
 
 
-def test_a_rebuilt_replica_ingesting_its_tail_holds_the_leaders_rows_across_the_snapshot_boundary(
+def test_a_rebuilt_replica_applying_its_prepared_tail_holds_the_leaders_rows_across_the_snapshot_boundary(
         bucket_dir, leader_dir):  # noqa: F811
-    """Updates, deletes and re-inserts of keys in the snapshot and after it; part of the tail ingested, the rest
+    """Updates, deletes and re-inserts of keys in the snapshot and after it; part of the tail from a prepared write, the rest
     applied from the log as the fetcher would; then the follower keeps following."""
     leader = open_store(leader_dir)
     leader.become_leader(1)
@@ -109,7 +106,7 @@ def test_a_rebuilt_replica_ingesting_its_tail_holds_the_leaders_rows_across_the_
     leader.write(rows((4, "c4", 1.5), (6, "again", 3.0)))  # a key deleted in the snapshot, one in the tail
     leader.write(None, keys(60, 7))
     middle = leader.log_end_offset
-    leader.write(rows((7, "d7", 4.0), (8, "d8", 5.0)))  # after what the SST holds
+    leader.write(rows((7, "d7", 4.0), (8, "d8", 5.0)))  # after what the prepared write holds
     leader.advance_high_watermark(leader.log_end_offset)
     tail = leader.fetch_log(offset, 1 << 30)[0]
     follower = open_store(bucket_dir)
@@ -117,12 +114,12 @@ def test_a_rebuilt_replica_ingesting_its_tail_holds_the_leaders_rows_across_the_
         follower.become_follower(1)
         follower.install_snapshot(checkpoint, offset)
         follower.append_replicated(tail)
-        in_sst = [f for f in tail if tail_sst_end(f) <= middle]
-        sst = tail_sst.build(in_sst, offset, os.path.join(leader_dir, "tail.sst"))
-        assert sst is not None and sst.next_offset == middle
-        with pytest.raises(InvalidRequestError, match="cannot be ingested"):
-            follower.ingest_tail(tail_sst.TailSst(sst.path, offset + 1, sst.next_offset, None, 0))
-        assert follower.ingest_tail(sst) == middle == follower.applied_offset == follower.high_watermark
+        staged = [decode_entry(f).records for f in tail if tail_end(f) <= middle]
+        write = KvStore.prepare_records(staged)
+        with pytest.raises(InvalidRequestError, match="cannot be applied"):
+            follower.apply_prepared(write, offset + 1, middle)
+        assert follower.apply_prepared(write, offset, middle) == middle == follower.applied_offset
+        assert follower.high_watermark == middle
         follower.advance_high_watermark(leader.high_watermark)  # the rest, from the log
         assert follower.applied_offset == leader.applied_offset
         assert state_rows(follower) == state_rows(leader)
@@ -139,7 +136,7 @@ def test_a_rebuilt_replica_ingesting_its_tail_holds_the_leaders_rows_across_the_
         leader.close()
 
 
-def tail_sst_end(frame_bytes: bytes) -> int:
+def tail_end(frame_bytes: bytes) -> int:
     header = read_header(memoryview(frame_bytes), 0, len(frame_bytes))
     return header.base_offset + header.count
 
