@@ -116,19 +116,6 @@ def read_header(buf: Any, pos: int, size: int) -> FrameHeader:
     return header
 
 
-def checked_header(frame: Any) -> FrameHeader:
-    """The header of a framed entry (one whole entry, as FetchLog returns it) whose size and CRC are right
-    (CorruptLogError otherwise)."""
-    view = memoryview(frame)
-    header = read_header(view, 0, len(view))
-    if len(view) != header.size + header.payload_len or not header.count:
-        raise CorruptLogError(f"replicated entry at offset {header.base_offset}: {len(view)} bytes with "
-                              f"{header.count} records, its header says {header.size + header.payload_len} bytes")
-    if crc32(view[header.size:], crc32(view[:header.size - 4])) != header.crc:
-        raise CorruptLogError(f"replicated entry at offset {header.base_offset}: CRC mismatch")
-    return header
-
-
 def _header(buf: Any, pos: int, size: int) -> FrameHeader | str:
     """The header at ``pos``, or what is wrong with it (too short, or an unknown magic/version)."""
     if size - pos < _MAGIC.size:

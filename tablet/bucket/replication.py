@@ -26,18 +26,31 @@ from __future__ import annotations
 
 
 import threading
-from typing import Callable
+from typing import Any, Callable
 
+from kvlease.common.checksum import crc32
 from kvlease.common.errors import InvalidRequestError, InvalidSnapshotError
-from kvlease.common.logentry import checked_header
+from kvlease.common.logentry import CorruptLogError, FrameHeader, read_header
 from kvlease.tablet.bucket import damage as bucket_damage
 from kvlease.tablet.bucket.state import BucketShared
 from kvlease.tablet.log.changelog import Changelog
 from kvlease.tablet.log.epoch_file import EpochFile
 from kvlease.tablet.log.epochs import EpochCache, EpochEnd, Truncation
 from kvlease.tablet.store import kv_rebase, snapshot_install
-from kvlease.tablet.store.kvstore import BucketStoreError, KvStore, PreparedWrite, checkpoint_log_offset
+from kvlease.tablet.store.kvstore import BucketStoreError, KvStore, checkpoint_log_offset
 from kvlease.tablet.store.prewrite_buffer import READ_BYTES
+
+
+def checked_header(frame: Any) -> FrameHeader:
+    """The header of a framed entry whose size and CRC are right (CorruptLogError otherwise)."""
+    view = memoryview(frame)
+    header = read_header(view, 0, len(view))
+    if len(view) != header.size + header.payload_len or not header.count:
+        raise CorruptLogError(f"replicated entry at offset {header.base_offset}: {len(view)} bytes with "
+                              f"{header.count} records, its header says {header.size + header.payload_len} bytes")
+    if crc32(view[header.size:], crc32(view[:header.size - 4])) != header.crc:
+        raise CorruptLogError(f"replicated entry at offset {header.base_offset}: CRC mismatch")
+    return header
 
 
 class BucketReplication:
@@ -107,32 +120,6 @@ class BucketReplication:
                                    f"{target} failed ({exc!r}); the bucket is reopened to replay it",
                                    dir=self.bucket.spec.dir) from exc
         return target
-
-    def apply_prepared(self, prepared: PreparedWrite, from_offset: int, next_offset: int) -> int:
-        """Apply the records ``from_offset`` … ``next_offset - 1`` from ``prepared``, their write built ahead
-        (``KvStore.prepare_records``: the rows :meth:`advance_high_watermark` would write), and move the high
-        watermark there; returns it. The records must be in the log already, committed (a rebuild's tail,
-        fetched from the leader as a reader does and prepared while the snapshot downloaded), and RocksDB applied
-        up to ``from_offset`` exactly: else InvalidRequestError, nothing done. Only a replicated store."""
-        self._require_replicated("apply_prepared")
-        with self.bucket.files.use() as (changelog, kv), self.bucket.write_lock:
-            self.bucket.files.check_writable()
-            self._settle()
-            if kv.applied_offset != from_offset or next_offset > changelog.end_offset:
-                raise InvalidRequestError(f"bucket {self.bucket.spec.dir}: records {from_offset} to {next_offset} "
-                                          f"cannot be applied: RocksDB is applied up to {kv.applied_offset}, the "
-                                          f"log ends at {changelog.end_offset}", offset=from_offset,
-                                          applied_offset=kv.applied_offset)
-            self._hw = self.bucket.files.replay_limit = max(self._hw, next_offset)  # a reopen replays up to it
-            try:
-                kv.commit(prepared, next_offset)
-            except BaseException as exc:
-                self._fail(exc)
-                raise BucketStoreError(f"bucket {self.bucket.spec.dir}: applying the records {from_offset} to "
-                                       f"{next_offset} failed ({exc!r}); the bucket is reopened to replay them",
-                                       dir=self.bucket.spec.dir) from exc
-            self.bucket.buffer.invalidate()
-            return self._hw
 
     def _remember(self, hw: int) -> None:
         """The files cannot open (a full disk, say) while the high watermark moves to ``hw``: the entries it
@@ -225,13 +212,11 @@ class BucketReplication:
             self.bucket.epoch_file.truncated(end)
             return end
 
-    def install_snapshot(self, checkpoint_dir: str, log_offset: int, writers: tuple[tuple[int, ...], ...] = (),
-                         synced: bool = False, tail_log: snapshot_install.StagedLog | None = None) -> None:
+    def install_snapshot(self, checkpoint_dir: str, log_offset: int,
+                         writers: tuple[tuple[int, ...], ...] = (), synced: bool = False) -> None:
         """Replace this replica's RocksDB by the snapshot checkpoint in ``checkpoint_dir`` (moved away)
-        and its changelog by an empty one starting at ``log_offset``, the snapshot's (or by ``tail_log``, staged
-        from there with entries its leader committed: ``tablet/replication/tail_stage.py``); the epoch cache
-        starts empty (or with the staged entries' epochs), the writers' sequences from ``writers`` (the
-        manifest's batches, then the log). Durable and crash-safe
+        and its changelog by an empty one starting at ``log_offset``, the snapshot's; the epoch cache
+        starts empty, the writers' sequences from ``writers`` (the manifest's batches). Durable and crash-safe
         (``tablet/store/snapshot_install.py``; ``synced``: the checkpoint's files are fsynced already).
         InvalidSnapshotError if the checkpoint's applied offset is not ``log_offset``; BucketStoreError if
         the files are in use now (a scan's snapshot): nothing changed then. Only a replicated store."""
@@ -241,7 +226,7 @@ class BucketReplication:
             self._settle()
             fsync = self.bucket.files.settings.fsync
             self.bucket.files.replace(lambda: snapshot_install.install(self.bucket.spec.dir, checkpoint_dir, log_offset, fsync,
-                                                                writers, synced, tail_log))
+                                                                writers, synced))
             self._hw = log_offset
             self.bucket.files.replay_limit = log_offset
             self.bucket.epoch_file.clear()

@@ -67,9 +67,8 @@ from kvlease.tablet.log.epoch_file import EpochFile
 from kvlease.tablet.log.epochs import EpochCache, EpochEnd, Truncation
 from kvlease.tablet.log.writer_sequences import DEFAULT_WRITER_EXPIRATION_MS, WriterSequences, load_seed
 from kvlease.tablet.store.kvstore import (APPLIED_KEY, META_CF, BucketStoreError, KvSnapshot, KvStore,
-                                          PreparedWrite, checkpoint_log_offset)
+                                          checkpoint_log_offset)
 from kvlease.tablet.store.prewrite_buffer import PrewriteBuffer
-from kvlease.tablet.store.snapshot_install import StagedLog
 
 __all__ = ["APPLIED_KEY", "META_CF", "BucketStore", "BucketStoreError", "KvSnapshot", "checkpoint_log_offset"]
 
@@ -349,18 +348,14 @@ class BucketStore:
     def append_replicated(self, entries: list[bytes]) -> int:
         return self.replication.append_replicated(entries)
 
-    @documented_by(BucketReplication.apply_prepared)
-    def apply_prepared(self, prepared: PreparedWrite, from_offset: int, next_offset: int) -> int:
-        return self.replication.apply_prepared(prepared, from_offset, next_offset)
-
     @documented_by(BucketReplication.truncate_to)
     def truncate_to(self, offset: int) -> int:
         return self.replication.truncate_to(offset)
 
     @documented_by(BucketReplication.install_snapshot)
-    def install_snapshot(self, checkpoint_dir: str, log_offset: int, writers: tuple[tuple[int, ...], ...] = (),
-                         synced: bool = False, tail_log: StagedLog | None = None) -> None:
-        self.replication.install_snapshot(checkpoint_dir, log_offset, writers, synced, tail_log)
+    def install_snapshot(self, checkpoint_dir: str, log_offset: int,
+                         writers: tuple[tuple[int, ...], ...] = (), synced: bool = False) -> None:
+        self.replication.install_snapshot(checkpoint_dir, log_offset, writers, synced)
 
     @documented_by(BucketReplication.rebase_kv)
     def rebase_kv(self, checkpoint_dir: str, log_offset: int) -> None:

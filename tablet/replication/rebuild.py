@@ -60,24 +60,17 @@ from kvlease.tablet.replication import snapshot_download
 from kvlease.tablet.replication.tail_prefetch import TailPrefetch
 from kvlease.tablet.replication.throttle import Throttle
 from kvlease.tablet.replication.worker import ReplicaWorker
-from kvlease.tablet.replication import tail_stage
-from kvlease.tablet.replication.tail_stage import StagedTail
 from kvlease.tablet.store.kvstore import BucketInUseError
 
 log = logging.getLogger(__name__)
 
 DOWNLOAD_DIR = "rebuild-download"  # inside the bucket's directory: the install moves it (same file system)
-TAIL_DIR = "rebuild-tail"  # inside the bucket's directory: the staged tail's changelog (the install moves it)
-#: A prefetched tail this big or more is staged during the download (tablet/replication/tail_stage.py); a smaller
-#: one is appended and applied after the install.
-TAIL_STAGE_MIN_BYTES = 256 << 10
 RETRY_S = 5.0
 INSTALL_WAIT_S = 5.0  # an install waits this long for the replica's files to be free (then tried again later)
 INSTALL_RETRY_S = 0.05
 LISTING_S = 1.0  # a table's kept snapshots are listed again after this long
 LEASE_MS = 600_000  # the download's snapshot lease; renewed when half of it passed
 TAIL_MAX_BYTES = 256 << 20  # the changelog tail fetched during a download, at most (the fetcher gets the rest)
-TAIL_CALL_BYTES = 16 << 20  # the tail fetched per call at least (fewer round trips than the fetcher's max bytes)
 
 # why a replica is rebuilt (the module docstring)
 BEHIND, FRESH, DAMAGED, DIVERGED = "behind", "fresh", "damaged", "diverged"
@@ -96,14 +89,12 @@ class Rebuilder(ReplicaWorker):
 
     def __init__(self, storage: RemoteStorage, admin, stop: threading.Event, *, server_id: int = 0,
                  max_bytes_per_s: int = 0, io_threads: int = 8, monotonic=time.monotonic, channels=None,
-                 tail_fetch_bytes: int = 4 << 20, tail_stage_min_bytes: int | None = None) -> None:
+                 tail_fetch_bytes: int = 4 << 20) -> None:
         """``admin``: a ``client.admin.AdminClient`` (``list_kv_snapshots``, the lease calls);
         ``max_bytes_per_s``: ``replica.rebuild.max-bytes-per-s`` (0: unlimited); ``channels``: the
         fetchers' (``client.transport.Channels``), to fetch the changelog tail while the snapshot downloads
-        (``tablet/replication/tail_prefetch.py``, ``tail_fetch_bytes`` a call at least; None: the fetcher fetches
-        it after the install); once the prefetched tail holds ``tail_stage_min_bytes`` (default
-        :data:`TAIL_STAGE_MIN_BYTES`) it is staged as it arrives (``tablet/replication/tail_stage.py``: its changelog
-        written, its records' RocksDB writes prepared), installed with the snapshot, its writes committed."""
+        (``tablet/replication/tail_prefetch.py``, ``tail_fetch_bytes`` a call; None: the fetcher fetches it
+        after the install)."""
         super().__init__(stop)
         self.storage = storage
         self.admin = admin
@@ -111,7 +102,6 @@ class Rebuilder(ReplicaWorker):
         self.io_threads = io_threads
         self.channels = channels
         self.tail_fetch_bytes = tail_fetch_bytes
-        self.tail_stage_min_bytes = TAIL_STAGE_MIN_BYTES if tail_stage_min_bytes is None else tail_stage_min_bytes
         self._held: list[_Lease] = []  # leases of installed snapshots, released once the bucket is handed back
         self.throttle = Throttle(max_bytes_per_s, stop)
         self._monotonic = monotonic
@@ -125,7 +115,6 @@ class Rebuilder(ReplicaWorker):
         self.rebuilt = 0
         self.bytes_downloaded = 0
         self.tail_records = 0  # changelog records appended from the tails fetched during the downloads
-        self.tail_prepared = 0  # of these, records applied from writes prepared during the downloads
         self._count_lock = threading.Lock()
         self._listings: dict[int, tuple[float, list]] = {}  # table id -> (when, its kept snapshots)
 
@@ -227,99 +216,52 @@ class Rebuilder(ReplicaWorker):
         """Download ``handle`` (its lease acquired and its changelog tail fetched meanwhile), install it,
         append the tail; the offset the replica's log continues from, None if not installed."""
         store = replica.store
-        target, tail_dir = os.path.join(store.dir, DOWNLOAD_DIR), os.path.join(store.dir, TAIL_DIR)
-        for path in (target, tail_dir):
-            shutil.rmtree(path, ignore_errors=True)
+        target = os.path.join(store.dir, DOWNLOAD_DIR)
+        shutil.rmtree(target, ignore_errors=True)
         started = time.monotonic()
         lease = _Lease(self.admin, lease_id(self.server_id, handle.bucket), handle, self._monotonic)
         # the lease is asked for while the files download: a file the coordinator deletes before it is held fails
         # its download or its check (the snapshot is skipped, as when the lease says it is gone)
         acquiring = _on_a_thread(lease.acquire, "rebuild-lease")
-        stager = tail_stage.TailStager(tail_dir, handle.log_offset, segment_bytes=store.files.settings.segment_bytes,
-                                       fsync=store.files.settings.fsync, min_bytes=self.tail_stage_min_bytes)
-        tail = self._prefetch(replica, handle, stager)
+        tail = self._prefetch(replica, handle)
         installed = False
         try:
-            try:
-                manifest, entries, hw, staged = self._download(replica, handle, target, lease, acquiring, tail, stager)
-                installed = self._install_when_free(replica, target, manifest, synced=store.files.settings.fsync,
-                                                    staged=staged)
-            finally:
-                shutil.rmtree(target, ignore_errors=True)
-                futures.wait([acquiring])
-                if installed:
-                    self._held.append(lease)
-                else:
-                    lease.release()
-            if not installed:
-                return None
-            end = self._finish_tail(replica, manifest.log_offset, entries, hw, staged)
+            manifest = snapshot_download.download(
+                self.storage, handle, target, throttle=self.throttle, stop=self._stop,
+                on_file=lambda n: (self._count(n), lease.renew_if_due()), io_threads=self.io_threads,
+                durable=store.files.settings.fsync)
+            acquiring.result()
+            size = sum(f.size for f in manifest.files)
+            installed = self._install_when_free(replica, target, manifest, synced=store.files.settings.fsync)
         finally:
-            shutil.rmtree(tail_dir, ignore_errors=True)
+            entries, hw = tail.finish() if tail is not None else ([], 0)
+            shutil.rmtree(target, ignore_errors=True)
+            futures.wait([acquiring])
+            if installed:
+                self._held.append(lease)
+            else:
+                lease.release()
+        if not installed:
+            return None
+        end = self._append_tail(replica, manifest.log_offset, entries)
+        with self._count_lock:  # counted before the tail can be applied: rebuilt, then caught up
+            self.rebuilt += 1
+            self.tail_records += end - manifest.log_offset
+        if end > manifest.log_offset:
+            self.on_tail(replica, min(hw, end))
         log.info("%s (%s) rebuilt from snapshot %d: %d bytes in %.1fs; its log continues from offset %d "
-                 "(%d tail records fetched during the download)", replica.tb, why, handle.snapshot_id,
-                 sum(f.size for f in manifest.files), time.monotonic() - started, end, end - manifest.log_offset)
+                 "(%d tail records fetched during the download)", replica.tb, why, handle.snapshot_id, size,
+                 time.monotonic() - started, end, end - manifest.log_offset)
         return manifest.log_offset
 
-    def _download(self, replica, handle: SnapshotHandle, target: str, lease: "_Lease", acquiring: futures.Future,
-                  tail: TailPrefetch | None, stager: tail_stage.TailStager) -> tuple:
-        """Download ``handle`` into ``target`` while ``tail`` is fetched and staged, then require the lease;
-        ``(manifest, tail entries, the leader's HW they end at or below, the staged tail or None)``."""
-        try:
-            try:
-                manifest = snapshot_download.download(
-                    self.storage, handle, target, throttle=self.throttle, stop=self._stop,
-                    on_file=lambda n: (self._count(n), lease.renew_if_due()), io_threads=self.io_threads,
-                    durable=replica.store.files.settings.fsync)
-                acquiring.result()
-            finally:
-                entries, hw = tail.finish() if tail is not None else ([], 0)
-        finally:
-            staged = stager.finish()  # waits for the stager's thread whatever happened
-        return manifest, entries, hw, staged
-
-    def _prefetch(self, replica, handle: SnapshotHandle, stager: tail_stage.TailStager) -> TailPrefetch | None:
-        """The tail fetch of ``replica`` from ``handle``'s offset, started (each answer handed to ``stager``);
-        None without channels or leader."""
+    def _prefetch(self, replica, handle: SnapshotHandle) -> TailPrefetch | None:
+        """The tail fetch of ``replica`` from ``handle``'s offset, started; None without channels or leader."""
         address = replica.role.leader_address if getattr(replica, "role", None) is not None else ""
         if self.channels is None or not address:
             return None
         return TailPrefetch(self.channels, address, replica.table.table_id, replica.tb.bucket,
-                            replica.table.partition_id, handle.log_offset,
-                            max_bytes=max(self.tail_fetch_bytes, TAIL_CALL_BYTES), max_total_bytes=TAIL_MAX_BYTES,
-                            stop=self._stop, on_entries=stager.add).start()
-
-    def _finish_tail(self, replica, log_offset: int, entries: list[bytes], hw: int, staged: StagedTail | None) -> int:
-        """After the install (with ``staged``'s changelog, if any): append the prefetched ``entries`` it does not
-        hold, count the replica rebuilt, commit ``staged``'s prepared writes and hand the rest to the applier; the log
-        end."""
-        start, rest = (staged.next_offset, entries[staged.count:]) if staged is not None else (log_offset, entries)
-        end = self._append_tail(replica, start, rest)
-        with self._count_lock:  # counted before the tail can be applied: rebuilt, then caught up
-            self.rebuilt += 1
-            self.tail_records += end - log_offset
-        for write in staged.writes if staged is not None else ():
-            if not self._apply_staged(replica, write):
-                break  # the later writes need this one's records first: the applier applies them from the log
-        if end > log_offset:
-            self.on_tail(replica, min(hw, end))  # what the staged writes did not hold, if anything
-        return end
-
-    def _apply_staged(self, replica, write: tail_stage.PreparedRecords) -> bool:
-        """Apply the records of ``write`` (prepared during the download) to the installed replica; whether they
-        were. A failure is logged (the applier applies them then, from the log)."""
-        with replica.fetch_lock:
-            if replica.closed or replica.leads:
-                return False
-            try:
-                replica.store.apply_prepared(write.write, write.from_offset, write.next_offset)
-            except Exception as exc:  # noqa: BLE001 - applied from the log instead
-                log.warning("%s: the changelog tail %d to %d prepared during the download was not applied (it is "
-                            "applied from the log): %s", replica.tb, write.from_offset, write.next_offset, exc)
-                return False
-        with self._count_lock:
-            self.tail_prepared += write.next_offset - write.from_offset
-        return True
+                            replica.table.partition_id, handle.log_offset, max_bytes=self.tail_fetch_bytes,
+                            max_total_bytes=TAIL_MAX_BYTES, stop=self._stop).start()
 
     def _append_tail(self, replica, log_offset: int, entries: list[bytes]) -> int:
         """Append the prefetched ``entries`` (from ``log_offset`` on) to the installed replica as its
@@ -347,8 +289,7 @@ class Rebuilder(ReplicaWorker):
             except Exception:  # noqa: BLE001 - not this thread's end: the lease expires by itself
                 log.exception("releasing the rebuild's lease %s failed", lease.id)
 
-    def _install_when_free(self, replica, target: str, manifest, synced: bool = False,
-                           staged: StagedTail | None = None) -> bool:
+    def _install_when_free(self, replica, target: str, manifest, synced: bool = False) -> bool:
         """Install the downloaded checkpoint ``target`` as ``replica``'s files, waiting up to
         :data:`INSTALL_WAIT_S` while they are in use (a lookup or a metrics read of the empty replica holds
         them a moment); False if the replica stopped following or the server stops meanwhile. Raises
@@ -360,8 +301,7 @@ class Rebuilder(ReplicaWorker):
                 if replica.closed or replica.leads:
                     return False
                 try:
-                    replica.store.install_snapshot(target, manifest.log_offset, manifest.writers, synced=synced,
-                                                   tail_log=staged.log if staged is not None else None)
+                    replica.store.install_snapshot(target, manifest.log_offset, manifest.writers, synced=synced)
                     return True
                 except BucketInUseError:
                     if self._monotonic() >= deadline:

@@ -17,11 +17,6 @@ which would count toward the high watermark and the ISR before the entries
 are durable here. Committed entries are on every in-sync replica, so
 appending them to the rebuilt replica is what its fetcher would have done.
 
-Each answer's entries are also handed to ``on_entries`` (on the prefetch's
-thread, in log order) as they arrive: a rebuild stages them while the
-download runs (``tablet/replication/tail_stage.py``: the changelog written,
-the records' RocksDB writes prepared).
-
 Bounded: at most ``max_total_bytes`` (the fetcher gets the rest). Best
 effort: an error (the leader moved, its log no longer reaches the offset,
 the server stops) ends the prefetch with what it holds so far; the fetcher
@@ -32,7 +27,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Callable
 
 import grpc
 
@@ -53,8 +47,7 @@ class TailPrefetch:
     :meth:`finish` (see the module docstring)."""
 
     def __init__(self, channels: Channels, address: str, table_id: int, bucket: int, partition_id: int | None,
-                 from_offset: int, *, max_bytes: int, max_total_bytes: int, stop: threading.Event,
-                 on_entries: Callable[[list[bytes]], None] = lambda entries: None) -> None:
+                 from_offset: int, *, max_bytes: int, max_total_bytes: int, stop: threading.Event) -> None:
         self.channels, self.address = channels, address
         self.table_id, self.bucket, self.partition_id = table_id, bucket, partition_id
         self.next_offset = from_offset
@@ -62,7 +55,6 @@ class TailPrefetch:
         self.entries: list[bytes] = []
         self.bytes = 0
         self.high_watermark = 0  # the leader's, as its last answer said (every entry here ends at or below it)
-        self._on_entries = on_entries
         self._stop = stop
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="rebuild-tail-prefetch")
@@ -106,11 +98,10 @@ class TailPrefetch:
         self.high_watermark = max(self.high_watermark, response.log_end_offset)
         if not response.entries:
             return False
-        entries = list(response.entries)
-        self.entries += entries
-        self.bytes += sum(map(len, entries))
-        self.next_offset = _entry_end(entries[-1])
-        self._on_entries(entries)
+        for entry in response.entries:
+            self.entries.append(entry)
+            self.bytes += len(entry)
+        self.next_offset = _entry_end(response.entries[-1])
         return True
 
 

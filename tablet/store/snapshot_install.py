@@ -32,13 +32,10 @@ import json
 import logging
 import os
 import shutil
-from typing import NamedTuple
 
 from kvlease.common.fsync import fsync_path
 from kvlease.tablet.log import epoch_file
 from kvlease.tablet.log import writer_sequences
-from kvlease.tablet.log import segment_files
-from kvlease.tablet.log.changelog import Changelog
 from kvlease.tablet.log.epochs import EpochCache
 from kvlease.tablet.log.segment_files import segment_path, sync_dir, write_durably
 
@@ -50,49 +47,23 @@ INTENT = "install.json"
 PARTS = ("kv", "log")
 
 
-class StagedLog(NamedTuple):
-    """A changelog staged for an install (begun with :func:`start_log`): its directory, starting at the
-    snapshot's offset and durable, and the leader epochs of its entries (``(epoch, start offset)`` pairs)."""
-
-    dir: str
-    epochs: tuple[tuple[int, int], ...]
-
-
-def start_log(log_dir: str, log_offset: int, *, segment_bytes: int, fsync: bool = True) -> Changelog:
-    """A new, empty changelog in ``log_dir`` (created) starting at ``log_offset``, open to append a leader's
-    entries to (``Changelog.write_raw``, ``sync``, ``publish``: as a follower appends them): what :func:`install`
-    moves in instead of an empty changelog once closed and ``log_dir`` fsynced (a rebuild stages the changelog
-    tail it fetches while the snapshot downloads: ``tablet/replication/tail_stage.py``)."""
-    os.makedirs(log_dir)
-    os.close(os.open(segment_path(log_dir, log_offset), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644))
-    return Changelog(log_dir, segment_bytes=segment_bytes, fsync=fsync)
-
-
 def install(dir: str, checkpoint_dir: str, log_offset: int, fsync: bool = True,
-            writers: tuple[tuple[int, ...], ...] = (), synced: bool = False,
-            tail_log: StagedLog | None = None) -> None:
+            writers: tuple[tuple[int, ...], ...] = (), synced: bool = False) -> None:
     """Replace the bucket files in ``dir`` (closed) by ``checkpoint_dir`` (moved, so on the same file
-    system preferably) and an empty changelog at ``log_offset`` (or ``tail_log``, a durable changelog from
-    ``log_offset`` on, begun with :func:`start_log`, moved, with its epochs); see the module docstring. ``synced``: every
+    system preferably) and an empty changelog at ``log_offset``; see the module docstring. ``synced``: every
     file of ``checkpoint_dir`` and the directory itself are durable already (a download with ``durable``
     fsynced each as it landed): step 1 then fsyncs only what it creates or moves (the directories, the empty
     segment), not the checkpoint's bytes again. OSError as raised; a crash at any point leaves what
     :func:`recover` completes or undoes."""
     if log_offset < 0:
         raise ValueError(f"log_offset must be >= 0, got {log_offset}")
-    if tail_log is not None and _first_base(tail_log.dir) != log_offset:
-        raise ValueError(f"the staged changelog {tail_log.dir} does not start at offset {log_offset}")
     recover(dir, fsync)  # a former install's leftovers first
     staged = os.path.join(dir, STAGED)
     os.makedirs(staged)
     shutil.move(checkpoint_dir, os.path.join(staged, "kv"))
     log_dir = os.path.join(staged, "log")
-    if tail_log is not None:
-        shutil.move(tail_log.dir, log_dir)  # durable already (StagedLog)
-    else:
-        os.makedirs(log_dir)
-        os.close(os.open(segment_path(log_dir, log_offset), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
-                         0o644))
+    os.makedirs(log_dir)
+    os.close(os.open(segment_path(log_dir, log_offset), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644))
     if fsync:
         if synced:
             fsync_path(segment_path(log_dir, log_offset))
@@ -101,14 +72,8 @@ def install(dir: str, checkpoint_dir: str, log_offset: int, fsync: bool = True,
         else:
             sync_tree(staged)
         sync_dir(dir)
-    epochs = tail_log.epochs if tail_log is not None else ()
-    _write_intent(dir, log_offset, writers, fsync, epochs)
-    _roll_forward(dir, log_offset, writers, fsync, epochs)
-
-
-def _first_base(log_dir: str) -> int | None:
-    bases = [int(m.group(1)) for name in os.listdir(log_dir) if (m := segment_files.SEGMENT_NAME.match(name))]
-    return min(bases, default=None)
+    _write_intent(dir, log_offset, writers, fsync)
+    _roll_forward(dir, log_offset, writers, fsync)
 
 
 def recover(dir: str, fsync: bool = True) -> bool:
@@ -123,8 +88,7 @@ def recover(dir: str, fsync: bool = True) -> bool:
         log_offset = int(doc["log_offset"])
         log.warning("bucket %s: finishing the install of a snapshot at log offset %d a crash interrupted",
                     dir, log_offset)
-        _roll_forward(dir, log_offset, tuple(tuple(w) for w in doc.get("writers", ())), fsync,
-                      tuple((int(e), int(s)) for e, s in doc.get("epochs", ())))
+        _roll_forward(dir, log_offset, tuple(tuple(w) for w in doc.get("writers", ())), fsync)
         return True
     for name in (STAGED, OLD):
         path = os.path.join(dir, name)
@@ -134,20 +98,16 @@ def recover(dir: str, fsync: bool = True) -> bool:
     return False
 
 
-def _write_intent(dir: str, log_offset: int, writers: tuple[tuple[int, ...], ...], fsync: bool,
-                  epochs: tuple[tuple[int, int], ...]) -> None:
-    doc = {"log_offset": log_offset, "writers": [list(w) for w in writers]}
-    if epochs:
-        doc["epochs"] = [list(e) for e in epochs]
-    write_durably(os.path.join(dir, INTENT), json.dumps(doc).encode(), fsync)
+def _write_intent(dir: str, log_offset: int, writers: tuple[tuple[int, ...], ...], fsync: bool) -> None:
+    write_durably(os.path.join(dir, INTENT),
+                  json.dumps({"log_offset": log_offset, "writers": [list(w) for w in writers]}).encode(), fsync)
 
 
-def _roll_forward(dir: str, log_offset: int, writers: tuple[tuple[int, ...], ...], fsync: bool,
-                  epochs: tuple[tuple[int, int], ...] = ()) -> None:
+def _roll_forward(dir: str, log_offset: int, writers: tuple[tuple[int, ...], ...], fsync: bool) -> None:
     """Steps 3 and 4 of the module docstring; idempotent."""
     staged, old = os.path.join(dir, STAGED), os.path.join(dir, OLD)
     swap_in(dir, staged, old, PARTS, fsync)
-    epoch_file.save(dir, EpochCache(epochs), fsync)
+    epoch_file.save(dir, EpochCache(), fsync)
     writer_sequences.save_seed(dir, writers, fsync)
     shutil.rmtree(old, ignore_errors=True)
     shutil.rmtree(staged, ignore_errors=True)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import threading
 
@@ -20,7 +19,6 @@ from kvlease.client.transport import Channels
 from kvlease.common.arrow_ipc import batch_to_ipc
 from kvlease.common.proto import tablet_pb2 as pb
 from kvlease.common.proto import tablet_pb2_grpc as pb_grpc
-from kvlease.tablet.replication import rebuild
 from kvlease.tablet.replication.rebuild_progress import progress
 from kvlease.tablet.replication.tail_prefetch import TailPrefetch
 from kvlease.ops.wait import wait_until
@@ -101,41 +99,6 @@ def test_a_follower_behind_the_leaders_log_start_is_rebuilt_from_the_snapshot(cl
         assert store.list_offsets()[0] == handle.log_offset  # its log starts at the snapshot
         assert rows_of(store) == rows_of(leader_store)
         assert len(rows_of(store)) == 239
-        client.upsert([{"id": 1000, "v": "after"}])  # it keeps following
-        wait_until(lambda: store.high_watermark == leader_store.high_watermark, 10, "the follower to apply")
-        assert rows_of(store) == rows_of(leader_store)
-
-
-def test_a_rebuilt_follower_stages_its_tail_during_the_download_and_holds_the_leaders_log_and_rows(
-        cluster, tmp_path, monkeypatch):
-    """The tail fetched during the download, staged as it arrives (tablet/replication/tail_stage.py: its changelog
-    installed with the snapshot, its writes prepared and committed after): updates, deletes and re-inserts of rows in
-    the snapshot and after it end as on the leader, the log and its epochs too."""
-    monkeypatch.setattr(rebuild, "TAIL_STAGE_MIN_BYTES", 0)  # any tail, however small
-    c = cluster
-    table = c.admin.create_table("db.ingest", SCHEMA, ["id"], 1, replication_factor=3, min_insync_replicas=2)
-    with TableClient(c.admin, "db.ingest", retry_total_s=30) as client:
-        wait_in_sync(c, table.table_id)
-        write(client, 0, 100, "a")
-        client.delete([{"id": 5}, {"id": 6}])
-        server_id, leader = lose_follower(c, table.table_id)
-        write(client, 50, 100, "b")
-        handle = snapshot_and_retain(leader, table.table_id)
-        leader_store = leader.replicas.replica(table.table_id, 0).store
-        write(client, 140, 40, "c")  # the tail: updates of snapshot rows, new rows
-        client.delete([{"id": 3}, {"id": 150}, {"id": 9999}])  # in the snapshot, in the tail, nowhere
-        client.upsert([{"id": 5, "v": "back"}, {"id": 3, "v": "again"}])  # deleted in the snapshot, in the tail
-        back, store = come_back_wiped(c, tmp_path, server_id, table.table_id)
-        end = leader_store.high_watermark
-        wait_until(lambda: store.high_watermark >= end, 20, "the rebuilt follower to catch up")
-        rebuilder = back.fetchers.rebuilder
-        assert rebuilder.rebuilt == 1 and 0 < rebuilder.tail_prepared <= rebuilder.tail_records
-        assert rebuilder.tail_prepared <= end - handle.log_offset
-        assert not os.path.exists(os.path.join(store.dir, rebuild.TAIL_DIR))  # installed, nothing left
-        assert rows_of(store) == rows_of(leader_store)
-        assert len(rows_of(store)) == 178  # 0..179, less 6 and 150 (5 and 3 came back)
-        assert store.list_offsets()[0] == handle.log_offset and store.last_epoch == leader_store.last_epoch
-        assert store.fetch_log(handle.log_offset, 1 << 30)[0] == leader_store.fetch_log(handle.log_offset, 1 << 30)[0]
         client.upsert([{"id": 1000, "v": "after"}])  # it keeps following
         wait_until(lambda: store.high_watermark == leader_store.high_watermark, 10, "the follower to apply")
         assert rows_of(store) == rows_of(leader_store)

@@ -169,7 +169,7 @@ class _InUseStore:
     def __init__(self, busy: int) -> None:
         self.busy, self.installs = busy, []
 
-    def install_snapshot(self, target, log_offset, writers, synced=False, tail_log=None) -> None:
+    def install_snapshot(self, target, log_offset, writers, synced=False) -> None:
         self.installs.append(log_offset)
         if len(self.installs) <= self.busy:
             raise BucketInUseError("bucket /x is in use: its files cannot be replaced now")

@@ -11,8 +11,7 @@ from typing import Iterator
 
 import pytest
 
-from kvlease.common.errors import InvalidRequestError, InvalidSnapshotError
-from kvlease.common.logentry import checked_header
+from kvlease.common.errors import InvalidSnapshotError
 from kvlease.tablet.store import snapshot_install
 from tests.tablet.bucket.test_bucket import bucket_dir, keys, rows, state  # noqa: F401
 from tests.tablet.bucket.test_bucket_replicated import open_store, replicate
@@ -146,44 +145,3 @@ def test_a_checkpoint_already_durable_is_not_fsynced_again_but_what_the_install_
         with open_store(bucket_dir) as follower:
             assert follower.list_offsets() == (6, 6) and follower.applied_offset == 6
             assert state(follower) == {1: (1, "A", 1.5), 3: (3, "c", 3.0)}
-
-
-@pytest.mark.parametrize("crash_at", [None, "save"])
-def test_a_staged_changelog_is_installed_with_its_entries_and_their_epochs_also_after_a_crash(
-        bucket_dir, leader_dir, monkeypatch, crash_at):
-    """A rebuild's tail staged while the snapshot downloaded (``start_log``): the install moves it in instead of an
-    empty changelog, with the leader epochs of its entries (kept in the intent: a crash after it rolls forward to
-    the same epochs); the entries are then applied as the fetcher's would be."""
-    leader, checkpoint = leader_with_checkpoint(leader_dir)
-    leader.become_leader(2)
-    leader.write(rows((5, "e", 5.0)), keys(1))  # epoch 2 from offset 9
-    leader.advance_high_watermark(leader.log_end_offset)
-    tail = leader.fetch_log(6, 1 << 30)[0]
-    headers = [checked_header(frame) for frame in tail]
-    with pytest.raises(InvalidRequestError, match="starts at offset"):  # not from the snapshot's offset
-        snapshot_install.start_log(os.path.join(leader_dir, "bad"), 7, segment_bytes=300).write_raw(tail, headers)
-    changelog = snapshot_install.start_log(os.path.join(leader_dir, "staged"), 6, segment_bytes=300)
-    changelog.publish(changelog.write_raw(tail, headers))
-    changelog.close()
-    staged = snapshot_install.StagedLog(os.path.join(leader_dir, "staged"), ((1, 6), (2, 9)))
-    snapshot_install.sync_tree(staged.dir)
-    assert len(os.listdir(staged.dir)) > 2  # rolled: segments of 300 bytes
-    with pytest.raises(ValueError, match="does not start at offset 5"):
-        snapshot_install.install(bucket_dir, checkpoint, 5, tail_log=staged)
-    follower = stale_follower(bucket_dir)
-    if crash_at:
-        _plant_crash(monkeypatch, crash_at)
-        with pytest.raises(OSError, match="crash"):
-            follower.install_snapshot(checkpoint, 6, tail_log=staged)
-        monkeypatch.undo()
-        follower.close()
-        follower = open_store(bucket_dir)  # the restart finishes the install
-    else:
-        follower.install_snapshot(checkpoint, 6, tail_log=staged)
-    with leader, follower:
-        assert follower.list_offsets()[0] == 6 and follower.log_end_offset == leader.log_end_offset
-        assert follower.applied_offset == 6 == follower.high_watermark
-        assert [(e.epoch, e.start_offset) for e in follower.epochs.entries] == [(1, 6), (2, 9)]
-        assert follower.fetch_log(6, 1 << 30, committed=False)[0] == tail  # byte for byte
-        follower.advance_high_watermark(leader.high_watermark)
-        assert state(follower) == state(leader)
