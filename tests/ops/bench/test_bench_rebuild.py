@@ -100,6 +100,7 @@ def test_the_isr_is_asked_for_only_once_the_snapshot_is_installed(tmp_path, monk
     monkeypatch.setattr(bench_rebuild, "start_follower", lambda config: server)
     monkeypatch.setattr(bench_rebuild, "applied_offset", applied)
     monkeypatch.setattr(bench_rebuild, "bucket_state", state)
-    _server, marks = bench_rebuild.rebuild_once({bench_rebuild.cfg.TABLET_DATA_DIR: str(tmp_path / "gone")}, None, 7, 100)
+    config = {bench_rebuild.cfg.TABLET_DATA_DIR: str(tmp_path / "gone")}
+    _server, marks = bench_rebuild.rebuild_once(config, None, 7, 100)
     assert asked and all(asked)  # never before the install
     assert marks["started_s"] <= marks["installed_s"] <= marks["in_isr_s"] == marks["total_s"]

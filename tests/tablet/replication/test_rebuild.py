@@ -104,7 +104,8 @@ def test_a_follower_behind_the_leaders_log_start_is_rebuilt_from_the_snapshot(cl
         assert rows_of(store) == rows_of(leader_store)
 
 
-def test_a_rebuilt_follower_applies_its_tail_from_a_prepared_write_and_holds_the_leaders_log_and_rows(cluster, tmp_path):
+def test_a_rebuilt_follower_applies_its_tail_from_a_prepared_write_and_holds_the_leaders_log_and_rows(
+        cluster, tmp_path):
     """The tail fetched during the download, appended after the install while its RocksDB write is prepared on
     another thread (``KvStore.prepare_records``), then applied from that write: updates, deletes and re-inserts of
     rows in the snapshot and after it end as on the leader, the log and its epochs too."""

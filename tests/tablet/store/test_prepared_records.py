@@ -14,9 +14,8 @@ import pyarrow as pa
 import pytest
 
 from kvlease.common.errors import InvalidRequestError
-from kvlease.tablet.store.kvstore import BucketStoreError
 from kvlease.common.logentry import ChangeType, decode_entry, encode_payload, frame_header, read_header, record_batch
-from kvlease.tablet.store.kvstore import KvStore
+from kvlease.tablet.store.kvstore import BucketStoreError, KvStore
 from tests.tablet.bucket.test_bucket import bucket_dir, keys, rows  # noqa: F401
 from tests.tablet.bucket.test_bucket_replicated import open_store
 from tests.tablet.store.test_snapshot_install import leader_dir  # noqa: F401
@@ -93,8 +92,8 @@ def test_a_put_without_a_value_is_refused_as_the_apply_refuses_it(tmp_path):
 
 def test_a_rebuilt_replica_applying_its_prepared_tail_holds_the_leaders_rows_across_the_snapshot_boundary(
         bucket_dir, leader_dir):  # noqa: F811
-    """Updates, deletes and re-inserts of keys in the snapshot and after it; part of the tail from a prepared write, the rest
-    applied from the log as the fetcher would; then the follower keeps following."""
+    """Updates, deletes and re-inserts of keys in the snapshot and after it; part of the tail from a prepared write,
+    the rest applied from the log as the fetcher would; then the follower keeps following."""
     leader = open_store(leader_dir)
     leader.become_leader(1)
     leader.write(rows(*[(i, f"a{i}", float(i)) for i in range(50)]))
