@@ -29,9 +29,11 @@ the installed bucket is back with its fetcher), installs it as the
 bucket's files (``BucketStore.install_snapshot``: RocksDB := the snapshot,
 the changelog empty at its ``log_offset``, the idempotent writers of the
 manifest), appends the changelog tail fetched from the leader while the
-files downloaded (``tablet/replication/tail_prefetch.py``) and hands the
-bucket back: the fetcher fetches from there on, its applier applies the
-tail, and the leader adds it to the ISR once caught up. With no snapshot at all (fresh,
+files downloaded (``tablet/replication/tail_prefetch.py``), applies it from
+a RocksDB write prepared while it was appended (``KvStore.prepare_records``:
+the follower's own apply, built from the entries in memory) and hands the
+bucket back: the fetcher fetches from there on (its applier applies what is
+left, if anything), and the leader adds it to the ISR once caught up. With no snapshot at all (fresh,
 damaged or diverged, while the leader's log starts at 0) the replica starts
 empty and fetches the whole log.
 
