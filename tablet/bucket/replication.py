@@ -37,7 +37,7 @@ from kvlease.tablet.log.changelog import Changelog
 from kvlease.tablet.log.epoch_file import EpochFile
 from kvlease.tablet.log.epochs import EpochCache, EpochEnd, Truncation
 from kvlease.tablet.store import kv_rebase, snapshot_install
-from kvlease.tablet.store.kvstore import BucketStoreError, KvStore, PreparedWrite, checkpoint_log_offset
+from kvlease.tablet.store.kvstore import BucketStoreError, KvStore, checkpoint_log_offset
 from kvlease.tablet.store.prewrite_buffer import READ_BYTES
 
 
@@ -120,32 +120,6 @@ class BucketReplication:
                                    f"{target} failed ({exc!r}); the bucket is reopened to replay it",
                                    dir=self.bucket.spec.dir) from exc
         return target
-
-    def apply_prepared(self, prepared: PreparedWrite, from_offset: int, next_offset: int) -> int:
-        """Apply the records ``from_offset`` … ``next_offset - 1`` from ``prepared``, their write built ahead
-        (``KvStore.prepare_records``: the rows :meth:`advance_high_watermark` would write), and move the high
-        watermark there; returns it. The records must be in the log already, committed (a rebuild's tail,
-        fetched from the leader as a reader does, prepared while it was appended), and RocksDB applied
-        up to ``from_offset`` exactly: else InvalidRequestError, nothing done. Only a replicated store."""
-        self._require_replicated("apply_prepared")
-        with self.bucket.files.use() as (changelog, kv), self.bucket.write_lock:
-            self.bucket.files.check_writable()
-            self._settle()
-            if kv.applied_offset != from_offset or next_offset > changelog.end_offset:
-                raise InvalidRequestError(f"bucket {self.bucket.spec.dir}: records {from_offset} to {next_offset} "
-                                          f"cannot be applied: RocksDB is applied up to {kv.applied_offset}, the "
-                                          f"log ends at {changelog.end_offset}", offset=from_offset,
-                                          applied_offset=kv.applied_offset)
-            self._hw = self.bucket.files.replay_limit = max(self._hw, next_offset)  # a reopen replays up to it
-            try:
-                kv.commit(prepared, next_offset)
-            except BaseException as exc:
-                self._fail(exc)
-                raise BucketStoreError(f"bucket {self.bucket.spec.dir}: applying the records {from_offset} to "
-                                       f"{next_offset} failed ({exc!r}); the bucket is reopened to replay them",
-                                       dir=self.bucket.spec.dir) from exc
-            self.bucket.buffer.invalidate()
-            return self._hw
 
     def _remember(self, hw: int) -> None:
         """The files cannot open (a full disk, say) while the high watermark moves to ``hw``: the entries it

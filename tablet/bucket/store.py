@@ -67,7 +67,7 @@ from kvlease.tablet.log.epoch_file import EpochFile
 from kvlease.tablet.log.epochs import EpochCache, EpochEnd, Truncation
 from kvlease.tablet.log.writer_sequences import DEFAULT_WRITER_EXPIRATION_MS, WriterSequences, load_seed
 from kvlease.tablet.store.kvstore import (APPLIED_KEY, META_CF, BucketStoreError, KvSnapshot, KvStore,
-                                          PreparedWrite, checkpoint_log_offset)
+                                          checkpoint_log_offset)
 from kvlease.tablet.store.prewrite_buffer import PrewriteBuffer
 
 __all__ = ["APPLIED_KEY", "META_CF", "BucketStore", "BucketStoreError", "KvSnapshot", "checkpoint_log_offset"]
@@ -347,10 +347,6 @@ class BucketStore:
     @documented_by(BucketReplication.append_replicated)
     def append_replicated(self, entries: list[bytes]) -> int:
         return self.replication.append_replicated(entries)
-
-    @documented_by(BucketReplication.apply_prepared)
-    def apply_prepared(self, prepared: PreparedWrite, from_offset: int, next_offset: int) -> int:
-        return self.replication.apply_prepared(prepared, from_offset, next_offset)
 
     @documented_by(BucketReplication.truncate_to)
     def truncate_to(self, offset: int) -> int:

@@ -29,11 +29,9 @@ the installed bucket is back with its fetcher), installs it as the
 bucket's files (``BucketStore.install_snapshot``: RocksDB := the snapshot,
 the changelog empty at its ``log_offset``, the idempotent writers of the
 manifest), appends the changelog tail fetched from the leader while the
-files downloaded (``tablet/replication/tail_prefetch.py``), applies it from
-a RocksDB write prepared while it was appended (``KvStore.prepare_records``:
-the follower's own apply, built from the entries in memory) and hands the
-bucket back: the fetcher fetches from there on (its applier applies what is
-left, if anything), and the leader adds it to the ISR once caught up. With no snapshot at all (fresh,
+files downloaded (``tablet/replication/tail_prefetch.py``) and hands the
+bucket back: the fetcher fetches from there on, its applier applies the
+tail, and the leader adds it to the ISR once caught up. With no snapshot at all (fresh,
 damaged or diverged, while the leader's log starts at 0) the replica starts
 empty and fetches the whole log.
 
@@ -56,14 +54,13 @@ from concurrent import futures
 from typing import Callable
 
 from kvlease.common import errors
-from kvlease.common.logentry import decode_entry
 from kvlease.common.model import SnapshotHandle, TableBucket
 from kvlease.common.storage import RemoteStorage
 from kvlease.tablet.replication import snapshot_download
 from kvlease.tablet.replication.tail_prefetch import TailPrefetch
 from kvlease.tablet.replication.throttle import Throttle
 from kvlease.tablet.replication.worker import ReplicaWorker
-from kvlease.tablet.store.kvstore import BucketInUseError, KvStore
+from kvlease.tablet.store.kvstore import BucketInUseError
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +115,6 @@ class Rebuilder(ReplicaWorker):
         self.rebuilt = 0
         self.bytes_downloaded = 0
         self.tail_records = 0  # changelog records appended from the tails fetched during the downloads
-        self.tail_prepared = 0  # of these, records applied from a write prepared while they were appended
         self._count_lock = threading.Lock()
         self._listings: dict[int, tuple[float, list]] = {}  # table id -> (when, its kept snapshots)
 
@@ -247,47 +243,16 @@ class Rebuilder(ReplicaWorker):
                 lease.release()
         if not installed:
             return None
-        end = self._finish_tail(replica, manifest.log_offset, entries, hw)
+        end = self._append_tail(replica, manifest.log_offset, entries)
+        with self._count_lock:  # counted before the tail can be applied: rebuilt, then caught up
+            self.rebuilt += 1
+            self.tail_records += end - manifest.log_offset
+        if end > manifest.log_offset:
+            self.on_tail(replica, min(hw, end))
         log.info("%s (%s) rebuilt from snapshot %d: %d bytes in %.1fs; its log continues from offset %d "
                  "(%d tail records fetched during the download)", replica.tb, why, handle.snapshot_id, size,
                  time.monotonic() - started, end, end - manifest.log_offset)
         return manifest.log_offset
-
-    def _finish_tail(self, replica, log_offset: int, entries: list[bytes], hw: int) -> int:
-        """Append the prefetched ``entries`` (from ``log_offset`` on) to the installed replica while their RocksDB
-        write is prepared on another thread (``KvStore.prepare_records``: the append waits on its fsync, the
-        prepare on the CPU), count the replica rebuilt, then apply them with that write; the log end. What is not
-        applied so (a write that could not be prepared, a failure) is left to the applier, from the log."""
-        preparing = _on_a_thread(lambda: _prepare(entries, log_offset), "rebuild-tail-prepare") if entries else None
-        end = self._append_tail(replica, log_offset, entries)
-        with self._count_lock:  # counted before the tail can be applied: rebuilt, then caught up
-            self.rebuilt += 1
-            self.tail_records += end - log_offset
-        try:
-            prepared = preparing.result() if preparing is not None else None
-        except Exception as exc:  # noqa: BLE001 - a put without a value, a damaged entry: the applier says so
-            log.info("%s: the tail's write was not prepared (it is applied from the log): %s", replica.tb, exc)
-            prepared = None
-        if prepared is not None and prepared[0] == end:
-            self._apply_prepared(replica, prepared[1], log_offset, end)
-        if end > log_offset:
-            self.on_tail(replica, min(hw, end))  # what is not applied yet, if anything
-        return end
-
-    def _apply_prepared(self, replica, write, from_offset: int, next_offset: int) -> None:
-        """Apply the records ``from_offset`` … ``next_offset - 1`` from their prepared ``write``; a failure is
-        logged (the applier applies them then, from the log)."""
-        with replica.fetch_lock:
-            if replica.closed or replica.leads:
-                return
-            try:
-                replica.store.apply_prepared(write, from_offset, next_offset)
-            except Exception as exc:  # noqa: BLE001 - applied from the log instead
-                log.warning("%s: the changelog tail %d to %d was not applied from its prepared write (it is applied "
-                            "from the log): %s", replica.tb, from_offset, next_offset, exc)
-                return
-        with self._count_lock:
-            self.tail_prepared += next_offset - from_offset
 
     def _prefetch(self, replica, handle: SnapshotHandle) -> TailPrefetch | None:
         """The tail fetch of ``replica`` from ``handle``'s offset, started; None without channels or leader."""
@@ -382,19 +347,6 @@ class _Lease:
         except errors.KvLeaseError as exc:
             log.warning("could not release the rebuild's lease %s (it expires in %ds): %s", self.id,
                         LEASE_MS // 1000, exc)
-
-
-def _prepare(entries: list[bytes], log_offset: int) -> tuple[int, object] | None:
-    """``(the offset after them, their RocksDB write)`` for framed ``entries`` running on from ``log_offset``
-    (each checked and decoded: CorruptLogError), or None if they do not (the append refuses them too)."""
-    records, expected = [], log_offset
-    for frame in entries:
-        entry = decode_entry(frame)
-        if entry.base_offset != expected:
-            return None
-        records.append(entry.records)
-        expected = entry.next_offset
-    return expected, KvStore.prepare_records(records, "the rebuild's changelog tail")
 
 
 def _on_a_thread(fn: Callable[[], object], name: str) -> futures.Future:

@@ -32,7 +32,7 @@ from rocksdict import (AccessType, BlockBasedOptions, Checkpoint, DBCompressionT
 from kvlease.common.errors import KvLeaseError, show
 from kvlease.common.kvsnapshot import scan_read_options
 from kvlease.common.logentry import ChangeType
-from kvlease.tablet.store.key_ranges import KeyRanges, key_range
+from kvlease.tablet.store.key_ranges import KeyRanges
 from kvlease.tablet.store.memtable_filter import MemtableFilterPolicy
 
 log = logging.getLogger(__name__)
@@ -289,22 +289,25 @@ class KvStore:
         batch = WriteBatch(raw_mode=True)
         for entry in records:
             self._ranges.add_keys(entry.column(1))
-            _add_records(batch, entry, self.path)
+            types = entry.column(0).to_numpy(zero_copy_only=False)
+            puts = np.isin(types, _PUT_TYPES)
+            acts = puts | (types == _DELETE)
+            if not acts.all():  # -U records change nothing: left out before their keys and values are converted
+                entry, types, puts = entry.filter(pa.array(acts)), types[acts], puts[acts]
+            keys, values = entry.column(1).to_pylist(), entry.column(2)
+            if values.null_count and (bad := puts & values.is_null().to_numpy(zero_copy_only=False)).any():
+                i = int(bad.argmax())
+                raise BucketStoreError(f"{self.path}: changelog record {ChangeType(int(types[i]))} of key "
+                                       f"{show(keys[i])} has no value")
+            if puts.all():  # inserts and updates only: one pass, no per-record branch
+                collections.deque(map(batch.put, keys, values.to_pylist()), maxlen=0)
+                continue
+            for put, key, value in zip(puts.tolist(), keys, values.to_pylist()):
+                if put:
+                    batch.put(key, value)
+                else:
+                    batch.delete(key)
         self._commit(batch, next_offset)
-
-    @staticmethod
-    def prepare_records(records: list[pa.RecordBatch], where: str = "") -> PreparedWrite:
-        """:meth:`apply_records`' write of ``records``, built without the store (any thread, as :meth:`prepare`;
-        ``where`` names them in an error): :meth:`commit` gives the rows and offset ``apply_records`` would (its
-        key range: from the lowest to the highest key of the records). A rebuild prepares the changelog tail it
-        fetched during the download while it appends it (``tablet/replication/rebuild.py``)."""
-        batch, low, high = WriteBatch(raw_mode=True), None, None
-        for entry in records:
-            if entry.num_rows:
-                lo, hi = key_range(entry.column(1))
-                low, high = (lo, hi) if low is None else (min(low, lo), max(high, hi))
-            _add_records(batch, entry, where)
-        return PreparedWrite(batch, None if low is None else (low, high))
 
     def _commit(self, batch: WriteBatch, next_offset: int) -> None:
         batch.put(APPLIED_KEY, next_offset.to_bytes(8, "big"), self._meta_handle)
@@ -365,29 +368,6 @@ class KvStore:
         finally:
             self._meta_handle = self._meta = None  # they keep RocksDB open too
             self._db.close()
-
-
-def _add_records(batch: WriteBatch, entry: pa.RecordBatch, where: str) -> None:
-    """Add changelog records to ``batch`` in order: +I/+U put the value, -D deletes, -U nothing. BucketStoreError
-    (naming ``where``) for a put without a value."""
-    types = entry.column(0).to_numpy(zero_copy_only=False)
-    puts = np.isin(types, _PUT_TYPES)
-    acts = puts | (types == _DELETE)
-    if not acts.all():  # -U records change nothing: left out before their keys and values are converted
-        entry, types, puts = entry.filter(pa.array(acts)), types[acts], puts[acts]
-    keys, values = entry.column(1).to_pylist(), entry.column(2)
-    if values.null_count and (bad := puts & values.is_null().to_numpy(zero_copy_only=False)).any():
-        i = int(bad.argmax())
-        raise BucketStoreError(f"{where}: changelog record {ChangeType(int(types[i]))} of key "
-                               f"{show(keys[i])} has no value")
-    if puts.all():  # inserts and updates only: one pass, no per-record branch
-        collections.deque(map(batch.put, keys, values.to_pylist()), maxlen=0)
-        return
-    for put, key, value in zip(puts.tolist(), keys, values.to_pylist()):
-        if put:
-            batch.put(key, value)
-        else:
-            batch.delete(key)
 
 
 def checkpoint_log_offset(checkpoint_dir: str) -> int:

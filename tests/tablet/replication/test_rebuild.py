@@ -104,39 +104,6 @@ def test_a_follower_behind_the_leaders_log_start_is_rebuilt_from_the_snapshot(cl
         assert rows_of(store) == rows_of(leader_store)
 
 
-def test_a_rebuilt_follower_applies_its_tail_from_a_prepared_write_and_holds_the_leaders_log_and_rows(
-        cluster, tmp_path):
-    """The tail fetched during the download, appended after the install while its RocksDB write is prepared on
-    another thread (``KvStore.prepare_records``), then applied from that write: updates, deletes and re-inserts of
-    rows in the snapshot and after it end as on the leader, the log and its epochs too."""
-    c = cluster
-    table = c.admin.create_table("db.prepared", SCHEMA, ["id"], 1, replication_factor=3, min_insync_replicas=2)
-    with TableClient(c.admin, "db.prepared", retry_total_s=30) as client:
-        wait_in_sync(c, table.table_id)
-        write(client, 0, 100, "a")
-        client.delete([{"id": 5}, {"id": 6}])
-        server_id, leader = lose_follower(c, table.table_id)
-        write(client, 50, 100, "b")
-        handle = snapshot_and_retain(leader, table.table_id)
-        leader_store = leader.replicas.replica(table.table_id, 0).store
-        write(client, 140, 40, "c")  # the tail: updates of snapshot rows, new rows
-        client.delete([{"id": 3}, {"id": 150}, {"id": 9999}])  # in the snapshot, in the tail, nowhere
-        client.upsert([{"id": 5, "v": "back"}, {"id": 3, "v": "again"}])  # deleted in the snapshot, in the tail
-        back, store = come_back_wiped(c, tmp_path, server_id, table.table_id)
-        end = leader_store.high_watermark
-        wait_until(lambda: store.high_watermark >= end, 20, "the rebuilt follower to catch up")
-        rebuilder = back.fetchers.rebuilder
-        assert rebuilder.rebuilt == 1 and 0 < rebuilder.tail_prepared <= rebuilder.tail_records
-        assert rebuilder.tail_prepared <= end - handle.log_offset
-        assert rows_of(store) == rows_of(leader_store)
-        assert len(rows_of(store)) == 178  # 0..179, less 6 and 150 (5 and 3 came back)
-        assert store.list_offsets()[0] == handle.log_offset and store.last_epoch == leader_store.last_epoch
-        assert store.fetch_log(handle.log_offset, 1 << 30)[0] == leader_store.fetch_log(handle.log_offset, 1 << 30)[0]
-        client.upsert([{"id": 1000, "v": "after"}])  # it keeps following
-        wait_until(lambda: store.high_watermark == leader_store.high_watermark, 10, "the follower to apply")
-        assert rows_of(store) == rows_of(leader_store)
-
-
 @pytest.mark.parametrize("damage", ["none", "missing", "corrupt"])
 def test_the_oldest_kept_snapshot_is_used_and_a_damaged_one_skipped_for_a_newer(cluster, tmp_path, caplog, damage):
     """The oldest kept snapshot: the rebuilt replica's log then reaches back as far as its leader's (any kept
