@@ -76,3 +76,31 @@ def test_the_paced_writer_keeps_its_rate_and_raises_a_failed_write():
         failing.stop()
     with pytest.raises(ValueError, match="positive"):
         PacedWriter(client, ids=0, rows_per_s=1)
+
+
+def test_the_isr_is_asked_for_only_once_the_snapshot_is_installed(tmp_path, monkeypatch):
+    """The ISR poll is an RPC in the follower's own process: before the install (when the replica cannot be in the
+    ISR) it only took CPU from the download the rebuild is timed with. Fakes for the server and the coordinator."""
+    polls = {"applied": 0}
+    rebuilder = type("Rebuilder", (), {"in_progress": 1, "rebuilt": 0})()
+    server = type("Server", (), {"fetchers": type("F", (), {"rebuilder": rebuilder})(), "stop": lambda self: None})()
+
+    def applied(_server, _table_id):
+        polls["applied"] += 1
+        if polls["applied"] == 30:  # the install, after 30 polls (0.15 s); the tail applied at the next poll
+            rebuilder.rebuilt = 1
+        return 100 if polls["applied"] > 30 else -1
+
+    asked = []
+
+    def state(_admin, _table_id):
+        asked.append(rebuilder.rebuilt)
+        return type("State", (), {"isr": [1, bench_rebuild.FOLLOWER_ID] if len(asked) > 1 else [1]})()
+
+    monkeypatch.setattr(bench_rebuild, "start_follower", lambda config: server)
+    monkeypatch.setattr(bench_rebuild, "applied_offset", applied)
+    monkeypatch.setattr(bench_rebuild, "bucket_state", state)
+    config = {bench_rebuild.cfg.TABLET_DATA_DIR: str(tmp_path / "gone")}
+    _server, marks = bench_rebuild.rebuild_once(config, None, 7, 100)
+    assert asked and all(asked)  # never before the install
+    assert marks["started_s"] <= marks["installed_s"] <= marks["in_isr_s"] == marks["total_s"]
