@@ -5,7 +5,8 @@
 table's size does not change, each write is an update with a changelog
 record pair) in batches of at most :data:`BATCH_ROWS`, spaced so that the
 rows per second stay at ``rows_per_s`` (a batch that takes longer delays the
-next; none is skipped). The block's end stops it; ``written.rows`` and
+next; none is skipped). The block begins once the first batch was
+acknowledged (the load is on when the measuring starts); its end stops it; ``written.rows`` and
 ``written.seconds`` say what it wrote, and a write that failed is raised there.
 """
 
@@ -39,11 +40,20 @@ class PacedWriter:
         self.seconds = 0.0
         self.error: BaseException | None = None
         self._stop = threading.Event()
+        self._first = threading.Event()  # the first batch acknowledged (or failed)
         self._thread = threading.Thread(target=self._run, daemon=True, name="bench-paced-writer")
 
     def start(self) -> "PacedWriter":
         self._thread.start()
         return self
+
+    def wait_first(self, timeout_s: float) -> None:
+        """Wait until the first batch was acknowledged (the load is on); raises the error of a write that failed,
+        or RuntimeError if none was acknowledged within ``timeout_s``."""
+        if not self._first.wait(timeout_s):
+            raise RuntimeError(f"the writer loading the leader wrote nothing within {timeout_s:g}s")
+        if self.error is not None:
+            raise RuntimeError(f"the writer loading the leader failed: {self.error}") from self.error
 
     def stop(self) -> None:
         """Stop after the batch in flight; raises the error of a write that failed."""
@@ -60,12 +70,14 @@ class PacedWriter:
                 ids = np.arange(start, start + self.batch) % self.ids
                 self.client.upsert(make_batch(ids, salt=salt))
                 self.rows += len(ids)
+                self._first.set()
                 start, salt = (start + self.batch) % self.ids, salt + 1
                 due = t0 + self.rows / self.rows_per_s  # when the next batch keeps the rate
                 self._stop.wait(max(0.0, due - time.perf_counter()))
         except BaseException as exc:  # noqa: BLE001 - raised by stop()
             self.error = exc
         finally:
+            self._first.set()
             self.seconds = time.perf_counter() - t0
 
 
@@ -80,7 +92,7 @@ class Written:
 def _writer_main(bootstrap, table: str, ids: int, rows_per_s: int) -> None:
     """The writer's process (``python -m kvlease.ops.bench.paced_writer BOOTSTRAP_JSON TABLE IDS ROWS_PER_S``): a
     client of its own and a :class:`PacedWriter` until a line (or the end) on stdin; one JSON line on stdout
-    says it started, one what it wrote or why it failed."""
+    says it started (its first batch acknowledged), one what it wrote or why it failed."""
     from kvlease.client.admin import AdminClient
     from kvlease.client.table import TableClient
 
@@ -90,6 +102,7 @@ def _writer_main(bootstrap, table: str, ids: int, rows_per_s: int) -> None:
     try:
         with AdminClient(bootstrap, retry_total_s=60) as admin, TableClient(admin, table, retry_total_s=60) as client:
             writer = PacedWriter(client, ids, rows_per_s).start()
+            writer.wait_first(START_TIMEOUT_S)  # the load is on before the benchmark measures under it
             say({"started": True})
             sys.stdin.readline()
             try:
