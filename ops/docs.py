@@ -66,16 +66,23 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {args.page}: {exc}", file=sys.stderr)
         return 1
-    if wanted == current:
-        print(f"{args.page}: the config reference is current")
-        return 0
-    if args.check:
-        print(f"{args.page}: the config reference is stale; run: python -m kvlease.ops.docs", file=sys.stderr)
-        return 1
-    args.page.write_text(wanted)
-    print(f"{args.page}: config reference rewritten ({len(cfg.KEYS)} keys)")
-    return 0
+    return refresh(args.page, current, wanted, check=args.check, what="config reference",
+                   command="python -m kvlease.ops.docs", done=f"rewritten ({len(cfg.KEYS)} keys)")
 
+
+def refresh(page: Path, current: str, wanted: str, *, check: bool, what: str, command: str, done: str) -> int:
+    """Write ``wanted`` over ``page`` (now ``current``) unless it is current; with ``check``, only say whether
+    it is (exit 1: stale, naming ``command``, which regenerates it). The generated parts of pages: this
+    reference, the README's performance table (``ops/bench/readme_table.py``)."""
+    if wanted == current:
+        print(f"{page}: the {what} is current")
+        return 0
+    if check:
+        print(f"{page}: the {what} is stale; run: {command}", file=sys.stderr)
+        return 1
+    page.write_text(wanted)
+    print(f"{page}: {what} {done}")
+    return 0
 
 if __name__ == "__main__":
     sys.exit(main())

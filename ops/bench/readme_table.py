@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from kvlease.ops.bench.suite import Row, figure_text
-from kvlease.ops.docs import between_markers
+from kvlease.ops.docs import between_markers, refresh
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 README = ROOT / "README.md"
@@ -88,17 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         print(f"error: {args.page} from {args.results}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    if wanted == current:
-        print(f"{args.page}: the performance table is current")
-        return 0
-    if args.check:
-        print(f"{args.page}: the performance table is stale; run: python -m kvlease.ops.bench.readme_table",
-              file=sys.stderr)
-        return 1
-    args.page.write_text(wanted)
-    print(f"{args.page}: performance table rewritten from {args.results}")
-    return 0
-
+    return refresh(args.page, current, wanted, check=args.check, what="performance table",
+                   command="python -m kvlease.ops.bench.readme_table", done=f"rewritten from {args.results}")
 
 if __name__ == "__main__":
     sys.exit(main())
