@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import json
-import tempfile
 
 import pytest
 
@@ -45,12 +44,9 @@ def test_new_files_counts_only_what_the_previous_snapshot_lacks():
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_a_new_leaders_first_snapshot_uploads_about_the_changed_rows(tmp_path, monkeypatch):
+def test_a_new_leaders_first_snapshot_uploads_about_the_changed_rows(scratch):
     from kvlease.client.admin import AdminClient
 
-    scratch = tmp_path / "tmp"
-    scratch.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     directory = str(scratch / "cluster")
     overrides = {"kv.snapshot.interval": "1h", "zookeeper.session-timeout": "6s",
                  "replica.rebase.interval": failover_snapshots.REBASE_INTERVAL}

@@ -3,7 +3,6 @@ run for real (its own ZooKeeper, coordinator and three tablet server processes; 
 
 from __future__ import annotations
 
-import tempfile
 
 import numpy as np
 import pytest
@@ -78,10 +77,7 @@ def test_the_writer_keeps_its_rate_and_stamps_every_key():
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_a_tiny_run_measures_every_line_and_leaves_nothing(tmp_path, monkeypatch):
-    scratch = tmp_path / "tmp"
-    scratch.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # the benchmark's temp directory goes here
+def test_a_tiny_run_measures_every_line_and_leaves_nothing(scratch):
     seen: list[str] = []
     f = bench_freshness.run(seconds=1.0, low_rate=200, high_rate=1_000, wait_ms=500, spark_rate=100,
                             spark_seconds=1.0, no_spark=True, progress=seen.append)

@@ -6,7 +6,6 @@ processes, this test the temp directory). The rows' verdicts are checked on made
 from __future__ import annotations
 
 import math
-import tempfile
 
 import pytest
 
@@ -23,10 +22,7 @@ METRICS = ["failover, 20 partitions", "leases lost or changed by the failover",
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_a_tiny_run_computes_every_target_row_and_cleans_up(tmp_path, monkeypatch):
-    scratch = tmp_path / "tmp"
-    scratch.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # the benchmark's temp directory goes here
+def test_a_tiny_run_computes_every_target_row_and_cleans_up(scratch, monkeypatch):
     monkeypatch.setattr(phases, "WRITES_TAIL_S", 0.0)  # 20 partitions' log ends: no tail worth waiting 11 s for
     seen: list[str] = []
     f = bench_partitions.run(**TINY, progress=seen.append)

@@ -5,7 +5,6 @@ process, 5,000 rows and a 10% tail, quiet and with a writer (a process) loading 
 
 from __future__ import annotations
 
-import tempfile
 import time
 
 import pytest
@@ -17,10 +16,7 @@ from kvlease.ops.bench.rebuild_report import cases
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
-def test_a_wiped_follower_is_rebuilt_from_the_snapshot_and_timed_against_the_download(tmp_path, monkeypatch):
-    scratch = tmp_path / "tmp"
-    scratch.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # the benchmark's temp directories go here
+def test_a_wiped_follower_is_rebuilt_from_the_snapshot_and_timed_against_the_download(scratch):
     seen: list[str] = []
     f = bench_rebuild.run(rows=5_000, tail_percent=10, batch=1_000, threads=2, rounds=1, remote="both",
                           load_rows_per_s=2_000, progress=seen.append)
