@@ -7,6 +7,7 @@ and log; a re-base whose snapshot lost a file changes nothing."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -61,6 +62,15 @@ def followers(c, table_id):
     return server_by_id(c, state.leader_id), [server_by_id(c, r) for r in state.replicas if r != state.leader_id]
 
 
+@contextlib.contextmanager
+def rf3_table(c, path: str, min_insync: int = 2):
+    """A new one-bucket table of replication factor 3, a client of it, its leader and its two followers."""
+    table = c.admin.create_table(path, SCHEMA, ["id"], 1, replication_factor=3, min_insync_replicas=min_insync)
+    with TableClient(c.admin, path, retry_total_s=60) as client:
+        leader, others = followers(c, table.table_id)
+        yield table, client, leader, others
+
+
 def wait_rebased(servers, table_id: int, snapshot_id: int) -> None:
     for server in servers:
         replica = server.replicas.replica(table_id, 0)
@@ -80,9 +90,7 @@ def any_remote(request, make_config):
 def test_the_first_snapshot_after_a_failover_uploads_about_the_changed_data(any_remote, tmp_path):
     config = {**FAST, "kv.snapshot.interval": "1h", "replica.rebase.interval": "200ms"}
     with three_servers(any_remote, tmp_path, config) as c:
-        table = c.admin.create_table("db.rebase", SCHEMA, ["id"], 1, replication_factor=3, min_insync_replicas=2)
-        with TableClient(c.admin, "db.rebase", retry_total_s=60) as client:
-            leader, others = followers(c, table.table_id)
+        with rf3_table(c, "db.rebase") as (table, client, leader, others):
             write(client, range(ROWS), "a")
             first = leader.replicas.snapshot(leader.replicas.replica(table.table_id, 0), force=True)
             full = sum(f.size for f in first.files)
@@ -135,9 +143,7 @@ def test_a_follower_killed_during_a_rebase_comes_back_with_its_rows_and_log(make
                                                                             point):
     config = {**FAST, "kv.snapshot.interval": "1h", "replica.rebase.interval": "1h"}  # re-based by the test
     with three_servers(make_config, tmp_path, config) as c:
-        table = c.admin.create_table("db.crash", SCHEMA, ["id"], 1, replication_factor=3, min_insync_replicas=2)
-        with TableClient(c.admin, "db.crash", retry_total_s=60) as client:
-            leader, (follower, _) = followers(c, table.table_id)
+        with rf3_table(c, "db.crash") as (table, client, leader, (follower, _)):
             write(client, range(3000), "a")
             handle = leader.replicas.snapshot(leader.replicas.replica(table.table_id, 0), force=True)
             write(client, range(0, 3000, 10), "b")
@@ -181,9 +187,7 @@ def test_a_rebuilt_follower_that_leads_next_uploads_only_what_changed_without_a_
     snapshot already keeps the new leader's first snapshot incremental (docs/snapshots.md)."""
     config = {**FAST, "kv.snapshot.interval": "1h", "replica.rebase.interval": "0ms"}
     with three_servers(make_config, tmp_path, config) as c:
-        table = c.admin.create_table("db.rebuilt", SCHEMA, ["id"], 1, replication_factor=3, min_insync_replicas=1)
-        with TableClient(c.admin, "db.rebuilt", retry_total_s=60) as client:
-            leader, (wiped, other) = followers(c, table.table_id)
+        with rf3_table(c, "db.rebuilt", min_insync=1) as (table, client, leader, (wiped, other)):
             assert wiped.fetchers.rebaser is None
             write(client, range(10_000), "a")
             crash(c, wiped)
@@ -214,9 +218,7 @@ def test_a_rebase_whose_snapshot_lost_a_file_leaves_rocksdb_as_it_was_and_the_ne
         make_config, tmp_path):
     config = {**FAST, "kv.snapshot.interval": "1h", "replica.rebase.interval": "1h"}  # re-based by the test
     with three_servers(make_config, tmp_path, config) as c:
-        table = c.admin.create_table("db.lost", SCHEMA, ["id"], 1, replication_factor=3, min_insync_replicas=2)
-        with TableClient(c.admin, "db.lost", retry_total_s=60) as client:
-            leader, (follower, _) = followers(c, table.table_id)
+        with rf3_table(c, "db.lost") as (table, client, leader, (follower, _)):
             write(client, range(3000), "a")
             leader_replica = leader.replicas.replica(table.table_id, 0)
             first = leader.replicas.snapshot(leader_replica, force=True)
