@@ -27,21 +27,28 @@ CHECK_S = 1.0
 
 
 def call_watching(method: Any, request: Any, timeout_s: float, moved: Callable[[], bool], *,
-                  check_s: float = CHECK_S, where: str = "the bucket's leader") -> Any:
+                  check_s: float = CHECK_S, where: str = "the bucket's leader", long_poll: bool = False) -> Any:
     """``method(request)`` within ``timeout_s``, given up (NotLeaderError) once ``moved()`` says the leader it
-    was sent to no longer leads. gRPC errors are raised as they are (the caller maps them)."""
+    was sent to no longer leads. gRPC errors are raised as they are (the caller maps them). ``long_poll``: the
+    server may hold the call until near its deadline (a FetchLog long poll), so it is sent once with the whole
+    ``timeout_s`` and watched from the start (a first blocking try of ``check_s`` would end its wait there)."""
     if timeout_s <= check_s:
         return method(request, timeout=timeout_s)
+    if long_poll:
+        return _watched(method.future(request, timeout=timeout_s), moved, check_s, where, 0.0)
     started = time.monotonic()
     try:
         return method(request, timeout=check_s)
     except grpc.RpcError as exc:  # only the first wait running out goes on (not a server's own deadline error)
         if exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED or time.monotonic() - started < check_s:
             raise
-    waited = check_s
     if moved():
-        raise _gone(where, waited)
-    future = method.future(request, timeout=timeout_s - check_s)
+        raise _gone(where, check_s)
+    return _watched(method.future(request, timeout=timeout_s - check_s), moved, check_s, where, check_s)
+
+
+def _watched(future: Any, moved: Callable[[], bool], check_s: float, where: str, waited: float) -> Any:
+    """``future``'s result, cancelled (NotLeaderError) once ``moved()`` (asked every ``check_s``) is true."""
     while True:
         try:
             return future.result(timeout=check_s)

@@ -175,10 +175,11 @@ class TableClient(LogOffsets):
         return self.physical.leaders()
 
     def send(self, routing: Routing, address: str, method: str, request, *, idempotent: bool,
-             timeout_s: float | None = None, buckets: Sequence[int] = ()):
+             timeout_s: float | None = None, buckets: Sequence[int] = (), long_poll: bool = False):
         """One RPC to ``address``; gRPC failures and response errors become typed exceptions. ``buckets``: the
         buckets it goes to ``address`` as their leader for: it is given up (NotLeaderError) once the coordinator
-        names another leader of one of them (client/leader_watch.py; an idempotent call only)."""
+        names another leader of one of them (client/leader_watch.py; an idempotent call only; ``long_poll``: the
+        server may hold it until near its deadline)."""
         self._check_open()
         router = self.physical
         timeout_s = timeout_s or self.timeout_s
@@ -186,6 +187,7 @@ class TableClient(LogOffsets):
         try:
             if buckets and idempotent:
                 response = call_watching(call, request, timeout_s, lambda: router.moved(address, buckets),
+                                         long_poll=long_poll,
                                          where=f"tablet server {address}, the leader of bucket(s) {list(buckets)}")
             else:
                 response = call(request, timeout=timeout_s)
@@ -205,7 +207,8 @@ class TableClient(LogOffsets):
         return response
 
     def _call_bucket(self, bucket: int, method: str, request, *, idempotent: bool,
-                     timeout_s: float | None = None, fenced: bool = False, watch: Callable | None = None):
+                     timeout_s: float | None = None, fenced: bool = False, watch: Callable | None = None,
+                     long_poll: bool = False):
         """``method`` on the leader of ``bucket``, re-routed and retried as the module docstring says;
         ``fenced``: every attempt's request carries the leader epoch of the routing it goes by;
         ``watch`` wraps every attempt (:meth:`kvlease.client.idempotent.BucketWriter.watch`)."""
@@ -218,7 +221,7 @@ class TableClient(LogOffsets):
             if fenced:
                 request.leader_epoch = router.leader_epoch(routing, bucket)
             return self.send(routing, address, method, request, idempotent=idempotent, timeout_s=timeout_s,
-                             buckets=(bucket,))
+                             buckets=(bucket,), long_poll=long_poll)
         return self.retry.call(attempt if watch is None else watch(attempt))
 
     def map_parallel(self, func: Callable[[Any], Any], items: list) -> list[tuple[Any, BaseException | None]]:
@@ -374,9 +377,9 @@ class TableClient(LogOffsets):
         the bucket's log no longer holds it there (``client/log_position.py``). None: not checked.
         ``max_wait_ms`` > 0: a long poll: with nothing committed at or above ``from_offset`` yet, the leader
         answers as soon as something is (or after that long, with no entries); the same answer as without it,
-        only sooner than polling (``tablet/log/waits.py``; at most 30 s). The leader ends a wait before the
-        call's deadline, and this client's first deadline is 1 s (it then asks the coordinator whether the
-        leader moved: client/leader_watch.py), so an empty answer comes after about 0.8 s at most."""
+        only sooner than polling (``tablet/log/waits.py``; at most 30 s). The call's deadline is past the wait;
+        while it waits, the coordinator is asked every second whether the leader moved (then NotLeaderError, and
+        the retry goes to the new leader: client/leader_watch.py)."""
         with arguments("fetch_log"):
             if max_wait_ms < 0:
                 raise errors.InvalidRequestError(f"max_wait_ms must be >= 0, got {max_wait_ms}")
@@ -384,7 +387,8 @@ class TableClient(LogOffsets):
                                          bucket=bucket, from_offset=from_offset, max_bytes=max_bytes,
                                          last_fetched_epoch=last_fetched_epoch, max_wait_ms=max_wait_ms)
         timeout_s = self.timeout_s + max_wait_ms / 1000.0 if max_wait_ms else None  # the wait is not a timeout
-        response = self._call_bucket(bucket, "FetchLog", request, idempotent=True, timeout_s=timeout_s)
+        response = self._call_bucket(bucket, "FetchLog", request, idempotent=True, timeout_s=timeout_s,
+                                     long_poll=max_wait_ms > 0)
         return [decode_entry(data, from_offset=from_offset) for data in response.entries], response.log_end_offset
 
     def trigger_snapshot(self, wait: bool = True) -> list[CommittedSnapshot]:

@@ -121,8 +121,8 @@ class LogReader:
 
     def _fetch(self, bucket: int, emit, wait_ms: int = 0) -> int:
         """One fetch of ``bucket`` from its next offset; each record to ``emit`` (None: collected). ``wait_ms``:
-        a long poll (answered as soon as a record is committed; an empty answer after the wait, or after about
-        0.8 s, the call's first deadline). An empty answer much sooner (a server that does not wait) is followed
+        a long poll (answered as soon as a record is committed; an empty answer after the wait). An empty answer
+        much sooner (a server that does not wait) is followed
         by a sleep for the rest of the wait, so a reader never spins."""
         t0 = time.monotonic()
         records, end, position = self.client.fetch_log_from(bucket, self.position[bucket], max_wait_ms=wait_ms)
