@@ -21,18 +21,19 @@ are decoded by the vectorized codec (``RowCodec.decode_values``), as the vectori
 from __future__ import annotations
 
 import weakref
-from typing import Any, Sequence
+from typing import Any
 
 import pyarrow as pa
 
+from kvlease.client.point_lookup import request_of, usable
 from kvlease.client.table_writes import MAX_REQUEST_BYTES
 from kvlease.common import errors, lookup_wire
 from kvlease.common.bucketing import bucket_of
 from kvlease.common.codec_lean import LeanKeys, LeanValues
-from kvlease.common.proto import tablet_pb2 as pb
 
-#: The most keys a lookup takes this path with (more: the vectorized path, whose fixed costs then pay off).
-LEAN_KEYS = 8
+#: The most keys a lookup takes this path with (more: the vectorized path, whose fixed costs then pay off); the
+#: server's own few-key read takes as many (``lookup_wire.FEW``).
+LEAN_KEYS = lookup_wire.FEW
 _CODECS: "weakref.WeakKeyDictionary[Any, tuple[LeanKeys, LeanValues]]" = weakref.WeakKeyDictionary()
 
 
@@ -53,12 +54,10 @@ def lookup(client, keys: Any) -> list[dict | None] | None:
     if len(buckets) != 1 or sum(map(len, encoded)) > MAX_REQUEST_BYTES:
         return None
     bucket = buckets.pop()
-    table = client.table
     key_data, key_offsets = lookup_wire.pack_list(encoded)
-    request = pb.LookupRequest(table_id=table.table_id, partition_id=table.partition_id, bucket=bucket,
-                               key_data=key_data, key_offsets=key_offsets)
+    request = request_of(client, bucket, key_data=key_data, key_offsets=key_offsets)
     response = client._call_bucket(bucket, "Lookup", request, idempotent=True)
-    if not response.value_offsets or response.schema_id != codec.table.schema_id:
+    if not usable(client, response):
         return None
     values = _values(response.values, response.value_offsets)
     found = response.found_mask
@@ -76,7 +75,7 @@ def _lean(codec) -> tuple[LeanKeys, LeanValues]:
     lean = _CODECS.get(codec)
     if lean is None:
         table = codec.table
-        key_columns = [next(c for c in table.columns if c.name == k) for k in table.primary_key]
+        key_columns = [table.column(k) for k in table.primary_key]
         lean = (LeanKeys(key_columns), LeanValues(table.columns, codec.schema_id, codec.reads_own_schema))
         _CODECS[codec] = lean
     return lean

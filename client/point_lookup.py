@@ -96,7 +96,7 @@ def _lookup_bucket(client, part: KeyPart, packed: bool) -> tuple[np.ndarray, pa.
     bucket, rows_in, keys, indices = part
     found, batches = [], []
     for start, length in _chunks(keys):
-        answer = _packed(client, bucket, keys.slice(start, length)) if packed else None
+        answer = _packed(client, bucket, keys.slice(start, length)) if packed and client.packed_lookups else None
         if answer is None:
             answer = _plain(client, bucket, rows_in.slice(start, length))
         found.append(answer[0])
@@ -109,7 +109,8 @@ def _lookup_bucket(client, part: KeyPart, packed: bool) -> tuple[np.ndarray, pa.
     return flags, rows
 
 
-def _request(client, bucket: int, **fields: Any) -> pb.LookupRequest:
+def request_of(client, bucket: int, **fields: Any) -> pb.LookupRequest:
+    """A LookupRequest of ``client``'s table (or partition) and ``bucket`` with ``fields``."""
     table = client.table
     return pb.LookupRequest(table_id=table.table_id, partition_id=table.partition_id, bucket=bucket, **fields)
 
@@ -118,10 +119,10 @@ def _packed(client, bucket: int, keys: pa.Array) -> tuple[np.ndarray, pa.RecordB
     """The found flags and rows of encoded ``keys``, packed; None if the answer must be asked for plain (its
     rows were read as another schema id than this client's, or the server answers the plain form only)."""
     data, offsets = lookup_wire.pack(keys)
-    response = client._call_bucket(bucket, "Lookup", _request(client, bucket, key_data=data, key_offsets=offsets),
+    response = client._call_bucket(bucket, "Lookup", request_of(client, bucket, key_data=data, key_offsets=offsets),
                                    idempotent=True)
     codec = client.codec
-    if not response.value_offsets or response.schema_id != codec.table.schema_id:
+    if not usable(client, response):
         return None
     try:
         values = lookup_wire.unpack(response.values, response.value_offsets, "LookupResponse.values")
@@ -130,10 +131,19 @@ def _packed(client, bucket: int, keys: pa.Array) -> tuple[np.ndarray, pa.RecordB
     return lookup_wire.unpack_mask(response.found_mask), codec.decode_values(values)
 
 
+def usable(client, response: pb.LookupResponse) -> bool:
+    """Whether a packed answer can be decoded by ``client``: packed, and read as its schema id. Read as another
+    (the table's schema changed since the client was opened: ids only move forward), it never will be again, so
+    the client asks plain from then on (``packed_lookups`` off) instead of asking twice every time."""
+    if response.value_offsets and response.schema_id != client.codec.table.schema_id:
+        client.packed_lookups = False
+    return bool(response.value_offsets) and response.schema_id == client.codec.table.schema_id
+
+
 def _plain(client, bucket: int, keys: pa.RecordBatch) -> tuple[np.ndarray, pa.RecordBatch]:
     """The found flags and rows of ``keys`` (key columns), sent as Arrow IPC, answered as decoded rows."""
     codec = client.codec
-    request = _request(client, bucket, keys=batch_to_ipc(keys))
+    request = request_of(client, bucket, keys=batch_to_ipc(keys))
     response = client._call_bucket(bucket, "Lookup", request, idempotent=True)
     rows = ipc_to_batch(response.rows) if response.rows else table_input.concat([], codec.schema)
     return np.asarray(response.found, dtype=bool), rows

@@ -82,7 +82,8 @@ class TableClient(LogOffsets):
         it); with ``partition`` (its name) it reads and writes that partition's buckets, as a table's. Rows
         of any schema are read as its schema when opened, or as ``read_as`` (docs/schemas.md). ``packed_lookups``:
         lookups send encoded keys and decode the stored values answered (client/point_lookup.py; False: Arrow IPC
-        both ways, the plain form, which a client with ``read_as`` always uses)."""
+        both ways, the plain form, which a client with ``read_as`` always uses, and one whose table's schema
+        changed since it was opened, from its first answer read as the newer schema on)."""
         config = config or cfg.Config(env={})
         self.admin = admin
         self.retry = RetryPolicy(DEFAULT_RETRY_TOTAL_S if retry_total_s is None else retry_total_s,
