@@ -44,12 +44,20 @@ def live_lookup(ttl: RowTtl, found: np.ndarray, rows: pa.RecordBatch, now_ms: in
                 ) -> tuple[np.ndarray, pa.RecordBatch]:
     """A lookup's ``(found, rows)`` (``found`` per key; ``rows``: the found ones, in order) without the expired
     rows: their keys count as not found."""
+    found, keep = unexpired(ttl, found, rows, now_ms)
+    return found, rows if keep is None else rows.filter(keep)
+
+
+def unexpired(ttl: RowTtl, found: np.ndarray, rows: pa.RecordBatch, now_ms: int
+              ) -> tuple[np.ndarray, pa.BooleanArray | None]:
+    """``found`` (per key) with the keys of expired ``rows`` (the found ones, in order) not found, and the mask
+    of the rows to keep (None: none expired) for the rows and whatever else runs beside them (stored values)."""
     expired = expired_mask(ttl, rows, now_ms)
     if not expired.any():
-        return found, rows
+        return found, None
     found = found.copy()
     found[np.flatnonzero(found)[expired]] = False
-    return found, rows.filter(pa.array(~expired))
+    return found, pa.array(~expired)
 
 
 def stamp_write_time(ttl: RowTtl | None, schema: pa.Schema, upserts: pa.RecordBatch, now_ms: int) -> pa.RecordBatch:

@@ -23,7 +23,7 @@ from kvlease.common.lookup_wire import FEW as FEW_KEYS
 from kvlease.common.errors import DataLostError, InvalidRequestError, NotLeaderError
 from kvlease.common.codec import RowCodec
 from kvlease.common.logentry import LogEntry, read_header
-from kvlease.common.row_expiry import expired_mask
+from kvlease.common.row_expiry import unexpired
 from kvlease.tablet.bucket import write_checks
 from kvlease.tablet.bucket.state import BucketShared, BucketSpec
 from kvlease.tablet.log.changelog import SegmentInfo
@@ -126,11 +126,8 @@ class BucketReads:
         ttl = codec.table.row_ttl
         rows = codec.decode_values(values) if decode or ttl is not None else None
         if ttl is not None:  # an expired row not deleted yet is not found (common/row_ttl.py)
-            expired = expired_mask(ttl, rows, self.bucket.files.settings.now_ms())
-            if expired.any():
-                found = found.copy()
-                found[np.flatnonzero(found)[expired]] = False
-                keep = pa.array(~expired)
+            found, keep = unexpired(ttl, found, rows, self.bucket.files.settings.now_ms())
+            if keep is not None:
                 values, rows = values.filter(keep), rows.filter(keep)
         return found, values, rows
 
