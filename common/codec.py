@@ -77,11 +77,9 @@ class RowCodec:
         #: The Arrow schema of the rows it reads (of the columns it writes: ``values.schema``).
         self.schema = columns_schema(target)
         self.reader = SchemaReader(table, target, self.schema, refresh)
-        #: Values of its own schema id decode straight into the rows read (no projection).
-        self._own_is_target = target == table.columns and self.schema_id == table.schema_id
         #: True when it reads rows as the table's columns and writes the table's schema id: a value of that
-        #: id decodes straight into a row read (:mod:`kvlease.common.codec_lean` relies on it).
-        self.reads_own_schema = self._own_is_target
+        #: id decodes straight into a row read, no projection (:mod:`kvlease.common.codec_lean` relies on it).
+        self.reads_own_schema = target == table.columns and self.schema_id == table.schema_id
         self.key_schema = key_schema(table)
         self._types = {c.name: c.type for c in table.columns}
         self._names = [c.name for c in table.columns]
@@ -89,7 +87,7 @@ class RowCodec:
         self._key_set = frozenset(table.primary_key)
         self.keys = KeyCodec(tuple(next(c for c in table.columns if c.name == k) for k in table.primary_key),
                              self.key_schema)
-        self.values = ValueCodec(table.columns, self.schema if self._own_is_target else columns_schema(table.columns),
+        self.values = ValueCodec(table.columns, self.schema if self.reads_own_schema else columns_schema(table.columns),
                                  self.schema_id)
         #: The length of every encoded key when all primary-key columns are fixed-width, else None.
         self.key_width = self.keys.width
@@ -237,7 +235,7 @@ class RowCodec:
         return _decode_chunked(self._decode_values, ca.binary_array(values, "value"), self.schema)
 
     def _decode_values(self, array: pa.Array, base: int) -> pa.RecordBatch:
-        if not self._own_is_target:
+        if not self.reads_own_schema:
             return self.reader.read(array, value_schema_ids(array), base)
         return self.values.decode(array, base, self.reader.read)
 

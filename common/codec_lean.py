@@ -40,7 +40,6 @@ class LeanKeys:
     False)."""
 
     def __init__(self, columns: Sequence[Any]) -> None:
-        self.names = [c.name for c in columns]
         self.kinds = [layout(c.type).name for c in columns]
         self.usable = all(kind in _KEY_WIDTHS or kind in ("STRING", "BYTES") for kind in self.kinds)
 
