@@ -62,10 +62,12 @@ def test_the_paced_writer_keeps_its_rate_and_raises_a_failed_write():
 
     client = Client(fail=False)
     writer = PacedWriter(client, ids=1_500, rows_per_s=20_000).start()
-    writer.wait_first(10)
-    assert writer.rows >= 1_000 and client.batches  # the load is on once it returns
-    time.sleep(0.3)
-    writer.stop()
+    try:
+        writer.wait_first(10)
+        assert writer.rows >= 1_000 and client.batches  # the load is on once it returns
+        time.sleep(0.3)
+    finally:
+        writer.stop()
     assert 0.5 * 20_000 * 0.3 <= writer.rows <= 20_000 * writer.seconds + 1_000  # paced: not faster than asked
     ids = [i for batch in client.batches for i in batch]
     assert ids[:3] == [0, 1, 2] and max(ids) == 1_499 and ids[1_500] == 0  # the ids in turn, wrapping

@@ -39,17 +39,23 @@ def test_news_makes_it_fetch_again_and_nothing_new_ends_after_the_wait():
         fetches.append(time.monotonic())
         return next(answers)
 
+    done = threading.Event()
+
     def notify_twice():  # each news after the fetch before it (news earlier is simply seen by that fetch)
         for seen in (1, 2):
             while len(fetches) < seen:
-                time.sleep(0.01)
+                if done.wait(0.01):  # the poll ended before this fetch: nothing more to notify
+                    return
             time.sleep(0.05)
             waits.notify()
-    notifier = threading.Thread(target=notify_twice)
+    notifier = threading.Thread(target=notify_twice, daemon=True)
     notifier.start()
     t0 = time.monotonic()
-    assert waits.poll(fetch, bool, 10.0) == "new"
-    notifier.join(5)
+    try:
+        assert waits.poll(fetch, bool, 10.0) == "new"
+    finally:
+        done.set()
+        notifier.join(5)
     assert len(fetches) == 3 and time.monotonic() - t0 < 5.0  # woken twice, not by the wait's end
 
     t0 = time.monotonic()
@@ -59,7 +65,7 @@ def test_news_makes_it_fetch_again_and_nothing_new_ends_after_the_wait():
 
 def test_closing_ends_waiting_polls_and_later_ones_do_not_wait():
     waits, answered = LogWaits(), []
-    poll = threading.Thread(target=lambda: answered.append(waits.poll(lambda: "", bool, 30.0)))
+    poll = threading.Thread(target=lambda: answered.append(waits.poll(lambda: "", bool, 30.0)), daemon=True)
     poll.start()
     time.sleep(0.1)
     waits.close()
@@ -73,10 +79,12 @@ def test_at_most_max_waiting_calls_wait_and_one_more_answers_at_once():
     waits, answered = LogWaits(max_waiting=1), []
     poll = threading.Thread(target=lambda: answered.append(waits.poll(lambda: "", bool, 30.0)))
     poll.start()
-    time.sleep(0.1)
-    assert waits.waiting == 1
-    t0 = time.monotonic()
-    assert waits.poll(lambda: "", bool, 30.0) == "" and time.monotonic() - t0 < 1.0  # the RPC threads' share is used
-    waits.close()
-    poll.join(5)
+    try:
+        time.sleep(0.1)
+        assert waits.waiting == 1
+        t0 = time.monotonic()
+        assert waits.poll(lambda: "", bool, 30.0) == "" and time.monotonic() - t0 < 1.0  # the RPC threads' share
+    finally:
+        waits.close()
+        poll.join(5)
     assert answered == [""] and waits.waiting == 0
