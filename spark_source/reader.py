@@ -217,8 +217,8 @@ def _log_state(table: TableClient, split: LogSplit, schema: pa.Schema) -> Iterat
 
 def _log_changes(table: TableClient, split: LogSplit, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     entries = read_entries(table, split.bucket, split.start, split.end, split.start_epoch, split.end_epoch)
-    for records in _joined((decode_records(table.codec, entry_records(entry)) for entry in entries), JOINED_ROWS):
-        yield changes_for_spark(records, split.bucket, schema)
+    for records in _joined(map(entry_records, entries), JOINED_ROWS):  # decoded once per joined batch
+        yield changes_for_spark(decode_records(table.codec, records), split.bucket, schema)
 
 
 def _joined(batches: Iterator[pa.RecordBatch], rows: int) -> Iterator[pa.RecordBatch]:
