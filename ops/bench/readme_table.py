@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kvlease.ops.bench.suite import Row, figure_text
+from kvlease.ops.bench.suite import Row
 from kvlease.ops.docs import between_markers, refresh
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -52,9 +52,7 @@ def markdown(doc: dict[str, Any]) -> str:
             lines.append(f"| {name} | failed: {_cell(entry['error'])} | | | | | NO |")
             continue
         for row in map(Row.from_doc, entry["rows"]):
-            target = f"{'<=' if row.at_most else '>='} {figure_text(row.target, row.value_unit)}"
-            cells = (name, row.metric, figure_text(row.measured, row.unit), figure_text(row.anchor, row.unit),
-                     figure_text(row.value, row.value_unit), target, "yes" if row.met else "**no**")
+            cells = (name, row.metric, *row.figures(), "yes" if row.met else "**no**")
             lines.append("| " + " | ".join(map(_cell, cells)) + " |")
     return "\n".join([*lines, "", _options_line(doc)])
 

@@ -264,6 +264,13 @@ class Row:
     def from_doc(cls, doc: dict[str, Any]) -> "Row":
         return cls(**{f.name: doc[f.name] for f in fields(cls)})
 
+    def figures(self) -> tuple[str, str, str, str]:
+        """Its measured value, anchor, ratio (or value) and target as the tables show them (the text table of
+        ``kvlease bench``, the README's)."""
+        return (figure_text(self.measured, self.unit), figure_text(self.anchor, self.unit),
+                figure_text(self.value, self.value_unit),
+                f"{'<=' if self.at_most else '>='} {figure_text(self.target, self.value_unit)}")
+
 
 def figure_text(value: float | None, unit: str) -> str:
     if value is None:
@@ -282,10 +289,7 @@ def table_lines(doc: dict[str, Any]) -> list[str]:
             failures.append(f"{name}: error: {entry['error']}")
             continue
         for row in map(Row.from_doc, entry["rows"]):
-            lines.append((name, row.metric, figure_text(row.measured, row.unit), figure_text(row.anchor, row.unit),
-                          figure_text(row.value, row.value_unit),
-                          f"{'<=' if row.at_most else '>='} {figure_text(row.target, row.value_unit)}",
-                          "yes" if row.met else "NO"))
+            lines.append((name, row.metric, *row.figures(), "yes" if row.met else "NO"))
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     return ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in lines] + failures
 
