@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from kvlease.ops.bench import (bootstrap as bench_bootstrap, leases as bench_leases, plot as bench_plot,
-                               scan as bench_scan)
+from kvlease.ops.bench import (bootstrap as bench_bootstrap, freshness as bench_freshness, leases as bench_leases,
+                               lookups as bench_lookups, plot as bench_plot, scan as bench_scan)
 from kvlease.ops.bench import partitions as bench_partitions, rebuild as bench_rebuild, replication as bench_replication
 from kvlease.ops.bench import suite as bench_suite, writes as bench_writes
 from kvlease.ops.bench.suite import MB, Row
@@ -26,7 +26,8 @@ pytestmark = pytest.mark.unit
 
 RECORDED = json.loads((FIXTURES / "bench_all.json").read_text())
 MODULES = {"leases": bench_leases, "writes": bench_writes, "scan": bench_scan, "bootstrap": bench_bootstrap,
-           "replication": bench_replication, "rebuild": bench_rebuild, "partitions": bench_partitions}
+           "replication": bench_replication, "rebuild": bench_rebuild, "partitions": bench_partitions,
+           "lookups": bench_lookups, "freshness": bench_freshness}
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
@@ -150,6 +151,10 @@ def test_rebuild_reports_each_round_and_where_the_best_rebuild_spent_its_time():
     assert "(0.36 s, 0.38 s)" in text and "(0.80 s, 0.86 s)" in text
     assert "snapshot installed 0.32 s, tail applied 0.79 s (to offset 24,000), in the ISR 0.80 s" in text
     assert "file://, quiet" in text and "s3://, a writer at" in text
+
+
+def test_every_benchmark_of_the_suite_is_checked_against_the_recorded_document():
+    assert set(MODULES) == set(bench_suite.MODULES) == set(RECORDED["benchmarks"])
 
 
 @pytest.mark.parametrize("name", list(MODULES))
