@@ -75,7 +75,7 @@ import kvlease.ops.bench.suite as bench_suite
 from kvlease.ops import local_cluster
 from kvlease.ops.bench.local_s3 import local_s3
 from kvlease.ops.bench.rebuild_report import TARGET_RATIO, report, target_rows
-from kvlease.ops.bench.suite import MB, Option, positive_int, wait_idle
+from kvlease.ops.bench.suite import MB, Option, non_negative_int, positive_int, wait_idle
 from kvlease.ops.bench.writes import load, make_batch
 from kvlease.ops.wait import wait_until
 
@@ -99,17 +99,6 @@ def remote_kind(text: str) -> str:
     return text
 
 
-def rate(text: str) -> int:
-    """``--load-rows-per-s``: a count >= 0 (0: no run with a writer)."""
-    try:
-        value = int(text.replace(",", "").replace("_", ""))
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 0")
-    return value
-
-
 REBUILD_TIMEOUT_S = 600.0
 
 OPTIONS = (
@@ -121,7 +110,7 @@ OPTIONS = (
     Option("--rounds", positive_int, 2, "downloads and rebuilds, alternating; the best of each counts"),
     Option("--remote", remote_kind, "both", "the remote storage: file (a local directory), s3 (moto's S3 "
            "server, a process of its own) or both (a cluster each)", metavar="KIND"),
-    Option("--load-rows-per-s", rate, 10_000, "the busy runs: a writer upserts this many rows/s into the leader "
+    Option("--load-rows-per-s", non_negative_int, 10_000, "the busy runs: a writer upserts this many rows/s into the leader "
            "during the downloads and the rebuilds (0: quiet runs only)"),
 )
 
@@ -298,7 +287,8 @@ def measure(ctx: dict[str, Any], load: str, load_rows_per_s: int, rows: int, rou
 
     admin, table_id, handle, storage, base = ctx["admin"], ctx["table_id"], ctx["handle"], ctx["storage"], ctx["base"]
     downloads, durable_downloads, rebuilds = [], [], []
-    wait_idle(ctx["leader_pid"])
+    if load == "busy":  # a quiet round waits for the leader's idleness itself
+        wait_idle(ctx["leader_pid"])
     busy = paced_writer(ctx["bootstrap"], TABLE, rows, load_rows_per_s) if load == "busy" else contextlib.nullcontext()
     with busy as writer:
         for round_ in range(1, rounds + 1):

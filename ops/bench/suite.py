@@ -77,13 +77,24 @@ class UsageError(errors.InvalidRequestError):
 
 
 def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{errors.show(text)} is not a whole number") from None
+    value = _whole(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{errors.show(text)} is not positive")
     return value
+
+
+def non_negative_int(text: str) -> int:
+    value = _whole(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{errors.show(text)} is not a whole number >= 0")
+    return value
+
+
+def _whole(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{errors.show(text)} is not a whole number") from None
 
 
 def at_least(low: int, why: str) -> Callable[[str], int]:

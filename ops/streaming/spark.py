@@ -24,7 +24,8 @@ def local_session(work_dir: str | os.PathLike[str], *, cores: int | str = "*", a
     """A SparkSession on this machine: loopback only, no UI, scratch space under ``work_dir``.
 
     ``conf``: more settings for the session's builder (e.g. the freshness benchmark's
-    :data:`~kvlease.ops.bench.freshness_spark.LOW_LATENCY_CONF`).
+    :data:`~kvlease.ops.bench.freshness_spark.LOW_LATENCY_CONF`), applied last: one of the settings below
+    given there is overridden.
 
     ``log_file``: the JVM's stdout and stderr (its start-up notes, Spark's
     log, and those of the Python workers it starts) go there instead of this
@@ -42,10 +43,7 @@ def local_session(work_dir: str | os.PathLike[str], *, cores: int | str = "*", a
 
     from kvlease.spark_source import register
 
-    builder = SparkSession.builder
-    for key, value in (conf or {}).items():
-        builder = builder.config(key, value)
-    spark = (builder.master(f"local[{cores}]").appName(app)
+    builder = (SparkSession.builder.master(f"local[{cores}]").appName(app)
              .config("spark.ui.enabled", "false")
              .config("spark.ui.showConsoleProgress", "false")
              .config("spark.driver.host", "127.0.0.1")
@@ -55,8 +53,10 @@ def local_session(work_dir: str | os.PathLike[str], *, cores: int | str = "*", a
              .config("spark.sql.warehouse.dir", str(work_dir / "warehouse"))
              .config("spark.sql.session.timeZone", "UTC")
              # no /tmp/hsperfdata_* file left behind by a JVM that does not exit by itself
-             .config("spark.driver.extraJavaOptions", f"-Djava.io.tmpdir={work_dir} -XX:-UsePerfData")
-             .getOrCreate())
+             .config("spark.driver.extraJavaOptions", f"-Djava.io.tmpdir={work_dir} -XX:-UsePerfData"))
+    for key, value in (conf or {}).items():  # last: a setting given overrides the one above
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     return spark
