@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 from kvlease.client import table_input
-from kvlease.client.table_writes import MAX_REQUEST_BYTES
+from kvlease.client.table_writes import slices
 from kvlease.common import errors, lookup_wire
 from kvlease.common.codec import batch_to_ipc, ipc_to_batch
 from kvlease.common.proto import tablet_pb2 as pb
@@ -69,33 +69,17 @@ def split_keys(codec, batch: pa.RecordBatch, encoded: pa.Array) -> list[KeyPart]
     n = codec.table.buckets
     if n == 1:
         return [(0, batch, encoded, np.arange(len(encoded)))]
-    buckets = codec.buckets(encoded.to_pylist()).astype(np.int64)
-    order = np.argsort(buckets, kind="stable")
-    counts = np.bincount(buckets, minlength=n)
+    order, groups = table_input.by_bucket(codec.buckets(encoded.to_pylist()).astype(np.int64), n)
     taken = pa.array(order)
     ordered, ordered_keys = batch.take(taken), encoded.take(taken)
-    out, start = [], 0
-    for bucket in np.flatnonzero(counts).tolist():
-        count = int(counts[bucket])
-        out.append((bucket, ordered.slice(start, count), ordered_keys.slice(start, count),
-                    order[start:start + count]))
-        start += count
-    return out
-
-
-def _chunks(keys: pa.Array) -> list[tuple[int, int]]:
-    """``(start, length)`` of slices of ``keys`` of at most about :data:`MAX_REQUEST_BYTES` each."""
-    size = keys.get_total_buffer_size()
-    if size <= MAX_REQUEST_BYTES or len(keys) <= 1:
-        return [(0, len(keys))]
-    step = -(-len(keys) // -(-size // MAX_REQUEST_BYTES))
-    return [(start, step) for start in range(0, len(keys), step)]
+    return [(bucket, ordered.slice(start, count), ordered_keys.slice(start, count), order[start:start + count])
+            for bucket, start, count in groups]
 
 
 def _lookup_bucket(client, part: KeyPart, packed: bool) -> tuple[np.ndarray, pa.RecordBatch]:
     bucket, rows_in, keys, indices = part
     found, batches = [], []
-    for start, length in _chunks(keys):
+    for start, length in slices(len(keys), keys.get_total_buffer_size()):
         answer = _packed(client, bucket, keys.slice(start, length)) if packed and client.packed_lookups else None
         if answer is None:
             answer = _plain(client, bucket, rows_in.slice(start, length))

@@ -118,16 +118,22 @@ def _parts(codec: RowCodec, batch: pa.RecordBatch, encode_keys: Callable[[pa.Rec
         return []
     if n == 1:
         return [(0, batch, np.arange(batch.num_rows))]
-    buckets = codec.buckets(encode_keys(batch)).astype(np.int64)
+    order, groups = by_bucket(codec.buckets(encode_keys(batch)).astype(np.int64), n)
+    ordered = batch.take(pa.array(order))
+    return [(bucket, ordered.slice(start, count), order[start:start + count]) for bucket, start, count in groups]
+
+
+def by_bucket(buckets: np.ndarray, n: int) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
+    """The stable order that groups items by their ``buckets`` (of ``n``), and ``(bucket, start, count)`` of each
+    bucket that has items, in that order."""
     order = np.argsort(buckets, kind="stable")
     counts = np.bincount(buckets, minlength=n)
-    ordered = batch.take(pa.array(order))
-    out, start = [], 0
+    groups, start = [], 0
     for bucket in np.flatnonzero(counts).tolist():
         count = int(counts[bucket])
-        out.append((bucket, ordered.slice(start, count), order[start:start + count]))
+        groups.append((bucket, start, count))
         start += count
-    return out
+    return order, groups
 
 
 def check_collection(items: Any, what: str, one: str, forms: str) -> None:

@@ -94,9 +94,15 @@ def _renumber(message: str, offset: int) -> str:
 
 def chunks(batch: pa.RecordBatch) -> list[pa.RecordBatch]:
     """``batch`` in slices of at most about :data:`MAX_REQUEST_BYTES` each."""
-    size = batch.nbytes
-    if size <= MAX_REQUEST_BYTES or batch.num_rows <= 1:
+    if batch.nbytes <= MAX_REQUEST_BYTES or batch.num_rows <= 1:
         return [batch]
-    pieces = -(-size // MAX_REQUEST_BYTES)
-    step = -(-batch.num_rows // pieces)
-    return [batch.slice(start, step) for start in range(0, batch.num_rows, step)]
+    return [batch.slice(start, length) for start, length in slices(batch.num_rows, batch.nbytes)]
+
+
+def slices(count: int, size: int) -> list[tuple[int, int]]:
+    """``(start, length)`` of equal slices of ``count`` items of ``size`` bytes in all, each of at most about
+    :data:`MAX_REQUEST_BYTES` (one slice of all when they fit or there is at most one item)."""
+    if size <= MAX_REQUEST_BYTES or count <= 1:
+        return [(0, count)]
+    step = -(-count // -(-size // MAX_REQUEST_BYTES))
+    return [(start, step) for start in range(0, count, step)]
