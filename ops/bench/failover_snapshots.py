@@ -34,7 +34,7 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvlease.ops import local_cluster
-from kvlease.ops.bench.suite import wait_idle
+from kvlease.ops.bench.machine import wait_idle
 from kvlease.ops.bench.writes import make_batch
 
 ROW_BYTES = 8 + 100

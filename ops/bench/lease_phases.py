@@ -25,7 +25,8 @@ from kvlease.common.kvsnapshot import Manifest
 from kvlease.common.model import TableBucket
 from kvlease.common.storage import open_storage
 import kvlease.ops.bench.scale as bench_scale
-from kvlease.ops.bench.suite import Progress, cpu_seconds
+from kvlease.ops.bench.machine import cpu_seconds
+from kvlease.ops.bench.suite import Progress
 from kvlease.ops.local_cluster import ServerProcess, child_env, dying_with_parent
 
 HOUR_MS = 3_600_000

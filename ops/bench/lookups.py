@@ -41,7 +41,8 @@ import kvlease.ops.bench.suite as bench_suite
 from kvlease.common.tables import Column
 from kvlease.ops import local_cluster
 from kvlease.ops.bench import point_lookups
-from kvlease.ops.bench.suite import Option, Row, positive_int, wait_idle
+from kvlease.ops.bench.machine import wait_idle
+from kvlease.ops.bench.suite import Option, Row, positive_int
 from kvlease.ops.bench.writes import make_batch
 
 TABLE = "bench.lookups"

@@ -20,7 +20,8 @@ import pyarrow as pa
 
 from kvlease.common.merge_engine import parse_engine
 from kvlease.common.tables import Column
-from kvlease.ops.bench.suite import Row, wait_idle
+from kvlease.ops.bench.machine import wait_idle
+from kvlease.ops.bench.suite import Row
 
 COLUMNS = [Column("id", "BIGINT"), Column("v", "STRING"), Column("n", "BIGINT")]
 TARGET_VS_LWW = 0.5  # issue 43

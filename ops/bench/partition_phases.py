@@ -21,7 +21,8 @@ from kvlease.common.storage import RemoteStorage, open_storage
 from kvlease.common.tables import Column, DEFAULT_MAX_PARTITIONS
 import kvlease.ops.bench.scale as bench_scale
 from kvlease.ops.bench.lease_phases import FAILOVER_SLACK_S, HOUR_MS, log_events, percentile_ms
-from kvlease.ops.bench.suite import Progress, cpu_seconds, wait_idle
+from kvlease.ops.bench.machine import cpu_seconds, wait_idle
+from kvlease.ops.bench.suite import Progress
 from kvlease.ops import local_cluster
 
 COLUMNS = [Column("day", "STRING"), Column("id", "BIGINT")]

@@ -30,7 +30,7 @@ import pyarrow as pa
 from kvlease.common.codec import RowCodec
 from kvlease.common.tables import Column, TableInfo
 from kvlease.ops.bench import grpc_floor
-from kvlease.ops.bench.suite import wait_machine_idle
+from kvlease.ops.bench.machine import wait_machine_idle
 from kvlease.ops.bench.writes import make_batch
 
 COLUMNS = [Column("id", "BIGINT"), Column("v", "STRING")]

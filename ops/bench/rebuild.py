@@ -75,7 +75,8 @@ import kvlease.ops.bench.suite as bench_suite
 from kvlease.ops import local_cluster
 from kvlease.ops.bench.local_s3 import local_s3
 from kvlease.ops.bench.rebuild_report import TARGET_RATIO, report, target_rows
-from kvlease.ops.bench.suite import MB, Option, non_negative_int, positive_int, wait_idle
+from kvlease.ops.bench.machine import wait_idle
+from kvlease.ops.bench.suite import MB, Option, non_negative_int, positive_int
 from kvlease.ops.bench.writes import load, make_batch
 from kvlease.ops.wait import wait_until
 

@@ -50,7 +50,8 @@ from kvlease.common.tables import Column
 import kvlease.ops.bench.suite as bench_suite
 from kvlease.ops import local_cluster
 from kvlease.ops.bench import failover_snapshots
-from kvlease.ops.bench.suite import Option, Row, cpu_seconds, positive_int, wait_idle
+from kvlease.ops.bench.machine import cpu_seconds, wait_idle
+from kvlease.ops.bench.suite import Option, Row, positive_int
 from kvlease.ops.bench.writes import load, make_batch
 import kvlease.ops.wait as ops_wait
 

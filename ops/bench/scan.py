@@ -68,7 +68,8 @@ from kvlease.common.tables import Column, TableInfo
 import kvlease.ops.bench.suite as bench_suite
 from kvlease.ops import local_cluster
 from kvlease.ops.bench.scan_report import SECURE_KINDS, SECURE_TARGET, TARGETS, WIDE_TARGETS, report, target_rows
-from kvlease.ops.bench.suite import Option, cpu_seconds, positive_int, wait_idle
+from kvlease.ops.bench.machine import cpu_seconds, wait_idle
+from kvlease.ops.bench.suite import Option, positive_int
 from kvlease.ops.bench.wide_schema import WIDE_COLUMNS, schema_name, wide_batch
 from kvlease.ops.wait import wait_until
 

@@ -52,7 +52,8 @@ from kvlease.common.tables import Column, TableInfo
 import kvlease.ops.bench.suite as bench_suite
 from kvlease.ops import local_cluster
 from kvlease.ops.bench import merge_writes
-from kvlease.ops.bench.suite import Option, Row, cpu_seconds, positive_int, wait_idle
+from kvlease.ops.bench.machine import cpu_seconds, wait_idle
+from kvlease.ops.bench.suite import Option, Row, positive_int
 from kvlease.ops.bench.wide_schema import WIDE_COLUMNS, schema_name, wide_batch
 
 TABLE = "bench.writes"

@@ -37,7 +37,7 @@ import os
 import shutil
 
 from kvlease.tablet.log.segment_files import SEGMENT_NAME, sync_dir, write_durably
-from kvlease.tablet.store.snapshot_install import swap_in, sync_tree
+from kvlease.tablet.store.snapshot_install import discard_unintended, finish_swap, read_intent, swap_in, sync_tree
 
 log = logging.getLogger(__name__)
 
@@ -79,19 +79,14 @@ def recover(dir: str, fsync: bool = True) -> bool:
     True if there was one to finish."""
     if not os.path.isdir(dir):
         return False
-    intent = os.path.join(dir, INTENT)
-    if os.path.exists(intent):
-        with open(intent, "rb") as fh:
-            log_offset = int(json.loads(fh.read())["log_offset"])
+    doc = read_intent(dir, INTENT)
+    if doc is not None:
+        log_offset = int(doc["log_offset"])
         log.warning("bucket %s: finishing the re-base on a snapshot at log offset %d a crash interrupted",
                     dir, log_offset)
         _roll_forward(dir, log_offset, fsync)
         return True
-    for name in (STAGED, OLD):
-        path = os.path.join(dir, name)
-        if os.path.exists(path):
-            log.warning("bucket %s: removing %s left by a re-base that did not reach its intent", dir, name)
-            shutil.rmtree(path)
+    discard_unintended(dir, (STAGED, OLD), "a re-base")
     return False
 
 
@@ -99,10 +94,6 @@ def _roll_forward(dir: str, log_offset: int, fsync: bool) -> None:
     """Steps 3 and 4 of the module docstring; idempotent."""
     staged, old = os.path.join(dir, STAGED), os.path.join(dir, OLD)
     swap_in(dir, staged, old, ("kv",), fsync)
-    shutil.rmtree(old, ignore_errors=True)
-    shutil.rmtree(staged, ignore_errors=True)
-    os.unlink(os.path.join(dir, INTENT))
-    if fsync:
-        sync_dir(dir)
+    finish_swap(dir, staged, old, INTENT, fsync)
     log.info("bucket %s: RocksDB re-based on a snapshot at log offset %d; the changelog is replayed into it",
              dir, log_offset)

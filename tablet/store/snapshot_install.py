@@ -81,20 +81,14 @@ def recover(dir: str, fsync: bool = True) -> bool:
     before (see the module docstring); True if there was one to finish."""
     if not os.path.isdir(dir):
         return False
-    intent = os.path.join(dir, INTENT)
-    if os.path.exists(intent):
-        with open(intent, "rb") as fh:
-            doc = json.loads(fh.read())
+    doc = read_intent(dir, INTENT)
+    if doc is not None:
         log_offset = int(doc["log_offset"])
         log.warning("bucket %s: finishing the install of a snapshot at log offset %d a crash interrupted",
                     dir, log_offset)
         _roll_forward(dir, log_offset, tuple(tuple(w) for w in doc.get("writers", ())), fsync)
         return True
-    for name in (STAGED, OLD):
-        path = os.path.join(dir, name)
-        if os.path.exists(path):
-            log.warning("bucket %s: removing %s left by an install that did not reach its intent", dir, name)
-            shutil.rmtree(path)
+    discard_unintended(dir, (STAGED, OLD), "an install")
     return False
 
 
@@ -109,11 +103,7 @@ def _roll_forward(dir: str, log_offset: int, writers: tuple[tuple[int, ...], ...
     swap_in(dir, staged, old, PARTS, fsync)
     epoch_file.save(dir, EpochCache(), fsync)
     writer_sequences.save_seed(dir, writers, fsync)
-    shutil.rmtree(old, ignore_errors=True)
-    shutil.rmtree(staged, ignore_errors=True)
-    os.unlink(os.path.join(dir, INTENT))
-    if fsync:
-        sync_dir(dir)
+    finish_swap(dir, staged, old, INTENT, fsync)
     log.info("bucket %s: installed a snapshot; the changelog starts empty at offset %d", dir, log_offset)
 
 
@@ -135,6 +125,35 @@ def swap_in(dir: str, staged: str, old: str, parts: tuple[str, ...], fsync: bool
         os.rename(new, live)
         if fsync:
             sync_dir(dir)
+
+
+def finish_swap(dir: str, staged: str, old: str, intent: str, fsync: bool) -> None:
+    """The end of a roll-forward (an install's, a re-base's): what was swapped out and what is left of the staging
+    removed, then the intent (``intent``, a name in ``dir``); idempotent."""
+    shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(staged, ignore_errors=True)
+    os.unlink(os.path.join(dir, intent))
+    if fsync:
+        sync_dir(dir)
+
+
+def read_intent(dir: str, intent: str) -> dict | None:
+    """The intent document ``intent`` of ``dir`` a crash left (the roll-forward it asks for); None if none."""
+    try:
+        with open(os.path.join(dir, intent), "rb") as fh:
+            return json.loads(fh.read())
+    except FileNotFoundError:
+        return None
+
+
+def discard_unintended(dir: str, names: tuple[str, ...], what: str) -> None:
+    """Remove the staging directories ``names`` of ``dir`` that ``what`` (an install, a re-base) left before it
+    wrote its intent: undone, as if it never began."""
+    for name in names:
+        path = os.path.join(dir, name)
+        if os.path.exists(path):
+            log.warning("bucket %s: removing %s left by %s that did not reach its intent", dir, name, what)
+            shutil.rmtree(path)
 
 
 def sync_tree(root: str) -> None:

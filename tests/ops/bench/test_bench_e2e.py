@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from kvlease.ops.bench import suite as bench_suite
+from kvlease.ops.bench import machine as bench_machine
 
 from tests.support.fixtures.leaks import kill_group
 from tests.support.paths import REPO
@@ -93,8 +93,8 @@ def test_wait_idle_returns_once_a_process_is_idle_and_waits_while_it_computes():
     spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         assert sleeper.stdout.readline() == "ready\n"  # past the sleeper's start-up
-        assert bench_suite.wait_idle(sleeper.pid, step_s=0.2, timeout_s=5.0) < 1.5
-        assert bench_suite.wait_idle(spinner.pid, step_s=0.2, timeout_s=1.0) >= 1.0
+        assert bench_machine.wait_idle(sleeper.pid, step_s=0.2, timeout_s=5.0) < 1.5
+        assert bench_machine.wait_idle(spinner.pid, step_s=0.2, timeout_s=1.0) >= 1.0
     finally:
         for proc in (sleeper, spinner):
             proc.kill()
@@ -106,7 +106,7 @@ def test_wait_machine_idle_waits_while_a_core_computes_and_says_how_busy_the_mac
     spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         t0 = time.monotonic()
-        busy = bench_suite.wait_machine_idle(busy_below=0.5 / os.cpu_count(), step_s=0.2, timeout_s=0.6)
+        busy = bench_machine.wait_machine_idle(busy_below=0.5 / os.cpu_count(), step_s=0.2, timeout_s=0.6)
         assert time.monotonic() - t0 >= 0.6  # never idle enough: it waited its whole timeout
         assert 0.8 / os.cpu_count() <= busy <= 1.0  # the spinning core at least
     finally:

@@ -18,7 +18,7 @@ import pytest
 from kvlease.ops.bench import (bootstrap as bench_bootstrap, freshness as bench_freshness, leases as bench_leases,
                                lookups as bench_lookups, plot as bench_plot, scan as bench_scan)
 from kvlease.ops.bench import partitions as bench_partitions, rebuild as bench_rebuild, replication as bench_replication
-from kvlease.ops.bench import suite as bench_suite, writes as bench_writes
+from kvlease.ops.bench import machine as bench_machine, suite as bench_suite, writes as bench_writes
 from kvlease.ops.bench.suite import MB, Row
 from tests.support.paths import FIXTURES
 
@@ -267,12 +267,12 @@ def test_plot_path_must_not_be_a_directory(tmp_path):
 def test_cpu_model_comes_from_cpuinfo(tmp_path):
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 7B13\n\nprocessor\t: 1\n")
-    assert bench_suite.cpu_model(str(cpuinfo)) == "AMD EPYC 7B13"
-    assert bench_suite.cpu_model(str(tmp_path / "missing"))  # a fallback, never empty
+    assert bench_machine.cpu_model(str(cpuinfo)) == "AMD EPYC 7B13"
+    assert bench_machine.cpu_model(str(tmp_path / "missing"))  # a fallback, never empty
 
 
 def test_machine_names_cpus_load_and_date():
-    m = bench_suite.machine()
+    m = bench_machine.machine()
     assert m["cpus"] >= 1 and m["cpu_model"] and len(m["load_average"]) == 3
     assert m["date"][:4].isdigit() and "T" in m["date"]
 

@@ -1,0 +1,72 @@
+"""The machine a benchmark runs on: CPU seconds of a process, waiting until a process or the whole machine is
+idle, and what a recorded run says it was measured on."""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from datetime import datetime
+from typing import Any
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far, all its threads (RocksDB's flushes and
+    compactions too); 0 if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            stat = fh.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+    except OSError:
+        return 0.0
+    return (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_idle(pid: int, busy_below: float = 0.05, step_s: float = 1.0, timeout_s: float = 90.0) -> float:
+    """Wait until ``pid`` uses less than ``busy_below`` of a core over ``step_s`` (e.g. the flushes and
+    compactions after a load are done) or ``timeout_s`` passed; returns the seconds waited."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        before = cpu_seconds(pid)
+        time.sleep(step_s)
+        if cpu_seconds(pid) - before < busy_below * step_s:
+            break
+    return time.monotonic() - t0
+
+
+def machine_cpu() -> tuple[float, float]:
+    """(busy, all) CPU ticks of the whole machine so far (``/proc/stat``; idle and iowait are not busy)."""
+    with open("/proc/stat") as fh:
+        ticks = [int(x) for x in fh.readline().split()[1:]]
+    return sum(ticks) - ticks[3] - ticks[4], sum(ticks)
+
+
+def wait_machine_idle(busy_below: float = 0.1, step_s: float = 1.0, timeout_s: float = 60.0) -> float:
+    """Wait until the whole machine is busy less than ``busy_below`` of its CPUs over ``step_s`` (another
+    benchmark's cluster gone, the page cache written back) or ``timeout_s`` passed; returns the busy fraction
+    of the last step."""
+    t0 = time.monotonic()
+    while True:
+        busy, total = machine_cpu()
+        time.sleep(step_s)
+        busy2, total2 = machine_cpu()
+        fraction = (busy2 - busy) / max(1, total2 - total)
+        if fraction < busy_below or time.monotonic() - t0 >= timeout_s:
+            return fraction
+
+
+def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
+    try:
+        with open(cpuinfo) as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "Model", "cpu model") and value.strip():
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def machine() -> dict[str, Any]:
+    """What the figures were measured on (load average now: call it before the run)."""
+    return {"cpus": os.cpu_count(), "cpu_model": cpu_model(), "load_average": [round(x, 2) for x in os.getloadavg()],
+            "python": platform.python_version(), "date": datetime.now().astimezone().isoformat(timespec="seconds")}
