@@ -83,7 +83,7 @@ def run(*, seconds: float, low_rate: int, high_rate: int, wait_ms: int, spark_ra
         no_spark: bool = False, no_feed: bool = False, progress: bench_suite.Progress = lambda text: None) -> dict[str, Any]:
     """The figures (see the module docstring); options as in ``OPTIONS``."""
     from kvlease.client.admin import AdminClient
-    from kvlease.ops.bench.replication import wait_in_sync
+    from kvlease.ops.bench.replication import create_in_sync
 
     if low_rate >= high_rate:
         raise bench_suite.UsageError(f"--low-rate {low_rate:,} must be below --high-rate {high_rate:,}")
@@ -99,10 +99,7 @@ def run(*, seconds: float, low_rate: int, high_rate: int, wait_ms: int, spark_ra
                 for rf in () if no_feed else (1, 3):
                     for rate in (low_rate, high_rate):
                         name = f"bench.fresh_rf{rf}_{rate}"
-                        table = admin.create_table(name, COLUMNS, ["k"], 1, replication_factor=rf,
-                                                   min_insync_replicas=min(rf, 2))
-                        if rf > 1:
-                            wait_in_sync(admin, table.table_id)
+                        create_in_sync(admin, name, COLUMNS, ["k"], rf)
                         progress(f"feed: {rate:,} writes/s for {seconds:g} s at RF {rf}, a long-polling reader")
                         feed[f"rf{rf}_{rate}"] = feed_once(admin, name, rate, seconds, wait_ms)
                         admin.drop_table(name)

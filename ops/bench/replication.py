@@ -114,6 +114,15 @@ def wait_in_sync(admin, table_id: int, timeout_s: float = 120.0) -> None:
         raise RuntimeError(f"table {table_id}: the ISR {state[0].isr} did not reach {state[0].replicas}")
 
 
+def create_in_sync(admin, name: str, columns, key: list[str], rf: int):
+    """A one-bucket table of replication factor ``rf`` (``min.insync-replicas`` up to 2), once every replica of
+    it is in its ISR; its TableInfo."""
+    table = admin.create_table(name, columns, key, 1, replication_factor=rf, min_insync_replicas=min(rf, 2))
+    if rf > 1:
+        wait_in_sync(admin, table.table_id)
+    return table
+
+
 def failover_once(directory: str, admin, client, table_id: int, key: int, before_restart=None) -> float:
     """kill -9 the bucket's leader; seconds until a write and a lookup succeed again. The killed server
     restarts (after ``before_restart()``, if given) and rejoins the ISR before this returns."""
@@ -154,10 +163,7 @@ def run(*, rows: int, batch: int, threads: int, rounds: int, latency_writes: int
                         for pid in pids:
                             wait_idle(pid)
                         name = f"bench.rf{rf}_{round_}"
-                        table = admin.create_table(name, COLUMNS, ["id"], 1, replication_factor=rf,
-                                                   min_insync_replicas=min(rf, 2))
-                        if rf > 1:
-                            wait_in_sync(admin, table.table_id)
+                        create_in_sync(admin, name, COLUMNS, ["id"], rf)
                         progress(f"round {round_} of {rounds}: {rows:,} rows into an RF {rf} table")
                         with TableClient(admin, name, parallelism=threads) as client:
                             cpu = sum(cpu_seconds(p) for p in pids)
@@ -197,8 +203,7 @@ def failovers(directory: str, admin, big_rows: int, kills: int, progress, change
     out: dict[str, Any] = {}
     for label, table_rows in (("small", 10_000), ("big", big_rows)):
         name = f"bench.failover_{label}"
-        table = admin.create_table(name, COLUMNS, ["id"], 1, replication_factor=3, min_insync_replicas=2)
-        wait_in_sync(admin, table.table_id)
+        table = create_in_sync(admin, name, COLUMNS, ["id"], 3)
         with TableClient(admin, name, parallelism=4, retry_total_s=60) as client:
             progress(f"loading {table_rows:,} rows into {name}")
             load(client, table_rows, 10_000, 4)
