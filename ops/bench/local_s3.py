@@ -23,7 +23,7 @@ from typing import Iterator
 
 from kvlease.common import config as cfg
 from kvlease.ops.bench.suite import UsageError
-from kvlease.ops.local_cluster import free_ports
+from kvlease.ops.local_cluster import free_ports, holds_port
 from kvlease.ops.wait import poll
 
 BUCKET = "kvlease-bench"
@@ -54,8 +54,11 @@ def local_s3(log_dir: str | Path) -> Iterator[dict[str, str]]:
         proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
-        poll(lambda: proc.poll() is not None or _listening(port), START_TIMEOUT_S)  # exited, or it serves
-        if proc.poll() is not None or not _listening(port):
+        def serves() -> bool:  # it, not a server that took the port first (ours then exits)
+            return _listening(port) and holds_port(proc.pid, port)
+
+        poll(lambda: proc.poll() is not None or serves(), START_TIMEOUT_S)  # exited, or it serves
+        if proc.poll() is not None or not serves():
             tail = log_path.read_text(errors="replace")[-2000:]
             raise RuntimeError(f"moto's S3 server did not start on 127.0.0.1:{port}: {tail}")
         endpoint = f"http://127.0.0.1:{port}"

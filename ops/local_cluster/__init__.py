@@ -5,7 +5,7 @@ drills, benchmarks, the demo) and the tests import from here, never from the
 modules behind it:
 
 - :mod:`~kvlease.ops.local_cluster.processes`: the one way to spawn and stop a server
-  process, ``free_ports``, ``log_tail``;
+  process, ``free_ports``, ``holds_port``, ``log_tail``;
 - :mod:`~kvlease.ops.local_cluster.cluster_file`: ``cluster.json`` (what runs where), changed under a lock
   (``updating``), and the record of a start under way;
 - :mod:`~kvlease.ops.local_cluster.launch`: ``start`` and ``stop`` of a whole cluster, and ``running`` (both, around a
@@ -36,7 +36,7 @@ from kvlease.ops.local_cluster.settings import check_settings, parse_setting
 from kvlease.ops.local_cluster.start_waits import waiting_line
 from kvlease.ops.local_cluster.launch import running, start, stop
 from kvlease.ops.local_cluster.processes import (ClusterError, ServerProcess, child_env, dying_with_parent,
-                                                 free_ports, kept_ports, log_tail, pid_alive, proc_start,
+                                                 free_ports, holds_port, kept_ports, log_tail, pid_alive, proc_start,
                                                  spawn_server, stop_pids, terminate)
 from kvlease.ops.local_cluster.security import client_settings, server_settings, write_private
 from kvlease.ops.local_cluster import tablet_disks
@@ -48,7 +48,7 @@ __all__ = [
     "CLUSTER_FILE", "STARTING_FILE", "ClusterError", "check_settings", "child_env", "MAIN_CLASSES", "ROLES",
     "ServerProcess", "ZK_ROOT", "ZooKeeperCluster", "ZooKeeperError", "active_coordinator", "bootstrap", "CertPaths",
     "client_config", "client_settings", "cluster_file",
-    "dying_with_parent", "four_letter", "free_ports", "generate_certs", "is_serving", "kept_ports", "kill", "load", "log_tail",
+    "dying_with_parent", "four_letter", "free_ports", "generate_certs", "holds_port", "is_serving", "kept_ports", "kill", "load", "log_tail",
     "member", "node_command", "parse_setting", "pid_alive", "proc_start", "read_health", "restart", "running",
     "running_pids", "save",
     "security_settings", "served_buckets", "server_mode", "server_settings", "spawn_server", "start", "status",

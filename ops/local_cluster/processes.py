@@ -8,7 +8,7 @@ such process with ``kill``/``stop``/``log_tail``. :func:`terminate` and
 :func:`stop_pids` stop processes started elsewhere, recorded by pid (and start
 time: :func:`pid_alive` and :func:`proc_start`, which live with the client,
 ``client/cluster_dir.py``, since a client tells a stopped cluster by them).
-:func:`free_ports` and :func:`log_tail` are the one copy of each.
+:func:`free_ports`, :func:`holds_port` and :func:`log_tail` are the one copy of each.
 """
 
 from __future__ import annotations
@@ -97,6 +97,39 @@ def free_ports(count: int) -> list[int]:
     between picking it and the server binding it, and the server would then fail to start."""
     with ExitStack() as stack:
         return [_hold_free(stack) for _ in range(count)]
+
+
+def holds_port(pid: int, port: int) -> bool:
+    """Whether process ``pid`` listens on TCP ``port`` itself (True where ``/proc`` cannot tell).
+
+    A server's readiness probe on a port picked by :func:`free_ports` can be answered by another process
+    that bound the port first (another cluster's server of the same kind): the probe alone would take that
+    one for ours, and our own process would exit on its failed bind unnoticed."""
+    sockets, read = set(), False
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as fh:
+                lines = fh.readlines()[1:]
+        except OSError:
+            continue
+        read = True
+        for line in lines:
+            fields = line.split()  # sl local_address rem_address st ... inode
+            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # LISTEN
+                sockets.add(f"socket:[{fields[9]}]")
+    if not read:
+        return True
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False  # gone
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") in sockets:
+                return True
+        except OSError:
+            continue
+    return False
 
 
 FIXED_PORTS_LOW = 10_000  # fixed ports are picked from here up to the ephemeral range's start

@@ -13,7 +13,7 @@ import subprocess
 from typing import Any, Callable, Mapping
 
 from kvlease.common.errors import KvLeaseError
-from kvlease.ops.local_cluster.processes import ClusterError, Progress
+from kvlease.ops.local_cluster.processes import ClusterError, Progress, holds_port
 from kvlease.ops.local_cluster.serving import all_served, cluster_admin, serving_now
 from kvlease.ops.wait import poll
 
@@ -44,6 +44,8 @@ def wait_active(doc: dict[str, Any], procs: list[subprocess.Popen], timeout_s: f
             if all(proc.poll() is not None for proc in procs):
                 codes = ", ".join(str(proc.returncode) for proc in procs)
                 raise ClusterError(f"every coordinator exited (exit codes {codes}); {log_files(doc, 'coordinators')}")
+            if not all(_own_port(proc, entry["address"]) for proc, entry in zip(procs, doc["coordinators"])):
+                return False  # one lost its port to another server, which might answer for it: it exits soon
             try:
                 wait_for_active(client, 1.0)
                 return True
@@ -53,6 +55,11 @@ def wait_active(doc: dict[str, Any], procs: list[subprocess.Popen], timeout_s: f
         if not poll(active, timeout_s, interval_s=0.0)[1]:
             raise ClusterError(f"no coordinator became active within {timeout_s:.0f}s; "
                                f"{log_files(doc, 'coordinators')}")
+
+
+def _own_port(proc: subprocess.Popen, address: str) -> bool:
+    """``proc`` exited (its relaunch or its exit code tells) or listens on its address's port itself."""
+    return proc.poll() is not None or holds_port(proc.pid, int(address.rsplit(":", 1)[1]))
 
 
 def fail_if_tablets_exited(doc: Mapping[str, Any], procs: list[subprocess.Popen]) -> None:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from kvlease.common.errors import KvLeaseError
-from kvlease.ops.local_cluster.processes import dying_with_parent, free_ports, log_tail
+from kvlease.ops.local_cluster.processes import dying_with_parent, free_ports, holds_port, log_tail
 from kvlease.ops.wait import poll
 
 JAR_DIR = os.environ.get("KVLEASE_ZK_JAR_DIR", "/usr/share/java")
@@ -284,7 +284,8 @@ class ZooKeeperCluster:
                 if proc is None or proc.poll() is not None:
                     self._fail(index, "exited during startup"
                                + (f" with code {proc.returncode}" if proc is not None else ""))
-                if is_serving(self.nodes[index].client_port):
+                port = self.nodes[index].client_port
+                if is_serving(port) and holds_port(proc.pid, port):  # ours: not a node that took the port first
                     waiting.remove(index)
             return not waiting
         if not poll(all_serving, timeout_s, interval_s=0.1)[1]:

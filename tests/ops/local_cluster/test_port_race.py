@@ -42,3 +42,32 @@ def test_a_server_whose_port_is_taken_as_it_starts_is_started_again_on_a_new_one
         assert local_cluster.load(directory)["tablets"][0]["address"] == tablet  # what clients read
         with AdminClient(local_cluster.bootstrap(directory), retry_total_s=10) as admin:
             assert [s.address for s in admin.list_tablet_servers()] == [tablet]
+
+
+@pytest.mark.zk
+def test_a_coordinator_of_another_cluster_on_the_picked_port_is_not_taken_for_ours(cluster_dir, monkeypatch,
+                                                                                      make_config):
+    """The squatter answers as an active coordinator (another cluster's, on its own chroot): the start waits
+    for its own process, which lost the port, and starts it again elsewhere instead of trusting the answer."""
+    from kvlease.common import config as cfg
+    from kvlease.coordinator.server import CoordinatorServer
+
+    squatted: dict[str, int] = {}
+    real_spawn = launch._spawn
+    with contextlib.ExitStack() as squatters:
+        def racing_spawn(directory_, role, index, zk_connect, remote, port, metrics_port, overrides):
+            if role == "coordinators" and role not in squatted:
+                foreign = CoordinatorServer(make_config({cfg.COORDINATOR_PORT.name: port})).start()
+                squatters.callback(foreign.stop)
+                assert foreign.wait_active(30)
+                squatted[role] = port
+            return real_spawn(directory_, role, index, zk_connect, remote, port, metrics_port, overrides)
+
+        monkeypatch.setattr(launch, "_spawn", racing_spawn)
+        warnings: list[str] = []
+        doc = local_cluster.start(cluster_dir, zk_nodes=1, coordinators=1, tablets=1, warn=warnings.append,
+                                  config_overrides={"zookeeper.session-timeout": "4s"})
+        assert doc["coordinators"][0]["address"] != f"127.0.0.1:{squatted['coordinators']}"
+        assert any(f"coordinator 1: its port {squatted['coordinators']} was taken" in w for w in warnings), warnings
+        with AdminClient(local_cluster.bootstrap(cluster_dir), retry_total_s=10) as admin:
+            assert [s.address for s in admin.list_tablet_servers()] == [doc["tablets"][0]["address"]]

@@ -3,11 +3,14 @@ ephemeral range, so no client socket of any process is handed one before its ser
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 
 import pytest
 
-from kvlease.ops.local_cluster import free_ports, kept_ports, processes
+from kvlease.ops.local_cluster import free_ports, holds_port, kept_ports, processes
 
 pytestmark = pytest.mark.unit
 
@@ -48,3 +51,18 @@ def test_a_recorded_port_is_kept_and_a_taken_one_replaced_below_the_ephemeral_ra
     assert picked[1][0] not in (kept, taken_port)
     assert processes.FIXED_PORTS_LOW <= picked[1][0] < processes._ephemeral_low()
     assert len(warnings) == 1 and f"its port {taken_port} is taken now" in warnings[0], warnings
+
+
+def test_holds_port_tells_the_process_that_listens_from_any_other():
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        try:
+            assert holds_port(os.getpid(), port)
+            assert not holds_port(child.pid, port)  # alive, but the listener is another process's
+        finally:
+            child.kill()
+            child.wait()
+    assert not holds_port(os.getpid(), port)  # closed

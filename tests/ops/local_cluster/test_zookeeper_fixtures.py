@@ -16,7 +16,7 @@ from kazoo.client import KazooClient
 
 from kvlease.common import config as cfg
 from kvlease.ops.local_cluster import zookeeper
-from kvlease.ops.local_cluster import ZooKeeperCluster, ZooKeeperError, four_letter, stop_pids
+from kvlease.ops.local_cluster import ZooKeeperCluster, ZooKeeperError, four_letter, holds_port, stop_pids
 from kvlease.ops.wait import poll, wait_until
 from tests.support.paths import REPO
 
@@ -192,6 +192,25 @@ def test_start_retries_on_new_ports_when_a_port_was_taken(tmp_path, monkeypatch)
             assert cluster.serving(0)
     finally:
         squatter.close()
+
+
+def test_a_zookeeper_that_took_the_picked_port_first_is_not_taken_for_ours(tmp_path, monkeypatch, zk_server):
+    """Another cluster's node answers on the port (as the session's server does here): ours, which could not
+    bind it, is started again on new ports, and the cluster's address is its own node's."""
+    taken = zk_server.nodes[0].client_port
+    real = zookeeper.free_ports
+    calls = []
+
+    def ports(count):
+        calls.append(count)
+        picked = real(count)
+        return [taken, *picked[1:]] if len(calls) == 1 else picked
+
+    monkeypatch.setattr(zookeeper, "free_ports", ports)
+    with ZooKeeperCluster.start(str(tmp_path), 1) as cluster:
+        assert len(calls) == 2
+        assert cluster.nodes[0].client_port != taken
+        assert holds_port(cluster.nodes[0].pid, cluster.nodes[0].client_port)
 
 
 @pytest.fixture
