@@ -26,7 +26,7 @@ from __future__ import annotations
 
 
 import threading
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 from kvlease.common.checksum import crc32
 from kvlease.common.errors import InvalidRequestError, InvalidSnapshotError
@@ -37,7 +37,7 @@ from kvlease.tablet.log.changelog import Changelog
 from kvlease.tablet.log.epoch_file import EpochFile
 from kvlease.tablet.log.epochs import EpochCache, EpochEnd, Truncation
 from kvlease.tablet.store import kv_rebase, snapshot_install
-from kvlease.tablet.store.kvstore import BucketStoreError, KvStore, PreparedEntry, checkpoint_log_offset
+from kvlease.tablet.store.kvstore import BucketStoreError, KvStore, checkpoint_log_offset
 from kvlease.tablet.store.prewrite_buffer import READ_BYTES
 
 
@@ -83,15 +83,12 @@ class BucketReplication:
         _start, end, applied = self.bucket.files.offsets()
         return max(self._hw, applied) if self.bucket.spec.replicated else end
 
-    def advance_high_watermark(self, hw: int, prepared: Sequence[PreparedEntry] = ()) -> int:
+    def advance_high_watermark(self, hw: int) -> int:
         """HW := max(HW, min(``hw``, log end)); apply every entry ending at or below it to RocksDB in offset
         order (the buffer's prepared batches where it holds them, else decoded from the changelog). Never
         moves back; returns the high watermark. Not replicated: the log end, nothing done. A HW that does not
         move opens nothing: a parked follower told its leader's unchanged HW stays parked (every entry the HW
-        passed was applied before it was parked, or is replayed when it opens: :attr:`BucketFiles.replay_limit`).
-        ``prepared``: writes already built for entries of the changelog, in offset order (a rebuild's tail,
-        prepared while its snapshot downloaded): each is committed as it is when RocksDB's applied offset
-        reaches its base, instead of its entry being read back and decoded."""
+        passed was applied before it was parked, or is replayed when it opens: :attr:`BucketFiles.replay_limit`)."""
         with self.bucket.write_lock:
             known = self.bucket.files.known_offsets()  # from memory while parked; None: opened below
             if known is not None and self.bucket.files.failure is None:  # failed: the apply is tried again
@@ -104,19 +101,19 @@ class BucketReplication:
         try:
             with self.bucket.files.use() as (changelog, kv), self.bucket.write_lock:
                 opened = True
-                return self._advance(changelog, kv, hw, prepared)
+                return self._advance(changelog, kv, hw)
         except BucketStoreError:
             if not opened:  # the files cannot open now: a reopen replays up to the HW all the same
                 self._remember(hw)
             raise
 
-    def _advance(self, changelog: Changelog, kv: KvStore, hw: int, prepared: Sequence[PreparedEntry] = ()) -> int:
+    def _advance(self, changelog: Changelog, kv: KvStore, hw: int) -> int:
         if not self.bucket.spec.replicated:
             return changelog.end_offset
         target = max(self._hw, kv.applied_offset, min(hw, changelog.end_offset))
         self._hw = self.bucket.files.replay_limit = target  # a reopen replays up to it
         try:
-            self._apply_up_to(changelog, kv, target, prepared)
+            self._apply_up_to(changelog, kv, target)
         except BaseException as exc:
             self._fail(exc)
             raise BucketStoreError(f"bucket {self.bucket.spec.dir}: applying the changelog up to the high watermark "
@@ -134,10 +131,8 @@ class BucketReplication:
                 self._hw = max(self._hw, hw)
                 self.bucket.files.replay_limit = max(self.bucket.files.replay_limit or 0, self._hw)
 
-    def _apply_up_to(self, changelog: Changelog, kv: KvStore, target: int,
-                     prepared: Sequence[PreparedEntry] = ()) -> None:
+    def _apply_up_to(self, changelog: Changelog, kv: KvStore, target: int) -> None:
         buffer = self.bucket.buffer
-        ready = {entry.base: entry for entry in prepared}
         while kv.applied_offset < target:
             entry = buffer.first()
             if entry is not None and buffer.start == kv.applied_offset == entry.base:
@@ -145,11 +140,6 @@ class BucketReplication:
                     return
                 kv.commit(entry.prepared, entry.next)
                 buffer.pop()
-                continue
-            ahead = ready.get(kv.applied_offset)
-            if ahead is not None and ahead.next <= target:
-                kv.commit(ahead.prepared, ahead.next)
-                buffer.invalidate()  # it did not hold this one either
                 continue
             entries = [e for e in changelog.read(kv.applied_offset, READ_BYTES) if e.next_offset <= target]
             if not entries:

@@ -67,7 +67,7 @@ from kvlease.tablet.log.epoch_file import EpochFile
 from kvlease.tablet.log.epochs import EpochCache, EpochEnd, Truncation
 from kvlease.tablet.log.writer_sequences import DEFAULT_WRITER_EXPIRATION_MS, WriterSequences, load_seed
 from kvlease.tablet.store.kvstore import (APPLIED_KEY, META_CF, BucketStoreError, KvSnapshot, KvStore,
-                                          PreparedEntry, checkpoint_log_offset)
+                                          checkpoint_log_offset)
 from kvlease.tablet.store.prewrite_buffer import PrewriteBuffer
 
 __all__ = ["APPLIED_KEY", "META_CF", "BucketStore", "BucketStoreError", "KvSnapshot", "checkpoint_log_offset"]
@@ -341,8 +341,8 @@ class BucketStore:
         return self.replication.high_watermark
 
     @documented_by(BucketReplication.advance_high_watermark)
-    def advance_high_watermark(self, hw: int, prepared: Sequence[PreparedEntry] = ()) -> int:
-        return self.replication.advance_high_watermark(hw, prepared)
+    def advance_high_watermark(self, hw: int) -> int:
+        return self.replication.advance_high_watermark(hw)
 
     @documented_by(BucketReplication.append_replicated)
     def append_replicated(self, entries: list[bytes]) -> int:

@@ -235,7 +235,6 @@ class Rebuilder(ReplicaWorker):
             installed = self._install_when_free(replica, target, manifest, synced=store.files.settings.fsync)
         finally:
             entries, hw = tail.finish() if tail is not None else ([], 0)
-            prepared = tail.prepared if tail is not None else []
             shutil.rmtree(target, ignore_errors=True)
             futures.wait([acquiring])
             if installed:
@@ -249,7 +248,6 @@ class Rebuilder(ReplicaWorker):
             self.rebuilt += 1
             self.tail_records += end - manifest.log_offset
         if end > manifest.log_offset:
-            self._apply_tail(replica, min(hw, end), prepared)
             self.on_tail(replica, min(hw, end))
         log.info("%s (%s) rebuilt from snapshot %d: %d bytes in %.1fs; its log continues from offset %d "
                  "(%d tail records fetched during the download)", replica.tb, why, handle.snapshot_id, size,
@@ -263,11 +261,12 @@ class Rebuilder(ReplicaWorker):
             return None
         return TailPrefetch(self.channels, address, replica.table.table_id, replica.tb.bucket,
                             replica.table.partition_id, handle.log_offset, max_bytes=self.tail_fetch_bytes,
-                            max_total_bytes=TAIL_MAX_BYTES, stop=self._stop, prepare_for=replica.store.dir).start()
+                            max_total_bytes=TAIL_MAX_BYTES, stop=self._stop).start()
 
     def _append_tail(self, replica, log_offset: int, entries: list[bytes]) -> int:
         """Append the prefetched ``entries`` (from ``log_offset`` on) to the installed replica as its
-        fetcher appends (checked, fsynced); its log end. A failure is logged: the fetcher fetches them then."""
+        fetcher appends (checked, fsynced; RocksDB gets them when the fetcher next learns the high
+        watermark); its log end. A failure is logged: the fetcher fetches them then."""
         if not entries:
             return log_offset
         with replica.fetch_lock:
@@ -279,20 +278,6 @@ class Rebuilder(ReplicaWorker):
                 log.warning("%s: the changelog tail fetched during the download was not appended (the fetcher "
                             "fetches it): %s", replica.tb, exc)
                 return log_offset
-
-    @staticmethod
-    def _apply_tail(replica, high_watermark: int, prepared: list) -> None:
-        """Apply the appended tail up to ``high_watermark`` (the leader served it as committed) with the writes
-        prepared while the snapshot downloaded, here rather than on the applier's thread. A failure is
-        logged: the applier applies it from the log (``on_tail``)."""
-        with replica.fetch_lock:
-            if replica.closed or replica.leads:
-                return
-            try:
-                replica.store.advance_high_watermark(high_watermark, prepared)
-            except Exception as exc:  # noqa: BLE001 - the applier applies it
-                log.warning("%s: the changelog tail was appended but not applied (the applier applies it): %s",
-                            replica.tb, exc)
 
     def release_held(self) -> None:
         """Release the leases of the snapshots installed (the worker thread, once the buckets are back

@@ -17,11 +17,6 @@ which would count toward the high watermark and the ISR before the entries
 are durable here. Committed entries are on every in-sync replica, so
 appending them to the rebuilt replica is what its fetcher would have done.
 
-With ``prepare_for`` (the replica's store path) each entry is also decoded and its RocksDB write built
-as it arrives (``KvStore.prepare_records``): the download mostly waits for the disk, so this work is done
-in its shadow, and once the tail is appended the rebuild commits the prepared writes instead of reading
-the entries back from the log (``BucketStore.advance_high_watermark(hw, prepared)``).
-
 Bounded: at most ``max_total_bytes`` (the fetcher gets the rest). Best
 effort: an error (the leader moved, its log no longer reaches the offset,
 the server stops) ends the prefetch with what it holds so far; the fetcher
@@ -36,11 +31,10 @@ import threading
 import grpc
 
 from kvlease.client.transport import Channels
-from kvlease.common.logentry import CorruptLogError, decode_entry, read_header
+from kvlease.common.logentry import read_header
 from kvlease.common.proto import tablet_pb2 as pb
 from kvlease.common.proto import tablet_pb2_grpc as pb_grpc
 from kvlease.common.wire import error_from_pb
-from kvlease.tablet.store.kvstore import BucketStoreError, KvStore, PreparedEntry
 
 log = logging.getLogger(__name__)
 
@@ -53,15 +47,12 @@ class TailPrefetch:
     :meth:`finish` (see the module docstring)."""
 
     def __init__(self, channels: Channels, address: str, table_id: int, bucket: int, partition_id: int | None,
-                 from_offset: int, *, max_bytes: int, max_total_bytes: int, stop: threading.Event,
-                 prepare_for: str | None = None) -> None:
+                 from_offset: int, *, max_bytes: int, max_total_bytes: int, stop: threading.Event) -> None:
         self.channels, self.address = channels, address
         self.table_id, self.bucket, self.partition_id = table_id, bucket, partition_id
         self.next_offset = from_offset
         self.max_bytes, self.max_total_bytes = max(1, max_bytes), max_total_bytes
         self.entries: list[bytes] = []
-        self.prepared: list[PreparedEntry] = []  # of the first entries, in order (all of them unless one failed)
-        self._prepare_for = prepare_for
         self.bytes = 0
         self.high_watermark = 0  # the leader's, as its last answer said (every entry here ends at or below it)
         self._stop = stop
@@ -81,66 +72,37 @@ class TailPrefetch:
 
     def _run(self) -> None:
         first = True  # the first call is made whatever: a short download still gets the tail
-        pending = None  # the next call, sent before the last answer's entries are prepared
         try:
             while not self._stop.is_set() and self.bytes < self.max_total_bytes:
                 if not first and self._done.is_set():
                     return
                 first = False
-                call, pending = pending or self._send(), None
-                frames = self._answer(call)
-                if not frames:
+                if not self._fetch_once():
                     self._done.wait(IDLE_WAIT_S)
-                    continue
-                if self.bytes < self.max_total_bytes and not self._done.is_set():
-                    pending = self._send()  # the leader reads the next entries while these are prepared
-                for frame in frames:
-                    self._prepare(frame)
         except Exception as exc:  # best effort: the fetcher fetches from wherever this stopped
             log.info("the tail prefetch of bucket %d of table %d stopped at offset %d: %s", self.bucket,
                      self.table_id, self.next_offset, exc)
-        finally:
-            if pending is not None:
-                pending.cancel()
 
-    def _send(self):
-        """A FetchLog call from :attr:`next_offset`, sent: its future."""
+    def _fetch_once(self) -> bool:
+        """One FetchLog call; whether it brought entries."""
         request = pb.FetchLogRequest(table_id=self.table_id, bucket=self.bucket, partition_id=self.partition_id,
                                      from_offset=self.next_offset, max_bytes=self.max_bytes)
-        return self.channels.stub(self.address, pb_grpc.TabletServiceStub).FetchLog.future(
-            request, timeout=RPC_TIMEOUT_S)
-
-    def _answer(self, call) -> list[bytes]:
-        """The entries of a FetchLog call, kept (the offset moved past them); raises its error."""
         try:
-            response = call.result()
+            response = self.channels.stub(self.address, pb_grpc.TabletServiceStub).FetchLog(
+                request, timeout=RPC_TIMEOUT_S)
         except grpc.RpcError as exc:
             raise RuntimeError(f"FetchLog to {self.address}: {exc.code()}") from None
         error = error_from_pb(response.error)
         if error is not None:
             raise error
         self.high_watermark = max(self.high_watermark, response.log_end_offset)
-        frames = list(response.entries)
-        for frame in frames:
-            self.entries.append(frame)
-            self.bytes += len(frame)
-        if frames:
-            self.next_offset = _entry_end(frames[-1])
-        return frames
-
-    def _prepare(self, frame: bytes) -> None:
-        """Decode ``frame`` (its CRC checked) and build its write; after a failure, no later entry's (the
-        append checks every frame again and refuses a bad one; the applier reads what it lacks)."""
-        if self._prepare_for is None:
-            return
-        try:
-            entry = decode_entry(frame)
-            self.prepared.append(PreparedEntry(entry.base_offset, entry.next_offset,
-                                               KvStore.prepare_records(entry.records, self._prepare_for)))
-        except (CorruptLogError, BucketStoreError) as exc:
-            log.info("the tail prefetch of bucket %d of table %d prepares no more writes: %s", self.bucket,
-                     self.table_id, exc)
-            self._prepare_for = None
+        if not response.entries:
+            return False
+        for entry in response.entries:
+            self.entries.append(entry)
+            self.bytes += len(entry)
+        self.next_offset = _entry_end(response.entries[-1])
+        return True
 
 
 def _entry_end(frame: bytes) -> int:

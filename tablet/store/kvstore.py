@@ -32,7 +32,7 @@ from rocksdict import (AccessType, BlockBasedOptions, Checkpoint, DBCompressionT
 from kvlease.common.errors import KvLeaseError, show
 from kvlease.common.kvsnapshot import scan_read_options
 from kvlease.common.logentry import ChangeType
-from kvlease.tablet.store.key_ranges import KeyRanges, key_range
+from kvlease.tablet.store.key_ranges import KeyRanges
 from kvlease.tablet.store.memtable_filter import MemtableFilterPolicy
 
 log = logging.getLogger(__name__)
@@ -63,42 +63,11 @@ class BucketInUseError(BucketStoreError):
     try again in a moment). Nothing changed."""
 
 
-def _put_records(batch: WriteBatch, entry: pa.RecordBatch, path: str) -> None:
-    """Add one entry's changelog records to ``batch``: +I/+U put, -D delete, -U nothing (BucketStoreError for a
-    put without a value)."""
-    types = entry.column(0).to_numpy(zero_copy_only=False)
-    puts = np.isin(types, _PUT_TYPES)
-    acts = puts | (types == _DELETE)
-    if not acts.all():  # -U records change nothing: left out before their keys and values are converted
-        entry, types, puts = entry.filter(pa.array(acts)), types[acts], puts[acts]
-    keys, values = entry.column(1).to_pylist(), entry.column(2)
-    if values.null_count and (bad := puts & values.is_null().to_numpy(zero_copy_only=False)).any():
-        i = int(bad.argmax())
-        raise BucketStoreError(f"{path}: changelog record {ChangeType(int(types[i]))} of key "
-                               f"{show(keys[i])} has no value")
-    if puts.all():  # inserts and updates only: one pass, no per-record branch
-        collections.deque(map(batch.put, keys, values.to_pylist()), maxlen=0)
-        return
-    for put, key, value in zip(puts.tolist(), keys, values.to_pylist()):
-        if put:
-            batch.put(key, value)
-        else:
-            batch.delete(key)
-
-
 class PreparedWrite(NamedTuple):
     """Puts and deletes ready to commit (:meth:`KvStore.prepare`)."""
 
     batch: WriteBatch
     key_range: tuple[bytes, bytes] | None  # the lowest and highest key put (None: no put)
-
-
-class PreparedEntry(NamedTuple):
-    """The write that applies changelog entry ``base``..``next - 1`` (:meth:`KvStore.prepare_records`)."""
-
-    base: int
-    next: int
-    prepared: PreparedWrite
 
 
 class KvSnapshot:
@@ -320,18 +289,25 @@ class KvStore:
         batch = WriteBatch(raw_mode=True)
         for entry in records:
             self._ranges.add_keys(entry.column(1))
-            _put_records(batch, entry, self.path)
+            types = entry.column(0).to_numpy(zero_copy_only=False)
+            puts = np.isin(types, _PUT_TYPES)
+            acts = puts | (types == _DELETE)
+            if not acts.all():  # -U records change nothing: left out before their keys and values are converted
+                entry, types, puts = entry.filter(pa.array(acts)), types[acts], puts[acts]
+            keys, values = entry.column(1).to_pylist(), entry.column(2)
+            if values.null_count and (bad := puts & values.is_null().to_numpy(zero_copy_only=False)).any():
+                i = int(bad.argmax())
+                raise BucketStoreError(f"{self.path}: changelog record {ChangeType(int(types[i]))} of key "
+                                       f"{show(keys[i])} has no value")
+            if puts.all():  # inserts and updates only: one pass, no per-record branch
+                collections.deque(map(batch.put, keys, values.to_pylist()), maxlen=0)
+                continue
+            for put, key, value in zip(puts.tolist(), keys, values.to_pylist()):
+                if put:
+                    batch.put(key, value)
+                else:
+                    batch.delete(key)
         self._commit(batch, next_offset)
-
-    @staticmethod
-    def prepare_records(records: pa.RecordBatch, path: str) -> PreparedWrite:
-        """:meth:`apply_records` of one entry's records as a write to :meth:`commit`, built by any thread (it
-        reads nothing of the store; ``path``, the store's, names it in an error): a rebuild prepares its
-        changelog tail while the snapshot's files download. Its key range covers every record's key, as
-        :meth:`apply_records` covers them."""
-        batch = WriteBatch(raw_mode=True)
-        _put_records(batch, records, path)
-        return PreparedWrite(batch, key_range(records.column(1)) if records.num_rows else None)
 
     def _commit(self, batch: WriteBatch, next_offset: int) -> None:
         batch.put(APPLIED_KEY, next_offset.to_bytes(8, "big"), self._meta_handle)

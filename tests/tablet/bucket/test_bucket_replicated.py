@@ -443,4 +443,3 @@ def test_failed_files_behind_the_high_watermark_refuse_reads_until_reopened(buck
         assert store.lookup(keys(1, 2))[0].tolist() == [True, True]
     finally:
         store.close()
-

@@ -17,7 +17,6 @@ import pytest
 from kvlease.client.table import TableClient
 from kvlease.client.transport import Channels
 from kvlease.common.arrow_ipc import batch_to_ipc
-from kvlease.common.logentry import decode_entry
 from kvlease.common.proto import tablet_pb2 as pb
 from kvlease.common.proto import tablet_pb2_grpc as pb_grpc
 from kvlease.tablet.replication.rebuild_progress import progress
@@ -259,34 +258,19 @@ def test_the_tail_prefetch_reads_the_leaders_committed_log_byte_for_byte_and_sto
         store = leader.replicas.replica(table.table_id, 0).store
         channels = Channels()
         try:
-            def prefetch(address: str, offset: int, max_bytes: int = 300, tails: list | None = None):
+            def prefetch(address: str, offset: int, max_bytes: int = 300):
                 tail = TailPrefetch(channels, address, table.table_id, 0, None, offset, max_bytes=max_bytes,
-                                    max_total_bytes=1 << 30, stop=threading.Event(), prepare_for="here").start()
+                                    max_total_bytes=1 << 30, stop=threading.Event()).start()
                 wait_until(lambda: tail.next_offset >= store.high_watermark or not tail._thread.is_alive(), 10,
                            "the prefetch to catch up")
-                if tails is not None:
-                    tails.append(tail)
                 return tail.finish()
 
-            tails: list = []
-            entries, hw = prefetch(leader.address, handle.log_offset, tails=tails)
+            entries, hw = prefetch(leader.address, handle.log_offset)
             assert hw == store.high_watermark and len(entries) > 2  # many calls of 300 bytes
             assert entries == store.fetch_log(handle.log_offset, 1 << 30)[0]  # committed, byte for byte
-            # each entry's write was prepared as it came (what a rebuild commits after its install)
-            headers = [decode_entry(frame) for frame in entries]
-            assert [(p.base, p.next) for p in tails[0].prepared] == [(e.base_offset, e.next_offset) for e in headers]
             log_start, _ = store.list_offsets()
             assert log_start > 0  # retention removed the log's head
             assert prefetch(leader.address, log_start - 1) == ([], 0)  # below the leader's log start
             assert prefetch(other.address, handle.log_offset) == ([], 0)  # not the leader
         finally:
             channels.close()
-
-
-def test_the_tail_prefetch_stops_preparing_at_a_frame_that_does_not_decode():
-    """A damaged frame is not prepared, nor any after it (the install's append refuses it anyway; the applier
-    reads whatever it applies from the log then)."""
-    tail = TailPrefetch(None, "nowhere:1", 1, 0, None, 0, max_bytes=1, max_total_bytes=1, stop=threading.Event(),
-                        prepare_for="here")
-    tail._prepare(b"not a frame at all")
-    assert tail.prepared == [] and tail._prepare_for is None
