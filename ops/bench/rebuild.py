@@ -175,9 +175,10 @@ def rebuild_once(config: cfg.Config, admin, table_id: int, log_end: int) -> tupl
             if "applied_s" not in marks and applied_offset(server, table_id) >= log_end:
                 marks["applied_s"] = now - t0
             # an RPC, in this process: asked less often, and only once installed (a replica without its snapshot
-            # cannot be in the ISR; polling the coordinator meanwhile took CPU from the download it times)
+            # cannot be in the ISR; polling the coordinator meanwhile took CPU from the download it times); as
+            # often as the rest once the tail is applied (only the ISR is left to wait for)
             if "in_isr_s" not in marks and "installed_s" in marks and now >= next_isr_check:
-                next_isr_check = now + 0.02
+                next_isr_check = now + (POLL_S if "applied_s" in marks else 0.02)
                 if FOLLOWER_ID in bucket_state(admin, table_id).isr:
                     marks["in_isr_s"] = time.perf_counter() - t0
             if now > deadline:
