@@ -377,7 +377,7 @@ class TabletServer:
                 f"({(loads(current) or {}).get('address')})")
 
     def _on_zk_state(self, state: str) -> None:
-        if state == KazooState.LOST:
+        if state == KazooState.LOST and not self._stopping.is_set():  # stop() ends the session itself
             log.warning("ZooKeeper session lost: registering again once reconnected")
             self._register_needed.set()
 

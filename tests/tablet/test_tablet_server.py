@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -409,3 +410,14 @@ def test_snapshot_commits_check_the_log_end_over_one_kept_channel_closed_at_step
     with pytest.raises(errors.NotCoordinatorError):
         log_ends.check(handle, tablet.address)
     assert log_ends.addresses == []  # and opened none again
+
+
+def test_a_stopping_server_does_not_say_its_zookeeper_session_was_lost(cluster, tmp_path, caplog):
+    """stop() ends the session itself: no warning that reads like a lost connection at every shutdown."""
+    c = cluster()
+    server = c.tablet(1, tmp_path / "t1")
+    c.tablets.remove(server)
+    with caplog.at_level(logging.INFO, logger="kvlease.tablet.server"):
+        server.stop()
+    said = [r.getMessage() for r in caplog.records if r.name == "kvlease.tablet.server"]
+    assert not [m for m in said if "session lost" in m], said
