@@ -33,7 +33,7 @@ from typing import Any
 import kvlease.ops.bench.suite as bench_suite
 from kvlease.common.tables import Column
 from kvlease.ops import local_cluster
-from kvlease.ops.bench.freshness_probe import COLUMNS_SQL, FeedReader, PacedWriter, Seen, freshness
+from kvlease.ops.bench.freshness_probe import COLUMNS_SQL, FeedReader, Seen, StampedWriter, freshness
 from kvlease.ops.bench.suite import Option, Row, positive_float, positive_int
 
 COLUMNS = [Column(name, kind) for name, kind in COLUMNS_SQL]
@@ -61,7 +61,7 @@ def feed_once(admin, table: str, rate: int, seconds: float, wait_ms: int) -> dic
     from kvlease.client.table import TableClient
 
     with TableClient(admin, table) as writes, TableClient(admin, table) as reads:
-        writer = PacedWriter(writes, rate, seconds)
+        writer = StampedWriter(writes, rate, seconds)
         seen = Seen(writer.n)
         reader = FeedReader(reads, reads.end_positions([0])[0], seen, wait_ms).start()
         t0 = time.monotonic()

@@ -4,7 +4,7 @@ Every time here is this process's ``time.monotonic()``: the writer stamps each k
 acknowledged (``TableClient.upsert`` returned: PutKv answered, at RF 3 once the in-sync replicas hold it),
 a reader stamps each key when it sees it (:class:`Seen`); a key's freshness is the difference
 (:func:`freshness`). Keys are ``0..n-1``, one row each, written in key order in small batches at a steady
-rate (:class:`PacedWriter`). :class:`FeedReader` is the reader ``kvlease log --follow`` is: long-polling
+rate (:class:`StampedWriter`). :class:`FeedReader` is the reader ``kvlease log --follow`` is: long-polling
 ``fetch_log_from`` of one bucket.
 """
 
@@ -51,7 +51,7 @@ class Seen:
         return self._all.wait(timeout_s)
 
 
-class PacedWriter:
+class StampedWriter:
     """Writes keys ``0..n-1`` (``n = rate * seconds``) at ``rate`` rows/s: ``rate / 100`` rows every 10 ms
     (at least one), each batch's keys stamped when its ``upsert`` returns. Batches are sent by up to
     :data:`IN_FLIGHT` threads, so a write that waits longer than the interval (at RF 3 the in-sync replicas'

@@ -19,7 +19,7 @@ import time
 from statistics import median
 from typing import Any
 
-from kvlease.ops.bench.freshness_probe import PacedWriter, Seen, freshness
+from kvlease.ops.bench.freshness_probe import Seen, StampedWriter, freshness
 
 #: docs/spark.md's "Low-latency streaming" settings. A checkpoint on the local disk (``file:``): Hadoop's local
 #: filesystem, without its native library (PySpark from pip has none), starts a process for some file
@@ -46,7 +46,7 @@ def spark_freshness(spark, client, bootstrap: str, table: str, rate: int, second
                     progress) -> dict[str, Any]:
     """The freshness of a micro-batch (see the module docstring): ``freshness()``'s figures, with ``batches``
     (micro-batches that had rows), ``achieved_rate`` and ``rate``."""
-    writer = PacedWriter(client, rate, seconds)
+    writer = StampedWriter(client, rate, seconds)
     seen = Seen(writer.n)
     batches: list[int] = []
 

@@ -9,7 +9,7 @@ import pytest
 
 from kvlease.ops.bench import freshness as bench_freshness
 from kvlease.ops.bench import suite as bench_suite
-from kvlease.ops.bench.freshness_probe import PacedWriter, Seen, freshness
+from kvlease.ops.bench.freshness_probe import Seen, StampedWriter, freshness
 
 LINE = {"keys": 900, "missing": 0, "seen_before_ack": 90, "p50_ms": 2.0, "p99_ms": 30.0, "max_ms": 40.0,
         "mean_ms": 3.0, "rate": 1000, "achieved_rate": 998.0, "writes": 1000, "fetches_per_s": 90.0}
@@ -68,7 +68,7 @@ def test_the_writer_keeps_its_rate_and_stamps_every_key():
             self.keys += batch.column("k").to_pylist()
 
     client = Client()
-    writer = PacedWriter(client, rate=2_000, seconds=0.25)
+    writer = StampedWriter(client, rate=2_000, seconds=0.25)
     writer.run()
     assert sorted(client.keys) == list(range(500)) and writer.per_batch == 20
     assert not np.isnan(writer.acked).any()
