@@ -8,7 +8,9 @@ snapshot's ``log_offset`` is known before its files are, so
 own, while the files download: the install then appends what it holds in one
 write (``BucketStore.append_replicated``, the fetcher's own path: checked,
 fsynced, epochs and idempotent writers noted) and the fetcher goes on from
-there instead of from the snapshot's offset.
+there instead of from the snapshot's offset. Caught up with the leader, it
+long-polls (``FetchLog``'s ``max_wait_ms``): what the leader commits meanwhile
+comes at once, and :meth:`TailPrefetch.finish` cancels the poll in flight.
 
 It reads as a reader does (``FetchLog``: committed entries only, byte for
 byte as the leader framed them), not as a follower (``ReplicaFetch``): a
@@ -38,7 +40,9 @@ from kvlease.common.wire import error_from_pb
 
 log = logging.getLogger(__name__)
 
-IDLE_WAIT_S = 0.02  # caught up with the leader's high watermark: asked again after this long
+#: Caught up with the leader's high watermark: the next call is a long poll of at most this long (it answers as
+#: soon as the leader commits more; :meth:`TailPrefetch.finish` cancels it).
+IDLE_WAIT_MS = 200
 RPC_TIMEOUT_S = 30.0
 
 
@@ -57,6 +61,8 @@ class TailPrefetch:
         self.high_watermark = 0  # the leader's, as its last answer said (every entry here ends at or below it)
         self._stop = stop
         self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._waiting = None  # the long poll in flight (a gRPC future), for finish() to cancel
         self._thread = threading.Thread(target=self._run, daemon=True, name="rebuild-tail-prefetch")
 
     def start(self) -> "TailPrefetch":
@@ -64,32 +70,43 @@ class TailPrefetch:
         return self
 
     def finish(self) -> tuple[list[bytes], int]:
-        """Stop fetching (the call in flight ends first); the entries fetched (framed, contiguous from the
-        snapshot's offset, committed on the leader) and the leader's high watermark last seen."""
+        """Stop fetching (a call bringing entries ends first, a long poll waiting for more is cancelled); the
+        entries fetched (framed, contiguous from the snapshot's offset, committed on the leader) and the
+        leader's high watermark last seen."""
         self._done.set()
+        with self._lock:
+            waiting = self._waiting
+        if waiting is not None:
+            waiting.cancel()
         self._thread.join()
         return self.entries, self.high_watermark
 
     def _run(self) -> None:
         first = True  # the first call is made whatever: a short download still gets the tail
+        caught_up = False
         try:
             while not self._stop.is_set() and self.bytes < self.max_total_bytes:
                 if not first and self._done.is_set():
                     return
                 first = False
-                if not self._fetch_once():
-                    self._done.wait(IDLE_WAIT_S)
+                caught_up = not self._fetch_once(IDLE_WAIT_MS if caught_up else 0)
         except Exception as exc:  # best effort: the fetcher fetches from wherever this stopped
             log.info("the tail prefetch of bucket %d of table %d stopped at offset %d: %s", self.bucket,
                      self.table_id, self.next_offset, exc)
 
-    def _fetch_once(self) -> bool:
-        """One FetchLog call; whether it brought entries."""
+    def _fetch_once(self, wait_ms: int) -> bool:
+        """One FetchLog call (a long poll of ``wait_ms``, cancelled by :meth:`finish`); whether it brought
+        entries."""
         request = pb.FetchLogRequest(table_id=self.table_id, bucket=self.bucket, partition_id=self.partition_id,
-                                     from_offset=self.next_offset, max_bytes=self.max_bytes)
+                                     from_offset=self.next_offset, max_bytes=self.max_bytes, max_wait_ms=wait_ms)
+        fetch_log = self.channels.stub(self.address, pb_grpc.TabletServiceStub).FetchLog
         try:
-            response = self.channels.stub(self.address, pb_grpc.TabletServiceStub).FetchLog(
-                request, timeout=RPC_TIMEOUT_S)
+            if not wait_ms:
+                response = fetch_log(request, timeout=RPC_TIMEOUT_S)
+            else:
+                response = self._long_poll(fetch_log.future(request, timeout=RPC_TIMEOUT_S))
+                if response is None:
+                    return False  # cancelled: finish() was called
         except grpc.RpcError as exc:
             raise RuntimeError(f"FetchLog to {self.address}: {exc.code()}") from None
         error = error_from_pb(response.error)
@@ -103,6 +120,25 @@ class TailPrefetch:
             self.bytes += len(entry)
         self.next_offset = _entry_end(response.entries[-1])
         return True
+
+
+    def _long_poll(self, call):
+        """``call``'s answer, or None if :meth:`finish` cancelled it (or came before it could be)."""
+        with self._lock:
+            self._waiting = call
+        try:
+            if self._done.is_set():  # finish() came before ``call`` was known to it
+                call.cancel()
+            return call.result()
+        except grpc.FutureCancelledError:
+            return None
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.CANCELLED and self._done.is_set():
+                return None
+            raise
+        finally:
+            with self._lock:
+                self._waiting = None
 
 
 def _entry_end(frame: bytes) -> int:

@@ -10,6 +10,7 @@ import json
 import logging
 import shutil
 import threading
+import time
 
 import grpc
 import pytest
@@ -20,6 +21,7 @@ from kvlease.common.arrow_ipc import batch_to_ipc
 from kvlease.common.proto import tablet_pb2 as pb
 from kvlease.common.proto import tablet_pb2_grpc as pb_grpc
 from kvlease.tablet.replication.rebuild_progress import progress
+from kvlease.tablet.replication import tail_prefetch
 from kvlease.tablet.replication.tail_prefetch import TailPrefetch
 from kvlease.ops.wait import wait_until
 from tests.tablet.replication.test_replicated_buckets import (FAST, SCHEMA, bucket_state, crash, server_by_id,
@@ -241,7 +243,8 @@ def test_a_leader_that_becomes_a_follower_keeps_its_data_and_is_not_rebuilt(clus
         assert rows_of(store) == rows_of(leader_store)
 
 
-def test_the_tail_prefetch_reads_the_leaders_committed_log_byte_for_byte_and_stops_quietly_on_an_error(cluster):
+def test_the_tail_prefetch_reads_the_leaders_committed_log_byte_for_byte_and_stops_quietly_on_an_error(cluster,
+                                                                                                      monkeypatch):
     """What a rebuild appends after its install is exactly the leader's committed log from the snapshot's offset on
     (the fetcher's own bytes); an offset the leader's log no longer holds, or a server that does not lead the
     bucket, ends the prefetch with nothing (the fetcher then fetches the tail itself), not with an error."""
@@ -272,5 +275,17 @@ def test_the_tail_prefetch_reads_the_leaders_committed_log_byte_for_byte_and_sto
             assert log_start > 0  # retention removed the log's head
             assert prefetch(leader.address, log_start - 1) == ([], 0)  # below the leader's log start
             assert prefetch(other.address, handle.log_offset) == ([], 0)  # not the leader
+            # caught up, it long-polls: rows committed meanwhile come at once, and finish() cancels the poll in
+            # flight instead of waiting for its end
+            monkeypatch.setattr(tail_prefetch, "IDLE_WAIT_MS", 20_000)
+            tail = TailPrefetch(channels, leader.address, table.table_id, 0, None, handle.log_offset,
+                                max_bytes=1 << 20, max_total_bytes=1 << 30, stop=threading.Event()).start()
+            wait_until(lambda: tail.next_offset >= store.high_watermark, 10, "the prefetch to catch up")
+            write(client, 300, 5, "d")
+            wait_until(lambda: tail.next_offset >= store.high_watermark, 10, "the long poll to bring the new rows")
+            started = time.monotonic()
+            entries, _hw = tail.finish()
+            assert time.monotonic() - started < 5  # not the long poll's 20 s
+            assert entries == store.fetch_log(handle.log_offset, 1 << 30)[0]
         finally:
             channels.close()
