@@ -146,6 +146,7 @@ class BucketWrites:
                 changes.update(dict.fromkeys(key_list[n_up:]))
         with self.bucket.write_lock:
             self._check_leading()
+            admitted = self.bucket.role.leader_epoch  # the leadership this write is appended under, or none
             if writer is not None and (done := self._resent(changelog, writer)) is not None:
                 return done
             while any(lo <= bounds[1] and bounds[0] <= hi for lo, hi in self._in_flight.values()):
@@ -156,12 +157,9 @@ class BucketWrites:
             if not records.num_rows:
                 end = changelog.end_offset
                 return end, end
-            if records.nbytes > MAX_ENTRY_BYTES:
-                raise RecordTooLargeError(
-                    f"this write's changelog entry would be {records.nbytes} bytes, over {MAX_ENTRY_BYTES} "
-                    f"(one gRPC message; an update holds the row twice): send fewer rows per write",
-                    size=records.nbytes)
-            epoch = self.bucket.role.leader_epoch
+            _check_size(records)
+            self._check_leading(admitted)  # the waits above released the lock: a push may have come meanwhile
+            epoch = admitted
             new_epoch = epoch >= 0 and epoch != self.bucket.epoch_file.cache.latest_epoch
             if new_epoch and self.bucket.epoch_file.stale(epoch):
                 self.bucket.epoch_file.note(epoch, changelog.end_offset)  # raises FencedLeaderEpochError
@@ -191,14 +189,22 @@ class BucketWrites:
                 self._settled.notify_all()
             return base, nxt
 
-    def _check_leading(self) -> None:
+    def _check_leading(self, admitted: int | None = None) -> None:
         """Under the write lock: the files take writes (else their failure) and this replica leads (else
-        NotLeaderError: a write that passed its leadership's check before a push made it a follower)."""
+        NotLeaderError: a write that passed its leadership's check before a push made it a follower).
+        ``admitted``: the leader epoch the write was let in under, checked again just before it is appended
+        (it may have waited for an earlier write with the lock released): a write that waited through a push
+        is refused too, whatever the replica is now, rather than stamped with an epoch it was not admitted by
+        (a deposed leader's entry under its successor's epoch hides from every divergence check)."""
         self.bucket.files.check_writable()
-        if self.bucket.role.following:
-            bucket = self.bucket.spec.bucket
+        role, bucket = self.bucket.role, self.bucket.spec.bucket
+        if role.following:
             raise errors.NotLeaderError(f"bucket {bucket} ({self.bucket.spec.dir}) follows its leader now (leader epoch "
-                                        f"{self.bucket.role.leader_epoch}): this write was not appended", bucket=bucket)
+                                        f"{role.leader_epoch}): this write was not appended", bucket=bucket)
+        if admitted is not None and role.leader_epoch != admitted:
+            raise errors.NotLeaderError(f"bucket {bucket} ({self.bucket.spec.dir}) changed leadership (leader epoch "
+                                        f"{admitted} -> {role.leader_epoch}) while this write waited: it was not "
+                                        f"appended", bucket=bucket)
 
     def _records(self, changelog: Changelog, kv: KvStore, keys: pa.Array, up_values: pa.Array,
                  key_list: list[bytes], bounds: tuple[bytes, bytes], prepared: PreparedWrite | None,
@@ -268,3 +274,11 @@ class BucketWrites:
 
     def _apply(self, kv: KvStore, prepared: PreparedWrite, next_offset: int) -> None:
         kv.commit(prepared, next_offset)
+
+
+def _check_size(records: pa.RecordBatch) -> None:
+    """RecordTooLargeError if a write's changelog entry would not fit one gRPC message."""
+    if records.nbytes > MAX_ENTRY_BYTES:
+        raise RecordTooLargeError(
+            f"this write's changelog entry would be {records.nbytes} bytes, over {MAX_ENTRY_BYTES} "
+            f"(one gRPC message; an update holds the row twice): send fewer rows per write", size=records.nbytes)
