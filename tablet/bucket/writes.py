@@ -147,11 +147,12 @@ class BucketWrites:
         with self.bucket.write_lock:
             self._check_leading()
             admitted = self.bucket.role.leader_epoch  # the leadership this write is appended under, or none
-            if writer is not None and (done := self._resent(changelog, writer)) is not None:
-                return done
             while any(lo <= bounds[1] and bounds[0] <= hi for lo, hi in self._in_flight.values()):
                 self._settled.wait()  # an earlier write not yet published may hold keys of this one
                 self.bucket.files.check_writable()
+            # after the waits: a resend of this batch may have been appended while they released the lock
+            if writer is not None and (done := self._resent(changelog, writer)) is not None:
+                return done
             records, prepared, changes = self._records(changelog, kv, keys, up_values, key_list, bounds,
                                                        prepared, changes, fold)
             if not records.num_rows:

@@ -1,6 +1,7 @@
 """A leader's write that waits inside the store (for an earlier write of the same keys, the lock released)
-while a push deposes the leader is not appended: real RocksDB and changelog in a temp dir, the earlier
-write held in its fsync so that the later one waits."""
+is checked again before it is appended: not at all if a push deposed the leader meanwhile, and only once if
+a resend of its idempotent batch was appended meanwhile. Real RocksDB and changelog in a temp dir, the
+earlier write held in its fsync so that the later ones wait."""
 
 from __future__ import annotations
 
@@ -68,3 +69,45 @@ def test_a_write_that_waited_through_a_push_is_not_appended(bucket_dir, monkeypa
         assert isinstance(outcomes["second"], NotLeaderError), outcomes["second"]
         assert store.log_end_offset == 2
         assert store.epochs == EpochCache([(1, 0)])  # no entry under an epoch the write was not let in by
+
+
+def test_a_batch_resent_while_the_first_send_waits_inside_the_store_is_appended_once(bucket_dir, monkeypatch):
+    """Both sends of one idempotent batch pass the duplicate check, then wait for an earlier write of the same
+    keys (the lock released): the one that goes second must find the batch appended by the first and answer its
+    offsets, not append it again."""
+    with open_store(bucket_dir) as store:
+        store.become_leader(1)
+        syncing, release = threading.Event(), threading.Event()
+        real_sync = Changelog.sync
+
+        def held_sync(changelog, pending):
+            if threading.current_thread().name == "earlier":
+                syncing.set()
+                release.wait(10)
+            return real_sync(changelog, pending)
+
+        monkeypatch.setattr(Changelog, "sync", held_sync)
+        outcomes: dict[str, object] = {}
+
+        def write(name: str, writer) -> None:
+            try:
+                outcomes[name] = store.write(rows((1, name, 0.0)), writer=writer)
+            except Exception as exc:  # noqa: BLE001 - the outcome is the test's
+                outcomes[name] = exc
+
+        earlier = threading.Thread(target=write, args=("earlier", None), name="earlier")
+        sends = [threading.Thread(target=write, args=(name, (7, 0)), name=name) for name in ("send", "resend")]
+        try:
+            earlier.start()
+            assert syncing.wait(10), "the earlier write did not reach its fsync"
+            settled = store.writes._settled
+            for n, thread in enumerate(sends, 1):
+                thread.start()
+                wait_until(lambda n=n: len(settled._waiters) == n, 10, "the send to wait for the earlier write")
+        finally:
+            release.set()
+            for thread in (earlier, *sends):
+                thread.join(10)
+        assert outcomes["earlier"] == (0, 1)
+        assert outcomes["send"] == outcomes["resend"] == (1, 3), outcomes  # one entry (-U, +U), both answered with it
+        assert store.log_end_offset == 3
