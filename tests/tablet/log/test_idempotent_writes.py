@@ -87,13 +87,16 @@ def test_a_duplicate_of_a_batch_still_being_written_waits_for_it(bucket_dir):
         assert syncing.wait(5)
         resent = threading.Thread(target=lambda: answers.append(store.write(rows((1, "a", 0.0)), writer=(9, 0))))
         resent.start()
-        wait_until(lambda: len(checks) == 2, 5, "the resent batch found its original")
+        # the resend waits for the original (the same keys, in flight) before its duplicate check, which then
+        # finds it appended: it answers its offsets once it is published
+        wait_until(lambda: len(store.writes._settled._waiters) == 1, 5, "the resent batch to wait for its original")
         time.sleep(0.2)  # a negative check: a resend that did not wait for its original would have answered by now
         assert answers == []  # the resent one does not answer before the original is published
         release.set()
         first.join(5)
         resent.join(5)
         assert answers == [(0, 1), (0, 1)] and store.log_end_offset == 1
+        assert [type(c).__name__ for c in checks][-1] == "Duplicate"  # the resend's check found the original
 
 
 @pytest.mark.zk

@@ -181,7 +181,10 @@ def test_controlled_shutdown_ends_when_the_last_movable_leadership_loses_its_oth
     in-sync replica) until its push shrinks the leader's own ISR view; then the stop goes on at once, not
     after tablet.controlled-shutdown.timeout (asking again changes nothing)."""
     from kvlease.client.server_calls import ServerCalls
-    with three_servers(make_config, tmp_path, {**FAST, "tablet.controlled-shutdown.timeout": "60s"}) as c:
+    # replica.max-lag 60s: a follower slowed by a loaded machine must not leave the ISR through the leader's ISR
+    # keeper before the test stops it (nothing would be movable then: seen once in a full suite run)
+    with three_servers(make_config, tmp_path, {**FAST, "tablet.controlled-shutdown.timeout": "60s",
+                                               "replica.max-lag": "60s"}) as c:
         table = c.admin.create_table("db.lonely", SCHEMA, ["id"], 1, replication_factor=2, min_insync_replicas=1)
         state = wait_in_sync(c, table.table_id, members=2)
         leader = server_by_id(c, state.leader_id)
