@@ -19,6 +19,32 @@ from tests.tablet.bucket.test_bucket_replicated import open_store
 pytestmark = pytest.mark.unit
 
 
+def hold_sync_of(thread_name: str, monkeypatch) -> tuple[threading.Event, threading.Event]:
+    """The fsync of writes made by the thread ``thread_name`` waits for ``release`` (``syncing`` is set once
+    one waits): that write stays in flight, written but not published. ``(syncing, release)``."""
+    syncing, release = threading.Event(), threading.Event()
+    real_sync = Changelog.sync
+
+    def held_sync(changelog, pending):
+        if threading.current_thread().name == thread_name:
+            syncing.set()
+            release.wait(10)
+        return real_sync(changelog, pending)
+
+    monkeypatch.setattr(Changelog, "sync", held_sync)
+    return syncing, release
+
+
+def recording_write(store, outcomes: dict):
+    """``write(name, row, writer=None)``: ``store.write`` of one row, its answer or error kept in ``outcomes[name]``."""
+    def write(name: str, row: tuple, writer=None) -> None:
+        try:
+            outcomes[name] = store.write(rows(row), writer=writer)
+        except Exception as exc:  # noqa: BLE001 - the outcome is the test's
+            outcomes[name] = exc
+    return write
+
+
 @pytest.mark.parametrize("after", ["follower", "leader again"])
 def test_a_write_that_waited_through_a_push_is_not_appended(bucket_dir, monkeypatch, after):
     """Seen in the rolling-restart drill: the deposed leader appended the waiting write stamped with its
@@ -29,23 +55,9 @@ def test_a_write_that_waited_through_a_push_is_not_appended(bucket_dir, monkeypa
     with open_store(bucket_dir) as store:
         store.become_leader(1)
         assert store.write(rows((1, "a", 0.0))) == (0, 1)
-        syncing, release = threading.Event(), threading.Event()
-        real_sync = Changelog.sync
-
-        def held_sync(changelog, pending):
-            if threading.current_thread().name == "first":
-                syncing.set()
-                release.wait(10)
-            return real_sync(changelog, pending)
-
-        monkeypatch.setattr(Changelog, "sync", held_sync)
+        syncing, release = hold_sync_of("first", monkeypatch)
         outcomes: dict[str, object] = {}
-
-        def write(name: str, row: tuple) -> None:
-            try:
-                outcomes[name] = store.write(rows(row))
-            except Exception as exc:  # noqa: BLE001 - the outcome is the test's
-                outcomes[name] = exc
+        write = recording_write(store, outcomes)
 
         threads = {name: threading.Thread(target=write, args=(name, (2, name, 0.0)), name=name)
                    for name in ("first", "second")}  # the same key: the second waits for the first
@@ -77,26 +89,12 @@ def test_a_batch_resent_while_the_first_send_waits_inside_the_store_is_appended_
     offsets, not append it again."""
     with open_store(bucket_dir) as store:
         store.become_leader(1)
-        syncing, release = threading.Event(), threading.Event()
-        real_sync = Changelog.sync
-
-        def held_sync(changelog, pending):
-            if threading.current_thread().name == "earlier":
-                syncing.set()
-                release.wait(10)
-            return real_sync(changelog, pending)
-
-        monkeypatch.setattr(Changelog, "sync", held_sync)
+        syncing, release = hold_sync_of("earlier", monkeypatch)
         outcomes: dict[str, object] = {}
-
-        def write(name: str, writer) -> None:
-            try:
-                outcomes[name] = store.write(rows((1, name, 0.0)), writer=writer)
-            except Exception as exc:  # noqa: BLE001 - the outcome is the test's
-                outcomes[name] = exc
-
-        earlier = threading.Thread(target=write, args=("earlier", None), name="earlier")
-        sends = [threading.Thread(target=write, args=(name, (7, 0)), name=name) for name in ("send", "resend")]
+        write = recording_write(store, outcomes)
+        earlier = threading.Thread(target=write, args=("earlier", (1, "earlier", 0.0)), name="earlier")
+        sends = [threading.Thread(target=write, args=(name, (1, "sent", 0.0), (7, 0)), name=name)
+                 for name in ("send", "resend")]
         try:
             earlier.start()
             assert syncing.wait(10), "the earlier write did not reach its fsync"
