@@ -44,13 +44,13 @@ def wait_active(doc: dict[str, Any], procs: list[subprocess.Popen], timeout_s: f
             if all(proc.poll() is not None for proc in procs):
                 codes = ", ".join(str(proc.returncode) for proc in procs)
                 raise ClusterError(f"every coordinator exited (exit codes {codes}); {log_files(doc, 'coordinators')}")
-            if not all(_own_port(proc, entry["address"]) for proc, entry in zip(procs, doc["coordinators"])):
-                return False  # one lost its port to another server, which might answer for it: it exits soon
             try:
                 wait_for_active(client, 1.0)
-                return True
             except KvLeaseError:
                 return False
+            # an answer counts once each live coordinator holds its own port: one that lost it to another server
+            # (which may have answered for it) exits soon and is relaunched
+            return all(_own_port(proc, entry["address"]) for proc, entry in zip(procs, doc["coordinators"]))
 
         if not poll(active, timeout_s, interval_s=0.0)[1]:
             raise ClusterError(f"no coordinator became active within {timeout_s:.0f}s; "
