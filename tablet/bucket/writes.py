@@ -146,7 +146,7 @@ class BucketWrites:
                 changes.update(dict.fromkeys(key_list[n_up:]))
         with self.bucket.write_lock:
             self._check_leading()
-            admitted = self.bucket.role.leader_epoch  # the leadership this write is appended under, or none
+            epoch = self.bucket.role.leader_epoch  # the leadership this write is appended under, or none
             while any(lo <= bounds[1] and bounds[0] <= hi for lo, hi in self._in_flight.values()):
                 self._settled.wait()  # an earlier write not yet published may hold keys of this one
                 self.bucket.files.check_writable()
@@ -159,8 +159,7 @@ class BucketWrites:
                 end = changelog.end_offset
                 return end, end
             _check_size(records)
-            self._check_leading(admitted)  # the waits above released the lock: a push may have come meanwhile
-            epoch = admitted
+            self._check_leading(epoch)  # the waits above released the lock: a push may have come meanwhile
             new_epoch = epoch >= 0 and epoch != self.bucket.epoch_file.cache.latest_epoch
             if new_epoch and self.bucket.epoch_file.stale(epoch):
                 self.bucket.epoch_file.note(epoch, changelog.end_offset)  # raises FencedLeaderEpochError
