@@ -99,14 +99,12 @@ class TailPrefetch:
         entries."""
         request = pb.FetchLogRequest(table_id=self.table_id, bucket=self.bucket, partition_id=self.partition_id,
                                      from_offset=self.next_offset, max_bytes=self.max_bytes, max_wait_ms=wait_ms)
-        fetch_log = self.channels.stub(self.address, pb_grpc.TabletServiceStub).FetchLog
+        call = self.channels.stub(self.address, pb_grpc.TabletServiceStub).FetchLog.future(
+            request, timeout=RPC_TIMEOUT_S)
         try:
-            if not wait_ms:
-                response = fetch_log(request, timeout=RPC_TIMEOUT_S)
-            else:
-                response = self._long_poll(fetch_log.future(request, timeout=RPC_TIMEOUT_S))
-                if response is None:
-                    return False  # cancelled: finish() was called
+            response = self._long_poll(call) if wait_ms else call.result()
+            if response is None:
+                return False  # cancelled: finish() was called
         except grpc.RpcError as exc:
             raise RuntimeError(f"FetchLog to {self.address}: {exc.code()}") from None
         error = error_from_pb(response.error)
@@ -120,7 +118,6 @@ class TailPrefetch:
             self.bytes += len(entry)
         self.next_offset = _entry_end(response.entries[-1])
         return True
-
 
     def _long_poll(self, call):
         """``call``'s answer, or None if :meth:`finish` cancelled it (or came before it could be)."""
