@@ -43,7 +43,7 @@ def call_watching(method: Any, request: Any, timeout_s: float, moved: Callable[[
         if exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED or time.monotonic() - started < check_s:
             raise
     if moved():
-        raise _gone(where, check_s)
+        raise gone(where, check_s)
     return _watched(method.future(request, timeout=timeout_s - check_s), moved, check_s, where, check_s)
 
 
@@ -56,9 +56,9 @@ def _watched(future: Any, moved: Callable[[], bool], check_s: float, where: str,
             waited += check_s
             if moved():
                 future.cancel()
-                raise _gone(where, waited) from None
+                raise gone(where, waited) from None
 
 
-def _gone(where: str, waited: float) -> errors.NotLeaderError:
+def gone(where: str, waited: float) -> errors.NotLeaderError:
     return errors.NotLeaderError(f"{where} did not answer within {waited:g}s and the coordinator names another "
                                  f"leader now: the call goes there")

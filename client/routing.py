@@ -45,12 +45,14 @@ class Routing:
 class BucketRouter:
     """The leaders of one table's buckets; thread-safe."""
 
-    def __init__(self, admin, table_id: int, partition_id: int | None = None, channels: Channels | None = None) -> None:
+    def __init__(self, admin, table_id: int, partition_id: int | None = None, channels: Channels | None = None,
+                 lookup_ports: bool = True) -> None:
         """``admin`` is a :class:`kvlease.client.admin.AdminClient` (anything with ``get_table_assignment``);
-        ``partition_id``: the buckets of that partition of a partitioned table."""
+        ``partition_id``: the buckets of that partition of a partitioned table; ``lookup_ports``: lookups may go
+        to the servers' lookup ports (client/lookup_port.py)."""
         self.admin = admin
         self.channels = channels or Channels(tls=getattr(admin, "tls", None),  # as secure as the admin's
-                                             credentials=getattr(admin, "credentials", None))
+                                             credentials=getattr(admin, "credentials", None), lookup_ports=lookup_ports)
         self._lock = threading.Lock()
         self._fetching = threading.Lock()  # one fetch at a time for calls that watch their leader
         self._generation = 0

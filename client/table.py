@@ -113,7 +113,8 @@ class TableClient(LogOffsets):
             info = find_partition(admin, info, partition)
         elif partition is not None and not info.partitioned:
             raise errors.InvalidRequestError(f"table {info.path} is not partitioned", table=info.path)
-        self.router = BucketRouter(admin, info.table_id, info.partition_id)
+        self.router = BucketRouter(admin, info.table_id, info.partition_id,
+                                   lookup_ports=config[cfg.CLIENT_LOOKUP_PORT])
         self.codec = self._codec(self.table)
 
     def _codec(self, info: TableInfo) -> RowCodec:
@@ -185,14 +186,22 @@ class TableClient(LogOffsets):
         router = self.physical
         timeout_s = timeout_s or self.timeout_s
         call = getattr(router.stub(address), method)
+        ports = router.channels.lookup_ports if method == "Lookup" and buckets else None  # client/lookup_port.py
+
+        def moved() -> bool:
+            return router.moved(address, buckets)
+
+        def where() -> str:
+            return f"tablet server {address}, the leader of bucket(s) {list(buckets)}"
         try:
-            if buckets and idempotent:
-                response = call_watching(call, request, timeout_s, lambda: router.moved(address, buckets),
-                                         long_poll=long_poll,
-                                         where=f"tablet server {address}, the leader of bucket(s) {list(buckets)}")
-            else:
+            response = None if ports is None else ports.call(address, request, timeout_s, moved, where)
+            if response is None and buckets and idempotent:
+                response = call_watching(call, request, timeout_s, moved, long_poll=long_poll, where=where())
+            elif response is None:
                 response = call(request, timeout=timeout_s)
-        except errors.NotLeaderError:
+            if ports is not None:
+                ports.learn(address, response.lookup_port)
+        except (errors.NotLeaderError, errors.NetworkError):  # (a gRPC failure's NetworkError is raised below)
             router.stale(routing)
             raise
         except grpc.RpcError as exc:

@@ -26,6 +26,7 @@ from typing import Any, Callable
 import grpc
 import tenacity
 
+from kvlease.client.lookup_port import LookupPorts
 from kvlease.common import errors
 from kvlease.common.redaction import protect
 from kvlease.common.security.grpc_auth import with_credentials
@@ -61,7 +62,7 @@ class Channels:
     """
 
     def __init__(self, options: tuple = GRPC_OPTIONS, *, tls: TlsFiles | None = None,
-                 credentials: tuple[str, str] | None = None) -> None:
+                 credentials: tuple[str, str] | None = None, lookup_ports: bool = True) -> None:
         self._options = list(options)
         self.tls = tls
         self.credentials = credentials  # (username, password) sent on every call
@@ -71,6 +72,9 @@ class Channels:
         #: (address, stub class) -> stub: a stub builds a callable per method, too dear to make per call
         self._stubs: dict[tuple[str, Any], Any] = {}
         self._lock = threading.Lock()
+        #: Tablet servers' lookup ports (client/lookup_port.py), if ``lookup_ports``: only for a client without TLS
+        #: and users, as the port has neither
+        self.lookup_ports = LookupPorts() if lookup_ports and tls is None and credentials is None else None
 
     def get(self, address: str) -> grpc.Channel:
         with self._lock:
@@ -105,6 +109,8 @@ class Channels:
             self._stubs = {}
         for raw, _channel in channels:
             raw.close()
+        if self.lookup_ports is not None:
+            self.lookup_ports.close()
 
 
 @dataclass(frozen=True)

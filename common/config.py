@@ -86,6 +86,13 @@ def _parse_int(value: Any) -> int:
     return int(value)
 
 
+def _parse_positive_int(value: Any) -> int:
+    number = _parse_int(value)
+    if number <= 0:
+        raise ValueError(f"{number} is not above zero")
+    return number
+
+
 def _parse_percent(value: Any) -> int:
     number = _parse_int(value)
     if not 0 <= number <= 100:
@@ -187,6 +194,10 @@ TABLET_HOST = _key("tablet.host", "127.0.0.1", str, "address the tablet server's
 TABLET_PORT = _key("tablet.port", 9124, _parse_int, "gRPC port (0: pick a free one)")
 TABLET_DATA_DIR = _key("tablet.data-dir", "/tmp/kvlease/tablet", str, "local directory of the buckets' RocksDB + changelog")
 TABLET_RPC_THREADS = _key("tablet.rpc.threads", 32, _parse_int, "gRPC handler threads of a tablet server")
+TABLET_LOOKUP_PORT = _key("tablet.lookup.port", 0, _parse_int, "plain-TCP port of Lookup calls beside gRPC (0: pick a "
+                        "free one, -1: off; off with security.enabled: it has no TLS and no users)")
+TABLET_LOOKUP_CONNECTIONS = _key("tablet.lookup.max-connections", 256, _parse_positive_int,
+                               "connections the lookup port serves at once (one thread each)")
 TABLET_MALLOC_ARENA_MAX = _key("tablet.malloc.arena-max", 2, _parse_int,
                                "glibc malloc arenas the tablet server's threads share (0: glibc's default, 8 per "
                                "core): few, so freed scan batches are reused by every thread, not parked per thread")
@@ -218,12 +229,6 @@ LOG_RETENTION_CHECK_INTERVAL = _key("log.retention.check-interval", "5m", parse_
 WRITER_ID_EXPIRATION = _key("writer.id.expiration", "1d", parse_duration_ms,
                             "how long a bucket remembers an idempotent writer after its last write (a write resent "
                             "later than that is taken for a new one)")
-
-def _parse_positive_int(value: Any) -> int:
-    number = _parse_int(value)
-    if number <= 0:
-        raise ValueError(f"{number} is not above zero")
-    return number
 
 
 # --- row TTL (docs/changelog.md, "Row TTL") ------------------------------------------------------
@@ -324,6 +329,8 @@ REDACTED = "<redacted>"
 # --- clients ---------------------------------------------------------------------
 CLIENT_REQUEST_TIMEOUT = _key("client.request-timeout", "30s", parse_duration_ms, "deadline of one client request")
 CLIENT_RETRY_MAX_WAIT = _key("client.retry.max-wait", "2s", parse_duration_ms, "longest backoff between client retries")
+CLIENT_LOOKUP_PORT = _key("client.lookup-port", True, _parse_bool, "send lookups to a tablet server's lookup port "
+                          "when it names one (off: gRPC only; never with TLS or a user: docs/architecture.md)")
 CLIENT_SCANNER_FETCH_MAX_BYTES = _key("client.scanner.kv.fetch.max-bytes", "4mb", parse_size,
                                       "batch size a KV scanner asks for per ScanKv call")
 CLIENT_RETRY_TOTAL = _key("client.retry.total-timeout", "60s", parse_duration_ms,

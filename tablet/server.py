@@ -38,6 +38,7 @@ from kvlease.common.security.client import internal_client_config
 from kvlease.common.security.server import server_security
 from kvlease.tablet.bucket.open_buckets import fd_limit
 from kvlease.tablet.expiry import ExpiryRounds
+from kvlease.tablet.lookup_port import LookupPort, lookup_answers
 from kvlease.tablet.periodic import Periodic
 from kvlease.tablet.replicas import lost_data
 from kvlease.tablet.replicas.health import HealthCollector
@@ -83,6 +84,7 @@ class TabletServer:
         self.snapshot_rounds: SnapshotRounds | None = None
         self.expiry_rounds: ExpiryRounds | None = None
         self.metrics_port: int | None = None
+        self.lookups: LookupPort | None = None  # Lookup over plain TCP (tablet/lookup_port.py)
         self._grpc = None
         self._stopping = threading.Event()
         self._register_needed = threading.Event()
@@ -126,12 +128,13 @@ class TabletServer:
                                                     thread_name_prefix="tablet-rpc"), options=GRPC_OPTIONS,
                                  interceptors=[*self.security.interceptors(INTERNAL_METHODS),
                                                scan_wire.SerializedScans()])
-        pb_grpc.add_TabletServiceServicer_to_server(
-            TabletService(self.replicas, self.scans, self.security, fetches=self.fetches_service,
-                          log_waits=self.log_waits), self._grpc)
+        service = TabletService(self.replicas, self.scans, self.security, fetches=self.fetches_service,
+                                log_waits=self.log_waits)
+        pb_grpc.add_TabletServiceServicer_to_server(service, self._grpc)
         host = c[cfg.TABLET_HOST]
         port = add_port(self._grpc, c, cfg.TABLET_HOST, cfg.TABLET_PORT, self.tls)
         self.address = f"{host}:{port}"
+        self._start_lookup_port(service, host)
         if c[cfg.METRICS_PORT] >= 0:
             try:
                 self.metrics_port = self.scans.metrics.serve(host, c[cfg.METRICS_PORT])
@@ -149,6 +152,20 @@ class TabletServer:
         log.info("tablet server %d serving on %s (at most %d buckets, %d with open files; open-file limit %d)",
                  self.server_id, self.address, self.replicas.max_buckets, self.replicas.budget.capacity, fd_limit())
         return self
+
+    def _start_lookup_port(self, service: TabletService, host: str) -> None:
+        """Lookup over plain TCP beside gRPC (tablet/lookup_port.py), unless it is off or security is on (that
+        port has no TLS and no users); a port that cannot be had is logged, and lookups go over gRPC."""
+        port = self.config[cfg.TABLET_LOOKUP_PORT]
+        if port < 0 or self.security.enabled:
+            return
+        try:
+            self.lookups = LookupPort(self.address, lookup_answers(service.Lookup), host, port,
+                                      self.config[cfg.TABLET_LOOKUP_CONNECTIONS]).start()
+        except OSError as exc:
+            log.warning("no lookup port on %s:%s (lookups go over gRPC): %s", host, port, exc)
+            return
+        service.lookup_port = self.lookups.port
 
     def _notify_news(self) -> None:
         """A log here grew or its HW moved: wake followers' fetches and clients' FetchLog long polls."""
@@ -229,6 +246,8 @@ class TabletServer:
         if self.fetches_service is not None:
             self.fetches_service.close()  # followers' long polls answer now, not at their wait's end
             self.log_waits.close()  # and clients' FetchLog long polls
+        if self.lookups is not None:
+            self.lookups.stop()
         if self._grpc is not None:
             self._grpc.stop(grace=1).wait()
         if self.keeper is not None:

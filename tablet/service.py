@@ -110,6 +110,7 @@ class TabletService(pb_grpc.TabletServiceServicer):
         self.access = TableAccess(replicas, security)
         self.scans = scans if scans is not None else ScanService(replicas, replicas.config, security=security)
         self.pushed = PushedRoles(replicas.server_id)  # a push's buckets parsed, the unchanged ones reused
+        self.lookup_port = 0  # named in every Lookup answer (tablet/lookup_port.py); 0: none
 
     def _physical(self, request) -> int:
         """The physical table ``request`` names by ``table_id`` and ``partition_id`` (see the module docstring)."""
@@ -178,7 +179,9 @@ class TabletService(pb_grpc.TabletServiceServicer):
                     return {}
                 found, rows = replica.store.lookup(keys)
             return {"rows": batch_to_ipc(rows), "found": found.tolist()}
-        return _answer(pb.LookupResponse, work)
+        response = _answer(pb.LookupResponse, work)
+        response.lookup_port = self.lookup_port  # every answer: how clients learn it (tablet/lookup_port.py)
+        return response
 
     def PrefixLookup(self, request, context):
         def work():
