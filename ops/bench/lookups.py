@@ -38,6 +38,7 @@ import numpy as np
 import pyarrow as pa
 
 import kvlease.ops.bench.suite as bench_suite
+from kvlease.common import config as cfg
 from kvlease.common.tables import Column
 from kvlease.ops import local_cluster
 from kvlease.ops.bench import point_lookups
@@ -134,14 +135,16 @@ def _point_figures(admin, raw, factor: int, directory: str, *, rows: int, bucket
     one, many = f"{POINT_TABLE}_rf{factor}", f"{POINT_TABLE}4_rf{factor}"
     admin.create_table(one, point_lookups.COLUMNS, ["id"], 1, replication_factor=factor)
     admin.create_table(many, point_lookups.COLUMNS, ["id"], buckets, replication_factor=factor)
-    with TableClient(admin, one) as client, TableClient(admin, many, parallelism=options["threads"]) as client4:
+    grpc_only = cfg.Config({cfg.CLIENT_LOOKUP_PORT.name: False}, env={})
+    with TableClient(admin, one) as client, TableClient(admin, one, grpc_only) as grpc_client, \
+            TableClient(admin, many, parallelism=options["threads"]) as client4:
         progress(f"RF {factor}: loading {rows:,} rows into a table of 1 bucket and one of {buckets}")
         point_lookups.load(client, rows)
         point_lookups.load(client4, rows)
         for tablet in local_cluster.load(directory)["tablets"]:  # the loads' flushes and compactions done
             wait_idle(int(tablet["pid"]))
-        return point_lookups.measure(client, client4, raw, rows=rows, progress=progress, label=f"RF {factor}",
-                                     **options)
+        return point_lookups.measure(client, grpc_client, client4, raw, rows=rows, progress=progress,
+                                     label=f"RF {factor}", **options)
 
 
 def _prefix_figures(admin, *, rows: int, per_prefix: int, users: int, buckets: int, rounds: int, rng,
@@ -193,6 +196,9 @@ def report(result: dict[str, Any]) -> str:
                   f"target >= {TARGET_BATCH_VS_RAW})",
                   f"  RF {factor}: single-key lookup              p50 {f['single_p50_ms']:.3f} ms, p99 "
                   f"{f['single_p99_ms']:.3f} ms (raw get p50 {f['raw_get_p50_ms'] * 1000:.1f} us)",
+                  *([f"  RF {factor}: the same over gRPC only       p50 {f['grpc_single_p50_ms']:.3f} ms, p99 "
+                     f"{f['grpc_single_p99_ms']:.3f} ms (client.lookup-port off: shown, not judged)"]
+                    if "grpc_single_p50_ms" in f else []),
                   *([f"  RF {factor}: bare gRPC echo round trip     p50 {f['echo_p50_ms']:.3f} ms, p99 "
                      f"{f['echo_p99_ms']:.3f} ms (the floor: a Python gRPC call to another process)"]
                     if "echo_p50_ms" in f else []),

@@ -6,9 +6,10 @@ For one table (``(id BIGINT, v STRING of 100 bytes)``, ``rows`` rows) this measu
   and values in the same batches; its multi-get rows/s of the same key batches, and its single ``get`` latency
   of the same single keys;
 - ``lookup_batch`` rows/s of ``batches`` batches of ``batch_keys`` random keys each (one bucket);
-- ``lookup([key])`` latency p50/p99 of ``singles`` random keys, one call at a time, and the same number of bare
-  gRPC echo round trips to a process of its own (:mod:`kvlease.ops.bench.grpc_floor`: the floor, reported),
-  in alternating chunks, started once the whole machine is idle (busy < 10 % of its CPUs over a second, or
+- ``lookup([key])`` latency p50/p99 of ``singles`` random keys, one call at a time (over the tablet servers'
+  lookup ports, docs/architecture.md), the same lookups by a client with ``client.lookup-port`` off (over
+  gRPC only: shown, not judged) and the same number of bare gRPC echo round trips to a process of its own
+  (:mod:`kvlease.ops.bench.grpc_floor`: the gRPC floor, reported), in alternating chunks, started once the whole machine is idle (busy < 10 % of its CPUs over a second, or
   after a minute; the targets are for low load, and another benchmark's cluster may still be stopping);
 - lookups/s of ``threads`` client threads each doing single-key lookups on a ``buckets``-bucket table (the
   same rows), against the one-thread lookups/s of the same client.
@@ -107,18 +108,20 @@ def single_ms(client, ids: list[int]) -> np.ndarray:
     return out * 1000
 
 
-def singles_and_floor(client, ids: list[int], idle_wait_s: float = 60.0) -> tuple[np.ndarray, np.ndarray, float]:
-    """The single-key lookup latencies (ms) of ``ids`` and as many echo round trips (ms), in
-    :data:`CHUNKS` alternating chunks, so that both meet the same moments of the machine; started once the
-    machine is idle, or after ``idle_wait_s`` (the single-key targets hold at low load: the machine's busy
-    fraction then is returned)."""
+def singles_and_floor(client, grpc_client, ids: list[int], idle_wait_s: float = 60.0
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    """The single-key lookup latencies (ms) of ``ids`` by ``client`` and by ``grpc_client`` (gRPC only), and as
+    many echo round trips (ms), in :data:`CHUNKS` alternating chunks, so that all meet the same moments of the
+    machine; started once the machine is idle, or after ``idle_wait_s`` (the single-key targets hold at low
+    load: the machine's busy fraction then is returned)."""
     with grpc_floor.EchoServer() as echo:
         busy = wait_machine_idle(step_s=min(1.0, max(0.1, idle_wait_s)), timeout_s=idle_wait_s)
-        lookups, echoes = [], []
+        lookups, grpc_lookups, echoes = [], [], []
         for chunk in np.array_split(np.array(ids, dtype=np.int64), CHUNKS):
             lookups.append(single_ms(client, chunk.tolist()))
+            grpc_lookups.append(single_ms(grpc_client, chunk.tolist()))
             echoes.append(echo.ms(len(chunk)))
-    return np.concatenate(lookups), np.concatenate(echoes), busy
+    return np.concatenate(lookups), np.concatenate(grpc_lookups), np.concatenate(echoes), busy
 
 
 def concurrent_per_s(client, ids: list[int], threads: int) -> float:
@@ -147,17 +150,19 @@ def concurrent_per_s(client, ids: list[int], threads: int) -> float:
     return len(ids) / elapsed
 
 
-def measure(client, client4, raw: RawAnchor, *, rows: int, batches: int, batch_keys: int, singles: int,
+def measure(client, grpc_client, client4, raw: RawAnchor, *, rows: int, batches: int, batch_keys: int, singles: int,
             threads: int, rounds: int, rng, progress: Callable[[str], None], label: str,
             idle_wait_s: float = 60.0) -> dict[str, Any]:
-    """The figures of one replication factor (see the module docstring): ``client`` on the one-bucket table,
-    ``client4`` on the table of several buckets, ``raw`` the anchor of the same rows."""
+    """The figures of one replication factor (see the module docstring): ``client`` on the one-bucket table
+    (``grpc_client`` too, with the lookup port off), ``client4`` on the table of several buckets, ``raw`` the
+    anchor of the same rows."""
     key_ids = [rng.integers(0, rows, batch_keys) for _ in range(batches)]
     key_batches = [pa.record_batch({"id": pa.array(ids, pa.int64())}) for ids in key_ids]
     raw_batches = [raw.keys(ids) for ids in key_ids]
     single_ids = rng.integers(0, rows, singles).tolist()
     client.lookup_batch(key_batches[0])  # channels, routing and caches warm, on both sides
     single_ms(client, single_ids[:20])
+    single_ms(grpc_client, single_ids[:20])
     raws, lookups = [], []
     for round_ in range(1, rounds + 1):
         progress(f"{label}: round {round_} of {rounds}: {batches} multi-gets / lookups of {batch_keys:,} keys")
@@ -166,7 +171,7 @@ def measure(client, client4, raw: RawAnchor, *, rows: int, batches: int, batch_k
     progress(f"{label}: {singles:,} single-key lookups and as many bare gRPC echo round trips (the floor), "
              f"interleaved, on an idle machine; raw gets of the same keys")
     raw_ms = raw.get_ms(raw.keys(np.array(single_ids)))
-    ms, echo, busy = singles_and_floor(client, single_ids, idle_wait_s)
+    ms, grpc_ms, echo, busy = singles_and_floor(client, grpc_client, single_ids, idle_wait_s)
     progress(f"{label}: {singles:,} single-key lookups from 1 thread, then {threads} threads")
     single_ms(client4, single_ids[:20])
     one = float(len(single_ids) / (single_ms(client4, single_ids).sum() / 1000))
@@ -175,6 +180,8 @@ def measure(client, client4, raw: RawAnchor, *, rows: int, batches: int, batch_k
             "batch_vs_raw": max(lookups) / max(raws),
             "round_rows_per_s": [{"lookup": lk, "raw": r} for lk, r in zip(lookups, raws)],
             "single_p50_ms": float(np.percentile(ms, 50)), "single_p99_ms": float(np.percentile(ms, 99)),
+            "grpc_single_p50_ms": float(np.percentile(grpc_ms, 50)),
+            "grpc_single_p99_ms": float(np.percentile(grpc_ms, 99)),
             "raw_get_p50_ms": float(np.percentile(raw_ms, 50)), "raw_get_p99_ms": float(np.percentile(raw_ms, 99)),
             "echo_p50_ms": float(np.percentile(echo, 50)), "echo_p99_ms": float(np.percentile(echo, 99)),
             "machine_busy_before_singles": busy,

@@ -448,15 +448,3 @@ def test_a_revoked_read_stops_the_clients_scanners(sc, table, make_user, clients
                 wait_until(lambda: scanner.poll() is None, ACL_WAIT_S, "the scan refused", interval_s=0)
             assert "lost after" in info.value.message and "resume" not in info.value.message  # none would help
     wait_until(lambda: open_scanners(sc) == 0, ACL_WAIT_S, "the sessions freed")  # once each call ended
-
-
-def test_a_secure_cluster_has_no_lookup_port_and_its_lookups_go_over_tls(sc, table):
-    """The lookup port has neither TLS nor users (tablet/lookup_port.py): with security on, no server opens it,
-    no answer names one, and no client keeps any."""
-    assert all(server.lookups is None for server in sc.cluster.tablets.values())
-    with TableClient(sc.admin, table, retry_total_s=10) as client:
-        assert client.router.channels.lookup_ports is None
-        assert client.lookup([1, 99]) == [{"id": 1, "v": "v1"}, None]
-        answer = client._call_bucket(0, "Lookup", pb.LookupRequest(table_id=client.table.table_id, bucket=0),
-                                     idempotent=True)
-        assert answer.lookup_port == 0

@@ -71,7 +71,7 @@ def test_a_tiny_run_measures_every_figure(tmp_path):
     raw = point_lookups.RawAnchor(str(tmp_path / "raw"), 300)
     try:
         client = RawClient(raw)
-        figures = point_lookups.measure(client, client, raw, rows=300, batches=2, batch_keys=50, singles=40,
+        figures = point_lookups.measure(client, client, client, raw, rows=300, batches=2, batch_keys=50, singles=40,
                                         threads=4, rounds=2, rng=np.random.default_rng(1), progress=lambda t: None,
                                         label="RF 1", idle_wait_s=0.2)
     finally:
@@ -79,10 +79,12 @@ def test_a_tiny_run_measures_every_figure(tmp_path):
     assert not (tmp_path / "raw").exists()
     assert len(figures["round_rows_per_s"]) == 2 and figures["batch_vs_raw"] > 0
     assert 0 < figures["single_p50_ms"] <= figures["single_p99_ms"]
+    assert 0 < figures["grpc_single_p50_ms"] <= figures["grpc_single_p99_ms"]  # shown beside the judged ones
     assert 0 < figures["echo_p50_ms"] <= figures["echo_p99_ms"]  # the floor, measured in the same run
     assert 0 <= figures["machine_busy_before_singles"] <= 1
     text = bench_lookups.report({**FIGURES, "rf1": figures})
     assert "bare gRPC echo round trip" in text and "machine busy before them" in text
+    assert "the same over gRPC only" in text
     assert figures["threads_per_s"] > 0 and figures["one_thread_per_s"] > 0
     rows = bench_lookups.target_rows({**FIGURES, "rf1": figures})
     assert [r.unit for r in rows] == ["rows/s", "ms", "ms", "lookups/s"]
