@@ -16,10 +16,15 @@ less per call. Whatever goes wrong with the port, the call goes over gRPC as bef
   both are retried by the caller's policy, like their gRPC twins.
 
 A lookup is a read: sending it again after a lost answer asks the same question.
+
+A connection is used by one call at a time, and only by the process that made it: a forked child (a Spark
+Python worker) that inherited the pool makes its own connections, so no two processes ever read answers from
+one socket (one could take the other's answer: another key's row).
 """
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -44,6 +49,7 @@ class _Connection:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.reader = FrameReader(sock)
+        self.pid = os.getpid()
 
 
 class LookupPorts:
@@ -117,9 +123,16 @@ class LookupPorts:
         _close(stale)
 
     def _take(self, address: str) -> _Connection | None:
+        """An idle connection to ``address`` this process made (a forked child's inherited ones are closed: its
+        copies only; the parent's stay open)."""
+        inherited = []
         with self._lock:
-            idle = self._idle.get(address)
-            return idle.pop() if idle else None
+            idle = self._idle.get(address, [])
+            while idle and idle[-1].pid != os.getpid():
+                inherited.append(idle.pop())
+            connection = idle.pop() if idle else None
+        _close(inherited)
+        return connection
 
     def _give(self, address: str, connection: _Connection) -> None:
         with self._lock:

@@ -112,6 +112,18 @@ def test_answers_come_over_one_reused_connection(ports):
         assert port.accepted == 1
 
 
+def test_a_forked_child_never_uses_a_connection_its_parent_made(ports, monkeypatch):
+    with FakePort(answering) as port:
+        ports.learn(ADDRESS, port.port)
+        assert call(ports) == RESPONSE
+        parent = lookup_port.os.getpid()
+        monkeypatch.setattr(lookup_port.os, "getpid", lambda: parent + 1)  # as in a child after fork()
+        assert call(ports) == RESPONSE
+        assert port.accepted == 2  # its own connection, not the inherited one
+        assert call(ports) == RESPONSE
+        assert port.accepted == 2  # which it then reuses
+
+
 def test_an_answer_not_given_is_given_up_once_another_leader_is_named_and_the_port_is_kept(ports):
     with FakePort(silent_after_hello) as port:
         ports.learn(ADDRESS, port.port)
