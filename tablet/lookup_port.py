@@ -23,8 +23,8 @@ from google.protobuf.message import DecodeError
 
 from kvlease.common import errors
 from kvlease.common.wire import error_pb
-from kvlease.common.lookup_frames import (ANSWER, BUSY, HELLO, LOOKUP, OK, VERSION, WRONG_SERVER, FrameError,
-                                          FrameReader, frame)
+from kvlease.common.lookup_frames import (ANSWER, BUSY, HELLO, LOOKUP, MAX_HELLO, OK, VERSION, WRONG_SERVER,
+                                          FrameError, FrameReader, frame)
 from kvlease.common.proto import tablet_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -107,7 +107,7 @@ class LookupPort:
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             reader = FrameReader(sock)
-            kind, body = reader.read()
+            kind, body = reader.read(MAX_HELLO)
             if kind != HELLO or not body.startswith(VERSION):
                 return
             status = BUSY if busy else OK if body[len(VERSION):] == self.address.encode() else WRONG_SERVER

@@ -149,8 +149,9 @@ class TabletServer:
         registrar = threading.Thread(target=self._registrar, name="zk-register", daemon=True)
         registrar.start()
         self._threads.append(registrar)
-        log.info("tablet server %d serving on %s (at most %d buckets, %d with open files; open-file limit %d)",
-                 self.server_id, self.address, self.replicas.max_buckets, self.replicas.budget.capacity, fd_limit())
+        log.info("tablet server %d serving on %s, lookups also on port %s (at most %d buckets, %d with open files; "
+                 "open-file limit %d)", self.server_id, self.address, self.lookups.port if self.lookups else "(none)",
+                 self.replicas.max_buckets, self.replicas.budget.capacity, fd_limit())
         return self
 
     def _start_lookup_port(self, service: TabletService, host: str) -> None:

@@ -66,7 +66,9 @@ def test_a_hello_naming_another_server_is_told_so_and_closed(port):
 
 @pytest.mark.parametrize("opening", [frame(LOOKUP, b"no hello first"), frame(HELLO, b"kvlease-lookup/9 " +
                                                                               ADDRESS.encode()),
-                                     HEADER.pack(1 << 31, HELLO), b"GET / HTTP/1.1\r\n\r\n"])
+                                     HEADER.pack(1 << 31, HELLO), HEADER.pack(100 << 20, HELLO) + b"x" * 1000,
+                                     b"GET / HTTP/1.1\r\n\r\n"],
+                         ids=["lookup-first", "other-version", "over-max-body", "hello-over-1kb", "http"])
 def test_a_connection_not_opened_by_this_protocols_hello_is_closed_unanswered(port, opening):
     with socket.create_connection(("127.0.0.1", port.port), timeout=10) as sock:
         sock.sendall(opening)
