@@ -13,7 +13,10 @@ import pytest
 
 from kvlease.client.table import TableClient
 from kvlease.common import config as cfg
+from kvlease.common.lookup_frames import ANSWER, LOOKUP, OK, FrameReader, frame, hello
+from kvlease.common.proto import tablet_pb2 as pb
 from kvlease.common.tables import Column
+from kvlease.common.wire import error_from_pb
 from kvlease.ops.wait import wait_until
 from tests.client.test_lookup_port import FakePort, greeted
 from tests.support.local_cluster import LocalCluster
@@ -25,11 +28,8 @@ COLUMNS = [Column("id", "BIGINT"), Column("v", "STRING")]
 
 @pytest.fixture
 def cluster(make_config, tmp_path):
-    c = LocalCluster(make_config, tmp_path, 2)
-    try:
+    with LocalCluster(make_config, tmp_path, 2) as c:
         yield c
-    finally:
-        c.close()
 
 
 def rows(ids) -> list[dict]:
@@ -49,7 +49,7 @@ def answered(cluster: LocalCluster) -> int:
     return sum(s.lookups.answered for s in cluster.tablets.values())
 
 
-def test_lookups_go_to_the_port_each_leader_names_and_answer_what_grpc_answers(cluster, make_config):
+def test_lookups_go_to_the_port_each_leader_names_and_answer_what_grpc_answers(cluster):
     cluster.create_table("db.t", COLUMNS, ["id"], 3)
     plain = cfg.Config({cfg.CLIENT_LOOKUP_PORT.name: False}, env={})
     with TableClient(cluster.admin, "db.t") as fast, TableClient(cluster.admin, "db.t", plain) as grpc_only:
@@ -98,8 +98,7 @@ def test_a_stale_port_costs_one_call_over_grpc_which_names_the_right_one(cluster
 
 
 def test_lookups_over_the_ports_follow_a_leader_that_fails_over(make_config, tmp_path):
-    cluster = LocalCluster(make_config, tmp_path, 3)
-    try:
+    with LocalCluster(make_config, tmp_path, 3) as cluster:
         info = cluster.admin.create_table("db.r", COLUMNS, ["id"], 2, replication_factor=3)
         wait_until(lambda: all(b.leader_address and len(b.isr) == 3
                                for b in cluster.admin.get_table_assignment(info.table_id)[1].values()),
@@ -115,5 +114,34 @@ def test_lookups_over_the_ports_follow_a_leader_that_fails_over(make_config, tmp
             now = leaders(client)[0]
             assert now != gone
             assert client.router.channels.lookup_ports.port(now) == server_at(cluster, now).lookups.port
-    finally:
-        cluster.close()
+
+
+def test_any_bytes_in_a_lookup_frame_get_an_answer_and_the_connection_serves_on(cluster):
+    """Random bodies (most no LookupRequest) and random requests (tables, buckets and keys that may not exist,
+    offsets that lie) are each answered with a LookupResponse, an error in it or not, and the next frame on the
+    same connection is answered too: the real service behind the port, fed what a broken client might send."""
+    info = cluster.create_table("db.t", COLUMNS, ["id"], 2)
+    with TableClient(cluster.admin, "db.t") as client:
+        client.upsert(rows(range(20)))
+        address = leaders(client)[0]
+    server = server_at(cluster, address)
+    rng = np.random.default_rng(45)
+    with socket.create_connection(("127.0.0.1", server.lookups.port), timeout=30) as sock:
+        sock.sendall(hello(address))
+        reader = FrameReader(sock)
+        assert reader.read() == (ANSWER, bytes([OK]))
+        for i in range(300):
+            if i % 2:
+                body = rng.bytes(int(rng.integers(0, 64)))
+            else:
+                body = pb.LookupRequest(table_id=int(rng.choice([info.table_id, 0, 999, -1])),
+                                        bucket=int(rng.integers(-1, 4)), key_data=rng.bytes(int(rng.integers(0, 20))),
+                                        key_offsets=rng.bytes(int(rng.choice([0, 4, 8, 7])))).SerializeToString()
+            sock.sendall(frame(LOOKUP, body))
+            kind, answer = reader.read()
+            assert kind == ANSWER
+            response = pb.LookupResponse.FromString(answer)
+            if i % 2 == 0:  # a LookupRequest: the service answered it (random bytes may be one too, or not)
+                assert response.lookup_port == server.lookups.port
+            if response.HasField("error"):
+                assert error_from_pb(response.error) is not None

@@ -55,3 +55,9 @@ class LocalCluster:
             server.stop()
         self.admin.close()
         self.coordinator.stop()
+
+    def __enter__(self) -> "LocalCluster":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
