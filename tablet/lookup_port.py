@@ -9,7 +9,7 @@ rows, the same errors in the answer, the same leader lease. A gRPC ``Lookup`` an
 (``LookupResponse.lookup_port``), which is how clients learn it.
 
 One thread per connection, at most ``max_connections`` (a connection beyond them is answered BUSY and closed:
-its client asks over gRPC).
+its client asks over gRPC). :class:`LookupPortCollector` exports what it serves to Prometheus.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import threading
 from typing import Callable
 
 from google.protobuf.message import DecodeError
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from kvlease.common import errors
 from kvlease.common.wire import error_pb
@@ -58,7 +59,7 @@ class LookupPort:
         self._threads: set[threading.Thread] = set()
         self._lock = threading.Lock()
         self._stopping = False
-        self.answered = 0  # LOOKUP frames answered (not exact under concurrent connections: a gauge for tests)
+        self.answered = 0  # LOOKUP frames answered
 
     def start(self) -> "LookupPort":
         listener = socket.create_server((self.host, self.port), backlog=128)
@@ -75,6 +76,11 @@ class LookupPort:
             _shut(sock)
         for thread in threads:
             thread.join(timeout=10)
+
+    def counts(self) -> tuple[int, int]:
+        """``(connections open, lookups answered)``."""
+        with self._lock:
+            return len(self._connections), self.answered
 
     def _spawn(self, target: Callable, name: str, *args) -> None:
         thread = threading.Thread(target=self._run, args=(target, *args), name=name, daemon=True)
@@ -117,7 +123,8 @@ class LookupPort:
                 if kind != LOOKUP:
                     return
                 answer = frame(ANSWER, self.answer(body))
-                self.answered += 1  # before it leaves: once a client has its answer, the count includes it
+                with self._lock:  # counted before it leaves: once a client has its answer, the count has it
+                    self.answered += 1
                 sock.sendall(answer)
         except (OSError, FrameError):  # the client went, or spoke another protocol: its connection ends
             pass
@@ -127,6 +134,25 @@ class LookupPort:
             with self._lock:
                 self._connections.discard(sock)
             sock.close()
+
+
+class LookupPortCollector:
+    """``kvlease_tablet_lookup_port_connections`` (open now) and ``kvlease_tablet_lookup_port_answers_total``
+    of a server's lookup port (both 0 while it has none); register it with a CollectorRegistry."""
+
+    def __init__(self, port: Callable[[], LookupPort | None]) -> None:
+        self.port = port
+
+    def describe(self):  # registering must not call collect()
+        return []
+
+    def collect(self):
+        port = self.port()
+        connections, answered = port.counts() if port is not None else (0, 0)
+        yield GaugeMetricFamily("kvlease_tablet_lookup_port_connections",
+                                "connections open to the tablet server's lookup port", value=connections)
+        yield CounterMetricFamily("kvlease_tablet_lookup_port_answers", "lookups answered on the lookup port",
+                                  value=answered)
 
 
 def _shut(sock: socket.socket) -> None:

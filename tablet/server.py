@@ -38,7 +38,7 @@ from kvlease.common.security.client import internal_client_config
 from kvlease.common.security.server import server_security
 from kvlease.tablet.bucket.open_buckets import fd_limit
 from kvlease.tablet.expiry import ExpiryRounds
-from kvlease.tablet.lookup_port import LookupPort, lookup_answers
+from kvlease.tablet.lookup_port import LookupPort, LookupPortCollector, lookup_answers
 from kvlease.tablet.periodic import Periodic
 from kvlease.tablet.replicas import lost_data
 from kvlease.tablet.replicas.health import HealthCollector
@@ -123,6 +123,7 @@ class TabletServer:
         self.scans.metrics.registry.register(HealthCollector(self.replicas, self.step_down))
         self.scans.metrics.registry.register(RebuildCollector(self.replicas, self.fetchers))
         self.scans.metrics.registry.register(RebaseCollector(self.fetchers))
+        self.scans.metrics.registry.register(LookupPortCollector(lambda: self.lookups))
         self.keeper = BucketKeeper(self.replicas).start()
         self._grpc = grpc.server(ThreadPoolExecutor(max_workers=c[cfg.TABLET_RPC_THREADS],
                                                     thread_name_prefix="tablet-rpc"), options=GRPC_OPTIONS,

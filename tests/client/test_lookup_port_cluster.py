@@ -17,6 +17,7 @@ from kvlease.common.lookup_frames import ANSWER, LOOKUP, OK, FrameReader, frame,
 from kvlease.common.proto import tablet_pb2 as pb
 from kvlease.common.tables import Column
 from kvlease.common.wire import error_from_pb
+from kvlease.tablet.lookup_port import LookupPortCollector
 from kvlease.ops.wait import wait_until
 from tests.client.test_lookup_port import FakePort, greeted
 from tests.support.local_cluster import LocalCluster
@@ -66,7 +67,11 @@ def test_lookups_go_to_the_port_each_leader_names_and_answer_what_grpc_answers(c
         batch = [int(k) for k in rng.integers(-5, 310, 500)]
         assert fast.lookup_batch(batch).equals(grpc_only.lookup_batch(batch))
         for address in set(leaders(fast).values()):
-            assert ports.port(address) == server_at(cluster, address).lookups.port
+            server = server_at(cluster, address)
+            assert ports.port(address) == server.lookups.port
+            metrics = {f.name: f.samples[0].value for f in LookupPortCollector(lambda: server.lookups).collect()}
+            assert metrics["kvlease_tablet_lookup_port_answers"] == server.lookups.answered > 0
+            assert metrics["kvlease_tablet_lookup_port_connections"] >= 1  # the client's, idle now
         assert answered(cluster) - before >= 150  # every single-key lookup of ``fast`` went over a port
 
 

@@ -15,7 +15,7 @@ from kvlease.common.lookup_frames import (ANSWER, BUSY, HEADER, HELLO, LOOKUP, O
                                           frame, hello)
 from kvlease.common.proto import tablet_pb2 as pb
 from kvlease.common.wire import error_from_pb
-from kvlease.tablet.lookup_port import LookupPort, lookup_answers
+from kvlease.tablet.lookup_port import LookupPort, LookupPortCollector, lookup_answers
 
 pytestmark = pytest.mark.unit
 
@@ -98,6 +98,18 @@ def test_connections_beyond_the_maximum_are_told_busy_and_one_more_is_served_onc
             break
     assert status == bytes([OK])
     second.close()
+
+
+def test_the_collector_counts_open_connections_and_answers(port):
+    def metrics(listener) -> dict:
+        return {f.name: f.samples[0].value for f in LookupPortCollector(lambda: listener).collect()}
+    assert metrics(None) == {"kvlease_tablet_lookup_port_connections": 0, "kvlease_tablet_lookup_port_answers": 0}
+    sock, reader, _status = connect(port)
+    with sock:
+        for _ in range(3):
+            sock.sendall(frame(LOOKUP, b"x"))
+            reader.read()
+        assert metrics(port) == {"kvlease_tablet_lookup_port_connections": 1, "kvlease_tablet_lookup_port_answers": 3}
 
 
 def test_stop_ends_every_connection_and_thread_and_frees_the_port():
