@@ -201,7 +201,7 @@ class TableClient(LogOffsets):
                 response = call(request, timeout=timeout_s)
             if ports is not None:
                 ports.learn(address, response.lookup_port)
-        except (errors.NotLeaderError, errors.NetworkError):  # (a gRPC failure's NetworkError is raised below)
+        except (errors.NotLeaderError, errors.NetworkError):  # given up on a leader; the port's timeout
             router.stale(routing)
             raise
         except grpc.RpcError as exc:
