@@ -15,6 +15,7 @@ from kvlease.common.lookup_frames import (ANSWER, BUSY, HEADER, HELLO, LOOKUP, O
                                           frame, hello)
 from kvlease.common.proto import tablet_pb2 as pb
 from kvlease.common.wire import error_from_pb
+from kvlease.ops.wait import wait_until
 from kvlease.tablet.lookup_port import LookupPort, LookupPortCollector, lookup_answers
 
 pytestmark = pytest.mark.unit
@@ -91,12 +92,12 @@ def test_connections_beyond_the_maximum_are_told_busy_and_one_more_is_served_onc
     assert closed_by_server(third)
     first.close()
     third.close()
-    for _ in range(100):  # the server sees the first close: its thread ends and the count drops
-        sock, reader, status = connect(port)
+
+    def served() -> bool:  # once the server saw the first close (its thread ended, the count dropped)
+        sock, _reader, status = connect(port)
         sock.close()
-        if status == bytes([OK]):
-            break
-    assert status == bytes([OK])
+        return status == bytes([OK])
+    wait_until(served, 30, "a connection served once another ended")
     second.close()
 
 
