@@ -13,14 +13,14 @@ from kvlease.common import errors
 import kvlease.ops.cli.output as out
 from kvlease.ops.cli.app import State, catch_errors, common_options, kvlease, pass_state
 from kvlease.ops.cli.put_sources import FORMATS, Reader, source_format
-from kvlease.ops.cli.values import parse_keys, parse_prefix, table_path
+from kvlease.ops.cli.values import InputFile, parse_keys, parse_prefix, table_path
 
 PUT_BATCH_ROWS = 10_000
 
 
 @kvlease.command("put")
 @click.argument("path", metavar="DB.NAME", callback=table_path)
-@click.argument("source", metavar="[FILE|-]", type=click.File("rb"), default="-")
+@click.argument("source", metavar="[FILE|-]", type=InputFile(), default="-")
 @click.option("--format", "format_", type=click.Choice(FORMATS),
               help="What FILE holds (default: by its extension: .csv, .parquet or .pq; else JSON lines).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=PUT_BATCH_ROWS, show_default=True,

@@ -66,6 +66,19 @@ class Duration(click.ParamType):
         return ms
 
 
+class InputFile(click.File):
+    """A file to read (``click.File("rb")``, ``-`` for stdin); a path the OS cannot take (a NUL byte in it) is
+    a usage error naming it, not the ValueError ``open`` raises."""
+
+    def __init__(self) -> None:
+        super().__init__("rb")
+
+    def convert(self, value: Any, param, ctx) -> Any:
+        if isinstance(value, str) and "\x00" in value:
+            self.fail(f"{errors.show(value)}: a file name cannot hold a NUL byte", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 class Checked(click.ParamType):
     """A string checked by one of the coordinator's own rules (``problem(value)``: why it is refused, or
     None), so a bad value is a usage error before anything is sent."""

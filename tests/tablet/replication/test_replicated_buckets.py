@@ -189,6 +189,10 @@ def test_controlled_shutdown_ends_when_the_last_movable_leadership_loses_its_oth
         state = wait_in_sync(c, table.table_id, members=2)
         leader = server_by_id(c, state.leader_id)
         follower = server_by_id(c, next(r for r in state.replicas if r != state.leader_id))
+        # the coordinator's state says both replicas are in sync as soon as the table is made: the leader may
+        # not have taken the push that makes it the leader yet, and a push held below would never come (seen
+        # under load: the leader held no replica of the bucket at all)
+        wait_until(leader._movable_leaderships, 20, "the leader leading with both replicas in its own ISR view")
         gate, asked = threading.Event(), threading.Event()
         take_push = leader.replicas.update_leadership
 
