@@ -73,9 +73,11 @@ def _read(config: cfg.Config, key: cfg.Key, *, required: bool) -> bytes | None:
     try:
         with open(path, "rb") as fh:
             data = fh.read()
-    except OSError as exc:
-        raise cfg.ConfigError(f"cannot read config key {key.name!r} file {path}: {exc.strerror or exc}",
-                              key=key.name, path=path) from None
+    except (OSError, ValueError) as exc:  # ValueError: a path the OS cannot take (a NUL byte)
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        shown = repr(path) if "\x00" in path else path
+        raise cfg.ConfigError(f"cannot read config key {key.name!r} file {shown}: {why}", key=key.name,
+                              path=path) from None
     if b"-----BEGIN" not in data:
         raise cfg.ConfigError(f"config key {key.name!r}: {path} is not a PEM file", key=key.name, path=path)
     return data

@@ -54,6 +54,14 @@ def test_a_missing_file_is_a_config_error_naming_key_and_path(tmp_path, key):
     assert key in info.value.message and str(tmp_path / "missing.pem") in info.value.message
 
 
+def test_a_file_name_the_os_cannot_take_is_a_config_error_naming_key_and_path(tmp_path):
+    settings = {**security(certs.generate(tmp_path / "certs")), "security.tls.ca-file": "ca\x00.pem"}
+    with pytest.raises(ConfigError) as info:
+        TlsFiles.from_config(Config(settings, env={}), server=True)
+    assert info.value.message == ("cannot read config key 'security.tls.ca-file' file 'ca\\x00.pem': embedded "
+                                  "null byte")
+
+
 def test_a_server_with_a_missing_cert_refuses_to_start(make_config, tmp_path):
     from kvlease.coordinator.server import CoordinatorServer
 
