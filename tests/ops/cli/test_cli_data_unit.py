@@ -144,14 +144,6 @@ def test_put_names_the_bad_line_and_writes_nothing_of_its_batch(fake_table, line
     assert [row["id"] for batch in client.upserts for row in batch] == written  # the bad line's batch: nothing
 
 
-@pytest.mark.parametrize("name", ["\x00", "a\x00b.csv"])
-def test_put_of_a_file_name_the_os_cannot_take_is_a_usage_error(fake_table, name):
-    result = run_in("put", "db.w", name)
-    error = assert_one_line_error(result, code=2)
-    assert "a file name cannot hold a NUL byte" in error
-    assert "db.w" not in fake_table  # refused before any client was made
-
-
 def test_put_reads_csv_by_extension_converting_to_the_column_types(fake_table, tmp_path):
     path = tmp_path / "rows.csv"
     path.write_text('id,name,ts,b,ok,d\n1,"a, ""quoted""\nline",2024-01-02T03:04:05,aGk=,true,NaN\n'

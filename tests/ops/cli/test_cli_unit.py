@@ -116,6 +116,8 @@ def test_usage_errors_exit_2(args):
     (("lease", "renew", "L1", "--duration", "0ms"), "'0ms': must be more than 0"),
     (("log", "db.t", "--bucket", "0", "--follow", "--poll-interval", "0s"), "'0s': must be more than 0"),
     (("cluster", "start", "--dir", "/nonexistent/kv", "--timeout", "0s"), "'0s': must be more than 0"),
+    (("put", "db.t", "\x00"), "'\\x00': a file name cannot hold a NUL byte"),  # was a traceback (open's ValueError)
+    (("put", "db.t", "a\x00b.csv"), "a file name cannot hold a NUL byte"),
 ])
 def test_a_usage_error_is_one_line_naming_the_help_to_read(args, says):
     """Every command's usage errors are one ``error:`` line, like every other error (click's own are four)."""
