@@ -18,8 +18,8 @@ less per call. Whatever goes wrong with the port, the call goes over gRPC as bef
 A lookup is a read: sending it again after a lost answer asks the same question.
 
 A connection is used by one call at a time, and only by the process that made it: a forked child (a Spark
-Python worker) that inherited the pool makes its own connections, so no two processes ever read answers from
-one socket (one could take the other's answer: another key's row).
+Python worker) that inherited the pool starts it afresh (:meth:`LookupPorts._this_process`), so no two
+processes ever read answers from one socket (one could take the other's answer: another key's row).
 """
 
 from __future__ import annotations
@@ -49,7 +49,6 @@ class _Connection:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.reader = FrameReader(sock)
-        self.pid = os.getpid()
 
 
 class LookupPorts:
@@ -62,6 +61,7 @@ class LookupPorts:
         self._quiet_until: dict[str, float] = {}  # address -> monotonic time its port may be tried again
         self._lock = threading.Lock()
         self._closed = False
+        self._pid = os.getpid()  # the process whose connections the pool holds
 
     def port(self, address: str) -> int | None:
         return self._ports.get(address)
@@ -87,6 +87,7 @@ class LookupPorts:
         port = self._ports.get(address)
         if port is None:
             return None
+        self._this_process()
         deadline = time.monotonic() + timeout_s
         connection = self._take(address)
         connecting = connection is None
@@ -122,17 +123,19 @@ class LookupPorts:
             stale = self._idle.pop(address, [])
         _close(stale)
 
-    def _take(self, address: str) -> _Connection | None:
-        """An idle connection to ``address`` this process made (a forked child's inherited ones are closed: its
-        copies only; the parent's stay open)."""
-        inherited = []
-        with self._lock:
-            idle = self._idle.get(address, [])
-            while idle and idle[-1].pid != os.getpid():
-                inherited.append(idle.pop())
-            connection = idle.pop() if idle else None
+    def _this_process(self) -> None:
+        """In a forked child, the pool starts afresh: the idle connections are its parent's (the child closes
+        its copies; the parent's stay open), and so may be the lock (held at the fork by another thread)."""
+        if self._pid == os.getpid():
+            return
+        inherited = [c for conns in self._idle.values() for c in conns]
+        self._lock, self._idle, self._pid = threading.Lock(), {}, os.getpid()
         _close(inherited)
-        return connection
+
+    def _take(self, address: str) -> _Connection | None:
+        with self._lock:
+            idle = self._idle.get(address)
+            return idle.pop() if idle else None
 
     def _give(self, address: str, connection: _Connection) -> None:
         with self._lock:
