@@ -40,8 +40,9 @@ def read_password_file(path: str | os.PathLike[str]) -> str:
     it cannot be read or is empty (the message never holds the password)."""
     try:
         text = Path(path).read_text()
-    except OSError as exc:
-        raise InvalidRequestError(f"cannot read the password file {path}: {exc.strerror}", path=str(path)) from None
+    except (OSError, ValueError) as exc:  # ValueError: a path the OS cannot take (a NUL byte)
+        why = exc.strerror if isinstance(exc, OSError) else exc
+        raise InvalidRequestError(f"cannot read the password file {path}: {why}", path=str(path)) from None
     except UnicodeDecodeError:
         raise InvalidRequestError(f"the password file {path} is not UTF-8 text", path=str(path)) from None
     password = text.splitlines()[0] if text else ""

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import kvlease
+from kvlease.client.cluster_dir import read_password_file
 from kvlease.client.connect import ENV_BOOTSTRAP, ENV_CLUSTER, ENV_PASSWORD_FILE, ENV_RETRY_TIMEOUT, ENV_TLS_FILES, \
     find_cluster, layered_config
 from kvlease.common import config as cfg
@@ -42,6 +43,13 @@ def test_arguments_then_kvlease_bootstrap_then_kvlease_cluster(tmp_path):
     assert find_cluster(cluster=d, env=both) == (["127.0.0.1:9001"], str(d))  # an argument beats the variables
     assert find_cluster(bootstrap="h1:1, h2:2", env=both) == (["h1:1", "h2:2"], None)
     assert find_cluster(bootstrap=["h1:1"], env={}) == (["h1:1"], None)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("name, why", [("missing", "No such file or directory"), ("pw\x00", "embedded null byte")])
+def test_a_password_file_that_cannot_be_read_is_one_clear_error(tmp_path, name, why):
+    with pytest.raises(errors.InvalidRequestError, match=f"cannot read the password file .*: {why}$"):
+        read_password_file(tmp_path / name)
 
 
 @pytest.mark.unit
