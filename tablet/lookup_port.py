@@ -64,7 +64,8 @@ class LookupPort:
     def start(self) -> "LookupPort":
         listener = socket.create_server((self.host, self.port), backlog=128)
         self._listener, self.port = listener, listener.getsockname()[1]
-        self._spawn(self._accept, "lookup-port")
+        with self._lock:
+            self._spawn(self._accept, "lookup-port")
         return self
 
     def stop(self) -> None:
@@ -83,9 +84,10 @@ class LookupPort:
             return len(self._connections), self.answered
 
     def _spawn(self, target: Callable, name: str, *args) -> None:
+        """Start a thread running ``target(*args)``, one :meth:`stop` joins (hold the lock: a stop that comes
+        after sees it started)."""
         thread = threading.Thread(target=self._run, args=(target, *args), name=name, daemon=True)
-        with self._lock:
-            self._threads.add(thread)
+        self._threads.add(thread)
         thread.start()
 
     def _run(self, target: Callable, *args) -> None:
@@ -107,7 +109,7 @@ class LookupPort:
                     return
                 busy = len(self._connections) >= self.max_connections
                 self._connections.add(sock)
-            self._spawn(self._serve, "lookup-connection", sock, busy)
+                self._spawn(self._serve, "lookup-connection", sock, busy)
 
     def _serve(self, sock: socket.socket, busy: bool) -> None:
         try:
