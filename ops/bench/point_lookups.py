@@ -9,8 +9,9 @@ For one table (``(id BIGINT, v STRING of 100 bytes)``, ``rows`` rows) this measu
 - ``lookup([key])`` latency p50/p99 of ``singles`` random keys, one call at a time (over the tablet servers'
   lookup ports, docs/architecture.md), the same lookups by a client with ``client.lookup-port`` off (over
   gRPC only: shown, not judged) and the same number of bare gRPC echo round trips to a process of its own
-  (:mod:`kvlease.ops.bench.grpc_floor`: the gRPC floor, reported), in alternating chunks, started once the whole machine is idle (busy < 10 % of its CPUs over a second, or
-  after a minute; the targets are for low load, and another benchmark's cluster may still be stopping);
+  (:mod:`kvlease.ops.bench.grpc_floor`: the gRPC floor, reported), in alternating chunks, started once the
+  whole machine is idle (busy < 10 % of its CPUs over a second, or after a minute; the targets are for low
+  load, and another benchmark's cluster may still be stopping);
 - lookups/s of ``threads`` client threads each doing single-key lookups on a ``buckets``-bucket table (the
   same rows), against the one-thread lookups/s of the same client.
 
