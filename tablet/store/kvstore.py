@@ -29,9 +29,9 @@ import pyarrow as pa
 from rocksdict import (AccessType, BlockBasedOptions, Checkpoint, DBCompressionType, Options, Rdict, WriteBatch,
                        WriteOptions)
 
-from kvlease.common.errors import KvLeaseError, show
+from kvlease.common.errors import KvLeaseError
 from kvlease.common.kvsnapshot import scan_read_options
-from kvlease.common.logentry import ChangeType
+from kvlease.tablet.store import record_apply
 from kvlease.tablet.store.key_ranges import KeyRanges
 from kvlease.tablet.store.memtable_filter import MemtableFilterPolicy
 
@@ -41,8 +41,6 @@ META_CF = "kvlease-meta"
 APPLIED_KEY = b"applied_offset"
 #: Below this much free space a RocksDB write fails rather than wait for a write stall (see KvStore._commit).
 LOW_SPACE_BYTES = 256 << 20
-_PUT_TYPES = (int(ChangeType.INSERT), int(ChangeType.UPDATE_AFTER))
-_DELETE = int(ChangeType.DELETE)
 _CHUNK_ROWS = 1024  # rows read from an iterator per step of KvSnapshot.rows
 #: RocksDB's own limit of files it keeps open per bucket (the lowest it accepts: it reserves 10 for its
 #: own files, so at most 10 SSTs stay open, in one table-cache shard so the limit is exact).
@@ -285,28 +283,14 @@ class KvStore:
         self._commit(prepared.batch, next_offset)
 
     def apply_records(self, records: list[pa.RecordBatch], next_offset: int) -> None:
-        """Apply changelog records (+I/+U put, -D delete, -U nothing) and set the applied offset."""
-        batch = WriteBatch(raw_mode=True)
+        """Apply changelog records (+I/+U put, -D delete, -U nothing) and set the applied offset, in one
+        WriteBatch (``tablet/store/record_apply.py``: a large step in key order)."""
         for entry in records:
             self._ranges.add_keys(entry.column(1))
-            types = entry.column(0).to_numpy(zero_copy_only=False)
-            puts = np.isin(types, _PUT_TYPES)
-            acts = puts | (types == _DELETE)
-            if not acts.all():  # -U records change nothing: left out before their keys and values are converted
-                entry, types, puts = entry.filter(pa.array(acts)), types[acts], puts[acts]
-            keys, values = entry.column(1).to_pylist(), entry.column(2)
-            if values.null_count and (bad := puts & values.is_null().to_numpy(zero_copy_only=False)).any():
-                i = int(bad.argmax())
-                raise BucketStoreError(f"{self.path}: changelog record {ChangeType(int(types[i]))} of key "
-                                       f"{show(keys[i])} has no value")
-            if puts.all():  # inserts and updates only: one pass, no per-record branch
-                collections.deque(map(batch.put, keys, values.to_pylist()), maxlen=0)
-                continue
-            for put, key, value in zip(puts.tolist(), keys, values.to_pylist()):
-                if put:
-                    batch.put(key, value)
-                else:
-                    batch.delete(key)
+        try:
+            batch = record_apply.write_batch(records)
+        except record_apply.RecordWithoutValue as exc:
+            raise BucketStoreError(f"{self.path}: {exc}", path=self.path) from None
         self._commit(batch, next_offset)
 
     def _commit(self, batch: WriteBatch, next_offset: int) -> None:
