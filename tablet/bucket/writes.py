@@ -25,7 +25,7 @@ from kvlease.tablet.bucket.expiry_deletes import ExpiredOnly
 from kvlease.tablet.bucket.state import BucketShared, WriteRole
 from kvlease.tablet.log.changelog import Changelog
 from kvlease.tablet.log.sequences import Duplicate, OutOfOrder
-from kvlease.tablet.store import change_records
+from kvlease.tablet.store import change_records, record_apply
 from kvlease.tablet.store.key_ranges import key_range
 from kvlease.tablet.store.kvstore import BucketStoreError, KvStore, PreparedWrite
 
@@ -140,7 +140,7 @@ class BucketWrites:
             # Each key's final state is its upsert or its delete whatever it held before: the RocksDB
             # batch is built here, while another write may hold the lock (deleting a missing key is a no-op).
             up_list = up_values.to_pylist()
-            prepared = kv.prepare(key_list[:n_up], up_list, key_list[n_up:], bounds if n_up == len(key_list) else None)
+            prepared = _prepare_distinct(keys, key_list, up_list, increasing, bounds)
             if self.bucket.spec.replicated:
                 changes = dict(zip(key_list[:n_up], up_list))
                 changes.update(dict.fromkeys(key_list[n_up:]))
@@ -274,6 +274,19 @@ class BucketWrites:
 
     def _apply(self, kv: KvStore, prepared: PreparedWrite, next_offset: int) -> None:
         kv.commit(prepared, next_offset)
+
+
+def _prepare_distinct(keys: pa.Array, key_list: list[bytes], up_list: list[bytes], increasing: bool,
+                      bounds: tuple[bytes, bytes]) -> PreparedWrite:
+    """The RocksDB write of distinct keys (the upserts', values ``up_list``, then the deletes'): a large one in
+    key order, which RocksDB's memtable takes faster (docs/bucket-store.md, "Throughput"); the changelog
+    keeps the client's order."""
+    n_up = len(up_list)
+    put_keys, put_values = key_list[:n_up], up_list
+    if not increasing and n_up >= record_apply.SORTED_MIN:
+        order = record_apply.key_order(keys.slice(0, n_up)).tolist()
+        put_keys, put_values = [put_keys[i] for i in order], [up_list[i] for i in order]
+    return KvStore.prepare(put_keys, put_values, key_list[n_up:], bounds if n_up == len(key_list) else None)
 
 
 def _check_size(records: pa.RecordBatch) -> None:

@@ -1,5 +1,6 @@
 """Changelog records as one RocksDB WriteBatch: what a follower's applier and a replay write
 (:meth:`kvlease.tablet.store.kvstore.KvStore.apply_records`; ``docs/bucket-store.md``, "Replication").
+:func:`key_order` also orders a leader's large write of distinct keys (``tablet/bucket/writes.py``).
 
 +I and +U put their value, -D deletes its key, -U changes nothing (the +U after it carries the row).
 
@@ -68,6 +69,8 @@ def key_order(keys: pa.BinaryArray) -> np.ndarray:
     """The stable sort of ``keys`` (bytewise, RocksDB's order) as indices. Keys of one width of at most 8
     bytes (a BIGINT or INT key) are sorted as big-endian integers, ~2.5x faster than Arrow's sort of bytes."""
     n = len(keys)
+    if keys.type != pa.binary() or keys.null_count:
+        return pc.sort_indices(keys).to_numpy()
     offsets = np.frombuffer(keys.buffers()[1], np.int32)[keys.offset:keys.offset + n + 1]
     width = int(offsets[1] - offsets[0]) if n else 0
     if not 0 < width <= 8 or not (np.diff(offsets) == width).all():
