@@ -8,8 +8,8 @@ below REPLAYED_FROM; the rest was replayed from the changelog), then loops over 
 flushed once ``write`` returned. ``tests/tablet/bucket/test_bucket.py`` kills it with SIGKILL
 and checks every printed write survived and the changelog and KV agree.
 
-``python -m tests.support.bucket_writer bench [ROWS [ROUNDS]]`` measures ``BucketStore.write``
-(1000-row upsert batches of ``id BIGINT`` + a 100-character ``STRING``; new
+``python -m tests.support.bucket_writer bench [ROWS [ROUNDS [BATCH_ROWS]]]`` measures ``BucketStore.write``
+(upsert batches of 1000 rows unless said, ``id BIGINT`` + a 100-character ``STRING``; new
 keys, then updates of existing keys; fsync on and off) against a raw rocksdict
 WriteBatch of the same encoded rows into a DB in the same state, and
 ``lookup`` against a raw multi-get, cases interleaved in one run; prints a table.
@@ -81,13 +81,13 @@ class _BenchData:
     """The rows every case writes (or looks up), and the cases' runs: each takes a fresh directory and
     returns rows/s."""
 
-    def __init__(self, total_rows: int) -> None:
+    def __init__(self, total_rows: int, batch_rows: int = BATCH_ROWS) -> None:
         rng = np.random.default_rng(0)
         ids = rng.permutation(total_rows).astype(np.int64) * 7919  # spread, unordered keys
-        text = pa.array(["v" * 90 + f"{i:010d}" for i in range(BATCH_ROWS)])  # 100 characters
+        text = pa.array(["v" * 90 + f"{i:010d}" for i in range(batch_rows)])  # 100 characters
         self.total_rows = total_rows
-        self.upserts = [pa.RecordBatch.from_arrays([pa.array(ids[s:s + BATCH_ROWS]), text], names=["id", "v"])
-                        for s in range(0, total_rows, BATCH_ROWS)]
+        self.upserts = [pa.RecordBatch.from_arrays([pa.array(part), text.slice(0, len(part))], names=["id", "v"])
+                        for part in (ids[s:s + batch_rows] for s in range(0, total_rows, batch_rows))]
         self.key_batches = [b.select(["id"]) for b in self.upserts]
         self.encoded = [RowCodec(BENCH_TABLE).encode(b) for b in self.upserts]
 
@@ -160,9 +160,9 @@ class _BenchData:
         ]
 
 
-def bench(total_rows: int = 200_000, rounds: int = 3) -> None:
-    """Each case writes (or looks up) the same ``total_rows`` rows in 1000-row batches."""
-    cases = _BenchData(total_rows).cases()
+def bench(total_rows: int = 200_000, rounds: int = 3, batch_rows: int = BATCH_ROWS) -> None:
+    """Each case writes (or looks up) the same ``total_rows`` rows in ``batch_rows``-row batches."""
+    cases = _BenchData(total_rows, batch_rows).cases()
     best = {name: 0.0 for name, _, _ in cases}
     for _ in range(rounds):  # cases interleaved, so a burst of load elsewhere hits all of them
         for name, run, _ in cases:
@@ -171,7 +171,7 @@ def bench(total_rows: int = 200_000, rounds: int = 3) -> None:
                 best[name] = max(best[name], run(directory))
             finally:
                 shutil.rmtree(directory, ignore_errors=True)
-    print(f"{total_rows:,} rows of 1000-row batches, best of {rounds}")
+    print(f"{total_rows:,} rows of {batch_rows:,}-row batches, best of {rounds}")
     print(f"{'case':48} {'rows/s':>12}  ratio")
     for name, _, against in cases:
         ratio = f"{best[name] / best[against]:.2f} of '{against}'" if against else ""
@@ -179,6 +179,6 @@ def bench(total_rows: int = 200_000, rounds: int = 3) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["bench"]:
-        bench(*map(int, sys.argv[2:4]))
+        bench(*map(int, sys.argv[2:5]))
     else:
         main(sys.argv[1:])
