@@ -48,22 +48,39 @@ def wait_active(doc: dict[str, Any], procs: list[subprocess.Popen], timeout_s: f
                 wait_for_active(client, 1.0)
             except KvLeaseError:
                 return False
-            # an answer counts once each live coordinator holds its own port: one that lost it to another server
-            # (which may have answered for it) exits soon and is relaunched
-            return all(_own_port(proc, entry["address"]) for proc, entry in zip(procs, doc["coordinators"]))
+            # an answer counts once each coordinator holds its own port: one that lost it to another server
+            # (which may have answered for it) exits and is relaunched
+            return _own_ports(doc["coordinators"], procs, relaunch)
 
         if not poll(active, timeout_s, interval_s=0.0)[1]:
             raise ClusterError(f"no coordinator became active within {timeout_s:.0f}s; "
                                f"{log_files(doc, 'coordinators')}")
 
 
-def _own_port(proc: subprocess.Popen, address: str) -> bool:
-    """``proc`` exited (its relaunch or its exit code tells) or listens on its address's port itself."""
-    return proc.poll() is not None or holds_port(proc.pid, int(address.rsplit(":", 1)[1]))
+def _own_ports(entries: list[dict[str, Any]], procs: list[subprocess.Popen], relaunch: Relaunch) -> bool:
+    """Whether each process of ``procs`` listens on its entry's port itself, or exited for another reason than
+    losing it (its exit code tells). One seen exited is offered to ``relaunch`` first, after it was seen: one
+    that lost its port (and exited while another server answered for it) is started again, so False."""
+    for i, proc in enumerate(list(procs)):
+        if proc.poll() is None:
+            if not holds_port(proc.pid, int(entries[i]["address"].rsplit(":", 1)[1])):
+                return False
+        else:
+            relaunch(procs)
+            if procs[i] is not proc:
+                return False
+    return True
 
 
-def fail_if_tablets_exited(doc: Mapping[str, Any], procs: list[subprocess.Popen]) -> None:
-    dead = [(t, proc.returncode) for t, proc in zip(doc["tablets"], procs) if proc.poll() is not None]
+def fail_if_tablets_exited(doc: Mapping[str, Any], procs: list[subprocess.Popen],
+                           relaunch: Relaunch = lambda procs: None) -> None:
+    """ClusterError naming the tablet servers that exited, but those that lost their port: ``relaunch`` runs
+    after they were seen exited, so it examines each of them (one exiting just before is not taken for dead)."""
+    exited = [proc for proc in procs if proc.poll() is not None]
+    if not exited:
+        return
+    relaunch(procs)
+    dead = [(t, proc.returncode) for t, proc in zip(doc["tablets"], procs) if any(proc is e for e in exited)]
     if dead:
         which = ", ".join(f"{t['id']} (exit code {code}, log {t['log']})" for t, code in dead)
         raise ClusterError(f"tablet server(s) {which} exited")
@@ -79,7 +96,7 @@ def wait_tablets(doc: dict[str, Any], procs: list[subprocess.Popen], timeout_s: 
     with admin_client(addresses, request_timeout_s=2.0, retry_total_s=0) as client:
         def all_registered() -> bool:
             relaunch(procs)
-            fail_if_tablets_exited(doc, procs)
+            fail_if_tablets_exited(doc, procs, relaunch)
             try:
                 ids = {s.id for s in client.list_tablet_servers()}
             except KvLeaseError:
