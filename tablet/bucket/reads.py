@@ -11,6 +11,7 @@ log end, so nothing is held back.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from typing import Callable, Iterator, Sequence
@@ -28,6 +29,8 @@ from kvlease.tablet.bucket import write_checks
 from kvlease.tablet.bucket.state import BucketShared, BucketSpec
 from kvlease.tablet.log.changelog import SegmentInfo
 from kvlease.tablet.store.kvstore import BucketStoreError, KvSnapshot, KvStore
+
+log = logging.getLogger(__name__)
 
 
 def _ending_by(entries: list[bytes], end: int) -> list[bytes]:
@@ -147,7 +150,13 @@ class BucketReads:
                 with self.bucket.write_lock:
                     cache = self.bucket.epoch_file.cache
                     lost = cache.reader_divergence(last_fetched_epoch, from_offset, changelog.end_offset)
-                if lost is not None:
+                    seen = cache.entries
+                if lost is not None:  # what it was judged on, for the operator (a restore, an unclean leader)
+                    log.warning("bucket %s: a reader at offset %d (last read under leader epoch %d) is refused: this "
+                                "log's leader epochs start at %s, it ends at %d, high watermark %d",
+                                self.bucket.spec.dir, from_offset, last_fetched_epoch,
+                                [(e.epoch, e.start_offset) for e in seen], changelog.end_offset,
+                                self._high_watermark())
                     raise DataLostError(
                         f"offsets {lost}..{from_offset - 1} this reader read (the last under leader epoch "
                         f"{last_fetched_epoch}) are not in the bucket's log any more: it was restored from an "

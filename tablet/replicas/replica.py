@@ -99,6 +99,10 @@ class Replica:
                 self.store.become_leader(self.role.leader_epoch)
                 self.lead = Leadership(self.server_id, self.role, self.store, int(time.time() * 1000),
                                        on_commit=self.on_commit, on_isr_due=self.on_isr_due)
+                log.info("%s: leads at leader epoch %d from log end %d (high watermark %d, ISR %s, leader epochs "
+                         "start at %s)", self.tb, self.role.leader_epoch, self.lead.view.leader_log_end,
+                         self.lead.high_watermark, sorted(self.lead.isr),
+                         [(e.epoch, e.start_offset) for e in self.store.epochs.entries])
             return self.lead
 
     def take_role(self, role: BucketRole, now: float = 0.0) -> bool:

@@ -31,7 +31,8 @@ def _read_all(client: TableClient, position: LogPosition, end: int) -> tuple[lis
     return offsets, position
 
 
-def test_a_reader_of_a_restored_bucket_is_refused_at_reused_offsets(cluster, tmp_path):
+def test_a_reader_of_a_restored_bucket_is_refused_at_reused_offsets(cluster, tmp_path, caplog):
+    """...and the tablet server logs what it judged the reader on: its leader epochs, log end and HW."""
     c = cluster
     server = c.tablet(1, tmp_path / "t1")
     table = c.admin.create_table("db.one", SCHEMA, ["id"], 1)
@@ -46,8 +47,13 @@ def test_a_reader_of_a_restored_bucket_is_refused_at_reused_offsets(cluster, tmp
 
     lose_and_restore(c, tmp_path, table, range(20, 26))  # offsets 10..15: reused
     with TableClient(c.admin, "db.one") as client:
-        with pytest.raises(errors.DataLostError, match=r"bucket 0 of table db\.one: offsets 10\.\.14 this reader read"):
+        with caplog.at_level("WARNING", logger="kvlease.tablet.bucket.reads"), pytest.raises(
+                errors.DataLostError, match=r"bucket 0 of table db\.one: offsets 10\.\.14 this reader read"):
             client.fetch_log_from(0, old)
+        refused = [r.getMessage() for r in caplog.records if "is refused" in r.getMessage()]
+        assert refused and re.search(rf"a reader at offset 15 \(last read under leader epoch {old.epoch}\) is refused: "
+                                     r"this log's leader epochs start at \[\(\d+, 10\)\], it ends at 16, high "
+                                     r"watermark 16", refused[0]), refused
         with pytest.raises(errors.DataLostError, match=r"offsets 10\.\.14"):  # a retry is refused the same
             client.fetch_log_entries(0, 15, last_fetched_epoch=old.epoch)
         unfenced, _end = client.fetch_log(0, 15)  # an old client: no epoch, no check
