@@ -150,7 +150,7 @@ class BucketReads:
                 with self.bucket.write_lock:
                     cache = self.bucket.epoch_file.cache
                     lost = cache.reader_divergence(last_fetched_epoch, from_offset, changelog.end_offset)
-                    seen = cache.entries
+                    seen = cache.entries if lost is not None else []  # a refusal only: every reader's fetch checks
                 if lost is not None:  # what it was judged on, for the operator (a restore, an unclean leader)
                     log.warning("bucket %s: a reader at offset %d (last read under leader epoch %d) is refused: this "
                                 "log's leader epochs start at %s, it ends at %d, high watermark %d",
