@@ -35,15 +35,14 @@ def wait_active(doc: dict[str, Any], procs: list[subprocess.Popen], timeout_s: f
     clients: dict[tuple[str, ...], Any] = {}
     with contextlib.ExitStack() as stack:
         def active() -> bool:
-            relaunch(procs)
+            if len(exited_for_good(procs, relaunch)) == len(procs):
+                codes = ", ".join(str(proc.returncode) for proc in procs)
+                raise ClusterError(f"every coordinator exited (exit codes {codes}); {log_files(doc, 'coordinators')}")
             addresses = tuple(c["address"] for c in doc["coordinators"])
             if addresses not in clients:  # the first poll, or a coordinator started again on another port
                 clients[addresses] = stack.enter_context(admin_client(list(addresses), request_timeout_s=1.0,
                                                                       retry_total_s=0))
             client = clients[addresses]
-            if all(proc.poll() is not None for proc in procs):
-                codes = ", ".join(str(proc.returncode) for proc in procs)
-                raise ClusterError(f"every coordinator exited (exit codes {codes}); {log_files(doc, 'coordinators')}")
             try:
                 wait_for_active(client, 1.0)
             except KvLeaseError:
@@ -57,30 +56,33 @@ def wait_active(doc: dict[str, Any], procs: list[subprocess.Popen], timeout_s: f
                                f"{log_files(doc, 'coordinators')}")
 
 
+def exited_for_good(procs: list[subprocess.Popen], relaunch: Relaunch) -> list[int]:
+    """The indices of ``procs`` that exited and were not started again. ``relaunch`` runs after they were seen
+    exited, so it examines each of them: one that lost the race for its port is started again (replaced in
+    ``procs``) and never taken for dead, however shortly before this look it exited."""
+    seen = {i: proc for i, proc in enumerate(procs) if proc.poll() is not None}
+    if seen:
+        relaunch(procs)
+    return [i for i, proc in seen.items() if procs[i] is proc]
+
+
 def _own_ports(entries: list[dict[str, Any]], procs: list[subprocess.Popen], relaunch: Relaunch) -> bool:
     """Whether each process of ``procs`` listens on its entry's port itself, or exited for another reason than
-    losing it (its exit code tells). One seen exited is offered to ``relaunch`` first, after it was seen: one
-    that lost its port (and exited while another server answered for it) is started again, so False."""
-    for i, proc in enumerate(list(procs)):
-        if proc.poll() is None:
-            if not holds_port(proc.pid, int(entries[i]["address"].rsplit(":", 1)[1])):
-                return False
-        else:
-            relaunch(procs)
-            if procs[i] is not proc:
-                return False
-    return True
+    losing it (:func:`exited_for_good`). One started again lost its port, and another server may have answered
+    for it: False."""
+    before = list(procs)
+    dead = set(exited_for_good(procs, relaunch))
+    if any(now is not then for now, then in zip(procs, before)):
+        return False
+    return all(i in dead or holds_port(proc.pid, int(entries[i]["address"].rsplit(":", 1)[1]))
+               for i, proc in enumerate(procs))
 
 
 def fail_if_tablets_exited(doc: Mapping[str, Any], procs: list[subprocess.Popen],
                            relaunch: Relaunch = lambda procs: None) -> None:
-    """ClusterError naming the tablet servers that exited, but those that lost their port: ``relaunch`` runs
-    after they were seen exited, so it examines each of them (one exiting just before is not taken for dead)."""
-    exited = [proc for proc in procs if proc.poll() is not None]
-    if not exited:
-        return
-    relaunch(procs)
-    dead = [(t, proc.returncode) for t, proc in zip(doc["tablets"], procs) if any(proc is e for e in exited)]
+    """ClusterError naming the tablet servers that exited, but those that lost their port (started again by
+    ``relaunch``: :func:`exited_for_good`)."""
+    dead = [(doc["tablets"][i], procs[i].returncode) for i in exited_for_good(procs, relaunch)]
     if dead:
         which = ", ".join(f"{t['id']} (exit code {code}, log {t['log']})" for t, code in dead)
         raise ClusterError(f"tablet server(s) {which} exited")
@@ -95,8 +97,7 @@ def wait_tablets(doc: dict[str, Any], procs: list[subprocess.Popen], timeout_s: 
     registered: set[int] = set()
     with admin_client(addresses, request_timeout_s=2.0, retry_total_s=0) as client:
         def all_registered() -> bool:
-            relaunch(procs)
-            fail_if_tablets_exited(doc, procs, relaunch)
+            fail_if_tablets_exited(doc, procs, relaunch)  # and those that lost their port are started again
             try:
                 ids = {s.id for s in client.list_tablet_servers()}
             except KvLeaseError:

@@ -24,6 +24,14 @@ class Proc:
         return self.returncode
 
 
+class ExitsOnceSeen(Proc):
+    """A process that loses its port as the wait looks: running at the first look, exited from the next on."""
+
+    def poll(self):
+        code, self.returncode = self.returncode, 1
+        return code
+
+
 class PortLosers:
     """``relaunch``: each process seen exited (once) is started again as a new one on a new port; the new ones
     listen on theirs."""
@@ -61,19 +69,15 @@ def test_a_coordinator_that_exits_while_another_answers_for_its_port_is_started_
     assert relaunch.relaunched == 1 and procs[0].pid == 1001 and doc["coordinators"][0]["address"] == "127.0.0.1:2001"
 
 
-def test_a_tablet_server_that_exits_on_its_lost_port_just_after_the_relaunch_looked_is_started_again(ports):
-    """A tablet server exiting (its port taken) right after the wait's relaunch looked at it is examined
+def test_a_tablet_server_that_exits_on_its_lost_port_just_after_the_wait_looked_is_started_again(ports):
+    """A tablet server exiting (its port taken) right after the wait looked at it is examined by the relaunch
     before it is called dead: started again, and the wait ends once it registers; one that exited for another
     reason still fails the start, naming its exit code."""
     doc = {"coordinators": [{"id": "1", "address": "127.0.0.1:1500", "log": "c.log"}],
            "tablets": [{"id": "1", "address": "127.0.0.1:1600", "log": "t.log"}]}
-    procs = [Proc(1)]
-    losers = PortLosers(doc, "tablets")
 
-    def relaunch(procs_):
-        losers(procs_)
-        if procs_[0].pid == 1:
-            procs_[0].returncode = 1  # exits right after this look: its bind failed
+    procs = [ExitsOnceSeen(1)]
+    relaunch = losers = PortLosers(doc, "tablets")
 
     class Admin:
         def list_tablet_servers(self):
@@ -85,3 +89,14 @@ def test_a_tablet_server_that_exits_on_its_lost_port_just_after_the_relaunch_loo
     losers.examined.add(1001)
     with pytest.raises(ClusterError, match=r"tablet server\(s\) 1 \(exit code 3"):
         start_waits.fail_if_tablets_exited(doc, procs, losers)
+
+
+def test_a_lone_coordinator_exiting_on_its_lost_port_as_the_wait_looks_is_started_again_not_called_dead(ports):
+    """The wait's "every coordinator exited" check sees the exit only after the relaunch examined it: a lone
+    coordinator that lost its port is started again, and the start does not fail."""
+    doc = {"coordinators": [{"id": "1", "address": "127.0.0.1:1500", "log": "c.log"}]}
+    procs = [ExitsOnceSeen(1)]
+    relaunch = PortLosers(doc, "coordinators")
+    start_waits.wait_active(doc, procs, 5.0, lambda *a, **k: contextlib.nullcontext(), lambda client, timeout: None,
+                            relaunch)
+    assert relaunch.relaunched == 1 and procs[0].pid == 1001
