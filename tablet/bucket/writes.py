@@ -283,10 +283,12 @@ def _prepare_distinct(keys: pa.Array, key_list: list[bytes], up_list: list[bytes
     keeps the client's order."""
     n_up = len(up_list)
     put_keys, put_values = key_list[:n_up], up_list
+    put_range = bounds if n_up == len(key_list) else None  # the puts' lowest and highest key, if known here
     if not increasing and n_up >= record_apply.SORTED_MIN:
         order = record_apply.key_order(keys.slice(0, n_up)).tolist()
         put_keys, put_values = [put_keys[i] for i in order], [up_list[i] for i in order]
-    return KvStore.prepare(put_keys, put_values, key_list[n_up:], bounds if n_up == len(key_list) else None)
+        put_range = put_keys[0], put_keys[-1]
+    return KvStore.prepare(put_keys, put_values, key_list[n_up:], put_range)
 
 
 def _check_size(records: pa.RecordBatch) -> None:

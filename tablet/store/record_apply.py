@@ -43,8 +43,7 @@ def write_batch(records: list[pa.RecordBatch]) -> WriteBatch:
     """The puts and deletes of ``records`` (changelog batches, in offset order) as one WriteBatch (see the
     module docstring). Raises :class:`RecordWithoutValue`."""
     acting = [_acting(entry) for entry in records]
-    total = sum(entry.num_rows for entry in acting)
-    if total and total >= SORTED_MIN:
+    if sum(entry.num_rows for entry in acting) >= SORTED_MIN:
         acting = [last_per_key(acting)]
     batch = WriteBatch(raw_mode=True)
     for entry in acting:
@@ -54,7 +53,7 @@ def write_batch(records: list[pa.RecordBatch]) -> WriteBatch:
 
 def last_per_key(entries: list[pa.RecordBatch]) -> pa.RecordBatch:
     """The acting records of ``entries`` (in offset order) in key order, each key once: its last record."""
-    records = pa.Table.from_batches(entries).combine_chunks().to_batches()[0] if len(entries) > 1 else entries[0]
+    records = entries[0] if len(entries) == 1 else pa.concat_batches(entries)
     n, keys = records.num_rows, records.column(1)
     if increasing(keys):  # already in key order, each key once (a tail of updates in key order)
         return records
