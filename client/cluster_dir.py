@@ -41,7 +41,7 @@ def read_password_file(path: str | os.PathLike[str]) -> str:
     try:
         text = Path(path).read_text()
     except (OSError, ValueError) as exc:  # ValueError: a path the OS cannot take (a NUL byte)
-        why = exc.strerror if isinstance(exc, OSError) else exc
+        why = getattr(exc, "strerror", None) or exc
         raise InvalidRequestError(f"cannot read the password file {path}: {why}", path=str(path)) from None
     except UnicodeDecodeError:
         raise InvalidRequestError(f"the password file {path} is not UTF-8 text", path=str(path)) from None

@@ -74,7 +74,7 @@ def _read(config: cfg.Config, key: cfg.Key, *, required: bool) -> bytes | None:
         with open(path, "rb") as fh:
             data = fh.read()
     except (OSError, ValueError) as exc:  # ValueError: a path the OS cannot take (a NUL byte)
-        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        why = getattr(exc, "strerror", None) or exc
         shown = repr(path) if "\x00" in path else path
         raise cfg.ConfigError(f"cannot read config key {key.name!r} file {shown}: {why}", key=key.name,
                               path=path) from None
