@@ -21,14 +21,35 @@ def cpu_seconds(pid: int) -> float:
     return (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def demand_seconds(pid: int) -> float:
+    """Seconds the threads of process ``pid`` have so far spent on a CPU *or waiting in a run queue for
+    one* (``/proc/PID/task/*/schedstat``): a process that computes on a machine so loaded that it seldom gets
+    a core still wants one. :func:`cpu_seconds` where the kernel keeps no schedstat; 0 if it is gone."""
+    total, seen = 0, False
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0.0
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat") as fh:
+                on_cpu_ns, waiting_ns = fh.read().split()[:2]
+        except (OSError, ValueError):  # a thread that ended meanwhile, or no schedstat at all
+            continue
+        total, seen = total + int(on_cpu_ns) + int(waiting_ns), True
+    return total / 1e9 if seen else cpu_seconds(pid)
+
+
 def wait_idle(pid: int, busy_below: float = 0.05, step_s: float = 1.0, timeout_s: float = 90.0) -> float:
-    """Wait until ``pid`` uses less than ``busy_below`` of a core over ``step_s`` (e.g. the flushes and
-    compactions after a load are done) or ``timeout_s`` passed; returns the seconds waited."""
+    """Wait until ``pid`` runs or waits to run less than ``busy_below`` of a core over ``step_s`` (e.g. the
+    flushes and compactions after a load are done) or ``timeout_s`` passed; returns the seconds waited.
+    Its time waiting for a core counts as busy (:func:`demand_seconds`): on a loaded machine a computing
+    process is not idle because others held the cores."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout_s:
-        before = cpu_seconds(pid)
+        before = demand_seconds(pid)
         time.sleep(step_s)
-        if cpu_seconds(pid) - before < busy_below * step_s:
+        if demand_seconds(pid) - before < busy_below * step_s:
             break
     return time.monotonic() - t0
 
