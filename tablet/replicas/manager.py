@@ -22,9 +22,8 @@ or cut off from ZooKeeper, after the first push of each registration:
 :meth:`ReplicaManager.remove_stray_copies`). A snapshot is: RocksDB checkpoint -> upload of the SST files
 the last committed snapshot does not have + a manifest -> CommitKvSnapshot.
 
-Buckets are held by physical id (``common/tables.py``; a partition's in ``{data dir}/{partition id}/{bucket}``).
-The coordinator keeps a partition's node at ``/tables/{partition id}``, so the checks above hold for partitions;
-a push dropping a partitioned table's id drops the partitions of it held here.
+Buckets are held by physical id (``common/tables.py``; a partition's in ``{data dir}/{partition id}/{bucket}``, its
+node at ``/tables/{partition id}``: the checks above hold); a push dropping a partitioned table drops its partitions.
 
 The manager owns four parts, each given what it uses (none reaches into the manager): the views of the
 physical tables held, which say which one a request names (``tablet/replicas/held_tables.py``), its snapshots
@@ -35,9 +34,8 @@ and the local copies of buckets it no longer holds (``tablet/replicas/local_copi
 Thousands of buckets: taking a bucket opens no file (its store opens them on first use, and the server's
 :class:`~kvlease.tablet.bucket.open_buckets.OpenBuckets` parks idle ones); the keeper (``tablet/replicas/keeper.py``)
 opens new buckets in the background, learns their latest snapshot from the coordinator and reopens failed ones.
-A push's bucket whose role is the one taken already is skipped. At most ``tablet.buckets.max`` buckets are led: a
-push naming more (the coordinator places no more than that, so only one that did not know it) leaves the newest
-ones refused, answered with a clear error and reported unhealthy.
+A push's bucket whose role is taken already is skipped. At most ``tablet.buckets.max`` buckets are led: a push naming
+more (only a coordinator that did not know it) leaves the newest refused with a clear error, reported unhealthy.
 """
 
 from __future__ import annotations
@@ -354,13 +352,15 @@ class ReplicaManager:
 
     @contextlib.contextmanager
     def leading(self, physical_id: int, bucket: int) -> Iterator[Replica]:
-        """The replica of a bucket led here (:meth:`get`) for a request to read or write; once the body is
-        done its answer is confirmed (:meth:`confirm`): a leadership that ended or whose lease lapsed
-        meanwhile answers NOT_LEADER instead (docs/architecture.md, "Leader leases")."""
+        """The replica of a bucket led here (:meth:`get`) for a request; its answer, an error too, is confirmed once
+        the body is done (:meth:`confirm`): a leadership that ended or whose lease lapsed meanwhile answers NOT_LEADER
+        instead, never what its stale state says (docs/architecture.md, "Leader leases")."""
         replica = self.get(physical_id, bucket)
         epoch = replica.role.leader_epoch if replica.role is not None else None
-        yield replica
-        self.confirm(replica, epoch)
+        try:
+            yield replica
+        finally:
+            self.confirm(replica, epoch)
 
     def confirm(self, replica: Replica, epoch: int | None) -> None:
         """Raise NotLeaderError unless ``replica`` still leads under leader ``epoch`` (its role's when the

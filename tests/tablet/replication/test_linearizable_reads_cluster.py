@@ -5,8 +5,11 @@ The leader of the bucket is paused (SIGSTOP: a GC pause, or a partition) while a
 acknowledged by the leader elected meanwhile. A reader pinned to the paused leader (a client whose routing
 is stale: lookups sent straight to it, each timed when sent) must get no answer older than the update for
 a lookup sent after its acknowledgement: when the paused leader resumes it answers NOT_LEADER (its leader
-lease lapsed), never the old value. A table client looking the key up meanwhile gives up on the paused
-leader once the coordinator names another (it does not wait out its request timeout). Both ways the
+lease lapsed), never the old value. Nor does it answer a log reader with what its stale log says: a FetchLog
+sent to it from the position after the update (as a change-feed reader that read on from its successor would),
+with or without that position's leader epoch, is NOT_LEADER once it resumes, never DATA_LOST or an offset out
+of range (its log ends before that position). A table client looking the key up meanwhile gives up on the
+paused leader once the coordinator names another (it does not wait out its request timeout). Both ways the
 leadership moves: the paused leader's ZooKeeper session expires (its successor waits for nothing), and an
 operator's election while it is paused but its session lives (its demotions node is bumped, its successor
 waits a lease). A leadership moved away from a live leader is served by its successor at once (the old
@@ -122,6 +125,24 @@ class PinnedReader:
         return self.sent
 
 
+def _log_reads(address: str, table_id: int, position) -> list:
+    """FetchLog futures to ``address`` from ``position``: one with its leader epoch (fenced), one without."""
+    channel = grpc.insecure_channel(address)
+    stub = pbg.TabletServiceStub(channel)
+    fenced = pb.FetchLogRequest(table_id=table_id, bucket=0, from_offset=position.offset, max_bytes=1 << 20,
+                                last_fetched_epoch=position.epoch)
+    plain = pb.FetchLogRequest(table_id=table_id, bucket=0, from_offset=position.offset, max_bytes=1 << 20)
+    return [channel] + [stub.FetchLog.future(r, timeout=60) for r in (fenced, plain)]
+
+
+def _log_answer(future):
+    try:
+        response = future.result()
+    except grpc.RpcError as exc:
+        return exc.code()
+    return errors.ErrorCode(response.error.code) if response.error.code else f"{len(response.entries)} entries"
+
+
 def _value(future):
     try:
         response = future.result()
@@ -166,8 +187,9 @@ def _pause_and_update(directory, admin, table, elect_to: int | None = None,
     """Pause the leader, have the update acknowledged by its successor (``elect_to``: moved there by an
     operator's election; else once its session expired), resume it ``resume_after_s`` later. Returns the
     pinned reader's lookups, the routed reader's, the acknowledgement time and the old leader's id."""
-    leader, address, _epoch = _leader(admin, table)
+    leader, address, epoch = _leader(admin, table)
     pid = _pid(directory, leader)
+    log_reads: list = []
     pinned = PinnedReader(address, table.table_id)
     routed = RoutedReader(admin, table)
     wait_until(lambda: any(s.answer is not None for s in pinned.sent) and routed.reads, 30, "both readers answered")
@@ -177,11 +199,18 @@ def _pause_and_update(directory, admin, table, elect_to: int | None = None,
             admin.elect_leader(table.path, 0, False, tablet=elect_to)
         with TableClient(admin, table.path, QUICK_RETRIES, retry_total_s=60) as writer:
             writer.upsert([{"id": 1, "v": "new"}])  # acknowledged as soon as a new leader serves
-        acked = time.monotonic()
+            acked = time.monotonic()
+            position = writer.end_positions()[0]  # from the new leader: after the update, under its epoch
+        assert position.epoch is not None and position.epoch > epoch
+        log_reads = _log_reads(address, table.table_id, position)  # queue at the paused leader
         time.sleep(resume_after_s)  # the pause under test: lookups sent to the paused leader meanwhile queue there
     finally:
         os.kill(pid, signal.SIGCONT)
     time.sleep(2.0)  # lookups go on to the resumed leader: any it answers with the old value fails _check
+    channel, *futures = log_reads
+    answers = [_log_answer(f) for f in futures]
+    channel.close()
+    assert all(a in refused_codes() for a in answers), f"the resumed leader answered log reads with {answers}"
     return pinned.stop(settle_s=10), routed.stop(), acked, leader
 
 
