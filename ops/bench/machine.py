@@ -22,15 +22,13 @@ def cpu_seconds(pid: int) -> float:
 
 
 def demand_seconds(pid: int) -> float:
-    """Seconds the threads of process ``pid`` have so far spent on a CPU *or waiting in a run queue for
-    one* (``/proc/PID/task/*/schedstat``): a process that computes on a machine so loaded that it seldom gets
-    a core still wants one. :func:`cpu_seconds` where the kernel keeps no schedstat; 0 if it is gone."""
+    """Seconds the threads of process ``pid`` have so far spent on a CPU or waiting in a run queue for one
+    (``/proc/PID/task/*/schedstat``): a process that computes on a machine so loaded that it seldom gets a core
+    still wants one. The kernel adds a thread's wait when the thread gets the core, so a thread that got none
+    yet shows no wait (:func:`runnable` sees it). :func:`cpu_seconds` where the kernel keeps no schedstat; 0
+    if it is gone."""
     total, seen = 0, False
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return 0.0
-    for task in tasks:
+    for task in _tasks(pid):
         try:
             with open(f"/proc/{pid}/task/{task}/schedstat") as fh:
                 on_cpu_ns, waiting_ns = fh.read().split()[:2]
@@ -40,16 +38,42 @@ def demand_seconds(pid: int) -> float:
     return total / 1e9 if seen else cpu_seconds(pid)
 
 
+def runnable(pid: int) -> bool:
+    """Whether a thread of process ``pid`` is on a CPU or waiting for one now (state R)."""
+    for task in _tasks(pid):
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat") as fh:
+                if fh.read().rsplit(")", 1)[1].split()[0] == "R":
+                    return True
+        except (OSError, IndexError):  # a thread that ended meanwhile
+            continue
+    return False
+
+
+def _tasks(pid: int) -> list[str]:
+    try:
+        return os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+
+
+#: A step of :func:`wait_idle` looks at the process's threads this many times.
+IDLE_SAMPLES = 10
+
+
 def wait_idle(pid: int, busy_below: float = 0.05, step_s: float = 1.0, timeout_s: float = 90.0) -> float:
     """Wait until ``pid`` runs or waits to run less than ``busy_below`` of a core over ``step_s`` (e.g. the
     flushes and compactions after a load are done) or ``timeout_s`` passed; returns the seconds waited.
-    Its time waiting for a core counts as busy (:func:`demand_seconds`): on a loaded machine a computing
-    process is not idle because others held the cores."""
+    Waiting for a core counts as busy: on a loaded machine a computing process is not idle because others
+    held the cores, so a step is idle only if no thread of it was found runnable either (:func:`runnable`,
+    :data:`IDLE_SAMPLES` times a step: the wait of a thread that never got a core in it is not counted yet)."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout_s:
-        before = demand_seconds(pid)
-        time.sleep(step_s)
-        if demand_seconds(pid) - before < busy_below * step_s:
+        before, ran = demand_seconds(pid), False
+        for _ in range(IDLE_SAMPLES):
+            time.sleep(step_s / IDLE_SAMPLES)
+            ran = ran or runnable(pid)
+        if not ran and demand_seconds(pid) - before < busy_below * step_s:
             break
     return time.monotonic() - t0
 

@@ -112,19 +112,43 @@ def _on_cpu_0(niceness: int):
 def test_wait_idle_counts_a_starved_computing_process_as_busy():
     """A spinner that gets ~1.5 % of a core (niceness 19 against a niceness-0 spinner on the same core, as a
     full suite's load once left a benchmark's spinner) still computes whenever it runs: not idle. Its CPU
-    seconds alone are under wait_idle's 5 %; its time waiting in the run queue is not."""
+    seconds alone are under wait_idle's 5 %; it is runnable all along."""
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=_on_cpu_0(0))
     starved = subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=_on_cpu_0(19))
     try:
         time.sleep(0.3)  # both past their start-up
-        cpu0, demand0 = bench_machine.cpu_seconds(starved.pid), bench_machine.demand_seconds(starved.pid)
+        cpu0 = bench_machine.cpu_seconds(starved.pid)
         assert bench_machine.wait_idle(starved.pid, step_s=0.3, timeout_s=0.9) >= 0.9
-        assert bench_machine.demand_seconds(starved.pid) - demand0 > 0.5
         assert bench_machine.cpu_seconds(starved.pid) - cpu0 < 0.05 * 0.9  # what the CPU time alone would say
+        assert bench_machine.runnable(starved.pid)
     finally:
         for proc in (hog, starved):
             proc.kill()
             proc.wait()
+
+
+def test_demand_seconds_counts_the_wait_for_a_core():
+    """Two spinners on one core, both at niceness 0: each runs about half the time and waits the other half;
+    its demand (on the core + waiting for it) grows about as fast as the wall clock, its CPU seconds half as fast.
+    The sleeper is neither running nor runnable."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=_on_cpu_0(0))
+                for _ in range(2)]
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(30)"],
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        assert sleeper.stdout.readline() == "ready\n"  # past the sleeper's start-up
+        pid = spinners[0].pid
+        demand0, t0 = bench_machine.demand_seconds(pid), time.monotonic()
+        time.sleep(1.0)
+        demand, wall = bench_machine.demand_seconds(pid) - demand0, time.monotonic() - t0
+        assert demand > 0.5 * wall, (demand, wall)  # its CPU share alone is at most ~0.5 of the wall clock
+        assert not bench_machine.runnable(sleeper.pid)
+        assert bench_machine.wait_idle(sleeper.pid, step_s=0.2, timeout_s=2.0) < 1.0
+    finally:
+        for proc in (*spinners, sleeper):
+            proc.kill()
+            proc.wait()
+        sleeper.stdout.close()
 
 
 def test_wait_machine_idle_waits_while_a_core_computes_and_says_how_busy_the_machine_was():
