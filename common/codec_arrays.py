@@ -7,7 +7,9 @@ offsets, and the checks that name the first bad row of a column.
 
 from __future__ import annotations
 
-import kvlease.common.pandas_first  # noqa: F401 (before pyarrow: a Ctrl-C during pandas' import is not lost)
+from kvlease.common import arrow_pandas
+
+arrow_pandas.prepare()  # before pyarrow's first use (common/arrow_pandas.py)
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc

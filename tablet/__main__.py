@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import sys
 
+from kvlease.common import arrow_pandas
 from kvlease.common.process import run_server
 
 
 def main(argv: list[str] | None = None) -> int:
+    arrow_pandas.without_pandas()  # never hands pandas objects to pyarrow (common/arrow_pandas.py)
     from kvlease.tablet.server import TabletServer
 
     return run_server("python -m kvlease.tablet", "Run a kvlease tablet server.", TabletServer,

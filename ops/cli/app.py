@@ -44,6 +44,7 @@ from typing import Callable
 import click
 from click.core import ParameterSource
 
+from kvlease.common import arrow_pandas
 from kvlease.common import config as cfg
 from kvlease.common import errors
 from kvlease.common.errors import single_line
@@ -282,6 +283,9 @@ COMMAND_MODULES = {
     "get": ("data",), "lease": ("lease",), "log": ("changelog",), "partition": ("partition",), "put": ("data",),
     "scan": ("scan",), "snapshot": ("snapshot",), "table": ("table",), "user": ("security",),
 }
+#: The commands that may run Spark in this process (and so hand pandas objects to pyarrow): every other one
+#: tells pyarrow pandas is absent and never imports it (common/arrow_pandas.py).
+WITH_PANDAS = frozenset({"bench", "demo", "drill"})
 
 
 class KvleaseGroup(click.Group):
@@ -295,6 +299,8 @@ class KvleaseGroup(click.Group):
         return sorted(set(super().list_commands(ctx)) | set(COMMAND_MODULES))
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in WITH_PANDAS:
+            arrow_pandas.without_pandas()
         for module in COMMAND_MODULES.get(name, ()):
             importlib.import_module(f"kvlease.ops.cli.{module}")
         return super().get_command(ctx, name)
