@@ -17,11 +17,11 @@ lost: the CLI command went on as if never interrupted, and pyarrow went on belie
 
 from __future__ import annotations
 
+import functools
 import importlib.abc
 import sys
 
 _without = False
-_prepared = False
 
 
 def without_pandas() -> None:
@@ -40,12 +40,9 @@ class _NoPandas(importlib.abc.MetaPathFinder):
         return None
 
 
+@functools.cache
 def prepare() -> None:
     """Once per process, before kvlease's first use of pyarrow: see the module docstring."""
-    global _prepared
-    if _prepared:
-        return
-    _prepared = True
     if not _without or "pandas" in sys.modules:
         import pandas  # noqa: F401
         return

@@ -213,11 +213,6 @@ class TabletService(pb_grpc.TabletServiceServicer):
     def _fetch_log(self, physical: int, request, epoch: int | None) -> dict:
         """One plain FetchLog read (a long poll repeats it, each under its own leadership check)."""
         with self.replicas.leading(physical, request.bucket) as replica, _serving(replica):
-            led_at = replica.role.leader_epoch if replica.role is not None else None
-            if epoch is not None and led_at is not None and epoch > led_at:  # a reader of a newer leader: ask it
-                raise errors.NotLeaderError(
-                    f"this tablet server leads {replica.where} at leader epoch {led_at}, older than the epoch {epoch} "
-                    f"the reader read under: retry it on the bucket's leader", **replica.details)
             try:
                 entries, end = replica.store.fetch_log(request.from_offset, request.max_bytes,
                                                        last_fetched_epoch=epoch)

@@ -10,15 +10,21 @@ from datetime import datetime
 from typing import Any
 
 
+def _stat(path: str) -> list[str] | None:
+    """The fields of a ``/proc/.../stat`` file after the command name (which may hold spaces): the state
+    first; None if the process or thread is gone."""
+    try:
+        with open(path) as fh:
+            return fh.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):  # gone, or gone while read (nothing after the name)
+        return None
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of process ``pid`` so far, all its threads (RocksDB's flushes and
     compactions too); 0 if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            stat = fh.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
-    except OSError:
-        return 0.0
-    return (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
+    stat = _stat(f"/proc/{pid}/stat")
+    return 0.0 if stat is None else (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def demand_seconds(pid: int) -> float:
@@ -40,14 +46,8 @@ def demand_seconds(pid: int) -> float:
 
 def runnable(pid: int) -> bool:
     """Whether a thread of process ``pid`` is on a CPU or waiting for one now (state R)."""
-    for task in _tasks(pid):
-        try:
-            with open(f"/proc/{pid}/task/{task}/stat") as fh:
-                if fh.read().rsplit(")", 1)[1].split()[0] == "R":
-                    return True
-        except (OSError, IndexError):  # a thread that ended meanwhile
-            continue
-    return False
+    return any((stat := _stat(f"/proc/{pid}/task/{task}/stat")) is not None and stat[0] == "R"
+               for task in _tasks(pid))
 
 
 def _tasks(pid: int) -> list[str]:

@@ -10,7 +10,6 @@ import sys
 
 import pytest
 
-from kvlease.common.arrow_pandas import prepare
 from tests.support.paths import REPO
 
 pytestmark = pytest.mark.unit
@@ -44,20 +43,12 @@ def test_a_process_that_did_not_say_so_imports_pandas_before_pyarrow_asks():
                   "print('pandas' in sys.modules)\n")[-1] == "True"
 
 
-@pytest.mark.parametrize("command,imported", [("get", False), ("put", False), ("log", False), ("scan", False),
-                                              ("demo", True), ("drill", True)])
-def test_the_cli_loads_pandas_only_for_the_commands_that_may_run_spark(command, imported):
-    lines = python("import sys\n"
-                   "from kvlease.ops.cli.app import kvlease\n"
-                   "import click\n"
-                   f"kvlease.get_command(click.Context(kvlease), {command!r})\n"
-                   "import kvlease.common.codec, pyarrow as pa\n"
-                   "pa.array([1])  # pyarrow's question, if not asked yet\n"
-                   "print('pandas' in sys.modules)\n")
-    assert lines[-1] == str(imported)
-
-
 def test_prepare_runs_once():
-    prepare()
-    prepare()  # this process (pytest's) imported pandas the first time: nothing more happens
-    assert "pandas" in sys.modules
+    """The first call imports pandas (this process did not say it can do without); a second one does nothing."""
+    assert python("import sys\n"
+                  "from kvlease.common import arrow_pandas\n"
+                  "arrow_pandas.prepare()\n"
+                  "print('pandas' in sys.modules)\n"
+                  "del sys.modules['pandas']  # a second run would import it again\n"
+                  "arrow_pandas.prepare()\n"
+                  "print('pandas' in sys.modules)\n")[-2:] == ["True", "False"]

@@ -125,14 +125,13 @@ class PinnedReader:
         return self.sent
 
 
-def _log_reads(address: str, table_id: int, position) -> list:
-    """FetchLog futures to ``address`` from ``position``: one with its leader epoch (fenced), one without."""
-    channel = grpc.insecure_channel(address)
+def _log_reads(channel: grpc.Channel, table_id: int, position) -> list:
+    """FetchLog futures on ``channel`` from ``position``: one with its leader epoch (fenced), one without."""
     stub = pbg.TabletServiceStub(channel)
     fenced = pb.FetchLogRequest(table_id=table_id, bucket=0, from_offset=position.offset, max_bytes=1 << 20,
                                 last_fetched_epoch=position.epoch)
     plain = pb.FetchLogRequest(table_id=table_id, bucket=0, from_offset=position.offset, max_bytes=1 << 20)
-    return [channel] + [stub.FetchLog.future(r, timeout=60) for r in (fenced, plain)]
+    return [stub.FetchLog.future(r, timeout=60) for r in (fenced, plain)]
 
 
 def _log_answer(future):
@@ -189,27 +188,26 @@ def _pause_and_update(directory, admin, table, elect_to: int | None = None,
     pinned reader's lookups, the routed reader's, the acknowledgement time and the old leader's id."""
     leader, address, epoch = _leader(admin, table)
     pid = _pid(directory, leader)
-    log_reads: list = []
-    pinned = PinnedReader(address, table.table_id)
-    routed = RoutedReader(admin, table)
-    wait_until(lambda: any(s.answer is not None for s in pinned.sent) and routed.reads, 30, "both readers answered")
-    os.kill(pid, signal.SIGSTOP)
-    try:
-        if elect_to is not None:
-            admin.elect_leader(table.path, 0, False, tablet=elect_to)
-        with TableClient(admin, table.path, QUICK_RETRIES, retry_total_s=60) as writer:
-            writer.upsert([{"id": 1, "v": "new"}])  # acknowledged as soon as a new leader serves
-            acked = time.monotonic()
-            position = writer.end_positions()[0]  # from the new leader: after the update, under its epoch
-        assert position.epoch is not None and position.epoch > epoch
-        log_reads = _log_reads(address, table.table_id, position)  # queue at the paused leader
-        time.sleep(resume_after_s)  # the pause under test: lookups sent to the paused leader meanwhile queue there
-    finally:
-        os.kill(pid, signal.SIGCONT)
-    time.sleep(2.0)  # lookups go on to the resumed leader: any it answers with the old value fails _check
-    channel, *futures = log_reads
-    answers = [_log_answer(f) for f in futures]
-    channel.close()
+    with grpc.insecure_channel(address) as log_channel:  # closed however the pause ends
+        pinned = PinnedReader(address, table.table_id)
+        routed = RoutedReader(admin, table)
+        wait_until(lambda: any(s.answer is not None for s in pinned.sent) and routed.reads, 30,
+                   "both readers answered")
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            if elect_to is not None:
+                admin.elect_leader(table.path, 0, False, tablet=elect_to)
+            with TableClient(admin, table.path, QUICK_RETRIES, retry_total_s=60) as writer:
+                writer.upsert([{"id": 1, "v": "new"}])  # acknowledged as soon as a new leader serves
+                acked = time.monotonic()
+                position = writer.end_positions()[0]  # from the new leader: after the update, under its epoch
+            assert position.epoch is not None and position.epoch > epoch
+            log_reads = _log_reads(log_channel, table.table_id, position)  # queue at the paused leader
+            time.sleep(resume_after_s)  # the pause under test: lookups sent to the paused leader meanwhile queue there
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        time.sleep(2.0)  # lookups go on to the resumed leader: any it answers with the old value fails _check
+        answers = [_log_answer(f) for f in log_reads]
     assert all(a in refused_codes() for a in answers), f"the resumed leader answered log reads with {answers}"
     return pinned.stop(settle_s=10), routed.stop(), acked, leader
 
