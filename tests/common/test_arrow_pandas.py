@@ -52,3 +52,16 @@ def test_prepare_runs_once():
                   "del sys.modules['pandas']  # a second run would import it again\n"
                   "arrow_pandas.prepare()\n"
                   "print('pandas' in sys.modules)\n")[-2:] == ["True", "False"]
+
+
+@pytest.mark.parametrize("command,imported", [("get", False), ("put", False), ("log", False), ("scan", False),
+                                              ("demo", True), ("drill", True)])
+def test_the_cli_loads_pandas_only_for_the_commands_that_may_run_spark(command, imported):
+    lines = python("import sys\n"
+                   "from kvlease.ops.cli.app import kvlease\n"
+                   "import click\n"
+                   f"kvlease.get_command(click.Context(kvlease), {command!r})\n"
+                   "import kvlease.common.codec, pyarrow as pa\n"
+                   "pa.array([1])  # pyarrow's question, if not asked yet\n"
+                   "print('pandas' in sys.modules)\n")
+    assert lines[-1] == str(imported)
