@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from contextlib import redirect_stdout
 from pathlib import Path
 
@@ -32,6 +33,7 @@ import pytest
 
 from kvlease.ops import local_cluster
 from kvlease.ops.drills import chaos
+from tests.support.cluster_logs import cluster_logs
 from tests.support.paths import REPO
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -40,12 +42,6 @@ PROJECT_ROOT = REPO
 KVLEASE = str(Path(sys.executable).parent / "kvlease")
 ENV = {**{k: v for k, v in os.environ.items() if k not in ("KVLEASE_CLUSTER", "KVLEASE_BOOTSTRAP")},
        "PYTHONPATH": os.pathsep.join(p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")) if p)}
-
-
-def _logs(directory: Path) -> str:
-    logs = (sorted(directory.glob("coordinator-*/coordinator.log")) + sorted(directory.glob("tablet-*/tablet.log"))
-            + sorted(directory.glob("zookeeper/*/zookeeper.log")))
-    return "\n".join(f"==> {log} <==\n{local_cluster.log_tail(log, 40)}" for log in logs)
 
 
 def _cluster(kvlease_tmp: str, **shape):
@@ -103,10 +99,11 @@ def ensemble(kvlease_tmp):
 def drill(directory: Path, *args: str) -> dict:
     """``kvlease drill ARGS --cluster DIR --json``: exit 0 and one JSON document, else an assertion
     error with its output and the cluster's logs."""
+    started = time.time()
     proc = subprocess.run([KVLEASE, "drill", *args, "--cluster", str(directory), "--json"], capture_output=True,
                           text=True, timeout=200, env=ENV)
     if proc.returncode != 0:
-        print(_logs(directory))  # shown with the failure
+        print(cluster_logs(directory, started))  # shown with the failure
         raise AssertionError(f"kvlease drill {' '.join(args)} exited {proc.returncode}\nstdout: {proc.stdout}\n"
                              f"stderr: {proc.stderr}")
     return json.loads(proc.stdout)
@@ -198,14 +195,14 @@ def test_chaos_on_a_zookeeper_ensemble(ensemble, spark):
 
 
 def _chaos(directory: Path, spark, seed: int) -> dict:
-    out = io.StringIO()
+    out, started = io.StringIO(), time.time()
     with redirect_stdout(out):
         code = chaos.main(str(directory), True, seed=seed, rounds=CHAOS_ROUNDS, spark=spark)
     report = json.loads(out.getvalue())
     if code != 0 or not report["ok"]:
         print(json.dumps([c for c in report["checks"] if not c["ok"]], indent=1))  # shown with the failure
         print(json.dumps(report["figures"].get("faults_done"), indent=1))
-        print(_logs(directory))
+        print(cluster_logs(directory, started))
     assert_checked(report, "read back as acknowledged", "leased snapshot", "deposed coordinator",
                    "acknowledged write present", "exactly once", "equal the table", "ran through every fault",
                    "acknowledged before they were sent", "sent after another was answered", "back in the ISR")

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from contextlib import redirect_stdout
 
 import pytest
 
 from kvlease.ops.drills import all as all_drills
 from kvlease.ops.drills import decommission, disk_loss, registry, rolling_restart
+from tests.support.cluster_logs import cluster_logs
 
 #: a snapshot of every changed bucket every 2 s: the drills then see (and the disk-loss judge must survive) what a
 #: loaded machine reaches with the default 30 s, snapshots retention deletes during one drill
@@ -36,18 +38,16 @@ def three_tablets(kvlease_tmp):
 
 
 def _run(module, directory) -> dict:
-    from tests.ops.drills.test_drills import _logs
-
-    out = io.StringIO()
+    out, started = io.StringIO(), time.time()
     try:
         with redirect_stdout(out):
             code = module.main(str(directory), True)
     except BaseException:
-        print(_logs(directory))  # a drill that stopped with an error (a server that would not stop, …)
+        print(cluster_logs(directory, started))  # a drill that stopped with an error (a server that would not stop, …)
         raise
     report = json.loads(out.getvalue())
     if code != 0:
-        print(_logs(directory))  # shown with the failure
+        print(cluster_logs(directory, started))  # shown with the failure
     assert code == 0, json.dumps(report, indent=1)
     return report
 

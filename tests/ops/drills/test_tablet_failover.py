@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from contextlib import redirect_stdout
 
 import pytest
 
 from kvlease.ops.drills import registry
 from kvlease.ops.drills import tablet_failover
+from tests.support.cluster_logs import cluster_logs
 
 FAST = {"zookeeper.session-timeout": "4s", "replica.fetch.wait-max": "200ms"}
 
@@ -34,14 +36,14 @@ def three_tablets(kvlease_tmp):
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_tablet_failover(spark, three_tablets):
-    from tests.ops.drills.test_drills import _logs, assert_checked
+    from tests.ops.drills.test_drills import assert_checked
 
-    out = io.StringIO()
+    out, started = io.StringIO(), time.time()
     with redirect_stdout(out):
         code = tablet_failover.main(str(three_tablets), True, rounds=2, spark=spark)
     report = json.loads(out.getvalue())
     if code != 0:
-        print(_logs(three_tablets))  # shown with the failure
+        print(cluster_logs(three_tablets, started))  # shown with the failure
     assert code == 0, json.dumps(report, indent=1)
     assert_checked(report, "back in the ISR", "replica's changelog exactly once", "table of every replica",
                    "committed changelog", "identical below the high watermark", "serve within 6s", "right data",
